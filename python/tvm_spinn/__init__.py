@@ -1,0 +1,44 @@
+"""tvm-spinn: an Apache TVM (Relax) plugin for SpiNNaker2-class many-core systems.
+
+Importing the package registers the ``spinn`` targets, the ``relax.ext.spinn`` codegen, the
+runtime module loader and the spinn-aware default build pipeline, so that
+``relax.build(mod, target="spinn")`` offloads by itself. TVM imports it automatically through
+the ``tvm.backends`` entry point.
+"""
+
+
+
+def _autoload() -> None:
+    """Entry point of the ``tvm.backends`` group, called at ``import tvm``.
+
+    Importing this package registers everything; when ``import tvm`` happens *inside* our own
+    import (tvm_spinn imports tvm), the outer import finishes the job.
+    """
+
+
+from . import _lib  # noqa: E402
+
+_lib.load_library()
+
+from . import frontend  # noqa: E402
+from .codegen import codegen_spinn  # noqa: E402,F401  (registers relax.ext.spinn)
+from .partition import partition_for_spinn, summarize_partition  # noqa: E402
+from .pipeline import install as _install_pipeline  # noqa: E402
+from .report import Report, find_spinn_modules as report_modules, report  # noqa: E402
+from .runtime import executor as _executor  # noqa: E402,F401  (registers the runtime callback)
+from .runtime.loader import LibraryError, load_module  # noqa: E402
+from .target import (  # noqa: E402
+    ArchError, SpinnArch, arch_of, get_target, known_targets, make_system, register_default_tags,
+    register_system,
+)
+
+__version__ = "0.1.0"
+
+register_default_tags()
+_install_pipeline()
+
+
+__all__ = [
+    "frontend", "load_module", "LibraryError", "partition_for_spinn", "summarize_partition", "report", "report_modules", "Report", "SpinnArch",
+    "ArchError", "make_system", "register_system", "get_target", "known_targets", "arch_of",
+]

@@ -1,0 +1,162 @@
+"""Loader and typed wrappers of the C++ runtime library ``lib/libtvm_spinn.so``.
+
+The library registers global functions in the tvm-ffi registry when it is loaded:
+
+* ``tvm_spinn.runtime.create_module(symbol, program) -> Module`` (module kind ``"spinn"``),
+  ``tvm_spinn.runtime.save_to_bytes(Module) -> Bytes``, ``tvm_spinn.runtime.version()``,
+* ``ffi.Module.load_from_bytes.spinn(Bytes) -> Module`` (used by ``tvm.runtime.load_module``),
+* ``tvm_spinn.sim.{gemm_f32, gemm_i8, gemm_i16, row_sum_f32}``: bit-exact hardware kernels.
+
+This module depends on ``tvm_ffi`` only (not on ``tvm``) so that importing it stays cheap.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import operator
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import tvm_ffi
+
+__all__ = [
+    "LIBRARY_PATH",
+    "create_module",
+    "gemm_f32",
+    "gemm_i16",
+    "gemm_i8",
+    "load_library",
+    "load_module_from_bytes",
+    "row_sum_f32",
+    "save_to_bytes",
+    "version",
+]
+
+#: Default hardware accumulator width of the integer GEMM (bits, signed two's complement).
+DEFAULT_ACC_BITS = 29
+
+#: Where ``pip install -e .`` (CMake) places the library. ``TVM_SPINN_LIBRARY_PATH`` overrides.
+LIBRARY_PATH = Path(__file__).resolve().parent / "lib" / "libtvm_spinn.so"
+
+# A global function the library registers; if it already exists, a copy of the library is
+# loaded (loading a second copy would abort: duplicate registration in a static initializer).
+_PROBE_FUNC = "tvm_spinn.runtime.version"
+
+_lock = threading.Lock()
+_loaded_path: str | None = None
+_handle: ctypes.CDLL | None = None  # keeps the library mapped for the process lifetime
+
+
+def _library_path() -> Path:
+    override = os.environ.get("TVM_SPINN_LIBRARY_PATH")
+    return Path(override).expanduser().resolve() if override else LIBRARY_PATH
+
+
+def load_library() -> str:
+    """Load ``libtvm_spinn.so`` once per process and return its path.
+
+    Raises
+    ------
+    ImportError
+        If the library has not been built, or cannot be loaded.
+    """
+    global _loaded_path, _handle
+    if _loaded_path is not None:
+        return _loaded_path
+    with _lock:
+        if _loaded_path is not None:
+            return _loaded_path
+        path = _library_path()
+        if tvm_ffi.get_global_func(_PROBE_FUNC, allow_missing=True) is not None:
+            # Already registered by a library loaded some other way (e.g. another checkout).
+            _loaded_path = str(path)
+            return _loaded_path
+        if not path.is_file():
+            raise ImportError(
+                f"tvm_spinn runtime library not found at {path}. Build it with "
+                f"`pip install -e .` from the tvm-spinn source tree (this runs CMake and "
+                f"places libtvm_spinn.so there), or set TVM_SPINN_LIBRARY_PATH."
+            )
+        try:
+            # tvm_ffi is imported above, so libtvm_ffi.so (our only non-system dependency) is
+            # already mapped and satisfies the library's DT_NEEDED entry.
+            _handle = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+        except OSError as err:
+            raise ImportError(
+                f"failed to load tvm_spinn runtime library {path}: {err}. Rebuild it with "
+                f"`pip install -e .` against apache-tvm-ffi {tvm_ffi.__version__}."
+            ) from err
+        _loaded_path = str(path)
+        return _loaded_path
+
+
+@functools.lru_cache(maxsize=None)
+def _func(name: str) -> Any:
+    load_library()
+    return tvm_ffi.get_global_func(name)
+
+
+def _input(array: Any) -> Any:
+    """DLPack cannot export read-only numpy arrays: pass such inputs as a copy."""
+    flags = getattr(array, "flags", None)
+    if flags is not None and not getattr(flags, "writeable", True):
+        return array.copy()
+    return array
+
+
+def gemm_f32(a: Any, b: Any, c: Any) -> None:
+    """``C += A @ B`` in float32, in place, with hardware (non-fused VMLA.F32) rounding.
+
+    ``A[M,K]``, ``B[K,N]``, ``C[M,N]``: C-contiguous float32 host arrays (numpy, torch, or
+    any DLPack tensor). For each output the k terms are added in ascending order and both the
+    product and the sum are rounded to float32.
+    """
+    _func("tvm_spinn.sim.gemm_f32")(_input(a), _input(b), c)
+
+
+def gemm_i8(a: Any, b: Any, c: Any, acc_bits: int = DEFAULT_ACC_BITS) -> int:
+    """``C += A @ B`` with int8 ``A``/``B`` and int32 ``C``, in place.
+
+    Products are exact; each addition wraps to a signed ``acc_bits``-bit accumulator
+    (``2 <= acc_bits <= 32``), k ascending. Returns the number of wrap events (overflows).
+    """
+    return int(_func("tvm_spinn.sim.gemm_i8")(_input(a), _input(b), c, operator.index(acc_bits)))
+
+
+def gemm_i16(a: Any, b: Any, c: Any, acc_bits: int = DEFAULT_ACC_BITS) -> int:
+    """As :func:`gemm_i8` with int16 operands (16-bit mode). Returns the wrap count."""
+    return int(_func("tvm_spinn.sim.gemm_i16")(_input(a), _input(b), c, operator.index(acc_bits)))
+
+
+def row_sum_f32(x: Any, out: Any) -> None:
+    """``out[r] = sum(X[r, :])`` in float32, strictly left to right from ``0.0``, in place."""
+    _func("tvm_spinn.sim.row_sum_f32")(_input(x), out)
+
+
+def create_module(symbol: str, program: bytes) -> tvm_ffi.Module:
+    """Create a ``"spinn"`` runtime module for the offloaded function ``symbol``.
+
+    ``mod[symbol](*inputs, *outputs)`` forwards to the global ``tvm_spinn.runtime.execute``
+    as ``execute(key, program_getter, symbol, *inputs, *outputs)``; ``key`` is the 16-digit
+    hex FNV-1a hash of ``program``. ``mod["get_program"]()``, ``mod["get_symbol"]()`` and
+    ``mod["get_key"]()`` expose the contents.
+    """
+    return _func("tvm_spinn.runtime.create_module")(str(symbol), bytes(program))
+
+
+def save_to_bytes(mod: tvm_ffi.Module) -> bytes:
+    """The module's ``SaveToBytes()`` (for a spinn module: its versioned container)."""
+    return bytes(_func("tvm_spinn.runtime.save_to_bytes")(mod))
+
+
+def load_module_from_bytes(data: bytes) -> tvm_ffi.Module:
+    """Inverse of :func:`save_to_bytes` for spinn modules; raises ``ValueError`` on bad data."""
+    return _func("ffi.Module.load_from_bytes.spinn")(bytes(data))
+
+
+def version() -> str:
+    """Version string of the loaded runtime library, e.g. ``"spinn-runtime 0.1.0"``."""
+    return str(_func("tvm_spinn.runtime.version")())

@@ -1,0 +1,145 @@
+"""``tvm-spinn`` command line: compile, run and report models for spinn systems."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+__all__ = ["main"]
+
+
+def _atomic_write_lib(ex, path: str) -> None:
+    directory = os.path.dirname(os.path.abspath(path)) or "."
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=directory)
+    os.close(fd)
+    try:
+        ex.export_library(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _load_model(path: str, shapes: list[str]):
+    from . import frontend
+
+    if not os.path.exists(path):
+        raise SystemExit(f"tvm-spinn: model file {path!r} does not exist")
+    if path.endswith(".onnx"):
+        shape_dict = {}
+        for item in shapes:
+            name, _, dims = item.partition("=")
+            try:
+                shape_dict[name] = tuple(int(d) for d in dims.split(","))
+            except ValueError:
+                raise SystemExit(f"tvm-spinn: bad --shape {item!r} (expected name=1,3,224,224)") from None
+        return frontend.from_onnx(path, shape_dict or None)
+    raise SystemExit(f"tvm-spinn: cannot compile {path!r}: supported model formats are .onnx")
+
+
+def _cmd_compile(args) -> int:
+    from tvm import relax
+
+    from .target import get_target
+
+    target = get_target(args.target)
+    mod = _load_model(args.model, args.shape)
+    ex = relax.build(mod, target=target)
+    _atomic_write_lib(ex, args.output)
+    print(f"wrote {args.output}")
+    if args.report:
+        from .report import report
+
+        print(report(ex))
+    return 0
+
+
+def _load_lib(path: str):
+    from .runtime.loader import load_module
+
+    return load_module(path)
+
+
+def _cmd_run(args) -> int:
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    lib = _load_lib(args.library)
+    vm = relax.VirtualMachine(lib, tvm.cpu())
+    try:
+        data = np.load(args.inputs)
+    except Exception as err:
+        raise SystemExit(f"tvm-spinn: cannot read inputs {args.inputs!r}: {err}") from None
+    names = list(data.files)
+    inputs = [tvm.runtime.tensor(data[n]) for n in names]
+    out = vm["main"](*inputs)
+    outs = [out] if hasattr(out, "numpy") else list(out)
+    arrays = {f"output{i}": o.numpy() for i, o in enumerate(outs)}
+    if args.output:
+        directory = os.path.dirname(os.path.abspath(args.output)) or "."
+        fd, tmp = tempfile.mkstemp(suffix=".npz", dir=directory)
+        os.close(fd)
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, args.output)
+        print(f"wrote {args.output}")
+    for name, arr in arrays.items():
+        print(f"{name}: shape {arr.shape} dtype {arr.dtype} mean {arr.mean():.6g}")
+    return 0
+
+
+def _cmd_report(args) -> int:
+    from .report import report
+
+    if args.model.endswith(".onnx"):
+        from tvm import relax
+
+        from .target import get_target
+
+        ex = relax.build(_load_model(args.model, args.shape), target=get_target(args.target))
+    else:
+        ex = _load_lib(args.model)
+    print(report(ex))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tvm-spinn", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("compile", help="compile an ONNX model into a deployable library")
+    p.add_argument("model", help="model file (.onnx)")
+    p.add_argument("--target", default="spinn", help="spinn target tag (spinn, spinn/board, spinn/cuda)")
+    p.add_argument("-o", "--output", required=True, help="output library (.so)")
+    p.add_argument("--shape", action="append", default=[], help="input shape, name=1,3,224,224")
+    p.add_argument("--report", action="store_true", help="print the performance report")
+    p.set_defaults(func=_cmd_compile)
+    p = sub.add_parser("run", help="run a compiled library on inputs from an .npz file")
+    p.add_argument("library")
+    p.add_argument("--inputs", required=True, help=".npz with one array per input, in order")
+    p.add_argument("-o", "--output", help="write outputs to this .npz")
+    p.set_defaults(func=_cmd_run)
+    p = sub.add_parser("report", help="performance report of a library or an ONNX model")
+    p.add_argument("model", help="compiled library (.so) or model (.onnx)")
+    p.add_argument("--target", default="spinn")
+    p.add_argument("--shape", action="append", default=[])
+    p.set_defaults(func=_cmd_report)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    import tvm_spinn  # noqa: F401  (registers targets, codegen and the runtime loader)
+
+    try:
+        return args.func(args)
+    except (ValueError, OSError) as err:
+        print(f"tvm-spinn: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

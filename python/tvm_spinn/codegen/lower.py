@@ -1,0 +1,192 @@
+"""Lower one partitioned Relax function (``Codegen="spinn"``) to a layer graph.
+
+The result is a :class:`tvm_spinn.program.Program` with tensors and layers but no tiles yet;
+the mapping compiler (:mod:`tvm_spinn.mapping`) adds tiles, placement, schedule and timing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.ir.expr import Constant
+
+from ..program import Layer, Program, TensorDesc
+
+__all__ = ["lower_function", "LoweringError"]
+
+
+class LoweringError(ValueError):
+    """A composite function the spinn layer set cannot express (names the composite)."""
+
+
+def _shape(expr: relax.Expr) -> list[int]:
+    return [int(d.value) for d in expr.ty.shape.values]
+
+
+def _ints(values) -> list[int]:
+    return [int(v) for v in values]
+
+
+class _Lowerer:
+    def __init__(self, symbol: str, arch: dict):
+        self.program = Program(symbol=symbol, arch=arch, tensors=[], inputs=[], outputs=[], layers=[])
+        self.var_ids: dict[relax.Var, int] = {}
+        self.const_ids: dict[Constant, int] = {}
+
+    # -- tensors --------------------------------------------------------------------------
+    def _new_tensor(self, name: str, expr: relax.Expr, role: str) -> int:
+        ty = expr.ty
+        if not isinstance(ty, relax.TensorType):
+            raise LoweringError(f"{name}: only tensors can cross a spinn region, got {ty}")
+        self.program.tensors.append(TensorDesc(name=name, shape=_shape(expr), dtype=str(ty.dtype), role=role))
+        return len(self.program.tensors) - 1
+
+    def const(self, expr: Constant) -> int:
+        if expr not in self.const_ids:
+            tid = self._new_tensor(f"const{len(self.const_ids)}", expr, "const")
+            value = np.ascontiguousarray(expr.value.numpy())
+            self.program.constants[tid] = value.reshape(self.program.tensors[tid].shape)
+            self.const_ids[expr] = tid
+        return self.const_ids[expr]
+
+    def operand(self, expr: relax.Expr, env: dict) -> int:
+        if isinstance(expr, Constant):
+            return self.const(expr)
+        if isinstance(expr, relax.Var) and expr in env:
+            return env[expr]
+        raise LoweringError(f"unsupported operand {type(expr).__name__} in a spinn region")
+
+    # -- function -------------------------------------------------------------------------
+    def lower(self, func: relax.Function) -> Program:
+        for param in func.params:
+            tid = self._new_tensor(param.name, param, "input")
+            self.var_ids[param] = tid
+            self.program.inputs.append(tid)
+        body = func.body
+        local_funcs: dict[relax.Var, relax.Function] = {}
+        for block in body.blocks:
+            for binding in block.bindings:
+                value = binding.value
+                if isinstance(value, relax.Function):
+                    local_funcs[binding.var] = value
+                    continue
+                if isinstance(value, relax.Call):
+                    callee = value.op
+                    comp = local_funcs.get(callee) if isinstance(callee, relax.Var) else None
+                    if comp is None:
+                        raise LoweringError(f"unexpected call {callee} in spinn region {self.program.symbol}")
+                    args = [self.operand(a, self.var_ids) for a in value.args]
+                    out = self._new_tensor(binding.var.name, binding.var, "temp")
+                    self._lower_composite(comp, args, out)
+                    self.var_ids[binding.var] = out
+                elif isinstance(value, relax.Tuple):
+                    self.var_ids[binding.var] = [self.operand(f, self.var_ids) for f in value.fields]
+                elif isinstance(value, relax.Var):
+                    self.var_ids[binding.var] = self.var_ids[value]
+                else:
+                    raise LoweringError(f"unsupported binding {type(value).__name__} in spinn region")
+        result = body.body
+        outs = result.fields if isinstance(result, relax.Tuple) else [result]
+        for out in outs:
+            tid = self.operand(out, self.var_ids)
+            if isinstance(tid, list):
+                raise LoweringError("nested tuple outputs are not supported")
+            desc = self.program.tensors[tid]
+            if desc.role != "temp":
+                raise LoweringError(f"region output {desc.name} must be computed in the region")
+            desc.role = "output"
+            self.program.outputs.append(tid)
+        return self.program
+
+    def _lower_composite(self, comp: relax.Function, args: list[int], out: int) -> None:
+        name = str(comp.attrs["Composite"])
+        env = {p: a for p, a in zip(comp.params, args)}
+        calls = []
+        for block in comp.body.blocks:
+            for binding in block.bindings:
+                if not isinstance(binding.value, relax.Call):
+                    raise LoweringError(f"{name}: unexpected binding {type(binding.value).__name__}")
+                calls.append((binding.var, binding.value))
+        ops = [c.op.name for _, c in calls]
+        kind = name.split(".", 1)[1]
+        layer = Layer(name=f"{kind}_{len(self.program.layers)}", kind=kind, inputs=[], output=out)
+        main = calls[0][1]
+        if kind.startswith(("conv2d", "dense")):
+            base = "conv2d" if kind.startswith("conv2d") else "dense"
+            layer.kind = base
+            layer.inputs = [self.operand(main.args[0], env)]
+            layer.consts["weight"] = self.operand(main.args[1], env)
+            layer.attrs["relu"] = "relax.nn.relu" in ops
+            if "relax.add" in ops:
+                add = calls[ops.index("relax.add")][1]
+                bias = add.args[1] if not add.args[1].same_as(calls[0][0]) else add.args[0]
+                layer.consts["bias"] = self._bias(bias, out, base, name)
+            if base == "conv2d":
+                a = main.attrs
+                layer.attrs.update(
+                    strides=_ints(a.strides), padding=_ints(a.padding), dilation=_ints(a.dilation),
+                    groups=int(a.groups),
+                )
+        elif kind in ("matmul", "add", "subtract", "multiply", "divide"):
+            layer.inputs = [self.operand(x, env) for x in main.args]
+        elif kind == "layer_norm":
+            layer.inputs = [self.operand(main.args[0], env)]
+            layer.consts["gamma"] = self.operand(main.args[1], env)
+            layer.consts["beta"] = self.operand(main.args[2], env)
+            layer.attrs["epsilon"] = float(main.attrs.epsilon)
+            layer.attrs["center"] = bool(main.attrs.center)
+            layer.attrs["scale"] = bool(main.attrs.scale)
+        elif kind == "softmax":
+            layer.inputs = [self.operand(main.args[0], env)]
+        elif kind == "mean":
+            layer.inputs = [self.operand(main.args[0], env)]
+            in_shape = self.program.tensors[layer.inputs[0]].shape
+            axes = main.attrs.axis
+            n_axes = len(axes) if axes is not None else len(in_shape)
+            layer.attrs["row"] = int(np.prod(in_shape[len(in_shape) - n_axes:], dtype=np.int64))
+        elif kind in ("max_pool2d", "avg_pool2d"):
+            a = main.attrs
+            layer.inputs = [self.operand(main.args[0], env)]
+            layer.attrs.update(
+                pool_size=_ints(a.pool_size), strides=_ints(a.strides), padding=_ints(a.padding),
+                dilation=_ints(a.dilation), count_include_pad=bool(getattr(a, "count_include_pad", False)),
+            )
+        elif kind == "adaptive_avg_pool2d":
+            layer.inputs = [self.operand(main.args[0], env)]
+            in_shape = self.program.tensors[layer.inputs[0]].shape
+            out_shape = self.program.tensors[out].shape
+            kh, kw = in_shape[2] // out_shape[2], in_shape[3] // out_shape[3]
+            layer.kind = "avg_pool2d"
+            layer.attrs.update(pool_size=[kh, kw], strides=[kh, kw], padding=[0, 0, 0, 0],
+                               dilation=[1, 1], count_include_pad=True)
+        elif kind in ("relu", "gelu", "gelu_tanh", "sigmoid", "tanh"):
+            layer.inputs = [self.operand(main.args[0], env)]
+        else:
+            raise LoweringError(f"composite {name} has no spinn layer lowering")
+        self.program.layers.append(layer)
+
+    def _bias(self, bias: relax.Expr, out: int, base: str, name: str) -> int:
+        if not isinstance(bias, Constant):
+            raise LoweringError(f"{name}: bias must be a constant")
+        channels = self.program.tensors[out].shape[1 if base == "conv2d" else -1]
+        value = np.broadcast_to(bias.value.numpy().reshape(-1), (channels,)).astype(np.float32)
+        tid = len(self.program.tensors)
+        self.program.tensors.append(TensorDesc(name=f"bias{tid}", shape=[channels], dtype="float32", role="const"))
+        self.program.constants[tid] = np.ascontiguousarray(value)
+        return tid
+
+
+def lower_function(func: relax.Function, symbol: str, arch: dict) -> Program:
+    """Lower a merged spinn region to an (unmapped) :class:`Program`.
+
+    Parameters
+    ----------
+    func : relax.Function
+        A function with ``Codegen="spinn"`` whose body calls ``Composite="spinn.*"`` functions.
+    symbol : str
+        Its global symbol (the name the VM calls).
+    arch : dict
+        ``SpinnArch.to_dict()`` of the target system.
+    """
+    return _Lowerer(symbol, arch).lower(func)

@@ -1,0 +1,199 @@
+"""Tiling: split every layer into units of work that fit one PE's SRAM.
+
+Regions by layer kind (half-open ``[start, stop)`` ranges over the layer's output):
+
+- ``conv2d``, ``dense``, ``matmul`` (GEMM view ``C[b, m, n] = sum_k A[b, m, k] B[b, k, n]``):
+  ``[[b0, b1], [m0, m1], [n0, n1]]``; conv2d uses ``A = weight[oc, ic*kh*kw]`` (m = output
+  channel), ``B = im2col(input)`` (n = output pixel), b = batch x group; dense and matmul use
+  ``A = input`` and ``B = weight``/rhs. The reduction is split into ``k_splits`` chunks that
+  stream through the same PE in ascending k, so partial sums never leave it (output stationary)
+  and the reduction order is independent of the tiling.
+- element-wise ops: ``[[e0, e1]]`` over the flattened (broadcast) output.
+- pools: ``[[p0, p1]]`` over the ``N*C`` planes.
+- softmax, layer_norm, mean: ``[[r0, r1]]`` over rows (all but the normalized/reduced axes).
+
+Tile shapes for GEMMs are chosen by a cost model among candidates padded to the MAC array's
+``mac_rows x mac_cols`` shape (see :func:`choose_gemm_tile`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..program import Layer, Program, Tile
+from ..target.arch import SpinnArch
+
+__all__ = ["GemmShape", "gemm_shape", "choose_gemm_tile", "tile_layer", "MappingError"]
+
+_F32 = 4
+
+
+class MappingError(ValueError):
+    """A layer that cannot be mapped onto the chosen system (names layer and size)."""
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    batch: int
+    m: int
+    n: int
+    k: int
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _round_up(a: int, b: int) -> int:
+    return _ceil(a, b) * b
+
+
+def gemm_shape(program: Program, layer: Layer) -> GemmShape:
+    """GEMM view of a conv2d / dense / matmul layer."""
+    t = program.tensors
+    out = t[layer.output].shape
+    if layer.kind == "conv2d":
+        w = t[layer.consts["weight"]].shape
+        groups = layer.attrs["groups"]
+        return GemmShape(batch=out[0] * groups, m=w[0] // groups, n=out[2] * out[3], k=w[1] * w[2] * w[3])
+    if layer.kind == "dense":
+        w = t[layer.consts["weight"]].shape
+        return GemmShape(batch=1, m=int(np.prod(out[:-1], dtype=np.int64)), n=w[1], k=w[0])
+    a, b = t[layer.inputs[0]].shape, t[layer.inputs[1]].shape
+    batch = int(np.prod(out[:-2], dtype=np.int64)) if len(out) > 2 else 1
+    return GemmShape(batch=batch, m=a[-2], n=b[-1], k=a[-1])
+
+
+def _gemm_tile_bytes(tm: int, tn: int, tk: int) -> int:
+    # A and B chunks double-buffered (DMA of chunk i+1 overlaps compute of chunk i) + accumulators.
+    return _F32 * (2 * (tm * tk + tk * tn) + tm * tn)
+
+
+def choose_gemm_tile(g: GemmShape, arch: SpinnArch, name: str = "gemm") -> tuple[int, int, int]:
+    """Pick ``(tm, tn, tk)`` for a GEMM with the lowest estimated layer time.
+
+    Candidates are multiples of the MAC array shape that fit ``arch.tile_sram_bytes``; the
+    estimate is ``max(per-PE compute + DMA, chip DRAM traffic / bandwidth)`` with the tiles
+    spread over all PEs. Ties go to fewer tiles, then to the larger tm (deterministic).
+    """
+    budget = arch.tile_sram_bytes
+    r, c = arch.mac_rows, arch.mac_cols
+    m_cap, n_cap = _round_up(g.m, r), _round_up(g.n, c)
+    tms = sorted({min(r * 2**i, m_cap) for i in range(12)})
+    tns = sorted({min(c * 2**i, n_cap) for i in range(14)})
+    rate = arch.m4f_flops_per_cycle
+    dram_bytes_per_cycle = arch.dram_bw_bytes_s / arch.clock_hz
+    best, best_key = None, None
+    for tm in tms:
+        for tn in tns:
+            fixed = _F32 * tm * tn
+            per_k = _F32 * 2 * (tm + tn)
+            if fixed + per_k * 1 > budget:
+                continue
+            tk_max = (budget - fixed) // per_k
+            tk = g.k if tk_max >= g.k else max(r, (tk_max // r) * r)
+            if tk > tk_max:
+                continue
+            tiles = g.batch * _ceil(g.m, tm) * _ceil(g.n, tn)
+            per_pe = _ceil(tiles, arch.total_pes)
+            valid_m, valid_n = min(tm, g.m), min(tn, g.n)
+            compute = valid_m * valid_n * g.k / rate
+            dma = (_F32 * (valid_m * g.k + g.k * valid_n + valid_m * valid_n)) / arch.dma_bw_bytes_per_cycle
+            ksplits = _ceil(g.k, tk)
+            pe_time = per_pe * (max(compute, dma) + arch.dma_setup_cycles * ksplits)
+            dram = tiles * _F32 * (valid_m * g.k + g.k * valid_n + valid_m * valid_n)
+            dram_time = dram / (dram_bytes_per_cycle * arch.chips)
+            key = (max(pe_time, dram_time), tiles, -tm, -tn)
+            if best_key is None or key < best_key:
+                best, best_key = (tm, tn, tk), key
+    if best is None:
+        need = _gemm_tile_bytes(r, c, r)
+        raise MappingError(
+            f"layer {name}: even a {r}x{c}x{r} tile needs {need} bytes of SRAM, the PE has {budget}"
+        )
+    return best
+
+
+def _flat_tiles(total: int, bytes_per_elem: int, arch: SpinnArch) -> list[list[list[int]]]:
+    # Double-buffered in/out per element; spread over all PEs but never beyond SRAM.
+    cap = max(1, arch.tile_sram_bytes // (2 * bytes_per_elem))
+    size = max(1, min(cap, _ceil(total, arch.total_pes)))
+    return [[[s, min(s + size, total)]] for s in range(0, total, size)]
+
+
+def tile_layer(program: Program, index: int, arch: SpinnArch) -> list[Tile]:
+    """Tiles (without PE assignment) of ``program.layers[index]``."""
+    layer = program.layers[index]
+    t = program.tensors
+    out_shape = t[layer.output].shape
+    tiles: list[Tile] = []
+    if layer.kind in ("conv2d", "dense", "matmul"):
+        g = gemm_shape(program, layer)
+        layer.gemm = [g.m, g.n, g.k]
+        layer.flops = 2 * g.batch * g.m * g.n * g.k
+        tm, tn, tk = choose_gemm_tile(g, arch, layer.name)
+        ks = _ceil(g.k, tk)
+        for b in range(g.batch):
+            for m0 in range(0, g.m, tm):
+                for n0 in range(0, g.n, tn):
+                    vm, vn = min(tm, g.m - m0), min(tn, g.n - n0)
+                    pm, pn = _round_up(vm, arch.mac_rows), _round_up(vn, arch.mac_cols)
+                    a_bytes = _F32 * vm * g.k
+                    b_bytes = _F32 * g.k * vn
+                    in_b, w_b = (b_bytes, a_bytes) if layer.kind == "conv2d" else (a_bytes, b_bytes)
+                    tiles.append(Tile(
+                        layer=index, pe=-1, region=[[b, b + 1], [m0, m0 + vm], [n0, n0 + vn]],
+                        k_splits=ks, sram_bytes=_gemm_tile_bytes(pm, pn, min(tk, g.k)),
+                        in_bytes=in_b, w_bytes=w_b, out_bytes=_F32 * vm * vn,
+                        cycles=int(math.ceil(vm * vn * g.k / arch.m4f_flops_per_cycle)),
+                    ))
+        return tiles
+    n_out = int(np.prod(out_shape, dtype=np.int64))
+    if layer.kind in ("softmax", "layer_norm", "mean"):
+        row = layer.attrs["row"] if layer.kind == "mean" else out_shape[-1]
+        rows = n_out if layer.kind == "mean" else n_out // row
+        per_elem = {"softmax": 3.0 + arch.exp_unit_cycles, "layer_norm": 6.0, "mean": 1.0}[layer.kind]
+        layer.flops = int(rows * row * per_elem)
+        cap = max(1, arch.tile_sram_bytes // (2 * 2 * _F32 * row))
+        size = max(1, min(cap, _ceil(rows, arch.total_pes)))
+        for r0 in range(0, rows, size):
+            r1 = min(r0 + size, rows)
+            n = (r1 - r0) * row
+            n_res = (r1 - r0) if layer.kind == "mean" else n
+            tiles.append(Tile(layer=index, pe=-1, region=[[r0, r1]], sram_bytes=2 * _F32 * (n + n_res),
+                              in_bytes=_F32 * n, out_bytes=_F32 * n_res,
+                              cycles=int(math.ceil(n * per_elem * arch.m4f_elementwise_cycles / 2))))
+        return tiles
+    if layer.kind in ("max_pool2d", "avg_pool2d"):
+        n, c, h, w = t[layer.inputs[0]].shape
+        oh, ow = out_shape[2], out_shape[3]
+        kh, kw = layer.attrs["pool_size"]
+        layer.flops = n * c * oh * ow * kh * kw
+        plane_bytes = _F32 * (h * w + oh * ow)
+        if 2 * plane_bytes > arch.tile_sram_bytes:
+            raise MappingError(
+                f"layer {layer.name}: one {h}x{w} input plane needs {2 * plane_bytes} bytes of SRAM, "
+                f"a PE has {arch.tile_sram_bytes}"
+            )
+        cap = arch.tile_sram_bytes // (2 * plane_bytes)
+        size = max(1, min(cap, _ceil(n * c, arch.total_pes)))
+        for p0 in range(0, n * c, size):
+            p1 = min(p0 + size, n * c)
+            tiles.append(Tile(layer=index, pe=-1, region=[[p0, p1]], sram_bytes=2 * plane_bytes * (p1 - p0),
+                              in_bytes=_F32 * h * w * (p1 - p0), out_bytes=_F32 * oh * ow * (p1 - p0),
+                              cycles=int((p1 - p0) * oh * ow * kh * kw * arch.m4f_elementwise_cycles / 2)))
+        return tiles
+    # Element-wise.
+    n_in = len(layer.inputs)
+    transcendental = layer.kind in ("gelu", "gelu_tanh", "sigmoid", "tanh")
+    per_elem = arch.m4f_elementwise_cycles + (arch.exp_unit_cycles + 6 if transcendental else 0)
+    layer.flops = n_out * (8 if transcendental else 1)
+    for region in _flat_tiles(n_out, _F32 * (n_in + 1), arch):
+        e = region[0][1] - region[0][0]
+        tiles.append(Tile(layer=index, pe=-1, region=region, sram_bytes=2 * _F32 * (n_in + 1) * e,
+                          in_bytes=_F32 * n_in * e, out_bytes=_F32 * e,
+                          cycles=int(math.ceil(e * per_elem))))
+    return tiles

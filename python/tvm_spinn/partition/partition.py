@@ -1,0 +1,95 @@
+"""``partition_for_spinn``: split a Relax module into spinn regions and fallback code."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import tvm
+from tvm import relax
+from tvm.relax import transform
+
+from ..target.registry import arch_of, get_target
+from .patterns import FallbackReason, spinn_patterns
+
+__all__ = ["partition_for_spinn", "PartitionSummary", "summarize_partition"]
+
+
+def partition_for_spinn(
+    mod: tvm.IRModule, target: "str | tvm.target.Target" = "spinn"
+) -> tvm.IRModule:
+    """Partition ``mod`` into functions offloaded to spinn (``Codegen="spinn"``) and the rest.
+
+    Constants are folded first so that weights appear as constants the patterns can bind.
+    Adjacent offloaded ops are merged into one region: one spinn program per region.
+
+    Parameters
+    ----------
+    mod : tvm.IRModule
+        A Relax module with static shapes (e.g. from :mod:`tvm_spinn.frontend`).
+    target : str or tvm.target.Target
+        A spinn target; its architecture decides what fits on a PE.
+
+    Returns
+    -------
+    tvm.IRModule
+        The partitioned module, with ``spinn_fallback_reasons`` in its attributes (op and shape
+        to reason, for every matched op the hardware cannot hold).
+    """
+    arch = arch_of(get_target(target))
+    reasons = FallbackReason()
+    seq = tvm.transform.Sequential(
+        [
+            transform.FoldConstant(),
+            transform.FuseOpsByPattern(
+                spinn_patterns(arch, reasons), bind_constants=True, annotate_codegen=False
+            ),
+            transform.MergeCompositeFunctions(),
+            transform.DeadCodeElimination(),
+        ]
+    )
+    mod = seq(mod)
+    return mod.with_attr("spinn_fallback_reasons", dict(sorted(reasons.reasons.items())))
+
+
+@dataclass
+class PartitionSummary:
+    """Which ops were offloaded and which stay on the fallback target."""
+
+    offloaded_ops: dict[str, int] = field(default_factory=dict)
+    fallback_ops: dict[str, int] = field(default_factory=dict)
+    regions: int = 0
+    fallback_reasons: dict[str, str] = field(default_factory=dict)
+
+
+def summarize_partition(mod: tvm.IRModule) -> PartitionSummary:
+    """Count composite (offloaded) and plain (fallback) op calls of a partitioned module."""
+    summary = PartitionSummary()
+    reasons = mod.attrs.get("spinn_fallback_reasons") if mod.attrs else None
+    summary.fallback_reasons = {str(k): str(v) for k, v in (reasons or {}).items()}
+
+    def visit_codegen(func: relax.Function) -> None:
+        def fvisit(expr):
+            if isinstance(expr, relax.Function) and expr.attrs and "Composite" in expr.attrs:
+                name = str(expr.attrs["Composite"])
+                summary.offloaded_ops[name] = summary.offloaded_ops.get(name, 0) + 1
+        relax.analysis.post_order_visit(func.body, fvisit)
+
+    for gvar, func in sorted(mod.functions_items(), key=lambda kv: kv[0].name_hint):
+        if not isinstance(func, relax.Function):
+            continue
+        if func.attrs and "Codegen" in func.attrs:
+            summary.regions += 1
+            visit_codegen(func)
+            continue
+        if func.attrs and ("Composite" in func.attrs or "Primitive" in func.attrs):
+            continue
+
+        def fvisit_main(expr):
+            if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+                name = expr.op.name
+                if name.startswith("relax.") and not name.startswith(("relax.call_", "relax.builtin")):
+                    summary.fallback_ops[name] = summary.fallback_ops.get(name, 0) + 1
+        relax.analysis.post_order_visit(func.body, fvisit_main)
+    summary.offloaded_ops = dict(sorted(summary.offloaded_ops.items()))
+    summary.fallback_ops = dict(sorted(summary.fallback_ops.items()))
+    return summary

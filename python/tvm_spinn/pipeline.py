@@ -1,0 +1,81 @@
+"""Hook spinn into ``relax.build``: the default pipeline offloads for spinn targets.
+
+``relax.build(mod, target)`` takes its pipeline from ``relax.pipeline.PIPELINE_MAP["default"]``.
+We register a wrapper there that, when the current target's keys contain ``"spinn"``, partitions
+(unless the module already is), runs ``RunCodegen`` for ``spinn`` and records a manifest, then
+hands the rest of the module to the fallback's own pipeline (llvm: TVM's default build pipeline;
+cuda: TVM's CUDA pipeline with dlight schedules). Other targets are untouched.
+"""
+
+from __future__ import annotations
+
+import json
+
+import tvm
+from tvm import relax
+from tvm.relax import pipeline as _relax_pipeline
+
+from .codegen import make_manifest_module
+from .partition import partition_for_spinn, summarize_partition
+from .target.registry import arch_of, is_spinn_target
+
+__all__ = ["offload_to_spinn", "install"]
+
+_ORIGINAL: dict = {}
+
+
+def _is_partitioned(mod: tvm.IRModule) -> bool:
+    return any(
+        isinstance(f, relax.Function) and f.attrs is not None and f.attrs.get("Codegen") == "spinn"
+        for _, f in mod.functions_items()
+    )
+
+
+def offload_to_spinn(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
+    """Partition (if needed) and codegen the spinn regions of ``mod`` for ``target``."""
+    arch = arch_of(target)
+    if not _is_partitioned(mod):
+        mod = partition_for_spinn(mod, target)
+    summary = summarize_partition(mod)
+    mod = relax.transform.RunCodegen({"spinn": {"arch": json.dumps(arch.to_dict(), sort_keys=True)}})(mod)
+    manifest = {
+        "system": arch.name, "chips": arch.chips, "fallback": arch.host_fallback,
+        "target": str(target), "regions": summary.regions,
+        "offloaded_ops": summary.offloaded_ops, "fallback_ops": summary.fallback_ops,
+        "fallback_reasons": summary.fallback_reasons,
+    }
+    ext = list(mod.attrs["external_mods"]) if mod.attrs and "external_mods" in mod.attrs else []
+    return mod.with_attr("external_mods", ext + [make_manifest_module(manifest)])
+
+
+def _wrap(name: str):
+    original = _ORIGINAL[name]
+
+    def factory(**kwargs):
+        base = original(**kwargs)
+
+        @tvm.transform.module_pass(opt_level=0, name="SpinnDefaultPipeline")
+        def _pipeline(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
+            target = tvm.target.Target.current(allow_none=True)
+            if not is_spinn_target(target):
+                return base(mod)
+            mod = offload_to_spinn(mod, target)
+            if target.kind.name == "cuda":
+                return relax.backend.cuda.get_default_pipeline(target)(mod)
+            return base(mod)
+
+        return _pipeline
+
+    return factory
+
+
+def install() -> None:
+    """Register the spinn-aware default pipelines (idempotent)."""
+    for name in ("default", "default_build"):
+        current = _relax_pipeline.PIPELINE_MAP[name]
+        if getattr(current, "_spinn", False):
+            continue
+        _ORIGINAL[name] = current
+        wrapped = _wrap(name)
+        wrapped._spinn = True
+        _relax_pipeline.PIPELINE_MAP[name] = wrapped

@@ -1,0 +1,193 @@
+"""The serialized *spinn program*: the one document handed from the compiler to the runtime.
+
+Binary layout (little-endian), version 1::
+
+    offset  size  field
+    0       8     magic  b"SPINNPRG"
+    8       4     u32 format version (PROGRAM_VERSION)
+    12      4     u32 reserved (0)
+    16      8     u64 header length H
+    24      H     header: UTF-8 JSON, keys sorted, no whitespace (see Program.to_json)
+    24+H    pad   zero bytes up to a multiple of 64
+    ...     8     u64 constant blob length B
+    ...     B     constant blob: every constant tensor, C-contiguous, each 64-byte aligned
+    ...     8     u64 checksum: BLAKE2b-64 of all preceding bytes
+
+Header JSON fields (all lists in execution order; all ids are indices):
+
+- ``version``, ``symbol`` (Relax global symbol the program implements), ``arch`` (SpinnArch dict)
+- ``tensors``: ``{name, shape, dtype, role, offset}``; role is ``input`` | ``output`` | ``const``
+  | ``temp``; ``offset`` is the byte offset of a ``const`` in the blob (else -1)
+- ``inputs`` / ``outputs``: tensor ids in DPS argument order
+- ``layers``: ``{name, kind, inputs, consts, output, attrs, gemm, flops, mode}``; ``kind`` is one of
+  :data:`LAYER_KINDS`; ``consts`` maps a role (``weight``, ``bias``, ``gamma``, ``beta``, ``rhs``...)
+  to a tensor id; ``gemm`` is ``[M, N, K]`` for MAC-path layers; ``mode`` is ``fp32`` (M4F) or
+  ``int8`` (MAC array)
+- ``tiles``: ``{layer, pe, region, k_splits, sram_bytes, in_bytes, w_bytes, out_bytes, cycles}``;
+  ``region`` is a list of ``[start, stop]`` output ranges (layer-kind specific, see
+  ``tvm_spinn.mapping.tiling``), each a unit of work one PE holds in SRAM
+- ``schedule``: per PE (global index ``chip * pes_per_chip + pe``) an ordered list of tasks
+  ``[op, layer, tile, bytes]`` with op in ``dma_in`` | ``compute`` | ``dma_out`` | ``barrier``;
+  DMA moves data between DRAM and the PE's SRAM, barriers close every layer
+- ``timing``: the timing model's result at compile time (see ``tvm_spinn.runtime.timing``)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+__all__ = [
+    "PROGRAM_MAGIC", "PROGRAM_VERSION", "LAYER_KINDS", "ProgramError", "TensorDesc", "Layer",
+    "Tile", "Program",
+]
+
+PROGRAM_MAGIC = b"SPINNPRG"
+PROGRAM_VERSION = 1
+_ALIGN = 64
+
+#: Layer kinds the simulator executes; partition patterns map onto these.
+LAYER_KINDS = (
+    "conv2d", "dense", "matmul", "add", "subtract", "multiply", "divide", "relu", "gelu",
+    "gelu_tanh", "sigmoid", "tanh", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "softmax",
+    "layer_norm", "mean",
+)
+
+
+class ProgramError(ValueError):
+    """A spinn program that cannot be read (truncated, corrupt, wrong version)."""
+
+
+@dataclass
+class TensorDesc:
+    name: str
+    shape: list[int]
+    dtype: str
+    role: str
+    offset: int = -1
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+@dataclass
+class Layer:
+    name: str
+    kind: str
+    inputs: list[int]
+    output: int
+    consts: dict[str, int] = field(default_factory=dict)
+    attrs: dict = field(default_factory=dict)
+    gemm: list[int] | None = None
+    flops: int = 0
+    mode: str = "fp32"
+
+
+@dataclass
+class Tile:
+    layer: int
+    pe: int
+    region: list[list[int]]
+    k_splits: int = 1
+    sram_bytes: int = 0
+    in_bytes: int = 0
+    w_bytes: int = 0
+    out_bytes: int = 0
+    cycles: int = 0
+
+
+@dataclass
+class Program:
+    """A compiled spinn program (one offloaded Relax function)."""
+
+    symbol: str
+    arch: dict
+    tensors: list[TensorDesc]
+    inputs: list[int]
+    outputs: list[int]
+    layers: list[Layer]
+    tiles: list[Tile] = field(default_factory=list)
+    schedule: list[list[list]] = field(default_factory=list)
+    timing: dict = field(default_factory=dict)
+    constants: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
+    version: int = PROGRAM_VERSION
+
+    # ------------------------------------------------------------------ serialization
+    def header(self) -> dict:
+        return {
+            "version": self.version,
+            "symbol": self.symbol,
+            "arch": self.arch,
+            "tensors": [asdict(t) for t in self.tensors],
+            "inputs": self.inputs,
+            "outputs": self.outputs,
+            "layers": [asdict(layer) for layer in self.layers],
+            "tiles": [asdict(t) for t in self.tiles],
+            "schedule": self.schedule,
+            "timing": self.timing,
+        }
+
+    def to_bytes(self) -> bytes:
+        """Serialize deterministically (same program -> same bytes)."""
+        blob = bytearray()
+        for tid in sorted(self.constants):
+            arr = np.asarray(self.constants[tid])  # ascontiguousarray would make 0-d arrays 1-d
+            desc = self.tensors[tid]
+            if list(arr.shape) != list(desc.shape) or str(arr.dtype) != desc.dtype:
+                raise ProgramError(f"constant {desc.name}: array {arr.shape}/{arr.dtype} does not match its descriptor")
+            blob += b"\0" * (-len(blob) % _ALIGN)
+            desc.offset = len(blob)
+            blob += arr.tobytes(order="C")
+        text = json.dumps(self.header(), sort_keys=True, separators=(",", ":")).encode()
+        out = bytearray(PROGRAM_MAGIC + struct.pack("<IIQ", self.version, 0, len(text)) + text)
+        out += b"\0" * (-len(out) % _ALIGN)
+        out += struct.pack("<Q", len(blob)) + blob
+        out += struct.pack("<Q", _checksum(bytes(out)))
+        return bytes(out)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "Program":
+        """Parse and validate; raises :class:`ProgramError` naming what is wrong."""
+        data = bytes(data)
+        if len(data) < 32 or data[:8] != PROGRAM_MAGIC:
+            raise ProgramError("not a spinn program (bad magic or shorter than its header)")
+        version, _, hlen = struct.unpack_from("<IIQ", data, 8)
+        if version != PROGRAM_VERSION:
+            raise ProgramError(f"spinn program format version {version} is not supported (this runtime reads {PROGRAM_VERSION})")
+        if len(data) < 8:
+            raise ProgramError("truncated spinn program")
+        (stored,) = struct.unpack_from("<Q", data, len(data) - 8)
+        if _checksum(data[:-8]) != stored:
+            raise ProgramError("spinn program checksum mismatch (truncated or corrupt)")
+        pos = 24 + hlen
+        header = json.loads(data[24:pos].decode())
+        pos += -pos % _ALIGN
+        (blen,) = struct.unpack_from("<Q", data, pos)
+        blob = memoryview(data)[pos + 8: pos + 8 + blen]
+        if len(blob) != blen:
+            raise ProgramError("truncated spinn program constant blob")
+        tensors = [TensorDesc(**t) for t in header["tensors"]]
+        constants = {}
+        for tid, t in enumerate(tensors):
+            if t.role == "const":
+                end = t.offset + t.nbytes
+                if t.offset < 0 or end > blen:
+                    raise ProgramError(f"constant {t.name} lies outside the blob")
+                constants[tid] = np.frombuffer(blob[t.offset:end], dtype=t.dtype).reshape(t.shape)
+        return cls(
+            symbol=header["symbol"], arch=header["arch"], tensors=tensors,
+            inputs=header["inputs"], outputs=header["outputs"],
+            layers=[Layer(**layer) for layer in header["layers"]],
+            tiles=[Tile(**t) for t in header["tiles"]], schedule=header["schedule"],
+            timing=header["timing"], constants=constants, version=version,
+        )
+
+
+def _checksum(data: bytes) -> int:
+    # BLAKE2b runs in C: fast on weight blobs of hundreds of MB.
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")

@@ -1,0 +1,124 @@
+"""``tvm_spinn.report``: read the programs out of an executable and summarize them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import tvm
+
+from ..codegen import MANIFEST_MAGIC, MANIFEST_SYMBOL
+from ..program import Program
+from ..target.arch import SpinnArch
+
+__all__ = ["Report", "report", "find_spinn_modules"]
+
+
+@dataclass
+class Report:
+    """Simulated performance of a compiled model on its spinn system.
+
+    Totals add up the offloaded regions, which run one after another. ``latency_s`` is the timing
+    model's figure, ``roofline_s`` the compute/DRAM lower bound of the same programs.
+    """
+
+    system: str
+    chips: int
+    latency_s: float
+    roofline_s: float
+    cycles: int
+    dram_bytes: int
+    noc_bytes: int
+    energy_j: float
+    pe_utilization: float
+    flops: int
+    regions: int
+    offloaded_ops: dict[str, int] = field(default_factory=dict)
+    fallback_ops: dict[str, int] = field(default_factory=dict)
+    fallback_reasons: dict[str, str] = field(default_factory=dict)
+    weight_bytes: int = 0
+    layers: list[dict] = field(default_factory=list)
+
+    def table(self) -> str:
+        """Per-layer table as text."""
+        head = f"{'layer':<28}{'kind':<12}{'tiles':>7}{'PEs':>6}{'cycles':>12}{'DRAM B':>12}{'SRAM peak':>11}{'util':>7}"
+        rows = [head, "-" * len(head)]
+        for row in self.layers:
+            rows.append(
+                f"{row['region'] + '.' + row['name']:<28.28}{row['kind']:<12}{row['tiles']:>7}{row['pes']:>6}"
+                f"{row['cycles']:>12}{row['dram_bytes']:>12}{row['sram_peak']:>11}{row['utilization']:>7.1%}"
+            )
+        return "\n".join(rows)
+
+    def __str__(self) -> str:
+        lines = [
+            f"spinn report: system {self.system} ({self.chips} chip{'s' if self.chips != 1 else ''}), "
+            f"{self.regions} offloaded region(s)",
+            f"  latency {self.latency_s * 1e3:.3f} ms (roofline {self.roofline_s * 1e3:.3f} ms, "
+            f"{self.latency_s / self.roofline_s if self.roofline_s else float('nan'):.2f}x), "
+            f"{self.cycles} cycles",
+            f"  DRAM {self.dram_bytes / 1e6:.3f} MB, NoC {self.noc_bytes / 1e6:.3f} MB, "
+            f"energy {self.energy_j * 1e3:.4f} mJ, PE utilization {self.pe_utilization:.2%}",
+            f"  offloaded ops: {self.offloaded_ops or 'none'}",
+            f"  fallback ops:  {self.fallback_ops or 'none'}",
+        ]
+        for op, why in self.fallback_reasons.items():
+            lines.append(f"    {op}: {why}")
+        return "\n".join(lines + [self.table()])
+
+
+def _walk(mod):
+    yield mod
+    for sub in mod.imports:
+        yield from _walk(sub)
+
+
+def find_spinn_modules(ex) -> list:
+    """All ``spinn`` runtime modules imported by an executable or loaded library."""
+    if isinstance(ex, tvm.relax.VMExecutable) or hasattr(ex, "mod"):
+        root = ex.mod
+    else:
+        root = ex
+    found = [m for m in _walk(root) if m.kind == "spinn"]
+    return sorted(found, key=lambda m: str(m["get_symbol"]()))
+
+
+def report(ex) -> Report:
+    """Summarize the simulated execution of a model compiled for a spinn target.
+
+    Parameters
+    ----------
+    ex : tvm.relax.VMExecutable or tvm.runtime.Module
+        What ``relax.build(mod, target="spinn")`` returned, or ``tvm.runtime.load_module`` of an
+        exported library.
+
+    Returns
+    -------
+    Report
+        Latency, roofline, cycles, bytes moved, energy, utilization, op counts and per-layer rows.
+    """
+    manifest, programs = {}, []
+    for m in find_spinn_modules(ex):
+        data = bytes(m["get_program"]())
+        if str(m["get_symbol"]()) == MANIFEST_SYMBOL and data.startswith(MANIFEST_MAGIC):
+            manifest = json.loads(data[len(MANIFEST_MAGIC):].decode())
+        else:
+            programs.append(Program.from_bytes(data))
+    if not programs and not manifest:
+        raise ValueError("no spinn modules in this executable: was it built for a spinn target?")
+    arch = SpinnArch.from_dict(programs[0].arch) if programs else SpinnArch()
+    keys = ("latency_s", "roofline_s", "cycles", "dram_bytes", "noc_bytes", "energy_j", "flops")
+    totals = {k: sum(p.timing[k] for p in programs) for k in keys}
+    busy = sum(p.timing["pe_utilization"] * p.timing["cycles"] for p in programs)
+    layers = []
+    for i, p in enumerate(programs):
+        for row in p.timing["layers"]:
+            layers.append(dict(row, region=f"r{i}"))
+    return Report(
+        system=manifest.get("system", arch.name), chips=manifest.get("chips", arch.chips),
+        regions=len(programs), pe_utilization=busy / totals["cycles"] if totals["cycles"] else 0.0,
+        offloaded_ops=manifest.get("offloaded_ops", {}), fallback_ops=manifest.get("fallback_ops", {}),
+        fallback_reasons=manifest.get("fallback_reasons", {}),
+        weight_bytes=sum(t.nbytes for p in programs for t in p.tensors if t.role == "const"),
+        layers=layers, **totals,
+    )

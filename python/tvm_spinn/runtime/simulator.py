@@ -1,0 +1,235 @@
+"""Bit-exact functional simulator: executes a spinn program tile by tile.
+
+Numerics are those of the hardware path each layer runs on:
+
+- fp32 GEMMs (conv2d, dense, matmul) on the Cortex-M4F: ``acc = fl(acc + fl(a * b))`` with k
+  strictly ascending (VMLA.F32 is not fused), in the C++ kernel ``tvm_spinn.sim.gemm_f32``; a
+  tile's k-chunks run in order on one PE, so results do not depend on the tiling. Bias is added
+  to the finished accumulator, then ReLU.
+- reductions (softmax sum, layer_norm mean/variance, mean) are sequential fp32 sums per row
+  (``tvm_spinn.sim.row_sum_f32``); element-wise ops are single fp32 operations (numpy float32).
+- ``exp`` comes from the exp/log unit, modelled as numpy's float32 ``exp``; ``erf`` (GELU) is the
+  M4F library's rational approximation in fp32 (Abramowitz-Stegun 7.1.26, |error| < 1.5e-7).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _lib
+from ..program import Layer, Program, Tile
+from ..mapping.tiling import gemm_shape
+
+__all__ = ["run_program"]
+
+_F32 = np.float32
+
+
+def _erf_f32(x: np.ndarray) -> np.ndarray:
+    x = x.astype(_F32)
+    sign = np.sign(x).astype(_F32)
+    a = np.abs(x)
+    t = _F32(1) / (_F32(1) + _F32(0.3275911) * a)
+    poly = t * (_F32(0.254829592) + t * (_F32(-0.284496736) + t * (_F32(1.421413741)
+           + t * (_F32(-1.453152027) + t * _F32(1.061405429)))))
+    return (sign * (_F32(1) - poly * np.exp(-a * a))).astype(_F32)
+
+
+def _unary(kind: str, x: np.ndarray) -> np.ndarray:
+    if kind == "relu":
+        return np.maximum(x, _F32(0))
+    if kind == "sigmoid":
+        return (_F32(1) / (_F32(1) + np.exp(-x))).astype(_F32)
+    if kind == "tanh":
+        return np.tanh(x).astype(_F32)
+    if kind == "gelu":
+        return (_F32(0.5) * x * (_F32(1) + _erf_f32(x * _F32(0.70710678118654752)))).astype(_F32)
+    if kind == "gelu_tanh":
+        inner = _F32(0.7978845608028654) * (x + _F32(0.044715) * x * x * x)
+        return (_F32(0.5) * x * (_F32(1) + np.tanh(inner))).astype(_F32)
+    raise NotImplementedError(kind)
+
+
+_BINARY = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.divide}
+
+
+class _LayerRunner:
+    """Per-layer operand preparation (DRAM-side layout) and per-tile execution."""
+
+    def __init__(self, program: Program, layer: Layer, env: dict[int, np.ndarray]):
+        self.p, self.layer, self.env = program, layer, env
+        self.out = np.zeros(program.tensors[layer.output].shape, dtype=_F32)
+        k = layer.kind
+        if k in ("conv2d", "dense", "matmul"):
+            self._prepare_gemm()
+        elif k in _BINARY or k in ("relu", "gelu", "gelu_tanh", "sigmoid", "tanh"):
+            shape = self.out.shape
+            self.flat_in = [np.ascontiguousarray(np.broadcast_to(env[i], shape)).reshape(-1) for i in layer.inputs]
+        elif k in ("softmax", "layer_norm", "mean"):
+            x = env[layer.inputs[0]]
+            row = layer.attrs["row"] if k == "mean" else x.shape[-1]
+            self.rows_in = np.ascontiguousarray(x).reshape(-1, row)
+        elif k in ("max_pool2d", "avg_pool2d"):
+            self._prepare_pool()
+
+    # -- GEMM ------------------------------------------------------------------------------
+    def _prepare_gemm(self) -> None:
+        layer, env = self.layer, self.env
+        g = gemm_shape(self.p, layer)
+        self.g = g
+        if layer.kind == "conv2d":
+            x = env[layer.inputs[0]]
+            w = env[layer.consts["weight"]]
+            n, c, h, wd = x.shape
+            groups = layer.attrs["groups"]
+            sh, sw = layer.attrs["strides"]
+            dh, dw = layer.attrs["dilation"]
+            pt, pl, pb, pr = layer.attrs["padding"]
+            o, cg, kh, kw = w.shape
+            oh, ow = self.out.shape[2], self.out.shape[3]
+            xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+            # im2col is pure data movement (what the DMA gathers): rows ordered (c, kh, kw) like
+            # the OIHW weight, columns are output pixels.
+            cols = np.empty((n, groups, cg * kh * kw, oh * ow), dtype=_F32)
+            for i in range(kh):
+                for j in range(kw):
+                    patch = xp[:, :, i * dh: i * dh + sh * (oh - 1) + 1: sh, j * dw: j * dw + sw * (ow - 1) + 1: sw]
+                    patch = patch.reshape(n, groups, cg, oh * ow)
+                    cols[:, :, (np.arange(cg) * kh * kw) + i * kw + j, :] = patch
+            self.a = np.ascontiguousarray(w.reshape(groups, o // groups, cg * kh * kw))
+            self.b = cols.reshape(n * groups, cg * kh * kw, oh * ow)
+            self.a_index = lambda b: b % groups
+        elif layer.kind == "dense":
+            x = env[layer.inputs[0]]
+            self.a = np.ascontiguousarray(x).reshape(1, g.m, g.k)
+            self.b = np.ascontiguousarray(env[layer.consts["weight"]]).reshape(1, g.k, g.n)
+            self.a_index = lambda b: b
+        else:
+            a, b = env[layer.inputs[0]], env[layer.inputs[1]]
+            batch_shape = self.out.shape[:-2]
+            self.a = np.ascontiguousarray(np.broadcast_to(a, tuple(batch_shape) + a.shape[-2:])).reshape(g.batch, g.m, g.k)
+            self.b = np.ascontiguousarray(np.broadcast_to(b, tuple(batch_shape) + b.shape[-2:])).reshape(g.batch, g.k, g.n)
+            self.a_index = lambda b: b
+        self.c = self.out.reshape(g.batch, g.m, g.n)
+        bias = layer.consts.get("bias")
+        self.bias = env[bias] if bias is not None else None
+
+    def _run_gemm(self, tile: Tile) -> None:
+        (b0, _), (m0, m1), (n0, n1) = tile.region
+        g = self.g
+        a = self.a[self.a_index(b0), m0:m1]
+        bm = self.b[b0, :, n0:n1]
+        acc = np.zeros((m1 - m0, n1 - n0), dtype=_F32)
+        step = -(-g.k // tile.k_splits)
+        for k0 in range(0, g.k, step):
+            _lib.gemm_f32(np.ascontiguousarray(a[:, k0:k0 + step]), np.ascontiguousarray(bm[k0:k0 + step]), acc)
+        if self.bias is not None:
+            if self.layer.kind == "conv2d":
+                groups = self.layer.attrs["groups"]
+                oc0 = (b0 % groups) * g.m
+                acc = acc + self.bias[oc0 + m0: oc0 + m1, None]
+            else:
+                acc = acc + self.bias[None, n0:n1]
+        if self.layer.attrs.get("relu"):
+            acc = np.maximum(acc, _F32(0))
+        self.c[b0, m0:m1, n0:n1] = acc
+
+    # -- pools -----------------------------------------------------------------------------
+    def _prepare_pool(self) -> None:
+        x = self.env[self.layer.inputs[0]]
+        n, c, h, w = x.shape
+        pt, pl, pb, pr = self.layer.attrs["padding"]
+        fill = -np.inf if self.layer.kind == "max_pool2d" else 0.0
+        self.planes = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=fill).reshape(n * c, h + pt + pb, w + pl + pr)
+        ones = np.pad(np.ones((h, w), _F32), ((pt, pb), (pl, pr)))
+        self.valid = ones
+        self.out_planes = self.out.reshape(n * c, self.out.shape[2], self.out.shape[3])
+
+    def _run_pool(self, tile: Tile) -> None:
+        (p0, p1), = tile.region
+        attrs = self.layer.attrs
+        kh, kw = attrs["pool_size"]
+        sh, sw = attrs["strides"]
+        dh, dw = attrs["dilation"]
+        oh, ow = self.out_planes.shape[1:]
+        src = self.planes[p0:p1]
+        acc = None
+        count = np.zeros((oh, ow), _F32)
+        for i in range(kh):  # sequential window order, vectorized over planes and pixels
+            for j in range(kw):
+                sl = (slice(i * dh, i * dh + sh * (oh - 1) + 1, sh), slice(j * dw, j * dw + sw * (ow - 1) + 1, sw))
+                v = src[:, sl[0], sl[1]]
+                if self.layer.kind == "max_pool2d":
+                    acc = v.copy() if acc is None else np.maximum(acc, v)
+                else:
+                    acc = v.astype(_F32) if acc is None else (acc + v).astype(_F32)
+                    count += self.valid[sl]
+        if self.layer.kind == "avg_pool2d":
+            div = _F32(kh * kw) if attrs.get("count_include_pad") else count
+            acc = (acc / div).astype(_F32)
+        self.out_planes[p0:p1] = acc
+
+    # -- rows ------------------------------------------------------------------------------
+    def _row_sum(self, x: np.ndarray) -> np.ndarray:
+        out = np.empty(x.shape[0], dtype=_F32)
+        _lib.row_sum_f32(np.ascontiguousarray(x, dtype=_F32), out)
+        return out
+
+    def _run_rows(self, tile: Tile) -> None:
+        (r0, r1), = tile.region
+        x = self.rows_in[r0:r1]
+        d = _F32(x.shape[-1])
+        if self.layer.kind == "mean":
+            self.out.reshape(-1)[r0:r1] = self._row_sum(x) / d
+            return
+        out_rows = self.out.reshape(-1, self.out.shape[-1])
+        if self.layer.kind == "softmax":
+            e = np.exp(x - x.max(axis=-1, keepdims=True)).astype(_F32)
+            out_rows[r0:r1] = e / self._row_sum(e)[:, None]
+            return
+        mean = self._row_sum(x) / d
+        centered = (x - mean[:, None]).astype(_F32)
+        var = self._row_sum(centered * centered) / d
+        y = centered / np.sqrt(var + _F32(self.layer.attrs["epsilon"]))[:, None]
+        if self.layer.attrs.get("scale", True):
+            y = y * self.env[self.layer.consts["gamma"]]
+        if self.layer.attrs.get("center", True):
+            y = y + self.env[self.layer.consts["beta"]]
+        out_rows[r0:r1] = y
+
+    # -- element-wise ----------------------------------------------------------------------
+    def _run_elementwise(self, tile: Tile) -> None:
+        (e0, e1), = tile.region
+        args = [f[e0:e1] for f in self.flat_in]
+        k = self.layer.kind
+        res = _BINARY[k](args[0], args[1]) if k in _BINARY else _unary(k, args[0])
+        self.out.reshape(-1)[e0:e1] = res
+
+    def run(self, tile: Tile) -> None:
+        k = self.layer.kind
+        if k in ("conv2d", "dense", "matmul"):
+            self._run_gemm(tile)
+        elif k in ("softmax", "layer_norm", "mean"):
+            self._run_rows(tile)
+        elif k in ("max_pool2d", "avg_pool2d"):
+            self._run_pool(tile)
+        else:
+            self._run_elementwise(tile)
+
+
+def run_program(program: Program, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Execute ``program`` on ``inputs`` (in ``program.inputs`` order); returns its outputs."""
+    env: dict[int, np.ndarray] = dict(program.constants)
+    for tid, value in zip(program.inputs, inputs):
+        env[tid] = value
+    by_layer: dict[int, list[Tile]] = {}
+    for tile in program.tiles:
+        by_layer.setdefault(tile.layer, []).append(tile)
+    for index, layer in enumerate(program.layers):
+        if layer.mode != "fp32":
+            raise NotImplementedError(f"layer {layer.name}: mode {layer.mode} is not simulated")
+        runner = _LayerRunner(program, layer, env)
+        for tile in by_layer.get(index, []):
+            runner.run(tile)
+        env[layer.output] = runner.out
+    return [env[tid] for tid in program.outputs]

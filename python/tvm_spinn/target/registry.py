@@ -1,0 +1,121 @@
+"""Target tags for spinn systems and the table mapping a target to its :class:`SpinnArch`.
+
+TVM tags cannot carry custom attributes, so a spinn target is an ``llvm`` (or ``cuda``) target
+whose ``keys`` contain ``"spinn"`` and whose ``model`` names an entry of the system table below.
+The fallback (non-offloaded) part of a model is compiled for that llvm/cuda target.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import tvm
+
+from .arch import ArchError, SpinnArch
+
+__all__ = [
+    "SYSTEMS", "TAGS", "register_system", "arch_of", "is_spinn_target", "get_target",
+    "known_targets", "register_default_tags",
+]
+
+#: name (target ``model``) -> architecture
+SYSTEMS: dict[str, SpinnArch] = {}
+#: tag name -> (system name, fallback kind)
+TAGS: dict[str, tuple[str, str]] = {}
+_LOCK = threading.Lock()
+
+
+def _host_config() -> dict:
+    # num-cores describes the *host* CPU that runs the fallback, never the simulated PEs.
+    return {"kind": "llvm", "num-cores": max(1, os.cpu_count() or 1)}
+
+
+def register_system(arch: SpinnArch, tag: str | None = None, fallback: str = "llvm") -> str:
+    """Register a system so that ``tvm.target.Target(tag)`` selects it.
+
+    Parameters
+    ----------
+    arch : SpinnArch
+        The system description (see :func:`tvm_spinn.make_system`).
+    tag : str, optional
+        Target tag to register; defaults to ``"spinn/<arch.name>"``.
+    fallback : {"llvm", "cuda"}
+        Where operators that are not offloaded run.
+
+    Returns
+    -------
+    str
+        The tag name, usable as ``relax.build(mod, target=tag)``.
+    """
+    if fallback not in ("llvm", "cuda"):
+        raise ArchError(f"fallback must be 'llvm' or 'cuda', got {fallback!r}")
+    tag = tag or f"spinn/{arch.name}"
+    arch = arch.replace(host_fallback=fallback)
+    if fallback == "llvm":
+        config = dict(_host_config(), keys=["spinn", "cpu"], model=arch.name)
+    else:
+        config = {
+            "kind": "cuda", "arch": "sm_80", "keys": ["spinn", "cuda", "gpu"],
+            "model": arch.name, "host": _host_config(),
+        }
+    with _LOCK:
+        previous = SYSTEMS.get(arch.name)
+        if previous is not None and previous.replace(host_fallback=arch.host_fallback) != arch:
+            raise ArchError(
+                f"a different system named {arch.name!r} is already registered; choose another name"
+            )
+        SYSTEMS[arch.name] = arch
+        TAGS[tag] = (arch.name, fallback)
+        tvm.target.register_tag(tag, config, override=True)
+    return tag
+
+
+def register_default_tags() -> None:
+    """Register ``spinn`` (one chip), ``spinn/board`` (48 chips) and ``spinn/cuda``."""
+    chip = SpinnArch()
+    register_system(chip, tag="spinn")
+    register_system(chip.replace(name="spinn2-board", chips=48), tag="spinn/board")
+    register_system(chip.replace(host_fallback="cuda"), tag="spinn/cuda", fallback="cuda")
+
+
+def known_targets() -> list[str]:
+    """Sorted list of registered spinn target tags."""
+    return sorted(TAGS)
+
+
+def is_spinn_target(target: tvm.target.Target | None) -> bool:
+    """Whether ``target`` is a spinn system (its keys contain ``"spinn"``)."""
+    return target is not None and "spinn" in list(target.keys)
+
+
+def get_target(target: "str | tvm.target.Target") -> tvm.target.Target:
+    """Resolve a target name, raising a ValueError that lists the known spinn targets."""
+    if isinstance(target, tvm.target.Target):
+        return target
+    if isinstance(target, str) and target.startswith("spinn") and target not in TAGS:
+        raise ValueError(
+            f"unknown spinn target {target!r}; known targets: {', '.join(known_targets())} "
+            "(register more with tvm_spinn.register_system)"
+        )
+    try:
+        return tvm.target.Target(target)
+    except Exception as err:  # TVM raises ValueError/TVMError with a long message
+        raise ValueError(
+            f"unknown target {target!r} ({err}); known spinn targets: {', '.join(known_targets())}"
+        ) from None
+
+
+def arch_of(target: "str | tvm.target.Target") -> SpinnArch:
+    """The :class:`SpinnArch` of a spinn target."""
+    target = get_target(target)
+    if not is_spinn_target(target):
+        raise ValueError(f"target {target} is not a spinn target (its keys lack 'spinn')")
+    model = str(target.attrs.get("model", ""))
+    if model not in SYSTEMS:
+        raise ValueError(
+            f"spinn target model {model!r} is not registered; known systems: {sorted(SYSTEMS)}"
+        )
+    arch = SYSTEMS[model]
+    fallback = "cuda" if target.kind.name == "cuda" else "llvm"
+    return arch if arch.host_fallback == fallback else arch.replace(host_fallback=fallback)

@@ -1,0 +1,40 @@
+// Versioned binary container of a spinn runtime module (what SaveToBytes writes).
+//
+// Layout, all integers little-endian:
+//   magic      8 bytes  "SPINNMOD"
+//   version    u32      kContainerVersion
+//   sym_len    u32
+//   symbol     sym_len bytes (UTF-8, non-empty)
+//   prog_len   u64
+//   program    prog_len bytes (opaque: produced and parsed by Python)
+//   checksum   u64      FNV-1a 64 of every byte before it
+#ifndef TVM_SPINN_CONTAINER_H_
+#define TVM_SPINN_CONTAINER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace tvm_spinn {
+
+constexpr char kContainerMagic[8] = {'S', 'P', 'I', 'N', 'N', 'M', 'O', 'D'};
+constexpr uint32_t kContainerVersion = 1;
+
+struct ModuleContents {
+  std::string symbol;
+  std::string program;
+};
+
+/*! \brief Serialize symbol + program into the container format. */
+std::string EncodeContainer(const std::string& symbol, const std::string& program);
+
+/*!
+ * \brief Parse and validate a container.
+ * \throws tvm::ffi::Error (kind ValueError) with a "spinn module: ..." message on any defect;
+ *         never reads outside [data, data + size).
+ */
+ModuleContents DecodeContainer(const char* data, size_t size);
+
+}  // namespace tvm_spinn
+
+#endif  // TVM_SPINN_CONTAINER_H_

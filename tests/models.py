@@ -1,0 +1,83 @@
+"""Small real architectures with deterministic random weights, shared by the tests."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class SmallCNN(nn.Module):
+    """Conv/BN-free CNN: conv-relu-pool x2, residual add, global pool, classifier."""
+
+    def __init__(self, classes: int = 10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, 3, stride=2, padding=1)
+        self.conv3 = nn.Conv2d(32, 32, 3, padding=1)
+        self.dw = nn.Conv2d(32, 32, 3, padding=1, groups=32)
+        self.fc = nn.Linear(32, classes)
+
+    def forward(self, x):
+        x = torch.relu(self.conv1(x))
+        x = nn.functional.max_pool2d(x, 2)
+        x = torch.relu(self.conv2(x))
+        x = x + torch.relu(self.conv3(x))
+        x = torch.relu(self.dw(x))
+        x = nn.functional.adaptive_avg_pool2d(x, 1).flatten(1)
+        return self.fc(x)
+
+
+class MLP(nn.Module):
+    def __init__(self, dims=(64, 128, 128, 10)):
+        super().__init__()
+        layers = []
+        for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
+            layers.append(nn.Linear(a, b))
+            if i < len(dims) - 2:
+                layers.append(nn.ReLU())
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x):
+        return torch.softmax(self.net(x), dim=-1)
+
+
+class TransformerBlock(nn.Module):
+    """Pre-LN transformer encoder block (BERT-style separate q/k/v): attention + GELU MLP."""
+
+    def __init__(self, dim: int = 64, heads: int = 4, hidden: int = 128):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(dim)
+        self.q = nn.Linear(dim, dim)
+        self.k = nn.Linear(dim, dim)
+        self.v = nn.Linear(dim, dim)
+        self.proj = nn.Linear(dim, dim)
+        self.ln2 = nn.LayerNorm(dim)
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        h = self.heads
+        y = self.ln1(x)
+        q, k, v = self.q(y), self.k(y), self.v(y)
+        q, k, v = (t.reshape(b, s, h, d // h).permute(0, 2, 1, 3) for t in (q, k, v))
+        att = torch.softmax(q @ k.transpose(-1, -2) * (d // h) ** -0.5, dim=-1)
+        y = (att @ v).permute(0, 2, 1, 3).reshape(b, s, d)
+        x = x + self.proj(y)
+        return x + self.fc2(nn.functional.gelu(self.fc1(self.ln2(x))))
+
+
+def make(name: str, seed: int = 0):
+    """Model and example input, deterministic for a seed."""
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    if name == "cnn":
+        model, x = SmallCNN(), torch.randn(1, 3, 16, 16, generator=gen)
+    elif name == "mlp":
+        model, x = MLP(), torch.randn(4, 64, generator=gen)
+    elif name == "transformer":
+        model, x = TransformerBlock(), torch.randn(1, 16, 64, generator=gen)
+    else:
+        raise KeyError(name)
+    return model.eval(), x
