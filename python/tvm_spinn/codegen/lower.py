@@ -160,8 +160,13 @@ class _Lowerer:
             layer.kind = "avg_pool2d"
             layer.attrs.update(pool_size=[kh, kw], strides=[kh, kw], padding=[0, 0, 0, 0],
                                dilation=[1, 1], count_include_pad=True)
-        elif kind in ("relu", "gelu", "gelu_tanh", "sigmoid", "tanh"):
+        elif kind in ("relu", "gelu", "gelu_tanh", "sigmoid", "tanh", "reshape", "broadcast_to"):
             layer.inputs = [self.operand(main.args[0], env)]
+        elif kind == "permute_dims":
+            layer.inputs = [self.operand(main.args[0], env)]
+            rank = len(self.program.tensors[layer.inputs[0]].shape)
+            axes = main.attrs.axes
+            layer.attrs["axes"] = _ints(axes) if axes is not None else list(range(rank))[::-1]
         else:
             raise LoweringError(f"composite {name} has no spinn layer lowering")
         self.program.layers.append(layer)

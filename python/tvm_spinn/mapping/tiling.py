@@ -186,6 +186,14 @@ def tile_layer(program: Program, index: int, arch: SpinnArch) -> list[Tile]:
                               in_bytes=_F32 * h * w * (p1 - p0), out_bytes=_F32 * oh * ow * (p1 - p0),
                               cycles=int((p1 - p0) * oh * ow * kh * kw * arch.m4f_elementwise_cycles / 2)))
         return tiles
+    if layer.kind in ("reshape", "permute_dims", "broadcast_to"):
+        # Pure data movement: the DMA engine gathers with strides; ~1 cycle/element of setup.
+        layer.flops = 0
+        for region in _flat_tiles(n_out, 2 * _F32, arch):
+            e = region[0][1] - region[0][0]
+            tiles.append(Tile(layer=index, pe=-1, region=region, sram_bytes=2 * 2 * _F32 * e,
+                              in_bytes=_F32 * e, out_bytes=_F32 * e, cycles=e))
+        return tiles
     # Element-wise.
     n_in = len(layer.inputs)
     transcendental = layer.kind in ("gelu", "gelu_tanh", "sigmoid", "tanh")

@@ -10,6 +10,7 @@ from tvm.relax import transform
 
 from ..target.registry import arch_of, get_target
 from .patterns import FallbackReason, spinn_patterns
+from .rewrites import FoldBatchNorm
 
 __all__ = ["partition_for_spinn", "PartitionSummary", "summarize_partition"]
 
@@ -19,7 +20,8 @@ def partition_for_spinn(
 ) -> tvm.IRModule:
     """Partition ``mod`` into functions offloaded to spinn (``Codegen="spinn"``) and the rest.
 
-    Constants are folded first so that weights appear as constants the patterns can bind.
+    Constants are folded first so that weights appear as constants the patterns can bind, and
+    inference batch norms are folded into their convolutions (see :mod:`.rewrites`).
     Adjacent offloaded ops are merged into one region: one spinn program per region.
 
     Parameters
@@ -39,6 +41,8 @@ def partition_for_spinn(
     reasons = FallbackReason()
     seq = tvm.transform.Sequential(
         [
+            transform.FoldConstant(),
+            FoldBatchNorm,
             transform.FoldConstant(),
             transform.FuseOpsByPattern(
                 spinn_patterns(arch, reasons), bind_constants=True, annotate_codegen=False
@@ -68,11 +72,16 @@ def summarize_partition(mod: tvm.IRModule) -> PartitionSummary:
     summary.fallback_reasons = {str(k): str(v) for k, v in (reasons or {}).items()}
 
     def visit_codegen(func: relax.Function) -> None:
-        def fvisit(expr):
-            if isinstance(expr, relax.Function) and expr.attrs and "Composite" in expr.attrs:
-                name = str(expr.attrs["Composite"])
-                summary.offloaded_ops[name] = summary.offloaded_ops.get(name, 0) + 1
-        relax.analysis.post_order_visit(func.body, fvisit)
+        # Count call sites: identical composites may be one shared function object.
+        composites: dict = {}
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                value = binding.value
+                if isinstance(value, relax.Function) and value.attrs and "Composite" in value.attrs:
+                    composites[binding.var] = str(value.attrs["Composite"])
+                elif isinstance(value, relax.Call) and value.op in composites:
+                    name = composites[value.op]
+                    summary.offloaded_ops[name] = summary.offloaded_ops.get(name, 0) + 1
 
     for gvar, func in sorted(mod.functions_items(), key=lambda kv: kv[0].name_hint):
         if not isinstance(func, relax.Function):

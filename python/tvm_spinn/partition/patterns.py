@@ -39,7 +39,7 @@ class FallbackReason:
 
 
 def _shape_str(expr: relax.Expr) -> str:
-    ty = getattr(expr, "struct_info", None)
+    ty = getattr(expr, "ty", None)
     shape = getattr(ty, "shape", None)
     return f"[{', '.join(str(d) for d in shape.values)}]" if shape is not None else "[?]"
 
@@ -155,7 +155,8 @@ class _Checker:
         return True
 
     def _check_elementwise(self, op: str, ctx: PatternCheckContext) -> bool:
-        return self._check_tensors(op, ctx, ("lhs", "rhs", "input"))
+        names = ("lhs",) if op in ("spinn.reshape", "spinn.broadcast_to") else ("lhs", "rhs", "input")
+        return self._check_tensors(op, ctx, names)
 
     def _check_pool2d(self, op: str, ctx: PatternCheckContext) -> bool:
         if not self._check_tensors(op, ctx, ("input",)):
@@ -290,6 +291,9 @@ def spinn_patterns(arch: SpinnArch, log: FallbackReason | None = None) -> list[t
         _unary("spinn.gelu_tanh", "relax.nn.gelu_tanh", chk),
         _unary("spinn.sigmoid", "relax.sigmoid", chk),
         _unary("spinn.tanh", "relax.tanh", chk),
+        _binary("spinn.reshape", "relax.reshape", chk),
+        _binary("spinn.broadcast_to", "relax.broadcast_to", chk),
+        _unary("spinn.permute_dims", "relax.permute_dims", chk),
         _binary("spinn.add", "relax.add", chk),
         _binary("spinn.subtract", "relax.subtract", chk),
         _binary("spinn.multiply", "relax.multiply", chk),

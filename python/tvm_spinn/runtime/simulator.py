@@ -62,6 +62,15 @@ class _LayerRunner:
         k = layer.kind
         if k in ("conv2d", "dense", "matmul"):
             self._prepare_gemm()
+        elif k in ("reshape", "permute_dims", "broadcast_to"):
+            x = env[layer.inputs[0]]
+            if k == "permute_dims":
+                moved = np.transpose(x, layer.attrs["axes"])
+            elif k == "broadcast_to":
+                moved = np.broadcast_to(x, self.out.shape)
+            else:
+                moved = x
+            self.flat_in = [np.ascontiguousarray(moved).reshape(-1)]
         elif k in _BINARY or k in ("relu", "gelu", "gelu_tanh", "sigmoid", "tanh"):
             shape = self.out.shape
             self.flat_in = [np.ascontiguousarray(np.broadcast_to(env[i], shape)).reshape(-1) for i in layer.inputs]
@@ -202,7 +211,10 @@ class _LayerRunner:
         (e0, e1), = tile.region
         args = [f[e0:e1] for f in self.flat_in]
         k = self.layer.kind
-        res = _BINARY[k](args[0], args[1]) if k in _BINARY else _unary(k, args[0])
+        if k in ("reshape", "permute_dims", "broadcast_to"):
+            res = args[0]
+        else:
+            res = _BINARY[k](args[0], args[1]) if k in _BINARY else _unary(k, args[0])
         self.out.reshape(-1)[e0:e1] = res
 
     def run(self, tile: Tile) -> None:

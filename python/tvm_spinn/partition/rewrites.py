@@ -1,0 +1,58 @@
+"""Graph rewrites that run before partitioning so more of a model reaches the PEs.
+
+- :func:`fold_batch_norm`: ``batch_norm(conv2d(x, W), gamma, beta, mean, var)[0]`` with constant
+  parameters becomes ``conv2d(x, W * s) + (beta - mean * s)``, ``s = gamma / sqrt(var + eps)``
+  (inference only). Other batch norms are decomposed into element-wise arithmetic by
+  ``DecomposeOpsForInference``, which the element-wise patterns then offload.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax.dpl import is_const, is_op, is_tuple_get_item, rewrite_call, wildcard
+
+__all__ = ["fold_batch_norm", "FoldBatchNorm"]
+
+
+def _pattern():
+    x, w = wildcard(), is_const()
+    conv = is_op("relax.nn.conv2d")(x, w)
+    gamma, beta, mean, var = is_const(), is_const(), is_const(), is_const()
+    bn = is_op("relax.nn.batch_norm")(conv, gamma, beta, mean, var)
+    return is_tuple_get_item(bn, 0), dict(x=x, w=w, conv=conv, bn=bn, gamma=gamma, beta=beta, mean=mean, var=var)
+
+
+def fold_batch_norm(func: relax.Function) -> relax.Function:
+    """Fold inference batch norms into the preceding conv2d of ``func``."""
+    pattern, parts = _pattern()
+
+    def rewriter(expr, matches):
+        conv, bn = matches[parts["conv"]], matches[parts["bn"]]
+        attrs = conv.attrs
+        if attrs.kernel_layout != "OIHW" or int(bn.attrs.axis) != 1 or attrs.data_layout != "NCHW":
+            return expr
+        arr = {k: matches[parts[k]].value.numpy().astype(np.float64) for k in ("w", "gamma", "beta", "mean", "var")}
+        if arr["w"].dtype != np.float64 or str(matches[parts["w"]].ty.dtype) != "float32":
+            return expr
+        scale = arr["gamma"] / np.sqrt(arr["var"] + float(bn.attrs.epsilon))
+        weight = (arr["w"] * scale[:, None, None, None]).astype(np.float32)
+        bias = (arr["beta"] - arr["mean"] * scale).astype(np.float32).reshape(1, -1, 1, 1)
+        new_conv = relax.op.nn.conv2d(
+            matches[parts["x"]], relax.const(weight), strides=attrs.strides, padding=attrs.padding,
+            dilation=attrs.dilation, groups=attrs.groups, data_layout="NCHW", kernel_layout="OIHW",
+            out_layout=attrs.out_layout, out_dtype=attrs.out_dtype,
+        )
+        return relax.op.add(new_conv, relax.const(bias))
+
+    return rewrite_call(pattern, rewriter, func)
+
+
+@tvm.transform.module_pass(opt_level=0, name="SpinnFoldBatchNorm")
+def FoldBatchNorm(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass naming
+    """Module pass: :func:`fold_batch_norm` on every Relax function, then decompose the rest."""
+    for gvar, func in list(mod.functions_items()):
+        if isinstance(func, relax.Function):
+            mod[gvar] = fold_batch_norm(func)
+    return relax.transform.DecomposeOpsForInference()(mod)
