@@ -170,3 +170,35 @@ def test_custom_system_builds(tmp_path):
         np.testing.assert_allclose(out, model(x).numpy(), rtol=1e-4, atol=1e-5)
     rep = tvm_spinn.report(ex)
     assert rep.system == "mini" and max(row["pes"] for row in rep.layers) <= 8
+
+
+def test_spinn_cuda_target_offloads_and_generates_cuda_fallback():
+    class Mixed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            return torch.softmax(self.fc(x), dim=0)  # softmax over axis 0 stays on the fallback
+
+    x = torch.randn(4, 16)
+    ex = relax.build(tvm_spinn.frontend.from_pytorch(Mixed().eval(), (x,)), target="spinn/cuda")
+    rep = tvm_spinn.report(ex)
+    assert rep.offloaded_ops.get("spinn.dense_bias") == 1 and rep.fallback_ops.get("relax.nn.softmax") == 1
+
+    def kinds(mod):
+        yield mod.kind
+        for sub in mod.imports:
+            yield from kinds(sub)
+
+    cuda = []
+
+    def find(mod):
+        if mod.kind == "cuda":
+            cuda.append(mod)
+        for sub in mod.imports:
+            find(sub)
+
+    find(ex.mod)
+    assert cuda, list(kinds(ex.mod))
+    assert "__global__" in cuda[0].inspect_source()

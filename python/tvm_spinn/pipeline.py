@@ -1,10 +1,12 @@
 """Hook spinn into ``relax.build``: the default pipeline offloads for spinn targets.
 
-``relax.build(mod, target)`` takes its pipeline from ``relax.pipeline.PIPELINE_MAP["default"]``.
-We register a wrapper there that, when the current target's keys contain ``"spinn"``, partitions
-(unless the module already is), runs ``RunCodegen`` for ``spinn`` and records a manifest, then
-hands the rest of the module to the fallback's own pipeline (llvm: TVM's default build pipeline;
-cuda: TVM's CUDA pipeline with dlight schedules). Other targets are untouched.
+``relax.build(mod, target)`` takes its pipeline from ``relax.pipeline.PIPELINE_MAP["default"]``,
+or, for targets whose keys contain ``"gpu"`` (``spinn/cuda``), from
+``relax.get_default_pipeline(target)``. We wrap both: when the target's keys contain ``"spinn"``,
+the module is partitioned (unless it already is), ``RunCodegen`` runs for ``spinn`` and a
+manifest is recorded; then the rest goes through the fallback's own pipeline (llvm: TVM's
+default build pipeline; cuda: TVM's CUDA pipeline with dlight schedules). Other targets are
+untouched.
 """
 
 from __future__ import annotations
@@ -59,18 +61,38 @@ def _wrap(name: str):
             target = tvm.target.Target.current(allow_none=True)
             if not is_spinn_target(target):
                 return base(mod)
-            mod = offload_to_spinn(mod, target)
-            if target.kind.name == "cuda":
-                return relax.backend.cuda.get_default_pipeline(target)(mod)
-            return base(mod)
+            return base(offload_to_spinn(mod, target))
 
         return _pipeline
 
     return factory
 
 
+def _wrap_target_pipeline(original):
+    def get_default_pipeline(target: tvm.target.Target):
+        base = original(target)
+        if not is_spinn_target(target):
+            return base
+
+        @tvm.transform.module_pass(opt_level=0, name="SpinnTargetPipeline")
+        def _pipeline(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
+            with target:
+                mod = offload_to_spinn(mod, target)
+            return base(mod)
+
+        return _pipeline
+
+    get_default_pipeline._spinn = True
+    get_default_pipeline.__doc__ = original.__doc__
+    return get_default_pipeline
+
+
 def install() -> None:
     """Register the spinn-aware default pipelines (idempotent)."""
+    if not getattr(relax.get_default_pipeline, "_spinn", False):
+        wrapped = _wrap_target_pipeline(relax.get_default_pipeline)
+        relax.get_default_pipeline = wrapped
+        _relax_pipeline.get_default_pipeline = wrapped
     for name in ("default", "default_build"):
         current = _relax_pipeline.PIPELINE_MAP[name]
         if getattr(current, "_spinn", False):

@@ -56,7 +56,7 @@ def register_system(arch: SpinnArch, tag: str | None = None, fallback: str = "ll
         config = dict(_host_config(), keys=["spinn", "cpu"], model=arch.name)
     else:
         config = {
-            "kind": "cuda", "arch": "sm_80", "keys": ["spinn", "cuda"],
+            "kind": "cuda", "arch": "sm_80", "keys": ["spinn", "cuda", "gpu"],
             "model": arch.name, "host": _host_config(),
         }
     with _LOCK:

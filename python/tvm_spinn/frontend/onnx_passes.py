@@ -1,0 +1,1046 @@
+"""ONNX-level graph transformation passes run before the TVM Relax import.
+
+Every pass is a function ``ModelProto -> (ModelProto, PassResult)`` that never
+mutates its input (it works on a deep copy).  :func:`run_passes` chains them.
+
+The passes exist mainly to make the Relax ONNX importer's life easier: shape
+computation subgraphs (``Shape -> Gather -> Concat -> Reshape``, ``Split`` with
+computed sizes, ...) are folded into constants so that the importer sees static
+shapes, and a few common patterns (BatchNorm after Conv, transposed Gemm
+weights, MatMul+Add) are canonicalised.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+__all__ = [
+    "PassResult",
+    "DEFAULT_PASSES",
+    "PASSES",
+    "run_passes",
+    "upgrade_opset",
+    "shape_inference",
+    "remove_identity",
+    "fold_constants",
+    "fold_batchnorm",
+    "canonicalize_gemm",
+    "freeze_inputs",
+]
+
+TARGET_OPSET = 13
+
+DEFAULT_PASSES = (
+    "upgrade_opset",
+    "shape_inference",
+    "remove_identity",
+    "fold_constants",
+    "fold_batchnorm",
+    "canonicalize_gemm",
+    "shape_inference",
+)
+
+# Ops that may create large tensors from tiny inputs; their folding is capped.
+_EXPANDING_OPS = {"ConstantOfShape", "Expand", "Range", "Tile"}
+_MAX_EXPANDED_ELEMS = 1 << 20
+
+
+@dataclass
+class PassResult:
+    """Outcome of one pass.
+
+    Attributes
+    ----------
+    name : str
+        Pass name.
+    changed : bool
+        Whether the pass modified the model.
+    detail : str
+        Short human-readable description, e.g. ``"removed 3 Identity nodes"``.
+    """
+
+    name: str
+    changed: bool
+    detail: str
+
+
+# --------------------------------------------------------------------------
+# Generic helpers
+# --------------------------------------------------------------------------
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    new = onnx.ModelProto()
+    new.CopyFrom(model)
+    return new
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return imp.version
+    return 0
+
+
+def _attrs(node: onnx.NodeProto) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _set_attr(node: onnx.NodeProto, name: str, value) -> None:
+    _del_attr(node, name)
+    node.attribute.append(helper.make_attribute(name, value))
+
+
+def _del_attr(node: onnx.NodeProto, name: str) -> None:
+    keep = [a for a in node.attribute if a.name != name]
+    del node.attribute[:]
+    node.attribute.extend(keep)
+
+
+def _subgraphs(node: onnx.NodeProto) -> Iterable[onnx.GraphProto]:
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            yield a.g
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            yield from a.graphs
+
+
+def _graph_refs(graph: onnx.GraphProto) -> Set[str]:
+    """All value names read inside ``graph`` (recursively, incl. outputs)."""
+    refs = {o.name for o in graph.output}
+    for n in graph.node:
+        refs.update(i for i in n.input if i)
+        for g in _subgraphs(n):
+            refs |= _graph_refs(g)
+    return refs
+
+
+def _node_uses(node: onnx.NodeProto) -> Set[str]:
+    """Names read by ``node``, including implicit reads from its subgraphs."""
+    uses = {i for i in node.input if i}
+    for g in _subgraphs(node):
+        uses |= _graph_refs(g)
+    return uses
+
+
+def _consumers(graph: onnx.GraphProto) -> Dict[str, List[onnx.NodeProto]]:
+    cons: Dict[str, List[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for name in _node_uses(n):
+            cons.setdefault(name, []).append(n)
+    return cons
+
+
+def _producers(graph: onnx.GraphProto) -> Dict[str, onnx.NodeProto]:
+    return {o: n for n in graph.node for o in n.output if o}
+
+
+def _rename_uses(graph: onnx.GraphProto, old: str, new: str) -> None:
+    """Replace reads of ``old`` by ``new`` in nodes (recursively) and outputs."""
+    for n in graph.node:
+        for k, i in enumerate(n.input):
+            if i == old:
+                n.input[k] = new
+        for g in _subgraphs(n):
+            _rename_uses(g, old, new)
+    for o in graph.output:
+        if o.name == old:
+            o.name = new
+
+
+def _unique_name(graph: onnx.GraphProto, base: str) -> str:
+    taken = {i.name for i in graph.initializer} | {i.name for i in graph.input}
+    taken |= {o for n in graph.node for o in n.output} | {v.name for v in graph.value_info}
+    name, k = base, 0
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    return name
+
+
+def _initializers(graph: onnx.GraphProto) -> Dict[str, np.ndarray]:
+    return {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+
+
+def _constant_node_value(node: onnx.NodeProto) -> Optional[np.ndarray]:
+    a = _attrs(node)
+    if "value" in a:
+        return numpy_helper.to_array(a["value"])
+    if "value_float" in a:
+        return np.array(a["value_float"], dtype=np.float32)
+    if "value_floats" in a:
+        return np.array(a["value_floats"], dtype=np.float32)
+    if "value_int" in a:
+        return np.array(a["value_int"], dtype=np.int64)
+    if "value_ints" in a:
+        return np.array(a["value_ints"], dtype=np.int64)
+    return None  # sparse / string constants are left alone
+
+
+def _constants(graph: onnx.GraphProto) -> Dict[str, np.ndarray]:
+    """Initializers plus outputs of ``Constant`` nodes."""
+    consts = _initializers(graph)
+    for n in graph.node:
+        if n.op_type == "Constant" and n.domain in ("", "ai.onnx"):
+            v = _constant_node_value(n)
+            if v is not None:
+                consts[n.output[0]] = v
+    return consts
+
+
+def _static_shapes(graph: onnx.GraphProto) -> Dict[str, Tuple[int, ...]]:
+    """Fully static shapes known from graph inputs, value_info and outputs."""
+    shapes: Dict[str, Tuple[int, ...]] = {}
+    for vi in list(graph.input) + list(graph.value_info) + list(graph.output):
+        t = vi.type
+        if not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
+            continue
+        dims = t.tensor_type.shape.dim
+        if all(d.HasField("dim_value") for d in dims):
+            shapes[vi.name] = tuple(int(d.dim_value) for d in dims)
+    return shapes
+
+
+def _elem_types(graph: onnx.GraphProto) -> Dict[str, int]:
+    types = {}
+    for vi in list(graph.input) + list(graph.value_info) + list(graph.output):
+        if vi.type.HasField("tensor_type"):
+            types[vi.name] = vi.type.tensor_type.elem_type
+    for t in graph.initializer:
+        types[t.name] = t.data_type
+    return types
+
+
+def _eliminate_dead(graph: onnx.GraphProto) -> Tuple[int, int]:
+    """Remove nodes and initializers that do not contribute to graph outputs.
+
+    Returns
+    -------
+    tuple of int
+        Number of removed nodes and initializers.
+    """
+    live = {o.name for o in graph.output}
+    kept = []
+    for n in reversed(graph.node):
+        if any(o in live for o in n.output if o):
+            kept.append(n)
+            live |= _node_uses(n)
+    removed_nodes = len(graph.node) - len(kept)
+    if removed_nodes:
+        kept.reverse()
+        new_nodes = [onnx.NodeProto() for _ in kept]
+        for dst, src in zip(new_nodes, kept):
+            dst.CopyFrom(src)
+        del graph.node[:]
+        graph.node.extend(new_nodes)
+    input_names = {i.name for i in graph.input}
+    keep_init = [t for t in graph.initializer if t.name in live or t.name in input_names]
+    removed_inits = len(graph.initializer) - len(keep_init)
+    if removed_inits:
+        copies = []
+        for t in keep_init:
+            c = onnx.TensorProto()
+            c.CopyFrom(t)
+            copies.append(c)
+        del graph.initializer[:]
+        graph.initializer.extend(copies)
+    # Drop value_info of names that no longer exist.
+    existing = live | {o for n in graph.node for o in n.output}
+    vis = [v for v in graph.value_info if v.name in existing]
+    if len(vis) != len(graph.value_info):
+        copies = []
+        for v in vis:
+            c = onnx.ValueInfoProto()
+            c.CopyFrom(v)
+            copies.append(c)
+        del graph.value_info[:]
+        graph.value_info.extend(copies)
+    return removed_nodes, removed_inits
+
+
+def _replace_nodes(graph: onnx.GraphProto, nodes: List[onnx.NodeProto]) -> None:
+    copies = []
+    for n in nodes:
+        c = onnx.NodeProto()
+        c.CopyFrom(n)
+        copies.append(c)
+    del graph.node[:]
+    graph.node.extend(copies)
+
+
+def _set_initializer(graph: onnx.GraphProto, name: str, value: np.ndarray) -> None:
+    for k, t in enumerate(graph.initializer):
+        if t.name == name:
+            graph.initializer[k].CopyFrom(numpy_helper.from_array(value, name))
+            return
+    graph.initializer.append(numpy_helper.from_array(value, name))
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+# --------------------------------------------------------------------------
+# upgrade_opset / shape_inference
+# --------------------------------------------------------------------------
+
+
+def upgrade_opset(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResult]:
+    """Convert models with a default-domain opset below 13 to opset 13.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Input model (not modified).
+
+    Returns
+    -------
+    tuple of (onnx.ModelProto, PassResult)
+        Converted model and pass result.
+
+    Raises
+    ------
+    ValueError
+        If the ONNX version converter fails.
+    """
+    version = _opset(model)
+    if version == 0 or version >= TARGET_OPSET:
+        return _copy(model), PassResult("upgrade_opset", False, f"opset {version} kept")
+    try:
+        new = onnx.version_converter.convert_version(_copy(model), TARGET_OPSET)
+    except Exception as err:  # converter raises assorted error types
+        raise ValueError(
+            f"upgrade_opset: failed to convert model from opset {version} to "
+            f"opset {TARGET_OPSET}: {err}"
+        ) from err
+    return new, PassResult("upgrade_opset", True, f"opset {version} -> {TARGET_OPSET}")
+
+
+def shape_inference(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResult]:
+    """Run ONNX shape inference with data propagation.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Input model (not modified).
+
+    Returns
+    -------
+    tuple of (onnx.ModelProto, PassResult)
+        Model with populated ``value_info`` and pass result.
+    """
+    before = {v.SerializeToString() for v in model.graph.value_info}
+    before |= {v.SerializeToString() for v in model.graph.output}
+    new = onnx.shape_inference.infer_shapes(_copy(model), data_prop=True)
+    after = {v.SerializeToString() for v in new.graph.value_info}
+    after |= {v.SerializeToString() for v in new.graph.output}
+    changed = before != after
+    detail = f"{len(new.graph.value_info)} value_info entries"
+    if changed:
+        detail += f" ({len(new.graph.value_info) - len(model.graph.value_info):+d})"
+    return new, PassResult("shape_inference", changed, detail)
+
+
+# --------------------------------------------------------------------------
+# remove_identity
+# --------------------------------------------------------------------------
+
+
+def _is_passthrough(node: onnx.NodeProto, graph_outputs: Set[str], cons, consts) -> bool:
+    if node.domain not in ("", "ai.onnx") or not node.input or not node.input[0]:
+        return False
+    if node.op_type == "Identity":
+        return True
+    if node.op_type != "Dropout":
+        return False
+    # The mask output must be absent or unused.
+    if len(node.output) > 1 and node.output[1]:
+        mask = node.output[1]
+        if mask in graph_outputs or cons.get(mask):
+            return False
+    # training_mode (opset >= 12) must be absent or constant false.
+    if len(node.input) > 2 and node.input[2]:
+        tm = consts.get(node.input[2])
+        if tm is None or bool(np.asarray(tm).any()):
+            return False
+    if _attrs(node).get("is_test", 1) == 0:  # opset < 7 training mode
+        return False
+    return True
+
+
+def remove_identity(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResult]:
+    """Remove ``Identity`` and inference-mode ``Dropout`` nodes.
+
+    Consumers are rewired to the node input.  When the node output is a graph
+    output, the producer's output is renamed instead so graph output names stay
+    stable; if that is impossible (input is a graph input, initializer or
+    another graph output) the node is kept.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Input model (not modified).
+
+    Returns
+    -------
+    tuple of (onnx.ModelProto, PassResult)
+        Rewritten model and pass result.
+    """
+    new = _copy(model)
+    g = new.graph
+    graph_outputs = {o.name for o in g.output}
+    graph_inputs = {i.name for i in g.input} | {t.name for t in g.initializer}
+    consts = _constants(g)
+    counts: Dict[str, int] = {}
+    changed = True
+    while changed:
+        changed = False
+        cons = _consumers(g)
+        prods = _producers(g)
+        for node in g.node:
+            if not _is_passthrough(node, graph_outputs, cons, consts):
+                continue
+            src, dst = node.input[0], node.output[0]
+            if dst not in graph_outputs:
+                _rename_uses(g, dst, src)
+            else:
+                producer = prods.get(src)
+                if producer is None or src in graph_outputs or src in graph_inputs:
+                    continue  # must keep: cannot rename a graph input/initializer
+                for k, o in enumerate(producer.output):
+                    if o == src:
+                        producer.output[k] = dst
+                for other in cons.get(src, []):
+                    if other is not node:
+                        for k, i in enumerate(other.input):
+                            if i == src:
+                                other.input[k] = dst
+                        for sg in _subgraphs(other):
+                            _rename_uses(sg, src, dst)
+                for vi in g.value_info:
+                    if vi.name == src:
+                        vi.name = dst
+                # Avoid a duplicate value_info for dst (graph output has it).
+                vis = [v for v in g.value_info if v.name != dst]
+                if len(vis) != len(g.value_info):
+                    _keep = [onnx.ValueInfoProto() for _ in vis]
+                    for a, b in zip(_keep, vis):
+                        a.CopyFrom(b)
+                    del g.value_info[:]
+                    g.value_info.extend(_keep)
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
+            _replace_nodes(g, [n for n in g.node if n is not node])
+            changed = True
+            break  # restart with fresh maps
+    _eliminate_dead_value_info(g)
+    total = sum(counts.values())
+    if not total:
+        return new, PassResult("remove_identity", False, "no Identity/Dropout nodes removed")
+    detail = "removed " + ", ".join(_plural(c, f"{op} node") for op, c in sorted(counts.items()))
+    return new, PassResult("remove_identity", True, detail)
+
+
+def _eliminate_dead_value_info(g: onnx.GraphProto) -> None:
+    produced = {o for n in g.node for o in n.output}
+    vis = [v for v in g.value_info if v.name in produced]
+    if len(vis) != len(g.value_info):
+        keep = [onnx.ValueInfoProto() for _ in vis]
+        for a, b in zip(keep, vis):
+            a.CopyFrom(b)
+        del g.value_info[:]
+        g.value_info.extend(keep)
+
+
+# --------------------------------------------------------------------------
+# fold_constants
+# --------------------------------------------------------------------------
+
+
+def _ints(x) -> List[int]:
+    return [int(v) for v in np.asarray(x).reshape(-1)]
+
+
+def _opt(inputs: List[Optional[np.ndarray]], k: int) -> Optional[np.ndarray]:
+    return inputs[k] if len(inputs) > k else None
+
+
+def _norm_axes(axes: Sequence[int], rank: int) -> List[int]:
+    return [a + rank if a < 0 else a for a in axes]
+
+
+def _int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    # ONNX integer Div truncates toward zero (C semantics), numpy floors.
+    q = np.abs(a) // np.abs(b)
+    return (q * np.sign(a) * np.sign(b)).astype(a.dtype)
+
+
+def _eval_node(node: onnx.NodeProto, inputs: List[Optional[np.ndarray]], opset: int,
+               in_shape: Optional[Tuple[int, ...]] = None) -> Optional[List[np.ndarray]]:
+    """Evaluate one node in numpy; return None if unsupported."""
+    op = node.op_type
+    a = _attrs(node)
+    x = inputs[0] if inputs else None
+
+    if op == "Constant":
+        v = _constant_node_value(node)
+        return None if v is None else [v]
+    if op == "Shape":
+        shape = in_shape if x is None else x.shape
+        rank = len(shape)
+        start = a.get("start", 0)
+        end = a.get("end", rank)
+        start = min(max(start + rank if start < 0 else start, 0), rank)
+        end = min(max(end + rank if end < 0 else end, 0), rank)
+        return [np.array(shape[start:end], dtype=np.int64)]
+    if op == "Size":
+        return [np.array(x.size, dtype=np.int64)]
+    if op == "Identity":
+        return [x]
+    if op == "Gather":
+        return [np.take(x, inputs[1].astype(np.int64), axis=a.get("axis", 0))]
+    if op == "Concat":
+        return [np.concatenate(inputs, axis=a["axis"])]
+    if op == "Unsqueeze":
+        axes = a["axes"] if opset < 13 else _ints(inputs[1])
+        out = x
+        for ax in sorted(_norm_axes(axes, x.ndim + len(axes))):
+            out = np.expand_dims(out, ax)
+        return [out]
+    if op == "Squeeze":
+        axes = a.get("axes") if opset < 13 else (None if _opt(inputs, 1) is None else _ints(inputs[1]))
+        if axes is None:
+            return [np.squeeze(x)]
+        return [np.squeeze(x, axis=tuple(_norm_axes(axes, x.ndim)))]
+    if op == "Reshape":
+        shape = _ints(inputs[1])
+        if not a.get("allowzero", 0):
+            shape = [x.shape[i] if s == 0 else s for i, s in enumerate(shape)]
+        return [x.reshape(shape)]
+    if op == "Flatten":
+        axis = a.get("axis", 1)
+        axis = axis + x.ndim if axis < 0 else axis
+        return [x.reshape(int(np.prod(x.shape[:axis])), -1)]
+    if op == "Cast":
+        return [x.astype(helper.tensor_dtype_to_np_dtype(a["to"]))]
+    if op in ("Add", "Sub", "Mul", "Div", "Mod", "Pow", "Max", "Min"):
+        if op in ("Max", "Min"):
+            out = inputs[0]
+            for y in inputs[1:]:
+                out = np.maximum(out, y) if op == "Max" else np.minimum(out, y)
+            return [out.astype(x.dtype)]
+        y = inputs[1]
+        if op == "Add":
+            out = x + y
+        elif op == "Sub":
+            out = x - y
+        elif op == "Mul":
+            out = x * y
+        elif op == "Div":
+            out = _int_div(x, y) if np.issubdtype(x.dtype, np.integer) else x / y
+        elif op == "Mod":
+            if a.get("fmod", 0) or not np.issubdtype(x.dtype, np.integer):
+                out = np.fmod(x, y)
+            else:
+                out = np.mod(x, y)
+        else:
+            out = np.power(x, y)
+        return [np.asarray(out).astype(x.dtype)]
+    if op in ("Neg", "Abs", "Sqrt", "Reciprocal", "Floor", "Ceil", "Not"):
+        fn = {"Neg": np.negative, "Abs": np.abs, "Sqrt": np.sqrt, "Reciprocal": np.reciprocal,
+              "Floor": np.floor, "Ceil": np.ceil, "Not": np.logical_not}[op]
+        return [np.asarray(fn(x)).astype(x.dtype)]
+    if op in ("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor"):
+        fn = {"Equal": np.equal, "Less": np.less, "Greater": np.greater,
+              "LessOrEqual": np.less_equal, "GreaterOrEqual": np.greater_equal,
+              "And": np.logical_and, "Or": np.logical_or, "Xor": np.logical_xor}[op]
+        return [np.asarray(fn(x, inputs[1]))]
+    if op == "Where":
+        return [np.where(x, inputs[1], inputs[2]).astype(inputs[1].dtype)]
+    if op == "Slice":
+        if opset < 10:
+            starts, ends = a["starts"], a["ends"]
+            axes = a.get("axes", list(range(len(starts))))
+            steps = [1] * len(starts)
+        else:
+            starts, ends = _ints(inputs[1]), _ints(inputs[2])
+            ax_in, st_in = _opt(inputs, 3), _opt(inputs, 4)
+            axes = list(range(len(starts))) if ax_in is None else _ints(ax_in)
+            steps = [1] * len(starts) if st_in is None else _ints(st_in)
+        idx = [slice(None)] * x.ndim
+        for ax, s, e, st in zip(_norm_axes(axes, x.ndim), starts, ends, steps):
+            dim = x.shape[ax]
+            # Clamp like ONNX: ends beyond range; python slices handle the rest.
+            if st < 0 and e < -dim:
+                e = None
+            idx[ax] = slice(s, e, st)
+        return [x[tuple(idx)]]
+    if op == "Transpose":
+        return [np.transpose(x, a.get("perm"))]
+    if op == "ConstantOfShape":
+        value = a.get("value")
+        v = numpy_helper.to_array(value).reshape(-1) if value is not None else np.zeros(1, np.float32)
+        shape = _ints(x)
+        if int(np.prod(shape)) > _MAX_EXPANDED_ELEMS:
+            return None
+        return [np.full(shape, v[0], dtype=v.dtype)]
+    if op == "Range":
+        start, limit, delta = (np.asarray(v).reshape(()) for v in inputs[:3])
+        n = max(int(np.ceil((limit - start) / delta)), 0)
+        if n > _MAX_EXPANDED_ELEMS:
+            return None
+        return [(start + np.arange(n) * delta).astype(start.dtype)]
+    if op == "Expand":
+        shape = np.broadcast_shapes(x.shape, tuple(_ints(inputs[1])))
+        if int(np.prod(shape)) > max(_MAX_EXPANDED_ELEMS, x.size):
+            return None
+        return [np.broadcast_to(x, shape).copy()]
+    if op == "Tile":
+        reps = _ints(inputs[1])
+        if x.size * int(np.prod(reps)) > max(_MAX_EXPANDED_ELEMS, x.size):
+            return None
+        return [np.tile(x, reps)]
+    if op == "Split":
+        axis = a.get("axis", 0)
+        axis = axis + x.ndim if axis < 0 else axis
+        split = a.get("split") if opset < 13 else (None if _opt(inputs, 1) is None else _ints(inputs[1]))
+        n_out = len(node.output)
+        dim = x.shape[axis]
+        if split is None:
+            if "num_outputs" in a:  # opset >= 18: last chunk may be smaller
+                n_out = a["num_outputs"]
+                chunk = -(-dim // n_out)
+                split = [chunk] * (n_out - 1) + [dim - chunk * (n_out - 1)]
+            else:
+                if dim % n_out:
+                    return None
+                split = [dim // n_out] * n_out
+        if sum(split) != dim or len(split) != len(node.output):
+            return None
+        bounds = np.cumsum(split)[:-1]
+        return list(np.split(x, bounds, axis=axis))
+    if op in ("ReduceProd", "ReduceSum", "ReduceMax", "ReduceMin"):
+        axes_from_input = (op == "ReduceSum" and opset >= 13) or opset >= 18
+        if axes_from_input:
+            axes = None if _opt(inputs, 1) is None else _ints(inputs[1])
+            if axes is not None and not axes and a.get("noop_with_empty_axes", 0):
+                return [x]
+        else:
+            axes = a.get("axes")
+        fn = {"ReduceProd": np.prod, "ReduceSum": np.sum,
+              "ReduceMax": np.max, "ReduceMin": np.min}[op]
+        ax = None if not axes else tuple(_norm_axes(axes, x.ndim))
+        return [np.asarray(fn(x, axis=ax, keepdims=bool(a.get("keepdims", 1)))).astype(x.dtype)]
+    return None
+
+
+_FOLDABLE = {
+    "Constant", "Shape", "Size", "Identity", "Gather", "Concat", "Unsqueeze", "Squeeze",
+    "Reshape", "Flatten", "Cast", "Add", "Sub", "Mul", "Div", "Mod", "Pow", "Max", "Min",
+    "Neg", "Abs", "Sqrt", "Reciprocal", "Floor", "Ceil", "Not", "Equal", "Less", "Greater",
+    "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "Where", "Slice", "Transpose",
+    "ConstantOfShape", "Range", "Expand", "Tile", "Split", "ReduceProd", "ReduceSum",
+    "ReduceMax", "ReduceMin",
+}
+
+
+def fold_constants(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResult]:
+    """Evaluate constant subgraphs in numpy and store results as initializers.
+
+    A node is folded when it is in a whitelist of ops and all its inputs are
+    initializers or ``Constant`` outputs.  ``Shape`` (and ``Size``) also folds
+    when its input has a fully static shape in ``value_info``, which collapses
+    shape-computation subgraphs such as ``Shape -> Gather -> Concat -> Reshape``.
+    Iterates to a fixed point, then removes dead nodes and initializers.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Input model (not modified); run :func:`shape_inference` first so that
+        static shapes are known.
+
+    Returns
+    -------
+    tuple of (onnx.ModelProto, PassResult)
+        Folded model and pass result.
+    """
+    new = _copy(model)
+    g = new.graph
+    opset = _opset(new)
+    graph_outputs = {o.name for o in g.output}
+    # Initializers that are also graph inputs may be overridden at run time.
+    overridable = {i.name for i in g.input}
+    shapes = _static_shapes(g)
+    consts = {k: v for k, v in _constants(g).items() if k not in overridable}
+    folded: Dict[str, int] = {}
+    progress = True
+    while progress:
+        progress = False
+        remaining = []
+        for node in g.node:
+            out = None
+            if (node.op_type in _FOLDABLE and node.domain in ("", "ai.onnx")
+                    and not any(o in graph_outputs for o in node.output)):
+                ins = [consts.get(i) if i else None for i in node.input]
+                present = [v for i, v in zip(node.input, ins) if i]
+                all_const = all(v is not None for v in present)
+                static = None
+                if not all_const and node.op_type in ("Shape", "Size") and node.input[0] in shapes:
+                    static = shapes[node.input[0]]
+                    if node.op_type == "Size":
+                        out = [np.array(int(np.prod(static)), dtype=np.int64)]
+                if all_const or static is not None:
+                    if out is None:
+                        try:
+                            out = _eval_node(node, ins, opset, static)
+                        except Exception:  # unsupported corner case: leave node
+                            out = None
+            if out is None or len(out) != len([o for o in node.output]):
+                remaining.append(node)
+                continue
+            for name, val in zip(node.output, out):
+                if name:
+                    consts[name] = np.asarray(val)
+            folded[node.op_type] = folded.get(node.op_type, 0) + 1
+            progress = True
+        if progress:
+            _replace_nodes(g, remaining)
+    if not folded:
+        return new, PassResult("fold_constants", False, "nothing to fold")
+    # Materialise folded values that are still read by some node.
+    existing = {t.name for t in g.initializer}
+    used = set()
+    for n in g.node:
+        used |= _node_uses(n)
+    for name, val in consts.items():
+        if name in used and name not in existing:
+            g.initializer.append(numpy_helper.from_array(np.ascontiguousarray(val), name))
+    # value_info of folded names is redundant with the initializer.
+    init_names = {t.name for t in g.initializer}
+    vis = [v for v in g.value_info if v.name not in init_names]
+    keep = [onnx.ValueInfoProto() for _ in vis]
+    for a, b in zip(keep, vis):
+        a.CopyFrom(b)
+    del g.value_info[:]
+    g.value_info.extend(keep)
+    _eliminate_dead(g)
+    total = sum(folded.values())
+    detail = f"folded {_plural(total, 'node')} (" + ", ".join(
+        f"{op}x{c}" for op, c in sorted(folded.items())) + ")"
+    return new, PassResult("fold_constants", True, detail)
+
+
+# --------------------------------------------------------------------------
+# fold_batchnorm
+# --------------------------------------------------------------------------
+
+
+def fold_batchnorm(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResult]:
+    """Fold inference ``BatchNormalization`` into a preceding ``Conv``.
+
+    Requires constant Conv weights/bias and BN parameters, a Conv output with
+    no other consumer, and no used BN training outputs.  The arithmetic is done
+    in float64 and cast back to the weight dtype.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Input model (not modified).
+
+    Returns
+    -------
+    tuple of (onnx.ModelProto, PassResult)
+        Rewritten model and pass result.
+    """
+    new = _copy(model)
+    g = new.graph
+    consts = _constants(g)
+    overridable = {i.name for i in g.input}
+    graph_outputs = {o.name for o in g.output}
+    cons = _consumers(g)
+    prods = _producers(g)
+    removed = []
+    for bn in list(g.node):
+        if bn.op_type != "BatchNormalization" or bn.domain not in ("", "ai.onnx"):
+            continue
+        if _attrs(bn).get("training_mode", 0):
+            continue
+        if any(o and (o in graph_outputs or cons.get(o)) for o in bn.output[1:]):
+            continue
+        conv = prods.get(bn.input[0])
+        if conv is None or conv.op_type != "Conv":
+            continue
+        y = conv.output[0]
+        if y in graph_outputs or len(cons.get(y, [])) != 1:
+            continue
+        names = list(bn.input[1:5]) + [conv.input[1]] + ([conv.input[2]] if len(conv.input) > 2 and conv.input[2] else [])
+        if any(n in overridable or n not in consts for n in names):
+            continue
+        w = consts[conv.input[1]]
+        if not np.issubdtype(w.dtype, np.floating):
+            continue
+        scale, beta, mean, var = (consts[n].astype(np.float64) for n in bn.input[1:5])
+        eps = float(_attrs(bn).get("epsilon", 1e-5))
+        b = consts[conv.input[2]].astype(np.float64) if len(names) == 5 else np.zeros(w.shape[0])
+        s = scale / np.sqrt(var + eps)
+        w_new = (w.astype(np.float64) * s.reshape(-1, *([1] * (w.ndim - 1)))).astype(w.dtype)
+        b_new = ((b - mean) * s + beta).astype(w.dtype)
+        w_name = _unique_name(g, conv.input[1] + "_bnfold")
+        g.initializer.append(numpy_helper.from_array(w_new, w_name))
+        b_name = _unique_name(g, (conv.input[2] if len(names) == 5 else conv.name or "conv") + "_bnfold_bias")
+        g.initializer.append(numpy_helper.from_array(b_new, b_name))
+        conv.input[1] = w_name
+        if len(conv.input) > 2:
+            conv.input[2] = b_name
+        else:
+            conv.input.append(b_name)
+        conv.output[0] = bn.output[0]
+        removed.append(bn)
+    if not removed:
+        return new, PassResult("fold_batchnorm", False, "no Conv+BatchNormalization pairs")
+    _replace_nodes(g, [n for n in g.node if all(n is not r for r in removed)])
+    _eliminate_dead(g)
+    return new, PassResult("fold_batchnorm", True,
+                           f"folded {_plural(len(removed), 'BatchNormalization node')} into Conv")
+
+
+# --------------------------------------------------------------------------
+# canonicalize_gemm
+# --------------------------------------------------------------------------
+
+_FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
+                onnx.TensorProto.BFLOAT16}
+
+
+def canonicalize_gemm(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResult]:
+    """Canonicalise ``Gemm`` and fuse ``MatMul + Add`` into ``Gemm``.
+
+    * ``Gemm`` with constant ``B`` and ``transB=1``: ``B`` is transposed into a
+      new initializer and ``transB`` dropped; ``alpha`` is folded into constant
+      ``B`` and ``beta`` into constant ``C``.
+    * ``MatMul(A, W) -> Add(bias)`` with 2-D ``A`` and ``W``, a constant 1-D
+      bias and a MatMul output used only by the Add becomes ``Gemm(A, W, bias)``.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Input model (not modified); shapes come from ``value_info``.
+
+    Returns
+    -------
+    tuple of (onnx.ModelProto, PassResult)
+        Rewritten model and pass result.
+    """
+    new = _copy(model)
+    g = new.graph
+    consts = _constants(g)
+    overridable = {i.name for i in g.input}
+    graph_outputs = {o.name for o in g.output}
+    shapes = _static_shapes(g)
+    types = _elem_types(g)
+
+    def ranks(name):
+        if name in consts:
+            return consts[name].ndim
+        for vi in list(g.input) + list(g.value_info) + list(g.output):
+            if vi.name == name and vi.type.tensor_type.HasField("shape"):
+                return len(vi.type.tensor_type.shape.dim)
+        return shapes.get(name) and len(shapes[name])
+
+    def const(name):
+        return None if name in overridable else consts.get(name)
+
+    n_trans = n_scale = n_fused = 0
+    # MatMul + Add -> Gemm
+    cons = _consumers(g)
+    prods = _producers(g)
+    removed = []
+    for add in list(g.node):
+        if add.op_type != "Add" or len(add.input) != 2:
+            continue
+        for k in (0, 1):
+            mm = prods.get(add.input[k])
+            bias = const(add.input[1 - k])
+            if mm is None or mm.op_type != "MatMul" or bias is None or bias.ndim != 1:
+                continue
+            y = mm.output[0]
+            if y in graph_outputs or len(cons.get(y, [])) != 1:
+                continue
+            if ranks(mm.input[0]) != 2 or ranks(mm.input[1]) != 2:
+                continue
+            if types.get(mm.input[0]) not in _FLOAT_TYPES:
+                continue
+            out_n = shapes.get(mm.input[1], (None, None))[1]
+            if bias.shape[0] != 1 and out_n is not None and bias.shape[0] != out_n:
+                continue
+            gemm = helper.make_node("Gemm", [mm.input[0], mm.input[1], add.input[1 - k]],
+                                    [add.output[0]], name=(mm.name or "matmul") + "_gemm")
+            mm.CopyFrom(gemm)
+            removed.append(add)
+            n_fused += 1
+            break
+    if removed:
+        _replace_nodes(g, [n for n in g.node if all(n is not r for r in removed)])
+        _eliminate_dead_value_info(g)
+
+    # Gemm canonicalisation
+    for node in g.node:
+        if node.op_type != "Gemm" or node.domain not in ("", "ai.onnx"):
+            continue
+        a = _attrs(node)
+        b = const(node.input[1])
+        if b is None:
+            continue
+        b_new, c_new = b, None
+        if a.get("transB", 0):
+            b_new = b_new.T
+            _del_attr(node, "transB")
+            n_trans += 1
+        alpha = float(a.get("alpha", 1.0))
+        if alpha != 1.0:
+            b_new = (b_new.astype(np.float64) * alpha).astype(b.dtype)
+            _del_attr(node, "alpha")
+            n_scale += 1
+        beta = float(a.get("beta", 1.0))
+        has_c = len(node.input) > 2 and node.input[2]
+        if has_c and beta != 1.0:
+            c = const(node.input[2])
+            if c is not None:
+                c_new = (c.astype(np.float64) * beta).astype(c.dtype)
+                _del_attr(node, "beta")
+                n_scale += 1
+        elif not has_c and "beta" in a:
+            _del_attr(node, "beta")
+        if b_new is not b:
+            name = _unique_name(g, node.input[1] + "_canon")
+            g.initializer.append(numpy_helper.from_array(np.ascontiguousarray(b_new), name))
+            node.input[1] = name
+        if c_new is not None:
+            name = _unique_name(g, node.input[2] + "_canon")
+            g.initializer.append(numpy_helper.from_array(np.ascontiguousarray(c_new), name))
+            node.input[2] = name
+    parts = []
+    if n_fused:
+        parts.append(f"fused {_plural(n_fused, 'MatMul+Add')} into Gemm")
+    if n_trans:
+        parts.append(f"pre-transposed {_plural(n_trans, 'Gemm weight')}")
+    if n_scale:
+        parts.append(f"folded {_plural(n_scale, 'alpha/beta scale')}")
+    if not parts:
+        return new, PassResult("canonicalize_gemm", False, "no Gemm/MatMul+Add to canonicalize")
+    _eliminate_dead(g)
+    return new, PassResult("canonicalize_gemm", True, "; ".join(parts))
+
+
+# --------------------------------------------------------------------------
+# freeze_inputs
+# --------------------------------------------------------------------------
+
+
+def freeze_inputs(model: onnx.ModelProto,
+                  values: Dict[str, np.ndarray]) -> Tuple[onnx.ModelProto, PassResult]:
+    """Turn named graph inputs into initializers with the given values.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Input model (not modified).
+    values : dict of str to numpy.ndarray
+        Values for graph inputs; they are cast to the declared input dtype.
+
+    Returns
+    -------
+    tuple of (onnx.ModelProto, PassResult)
+        Model with the inputs frozen and pass result.
+
+    Raises
+    ------
+    ValueError
+        If a name is not a graph input or the value's shape contradicts the
+        declared static dimensions.
+    """
+    new = _copy(model)
+    g = new.graph
+    inputs = {i.name: i for i in g.input}
+    for name, value in values.items():
+        if name not in inputs:
+            raise ValueError(f"freeze_inputs: {name!r} is not a graph input "
+                             f"(inputs: {sorted(inputs)})")
+        tt = inputs[name].type.tensor_type
+        arr = np.asarray(value)
+        if tt.elem_type:
+            arr = arr.astype(helper.tensor_dtype_to_np_dtype(tt.elem_type))
+        if tt.HasField("shape"):
+            dims = tt.shape.dim
+            ok = len(dims) == arr.ndim and all(
+                not d.HasField("dim_value") or d.dim_value == s for d, s in zip(dims, arr.shape))
+            if not ok:
+                want = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in dims]
+                raise ValueError(f"freeze_inputs: value for {name!r} has shape {arr.shape}, "
+                                 f"input declares {want}")
+        _set_initializer(g, name, arr)
+    keep = [i for i in g.input if i.name not in values]
+    if len(keep) != len(g.input):
+        copies = [onnx.ValueInfoProto() for _ in keep]
+        for a, b in zip(copies, keep):
+            a.CopyFrom(b)
+        del g.input[:]
+        g.input.extend(copies)
+    if not values:
+        return new, PassResult("freeze_inputs", False, "no inputs frozen")
+    return new, PassResult("freeze_inputs", True,
+                           f"froze {_plural(len(values), 'input')}: {', '.join(values)}")
+
+
+# --------------------------------------------------------------------------
+# Pass manager
+# --------------------------------------------------------------------------
+
+PASSES: Dict[str, Callable[[onnx.ModelProto], Tuple[onnx.ModelProto, PassResult]]] = {
+    "upgrade_opset": upgrade_opset,
+    "shape_inference": shape_inference,
+    "remove_identity": remove_identity,
+    "fold_constants": fold_constants,
+    "fold_batchnorm": fold_batchnorm,
+    "canonicalize_gemm": canonicalize_gemm,
+}
+
+
+def run_passes(model: onnx.ModelProto, passes: Optional[Sequence[str]] = None,
+               check: bool = True) -> Tuple[onnx.ModelProto, List[PassResult]]:
+    """Run a sequence of ONNX passes.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Input model (not modified).
+    passes : sequence of str, optional
+        Pass names from :data:`PASSES`; defaults to :data:`DEFAULT_PASSES`.
+    check : bool
+        Run ``onnx.checker.check_model`` on the result.
+
+    Returns
+    -------
+    tuple of (onnx.ModelProto, list of PassResult)
+        Transformed model and one result per pass.
+
+    Raises
+    ------
+    ValueError
+        On an unknown pass name.
+    """
+    names = DEFAULT_PASSES if passes is None else tuple(passes)
+    unknown = [p for p in names if p not in PASSES]
+    if unknown:
+        raise ValueError(f"unknown ONNX pass(es) {unknown}; available: {sorted(PASSES)}")
+    results = []
+    for name in names:
+        model, res = PASSES[name](model)
+        results.append(res)
+    if check:
+        onnx.checker.check_model(model)
+    return model, results

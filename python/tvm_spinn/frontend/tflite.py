@@ -1,0 +1,230 @@
+"""TFLite / Keras front-end: load a ``.tflite`` flatbuffer and import it with ``relax.frontend.tflite``.
+
+``from_keras`` converts a ``keras.Model`` to a float32 TFLite flatbuffer with
+``tf.lite.TFLiteConverter.from_keras_model`` (no quantization) and imports that.
+
+TensorFlow and the ``tflite`` flatbuffer package are optional (``pip install -e ".[tf]"``) and
+are imported lazily, so ``import tvm_spinn`` never pays for them.
+
+Note on layout: TFLite graphs are NHWC (``conv2d(data_layout="NHWC", kernel_layout="OHWI")``
+after import); the spinn partitioner only offloads NCHW convolutions, so these stay on the
+fallback target unless the module is converted (``relax.transform.ConvertLayout``) first.
+"""
+
+from __future__ import annotations
+
+import os
+
+import tvm
+
+__all__ = ["from_tflite", "from_keras", "keras_to_tflite", "TFLiteImportError"]
+
+_INSTALL_HINT = 'pip install -e ".[tf]"'
+
+
+class TFLiteImportError(ValueError):
+    """A TFLite model that cannot be imported (names the file or input)."""
+
+
+def _import_tflite():
+    try:
+        import tflite  # noqa: F401
+        import tflite.Model  # noqa: F401
+    except ImportError as err:
+        raise ImportError(
+            f"the TFLite front-end needs the 'tflite' package: {_INSTALL_HINT}"
+        ) from err
+    return tflite
+
+
+def _read(path_or_bytes) -> tuple[bytes, str]:
+    if isinstance(path_or_bytes, (bytes, bytearray, memoryview)):
+        return bytes(path_or_bytes), "<bytes>"
+    if isinstance(path_or_bytes, (str, os.PathLike)):
+        path = os.fspath(path_or_bytes)
+        if not os.path.isfile(path):
+            raise TFLiteImportError(f"TFLite file {path!r} does not exist")
+        with open(path, "rb") as fh:
+            return fh.read(), path
+    raise TFLiteImportError(
+        f"expected a path or the bytes of a .tflite flatbuffer, got {type(path_or_bytes).__name__}"
+    )
+
+
+def _parse(buf: bytes, where: str):
+    """Parse and sanity-check the flatbuffer; flatbuffers itself does no validation."""
+    tflite = _import_tflite()
+    Model = tflite.Model.Model if hasattr(tflite.Model, "Model") else tflite.Model
+    bad = f"TFLite file {where!r} is not a valid TFLite model"
+    if len(buf) < 8 or not Model.ModelBufferHasIdentifier(buf, 0):
+        raise TFLiteImportError(f"{bad} (missing the 'TFL3' flatbuffer identifier)")
+    try:
+        model = Model.GetRootAsModel(buf, 0)
+        if model.SubgraphsLength() < 1:
+            raise TFLiteImportError(f"{bad} (no subgraphs)")
+        subgraph = model.Subgraphs(0)
+        n_tensors = subgraph.TensorsLength()
+        inputs = [int(i) for i in subgraph.InputsAsNumpy()] if subgraph.InputsLength() else []
+        if any(not 0 <= i < n_tensors for i in inputs):
+            raise TFLiteImportError(f"{bad} (input tensor index out of range)")
+    except TFLiteImportError:
+        raise
+    except Exception as err:  # truncated / corrupt buffers raise struct.error, IndexError, ...
+        raise TFLiteImportError(f"{bad}: {type(err).__name__}: {err}") from None
+    return model
+
+
+def _tensor_name(subgraph, index: int) -> str:
+    name = subgraph.Tensors(index).Name()
+    return name.decode("utf-8") if isinstance(name, bytes) else str(name)
+
+
+def _input_info(model) -> list[tuple[str, tuple, tuple | None]]:
+    """(name, static shape, shape signature or None) of each input of subgraph 0."""
+    subgraph = model.Subgraphs(0)
+    info = []
+    for k in range(subgraph.InputsLength()):
+        idx = subgraph.Inputs(k)
+        tensor = subgraph.Tensors(idx)
+        shape = tuple(int(d) for d in tensor.ShapeAsNumpy()) if tensor.ShapeLength() else ()
+        sig = None
+        if tensor.ShapeSignatureLength():
+            sig = tuple(int(d) for d in tensor.ShapeSignatureAsNumpy())
+        info.append((_tensor_name(subgraph, idx), shape, sig))
+    return info
+
+
+def from_tflite(path_or_bytes, shape_dict: dict | None = None, dtype_dict: dict | None = None):
+    """Import a TFLite model into Relax with its weights bound as constants.
+
+    Parameters
+    ----------
+    path_or_bytes : str, os.PathLike or bytes
+        A ``.tflite`` file or its contents.
+    shape_dict : dict, optional
+        Input tensor name -> static shape, required for inputs with dynamic dims
+        (``-1`` in the tensor's ``shape_signature``).
+    dtype_dict : dict, optional
+        Input tensor name -> dtype (defaults to the TFLite tensor type).
+
+    Returns
+    -------
+    tvm.IRModule
+        ``main`` takes exactly the model inputs, named after the TFLite input tensors.
+    """
+    buf, where = _read(path_or_bytes)
+    model = _parse(buf, where)
+    from tvm.relax.frontend.tflite import from_tflite as _from_tflite
+
+    shape_dict = {k: tuple(int(d) for d in v) for k, v in (shape_dict or {}).items()}
+    inputs = _input_info(model)
+    names = [name for name, _, _ in inputs]
+    unknown = sorted(set(shape_dict) - set(names))
+    if unknown:
+        raise TFLiteImportError(
+            f"shape_dict names {unknown} are not inputs of {where!r} (inputs: {names})"
+        )
+    for name, shape, sig in inputs:
+        if name in shape_dict:
+            continue
+        if sig is not None and any(d < 0 for d in sig):
+            raise TFLiteImportError(
+                f"TFLite input '{name}' of {where!r} has dynamic dims {list(sig)}; "
+                f"pass shape_dict={{'{name}': (...)}}"
+            )
+    mod = _from_tflite(model, shape_dict or None, dict(dtype_dict) if dtype_dict else None)
+    main = mod["main"]
+    # The converter binds weights as relax constants and additionally keeps a copy of them in
+    # the "params" attribute; drop that copy (main takes only the model inputs).
+    if main.attrs is not None and "params" in main.attrs:
+        mod["main"] = main.without_attr("params")
+    return mod.with_attr(
+        "spinn_source", {"framework": "tflite", "file": where, "inputs": names}
+    )
+
+
+def _keras_shapes(model, input_shapes) -> list[tuple]:
+    """Static shape of each keras input (``None`` batch -> 1), in ``model.inputs`` order."""
+    keras_inputs = list(model.inputs)
+    if input_shapes is None:
+        given = [None] * len(keras_inputs)
+    elif isinstance(input_shapes, dict):
+        names = [t.name.split(":")[0] for t in keras_inputs]
+        unknown = sorted(set(input_shapes) - set(names))
+        if unknown:
+            raise TFLiteImportError(f"input_shapes names {unknown} are not inputs of {names}")
+        given = [input_shapes.get(n) for n in names]
+    elif input_shapes and all(isinstance(d, int) for d in input_shapes):
+        given = [tuple(input_shapes)]
+    else:
+        given = list(input_shapes)
+    if len(given) != len(keras_inputs):
+        raise TFLiteImportError(
+            f"got {len(given)} input shapes for a model with {len(keras_inputs)} inputs"
+        )
+    shapes = []
+    for tensor, shape in zip(keras_inputs, given):
+        if shape is None:
+            dims = list(tensor.shape)
+            if dims and dims[0] is None:
+                dims[0] = 1
+            if any(d is None for d in dims):
+                raise TFLiteImportError(
+                    f"keras input '{tensor.name}' has dynamic dims {list(tensor.shape)}; "
+                    "pass input_shapes"
+                )
+            shape = dims
+        shapes.append(tuple(int(d) for d in shape))
+    return shapes
+
+
+def _import_tf():
+    try:
+        import tensorflow as tf
+    except ImportError as err:
+        raise ImportError(f"from_keras needs TensorFlow: {_INSTALL_HINT}") from err
+    return tf
+
+
+def keras_to_tflite(model, input_shapes=None) -> bytes:
+    """Convert a ``keras.Model`` to a float32 TFLite flatbuffer (no quantization).
+
+    The model is first wrapped in a functional model whose inputs have the given static shapes
+    (batch 1 by default): with a dynamic batch the converter emits ``Shape``/``Pack`` chains
+    feeding ``Reshape`` (e.g. for ``Flatten``) that ``relax.frontend.tflite`` cannot import.
+    """
+    tf = _import_tf()
+    import keras
+
+    shapes = _keras_shapes(model, input_shapes)
+    inputs = [
+        keras.Input(batch_shape=shape, dtype=tensor.dtype)
+        for tensor, shape in zip(model.inputs, shapes)
+    ]
+    outputs = model(inputs[0] if len(inputs) == 1 else inputs, training=False)
+    static = keras.Model(inputs=inputs, outputs=outputs, name=f"{model.name}_static")
+    converter = tf.lite.TFLiteConverter.from_keras_model(static)
+    converter.optimizations = []  # float32, no quantization
+    return converter.convert()
+
+
+def from_keras(model, input_shapes=None) -> tvm.IRModule:
+    """Import a ``keras.Model`` through TFLite (float32, no quantization).
+
+    Parameters
+    ----------
+    model : keras.Model
+        The model (Keras 3 or tf.keras).
+    input_shapes : tuple, list of tuples or dict, optional
+        Static shape of each model input (dict keyed by keras input name, or a list in
+        ``model.inputs`` order). By default each input's keras shape with batch 1.
+
+    Returns
+    -------
+    tvm.IRModule
+    """
+    buf = keras_to_tflite(model, input_shapes)
+    mod = from_tflite(buf)
+    source = dict(mod.attrs["spinn_source"])
+    source.update(file="<keras>", keras_model=str(getattr(model, "name", "")))
+    return mod.with_attr("spinn_source", source)
