@@ -200,41 +200,24 @@ class _Checker:
         return self._check_fits(op, root, 2 * 2 * 4 * shape[-1], f"a row of {shape[-1]} elements")
 
 
-def _conv2d_patterns(chk: _Checker) -> list:
+def _gemm_patterns(prefix: str, op: str, check: Callable) -> list:
+    """``op(x, W const)`` with optional constant bias add and ReLU: four patterns, largest first."""
     out = []
     for bias in (True, False):
         for relu in (True, False):
             data, weight = wildcard(), is_const()
-            conv = is_op("relax.nn.conv2d")(data, weight)
-            ann = {"input": data, "weight": weight, "conv": conv, "main": conv}
-            pat: DFPattern = conv
+            main = is_op(op)(data, weight)
+            # "conv" is the conv2d call itself (its attrs are checked); "main" is the GEMM output.
+            ann = {"input": data, "weight": weight, "conv": main, "main": main}
+            pat: DFPattern = main
             if bias:
                 ann["bias"] = b = is_const()
                 pat = is_op("relax.add")(pat, b)
             if relu:
                 pat = is_op("relax.nn.relu")(pat)
             ann["root"] = pat
-            name = "spinn.conv2d" + ("_bias" if bias else "") + ("_relu" if relu else "")
-            out.append((name, pat, ann, _bind(chk._check_conv2d, name)))
-    return out
-
-
-def _dense_patterns(chk: _Checker) -> list:
-    out = []
-    for bias in (True, False):
-        for relu in (True, False):
-            data, weight = wildcard(), is_const()
-            mm = is_op("relax.matmul")(data, weight)
-            ann = {"input": data, "weight": weight, "main": mm}
-            pat: DFPattern = mm
-            if bias:
-                ann["bias"] = b = is_const()
-                pat = is_op("relax.add")(pat, b)
-            if relu:
-                pat = is_op("relax.nn.relu")(pat)
-            ann["root"] = pat
-            name = "spinn.dense" + ("_bias" if bias else "") + ("_relu" if relu else "")
-            out.append((name, pat, ann, _bind(chk._check_dense, name)))
+            name = prefix + ("_bias" if bias else "") + ("_relu" if relu else "")
+            out.append((name, pat, ann, _bind(check, name)))
     return out
 
 
@@ -275,8 +258,8 @@ def spinn_patterns(arch: SpinnArch, log: FallbackReason | None = None) -> list[t
     gamma, beta, x = is_const(), is_const(), wildcard()
     layer_norm = is_op("relax.nn.layer_norm")(x, gamma, beta)
     return [
-        *_conv2d_patterns(chk),
-        *_dense_patterns(chk),
+        *_gemm_patterns("spinn.conv2d", "relax.nn.conv2d", chk._check_conv2d),
+        *_gemm_patterns("spinn.dense", "relax.matmul", chk._check_dense),
         ("spinn.matmul", matmul, {"lhs": lhs, "rhs": rhs, "root": matmul},
          _bind(chk._check_matmul, "spinn.matmul")),
         ("spinn.layer_norm", layer_norm, {"input": x, "gamma": gamma, "beta": beta, "root": layer_norm},
