@@ -22,6 +22,7 @@ _lib.load_library()
 
 from . import frontend  # noqa: E402
 from .codegen import codegen_spinn  # noqa: E402,F401  (registers relax.ext.spinn)
+from .mapping import MappingError, MappingOptions  # noqa: E402
 from .partition import partition_for_spinn, summarize_partition  # noqa: E402
 from .pipeline import install as _install_pipeline  # noqa: E402
 from .report import Report, find_spinn_modules as report_modules, report  # noqa: E402
@@ -39,6 +40,6 @@ _install_pipeline()
 
 
 __all__ = [
-    "frontend", "load_module", "LibraryError", "partition_for_spinn", "summarize_partition", "report", "report_modules", "Report", "SpinnArch",
+    "frontend", "MappingOptions", "MappingError", "load_module", "LibraryError", "partition_for_spinn", "summarize_partition", "report", "report_modules", "Report", "SpinnArch",
     "ArchError", "make_system", "register_system", "get_target", "known_targets", "arch_of",
 ]

@@ -91,11 +91,6 @@ def _attrs(node: onnx.NodeProto) -> dict:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
-def _set_attr(node: onnx.NodeProto, name: str, value) -> None:
-    _del_attr(node, name)
-    node.attribute.append(helper.make_attribute(name, value))
-
-
 def _del_attr(node: onnx.NodeProto, name: str) -> None:
     keep = [a for a in node.attribute if a.name != name]
     del node.attribute[:]
@@ -204,6 +199,40 @@ def _static_shapes(graph: onnx.GraphProto) -> Dict[str, Tuple[int, ...]]:
         if all(d.HasField("dim_value") for d in dims):
             shapes[vi.name] = tuple(int(d.dim_value) for d in dims)
     return shapes
+
+
+def _partial_shapes(graph: onnx.GraphProto) -> Dict[str, List[Optional[int]]]:
+    """Known ranks with per-dimension static sizes (None for symbolic dims)."""
+    shapes: Dict[str, List[Optional[int]]] = {}
+    for vi in list(graph.input) + list(graph.value_info) + list(graph.output):
+        t = vi.type
+        if t.HasField("tensor_type") and t.tensor_type.HasField("shape"):
+            shapes[vi.name] = [int(d.dim_value) if d.HasField("dim_value") else None
+                               for d in t.tensor_type.shape.dim]
+    return shapes
+
+
+def _fold_gather_of_shape(node, consts, prods, partial) -> Optional[List[np.ndarray]]:
+    """``Gather(Shape(x), const idx)`` where only the selected dims are static."""
+    shape_node = prods.get(node.input[0])
+    idx = consts.get(node.input[1])
+    if (shape_node is None or shape_node.op_type != "Shape" or idx is None
+            or _attrs(node).get("axis", 0) != 0 or shape_node.input[0] not in partial):
+        return None
+    dims = partial[shape_node.input[0]]
+    a = _attrs(shape_node)
+    rank = len(dims)
+    start, end = a.get("start", 0), a.get("end", rank)
+    start = min(max(start + rank if start < 0 else start, 0), rank)
+    end = min(max(end + rank if end < 0 else end, 0), rank)
+    dims = dims[start:end]
+    flat = [int(i) for i in np.asarray(idx).reshape(-1)]
+    if any(not -len(dims) <= i < len(dims) for i in flat):
+        return None
+    picked = [dims[i] for i in flat]
+    if any(d is None for d in picked):
+        return None
+    return [np.array(picked, dtype=np.int64).reshape(np.asarray(idx).shape)]
 
 
 def _elem_types(graph: onnx.GraphProto) -> Dict[str, int]:
@@ -675,12 +704,14 @@ def fold_constants(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResult]
     # Initializers that are also graph inputs may be overridden at run time.
     overridable = {i.name for i in g.input}
     shapes = _static_shapes(g)
+    partial = _partial_shapes(g)
     consts = {k: v for k, v in _constants(g).items() if k not in overridable}
     folded: Dict[str, int] = {}
     progress = True
     while progress:
         progress = False
         remaining = []
+        prods = _producers(g)
         for node in g.node:
             out = None
             if (node.op_type in _FOLDABLE and node.domain in ("", "ai.onnx")
@@ -693,6 +724,9 @@ def fold_constants(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResult]
                     static = shapes[node.input[0]]
                     if node.op_type == "Size":
                         out = [np.array(int(np.prod(static)), dtype=np.int64)]
+                if not all_const and node.op_type == "Gather" and node.input[1] in consts:
+                    # e.g. the static feature dim of a dynamic-batch input
+                    out = _fold_gather_of_shape(node, consts, prods, partial)
                 if all_const or static is not None:
                     if out is None:
                         try:
@@ -718,7 +752,7 @@ def fold_constants(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResult]
         used |= _node_uses(n)
     for name, val in consts.items():
         if name in used and name not in existing:
-            g.initializer.append(numpy_helper.from_array(np.ascontiguousarray(val), name))
+            g.initializer.append(numpy_helper.from_array(np.asarray(val, order="C"), name))
     # value_info of folded names is redundant with the initializer.
     init_names = {t.name for t in g.initializer}
     vis = [v for v in g.value_info if v.name not in init_names]
@@ -777,7 +811,8 @@ def fold_batchnorm(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResult]
         y = conv.output[0]
         if y in graph_outputs or len(cons.get(y, [])) != 1:
             continue
-        names = list(bn.input[1:5]) + [conv.input[1]] + ([conv.input[2]] if len(conv.input) > 2 and conv.input[2] else [])
+        has_bias = len(conv.input) > 2 and bool(conv.input[2])
+        names = list(bn.input[1:5]) + list(conv.input[1:3] if has_bias else conv.input[1:2])
         if any(n in overridable or n not in consts for n in names):
             continue
         w = consts[conv.input[1]]
@@ -785,13 +820,13 @@ def fold_batchnorm(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResult]
             continue
         scale, beta, mean, var = (consts[n].astype(np.float64) for n in bn.input[1:5])
         eps = float(_attrs(bn).get("epsilon", 1e-5))
-        b = consts[conv.input[2]].astype(np.float64) if len(names) == 5 else np.zeros(w.shape[0])
+        b = consts[conv.input[2]].astype(np.float64) if has_bias else np.zeros(w.shape[0])
         s = scale / np.sqrt(var + eps)
         w_new = (w.astype(np.float64) * s.reshape(-1, *([1] * (w.ndim - 1)))).astype(w.dtype)
         b_new = ((b - mean) * s + beta).astype(w.dtype)
         w_name = _unique_name(g, conv.input[1] + "_bnfold")
         g.initializer.append(numpy_helper.from_array(w_new, w_name))
-        b_name = _unique_name(g, (conv.input[2] if len(names) == 5 else conv.name or "conv") + "_bnfold_bias")
+        b_name = _unique_name(g, (conv.input[2] if has_bias else conv.input[1]) + "_bnfold_bias")
         g.initializer.append(numpy_helper.from_array(b_new, b_name))
         conv.input[1] = w_name
         if len(conv.input) > 2:
@@ -893,7 +928,7 @@ def canonicalize_gemm(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResu
             continue
         a = _attrs(node)
         b = const(node.input[1])
-        if b is None:
+        if b is None or not np.issubdtype(b.dtype, np.floating):
             continue
         b_new, c_new = b, None
         if a.get("transB", 0):
@@ -917,11 +952,11 @@ def canonicalize_gemm(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResu
             _del_attr(node, "beta")
         if b_new is not b:
             name = _unique_name(g, node.input[1] + "_canon")
-            g.initializer.append(numpy_helper.from_array(np.ascontiguousarray(b_new), name))
+            g.initializer.append(numpy_helper.from_array(np.asarray(b_new, order="C"), name))
             node.input[1] = name
         if c_new is not None:
             name = _unique_name(g, node.input[2] + "_canon")
-            g.initializer.append(numpy_helper.from_array(np.ascontiguousarray(c_new), name))
+            g.initializer.append(numpy_helper.from_array(np.asarray(c_new, order="C"), name))
             node.input[2] = name
     parts = []
     if n_fused:
@@ -1011,7 +1046,9 @@ PASSES: Dict[str, Callable[[onnx.ModelProto], Tuple[onnx.ModelProto, PassResult]
 
 
 def run_passes(model: onnx.ModelProto, passes: Optional[Sequence[str]] = None,
-               check: bool = True) -> Tuple[onnx.ModelProto, List[PassResult]]:
+               check: bool = True,
+               input_values: Optional[Dict[str, np.ndarray]] = None,
+               ) -> Tuple[onnx.ModelProto, List[PassResult]]:
     """Run a sequence of ONNX passes.
 
     Parameters
@@ -1021,7 +1058,11 @@ def run_passes(model: onnx.ModelProto, passes: Optional[Sequence[str]] = None,
     passes : sequence of str, optional
         Pass names from :data:`PASSES`; defaults to :data:`DEFAULT_PASSES`.
     check : bool
-        Run ``onnx.checker.check_model`` on the result.
+        Run ``onnx.checker.check_model`` on the result (skipped for models
+        above the 2 GiB protobuf limit).
+    input_values : dict of str to numpy.ndarray, optional
+        If given, :func:`freeze_inputs` runs first with these values, so that
+        e.g. shape-only integer inputs become constants before folding.
 
     Returns
     -------
@@ -1038,9 +1079,12 @@ def run_passes(model: onnx.ModelProto, passes: Optional[Sequence[str]] = None,
     if unknown:
         raise ValueError(f"unknown ONNX pass(es) {unknown}; available: {sorted(PASSES)}")
     results = []
+    if input_values is not None:
+        model, res = freeze_inputs(model, input_values)
+        results.append(res)
     for name in names:
         model, res = PASSES[name](model)
         results.append(res)
-    if check:
+    if check and model.ByteSize() < (2 << 30) - 1:
         onnx.checker.check_model(model)
     return model, results

@@ -1,6 +1,11 @@
-"""The mapping compiler: tiling, placement, static schedule."""
+"""The mapping compiler: tiling, placement, memory planning, static schedule."""
 
+from .memory import MemoryPlan, check_plan, plan_memory
+from .options import MappingOptions, current_options
 from .schedule import map_program
 from .tiling import MappingError, choose_gemm_tile, gemm_shape, tile_layer
 
-__all__ = ["map_program", "MappingError", "choose_gemm_tile", "gemm_shape", "tile_layer"]
+__all__ = [
+    "map_program", "MappingError", "MappingOptions", "current_options", "MemoryPlan", "check_plan",
+    "plan_memory", "choose_gemm_tile", "gemm_shape", "tile_layer",
+]

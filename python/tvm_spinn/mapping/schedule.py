@@ -1,43 +1,135 @@
-"""Placement and static schedule: tiles to PEs, per-PE ordered task lists with DMA and barriers.
+"""The mapping compiler's driver: tiles, placement, memory plan, static schedule, timing.
 
-Policy of this first mapper (layer-sequential): every layer's tiles are spread round-robin over
-all PEs of the system, starting after the PE that received the previous layer's last tile so
-that small layers do not all land on PE 0. Each tile is a ``dma_in`` (inputs and weights from
-DRAM), a ``compute`` and a ``dma_out``; a ``barrier`` closes each layer on every PE that took part.
+Per PE the schedule is an ordered task list ``[op, layer, tile, amount, where]``:
+``dma_in`` (activation operand), ``dma_w`` (weight operand; ``local`` when the block is already
+in SRAM: resident across inferences or fetched by an earlier tile of the same group),
+``compute``, ``dma_out`` (``local`` when the output stays on-chip for its consumers),
+``link`` (all-gather of a layer's input over the chip links, on the first PE of each chip) and
+``barrier`` (closes a layer on every PE that took part). The timing model walks exactly this.
 """
 
 from __future__ import annotations
 
 from ..program import Program
 from ..target.arch import SpinnArch
-from .tiling import tile_layer
+from .memory import plan_memory
+from .options import MappingOptions, current_options
+from .placement import choose_chips, pipeline_groups, place_tiles
+from .tiling import MappingError, tile_layer
 
 __all__ = ["map_program"]
 
 
-def map_program(program: Program, arch: SpinnArch) -> Program:
-    """Tile, place and schedule ``program`` in place; returns it for chaining."""
+def _assign(program: Program, arch: SpinnArch, mode: str, options: MappingOptions) -> tuple[list[list[int]], list[int]]:
+    n = len(program.layers)
+    ppc = arch.pes_per_chip
+    if options.naive:
+        return [list(range(ppc)) for _ in range(n)], [1] * n
+    # Layer flops are only known after tiling; tile once on one chip to learn them.
+    for i in range(n):
+        tile_layer(program, i, arch, pes=ppc)
+    if mode == "pipelined":
+        groups = pipeline_groups(program, arch)
+        if groups is not None:
+            chips = [len({pe // ppc for pe in g}) for g in groups]
+            return groups, chips
+    chips = choose_chips(program, arch)
+    return [list(range(c * ppc)) for c in chips], chips
+
+
+def _build(program: Program, arch: SpinnArch, mode: str, options: MappingOptions) -> None:
     from ..runtime.timing import evaluate
 
-    pes = arch.total_pes
+    n = len(program.layers)
+    pe_sets, chips = _assign(program, arch, mode, options)
     program.tiles = []
-    schedule: list[list[list]] = [[] for _ in range(pes)]
-    cursor = 0
-    for index in range(len(program.layers)):
-        tiles = tile_layer(program, index, arch)
+    for i in range(n):
+        tiles = tile_layer(program, i, arch, pes=len(pe_sets[i]), naive=options.naive)
+        if options.naive:
+            for k, tile in enumerate(tiles):
+                tile.pe = pe_sets[i][k % len(pe_sets[i])]
+                tile.chip = tile.pe // arch.pes_per_chip
+        else:
+            place_tiles(tiles, pe_sets[i], arch)
+        program.tiles.extend(tiles)
+
+    weights = "stream" if options.naive else options.weights
+    activations = "dram" if options.naive else options.activations
+    try:
+        plan = plan_memory(program, arch, weights, activations)
+    except MappingError:
+        if activations == "dram":
+            raise
+        plan = plan_memory(program, arch, weights, "dram")  # fragmentation: spill activations
+
+    resident = set(plan.resident_layers)
+    onchip = set(plan.onchip_tensors)
+    schedule: list[list[list]] = [[] for _ in range(arch.total_pes)]
+    budget = arch.tile_sram_bytes
+    prev_chips = None
+    for i, layer in enumerate(program.layers):
+        acts = [tid for tid in layer.inputs if program.tensors[tid].role != "const"]
+        in_src = "noc" if acts and all(tid in onchip for tid in acts) else "dram"
+        out_dst = "local" if layer.output in onchip else "dram"
+        layer_chips = sorted({pe // arch.pes_per_chip for pe in pe_sets[i]})
+        if len(layer_chips) > 1 or (prev_chips is not None and layer_chips != prev_chips):
+            in_bytes = sum(program.tensors[tid].nbytes for tid in acts)
+            c = len(layer_chips)
+            gather = in_bytes * (c - 1) // c if c > 1 else in_bytes
+            if gather:
+                for chip in layer_chips:
+                    schedule[chip * arch.pes_per_chip].append(["link", i, -1, gather, "link"])
+        prev_chips = layer_chips
+        held: set[tuple[int, int]] = set()
         used = set()
-        for tile in tiles:
-            tile.pe = cursor % pes
-            cursor += 1
-            tid = len(program.tiles)
-            program.tiles.append(tile)
+        for tid, tile in enumerate(program.tiles):
+            if tile.layer != i:
+                continue
             used.add(tile.pe)
             queue = schedule[tile.pe]
-            queue.append(["dma_in", index, tid, tile.in_bytes + tile.w_bytes])
-            queue.append(["compute", index, tid, tile.cycles])
-            queue.append(["dma_out", index, tid, tile.out_bytes])
+            queue.append(["dma_in", i, tid, tile.in_bytes, in_src])
+            if tile.w_bytes:
+                if i in resident or (tile.pe, tile.group) in held:
+                    queue.append(["dma_w", i, tid, tile.w_bytes, "local"])
+                else:
+                    queue.append(["dma_w", i, tid, tile.w_bytes, "dram"])
+                    if tile.group >= 0 and tile.w_bytes + tile.sram_bytes <= budget and not options.naive:
+                        held.add((tile.pe, tile.group))
+            queue.append(["compute", i, tid, tile.cycles, "pe"])
+            queue.append(["dma_out", i, tid, tile.out_bytes, out_dst])
         for pe in sorted(used):
-            schedule[pe].append(["barrier", index, -1, 0])
+            schedule[pe].append(["barrier", i, -1, 0, "pe"])
     program.schedule = schedule
-    program.timing = evaluate(program, arch).to_dict()
+    program.mapping = {
+        "mode": mode, "options": options.to_dict(), "chips_per_layer": chips,
+        "pes_per_layer": [len(s) for s in pe_sets], "double_buffer": not options.naive,
+        "resident_layers": plan.resident_layers, "onchip_tensors": plan.onchip_tensors,
+    }
+    program.memory = {
+        "peak_bytes_max": max(plan.peak_bytes.values(), default=0),
+        "resident_bytes_total": sum(plan.resident_bytes.values()),
+        "busiest_pe": plan.busiest_pe, "ranges": plan.ranges,
+    }
+    timing = evaluate(program, arch).to_dict()
+    timing.pop("trace")  # timelines are recomputed on demand (report.to_perfetto), not stored
+    program.timing = timing
+
+
+def map_program(program: Program, arch: SpinnArch, options: MappingOptions | None = None) -> Program:
+    """Tile, place, plan memory, schedule and time ``program`` in place; returns it.
+
+    ``mode="auto"`` maps sequentially for the latency objective; for the throughput objective it
+    maps both ways and keeps the one with the higher simulated throughput.
+    """
+    options = options or current_options()
+    if options.naive or options.mode != "auto":
+        _build(program, arch, "sequential" if options.mode == "auto" else options.mode, options)
+        return program
+    _build(program, arch, "sequential", options)
+    if options.objective == "throughput":
+        seq = (program.timing["throughput_inf_s"], program.tiles, program.schedule, program.mapping,
+               program.memory, program.timing)
+        _build(program, arch, "pipelined", options)
+        if seq[0] >= program.timing["throughput_inf_s"]:
+            (_, program.tiles, program.schedule, program.mapping, program.memory, program.timing) = seq
     return program

@@ -72,40 +72,63 @@ def _gemm_tile_bytes(tm: int, tn: int, tk: int) -> int:
     return _F32 * (2 * (tm * tk + tk * tn) + tm * tn)
 
 
-def choose_gemm_tile(g: GemmShape, arch: SpinnArch, name: str = "gemm") -> tuple[int, int, int]:
+def _weight_is_a(kind: str) -> bool:
+    """conv2d keeps weights in the A operand (rows = output channels); dense in B."""
+    return kind == "conv2d"
+
+
+def choose_gemm_tile(g: GemmShape, arch: SpinnArch, name: str = "gemm", pes: int | None = None,
+                     kind: str = "dense", naive: bool = False) -> tuple[int, int, int]:
     """Pick ``(tm, tn, tk)`` for a GEMM with the lowest estimated layer time.
 
-    Candidates are multiples of the MAC array shape that fit ``arch.tile_sram_bytes``; the
-    estimate is ``max(per-PE compute + DMA, chip DRAM traffic / bandwidth)`` with the tiles
-    spread over all PEs. Ties go to fewer tiles, then to the larger tm (deterministic).
+    Candidates are multiples of the MAC array shape that fit ``arch.tile_sram_bytes``. The
+    estimate spreads the tiles over ``pes`` PEs and takes ``max(per-PE compute and DMA, DRAM
+    traffic / bandwidth)``, where the weight operand of a tile group is fetched once per PE
+    (weight-stationary) and the activation operand once per tile. Ties go to fewer tiles, then to
+    the larger tile (deterministic). ``naive`` returns the smallest MAC-shaped tile.
     """
     budget = arch.tile_sram_bytes
     r, c = arch.mac_rows, arch.mac_cols
+    pes = pes or arch.total_pes
+    if naive:
+        tk = min(g.k, max(r, (budget - _F32 * r * c) // (_F32 * 2 * (r + c)) // r * r))
+        if _gemm_tile_bytes(r, c, min(tk, g.k)) > budget:
+            raise MappingError(f"layer {name}: a {r}x{c} tile does not fit {budget} bytes of SRAM")
+        return r, c, tk
     m_cap, n_cap = _round_up(g.m, r), _round_up(g.n, c)
     tms = sorted({min(r * 2**i, m_cap) for i in range(12)})
     tns = sorted({min(c * 2**i, n_cap) for i in range(14)})
     rate = arch.m4f_flops_per_cycle
-    dram_bytes_per_cycle = arch.dram_bw_bytes_s / arch.clock_hz
+    chips = max(1, -(-pes // arch.pes_per_chip))
+    dram_bytes_per_cycle = arch.dram_bw_bytes_s * chips / arch.clock_hz
+    weight_a = _weight_is_a(kind)
     best, best_key = None, None
     for tm in tms:
         for tn in tns:
             fixed = _F32 * tm * tn
             per_k = _F32 * 2 * (tm + tn)
-            if fixed + per_k * 1 > budget:
+            if fixed + per_k > budget:
                 continue
             tk_max = (budget - fixed) // per_k
             tk = g.k if tk_max >= g.k else max(r, (tk_max // r) * r)
             if tk > tk_max:
                 continue
-            tiles = g.batch * _ceil(g.m, tm) * _ceil(g.n, tn)
-            per_pe = _ceil(tiles, arch.total_pes)
-            valid_m, valid_n = min(tm, g.m), min(tn, g.n)
-            compute = valid_m * valid_n * g.k / rate
-            dma = (_F32 * (valid_m * g.k + g.k * valid_n + valid_m * valid_n)) / arch.dma_bw_bytes_per_cycle
+            mt, nt = _ceil(g.m, tm), _ceil(g.n, tn)
+            tiles = g.batch * mt * nt
+            groups = (g.batch * mt) if weight_a else nt
+            per_pe = _ceil(tiles, pes)
+            vm, vn = min(tm, g.m), min(tn, g.n)
+            a_bytes, b_bytes = _F32 * vm * g.k, _F32 * g.k * vn
+            w_bytes, x_bytes = (a_bytes, b_bytes) if weight_a else (b_bytes, a_bytes)
+            # A weight block stays in SRAM across its tiles only if it fits next to the buffers.
+            w_stationary = w_bytes + _gemm_tile_bytes(tm, tn, min(tk, g.k)) <= budget
+            w_loads = min(tiles, max(groups, pes)) if w_stationary else tiles
+            compute = vm * vn * g.k / rate
+            dma = (x_bytes + _F32 * vm * vn + (w_bytes * w_loads) / tiles) / arch.dma_bw_bytes_per_cycle
             ksplits = _ceil(g.k, tk)
             pe_time = per_pe * (max(compute, dma) + arch.dma_setup_cycles * ksplits)
-            dram = tiles * _F32 * (valid_m * g.k + g.k * valid_n + valid_m * valid_n)
-            dram_time = dram / (dram_bytes_per_cycle * arch.chips)
+            dram = tiles * (x_bytes + _F32 * vm * vn) + w_loads * w_bytes
+            dram_time = dram / dram_bytes_per_cycle
             key = (max(pe_time, dram_time), tiles, -tm, -tn)
             if best_key is None or key < best_key:
                 best, best_key = (tm, tn, tk), key
@@ -117,15 +140,22 @@ def choose_gemm_tile(g: GemmShape, arch: SpinnArch, name: str = "gemm") -> tuple
     return best
 
 
-def _flat_tiles(total: int, bytes_per_elem: int, arch: SpinnArch) -> list[list[list[int]]]:
-    # Double-buffered in/out per element; spread over all PEs but never beyond SRAM.
+def _flat_tiles(total: int, bytes_per_elem: int, arch: SpinnArch, pes: int) -> list[list[list[int]]]:
+    # Double-buffered in/out per element; spread over the PEs but never beyond SRAM.
     cap = max(1, arch.tile_sram_bytes // (2 * bytes_per_elem))
-    size = max(1, min(cap, _ceil(total, arch.total_pes)))
+    size = max(1, min(cap, _ceil(total, pes)))
     return [[[s, min(s + size, total)]] for s in range(0, total, size)]
 
 
-def tile_layer(program: Program, index: int, arch: SpinnArch) -> list[Tile]:
-    """Tiles (without PE assignment) of ``program.layers[index]``."""
+def tile_layer(program: Program, index: int, arch: SpinnArch, pes: int | None = None,
+               naive: bool = False) -> list[Tile]:
+    """Tiles (without PE assignment) of ``program.layers[index]`` for ``pes`` PEs.
+
+    GEMM tiles carry ``group``: tiles of a group share one weight block (conv2d: batch x group
+    and output-channel block; dense: output-feature block), so placing a group on one PE fetches
+    that block once. Other tiles have ``group = -1``.
+    """
+    pes = pes or arch.total_pes
     layer = program.layers[index]
     t = program.tensors
     out_shape = t[layer.output].shape
@@ -134,11 +164,17 @@ def tile_layer(program: Program, index: int, arch: SpinnArch) -> list[Tile]:
         g = gemm_shape(program, layer)
         layer.gemm = [g.m, g.n, g.k]
         layer.flops = 2 * g.batch * g.m * g.n * g.k
-        tm, tn, tk = choose_gemm_tile(g, arch, layer.name)
+        tm, tn, tk = choose_gemm_tile(g, arch, layer.name, pes=pes, kind=layer.kind, naive=naive)
         ks = _ceil(g.k, tk)
         for b in range(g.batch):
             for m0 in range(0, g.m, tm):
                 for n0 in range(0, g.n, tn):
+                    if layer.kind == "conv2d":
+                        group = b * _ceil(g.m, tm) + m0 // tm
+                    elif layer.kind == "dense":
+                        group = n0 // tn
+                    else:
+                        group = -1
                     vm, vn = min(tm, g.m - m0), min(tn, g.n - n0)
                     pm, pn = _round_up(vm, arch.mac_rows), _round_up(vn, arch.mac_cols)
                     a_bytes = _F32 * vm * g.k
@@ -146,7 +182,7 @@ def tile_layer(program: Program, index: int, arch: SpinnArch) -> list[Tile]:
                     in_b, w_b = (b_bytes, a_bytes) if layer.kind == "conv2d" else (a_bytes, b_bytes)
                     tiles.append(Tile(
                         layer=index, pe=-1, region=[[b, b + 1], [m0, m0 + vm], [n0, n0 + vn]],
-                        k_splits=ks, sram_bytes=_gemm_tile_bytes(pm, pn, min(tk, g.k)),
+                        k_splits=ks, group=group, sram_bytes=_gemm_tile_bytes(pm, pn, min(tk, g.k)),
                         in_bytes=in_b, w_bytes=w_b, out_bytes=_F32 * vm * vn,
                         cycles=int(math.ceil(vm * vn * g.k / arch.m4f_flops_per_cycle)),
                     ))
@@ -158,7 +194,7 @@ def tile_layer(program: Program, index: int, arch: SpinnArch) -> list[Tile]:
         per_elem = {"softmax": 3.0 + arch.exp_unit_cycles, "layer_norm": 6.0, "mean": 1.0}[layer.kind]
         layer.flops = int(rows * row * per_elem)
         cap = max(1, arch.tile_sram_bytes // (2 * 2 * _F32 * row))
-        size = max(1, min(cap, _ceil(rows, arch.total_pes)))
+        size = max(1, min(cap, _ceil(rows, pes)))
         for r0 in range(0, rows, size):
             r1 = min(r0 + size, rows)
             n = (r1 - r0) * row
@@ -179,7 +215,7 @@ def tile_layer(program: Program, index: int, arch: SpinnArch) -> list[Tile]:
                 f"a PE has {arch.tile_sram_bytes}"
             )
         cap = arch.tile_sram_bytes // (2 * plane_bytes)
-        size = max(1, min(cap, _ceil(n * c, arch.total_pes)))
+        size = max(1, min(cap, _ceil(n * c, pes)))
         for p0 in range(0, n * c, size):
             p1 = min(p0 + size, n * c)
             tiles.append(Tile(layer=index, pe=-1, region=[[p0, p1]], sram_bytes=2 * plane_bytes * (p1 - p0),
@@ -189,7 +225,7 @@ def tile_layer(program: Program, index: int, arch: SpinnArch) -> list[Tile]:
     if layer.kind in ("reshape", "permute_dims", "broadcast_to"):
         # Pure data movement: the DMA engine gathers with strides; ~1 cycle/element of setup.
         layer.flops = 0
-        for region in _flat_tiles(n_out, 2 * _F32, arch):
+        for region in _flat_tiles(n_out, 2 * _F32, arch, pes):
             e = region[0][1] - region[0][0]
             tiles.append(Tile(layer=index, pe=-1, region=region, sram_bytes=2 * 2 * _F32 * e,
                               in_bytes=_F32 * e, out_bytes=_F32 * e, cycles=e))
@@ -199,7 +235,7 @@ def tile_layer(program: Program, index: int, arch: SpinnArch) -> list[Tile]:
     transcendental = layer.kind in ("gelu", "gelu_tanh", "sigmoid", "tanh")
     per_elem = arch.m4f_elementwise_cycles + (arch.exp_unit_cycles + 6 if transcendental else 0)
     layer.flops = n_out * (8 if transcendental else 1)
-    for region in _flat_tiles(n_out, _F32 * (n_in + 1), arch):
+    for region in _flat_tiles(n_out, _F32 * (n_in + 1), arch, pes):
         e = region[0][1] - region[0][0]
         tiles.append(Tile(layer=index, pe=-1, region=region, sram_bytes=2 * _F32 * (n_in + 1) * e,
                           in_bytes=_F32 * n_in * e, out_bytes=_F32 * e,

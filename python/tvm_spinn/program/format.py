@@ -1,6 +1,6 @@
 """The serialized *spinn program*: the one document handed from the compiler to the runtime.
 
-Binary layout (little-endian), version 1::
+Binary layout (little-endian), version 2::
 
     offset  size  field
     0       8     magic  b"SPINNPRG"
@@ -23,12 +23,18 @@ Header JSON fields (all lists in execution order; all ids are indices):
   :data:`LAYER_KINDS`; ``consts`` maps a role (``weight``, ``bias``, ``gamma``, ``beta``, ``rhs``...)
   to a tensor id; ``gemm`` is ``[M, N, K]`` for MAC-path layers; ``mode`` is ``fp32`` (M4F) or
   ``int8`` (MAC array)
-- ``tiles``: ``{layer, pe, region, k_splits, sram_bytes, in_bytes, w_bytes, out_bytes, cycles}``;
-  ``region`` is a list of ``[start, stop]`` output ranges (layer-kind specific, see
-  ``tvm_spinn.mapping.tiling``), each a unit of work one PE holds in SRAM
+- ``tiles``: ``{layer, pe, chip, group, region, k_splits, sram_bytes, in_bytes, w_bytes,
+  out_bytes, cycles}``; ``region`` is a list of ``[start, stop]`` output ranges (layer-kind
+  specific, see ``tvm_spinn.mapping.tiling``), each a unit of work one PE holds in SRAM; tiles of
+  one ``group`` share a weight block
 - ``schedule``: per PE (global index ``chip * pes_per_chip + pe``) an ordered list of tasks
-  ``[op, layer, tile, bytes]`` with op in ``dma_in`` | ``compute`` | ``dma_out`` | ``barrier``;
-  DMA moves data between DRAM and the PE's SRAM, barriers close every layer
+  ``[op, layer, tile, amount, where]``: ``dma_in`` / ``dma_out`` move ``amount`` bytes between
+  the PE's SRAM and ``where`` (``dram``, ``noc`` = another PE's SRAM, ``local`` = already here);
+  ``compute`` takes ``amount`` cycles; ``link`` receives ``amount`` bytes over the chip links
+  before the layer starts; ``barrier`` closes a layer
+- ``mapping``: mode, options, chips per layer, PE groups (pipelined mode), residency decisions
+- ``memory``: SRAM plan: per-PE peak bytes, resident weight bytes, checked non-overlapping
+  address ranges of the busiest PE
 - ``timing``: the timing model's result at compile time (see ``tvm_spinn.runtime.timing``)
 """
 
@@ -47,7 +53,7 @@ __all__ = [
 ]
 
 PROGRAM_MAGIC = b"SPINNPRG"
-PROGRAM_VERSION = 1
+PROGRAM_VERSION = 2
 _ALIGN = 64
 
 #: Layer kinds the simulator executes; partition patterns map onto these.
@@ -94,6 +100,8 @@ class Tile:
     pe: int
     region: list[list[int]]
     k_splits: int = 1
+    group: int = -1
+    chip: int = 0
     sram_bytes: int = 0
     in_bytes: int = 0
     w_bytes: int = 0
@@ -114,6 +122,8 @@ class Program:
     tiles: list[Tile] = field(default_factory=list)
     schedule: list[list[list]] = field(default_factory=list)
     timing: dict = field(default_factory=dict)
+    mapping: dict = field(default_factory=dict)
+    memory: dict = field(default_factory=dict)
     constants: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
     version: int = PROGRAM_VERSION
 
@@ -130,6 +140,8 @@ class Program:
             "tiles": [asdict(t) for t in self.tiles],
             "schedule": self.schedule,
             "timing": self.timing,
+            "mapping": self.mapping,
+            "memory": self.memory,
         }
 
     def to_bytes(self) -> bytes:
@@ -184,7 +196,8 @@ class Program:
             inputs=header["inputs"], outputs=header["outputs"],
             layers=[Layer(**layer) for layer in header["layers"]],
             tiles=[Tile(**t) for t in header["tiles"]], schedule=header["schedule"],
-            timing=header["timing"], constants=constants, version=version,
+            timing=header["timing"], mapping=header["mapping"], memory=header["memory"],
+            constants=constants, version=version,
         )
 
 

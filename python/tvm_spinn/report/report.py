@@ -37,6 +37,10 @@ class Report:
     fallback_ops: dict[str, int] = field(default_factory=dict)
     fallback_reasons: dict[str, str] = field(default_factory=dict)
     weight_bytes: int = 0
+    resident_weight_bytes: int = 0
+    link_bytes: int = 0
+    throughput_inf_s: float = 0.0
+    mapping: list[dict] = field(default_factory=list)
     layers: list[dict] = field(default_factory=list)
 
     def table(self) -> str:
@@ -107,7 +111,7 @@ def report(ex) -> Report:
     if not programs and not manifest:
         raise ValueError("no spinn modules in this executable: was it built for a spinn target?")
     arch = SpinnArch.from_dict(programs[0].arch) if programs else SpinnArch()
-    keys = ("latency_s", "roofline_s", "cycles", "dram_bytes", "noc_bytes", "energy_j", "flops")
+    keys = ("latency_s", "roofline_s", "cycles", "dram_bytes", "noc_bytes", "link_bytes", "energy_j", "flops")
     totals = {k: sum(p.timing[k] for p in programs) for k in keys}
     busy = sum(p.timing["pe_utilization"] * p.timing["cycles"] for p in programs)
     layers = []
@@ -120,5 +124,8 @@ def report(ex) -> Report:
         offloaded_ops=manifest.get("offloaded_ops", {}), fallback_ops=manifest.get("fallback_ops", {}),
         fallback_reasons=manifest.get("fallback_reasons", {}),
         weight_bytes=sum(t.nbytes for p in programs for t in p.tensors if t.role == "const"),
+        resident_weight_bytes=sum(p.memory.get("resident_bytes_total", 0) for p in programs),
+        throughput_inf_s=min((p.timing["throughput_inf_s"] for p in programs), default=0.0),
+        mapping=[dict(p.mapping, symbol=p.symbol) for p in programs],
         layers=layers, **totals,
     )

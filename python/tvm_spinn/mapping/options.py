@@ -1,0 +1,72 @@
+"""Mapping options: one struct per compilation, IREE-style, and a context to set it.
+
+``relax.build`` has no slot for backend options, so the current :class:`MappingOptions` is read
+from a context (``with tvm_spinn.MappingOptions(mode="pipelined"): relax.build(...)``) and
+serialized into the program, where the report shows it.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import asdict, dataclass
+
+__all__ = ["MappingOptions", "current_options"]
+
+_STATE = threading.local()
+
+
+@dataclass(frozen=True)
+class MappingOptions:
+    """How the mapping compiler maps a region onto the system.
+
+    Parameters
+    ----------
+    mode : {"auto", "sequential", "pipelined"}
+        ``sequential``: every layer uses all PEs of the chips chosen for it, one layer after
+        another (lowest latency for one input). ``pipelined``: layers get disjoint PE groups
+        sized by their work and run as a spatial pipeline (highest throughput for a stream of
+        inputs). ``auto`` picks by the cost model for ``objective``.
+    objective : {"latency", "throughput"}
+        What ``auto`` optimizes.
+    weights : {"auto", "resident", "stream"}
+        Keep weights in SRAM across inferences (loaded once at program load) or stream them from
+        DRAM each inference. ``auto`` keeps as many as fit, most re-fetched first.
+    activations : {"auto", "dram"}
+        ``auto`` keeps a layer's output in SRAM for the next layer when it fits (read over the
+        NoC); ``dram`` always spills.
+    naive : bool
+        The baseline the benchmark compares with: fixed 16x4 MAC-shaped tiles, round-robin
+        placement, no double buffering, every operand from DRAM, one chip.
+    """
+
+    mode: str = "auto"
+    objective: str = "latency"
+    weights: str = "auto"
+    activations: str = "auto"
+    naive: bool = False
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("mode", ("auto", "sequential", "pipelined")),
+                              ("objective", ("latency", "throughput")),
+                              ("weights", ("auto", "resident", "stream")),
+                              ("activations", ("auto", "dram"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"MappingOptions.{name} must be one of {allowed}, got {getattr(self, name)!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def __enter__(self) -> "MappingOptions":
+        stack = getattr(_STATE, "stack", [])
+        stack.append(self)
+        _STATE.stack = stack
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _STATE.stack.pop()
+
+
+def current_options() -> MappingOptions:
+    """The innermost active :class:`MappingOptions` (defaults when none)."""
+    stack = getattr(_STATE, "stack", [])
+    return stack[-1] if stack else MappingOptions()

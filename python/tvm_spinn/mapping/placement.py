@@ -1,0 +1,89 @@
+"""Placement: how many chips each layer spans, and which PE runs each tile.
+
+- :func:`choose_chips` (sequential mode): per layer, the number of chips (tensor parallelism)
+  that minimizes ``max(compute / PEs, DRAM bytes / DRAM bandwidth) + link all-gather`` — large
+  layers spread over the board, small ones stay on one chip and avoid link traffic.
+- :func:`pipeline_groups` (pipelined mode): disjoint PE ranges per layer, sized by work.
+- :func:`place_tiles`: longest-processing-time-first assignment of tile groups (tiles sharing a
+  weight block) to the least loaded PE, so each weight block is fetched once per PE; groups are
+  split when there are fewer groups than PEs. Deterministic (ties by index).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from ..program import Layer, Program, Tile
+from ..target.arch import SpinnArch
+
+__all__ = ["choose_chips", "pipeline_groups", "place_tiles", "layer_estimate"]
+
+
+def _layer_bytes(program: Program, layer: Layer) -> tuple[int, int]:
+    """(activation bytes in+out, weight bytes) of a layer."""
+    t = program.tensors
+    acts = sum(t[i].nbytes for i in layer.inputs if t[i].role != "const") + t[layer.output].nbytes
+    weights = sum(t[i].nbytes for i in layer.inputs if t[i].role == "const")
+    weights += sum(t[i].nbytes for i in layer.consts.values())
+    return acts, weights
+
+
+def layer_estimate(program: Program, layer: Layer, arch: SpinnArch, chips: int, pes: int | None = None) -> float:
+    """Cycles estimate of a layer on ``chips`` chips (or ``pes`` PEs), for mapping decisions."""
+    pes = pes or chips * arch.pes_per_chip
+    acts, weights = _layer_bytes(program, layer)
+    work = max(layer.flops, 1) / (2 * arch.m4f_flops_per_cycle)
+    compute = work / pes
+    dram = (acts + weights) / (arch.dram_bw_bytes_s * chips / arch.clock_hz)
+    link = 0.0
+    if chips > 1:
+        in_bytes = sum(program.tensors[i].nbytes for i in layer.inputs if program.tensors[i].role != "const")
+        link_bw = arch.link_bw_bytes_s * arch.links_per_chip / arch.clock_hz
+        link = in_bytes * (chips - 1) / chips / link_bw
+    return max(compute, dram) + link + arch.barrier_cycles
+
+
+def choose_chips(program: Program, arch: SpinnArch) -> list[int]:
+    """Chips per layer (powers of two up to the system's chip count, and the count itself)."""
+    options = sorted({min(2**i, arch.chips) for i in range(arch.chips.bit_length() + 1)})
+    result = []
+    for layer in program.layers:
+        best = min(options, key=lambda c: (layer_estimate(program, layer, arch, c), c))
+        result.append(best)
+    return result
+
+
+def pipeline_groups(program: Program, arch: SpinnArch) -> list[list[int]] | None:
+    """Disjoint PE lists per layer sized by estimated work; None if there are too few PEs."""
+    n = len(program.layers)
+    total = arch.total_pes
+    if n > total:
+        return None
+    work = [max(layer.flops, 1) for layer in program.layers]
+    share = [max(1, int(total * w / sum(work))) for w in work]
+    while sum(share) > total:  # trim the largest shares first (deterministic)
+        i = max(range(n), key=lambda j: (share[j], -j))
+        share[i] -= 1
+    groups, start = [], 0
+    for s in share:
+        groups.append(list(range(start, start + s)))
+        start += s
+    return groups
+
+
+def place_tiles(tiles: list[Tile], pes: list[int], arch: SpinnArch) -> None:
+    """Assign ``tile.pe``/``tile.chip`` in place: LPT over weight groups, balanced cycles."""
+    groups: dict[int, list[Tile]] = {}
+    for i, tile in enumerate(tiles):
+        groups.setdefault(tile.group if tile.group >= 0 else -(i + 1), []).append(tile)
+    units = list(groups.values()) if len(groups) >= len(pes) else [[t] for t in tiles]
+    # Longest first; ties by first tile position for determinism.
+    order = sorted(range(len(units)), key=lambda u: (-sum(t.cycles for t in units[u]), u))
+    heap = [(0, rank, pe) for rank, pe in enumerate(pes)]
+    heapq.heapify(heap)
+    for u in order:
+        load, rank, pe = heapq.heappop(heap)
+        for tile in units[u]:
+            tile.pe = pe
+            tile.chip = pe // arch.pes_per_chip
+        heapq.heappush(heap, (load + sum(t.cycles for t in units[u]), rank, pe))
