@@ -16,6 +16,8 @@ from tvm_spinn.frontend.tflite import (  # noqa: E402
     TFLiteImportError, from_keras, from_tflite, keras_to_tflite,
 )
 
+pytestmark = pytest.mark.filterwarnings("ignore:.*tf.lite.Interpreter is deprecated:UserWarning")
+
 # Keras, the TFLite interpreter and TVM are all fp32 but sum convolutions/matmuls in a
 # different order (and use different exp/tanh approximations); the only differences are
 # fp32 rounding, well inside these tolerances.
@@ -78,7 +80,7 @@ def test_keras_small_cnn():
     assert summary.offloaded_ops.get("spinn.dense", 0) >= 1
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # ~55 s on 2 cores (two builds of 52 NHWC convs + TF conversion)
 def test_keras_mobilenet_v2():
     keras.utils.set_random_seed(0)
     model = keras.applications.MobileNetV2(weights=None, input_shape=(96, 96, 3), alpha=0.35)

@@ -24,6 +24,11 @@ def _shape(expr: relax.Expr) -> list[int]:
     return [int(d.value) for d in expr.ty.shape.values]
 
 
+def _prim_float(value) -> float:
+    inner = getattr(value, "value", value)  # relax.PrimValue -> FloatImm -> float
+    return float(getattr(inner, "value", inner))
+
+
 def _ints(values) -> list[int]:
     return [int(v) for v in values]
 
@@ -162,6 +167,9 @@ class _Lowerer:
                                dilation=[1, 1], count_include_pad=True)
         elif kind in ("relu", "gelu", "gelu_tanh", "sigmoid", "tanh", "reshape", "broadcast_to"):
             layer.inputs = [self.operand(main.args[0], env)]
+        elif kind == "clip":
+            layer.inputs = [self.operand(main.args[0], env)]
+            layer.attrs["min"], layer.attrs["max"] = (_prim_float(a) for a in main.args[1:3])
         elif kind == "permute_dims":
             layer.inputs = [self.operand(main.args[0], env)]
             rank = len(self.program.tensors[layer.inputs[0]].shape)

@@ -2,5 +2,6 @@
 
 from .onnx import OnnxImportError, from_onnx
 from .pytorch import from_pytorch
+from .tflite import TFLiteImportError, from_keras, from_tflite
 
-__all__ = ["from_pytorch", "from_onnx", "OnnxImportError"]
+__all__ = ["from_pytorch", "from_onnx", "from_keras", "from_tflite", "OnnxImportError", "TFLiteImportError"]

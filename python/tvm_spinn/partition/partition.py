@@ -41,6 +41,8 @@ def partition_for_spinn(
     reasons = FallbackReason()
     seq = tvm.transform.Sequential(
         [
+            # The MAC path is NCHW/OIHW: convert NHWC convs (TFLite, Keras); weight transposes fold.
+            transform.ConvertLayout({"relax.nn.conv2d": ["NCHW", "OIHW"]}),
             transform.FoldConstant(),
             FoldBatchNorm,
             transform.FoldConstant(),

@@ -107,7 +107,7 @@ class _Checker:
         attrs = ctx.annotated_expr["conv"].attrs
         if attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW":
             return self.log.refuse(op, root, f"layout {attrs.data_layout}/{attrs.kernel_layout} (need NCHW/OIHW)")
-        if str(attrs.out_dtype) not in ("", "float32"):
+        if str(attrs.out_dtype) not in ("", "None", "float32"):
             return self.log.refuse(op, root, f"out_dtype {attrs.out_dtype}")
         if "bias" in ctx.annotated_expr and not self._check_channel_bias(op, ctx, axis=1, rank=4):
             return False
@@ -237,6 +237,12 @@ def _binary(name: str, op: str, chk: _Checker):
     return (name, root, {"lhs": lhs, "rhs": rhs, "root": root}, _bind(chk._check_elementwise, name))
 
 
+def _clip(chk: _Checker):
+    x = wildcard()
+    root = is_op("relax.clip")(x, wildcard(), wildcard())  # bounds are PrimValue arguments
+    return ("spinn.clip", root, {"input": x, "root": root}, _bind(chk._check_elementwise, "spinn.clip"))
+
+
 def spinn_patterns(arch: SpinnArch, log: FallbackReason | None = None) -> list[tuple]:
     """The spinn pattern table for ``arch``, most specific patterns first.
 
@@ -274,6 +280,7 @@ def spinn_patterns(arch: SpinnArch, log: FallbackReason | None = None) -> list[t
         _unary("spinn.gelu_tanh", "relax.nn.gelu_tanh", chk),
         _unary("spinn.sigmoid", "relax.sigmoid", chk),
         _unary("spinn.tanh", "relax.tanh", chk),
+        _clip(chk),
         _binary("spinn.reshape", "relax.reshape", chk),
         _binary("spinn.broadcast_to", "relax.broadcast_to", chk),
         _unary("spinn.permute_dims", "relax.permute_dims", chk),

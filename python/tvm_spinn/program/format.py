@@ -60,7 +60,7 @@ _ALIGN = 64
 LAYER_KINDS = (
     "conv2d", "dense", "matmul", "add", "subtract", "multiply", "divide", "relu", "gelu",
     "gelu_tanh", "sigmoid", "tanh", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "softmax",
-    "layer_norm", "mean", "reshape", "permute_dims", "broadcast_to",
+    "layer_norm", "mean", "reshape", "permute_dims", "broadcast_to", "clip",
 )
 
 

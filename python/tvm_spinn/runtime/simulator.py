@@ -35,9 +35,11 @@ def _erf_f32(x: np.ndarray) -> np.ndarray:
     return (sign * (_F32(1) - poly * np.exp(-a * a))).astype(_F32)
 
 
-def _unary(kind: str, x: np.ndarray) -> np.ndarray:
+def _unary(kind: str, x: np.ndarray, attrs: dict) -> np.ndarray:
     if kind == "relu":
         return np.maximum(x, _F32(0))
+    if kind == "clip":
+        return np.minimum(np.maximum(x, _F32(attrs["min"])), _F32(attrs["max"]))
     if kind == "sigmoid":
         return (_F32(1) / (_F32(1) + np.exp(-x))).astype(_F32)
     if kind == "tanh":
@@ -71,7 +73,7 @@ class _LayerRunner:
             else:
                 moved = x
             self.flat_in = [np.ascontiguousarray(moved).reshape(-1)]
-        elif k in _BINARY or k in ("relu", "gelu", "gelu_tanh", "sigmoid", "tanh"):
+        elif k in _BINARY or k in ("relu", "gelu", "gelu_tanh", "sigmoid", "tanh", "clip"):
             shape = self.out.shape
             self.flat_in = [np.ascontiguousarray(np.broadcast_to(env[i], shape)).reshape(-1) for i in layer.inputs]
         elif k in ("softmax", "layer_norm", "mean"):
@@ -214,7 +216,7 @@ class _LayerRunner:
         if k in ("reshape", "permute_dims", "broadcast_to"):
             res = args[0]
         else:
-            res = _BINARY[k](args[0], args[1]) if k in _BINARY else _unary(k, args[0])
+            res = _BINARY[k](args[0], args[1]) if k in _BINARY else _unary(k, args[0], self.layer.attrs)
         self.out.reshape(-1)[e0:e1] = res
 
     def run(self, tile: Tile) -> None:
