@@ -135,7 +135,8 @@ def choose_gemm_tile(g: GemmShape, arch: SpinnArch, name: str = "gemm", pes: int
     if best is None:
         need = _gemm_tile_bytes(r, c, r)
         raise MappingError(
-            f"layer {name}: even a {r}x{c}x{r} tile needs {need} bytes of SRAM, the PE has {budget}"
+            f"layer {name}: even a {r}x{c}x{r} tile needs {need} bytes of SRAM, the PE has {budget}; "
+            f"the smallest system that fits has sram_bytes >= {need + arch.sram_reserved_bytes}"
         )
     return best
 
@@ -180,6 +181,8 @@ def tile_layer(program: Program, index: int, arch: SpinnArch, pes: int | None = 
                     a_bytes = _F32 * vm * g.k
                     b_bytes = _F32 * g.k * vn
                     in_b, w_b = (b_bytes, a_bytes) if layer.kind == "conv2d" else (a_bytes, b_bytes)
+                    if "bias" in layer.consts:  # the bias slice travels with the weight block
+                        w_b += _F32 * (vm if layer.kind == "conv2d" else vn)
                     tiles.append(Tile(
                         layer=index, pe=-1, region=[[b, b + 1], [m0, m0 + vm], [n0, n0 + vn]],
                         k_splits=ks, group=group, sram_bytes=_gemm_tile_bytes(pm, pn, min(tk, g.k)),
@@ -200,7 +203,7 @@ def tile_layer(program: Program, index: int, arch: SpinnArch, pes: int | None = 
             n = (r1 - r0) * row
             n_res = (r1 - r0) if layer.kind == "mean" else n
             tiles.append(Tile(layer=index, pe=-1, region=[[r0, r1]], sram_bytes=2 * _F32 * (n + n_res),
-                              in_bytes=_F32 * n, out_bytes=_F32 * n_res,
+                              in_bytes=_F32 * n, out_bytes=_F32 * n_res, w_bytes=_F32 * row * len(layer.consts),
                               cycles=int(math.ceil(n * per_elem * arch.m4f_elementwise_cycles / 2))))
         return tiles
     if layer.kind in ("max_pool2d", "avg_pool2d"):
@@ -212,7 +215,8 @@ def tile_layer(program: Program, index: int, arch: SpinnArch, pes: int | None = 
         if 2 * plane_bytes > arch.tile_sram_bytes:
             raise MappingError(
                 f"layer {layer.name}: one {h}x{w} input plane needs {2 * plane_bytes} bytes of SRAM, "
-                f"a PE has {arch.tile_sram_bytes}"
+                f"a PE has {arch.tile_sram_bytes}; the smallest system that fits has sram_bytes >= "
+                f"{2 * plane_bytes + arch.sram_reserved_bytes}"
             )
         cap = arch.tile_sram_bytes // (2 * plane_bytes)
         size = max(1, min(cap, _ceil(n * c, pes)))

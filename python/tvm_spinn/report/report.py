@@ -42,15 +42,30 @@ class Report:
     throughput_inf_s: float = 0.0
     mapping: list[dict] = field(default_factory=list)
     layers: list[dict] = field(default_factory=list)
+    programs: list = field(default_factory=list, repr=False)
+
+    def to_perfetto(self, path: str) -> str:
+        """Write the simulated timeline as Chrome-trace JSON (opens in Perfetto); returns path."""
+        from .timeline import to_perfetto
+
+        return to_perfetto(self.programs, path)
+
+    def plot(self, path: str) -> str:
+        """Save a PE-utilization heatmap and layer timeline (matplotlib); returns path."""
+        from .timeline import plot
+
+        return plot(self.programs, path)
 
     def table(self) -> str:
         """Per-layer table as text."""
-        head = f"{'layer':<28}{'kind':<12}{'tiles':>7}{'PEs':>6}{'cycles':>12}{'DRAM B':>12}{'SRAM peak':>11}{'util':>7}"
+        head = (f"{'layer':<28}{'kind':<12}{'tiles':>7}{'PEs':>6}{'chips':>6}{'cycles':>12}{'DRAM B':>12}"
+                f"{'NoC B':>12}{'SRAM peak':>11}{'MAC util':>9}")
         rows = [head, "-" * len(head)]
         for row in self.layers:
             rows.append(
                 f"{row['region'] + '.' + row['name']:<28.28}{row['kind']:<12}{row['tiles']:>7}{row['pes']:>6}"
-                f"{row['cycles']:>12}{row['dram_bytes']:>12}{row['sram_peak']:>11}{row['utilization']:>7.1%}"
+                f"{row['chips']:>6}{row['cycles']:>12}{row['dram_bytes']:>12}{row['noc_bytes']:>12}"
+                f"{row['sram_peak']:>11}{row['utilization']:>9.1%}"
             )
         return "\n".join(rows)
 
@@ -127,5 +142,5 @@ def report(ex) -> Report:
         resident_weight_bytes=sum(p.memory.get("resident_bytes_total", 0) for p in programs),
         throughput_inf_s=min((p.timing["throughput_inf_s"] for p in programs), default=0.0),
         mapping=[dict(p.mapping, symbol=p.symbol) for p in programs],
-        layers=layers, **totals,
+        layers=layers, programs=programs, **totals,
     )

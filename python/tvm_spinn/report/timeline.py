@@ -1,0 +1,100 @@
+"""Timelines of a compiled program: Perfetto (Chrome trace JSON) and matplotlib plots."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+from ..program import Program
+from ..runtime.timing import evaluate
+from ..target.arch import SpinnArch
+
+__all__ = ["to_perfetto", "plot"]
+
+
+def _atomic_write(path: str, write) -> None:
+    directory = os.path.dirname(os.path.abspath(path)) or "."
+    fd, tmp = tempfile.mkstemp(dir=directory, suffix=os.path.splitext(path)[1])
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def to_perfetto(programs: list[Program], path: str) -> str:
+    """Write a Chrome-trace JSON (open it in https://ui.perfetto.dev): one track per PE,
+    one slice per tile's compute, one slice per layer on a "layers" track."""
+    events = []
+    offset_us = 0.0
+    for index, program in enumerate(programs):
+        arch = SpinnArch.from_dict(program.arch)
+        timing = evaluate(program, arch)
+        us = 1e6 / arch.clock_hz
+        for row in timing.layers:
+            events.append({"name": row.name, "cat": "layer", "ph": "X", "pid": index, "tid": -1,
+                           "ts": offset_us + row.start_cycle * us, "dur": row.cycles * us,
+                           "args": {"kind": row.kind, "tiles": row.tiles, "pes": row.pes,
+                                    "dram_bytes": row.dram_bytes, "utilization": row.utilization}})
+        for pe, tile, start, end in timing.trace:
+            layer = program.layers[program.tiles[tile].layer]
+            events.append({"name": layer.name, "cat": layer.kind, "ph": "X", "pid": index, "tid": pe,
+                           "ts": offset_us + start * us, "dur": (end - start) * us})
+        events.append({"name": "process_name", "ph": "M", "pid": index, "args": {"name": f"region {index}: {program.symbol}"}})
+        events.append({"name": "thread_name", "ph": "M", "pid": index, "tid": -1, "args": {"name": "layers"}})
+        offset_us += timing.cycles * us
+    doc = {"traceEvents": events, "displayTimeUnit": "ns"}
+
+    def write(tmp):
+        with open(tmp, "w") as f:
+            json.dump(doc, f, separators=(",", ":"), sort_keys=True)
+
+    _atomic_write(path, write)
+    return path
+
+
+def plot(programs: list[Program], path: str) -> str:
+    """PE-utilization heatmap (PE x layer) and a layer timeline, saved as an image."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    rows, names, spans = [], [], []
+    start = 0.0
+    for program in programs:
+        arch = SpinnArch.from_dict(program.arch)
+        timing = evaluate(program, arch)
+        busy = np.zeros((len(program.layers), arch.total_pes))
+        for pe, tile, s, e in timing.trace:
+            busy[program.tiles[tile].layer, pe] += e - s
+        for i, row in enumerate(timing.layers):
+            rows.append(busy[i] / max(row.cycles, 1))
+            names.append(row.name)
+            spans.append((start + row.start_cycle / arch.clock_hz, row.cycles / arch.clock_hz))
+        start += timing.latency_s
+    heat = np.array(rows) if rows else np.zeros((1, 1))
+    fig, (ax0, ax1) = plt.subplots(2, 1, figsize=(10, 3 + 0.25 * len(names)), constrained_layout=True)
+    im = ax0.imshow(heat, aspect="auto", interpolation="nearest", cmap="viridis", vmin=0, vmax=1)
+    ax0.set_xlabel("PE")
+    ax0.set_yticks(range(len(names)), names, fontsize=7)
+    ax0.set_title("PE utilization per layer (compute cycles / layer cycles)")
+    fig.colorbar(im, ax=ax0)
+    for i, (s, d) in enumerate(spans):
+        ax1.barh(i, d * 1e3, left=s * 1e3)
+    ax1.set_yticks(range(len(names)), names, fontsize=7)
+    ax1.invert_yaxis()
+    ax1.set_xlabel("time (ms)")
+    ax1.set_title("layer timeline")
+
+    def write(tmp):
+        fig.savefig(tmp, dpi=100, format=os.path.splitext(path)[1].lstrip(".") or "png")
+
+    _atomic_write(path, write)
+    plt.close(fig)
+    return path

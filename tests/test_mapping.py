@@ -1,0 +1,137 @@
+"""The mapping compiler: bitwise-identical results under any mapping, memory plan, timing, traces."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import tvm
+from tvm import relax
+
+import tvm_spinn
+from tvm_spinn.mapping import MappingError, MappingOptions, choose_gemm_tile
+from tvm_spinn.mapping.tiling import GemmShape
+from models import make
+
+SYSTEMS = {
+    "1pe": dict(pes_per_chip=4, pes_per_qpe=4, chips=1),
+    "8pe": dict(pes_per_chip=8, chips=1),
+    "chip": dict(),
+    "4chips": dict(chips=4),
+    "board": dict(chips=48),
+    "small-sram": dict(sram_bytes=24 * 1024, sram_reserved_bytes=4096),
+}
+
+
+def _run(mod, target, x, options=None):
+    if options is None:
+        options = MappingOptions()
+    with options:
+        ex = relax.build(mod, target=target)
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x))
+    return out.numpy(), tvm_spinn.report(ex)
+
+
+@pytest.mark.parametrize("name", ["cnn", "transformer"])
+def test_result_bits_do_not_depend_on_the_mapping(name):
+    model, x = make(name)
+    mod = tvm_spinn.frontend.from_pytorch(model, (x,))
+    results = {}
+    for key, fields in SYSTEMS.items():
+        if key == "1pe":
+            fields = dict(pes_per_chip=4, chips=1)
+        tag = tvm_spinn.register_system(tvm_spinn.make_system(f"det-{key}", **fields))
+        results[key], _ = _run(mod, tag, x.numpy())
+    for options in (MappingOptions(naive=True), MappingOptions(mode="pipelined"), MappingOptions(weights="stream")):
+        results[str(options)], _ = _run(mod, "spinn", x.numpy(), options)
+    first = next(iter(results.values()))
+    for key, value in results.items():
+        assert np.array_equal(value.view(np.uint32), first.view(np.uint32)), key
+    with torch.no_grad():
+        np.testing.assert_allclose(first, model(x).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_mapping_improves_on_naive_and_respects_roofline():
+    model, x = make("cnn")
+    mod = tvm_spinn.frontend.from_pytorch(model, (x,))
+    _, good = _run(mod, "spinn", x.numpy())
+    _, naive = _run(mod, "spinn", x.numpy(), MappingOptions(naive=True))
+    assert naive.latency_s > good.latency_s >= good.roofline_s
+    assert naive.latency_s >= naive.roofline_s
+
+
+def test_memory_plan_is_checked_and_fits():
+    model, x = make("transformer")
+    mod = tvm_spinn.frontend.from_pytorch(model, (x,))
+    tag = tvm_spinn.register_system(tvm_spinn.make_system("mem-small", sram_bytes=24 * 1024, sram_reserved_bytes=4096))
+    _, rep = _run(mod, tag, x.numpy())
+    arch = tvm_spinn.target.SYSTEMS["mem-small"]
+    for program in rep.programs:
+        assert program.memory["peak_bytes_max"] <= arch.tile_sram_bytes
+        ranges = program.memory["ranges"]
+        for i, a in enumerate(ranges):
+            assert 0 <= a[0] < a[1] <= arch.tile_sram_bytes
+            for b in ranges[i + 1:]:
+                live_together = a[2] <= b[3] and b[2] <= a[3]
+                assert not (live_together and a[0] < b[1] and b[0] < a[1]), (a, b)
+
+
+def test_weights_resident_vs_streamed_traffic():
+    model, x = make("mlp")
+    mod = tvm_spinn.frontend.from_pytorch(model, (x,))
+    _, resident = _run(mod, "spinn", x.numpy(), MappingOptions(weights="resident"))
+    _, stream = _run(mod, "spinn", x.numpy(), MappingOptions(weights="stream"))
+    weight_bytes = sum(p.numel() * 4 for p in model.parameters())
+    assert resident.resident_weight_bytes >= weight_bytes
+    assert stream.dram_bytes - resident.dram_bytes >= weight_bytes
+    assert stream.latency_s > resident.latency_s
+
+
+def test_board_spreads_large_layers_over_chips_with_link_traffic():
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1024)).eval()
+    x = torch.randn(64, 1024)
+    mod = tvm_spinn.frontend.from_pytorch(model, (x,))
+    with MappingOptions(weights="stream"):
+        chip = tvm_spinn.report(relax.build(mod, target="spinn"))
+        board = tvm_spinn.report(relax.build(mod, target="spinn/board"))
+    assert max(row["chips"] for row in board.layers) > 1 and board.link_bytes > 0
+    assert board.latency_s < chip.latency_s
+
+
+def test_pipelined_mode_raises_throughput():
+    model, x = make("cnn")
+    mod = tvm_spinn.frontend.from_pytorch(model, (x,))
+    _, seq = _run(mod, "spinn", x.numpy(), MappingOptions(mode="sequential"))
+    _, auto = _run(mod, "spinn", x.numpy(), MappingOptions(objective="throughput"))
+    assert auto.throughput_inf_s >= seq.throughput_inf_s
+    assert {m["mode"] for m in auto.mapping} <= {"sequential", "pipelined"}
+
+
+def test_perfetto_and_plot(tmp_path):
+    model, x = make("cnn")
+    _, rep = _run(tvm_spinn.frontend.from_pytorch(model, (x,)), "spinn", x.numpy())
+    trace = json.loads(open(rep.to_perfetto(str(tmp_path / "t.json"))).read())
+    slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len([e for e in slices if e["cat"] == "layer"]) == len(rep.layers)
+    assert all(e["dur"] >= 0 for e in slices)
+    png = rep.plot(str(tmp_path / "p.png"))
+    assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_gemm_tile_choice_fits_and_is_mac_aligned():
+    arch = tvm_spinn.SpinnArch()
+    for g in (GemmShape(1, 64, 3136, 576), GemmShape(1, 128, 768, 3072), GemmShape(8, 7, 5, 3)):
+        tm, tn, tk = choose_gemm_tile(g, arch)
+        assert tm % arch.mac_rows == 0 and tn % arch.mac_cols == 0
+        assert 4 * (2 * (tm * tk + tk * tn) + tm * tn) <= arch.tile_sram_bytes
+
+
+def test_unmappable_layer_names_layer_size_and_smallest_system():
+    arch = tvm_spinn.SpinnArch()
+    with pytest.raises(MappingError, match=r"layer big.*bytes.*sram_bytes >= "):
+        choose_gemm_tile(GemmShape(1, 64, 64, 64), arch.replace(sram_bytes=20 * 1024, sram_reserved_bytes=19 * 1024), "big")
+
+
+def test_impossible_options_name_the_field():
+    with pytest.raises(ValueError, match="MappingOptions.mode"):
+        MappingOptions(mode="diagonal")
