@@ -133,8 +133,10 @@ class _Lowerer:
                     strides=_ints(a.strides), padding=_ints(a.padding), dilation=_ints(a.dilation),
                     groups=int(a.groups),
                 )
-        elif kind in ("matmul", "add", "subtract", "multiply", "divide"):
+        elif kind in ("matmul", "add", "subtract", "multiply", "divide", "add_relu"):
             layer.inputs = [self.operand(x, env) for x in main.args]
+            if kind == "add_relu":
+                layer.kind, layer.attrs["relu"] = "add", True
         elif kind == "layer_norm":
             layer.inputs = [self.operand(main.args[0], env)]
             layer.consts["gamma"] = self.operand(main.args[1], env)

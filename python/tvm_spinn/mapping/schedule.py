@@ -2,7 +2,8 @@
 
 Per PE the schedule is an ordered task list ``[op, layer, tile, amount, where]``:
 ``dma_in`` (activation operand), ``dma_w`` (weight operand; ``local`` when the block is already
-in SRAM: resident across inferences or fetched by an earlier tile of the same group),
+in SRAM: resident across inferences or fetched by an earlier tile of the same group; ``noc``
+when another PE already read the block from DRAM in this layer and the NoC multicasts it),
 ``compute``, ``dma_out`` (``local`` when the output stays on-chip for its consumers),
 ``link`` (all-gather of a layer's input over the chip links, on the first PE of each chip) and
 ``barrier`` (closes a layer on every PE that took part). The timing model walks exactly this.
@@ -81,6 +82,7 @@ def _build(program: Program, arch: SpinnArch, mode: str, options: MappingOptions
                     schedule[chip * arch.pes_per_chip].append(["link", i, -1, gather, "link"])
         prev_chips = layer_chips
         held: set[tuple[int, int]] = set()
+        fetched: set[int] = set()  # weight groups already read from DRAM in this layer
         used = set()
         for tid, tile in enumerate(program.tiles):
             if tile.layer != i:
@@ -92,7 +94,10 @@ def _build(program: Program, arch: SpinnArch, mode: str, options: MappingOptions
                 if i in resident or (tile.pe, tile.group) in held:
                     queue.append(["dma_w", i, tid, tile.w_bytes, "local"])
                 else:
-                    queue.append(["dma_w", i, tid, tile.w_bytes, "dram"])
+                    # The NoC multicasts a block to every PE that needs it: one DRAM read per group.
+                    shared = tile.group >= 0 and tile.group in fetched and not options.naive
+                    queue.append(["dma_w", i, tid, tile.w_bytes, "noc" if shared else "dram"])
+                    fetched.add(tile.group)
                     if tile.group >= 0 and tile.w_bytes + tile.sram_bytes <= budget and not options.naive:
                         held.add((tile.pe, tile.group))
             queue.append(["compute", i, tid, tile.cycles, "pe"])

@@ -72,22 +72,34 @@ def _gemm_tile_bytes(tm: int, tn: int, tk: int) -> int:
     return _F32 * (2 * (tm * tk + tk * tn) + tm * tn)
 
 
+#: Share of a PE's tile SRAM a tile's working buffers may take when a smaller tile also fits;
+#: the rest is left to the memory planner for resident weights and on-chip activations.
+WORKING_SHARE = 0.5
+
+
+def _working_budget(arch: SpinnArch) -> int:
+    return max(int(arch.tile_sram_bytes * WORKING_SHARE), min(arch.tile_sram_bytes, _gemm_tile_bytes(
+        arch.mac_rows, arch.mac_cols, 4 * arch.mac_rows)))
+
+
 def _weight_is_a(kind: str) -> bool:
     """conv2d keeps weights in the A operand (rows = output channels); dense in B."""
     return kind == "conv2d"
 
 
 def choose_gemm_tile(g: GemmShape, arch: SpinnArch, name: str = "gemm", pes: int | None = None,
-                     kind: str = "dense", naive: bool = False) -> tuple[int, int, int]:
+                     kind: str = "dense", naive: bool = False,
+                     input_bytes=None) -> tuple[int, int, int]:
     """Pick ``(tm, tn, tk)`` for a GEMM with the lowest estimated layer time.
 
     Candidates are multiples of the MAC array shape that fit ``arch.tile_sram_bytes``. The
     estimate spreads the tiles over ``pes`` PEs and takes ``max(per-PE compute and DMA, DRAM
-    traffic / bandwidth)``, where the weight operand of a tile group is fetched once per PE
-    (weight-stationary) and the activation operand once per tile. Ties go to fewer tiles, then to
+    traffic / bandwidth + the last tile's compute)``, where the weight operand of a tile group is
+    fetched once per PE (weight-stationary) and the activation operand once per tile
+    (``input_bytes(vn)`` when given, e.g. a conv's input rows). Ties go to fewer tiles, then to
     the larger tile (deterministic). ``naive`` returns the smallest MAC-shaped tile.
     """
-    budget = arch.tile_sram_bytes
+    budget = arch.tile_sram_bytes if naive else _working_budget(arch)
     r, c = arch.mac_rows, arch.mac_cols
     pes = pes or arch.total_pes
     if naive:
@@ -96,11 +108,17 @@ def choose_gemm_tile(g: GemmShape, arch: SpinnArch, name: str = "gemm", pes: int
             raise MappingError(f"layer {name}: a {r}x{c} tile does not fit {budget} bytes of SRAM")
         return r, c, tk
     m_cap, n_cap = _round_up(g.m, r), _round_up(g.n, c)
-    tms = sorted({min(r * 2**i, m_cap) for i in range(12)})
-    tns = sorted({min(c * 2**i, n_cap) for i in range(14)})
+    # Powers of two, plus sizes that split the work into about k tiles per PE (load balance).
+    tms = {min(r * 2**i, m_cap) for i in range(12)}
+    tns = {min(c * 2**i, n_cap) for i in range(14)}
+    for k in range(1, 9):
+        tns.add(min(n_cap, _round_up(_ceil(g.n * g.batch * _ceil(g.m, m_cap), k * pes), c)))
+        tms.add(min(m_cap, _round_up(_ceil(g.m * g.batch, k * pes), r)))
+    tms, tns = sorted(tms), sorted(tns)
     rate = arch.m4f_flops_per_cycle
     chips = max(1, -(-pes // arch.pes_per_chip))
     dram_bytes_per_cycle = arch.dram_bw_bytes_s * chips / arch.clock_hz
+    noc_bytes_per_cycle = arch.noc_bw_bytes_s * chips / arch.clock_hz
     weight_a = _weight_is_a(kind)
     best, best_key = None, None
     for tm in tms:
@@ -120,6 +138,8 @@ def choose_gemm_tile(g: GemmShape, arch: SpinnArch, name: str = "gemm", pes: int
             vm, vn = min(tm, g.m), min(tn, g.n)
             a_bytes, b_bytes = _F32 * vm * g.k, _F32 * g.k * vn
             w_bytes, x_bytes = (a_bytes, b_bytes) if weight_a else (b_bytes, a_bytes)
+            if input_bytes is not None:
+                x_bytes = input_bytes(vn)
             # A weight block stays in SRAM across its tiles only if it fits next to the buffers.
             w_stationary = w_bytes + _gemm_tile_bytes(tm, tn, min(tk, g.k)) <= budget
             w_loads = min(tiles, max(groups, pes)) if w_stationary else tiles
@@ -127,9 +147,11 @@ def choose_gemm_tile(g: GemmShape, arch: SpinnArch, name: str = "gemm", pes: int
             dma = (x_bytes + _F32 * vm * vn + (w_bytes * w_loads) / tiles) / arch.dma_bw_bytes_per_cycle
             ksplits = _ceil(g.k, tk)
             pe_time = per_pe * (max(compute, dma) + arch.dma_setup_cycles * ksplits)
-            dram = tiles * (x_bytes + _F32 * vm * vn) + w_loads * w_bytes
-            dram_time = dram / dram_bytes_per_cycle
-            key = (max(pe_time, dram_time), tiles, -tm, -tn)
+            # Weight blocks cross DRAM once per group (the NoC multicasts them); activations are
+            # assumed on-chip (NoC). The last tile computes after its load: no overlap for it.
+            dram_time = groups * w_bytes / dram_bytes_per_cycle
+            noc_time = (tiles * (x_bytes + _F32 * vm * vn) + w_loads * w_bytes) / noc_bytes_per_cycle
+            key = (max(pe_time, max(dram_time, noc_time) + compute), tiles, -tm, -tn)
             if best_key is None or key < best_key:
                 best, best_key = (tm, tn, tk), key
     if best is None:
@@ -141,9 +163,28 @@ def choose_gemm_tile(g: GemmShape, arch: SpinnArch, name: str = "gemm", pes: int
     return best
 
 
+def _conv_input_bytes(program: Program, layer: Layer, p0: int, p1: int) -> int:
+    """Bytes of input a conv tile DMAs for output pixels [p0, p1): the input window under those
+    output pixels (with the kernel halo) of one group's channels; im2col happens in SRAM."""
+    _, _, h, w = program.tensors[layer.inputs[0]].shape
+    _, cg, kh, kw = program.tensors[layer.consts["weight"]].shape
+    ow = program.tensors[layer.output].shape[3]
+    sh, sw = layer.attrs["strides"]
+    dh, dw = layer.attrs["dilation"]
+    khe, kwe = (kh - 1) * dh + 1, (kw - 1) * dw + 1
+    pixels = p1 - p0
+    if pixels < ow:  # part of one output row (two if it wraps): a strip of columns
+        rows = khe * (1 if p0 // ow == (p1 - 1) // ow else 2)
+        cols = min(w, (pixels - 1) * sw + kwe)
+    else:
+        rows = min(h, (-(-pixels // ow)) * sh + khe)
+        cols = w
+    return _F32 * cg * rows * cols
+
+
 def _flat_tiles(total: int, bytes_per_elem: int, arch: SpinnArch, pes: int) -> list[list[list[int]]]:
     # Double-buffered in/out per element; spread over the PEs but never beyond SRAM.
-    cap = max(1, arch.tile_sram_bytes // (2 * bytes_per_elem))
+    cap = max(1, _working_budget(arch) // (2 * bytes_per_elem))
     size = max(1, min(cap, _ceil(total, pes)))
     return [[[s, min(s + size, total)]] for s in range(0, total, size)]
 
@@ -165,7 +206,8 @@ def tile_layer(program: Program, index: int, arch: SpinnArch, pes: int | None = 
         g = gemm_shape(program, layer)
         layer.gemm = [g.m, g.n, g.k]
         layer.flops = 2 * g.batch * g.m * g.n * g.k
-        tm, tn, tk = choose_gemm_tile(g, arch, layer.name, pes=pes, kind=layer.kind, naive=naive)
+        in_fn = (lambda vn: _conv_input_bytes(program, layer, 0, vn)) if layer.kind == "conv2d" else None
+        tm, tn, tk = choose_gemm_tile(g, arch, layer.name, pes=pes, kind=layer.kind, naive=naive, input_bytes=in_fn)
         ks = _ceil(g.k, tk)
         for b in range(g.batch):
             for m0 in range(0, g.m, tm):
@@ -181,6 +223,8 @@ def tile_layer(program: Program, index: int, arch: SpinnArch, pes: int | None = 
                     a_bytes = _F32 * vm * g.k
                     b_bytes = _F32 * g.k * vn
                     in_b, w_b = (b_bytes, a_bytes) if layer.kind == "conv2d" else (a_bytes, b_bytes)
+                    if layer.kind == "conv2d":
+                        in_b = _conv_input_bytes(program, layer, n0, n0 + vn)
                     if "bias" in layer.consts:  # the bias slice travels with the weight block
                         w_b += _F32 * (vm if layer.kind == "conv2d" else vn)
                     tiles.append(Tile(
@@ -196,7 +240,7 @@ def tile_layer(program: Program, index: int, arch: SpinnArch, pes: int | None = 
         rows = n_out if layer.kind == "mean" else n_out // row
         per_elem = {"softmax": 3.0 + arch.exp_unit_cycles, "layer_norm": 6.0, "mean": 1.0}[layer.kind]
         layer.flops = int(rows * row * per_elem)
-        cap = max(1, arch.tile_sram_bytes // (2 * 2 * _F32 * row))
+        cap = max(1, _working_budget(arch) // (2 * 2 * _F32 * row))
         size = max(1, min(cap, _ceil(rows, pes)))
         for r0 in range(0, rows, size):
             r1 = min(r0 + size, rows)
@@ -218,7 +262,7 @@ def tile_layer(program: Program, index: int, arch: SpinnArch, pes: int | None = 
                 f"a PE has {arch.tile_sram_bytes}; the smallest system that fits has sram_bytes >= "
                 f"{2 * plane_bytes + arch.sram_reserved_bytes}"
             )
-        cap = arch.tile_sram_bytes // (2 * plane_bytes)
+        cap = max(1, _working_budget(arch) // (2 * plane_bytes))
         size = max(1, min(cap, _ceil(n * c, pes)))
         for p0 in range(0, n * c, size):
             p1 = min(p0 + size, n * c)

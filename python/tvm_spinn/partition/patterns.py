@@ -237,6 +237,13 @@ def _binary(name: str, op: str, chk: _Checker):
     return (name, root, {"lhs": lhs, "rhs": rhs, "root": root}, _bind(chk._check_elementwise, name))
 
 
+def _binary_relu(name: str, op: str, chk: _Checker):
+    """Residual add followed by ReLU: one element-wise pass instead of two."""
+    lhs, rhs = wildcard(), wildcard()
+    root = is_op("relax.nn.relu")(is_op(op)(lhs, rhs))
+    return (name, root, {"lhs": lhs, "rhs": rhs, "root": root}, _bind(chk._check_elementwise, name))
+
+
 def _clip(chk: _Checker):
     x = wildcard()
     root = is_op("relax.clip")(x, wildcard(), wildcard())  # bounds are PrimValue arguments
@@ -284,6 +291,7 @@ def spinn_patterns(arch: SpinnArch, log: FallbackReason | None = None) -> list[t
         _binary("spinn.reshape", "relax.reshape", chk),
         _binary("spinn.broadcast_to", "relax.broadcast_to", chk),
         _unary("spinn.permute_dims", "relax.permute_dims", chk),
+        _binary_relu("spinn.add_relu", "relax.add", chk),
         _binary("spinn.add", "relax.add", chk),
         _binary("spinn.subtract", "relax.subtract", chk),
         _binary("spinn.multiply", "relax.multiply", chk),

@@ -217,6 +217,8 @@ class _LayerRunner:
             res = args[0]
         else:
             res = _BINARY[k](args[0], args[1]) if k in _BINARY else _unary(k, args[0], self.layer.attrs)
+            if self.layer.attrs.get("relu"):
+                res = np.maximum(res, _F32(0))
         self.out.reshape(-1)[e0:e1] = res
 
     def run(self, tile: Tile) -> None:

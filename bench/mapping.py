@@ -1,0 +1,91 @@
+"""Mapping benchmark: simulated latency vs roofline vs a naive mapping, and compile times.
+
+For ResNet-50-like, BERT-base-like and GPT-2 (decode step) models built from `transformers`
+configs with random weights, on one chip (`spinn`) and on a 48-chip board (`spinn/board`), it
+prints in one run: simulated latency, roofline bound and their ratio; the same for the naive
+layer-by-layer mapping (MappingOptions(naive=True)) and the speed-up over it; spinn compile time
+next to TVM's own `relax.build(target="llvm")` of the same model; for GPT-2 the tokens/s against
+the bandwidth-bound tokens/s (all weights streamed once per token over the DRAM of the chips).
+
+    python bench/mapping.py            # all models
+    python bench/mapping.py --quick    # smaller configs (a couple of minutes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from tvm import relax
+
+import tvm_spinn
+
+
+class _Out(torch.nn.Module):
+    def __init__(self, model, field):
+        super().__init__()
+        self.model, self.field = model, field
+
+    def forward(self, x):
+        return getattr(self.model(x), self.field)
+
+
+def models(quick: bool):
+    import transformers as tf
+
+    torch.manual_seed(0)
+    if quick:
+        resnet = tf.ResNetConfig(depths=[1, 1, 1, 1], hidden_sizes=[64, 128, 256, 512], layer_type="bottleneck")
+        bert = tf.BertConfig(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=1024)
+        gpt2 = tf.GPT2Config(n_embd=256, n_layer=2, n_head=4)
+        img, seq = 112, 64
+    else:
+        resnet = tf.ResNetConfig()  # ResNet-50: bottleneck, depths 3-4-6-3
+        bert = tf.BertConfig()      # BERT-base: 12 x 768
+        gpt2 = tf.GPT2Config()      # GPT-2 small: 12 x 768, 124M parameters
+        img, seq = 224, 128
+    yield "resnet50", _Out(tf.ResNetModel(resnet), "pooler_output").eval(), torch.randn(1, 3, img, img)
+    yield "bert-base", _Out(tf.BertModel(bert), "last_hidden_state").eval(), torch.randint(0, 1000, (1, seq))
+    yield "gpt2-decode", _Out(tf.GPT2Model(gpt2), "last_hidden_state").eval(), torch.randint(0, 1000, (1, 1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--skip-llvm", action="store_true", help="do not time TVM's llvm build")
+    args = parser.parse_args()
+    head = (f"{'model':<12}{'target':<12}{'latency ms':>11}{'roof ms':>9}{'lat/roof':>9}{'naive ms':>10}"
+            f"{'naive/roof':>11}{'speedup':>8}{'compile s':>10}{'llvm s':>8}{'c/llvm':>7}{'tok/s':>8}{'bw tok/s':>9}{'ratio':>6}")
+    print(head)
+    print("-" * len(head), flush=True)
+    for name, model, x in models(args.quick):
+        mod = tvm_spinn.frontend.from_pytorch(model, (x,))
+        llvm_s = float("nan")
+        if not args.skip_llvm:
+            t0 = time.perf_counter()
+            relax.build(mod, target="llvm")
+            llvm_s = time.perf_counter() - t0
+        weight_bytes = sum(p.numel() * 4 for p in model.parameters())
+        for target in ("spinn", "spinn/board"):
+            t0 = time.perf_counter()
+            with tvm_spinn.MappingOptions(weights="stream"):
+                rep = tvm_spinn.report(relax.build(mod, target=target))
+            compile_s = time.perf_counter() - t0
+            with tvm_spinn.MappingOptions(naive=True):
+                naive = tvm_spinn.report(relax.build(mod, target=target))
+            arch = tvm_spinn.arch_of(tvm_spinn.get_target(target))
+            tok = bw_tok = ratio = float("nan")
+            if name.startswith("gpt2"):
+                tok = 1.0 / rep.latency_s
+                bw_tok = arch.total_dram_bw_bytes_s / weight_bytes
+                ratio = tok / bw_tok
+            print(f"{name:<12}{target:<12}{rep.latency_s * 1e3:>11.3f}{rep.roofline_s * 1e3:>9.3f}"
+                  f"{rep.latency_s / rep.roofline_s:>9.2f}{naive.latency_s * 1e3:>10.3f}"
+                  f"{naive.latency_s / naive.roofline_s:>11.2f}{naive.latency_s / rep.latency_s:>8.2f}"
+                  f"{compile_s:>10.2f}{llvm_s:>8.2f}{compile_s / llvm_s:>7.2f}{tok:>8.1f}{bw_tok:>9.1f}{ratio:>6.2f}",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
