@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import tvm
 
+from .fixups import FixupImported
+
 __all__ = ["from_pytorch"]
 
 
@@ -33,4 +35,5 @@ def from_pytorch(model, example_args, dynamic_shapes=None) -> tvm.IRModule:
     with torch.no_grad():
         exported = torch.export.export(model, example_args, dynamic_shapes=dynamic_shapes)
     mod = from_exported_program(exported, keep_params_as_input=False, unwrap_unit_return_tuple=True)
+    mod = FixupImported(mod)
     return mod.with_attr("spinn_source", {"framework": "pytorch", "version": torch.__version__})

@@ -1,0 +1,59 @@
+"""Relax-level clean-ups applied by the front-ends to what the importers emit.
+
+- ``cumsum`` of a ``bool`` tensor (causal-mask construction in `transformers` decoders) fails
+  in TVM's llvm codegen; compute it in int32 and compare with zero, which is what the mask means.
+- comparisons of two ``bool`` tensors are emitted as float compares and fail LLVM verification;
+  compare them as int8.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+from tvm.relax.dpl import is_op, rewrite_call, wildcard
+
+__all__ = ["FixupImported"]
+
+
+def _fix_bool_cumsum(func: relax.Function) -> relax.Function:
+    x = wildcard()
+    pattern = is_op("relax.cumsum")(x)
+
+    def rewriter(expr, matches):
+        arg = matches[x]
+        if str(arg.ty.dtype) != "bool" or str(expr.ty.dtype) != "bool":
+            return expr
+        attrs = expr.attrs
+        summed = relax.op.cumsum(relax.op.astype(arg, "int32"), axis=attrs.axis, dtype="int32",
+                                 exclusive=attrs.exclusive)
+        return relax.op.not_equal(summed, relax.const(0, "int32"))
+
+    return rewrite_call(pattern, rewriter, func)
+
+
+_COMPARE = ("equal", "not_equal", "less", "less_equal", "greater", "greater_equal")
+
+
+def _fix_bool_compare(func: relax.Function) -> relax.Function:
+    for name in _COMPARE:
+        lhs, rhs = wildcard(), wildcard()
+        pattern = is_op(f"relax.{name}")(lhs, rhs)
+
+        def rewriter(expr, matches, name=name, lhs=lhs, rhs=rhs):
+            a, b = matches[lhs], matches[rhs]
+            if str(a.ty.dtype) != "bool" or str(b.ty.dtype) != "bool":
+                return expr
+            op = getattr(relax.op, name)
+            return op(relax.op.astype(a, "int8"), relax.op.astype(b, "int8"))
+
+        func = rewrite_call(pattern, rewriter, func)
+    return func
+
+
+@tvm.transform.module_pass(opt_level=0, name="SpinnFixupImported")
+def FixupImported(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass naming
+    """Apply the clean-ups to every Relax function of ``mod``."""
+    for gvar, func in list(mod.functions_items()):
+        if isinstance(func, relax.Function):
+            mod[gvar] = _fix_bool_compare(_fix_bool_cumsum(func))
+    return mod
