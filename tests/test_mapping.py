@@ -135,3 +135,15 @@ def test_unmappable_layer_names_layer_size_and_smallest_system():
 def test_impossible_options_name_the_field():
     with pytest.raises(ValueError, match="MappingOptions.mode"):
         MappingOptions(mode="diagonal")
+
+
+def test_large_pool_planes_are_split_into_row_bands():
+    class Pools(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.max_pool2d(x, 3, 2, 1) + torch.nn.functional.avg_pool2d(x, 3, 2, 1)
+
+    x = torch.randn(1, 4, 150, 150, generator=torch.Generator().manual_seed(3))
+    out, rep = _run(tvm_spinn.frontend.from_pytorch(Pools().eval(), (x,)), "spinn", x.numpy())
+    assert {r["kind"] for r in rep.layers} >= {"max_pool2d", "avg_pool2d"}
+    assert all(r["tiles"] > 4 for r in rep.layers if r["kind"].endswith("pool2d"))  # > one tile per plane
+    np.testing.assert_allclose(out, Pools()(x).numpy(), rtol=1e-6, atol=1e-6)  # 9-term sums only

@@ -9,7 +9,8 @@ Regions by layer kind (half-open ``[start, stop)`` ranges over the layer's outpu
   stream through the same PE in ascending k, so partial sums never leave it (output stationary)
   and the reduction order is independent of the tiling.
 - element-wise ops: ``[[e0, e1]]`` over the flattened (broadcast) output.
-- pools: ``[[p0, p1]]`` over the ``N*C`` planes.
+- pools: ``[[p0, p1], [r0, r1]]``: ``N*C`` planes and output rows (large planes are split
+  into row bands with their input halo).
 - softmax, layer_norm, mean: ``[[r0, r1]]`` over rows (all but the normalized/reduced axes).
 
 Tile shapes for GEMMs are chosen by a cost model among candidates padded to the MAC array's
@@ -255,20 +256,34 @@ def tile_layer(program: Program, index: int, arch: SpinnArch, pes: int | None = 
         oh, ow = out_shape[2], out_shape[3]
         kh, kw = layer.attrs["pool_size"]
         layer.flops = n * c * oh * ow * kh * kw
-        plane_bytes = _F32 * (h * w + oh * ow)
-        if 2 * plane_bytes > arch.tile_sram_bytes:
+        sh = layer.attrs["strides"][0]
+        khe = (kh - 1) * layer.attrs["dilation"][0] + 1
+        wp = w + layer.attrs["padding"][1] + layer.attrs["padding"][3]
+
+        def band_bytes(rows: int) -> int:  # one plane's input band (with halo) and output rows
+            return _F32 * (((rows - 1) * sh + khe) * wp + rows * ow)
+
+        budget = _working_budget(arch)
+        rows = oh
+        while rows > 1 and 2 * band_bytes(rows) > budget:
+            rows = _ceil(rows, 2)
+        if 2 * band_bytes(rows) > arch.tile_sram_bytes:
+            need = 2 * band_bytes(1)
             raise MappingError(
-                f"layer {layer.name}: one {h}x{w} input plane needs {2 * plane_bytes} bytes of SRAM, "
+                f"layer {layer.name}: one output row of a {h}x{w} plane needs {need} bytes of SRAM, "
                 f"a PE has {arch.tile_sram_bytes}; the smallest system that fits has sram_bytes >= "
-                f"{2 * plane_bytes + arch.sram_reserved_bytes}"
+                f"{need + arch.sram_reserved_bytes}"
             )
-        cap = max(1, _working_budget(arch) // (2 * plane_bytes))
-        size = max(1, min(cap, _ceil(n * c, pes)))
-        for p0 in range(0, n * c, size):
-            p1 = min(p0 + size, n * c)
-            tiles.append(Tile(layer=index, pe=-1, region=[[p0, p1]], sram_bytes=2 * plane_bytes * (p1 - p0),
-                              in_bytes=_F32 * h * w * (p1 - p0), out_bytes=_F32 * oh * ow * (p1 - p0),
-                              cycles=int((p1 - p0) * oh * ow * kh * kw * arch.m4f_elementwise_cycles / 2)))
+        planes_per = 1 if rows < oh else max(1, min(budget // (2 * band_bytes(oh)), _ceil(n * c, pes)))
+        for p0 in range(0, n * c, planes_per):
+            p1 = min(p0 + planes_per, n * c)
+            for r0 in range(0, oh, rows):
+                r1 = min(r0 + rows, oh)
+                k = (p1 - p0)
+                tiles.append(Tile(
+                    layer=index, pe=-1, region=[[p0, p1], [r0, r1]], sram_bytes=2 * band_bytes(r1 - r0) * k,
+                    in_bytes=_F32 * k * min(h, (r1 - r0 - 1) * sh + khe) * w, out_bytes=_F32 * k * (r1 - r0) * ow,
+                    cycles=int(k * (r1 - r0) * ow * kh * kw * arch.m4f_elementwise_cycles / 2)))
         return tiles
     if layer.kind in ("reshape", "permute_dims", "broadcast_to"):
         # Pure data movement: the DMA engine gathers with strides; ~1 cycle/element of setup.

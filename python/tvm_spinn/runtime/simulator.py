@@ -157,13 +157,16 @@ class _LayerRunner:
         self.out_planes = self.out.reshape(n * c, self.out.shape[2], self.out.shape[3])
 
     def _run_pool(self, tile: Tile) -> None:
-        (p0, p1), = tile.region
+        (p0, p1), (r0, r1) = tile.region
         attrs = self.layer.attrs
         kh, kw = attrs["pool_size"]
         sh, sw = attrs["strides"]
         dh, dw = attrs["dilation"]
-        oh, ow = self.out_planes.shape[1:]
-        src = self.planes[p0:p1]
+        ow = self.out_planes.shape[2]
+        oh = r1 - r0
+        # The band of (padded) input rows under output rows [r0, r1).
+        src = self.planes[p0:p1, r0 * sh: (r1 - 1) * sh + (kh - 1) * dh + 1]
+        valid = self.valid[r0 * sh: (r1 - 1) * sh + (kh - 1) * dh + 1]
         acc = None
         count = np.zeros((oh, ow), _F32)
         for i in range(kh):  # sequential window order, vectorized over planes and pixels
@@ -174,11 +177,11 @@ class _LayerRunner:
                     acc = v.copy() if acc is None else np.maximum(acc, v)
                 else:
                     acc = v.astype(_F32) if acc is None else (acc + v).astype(_F32)
-                    count += self.valid[sl]
+                    count += valid[sl]
         if self.layer.kind == "avg_pool2d":
             div = _F32(kh * kw) if attrs.get("count_include_pad") else count
             acc = (acc / div).astype(_F32)
-        self.out_planes[p0:p1] = acc
+        self.out_planes[p0:p1, r0:r1] = acc
 
     # -- rows ------------------------------------------------------------------------------
     def _row_sum(self, x: np.ndarray) -> np.ndarray:
