@@ -68,6 +68,9 @@ def _build(program: Program, arch: SpinnArch, mode: str, options: MappingOptions
     schedule: list[list[list]] = [[] for _ in range(arch.total_pes)]
     budget = arch.tile_sram_bytes
     prev_chips = None
+    tiles_of: list[list[tuple[int, object]]] = [[] for _ in program.layers]
+    for tid, tile in enumerate(program.tiles):
+        tiles_of[tile.layer].append((tid, tile))
     for i, layer in enumerate(program.layers):
         acts = [tid for tid in layer.inputs if program.tensors[tid].role != "const"]
         in_src = "noc" if acts and all(tid in onchip for tid in acts) else "dram"
@@ -84,9 +87,7 @@ def _build(program: Program, arch: SpinnArch, mode: str, options: MappingOptions
         held: set[tuple[int, int]] = set()
         fetched: set[int] = set()  # weight groups already read from DRAM in this layer
         used = set()
-        for tid, tile in enumerate(program.tiles):
-            if tile.layer != i:
-                continue
+        for tid, tile in tiles_of[i]:
             used.add(tile.pe)
             queue = schedule[tile.pe]
             queue.append(["dma_in", i, tid, tile.in_bytes, in_src])
@@ -115,9 +116,8 @@ def _build(program: Program, arch: SpinnArch, mode: str, options: MappingOptions
         "resident_bytes_total": sum(plan.resident_bytes.values()),
         "busiest_pe": plan.busiest_pe, "ranges": plan.ranges,
     }
-    timing = evaluate(program, arch).to_dict()
-    timing.pop("trace")  # timelines are recomputed on demand (report.to_perfetto), not stored
-    program.timing = timing
+    # The per-tile trace is recomputed on demand (report.to_perfetto), not stored.
+    program.timing = evaluate(program, arch).to_dict(trace=False)
 
 
 def map_program(program: Program, arch: SpinnArch, options: MappingOptions | None = None) -> Program:

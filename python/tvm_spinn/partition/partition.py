@@ -10,7 +10,7 @@ from tvm.relax import transform
 
 from ..target.registry import arch_of, get_target
 from .patterns import FallbackReason, spinn_patterns
-from .rewrites import FoldBatchNorm
+from .rewrites import FoldBatchNorm, FoldLayoutConstants
 
 __all__ = ["partition_for_spinn", "PartitionSummary", "summarize_partition"]
 
@@ -43,6 +43,7 @@ def partition_for_spinn(
         [
             # The MAC path is NCHW/OIHW: convert NHWC convs (TFLite, Keras); weight transposes fold.
             transform.ConvertLayout({"relax.nn.conv2d": ["NCHW", "OIHW"]}),
+            FoldLayoutConstants,
             transform.FoldConstant(),
             FoldBatchNorm,
             transform.FoldConstant(),

@@ -1,5 +1,8 @@
 """Graph rewrites that run before partitioning so more of a model reaches the PEs.
 
+- :func:`FoldLayoutConstants`: ``permute_dims`` / ``reshape`` / ``astype`` of constants folded
+  with numpy. ``FoldConstant`` would compile an LLVM kernel for each (every Linear's transposed
+  weight): the slowest part of partitioning a transformer.
 - :func:`fold_batch_norm`: ``batch_norm(conv2d(x, W), gamma, beta, mean, var)[0]`` with constant
   parameters becomes ``conv2d(x, W * s) + (beta - mean * s)``, ``s = gamma / sqrt(var + eps)``
   (inference only). Other batch norms are decomposed into element-wise arithmetic by
@@ -13,7 +16,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, is_tuple_get_item, rewrite_call, wildcard
 
-__all__ = ["fold_batch_norm", "FoldBatchNorm"]
+__all__ = ["fold_batch_norm", "FoldBatchNorm", "FoldLayoutConstants"]
 
 
 def _pattern():
@@ -56,3 +59,35 @@ def FoldBatchNorm(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM 
         if isinstance(func, relax.Function):
             mod[gvar] = fold_batch_norm(func)
     return relax.transform.DecomposeOpsForInference()(mod)
+
+
+def _fold_layout(func: relax.Function) -> relax.Function:
+    c = is_const()
+    permute = is_op("relax.permute_dims")(c)
+    reshape = is_op("relax.reshape")(c, wildcard())
+    astype = is_op("relax.astype")(c)
+
+    def rewriter(expr, matches):
+        value = matches[c].value.numpy()
+        name = expr.op.name
+        if name == "relax.permute_dims":
+            axes = expr.attrs.axes
+            out = np.transpose(value, [int(a) for a in axes] if axes is not None else None)
+        elif name == "relax.reshape":
+            out = value.reshape([int(d) for d in expr.ty.shape.values])
+        else:
+            out = value.astype(str(expr.attrs.dtype))
+        return relax.const(np.ascontiguousarray(out), str(expr.ty.dtype))
+
+    for pattern in (permute, reshape, astype):
+        func = rewrite_call(pattern, rewriter, func)
+    return func
+
+
+@tvm.transform.module_pass(opt_level=0, name="SpinnFoldLayoutConstants")
+def FoldLayoutConstants(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass naming
+    """Module pass: fold layout ops of constants with numpy (see module docstring)."""
+    for gvar, func in list(mod.functions_items()):
+        if isinstance(func, relax.Function):
+            mod[gvar] = _fold_layout(func)
+    return mod

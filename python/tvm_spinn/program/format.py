@@ -43,7 +43,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -133,11 +133,13 @@ class Program:
             "version": self.version,
             "symbol": self.symbol,
             "arch": self.arch,
-            "tensors": [asdict(t) for t in self.tensors],
+            # vars() instead of asdict(): fields are flat JSON values, and asdict's deep copy is
+            # the slowest part of compiling a large model.
+            "tensors": [dict(vars(t)) for t in self.tensors],
             "inputs": self.inputs,
             "outputs": self.outputs,
-            "layers": [asdict(layer) for layer in self.layers],
-            "tiles": [asdict(t) for t in self.tiles],
+            "layers": [dict(vars(layer)) for layer in self.layers],
+            "tiles": [dict(vars(t)) for t in self.tiles],
             "schedule": self.schedule,
             "timing": self.timing,
             "mapping": self.mapping,

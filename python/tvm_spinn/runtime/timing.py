@@ -17,7 +17,7 @@ layer's PE group, and throughput is set by the slowest stage).
 from __future__ import annotations
 
 import heapq
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from ..program import Program
 from ..target.arch import SpinnArch
@@ -59,8 +59,13 @@ class Timing:
     # (pe, layer, tile, start_cycle, end_cycle) of compute tasks, for timelines.
     trace: list[list[int]] = field(default_factory=list)
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    def to_dict(self, trace: bool = False) -> dict:
+        """Plain dict (JSON-ready); the per-tile ``trace`` only when asked (it is large)."""
+        out = {k: v for k, v in vars(self).items() if k not in ("layers", "trace")}
+        out["layers"] = [dict(vars(row)) for row in self.layers]
+        if trace:
+            out["trace"] = self.trace
+        return out
 
 
 def roofline(program: Program, arch: SpinnArch) -> float:
