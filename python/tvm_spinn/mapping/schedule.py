@@ -26,6 +26,8 @@ def _assign(program: Program, arch: SpinnArch, mode: str, options: MappingOption
     ppc = arch.pes_per_chip
     if options.naive:
         return [list(range(ppc)) for _ in range(n)], [1] * n
+    if arch.chips == 1 and mode != "pipelined":
+        return [list(range(ppc)) for _ in range(n)], [1] * n
     # Layer flops are only known after tiling; tile once on one chip to learn them.
     for i in range(n):
         tile_layer(program, i, arch, pes=ppc)
