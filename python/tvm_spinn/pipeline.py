@@ -12,6 +12,7 @@ untouched.
 from __future__ import annotations
 
 import json
+import logging
 
 import tvm
 from tvm import relax
@@ -24,6 +25,7 @@ from .target.registry import arch_of, is_spinn_target
 __all__ = ["offload_to_spinn", "install"]
 
 _ORIGINAL: dict = {}
+LOG = logging.getLogger("tvm_spinn.pipeline")
 
 
 def _is_partitioned(mod: tvm.IRModule) -> bool:
@@ -36,9 +38,18 @@ def _is_partitioned(mod: tvm.IRModule) -> bool:
 def offload_to_spinn(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
     """Partition (if needed) and codegen the spinn regions of ``mod`` for ``target``."""
     arch = arch_of(target)
+    failure = None
     if not _is_partitioned(mod):
-        mod = partition_for_spinn(mod, target)
+        try:
+            mod = partition_for_spinn(mod, target)
+        except Exception as err:  # noqa: BLE001 - offloading is an optimization, never a failure
+            # Some graphs (control flow, data-dependent shapes) trip TVM passes used by the
+            # partitioner; the model must still build, entirely on the fallback target.
+            failure = f"partitioning failed, everything runs on the fallback: {str(err).splitlines()[0]}"
+            LOG.warning("spinn: %s", failure)
     summary = summarize_partition(mod)
+    if failure:
+        summary.fallback_reasons["<module>"] = failure
     mod = relax.transform.RunCodegen({"spinn": {"arch": json.dumps(arch.to_dict(), sort_keys=True)}})(mod)
     manifest = {
         "system": arch.name, "chips": arch.chips, "fallback": arch.host_fallback,

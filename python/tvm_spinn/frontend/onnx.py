@@ -88,7 +88,7 @@ def _check_supported_ops(model, where: str) -> None:
     """One error listing every op type the importer lacks, with the nodes that use them."""
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
-    known = set(_get_convert_map())
+    known = set(_get_convert_map()) | {"If"}  # If is converted by the graph walker itself
     missing: dict[str, list[str]] = {}
     for i, node in enumerate(model.graph.node):
         if node.domain not in ("", "ai.onnx") or node.op_type not in known:

@@ -41,8 +41,7 @@ def partition_for_spinn(
     reasons = FallbackReason()
     seq = tvm.transform.Sequential(
         [
-            # The MAC path is NCHW/OIHW: convert NHWC convs (TFLite, Keras); weight transposes fold.
-            transform.ConvertLayout({"relax.nn.conv2d": ["NCHW", "OIHW"]}),
+            _ConvertConvLayout,
             FoldLayoutConstants,
             transform.FoldConstant(),
             FoldBatchNorm,
@@ -56,6 +55,26 @@ def partition_for_spinn(
     )
     mod = seq(mod)
     return mod.with_attr("spinn_fallback_reasons", dict(sorted(reasons.reasons.items())))
+
+
+@tvm.transform.module_pass(opt_level=0, name="SpinnConvertConvLayout")
+def _ConvertConvLayout(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802
+    """The MAC path is NCHW/OIHW: convert NHWC convs (TFLite, Keras) so they can be offloaded.
+
+    Only when the module has such a conv: ConvertLayout rejects some unrelated graphs."""
+    found = []
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == "relax.nn.conv2d":
+            if expr.attrs.data_layout != "NCHW" or expr.attrs.kernel_layout != "OIHW":
+                found.append(expr)
+
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func.body, visit)
+    if not found:
+        return mod
+    return transform.ConvertLayout({"relax.nn.conv2d": ["NCHW", "OIHW"]})(mod)
 
 
 @dataclass
