@@ -47,13 +47,32 @@ def _cmd_compile(args) -> int:
 
     target = get_target(args.target)
     mod = _load_model(args.model, args.shape)
-    ex = relax.build(mod, target=target)
+    if args.tuning_logs:
+        from .tune import build_options
+
+        with build_options(tuning_logs=args.tuning_logs):
+            ex = relax.build(mod, target=target)
+    else:
+        ex = relax.build(mod, target=target)
     _atomic_write_lib(ex, args.output)
     print(f"wrote {args.output}")
     if args.report:
         from .report import report
 
         print(report(ex))
+    return 0
+
+
+def _cmd_tune(args) -> int:
+    from .tune import tune
+
+    mod = _load_model(args.model, args.shape)
+    result = tune(mod, target=args.target, work_dir=args.work_dir, max_trials=args.max_trials,
+                  max_trials_per_task=args.trials, rpc_tracker=args.rpc_tracker, rpc_key=args.rpc_key,
+                  seed=args.seed, progress=not args.no_progress)
+    print(result.table())
+    print(f"tuning logs in {args.work_dir} ({result.new_trials} new trials); use them with "
+          f"tvm-spinn compile ... --tuning-logs {args.work_dir}")
     return 0
 
 
@@ -116,7 +135,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="output library (.so)")
     p.add_argument("--shape", action="append", default=[], help="input shape, name=1,3,224,224")
     p.add_argument("--report", action="store_true", help="print the performance report")
+    p.add_argument("--tuning-logs", help="apply MetaSchedule tuning logs (a tvm-spinn tune work dir)")
     p.set_defaults(func=_cmd_compile)
+    p = sub.add_parser("tune", help="autotune the fallback (non-offloaded) operators with MetaSchedule")
+    p.add_argument("model", help="model file (.onnx)")
+    p.add_argument("--target", default="spinn", help="spinn target tag, or llvm for the whole model on CPU")
+    p.add_argument("--work-dir", default="logs", help="where the tuning logs go (resumed if present)")
+    p.add_argument("--trials", type=int, default=64, help="trials per task")
+    p.add_argument("--max-trials", type=int, default=None, help="global trial budget")
+    p.add_argument("--shape", action="append", default=[], help="input shape, name=1,3,224,224")
+    p.add_argument("--rpc-tracker", help="measure on RPC servers of this tracker (host:port)")
+    p.add_argument("--rpc-key", help="device key of the RPC servers")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_tune)
     p = sub.add_parser("run", help="run a compiled library on inputs from an .npz file")
     p.add_argument("library")
     p.add_argument("--inputs", required=True, help=".npz with one array per input, in order")

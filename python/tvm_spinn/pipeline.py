@@ -20,7 +20,9 @@ from tvm.relax import pipeline as _relax_pipeline
 
 from .codegen import make_manifest_module
 from .partition import partition_for_spinn, summarize_partition
+from .fallback import run_fallback
 from .target.registry import arch_of, is_spinn_target
+from .tune.options import current_build_options
 
 __all__ = ["offload_to_spinn", "install"]
 
@@ -71,8 +73,8 @@ def _wrap(name: str):
         def _pipeline(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
             target = tvm.target.Target.current(allow_none=True)
             if not is_spinn_target(target):
-                return base(mod)
-            return base(offload_to_spinn(mod, target))
+                return run_fallback(base, mod, target, spinn=False)
+            return run_fallback(base, offload_to_spinn(mod, target), target, spinn=True)
 
         return _pipeline
 
@@ -83,13 +85,20 @@ def _wrap_target_pipeline(original):
     def get_default_pipeline(target: tvm.target.Target):
         base = original(target)
         if not is_spinn_target(target):
-            return base
+            if current_build_options() is None:
+                return base
+
+            @tvm.transform.module_pass(opt_level=0, name="SpinnFallbackPipeline")
+            def _plain(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
+                return run_fallback(base, mod, target, spinn=False)
+
+            return _plain
 
         @tvm.transform.module_pass(opt_level=0, name="SpinnTargetPipeline")
         def _pipeline(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
             with target:
                 mod = offload_to_spinn(mod, target)
-            return base(mod)
+            return run_fallback(base, mod, target, spinn=True)
 
         return _pipeline
 

@@ -1,0 +1,281 @@
+"""The fallback's own pipeline: legalize, fuse, apply tuning logs, default CPU schedules.
+
+What is not offloaded to spinn runs on the host CPU (``spinn``, ``spinn/board``) or a GPU
+(``spinn/cuda``). Before the fallback's base pipeline (TVM's ``default_build`` for llvm, TVM's
+CUDA pipeline with dlight for cuda) runs, :func:`run_fallback`
+
+1. legalizes and fuses the rest like TVM's CPU pipeline (:func:`prepare_fallback`; the tuner
+   extracts its tasks from exactly this module, so tuning records match at build time),
+2. applies MetaSchedule tuning logs when the active :class:`~tvm_spinn.tune.BuildOptions` names
+   some (``MetaScheduleApplyDatabase``),
+3. gives every PrimFunc still unscheduled a default schedule: on llvm the dlight CPU rules
+   (GEMV, Reduction) and :class:`ParallelVectorize` (parallel outer loops, vectorized inner
+   loops, register tiles for reductions); on cuda the dlight GPU rules of TVM's pipeline.
+
+Which targets get this: spinn targets always (with ``BuildOptions()`` when no context is
+active); plain ``llvm``/``cuda`` targets only inside ``with tvm_spinn.build_options(...)``, so
+TVM's own behaviour is unchanged unless asked.
+"""
+
+from __future__ import annotations
+
+import os
+
+import tvm
+from tvm import relax
+from tvm.s_tir import dlight as dl
+
+__all__ = ["ParallelVectorize", "prepare_fallback", "default_schedule_pass", "run_fallback"]
+
+#: below this many iterations (spatial x reduction) a loop nest is not parallelized
+_PARALLEL_MIN_WORK = 16384
+
+
+def prepare_fallback(mod: tvm.IRModule) -> tvm.IRModule:
+    """Legalize and fuse the non-offloaded part like TVM's CPU pipeline (call inside the target).
+
+    Parameters
+    ----------
+    mod : tvm.IRModule
+        Relax module, already partitioned and codegen'd for spinn when the target is spinn.
+
+    Returns
+    -------
+    tvm.IRModule
+        Module whose fallback operators are fused TIR PrimFuncs (the tuning tasks).
+    """
+    seq = tvm.transform.Sequential([
+        relax.backend.DispatchSampling(),
+        relax.backend.DispatchSortScan(),
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+    ])
+    return seq(mod)
+
+
+def _divisor(extent: int, candidates) -> int:
+    for c in candidates:
+        if c > 1 and extent % c == 0:
+            return c
+    return 1
+
+
+def _extent(sch, loop) -> int | None:
+    ext = sch.get(loop).extent
+    return int(ext) if isinstance(ext, tvm.tirx.IntImm) else None
+
+
+class ParallelVectorize(dl.ScheduleRule):
+    """Default CPU schedule: parallel outer loops, vectorized inner loops, reduction tiles.
+
+    Elementwise producers and consumers are inlined (dlight's ``try_inline``). A reduction
+    block whose loops are spatial-then-reduction (matmul, convolution, pooling) gets
+    ``[outer spatial (parallel)] [reduction] [u rows (unrolled)] [v lanes (vectorized)]``
+    with its elementwise epilogue computed at the parallel loop; injective blocks get their
+    outer loops fused and parallelized and their innermost loop vectorized. Work below
+    ``16384`` iterations stays serial. Functions it cannot analyze are left to the next rule.
+    """
+
+    def is_target_available(self, target) -> bool:  # noqa: D102
+        return target.kind.name == "llvm"
+
+    def apply(self, func, target, _tunable):  # noqa: D102
+        if not isinstance(func, tvm.tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        try:
+            return self._apply(func, target)
+        except Exception as err:  # noqa: BLE001  (a pattern we cannot schedule: leave it as is)
+            if os.environ.get("TVM_SPINN_DEBUG_SCHEDULE"):
+                import traceback
+
+                traceback.print_exc()
+            return None
+
+    def _apply(self, func, target):
+        from tvm.target.codegen import llvm_get_vector_width
+
+        try:
+            bits = int(llvm_get_vector_width(target))
+        except Exception:  # noqa: BLE001  (unknown CPU: assume 128-bit vectors)
+            bits = 128
+        sch = tvm.s_tir.Schedule(func)
+        infos = dl.normalize_prim_func(sch)
+        if infos is None:
+            return None
+        if sum(1 for info in infos if not info.is_injective()) > 1:
+            return None  # softmax, layer norm: dlight's CPU Reduction rule
+        infos = self._inline(sch, infos)
+        done = set()
+        for i, info in enumerate(infos):
+            if i in done:
+                continue
+            kinds = "".join(it.kind for it in info.iters)
+            dtype_bits = self._dtype_bits(sch, info.block_rv)
+            lanes = max(1, bits // max(8, dtype_bits))
+            if "R" in kinds:
+                if not self._is_sr(kinds):
+                    return None
+                par = self._reduction(sch, info, lanes)
+                if par is not None and i + 1 < len(infos) and "R" not in infos[i + 1].dom_kind():
+                    if self._epilogue(sch, infos[i + 1].block_rv, par, lanes):
+                        done.add(i + 1)
+            elif set(kinds) <= {"S"}:
+                self._injective(sch, info.block_rv, lanes)
+            else:
+                return None
+        return sch
+
+    @staticmethod
+    def _inline(sch, infos):
+        """dlight's ``try_inline``, except that padding stays a stage of its own.
+
+        Inlined into a convolution, padding becomes a bounds check per multiply-add.
+        """
+        pads = [info for info in infos if info.is_injective() and info.is_data_pad(sch)]
+        rest = [info for info in infos if info not in pads]
+        remaining = dl.try_inline(sch, rest)
+        order = {id(info): i for i, info in enumerate(infos)}
+        return sorted(pads + remaining, key=lambda info: order[id(info)])
+
+    @staticmethod
+    def _dtype_bits(sch, block) -> int:
+        writes = sch.get(block).writes
+        if not len(writes):
+            return 32
+        region = writes[0]
+        holder = getattr(region, "buffer", None) or getattr(region, "source", None)
+        try:
+            return tvm.DataType(str(holder.dtype)).bits
+        except Exception:  # noqa: BLE001  (unknown region kind: assume 32-bit)
+            return 32
+
+    @staticmethod
+    def _is_sr(kinds: str) -> bool:
+        stripped = kinds.lstrip("S")
+        return bool(stripped) and set(stripped) == {"R"} and len(stripped) < len(kinds)
+
+    def _reduction(self, sch, info, lanes: int):
+        loops = sch.get_loops(info.block_rv)
+        kinds = "".join(it.kind for it in info.iters)
+        if len(loops) != len(kinds):
+            return None
+        n_s = len(kinds) - len(kinds.lstrip("S"))
+        spatial, reduce = list(loops[:n_s]), list(loops[n_s:])
+        exts = [_extent(sch, lp) for lp in loops]
+        if any(e is None for e in exts):
+            return None
+        work = 1
+        for e in exts:
+            work *= e
+        v = _divisor(exts[n_s - 1], (2 * lanes, lanes, lanes // 2, 4, 2))
+        inner = []
+        if v > 1:
+            so, si = sch.split(spatial[-1], [None, v])
+            spatial[-1] = so
+            inner.append(si)
+        if n_s >= 2:
+            u = _divisor(exts[n_s - 2], (4, 2))
+            if u > 1:
+                ro, ri = sch.split(spatial[-2], [None, u])
+                spatial[-2] = ro
+                inner.insert(0, ri)
+        sch.reorder(*spatial, *reduce, *inner)
+        par = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+        if work >= _PARALLEL_MIN_WORK and (_extent(sch, par) or 1) > 1:
+            sch.parallel(par)
+        if v > 1:
+            sch.vectorize(inner[-1])
+        if len(inner) == 2:
+            sch.unroll(inner[0])
+        sch.decompose_reduction(info.block_rv, reduce[0])
+        return par
+
+    def _epilogue(self, sch, block, par, lanes: int) -> bool:
+        try:
+            sch.reverse_compute_at(block, par)
+        except Exception:  # noqa: BLE001  (region not coverable: schedule it on its own)
+            return False
+        loops = sch.get_loops(block)
+        ext = _extent(sch, loops[-1]) if loops else None
+        if ext and ext <= 4 * lanes and _divisor(ext, (ext,)) == ext:
+            sch.vectorize(loops[-1])
+        return True
+
+    def _injective(self, sch, block, lanes: int) -> None:
+        loops = list(sch.get_loops(block))
+        exts = [_extent(sch, lp) for lp in loops]
+        if not loops or any(e is None for e in exts):
+            return
+        total = 1
+        for e in exts:
+            total *= e
+        v = _divisor(exts[-1], (2 * lanes, lanes, lanes // 2, 4, 2))
+        if v > 1:
+            outer, vec = sch.split(loops[-1], [None, v])
+            loops[-1] = outer
+            sch.vectorize(vec)
+        if total >= _PARALLEL_MIN_WORK:
+            par = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+            sch.parallel(par)
+
+
+def default_schedule_pass(target: tvm.target.Target) -> tvm.transform.Pass:
+    """The default-schedule pass for ``target`` (call inside ``with target``).
+
+    Parameters
+    ----------
+    target : tvm.target.Target
+        Fallback target: ``llvm`` gets dlight's CPU rules and :class:`ParallelVectorize`; other
+        kinds get dlight's GPU rules (the same as TVM's CUDA pipeline).
+
+    Returns
+    -------
+    tvm.transform.Pass
+        ``dlight.ApplyDefaultSchedule`` with those rules; functions already scheduled (e.g. by
+        tuning logs) are left alone.
+    """
+    if target.kind.name == "llvm":
+        return dl.ApplyDefaultSchedule(dl.cpu.GEMV(), ParallelVectorize(), dl.cpu.Reduction())
+    return dl.ApplyDefaultSchedule(
+        dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
+        dl.gpu.Fallback(),
+    )
+
+
+def run_fallback(base: tvm.transform.Pass, mod: tvm.IRModule, target: tvm.target.Target,
+                 spinn: bool) -> tvm.IRModule:
+    """Run the fallback's base pipeline, with tuning logs and default schedules when enabled.
+
+    Parameters
+    ----------
+    base : tvm.transform.Pass
+        TVM's pipeline for the fallback target (applied last).
+    mod : tvm.IRModule
+        Module after offloading (spinn targets) or the user's module (other targets).
+    target : tvm.target.Target
+        The build target.
+    spinn : bool
+        Whether ``target`` is a spinn target (then defaults apply without a context).
+
+    Returns
+    -------
+    tvm.IRModule
+        The lowered module.
+    """
+    from .tune.options import active_build_options
+
+    options = active_build_options(spinn)
+    if options is None or target is None or target.kind.name not in ("llvm", "cuda"):
+        return base(mod)
+    with target:
+        mod = prepare_fallback(mod)
+        if options.tuning_logs is not None:
+            from .tune.database import apply_tuning_logs
+
+            mod = apply_tuning_logs(mod, options.tuning_logs, target)
+        if options.default_schedules:
+            mod = default_schedule_pass(target)(mod)
+    return base(mod)

@@ -1,0 +1,251 @@
+"""``tvm_spinn.tune``: tune a model's fallback tasks with MetaSchedule, resumably."""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from dataclasses import dataclass, field
+
+import tvm
+import tvm_ffi
+
+from .database import open_database, update_manifest
+from .intrinsics import ensure_intrinsics
+from .runner import make_runner
+from .tasks import extract_fallback_tasks, model_hash
+
+__all__ = ["tune", "TaskResult", "TuningResult", "TuningWarning"]
+
+#: run_secs at or above this are MetaSchedule's marks of failed candidates
+_FAILED_SECS = 1e9
+
+
+class TuningWarning(UserWarning):
+    """A task was skipped (every schedule failed, or its search could not start)."""
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """One fallback task after tuning."""
+
+    name: str
+    flop: float
+    trials: int
+    new_trials: int
+    best_latency_us: float | None
+    status: str  # "tuned", "resumed" (nothing left to do), "skipped"
+
+
+@dataclass
+class TuningResult:
+    """What a tuning job did; ``table()`` renders the per-task table."""
+
+    work_dir: str
+    target: str
+    model_hash: str
+    tasks: list[TaskResult] = field(default_factory=list)
+
+    @property
+    def new_trials(self) -> int:
+        """Trials measured by this run (0 when everything was already in the logs)."""
+        return sum(t.new_trials for t in self.tasks)
+
+    def table(self) -> str:
+        """Per-task table: FLOP, best latency, trials, status."""
+        rows = [("task", "FLOP", "latency (us)", "trials", "status")]
+        for t in self.tasks:
+            lat = "-" if t.best_latency_us is None else f"{t.best_latency_us:.1f}"
+            rows.append((t.name, f"{t.flop:.3g}", lat, str(t.trials), t.status))
+        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                 for r in rows]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        return "\n".join(lines)
+
+
+def _positive(name: str, value, allow_none: bool) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _records(db, mod):
+    """(all trials, best seconds or None) of ``mod`` in ``db`` without adding it."""
+    if not db.has_workload(mod):
+        return 0, None
+    workload = db.commit_workload(mod)
+    count, best = 0, None
+    for rec in db.get_all_tuning_records():
+        if not rec.workload.same_as(workload) and not tvm_ffi.structural_equal(rec.workload.mod, mod):
+            continue
+        count += 1
+        if rec.run_secs is not None and len(rec.run_secs):
+            secs = sum(float(s) for s in rec.run_secs) / len(rec.run_secs)
+            if secs < _FAILED_SECS and (best is None or secs < best):
+                best = secs
+    return count, best
+
+
+def _with_num_cores(target: tvm.target.Target) -> tvm.target.Target:
+    """MetaSchedule needs ``num-cores`` on llvm targets: default it to this host's cores."""
+    if target.kind.name == "llvm" and "num-cores" not in target.attrs:
+        config = dict(target.export())
+        config["num-cores"] = os.cpu_count() or 1
+        return tvm.target.Target(config)
+    return target
+
+
+def _flop(mod) -> float:
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    try:
+        return float(estimate_tir_flops(mod))
+    except Exception:  # noqa: BLE001  (ops without an estimate)
+        return float("nan")
+
+
+def tune(mod: tvm.IRModule, target="spinn", work_dir: str = "logs", max_trials: int | None = None,
+         max_trials_per_task: int = 64, runner=None, *, rpc_tracker: str | None = None,
+         rpc_key: str | None = None, seed: int = 0, num_trials_per_iter: int = 16,
+         progress: bool = False, builder=None, verbose: bool = False) -> TuningResult:
+    """Tune the fallback (non-offloaded) tasks of a model with MetaSchedule.
+
+    Tasks are tuned one after another in name order (XGBoost cost model shared between them,
+    evolutionary search seeded from ``seed``). Records go to MetaSchedule's JSON database in
+    ``work_dir`` as they are measured, so a killed job resumes: trials already in the logs
+    count towards each task's budget and finished tasks are not tuned again.
+
+    Parameters
+    ----------
+    mod : tvm.IRModule
+        Relax model.
+    target : str or tvm.target.Target
+        Build target: a spinn tag (only the fallback is tuned), ``llvm`` (whole model on CPU) or
+        a cuda target (needs a runner that can measure on a GPU).
+    work_dir : str
+        Directory for ``database_workload.json``, ``database_tuning_record.json``, ``logs/``
+        and the manifest ``tvm_spinn_tuning.json``.
+    max_trials : int, optional
+        Global budget over all tasks (counting trials already in the logs); defaults to
+        ``max_trials_per_task * number of tasks``.
+    max_trials_per_task : int
+        Budget per task (counting trials already in the logs).
+    runner : tvm.s_tir.meta_schedule.runner.Runner, optional
+        Measurement runner; default: local. See also ``rpc_tracker``/``rpc_key``.
+    rpc_tracker, rpc_key : str, optional
+        Measure on the servers of a TVM RPC tracker (``"host:port"``, device key).
+    seed : int
+        Seed of the search (same seed, same logs -> same candidates).
+    num_trials_per_iter : int
+        Candidates measured per batch (the granularity at which a killed job loses work).
+    progress : bool
+        Show a tqdm progress bar of measured trials.
+    builder : tvm.s_tir.meta_schedule.builder.Builder, optional
+        Default: :class:`~tvm_spinn.tune.builder.InProcessBuilder`.
+    verbose : bool
+        Echo MetaSchedule's per-trial log to the console (it always goes to ``work_dir/logs``).
+
+    Returns
+    -------
+    TuningResult
+        Per-task FLOP, best latency, trials and status.
+
+    Raises
+    ------
+    TuningLogError
+        Existing logs in ``work_dir`` are corrupt or for another target (nothing is modified).
+    ValueError
+        Bad budgets, runner or RPC settings, or unknown target.
+    """
+    from tvm.s_tir import meta_schedule as ms
+
+    from ..target.registry import get_target
+    from .builder import InProcessBuilder
+
+    target = _with_num_cores(get_target(target))
+    _positive("max_trials_per_task", max_trials_per_task, False)
+    _positive("max_trials", max_trials, True)
+    _positive("num_trials_per_iter", num_trials_per_iter, False)
+    if not isinstance(work_dir, (str, os.PathLike)):
+        raise TypeError(f"work_dir must be a path, got {work_dir!r}")
+    work_dir = os.fspath(work_dir)
+    runner = make_runner(runner, rpc_tracker, rpc_key)
+    if not isinstance(mod, tvm.IRModule):
+        raise TypeError(f"tune expects a Relax IRModule, got {type(mod).__name__}")
+    db = open_database(work_dir, target, require=False)
+    tasks = extract_fallback_tasks(mod, target)
+    mhash = model_hash(tasks)
+    update_manifest(work_dir, target, mhash, [t.task_name for t in tasks])
+    result = TuningResult(work_dir=work_dir, target=str(target), model_hash=mhash)
+    if not tasks:
+        return result
+    ensure_intrinsics(target)
+    budget = max_trials if max_trials is not None else max_trials_per_task * len(tasks)
+    done = {t.task_name: _records(db, t.dispatched[0])[0] for t in tasks}
+    budget_left = budget - sum(min(d, max_trials_per_task) for d in done.values())
+    num_threads = os.cpu_count() or 1
+    builder = builder or InProcessBuilder()
+    cost_model = ms.CostModel.create("xgb", num_tuning_cores=num_threads)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        from .progress import ProgressCallback
+
+        bar = tqdm(total=max(0, budget_left), unit="trial", desc="tuning")
+    callbacks = ms.MeasureCallback.create("default") + ([ProgressCallback(bar)] if bar else [])
+    loggers = ms.logging.get_loggers_from_work_dir(work_dir, [t.task_name for t in tasks])
+    if not verbose:  # per-trial INFO lines still go to work_dir/logs, not to the console
+        for logger in loggers:
+            for handler in logger.handlers:
+                if (handler.get_name() or "").endswith(".console"):
+                    handler.setLevel(logging.WARNING)
+    try:
+        for index, (task, logger) in enumerate(zip(tasks, loggers)):
+            func = task.dispatched[0]
+            before = done[task.task_name]
+            todo = min(max_trials_per_task - before, budget_left)
+            status = "resumed" if before else "tuned"
+            if todo > 0:
+                if bar is not None:
+                    bar.set_postfix_str(task.task_name)
+                context = ms.TuneContext(
+                    mod=func, target=task.target, space_generator="post-order-apply",
+                    search_strategy=ms.search_strategy.EvolutionarySearch(
+                        population_size=min(512, max(32, 8 * max_trials_per_task))),
+                    task_name=task.task_name, logger=logger,
+                    rand_state=(seed * 1_000_003 + index) % (2 ** 30) + 1, num_threads=num_threads,
+                ).clone()
+                try:
+                    ms.tune.tune_tasks(
+                        tasks=[context], task_weights=[1.0], work_dir=work_dir,
+                        max_trials_global=todo, max_trials_per_task=todo,
+                        num_trials_per_iter=min(num_trials_per_iter, todo), builder=builder,
+                        runner=runner, database=db, cost_model=cost_model,
+                        measure_callbacks=callbacks, task_scheduler="round-robin",
+                    )
+                    status = "tuned"
+                except Exception as err:  # noqa: BLE001  (one task must not stop the job)
+                    warnings.warn(f"tuning task {task.task_name!r} failed and was skipped: "
+                                  f"{str(err).strip().splitlines()[-1] if str(err).strip() else err}",
+                                  TuningWarning, stacklevel=2)
+                    status = "skipped"
+            trials, best = _records(db, func)
+            new = trials - before
+            budget_left -= max(0, new)
+            if best is None and status != "skipped":
+                if trials:
+                    warnings.warn(f"tuning task {task.task_name!r}: all {trials} schedules failed to "
+                                  "build or run; skipped (it keeps its default schedule)",
+                                  TuningWarning, stacklevel=2)
+                status = "skipped"
+            result.tasks.append(TaskResult(
+                name=task.task_name, flop=_flop(func), trials=trials, new_trials=max(0, new),
+                best_latency_us=None if best is None else best * 1e6, status=status,
+            ))
+    finally:
+        if bar is not None:
+            bar.close()
+    return result

@@ -1,0 +1,103 @@
+"""Default fallback schedules: CPU (dlight + parallel/vectorize) and CUDA (compile-only)."""
+
+import os
+import shutil
+import threading
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import tvm_spinn
+from tvm_spinn.fallback import default_schedule_pass, prepare_fallback
+from tvm_spinn.tune import current_build_options
+
+from models import make
+
+LLVM = tvm.target.Target({"kind": "llvm", "num-cores": os.cpu_count() or 1})
+
+
+def _run(ex, x):
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    out = vm["main"](tvm.runtime.tensor(x))
+    return (out if hasattr(out, "numpy") else out[0]).numpy()
+
+
+@pytest.mark.parametrize("name", ["cnn", "transformer"])
+def test_default_schedules_match_untuned_build(name):
+    model, x = make(name)
+    mod = tvm_spinn.frontend.from_pytorch(model, (x,))
+    untuned = _run(relax.build(mod, target=LLVM), x.numpy())
+    with tvm_spinn.build_options():
+        scheduled = _run(relax.build(mod, target=LLVM), x.numpy())
+    np.testing.assert_allclose(scheduled, untuned, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(untuned, model(x).detach().numpy(), rtol=1e-3, atol=1e-4)
+
+
+def test_every_cpu_task_gets_a_parallel_or_vectorized_schedule():
+    model, x = make("cnn")
+    mod = tvm_spinn.frontend.from_pytorch(model, (x,))
+    with LLVM:
+        mod = default_schedule_pass(LLVM)(prepare_fallback(mod))
+    funcs = {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+    assert funcs and all(f.attrs.get("tirx.is_scheduled", False) for f in funcs.values())
+    convs = [f.script() for name, f in funcs.items() if "conv2d" in name]
+    assert convs and all("T.vectorized" in s for s in convs)
+    assert any("T.parallel" in s for s in convs)
+
+
+def test_spinn_target_fallback_is_default_scheduled_and_correct():
+    model, x = make("transformer")
+    mod = tvm_spinn.frontend.from_pytorch(model, (x,))
+    ref = _run(relax.build(mod, target=LLVM), x.numpy())
+    got = _run(relax.build(mod, target="spinn"), x.numpy())
+    np.testing.assert_allclose(got, ref, rtol=2e-2, atol=2e-2)
+
+
+def test_build_options_is_thread_local_and_validated(tmp_path):
+    seen = []
+    with tvm_spinn.build_options(default_schedules=False) as opts:
+        assert current_build_options() is opts
+        t = threading.Thread(target=lambda: seen.append(current_build_options()))
+        t.start()
+        t.join()
+    assert seen == [None] and current_build_options() is None
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        tvm_spinn.build_options(tuning_logs=str(tmp_path / "missing"))
+    with pytest.raises(TypeError, match="default_schedules"):
+        tvm_spinn.build_options(default_schedules="yes")
+    with pytest.raises(TypeError, match="tuning_logs"):
+        tvm_spinn.build_options(tuning_logs=3)
+
+
+def _cuda_sources(ex):
+    out, stack = [], [ex.mod]
+    while stack:
+        m = stack.pop()
+        if m.kind == "cuda":
+            out.append(m.inspect_source())
+        stack.extend(m.imports)
+    return out
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs the system nvcc (compile only)")
+def test_spinn_cuda_fallback_compiles_with_nvcc():
+    from tvm.support import nvcc
+
+    import torch
+
+    class NotOffloaded(torch.nn.Module):  # softmax over axis 0 and a column mean stay on the GPU
+        def forward(self, x):
+            return torch.softmax(x, dim=0) * 2.0 + x.mean(0, keepdim=True)
+
+    x = torch.randn(32, 48)
+    mod = tvm_spinn.frontend.from_pytorch(NotOffloaded().eval(), (x,))
+    target = tvm_spinn.get_target("spinn/cuda")
+    ex = relax.build(mod, target=target)
+    sources = _cuda_sources(ex)
+    assert sources and all("__global__" in s for s in sources)
+    with target:
+        for src in sources:
+            ptx = nvcc.compile_cuda(src, target_format="ptx", compiler="nvcc")
+            assert b".entry" in bytes(ptx)

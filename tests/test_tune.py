@@ -1,0 +1,321 @@
+"""Tuning the fallback: logs, resume, applying logs, robustness, RPC measurement, CLI."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import warnings
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import tvm_spinn
+from tvm_spinn.tune import TuningLogError, TuningWarning, validate_logs
+from tvm_spinn.tune.database import MANIFEST_FILE, RECORD_FILE, WORKLOAD_FILE
+
+from models import make
+
+LLVM = tvm.target.Target({"kind": "llvm", "num-cores": os.cpu_count() or 1})
+TRIALS = 2
+
+
+def _mlp():
+    model, x = make("mlp")
+    return tvm_spinn.frontend.from_pytorch(model, (x,)), x.numpy()
+
+
+def _tiny():
+    """Two fallback tasks on llvm: fused_matmul_add and softmax."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Softmax(dim=-1)).eval()
+    x = torch.randn(4, 16)
+    return tvm_spinn.frontend.from_pytorch(model, (x,)), x.numpy()
+
+
+def _run(ex, x):
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    return vm["main"](tvm.runtime.tensor(x)).numpy()
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    """MLP (4 fallback tasks on llvm): an 'interrupted' run of 2 tasks, then the full job."""
+    mod, x = _mlp()
+    work = str(tmp_path_factory.mktemp("tune") / "logs")
+    first = tvm_spinn.tune(mod, target=LLVM, work_dir=work, max_trials=2 * TRIALS,
+                           max_trials_per_task=TRIALS, num_trials_per_iter=TRIALS, seed=1)
+    with open(os.path.join(work, RECORD_FILE), "rb") as f:
+        records_after_first = f.read()
+    second = tvm_spinn.tune(mod, target=LLVM, work_dir=work, max_trials_per_task=TRIALS,
+                            num_trials_per_iter=TRIALS, seed=1)
+    return {"mod": mod, "x": x, "work": work, "first": first, "second": second,
+            "records_after_first": records_after_first}
+
+
+def test_tune_writes_logs_and_manifest(tuned):
+    work = tuned["work"]
+    for name in (WORKLOAD_FILE, RECORD_FILE, MANIFEST_FILE, "logs"):
+        assert os.path.exists(os.path.join(work, name)), name
+    manifest = json.load(open(os.path.join(work, MANIFEST_FILE)))
+    assert manifest["tvm_version"] == tvm.__version__ and manifest["target_kind"] == "llvm"
+    assert tuned["first"].model_hash in manifest["models"]
+    assert validate_logs(work, "llvm")["records"] == 4 * TRIALS
+    table = tuned["second"].table()
+    assert "FLOP" in table and "latency" in table and "softmax" in table
+
+
+def test_resume_does_not_repeat_finished_trials(tuned):
+    first, second = tuned["first"], tuned["second"]
+    assert first.new_trials == 2 * TRIALS
+    done_first = {t.name: t.trials for t in first.tasks if t.trials}
+    assert len(done_first) == 2
+    by_name = {t.name: t for t in second.tasks}
+    for name, trials in done_first.items():
+        assert by_name[name].trials == trials and by_name[name].new_trials == 0
+    assert second.new_trials == 2 * TRIALS
+    assert all(t.trials == TRIALS for t in second.tasks)
+    # existing records were appended to, never rewritten
+    with open(os.path.join(tuned["work"], RECORD_FILE), "rb") as f:
+        assert f.read().startswith(tuned["records_after_first"])
+    third = tvm_spinn.tune(tuned["mod"], target=LLVM, work_dir=tuned["work"], max_trials_per_task=TRIALS)
+    assert third.new_trials == 0 and all(t.status == "resumed" for t in third.tasks)
+
+
+def test_build_with_tuning_logs_matches_untuned(tuned):
+    mod, x = tuned["mod"], tuned["x"]
+    ref = _run(relax.build(mod, target=LLVM), x)
+    with tvm_spinn.build_options(tuning_logs=tuned["work"]):
+        ex = relax.build(mod, target=LLVM)
+    np.testing.assert_allclose(_run(ex, x), ref, rtol=1e-4, atol=1e-5)
+    with tvm_spinn.build_options(tuning_logs=tuned["work"]):
+        ex = relax.build(mod, target="spinn")  # spinn: the fallback (softmax) uses the logs
+    np.testing.assert_allclose(_run(ex, x), ref, rtol=1e-3, atol=1e-4)
+
+
+def _copy(src, dst):
+    shutil.copytree(src, dst)
+    return str(dst)
+
+
+def test_corrupt_and_foreign_logs_name_file_and_line(tuned, tmp_path):
+    mod, _ = tuned["mod"], tuned["x"]
+    bad = _copy(tuned["work"], tmp_path / "corrupt")
+    path = os.path.join(bad, RECORD_FILE)
+    lines = open(path, "rb").read().split(b"\n")
+    lines[2] = lines[2][: len(lines[2]) // 2]
+    damaged = b"\n".join(lines)
+    open(path, "wb").write(damaged)
+    with pytest.raises(TuningLogError, match=rf"{RECORD_FILE}:3: corrupt"):
+        with tvm_spinn.build_options(tuning_logs=bad):
+            relax.build(mod, target=LLVM)
+    with pytest.raises(TuningLogError, match=rf"{RECORD_FILE}:3"):
+        tvm_spinn.tune(mod, target=LLVM, work_dir=bad, max_trials_per_task=TRIALS + 1)
+    assert open(path, "rb").read() == damaged  # never rewritten
+
+    foreign = _copy(tuned["work"], tmp_path / "foreign")
+    path = os.path.join(foreign, RECORD_FILE)
+    first = json.loads(open(path).readline())
+    first[1][2] = {"kind": "cuda", "arch": "sm_80"}
+    with open(path, "a") as f:
+        f.write(json.dumps(first) + "\n")
+    n = len(open(path).read().splitlines())
+    with pytest.raises(TuningLogError, match=rf"{RECORD_FILE}:{n}: .*'cuda'"):
+        with tvm_spinn.build_options(tuning_logs=foreign):
+            relax.build(mod, target=LLVM)
+
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / WORKLOAD_FILE).write_text('{"not": "metaschedule"}\n')
+    (other / RECORD_FILE).write_text("")
+    with pytest.raises(TuningLogError, match=rf"{WORKLOAD_FILE}:1"):
+        with tvm_spinn.build_options(tuning_logs=str(other)):
+            relax.build(mod, target=LLVM)
+    with pytest.raises(TuningLogError, match="missing"):
+        with tvm_spinn.build_options(tuning_logs=str(tmp_path)):
+            relax.build(mod, target=LLVM)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        tvm_spinn.build_options(tuning_logs=str(tmp_path / "nope"))
+
+
+def test_logs_for_another_target_kind_are_refused(tuned):
+    with pytest.raises(TuningLogError, match=r"tvm_spinn_tuning.json:1: logs were tuned for"):
+        tvm_spinn.tune(tuned["mod"], target="spinn/cuda", work_dir=tuned["work"])
+
+
+def test_bad_arguments_raise_clear_errors(tmp_path):
+    mod, _ = _mlp()
+    with pytest.raises(ValueError, match="max_trials_per_task"):
+        tvm_spinn.tune(mod, target=LLVM, work_dir=str(tmp_path), max_trials_per_task=0)
+    with pytest.raises(ValueError, match="both rpc_tracker"):
+        tvm_spinn.tune(mod, target=LLVM, work_dir=str(tmp_path), rpc_tracker="127.0.0.1:9190")
+    with pytest.raises(ValueError, match="bad RPC tracker address"):
+        tvm_spinn.tune(mod, target=LLVM, work_dir=str(tmp_path), rpc_tracker="nohost", rpc_key="k")
+    with pytest.raises(ValueError, match="unknown spinn target"):
+        tvm_spinn.tune(mod, target="spinn/nope", work_dir=str(tmp_path))
+    with pytest.raises(TypeError, match="Relax IRModule"):
+        tvm_spinn.tune("model.onnx", target=LLVM, work_dir=str(tmp_path))
+    with pytest.raises(TypeError, match="runner"):
+        tvm_spinn.tune(mod, target=LLVM, work_dir=str(tmp_path), runner="local")
+
+
+def test_task_whose_schedules_all_fail_is_skipped(tmp_path):
+    from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
+    from tvm.ir.utils import derived_object
+
+    from tvm_spinn.tune.builder import InProcessBuilder
+
+    good = InProcessBuilder()
+
+    @derived_object
+    class FailSoftmax(PyBuilder):
+        def build(self, build_inputs):
+            out = []
+            for item in build_inputs:
+                if "T_softmax" in item.mod.script():
+                    out.append(BuilderResult(None, "injected failure"))
+                else:
+                    out.extend(good.build([item]))
+            return out
+
+    mod, x = _tiny()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = tvm_spinn.tune(mod, target=LLVM, work_dir=str(tmp_path / "w"), max_trials_per_task=2,
+                                num_trials_per_iter=2, builder=FailSoftmax())
+    status = {t.name: t.status for t in result.tasks}
+    assert status["softmax"] == "skipped" and list(status.values()).count("tuned") == 1
+    assert any(issubclass(w.category, TuningWarning) and "softmax" in str(w.message) for w in caught)
+    with tvm_spinn.build_options(tuning_logs=str(tmp_path / "w")):
+        ex = relax.build(mod, target=LLVM)  # softmax keeps its default schedule
+    np.testing.assert_allclose(_run(ex, x), _run(relax.build(mod, target=LLVM), x), rtol=1e-4, atol=1e-5)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(args, log):
+    return subprocess.Popen([sys.executable, "-m", *args], stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def _stop(proc):
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+@pytest.mark.timeout(300)
+def test_tuning_through_rpc_tracker_and_two_servers(tmp_path):
+    from tvm_spinn.tune.runner import tracker_servers
+
+    port = _free_port()
+    tracker_addr = f"127.0.0.1:{port}"
+    procs = []
+    log = open(tmp_path / "rpc.log", "w")
+    try:
+        procs.append(_start(["tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port),
+                             "--port-end", str(port + 1)], log))
+        time.sleep(1.0)
+        for _ in range(2):
+            server_port = _free_port()
+            procs.append(_start(["tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(server_port),
+                                 "--port-end", str(server_port + 50), "--tracker", tracker_addr,
+                                 "--key", "spinn-test"], log))
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            try:
+                if tracker_servers("127.0.0.1", port, "spinn-test") >= 2:
+                    break
+            except Exception:  # noqa: BLE001  (tracker still starting)
+                pass
+            assert all(p.poll() is None for p in procs), open(tmp_path / "rpc.log").read()[-2000:]
+            time.sleep(0.5)
+        else:
+            pytest.fail("RPC servers did not register: " + open(tmp_path / "rpc.log").read()[-2000:])
+        mod, x = _tiny()
+        work = str(tmp_path / "rpc_logs")
+        result = tvm_spinn.tune(mod, target=LLVM, work_dir=work, max_trials_per_task=2, num_trials_per_iter=2,
+                                rpc_tracker=tracker_addr, rpc_key="spinn-test")
+        assert all(t.status == "tuned" and t.best_latency_us is not None for t in result.tasks), result.table()
+        with tvm_spinn.build_options(tuning_logs=work):
+            ex = relax.build(mod, target=LLVM)
+        np.testing.assert_allclose(_run(ex, x), _run(relax.build(mod, target=LLVM), x), rtol=1e-4, atol=1e-5)
+    finally:
+        for proc in reversed(procs):
+            _stop(proc)
+        log.close()
+    assert all(p.poll() is not None for p in procs)
+
+
+@pytest.mark.slow
+def test_cli_tune_then_compile_with_logs(tmp_path):
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Softmax(dim=0)).eval()
+    x = torch.randn(4, 16)
+    onnx_path = tmp_path / "tiny.onnx"
+    torch.onnx.export(model, (x,), str(onnx_path), dynamo=False, input_names=["x"], opset_version=17)
+    work = tmp_path / "logs"
+    cmd = [sys.executable, "-m", "tvm_spinn.cli"]
+    proc = subprocess.run(cmd + ["tune", str(onnx_path), "--target", "spinn", "--work-dir", str(work),
+                                 "--trials", "2"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "FLOP" in proc.stdout and "softmax" in proc.stdout and "trial" in proc.stderr
+    lib = tmp_path / "tiny.so"
+    proc = subprocess.run(cmd + ["compile", str(onnx_path), "--target", "spinn", "-o", str(lib),
+                                 "--tuning-logs", str(work)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and lib.exists(), proc.stderr[-3000:]
+    proc = subprocess.run(cmd + ["compile", str(onnx_path), "-o", str(lib), "--tuning-logs",
+                                 str(tmp_path / "none")], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_killed_job_resumes_from_its_logs(tmp_path):
+    """Kill a tuning process mid-way; the next run keeps every record and only tops up."""
+    work = tmp_path / "logs"
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+        "import test_tune, tvm_spinn\n"
+        "mod, _ = test_tune._mlp()\n"
+        f"tvm_spinn.tune(mod, target=test_tune.LLVM, work_dir={str(work)!r}, max_trials_per_task=4,"
+        " num_trials_per_iter=2)\n"
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    records = work / RECORD_FILE
+    try:
+        deadline = time.time() + 400
+        while time.time() < deadline and proc.poll() is None:
+            if records.exists() and len(records.read_bytes().splitlines()) >= 4:
+                break
+            time.sleep(0.2)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    before = records.read_bytes()
+    n_before = len(before.splitlines())
+    assert 4 <= n_before < 16, n_before
+    mod, _ = _mlp()
+    result = tvm_spinn.tune(mod, target=LLVM, work_dir=str(work), max_trials_per_task=4, num_trials_per_iter=2)
+    after = records.read_bytes()
+    assert after.startswith(before) and len(after.splitlines()) == 16
+    assert result.new_trials == 16 - n_before
