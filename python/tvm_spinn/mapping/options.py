@@ -7,16 +7,15 @@ serialized into the program, where the report shows it.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import asdict, dataclass
+
+from .._scoped import ScopedOptions
 
 __all__ = ["MappingOptions", "current_options"]
 
-_STATE = threading.local()
-
 
 @dataclass(frozen=True)
-class MappingOptions:
+class MappingOptions(ScopedOptions):
     """How the mapping compiler maps a region onto the system.
 
     Parameters
@@ -56,17 +55,7 @@ class MappingOptions:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def __enter__(self) -> "MappingOptions":
-        stack = getattr(_STATE, "stack", [])
-        stack.append(self)
-        _STATE.stack = stack
-        return self
-
-    def __exit__(self, *exc) -> None:
-        _STATE.stack.pop()
-
 
 def current_options() -> MappingOptions:
     """The innermost active :class:`MappingOptions` (defaults when none)."""
-    stack = getattr(_STATE, "stack", [])
-    return stack[-1] if stack else MappingOptions()
+    return MappingOptions.current() or MappingOptions()

@@ -18,16 +18,15 @@ Rules:
 from __future__ import annotations
 
 import os
-import threading
 from dataclasses import dataclass
+
+from .._scoped import ScopedOptions
 
 __all__ = ["BuildOptions", "build_options", "current_build_options", "active_build_options"]
 
-_STATE = threading.local()
-
 
 @dataclass(frozen=True)
-class BuildOptions:
+class BuildOptions(ScopedOptions):
     """Options of the fallback build.
 
     Parameters
@@ -57,15 +56,6 @@ class BuildOptions:
         if not isinstance(self.default_schedules, bool):
             raise TypeError(f"default_schedules must be a bool, got {self.default_schedules!r}")
 
-    def __enter__(self) -> "BuildOptions":
-        stack = getattr(_STATE, "stack", [])
-        stack.append(self)
-        _STATE.stack = stack
-        return self
-
-    def __exit__(self, *exc) -> None:
-        _STATE.stack.pop()
-
 
 def build_options(tuning_logs: str | None = None, default_schedules: bool = True) -> BuildOptions:
     """Options for the fallback of ``relax.build``; use as ``with build_options(...):``.
@@ -87,8 +77,7 @@ def build_options(tuning_logs: str | None = None, default_schedules: bool = True
 
 def current_build_options() -> BuildOptions | None:
     """The innermost active :class:`BuildOptions`, or None outside any context."""
-    stack = getattr(_STATE, "stack", [])
-    return stack[-1] if stack else None
+    return BuildOptions.current()
 
 
 def active_build_options(spinn: bool) -> BuildOptions | None:
