@@ -147,3 +147,26 @@ def test_large_pool_planes_are_split_into_row_bands():
     assert {r["kind"] for r in rep.layers} >= {"max_pool2d", "avg_pool2d"}
     assert all(r["tiles"] > 4 for r in rep.layers if r["kind"].endswith("pool2d"))  # > one tile per plane
     np.testing.assert_allclose(out, Pools()(x).numpy(), rtol=1e-6, atol=1e-6)  # 9-term sums only
+
+
+def test_int8_reductions_are_split_so_29_bit_accumulators_never_wrap():
+    from tvm_spinn import _lib
+    from tvm_spinn.mapping.tiling import safe_k_chunk
+
+    arch = tvm_spinn.SpinnArch()
+    limit = safe_k_chunk(arch, 8)
+    assert limit == (2**28 - 1) // 2**14  # 16383 products of -128 * -128 fit 29 signed bits
+    k = 40000
+    tm, tn, tk = choose_gemm_tile(GemmShape(1, 16, 4, k), arch, mode="int8")
+    assert tk <= limit
+    # Worst case operands: every product is +16384.
+    a = np.full((tm, k), -128, np.int8)
+    b = np.full((k, tn), -128, np.int8)
+    whole = np.zeros((tm, tn), np.int32)
+    assert _lib.gemm_i8(a, b, whole, acc_bits=29) > 0  # one accumulator over all of K wraps
+    total = np.zeros((tm, tn), np.int64)
+    for k0 in range(0, k, tk):  # the tiling's chunks: each fits the accumulator exactly
+        part = np.zeros((tm, tn), np.int32)
+        assert _lib.gemm_i8(np.ascontiguousarray(a[:, k0:k0 + tk]), np.ascontiguousarray(b[k0:k0 + tk]), part, acc_bits=29) == 0
+        total += part
+    np.testing.assert_array_equal(total, a.astype(np.int64) @ b.astype(np.int64))

@@ -27,7 +27,7 @@ import numpy as np
 from ..program import Layer, Program, Tile
 from ..target.arch import SpinnArch
 
-__all__ = ["GemmShape", "gemm_shape", "choose_gemm_tile", "tile_layer", "MappingError"]
+__all__ = ["GemmShape", "gemm_shape", "choose_gemm_tile", "safe_k_chunk", "tile_layer", "MappingError"]
 
 _F32 = 4
 
@@ -88,9 +88,20 @@ def _weight_is_a(kind: str) -> bool:
     return kind == "conv2d"
 
 
+def safe_k_chunk(arch: SpinnArch, operand_bits: int = 8) -> int:
+    """Longest reduction a MAC-array accumulator can take without overflowing.
+
+    Each product of two signed ``operand_bits`` values is at most ``2**(2*(bits-1))`` in
+    magnitude (-128 * -128 for int8), so ``k`` products fit a signed ``acc_bits`` accumulator when
+    ``k * 2**(2*(bits-1)) <= 2**(acc_bits-1) - 1``: 16383 for int8 into 29 bits. Longer reductions
+    are split into chunks whose partial sums the M4F adds in 32-bit.
+    """
+    return max(1, (2 ** (arch.acc_bits - 1) - 1) // 2 ** (2 * (operand_bits - 1)))
+
+
 def choose_gemm_tile(g: GemmShape, arch: SpinnArch, name: str = "gemm", pes: int | None = None,
                      kind: str = "dense", naive: bool = False,
-                     input_bytes=None) -> tuple[int, int, int]:
+                     input_bytes=None, mode: str = "fp32") -> tuple[int, int, int]:
     """Pick ``(tm, tn, tk)`` for a GEMM with the lowest estimated layer time.
 
     Candidates are multiples of the MAC array shape that fit ``arch.tile_sram_bytes``. The
@@ -105,6 +116,8 @@ def choose_gemm_tile(g: GemmShape, arch: SpinnArch, name: str = "gemm", pes: int
     pes = pes or arch.total_pes
     if naive:
         tk = min(g.k, max(r, (budget - _F32 * r * c) // (_F32 * 2 * (r + c)) // r * r))
+        if mode == "int8":
+            tk = min(tk, safe_k_chunk(arch, 8))
         if _gemm_tile_bytes(r, c, min(tk, g.k)) > budget:
             raise MappingError(f"layer {name}: a {r}x{c} tile does not fit {budget} bytes of SRAM")
         return r, c, tk
@@ -132,6 +145,8 @@ def choose_gemm_tile(g: GemmShape, arch: SpinnArch, name: str = "gemm", pes: int
             tk = g.k if tk_max >= g.k else max(r, (tk_max // r) * r)
             if tk > tk_max:
                 continue
+            if mode == "int8":  # the MAC array's 29-bit accumulators must never wrap
+                tk = min(tk, safe_k_chunk(arch, 8))
             mt, nt = _ceil(g.m, tm), _ceil(g.n, tn)
             tiles = g.batch * mt * nt
             groups = (g.batch * mt) if weight_a else nt
@@ -208,7 +223,8 @@ def tile_layer(program: Program, index: int, arch: SpinnArch, pes: int | None = 
         layer.gemm = [g.m, g.n, g.k]
         layer.flops = 2 * g.batch * g.m * g.n * g.k
         in_fn = (lambda vn: _conv_input_bytes(program, layer, 0, vn)) if layer.kind == "conv2d" else None
-        tm, tn, tk = choose_gemm_tile(g, arch, layer.name, pes=pes, kind=layer.kind, naive=naive, input_bytes=in_fn)
+        tm, tn, tk = choose_gemm_tile(g, arch, layer.name, pes=pes, kind=layer.kind, naive=naive,
+                                      input_bytes=in_fn, mode=layer.mode)
         ks = _ceil(g.k, tk)
         for b in range(g.batch):
             for m0 in range(0, g.m, tm):
