@@ -14,6 +14,8 @@ the bandwidth-bound tokens/s (all weights streamed once per token over the DRAM 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 
 import torch
@@ -21,25 +23,8 @@ from tvm import relax
 
 import tvm_spinn
 
-
-class _Out(torch.nn.Module):
-    def __init__(self, model, field):
-        super().__init__()
-        self.model, self.field = model, field
-
-    def forward(self, x):
-        return getattr(self.model(x), self.field)
-
-
-class _Decode(torch.nn.Module):
-    """One decode step of a causal LM body (no KV cache): weight streaming dominates."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids):
-        return self.model(input_ids=ids, use_cache=False).last_hidden_state
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+from test_zoo import _Field  # noqa: E402  (the zoo's output-selecting wrapper)
 
 
 def models(quick: bool):
@@ -56,10 +41,10 @@ def models(quick: bool):
         bert = tf.BertConfig()      # BERT-base: 12 x 768
         gpt2 = tf.GPT2Config()      # GPT-2 small: 12 x 768, 124M parameters
         img, seq = 224, 128
-    yield "resnet50", _Out(tf.ResNetModel(resnet), "pooler_output").eval(), torch.randn(1, 3, img, img)
-    yield "bert-base", _Out(tf.BertModel(bert), "last_hidden_state").eval(), torch.randint(0, 1000, (1, seq))
+    yield "resnet50", _Field(tf.ResNetModel(resnet), "pooler_output").eval(), torch.randn(1, 3, img, img)
+    yield "bert-base", _Field(tf.BertModel(bert), "last_hidden_state").eval(), torch.randint(0, 1000, (1, seq))
     gpt2._attn_implementation = "eager"  # the sdpa mask path does not export through torch.export
-    yield "gpt2-decode", _Decode(tf.GPT2Model(gpt2)).eval(), torch.randint(0, 1000, (1, 1))
+    yield "gpt2-decode", _Field(tf.GPT2Model(gpt2), "last_hidden_state", use_cache=False).eval(), torch.randint(0, 1000, (1, 1))
 
 
 def main() -> None:

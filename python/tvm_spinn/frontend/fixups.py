@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import tvm
 from tvm import relax
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
@@ -50,10 +49,7 @@ def _fix_bool_compare(func: relax.Function) -> relax.Function:
     return func
 
 
-@tvm.transform.module_pass(opt_level=0, name="SpinnFixupImported")
-def FixupImported(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass naming
-    """Apply the clean-ups to every Relax function of ``mod``."""
-    for gvar, func in list(mod.functions_items()):
-        if isinstance(func, relax.Function):
-            mod[gvar] = _fix_bool_compare(_fix_bool_cumsum(func))
-    return mod
+@relax.transform.function_pass(opt_level=0, name="SpinnFixupImported")
+def FixupImported(func: relax.Function, _mod, _ctx) -> relax.Function:  # noqa: N802 - TVM pass naming
+    """Apply the clean-ups to every Relax function of a module."""
+    return _fix_bool_compare(_fix_bool_cumsum(func))

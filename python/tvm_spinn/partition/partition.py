@@ -45,6 +45,7 @@ def partition_for_spinn(
             FoldLayoutConstants,
             transform.FoldConstant(),
             FoldBatchNorm,
+            transform.DecomposeOpsForInference(),  # batch norms that did not fold into a conv
             transform.FoldConstant(),
             transform.FuseOpsByPattern(
                 spinn_patterns(arch, reasons), bind_constants=True, annotate_codegen=False

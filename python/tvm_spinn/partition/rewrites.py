@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import numpy as np
-import tvm
+
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, is_tuple_get_item, rewrite_call, wildcard
 
@@ -52,13 +52,10 @@ def fold_batch_norm(func: relax.Function) -> relax.Function:
     return rewrite_call(pattern, rewriter, func)
 
 
-@tvm.transform.module_pass(opt_level=0, name="SpinnFoldBatchNorm")
-def FoldBatchNorm(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass naming
-    """Module pass: :func:`fold_batch_norm` on every Relax function, then decompose the rest."""
-    for gvar, func in list(mod.functions_items()):
-        if isinstance(func, relax.Function):
-            mod[gvar] = fold_batch_norm(func)
-    return relax.transform.DecomposeOpsForInference()(mod)
+@relax.transform.function_pass(opt_level=0, name="SpinnFoldBatchNorm")
+def FoldBatchNorm(func: relax.Function, _mod, _ctx) -> relax.Function:  # noqa: N802 - TVM pass naming
+    """Function pass: :func:`fold_batch_norm`; run ``DecomposeOpsForInference`` after it."""
+    return fold_batch_norm(func)
 
 
 def _fold_layout(func: relax.Function) -> relax.Function:
@@ -84,10 +81,7 @@ def _fold_layout(func: relax.Function) -> relax.Function:
     return func
 
 
-@tvm.transform.module_pass(opt_level=0, name="SpinnFoldLayoutConstants")
-def FoldLayoutConstants(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass naming
-    """Module pass: fold layout ops of constants with numpy (see module docstring)."""
-    for gvar, func in list(mod.functions_items()):
-        if isinstance(func, relax.Function):
-            mod[gvar] = _fold_layout(func)
-    return mod
+@relax.transform.function_pass(opt_level=0, name="SpinnFoldLayoutConstants")
+def FoldLayoutConstants(func: relax.Function, _mod, _ctx) -> relax.Function:  # noqa: N802
+    """Function pass: fold layout ops of constants with numpy (see module docstring)."""
+    return _fold_layout(func)

@@ -173,8 +173,6 @@ class Program:
         version, _, hlen = struct.unpack_from("<IIQ", data, 8)
         if version != PROGRAM_VERSION:
             raise ProgramError(f"spinn program format version {version} is not supported (this runtime reads {PROGRAM_VERSION})")
-        if len(data) < 8:
-            raise ProgramError("truncated spinn program")
         (stored,) = struct.unpack_from("<Q", data, len(data) - 8)
         if _checksum(data[:-8]) != stored:
             raise ProgramError("spinn program checksum mismatch (truncated or corrupt)")

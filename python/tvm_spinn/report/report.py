@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-import tvm
 
 from ..codegen import MANIFEST_MAGIC, MANIFEST_SYMBOL
 from ..program import Program
@@ -94,10 +93,7 @@ def _walk(mod):
 
 def find_spinn_modules(ex) -> list:
     """All ``spinn`` runtime modules imported by an executable or loaded library."""
-    if isinstance(ex, tvm.relax.VMExecutable) or hasattr(ex, "mod"):
-        root = ex.mod
-    else:
-        root = ex
+    root = ex.mod if hasattr(ex, "mod") else ex  # VMExecutable, or a loaded runtime.Module
     found = [m for m in _walk(root) if m.kind == "spinn"]
     return sorted(found, key=lambda m: str(m["get_symbol"]()))
 

@@ -100,8 +100,8 @@ class _Server:
 
 
 def _simulate_layer(tasks_by_pe: dict[int, list], start: float, arch: SpinnArch, double_buffer: bool,
-                    dram: dict, noc: dict, trace: list) -> tuple[float, dict]:
-    """Event-driven run of one layer; returns (end cycle, per-PE finish times)."""
+                    dram: dict, noc: dict, trace: list) -> float:
+    """Event-driven run of one layer; returns its end cycle."""
     dma_rate = arch.dma_bw_bytes_per_cycle
     setup = arch.dma_setup_cycles
     # Per PE: list of tiles, each (tile id, [(op, bytes, where)...] before compute, cycles, out).
@@ -125,7 +125,6 @@ def _simulate_layer(tasks_by_pe: dict[int, list], start: float, arch: SpinnArch,
     heap, seq = [], 0
     dma_free = {pe: start for pe in state}
     core_free = {pe: start for pe in state}
-    loaded = {pe: [] for pe in state}        # load-complete time per tile
     computed = {pe: [] for pe in state}      # compute-complete time per tile
     for pe in sorted(state):
         if state[pe]:
@@ -154,7 +153,6 @@ def _simulate_layer(tasks_by_pe: dict[int, list], start: float, arch: SpinnArch,
             done = t
             for nbytes, where in tile["loads"]:
                 done = transfer(pe, done, nbytes, where)
-            loaded[pe].append(done)
             begin = max(done, core_free[pe])
             end = begin + tile["cycles"]
             core_free[pe] = end
@@ -175,8 +173,7 @@ def _simulate_layer(tasks_by_pe: dict[int, list], start: float, arch: SpinnArch,
             nbytes, where = tile["out"]
             done = transfer(pe, t, nbytes, where)
             finish[pe] = max(finish.get(pe, start), done)
-    end = max(finish.values(), default=start)
-    return end, finish
+    return max(finish.values(), default=start)
 
 
 def evaluate(program: Program, arch: SpinnArch) -> Timing:
@@ -212,7 +209,7 @@ def evaluate(program: Program, arch: SpinnArch) -> Timing:
             start += max(b / link_rate for b in links[i].values())
         for server in list(dram.values()) + list(noc.values()):
             server.free = max(server.free, start)
-        end, _ = _simulate_layer(per_layer[i], start, arch, double_buffer, dram, noc, trace)
+        end = _simulate_layer(per_layer[i], start, arch, double_buffer, dram, noc, trace)
         end += arch.barrier_cycles
         dram_b = sum(task[3] for tasks in per_layer[i].values() for task in tasks
                      if task[0] != "compute" and task[4] == "dram")
