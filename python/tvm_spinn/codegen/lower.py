@@ -12,6 +12,7 @@ from tvm import relax
 from tvm.ir.expr import Constant
 
 from ..program import Layer, Program, TensorDesc
+from ..program.quant import QUANT_RANGES, quantize_multiplier, to_signed
 
 __all__ = ["lower_function", "LoweringError"]
 
@@ -117,7 +118,11 @@ class _Lowerer:
         kind = name.split(".", 1)[1]
         layer = Layer(name=f"{kind}_{len(self.program.layers)}", kind=kind, inputs=[], output=out)
         main = calls[0][1]
-        if kind.startswith(("conv2d", "dense")):
+        if kind.startswith(("qconv2d", "qdense", "qmatmul")):
+            self._lower_qgemm(layer, name, dict(calls), calls, env)
+        elif kind in ("quantize", "dequantize"):
+            self._lower_qdq(layer, main, env)
+        elif kind.startswith(("conv2d", "dense")):
             base = "conv2d" if kind.startswith("conv2d") else "dense"
             layer.kind = base
             layer.inputs = [self.operand(main.args[0], env)]
@@ -180,6 +185,95 @@ class _Lowerer:
         else:
             raise LoweringError(f"composite {name} has no spinn layer lowering")
         self.program.layers.append(layer)
+
+    # -- int8 -------------------------------------------------------------------------------
+    def _add_const(self, name: str, value: np.ndarray) -> int:
+        tid = len(self.program.tensors)
+        value = np.ascontiguousarray(value)
+        self.program.tensors.append(TensorDesc(name=f"{name}{tid}", shape=list(value.shape),
+                                               dtype=str(value.dtype), role="const"))
+        self.program.constants[tid] = value
+        return tid
+
+    def _lower_qgemm(self, layer: Layer, name: str, by_var: dict, calls: list, env: dict) -> None:
+        """An int8 GEMM (see :mod:`tvm_spinn.program.quant` for the arithmetic)."""
+        ops = {c.op.name: c for _, c in calls}
+        main = next(c for _, c in calls if c.op.name in ("relax.nn.conv2d", "relax.matmul"))
+        xdq, wdq = by_var[main.args[0]], by_var[main.args[1]]
+        base = "conv2d" if main.op.name == "relax.nn.conv2d" else ("dense" if layer.kind.startswith("qdense") else "matmul")
+        layer.kind, layer.mode = base, "int8"
+        out_shape = _shape(main)
+        channels = out_shape[1] if base == "conv2d" else out_shape[-1]
+
+        def qparams(dq, per_channel: bool) -> tuple[np.ndarray, np.ndarray, str]:
+            scale = np.asarray(dq.args[1].value.numpy(), dtype=np.float64).reshape(-1)
+            zero = dq.args[2].value.numpy().astype(np.int64).reshape(-1)
+            dtype = str(dq.args[0].ty.dtype)
+            zero = zero - (128 if dtype == "uint8" else 0)  # the array sees uint8 with its top bit flipped
+            if per_channel:
+                scale, zero = np.broadcast_to(scale, (channels,)), np.broadcast_to(zero, (channels,))
+            return scale, zero, dtype
+
+        sx, zx, xdtype = qparams(xdq, False)
+        sw, zw, wdtype = qparams(wdq, base != "matmul")
+        layer.inputs = [self.operand(xdq.args[0], env)]
+        layer.attrs.update(x_zero=int(zx[0]), x_flip=xdtype == "uint8", relu="relax.nn.relu" in ops)
+        if base == "matmul":  # both operands are activations, per-tensor
+            layer.inputs.append(self.operand(wdq.args[0], env))
+            layer.attrs.update(b_zero=int(zw[0]), b_flip=wdtype == "uint8")
+            s_acc = np.broadcast_to(sx[0] * sw[0], (channels,))
+        else:
+            weight = wdq.args[0]
+            if not isinstance(weight, Constant):
+                raise LoweringError(f"{name}: the int8 weight must be a constant")
+            layer.consts["weight"] = self._add_const("qweight", to_signed(weight.value.numpy()))
+            if np.any(zw != 0):
+                layer.consts["w_zero"] = self._add_const("wzero", zw.astype(np.int32))
+            if base == "conv2d":
+                a = main.attrs
+                layer.attrs.update(strides=_ints(a.strides), padding=_ints(a.padding),
+                                   dilation=_ints(a.dilation), groups=int(a.groups))
+            s_acc = sx[0] * sw
+        bias = None
+        if "relax.add" in ops:
+            add = ops["relax.add"]
+            b = add.args[1] if isinstance(add.args[1], Constant) else add.args[0]
+            bias = np.broadcast_to(b.value.numpy().astype(np.float64).reshape(-1), (channels,))
+        quant = ops.get("relax.quantize")
+        if quant is None:
+            layer.attrs["out"] = "float32"
+            layer.consts["scale"] = self._add_const("qscale", s_acc.astype(np.float32))
+            if bias is not None:
+                layer.consts["bias"] = self._add_const("bias", bias.astype(np.float32))
+            return
+        ydtype = str(quant.attrs.out_dtype)
+        sy = float(np.asarray(quant.args[1].value.numpy(), dtype=np.float64).reshape(-1)[0])
+        zy = int(quant.args[2].value.numpy().reshape(-1)[0])
+        lo, hi = QUANT_RANGES[ydtype]
+        mult, shift = np.zeros(channels, np.int32), np.zeros(channels, np.int32)
+        for c in range(channels):
+            try:
+                mult[c], shift[c] = quantize_multiplier(float(s_acc[c]) / sy)
+            except ValueError as err:
+                raise LoweringError(f"{name}: channel {c}: {err}") from None
+        with np.errstate(divide="ignore", invalid="ignore"):
+            bias_q = np.where(s_acc > 0, np.rint((bias if bias is not None else 0.0) / s_acc), 0.0)
+        if np.any(np.abs(bias_q) >= 2**31):
+            raise LoweringError(f"{name}: the quantized bias does not fit 32 bits (scales too small)")
+        layer.attrs.update(out=ydtype, y_zero=zy, y_min=max(lo, zy) if layer.attrs["relu"] else lo, y_max=hi)
+        layer.consts["bias_q"] = self._add_const("biasq", bias_q.astype(np.int32))
+        layer.consts["multiplier"] = self._add_const("mult", mult)
+        layer.consts["shift"] = self._add_const("shift", shift)
+
+    def _lower_qdq(self, layer: Layer, call: relax.Call, env: dict) -> None:
+        """quantize (fp32 -> int8/uint8) or dequantize, per-tensor or along ``axis``."""
+        layer.inputs = [self.operand(call.args[0], env)]
+        rank = len(_shape(call.args[0]))
+        scale = call.args[1].value.numpy().astype(np.float32).reshape(-1)
+        zero = call.args[2].value.numpy().astype(np.int32).reshape(-1)
+        layer.attrs["axis"] = int(call.attrs.axis) % rank if rank else 0
+        layer.consts["scale"] = self._add_const("qscale", scale)
+        layer.consts["zero"] = self._add_const("qzero", zero)
 
     def _bias(self, bias: relax.Expr, out: int, base: str, name: str) -> int:
         if not isinstance(bias, Constant):

@@ -10,6 +10,7 @@ from tvm.relax import transform
 
 from ..target.registry import arch_of, get_target
 from .patterns import FallbackReason, spinn_patterns
+from .qweights import hide_quantized_weights, restore_quantized_weights
 from .rewrites import FoldBatchNorm, FoldLayoutConstants
 
 __all__ = ["partition_for_spinn", "PartitionSummary", "summarize_partition"]
@@ -21,7 +22,10 @@ def partition_for_spinn(
     """Partition ``mod`` into functions offloaded to spinn (``Codegen="spinn"``) and the rest.
 
     Constants are folded first so that weights appear as constants the patterns can bind, and
-    inference batch norms are folded into their convolutions (see :mod:`.rewrites`).
+    inference batch norms are folded into their convolutions (see :mod:`.rewrites`). Quantized
+    (QDQ) convolutions and matmuls, ``gemm(dequantize(xq), dequantize(Wq))`` with optional bias,
+    ReLU and output ``quantize``, become int8 composites (``spinn.qconv2d*``, ``spinn.qdense*``,
+    ``spinn.qmatmul*``) for the MAC arrays; their int8 weights are kept out of constant folding.
     Adjacent offloaded ops are merged into one region: one spinn program per region.
 
     Parameters
@@ -39,7 +43,7 @@ def partition_for_spinn(
     """
     arch = arch_of(get_target(target))
     reasons = FallbackReason()
-    seq = tvm.transform.Sequential(
+    fold = tvm.transform.Sequential(
         [
             _ConvertConvLayout,
             FoldLayoutConstants,
@@ -47,6 +51,10 @@ def partition_for_spinn(
             FoldBatchNorm,
             transform.DecomposeOpsForInference(),  # batch norms that did not fold into a conv
             transform.FoldConstant(),
+        ]
+    )
+    offload = tvm.transform.Sequential(
+        [
             transform.FuseOpsByPattern(
                 spinn_patterns(arch, reasons), bind_constants=True, annotate_codegen=False
             ),
@@ -54,7 +62,12 @@ def partition_for_spinn(
             transform.DeadCodeElimination(),
         ]
     )
-    mod = seq(mod)
+    # Quantized (QDQ) weights must reach the int8 patterns as int8 constants: hide them from
+    # constant folding (see .qweights).
+    mod, hidden = hide_quantized_weights(mod)
+    mod = fold(mod)
+    mod = restore_quantized_weights(mod, hidden)
+    mod = offload(mod)
     return mod.with_attr("spinn_fallback_reasons", dict(sorted(reasons.reasons.items())))
 
 

@@ -17,10 +17,11 @@ from tvm.relax.transform import PatternCheckContext
 
 from ..target.arch import SpinnArch
 
-__all__ = ["spinn_patterns", "FallbackReason", "SUPPORTED_DTYPES"]
+__all__ = ["spinn_patterns", "FallbackReason", "SUPPORTED_DTYPES", "QUANTIZED_DTYPES"]
 
 LOG = logging.getLogger("tvm_spinn.partition")
 SUPPORTED_DTYPES = ("float32",)
+QUANTIZED_DTYPES = ("int8", "uint8")  # what the MAC array reads (uint8 by flipping the top bit)
 
 
 class FallbackReason:
@@ -199,6 +200,109 @@ class _Checker:
         # One whole row (in, out, double buffered) must fit a PE.
         return self._check_fits(op, root, 2 * 2 * 4 * shape[-1], f"a row of {shape[-1]} elements")
 
+    # -- int8 (QDQ) -------------------------------------------------------------------------
+    def _check_qparams(self, op: str, root: relax.Expr, ctx: PatternCheckContext, scale: str, zero: str,
+                       channels: int | None, what: str) -> bool:
+        """Scale/zero point constants: scalars, or one per channel when ``channels`` is given."""
+        s, z = ctx.annotated_expr[scale], ctx.annotated_expr[zero]
+        ns, nz = _numel(_static_shape(s)), _numel(_static_shape(z))
+        allowed = (1,) if channels is None else (1, channels)
+        if ns not in allowed or nz not in allowed:
+            kind = "per-tensor" if channels is None else f"per-tensor or per-channel ({channels})"
+            return self.log.refuse(op, root, f"{what} quantization has {ns} scales / {nz} zero points "
+                                             f"(spinn supports {kind})")
+        if _dtype(s) != "float32":
+            return self.log.refuse(op, root, f"{what} scale has dtype {_dtype(s)} (need float32)")
+        return True
+
+    def _check_quantized(self, op: str, root: relax.Expr, expr: relax.Expr, what: str) -> bool:
+        if _static_shape(expr) is None:
+            return self.log.refuse(op, root, f"{what} has a dynamic shape")
+        if _dtype(expr) not in QUANTIZED_DTYPES:
+            return self.log.refuse(op, root, f"{what} is quantized to {_dtype(expr)} (the MAC array "
+                                             f"takes {'/'.join(QUANTIZED_DTYPES)})")
+        return True
+
+    def _check_dq_axis(self, op: str, root: relax.Expr, ctx: PatternCheckContext, dq: str, scale: str,
+                       axis: int) -> bool:
+        call = ctx.annotated_expr[dq]
+        rank = len(_static_shape(call.args[0]))
+        if _numel(_static_shape(ctx.annotated_expr[scale])) > 1 and int(call.attrs.axis) % rank != axis % rank:
+            return self.log.refuse(op, root, f"per-channel weights along axis {int(call.attrs.axis)} "
+                                             f"(need the output-channel axis {axis % rank})")
+        if str(call.attrs.out_dtype) != "float32":
+            return self.log.refuse(op, root, f"dequantize to {call.attrs.out_dtype}")
+        return True
+
+    def _check_qgemm(self, op: str, ctx: PatternCheckContext) -> bool:
+        """``gemm(dequantize(xq), dequantize(wq))`` [+ bias] [relu] [quantize] on the MAC array."""
+        ann = ctx.annotated_expr
+        root = ann["root"]
+        main = ann["main"]
+        if _static_shape(main) is None or _static_shape(root) is None:
+            return self.log.refuse(op, root, "dynamic shape")
+        is_conv, is_dense = op.startswith("spinn.qconv2d"), op.startswith("spinn.qdense")
+        out_shape = _static_shape(main)
+        channels = out_shape[1] if is_conv else out_shape[-1]
+        for q, s, z, what in (("xq", "sx", "zx", "activation"), ("wq", "sw", "zw", "weight")):
+            if not self._check_quantized(op, root, ann[q], what):
+                return False
+            per_channel = channels if (what == "weight" and (is_conv or is_dense or len(_static_shape(ann[q])) >= 2)) else None
+            if not self._check_qparams(op, root, ctx, s, z, per_channel, what):
+                return False
+        if not self._check_dq_axis(op, root, ctx, "xdq", "sx", -1):
+            return False
+        w_axis = 0 if is_conv else -1
+        if not self._check_dq_axis(op, root, ctx, "wdq", "sw", w_axis):
+            return False
+        if is_conv:
+            attrs = ann["main"].attrs
+            if attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW":
+                return self.log.refuse(op, root, f"layout {attrs.data_layout}/{attrs.kernel_layout} (need NCHW/OIHW)")
+            wshape = _static_shape(ann["wq"])
+            window = wshape[2] * wshape[3]
+            min_bytes = 2 * (self.arch.mac_rows * window + window * self.arch.mac_cols) \
+                + 4 * self.arch.mac_rows * self.arch.mac_cols
+            if not self._check_fits(op, root, min_bytes, f"a {wshape[2]}x{wshape[3]} window tile"):
+                return False
+        elif is_dense and len(_static_shape(ann["wq"])) != 2:
+            return self.log.refuse(op, root, "weight must be a 2-D constant")
+        elif not is_dense and (len(_static_shape(ann["xq"])) < 2 or len(_static_shape(ann["wq"])) < 2):
+            return self.log.refuse(op, root, "matmul operands must be at least 2-D")
+        if str(getattr(main.attrs, "out_dtype", "")) not in ("", "None", "float32", "void"):
+            return self.log.refuse(op, root, f"out_dtype {main.attrs.out_dtype}")
+        if "bias" in ann:
+            if _dtype(ann["bias"]) != "float32":
+                return self.log.refuse(op, root, f"bias dtype {_dtype(ann['bias'])}")
+            if is_conv and not self._check_channel_bias(op, ctx, axis=1, rank=4):
+                return False
+            bshape = _static_shape(ann["bias"])
+            if not is_conv and (tuple(d for d in bshape if d != 1) not in ((), (channels,)) or bshape[-1] not in (1, channels)):
+                return self.log.refuse(op, root, f"bias shape {bshape} is not per-output-feature")
+        if "quant" in ann:
+            if str(ann["quant"].attrs.out_dtype) not in QUANTIZED_DTYPES:
+                return self.log.refuse(op, root, f"output quantized to {ann['quant'].attrs.out_dtype}")
+            if not self._check_qparams(op, root, ctx, "sy", "zy", None, "output"):
+                return False
+        return True
+
+    def _check_qdq(self, op: str, ctx: PatternCheckContext) -> bool:
+        """Stand-alone quantize (fp32 -> int8/uint8) or dequantize on the M4F."""
+        ann = ctx.annotated_expr
+        root = ann["root"]
+        x = ann["input"]
+        shape = _static_shape(x)
+        if shape is None or _static_shape(root) is None:
+            return self.log.refuse(op, root, "dynamic shape")
+        quantized = root if op == "spinn.quantize" else x
+        if not self._check_quantized(op, root, quantized, "tensor"):
+            return False
+        other = x if op == "spinn.quantize" else root
+        if _dtype(other) != "float32":
+            return self.log.refuse(op, root, f"{'input' if op == 'spinn.quantize' else 'output'} dtype {_dtype(other)}")
+        channels = shape[int(root.attrs.axis) % len(shape)] if shape else 1
+        return self._check_qparams(op, root, ctx, "scale", "zero", channels, "tensor")
+
 
 def _gemm_patterns(prefix: str, op: str, check: Callable) -> list:
     """``op(x, W const)`` with optional constant bias add and ReLU: four patterns, largest first."""
@@ -219,6 +323,45 @@ def _gemm_patterns(prefix: str, op: str, check: Callable) -> list:
             name = prefix + ("_bias" if bias else "") + ("_relu" if relu else "")
             out.append((name, pat, ann, _bind(check, name)))
     return out
+
+
+def _qgemm_patterns(prefix: str, op: str, check: Callable, weight_const: bool) -> list:
+    """``op(dequantize(xq), dequantize(wq))`` with optional bias, ReLU and output ``quantize``.
+
+    Eight patterns, largest first. With ``weight_const`` the weight is an int8 constant (conv2d,
+    dense); otherwise both operands are activations (matmul, no bias/ReLU variants).
+    """
+    out = []
+    for requant in (True, False):
+        for bias in ((True, False) if weight_const else (False,)):
+            for relu in ((True, False) if weight_const else (False,)):
+                xq, sx, zx = wildcard(), is_const(), is_const()
+                wq, sw, zw = (is_const() if weight_const else wildcard()), is_const(), is_const()
+                xdq = is_op("relax.dequantize")(xq, sx, zx)
+                wdq = is_op("relax.dequantize")(wq, sw, zw)
+                main = is_op(op)(xdq, wdq)
+                ann = {"xq": xq, "sx": sx, "zx": zx, "xdq": xdq, "wq": wq, "sw": sw, "zw": zw,
+                       "wdq": wdq, "main": main}
+                pat: DFPattern = main
+                if bias:
+                    ann["bias"] = b = is_const()
+                    pat = is_op("relax.add")(pat, b)
+                if relu:
+                    pat = is_op("relax.nn.relu")(pat)
+                if requant:
+                    sy, zy = is_const(), is_const()
+                    pat = is_op("relax.quantize")(pat, sy, zy)
+                    ann.update(quant=pat, sy=sy, zy=zy)
+                ann["root"] = pat
+                name = prefix + ("_bias" if bias else "") + ("_relu" if relu else "") + ("_requant" if requant else "")
+                out.append((name, pat, ann, _bind(check, name)))
+    return out
+
+
+def _qdq(name: str, op: str, chk: "_Checker"):
+    x, scale, zero = wildcard(), is_const(), is_const()
+    root = is_op(op)(x, scale, zero)
+    return (name, root, {"input": x, "scale": scale, "zero": zero, "root": root}, _bind(chk._check_qdq, name))
 
 
 def _bind(check: Callable, name: str) -> Callable[[PatternCheckContext], bool]:
@@ -271,6 +414,11 @@ def spinn_patterns(arch: SpinnArch, log: FallbackReason | None = None) -> list[t
     gamma, beta, x = is_const(), is_const(), wildcard()
     layer_norm = is_op("relax.nn.layer_norm")(x, gamma, beta)
     return [
+        *_qgemm_patterns("spinn.qconv2d", "relax.nn.conv2d", chk._check_qgemm, weight_const=True),
+        *_qgemm_patterns("spinn.qdense", "relax.matmul", chk._check_qgemm, weight_const=True),
+        *_qgemm_patterns("spinn.qmatmul", "relax.matmul", chk._check_qgemm, weight_const=False),
+        _qdq("spinn.quantize", "relax.quantize", chk),
+        _qdq("spinn.dequantize", "relax.dequantize", chk),
         *_gemm_patterns("spinn.conv2d", "relax.nn.conv2d", chk._check_conv2d),
         *_gemm_patterns("spinn.dense", "relax.matmul", chk._check_dense),
         ("spinn.matmul", matmul, {"lhs": lhs, "rhs": rhs, "root": matmul},

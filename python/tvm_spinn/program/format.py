@@ -1,6 +1,7 @@
 """The serialized *spinn program*: the one document handed from the compiler to the runtime.
 
-Binary layout (little-endian), version 2::
+Binary layout (little-endian), version 3 (2 plus int8 layers: quantize/dequantize kinds and
+``mode="int8"`` GEMMs, see :mod:`.quant`)::
 
     offset  size  field
     0       8     magic  b"SPINNPRG"
@@ -53,14 +54,15 @@ __all__ = [
 ]
 
 PROGRAM_MAGIC = b"SPINNPRG"
-PROGRAM_VERSION = 2
+PROGRAM_VERSION = 3
+_READABLE_VERSIONS = (2, 3)
 _ALIGN = 64
 
 #: Layer kinds the simulator executes; partition patterns map onto these.
 LAYER_KINDS = (
     "conv2d", "dense", "matmul", "add", "subtract", "multiply", "divide", "relu", "gelu",
     "gelu_tanh", "sigmoid", "tanh", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "softmax",
-    "layer_norm", "mean", "reshape", "permute_dims", "broadcast_to", "clip",
+    "layer_norm", "mean", "reshape", "permute_dims", "broadcast_to", "clip", "quantize", "dequantize",
 )
 
 
@@ -171,8 +173,9 @@ class Program:
         if len(data) < 32 or data[:8] != PROGRAM_MAGIC:
             raise ProgramError("not a spinn program (bad magic or shorter than its header)")
         version, _, hlen = struct.unpack_from("<IIQ", data, 8)
-        if version != PROGRAM_VERSION:
-            raise ProgramError(f"spinn program format version {version} is not supported (this runtime reads {PROGRAM_VERSION})")
+        if version not in _READABLE_VERSIONS:  # version 2 is version 3 without int8 layers
+            raise ProgramError(f"spinn program format version {version} is not supported "
+                               f"(this runtime reads {', '.join(map(str, _READABLE_VERSIONS))})")
         (stored,) = struct.unpack_from("<Q", data, len(data) - 8)
         if _checksum(data[:-8]) != stored:
             raise ProgramError("spinn program checksum mismatch (truncated or corrupt)")

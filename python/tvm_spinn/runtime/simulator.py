@@ -8,6 +8,11 @@ Numerics are those of the hardware path each layer runs on:
   to the finished accumulator, then ReLU.
 - reductions (softmax sum, layer_norm mean/variance, mean) are sequential fp32 sums per row
   (``tvm_spinn.sim.row_sum_f32``); element-wise ops are single fp32 operations (numpy float32).
+- int8 GEMMs (``mode="int8"``) on the MAC array: raw int8 products into ``acc_bits``-bit
+  wrapping accumulators (C++ kernel ``tvm_spinn.sim.gemm_i8``), one k-chunk at a time; the M4F
+  adds chunk sums in 32-bit, applies the zero-point terms and the epilogue
+  (:mod:`tvm_spinn.program.quant`). ``quantize`` is ``clamp(rint(x / s) + z)`` in fp32 (round
+  half to even, VCVTR); ``dequantize`` is ``fl(q - z) * s``.
 - ``exp`` comes from the exp/log unit, modelled as numpy's float32 ``exp``; ``erf`` (GELU) is the
   M4F library's rational approximation in fp32 (Abramowitz-Stegun 7.1.26, |error| < 1.5e-7).
 """
@@ -18,6 +23,7 @@ import numpy as np
 
 from .. import _lib
 from ..program import Layer, Program, Tile
+from ..program.quant import QUANT_RANGES, requantize, to_signed
 from ..mapping.tiling import gemm_shape
 
 __all__ = ["run_program"]
@@ -60,10 +66,14 @@ class _LayerRunner:
 
     def __init__(self, program: Program, layer: Layer, env: dict[int, np.ndarray]):
         self.p, self.layer, self.env = program, layer, env
-        self.out = np.zeros(program.tensors[layer.output].shape, dtype=_F32)
+        self.out = np.zeros(program.tensors[layer.output].shape, dtype=program.tensors[layer.output].dtype)
         k = layer.kind
-        if k in ("conv2d", "dense", "matmul"):
+        if k in ("conv2d", "dense", "matmul") and layer.mode == "int8":
+            self._prepare_qgemm()
+        elif k in ("conv2d", "dense", "matmul"):
             self._prepare_gemm()
+        elif k in ("quantize", "dequantize"):
+            self._prepare_qdq()
         elif k in ("reshape", "permute_dims", "broadcast_to"):
             x = env[layer.inputs[0]]
             if k == "permute_dims":
@@ -91,24 +101,9 @@ class _LayerRunner:
         if layer.kind == "conv2d":
             x = env[layer.inputs[0]]
             w = env[layer.consts["weight"]]
-            n, c, h, wd = x.shape
             groups = layer.attrs["groups"]
-            sh, sw = layer.attrs["strides"]
-            dh, dw = layer.attrs["dilation"]
-            pt, pl, pb, pr = layer.attrs["padding"]
-            o, cg, kh, kw = w.shape
-            oh, ow = self.out.shape[2], self.out.shape[3]
-            xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
-            # im2col is pure data movement (what the DMA gathers): rows ordered (c, kh, kw) like
-            # the OIHW weight, columns are output pixels.
-            cols = np.empty((n, groups, cg * kh * kw, oh * ow), dtype=_F32)
-            for i in range(kh):
-                for j in range(kw):
-                    patch = xp[:, :, i * dh: i * dh + sh * (oh - 1) + 1: sh, j * dw: j * dw + sw * (ow - 1) + 1: sw]
-                    patch = patch.reshape(n, groups, cg, oh * ow)
-                    cols[:, :, (np.arange(cg) * kh * kw) + i * kw + j, :] = patch
-            self.a = np.ascontiguousarray(w.reshape(groups, o // groups, cg * kh * kw))
-            self.b = cols.reshape(n * groups, cg * kh * kw, oh * ow)
+            self.a = np.ascontiguousarray(w.reshape(groups, w.shape[0] // groups, -1))
+            self.b = self._im2col(x, w.shape, 0)
             self.a_index = lambda b: b % groups
         elif layer.kind == "dense":
             x = env[layer.inputs[0]]
@@ -124,6 +119,24 @@ class _LayerRunner:
         self.c = self.out.reshape(g.batch, g.m, g.n)
         bias = layer.consts.get("bias")
         self.bias = env[bias] if bias is not None else None
+
+    def _im2col(self, x: np.ndarray, wshape, fill) -> np.ndarray:
+        """im2col is pure data movement (what the DMA gathers): rows ordered (c, kh, kw) like the
+        OIHW weight, columns are output pixels; padding reads ``fill``."""
+        n = x.shape[0]
+        groups = self.layer.attrs["groups"]
+        sh, sw = self.layer.attrs["strides"]
+        dh, dw = self.layer.attrs["dilation"]
+        pt, pl, pb, pr = self.layer.attrs["padding"]
+        _, cg, kh, kw = wshape
+        oh, ow = self.out.shape[2], self.out.shape[3]
+        xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=fill)
+        cols = np.empty((n, groups, cg * kh * kw, oh * ow), dtype=x.dtype)
+        for i in range(kh):
+            for j in range(kw):
+                patch = xp[:, :, i * dh: i * dh + sh * (oh - 1) + 1: sh, j * dw: j * dw + sw * (ow - 1) + 1: sw]
+                cols[:, :, (np.arange(cg) * kh * kw) + i * kw + j, :] = patch.reshape(n, groups, cg, oh * ow)
+        return cols.reshape(n * groups, cg * kh * kw, oh * ow)
 
     def _run_gemm(self, tile: Tile) -> None:
         (b0, _), (m0, m1), (n0, n1) = tile.region
@@ -144,6 +157,110 @@ class _LayerRunner:
         if self.layer.attrs.get("relu"):
             acc = np.maximum(acc, _F32(0))
         self.c[b0, m0:m1, n0:n1] = acc
+
+    # -- int8 GEMM -------------------------------------------------------------------------
+    def _prepare_qgemm(self) -> None:
+        layer, env, attrs = self.layer, self.env, self.layer.attrs
+        g = gemm_shape(self.p, layer)
+        self.g = g
+        x = env[layer.inputs[0]]
+        x = to_signed(x) if attrs["x_flip"] else x
+        zx = attrs["x_zero"]
+        wz = env[layer.consts["w_zero"]].astype(np.int64) if "w_zero" in layer.consts else None
+        if layer.kind == "conv2d":
+            w = env[layer.consts["weight"]]
+            groups = attrs["groups"]
+            o = w.shape[0]
+            self.a = np.ascontiguousarray(w.reshape(groups, o // groups, -1))
+            self.b = self._im2col(x, w.shape, zx)  # padding holds the zero point: real 0.0
+            self.a_index = lambda b: b % groups
+            self.za, self.zb = wz, np.int64(zx)  # rows = output channels, columns = pixels
+        elif layer.kind == "dense":
+            self.a = np.ascontiguousarray(x).reshape(1, g.m, g.k)
+            self.b = np.ascontiguousarray(env[layer.consts["weight"]]).reshape(1, g.k, g.n)
+            self.a_index = lambda b: b
+            self.za, self.zb = np.int64(zx), wz
+        else:
+            bm = env[layer.inputs[1]]
+            bm = to_signed(bm) if attrs["b_flip"] else bm
+            batch_shape = tuple(self.out.shape[:-2])
+            self.a = np.ascontiguousarray(np.broadcast_to(x, batch_shape + x.shape[-2:])).reshape(g.batch, g.m, g.k)
+            self.b = np.ascontiguousarray(np.broadcast_to(bm, batch_shape + bm.shape[-2:])).reshape(g.batch, g.k, g.n)
+            self.a_index = lambda b: b
+            self.za, self.zb = np.int64(zx), np.int64(attrs["b_zero"])
+        self.c = self.out.reshape(g.batch, g.m, g.n)
+        self.epi = {k: env[layer.consts[k]] for k in ("scale", "bias", "bias_q", "multiplier", "shift") if k in layer.consts}
+        self.acc_bits = int(self.p.arch.get("acc_bits", 29))
+
+    def _run_qgemm(self, tile: Tile) -> None:
+        (b0, _), (m0, m1), (n0, n1) = tile.region
+        g, attrs = self.g, self.layer.attrs
+        a = np.ascontiguousarray(self.a[self.a_index(b0), m0:m1])
+        bm = np.ascontiguousarray(self.b[b0, :, n0:n1])
+        acc = np.zeros((m1 - m0, n1 - n0), dtype=np.int32)
+        step = -(-g.k // tile.k_splits)
+        part = np.empty_like(acc)
+        for k0 in range(0, g.k, step):  # chunks fit the accumulator (tiling.safe_k_chunk)
+            part.fill(0)
+            _lib.gemm_i8(np.ascontiguousarray(a[:, k0:k0 + step]), np.ascontiguousarray(bm[k0:k0 + step]), part, self.acc_bits)
+            acc += part  # M4F 32-bit adds (wrap like the hardware; never reached for int8 data)
+        acc = acc.astype(np.int64)
+        if self.layer.kind == "conv2d":
+            oc0 = (b0 % attrs["groups"]) * g.m
+            ch = np.arange(oc0 + m0, oc0 + m1)[:, None]
+            za = self.za[ch] if self.za is not None else np.int64(0)
+            zb = self.zb
+        else:
+            ch = np.arange(n0, n1)[None, :]
+            za = self.za
+            zb = self.zb[ch] if isinstance(self.zb, np.ndarray) and self.zb.ndim else self.zb
+        zb = np.int64(0) if zb is None else zb
+        # sum (a - za)(b - zb) = sum ab - zb sum_k a - za sum_k b + K za zb
+        if np.any(zb != 0):
+            acc -= zb * a.sum(axis=1, dtype=np.int64)[:, None]
+        if np.any(za != 0):
+            acc -= za * bm.sum(axis=0, dtype=np.int64)[None, :]
+        acc += np.int64(g.k) * za * zb
+        acc = acc.astype(np.int32).astype(np.int64)  # 32-bit registers
+        epi = self.epi
+        if attrs["out"] == "float32":
+            y = acc.astype(_F32) * epi["scale"][ch]
+            if "bias" in epi:
+                y = y + epi["bias"][ch]
+            if attrs["relu"]:
+                y = np.maximum(y, _F32(0))
+            self.c[b0, m0:m1, n0:n1] = y
+            return
+        v = acc + epi["bias_q"][ch].astype(np.int64)
+        q = requantize(v, epi["multiplier"][ch], epi["shift"][ch], attrs["y_zero"], attrs["y_min"], attrs["y_max"])
+        self.c[b0, m0:m1, n0:n1] = q
+
+    # -- quantize / dequantize ---------------------------------------------------------------
+    def _prepare_qdq(self) -> None:
+        layer = self.layer
+        x = self.env[layer.inputs[0]]
+        scale, zero = self.env[layer.consts["scale"]], self.env[layer.consts["zero"]]
+        if scale.size > 1:
+            shape = [1] * x.ndim
+            shape[layer.attrs["axis"]] = -1
+            scale, zero = scale.reshape(shape), zero.reshape(shape)
+        else:
+            scale, zero = scale.reshape(()), zero.reshape(())
+        shape = self.out.shape
+        self.flat_in = [np.ascontiguousarray(x).reshape(-1),
+                        np.ascontiguousarray(np.broadcast_to(scale, shape)).reshape(-1),
+                        np.ascontiguousarray(np.broadcast_to(zero, shape)).reshape(-1)]
+
+    def _run_qdq(self, tile: Tile) -> None:
+        (e0, e1), = tile.region
+        x, scale, zero = (f[e0:e1] for f in self.flat_in)
+        out = self.out.reshape(-1)
+        if self.layer.kind == "quantize":
+            lo, hi = QUANT_RANGES[str(self.out.dtype)]
+            q = np.rint((x / scale).astype(_F32)) + zero.astype(_F32)
+            out[e0:e1] = np.clip(q, _F32(lo), _F32(hi)).astype(self.out.dtype)
+        else:
+            out[e0:e1] = (x.astype(np.int32) - zero).astype(_F32) * scale
 
     # -- pools -----------------------------------------------------------------------------
     def _prepare_pool(self) -> None:
@@ -226,8 +343,12 @@ class _LayerRunner:
 
     def run(self, tile: Tile) -> None:
         k = self.layer.kind
-        if k in ("conv2d", "dense", "matmul"):
+        if k in ("conv2d", "dense", "matmul") and self.layer.mode == "int8":
+            self._run_qgemm(tile)
+        elif k in ("conv2d", "dense", "matmul"):
             self._run_gemm(tile)
+        elif k in ("quantize", "dequantize"):
+            self._run_qdq(tile)
         elif k in ("softmax", "layer_norm", "mean"):
             self._run_rows(tile)
         elif k in ("max_pool2d", "avg_pool2d"):
@@ -245,7 +366,7 @@ def run_program(program: Program, inputs: list[np.ndarray]) -> list[np.ndarray]:
     for tile in program.tiles:
         by_layer.setdefault(tile.layer, []).append(tile)
     for index, layer in enumerate(program.layers):
-        if layer.mode != "fp32":
+        if layer.mode not in ("fp32", "int8"):
             raise NotImplementedError(f"layer {layer.name}: mode {layer.mode} is not simulated")
         runner = _LayerRunner(program, layer, env)
         for tile in by_layer.get(index, []):

@@ -1,0 +1,77 @@
+"""Keep quantized weights quantized through constant folding.
+
+``FoldConstant`` evaluates every call whose arguments are all constants, so the weight side of a
+QDQ GEMM, ``dequantize(W_int8 const, scale, zero_point)``, would become a float32 constant and
+the int8 weights (and their scales) would be lost before the int8 patterns can see them.
+:func:`hide_quantized_weights` turns each int8/uint8 constant under a ``dequantize`` into a
+temporary function parameter, so folding leaves it alone; :func:`restore_quantized_weights`
+binds the constants back right before pattern matching. Int32 biases are not hidden: folding
+them to float32 is what the int8 lowering expects.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+from tvm.ir.expr import Constant
+from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
+
+__all__ = ["hide_quantized_weights", "restore_quantized_weights", "QUANTIZED_DTYPES"]
+
+QUANTIZED_DTYPES = ("int8", "uint8")
+_HIDDEN_PREFIX = "spinn_qweight_"
+
+
+def _plain_functions(mod: tvm.IRModule):
+    for gvar, func in sorted(mod.functions_items(), key=lambda kv: kv[0].name_hint):
+        if isinstance(func, relax.Function) and not (
+            func.attrs and any(k in func.attrs for k in ("Codegen", "Composite", "Primitive"))
+        ):
+            yield gvar, func
+
+
+def hide_quantized_weights(mod: tvm.IRModule) -> tuple[tvm.IRModule, dict[str, dict[str, Constant]]]:
+    """Replace int8/uint8 constants read by ``dequantize`` with extra parameters.
+
+    Returns
+    -------
+    (tvm.IRModule, dict)
+        The module and, per function name, ``{parameter name: constant}`` for
+        :func:`restore_quantized_weights`.
+    """
+    data, scale, zero = is_const(), wildcard(), wildcard()
+    pattern = is_op("relax.dequantize")(data, scale, zero)
+    hidden: dict[str, dict[str, Constant]] = {}
+    mod = mod.clone()  # the caller's module stays as it was
+    for gvar, func in list(_plain_functions(mod)):
+        params: dict[str, relax.Var] = {}
+        consts: dict[str, Constant] = {}
+        seen: dict[Constant, relax.Var] = {}
+
+        def rewriter(expr, matches, params=params, consts=consts, seen=seen):
+            const = matches[data]
+            if str(const.ty.dtype) not in QUANTIZED_DTYPES:
+                return expr
+            var = seen.get(const)
+            if var is None:
+                name = f"{_HIDDEN_PREFIX}{len(params)}"
+                var = relax.Var(name, const.ty)
+                seen[const], params[name], consts[name] = var, var, const
+            return relax.op.dequantize(var, expr.args[1], expr.args[2], axis=int(expr.attrs.axis),
+                                       out_dtype=str(expr.attrs.out_dtype))
+
+        new_func = rewrite_call(pattern, rewriter, func)
+        if not params:
+            continue
+        new_func = relax.Function(list(new_func.params) + list(params.values()), new_func.body,
+                                  new_func.ret_ty, new_func.is_pure, new_func.attrs)
+        mod[gvar] = new_func
+        hidden[gvar.name_hint] = consts
+    return mod, hidden
+
+
+def restore_quantized_weights(mod: tvm.IRModule, hidden: dict[str, dict[str, Constant]]) -> tvm.IRModule:
+    """Bind the parameters made by :func:`hide_quantized_weights` back to their constants."""
+    for name, consts in sorted(hidden.items()):
+        mod = relax.transform.BindParams(name, dict(consts))(mod)
+    return mod
