@@ -11,6 +11,9 @@ Decisions, in this order, each checked against every PE's SRAM (``arch.tile_sram
 3. *Address plan*: residents from address 0, live activations first-fit above them, working
    buffers (double-buffered tile operands) at the top; :func:`check_plan` proves no two live
    ranges overlap in time and address and everything is below the SRAM size.
+
+All sizes are the tiles' (``w_bytes``, ``out_bytes``, ``sram_bytes``), which the tiling takes
+from the tensors' dtypes: int8/uint8 weights and activations count 1 byte per element.
 """
 
 from __future__ import annotations

@@ -234,9 +234,11 @@ def evaluate(program: Program, arch: SpinnArch) -> Timing:
     total_cycles = int(round(now))
     latency = total_cycles / cpc
     flops = sum(layer.flops for layer in program.layers)
+    int8_ops = sum(layer.flops for layer in program.layers if layer.mode == "int8")
     sram_bytes = totals["noc"] + totals["dram"]
     energy = (
-        flops / 2 * arch.e_flop_fp32_j
+        # int8 layers' MACs on the MAC array; everything else on the M4F.
+        (flops - int8_ops) / 2 * arch.e_flop_fp32_j + int8_ops / 2 * arch.e_mac_int8_j
         + totals["dram"] * arch.e_dram_byte_j + totals["noc"] * arch.e_noc_byte_j
         + sram_bytes * arch.e_sram_byte_j + totals["link"] * arch.e_link_byte_j
         + arch.p_static_w_per_chip * arch.chips * latency

@@ -41,11 +41,17 @@ class SpinnArch:
         MACs per cycle in 16-bit mode.
     acc_bits : int
         Width of the MAC array's accumulators (29 bits on SpiNNaker2).
+    mac_readout_cycles : int
+        Assumption: cycles for the MAC array to write one ``mac_rows x mac_cols`` block of 32-bit
+        sums to SRAM after a k-chunk (64 words = 256 B through a 128-bit SRAM port: 16). int8
+        tiles pay it once per block and k-chunk (see ``tvm_spinn.mapping.tiling``).
     clock_hz : float
         PE clock. Assumption: 250 MHz (published range 200-300 MHz; 4.5 TOPS/chip implies ~230-250).
     m4f_flops_per_cycle : float
         Assumption: sustained fp32 multiply-accumulates per cycle on the M4F (VMLA.F32 issues one
         per cycle when pipelined, loads and address arithmetic cost about as much again: 0.5).
+        Only ``mode="fp32"`` layers use it; ``mode="int8"`` GEMMs run on the MAC array at
+        :attr:`macs_per_cycle` (128x the M4F's rate with the defaults).
     m4f_elementwise_cycles : float
         Assumption: cycles per fp32 element for simple element-wise ops on the M4F (load, op, store).
     exp_unit_cycles : float
@@ -71,7 +77,9 @@ class SpinnArch:
     dma_setup_cycles : int
         Assumption: fixed cost of issuing one DMA transfer.
     e_mac_int8_j, e_flop_fp32_j, e_sram_byte_j, e_dram_byte_j, e_noc_byte_j, e_link_byte_j : float
-        Assumptions: energy per operation / byte moved (22FDX-class figures).
+        Assumptions: energy per operation / byte moved (22FDX-class figures). The timing model
+        charges ``e_mac_int8_j`` per MAC (``flops / 2``) of ``int8`` layers and ``e_flop_fp32_j``
+        per ``flops / 2`` of ``fp32`` layers.
     p_static_w_per_chip : float
         Assumption: static power per chip.
     """
@@ -86,6 +94,7 @@ class SpinnArch:
     mac_cols: int = 4
     mac16_per_cycle: int = 16
     acc_bits: int = 29
+    mac_readout_cycles: int = 16
     clock_hz: float = 250e6
     m4f_flops_per_cycle: float = 0.5
     m4f_elementwise_cycles: float = 4.0
@@ -125,8 +134,8 @@ class SpinnArch:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not value > 0:
                 raise ArchError(f"SpinnArch.{name} must be a positive number, got {value!r}")
-        for name in ("sram_reserved_bytes", "noc_hop_cycles", "barrier_cycles", "dma_setup_cycles",
-                     "e_mac_int8_j", "e_flop_fp32_j", "e_sram_byte_j", "e_dram_byte_j",
+        for name in ("sram_reserved_bytes", "mac_readout_cycles", "noc_hop_cycles", "barrier_cycles",
+                     "dma_setup_cycles", "e_mac_int8_j", "e_flop_fp32_j", "e_sram_byte_j", "e_dram_byte_j",
                      "e_noc_byte_j", "e_link_byte_j", "p_static_w_per_chip"):
             if getattr(self, name) < 0:
                 raise ArchError(f"SpinnArch.{name} must be >= 0, got {getattr(self, name)!r}")
