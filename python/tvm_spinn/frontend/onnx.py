@@ -40,8 +40,9 @@ def from_onnx(model_or_path, shape_dict: dict | None = None, passes: bool | tupl
     shape_dict : dict, optional
         Input name -> static shape, for inputs whose shape has symbolic dims.
     passes : bool or tuple of str
-        Run the ONNX-level passes (:mod:`.onnx_passes`: opset upgrade, shape inference, identity
-        removal, constant folding, BatchNorm folding, Gemm canonicalization) before import;
+        Run the ONNX-level passes (:mod:`.onnx_passes`: opset upgrade, shape inference, QOperator
+        expansion, QDQ simplification, identity removal, constant folding, BatchNorm folding,
+        Gemm canonicalization) before import;
         ``True`` runs ``DEFAULT_PASSES``, a tuple names the passes, ``False`` none.
     input_values : dict, optional
         Values for shape-only (integer) inputs, frozen into initializers before the passes.
@@ -49,6 +50,13 @@ def from_onnx(model_or_path, shape_dict: dict | None = None, passes: bool | tupl
     Returns
     -------
     tvm.IRModule
+
+    Raises
+    ------
+    OnnxImportError
+        For a missing/invalid file, dynamic input dims without ``shape_dict``, ops the importer
+        lacks, or quantization schemes other than int8/uint8 per-tensor/per-axis (int4, int16,
+        float8, blocked quantization, ...: :func:`.onnx_quant.check_quant_schemes`).
     """
     import onnx
     from tvm.relax.frontend.onnx import from_onnx as _from_onnx
@@ -71,28 +79,44 @@ def from_onnx(model_or_path, shape_dict: dict | None = None, passes: bool | tupl
                 "pass shape_dict={'" + inp.name + "': (...)}"
             )
     opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
-    _check_supported_ops(model, where)
-    applied = []
-    if passes or input_values:
-        from .onnx_passes import DEFAULT_PASSES, run_passes
+    from .onnx_passes import DEFAULT_PASSES, run_passes
+    from .onnx_quant import EXPANDABLE_OPS, check_quant_schemes
 
-        names = DEFAULT_PASSES if passes is True else tuple(passes or ())
+    names = DEFAULT_PASSES if passes is True else tuple(passes or ())
+    # QLinearConv/QLinearMatMul/ORT's com.microsoft QLinear* become Q/DQ + float ops there
+    expandable = EXPANDABLE_OPS if "expand_qlinear" in names else frozenset()
+    _check_supported_ops(model, where, expandable)
+    problems = check_quant_schemes(model)
+    if problems:
+        raise OnnxImportError(
+            f"ONNX model {where} uses {len(problems)} unsupported quantization scheme(s): "
+            + "; ".join(problems))
+    applied = []
+    if names or input_values:
         model, results = run_passes(model, names, input_values=input_values)
         applied = [r.detail for r in results if r.changed]
+        if expandable:
+            _check_supported_ops(model, where)  # nodes expand_qlinear had to keep
     mod = _from_onnx(model, shape_dict=shape_dict or None, keep_params_in_input=False)
     return mod.with_attr("spinn_source", {"framework": "onnx", "opset": opset, "file": where,
                                           "passes": applied})
 
 
-def _check_supported_ops(model, where: str) -> None:
-    """One error listing every op type the importer lacks, with the nodes that use them."""
+def _check_supported_ops(model, where: str, extra_known=frozenset()) -> None:
+    """One error listing every op type the importer lacks, with the nodes that use them.
+
+    ``extra_known`` holds domain-qualified op names (``"QLinearConv"``,
+    ``"com.microsoft.QLinearAdd"``) an ONNX pass will rewrite before the import.
+    """
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
     known = set(_get_convert_map()) | {"If"}  # If is converted by the graph walker itself
     missing: dict[str, list[str]] = {}
     for i, node in enumerate(model.graph.node):
+        key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+        if key in extra_known:
+            continue
         if node.domain not in ("", "ai.onnx") or node.op_type not in known:
-            key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
             missing.setdefault(key, []).append(node.name or f"#{i}")
     if missing:
         detail = "; ".join(f"{op} (nodes: {', '.join(nodes[:5])}{' ...' if len(nodes) > 5 else ''})"

@@ -26,6 +26,8 @@ __all__ = [
     "run_passes",
     "upgrade_opset",
     "shape_inference",
+    "expand_qlinear",
+    "simplify_qdq",
     "remove_identity",
     "fold_constants",
     "fold_batchnorm",
@@ -38,6 +40,8 @@ TARGET_OPSET = 13
 DEFAULT_PASSES = (
     "upgrade_opset",
     "shape_inference",
+    "expand_qlinear",
+    "simplify_qdq",
     "remove_identity",
     "fold_constants",
     "fold_batchnorm",
@@ -376,6 +380,33 @@ def shape_inference(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResult
 
 
 # --------------------------------------------------------------------------
+# expand_qlinear (implemented in onnx_quant, which imports this module's helpers)
+# --------------------------------------------------------------------------
+
+
+def expand_qlinear(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResult]:
+    """Rewrite QOperator nodes (``QLinearConv``, ``QLinearMatMul``, ORT's ``com.microsoft``
+    ``QLinear*``/``QGemm``) into ``DequantizeLinear -> float op -> QuantizeLinear``.
+
+    See :func:`tvm_spinn.frontend.onnx_quant.expand_qlinear`.
+    """
+    from .onnx_quant import expand_qlinear as _expand
+
+    return _expand(model)
+
+
+def simplify_qdq(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResult]:
+    """Scalar one-element Q/DQ parameters; ``Q -> DQ -> Relu -> Q`` (same parameters) becomes
+    ``Relu -> Q`` (exact).
+
+    See :func:`tvm_spinn.frontend.onnx_quant.simplify_qdq`.
+    """
+    from .onnx_quant import simplify_qdq as _simplify
+
+    return _simplify(model)
+
+
+# --------------------------------------------------------------------------
 # remove_identity
 # --------------------------------------------------------------------------
 
@@ -667,6 +698,9 @@ def _eval_node(node: onnx.NodeProto, inputs: List[Optional[np.ndarray]], opset: 
     return None
 
 
+# QuantizeLinear/DequantizeLinear are deliberately absent: quantized weights must reach the
+# importer as int8/uint8 initializers behind a DequantizeLinear (the int8 MAC matcher keys on
+# ``dequantize(const)``), not as pre-computed float tensors.
 _FOLDABLE = {
     "Constant", "Shape", "Size", "Identity", "Gather", "Concat", "Unsqueeze", "Squeeze",
     "Reshape", "Flatten", "Cast", "Add", "Sub", "Mul", "Div", "Mod", "Pow", "Max", "Min",
@@ -851,12 +885,41 @@ _FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorPro
                 onnx.TensorProto.BFLOAT16}
 
 
+def _transposed_dequantize(g: onnx.GraphProto, dq: Optional[onnx.NodeProto],
+                           const) -> Optional[onnx.NodeProto]:
+    """For ``B = DequantizeLinear(Wq)`` with a constant 2-D ``Wq``: a new DequantizeLinear of
+    ``Wq.T`` (new initializer) with the per-axis ``axis`` flipped, or None."""
+    if dq is None or dq.op_type != "DequantizeLinear" or dq.domain not in ("", "ai.onnx"):
+        return None
+    wq = const(dq.input[0])
+    params = [const(i) for i in dq.input[1:] if i]
+    if wq is None or wq.ndim != 2 or any(p is None for p in params):
+        return None
+    attrs = _attrs(dq)
+    if attrs.get("block_size", 0):
+        return None
+    w_name = _unique_name(g, dq.input[0] + "_T")
+    g.initializer.append(numpy_helper.from_array(np.ascontiguousarray(wq.T), w_name))
+    out = _unique_name(g, dq.output[0] + "_T")
+    new_attrs = {}
+    if params[0].size > 1:  # per-axis: the quantized axis moves with the transpose
+        axis = attrs.get("axis", 1)
+        new_attrs["axis"] = 1 - (axis + 2 if axis < 0 else axis)
+    return helper.make_node("DequantizeLinear", [w_name] + list(dq.input[1:]), [out],
+                            name=_unique_name(g, (dq.name or "dequantize") + "_T"), **new_attrs)
+
+
 def canonicalize_gemm(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResult]:
     """Canonicalise ``Gemm`` and fuse ``MatMul + Add`` into ``Gemm``.
 
     * ``Gemm`` with constant ``B`` and ``transB=1``: ``B`` is transposed into a
       new initializer and ``transB`` dropped; ``alpha`` is folded into constant
       ``B`` and ``beta`` into constant ``C``.
+    * ``Gemm`` with ``transB=1`` and ``B = DequantizeLinear(Wq)`` of a constant
+      quantized weight (QDQ models of ``nn.Linear``): ``Wq`` is transposed into a
+      new int8/uint8 initializer under a new DequantizeLinear (per-axis ``axis``
+      flipped), so the importer emits ``matmul(x, dequantize(Wq.T))`` rather than
+      a ``permute_dims`` of the dequantized weight.
     * ``MatMul(A, W) -> Add(bias)`` with 2-D ``A`` and ``W``, a constant 1-D
       bias and a MatMul output used only by the Add becomes ``Gemm(A, W, bias)``.
 
@@ -923,11 +986,21 @@ def canonicalize_gemm(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResu
         _eliminate_dead_value_info(g)
 
     # Gemm canonicalisation
+    inserted: Dict[int, onnx.NodeProto] = {}  # new DequantizeLinear nodes, keyed by Gemm id
+    prods = _producers(g)
     for node in g.node:
         if node.op_type != "Gemm" or node.domain not in ("", "ai.onnx"):
             continue
         a = _attrs(node)
         b = const(node.input[1])
+        if b is None and a.get("transB", 0):
+            dq = _transposed_dequantize(g, prods.get(node.input[1]), const)
+            if dq is not None:
+                inserted[id(node)] = dq
+                node.input[1] = dq.output[0]
+                _del_attr(node, "transB")
+                n_trans += 1
+            continue
         if b is None or not np.issubdtype(b.dtype, np.floating):
             continue
         b_new, c_new = b, None
@@ -958,6 +1031,13 @@ def canonicalize_gemm(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResu
             name = _unique_name(g, node.input[2] + "_canon")
             g.initializer.append(numpy_helper.from_array(np.asarray(c_new, order="C"), name))
             node.input[2] = name
+    if inserted:
+        nodes = []
+        for n in g.node:
+            if id(n) in inserted:
+                nodes.append(inserted[id(n)])
+            nodes.append(n)
+        _replace_nodes(g, nodes)
     parts = []
     if n_fused:
         parts.append(f"fused {_plural(n_fused, 'MatMul+Add')} into Gemm")
@@ -1038,6 +1118,8 @@ def freeze_inputs(model: onnx.ModelProto,
 PASSES: Dict[str, Callable[[onnx.ModelProto], Tuple[onnx.ModelProto, PassResult]]] = {
     "upgrade_opset": upgrade_opset,
     "shape_inference": shape_inference,
+    "expand_qlinear": expand_qlinear,
+    "simplify_qdq": simplify_qdq,
     "remove_identity": remove_identity,
     "fold_constants": fold_constants,
     "fold_batchnorm": fold_batchnorm,
