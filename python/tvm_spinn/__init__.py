@@ -28,6 +28,7 @@ from .pipeline import install as _install_pipeline  # noqa: E402
 from .report import Report, find_spinn_modules as report_modules, report  # noqa: E402
 from .runtime import executor as _executor  # noqa: E402,F401  (registers the runtime callback)
 from .runtime.loader import LibraryError, load_module  # noqa: E402
+from .quant import QuantizationError, QuantScheme, quantizable_layers, quantize  # noqa: E402
 from .tune import BuildOptions, TuningLogError, TuningResult, build_options, tune  # noqa: E402
 from .target import (  # noqa: E402
     ArchError, SpinnArch, arch_of, get_target, known_targets, make_system, register_default_tags,
@@ -44,4 +45,5 @@ __all__ = [
     "frontend", "MappingOptions", "MappingError", "load_module", "LibraryError", "partition_for_spinn", "summarize_partition", "report", "report_modules", "Report", "SpinnArch",
     "ArchError", "make_system", "register_system", "get_target", "known_targets", "arch_of",
     "tune", "build_options", "BuildOptions", "TuningResult", "TuningLogError",
+    "quantize", "quantizable_layers", "QuantScheme", "QuantizationError",
 ]

@@ -10,7 +10,7 @@ from tvm.relax import transform
 
 from ..target.registry import arch_of, get_target
 from .patterns import FallbackReason, spinn_patterns
-from .qweights import hide_quantized_weights, restore_quantized_weights
+from .qweights import UniqueDequantize, hide_quantized_weights, restore_quantized_weights
 from .rewrites import FoldBatchNorm, FoldLayoutConstants
 
 __all__ = ["partition_for_spinn", "PartitionSummary", "summarize_partition"]
@@ -55,6 +55,7 @@ def partition_for_spinn(
     )
     offload = tvm.transform.Sequential(
         [
+            UniqueDequantize,
             transform.FuseOpsByPattern(
                 spinn_patterns(arch, reasons), bind_constants=True, annotate_codegen=False
             ),

@@ -13,6 +13,7 @@ from typing import Callable
 
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
+from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.transform import PatternCheckContext
 
 from ..target.arch import SpinnArch
@@ -365,7 +366,10 @@ def _qdq(name: str, op: str, chk: "_Checker"):
 
 
 def _bind(check: Callable, name: str) -> Callable[[PatternCheckContext], bool]:
-    return lambda ctx: check(name, ctx)
+    # A fused pattern whose intermediate value is also read outside the match (e.g. a ReLU output
+    # feeding both the next layer's quantize and a residual add) would leak it as an extra
+    # output; a smaller pattern matches instead.
+    return lambda ctx: not has_leaking_intermediate_variables(ctx) and check(name, ctx)
 
 
 def _unary(name: str, op: str, chk: _Checker, checker=None):

@@ -16,7 +16,7 @@ from tvm import relax
 from tvm.ir.expr import Constant
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
-__all__ = ["hide_quantized_weights", "restore_quantized_weights", "QUANTIZED_DTYPES"]
+__all__ = ["hide_quantized_weights", "restore_quantized_weights", "UniqueDequantize", "QUANTIZED_DTYPES"]
 
 QUANTIZED_DTYPES = ("int8", "uint8")
 _HIDDEN_PREFIX = "spinn_qweight_"
@@ -75,3 +75,56 @@ def restore_quantized_weights(mod: tvm.IRModule, hidden: dict[str, dict[str, Con
     for name, consts in sorted(hidden.items()):
         mod = relax.transform.BindParams(name, dict(consts))(mod)
     return mod
+
+
+_GEMM_OPS = ("relax.nn.conv2d", "relax.matmul")
+
+
+@relax.expr_functor.mutator
+class _UniqueDequantize(relax.PyExprMutator):
+    """Give every GEMM its own copy of a ``dequantize`` it shares with other readers."""
+
+    def __init__(self, mod: tvm.IRModule, shared: set):
+        super().__init__(mod)
+        self.shared = shared
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: D102
+        call = super().visit_call_(call)
+        if not (isinstance(call.op, tvm.ir.Op) and call.op.name in _GEMM_OPS):
+            return call
+        args = list(call.args)
+        changed = False
+        for i, arg in enumerate(args):
+            if isinstance(arg, relax.Var) and arg in self.shared:
+                dq = self.lookup_binding(arg)
+                args[i] = self.builder_.emit(relax.Call(dq.op, dq.args, dq.attrs))
+                changed = True
+        return relax.Call(call.op, args, call.attrs, call.ty_args) if changed else call
+
+
+@relax.transform.function_pass(opt_level=0, name="SpinnUniqueDequantize")
+def UniqueDequantize(func: relax.Function, mod, _ctx) -> relax.Function:  # noqa: N802
+    """One ``dequantize`` per GEMM (ONNX Runtime's "unique DQ per node unit").
+
+    A quantized activation read by several GEMMs (q/k/v projections) may reach us through one
+    shared ``dequantize`` (ONNX QDQ models, or common-subexpression elimination); the int8
+    patterns need each GEMM to own its operand's ``dequantize``.
+    """
+    if func.attrs and any(k in func.attrs for k in ("Codegen", "Composite", "Primitive")):
+        return func
+    shared = set()
+    body = func.body
+    if not isinstance(body, relax.SeqExpr):
+        return func
+    for block in body.blocks:
+        if not isinstance(block, relax.DataflowBlock):
+            continue
+        uses = relax.analysis.udchain(block)
+        for binding in block.bindings:
+            value = binding.value
+            if (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+                    and value.op.name == "relax.dequantize" and len(uses.get(binding.var, [])) > 1):
+                shared.add(binding.var)
+    if not shared:
+        return func
+    return _UniqueDequantize(mod, shared).visit_expr(func)
