@@ -430,7 +430,7 @@ def _t(name, elem, dims, vals):
 
 
 @pytest.mark.parametrize("elem,label", [
-    (TP.INT4, "int4"), (TP.UINT4, "uint4"), (TP.INT16, "int16"), (TP.UINT16, "uint16"),
+    (TP.INT4, "int4"), (TP.UINT4, "uint4"),
     (TP.FLOAT8E4M3FN, "float8e4m3fn"), (TP.FLOAT8E5M2, "float8e5m2"),
 ])
 def test_unsupported_quantized_types(elem, label):
@@ -493,19 +493,42 @@ def test_qlinear_with_float8_and_all_problems_in_one_error():
     mm = helper.make_node("QLinearMatMul", ["a", "sa", "za", "b", "sb", "zb", "sy", "zy"], ["m"],
                           name="qmm8")
     dq = helper.make_node("DequantizeLinear", ["m", "sy", "zy"], ["d"], name="dq_out")
-    q16 = helper.make_node("QuantizeLinear", ["d", "sy", "z16"], ["y"], name="q16")
+    q16 = helper.make_node("QuantizeLinear", ["d", "sy", "z16"], ["y"], name="q4")
     inits = [_t("sa", TP.FLOAT, [], [0.5]), _t("za", f8, [], [0]), _t("b", f8, [4, 3], [1] * 12),
              _t("sb", TP.FLOAT, [], [0.5]), _t("zb", f8, [], [0]), _t("sy", TP.FLOAT, [], [0.5]),
-             _t("zy", f8, [], [0]), _t("z16", TP.INT16, [], [0])]
-    m = _model([mm, dq, q16], [_vi("a", f8, [2, 4])], [_vi("y", TP.INT16, [2, 3])], inits,
+             _t("zy", f8, [], [0]), _t("z16", TP.INT4, [], [0])]
+    m = _model([mm, dq, q16], [_vi("a", f8, [2, 4])], [_vi("y", TP.INT4, [2, 3])], inits,
                opset=21, ir_version=10)
     with pytest.raises(OnnxImportError) as err:
         from_onnx(m)
     msg = str(err.value)
-    assert "3 unsupported quantization scheme(s)" in msg
+    assert "3 unsupported quantization scheme(s)" in msg  # qmm8, dq_out and q4
     assert "QLinearMatMul node 'qmm8' has quantized inputs of type float8e4m3fn" in msg
     assert "DequantizeLinear node 'dq_out' dequantizes float8e4m3fn" in msg
-    assert "QuantizeLinear node 'q16' quantizes to int16" in msg
+    assert "QuantizeLinear node 'q4' quantizes to int4" in msg
+
+
+@pytest.mark.parametrize("elem,dtype", [(TP.INT16, np.int16), (TP.UINT16, np.uint16)])
+def test_int16_qdq_runs_on_the_fallback(elem, dtype):
+    """int16/uint16 Q/DQ are not an error: they import, and the partitioner keeps them on the
+    host with a logged reason (the MAC arrays take int8/uint8)."""
+    import tvm
+    from tvm import relax
+
+    import tvm_spinn
+
+    zero = 1000 if elem == TP.UINT16 else -7
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], name="q16"),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], name="dq16")]
+    m = _model(nodes, [_vi("x", TP.FLOAT, [2, 8])], [_vi("y", TP.FLOAT, [2, 8])],
+               [_t("s", TP.FLOAT, [], [0.01]), _t("z", elem, [], [zero])], opset=21, ir_version=10)
+    mod = from_onnx(m)
+    part = tvm_spinn.partition_for_spinn(mod)
+    assert any("int16" in r or "uint16" in r for r in part.attrs["spinn_fallback_reasons"].values())
+    x = np.linspace(-400, 400, 16, dtype=np.float32).reshape(2, 8)
+    got = relax.VirtualMachine(relax.build(mod, target="spinn"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    q = np.clip(np.rint(x / np.float32(0.01)) + zero, np.iinfo(dtype).min, np.iinfo(dtype).max)
+    np.testing.assert_array_equal(got, ((q - zero) * np.float32(0.01)).astype(np.float32))
 
 
 def test_integer_ops_without_q_dq():

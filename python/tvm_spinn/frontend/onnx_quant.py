@@ -32,6 +32,9 @@ from .onnx_passes import (PassResult, _attrs, _constants, _consumers, _copy, _el
 __all__ = ["expand_qlinear", "simplify_qdq", "check_quant_schemes", "EXPANDABLE_OPS"]
 
 _INT8 = (TensorProto.INT8, TensorProto.UINT8)
+# Stand-alone int16/uint16 QuantizeLinear/DequantizeLinear import (TVM legalizes them) and run on
+# the fallback target; only int8/uint8 reach the MAC arrays (the partitioner logs the reason).
+_QDQ_TYPES = _INT8 + (TensorProto.INT16, TensorProto.UINT16)
 _MS = "com.microsoft"
 
 # op -> (domains, quantized input slots that must be int8/uint8)
@@ -568,7 +571,8 @@ def check_quant_schemes(model: onnx.ModelProto) -> List[str]:
     Supported: ``QuantizeLinear``/``DequantizeLinear``/QLinear* nodes whose quantized tensors are
     int8 or uint8 (per-tensor or per-axis, any zero point), and int32 ``DequantizeLinear`` of a
     constant bias (read by a ``Conv``/``ConvTranspose``/``Gemm`` bias input or an ``Add``).
-    Everything else -- int4/uint4/int16/uint16/int32 activations, float8/float4 types, blocked
+    int16/uint16 ``QuantizeLinear``/``DequantizeLinear`` are accepted (they run on the fallback
+    target). Everything else -- int4/uint4/int32 activations, float8/float4 types, blocked
     quantization (``block_size`` != 0), a non-default ``precision`` -- is reported.
 
     Parameters
@@ -611,8 +615,9 @@ def check_quant_schemes(model: onnx.ModelProto) -> List[str]:
             t = a.get("output_dtype") or types.get(_inp(n, 2)) or (
                 None if _inp(n, 2) else TensorProto.UINT8)
             t = t or types.get(n.output[0])
-            if t is not None and t not in _INT8:
-                issues.append(f"quantizes to {_type_name(t)} (only int8/uint8 are supported)")
+            if t is not None and t not in _QDQ_TYPES:
+                issues.append(f"quantizes to {_type_name(t)} (only int8/uint8, and int16/uint16 on the "
+                              "fallback target, are supported)")
         elif n.op_type == "DequantizeLinear":
             t = types.get(n.input[0]) or types.get(_inp(n, 2))
             if t == TensorProto.INT32:
@@ -623,9 +628,9 @@ def check_quant_schemes(model: onnx.ModelProto) -> List[str]:
                 if not is_bias:
                     issues.append("dequantizes int32 that is not a constant Conv/Gemm/Add bias "
                                   "(int32 is only supported for biases)")
-            elif t is not None and t not in _INT8:
-                issues.append(f"dequantizes {_type_name(t)} (only int8/uint8, and int32 for "
-                              "biases, are supported)")
+            elif t is not None and t not in _QDQ_TYPES:
+                issues.append(f"dequantizes {_type_name(t)} (only int8/uint8, int16/uint16 on the "
+                              "fallback target, and int32 for biases, are supported)")
         else:
             slots = list(_QUANT_SLOTS[n.op_type][1])
             if n.op_type == "QLinearConcat":

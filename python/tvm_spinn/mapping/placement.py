@@ -28,12 +28,17 @@ def _layer_bytes(program: Program, layer: Layer) -> tuple[int, int]:
     return acts, weights
 
 
+def _work_cycles(layer: Layer, arch: SpinnArch) -> float:
+    """Single-PE compute cycles: int8 GEMMs on the MAC array, the rest on the M4F."""
+    rate = arch.macs_per_cycle if layer.mode == "int8" else arch.m4f_flops_per_cycle
+    return max(layer.flops, 1) / (2 * rate)
+
+
 def layer_estimate(program: Program, layer: Layer, arch: SpinnArch, chips: int, pes: int | None = None) -> float:
     """Cycles estimate of a layer on ``chips`` chips (or ``pes`` PEs), for mapping decisions."""
     pes = pes or chips * arch.pes_per_chip
     acts, weights = _layer_bytes(program, layer)
-    work = max(layer.flops, 1) / (2 * arch.m4f_flops_per_cycle)
-    compute = work / pes
+    compute = _work_cycles(layer, arch) / pes
     dram = (acts + weights) / (arch.dram_bw_bytes_s * chips / arch.clock_hz)
     link = 0.0
     if chips > 1:
@@ -59,7 +64,7 @@ def pipeline_groups(program: Program, arch: SpinnArch) -> list[list[int]] | None
     total = arch.total_pes
     if n > total:
         return None
-    work = [max(layer.flops, 1) for layer in program.layers]
+    work = [_work_cycles(layer, arch) for layer in program.layers]
     share = [max(1, int(total * w / sum(work))) for w in work]
     while sum(share) > total:  # trim the largest shares first (deterministic)
         i = max(range(n), key=lambda j: (share[j], -j))
