@@ -23,6 +23,7 @@ __all__ = ["spinn_patterns", "FallbackReason", "SUPPORTED_DTYPES", "QUANTIZED_DT
 LOG = logging.getLogger("tvm_spinn.partition")
 SUPPORTED_DTYPES = ("float32",)
 QUANTIZED_DTYPES = ("int8", "uint8")  # what the MAC array reads (uint8 by flipping the top bit)
+_DATA_MOVEMENT = ("spinn.reshape", "spinn.permute_dims", "spinn.broadcast_to")
 
 
 class FallbackReason:
@@ -77,7 +78,8 @@ class _Checker:
         self.log = log
 
     # -- shared ---------------------------------------------------------------------------
-    def _check_tensors(self, op: str, ctx: PatternCheckContext, names: tuple[str, ...]) -> bool:
+    def _check_tensors(self, op: str, ctx: PatternCheckContext, names: tuple[str, ...],
+                       dtypes: tuple[str, ...] = SUPPORTED_DTYPES) -> bool:
         root = ctx.annotated_expr["root"]
         for name in ("root",) + names:
             if name not in ctx.annotated_expr:
@@ -87,9 +89,9 @@ class _Checker:
                 return self.log.refuse(op, root, f"operand '{name}' is not a tensor")
             if _static_shape(expr) is None:
                 return self.log.refuse(op, root, f"operand '{name}' has a dynamic shape")
-            if _dtype(expr) not in SUPPORTED_DTYPES:
+            if _dtype(expr) not in dtypes:
                 return self.log.refuse(
-                    op, root, f"operand '{name}' has dtype {_dtype(expr)} (supported: {SUPPORTED_DTYPES})"
+                    op, root, f"operand '{name}' has dtype {_dtype(expr)} (supported: {dtypes})"
                 )
         return True
 
@@ -158,6 +160,8 @@ class _Checker:
 
     def _check_elementwise(self, op: str, ctx: PatternCheckContext) -> bool:
         names = ("lhs",) if op in ("spinn.reshape", "spinn.broadcast_to") else ("lhs", "rhs", "input")
+        if op in _DATA_MOVEMENT:  # bytes are bytes: int8 activations move like fp32 ones
+            return self._check_tensors(op, ctx, names, SUPPORTED_DTYPES + QUANTIZED_DTYPES)
         return self._check_tensors(op, ctx, names)
 
     def _check_pool2d(self, op: str, ctx: PatternCheckContext) -> bool:
