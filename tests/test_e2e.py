@@ -91,3 +91,18 @@ def test_report_is_consistent():
     assert rep.energy_j > 0 and 0 < rep.pe_utilization <= 1
     assert rep.cycles == sum(row["cycles"] for row in rep.layers)
     assert "conv2d" in str(rep)
+
+
+def test_negative_index_select_is_normalized():
+    """``x[:, -1]`` (LM heads take the last position) imports as ``take(x, -1, mode="fast")``,
+    which TVM evaluates out of bounds; the front-end fixup makes it ``take(x, n - 1)``."""
+
+    class LastPosition(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x)[:, -1] * 2.0
+
+    x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(0))
+    mod = tvm_spinn.frontend.from_pytorch(LastPosition(), (x,))
+    want = LastPosition()(x).numpy()
+    for target in ("llvm", "spinn"):
+        np.testing.assert_allclose(_run(relax.build(mod, target=target), x.numpy()), want, rtol=0, atol=0)

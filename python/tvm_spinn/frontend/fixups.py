@@ -4,12 +4,15 @@
   in TVM's llvm codegen; compute it in int32 and compare with zero, which is what the mask means.
 - comparisons of two ``bool`` tensors are emitted as float compares and fail LLVM verification;
   compare them as int8.
+- ``x[:, -1]`` is imported as ``take(x, -1, mode="fast")``, which reads out of bounds (garbage
+  or NaN); constant negative indices are normalized to ``index + dim``.
 """
 
 from __future__ import annotations
 
+import numpy as np
 from tvm import relax
-from tvm.relax.dpl import is_op, rewrite_call, wildcard
+from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
 __all__ = ["FixupImported"]
 
@@ -49,7 +52,30 @@ def _fix_bool_compare(func: relax.Function) -> relax.Function:
     return func
 
 
+def _fix_negative_take(func: relax.Function) -> relax.Function:
+    x, idx = wildcard(), is_const()
+    pattern = is_op("relax.take")(x, idx)
+
+    def rewriter(expr, matches):
+        data, index = matches[x], matches[idx]
+        shape = getattr(data.ty, "shape", None)
+        axis = expr.attrs.axis
+        if shape is None or axis is None:
+            return expr
+        values = index.value.numpy()
+        if values.dtype.kind not in "iu" or not (values < 0).any():
+            return expr
+        axis = int(axis) % len(shape.values)
+        dim = shape.values[axis]
+        if not hasattr(dim, "value"):
+            return expr
+        fixed = np.where(values < 0, values + int(dim.value), values).astype(values.dtype)
+        return relax.op.take(data, relax.const(fixed, str(values.dtype)), axis=axis, mode=expr.attrs.mode)
+
+    return rewrite_call(pattern, rewriter, func)
+
+
 @relax.transform.function_pass(opt_level=0, name="SpinnFixupImported")
 def FixupImported(func: relax.Function, _mod, _ctx) -> relax.Function:  # noqa: N802 - TVM pass naming
     """Apply the clean-ups to every Relax function of a module."""
-    return _fix_bool_compare(_fix_bool_cumsum(func))
+    return _fix_negative_take(_fix_bool_compare(_fix_bool_cumsum(func)))
