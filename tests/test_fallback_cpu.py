@@ -101,3 +101,24 @@ def test_spinn_cuda_fallback_compiles_with_nvcc():
         for src in sources:
             ptx = nvcc.compile_cuda(src, target_format="ptx", compiler="nvcc")
             assert b".entry" in bytes(ptx)
+
+
+def test_unit_reduction_with_epilogue_is_not_miscompiled():
+    """A 1x1 conv of one channel has reduction extent 1; dlight's normalization would inline the
+    fused epilogue into the update (exp(exp(0) + x*w)). Such kernels keep TVM's lowering."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([1, 1, 7, 7], "float32"))
+    w = relax.Var("w", relax.TensorType([1, 1, 1, 1], "float32"))  # a runtime weight: fallback
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.exp(relax.op.nn.conv2d(x, w)))
+            gv = bb.emit_output(y)
+        bb.emit_func_output(gv)
+    mod = bb.get()
+    xs = np.linspace(-1, 1, 49, dtype="float32").reshape(1, 1, 7, 7)
+    ws = np.full((1, 1, 1, 1), 0.5, dtype="float32")
+    for target in ("spinn", LLVM):
+        ex = relax.build(mod, target=target)
+        vm = relax.VirtualMachine(ex, tvm.cpu())
+        got = vm["main"](tvm.runtime.tensor(xs), tvm.runtime.tensor(ws)).numpy()
+        np.testing.assert_allclose(got, np.exp(xs * 0.5), rtol=1e-6)

@@ -222,6 +222,36 @@ class ParallelVectorize(dl.ScheduleRule):
             sch.parallel(par)
 
 
+def _has_unit_reduction(func: tvm.tirx.PrimFunc) -> bool:
+    """A top-level block whose reduction axes all have extent 1 (e.g. a 1x1 conv of one channel)."""
+    from tvm import s_tir
+
+    try:
+        sch = s_tir.Schedule(func)
+        blocks = sch.get_child_blocks(dl.analysis.get_root_block(sch))
+    except Exception:  # noqa: BLE001 - not a schedulable function: nothing to protect
+        return False
+    for block in blocks:
+        reduce = [iv for iv in sch.get(block).iter_vars if int(iv.iter_type) == 2]  # CommReduce
+        if reduce and all(isinstance(iv.dom.extent, tvm.tirx.IntImm) and int(iv.dom.extent) == 1
+                          for iv in reduce):
+            return True
+    return False
+
+
+@tvm.transform.module_pass(opt_level=0, name="SpinnKeepUnitReductionsUnscheduled")
+def _KeepUnitReductionsUnscheduled(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802
+    """Leave PrimFuncs with unit-extent reductions to TVM's untuned lowering.
+
+    dlight's block normalization turns such a reduction into a spatial block and then inlines
+    its epilogue into the update (``quantize(acc + x*w)`` re-read as the accumulator): wrong
+    results. Marking them scheduled keeps the default schedules away from them."""
+    for gvar, func in sorted(mod.functions_items(), key=lambda kv: kv[0].name_hint):
+        if isinstance(func, tvm.tirx.PrimFunc) and _has_unit_reduction(func):
+            mod[gvar] = func.with_attr("tirx.is_scheduled", True)
+    return mod
+
+
 def default_schedule_pass(target: tvm.target.Target) -> tvm.transform.Pass:
     """The default-schedule pass for ``target`` (call inside ``with target``).
 
@@ -238,7 +268,10 @@ def default_schedule_pass(target: tvm.target.Target) -> tvm.transform.Pass:
         tuning logs) are left alone.
     """
     if target.kind.name == "llvm":
-        return dl.ApplyDefaultSchedule(dl.cpu.GEMV(), ParallelVectorize(), dl.cpu.Reduction())
+        return tvm.transform.Sequential([
+            _KeepUnitReductionsUnscheduled,
+            dl.ApplyDefaultSchedule(dl.cpu.GEMV(), ParallelVectorize(), dl.cpu.Reduction()),
+        ])
     return dl.ApplyDefaultSchedule(
         dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
         dl.gpu.Fallback(),

@@ -89,6 +89,8 @@ class _Checker:
                 return self.log.refuse(op, root, f"operand '{name}' is not a tensor")
             if _static_shape(expr) is None:
                 return self.log.refuse(op, root, f"operand '{name}' has a dynamic shape")
+            if name == "root" and _static_shape(expr) == ():
+                return self.log.refuse(op, root, "a 0-d (scalar) result is host work")
             if _dtype(expr) not in dtypes:
                 return self.log.refuse(
                     op, root, f"operand '{name}' has dtype {_dtype(expr)} (supported: {dtypes})"
