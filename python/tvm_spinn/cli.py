@@ -47,6 +47,10 @@ def _cmd_compile(args) -> int:
 
     target = get_target(args.target)
     mod = _load_model(args.model, args.shape)
+    if args.quantize:
+        mod = _quantize(mod, args.quantize, args.quant_scheme)
+    elif args.quant_scheme:
+        raise SystemExit("tvm-spinn: --quant-scheme needs --quantize CALIBRATION.npz")
     if args.tuning_logs:
         from .tune import build_options
 
@@ -61,6 +65,35 @@ def _cmd_compile(args) -> int:
 
         print(report(ex))
     return 0
+
+
+def _quantize(mod, calibration: str, scheme: str | None):
+    """Post-training quantization with samples from an .npz: one array per input, each with a
+    leading sample axis (``name`` keys as the model's inputs, or ``arr_0``... in input order)."""
+    import numpy as np
+
+    from .quant import QuantScheme, quantize
+
+    try:
+        data = np.load(calibration)
+    except Exception as err:
+        raise SystemExit(f"tvm-spinn: cannot read calibration data {calibration!r}: {err}") from None
+    with data:
+        arrays = {name: data[name] for name in data.files}
+    if not arrays:
+        raise SystemExit(f"tvm-spinn: calibration data {calibration!r} has no arrays")
+    counts = {name: a.shape[0] if a.ndim else 0 for name, a in arrays.items()}
+    if len(set(counts.values())) != 1 or 0 in counts.values():
+        raise SystemExit(f"tvm-spinn: calibration arrays in {calibration!r} need the same leading "
+                         f"sample axis, got {counts}")
+    n = next(iter(counts.values()))
+    positional = all(name.startswith("arr_") for name in arrays)
+    if positional:
+        keys = sorted(arrays, key=lambda k: int(k[4:]))
+        samples = [[arrays[k][i] for k in keys] for i in range(n)]
+    else:
+        samples = [{k: arrays[k][i] for k in sorted(arrays)} for i in range(n)]
+    return quantize(mod, samples, QuantScheme.parse(scheme) if scheme else None)
 
 
 def _cmd_tune(args) -> int:
@@ -136,6 +169,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shape", action="append", default=[], help="input shape, name=1,3,224,224")
     p.add_argument("--report", action="store_true", help="print the performance report")
     p.add_argument("--tuning-logs", help="apply MetaSchedule tuning logs (a tvm-spinn tune work dir)")
+    p.add_argument("--quantize", metavar="CALIBRATION.npz",
+                   help="int8 post-training quantization calibrated on these samples (one array per "
+                        "input with a leading sample axis)")
+    p.add_argument("--quant-scheme", help='quantization scheme, e.g. "uint8,per-tensor,percentile=99.9" '
+                                          "or \"keep_fp32=conv2d_0\"")
     p.set_defaults(func=_cmd_compile)
     p = sub.add_parser("tune", help="autotune the fallback (non-offloaded) operators with MetaSchedule")
     p.add_argument("model", help="model file (.onnx)")

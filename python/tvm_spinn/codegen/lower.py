@@ -202,6 +202,7 @@ class _Lowerer:
         xdq, wdq = by_var[main.args[0]], by_var[main.args[1]]
         base = "conv2d" if main.op.name == "relax.nn.conv2d" else ("dense" if layer.kind.startswith("qdense") else "matmul")
         layer.kind, layer.mode = base, "int8"
+        layer.name = f"q{base}_{len(self.program.layers)}"  # e.g. qconv2d_4 (fused epilogue in attrs)
         out_shape = _shape(main)
         channels = out_shape[1] if base == "conv2d" else out_shape[-1]
 
