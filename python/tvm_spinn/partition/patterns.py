@@ -311,6 +311,17 @@ class _Checker:
         return self._check_qparams(op, root, ctx, "scale", "zero", channels, "tensor")
 
 
+def _epilogue(main: DFPattern, ann: dict, bias: bool, relu: bool) -> DFPattern:
+    """Wrap a GEMM pattern in the optional constant bias add and ReLU (annotated in ``ann``)."""
+    pat = main
+    if bias:
+        ann["bias"] = b = is_const()
+        pat = is_op("relax.add")(pat, b)
+    if relu:
+        pat = is_op("relax.nn.relu")(pat)
+    return pat
+
+
 def _gemm_patterns(prefix: str, op: str, check: Callable) -> list:
     """``op(x, W const)`` with optional constant bias add and ReLU: four patterns, largest first."""
     out = []
@@ -320,13 +331,7 @@ def _gemm_patterns(prefix: str, op: str, check: Callable) -> list:
             main = is_op(op)(data, weight)
             # "conv" is the conv2d call itself (its attrs are checked); "main" is the GEMM output.
             ann = {"input": data, "weight": weight, "conv": main, "main": main}
-            pat: DFPattern = main
-            if bias:
-                ann["bias"] = b = is_const()
-                pat = is_op("relax.add")(pat, b)
-            if relu:
-                pat = is_op("relax.nn.relu")(pat)
-            ann["root"] = pat
+            ann["root"] = pat = _epilogue(main, ann, bias, relu)
             name = prefix + ("_bias" if bias else "") + ("_relu" if relu else "")
             out.append((name, pat, ann, _bind(check, name)))
     return out
@@ -349,12 +354,7 @@ def _qgemm_patterns(prefix: str, op: str, check: Callable, weight_const: bool) -
                 main = is_op(op)(xdq, wdq)
                 ann = {"xq": xq, "sx": sx, "zx": zx, "xdq": xdq, "wq": wq, "sw": sw, "zw": zw,
                        "wdq": wdq, "main": main}
-                pat: DFPattern = main
-                if bias:
-                    ann["bias"] = b = is_const()
-                    pat = is_op("relax.add")(pat, b)
-                if relu:
-                    pat = is_op("relax.nn.relu")(pat)
+                pat = _epilogue(main, ann, bias, relu)
                 if requant:
                     sy, zy = is_const(), is_const()
                     pat = is_op("relax.quantize")(pat, sy, zy)
