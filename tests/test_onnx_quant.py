@@ -454,7 +454,8 @@ def test_output_dtype_attribute_is_checked():
                [_vi("x", TP.FLOAT, [4])], [_vi("y", TP.INT4, [4])], [_t("s", TP.FLOAT, [], [0.5])],
                opset=21, ir_version=10)
     assert check_quant_schemes(q) == [
-        "QuantizeLinear node 'q4' quantizes to int4 (only int8/uint8 are supported)"]
+        "QuantizeLinear node 'q4' quantizes to int4 (only int8/uint8, and int16/uint16 on the "
+        "fallback target, are supported)"]
 
 
 def test_blocked_quantization():
