@@ -27,12 +27,18 @@ SUBSET = [
     "test_globalaveragepool", "test_reshape_negative_dim", "test_transpose_default",
     "test_concat_2d_axis_1", "test_gather_0", "test_flatten_axis1", "test_unsqueeze_axis_0",
     "test_reduce_mean_keepdims_example", "test_slice",
+    # int8: QLinear expansion onto the MAC path (a unit-extent reduction the default CPU schedule
+    # once miscompiled), QDQ round trip, and a bf16 kernel the default schedule must not vectorize.
+    "test_qlinearconv", "test_qlinearmatmul_2D_uint8_float32", "test_quantizelinear",
+    "test_dequantizelinear", "test_einsum_batch_matmul_bfloat16",
 ]
 
 # Plain TVM imports the model as given: Reshape's shape and ReduceMean's axes (opset 18) arrive
 # as runtime tensors, which the TVM importer rejects. The spinn pipeline freezes integer
 # inputs, so it matches them.
-PLAIN_TVM_KNOWN_FAILURES = {"test_reduce_mean_keepdims_example", "test_reshape_negative_dim"}
+# TVM's importer has no QLinearConv/QLinearMatMul; the spinn ONNX passes expand them.
+PLAIN_TVM_KNOWN_FAILURES = {"test_reduce_mean_keepdims_example", "test_reshape_negative_dim",
+                            "test_qlinearconv", "test_qlinearmatmul_2D_uint8_float32"}
 
 
 @pytest.fixture(scope="module")

@@ -101,6 +101,8 @@ class ParallelVectorize(dl.ScheduleRule):
             bits = int(llvm_get_vector_width(target))
         except Exception:  # noqa: BLE001  (unknown CPU: assume 128-bit vectors)
             bits = 128
+        if any(str(buf.dtype).startswith("bfloat") for buf in func.buffer_map.values()):
+            return None  # bf16 is legalized to uint16 storage later; vectorized bf16 stores fail
         sch = tvm.s_tir.Schedule(func)
         infos = dl.normalize_prim_func(sch)
         if infos is None:
