@@ -101,11 +101,9 @@ class ParallelVectorize(dl.ScheduleRule):
             bits = int(llvm_get_vector_width(target))
         except Exception:  # noqa: BLE001  (unknown CPU: assume 128-bit vectors)
             bits = 128
-        if any(str(buf.dtype).startswith("bfloat") for buf in func.buffer_map.values()):
-            return None  # bf16 is legalized to uint16 storage later; vectorized bf16 stores fail
         sch = tvm.s_tir.Schedule(func)
         infos = dl.normalize_prim_func(sch)
-        if infos is None:
+        if infos is None or self._touches_bf16(sch, infos):
             return None
         if sum(1 for info in infos if not info.is_injective()) > 1:
             return None  # softmax, layer norm: dlight's CPU Reduction rule
@@ -141,6 +139,17 @@ class ParallelVectorize(dl.ScheduleRule):
         remaining = dl.try_inline(sch, rest)
         order = {id(info): i for i, info in enumerate(infos)}
         return sorted(pads + remaining, key=lambda info: order[id(info)])
+
+    @staticmethod
+    def _touches_bf16(sch, infos) -> bool:
+        """bf16 is legalized to uint16 storage after scheduling; vectorized bf16 stores fail."""
+        for info in infos:
+            block = sch.get(info.block_rv)
+            for region in list(block.reads) + list(block.writes):
+                holder = getattr(region, "buffer", None) or getattr(region, "source", None)
+                if str(getattr(holder, "dtype", "")).startswith("bfloat"):
+                    return True
+        return False
 
     @staticmethod
     def _dtype_bits(sch, block) -> int:
