@@ -3,9 +3,9 @@
 - :func:`FoldLayoutConstants`: ``permute_dims`` / ``reshape`` / ``astype`` of constants folded
   with numpy. ``FoldConstant`` would compile an LLVM kernel for each (every Linear's transposed
   weight): the slowest part of partitioning a transformer.
-- :func:`fold_batch_norm`: ``batch_norm(conv2d(x, W), gamma, beta, mean, var)[0]`` with constant
-  parameters becomes ``conv2d(x, W * s) + (beta - mean * s)``, ``s = gamma / sqrt(var + eps)``
-  (inference only). Other batch norms are decomposed into element-wise arithmetic by
+- :func:`fold_batch_norm`: ``batch_norm(conv2d(x, W) [+ b], gamma, beta, mean, var)[0]`` with
+  constant parameters becomes ``conv2d(x, W * s) + ((b - mean) * s + beta)``,
+  ``s = gamma / sqrt(var + eps)`` (inference only). Other batch norms are decomposed into element-wise arithmetic by
   ``DecomposeOpsForInference``, which the element-wise patterns then offload.
 """
 
@@ -20,34 +20,45 @@ __all__ = ["fold_batch_norm", "FoldBatchNorm", "FoldLayoutConstants"]
 
 
 def _pattern():
-    x, w = wildcard(), is_const()
+    x, w, b = wildcard(), is_const(), is_const()
     conv = is_op("relax.nn.conv2d")(x, w)
+    # ``nn.Conv2d(bias=True)`` before the batch norm: an add of a constant per-channel bias
+    biased = is_op("relax.add")(conv, b) | is_op("relax.add")(b, conv)
     gamma, beta, mean, var = is_const(), is_const(), is_const(), is_const()
-    bn = is_op("relax.nn.batch_norm")(conv, gamma, beta, mean, var)
-    return is_tuple_get_item(bn, 0), dict(x=x, w=w, conv=conv, bn=bn, gamma=gamma, beta=beta, mean=mean, var=var)
+    bn = is_op("relax.nn.batch_norm")(conv | biased, gamma, beta, mean, var)
+    return is_tuple_get_item(bn, 0), dict(x=x, w=w, b=b, conv=conv, bn=bn, gamma=gamma, beta=beta, mean=mean, var=var)
 
 
 def fold_batch_norm(func: relax.Function) -> relax.Function:
-    """Fold inference batch norms into the preceding conv2d of ``func``."""
+    """Fold inference batch norms into the preceding conv2d (optionally with a bias add) of ``func``."""
     pattern, parts = _pattern()
 
     def rewriter(expr, matches):
         conv, bn = matches[parts["conv"]], matches[parts["bn"]]
         attrs = conv.attrs
-        if attrs.kernel_layout != "OIHW" or int(bn.attrs.axis) != 1 or attrs.data_layout != "NCHW":
+        if (attrs.kernel_layout != "OIHW" or int(bn.attrs.axis) != 1 or attrs.data_layout != "NCHW"
+                or str(matches[parts["w"]].ty.dtype) != "float32"):
             return expr
-        arr = {k: matches[parts[k]].value.numpy().astype(np.float64) for k in ("w", "gamma", "beta", "mean", "var")}
-        if arr["w"].dtype != np.float64 or str(matches[parts["w"]].ty.dtype) != "float32":
-            return expr
-        scale = arr["gamma"] / np.sqrt(arr["var"] + float(bn.attrs.epsilon))
-        weight = (arr["w"] * scale[:, None, None, None]).astype(np.float32)
-        bias = (arr["beta"] - arr["mean"] * scale).astype(np.float32).reshape(1, -1, 1, 1)
+        weight = matches[parts["w"]].value.numpy().astype(np.float64)
+        channels = weight.shape[0]
+        bias = np.zeros(channels)
+        if parts["b"] in matches:
+            b = matches[parts["b"]].value.numpy().astype(np.float64)
+            if b.shape not in ((1, channels, 1, 1), (channels, 1, 1)):
+                return expr
+            bias = b.reshape(-1)
+        p = {k: matches[parts[k]].value.numpy().astype(np.float64).reshape(-1) for k in ("gamma", "beta", "mean", "var")}
+        gamma = p["gamma"] if bool(bn.attrs.scale) else np.ones(channels)
+        beta = p["beta"] if bool(bn.attrs.center) else np.zeros(channels)
+        scale = gamma / np.sqrt(p["var"] + float(bn.attrs.epsilon))
+        new_w = (weight * scale[:, None, None, None]).astype(np.float32)
+        new_b = ((bias - p["mean"]) * scale + beta).astype(np.float32).reshape(1, -1, 1, 1)
         new_conv = relax.op.nn.conv2d(
-            matches[parts["x"]], relax.const(weight), strides=attrs.strides, padding=attrs.padding,
+            matches[parts["x"]], relax.const(new_w), strides=attrs.strides, padding=attrs.padding,
             dilation=attrs.dilation, groups=attrs.groups, data_layout="NCHW", kernel_layout="OIHW",
             out_layout=attrs.out_layout, out_dtype=attrs.out_dtype,
         )
-        return relax.op.add(new_conv, relax.const(bias))
+        return relax.op.add(new_conv, relax.const(new_b))
 
     return rewrite_call(pattern, rewriter, func)
 

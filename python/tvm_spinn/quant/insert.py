@@ -24,7 +24,6 @@ import numpy as np
 
 import tvm
 from tvm import relax
-from tvm.relax.dpl import is_const, is_op, is_tuple_get_item, rewrite_call, wildcard
 
 from ..partition.rewrites import FoldBatchNorm, FoldLayoutConstants
 from .calibrate import activation_qparams, collect_ranges, input_specs, normalize_samples
@@ -69,49 +68,6 @@ def _main(mod) -> relax.Function:
     return mod[gv]
 
 
-def _fold_biased_batch_norm(func: relax.Function) -> relax.Function:
-    """``batch_norm(conv2d(x, W) + b, gamma, beta, mean, var)[0]`` (constant parameters, per-channel
-    bias of shape [1, C, 1, 1] or [C, 1, 1]) -> ``conv2d(x, W * s) + ((b - mean) * s + beta)``,
-    ``s = gamma / sqrt(var + eps)``. The bias-free case is ``FoldBatchNorm``'s."""
-    x, w, b = wildcard(), is_const(), is_const()
-    conv = is_op("relax.nn.conv2d")(x, w)
-    add = is_op("relax.add")(conv, b) | is_op("relax.add")(b, conv)
-    gamma, beta, mean, var = is_const(), is_const(), is_const(), is_const()
-    bn = is_op("relax.nn.batch_norm")(add, gamma, beta, mean, var)
-
-    def rewriter(expr, m):
-        c, norm = m[conv], m[bn]
-        a = c.attrs
-        if (str(a.data_layout) != "NCHW" or str(a.kernel_layout) != "OIHW" or int(norm.attrs.axis) != 1
-                or str(m[w].ty.dtype) != "float32"):
-            return expr
-        weight = m[w].value.numpy().astype(np.float64)
-        channels = weight.shape[0]
-        bias = m[b].value.numpy().astype(np.float64)
-        if bias.shape not in ((1, channels, 1, 1), (channels, 1, 1)):
-            return expr
-        p = {k: m[v].value.numpy().astype(np.float64).reshape(-1)
-             for k, v in (("gamma", gamma), ("beta", beta), ("mean", mean), ("var", var))}
-        g = p["gamma"] if bool(norm.attrs.scale) else np.ones(channels)
-        bt = p["beta"] if bool(norm.attrs.center) else np.zeros(channels)
-        s = g / np.sqrt(p["var"] + float(norm.attrs.epsilon))
-        new_w = (weight * s[:, None, None, None]).astype(np.float32)
-        new_b = ((bias.reshape(-1) - p["mean"]) * s + bt).astype(np.float32).reshape(1, channels, 1, 1)
-        new_conv = relax.op.nn.conv2d(
-            m[x], relax.const(new_w), strides=a.strides, padding=a.padding, dilation=a.dilation,
-            groups=a.groups, data_layout="NCHW", kernel_layout="OIHW", out_layout=a.out_layout,
-            out_dtype=a.out_dtype,
-        )
-        return relax.op.add(new_conv, relax.const(new_b))
-
-    return rewrite_call(is_tuple_get_item(bn, 0), rewriter, func)
-
-
-@relax.transform.function_pass(opt_level=0, name="SpinnQuantFoldBiasedBatchNorm")
-def _FoldBiasedBatchNorm(func, _mod, _ctx):  # noqa: N802 - TVM pass naming
-    return _fold_biased_batch_norm(func)
-
-
 def prepare(mod: tvm.IRModule) -> tvm.IRModule:
     """Canonicalize before calibration so the quantized weights are the folded ones.
 
@@ -122,7 +78,6 @@ def prepare(mod: tvm.IRModule) -> tvm.IRModule:
     _main(mod)
     mod = FoldLayoutConstants(mod)
     mod = FoldBatchNorm(mod)
-    mod = _FoldBiasedBatchNorm(mod)
     return relax.transform.EliminateCommonSubexpr()(mod)
 
 
