@@ -119,7 +119,7 @@ class _Lowerer:
         layer = Layer(name=f"{kind}_{len(self.program.layers)}", kind=kind, inputs=[], output=out)
         main = calls[0][1]
         if kind.startswith(("qconv2d", "qdense", "qmatmul")):
-            self._lower_qgemm(layer, name, dict(calls), calls, env)
+            self._lower_qgemm(layer, name, calls, env)
         elif kind in ("quantize", "dequantize"):
             self._lower_qdq(layer, main, env)
         elif kind.startswith(("conv2d", "dense")):
@@ -195,8 +195,9 @@ class _Lowerer:
         self.program.constants[tid] = value
         return tid
 
-    def _lower_qgemm(self, layer: Layer, name: str, by_var: dict, calls: list, env: dict) -> None:
+    def _lower_qgemm(self, layer: Layer, name: str, calls: list, env: dict) -> None:
         """An int8 GEMM (see :mod:`tvm_spinn.program.quant` for the arithmetic)."""
+        by_var = dict(calls)
         ops = {c.op.name: c for _, c in calls}
         main = next(c for _, c in calls if c.op.name in ("relax.nn.conv2d", "relax.matmul"))
         xdq, wdq = by_var[main.args[0]], by_var[main.args[1]]
@@ -281,10 +282,7 @@ class _Lowerer:
             raise LoweringError(f"{name}: bias must be a constant")
         channels = self.program.tensors[out].shape[1 if base == "conv2d" else -1]
         value = np.broadcast_to(bias.value.numpy().reshape(-1), (channels,)).astype(np.float32)
-        tid = len(self.program.tensors)
-        self.program.tensors.append(TensorDesc(name=f"bias{tid}", shape=[channels], dtype="float32", role="const"))
-        self.program.constants[tid] = np.ascontiguousarray(value)
-        return tid
+        return self._add_const("bias", value)
 
 
 def lower_function(func: relax.Function, symbol: str, arch: dict) -> Program:

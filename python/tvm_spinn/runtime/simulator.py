@@ -94,31 +94,37 @@ class _LayerRunner:
             self._prepare_pool()
 
     # -- GEMM ------------------------------------------------------------------------------
-    def _prepare_gemm(self) -> None:
-        layer, env = self.layer, self.env
-        g = gemm_shape(self.p, layer)
-        self.g = g
+    def _arrange(self, x: np.ndarray, rhs: np.ndarray, pad_fill) -> None:
+        """GEMM operands as the DMA lays them out: ``a`` [batch-or-group, m, k], ``b`` [batch, k, n].
+
+        conv2d: ``a`` = weight per group, ``b`` = im2col(x) (padding reads ``pad_fill``); dense:
+        ``a`` = x, ``b`` = weight; matmul: both broadcast over the batch dims."""
+        layer = self.layer
+        g = self.g = gemm_shape(self.p, layer)
         if layer.kind == "conv2d":
-            x = env[layer.inputs[0]]
-            w = env[layer.consts["weight"]]
             groups = layer.attrs["groups"]
-            self.a = np.ascontiguousarray(w.reshape(groups, w.shape[0] // groups, -1))
-            self.b = self._im2col(x, w.shape, 0)
+            self.a = np.ascontiguousarray(rhs.reshape(groups, rhs.shape[0] // groups, -1))
+            self.b = self._im2col(x, rhs.shape, pad_fill)
             self.a_index = lambda b: b % groups
         elif layer.kind == "dense":
-            x = env[layer.inputs[0]]
             self.a = np.ascontiguousarray(x).reshape(1, g.m, g.k)
-            self.b = np.ascontiguousarray(env[layer.consts["weight"]]).reshape(1, g.k, g.n)
+            self.b = np.ascontiguousarray(rhs).reshape(1, g.k, g.n)
             self.a_index = lambda b: b
         else:
-            a, b = env[layer.inputs[0]], env[layer.inputs[1]]
-            batch_shape = self.out.shape[:-2]
-            self.a = np.ascontiguousarray(np.broadcast_to(a, tuple(batch_shape) + a.shape[-2:])).reshape(g.batch, g.m, g.k)
-            self.b = np.ascontiguousarray(np.broadcast_to(b, tuple(batch_shape) + b.shape[-2:])).reshape(g.batch, g.k, g.n)
+            batch_shape = tuple(self.out.shape[:-2])
+            self.a = np.ascontiguousarray(np.broadcast_to(x, batch_shape + x.shape[-2:])).reshape(g.batch, g.m, g.k)
+            self.b = np.ascontiguousarray(np.broadcast_to(rhs, batch_shape + rhs.shape[-2:])).reshape(g.batch, g.k, g.n)
             self.a_index = lambda b: b
         self.c = self.out.reshape(g.batch, g.m, g.n)
-        bias = layer.consts.get("bias")
-        self.bias = env[bias] if bias is not None else None
+
+    def _rhs(self) -> np.ndarray:
+        layer = self.layer
+        return self.env[layer.consts["weight"]] if "weight" in layer.consts else self.env[layer.inputs[1]]
+
+    def _prepare_gemm(self) -> None:
+        self._arrange(self.env[self.layer.inputs[0]], self._rhs(), 0)
+        bias = self.layer.consts.get("bias")
+        self.bias = self.env[bias] if bias is not None else None
 
     def _im2col(self, x: np.ndarray, wshape, fill) -> np.ndarray:
         """im2col is pure data movement (what the DMA gathers): rows ordered (c, kh, kw) like the
@@ -161,34 +167,19 @@ class _LayerRunner:
     # -- int8 GEMM -------------------------------------------------------------------------
     def _prepare_qgemm(self) -> None:
         layer, env, attrs = self.layer, self.env, self.layer.attrs
-        g = gemm_shape(self.p, layer)
-        self.g = g
         x = env[layer.inputs[0]]
         x = to_signed(x) if attrs["x_flip"] else x
-        zx = attrs["x_zero"]
+        zx = np.int64(attrs["x_zero"])
+        rhs = self._rhs()
+        if layer.kind == "matmul" and attrs["b_flip"]:
+            rhs = to_signed(rhs)
+        # padding holds the zero point (real 0.0)
+        self._arrange(x, rhs, attrs["x_zero"])
         wz = env[layer.consts["w_zero"]].astype(np.int64) if "w_zero" in layer.consts else None
-        if layer.kind == "conv2d":
-            w = env[layer.consts["weight"]]
-            groups = attrs["groups"]
-            o = w.shape[0]
-            self.a = np.ascontiguousarray(w.reshape(groups, o // groups, -1))
-            self.b = self._im2col(x, w.shape, zx)  # padding holds the zero point: real 0.0
-            self.a_index = lambda b: b % groups
-            self.za, self.zb = wz, np.int64(zx)  # rows = output channels, columns = pixels
-        elif layer.kind == "dense":
-            self.a = np.ascontiguousarray(x).reshape(1, g.m, g.k)
-            self.b = np.ascontiguousarray(env[layer.consts["weight"]]).reshape(1, g.k, g.n)
-            self.a_index = lambda b: b
-            self.za, self.zb = np.int64(zx), wz
-        else:
-            bm = env[layer.inputs[1]]
-            bm = to_signed(bm) if attrs["b_flip"] else bm
-            batch_shape = tuple(self.out.shape[:-2])
-            self.a = np.ascontiguousarray(np.broadcast_to(x, batch_shape + x.shape[-2:])).reshape(g.batch, g.m, g.k)
-            self.b = np.ascontiguousarray(np.broadcast_to(bm, batch_shape + bm.shape[-2:])).reshape(g.batch, g.k, g.n)
-            self.a_index = lambda b: b
-            self.za, self.zb = np.int64(zx), np.int64(attrs["b_zero"])
-        self.c = self.out.reshape(g.batch, g.m, g.n)
+        # zero points of the A rows / B columns: conv rows are output channels, dense columns are
+        # output features, matmul's are per tensor
+        self.za, self.zb = {"conv2d": (wz, zx), "dense": (zx, wz)}.get(
+            layer.kind, (zx, np.int64(attrs.get("b_zero", 0))))
         self.epi = {k: env[layer.consts[k]] for k in ("scale", "bias", "bias_q", "multiplier", "shift") if k in layer.consts}
         self.acc_bits = int(self.p.arch.get("acc_bits", 29))
 
