@@ -22,11 +22,15 @@ QUANTIZED_DTYPES = ("int8", "uint8")
 _HIDDEN_PREFIX = "spinn_qweight_"
 
 
+def _is_plain(func) -> bool:
+    """A user-level Relax function (not an offloaded, composite or primitive one)."""
+    return isinstance(func, relax.Function) and not (
+        func.attrs and any(k in func.attrs for k in ("Codegen", "Composite", "Primitive")))
+
+
 def _plain_functions(mod: tvm.IRModule):
     for gvar, func in sorted(mod.functions_items(), key=lambda kv: kv[0].name_hint):
-        if isinstance(func, relax.Function) and not (
-            func.attrs and any(k in func.attrs for k in ("Codegen", "Composite", "Primitive"))
-        ):
+        if _is_plain(func):
             yield gvar, func
 
 
@@ -110,7 +114,7 @@ def UniqueDequantize(func: relax.Function, mod, _ctx) -> relax.Function:  # noqa
     shared ``dequantize`` (ONNX QDQ models, or common-subexpression elimination); the int8
     patterns need each GEMM to own its operand's ``dequantize``.
     """
-    if func.attrs and any(k in func.attrs for k in ("Codegen", "Composite", "Primitive")):
+    if not _is_plain(func):
         return func
     shared = set()
     body = func.body
