@@ -34,22 +34,23 @@ def _plain_functions(mod: tvm.IRModule):
             yield gvar, func
 
 
-def hide_quantized_weights(mod: tvm.IRModule) -> tuple[tvm.IRModule, dict[str, dict[str, Constant]]]:
+def hide_quantized_weights(mod: tvm.IRModule) -> tuple[tvm.IRModule, dict[str, dict[relax.Var, Constant]]]:
     """Replace int8/uint8 constants read by ``dequantize`` with extra parameters.
 
     Returns
     -------
     (tvm.IRModule, dict)
-        The module and, per function name, ``{parameter name: constant}`` for
+        The module and, per function name, ``{parameter: constant}`` (bound by variable, so
+        a user parameter of the same name is never confused with it) for
         :func:`restore_quantized_weights`.
     """
     data, scale, zero = is_const(), wildcard(), wildcard()
     pattern = is_op("relax.dequantize")(data, scale, zero)
-    hidden: dict[str, dict[str, Constant]] = {}
+    hidden: dict[str, dict[relax.Var, Constant]] = {}
     mod = mod.clone()  # the caller's module stays as it was
     for gvar, func in list(_plain_functions(mod)):
         params: dict[str, relax.Var] = {}
-        consts: dict[str, Constant] = {}
+        consts: dict[relax.Var, Constant] = {}
         seen: dict[Constant, relax.Var] = {}
 
         def rewriter(expr, matches, params=params, consts=consts, seen=seen):
@@ -60,7 +61,7 @@ def hide_quantized_weights(mod: tvm.IRModule) -> tuple[tvm.IRModule, dict[str, d
             if var is None:
                 name = f"{_HIDDEN_PREFIX}{len(params)}"
                 var = relax.Var(name, const.ty)
-                seen[const], params[name], consts[name] = var, var, const
+                seen[const], params[name], consts[var] = var, var, const
             return relax.op.dequantize(var, expr.args[1], expr.args[2], axis=int(expr.attrs.axis),
                                        out_dtype=str(expr.attrs.out_dtype))
 
@@ -74,7 +75,7 @@ def hide_quantized_weights(mod: tvm.IRModule) -> tuple[tvm.IRModule, dict[str, d
     return mod, hidden
 
 
-def restore_quantized_weights(mod: tvm.IRModule, hidden: dict[str, dict[str, Constant]]) -> tvm.IRModule:
+def restore_quantized_weights(mod: tvm.IRModule, hidden: dict[str, dict[relax.Var, Constant]]) -> tvm.IRModule:
     """Bind the parameters made by :func:`hide_quantized_weights` back to their constants."""
     for name, consts in sorted(hidden.items()):
         mod = relax.transform.BindParams(name, dict(consts))(mod)
