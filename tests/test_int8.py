@@ -208,10 +208,12 @@ def test_qmatmul_two_activations():
     np.testing.assert_array_equal(got.astype(np.int64), want)
 
 
-def test_reduction_longer_than_the_29_bit_accumulator():
-    """K = 20000 products of 127*127: a single 29-bit accumulation wraps, the mapping splits it."""
-    k = 20000
-    arch = tvm_spinn.SpinnArch()
+@pytest.mark.parametrize("target,k", [("spinn", 2000), ("spinn/testchip", 20000)])
+def test_reduction_longer_than_the_accumulator(target, k):
+    """K products of 127*127: one unsplit accumulation wraps (24 bits on the production chip, 29
+    on the test chip); the mapping splits it at the safe length and the result is exact."""
+    arch = tvm_spinn.arch_of(target)
+    limit = (2 ** (arch.acc_bits - 1) - 1) // (128 * 128)  # -128 * -128 products that fit
     assert k * 127 * 127 >= 2 ** (arch.acc_bits - 1)
     x = np.full((4, k), 127, dtype="int8")
     x[1] = -128
@@ -224,13 +226,18 @@ def test_reduction_longer_than_the_29_bit_accumulator():
     exact = x.astype(np.int64) @ w.astype(np.int64)
     assert wraps > 0 and not np.array_equal(naive.astype(np.int64), exact)
 
-    sx, sw, sy = 0.01, np.float32(0.01), 40.0
+    sx, sw, sy = 0.01, np.float32(0.01), 2e-3 * k  # rows 0, 1 saturate, row 2 stays in range
     mod = qgemm_module(x.shape, "int8", w, sw, 0, sx, 0, op="dense", out=(sy, 0, "int8"))
-    got, _ = run_spinn(mod, x)
+    got, _ = run_spinn(mod, x, target=target)
     mult = np.float64(np.float32(sx)) * np.float64(sw) / np.float64(np.float32(sy))
     want = ref_requant(exact.T.copy(), np.full(8, mult), 0, "int8", False).T
     np.testing.assert_array_equal(got.astype(np.int64), want)
     assert (want == 127).any() and (want == -128).any()  # saturation is exercised
+    # the program the simulator ran split K into chunks no longer than the safe length
+    (prog,) = tvm_spinn.report(relax.build(mod, target=target)).programs
+    (dense,) = [i for i, layer in enumerate(prog.layers) if layer.mode == "int8"]
+    splits = {t.k_splits for t in prog.tiles if t.layer == dense}
+    assert splits and all(-(-k // s) <= limit for s in splits)
 
 
 @pytest.mark.parametrize("axis,dtype", [(None, "int8"), (1, "uint8")])

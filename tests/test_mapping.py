@@ -149,13 +149,15 @@ def test_large_pool_planes_are_split_into_row_bands():
     np.testing.assert_allclose(out, Pools()(x).numpy(), rtol=1e-6, atol=1e-6)  # 9-term sums only
 
 
-def test_int8_reductions_are_split_so_29_bit_accumulators_never_wrap():
+@pytest.mark.parametrize("chip,bits,expected", [("production", 24, 511), ("testchip", 29, 16383)])
+def test_int8_reductions_are_split_so_accumulators_never_wrap(chip, bits, expected):
     from tvm_spinn import _lib
     from tvm_spinn.mapping.tiling import safe_k_chunk
 
-    arch = tvm_spinn.SpinnArch()
+    arch = tvm_spinn.make_system(f"acc-{chip}", chip=chip)
+    assert arch.acc_bits == bits
     limit = safe_k_chunk(arch, 8)
-    assert limit == (2**28 - 1) // 2**14  # 16383 products of -128 * -128 fit 29 signed bits
+    assert limit == expected == (2 ** (bits - 1) - 1) // 2**14  # products of -128 * -128 that fit
     k = 40000
     tm, tn, tk = choose_gemm_tile(GemmShape(1, 16, 4, k), arch, mode="int8")
     assert tk <= limit
@@ -163,10 +165,10 @@ def test_int8_reductions_are_split_so_29_bit_accumulators_never_wrap():
     a = np.full((tm, k), -128, np.int8)
     b = np.full((k, tn), -128, np.int8)
     whole = np.zeros((tm, tn), np.int32)
-    assert _lib.gemm_i8(a, b, whole, acc_bits=29) > 0  # one accumulator over all of K wraps
+    assert _lib.gemm_i8(a, b, whole, acc_bits=bits) > 0  # one accumulator over all of K wraps
     total = np.zeros((tm, tn), np.int64)
     for k0 in range(0, k, tk):  # the tiling's chunks: each fits the accumulator exactly
         part = np.zeros((tm, tn), np.int32)
-        assert _lib.gemm_i8(np.ascontiguousarray(a[:, k0:k0 + tk]), np.ascontiguousarray(b[k0:k0 + tk]), part, acc_bits=29) == 0
+        assert _lib.gemm_i8(np.ascontiguousarray(a[:, k0:k0 + tk]), np.ascontiguousarray(b[k0:k0 + tk]), part, acc_bits=bits) == 0
         total += part
     np.testing.assert_array_equal(total, a.astype(np.int64) @ b.astype(np.int64))

@@ -20,7 +20,8 @@ from tvm_spinn.mapping.tiling import GemmShape
 from tvm_spinn.program import Layer, Program, TensorDesc
 
 ARCH = tvm_spinn.SpinnArch()
-SAFE_K = (2**28 - 1) // 2**14  # products of -128 * -128 that fit a signed 29-bit accumulator
+# products of -128 * -128 that fit the signed accumulator: 511 on the production chip's 24 bits
+SAFE_K = (2 ** (ARCH.acc_bits - 1) - 1) // (128 * 128)
 DENSE = (256, 1024, 1024)  # M, K, N
 CONV = (64, 32, 32, 64, 3)  # C, H, W, OC, kernel
 

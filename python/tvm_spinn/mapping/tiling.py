@@ -178,8 +178,9 @@ def safe_k_chunk(arch: SpinnArch, operand_bits: int = 8) -> int:
 
     Each product of two signed ``operand_bits`` values is at most ``2**(2*(bits-1))`` in
     magnitude (-128 * -128 for int8), so ``k`` products fit a signed ``acc_bits`` accumulator when
-    ``k * 2**(2*(bits-1)) <= 2**(acc_bits-1) - 1``: 16383 for int8 into 29 bits. Longer reductions
-    are split into chunks whose partial sums the M4F adds in 32-bit.
+    ``k * 2**(2*(bits-1)) <= 2**(acc_bits-1) - 1``: 511 for int8 into the production chip's 24
+    bits, 16383 into the test chip's 29. Longer reductions are split into chunks whose partial
+    sums the M4F adds in 32-bit.
     """
     return max(1, (2 ** (arch.acc_bits - 1) - 1) // 2 ** (2 * (operand_bits - 1)))
 
@@ -237,7 +238,7 @@ def choose_gemm_tile(g: GemmShape, arch: SpinnArch, name: str = "gemm", pes: int
             tk = g.k if tk_max >= g.k else max(r, (tk_max // r) * r)
             if tk > tk_max:
                 continue
-            if mode == "int8":  # the MAC array's 29-bit accumulators must never wrap
+            if mode == "int8":  # the MAC array's acc_bits-bit accumulators must never wrap
                 tk = min(tk, safe_k_chunk(arch, 8))
             mt, nt = _ceil(g.m, tm), _ceil(g.n, tn)
             tiles = g.batch * mt * nt

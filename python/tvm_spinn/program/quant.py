@@ -6,12 +6,13 @@ An int8 GEMM layer computes, per output element and channel ``c``::
     fp32 epilogue:  y = fl(fl(acc) * scale[c]) [+ bias[c]] [ReLU]        (M4F, fp32)
     int8 epilogue:  y = clamp(zy + rshift_round(acc + bias_q[c]) * M0[c], shift[c]), lo, hi)
 
-- The MAC array multiplies raw int8 operands into 29-bit accumulators; ``uint8`` tensors enter
-  it with their top bit flipped (``u - 128``, zero point shifted by the same 128), so both
-  activation types use the same signed array. The zero-point terms
-  (``- zw * sum x - zx * sum w + K zx zw``) are added by the M4F after the array; reductions
-  longer than :func:`tvm_spinn.mapping.tiling.safe_k_chunk` are split so the 29-bit
-  accumulator never wraps, and the M4F adds the chunk sums in 32-bit.
+- The MAC array multiplies raw int8 operands into signed ``SpinnArch.acc_bits``-bit accumulators
+  (24 bits on the production chip, 29 on the test chip); ``uint8`` tensors enter it with their
+  top bit flipped (``u - 128``, zero point shifted by the same 128), so both activation types use
+  the same signed array. The zero-point terms (``- zw * sum x - zx * sum w + K zx zw``) are added
+  by the M4F after the array; reductions longer than
+  :func:`tvm_spinn.mapping.tiling.safe_k_chunk` (511 products for 24 bits, 16383 for 29) are
+  split so the accumulator never wraps, and the M4F adds the chunk sums in 32-bit.
 - Requantization (assumption: a 32-bit fixed-point multiplier, as in TFLite/CMSIS-NN, done by
   the array's output stage): the real multiplier ``M = sx * sw[c] / sy`` is written as
   ``M0 * 2**-shift`` with ``2**30 <= M0 < 2**31``; ``rshift_round(v, s) = (v + 2**(s-1)) >> s``

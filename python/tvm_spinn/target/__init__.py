@@ -1,12 +1,12 @@
 """Target model (architecture dataclass) and target tag registration."""
 
-from .arch import ArchError, SpinnArch, make_system
+from .arch import CHIPS, ArchError, SpinnArch, make_system
 from .registry import (
     SYSTEMS, arch_of, get_target, is_spinn_target, known_targets, register_default_tags,
     register_system,
 )
 
 __all__ = [
-    "ArchError", "SpinnArch", "make_system", "SYSTEMS", "arch_of", "get_target",
+    "ArchError", "CHIPS", "SpinnArch", "make_system", "SYSTEMS", "arch_of", "get_target",
     "is_spinn_target", "known_targets", "register_default_tags", "register_system",
 ]

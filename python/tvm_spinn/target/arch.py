@@ -1,8 +1,25 @@
 """The SpiNNaker2-class target model: one frozen dataclass, every number a named parameter.
 
-Published figures (SpiNNaker2 papers and SpiNNcloud material) are used where they exist; the
-rest are *assumptions* documented next to the field. Everything downstream (tiling, placement,
-timing, energy) reads its numbers from a :class:`SpinnArch` and nothing else.
+The defaults describe the **production SpiNNaker2 chip** at its upper DVFS level (300 MHz).
+Published figures are cited next to the field that holds them; the rest are *assumptions*,
+marked as such. Sources:
+
+- [OJCAS26] the production-chip paper, arXiv 2607.24396 (IEEE OJCAS 2026), read through a
+  secondary summary: 152 PEs of which 148 run applications, a 16 x 4 int8 MAC array per PE with
+  24-bit accumulators, 5.837 TOPS theoretical and 4.563 TOPS measured at 300 MHz, 2.77 TOPS/W at
+  150 MHz and 2.06 TOPS/W at 300 MHz, NoC of 192-bit flits, 5 cycles per hop, 307.2 Gbit/s
+  bisection; ~6 Gbit/s per on-board chip-to-chip link.
+- [SpiNNMachine] SpiNNakerManchester/SpiNNMachine ``spinn_machine/version/version_spin2.py``:
+  ``clock_speeds_hz`` = 150 and 300 (MHz); 16,384 router entries. 150 MHz runs at 0.5 V and
+  300 MHz at 0.8 V.
+- [DS003] SpiNNaker2 datasheet v0.03: 2 GB LPDDR4 per chip, up to 6.4 GB/s sustained.
+- [TUD-FAQ] TU Dresden SpiNNaker2 FAQ: the *test chip*'s MAC array accumulated in 29 bits.
+
+Everything downstream (tiling, placement, timing, energy) reads its numbers from a
+:class:`SpinnArch` and nothing else. :data:`CHIPS` holds the presets ``"production"`` (the
+defaults), ``"production-150mhz"`` (the lower DVFS level) and ``"testchip"`` (the numbers this
+model used before it followed the production chip, kept so earlier results can be reproduced);
+:func:`make_system` starts from one of them.
 """
 
 from __future__ import annotations
@@ -10,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field, fields
 
-__all__ = ["SpinnArch", "ArchError", "make_system"]
+__all__ = ["SpinnArch", "ArchError", "make_system", "CHIPS"]
 
 
 class ArchError(ValueError):
@@ -21,6 +38,9 @@ class ArchError(ValueError):
 class SpinnArch:
     """Architecture parameters of a SpiNNaker2-class many-core system.
 
+    The defaults are the production SpiNNaker2 chip at 300 MHz; the bracketed tags name the
+    sources listed in the module docstring.
+
     Parameters
     ----------
     name : str
@@ -28,25 +48,32 @@ class SpinnArch:
     chips : int
         Number of chips in the system (1 chip, 48 per board, ~35k for SpiNNcloud).
     pes_per_chip : int
-        Processing elements (Arm Cortex-M4F) per chip; 152 = 38 quad-PEs.
+        Processing elements (Arm Cortex-M4F) per chip that run applications, the only ones the
+        mapping places work on: 148 [OJCAS26]. Global PE indices run over these.
+    mgmt_pes_per_chip : int
+        PEs per chip kept by the chip's management software, never given work: 152 - 148 = 4
+        [OJCAS26] (one quad-PE). Counted only by :attr:`physical_pes_per_chip`.
     pes_per_qpe : int
-        PEs per quad-PE (the NoC router endpoint).
+        PEs per quad-PE (the NoC router endpoint): 4 [OJCAS26].
     sram_bytes : int
-        Local SRAM per PE (code, stack and data share it).
+        Local SRAM per PE (code, stack and data share it): 128 KiB.
     sram_reserved_bytes : int
         Assumption: SRAM kept for code, stack and runtime state, unavailable to tiles.
     mac_rows, mac_cols : int
-        Shape of the output-stationary MAC array (16 x 4 = 64 int8 MACs/cycle).
+        Shape of the output-stationary MAC array: 16 x 4 = 64 int8 MACs/cycle [OJCAS26].
     mac16_per_cycle : int
-        MACs per cycle in 16-bit mode.
+        MACs per cycle in 16-bit mode (pairs of int8 MACs fuse: 64 / 4 [OJCAS26]).
     acc_bits : int
-        Width of the MAC array's accumulators (29 bits on SpiNNaker2).
+        Width of the MAC array's signed accumulators: 24 bits on the production chip [OJCAS26]
+        (29 on the test chip [TUD-FAQ]). Int8 reductions are split at
+        :func:`tvm_spinn.mapping.tiling.safe_k_chunk` (511 products for 24 bits) so it never wraps.
     mac_readout_cycles : int
         Assumption: cycles for the MAC array to write one ``mac_rows x mac_cols`` block of 32-bit
         sums to SRAM after a k-chunk (64 words = 256 B through a 128-bit SRAM port: 16). int8
         tiles pay it once per block and k-chunk (see ``tvm_spinn.mapping.tiling``).
     clock_hz : float
-        PE clock. Assumption: 250 MHz (published range 200-300 MHz; 4.5 TOPS/chip implies ~230-250).
+        PE clock: 300 MHz, the upper of the two DVFS levels (150 MHz at 0.5 V, 300 MHz at 0.8 V)
+        [SpiNNMachine]; the level [OJCAS26] measured its TOPS at.
     m4f_flops_per_cycle : float
         Assumption: sustained fp32 multiply-accumulates per cycle on the M4F (VMLA.F32 issues one
         per cycle when pipelined, loads and address arithmetic cost about as much again: 0.5).
@@ -55,66 +82,77 @@ class SpinnArch:
     m4f_elementwise_cycles : float
         Assumption: cycles per fp32 element for simple element-wise ops on the M4F (load, op, store).
     exp_unit_cycles : float
-        Assumption: cycles per element through the exp/log accelerator.
+        Assumption: cycles per element through the exp/log accelerator (a pipelined unit;
+        [OJCAS26] gives 7-22 cycles latency).
     dram_bytes : int
-        LPDDR4 capacity per chip (2 GB).
+        LPDDR4 capacity per chip: 2 GB [DS003].
     dram_bw_bytes_s : float
-        LPDDR4 bandwidth per chip (6.4 GB/s).
+        LPDDR4 bandwidth per chip: 6.4 GB/s [DS003].
     dma_bw_bytes_per_cycle : float
-        Assumption: per-PE DMA engine bandwidth between SRAM and the NoC (8 B/cycle = 2 GB/s at
-        250 MHz).
+        Assumption: per-PE DMA engine bandwidth between SRAM and the NoC (8 B/cycle = 2.4 GB/s at
+        300 MHz).
     noc_bw_bytes_s : float
-        Assumption: aggregate NoC bisection bandwidth per chip (not published; 64 GB/s).
+        Aggregate NoC bisection bandwidth per chip: 307.2 Gbit/s = 38.4 GB/s [OJCAS26].
     noc_hop_cycles : int
-        Assumption: per-hop router latency.
+        Router latency per hop: 5 cycles [OJCAS26].
     links_per_chip : int
-        Chip-to-chip links (6).
+        Chip-to-chip links: 6 [OJCAS26, SpiNNMachine].
     link_bw_bytes_s : float
-        Assumption: bandwidth per chip-to-chip link (not published; 0.5 GB/s, in line with
-        SpiNNaker2's serial links).
+        Bandwidth per chip-to-chip link: ~6 Gbit/s = 0.75 GB/s on a board [OJCAS26] (board-to-board
+        links are slower, ~2 Gbit/s; the model has one link speed).
     barrier_cycles : int
         Assumption: cycles for a chip-wide barrier (a NoC multicast round trip).
     dma_setup_cycles : int
         Assumption: fixed cost of issuing one DMA transfer.
-    e_mac_int8_j, e_flop_fp32_j, e_sram_byte_j, e_dram_byte_j, e_noc_byte_j, e_link_byte_j : float
-        Assumptions: energy per operation / byte moved (22FDX-class figures). The timing model
-        charges ``e_mac_int8_j`` per MAC (``flops / 2``) of ``int8`` layers and ``e_flop_fp32_j``
-        per ``flops / 2`` of ``fp32`` layers.
+    e_mac_int8_j : float
+        Energy per int8 MAC on the array, *derived* from [OJCAS26]: at 300 MHz the chip runs
+        4.563 TOPS at 2.06 TOPS/W, i.e. 4.563 / 2.06 = 2.215 W for 2.2815e12 MAC/s; less the
+        assumed :attr:`p_static_w_per_chip` (0.5 W) that leaves (2.215 - 0.5) / 2.2815e12 =
+        0.752 pJ per MAC (operand SRAM reads included). A chip fully busy at the measured rate
+        therefore reproduces the published 2.06 TOPS/W.
+    e_flop_fp32_j, e_sram_byte_j, e_dram_byte_j, e_noc_byte_j, e_link_byte_j : float
+        Assumptions: energy per fp32 MAC on the M4F / byte moved (22FDX-class figures). The timing
+        model charges ``e_mac_int8_j`` per MAC (``flops / 2``) of ``int8`` layers and
+        ``e_flop_fp32_j`` per ``flops / 2`` of ``fp32`` layers.
     p_static_w_per_chip : float
-        Assumption: static power per chip.
+        Assumption: static power per chip at 0.8 V (0.5 W).
+    host_fallback : {"llvm", "cuda"}
+        Where operators that are not offloaded run.
     """
 
     name: str = "spinn2-chip"
     chips: int = 1
-    pes_per_chip: int = 152
+    pes_per_chip: int = 148  # [OJCAS26]
+    mgmt_pes_per_chip: int = 4  # [OJCAS26]: 152 - 148
     pes_per_qpe: int = 4
     sram_bytes: int = 128 * 1024
-    sram_reserved_bytes: int = 16 * 1024
-    mac_rows: int = 16
-    mac_cols: int = 4
+    sram_reserved_bytes: int = 16 * 1024  # assumption
+    mac_rows: int = 16  # [OJCAS26]
+    mac_cols: int = 4  # [OJCAS26]
     mac16_per_cycle: int = 16
-    acc_bits: int = 29
-    mac_readout_cycles: int = 16
-    clock_hz: float = 250e6
-    m4f_flops_per_cycle: float = 0.5
-    m4f_elementwise_cycles: float = 4.0
-    exp_unit_cycles: float = 2.0
-    dram_bytes: int = 2 * 1024**3
-    dram_bw_bytes_s: float = 6.4e9
-    dma_bw_bytes_per_cycle: float = 8.0
-    noc_bw_bytes_s: float = 64e9
-    noc_hop_cycles: int = 4
-    links_per_chip: int = 6
-    link_bw_bytes_s: float = 0.5e9
-    barrier_cycles: int = 200
-    dma_setup_cycles: int = 50
-    e_mac_int8_j: float = 0.3e-12
-    e_flop_fp32_j: float = 10e-12
-    e_sram_byte_j: float = 1e-12
-    e_dram_byte_j: float = 40e-12
-    e_noc_byte_j: float = 2e-12
-    e_link_byte_j: float = 20e-12
-    p_static_w_per_chip: float = 0.5
+    acc_bits: int = 24  # [OJCAS26]
+    mac_readout_cycles: int = 16  # assumption
+    clock_hz: float = 300e6  # [SpiNNMachine], [OJCAS26]
+    m4f_flops_per_cycle: float = 0.5  # assumption
+    m4f_elementwise_cycles: float = 4.0  # assumption
+    exp_unit_cycles: float = 2.0  # assumption
+    dram_bytes: int = 2 * 1024**3  # [DS003]
+    dram_bw_bytes_s: float = 6.4e9  # [DS003]
+    dma_bw_bytes_per_cycle: float = 8.0  # assumption
+    noc_bw_bytes_s: float = 307.2e9 / 8  # [OJCAS26]
+    noc_hop_cycles: int = 5  # [OJCAS26]
+    links_per_chip: int = 6  # [OJCAS26]
+    link_bw_bytes_s: float = 6e9 / 8  # [OJCAS26]
+    barrier_cycles: int = 200  # assumption
+    dma_setup_cycles: int = 50  # assumption
+    # [OJCAS26] derived, see the docstring: (measured W at 300 MHz - static W) / measured MAC/s
+    e_mac_int8_j: float = (4.563e12 / 2.06e12 - 0.5) / (4.563e12 / 2)
+    e_flop_fp32_j: float = 10e-12  # assumption
+    e_sram_byte_j: float = 1e-12  # assumption
+    e_dram_byte_j: float = 40e-12  # assumption
+    e_noc_byte_j: float = 2e-12  # assumption
+    e_link_byte_j: float = 20e-12  # assumption
+    p_static_w_per_chip: float = 0.5  # assumption
     host_fallback: str = field(default="llvm")
 
     def __post_init__(self) -> None:
@@ -134,7 +172,11 @@ class SpinnArch:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not value > 0:
                 raise ArchError(f"SpinnArch.{name} must be a positive number, got {value!r}")
-        for name in ("sram_reserved_bytes", "mac_readout_cycles", "noc_hop_cycles", "barrier_cycles",
+        if not isinstance(self.mgmt_pes_per_chip, int) or isinstance(self.mgmt_pes_per_chip, bool):
+            raise ArchError(f"SpinnArch.mgmt_pes_per_chip must be an integer, got {self.mgmt_pes_per_chip!r}")
+        if not isinstance(self.acc_bits, int) or isinstance(self.acc_bits, bool):
+            raise ArchError(f"SpinnArch.acc_bits must be an integer, got {self.acc_bits!r}")
+        for name in ("mgmt_pes_per_chip", "sram_reserved_bytes", "mac_readout_cycles", "noc_hop_cycles", "barrier_cycles",
                      "dma_setup_cycles", "e_mac_int8_j", "e_flop_fp32_j", "e_sram_byte_j", "e_dram_byte_j",
                      "e_noc_byte_j", "e_link_byte_j", "p_static_w_per_chip"):
             if getattr(self, name) < 0:
@@ -160,8 +202,13 @@ class SpinnArch:
     # Derived figures -------------------------------------------------------------------------
     @property
     def total_pes(self) -> int:
-        """PEs in the whole system."""
+        """PEs that run applications in the whole system (management PEs excluded)."""
         return self.chips * self.pes_per_chip
+
+    @property
+    def physical_pes_per_chip(self) -> int:
+        """PEs on one chip, application and management ones (152 on SpiNNaker2)."""
+        return self.pes_per_chip + self.mgmt_pes_per_chip
 
     @property
     def tile_sram_bytes(self) -> int:
@@ -175,7 +222,11 @@ class SpinnArch:
 
     @property
     def peak_int8_ops_s(self) -> float:
-        """Peak int8 operations per second of the system (1 MAC = 2 ops)."""
+        """Peak int8 operations per second of the application PEs (1 MAC = 2 ops).
+
+        5.683 TOPS for the production chip at 300 MHz: 148 PEs. [OJCAS26]'s 5.837 TOPS counts
+        all 152.
+        """
         return 2.0 * self.macs_per_cycle * self.clock_hz * self.total_pes
 
     @property
@@ -208,18 +259,50 @@ class SpinnArch:
         return cls(**data)
 
 
-def make_system(name: str = "custom", **fields_) -> SpinnArch:
+#: Chip presets :func:`make_system` starts from. Each entry overrides only the fields that differ
+#: from the production defaults of :class:`SpinnArch`, with its source.
+CHIPS: dict[str, SpinnArch] = {
+    "production": SpinnArch(),
+    # The lower DVFS level, 150 MHz at 0.5 V [SpiNNMachine]. [OJCAS26] gives 2.77 TOPS/W there but
+    # no throughput; assumption: the same measured/theoretical ratio as at 300 MHz (4.563 / 5.837),
+    # i.e. 4.563 / 2 TOPS = 1.14075e12 MAC/s at 2.2815 / 2.77 = 0.824 W. Assumption: static power
+    # scales with V**2, 0.5 W * (0.5 / 0.8)**2 = 0.195 W; the MAC energy is the rest.
+    "production-150mhz": SpinnArch(
+        name="spinn2-chip-150mhz", clock_hz=150e6,
+        p_static_w_per_chip=0.5 * (0.5 / 0.8) ** 2,
+        e_mac_int8_j=(4.563e12 / 2 / 2.77e12 - 0.5 * (0.5 / 0.8) ** 2) / (4.563e12 / 4),
+    ),
+    # The numbers this model used while it followed the test chip: all 152 PEs given to
+    # applications, 29-bit accumulators [TUD-FAQ], and assumptions where nothing was published
+    # (250 MHz clock, 64 GB/s NoC, 4-cycle hops, 0.5 GB/s links, 0.3 pJ per int8 MAC).
+    "testchip": SpinnArch(
+        name="spinn2-testchip", pes_per_chip=152, mgmt_pes_per_chip=0, acc_bits=29, clock_hz=250e6,
+        noc_bw_bytes_s=64e9, noc_hop_cycles=4, link_bw_bytes_s=0.5e9, e_mac_int8_j=0.3e-12,
+    ),
+}
+
+
+def make_system(name: str = "custom", chip: str = "production", **fields_) -> SpinnArch:
     """Build a custom system description, validating every field.
 
     Parameters
     ----------
     name : str
         Name of the system (becomes the target's ``model``).
+    chip : {"production", "production-150mhz", "testchip"}
+        Preset of :data:`CHIPS` the unspecified fields come from.
     **fields_
         Any :class:`SpinnArch` field, e.g. ``chips=4, pes_per_chip=32, sram_bytes=64*1024``.
 
     Returns
     -------
     SpinnArch
+
+    Raises
+    ------
+    ArchError
+        For an unknown ``chip``, an unknown field or an impossible value (named in the message).
     """
-    return SpinnArch().replace(name=name, **fields_)
+    if chip not in CHIPS:
+        raise ArchError(f"unknown chip {chip!r}; known chips: {', '.join(sorted(CHIPS))}")
+    return CHIPS[chip].replace(name=name, **fields_)

@@ -12,7 +12,7 @@ import threading
 
 import tvm
 
-from .arch import ArchError, SpinnArch
+from .arch import CHIPS, ArchError, SpinnArch
 
 __all__ = [
     "SYSTEMS", "TAGS", "register_system", "arch_of", "is_spinn_target", "get_target",
@@ -72,11 +72,19 @@ def register_system(arch: SpinnArch, tag: str | None = None, fallback: str = "ll
 
 
 def register_default_tags() -> None:
-    """Register ``spinn`` (one chip), ``spinn/board`` (48 chips) and ``spinn/cuda``."""
-    chip = SpinnArch()
+    """Register the built-in tags.
+
+    ``spinn`` (one production chip), ``spinn/board`` (48 of them), ``spinn/cuda`` (one chip, CUDA
+    fallback), and ``spinn/testchip``, ``spinn/testchip/board`` with the test chip's numbers
+    (:data:`tvm_spinn.target.arch.CHIPS`).
+    """
+    chip = CHIPS["production"]
     register_system(chip, tag="spinn")
     register_system(chip.replace(name="spinn2-board", chips=48), tag="spinn/board")
     register_system(chip.replace(host_fallback="cuda"), tag="spinn/cuda", fallback="cuda")
+    test = CHIPS["testchip"]
+    register_system(test, tag="spinn/testchip")
+    register_system(test.replace(name="spinn2-testchip-board", chips=48), tag="spinn/testchip/board")
 
 
 def known_targets() -> list[str]:
