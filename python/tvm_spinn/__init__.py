@@ -27,7 +27,8 @@ from .partition import partition_for_spinn, summarize_partition  # noqa: E402
 from .pipeline import install as _install_pipeline  # noqa: E402
 from .report import Report, find_spinn_modules as report_modules, report  # noqa: E402
 from .runtime import executor as _executor  # noqa: E402,F401  (registers the runtime callback)
-from .runtime.loader import LibraryError, load_module  # noqa: E402
+from .runtime import loader as _loader  # noqa: E402
+from .runtime.loader import LibraryError, export_library, load_module  # noqa: E402
 from .quant import QuantizationError, QuantScheme, quantizable_layers, quantize  # noqa: E402
 from .tune import BuildOptions, TuningLogError, TuningResult, build_options, tune  # noqa: E402
 from .target import (  # noqa: E402
@@ -39,10 +40,11 @@ __version__ = "0.1.0"
 
 register_default_tags()
 _install_pipeline()
+_loader.install_export_hook()  # ex.export_library of spinn builds writes sealed libraries
 
 
 __all__ = [
-    "frontend", "MappingOptions", "MappingError", "load_module", "LibraryError", "partition_for_spinn", "summarize_partition", "report", "report_modules", "Report", "SpinnArch",
+    "frontend", "MappingOptions", "MappingError", "load_module", "export_library", "LibraryError", "partition_for_spinn", "summarize_partition", "report", "report_modules", "Report", "SpinnArch",
     "ArchError", "make_system", "register_system", "get_target", "known_targets", "arch_of",
     "tune", "build_options", "BuildOptions", "TuningResult", "TuningLogError",
     "quantize", "quantizable_layers", "QuantScheme", "QuantizationError",

@@ -16,6 +16,7 @@ import logging
 
 import tvm
 from tvm import relax
+from tvm.ir.expr import Constant
 from tvm.relax import pipeline as _relax_pipeline
 
 from .codegen import make_manifest_module
@@ -37,6 +38,38 @@ def _is_partitioned(mod: tvm.IRModule) -> bool:
     )
 
 
+def _spinn_constants(mod: tvm.IRModule) -> set:
+    """Handles of the tensors bound as constants inside ``Codegen="spinn"`` functions."""
+    found: set = set()
+
+    def visit(expr) -> None:
+        value = getattr(expr, "value", None)
+        if isinstance(expr, Constant) and isinstance(value, tvm.runtime.Tensor):
+            found.add(value.__chandle__())
+
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function) and func.attrs is not None and func.attrs.get("Codegen") == "spinn":
+            relax.analysis.post_order_visit(func, visit)
+    return found
+
+
+def _drop_embedded_constants(mod: tvm.IRModule, embedded: set) -> tvm.IRModule:
+    """Remove the spinn weights from ``const_name_to_constant``.
+
+    ``RunCodegen`` lists every constant of an external function there, and the VM executable
+    stores that map in its ``const_loader`` module for codegens that bind weights at load time.
+    The spinn codegen embeds its weights in the program instead, so keeping them would store every
+    offloaded weight twice in an exported library. Other codegens' constants stay.
+    """
+    if not embedded or mod.attrs is None or "const_name_to_constant" not in mod.attrs:
+        return mod
+    consts = mod.attrs["const_name_to_constant"]
+    kept = {name: value for name, value in consts.items() if value.__chandle__() not in embedded}
+    if len(kept) == len(consts):
+        return mod
+    return mod.with_attr("const_name_to_constant", kept)
+
+
 def offload_to_spinn(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
     """Partition (if needed) and codegen the spinn regions of ``mod`` for ``target``."""
     arch = arch_of(target)
@@ -52,7 +85,9 @@ def offload_to_spinn(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModu
     summary = summarize_partition(mod)
     if failure:
         summary.fallback_reasons["<module>"] = failure
+    embedded = _spinn_constants(mod)
     mod = relax.transform.RunCodegen({"spinn": {"arch": json.dumps(arch.to_dict(), sort_keys=True)}})(mod)
+    mod = _drop_embedded_constants(mod, embedded)
     manifest = {
         "system": arch.name, "chips": arch.chips, "fallback": arch.host_fallback,
         "target": str(target), "regions": summary.regions,

@@ -1,0 +1,183 @@
+"""Exported libraries are sealed at export and verified before TVM's loader sees them.
+
+Damage anywhere in the file (VM bytecode, constants, ELF headers, the trailer itself), a
+truncated file, a huge length field, a foreign shared object: each is one ``LibraryError``,
+never a crash, a hang or a multi-gigabyte allocation. Crash-prone loops run in a subprocess so
+that a signal shows up as a failed test rather than a dead test runner.
+"""
+
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+import tvm
+from tvm import relax
+
+import tvm_spinn
+from tvm_spinn.runtime import loader
+from models import make
+
+
+def _run(script: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True,
+                          text=True, timeout=timeout)
+    assert proc.returncode == 0, f"subprocess died (rc {proc.returncode}): {proc.stderr[-2000:]}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory):
+    model, x = make("mlp")
+    ex = relax.build(tvm_spinn.frontend.from_pytorch(model, (x,)), target="spinn")
+    directory = tmp_path_factory.mktemp("sealed")
+    path = directory / "mlp.so"
+    ex.export_library(str(path))  # the hook seals spinn builds
+    expected = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy())).numpy()
+    return ex, path, x.numpy(), expected
+
+
+def test_export_seals_and_reloads_same_bits(mlp):
+    ex, path, x, expected = mlp
+    meta = loader.verify_library(str(path))
+    assert meta["exporter"] == "tvm_spinn.export_library" and meta["tvm_spinn"] == tvm_spinn.__version__
+    assert open(path, "rb").read()[-8:] == loader.TRAILER_MAGIC
+    assert os.listdir(path.parent) == ["mlp.so"]  # no temporary left behind
+    assert os.stat(path).st_mode & 0o777 == loader.file_mode(executable=True)
+    got = relax.VirtualMachine(tvm_spinn.load_module(path), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    assert np.array_equal(got.view(np.uint32), expected.view(np.uint32))
+    # the sealed file is still an ordinary shared library for plain TVM
+    plain = relax.VirtualMachine(tvm.runtime.load_module(str(path)), tvm.cpu())
+    assert np.array_equal(plain["main"](tvm.runtime.tensor(x)).numpy(), expected)
+
+
+def test_random_byte_flips_anywhere_raise_library_error(mlp):
+    """200 seeded positions spread over the whole file: each flipped copy is refused cleanly."""
+    _, path, _, _ = mlp
+    proc = _run(f"""
+        import os, numpy as np, tvm_spinn
+        data = open({str(path)!r}, "rb").read()
+        rng = np.random.default_rng(0)
+        # uniform over the file plus the last 64 bytes (footer) and the first 64 (ELF header)
+        positions = np.concatenate([rng.integers(0, len(data), 184), len(data) - 1 - np.arange(8) * 8,
+                                    np.arange(8) * 8])
+        bad = {str(path.parent / "flip.so")!r}
+        outcomes = {{}}
+        for pos in positions:
+            damaged = bytearray(data)
+            damaged[pos] ^= 1 << int(rng.integers(0, 8))
+            open(bad, "wb").write(damaged)
+            try:
+                tvm_spinn.load_module(bad)
+                kind = "loaded"
+            except tvm_spinn.LibraryError:
+                kind = "LibraryError"
+            except Exception as err:
+                kind = type(err).__name__
+            outcomes[kind] = outcomes.get(kind, 0) + 1
+        print(outcomes)
+    """)
+    assert proc.stdout.strip().splitlines()[-1] == "{'LibraryError': 200}", proc.stdout
+
+
+def test_truncated_files_raise_library_error(mlp, tmp_path):
+    _, path, _, _ = mlp
+    data = open(path, "rb").read()
+    for size in (0, 3, 64, len(data) // 2, len(data) - 65, len(data) - 1):
+        bad = tmp_path / f"cut{size}.so"
+        bad.write_bytes(data[:size])
+        with pytest.raises(tvm_spinn.LibraryError, match=rf"cut{size}\.so"):
+            tvm_spinn.load_module(bad)
+    # the same truncations also stay clean when the bytes are appended to (file re-grown)
+    bad = tmp_path / "grown.so"
+    bad.write_bytes(data + b"\0" * 16)
+    with pytest.raises(tvm_spinn.LibraryError, match="no integrity trailer"):
+        tvm_spinn.load_module(bad)
+
+
+def test_huge_length_fields_are_refused_fast_in_constant_memory(mlp, tmp_path):
+    """A TVM-internal length (the serialized type key of the VM executable) and the trailer's
+    own body length set to 2^32: refused in well under a second without allocating."""
+    _, path, _, _ = mlp
+    data = bytearray(open(path, "rb").read())
+    key = data.find(b"relax.VMExecutable")
+    assert key > 8 and struct.unpack_from("<Q", data, key - 8)[0] == len(b"relax.VMExecutable")
+    inner = bytearray(data)
+    struct.pack_into("<Q", inner, key - 8, 2**32)
+    trailer = bytearray(data)
+    struct.pack_into("<Q", trailer, len(data) - loader._FOOTER.size, 2**32)
+    (tmp_path / "inner.so").write_bytes(inner)
+    (tmp_path / "trailer.so").write_bytes(trailer)
+    proc = _run(f"""
+        import resource, time, tvm_spinn
+        for name in ("inner", "trailer"):
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            start = time.perf_counter()
+            try:
+                tvm_spinn.load_module({str(tmp_path)!r} + f"/{{name}}.so")
+                print(name, "loaded")
+            except tvm_spinn.LibraryError as err:
+                grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+                print(name, "refused", round(time.perf_counter() - start, 3), grew, err)
+    """)
+    lines = proc.stdout.strip().splitlines()[-2:]
+    for line, name in zip(lines, ("inner", "trailer")):
+        fields = line.split()
+        assert fields[:2] == [name, "refused"], line
+        assert float(fields[2]) < 1.0 and int(fields[3]) < 64 * 1024, line  # seconds, KiB
+
+
+def test_foreign_shared_object_is_library_error(tmp_path):
+    src = tmp_path / "f.c"
+    src.write_text("int f(int x) { return x + 1; }\n")
+    so = tmp_path / "f.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
+    with pytest.raises(tvm_spinn.LibraryError, match="not a library exported by tvm-spinn"):
+        tvm_spinn.load_module(so)
+    # even a well-sealed foreign library is refused: it holds no Relax VM executable
+    loader._seal(str(so), {"exporter": "test"})
+    with pytest.raises(tvm_spinn.LibraryError, match="not a Relax VM executable"):
+        tvm_spinn.load_module(so)
+    text = tmp_path / "notes.so"
+    text.write_bytes(b"hello")
+    with pytest.raises(tvm_spinn.LibraryError, match="notes.so"):
+        tvm_spinn.load_module(text)
+    with pytest.raises(tvm_spinn.LibraryError, match="no such file"):
+        tvm_spinn.load_module(tmp_path / "missing.so")
+
+
+def test_plain_tvm_library_needs_export_library(tmp_path):
+    """A non-spinn build exported by plain TVM is not sealed (refused); export_library seals it."""
+    model, x = make("mlp")
+    ex = relax.build(tvm_spinn.frontend.from_pytorch(model, (x,)), target="llvm")
+    ex.export_library(str(tmp_path / "plain.so"))
+    with pytest.raises(tvm_spinn.LibraryError, match="tvm_spinn.export_library"):
+        tvm_spinn.load_module(tmp_path / "plain.so")
+    tvm_spinn.export_library(ex, tmp_path / "sealed.so")
+    got = relax.VirtualMachine(tvm_spinn.load_module(tmp_path / "sealed.so"), tvm.cpu())["main"](
+        tvm.runtime.tensor(x.numpy())).numpy()
+    with torch.no_grad():
+        np.testing.assert_allclose(got, model(x).numpy(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(tvm_spinn.LibraryError, match="does not exist"):
+        tvm_spinn.export_library(ex, tmp_path / "missing" / "x.so")
+    assert sorted(os.listdir(tmp_path)) == ["plain.so", "sealed.so"]
+
+
+def test_offloaded_weights_are_stored_once(tmp_path):
+    """The exported size is the weights plus a small overhead (they used to be stored twice)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256)).eval()
+    x = torch.randn(2, 256)
+    weights = sum(p.numel() * 4 for p in model.parameters())
+    ex = relax.build(tvm_spinn.frontend.from_pytorch(model, (x,)), target="spinn")
+    ex.export_library(str(tmp_path / "m.so"))
+    size = os.path.getsize(tmp_path / "m.so")
+    assert weights < size < 1.1 * weights + 64 * 1024, (size, weights)
+    got = relax.VirtualMachine(tvm_spinn.load_module(tmp_path / "m.so"), tvm.cpu())["main"](
+        tvm.runtime.tensor(x.numpy())).numpy()
+    with torch.no_grad():
+        np.testing.assert_allclose(got, model(x).numpy(), rtol=1e-4, atol=1e-5)
