@@ -9,6 +9,8 @@ the bandwidth-bound tokens/s (all weights streamed once per token over the DRAM 
 
     python bench/mapping.py            # all models
     python bench/mapping.py --quick    # smaller configs (a couple of minutes)
+    python bench/mapping.py --models gpt2-decode --skip-llvm                 # one model
+    python bench/mapping.py --targets spinn/testchip spinn/testchip/board    # the test chip's model
 """
 
 from __future__ import annotations
@@ -51,12 +53,19 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--skip-llvm", action="store_true", help="do not time TVM's llvm build")
+    parser.add_argument("--models", nargs="+", metavar="NAME",
+                        help="subset of resnet50 bert-base gpt2-decode (default: all)")
+    parser.add_argument("--targets", nargs="+", default=["spinn", "spinn/board"], metavar="TAG",
+                        help="spinn target tags (default: spinn spinn/board)")
     args = parser.parse_args()
+    print("; ".join(f"{t}: {tvm_spinn.arch_of(t).name}" for t in args.targets))
     head = (f"{'model':<12}{'target':<12}{'latency ms':>11}{'roof ms':>9}{'lat/roof':>9}{'naive ms':>10}"
             f"{'naive/roof':>11}{'speedup':>8}{'compile s':>10}{'llvm s':>8}{'c/llvm':>7}{'tok/s':>8}{'bw tok/s':>9}{'ratio':>6}")
     print(head)
     print("-" * len(head), flush=True)
     for name, model, x in models(args.quick):
+        if args.models and name not in args.models:
+            continue
         mod = tvm_spinn.frontend.from_pytorch(model, (x,))
         llvm_s = float("nan")
         if not args.skip_llvm:
@@ -64,7 +73,7 @@ def main() -> None:
             relax.build(mod, target="llvm")
             llvm_s = time.perf_counter() - t0
         weight_bytes = sum(p.numel() * 4 for p in model.parameters())
-        for target in ("spinn", "spinn/board"):
+        for target in args.targets:
             t0 = time.perf_counter()
             with tvm_spinn.MappingOptions(weights="stream"):
                 rep = tvm_spinn.report(relax.build(mod, target=target))

@@ -17,6 +17,12 @@ execution with onnxruntime's own int8 kernels.
 
     python bench/quantize.py            # all models
     python bench/quantize.py --quick    # fewer evaluation inputs
+    python bench/quantize.py --latency-only --models resnet18 vit   # latency columns only
+    python bench/quantize.py --target spinn/testchip                # the test chip's model
+
+The accuracy columns do not depend on the target model (int8 results are exact integers and
+fp32 results do not depend on the mapping); ``--latency-only`` skips the evaluation runs and
+prints only the simulated latencies, which do.
 """
 
 from __future__ import annotations
@@ -87,25 +93,32 @@ def _metrics(got, ref):
     return top1, err.max() / scale, err.mean() / scale, sqnr
 
 
-def bench_ptq(n_calib: int, n_eval: int) -> None:
+def bench_ptq(n_calib: int, n_eval: int, target: str = "spinn", names: list[str] | None = None,
+              latency_only: bool = False) -> None:
     head = (f"{'model':<14}{'GEMMs i8':>9}{'top1 i8':>8}{'top1 f32':>9}{'max err':>9}{'mean err':>9}{'SQNR dB':>8}"
             f"{'f32 ms':>9}{'i8 ms':>8}{'f32/i8':>7}{'f32 MB':>8}{'i8 MB':>7}")
+    print(f"target {target}: {tvm_spinn.arch_of(target).name}")
     print(head)
     print("-" * len(head), flush=True)
     for name, model, make_input in models():
+        if names and name not in names:
+            continue
         model.eval()
         calib = [make_input(100 + i) for i in range(n_calib)]
         evals = [make_input(1000 + i) for i in range(n_eval)]
         mod = tvm_spinn.frontend.from_pytorch(model, (evals[0],))
-        with torch.no_grad():
-            ref = [model(x).numpy() for x in evals]
         qmod = tvm_spinn.quantize(mod, [x.numpy() for x in calib])
-        ex32 = relax.build(mod, target="spinn")
-        ex8 = relax.build(qmod, target="spinn")
-        inputs = [x.numpy() for x in evals]
-        out32, out8 = _run(ex32, inputs), _run(ex8, inputs)
-        top1_8, max_err, mean_err, sqnr = _metrics(out8, ref)
-        top1_32 = _metrics(out32, ref)[0]
+        ex32 = relax.build(mod, target=target)
+        ex8 = relax.build(qmod, target=target)
+        if latency_only:
+            top1_8 = max_err = mean_err = sqnr = top1_32 = float("nan")
+        else:
+            with torch.no_grad():
+                ref = [model(x).numpy() for x in evals]
+            inputs = [x.numpy() for x in evals]
+            out32, out8 = _run(ex32, inputs), _run(ex8, inputs)
+            top1_8, max_err, mean_err, sqnr = _metrics(out8, ref)
+            top1_32 = _metrics(out32, ref)[0]
         r32, r8 = tvm_spinn.report(ex32), tvm_spinn.report(ex8)
         n8 = sum(1 for row in r8.layers if row["mode"] == "int8")
         print(f"{name:<14}{n8:>9}{top1_8:>8.1%}{top1_32:>9.1%}{max_err:>9.2e}{mean_err:>9.2e}{sqnr:>8.1f}"
@@ -113,7 +126,7 @@ def bench_ptq(n_calib: int, n_eval: int) -> None:
               f"{r32.weight_bytes / 1e6:>8.2f}{r8.weight_bytes / 1e6:>7.2f}", flush=True)
 
 
-def bench_ort(n_eval: int) -> None:
+def bench_ort(n_eval: int, target: str = "spinn") -> None:
     import onnxruntime as ort
     import quant_models as qm
 
@@ -128,7 +141,7 @@ def bench_ort(n_eval: int) -> None:
             name = sess.get_inputs()[0].name
             ref = [sess.run(None, {name: x})[0] for x in inputs]
             mod = tvm_spinn.frontend.from_onnx(path)
-            ex = relax.build(mod, target="spinn")
+            ex = relax.build(mod, target=target)
             got = _run(ex, inputs)
             n8 = sum(1 for row in tvm_spinn.report(ex).layers if row["mode"] == "int8")
             diff = np.abs(np.stack(got) - np.stack(ref))
@@ -139,11 +152,17 @@ def bench_ort(n_eval: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="4 calibration and 8 evaluation inputs")
+    parser.add_argument("--target", default="spinn", help="spinn target tag (default: spinn)")
+    parser.add_argument("--models", nargs="+", metavar="NAME",
+                        help="subset of resnet18 mobilenet_v2 vit bert gpt2 (default: all)")
+    parser.add_argument("--latency-only", action="store_true",
+                        help="skip the evaluation runs and the onnxruntime table: latencies only")
     args = parser.parse_args()
     n_calib, n_eval = (4, 8) if args.quick else (16, 64)
-    bench_ptq(n_calib, n_eval)
-    bench_ort(n_eval)
+    bench_ptq(n_calib, n_eval, args.target, args.models, args.latency_only)
+    if not args.latency_only:
+        bench_ort(n_eval, args.target)
 
 
 if __name__ == "__main__":
