@@ -35,7 +35,9 @@ __all__ = [
     "version",
 ]
 
-#: Default hardware accumulator width of the integer GEMM (bits, signed two's complement).
+#: Default accumulator width of the integer GEMM kernels (bits, signed two's complement): the test
+#: chip's. The simulator always passes the program's ``SpinnArch.acc_bits`` (24 on the production
+#: chip) explicitly; this default only serves direct calls.
 DEFAULT_ACC_BITS = 29
 
 #: Where ``pip install -e .`` (CMake) places the library. ``TVM_SPINN_LIBRARY_PATH`` overrides.
