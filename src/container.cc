@@ -49,9 +49,10 @@ class Reader {
     return static_cast<T>(v);
   }
 
-  std::string ReadBytes(uint64_t n, const char* what) {
+  /*! \brief The next `n` bytes, in place (a pointer into the buffer). */
+  const char* Skip(uint64_t n, const char* what) {
     Require(n, what);
-    std::string out(data_ + offset_, static_cast<size_t>(n));
+    const char* out = data_ + offset_;
     offset_ += static_cast<size_t>(n);
     return out;
   }
@@ -81,18 +82,18 @@ std::string Printable(const char* data, size_t n) {
 
 }  // namespace
 
-std::string EncodeContainer(const std::string& symbol, const std::string& program) {
+std::string EncodeContainer(const std::string& symbol, const char* program, size_t program_size) {
   if (symbol.size() > std::numeric_limits<uint32_t>::max()) {
     TVM_FFI_THROW(ValueError) << "spinn module: symbol too long (" << symbol.size() << " bytes)";
   }
   std::string out;
-  out.reserve(sizeof(kContainerMagic) + 4 + 4 + symbol.size() + 8 + program.size() + 8);
+  out.reserve(sizeof(kContainerMagic) + 4 + 4 + symbol.size() + 8 + program_size + 8);
   out.append(kContainerMagic, sizeof(kContainerMagic));
   PutLE<uint32_t>(&out, kContainerVersion);
   PutLE<uint32_t>(&out, static_cast<uint32_t>(symbol.size()));
   out.append(symbol);
-  PutLE<uint64_t>(&out, static_cast<uint64_t>(program.size()));
-  out.append(program);
+  PutLE<uint64_t>(&out, static_cast<uint64_t>(program_size));
+  out.append(program, program_size);
   PutLE<uint64_t>(&out, Fnv1a64(out.data(), out.size()));
   return out;
 }
@@ -108,17 +109,16 @@ ModuleContents DecodeContainer(const char* data, size_t size) {
                               << Printable(data, sizeof(kContainerMagic))
                               << "\"): not a spinn module container";
   }
-  in.ReadBytes(sizeof(kContainerMagic), "magic");
+  in.Skip(sizeof(kContainerMagic), "magic");
   uint32_t version = in.ReadLE<uint32_t>("container version");
   if (version != kContainerVersion) {
     TVM_FFI_THROW(ValueError) << "spinn module: unknown container version " << version
                               << " (this runtime reads version " << kContainerVersion << ")";
   }
-  ModuleContents out;
   uint32_t sym_len = in.ReadLE<uint32_t>("symbol length");
-  out.symbol = in.ReadBytes(sym_len, "symbol");
+  const char* symbol = in.Skip(sym_len, "symbol");
   uint64_t prog_len = in.ReadLE<uint64_t>("program length");
-  out.program = in.ReadBytes(prog_len, "program");
+  const char* program = in.Skip(prog_len, "program");
   size_t body_size = in.offset();
   uint64_t stored = in.ReadLE<uint64_t>("checksum");
   if (in.remaining() != 0) {
@@ -131,9 +131,13 @@ ModuleContents DecodeContainer(const char* data, size_t size) {
     TVM_FFI_THROW(ValueError) << "spinn module: checksum mismatch (stored 0x" << Hex64(stored)
                               << ", computed 0x" << Hex64(computed) << "): container is corrupted";
   }
-  if (out.symbol.empty()) {
+  if (sym_len == 0) {
     TVM_FFI_THROW(ValueError) << "spinn module: empty symbol in container";
   }
+  ModuleContents out;
+  out.symbol.assign(symbol, sym_len);
+  out.program = program;
+  out.program_size = static_cast<size_t>(prog_len);
   return out;
 }
 

@@ -20,16 +20,22 @@ namespace tvm_spinn {
 constexpr char kContainerMagic[8] = {'S', 'P', 'I', 'N', 'N', 'M', 'O', 'D'};
 constexpr uint32_t kContainerVersion = 1;
 
+/*!
+ * \brief What a valid container holds. `program` points into the decoded buffer (no copy): it
+ *        lives as long as that buffer.
+ */
 struct ModuleContents {
   std::string symbol;
-  std::string program;
+  const char* program = nullptr;
+  size_t program_size = 0;
 };
 
-/*! \brief Serialize symbol + program into the container format. */
-std::string EncodeContainer(const std::string& symbol, const std::string& program);
+/*! \brief Serialize symbol + program ([program, program + program_size)) into the container. */
+std::string EncodeContainer(const std::string& symbol, const char* program, size_t program_size);
 
 /*!
- * \brief Parse and validate a container.
+ * \brief Parse and validate a container. The checksum is computed over the buffer in place,
+ *        before anything is copied out of it.
  * \throws tvm::ffi::Error (kind ValueError) with a "spinn module: ..." message on any defect;
  *         never reads outside [data, data + size).
  */

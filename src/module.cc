@@ -1,5 +1,11 @@
 // The "spinn" runtime module: carries one offloaded Relax function (its global symbol and the
 // serialized spinn program) and forwards calls to the Python simulator.
+//
+// Programs are validated when a module is created or loaded, not at its first call: both
+// factories hand (symbol, program, key) to the Python-registered validator (kValidateFunc), whose
+// error (tvm_spinn.ProgramError, naming the defective field) propagates out of
+// tvm.runtime.load_module. The library alone (without the tvm_spinn package) has no validator
+// and no executor either, so such a module cannot run until the package validates it.
 #include <tvm/ffi/any.h>
 #include <tvm/ffi/error.h>
 #include <tvm/ffi/extra/module.h>
@@ -8,12 +14,13 @@
 #include <tvm/ffi/reflection/registry.h>
 #include <tvm/ffi/string.h>
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "blake2b.h"
 #include "container.h"
-#include "fnv1a.h"
 
 namespace tvm_spinn {
 
@@ -21,13 +28,17 @@ namespace ffi = tvm::ffi;
 
 /*! \brief Name of the Python-registered executor the module forwards to. */
 constexpr const char* kExecuteFunc = "tvm_spinn.runtime.execute";
+/*! \brief Name of the Python-registered program validator (see the file comment). */
+constexpr const char* kValidateFunc = "tvm_spinn.runtime.validate_program";
 
 class SpinnModuleObj final : public ffi::ModuleObj {
  public:
   SpinnModuleObj(ffi::String symbol, ffi::Bytes program)
       : symbol_(std::move(symbol)),
         program_(std::move(program)),
-        key_(Hex64(Fnv1a64(program_.data(), program_.size()))) {
+        // Content key of the executor's parsed-program cache: a cryptographic digest, so two
+        // different programs never share a cache entry.
+        key_(Blake2bHex(program_.data(), program_.size(), 32)) {
     ffi::Bytes captured = program_;
     program_getter_ = ffi::Function::FromTyped([captured]() -> ffi::Bytes { return captured; });
   }
@@ -57,7 +68,13 @@ class SpinnModuleObj final : public ffi::ModuleObj {
 
   ffi::Bytes SaveToBytes() const final {
     return ffi::Bytes(EncodeContainer(std::string(symbol_.data(), symbol_.size()),
-                                      std::string(program_.data(), program_.size())));
+                                      program_.data(), program_.size()));
+  }
+
+  /*! \brief Run the Python validator on this module's program, if one is registered. */
+  void Validate() const {
+    std::optional<ffi::Function> validate = ffi::Function::GetGlobal(kValidateFunc);
+    if (validate.has_value()) (*validate)(symbol_, program_, key_);
   }
 
   ffi::String InspectSource(const ffi::String& format) const final {
@@ -101,12 +118,16 @@ ffi::Module CreateSpinnModule(const ffi::String& symbol, const ffi::Bytes& progr
   if (symbol.empty()) {
     TVM_FFI_THROW(ValueError) << "spinn module: symbol must be a non-empty string";
   }
-  return ffi::Module(ffi::make_object<SpinnModuleObj>(symbol, program));
+  auto obj = ffi::make_object<SpinnModuleObj>(symbol, program);
+  obj->Validate();  // throws (nothing is returned) on an invalid program
+  return ffi::Module(obj);
 }
 
 ffi::Module LoadSpinnModuleFromBytes(const ffi::Bytes& bytes) {
+  // The container checksum is verified in place; the program is copied once, into the module.
   ModuleContents contents = DecodeContainer(bytes.data(), bytes.size());
-  return CreateSpinnModule(ffi::String(contents.symbol), ffi::Bytes(contents.program));
+  return CreateSpinnModule(ffi::String(contents.symbol),
+                           ffi::Bytes(contents.program, contents.program_size));
 }
 
 ffi::Bytes ModuleSaveToBytes(const ffi::Module& mod) {

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 __all__ = [
-    "PROGRAM_MAGIC", "PROGRAM_VERSION", "LAYER_KINDS", "ProgramError", "TensorDesc", "Layer",
+    "PROGRAM_MAGIC", "PROGRAM_VERSION", "LAYER_KINDS", "MAX_HEADER_BYTES", "ProgramError", "TensorDesc", "Layer",
     "Tile", "Program",
 ]
 
@@ -57,6 +57,8 @@ PROGRAM_MAGIC = b"SPINNPRG"
 PROGRAM_VERSION = 3
 _READABLE_VERSIONS = (2, 3)
 _ALIGN = 64
+#: Largest JSON header a program may carry (a BERT-base program's is tens of MB).
+MAX_HEADER_BYTES = 1 << 30
 
 #: Layer kinds the simulator executes; partition patterns map onto these.
 LAYER_KINDS = (
@@ -67,7 +69,10 @@ LAYER_KINDS = (
 
 
 class ProgramError(ValueError):
-    """A spinn program that cannot be read (truncated, corrupt, wrong version)."""
+    """A spinn program that cannot be read (truncated, corrupt, wrong version, inconsistent).
+
+    The message starts with the defective field (``version``, ``header``,
+    ``layers[3].inputs[0]``...)."""
 
 
 @dataclass
@@ -163,37 +168,57 @@ class Program:
         out = bytearray(PROGRAM_MAGIC + struct.pack("<IIQ", self.version, 0, len(text)) + text)
         out += b"\0" * (-len(out) % _ALIGN)
         out += struct.pack("<Q", len(blob)) + blob
-        out += struct.pack("<Q", _checksum(bytes(out)))
+        out += struct.pack("<Q", _checksum(out))
         return bytes(out)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "Program":
-        """Parse and validate; raises :class:`ProgramError` naming what is wrong."""
+        """Parse and validate untrusted bytes.
+
+        Checks the binary framing (magic, versions, lengths, checksum), then the header against
+        :func:`tvm_spinn.program.validate.validate_header` (types, tensor ids, shapes, dtypes,
+        constants inside the blob, per-layer operands, exact tile coverage, schedule
+        references) before building any object from it.
+
+        Raises
+        ------
+        ProgramError
+            ``"<field>: <defect>"`` for the first defect found; nothing else escapes.
+        """
+        from .validate import validate_header  # validate imports this module
+
         data = bytes(data)
-        if len(data) < 32 or data[:8] != PROGRAM_MAGIC:
-            raise ProgramError("not a spinn program (bad magic or shorter than its header)")
-        version, _, hlen = struct.unpack_from("<IIQ", data, 8)
+        if len(data) < 24 + 8 + 8 or data[:8] != PROGRAM_MAGIC:
+            raise ProgramError("magic: not a spinn program (bad magic or shorter than its header)")
+        version, reserved, hlen = struct.unpack_from("<IIQ", data, 8)
         if version not in _READABLE_VERSIONS:  # version 2 is version 3 without int8 layers
-            raise ProgramError(f"spinn program format version {version} is not supported "
+            raise ProgramError(f"version: spinn program format version {version} is not supported "
                                f"(this runtime reads {', '.join(map(str, _READABLE_VERSIONS))})")
         (stored,) = struct.unpack_from("<Q", data, len(data) - 8)
-        if _checksum(data[:-8]) != stored:
-            raise ProgramError("spinn program checksum mismatch (truncated or corrupt)")
+        if _checksum(memoryview(data)[:-8]) != stored:
+            raise ProgramError("checksum: spinn program checksum mismatch (truncated or corrupt)")
+        if reserved != 0:
+            raise ProgramError(f"reserved: must be 0, got {reserved}")
+        # The header, its padding and the blob length must fit before the checksum.
+        if hlen > min(MAX_HEADER_BYTES, len(data) - 24 - 16):
+            raise ProgramError(f"header length: {hlen} bytes does not fit the {len(data)}-byte program "
+                               f"(or exceeds the {MAX_HEADER_BYTES}-byte cap)")
         pos = 24 + hlen
-        header = json.loads(data[24:pos].decode())
+        header = _parse_header(data[24:pos])
         pos += -pos % _ALIGN
+        if pos + 16 > len(data):
+            raise ProgramError("blob length: program truncated before the constant blob")
         (blen,) = struct.unpack_from("<Q", data, pos)
+        if pos + 8 + blen + 8 != len(data):
+            raise ProgramError(f"blob length: {blen} bytes of constants do not end where the "
+                               f"checksum starts ({len(data) - pos - 16} bytes there)")
         blob = memoryview(data)[pos + 8: pos + 8 + blen]
-        if len(blob) != blen:
-            raise ProgramError("truncated spinn program constant blob")
+        validate_header(header, version, blen)
         tensors = [TensorDesc(**t) for t in header["tensors"]]
         constants = {}
         for tid, t in enumerate(tensors):
-            if t.role == "const":
-                end = t.offset + t.nbytes
-                if t.offset < 0 or end > blen:
-                    raise ProgramError(f"constant {t.name} lies outside the blob")
-                constants[tid] = np.frombuffer(blob[t.offset:end], dtype=t.dtype).reshape(t.shape)
+            if t.role == "const":  # offsets checked against the blob by validate_header
+                constants[tid] = np.frombuffer(blob[t.offset:t.offset + t.nbytes], dtype=t.dtype).reshape(t.shape)
         return cls(
             symbol=header["symbol"], arch=header["arch"], tensors=tensors,
             inputs=header["inputs"], outputs=header["outputs"],
@@ -204,6 +229,23 @@ class Program:
         )
 
 
-def _checksum(data: bytes) -> int:
+def _reject_constant(name: str):
+    raise ValueError(f"non-finite number {name}")
+
+
+def _parse_header(raw: bytes) -> dict:
+    """UTF-8 JSON -> dict; any decoding defect is a :class:`ProgramError` naming ``header``."""
+    try:
+        header = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except UnicodeDecodeError as err:
+        raise ProgramError(f"header: not UTF-8 text (byte {err.start})") from None
+    except (ValueError, RecursionError) as err:  # JSONDecodeError is a ValueError
+        raise ProgramError(f"header: not valid JSON ({str(err)[:200]})") from None
+    if type(header) is not dict:
+        raise ProgramError(f"header: expected a JSON object, got {type(header).__name__}")
+    return header
+
+
+def _checksum(data: "bytes | bytearray | memoryview") -> int:
     # BLAKE2b runs in C: fast on weight blobs of hundreds of MB.
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")

@@ -1,22 +1,31 @@
 """Python side of the ``spinn`` runtime module: argument checks, program cache, dispatch.
 
-The C++ module (``src/module.cc``) carries the serialized program inside the executable and, when
-the VM calls its symbol, forwards ``(key, program_getter, symbol, *dps_args)`` to the global
-function registered here. Parsed programs are cached by content key.
+The C++ module (``src/module.cc``) carries the serialized program inside the executable. When a
+module is created or loaded (``tvm.runtime.load_module``), it calls :func:`validate_program`,
+which parses and validates the program (:meth:`Program.from_bytes`): a defective program raises
+:class:`~tvm_spinn.program.ProgramError` naming the field, at load, and nothing runs. When the VM
+calls the module's symbol, it forwards ``(key, program_getter, symbol, *dps_args)`` to
+:func:`execute`. Parsed programs are cached by ``key``, the module's BLAKE2b-256 digest of the
+program bytes (collision-resistant: two different programs never share a cache entry).
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 
 import numpy as np
 import tvm_ffi
 
-from ..program import Program
+from ..program import Program, ProgramError
 from .simulator import run_program
 
-__all__ = ["SpinnRuntimeError", "execute", "load_program"]
+__all__ = ["SpinnRuntimeError", "execute", "load_program", "validate_program"]
+
+# ProgramError crosses the C++ module loader (a Python callback raising inside
+# tvm.runtime.load_module) as itself, not as a generic RuntimeError.
+tvm_ffi.register_error("tvm_spinn.ProgramError", ProgramError)
 
 _CACHE: "OrderedDict[str, Program]" = OrderedDict()
 _CACHE_SIZE = 32
@@ -27,18 +36,59 @@ class SpinnRuntimeError(ValueError):
     """Bad arguments for a spinn program (names the argument)."""
 
 
+def _remember(key: str, program: Program) -> None:
+    with _LOCK:
+        _CACHE[key] = program
+        _CACHE.move_to_end(key)
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+
+
 def load_program(key: str, getter) -> Program:
+    """The parsed program of a module: from the cache, else parsed (and validated) again."""
     with _LOCK:
         program = _CACHE.get(key)
         if program is not None:
             _CACHE.move_to_end(key)
             return program
     program = Program.from_bytes(bytes(getter()))
-    with _LOCK:
-        _CACHE[key] = program
-        while len(_CACHE) > _CACHE_SIZE:
-            _CACHE.popitem(last=False)
+    _remember(key, program)
     return program
+
+
+@tvm_ffi.register_global_func("tvm_spinn.runtime.validate_program", override=True)
+def validate_program(symbol: str, data: bytes, key: str) -> None:
+    """Validate the program of a ``spinn`` module being created or loaded (called from C++).
+
+    Parameters
+    ----------
+    symbol : str
+        The module's global symbol; the program must implement it.
+    data : bytes
+        The serialized program (or, for the compile manifest module, its manifest).
+    key : str
+        The module's content key; the parsed program is cached under it for the first call.
+
+    Raises
+    ------
+    ProgramError
+        Naming the defective field; the module is then not created.
+    """
+    from ..codegen.codegen import MANIFEST_MAGIC, MANIFEST_SYMBOL  # lazy: codegen imports tvm
+
+    if symbol == MANIFEST_SYMBOL:  # a JSON document for reports, never executed
+        raw = bytes(data)
+        try:
+            ok = raw.startswith(MANIFEST_MAGIC) and type(json.loads(raw[len(MANIFEST_MAGIC):])) is dict
+        except (ValueError, RecursionError):
+            ok = False
+        if not ok:
+            raise ProgramError(f"manifest: module {MANIFEST_SYMBOL} does not hold a JSON manifest")
+        return
+    program = Program.from_bytes(data)
+    if program.symbol != symbol:
+        raise ProgramError(f"symbol: the program implements {program.symbol!r}, its module is {symbol!r}")
+    _remember(key, program)
 
 
 def _check(program: Program, index: int, tid: int, arg) -> np.ndarray:
