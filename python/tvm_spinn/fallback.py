@@ -234,7 +234,8 @@ class ParallelVectorize(dl.ScheduleRule):
 
 
 def _has_unit_reduction(func: tvm.tirx.PrimFunc) -> bool:
-    """A top-level block whose reduction axes all have extent 1 (e.g. a 1x1 conv of one channel)."""
+    """A top-level block whose reduction axes all have extent 1 (e.g. a 1x1 conv of one channel),
+    or one with a zero-extent axis (nothing to schedule)."""
     from tvm import s_tir
 
     try:
@@ -243,6 +244,9 @@ def _has_unit_reduction(func: tvm.tirx.PrimFunc) -> bool:
     except Exception:  # noqa: BLE001 - not a schedulable function: nothing to protect
         return False
     for block in blocks:
+        if any(isinstance(iv.dom.extent, tvm.tirx.IntImm) and int(iv.dom.extent) == 0
+               for iv in sch.get(block).iter_vars):
+            return True  # zero-size (e.g. batch 0): dlight's reduction rules fail on it
         reduce = [iv for iv in sch.get(block).iter_vars if int(iv.iter_type) == 2]  # CommReduce
         if reduce and all(isinstance(iv.dom.extent, tvm.tirx.IntImm) and int(iv.dom.extent) == 1
                           for iv in reduce):

@@ -91,10 +91,21 @@ class _Checker:
                 return self.log.refuse(op, root, f"operand '{name}' has a dynamic shape")
             if name == "root" and _static_shape(expr) == ():
                 return self.log.refuse(op, root, "a 0-d (scalar) result is host work")
+            if not self._check_nonempty(op, root, name, expr):
+                return False
             if _dtype(expr) not in dtypes:
                 return self.log.refuse(
                     op, root, f"operand '{name}' has dtype {_dtype(expr)} (supported: {dtypes})"
                 )
+        return True
+
+    def _check_nonempty(self, op: str, root: relax.Expr, name: str, expr: relax.Expr) -> bool:
+        # A zero-size tensor (e.g. batch 0, or a GEMM with K = 0) means no work for the PEs: the
+        # host returns the empty (or, for K = 0, bias-only) result; a program holds no
+        # zero-size tensors and the tiler has no tile to cut.
+        shape = _static_shape(expr)
+        if shape is not None and 0 in shape:
+            return self.log.refuse(op, root, f"operand '{name}' has zero-size shape {shape} (host work)")
         return True
 
     def _check_fits(self, op: str, root: relax.Expr, min_bytes: int, what: str) -> bool:
@@ -248,6 +259,9 @@ class _Checker:
         main = ann["main"]
         if _static_shape(main) is None or _static_shape(root) is None:
             return self.log.refuse(op, root, "dynamic shape")
+        for name in ("root", "main", "xq", "wq"):
+            if not self._check_nonempty(op, root, name, ann[name]):
+                return False
         is_conv, is_dense = op.startswith("spinn.qconv2d"), op.startswith("spinn.qdense")
         out_shape = _static_shape(main)
         channels = out_shape[1] if is_conv else out_shape[-1]

@@ -29,6 +29,7 @@ from ..mapping.tiling import gemm_shape
 __all__ = ["run_program"]
 
 _F32 = np.float32
+_F32_LOWEST = np.finfo(np.float32).min
 
 
 def _erf_f32(x: np.ndarray) -> np.ndarray:
@@ -41,11 +42,26 @@ def _erf_f32(x: np.ndarray) -> np.ndarray:
     return (sign * (_F32(1) - poly * np.exp(-a * a))).astype(_F32)
 
 
+def _max(a, b) -> np.ndarray:
+    """``a > b ? a : b``: the M4F's compare-and-select (no VMAXNM), and TVM's ``max``: NaN ``a``
+    gives ``b`` (relu(NaN) = 0, as the llvm build), NaN ``b`` gives NaN."""
+    return np.where(a > b, a, b)
+
+
+def _min(a, b) -> np.ndarray:
+    """``a < b ? a : b`` (see :func:`_max`)."""
+    return np.where(a < b, a, b)
+
+
+def _relu(x: np.ndarray) -> np.ndarray:
+    return _max(x, _F32(0)).astype(x.dtype, copy=False)
+
+
 def _unary(kind: str, x: np.ndarray, attrs: dict) -> np.ndarray:
     if kind == "relu":
-        return np.maximum(x, _F32(0))
-    if kind == "clip":
-        return np.minimum(np.maximum(x, _F32(attrs["min"])), _F32(attrs["max"]))
+        return _relu(x)
+    if kind == "clip":  # TVM's order: max(min(x, hi), lo), so clip(NaN) = hi
+        return _max(_min(x, _F32(attrs["max"])), _F32(attrs["min"])).astype(_F32)
     if kind == "sigmoid":
         return (_F32(1) / (_F32(1) + np.exp(-x))).astype(_F32)
     if kind == "tanh":
@@ -161,7 +177,7 @@ class _LayerRunner:
             else:
                 acc = acc + self.bias[None, n0:n1]
         if self.layer.attrs.get("relu"):
-            acc = np.maximum(acc, _F32(0))
+            acc = _relu(acc)
         self.c[b0, m0:m1, n0:n1] = acc
 
     # -- int8 GEMM -------------------------------------------------------------------------
@@ -258,7 +274,9 @@ class _LayerRunner:
         x = self.env[self.layer.inputs[0]]
         n, c, h, w = x.shape
         pt, pl, pb, pr = self.layer.attrs["padding"]
-        fill = -np.inf if self.layer.kind == "max_pool2d" else 0.0
+        # Max pooling pads with the lowest finite float32, as TVM's topi and onnxruntime do: a
+        # window lying entirely in the padding gives -3.4028235e38, not -inf.
+        fill = _F32_LOWEST if self.layer.kind == "max_pool2d" else 0.0
         self.planes = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=fill).reshape(n * c, h + pt + pb, w + pl + pr)
         ones = np.pad(np.ones((h, w), _F32), ((pt, pb), (pl, pr)))
         self.valid = ones
@@ -282,7 +300,10 @@ class _LayerRunner:
                 sl = (slice(i * dh, i * dh + sh * (oh - 1) + 1, sh), slice(j * dw, j * dw + sw * (ow - 1) + 1, sw))
                 v = src[:, sl[0], sl[1]]
                 if self.layer.kind == "max_pool2d":
-                    acc = v.copy() if acc is None else np.maximum(acc, v)
+                    # The M4F's compare-and-select from the lowest float, as TVM's max reducer
+                    # (``acc > v ? acc : v``): a NaN element is taken, a later number replaces it.
+                    acc = np.full(v.shape, _F32_LOWEST) if acc is None else acc
+                    acc = np.where(acc > v, acc, v)
                 else:
                     acc = v.astype(_F32) if acc is None else (acc + v).astype(_F32)
                     count += valid[sl]
@@ -329,7 +350,7 @@ class _LayerRunner:
         else:
             res = _BINARY[k](args[0], args[1]) if k in _BINARY else _unary(k, args[0], self.layer.attrs)
             if self.layer.attrs.get("relu"):
-                res = np.maximum(res, _F32(0))
+                res = _relu(res)
         self.out.reshape(-1)[e0:e1] = res
 
     def run(self, tile: Tile) -> None:
@@ -359,8 +380,11 @@ def run_program(program: Program, inputs: list[np.ndarray]) -> list[np.ndarray]:
     for index, layer in enumerate(program.layers):
         if layer.mode not in ("fp32", "int8"):
             raise NotImplementedError(f"layer {layer.name}: mode {layer.mode} is not simulated")
-        runner = _LayerRunner(program, layer, env)
-        for tile in by_layer.get(index, []):
-            runner.run(tile)
+        # IEEE hardware does not trap: overflow to inf, 0/0 = NaN and NaN comparisons are
+        # results, not errors, so numpy must not warn about them (nor raise under -W error).
+        with np.errstate(all="ignore"):
+            runner = _LayerRunner(program, layer, env)
+            for tile in by_layer.get(index, []):
+                runner.run(tile)
         env[layer.output] = runner.out
     return [env[tid] for tid in program.outputs]
