@@ -310,6 +310,12 @@ def tile_layer(program: Program, index: int, arch: SpinnArch, pes: int | None = 
     layer = program.layers[index]
     t = program.tensors
     out_shape = t[layer.output].shape
+    # The partitioner keeps zero-size ops on the host; a program built by hand may not.
+    for tid in (*layer.inputs, layer.output):
+        if 0 in tuple(t[tid].shape):
+            raise MappingError(f"layer {layer.name}: tensor {tid} has a zero-size shape "
+                               f"{tuple(t[tid].shape)} (dim {tuple(t[tid].shape).index(0)}); "
+                               "zero-size ops run on the host")
     tiles: list[Tile] = []
     if layer.kind in ("conv2d", "dense", "matmul"):
         g = gemm_shape(program, layer)
