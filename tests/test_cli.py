@@ -1,5 +1,6 @@
 """The tvm-spinn console script: compile an ONNX file, run the library, report."""
 
+import os
 import subprocess
 import sys
 
@@ -73,3 +74,114 @@ def test_compile_quantized(tmp_path):
                 "--quant-scheme", "int4", check=False)
     assert proc.returncode == 2 and "int4" in proc.stderr
     assert not (tmp_path / "b.so").exists()
+
+
+# -- inputs by name, output files, errors (in-process `main` where a subprocess is not needed) ----
+
+def _sub_model(path):
+    """ONNX ``out = a - b`` with two (2, 3) float32 inputs (order matters for the result)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Sub", ["a", "b"], ["out"])], "sub",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in ("a", "b")],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 3])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
+
+
+@pytest.fixture(scope="module")
+def sub_lib(tmp_path_factory):
+    from tvm_spinn import cli
+
+    directory = tmp_path_factory.mktemp("sub")
+    _sub_model(directory / "sub.onnx")
+    assert cli.main(["compile", str(directory / "sub.onnx"), "-o", str(directory / "sub.so")]) == 0
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(2, 3)).astype("float32"), rng.normal(size=(2, 3)).astype("float32")
+    return directory / "sub.so", a, b
+
+
+def _main_error(capsys, argv):
+    """Run ``cli.main`` expecting a failure; returns the one-line message (stderr or SystemExit)."""
+    from tvm_spinn import cli
+
+    capsys.readouterr()
+    try:
+        rc = cli.main(argv)
+        message = capsys.readouterr().err
+    except SystemExit as exit_:
+        rc, message = 1, str(exit_.code)
+    assert rc != 0 and message.strip() and "Traceback" not in message, message
+    return message
+
+
+def test_run_matches_inputs_by_name(sub_lib, tmp_path, capsys):
+    from tvm_spinn import cli
+
+    lib, a, b = sub_lib
+    for i, arrays in enumerate(({"b": b, "a": a}, {"a": a, "b": b}, {"arr_0": a, "arr_1": b})):
+        np.savez(tmp_path / f"in{i}.npz", **arrays)
+        assert cli.main(["run", str(lib), "--inputs", str(tmp_path / f"in{i}.npz"),
+                         "-o", str(tmp_path / f"out{i}.npz")]) == 0
+        np.testing.assert_array_equal(np.load(tmp_path / f"out{i}.npz")["output0"], a - b)
+    for arrays, expect in (({"foo": a, "bar": b}, "unknown ['foo', 'bar']"), ({"a": a}, "missing ['b']"),
+                           ({"a": a, "b": b, "c": b}, "unknown ['c']"), ({"arr_0": a}, "missing")):
+        np.savez(tmp_path / "bad.npz", **arrays)
+        message = _main_error(capsys, ["run", str(lib), "--inputs", str(tmp_path / "bad.npz")])
+        assert "['a', 'b']" in message and expect in message, message
+    np.save(tmp_path / "one.npy", a)
+    assert "several inputs" in _main_error(capsys, ["run", str(lib), "--inputs", str(tmp_path / "one.npy")])
+    np.savez(tmp_path / "shape.npz", a=a[:1], b=b)
+    message = _main_error(capsys, ["run", str(lib), "--inputs", str(tmp_path / "shape.npz")])
+    assert "'a'" in message and "(2, 3)" in message and "\n" not in message.strip(), message
+    np.savez(tmp_path / "dtype.npz", a=a.astype("float64"), b=b)
+    assert "float32" in _main_error(capsys, ["run", str(lib), "--inputs", str(tmp_path / "dtype.npz")])
+
+
+def test_output_paths_modes_and_library_errors(sub_lib, tmp_path, capsys):
+    lib, a, b = sub_lib
+    np.savez(tmp_path / "in.npz", a=a, b=b)
+    # -o into a missing directory or onto a directory: refused before any work, naming the path
+    message = _main_error(capsys, ["compile", str(lib.parent / "sub.onnx"), "-o", str(tmp_path / "nodir" / "x.so")])
+    assert "nodir" in message and "does not exist" in message and ".tmp" not in message
+    (tmp_path / "outdir").mkdir()
+    message = _main_error(capsys, ["run", str(lib), "--inputs", str(tmp_path / "in.npz"), "-o", str(tmp_path / "outdir")])
+    assert "is a directory" in message
+    assert sorted(os.listdir(tmp_path)) == ["in.npz", "outdir"] and not os.listdir(tmp_path / "outdir")
+    # not a tvm-spinn library: one LibraryError line
+    (tmp_path / "fake.so").write_bytes(b"\x7fELF" + bytes(100))
+    message = _main_error(capsys, ["run", str(tmp_path / "fake.so"), "--inputs", str(tmp_path / "in.npz")])
+    assert "fake.so" in message and "not a library exported by tvm-spinn" in message
+    # files get the umask's modes (a subprocess with its own umask), no temporaries left behind
+    work = tmp_path / "modes"
+    work.mkdir()
+    code = ("import os, sys; os.umask(0o027); from tvm_spinn import cli; "
+            f"sys.exit(cli.main(['compile', {str(lib.parent / 'sub.onnx')!r}, '-o', {str(work / 'm.so')!r}]) or "
+            f"cli.main(['run', {str(work / 'm.so')!r}, '--inputs', {str(tmp_path / 'in.npz')!r}, '-o', {str(work / 'o.npz')!r}]))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(os.listdir(work)) == ["m.so", "o.npz"]
+    assert os.stat(work / "m.so").st_mode & 0o777 == 0o750 and os.stat(work / "o.npz").st_mode & 0o777 == 0o640
+    np.testing.assert_array_equal(np.load(work / "o.npz")["output0"], a - b)
+
+
+def test_npy_calibration(sub_lib, tmp_path, capsys):
+    """--quantize takes an .npy for a single-input model; for two inputs it names the problem."""
+    onnxruntime = pytest.importorskip("onnxruntime")
+    from tvm_spinn import cli
+
+    model, x = make("mlp")
+    onnx_path = tmp_path / "mlp.onnx"
+    torch.onnx.export(model, (x,), str(onnx_path), dynamo=False, input_names=["x"], opset_version=17)
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "calib.npy", rng.normal(size=(8,) + tuple(x.shape)).astype("float32"))
+    assert cli.main(["compile", str(onnx_path), "-o", str(tmp_path / "q.so"), "--quantize", str(tmp_path / "calib.npy")]) == 0
+    np.save(tmp_path / "x.npy", x.numpy())
+    assert cli.main(["run", str(tmp_path / "q.so"), "--inputs", str(tmp_path / "x.npy"), "-o", str(tmp_path / "o.npz")]) == 0
+    ref = onnxruntime.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})[0]
+    assert np.abs(np.load(tmp_path / "o.npz")["output0"] - ref).max() <= 2 * 3 * np.abs(ref).max() / 255
+    two_inputs = sub_lib[0].parent / "sub.onnx"
+    message = _main_error(capsys, ["compile", str(two_inputs), "-o", str(tmp_path / "s.so"),
+                                   "--quantize", str(tmp_path / "calib.npy")])
+    assert "several inputs" in message and "calib.npy" in message and not (tmp_path / "s.so").exists()

@@ -10,12 +10,30 @@ import tempfile
 __all__ = ["main"]
 
 
-def _atomic_write_lib(ex, path: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path)) or "."
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=directory)
-    os.close(fd)
+def _check_output(path: str, what: str) -> None:
+    """Fail before any work when ``path`` cannot be written (missing directory, a directory)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise SystemExit(f"tvm-spinn: {what} {path!r} is a directory; give a file name")
+    if not os.path.isdir(directory):
+        raise SystemExit(f"tvm-spinn: cannot write {what} {path!r}: directory {directory!r} does not exist")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise SystemExit(f"tvm-spinn: cannot write {what} {path!r}: directory {directory!r} is not writable")
+
+
+def _write_npz(path: str, arrays: dict) -> None:
+    """Write ``arrays`` to ``path`` atomically (temporary file renamed into place, removed on
+    failure) with the mode the umask gives a new file."""
+    import numpy as np
+
+    from .runtime.loader import file_mode
+
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
     try:
-        ex.export_library(tmp)
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)  # a file object: numpy does not append ".npz" to the name
+        os.chmod(tmp, file_mode())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -46,6 +64,7 @@ def _cmd_compile(args) -> int:
     from .target import get_target
 
     target = get_target(args.target)
+    _check_output(args.output, "output library")
     mod = _load_model(args.model, args.shape)
     if args.quantize:
         mod = _quantize(mod, args.quantize, args.quant_scheme)
@@ -58,7 +77,9 @@ def _cmd_compile(args) -> int:
             ex = relax.build(mod, target=target)
     else:
         ex = relax.build(mod, target=target)
-    _atomic_write_lib(ex, args.output)
+    from .runtime.loader import export_library
+
+    export_library(ex, args.output)  # atomic, sealed (verified by tvm-spinn run/report)
     print(f"wrote {args.output}")
     if args.report:
         from .report import report
@@ -67,19 +88,38 @@ def _cmd_compile(args) -> int:
     return 0
 
 
-def _quantize(mod, calibration: str, scheme: str | None):
-    """Post-training quantization with samples from an .npz: one array per input, each with a
-    leading sample axis (``name`` keys as the model's inputs, or ``arr_0``... in input order)."""
+def _read_arrays(path: str, what: str, single_name: str | None) -> dict:
+    """Arrays of an ``.npz`` (by key) or of an ``.npy`` (one array, named ``single_name``).
+
+    ``single_name`` is the model's only input name, or ``None`` when the model has several
+    inputs (an ``.npy`` then is an error naming the file).
+    """
     import numpy as np
 
+    try:
+        data = np.load(path, allow_pickle=False)
+    except Exception as err:
+        raise SystemExit(f"tvm-spinn: cannot read {what} {path!r}: {err}") from None
+    if isinstance(data, np.ndarray):  # .npy: one array
+        if single_name is None:
+            raise SystemExit(f"tvm-spinn: {what} {path!r} is a single .npy array but the model has "
+                             f"several inputs: give an .npz with one array per input name")
+        return {single_name: data}
+    with data:
+        try:
+            return {name: data[name] for name in data.files}
+        except Exception as err:
+            raise SystemExit(f"tvm-spinn: cannot read {what} {path!r}: {err}") from None
+
+
+def _quantize(mod, calibration: str, scheme: str | None):
+    """Post-training quantization with samples from an .npz: one array per input, each with a
+    leading sample axis (``name`` keys as the model's inputs, or ``arr_0``... in input order); an
+    .npy for a single-input model."""
     from .quant import QuantScheme, quantize
 
-    try:
-        data = np.load(calibration)
-    except Exception as err:
-        raise SystemExit(f"tvm-spinn: cannot read calibration data {calibration!r}: {err}") from None
-    with data:
-        arrays = {name: data[name] for name in data.files}
+    params = [p.name for p in mod["main"].params]
+    arrays = _read_arrays(calibration, "calibration data", params[0] if len(params) == 1 else None)
     if not arrays:
         raise SystemExit(f"tvm-spinn: calibration data {calibration!r} has no arrays")
     counts = {name: a.shape[0] if a.ndim else 0 for name, a in arrays.items()}
@@ -115,29 +155,55 @@ def _load_lib(path: str):
     return load_module(path)
 
 
+def _order_inputs(params: list[str], arrays: dict, source: str) -> list:
+    """The arrays in parameter order, matched by name (or ``arr_0``... positionally, numpy's
+    names for unnamed ``np.savez`` arguments); any mismatch is one error listing both sides."""
+    given = list(arrays)
+    if set(given) == set(params) and len(given) == len(params):
+        return [arrays[name] for name in params]
+    positional = [f"arr_{i}" for i in range(len(params))]
+    if sorted(given) == sorted(positional) and not set(params) & set(given):
+        return [arrays[name] for name in positional]
+    missing = [p for p in params if p not in arrays]
+    unknown = [g for g in given if g not in params]
+    detail = "; ".join(part for part in (f"missing {missing}" if missing else "",
+                                         f"unknown {unknown}" if unknown else "") if part)
+    raise SystemExit(f"tvm-spinn: inputs in {source!r} do not match the model: expected "
+                     f"{len(params)} array(s) named {params}, got {len(given)}: {given} ({detail})")
+
+
+def _call_error(err: Exception) -> str:
+    """One line from a VM/runtime failure (argument checks name the parameter and its type)."""
+    import re
+
+    text = str(err).strip()
+    found = re.search(r"param=([^,]+), annotation=(.*?)\)\s+(.*)$", text, re.S)
+    if found:
+        name, annotation, why = found.groups()
+        return f"input {name!r} expects {annotation}: {' '.join(why.split())}"
+    return text.splitlines()[-1] if text else type(err).__name__
+
+
 def _cmd_run(args) -> int:
-    import numpy as np
     import tvm
     from tvm import relax
 
+    if args.output:
+        _check_output(args.output, "output file")
     lib = _load_lib(args.library)
     vm = relax.VirtualMachine(lib, tvm.cpu())
+    arity = int(vm.module["get_function_arity"]("main"))
+    params = [str(vm.module["get_function_param_name"]("main", i)) for i in range(arity)]
+    arrays = _read_arrays(args.inputs, "inputs", params[0] if arity == 1 else None)
+    ordered = _order_inputs(params, arrays, args.inputs)
     try:
-        data = np.load(args.inputs)
-    except Exception as err:
-        raise SystemExit(f"tvm-spinn: cannot read inputs {args.inputs!r}: {err}") from None
-    names = list(data.files)
-    inputs = [tvm.runtime.tensor(data[n]) for n in names]
-    out = vm["main"](*inputs)
+        out = vm["main"](*[tvm.runtime.tensor(a) for a in ordered])
+    except (ValueError, TypeError, RuntimeError) as err:  # VM argument checks, SpinnRuntimeError
+        raise SystemExit(f"tvm-spinn: cannot run {args.library!r}: {_call_error(err)}") from None
     outs = [out] if hasattr(out, "numpy") else list(out)
     arrays = {f"output{i}": o.numpy() for i, o in enumerate(outs)}
     if args.output:
-        directory = os.path.dirname(os.path.abspath(args.output)) or "."
-        fd, tmp = tempfile.mkstemp(suffix=".npz", dir=directory)
-        os.close(fd)
-        with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, args.output)
+        _write_npz(args.output, arrays)
         print(f"wrote {args.output}")
     for name, arr in arrays.items():
         print(f"{name}: shape {arr.shape} dtype {arr.dtype} mean {arr.mean():.6g}")
@@ -171,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tuning-logs", help="apply MetaSchedule tuning logs (a tvm-spinn tune work dir)")
     p.add_argument("--quantize", metavar="CALIBRATION.npz",
                    help="int8 post-training quantization calibrated on these samples (one array per "
-                        "input with a leading sample axis)")
+                        "input with a leading sample axis; an .npy for a single-input model)")
     p.add_argument("--quant-scheme", help='quantization scheme, e.g. "uint8,per-tensor,percentile=99.9" '
                                           "or \"keep_fp32=conv2d_0\"")
     p.set_defaults(func=_cmd_compile)
@@ -189,7 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_tune)
     p = sub.add_parser("run", help="run a compiled library on inputs from an .npz file")
     p.add_argument("library")
-    p.add_argument("--inputs", required=True, help=".npz with one array per input, in order")
+    p.add_argument("--inputs", required=True,
+                   help=".npz with one array per model input, keyed by the input names (arr_0, arr_1... "
+                        "for unnamed np.savez arrays, in input order); or an .npy for a single-input model")
     p.add_argument("-o", "--output", help="write outputs to this .npz")
     p.set_defaults(func=_cmd_run)
     p = sub.add_parser("report", help="performance report of a library or an ONNX model")
