@@ -52,7 +52,8 @@ def test_energy_reproduces_the_published_tops_per_watt(chip):
 def test_testchip_variant_keeps_the_earlier_numbers():
     test = tvm_spinn.make_system("tc", chip="testchip")
     assert (test.pes_per_chip, test.mgmt_pes_per_chip, test.acc_bits, test.clock_hz) == (152, 0, 29, 250e6)
-    assert (test.noc_bw_bytes_s, test.noc_hop_cycles, test.link_bw_bytes_s, test.e_mac_int8_j) == (64e9, 4, 0.5e9, 0.3e-12)
+    assert (test.noc_bw_bytes_s, test.noc_hop_cycles) == (64e9, 4)
+    assert (test.link_bw_bytes_s, test.e_mac_int8_j) == (0.5e9, 0.3e-12)
     assert safe_k_chunk(test, 8) == 16383
     assert tvm_spinn.arch_of("spinn/testchip") == CHIPS["testchip"]
     assert tvm_spinn.arch_of("spinn/testchip/board").total_pes == 48 * 152

@@ -176,8 +176,8 @@ class SpinnArch:
             raise ArchError(f"SpinnArch.mgmt_pes_per_chip must be an integer, got {self.mgmt_pes_per_chip!r}")
         if not isinstance(self.acc_bits, int) or isinstance(self.acc_bits, bool):
             raise ArchError(f"SpinnArch.acc_bits must be an integer, got {self.acc_bits!r}")
-        for name in ("mgmt_pes_per_chip", "sram_reserved_bytes", "mac_readout_cycles", "noc_hop_cycles", "barrier_cycles",
-                     "dma_setup_cycles", "e_mac_int8_j", "e_flop_fp32_j", "e_sram_byte_j", "e_dram_byte_j",
+        for name in ("mgmt_pes_per_chip", "sram_reserved_bytes", "mac_readout_cycles", "noc_hop_cycles",
+                     "barrier_cycles", "dma_setup_cycles", "e_mac_int8_j", "e_flop_fp32_j", "e_sram_byte_j", "e_dram_byte_j",
                      "e_noc_byte_j", "e_link_byte_j", "p_static_w_per_chip"):
             if getattr(self, name) < 0:
                 raise ArchError(f"SpinnArch.{name} must be >= 0, got {getattr(self, name)!r}")
