@@ -101,10 +101,27 @@ def test_board_spreads_large_layers_over_chips_with_link_traffic():
 def test_pipelined_mode_raises_throughput():
     model, x = make("cnn")
     mod = tvm_spinn.frontend.from_pytorch(model, (x,))
-    _, seq = _run(mod, "spinn", x.numpy(), MappingOptions(mode="sequential"))
-    _, auto = _run(mod, "spinn", x.numpy(), MappingOptions(objective="throughput"))
-    assert auto.throughput_inf_s >= seq.throughput_inf_s
-    assert {m["mode"] for m in auto.mapping} <= {"sequential", "pipelined"}
+    out_seq, seq = _run(mod, "spinn", x.numpy(), MappingOptions(mode="sequential"))
+    out_pipe, pipe = _run(mod, "spinn", x.numpy(), MappingOptions(mode="pipelined"))
+    out_auto, auto = _run(mod, "spinn", x.numpy(), MappingOptions(objective="throughput"))
+    (ps,), (pp,), (pa,) = seq.programs, pipe.programs, auto.programs  # one region: the whole CNN
+    # Sequential: one inference at a time, throughput = 1 / latency. Pipelined: a new input enters
+    # when the slowest layer stage is free, throughput = clock / max stage cycles. Both say the
+    # same clock, so seq_throughput * total cycles == pipe_throughput * max stage cycles.
+    clock = ps.timing["throughput_inf_s"] * ps.timing["cycles"]
+    assert ps.timing["throughput_inf_s"] == pytest.approx(1.0 / ps.timing["latency_s"], rel=1e-9)
+    stage_max = max(row["cycles"] for row in pipe.layers)
+    assert pp.timing["throughput_inf_s"] == pytest.approx(clock / stage_max, rel=1e-9)
+    # The CNN's layers are unbalanced but several: pipelining must raise throughput (and pay in
+    # latency: each stage has fewer PEs).
+    assert pipe.throughput_inf_s > 1.3 * seq.throughput_inf_s and pipe.latency_s > seq.latency_s
+    # auto keeps the better of the two mappings, whole: same throughput, same per-layer modes.
+    best = max((seq, pipe), key=lambda r: r.throughput_inf_s)
+    assert auto.throughput_inf_s == best.throughput_inf_s and pa.timing == best.programs[0].timing
+    assert [m["mode"] for m in auto.mapping] == [m["mode"] for m in best.mapping] == ["pipelined"] * len(best.mapping)
+    # and the mapping changes no bits
+    assert np.array_equal(out_seq.view(np.uint32), out_pipe.view(np.uint32))
+    assert np.array_equal(out_seq.view(np.uint32), out_auto.view(np.uint32))
 
 
 def test_perfetto_and_plot(tmp_path):
