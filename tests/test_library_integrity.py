@@ -55,17 +55,28 @@ def test_export_seals_and_reloads_same_bits(mlp):
     assert np.array_equal(plain["main"](tvm.runtime.tensor(x)).numpy(), expected)
 
 
-def test_random_byte_flips_anywhere_raise_library_error(mlp):
-    """200 seeded positions spread over the whole file: each flipped copy is refused cleanly."""
+def test_damaged_copies_raise_library_error_fast(mlp, tmp_path):
+    """In one subprocess (a crash fails the test): 200 single-bit flips at seeded positions spread
+    over the whole file (plus the ELF header and the trailer), and length fields set to 2^32 (a
+    TVM-internal one: the serialized type key of the VM executable; the trailer's body length),
+    refused in well under a second without allocating."""
     _, path, _, _ = mlp
+    data = bytearray(open(path, "rb").read())
+    key = data.find(b"relax.VMExecutable")
+    assert key > 8 and struct.unpack_from("<Q", data, key - 8)[0] == len(b"relax.VMExecutable")
+    inner = bytearray(data)
+    struct.pack_into("<Q", inner, key - 8, 2**32)
+    trailer = bytearray(data)
+    struct.pack_into("<Q", trailer, len(data) - loader._FOOTER.size, 2**32)
+    (tmp_path / "inner.so").write_bytes(inner)
+    (tmp_path / "trailer.so").write_bytes(trailer)
     proc = _run(f"""
-        import os, numpy as np, tvm_spinn
+        import resource, time, numpy as np, tvm_spinn
         data = open({str(path)!r}, "rb").read()
         rng = np.random.default_rng(0)
-        # uniform over the file plus the last 64 bytes (footer) and the first 64 (ELF header)
         positions = np.concatenate([rng.integers(0, len(data), 184), len(data) - 1 - np.arange(8) * 8,
                                     np.arange(8) * 8])
-        bad = {str(path.parent / "flip.so")!r}
+        bad = {str(tmp_path / "flip.so")!r}
         outcomes = {{}}
         for pos in positions:
             damaged = bytearray(data)
@@ -80,40 +91,6 @@ def test_random_byte_flips_anywhere_raise_library_error(mlp):
                 kind = type(err).__name__
             outcomes[kind] = outcomes.get(kind, 0) + 1
         print(outcomes)
-    """)
-    assert proc.stdout.strip().splitlines()[-1] == "{'LibraryError': 200}", proc.stdout
-
-
-def test_truncated_files_raise_library_error(mlp, tmp_path):
-    _, path, _, _ = mlp
-    data = open(path, "rb").read()
-    for size in (0, 3, 64, len(data) // 2, len(data) - 65, len(data) - 1):
-        bad = tmp_path / f"cut{size}.so"
-        bad.write_bytes(data[:size])
-        with pytest.raises(tvm_spinn.LibraryError, match=rf"cut{size}\.so"):
-            tvm_spinn.load_module(bad)
-    # the same truncations also stay clean when the bytes are appended to (file re-grown)
-    bad = tmp_path / "grown.so"
-    bad.write_bytes(data + b"\0" * 16)
-    with pytest.raises(tvm_spinn.LibraryError, match="no integrity trailer"):
-        tvm_spinn.load_module(bad)
-
-
-def test_huge_length_fields_are_refused_fast_in_constant_memory(mlp, tmp_path):
-    """A TVM-internal length (the serialized type key of the VM executable) and the trailer's
-    own body length set to 2^32: refused in well under a second without allocating."""
-    _, path, _, _ = mlp
-    data = bytearray(open(path, "rb").read())
-    key = data.find(b"relax.VMExecutable")
-    assert key > 8 and struct.unpack_from("<Q", data, key - 8)[0] == len(b"relax.VMExecutable")
-    inner = bytearray(data)
-    struct.pack_into("<Q", inner, key - 8, 2**32)
-    trailer = bytearray(data)
-    struct.pack_into("<Q", trailer, len(data) - loader._FOOTER.size, 2**32)
-    (tmp_path / "inner.so").write_bytes(inner)
-    (tmp_path / "trailer.so").write_bytes(trailer)
-    proc = _run(f"""
-        import resource, time, tvm_spinn
         for name in ("inner", "trailer"):
             before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
             start = time.perf_counter()
@@ -124,11 +101,26 @@ def test_huge_length_fields_are_refused_fast_in_constant_memory(mlp, tmp_path):
                 grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
                 print(name, "refused", round(time.perf_counter() - start, 3), grew, err)
     """)
-    lines = proc.stdout.strip().splitlines()[-2:]
-    for line, name in zip(lines, ("inner", "trailer")):
+    lines = proc.stdout.strip().splitlines()[-3:]
+    assert lines[0] == "{'LibraryError': 200}", proc.stdout
+    for line, name in zip(lines[1:], ("inner", "trailer")):
         fields = line.split()
         assert fields[:2] == [name, "refused"], line
         assert float(fields[2]) < 1.0 and int(fields[3]) < 64 * 1024, line  # seconds, KiB
+
+
+def test_truncated_files_raise_library_error(mlp, tmp_path):
+    _, path, _, _ = mlp
+    data = open(path, "rb").read()
+    for size in (0, 3, 64, len(data) // 2, len(data) - 65, len(data) - 1):
+        bad = tmp_path / f"cut{size}.so"
+        bad.write_bytes(data[:size])
+        with pytest.raises(tvm_spinn.LibraryError, match=rf"cut{size}\.so"):
+            tvm_spinn.load_module(bad)
+    bad = tmp_path / "grown.so"
+    bad.write_bytes(data + b"\0" * 16)
+    with pytest.raises(tvm_spinn.LibraryError, match="no integrity trailer"):
+        tvm_spinn.load_module(bad)
 
 
 def test_foreign_shared_object_is_library_error(tmp_path):
@@ -181,3 +173,13 @@ def test_offloaded_weights_are_stored_once(tmp_path):
         tvm.runtime.tensor(x.numpy())).numpy()
     with torch.no_grad():
         np.testing.assert_allclose(got, model(x).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_spinn_runtime_error_keeps_its_type(mlp):
+    """Raised behind the FFI (VM -> spinn module -> Python callback), it is not a RuntimeError."""
+    _, path, _, _ = mlp
+    lib = tvm_spinn.load_module(path)
+    region = next(m for m in tvm_spinn.report_modules(lib) if str(m["get_symbol"]()) != "__spinn_manifest__")
+    func = region[str(region["get_symbol"]())]
+    with pytest.raises(tvm_spinn.SpinnRuntimeError, match=r"input .x. \(argument 0\) expects shape"):
+        func(np.zeros((1, 1), "float32"), np.zeros((1, 1), "float32"))

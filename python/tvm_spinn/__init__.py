@@ -27,6 +27,13 @@ from .partition import partition_for_spinn, summarize_partition  # noqa: E402
 from .pipeline import install as _install_pipeline  # noqa: E402
 from .report import Report, find_spinn_modules as report_modules, report  # noqa: E402
 from .runtime import executor as _executor  # noqa: E402,F401  (registers the runtime callback)
+
+import tvm_ffi as _tvm_ffi  # noqa: E402
+
+# Raised in the runtime callback, the error crosses the FFI (VM -> spinn module -> Python); once
+# registered it comes back to the caller as itself instead of a plain RuntimeError.
+_tvm_ffi.register_error("tvm_spinn.SpinnRuntimeError", _executor.SpinnRuntimeError)
+SpinnRuntimeError = _executor.SpinnRuntimeError
 from .runtime import loader as _loader  # noqa: E402
 from .runtime.loader import LibraryError, export_library, load_module  # noqa: E402
 from .quant import QuantizationError, QuantScheme, quantizable_layers, quantize  # noqa: E402
@@ -44,7 +51,7 @@ _loader.install_export_hook()  # ex.export_library of spinn builds writes sealed
 
 
 __all__ = [
-    "frontend", "MappingOptions", "MappingError", "load_module", "export_library", "LibraryError", "partition_for_spinn", "summarize_partition", "report", "report_modules", "Report", "SpinnArch",
+    "frontend", "MappingOptions", "MappingError", "load_module", "export_library", "LibraryError", "SpinnRuntimeError", "partition_for_spinn", "summarize_partition", "report", "report_modules", "Report", "SpinnArch",
     "ArchError", "make_system", "register_system", "get_target", "known_targets", "arch_of",
     "tune", "build_options", "BuildOptions", "TuningResult", "TuningLogError",
     "quantize", "quantizable_layers", "QuantScheme", "QuantizationError",
