@@ -231,7 +231,7 @@ def export_library(ex: Any, path: "str | os.PathLike", **kwargs: Any) -> None:
     Parameters
     ----------
     ex : tvm.runtime.Executable or tvm.runtime.Module
-        What ``relax.build`` returned (or a module loaded with :func:`load_module`).
+        What ``relax.build`` returned (or its ``.mod``).
     path : str or os.PathLike
         Output ``.so`` path; its directory must exist.
     **kwargs
