@@ -19,9 +19,11 @@ TVM's own behaviour is unchanged unless asked.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import tvm
+import tvm_ffi
 from tvm import relax
 from tvm.s_tir import dlight as dl
 
@@ -267,14 +269,78 @@ def _KeepUnitReductionsUnscheduled(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # 
     return mod
 
 
+@functools.lru_cache(maxsize=None)
+def _vectorizes(target: str, op: str, ret: str, args: tuple[str, ...], lanes: int) -> bool:
+    """Whether LLVM codegen accepts ``op(args) -> ret`` inside a loop vectorized ``lanes`` wide.
+
+    Some intrinsics have only a scalar lowering on llvm (``tirx.cosh``/``tirx.sinh`` in any
+    float type, many float16 ones, ``tirx.fmod``...): vectorized, codegen fails with
+    "unknown intrinsic". The answer depends on TVM's lowering tables and the target, so it is
+    measured once per signature by compiling a one-call kernel rather than kept in a list."""
+    from tvm import te
+
+    try:
+        ins = [te.placeholder((lanes,), dtype=dt, name=f"a{k}") for k, dt in enumerate(args)]
+        out = te.compute((lanes,), lambda i: tvm.tirx.call_intrin(ret, op, *[a[i] for a in ins]),
+                         name="out")
+        sch = tvm.s_tir.Schedule(te.create_prim_func([*ins, out]))
+        sch.vectorize(sch.get_loops(sch.get_sblock("out"))[0])
+        tvm.compile(sch.mod, target=tvm.target.Target(target))
+        return True
+    except Exception:  # noqa: BLE001 - any failure means: keep such loops scalar
+        return False
+
+
+def _scalar_only_calls(loop, target: str) -> list[str]:
+    """Calls in ``loop``'s body (a vectorized ``For``) that LLVM cannot vectorize."""
+    lanes = int(loop.extent) if isinstance(loop.extent, tvm.tirx.IntImm) else 4
+    bad: list[str] = []
+
+    def visit(call):
+        if isinstance(call.op, tvm.ir.Op) and call.op.name.startswith("tirx."):
+            sig = (call.op.name, str(call.ty), tuple(str(a.ty) for a in call.args))
+            if not _vectorizes(target, *sig, lanes):
+                bad.append(call.op.name)
+
+    tvm_ffi.structural_walk(loop.body, (tvm.ir.Call, visit), order="pre")
+    return bad
+
+
+@tvm.transform.module_pass(opt_level=0, name="SpinnScalarizeUnvectorizableLoops")
+def _ScalarizeUnvectorizableLoops(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802
+    """Turn vectorized loops back into serial ones where a call in them has no vector lowering.
+
+    The default schedules (ours and dlight's) vectorize inner loops without knowing which math
+    intrinsics LLVM can vectorize; ``torch.cosh`` would otherwise fail to build. The loop
+    stays scalar (LLVM may still auto-vectorize it); everything else of the schedule is kept."""
+    target = tvm.target.Target.current(allow_none=True)
+    if target is None or target.kind.name != "llvm":
+        return mod
+    key = str(target)
+
+    def on_for(loop):
+        if loop.kind != tvm.tirx.ForKind.VECTORIZED or not _scalar_only_calls(loop, key):
+            return loop
+        return tvm.tirx.For(loop.loop_var, loop.min, loop.extent, tvm.tirx.ForKind.SERIAL,
+                            loop.body, loop.thread_binding, loop.annotations, loop.step, loop.span)
+
+    for gvar, func in sorted(mod.functions_items(), key=lambda kv: kv[0].name_hint):
+        if isinstance(func, tvm.tirx.PrimFunc):
+            body = tvm_ffi.structural_map(func.body, (tvm.tirx.For, on_for), order="post")
+            if not body.same_as(func.body):
+                mod[gvar] = func.with_body(body)
+    return mod
+
+
 def default_schedule_pass(target: tvm.target.Target) -> tvm.transform.Pass:
     """The default-schedule pass for ``target`` (call inside ``with target``).
 
     Parameters
     ----------
     target : tvm.target.Target
-        Fallback target: ``llvm`` gets dlight's CPU rules and :class:`ParallelVectorize`; other
-        kinds get dlight's GPU rules (the same as TVM's CUDA pipeline).
+        Fallback target: ``llvm`` gets dlight's CPU rules and :class:`ParallelVectorize` (loops
+        whose intrinsics LLVM cannot vectorize are then made serial again); other kinds get
+        dlight's GPU rules (the same as TVM's CUDA pipeline).
 
     Returns
     -------
@@ -286,6 +352,7 @@ def default_schedule_pass(target: tvm.target.Target) -> tvm.transform.Pass:
         return tvm.transform.Sequential([
             _KeepUnitReductionsUnscheduled,
             dl.ApplyDefaultSchedule(dl.cpu.GEMV(), ParallelVectorize(), dl.cpu.Reduction()),
+            _ScalarizeUnvectorizableLoops,
         ])
     return dl.ApplyDefaultSchedule(
         dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),

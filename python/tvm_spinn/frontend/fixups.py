@@ -4,6 +4,9 @@
   in TVM's llvm codegen; compute it in int32 and compare with zero, which is what the mask means.
 - comparisons of two ``bool`` tensors are emitted as float compares and fail LLVM verification;
   compare them as int8.
+- ``multiply``/``add`` of two ``bool`` tensors (``torch.isfinite``, ``torch.logaddexp``
+  decompose to them) fail in TVM's llvm codegen (a float multiply check); they are
+  ``logical_and``/``logical_or``, which is what bool arithmetic means in PyTorch.
 - ``x[:, -1]`` is imported as ``take(x, -1, mode="fast")``, which reads out of bounds (garbage
   or NaN); constant negative indices are normalized to ``index + dim``.
 """
@@ -52,6 +55,24 @@ def _fix_bool_compare(func: relax.Function) -> relax.Function:
     return func
 
 
+_BOOL_ARITH = {"multiply": relax.op.logical_and, "add": relax.op.logical_or}
+
+
+def _fix_bool_arith(func: relax.Function) -> relax.Function:
+    for name, logical in _BOOL_ARITH.items():
+        lhs, rhs = wildcard(), wildcard()
+        pattern = is_op(f"relax.{name}")(lhs, rhs)
+
+        def rewriter(expr, matches, logical=logical, lhs=lhs, rhs=rhs):
+            a, b = matches[lhs], matches[rhs]
+            if str(a.ty.dtype) != "bool" or str(b.ty.dtype) != "bool":
+                return expr
+            return logical(a, b)
+
+        func = rewrite_call(pattern, rewriter, func)
+    return func
+
+
 def _fix_negative_take(func: relax.Function) -> relax.Function:
     x, idx = wildcard(), is_const()
     pattern = is_op("relax.take")(x, idx)
@@ -78,4 +99,4 @@ def _fix_negative_take(func: relax.Function) -> relax.Function:
 @relax.transform.function_pass(opt_level=0, name="SpinnFixupImported")
 def FixupImported(func: relax.Function, _mod, _ctx) -> relax.Function:  # noqa: N802 - TVM pass naming
     """Apply the clean-ups to every Relax function of a module."""
-    return _fix_negative_take(_fix_bool_compare(_fix_bool_cumsum(func)))
+    return _fix_negative_take(_fix_bool_arith(_fix_bool_compare(_fix_bool_cumsum(func))))

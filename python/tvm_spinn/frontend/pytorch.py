@@ -3,10 +3,38 @@
 from __future__ import annotations
 
 import tvm
+from tvm import relax
 
 from .fixups import FixupImported
 
 __all__ = ["from_pytorch"]
+
+
+def _elu(node, importer):
+    """``aten.elu(x, alpha, scale, input_scale)``; TVM's converter drops ``scale`` and
+    ``input_scale``, which ``F.selu`` (exported as ``elu(x, 1.673..., 1.0507...)``) needs."""
+    args = list(node.args) + [None] * (4 - len(node.args))
+    alpha, scale, input_scale = (
+        float(args[k] if args[k] is not None else node.kwargs.get(name, 1.0))
+        for k, name in ((1, "alpha"), (2, "scale"), (3, "input_scale"))
+    )
+    if scale == 1.0 and input_scale == 1.0:
+        return importer._elu(node)
+    x = importer.env[node.args[0]]
+    dtype = str(x.ty.dtype)
+
+    def const(v):
+        return relax.const(v, dtype)
+
+    # torch: scale * (x if x > 0 else alpha * (exp(input_scale * x) - 1))
+    negative = relax.op.multiply(
+        const(alpha), relax.op.subtract(relax.op.exp(relax.op.multiply(x, const(input_scale))), const(1.0)))
+    picked = relax.op.where(relax.op.greater(x, const(0.0)), x, negative)
+    return importer.block_builder.emit(relax.op.multiply(picked, const(scale)))
+
+
+#: aten ops whose TVM conversion is wrong, converted here instead
+_CONVERT_FIXES = {"elu.default": _elu}
 
 
 def from_pytorch(model, example_args, dynamic_shapes=None) -> tvm.IRModule:
@@ -34,6 +62,7 @@ def from_pytorch(model, example_args, dynamic_shapes=None) -> tvm.IRModule:
     model = model.eval()
     with torch.no_grad():
         exported = torch.export.export(model, example_args, dynamic_shapes=dynamic_shapes)
-    mod = from_exported_program(exported, keep_params_as_input=False, unwrap_unit_return_tuple=True)
+    mod = from_exported_program(exported, keep_params_as_input=False, unwrap_unit_return_tuple=True,
+                                custom_convert_map=_CONVERT_FIXES)
     mod = FixupImported(mod)
     return mod.with_attr("spinn_source", {"framework": "pytorch", "version": torch.__version__})

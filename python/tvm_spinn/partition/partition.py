@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax
 from tvm.relax import transform
+from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
 from ..target.registry import arch_of, get_target
 from .patterns import FallbackReason, spinn_patterns
@@ -45,6 +46,7 @@ def partition_for_spinn(
     reasons = FallbackReason()
     fold = tvm.transform.Sequential(
         [
+            _DecomposeTrainingBatchNorm,  # before anything that assumes running statistics
             _ConvertConvLayout,
             FoldLayoutConstants,
             transform.FoldConstant(),
@@ -70,6 +72,62 @@ def partition_for_spinn(
     mod = restore_quantized_weights(mod, hidden)
     mod = offload(mod)
     return mod.with_attr("spinn_fallback_reasons", dict(sorted(reasons.reasons.items())))
+
+
+def _training_batch_norm(call: relax.Call) -> relax.Expr:
+    """``batch_norm(..., training=True)`` as plain ops, with the arithmetic of TVM's legalization.
+
+    Normalizes with the batch's statistics (biased variance) and returns the updated running
+    statistics ``(1 - momentum) * running + momentum * batch`` as outputs 1 and 2."""
+    x, gamma, beta, moving_mean, moving_var = call.args
+    attrs = call.attrs
+    rank = len(x.ty.shape)
+    axis = int(attrs.axis) % rank
+    dtype = str(x.ty.dtype)
+    reduce_axes = [i for i in range(rank) if i != axis]
+    channel_shape = [1] * rank
+    channel_shape[axis] = -1
+
+    def const(value: float) -> relax.Constant:
+        return relax.const(value, dtype)
+
+    mean = relax.op.mean(x, axis=reduce_axes, keepdims=True)
+    centered = relax.op.subtract(x, mean)
+    var = relax.op.mean(relax.op.multiply(centered, centered), axis=reduce_axes, keepdims=True)
+    out = relax.op.divide(centered, relax.op.sqrt(relax.op.add(var, const(float(attrs.epsilon)))))
+    if bool(attrs.scale):
+        out = relax.op.multiply(out, relax.op.reshape(gamma, channel_shape))
+    if bool(attrs.center):
+        out = relax.op.add(out, relax.op.reshape(beta, channel_shape))
+    momentum = float(attrs.momentum)
+
+    # per-channel statistics for the update, reduced again without keepdims: the rewriter's
+    # expressions are not normalized yet, and reshaping one needs its type
+    batch_mean = relax.op.mean(x, axis=reduce_axes)
+    batch_var = relax.op.mean(relax.op.multiply(centered, centered), axis=reduce_axes)
+
+    def update(running: relax.Expr, batch: relax.Expr) -> relax.Expr:
+        return relax.op.add(relax.op.multiply(const(1.0 - momentum), running),
+                            relax.op.multiply(const(momentum), batch))
+
+    return relax.Tuple([out, update(moving_mean, batch_mean), update(moving_var, batch_var)])
+
+
+@relax.transform.function_pass(opt_level=0, name="SpinnDecomposeTrainingBatchNorm")
+def _DecomposeTrainingBatchNorm(func: relax.Function, _mod, _ctx) -> relax.Function:  # noqa: N802
+    """Spell out training-mode batch norms (``model.train()``) as batch-statistics arithmetic.
+
+    ``DecomposeOpsForInference`` and the conv fold use the running statistics whatever the
+    op's ``training`` attribute says; decomposed first, training batch norms reach neither."""
+    pattern = is_op("relax.nn.batch_norm")(wildcard(), wildcard(), wildcard(), wildcard(), wildcard())
+
+    def rewriter(expr: relax.Call, _matches) -> relax.Expr:
+        if not bool(expr.attrs.training) or not isinstance(expr.args[0].ty, relax.TensorType) \
+                or expr.args[0].ty.shape is None:
+            return expr
+        return _training_batch_norm(expr)
+
+    return rewrite_call(pattern, rewriter, func)
 
 
 @tvm.transform.module_pass(opt_level=0, name="SpinnConvertConvLayout")

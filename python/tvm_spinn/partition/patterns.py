@@ -9,6 +9,7 @@ than float32, layouts other than NCHW/OIHW, or a working set that does not fit o
 from __future__ import annotations
 
 import logging
+import math
 from typing import Callable
 
 from tvm import relax
@@ -176,6 +177,17 @@ class _Checker:
         if op in _DATA_MOVEMENT:  # bytes are bytes: int8 activations move like fp32 ones
             return self._check_tensors(op, ctx, names, SUPPORTED_DTYPES + QUANTIZED_DTYPES)
         return self._check_tensors(op, ctx, names)
+
+    def _check_clip(self, op: str, ctx: PatternCheckContext) -> bool:
+        # clamp_min/clamp_max/hardsigmoid import as clip(x, lo, +inf) / clip(x, -inf, hi);
+        # a spinn program holds finite attributes only (its header is strict JSON).
+        root = ctx.annotated_expr["root"]
+        for bound in root.args[1:3]:
+            inner = getattr(bound, "value", bound)
+            value = float(getattr(inner, "value", inner))
+            if not math.isfinite(value):
+                return self.log.refuse(op, root, f"clip bound {value} is not finite")
+        return self._check_elementwise(op, ctx)
 
     def _check_pool2d(self, op: str, ctx: PatternCheckContext) -> bool:
         if not self._check_tensors(op, ctx, ("input",)):
@@ -414,7 +426,7 @@ def _binary_relu(name: str, op: str, chk: _Checker):
 def _clip(chk: _Checker):
     x = wildcard()
     root = is_op("relax.clip")(x, wildcard(), wildcard())  # bounds are PrimValue arguments
-    return ("spinn.clip", root, {"input": x, "root": root}, _bind(chk._check_elementwise, "spinn.clip"))
+    return ("spinn.clip", root, {"input": x, "root": root}, _bind(chk._check_clip, "spinn.clip"))
 
 
 def spinn_patterns(arch: SpinnArch, log: FallbackReason | None = None) -> list[tuple]:
