@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import tvm
 from tvm import relax
 
 import tvm_spinn
-from tvm_spinn.tune import TuningLogError, TuningWarning, validate_logs
+from tvm_spinn.tune import TuningLogError, TuningWarning, make_runner, validate_logs
 from tvm_spinn.tune.database import MANIFEST_FILE, RECORD_FILE, WORKLOAD_FILE
 
 from models import make
@@ -191,7 +192,16 @@ def test_task_whose_schedules_all_fail_is_skipped(tmp_path):
                                 num_trials_per_iter=2, builder=FailSoftmax())
     status = {t.name: t.status for t in result.tasks}
     assert status["softmax"] == "skipped" and list(status.values()).count("tuned") == 1
-    assert any(issubclass(w.category, TuningWarning) and "softmax" in str(w.message) for w in caught)
+    # the reason is the candidates' own error, in the warning, the result and the task's log
+    assert "injected failure" in next(t.reason for t in result.tasks if t.name == "softmax")
+    assert any(issubclass(w.category, TuningWarning) and "softmax" in str(w.message)
+               and "injected failure" in str(w.message) for w in caught)
+    log = [p for p in os.listdir(tmp_path / "w" / "logs") if "softmax" in p]
+    assert "injected failure" in (tmp_path / "w" / "logs" / log[0]).read_text()
+    # its failed records are never applied: MetaSchedule has no valid record for it
+    db = tvm.s_tir.meta_schedule.database.JSONDatabase(work_dir=str(tmp_path / "w"))
+    failed = [r.workload for r in db.get_all_tuning_records() if "T_softmax" in r.workload.mod.script()]
+    assert failed and not db.get_top_k(failed[0], 1)
     with tvm_spinn.build_options(tuning_logs=str(tmp_path / "w")):
         ex = relax.build(mod, target=LLVM)  # softmax keeps its default schedule
     np.testing.assert_allclose(_run(ex, x), _run(relax.build(mod, target=LLVM), x), rtol=1e-4, atol=1e-5)
@@ -209,13 +219,18 @@ def _start(args, log):
 
 
 def _stop(proc):
-    if proc.poll() is None:
-        proc.terminate()
+    """Stop a process started by _start and its children (RPC servers fork popen workers)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)  # its own session: the group is exactly its processes
+        except ProcessLookupError:
+            break
         try:
             proc.wait(timeout=10)
+            if sig == signal.SIGTERM:
+                time.sleep(0.5)  # let the children see it too before the SIGKILL sweep
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+            continue
 
 
 @pytest.mark.timeout(300)
@@ -319,3 +334,137 @@ def test_killed_job_resumes_from_its_logs(tmp_path):
     after = records.read_bytes()
     assert after.startswith(before) and len(after.splitlines()) == 16
     assert result.new_trials == 16 - n_before
+
+
+def _abs_model():
+    """On spinn the Linear is offloaded; the fallback is one task, tir_abs, with one schedule."""
+    import torch
+
+    torch.manual_seed(0)
+
+    class LinearAbs(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            return torch.abs(self.linear(x))
+
+    return tvm_spinn.frontend.from_pytorch(LinearAbs().eval(), (torch.randn(4, 16),))
+
+
+@pytest.mark.timeout(300)
+def test_jobs_in_one_process_do_not_share_logging_state(tmp_path):
+    """Issue 10: MetaSchedule's dictConfig loggers broke every later tune() in the process.
+
+    In a fresh interpreter: a first job, then a handler without a name on the
+    ``tvm.s_tir.meta_schedule`` logger (as log-capture tools add), then more jobs. The jobs
+    must neither crash on it nor touch the process's logging, nor print MetaSchedule lines;
+    a finished job (its search space ran out) must do nothing, however often it is re-run.
+    """
+    work = tmp_path / "logs"
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import io, logging, sys\n"
+        f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+        "import test_tune, tvm_spinn\n"
+        "mod = test_tune._abs_model()\n"
+        "ms_logger = logging.getLogger('tvm.s_tir.meta_schedule')\n"
+        f"kw = dict(target='spinn', work_dir={str(work)!r}, max_trials_per_task=2, num_trials_per_iter=2)\n"
+        "first = tvm_spinn.tune(mod, **kw)\n"
+        "records = open(first.work_dir + '/database_tuning_record.json', 'rb').read()\n"
+        "unnamed = logging.StreamHandler(io.StringIO())\n"
+        "ms_logger.addHandler(unnamed)\n"
+        "again = [tvm_spinn.tune(mod, **kw) for _ in range(2)]\n"
+        "assert ms_logger.handlers == [unnamed], ms_logger.handlers\n"
+        "assert open(first.work_dir + '/database_tuning_record.json', 'rb').read() == records\n"
+        "print('RESULT', [(t.name, t.trials, t.status) for t in first.tasks],"
+        " [(r.new_trials, [t.status for t in r.tasks]) for r in again])\n"
+    )
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "RESULT [('tir_abs', 1, 'tuned')] [(0, ['resumed']), (0, ['resumed'])]" in proc.stdout, proc.stdout
+    assert "[INFO]" not in proc.stdout + proc.stderr  # MetaSchedule's lines go to work_dir/logs only
+    assert "search space exhausted" in (work / "logs" / "task_0_tir_abs.log").read_text()
+
+
+def test_sigint_stops_the_job_and_it_resumes(tmp_path):
+    """Ctrl-C in the middle of a task: KeyboardInterrupt at once, no failed record, resumable."""
+    from tvm.s_tir.meta_schedule.builder import PyBuilder
+    from tvm.ir.utils import derived_object
+
+    from tvm_spinn.tune.builder import InProcessBuilder
+
+    good = InProcessBuilder()
+    calls = []
+
+    @derived_object
+    class CtrlCOnSecondBatch(PyBuilder):
+        def build(self, build_inputs):
+            calls.append(len(build_inputs))
+            if len(calls) == 2:  # as if the user pressed Ctrl-C while this batch builds
+                os.kill(os.getpid(), signal.SIGINT)
+            return good.build(build_inputs)
+
+    mod, _ = _tiny()
+    work = tmp_path / "w"
+    runner = make_runner()  # one worker pool for both jobs (it starts slowly)
+    kw = dict(target=LLVM, work_dir=str(work), max_trials_per_task=2, num_trials_per_iter=1, runner=runner)
+    with pytest.raises(KeyboardInterrupt):
+        tvm_spinn.tune(mod, builder=CtrlCOnSecondBatch(), **kw)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+    assert len(calls) == 2  # stopped at once: no third batch
+    before = (work / RECORD_FILE).read_bytes()
+    records = [json.loads(line) for line in before.splitlines()]
+    assert len(records) == 1  # the first batch only; the interrupted one is dropped
+    assert all(max(r[1][1]) < 1e9 for r in records)  # no 1e10 "failed" record
+    assert validate_logs(str(work), "llvm") == {"workloads": 1, "records": 1}
+    result = tvm_spinn.tune(mod, **kw)
+    after = (work / RECORD_FILE).read_bytes()
+    assert after.startswith(before) and result.new_trials == 3
+    assert [t.trials for t in result.tasks] == [2, 2]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_cli_ctrl_c_exits_nonzero_keeps_valid_logs_and_resumes(tmp_path):
+    """Ctrl-C at a terminal (SIGINT to the whole process group) during ``tvm-spinn tune``."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Softmax(dim=-1)).eval()
+    onnx_path = tmp_path / "tiny.onnx"
+    torch.onnx.export(model, (torch.randn(4, 16),), str(onnx_path), dynamo=False, input_names=["x"],
+                      opset_version=17)
+    work = tmp_path / "logs"
+    cmd = [sys.executable, "-m", "tvm_spinn.cli", "tune", str(onnx_path), "--target", "llvm",
+           "--work-dir", str(work), "--trials", "3", "--no-progress"]
+    out, err = open(tmp_path / "out.txt", "w"), open(tmp_path / "err.txt", "w")
+    proc = subprocess.Popen(cmd, stdout=out, stderr=err, start_new_session=True)
+    records = work / RECORD_FILE
+    try:
+        deadline = time.time() + 400
+        while time.time() < deadline and proc.poll() is None:
+            if records.exists() and records.read_bytes().count(b"\n") >= 1:
+                break  # the first task has measured a batch: the job is under way
+            time.sleep(0.1)
+        assert proc.poll() is None, (tmp_path / "err.txt").read_text()[-3000:]
+        os.killpg(proc.pid, signal.SIGINT)
+        rc = proc.wait(timeout=60)  # "at once": no more tasks after the interrupt
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        out.close()
+        err.close()
+    stderr = (tmp_path / "err.txt").read_text()
+    assert rc == 130 and "interrupted" in stderr, stderr[-3000:]
+    assert "[INFO]" not in (tmp_path / "out.txt").read_text()
+    before = records.read_bytes()
+    assert all(max(json.loads(line)[1][1]) < 1e9 for line in before.splitlines())  # no 1e10 record
+    assert validate_logs(str(work), "llvm")["records"] == len(before.splitlines()) < 6
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    after = records.read_bytes()
+    assert after.startswith(before) and len(after.splitlines()) > len(before.splitlines())
+    assert "resumed" in proc.stdout and "[INFO]" not in proc.stdout

@@ -140,9 +140,16 @@ def _cmd_tune(args) -> int:
     from .tune import tune
 
     mod = _load_model(args.model, args.shape)
-    result = tune(mod, target=args.target, work_dir=args.work_dir, max_trials=args.max_trials,
-                  max_trials_per_task=args.trials, rpc_tracker=args.rpc_tracker, rpc_key=args.rpc_key,
-                  seed=args.seed, progress=not args.no_progress)
+    try:
+        result = tune(mod, target=args.target, work_dir=args.work_dir, max_trials=args.max_trials,
+                      max_trials_per_task=args.trials, rpc_tracker=args.rpc_tracker,
+                      rpc_key=args.rpc_key, seed=args.seed, progress=not args.no_progress,
+                      verbose=args.verbose)
+    except KeyboardInterrupt:
+        # the logs hold every batch measured before Ctrl-C; the batch in flight is dropped
+        print(f"tvm-spinn: tuning interrupted; the logs in {args.work_dir} are kept: run the same "
+              "command again to resume", file=sys.stderr)
+        return 130
     print(result.table())
     print(f"tuning logs in {args.work_dir} ({result.new_trials} new trials); use them with "
           f"tvm-spinn compile ... --tuning-logs {args.work_dir}")
@@ -252,6 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rpc-key", help="device key of the RPC servers")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--verbose", action="store_true",
+                   help="echo MetaSchedule's log to stderr (it always goes to WORK_DIR/logs)")
     p.set_defaults(func=_cmd_tune)
     p = sub.add_parser("run", help="run a compiled library on inputs from an .npz file")
     p.add_argument("library")

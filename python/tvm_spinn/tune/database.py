@@ -20,7 +20,8 @@ import tvm_ffi
 
 __all__ = [
     "TuningLogError", "WORKLOAD_FILE", "RECORD_FILE", "MANIFEST_FILE", "validate_logs",
-    "read_manifest", "update_manifest", "open_database", "apply_tuning_logs",
+    "read_manifest", "update_manifest", "open_database", "apply_tuning_logs", "exhausted_tasks",
+    "mark_exhausted",
 ]
 
 WORKLOAD_FILE = "database_workload.json"
@@ -188,12 +189,43 @@ def update_manifest(work_dir: str, target: tvm.target.Target, model_hash: str, t
     }
     manifest["tvm_version"] = tvm.__version__
     manifest["models"][model_hash] = {"tasks": sorted(tasks)}
-    fd, tmp = tempfile.mkstemp(suffix=".json", dir=work_dir)
-    with os.fdopen(fd, "w") as f:
-        json.dump(manifest, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, os.path.join(work_dir, MANIFEST_FILE))
+    _write_manifest(work_dir, manifest)
     return manifest
+
+
+def _write_manifest(work_dir: str, manifest: dict) -> None:
+    """Atomic rewrite: a killed job leaves the old manifest or the new one, never half of one."""
+    fd, tmp = tempfile.mkstemp(suffix=".json", dir=work_dir)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(manifest, f, indent=1, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, os.path.join(work_dir, MANIFEST_FILE))
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def exhausted_tasks(work_dir: str) -> dict[str, int]:
+    """Tasks whose search ran out of new candidates: ``{task key: trials}`` from the manifest.
+
+    MetaSchedule ends a task early when its search yields no new candidate (a tiny design space,
+    e.g. an elementwise op with one schedule). Asking again would only re-measure known
+    schedules, so such a task counts as finished whatever its budget.
+    """
+    manifest = read_manifest(work_dir) or {}
+    found = manifest.get("exhausted", {})
+    return dict(found) if isinstance(found, dict) else {}
+
+
+def mark_exhausted(work_dir: str, key: str, trials: int) -> None:
+    """Record in the manifest that task ``key`` has no candidates left (after ``trials``)."""
+    manifest = read_manifest(work_dir)
+    if manifest is None:
+        raise TuningLogError(f"{os.path.join(work_dir, MANIFEST_FILE)}: manifest is missing")
+    manifest.setdefault("exhausted", {})[key] = int(trials)
+    _write_manifest(work_dir, manifest)
 
 
 def open_database(work_dir: str, target: tvm.target.Target, require: bool):

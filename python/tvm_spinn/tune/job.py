@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -10,10 +9,11 @@ from dataclasses import dataclass, field
 import tvm
 import tvm_ffi
 
-from .database import open_database, update_manifest
+from .database import exhausted_tasks, mark_exhausted, open_database, update_manifest
 from .intrinsics import ensure_intrinsics
+from .logs import JobLogs
 from .runner import make_runner
-from .tasks import extract_fallback_tasks, model_hash
+from .tasks import extract_fallback_tasks, model_hash, task_key
 
 __all__ = ["tune", "TaskResult", "TuningResult", "TuningWarning"]
 
@@ -35,6 +35,7 @@ class TaskResult:
     new_trials: int
     best_latency_us: float | None
     status: str  # "tuned", "resumed" (nothing left to do), "skipped"
+    reason: str | None = None  # why a task was skipped
 
 
 @dataclass
@@ -115,7 +116,10 @@ def tune(mod: tvm.IRModule, target="spinn", work_dir: str = "logs", max_trials: 
     Tasks are tuned one after another in name order (XGBoost cost model shared between them,
     evolutionary search seeded from ``seed``). Records go to MetaSchedule's JSON database in
     ``work_dir`` as they are measured, so a killed job resumes: trials already in the logs
-    count towards each task's budget and finished tasks are not tuned again.
+    count towards each task's budget and finished tasks are not tuned again (a task is finished
+    when it has its budget of trials, or when its search ran out of new candidates: that is
+    noted in the manifest). A task whose every candidate fails keeps its default schedule; the
+    reason goes to a :class:`TuningWarning`, its log file and ``TaskResult.reason``.
 
     Parameters
     ----------
@@ -145,7 +149,9 @@ def tune(mod: tvm.IRModule, target="spinn", work_dir: str = "logs", max_trials: 
     builder : tvm.s_tir.meta_schedule.builder.Builder, optional
         Default: :class:`~tvm_spinn.tune.builder.InProcessBuilder`.
     verbose : bool
-        Echo MetaSchedule's per-trial log to the console (it always goes to ``work_dir/logs``).
+        Echo MetaSchedule's log (INFO and above) to stderr; it always goes to ``work_dir/logs``
+        (``task_scheduler.log``, ``task_<i>_<name>.log``). The job never touches the process's
+        logging configuration.
 
     Returns
     -------
@@ -154,6 +160,9 @@ def tune(mod: tvm.IRModule, target="spinn", work_dir: str = "logs", max_trials: 
 
     Raises
     ------
+    KeyboardInterrupt
+        On Ctrl-C (SIGINT), at once: the batch in flight is dropped, every batch measured
+        before it stays in the logs, and the next run resumes from there.
     TuningLogError
         Existing logs in ``work_dir`` are corrupt or for another target (nothing is modified).
     ValueError
@@ -163,6 +172,8 @@ def tune(mod: tvm.IRModule, target="spinn", work_dir: str = "logs", max_trials: 
 
     from ..target.registry import get_target
     from .builder import InProcessBuilder
+    from .guard import GuardCallback, InterruptGuard  # MetaSchedule classes: import lazily
+    from .progress import ProgressCallback
 
     target = _with_num_cores(get_target(target))
     _positive("max_trials_per_task", max_trials_per_task, False)
@@ -192,60 +203,110 @@ def tune(mod: tvm.IRModule, target="spinn", work_dir: str = "logs", max_trials: 
     if progress:
         from tqdm.auto import tqdm
 
-        from .progress import ProgressCallback
-
         bar = tqdm(total=max(0, budget_left), unit="trial", desc="tuning")
-    callbacks = ms.MeasureCallback.create("default") + ([ProgressCallback(bar)] if bar else [])
-    loggers = ms.logging.get_loggers_from_work_dir(work_dir, [t.task_name for t in tasks])
-    if not verbose:  # per-trial INFO lines still go to work_dir/logs, not to the console
-        for logger in loggers:
-            for handler in logger.handlers:
-                if (handler.get_name() or "").endswith(".console"):
-                    handler.setLevel(logging.WARNING)
+    guard = InterruptGuard()
+    first = GuardCallback(guard)  # first: an interrupted batch never reaches the database
+    callbacks = [first] + ms.MeasureCallback.create("default") + ([ProgressCallback(bar)] if bar else [])
+    exhausted = exhausted_tasks(work_dir)
+    logs = JobLogs(work_dir, [t.task_name for t in tasks], verbose=verbose)
     try:
-        for index, (task, logger) in enumerate(zip(tasks, loggers)):
-            func = task.dispatched[0]
-            before = done[task.task_name]
-            todo = min(max_trials_per_task - before, budget_left)
-            status = "resumed" if before else "tuned"
-            if todo > 0:
-                if bar is not None:
-                    bar.set_postfix_str(task.task_name)
-                context = ms.TuneContext(
-                    mod=func, target=task.target, space_generator="post-order-apply",
-                    search_strategy=ms.search_strategy.EvolutionarySearch(
-                        population_size=min(512, max(32, 8 * max_trials_per_task))),
-                    task_name=task.task_name, logger=logger,
-                    rand_state=(seed * 1_000_003 + index) % (2 ** 30) + 1, num_threads=num_threads,
-                ).clone()
-                try:
-                    ms.tune.tune_tasks(
-                        tasks=[context], task_weights=[1.0], work_dir=work_dir,
-                        max_trials_global=todo, max_trials_per_task=todo,
-                        num_trials_per_iter=min(num_trials_per_iter, todo), builder=builder,
-                        runner=runner, database=db, cost_model=cost_model,
-                        measure_callbacks=callbacks, task_scheduler="round-robin",
-                    )
-                    status = "tuned"
-                except Exception as err:  # noqa: BLE001  (one task must not stop the job)
-                    warnings.warn(f"tuning task {task.task_name!r} failed and was skipped: "
-                                  f"{str(err).strip().splitlines()[-1] if str(err).strip() else err}",
-                                  TuningWarning, stacklevel=2)
-                    status = "skipped"
-            trials, best = _records(db, func)
-            new = trials - before
-            budget_left -= max(0, new)
-            if best is None and status != "skipped":
-                if trials:
-                    warnings.warn(f"tuning task {task.task_name!r}: all {trials} schedules failed to "
-                                  "build or run; skipped (it keeps its default schedule)",
-                                  TuningWarning, stacklevel=2)
-                status = "skipped"
-            result.tasks.append(TaskResult(
-                name=task.task_name, flop=_flop(func), trials=trials, new_trials=max(0, new),
-                best_latency_us=None if best is None else best * 1e6, status=status,
-            ))
+        with guard:
+            for index, (task, logger) in enumerate(zip(tasks, logs.tasks)):
+                result.tasks.append(_tune_task(
+                    ms, task, index, logger, logs.scheduler, db, done[task.task_name],
+                    0 if task_key(task) in exhausted else min(max_trials_per_task - done[task.task_name],
+                                                            budget_left),
+                    work_dir=work_dir, builder=builder, runner=runner, cost_model=cost_model,
+                    callbacks=callbacks, first=first, guard=guard, seed=seed,
+                    num_trials_per_iter=num_trials_per_iter, max_trials_per_task=max_trials_per_task,
+                    num_threads=num_threads, bar=bar,
+                ))
+                budget_left -= result.tasks[-1].new_trials
     finally:
+        logs.close()
         if bar is not None:
             bar.close()
     return result
+
+
+def _tune_task(ms, task, index: int, logger, scheduler_logger, db, before: int, todo: int, *,
+               work_dir: str, builder, runner, cost_model, callbacks, first, guard, seed: int,
+               num_trials_per_iter: int, max_trials_per_task: int, num_threads: int,
+               bar) -> TaskResult:
+    """Tune one task for ``todo`` more trials (none: it is finished) and report it.
+
+    Ctrl-C (seen by ``guard``) becomes ``KeyboardInterrupt`` whatever MetaSchedule turned it
+    into; any other failure of the task skips it with a :class:`TuningWarning` naming the cause.
+    """
+    func = task.dispatched[0]
+    status = "resumed" if before else "tuned"
+    reason = None
+    if todo > 0:
+        if bar is not None:
+            bar.set_postfix_str(task.task_name)
+        context = ms.TuneContext(
+            mod=func, target=task.target, space_generator="post-order-apply",
+            search_strategy=ms.search_strategy.EvolutionarySearch(
+                population_size=min(512, max(32, 8 * max_trials_per_task))),
+            task_name=task.task_name, logger=logger,
+            rand_state=(seed * 1_000_003 + index) % (2 ** 30) + 1, num_threads=num_threads,
+        ).clone()
+        first.reset()
+        try:
+            ms.tune.tune_tasks(
+                tasks=[context], task_weights=[1.0], work_dir=work_dir,
+                max_trials_global=todo, max_trials_per_task=todo,
+                num_trials_per_iter=min(num_trials_per_iter, todo), builder=builder,
+                runner=runner, database=db, cost_model=cost_model,
+                measure_callbacks=callbacks,
+                task_scheduler=_round_robin(ms, scheduler_logger),
+            )
+            status = "tuned"
+        except KeyboardInterrupt:
+            raise
+        except Exception as err:  # noqa: BLE001  (one task must not stop the job)
+            if guard.interrupted:  # Ctrl-C that crossed the FFI as a RuntimeError('')
+                raise KeyboardInterrupt from None
+            reason = _last_line(err)
+            logger.error("task failed and was skipped: %s", reason)
+            warnings.warn(f"tuning task {task.task_name!r} failed and was skipped "
+                          f"(it keeps its default schedule): {reason}", TuningWarning, stacklevel=3)
+            status = "skipped"
+        guard.check()
+    trials, best = _records(db, func)
+    new = max(0, trials - before)
+    if status == "tuned" and todo > 0 and new < todo:
+        # MetaSchedule stopped early: the search has no new candidates. Remember it, or every
+        # re-run would re-measure a known schedule and add a trial.
+        mark_exhausted(work_dir, task_key(task), trials)
+        logger.info("search space exhausted after %d trials; the task is finished", trials)
+    if best is None and status != "skipped":
+        if trials:
+            reason = first.first_error() or "every measured schedule failed"
+            logger.error("all %d schedules failed; the task keeps its default schedule: %s",
+                         trials, reason)
+            warnings.warn(f"tuning task {task.task_name!r}: all {trials} schedules failed to build "
+                          f"or run; skipped (it keeps its default schedule): {reason}",
+                          TuningWarning, stacklevel=3)
+        status = "skipped"
+    return TaskResult(
+        name=task.task_name, flop=_flop(func), trials=trials, new_trials=new,
+        best_latency_us=None if best is None else best * 1e6, status=status, reason=reason,
+    )
+
+
+def _round_robin(ms, logger):
+    """MetaSchedule's round-robin scheduler, logging to this job's logger (not to stdout)."""
+    from tvm.s_tir.meta_schedule import _ffi_api
+    from tvm.s_tir.meta_schedule.logging import get_logging_func
+
+    scheduler = ms.task_scheduler.RoundRobin.__new__(ms.task_scheduler.RoundRobin)
+    scheduler.__init_handle_by_constructor__(_ffi_api.TaskSchedulerRoundRobin,  # pylint: disable=no-member
+                                             get_logging_func(logger))
+    return scheduler
+
+
+def _last_line(err: BaseException) -> str:
+    """The last non-empty line of an error (TVM errors carry a traceback), or its type."""
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    return lines[-1] if lines else type(err).__name__

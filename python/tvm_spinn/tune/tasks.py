@@ -7,7 +7,7 @@ import hashlib
 import tvm
 import tvm_ffi
 
-__all__ = ["extract_fallback_tasks", "model_hash"]
+__all__ = ["extract_fallback_tasks", "model_hash", "task_key"]
 
 
 def extract_fallback_tasks(mod: tvm.IRModule, target: tvm.target.Target) -> list:
@@ -46,9 +46,14 @@ def extract_fallback_tasks(mod: tvm.IRModule, target: tvm.target.Target) -> list
     return sorted(tasks, key=lambda t: t.task_name)
 
 
+def task_key(task) -> str:
+    """``name:structural hash`` of a task's PrimFunc module: the same key in every model."""
+    return f"{task.task_name}:{tvm_ffi.structural_hash(task.dispatched[0]):x}"
+
+
 def model_hash(tasks: list) -> str:
     """A stable hash of a model's fallback: its tasks' structures (sorted)."""
     digest = hashlib.sha256()
-    for h in sorted(f"{t.task_name}:{tvm_ffi.structural_hash(t.dispatched[0]):x}" for t in tasks):
+    for h in sorted(task_key(t) for t in tasks):
         digest.update(h.encode())
     return digest.hexdigest()[:16]
