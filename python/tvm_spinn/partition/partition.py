@@ -43,6 +43,13 @@ def partition_for_spinn(
         to reason, for every matched op the hardware cannot hold).
     """
     arch = arch_of(get_target(target))
+    loops = recursive_functions(mod)
+    if loops:
+        # Loops imported as recursive functions (TFLite/Keras WHILE, e.g. LSTM) make
+        # MergeCompositeFunctions fail and TVM's call-graph walks (RunCodegen) overflow the
+        # stack: the module is left whole to the fallback target.
+        return mod.with_attr("spinn_fallback_reasons", {
+            "<module>": f"recursive Relax functions (loops) {loops}: nothing is offloaded"})
     reasons = FallbackReason()
     fold = tvm.transform.Sequential(
         [
@@ -72,6 +79,47 @@ def partition_for_spinn(
     mod = restore_quantized_weights(mod, hidden)
     mod = offload(mod)
     return mod.with_attr("spinn_fallback_reasons", dict(sorted(reasons.reasons.items())))
+
+
+def recursive_functions(mod: tvm.IRModule) -> list[str]:
+    """Names of the Relax functions of ``mod`` that can call themselves (directly or not).
+
+    Parameters
+    ----------
+    mod : tvm.IRModule
+        Any Relax module.
+
+    Returns
+    -------
+    list of str
+        Sorted names of the functions on a cycle of the call graph (empty for most models).
+    """
+    calls: dict[str, set[str]] = {}
+    for gvar, func in mod.functions_items():
+        if not isinstance(func, relax.Function):
+            continue
+        callees: set[str] = set()
+
+        def visit(expr, callees=callees):
+            if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.GlobalVar):
+                callees.add(expr.op.name_hint)
+
+        relax.analysis.post_order_visit(func.body, visit)
+        calls[gvar.name_hint] = callees
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, stack = set(), [start]
+        while stack:
+            name = stack.pop()
+            for callee in calls.get(name, ()):
+                if callee == goal:
+                    return True
+                if callee not in seen:
+                    seen.add(callee)
+                    stack.append(callee)
+        return False
+
+    return sorted(name for name in calls if reaches(name, name))
 
 
 def _training_batch_norm(call: relax.Call) -> relax.Expr:
