@@ -66,7 +66,7 @@ def from_onnx(model_or_path, shape_dict: dict | None = None, passes: bool | tupl
         onnx.checker.check_model(model)
     except Exception as err:
         raise OnnxImportError(f"ONNX model {where} failed onnx.checker: {err}") from None
-    shape_dict = dict(shape_dict or {})
+    shape_dict = _checked_shape_dict(model, where, shape_dict)
     initializers = {init.name for init in model.graph.initializer}
     for inp in model.graph.input:
         if inp.name in initializers or inp.name in shape_dict:
@@ -100,6 +100,27 @@ def from_onnx(model_or_path, shape_dict: dict | None = None, passes: bool | tupl
     mod = _from_onnx(model, shape_dict=shape_dict or None, keep_params_in_input=False)
     return mod.with_attr("spinn_source", {"framework": "onnx", "opset": opset, "file": where,
                                           "passes": applied})
+
+
+def _checked_shape_dict(model, where: str, shape_dict: dict | None) -> dict:
+    """``shape_dict`` with every entry checked against the graph input it names."""
+    from .shapes import check_shape
+
+    initializers = {init.name for init in model.graph.initializer}
+    inputs = {inp.name: inp for inp in model.graph.input if inp.name not in initializers}
+    unknown = sorted(set(shape_dict or {}) - set(inputs))
+    if unknown:
+        raise OnnxImportError(
+            f"shape_dict names {unknown} are not inputs of ONNX model {where} "
+            f"(inputs: {sorted(inputs)})")
+    checked = {}
+    for name, given in (shape_dict or {}).items():
+        ttype = inputs[name].type.tensor_type
+        declared = None
+        if ttype.HasField("shape"):
+            declared = [d.dim_value if d.HasField("dim_value") else None for d in ttype.shape.dim]
+        checked[name] = check_shape(OnnxImportError, f"ONNX model {where}", name, given, declared)
+    return checked
 
 
 def _check_supported_ops(model, where: str, extra_known=frozenset()) -> None:

@@ -17,6 +17,8 @@ import os
 
 import tvm
 
+from .shapes import check_shape
+
 __all__ = ["from_tflite", "from_keras", "keras_to_tflite", "TFLiteImportError"]
 
 _INSTALL_HINT = 'pip install -e ".[tf]"'
@@ -116,14 +118,17 @@ def from_tflite(path_or_bytes, shape_dict: dict | None = None, dtype_dict: dict 
     model = _parse(buf, where)
     from tvm.relax.frontend.tflite import from_tflite as _from_tflite
 
-    shape_dict = {k: tuple(int(d) for d in v) for k, v in (shape_dict or {}).items()}
     inputs = _input_info(model)
     names = [name for name, _, _ in inputs]
-    unknown = sorted(set(shape_dict) - set(names))
+    unknown = sorted(set(shape_dict or {}) - set(names))
     if unknown:
         raise TFLiteImportError(
             f"shape_dict names {unknown} are not inputs of {where!r} (inputs: {names})"
         )
+    declared = {name: [d if d >= 0 else None for d in (sig if sig is not None else shape)]
+                for name, shape, sig in inputs}
+    shape_dict = {k: check_shape(TFLiteImportError, f"TFLite file {where!r}", k, v, declared[k])
+                  for k, v in (shape_dict or {}).items()}
     for name, shape, sig in inputs:
         if name in shape_dict:
             continue
