@@ -15,10 +15,12 @@ Tolerances (fp32; ``eps = 2**-23``):
   ``sum|a||b|`` is computed by the llvm build of the same module on ``|x|`` and ``|W|``.
 - Single fp32 operations (add, subtract, multiply, divide, relu, clip, max pooling, data
   movement): IEEE results are correctly rounded on both sides: bit-identical.
-- Transcendentals (sigmoid, tanh, gelu, gelu_tanh, softmax's exp, layer_norm's sqrt + sums): the
-  simulator's exp/tanh are numpy's float32 (<= 1 ulp each on glibc), llvm's are TVM's fast
-  approximations and ``erf`` is a rational approximation with ``|error| < 1.5e-7``, composed in
-  2-5 fp32 operations: a few ulp of the output plus the erf error, ``rtol = 1e-6, atol = 5e-7``.
+- Transcendentals (sigmoid, tanh, softmax's exp): the simulator's exp/tanh are numpy's float32
+  (<= 1 ulp on glibc), llvm's are its own expansions, composed in 2-3 fp32 operations: 2 ulp of
+  the result (``rtol = 2 eps``, measured 2). GELU (erf: a rational approximation with ``|error| <
+  1.5e-7``, or tanh) is ``0.5 x (1 + erf)``: ``1 + erf`` cancels for negative ``x``, so the error
+  scales with ``|x|``, not the result: ``atol`` = 1 ulp of ``max|x| = 4`` (measured exactly that).
+  layer_norm: 4 ulp plus 4 ulp of the output scale (the final ``+ beta`` cancels).
 - int8 quantize / dequantize: exact. int8 GEMMs: llvm evaluates the QDQ graph in fp32
   (dequantized products summed in fp32, fp32 bias, fp32 ``x / scale`` before rounding); spinn
   accumulates exactly in integers, rounds the bias to the accumulator scale and requantizes in
@@ -42,6 +44,8 @@ from tvm import relax
 import tvm_spinn
 
 EPS32 = float(np.finfo(np.float32).eps)
+TRANSCENDENTAL_RTOL = 2 * EPS32  # 2 ulp: measured 2 for sigmoid, tanh, softmax
+GELU_ATOL = 4 * EPS32  # 1 ulp of the inputs' magnitude (|x| <= 4): 1 + erf cancels for x < 0
 
 
 # -- module builders ------------------------------------------------------------------------------
@@ -76,8 +80,8 @@ class Case:
     consts: dict = field(default_factory=dict)
     terms: int = 0
     exact: bool = False
-    rtol: float = 1e-6
-    atol: float = 5e-7
+    rtol: float = TRANSCENDENTAL_RTOL
+    atol: float = 0.0
 
 
 def _rng(seed: int) -> np.random.Generator:
@@ -135,10 +139,10 @@ def matmul_case(ashape, bshape, seed=0) -> Case:
     return Case(make, [_randn(seed, *ashape), _randn(seed + 1, *bshape)], {"matmul"}, terms=ashape[-1])
 
 
-def unary_case(fn, shape, kind, seed=0, exact=False, lo=-4.0, hi=4.0) -> Case:
+def unary_case(fn, shape, kind, seed=0, exact=False, lo=-4.0, hi=4.0, rtol=TRANSCENDENTAL_RTOL, atol=0.0) -> Case:
     x = _rng(seed).uniform(lo, hi, shape).astype("float32")
     make = lambda c: _module({"x": (shape, "float32")}, lambda bb, v: bb.emit(fn(v)))  # noqa: E731
-    return Case(make, [x], {kind}, exact=exact)
+    return Case(make, [x], {kind}, exact=exact, rtol=rtol, atol=atol)
 
 
 def binary_case(fn, ashape, bshape, kind, seed=0, relu=False, positive_rhs=False) -> Case:
@@ -178,9 +182,9 @@ def layer_norm_case(shape, seed=0) -> Case:
         return _module({"x": (shape, "float32")},
                        lambda bb, x: bb.emit(relax.op.nn.layer_norm(x, _c(c["g"]), _c(c["b"]), axes=[-1])))
 
-    # Mean and variance are fp32 sums of d terms on both sides: 2 * d * eps relative, on top of
-    # the transcendental allowance (sqrt is correctly rounded).
-    return Case(make, [_randn(seed, *shape)], {"layer_norm"}, consts, rtol=2 * d * EPS32 + 1e-6, atol=2e-6)
+    # Mean and variance are sequential fp32 sums of d terms on both sides (the same order: measured
+    # <= 4 ulp); the final "+ beta" can cancel, so allow 4 ulp of the output scale (|y| ~ 4).
+    return Case(make, [_randn(seed, *shape)], {"layer_norm"}, consts, rtol=4 * EPS32, atol=16 * EPS32)
 
 
 def _fp32_cases() -> dict[str, Case]:
@@ -234,8 +238,8 @@ def _fp32_cases() -> dict[str, Case]:
     cases["clip"] = unary_case(lambda v: relax.op.clip(v, -1.5, 2.0), (2, 3, 11), "clip", exact=True)
     cases["sigmoid"] = unary_case(relax.op.sigmoid, (5, 13), "sigmoid", lo=-12, hi=12)
     cases["tanh"] = unary_case(relax.op.tanh, (5, 13), "tanh", lo=-6, hi=6)
-    cases["gelu"] = unary_case(relax.op.nn.gelu, (4, 19), "gelu")
-    cases["gelu_tanh"] = unary_case(relax.op.nn.gelu_tanh, (4, 19), "gelu_tanh")
+    cases["gelu"] = unary_case(relax.op.nn.gelu, (4, 19), "gelu", atol=GELU_ATOL)
+    cases["gelu_tanh"] = unary_case(relax.op.nn.gelu_tanh, (4, 19), "gelu_tanh", atol=GELU_ATOL)
     # element-wise binary, with and without broadcasting
     for name, fn in (("add", relax.op.add), ("subtract", relax.op.subtract), ("multiply", relax.op.multiply)):
         cases[f"{name}"] = binary_case(fn, (3, 4, 5), (3, 4, 5), name)
@@ -448,7 +452,9 @@ def test_special_values_match_llvm_without_numpy_warnings(name, fn, arity):
         got = _run(ex, ins)
     ref = _run(relax.build(mod, target="llvm"), ins)
     if name in ("sigmoid", "tanh", "gelu", "gelu_tanh", "softmax"):  # transcendental: see the docstring
-        np.testing.assert_allclose(got, ref, rtol=1e-6, atol=5e-7)  # equal_nan, inf == inf
+        # denormal results (tanh(1e-40)) may come back flushed to zero from llvm's expansion
+        atol = GELU_ATOL if name.startswith("gelu") else float(np.finfo(np.float32).tiny)
+        np.testing.assert_allclose(got, ref, rtol=TRANSCENDENTAL_RTOL, atol=atol)  # equal_nan, inf == inf
     else:
         np.testing.assert_array_equal(got, ref)
 
