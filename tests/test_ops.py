@@ -327,6 +327,18 @@ def _int8_cases() -> dict[str, tuple[tvm.IRModule, list[np.ndarray], set[str]]]:
     wdw = rng.integers(-127, 128, (4, 1, 3, 3)).astype("int8")
     bc, bd = rng.standard_normal(8).astype("float32"), rng.standard_normal(12).astype("float32")
     xf = (rng.standard_normal((2, 3, 5)) * 4).astype("float32")
+    qa = rng.integers(-128, 128, (2, 6, 20)).astype("int8")
+    qb = rng.integers(-128, 128, (2, 20, 9)).astype("int8")
+
+    def _qmatmul(bb, a, b):  # two int8 activations on the MAC array, requantized
+        x = bb.emit(relax.op.dequantize(a, _c(0.05), _c(-2, "int8")))
+        y = bb.emit(relax.op.dequantize(b, _c(0.02), _c(1, "int8")))
+        z = bb.emit(relax.op.matmul(x, y))
+        return bb.emit(relax.op.quantize(z, _c(0.25), _c(3, "int8"), out_dtype="int8"))
+
+    def _int8_permute(bb, x):  # int8 activations move as bytes
+        y = bb.emit(relax.op.permute_dims(x, [0, 2, 3, 1]))
+        return bb.emit(relax.op.dequantize(y, _c(0.1), _c(-7, "int8")))
     cases = {
         "qconv2d-bias-relu-requant": (_qgemm_module("conv2d", x4.shape, wc, bias=bc, relu=True, padding=1), [x4], {"conv2d"}),
         "qconv2d-dilation-stride": (_qgemm_module("conv2d", x4.shape, wc, strides=2, dilation=2, padding=2), [x4], {"conv2d"}),
@@ -339,6 +351,8 @@ def _int8_cases() -> dict[str, tuple[tvm.IRModule, list[np.ndarray], set[str]]]:
             [xf], {"quantize"}),
         "dequantize": (_module({"x": (x2.shape, "int8")}, lambda bb, v: bb.emit(
             relax.op.dequantize(v, _c(0.07), _c(5, "int8")))), [x2], {"dequantize"}),
+        "qmatmul-requant": (_module({"a": (qa.shape, "int8"), "b": (qb.shape, "int8")}, _qmatmul), [qa, qb], {"matmul"}),
+        "int8-permute_dims": (_module({"x": (x4.shape, "int8")}, _int8_permute), [x4], {"permute_dims", "dequantize"}),
     }
     return cases
 
@@ -351,12 +365,12 @@ def test_int8_op_matches_llvm_exactly(name):
     mod, inputs, kinds = INT8_CASES[name]
     ex = relax.build(mod, target="spinn")
     _assert_offloaded(mod, ex, kinds)
-    if kinds & {"conv2d", "dense"}:
+    if kinds & {"conv2d", "dense", "matmul"}:
         assert {row["mode"] for row in tvm_spinn.report(ex).layers if row["kind"] in kinds} == {"int8"}
     got = _run(ex, inputs)
     ref = _run(relax.build(mod, target="llvm"), inputs)
     assert got.dtype == ref.dtype and got.shape == ref.shape
-    if kinds & {"conv2d", "dense"}:  # one step at most, and rarely (see the module docstring)
+    if kinds & {"conv2d", "dense", "matmul"}:  # one step at most, and rarely (see the module docstring)
         diff = np.abs(got.astype(np.int64) - ref.astype(np.int64))
         assert diff.max() <= 1 and np.count_nonzero(diff) <= 1 + 0.02 * diff.size, (diff.max(), np.count_nonzero(diff))
         assert len(np.unique(ref)) > 10  # not a saturated, trivially equal output
