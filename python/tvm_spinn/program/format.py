@@ -213,7 +213,7 @@ class Program:
             raise ProgramError(f"blob length: {blen} bytes of constants do not end where the "
                                f"checksum starts ({len(data) - pos - 16} bytes there)")
         blob = memoryview(data)[pos + 8: pos + 8 + blen]
-        validate_header(header, version, blen)
+        validate_header(header, version, blen, blob)
         tensors = [TensorDesc(**t) for t in header["tensors"]]
         constants = {}
         for tid, t in enumerate(tensors):

@@ -41,6 +41,8 @@ MAX_ELEMENTS = 1 << 36
 #: Cap on the elementary cells a multi-dimensional coverage check may build (compiler tilings are
 #: grids, which need exactly one cell per tile).
 MAX_COVER_CELLS = 1 << 24
+#: Cap on the PEs of a system (SpiNNcloud's 35k chips hold about 5.2M).
+MAX_PES = 1 << 24
 #: dtype -> itemsize of the tensors a program may hold.
 DTYPES = {"float32": 4, "int8": 1, "uint8": 1, "int16": 2, "int32": 4}
 ROLES = ("input", "output", "const", "temp")
@@ -90,7 +92,11 @@ def _bool(v: Any, field: str) -> bool:
 
 
 def _num(v: Any, field: str) -> float:
-    if type(v) not in (int, float) or not math.isfinite(v):
+    try:
+        ok = type(v) in (int, float) and math.isfinite(float(v))
+    except OverflowError:  # an integer beyond the float range
+        ok = False
+    if not ok:
         _fail(field, f"expected a finite number, got {v!r:.60}")
     return float(v)
 
@@ -134,7 +140,10 @@ def _ints(v: Any, field: str, length: int, lo: int) -> list[int]:
 
 def _int_array(values: list, field: Callable[[int], str]) -> np.ndarray:
     """``values`` (JSON integers) as int64; names the first bad entry via ``field(index)``."""
-    arr = np.array(values) if values else np.zeros(0, dtype=np.int64)
+    try:
+        arr = np.array(values) if values else np.zeros(0, dtype=np.int64)
+    except (ValueError, TypeError, OverflowError):  # ragged nesting
+        arr = np.zeros((0, 0))
     if arr.dtype.kind != "i" or arr.ndim != 1:  # floats, strings, bools, nested lists, > 2**63
         i = next((i for i, v in enumerate(values) if not _is_int(v)), 0)
         _int(values[i], field(i), -(1 << 62), 1 << 62)
@@ -215,8 +224,8 @@ _KINDS = _GEMM + _BINARY + _UNARY + ("clip",) + _ROWS + _POOLS + _MOVES + _QDQ
 
 # -- the checker -----------------------------------------------------------------------------------
 class _Checker:
-    def __init__(self, header: dict, version: int, blob_len: int):
-        self.h, self.version, self.blob_len = header, version, blob_len
+    def __init__(self, header: dict, version: int, blob_len: int, blob: "memoryview | bytes | None"):
+        self.h, self.version, self.blob_len, self.blob = header, version, blob_len, blob
 
     # ---------------------------------------------------------------- top level, tensors
     def run(self) -> None:
@@ -240,8 +249,10 @@ class _Checker:
 
         try:
             self.arch = SpinnArch.from_dict(_dict(self.h["arch"], "arch"))
-        except (ArchError, TypeError, ValueError) as err:
+        except (ArchError, TypeError, ValueError, ArithmeticError, AttributeError, KeyError) as err:
             _fail("arch", str(err))
+        if self.arch.total_pes > MAX_PES:  # the schedule holds one task list per PE
+            _fail("arch", f"{self.arch.total_pes} PEs exceed {MAX_PES}")
 
     def _tensors(self) -> None:
         tensors = _list(self.h["tensors"], "tensors")
@@ -348,6 +359,17 @@ class _Checker:
     def _shape(self, f: str, tid: int, expected: list[int]) -> None:
         if self.shapes[tid] != expected:
             _fail(f, f"tensor {tid} has shape {self.shapes[tid]}, expected {expected}")
+
+    def _values(self, f: str, tid: int, lo: int, hi: int) -> None:
+        """Integer constant ``tid`` holds values in ``[lo, hi]`` (read from the blob)."""
+        if self.blob is None:
+            return
+        offset, dtype = self.h["tensors"][tid]["offset"], self.dtypes[tid]
+        count = _numel(self.shapes[tid])
+        values = np.frombuffer(self.blob, dtype=dtype, count=count, offset=offset)
+        if count and (values.min() < lo or values.max() > hi):
+            bad = values[(values < lo) | (values > hi)][0]
+            _fail(f, f"value {int(bad)} is outside [{lo}, {hi}]")
 
     def _rank(self, f: str, tid: int, lo: int, hi: int = MAX_RANK) -> list[int]:
         s = self.shapes[tid]
@@ -523,6 +545,11 @@ class _Checker:
             if role in consts:
                 self._dtype(f"{f}.consts.{role}", consts[role], (dtype,))
                 self._shape(f"{f}.consts.{role}", consts[role], [channels])
+        if odt != "float32":
+            # Fixed-point multiplier ranges of program/quant.py: a shift outside [1, 62] makes
+            # the rounding term 1 << (shift - 1) negative or the shift exceed the int64 width.
+            self._values(f"{f}.consts.multiplier", consts["multiplier"], 0, (1 << 31) - 1)
+            self._values(f"{f}.consts.shift", consts["shift"], 1, 62)
         self.int8_layers.append((self.layer_index, k))
 
     # ---------------------------------------------------------------- tiles
@@ -599,13 +626,13 @@ class _Checker:
             i = int(ids[np.argmax(bad)])
             _fail(f"tiles[{i}].region", f"{tiles[i]['region']} is empty or outside the output space "
                                         f"{list(extent)} of layer {li}" + (" (or spans several batch entries)" if d == 3 else ""))
-        what = f"layers[{li}]: tiles"
+        what = f"layers[{li}]"
         if d == 1:
             o = np.argsort(start[:, 0], kind="stable")
             s, e = start[o, 0], stop[o, 0]
             if s[0] != 0 or e[-1] != extent[0] or (s[1:] != e[:-1]).any():
                 gap = int(np.argmax(s[1:] != e[:-1])) if len(s) > 1 and (s[1:] != e[:-1]).any() else 0
-                _fail(what, f"do not cover the {extent[0]} output elements exactly once "
+                _fail(what, f"tiles do not cover the {extent[0]} output elements exactly once "
                             f"(first defect near index {int(e[gap]) if s[0] == 0 else 0})")
             return
         # Coordinate compression, then a d-dimensional difference array counts the tiles over
@@ -618,7 +645,7 @@ class _Checker:
             hi_idx.append(np.searchsorted(g, stop[:, j]))
         cells = math.prod(len(g) - 1 for g in grids)
         if cells > MAX_COVER_CELLS:
-            _fail(what, f"regions are too irregular to verify ({cells} cells)")
+            _fail(what, f"tile regions are too irregular to verify ({cells} cells)")
         diff = np.zeros([len(g) for g in grids], dtype=np.int64)
         for corner in range(1 << d):
             idx = tuple(hi_idx[j] if corner >> j & 1 else lo_idx[j] for j in range(d))
@@ -629,7 +656,7 @@ class _Checker:
         if (count != 1).any():
             cell = np.unravel_index(int(np.argmax(count != 1)), count.shape)
             at = [int(grids[j][cell[j]]) for j in range(d)]
-            _fail(what, f"cover output index {at} of {list(extent)} {int(count[cell])} times (must be once)")
+            _fail(what, f"tiles cover output index {at} of {list(extent)} {int(count[cell])} times (must be once)")
 
     # ---------------------------------------------------------------- schedule
     def _schedule(self) -> None:
@@ -646,18 +673,21 @@ class _Checker:
                 i = next(i for i, t in enumerate(tasks) if type(t) is not list or len(t) != 5)
                 _list(tasks[i], f"{f}[{i}]", 5)
             ops, layers, tiles, amounts, wheres = zip(*tasks)
-            if not set(ops) <= ops_ok or not set(wheres) <= where_ok:
-                i = next(i for i, t in enumerate(tasks) if t[0] not in ops_ok or t[4] not in where_ok)
+            if (not set(map(type, ops + wheres)) <= {str} or not set(ops) <= ops_ok
+                    or not set(wheres) <= where_ok):
+                i = next(i for i, t in enumerate(tasks)
+                         if type(t[0]) is not str or type(t[4]) is not str
+                         or t[0] not in ops_ok or t[4] not in where_ok)
                 _str(tasks[i][0], f"{f}[{i}][0]", SCHEDULE_OPS)
                 _str(tasks[i][4], f"{f}[{i}][4]", SCHEDULE_WHERE)
             lay, til, amt = (_int_array(list(col), lambda i, j=j: f"{f}[{i}][{j}]")
                              for j, col in ((1, layers), (2, tiles), (3, amounts)))
             if (lay < 0).any() or (lay >= n_layers).any():
                 i = int(np.argmax((lay < 0) | (lay >= n_layers)))
-                _int(lay[i], f"{f}[{i}][1]", 0, n_layers - 1)
+                _int(int(lay[i]), f"{f}[{i}][1]", 0, n_layers - 1)
             if (amt < 0).any() or (amt > 1 << 62).any():
                 i = int(np.argmax((amt < 0) | (amt > 1 << 62)))
-                _int(amt[i], f"{f}[{i}][3]", 0, 1 << 62)
+                _int(int(amt[i]), f"{f}[{i}][3]", 0, 1 << 62)
             op = np.array(ops)
             no_tile = (op == "link") | (op == "barrier")
             if (til[no_tile] != -1).any():
@@ -667,7 +697,7 @@ class _Checker:
             t = til[has]
             if ((t < 0) | (t >= n_tiles)).any():
                 i = int(np.flatnonzero(has)[np.argmax((t < 0) | (t >= n_tiles))])
-                _int(til[i], f"{f}[{i}][2]", 0, n_tiles - 1)
+                _int(int(til[i]), f"{f}[{i}][2]", 0, n_tiles - 1)
             wrong = self.tile_layer[t] != lay[has]
             if wrong.any():
                 i = int(np.flatnonzero(has)[np.argmax(wrong)])
@@ -683,7 +713,8 @@ class _Checker:
             _fail("schedule", f"tile {i} is computed {computed[i]} times (must be once)")
 
 
-def validate_header(header: Any, version: int, blob_len: int) -> None:
+def validate_header(header: Any, version: int, blob_len: int,
+                    blob: "memoryview | bytes | None" = None) -> None:
     """Check a parsed spinn program header; raise :class:`ProgramError` naming the first defect.
 
     Parameters
@@ -694,13 +725,16 @@ def validate_header(header: Any, version: int, blob_len: int) -> None:
         The format version of the binary header; the JSON's ``version`` must equal it.
     blob_len : int
         Length in bytes of the constant blob; constants must lie inside it.
+    blob : memoryview or bytes, optional
+        The blob itself: when given, integer constants with a limited range (requantization
+        multipliers and shifts) are checked too.
 
     Raises
     ------
     ProgramError
         ``"<field>: <defect>"``, e.g. ``"layers[2].inputs[0]: 99 is above the maximum 11"``.
     """
-    checker = _Checker(header, version, blob_len)
+    checker = _Checker(header, version, blob_len, blob)
     checker.int8_layers = []  # (layer index, K) of int8 GEMMs
     checker.gemm_k = {}  # layer index -> K of every GEMM
     checker.run()

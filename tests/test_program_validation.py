@@ -1,0 +1,443 @@
+"""Spinn programs are validated when a module is created or loaded, not at the first call.
+
+Crafted programs are real compiled programs with one header edit, re-sealed with a valid
+checksum by an independent writer of the format (``seal``), so only the validator stands between
+them and the simulator. Each must fail as ``ProgramError`` naming the field, at
+``create_module`` / ``load_from_bytes.spinn`` / ``tvm.runtime.load_module``; accepted programs
+are compared with the same Relax module built for llvm.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import random
+import re
+import struct
+
+import numpy as np
+import pytest
+import torch
+import tvm
+import tvm_ffi
+from tvm import relax
+
+import tvm_spinn
+from tvm_spinn import _lib
+from tvm_spinn.program import Program, ProgramError
+from tvm_spinn.program import format as fmt
+from tvm_spinn.runtime import executor
+from tvm_spinn.runtime.simulator import run_program
+from models import TransformerBlock, make
+from test_int8 import qgemm_module
+
+#: A ProgramError message starts with the field: ``layers[3].inputs[0]: ...``, ``header: ...``.
+FIELD = re.compile(r"^[a-z_ ]+(\[\d+\]|\.[A-Za-z_]+)*: ")
+VALIDATOR = "tvm_spinn.runtime.validate_program"
+
+
+# ----------------------------------------------------------------------------------------------
+# An independent reader/writer of the program layout (program/format.py's docstring)
+# ----------------------------------------------------------------------------------------------
+def split(data: bytes) -> tuple[int, dict, bytes]:
+    version, _, hlen = struct.unpack_from("<IIQ", data, 8)
+    header = json.loads(data[24:24 + hlen])
+    pos = 24 + hlen + (-(24 + hlen) % 64)
+    (blen,) = struct.unpack_from("<Q", data, pos)
+    return version, header, data[pos + 8:pos + 8 + blen]
+
+
+def seal(header, blob: bytes, version: int = 3, hlen: int | None = None) -> bytes:
+    """Program bytes around ``header`` (dict, or raw bytes) with a valid BLAKE2b-64 checksum."""
+    text = header if isinstance(header, bytes) else json.dumps(
+        header, sort_keys=True, separators=(",", ":")).encode()
+    out = b"SPINNPRG" + struct.pack("<IIQ", version, 0, len(text) if hlen is None else hlen) + text
+    out += b"\0" * (-len(out) % 64) + struct.pack("<Q", len(blob)) + blob
+    return out + hashlib.blake2b(out, digest_size=8).digest()
+
+
+def programs_of(ex) -> list[bytes]:
+    return [bytes(m["get_program"]()) for m in tvm_spinn.report_modules(ex)
+            if m["get_symbol"]() != "__spinn_manifest__"]
+
+
+@pytest.fixture(scope="module")
+def built():
+    """name -> (program bytes, input, reference output) of small compiled models (fp32: PyTorch;
+    int8: the same Relax module built for llvm)."""
+    out = {}
+    torch.manual_seed(0)
+    small = {"transformer": (TransformerBlock(dim=16, heads=2, hidden=32).eval(), torch.randn(1, 4, 16)),
+             "cnn": make("cnn")}  # small programs keep each crafted case fast
+    for name, (model, x) in small.items():
+        mod = tvm_spinn.frontend.from_pytorch(model, (x,))
+        (data,) = programs_of(relax.build(mod, target="spinn"))
+        with torch.no_grad():
+            out[name] = (data, x.numpy(), model(x).numpy())
+    rng = np.random.default_rng(0)
+    wq = rng.integers(-128, 128, (8, 4, 3, 3)).astype(np.int8)
+    mod = qgemm_module((1, 4, 6, 6), "int8", wq, 0.02, 0, 0.05, 3, bias=rng.standard_normal(8),
+                       relu=True, out=(0.1, -5, "int8"),
+                       conv_attrs={"padding": (1, 1, 1, 1)})
+    xq = rng.integers(-128, 128, (1, 4, 6, 6)).astype(np.int8)
+    (data,) = programs_of(relax.build(mod, target="spinn"))
+    vm = relax.VirtualMachine(relax.build(mod, target="llvm"), tvm.cpu())
+    out["qconv"] = (data, xq, vm["main"](tvm.runtime.tensor(xq)).numpy())
+    return out
+
+
+def check(data: bytes, match: str) -> ProgramError:
+    """Creating a module of ``data`` fails with a ProgramError matching ``match`` (a regex) that
+    starts with a field (the module factory runs Program.from_bytes through the validator)."""
+    try:  # the module symbol the program claims, where it can be read at all
+        symbol = split(data)[1]["symbol"]
+        symbol = symbol if isinstance(symbol, str) and symbol else "f"
+    except Exception:
+        symbol = "f"
+    with pytest.raises(ProgramError, match=match) as info:
+        _lib.create_module(symbol, data)
+    assert FIELD.match(str(info.value)), str(info.value)
+    return info.value
+
+
+def edited(data: bytes, edit) -> bytes:
+    version, header, blob = split(data)  # a fresh header (faster than a deep copy)
+    edit(header)
+    return seal(header, blob, version)
+
+
+def layer_index(header: dict, kind: str, mode: str = "fp32") -> int:
+    return next(i for i, layer in enumerate(header["layers"]) if layer["kind"] == kind and layer["mode"] == mode)
+
+
+def drop_tile(header: dict, tile: int) -> None:
+    """Remove tile ``tile`` and its tasks, renumbering later tile references (a consistent
+    schedule: only the coverage of the layer's output is wrong)."""
+    del header["tiles"][tile]
+    header["schedule"] = [[t[:2] + [t[2] - (t[2] > tile)] + t[3:] for t in tasks if t[2] != tile]
+                          for tasks in header["schedule"]]
+
+
+# ----------------------------------------------------------------------------------------------
+# The independent writer and the good programs
+# ----------------------------------------------------------------------------------------------
+def test_real_programs_pass_and_match_llvm(built):
+    for name, (data, x, expected) in built.items():
+        version, header, blob = split(data)
+        assert seal(header, blob, version) == data, name  # the test's writer is the format
+        program = Program.from_bytes(data)
+        (got,) = run_program(program, [x])
+        if got.dtype == np.int8:
+            assert np.array_equal(got, expected), name
+        else:
+            np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+# ----------------------------------------------------------------------------------------------
+# The crafted cases of the issue, each re-sealed with a valid checksum
+# ----------------------------------------------------------------------------------------------
+def test_framing_defects(built, monkeypatch):
+    data = built["transformer"][0]
+    version, header, blob = split(data)
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    check(seal(text, blob, hlen=2**62), r"^header length: 4611686018427387904 bytes")
+    check(seal(text, blob, hlen=len(text) + 10**6), r"^header length")
+    check(seal(text, blob, version=99), r"^version: spinn program format version 99")
+    check(seal(b"\xff\xfe" + text[2:], blob), r"^header: not UTF-8")
+    check(seal(text[:-1], blob), r"^header: not valid JSON")
+    check(seal(b"[1, 2]", blob), r"^header: expected a JSON object")
+    check(seal(text.replace(b'"epsilon":', b'"epsilon":NaN,"x":', 1), blob), r"^header: not valid JSON")
+    check(seal(b"[" * 100000 + b"]" * 100000, blob), r"^header: ")
+    check(data[:-9] + bytes([data[-9] ^ 1]) + data[-8:], r"^checksum")
+    short = seal(header, blob)[:-8]  # blob length field says more than there is
+    check(short[:-8] + hashlib.blake2b(short[:-8], digest_size=8).digest(), r"^blob length")
+    monkeypatch.setattr(fmt, "MAX_HEADER_BYTES", 1000)
+    check(data, r"^header length: .* exceeds the 1000-byte cap")
+
+
+def test_header_version_must_match_the_binary(built):
+    data = built["transformer"][0]
+    check(edited(data, lambda h: h.update(version=99)), r"^version: header says 99, the binary header says 3")
+    version, header, blob = split(data)
+    check(seal(header, blob, version=2), r"^version: header says 3, the binary header says 2")
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda h: h["layers"][0].update(bogus=1), r"^layers\[0\]: unknown key\(s\) \['bogus'\]"),
+    (lambda h: h["layers"][0].pop("attrs"), r"^layers\[0\]: missing key\(s\) \['attrs'\]"),
+    (lambda h: h.update(extra={}), r"^header: unknown key\(s\) \['extra'\]"),
+    (lambda h: h["tensors"][0].update(shape=[-3, 64]), r"^tensors\[0\]\.shape\[0\]: -3 is below the minimum 1"),
+    (lambda h: h["tensors"][0].update(shape=[2**22] * 3), r"^tensors\[0\]\.shape: .* more than"),
+    (lambda h: h["tensors"][0].update(shape=[1.5, 64]), r"^tensors\[0\]\.shape\[0\]: expected an integer"),
+    (lambda h: h["tensors"][0].update(shape=[True, 64]), r"^tensors\[0\]\.shape\[0\]: expected an integer"),
+    (lambda h: h["tensors"][0].update(shape=[1] * 9), r"^tensors\[0\]\.shape: rank 9"),
+    (lambda h: h["tensors"][0].update(dtype="float64"), r"^tensors\[0\]\.dtype: 'float64' is not one of"),
+    (lambda h: h["tensors"][0].update(role="weights"), r"^tensors\[0\]\.role"),
+    (lambda h: h.update(inputs=[99]), r"^inputs\[0\]: 99 is above the maximum"),
+    (lambda h: h.update(outputs=[]), r"^outputs: lists tensors \[\]"),
+    (lambda h: h["layers"][0]["inputs"].__setitem__(0, 99), r"^layers\[0\]\.inputs\[0\]: 99 is above"),
+    (lambda h: h["layers"][0].update(kind="conv3d"), r"^layers\[0\]\.kind: 'conv3d' is not one of"),
+    (lambda h: h["layers"][0].update(mode="int4"), r"^layers\[0\]\.mode"),
+    (lambda h: h["layers"][1]["inputs"].__setitem__(0, h["layers"][-1]["output"]),
+     r"^layers\[1\]\.inputs\[0\]: tensor \d+ is read before any layer writes it"),
+    (lambda h: h["layers"][1].update(output=h["layers"][0]["output"]), r"^layers\[1\]\.output: tensor"),
+    (lambda h: h["tiles"][0].update(layer=999), r"^tiles\[0\]\.layer: 999 is above the maximum"),
+    (lambda h: h["tiles"][0].update(pe=10**6), r"^tiles\[0\]\.pe: 1000000 is above the maximum"),
+    (lambda h: h["tiles"][0].update(region="all"), r"^tiles\[0\]\.region"),
+    (lambda h: h["schedule"].pop(), r"^schedule: expected \d+ entries"),
+    (lambda h: next(t for t in h["schedule"] if t)[0].__setitem__(2, 10**6), r"^schedule\[\d+\]\[0\]\[2\]: 1000000 is above"),
+    (lambda h: next(t for t in h["schedule"] if t)[0].__setitem__(0, "teleport"), r"^schedule\[\d+\]\[0\]\[0\]: 'teleport'"),
+    (lambda h: h["arch"].update(pes_per_chip=-1), r"^arch: "),
+    (lambda h: h.update(symbol=""), r"^symbol: empty"),
+], ids=lambda v: None if callable(v) else v[:30])
+def test_header_defects_name_the_field(built, edit, match):
+    check(edited(built["cnn"][0], edit), match)
+
+
+def test_layer_defects_name_the_field(built):
+    data = built["transformer"][0]
+    _, h, _ = split(data)
+    dense, mm, ln = layer_index(h, "dense"), layer_index(h, "matmul"), layer_index(h, "layer_norm")
+    cases = [
+        (lambda h: h["layers"][dense]["consts"].update(weight=999), rf"^layers\[{dense}\]\.consts\.weight: 999 is above"),
+        (lambda h: h["layers"][dense]["consts"].update(gamma=h["layers"][dense]["consts"]["weight"]),
+         rf"^layers\[{dense}\]\.consts: unknown key\(s\) \['gamma'\]"),
+        (lambda h: h["layers"][ln]["consts"].pop("beta"), rf"^layers\[{ln}\]\.consts: missing key\(s\) \['beta'\]"),
+        (lambda h: h["layers"][ln]["attrs"].update(epsilon="tiny"), rf"^layers\[{ln}\]\.attrs\.epsilon"),
+        (lambda h: h["layers"][mm]["inputs"].pop(), rf"^layers\[{mm}\]\.inputs: matmul needs 2 input"),
+        # A layer whose output tensor has the wrong shape for its inputs (too many values to unpack)
+        (lambda h: h["tensors"][h["layers"][dense]["output"]]["shape"].append(1), rf"^layers\[{dense}\]\.output: tensor \d+ has shape"),
+        (lambda h: h["layers"][dense].update(gemm=[1, 2, 3]), rf"^layers\[{dense}\]\.gemm"),
+    ]
+    for edit, match in cases:
+        check(edited(data, edit), match)
+    const = next(i for i, t in enumerate(h["tensors"]) if t["role"] == "const")
+    check(edited(data, lambda h: h["tensors"][const].update(offset=len(split(data)[2]))), rf"^tensors\[{const}\]\.offset")
+    check(edited(data, lambda h: h["tensors"][const].update(offset=h["tensors"][const]["offset"] + 4)), rf"^tensors\[{const}\]\.offset: .*aligned")
+    _, hc, _ = split(built["cnn"][0])
+    conv, pool = layer_index(hc, "conv2d"), next(i for i, x in enumerate(hc["layers"]) if x["kind"].endswith("pool2d"))
+    check(edited(built["cnn"][0], lambda h: h["layers"][conv]["attrs"].update(groups=3)), rf"^layers\[{conv}\]\.attrs\.groups")
+    check(edited(built["cnn"][0], lambda h: h["layers"][conv]["attrs"].update(strides=[1])), rf"^layers\[{conv}\]\.attrs\.strides: expected 2")
+    check(edited(built["cnn"][0], lambda h: h["layers"][pool]["attrs"].update(pool_size=[99, 99])), rf"^layers\[{pool}\]\.attrs\.pool_size")
+
+
+def test_int8_defects_name_the_field(built):
+    data = built["qconv"][0]
+    version, h, blob = split(data)
+    q = layer_index(h, "conv2d", "int8")
+    check(edited(data, lambda h: h["layers"][q]["attrs"].update(x_flip=True)), rf"^layers\[{q}\]\.attrs\.x_flip")
+    check(edited(data, lambda h: h["layers"][q]["attrs"].pop("y_zero")), rf"^layers\[{q}\]\.attrs: missing key\(s\) \['y_zero'\]")
+    check(edited(data, lambda h: h["layers"][q]["attrs"].update(y_min=100, y_max=-100)), rf"^layers\[{q}\]\.attrs\.y_min")
+    check(edited(data, lambda h: h["layers"][q].update(mode="fp32")), rf"^layers\[{q}\]")
+    # A shift of 0 makes the rounding term 1 << -1; re-seal a blob with one shift zeroed.
+    shift = h["tensors"][h["layers"][q]["consts"]["shift"]]
+    raw = bytearray(blob)
+    raw[shift["offset"]:shift["offset"] + 4] = struct.pack("<i", 0)
+    check(seal(h, bytes(raw), version), rf"^layers\[{q}\]\.consts\.shift: value 0 is outside \[1, 62\]")
+    # k-chunks longer than the accumulator allows would wrap it: the result would depend on tiling
+    big = next(i for i, t in enumerate(h["tiles"]) if t["layer"] == q)
+
+    def one_chunk_on_tiny_accumulator(h):
+        h["arch"]["acc_bits"] = 16
+    check(edited(data, one_chunk_on_tiny_accumulator), rf"^(tiles\[{big}\]\.k_splits|arch): ")
+
+
+# ----------------------------------------------------------------------------------------------
+# Tiles must cover every output exactly once
+# ----------------------------------------------------------------------------------------------
+def test_deleted_duplicated_or_shifted_tiles_are_rejected(built):
+    for name in ("cnn", "qconv"):
+        data = built[name][0]
+        _, h, _ = split(data)
+        counts = np.bincount([t["layer"] for t in h["tiles"]], minlength=len(h["layers"]))
+        # the first layer with several tiles per region rank: 1-D (element-wise, rows), 2-D
+        # (pools) and 3-D (GEMM) regions
+        by_rank = {}
+        for li in np.flatnonzero(counts > 1):
+            rank = len(next(t for t in h["tiles"] if t["layer"] == li)["region"])
+            by_rank.setdefault(rank, li)
+        assert name != "cnn" or sorted(by_rank) == [1, 2, 3], by_rank
+        for li in by_rank.values():
+            tile = next(i for i, t in enumerate(h["tiles"]) if t["layer"] == li)
+            check(edited(data, lambda h, tile=tile: drop_tile(h, tile)), rf"^layers\[{li}\]: tiles .*(cover|once)")
+
+            def duplicate(h, tile=tile):
+                h["tiles"].append(copy.deepcopy(h["tiles"][tile]))
+            check(edited(data, duplicate), rf"^layers\[{li}\]: tiles")
+
+            def shift(h, tile=tile):
+                region = h["tiles"][tile]["region"]
+                axis = len(region) - 1
+                region[axis][1] -= 1  # leaves one output element (row, column) uncovered
+            check(edited(data, shift), rf"^(layers\[{li}\]: tiles|tiles\[{tile}\]\.region)")
+        # a layer without tiles
+        only = [i for i, t in enumerate(h["tiles"]) if t["layer"] == int(np.argmin(counts))]
+
+        def drop_all(h, only=only):
+            for tile in reversed(only):
+                drop_tile(h, tile)
+        check(edited(data, drop_all), r"^layers\[\d+\]: has no tiles")
+
+
+def test_deleted_tile_is_caught_before_it_gives_a_wrong_answer(built):
+    """The issue's case: with the schedule made consistent, only coverage can catch it."""
+    data, x, expected = built["transformer"]
+    _, h, _ = split(data)
+    mm = layer_index(h, "matmul")
+    tile = next(i for i, t in enumerate(h["tiles"]) if t["layer"] == mm)
+    crafted = edited(data, lambda h: drop_tile(h, tile))
+    err = check(crafted, rf"^layers\[{mm}\]: tiles cover output index \[0, 0, 0\] .* 0 times")
+    assert "must be once" in str(err)
+
+
+def test_schedule_must_compute_every_tile_once_on_its_pe(built):
+    data = built["cnn"][0]
+
+    def drop_compute(h):
+        for tasks in h["schedule"]:
+            for i, t in enumerate(tasks):
+                if t[0] == "compute":
+                    del tasks[i]
+                    return
+    check(edited(data, drop_compute), r"^schedule: tile \d+ is computed 0 times")
+
+    def move_compute(h):
+        pe = next(p for p, tasks in enumerate(h["schedule"]) if any(t[0] == "compute" for t in tasks))
+        task = next(t for t in h["schedule"][pe] if t[0] == "compute")
+        h["schedule"][(pe + 1) % len(h["schedule"])].append(task)
+        h["schedule"][pe].remove(task)
+    check(edited(data, move_compute), r"^schedule\[\d+\]: computes tile \d+, which is placed on PE")
+
+
+# ----------------------------------------------------------------------------------------------
+# Load paths: the module factory, the container loader, tvm.runtime.load_module
+# ----------------------------------------------------------------------------------------------
+class _LibraryAlone:
+    """Take the validator out of the registry (a process that loaded only the C++ library)."""
+
+    def __enter__(self):
+        self.previous = tvm_ffi.get_global_func(VALIDATOR)
+        tvm_ffi.remove_global_func(VALIDATOR)
+
+    def __exit__(self, *exc):
+        tvm_ffi.register_global_func(VALIDATOR, self.previous, override=True)
+
+
+def crafted_module(symbol: str, data: bytes):
+    with _LibraryAlone():
+        return _lib.create_module(symbol, data)
+
+
+def test_container_load_validates(built):
+    data = built["transformer"][0]
+    symbol = split(data)[1]["symbol"]
+    bad = edited(data, lambda h: h.update(inputs=[99]))
+    raw = _lib.save_to_bytes(crafted_module(symbol, bad))
+    with pytest.raises(ProgramError, match=r"^inputs\[0\]: 99"):
+        _lib.load_module_from_bytes(raw)
+    with pytest.raises(ProgramError, match=r"^symbol: the program implements"):
+        _lib.create_module("other_symbol", data)
+    with pytest.raises(ProgramError, match=r"^magic: not a spinn program"):
+        _lib.create_module(symbol, b"PRG")
+    with pytest.raises(ProgramError, match=r"^manifest"):
+        _lib.create_module("__spinn_manifest__", b"SPINNMAN[1]")
+    good = _lib.load_module_from_bytes(_lib.save_to_bytes(crafted_module(symbol, data)))
+    assert good["get_key"]() == hashlib.blake2b(data, digest_size=32).hexdigest()
+    assert good["get_key"]() in executor._CACHE  # parsed once, at load, for the first call
+
+
+def _executable_with(symbol: str, module, shape, dtype):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(list(shape), dtype))
+    with bb.function("main", [x]):
+        y = bb.emit(relax.call_dps_packed(symbol, (x,), out_ty=relax.TensorType(list(shape), dtype)))
+        bb.emit_func_output(y)
+    ex = relax.build(bb.get(), target="llvm")
+    ex.mod.import_module(module)
+    return ex
+
+
+def test_exported_library_with_a_crafted_program_fails_at_load(built, tmp_path):
+    data, x, _ = built["transformer"]
+    _, header, _ = split(data)
+    symbol = header["symbol"]
+    good_path, bad_path = str(tmp_path / "good.so"), str(tmp_path / "bad.so")
+    _executable_with(symbol, crafted_module(symbol, data), x.shape, "float32").export_library(good_path)
+    lib = tvm.runtime.load_module(good_path)
+    assert "spinn" in [m.kind for m in lib.imports]
+    # The same bytes except one deleted tile of the last layer, schedule kept consistent.
+    last = len(header["layers"]) - 1
+    tile = max(i for i, t in enumerate(header["tiles"]) if t["layer"] == last)
+    bad = edited(data, lambda h: drop_tile(h, tile))
+    _executable_with(symbol, crafted_module(symbol, bad), x.shape, "float32").export_library(bad_path)
+    with pytest.raises(ProgramError, match=rf"^layers\[{last}\]: tiles"):
+        tvm.runtime.load_module(bad_path)
+
+
+def test_cache_key_is_a_cryptographic_digest(built):
+    a = built["cnn"][0]
+    b = edited(a, lambda h: h["timing"].update(note="x"))  # valid, different bytes
+    ka = _lib.create_module(split(a)[1]["symbol"], a)["get_key"]()
+    kb = _lib.create_module(split(b)[1]["symbol"], b)["get_key"]()
+    assert ka == hashlib.blake2b(a, digest_size=32).hexdigest() and ka != kb
+    assert executor._CACHE[ka] is not executor._CACHE[kb]
+
+
+# ----------------------------------------------------------------------------------------------
+# Fuzz: random header edits, re-sealed, are rejected naming a field or run like the original
+# ----------------------------------------------------------------------------------------------
+_JUNK = [-1, 0, 1, 99, 2**62, -(2**62), 2**70, 1.5, True, None, "x", [], {}, [1, 2], {"a": 1}]
+
+
+def _paths(value, prefix=()):
+    """Every (path) to a JSON value under ``value``, schedule/timing sampled, not enumerated."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield prefix + (k,)
+            yield from _paths(v, prefix + (k,))
+    elif isinstance(value, list):
+        for i, v in enumerate(value[:6]):
+            yield prefix + (i,)
+            yield from _paths(v, prefix + (i,))
+
+
+@pytest.mark.parametrize("name,edits", [
+    ("cnn", 120),
+    pytest.param("cnn", 3000, marks=pytest.mark.slow),
+    pytest.param("transformer", 3000, marks=pytest.mark.slow),
+    pytest.param("qconv", 3000, marks=pytest.mark.slow),
+])
+def test_fuzz_header_edits(built, name, edits):
+    data, x, _ = built[name]
+    version, header, blob = split(data)
+    (reference,) = run_program(Program.from_bytes(data), [x])
+    paths = sorted(set(_paths({k: v for k, v in header.items() if k not in ("timing", "mapping", "memory")})), key=repr)
+    rng = random.Random(edits)
+    rejected = accepted = 0
+    for _ in range(edits):
+        h = copy.deepcopy(header)
+        path = rng.choice(paths)
+        parent = h
+        for key in path[:-1]:
+            parent = parent[key]
+        action = rng.random()
+        if action < 0.1 and isinstance(parent, dict):
+            del parent[path[-1]]
+        elif action < 0.2 and isinstance(parent, list):
+            del parent[path[-1]]
+        else:
+            old = parent[path[-1]]
+            parent[path[-1]] = rng.choice(_JUNK + ([old + rng.choice([-1, 1])] if type(old) is int else []))
+        try:
+            program = Program.from_bytes(seal(h, blob, version))
+        except ProgramError as err:
+            assert FIELD.match(str(err)), (path, str(err))
+            rejected += 1
+            continue
+        # Accepted: the edit was harmless for execution (a name, a byte or cycle count, an
+        # equivalent value); the program runs without a raw error.
+        accepted += 1
+        (got,) = run_program(program, [x])
+        assert got.shape == reference.shape, path
+    assert rejected > edits // 2 and accepted > edits // 50, (rejected, accepted)
