@@ -165,13 +165,13 @@ def pool_case(op, shape, kind, seed=0, **attrs) -> Case:
     return Case(make, [_randn(seed, *shape)], {kind}, terms=terms, exact=exact)
 
 
-def data_movement_case(fn, shape, kind, seed=0) -> Case:
-    """A data-movement op feeding a multiply (data movement alone is not worth a region)."""
+def data_movement_case(fn, shape, kind, seed=0, alone=True) -> Case:
+    """A data-movement op alone, or feeding a multiply in the same region."""
     def body(bb, x):
         y = bb.emit(fn(x))
-        return bb.emit(relax.op.multiply(y, y))
+        return y if alone else bb.emit(relax.op.multiply(y, y))
     make = lambda c: _module({"x": (shape, "float32")}, body)  # noqa: E731
-    return Case(make, [_randn(seed, *shape)], {kind, "multiply"}, exact=True)
+    return Case(make, [_randn(seed, *shape)], {kind} if alone else {kind, "multiply"}, exact=True)
 
 
 def layer_norm_case(shape, seed=0) -> Case:
@@ -248,9 +248,13 @@ def _fp32_cases() -> dict[str, Case]:
     cases["divide-bcast"] = binary_case(relax.op.divide, (2, 3, 6), (3, 1), "divide", positive_rhs=True)
     cases["add_relu"] = binary_case(relax.op.add, (2, 8, 3, 3), (2, 8, 3, 3), "add", relu=True)
     # data movement
-    cases["reshape"] = data_movement_case(lambda v: relax.op.reshape(v, (6, 10)), (3, 4, 5), "reshape")
-    cases["permute_dims"] = data_movement_case(lambda v: relax.op.permute_dims(v, [0, 2, 1]), (2, 3, 7), "permute_dims")
-    cases["broadcast_to"] = data_movement_case(lambda v: relax.op.broadcast_to(v, (4, 3, 5)), (3, 1), "broadcast_to")
+    for alone in (True, False):
+        tag = "" if alone else "-then-multiply"
+        cases["reshape" + tag] = data_movement_case(lambda v: relax.op.reshape(v, (6, 10)), (3, 4, 5), "reshape", alone=alone)
+        cases["permute_dims" + tag] = data_movement_case(lambda v: relax.op.permute_dims(v, [0, 2, 1]), (2, 3, 7),
+                                                         "permute_dims", alone=alone)
+        cases["broadcast_to" + tag] = data_movement_case(lambda v: relax.op.broadcast_to(v, (4, 3, 5)), (3, 1),
+                                                         "broadcast_to", alone=alone)
     return cases
 
 
