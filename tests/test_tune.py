@@ -194,6 +194,7 @@ def test_task_whose_schedules_all_fail_is_skipped(tmp_path):
     assert status["softmax"] == "skipped" and list(status.values()).count("tuned") == 1
     # the reason is the candidates' own error, in the warning, the result and the task's log
     assert "injected failure" in next(t.reason for t in result.tasks if t.name == "softmax")
+    assert "softmax skipped: " in result.table() and "injected failure" in result.table()
     assert any(issubclass(w.category, TuningWarning) and "softmax" in str(w.message)
                and "injected failure" in str(w.message) for w in caught)
     log = [p for p in os.listdir(tmp_path / "w" / "logs") if "softmax" in p]

@@ -53,7 +53,7 @@ class TuningResult:
         return sum(t.new_trials for t in self.tasks)
 
     def table(self) -> str:
-        """Per-task table: FLOP, best latency, trials, status."""
+        """Per-task table: FLOP, best latency, trials, status; then why tasks were skipped."""
         rows = [("task", "FLOP", "latency (us)", "trials", "status")]
         for t in self.tasks:
             lat = "-" if t.best_latency_us is None else f"{t.best_latency_us:.1f}"
@@ -62,6 +62,7 @@ class TuningResult:
         lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
                  for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
+        lines += [f"{t.name} skipped: {t.reason}" for t in self.tasks if t.reason]
         return "\n".join(lines)
 
 
@@ -241,6 +242,7 @@ def _tune_task(ms, task, index: int, logger, scheduler_logger, db, before: int, 
     func = task.dispatched[0]
     status = "resumed" if before else "tuned"
     reason = None
+    first.reset()  # errors seen from here on are this task's
     if todo > 0:
         if bar is not None:
             bar.set_postfix_str(task.task_name)
@@ -251,7 +253,6 @@ def _tune_task(ms, task, index: int, logger, scheduler_logger, db, before: int, 
             task_name=task.task_name, logger=logger,
             rand_state=(seed * 1_000_003 + index) % (2 ** 30) + 1, num_threads=num_threads,
         ).clone()
-        first.reset()
         try:
             ms.tune.tune_tasks(
                 tasks=[context], task_weights=[1.0], work_dir=work_dir,
@@ -282,7 +283,7 @@ def _tune_task(ms, task, index: int, logger, scheduler_logger, db, before: int, 
         logger.info("search space exhausted after %d trials; the task is finished", trials)
     if best is None and status != "skipped":
         if trials:
-            reason = first.first_error() or "every measured schedule failed"
+            reason = first.first_error() or "every schedule measured so far failed"
             logger.error("all %d schedules failed; the task keeps its default schedule: %s",
                          trials, reason)
             warnings.warn(f"tuning task {task.task_name!r}: all {trials} schedules failed to build "
