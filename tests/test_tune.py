@@ -16,7 +16,7 @@ import tvm
 from tvm import relax
 
 import tvm_spinn
-from tvm_spinn.tune import TuningLogError, TuningWarning, make_runner, validate_logs
+from tvm_spinn.tune import TuningLogError, TuningWarning, validate_logs
 from tvm_spinn.tune.database import MANIFEST_FILE, RECORD_FILE, WORKLOAD_FILE
 
 from models import make
@@ -189,7 +189,7 @@ def test_task_whose_schedules_all_fail_is_skipped(tmp_path):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = tvm_spinn.tune(mod, target=LLVM, work_dir=str(tmp_path / "w"), max_trials_per_task=2,
-                                num_trials_per_iter=2, builder=FailSoftmax())
+                                num_trials_per_iter=2, builder=FailSoftmax(), runner=_in_process_runner())
     status = {t.name: t.status for t in result.tasks}
     assert status["softmax"] == "skipped" and list(status.values()).count("tuned") == 1
     # the reason is the candidates' own error, in the warning, the result and the task's log
@@ -337,6 +337,39 @@ def test_killed_job_resumes_from_its_logs(tmp_path):
     assert result.new_trials == 16 - n_before
 
 
+def _in_process_runner():
+    """A runner that measures in this process.
+
+    MetaSchedule's LocalRunner starts worker processes that each import TVM (seconds of CPU),
+    which would dominate these small tests; their subject (logging, interrupts, bookkeeping)
+    does not depend on where candidates run. The real LocalRunner is covered by the fixture and
+    the slow CLI tests.
+    """
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, PyRunner, RunnerFuture, RunnerResult
+    from tvm.s_tir.meta_schedule.runner.local_runner import default_alloc_argument, default_run_evaluator
+
+    config = EvaluatorConfig(number=1, repeat=1, min_repeat_ms=0, enable_cpu_cache_flush=False)
+
+    @derived_object
+    class InProcessRunner(PyRunner):
+        def run(self, runner_inputs):
+            futures = []
+            for item in runner_inputs:
+                try:
+                    device = tvm.cpu()
+                    args = default_alloc_argument(device, [a.as_json() for a in item.args_info], 1)
+                    costs = default_run_evaluator(tvm.runtime.load_module(item.artifact_path), device,
+                                                  config, args)
+                    result = RunnerResult(costs, None)
+                except Exception as err:  # noqa: BLE001  (a failed candidate, as LocalRunner reports it)
+                    result = RunnerResult(None, f"InProcessRunner: {err}")
+                futures.append(RunnerFuture(lambda: True, lambda result=result: result))
+            return futures
+
+    return InProcessRunner()
+
+
 def _abs_model():
     """On spinn the Linear is offloaded; the fallback is one task, tir_abs, with one schedule."""
     import torch
@@ -371,7 +404,8 @@ def test_jobs_in_one_process_do_not_share_logging_state(tmp_path):
         "import test_tune, tvm_spinn\n"
         "mod = test_tune._abs_model()\n"
         "ms_logger = logging.getLogger('tvm.s_tir.meta_schedule')\n"
-        f"kw = dict(target='spinn', work_dir={str(work)!r}, max_trials_per_task=2, num_trials_per_iter=2)\n"
+        f"kw = dict(target='spinn', work_dir={str(work)!r}, max_trials_per_task=2, num_trials_per_iter=2,"
+        " runner=test_tune._in_process_runner())\n"
         "first = tvm_spinn.tune(mod, **kw)\n"
         "records = open(first.work_dir + '/database_tuning_record.json', 'rb').read()\n"
         "unnamed = logging.StreamHandler(io.StringIO())\n"
@@ -409,7 +443,7 @@ def test_sigint_stops_the_job_and_it_resumes(tmp_path):
 
     mod, _ = _tiny()
     work = tmp_path / "w"
-    runner = make_runner()  # one worker pool for both jobs (it starts slowly)
+    runner = _in_process_runner()
     kw = dict(target=LLVM, work_dir=str(work), max_trials_per_task=1, num_trials_per_iter=1, runner=runner)
     with pytest.raises(KeyboardInterrupt):
         tvm_spinn.tune(mod, builder=CtrlCOnSecondBatch(), **kw)
