@@ -313,6 +313,34 @@ def _run_all(vm, samples, desc):
         yield [o.numpy() for o in outs]
 
 
+def _refuse_empty_ranges(mod: tvm.IRModule, samples: list[list[np.ndarray]],
+                         labels: Sequence[str], lo: np.ndarray, hi: np.ndarray) -> None:
+    """Raise when a calibrated tensor never varies: its scale would be arbitrary.
+
+    With all-zero (or otherwise constant) calibration data every activation is constant, the
+    range ``[v, v]`` says nothing about real inputs, and the int8 model's error is of the order
+    of the whole output range. The message names the first such tensor and the model inputs
+    that do not vary across the samples (the usual cause)."""
+    empty = [i for i in range(len(labels)) if lo[i] == hi[i]]
+    if not empty:
+        return
+    names = [p.name for p in mod["main"].params]
+
+    def varies(j: int) -> bool:
+        values = np.concatenate([np.asarray(sample[j]).ravel() for sample in samples])
+        return values.size > 0 and values.min() != values.max()
+
+    constant = [name for j, name in enumerate(names) if j < len(samples[0]) and not varies(j)]
+    i = empty[0]
+    more = f" (and {len(empty) - 1} more tensor(s))" if len(empty) > 1 else ""
+    cause = (f"calibration input(s) {constant} hold one constant value in every sample"
+             if constant else "the calibration samples do not make it vary")
+    raise QuantizationError(
+        f"calibration: the {labels[i]} is constant ({lo[i]:g}) over all {len(samples)} "
+        f"sample(s){more}, so its quantization range is empty: {cause}. Calibrate with "
+        "representative inputs (not all zeros).")
+
+
 def collect_ranges(mod: tvm.IRModule, targets: Sequence[relax.Var], labels: Sequence[str],
                    samples: list[list[np.ndarray]], scheme: QuantScheme) -> list[tuple[float, float]]:
     """Clipping range ``(lo, hi)`` of each target tensor over the calibration samples.
@@ -332,6 +360,7 @@ def collect_ranges(mod: tvm.IRModule, targets: Sequence[relax.Var], labels: Sequ
                 raise QuantizationError(f"calibration: the {labels[i]} has non-finite values")
             lo[i] = min(lo[i], float(arr.min()))
             hi[i] = max(hi[i], float(arr.max()))
+    _refuse_empty_ranges(mod, samples, labels, lo, hi)
     if scheme.calibration == "minmax":
         return [(float(a), float(b)) for a, b in zip(lo, hi)]
 
