@@ -31,6 +31,8 @@ SUBSET = [
     # once miscompiled), QDQ round trip, and a bf16 kernel the default schedule must not vectorize.
     "test_qlinearconv", "test_qlinearmatmul_2D_uint8_float32", "test_quantizelinear",
     "test_dequantizelinear", "test_einsum_batch_matmul_bfloat16",
+    # a zero-size tensor frozen into a constant must survive the executable's export/reload
+    "test_tril_zero",
 ]
 
 # Plain TVM imports the model as given: Reshape's shape and ReduceMean's axes (opset 18) arrive

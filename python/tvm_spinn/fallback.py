@@ -332,6 +332,30 @@ def _ScalarizeUnvectorizableLoops(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # n
     return mod
 
 
+def _empty_constant_as_allocation(const):
+    if not hasattr(const.value, "shape") or 0 not in [int(d) for d in const.value.shape]:
+        return const
+    alloc = relax.op.builtin.alloc_tensor(relax.ShapeExpr([int(d) for d in const.value.shape]),
+                                          str(const.value.dtype), 0)
+    return relax.BlockBuilder().normalize(alloc)
+
+
+@tvm.transform.module_pass(opt_level=0, name="SpinnEmptyConstantsAsAllocations")
+def _EmptyConstantsAsAllocations(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802
+    """Replace zero-size constants (e.g. a folded ``(3, 0, 5)`` tensor) by empty allocations.
+
+    TVM saves a zero-size tensor in the executable's constant pool but cannot load it back
+    ("Invalid DLTensor file format"): an exported library would not reload. An empty
+    allocation holds the same (no) data. Run after constant folding."""
+    for gvar, func in sorted(mod.functions_items(), key=lambda kv: kv[0].name_hint):
+        if isinstance(func, relax.Function):
+            new = tvm_ffi.structural_map(func, (tvm.ir.Constant, _empty_constant_as_allocation),
+                                         order="post")
+            if not new.same_as(func):
+                mod[gvar] = new
+    return mod
+
+
 def default_schedule_pass(target: tvm.target.Target) -> tvm.transform.Pass:
     """The default-schedule pass for ``target`` (call inside ``with target``).
 
@@ -393,4 +417,5 @@ def run_fallback(base: tvm.transform.Pass, mod: tvm.IRModule, target: tvm.target
             mod = apply_tuning_logs(mod, options.tuning_logs, target)
         if options.default_schedules:
             mod = default_schedule_pass(target)(mod)
+        mod = _EmptyConstantsAsAllocations(mod)  # constants are folded by now
     return base(mod)
