@@ -223,7 +223,7 @@ def _inputs(case: Case) -> list[torch.Tensor]:
 
 
 class _Wrap(torch.nn.Module):
-    """Cases ``fns`` side by side: ``forward`` takes their inputs in order, returns their outputs."""
+    """``cases`` side by side: ``forward`` takes their inputs in order, returns their outputs."""
 
     def __init__(self, cases):
         super().__init__()
@@ -237,28 +237,33 @@ class _Wrap(torch.nn.Module):
         return tuple(outs)
 
 
-def _build_and_run(cases, inputs, target, default_schedules) -> list:
-    """Import ``cases`` as one model, build it for ``target``, run it: one output per case."""
+def _build_and_run(cases, inputs, target) -> list:
+    """Import ``cases`` as one model, build it for ``target``, run it: one output per case.
+
+    ``llvm`` is TVM's own build (no spinn options active); ``spinn`` gets the fallback's
+    default schedules."""
     flat = tuple(x for xs in inputs for x in xs)
     mod = tvm_spinn.frontend.from_pytorch(_Wrap(cases), flat)
-    with tvm_spinn.build_options(default_schedules=default_schedules):
+    if target == "spinn":
+        with tvm_spinn.build_options(default_schedules=True):
+            ex = relax.build(mod, target=target)
+    else:
         ex = relax.build(mod, target=target)
     out = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(x.numpy()) for x in flat])
     outs = [out] if hasattr(out, "numpy") else list(out)
     return [o.numpy() for o in outs]
 
 
-def _bisect(cases, inputs, target, default_schedules) -> list:
+def _bisect(cases, inputs, target) -> list:
     """Outputs of ``cases``; a group that fails to import or build is split until the failing
     cases stand alone, and their entry is then the error message (a ``str``)."""
     try:
-        return _build_and_run(cases, inputs, target, default_schedules)
+        return _build_and_run(cases, inputs, target)
     except Exception as err:  # noqa: BLE001 - reported by the failing case's test
         if len(cases) == 1:
             return [f"{type(err).__name__}: {str(err).splitlines()[0]}"]
     half = len(cases) // 2
-    return (_bisect(cases[:half], inputs[:half], target, default_schedules)
-            + _bisect(cases[half:], inputs[half:], target, default_schedules))
+    return _bisect(cases[:half], inputs[:half], target) + _bisect(cases[half:], inputs[half:], target)
 
 
 @pytest.fixture(scope="module")
@@ -271,10 +276,9 @@ def sweep():
     inputs = [_inputs(case) for case in CASES]
     data = {case.name: {"torch": case.fn(*[x.clone() for x in xs]).numpy()}
             for case, xs in zip(CASES, inputs)}
-    for label, target, sched in (("llvm", "llvm", False), ("spinn", "spinn", True)):
-        outs = _bisect(CASES, inputs, target, sched)
-        for case, out in zip(CASES, outs):
-            data[case.name][label] = out
+    for target in ("llvm", "spinn"):
+        for case, out in zip(CASES, _bisect(CASES, inputs, target)):
+            data[case.name][target] = out
     return data
 
 
