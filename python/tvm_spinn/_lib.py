@@ -142,9 +142,11 @@ def create_module(symbol: str, program: bytes) -> tvm_ffi.Module:
     """Create a ``"spinn"`` runtime module for the offloaded function ``symbol``.
 
     ``mod[symbol](*inputs, *outputs)`` forwards to the global ``tvm_spinn.runtime.execute``
-    as ``execute(key, program_getter, symbol, *inputs, *outputs)``; ``key`` is the 16-digit
-    hex FNV-1a hash of ``program``. ``mod["get_program"]()``, ``mod["get_symbol"]()`` and
-    ``mod["get_key"]()`` expose the contents.
+    as ``execute(key, program_getter, symbol, *inputs, *outputs)``; ``key`` is the 64-digit
+    hex BLAKE2b-256 digest of ``program``. ``mod["get_program"]()``, ``mod["get_symbol"]()`` and
+    ``mod["get_key"]()`` expose the contents. When the package is imported, the program is
+    validated here (and by :func:`load_module_from_bytes`): a defective one raises
+    ``tvm_spinn.program.ProgramError`` naming the field.
     """
     return _func("tvm_spinn.runtime.create_module")(str(symbol), bytes(program))
 
@@ -155,7 +157,8 @@ def save_to_bytes(mod: tvm_ffi.Module) -> bytes:
 
 
 def load_module_from_bytes(data: bytes) -> tvm_ffi.Module:
-    """Inverse of :func:`save_to_bytes` for spinn modules; raises ``ValueError`` on bad data."""
+    """Inverse of :func:`save_to_bytes` for spinn modules; raises ``ValueError`` on a bad container
+    and ``ProgramError`` (a ``ValueError``) on an invalid program."""
     return _func("ffi.Module.load_from_bytes.spinn")(bytes(data))
 
 

@@ -37,6 +37,12 @@ Header JSON fields (all lists in execution order; all ids are indices):
 - ``memory``: SRAM plan: per-PE peak bytes, resident weight bytes, checked non-overlapping
   address ranges of the busiest PE
 - ``timing``: the timing model's result at compile time (see ``tvm_spinn.runtime.timing``)
+
+Reading is validation: :meth:`Program.from_bytes` checks the framing, then the header against
+:mod:`.validate` (every key, type, tensor id, shape, dtype, constant range, per-layer operands,
+exact tile coverage of each output, schedule references) before building anything, and raises
+:class:`ProgramError` ``"<field>: <defect>"``. The ``spinn`` runtime module runs it when it is
+created or loaded (``tvm.runtime.load_module``), so a defective program fails at load.
 """
 
 from __future__ import annotations
