@@ -94,3 +94,16 @@ def test_inference_batch_norm_still_folds():
     mod = tvm_spinn.frontend.from_pytorch(model, (torch.randn(1, 3, 8, 8),))
     parted = tvm_spinn.partition_for_spinn(mod)
     assert "batch_norm" not in parted.script()
+
+
+def test_conv_fold_leaves_training_batch_norm_alone():
+    """``FoldBatchNorm`` (also used by PTQ's ``prepare``) folds running statistics only."""
+    from tvm.relax.frontend.torch import from_exported_program
+
+    from tvm_spinn.partition.rewrites import FoldBatchNorm
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)).train()
+    mod = from_exported_program(torch.export.export(model, (torch.randn(2, 3, 8, 8),)),
+                                keep_params_as_input=False, unwrap_unit_return_tuple=True)
+    assert "training=True" in FoldBatchNorm(mod).script()

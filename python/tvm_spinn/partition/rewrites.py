@@ -36,6 +36,8 @@ def fold_batch_norm(func: relax.Function) -> relax.Function:
     def rewriter(expr, matches):
         conv, bn = matches[parts["conv"]], matches[parts["bn"]]
         attrs = conv.attrs
+        if bool(bn.attrs.training):  # batch statistics: nothing to fold
+            return expr
         if (attrs.kernel_layout != "OIHW" or int(bn.attrs.axis) != 1 or attrs.data_layout != "NCHW"
                 or str(matches[parts["w"]].ty.dtype) != "float32"):
             return expr
