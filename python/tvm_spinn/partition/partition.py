@@ -129,7 +129,7 @@ def _training_batch_norm(call: relax.Call) -> relax.Expr:
     statistics ``(1 - momentum) * running + momentum * batch`` as outputs 1 and 2."""
     x, gamma, beta, moving_mean, moving_var = call.args
     attrs = call.attrs
-    rank = len(x.ty.shape)
+    rank = int(x.ty.ndim)
     axis = int(attrs.axis) % rank
     dtype = str(x.ty.dtype)
     reduce_axes = [i for i in range(rank) if i != axis]
@@ -170,9 +170,9 @@ def _DecomposeTrainingBatchNorm(func: relax.Function, _mod, _ctx) -> relax.Funct
     pattern = is_op("relax.nn.batch_norm")(wildcard(), wildcard(), wildcard(), wildcard(), wildcard())
 
     def rewriter(expr: relax.Call, _matches) -> relax.Expr:
-        if not bool(expr.attrs.training) or not isinstance(expr.args[0].ty, relax.TensorType) \
-                or expr.args[0].ty.shape is None:
-            return expr
+        data = expr.args[0].ty
+        if not bool(expr.attrs.training) or not isinstance(data, relax.TensorType) or data.ndim < 0:
+            return expr  # inference, or unknown rank (no reduction axes to name)
         return _training_batch_norm(expr)
 
     return rewrite_call(pattern, rewriter, func)
