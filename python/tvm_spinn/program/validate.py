@@ -24,6 +24,7 @@ field, e.g. ``layers[3].inputs[0]: tensor id 99 out of range (12 tensors)``.
 from __future__ import annotations
 
 import math
+from operator import itemgetter
 from typing import Any, Callable
 
 import numpy as np
@@ -555,14 +556,31 @@ class _Checker:
     # ---------------------------------------------------------------- tiles
     def _tiles(self, extents: list[tuple[int, ...]]) -> None:
         tiles = _list(self.h["tiles"], "tiles")
-        for i, t in enumerate(tiles):
-            if type(t) is not dict or t.keys() != TILE_KEYS:
-                _keys(t, f"tiles[{i}]", TILE_KEYS)
+        names = ("layer", "pe", "chip", "group", "k_splits", "sram_bytes", "in_bytes", "w_bytes",
+                 "out_bytes", "cycles")
+        # Fast path for millions of tiles (C-level map/itemgetter): dicts with exactly the Tile
+        # keys (every key present and no other: same count) and integer fields.
+        try:
+            ok = set(map(type, tiles)) <= {dict} and set(map(len, tiles)) <= {len(TILE_KEYS)}
+            if ok:
+                regions = list(map(itemgetter("region"), tiles))
+                table = np.array(list(map(itemgetter(*names), tiles)), dtype=None if tiles else np.int64)
+        except (KeyError, ValueError, TypeError, OverflowError):
+            ok, table = False, None
+        if not ok or table.dtype.kind != "i" or table.shape != (len(tiles), len(names)):
+            for i, t in enumerate(tiles):  # slow path: name the first defect
+                if type(t) is not dict or t.keys() != TILE_KEYS:
+                    _keys(t, f"tiles[{i}]", TILE_KEYS)
+            cols = {key: _int_array([t[key] for t in tiles], lambda i, key=key: f"tiles[{i}].{key}")
+                    for key in names}
+            regions = [t["region"] for t in tiles]
+        else:
+            cols = {key: table[:, j] for j, key in enumerate(names)}
+            big = np.abs(table) > (1 << 62)
+            if big.any():
+                i, j = np.unravel_index(int(np.argmax(big)), big.shape)
+                _int(int(table[i, j]), f"tiles[{i}].{names[j]}", -(1 << 62), 1 << 62)
         n_layers = len(extents)
-        cols = {}
-        for key in ("layer", "pe", "chip", "group", "k_splits", "sram_bytes", "in_bytes", "w_bytes",
-                    "out_bytes", "cycles"):
-            cols[key] = _int_array([t[key] for t in tiles], lambda i, key=key: f"tiles[{i}].{key}")
         lo = {"layer": 0, "pe": 0, "chip": 0, "group": -1, "k_splits": 1, "sram_bytes": 0,
               "in_bytes": 0, "w_bytes": 0, "out_bytes": 0, "cycles": 0}
         hi = {"layer": n_layers - 1, "pe": self.arch.total_pes - 1, "chip": self.arch.chips - 1}
@@ -583,7 +601,7 @@ class _Checker:
             ids = order[bounds[li]:bounds[li + 1]]
             if not len(ids):
                 _fail(f"layers[{li}]", "has no tiles: its output would never be computed")
-            self._cover(li, extent, ids, tiles)
+            self._cover(li, extent, ids, regions)
         for li, k in self.int8_layers:
             ids = order[bounds[li]:bounds[li + 1]]
             ks = cols["k_splits"][ids]
@@ -601,10 +619,10 @@ class _Checker:
                 i = int(ids[np.argmax(cols["k_splits"][ids] > k)])
                 _fail(f"tiles[{i}].k_splits", f"{cols['k_splits'][i]} chunks for a reduction of {k}")
 
-    def _cover(self, li: int, extent: tuple[int, ...], ids: np.ndarray, tiles: list) -> None:
-        """The regions of ``tiles[ids]`` cover ``[0, extent)`` exactly once (else ProgramError)."""
+    def _cover(self, li: int, extent: tuple[int, ...], ids: np.ndarray, all_regions: list) -> None:
+        """The regions ``all_regions[ids]`` (of tiles ``ids``) cover ``[0, extent)`` exactly once (else ProgramError)."""
         d = len(extent)
-        regions = [tiles[i]["region"] for i in ids]
+        regions = [all_regions[i] for i in ids]
         try:
             r = np.array(regions)  # int64 only when every entry is a JSON integer below 2**63
             ok = r.shape == (len(ids), d, 2) and r.dtype.kind == "i"
@@ -612,7 +630,7 @@ class _Checker:
             ok = False
         if not ok:
             for i in ids:  # error path: find the first malformed region and name it
-                reg = _list(tiles[i]["region"], f"tiles[{i}].region", d)
+                reg = _list(all_regions[i], f"tiles[{i}].region", d)
                 for j, pair in enumerate(reg):
                     _ints(pair, f"tiles[{i}].region[{j}]", 2, -(1 << 62))
             _fail(f"tiles[{ids[0]}].region", "malformed")
@@ -624,7 +642,7 @@ class _Checker:
             bad |= stop[:, 0] != start[:, 0] + 1
         if bad.any():
             i = int(ids[np.argmax(bad)])
-            _fail(f"tiles[{i}].region", f"{tiles[i]['region']} is empty or outside the output space "
+            _fail(f"tiles[{i}].region", f"{all_regions[i]} is empty or outside the output space "
                                         f"{list(extent)} of layer {li}" + (" (or spans several batch entries)" if d == 3 else ""))
         what = f"layers[{li}]"
         if d == 1:
@@ -669,7 +687,7 @@ class _Checker:
             _list(tasks, f)
             if not tasks:
                 continue
-            if any(type(t) is not list or len(t) != 5 for t in tasks):
+            if set(map(type, tasks)) != {list} or set(map(len, tasks)) != {5}:
                 i = next(i for i, t in enumerate(tasks) if type(t) is not list or len(t) != 5)
                 _list(tasks[i], f"{f}[{i}]", 5)
             ops, layers, tiles, amounts, wheres = zip(*tasks)
