@@ -24,6 +24,7 @@ field, e.g. ``layers[3].inputs[0]: tensor id 99 out of range (12 tensors)``.
 from __future__ import annotations
 
 import math
+from itertools import chain
 from operator import itemgetter
 from typing import Any, Callable
 
@@ -680,52 +681,65 @@ class _Checker:
     def _schedule(self) -> None:
         schedule = _list(self.h["schedule"], "schedule", self.arch.total_pes)
         n_tiles, n_layers = len(self.tile_layer), len(self.h["layers"])
-        computed = np.zeros(n_tiles, dtype=np.int64)
-        ops_ok, where_ok = set(SCHEDULE_OPS), set(SCHEDULE_WHERE)
-        for pe, tasks in enumerate(schedule):
-            f = f"schedule[{pe}]"
-            _list(tasks, f)
-            if not tasks:
-                continue
-            if set(map(type, tasks)) != {list} or set(map(len, tasks)) != {5}:
-                i = next(i for i, t in enumerate(tasks) if type(t) is not list or len(t) != 5)
-                _list(tasks[i], f"{f}[{i}]", 5)
-            ops, layers, tiles, amounts, wheres = zip(*tasks)
-            if (not set(map(type, ops + wheres)) <= {str} or not set(ops) <= ops_ok
-                    or not set(wheres) <= where_ok):
-                i = next(i for i, t in enumerate(tasks)
+        if set(map(type, schedule)) - {list}:
+            pe = next(pe for pe, tasks in enumerate(schedule) if type(tasks) is not list)
+            _list(schedule[pe], f"schedule[{pe}]")
+        # All PEs at once (a board program has millions of tasks): flatten, then vectorize.
+        lens = np.fromiter(map(len, schedule), dtype=np.int64, count=len(schedule))
+        starts = np.concatenate([[0], np.cumsum(lens)])
+        pe_of = np.repeat(np.arange(len(schedule)), lens)
+        flat = list(chain.from_iterable(schedule))
+
+        def at(k: int, j: int | None = None) -> str:
+            pe = int(pe_of[k])
+            return f"schedule[{pe}][{k - int(starts[pe])}]" + ("" if j is None else f"[{j}]")
+
+        if not flat:
+            computed = np.zeros(n_tiles, dtype=np.int64)
+        else:
+            if set(map(type, flat)) != {list} or set(map(len, flat)) != {5}:
+                k = next(k for k, t in enumerate(flat) if type(t) is not list or len(t) != 5)
+                _list(flat[k], at(k), 5)
+            # itemgetter maps, not zip(*flat): zip over a million argument iterators is slow
+            ops, layers, tiles, amounts, wheres = (tuple(map(itemgetter(j), flat)) for j in range(5))
+            codes = {op: i for i, op in enumerate(SCHEDULE_OPS)}
+            if (not set(map(type, ops + wheres)) <= {str} or not set(ops) <= codes.keys()
+                    or not set(wheres) <= set(SCHEDULE_WHERE)):
+                k = next(k for k, t in enumerate(flat)
                          if type(t[0]) is not str or type(t[4]) is not str
-                         or t[0] not in ops_ok or t[4] not in where_ok)
-                _str(tasks[i][0], f"{f}[{i}][0]", SCHEDULE_OPS)
-                _str(tasks[i][4], f"{f}[{i}][4]", SCHEDULE_WHERE)
-            lay, til, amt = (_int_array(list(col), lambda i, j=j: f"{f}[{i}][{j}]")
+                         or t[0] not in codes or t[4] not in SCHEDULE_WHERE)
+                _str(flat[k][0], at(k, 0), SCHEDULE_OPS)
+                _str(flat[k][4], at(k, 4), SCHEDULE_WHERE)
+            lay, til, amt = (_int_array(list(col), lambda k, j=j: at(k, j))
                              for j, col in ((1, layers), (2, tiles), (3, amounts)))
             if (lay < 0).any() or (lay >= n_layers).any():
-                i = int(np.argmax((lay < 0) | (lay >= n_layers)))
-                _int(int(lay[i]), f"{f}[{i}][1]", 0, n_layers - 1)
-            if (amt < 0).any() or (amt > 1 << 62).any():
-                i = int(np.argmax((amt < 0) | (amt > 1 << 62)))
-                _int(int(amt[i]), f"{f}[{i}][3]", 0, 1 << 62)
-            op = np.array(ops)
-            no_tile = (op == "link") | (op == "barrier")
+                k = int(np.argmax((lay < 0) | (lay >= n_layers)))
+                _int(int(lay[k]), at(k, 1), 0, n_layers - 1)
+            if (amt < 0).any():
+                k = int(np.argmax(amt < 0))
+                _int(int(amt[k]), at(k, 3), 0)
+            op = np.fromiter(map(codes.__getitem__, ops), dtype=np.int8, count=len(ops))
+            no_tile = (op == codes["link"]) | (op == codes["barrier"])
             if (til[no_tile] != -1).any():
-                i = int(np.flatnonzero(no_tile)[np.argmax(til[no_tile] != -1)])
-                _fail(f"{f}[{i}][2]", f"a {ops[i]} task takes tile -1, got {til[i]}")
-            has = ~no_tile
-            t = til[has]
-            if ((t < 0) | (t >= n_tiles)).any():
-                i = int(np.flatnonzero(has)[np.argmax((t < 0) | (t >= n_tiles))])
-                _int(int(til[i]), f"{f}[{i}][2]", 0, n_tiles - 1)
-            wrong = self.tile_layer[t] != lay[has]
+                k = int(np.flatnonzero(no_tile & (til != -1))[0])
+                _fail(at(k, 2), f"a {ops[k]} task takes tile -1, got {til[k]}")
+            bad = ~no_tile & ((til < 0) | (til >= n_tiles))
+            if bad.any():
+                k = int(np.argmax(bad))
+                _int(int(til[k]), at(k, 2), 0, n_tiles - 1)
+            has = np.flatnonzero(~no_tile)
+            wrong = self.tile_layer[til[has]] != lay[has]
             if wrong.any():
-                i = int(np.flatnonzero(has)[np.argmax(wrong)])
-                _fail(f"{f}[{i}][1]", f"layer {lay[i]}, but tile {til[i]} belongs to layer "
-                                      f"{self.tile_layer[til[i]]}")
-            comp = t[op[has] == "compute"]
-            if (self.tile_pe[comp] != pe).any():
-                i = int(comp[np.argmax(self.tile_pe[comp] != pe)])
-                _fail(f"{f}", f"computes tile {i}, which is placed on PE {self.tile_pe[i]}")
-            np.add.at(computed, comp, 1)
+                k = int(has[np.argmax(wrong)])
+                _fail(at(k, 1), f"layer {lay[k]}, but tile {til[k]} belongs to layer "
+                                f"{self.tile_layer[til[k]]}")
+            comp = np.flatnonzero(op == codes["compute"])
+            misplaced = self.tile_pe[til[comp]] != pe_of[comp]
+            if misplaced.any():
+                k = int(comp[np.argmax(misplaced)])
+                _fail(f"schedule[{pe_of[k]}]", f"computes tile {til[k]}, which is placed on PE "
+                                               f"{self.tile_pe[til[k]]}")
+            computed = np.bincount(til[comp], minlength=n_tiles)
         if (computed != 1).any():
             i = int(np.argmax(computed != 1))
             _fail("schedule", f"tile {i} is computed {computed[i]} times (must be once)")
