@@ -23,6 +23,7 @@ from typing import Dict, List, Sequence, Tuple, Union
 
 import numpy as np
 import onnx
+import onnx.version_converter
 from onnx import TensorProto, helper, numpy_helper
 
 __all__ = [
@@ -317,3 +318,70 @@ def ort_run(model_or_path, feeds: Dict[str, np.ndarray],
     sess = ort.InferenceSession(model.SerializeToString(), opts,
                                 providers=["CPUExecutionProvider"])
     return sess.run(None, dict(feeds))
+
+
+def _requantize(real: np.ndarray, scale, zero_point) -> np.ndarray:
+    """ONNX QuantizeLinear: round half to even, add the zero point, saturate to its type."""
+    info = np.iinfo(zero_point.dtype)
+    q = np.round(real / np.float32(scale)) + zero_point.astype(np.float64)
+    return np.clip(q, info.min, info.max).astype(zero_point.dtype)
+
+
+def _dequantize(q: np.ndarray, scale, zero_point) -> np.ndarray:
+    return (q.astype(np.float64) - zero_point.astype(np.float64)) * np.float64(scale)
+
+
+def _ms_ops():
+    """numpy versions of the com.microsoft QOperator ops onnxruntime's quantizer writes, from
+    their contrib-op specs (QLinearAdd, QLinearGlobalAveragePool, QGemm), for onnx's
+    ReferenceEvaluator (which implements the standard QLinearConv/QLinearMatMul itself)."""
+    from onnx.reference.op_run import OpRun
+
+    class QLinearAdd(OpRun):
+        op_domain = "com.microsoft"
+
+        def _run(self, a, a_s, a_zp, b, b_s, b_zp, c_s, c_zp):
+            return (_requantize(_dequantize(a, a_s, a_zp) + _dequantize(b, b_s, b_zp),
+                                c_s, c_zp),)
+
+    class QLinearGlobalAveragePool(OpRun):
+        op_domain = "com.microsoft"
+
+        def _run(self, x, x_s, x_zp, y_s, y_zp, channels_last=0):
+            axes = (1, 2) if channels_last else tuple(range(2, x.ndim))
+            mean = _dequantize(x, x_s, x_zp).mean(axis=axes, keepdims=True)
+            return (_requantize(mean, y_s, y_zp),)
+
+    class QGemm(OpRun):
+        op_domain = "com.microsoft"
+
+        def _run(self, a, a_s, a_zp, b, b_s, b_zp, c=None, y_s=None, y_zp=None,
+                 alpha=1.0, transA=0, transB=0):
+            a_r = _dequantize(a, a_s, a_zp)
+            b_zp_ = b_zp.reshape(-1, 1) if (transB and b_zp.size > 1) else b_zp
+            b_s_ = np.asarray(b_s).reshape(-1, 1) if (transB and np.size(b_s) > 1) else b_s
+            b_r = _dequantize(b, b_s_, b_zp_)
+            a_r = a_r.T if transA else a_r
+            b_r = b_r.T if transB else b_r
+            y = alpha * (a_r @ b_r)
+            if c is not None:  # int32 bias in units of a_scale * b_scale
+                y = y + c.astype(np.float64) * np.float64(a_s) * np.asarray(b_s, np.float64)
+            if y_s is None:
+                return (y.astype(np.float32),)
+            return (_requantize(y, y_s, y_zp),)
+
+    return [QLinearAdd, QLinearGlobalAveragePool, QGemm]
+
+
+def onnx_reference_run(model_or_path, feeds: Dict[str, np.ndarray]) -> List[np.ndarray]:
+    """Run a quantized model with onnx's ReferenceEvaluator (numpy; no CPU-specific kernels).
+
+    The reference for QOperator models on CPUs where onnxruntime's int8 kernels are not exact
+    (its integer ops run on those kernels even with graph optimizations disabled).
+    """
+    from onnx.reference import ReferenceEvaluator
+
+    model = _as_model(model_or_path)
+    # The evaluator implements Q/DQ from opset 19 on; 17 -> 21 changes nothing these models use.
+    model = onnx.version_converter.convert_version(model, 21)
+    return ReferenceEvaluator(model, new_ops=_ms_ops()).run(None, feeds)
