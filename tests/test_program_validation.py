@@ -373,6 +373,13 @@ def test_exported_library_with_a_crafted_program_fails_at_load(built, tmp_path):
     _executable_with(symbol, crafted_module(symbol, bad), x.shape, "float32").export_library(bad_path)
     with pytest.raises(ProgramError, match=rf"^layers\[{last}\]: tiles"):
         tvm.runtime.load_module(bad_path)
+    # The same through tvm_spinn.load_module on a sealed library: the digest is right, so the
+    # program's own validation speaks, with the file and the field named.
+    sealed = str(tmp_path / "sealed.so")
+    tvm_spinn.export_library(
+        _executable_with(symbol, crafted_module(symbol, bad), x.shape, "float32"), sealed)
+    with pytest.raises(ProgramError, match=rf"sealed.so: layers\[{last}\]: tiles"):
+        tvm_spinn.load_module(sealed)
 
 
 def test_cache_key_is_a_cryptographic_digest(built):

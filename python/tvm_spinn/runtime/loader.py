@@ -30,6 +30,8 @@ from typing import Any
 
 import tvm
 
+from ..program.format import ProgramError
+
 __all__ = ["load_module", "export_library", "install_export_hook", "LibraryError", "check_elf",
            "verify_library", "file_mode", "TRAILER_MAGIC"]
 
@@ -161,6 +163,8 @@ def load_module(path: "str | os.PathLike") -> tvm.runtime.Module:
 
     Raises
     ------
+    ProgramError
+        A spinn program inside fails validation (the message names the field).
     LibraryError
         Missing file, no integrity trailer (not exported by tvm-spinn), any damage (digest or
         length mismatch, broken ELF structure), or a library that is not a Relax VM executable.
@@ -175,6 +179,9 @@ def load_module(path: "str | os.PathLike") -> tvm.runtime.Module:
         raise LibraryError(f"{path}: cannot read: {err.strerror or err}") from None
     try:
         lib = tvm.runtime.load_module(path)
+    except ProgramError as err:
+        # a sealed library whose spinn program fails validation: keep the type and the field
+        raise ProgramError(f"{path}: {err}") from None
     except Exception as err:
         raise LibraryError(f"{path}: cannot load: {str(err).strip().splitlines()[-1]}") from None
     if lib.kind != "relax.VMExecutable":
