@@ -333,7 +333,8 @@ def _dequantize(q: np.ndarray, scale, zero_point) -> np.ndarray:
 
 def _ms_ops():
     """numpy versions of the com.microsoft QOperator ops onnxruntime's quantizer writes, from
-    their contrib-op specs (QLinearAdd, QLinearGlobalAveragePool, QGemm), for onnx's
+    their contrib-op specs (QLinearAdd, QLinearGlobalAveragePool, QGemm, and the ones of
+    :func:`_ms_ops_more`), for onnx's
     ReferenceEvaluator (which implements the standard QLinearConv/QLinearMatMul itself)."""
     from onnx.reference.op_run import OpRun
 
@@ -363,14 +364,15 @@ def _ms_ops():
             b_r = _dequantize(b, b_s_, b_zp_)
             a_r = a_r.T if transA else a_r
             b_r = b_r.T if transB else b_r
-            y = alpha * (a_r @ b_r)
-            if c is not None:  # int32 bias in units of a_scale * b_scale
+            y = a_r @ b_r
+            if c is not None:  # int32, scale alpha * a_scale * b_scale: added before alpha
                 y = y + c.astype(np.float64) * np.float64(a_s) * np.asarray(b_s, np.float64)
+            y = alpha * y
             if y_s is None:
                 return (y.astype(np.float32),)
             return (_requantize(y, y_s, y_zp),)
 
-    return [QLinearAdd, QLinearGlobalAveragePool, QGemm]
+    return [QLinearAdd, QLinearGlobalAveragePool, QGemm, *_ms_ops_more(OpRun)]
 
 
 def onnx_reference_run(model_or_path, feeds: Dict[str, np.ndarray]) -> List[np.ndarray]:
@@ -385,3 +387,94 @@ def onnx_reference_run(model_or_path, feeds: Dict[str, np.ndarray]) -> List[np.n
     # The evaluator implements Q/DQ from opset 19 on; 17 -> 21 changes nothing these models use.
     model = onnx.version_converter.convert_version(model, 21)
     return ReferenceEvaluator(model, new_ops=_ms_ops()).run(None, feeds)
+
+
+def _zp(zero_point, like: np.ndarray) -> np.ndarray:
+    """A contrib op's optional zero point: 0 of the quantized input's type when absent."""
+    return np.zeros((), like.dtype) if zero_point is None else zero_point
+
+
+def _ms_ops_more(OpRun):
+    """The elementwise/pooling/softmax com.microsoft QOperator ops (QLinearMul, QLinearSigmoid,
+    QLinearLeakyRelu, QLinearConcat, QLinearAveragePool, QLinearSoftmax), from their contrib-op
+    specs: dequantize the inputs, compute in float64, requantize (round half to even, saturate).
+    """
+
+    class QLinearMul(OpRun):
+        op_domain = "com.microsoft"
+
+        def _run(self, a, a_s, a_zp, b, b_s, b_zp, c_s, c_zp):
+            prod = _dequantize(a, a_s, _zp(a_zp, a)) * _dequantize(b, b_s, _zp(b_zp, b))
+            return (_requantize(prod, c_s, _zp(c_zp, a)),)
+
+    class QLinearSigmoid(OpRun):
+        op_domain = "com.microsoft"
+
+        def _run(self, x, x_s, x_zp, y_s, y_zp):
+            y = 1.0 / (1.0 + np.exp(-_dequantize(x, x_s, _zp(x_zp, x))))
+            return (_requantize(y, y_s, _zp(y_zp, x)),)
+
+    class QLinearLeakyRelu(OpRun):
+        op_domain = "com.microsoft"
+
+        def _run(self, x, x_s, x_zp, y_s, y_zp, alpha=0.01):
+            r = _dequantize(x, x_s, _zp(x_zp, x))
+            return (_requantize(np.where(r >= 0, r, np.float64(np.float32(alpha)) * r), y_s,
+                                _zp(y_zp, x)),)
+
+    class QLinearConcat(OpRun):
+        op_domain = "com.microsoft"
+
+        def _run(self, y_s, y_zp, *xs, axis=None):
+            parts = [_dequantize(x, s, z) for x, s, z in zip(xs[0::3], xs[1::3], xs[2::3])]
+            return (_requantize(np.concatenate(parts, axis=axis), y_s, y_zp),)
+
+    class QLinearAveragePool(OpRun):
+        op_domain = "com.microsoft"
+
+        def _run(self, x, x_s, x_zp, y_s, y_zp, auto_pad="NOTSET", ceil_mode=0, channels_last=0,
+                 count_include_pad=0, kernel_shape=None, pads=None, strides=None):
+            # only what the tests use: NCHW, no padding, floor
+            if channels_last or ceil_mode or any(pads or ()) or auto_pad not in ("NOTSET", None):
+                raise NotImplementedError("QLinearAveragePool: padding/ceil_mode/channels_last")
+            (kh, kw), (sh, sw) = kernel_shape, strides or (1, 1)
+            r = _dequantize(x, x_s, _zp(x_zp, x))
+            win = np.lib.stride_tricks.sliding_window_view(r, (kh, kw), axis=(2, 3))
+            mean = win[:, :, ::sh, ::sw].mean(axis=(-2, -1))
+            return (_requantize(mean, y_s, _zp(y_zp, x)),)
+
+    class QLinearSoftmax(OpRun):
+        op_domain = "com.microsoft"
+
+        def _run(self, x, x_s, x_zp, y_s, y_zp, axis=-1, opset=13):
+            r = _dequantize(x, x_s, _zp(x_zp, x))
+            if opset < 13:  # coerced to 2D at axis
+                shape, r = r.shape, r.reshape(int(np.prod(r.shape[:axis])), -1)
+                axis = 1
+            e = np.exp(r - r.max(axis=axis, keepdims=True))
+            y = e / e.sum(axis=axis, keepdims=True)
+            if opset < 13:
+                y = y.reshape(shape)
+            return (_requantize(y, y_s, _zp(y_zp, x)),)
+
+    return [QLinearMul, QLinearSigmoid, QLinearLeakyRelu, QLinearConcat, QLinearAveragePool,
+            QLinearSoftmax]
+
+
+def ort_int8_kernels_exact() -> bool:
+    """Whether onnxruntime's fused int8 kernels (MLAS) accumulate exactly on this CPU.
+
+    On x86 without VNNI, MLAS's u8s8 GEMMs multiply with ``vpmaddubsw``, which saturates pairs of
+    int8 products to int16 (onnxruntime documents this and recommends ``reduce_range`` there), so
+    its QLinearConv/QLinearMatMul/fused-QDQ results can be off by several output steps.
+    """
+    import platform
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return True
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_vnni" in flags or "avx_vnni" in flags
