@@ -64,7 +64,7 @@ def test_onnxruntime_quantized_model(tmp_path, model, variant):
         as_written = np.stack([qm.ort_run(path, {"x": x}, disable_optimizations=True)[0]
                                for x in evals])
     _assert_within_one_step(got, as_written, qm.output_step(path))
-    if not _ort_int8_kernels_exact():
+    if not qm.ort_int8_kernels_exact():
         return  # MLAS's u8s8 kernels saturate int16 pairs on x86 without VNNI (module docstring)
     fused = np.stack([qm.ort_run(path, {"x": x})[0] for x in evals])
     _assert_within_one_step(got, fused, qm.output_step(path))
@@ -76,20 +76,6 @@ def _assert_within_one_step(got: np.ndarray, ref: np.ndarray, step: float) -> No
     steps = np.abs(got.astype(np.float64) - ref) / step
     assert steps.max() <= 1 + 1e-4
     assert np.mean(steps < 1e-4) >= 0.95
-
-
-def _ort_int8_kernels_exact() -> bool:
-    """Whether MLAS's int8 GEMMs accumulate exactly on this CPU (no int16 pair saturation)."""
-    import platform
-
-    if platform.machine() not in ("x86_64", "AMD64"):
-        return True
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return "avx512_vnni" in flags or "avx_vnni" in flags
 
 
 @pytest.mark.parametrize("name,depth", [("cnn", 5), ("mlp", 3), ("transformer", 6)])
