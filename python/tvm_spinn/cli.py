@@ -237,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("compile", help="compile an ONNX model into a deployable library")
     p.add_argument("model", help="model file (.onnx)")
-    p.add_argument("--target", default="spinn", help="spinn target tag (spinn, spinn/board, spinn/cuda)")
+    p.add_argument("--target", default="spinn", help="spinn target tag (spinn, spinn/board, spinn/cuda, spinn/testchip, spinn/testchip/board, or a registered system)")
     p.add_argument("-o", "--output", required=True, help="output library (.so)")
     p.add_argument("--shape", action="append", default=[], help="input shape, name=1,3,224,224")
     p.add_argument("--report", action="store_true", help="print the performance report")
