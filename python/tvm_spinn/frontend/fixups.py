@@ -36,41 +36,40 @@ def _fix_bool_cumsum(func: relax.Function) -> relax.Function:
     return rewrite_call(pattern, rewriter, func)
 
 
-_COMPARE = ("equal", "not_equal", "less", "less_equal", "greater", "greater_equal")
-
-
-def _fix_bool_compare(func: relax.Function) -> relax.Function:
-    for name in _COMPARE:
+def _rewrite_bool_binary(func: relax.Function, ops: dict) -> relax.Function:
+    """Replace ``relax.<name>(a, b)`` on two bool operands by ``ops[name](a, b)``."""
+    for name, replace in ops.items():
         lhs, rhs = wildcard(), wildcard()
         pattern = is_op(f"relax.{name}")(lhs, rhs)
 
-        def rewriter(expr, matches, name=name, lhs=lhs, rhs=rhs):
+        def rewriter(expr, matches, replace=replace, lhs=lhs, rhs=rhs):
             a, b = matches[lhs], matches[rhs]
             if str(a.ty.dtype) != "bool" or str(b.ty.dtype) != "bool":
                 return expr
-            op = getattr(relax.op, name)
-            return op(relax.op.astype(a, "int8"), relax.op.astype(b, "int8"))
+            return replace(a, b)
 
         func = rewrite_call(pattern, rewriter, func)
     return func
 
 
+def _compare_as_int8(name: str):
+    op = getattr(relax.op, name)
+    return lambda a, b: op(relax.op.astype(a, "int8"), relax.op.astype(b, "int8"))
+
+
+# LLVM's codegen rejects comparisons of bool vectors: compare them as int8.
+_BOOL_COMPARE = {name: _compare_as_int8(name) for name in
+                 ("equal", "not_equal", "less", "less_equal", "greater", "greater_equal")}
+# bool multiply/add (torch's isfinite, logaddexp) are logical and/or.
 _BOOL_ARITH = {"multiply": relax.op.logical_and, "add": relax.op.logical_or}
 
 
+def _fix_bool_compare(func: relax.Function) -> relax.Function:
+    return _rewrite_bool_binary(func, _BOOL_COMPARE)
+
+
 def _fix_bool_arith(func: relax.Function) -> relax.Function:
-    for name, logical in _BOOL_ARITH.items():
-        lhs, rhs = wildcard(), wildcard()
-        pattern = is_op(f"relax.{name}")(lhs, rhs)
-
-        def rewriter(expr, matches, logical=logical, lhs=lhs, rhs=rhs):
-            a, b = matches[lhs], matches[rhs]
-            if str(a.ty.dtype) != "bool" or str(b.ty.dtype) != "bool":
-                return expr
-            return logical(a, b)
-
-        func = rewrite_call(pattern, rewriter, func)
-    return func
+    return _rewrite_bool_binary(func, _BOOL_ARITH)
 
 
 def _fix_negative_take(func: relax.Function) -> relax.Function:
