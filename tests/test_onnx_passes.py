@@ -525,3 +525,193 @@ def test_torch_block_imports_into_tvm(tmp_path):
     x = _rand((2, 5, 16), 5)
     out = vm["main"](tvm.runtime.tensor(x)).numpy()
     np.testing.assert_allclose(out, _run(m, {"x": x})[0], rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------- linear-time passes (issue 11)
+
+
+def _chain_model(n, ops=("Identity",)):
+    """``x -> Relu -> n passthrough nodes (cycling through ops) -> y``."""
+    nodes = [helper.make_node("Relu", ["x"], ["t0"])]
+    for i in range(n):
+        nodes.append(helper.make_node(ops[i % len(ops)], [f"t{i}"],
+                                      [f"t{i + 1}" if i < n - 1 else "y"]))
+    return _model(nodes, [helper.make_tensor_value_info("x", FLOAT, [2, 3])],
+                  [helper.make_tensor_value_info("y", FLOAT, [2, 3])])
+
+
+def _const_chain_model(n):
+    """``n`` foldable ``Add(c_i, 1)`` nodes, then ``y = x * c_n``."""
+    nodes = [helper.make_node("Add", [f"c{i}", "one"], [f"c{i + 1}"]) for i in range(n)]
+    nodes.append(helper.make_node("Mul", ["x", f"c{n}"], ["y"]))
+    return _model(nodes, [helper.make_tensor_value_info("x", FLOAT, [2, 3])],
+                  [helper.make_tensor_value_info("y", FLOAT, [2, 3])],
+                  inits=[_init("c0", np.full((3,), 0.5, np.float32)),
+                         _init("one", np.ones((3,), np.float32))])
+
+
+def _qdq_chain_model(n):
+    """``n`` blocks ``Q -> DQ -> Relu -> Q -> DQ`` (``[1]`` scales, as onnxruntime writes
+    them): simplify_qdq makes every scale scalar and drops the first Q/DQ pair of each."""
+    nodes, y = [], "x"
+    for i in range(n):
+        nodes += [helper.make_node("QuantizeLinear", [y, "s", "z"], [f"q{i}"]),
+                  helper.make_node("DequantizeLinear", [f"q{i}", "s", "z"], [f"d{i}"]),
+                  helper.make_node("Relu", [f"d{i}"], [f"r{i}"]),
+                  helper.make_node("QuantizeLinear", [f"r{i}", "s", "z"], [f"p{i}"]),
+                  helper.make_node("DequantizeLinear", [f"p{i}", "s", "z"],
+                                   [f"e{i}" if i < n - 1 else "y"])]
+        y = f"e{i}"
+    return _model(nodes, [helper.make_tensor_value_info("x", FLOAT, [2, 3])],
+                  [helper.make_tensor_value_info("y", FLOAT, [2, 3])],
+                  inits=[_init("s", np.array([0.05], np.float32)),
+                         _init("z", np.array([0], np.int8))])
+
+
+def _conv_bn_chain_model(n):
+    """``n`` blocks ``Conv(1x1) -> BatchNormalization``."""
+    rng = np.random.default_rng(0)
+    nodes, inits, y = [], [], "x"
+    for i in range(n):
+        out = f"b{i}" if i < n - 1 else "y"
+        nodes += [helper.make_node("Conv", [y, f"w{i}"], [f"c{i}"]),
+                  helper.make_node("BatchNormalization",
+                                   [f"c{i}", f"g{i}", f"be{i}", f"m{i}", f"v{i}"], [out])]
+        inits += [_init(f"w{i}", (np.eye(2) + 0.1 * rng.standard_normal((2, 2)))
+                        .astype(np.float32).reshape(2, 2, 1, 1)),
+                  _init(f"g{i}", rng.uniform(0.9, 1.1, 2).astype(np.float32)),
+                  _init(f"be{i}", (0.01 * rng.standard_normal(2)).astype(np.float32)),
+                  _init(f"m{i}", (0.01 * rng.standard_normal(2)).astype(np.float32)),
+                  _init(f"v{i}", rng.uniform(0.9, 1.1, 2).astype(np.float32))]
+        y = out
+    return _model(nodes, [helper.make_tensor_value_info("x", FLOAT, [1, 2, 2, 2])],
+                  [helper.make_tensor_value_info("y", FLOAT, [1, 2, 2, 2])], inits=inits)
+
+
+def _matmul_add_chain_model(n):
+    """``n`` blocks ``MatMul -> Add(bias)`` (fused into Gemm) ending in a transB Gemm."""
+    rng = np.random.default_rng(0)
+    nodes, inits, y = [], [], "x"
+    for i in range(n):
+        nodes += [helper.make_node("MatMul", [y, f"w{i}"], [f"mm{i}"], name=f"matmul{i}"),
+                  helper.make_node("Add", [f"mm{i}", f"bias{i}"], [f"a{i}"])]
+        inits += [_init(f"w{i}", (np.eye(3) + 0.05 * rng.standard_normal((3, 3)))
+                        .astype(np.float32)),
+                  _init(f"bias{i}", (0.01 * rng.standard_normal(3)).astype(np.float32))]
+        y = f"a{i}"
+    nodes.append(helper.make_node("Gemm", [y, "wt"], ["y"], transB=1, alpha=0.5))
+    inits.append(_init("wt", rng.standard_normal((3, 3)).astype(np.float32)))
+    return _model(nodes, [helper.make_tensor_value_info("x", FLOAT, [2, 3])],
+                  [helper.make_tensor_value_info("y", FLOAT, [2, 3])], inits=inits)
+
+
+def test_remove_identity_10k_identity_chain():
+    m = _chain_model(10_000)
+    new, results = P.run_passes(m)
+    assert "10000 Identity nodes" in results[DEFAULT_RI].detail
+    assert _ops(new) == Counter({"Relu": 1}) and new.graph.node[0].output[0] == "y"
+    _same(m, new, {"x": _rand((2, 3))})
+
+
+def test_remove_identity_10k_dropout_identity_chain():
+    m = _chain_model(10_000, ops=("Dropout", "Identity"))
+    new, results = P.run_passes(m)
+    assert results[DEFAULT_RI].detail == "removed 5000 Dropout nodes, 5000 Identity nodes"
+    assert _ops(new) == Counter({"Relu": 1})
+    _same(m, new, {"x": _rand((2, 3))})
+
+
+def test_remove_identity_chain_from_graph_input_keeps_last():
+    # every node but the one producing the graph output goes; that one reads a graph input
+    m = _model([helper.make_node("Identity", [f"t{i}" if i else "x"],
+                                 [f"t{i + 1}" if i < 9_999 else "y"]) for i in range(10_000)],
+               [helper.make_tensor_value_info("x", FLOAT, [2])],
+               [helper.make_tensor_value_info("y", FLOAT, [2])])
+    new, res = P.remove_identity(m)
+    assert res.detail == "removed 9999 Identity nodes"
+    assert [(list(n.input), list(n.output)) for n in new.graph.node] == [(["x"], ["y"])]
+
+
+def test_remove_identity_dropout_mask_read_only_by_removed_node():
+    # the mask's only reader is a dead Identity; once it is gone the first Dropout goes
+    # (before the second, whose output is the graph output and whose input is then ``x``)
+    nodes = [helper.make_node("Relu", ["x"], ["v0"]),
+             helper.make_node("Dropout", ["x", "", "tm"], ["v1", "m1"]),
+             helper.make_node("Identity", ["m1"], ["mi1"]),
+             helper.make_node("Dropout", ["v1"], ["v2"])]
+    m = _model(nodes, [helper.make_tensor_value_info("x", FLOAT, [2])],
+               [helper.make_tensor_value_info("v2", FLOAT, [2]),
+                helper.make_tensor_value_info("v0", FLOAT, [2])],
+               inits=[_init("tm", np.array(False))])
+    new, res = P.remove_identity(m)
+    assert res.detail == "removed 1 Dropout node, 1 Identity node"
+    assert [(n.op_type, list(n.input), list(n.output)) for n in new.graph.node] == [
+        ("Relu", ["x"], ["v0"]), ("Dropout", ["x"], ["v2"])]
+
+
+def test_fold_constants_and_simplify_qdq_long_chains():
+    m = _const_chain_model(10_000)
+    new, _ = P.run_passes(m)
+    assert _ops(new) == Counter({"Mul": 1})
+    _same(m, new, {"x": _rand((2, 3))})
+    m = _qdq_chain_model(2_000)  # 10,000 nodes
+    new, results = P.run_passes(m)
+    assert "removed 2000 Q/DQ pairs" in results[DEFAULT_QDQ].detail
+    assert _ops(new) == Counter({"Relu": 2000, "QuantizeLinear": 2000,
+                                 "DequantizeLinear": 2000})
+    _same(m, new, {"x": _rand((2, 3))})
+
+
+DEFAULT_RI = list(P.DEFAULT_PASSES).index("remove_identity")
+DEFAULT_QDQ = list(P.DEFAULT_PASSES).index("simplify_qdq")
+
+
+def _frontend_lines(fn):
+    """Python lines executed in tvm_spinn.frontend while running ``fn()``: an operation
+    count (not a time) of the passes' own work."""
+    import os
+    import sys
+
+    root = os.path.dirname(P.__file__)
+    count = [0]
+
+    def local(frame, event, arg):
+        if event == "line":
+            count[0] += 1
+        return local
+
+    def glob(frame, event, arg):
+        return local if frame.f_code.co_filename.startswith(root) else None
+
+    old = sys.gettrace()
+    sys.settrace(glob)
+    try:
+        fn()
+    finally:
+        sys.settrace(old)
+    return count[0]
+
+
+@pytest.mark.parametrize("build,n", [
+    (_chain_model, 1_000),
+    (lambda n: _chain_model(n, ops=("Dropout", "Identity")), 1_000),
+    (_const_chain_model, 1_000),
+    (_qdq_chain_model, 200),
+    (_conv_bn_chain_model, 250),
+    (_matmul_add_chain_model, 250),
+], ids=["identity", "dropout", "constants", "qdq", "conv_bn", "matmul_add"])
+def test_passes_work_grows_linearly(build, n):
+    small, large = build(n), build(2 * n)
+    assert len(large.graph.node) >= 2 * len(small.graph.node) - 2
+    w_small = _frontend_lines(lambda: P.run_passes(small, check=False))
+    w_large = _frontend_lines(lambda: P.run_passes(large, check=False))
+    assert w_large <= 2.2 * w_small, (w_small, w_large)
+
+
+def test_conv_bn_and_matmul_add_chains_numerics():
+    for m, feeds, ops in [
+            (_conv_bn_chain_model(500), {"x": _rand((1, 2, 2, 2))}, Counter({"Conv": 500})),
+            (_matmul_add_chain_model(500), {"x": _rand((2, 3))}, Counter({"Gemm": 501}))]:
+        new, _ = P.run_passes(m)
+        assert _ops(new) == ops
+        _same(m, new, feeds, rtol=1e-4, atol=1e-5)

@@ -152,13 +152,41 @@ def _rename_uses(graph: onnx.GraphProto, old: str, new: str) -> None:
             o.name = new
 
 
-def _unique_name(graph: onnx.GraphProto, base: str) -> str:
+def _resolve_uses(graph: onnx.GraphProto, resolve: Callable[[str], str],
+                  outputs: bool = False) -> None:
+    """Replace every read ``x`` by ``resolve(x)`` in nodes (recursively into subgraphs, whose
+    outputs count as reads) and, if ``outputs``, in the graph outputs: one linear walk."""
+    for n in graph.node:
+        for k, i in enumerate(n.input):
+            if i:
+                r = resolve(i)
+                if r != i:
+                    n.input[k] = r
+        for sg in _subgraphs(n):
+            _resolve_uses(sg, resolve, outputs=True)
+    if outputs:
+        for o in graph.output:
+            r = resolve(o.name)
+            if r != o.name:
+                o.name = r
+
+
+def _taken_names(graph: onnx.GraphProto) -> Set[str]:
     taken = {i.name for i in graph.initializer} | {i.name for i in graph.input}
     taken |= {o for n in graph.node for o in n.output} | {v.name for v in graph.value_info}
+    return taken
+
+
+def _unique_name(graph: onnx.GraphProto, base: str, taken: Optional[Set[str]] = None) -> str:
+    """A name not used in ``graph``.  Passes that create many names pass ``taken`` (from
+    :func:`_taken_names`, built once; the new name is added to it) to stay linear."""
+    if taken is None:
+        taken = _taken_names(graph)
     name, k = base, 0
     while name in taken:
         k += 1
         name = f"{base}_{k}"
+    taken.add(name)
     return name
 
 
@@ -451,52 +479,99 @@ def remove_identity(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResult
     tuple of (onnx.ModelProto, PassResult)
         Rewritten model and pass result.
     """
+    import heapq
+
     new = _copy(model)
     g = new.graph
     graph_outputs = {o.name for o in g.output}
     graph_inputs = {i.name for i in g.input} | {t.name for t in g.initializer}
     consts = _constants(g)
     counts: Dict[str, int] = {}
-    changed = True
-    while changed:
-        changed = False
-        cons = _consumers(g)
+    # One forward sweep removes every node the old "remove the first removable node, rebuild
+    # all maps, restart" loop removed, in the same order: removing a node never makes an
+    # earlier node removable, except a Dropout whose mask only fed a removed node, hence the
+    # (rare) extra sweeps.  Renames are recorded in ``alias`` and applied once at the end,
+    # so the pass is linear in the graph size.
+    alias: Dict[str, str] = {}
+    drop_vi: Set[str] = set()
+
+    def resolve(name: str) -> str:
+        root = name
+        while root in alias:
+            root = alias[root]
+        while name in alias and alias[name] != root:  # path compression
+            alias[name], name = root, alias[name]
+        return root
+
+    def try_remove(node: onnx.NodeProto) -> bool:
+        for k, i in enumerate(node.input):
+            if i in alias:
+                node.input[k] = resolve(i)
+        if not _is_passthrough(node, graph_outputs, ncons, consts):
+            if node.op_type == "Dropout" and len(node.output) > 1 and node.output[1]:
+                mask_owner[node.output[1]] = node
+            return False
+        src, dst = node.input[0], node.output[0]
+        if dst not in graph_outputs:
+            alias[dst] = src
+            merged, keep_name = dst, src
+        else:
+            producer = prods.get(src)
+            if producer is None or src in graph_outputs or src in graph_inputs:
+                return False  # must keep: cannot rename a graph input/initializer
+            for k, o in enumerate(producer.output):
+                if o == src:
+                    producer.output[k] = dst
+            del prods[src]
+            prods[dst] = producer
+            alias[src] = dst
+            # value_info of src (renamed to dst) and of dst (the graph output has it)
+            drop_vi.update((src, dst))
+            merged, keep_name = src, dst
+        removed.add(id(node))
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+        for name in _node_uses(node):
+            name = resolve(name)
+            if name in ncons:
+                ncons[name] -= 1
+                owner = mask_owner.get(name)
+                if not ncons[name] and owner is not None and id(owner) not in removed:
+                    # an earlier Dropout whose mask lost its last reader: the old
+                    # restart-from-the-top loop removed it next
+                    heapq.heappush(revisit, pos[id(owner)])
+        ncons[keep_name] = ncons.get(keep_name, 0) + ncons.pop(merged, 0)
+        return True
+
+    swept = True
+    while swept:
+        swept = False
+        ncons: Dict[str, int] = {}
+        for n in g.node:
+            for name in _node_uses(n):
+                name = resolve(name)
+                ncons[name] = ncons.get(name, 0) + 1
         prods = _producers(g)
-        for node in g.node:
-            if not _is_passthrough(node, graph_outputs, cons, consts):
-                continue
-            src, dst = node.input[0], node.output[0]
-            if dst not in graph_outputs:
-                _rename_uses(g, dst, src)
-            else:
-                producer = prods.get(src)
-                if producer is None or src in graph_outputs or src in graph_inputs:
-                    continue  # must keep: cannot rename a graph input/initializer
-                for k, o in enumerate(producer.output):
-                    if o == src:
-                        producer.output[k] = dst
-                for other in cons.get(src, []):
-                    if other is not node:
-                        for k, i in enumerate(other.input):
-                            if i == src:
-                                other.input[k] = dst
-                        for sg in _subgraphs(other):
-                            _rename_uses(sg, src, dst)
-                for vi in g.value_info:
-                    if vi.name == src:
-                        vi.name = dst
-                # Avoid a duplicate value_info for dst (graph output has it).
-                vis = [v for v in g.value_info if v.name != dst]
-                if len(vis) != len(g.value_info):
-                    _keep = [onnx.ValueInfoProto() for _ in vis]
-                    for a, b in zip(_keep, vis):
-                        a.CopyFrom(b)
-                    del g.value_info[:]
-                    g.value_info.extend(_keep)
-            counts[node.op_type] = counts.get(node.op_type, 0) + 1
-            _replace_nodes(g, [n for n in g.node if n is not node])
-            changed = True
-            break  # restart with fresh maps
+        pos = {id(n): k for k, n in enumerate(g.node)}
+        mask_owner: Dict[str, onnx.NodeProto] = {}
+        removed: Set[int] = set()
+        revisit: List[int] = []
+        nodes = list(g.node)
+        for node in nodes:
+            swept |= try_remove(node)
+            while revisit:
+                owner = nodes[heapq.heappop(revisit)]
+                if id(owner) not in removed:
+                    try_remove(owner)
+        if swept:
+            _resolve_uses(g, resolve)
+            _replace_nodes(g, [n for n in nodes if id(n) not in removed])
+    if drop_vi:
+        vis = [v for v in g.value_info if v.name not in drop_vi]
+        _keep = [onnx.ValueInfoProto() for _ in vis]
+        for a, b in zip(_keep, vis):
+            a.CopyFrom(b)
+        del g.value_info[:]
+        g.value_info.extend(_keep)
     _eliminate_dead_value_info(g)
     total = sum(counts.values())
     if not total:
@@ -832,6 +907,7 @@ def fold_batchnorm(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResult]
     cons = _consumers(g)
     prods = _producers(g)
     removed = []
+    taken = _taken_names(g)
     for bn in list(g.node):
         if bn.op_type != "BatchNormalization" or bn.domain not in ("", "ai.onnx"):
             continue
@@ -858,9 +934,10 @@ def fold_batchnorm(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResult]
         s = scale / np.sqrt(var + eps)
         w_new = (w.astype(np.float64) * s.reshape(-1, *([1] * (w.ndim - 1)))).astype(w.dtype)
         b_new = ((b - mean) * s + beta).astype(w.dtype)
-        w_name = _unique_name(g, conv.input[1] + "_bnfold")
+        w_name = _unique_name(g, conv.input[1] + "_bnfold", taken)
         g.initializer.append(numpy_helper.from_array(w_new, w_name))
-        b_name = _unique_name(g, (conv.input[2] if has_bias else conv.input[1]) + "_bnfold_bias")
+        b_name = _unique_name(g, (conv.input[2] if has_bias else conv.input[1]) + "_bnfold_bias",
+                              taken)
         g.initializer.append(numpy_helper.from_array(b_new, b_name))
         conv.input[1] = w_name
         if len(conv.input) > 2:
@@ -871,7 +948,8 @@ def fold_batchnorm(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResult]
         removed.append(bn)
     if not removed:
         return new, PassResult("fold_batchnorm", False, "no Conv+BatchNormalization pairs")
-    _replace_nodes(g, [n for n in g.node if all(n is not r for r in removed)])
+    gone = {id(r) for r in removed}
+    _replace_nodes(g, [n for n in g.node if id(n) not in gone])
     _eliminate_dead(g)
     return new, PassResult("fold_batchnorm", True,
                            f"folded {_plural(len(removed), 'BatchNormalization node')} into Conv")
@@ -886,7 +964,7 @@ _FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorPro
 
 
 def _transposed_dequantize(g: onnx.GraphProto, dq: Optional[onnx.NodeProto],
-                           const) -> Optional[onnx.NodeProto]:
+                           const, taken: Optional[Set[str]] = None) -> Optional[onnx.NodeProto]:
     """For ``B = DequantizeLinear(Wq)`` with a constant 2-D ``Wq``: a new DequantizeLinear of
     ``Wq.T`` (new initializer) with the per-axis ``axis`` flipped, or None."""
     if dq is None or dq.op_type != "DequantizeLinear" or dq.domain not in ("", "ai.onnx"):
@@ -898,15 +976,16 @@ def _transposed_dequantize(g: onnx.GraphProto, dq: Optional[onnx.NodeProto],
     attrs = _attrs(dq)
     if attrs.get("block_size", 0):
         return None
-    w_name = _unique_name(g, dq.input[0] + "_T")
+    w_name = _unique_name(g, dq.input[0] + "_T", taken)
     g.initializer.append(numpy_helper.from_array(np.ascontiguousarray(wq.T), w_name))
-    out = _unique_name(g, dq.output[0] + "_T")
+    out = _unique_name(g, dq.output[0] + "_T", taken)
     new_attrs = {}
     if params[0].size > 1:  # per-axis: the quantized axis moves with the transpose
         axis = attrs.get("axis", 1)
         new_attrs["axis"] = 1 - (axis + 2 if axis < 0 else axis)
     return helper.make_node("DequantizeLinear", [w_name] + list(dq.input[1:]), [out],
-                            name=_unique_name(g, (dq.name or "dequantize") + "_T"), **new_attrs)
+                            name=_unique_name(g, (dq.name or "dequantize") + "_T", taken),
+                            **new_attrs)
 
 
 def canonicalize_gemm(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResult]:
@@ -941,12 +1020,17 @@ def canonicalize_gemm(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResu
     shapes = _static_shapes(g)
     types = _elem_types(g)
 
+    vi_ranks: Dict[str, Optional[int]] = {}  # first entry of a name decides, as a scan would
+    for vi in list(g.input) + list(g.value_info) + list(g.output):
+        if vi.name not in vi_ranks or vi_ranks[vi.name] is None:
+            has = vi.type.tensor_type.HasField("shape")
+            vi_ranks[vi.name] = len(vi.type.tensor_type.shape.dim) if has else None
+
     def ranks(name):
         if name in consts:
             return consts[name].ndim
-        for vi in list(g.input) + list(g.value_info) + list(g.output):
-            if vi.name == name and vi.type.tensor_type.HasField("shape"):
-                return len(vi.type.tensor_type.shape.dim)
+        if vi_ranks.get(name) is not None:
+            return vi_ranks[name]
         return shapes.get(name) and len(shapes[name])
 
     def const(name):
@@ -982,19 +1066,21 @@ def canonicalize_gemm(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResu
             n_fused += 1
             break
     if removed:
-        _replace_nodes(g, [n for n in g.node if all(n is not r for r in removed)])
+        gone = {id(r) for r in removed}
+        _replace_nodes(g, [n for n in g.node if id(n) not in gone])
         _eliminate_dead_value_info(g)
 
     # Gemm canonicalisation
     inserted: Dict[int, onnx.NodeProto] = {}  # new DequantizeLinear nodes, keyed by Gemm id
     prods = _producers(g)
+    taken = _taken_names(g)
     for node in g.node:
         if node.op_type != "Gemm" or node.domain not in ("", "ai.onnx"):
             continue
         a = _attrs(node)
         b = const(node.input[1])
         if b is None and a.get("transB", 0):
-            dq = _transposed_dequantize(g, prods.get(node.input[1]), const)
+            dq = _transposed_dequantize(g, prods.get(node.input[1]), const, taken)
             if dq is not None:
                 inserted[id(node)] = dq
                 node.input[1] = dq.output[0]
@@ -1024,11 +1110,11 @@ def canonicalize_gemm(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResu
         elif not has_c and "beta" in a:
             _del_attr(node, "beta")
         if b_new is not b:
-            name = _unique_name(g, node.input[1] + "_canon")
+            name = _unique_name(g, node.input[1] + "_canon", taken)
             g.initializer.append(numpy_helper.from_array(np.asarray(b_new, order="C"), name))
             node.input[1] = name
         if c_new is not None:
-            name = _unique_name(g, node.input[2] + "_canon")
+            name = _unique_name(g, node.input[2] + "_canon", taken)
             g.initializer.append(numpy_helper.from_array(np.asarray(c_new, order="C"), name))
             node.input[2] = name
     if inserted:
@@ -1081,6 +1167,9 @@ def freeze_inputs(model: onnx.ModelProto,
     new = _copy(model)
     g = new.graph
     inputs = {i.name: i for i in g.input}
+    init_pos: Dict[str, int] = {}  # first initializer of each name, as _set_initializer finds
+    for k, t in enumerate(g.initializer):
+        init_pos.setdefault(t.name, k)
     for name, value in values.items():
         if name not in inputs:
             raise ValueError(f"freeze_inputs: {name!r} is not a graph input "
@@ -1097,7 +1186,11 @@ def freeze_inputs(model: onnx.ModelProto,
                 want = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in dims]
                 raise ValueError(f"freeze_inputs: value for {name!r} has shape {arr.shape}, "
                                  f"input declares {want}")
-        _set_initializer(g, name, arr)
+        if name in init_pos:
+            g.initializer[init_pos[name]].CopyFrom(numpy_helper.from_array(arr, name))
+        else:
+            init_pos[name] = len(g.initializer)
+            g.initializer.append(numpy_helper.from_array(arr, name))
     keep = [i for i in g.input if i.name not in values]
     if len(keep) != len(g.input):
         copies = [onnx.ValueInfoProto() for _ in keep]

@@ -468,6 +468,9 @@ def simplify_qdq(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResult]:
     # 1. one-element 1-D scale/zero point -> scalar
     scalars: Dict[str, str] = {}
     n_scalar = 0
+    from .onnx_passes import _taken_names  # (names built once: linear in the scalar count)
+
+    taken = _taken_names(g)
     for n in qdq:
         params = [k for k in (1, 2) if _inp(n, k) in consts]
         if len(params) != len([k for k in (1, 2) if _inp(n, k)]):
@@ -480,7 +483,7 @@ def simplify_qdq(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResult]:
         for k in vector:
             old = n.input[k]
             if old not in scalars:
-                scalars[old] = _unique_name(g, old + "_scalar")
+                scalars[old] = _unique_name(g, old + "_scalar", taken)
                 g.initializer.append(numpy_helper.from_array(consts[old].reshape(()),
                                                              scalars[old]))
                 consts[scalars[old]] = consts[old].reshape(())
@@ -527,7 +530,8 @@ def simplify_qdq(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResult]:
         relu.input[0] = q1.input[0]
         removed += [q1, dq]
     if removed:
-        _replace_nodes(g, [n for n in g.node if all(n is not r for r in removed)])
+        gone = {id(r) for r in removed}
+        _replace_nodes(g, [n for n in g.node if id(n) not in gone])
     if not n_scalar and not removed:
         return new, PassResult("simplify_qdq", False, "nothing to simplify")
     _eliminate_dead(g)
