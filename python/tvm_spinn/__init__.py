@@ -43,7 +43,7 @@ from .target import (  # noqa: E402
     register_system,
 )
 
-__version__ = "0.1.0"
+from ._version import __version__  # noqa: E402
 
 register_default_tags()
 _install_pipeline()

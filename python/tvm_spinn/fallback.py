@@ -404,7 +404,7 @@ def run_fallback(base: tvm.transform.Pass, mod: tvm.IRModule, target: tvm.target
     tvm.IRModule
         The lowered module.
     """
-    from .tune.options import active_build_options
+    from ._build_options import active_build_options
 
     options = active_build_options(spinn)
     if options is None or target is None or target.kind.name not in ("llvm", "cuda"):
@@ -412,7 +412,7 @@ def run_fallback(base: tvm.transform.Pass, mod: tvm.IRModule, target: tvm.target
     with target:
         mod = prepare_fallback(mod)
         if options.tuning_logs is not None:
-            from .tune.database import apply_tuning_logs
+            from ._tuning_db import apply_tuning_logs
 
             mod = apply_tuning_logs(mod, options.tuning_logs, target)
         if options.default_schedules:

@@ -23,7 +23,7 @@ from .codegen import make_manifest_module
 from .partition import partition_for_spinn, summarize_partition
 from .fallback import run_fallback
 from .target.registry import arch_of, is_spinn_target
-from .tune.options import current_build_options
+from ._build_options import current_build_options
 
 __all__ = ["offload_to_spinn", "install"]
 

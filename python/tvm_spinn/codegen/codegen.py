@@ -14,14 +14,13 @@ import tvm_ffi
 
 from .. import _lib
 from ..mapping import map_program
+from ..program.manifest import MANIFEST_MAGIC, MANIFEST_SYMBOL
 from ..target.arch import SpinnArch
 from .lower import lower_function
 
 __all__ = ["compile_function", "codegen_spinn", "MANIFEST_SYMBOL", "MANIFEST_MAGIC", "make_manifest_module"]
 
 LOG = logging.getLogger("tvm_spinn.codegen")
-MANIFEST_SYMBOL = "__spinn_manifest__"
-MANIFEST_MAGIC = b"SPINNMAN"
 
 
 def compile_function(func, symbol: str, arch: SpinnArch):

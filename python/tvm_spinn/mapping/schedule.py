@@ -41,7 +41,7 @@ def _assign(program: Program, arch: SpinnArch, mode: str, options: MappingOption
 
 
 def _build(program: Program, arch: SpinnArch, mode: str, options: MappingOptions) -> None:
-    from ..runtime.timing import evaluate
+    from ..timing import evaluate
 
     n = len(program.layers)
     pe_sets, chips = _assign(program, arch, mode, options)

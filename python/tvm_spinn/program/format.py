@@ -36,7 +36,7 @@ Header JSON fields (all lists in execution order; all ids are indices):
 - ``mapping``: mode, options, chips per layer, PE groups (pipelined mode), residency decisions
 - ``memory``: SRAM plan: per-PE peak bytes, resident weight bytes, checked non-overlapping
   address ranges of the busiest PE
-- ``timing``: the timing model's result at compile time (see ``tvm_spinn.runtime.timing``)
+- ``timing``: the timing model's result at compile time (see ``tvm_spinn.timing``)
 
 Reading is validation: :meth:`Program.from_bytes` checks the framing, then the header against
 :mod:`.validate` (every key, type, tensor id, shape, dtype, constant range, per-layer operands,
@@ -53,6 +53,8 @@ import struct
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from .model import Layer, ProgramError, TensorDesc, Tile
 
 __all__ = [
     "PROGRAM_MAGIC", "PROGRAM_VERSION", "LAYER_KINDS", "MAX_HEADER_BYTES", "ProgramError", "TensorDesc", "Layer",
@@ -72,54 +74,6 @@ LAYER_KINDS = (
     "gelu_tanh", "sigmoid", "tanh", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "softmax",
     "layer_norm", "mean", "reshape", "permute_dims", "broadcast_to", "clip", "quantize", "dequantize",
 )
-
-
-class ProgramError(ValueError):
-    """A spinn program that cannot be read (truncated, corrupt, wrong version, inconsistent).
-
-    The message starts with the defective field (``version``, ``header``,
-    ``layers[3].inputs[0]``...)."""
-
-
-@dataclass
-class TensorDesc:
-    name: str
-    shape: list[int]
-    dtype: str
-    role: str
-    offset: int = -1
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
-
-
-@dataclass
-class Layer:
-    name: str
-    kind: str
-    inputs: list[int]
-    output: int
-    consts: dict[str, int] = field(default_factory=dict)
-    attrs: dict = field(default_factory=dict)
-    gemm: list[int] | None = None
-    flops: int = 0
-    mode: str = "fp32"
-
-
-@dataclass
-class Tile:
-    layer: int
-    pe: int
-    region: list[list[int]]
-    k_splits: int = 1
-    group: int = -1
-    chip: int = 0
-    sram_bytes: int = 0
-    in_bytes: int = 0
-    w_bytes: int = 0
-    out_bytes: int = 0
-    cycles: int = 0
 
 
 @dataclass
@@ -191,7 +145,7 @@ class Program:
         ProgramError
             ``"<field>: <defect>"`` for the first defect found; nothing else escapes.
         """
-        from .validate import validate_header  # validate imports this module
+        from .validate import validate_header
 
         data = bytes(data)
         if len(data) < 24 + 8 + 8 or data[:8] != PROGRAM_MAGIC:

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .format import ProgramError, Tile
+from .model import ProgramError, Tile
 
 __all__ = [
     "validate_header", "MAX_RANK", "MAX_ELEMENTS", "DTYPES", "HEADER_KEYS", "TENSOR_KEYS",
@@ -607,7 +607,7 @@ class _Checker:
             ids = order[bounds[li]:bounds[li + 1]]
             ks = cols["k_splits"][ids]
             chunk = (k + ks - 1) // ks
-            from ..mapping.tiling import safe_k_chunk  # lazy: mapping imports this package
+            from .gemm import safe_k_chunk
 
             limit = safe_k_chunk(self.arch)
             if (chunk > limit).any():

@@ -7,7 +7,7 @@ import os
 import tempfile
 
 from ..program import Program
-from ..runtime.timing import evaluate
+from ..timing import evaluate
 from ..target.arch import SpinnArch
 
 __all__ = ["to_perfetto", "plot"]

@@ -74,7 +74,7 @@ def validate_program(symbol: str, data: bytes, key: str) -> None:
     ProgramError
         Naming the defective field; the module is then not created.
     """
-    from ..codegen.codegen import MANIFEST_MAGIC, MANIFEST_SYMBOL  # lazy: codegen imports tvm
+    from ..program.manifest import MANIFEST_MAGIC, MANIFEST_SYMBOL
 
     if symbol == MANIFEST_SYMBOL:  # a JSON document for reports, never executed
         raw = bytes(data)

@@ -224,7 +224,7 @@ def _has_spinn_modules(mod: tvm.runtime.Module) -> bool:
 
 
 def _metadata() -> dict[str, Any]:
-    from .. import __version__
+    from .._version import __version__
 
     return {"exporter": "tvm_spinn.export_library", "tvm_spinn": __version__, "tvm": tvm.__version__}
 

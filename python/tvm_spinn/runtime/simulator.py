@@ -24,7 +24,7 @@ import numpy as np
 from .. import _lib
 from ..program import Layer, Program, Tile
 from ..program.quant import QUANT_RANGES, requantize, to_signed
-from ..mapping.tiling import gemm_shape
+from ..program.gemm import gemm_shape
 
 __all__ = ["run_program"]
 

@@ -1,0 +1,61 @@
+"""The records of a spinn program (tensors, layers, tiles) and its error type.
+
+A leaf of :mod:`tvm_spinn.program`: :mod:`.format` (the container and its serialization) and
+:mod:`.validate` both build on it; :mod:`.format` re-exports every name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["ProgramError", "TensorDesc", "Layer", "Tile"]
+
+
+class ProgramError(ValueError):
+    """A spinn program that cannot be read (truncated, corrupt, wrong version, inconsistent).
+
+    The message starts with the defective field (``version``, ``header``,
+    ``layers[3].inputs[0]``...)."""
+
+
+@dataclass
+class TensorDesc:
+    name: str
+    shape: list[int]
+    dtype: str
+    role: str
+    offset: int = -1
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+@dataclass
+class Layer:
+    name: str
+    kind: str
+    inputs: list[int]
+    output: int
+    consts: dict[str, int] = field(default_factory=dict)
+    attrs: dict = field(default_factory=dict)
+    gemm: list[int] | None = None
+    flops: int = 0
+    mode: str = "fp32"
+
+
+@dataclass
+class Tile:
+    layer: int
+    pe: int
+    region: list[list[int]]
+    k_splits: int = 1
+    group: int = -1
+    chip: int = 0
+    sram_bytes: int = 0
+    in_bytes: int = 0
+    w_bytes: int = 0
+    out_bytes: int = 0
+    cycles: int = 0
