@@ -1,0 +1,46 @@
+"""ONNX pass manager on long chains: wall time of ``run_passes`` (``remove_identity`` alone for
+the Identity chain) against chain length.  Not a test: prints a table.
+
+    python bench/onnx_passes.py [max_nodes]
+
+Measured on the 2-core dev machine (a test suite running beside it, so +-30%), seconds;
+"before" is the quadratic implementation (commit e9b5b4a), "after" this script's output:
+
+    chain                      before                          after
+    Identity 250/500/1k/2k     0.39 / 1.1 / 4.8 / 44           0.006 / 0.012 / 0.024 / 0.048
+    Identity 10k               (minutes)                       0.26
+    Conv+BN 2k / 4k / 10k      30 / 77 / -                     0.39 / 0.66 / 1.75
+    MatMul+Add 2k / 4k / 10k   0.89 / 7.3 / -                  0.19 / 0.50 / 1.29
+    Q/DQ/Relu 2.5k / 5k        0.58 / 1.8                      (2k / 4k / 10k) 0.11 / 0.26 / 0.81
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+import test_onnx_passes as T  # noqa: E402  (the tests' chain builders)
+from tvm_spinn.frontend import onnx_passes as P  # noqa: E402
+
+
+def main(max_nodes: int = 10_000) -> None:
+    rows = [("Identity", T._chain_model, 1, lambda m: P.remove_identity(m)),
+            ("Dropout/Identity", lambda n: T._chain_model(n, ("Dropout", "Identity")), 1, None),
+            ("constant Add", T._const_chain_model, 1, None),
+            ("Q/DQ/Relu/Q/DQ", T._qdq_chain_model, 5, None),
+            ("Conv+BN", T._conv_bn_chain_model, 2, None),
+            ("MatMul+Add", T._matmul_add_chain_model, 2, None)]
+    print(f"{'chain':18s} {'nodes':>7s} {'seconds':>8s}")
+    for name, build, per_block, fn in rows:
+        for nodes in sorted({n for n in (250, 500, 1_000, 2_000, 4_000) if n < max_nodes}
+                            | {max_nodes}):
+            m = build(max(nodes // per_block, 1))
+            t = time.perf_counter()
+            (fn or (lambda m: P.run_passes(m, check=False)))(m)
+            print(f"{name:18s} {len(m.graph.node):7d} {time.perf_counter() - t:8.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 10_000)
