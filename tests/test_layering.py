@@ -22,16 +22,11 @@ PKG = "tvm_spinn"
 LEAVES = {"tvm_spinn._lib", "tvm_spinn._scoped", "tvm_spinn._version", "tvm_spinn.target.arch"}
 
 #: Known cycles still to break, as frozensets of their modules. The test fails when one of them
-#: is gone (remove it here) and for any cycle not listed.
-#: onnx_passes <-> onnx_quant: onnx_quant uses onnx_passes' graph helpers while onnx_passes
-#: forwards ``expand_qlinear`` / ``simplify_qdq`` to onnx_quant; breaking it moves the helpers
-#: out of onnx_passes (a shared ``frontend/onnx_graph.py``).
+#: is gone (remove it here) and for any cycle not listed. None are left.
 #: Compatibility modules that only re-export a moved module under its former name.
 SHIMS = {"tvm_spinn.runtime.timing": "tvm_spinn.timing"}
 
-KNOWN_CYCLES = {
-    frozenset({"tvm_spinn.frontend.onnx_passes", "tvm_spinn.frontend.onnx_quant"}),
-}
+KNOWN_CYCLES: set = set()
 
 
 def _modules() -> dict[str, tuple[pathlib.Path, bool]]:

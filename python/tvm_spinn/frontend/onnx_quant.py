@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .onnx_passes import (PassResult, _attrs, _constants, _consumers, _copy, _eliminate_dead,
+from .onnx_graph import (PassResult, _attrs, _constants, _consumers, _copy, _eliminate_dead,
                           _elem_types, _opset, _partial_shapes, _plural, _producers,
                           _replace_nodes, _unique_name)
 
@@ -468,7 +468,7 @@ def simplify_qdq(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResult]:
     # 1. one-element 1-D scale/zero point -> scalar
     scalars: Dict[str, str] = {}
     n_scalar = 0
-    from .onnx_passes import _taken_names  # (names built once: linear in the scalar count)
+    from .onnx_graph import _taken_names  # (names built once: linear in the scalar count)
 
     taken = _taken_names(g)
     for n in qdq:
