@@ -385,6 +385,24 @@ def test_canonicalize_gemm_matmul_add():
     _same(m, new, {"x": _rand((3, 4)), "x3": _rand((2, 3, 4), 1)})
 
 
+def test_canonicalize_gemm_fuses_unnamed_matmuls_under_distinct_names():
+    """Two unnamed MatMul+Add pairs become two Gemms with distinct node names (onnxruntime
+    refuses a graph with duplicate node names)."""
+    rng = np.random.default_rng(4)
+    inits = [_init(f"W{i}", rng.standard_normal((4, 4)).astype(np.float32)) for i in (1, 2)]
+    inits += [_init(f"b{i}", rng.standard_normal(4).astype(np.float32)) for i in (1, 2)]
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["m1"]),
+             helper.make_node("Add", ["m1", "b1"], ["h"]),
+             helper.make_node("MatMul", ["h", "W2"], ["m2"]),
+             helper.make_node("Add", ["m2", "b2"], ["y"])]
+    m = _model(nodes, [helper.make_tensor_value_info("x", FLOAT, [3, 4])],
+               [helper.make_tensor_value_info("y", FLOAT, None)], inits)
+    new, res = P.canonicalize_gemm(P.shape_inference(m)[0])
+    names = [n.name for n in new.graph.node]
+    assert _ops(new) == Counter({"Gemm": 2}) and len(set(names)) == 2, names
+    _same(m, new, {"x": _rand((3, 4))})
+
+
 def test_canonicalize_gemm_noop():
     m = _model([helper.make_node("Gemm", ["x", "y"], ["z"], transB=1)],
                [helper.make_tensor_value_info("x", FLOAT, [3, 4]),

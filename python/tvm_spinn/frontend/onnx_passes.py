@@ -772,6 +772,7 @@ def canonicalize_gemm(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResu
     cons = _consumers(g)
     prods = _producers(g)
     removed = []
+    node_names = {n.name for n in g.node if n.name}  # onnxruntime rejects duplicate node names
     for add in list(g.node):
         if add.op_type != "Add" or len(add.input) != 2:
             continue
@@ -791,7 +792,8 @@ def canonicalize_gemm(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResu
             if bias.shape[0] != 1 and out_n is not None and bias.shape[0] != out_n:
                 continue
             gemm = helper.make_node("Gemm", [mm.input[0], mm.input[1], add.input[1 - k]],
-                                    [add.output[0]], name=(mm.name or "matmul") + "_gemm")
+                                    [add.output[0]],
+                                    name=_unique_name(g, (mm.name or "matmul") + "_gemm", node_names))
             mm.CopyFrom(gemm)
             removed.append(add)
             n_fused += 1
