@@ -13,11 +13,18 @@ Numerics are those of the hardware path each layer runs on:
   adds chunk sums in 32-bit, applies the zero-point terms and the epilogue
   (:mod:`tvm_spinn.program.quant`). ``quantize`` is ``clamp(rint(x / s) + z)`` in fp32 (round
   half to even, VCVTR); ``dequantize`` is ``fl(q - z) * s``.
+- Execution modes (``TVM_SPINN_SIM_MODE`` or ``run_program(..., mode=...)``): ``"layers"``
+  (default) runs each GEMM layer with one kernel call per output block over the full K (int8:
+  one call per accumulator-safe k-chunk, the program's chunk length, as the tiles do); ``"tiles"``
+  executes the mapping tile by tile and k-chunk by k-chunk (the reference). Each output reduces in
+  ascending k from 0 whatever the tiling, so both give the same bits (tests/test_sim_modes.py).
 - ``exp`` comes from the exp/log unit, modelled as numpy's float32 ``exp``; ``erf`` (GELU) is the
   M4F library's rational approximation in fp32 (Abramowitz-Stegun 7.1.26, |error| < 1.5e-7).
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
@@ -26,7 +33,18 @@ from ..program import Layer, Program, Tile
 from ..program.quant import QUANT_RANGES, requantize, to_signed
 from ..program.gemm import gemm_shape
 
-__all__ = ["run_program"]
+__all__ = ["MODES", "run_program", "sim_mode"]
+
+#: Simulator execution modes; ``TVM_SPINN_SIM_MODE`` picks one (default ``"layers"``).
+MODES = ("layers", "tiles")
+
+
+def sim_mode(mode: str | None = None) -> str:
+    """The execution mode: ``mode`` if given, else ``$TVM_SPINN_SIM_MODE``, else ``"layers"``."""
+    mode = mode or os.environ.get("TVM_SPINN_SIM_MODE") or "layers"
+    if mode not in MODES:
+        raise ValueError(f"simulator mode {mode!r}: expected one of {MODES} (TVM_SPINN_SIM_MODE)")
+    return mode
 
 _F32 = np.float32
 _F32_LOWEST = np.finfo(np.float32).min
@@ -162,11 +180,15 @@ class _LayerRunner:
 
     def _run_gemm(self, tile: Tile) -> None:
         (b0, _), (m0, m1), (n0, n1) = tile.region
+        self._gemm_block(b0, m0, m1, n0, n1, -(-self.g.k // tile.k_splits))
+
+    def _gemm_block(self, b0: int, m0: int, m1: int, n0: int, n1: int, step: int) -> None:
+        """Outputs ``[b0, m0:m1, n0:n1]``: k-chunks of ``step`` in ascending order into one fp32
+        accumulator (the same bits for any ``step``), then bias and ReLU."""
         g = self.g
         a = self.a[self.a_index(b0), m0:m1]
         bm = self.b[b0, :, n0:n1]
         acc = np.zeros((m1 - m0, n1 - n0), dtype=_F32)
-        step = -(-g.k // tile.k_splits)
         for k0 in range(0, g.k, step):
             _lib.gemm_f32(np.ascontiguousarray(a[:, k0:k0 + step]), np.ascontiguousarray(bm[k0:k0 + step]), acc)
         if self.bias is not None:
@@ -201,11 +223,15 @@ class _LayerRunner:
 
     def _run_qgemm(self, tile: Tile) -> None:
         (b0, _), (m0, m1), (n0, n1) = tile.region
+        self._qgemm_block(b0, m0, m1, n0, n1, -(-self.g.k // tile.k_splits))
+
+    def _qgemm_block(self, b0: int, m0: int, m1: int, n0: int, n1: int, step: int) -> None:
+        """Outputs ``[b0, m0:m1, n0:n1]``: one ``acc_bits`` accumulation per k-chunk of ``step``
+        (the wrap points depend on ``step``: callers pass the program's chunk length)."""
         g, attrs = self.g, self.layer.attrs
         a = np.ascontiguousarray(self.a[self.a_index(b0), m0:m1])
         bm = np.ascontiguousarray(self.b[b0, :, n0:n1])
         acc = np.zeros((m1 - m0, n1 - n0), dtype=np.int32)
-        step = -(-g.k // tile.k_splits)
         part = np.empty_like(acc)
         for k0 in range(0, g.k, step):  # chunks fit the accumulator (tiling.safe_k_chunk)
             part.fill(0)
@@ -353,6 +379,24 @@ class _LayerRunner:
                 res = _relu(res)
         self.out.reshape(-1)[e0:e1] = res
 
+    def run_layer(self, tiles: list[Tile]) -> bool:
+        """Run a GEMM layer whole: one block per batch/group over all outputs (fp32: full K in
+        one call; int8: the tiles' k-chunk length). False (nothing done) where the layer is not a
+        GEMM, has no tiles, or its tiles chunk k differently (int8 only; run those tile by tile)."""
+        if self.layer.kind not in ("conv2d", "dense", "matmul") or not tiles:
+            return False
+        g = self.g
+        if self.layer.mode == "int8":
+            steps = {-(-g.k // t.k_splits) for t in tiles}
+            if len(steps) != 1:
+                return False
+            step, block = steps.pop(), self._qgemm_block
+        else:
+            step, block = max(g.k, 1), self._gemm_block
+        for b0 in range(g.batch):
+            block(b0, 0, g.m, 0, g.n, step)
+        return True
+
     def run(self, tile: Tile) -> None:
         k = self.layer.kind
         if k in ("conv2d", "dense", "matmul") and self.layer.mode == "int8":
@@ -369,8 +413,12 @@ class _LayerRunner:
             self._run_elementwise(tile)
 
 
-def run_program(program: Program, inputs: list[np.ndarray]) -> list[np.ndarray]:
-    """Execute ``program`` on ``inputs`` (in ``program.inputs`` order); returns its outputs."""
+def run_program(program: Program, inputs: list[np.ndarray], mode: str | None = None) -> list[np.ndarray]:
+    """Execute ``program`` on ``inputs`` (in ``program.inputs`` order); returns its outputs.
+
+    ``mode`` (default ``$TVM_SPINN_SIM_MODE``, else ``"layers"``): ``"layers"`` runs GEMM layers
+    whole, ``"tiles"`` executes every tile of the mapping (reference); the bits are the same."""
+    per_layer = sim_mode(mode) == "layers"
     env: dict[int, np.ndarray] = dict(program.constants)
     for tid, value in zip(program.inputs, inputs):
         env[tid] = value
@@ -384,7 +432,9 @@ def run_program(program: Program, inputs: list[np.ndarray]) -> list[np.ndarray]:
         # results, not errors, so numpy must not warn about them (nor raise under -W error).
         with np.errstate(all="ignore"):
             runner = _LayerRunner(program, layer, env)
-            for tile in by_layer.get(index, []):
-                runner.run(tile)
+            tiles = by_layer.get(index, [])
+            if not (per_layer and runner.run_layer(tiles)):
+                for tile in tiles:
+                    runner.run(tile)
         env[layer.output] = runner.out
     return [env[tid] for tid in program.outputs]

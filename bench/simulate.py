@@ -1,0 +1,104 @@
+"""Functional-simulator speed: per-layer GEMM execution ("layers", the default) against the
+tile-by-tile reference ("tiles"), per model, plus onnxruntime on the same model where it exports.
+
+Times one inference through the Relax VM (the simulator is nearly all of it), median of --repeat
+runs after a warm-up, with TVM_SPINN_SIM_MODE set per mode; also checks the two modes' bits agree.
+
+    python bench/simulate.py                     # all models
+    python bench/simulate.py --models bert-layer --repeat 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+import tvm
+from tvm import relax
+
+import tvm_spinn
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+import models  # noqa: E402
+from test_zoo import ZOO, _Field  # noqa: E402
+
+
+def _bert_layer():
+    import transformers as tf
+
+    cfg = tf.BertConfig(vocab_size=100, hidden_size=768, num_hidden_layers=1, num_attention_heads=12,
+                        intermediate_size=3072, max_position_embeddings=128)
+    tokens = torch.randint(0, 100, (1, 128), generator=torch.Generator().manual_seed(0))
+    return _Field(tf.BertModel(cfg), "last_hidden_state"), tokens
+
+
+MODELS = {
+    "cnn": lambda: models.make("cnn"),
+    "mlp": lambda: models.make("mlp"),
+    "transformer": lambda: models.make("transformer"),
+    **{f"zoo-{k}": v for k, v in ZOO.items()},
+    "bert-layer": _bert_layer,  # one BERT-base encoder layer, sequence 128
+}
+
+
+def _time(fn, repeat):
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def _onnxruntime_ms(model, x, repeat):
+    try:
+        import onnxruntime as ort
+
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "m.onnx")
+            torch.onnx.export(model, (x,), path, dynamo=False, input_names=["x"], opset_version=17)
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = 1
+            sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+            feed = {sess.get_inputs()[0].name: x.numpy()}
+            return _time(lambda: sess.run(None, feed), repeat)
+    except Exception:  # not exportable: skip the column
+        return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    print(f"{'model':<18}{'tiles ms':>11}{'layers ms':>11}{'ratio':>8}{'ort ms':>9}  same bits")
+    for name in args.models:
+        torch.manual_seed(0)
+        model, x = MODELS[name]()
+        model = model.eval()
+        ex = relax.build(tvm_spinn.frontend.from_pytorch(model, (x,)), target="spinn")
+        vm = relax.VirtualMachine(ex, tvm.cpu())
+        arg = tvm.runtime.tensor(x.numpy())
+        ms, out = {}, {}
+        for mode in ("tiles", "layers"):
+            os.environ["TVM_SPINN_SIM_MODE"] = mode
+            out[mode] = vm["main"](arg).numpy()
+            ms[mode] = _time(lambda: vm["main"](arg), args.repeat)
+        os.environ.pop("TVM_SPINN_SIM_MODE")
+        with torch.no_grad():
+            ort_ms = _onnxruntime_ms(model, x, args.repeat)
+        same = np.array_equal(out["tiles"].view(np.uint8), out["layers"].view(np.uint8))
+        ort = f"{ort_ms:9.2f}" if ort_ms is not None else f"{'-':>9}"
+        print(f"{name:<18}{ms['tiles']:11.1f}{ms['layers']:11.1f}{ms['tiles'] / ms['layers']:8.1f}{ort}  {same}",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
