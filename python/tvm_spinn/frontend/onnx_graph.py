@@ -266,25 +266,26 @@ def _eliminate_dead(graph: onnx.GraphProto) -> Tuple[int, int]:
     keep_init = [t for t in graph.initializer if t.name in live or t.name in input_names]
     removed_inits = len(graph.initializer) - len(keep_init)
     if removed_inits:
-        copies = []
-        for t in keep_init:
-            c = onnx.TensorProto()
-            c.CopyFrom(t)
-            copies.append(c)
-        del graph.initializer[:]
-        graph.initializer.extend(copies)
+        _replace_repeated(graph.initializer, keep_init)
     # Drop value_info of names that no longer exist.
     existing = live | {o for n in graph.node for o in n.output}
     vis = [v for v in graph.value_info if v.name in existing]
     if len(vis) != len(graph.value_info):
-        copies = []
-        for v in vis:
-            c = onnx.ValueInfoProto()
-            c.CopyFrom(v)
-            copies.append(c)
-        del graph.value_info[:]
-        graph.value_info.extend(copies)
+        _replace_repeated(graph.value_info, vis)
     return removed_nodes, removed_inits
+
+
+def _replace_repeated(field, keep: list) -> None:
+    """Make the repeated proto ``field`` hold copies of ``keep`` (elements of it, in order).
+
+    The copies are taken before clearing: ``keep`` holds references into ``field``."""
+    copies = []
+    for item in keep:
+        c = type(item)()
+        c.CopyFrom(item)
+        copies.append(c)
+    del field[:]
+    field.extend(copies)
 
 
 def _replace_nodes(graph: onnx.GraphProto, nodes: List[onnx.NodeProto]) -> None:

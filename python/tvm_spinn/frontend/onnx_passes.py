@@ -73,6 +73,7 @@ from .onnx_graph import (
     _elem_types,
     _eliminate_dead,
     _replace_nodes,
+    _replace_repeated,
     _plural,
 )
 
@@ -297,12 +298,7 @@ def remove_identity(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResult
             _resolve_uses(g, resolve)
             _replace_nodes(g, [n for n in nodes if id(n) not in removed])
     if drop_vi:
-        vis = [v for v in g.value_info if v.name not in drop_vi]
-        _keep = [onnx.ValueInfoProto() for _ in vis]
-        for a, b in zip(_keep, vis):
-            a.CopyFrom(b)
-        del g.value_info[:]
-        g.value_info.extend(_keep)
+        _replace_repeated(g.value_info, [v for v in g.value_info if v.name not in drop_vi])
     _eliminate_dead_value_info(g)
     total = sum(counts.values())
     if not total:
@@ -315,11 +311,7 @@ def _eliminate_dead_value_info(g: onnx.GraphProto) -> None:
     produced = {o for n in g.node for o in n.output}
     vis = [v for v in g.value_info if v.name in produced]
     if len(vis) != len(g.value_info):
-        keep = [onnx.ValueInfoProto() for _ in vis]
-        for a, b in zip(keep, vis):
-            a.CopyFrom(b)
-        del g.value_info[:]
-        g.value_info.extend(keep)
+        _replace_repeated(g.value_info, vis)
 
 
 # --------------------------------------------------------------------------
@@ -595,12 +587,7 @@ def fold_constants(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResult]
             g.initializer.append(numpy_helper.from_array(np.asarray(val, order="C"), name))
     # value_info of folded names is redundant with the initializer.
     init_names = {t.name for t in g.initializer}
-    vis = [v for v in g.value_info if v.name not in init_names]
-    keep = [onnx.ValueInfoProto() for _ in vis]
-    for a, b in zip(keep, vis):
-        a.CopyFrom(b)
-    del g.value_info[:]
-    g.value_info.extend(keep)
+    _replace_repeated(g.value_info, [v for v in g.value_info if v.name not in init_names])
     _eliminate_dead(g)
     total = sum(folded.values())
     detail = f"folded {_plural(total, 'node')} (" + ", ".join(
@@ -926,11 +913,7 @@ def freeze_inputs(model: onnx.ModelProto,
             g.initializer.append(numpy_helper.from_array(arr, name))
     keep = [i for i in g.input if i.name not in values]
     if len(keep) != len(g.input):
-        copies = [onnx.ValueInfoProto() for _ in keep]
-        for a, b in zip(copies, keep):
-            a.CopyFrom(b)
-        del g.input[:]
-        g.input.extend(copies)
+        _replace_repeated(g.input, keep)
     if not values:
         return new, PassResult("freeze_inputs", False, "no inputs frozen")
     return new, PassResult("freeze_inputs", True,
