@@ -13,7 +13,7 @@ import tvm_spinn
 from tvm_spinn.mapping import map_program
 from tvm_spinn.mapping.tiling import safe_k_chunk
 from tvm_spinn.program import Layer, Program, TensorDesc
-from tvm_spinn.runtime.timing import roofline
+from tvm_spinn.timing import roofline
 from tvm_spinn.target import CHIPS
 
 # Published figures of the production chip (arXiv 2607.24396; SpiNN2 datasheet v0.03; SpiNNMachine).

@@ -66,8 +66,8 @@ def from_onnx(model_or_path, shape_dict: dict | None = None, passes: bool | tupl
         onnx.checker.check_model(model)
     except Exception as err:
         raise OnnxImportError(f"ONNX model {where} failed onnx.checker: {err}") from None
-    shape_dict = _checked_shape_dict(model, where, shape_dict)
     initializers = {init.name for init in model.graph.initializer}
+    shape_dict = _checked_shape_dict(model, where, shape_dict, initializers)
     for inp in model.graph.input:
         if inp.name in initializers or inp.name in shape_dict:
             continue
@@ -102,11 +102,11 @@ def from_onnx(model_or_path, shape_dict: dict | None = None, passes: bool | tupl
                                           "passes": applied})
 
 
-def _checked_shape_dict(model, where: str, shape_dict: dict | None) -> dict:
-    """``shape_dict`` with every entry checked against the graph input it names."""
+def _checked_shape_dict(model, where: str, shape_dict: dict | None, initializers: set) -> dict:
+    """``shape_dict`` with every entry checked against the graph input it names (inputs that
+    are not ``initializers``)."""
     from .shapes import check_shape
 
-    initializers = {init.name for init in model.graph.initializer}
     inputs = {inp.name: inp for inp in model.graph.input if inp.name not in initializers}
     unknown = sorted(set(shape_dict or {}) - set(inputs))
     if unknown:

@@ -102,19 +102,6 @@ def _producers(graph: onnx.GraphProto) -> Dict[str, onnx.NodeProto]:
     return {o: n for n in graph.node for o in n.output if o}
 
 
-def _rename_uses(graph: onnx.GraphProto, old: str, new: str) -> None:
-    """Replace reads of ``old`` by ``new`` in nodes (recursively) and outputs."""
-    for n in graph.node:
-        for k, i in enumerate(n.input):
-            if i == old:
-                n.input[k] = new
-        for g in _subgraphs(n):
-            _rename_uses(g, old, new)
-    for o in graph.output:
-        if o.name == old:
-            o.name = new
-
-
 def _resolve_uses(graph: onnx.GraphProto, resolve: Callable[[str], str],
                   outputs: bool = False) -> None:
     """Replace every read ``x`` by ``resolve(x)`` in nodes (recursively into subgraphs, whose
@@ -257,11 +244,7 @@ def _eliminate_dead(graph: onnx.GraphProto) -> Tuple[int, int]:
     removed_nodes = len(graph.node) - len(kept)
     if removed_nodes:
         kept.reverse()
-        new_nodes = [onnx.NodeProto() for _ in kept]
-        for dst, src in zip(new_nodes, kept):
-            dst.CopyFrom(src)
-        del graph.node[:]
-        graph.node.extend(new_nodes)
+        _replace_repeated(graph.node, kept)
     input_names = {i.name for i in graph.input}
     keep_init = [t for t in graph.initializer if t.name in live or t.name in input_names]
     removed_inits = len(graph.initializer) - len(keep_init)
@@ -289,21 +272,7 @@ def _replace_repeated(field, keep: list) -> None:
 
 
 def _replace_nodes(graph: onnx.GraphProto, nodes: List[onnx.NodeProto]) -> None:
-    copies = []
-    for n in nodes:
-        c = onnx.NodeProto()
-        c.CopyFrom(n)
-        copies.append(c)
-    del graph.node[:]
-    graph.node.extend(copies)
-
-
-def _set_initializer(graph: onnx.GraphProto, name: str, value: np.ndarray) -> None:
-    for k, t in enumerate(graph.initializer):
-        if t.name == name:
-            graph.initializer[k].CopyFrom(numpy_helper.from_array(value, name))
-            return
-    graph.initializer.append(numpy_helper.from_array(value, name))
+    _replace_repeated(graph.node, nodes)
 
 
 def _plural(n: int, word: str) -> str:

@@ -887,7 +887,7 @@ def freeze_inputs(model: onnx.ModelProto,
     new = _copy(model)
     g = new.graph
     inputs = {i.name: i for i in g.input}
-    init_pos: Dict[str, int] = {}  # first initializer of each name, as _set_initializer finds
+    init_pos: Dict[str, int] = {}  # first initializer of each name
     for k, t in enumerate(g.initializer):
         init_pos.setdefault(t.name, k)
     for name, value in values.items():
