@@ -53,3 +53,27 @@ def test_varied_calibration_quantizes():
              "b": rng.normal(size=(2, 8)).astype("float32")} for _ in range(3)]
     qmod = tvm_spinn.quantize(mod, data)
     assert len(qmod.attrs["spinn_quantization"]) == 2
+
+
+class _DeadBranch(nn.Module):
+    """``relu(-|x|)`` is 0 for every input: a constant tensor feeding a GEMM, inputs varied."""
+
+    def __init__(self):
+        super().__init__()
+        self.fa, self.fb = nn.Linear(8, 6), nn.Linear(8, 6)
+
+    def forward(self, x):
+        return self.fa(x) + self.fb(torch.relu(-torch.abs(x)))
+
+
+def test_constant_tensor_with_varied_inputs_warns_and_quantizes(caplog):
+    torch.manual_seed(0)
+    model = _DeadBranch()
+    x = torch.randn(2, 8)
+    mod = tvm_spinn.frontend.from_pytorch(model, (x,))
+    rng = np.random.default_rng(0)
+    data = [rng.normal(size=(2, 8)).astype("float32") for _ in range(3)]
+    with caplog.at_level("WARNING", logger="tvm_spinn.quant.calibrate"):
+        qmod = tvm_spinn.quantize(mod, data)
+    assert "although the inputs vary" in caplog.text
+    assert len(qmod.attrs["spinn_quantization"]) == 2

@@ -11,6 +11,7 @@ Range -> (scale, zero point), math in float64, scales stored as float32 (see
 
 from __future__ import annotations
 
+import logging
 from typing import Sequence
 
 import numpy as np
@@ -19,6 +20,8 @@ import tvm
 from tvm import relax
 
 from .scheme import QuantizationError, QuantScheme
+
+LOG = logging.getLogger(__name__)
 
 __all__ = [
     "InputSpec", "input_specs", "normalize_samples", "instrument", "collect_ranges",
@@ -333,12 +336,17 @@ def _refuse_empty_ranges(mod: tvm.IRModule, samples: list[list[np.ndarray]],
     constant = [name for j, name in enumerate(names) if j < len(samples[0]) and not varies(j)]
     i = empty[0]
     more = f" (and {len(empty) - 1} more tensor(s))" if len(empty) > 1 else ""
-    cause = (f"calibration input(s) {constant} hold one constant value in every sample"
-             if constant else "the calibration samples do not make it vary")
+    where = f"the {labels[i]} is constant ({lo[i]:g}) over all {len(samples)} sample(s){more}"
+    if not constant:
+        # The inputs vary but this tensor does not (a dead ReLU, a zero-initialised branch):
+        # a real property of the model, quantized with the zero-range fallback scale.
+        LOG.warning("calibration: %s although the inputs vary; it is quantized with scale 1",
+                    where)
+        return
     raise QuantizationError(
-        f"calibration: the {labels[i]} is constant ({lo[i]:g}) over all {len(samples)} "
-        f"sample(s){more}, so its quantization range is empty: {cause}. Calibrate with "
-        "representative inputs (not all zeros).")
+        f"calibration: {where}, so its quantization range is empty: calibration input(s) "
+        f"{constant} hold one constant value in every sample. Calibrate with representative "
+        "inputs (not all zeros).")
 
 
 def collect_ranges(mod: tvm.IRModule, targets: Sequence[relax.Var], labels: Sequence[str],
