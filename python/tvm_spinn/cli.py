@@ -127,12 +127,8 @@ def _quantize(mod, calibration: str, scheme: str | None):
         raise SystemExit(f"tvm-spinn: calibration arrays in {calibration!r} need the same leading "
                          f"sample axis, got {counts}")
     n = next(iter(counts.values()))
-    positional = all(name.startswith("arr_") for name in arrays)
-    if positional:
-        keys = sorted(arrays, key=lambda k: int(k[4:]))
-        samples = [[arrays[k][i] for k in keys] for i in range(n)]
-    else:
-        samples = [{k: arrays[k][i] for k in sorted(arrays)} for i in range(n)]
+    ordered = _order_inputs(params, arrays, calibration)  # same matching as `run --inputs`
+    samples = [[a[i] for a in ordered] for i in range(n)]
     return quantize(mod, samples, QuantScheme.parse(scheme) if scheme else None)
 
 
