@@ -92,34 +92,9 @@ def recursive_functions(mod: tvm.IRModule) -> list[str]:
     Returns
     -------
     list of str
-        Sorted names of the functions on a cycle of the call graph (empty for most models).
+        Sorted names of the functions on a cycle of references (empty for most models).
     """
-    calls: dict[str, set[str]] = {}
-    for gvar, func in mod.functions_items():
-        if not isinstance(func, relax.Function):
-            continue
-        callees: set[str] = set()
-
-        def visit(expr, callees=callees):
-            if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.GlobalVar):
-                callees.add(expr.op.name_hint)
-
-        relax.analysis.post_order_visit(func.body, visit)
-        calls[gvar.name_hint] = callees
-
-    def reaches(start: str, goal: str) -> bool:
-        seen, stack = set(), [start]
-        while stack:
-            name = stack.pop()
-            for callee in calls.get(name, ()):
-                if callee == goal:
-                    return True
-                if callee not in seen:
-                    seen.add(callee)
-                    stack.append(callee)
-        return False
-
-    return sorted(name for name in calls if reaches(name, name))
+    return sorted({g.name_hint for group in relax.analysis.detect_recursion(mod) for g in group})
 
 
 def _training_batch_norm(call: relax.Call) -> relax.Expr:
@@ -139,20 +114,18 @@ def _training_batch_norm(call: relax.Call) -> relax.Expr:
     def const(value: float) -> relax.Constant:
         return relax.const(value, dtype)
 
-    mean = relax.op.mean(x, axis=reduce_axes, keepdims=True)
-    centered = relax.op.subtract(x, mean)
-    var = relax.op.mean(relax.op.multiply(centered, centered), axis=reduce_axes, keepdims=True)
+    # Each statistic is reduced once, per channel; normalizing broadcasts it back over the
+    # reduced axes (expand_dims needs no type, which the rewriter's new expressions lack).
+    batch_mean = relax.op.mean(x, axis=reduce_axes)
+    centered = relax.op.subtract(x, relax.op.expand_dims(batch_mean, reduce_axes))
+    batch_var = relax.op.mean(relax.op.multiply(centered, centered), axis=reduce_axes)
+    var = relax.op.expand_dims(batch_var, reduce_axes)
     out = relax.op.divide(centered, relax.op.sqrt(relax.op.add(var, const(float(attrs.epsilon)))))
     if bool(attrs.scale):
         out = relax.op.multiply(out, relax.op.reshape(gamma, channel_shape))
     if bool(attrs.center):
         out = relax.op.add(out, relax.op.reshape(beta, channel_shape))
     momentum = float(attrs.momentum)
-
-    # per-channel statistics for the update, reduced again without keepdims: the rewriter's
-    # expressions are not normalized yet, and reshaping one needs its type
-    batch_mean = relax.op.mean(x, axis=reduce_axes)
-    batch_var = relax.op.mean(relax.op.multiply(centered, centered), axis=reduce_axes)
 
     def update(running: relax.Expr, batch: relax.Expr) -> relax.Expr:
         return relax.op.add(relax.op.multiply(const(1.0 - momentum), running),
