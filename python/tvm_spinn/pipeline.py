@@ -86,7 +86,7 @@ def offload_to_spinn(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModu
     if failure:
         summary.fallback_reasons["<module>"] = failure
     embedded = _spinn_constants(mod)
-    if _is_partitioned(mod):  # nothing offloaded, nothing to generate: RunCodegen is not needed
+    if _is_partitioned(mod):  # RunCodegen only when something is offloaded (loops crash it)
         mod = relax.transform.RunCodegen({"spinn": {"arch": json.dumps(arch.to_dict(), sort_keys=True)}})(mod)
     mod = _drop_embedded_constants(mod, embedded)
     manifest = {

@@ -5,6 +5,4 @@ name stays importable.
 """
 
 from .._tuning_db import *  # noqa: F401,F403
-from .._tuning_db import (  # noqa: F401
-    MANIFEST_FORMAT, __all__, _lines, _parse, _set_aside_partial_tail, _target_kind, _write_manifest,
-)
+from .._tuning_db import __all__  # noqa: F401
