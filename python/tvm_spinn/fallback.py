@@ -269,9 +269,12 @@ def _KeepUnitReductionsUnscheduled(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # 
     return mod
 
 
+_PROBE_LANES = 4  # whether an intrinsic has a vector lowering does not depend on the width
+
+
 @functools.lru_cache(maxsize=None)
-def _vectorizes(target: str, op: str, ret: str, args: tuple[str, ...], lanes: int) -> bool:
-    """Whether LLVM codegen accepts ``op(args) -> ret`` inside a loop vectorized ``lanes`` wide.
+def _vectorizes(target: str, op: str, ret: str, args: tuple[str, ...]) -> bool:
+    """Whether LLVM codegen accepts ``op(args) -> ret`` inside a vectorized loop.
 
     Some intrinsics have only a scalar lowering on llvm (``tirx.cosh``/``tirx.sinh`` in any
     float type, many float16 ones, ``tirx.fmod``...): vectorized, codegen fails with
@@ -280,8 +283,8 @@ def _vectorizes(target: str, op: str, ret: str, args: tuple[str, ...], lanes: in
     from tvm import te
 
     try:
-        ins = [te.placeholder((lanes,), dtype=dt, name=f"a{k}") for k, dt in enumerate(args)]
-        out = te.compute((lanes,), lambda i: tvm.tirx.call_intrin(ret, op, *[a[i] for a in ins]),
+        ins = [te.placeholder((_PROBE_LANES,), dtype=dt, name=f"a{k}") for k, dt in enumerate(args)]
+        out = te.compute((_PROBE_LANES,), lambda i: tvm.tirx.call_intrin(ret, op, *[a[i] for a in ins]),
                          name="out")
         sch = tvm.s_tir.Schedule(te.create_prim_func([*ins, out]))
         sch.vectorize(sch.get_loops(sch.get_sblock("out"))[0])
@@ -291,15 +294,22 @@ def _vectorizes(target: str, op: str, ret: str, args: tuple[str, ...], lanes: in
         return False
 
 
+def _numeric(dtype: str) -> bool:
+    return dtype.startswith(("float", "int", "uint", "bfloat")) and "x" not in dtype
+
+
 def _scalar_only_calls(loop, target: str) -> list[str]:
     """Calls in ``loop``'s body (a vectorized ``For``) that LLVM cannot vectorize."""
-    lanes = int(loop.extent) if isinstance(loop.extent, tvm.tirx.IntImm) else 4
     bad: list[str] = []
 
     def visit(call):
         if isinstance(call.op, tvm.ir.Op) and call.op.name.startswith("tirx."):
             sig = (call.op.name, str(call.ty), tuple(str(a.ty) for a in call.args))
-            if not _vectorizes(target, *sig, lanes):
+            # only math on numbers is probed: builtins taking handles or strings cannot be
+            # rebuilt from placeholders, and they are not the unvectorizable intrinsics
+            if not _numeric(sig[1]) or not all(_numeric(t) for t in sig[2]):
+                return
+            if not _vectorizes(target, *sig):
                 bad.append(call.op.name)
 
     tvm_ffi.structural_walk(loop.body, (tvm.ir.Call, visit), order="pre")
