@@ -108,8 +108,10 @@ class SpinnArch:
         Energy per int8 MAC on the array, *derived* from [OJCAS26]: at 300 MHz the chip runs
         4.563 TOPS at 2.06 TOPS/W, i.e. 4.563 / 2.06 = 2.215 W for 2.2815e12 MAC/s; less the
         assumed :attr:`p_static_w_per_chip` (0.5 W) that leaves (2.215 - 0.5) / 2.2815e12 =
-        0.752 pJ per MAC (operand SRAM reads included). A chip fully busy at the measured rate
-        therefore reproduces the published 2.06 TOPS/W.
+        0.752 pJ per MAC (operand SRAM reads included). MACs alone at the measured rate
+        reproduce the published 2.06 TOPS/W; the timing model also charges the bytes a program
+        moves (SRAM, NoC, DRAM) at the per-byte figures below, so a modelled program reports a
+        lower TOPS/W (its SRAM operand traffic is counted conservatively, partly twice).
     e_flop_fp32_j, e_sram_byte_j, e_dram_byte_j, e_noc_byte_j, e_link_byte_j : float
         Assumptions: energy per fp32 MAC on the M4F / byte moved (22FDX-class figures). The timing
         model charges ``e_mac_int8_j`` per MAC (``flops / 2``) of ``int8`` layers and
