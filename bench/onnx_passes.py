@@ -18,11 +18,46 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 import test_onnx_passes as T  # noqa: E402  (the tests' chain builders)
 from tvm_spinn.frontend import onnx_passes as P  # noqa: E402
+
+
+def _transformers_exports(tmp: str):
+    """Small BERT and GPT-2 (random weights) exported by ``torch.onnx.export``, static and with
+    dynamic batch/sequence; nothing if torch or transformers is missing."""
+    try:
+        import onnx
+        import torch
+        import transformers
+    except ImportError:
+        return
+
+    class Hidden(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids):
+            return self.model(input_ids=ids).last_hidden_state
+
+    torch.manual_seed(0)
+    ids = torch.randint(0, 100, (1, 16))
+    for name, model in [
+            ("BERT", transformers.BertModel(transformers.BertConfig(
+                vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                intermediate_size=128, max_position_embeddings=32))),
+            ("GPT-2", transformers.GPT2Model(transformers.GPT2Config(
+                vocab_size=100, n_embd=64, n_layer=2, n_head=2, n_positions=32)))]:
+        for dyn in (False, True):
+            path = os.path.join(tmp, f"{name}{dyn}.onnx")
+            axes = {"ids": {0: "b", 1: "s"}} if dyn else None
+            torch.onnx.export(Hidden(model.eval()), (ids,), path, dynamo=False,
+                              opset_version=17, input_names=["ids"], dynamic_axes=axes)
+            yield name + (" dyn" if dyn else ""), onnx.load(path)
 
 
 def main(max_nodes: int = 10_000) -> None:
@@ -40,6 +75,16 @@ def main(max_nodes: int = 10_000) -> None:
             t = time.perf_counter()
             (fn or (lambda m: P.run_passes(m, check=False)))(m)
             print(f"{name:18s} {len(m.graph.node):7d} {time.perf_counter() - t:8.3f}", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, m in _transformers_exports(tmp):
+            P._evaluator.cache_clear()  # first run: reference evaluators built
+            times = []
+            for _ in range(3):
+                t = time.perf_counter()
+                P.run_passes(m, check=False)
+                times.append(time.perf_counter() - t)
+            print(f"{name:18s} {len(m.graph.node):7d} {times[0]:8.3f}  (warm {min(times):.3f})",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -291,6 +291,75 @@ def test_fold_constants_slice_and_shape_variants(opset):
     _same(m, new, {"x": _rand((2, tiled))})
 
 
+def test_fold_constants_caps_expanding_results(monkeypatch):
+    """Results above 2**20 elements (and above their inputs' size) are not folded; the
+    size-expanding ops are sized by shape inference and never evaluated then."""
+    evaluated = []
+    real = P._evaluator
+
+    def spy(opset, node_bytes):
+        evaluated.append(onnx.NodeProto.FromString(node_bytes).op_type)
+        return real(opset, node_bytes)
+
+    monkeypatch.setattr(P, "_evaluator", spy)
+    big = 1 << 40  # 2**80 elements: evaluating it would not end well
+    nodes = [
+        helper.make_node("ConstantOfShape", ["cs"], ["huge"]),
+        helper.make_node("Expand", ["one", "exs"], ["wide"]),
+        helper.make_node("Tile", ["one", "reps"], ["tiled"]),
+        helper.make_node("Range", ["r0", "r1", "r2"], ["rng"]),
+        helper.make_node("Add", ["col", "row"], ["outer"]),  # 2048 x 2048 by broadcasting
+        helper.make_node("Add", ["col", "col"], ["small"]),  # folds
+    ]
+    for k, v in enumerate(["huge", "wide", "tiled", "rng", "outer", "small"]):
+        nodes += [helper.make_node("ReduceMax", [v], [f"m{k}"], keepdims=0),
+                  helper.make_node("Add", ["x", f"m{k}"] if k == 0 else [f"y{k - 1}", f"m{k}"],
+                                   [f"y{k}"])]
+    inits = [_init("cs", np.array([big, big], np.int64)), _init("one", np.ones(1, np.float32)),
+             _init("exs", np.array([big], np.int64)), _init("reps", np.array([big], np.int64)),
+             _init("r0", np.float32(0)), _init("r1", np.float32(1e9)),
+             _init("r2", np.float32(1)),
+             _init("col", np.ones((2048, 1), np.float32)),
+             _init("row", np.ones((1, 2048), np.float32))]
+    m = _model(nodes, [helper.make_tensor_value_info("x", FLOAT, [2])],
+               [helper.make_tensor_value_info("y5", FLOAT, None)], inits)
+    new, res = P.fold_constants(m)
+    assert res.detail == "folded 2 nodes (Addx1, ReduceMaxx1)"  # small, then its max
+    kept = _ops(new)
+    assert kept["ConstantOfShape"] == kept["Expand"] == kept["Tile"] == kept["Range"] == 1
+    assert kept["ReduceMax"] == 5 and kept["Add"] == 1 + 6  # the outer sum and x + ...
+    assert not {"ConstantOfShape", "Expand", "Tile", "Range"} & set(evaluated)
+    assert "small" not in {t.name for t in new.graph.initializer}  # folded into m5
+
+
+def test_fold_constants_shares_evaluators():
+    """Nodes differing only in value names share one reference evaluator (built once)."""
+    P._evaluator.cache_clear()
+    new, res = P.fold_constants(_const_chain_model(300))
+    assert res.detail == "folded 300 nodes (Addx300)"
+    info = P._evaluator.cache_info()
+    assert (info.misses, info.hits) == (1, 299)
+
+
+def test_fold_constants_shape_of_partially_static_input():
+    """``Shape`` with start/end folds when the dims it reads are static."""
+    m = _model([helper.make_node("Shape", ["x"], ["s"], start=1),
+                helper.make_node("Shape", ["x"], ["full"]),
+                helper.make_node("Concat", ["s", "s"], ["s2"], axis=0),
+                helper.make_node("Cast", ["s2"], ["sf"], to=FLOAT),
+                helper.make_node("Cast", ["full"], ["ff"], to=FLOAT),
+                helper.make_node("ReduceSum", ["ff"], ["t"], keepdims=0),
+                helper.make_node("Add", ["sf", "t"], ["y"])],
+               [helper.make_tensor_value_info("x", FLOAT, ["n", 4, 6])],
+               [helper.make_tensor_value_info("y", FLOAT, None)], opset=15)
+    new, res = P.fold_constants(P.shape_inference(m)[0])
+    assert res.detail == "folded 3 nodes (Castx1, Concatx1, Shapex1)"
+    assert _ops(new) == Counter({"Shape": 1, "Cast": 1, "ReduceSum": 1, "Add": 1})
+    for n in (2, 5):
+        x = _rand((n, 4, 6))
+        _same(m, new, {"x": x})
+
+
 def test_fold_constants_noop():
     m = _model([helper.make_node("Relu", ["x"], ["y"])],
                [helper.make_tensor_value_info("x", FLOAT, [2])],

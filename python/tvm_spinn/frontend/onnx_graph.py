@@ -194,6 +194,25 @@ def _partial_shapes(graph: onnx.GraphProto) -> Dict[str, List[Optional[int]]]:
     return shapes
 
 
+def _shape_dims(node: onnx.NodeProto, dims: List[Optional[int]]) -> List[Optional[int]]:
+    """The dims of an input of shape ``dims`` that ``Shape`` ``node`` reads (start/end)."""
+    a = _attrs(node)
+    rank = len(dims)
+    start, end = a.get("start", 0), a.get("end", rank)
+    start = min(max(start + rank if start < 0 else start, 0), rank)
+    end = min(max(end + rank if end < 0 else end, 0), rank)
+    return dims[start:end]
+
+
+def _shape_value(node: onnx.NodeProto, dims: List[Optional[int]]) -> Optional[List[np.ndarray]]:
+    """The output of ``Shape``/``Size`` ``node`` on an input of shape ``dims`` (None for a
+    symbolic dim), or None if a dimension it reads is not static."""
+    if node.op_type == "Size":
+        return None if None in dims else [np.array(int(np.prod(dims)), dtype=np.int64)]
+    dims = _shape_dims(node, dims)
+    return None if None in dims else [np.array(dims, dtype=np.int64)]
+
+
 def _fold_gather_of_shape(node, consts, prods, partial) -> Optional[List[np.ndarray]]:
     """``Gather(Shape(x), const idx)`` where only the selected dims are static."""
     shape_node = prods.get(node.input[0])
@@ -201,13 +220,7 @@ def _fold_gather_of_shape(node, consts, prods, partial) -> Optional[List[np.ndar
     if (shape_node is None or shape_node.op_type != "Shape" or idx is None
             or _attrs(node).get("axis", 0) != 0 or shape_node.input[0] not in partial):
         return None
-    dims = partial[shape_node.input[0]]
-    a = _attrs(shape_node)
-    rank = len(dims)
-    start, end = a.get("start", 0), a.get("end", rank)
-    start = min(max(start + rank if start < 0 else start, 0), rank)
-    end = min(max(end + rank if end < 0 else end, 0), rank)
-    dims = dims[start:end]
+    dims = _shape_dims(shape_node, partial[shape_node.input[0]])
     flat = [int(i) for i in np.asarray(idx).reshape(-1)]
     if any(not -len(dims) <= i < len(dims) for i in flat):
         return None

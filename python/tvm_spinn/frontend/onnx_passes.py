@@ -12,11 +12,14 @@ weights, MatMul+Add) are canonicalised.
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
 
 __all__ = [
     "PassResult",
@@ -48,7 +51,9 @@ DEFAULT_PASSES = (
     "shape_inference",
 )
 
-# Ops that may create large tensors from tiny inputs; their folding is capped.
+# Ops that may create large tensors from tiny inputs: their output size is inferred before
+# they are evaluated.  No folded value may exceed this many elements unless its inputs
+# together have as many.
 _EXPANDING_OPS = {"ConstantOfShape", "Expand", "Range", "Tile"}
 _MAX_EXPANDED_ELEMS = 1 << 20
 
@@ -69,6 +74,7 @@ from .onnx_graph import (
     _constants,
     _static_shapes,
     _partial_shapes,
+    _shape_value,
     _fold_gather_of_shape,
     _elem_types,
     _eliminate_dead,
@@ -319,186 +325,12 @@ def _eliminate_dead_value_info(g: onnx.GraphProto) -> None:
 # --------------------------------------------------------------------------
 
 
-def _ints(x) -> List[int]:
-    return [int(v) for v in np.asarray(x).reshape(-1)]
-
-
-def _opt(inputs: List[Optional[np.ndarray]], k: int) -> Optional[np.ndarray]:
-    return inputs[k] if len(inputs) > k else None
-
-
-def _norm_axes(axes: Sequence[int], rank: int) -> List[int]:
-    return [a + rank if a < 0 else a for a in axes]
-
-
-def _int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    # ONNX integer Div truncates toward zero (C semantics), numpy floors.
-    q = np.abs(a) // np.abs(b)
-    return (q * np.sign(a) * np.sign(b)).astype(a.dtype)
-
-
-def _eval_node(node: onnx.NodeProto, inputs: List[Optional[np.ndarray]], opset: int,
-               in_shape: Optional[Tuple[int, ...]] = None) -> Optional[List[np.ndarray]]:
-    """Evaluate one node in numpy; return None if unsupported."""
-    op = node.op_type
-    a = _attrs(node)
-    x = inputs[0] if inputs else None
-
-    if op == "Constant":
-        v = _constant_node_value(node)
-        return None if v is None else [v]
-    if op == "Shape":
-        shape = in_shape if x is None else x.shape
-        rank = len(shape)
-        start = a.get("start", 0)
-        end = a.get("end", rank)
-        start = min(max(start + rank if start < 0 else start, 0), rank)
-        end = min(max(end + rank if end < 0 else end, 0), rank)
-        return [np.array(shape[start:end], dtype=np.int64)]
-    if op == "Size":
-        return [np.array(x.size, dtype=np.int64)]
-    if op == "Identity":
-        return [x]
-    if op == "Gather":
-        return [np.take(x, inputs[1].astype(np.int64), axis=a.get("axis", 0))]
-    if op == "Concat":
-        return [np.concatenate(inputs, axis=a["axis"])]
-    if op == "Unsqueeze":
-        axes = a["axes"] if opset < 13 else _ints(inputs[1])
-        out = x
-        for ax in sorted(_norm_axes(axes, x.ndim + len(axes))):
-            out = np.expand_dims(out, ax)
-        return [out]
-    if op == "Squeeze":
-        axes = a.get("axes") if opset < 13 else (None if _opt(inputs, 1) is None else _ints(inputs[1]))
-        if axes is None:
-            return [np.squeeze(x)]
-        return [np.squeeze(x, axis=tuple(_norm_axes(axes, x.ndim)))]
-    if op == "Reshape":
-        shape = _ints(inputs[1])
-        if not a.get("allowzero", 0):
-            shape = [x.shape[i] if s == 0 else s for i, s in enumerate(shape)]
-        return [x.reshape(shape)]
-    if op == "Flatten":
-        axis = a.get("axis", 1)
-        axis = axis + x.ndim if axis < 0 else axis
-        return [x.reshape(int(np.prod(x.shape[:axis])), -1)]
-    if op == "Cast":
-        return [x.astype(helper.tensor_dtype_to_np_dtype(a["to"]))]
-    if op in ("Add", "Sub", "Mul", "Div", "Mod", "Pow", "Max", "Min"):
-        if op in ("Max", "Min"):
-            out = inputs[0]
-            for y in inputs[1:]:
-                out = np.maximum(out, y) if op == "Max" else np.minimum(out, y)
-            return [out.astype(x.dtype)]
-        y = inputs[1]
-        if op == "Add":
-            out = x + y
-        elif op == "Sub":
-            out = x - y
-        elif op == "Mul":
-            out = x * y
-        elif op == "Div":
-            out = _int_div(x, y) if np.issubdtype(x.dtype, np.integer) else x / y
-        elif op == "Mod":
-            if a.get("fmod", 0) or not np.issubdtype(x.dtype, np.integer):
-                out = np.fmod(x, y)
-            else:
-                out = np.mod(x, y)
-        else:
-            out = np.power(x, y)
-        return [np.asarray(out).astype(x.dtype)]
-    if op in ("Neg", "Abs", "Sqrt", "Reciprocal", "Floor", "Ceil", "Not"):
-        fn = {"Neg": np.negative, "Abs": np.abs, "Sqrt": np.sqrt, "Reciprocal": np.reciprocal,
-              "Floor": np.floor, "Ceil": np.ceil, "Not": np.logical_not}[op]
-        return [np.asarray(fn(x)).astype(x.dtype)]
-    if op in ("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor"):
-        fn = {"Equal": np.equal, "Less": np.less, "Greater": np.greater,
-              "LessOrEqual": np.less_equal, "GreaterOrEqual": np.greater_equal,
-              "And": np.logical_and, "Or": np.logical_or, "Xor": np.logical_xor}[op]
-        return [np.asarray(fn(x, inputs[1]))]
-    if op == "Where":
-        return [np.where(x, inputs[1], inputs[2]).astype(inputs[1].dtype)]
-    if op == "Slice":
-        if opset < 10:
-            starts, ends = a["starts"], a["ends"]
-            axes = a.get("axes", list(range(len(starts))))
-            steps = [1] * len(starts)
-        else:
-            starts, ends = _ints(inputs[1]), _ints(inputs[2])
-            ax_in, st_in = _opt(inputs, 3), _opt(inputs, 4)
-            axes = list(range(len(starts))) if ax_in is None else _ints(ax_in)
-            steps = [1] * len(starts) if st_in is None else _ints(st_in)
-        idx = [slice(None)] * x.ndim
-        for ax, s, e, st in zip(_norm_axes(axes, x.ndim), starts, ends, steps):
-            dim = x.shape[ax]
-            # Clamp like ONNX: ends beyond range; python slices handle the rest.
-            if st < 0 and e < -dim:
-                e = None
-            idx[ax] = slice(s, e, st)
-        return [x[tuple(idx)]]
-    if op == "Transpose":
-        return [np.transpose(x, a.get("perm"))]
-    if op == "ConstantOfShape":
-        value = a.get("value")
-        v = numpy_helper.to_array(value).reshape(-1) if value is not None else np.zeros(1, np.float32)
-        shape = _ints(x)
-        if int(np.prod(shape)) > _MAX_EXPANDED_ELEMS:
-            return None
-        return [np.full(shape, v[0], dtype=v.dtype)]
-    if op == "Range":
-        start, limit, delta = (np.asarray(v).reshape(()) for v in inputs[:3])
-        n = max(int(np.ceil((limit - start) / delta)), 0)
-        if n > _MAX_EXPANDED_ELEMS:
-            return None
-        return [(start + np.arange(n) * delta).astype(start.dtype)]
-    if op == "Expand":
-        shape = np.broadcast_shapes(x.shape, tuple(_ints(inputs[1])))
-        if int(np.prod(shape)) > max(_MAX_EXPANDED_ELEMS, x.size):
-            return None
-        return [np.broadcast_to(x, shape).copy()]
-    if op == "Tile":
-        reps = _ints(inputs[1])
-        if x.size * int(np.prod(reps)) > max(_MAX_EXPANDED_ELEMS, x.size):
-            return None
-        return [np.tile(x, reps)]
-    if op == "Split":
-        axis = a.get("axis", 0)
-        axis = axis + x.ndim if axis < 0 else axis
-        split = a.get("split") if opset < 13 else (None if _opt(inputs, 1) is None else _ints(inputs[1]))
-        n_out = len(node.output)
-        dim = x.shape[axis]
-        if split is None:
-            if "num_outputs" in a:  # opset >= 18: last chunk may be smaller
-                n_out = a["num_outputs"]
-                chunk = -(-dim // n_out)
-                split = [chunk] * (n_out - 1) + [dim - chunk * (n_out - 1)]
-            else:
-                if dim % n_out:
-                    return None
-                split = [dim // n_out] * n_out
-        if sum(split) != dim or len(split) != len(node.output):
-            return None
-        bounds = np.cumsum(split)[:-1]
-        return list(np.split(x, bounds, axis=axis))
-    if op in ("ReduceProd", "ReduceSum", "ReduceMax", "ReduceMin"):
-        axes_from_input = (op == "ReduceSum" and opset >= 13) or opset >= 18
-        if axes_from_input:
-            axes = None if _opt(inputs, 1) is None else _ints(inputs[1])
-            if axes is not None and not axes and a.get("noop_with_empty_axes", 0):
-                return [x]
-        else:
-            axes = a.get("axes")
-        fn = {"ReduceProd": np.prod, "ReduceSum": np.sum,
-              "ReduceMax": np.max, "ReduceMin": np.min}[op]
-        ax = None if not axes else tuple(_norm_axes(axes, x.ndim))
-        return [np.asarray(fn(x, axis=ax, keepdims=bool(a.get("keepdims", 1)))).astype(x.dtype)]
-    return None
-
-
-# QuantizeLinear/DequantizeLinear are deliberately absent: quantized weights must reach the
-# importer as int8/uint8 initializers behind a DequantizeLinear (the int8 MAC matcher keys on
-# ``dequantize(const)``), not as pre-computed float tensors.
+# Evaluation is onnx's reference evaluator (``onnx.reference``), one node at a time; output
+# shapes of the size-expanding ops come from onnx's shape inference before anything is
+# allocated.  QuantizeLinear/DequantizeLinear are deliberately absent from the whitelist:
+# quantized weights must reach the importer as int8/uint8 initializers behind a
+# DequantizeLinear (the int8 MAC matcher keys on ``dequantize(const)``), not as pre-computed
+# float tensors.
 _FOLDABLE = {
     "Constant", "Shape", "Size", "Identity", "Gather", "Concat", "Unsqueeze", "Squeeze",
     "Reshape", "Flatten", "Cast", "Add", "Sub", "Mul", "Div", "Mod", "Pow", "Max", "Min",
@@ -509,14 +341,83 @@ _FOLDABLE = {
 }
 
 
+@functools.lru_cache(maxsize=512)
+def _evaluator(opset: int, node_bytes: bytes) -> ReferenceEvaluator:
+    """A reference evaluator of one canonical node (inputs ``i<k>``, outputs ``o<k>``): nodes
+    that differ only in their value names share one, so building them (~0.5 ms each) is paid
+    once per distinct op/attributes/opset, not once per node."""
+    node = onnx.NodeProto.FromString(node_bytes)
+    graph = helper.make_graph([node], "fold", [helper.make_empty_tensor_value_info(i)
+                                               for i in node.input if i],
+                              [helper.make_empty_tensor_value_info(o) for o in node.output if o])
+    # a graph, not the node: the evaluator takes a bare node at the newest opset
+    return ReferenceEvaluator(graph, opsets={"": opset})
+
+
+def _canonical(node: onnx.NodeProto) -> onnx.NodeProto:
+    canon = onnx.NodeProto(op_type=node.op_type)  # default domain ("ai.onnx" spelled "")
+    canon.input.extend(f"i{k}" if i else "" for k, i in enumerate(node.input))
+    canon.output.extend(f"o{k}" if o else "" for k, o in enumerate(node.output))
+    canon.attribute.extend(node.attribute)
+    return canon
+
+
+def _output_elems(canon: onnx.NodeProto, ins: List[Optional[np.ndarray]],
+                  opset: int) -> Optional[int]:
+    """Element count of the output of a size-expanding op (``Expand``, ``Tile``, ...) on the
+    constant inputs ``ins``, from onnx shape inference; None if it cannot tell."""
+    try:
+        types, data = {}, {}
+        for name, v in zip(canon.input, ins):
+            if name:
+                types[name] = helper.make_tensor_type_proto(
+                    helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+                if v.size <= 64:  # shape-like operands; the data operand is not needed
+                    data[name] = numpy_helper.from_array(v, name)
+        out = onnx.shape_inference.infer_node_outputs(
+            onnx.defs.get_schema(canon.op_type, opset), canon, types, data,
+            opset_imports=[helper.make_opsetid("", opset)])
+        tt = out[canon.output[0]].tensor_type
+    except Exception:  # no schema / inference failure: do not fold
+        return None
+    if not tt.HasField("shape") or not all(d.HasField("dim_value") for d in tt.shape.dim):
+        return None
+    return math.prod(d.dim_value for d in tt.shape.dim)  # Python ints: no overflow
+
+
+def _eval_node(node: onnx.NodeProto, ins: List[Optional[np.ndarray]],
+               opset: int) -> Optional[List[np.ndarray]]:
+    """Outputs of ``node`` on the constant inputs ``ins`` (None for absent optional inputs), or
+    None if it is not folded: the reference evaluator fails, or the result would be larger
+    than :data:`_MAX_EXPANDED_ELEMS` elements and larger than its inputs."""
+    if node.op_type == "Constant":
+        v = _constant_node_value(node)
+        return None if v is None else [v]
+    canon = _canonical(node)
+    limit = max(_MAX_EXPANDED_ELEMS, sum(v.size for v in ins if v is not None))
+    if node.op_type in _EXPANDING_OPS:
+        n = _output_elems(canon, ins, opset)
+        if n is None or n > limit:
+            return None
+    feeds = {name: v for name, v in zip(canon.input, ins) if name}
+    try:
+        outs = iter(_evaluator(opset, canon.SerializeToString()).run(None, feeds))
+        outs = [np.asarray(next(outs)) if o else None for o in canon.output]
+    except Exception:  # unsupported corner case: leave the node
+        return None
+    if any(o is not None and (o.dtype == object or o.size > limit) for o in outs):
+        return None
+    return outs
+
+
 def fold_constants(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResult]:
-    """Evaluate constant subgraphs in numpy and store results as initializers.
+    """Evaluate constant subgraphs with ``onnx.reference`` and store results as initializers.
 
     A node is folded when it is in a whitelist of ops and all its inputs are
     initializers or ``Constant`` outputs.  ``Shape`` (and ``Size``) also folds
-    when its input has a fully static shape in ``value_info``, which collapses
+    when the dimensions it reads are static in ``value_info``, which collapses
     shape-computation subgraphs such as ``Shape -> Gather -> Concat -> Reshape``.
-    Iterates to a fixed point, then removes dead nodes and initializers.
+    One sweep in (topological) node order, then dead nodes and initializers are removed.
 
     Parameters
     ----------
@@ -535,48 +436,33 @@ def fold_constants(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, PassResult]
     graph_outputs = {o.name for o in g.output}
     # Initializers that are also graph inputs may be overridden at run time.
     overridable = {i.name for i in g.input}
-    shapes = _static_shapes(g)
     partial = _partial_shapes(g)
     consts = {k: v for k, v in _constants(g).items() if k not in overridable}
+    prods = _producers(g)
     folded: Dict[str, int] = {}
-    progress = True
-    while progress:
-        progress = False
-        remaining = []
-        prods = _producers(g)
-        for node in g.node:
-            out = None
-            if (node.op_type in _FOLDABLE and node.domain in ("", "ai.onnx")
-                    and not any(o in graph_outputs for o in node.output)):
-                ins = [consts.get(i) if i else None for i in node.input]
-                present = [v for i, v in zip(node.input, ins) if i]
-                all_const = all(v is not None for v in present)
-                static = None
-                if not all_const and node.op_type in ("Shape", "Size") and node.input[0] in shapes:
-                    static = shapes[node.input[0]]
-                    if node.op_type == "Size":
-                        out = [np.array(int(np.prod(static)), dtype=np.int64)]
-                if not all_const and node.op_type == "Gather" and node.input[1] in consts:
-                    # e.g. the static feature dim of a dynamic-batch input
-                    out = _fold_gather_of_shape(node, consts, prods, partial)
-                if all_const or static is not None:
-                    if out is None:
-                        try:
-                            out = _eval_node(node, ins, opset, static)
-                        except Exception:  # unsupported corner case: leave node
-                            out = None
-            if out is None or len(out) != len([o for o in node.output]):
-                remaining.append(node)
-                continue
-            for name, val in zip(node.output, out):
-                if name:
-                    consts[name] = np.asarray(val)
-            folded[node.op_type] = folded.get(node.op_type, 0) + 1
-            progress = True
-        if progress:
-            _replace_nodes(g, remaining)
+    remaining = []
+    for node in g.node:
+        out = None
+        if (node.op_type in _FOLDABLE and node.domain in ("", "ai.onnx")
+                and not any(o in graph_outputs for o in node.output)):
+            ins = [consts.get(i) if i else None for i in node.input]
+            if all(v is not None for i, v in zip(node.input, ins) if i):
+                out = _eval_node(node, ins, opset)
+            elif node.op_type in ("Shape", "Size") and node.input[0] in partial:
+                out = _shape_value(node, partial[node.input[0]])
+            elif node.op_type == "Gather" and node.input[1] in consts:
+                # e.g. the static feature dim of a dynamic-batch input
+                out = _fold_gather_of_shape(node, consts, prods, partial)
+        if out is None or len(out) != len(node.output):
+            remaining.append(node)
+            continue
+        for name, val in zip(node.output, out):
+            if name:
+                consts[name] = val
+        folded[node.op_type] = folded.get(node.op_type, 0) + 1
     if not folded:
         return new, PassResult("fold_constants", False, "nothing to fold")
+    _replace_nodes(g, remaining)
     # Materialise folded values that are still read by some node.
     existing = {t.name for t in g.initializer}
     used = set()
