@@ -342,24 +342,34 @@ _FOLDABLE = {
 
 
 @functools.lru_cache(maxsize=512)
-def _evaluator(opset: int, node_bytes: bytes) -> ReferenceEvaluator:
-    """A reference evaluator of one canonical node (inputs ``i<k>``, outputs ``o<k>``): nodes
-    that differ only in their value names share one, so building them (~0.5 ms each) is paid
-    once per distinct op/attributes/opset, not once per node."""
-    node = onnx.NodeProto.FromString(node_bytes)
+def _evaluator(opset: int, key: tuple):
+    """The reference implementation (``onnx.reference`` op) of the canonical node ``key``
+    (:func:`_node_key`): nodes that differ only in their value names share one, so building it
+    (~0.5 ms) is paid once per distinct op/attributes/opset, not once per node."""
+    node = _canonical(key)
     graph = helper.make_graph([node], "fold", [helper.make_empty_tensor_value_info(i)
                                                for i in node.input if i],
                               [helper.make_empty_tensor_value_info(o) for o in node.output if o])
-    # a graph, not the node: the evaluator takes a bare node at the newest opset
-    return ReferenceEvaluator(graph, opsets={"": opset})
+    # A graph, not the bare node (which the evaluator runs at the newest opset).  Its one op
+    # is called directly: ``ReferenceEvaluator.run``'s bookkeeping would double the cost.
+    return ReferenceEvaluator(graph, opsets={"": opset}).rt_nodes_[0]
 
 
-def _canonical(node: onnx.NodeProto) -> onnx.NodeProto:
-    canon = onnx.NodeProto(op_type=node.op_type)  # default domain ("ai.onnx" spelled "")
-    canon.input.extend(f"i{k}" if i else "" for k, i in enumerate(node.input))
-    canon.output.extend(f"o{k}" if o else "" for k, o in enumerate(node.output))
-    canon.attribute.extend(node.attribute)
-    return canon
+def _node_key(node: onnx.NodeProto) -> tuple:
+    return (node.op_type, tuple(bool(i) for i in node.input),
+            tuple(bool(o) for o in node.output),
+            tuple(a.SerializeToString() for a in node.attribute))
+
+
+def _canonical(key: tuple) -> onnx.NodeProto:
+    """The node of :func:`_node_key` ``key``, in the default domain ("ai.onnx" spelled ""),
+    with inputs ``i<k>`` and outputs ``o<k>``."""
+    op_type, ins, outs, attrs = key
+    node = onnx.NodeProto(op_type=op_type)
+    node.input.extend(f"i{k}" if i else "" for k, i in enumerate(ins))
+    node.output.extend(f"o{k}" if o else "" for k, o in enumerate(outs))
+    node.attribute.extend(onnx.AttributeProto.FromString(a) for a in attrs)
+    return node
 
 
 def _output_elems(canon: onnx.NodeProto, ins: List[Optional[np.ndarray]],
@@ -393,18 +403,19 @@ def _eval_node(node: onnx.NodeProto, ins: List[Optional[np.ndarray]],
     if node.op_type == "Constant":
         v = _constant_node_value(node)
         return None if v is None else [v]
-    canon = _canonical(node)
+    key = _node_key(node)
     limit = max(_MAX_EXPANDED_ELEMS, sum(v.size for v in ins if v is not None))
     if node.op_type in _EXPANDING_OPS:
-        n = _output_elems(canon, ins, opset)
+        n = _output_elems(_canonical(key), ins, opset)
         if n is None or n > limit:
             return None
-    feeds = {name: v for name, v in zip(canon.input, ins) if name}
     try:
-        outs = iter(_evaluator(opset, canon.SerializeToString()).run(None, feeds))
-        outs = [np.asarray(next(outs)) if o else None for o in canon.output]
+        outs = _evaluator(opset, key).run(*ins)
     except Exception:  # unsupported corner case: leave the node
         return None
+    if len(outs) != len(node.output):
+        return None
+    outs = [np.asarray(o) if name else None for name, o in zip(node.output, outs)]
     if any(o is not None and (o.dtype == object or o.size > limit) for o in outs):
         return None
     return outs
