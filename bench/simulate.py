@@ -3,9 +3,12 @@ tile-by-tile reference ("tiles"), per model, plus onnxruntime on the same model 
 
 Times one inference through the Relax VM (the simulator is nearly all of it), median of --repeat
 runs after a warm-up, with TVM_SPINN_SIM_MODE set per mode; also checks the two modes' bits agree.
+The simulator and onnxruntime run on the same number of threads (--threads, default
+$TVM_SPINN_SIM_THREADS, else all cores).
 
     python bench/simulate.py                     # all models
     python bench/simulate.py --models bert-layer --repeat 1
+    python bench/simulate.py --no-tiles --threads 1
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ def _time(fn, repeat):
     return statistics.median(times) * 1e3
 
 
-def _onnxruntime_ms(model, x, repeat):
+def _onnxruntime_ms(model, x, repeat, threads):
     try:
         import onnxruntime as ort
 
@@ -65,7 +68,8 @@ def _onnxruntime_ms(model, x, repeat):
             path = os.path.join(d, "m.onnx")
             torch.onnx.export(model, (x,), path, dynamo=False, input_names=["x"], opset_version=17)
             opts = ort.SessionOptions()
-            opts.intra_op_num_threads = 1
+            opts.intra_op_num_threads = threads
+            opts.inter_op_num_threads = 1
             sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
             feed = {sess.get_inputs()[0].name: x.numpy()}
             return _time(lambda: sess.run(None, feed), repeat)
@@ -77,8 +81,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=int(os.environ.get("TVM_SPINN_SIM_THREADS") or os.cpu_count() or 1),
+                    help="threads of the simulator's kernels and of onnxruntime")
+    ap.add_argument("--no-tiles", action="store_true", help="skip timing the tile-by-tile reference")
     args = ap.parse_args()
-    print(f"{'model':<18}{'tiles ms':>11}{'layers ms':>11}{'ratio':>8}{'ort ms':>9}  same bits")
+    os.environ["TVM_SPINN_SIM_THREADS"] = str(args.threads)
+    print(f"threads: {args.threads}")
+    print(f"{'model':<18}{'tiles ms':>11}{'layers ms':>11}{'ratio':>8}{'ort ms':>9}{'x ort':>8}  same bits")
     for name in args.models:
         torch.manual_seed(0)
         model, x = MODELS[name]()
@@ -90,13 +99,14 @@ def main() -> None:
         for mode in ("tiles", "layers"):
             os.environ["TVM_SPINN_SIM_MODE"] = mode
             out[mode] = vm["main"](arg).numpy()
-            ms[mode] = _time(lambda: vm["main"](arg), args.repeat)
+            timed = not (args.no_tiles and mode == "tiles")
+            ms[mode] = _time(lambda: vm["main"](arg), args.repeat) if timed else float("nan")
         os.environ.pop("TVM_SPINN_SIM_MODE")
         with torch.no_grad():
-            ort_ms = _onnxruntime_ms(model, x, args.repeat)
+            ort_ms = _onnxruntime_ms(model, x, args.repeat, args.threads)
         same = np.array_equal(out["tiles"].view(np.uint8), out["layers"].view(np.uint8))
-        ort = f"{ort_ms:9.2f}" if ort_ms is not None else f"{'-':>9}"
-        print(f"{name:<18}{ms['tiles']:11.1f}{ms['layers']:11.1f}{ms['tiles'] / ms['layers']:8.1f}{ort}  {same}",
+        ort = f"{ort_ms:9.2f}{ms['layers'] / ort_ms:8.1f}" if ort_ms is not None else f"{'-':>9}{'-':>8}"
+        print(f"{name:<18}{ms['tiles']:11.1f}{ms['layers']:11.2f}{ms['tiles'] / ms['layers']:8.1f}{ort}  {same}",
               flush=True)
 
 

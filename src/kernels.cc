@@ -3,7 +3,16 @@
 #include "kernels.h"
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
 #include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
 
 // The public kernels are compiled twice (AVX2 and baseline x86-64) and picked at load time.
 // Wider vectors only process more independent outputs per instruction: "avx2" does not enable
@@ -111,6 +120,446 @@ TVM_SPINN_MULTIVERSION
 int64_t GemmI16(const int16_t* a, const int16_t* b, int32_t* c, int64_t m, int64_t k, int64_t n,
                 int acc_bits) {
   return GemmInt(a, b, c, m, k, n, acc_bits);
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// Whole-layer kernels: batched, register-blocked, multi-threaded over output blocks.
+// ---------------------------------------------------------------------------------------------
+namespace {
+
+/*!
+ * \brief A persistent worker pool. A job's tasks are claimed from an atomic counter by the
+ *        caller and by whichever workers wake in time; the caller waits only for claimed tasks,
+ *        so a worker descheduled by a busy machine never delays a job it took no part in.
+ */
+class ThreadPool {
+ public:
+  static ThreadPool& Global() {
+    static ThreadPool* pool = new ThreadPool();  // never destroyed: workers outlive main()
+    return *pool;
+  }
+
+  void Run(int64_t tasks, int threads, const std::function<void(int64_t)>& task) {
+    if (tasks <= 0) return;
+    const int64_t helpers = std::min<int64_t>(threads, tasks) - 1;
+    if (helpers <= 0) {
+      for (int64_t t = 0; t < tasks; ++t) task(t);
+      return;
+    }
+    std::lock_guard<std::mutex> serial(run_mutex_);  // one job at a time
+    auto job = std::make_shared<Job>();
+    job->task = &task;
+    job->tasks = tasks;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      while (static_cast<int64_t>(workers_.size()) < helpers) {
+        workers_.emplace_back([this] { WorkerLoop(); });
+        workers_.back().detach();
+      }
+      job_ = job;
+      job_slots_ = helpers;
+      ++generation_;
+    }
+    wake_.notify_all();
+    Work(*job);
+    std::unique_lock<std::mutex> lock(job->mutex);
+    job->finished.wait(lock, [&] { return job->done.load() == job->claimed_done(); });
+    {
+      std::lock_guard<std::mutex> lk(mutex_);
+      job_.reset();
+    }
+  }
+
+ private:
+  struct Job {
+    const std::function<void(int64_t)>* task = nullptr;
+    int64_t tasks = 0;
+    std::atomic<int64_t> next{0};
+    std::atomic<int64_t> done{0};
+    std::mutex mutex;
+    std::condition_variable finished;
+    // Tasks handed out (<= tasks): the caller waits for exactly these.
+    int64_t claimed_done() const { return std::min(next.load(), tasks); }
+  };
+
+  static void Work(Job& job) {
+    for (int64_t t = job.next.fetch_add(1); t < job.tasks; t = job.next.fetch_add(1)) {
+      (*job.task)(t);
+      if (job.done.fetch_add(1) + 1 == job.tasks) {
+        std::lock_guard<std::mutex> lock(job.mutex);
+        job.finished.notify_all();
+      }
+    }
+    // Claims past the end still count as "handed out": wake the caller if it waits on them.
+    std::lock_guard<std::mutex> lock(job.mutex);
+    job.finished.notify_all();
+  }
+
+  void WorkerLoop() {
+    uint64_t seen = 0;
+    for (;;) {
+      std::shared_ptr<Job> job;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [&] { return generation_ != seen; });
+        seen = generation_;
+        if (!job_ || job_slots_ <= 0) continue;
+        --job_slots_;
+        job = job_;
+      }
+      Work(*job);
+    }
+  }
+
+  std::mutex run_mutex_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::vector<std::thread> workers_;
+  std::shared_ptr<Job> job_;
+  int64_t job_slots_ = 0;
+  uint64_t generation_ = 0;
+};
+
+/*! \brief Run task(t) for t in [0, tasks) on up to `threads` threads (the caller is one). */
+template <typename F>
+void ParallelFor(int64_t tasks, int threads, F&& task) {
+  if (tasks <= 0) return;
+  if (threads <= 1 || tasks == 1) {
+    for (int64_t t = 0; t < tasks; ++t) task(t);
+    return;
+  }
+  const std::function<void(int64_t)> fn = [&task](int64_t t) { task(t); };
+  ThreadPool::Global().Run(tasks, threads, fn);
+}
+
+struct AlignedFree {
+  void operator()(void* p) const { std::free(p); }
+};
+template <typename T>
+std::unique_ptr<T[], AlignedFree> AlignedBuffer(size_t count) {
+  const size_t bytes = ((count * sizeof(T) + 63) / 64) * 64 + 64;
+  return std::unique_ptr<T[], AlignedFree>(static_cast<T*>(std::aligned_alloc(64, bytes)));
+}
+
+// fp32 blocking: a 5 x 16 block of C lives in 10 eight-lane registers (6 x 16 spills one with
+// the separate multiply and add); A is packed in panels of 5 rows ([k][6]), B in panels of 16 columns ([k][16], zero-padded). kKc-long k blocks keep a B
+// panel in L1 and the A block in L2. Blocking only changes which outputs are visited when;
+// every output still sees k ascending, and its value between k blocks is the fp32 accumulator.
+constexpr int kMr = 5;
+constexpr int kNr = 16;
+constexpr int64_t kKc = 256;
+constexpr int64_t kMc = 120;   // multiple of kMr
+constexpr int64_t kNc = 1024;  // multiple of kNr
+
+typedef float V8 __attribute__((vector_size(32)));
+typedef float V8u __attribute__((vector_size(32), aligned(4)));
+
+template <int MR>
+TVM_SPINN_INLINE void MicroF32(int64_t kc, const float* __restrict ap, const float* __restrict bp,
+                               float* __restrict c, int64_t ldc, int64_t nc) {
+  V8 acc0[MR], acc1[MR];
+  if (nc == kNr) {
+    for (int r = 0; r < MR; ++r) {
+      acc0[r] = *reinterpret_cast<const V8u*>(c + r * ldc);
+      acc1[r] = *reinterpret_cast<const V8u*>(c + r * ldc + 8);
+    }
+  } else {
+    for (int r = 0; r < MR; ++r) {
+      alignas(32) float tmp[kNr] = {};
+      std::memcpy(tmp, c + r * ldc, static_cast<size_t>(nc) * sizeof(float));
+      acc0[r] = *reinterpret_cast<const V8*>(tmp);
+      acc1[r] = *reinterpret_cast<const V8*>(tmp + 8);
+    }
+  }
+  for (int64_t kk = 0; kk < kc; ++kk) {
+    const V8 b0 = *reinterpret_cast<const V8*>(bp);
+    const V8 b1 = *reinterpret_cast<const V8*>(bp + 8);
+    for (int r = 0; r < MR; ++r) {
+      const float av = ap[r];
+      const V8 p0 = b0 * av;  // rounded product
+      acc0[r] = acc0[r] + p0;  // rounded sum
+      const V8 p1 = b1 * av;
+      acc1[r] = acc1[r] + p1;
+    }
+    ap += MR;
+    bp += kNr;
+  }
+  if (nc == kNr) {
+    for (int r = 0; r < MR; ++r) {
+      *reinterpret_cast<V8u*>(c + r * ldc) = acc0[r];
+      *reinterpret_cast<V8u*>(c + r * ldc + 8) = acc1[r];
+    }
+  } else {
+    for (int r = 0; r < MR; ++r) {
+      alignas(32) float tmp[kNr];
+      *reinterpret_cast<V8*>(tmp) = acc0[r];
+      *reinterpret_cast<V8*>(tmp + 8) = acc1[r];
+      std::memcpy(c + r * ldc, tmp, static_cast<size_t>(nc) * sizeof(float));
+    }
+  }
+}
+
+/*! \brief One output block C[i0:i1, j0:j1] over all of K, with its own packing buffers. */
+TVM_SPINN_MULTIVERSION
+void GemmF32Block(const float* a, const float* b, float* c, int64_t k, int64_t n, int64_t i0,
+                  int64_t i1, int64_t j0, int64_t j1, float* abuf, float* bbuf) {
+  const int64_t mc = i1 - i0, nc = j1 - j0;
+  for (int64_t p0 = 0; p0 < k; p0 += kKc) {
+    const int64_t kc = std::min(kKc, k - p0);
+    // Pack B[p0:p0+kc, j0:j1] into 16-column panels.
+    for (int64_t jp = 0; jp < nc; jp += kNr) {
+      const int64_t w = std::min<int64_t>(kNr, nc - jp);
+      float* dst = bbuf + jp * kc;
+      const float* src = b + p0 * n + j0 + jp;
+      if (w == kNr) {
+        for (int64_t kk = 0; kk < kc; ++kk) std::memcpy(dst + kk * kNr, src + kk * n, sizeof(float) * kNr);
+      } else {
+        for (int64_t kk = 0; kk < kc; ++kk) {
+          float* d = dst + kk * kNr;
+          std::memcpy(d, src + kk * n, sizeof(float) * static_cast<size_t>(w));
+          std::memset(d + w, 0, sizeof(float) * static_cast<size_t>(kNr - w));
+        }
+      }
+    }
+    // Pack A[i0:i1, p0:p0+kc] into panels of up to 6 rows ([k][rows]).
+    for (int64_t ip = 0; ip < mc; ip += kMr) {
+      const int64_t h = std::min<int64_t>(kMr, mc - ip);
+      float* dst = abuf + ip * kc;
+      const float* src = a + (i0 + ip) * k + p0;
+      for (int64_t r = 0; r < h; ++r)
+        for (int64_t kk = 0; kk < kc; ++kk) dst[kk * h + r] = src[r * k + kk];
+    }
+    for (int64_t jp = 0; jp < nc; jp += kNr) {
+      const int64_t w = std::min<int64_t>(kNr, nc - jp);
+      const float* bp = bbuf + jp * kc;
+      for (int64_t ip = 0; ip < mc; ip += kMr) {
+        const int64_t h = std::min<int64_t>(kMr, mc - ip);
+        const float* ap = abuf + ip * kc;
+        float* cp = c + (i0 + ip) * n + j0 + jp;
+        switch (h) {
+          case 5: MicroF32<5>(kc, ap, bp, cp, n, w); break;
+          case 4: MicroF32<4>(kc, ap, bp, cp, n, w); break;
+          case 3: MicroF32<3>(kc, ap, bp, cp, n, w); break;
+          case 2: MicroF32<2>(kc, ap, bp, cp, n, w); break;
+          default: MicroF32<1>(kc, ap, bp, cp, n, w); break;
+        }
+      }
+    }
+  }
+}
+
+/*! \brief Split [0, total) into blocks of at most `max_block` (a multiple of `unit`). */
+int64_t BlockSize(int64_t total, int64_t max_block, int64_t unit) {
+  if (total <= 0) return unit;
+  const int64_t blocks = (total + max_block - 1) / max_block;
+  const int64_t size = (total + blocks - 1) / blocks;
+  return ((size + unit - 1) / unit) * unit;
+}
+
+int ConfiguredThreads() {
+  if (const char* env = std::getenv("TVM_SPINN_SIM_THREADS")) {
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    if (end != env && v > 0) return static_cast<int>(std::min<long>(v, 1024));
+  }
+  const unsigned hw = std::thread::hardware_concurrency();
+  return hw ? static_cast<int>(hw) : 1;
+}
+
+template <typename T, bool kFull32>
+TVM_SPINN_INLINE int64_t ChunkedIntBlock(const T* a, const T* b, int32_t* c, int64_t k, int64_t n,
+                                         int64_t i0, int64_t i1, int64_t j0, int64_t j1,
+                                         int64_t chunk, int acc_bits) {
+  constexpr int64_t kRows = 4, kCols = 256;
+  const int shift = 32 - acc_bits;
+  int64_t wraps = 0;
+  alignas(64) int32_t part[kRows][kCols];
+  const int64_t mi = i1 - i0, nj = j1 - j0;
+  for (int64_t k0 = 0; k0 < k; k0 += chunk) {
+    const int64_t k1 = std::min(k, k0 + chunk);
+    for (int64_t i = 0; i < mi; ++i) std::memset(part[i], 0, sizeof(int32_t) * static_cast<size_t>(nj));
+    for (int64_t kk = k0; kk < k1; ++kk) {
+      const T* __restrict brow = b + kk * n + j0;
+      for (int64_t i = 0; i < mi; ++i) {
+        const int32_t av = a[(i0 + i) * k + kk];
+        int32_t* __restrict prow = part[i];
+        int32_t row_wraps = 0;
+        for (int64_t j = 0; j < nj; ++j) {
+          const int32_t prod = av * static_cast<int32_t>(brow[j]);
+          const int32_t acc = prow[j];
+          if constexpr (kFull32) {
+            const auto sum = static_cast<int32_t>(static_cast<uint32_t>(acc) +
+                                                  static_cast<uint32_t>(prod));
+            row_wraps += ((acc ^ sum) & (prod ^ sum)) < 0;
+            prow[j] = sum;
+          } else {
+            const int32_t sum = acc + prod;  // exact
+            const int32_t wrapped =
+                static_cast<int32_t>(static_cast<uint32_t>(sum) << shift) >> shift;
+            row_wraps += (wrapped != sum);
+            prow[j] = wrapped;
+          }
+        }
+        wraps += row_wraps;
+      }
+    }
+    for (int64_t i = 0; i < mi; ++i) {  // the M4F's 32-bit adds of the chunk sums
+      int32_t* __restrict crow = c + (i0 + i) * n + j0;
+      for (int64_t j = 0; j < nj; ++j)
+        crow[j] = static_cast<int32_t>(static_cast<uint32_t>(crow[j]) +
+                                       static_cast<uint32_t>(part[i][j]));
+    }
+  }
+  return wraps;
+}
+
+template <typename T>
+TVM_SPINN_INLINE int64_t ChunkedInt(const T* a, const T* b, int32_t* c, int64_t k, int64_t n,
+                                    int64_t i0, int64_t i1, int64_t j0, int64_t j1, int64_t chunk,
+                                    int acc_bits) {
+  return acc_bits >= 32
+             ? ChunkedIntBlock<T, true>(a, b, c, k, n, i0, i1, j0, j1, chunk, acc_bits)
+             : ChunkedIntBlock<T, false>(a, b, c, k, n, i0, i1, j0, j1, chunk, acc_bits);
+}
+
+TVM_SPINN_MULTIVERSION
+int64_t ChunkedI8(const int8_t* a, const int8_t* b, int32_t* c, int64_t k, int64_t n, int64_t i0,
+                  int64_t i1, int64_t j0, int64_t j1, int64_t chunk, int acc_bits) {
+  return ChunkedInt(a, b, c, k, n, i0, i1, j0, j1, chunk, acc_bits);
+}
+
+TVM_SPINN_MULTIVERSION
+int64_t ChunkedI16(const int16_t* a, const int16_t* b, int32_t* c, int64_t k, int64_t n,
+                   int64_t i0, int64_t i1, int64_t j0, int64_t j1, int64_t chunk, int acc_bits) {
+  return ChunkedInt(a, b, c, k, n, i0, i1, j0, j1, chunk, acc_bits);
+}
+
+template <typename T, typename Block>
+int64_t GemmIntBatched(const T* a, const T* b, int32_t* c, const BatchedGemm& s, int64_t chunk,
+                       int acc_bits, int threads, Block block) {
+  constexpr int64_t kRows = 4, kCols = 256;
+  if (s.batch <= 0 || s.m <= 0 || s.n <= 0) return 0;
+  if (chunk <= 0) chunk = std::max<int64_t>(s.k, 1);
+  const int64_t mb = (s.m + kRows - 1) / kRows, nb = (s.n + kCols - 1) / kCols;
+  std::atomic<int64_t> wraps{0};
+  ParallelFor(s.batch * mb * nb, threads, [&](int64_t t) {
+    const int64_t bi = t / (mb * nb), rest = t % (mb * nb);
+    const int64_t i0 = (rest / nb) * kRows, j0 = (rest % nb) * kCols;
+    const int64_t w = block(a + s.a_index[bi] * s.m * s.k, b + s.b_index[bi] * s.k * s.n,
+                            c + bi * s.m * s.n, s.k, s.n, i0, std::min(s.m, i0 + kRows), j0,
+                            std::min(s.n, j0 + kCols), chunk, acc_bits);
+    if (w) wraps.fetch_add(w);
+  });
+  return wraps.load();
+}
+
+template <typename T>
+void Im2ColImpl(const T* x, T* out, const Im2ColShape& s, T fill, int threads) {
+  const int64_t planes = s.n * s.groups * s.cg;  // one task per input channel of each image
+  const int64_t pixels = s.oh * s.ow;
+  ParallelFor(planes, threads, [&](int64_t plane) {
+    const T* src = x + plane * s.h * s.w;
+    // plane = (img * groups + g) * cg + c: its rows start at ((img*groups+g) * cg + c) * kh*kw.
+    T* dst = out + plane * s.kh * s.kw * pixels;
+    for (int64_t i = 0; i < s.kh; ++i) {
+      for (int64_t j = 0; j < s.kw; ++j) {
+        T* row = dst + (i * s.kw + j) * pixels;
+        const int64_t dx = j * s.dil_w - s.pad_left;
+        for (int64_t oy = 0; oy < s.oh; ++oy) {
+          T* o = row + oy * s.ow;
+          const int64_t iy = oy * s.stride_h - s.pad_top + i * s.dil_h;
+          if (iy < 0 || iy >= s.h) {
+            std::fill(o, o + s.ow, fill);
+            continue;
+          }
+          const T* in = src + iy * s.w;
+          if (s.stride_w == 1) {
+            // ix = ox + dx: valid for ox in [max(0, -dx), min(ow, w - dx))
+            const int64_t lo = std::clamp<int64_t>(-dx, 0, s.ow);
+            const int64_t hi = std::clamp<int64_t>(s.w - dx, lo, s.ow);
+            std::fill(o, o + lo, fill);
+            if (hi > lo) std::memcpy(o + lo, in + lo + dx, sizeof(T) * static_cast<size_t>(hi - lo));
+            std::fill(o + hi, o + s.ow, fill);
+          } else {
+            for (int64_t ox = 0; ox < s.ow; ++ox) {
+              const int64_t ix = ox * s.stride_w + dx;
+              o[ox] = (ix >= 0 && ix < s.w) ? in[ix] : fill;
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+int SimThreads(int64_t work) { return work < (int64_t{1} << 17) ? 1 : ConfiguredThreads(); }
+
+void GemmF32Batched(const float* a, const float* b, float* c, const BatchedGemm& s, int threads) {
+  if (s.batch <= 0 || s.m <= 0 || s.n <= 0 || s.k <= 0) return;
+  const int64_t mc = BlockSize(s.m, kMc, kMr);
+  int64_t nc = BlockSize(s.n, kNc, kNr);
+  const int64_t mb = (s.m + mc - 1) / mc;
+  // Enough blocks for every thread (finer column blocks when a layer has few of them).
+  while (s.batch * mb * ((s.n + nc - 1) / nc) < 2 * int64_t{threads} && nc > 4 * kNr) {
+    nc = ((nc / 2 + kNr - 1) / kNr) * kNr;
+  }
+  const int64_t nb = (s.n + nc - 1) / nc;
+  const int64_t kc = std::min(kKc, s.k);
+  ParallelFor(s.batch * mb * nb, threads, [&](int64_t t) {
+    // Packing buffers per thread, reused across calls.
+    thread_local std::unique_ptr<float[], AlignedFree> abuf, bbuf;
+    thread_local int64_t abuf_size = 0, bbuf_size = 0;
+    if (abuf_size < mc * kc) {
+      abuf = AlignedBuffer<float>(static_cast<size_t>(mc * kc));
+      abuf_size = mc * kc;
+    }
+    if (bbuf_size < nc * kc) {
+      bbuf = AlignedBuffer<float>(static_cast<size_t>(nc * kc));
+      bbuf_size = nc * kc;
+    }
+    const int64_t bi = t / (mb * nb), rest = t % (mb * nb);
+    const int64_t i0 = (rest / nb) * mc, j0 = (rest % nb) * nc;
+    GemmF32Block(a + s.a_index[bi] * s.m * s.k, b + s.b_index[bi] * s.k * s.n,
+                 c + bi * s.m * s.n, s.k, s.n, i0, std::min(s.m, i0 + mc), j0,
+                 std::min(s.n, j0 + nc), abuf.get(), bbuf.get());
+  });
+}
+
+int64_t GemmI8Batched(const int8_t* a, const int8_t* b, int32_t* c, const BatchedGemm& s,
+                      int64_t chunk, int acc_bits, int threads) {
+  return GemmIntBatched(a, b, c, s, chunk, acc_bits, threads, ChunkedI8);
+}
+
+int64_t GemmI16Batched(const int16_t* a, const int16_t* b, int32_t* c, const BatchedGemm& s,
+                       int64_t chunk, int acc_bits, int threads) {
+  return GemmIntBatched(a, b, c, s, chunk, acc_bits, threads, ChunkedI16);
+}
+
+void Im2Col(const void* x, void* out, const Im2ColShape& s, int elem_bytes, const void* fill,
+            int threads) {
+  switch (elem_bytes) {
+    case 1: {
+      uint8_t f;
+      std::memcpy(&f, fill, 1);
+      Im2ColImpl(static_cast<const uint8_t*>(x), static_cast<uint8_t*>(out), s, f, threads);
+      break;
+    }
+    case 2: {
+      uint16_t f;
+      std::memcpy(&f, fill, 2);
+      Im2ColImpl(static_cast<const uint16_t*>(x), static_cast<uint16_t*>(out), s, f, threads);
+      break;
+    }
+    default: {
+      uint32_t f;
+      std::memcpy(&f, fill, 4);
+      Im2ColImpl(static_cast<const uint32_t*>(x), static_cast<uint32_t*>(out), s, f, threads);
+      break;
+    }
+  }
 }
 
 void RowSumF32(const float* x, float* out, int64_t rows, int64_t cols) {

@@ -25,6 +25,57 @@ int64_t GemmI8(const int8_t* a, const int8_t* b, int32_t* c, int64_t m, int64_t 
 int64_t GemmI16(const int16_t* a, const int16_t* b, int32_t* c, int64_t m, int64_t k, int64_t n,
                 int acc_bits);
 
+/*!
+ * \brief Batched operands of the whole-layer kernels: C[b] (+)= A[a_index[b]] @ B[b_index[b]] for
+ *        b in [0, batch); A is [a_count, M, K], B is [b_count, K, N], C is [batch, M, N], all
+ *        row-major. Conv groups use a_index[b] = b % groups; broadcast matmul batches repeat
+ *        an index instead of copying the operand.
+ */
+struct BatchedGemm {
+  int64_t batch, m, k, n;
+  const int64_t* a_index;  // [batch], each in [0, a_count)
+  const int64_t* b_index;  // [batch], each in [0, b_count)
+};
+
+/*!
+ * \brief GemmF32 over a batch (one call per layer), register-blocked and multi-threaded over
+ *        output blocks. Each output is computed by one thread, k ascending from its C value, with
+ *        a separately rounded multiply and add, so the bits are those of GemmF32 for any
+ *        blocking and any thread count.
+ */
+void GemmF32Batched(const float* a, const float* b, float* c, const BatchedGemm& shape,
+                    int threads);
+
+/*!
+ * \brief Integer GEMM over a batch with the MAC array's k-chunking: for each output, k is split
+ *        into chunks of `chunk` (the last may be shorter); each chunk accumulates from 0 in a
+ *        fresh signed `acc_bits`-bit accumulator, every addition wrapped (as GemmI8), and the
+ *        chunk result is added to C (the M4F's int32 total, wrapping modulo 2^32).
+ * \return The number of wrap events of the acc_bits accumulators.
+ */
+int64_t GemmI8Batched(const int8_t* a, const int8_t* b, int32_t* c, const BatchedGemm& shape,
+                      int64_t chunk, int acc_bits, int threads);
+/*! \brief As GemmI8Batched with int16 operands. */
+int64_t GemmI16Batched(const int16_t* a, const int16_t* b, int32_t* c, const BatchedGemm& shape,
+                       int64_t chunk, int acc_bits, int threads);
+
+/*! \brief Geometry of Im2Col: input [n, groups * cg, h, w] -> out [n * groups, cg*kh*kw, oh*ow]. */
+struct Im2ColShape {
+  int64_t n, groups, cg, h, w, kh, kw, oh, ow;
+  int64_t stride_h, stride_w, dil_h, dil_w, pad_top, pad_left;
+};
+
+/*!
+ * \brief im2col of an NCHW tensor (pure data movement, what the DMA gathers): row (c, i, j) in
+ *        the OIHW weight's order, column oy * ow + ox; positions in the padding read `fill`.
+ *        `elem_bytes` is 1, 2 or 4.
+ */
+void Im2Col(const void* x, void* out, const Im2ColShape& s, int elem_bytes, const void* fill,
+            int threads);
+
+/*! \brief Worker threads for a job of `work` multiply-adds: 1 for small jobs, else `threads`. */
+int SimThreads(int64_t work);
+
 /*! \brief out[r] = ((0 + x[r,0]) + x[r,1]) + ... in float32, strictly left to right. */
 void RowSumF32(const float* x, float* out, int64_t rows, int64_t cols);
 

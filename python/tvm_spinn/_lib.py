@@ -5,7 +5,9 @@ The library registers global functions in the tvm-ffi registry when it is loaded
 * ``tvm_spinn.runtime.create_module(symbol, program) -> Module`` (module kind ``"spinn"``),
   ``tvm_spinn.runtime.save_to_bytes(Module) -> Bytes``, ``tvm_spinn.runtime.version()``,
 * ``ffi.Module.load_from_bytes.spinn(Bytes) -> Module`` (used by ``tvm.runtime.load_module``),
-* ``tvm_spinn.sim.{gemm_f32, gemm_i8, gemm_i16, row_sum_f32}``: bit-exact hardware kernels.
+* ``tvm_spinn.sim.{gemm_f32, gemm_i8, gemm_i16, row_sum_f32}``: bit-exact hardware kernels;
+  ``tvm_spinn.sim.{gemm_f32_batched, gemm_i8_batched, gemm_i16_batched, im2col}``: whole-layer
+  versions (one call per layer, multi-threaded: ``TVM_SPINN_SIM_THREADS``, default all cores).
 
 This module depends on ``tvm_ffi`` only (not on ``tvm``) so that importing it stays cheap.
 """
@@ -26,8 +28,12 @@ __all__ = [
     "LIBRARY_PATH",
     "create_module",
     "gemm_f32",
+    "gemm_f32_batched",
     "gemm_i16",
+    "gemm_i16_batched",
     "gemm_i8",
+    "gemm_i8_batched",
+    "im2col",
     "load_library",
     "load_module_from_bytes",
     "row_sum_f32",
@@ -101,10 +107,26 @@ def _func(name: str) -> Any:
     return tvm_ffi.get_global_func(name)
 
 
+class _ReadOnlyInput:
+    """A writable-flagged numpy view of a read-only array's memory (keeps the array alive)."""
+
+    def __init__(self, array: Any) -> None:
+        self.base = array
+        iface = dict(array.__array_interface__)
+        iface["data"] = (iface["data"][0], False)
+        self.__array_interface__ = iface
+
+
 def _input(array: Any) -> Any:
-    """DLPack cannot export read-only numpy arrays: pass such inputs as a copy."""
+    """DLPack cannot export read-only numpy arrays (e.g. a program's constants, views of its
+    blob): the kernels only read their inputs, so such an input is passed as a writable-flagged
+    view of the same memory instead of a copy."""
     flags = getattr(array, "flags", None)
     if flags is not None and not getattr(flags, "writeable", True):
+        if hasattr(array, "__array_interface__"):
+            import numpy as np
+
+            return np.asarray(_ReadOnlyInput(array))
         return array.copy()
     return array
 
@@ -131,6 +153,83 @@ def gemm_i8(a: Any, b: Any, c: Any, acc_bits: int = DEFAULT_ACC_BITS) -> int:
 def gemm_i16(a: Any, b: Any, c: Any, acc_bits: int = DEFAULT_ACC_BITS) -> int:
     """As :func:`gemm_i8` with int16 operands (16-bit mode). Returns the wrap count."""
     return int(_func("tvm_spinn.sim.gemm_i16")(_input(a), _input(b), c, operator.index(acc_bits)))
+
+
+def _batch_index(index: Any, batch: int, count: int) -> Any:
+    """``index`` as a C-contiguous int64 array; ``None``: ``b % count`` (conv groups)."""
+    import numpy as np
+
+    if index is None:
+        return np.arange(batch, dtype=np.int64) % max(count, 1)
+    return _input(np.ascontiguousarray(index, dtype=np.int64))
+
+
+def gemm_f32_batched(a: Any, b: Any, c: Any, a_index: Any = None, b_index: Any = None,
+                     threads: int = 0) -> None:
+    """``C[i] += A[a_index[i]] @ B[b_index[i]]`` for every ``i``, float32, in place.
+
+    ``A[a_count,M,K]``, ``B[b_count,K,N]``, ``C[batch,M,N]`` (C-contiguous float32 numpy arrays);
+    ``a_index``/``b_index``: int64 ``[batch]`` (default ``i % a_count`` / ``i % b_count``). Each
+    output is :func:`gemm_f32`'s: k ascending, product and sum rounded separately. ``threads``:
+    0 = ``$TVM_SPINN_SIM_THREADS``, else all cores (small jobs run on one); the bits never
+    depend on it.
+    """
+    batch = c.shape[0]
+    _func("tvm_spinn.sim.gemm_f32_batched")(
+        _input(a), _input(b), c, _batch_index(a_index, batch, a.shape[0]),
+        _batch_index(b_index, batch, b.shape[0]), operator.index(threads))
+
+
+def gemm_i8_batched(a: Any, b: Any, c: Any, chunk: int, acc_bits: int = DEFAULT_ACC_BITS,
+                    a_index: Any = None, b_index: Any = None, threads: int = 0) -> int:
+    """``C[i] += A[a_index[i]] @ B[b_index[i]]`` (int8 operands, int32 ``C``) as the MAC array
+    with the M4F: k in chunks of ``chunk``, each accumulated from 0 on a wrapping signed
+    ``acc_bits``-bit accumulator (as :func:`gemm_i8`), the chunk sums added to ``C`` in int32
+    (wrapping). Returns the accumulators' wrap count. Indexes and threads as
+    :func:`gemm_f32_batched`."""
+    batch = c.shape[0]
+    return int(_func("tvm_spinn.sim.gemm_i8_batched")(
+        _input(a), _input(b), c, _batch_index(a_index, batch, a.shape[0]),
+        _batch_index(b_index, batch, b.shape[0]), operator.index(chunk), operator.index(acc_bits),
+        operator.index(threads)))
+
+
+def gemm_i16_batched(a: Any, b: Any, c: Any, chunk: int, acc_bits: int = DEFAULT_ACC_BITS,
+                     a_index: Any = None, b_index: Any = None, threads: int = 0) -> int:
+    """As :func:`gemm_i8_batched` with int16 operands."""
+    batch = c.shape[0]
+    return int(_func("tvm_spinn.sim.gemm_i16_batched")(
+        _input(a), _input(b), c, _batch_index(a_index, batch, a.shape[0]),
+        _batch_index(b_index, batch, b.shape[0]), operator.index(chunk), operator.index(acc_bits),
+        operator.index(threads)))
+
+
+def im2col(x: Any, kernel: tuple[int, int], strides=(1, 1), dilation=(1, 1),
+           padding=(0, 0, 0, 0), groups: int = 1, fill: Any = 0, out_hw: tuple[int, int] | None = None,
+           threads: int = 0) -> Any:
+    """im2col of NCHW ``x``: ``[n * groups, (C / groups) * kh * kw, oh * ow]`` with rows in the
+    OIHW weight's ``(c, i, j)`` order and columns ``oy * ow + ox``; padding
+    (top, left, bottom, right) reads ``fill``. Pure data movement (numpy in, numpy out)."""
+    import numpy as np
+
+    x = np.ascontiguousarray(x)
+    n, c, h, w = x.shape
+    kh, kw = kernel
+    sh, sw = strides
+    dh, dw = dilation
+    pt, pl, pb, pr = padding
+    if out_hw is None and min(sh, sw, dh, dw) < 1:
+        out_hw = (0, 0)  # the library rejects the geometry
+    if out_hw is None:
+        out_hw = ((h + pt + pb - dh * (kh - 1) - 1) // sh + 1, (w + pl + pr - dw * (kw - 1) - 1) // sw + 1)
+    oh, ow = (max(int(v), 0) for v in out_hw)
+    groups = max(int(groups), 1)
+    out = np.empty((n * groups, (c // groups) * kh * kw, oh * ow), dtype=x.dtype)
+    fill_arr = np.array([fill], dtype=x.dtype)
+    _func("tvm_spinn.sim.im2col")(
+        _input(x), out, fill_arr,
+        [int(v) for v in (groups, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow)], operator.index(threads))
+    return out
 
 
 def row_sum_f32(x: Any, out: Any) -> None:

@@ -14,10 +14,13 @@ Numerics are those of the hardware path each layer runs on:
   (:mod:`tvm_spinn.program.quant`). ``quantize`` is ``clamp(rint(x / s) + z)`` in fp32 (round
   half to even, VCVTR); ``dequantize`` is ``fl(q - z) * s``.
 - Execution modes (``TVM_SPINN_SIM_MODE`` or ``run_program(..., mode=...)``): ``"layers"``
-  (default) runs each GEMM layer with one kernel call per output block over the full K (int8:
-  one call per accumulator-safe k-chunk, the program's chunk length, as the tiles do); ``"tiles"``
-  executes the mapping tile by tile and k-chunk by k-chunk (the reference). Each output reduces in
-  ascending k from 0 whatever the tiling, so both give the same bits (tests/test_sim_modes.py).
+  (default) runs every layer whole: a GEMM layer is one call of a batched, multi-threaded C++
+  kernel (``gemm_f32_batched`` / ``gemm_i8_batched`` with the program's k-chunk length, conv
+  operands gathered by the C++ ``im2col``; ``TVM_SPINN_SIM_THREADS`` threads, default all cores,
+  never changing the bits), every other layer one region covering its whole output. ``"tiles"``
+  executes the mapping tile by tile and k-chunk by k-chunk (the reference). Each output element's
+  arithmetic is independent of the tiling (a GEMM output reduces in ascending k from 0 on one PE),
+  so both give the same bits (tests/test_sim_modes.py).
 - ``exp`` comes from the exp/log unit, modelled as numpy's float32 ``exp``; ``erf`` (GELU) is the
   M4F library's rational approximation in fp32 (Abramowitz-Stegun 7.1.26, |error| < 1.5e-7).
 """
@@ -379,24 +382,6 @@ class _LayerRunner:
                 res = _relu(res)
         self.out.reshape(-1)[e0:e1] = res
 
-    def run_layer(self, tiles: list[Tile]) -> bool:
-        """Run a GEMM layer whole: one block per batch/group over all outputs (fp32: full K in
-        one call; int8: the tiles' k-chunk length). False (nothing done) where the layer is not a
-        GEMM, has no tiles, or its tiles chunk k differently (int8 only; run those tile by tile)."""
-        if self.layer.kind not in ("conv2d", "dense", "matmul") or not tiles:
-            return False
-        g = self.g
-        if self.layer.mode == "int8":
-            steps = {-(-g.k // t.k_splits) for t in tiles}
-            if len(steps) != 1:
-                return False
-            step, block = steps.pop(), self._qgemm_block
-        else:
-            step, block = max(g.k, 1), self._gemm_block
-        for b0 in range(g.batch):
-            block(b0, 0, g.m, 0, g.n, step)
-        return True
-
     def run(self, tile: Tile) -> None:
         k = self.layer.kind
         if k in ("conv2d", "dense", "matmul") and self.layer.mode == "int8":
@@ -413,28 +398,224 @@ class _LayerRunner:
             self._run_elementwise(tile)
 
 
+
+
+# -- tiles: the only access to the program's tiling -------------------------------------------
+def _layer_tiles(program: Program, index: int):
+    """The tiles of layer ``index``: objects with ``.region`` and ``.k_splits``."""
+    try:  # programs that store the mapping as data (per-layer tile shapes)
+        from ..program.tiles import layer_tiles
+    except ImportError:
+        return [t for t in program.tiles if t.layer == index]
+    return layer_tiles(program, index)
+
+
+def _int8_step(program: Program, index: int) -> int | None:
+    """k-chunk length of int8 GEMM layer ``index`` (``ceil(K / k_splits)`` of its tiles), or
+    None where its tiles chunk k differently (or it has none)."""
+    k = gemm_shape(program, program.layers[index]).k
+    steps = {-(-k // t.k_splits) for t in _layer_tiles(program, index)}
+    return steps.pop() if len(steps) == 1 else None
+
+
+# -- "layers" mode: every layer whole --------------------------------------------------------
+class _Whole:
+    """A pseudo-tile covering a layer's whole output (its region only)."""
+
+    __slots__ = ("region",)
+
+    def __init__(self, region):
+        self.region = region
+
+
+def _whole_region(layer: Layer, out: np.ndarray):
+    k = layer.kind
+    if k in ("softmax", "layer_norm", "mean"):
+        rows = out.size if k == "mean" else out.size // max(out.shape[-1], 1)
+        return ((0, rows),)
+    if k in ("max_pool2d", "avg_pool2d"):
+        return ((0, out.shape[0] * out.shape[1]), (0, out.shape[2]))
+    return ((0, out.size),)
+
+
+def _gemm_operands(program: Program, layer: Layer, out: np.ndarray, x: np.ndarray, rhs: np.ndarray, fill):
+    """Batched GEMM operands without copies where the layout allows: ``a`` [a_count, m, k],
+    ``b`` [b_count, k, n] and the int64 index vectors picking each output batch's operands (the
+    same operands as ``_LayerRunner._arrange``; conv2d ``b`` is the C++ im2col)."""
+    g = gemm_shape(program, layer)
+    if layer.kind == "conv2d":
+        attrs = layer.attrs
+        groups = attrs["groups"]
+        a = np.ascontiguousarray(rhs).reshape(groups, rhs.shape[0] // groups, -1)
+        _, cg, kh, kw = rhs.shape
+        n, c, h, w = x.shape
+        oh, ow = out.shape[2], out.shape[3]
+        x = np.ascontiguousarray(x)
+        if (kh, kw) == (1, 1) and tuple(attrs["strides"]) == (1, 1) and not any(attrs["padding"]) \
+                and (oh, ow) == (h, w):
+            b = x.reshape(n * groups, cg, h * w)  # 1x1 convolution: im2col is the input itself
+        else:
+            b = _lib.im2col(x, (kh, kw), attrs["strides"], attrs["dilation"], attrs["padding"],
+                            groups, fill=fill, out_hw=(oh, ow))
+        a_index = np.arange(g.batch, dtype=np.int64) % groups
+        b_index = np.arange(g.batch, dtype=np.int64)
+    elif layer.kind == "dense":
+        a = np.ascontiguousarray(x).reshape(1, g.m, g.k)
+        b = np.ascontiguousarray(rhs).reshape(1, g.k, g.n)
+        a_index = b_index = np.zeros(1, dtype=np.int64)
+    else:  # matmul: broadcast batches index their operand instead of copying it
+        batch_shape = tuple(out.shape[:-2])
+
+        def operand(t):
+            lead = t.shape[:-2]
+            index = np.arange(int(np.prod(lead, dtype=np.int64)), dtype=np.int64).reshape(lead)
+            index = np.broadcast_to(index, batch_shape).reshape(-1)
+            return np.ascontiguousarray(t).reshape(-1, t.shape[-2], t.shape[-1]), np.ascontiguousarray(index)
+
+        a, a_index = operand(x)
+        b, b_index = operand(rhs)
+    return g, a, b, a_index, b_index
+
+
+def _rhs(layer: Layer, env) -> np.ndarray:
+    return env[layer.consts["weight"]] if "weight" in layer.consts else env[layer.inputs[1]]
+
+
+def _gemm_whole(program: Program, layer: Layer, env, out: np.ndarray) -> None:
+    x = env[layer.inputs[0]]
+    g, a, b, a_index, b_index = _gemm_operands(program, layer, out, x, _rhs(layer, env), 0)
+    c = out.reshape(g.batch, g.m, g.n)
+    c.fill(0)
+    _lib.gemm_f32_batched(a, b, c, a_index, b_index)
+    bias = layer.consts.get("bias")
+    if bias is not None:
+        bias = env[bias]
+        if layer.kind == "conv2d":
+            groups = layer.attrs["groups"]
+            c4 = out.reshape(-1, groups, g.m, g.n)
+            np.add(c4, bias.reshape(groups, g.m, 1), out=c4)
+        else:
+            np.add(c, bias.reshape(1, 1, -1), out=c)
+    if layer.attrs.get("relu"):
+        c[~(c > 0)] = _F32(0)  # _relu: a > 0 ? a : 0 (NaN and -0.0 give +0)
+
+
+def _qgemm_whole(program: Program, layer: Layer, index: int, env, out: np.ndarray) -> bool:
+    step = _int8_step(program, index)
+    if step is None:
+        return False
+    attrs = layer.attrs
+    x = env[layer.inputs[0]]
+    x = to_signed(x) if attrs["x_flip"] else x
+    zx = np.int64(attrs["x_zero"])
+    rhs = _rhs(layer, env)
+    if layer.kind == "matmul" and attrs["b_flip"]:
+        rhs = to_signed(rhs)
+    fill = np.asarray(attrs["x_zero"]).astype(x.dtype)  # padding holds the zero point
+    g, a, b, a_index, b_index = _gemm_operands(program, layer, out, x, rhs, fill)
+    acc32 = np.zeros((g.batch, g.m, g.n), dtype=np.int32)
+    _lib.gemm_i8_batched(a, b, acc32, step, int(program.arch.get("acc_bits", 29)), a_index, b_index)
+    acc = acc32.astype(np.int64)
+    wz = env[layer.consts["w_zero"]].astype(np.int64) if "w_zero" in layer.consts else None
+    if layer.kind == "conv2d":
+        groups = attrs["groups"]
+        acc = acc.reshape(-1, groups, g.m, g.n)
+        ch = np.arange(groups * g.m).reshape(groups, g.m, 1)
+        za = wz[ch] if wz is not None else np.int64(0)
+        zb = zx
+        a_sum = a.sum(axis=2, dtype=np.int64).reshape(groups, g.m, 1)
+        b_sum = lambda: b.sum(axis=1, dtype=np.int64).reshape(-1, groups, 1, g.n)  # noqa: E731
+    else:
+        ch = np.arange(g.n)[None, :]
+        if layer.kind == "dense":
+            za, zb = zx, wz
+        else:
+            za, zb = zx, np.int64(attrs.get("b_zero", 0))
+        zb = zb[ch] if isinstance(zb, np.ndarray) and zb.ndim else zb
+        a_sum = a.sum(axis=2, dtype=np.int64)[a_index][:, :, None]
+        b_sum = lambda: b.sum(axis=1, dtype=np.int64)[b_index][:, None, :]  # noqa: E731
+    zb = np.int64(0) if zb is None else zb
+    # sum (a - za)(b - zb) = sum ab - zb sum_k a - za sum_k b + K za zb
+    if np.any(zb != 0):
+        acc -= zb * a_sum
+    if np.any(za != 0):
+        acc -= za * b_sum()
+    acc += np.int64(g.k) * za * zb
+    acc = acc.astype(np.int32).astype(np.int64)  # 32-bit registers
+    epi = {k: env[layer.consts[k]] for k in ("scale", "bias", "bias_q", "multiplier", "shift") if k in layer.consts}
+    target = out.reshape(acc.shape)
+    if attrs["out"] == "float32":
+        y = acc.astype(_F32) * epi["scale"][ch]
+        if "bias" in epi:
+            y = y + epi["bias"][ch]
+        if attrs["relu"]:
+            y = np.maximum(y, _F32(0))
+        target[...] = y
+        return True
+    v = acc + epi["bias_q"][ch].astype(np.int64)
+    target[...] = requantize(v, epi["multiplier"][ch], epi["shift"][ch], attrs["y_zero"], attrs["y_min"], attrs["y_max"])
+    return True
+
+
+def _elementwise_whole(layer: Layer, env, out: np.ndarray) -> None:
+    k = layer.kind
+    x = env[layer.inputs[0]]
+    if k == "permute_dims":
+        out[...] = np.transpose(x, layer.attrs["axes"])
+    elif k == "broadcast_to":
+        out[...] = np.broadcast_to(x, out.shape)
+    elif k == "reshape":
+        out[...] = np.reshape(x, out.shape)
+    else:
+        args = [np.broadcast_to(env[i], out.shape) for i in layer.inputs]
+        res = _BINARY[k](args[0], args[1]) if k in _BINARY else _unary(k, args[0], layer.attrs)
+        if layer.attrs.get("relu"):
+            res = _relu(res)
+        out[...] = res
+
+
+_ELEMENTWISE = ("reshape", "permute_dims", "broadcast_to", "relu", "gelu", "gelu_tanh", "sigmoid", "tanh", "clip",
+                *_BINARY)
+
+
+def _run_whole(program: Program, index: int, layer: Layer, env) -> np.ndarray | None:
+    """Layer ``index`` over its whole output, or None where it must run tile by tile."""
+    spec = program.tensors[layer.output]
+    out = np.empty(spec.shape, dtype=spec.dtype)
+    k = layer.kind
+    if k in ("conv2d", "dense", "matmul"):
+        if layer.mode == "int8":
+            return out if _qgemm_whole(program, layer, index, env, out) else None
+        _gemm_whole(program, layer, env, out)
+        return out
+    if k in _ELEMENTWISE:
+        _elementwise_whole(layer, env, out)
+        return out
+    runner = _LayerRunner(program, layer, env)
+    runner.run(_Whole(_whole_region(layer, runner.out)))
+    return runner.out
+
+
 def run_program(program: Program, inputs: list[np.ndarray], mode: str | None = None) -> list[np.ndarray]:
     """Execute ``program`` on ``inputs`` (in ``program.inputs`` order); returns its outputs.
 
-    ``mode`` (default ``$TVM_SPINN_SIM_MODE``, else ``"layers"``): ``"layers"`` runs GEMM layers
+    ``mode`` (default ``$TVM_SPINN_SIM_MODE``, else ``"layers"``): ``"layers"`` runs every layer
     whole, ``"tiles"`` executes every tile of the mapping (reference); the bits are the same."""
     per_layer = sim_mode(mode) == "layers"
     env: dict[int, np.ndarray] = dict(program.constants)
     for tid, value in zip(program.inputs, inputs):
         env[tid] = value
-    by_layer: dict[int, list[Tile]] = {}
-    for tile in program.tiles:
-        by_layer.setdefault(tile.layer, []).append(tile)
     for index, layer in enumerate(program.layers):
         if layer.mode not in ("fp32", "int8"):
             raise NotImplementedError(f"layer {layer.name}: mode {layer.mode} is not simulated")
         # IEEE hardware does not trap: overflow to inf, 0/0 = NaN and NaN comparisons are
         # results, not errors, so numpy must not warn about them (nor raise under -W error).
         with np.errstate(all="ignore"):
-            runner = _LayerRunner(program, layer, env)
-            tiles = by_layer.get(index, [])
-            if not (per_layer and runner.run_layer(tiles)):
-                for tile in tiles:
+            out = _run_whole(program, index, layer, env) if per_layer else None
+            if out is None:
+                runner = _LayerRunner(program, layer, env)
+                for tile in _layer_tiles(program, index):
                     runner.run(tile)
-        env[layer.output] = runner.out
+                out = runner.out
+        env[layer.output] = out
     return [env[tid] for tid in program.outputs]

@@ -1,0 +1,236 @@
+"""Whole-layer simulator kernels (tvm_spinn.sim.*_batched, im2col) against straightforward numpy
+references, bit for bit: fp32 GEMM = per output, k ascending from C, fl(c + fl(a * b)); int8 GEMM =
+per k-chunk a fresh wrapping acc_bits accumulator, chunk sums added in int32. Also: any thread
+count gives the same bits, and bad arguments raise Python exceptions."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tvm_spinn import _lib
+
+
+def _ref_f32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    acc = c.astype(np.float32).copy()
+    with np.errstate(all="ignore"):
+        for k in range(a.shape[1]):
+            prod = (a[:, k:k + 1] * b[k:k + 1, :]).astype(np.float32)
+            acc = (acc + prod).astype(np.float32)
+    return acc
+
+
+def _wrap(v: np.ndarray, bits: int) -> np.ndarray:
+    v = v.astype(np.int64)
+    return ((v + (1 << (bits - 1))) % (1 << bits)) - (1 << (bits - 1))
+
+
+def _ref_int(a: np.ndarray, b: np.ndarray, c: np.ndarray, chunk: int, acc_bits: int) -> tuple[np.ndarray, int]:
+    total = c.astype(np.int64)
+    wraps = 0
+    for k0 in range(0, a.shape[1], chunk):
+        part = np.zeros(c.shape, np.int64)
+        for k in range(k0, min(a.shape[1], k0 + chunk)):
+            exact = part + a[:, k:k + 1].astype(np.int64) * b[k:k + 1, :].astype(np.int64)
+            part = _wrap(exact, acc_bits)
+            wraps += int(np.count_nonzero(part != exact))
+        total = _wrap(total + part, 32)
+    return total.astype(np.int32), wraps
+
+
+def _bits(x: np.ndarray) -> np.ndarray:
+    return x.view(np.uint32)
+
+
+# (batch, a_count, b_count, M, K, N): remainders of the 5 x 16 register block and of the
+# 256-long k blocks, K = 1, large K, conv-like groups and broadcast batches.
+SHAPES = [
+    (1, 1, 1, 1, 1, 1),
+    (1, 1, 1, 5, 16, 16),
+    (1, 1, 1, 7, 3, 17),
+    (2, 2, 2, 13, 1, 33),
+    (3, 2, 3, 11, 300, 47),
+    (1, 1, 1, 64, 257, 130),
+    (1, 1, 1, 9, 1100, 20),
+    (6, 3, 6, 1, 9, 50),  # depthwise-like: one row per group
+    (4, 1, 4, 16, 8, 16),  # broadcast A
+    (4, 4, 1, 16, 8, 16),  # broadcast B
+    (2, 2, 2, 130, 40, 1030),  # several output blocks: multi-threaded
+]
+
+
+def _indexes(batch, a_count, b_count):
+    return np.arange(batch) % a_count, (np.arange(batch) * 7 + 1) % b_count
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_gemm_f32_batched_bits(shape):
+    batch, ac, bc, m, k, n = shape
+    rng = np.random.default_rng(sum(shape))
+    a = (rng.normal(size=(ac, m, k)) * rng.choice([1e-3, 1, 1e3], size=(ac, m, k))).astype(np.float32)
+    b = rng.normal(size=(bc, k, n)).astype(np.float32)
+    c0 = rng.normal(size=(batch, m, n)).astype(np.float32)
+    ai, bi = _indexes(batch, ac, bc)
+    ref = np.stack([_ref_f32(a[ai[i]], b[bi[i]], c0[i]) for i in range(batch)])
+    for threads in (1, 2, 3):
+        c = c0.copy()
+        _lib.gemm_f32_batched(a, b, c, ai, bi, threads=threads)
+        assert np.array_equal(_bits(c), _bits(ref)), threads
+    # and the single-GEMM kernel agrees
+    c = c0.copy()
+    for i in range(batch):
+        _lib.gemm_f32(a[ai[i]], b[bi[i]], c[i])
+    assert np.array_equal(_bits(c), _bits(ref))
+
+
+def test_gemm_f32_special_values():
+    a = np.array([[np.inf, 1.0, np.nan, -0.0, 3e38, 3e38]], np.float32)
+    b = np.array([[0.0], [1.0], [2.0], [5.0], [10.0], [-10.0]], np.float32).repeat(20, axis=1)
+    c0 = np.array([[-0.0] * 20], np.float32)
+    c = c0.copy()[None]
+    _lib.gemm_f32_batched(a[None], b[None], c)
+    ref = _ref_f32(a, b, c0)
+    assert np.array_equal(np.isnan(c[0]), np.isnan(ref))
+    assert np.array_equal(_bits(c[0])[~np.isnan(ref)], _bits(ref)[~np.isnan(ref)])
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("acc_bits,chunk", [(29, 10 ** 6), (18, 7), (16, 3), (32, 100), (12, 1)])
+def test_gemm_i8_batched_bits(shape, acc_bits, chunk):
+    batch, ac, bc, m, k, n = shape
+    rng = np.random.default_rng(sum(shape) + acc_bits)
+    a = rng.integers(-128, 128, size=(ac, m, k), dtype=np.int8)
+    b = rng.integers(-128, 128, size=(bc, k, n), dtype=np.int8)
+    c0 = rng.integers(-2**31, 2**31, size=(batch, m, n), dtype=np.int64).astype(np.int32)
+    ai, bi = _indexes(batch, ac, bc)
+    refs = [_ref_int(a[ai[i]], b[bi[i]], c0[i], chunk, acc_bits) for i in range(batch)]
+    ref = np.stack([r[0] for r in refs])
+    for threads in (1, 2):
+        c = c0.copy()
+        wraps = _lib.gemm_i8_batched(a, b, c, chunk, acc_bits, ai, bi, threads=threads)
+        assert np.array_equal(c, ref)
+        assert wraps == sum(r[1] for r in refs)
+
+
+def test_gemm_i16_batched_bits():
+    rng = np.random.default_rng(3)
+    a = rng.integers(-2**15, 2**15, size=(2, 9, 40), dtype=np.int16)
+    b = rng.integers(-2**15, 2**15, size=(2, 40, 19), dtype=np.int16)
+    c = np.zeros((2, 9, 19), np.int32)
+    wraps = _lib.gemm_i16_batched(a, b, c, 6, 32)
+    refs = [_ref_int(a[i], b[i], np.zeros((9, 19), np.int32), 6, 32) for i in range(2)]
+    assert np.array_equal(c, np.stack([r[0] for r in refs])) and wraps == sum(r[1] for r in refs)
+
+
+def _im2col_ref(x, kh, kw, strides, dilation, padding, groups, fill, oh, ow):
+    n, c, h, w = x.shape
+    pt, pl, pb, pr = padding
+    xp = np.full((n, c, h + pt + pb + kh * dilation[0], w + pl + pr + kw * dilation[1]), fill, x.dtype)
+    xp[:, :, pt:pt + h, pl:pl + w] = x
+    cg = c // groups
+    out = np.empty((n, groups, cg, kh, kw, oh, ow), x.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            for oy in range(oh):
+                for ox in range(ow):
+                    out[:, :, :, i, j, oy, ox] = xp[:, :, oy * strides[0] + i * dilation[0],
+                                                     ox * strides[1] + j * dilation[1]].reshape(n, groups, cg)
+    return out.reshape(n * groups, cg * kh * kw, oh * ow)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8", "uint8", "int16"])
+@pytest.mark.parametrize("geom", [
+    # (C, H, W, kh, kw, strides, dilation, padding, groups)
+    (3, 8, 9, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1), 1),
+    (4, 7, 7, 3, 3, (2, 2), (1, 1), (0, 1, 1, 0), 4),
+    (6, 10, 6, 2, 3, (1, 2), (2, 1), (2, 0, 1, 3), 2),
+    (2, 5, 5, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0), 1),
+    (2, 4, 4, 5, 5, (1, 1), (1, 1), (3, 3, 3, 3), 1),
+])
+def test_im2col(dtype, geom):
+    c, h, w, kh, kw, strides, dilation, padding, groups = geom
+    rng = np.random.default_rng(0)
+    x = rng.integers(-100, 100, size=(2, c, h, w)).astype(dtype)
+    fill = 7
+    oh = (h + padding[0] + padding[2] - dilation[0] * (kh - 1) - 1) // strides[0] + 1
+    ow = (w + padding[1] + padding[3] - dilation[1] * (kw - 1) - 1) // strides[1] + 1
+    got = _lib.im2col(x, (kh, kw), strides, dilation, padding, groups, fill=fill, threads=2)
+    ref = _im2col_ref(x, kh, kw, strides, dilation, padding, groups, fill, oh, ow)
+    assert got.dtype == x.dtype and np.array_equal(got, ref)
+
+
+def test_thread_env_same_bits(tmp_path):
+    """TVM_SPINN_SIM_THREADS=1 and =2 (threads=0: from the environment) give the same bits."""
+    script = (
+        "import numpy as np, sys\n"
+        "from tvm_spinn import _lib\n"
+        "rng = np.random.default_rng(5)\n"
+        "a = rng.normal(size=(3, 70, 300)).astype(np.float32)\n"
+        "b = rng.normal(size=(3, 300, 500)).astype(np.float32)\n"
+        "c = np.zeros((3, 70, 500), np.float32)\n"
+        "_lib.gemm_f32_batched(a, b, c)\n"
+        "q = np.zeros((3, 70, 500), np.int32)\n"
+        "_lib.gemm_i8_batched((a * 40).astype(np.int8), (b * 40).astype(np.int8), q, 37, 20)\n"
+        "np.save(sys.argv[1], np.concatenate([c.view(np.int32).ravel(), q.ravel()]))\n"
+    )
+    results = []
+    for threads in ("1", "2"):
+        path = tmp_path / f"t{threads}.npy"
+        env = dict(__import__("os").environ, TVM_SPINN_SIM_THREADS=threads)
+        subprocess.run([sys.executable, "-c", script, str(path)], env=env, check=True)
+        results.append(np.load(path))
+    assert np.array_equal(results[0], results[1])
+
+
+def test_bad_arguments_raise():
+    f = np.zeros((1, 2, 3), np.float32)
+    b = np.zeros((1, 3, 4), np.float32)
+    c = np.zeros((1, 2, 4), np.float32)
+    with pytest.raises(ValueError, match="shape mismatch"):
+        _lib.gemm_f32_batched(f, np.zeros((1, 4, 4), np.float32), c)
+    with pytest.raises(TypeError, match="dtype"):
+        _lib.gemm_f32_batched(f.astype(np.float64), b, c)
+    with pytest.raises(ValueError, match="3-D"):
+        _lib.gemm_f32_batched(f[0], b, c)
+    with pytest.raises(IndexError, match="a_index"):
+        _lib.gemm_f32_batched(f, b, c, a_index=np.array([1]))
+    with pytest.raises(IndexError, match="b_index"):
+        _lib.gemm_f32_batched(f, b, c, b_index=np.array([-1]))
+    with pytest.raises(ValueError, match="shape mismatch"):
+        _lib.gemm_f32_batched(f, b, c, a_index=np.array([0, 0]))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        _lib.gemm_f32_batched(f, b, np.zeros((1, 4, 2), np.float32).transpose(0, 2, 1))
+    with pytest.raises(ValueError, match="overlaps"):
+        buf = np.zeros(64, np.float32)
+        _lib.gemm_f32_batched(buf[:6].reshape(1, 2, 3), b, buf[:8].reshape(1, 2, 4))
+    with pytest.raises(ValueError, match="threads"):
+        _lib.gemm_f32_batched(f, b, c, threads=-1)
+    qa, qb, qc = np.zeros((1, 2, 3), np.int8), np.zeros((1, 3, 4), np.int8), np.zeros((1, 2, 4), np.int32)
+    with pytest.raises(ValueError, match="acc_bits"):
+        _lib.gemm_i8_batched(qa, qb, qc, 4, 40)
+    with pytest.raises(ValueError, match="chunk"):
+        _lib.gemm_i8_batched(qa, qb, qc, 0, 24)
+    with pytest.raises(TypeError, match="dtype"):
+        _lib.gemm_i8_batched(qa, qb, qc.astype(np.int64), 4, 24)
+    x = np.zeros((1, 4, 5, 5), np.float32)
+    with pytest.raises(ValueError, match="divisible"):
+        _lib.im2col(x, (3, 3), groups=3)
+    with pytest.raises(TypeError, match="dtype"):
+        _lib.im2col(x.astype(np.float64), (3, 3))
+    with pytest.raises(ValueError, match="geometry"):
+        _lib.im2col(x, (3, 3), strides=(0, 1))
+
+
+def test_read_only_inputs_not_copied():
+    """Read-only operands (a program's constants) are read in place."""
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(1, 3, 4)).astype(np.float32)
+    b = rng.normal(size=(1, 4, 5)).astype(np.float32)
+    a.flags.writeable = False
+    b.flags.writeable = False
+    c = np.zeros((1, 3, 5), np.float32)
+    _lib.gemm_f32_batched(a, b, c)
+    assert np.array_equal(_bits(c[0]), _bits(_ref_f32(a[0], b[0], np.zeros((3, 5), np.float32))))
