@@ -360,6 +360,35 @@ def test_fold_constants_shape_of_partially_static_input():
         _same(m, new, {"x": x})
 
 
+def test_fold_constants_mask_and_gather_ops():
+    """Trilu -> Equal -> Where (torch's GPT-2 causal mask), Pad, GatherElements, GatherND,
+    NonZero, Sign fold to what onnxruntime computes."""
+    nodes = [
+        helper.make_node("Trilu", ["ones"], ["tri"], upper=0),
+        helper.make_node("Equal", ["tri", "zero"], ["eq"]),
+        helper.make_node("Where", ["eq", "ninf", "zf"], ["mask"]),
+        helper.make_node("Pad", ["mask", "pads", "pv"], ["padded"]),  # (5, 5) -> (5, 6)
+        helper.make_node("GatherElements", ["padded", "gidx"], ["ge"], axis=1),
+        helper.make_node("NonZero", ["tri"], ["nz"]),  # (2, 15)
+        helper.make_node("Transpose", ["nz"], ["nzt"], perm=[1, 0]),
+        helper.make_node("GatherND", ["ge", "nzt"], ["gnd"]),  # (15,)
+        helper.make_node("Sign", ["gnd"], ["sg"]),
+        helper.make_node("ReduceSum", ["sg", "ax0"], ["tot"], keepdims=0),
+        helper.make_node("Add", ["x", "mask"], ["y0"]),
+        helper.make_node("Add", ["y0", "tot"], ["y"]),
+    ]
+    inits = [_init("ones", np.ones((5, 5), np.int64)), _init("zero", np.array([0], np.int64)),
+             _init("ninf", np.array([-1e4], np.float32)), _init("zf", np.array([0], np.float32)),
+             _init("pads", np.array([0, 1, 0, 0], np.int64)), _init("pv", np.float32(-2)),
+             _init("gidx", np.array([[5, 0, 1, 2, 3]] * 5, np.int64)),
+             _init("ax0", np.array([0], np.int64))]
+    m = _model(nodes, [helper.make_tensor_value_info("x", FLOAT, [5, 5])],
+               [helper.make_tensor_value_info("y", FLOAT, None)], inits)
+    new, res = P.fold_constants(m)
+    assert _ops(new) == Counter({"Add": 2}), res.detail
+    _same(m, new, {"x": _rand((5, 5))}, rtol=0, atol=0)
+
+
 def test_fold_constants_noop():
     m = _model([helper.make_node("Relu", ["x"], ["y"])],
                [helper.make_tensor_value_info("x", FLOAT, [2])],

@@ -54,7 +54,7 @@ DEFAULT_PASSES = (
 # Ops that may create large tensors from tiny inputs: their output size is inferred before
 # they are evaluated.  No folded value may exceed this many elements unless its inputs
 # together have as many.
-_EXPANDING_OPS = {"ConstantOfShape", "Expand", "Range", "Tile"}
+_EXPANDING_OPS = {"ConstantOfShape", "Expand", "Range", "Tile", "Pad"}
 _MAX_EXPANDED_ELEMS = 1 << 20
 
 
@@ -338,6 +338,8 @@ _FOLDABLE = {
     "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "Where", "Slice", "Transpose",
     "ConstantOfShape", "Range", "Expand", "Tile", "Split", "ReduceProd", "ReduceSum",
     "ReduceMax", "ReduceMin",
+    # exact data movement: e.g. the causal mask of a torch-exported GPT-2 (Trilu -> Where)
+    "Trilu", "Sign", "GatherElements", "GatherND", "Pad", "NonZero",
 }
 
 
