@@ -389,6 +389,23 @@ def test_fold_constants_mask_and_gather_ops():
     _same(m, new, {"x": _rand((5, 5))}, rtol=0, atol=0)
 
 
+def test_fold_constants_absent_optional_input():
+    """An empty input name (Slice without ``axes`` but with ``steps``) reaches the reference
+    op as None."""
+    inits = [_init("c", np.arange(24, dtype=np.float32).reshape(4, 6)),
+             _init("st", np.array([1, 0], np.int64)), _init("en", np.array([4, 6], np.int64)),
+             _init("sp", np.array([2, 3], np.int64))]
+    m = _model([helper.make_node("Slice", ["c", "st", "en", "", "sp"], ["s"]),
+                helper.make_node("Add", ["x", "s"], ["y"])],
+               [helper.make_tensor_value_info("x", FLOAT, [2, 2])],
+               [helper.make_tensor_value_info("y", FLOAT, [2, 2])], inits)
+    new, res = P.fold_constants(m)
+    assert res.detail == "folded 1 node (Slicex1)"
+    s = numpy_helper.to_array(next(t for t in new.graph.initializer if t.name == "s"))
+    np.testing.assert_array_equal(s, [[6, 9], [18, 21]])
+    _same(m, new, {"x": _rand((2, 2))}, rtol=0, atol=0)
+
+
 def test_fold_constants_noop():
     m = _model([helper.make_node("Relu", ["x"], ["y"])],
                [helper.make_tensor_value_info("x", FLOAT, [2])],
