@@ -11,6 +11,7 @@ from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
 from ..target.registry import arch_of, get_target
 from .patterns import FallbackReason, spinn_patterns
+from .fold import FoldConstant
 from .qweights import UniqueDequantize, hide_quantized_weights, restore_quantized_weights
 from .rewrites import FoldBatchNorm, FoldLayoutConstants
 
@@ -56,10 +57,10 @@ def partition_for_spinn(
             _DecomposeTrainingBatchNorm,  # before anything that assumes running statistics
             _ConvertConvLayout,
             FoldLayoutConstants,
-            transform.FoldConstant(),
+            FoldConstant,  # TVM's FoldConstant, legalizing only what can fold (see .fold)
             FoldBatchNorm,
             transform.DecomposeOpsForInference(),  # batch norms that did not fold into a conv
-            transform.FoldConstant(),
+            FoldConstant,
         ]
     )
     offload = tvm.transform.Sequential(
