@@ -255,9 +255,11 @@ constexpr int64_t kNc = 1024;  // multiple of kNr
 typedef float V8 __attribute__((vector_size(32)));
 typedef float V8u __attribute__((vector_size(32), aligned(4)));
 
+// B rows are `ldb` floats apart: kNr for a packed panel, N when read in place (a single row
+// panel, where packing B would cost as much as the multiply-adds).
 template <int MR>
 TVM_SPINN_INLINE void MicroF32(int64_t kc, const float* __restrict ap, const float* __restrict bp,
-                               float* __restrict c, int64_t ldc, int64_t nc) {
+                               int64_t ldb, float* __restrict c, int64_t ldc, int64_t nc) {
   V8 acc0[MR], acc1[MR];
   if (nc == kNr) {
     for (int r = 0; r < MR; ++r) {
@@ -273,8 +275,8 @@ TVM_SPINN_INLINE void MicroF32(int64_t kc, const float* __restrict ap, const flo
     }
   }
   for (int64_t kk = 0; kk < kc; ++kk) {
-    const V8 b0 = *reinterpret_cast<const V8*>(bp);
-    const V8 b1 = *reinterpret_cast<const V8*>(bp + 8);
+    const V8 b0 = *reinterpret_cast<const V8u*>(bp);
+    const V8 b1 = *reinterpret_cast<const V8u*>(bp + 8);
     for (int r = 0; r < MR; ++r) {
       const float av = ap[r];
       const V8 p0 = b0 * av;  // rounded product
@@ -283,7 +285,7 @@ TVM_SPINN_INLINE void MicroF32(int64_t kc, const float* __restrict ap, const flo
       acc1[r] = acc1[r] + p1;
     }
     ap += MR;
-    bp += kNr;
+    bp += ldb;
   }
   if (nc == kNr) {
     for (int r = 0; r < MR; ++r) {
@@ -305,10 +307,11 @@ TVM_SPINN_MULTIVERSION
 void GemmF32Block(const float* a, const float* b, float* c, int64_t k, int64_t n, int64_t i0,
                   int64_t i1, int64_t j0, int64_t j1, float* abuf, float* bbuf) {
   const int64_t mc = i1 - i0, nc = j1 - j0;
+  const bool in_place = mc <= kMr;  // one row panel: read full B panels where they are
   for (int64_t p0 = 0; p0 < k; p0 += kKc) {
     const int64_t kc = std::min(kKc, k - p0);
-    // Pack B[p0:p0+kc, j0:j1] into 16-column panels.
-    for (int64_t jp = 0; jp < nc; jp += kNr) {
+    // Pack B[p0:p0+kc, j0:j1] into 16-column panels (in place: only the ragged last panel).
+    for (int64_t jp = in_place ? (nc / kNr) * kNr : 0; jp < nc; jp += kNr) {
       const int64_t w = std::min<int64_t>(kNr, nc - jp);
       float* dst = bbuf + jp * kc;
       const float* src = b + p0 * n + j0 + jp;
@@ -322,7 +325,7 @@ void GemmF32Block(const float* a, const float* b, float* c, int64_t k, int64_t n
         }
       }
     }
-    // Pack A[i0:i1, p0:p0+kc] into panels of up to 6 rows ([k][rows]).
+    // Pack A[i0:i1, p0:p0+kc] into panels of up to kMr rows ([k][rows]).
     for (int64_t ip = 0; ip < mc; ip += kMr) {
       const int64_t h = std::min<int64_t>(kMr, mc - ip);
       float* dst = abuf + ip * kc;
@@ -332,17 +335,19 @@ void GemmF32Block(const float* a, const float* b, float* c, int64_t k, int64_t n
     }
     for (int64_t jp = 0; jp < nc; jp += kNr) {
       const int64_t w = std::min<int64_t>(kNr, nc - jp);
-      const float* bp = bbuf + jp * kc;
+      const bool direct = in_place && w == kNr;
+      const float* bp = direct ? b + p0 * n + j0 + jp : bbuf + jp * kc;
+      const int64_t ldb = direct ? n : kNr;
       for (int64_t ip = 0; ip < mc; ip += kMr) {
         const int64_t h = std::min<int64_t>(kMr, mc - ip);
         const float* ap = abuf + ip * kc;
         float* cp = c + (i0 + ip) * n + j0 + jp;
         switch (h) {
-          case 5: MicroF32<5>(kc, ap, bp, cp, n, w); break;
-          case 4: MicroF32<4>(kc, ap, bp, cp, n, w); break;
-          case 3: MicroF32<3>(kc, ap, bp, cp, n, w); break;
-          case 2: MicroF32<2>(kc, ap, bp, cp, n, w); break;
-          default: MicroF32<1>(kc, ap, bp, cp, n, w); break;
+          case 5: MicroF32<5>(kc, ap, bp, ldb, cp, n, w); break;
+          case 4: MicroF32<4>(kc, ap, bp, ldb, cp, n, w); break;
+          case 3: MicroF32<3>(kc, ap, bp, ldb, cp, n, w); break;
+          case 2: MicroF32<2>(kc, ap, bp, ldb, cp, n, w); break;
+          default: MicroF32<1>(kc, ap, bp, ldb, cp, n, w); break;
         }
       }
     }
@@ -495,7 +500,7 @@ void Im2ColImpl(const T* x, T* out, const Im2ColShape& s, T fill, int threads) {
 
 }  // namespace
 
-int SimThreads(int64_t work) { return work < (int64_t{1} << 17) ? 1 : ConfiguredThreads(); }
+int SimThreads(int64_t work) { return work < (int64_t{1} << 19) ? 1 : ConfiguredThreads(); }
 
 void GemmF32Batched(const float* a, const float* b, float* c, const BatchedGemm& s, int threads) {
   if (s.batch <= 0 || s.m <= 0 || s.n <= 0 || s.k <= 0) return;

@@ -567,7 +567,7 @@ def _elementwise_whole(layer: Layer, env, out: np.ndarray) -> None:
     elif k == "reshape":
         out[...] = np.reshape(x, out.shape)
     else:
-        args = [np.broadcast_to(env[i], out.shape) for i in layer.inputs]
+        args = [v if v.shape == out.shape else np.broadcast_to(v, out.shape) for v in (env[i] for i in layer.inputs)]
         res = _BINARY[k](args[0], args[1]) if k in _BINARY else _unary(k, args[0], layer.attrs)
         if layer.attrs.get("relu"):
             res = _relu(res)
@@ -605,17 +605,17 @@ def run_program(program: Program, inputs: list[np.ndarray], mode: str | None = N
     env: dict[int, np.ndarray] = dict(program.constants)
     for tid, value in zip(program.inputs, inputs):
         env[tid] = value
-    for index, layer in enumerate(program.layers):
-        if layer.mode not in ("fp32", "int8"):
-            raise NotImplementedError(f"layer {layer.name}: mode {layer.mode} is not simulated")
-        # IEEE hardware does not trap: overflow to inf, 0/0 = NaN and NaN comparisons are
-        # results, not errors, so numpy must not warn about them (nor raise under -W error).
-        with np.errstate(all="ignore"):
+    # IEEE hardware does not trap: overflow to inf, 0/0 = NaN and NaN comparisons are results,
+    # not errors, so numpy must not warn about them (nor raise under -W error).
+    with np.errstate(all="ignore"):
+        for index, layer in enumerate(program.layers):
+            if layer.mode not in ("fp32", "int8"):
+                raise NotImplementedError(f"layer {layer.name}: mode {layer.mode} is not simulated")
             out = _run_whole(program, index, layer, env) if per_layer else None
             if out is None:
                 runner = _LayerRunner(program, layer, env)
                 for tile in _layer_tiles(program, index):
                     runner.run(tile)
                 out = runner.out
-        env[layer.output] = out
+            env[layer.output] = out
     return [env[tid] for tid in program.outputs]
