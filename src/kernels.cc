@@ -354,6 +354,113 @@ void GemmF32Block(const float* a, const float* b, float* c, int64_t k, int64_t n
   }
 }
 
+// Integer GEMM when no accumulator can wrap (every chunk is accumulator-safe: chunk * max|a*b|
+// fits acc_bits): each chunk sum is then exact, and adding exact chunk sums to C modulo 2^32 is
+// adding every product to C modulo 2^32, in any grouping. So the result is the int32 wrapping
+// GEMM, computed here with the fp32 kernel's register blocking on uint32 lanes (wrapping adds).
+typedef uint32_t U8 __attribute__((vector_size(32)));
+typedef uint32_t U8u __attribute__((vector_size(32), aligned(4)));
+
+template <int MR>
+TVM_SPINN_INLINE void MicroU32(int64_t kc, const uint32_t* __restrict ap,
+                               const uint32_t* __restrict bp, int32_t* __restrict c, int64_t ldc,
+                               int64_t nc) {
+  U8 acc0[MR], acc1[MR];
+  for (int r = 0; r < MR; ++r) {
+    alignas(32) uint32_t tmp[kNr] = {};
+    std::memcpy(tmp, c + r * ldc, static_cast<size_t>(nc) * sizeof(uint32_t));
+    acc0[r] = *reinterpret_cast<const U8*>(tmp);
+    acc1[r] = *reinterpret_cast<const U8*>(tmp + 8);
+  }
+  for (int64_t kk = 0; kk < kc; ++kk) {
+    const U8 b0 = *reinterpret_cast<const U8*>(bp);
+    const U8 b1 = *reinterpret_cast<const U8*>(bp + 8);
+    for (int r = 0; r < MR; ++r) {
+      const uint32_t av = ap[r];
+      acc0[r] += b0 * av;
+      acc1[r] += b1 * av;
+    }
+    ap += MR;
+    bp += kNr;
+  }
+  for (int r = 0; r < MR; ++r) {
+    alignas(32) uint32_t tmp[kNr];
+    *reinterpret_cast<U8*>(tmp) = acc0[r];
+    *reinterpret_cast<U8*>(tmp + 8) = acc1[r];
+    std::memcpy(c + r * ldc, tmp, static_cast<size_t>(nc) * sizeof(uint32_t));
+  }
+}
+
+template <typename T>
+TVM_SPINN_INLINE void GemmWrapBlockImpl(const T* a, const T* b, int32_t* c, int64_t k, int64_t n,
+                                        int64_t i0, int64_t i1, int64_t j0, int64_t j1,
+                                        uint32_t* abuf, uint32_t* bbuf) {
+  const int64_t mc = i1 - i0, nc = j1 - j0;
+  for (int64_t p0 = 0; p0 < k; p0 += kKc) {
+    const int64_t kc = std::min(kKc, k - p0);
+    for (int64_t jp = 0; jp < nc; jp += kNr) {
+      const int64_t w = std::min<int64_t>(kNr, nc - jp);
+      uint32_t* dst = bbuf + jp * kc;
+      const T* src = b + p0 * n + j0 + jp;
+      for (int64_t kk = 0; kk < kc; ++kk) {
+        uint32_t* d = dst + kk * kNr;
+        const T* sr = src + kk * n;
+        for (int64_t j = 0; j < w; ++j) d[j] = static_cast<uint32_t>(static_cast<int32_t>(sr[j]));
+        for (int64_t j = w; j < kNr; ++j) d[j] = 0;
+      }
+    }
+    for (int64_t ip = 0; ip < mc; ip += kMr) {
+      const int64_t h = std::min<int64_t>(kMr, mc - ip);
+      uint32_t* dst = abuf + ip * kc;
+      const T* src = a + (i0 + ip) * k + p0;
+      for (int64_t r = 0; r < h; ++r)
+        for (int64_t kk = 0; kk < kc; ++kk)
+          dst[kk * h + r] = static_cast<uint32_t>(static_cast<int32_t>(src[r * k + kk]));
+    }
+    for (int64_t jp = 0; jp < nc; jp += kNr) {
+      const int64_t w = std::min<int64_t>(kNr, nc - jp);
+      const uint32_t* bp = bbuf + jp * kc;
+      for (int64_t ip = 0; ip < mc; ip += kMr) {
+        const int64_t h = std::min<int64_t>(kMr, mc - ip);
+        const uint32_t* ap = abuf + ip * kc;
+        int32_t* cp = c + (i0 + ip) * n + j0 + jp;
+        switch (h) {
+          case 5: MicroU32<5>(kc, ap, bp, cp, n, w); break;
+          case 4: MicroU32<4>(kc, ap, bp, cp, n, w); break;
+          case 3: MicroU32<3>(kc, ap, bp, cp, n, w); break;
+          case 2: MicroU32<2>(kc, ap, bp, cp, n, w); break;
+          default: MicroU32<1>(kc, ap, bp, cp, n, w); break;
+        }
+      }
+    }
+  }
+}
+
+TVM_SPINN_MULTIVERSION
+void GemmWrapBlockI8(const int8_t* a, const int8_t* b, int32_t* c, int64_t k, int64_t n,
+                     int64_t i0, int64_t i1, int64_t j0, int64_t j1, uint32_t* abuf,
+                     uint32_t* bbuf) {
+  GemmWrapBlockImpl(a, b, c, k, n, i0, i1, j0, j1, abuf, bbuf);
+}
+
+TVM_SPINN_MULTIVERSION
+void GemmWrapBlockI16(const int16_t* a, const int16_t* b, int32_t* c, int64_t k, int64_t n,
+                      int64_t i0, int64_t i1, int64_t j0, int64_t j1, uint32_t* abuf,
+                      uint32_t* bbuf) {
+  GemmWrapBlockImpl(a, b, c, k, n, i0, i1, j0, j1, abuf, bbuf);
+}
+
+inline void GemmWrapBlock(const int8_t* a, const int8_t* b, int32_t* c, int64_t k, int64_t n,
+                          int64_t i0, int64_t i1, int64_t j0, int64_t j1, uint32_t* abuf,
+                          uint32_t* bbuf) {
+  GemmWrapBlockI8(a, b, c, k, n, i0, i1, j0, j1, abuf, bbuf);
+}
+inline void GemmWrapBlock(const int16_t* a, const int16_t* b, int32_t* c, int64_t k, int64_t n,
+                          int64_t i0, int64_t i1, int64_t j0, int64_t j1, uint32_t* abuf,
+                          uint32_t* bbuf) {
+  GemmWrapBlockI16(a, b, c, k, n, i0, i1, j0, j1, abuf, bbuf);
+}
+
 /*! \brief Split [0, total) into blocks of at most `max_block` (a multiple of `unit`). */
 int64_t BlockSize(int64_t total, int64_t max_block, int64_t unit) {
   if (total <= 0) return unit;
@@ -446,6 +553,38 @@ int64_t GemmIntBatched(const T* a, const T* b, int32_t* c, const BatchedGemm& s,
   constexpr int64_t kRows = 4, kCols = 256;
   if (s.batch <= 0 || s.m <= 0 || s.n <= 0) return 0;
   if (chunk <= 0) chunk = std::max<int64_t>(s.k, 1);
+  // No partial sum of a chunk can leave the accumulator (|a*b| <= 2^(2*bits-2)): no wraps, and
+  // the result is the int32 wrapping GEMM (see GemmWrapBlockImpl).
+  const int64_t max_product = int64_t{1} << (2 * (8 * sizeof(T)) - 2);
+  const int64_t acc_max = (int64_t{1} << (acc_bits - 1)) - 1;
+  if (std::min(chunk, s.k) <= acc_max / max_product && s.m >= kMr) {  // (few rows: packing costs)
+    const int64_t mc = BlockSize(s.m, kMc, kMr);
+    int64_t nc = BlockSize(s.n, kNc, kNr);
+    const int64_t mb = (s.m + mc - 1) / mc;
+    while (s.batch * mb * ((s.n + nc - 1) / nc) < 2 * int64_t{threads} && nc > 4 * kNr) {
+      nc = ((nc / 2 + kNr - 1) / kNr) * kNr;
+    }
+    const int64_t nb = (s.n + nc - 1) / nc;
+    const int64_t kc = std::min(kKc, std::max<int64_t>(s.k, 1));
+    ParallelFor(s.batch * mb * nb, threads, [&](int64_t t) {
+      thread_local std::unique_ptr<uint32_t[], AlignedFree> abuf, bbuf;
+      thread_local int64_t abuf_size = 0, bbuf_size = 0;
+      if (abuf_size < mc * kc) {
+        abuf = AlignedBuffer<uint32_t>(static_cast<size_t>(mc * kc));
+        abuf_size = mc * kc;
+      }
+      if (bbuf_size < nc * kc) {
+        bbuf = AlignedBuffer<uint32_t>(static_cast<size_t>(nc * kc));
+        bbuf_size = nc * kc;
+      }
+      const int64_t bi = t / (mb * nb), rest = t % (mb * nb);
+      const int64_t i0 = (rest / nb) * mc, j0 = (rest % nb) * nc;
+      GemmWrapBlock(a + s.a_index[bi] * s.m * s.k, b + s.b_index[bi] * s.k * s.n,
+                    c + bi * s.m * s.n, s.k, s.n, i0, std::min(s.m, i0 + mc), j0,
+                    std::min(s.n, j0 + nc), abuf.get(), bbuf.get());
+    });
+    return 0;
+  }
   const int64_t mb = (s.m + kRows - 1) / kRows, nb = (s.n + kCols - 1) / kCols;
   std::atomic<int64_t> wraps{0};
   ParallelFor(s.batch * mb * nb, threads, [&](int64_t t) {
