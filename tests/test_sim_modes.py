@@ -115,3 +115,38 @@ def test_zoo_same_bits(monkeypatch, name):
     model, x = test_zoo.ZOO[name]()
     mod = tvm_spinn.frontend.from_pytorch(model.eval(), (x,))
     _assert_same_bits(monkeypatch, _build(mod), [x.numpy()])
+
+
+class _KindsNet(torch.nn.Module):
+    """Layer kinds and conv geometries the models above do not reach: grouped, strided,
+    dilated and asymmetric-padded convolutions, 1x1 convolutions, max/avg pools with padding,
+    sigmoid, tanh, subtract, divide, batched matmul with a broadcast operand."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(4, 8, 3, stride=2, padding=1)
+        self.c2 = torch.nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=2)
+        self.dw = torch.nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False)
+        self.pw = torch.nn.Conv2d(8, 6, 1)
+        self.lin = torch.nn.Linear(6, 6)
+
+    def forward(self, x):
+        x = torch.relu(self.c1(x))
+        x = torch.sigmoid(self.c2(x)) - torch.tanh(self.dw(x))
+        x = torch.nn.functional.max_pool2d(x, 3, stride=2, padding=1)
+        x = torch.nn.functional.avg_pool2d(self.pw(x), 2, stride=1, padding=1, count_include_pad=False)
+        y = x.flatten(2).transpose(1, 2)  # [1, P, 6]
+        y = self.lin(y) / 3.0
+        return torch.matmul(y.transpose(1, 2), y) + y.sum()
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_more_kinds_same_bits(monkeypatch, quantized):
+    torch.manual_seed(0)
+    model, x = _KindsNet().eval(), torch.randn(1, 4, 15, 13)
+    mod = tvm_spinn.frontend.from_pytorch(model, (x,))
+    rng = np.random.default_rng(0)
+    if quantized:
+        mod = tvm_spinn.quantize(mod, [rng.normal(size=x.shape).astype("float32") for _ in range(4)])
+    ex = _build(mod)
+    _assert_same_bits(monkeypatch, ex, [x.numpy(), rng.normal(size=x.shape).astype("float32") * 30])
