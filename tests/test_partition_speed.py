@@ -124,3 +124,115 @@ def test_fold_constant_restores_legalization_on_error(monkeypatch):
     with pytest.raises(RuntimeError, match="boom"):
         fold.FoldConstant(_Corners)
     assert tvm.ir.Op.get("relax.add").get_attr("FLegalize").same_as(before)
+
+
+# ---- FoldLayoutConstants: large constants stand in as parameters for the rewrites ----
+
+from tvm_spinn.partition import rewrites  # noqa: E402
+
+_RNG = np.random.default_rng(0)
+_W = _RNG.standard_normal((6, 4)).astype("float32")
+_W2 = _RNG.standard_normal((4, 6)).astype("float32")
+_SYM = (lambda a: (a + a.T).astype("float32"))(_RNG.standard_normal((4, 4)))
+
+
+def _layout_module(dup_weight: bool, fold_to_existing: bool):
+    w_dup = _W.copy() if dup_weight else _RNG.standard_normal((6, 4)).astype("float32")
+    # a symmetric matrix: its folded transpose has the data of a constant that exists
+    sym_src = _SYM if fold_to_existing else _RNG.standard_normal((4, 4)).astype("float32")
+    other = _RNG.standard_normal((4, 4)).astype("float32")
+
+    @tvm.script.ir_module
+    class Module:
+        @R.function
+        def main(x: R.Tensor((3, 4), "float32"), q: R.Tensor((4, 6), "float32")):
+            with R.dataflow():
+                wt = R.permute_dims(R.const(_W), axes=[1, 0])  # folded
+                y = R.matmul(x, wt)
+                y2 = R.matmul(x, wt)  # the same fold again below: merged
+                w_dup_t = R.permute_dims(R.const(w_dup), axes=[1, 0])  # maybe equal data
+                y3 = R.matmul(x, w_dup_t)
+                c = R.const(_W2)
+                chain = R.reshape(R.permute_dims(c, axes=[1, 0]), R.shape([4, 6]))  # through a var
+                y4 = R.matmul(x, chain)
+                sym = R.add(R.matmul(x, R.permute_dims(R.const(sym_src))), R.matmul(x, R.const(other)))
+                as_int = R.astype(R.const(_W2), "int32")
+                runtime = R.permute_dims(q)  # a run-time tensor: kept
+                small = R.reshape(R.const(np.arange(4, dtype="float32")), R.shape([2, 2]))
+                dup = R.reshape(x, R.shape([12]))
+                dup2 = R.reshape(x, R.shape([12]))  # duplicate work: merged by the rewrite's CSE
+                out = (y, y2, y3, y4, sym, as_int, runtime, small, dup, dup2)
+                R.output(out)
+            return out
+
+    return Module
+
+
+def _both_folds(func):
+    return rewrites._fold_layout(func), rewrites._fold_layout_reference(func)
+
+
+@pytest.mark.parametrize("dup_weight", [False, True])
+@pytest.mark.parametrize("fold_to_existing", [False, True])
+@pytest.mark.parametrize("hide_min", [1, 16, 1 << 14])
+def test_fold_layout_matches_reference(dup_weight, fold_to_existing, hide_min, monkeypatch):
+    monkeypatch.setattr(rewrites, "_HIDE_MIN_ELEMENTS", hide_min)
+    func = _layout_module(dup_weight, fold_to_existing)["main"]
+    used_reference = []
+    reference = rewrites._fold_layout_reference
+    monkeypatch.setattr(rewrites, "_fold_layout_reference", lambda f: used_reference.append(1) or reference(f))
+    fast, ref = rewrites._fold_layout(func), reference(func)
+    # equal data in distinct large constants (or a fold producing it): the reference runs
+    assert bool(used_reference) == (dup_weight or fold_to_existing or hide_min > 24), used_reference
+    tvm.ir.assert_structural_equal(fast, ref)
+    assert fast.script() == ref.script()
+    assert "R.permute_dims(q" in fast.script()
+    assert fast.script().count("R.permute_dims") == 1
+
+
+@tvm.script.ir_module
+class _OutputConst:
+    @R.function
+    def main(x: R.Tensor((4, 6), "float32")):
+        with R.dataflow():
+            wt = R.permute_dims(R.const(_W), axes=[1, 0])
+            R.output(wt)
+        gv = R.add(wt, x)
+        return (wt, gv)
+
+
+@pytest.mark.parametrize("hide_min", [1, 1 << 14])
+def test_fold_layout_output_constant(hide_min, monkeypatch):
+    monkeypatch.setattr(rewrites, "_HIDE_MIN_ELEMENTS", hide_min)
+    fast, ref = _both_folds(_OutputConst["main"])
+    tvm.ir.assert_structural_equal(fast, ref)
+    assert fast.script() == ref.script()
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("hide_min", [64, 1 << 14])
+def test_fold_layout_zoo_matches_reference(name, hide_min, zoo_modules, monkeypatch):
+    monkeypatch.setattr(rewrites, "_HIDE_MIN_ELEMENTS", hide_min)
+    mod = part._ConvertConvLayout(part._DecomposeTrainingBatchNorm(zoo_modules[name]))
+    fast, ref = _both_folds(mod["main"])
+    tvm.ir.assert_structural_equal(fast, ref)
+    assert fast.script() == ref.script()
+
+
+@pytest.mark.parametrize("shape,axes", [((768, 3072), [1, 0]), ((5, 130), [1, 0]), ((2, 3, 4), [2, 0, 1]),
+                                        ((3, 4), None)])
+def test_fold_layout_constant_bits(shape, axes):
+    """The folded values are the bits TVM's own legalize + build computes."""
+    data = _RNG.standard_normal(shape).astype("float32")
+    bb = relax.BlockBuilder()
+    with bb.function("main", []):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.permute_dims(relax.const(data), axes))
+        bb.emit_func_output(out)
+    func = bb.get()["main"]
+    folded = rewrites._fold_layout(func)
+    tvm_folded = transform.FoldConstant()(tvm.IRModule({"main": func}))["main"]
+    got, want = folded.body.body, tvm_folded.body.body
+    assert isinstance(got, tvm.ir.expr.Constant) and isinstance(want, tvm.ir.expr.Constant)
+    assert got.value.numpy().tobytes() == want.value.numpy().tobytes()
+    assert got.value.numpy().shape == want.value.numpy().shape
