@@ -5,7 +5,9 @@ configs with random weights, on one chip (`spinn`) and on a 48-chip board (`spin
 prints in one run: simulated latency, roofline bound and their ratio; the same for the naive
 layer-by-layer mapping (MappingOptions(naive=True)) and the speed-up over it; spinn compile time
 next to TVM's own `relax.build(target="llvm")` of the same model; for GPT-2 the tokens/s against
-the bandwidth-bound tokens/s (all weights streamed once per token over the DRAM of the chips).
+the bandwidth-bound tokens/s (all weights streamed once per token over the DRAM of the chips);
+the exported library's size over the model's weight bytes, and what loading it costs before the
+first result (`tvm_spinn.load_module` + the first call's extra time over a second call).
 
     python bench/mapping.py            # all models
     python bench/mapping.py --quick    # smaller configs (a couple of minutes)
@@ -49,10 +51,35 @@ def models(quick: bool):
     yield "gpt2-decode", _Field(tf.GPT2Model(gpt2), "last_hidden_state", use_cache=False).eval(), torch.randint(0, 1000, (1, 1))
 
 
+def _artifact(ex, x, weight_bytes: int) -> tuple[float, float]:
+    """(library bytes / weight bytes, seconds from load to the first result beyond a warm call)."""
+    import tempfile
+
+    import tvm
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "model.so")
+        ex.export_library(path)
+        size = os.path.getsize(path)
+        t0 = time.perf_counter()
+        lib = tvm_spinn.load_module(path)
+        load = time.perf_counter() - t0
+    vm = relax.VirtualMachine(lib, tvm.cpu())
+    arg = tvm.runtime.tensor(x.numpy())
+    t0 = time.perf_counter()
+    vm["main"](arg)
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    vm["main"](arg)
+    second = time.perf_counter() - t0
+    return size / weight_bytes, load + max(0.0, first - second)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--skip-llvm", action="store_true", help="do not time TVM's llvm build")
+    parser.add_argument("--skip-artifact", action="store_true", help="do not export and reload the build")
     parser.add_argument("--models", nargs="+", metavar="NAME",
                         help="subset of resnet50 bert-base gpt2-decode (default: all)")
     parser.add_argument("--targets", nargs="+", default=["spinn", "spinn/board"], metavar="TAG",
@@ -76,8 +103,12 @@ def main() -> None:
         for target in args.targets:
             t0 = time.perf_counter()
             with tvm_spinn.MappingOptions(weights="stream"):
-                rep = tvm_spinn.report(relax.build(mod, target=target))
+                ex = relax.build(mod, target=target)
             compile_s = time.perf_counter() - t0
+            rep = tvm_spinn.report(ex)
+            size_ratio = load_s = float("nan")
+            if not args.skip_artifact:
+                size_ratio, load_s = _artifact(ex, x, weight_bytes)
             with tvm_spinn.MappingOptions(naive=True):
                 naive = tvm_spinn.report(relax.build(mod, target=target))
             arch = tvm_spinn.arch_of(tvm_spinn.get_target(target))
@@ -89,7 +120,8 @@ def main() -> None:
             print(f"{name:<12}{target:<12}{rep.latency_s * 1e3:>11.3f}{rep.roofline_s * 1e3:>9.3f}"
                   f"{rep.latency_s / rep.roofline_s:>9.2f}{naive.latency_s * 1e3:>10.3f}"
                   f"{naive.latency_s / naive.roofline_s:>11.2f}{naive.latency_s / rep.latency_s:>8.2f}"
-                  f"{compile_s:>10.2f}{llvm_s:>8.2f}{compile_s / llvm_s:>7.2f}{tok:>8.1f}{bw_tok:>9.1f}{ratio:>6.2f}",
+                  f"{compile_s:>10.2f}{llvm_s:>8.2f}{compile_s / llvm_s:>7.2f}{tok:>8.1f}{bw_tok:>9.1f}{ratio:>6.2f}"
+                  f"{size_ratio:>6.3f}{load_s:>7.2f}",
                   flush=True)
 
 

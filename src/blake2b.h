@@ -35,43 +35,55 @@ constexpr uint8_t kSigma[12][16] = {
 inline uint64_t Rotr(uint64_t x, int n) { return (x >> n) | (x << (64 - n)); }
 
 inline uint64_t Load64(const unsigned char* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
+  uint64_t v;
+  std::memcpy(&v, p, 8);  // little-endian hosts only (x86-64, AArch64): the format's byte order
   return v;
 }
 
+// One round on the 16 working words, with the message words permuted by sigma[r]. Written on
+// named locals (not an indexed array) so the compiler keeps the state in registers.
+#define TVM_SPINN_B2B_G(a, b, c, d, x, y) \
+  a = a + b + (x);                         \
+  d = Rotr(d ^ a, 32);                     \
+  c = c + d;                               \
+  b = Rotr(b ^ c, 24);                     \
+  a = a + b + (y);                         \
+  d = Rotr(d ^ a, 16);                     \
+  c = c + d;                               \
+  b = Rotr(b ^ c, 63)
+
 inline void Compress(uint64_t h[8], const unsigned char block[128], uint64_t t, bool last) {
   uint64_t m[16];
-  uint64_t v[16];
   for (int i = 0; i < 16; ++i) m[i] = Load64(block + 8 * i);
-  for (int i = 0; i < 8; ++i) {
-    v[i] = h[i];
-    v[i + 8] = kIV[i];
+  uint64_t v0 = h[0], v1 = h[1], v2 = h[2], v3 = h[3], v4 = h[4], v5 = h[5], v6 = h[6], v7 = h[7];
+  uint64_t v8 = kIV[0], v9 = kIV[1], v10 = kIV[2], v11 = kIV[3];
+  uint64_t v12 = kIV[4] ^ t;  // the high word of the 128-bit counter stays 0 (inputs < 2^64 bytes)
+  uint64_t v13 = kIV[5];
+  uint64_t v14 = last ? ~kIV[6] : kIV[6];
+  uint64_t v15 = kIV[7];
+#pragma GCC unroll 12
+  for (int r = 0; r < 12; ++r) {
+    const uint8_t* s = kSigma[r];
+    TVM_SPINN_B2B_G(v0, v4, v8, v12, m[s[0]], m[s[1]]);
+    TVM_SPINN_B2B_G(v1, v5, v9, v13, m[s[2]], m[s[3]]);
+    TVM_SPINN_B2B_G(v2, v6, v10, v14, m[s[4]], m[s[5]]);
+    TVM_SPINN_B2B_G(v3, v7, v11, v15, m[s[6]], m[s[7]]);
+    TVM_SPINN_B2B_G(v0, v5, v10, v15, m[s[8]], m[s[9]]);
+    TVM_SPINN_B2B_G(v1, v6, v11, v12, m[s[10]], m[s[11]]);
+    TVM_SPINN_B2B_G(v2, v7, v8, v13, m[s[12]], m[s[13]]);
+    TVM_SPINN_B2B_G(v3, v4, v9, v14, m[s[14]], m[s[15]]);
   }
-  v[12] ^= t;  // the high word of the 128-bit counter stays 0 (inputs < 2^64 bytes)
-  if (last) v[14] = ~v[14];
-  auto g = [&v](int a, int b, int c, int d, uint64_t x, uint64_t y) {
-    v[a] = v[a] + v[b] + x;
-    v[d] = Rotr(v[d] ^ v[a], 32);
-    v[c] = v[c] + v[d];
-    v[b] = Rotr(v[b] ^ v[c], 24);
-    v[a] = v[a] + v[b] + y;
-    v[d] = Rotr(v[d] ^ v[a], 16);
-    v[c] = v[c] + v[d];
-    v[b] = Rotr(v[b] ^ v[c], 63);
-  };
-  for (const auto& s : kSigma) {
-    g(0, 4, 8, 12, m[s[0]], m[s[1]]);
-    g(1, 5, 9, 13, m[s[2]], m[s[3]]);
-    g(2, 6, 10, 14, m[s[4]], m[s[5]]);
-    g(3, 7, 11, 15, m[s[6]], m[s[7]]);
-    g(0, 5, 10, 15, m[s[8]], m[s[9]]);
-    g(1, 6, 11, 12, m[s[10]], m[s[11]]);
-    g(2, 7, 8, 13, m[s[12]], m[s[13]]);
-    g(3, 4, 9, 14, m[s[14]], m[s[15]]);
-  }
-  for (int i = 0; i < 8; ++i) h[i] ^= v[i] ^ v[i + 8];
+  h[0] ^= v0 ^ v8;
+  h[1] ^= v1 ^ v9;
+  h[2] ^= v2 ^ v10;
+  h[3] ^= v3 ^ v11;
+  h[4] ^= v4 ^ v12;
+  h[5] ^= v5 ^ v13;
+  h[6] ^= v6 ^ v14;
+  h[7] ^= v7 ^ v15;
 }
+
+#undef TVM_SPINN_B2B_G
 
 }  // namespace blake2b_detail
 

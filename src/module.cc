@@ -14,6 +14,7 @@
 #include <tvm/ffi/reflection/registry.h>
 #include <tvm/ffi/string.h>
 
+#include <cstring>
 #include <optional>
 #include <string>
 #include <utility>
@@ -31,14 +32,42 @@ constexpr const char* kExecuteFunc = "tvm_spinn.runtime.execute";
 /*! \brief Name of the Python-registered program validator (see the file comment). */
 constexpr const char* kValidateFunc = "tvm_spinn.runtime.validate_program";
 
+/*! \brief Magic of a serialized spinn program (tvm_spinn.program.format.PROGRAM_MAGIC). */
+constexpr char kProgramMagic[8] = {'S', 'P', 'I', 'N', 'N', 'P', 'R', 'G'};
+/*! \brief A program ends with the BLAKE2b-256 of every byte before it. */
+constexpr size_t kProgramDigestBytes = 32;
+
+/*!
+ * \brief Content key of the executor's parsed-program cache: a cryptographic digest, so two
+ *        different programs never share a cache entry.
+ *
+ * A spinn program carries the BLAKE2b-256 of its contents in its last 32 bytes, and the
+ * validator checks that digest before the program is parsed or cached; the key is that digest
+ * (no second pass over hundreds of MB of weights). Anything else is hashed here.
+ */
+std::string ContentKey(const ffi::Bytes& data) {
+  static const char kHex[] = "0123456789abcdef";
+  if (data.size() >= sizeof(kProgramMagic) + kProgramDigestBytes &&
+      std::memcmp(data.data(), kProgramMagic, sizeof(kProgramMagic)) == 0) {
+    const unsigned char* digest =
+        reinterpret_cast<const unsigned char*>(data.data()) + data.size() - kProgramDigestBytes;
+    std::string out;
+    out.reserve(2 * kProgramDigestBytes);
+    for (size_t i = 0; i < kProgramDigestBytes; ++i) {
+      out.push_back(kHex[digest[i] >> 4]);
+      out.push_back(kHex[digest[i] & 15]);
+    }
+    return out;
+  }
+  return Blake2bHex(data.data(), data.size(), 32);
+}
+
 class SpinnModuleObj final : public ffi::ModuleObj {
  public:
   SpinnModuleObj(ffi::String symbol, ffi::Bytes program)
       : symbol_(std::move(symbol)),
         program_(std::move(program)),
-        // Content key of the executor's parsed-program cache: a cryptographic digest, so two
-        // different programs never share a cache entry.
-        key_(Blake2bHex(program_.data(), program_.size(), 32)) {
+        key_(ContentKey(program_)) {
     ffi::Bytes captured = program_;
     program_getter_ = ffi::Function::FromTyped([captured]() -> ffi::Bytes { return captured; });
   }

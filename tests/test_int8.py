@@ -236,7 +236,9 @@ def test_reduction_longer_than_the_accumulator(target, k):
     # the program the simulator ran split K into chunks no longer than the safe length
     (prog,) = tvm_spinn.report(relax.build(mod, target=target)).programs
     (dense,) = [i for i, layer in enumerate(prog.layers) if layer.mode == "int8"]
-    splits = {t.k_splits for t in prog.tiles if t.layer == dense}
+    from tvm_spinn.program.tiles import layer_tiles
+
+    splits = {t.k_splits for t in layer_tiles(prog, dense)}
     assert splits and all(-(-k // s) <= limit for s in splits)
 
 

@@ -43,18 +43,18 @@ VALIDATOR = "tvm_spinn.runtime.validate_program"
 def split(data: bytes) -> tuple[int, dict, bytes]:
     version, _, hlen = struct.unpack_from("<IIQ", data, 8)
     header = json.loads(data[24:24 + hlen])
-    pos = 24 + hlen + (-(24 + hlen) % 64)
+    pos = 24 + hlen + (-(24 + hlen) % 64)  # then blob length, blob, 32-byte digest
     (blen,) = struct.unpack_from("<Q", data, pos)
     return version, header, data[pos + 8:pos + 8 + blen]
 
 
-def seal(header, blob: bytes, version: int = 3, hlen: int | None = None) -> bytes:
-    """Program bytes around ``header`` (dict, or raw bytes) with a valid BLAKE2b-64 checksum."""
+def seal(header, blob: bytes, version: int = fmt.PROGRAM_VERSION, hlen: int | None = None) -> bytes:
+    """Program bytes around ``header`` (dict, or raw bytes) with a valid BLAKE2b-256 checksum."""
     text = header if isinstance(header, bytes) else json.dumps(
         header, sort_keys=True, separators=(",", ":")).encode()
     out = b"SPINNPRG" + struct.pack("<IIQ", version, 0, len(text) if hlen is None else hlen) + text
     out += b"\0" * (-len(out) % 64) + struct.pack("<Q", len(blob)) + blob
-    return out + hashlib.blake2b(out, digest_size=8).digest()
+    return out + hashlib.blake2b(out, digest_size=32).digest()
 
 
 def programs_of(ex) -> list[bytes]:
@@ -111,14 +111,6 @@ def layer_index(header: dict, kind: str, mode: str = "fp32") -> int:
     return next(i for i, layer in enumerate(header["layers"]) if layer["kind"] == kind and layer["mode"] == mode)
 
 
-def drop_tile(header: dict, tile: int) -> None:
-    """Remove tile ``tile`` and its tasks, renumbering later tile references (a consistent
-    schedule: only the coverage of the layer's output is wrong)."""
-    del header["tiles"][tile]
-    header["schedule"] = [[t[:2] + [t[2] - (t[2] > tile)] + t[3:] for t in tasks if t[2] != tile]
-                          for tasks in header["schedule"]]
-
-
 # ----------------------------------------------------------------------------------------------
 # The independent writer and the good programs
 # ----------------------------------------------------------------------------------------------
@@ -149,18 +141,19 @@ def test_framing_defects(built, monkeypatch):
     check(seal(b"[1, 2]", blob), r"^header: expected a JSON object")
     check(seal(text.replace(b'"epsilon":', b'"epsilon":NaN,"x":', 1), blob), r"^header: not valid JSON")
     check(seal(b"[" * 100000 + b"]" * 100000, blob), r"^header: ")
-    check(data[:-9] + bytes([data[-9] ^ 1]) + data[-8:], r"^checksum")
-    short = seal(header, blob)[:-8]  # blob length field says more than there is
-    check(short[:-8] + hashlib.blake2b(short[:-8], digest_size=8).digest(), r"^blob length")
+    check(data[:-33] + bytes([data[-33] ^ 1]) + data[-32:], r"^checksum")
+    short = seal(header, blob)[:-32]  # blob length field says more than there is
+    check(short[:-8] + hashlib.blake2b(short[:-8], digest_size=32).digest(), r"^blob length")
     monkeypatch.setattr(fmt, "MAX_HEADER_BYTES", 1000)
     check(data, r"^header length: .* exceeds the 1000-byte cap")
 
 
 def test_header_version_must_match_the_binary(built):
     data = built["transformer"][0]
-    check(edited(data, lambda h: h.update(version=99)), r"^version: header says 99, the binary header says 3")
+    check(edited(data, lambda h: h.update(version=99)), r"^version: header says 99, the binary header says 4")
     version, header, blob = split(data)
-    check(seal(header, blob, version=2), r"^version: header says 3, the binary header says 2")
+    # Version 3 stored every tile and the schedule: refused with a request to rebuild.
+    check(seal(header, blob, version=3), r"^version: spinn program format version 3 is not supported .*rebuild")
 
 
 @pytest.mark.parametrize("edit,match", [
@@ -182,12 +175,16 @@ def test_header_version_must_match_the_binary(built):
     (lambda h: h["layers"][1]["inputs"].__setitem__(0, h["layers"][-1]["output"]),
      r"^layers\[1\]\.inputs\[0\]: tensor \d+ is read before any layer writes it"),
     (lambda h: h["layers"][1].update(output=h["layers"][0]["output"]), r"^layers\[1\]\.output: tensor"),
-    (lambda h: h["tiles"][0].update(layer=999), r"^tiles\[0\]\.layer: 999 is above the maximum"),
-    (lambda h: h["tiles"][0].update(pe=10**6), r"^tiles\[0\]\.pe: 1000000 is above the maximum"),
-    (lambda h: h["tiles"][0].update(region="all"), r"^tiles\[0\]\.region"),
-    (lambda h: h["schedule"].pop(), r"^schedule: expected \d+ entries"),
-    (lambda h: next(t for t in h["schedule"] if t)[0].__setitem__(2, 10**6), r"^schedule\[\d+\]\[0\]\[2\]: 1000000 is above"),
-    (lambda h: next(t for t in h["schedule"] if t)[0].__setitem__(0, "teleport"), r"^schedule\[\d+\]\[0\]\[0\]: 'teleport'"),
+    (lambda h: h["mapping"].pop("layers"), r"^mapping\.layers: expected a list"),
+    (lambda h: h["mapping"]["layers"].pop(), r"^mapping\.layers: expected \d+ entries"),
+    (lambda h: h["mapping"]["layers"][0].update(bogus=1), r"^mapping\.layers\[0\]: unknown key\(s\) \['bogus'\]"),
+    (lambda h: h["mapping"]["layers"][0].update(tile=[0] * len(h["mapping"]["layers"][0]["tile"])),
+     r"^mapping\.layers\[0\]\.tile\[0\]: 0 is below the minimum 1"),
+    (lambda h: h["mapping"]["layers"][0].update(tile=[4] * 5), r"^mapping\.layers\[0\]\.tile: expected \d entries"),
+    (lambda h: h["mapping"]["layers"][0].update(tile="all"), r"^mapping\.layers\[0\]\.tile"),
+    (lambda h: h["mapping"]["layers"][0].update(pes=[10**6, 1]), r"^mapping\.layers\[0\]\.pes\[0\]: 1000000 is above the maximum"),
+    (lambda h: h["mapping"]["layers"][0].update(pes=[0, 10**6]), r"^mapping\.layers\[0\]\.pes\[1\]: 1000000 is above the maximum"),
+    (lambda h: h["mapping"]["layers"][0].update(pes=[0, 0]), r"^mapping\.layers\[0\]\.pes\[1\]: 0 is below the minimum 1"),
     (lambda h: h["arch"].update(pes_per_chip=-1), r"^arch: "),
     (lambda h: h.update(symbol=""), r"^symbol: empty"),
 ], ids=lambda v: None if callable(v) else v[:30])
@@ -236,78 +233,68 @@ def test_int8_defects_name_the_field(built):
     raw[shift["offset"]:shift["offset"] + 4] = struct.pack("<i", 0)
     check(seal(h, bytes(raw), version), rf"^layers\[{q}\]\.consts\.shift: value 0 is outside \[1, 62\]")
     # k-chunks longer than the accumulator allows would wrap it: the result would depend on tiling
-    big = next(i for i, t in enumerate(h["tiles"]) if t["layer"] == q)
-
     def one_chunk_on_tiny_accumulator(h):
         h["arch"]["acc_bits"] = 16
-    check(edited(data, one_chunk_on_tiny_accumulator), rf"^(tiles\[{big}\]\.k_splits|arch): ")
+    check(edited(data, one_chunk_on_tiny_accumulator), rf"^(mapping\.layers\[{q}\]\.tile\[2\]|arch): ")
 
 
 # ----------------------------------------------------------------------------------------------
-# Tiles must cover every output exactly once
+# Tiles are a function of each layer's tile shape: any accepted shape covers every output once
+# and computes the same bits
 # ----------------------------------------------------------------------------------------------
-def test_deleted_duplicated_or_shifted_tiles_are_rejected(built):
-    for name in ("cnn", "qconv"):
-        data = built[name][0]
-        _, h, _ = split(data)
-        counts = np.bincount([t["layer"] for t in h["tiles"]], minlength=len(h["layers"]))
-        # the first layer with several tiles per region rank: 1-D (element-wise, rows), 2-D
-        # (pools) and 3-D (GEMM) regions
-        by_rank = {}
-        for li in np.flatnonzero(counts > 1):
-            rank = len(next(t for t in h["tiles"] if t["layer"] == li)["region"])
-            by_rank.setdefault(rank, li)
-        assert name != "cnn" or sorted(by_rank) == [1, 2, 3], by_rank
-        for li in by_rank.values():
-            tile = next(i for i, t in enumerate(h["tiles"]) if t["layer"] == li)
-            check(edited(data, lambda h, tile=tile: drop_tile(h, tile)), rf"^layers\[{li}\]: tiles .*(cover|once)")
+def _coverage(program: Program, index: int, tile) -> np.ndarray:
+    """How many tiles of ``tile`` cover each element of the layer's output space (independent
+    of the expansion code: regions painted onto a dense counter)."""
+    from tvm_spinn.program.tiles import expand_regions, region_extent
 
-            def duplicate(h, tile=tile):
-                h["tiles"].append(copy.deepcopy(h["tiles"][tile]))
-            check(edited(data, duplicate), rf"^layers\[{li}\]: tiles")
-
-            def shift(h, tile=tile):
-                region = h["tiles"][tile]["region"]
-                axis = len(region) - 1
-                region[axis][1] -= 1  # leaves one output element (row, column) uncovered
-            check(edited(data, shift), rf"^(layers\[{li}\]: tiles|tiles\[{tile}\]\.region)")
-        # a layer without tiles
-        only = [i for i, t in enumerate(h["tiles"]) if t["layer"] == int(np.argmin(counts))]
-
-        def drop_all(h, only=only):
-            for tile in reversed(only):
-                drop_tile(h, tile)
-        check(edited(data, drop_all), r"^layers\[\d+\]: has no tiles")
+    count = np.zeros(region_extent(program, index), dtype=np.int64)
+    lo, hi, _ = expand_regions(program, index, tile)
+    for a, b in zip(lo.tolist(), hi.tolist()):
+        count[tuple(slice(x, y) for x, y in zip(a, b))] += 1
+    return count
 
 
-def test_deleted_tile_is_caught_before_it_gives_a_wrong_answer(built):
-    """The issue's case: with the schedule made consistent, only coverage can catch it."""
-    data, x, expected = built["transformer"]
-    _, h, _ = split(data)
-    mm = layer_index(h, "matmul")
-    tile = next(i for i, t in enumerate(h["tiles"]) if t["layer"] == mm)
-    crafted = edited(data, lambda h: drop_tile(h, tile))
-    err = check(crafted, rf"^layers\[{mm}\]: tiles cover output index \[0, 0, 0\] .* 0 times")
-    assert "must be once" in str(err)
+def test_any_accepted_tile_shape_covers_each_output_once_and_gives_the_same_bits(built):
+    rng = random.Random(0)
+    for name in ("cnn", "transformer", "qconv"):
+        data, x, _ = built[name]
+        version, header, blob = split(data)
+        (reference,) = run_program(Program.from_bytes(data), [x], mode="tiles")
+        ranks = set()
+        for trial in range(6):
+            h = copy.deepcopy(header)
+            for record in h["mapping"]["layers"]:
+                record["tile"] = [rng.choice([1, 2, 3, 5, 8, 64, 10**6]) for _ in record["tile"]]
+            try:
+                program = Program.from_bytes(seal(h, blob, version))
+            except ProgramError as err:  # int8 chunks longer than the accumulator allows
+                assert re.match(r"^mapping\.layers\[\d+\]\.tile\[2\]: k-chunks", str(err)), str(err)
+                continue
+            for i, record in enumerate(h["mapping"]["layers"]):
+                cover = _coverage(program, i, record["tile"])
+                assert (cover == 1).all(), (name, i, record["tile"])
+                ranks.add(cover.ndim)
+            (got,) = run_program(program, [x], mode="tiles")
+            assert np.array_equal(got, reference), (name, trial)
+        assert name != "cnn" or ranks == {1, 2, 3}, ranks
 
 
-def test_schedule_must_compute_every_tile_once_on_its_pe(built):
+def test_tile_shapes_that_cut_too_many_tiles_are_rejected(built, monkeypatch):
+    from tvm_spinn.program import validate
+
     data = built["cnn"][0]
+    monkeypatch.setattr(validate, "MAX_TILES", 4)
+    check(edited(data, lambda h: h["mapping"]["layers"][0].update(tile=[1] * len(h["mapping"]["layers"][0]["tile"]))),
+          r"^mapping\.layers\[0\]\.tile: \[.*\] cuts \d+ tiles, more than 4")
 
-    def drop_compute(h):
-        for tasks in h["schedule"]:
-            for i, t in enumerate(tasks):
-                if t[0] == "compute":
-                    del tasks[i]
-                    return
-    check(edited(data, drop_compute), r"^schedule: tile \d+ is computed 0 times")
 
-    def move_compute(h):
-        pe = next(p for p, tasks in enumerate(h["schedule"]) if any(t[0] == "compute" for t in tasks))
-        task = next(t for t in h["schedule"][pe] if t[0] == "compute")
-        h["schedule"][(pe + 1) % len(h["schedule"])].append(task)
-        h["schedule"][pe].remove(task)
-    check(edited(data, move_compute), r"^schedule\[\d+\]: computes tile \d+, which is placed on PE")
+def test_header_is_o_layers(built):
+    """No per-tile or per-PE lists: the header's size does not grow with the tile count."""
+    for name in ("cnn", "transformer", "qconv"):
+        _, header, _ = split(built[name][0])
+        assert "tiles" not in header and "schedule" not in header
+        per_layer = len(json.dumps(header["mapping"]["layers"])) / len(header["layers"])
+        assert per_layer < 64, per_layer
 
 
 # ----------------------------------------------------------------------------------------------
@@ -343,7 +330,8 @@ def test_container_load_validates(built):
     with pytest.raises(ProgramError, match=r"^manifest"):
         _lib.create_module("__spinn_manifest__", b"SPINNMAN[1]")
     good = _lib.load_module_from_bytes(_lib.save_to_bytes(crafted_module(symbol, data)))
-    assert good["get_key"]() == hashlib.blake2b(data, digest_size=32).hexdigest()
+    # the key is the program's own verified BLAKE2b-256 digest (its last 32 bytes)
+    assert good["get_key"]() == hashlib.blake2b(data[:-32], digest_size=32).hexdigest() == data[-32:].hex()
     assert good["get_key"]() in executor._CACHE  # parsed once, at load, for the first call
 
 
@@ -366,20 +354,37 @@ def test_exported_library_with_a_crafted_program_fails_at_load(built, tmp_path):
     _executable_with(symbol, crafted_module(symbol, data), x.shape, "float32").export_library(good_path)
     lib = tvm.runtime.load_module(good_path)
     assert "spinn" in [m.kind for m in lib.imports]
-    # The same bytes except one deleted tile of the last layer, schedule kept consistent.
+    # The same bytes except an empty tile shape in the last layer's mapping.
     last = len(header["layers"]) - 1
-    tile = max(i for i, t in enumerate(header["tiles"]) if t["layer"] == last)
-    bad = edited(data, lambda h: drop_tile(h, tile))
+
+    def empty_tile(h):
+        h["mapping"]["layers"][last]["tile"][0] = 0
+    bad = edited(data, empty_tile)
     _executable_with(symbol, crafted_module(symbol, bad), x.shape, "float32").export_library(bad_path)
-    with pytest.raises(ProgramError, match=rf"^layers\[{last}\]: tiles"):
+    with pytest.raises(ProgramError, match=rf"^mapping\.layers\[{last}\]\.tile\[0\]"):
         tvm.runtime.load_module(bad_path)
     # The same through tvm_spinn.load_module on a sealed library: the digest is right, so the
     # program's own validation speaks, with the file and the field named.
     sealed = str(tmp_path / "sealed.so")
     tvm_spinn.export_library(
         _executable_with(symbol, crafted_module(symbol, bad), x.shape, "float32"), sealed)
-    with pytest.raises(ProgramError, match=rf"sealed.so: layers\[{last}\]: tiles"):
+    with pytest.raises(ProgramError, match=rf"sealed.so: mapping\.layers\[{last}\]\.tile\[0\]"):
         tvm_spinn.load_module(sealed)
+
+
+def test_a_program_claiming_another_programs_digest_is_refused(built):
+    """The cache key is the program's trailing digest, trusted only once verified: a program
+    that ends with another program's digest fails validation and never reaches the cache."""
+    a = built["cnn"][0]
+    symbol = split(a)[1]["symbol"]
+    ka = _lib.create_module(symbol, a)["get_key"]()
+    cached = executor._CACHE[ka]
+    version, h, blob = split(a)
+    h["layers"][0]["name"] = "impostor"
+    forged = seal(h, blob, version)[:-32] + a[-32:]
+    with pytest.raises(ProgramError, match=r"^checksum"):
+        _lib.create_module(symbol, forged)
+    assert executor._CACHE[ka] is cached and cached.layers[0].name != "impostor"
 
 
 def test_cache_key_is_a_cryptographic_digest(built):
@@ -387,7 +392,7 @@ def test_cache_key_is_a_cryptographic_digest(built):
     b = edited(a, lambda h: h["timing"].update(note="x"))  # valid, different bytes
     ka = _lib.create_module(split(a)[1]["symbol"], a)["get_key"]()
     kb = _lib.create_module(split(b)[1]["symbol"], b)["get_key"]()
-    assert ka == hashlib.blake2b(a, digest_size=32).hexdigest() and ka != kb
+    assert ka == hashlib.blake2b(a[:-32], digest_size=32).hexdigest() and ka != kb
     assert executor._CACHE[ka] is not executor._CACHE[kb]
 
 
@@ -419,7 +424,12 @@ def test_fuzz_header_edits(built, name, edits):
     data, x, _ = built[name]
     version, header, blob = split(data)
     (reference,) = run_program(Program.from_bytes(data), [x])
-    paths = sorted(set(_paths({k: v for k, v in header.items() if k not in ("timing", "mapping", "memory")})), key=repr)
+    # The mapping's tile shapes and PE ranges are fuzzed too (they decide the tiles); its other
+    # fields, timing and memory are the compiler's report, not read when running.
+    body = {k: v for k, v in header.items() if k not in ("timing", "mapping", "memory")}
+    body["mapping"] = {"layers": header["mapping"]["layers"]}
+    paths = sorted(set(_paths(body)), key=repr)
+    paths = [p for p in paths if p != ("mapping",)]
     rng = random.Random(edits)
     rejected = accepted = 0
     for _ in range(edits):

@@ -20,7 +20,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..program import Program, Tile
+import numpy as np
+
+from ..program import Program
+from ..program.tiles import TileTable
 from ..target.arch import SpinnArch
 from .tiling import MappingError
 
@@ -38,60 +41,76 @@ class MemoryPlan:
     ranges: list[list] = field(default_factory=list)
 
 
-def _per_pe(tiles: list[Tile], attr: str, unique_groups: bool = False) -> dict[int, int]:
-    out: dict[int, int] = {}
-    seen = set()
-    for t in tiles:
-        if unique_groups and t.group >= 0:
-            key = (t.pe, t.layer, t.group)
-            if key in seen:
-                continue
-            seen.add(key)
-        out[t.pe] = out.get(t.pe, 0) + getattr(t, attr)
-    return out
+def _per_pe(pe: np.ndarray, values: np.ndarray, reduce: str = "sum") -> tuple[np.ndarray, np.ndarray]:
+    """``(pes, totals)``: the distinct PEs (sorted) and the sum (or max) of ``values`` on each."""
+    pes, inverse = np.unique(pe, return_inverse=True)
+    if reduce == "sum":
+        return pes, np.bincount(inverse.reshape(-1), weights=values, minlength=len(pes)).astype(np.int64)
+    out = np.zeros(len(pes), dtype=np.int64)
+    np.maximum.at(out, inverse.reshape(-1), values)
+    return pes, out
 
 
-def plan_memory(program: Program, arch: SpinnArch, weights: str = "auto", activations: str = "auto") -> MemoryPlan:
-    """Decide residency and on-chip activations for a placed program (tiles have PEs)."""
+def _weight_bytes_per_pe(table: TileTable) -> tuple[np.ndarray, np.ndarray]:
+    """Weight bytes each PE holds for a layer: one copy per (PE, group) of grouped tiles."""
+    if not len(table):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    grouped = table.group >= 0
+    key = table.pe * (int(table.group.max()) + 2) + table.group
+    _, first = np.unique(key, return_index=True)
+    keep = np.zeros(len(table), dtype=bool)
+    keep[first] = True
+    keep |= ~grouped
+    return _per_pe(table.pe[keep], table.w_bytes[keep])
+
+
+def _lookup(pes: np.ndarray, values: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """``values`` of the sorted ``pes`` at PEs ``at`` (0 where absent)."""
+    if not len(pes):
+        return np.zeros(len(at), dtype=np.int64)
+    idx = np.minimum(np.searchsorted(pes, at), len(pes) - 1)
+    return np.where(pes[idx] == at, values[idx], 0)
+
+
+def plan_memory(program: Program, arch: SpinnArch, weights: str = "auto", activations: str = "auto",
+                tables: list[TileTable] | None = None) -> MemoryPlan:
+    """Decide residency and on-chip activations for a placed program.
+
+    ``tables`` are the placed tiles per layer (default: ``program.tiles`` of a mapped program).
+    """
+    tables = tables if tables is not None else program.tiles.tables
     budget = arch.tile_sram_bytes
     n = len(program.layers)
-    by_layer: list[list[Tile]] = [[] for _ in range(n)]
-    for t in program.tiles:
-        by_layer[t.layer].append(t)
-    working = [dict() for _ in range(n)]  # layer -> pe -> working set
-    for i, tiles in enumerate(by_layer):
-        for t in tiles:
-            working[i][t.pe] = max(working[i].get(t.pe, 0), t.sram_bytes)
-    max_working: dict[int, int] = {}
-    for w in working:
-        for pe, b in w.items():
-            max_working[pe] = max(max_working.get(pe, 0), b)
+    total = arch.total_pes
+    working = [_per_pe(t.pe, t.sram_bytes, "max") for t in tables]  # layer -> (pes, max working set)
+    max_working = np.zeros(total, dtype=np.int64)
+    for pes, b in working:
+        np.maximum.at(max_working, pes, b)
 
     plan = MemoryPlan()
-    resident: dict[int, int] = {}
+    resident = np.zeros(total, dtype=np.int64)
     if weights != "stream":
-        w_per_layer = [_per_pe(tiles, "w_bytes", unique_groups=True) for tiles in by_layer]
+        w_per_layer = [_weight_bytes_per_pe(t) for t in tables]
         # DRAM bytes saved per resident byte: how often the block would be re-fetched.
         def benefit(i):
-            total = sum(w_per_layer[i].values())
-            return (sum(t.w_bytes for t in by_layer[i]) / total) if total else 0.0
-        order = sorted((i for i in range(n) if w_per_layer[i]), key=lambda i: (-benefit(i), i))
+            held = int(w_per_layer[i][1].sum())
+            return (int(tables[i].w_bytes.sum()) / held) if held else 0.0
+        order = sorted((i for i in range(n) if w_per_layer[i][1].sum()), key=lambda i: (-benefit(i), i))
         for i in order:
-            trial = dict(resident)
-            for pe, b in w_per_layer[i].items():
-                trial[pe] = trial.get(pe, 0) + b
-            if all(trial[pe] + max_working.get(pe, 0) <= budget for pe in trial):
-                resident = trial
+            pes, b = w_per_layer[i]
+            if (resident[pes] + b + max_working[pes] <= budget).all():
+                resident[pes] += b
                 plan.resident_layers.append(i)
             elif weights == "resident":
                 layer = program.layers[i]
                 raise MappingError(
-                    f"layer {layer.name}: its weights ({sum(w_per_layer[i].values())} bytes) cannot stay "
+                    f"layer {layer.name}: its weights ({int(b.sum())} bytes) cannot stay "
                     f"resident next to the other layers' on {arch.total_pes} PEs of {budget} bytes; "
                     "use weights='auto' or 'stream', or a larger system"
                 )
         plan.resident_layers.sort()
-    plan.resident_bytes = dict(sorted(resident.items()))
+    held = np.flatnonzero(resident)
+    plan.resident_bytes = dict(zip(held.tolist(), resident[held].tolist()))
 
     # Live ranges of temporaries: producer layer -> last consumer layer.
     producer = {layer.output: i for i, layer in enumerate(program.layers)}
@@ -100,36 +119,44 @@ def plan_memory(program: Program, arch: SpinnArch, weights: str = "auto", activa
         for tid in layer.inputs:
             if tid in producer:
                 last_use[tid] = i
-    live: dict[int, dict[int, int]] = {}  # tensor -> pe -> bytes
-    peak: dict[int, int] = dict(resident)
+    live: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # tensor -> (pes, bytes)
+    live_bytes = np.zeros(total, dtype=np.int64)
+    peak = resident.copy()
+    touched = np.zeros(total, dtype=bool)
+    touched[held] = True
+    outs = []
     for i in range(n):
         # Free what died before this layer.
         for tid in [tid for tid in live if last_use.get(tid, -1) < i]:
-            del live[tid]
+            pes, b = live.pop(tid)
+            live_bytes[pes] -= b
         out = program.layers[i].output
         keep = activations != "dram" and program.tensors[out].role == "temp" and out in last_use
-        out_per_pe = _per_pe(by_layer[i], "out_bytes")
+        out_pes, out_b = _per_pe(tables[i].pe, tables[i].out_bytes)
+        outs.append((out_pes, out_b))
         if keep:
-            horizon = range(i, last_use[out] + 1)
-            for pe, b in out_per_pe.items():
-                used = resident.get(pe, 0) + sum(v.get(pe, 0) for v in live.values())
-                need = used + b + max(working[j].get(pe, 0) for j in horizon)
-                if need > budget:
-                    keep = False
-                    break
+            horizon = np.zeros(len(out_pes), dtype=np.int64)
+            for j in range(i, last_use[out] + 1):
+                horizon = np.maximum(horizon, _lookup(*working[j], out_pes))
+            need = resident[out_pes] + live_bytes[out_pes] + out_b + horizon
+            keep = bool((need <= budget).all())
         if keep:
-            live[out] = out_per_pe
+            live[out] = (out_pes, out_b)
+            live_bytes[out_pes] += out_b
             plan.onchip_tensors.append(out)
-        for pe in set(working[i]) | set(out_per_pe if keep else {}):
-            used = resident.get(pe, 0) + sum(v.get(pe, 0) for v in live.values()) + working[i].get(pe, 0)
-            peak[pe] = max(peak.get(pe, 0), used)
-    plan.peak_bytes = dict(sorted(peak.items()))
-    _address_plan(program, plan, by_layer, working, last_use, producer)
+        w_pes, w_b = working[i]
+        pes = np.union1d(w_pes, out_pes) if keep else w_pes
+        used = resident[pes] + live_bytes[pes] + _lookup(w_pes, w_b, pes)
+        peak[pes] = np.maximum(peak[pes], used)
+        touched[pes] = True
+    idx = np.flatnonzero(touched)
+    plan.peak_bytes = dict(zip(idx.tolist(), peak[idx].tolist()))
+    _address_plan(program, plan, outs, working, last_use)
     check_plan(plan, arch)
     return plan
 
 
-def _address_plan(program, plan, by_layer, working, last_use, producer) -> None:
+def _address_plan(program, plan, outs, working, last_use) -> None:
     if not plan.peak_bytes:
         return
     pe = max(plan.peak_bytes, key=lambda p: (plan.peak_bytes[p], -p))
@@ -145,7 +172,7 @@ def _address_plan(program, plan, by_layer, working, last_use, producer) -> None:
     for i in range(n):
         out = program.layers[i].output
         if out in onchip:
-            size = sum(t.out_bytes for t in by_layer[i] if t.pe == pe)
+            size = int(_lookup(*outs[i], np.array([pe]))[0])
             if size:
                 start, end = top, top + size
                 for a in sorted(allocated, key=lambda r: r[0]):
@@ -155,7 +182,7 @@ def _address_plan(program, plan, by_layer, working, last_use, producer) -> None:
                 allocated.append(rng)
     ranges.extend(allocated)
     for i in range(n):
-        w = working[i].get(pe, 0)
+        w = int(_lookup(*working[i], np.array([pe]))[0])
         if w:
             base = max([r[1] for r in ranges if r[2] <= i <= r[3]] or [0])
             ranges.append([base, base + w, i, i, f"working buffers {program.layers[i].name}"])
@@ -169,9 +196,16 @@ def check_plan(plan: MemoryPlan, arch: SpinnArch) -> None:
         if b > budget:
             raise MappingError(f"SRAM plan of PE {pe} needs {b} bytes, it has {budget}")
     rs = plan.ranges
-    for i, a in enumerate(rs):
-        if a[1] > budget:
-            raise MappingError(f"SRAM range {a} of PE {plan.busiest_pe} ends past {budget} bytes")
-        for b in rs[i + 1:]:
-            if a[0] < b[1] and b[0] < a[1] and a[2] <= b[3] and b[2] <= a[3]:
-                raise MappingError(f"SRAM ranges {a} and {b} of PE {plan.busiest_pe} overlap")
+    if not rs:
+        return
+    r = np.array([a[:4] for a in rs], dtype=np.int64)
+    past = np.flatnonzero(r[:, 1] > budget)
+    if len(past):
+        raise MappingError(f"SRAM range {rs[past[0]]} of PE {plan.busiest_pe} ends past {budget} bytes")
+    # All pairs at once: overlapping addresses while live at the same time.
+    clash = ((r[:, None, 0] < r[None, :, 1]) & (r[None, :, 0] < r[:, None, 1])
+             & (r[:, None, 2] <= r[None, :, 3]) & (r[None, :, 2] <= r[:, None, 3]))
+    clash = np.triu(clash, k=1)
+    if clash.any():
+        i, j = np.unravel_index(int(np.argmax(clash)), clash.shape)
+        raise MappingError(f"SRAM ranges {rs[i]} and {rs[j]} of PE {plan.busiest_pe} overlap")

@@ -5,15 +5,17 @@
   layers spread over the board, small ones stay on one chip and avoid link traffic.
 - :func:`pipeline_groups` (pipelined mode): disjoint PE ranges per layer, sized by work.
 - :func:`place_tiles`: longest-processing-time-first assignment of tile groups (tiles sharing a
-  weight block) to the least loaded PE, so each weight block is fetched once per PE; groups are
-  split when there are fewer groups than PEs. Deterministic (ties by index).
+  weight block) to the least loaded PE, a round of PEs at a time (vectorized), so each weight
+  block is fetched once per PE; groups are split when there are fewer groups than PEs.
+  Deterministic (ties by index).
 """
 
 from __future__ import annotations
 
-import heapq
+import numpy as np
 
-from ..program import Layer, Program, Tile
+from ..program import Layer, Program
+from ..program.tiles import TileTable
 from ..target.arch import SpinnArch
 
 __all__ = ["choose_chips", "pipeline_groups", "place_tiles", "layer_estimate"]
@@ -76,19 +78,33 @@ def pipeline_groups(program: Program, arch: SpinnArch) -> list[list[int]] | None
     return groups
 
 
-def place_tiles(tiles: list[Tile], pes: list[int], arch: SpinnArch) -> None:
-    """Assign ``tile.pe``/``tile.chip`` in place: LPT over weight groups, balanced cycles."""
-    groups: dict[int, list[Tile]] = {}
-    for i, tile in enumerate(tiles):
-        groups.setdefault(tile.group if tile.group >= 0 else -(i + 1), []).append(tile)
-    units = list(groups.values()) if len(groups) >= len(pes) else [[t] for t in tiles]
-    # Longest first; ties by first tile position for determinism.
-    order = sorted(range(len(units)), key=lambda u: (-sum(t.cycles for t in units[u]), u))
-    heap = [(0, rank, pe) for rank, pe in enumerate(pes)]
-    heapq.heapify(heap)
-    for u in order:
-        load, rank, pe = heapq.heappop(heap)
-        for tile in units[u]:
-            tile.pe = pe
-            tile.chip = pe // arch.pes_per_chip
-        heapq.heappush(heap, (load + sum(t.cycles for t in units[u]), rank, pe))
+def place_tiles(table: TileTable, first: int, count: int, arch: SpinnArch, naive: bool = False) -> TileTable:
+    """Place ``table``'s tiles on PEs ``first .. first + count - 1``; returns the placed table.
+
+    Units are the tile groups (tiles sharing a weight block), or single tiles when there are
+    fewer groups than PEs. Units are taken longest first (ties by position) in rounds of
+    ``count``; each round gives its i-th longest unit to the i-th least loaded PE (ties by PE
+    order): longest-processing-time-first, a round at a time, vectorized. ``naive`` deals
+    tiles round-robin. Deterministic.
+    """
+    n = len(table)
+    if naive or n == 0:
+        return table.placed(first + np.arange(n, dtype=np.int64) % count, arch.pes_per_chip)
+    # A layer's tiles are either all grouped (conv2d, dense) or none are.
+    groups, unit = np.unique(table.group, return_inverse=True)
+    if groups[0] < 0 or len(groups) < count:
+        unit = np.arange(n, dtype=np.int64)
+    unit = unit.reshape(-1)
+    n_units = int(unit.max()) + 1
+    cost = np.bincount(unit, weights=table.cycles, minlength=n_units)
+    first_tile = np.full(n_units, n, dtype=np.int64)
+    np.minimum.at(first_tile, unit, np.arange(n, dtype=np.int64))
+    order = np.lexsort((first_tile, -cost))  # longest first, ties by first tile position
+    load = np.zeros(count, dtype=np.float64)
+    unit_pe = np.empty(n_units, dtype=np.int64)
+    for r in range(0, n_units, count):
+        batch = order[r:r + count]
+        free = np.lexsort((np.arange(count), load))[:len(batch)]  # least loaded first
+        unit_pe[batch] = free
+        load[free] += cost[batch]
+    return table.placed(first + unit_pe[unit], arch.pes_per_chip)

@@ -1,129 +1,99 @@
-"""The mapping compiler's driver: tiles, placement, memory plan, static schedule, timing.
+"""The mapping compiler's driver: tile shapes, placement, memory plan, timing.
 
-Per PE the schedule is an ordered task list ``[op, layer, tile, amount, where]``:
-``dma_in`` (activation operand), ``dma_w`` (weight operand; ``local`` when the block is already
-in SRAM: resident across inferences or fetched by an earlier tile of the same group; ``noc``
-when another PE already read the block from DRAM in this layer and the NoC multicasts it),
-``compute``, ``dma_out`` (``local`` when the output stays on-chip for its consumers),
-``link`` (all-gather of a layer's input over the chip links, on the first PE of each chip) and
-``barrier`` (closes a layer on every PE that took part). The timing model walks exactly this.
+A layer's mapping is data: its tile shape and the contiguous PE range it runs on
+(``program.mapping["layers"][i] = {"tile": [...], "pes": [first, count]}``). Everything else
+is derived from those, vectorized: the tiles with their bytes and cycles
+(:func:`~.tiling.tile_costs`), their placement (:func:`~.placement.place_tiles`), the transfers
+and timeline the timing model works out (:mod:`tvm_spinn.timing`). The compiler keeps the
+derived tiles in memory (``program.tiles``) for the memory planner and the timing model; the
+serialized program stores only the per-layer records, and :func:`derive_tables` rebuilds the
+same tiles from them (e.g. for a timeline of a loaded program).
 """
 
 from __future__ import annotations
 
 from ..program import Program
+from ..program.tiles import ProgramTiles, TileTable
 from ..target.arch import SpinnArch
 from .memory import plan_memory
 from .options import MappingOptions, current_options
 from .placement import choose_chips, pipeline_groups, place_tiles
-from .tiling import MappingError, tile_layer
+from .tiling import MappingError, choose_tile, layer_work, tile_costs
 
-__all__ = ["map_program"]
+__all__ = ["map_program", "derive_tables"]
 
 
-def _assign(program: Program, arch: SpinnArch, mode: str, options: MappingOptions) -> tuple[list[list[int]], list[int]]:
+def _assign(program: Program, arch: SpinnArch, mode: str, options: MappingOptions) -> tuple[list[tuple[int, int]], list[int]]:
+    """``([(first PE, PE count)] per layer, chips per layer)``."""
     n = len(program.layers)
     ppc = arch.pes_per_chip
-    if options.naive:
-        return [list(range(ppc)) for _ in range(n)], [1] * n
-    if arch.chips == 1 and mode != "pipelined":
-        return [list(range(ppc)) for _ in range(n)], [1] * n
-    # Layer flops are only known after tiling; tile once on one chip to learn them.
-    for i in range(n):
-        tile_layer(program, i, arch, pes=ppc)
+    if options.naive or (arch.chips == 1 and mode != "pipelined"):
+        return [(0, ppc)] * n, [1] * n
     if mode == "pipelined":
         groups = pipeline_groups(program, arch)
         if groups is not None:
             chips = [len({pe // ppc for pe in g}) for g in groups]
-            return groups, chips
+            return [(g[0], len(g)) for g in groups], chips
     chips = choose_chips(program, arch)
-    return [list(range(c * ppc)) for c in chips], chips
+    return [(0, c * ppc) for c in chips], chips
+
+
+def _place(program: Program, index: int, arch: SpinnArch, tile, first: int, count: int, naive: bool) -> TileTable:
+    return place_tiles(tile_costs(program, index, arch, tile), first, count, arch, naive=naive)
+
+
+def derive_tables(program: Program, arch: SpinnArch) -> list[TileTable]:
+    """The placed tiles of every layer of a mapped (or loaded) program, from its per-layer
+    mapping records: the same tables the compiler built."""
+    naive = bool(program.mapping.get("options", {}).get("naive", False))
+    tables = []
+    for i, record in enumerate(program.mapping["layers"]):
+        layer_work(program, i, arch)
+        first, count = record["pes"]
+        tables.append(_place(program, i, arch, record["tile"], first, count, naive))
+    return tables
 
 
 def _build(program: Program, arch: SpinnArch, mode: str, options: MappingOptions) -> None:
     from ..timing import evaluate
 
     n = len(program.layers)
-    pe_sets, chips = _assign(program, arch, mode, options)
-    program.tiles = []
     for i in range(n):
-        tiles = tile_layer(program, i, arch, pes=len(pe_sets[i]), naive=options.naive)
-        if options.naive:
-            for k, tile in enumerate(tiles):
-                tile.pe = pe_sets[i][k % len(pe_sets[i])]
-                tile.chip = tile.pe // arch.pes_per_chip
-        else:
-            place_tiles(tiles, pe_sets[i], arch)
-        program.tiles.extend(tiles)
+        layer_work(program, i, arch)
+    ranges, chips = _assign(program, arch, mode, options)
+    tables, records = [], []
+    for i in range(n):
+        first, count = ranges[i]
+        tile = choose_tile(program, i, arch, pes=count, naive=options.naive)
+        tables.append(_place(program, i, arch, tile, first, count, options.naive))
+        records.append({"tile": [int(v) for v in tile], "pes": [int(first), int(count)]})
 
     weights = "stream" if options.naive else options.weights
     activations = "dram" if options.naive else options.activations
     try:
-        plan = plan_memory(program, arch, weights, activations)
+        plan = plan_memory(program, arch, weights, activations, tables=tables)
     except MappingError:
         if activations == "dram":
             raise
-        plan = plan_memory(program, arch, weights, "dram")  # fragmentation: spill activations
+        plan = plan_memory(program, arch, weights, "dram", tables=tables)  # fragmentation: spill activations
 
-    resident = set(plan.resident_layers)
-    onchip = set(plan.onchip_tensors)
-    schedule: list[list[list]] = [[] for _ in range(arch.total_pes)]
-    budget = arch.tile_sram_bytes
-    prev_chips = None
-    tiles_of: list[list[tuple[int, object]]] = [[] for _ in program.layers]
-    for tid, tile in enumerate(program.tiles):
-        tiles_of[tile.layer].append((tid, tile))
-    for i, layer in enumerate(program.layers):
-        acts = [tid for tid in layer.inputs if program.tensors[tid].role != "const"]
-        in_src = "noc" if acts and all(tid in onchip for tid in acts) else "dram"
-        out_dst = "local" if layer.output in onchip else "dram"
-        layer_chips = sorted({pe // arch.pes_per_chip for pe in pe_sets[i]})
-        if len(layer_chips) > 1 or (prev_chips is not None and layer_chips != prev_chips):
-            in_bytes = sum(program.tensors[tid].nbytes for tid in acts)
-            c = len(layer_chips)
-            gather = in_bytes * (c - 1) // c if c > 1 else in_bytes
-            if gather:
-                for chip in layer_chips:
-                    schedule[chip * arch.pes_per_chip].append(["link", i, -1, gather, "link"])
-        prev_chips = layer_chips
-        held: set[tuple[int, int]] = set()
-        fetched: set[int] = set()  # weight groups already read from DRAM in this layer
-        used = set()
-        for tid, tile in tiles_of[i]:
-            used.add(tile.pe)
-            queue = schedule[tile.pe]
-            queue.append(["dma_in", i, tid, tile.in_bytes, in_src])
-            if tile.w_bytes:
-                if i in resident or (tile.pe, tile.group) in held:
-                    queue.append(["dma_w", i, tid, tile.w_bytes, "local"])
-                else:
-                    # The NoC multicasts a block to every PE that needs it: one DRAM read per group.
-                    shared = tile.group >= 0 and tile.group in fetched and not options.naive
-                    queue.append(["dma_w", i, tid, tile.w_bytes, "noc" if shared else "dram"])
-                    fetched.add(tile.group)
-                    if tile.group >= 0 and tile.w_bytes + tile.sram_bytes <= budget and not options.naive:
-                        held.add((tile.pe, tile.group))
-            queue.append(["compute", i, tid, tile.cycles, "pe"])
-            queue.append(["dma_out", i, tid, tile.out_bytes, out_dst])
-        for pe in sorted(used):
-            schedule[pe].append(["barrier", i, -1, 0, "pe"])
-    program.schedule = schedule
+    program.tiles = ProgramTiles(tables)
     program.mapping = {
         "mode": mode, "options": options.to_dict(), "chips_per_layer": chips,
-        "pes_per_layer": [len(s) for s in pe_sets], "double_buffer": not options.naive,
+        "pes_per_layer": [count for _, count in ranges], "double_buffer": not options.naive,
         "resident_layers": plan.resident_layers, "onchip_tensors": plan.onchip_tensors,
+        "layers": records,
     }
     program.memory = {
         "peak_bytes_max": max(plan.peak_bytes.values(), default=0),
         "resident_bytes_total": sum(plan.resident_bytes.values()),
         "busiest_pe": plan.busiest_pe, "ranges": plan.ranges,
     }
-    # The per-tile trace is recomputed on demand (report.to_perfetto), not stored.
-    program.timing = evaluate(program, arch).to_dict(trace=False)
+    program.timing = evaluate(program, arch, tables).to_dict(trace=False)
 
 
 def map_program(program: Program, arch: SpinnArch, options: MappingOptions | None = None) -> Program:
-    """Tile, place, plan memory, schedule and time ``program`` in place; returns it.
+    """Tile, place, plan memory and time ``program`` in place; returns it.
 
     ``mode="auto"`` maps sequentially for the latency objective; for the throughput objective it
     maps both ways and keeps the one with the higher simulated throughput.
@@ -134,9 +104,8 @@ def map_program(program: Program, arch: SpinnArch, options: MappingOptions | Non
         return program
     _build(program, arch, "sequential", options)
     if options.objective == "throughput":
-        seq = (program.timing["throughput_inf_s"], program.tiles, program.schedule, program.mapping,
-               program.memory, program.timing)
+        seq = (program.timing["throughput_inf_s"], program.tiles, program.mapping, program.memory, program.timing)
         _build(program, arch, "pipelined", options)
         if seq[0] >= program.timing["throughput_inf_s"]:
-            (_, program.tiles, program.schedule, program.mapping, program.memory, program.timing) = seq
+            (_, program.tiles, program.mapping, program.memory, program.timing) = seq
     return program

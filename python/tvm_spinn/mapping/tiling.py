@@ -48,13 +48,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..program import Layer, Program, Tile
+from ..program import Layer, Program
 from ..program.gemm import GemmShape, gemm_shape, safe_k_chunk
+from ..program.tiles import GEMM_KINDS, POOL_KINDS, ROW_KINDS, TileTable, expand_regions, k_splits
 from ..target.arch import SpinnArch
 
 __all__ = [
     "GemmShape", "gemm_shape", "choose_gemm_tile", "gemm_tile_cycles", "Int8Side", "int8_side",
-    "safe_k_chunk", "tile_layer", "MappingError", "ACC_BYTES",
+    "safe_k_chunk", "tile_layer", "MappingError", "ACC_BYTES", "layer_work", "choose_tile", "tile_costs", "smallest_tile_bytes",
+    "smallest_gemm_tile_bytes", "smallest_row_tile_bytes", "smallest_pool_tile_bytes",
 ]
 
 _F32 = 4
@@ -237,126 +239,173 @@ def choose_gemm_tile(g: GemmShape, arch: SpinnArch, name: str = "gemm", pes: int
     return best
 
 
-def _conv_input_bytes(program: Program, layer: Layer, p0: int, p1: int) -> int:
-    """Bytes of input a conv tile DMAs for output pixels [p0, p1): the input window under those
-    output pixels (with the kernel halo) of one group's channels; im2col happens in SRAM."""
+# -- the smallest tile of each layer kind: one definition, used by the tiler (which refuses a
+# layer whose smallest tile does not fit) and by the partitioner's checks (which keep such a
+# layer on the host), so a layer the partition accepts always tiles.
+def smallest_gemm_tile_bytes(arch: SpinnArch, k: int, a_bytes: int = _F32, b_bytes: int = _F32) -> int:
+    """SRAM of the smallest GEMM tile: one ``mac_rows x mac_cols`` block of outputs with
+    reduction chunks of ``min(k, mac_rows)``, operands double-buffered (element bytes of the A
+    and B operands: conv2d A = weight, B = im2col(input); dense/matmul A = input)."""
+    return _gemm_tile_bytes(arch.mac_rows, arch.mac_cols, min(k, arch.mac_rows), a_bytes, b_bytes)
+
+
+def smallest_row_tile_bytes(row: int, in_bytes: int = _F32, out_bytes: int = _F32, reduce: bool = False) -> int:
+    """SRAM of one row of a softmax / layer_norm (``reduce=False``) or mean (``reduce=True``:
+    one output per row), input and output double-buffered."""
+    return 2 * (in_bytes * row + out_bytes * (1 if reduce else row))
+
+
+def smallest_pool_tile_bytes(in_w: int, out_w: int, pool_h: int, dilation_h: int, pad_w: int,
+                             in_bytes: int = _F32, out_bytes: int = _F32) -> int:
+    """SRAM of one output row of one pool plane: its input band (window height, padded width)
+    and the output row, double-buffered."""
+    khe = (pool_h - 1) * dilation_h + 1
+    return 2 * (in_bytes * khe * (in_w + pad_w) + out_bytes * out_w)
+
+
+def smallest_tile_bytes(program: Program, index: int, arch: SpinnArch) -> int:
+    """SRAM of the smallest tile layer ``index`` can be cut into (the tiler raises
+    :class:`MappingError` when it exceeds ``arch.tile_sram_bytes``)."""
+    layer = program.layers[index]
+    t = program.tensors
+    if layer.kind in GEMM_KINDS:
+        _, elems, _ = _gemm_operands(program, layer)
+        ae, be, _, _ = _operand_elems(layer.kind, layer.mode, elems)
+        return smallest_gemm_tile_bytes(arch, gemm_shape(program, layer).k, ae, be)
+    ie = sum(_itemsize(program, tid) for tid in layer.inputs)
+    oe = _itemsize(program, layer.output)
+    if layer.kind in ROW_KINDS:
+        row = layer.attrs["row"] if layer.kind == "mean" else t[layer.output].shape[-1]
+        return smallest_row_tile_bytes(row, ie, oe, reduce=layer.kind == "mean")
+    if layer.kind in POOL_KINDS:
+        _, _, _, w, _, ow, kh, _, _, _, _ = _pool_geometry(program, layer)
+        pad = layer.attrs["padding"][1] + layer.attrs["padding"][3]
+        return smallest_pool_tile_bytes(w, ow, kh, layer.attrs["dilation"][0], pad, ie, oe)
+    return 2 * (ie + oe)
+
+
+def _check_fits(program: Program, index: int, arch: SpinnArch) -> None:
+    need = smallest_tile_bytes(program, index, arch)
+    if need > arch.tile_sram_bytes:
+        layer = program.layers[index]
+        raise MappingError(
+            f"layer {layer.name}: its smallest tile needs {need} bytes of SRAM, a PE has "
+            f"{arch.tile_sram_bytes}; the smallest system that fits has sram_bytes >= "
+            f"{need + arch.sram_reserved_bytes}"
+        )
+
+
+def _conv_input_bytes(program: Program, layer: Layer, p0, p1):
+    """Bytes of input a conv tile DMAs for output pixels [p0, p1) (ints or arrays): the input
+    window under those output pixels (with the kernel halo) of one group's channels; im2col
+    happens in SRAM."""
     _, _, h, w = program.tensors[layer.inputs[0]].shape
     _, cg, kh, kw = program.tensors[layer.consts["weight"]].shape
     ow = program.tensors[layer.output].shape[3]
     sh, sw = layer.attrs["strides"]
     dh, dw = layer.attrs["dilation"]
     khe, kwe = (kh - 1) * dh + 1, (kw - 1) * dw + 1
+    p0, p1 = np.asarray(p0, dtype=np.int64), np.asarray(p1, dtype=np.int64)
     pixels = p1 - p0
-    if pixels < ow:  # part of one output row (two if it wraps): a strip of columns
-        rows = khe * (1 if p0 // ow == (p1 - 1) // ow else 2)
-        cols = min(w, (pixels - 1) * sw + kwe)
-    else:
-        rows = min(h, (-(-pixels // ow)) * sh + khe)
-        cols = w
+    # Part of one output row (two if it wraps): a strip of columns; else whole rows.
+    strip_rows = khe * np.where(p0 // ow == (p1 - 1) // ow, 1, 2)
+    strip_cols = np.minimum(w, (pixels - 1) * sw + kwe)
+    band_rows = np.minimum(h, (-(-pixels // ow)) * sh + khe)
+    rows = np.where(pixels < ow, strip_rows, band_rows)
+    cols = np.where(pixels < ow, strip_cols, w)
     return _itemsize(program, layer.inputs[0]) * cg * rows * cols
 
 
-def _flat_tiles(total: int, bytes_per_elem: int, arch: SpinnArch, pes: int) -> list[list[list[int]]]:
+def _flat_size(total: int, bytes_per_elem: int, arch: SpinnArch, pes: int) -> int:
     # Double-buffered in/out per element; spread over the PEs but never beyond SRAM.
     cap = max(1, _working_budget(arch) // (2 * bytes_per_elem))
-    size = max(1, min(cap, _ceil(total, pes)))
-    return [[[s, min(s + size, total)]] for s in range(0, total, size)]
+    return max(1, min(cap, _ceil(total, pes)))
 
 
-def tile_layer(program: Program, index: int, arch: SpinnArch, pes: int | None = None,
-               naive: bool = False) -> list[Tile]:
-    """Tiles (without PE assignment) of ``program.layers[index]`` for ``pes`` PEs.
-
-    GEMM tiles carry ``group``: tiles of a group share one weight block (conv2d: batch x group
-    and output-channel block; dense: output-feature block), so placing a group on one PE fetches
-    that block once. Other tiles have ``group = -1``.
-    """
-    pes = pes or arch.total_pes
-    layer = program.layers[index]
-    t = program.tensors
-    out_shape = t[layer.output].shape
+def _check_nonempty(program: Program, layer: Layer) -> None:
     # The partitioner keeps zero-size ops on the host; a program built by hand may not.
+    t = program.tensors
     for tid in (*layer.inputs, layer.output):
         if 0 in tuple(t[tid].shape):
             raise MappingError(f"layer {layer.name}: tensor {tid} has a zero-size shape "
                                f"{tuple(t[tid].shape)} (dim {tuple(t[tid].shape).index(0)}); "
                                "zero-size ops run on the host")
-    tiles: list[Tile] = []
-    if layer.kind in ("conv2d", "dense", "matmul"):
+
+
+def _gemm_operands(program: Program, layer: Layer):
+    w_tid = layer.inputs[1] if layer.kind == "matmul" else layer.consts["weight"]
+    elems = tuple(_itemsize(program, tid) for tid in (layer.inputs[0], w_tid, layer.output))
+    side = int8_side(program, layer) if layer.mode == "int8" else None
+    return w_tid, elems, side
+
+
+def _pool_geometry(program: Program, layer: Layer):
+    n, c, h, w = program.tensors[layer.inputs[0]].shape
+    oh, ow = program.tensors[layer.output].shape[2:]
+    kh, kw = layer.attrs["pool_size"]
+    sh = layer.attrs["strides"][0]
+    khe = (kh - 1) * layer.attrs["dilation"][0] + 1
+    wp = w + layer.attrs["padding"][1] + layer.attrs["padding"][3]
+    return n, c, h, w, oh, ow, kh, kw, sh, khe, wp
+
+
+def _row_per_elem(kind: str, arch: SpinnArch) -> float:
+    return {"softmax": 3.0 + arch.exp_unit_cycles, "layer_norm": 6.0, "mean": 1.0}[kind]
+
+
+def _elementwise_per_elem(kind: str, arch: SpinnArch) -> float:
+    transcendental = kind in ("gelu", "gelu_tanh", "sigmoid", "tanh")
+    return arch.m4f_elementwise_cycles + (arch.exp_unit_cycles + 6 if transcendental else 0)
+
+
+def layer_work(program: Program, index: int, arch: SpinnArch) -> None:
+    """Set ``layer.gemm`` and ``layer.flops`` (operations of the layer, the cost model's work)."""
+    layer = program.layers[index]
+    out_shape = program.tensors[layer.output].shape
+    n_out = int(np.prod(out_shape, dtype=np.int64))
+    kind = layer.kind
+    if kind in GEMM_KINDS:
         g = gemm_shape(program, layer)
         layer.gemm = [g.m, g.n, g.k]
         layer.flops = 2 * g.batch * g.m * g.n * g.k
-        in_fn = (lambda vn: _conv_input_bytes(program, layer, 0, vn)) if layer.kind == "conv2d" else None
-        w_tid = layer.inputs[1] if layer.kind == "matmul" else layer.consts["weight"]
-        elems = tuple(_itemsize(program, tid) for tid in (layer.inputs[0], w_tid, layer.output))
-        ae, be, _, oe = _operand_elems(layer.kind, layer.mode, elems)
-        side = int8_side(program, layer) if layer.mode == "int8" else None
-        tm, tn, tk = choose_gemm_tile(g, arch, layer.name, pes=pes, kind=layer.kind, naive=naive,
-                                      input_bytes=in_fn, mode=layer.mode, elem_bytes=elems, int8=side)
-        ks = _ceil(g.k, tk)
-        # Per-channel epilogue data (bias; int8: acc_offset, multiplier, shift, scale...) travels
-        # with the weight block: the tile's output channels of every const but the weight.
-        channels = t[w_tid].shape[0] if layer.kind == "conv2d" else g.n
-        epilogue = []  # (elements per output channel, or -1: all of it; itemsize; elements)
-        for role, tid in sorted(layer.consts.items()):
-            if role == "weight" or tid == w_tid:
-                continue
-            numel = int(np.prod(t[tid].shape, dtype=np.int64))
-            per_channel = max(1, numel // channels) if numel >= channels else -1
-            epilogue.append((per_channel, _itemsize(program, tid), numel))
-        for b in range(g.batch):
-            for m0 in range(0, g.m, tm):
-                for n0 in range(0, g.n, tn):
-                    if layer.kind == "conv2d":
-                        group = b * _ceil(g.m, tm) + m0 // tm
-                    elif layer.kind == "dense":
-                        group = n0 // tn
-                    else:
-                        group = -1
-                    vm, vn = min(tm, g.m - m0), min(tn, g.n - n0)
-                    pm, pn = _round_up(vm, arch.mac_rows), _round_up(vn, arch.mac_cols)
-                    a_bytes = ae * vm * g.k
-                    b_bytes = be * g.k * vn
-                    in_b, w_b = (b_bytes, a_bytes) if layer.kind == "conv2d" else (a_bytes, b_bytes)
-                    if layer.kind == "conv2d":
-                        in_b = _conv_input_bytes(program, layer, n0, n0 + vn)
-                    v = vm if layer.kind == "conv2d" else vn
-                    for per_channel, size, numel in epilogue:
-                        w_b += size * (v * per_channel if per_channel > 0 else numel)
-                    tiles.append(Tile(
-                        layer=index, pe=-1, region=[[b, b + 1], [m0, m0 + vm], [n0, n0 + vn]],
-                        k_splits=ks, group=group, sram_bytes=_gemm_tile_bytes(pm, pn, min(tk, g.k), ae, be),
-                        in_bytes=in_b, w_bytes=w_b, out_bytes=oe * vm * vn,
-                        cycles=int(math.ceil(gemm_tile_cycles(vm, vn, g.k, ks, arch, layer.mode, side))),
-                    ))
-        return tiles
+    elif kind in ROW_KINDS:
+        row = layer.attrs["row"] if kind == "mean" else out_shape[-1]
+        rows = n_out if kind == "mean" else n_out // row
+        layer.flops = int(rows * row * _row_per_elem(kind, arch))
+    elif kind in POOL_KINDS:
+        n, c, _, _, oh, ow, kh, kw, *_ = _pool_geometry(program, layer)
+        layer.flops = n * c * oh * ow * kh * kw
+    elif kind in ("reshape", "permute_dims", "broadcast_to"):
+        layer.flops = 0
+    else:
+        layer.flops = n_out * (8 if kind in ("gelu", "gelu_tanh", "sigmoid", "tanh") else 1)
+
+
+def choose_tile(program: Program, index: int, arch: SpinnArch, pes: int | None = None,
+                naive: bool = False) -> list[int]:
+    """The tile shape of layer ``index`` for ``pes`` PEs (see :mod:`tvm_spinn.program.tiles`)."""
+    pes = pes or arch.total_pes
+    layer = program.layers[index]
+    _check_nonempty(program, layer)
+    _check_fits(program, index, arch)
+    t = program.tensors
+    out_shape = t[layer.output].shape
+    if layer.kind in GEMM_KINDS:
+        g = gemm_shape(program, layer)
+        in_fn = (lambda vn: int(_conv_input_bytes(program, layer, 0, vn))) if layer.kind == "conv2d" else None
+        _, elems, side = _gemm_operands(program, layer)
+        return list(choose_gemm_tile(g, arch, layer.name, pes=pes, kind=layer.kind, naive=naive,
+                                     input_bytes=in_fn, mode=layer.mode, elem_bytes=elems, int8=side))
     n_out = int(np.prod(out_shape, dtype=np.int64))
     ie = sum(_itemsize(program, tid) for tid in layer.inputs)  # bytes per element of all inputs
     oe = _itemsize(program, layer.output)
-    if layer.kind in ("softmax", "layer_norm", "mean"):
+    if layer.kind in ROW_KINDS:
         row = layer.attrs["row"] if layer.kind == "mean" else out_shape[-1]
         rows = n_out if layer.kind == "mean" else n_out // row
-        per_elem = {"softmax": 3.0 + arch.exp_unit_cycles, "layer_norm": 6.0, "mean": 1.0}[layer.kind]
-        layer.flops = int(rows * row * per_elem)
         cap = max(1, _working_budget(arch) // (2 * (ie + oe) * row))
-        size = max(1, min(cap, _ceil(rows, pes)))
-        for r0 in range(0, rows, size):
-            r1 = min(r0 + size, rows)
-            n = (r1 - r0) * row
-            n_res = (r1 - r0) if layer.kind == "mean" else n
-            tiles.append(Tile(layer=index, pe=-1, region=[[r0, r1]], sram_bytes=2 * (ie * n + oe * n_res),
-                              in_bytes=ie * n, out_bytes=oe * n_res,
-                              w_bytes=row * sum(_itemsize(program, tid) for tid in layer.consts.values()),
-                              cycles=int(math.ceil(n * per_elem * arch.m4f_elementwise_cycles / 2))))
-        return tiles
-    if layer.kind in ("max_pool2d", "avg_pool2d"):
-        n, c, h, w = t[layer.inputs[0]].shape
-        oh, ow = out_shape[2], out_shape[3]
-        kh, kw = layer.attrs["pool_size"]
-        layer.flops = n * c * oh * ow * kh * kw
-        sh = layer.attrs["strides"][0]
-        khe = (kh - 1) * layer.attrs["dilation"][0] + 1
-        wp = w + layer.attrs["padding"][1] + layer.attrs["padding"][3]
+        return [max(1, min(cap, _ceil(rows, pes)))]
+    if layer.kind in POOL_KINDS:
+        n, c, h, w, oh, ow, kh, kw, sh, khe, wp = _pool_geometry(program, layer)
 
         def band_bytes(rows: int) -> int:  # one plane's input band (with halo) and output rows
             return ie * ((rows - 1) * sh + khe) * wp + oe * rows * ow
@@ -372,32 +421,92 @@ def tile_layer(program: Program, index: int, arch: SpinnArch, pes: int | None = 
                 f"a PE has {arch.tile_sram_bytes}; the smallest system that fits has sram_bytes >= "
                 f"{need + arch.sram_reserved_bytes}"
             )
-        planes_per = 1 if rows < oh else max(1, min(budget // (2 * band_bytes(oh)), _ceil(n * c, pes)))
-        for p0 in range(0, n * c, planes_per):
-            p1 = min(p0 + planes_per, n * c)
-            for r0 in range(0, oh, rows):
-                r1 = min(r0 + rows, oh)
-                k = (p1 - p0)
-                tiles.append(Tile(
-                    layer=index, pe=-1, region=[[p0, p1], [r0, r1]], sram_bytes=2 * band_bytes(r1 - r0) * k,
-                    in_bytes=ie * k * min(h, (r1 - r0 - 1) * sh + khe) * w, out_bytes=oe * k * (r1 - r0) * ow,
-                    cycles=int(k * (r1 - r0) * ow * kh * kw * arch.m4f_elementwise_cycles / 2)))
-        return tiles
+        planes = 1 if rows < oh else max(1, min(budget // (2 * band_bytes(oh)), _ceil(n * c, pes)))
+        return [planes, rows]
+    return [_flat_size(n_out, ie + oe, arch, pes)]
+
+
+def tile_costs(program: Program, index: int, arch: SpinnArch, tile) -> TileTable:
+    """The tiles of layer ``index`` cut by ``tile``, with their bytes, SRAM and cycles
+    (vectorized; unplaced: ``pe = chip = -1``)."""
+    layer = program.layers[index]
+    t = program.tensors
+    lo, hi, group = expand_regions(program, index, tile)
+    count = len(group)
+    ks = k_splits(program, index, tile)
+    ext = hi - lo
+
+    def table(sram, in_b, w_b, out_b, cycles) -> TileTable:
+        full = lambda v: np.broadcast_to(np.asarray(v, dtype=np.int64), (count,)).copy()  # noqa: E731
+        return TileTable(layer=index, k_splits=ks, lo=lo, hi=hi, group=group,
+                         pe=np.full(count, -1, np.int64), chip=np.full(count, -1, np.int64),
+                         sram_bytes=full(sram), in_bytes=full(in_b), w_bytes=full(w_b),
+                         out_bytes=full(out_b), cycles=full(cycles))
+
+    if layer.kind in GEMM_KINDS:
+        g = gemm_shape(program, layer)
+        w_tid, elems, side = _gemm_operands(program, layer)
+        ae, be, _, oe = _operand_elems(layer.kind, layer.mode, elems)
+        tk = min(int(tile[2]), g.k)
+        vm, vn = ext[:, 1], ext[:, 2]
+        pm, pn = -(-vm // arch.mac_rows) * arch.mac_rows, -(-vn // arch.mac_cols) * arch.mac_cols
+        a_bytes, b_bytes = ae * vm * g.k, be * g.k * vn
+        if layer.kind == "conv2d":
+            in_b, w_b = _conv_input_bytes(program, layer, lo[:, 2], hi[:, 2]), a_bytes
+        else:
+            in_b, w_b = a_bytes, b_bytes
+        # Per-channel epilogue data (bias; int8: acc_offset, multiplier, shift, scale...) travels
+        # with the weight block: the tile's output channels of every const but the weight.
+        channels = t[w_tid].shape[0] if layer.kind == "conv2d" else g.n
+        v = vm if layer.kind == "conv2d" else vn
+        for role, tid in sorted(layer.consts.items()):
+            if role == "weight" or tid == w_tid:
+                continue
+            numel = int(np.prod(t[tid].shape, dtype=np.int64))
+            size = _itemsize(program, tid)
+            w_b = w_b + (size * v * max(1, numel // channels) if numel >= channels else size * numel)
+        if layer.mode != "int8":
+            cycles = np.ceil(vm * vn * g.k / arch.m4f_flops_per_cycle)
+        else:
+            side = side or Int8Side()
+            passes = (-(-vm // arch.mac_rows)) * (-(-vn // arch.mac_cols))
+            array = passes * (g.k + ks * arch.mac_readout_cycles)
+            per_out = (ks - 1) + int(side.fp32_out) + int(side.row_sums or side.col_sums)
+            m4f = per_out * vm * vn * arch.m4f_elementwise_cycles + g.k * (vm * side.row_sums + vn * side.col_sums)
+            cycles = np.ceil(np.maximum(array, m4f).astype(np.float64))
+        sram = 2 * (ae * pm * tk + be * tk * pn) + ACC_BYTES * pm * pn
+        return table(sram, in_b, w_b, oe * vm * vn, cycles)
+    ie = sum(_itemsize(program, tid) for tid in layer.inputs)
+    oe = _itemsize(program, layer.output)
+    if layer.kind in ROW_KINDS:
+        out_shape = t[layer.output].shape
+        row = layer.attrs["row"] if layer.kind == "mean" else out_shape[-1]
+        r = ext[:, 0]
+        n = r * row
+        n_res = r if layer.kind == "mean" else n
+        w_b = row * sum(_itemsize(program, tid) for tid in layer.consts.values())
+        cycles = np.ceil(n * _row_per_elem(layer.kind, arch) * arch.m4f_elementwise_cycles / 2)
+        return table(2 * (ie * n + oe * n_res), ie * n, w_b, oe * n_res, cycles)
+    if layer.kind in POOL_KINDS:
+        n, c, h, w, oh, ow, kh, kw, sh, khe, wp = _pool_geometry(program, layer)
+        k, rows = ext[:, 0], ext[:, 1]
+        band = ie * ((rows - 1) * sh + khe) * wp + oe * rows * ow
+        cycles = np.floor(k * rows * ow * kh * kw * arch.m4f_elementwise_cycles / 2)
+        return table(2 * band * k, ie * k * np.minimum(h, (rows - 1) * sh + khe) * w,
+                     0, oe * k * rows * ow, cycles)
+    e = ext[:, 0]
     if layer.kind in ("reshape", "permute_dims", "broadcast_to"):
         # Pure data movement: the DMA engine gathers with strides; ~1 cycle/element of setup.
-        layer.flops = 0
-        for region in _flat_tiles(n_out, ie + oe, arch, pes):
-            e = region[0][1] - region[0][0]
-            tiles.append(Tile(layer=index, pe=-1, region=region, sram_bytes=2 * (ie + oe) * e,
-                              in_bytes=ie * e, out_bytes=oe * e, cycles=e))
-        return tiles
-    # Element-wise (also quantize: fp32 -> int8/uint8, dequantize: int8/uint8 -> fp32).
-    transcendental = layer.kind in ("gelu", "gelu_tanh", "sigmoid", "tanh")
-    per_elem = arch.m4f_elementwise_cycles + (arch.exp_unit_cycles + 6 if transcendental else 0)
-    layer.flops = n_out * (8 if transcendental else 1)
-    for region in _flat_tiles(n_out, ie + oe, arch, pes):
-        e = region[0][1] - region[0][0]
-        tiles.append(Tile(layer=index, pe=-1, region=region, sram_bytes=2 * (ie + oe) * e,
-                          in_bytes=ie * e, out_bytes=oe * e,
-                          cycles=int(math.ceil(e * per_elem))))
-    return tiles
+        cycles = e
+    else:  # element-wise (also quantize: fp32 -> int8/uint8, dequantize: int8/uint8 -> fp32)
+        cycles = np.ceil(e * _elementwise_per_elem(layer.kind, arch))
+    return table(2 * (ie + oe) * e, ie * e, 0, oe * e, cycles)
+
+
+def tile_layer(program: Program, index: int, arch: SpinnArch, pes: int | None = None,
+               naive: bool = False) -> TileTable:
+    """Tiles (without PE assignment) of ``program.layers[index]`` for ``pes`` PEs: the tile
+    shape :func:`choose_tile` picks, expanded with its costs (:func:`tile_costs`). Sets the
+    layer's ``gemm`` and ``flops``."""
+    layer_work(program, index, arch)
+    return tile_costs(program, index, arch, choose_tile(program, index, arch, pes, naive))

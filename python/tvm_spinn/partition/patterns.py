@@ -17,6 +17,7 @@ from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.transform import PatternCheckContext
 
+from ..mapping.tiling import smallest_gemm_tile_bytes, smallest_pool_tile_bytes, smallest_row_tile_bytes
 from ..target.arch import SpinnArch
 
 __all__ = ["spinn_patterns", "FallbackReason", "SUPPORTED_DTYPES", "QUANTIZED_DTYPES"]
@@ -109,6 +110,11 @@ class _Checker:
             return self.log.refuse(op, root, f"operand '{name}' has zero-size shape {shape} (host work)")
         return True
 
+    def _check_gemm_fits(self, op: str, root: relax.Expr, k: int, elem_bytes: int) -> bool:
+        # The tiler's own smallest tile (mapping.tiling): what passes here always tiles.
+        return self._check_fits(op, root, smallest_gemm_tile_bytes(self.arch, k, elem_bytes, elem_bytes),
+                                f"the smallest GEMM tile (K={k})")
+
     def _check_fits(self, op: str, root: relax.Expr, min_bytes: int, what: str) -> bool:
         budget = self.arch.tile_sram_bytes
         if min_bytes > budget:
@@ -129,12 +135,8 @@ class _Checker:
             return self.log.refuse(op, root, f"out_dtype {attrs.out_dtype}")
         if "bias" in ctx.annotated_expr and not self._check_channel_bias(op, ctx, axis=1, rank=4):
             return False
-        # Smallest tile: one output row chunk of one MAC-array block, full window, double buffered.
         wshape = _static_shape(ctx.annotated_expr["weight"])
-        window = wshape[2] * wshape[3]
-        min_bytes = 2 * 4 * (self.arch.mac_rows * window + window * self.arch.mac_cols
-                             + self.arch.mac_rows * self.arch.mac_cols)
-        return self._check_fits(op, root, min_bytes, f"a {wshape[2]}x{wshape[3]} window tile")
+        return self._check_gemm_fits(op, root, wshape[1] * wshape[2] * wshape[3], 4)
 
     def _check_channel_bias(self, op: str, ctx: PatternCheckContext, axis: int, rank: int) -> bool:
         root = ctx.annotated_expr["root"]
@@ -160,7 +162,7 @@ class _Checker:
             bshape = _static_shape(ctx.annotated_expr["bias"])
             if tuple(d for d in bshape if d != 1) not in ((), (oshape[-1],)) or bshape[-1] not in (1, oshape[-1]):
                 return self.log.refuse(op, root, f"bias shape {bshape} is not per-output-feature")
-        return True
+        return self._check_gemm_fits(op, root, wshape[0], 4)
 
     def _check_matmul(self, op: str, ctx: PatternCheckContext) -> bool:
         if not self._check_tensors(op, ctx, ("lhs", "rhs")):
@@ -170,7 +172,7 @@ class _Checker:
         b = _static_shape(ctx.annotated_expr["rhs"])
         if len(a) < 2 or len(b) < 2:
             return self.log.refuse(op, root, "matmul operands must be at least 2-D")
-        return True
+        return self._check_gemm_fits(op, root, a[-1], 4)
 
     def _check_elementwise(self, op: str, ctx: PatternCheckContext) -> bool:
         names = ("lhs",) if op in ("spinn.reshape", "spinn.broadcast_to") else ("lhs", "rhs", "input")
@@ -203,7 +205,12 @@ class _Checker:
             oshape = _static_shape(root)
             if ishape[2] % oshape[2] or ishape[3] % oshape[3]:
                 return self.log.refuse(op, root, f"adaptive pool {ishape[2:]}->{oshape[2:]} is not uniform")
-        return True
+            pool_h, dil_h, pad_w = ishape[2] // oshape[2], 1, 0
+        else:
+            pool_h, dil_h, pad_w = int(attrs.pool_size[0]), int(attrs.dilation[0]), int(attrs.padding[1]) + int(attrs.padding[3])
+        in_w, out_w = _static_shape(ctx.annotated_expr["input"])[3], _static_shape(root)[3]
+        need = smallest_pool_tile_bytes(in_w, out_w, pool_h, dil_h, pad_w)
+        return self._check_fits(op, root, need, f"one output row of a {in_w}-wide plane")
 
     def _check_row_op(self, op: str, ctx: PatternCheckContext) -> bool:
         if not self._check_tensors(op, ctx, ("input", "gamma", "beta")):
@@ -218,7 +225,7 @@ class _Checker:
             if axes != list(range(rank - len(axes), rank)):
                 return self.log.refuse(op, root, f"mean over axes {axes} (only trailing axes)")
             row = _numel(in_shape[rank - len(axes):])
-            return self._check_fits(op, root, 2 * 4 * row, f"a row of {row} elements")
+            return self._check_fits(op, root, smallest_row_tile_bytes(row, reduce=True), f"a row of {row} elements")
         if op == "spinn.softmax":
             axis = int(attrs.axis)
             if axis not in (-1, len(shape) - 1):
@@ -228,7 +235,7 @@ class _Checker:
             if axes != [len(shape) - 1]:
                 return self.log.refuse(op, root, f"layer_norm over axes {axes} (only the last axis)")
         # One whole row (in, out, double buffered) must fit a PE.
-        return self._check_fits(op, root, 2 * 2 * 4 * shape[-1], f"a row of {shape[-1]} elements")
+        return self._check_fits(op, root, smallest_row_tile_bytes(shape[-1]), f"a row of {shape[-1]} elements")
 
     # -- int8 (QDQ) -------------------------------------------------------------------------
     def _check_qparams(self, op: str, root: relax.Expr, ctx: PatternCheckContext, scale: str, zero: str,
@@ -293,15 +300,16 @@ class _Checker:
             if attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW":
                 return self.log.refuse(op, root, f"layout {attrs.data_layout}/{attrs.kernel_layout} (need NCHW/OIHW)")
             wshape = _static_shape(ann["wq"])
-            window = wshape[2] * wshape[3]
-            min_bytes = 2 * (self.arch.mac_rows * window + window * self.arch.mac_cols) \
-                + 4 * self.arch.mac_rows * self.arch.mac_cols
-            if not self._check_fits(op, root, min_bytes, f"a {wshape[2]}x{wshape[3]} window tile"):
+            if not self._check_gemm_fits(op, root, wshape[1] * wshape[2] * wshape[3], 1):
                 return False
         elif is_dense and len(_static_shape(ann["wq"])) != 2:
             return self.log.refuse(op, root, "weight must be a 2-D constant")
         elif not is_dense and (len(_static_shape(ann["xq"])) < 2 or len(_static_shape(ann["wq"])) < 2):
             return self.log.refuse(op, root, "matmul operands must be at least 2-D")
+        if not is_conv:
+            k = _static_shape(ann["wq"])[0] if is_dense else _static_shape(ann["xq"])[-1]
+            if not self._check_gemm_fits(op, root, k, 1):
+                return False
         if str(getattr(main.attrs, "out_dtype", "")) not in ("", "None", "float32", "void"):
             return self.log.refuse(op, root, f"out_dtype {main.attrs.out_dtype}")
         if "bias" in ann:

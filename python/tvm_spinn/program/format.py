@@ -1,7 +1,8 @@
 """The serialized *spinn program*: the one document handed from the compiler to the runtime.
 
-Binary layout (little-endian), version 3 (2 plus int8 layers: quantize/dequantize kinds and
-``mode="int8"`` GEMMs, see :mod:`.quant`)::
+Binary layout (little-endian), version 4 (the mapping as data: per-layer tile shapes and PE
+ranges instead of version 3's tile list and schedule; int8 layers as in version 3, see
+:mod:`.quant`)::
 
     offset  size  field
     0       8     magic  b"SPINNPRG"
@@ -12,7 +13,7 @@ Binary layout (little-endian), version 3 (2 plus int8 layers: quantize/dequantiz
     24+H    pad   zero bytes up to a multiple of 64
     ...     8     u64 constant blob length B
     ...     B     constant blob: every constant tensor, C-contiguous, each 64-byte aligned
-    ...     8     u64 checksum: BLAKE2b-64 of all preceding bytes
+    ...     32    checksum: BLAKE2b-256 of all preceding bytes (also the runtime's cache key)
 
 Header JSON fields (all lists in execution order; all ids are indices):
 
@@ -24,23 +25,18 @@ Header JSON fields (all lists in execution order; all ids are indices):
   :data:`LAYER_KINDS`; ``consts`` maps a role (``weight``, ``bias``, ``gamma``, ``beta``, ``rhs``...)
   to a tensor id; ``gemm`` is ``[M, N, K]`` for MAC-path layers; ``mode`` is ``fp32`` (M4F) or
   ``int8`` (MAC array)
-- ``tiles``: ``{layer, pe, chip, group, region, k_splits, sram_bytes, in_bytes, w_bytes,
-  out_bytes, cycles}``; ``region`` is a list of ``[start, stop]`` output ranges (layer-kind
-  specific, see ``tvm_spinn.mapping.tiling``), each a unit of work one PE holds in SRAM; tiles of
-  one ``group`` share a weight block
-- ``schedule``: per PE (global index ``chip * pes_per_chip + pe``) an ordered list of tasks
-  ``[op, layer, tile, amount, where]``: ``dma_in`` / ``dma_out`` move ``amount`` bytes between
-  the PE's SRAM and ``where`` (``dram``, ``noc`` = another PE's SRAM, ``local`` = already here);
-  ``compute`` takes ``amount`` cycles; ``link`` receives ``amount`` bytes over the chip links
-  before the layer starts; ``barrier`` closes a layer
-- ``mapping``: mode, options, chips per layer, PE groups (pipelined mode), residency decisions
+- ``mapping``: mode, options, chips per layer, residency decisions, and per layer
+  (``mapping.layers[i]``) the tile shape and PE range ``{"tile": [...], "pes": [first, count]}``
+  (:mod:`.tiles`): every tile, its region and its reduction chunks follow from those; the
+  schedule (transfers, order, barriers) is derived by the timing model, never stored, so the
+  header is O(layers)
 - ``memory``: SRAM plan: per-PE peak bytes, resident weight bytes, checked non-overlapping
   address ranges of the busiest PE
 - ``timing``: the timing model's result at compile time (see ``tvm_spinn.timing``)
 
 Reading is validation: :meth:`Program.from_bytes` checks the framing, then the header against
 :mod:`.validate` (every key, type, tensor id, shape, dtype, constant range, per-layer operands,
-exact tile coverage of each output, schedule references) before building anything, and raises
+per-layer tile shapes and PE ranges) before building anything, and raises
 :class:`ProgramError` ``"<field>: <defect>"``. The ``spinn`` runtime module runs it when it is
 created or loaded (``tvm.runtime.load_module``), so a defective program fails at load.
 """
@@ -57,15 +53,17 @@ import numpy as np
 from .model import Layer, ProgramError, TensorDesc, Tile
 
 __all__ = [
-    "PROGRAM_MAGIC", "PROGRAM_VERSION", "LAYER_KINDS", "MAX_HEADER_BYTES", "ProgramError", "TensorDesc", "Layer",
+    "PROGRAM_MAGIC", "PROGRAM_VERSION", "CHECKSUM_BYTES", "LAYER_KINDS", "MAX_HEADER_BYTES", "ProgramError", "TensorDesc", "Layer",
     "Tile", "Program",
 ]
 
 PROGRAM_MAGIC = b"SPINNPRG"
-PROGRAM_VERSION = 3
-_READABLE_VERSIONS = (2, 3)
+PROGRAM_VERSION = 4
+_READABLE_VERSIONS = (4,)
 _ALIGN = 64
-#: Largest JSON header a program may carry (a BERT-base program's is tens of MB).
+#: Bytes of the trailing BLAKE2b digest (the spinn module's cache key, src/module.cc).
+CHECKSUM_BYTES = 32
+#: Largest JSON header a program may carry (O(layers): a BERT-base program's is about 1 MB).
 MAX_HEADER_BYTES = 1 << 30
 
 #: Layer kinds the simulator executes; partition patterns map onto these.
@@ -86,13 +84,14 @@ class Program:
     inputs: list[int]
     outputs: list[int]
     layers: list[Layer]
-    tiles: list[Tile] = field(default_factory=list)
-    schedule: list[list[list]] = field(default_factory=list)
     timing: dict = field(default_factory=dict)
     mapping: dict = field(default_factory=dict)
     memory: dict = field(default_factory=dict)
     constants: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
     version: int = PROGRAM_VERSION
+    #: The mapper's tiles (:class:`~.tiles.ProgramTiles`), kept in memory only: derived data,
+    #: never serialized (``tvm_spinn.mapping.derive_tables`` rebuilds them from ``mapping``).
+    tiles: "object | None" = field(default=None, repr=False, compare=False)
 
     # ------------------------------------------------------------------ serialization
     def header(self) -> dict:
@@ -106,39 +105,48 @@ class Program:
             "inputs": self.inputs,
             "outputs": self.outputs,
             "layers": [dict(vars(layer)) for layer in self.layers],
-            "tiles": [dict(vars(t)) for t in self.tiles],
-            "schedule": self.schedule,
             "timing": self.timing,
             "mapping": self.mapping,
             "memory": self.memory,
         }
 
     def to_bytes(self) -> bytes:
-        """Serialize deterministically (same program -> same bytes)."""
-        blob = bytearray()
+        """Serialize deterministically (same program -> same bytes); one copy, one hash pass."""
+        parts: list = []
+        size = 0
         for tid in sorted(self.constants):
             arr = np.asarray(self.constants[tid])  # ascontiguousarray would make 0-d arrays 1-d
             desc = self.tensors[tid]
             if list(arr.shape) != list(desc.shape) or str(arr.dtype) != desc.dtype:
                 raise ProgramError(f"constant {desc.name}: array {arr.shape}/{arr.dtype} does not match its descriptor")
-            blob += b"\0" * (-len(blob) % _ALIGN)
-            desc.offset = len(blob)
-            blob += arr.tobytes(order="C")
+            pad = -size % _ALIGN
+            if pad:
+                parts.append(b"\0" * pad)
+                size += pad
+            desc.offset = size
+            data = memoryview(np.ascontiguousarray(arr).reshape(-1)).cast("B") if arr.ndim else arr.tobytes()
+            parts.append(data)
+            size += len(data)
         text = json.dumps(self.header(), sort_keys=True, separators=(",", ":")).encode()
-        out = bytearray(PROGRAM_MAGIC + struct.pack("<IIQ", self.version, 0, len(text)) + text)
-        out += b"\0" * (-len(out) % _ALIGN)
-        out += struct.pack("<Q", len(blob)) + blob
-        out += struct.pack("<Q", _checksum(out))
-        return bytes(out)
+        head = PROGRAM_MAGIC + struct.pack("<IIQ", self.version, 0, len(text)) + text
+        head += b"\0" * (-len(head) % _ALIGN) + struct.pack("<Q", size)
+        digest = hashlib.blake2b(digest_size=CHECKSUM_BYTES)
+        digest.update(head)
+        for part in parts:
+            digest.update(part)
+        return b"".join([head, *parts, digest.digest()])
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "Program":
+    def from_bytes(cls, data: bytes, verify_checksum: bool = True) -> "Program":
         """Parse and validate untrusted bytes.
+
+        ``verify_checksum=False`` skips only the digest pass over the contents, for bytes the
+        caller has just produced with :meth:`to_bytes` (the compiler); every other check runs.
 
         Checks the binary framing (magic, versions, lengths, checksum), then the header against
         :func:`tvm_spinn.program.validate.validate_header` (types, tensor ids, shapes, dtypes,
-        constants inside the blob, per-layer operands, exact tile coverage, schedule
-        references) before building any object from it.
+        constants inside the blob, per-layer operands, tile shapes and PE ranges) before
+        building any object from it.
 
         Raises
         ------
@@ -148,30 +156,30 @@ class Program:
         from .validate import validate_header
 
         data = bytes(data)
-        if len(data) < 24 + 8 + 8 or data[:8] != PROGRAM_MAGIC:
+        if len(data) < 24 + 8 + CHECKSUM_BYTES or data[:8] != PROGRAM_MAGIC:
             raise ProgramError("magic: not a spinn program (bad magic or shorter than its header)")
         version, reserved, hlen = struct.unpack_from("<IIQ", data, 8)
-        if version not in _READABLE_VERSIONS:  # version 2 is version 3 without int8 layers
+        if version not in _READABLE_VERSIONS:
             raise ProgramError(f"version: spinn program format version {version} is not supported "
-                               f"(this runtime reads {', '.join(map(str, _READABLE_VERSIONS))})")
-        (stored,) = struct.unpack_from("<Q", data, len(data) - 8)
-        if _checksum(memoryview(data)[:-8]) != stored:
+                               f"(this runtime reads {', '.join(map(str, _READABLE_VERSIONS))}; "
+                               "rebuild the model with this tvm-spinn)")
+        if verify_checksum and _checksum(memoryview(data)[:-CHECKSUM_BYTES]) != data[-CHECKSUM_BYTES:]:
             raise ProgramError("checksum: spinn program checksum mismatch (truncated or corrupt)")
         if reserved != 0:
             raise ProgramError(f"reserved: must be 0, got {reserved}")
         # The header, its padding and the blob length must fit before the checksum.
-        if hlen > min(MAX_HEADER_BYTES, len(data) - 24 - 16):
+        if hlen > min(MAX_HEADER_BYTES, len(data) - 24 - 8 - CHECKSUM_BYTES):
             raise ProgramError(f"header length: {hlen} bytes does not fit the {len(data)}-byte program "
                                f"(or exceeds the {MAX_HEADER_BYTES}-byte cap)")
         pos = 24 + hlen
         header = _parse_header(data[24:pos])
         pos += -pos % _ALIGN
-        if pos + 16 > len(data):
+        if pos + 8 + CHECKSUM_BYTES > len(data):
             raise ProgramError("blob length: program truncated before the constant blob")
         (blen,) = struct.unpack_from("<Q", data, pos)
-        if pos + 8 + blen + 8 != len(data):
+        if pos + 8 + blen + CHECKSUM_BYTES != len(data):
             raise ProgramError(f"blob length: {blen} bytes of constants do not end where the "
-                               f"checksum starts ({len(data) - pos - 16} bytes there)")
+                               f"checksum starts ({len(data) - pos - 8 - CHECKSUM_BYTES} bytes there)")
         blob = memoryview(data)[pos + 8: pos + 8 + blen]
         validate_header(header, version, blen, blob)
         tensors = [TensorDesc(**t) for t in header["tensors"]]
@@ -183,7 +191,6 @@ class Program:
             symbol=header["symbol"], arch=header["arch"], tensors=tensors,
             inputs=header["inputs"], outputs=header["outputs"],
             layers=[Layer(**layer) for layer in header["layers"]],
-            tiles=[Tile(**t) for t in header["tiles"]], schedule=header["schedule"],
             timing=header["timing"], mapping=header["mapping"], memory=header["memory"],
             constants=constants, version=version,
         )
@@ -206,6 +213,6 @@ def _parse_header(raw: bytes) -> dict:
     return header
 
 
-def _checksum(data: "bytes | bytearray | memoryview") -> int:
+def _checksum(data: "bytes | bytearray | memoryview") -> bytes:
     # BLAKE2b runs in C: fast on weight blobs of hundreds of MB.
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+    return hashlib.blake2b(data, digest_size=CHECKSUM_BYTES).digest()

@@ -5,7 +5,7 @@ a program is read (:meth:`Program.from_bytes`, so also when a ``spinn`` module i
 loaded). It proves what the simulator and the timing model rely on, so a program that passes
 runs without a Python-level error and its result does not depend on how it was tiled:
 
-- every key of the header, of each tensor, layer and tile is known and has the right JSON type
+- every key of the header, of each tensor, layer and layer mapping is known and has the right JSON type
   (integers are Python ints, never bools or floats);
 - shapes are positive integers, at most :data:`MAX_RANK` of them, with at most
   :data:`MAX_ELEMENTS` elements (exact Python integers: no int64 overflow); dtypes come from
@@ -13,9 +13,10 @@ runs without a Python-level error and its result does not depend on how it was t
 - tensor ids are in range and used in their role (inputs, outputs, constants, dataflow order,
   each tensor written once); each layer kind has its inputs, constants, attributes, dtypes and
   output shape (derived from the input shapes as the simulator computes it);
-- the tiles of each layer cover its output index space exactly once (vectorized over tiles);
-- the schedule has one task list per PE; every task names a known op, an existing layer and a
-  tile of that layer, and every tile is computed exactly once, on its own PE.
+- each layer's mapping (``mapping.layers[i]``) has a tile shape of the layer kind's arity with
+  positive sizes, cuts at most :data:`MAX_TILES` tiles, keeps int8 reduction chunks within the
+  accumulator's safe length, and names a PE range inside the system. Tiles are a function of
+  the tile shape (:mod:`.tiles`), so they cover every output exactly once by construction.
 
 Every failure is a :class:`~tvm_spinn.program.format.ProgramError` whose message starts with the
 field, e.g. ``layers[3].inputs[0]: tensor id 99 out of range (12 tensors)``.
@@ -24,25 +25,23 @@ field, e.g. ``layers[3].inputs[0]: tensor id 99 out of range (12 tensors)``.
 from __future__ import annotations
 
 import math
-from itertools import chain
-from operator import itemgetter
 from typing import Any, Callable
 
 import numpy as np
 
-from .model import ProgramError, Tile
+from .model import ProgramError
+from .tiles import tile_arity
 
 __all__ = [
     "validate_header", "MAX_RANK", "MAX_ELEMENTS", "DTYPES", "HEADER_KEYS", "TENSOR_KEYS",
-    "LAYER_KEYS", "TILE_KEYS", "SCHEDULE_OPS", "SCHEDULE_WHERE",
+    "LAYER_KEYS", "LAYER_MAPPING_KEYS", "MAX_TILES",
 ]
 
 MAX_RANK = 8
 #: Cap on the elements of one tensor (2**36: 256 GiB of float32, far beyond any chip system).
 MAX_ELEMENTS = 1 << 36
-#: Cap on the elementary cells a multi-dimensional coverage check may build (compiler tilings are
-#: grids, which need exactly one cell per tile).
-MAX_COVER_CELLS = 1 << 24
+#: Cap on the tiles one layer's tile shape may cut (what expanding them may allocate).
+MAX_TILES = 1 << 26
 #: Cap on the PEs of a system (SpiNNcloud's 35k chips hold about 5.2M).
 MAX_PES = 1 << 24
 #: dtype -> itemsize of the tensors a program may hold.
@@ -52,12 +51,10 @@ _QRANGE = {"int8": (-128, 127), "uint8": (0, 255)}
 _ALIGN = 64
 
 HEADER_KEYS = frozenset({"version", "symbol", "arch", "tensors", "inputs", "outputs", "layers",
-                         "tiles", "schedule", "timing", "mapping", "memory"})
+                         "timing", "mapping", "memory"})
 TENSOR_KEYS = frozenset({"name", "shape", "dtype", "role", "offset"})
 LAYER_KEYS = frozenset({"name", "kind", "inputs", "consts", "output", "attrs", "gemm", "flops", "mode"})
-TILE_KEYS = frozenset(f.name for f in Tile.__dataclass_fields__.values())
-SCHEDULE_OPS = ("dma_in", "dma_w", "dma_out", "compute", "link", "barrier")
-SCHEDULE_WHERE = ("dram", "noc", "local", "link", "pe")
+LAYER_MAPPING_KEYS = frozenset({"tile", "pes"})
 
 _GEMM = ("conv2d", "dense", "matmul")
 _BINARY = ("add", "subtract", "multiply", "divide")
@@ -243,8 +240,7 @@ class _Checker:
         self._tensors()
         self._io()
         extents = self._layers()
-        self._tiles(extents)
-        self._schedule()
+        self._layer_mappings(extents)
 
     def _arch(self) -> None:
         from ..target.arch import ArchError, SpinnArch  # lazy: target/ imports tvm
@@ -253,7 +249,7 @@ class _Checker:
             self.arch = SpinnArch.from_dict(_dict(self.h["arch"], "arch"))
         except (ArchError, TypeError, ValueError, ArithmeticError, AttributeError, KeyError) as err:
             _fail("arch", str(err))
-        if self.arch.total_pes > MAX_PES:  # the schedule holds one task list per PE
+        if self.arch.total_pes > MAX_PES:  # per-PE arrays are allocated when tiles are placed
             _fail("arch", f"{self.arch.total_pes} PEs exceed {MAX_PES}")
 
     def _tensors(self) -> None:
@@ -554,195 +550,39 @@ class _Checker:
             self._values(f"{f}.consts.shift", consts["shift"], 1, 62)
         self.int8_layers.append((self.layer_index, k))
 
-    # ---------------------------------------------------------------- tiles
-    def _tiles(self, extents: list[tuple[int, ...]]) -> None:
-        tiles = _list(self.h["tiles"], "tiles")
-        names = ("layer", "pe", "chip", "group", "k_splits", "sram_bytes", "in_bytes", "w_bytes",
-                 "out_bytes", "cycles")
-        # Fast path for millions of tiles (C-level map/itemgetter): dicts with exactly the Tile
-        # keys (every key present and no other: same count) and integer fields.
-        try:
-            ok = set(map(type, tiles)) <= {dict} and set(map(len, tiles)) <= {len(TILE_KEYS)}
-            if ok:
-                regions = list(map(itemgetter("region"), tiles))
-                table = np.array(list(map(itemgetter(*names), tiles)), dtype=None if tiles else np.int64)
-        except (KeyError, ValueError, TypeError, OverflowError):
-            ok, table = False, None
-        if not ok or table.dtype.kind != "i" or table.shape != (len(tiles), len(names)):
-            for i, t in enumerate(tiles):  # slow path: name the first defect
-                if type(t) is not dict or t.keys() != TILE_KEYS:
-                    _keys(t, f"tiles[{i}]", TILE_KEYS)
-            cols = {key: _int_array([t[key] for t in tiles], lambda i, key=key: f"tiles[{i}].{key}")
-                    for key in names}
-            regions = [t["region"] for t in tiles]
-        else:
-            cols = {key: table[:, j] for j, key in enumerate(names)}
-            big = np.abs(table) > (1 << 62)
-            if big.any():
-                i, j = np.unravel_index(int(np.argmax(big)), big.shape)
-                _int(int(table[i, j]), f"tiles[{i}].{names[j]}", -(1 << 62), 1 << 62)
-        n_layers = len(extents)
-        lo = {"layer": 0, "pe": 0, "chip": 0, "group": -1, "k_splits": 1, "sram_bytes": 0,
-              "in_bytes": 0, "w_bytes": 0, "out_bytes": 0, "cycles": 0}
-        hi = {"layer": n_layers - 1, "pe": self.arch.total_pes - 1, "chip": self.arch.chips - 1}
-        for key, col in cols.items():
-            over = (col < lo[key]) | (col > hi.get(key, 1 << 62))
-            if over.any():
-                i = int(np.argmax(over))
-                _int(int(col[i]), f"tiles[{i}].{key}", lo[key], hi.get(key))
-        wrong_chip = cols["chip"] != cols["pe"] // self.arch.pes_per_chip
-        if wrong_chip.any():
-            i = int(np.argmax(wrong_chip))
-            _fail(f"tiles[{i}].chip", f"{cols['chip'][i]}, but PE {cols['pe'][i]} is on chip "
-                                      f"{cols['pe'][i] // self.arch.pes_per_chip}")
-        self.tile_layer, self.tile_pe = cols["layer"], cols["pe"]
-        order = np.argsort(cols["layer"], kind="stable")
-        bounds = np.searchsorted(cols["layer"][order], np.arange(n_layers + 1))
-        for li, extent in enumerate(extents):
-            ids = order[bounds[li]:bounds[li + 1]]
-            if not len(ids):
-                _fail(f"layers[{li}]", "has no tiles: its output would never be computed")
-            self._cover(li, extent, ids, regions)
-        for li, k in self.int8_layers:
-            ids = order[bounds[li]:bounds[li + 1]]
-            ks = cols["k_splits"][ids]
-            chunk = (k + ks - 1) // ks
-            from .gemm import safe_k_chunk
+    # ---------------------------------------------------------------- layer mappings
+    def _layer_mappings(self, extents: list[tuple[int, ...]]) -> None:
+        from .gemm import safe_k_chunk
 
-            limit = safe_k_chunk(self.arch)
-            if (chunk > limit).any():
-                i = int(ids[np.argmax(chunk > limit)])
-                _fail(f"tiles[{i}].k_splits", f"k-chunks of {int(chunk.max())} products overflow the "
-                                              f"{self.arch.acc_bits}-bit accumulator (at most {limit})")
-        for li, k in self.gemm_k.items():  # GEMMs: 1 <= k_splits <= K
-            ids = order[bounds[li]:bounds[li + 1]]
-            if (cols["k_splits"][ids] > k).any():
-                i = int(ids[np.argmax(cols["k_splits"][ids] > k)])
-                _fail(f"tiles[{i}].k_splits", f"{cols['k_splits'][i]} chunks for a reduction of {k}")
-
-    def _cover(self, li: int, extent: tuple[int, ...], ids: np.ndarray, all_regions: list) -> None:
-        """The regions ``all_regions[ids]`` (of tiles ``ids``) cover ``[0, extent)`` exactly once (else ProgramError)."""
-        d = len(extent)
-        regions = [all_regions[i] for i in ids]
-        try:
-            r = np.array(regions)  # int64 only when every entry is a JSON integer below 2**63
-            ok = r.shape == (len(ids), d, 2) and r.dtype.kind == "i"
-        except (ValueError, TypeError):  # ragged
-            ok = False
-        if not ok:
-            for i in ids:  # error path: find the first malformed region and name it
-                reg = _list(all_regions[i], f"tiles[{i}].region", d)
-                for j, pair in enumerate(reg):
-                    _ints(pair, f"tiles[{i}].region[{j}]", 2, -(1 << 62))
-            _fail(f"tiles[{ids[0]}].region", "malformed")
-        r = r.astype(np.int64)
-        start, stop = r[:, :, 0], r[:, :, 1]
-        ext = np.array(extent, dtype=np.int64)
-        bad = ((start < 0) | (stop > ext) | (start >= stop)).any(axis=1)
-        if d == 3:  # GEMM tiles hold one batch/group entry (the simulator reads b0 only)
-            bad |= stop[:, 0] != start[:, 0] + 1
-        if bad.any():
-            i = int(ids[np.argmax(bad)])
-            _fail(f"tiles[{i}].region", f"{all_regions[i]} is empty or outside the output space "
-                                        f"{list(extent)} of layer {li}" + (" (or spans several batch entries)" if d == 3 else ""))
-        what = f"layers[{li}]"
-        if d == 1:
-            o = np.argsort(start[:, 0], kind="stable")
-            s, e = start[o, 0], stop[o, 0]
-            if s[0] != 0 or e[-1] != extent[0] or (s[1:] != e[:-1]).any():
-                gap = int(np.argmax(s[1:] != e[:-1])) if len(s) > 1 and (s[1:] != e[:-1]).any() else 0
-                _fail(what, f"tiles do not cover the {extent[0]} output elements exactly once "
-                            f"(first defect near index {int(e[gap]) if s[0] == 0 else 0})")
-            return
-        # Coordinate compression, then a d-dimensional difference array counts the tiles over
-        # every elementary cell; exact cover <=> every count is 1.
-        grids, lo_idx, hi_idx = [], [], []
-        for j in range(d):
-            g = np.unique(np.concatenate([start[:, j], stop[:, j], [0, extent[j]]]))
-            grids.append(g)
-            lo_idx.append(np.searchsorted(g, start[:, j]))
-            hi_idx.append(np.searchsorted(g, stop[:, j]))
-        cells = math.prod(len(g) - 1 for g in grids)
-        if cells > MAX_COVER_CELLS:
-            _fail(what, f"tile regions are too irregular to verify ({cells} cells)")
-        diff = np.zeros([len(g) for g in grids], dtype=np.int64)
-        for corner in range(1 << d):
-            idx = tuple(hi_idx[j] if corner >> j & 1 else lo_idx[j] for j in range(d))
-            np.add.at(diff, idx, -1 if bin(corner).count("1") % 2 else 1)
-        for j in range(d):
-            diff = np.cumsum(diff, axis=j)
-        count = diff[tuple(slice(0, -1) for _ in range(d))]
-        if (count != 1).any():
-            cell = np.unravel_index(int(np.argmax(count != 1)), count.shape)
-            at = [int(grids[j][cell[j]]) for j in range(d)]
-            _fail(what, f"tiles cover output index {at} of {list(extent)} {int(count[cell])} times (must be once)")
-
-    # ---------------------------------------------------------------- schedule
-    def _schedule(self) -> None:
-        schedule = _list(self.h["schedule"], "schedule", self.arch.total_pes)
-        n_tiles, n_layers = len(self.tile_layer), len(self.h["layers"])
-        if set(map(type, schedule)) - {list}:
-            pe = next(pe for pe, tasks in enumerate(schedule) if type(tasks) is not list)
-            _list(schedule[pe], f"schedule[{pe}]")
-        # All PEs at once (a board program has millions of tasks): flatten, then vectorize.
-        lens = np.fromiter(map(len, schedule), dtype=np.int64, count=len(schedule))
-        starts = np.concatenate([[0], np.cumsum(lens)])
-        pe_of = np.repeat(np.arange(len(schedule)), lens)
-        flat = list(chain.from_iterable(schedule))
-
-        def at(k: int, j: int | None = None) -> str:
-            pe = int(pe_of[k])
-            return f"schedule[{pe}][{k - int(starts[pe])}]" + ("" if j is None else f"[{j}]")
-
-        if not flat:
-            computed = np.zeros(n_tiles, dtype=np.int64)
-        else:
-            if set(map(type, flat)) != {list} or set(map(len, flat)) != {5}:
-                k = next(k for k, t in enumerate(flat) if type(t) is not list or len(t) != 5)
-                _list(flat[k], at(k), 5)
-            # itemgetter maps, not zip(*flat): zip over a million argument iterators is slow
-            ops, layers, tiles, amounts, wheres = (tuple(map(itemgetter(j), flat)) for j in range(5))
-            codes = {op: i for i, op in enumerate(SCHEDULE_OPS)}
-            if (not set(map(type, ops + wheres)) <= {str} or not set(ops) <= codes.keys()
-                    or not set(wheres) <= set(SCHEDULE_WHERE)):
-                k = next(k for k, t in enumerate(flat)
-                         if type(t[0]) is not str or type(t[4]) is not str
-                         or t[0] not in codes or t[4] not in SCHEDULE_WHERE)
-                _str(flat[k][0], at(k, 0), SCHEDULE_OPS)
-                _str(flat[k][4], at(k, 4), SCHEDULE_WHERE)
-            lay, til, amt = (_int_array(list(col), lambda k, j=j: at(k, j))
-                             for j, col in ((1, layers), (2, tiles), (3, amounts)))
-            if (lay < 0).any() or (lay >= n_layers).any():
-                k = int(np.argmax((lay < 0) | (lay >= n_layers)))
-                _int(int(lay[k]), at(k, 1), 0, n_layers - 1)
-            if (amt < 0).any():
-                k = int(np.argmax(amt < 0))
-                _int(int(amt[k]), at(k, 3), 0)
-            op = np.fromiter(map(codes.__getitem__, ops), dtype=np.int8, count=len(ops))
-            no_tile = (op == codes["link"]) | (op == codes["barrier"])
-            if (til[no_tile] != -1).any():
-                k = int(np.flatnonzero(no_tile & (til != -1))[0])
-                _fail(at(k, 2), f"a {ops[k]} task takes tile -1, got {til[k]}")
-            bad = ~no_tile & ((til < 0) | (til >= n_tiles))
-            if bad.any():
-                k = int(np.argmax(bad))
-                _int(int(til[k]), at(k, 2), 0, n_tiles - 1)
-            has = np.flatnonzero(~no_tile)
-            wrong = self.tile_layer[til[has]] != lay[has]
-            if wrong.any():
-                k = int(has[np.argmax(wrong)])
-                _fail(at(k, 1), f"layer {lay[k]}, but tile {til[k]} belongs to layer "
-                                f"{self.tile_layer[til[k]]}")
-            comp = np.flatnonzero(op == codes["compute"])
-            misplaced = self.tile_pe[til[comp]] != pe_of[comp]
-            if misplaced.any():
-                k = int(comp[np.argmax(misplaced)])
-                _fail(f"schedule[{pe_of[k]}]", f"computes tile {til[k]}, which is placed on PE "
-                                               f"{self.tile_pe[til[k]]}")
-            computed = np.bincount(til[comp], minlength=n_tiles)
-        if (computed != 1).any():
-            i = int(np.argmax(computed != 1))
-            _fail("schedule", f"tile {i} is computed {computed[i]} times (must be once)")
+        kinds = [layer["kind"] for layer in self.h["layers"]]
+        records = _list(self.h["mapping"].get("layers"), "mapping.layers", len(kinds))
+        total = self.arch.total_pes
+        int8 = dict(self.int8_layers)
+        for li, (record, kind, extent) in enumerate(zip(records, kinds, extents)):
+            f = f"mapping.layers[{li}]"
+            _keys(record, f, LAYER_MAPPING_KEYS)
+            tile = _list(record["tile"], f"{f}.tile", tile_arity(kind))
+            for j, v in enumerate(tile):
+                _int(v, f"{f}.tile[{j}]", 1, MAX_ELEMENTS)
+            first, count = _list(record["pes"], f"{f}.pes", 2)
+            _int(first, f"{f}.pes[0]", 0, total - 1)
+            _int(count, f"{f}.pes[1]", 1, total - first)
+            if len(extent) == 3:  # GEMM: batch entries are never split; tiles of tm x tn outputs
+                count_tiles = extent[0] * -(-extent[1] // tile[0]) * -(-extent[2] // tile[1])
+            else:
+                count_tiles = 1
+                for e, size in zip(extent, tile):
+                    count_tiles *= -(-e // size)
+            if count_tiles > MAX_TILES:
+                _fail(f"{f}.tile", f"{tile} cuts {count_tiles} tiles, more than {MAX_TILES}")
+            if li in int8:
+                k = int8[li]
+                splits = -(-k // min(tile[2], k))
+                chunk = -(-k // splits)
+                limit = safe_k_chunk(self.arch)
+                if chunk > limit:
+                    _fail(f"{f}.tile[2]", f"k-chunks of {chunk} products overflow the "
+                                          f"{self.arch.acc_bits}-bit accumulator (at most {limit})")
 
 
 def validate_header(header: Any, version: int, blob_len: int,

@@ -6,7 +6,9 @@ import json
 import os
 import tempfile
 
+from ..mapping import derive_tables
 from ..program import Program
+from ..program.tiles import ProgramTiles
 from ..timing import evaluate
 from ..target.arch import SpinnArch
 
@@ -26,6 +28,12 @@ def _atomic_write(path: str, write) -> None:
         raise
 
 
+def _timeline(program: Program, arch: SpinnArch):
+    """The timing with its per-tile trace, and the program's tiles (derived if not in memory)."""
+    tiles = program.tiles if program.tiles is not None else ProgramTiles(derive_tables(program, arch))
+    return evaluate(program, arch, tiles.tables, trace=True), tiles
+
+
 def to_perfetto(programs: list[Program], path: str) -> str:
     """Write a Chrome-trace JSON (open it in https://ui.perfetto.dev): one track per PE,
     one slice per tile's compute, one slice per layer on a "layers" track."""
@@ -33,7 +41,7 @@ def to_perfetto(programs: list[Program], path: str) -> str:
     offset_us = 0.0
     for index, program in enumerate(programs):
         arch = SpinnArch.from_dict(program.arch)
-        timing = evaluate(program, arch)
+        timing, tiles = _timeline(program, arch)
         us = 1e6 / arch.clock_hz
         for row in timing.layers:
             events.append({"name": row.name, "cat": "layer", "ph": "X", "pid": index, "tid": -1,
@@ -41,7 +49,7 @@ def to_perfetto(programs: list[Program], path: str) -> str:
                            "args": {"kind": row.kind, "tiles": row.tiles, "pes": row.pes,
                                     "dram_bytes": row.dram_bytes, "utilization": row.utilization}})
         for pe, tile, start, end in timing.trace:
-            layer = program.layers[program.tiles[tile].layer]
+            layer = program.layers[int(tiles.layer_of(tile))]
             events.append({"name": layer.name, "cat": layer.kind, "ph": "X", "pid": index, "tid": pe,
                            "ts": offset_us + start * us, "dur": (end - start) * us})
         events.append({"name": "process_name", "ph": "M", "pid": index, "args": {"name": f"region {index}: {program.symbol}"}})
@@ -69,10 +77,10 @@ def plot(programs: list[Program], path: str) -> str:
     start = 0.0
     for program in programs:
         arch = SpinnArch.from_dict(program.arch)
-        timing = evaluate(program, arch)
+        timing, tiles = _timeline(program, arch)
         busy = np.zeros((len(program.layers), arch.total_pes))
         for pe, tile, s, e in timing.trace:
-            busy[program.tiles[tile].layer, pe] += e - s
+            busy[int(tiles.layer_of(tile)), pe] += e - s
         for i, row in enumerate(timing.layers):
             rows.append(busy[i] / max(row.cycles, 1))
             names.append(row.name)

@@ -21,7 +21,7 @@ import tvm_ffi
 from ..program import Program, ProgramError
 from .simulator import run_program
 
-__all__ = ["SpinnRuntimeError", "execute", "load_program", "validate_program"]
+__all__ = ["SpinnRuntimeError", "compiled", "execute", "load_program", "validate_program"]
 
 # ProgramError crosses the C++ module loader (a Python callback raising inside
 # tvm.runtime.load_module) as itself, not as a generic RuntimeError.
@@ -30,6 +30,8 @@ tvm_ffi.register_error("tvm_spinn.ProgramError", ProgramError)
 _CACHE: "OrderedDict[str, Program]" = OrderedDict()
 _CACHE_SIZE = 32
 _LOCK = threading.Lock()
+# Bytes this thread's compiler just serialized (see compiled()): their digest pass is skipped.
+_COMPILED = threading.local()
 
 
 class SpinnRuntimeError(ValueError):
@@ -54,6 +56,21 @@ def load_program(key: str, getter) -> Program:
     program = Program.from_bytes(bytes(getter()))
     _remember(key, program)
     return program
+
+
+class compiled:  # noqa: N801 - a context manager used like a function
+    """While active, a module created from exactly ``data`` (the bytes the compiler just wrote
+    with :meth:`Program.to_bytes`) is validated without the digest pass over its contents:
+    every other check runs, and the bytes are compared in full first."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def __enter__(self):
+        _COMPILED.data = self.data
+
+    def __exit__(self, *exc):
+        _COMPILED.data = None
 
 
 @tvm_ffi.register_global_func("tvm_spinn.runtime.validate_program", override=True)
@@ -85,7 +102,9 @@ def validate_program(symbol: str, data: bytes, key: str) -> None:
         if not ok:
             raise ProgramError(f"manifest: module {MANIFEST_SYMBOL} does not hold a JSON manifest")
         return
-    program = Program.from_bytes(data)
+    trusted = getattr(_COMPILED, "data", None)
+    raw = bytes(data)
+    program = Program.from_bytes(raw, verify_checksum=trusted is None or raw != trusted)
     if program.symbol != symbol:
         raise ProgramError(f"symbol: the program implements {program.symbol!r}, its module is {symbol!r}")
     _remember(key, program)

@@ -1,28 +1,43 @@
-"""Event-driven timing and energy model: walks a program's static schedule.
+"""Timing and energy model of a mapped program, vectorized over its tiles.
 
-Resources: per PE a DMA engine and the core (M4F or MAC array); per chip one DRAM channel
-(``dram_bw_bytes_s``) and the NoC (``noc_bw_bytes_s``), each a FIFO bandwidth server shared by
-all PEs of the chip; per chip its links (``links_per_chip * link_bw_bytes_s``).
+The static schedule is not stored: it is a function of the tiles (:mod:`tvm_spinn.program.tiles`,
+placed and costed by the mapper) and the mapping's decisions, and this model derives what it
+needs from them, one layer at a time with numpy.
 
-Per layer, every PE runs its tasks in order. With double buffering (two operand buffers) the
-DMA of tile i+1 starts as soon as tile i's DMA is done and tile i-1's compute has freed its
-buffer; compute of tile i starts when its operands are in and the core is free; its output DMA
-follows. A transfer from DRAM occupies the chip's DRAM channel and NoC for bytes/bandwidth in
-request order (contention) and the PE's DMA engine for setup + bytes/DMA bandwidth; ``noc``
-transfers use only the NoC; ``local`` ones are free. Link all-gathers run before the layer
-starts on their chip. A barrier ends each layer (sequential mode: all PEs; pipelined mode: the
-layer's PE group, and throughput is set by the slowest stage).
+*Where each operand comes from* (the schedule's transfers): a tile's activation input is read
+over the NoC when every activation input of the layer stays on chip, else from DRAM; its output
+stays in SRAM (``local``) when the layer's output is kept on chip, else goes to DRAM. Its weight
+block is ``local`` when the layer's weights are resident or an earlier tile of the same group on
+the same PE held the block (it fits next to the tile's buffers); otherwise the first tile of a
+group reads it from DRAM and the NoC multicasts it to later PEs of the group. Naive mappings
+read every operand from DRAM.
+
+*Resources*: per PE a DMA engine (``dma_setup_cycles`` + bytes / ``dma_bw_bytes_per_cycle`` per
+non-local transfer) and the core (the tile's ``cycles``); per chip a DRAM channel and the NoC,
+whose bandwidths bound the chip's traffic of the layer; per chip its links, which all-gather a
+layer's input before the layer starts when the layer spans several chips or changes chips.
+
+*Per PE*, tiles run in order. With double buffering loads run ahead of compute (the load of tile
+i+1 overlaps the compute of tile i): compute of tile i ends at
+``end_i = max(end_{i-1}, start + L_1 + ... + L_i) + C_i``, and the PE is done when its last
+output is written and its DMA engine has moved every byte: ``max(end_last + O_last, sum(L + O))``.
+Without double buffering (naive) load, compute and write-back of each tile are serial. A layer
+takes ``max(slowest PE, slowest chip's DRAM bytes / DRAM bandwidth, NoC bytes / NoC
+bandwidth)`` plus a barrier (sequential mode: all PEs; pipelined mode: the layer's PE group, and
+throughput is set by the slowest stage).
 """
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..program import Program
+from ..program.tiles import TileTable
 from ..target.arch import SpinnArch
 
-__all__ = ["LayerTiming", "Timing", "evaluate", "roofline"]
+__all__ = ["LayerTiming", "Timing", "evaluate", "roofline", "transfers", "LOCAL", "NOC", "DRAM"]
 
 
 @dataclass
@@ -84,145 +99,173 @@ def roofline(program: Program, arch: SpinnArch) -> float:
     return max(compute_s, touched / arch.total_dram_bw_bytes_s)
 
 
-class _Server:
-    """A FIFO bandwidth server: each request holds it for bytes / bandwidth cycles."""
-
-    __slots__ = ("rate", "free")
-
-    def __init__(self, bytes_per_cycle: float):
-        self.rate = bytes_per_cycle
-        self.free = 0.0
-
-    def serve(self, t: float, nbytes: int) -> float:
-        start = max(t, self.free)
-        self.free = start + nbytes / self.rate
-        return self.free
+#: Where a transfer goes (codes of :func:`transfers`).
+LOCAL, NOC, DRAM = 0, 1, 2
 
 
-def _simulate_layer(tasks_by_pe: dict[int, list], start: float, arch: SpinnArch, double_buffer: bool,
-                    dram: dict, noc: dict, trace: list) -> float:
-    """Event-driven run of one layer; returns its end cycle."""
-    dma_rate = arch.dma_bw_bytes_per_cycle
-    setup = arch.dma_setup_cycles
-    # Per PE: list of tiles, each (tile id, [(op, bytes, where)...] before compute, cycles, out).
-    state = {}
-    for pe, tasks in tasks_by_pe.items():
-        tiles = []
-        cur = None
-        for op, layer, tile, amount, where in tasks:
-            if op in ("dma_in", "dma_w"):
-                if cur is None or cur["tile"] != tile:
-                    cur = {"tile": tile, "loads": [], "cycles": 0, "out": (0, "local")}
-                    tiles.append(cur)
-                cur["loads"].append((amount, where))
-            elif op == "compute":
-                cur["cycles"] = amount
-            elif op == "dma_out":
-                cur["out"] = (amount, where)
-        state[pe] = tiles
-    finish = {}
-    # Event heap: (time, seq, pe, kind, index). kind 0 = request loads of tile index.
-    heap, seq = [], 0
-    dma_free = {pe: start for pe in state}
-    core_free = {pe: start for pe in state}
-    computed = {pe: [] for pe in state}      # compute-complete time per tile
-    for pe in sorted(state):
-        if state[pe]:
-            heapq.heappush(heap, (start, seq, pe, 0, 0))
-            seq += 1
-        else:
-            finish[pe] = start
-
-    def transfer(pe: int, t: float, nbytes: int, where: str) -> float:
-        if where == "local" or nbytes == 0:
-            return t
-        chip = pe // arch.pes_per_chip
-        begin = max(t, dma_free[pe])
-        done = begin + setup + nbytes / dma_rate
-        done = max(done, noc[chip].serve(begin, nbytes))
-        if where == "dram":
-            done = max(done, dram[chip].serve(begin, nbytes))
-        dma_free[pe] = done
-        return done
-
-    while heap:
-        t, _, pe, kind, i = heapq.heappop(heap)
-        tiles = state[pe]
-        tile = tiles[i]
-        if kind == 0:  # load operands of tile i
-            done = t
-            for nbytes, where in tile["loads"]:
-                done = transfer(pe, done, nbytes, where)
-            begin = max(done, core_free[pe])
-            end = begin + tile["cycles"]
-            core_free[pe] = end
-            computed[pe].append(end)
-            trace.append([pe, tile["tile"], int(begin), int(end)])
-            heapq.heappush(heap, (end, seq, pe, 1, i))
-            seq += 1
-            if i + 1 < len(tiles):
-                # Next load may start once this load is done and its buffer is free.
-                if double_buffer:
-                    buffer_free = computed[pe][i - 1] if i >= 1 else start
-                    nxt = max(done, buffer_free)
-                else:
-                    nxt = end
-                heapq.heappush(heap, (nxt, seq, pe, 0, i + 1))
-                seq += 1
-        else:  # write back the output of tile i
-            nbytes, where = tile["out"]
-            done = transfer(pe, t, nbytes, where)
-            finish[pe] = max(finish.get(pe, start), done)
-    return max(finish.values(), default=start)
+def transfers(program: Program, index: int, table: TileTable, arch: SpinnArch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(input, weight, output)`` source/destination codes (:data:`LOCAL`, :data:`NOC`,
+    :data:`DRAM`) of every tile of layer ``index`` (see the module docstring)."""
+    mapping = program.mapping or {}
+    naive = bool(mapping.get("options", {}).get("naive", False))
+    onchip = set(mapping.get("onchip_tensors", []))
+    layer = program.layers[index]
+    n = len(table)
+    acts = [tid for tid in layer.inputs if program.tensors[tid].role != "const"]
+    in_src = np.full(n, NOC if acts and all(tid in onchip for tid in acts) else DRAM, np.int8)
+    out_dst = np.full(n, LOCAL if layer.output in onchip else DRAM, np.int8)
+    if index in set(mapping.get("resident_layers", [])):
+        return in_src, np.full(n, LOCAL, np.int8), out_dst
+    w_src = np.full(n, DRAM, np.int8)
+    grouped = table.group >= 0
+    if naive or not grouped.any() or n == 0:
+        return in_src, w_src, out_dst
+    order = np.arange(n, dtype=np.int64)
+    _, first_of_group = np.unique(table.group, return_index=True)
+    later = np.ones(n, dtype=bool)
+    later[first_of_group] = False
+    w_src[later & grouped] = NOC
+    # A PE keeps a group's block after fetching it when it fits next to the tile's buffers.
+    key = table.pe * (int(table.group.max()) + 2) + table.group
+    capable = grouped & (table.w_bytes + table.sram_bytes <= arch.tile_sram_bytes)
+    if capable.any():
+        keys, first_held = np.unique(key[capable], return_index=True)
+        first_held = order[capable][first_held]
+        pos = np.minimum(np.searchsorted(keys, key), len(keys) - 1)
+        held = grouped & (keys[pos] == key) & (first_held[pos] < order)
+        w_src[held] = LOCAL
+    return in_src, w_src, out_dst
 
 
-def evaluate(program: Program, arch: SpinnArch) -> Timing:
-    """Cycles, bytes, energy and utilization of ``program`` on ``arch``."""
-    n = len(program.layers)
+def _segments(pe: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Tiles sorted by PE (stable): ``(order, segment starts, PE of each segment)``."""
+    order = np.argsort(pe, kind="stable")
+    sorted_pe = pe[order]
+    starts = np.flatnonzero(np.r_[True, sorted_pe[1:] != sorted_pe[:-1]]) if len(pe) else np.zeros(0, np.int64)
+    return order, starts, sorted_pe[starts] if len(pe) else sorted_pe
+
+
+def _segment_cumsum(x: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Inclusive cumulative sum of ``x`` restarting at every segment start."""
+    c = np.cumsum(x)
+    if not len(x):
+        return c
+    before = np.r_[0.0, c][starts]  # total before each segment
+    seg = np.cumsum(np.isin(np.arange(len(x)), starts)) - 1
+    return c - before[seg]
+
+
+def _layer_pes(program: Program, index: int, table: TileTable, arch: SpinnArch, double_buffer: bool,
+               start: float, srcs) -> dict:
+    """Per-PE timeline of one layer (vectorized): compute start/end per tile and PE finish."""
+    in_src, w_src, out_dst = srcs
+    rate, setup = arch.dma_bw_bytes_per_cycle, arch.dma_setup_cycles
+
+    def dma(nbytes, where):
+        moving = (where != LOCAL) & (nbytes > 0)
+        return np.where(moving, setup + nbytes / rate, 0.0)
+
+    load = dma(table.in_bytes, in_src) + dma(table.w_bytes, w_src)
+    out = dma(table.out_bytes, out_dst)
+    comp = table.cycles.astype(np.float64)
+    order, starts, pes = _segments(table.pe)
+    L, C, O = load[order], comp[order], out[order]
+    seg = np.cumsum(np.isin(np.arange(len(order)), starts)) - 1
+    if double_buffer:
+        # end_i = max(end_{i-1}, start + cumL_i) + C_i = cumC_i + max_{j<=i}(start + cumL_j - cumC_{j-1})
+        cum_l, cum_c = _segment_cumsum(L, starts), _segment_cumsum(C, starts)
+        ready = start + cum_l - (cum_c - C)
+        big = 4.0 * (float(L.sum() + C.sum() + O.sum()) + abs(start)) + 1.0
+        end = cum_c + np.maximum.accumulate(ready + seg * big) - seg * big
+        begin = end - C
+        last = np.r_[starts[1:], len(order)] - 1
+        dma_total = np.add.reduceat(L + O, starts) if len(order) else np.zeros(0)
+        finish = np.maximum(end[last] + O[last], start + dma_total)
+    else:
+        end = start + _segment_cumsum(L + C + O, starts) - O
+        begin = end - C
+        last = np.r_[starts[1:], len(order)] - 1
+        finish = end[last] + O[last]
+    return {"order": order, "begin": begin, "end": end, "pes": pes, "finish": finish}
+
+
+def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None" = None,
+             trace: bool = False) -> Timing:
+    """Cycles, bytes, energy and utilization of ``program`` on ``arch``.
+
+    ``tables``: the placed tiles per layer (default ``program.tiles.tables`` of a mapped
+    program; a loaded program's come from :func:`tvm_spinn.mapping.derive_tables`). ``trace``
+    also records every tile's compute interval ``[pe, tile, start, end]`` (program-wide tile
+    index) for timelines.
+    """
+    if tables is None:
+        if getattr(program, "tiles", None) is None:
+            raise ValueError(f"{program.symbol}: the program has no tiles in memory; pass "
+                             "tables=tvm_spinn.mapping.derive_tables(program, arch)")
+        tables = program.tiles.tables
     mapping = program.mapping or {}
     double_buffer = mapping.get("double_buffer", True)
     pipelined = mapping.get("mode") == "pipelined"
-    per_layer: list[dict[int, list]] = [dict() for _ in range(n)]
-    links: list[dict[int, int]] = [dict() for _ in range(n)]
-    for pe, tasks in enumerate(program.schedule):
-        for task in tasks:
-            op, layer = task[0], task[1]
-            if op == "link":
-                links[layer][pe // arch.pes_per_chip] = links[layer].get(pe // arch.pes_per_chip, 0) + task[3]
-            elif op != "barrier":
-                per_layer[layer].setdefault(pe, []).append(task)
+    records = mapping.get("layers", [])
     cpc = arch.clock_hz
-    dram = {c: _Server(arch.dram_bw_bytes_s / cpc) for c in range(arch.chips)}
-    noc = {c: _Server(arch.noc_bw_bytes_s / cpc) for c in range(arch.chips)}
+    dram_rate = arch.dram_bw_bytes_s / cpc
+    noc_rate = arch.noc_bw_bytes_s / cpc
     link_rate = arch.link_bw_bytes_s * arch.links_per_chip / cpc
-    tiles_of = [[] for _ in range(n)]
-    for t in program.tiles:
-        tiles_of[t.layer].append(t)
+    ppc = arch.pes_per_chip
     now = 0.0
-    layers, trace = [], []
+    layers, events = [], []
     totals = {"dram": 0, "noc": 0, "link": 0, "compute": 0}
     stage_max = 0.0
+    prev_chips = None
+    offset = 0
     for i, layer in enumerate(program.layers):
-        start = now
-        link_bytes = sum(links[i].values())
-        if link_bytes:
-            start += max(b / link_rate for b in links[i].values())
-        for server in list(dram.values()) + list(noc.values()):
-            server.free = max(server.free, start)
-        end = _simulate_layer(per_layer[i], start, arch, double_buffer, dram, noc, trace)
-        end += arch.barrier_cycles
-        dram_b = sum(task[3] for tasks in per_layer[i].values() for task in tasks
-                     if task[0] != "compute" and task[4] == "dram")
-        noc_b = sum(task[3] for tasks in per_layer[i].values() for task in tasks
-                    if task[0] != "compute" and task[4] in ("dram", "noc"))
-        compute = sum(task[3] for tasks in per_layer[i].values() for task in tasks if task[0] == "compute")
+        table = tables[i]
+        # Link all-gather of the layer's activation input when it spans or changes chips.
+        if i < len(records):
+            first, count = records[i]["pes"]
+            chips = list(range(first // ppc, (first + count - 1) // ppc + 1))
+        else:
+            chips = sorted(set((table.pe // ppc).tolist())) or [0]
+        link_bytes, start = 0, now
+        if len(chips) > 1 or (prev_chips is not None and chips != prev_chips):
+            in_bytes = sum(program.tensors[t].nbytes for t in layer.inputs if program.tensors[t].role != "const")
+            c = len(chips)
+            gather = in_bytes * (c - 1) // c if c > 1 else in_bytes
+            if gather:
+                link_bytes = gather * c
+                start += gather / link_rate
+        prev_chips = chips
+        srcs = transfers(program, i, table, arch)
+        run = _layer_pes(program, i, table, arch, double_buffer, start, srcs)
+        in_src, w_src, out_dst = srcs
+        dram_t = (table.in_bytes * (in_src == DRAM) + table.w_bytes * (w_src == DRAM)
+                  + table.out_bytes * (out_dst == DRAM))
+        noc_t = (table.in_bytes * (in_src != LOCAL) + table.w_bytes * (w_src != LOCAL)
+                 + table.out_bytes * (out_dst != LOCAL))
+        end = float(run["finish"].max()) if len(table) else start
+        if len(table):
+            chip_ids, inv = np.unique(table.chip, return_inverse=True)
+            inv = inv.reshape(-1)
+            dram_chip = np.bincount(inv, weights=dram_t, minlength=len(chip_ids))
+            noc_chip = np.bincount(inv, weights=noc_t, minlength=len(chip_ids))
+            end = max(end, start + float(dram_chip.max()) / dram_rate, start + float(noc_chip.max()) / noc_rate)
+        end = float(np.ceil(end)) + arch.barrier_cycles  # layers end on whole cycles
+        dram_b, noc_b = int(dram_t.sum()), int(noc_t.sum())
+        compute = int(table.cycles.sum())
         cycles = int(round(end - now))
-        chips_used = len({pe // arch.pes_per_chip for pe in per_layer[i]}) or 1
+        pes_used = len(run["pes"])
+        if trace and len(table):
+            ids = offset + run["order"]
+            events.extend(zip(table.pe[run["order"]].tolist(), ids.tolist(),
+                              np.rint(run["begin"]).astype(np.int64).tolist(),
+                              np.rint(run["end"]).astype(np.int64).tolist()))
+        offset += len(table)
         layers.append(LayerTiming(
-            name=layer.name, kind=layer.kind, tiles=len(tiles_of[i]), pes=len(per_layer[i]), chips=chips_used,
-            cycles=cycles, compute_cycles=compute, dram_bytes=dram_b, noc_bytes=noc_b, link_bytes=link_bytes,
-            flops=layer.flops, sram_peak=max((t.sram_bytes for t in tiles_of[i]), default=0),
-            utilization=compute / (cycles * max(1, len(per_layer[i]))) if cycles else 0.0,
+            name=layer.name, kind=layer.kind, tiles=len(table), pes=pes_used,
+            chips=len(np.unique(table.chip)) or 1, cycles=cycles, compute_cycles=compute,
+            dram_bytes=dram_b, noc_bytes=noc_b, link_bytes=link_bytes, flops=layer.flops,
+            sram_peak=int(table.sram_bytes.max()) if len(table) else 0,
+            utilization=compute / (cycles * max(1, pes_used)) if cycles else 0.0,
             start_cycle=int(round(now)),
         ))
         stage_max = max(stage_max, end - now)
@@ -244,11 +287,11 @@ def evaluate(program: Program, arch: SpinnArch) -> Timing:
         + arch.p_static_w_per_chip * arch.chips * latency
     )
     throughput = (cpc / stage_max if pipelined else 1.0 / latency) if total_cycles else 0.0
-    trace.sort()
+    events.sort()
     return Timing(
         cycles=total_cycles, latency_s=latency, roofline_s=roofline(program, arch),
         throughput_inf_s=throughput, dram_bytes=totals["dram"], noc_bytes=totals["noc"],
         link_bytes=totals["link"], energy_j=energy,
         pe_utilization=totals["compute"] / (total_cycles * arch.total_pes) if total_cycles else 0.0,
-        flops=flops, layers=layers, trace=trace,
+        flops=flops, layers=layers, trace=[list(e) for e in events],
     )
