@@ -236,3 +236,36 @@ def test_fold_layout_constant_bits(shape, axes):
     assert isinstance(got, tvm.ir.expr.Constant) and isinstance(want, tvm.ir.expr.Constant)
     assert got.value.numpy().tobytes() == want.value.numpy().tobytes()
     assert got.value.numpy().shape == want.value.numpy().shape
+
+
+@pytest.mark.parametrize("name", ["resnet", "mobilenet_v2"])
+@pytest.mark.parametrize("hide_min", [1, 64, 1 << 14])
+def test_fold_batch_norm_matches_reference(name, hide_min, zoo_modules, monkeypatch):
+    monkeypatch.setattr(rewrites, "_HIDE_MIN_ELEMENTS", hide_min)
+    mod = transform.FoldConstant()(part._ConvertConvLayout(part._DecomposeTrainingBatchNorm(zoo_modules[name])))
+    func = mod["main"]
+    fast, ref = rewrites.fold_batch_norm(func), rewrites._fold_batch_norm(func, None)
+    tvm.ir.assert_structural_equal(fast, ref)
+    assert fast.script() == ref.script()
+    assert "batch_norm" in func.script() and "batch_norm" not in ref.script()
+
+
+def test_fold_batch_norm_parameters_not_folded(monkeypatch):
+    """A weight or statistic that is a parameter (not a constant) keeps its batch norm."""
+    monkeypatch.setattr(rewrites, "_HIDE_MIN_ELEMENTS", 1)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([1, 2, 4, 4], "float32"))
+    w = relax.Var("w", relax.TensorType([2, 2, 1, 1], "float32"))
+    ones, zeros = (relax.const(np.full(2, v, "float32")) for v in (1.0, 0.0))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            c0 = bb.emit(relax.op.nn.conv2d(x, relax.const(np.ones((2, 2, 1, 1), "float32"))))
+            n0 = bb.emit(relax.TupleGetItem(bb.emit(relax.op.nn.batch_norm(c0, ones, zeros, zeros, ones, axis=1, training=False)), 0))
+            c1 = bb.emit(relax.op.nn.conv2d(n0, w))
+            n1 = bb.emit(relax.TupleGetItem(bb.emit(relax.op.nn.batch_norm(c1, ones, zeros, zeros, ones, axis=1, training=False)), 0))
+            out = bb.emit_output(n1)
+        bb.emit_func_output(out)
+    func = bb.get()["main"]
+    fast, ref = rewrites.fold_batch_norm(func), rewrites._fold_batch_norm(func, None)
+    tvm.ir.assert_structural_equal(fast, ref)
+    assert ref.script().count("batch_norm") == 1

@@ -7,6 +7,11 @@
   constant parameters becomes ``conv2d(x, W * s) + ((b - mean) * s + beta)``,
   ``s = gamma / sqrt(var + eps)`` (inference only). Other batch norms are decomposed into element-wise arithmetic by
   ``DecomposeOpsForInference``, which the element-wise patterns then offload.
+
+Both are ``rewrite_call`` rewrites; on large models they run with the weights standing in as
+parameters (:mod:`.hidden`), which gives the same module without ``rewrite_call`` hashing the
+weights' data after every change (``_fold_layout_reference`` and ``_fold_batch_norm(func, None)``
+are the plain versions, used when that is not possible and by the tests).
 """
 
 from __future__ import annotations
@@ -16,26 +21,33 @@ import numpy as np
 import tvm
 from tvm import relax
 from tvm.ir.expr import Constant
-from tvm.relax.dpl import is_const, is_op, is_tuple_get_item, is_var, rewrite_call, wildcard
+from tvm.relax.dpl import is_const, is_op, is_tuple_get_item, rewrite_call, wildcard
+
+from .hidden import HiddenConstants
 
 __all__ = ["fold_batch_norm", "FoldBatchNorm", "FoldLayoutConstants"]
 
 
-def _pattern():
-    x, w, b = wildcard(), is_const(), is_const()
+def _pattern(constant=is_const):
+    x, w, b = wildcard(), constant(), constant()
     conv = is_op("relax.nn.conv2d")(x, w)
     # ``nn.Conv2d(bias=True)`` before the batch norm: an add of a constant per-channel bias
     biased = is_op("relax.add")(conv, b) | is_op("relax.add")(b, conv)
-    gamma, beta, mean, var = is_const(), is_const(), is_const(), is_const()
+    gamma, beta, mean, var = constant(), constant(), constant(), constant()
     bn = is_op("relax.nn.batch_norm")(conv | biased, gamma, beta, mean, var)
     return is_tuple_get_item(bn, 0), dict(x=x, w=w, b=b, conv=conv, bn=bn, gamma=gamma, beta=beta, mean=mean, var=var)
 
 
-def fold_batch_norm(func: relax.Function) -> relax.Function:
-    """Fold inference batch norms into the preceding conv2d (optionally with a bias add) of ``func``."""
-    pattern, parts = _pattern()
+def _fold_batch_norm(func: relax.Function, hidden: HiddenConstants | None) -> relax.Function:
+    pattern, parts = _pattern(hidden.const_pattern if hidden else is_const)
+    target = hidden.func if hidden else func
 
     def rewriter(expr, matches):
+        def value(name):
+            if hidden:
+                return hidden.value(matches, parts[name])
+            return matches[parts[name]].value.numpy()
+
         conv, bn = matches[parts["conv"]], matches[parts["bn"]]
         attrs = conv.attrs
         if bool(bn.attrs.training):  # batch statistics: nothing to fold
@@ -43,28 +55,46 @@ def fold_batch_norm(func: relax.Function) -> relax.Function:
         if (attrs.kernel_layout != "OIHW" or int(bn.attrs.axis) != 1 or attrs.data_layout != "NCHW"
                 or str(matches[parts["w"]].ty.dtype) != "float32"):
             return expr
-        weight = matches[parts["w"]].value.numpy().astype(np.float64)
+        has_bias = hidden.matched(matches, parts["b"]) if hidden else parts["b"] in matches
+        values = {k: value(k) for k in ("w", "gamma", "beta", "mean", "var") + (("b",) if has_bias else ())}
+        if any(v is None for v in values.values()):
+            return expr  # a parameter, not a constant: the pattern's is_const() would not match
+        weight = values["w"].astype(np.float64)
         channels = weight.shape[0]
         bias = np.zeros(channels)
-        if parts["b"] in matches:
-            b = matches[parts["b"]].value.numpy().astype(np.float64)
+        if has_bias:
+            b = values["b"].astype(np.float64)
             if b.shape not in ((1, channels, 1, 1), (channels, 1, 1)):
                 return expr
             bias = b.reshape(-1)
-        p = {k: matches[parts[k]].value.numpy().astype(np.float64).reshape(-1) for k in ("gamma", "beta", "mean", "var")}
+        p = {k: values[k].astype(np.float64).reshape(-1) for k in ("gamma", "beta", "mean", "var")}
         gamma = p["gamma"] if bool(bn.attrs.scale) else np.ones(channels)
         beta = p["beta"] if bool(bn.attrs.center) else np.zeros(channels)
         scale = gamma / np.sqrt(p["var"] + float(bn.attrs.epsilon))
         new_w = (weight * scale[:, None, None, None]).astype(np.float32)
         new_b = ((bias - p["mean"]) * scale + beta).astype(np.float32).reshape(1, -1, 1, 1)
+        new_w = hidden.const(new_w, "float32") if hidden else relax.const(new_w)
+        if new_w is None:
+            return expr  # collided: the caller runs the fold on the constants instead
         new_conv = relax.op.nn.conv2d(
-            matches[parts["x"]], relax.const(new_w), strides=attrs.strides, padding=attrs.padding,
+            matches[parts["x"]], new_w, strides=attrs.strides, padding=attrs.padding,
             dilation=attrs.dilation, groups=attrs.groups, data_layout="NCHW", kernel_layout="OIHW",
             out_layout=attrs.out_layout, out_dtype=attrs.out_dtype,
         )
         return relax.op.add(new_conv, relax.const(new_b))
 
-    return rewrite_call(pattern, rewriter, func)
+    return rewrite_call(pattern, rewriter, target)
+
+
+def fold_batch_norm(func: relax.Function) -> relax.Function:
+    """Fold inference batch norms into the preceding conv2d (optionally with a bias add) of ``func``."""
+    if not _may_fold_batch_norm(func):
+        return _fold_batch_norm(func, None)  # nothing matches: as cheap as a traversal
+    hidden = HiddenConstants(func, _HIDE_MIN_ELEMENTS)
+    if not hidden.hidden:
+        return _fold_batch_norm(func, None)
+    out = _fold_batch_norm(func, hidden)
+    return _fold_batch_norm(func, None) if hidden.collided else hidden.restore(out)
 
 
 @relax.transform.function_pass(opt_level=0, name="SpinnFoldBatchNorm")
@@ -102,50 +132,8 @@ def _fold_layout_reference(func: relax.Function) -> relax.Function:
     return func
 
 
-#: constants with at least this many elements are hidden from ``rewrite_call`` (see _fold_layout)
+#: constants with at least this many elements stand in as parameters in the rewrites (see .hidden)
 _HIDE_MIN_ELEMENTS = 1 << 14
-
-
-def _key(arr: np.ndarray) -> tuple:
-    """Equal for equal data (dtype, shape, a strided sample of the elements in C order)."""
-    step = max(1, arr.size // 64)
-    return str(arr.dtype), arr.shape, arr.flat[::step].tobytes(), arr.flat[arr.size - 1:].tobytes()
-
-
-def _const(value: np.ndarray, dtype: str) -> Constant:
-    """``relax.const(np.ascontiguousarray(value), dtype)`` with one copy instead of three."""
-    try:
-        if value.dtype == np.dtype(dtype):
-            tensor = tvm.runtime.empty(value.shape, dtype)
-            dst = np.from_dlpack(tensor)
-            if value.ndim == 2 and not value.flags.c_contiguous:
-                # a transposed weight: copied a band of columns at a time (cache-friendly, ~3x)
-                for j in range(0, value.shape[1], 64):
-                    np.copyto(dst[:, j:j + 64], value[:, j:j + 64], casting="no")
-            else:
-                np.copyto(dst, value, casting="no")
-            return relax.const(tensor)
-    except (TypeError, ValueError, BufferError, RuntimeError):
-        pass
-    return relax.const(np.ascontiguousarray(value), dtype)
-
-
-def _array(const) -> np.ndarray:
-    try:
-        return np.from_dlpack(const.value)  # no copy
-    except (TypeError, ValueError, BufferError, RuntimeError):
-        return const.value.numpy()
-
-
-@relax.expr_functor.mutator
-class _Substitute(relax.PyExprMutator):
-    def __init__(self, table: dict):
-        super().__init__()
-        self.table = table
-
-    def visit_generic_const_(self, const):  # noqa: D102
-        return self.table.get(const, const)
-
 
 _LAYOUT_OPS = ("relax.permute_dims", "relax.reshape", "relax.astype")
 
@@ -172,77 +160,41 @@ def _may_fold(func: relax.Function) -> bool:
     return False
 
 
-def _fold_layout(func: relax.Function) -> relax.Function:
-    """:func:`_fold_layout_reference`, with each large constant standing in as a parameter.
+def _may_fold_batch_norm(func: relax.Function) -> bool:
+    """Whether ``func`` may hold a batch norm (anywhere, nested functions included)."""
+    found = []
 
-    ``rewrite_call`` follows a rewrite with common-subexpression elimination until nothing
-    changes, which hashes and compares constants by their data: for BERT-base's weights that was
-    most of the fold's time. Here every large constant whose data no other large constant may
-    share (so that comparing by data and by identity agree) is replaced by a parameter of the
-    same type for the three rewrites, new large constants too, and bound back at the end. The
-    rewrites, bindings and simplifications are TVM's, so the result is the reference's; if two
-    large constants may hold equal data, the reference fold runs instead.
-    """
+    def visit(expr):
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == "relax.nn.batch_norm":
+            found.append(expr)
+
+    relax.analysis.post_order_visit(func, visit)
+    return bool(found)
+
+
+def _fold_layout(func: relax.Function) -> relax.Function:
+    """:func:`_fold_layout_reference`, with the large constants standing in as parameters (see
+    :mod:`.hidden`): the same rewrites and result without hashing the weights' data."""
     if not _may_fold(func):
         return _fold_layout_reference(func)  # nothing matches: as cheap as a traversal
-    found: dict = {}
-
-    def collect(expr):
-        if (isinstance(expr, Constant) and hasattr(expr.value, "numpy")
-                and int(np.prod(expr.value.shape)) >= _HIDE_MIN_ELEMENTS):
-            found[expr] = None
-
-    relax.analysis.post_order_visit(func, collect)
-    if not found:
+    hidden = HiddenConstants(func, _HIDE_MIN_ELEMENTS)
+    if not hidden.hidden:
         return _fold_layout_reference(func)
-    keys: dict = {}
-    for const in found:
-        keys.setdefault(_key(_array(const)), []).append(const)
-    hidden: dict = {}  # placeholder var -> (constant, or None until made) and array
-    table: dict = {}
-    for group in keys.values():
-        if len(group) != 1:
-            continue  # maybe equal data: left as constants, compared by data as usual
-        const = group[0]
-        var = relax.Var(f"spinn_layout_const_{len(hidden)}", const.ty)
-        hidden[var] = (const, _array(const))
-        table[const] = var
-    new_func = _Substitute(table).visit_expr(func)
-    new_func = relax.Function(list(new_func.params) + list(hidden), new_func.body, new_func.ret_ty,
-                              new_func.is_pure, new_func.attrs)
-    c, v = is_const(), is_var()
-    collided = []
+    const = hidden.const_pattern()
 
     def rewriter(expr, matches):
-        if c in matches:
-            value = matches[c].value.numpy()
-        elif v in matches and matches[v] in hidden:
-            value = hidden[matches[v]][1]
-        else:
+        value = hidden.value(matches, const)
+        if value is None:
             return expr
-        out = _folded(value, expr)
-        if out.size < _HIDE_MIN_ELEMENTS:
-            return relax.const(np.ascontiguousarray(out), str(expr.ty.dtype))
-        key = _key(out)
-        if key in keys or collided:
-            collided.append(key)  # might equal another large constant: comparing by identity would differ
-            return expr
-        keys[key] = [None]
-        var = relax.Var(f"spinn_layout_const_{len(hidden)}", expr.ty)
-        hidden[var] = (None, out)
-        return var
+        new = hidden.const(_folded(value, expr), str(expr.ty.dtype))
+        return expr if new is None else new
 
-    for pattern in _layout_patterns(c | v):
+    new_func = hidden.func
+    for pattern in _layout_patterns(const):
         new_func = rewrite_call(pattern, rewriter, new_func)
-        if collided:
+        if hidden.collided:
             return _fold_layout_reference(func)
-    used = set(relax.analysis.free_vars(new_func.body))
-    params = [p for p in new_func.params if p not in hidden]
-    new_func = relax.Function(params + [p for p in hidden if p in used], new_func.body, new_func.ret_ty,
-                              new_func.is_pure, new_func.attrs)
-    binds = {var: const if const is not None else _const(arr, str(var.ty.dtype))
-             for var, (const, arr) in hidden.items() if var in used}
-    return new_func.bind_params(binds) if binds else new_func
+    return hidden.restore(new_func)
 
 
 @relax.transform.function_pass(opt_level=0, name="SpinnFoldLayoutConstants")
