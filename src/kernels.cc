@@ -639,7 +639,7 @@ void Im2ColImpl(const T* x, T* out, const Im2ColShape& s, T fill, int threads) {
 
 }  // namespace
 
-int SimThreads(int64_t work) { return work < (int64_t{1} << 19) ? 1 : ConfiguredThreads(); }
+int SimThreads(int64_t work) { return work < (int64_t{1} << 22) ? 1 : ConfiguredThreads(); }
 
 void GemmF32Batched(const float* a, const float* b, float* c, const BatchedGemm& s, int threads) {
   if (s.batch <= 0 || s.m <= 0 || s.n <= 0 || s.k <= 0) return;
