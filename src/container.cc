@@ -82,6 +82,21 @@ std::string Printable(const char* data, size_t n) {
 
 }  // namespace
 
+/*!
+ * \brief The container checksum: FNV-1a of the framing [data, data + framing) and of the
+ *        program's own digest (see container.h).
+ */
+uint64_t ContainerChecksum(const char* data, size_t framing, const char* program, size_t program_size) {
+  static constexpr char kProgramMagic[8] = {'S', 'P', 'I', 'N', 'N', 'P', 'R', 'G'};
+  constexpr size_t kDigest = 32;
+  uint64_t state = Fnv1a64(data, framing);
+  if (program_size >= sizeof(kProgramMagic) + kDigest &&
+      std::memcmp(program, kProgramMagic, sizeof(kProgramMagic)) == 0) {
+    return Fnv1a64(program + program_size - kDigest, kDigest, state);
+  }
+  return Fnv1a64(program, program_size, state);
+}
+
 std::string EncodeContainer(const std::string& symbol, const char* program, size_t program_size) {
   if (symbol.size() > std::numeric_limits<uint32_t>::max()) {
     TVM_FFI_THROW(ValueError) << "spinn module: symbol too long (" << symbol.size() << " bytes)";
@@ -93,8 +108,9 @@ std::string EncodeContainer(const std::string& symbol, const char* program, size
   PutLE<uint32_t>(&out, static_cast<uint32_t>(symbol.size()));
   out.append(symbol);
   PutLE<uint64_t>(&out, static_cast<uint64_t>(program_size));
+  const size_t framing = out.size();
   out.append(program, program_size);
-  PutLE<uint64_t>(&out, Fnv1a64(out.data(), out.size()));
+  PutLE<uint64_t>(&out, ContainerChecksum(out.data(), framing, program, program_size));
   return out;
 }
 
@@ -118,15 +134,15 @@ ModuleContents DecodeContainer(const char* data, size_t size) {
   uint32_t sym_len = in.ReadLE<uint32_t>("symbol length");
   const char* symbol = in.Skip(sym_len, "symbol");
   uint64_t prog_len = in.ReadLE<uint64_t>("program length");
+  const size_t framing = in.offset();
   const char* program = in.Skip(prog_len, "program");
-  size_t body_size = in.offset();
   uint64_t stored = in.ReadLE<uint64_t>("checksum");
   if (in.remaining() != 0) {
     TVM_FFI_THROW(ValueError) << "spinn module: " << in.remaining()
                               << " trailing bytes after the checksum (container is " << size
                               << " bytes, expected " << in.offset() << ")";
   }
-  uint64_t computed = Fnv1a64(data, body_size);
+  uint64_t computed = ContainerChecksum(data, framing, program, static_cast<size_t>(prog_len));
   if (stored != computed) {
     TVM_FFI_THROW(ValueError) << "spinn module: checksum mismatch (stored 0x" << Hex64(stored)
                               << ", computed 0x" << Hex64(computed) << "): container is corrupted";

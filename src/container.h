@@ -7,7 +7,11 @@
 //   symbol     sym_len bytes (UTF-8, non-empty)
 //   prog_len   u64
 //   program    prog_len bytes (opaque: produced and parsed by Python)
-//   checksum   u64      FNV-1a 64 of every byte before it
+//   checksum   u64      FNV-1a 64 of the framing (magic .. prog_len) and of the program's
+//                       digest: its last 32 bytes when the program is a spinn program (magic
+//                       "SPINNPRG"), whose BLAKE2b-256 digest of every other byte the validator
+//                       verifies at load; else of the whole program. So a module of hundreds of
+//                       MB of weights is not hashed twice.
 #ifndef TVM_SPINN_CONTAINER_H_
 #define TVM_SPINN_CONTAINER_H_
 
@@ -18,7 +22,7 @@
 namespace tvm_spinn {
 
 constexpr char kContainerMagic[8] = {'S', 'P', 'I', 'N', 'N', 'M', 'O', 'D'};
-constexpr uint32_t kContainerVersion = 1;
+constexpr uint32_t kContainerVersion = 2;
 
 /*!
  * \brief What a valid container holds. `program` points into the decoded buffer (no copy): it

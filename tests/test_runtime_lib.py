@@ -74,10 +74,12 @@ def fnv1a64(data: bytes) -> int:
     return h
 
 
-def encode_container(symbol: bytes, program: bytes, version: int = 1, magic: bytes = b"SPINNMOD"):
-    body = magic + struct.pack("<II", version, len(symbol)) + symbol
-    body += struct.pack("<Q", len(program)) + program
-    return body + struct.pack("<Q", fnv1a64(body))
+def encode_container(symbol: bytes, program: bytes, version: int = 2, magic: bytes = b"SPINNMOD"):
+    """The container (src/container.h): its checksum covers the framing and, for a spinn
+    program (which carries its own BLAKE2b-256 digest in its last 32 bytes), that digest only."""
+    framing = magic + struct.pack("<II", version, len(symbol)) + symbol + struct.pack("<Q", len(program))
+    covered = program[-32:] if program[:8] == b"SPINNPRG" and len(program) >= 40 else program
+    return framing + program + struct.pack("<Q", fnv1a64(framing + covered))
 
 
 def spiky(rng, shape):
@@ -440,7 +442,7 @@ def test_container_layout_and_round_trip():
     raw = _lib.save_to_bytes(mod)
     assert raw == encode_container(b"sym", PROGRAM)  # independent encoder
     assert raw[:8] == b"SPINNMOD"
-    assert struct.unpack_from("<II", raw, 8) == (1, 3)
+    assert struct.unpack_from("<II", raw, 8) == (2, 3)
     back = _lib.load_module_from_bytes(raw)
     assert back.kind == "spinn"
     assert bytes(back["get_program"]()) == PROGRAM and back["get_symbol"]() == "sym"
@@ -490,12 +492,26 @@ def test_container_every_byte_flip_is_a_value_error():
                 _lib.load_module_from_bytes(bytes(bad))
 
 
+def test_container_of_a_spinn_program_checks_framing_and_digest():
+    """A spinn program's body is covered by its own digest (verified by the validator at load,
+    tests/test_program_validation.py): the container checks its framing and that digest, so a
+    module of hundreds of MB is not hashed twice; a changed digest or framing byte is caught."""
+    program = b"SPINNPRG" + bytes(range(200)) + hashlib.blake2b(b"x", digest_size=32).digest()
+    raw = _lib.save_to_bytes(_lib.create_module("fn", program))
+    assert raw == encode_container(b"fn", program)
+    for i in [*range(0, 28), *range(len(raw) - 40, len(raw))]:  # framing, digest, checksum
+        bad = bytearray(raw)
+        bad[i] ^= 0x01
+        with pytest.raises(ValueError, match="spinn module: "):
+            _lib.load_module_from_bytes(bytes(bad))
+
+
 def test_container_specific_messages():
     good = encode_container(b"fn", b"prog")
     with pytest.raises(ValueError, match="checksum mismatch"):
         _lib.load_module_from_bytes(good[:-9] + b"X" + good[-8:])  # flip last program byte
-    with pytest.raises(ValueError, match="unknown container version 2"):
-        _lib.load_module_from_bytes(encode_container(b"fn", b"prog", version=2))
+    with pytest.raises(ValueError, match="unknown container version 1"):
+        _lib.load_module_from_bytes(encode_container(b"fn", b"prog", version=1))
     with pytest.raises(ValueError, match="bad magic"):
         _lib.load_module_from_bytes(encode_container(b"fn", b"prog", magic=b"TVMSPINN"))
     with pytest.raises(ValueError, match="trailing bytes"):
@@ -503,10 +519,10 @@ def test_container_specific_messages():
     with pytest.raises(ValueError, match="empty symbol"):
         _lib.load_module_from_bytes(encode_container(b"", b"prog"))
     with pytest.raises(ValueError, match=r"truncated container \(need 4294967311 bytes"):
-        body = b"SPINNMOD" + struct.pack("<II", 1, 0xFFFFFFFF) + b"fn"
+        body = b"SPINNMOD" + struct.pack("<II", 2, 0xFFFFFFFF) + b"fn"
         _lib.load_module_from_bytes(body)
     # A u64 program length near 2^64 must not overflow the bounds check.
-    body = b"SPINNMOD" + struct.pack("<II", 1, 2) + b"fn" + struct.pack("<Q", 2**64 - 1)
+    body = b"SPINNMOD" + struct.pack("<II", 2, 2) + b"fn" + struct.pack("<Q", 2**64 - 1)
     with pytest.raises(ValueError, match="truncated container .* while reading program"):
         _lib.load_module_from_bytes(body + struct.pack("<Q", fnv1a64(body)))
     with pytest.raises(ValueError, match="truncated container"):
