@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 import tvm
+import tvm_ffi
 from tvm import relax
 from tvm.relax import transform
 from tvm.script import relax as R
@@ -106,9 +107,11 @@ def test_fold_constant_corner_cases():
 
 def test_fold_constant_restores_legalization():
     before = {name: tvm.ir.Op.get(name).get_attr("FLegalize") for name in sorted(fold._READS_EVERY_TENSOR_ARG)}
+    build = tvm_ffi.get_global_func("tirx.build")
     fold.FoldConstant(_Corners)
     for name, legalize in before.items():
         assert tvm.ir.Op.get(name).get_attr("FLegalize").same_as(legalize), name
+    assert tvm_ffi.get_global_func("tirx.build").same_as(build)
     # legalization of run-time calls works as before outside the pass
     legalized = transform.LegalizeOps()(_Corners)
     assert "R.add(" not in legalized["main"].script()
@@ -269,3 +272,38 @@ def test_fold_batch_norm_parameters_not_folded(monkeypatch):
     fast, ref = rewrites.fold_batch_norm(func), rewrites._fold_batch_norm(func, None)
     tvm.ir.assert_structural_equal(fast, ref)
     assert ref.script().count("batch_norm") == 1
+
+
+@tvm.script.ir_module
+class _Repeated:
+    @R.function
+    def main(x: R.Tensor((2, 8), "float32")):
+        with R.dataflow():
+            a = R.full_like(x, R.const(1.0, "float32"))
+            b = R.full_like(x, R.const(2.0, "float32"))
+            c = R.full_like(x, R.const(1.0, "float32"))
+            out = R.add(R.add(a, b), R.add(c, x))
+            R.output(out)
+        return out
+
+
+def test_fold_constant_builds_equal_kernels_once(monkeypatch):
+    build = tvm_ffi.get_global_func("tirx.build")
+    built = []
+
+    def counting(func, *args):
+        built.append(func)
+        return build(func, *args)
+
+    tvm.register_global_func("tirx.build", counting, override=True)
+    try:
+        got = fold.FoldConstant(_Repeated)
+        fast_builds = len(built)
+        built.clear()
+        ref = transform.FoldConstant()(_Repeated)
+        ref_builds = len(built)
+    finally:
+        tvm.register_global_func("tirx.build", build, override=True)
+    tvm.ir.assert_structural_equal(got, ref)
+    assert "full_like" not in ref.script()
+    assert ref_builds == 4 and fast_builds == 3  # full_like(1.0) twice: built once

@@ -12,8 +12,9 @@ legalization returns the call unchanged, which ``FoldConstant`` leaves unfolded 
 call (constant arguments, creation ops such as ``full_like`` that read only a shape, unlisted
 ops) is legalized as before, so the folded module is the same.
 
-The skip is installed on the operators' ``FLegalize`` attributes for the duration of the pass
-and only applies on the thread running it.
+Structurally equal PrimFuncs (one per legalization) are also built once instead of once each.
+Both are installed (on the operators' ``FLegalize`` attributes and on ``tirx.build``) for the
+duration of the pass and only apply on the thread running it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import contextlib
 import threading
 
 import tvm
+import tvm_ffi
 from tvm import relax
 from tvm.relax import transform
 
@@ -74,11 +76,36 @@ def _skipping(legalize):
     return legalize_foldable
 
 
+def _memoized(build):
+    """``tirx.build`` that builds structurally equal PrimFuncs once (per pass run).
+
+    ``FoldConstant`` caches builds by PrimFunc object, and every legalization makes a new one:
+    BERT's 12 ``full_like`` (one per layer, same shape) were 12 LLVM builds of the same kernel."""
+    cache: dict = {}
+
+    def build_once(func, *args):
+        if not (getattr(_active, "on", False) and isinstance(func, tvm.tirx.PrimFunc)
+                and all(arg is None or isinstance(arg, (str, tvm.target.Target)) for arg in args)):
+            return build(func, *args)
+        key = (tvm_ffi.structural_hash(func), tuple(str(arg) for arg in args))
+        for known, module in cache.get(key, ()):
+            if tvm_ffi.structural_equal(known, func):
+                return module
+        module = build(func, *args)
+        cache.setdefault(key, []).append((func, module))
+        return module
+
+    return build_once
+
+
 @contextlib.contextmanager
 def _legalize_only_foldable():
     with _install_lock:
         saved = []
+        build = tvm_ffi.get_global_func("tirx.build", allow_missing=True)
         try:
+            if build is not None:
+                tvm.register_global_func("tirx.build", _memoized(build), override=True)
             for name in sorted(_READS_EVERY_TENSOR_ARG):
                 try:
                     op = tvm.ir.Op.get(name)
@@ -94,6 +121,8 @@ def _legalize_only_foldable():
             yield
         finally:
             _active.on = False
+            if build is not None:
+                tvm.register_global_func("tirx.build", build, override=True)
             for op, legalize in saved:
                 op.reset_attr("FLegalize")
                 op.set_attr("FLegalize", legalize)
