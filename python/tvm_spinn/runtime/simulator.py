@@ -35,6 +35,7 @@ from .. import _lib
 from ..program import Layer, Program, Tile
 from ..program.quant import QUANT_RANGES, requantize, to_signed
 from ..program.gemm import gemm_shape
+from ..program.tiles import k_splits, layer_tile_shape, layer_tiles
 
 __all__ = ["MODES", "run_program", "sim_mode"]
 
@@ -403,19 +404,14 @@ class _LayerRunner:
 # -- tiles: the only access to the program's tiling -------------------------------------------
 def _layer_tiles(program: Program, index: int):
     """The tiles of layer ``index``: objects with ``.region`` and ``.k_splits``."""
-    try:  # programs that store the mapping as data (per-layer tile shapes)
-        from ..program.tiles import layer_tiles
-    except ImportError:
-        return [t for t in program.tiles if t.layer == index]
     return layer_tiles(program, index)
 
 
 def _int8_step(program: Program, index: int) -> int | None:
-    """k-chunk length of int8 GEMM layer ``index`` (``ceil(K / k_splits)`` of its tiles), or
-    None where its tiles chunk k differently (or it has none)."""
+    """k-chunk length of int8 GEMM layer ``index``: ``ceil(K / k_splits)`` of its tiles (one tile
+    shape per layer, so they never disagree)."""
     k = gemm_shape(program, program.layers[index]).k
-    steps = {-(-k // t.k_splits) for t in _layer_tiles(program, index)}
-    return steps.pop() if len(steps) == 1 else None
+    return -(-k // k_splits(program, index, layer_tile_shape(program, index))) if k else 1
 
 
 # -- "layers" mode: every layer whole --------------------------------------------------------
