@@ -41,35 +41,52 @@ class MemoryPlan:
     ranges: list[list] = field(default_factory=list)
 
 
-def _per_pe(pe: np.ndarray, values: np.ndarray, reduce: str = "sum") -> tuple[np.ndarray, np.ndarray]:
-    """``(pes, totals)``: the distinct PEs (sorted) and the sum (or max) of ``values`` on each."""
-    pes, inverse = np.unique(pe, return_inverse=True)
-    if reduce == "sum":
-        return pes, np.bincount(inverse.reshape(-1), weights=values, minlength=len(pes)).astype(np.int64)
-    out = np.zeros(len(pes), dtype=np.int64)
-    np.maximum.at(out, inverse.reshape(-1), values)
-    return pes, out
+class _PerPe:
+    """Per-PE totals of one layer, dense over the layer's PE span (a layer runs on a contiguous
+    PE range, so this is O(PEs of the layer) whatever the system size). PEs with a zero total
+    hold nothing."""
+
+    __slots__ = ("lo", "v")
+
+    def __init__(self, pe: np.ndarray, values: np.ndarray, reduce: str = "sum"):
+        if not len(pe):
+            self.lo, self.v = 0, np.zeros(0, dtype=np.int64)
+            return
+        self.lo = int(pe.min())
+        idx = pe - self.lo
+        n = int(idx.max()) + 1
+        if reduce == "sum":
+            self.v = np.bincount(idx, weights=values, minlength=n).astype(np.int64)
+        else:
+            self.v = np.zeros(n, dtype=np.int64)
+            np.maximum.at(self.v, idx, values)
+
+    def pes(self) -> np.ndarray:
+        return np.flatnonzero(self.v) + self.lo
+
+    def values(self) -> np.ndarray:
+        return self.v[self.v != 0]
+
+    def at(self, pes: np.ndarray) -> np.ndarray:
+        """Totals at PEs ``pes`` (0 outside the span)."""
+        idx = pes - self.lo
+        inside = (idx >= 0) & (idx < len(self.v))
+        out = np.zeros(len(pes), dtype=np.int64)
+        out[inside] = self.v[idx[inside]]
+        return out
 
 
-def _weight_bytes_per_pe(table: TileTable) -> tuple[np.ndarray, np.ndarray]:
+def _weight_bytes_per_pe(table: TileTable) -> _PerPe:
     """Weight bytes each PE holds for a layer: one copy per (PE, group) of grouped tiles."""
     if not len(table):
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return _PerPe(table.pe, table.w_bytes)
     grouped = table.group >= 0
     key = table.pe * (int(table.group.max()) + 2) + table.group
     _, first = np.unique(key, return_index=True)
     keep = np.zeros(len(table), dtype=bool)
     keep[first] = True
     keep |= ~grouped
-    return _per_pe(table.pe[keep], table.w_bytes[keep])
-
-
-def _lookup(pes: np.ndarray, values: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """``values`` of the sorted ``pes`` at PEs ``at`` (0 where absent)."""
-    if not len(pes):
-        return np.zeros(len(at), dtype=np.int64)
-    idx = np.minimum(np.searchsorted(pes, at), len(pes) - 1)
-    return np.where(pes[idx] == at, values[idx], 0)
+    return _PerPe(table.pe[keep], table.w_bytes[keep])
 
 
 def plan_memory(program: Program, arch: SpinnArch, weights: str = "auto", activations: str = "auto",
@@ -81,11 +98,14 @@ def plan_memory(program: Program, arch: SpinnArch, weights: str = "auto", activa
     tables = tables if tables is not None else program.tiles.tables
     budget = arch.tile_sram_bytes
     n = len(program.layers)
-    total = arch.total_pes
-    working = [_per_pe(t.pe, t.sram_bytes, "max") for t in tables]  # layer -> (pes, max working set)
+    # Arrays over the PEs the program uses (not the whole system: a model on a few chips of a
+    # SpiNNcloud costs what it costs on those chips).
+    total = max((int(t.pe.max()) + 1 for t in tables if len(t)), default=0)
+    working = [_PerPe(t.pe, t.sram_bytes, "max") for t in tables]  # layer -> max working set per PE
     max_working = np.zeros(total, dtype=np.int64)
-    for pes, b in working:
-        np.maximum.at(max_working, pes, b)
+    for w in working:
+        span = slice(w.lo, w.lo + len(w.v))
+        max_working[span] = np.maximum(max_working[span], w.v)
 
     plan = MemoryPlan()
     resident = np.zeros(total, dtype=np.int64)
@@ -93,11 +113,11 @@ def plan_memory(program: Program, arch: SpinnArch, weights: str = "auto", activa
         w_per_layer = [_weight_bytes_per_pe(t) for t in tables]
         # DRAM bytes saved per resident byte: how often the block would be re-fetched.
         def benefit(i):
-            held = int(w_per_layer[i][1].sum())
+            held = int(w_per_layer[i].v.sum())
             return (int(tables[i].w_bytes.sum()) / held) if held else 0.0
-        order = sorted((i for i in range(n) if w_per_layer[i][1].sum()), key=lambda i: (-benefit(i), i))
+        order = sorted((i for i in range(n) if w_per_layer[i].v.sum()), key=lambda i: (-benefit(i), i))
         for i in order:
-            pes, b = w_per_layer[i]
+            pes, b = w_per_layer[i].pes(), w_per_layer[i].values()
             if (resident[pes] + b + max_working[pes] <= budget).all():
                 resident[pes] += b
                 plan.resident_layers.append(i)
@@ -132,21 +152,25 @@ def plan_memory(program: Program, arch: SpinnArch, weights: str = "auto", activa
             live_bytes[pes] -= b
         out = program.layers[i].output
         keep = activations != "dram" and program.tensors[out].role == "temp" and out in last_use
-        out_pes, out_b = _per_pe(tables[i].pe, tables[i].out_bytes)
-        outs.append((out_pes, out_b))
+        per_out = _PerPe(tables[i].pe, tables[i].out_bytes)
+        out_pes, out_b = per_out.pes(), per_out.values()
+        outs.append(per_out)
         if keep:
             horizon = np.zeros(len(out_pes), dtype=np.int64)
             for j in range(i, last_use[out] + 1):
-                horizon = np.maximum(horizon, _lookup(*working[j], out_pes))
+                horizon = np.maximum(horizon, working[j].at(out_pes))
             need = resident[out_pes] + live_bytes[out_pes] + out_b + horizon
             keep = bool((need <= budget).all())
         if keep:
             live[out] = (out_pes, out_b)
             live_bytes[out_pes] += out_b
             plan.onchip_tensors.append(out)
-        w_pes, w_b = working[i]
-        pes = np.union1d(w_pes, out_pes) if keep else w_pes
-        used = resident[pes] + live_bytes[pes] + _lookup(w_pes, w_b, pes)
+        w = working[i]
+        mask = w.v != 0
+        if keep and len(per_out.v):  # same tiles, same PE span as the working sets
+            mask = mask | (per_out.v != 0)
+        pes = np.flatnonzero(mask) + w.lo
+        used = resident[pes] + live_bytes[pes] + working[i].at(pes)
         peak[pes] = np.maximum(peak[pes], used)
         touched[pes] = True
     idx = np.flatnonzero(touched)
@@ -172,7 +196,7 @@ def _address_plan(program, plan, outs, working, last_use) -> None:
     for i in range(n):
         out = program.layers[i].output
         if out in onchip:
-            size = int(_lookup(*outs[i], np.array([pe]))[0])
+            size = int(outs[i].at(np.array([pe]))[0])
             if size:
                 start, end = top, top + size
                 for a in sorted(allocated, key=lambda r: r[0]):
@@ -182,7 +206,7 @@ def _address_plan(program, plan, outs, working, last_use) -> None:
                 allocated.append(rng)
     ranges.extend(allocated)
     for i in range(n):
-        w = int(_lookup(*working[i], np.array([pe]))[0])
+        w = int(working[i].at(np.array([pe]))[0])
         if w:
             base = max([r[1] for r in ranges if r[2] <= i <= r[3]] or [0])
             ranges.append([base, base + w, i, i, f"working buffers {program.layers[i].name}"])

@@ -90,11 +90,9 @@ def place_tiles(table: TileTable, first: int, count: int, arch: SpinnArch, naive
     n = len(table)
     if naive or n == 0:
         return table.placed(first + np.arange(n, dtype=np.int64) % count, arch.pes_per_chip)
-    # A layer's tiles are either all grouped (conv2d, dense) or none are.
-    groups, unit = np.unique(table.group, return_inverse=True)
-    if groups[0] < 0 or len(groups) < count:
-        unit = np.arange(n, dtype=np.int64)
-    unit = unit.reshape(-1)
+    # A layer's tiles are either all grouped (conv2d, dense: groups numbered 0, 1, ...) or none.
+    grouped = int(table.group.min()) >= 0 and int(table.group.max()) + 1 >= count
+    unit = table.group if grouped else np.arange(n, dtype=np.int64)
     n_units = int(unit.max()) + 1
     cost = np.bincount(unit, weights=table.cycles, minlength=n_units)
     first_tile = np.full(n_units, n, dtype=np.int64)

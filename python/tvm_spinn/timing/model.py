@@ -151,8 +151,14 @@ def _segment_cumsum(x: np.ndarray, starts: np.ndarray) -> np.ndarray:
     if not len(x):
         return c
     before = np.r_[0.0, c][starts]  # total before each segment
-    seg = np.cumsum(np.isin(np.arange(len(x)), starts)) - 1
-    return c - before[seg]
+    return c - before[_segment_ids(len(x), starts)]
+
+
+def _segment_ids(n: int, starts: np.ndarray) -> np.ndarray:
+    """Segment index of each of ``n`` positions, segments beginning at ``starts``."""
+    flag = np.zeros(n, dtype=np.int64)
+    flag[starts] = 1
+    return np.cumsum(flag) - 1
 
 
 def _layer_pes(program: Program, index: int, table: TileTable, arch: SpinnArch, double_buffer: bool,
@@ -170,7 +176,7 @@ def _layer_pes(program: Program, index: int, table: TileTable, arch: SpinnArch, 
     comp = table.cycles.astype(np.float64)
     order, starts, pes = _segments(table.pe)
     L, C, O = load[order], comp[order], out[order]
-    seg = np.cumsum(np.isin(np.arange(len(order)), starts)) - 1
+    seg = _segment_ids(len(order), starts)
     if double_buffer:
         # end_i = max(end_{i-1}, start + cumL_i) + C_i = cumC_i + max_{j<=i}(start + cumL_j - cumC_{j-1})
         cum_l, cum_c = _segment_cumsum(L, starts), _segment_cumsum(C, starts)
@@ -244,10 +250,9 @@ def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None"
                  + table.out_bytes * (out_dst != LOCAL))
         end = float(run["finish"].max()) if len(table) else start
         if len(table):
-            chip_ids, inv = np.unique(table.chip, return_inverse=True)
-            inv = inv.reshape(-1)
-            dram_chip = np.bincount(inv, weights=dram_t, minlength=len(chip_ids))
-            noc_chip = np.bincount(inv, weights=noc_t, minlength=len(chip_ids))
+            chip = table.chip - int(table.chip.min())
+            dram_chip = np.bincount(chip, weights=dram_t)
+            noc_chip = np.bincount(chip, weights=noc_t)
             end = max(end, start + float(dram_chip.max()) / dram_rate, start + float(noc_chip.max()) / noc_rate)
         end = float(np.ceil(end)) + arch.barrier_cycles  # layers end on whole cycles
         dram_b, noc_b = int(dram_t.sum()), int(noc_t.sum())
@@ -262,7 +267,8 @@ def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None"
         offset += len(table)
         layers.append(LayerTiming(
             name=layer.name, kind=layer.kind, tiles=len(table), pes=pes_used,
-            chips=len(np.unique(table.chip)) or 1, cycles=cycles, compute_cycles=compute,
+            chips=int(np.count_nonzero(np.bincount(table.chip - int(table.chip.min())))) if len(table) else 1,
+            cycles=cycles, compute_cycles=compute,
             dram_bytes=dram_b, noc_bytes=noc_b, link_bytes=link_bytes, flops=layer.flops,
             sram_peak=int(table.sram_bytes.max()) if len(table) else 0,
             utilization=compute / (cycles * max(1, pes_used)) if cycles else 0.0,
