@@ -1,4 +1,4 @@
-"""Functional-simulator speed: per-layer GEMM execution ("layers", the default) against the
+"""Functional-simulator speed: every layer run whole ("layers", the default) against the
 tile-by-tile reference ("tiles"), per model, plus onnxruntime on the same model where it exports.
 
 Times one inference through the Relax VM (the simulator is nearly all of it), median of --repeat
