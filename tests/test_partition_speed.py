@@ -307,3 +307,51 @@ def test_fold_constant_builds_equal_kernels_once(monkeypatch):
     tvm.ir.assert_structural_equal(got, ref)
     assert "full_like" not in ref.script()
     assert ref_builds == 4 and fast_builds == 3  # full_like(1.0) twice: built once
+
+
+# ---- import clean-ups (frontend.fixups): the same hiding ----
+
+from tvm_spinn.frontend import fixups  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def raw_zoo_modules():
+    """The zoo models as TVM's importer emits them, before the clean-ups."""
+    import tvm_spinn.frontend.pytorch as pytorch_frontend
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(pytorch_frontend, "FixupImported", lambda mod: mod)
+    try:
+        return {name: _import(name) for name in ("bert", "gpt2", "llama")}
+    finally:
+        mp.undo()
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "llama"])
+@pytest.mark.parametrize("hide_min", [1, 64, 1 << 14])
+def test_fixups_match_reference(name, hide_min, raw_zoo_modules, monkeypatch):
+    monkeypatch.setattr(fixups, "_HIDE_MIN_ELEMENTS", hide_min)
+    func = raw_zoo_modules[name]["main"]
+    fast, ref = fixups.fixup(func), fixups._fixup(func, None)
+    tvm.ir.assert_structural_equal(fast, ref)
+    assert fast.script() == ref.script()
+
+
+@pytest.mark.parametrize("hide_min", [1, 1 << 14])
+def test_fixups_negative_take_of_hidden_index(hide_min, monkeypatch):
+    monkeypatch.setattr(fixups, "_HIDE_MIN_ELEMENTS", hide_min)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([5, 3], "float32"))
+    m = relax.Var("m", relax.TensorType([4], "bool"))
+    idx = relax.const(np.array([-1, 0, -5, 2], "int64"))
+    with bb.function("main", [x, m]):
+        with bb.dataflow():
+            t = bb.emit(relax.op.take(x, idx, axis=0))
+            c = bb.emit(relax.op.equal(m, m))
+            out = bb.emit_output(relax.Tuple([t, c]))
+        bb.emit_func_output(out)
+    func = bb.get()["main"]
+    fast, ref = fixups.fixup(func), fixups._fixup(func, None)
+    tvm.ir.assert_structural_equal(fast, ref)
+    taken = [e for e in ref.body.blocks[0].bindings if isinstance(e.value, relax.Call) and e.value.op.name == "relax.take"]
+    assert taken[0].value.args[1].value.numpy().tolist() == [4, 0, 0, 2]
