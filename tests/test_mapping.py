@@ -87,6 +87,17 @@ def test_weights_resident_vs_streamed_traffic():
     assert stream.latency_s > resident.latency_s
 
 
+@pytest.mark.parametrize("name", ["mlp", "cnn", "transformer"])
+def test_auto_weights_never_lose_to_streaming(name):
+    """Resident weights take SRAM that could keep activations on chip: weights="auto" keeps
+    them only when the timing model says it pays."""
+    model, x = make(name)
+    mod = tvm_spinn.frontend.from_pytorch(model, (x,))
+    _, auto = _run(mod, "spinn", x.numpy(), MappingOptions(weights="auto"))
+    _, stream = _run(mod, "spinn", x.numpy(), MappingOptions(weights="stream"))
+    assert auto.latency_s <= stream.latency_s
+
+
 def test_board_spreads_large_layers_over_chips_with_link_traffic():
     model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1024)).eval()
     x = torch.randn(64, 1024)

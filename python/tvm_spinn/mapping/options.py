@@ -29,7 +29,9 @@ class MappingOptions(ScopedOptions):
         What ``auto`` optimizes.
     weights : {"auto", "resident", "stream"}
         Keep weights in SRAM across inferences (loaded once at program load) or stream them from
-        DRAM each inference. ``auto`` keeps as many as fit, most re-fetched first.
+        DRAM each inference. ``auto`` keeps as many as fit next to the working buffers, most
+        re-fetched first, unless the timing model finds streaming them all faster (resident
+        weights take the SRAM that would keep activations on chip).
     activations : {"auto", "dram"}
         ``auto`` keeps a layer's output in SRAM for the next layer when it fits (read over the
         NoC); ``dram`` always spills.

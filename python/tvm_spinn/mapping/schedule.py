@@ -70,26 +70,37 @@ def _build(program: Program, arch: SpinnArch, mode: str, options: MappingOptions
 
     weights = "stream" if options.naive else options.weights
     activations = "dram" if options.naive else options.activations
-    try:
-        plan = plan_memory(program, arch, weights, activations, tables=tables)
-    except MappingError:
-        if activations == "dram":
-            raise
-        plan = plan_memory(program, arch, weights, "dram", tables=tables)  # fragmentation: spill activations
-
     program.tiles = ProgramTiles(tables)
-    program.mapping = {
+    base = {
         "mode": mode, "options": options.to_dict(), "chips_per_layer": chips,
         "pes_per_layer": [count for _, count in ranges], "double_buffer": not options.naive,
-        "resident_layers": plan.resident_layers, "onchip_tensors": plan.onchip_tensors,
         "layers": records,
     }
+    # weights="auto": residency competes with on-chip activations for SRAM, and keeping weights
+    # can push activations out to DRAM; the timing model decides between the greedy residency
+    # plan and streaming every weight (ties keep the weights).
+    best = None
+    for choice in ((weights, "stream") if weights == "auto" else (weights,)):
+        plan = _plan(program, arch, choice, activations, tables)
+        program.mapping = dict(base, resident_layers=plan.resident_layers, onchip_tensors=plan.onchip_tensors)
+        timing = evaluate(program, arch, tables).to_dict(trace=False)
+        if best is None or timing["cycles"] < best[2]["cycles"]:
+            best = (plan, program.mapping, timing)
+    plan, program.mapping, program.timing = best
     program.memory = {
         "peak_bytes_max": max(plan.peak_bytes.values(), default=0),
         "resident_bytes_total": sum(plan.resident_bytes.values()),
         "busiest_pe": plan.busiest_pe, "ranges": plan.ranges,
     }
-    program.timing = evaluate(program, arch, tables).to_dict(trace=False)
+
+
+def _plan(program: Program, arch: SpinnArch, weights: str, activations: str, tables):
+    try:
+        return plan_memory(program, arch, weights, activations, tables=tables)
+    except MappingError:
+        if activations == "dram":
+            raise
+        return plan_memory(program, arch, weights, "dram", tables=tables)  # fragmentation: spill activations
 
 
 def map_program(program: Program, arch: SpinnArch, options: MappingOptions | None = None) -> Program:
