@@ -355,3 +355,12 @@ def test_fixups_negative_take_of_hidden_index(hide_min, monkeypatch):
     tvm.ir.assert_structural_equal(fast, ref)
     taken = [e for e in ref.body.blocks[0].bindings if isinstance(e.value, relax.Call) and e.value.op.name == "relax.take"]
     assert taken[0].value.args[1].value.numpy().tolist() == [4, 0, 0, 2]
+
+
+def test_fold_constant_nested_runs_restore():
+    before = tvm.ir.Op.get("relax.add").get_attr("FLegalize")
+    with fold._legalize_only_foldable():
+        tvm.ir.assert_structural_equal(fold.FoldConstant(_Corners), transform.FoldConstant()(_Corners))
+        assert fold._active.on
+    assert not fold._active.on
+    assert tvm.ir.Op.get("relax.add").get_attr("FLegalize").same_as(before)

@@ -54,7 +54,7 @@ _READS_EVERY_TENSOR_ARG = frozenset(
     ).split()
 )
 
-_install_lock = threading.Lock()
+_install_lock = threading.RLock()  # re-entrant: a nested run installs on top and restores in order
 _active = threading.local()
 
 
@@ -102,6 +102,7 @@ def _memoized(build):
 def _legalize_only_foldable():
     with _install_lock:
         saved = []
+        was_on = getattr(_active, "on", False)
         build = tvm_ffi.get_global_func("tirx.build", allow_missing=True)
         try:
             if build is not None:
@@ -120,7 +121,7 @@ def _legalize_only_foldable():
             _active.on = True
             yield
         finally:
-            _active.on = False
+            _active.on = was_on
             if build is not None:
                 tvm.register_global_func("tirx.build", build, override=True)
             for op, legalize in saved:
