@@ -387,6 +387,19 @@ def test_a_program_claiming_another_programs_digest_is_refused(built):
     assert executor._CACHE[ka] is cached and cached.layers[0].name != "impostor"
 
 
+def test_cache_keeps_every_program_of_a_model(built, monkeypatch):
+    """A model with many regions (MobileNetV2 has 52) must not re-parse programs at each call:
+    the cache is bounded by bytes, not by a count."""
+    a = built["cnn"][0]
+    symbol = split(a)[1]["symbol"]
+    programs = [edited(a, lambda h, i=i: h["timing"].update(note=i)) for i in range(80)]
+    keys = [_lib.create_module(symbol, p)["get_key"]() for p in programs]
+    assert all(k in executor._CACHE for k in keys)
+    monkeypatch.setattr(executor, "_CACHE_BYTES", 3 * len(a))
+    _lib.create_module(symbol, a)
+    assert len([k for k in keys if k in executor._CACHE]) == 2  # least recently used out
+
+
 def test_cache_key_is_a_cryptographic_digest(built):
     a = built["cnn"][0]
     b = edited(a, lambda h: h["timing"].update(note="x"))  # valid, different bytes

@@ -28,7 +28,10 @@ __all__ = ["SpinnRuntimeError", "compiled", "execute", "load_program", "validate
 tvm_ffi.register_error("tvm_spinn.ProgramError", ProgramError)
 
 _CACHE: "OrderedDict[str, Program]" = OrderedDict()
-_CACHE_SIZE = 32
+# Bounded by bytes, not by count: a model may have many small regions (MobileNetV2 has 52), and
+# re-parsing a program at every call is what the cache avoids. Least recently used first out.
+_CACHE_BYTES = 4 << 30
+_SIZES: dict[str, int] = {}
 _LOCK = threading.Lock()
 # Bytes this thread's compiler just serialized (see compiled()): their digest pass is skipped.
 _COMPILED = threading.local()
@@ -38,12 +41,14 @@ class SpinnRuntimeError(ValueError):
     """Bad arguments for a spinn program (names the argument)."""
 
 
-def _remember(key: str, program: Program) -> None:
+def _remember(key: str, program: Program, nbytes: int) -> None:
     with _LOCK:
         _CACHE[key] = program
+        _SIZES[key] = nbytes
         _CACHE.move_to_end(key)
-        while len(_CACHE) > _CACHE_SIZE:
-            _CACHE.popitem(last=False)
+        while len(_CACHE) > 1 and sum(_SIZES.values()) > _CACHE_BYTES:
+            old, _ = _CACHE.popitem(last=False)
+            del _SIZES[old]
 
 
 def load_program(key: str, getter) -> Program:
@@ -53,8 +58,9 @@ def load_program(key: str, getter) -> Program:
         if program is not None:
             _CACHE.move_to_end(key)
             return program
-    program = Program.from_bytes(bytes(getter()))
-    _remember(key, program)
+    raw = bytes(getter())
+    program = Program.from_bytes(raw)
+    _remember(key, program, len(raw))
     return program
 
 
@@ -107,7 +113,7 @@ def validate_program(symbol: str, data: bytes, key: str) -> None:
     program = Program.from_bytes(raw, verify_checksum=trusted is None or raw != trusted)
     if program.symbol != symbol:
         raise ProgramError(f"symbol: the program implements {program.symbol!r}, its module is {symbol!r}")
-    _remember(key, program)
+    _remember(key, program, len(raw))
 
 
 def _check(program: Program, index: int, tid: int, arg) -> np.ndarray:
