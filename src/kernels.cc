@@ -33,6 +33,28 @@ constexpr int64_t kTileN = 512;
 constexpr int64_t kTileM = 4;
 
 /*!
+ * \brief acc + prod on a signed (32 - shift)-bit two's complement accumulator; counts a wrap.
+ *
+ * For acc_bits <= 31 the exact sum fits int32 (|acc| <= 2^30, |prod| <= 2^30), so it is
+ * computed exactly, wrapped by a shift pair and compared. For acc_bits == 32 (kFull32) the sum
+ * is taken modulo 2^32 and a wrap is a signed overflow, detected from the sign bits.
+ */
+template <bool kFull32>
+TVM_SPINN_INLINE int32_t WrapAdd(int32_t acc, int32_t prod, int shift, int32_t* wraps) {
+  if constexpr (kFull32) {
+    const auto sum =
+        static_cast<int32_t>(static_cast<uint32_t>(acc) + static_cast<uint32_t>(prod));
+    *wraps += ((acc ^ sum) & (prod ^ sum)) < 0;
+    return sum;
+  } else {
+    const int32_t sum = acc + prod;  // exact
+    const int32_t wrapped = static_cast<int32_t>(static_cast<uint32_t>(sum) << shift) >> shift;
+    *wraps += (wrapped != sum);
+    return wrapped;
+  }
+}
+
+/*!
  * \brief Integer GEMM on a signed acc_bits-bit accumulator, all in 32-bit lanes.
  *
  * Products are exact in int32 (|a*b| <= 2^30 for int16 operands). For acc_bits <= 31 the exact
@@ -56,20 +78,7 @@ TVM_SPINN_INLINE int64_t GemmIntImpl(const T* a, const T* b, int32_t* c, int64_t
           int32_t* __restrict crow = c + i * n + j0;
           int32_t tile_wraps = 0;  // <= kTileN per (k, row): no overflow
           for (int64_t j = 0; j < nj; ++j) {
-            const int32_t prod = av * static_cast<int32_t>(brow[j]);
-            const int32_t acc = crow[j];
-            if constexpr (kFull32) {
-              const auto sum = static_cast<int32_t>(static_cast<uint32_t>(acc) +
-                                                    static_cast<uint32_t>(prod));
-              tile_wraps += ((acc ^ sum) & (prod ^ sum)) < 0;
-              crow[j] = sum;
-            } else {
-              const int32_t sum = acc + prod;  // exact
-              const int32_t wrapped =
-                  static_cast<int32_t>(static_cast<uint32_t>(sum) << shift) >> shift;
-              tile_wraps += (wrapped != sum);
-              crow[j] = wrapped;
-            }
+            crow[j] = WrapAdd<kFull32>(crow[j], av * static_cast<int32_t>(brow[j]), shift, &tile_wraps);
           }
           wraps += tile_wraps;
         }
@@ -498,20 +507,7 @@ TVM_SPINN_INLINE int64_t ChunkedIntBlock(const T* a, const T* b, int32_t* c, int
         int32_t* __restrict prow = part[i];
         int32_t row_wraps = 0;
         for (int64_t j = 0; j < nj; ++j) {
-          const int32_t prod = av * static_cast<int32_t>(brow[j]);
-          const int32_t acc = prow[j];
-          if constexpr (kFull32) {
-            const auto sum = static_cast<int32_t>(static_cast<uint32_t>(acc) +
-                                                  static_cast<uint32_t>(prod));
-            row_wraps += ((acc ^ sum) & (prod ^ sum)) < 0;
-            prow[j] = sum;
-          } else {
-            const int32_t sum = acc + prod;  // exact
-            const int32_t wrapped =
-                static_cast<int32_t>(static_cast<uint32_t>(sum) << shift) >> shift;
-            row_wraps += (wrapped != sum);
-            prow[j] = wrapped;
-          }
+          prow[j] = WrapAdd<kFull32>(prow[j], av * static_cast<int32_t>(brow[j]), shift, &row_wraps);
         }
         wraps += row_wraps;
       }
