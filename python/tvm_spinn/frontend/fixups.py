@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import tvm
 from tvm import relax
+from tvm.ir.expr import Constant
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
 from ..partition.hidden import HiddenConstants
@@ -121,7 +122,7 @@ def _may_fix(func: relax.Function) -> bool:
     def constant_index(arg) -> bool:
         while isinstance(arg, relax.Var) and arg in value_of:
             arg = value_of[arg]
-        return not isinstance(arg, relax.Var)  # a constant, or anything but a parameter
+        return isinstance(arg, Constant)
 
     def visit(expr):
         if found or not (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)):

@@ -139,25 +139,22 @@ _LAYOUT_OPS = ("relax.permute_dims", "relax.reshape", "relax.astype")
 
 
 def _may_fold(func: relax.Function) -> bool:
-    """Whether a layout op may read a constant (possibly through variables) in ``func``."""
-    body = func.body
-    if not isinstance(body, relax.SeqExpr):
-        return True
-    value_of: dict = {}
-    for block in body.blocks:
-        for binding in block.bindings:
-            value = binding.value
-            value_of[binding.var] = value
-            if isinstance(value, (relax.Function, relax.If, relax.SeqExpr)):
-                return True
-            if (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
-                    and value.op.name in _LAYOUT_OPS and value.args):
-                arg = value.args[0]
-                while isinstance(arg, relax.Var) and arg in value_of:
-                    arg = value_of[arg]
-                if isinstance(arg, Constant):
-                    return True
-    return False
+    """Whether a layout op may read a constant (directly or through variables) in ``func``."""
+    value_of = relax.analysis.get_var2val(func)
+    found = []
+
+    def visit(expr):
+        if found or not (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
+                         and expr.op.name in _LAYOUT_OPS and expr.args):
+            return
+        arg = expr.args[0]
+        while isinstance(arg, relax.Var) and arg in value_of:
+            arg = value_of[arg]
+        if isinstance(arg, Constant):
+            found.append(expr)
+
+    relax.analysis.post_order_visit(func, visit)
+    return bool(found)
 
 
 def _may_fold_batch_norm(func: relax.Function) -> bool:
