@@ -364,3 +364,40 @@ def test_fold_constant_nested_runs_restore():
         assert fold._active.on
     assert not fold._active.on
     assert tvm.ir.Op.get("relax.add").get_attr("FLegalize").same_as(before)
+
+
+# ---- quantized weights hidden from constant folding: the same hiding ----
+
+from tvm_spinn.partition import qweights  # noqa: E402
+
+
+def _qweights_reference(mod):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(qweights, "HiddenConstants", lambda func, n: type("NoHiding", (), {"hidden": {}})())
+        return qweights.hide_quantized_weights(mod)
+
+
+@pytest.mark.parametrize("hide_min", [1, 16, 1 << 14])
+@pytest.mark.parametrize("op", ["conv2d", "dense"])
+def test_hide_quantized_weights_matches_reference(hide_min, op, monkeypatch):
+    from test_int8 import qgemm_module
+
+    rng = np.random.default_rng(0)
+    if op == "conv2d":
+        wq = rng.integers(-127, 128, (8, 4, 3, 3)).astype("int8")
+        mod = qgemm_module((1, 4, 8, 8), "int8", wq, 0.02, 0, 0.05, 3, op="conv2d",
+                           bias=rng.standard_normal(8).astype("float32"), relu=True)
+    else:
+        wq = rng.integers(-127, 128, (32, 16)).astype("int8")
+        mod = qgemm_module((4, 32), "int8", wq, 0.02, 0, 0.05, 3, op="dense")
+    monkeypatch.setattr(qweights, "_HIDE_MIN_ELEMENTS", hide_min)
+    fast, fast_consts = qweights.hide_quantized_weights(mod)
+    ref, ref_consts = _qweights_reference(mod)
+    tvm.ir.assert_structural_equal(fast, ref, map_free_vars=True)
+    assert fast.script() == ref.script()
+    assert sorted(fast_consts) == sorted(ref_consts) and fast_consts
+    for name in fast_consts:
+        got, want = list(fast_consts[name].values()), list(ref_consts[name].values())
+        assert len(got) == len(want) and all(a.same_as(b) for a, b in zip(got, want))
+    restored = qweights.restore_quantized_weights(fast, fast_consts)
+    tvm.ir.assert_structural_equal(restored, qweights.restore_quantized_weights(ref, ref_consts))

@@ -125,6 +125,15 @@ class HiddenConstants:
             return self.hidden[matches[v]][1]
         return None
 
+    def constant(self, matches, pattern) -> Constant | None:
+        """The constant (the original object) that ``pattern`` matched, or None (see :meth:`value`)."""
+        c, v = self._parts[pattern]
+        if c in matches:
+            return matches[c]
+        if v in matches and matches[v] in self.hidden:
+            return self.hidden[matches[v]][0]
+        return None
+
     def const(self, value: np.ndarray, dtype: str) -> relax.Expr | None:
         """A constant of ``value`` for the rewriter to return (a placeholder if large); None
         if it might equal another large constant: then :attr:`collided` is set."""

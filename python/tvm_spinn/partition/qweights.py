@@ -16,6 +16,8 @@ from tvm import relax
 from tvm.ir.expr import Constant
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
+from .hidden import HiddenConstants
+
 __all__ = ["hide_quantized_weights", "restore_quantized_weights", "UniqueDequantize", "QUANTIZED_DTYPES"]
 
 QUANTIZED_DTYPES = ("int8", "uint8")
@@ -34,6 +36,54 @@ def _plain_functions(mod: tvm.IRModule):
             yield gvar, func
 
 
+#: constants with at least this many elements stand in as parameters in the rewrite (see .hidden)
+_HIDE_MIN_ELEMENTS = 1 << 14
+
+
+def _hide_in_function(func: relax.Function, large: HiddenConstants | None):
+    """``func`` with its quantized weights as parameters, and ``{parameter: constant}``.
+
+    With ``large``, the rewrite runs on ``large.func`` (the large constants standing in as
+    parameters, see :mod:`.hidden`) and the result is bound back; without, on ``func`` itself."""
+    data = large.const_pattern() if large else is_const()
+    pattern = is_op("relax.dequantize")(data, wildcard(), wildcard())
+    params: dict[str, relax.Var] = {}
+    consts: dict[relax.Var, Constant] = {}
+    seen: dict[Constant, relax.Var] = {}
+
+    def rewriter(expr, matches):
+        const = large.constant(matches, data) if large else matches[data]
+        if const is None:
+            return expr  # a parameter, not a constant
+        if str(const.ty.dtype) not in QUANTIZED_DTYPES:
+            return expr
+        var = seen.get(const)
+        if var is None:
+            name = f"{_HIDDEN_PREFIX}{len(params)}"
+            var = relax.Var(name, const.ty)
+            seen[const], params[name], consts[var] = var, var, const
+        return relax.op.dequantize(var, expr.args[1], expr.args[2], axis=int(expr.attrs.axis),
+                                   out_dtype=str(expr.attrs.out_dtype))
+
+    new_func = rewrite_call(pattern, rewriter, large.func if large else func)
+    if large:
+        new_func = large.restore(new_func)
+    return new_func, params, consts
+
+
+def _has_quantized_dequantize(func: relax.Function) -> bool:
+    found = []
+
+    def visit(expr):
+        if (not found and isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
+                and expr.op.name == "relax.dequantize" and expr.args
+                and str(getattr(expr.args[0].ty, "dtype", "")) in QUANTIZED_DTYPES):
+            found.append(expr)
+
+    relax.analysis.post_order_visit(func, visit)
+    return bool(found)
+
+
 def hide_quantized_weights(mod: tvm.IRModule) -> tuple[tvm.IRModule, dict[str, dict[relax.Var, Constant]]]:
     """Replace int8/uint8 constants read by ``dequantize`` with extra parameters.
 
@@ -44,28 +94,15 @@ def hide_quantized_weights(mod: tvm.IRModule) -> tuple[tvm.IRModule, dict[str, d
         a user parameter of the same name is never confused with it) for
         :func:`restore_quantized_weights`.
     """
-    data, scale, zero = is_const(), wildcard(), wildcard()
-    pattern = is_op("relax.dequantize")(data, scale, zero)
     hidden: dict[str, dict[relax.Var, Constant]] = {}
     mod = mod.clone()  # the caller's module stays as it was
     for gvar, func in list(_plain_functions(mod)):
-        params: dict[str, relax.Var] = {}
-        consts: dict[relax.Var, Constant] = {}
-        seen: dict[Constant, relax.Var] = {}
-
-        def rewriter(expr, matches, params=params, consts=consts, seen=seen):
-            const = matches[data]
-            if str(const.ty.dtype) not in QUANTIZED_DTYPES:
-                return expr
-            var = seen.get(const)
-            if var is None:
-                name = f"{_HIDDEN_PREFIX}{len(params)}"
-                var = relax.Var(name, const.ty)
-                seen[const], params[name], consts[var] = var, var, const
-            return relax.op.dequantize(var, expr.args[1], expr.args[2], axis=int(expr.attrs.axis),
-                                       out_dtype=str(expr.attrs.out_dtype))
-
-        new_func = rewrite_call(pattern, rewriter, func)
+        if not _has_quantized_dequantize(func):
+            continue  # nothing to hide (the rewrite would only drop unused bindings)
+        large = HiddenConstants(func, _HIDE_MIN_ELEMENTS)
+        new_func, params, consts = _hide_in_function(func, large if large.hidden else None)
+        if large.hidden and large.collided:
+            new_func, params, consts = _hide_in_function(func, None)
         if not params:
             continue
         new_func = relax.Function(list(new_func.params) + list(params.values()), new_func.body,
