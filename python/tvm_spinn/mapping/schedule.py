@@ -86,6 +86,8 @@ def _build(program: Program, arch: SpinnArch, mode: str, options: MappingOptions
         timing = evaluate(program, arch, tables).to_dict(trace=False)
         if best is None or timing["cycles"] < best[2]["cycles"]:
             best = (plan, program.mapping, timing)
+        if not plan.resident_layers:  # nothing kept: streaming gives this very plan
+            break
     plan, program.mapping, program.timing = best
     program.memory = {
         "peak_bytes_max": max(plan.peak_bytes.values(), default=0),
