@@ -146,6 +146,44 @@ def test_perfetto_and_plot(tmp_path):
     assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize("target,options", [("spinn", {}), ("spinn/board", {}),
+                                            ("spinn", {"mode": "pipelined"}), ("spinn", {"naive": True})])
+def test_loaded_program_rederives_the_compile_time_tiles_and_timing(target, options):
+    """Only tile shapes and PE ranges are stored: a loaded program derives the very tiles,
+    placement and timing the compiler had (the schedule is a function of them)."""
+    from tvm_spinn.mapping import derive_tables
+    from tvm_spinn.program import Program
+    from tvm_spinn.timing import evaluate
+
+    model, x = make("transformer")
+    mod = tvm_spinn.frontend.from_pytorch(model, (x,))
+    compiled = {}
+    import tvm_spinn.codegen.codegen as codegen
+
+    original = codegen.compile_function
+
+    def keep(func, symbol, arch):
+        program, data = original(func, symbol, arch)
+        compiled[symbol] = (program, data, arch)
+        return program, data
+
+    codegen.compile_function = keep
+    try:
+        with MappingOptions(**options):
+            relax.build(mod, target=target)
+    finally:
+        codegen.compile_function = original
+    assert compiled
+    for program, data, arch in compiled.values():
+        loaded = Program.from_bytes(data)
+        assert loaded.tiles is None
+        tables = derive_tables(loaded, arch)
+        for a, b in zip(program.tiles.tables, tables):
+            for field in ("lo", "hi", "group", "pe", "chip", "sram_bytes", "in_bytes", "w_bytes", "out_bytes", "cycles"):
+                assert np.array_equal(getattr(a, field), getattr(b, field)), field
+        assert evaluate(loaded, arch, tables).to_dict() == loaded.timing == program.timing
+
+
 def test_gemm_tile_choice_fits_and_is_mac_aligned():
     arch = tvm_spinn.SpinnArch()
     for g in (GemmShape(1, 64, 3136, 576), GemmShape(1, 128, 768, 3072), GemmShape(8, 7, 5, 3)):
