@@ -28,6 +28,7 @@ Numerics are those of the hardware path each layer runs on:
 from __future__ import annotations
 
 import os
+import weakref
 
 import numpy as np
 
@@ -596,12 +597,352 @@ def _run_whole(program: Program, index: int, layer: Layer, env) -> np.ndarray | 
     return runner.out
 
 
+# -- execution plans: what "layers" mode prepares once per program ---------------------------
+# A call of a small model's region costs mostly Python per layer (GEMM shapes, operand views,
+# read-only constant views for the FFI, index vectors, dictionary look-ups). A plan does that work
+# once per Program: per layer one prepared step ``step(program, env) -> output array`` over a list
+# ``env`` indexed by tensor id. Steps hold only read-only prepared constants: every call allocates
+# its own outputs and intermediates (nothing a caller holds is written later, and concurrent calls
+# share no scratch). The arithmetic is that of _run_whole, operation for operation (same bits).
+
+
+def _writable(x: np.ndarray) -> np.ndarray:
+    """``x`` as the FFI takes it: DLPack cannot export read-only arrays (``_lib._input``)."""
+    return x if x.flags.writeable else _lib._input(x)
+
+
+_ZERO = _F32(0)
+
+
+def _relu_owned(r: np.ndarray) -> np.ndarray:
+    """:func:`_relu` of an array the caller owns, in place where it is float32: ``fmax(r, 0)``
+    is ``r > 0 ? r : 0`` except that it may keep a -0.0 (fmax returns the number for NaN), and
+    adding +0.0 turns exactly -0.0 into +0.0, leaving every other value (all >= 0) unchanged."""
+    if r.dtype != _F32:
+        return _relu(r)
+    np.fmax(r, _ZERO, out=r)
+    np.add(r, _ZERO, out=r)
+    return r
+
+
+def _clip_fast(lo, hi):
+    """``x -> max(min(x, hi), lo)`` (TVM's order and NaN rules, :func:`_unary`) as fmin/fmax, or
+    None where they could differ. ``x < hi ? x : hi`` is ``fmin(x, hi)`` when ``hi`` is a nonzero
+    number (NaN x gives hi; equal values have equal bits); ``y > lo ? y : lo`` is ``fmax(y, lo)``
+    when ``lo`` is a nonzero number (y is never NaN), or, for ``lo`` = +0.0, ``fmax(y, 0) + 0.0``
+    (see :func:`_relu_owned`)."""
+    lo, hi = _F32(lo), _F32(hi)
+    if np.isnan(lo) or np.isnan(hi) or hi == 0 or (lo == 0 and np.signbit(lo)):
+        return None
+    plus_zero = lo == 0
+
+    def clip(x):
+        if x.dtype != _F32:
+            return None
+        y = np.fmin(x, hi)
+        np.fmax(y, lo, out=y)
+        if plus_zero:
+            np.add(y, _ZERO, out=y)
+        return y
+    return clip
+
+
+class _Plan:
+    __slots__ = ("owner", "template", "steps", "args", "__weakref__")
+
+    def __init__(self, program: Program):
+        self.owner = id(program)
+        tensors = program.tensors
+        template: list = [None] * len(tensors)
+        for tid, value in program.constants.items():
+            template[tid] = value
+        self.template = template
+        #: (tid, shape, dtype) of the DPS arguments: inputs then outputs (see executor.execute)
+        self.args = tuple((tid, tuple(tensors[tid].shape), np.dtype(tensors[tid].dtype))
+                          for tid in (*program.inputs, *program.outputs))
+        self.steps = tuple((layer.output, _build_step(program, index, layer))
+                           for index, layer in enumerate(program.layers))
+
+    def run(self, program: Program, inputs) -> list[np.ndarray]:
+        env = self.template.copy()
+        for tid, value in zip(program.inputs, inputs):
+            env[tid] = value
+        with np.errstate(all="ignore"):
+            for tid, step in self.steps:
+                env[tid] = step(program, env)
+        return [env[tid] for tid in program.outputs]
+
+
+_PLANS: dict[int, tuple] = {}
+
+
+def _forget(ref, key: int) -> None:
+    entry = _PLANS.get(key)
+    if entry is not None and entry[0] is ref:
+        _PLANS.pop(key, None)
+
+
+def program_plan(program: Program) -> _Plan:
+    """The execution plan of ``program`` (built on first use; one per live Program object, dropped
+    with it). A Program must not be edited after it has run (a copy gets its own plan)."""
+    key = id(program)
+    entry = _PLANS.get(key)
+    if entry is not None and entry[0]() is program:
+        return entry[1]
+    plan = _Plan(program)  # concurrent first calls may both build: equal plans, one is kept
+    _PLANS[key] = (weakref.ref(program, lambda ref, key=key: _forget(ref, key)), plan)
+    return plan
+
+
+def _generic_step(index: int, layer: Layer):
+    """The unprepared path (_run_whole, else tile by tile): kinds and cases without a plan."""
+    def step(program, env):
+        out = _run_whole(program, index, layer, env)
+        if out is None:
+            runner = _LayerRunner(program, layer, env)
+            for tile in _layer_tiles(program, index):
+                runner.run(tile)
+            out = runner.out
+        return out
+    return step
+
+
+def _build_step(program: Program, index: int, layer: Layer):
+    if layer.mode not in ("fp32", "int8"):
+        def unsupported(program, env, name=layer.name, mode=layer.mode):
+            raise NotImplementedError(f"layer {name}: mode {mode} is not simulated")
+        return unsupported
+    try:
+        tensors = program.tensors
+        spec = tensors[layer.output]
+        if all(int(d) > 0 for d in spec.shape) and all(tid in program.constants for tid in layer.consts.values()):
+            k = layer.kind
+            step = None
+            if k in ("conv2d", "dense", "matmul") and layer.mode == "fp32":
+                step = _gemm_step(program, layer)
+            elif k in _ELEMENTWISE:
+                step = _elementwise_step(program, layer)
+            elif k in ("softmax", "layer_norm", "mean"):
+                step = _rows_step(program, layer)
+            if step is not None:
+                return step
+    except Exception:  # a malformed layer fails when it runs, where _run_whole fails
+        pass
+    return _generic_step(index, layer)
+
+
+def _operand(program: Program, tid: int, prepare):
+    """A getter ``env -> prepare(env[tid])``, evaluated once here for a constant."""
+    if tid in program.constants:
+        value = prepare(program.constants[tid])
+        return lambda env: value
+    return lambda env: prepare(env[tid])
+
+
+def _gemm_step(program: Program, layer: Layer):
+    """_gemm_whole with its operand layout, index vectors and bias prepared."""
+    g = gemm_shape(program, layer)
+    tensors = program.tensors
+    shape = tuple(tensors[layer.output].shape)
+    dtype = np.dtype(tensors[layer.output].dtype)
+    rhs_tid = layer.consts["weight"] if "weight" in layer.consts else layer.inputs[1]
+    x_tid = layer.inputs[0]
+    gemm = _lib._func("tvm_spinn.sim.gemm_f32_batched")
+    if layer.kind == "conv2d":
+        attrs = layer.attrs
+        groups = attrs["groups"]
+        wshape = tuple(tensors[rhs_tid].shape)
+        get_a = _operand(program, rhs_tid, lambda w: _writable(np.ascontiguousarray(w).reshape(groups, wshape[0] // groups, -1)))
+        _, cg, kh, kw = wshape
+        n, c, h, w = tensors[x_tid].shape
+        oh, ow = shape[2], shape[3]
+        if (kh, kw) == (1, 1) and tuple(attrs["strides"]) == (1, 1) and not any(attrs["padding"]) and (oh, ow) == (h, w):
+            bshape = (n * groups, cg, h * w)
+            get_b = _operand(program, x_tid, lambda x: _writable(np.ascontiguousarray(x).reshape(bshape)))
+        else:
+            im2col = _lib._func("tvm_spinn.sim.im2col")
+            sh, sw = attrs["strides"]
+            dh, dw = attrs["dilation"]
+            pt, pl, _, _ = attrs["padding"]
+            params = [int(v) for v in (max(int(groups), 1), kh, kw, sh, sw, dh, dw, pt, pl, max(int(oh), 0), max(int(ow), 0))]
+            cols_shape = (n * max(int(groups), 1), (c // max(int(groups), 1)) * kh * kw, max(int(oh), 0) * max(int(ow), 0))
+
+            def cols(x):
+                x = np.ascontiguousarray(x)
+                out = np.empty(cols_shape, dtype=x.dtype)
+                im2col(_writable(x), out, np.zeros(1, dtype=x.dtype), params, 0)
+                return out
+            get_b = _operand(program, x_tid, cols)
+        a_index = np.arange(g.batch, dtype=np.int64) % groups
+        b_index = np.arange(g.batch, dtype=np.int64)
+    elif layer.kind == "dense":
+        get_a = _operand(program, x_tid, lambda x: _writable(np.ascontiguousarray(x).reshape(1, g.m, g.k)))
+        get_b = _operand(program, rhs_tid, lambda r: _writable(np.ascontiguousarray(r).reshape(1, g.k, g.n)))
+        a_index = b_index = np.zeros(1, dtype=np.int64)
+    else:
+        batch_shape = shape[:-2]
+
+        def operand(tid):
+            tshape = tuple(tensors[tid].shape)
+            lead = tshape[:-2]
+            index = np.arange(int(np.prod(lead, dtype=np.int64)), dtype=np.int64).reshape(lead)
+            index = np.array(np.broadcast_to(index, batch_shape).reshape(-1), dtype=np.int64)  # writable
+            three = (-1, tshape[-2], tshape[-1])
+            return _operand(program, tid, lambda t: _writable(np.ascontiguousarray(t).reshape(three))), index
+        get_a, a_index = operand(x_tid)
+        get_b, b_index = operand(rhs_tid)
+    cshape = (g.batch, g.m, g.n)
+    bias_tid = layer.consts.get("bias")
+    bias = None
+    if bias_tid is not None:
+        bias = program.constants[bias_tid]
+        if layer.kind == "conv2d":
+            groups = layer.attrs["groups"]
+            bias = bias.reshape(groups, g.m, 1)
+            bias_shape = (-1, groups, g.m, g.n)
+        else:
+            bias = bias.reshape(1, 1, -1)
+            bias_shape = cshape
+    relu = bool(layer.attrs.get("relu"))
+
+    def step(program, env):
+        out = np.zeros(shape, dtype=dtype)
+        c = out.reshape(cshape)
+        gemm(get_a(env), get_b(env), c, a_index, b_index, 0)
+        if bias is not None:
+            cb = out.reshape(bias_shape)
+            np.add(cb, bias, out=cb)
+        if relu:
+            _relu_owned(c)  # _relu: a > 0 ? a : 0 (NaN and -0.0 give +0)
+        return out
+    return step
+
+
+def _elementwise_step(program: Program, layer: Layer):
+    """_elementwise_whole (and _run_whole's reshape view) with shapes prepared."""
+    tensors = program.tensors
+    shape = tuple(tensors[layer.output].shape)
+    dtype = np.dtype(tensors[layer.output].dtype)
+    k = layer.kind
+    x_tid = layer.inputs[0]
+    if k == "reshape":
+        def step(program, env):
+            x = env[x_tid]
+            if x.dtype == dtype and x.flags.c_contiguous and x.flags.writeable:
+                return x.reshape(shape)
+            out = np.empty(shape, dtype=dtype)
+            out[...] = np.reshape(x, shape)
+            return out
+        return step
+    if k in ("permute_dims", "broadcast_to"):
+        axes = layer.attrs["axes"] if k == "permute_dims" else None
+
+        def step(program, env):
+            out = np.empty(shape, dtype=dtype)
+            x = env[x_tid]
+            out[...] = np.transpose(x, axes) if axes is not None else np.broadcast_to(x, shape)
+            return out
+        return step
+    getters = []
+    for tid in layer.inputs:
+        if tuple(tensors[tid].shape) == shape:
+            getters.append(lambda env, tid=tid: env[tid])
+        else:
+            getters.append(lambda env, tid=tid: np.broadcast_to(env[tid], shape))
+    relu = bool(layer.attrs.get("relu"))
+    attrs = layer.attrs
+
+    def finish(res):  # res: a new array (ufunc result)
+        if relu:
+            res = _relu_owned(res)
+        if res.dtype == dtype and res.shape == shape and res.flags.c_contiguous:
+            return res  # a new array (ufunc result): nothing else holds it
+        out = np.empty(shape, dtype=dtype)
+        out[...] = res
+        return out
+    if k in _BINARY:
+        op = _BINARY[k]
+        get0, get1 = getters[0], getters[1]
+        return lambda program, env: finish(op(get0(env), get1(env)))
+    get0 = getters[0]
+    if k == "relu":
+        def relu_step(program, env):
+            x = get0(env)
+            if x.dtype != _F32:
+                return finish(_unary(k, x, attrs))
+            y = np.fmax(x, _ZERO)  # as _relu_owned, into a new array
+            np.add(y, _ZERO, out=y)
+            return finish(y)
+        return relu_step
+    clip = _clip_fast(attrs["min"], attrs["max"]) if k == "clip" else None
+    if clip is not None:
+        def clip_step(program, env):
+            x = get0(env)
+            y = clip(x)
+            return finish(_unary(k, x, attrs) if y is None else y)
+        return clip_step
+    return lambda program, env: finish(_unary(k, get0(env), attrs))
+
+
+def _rows_step(program: Program, layer: Layer):
+    """_LayerRunner._run_rows over the whole output, with the row layout and constants prepared."""
+    tensors = program.tensors
+    shape = tuple(tensors[layer.output].shape)
+    if np.dtype(tensors[layer.output].dtype) != _F32:
+        return None
+    k = layer.kind
+    x_tid = layer.inputs[0]
+    row = int(layer.attrs["row"]) if k == "mean" else int(tensors[x_tid].shape[-1])
+    rows_shape = (-1, row)
+    d = _F32(row)
+    row_sum_f32 = _lib._func("tvm_spinn.sim.row_sum_f32")
+
+    def row_sum(x):
+        out = np.empty(x.shape[0], dtype=_F32)
+        row_sum_f32(_writable(np.ascontiguousarray(x, dtype=_F32)), out)
+        return out
+    if k == "mean":
+        def step(program, env):
+            x = np.ascontiguousarray(env[x_tid]).reshape(rows_shape)
+            return (row_sum(x) / d).reshape(shape)
+        return step
+    if k == "softmax":
+        def step(program, env):
+            x = np.ascontiguousarray(env[x_tid]).reshape(rows_shape)
+            e = np.exp(x - x.max(axis=-1, keepdims=True)).astype(_F32)
+            res = e / row_sum(e)[:, None]
+            if res.dtype != _F32:
+                res = res.astype(_F32)
+            return np.ascontiguousarray(res).reshape(shape)
+        return step
+    eps = _F32(layer.attrs["epsilon"])
+    gamma = program.constants[layer.consts["gamma"]] if layer.attrs.get("scale", True) else None
+    beta = program.constants[layer.consts["beta"]] if layer.attrs.get("center", True) else None
+
+    def step(program, env):
+        x = np.ascontiguousarray(env[x_tid]).reshape(rows_shape)
+        mean = row_sum(x) / d
+        centered = (x - mean[:, None]).astype(_F32)
+        var = row_sum(centered * centered) / d
+        y = centered / np.sqrt(var + eps)[:, None]
+        if gamma is not None:
+            y = y * gamma
+        if beta is not None:
+            y = y + beta
+        out = np.empty((x.shape[0], row), dtype=_F32)
+        out[...] = y
+        return out.reshape(shape)
+    return step
+
+
 def run_program(program: Program, inputs: list[np.ndarray], mode: str | None = None) -> list[np.ndarray]:
     """Execute ``program`` on ``inputs`` (in ``program.inputs`` order); returns its outputs.
 
     ``mode`` (default ``$TVM_SPINN_SIM_MODE``, else ``"layers"``): ``"layers"`` runs every layer
-    whole, ``"tiles"`` executes every tile of the mapping (reference); the bits are the same."""
-    per_layer = sim_mode(mode) == "layers"
+    whole (from the program's prepared plan, :func:`program_plan`), ``"tiles"`` executes every
+    tile of the mapping (reference); the bits are the same."""
+    if sim_mode(mode) == "layers":
+        return program_plan(program).run(program, inputs)
     env: dict[int, np.ndarray] = dict(program.constants)
     for tid, value in zip(program.inputs, inputs):
         env[tid] = value
@@ -611,11 +952,8 @@ def run_program(program: Program, inputs: list[np.ndarray], mode: str | None = N
         for index, layer in enumerate(program.layers):
             if layer.mode not in ("fp32", "int8"):
                 raise NotImplementedError(f"layer {layer.name}: mode {layer.mode} is not simulated")
-            out = _run_whole(program, index, layer, env) if per_layer else None
-            if out is None:
-                runner = _LayerRunner(program, layer, env)
-                for tile in _layer_tiles(program, index):
-                    runner.run(tile)
-                out = runner.out
-            env[layer.output] = out
+            runner = _LayerRunner(program, layer, env)
+            for tile in _layer_tiles(program, index):
+                runner.run(tile)
+            env[layer.output] = runner.out
     return [env[tid] for tid in program.outputs]

@@ -1,0 +1,148 @@
+"""The simulator's per-program execution plans ("layers" mode): prepared once per Program, the
+same bits as the unprepared per-layer path, no state shared between calls (results a caller holds
+are never overwritten; concurrent calls of one program are independent)."""
+
+from __future__ import annotations
+
+import copy
+import gc
+import threading
+
+import numpy as np
+import pytest
+import torch
+import tvm
+from tvm import relax
+
+import tvm_spinn
+from tvm_spinn.program import Program
+from tvm_spinn.runtime import simulator
+from tvm_spinn.runtime.simulator import program_plan, run_program
+
+import models
+from test_sim_modes import _KindsNet
+
+
+def _programs(ex) -> list[Program]:
+    return [Program.from_bytes(bytes(m["get_program"]())) for m in tvm_spinn.report_modules(ex)
+            if m["get_symbol"]() != "__spinn_manifest__"]
+
+
+def _unprepared(monkeypatch):
+    """Plans whose every step is the unprepared per-layer path (what "layers" mode ran before)."""
+    monkeypatch.setattr(simulator, "_build_step", lambda program, index, layer: simulator._generic_step(index, layer))
+    simulator._PLANS.clear()
+
+
+def _inputs(x, rng):
+    special = x.copy().reshape(-1)
+    special[::7] = np.nan
+    special[1::11] = np.inf
+    special[2::13] = -0.0
+    return [x, rng.normal(size=x.shape).astype("float32") * 100, special.reshape(x.shape)]
+
+
+def _cases():
+    torch.manual_seed(0)
+    cases = {name: models.make(name) for name in ("cnn", "mlp", "transformer")}
+    cases["kinds"] = (_KindsNet().eval(), torch.randn(1, 4, 15, 13))
+    return cases
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+@pytest.mark.parametrize("name", ["cnn", "mlp", "transformer", "kinds"])
+def test_plan_gives_the_unprepared_bits(monkeypatch, name, quantized):
+    model, x = _cases()[name]
+    mod = tvm_spinn.frontend.from_pytorch(model, (x,))
+    rng = np.random.default_rng(0)
+    if quantized:
+        mod = tvm_spinn.quantize(mod, [rng.normal(size=x.shape).astype("float32") for _ in range(4)])
+    ex = relax.build(mod, target="spinn")
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    monkeypatch.setenv("TVM_SPINN_SIM_MODE", "layers")
+    inputs = _inputs(x.numpy(), rng)
+    simulator._PLANS.clear()
+    planned = [vm["main"](tvm.runtime.tensor(v)).numpy() for v in inputs]
+    with monkeypatch.context() as m:
+        _unprepared(m)
+        reference = [vm["main"](tvm.runtime.tensor(v)).numpy() for v in inputs]
+    simulator._PLANS.clear()
+    for got, want in zip(planned, reference):
+        assert got.dtype == want.dtype and np.array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+def _cnn_program():
+    model, x = models.make("cnn")
+    (program,) = _programs(relax.build(tvm_spinn.frontend.from_pytorch(model, (x,)), target="spinn"))
+    return program, x.numpy()
+
+
+def test_plan_is_built_once_per_program_object():
+    program, x = _cnn_program()
+    plan = program_plan(program)
+    assert program_plan(program) is plan
+    twin = copy.deepcopy(program)
+    assert program_plan(twin) is not plan
+    (a,) = run_program(program, [x], mode="layers")
+    (b,) = run_program(twin, [x], mode="layers")
+    assert np.array_equal(a, b)
+    key = id(twin)
+    del twin
+    gc.collect()
+    assert key not in simulator._PLANS
+
+
+def test_results_are_not_overwritten_by_later_calls():
+    program, x = _cnn_program()
+    rng = np.random.default_rng(0)
+    (first,) = run_program(program, [x], mode="layers")
+    kept = first.copy()
+    for _ in range(3):
+        run_program(program, [rng.normal(size=x.shape).astype("float32")], mode="layers")
+    assert np.array_equal(first, kept)
+    (again,) = run_program(program, [x], mode="layers")
+    assert again is not first and np.array_equal(again, kept)
+
+
+def test_concurrent_calls_of_one_program():
+    program, x = _cnn_program()
+    rng = np.random.default_rng(0)
+    inputs = [rng.normal(size=x.shape).astype("float32") * s for s in (1, 10, 100, 1000)]
+    expected = [run_program(program, [v], mode="tiles")[0] for v in inputs]
+    errors: list = []
+
+    def worker(i):
+        try:
+            for _ in range(20):
+                (got,) = run_program(program, [inputs[i]], mode="layers")
+                if not np.array_equal(got, expected[i]):
+                    errors.append(i)
+        except Exception as err:  # pragma: no cover - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(inputs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+@pytest.mark.parametrize("lo,hi", [(0.0, 6.0), (-1.0, 1.0), (0.0, 0.5), (-0.0, 6.0), (-3.0, 0.0), (-np.inf, np.inf),
+                                   (1.0, 1.0), (np.nan, 1.0), (0.0, np.nan), (2.0, -2.0)])
+def test_clip_and_relu_fast_paths_keep_the_bits(lo, hi):
+    """fmin/fmax forms against the reference compare-and-select (NaN, signed zeros, infinities)."""
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=4096) * 4).astype(np.float32)
+    specials = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, lo, hi, -1.0, 1.0, 6.0, 0.5],
+                        dtype=np.float32)
+    x[:len(specials) * 8] = np.repeat(specials, 8)
+    attrs = {"min": lo, "max": hi}
+    reference = simulator._unary("clip", x, attrs)
+    clip = simulator._clip_fast(lo, hi)
+    if clip is not None:
+        got = clip(x)
+        assert np.array_equal(got.view(np.uint32), reference.view(np.uint32))
+    relu = simulator._relu(x)
+    got = simulator._relu_owned(x.copy())
+    assert np.array_equal(got.view(np.uint32), relu.view(np.uint32))
