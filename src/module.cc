@@ -14,13 +14,12 @@
 #include <tvm/ffi/reflection/registry.h>
 #include <tvm/ffi/string.h>
 
-#include <cstring>
+#include <atomic>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "blake2b.h"
 #include "container.h"
 
 namespace tvm_spinn {
@@ -32,34 +31,14 @@ constexpr const char* kExecuteFunc = "tvm_spinn.runtime.execute";
 /*! \brief Name of the Python-registered program validator (see the file comment). */
 constexpr const char* kValidateFunc = "tvm_spinn.runtime.validate_program";
 
-/*! \brief Magic of a serialized spinn program (tvm_spinn.program.format.PROGRAM_MAGIC). */
-constexpr char kProgramMagic[8] = {'S', 'P', 'I', 'N', 'N', 'P', 'R', 'G'};
-/*! \brief A program ends with the BLAKE2b-256 of every byte before it. */
-constexpr size_t kProgramDigestBytes = 32;
-
 /*!
- * \brief Content key of the executor's parsed-program cache: a cryptographic digest, so two
- *        different programs never share a cache entry.
- *
- * A spinn program carries the BLAKE2b-256 of its contents in its last 32 bytes, and the
- * validator checks that digest before the program is parsed or cached; the key is that digest
- * (no second pass over hundreds of MB of weights). Anything else is hashed here.
+ * \brief Key of the executor's parsed-program cache: unique to each module object in the
+ *        process, so two modules never share a cache entry, whatever bytes they claim to hold,
+ *        and no pass over hundreds of MB of weights is needed to make it.
  */
-std::string ContentKey(const ffi::Bytes& data) {
-  static const char kHex[] = "0123456789abcdef";
-  if (data.size() >= sizeof(kProgramMagic) + kProgramDigestBytes &&
-      std::memcmp(data.data(), kProgramMagic, sizeof(kProgramMagic)) == 0) {
-    const unsigned char* digest =
-        reinterpret_cast<const unsigned char*>(data.data()) + data.size() - kProgramDigestBytes;
-    std::string out;
-    out.reserve(2 * kProgramDigestBytes);
-    for (size_t i = 0; i < kProgramDigestBytes; ++i) {
-      out.push_back(kHex[digest[i] >> 4]);
-      out.push_back(kHex[digest[i] & 15]);
-    }
-    return out;
-  }
-  return Blake2bHex(data.data(), data.size(), 32);
+std::string NewModuleKey() {
+  static std::atomic<uint64_t> counter{0};
+  return "spinn-module-" + std::to_string(counter.fetch_add(1) + 1);
 }
 
 class SpinnModuleObj final : public ffi::ModuleObj {
@@ -67,7 +46,7 @@ class SpinnModuleObj final : public ffi::ModuleObj {
   SpinnModuleObj(ffi::String symbol, ffi::Bytes program)
       : symbol_(std::move(symbol)),
         program_(std::move(program)),
-        key_(ContentKey(program_)) {
+        key_(NewModuleKey()) {
     ffi::Bytes captured = program_;
     program_getter_ = ffi::Function::FromTyped([captured]() -> ffi::Bytes { return captured; });
   }

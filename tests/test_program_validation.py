@@ -330,8 +330,6 @@ def test_container_load_validates(built):
     with pytest.raises(ProgramError, match=r"^manifest"):
         _lib.create_module("__spinn_manifest__", b"SPINNMAN[1]")
     good = _lib.load_module_from_bytes(_lib.save_to_bytes(crafted_module(symbol, data)))
-    # the key is the program's own verified BLAKE2b-256 digest (its last 32 bytes)
-    assert good["get_key"]() == hashlib.blake2b(data[:-32], digest_size=32).hexdigest() == data[-32:].hex()
     assert good["get_key"]() in executor._CACHE  # parsed once, at load, for the first call
 
 
@@ -373,8 +371,8 @@ def test_exported_library_with_a_crafted_program_fails_at_load(built, tmp_path):
 
 
 def test_a_program_claiming_another_programs_digest_is_refused(built):
-    """The cache key is the program's trailing digest, trusted only once verified: a program
-    that ends with another program's digest fails validation and never reaches the cache."""
+    """A program ending with another program's digest fails validation (its digest does not
+    match its contents) and leaves the other program's cache entry alone."""
     a = built["cnn"][0]
     symbol = split(a)[1]["symbol"]
     ka = _lib.create_module(symbol, a)["get_key"]()
@@ -385,6 +383,27 @@ def test_a_program_claiming_another_programs_digest_is_refused(built):
     with pytest.raises(ProgramError, match=r"^checksum"):
         _lib.create_module(symbol, forged)
     assert executor._CACHE[ka] is cached and cached.layers[0].name != "impostor"
+
+
+def test_sealed_library_programs_skip_only_the_digest_pass(built, tmp_path, monkeypatch):
+    """tvm_spinn.load_module verifies every byte of the file first; the programs inside then
+    skip their own digest pass (the rest of validation runs). A plain TVM load verifies it."""
+    data, x, _ = built["transformer"]
+    symbol = split(data)[1]["symbol"]
+    path = str(tmp_path / "m.so")
+    tvm_spinn.export_library(_executable_with(symbol, _lib.create_module(symbol, data), x.shape, "float32"), path)
+    verified = []
+    original = Program.from_bytes.__func__
+
+    def spy(cls, raw, verify_checksum=True):
+        verified.append(verify_checksum)
+        return original(cls, raw, verify_checksum)
+
+    monkeypatch.setattr(Program, "from_bytes", classmethod(spy))
+    tvm_spinn.load_module(path)
+    assert verified == [False]
+    tvm.runtime.load_module(path)
+    assert verified == [False, True]
 
 
 def test_cache_keeps_every_program_of_a_model(built, monkeypatch):
@@ -400,13 +419,14 @@ def test_cache_keeps_every_program_of_a_model(built, monkeypatch):
     assert len([k for k in keys if k in executor._CACHE]) == 2  # least recently used out
 
 
-def test_cache_key_is_a_cryptographic_digest(built):
+def test_each_module_has_its_own_cache_entry(built):
     a = built["cnn"][0]
     b = edited(a, lambda h: h["timing"].update(note="x"))  # valid, different bytes
-    ka = _lib.create_module(split(a)[1]["symbol"], a)["get_key"]()
-    kb = _lib.create_module(split(b)[1]["symbol"], b)["get_key"]()
-    assert ka == hashlib.blake2b(a[:-32], digest_size=32).hexdigest() and ka != kb
+    symbol = split(a)[1]["symbol"]
+    ka, ka2, kb = (_lib.create_module(symbol, p)["get_key"]() for p in (a, a, b))
+    assert len({ka, ka2, kb}) == 3
     assert executor._CACHE[ka] is not executor._CACHE[kb]
+    assert executor._CACHE[ka].timing == executor._CACHE[ka2].timing != executor._CACHE[kb].timing
 
 
 # ----------------------------------------------------------------------------------------------

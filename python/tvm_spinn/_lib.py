@@ -241,8 +241,8 @@ def create_module(symbol: str, program: bytes) -> tvm_ffi.Module:
     """Create a ``"spinn"`` runtime module for the offloaded function ``symbol``.
 
     ``mod[symbol](*inputs, *outputs)`` forwards to the global ``tvm_spinn.runtime.execute``
-    as ``execute(key, program_getter, symbol, *inputs, *outputs)``; ``key`` is the 64-digit
-    hex BLAKE2b-256 digest of ``program``. ``mod["get_program"]()``, ``mod["get_symbol"]()`` and
+    as ``execute(key, program_getter, symbol, *inputs, *outputs)``; ``key`` is unique to the
+    module object in this process. ``mod["get_program"]()``, ``mod["get_symbol"]()`` and
     ``mod["get_key"]()`` expose the contents. When the package is imported, the program is
     validated here (and by :func:`load_module_from_bytes`): a defective one raises
     ``tvm_spinn.program.ProgramError`` naming the field.

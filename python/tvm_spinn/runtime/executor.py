@@ -5,8 +5,13 @@ module is created or loaded (``tvm.runtime.load_module``), it calls :func:`valid
 which parses and validates the program (:meth:`Program.from_bytes`): a defective program raises
 :class:`~tvm_spinn.program.ProgramError` naming the field, at load, and nothing runs. When the VM
 calls the module's symbol, it forwards ``(key, program_getter, symbol, *dps_args)`` to
-:func:`execute`. Parsed programs are cached by ``key``, the module's BLAKE2b-256 digest of the
-program bytes (collision-resistant: two different programs never share a cache entry).
+:func:`execute`. Parsed programs are cached by ``key``, unique to each module object in the
+process (two modules never share a cache entry, whatever their bytes claim).
+
+A program's BLAKE2b-256 digest of its contents is verified when it is read, except for bytes
+whose every byte was verified just before: the compiler's own output (:class:`compiled`) and
+programs inside a library whose integrity trailer :func:`tvm_spinn.load_module` has checked
+(:class:`sealed_file`).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from .simulator import program_plan, run_program
 
 _from_dlpack = np.from_dlpack
 
-__all__ = ["SpinnRuntimeError", "compiled", "execute", "load_program", "validate_program"]
+__all__ = ["SpinnRuntimeError", "compiled", "sealed_file", "execute", "load_program", "validate_program"]
 
 # ProgramError crosses the C++ module loader (a Python callback raising inside
 # tvm.runtime.load_module) as itself, not as a generic RuntimeError.
@@ -81,6 +86,19 @@ class compiled:  # noqa: N801 - a context manager used like a function
         _COMPILED.data = None
 
 
+class sealed_file:  # noqa: N801 - a context manager used like a function
+    """While active, programs loaded on this thread come from a library whose every byte was
+    just verified against its integrity trailer (:func:`tvm_spinn.load_module`): they are
+    validated without the digest pass over their contents (every other check runs). Each module
+    has its own cache key, so a program's claimed digest never selects another's cache entry."""
+
+    def __enter__(self):
+        _COMPILED.sealed = True
+
+    def __exit__(self, *exc):
+        _COMPILED.sealed = False
+
+
 @tvm_ffi.register_global_func("tvm_spinn.runtime.validate_program", override=True)
 def validate_program(symbol: str, data: bytes, key: str) -> None:
     """Validate the program of a ``spinn`` module being created or loaded (called from C++).
@@ -112,7 +130,8 @@ def validate_program(symbol: str, data: bytes, key: str) -> None:
         return
     trusted = getattr(_COMPILED, "data", None)
     raw = bytes(data)
-    program = Program.from_bytes(raw, verify_checksum=trusted is None or raw != trusted)
+    verified = getattr(_COMPILED, "sealed", False) or (trusted is not None and raw == trusted)
+    program = Program.from_bytes(raw, verify_checksum=not verified)
     if program.symbol != symbol:
         raise ProgramError(f"symbol: the program implements {program.symbol!r}, its module is {symbol!r}")
     _remember(key, program, len(raw))

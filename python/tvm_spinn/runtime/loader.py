@@ -177,8 +177,11 @@ def load_module(path: "str | os.PathLike") -> tvm.runtime.Module:
         check_elf(path)
     except OSError as err:
         raise LibraryError(f"{path}: cannot read: {err.strerror or err}") from None
+    from .executor import sealed_file
+
     try:
-        lib = tvm.runtime.load_module(path)
+        with sealed_file():  # every byte was just verified: programs skip their own digest pass
+            lib = tvm.runtime.load_module(path)
     except ProgramError as err:
         # a sealed library whose spinn program fails validation: keep the type and the field
         raise ProgramError(f"{path}: {err}") from None
