@@ -42,15 +42,31 @@ def _inputs(x, rng):
     return [x, rng.normal(size=x.shape).astype("float32") * 100, special.reshape(x.shape)]
 
 
+class _Pools(torch.nn.Module):
+    """Pool geometries: padded average pools counting the padding, dilated padded max pools."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        a = torch.nn.functional.avg_pool2d(y, 3, stride=2, padding=1, count_include_pad=True)
+        m = torch.nn.functional.max_pool2d(y, 3, stride=2, padding=1, dilation=1)
+        d = torch.nn.functional.max_pool2d(y, 2, stride=1, padding=1, dilation=2)
+        return a + m + d[:, :, ::2, ::2][:, :, :a.shape[2], :a.shape[3]]
+
+
 def _cases():
     torch.manual_seed(0)
     cases = {name: models.make(name) for name in ("cnn", "mlp", "transformer")}
     cases["kinds"] = (_KindsNet().eval(), torch.randn(1, 4, 15, 13))
+    cases["pools"] = (_Pools().eval(), torch.randn(1, 3, 11, 9))
     return cases
 
 
 @pytest.mark.parametrize("quantized", [False, True])
-@pytest.mark.parametrize("name", ["cnn", "mlp", "transformer", "kinds"])
+@pytest.mark.parametrize("name", ["cnn", "mlp", "transformer", "kinds", "pools"])
 def test_plan_gives_the_unprepared_bits(monkeypatch, name, quantized):
     model, x = _cases()[name]
     mod = tvm_spinn.frontend.from_pytorch(model, (x,))

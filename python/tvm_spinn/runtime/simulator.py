@@ -56,13 +56,13 @@ _F32_LOWEST = np.finfo(np.float32).min
 
 
 def _erf_f32(x: np.ndarray) -> np.ndarray:
-    x = x.astype(_F32)
-    sign = np.sign(x).astype(_F32)
+    x = x.astype(_F32, copy=False)
+    sign = np.sign(x).astype(_F32, copy=False)
     a = np.abs(x)
     t = _F32(1) / (_F32(1) + _F32(0.3275911) * a)
     poly = t * (_F32(0.254829592) + t * (_F32(-0.284496736) + t * (_F32(1.421413741)
            + t * (_F32(-1.453152027) + t * _F32(1.061405429)))))
-    return (sign * (_F32(1) - poly * np.exp(-a * a))).astype(_F32)
+    return (sign * (_F32(1) - poly * np.exp(-a * a))).astype(_F32, copy=False)
 
 
 def _max(a, b) -> np.ndarray:
@@ -84,16 +84,16 @@ def _unary(kind: str, x: np.ndarray, attrs: dict) -> np.ndarray:
     if kind == "relu":
         return _relu(x)
     if kind == "clip":  # TVM's order: max(min(x, hi), lo), so clip(NaN) = hi
-        return _max(_min(x, _F32(attrs["max"])), _F32(attrs["min"])).astype(_F32)
+        return _max(_min(x, _F32(attrs["max"])), _F32(attrs["min"])).astype(_F32, copy=False)
     if kind == "sigmoid":
-        return (_F32(1) / (_F32(1) + np.exp(-x))).astype(_F32)
+        return (_F32(1) / (_F32(1) + np.exp(-x))).astype(_F32, copy=False)
     if kind == "tanh":
-        return np.tanh(x).astype(_F32)
+        return np.tanh(x).astype(_F32, copy=False)
     if kind == "gelu":
-        return (_F32(0.5) * x * (_F32(1) + _erf_f32(x * _F32(0.70710678118654752)))).astype(_F32)
+        return (_F32(0.5) * x * (_F32(1) + _erf_f32(x * _F32(0.70710678118654752)))).astype(_F32, copy=False)
     if kind == "gelu_tanh":
         inner = _F32(0.7978845608028654) * (x + _F32(0.044715) * x * x * x)
-        return (_F32(0.5) * x * (_F32(1) + np.tanh(inner))).astype(_F32)
+        return (_F32(0.5) * x * (_F32(1) + np.tanh(inner))).astype(_F32, copy=False)
     raise NotImplementedError(kind)
 
 
@@ -724,6 +724,8 @@ def _build_step(program: Program, index: int, layer: Layer):
                 step = _elementwise_step(program, layer)
             elif k in ("softmax", "layer_norm", "mean"):
                 step = _rows_step(program, layer)
+            elif k in ("max_pool2d", "avg_pool2d"):
+                step = _pool_step(program, layer)
             if step is not None:
                 return step
     except Exception:  # a malformed layer fails when it runs, where _run_whole fails
@@ -840,30 +842,27 @@ def _elementwise_step(program: Program, layer: Layer):
         def step(program, env):
             out = np.empty(shape, dtype=dtype)
             x = env[x_tid]
-            out[...] = np.transpose(x, axes) if axes is not None else np.broadcast_to(x, shape)
+            out[...] = np.transpose(x, axes) if axes is not None else x  # (assignment broadcasts)
             return out
         return step
-    getters = []
-    for tid in layer.inputs:
-        if tuple(tensors[tid].shape) == shape:
-            getters.append(lambda env, tid=tid: env[tid])
-        else:
-            getters.append(lambda env, tid=tid: np.broadcast_to(env[tid], shape))
+    # Operands are not broadcast to the output first: element-wise results are the same on the
+    # ufunc's own broadcast, and finish() broadcasts a smaller result into the output.
+    getters = [lambda env, tid=tid: env[tid] for tid in layer.inputs]
     relu = bool(layer.attrs.get("relu"))
     attrs = layer.attrs
 
-    def finish(res):  # res: a new array (ufunc result)
+    def finish(res):  # res: a new array or scalar (a ufunc result)
+        if type(res) is np.ndarray and res.shape == shape and res.dtype == dtype and res.flags.c_contiguous:
+            return _relu_owned(res) if relu else res  # nothing else holds it
         if relu:
-            res = _relu_owned(res)
-        if res.dtype == dtype and res.shape == shape and res.flags.c_contiguous:
-            return res  # a new array (ufunc result): nothing else holds it
+            res = _relu(res)
         out = np.empty(shape, dtype=dtype)
         out[...] = res
         return out
     if k in _BINARY:
         op = _BINARY[k]
-        get0, get1 = getters[0], getters[1]
-        return lambda program, env: finish(op(get0(env), get1(env)))
+        t0, t1 = layer.inputs[0], layer.inputs[1]
+        return lambda program, env: finish(op(env[t0], env[t1]))
     get0 = getters[0]
     if k == "relu":
         def relu_step(program, env):
@@ -932,6 +931,56 @@ def _rows_step(program: Program, layer: Layer):
         out = np.empty((x.shape[0], row), dtype=_F32)
         out[...] = y
         return out.reshape(shape)
+    return step
+
+
+def _pool_step(program: Program, layer: Layer):
+    """_LayerRunner._prepare_pool / _run_pool over the whole output (float32), with the window
+    slices and the avg-pool counts prepared; the same window order and operations."""
+    tensors = program.tensors
+    x_tid = layer.inputs[0]
+    if np.dtype(tensors[x_tid].dtype) != _F32 or np.dtype(tensors[layer.output].dtype) != _F32:
+        return None
+    shape = tuple(tensors[layer.output].shape)
+    n, c, h, w = tensors[x_tid].shape
+    attrs = layer.attrs
+    pt, pl, pb, pr = attrs["padding"]
+    kh, kw = attrs["pool_size"]
+    sh, sw = attrs["strides"]
+    dh, dw = attrs["dilation"]
+    oh, ow = shape[2], shape[3]
+    is_max = layer.kind == "max_pool2d"
+    fill = _F32_LOWEST if is_max else _F32(0.0)
+    padded = (n * c, h + pt + pb, w + pl + pr)
+    band = (oh - 1) * sh + (kh - 1) * dh + 1
+    windows = [(slice(i * dh, i * dh + sh * (oh - 1) + 1, sh), slice(j * dw, j * dw + sw * (ow - 1) + 1, sw))
+               for i in range(kh) for j in range(kw)]
+    div = None
+    if not is_max:
+        valid = np.pad(np.ones((h, w), _F32), ((pt, pb), (pl, pr)))[:band]
+        count = np.zeros((oh, ow), _F32)
+        for sl in windows:
+            count += valid[sl]
+        div = _F32(kh * kw) if attrs.get("count_include_pad") else count
+
+    def step(program, env):
+        x = env[x_tid]
+        planes = np.full(padded, fill, dtype=_F32)
+        planes.reshape(n, c, padded[1], padded[2])[:, :, pt:pt + h, pl:pl + w] = x
+        src = planes[:, :band]
+        acc = None
+        for s0, s1 in windows:  # sequential window order, vectorized over planes and pixels
+            v = src[:, s0, s1]
+            if is_max:
+                acc = np.full(v.shape, _F32_LOWEST) if acc is None else acc
+                acc = np.where(acc > v, acc, v)
+            else:
+                acc = v.astype(_F32) if acc is None else (acc + v).astype(_F32)
+        if not is_max:
+            acc = (acc / div).astype(_F32)
+        if acc.dtype != _F32 or not acc.flags.c_contiguous:
+            acc = np.ascontiguousarray(acc, dtype=_F32)
+        return acc.reshape(shape)
     return step
 
 
