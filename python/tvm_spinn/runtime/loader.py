@@ -11,7 +11,8 @@ TVM's formats can prevent that, so the whole artifact is sealed instead:
   file is still an ordinary shared library. With ``tvm_spinn`` imported, ``ex.export_library``
   of an executable that contains spinn modules goes through the same function.
 * :func:`load_module` verifies the trailer (lengths against the file size first, then the digest,
-  read in chunks: constant memory) and the ELF structure *before* TVM sees the file, so a
+  a tree of per-segment digests computed on every core from a memory map: constant memory) and
+  the ELF structure *before* TVM sees the file, so a
   corrupted, truncated or foreign file is one :class:`LibraryError` naming the file and the defect.
 
 A library without the trailer (exported by plain TVM, stripped, or any other shared object) is
@@ -23,9 +24,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 import struct
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import tvm
@@ -42,25 +45,39 @@ class LibraryError(ValueError):
 
 #: Last 8 bytes of a sealed library.
 TRAILER_MAGIC = b"SPNNSEAL"
-_VERSION = 1
+_VERSION = 2  # 2: segment-tree digest (1 hashed the file sequentially)
 # Footer (at the very end of the file): body_len u64, meta_len u32, version u32, digest, magic.
 _DIGEST_SIZE = 32
 _FOOTER = struct.Struct(f"<QII{_DIGEST_SIZE}s8s")
 _MAX_META = 1 << 20  # the JSON record is a few hundred bytes; anything larger is damage
-_CHUNK = 1 << 20
+#: Bytes per leaf of the digest tree (see :func:`_digest`).
+_SEGMENT = 32 << 20
 
 
 def _digest(f, length: int, extra: bytes) -> bytes:
-    """BLAKE2b of the first ``length`` bytes of ``f`` followed by ``extra`` (chunked reads)."""
+    """Digest of the first ``length`` bytes of ``f`` followed by ``extra``: BLAKE2b-256 over the
+    BLAKE2b-256 digests of consecutive :data:`_SEGMENT`-byte segments, then ``extra``.
+
+    The file is mapped, not read (constant memory), and the segments are hashed on every core
+    (hashlib releases the GIL): a library of hundreds of MB is verified in a fraction of the
+    time of one sequential pass."""
+    leaves: list[bytes] = []
+    if length:
+        spans = [(start, min(start + _SEGMENT, length)) for start in range(0, length, _SEGMENT)]
+        with mmap.mmap(f.fileno(), length, access=mmap.ACCESS_READ) as mapped:
+            view = memoryview(mapped)
+            try:
+                def leaf(span: tuple[int, int]) -> bytes:
+                    return hashlib.blake2b(view[span[0]:span[1]], digest_size=_DIGEST_SIZE).digest()
+
+                workers = max(1, min(len(spans), os.cpu_count() or 1))
+                with ThreadPoolExecutor(max_workers=workers) as pool:
+                    leaves = list(pool.map(leaf, spans))
+            finally:
+                view.release()
     h = hashlib.blake2b(digest_size=_DIGEST_SIZE)
-    f.seek(0)
-    left = length
-    while left:
-        chunk = f.read(min(_CHUNK, left))
-        if not chunk:
-            raise LibraryError(f"{getattr(f, 'name', '?')}: file shrank while being read")
-        h.update(chunk)
-        left -= len(chunk)
+    for d in leaves:
+        h.update(d)
     h.update(extra)
     return h.digest()
 
