@@ -162,3 +162,26 @@ def test_clip_and_relu_fast_paths_keep_the_bits(lo, hi):
     relu = simulator._relu(x)
     got = simulator._relu_owned(x.copy())
     assert np.array_equal(got.view(np.uint32), relu.view(np.uint32))
+
+
+def test_outputs_written_in_place_have_the_same_bits():
+    """_Plan.run with the caller's output arrays (the executor's DPS outputs): layers producing
+    outputs may fill them directly; an output sharing memory with an input is left alone."""
+    for name in ("cnn", "mlp"):
+        model, x = models.make(name)
+        model_x = x.numpy()
+        (program,) = _programs(relax.build(tvm_spinn.frontend.from_pytorch(model, (x,)), target="spinn"))
+        plan = program_plan(program)
+        (want,) = run_program(program, [model_x], mode="tiles")
+        dst = np.full(want.shape, np.nan, dtype=want.dtype)
+        (got,) = plan.run(program, [model_x], [dst])
+        assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
+        if got is dst:
+            again = dst.copy()
+            plan.run(program, [model_x * 2], [np.empty_like(dst)])
+            assert np.array_equal(dst, again)  # a later call never writes an earlier output
+        if want.size == model_x.size and want.dtype == model_x.dtype:
+            shared = model_x.copy().reshape(-1)
+            alias = shared.reshape(want.shape)
+            (res,) = plan.run(program, [shared.reshape(model_x.shape)], [alias])
+            assert res is not alias

@@ -24,7 +24,7 @@ import numpy as np
 import tvm_ffi
 
 from ..program import Program, ProgramError
-from .simulator import program_plan, run_program
+from .simulator import program_plan, run_program, sim_mode
 
 _from_dlpack = np.from_dlpack
 
@@ -175,6 +175,11 @@ def execute(key: str, getter, symbol: str, *args) -> None:
             arr = _check(program, index, tid, arg)  # raises SpinnRuntimeError (or accepts)
         arrays.append(arr)
     n_in = len(program.inputs)
-    results = run_program(program, arrays[:n_in])
-    for dst, src in zip(arrays[n_in:], results):
-        np.copyto(dst, src)
+    ins, outs = arrays[:n_in], arrays[n_in:]
+    if sim_mode() == "layers":  # layers producing outputs may write them in place
+        results = plan.run(program, ins, outs)
+    else:
+        results = run_program(program, ins)
+    for dst, src in zip(outs, results):
+        if src is not dst:
+            np.copyto(dst, src)

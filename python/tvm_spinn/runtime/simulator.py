@@ -636,10 +636,10 @@ def _clip_fast(lo, hi):
         return None
     plus_zero = lo == 0
 
-    def clip(x):
+    def clip(x, out=None):
         if x.dtype != _F32:
             return None
-        y = np.fmin(x, hi)
+        y = np.fmin(x, hi, out=out)
         np.fmax(y, lo, out=y)
         if plus_zero:
             np.add(y, _ZERO, out=y)
@@ -648,7 +648,7 @@ def _clip_fast(lo, hi):
 
 
 class _Plan:
-    __slots__ = ("owner", "template", "steps", "args", "__weakref__")
+    __slots__ = ("owner", "template", "steps", "args", "outputs", "__weakref__")
 
     def __init__(self, program: Program):
         self.owner = id(program)
@@ -660,16 +660,40 @@ class _Plan:
         #: (tid, shape, dtype) of the DPS arguments: inputs then outputs (see executor.execute)
         self.args = tuple((tid, tuple(tensors[tid].shape), np.dtype(tensors[tid].dtype))
                           for tid in (*program.inputs, *program.outputs))
-        self.steps = tuple((layer.output, _build_step(program, index, layer))
-                           for index, layer in enumerate(program.layers))
+        self.outputs = frozenset(program.outputs)
+        steps = []
+        for index, layer in enumerate(program.layers):
+            step = _build_step(program, index, layer)
+            # step.into(program, env, out): the same values written into ``out`` (None: a new
+            # array), for layers that produce a program output
+            into = getattr(step, "into", None) if layer.output in self.outputs else None
+            steps.append((layer.output, step, into))
+        self.steps = tuple(steps)
 
-    def run(self, program: Program, inputs) -> list[np.ndarray]:
+    def run(self, program: Program, inputs, outs=None) -> list[np.ndarray]:
+        """Outputs of ``program`` on ``inputs``. ``outs``: the caller's output arrays (DPS), which
+        layers producing an output may fill directly (the result is then that array); an output
+        array sharing memory with an input or another output is not written here."""
         env = self.template.copy()
         for tid, value in zip(program.inputs, inputs):
             env[tid] = value
+        into = None
+        if outs is not None:
+            into = {}
+            taken = list(inputs)
+            for tid, dst in zip(program.outputs, outs):
+                if (type(dst) is np.ndarray and dst.flags.c_contiguous and dst.flags.writeable
+                        and tid not in into and not any(np.may_share_memory(dst, v) for v in taken)):
+                    into[tid] = dst
+                taken.append(dst)
         with np.errstate(all="ignore"):
-            for tid, step in self.steps:
-                env[tid] = step(program, env)
+            if into:
+                for tid, step, fill in self.steps:
+                    dst = into.get(tid) if fill is not None else None
+                    env[tid] = step(program, env) if dst is None else fill(program, env, dst)
+            else:
+                for tid, step, _ in self.steps:
+                    env[tid] = step(program, env)
         return [env[tid] for tid in program.outputs]
 
 
@@ -807,8 +831,11 @@ def _gemm_step(program: Program, layer: Layer):
             bias_shape = cshape
     relu = bool(layer.attrs.get("relu"))
 
-    def step(program, env):
-        out = np.zeros(shape, dtype=dtype)
+    def into(program, env, out):
+        if out is None:
+            out = np.zeros(shape, dtype=dtype)
+        else:  # the caller's output buffer (_Plan.run checked it)
+            out.fill(0)
         c = out.reshape(cshape)
         gemm(get_a(env), get_b(env), c, a_index, b_index, 0)
         if bias is not None:
@@ -817,6 +844,10 @@ def _gemm_step(program: Program, layer: Layer):
         if relu:
             _relu_owned(c)  # _relu: a > 0 ? a : 0 (NaN and -0.0 give +0)
         return out
+
+    def step(program, env):
+        return into(program, env, None)
+    step.into = into
     return step
 
 
@@ -879,6 +910,14 @@ def _elementwise_step(program: Program, layer: Layer):
             x = get0(env)
             y = clip(x)
             return finish(_unary(k, x, attrs) if y is None else y)
+
+        def clip_into(program, env, out):
+            x = get0(env)
+            if x.dtype != _F32 or dtype != _F32:
+                return clip_step(program, env)
+            clip(x, out)  # x broadcasts to the output
+            return _relu_owned(out) if relu else out
+        clip_step.into = clip_into
         return clip_step
     return lambda program, env: finish(_unary(k, get0(env), attrs))
 
