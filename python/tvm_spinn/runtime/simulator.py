@@ -252,26 +252,9 @@ class _LayerRunner:
             ch = np.arange(n0, n1)[None, :]
             za = self.za
             zb = self.zb[ch] if isinstance(self.zb, np.ndarray) and self.zb.ndim else self.zb
-        zb = np.int64(0) if zb is None else zb
-        # sum (a - za)(b - zb) = sum ab - zb sum_k a - za sum_k b + K za zb
-        if np.any(zb != 0):
-            acc -= zb * a.sum(axis=1, dtype=np.int64)[:, None]
-        if np.any(za != 0):
-            acc -= za * bm.sum(axis=0, dtype=np.int64)[None, :]
-        acc += np.int64(g.k) * za * zb
-        acc = acc.astype(np.int32).astype(np.int64)  # 32-bit registers
-        epi = self.epi
-        if attrs["out"] == "float32":
-            y = acc.astype(_F32) * epi["scale"][ch]
-            if "bias" in epi:
-                y = y + epi["bias"][ch]
-            if attrs["relu"]:
-                y = np.maximum(y, _F32(0))
-            self.c[b0, m0:m1, n0:n1] = y
-            return
-        v = acc + epi["bias_q"][ch].astype(np.int64)
-        q = requantize(v, epi["multiplier"][ch], epi["shift"][ch], attrs["y_zero"], attrs["y_min"], attrs["y_max"])
-        self.c[b0, m0:m1, n0:n1] = q
+        self.c[b0, m0:m1, n0:n1] = _int8_finish(
+            acc, za, zb, lambda: a.sum(axis=1, dtype=np.int64)[:, None],
+            lambda: bm.sum(axis=0, dtype=np.int64)[None, :], g.k, self.epi, attrs, ch)
 
     # -- quantize / dequantize ---------------------------------------------------------------
     def _prepare_qdq(self) -> None:
@@ -520,7 +503,7 @@ def _qgemm_whole(program: Program, layer: Layer, index: int, env, out: np.ndarra
         ch = np.arange(groups * g.m).reshape(groups, g.m, 1)
         za = wz[ch] if wz is not None else np.int64(0)
         zb = zx
-        a_sum = a.sum(axis=2, dtype=np.int64).reshape(groups, g.m, 1)
+        a_sum = lambda: a.sum(axis=2, dtype=np.int64).reshape(groups, g.m, 1)  # noqa: E731
         b_sum = lambda: b.sum(axis=1, dtype=np.int64).reshape(-1, groups, 1, g.n)  # noqa: E731
     else:
         ch = np.arange(g.n)[None, :]
@@ -529,29 +512,36 @@ def _qgemm_whole(program: Program, layer: Layer, index: int, env, out: np.ndarra
         else:
             za, zb = zx, np.int64(attrs.get("b_zero", 0))
         zb = zb[ch] if isinstance(zb, np.ndarray) and zb.ndim else zb
-        a_sum = a.sum(axis=2, dtype=np.int64)[a_index][:, :, None]
+        a_sum = lambda: a.sum(axis=2, dtype=np.int64)[a_index][:, :, None]  # noqa: E731
         b_sum = lambda: b.sum(axis=1, dtype=np.int64)[b_index][:, None, :]  # noqa: E731
+    epi = {k: env[layer.consts[k]] for k in ("scale", "bias", "bias_q", "multiplier", "shift") if k in layer.consts}
+    out.reshape(acc.shape)[...] = _int8_finish(acc, za, zb, a_sum, b_sum, g.k, epi, attrs, ch)
+    return True
+
+
+def _int8_finish(acc: np.ndarray, za, zb, a_sum, b_sum, k: int, epi: dict, attrs: dict, ch) -> np.ndarray:
+    """The M4F's share of an int8 GEMM on the array's int32 sums ``acc`` (int64 array, updated
+    in place): the zero-point terms ``sum (a - za)(b - zb) = sum ab - zb sum_k a - za sum_k b +
+    K za zb`` in 32-bit registers, then the epilogue: dequantize (``fl(acc) * scale [+ bias]``,
+    ReLU) or requantize (:func:`~tvm_spinn.program.quant.requantize`). ``a_sum``/``b_sum``
+    return the operands' sums over k (called only when the other zero point is nonzero); ``ch``
+    indexes the per-channel constants."""
     zb = np.int64(0) if zb is None else zb
-    # sum (a - za)(b - zb) = sum ab - zb sum_k a - za sum_k b + K za zb
     if np.any(zb != 0):
-        acc -= zb * a_sum
+        acc -= zb * a_sum()
     if np.any(za != 0):
         acc -= za * b_sum()
-    acc += np.int64(g.k) * za * zb
+    acc += np.int64(k) * za * zb
     acc = acc.astype(np.int32).astype(np.int64)  # 32-bit registers
-    epi = {k: env[layer.consts[k]] for k in ("scale", "bias", "bias_q", "multiplier", "shift") if k in layer.consts}
-    target = out.reshape(acc.shape)
     if attrs["out"] == "float32":
         y = acc.astype(_F32) * epi["scale"][ch]
         if "bias" in epi:
             y = y + epi["bias"][ch]
         if attrs["relu"]:
             y = np.maximum(y, _F32(0))
-        target[...] = y
-        return True
+        return y
     v = acc + epi["bias_q"][ch].astype(np.int64)
-    target[...] = requantize(v, epi["multiplier"][ch], epi["shift"][ch], attrs["y_zero"], attrs["y_min"], attrs["y_max"])
-    return True
+    return requantize(v, epi["multiplier"][ch], epi["shift"][ch], attrs["y_zero"], attrs["y_min"], attrs["y_max"])
 
 
 def _elementwise_whole(layer: Layer, env, out: np.ndarray) -> None:
