@@ -14,11 +14,14 @@ $TVM_SPINN_SIM_THREADS, else all cores).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import statistics
 import sys
 import tempfile
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -66,7 +69,12 @@ def _onnxruntime_ms(model, x, repeat, threads):
 
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "m.onnx")
-            torch.onnx.export(model, (x,), path, dynamo=False, input_names=["x"], opset_version=17)
+            # The exporter's warnings (and, for models it cannot export, a dump of the whole
+            # TorchScript graph) would drown the table.
+            with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()), \
+                    contextlib.redirect_stdout(io.StringIO()):
+                warnings.simplefilter("ignore")
+                torch.onnx.export(model, (x,), path, dynamo=False, input_names=["x"], opset_version=17)
             opts = ort.SessionOptions()
             opts.intra_op_num_threads = threads
             opts.inter_op_num_threads = 1
