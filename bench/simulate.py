@@ -3,6 +3,8 @@ tile-by-tile reference ("tiles"), per model, plus onnxruntime on the same model 
 
 Times one inference through the Relax VM (the simulator is nearly all of it), median of --repeat
 runs after a warm-up, with TVM_SPINN_SIM_MODE set per mode; also checks the two modes' bits agree.
+Next to it: the same imported module built by TVM for llvm (what TVM itself runs it in on this
+CPU) and onnxruntime on the model's ONNX export.
 The simulator and onnxruntime run on the same number of threads (--threads, default
 $TVM_SPINN_SIM_THREADS, else all cores).
 
@@ -15,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import os
 import statistics
 import sys
@@ -63,6 +64,24 @@ def _time(fn, repeat):
     return statistics.median(times) * 1e3
 
 
+@contextlib.contextmanager
+def _quiet_fds():
+    """Silence stdout and stderr at the file-descriptor level (the exporter prints from C++)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 1)
+        os.dup2(null.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+
+
 def _onnxruntime_ms(model, x, repeat, threads):
     try:
         import onnxruntime as ort
@@ -71,8 +90,7 @@ def _onnxruntime_ms(model, x, repeat, threads):
             path = os.path.join(d, "m.onnx")
             # The exporter's warnings (and, for models it cannot export, a dump of the whole
             # TorchScript graph) would drown the table.
-            with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()), \
-                    contextlib.redirect_stdout(io.StringIO()):
+            with warnings.catch_warnings(), _quiet_fds():
                 warnings.simplefilter("ignore")
                 torch.onnx.export(model, (x,), path, dynamo=False, input_names=["x"], opset_version=17)
             opts = ort.SessionOptions()
@@ -94,15 +112,22 @@ def main() -> None:
     ap.add_argument("--no-tiles", action="store_true", help="skip timing the tile-by-tile reference")
     args = ap.parse_args()
     os.environ["TVM_SPINN_SIM_THREADS"] = str(args.threads)
+    os.environ["TVM_NUM_THREADS"] = str(args.threads)  # TVM's own thread pool (the llvm build)
     print(f"threads: {args.threads}")
-    print(f"{'model':<18}{'tiles ms':>11}{'layers ms':>11}{'ratio':>8}{'ort ms':>9}{'x ort':>8}  same bits")
+    print(f"{'model':<18}{'tiles ms':>11}{'layers ms':>11}{'ratio':>8}{'llvm ms':>9}{'x llvm':>8}"
+          f"{'ort ms':>9}{'x ort':>8}  same bits")
     for name in args.models:
         torch.manual_seed(0)
         model, x = MODELS[name]()
         model = model.eval()
-        ex = relax.build(tvm_spinn.frontend.from_pytorch(model, (x,)), target="spinn")
+        mod = tvm_spinn.frontend.from_pytorch(model, (x,))
+        ex = relax.build(mod, target="spinn")
         vm = relax.VirtualMachine(ex, tvm.cpu())
         arg = tvm.runtime.tensor(x.numpy())
+        # The same module built for llvm: what TVM itself runs it in on this CPU.
+        llvm_vm = relax.VirtualMachine(relax.build(mod, target="llvm"), tvm.cpu())
+        llvm_vm["main"](arg)
+        llvm_ms = _time(lambda: llvm_vm["main"](arg), args.repeat)
         ms, out = {}, {}
         for mode in ("tiles", "layers"):
             os.environ["TVM_SPINN_SIM_MODE"] = mode
@@ -114,8 +139,8 @@ def main() -> None:
             ort_ms = _onnxruntime_ms(model, x, args.repeat, args.threads)
         same = np.array_equal(out["tiles"].view(np.uint8), out["layers"].view(np.uint8))
         ort = f"{ort_ms:9.2f}{ms['layers'] / ort_ms:8.1f}" if ort_ms is not None else f"{'-':>9}{'-':>8}"
-        print(f"{name:<18}{ms['tiles']:11.1f}{ms['layers']:11.2f}{ms['tiles'] / ms['layers']:8.1f}{ort}  {same}",
-              flush=True)
+        print(f"{name:<18}{ms['tiles']:11.1f}{ms['layers']:11.2f}{ms['tiles'] / ms['layers']:8.1f}"
+              f"{llvm_ms:9.2f}{ms['layers'] / llvm_ms:8.1f}{ort}  {same}", flush=True)
 
 
 if __name__ == "__main__":
