@@ -55,6 +55,29 @@ def test_export_seals_and_reloads_same_bits(mlp):
     assert np.array_equal(plain["main"](tvm.runtime.tensor(x)).numpy(), expected)
 
 
+def test_a_file_replaced_during_the_load_is_refused(mlp, tmp_path, monkeypatch):
+    """The programs of a verified library skip their own digest pass, so the file TVM reads
+    must be the file that was verified: one replaced at the path in between (a concurrent
+    export) is refused."""
+    import shutil
+
+    _, path, _, _ = mlp
+    target = tmp_path / "model.so"
+    shutil.copy(path, target)
+    other = tmp_path / "other.so"
+    shutil.copy(path, other)
+    original = loader.verify_library
+
+    def verify_then_replace(source):
+        meta = original(source)
+        os.replace(other, target)  # the path now names another file
+        return meta
+
+    monkeypatch.setattr(loader, "verify_library", verify_then_replace)
+    with pytest.raises(tvm_spinn.LibraryError, match="changed while it was being loaded"):
+        tvm_spinn.load_module(target)
+
+
 def test_damaged_copies_raise_library_error_fast(mlp, tmp_path):
     """In one subprocess (a crash fails the test): 200 single-bit flips at seeded positions spread
     over the whole file (plus the ELF header and the trailer), and length fields set to 2^32 (a

@@ -165,6 +165,12 @@ def check_elf(path: str) -> None:
             )
 
 
+def _identity(path: str) -> tuple[int, int, int, int]:
+    """(device, inode, size, modification time) of the file at ``path``."""
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 def load_module(path: "str | os.PathLike") -> tvm.runtime.Module:
     """Load a library written by :func:`export_library` after verifying every byte of it.
 
@@ -190,6 +196,7 @@ def load_module(path: "str | os.PathLike") -> tvm.runtime.Module:
     if not os.path.isfile(path):
         raise LibraryError(f"{path}: no such file")
     try:
+        before = _identity(path)
         verify_library(path)
         check_elf(path)
     except OSError as err:
@@ -204,6 +211,14 @@ def load_module(path: "str | os.PathLike") -> tvm.runtime.Module:
         raise ProgramError(f"{path}: {err}") from None
     except Exception as err:
         raise LibraryError(f"{path}: cannot load: {str(err).strip().splitlines()[-1]}") from None
+    # The verified file must be the one TVM read: a file replaced or rewritten at ``path`` in
+    # between (a concurrent export) would otherwise run with its programs' digests unchecked.
+    try:
+        changed = _identity(path) != before
+    except OSError:
+        changed = True
+    if changed:
+        raise LibraryError(f"{path}: the file changed while it was being loaded; load it again")
     if lib.kind != "relax.VMExecutable":
         raise LibraryError(f"{path}: holds a {lib.kind!r} module, not a Relax VM executable")
     return lib
