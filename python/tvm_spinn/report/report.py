@@ -57,12 +57,13 @@ class Report:
 
     def table(self) -> str:
         """Per-layer table as text."""
-        head = (f"{'layer':<28}{'kind':<12}{'mode':<6}{'tiles':>7}{'PEs':>6}{'chips':>6}{'cycles':>12}{'DRAM B':>12}"
+        head = (f"{'layer':<28}{'kind':<12}{'mode':<6}{'tile':>16}{'tiles':>7}{'PEs':>6}{'chips':>6}{'cycles':>12}{'DRAM B':>12}"
                 f"{'NoC B':>12}{'SRAM peak':>11}{'MAC util':>9}")
         rows = [head, "-" * len(head)]
         for row in self.layers:
+            tile = "x".join(str(v) for v in row.get("tile", []))
             rows.append(
-                f"{row['region'] + '.' + row['name']:<28.28}{row['kind']:<12}{row.get('mode', 'fp32'):<6}{row['tiles']:>7}{row['pes']:>6}"
+                f"{row['region'] + '.' + row['name']:<28.28}{row['kind']:<12}{row.get('mode', 'fp32'):<6}{tile:>16.16}{row['tiles']:>7}{row['pes']:>6}"
                 f"{row['chips']:>6}{row['cycles']:>12}{row['dram_bytes']:>12}{row['noc_bytes']:>12}"
                 f"{row['sram_peak']:>11}{row['utilization']:>9.1%}"
             )
@@ -128,8 +129,12 @@ def report(ex) -> Report:
     layers = []
     for i, p in enumerate(programs):
         modes = {layer.name: layer.mode for layer in p.layers}
-        for row in p.timing["layers"]:
-            layers.append(dict(row, region=f"r{i}", mode=modes.get(row["name"], "fp32")))
+        records = p.mapping.get("layers", [])
+        for j, row in enumerate(p.timing["layers"]):
+            # the mapping's decision for the layer: its tile shape and its PE range
+            record = records[j] if j < len(records) else {"tile": [], "pes": [0, 0]}
+            layers.append(dict(row, region=f"r{i}", mode=modes.get(row["name"], "fp32"),
+                               tile=list(record["tile"]), pe_range=list(record["pes"])))
     return Report(
         system=manifest.get("system", arch.name), chips=manifest.get("chips", arch.chips),
         regions=len(programs), pe_utilization=busy / totals["cycles"] if totals["cycles"] else 0.0,
