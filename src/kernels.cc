@@ -543,6 +543,40 @@ int64_t ChunkedI16(const int16_t* a, const int16_t* b, int32_t* c, int64_t k, in
   return ChunkedInt(a, b, c, k, n, i0, i1, j0, j1, chunk, acc_bits);
 }
 
+/*!
+ * \brief Run `block` over the (batch, row block, column block) grid of a batched GEMM, in
+ *        parallel, each thread with its own packing buffers of `Buf` (reused across calls).
+ *        Blocks are finer in n when a layer has fewer blocks than twice the threads; blocking
+ *        only changes which outputs a thread visits, never the k order of an output.
+ */
+template <typename Buf, typename T, typename C, typename Block>
+void PackedBlocks(const T* a, const T* b, C* c, const BatchedGemm& s, int threads, Block block) {
+  const int64_t mc = BlockSize(s.m, kMc, kMr);
+  int64_t nc = BlockSize(s.n, kNc, kNr);
+  const int64_t mb = (s.m + mc - 1) / mc;
+  while (s.batch * mb * ((s.n + nc - 1) / nc) < 2 * int64_t{threads} && nc > 4 * kNr) {
+    nc = ((nc / 2 + kNr - 1) / kNr) * kNr;
+  }
+  const int64_t nb = (s.n + nc - 1) / nc;
+  const int64_t kc = std::min(kKc, std::max<int64_t>(s.k, 1));
+  ParallelFor(s.batch * mb * nb, threads, [&](int64_t t) {
+    thread_local std::unique_ptr<Buf[], AlignedFree> abuf, bbuf;
+    thread_local int64_t abuf_size = 0, bbuf_size = 0;
+    if (abuf_size < mc * kc) {
+      abuf = AlignedBuffer<Buf>(static_cast<size_t>(mc * kc));
+      abuf_size = mc * kc;
+    }
+    if (bbuf_size < nc * kc) {
+      bbuf = AlignedBuffer<Buf>(static_cast<size_t>(nc * kc));
+      bbuf_size = nc * kc;
+    }
+    const int64_t bi = t / (mb * nb), rest = t % (mb * nb);
+    const int64_t i0 = (rest / nb) * mc, j0 = (rest % nb) * nc;
+    block(a + s.a_index[bi] * s.m * s.k, b + s.b_index[bi] * s.k * s.n, c + bi * s.m * s.n, s.k,
+          s.n, i0, std::min(s.m, i0 + mc), j0, std::min(s.n, j0 + nc), abuf.get(), bbuf.get());
+  });
+}
+
 template <typename T, typename Block>
 int64_t GemmIntBatched(const T* a, const T* b, int32_t* c, const BatchedGemm& s, int64_t chunk,
                        int acc_bits, int threads, Block block) {
@@ -554,31 +588,11 @@ int64_t GemmIntBatched(const T* a, const T* b, int32_t* c, const BatchedGemm& s,
   const int64_t max_product = int64_t{1} << (2 * (8 * sizeof(T)) - 2);
   const int64_t acc_max = (int64_t{1} << (acc_bits - 1)) - 1;
   if (std::min(chunk, s.k) <= acc_max / max_product && s.m >= kMr) {  // (few rows: packing costs)
-    const int64_t mc = BlockSize(s.m, kMc, kMr);
-    int64_t nc = BlockSize(s.n, kNc, kNr);
-    const int64_t mb = (s.m + mc - 1) / mc;
-    while (s.batch * mb * ((s.n + nc - 1) / nc) < 2 * int64_t{threads} && nc > 4 * kNr) {
-      nc = ((nc / 2 + kNr - 1) / kNr) * kNr;
-    }
-    const int64_t nb = (s.n + nc - 1) / nc;
-    const int64_t kc = std::min(kKc, std::max<int64_t>(s.k, 1));
-    ParallelFor(s.batch * mb * nb, threads, [&](int64_t t) {
-      thread_local std::unique_ptr<uint32_t[], AlignedFree> abuf, bbuf;
-      thread_local int64_t abuf_size = 0, bbuf_size = 0;
-      if (abuf_size < mc * kc) {
-        abuf = AlignedBuffer<uint32_t>(static_cast<size_t>(mc * kc));
-        abuf_size = mc * kc;
-      }
-      if (bbuf_size < nc * kc) {
-        bbuf = AlignedBuffer<uint32_t>(static_cast<size_t>(nc * kc));
-        bbuf_size = nc * kc;
-      }
-      const int64_t bi = t / (mb * nb), rest = t % (mb * nb);
-      const int64_t i0 = (rest / nb) * mc, j0 = (rest % nb) * nc;
-      GemmWrapBlock(a + s.a_index[bi] * s.m * s.k, b + s.b_index[bi] * s.k * s.n,
-                    c + bi * s.m * s.n, s.k, s.n, i0, std::min(s.m, i0 + mc), j0,
-                    std::min(s.n, j0 + nc), abuf.get(), bbuf.get());
-    });
+    PackedBlocks<uint32_t>(a, b, c, s, threads,
+                           [](const T* ab, const T* bb, int32_t* cb, int64_t k, int64_t n, int64_t i0,
+                              int64_t i1, int64_t j0, int64_t j1, uint32_t* ap, uint32_t* bp) {
+                             GemmWrapBlock(ab, bb, cb, k, n, i0, i1, j0, j1, ap, bp);
+                           });
     return 0;
   }
   const int64_t mb = (s.m + kRows - 1) / kRows, nb = (s.n + kCols - 1) / kCols;
@@ -639,33 +653,11 @@ int SimThreads(int64_t work) { return work < (int64_t{1} << 22) ? 1 : Configured
 
 void GemmF32Batched(const float* a, const float* b, float* c, const BatchedGemm& s, int threads) {
   if (s.batch <= 0 || s.m <= 0 || s.n <= 0 || s.k <= 0) return;
-  const int64_t mc = BlockSize(s.m, kMc, kMr);
-  int64_t nc = BlockSize(s.n, kNc, kNr);
-  const int64_t mb = (s.m + mc - 1) / mc;
-  // Enough blocks for every thread (finer column blocks when a layer has few of them).
-  while (s.batch * mb * ((s.n + nc - 1) / nc) < 2 * int64_t{threads} && nc > 4 * kNr) {
-    nc = ((nc / 2 + kNr - 1) / kNr) * kNr;
-  }
-  const int64_t nb = (s.n + nc - 1) / nc;
-  const int64_t kc = std::min(kKc, s.k);
-  ParallelFor(s.batch * mb * nb, threads, [&](int64_t t) {
-    // Packing buffers per thread, reused across calls.
-    thread_local std::unique_ptr<float[], AlignedFree> abuf, bbuf;
-    thread_local int64_t abuf_size = 0, bbuf_size = 0;
-    if (abuf_size < mc * kc) {
-      abuf = AlignedBuffer<float>(static_cast<size_t>(mc * kc));
-      abuf_size = mc * kc;
-    }
-    if (bbuf_size < nc * kc) {
-      bbuf = AlignedBuffer<float>(static_cast<size_t>(nc * kc));
-      bbuf_size = nc * kc;
-    }
-    const int64_t bi = t / (mb * nb), rest = t % (mb * nb);
-    const int64_t i0 = (rest / nb) * mc, j0 = (rest % nb) * nc;
-    GemmF32Block(a + s.a_index[bi] * s.m * s.k, b + s.b_index[bi] * s.k * s.n,
-                 c + bi * s.m * s.n, s.k, s.n, i0, std::min(s.m, i0 + mc), j0,
-                 std::min(s.n, j0 + nc), abuf.get(), bbuf.get());
-  });
+  PackedBlocks<float>(a, b, c, s, threads,
+                      [](const float* ab, const float* bb, float* cb, int64_t k, int64_t n, int64_t i0,
+                         int64_t i1, int64_t j0, int64_t j1, float* ap, float* bp) {
+                        GemmF32Block(ab, bb, cb, k, n, i0, i1, j0, j1, ap, bp);
+                      });
 }
 
 int64_t GemmI8Batched(const int8_t* a, const int8_t* b, int32_t* c, const BatchedGemm& s,
