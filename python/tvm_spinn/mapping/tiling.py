@@ -125,7 +125,8 @@ def int8_side(program: Program, layer: Layer) -> Int8Side:
 def gemm_tile_cycles(vm: int, vn: int, k: int, k_splits: int, arch: SpinnArch, mode: str = "fp32",
                      side: Int8Side | None = None) -> float:
     """Compute cycles of a ``vm x vn`` GEMM tile with reduction ``k`` in ``k_splits`` chunks
-    (see the module docstring); a float, callers round up."""
+    (see the module docstring); a float, callers round up. ``vm`` and ``vn`` may be int64
+    arrays (one entry per tile): the result is then a float64 array."""
     if mode != "int8":
         return vm * vn * k / arch.m4f_flops_per_cycle
     side = side or Int8Side()
@@ -134,7 +135,8 @@ def gemm_tile_cycles(vm: int, vn: int, k: int, k_splits: int, arch: SpinnArch, m
     sums = side.row_sums or side.col_sums
     per_out = (k_splits - 1) + int(side.fp32_out) + int(sums)
     m4f = per_out * vm * vn * arch.m4f_elementwise_cycles + k * (vm * side.row_sums + vn * side.col_sums)
-    return float(max(array, m4f))
+    longer = np.maximum(array, m4f)
+    return longer.astype(np.float64) if isinstance(longer, np.ndarray) else float(longer)
 
 
 #: Share of a PE's tile SRAM a tile's working buffers may take when a smaller tile also fits;
@@ -465,17 +467,8 @@ def tile_costs(program: Program, index: int, arch: SpinnArch, tile) -> TileTable
             numel = int(np.prod(t[tid].shape, dtype=np.int64))
             size = _itemsize(program, tid)
             w_b = w_b + (size * v * max(1, numel // channels) if numel >= channels else size * numel)
-        if layer.mode != "int8":
-            cycles = np.ceil(vm * vn * g.k / arch.m4f_flops_per_cycle)
-        else:
-            side = side or Int8Side()
-            passes = (-(-vm // arch.mac_rows)) * (-(-vn // arch.mac_cols))
-            array = passes * (g.k + ks * arch.mac_readout_cycles)
-            per_out = (ks - 1) + int(side.fp32_out) + int(side.row_sums or side.col_sums)
-            m4f = per_out * vm * vn * arch.m4f_elementwise_cycles + g.k * (vm * side.row_sums + vn * side.col_sums)
-            cycles = np.ceil(np.maximum(array, m4f).astype(np.float64))
-        sram = 2 * (ae * pm * tk + be * tk * pn) + ACC_BYTES * pm * pn
-        return table(sram, in_b, w_b, oe * vm * vn, cycles)
+        cycles = np.ceil(gemm_tile_cycles(vm, vn, g.k, ks, arch, layer.mode, side))
+        return table(_gemm_tile_bytes(pm, pn, tk, ae, be), in_b, w_b, oe * vm * vn, cycles)
     ie = sum(_itemsize(program, tid) for tid in layer.inputs)
     oe = _itemsize(program, layer.output)
     if layer.kind in ROW_KINDS:

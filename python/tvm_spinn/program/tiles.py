@@ -33,7 +33,8 @@ from .model import Tile
 
 __all__ = [
     "GEMM_KINDS", "ROW_KINDS", "POOL_KINDS", "TileTable", "tile_arity", "region_extent",
-    "expand_regions", "k_splits", "tile_count", "layer_tiles", "layer_tile_shape",
+    "expand_regions", "k_splits", "tile_count", "count_tiles", "splits_of", "chunk_length",
+    "layer_tiles", "layer_tile_shape",
 ]
 
 GEMM_KINDS = ("conv2d", "dense", "matmul")
@@ -66,15 +67,31 @@ def _starts(extent: int, size: int) -> tuple[np.ndarray, np.ndarray]:
     return lo, np.minimum(lo + size, extent)
 
 
-def tile_count(program, index: int, tile) -> int:
-    """How many tiles ``tile`` cuts layer ``index`` into (without expanding them)."""
-    ext = region_extent(program, index)
-    if program.layers[index].kind in GEMM_KINDS:
-        return ext[0] * -(-ext[1] // tile[0]) * -(-ext[2] // tile[1])
+def count_tiles(extent: tuple[int, ...], tile) -> int:
+    """How many tiles ``tile`` cuts an output space ``extent`` (:func:`region_extent`) into:
+    a GEMM's (3-D) batch entries are never split, its ``tk`` does not cut outputs."""
+    if len(extent) == 3:
+        return extent[0] * -(-extent[1] // tile[0]) * -(-extent[2] // tile[1])
     count = 1
-    for e, s in zip(ext, tile):
+    for e, s in zip(extent, tile):
         count *= -(-e // s)
     return count
+
+
+def tile_count(program, index: int, tile) -> int:
+    """How many tiles ``tile`` cuts layer ``index`` into (without expanding them)."""
+    return count_tiles(region_extent(program, index), tile)
+
+
+def splits_of(k: int, tk: int) -> int:
+    """Reduction chunks of a GEMM tile with reduction ``k`` and tile depth ``tk``."""
+    return -(-k // min(int(tk), k)) if k else 1
+
+
+def chunk_length(k: int, tk: int) -> int:
+    """Products per chunk, ``ceil(k / splits)``: what one accumulator takes (same for every
+    chunk but possibly the last)."""
+    return -(-k // splits_of(k, tk)) if k else 1
 
 
 def k_splits(program, index: int, tile) -> int:
@@ -82,8 +99,7 @@ def k_splits(program, index: int, tile) -> int:
     layer = program.layers[index]
     if layer.kind not in GEMM_KINDS:
         return 1
-    k = gemm_shape(program, layer).k
-    return -(-k // min(int(tile[2]), k))
+    return splits_of(gemm_shape(program, layer).k, tile[2])
 
 
 def expand_regions(program, index: int, tile) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

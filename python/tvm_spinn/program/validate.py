@@ -30,7 +30,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .model import ProgramError
-from .tiles import tile_arity
+from .tiles import chunk_length, count_tiles, tile_arity
 
 __all__ = [
     "validate_header", "MAX_RANK", "MAX_ELEMENTS", "DTYPES", "HEADER_KEYS", "TENSOR_KEYS",
@@ -567,18 +567,12 @@ class _Checker:
             first, count = _list(record["pes"], f"{f}.pes", 2)
             _int(first, f"{f}.pes[0]", 0, total - 1)
             _int(count, f"{f}.pes[1]", 1, total - first)
-            if len(extent) == 3:  # GEMM: batch entries are never split; tiles of tm x tn outputs
-                count_tiles = extent[0] * -(-extent[1] // tile[0]) * -(-extent[2] // tile[1])
-            else:
-                count_tiles = 1
-                for e, size in zip(extent, tile):
-                    count_tiles *= -(-e // size)
-            if count_tiles > MAX_TILES:
-                _fail(f"{f}.tile", f"{tile} cuts {count_tiles} tiles, more than {MAX_TILES}")
+            cut = count_tiles(extent, tile)
+            if cut > MAX_TILES:
+                _fail(f"{f}.tile", f"{tile} cuts {cut} tiles, more than {MAX_TILES}")
             if li in int8:
                 k = int8[li]
-                splits = -(-k // min(tile[2], k))
-                chunk = -(-k // splits)
+                chunk = chunk_length(k, tile[2])
                 limit = safe_k_chunk(self.arch)
                 if chunk > limit:
                     _fail(f"{f}.tile[2]", f"k-chunks of {chunk} products overflow the "

@@ -36,7 +36,7 @@ from .. import _lib
 from ..program import Layer, Program, Tile
 from ..program.quant import QUANT_RANGES, requantize, to_signed
 from ..program.gemm import gemm_shape
-from ..program.tiles import k_splits, layer_tile_shape, layer_tiles
+from ..program.tiles import chunk_length, layer_tile_shape, layer_tiles
 
 __all__ = ["MODES", "run_program", "sim_mode"]
 
@@ -394,8 +394,7 @@ def _layer_tiles(program: Program, index: int):
 def _int8_step(program: Program, index: int) -> int | None:
     """k-chunk length of int8 GEMM layer ``index``: ``ceil(K / k_splits)`` of its tiles (one tile
     shape per layer, so they never disagree)."""
-    k = gemm_shape(program, program.layers[index]).k
-    return -(-k // k_splits(program, index, layer_tile_shape(program, index))) if k else 1
+    return chunk_length(gemm_shape(program, program.layers[index]).k, layer_tile_shape(program, index)[2])
 
 
 # -- "layers" mode: every layer whole --------------------------------------------------------
