@@ -12,6 +12,7 @@ from tvm.relax.dpl import is_op, rewrite_call, wildcard
 from ..target.registry import arch_of, get_target
 from .patterns import FallbackReason, spinn_patterns
 from .fold import FoldConstant
+from .pad import FoldPadIntoConv
 from .qweights import UniqueDequantize, hide_quantized_weights, restore_quantized_weights
 from .rewrites import FoldBatchNorm, FoldLayoutConstants
 
@@ -56,6 +57,7 @@ def partition_for_spinn(
         [
             _DecomposeTrainingBatchNorm,  # before anything that assumes running statistics
             _ConvertConvLayout,
+            FoldPadIntoConv,  # TF-style "same" padding: one region instead of one per conv
             FoldLayoutConstants,
             FoldConstant,  # TVM's FoldConstant, legalizing only what can fold (see .fold)
             FoldBatchNorm,
