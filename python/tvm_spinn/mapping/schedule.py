@@ -88,12 +88,32 @@ def _build(program: Program, arch: SpinnArch, mode: str, options: MappingOptions
             best = (plan, program.mapping, timing)
         if not plan.resident_layers:  # nothing kept: streaming gives this very plan
             break
+        if _keeps_every_activation(program, plan, activations):
+            break  # streaming cannot win: see _keeps_every_activation
     plan, program.mapping, program.timing = best
     program.memory = {
         "peak_bytes_max": max(plan.peak_bytes.values(), default=0),
         "resident_bytes_total": sum(plan.resident_bytes.values()),
         "busiest_pe": plan.busiest_pe, "ranges": plan.ranges,
     }
+
+
+def _keeps_every_activation(program: Program, plan, activations: str) -> bool:
+    """Whether ``plan`` keeps on chip every activation any plan could keep.
+
+    Then streaming the weights instead cannot be faster, and the build skips planning and timing
+    it: the streaming plan would keep at most the same activations on chip and fetch every
+    weight, and the timing model's cycles never decrease when a transfer moves from on-chip
+    (resident weights, on-chip activations) to DRAM. Its timing would never be strictly better,
+    and ties keep the weights, so the chosen plan is the same.
+    """
+    if activations == "dram":
+        return True  # neither plan keeps any activation
+    producer = {layer.output for layer in program.layers}
+    consumed = {tid for layer in program.layers for tid in layer.inputs}
+    # the candidates plan_memory considers: temporaries produced and read by layers
+    eligible = {tid for tid in producer & consumed if program.tensors[tid].role == "temp"}
+    return eligible <= set(plan.onchip_tensors)
 
 
 def _plan(program: Program, arch: SpinnArch, weights: str, activations: str, tables):
