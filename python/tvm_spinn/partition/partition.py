@@ -10,7 +10,7 @@ from tvm.relax import transform
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
 from ..target.registry import arch_of, get_target
-from .patterns import FallbackReason, spinn_patterns
+from .patterns import FallbackReason, patterns_for, spinn_patterns
 from .fold import FoldConstant
 from .pad import FoldPadIntoConv
 from .qweights import UniqueDequantize, hide_quantized_weights, restore_quantized_weights
@@ -68,9 +68,7 @@ def partition_for_spinn(
     offload = tvm.transform.Sequential(
         [
             UniqueDequantize,
-            transform.FuseOpsByPattern(
-                spinn_patterns(arch, reasons), bind_constants=True, annotate_codegen=False
-            ),
+            _fuse_spinn_patterns(spinn_patterns(arch, reasons)),
             transform.MergeCompositeFunctions(),
             transform.DeadCodeElimination(),
         ]
@@ -82,6 +80,34 @@ def partition_for_spinn(
     mod = restore_quantized_weights(mod, hidden)
     mod = offload(mod)
     return mod.with_attr("spinn_fallback_reasons", dict(sorted(reasons.reasons.items())))
+
+
+def _called_ops(mod: tvm.IRModule) -> set[str]:
+    """Names of the operators called anywhere in the Relax functions of ``mod``."""
+    ops: set[str] = set()
+
+    def visit(expr) -> None:
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+            ops.add(str(expr.op.name))
+
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return ops
+
+
+def _fuse_spinn_patterns(patterns: list[tuple]) -> tvm.transform.Pass:
+    """``FuseOpsByPattern`` with only the patterns whose operators the module calls.
+
+    Same result as with the whole table (see :func:`.patterns.patterns_for`), without trying
+    ~50 patterns on every binding (a transformer calls the operators of a fifth of them)."""
+
+    @tvm.transform.module_pass(opt_level=0, name="SpinnFuseOpsByPattern")
+    def fuse(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        used = patterns_for(patterns, _called_ops(mod))
+        return transform.FuseOpsByPattern(used, bind_constants=True, annotate_codegen=False)(mod)
+
+    return fuse
 
 
 def recursive_functions(mod: tvm.IRModule) -> list[str]:

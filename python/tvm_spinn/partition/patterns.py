@@ -12,7 +12,9 @@ import logging
 import math
 from typing import Callable
 
+import tvm
 from tvm import relax
+from tvm.relax import dpl
 from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.transform import PatternCheckContext
@@ -20,7 +22,8 @@ from tvm.relax.transform import PatternCheckContext
 from ..mapping.tiling import smallest_gemm_tile_bytes, smallest_pool_tile_bytes, smallest_row_tile_bytes
 from ..target.arch import SpinnArch
 
-__all__ = ["spinn_patterns", "FallbackReason", "SUPPORTED_DTYPES", "QUANTIZED_DTYPES"]
+__all__ = ["spinn_patterns", "patterns_for", "required_ops", "FallbackReason", "SUPPORTED_DTYPES",
+           "QUANTIZED_DTYPES"]
 
 LOG = logging.getLogger("tvm_spinn.partition")
 SUPPORTED_DTYPES = ("float32",)
@@ -489,3 +492,49 @@ def spinn_patterns(arch: SpinnArch, log: FallbackReason | None = None) -> list[t
         _binary("spinn.multiply", "relax.multiply", chk),
         _binary("spinn.divide", "relax.divide", chk),
     ]
+
+
+def required_ops(pattern: DFPattern) -> frozenset:
+    """Names of the operators every match of ``pattern`` calls (a subset where unsure).
+
+    Parameters
+    ----------
+    pattern : DFPattern
+        A dataflow pattern.
+
+    Returns
+    -------
+    frozenset of str
+        Operator names (``"relax.matmul"``...): a module calling none of one of them cannot
+        match ``pattern``. Alternatives (``|``) require only what both sides require; pattern
+        kinds not listed here require nothing.
+    """
+    if isinstance(pattern, dpl.CallPattern):
+        found = set(required_ops(pattern.op))
+        op = getattr(pattern.op, "expr", None) if isinstance(pattern.op, dpl.ExprPattern) else None
+        if isinstance(op, tvm.ir.Op):
+            found.add(str(op.name))
+        for arg in pattern.args or ():
+            found |= required_ops(arg)
+        return frozenset(found)
+    if isinstance(pattern, dpl.OrPattern):
+        return required_ops(pattern.left) & required_ops(pattern.right)
+    if isinstance(pattern, dpl.AndPattern):
+        return required_ops(pattern.left) | required_ops(pattern.right)
+    if isinstance(pattern, dpl.TupleGetItemPattern):
+        return required_ops(pattern.tuple)
+    if isinstance(pattern, dpl.TuplePattern):
+        return frozenset().union(*(required_ops(f) for f in pattern.fields))
+    if isinstance(pattern, (dpl.AttrPattern, dpl.DataTypePattern, dpl.ShapePattern, dpl.TypePattern)):
+        return required_ops(pattern.pattern)
+    return frozenset()
+
+
+def patterns_for(patterns: list[tuple], ops: "set[str] | frozenset") -> list[tuple]:
+    """The entries of ``patterns`` that can match a module calling only the operators ``ops``.
+
+    ``FuseOpsByPattern`` tries every pattern on every binding; most of a model's patterns name
+    operators it never calls (no conv or QDQ in a transformer). Dropping those entries leaves the
+    matches, their order and the checks run (only matches are checked) unchanged.
+    """
+    return [entry for entry in patterns if required_ops(entry[1]) <= ops]
