@@ -80,6 +80,37 @@ std::string Printable(const char* data, size_t n) {
   return out;
 }
 
+void CheckEnd(const Reader& in, size_t size) {
+  if (in.remaining() != 0) {
+    TVM_FFI_THROW(ValueError) << "spinn module: " << in.remaining()
+                              << " trailing bytes after the checksum (container is " << size
+                              << " bytes, expected " << in.offset() << ")";
+  }
+}
+
+/*! \brief The rest of a version-3 container (after the program length): digest, checksum. */
+ModuleContents DecodeExternal(const char* data, size_t size, Reader* in, const char* symbol,
+                              uint32_t sym_len, uint64_t prog_len) {
+  const char* digest = in->Skip(kProgramDigestBytes, "program digest");
+  const size_t checked = in->offset();
+  uint64_t stored = in->ReadLE<uint64_t>("checksum");
+  CheckEnd(*in, size);
+  uint64_t computed = Fnv1a64(data, checked);
+  if (stored != computed) {
+    TVM_FFI_THROW(ValueError) << "spinn module: checksum mismatch (stored 0x" << Hex64(stored)
+                              << ", computed 0x" << Hex64(computed) << "): container is corrupted";
+  }
+  if (sym_len == 0) {
+    TVM_FFI_THROW(ValueError) << "spinn module: empty symbol in container";
+  }
+  ModuleContents out;
+  out.symbol.assign(symbol, sym_len);
+  out.program_size = static_cast<size_t>(prog_len);
+  out.external = true;
+  out.digest.assign(digest, kProgramDigestBytes);
+  return out;
+}
+
 }  // namespace
 
 /*!
@@ -114,6 +145,22 @@ std::string EncodeContainer(const std::string& symbol, const char* program, size
   return out;
 }
 
+std::string EncodeExternalContainer(const std::string& symbol, size_t program_size,
+                                    const char* digest) {
+  if (symbol.size() > std::numeric_limits<uint32_t>::max()) {
+    TVM_FFI_THROW(ValueError) << "spinn module: symbol too long (" << symbol.size() << " bytes)";
+  }
+  std::string out;
+  out.append(kContainerMagic, sizeof(kContainerMagic));
+  PutLE<uint32_t>(&out, kExternalContainerVersion);
+  PutLE<uint32_t>(&out, static_cast<uint32_t>(symbol.size()));
+  out.append(symbol);
+  PutLE<uint64_t>(&out, static_cast<uint64_t>(program_size));
+  out.append(digest, kProgramDigestBytes);
+  PutLE<uint64_t>(&out, Fnv1a64(out.data(), out.size()));
+  return out;
+}
+
 ModuleContents DecodeContainer(const char* data, size_t size) {
   if (data == nullptr && size != 0) {
     TVM_FFI_THROW(ValueError) << "spinn module: null container buffer";
@@ -127,21 +174,19 @@ ModuleContents DecodeContainer(const char* data, size_t size) {
   }
   in.Skip(sizeof(kContainerMagic), "magic");
   uint32_t version = in.ReadLE<uint32_t>("container version");
-  if (version != kContainerVersion) {
+  if (version != kContainerVersion && version != kExternalContainerVersion) {
     TVM_FFI_THROW(ValueError) << "spinn module: unknown container version " << version
-                              << " (this runtime reads version " << kContainerVersion << ")";
+                              << " (this runtime reads versions " << kContainerVersion << " and "
+                              << kExternalContainerVersion << ")";
   }
   uint32_t sym_len = in.ReadLE<uint32_t>("symbol length");
   const char* symbol = in.Skip(sym_len, "symbol");
   uint64_t prog_len = in.ReadLE<uint64_t>("program length");
+  if (version == kExternalContainerVersion) return DecodeExternal(data, size, &in, symbol, sym_len, prog_len);
   const size_t framing = in.offset();
   const char* program = in.Skip(prog_len, "program");
   uint64_t stored = in.ReadLE<uint64_t>("checksum");
-  if (in.remaining() != 0) {
-    TVM_FFI_THROW(ValueError) << "spinn module: " << in.remaining()
-                              << " trailing bytes after the checksum (container is " << size
-                              << " bytes, expected " << in.offset() << ")";
-  }
+  CheckEnd(in, size);
   uint64_t computed = ContainerChecksum(data, framing, program, static_cast<size_t>(prog_len));
   if (stored != computed) {
     TVM_FFI_THROW(ValueError) << "spinn module: checksum mismatch (stored 0x" << Hex64(stored)

@@ -12,6 +12,14 @@
 //                       "SPINNPRG"), whose BLAKE2b-256 digest of every other byte the validator
 //                       verifies at load; else of the whole program. So a module of hundreds of
 //                       MB of weights is not hashed twice.
+//
+// Version 3 (an *external* program, written only while a sealed library is exported, see
+// python/tvm_spinn/runtime/loader.py): the program bytes are not in the container but after the
+// ELF contents of the library file, where they can be memory-mapped instead of being copied by
+// TVM's loader (twice) and by this module. The container then names them:
+//   magic, version (3), sym_len, symbol, prog_len   as above
+//   digest     32 bytes  the program's trailing BLAKE2b-256 digest (its identity in the file)
+//   checksum   u64       FNV-1a 64 of every byte before it
 #ifndef TVM_SPINN_CONTAINER_H_
 #define TVM_SPINN_CONTAINER_H_
 
@@ -23,6 +31,10 @@ namespace tvm_spinn {
 
 constexpr char kContainerMagic[8] = {'S', 'P', 'I', 'N', 'N', 'M', 'O', 'D'};
 constexpr uint32_t kContainerVersion = 2;
+/*! \brief Version of a container naming an external program (see the layout above). */
+constexpr uint32_t kExternalContainerVersion = 3;
+/*! \brief Bytes of a spinn program's trailing digest. */
+constexpr size_t kProgramDigestBytes = 32;
 
 /*!
  * \brief What a valid container holds. `program` points into the decoded buffer (no copy): it
@@ -30,12 +42,21 @@ constexpr uint32_t kContainerVersion = 2;
  */
 struct ModuleContents {
   std::string symbol;
-  const char* program = nullptr;
+  const char* program = nullptr;  // nullptr for an external program (version 3)
   size_t program_size = 0;
+  bool external = false;
+  std::string digest;  // external only: the program's trailing digest
 };
 
 /*! \brief Serialize symbol + program ([program, program + program_size)) into the container. */
 std::string EncodeContainer(const std::string& symbol, const char* program, size_t program_size);
+
+/*!
+ * \brief Serialize a version-3 container naming the external program of `program_size` bytes
+ *        whose trailing digest is `digest` (kProgramDigestBytes bytes).
+ */
+std::string EncodeExternalContainer(const std::string& symbol, size_t program_size,
+                                    const char* digest);
 
 /*!
  * \brief Parse and validate a container. The checksum is computed over the buffer in place,

@@ -6,7 +6,16 @@
 // error (tvm_spinn.ProgramError, naming the defective field) propagates out of
 // tvm.runtime.load_module. The library alone (without the tvm_spinn package) has no validator
 // and no executor either, so such a module cannot run until the package validates it.
+//
+// A module holds its program either as bytes (created by the compiler, or loaded from a
+// version-2 container) or as a uint8 tensor over memory the package owns (a version-3 container:
+// the program lies after the ELF contents of a sealed library and is mapped, not copied; the
+// package's resolver, kResolveFunc, hands out the view). While the package exports a sealed
+// library (BeginExternalExport .. EndExternalExport), SaveToBytes writes version-3 containers and
+// collects the programs for the package to append to the file.
 #include <tvm/ffi/any.h>
+#include <tvm/ffi/container/array.h>
+#include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/error.h>
 #include <tvm/ffi/extra/module.h>
 #include <tvm/ffi/function.h>
@@ -15,6 +24,7 @@
 #include <tvm/ffi/string.h>
 
 #include <atomic>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <utility>
@@ -30,6 +40,25 @@ namespace ffi = tvm::ffi;
 constexpr const char* kExecuteFunc = "tvm_spinn.runtime.execute";
 /*! \brief Name of the Python-registered program validator (see the file comment). */
 constexpr const char* kValidateFunc = "tvm_spinn.runtime.validate_program";
+/*! \brief Name of the Python-registered resolver of external programs (see the file comment). */
+constexpr const char* kResolveFunc = "tvm_spinn.runtime.resolve_program";
+
+/*!
+ * \brief Programs SaveToBytes moved out of their containers during this thread's export of a
+ *        sealed library (TVM serializes the import tree on the calling thread).
+ */
+struct ExternalExport {
+  bool active = false;
+  std::vector<ffi::Any> programs;
+};
+thread_local ExternalExport external_export;
+
+/*! \brief Whether `data` is a spinn program (magic and room for its trailing digest). */
+bool IsSpinnProgram(const char* data, size_t size) {
+  static constexpr char kProgramMagic[8] = {'S', 'P', 'I', 'N', 'N', 'P', 'R', 'G'};
+  return size >= sizeof(kProgramMagic) + kProgramDigestBytes &&
+         std::memcmp(data, kProgramMagic, sizeof(kProgramMagic)) == 0;
+}
 
 /*!
  * \brief Key of the executor's parsed-program cache: unique to each module object in the
@@ -46,9 +75,23 @@ class SpinnModuleObj final : public ffi::ModuleObj {
   SpinnModuleObj(ffi::String symbol, ffi::Bytes program)
       : symbol_(std::move(symbol)),
         program_(std::move(program)),
+        data_(program_.data()),
+        size_(program_.size()),
         key_(NewModuleKey()) {
     ffi::Bytes captured = program_;
     program_getter_ = ffi::Function::FromTyped([captured]() -> ffi::Bytes { return captured; });
+  }
+
+  /*! \brief A module whose program is `mapped` (1-D uint8, contiguous, on the host). */
+  SpinnModuleObj(ffi::String symbol, ffi::Tensor mapped)
+      : symbol_(std::move(symbol)),
+        mapped_(std::move(mapped)),
+        data_(static_cast<const char*>(mapped_.value().GetDLTensorPtr()->data) +
+              mapped_.value().GetDLTensorPtr()->byte_offset),
+        size_(static_cast<size_t>(mapped_.value().GetDLTensorPtr()->shape[0])),
+        key_(NewModuleKey()) {
+    ffi::Tensor captured = mapped_.value();
+    program_getter_ = ffi::Function::FromTyped([captured]() -> ffi::Tensor { return captured; });
   }
 
   const char* kind() const final { return "spinn"; }
@@ -60,6 +103,13 @@ class SpinnModuleObj final : public ffi::ModuleObj {
   ffi::Optional<ffi::Function> GetFunction(const ffi::String& name) final {
     if (name == symbol_) return MakeEntry();
     if (name == "get_program") {
+      if (mapped_.has_value()) {  // a copy, made only when asked for (reports, tests)
+        ffi::Tensor mapped = mapped_.value();
+        const char* data = data_;
+        size_t size = size_;
+        return ffi::Function::FromTyped(
+            [mapped, data, size]() -> ffi::Bytes { return ffi::Bytes(data, size); });
+      }
       ffi::Bytes program = program_;
       return ffi::Function::FromTyped([program]() -> ffi::Bytes { return program; });
     }
@@ -75,19 +125,24 @@ class SpinnModuleObj final : public ffi::ModuleObj {
   }
 
   ffi::Bytes SaveToBytes() const final {
-    return ffi::Bytes(EncodeContainer(std::string(symbol_.data(), symbol_.size()),
-                                      program_.data(), program_.size()));
+    std::string symbol(symbol_.data(), symbol_.size());
+    if (external_export.active && IsSpinnProgram(data_, size_)) {
+      external_export.programs.push_back(Program());
+      return ffi::Bytes(
+          EncodeExternalContainer(symbol, size_, data_ + size_ - kProgramDigestBytes));
+    }
+    return ffi::Bytes(EncodeContainer(symbol, data_, size_));
   }
 
   /*! \brief Run the Python validator on this module's program, if one is registered. */
   void Validate() const {
     std::optional<ffi::Function> validate = ffi::Function::GetGlobal(kValidateFunc);
-    if (validate.has_value()) (*validate)(symbol_, program_, key_);
+    if (validate.has_value()) (*validate)(symbol_, Program(), key_);
   }
 
   ffi::String InspectSource(const ffi::String& format) const final {
     return ffi::String("spinn module: symbol=" + std::string(symbol_) + " key=" +
-                       std::string(key_) + " program_bytes=" + std::to_string(program_.size()));
+                       std::string(key_) + " program_bytes=" + std::to_string(size_));
   }
 
  private:
@@ -116,8 +171,17 @@ class SpinnModuleObj final : public ffi::ModuleObj {
     });
   }
 
+  /*! \brief The program as handed to Python: bytes, or the mapped tensor (no copy). */
+  ffi::Any Program() const {
+    if (mapped_.has_value()) return mapped_.value();
+    return program_;
+  }
+
   ffi::String symbol_;
-  ffi::Bytes program_;
+  ffi::Bytes program_;                   // inline programs
+  ffi::Optional<ffi::Tensor> mapped_;    // external programs (program_ is then empty)
+  const char* data_;
+  size_t size_;
   ffi::String key_;
   ffi::Function program_getter_;
 };
@@ -131,11 +195,55 @@ ffi::Module CreateSpinnModule(const ffi::String& symbol, const ffi::Bytes& progr
   return ffi::Module(obj);
 }
 
+/*! \brief The module of a version-3 container: its program from the package's resolver. */
+ffi::Module LoadExternalModule(const ModuleContents& contents) {
+  std::optional<ffi::Function> resolve = ffi::Function::GetGlobal(kResolveFunc);
+  if (!resolve.has_value()) {
+    TVM_FFI_THROW(ValueError) << "spinn module `" << contents.symbol
+                              << "`: its program is stored after the library's ELF contents; "
+                                 "import tvm_spinn and load the library with "
+                                 "tvm_spinn.load_module";
+  }
+  ffi::Tensor mapped = (*resolve)(ffi::Bytes(contents.digest), static_cast<int64_t>(contents.program_size))
+                           .cast<ffi::Tensor>();
+  // The resolver is Python code: check what the module will read through the pointer.
+  const DLTensor* t = mapped.GetDLTensorPtr();
+  bool ok = t->device.device_type == kDLCPU && t->ndim == 1 && t->dtype.code == kDLUInt &&
+            t->dtype.bits == 8 && t->dtype.lanes == 1 &&
+            static_cast<uint64_t>(t->shape[0]) == contents.program_size &&
+            (t->strides == nullptr || t->strides[0] == 1);
+  const char* data = ok ? static_cast<const char*>(t->data) + t->byte_offset : nullptr;
+  if (!ok || !IsSpinnProgram(data, contents.program_size) ||
+      std::memcmp(data + contents.program_size - kProgramDigestBytes, contents.digest.data(),
+                  kProgramDigestBytes) != 0) {
+    TVM_FFI_THROW(ValueError) << "spinn module `" << contents.symbol
+                              << "`: the resolved program does not match its container (size "
+                              << contents.program_size << " and digest)";
+  }
+  auto obj = ffi::make_object<SpinnModuleObj>(ffi::String(contents.symbol), std::move(mapped));
+  obj->Validate();
+  return ffi::Module(obj);
+}
+
 ffi::Module LoadSpinnModuleFromBytes(const ffi::Bytes& bytes) {
-  // The container checksum is verified in place; the program is copied once, into the module.
+  // The container checksum is verified in place; an inline program is copied once, into the
+  // module; an external one is not copied at all.
   ModuleContents contents = DecodeContainer(bytes.data(), bytes.size());
+  if (contents.external) return LoadExternalModule(contents);
   return CreateSpinnModule(ffi::String(contents.symbol),
                            ffi::Bytes(contents.program, contents.program_size));
+}
+
+void BeginExternalExport() {
+  external_export.active = true;
+  external_export.programs.clear();
+}
+
+ffi::Array<ffi::Any> EndExternalExport() {
+  ffi::Array<ffi::Any> out(external_export.programs.begin(), external_export.programs.end());
+  external_export.active = false;
+  external_export.programs.clear();
+  return out;
 }
 
 ffi::Bytes ModuleSaveToBytes(const ffi::Module& mod) {
@@ -154,7 +262,11 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("ffi.Module.load_from_bytes.spinn", LoadSpinnModuleFromBytes,
            "Deserialize a spinn module from its versioned container bytes.")
       .def("tvm_spinn.runtime.save_to_bytes", ModuleSaveToBytes,
-           "Return Module::SaveToBytes() of a binary-serializable module.");
+           "Return Module::SaveToBytes() of a binary-serializable module.")
+      .def("tvm_spinn.runtime.begin_external_export", BeginExternalExport,
+           "On this thread, SaveToBytes moves spinn programs out of their containers.")
+      .def("tvm_spinn.runtime.end_external_export", EndExternalExport,
+           "Stop moving programs out; return those moved since begin_external_export, in order.");
 }
 
 }  // namespace tvm_spinn

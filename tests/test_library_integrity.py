@@ -66,14 +66,14 @@ def test_a_file_replaced_during_the_load_is_refused(mlp, tmp_path, monkeypatch):
     shutil.copy(path, target)
     other = tmp_path / "other.so"
     shutil.copy(path, other)
-    original = loader.verify_library
+    original = loader._verify  # load_module's verification (it keeps the verified map)
 
     def verify_then_replace(source):
-        meta = original(source)
+        verified = original(source)
         os.replace(other, target)  # the path now names another file
-        return meta
+        return verified
 
-    monkeypatch.setattr(loader, "verify_library", verify_then_replace)
+    monkeypatch.setattr(loader, "_verify", verify_then_replace)
     with pytest.raises(tvm_spinn.LibraryError, match="changed while it was being loaded"):
         tvm_spinn.load_module(target)
 

@@ -137,8 +137,8 @@ class Program:
         return b"".join([head, *parts, digest.digest()])
 
     @classmethod
-    def from_bytes(cls, data: bytes, verify_checksum: bool = True) -> "Program":
-        """Parse and validate untrusted bytes.
+    def from_bytes(cls, data: "bytes | memoryview", verify_checksum: bool = True) -> "Program":
+        """Parse and validate untrusted bytes (``bytes`` or any buffer, read in place).
 
         ``verify_checksum=False`` skips only the digest pass over the contents, for bytes the
         caller has just produced with :meth:`to_bytes` (the compiler); every other check runs.
@@ -155,15 +155,20 @@ class Program:
         """
         from .validate import validate_header
 
-        data = bytes(data)
-        if len(data) < 24 + 8 + CHECKSUM_BYTES or data[:8] != PROGRAM_MAGIC:
+        if type(data) is not bytes:
+            # Any buffer (a memoryview of a mapped library): read in place, never copied; it
+            # is read-only, so constant views over it (np.frombuffer) are read-only as well.
+            data = memoryview(data).cast("B")
+            if not data.readonly:
+                data = data.toreadonly()
+        if len(data) < 24 + 8 + CHECKSUM_BYTES or bytes(data[:8]) != PROGRAM_MAGIC:
             raise ProgramError("magic: not a spinn program (bad magic or shorter than its header)")
         version, reserved, hlen = struct.unpack_from("<IIQ", data, 8)
         if version not in _READABLE_VERSIONS:
             raise ProgramError(f"version: spinn program format version {version} is not supported "
                                f"(this runtime reads {', '.join(map(str, _READABLE_VERSIONS))}; "
                                "rebuild the model with this tvm-spinn)")
-        if verify_checksum and _checksum(memoryview(data)[:-CHECKSUM_BYTES]) != data[-CHECKSUM_BYTES:]:
+        if verify_checksum and _checksum(memoryview(data)[:-CHECKSUM_BYTES]) != bytes(data[-CHECKSUM_BYTES:]):
             raise ProgramError("checksum: spinn program checksum mismatch (truncated or corrupt)")
         if reserved != 0:
             raise ProgramError(f"reserved: must be 0, got {reserved}")
@@ -172,7 +177,7 @@ class Program:
             raise ProgramError(f"header length: {hlen} bytes does not fit the {len(data)}-byte program "
                                f"(or exceeds the {MAX_HEADER_BYTES}-byte cap)")
         pos = 24 + hlen
-        header = _parse_header(data[24:pos])
+        header = _parse_header(bytes(data[24:pos]))
         pos += -pos % _ALIGN
         if pos + 8 + CHECKSUM_BYTES > len(data):
             raise ProgramError("blob length: program truncated before the constant blob")

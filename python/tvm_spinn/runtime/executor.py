@@ -65,10 +65,21 @@ def load_program(key: str, getter) -> Program:
         if program is not None:
             _CACHE.move_to_end(key)
             return program
-    raw = bytes(getter())
+    raw = _program_buffer(getter())
     program = Program.from_bytes(raw)
     _remember(key, program, len(raw))
     return program
+
+
+def _program_buffer(data):
+    """A module's program as Python reads it: ``bytes`` as they are; a program mapped from a
+    sealed library (a uint8 ``tvm_ffi.Tensor`` over the file's memory map) as a read-only view,
+    without a copy, so the constants parsed from it cannot be written through."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return data
+    array = _from_dlpack(data)
+    array.flags.writeable = False
+    return memoryview(array)
 
 
 class compiled:  # noqa: N801 - a context manager used like a function
@@ -107,8 +118,10 @@ def validate_program(symbol: str, data: bytes, key: str) -> None:
     ----------
     symbol : str
         The module's global symbol; the program must implement it.
-    data : bytes
-        The serialized program (or, for the compile manifest module, its manifest).
+    data : bytes or tvm_ffi.Tensor
+        The serialized program (or, for the compile manifest module, its manifest); a program
+        stored after the ELF contents of a sealed library arrives as a uint8 tensor over the
+        library's memory map (read in place, never copied).
     key : str
         The module's content key; the parsed program is cached under it for the first call.
 
@@ -120,7 +133,7 @@ def validate_program(symbol: str, data: bytes, key: str) -> None:
     from ..program.manifest import MANIFEST_MAGIC, MANIFEST_SYMBOL
 
     if symbol == MANIFEST_SYMBOL:  # a JSON document for reports, never executed
-        raw = bytes(data)
+        raw = bytes(_program_buffer(data))
         try:
             ok = raw.startswith(MANIFEST_MAGIC) and type(json.loads(raw[len(MANIFEST_MAGIC):])) is dict
         except (ValueError, RecursionError):
@@ -129,8 +142,9 @@ def validate_program(symbol: str, data: bytes, key: str) -> None:
             raise ProgramError(f"manifest: module {MANIFEST_SYMBOL} does not hold a JSON manifest")
         return
     trusted = getattr(_COMPILED, "data", None)
-    raw = bytes(data)
-    verified = getattr(_COMPILED, "sealed", False) or (trusted is not None and raw == trusted)
+    raw = _program_buffer(data)
+    verified = getattr(_COMPILED, "sealed", False) or (
+        trusted is not None and type(raw) is bytes and raw == trusted)
     program = Program.from_bytes(raw, verify_checksum=not verified)
     if program.symbol != symbol:
         raise ProgramError(f"symbol: the program implements {program.symbol!r}, its module is {symbol!r}")

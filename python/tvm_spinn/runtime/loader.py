@@ -5,15 +5,23 @@ imported module from it; a damaged file makes TVM's loader fault (SIGSEGV, SIGBU
 the process, or allocate gigabytes for a corrupted length field before it fails. No check inside
 TVM's formats can prevent that, so the whole artifact is sealed instead:
 
-* :func:`export_library` writes the library (TVM's ``export_library``) and appends an *integrity
-  trailer*: a small JSON record and a fixed footer (magic, lengths, format version) with a BLAKE2b
-  digest of every byte before it. The dynamic loader ignores bytes after the ELF contents, so the
-  file is still an ordinary shared library. With ``tvm_spinn`` imported, ``ex.export_library``
-  of an executable that contains spinn modules goes through the same function.
+* :func:`export_library` writes the library (TVM's ``export_library``), then the spinn programs
+  (weights included) *after* the ELF contents, then an *integrity trailer*: a small JSON record
+  (which also locates each program by its digest) and a fixed footer (magic, lengths, format
+  version) with a SHA-256 digest of every byte before it. The dynamic loader ignores bytes after
+  the ELF contents, so the file is still an ordinary shared library. With ``tvm_spinn``
+  imported, ``ex.export_library`` of an executable that contains spinn modules goes through the
+  same function.
 * :func:`load_module` verifies the trailer (lengths against the file size first, then the digest,
   a tree of per-segment digests computed on every core from a memory map: constant memory) and
   the ELF structure *before* TVM sees the file, so a
   corrupted, truncated or foreign file is one :class:`LibraryError` naming the file and the defect.
+  The programs are then read in place from that same verified memory map: TVM's loader would
+  copy every byte of a module it deserializes twice, and hundreds of MB of weights made those
+  copies most of the time to the first result.
+
+The library file must not be rewritten in place while it is loaded (as for any shared library
+the process has mapped); :func:`export_library` replaces a file atomically, which is safe.
 
 A library without the trailer (exported by plain TVM, stripped, or any other shared object) is
 refused with a :class:`LibraryError` that says so: its contents cannot be verified, and only a
@@ -28,12 +36,15 @@ import mmap
 import os
 import struct
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 import tvm
+import tvm_ffi
 
-from ..program.format import ProgramError
+from ..program.format import CHECKSUM_BYTES, ProgramError
 
 __all__ = ["load_module", "export_library", "install_export_hook", "LibraryError", "check_elf",
            "verify_library", "file_mode", "TRAILER_MAGIC"]
@@ -45,37 +56,55 @@ class LibraryError(ValueError):
 
 #: Last 8 bytes of a sealed library.
 TRAILER_MAGIC = b"SPNNSEAL"
-_VERSION = 2  # 2: segment-tree digest (1 hashed the file sequentially)
+# 3: SHA-256 segment tree, programs after the ELF contents (located by the record's "programs");
+# 2: BLAKE2b-256 segment tree, programs inside TVM's module blob (still read); 1: sequential.
+_VERSION = 3
+# SHA-256 runs on the CPU's SHA extensions where present: about twice BLAKE2b's throughput.
+_HASHES = {2: lambda data=b"": hashlib.blake2b(data, digest_size=_DIGEST_SIZE),
+           3: hashlib.sha256}
 # Footer (at the very end of the file): body_len u64, meta_len u32, version u32, digest, magic.
 _DIGEST_SIZE = 32
+#: Alignment of each program in the file (a memory map is page-aligned; constants stay aligned).
+_PROGRAM_ALIGN = 64
 _FOOTER = struct.Struct(f"<QII{_DIGEST_SIZE}s8s")
 _MAX_META = 1 << 20  # the JSON record is a few hundred bytes; anything larger is damage
 #: Bytes per leaf of the digest tree (see :func:`_digest`).
 _SEGMENT = 32 << 20
 
 
-def _digest(f, length: int, extra: bytes) -> bytes:
-    """Digest of the first ``length`` bytes of ``f`` followed by ``extra``: BLAKE2b-256 over the
-    BLAKE2b-256 digests of consecutive :data:`_SEGMENT`-byte segments, then ``extra``.
+def _map(f, length: int) -> "mmap.mmap | None":
+    """A private (copy-on-write) map of the first ``length`` bytes of ``f``: writable, so numpy
+    views of it can be handed to the C++ module (DLPack exports no read-only arrays); nothing
+    writes it, and the views the runtime parses are marked read-only."""
+    return mmap.mmap(f.fileno(), length, access=mmap.ACCESS_COPY) if length else None
+
+
+def _digest(mapped: "mmap.mmap | None", length: int, extra: bytes, version: int = _VERSION) -> bytes:
+    """Digest of the first ``length`` bytes of ``mapped`` followed by ``extra``: the version's
+    hash (:data:`_HASHES`) over the hashes of consecutive :data:`_SEGMENT`-byte segments, then
+    ``extra``.
 
     The file is mapped, not read (constant memory), and the segments are hashed on every core
     (hashlib releases the GIL): a library of hundreds of MB is verified in a fraction of the
     time of one sequential pass."""
+    new = _HASHES[version]
     leaves: list[bytes] = []
     if length:
         spans = [(start, min(start + _SEGMENT, length)) for start in range(0, length, _SEGMENT)]
-        with mmap.mmap(f.fileno(), length, access=mmap.ACCESS_READ) as mapped:
-            view = memoryview(mapped)
-            try:
-                def leaf(span: tuple[int, int]) -> bytes:
-                    return hashlib.blake2b(view[span[0]:span[1]], digest_size=_DIGEST_SIZE).digest()
+        view = memoryview(mapped)
+        try:
+            def leaf(span: tuple[int, int]) -> bytes:
+                return new(view[span[0]:span[1]]).digest()
 
-                workers = max(1, min(len(spans), os.cpu_count() or 1))
+            workers = max(1, min(len(spans), os.cpu_count() or 1))
+            if workers == 1:
+                leaves = [leaf(span) for span in spans]
+            else:
                 with ThreadPoolExecutor(max_workers=workers) as pool:
                     leaves = list(pool.map(leaf, spans))
-            finally:
-                view.release()
-    h = hashlib.blake2b(digest_size=_DIGEST_SIZE)
+        finally:
+            view.release()
+    h = new()
     for d in leaves:
         h.update(d)
     h.update(extra)
@@ -88,7 +117,12 @@ def _seal(path: str, meta: dict[str, Any]) -> None:
     record = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
     with open(path, "r+b") as f:
         head = struct.pack("<QII", body_len, len(record), _VERSION)
-        digest = _digest(f, body_len, record + head)
+        mapped = _map(f, body_len)
+        try:
+            digest = _digest(mapped, body_len, record + head)
+        finally:
+            if mapped is not None:
+                mapped.close()
         f.seek(body_len)
         f.write(record + _FOOTER.pack(body_len, len(record), _VERSION, digest, TRAILER_MAGIC))
         f.flush()
@@ -104,42 +138,84 @@ def verify_library(path: str) -> dict[str, Any]:
         The file has no trailer (not exported by tvm-spinn), inconsistent lengths (truncated or
         extended), a digest mismatch (any changed byte), or an unreadable record.
     """
+    meta, mapped = _verify(path)
+    if mapped is not None:
+        mapped.close()
+    return meta
+
+
+def _footer(f, path: str, size: int) -> tuple[int, int, int, bytes]:
+    """(body_len, meta_len, version, digest) of the trailer of ``f``, lengths checked."""
+    if size >= _FOOTER.size:
+        f.seek(size - _FOOTER.size)
+        footer = f.read(_FOOTER.size)
+    else:
+        footer = b""
+    if len(footer) != _FOOTER.size or footer[-8:] != TRAILER_MAGIC:
+        raise LibraryError(
+            f"{path}: not a library exported by tvm-spinn (no integrity trailer; the file is "
+            f"damaged, truncated, or was written by plain TVM or another tool). Export it with "
+            f"tvm_spinn.export_library(ex, path) (`ex.export_library` of a spinn build does this)"
+        )
+    body_len, meta_len, version, digest, _ = _FOOTER.unpack(footer)
+    if version not in _HASHES:
+        raise LibraryError(f"{path}: integrity trailer version {version}, this tvm-spinn reads "
+                           f"versions {', '.join(map(str, _HASHES))}")
+    # Lengths are checked against the file size before anything is read or allocated.
+    if meta_len > _MAX_META or body_len + meta_len + _FOOTER.size != size:
+        raise LibraryError(
+            f"{path}: damaged or truncated (the trailer records {body_len} + {meta_len} + "
+            f"{_FOOTER.size} bytes, the file has {size})"
+        )
+    return body_len, meta_len, version, digest
+
+
+def _programs(meta: dict[str, Any], body_len: int, path: str) -> dict[bytes, tuple[int, int]]:
+    """The record's program locations: {digest: (offset, size)}, each inside the body."""
+    out: dict[bytes, tuple[int, int]] = {}
+    entries = meta.get("programs", [])
+    if not isinstance(entries, list):
+        raise LibraryError(f"{path}: unreadable integrity record: programs is not a list")
+    for entry in entries:
+        try:
+            digest, offset, size = entry
+            key = bytes.fromhex(digest)
+            ok = (len(key) == CHECKSUM_BYTES and type(offset) is int and type(size) is int
+                  and 0 <= offset and CHECKSUM_BYTES <= size and offset + size <= body_len)
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise LibraryError(f"{path}: unreadable integrity record: bad program entry {entry!r:.200}")
+        out[key] = (offset, size)
+    return out
+
+
+def _verify(path: str) -> tuple[dict[str, Any], "mmap.mmap | None"]:
+    """:func:`verify_library`, also returning the verified memory map of the body (the
+    caller closes it), from which the programs are read (see :func:`_locations`)."""
     size = os.path.getsize(path)
     with open(path, "rb") as f:
-        if size >= _FOOTER.size:
-            f.seek(size - _FOOTER.size)
-            footer = f.read(_FOOTER.size)
-        else:
-            footer = b""
-        if len(footer) != _FOOTER.size or footer[-8:] != TRAILER_MAGIC:
-            raise LibraryError(
-                f"{path}: not a library exported by tvm-spinn (no integrity trailer; the file is "
-                f"damaged, truncated, or was written by plain TVM or another tool). Export it with "
-                f"tvm_spinn.export_library(ex, path) (`ex.export_library` of a spinn build does this)"
-            )
-        body_len, meta_len, version, digest, _ = _FOOTER.unpack(footer)
-        if version != _VERSION:
-            raise LibraryError(f"{path}: integrity trailer version {version}, this tvm-spinn reads "
-                               f"version {_VERSION}")
-        # Lengths are checked against the file size before anything is read or allocated.
-        if meta_len > _MAX_META or body_len + meta_len + _FOOTER.size != size:
-            raise LibraryError(
-                f"{path}: damaged or truncated (the trailer records {body_len} + {meta_len} + "
-                f"{_FOOTER.size} bytes, the file has {size})"
-            )
+        body_len, meta_len, version, digest = _footer(f, path, size)
         f.seek(body_len)
         record = f.read(meta_len)
         head = struct.pack("<QII", body_len, meta_len, version)
-        if _digest(f, body_len, record + head) != digest:
-            raise LibraryError(f"{path}: damaged (BLAKE2b digest mismatch: the contents changed "
-                               f"after export)")
+        mapped = _map(f, body_len)
     try:
-        meta = json.loads(record)
-        if not isinstance(meta, dict):
-            raise ValueError("not an object")
-    except ValueError as err:
-        raise LibraryError(f"{path}: unreadable integrity record: {err}") from None
-    return meta
+        if _digest(mapped, body_len, record + head, version) != digest:
+            raise LibraryError(f"{path}: damaged (digest mismatch: the contents changed after "
+                               f"export)")
+        try:
+            meta = json.loads(record)
+            if not isinstance(meta, dict):
+                raise ValueError("not an object")
+        except ValueError as err:
+            raise LibraryError(f"{path}: unreadable integrity record: {err}") from None
+        _programs(meta, body_len, path)
+    except BaseException:
+        if mapped is not None:
+            mapped.close()
+        raise
+    return meta, mapped
 
 
 def check_elf(path: str) -> None:
@@ -171,6 +247,74 @@ def _identity(path: str) -> tuple[int, int, int, int]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
+def _locations(meta: dict[str, Any], mapped: "mmap.mmap | None", path: str):
+    """(mapped, {digest: (offset, size)}) of the programs stored after the ELF contents."""
+    return mapped, _programs(meta, len(mapped) if mapped is not None else 0, path)
+
+
+# While tvm_spinn.load_module has TVM load a verified library on this thread: (memory map of
+# its body, program locations), for _resolve_program.
+_LOADING = threading.local()
+# (identity, mapped, locations) of the library a plain tvm.runtime.load_module last resolved.
+_FOUND: list = []
+
+
+def _mapped_paths() -> list[str]:
+    """Files mapped into this process (the libraries dlopen has loaded among them)."""
+    paths: dict[str, None] = {}
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                fields = line.split(maxsplit=5)
+                if len(fields) == 6 and fields[5].startswith("/"):
+                    paths[fields[5].rstrip("\n")] = None
+    except OSError:
+        pass
+    return list(reversed(paths))
+
+
+def _find_mapped(digest: bytes):
+    """Locate ``digest`` for a plain ``tvm.runtime.load_module`` (no tvm_spinn.load_module
+    verification): in the sealed libraries mapped into the process. The trailer is not
+    verified here, so the program's own digest pass runs (see executor.validate_program)."""
+    if _FOUND and digest in _FOUND[0][2]:
+        return _FOUND[0][1], _FOUND[0][2]
+    for path in _mapped_paths():
+        try:
+            size = os.path.getsize(path)
+            with open(path, "rb") as f:
+                body_len, meta_len, version, _ = _footer(f, path, size)
+                if version < 3:
+                    continue
+                f.seek(body_len)
+                locations = _programs(json.loads(f.read(meta_len)), body_len, path)
+                if digest not in locations:
+                    continue
+                mapped = _map(f, body_len)
+            _FOUND[:] = [(_identity(path), mapped, locations)]
+            return mapped, locations
+        except (OSError, ValueError, AttributeError, TypeError):  # LibraryError is a ValueError
+            continue
+    raise LibraryError(f"spinn program {digest.hex()[:16]}...: stored after the ELF contents of "
+                       f"a sealed library that is not mapped in this process; load the library "
+                       f"with tvm_spinn.load_module")
+
+
+@tvm_ffi.register_global_func("tvm_spinn.runtime.resolve_program", override=True)
+def _resolve_program(digest: bytes, size: int) -> tvm_ffi.Tensor:
+    """The program of a version-3 spinn module container (called from C++ while TVM loads a
+    library): a uint8 tensor over the library's memory map, no copy. The C++ module checks its
+    size and trailing digest against the container."""
+    digest = bytes(digest)
+    loading = getattr(_LOADING, "programs", None)
+    mapped, locations = loading if loading is not None else _find_mapped(digest)
+    where = locations.get(digest)
+    if where is None or where[1] != size:
+        raise LibraryError(f"spinn program {digest.hex()[:16]}...: not in the library's record "
+                           f"(or not {size} bytes)")
+    return tvm_ffi.from_dlpack(np.frombuffer(mapped, dtype=np.uint8, count=size, offset=where[0]))
+
+
 def load_module(path: "str | os.PathLike") -> tvm.runtime.Module:
     """Load a library written by :func:`export_library` after verifying every byte of it.
 
@@ -195,22 +339,33 @@ def load_module(path: "str | os.PathLike") -> tvm.runtime.Module:
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise LibraryError(f"{path}: no such file")
+    mapped = None
     try:
         before = _identity(path)
-        verify_library(path)
+        meta, mapped = _verify(path)
         check_elf(path)
-    except OSError as err:
-        raise LibraryError(f"{path}: cannot read: {err.strerror or err}") from None
+        located = _locations(meta, mapped, path)
+    except BaseException as err:
+        if mapped is not None:
+            mapped.close()
+        if isinstance(err, OSError):
+            raise LibraryError(f"{path}: cannot read: {err.strerror or err}") from None
+        raise
     from .executor import sealed_file
 
     try:
-        with sealed_file():  # every byte was just verified: programs skip their own digest pass
+        # Every byte was just verified: programs skip their own digest pass, and those stored
+        # after the ELF contents are read from the verified map itself (_resolve_program).
+        _LOADING.programs = located
+        with sealed_file():
             lib = tvm.runtime.load_module(path)
     except ProgramError as err:
         # a sealed library whose spinn program fails validation: keep the type and the field
         raise ProgramError(f"{path}: {err}") from None
     except Exception as err:
         raise LibraryError(f"{path}: cannot load: {str(err).strip().splitlines()[-1]}") from None
+    finally:
+        _LOADING.programs = None
     # The verified file must be the one TVM read: a file replaced or rewritten at ``path`` in
     # between (a concurrent export) would otherwise run with its programs' digests unchecked.
     try:
@@ -264,6 +419,28 @@ def _metadata() -> dict[str, Any]:
     return {"exporter": "tvm_spinn.export_library", "tvm_spinn": __version__, "tvm": tvm.__version__}
 
 
+def _append_programs(path: str, programs: list) -> list:
+    """Append each distinct program (bytes, or a mapped uint8 tensor) to ``path``, aligned to
+    :data:`_PROGRAM_ALIGN`; return the record's ``[digest hex, offset, size]`` entries."""
+    entries = []
+    seen: set[bytes] = set()
+    with open(path, "r+b") as f:
+        end = f.seek(0, os.SEEK_END)
+        for program in programs:
+            data = program if isinstance(program, bytes) else memoryview(np.from_dlpack(program))
+            digest = bytes(data[-CHECKSUM_BYTES:])
+            if digest in seen:  # the same program in two modules: stored once
+                continue
+            seen.add(digest)
+            pad = -end % _PROGRAM_ALIGN
+            f.write(b"\0" * pad)
+            end += pad
+            f.write(data)
+            entries.append([digest.hex(), end, len(data)])
+            end += len(data)
+    return entries
+
+
 def export_library(ex: Any, path: "str | os.PathLike", **kwargs: Any) -> None:
     """Write ``ex`` as a sealed shared library that :func:`load_module` verifies before loading.
 
@@ -292,14 +469,22 @@ def export_library(ex: Any, path: "str | os.PathLike", **kwargs: Any) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp.so", dir=directory)
     os.close(fd)
     try:
-        if _ORIGINAL_EXPORT is not None and isinstance(ex, tvm.runtime.Executable):
-            _ORIGINAL_EXPORT(ex, tmp, **kwargs)
-        else:
-            ex.export_library(tmp, **kwargs)
+        # The spinn modules serialized during the export keep only a reference to their program
+        # (container version 3); the programs are appended after the ELF contents below.
+        tvm_ffi.get_global_func("tvm_spinn.runtime.begin_external_export")()
+        try:
+            if _ORIGINAL_EXPORT is not None and isinstance(ex, tvm.runtime.Executable):
+                _ORIGINAL_EXPORT(ex, tmp, **kwargs)
+            else:
+                ex.export_library(tmp, **kwargs)
+        finally:
+            moved = list(tvm_ffi.get_global_func("tvm_spinn.runtime.end_external_export")())
         with open(tmp, "rb") as f:
             if f.read(4) != b"\x7fELF":
                 raise LibraryError(f"{path}: the export did not produce an ELF shared library")
-        _seal(tmp, _metadata())
+        meta = _metadata()
+        meta["programs"] = _append_programs(tmp, moved)
+        _seal(tmp, meta)
         os.chmod(tmp, file_mode(executable=True))
         os.replace(tmp, path)
     except BaseException:
