@@ -14,6 +14,7 @@ import tvm_ffi
 
 from .. import _lib
 from ..mapping import map_program
+from ..mapping.schedule import shared_mappings
 from ..program.manifest import MANIFEST_MAGIC, MANIFEST_SYMBOL
 from ..runtime.executor import compiled
 from ..target.arch import SpinnArch
@@ -37,12 +38,13 @@ def codegen_spinn(functions, options, constant_names):  # noqa: ARG001 - constan
     arch_json = options.get("arch") if options is not None else None
     arch = SpinnArch.from_dict(json.loads(str(arch_json))) if arch_json else SpinnArch()
     modules = []
-    for func in functions:
-        symbol = str(func.attrs["global_symbol"])
-        _, data = compile_function(func, symbol, arch)
-        LOG.info("spinn: compiled %s (%d bytes)", symbol, len(data))
-        with compiled(data):  # our own bytes: validated, without a second digest pass
-            modules.append(_lib.create_module(symbol, data))
+    with shared_mappings():  # repeated blocks (transformer layers) are mapped once
+        for func in functions:
+            symbol = str(func.attrs["global_symbol"])
+            _, data = compile_function(func, symbol, arch)
+            LOG.info("spinn: compiled %s (%d bytes)", symbol, len(data))
+            with compiled(data):  # our own bytes: validated, without a second digest pass
+                modules.append(_lib.create_module(symbol, data))
     return modules
 
 

@@ -12,6 +12,11 @@ same tiles from them (e.g. for a timeline of a loaded program).
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import json
+import threading
+
 from ..program import Program
 from ..program.tiles import ProgramTiles, TileTable
 from ..target.arch import SpinnArch
@@ -20,7 +25,7 @@ from .options import MappingOptions, current_options
 from .placement import choose_chips, pipeline_groups, place_tiles
 from .tiling import MappingError, choose_tile, layer_work, tile_costs
 
-__all__ = ["map_program", "derive_tables"]
+__all__ = ["map_program", "derive_tables", "shared_mappings"]
 
 
 def _assign(program: Program, arch: SpinnArch, mode: str, options: MappingOptions) -> tuple[list[tuple[int, int]], list[int]]:
@@ -54,12 +59,68 @@ def derive_tables(program: Program, arch: SpinnArch) -> list[TileTable]:
     return tables
 
 
-def _build(program: Program, arch: SpinnArch, mode: str, options: MappingOptions) -> None:
-    from ..timing import evaluate
+_SHARED = threading.local()
 
+
+@contextlib.contextmanager
+def shared_mappings():
+    """Within the block, programs of the same structure are mapped once, on this thread.
+
+    A mapping (tile shapes, placement, memory plan, timing) depends on a program's tensor
+    shapes, dtypes and roles, its layers, the architecture and the options, never on the
+    constants' data: BERT's twelve encoder layers are one structure. The compiler wraps the
+    regions of one build in this block; every later program of a structure already mapped
+    gets copies of the first one's results and only plans its memory again (the plan's address
+    ranges name the program's own tensors). Nested blocks share the outer block's results.
+    """
+    outer = getattr(_SHARED, "table", None)
+    _SHARED.table = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _SHARED.table = outer
+
+
+def _structure_key(program: Program, arch: SpinnArch, mode: str, options: MappingOptions) -> str:
+    """Everything a mapping reads from ``program`` and its inputs: the header without the
+    symbol, the tensor names (labels only) and the mapping results."""
+    header = program.header()  # fresh dicts: safe to edit
+    for field in ("symbol", "mapping", "timing", "memory"):
+        header.pop(field)
+    for tensor in header["tensors"]:
+        tensor.pop("name")
+    return json.dumps([header, arch.to_dict(), mode, options.to_dict()], sort_keys=True)
+
+
+def _replay(program: Program, arch: SpinnArch, entry: tuple) -> None:
+    """Give ``program`` the mapping of a program of the same structure (see
+    :func:`shared_mappings`)."""
+    tables, mapping, timing, weights, activations = entry
+    program.tiles = ProgramTiles(tables)
+    program.mapping = copy.deepcopy(mapping)
+    program.timing = copy.deepcopy(timing)
+    program.memory = _memory_summary(_plan(program, arch, weights, activations, tables))
+
+
+def _build(program: Program, arch: SpinnArch, mode: str, options: MappingOptions) -> None:
+    table = getattr(_SHARED, "table", None)
+    key = _structure_key(program, arch, mode, options) if table is not None else None
     n = len(program.layers)
     for i in range(n):
         layer_work(program, i, arch)
+    if key is not None and key in table:
+        _replay(program, arch, table[key])
+        return
+    entry = _map(program, arch, mode, options)
+    if key is not None:
+        table[key] = entry
+
+
+def _map(program: Program, arch: SpinnArch, mode: str, options: MappingOptions) -> tuple:
+    """Map ``program`` (its layers' work already set); returns what :func:`_replay` needs."""
+    from ..timing import evaluate
+
+    n = len(program.layers)
     ranges, chips = _assign(program, arch, mode, options)
     tables, records = [], []
     for i in range(n):
@@ -85,13 +146,19 @@ def _build(program: Program, arch: SpinnArch, mode: str, options: MappingOptions
         program.mapping = dict(base, resident_layers=plan.resident_layers, onchip_tensors=plan.onchip_tensors)
         timing = evaluate(program, arch, tables).to_dict(trace=False)
         if best is None or timing["cycles"] < best[2]["cycles"]:
-            best = (plan, program.mapping, timing)
+            best = (plan, program.mapping, timing, choice)
         if not plan.resident_layers:  # nothing kept: streaming gives this very plan
             break
         if _keeps_every_activation(program, plan, activations):
             break  # streaming cannot win: see _keeps_every_activation
-    plan, program.mapping, program.timing = best
-    program.memory = {
+    plan, program.mapping, program.timing, choice = best
+    program.memory = _memory_summary(plan)
+    return tables, copy.deepcopy(program.mapping), copy.deepcopy(program.timing), choice, activations
+
+
+def _memory_summary(plan) -> dict:
+    """``program.memory`` of a memory plan."""
+    return {
         "peak_bytes_max": max(plan.peak_bytes.values(), default=0),
         "resident_bytes_total": sum(plan.resident_bytes.values()),
         "busiest_pe": plan.busiest_pe, "ranges": plan.ranges,
