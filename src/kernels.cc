@@ -647,6 +647,175 @@ void Im2ColImpl(const T* x, T* out, const Im2ColShape& s, T fill, int threads) {
   });
 }
 
+// Element-wise float additions on whole 8-lane vectors, written `acc + x` like the
+// GEMM micro-kernel: when both operands are NaN, x86 returns the first operand's payload, and
+// explicit vector operations keep the operand order the reference (numpy: `acc + x`) has.
+// `n8` is a multiple of 8: callers pad rows to it (the padding lanes are never stored back).
+TVM_SPINN_INLINE void AddRow(float* __restrict acc, const float* __restrict x, int64_t n8) {
+  for (int64_t v = 0; v < n8; v += 8) {
+    const V8 a = *reinterpret_cast<const V8u*>(acc + v);
+    const V8 b = *reinterpret_cast<const V8u*>(x + v);
+    *reinterpret_cast<V8u*>(acc + v) = a + b;
+  }
+}
+
+TVM_SPINN_INLINE void AddScalarRow(float* __restrict acc, float x, int64_t n8) {
+  for (int64_t v = 0; v < n8; v += 8) {
+    const V8 a = *reinterpret_cast<const V8u*>(acc + v);
+    *reinterpret_cast<V8u*>(acc + v) = a + x;
+  }
+}
+
+/*! \brief The epilogue on one row held in `row` (n8 lanes; `bias_cols` padded likewise). */
+TVM_SPINN_INLINE void EpilogueRow(float* row, int64_t cols, int64_t n8, const float* bias_cols,
+                                  float bias, const EpilogueF32& e) {
+  if (bias_cols) {
+    AddRow(row, bias_cols, n8);
+  } else if (e.bias) {
+    AddScalarRow(row, bias, n8);
+  }
+  if (e.relu) {
+    for (int64_t j = 0; j < cols; ++j) row[j] = row[j] > 0.0f ? row[j] : 0.0f;
+  }
+  if (e.clip) {
+    const float lo = e.lo, hi = e.hi;
+    for (int64_t j = 0; j < cols; ++j) {
+      const float y = row[j] < hi ? row[j] : hi;
+      row[j] = y > lo ? y : lo;
+    }
+  }
+}
+
+/*! \brief A thread's scratch rows (8-lane padded), reused across calls. */
+float* Scratch(std::vector<float>* buf, int64_t floats) {
+  if (static_cast<int64_t>(buf->size()) < floats) buf->resize(static_cast<size_t>(floats));
+  return buf->data();
+}
+
+TVM_SPINN_MULTIVERSION
+void EpilogueRows(float* c, int64_t rows, int64_t cols, const EpilogueF32& e) {
+  thread_local std::vector<float> scratch;
+  const int64_t n8 = (cols + 7) / 8 * 8;
+  float* row = Scratch(&scratch, 2 * n8);
+  float* bias_cols = nullptr;
+  if (e.bias && !e.bias_on_rows) {
+    bias_cols = row + n8;
+    std::memcpy(bias_cols, e.bias, sizeof(float) * cols);
+    std::fill(bias_cols + cols, bias_cols + n8, 0.0f);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    float* out = c + r * cols;
+    std::memcpy(row, out, sizeof(float) * cols);
+    std::fill(row + cols, row + n8, 0.0f);
+    EpilogueRow(row, cols, n8, bias_cols, (e.bias && e.bias_on_rows) ? e.bias[r] : 0.0f, e);
+    std::memcpy(out, row, sizeof(float) * cols);
+  }
+}
+
+// One input plane of a depthwise conv: its window rows are copied once into `pad` (padding
+// +0.0, as im2col's fill; 8 floats of slack at the end for whole-vector reads), then every
+// output of the plane's `mult` output channels adds its kh * kw taps in im2col order (k
+// strictly ascending), 8 outputs at a time.
+TVM_SPINN_MULTIVERSION
+void DepthwisePlane(const float* x, const float* w, float* out, const float* bias,
+                    const DepthwiseShape& s, const EpilogueF32& e, float* pad, int64_t hp,
+                    int64_t wp, float* acc, float* phases, int64_t wq) {
+  for (int64_t r = 0; r < hp; ++r) {
+    float* d = pad + r * wp;
+    const int64_t iy = r - s.pad_top;
+    if (iy < 0 || iy >= s.h) {
+      std::fill(d, d + wp, 0.0f);
+      continue;
+    }
+    // column c reads x column c - pad_left where that is in [0, w)
+    const int64_t lo = std::clamp<int64_t>(s.pad_left, 0, wp);
+    const int64_t hi = std::clamp<int64_t>(s.w + s.pad_left, lo, wp);
+    std::fill(d, d + lo, 0.0f);
+    if (hi > lo) std::memcpy(d + lo, x + iy * s.w + (lo - s.pad_left), sizeof(float) * (hi - lo));
+    std::fill(d + hi, d + wp, 0.0f);
+  }
+  std::fill(pad + hp * wp, pad + hp * wp + 8, 0.0f);
+  if (s.stride_w != 1) {
+    // strided columns, de-interleaved once per plane: phase q of row r holds the padded row's
+    // columns q, q + sw, q + 2 sw, ... (zero-filled to wq), so every tap reads contiguously
+    for (int64_t r = 0; r < hp; ++r) {
+      for (int64_t q = 0; q < s.stride_w; ++q) {
+        float* d = phases + (r * s.stride_w + q) * wq;
+        int64_t t = 0;
+        for (int64_t c = q; c < wp; c += s.stride_w) d[t++] = pad[r * wp + c];
+        std::fill(d + t, d + wq, 0.0f);
+      }
+    }
+    std::fill(phases + hp * s.stride_w * wq, phases + hp * s.stride_w * wq + 8, 0.0f);
+  }
+  const int64_t n8 = (s.ow + 7) / 8 * 8;
+  const int64_t taps = s.kh * s.kw;
+  for (int64_t m = 0; m < s.mult; ++m) {
+    const float* wm = w + m * taps;
+    float* om = out + m * s.oh * s.ow;
+    for (int64_t oy = 0; oy < s.oh; ++oy) {
+      // the row each tap reads: in place (stride 1, whole vectors reading into the slack) or
+      // gathered into taps_rows[tap]
+      const float* rows[64];
+      const float** src = taps <= 64 ? rows : nullptr;
+      std::vector<const float*> many;
+      if (!src) {
+        many.resize(static_cast<size_t>(taps));
+        src = many.data();
+      }
+      for (int64_t i = 0; i < s.kh; ++i) {
+        const int64_t r = oy * s.stride_h + i * s.dil_h;
+        for (int64_t j = 0; j < s.kw; ++j) {
+          // output ox reads padded column ox * sw + c0 = (ox + c0 / sw) * sw + c0 % sw
+          const int64_t c0 = j * s.dil_w;
+          src[i * s.kw + j] = s.stride_w == 1
+                                  ? pad + r * wp + c0
+                                  : phases + (r * s.stride_w + c0 % s.stride_w) * wq + c0 / s.stride_w;
+        }
+      }
+      float* o = om + oy * s.ow;
+      std::memcpy(acc, o, sizeof(float) * s.ow);
+      std::fill(acc + s.ow, acc + n8, 0.0f);
+      // 8 outputs at a time, the accumulator in a register through all taps (k ascending), as
+      // the GEMM micro-kernel: the same instructions, so the same bits, NaN payloads included
+      // (four vectors at once: independent chains hide the add latency)
+      int64_t v = 0;
+      for (; v + 32 <= n8; v += 32) {
+        V8 a0 = *reinterpret_cast<const V8u*>(acc + v);
+        V8 a1 = *reinterpret_cast<const V8u*>(acc + v + 8);
+        V8 a2 = *reinterpret_cast<const V8u*>(acc + v + 16);
+        V8 a3 = *reinterpret_cast<const V8u*>(acc + v + 24);
+        for (int64_t t = 0; t < taps; ++t) {
+          const float* b = src[t] + v;
+          const float wt = wm[t];
+          const V8 p0 = *reinterpret_cast<const V8u*>(b) * wt;  // rounded product
+          a0 = a0 + p0;                                          // rounded sum
+          const V8 p1 = *reinterpret_cast<const V8u*>(b + 8) * wt;
+          a1 = a1 + p1;
+          const V8 p2 = *reinterpret_cast<const V8u*>(b + 16) * wt;
+          a2 = a2 + p2;
+          const V8 p3 = *reinterpret_cast<const V8u*>(b + 24) * wt;
+          a3 = a3 + p3;
+        }
+        *reinterpret_cast<V8u*>(acc + v) = a0;
+        *reinterpret_cast<V8u*>(acc + v + 8) = a1;
+        *reinterpret_cast<V8u*>(acc + v + 16) = a2;
+        *reinterpret_cast<V8u*>(acc + v + 24) = a3;
+      }
+      for (; v < n8; v += 8) {
+        V8 a = *reinterpret_cast<const V8u*>(acc + v);
+        for (int64_t t = 0; t < taps; ++t) {
+          const V8 p = *reinterpret_cast<const V8u*>(src[t] + v) * wm[t];  // rounded product
+          a = a + p;                                                      // rounded sum
+        }
+        *reinterpret_cast<V8u*>(acc + v) = a;
+      }
+      EpilogueRow(acc, s.ow, n8, nullptr, e.bias ? bias[m] : 0.0f, e);
+      std::memcpy(o, acc, sizeof(float) * s.ow);
+    }
+  }
+}
+
 }  // namespace
 
 int SimThreads(int64_t work) { return work < (int64_t{1} << 22) ? 1 : ConfiguredThreads(); }
@@ -701,6 +870,33 @@ void RowSumF32(const float* x, float* out, int64_t rows, int64_t cols) {
     for (int64_t j = 0; j < cols; ++j) acc = acc + row[j];
     out[r] = acc;
   }
+}
+
+void ApplyEpilogueF32(float* c, int64_t outer, int64_t rows, int64_t cols, const EpilogueF32& e,
+                      int threads) {
+  if (outer <= 0 || rows <= 0 || cols <= 0) return;
+  ParallelFor(outer, threads, [&](int64_t t) { EpilogueRows(c + t * rows * cols, rows, cols, e); });
+}
+
+void DepthwiseConvF32(const float* x, const float* w, float* out, const DepthwiseShape& s,
+                      const EpilogueF32& e, int threads) {
+  if (s.n <= 0 || s.groups <= 0 || s.mult <= 0 || s.oh <= 0 || s.ow <= 0) return;
+  // the padded window rows and columns the outputs read
+  const int64_t hp = (s.oh - 1) * s.stride_h + (s.kh - 1) * s.dil_h + 1;
+  const int64_t wp = (s.ow - 1) * s.stride_w + (s.kw - 1) * s.dil_w + 1;
+  const int64_t n8 = (s.ow + 7) / 8 * 8;
+  // a phase row holds every column an output row reads from it: ow - 1 + (kw - 1) dw / sw + 1
+  const int64_t wq = (wp + s.stride_w - 1) / s.stride_w;
+  ParallelFor(s.n * s.groups, threads, [&](int64_t plane) {
+    thread_local std::vector<float> scratch;
+    // the padded plane and its column phases (each + 8 floats of slack), the accumulator row
+    float* pad = Scratch(&scratch, hp * wp + 8 + n8 + (s.stride_w > 1 ? hp * s.stride_w * wq + 8 : 0));
+    const int64_t g = plane % s.groups;
+    const float* bias = e.bias ? e.bias + g * s.mult : nullptr;
+    DepthwisePlane(x + plane * s.h * s.w, w + g * s.mult * s.kh * s.kw,
+                   out + plane * s.mult * s.oh * s.ow, bias, s, e, pad, hp, wp,
+                   pad + hp * wp + 8, pad + hp * wp + 8 + n8, wq);
+  });
 }
 
 }  // namespace tvm_spinn

@@ -79,6 +79,36 @@ int SimThreads(int64_t work);
 /*! \brief out[r] = ((0 + x[r,0]) + x[r,1]) + ... in float32, strictly left to right. */
 void RowSumF32(const float* x, float* out, int64_t rows, int64_t cols);
 
+/*!
+ * \brief What the M4F applies to a finished fp32 accumulator, in this order: `+ bias`, ReLU
+ *        (`x > 0 ? x : +0`), then a clip (`x < hi ? x : hi`, then `y > lo ? y : lo`: TVM's
+ *        max(min(x, hi), lo), NaN rules included). Each step is optional.
+ */
+struct EpilogueF32 {
+  const float* bias = nullptr;  // indexed by row (bias_on_rows) or by column
+  bool bias_on_rows = true;
+  bool relu = false;
+  bool clip = false;
+  float lo = 0.0f, hi = 0.0f;
+};
+
+/*! \brief Apply `e` to C [outer, rows, cols] in place (rows: output channels of a conv). */
+void ApplyEpilogueF32(float* c, int64_t outer, int64_t rows, int64_t cols, const EpilogueF32& e,
+                      int threads);
+
+/*!
+ * \brief Depthwise-style conv: input [n, groups, h, w] (one input channel per group), weight
+ *        [groups * mult, kh * kw], output [n, groups * mult, oh, ow] (+=, then `e` with the bias
+ *        per output channel). Every output reduces its kh * kw products in the im2col order
+ *        (i, j ascending), padding reading +0.0: the bits of im2col + GemmF32Batched.
+ */
+struct DepthwiseShape {
+  int64_t n, groups, mult, h, w, kh, kw, oh, ow;
+  int64_t stride_h, stride_w, dil_h, dil_w, pad_top, pad_left;
+};
+void DepthwiseConvF32(const float* x, const float* w, float* out, const DepthwiseShape& s,
+                      const EpilogueF32& e, int threads);
+
 }  // namespace tvm_spinn
 
 #endif  // TVM_SPINN_KERNELS_H_

@@ -234,3 +234,108 @@ def test_read_only_inputs_not_copied():
     c = np.zeros((1, 3, 5), np.float32)
     _lib.gemm_f32_batched(a, b, c)
     assert np.array_equal(_bits(c[0]), _bits(_ref_f32(a[0], b[0], np.zeros((3, 5), np.float32))))
+
+
+def _epilogue_ref(c, bias, on_rows, relu, clip, lo, hi):
+    """fl(c + bias), then x > 0 ? x : +0, then (x < hi ? x : hi) > lo ? . : lo, in float32."""
+    out = c.copy()
+    with np.errstate(all="ignore"):
+        if bias.size:
+            out = (out + (bias[None, :, None] if on_rows else bias[None, None, :])).astype(np.float32)
+        if relu:
+            out = np.where(out > 0, out, np.float32(0)).astype(np.float32)
+        if clip:
+            y = np.where(out < np.float32(hi), out, np.float32(hi)).astype(np.float32)
+            out = np.where(y > np.float32(lo), y, np.float32(lo)).astype(np.float32)
+    return out
+
+
+def _specials(x, rng):
+    flat = x.reshape(-1)
+    flat[rng.integers(0, flat.size, 3)] = np.nan
+    flat[rng.integers(0, flat.size, 3)] = np.inf
+    flat[rng.integers(0, flat.size, 3)] = -np.inf
+    flat[rng.integers(0, flat.size, 5)] = -0.0
+    return x
+
+
+@pytest.mark.parametrize("on_rows", [True, False])
+@pytest.mark.parametrize("relu,clip,lo,hi", [(False, False, 0, 0), (True, False, 0, 0), (False, True, 0.0, 6.0),
+                                             (True, True, -0.0, 0.5), (False, True, -1.5, np.nan)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_epilogue_f32_bits(on_rows, relu, clip, lo, hi, with_bias):
+    rng = np.random.default_rng(0)
+    c = _specials((rng.normal(size=(3, 5, 37)) * 4).astype(np.float32), rng)
+    bias = rng.normal(size=5 if on_rows else 37).astype(np.float32) if with_bias else np.zeros(0, np.float32)
+    want = _epilogue_ref(c, bias, on_rows, relu, clip, lo, hi)
+    _lib._func("tvm_spinn.sim.epilogue_f32")(c, bias, on_rows, relu, clip, lo, hi, 2)
+    assert np.array_equal(_bits(c), _bits(want))  # NaN + number: the NaN, whatever the order
+
+
+@pytest.mark.parametrize("geom", [
+    # (groups, mult, H, W, kh, kw, strides, dilation, (pad_top, pad_left, pad_bottom, pad_right))
+    (4, 1, 9, 11, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1)),
+    (3, 2, 8, 8, 3, 3, (2, 2), (1, 1), (0, 1, 1, 0)),
+    (2, 3, 10, 7, 2, 3, (1, 2), (2, 1), (2, 0, 1, 3)),
+    (5, 1, 4, 4, 5, 5, (1, 1), (1, 1), (3, 3, 3, 3)),
+    (1, 2, 6, 40, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0)),
+    (2, 1, 12, 12, 3, 3, (3, 1), (1, 2), (0, 0, 2, 2)),
+])
+@pytest.mark.parametrize("epilogue", [(False, False, False), (True, True, False), (True, False, True)])
+def test_depthwise_conv2d_f32_bits(geom, epilogue):
+    """The direct depthwise kernel has the bits of im2col (+0.0 padding) + the batched GEMM +
+    the epilogue, NaN, infinities and signed zeros included."""
+    groups, mult, h, w, kh, kw, strides, dilation, padding = geom
+    with_bias, relu, clip = epilogue
+    rng = np.random.default_rng(1)
+    n = 2
+    x = _specials(rng.normal(size=(n, groups, h, w)).astype(np.float32), rng)
+    wt = _specials(rng.normal(size=(groups * mult, kh, kw)).astype(np.float32), rng)
+    bias = rng.normal(size=groups * mult).astype(np.float32) if with_bias else np.zeros(0, np.float32)
+    pt, pl, pb, pr = padding
+    oh = (h + pt + pb - dilation[0] * (kh - 1) - 1) // strides[0] + 1
+    ow = (w + pl + pr - dilation[1] * (kw - 1) - 1) // strides[1] + 1
+    cols = _im2col_ref(x, kh, kw, strides, dilation, padding, groups, np.float32(0), oh, ow)  # [n*g, kh*kw, P]
+    want = np.empty((n, groups * mult, oh * ow), np.float32)
+    for img in range(n):
+        for g in range(groups):
+            acc = _ref_f32(wt[g * mult:(g + 1) * mult].reshape(mult, kh * kw), cols[img * groups + g],
+                           np.zeros((mult, oh * ow), np.float32))
+            want[img, g * mult:(g + 1) * mult] = acc
+    want = _epilogue_ref(want, bias, True, relu, clip, -0.25, 1.5).reshape(n, groups * mult, oh, ow)
+    # what the simulator's GEMM path computes: im2col + the batched GEMM + the epilogue kernel
+    gemm = np.zeros((n * groups, mult, oh * ow), np.float32)
+    index = np.arange(n * groups, dtype=np.int64)
+    _lib.gemm_f32_batched(wt.reshape(groups, mult, kh * kw), cols, gemm, index % groups, index)
+    gemm = gemm.reshape(n, groups * mult, oh * ow)
+    _lib._func("tvm_spinn.sim.epilogue_f32")(gemm, bias, True, relu, clip, -0.25, 1.5, 1)
+    for threads in (1, 2):
+        out = np.zeros((n, groups * mult, oh, ow), np.float32)
+        _lib._func("tvm_spinn.sim.depthwise_conv2d_f32")(
+            x, wt, out, bias, [strides[0], strides[1], dilation[0], dilation[1], pt, pl], relu, clip, -0.25, 1.5, threads)
+        # numbers bit for bit against the sequential reference (a NaN's payload depends on which
+        # operand numpy's loops return: NaN-ness only), and every bit against the GEMM path
+        nan = np.isnan(want)
+        assert np.array_equal(np.isnan(out), nan) and np.array_equal(_bits(out)[~nan], _bits(want)[~nan]), threads
+        assert np.array_equal(_bits(out), _bits(gemm.reshape(out.shape))), threads
+
+
+def test_depthwise_and_epilogue_bad_arguments():
+    conv = _lib._func("tvm_spinn.sim.depthwise_conv2d_f32")
+    epilogue = _lib._func("tvm_spinn.sim.epilogue_f32")
+    x = np.zeros((1, 4, 5, 5), np.float32)
+    wt = np.zeros((8, 3, 3), np.float32)
+    out = np.zeros((1, 8, 3, 3), np.float32)
+    none = np.zeros(0, np.float32)
+    with pytest.raises(ValueError, match="geometry"):
+        conv(x, wt, out, none, [1, 1, 1], False, False, 0.0, 0.0, 0)
+    with pytest.raises(ValueError, match="bad geometry"):
+        conv(x, np.zeros((6, 3, 3), np.float32), out, none, [1, 1, 1, 1, 0, 0], False, False, 0.0, 0.0, 0)
+    with pytest.raises(ValueError, match="out.shape"):
+        conv(x, wt, np.zeros((1, 4, 3, 3), np.float32), none, [1, 1, 1, 1, 0, 0], False, False, 0.0, 0.0, 0)
+    with pytest.raises(ValueError, match="bias.shape"):
+        conv(x, wt, out, np.zeros(3, np.float32), [1, 1, 1, 1, 0, 0], False, False, 0.0, 0.0, 0)
+    with pytest.raises(TypeError, match="dtype"):
+        epilogue(np.zeros((1, 2, 2), np.float64), none, True, False, False, 0.0, 0.0, 0)
+    with pytest.raises(ValueError, match="bias.shape"):
+        epilogue(np.zeros((1, 2, 3), np.float32), np.zeros(2, np.float32), False, True, False, 0.0, 0.0, 0)

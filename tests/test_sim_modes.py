@@ -120,11 +120,13 @@ def test_zoo_same_bits(monkeypatch, name):
 class _KindsNet(torch.nn.Module):
     """Layer kinds and conv geometries the models above do not reach: grouped, strided,
     dilated and asymmetric-padded convolutions, 1x1 convolutions, max/avg pools with padding,
-    sigmoid, tanh, subtract, divide, batched matmul with a broadcast operand."""
+    sigmoid, tanh, subtract, divide, batched matmul with a broadcast operand; a depthwise conv
+    with two outputs per channel and a bias, its clip fused into it (and read by the host)."""
 
     def __init__(self):
         super().__init__()
         self.c1 = torch.nn.Conv2d(4, 8, 3, stride=2, padding=1)
+        self.dw2 = torch.nn.Conv2d(8, 16, 3, stride=2, padding=1, groups=8)
         self.c2 = torch.nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=2)
         self.dw = torch.nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False)
         self.pw = torch.nn.Conv2d(8, 6, 1)
@@ -132,12 +134,13 @@ class _KindsNet(torch.nn.Module):
 
     def forward(self, x):
         x = torch.relu(self.c1(x))
+        side = torch.nn.functional.hardtanh(self.dw2(x), -0.5, 6.0)
         x = torch.sigmoid(self.c2(x)) - torch.tanh(self.dw(x))
         x = torch.nn.functional.max_pool2d(x, 3, stride=2, padding=1)
         x = torch.nn.functional.avg_pool2d(self.pw(x), 2, stride=1, padding=1, count_include_pad=False)
         y = x.flatten(2).transpose(1, 2)  # [1, P, 6]
         y = self.lin(y) / 3.0
-        return torch.matmul(y.transpose(1, 2), y) + y.sum()
+        return torch.matmul(y.transpose(1, 2), y) + y.sum() + side.sum()
 
 
 @pytest.mark.parametrize("quantized", [False, True])

@@ -30,7 +30,8 @@ def _programs(ex) -> list[Program]:
 
 def _unprepared(monkeypatch):
     """Plans whose every step is the unprepared per-layer path (what "layers" mode ran before)."""
-    monkeypatch.setattr(simulator, "_build_step", lambda program, index, layer: simulator._generic_step(index, layer))
+    monkeypatch.setattr(simulator, "_build_step", lambda program, index, layer, clip=None: simulator._generic_step(index, layer))
+    monkeypatch.setattr(simulator, "_fusable_clips", lambda program: {})  # every layer on its own
     simulator._PLANS.clear()
 
 

@@ -650,9 +650,16 @@ class _Plan:
         self.args = tuple((tid, tuple(tensors[tid].shape), np.dtype(tensors[tid].dtype))
                           for tid in (*program.inputs, *program.outputs))
         self.outputs = frozenset(program.outputs)
+        fused = _fusable_clips(program)  # GEMM layer index -> its clip layer's index
+        clip_of = {index: program.layers[j] for index, j in fused.items()}
+        absorbed = {j: program.layers[index].output for index, j in fused.items()}
         steps = []
         for index, layer in enumerate(program.layers):
-            step = _build_step(program, index, layer)
+            if index in absorbed:  # its GEMM applied the clip: the value is the GEMM's result
+                source = absorbed[index]
+                steps.append((layer.output, lambda program, env, source=source: env[source], None))
+                continue
+            step = _build_step(program, index, layer, clip_of.get(index))
             # step.into(program, env, out): the same values written into ``out`` (None: a new
             # array), for layers that produce a program output
             into = getattr(step, "into", None) if layer.output in self.outputs else None
@@ -720,7 +727,33 @@ def _generic_step(index: int, layer: Layer):
     return step
 
 
-def _build_step(program: Program, index: int, layer: Layer):
+def _fusable_clips(program: Program) -> dict[int, int]:
+    """{GEMM layer index: clip layer index} for fp32 GEMMs whose result only a clip (no ReLU of
+    its own, same shape) reads and that is not a program output: the GEMM's epilogue applies
+    the clip (``x < hi ? x : hi``, then ``> lo``: the clip's own operations, in place)."""
+    readers: dict[int, list[int]] = {}
+    for index, layer in enumerate(program.layers):
+        for tid in set(layer.inputs):
+            readers.setdefault(tid, []).append(index)
+    outputs = set(program.outputs)
+    tensors = program.tensors
+    fused = {}
+    for index, layer in enumerate(program.layers):
+        users = readers.get(layer.output, ())
+        if (layer.kind not in ("conv2d", "dense", "matmul") or layer.mode != "fp32"
+                or layer.output in outputs or len(users) != 1):
+            continue
+        clip = program.layers[users[0]]
+        if (clip.kind == "clip" and clip.mode == "fp32" and list(clip.inputs) == [layer.output]
+                and not clip.attrs.get("relu")
+                and tensors[clip.output].shape == tensors[layer.output].shape
+                and tensors[clip.output].dtype == tensors[layer.output].dtype == "float32"):
+            fused[index] = users[0]
+    return fused
+
+
+def _build_step(program: Program, index: int, layer: Layer, clip: Layer | None = None):
+    """The layer's step; ``clip``: a clip layer whose operations this (GEMM) step applies."""
     if layer.mode not in ("fp32", "int8"):
         def unsupported(program, env, name=layer.name, mode=layer.mode):
             raise NotImplementedError(f"layer {name}: mode {mode} is not simulated")
@@ -732,7 +765,7 @@ def _build_step(program: Program, index: int, layer: Layer):
             k = layer.kind
             step = None
             if k in ("conv2d", "dense", "matmul") and layer.mode == "fp32":
-                step = _gemm_step(program, layer)
+                step = _gemm_step(program, layer, clip)
             elif k in _ELEMENTWISE:
                 step = _elementwise_step(program, layer)
             elif k in ("softmax", "layer_norm", "mean"):
@@ -743,7 +776,11 @@ def _build_step(program: Program, index: int, layer: Layer):
                 return step
     except Exception:  # a malformed layer fails when it runs, where _run_whole fails
         pass
-    return _generic_step(index, layer)
+    step = _generic_step(index, layer)
+    if clip is None:
+        return step
+    attrs = clip.attrs  # the clip layer's own operations (its step is then a pass-through)
+    return lambda program, env: _unary("clip", step(program, env), attrs)
 
 
 def _operand(program: Program, tid: int, prepare):
@@ -754,23 +791,39 @@ def _operand(program: Program, tid: int, prepare):
     return lambda env: prepare(env[tid])
 
 
-def _gemm_step(program: Program, layer: Layer):
-    """_gemm_whole with its operand layout, index vectors and bias prepared."""
+def _gemm_step(program: Program, layer: Layer, clip: Layer | None = None):
+    """_gemm_whole with its operand layout, index vectors and bias prepared; the bias, ReLU and
+    ``clip`` (a fused clip layer, see :func:`_fusable_clips`) run in the C++ epilogue."""
     g = gemm_shape(program, layer)
     tensors = program.tensors
     shape = tuple(tensors[layer.output].shape)
     dtype = np.dtype(tensors[layer.output].dtype)
     rhs_tid = layer.consts["weight"] if "weight" in layer.consts else layer.inputs[1]
     x_tid = layer.inputs[0]
-    gemm = _lib._func("tvm_spinn.sim.gemm_f32_batched")
+    cshape = (g.batch, g.m, g.n)
+    relu = bool(layer.attrs.get("relu"))
+    bias_tid = layer.consts.get("bias")
+    bias = _NO_BIAS
+    if bias_tid is not None:
+        bias = _writable(np.ascontiguousarray(program.constants[bias_tid], dtype=_F32).reshape(-1))
+    lo = hi = 0.0
+    if clip is not None:
+        lo, hi = float(_F32(clip.attrs["min"])), float(_F32(clip.attrs["max"]))
+    epilogue = _lib._func("tvm_spinn.sim.epilogue_f32")
     if layer.kind == "conv2d":
         attrs = layer.attrs
-        groups = attrs["groups"]
+        groups = int(attrs["groups"])
         wshape = tuple(tensors[rhs_tid].shape)
-        get_a = _operand(program, rhs_tid, lambda w: _writable(np.ascontiguousarray(w).reshape(groups, wshape[0] // groups, -1)))
         _, cg, kh, kw = wshape
         n, c, h, w = tensors[x_tid].shape
         oh, ow = shape[2], shape[3]
+        if bias.size not in (0, wshape[0]):
+            return None
+        # C viewed as [n, output channels, pixels]: the bias is per row
+        ep_shape, on_rows = (n, wshape[0], oh * ow), True
+        if cg == 1 and groups > 1 and rhs_tid in program.constants:
+            return _depthwise_step(program, layer, shape, dtype, bias, relu, clip is not None, lo, hi)
+        get_a = _operand(program, rhs_tid, lambda w: _writable(np.ascontiguousarray(w).reshape(groups, wshape[0] // groups, -1)))
         if (kh, kw) == (1, 1) and tuple(attrs["strides"]) == (1, 1) and not any(attrs["padding"]) and (oh, ow) == (h, w):
             bshape = (n * groups, cg, h * w)
             get_b = _operand(program, x_tid, lambda x: _writable(np.ascontiguousarray(x).reshape(bshape)))
@@ -779,8 +832,8 @@ def _gemm_step(program: Program, layer: Layer):
             sh, sw = attrs["strides"]
             dh, dw = attrs["dilation"]
             pt, pl, _, _ = attrs["padding"]
-            params = [int(v) for v in (max(int(groups), 1), kh, kw, sh, sw, dh, dw, pt, pl, max(int(oh), 0), max(int(ow), 0))]
-            cols_shape = (n * max(int(groups), 1), (c // max(int(groups), 1)) * kh * kw, max(int(oh), 0) * max(int(ow), 0))
+            params = [int(v) for v in (max(groups, 1), kh, kw, sh, sw, dh, dw, pt, pl, max(int(oh), 0), max(int(ow), 0))]
+            cols_shape = (n * max(groups, 1), (c // max(groups, 1)) * kh * kw, max(int(oh), 0) * max(int(ow), 0))
 
             def cols(x):
                 x = np.ascontiguousarray(x)
@@ -790,48 +843,75 @@ def _gemm_step(program: Program, layer: Layer):
             get_b = _operand(program, x_tid, cols)
         a_index = np.arange(g.batch, dtype=np.int64) % groups
         b_index = np.arange(g.batch, dtype=np.int64)
-    elif layer.kind == "dense":
-        get_a = _operand(program, x_tid, lambda x: _writable(np.ascontiguousarray(x).reshape(1, g.m, g.k)))
-        get_b = _operand(program, rhs_tid, lambda r: _writable(np.ascontiguousarray(r).reshape(1, g.k, g.n)))
-        a_index = b_index = np.zeros(1, dtype=np.int64)
     else:
-        batch_shape = shape[:-2]
-
-        def operand(tid):
-            tshape = tuple(tensors[tid].shape)
-            lead = tshape[:-2]
-            index = np.arange(int(np.prod(lead, dtype=np.int64)), dtype=np.int64).reshape(lead)
-            index = np.array(np.broadcast_to(index, batch_shape).reshape(-1), dtype=np.int64)  # writable
-            three = (-1, tshape[-2], tshape[-1])
-            return _operand(program, tid, lambda t: _writable(np.ascontiguousarray(t).reshape(three))), index
-        get_a, a_index = operand(x_tid)
-        get_b, b_index = operand(rhs_tid)
-    cshape = (g.batch, g.m, g.n)
-    bias_tid = layer.consts.get("bias")
-    bias = None
-    if bias_tid is not None:
-        bias = program.constants[bias_tid]
-        if layer.kind == "conv2d":
-            groups = layer.attrs["groups"]
-            bias = bias.reshape(groups, g.m, 1)
-            bias_shape = (-1, groups, g.m, g.n)
+        if bias.size not in (0, g.n):
+            return None
+        ep_shape, on_rows = cshape, False  # the bias is per column
+        if layer.kind == "dense":
+            get_a = _operand(program, x_tid, lambda x: _writable(np.ascontiguousarray(x).reshape(1, g.m, g.k)))
+            get_b = _operand(program, rhs_tid, lambda r: _writable(np.ascontiguousarray(r).reshape(1, g.k, g.n)))
+            a_index = b_index = np.zeros(1, dtype=np.int64)
         else:
-            bias = bias.reshape(1, 1, -1)
-            bias_shape = cshape
-    relu = bool(layer.attrs.get("relu"))
+            batch_shape = shape[:-2]
+
+            def operand(tid):
+                tshape = tuple(tensors[tid].shape)
+                lead = tshape[:-2]
+                index = np.arange(int(np.prod(lead, dtype=np.int64)), dtype=np.int64).reshape(lead)
+                index = np.array(np.broadcast_to(index, batch_shape).reshape(-1), dtype=np.int64)  # writable
+                three = (-1, tshape[-2], tshape[-1])
+                return _operand(program, tid, lambda t: _writable(np.ascontiguousarray(t).reshape(three))), index
+            get_a, a_index = operand(x_tid)
+            get_b, b_index = operand(rhs_tid)
+    if dtype != _F32:
+        return None
+    finish = bias.size or relu or clip is not None
 
     def into(program, env, out):
         if out is None:
             out = np.zeros(shape, dtype=dtype)
         else:  # the caller's output buffer (_Plan.run checked it)
             out.fill(0)
-        c = out.reshape(cshape)
-        gemm(get_a(env), get_b(env), c, a_index, b_index, 0)
-        if bias is not None:
-            cb = out.reshape(bias_shape)
-            np.add(cb, bias, out=cb)
-        if relu:
-            _relu_owned(c)  # _relu: a > 0 ? a : 0 (NaN and -0.0 give +0)
+        gemm(get_a(env), get_b(env), out.reshape(cshape), a_index, b_index, 0)
+        if finish:  # fl(acc + bias), then ReLU (x > 0 ? x : +0), then the fused clip
+            epilogue(out.reshape(ep_shape), bias, on_rows, relu, clip is not None, lo, hi, 0)
+        return out
+
+    gemm = _lib._func("tvm_spinn.sim.gemm_f32_batched")
+
+    def step(program, env):
+        return into(program, env, None)
+    step.into = into
+    return step
+
+
+#: "no bias" for the C++ epilogue (a bias with no elements)
+_NO_BIAS = np.zeros(0, dtype=_F32)
+
+
+def _depthwise_step(program, layer, shape, dtype, bias, relu, clip, lo, hi):
+    """A conv with one input channel per group, on the direct C++ kernel (no im2col): each
+    output's taps in im2col order from +0.0, then the epilogue; the bits of the GEMM path."""
+    attrs = layer.attrs
+    tensors = program.tensors
+    weight = program.constants[layer.consts["weight"]]
+    cout, _, kh, kw = weight.shape
+    weight = _writable(np.ascontiguousarray(weight, dtype=_F32).reshape(cout, kh, kw))
+    x_tid = layer.inputs[0]
+    if dtype != _F32 or np.dtype(tensors[x_tid].dtype) != _F32:
+        return None
+    sh, sw = attrs["strides"]
+    dh, dw = attrs["dilation"]
+    pt, pl, _, _ = attrs["padding"]
+    geometry = [int(v) for v in (sh, sw, dh, dw, pt, pl)]
+    conv = _lib._func("tvm_spinn.sim.depthwise_conv2d_f32")
+
+    def into(program, env, out):
+        if out is None:
+            out = np.zeros(shape, dtype=dtype)
+        else:
+            out.fill(0)
+        conv(_writable(np.ascontiguousarray(env[x_tid])), weight, out, bias, geometry, relu, clip, lo, hi, 0)
         return out
 
     def step(program, env):

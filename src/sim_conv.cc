@@ -1,0 +1,121 @@
+// Global functions tvm_spinn.sim.epilogue_f32 and tvm_spinn.sim.depthwise_conv2d_f32: validated
+// entry points of the fused fp32 epilogue and of the direct depthwise convolution.
+#include <tvm/ffi/container/array.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/reflection/registry.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "kernels.h"
+#include "tensor_check.h"
+
+namespace tvm_spinn {
+namespace {
+
+using tvm::ffi::TensorView;
+
+constexpr DLDataType kF32{kDLFloat, 32, 1};
+
+int Threads(const char* func, int64_t threads, int64_t work) {
+  if (threads < 0) {
+    TVM_FFI_THROW(ValueError) << func << ": threads must be >= 0 (0: TVM_SPINN_SIM_THREADS or "
+                              << "all cores), got " << threads;
+  }
+  return threads > 0 ? static_cast<int>(std::min<int64_t>(threads, 1024)) : SimThreads(work);
+}
+
+/*! \brief The epilogue; `bias` with no elements means none, else it must have `count`. */
+EpilogueF32 MakeEpilogue(const char* func, const TensorView& bias, int64_t count,
+                         bool bias_on_rows, bool relu, bool clip, double lo, double hi) {
+  CheckTensor(func, "bias", bias, 1, kF32);
+  EpilogueF32 e;
+  if (bias.numel() > 0) {
+    CheckDim(func, "bias.shape[0]", bias.shape()[0], count, "bias " + ShapeStr(bias));
+    e.bias = DataPtr<const float>(bias);
+  }
+  e.bias_on_rows = bias_on_rows;
+  e.relu = relu;
+  e.clip = clip;
+  e.lo = static_cast<float>(lo);
+  e.hi = static_cast<float>(hi);
+  return e;
+}
+
+void SimEpilogueF32(TensorView c, TensorView bias, bool bias_on_rows, bool relu, bool clip,
+                    double lo, double hi, int64_t threads) {
+  const char* func = "tvm_spinn.sim.epilogue_f32";
+  CheckTensor(func, "C", c, 3, kF32);
+  const int64_t outer = c.shape()[0], rows = c.shape()[1], cols = c.shape()[2];
+  const EpilogueF32 e =
+      MakeEpilogue(func, bias, bias_on_rows ? rows : cols, bias_on_rows, relu, clip, lo, hi);
+  CheckNoOverlap(func, "C", c, "bias", bias);
+  ApplyEpilogueF32(DataPtr<float>(c), outer, rows, cols, e, Threads(func, threads, c.numel() * 4));
+}
+
+/*!
+ * \brief X [n, groups, h, w], W [groups * mult, kh, kw], out [n, groups * mult, oh, ow]: out +=
+ *        the depthwise conv, then the epilogue (bias per output channel). `geometry` = (stride_h,
+ *        stride_w, dil_h, dil_w, pad_top, pad_left).
+ */
+void SimDepthwiseConv2dF32(TensorView x, TensorView w, TensorView out, TensorView bias,
+                           tvm::ffi::Array<int64_t> geometry, bool relu, bool clip, double lo,
+                           double hi, int64_t threads) {
+  const char* func = "tvm_spinn.sim.depthwise_conv2d_f32";
+  CheckTensor(func, "X", x, 4, kF32);
+  CheckTensor(func, "W", w, 3, kF32);
+  CheckTensor(func, "out", out, 4, kF32);
+  if (geometry.size() != 6) {
+    TVM_FFI_THROW(ValueError) << func << ": geometry must be (stride_h, stride_w, dil_h, dil_w, "
+                              << "pad_top, pad_left), got " << geometry.size() << " values";
+  }
+  DepthwiseShape s;
+  s.n = x.shape()[0];
+  s.groups = x.shape()[1];
+  s.h = x.shape()[2];
+  s.w = x.shape()[3];
+  s.kh = w.shape()[1];
+  s.kw = w.shape()[2];
+  s.oh = out.shape()[2];
+  s.ow = out.shape()[3];
+  s.stride_h = geometry[0];
+  s.stride_w = geometry[1];
+  s.dil_h = geometry[2];
+  s.dil_w = geometry[3];
+  s.pad_top = geometry[4];
+  s.pad_left = geometry[5];
+  const std::string detail = "X " + ShapeStr(x) + ", W " + ShapeStr(w) + ", out " + ShapeStr(out);
+  if (s.groups <= 0 || w.shape()[0] % s.groups != 0 || s.stride_h < 1 || s.stride_w < 1 ||
+      s.dil_h < 1 || s.dil_w < 1 || s.pad_top < 0 || s.pad_left < 0 || s.kh < 1 || s.kw < 1) {
+    TVM_FFI_THROW(ValueError) << func << ": bad geometry (strides and dilations >= 1, padding "
+                              << ">= 0, W.shape[0] a multiple of the groups): " << detail;
+  }
+  s.mult = w.shape()[0] / s.groups;
+  CheckDim(func, "out.shape[0]", out.shape()[0], s.n, detail);
+  CheckDim(func, "out.shape[1]", out.shape()[1], s.groups * s.mult, detail);
+  // every tap must read inside the padded input: rows up to (oh-1)*sh + (kh-1)*dh - pad_top
+  // (below that, the padding), likewise for columns; reads past the input are the padding
+  const EpilogueF32 e = MakeEpilogue(func, bias, s.groups * s.mult, true, relu, clip, lo, hi);
+  CheckNoOverlap(func, "out", out, "X", x);
+  CheckNoOverlap(func, "out", out, "W", w);
+  CheckNoOverlap(func, "out", out, "bias", bias);
+  DepthwiseConvF32(DataPtr<const float>(x), DataPtr<const float>(w), DataPtr<float>(out), s, e,
+                   Threads(func, threads, out.numel() * s.kh * s.kw));
+}
+
+}  // namespace
+
+TVM_FFI_STATIC_INIT_BLOCK() {
+  namespace refl = tvm::ffi::reflection;
+  refl::GlobalDef()
+      .def("tvm_spinn.sim.epilogue_f32", SimEpilogueF32,
+           "C[o, r, c] = clip(relu(C + bias[r or c])) in place, float32, each step optional "
+           "(bias with no elements: none).")
+      .def("tvm_spinn.sim.depthwise_conv2d_f32", SimDepthwiseConv2dF32,
+           "out += depthwise conv (one input channel per group, taps in im2col order, padding "
+           "+0.0), then bias per output channel, ReLU and clip.");
+}
+
+}  // namespace tvm_spinn
