@@ -155,15 +155,20 @@ class ParallelVectorize(dl.ScheduleRule):
 
     @staticmethod
     def _dtype_bits(sch, block) -> int:
-        writes = sch.get(block).writes
-        if not len(writes):
-            return 32
-        region = writes[0]
-        holder = getattr(region, "buffer", None) or getattr(region, "source", None)
-        try:
-            return tvm.DataType(str(holder.dtype)).bits
-        except Exception:  # noqa: BLE001  (unknown region kind: assume 32-bit)
-            return 32
+        """Bits of the widest element the block reads or writes (32 if unknown).
+
+        Lanes sized by a narrow output alone make too-wide vectors of its wider inputs: an int8
+        reduction over float32 reads became 128-lane float vectors, which took LLVM most of a
+        second to compile (BERT's attention-mask check) for no run-time gain."""
+        block = sch.get(block)
+        bits = 0
+        for region in list(block.writes) + list(block.reads):
+            holder = getattr(region, "buffer", None) or getattr(region, "source", None)
+            try:
+                bits = max(bits, tvm.DataType(str(holder.dtype)).bits)
+            except Exception:  # noqa: BLE001  (unknown region kind: assume 32-bit)
+                bits = max(bits, 32)
+        return bits or 32
 
     @staticmethod
     def _is_sr(kinds: str) -> bool:
