@@ -206,3 +206,56 @@ def test_spinn_runtime_error_keeps_its_type(mlp):
     func = region[str(region["get_symbol"]())]
     with pytest.raises(tvm_spinn.SpinnRuntimeError, match=r"input .x. \(argument 0\) expects shape"):
         func(np.zeros((1, 1), "float32"), np.zeros((1, 1), "float32"))
+
+
+def _mapped_ranges(path) -> list[tuple[int, int]]:
+    """Address ranges of this process's mappings of the file at ``path``."""
+    st = os.stat(path)
+    out = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) >= 6 and int(fields[4]) == st.st_ino:
+                lo, hi = (int(v, 16) for v in fields[0].split("-"))
+                out.append((lo, hi))
+    return out
+
+
+def test_programs_are_read_in_place_from_the_sealed_file(mlp):
+    """The programs lie after the ELF contents, located by the trailer's record; load_module
+    reads them from the verified memory map (no copy), and their constants are read-only."""
+    from tvm_spinn.runtime import executor
+
+    _, path, _, _ = mlp
+    meta = loader.verify_library(str(path))
+    data = open(path, "rb").read()
+    assert meta["programs"], meta
+    lib = tvm_spinn.load_module(path)
+    ranges = _mapped_ranges(path)
+    regions = [m for m in tvm_spinn.report_modules(lib) if str(m["get_symbol"]()) != "__spinn_manifest__"]
+    assert regions
+    for region in regions:
+        raw = bytes(region["get_program"]())
+        digest, offset, size = next(e for e in meta["programs"] if e[0] == raw[-32:].hex())
+        assert data[offset:offset + size] == raw
+        program = executor._CACHE[str(region["get_key"]())]
+        for array in program.constants.values():
+            assert not array.flags.writeable
+            if array.size:
+                assert any(lo <= array.ctypes.data < hi for lo, hi in ranges)
+                with pytest.raises(ValueError):
+                    array.reshape(-1)[0] = 0
+
+
+def test_external_program_needs_its_library():
+    """A module container naming a program stored in a library that is not loaded fails
+    clearly (not a crash)."""
+    from test_runtime_lib import fnv1a64
+    from tvm_spinn import _lib
+
+    # version 3: symbol, program length, the program's digest, checksum (src/container.h)
+    body = b"SPINNMOD" + struct.pack("<II", 3, 2) + b"fn" + struct.pack("<Q", 4096) + b"\x01" * 32
+    with pytest.raises(Exception, match="tvm_spinn.load_module"):
+        _lib.load_module_from_bytes(body + struct.pack("<Q", fnv1a64(body)))
+    with pytest.raises(ValueError, match="checksum mismatch"):
+        _lib.load_module_from_bytes(body + struct.pack("<Q", fnv1a64(body) ^ 1))

@@ -5,6 +5,9 @@ The library registers global functions in the tvm-ffi registry when it is loaded
 * ``tvm_spinn.runtime.create_module(symbol, program) -> Module`` (module kind ``"spinn"``),
   ``tvm_spinn.runtime.save_to_bytes(Module) -> Bytes``, ``tvm_spinn.runtime.version()``,
 * ``ffi.Module.load_from_bytes.spinn(Bytes) -> Module`` (used by ``tvm.runtime.load_module``),
+* ``tvm_spinn.runtime.{begin,end}_external_export()``: while a sealed library is exported, spinn
+  modules serialize a reference to their program (container version 3) and hand the programs
+  to ``tvm_spinn.runtime.loader``, which stores them after the ELF contents,
 * ``tvm_spinn.sim.{gemm_f32, gemm_i8, gemm_i16, row_sum_f32}``: bit-exact hardware kernels;
   ``tvm_spinn.sim.{gemm_f32_batched, gemm_i8_batched, gemm_i16_batched, im2col}``: whole-layer
   versions (one call per layer, multi-threaded: ``TVM_SPINN_SIM_THREADS``, default all cores).
