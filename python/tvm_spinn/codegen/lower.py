@@ -21,6 +21,22 @@ class LoweringError(ValueError):
     """A composite function the spinn layer set cannot express (names the composite)."""
 
 
+def _host_view(tensor) -> np.ndarray:
+    """A read-only numpy view of a constant's data, without a copy.
+
+    The program only reads its constants (``Program.to_bytes`` copies them into the blob), and
+    a BERT-base build would otherwise copy every offloaded weight once more here. The view keeps
+    the tensor alive; tensors numpy cannot view (not on the host, not contiguous) are copied."""
+    try:
+        value = np.from_dlpack(tensor)
+    except (TypeError, ValueError, BufferError, RuntimeError):
+        return np.ascontiguousarray(tensor.numpy())
+    if not value.flags.c_contiguous:
+        return np.ascontiguousarray(value)
+    value.flags.writeable = False
+    return value
+
+
 def _shape(expr: relax.Expr) -> list[int]:
     return [int(d.value) for d in expr.ty.shape.values]
 
@@ -51,7 +67,7 @@ class _Lowerer:
     def const(self, expr: Constant) -> int:
         if expr not in self.const_ids:
             tid = self._new_tensor(f"const{len(self.const_ids)}", expr, "const")
-            value = np.ascontiguousarray(expr.value.numpy())
+            value = _host_view(expr.value)
             self.program.constants[tid] = value.reshape(self.program.tensors[tid].shape)
             self.const_ids[expr] = tid
         return self.const_ids[expr]
