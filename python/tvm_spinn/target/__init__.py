@@ -1,12 +1,14 @@
-"""Target model (architecture dataclass) and target tag registration."""
+"""Target model (architecture dataclass), its link graph and target tag registration."""
 
 from .arch import CHIPS, ArchError, SpinnArch, make_system
 from .registry import (
     SYSTEMS, arch_of, get_target, is_spinn_target, known_targets, register_default_tags,
     register_system,
 )
+from .topology import Topology, TransferCost, topology_of
 
 __all__ = [
     "ArchError", "CHIPS", "SpinnArch", "make_system", "SYSTEMS", "arch_of", "get_target",
-    "is_spinn_target", "known_targets", "register_default_tags", "register_system",
+    "is_spinn_target", "known_targets", "register_default_tags", "register_system", "Topology",
+    "TransferCost", "topology_of",
 ]

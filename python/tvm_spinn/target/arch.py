@@ -14,6 +14,14 @@ marked as such. Sources:
   300 MHz at 0.8 V.
 - [DS003] SpiNNaker2 datasheet v0.03: 2 GB LPDDR4 per chip, up to 6.4 GB/s sustained.
 - [TUD-FAQ] TU Dresden SpiNNaker2 FAQ: the *test chip*'s MAC array accumulated in 29 bits.
+- [SpiNNMachine-248] SpiNNakerManchester/SpiNNMachine ``spinn_machine/version/version_248.py`` and
+  ``version_48_chips.py``: the 48-chip SpiNNaker2 board is described with the SpiNN-5 chip layout
+  (an 8 x 8 hexagon of 48 chips on the triangular lattice; "TODO get real values" in the source,
+  so the layout is the published *model* of the board, not a published wiring diagram), and
+  multi-board machines as triads of boards on a 12 x 12-chip-per-triad torus.
+- [Systems-S] secondary sources on SpiNNaker2 systems (collected in the project notes, not read
+  in a primary source): ~2 Gbit/s per board-to-board link; 48 chips a board; systems of 24
+  boards; SpiNNcloud ~720 boards (~34-35k chips).
 
 Everything downstream (tiling, placement, timing, energy) reads its numbers from a
 :class:`SpinnArch` and nothing else. :data:`CHIPS` holds the presets ``"production"`` (the
@@ -25,6 +33,7 @@ model used before it followed the production chip, kept so earlier results can b
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass, field, fields
 
 __all__ = ["SpinnArch", "ArchError", "make_system", "CHIPS"]
@@ -98,8 +107,9 @@ class SpinnArch:
     links_per_chip : int
         Chip-to-chip links: 6 [OJCAS26, SpiNNMachine].
     link_bw_bytes_s : float
-        Bandwidth per chip-to-chip link: ~6 Gbit/s = 0.75 GB/s on a board [OJCAS26] (board-to-board
-        links are slower, ~2 Gbit/s; the model has one link speed).
+        Bandwidth per on-board chip-to-chip link, each direction: ~6 Gbit/s = 0.75 GB/s [OJCAS26].
+        The per-program timing model (``tvm_spinn.timing.model``) still uses it for every link;
+        the link graph (:mod:`tvm_spinn.target.topology`) uses it for on-board links only.
     barrier_cycles : int
         Assumption: cycles for a chip-wide barrier (a NoC multicast round trip).
     dma_setup_cycles : int
@@ -120,6 +130,18 @@ class SpinnArch:
         Assumption: static power per chip at 0.8 V (0.5 W).
     host_fallback : {"llvm", "cuda"}
         Where operators that are not offloaded run.
+    chips_per_board : int
+        Chips on one board: 48 [SpiNNMachine-248, Systems-S]. A system of more chips is made of
+        whole boards (``chips`` a multiple of it); a smaller one uses part of one board.
+    board_link_bw_bytes_s : float
+        Bandwidth per board-to-board link, each direction: ~2 Gbit/s = 0.25 GB/s [Systems-S].
+        Read only by :mod:`tvm_spinn.target.topology`.
+    link_hop_s : float
+        Assumption: latency of one hop over an on-board link (router pipeline, serialisation of a
+        packet and the SERDES): 0.5 us.
+    board_link_hop_s : float
+        Assumption: latency of one hop over a board-to-board link (cable and board-edge SERDES on
+        top of :attr:`link_hop_s`): 1.0 us.
     """
 
     name: str = "spinn2-chip"
@@ -156,11 +178,17 @@ class SpinnArch:
     e_link_byte_j: float = 20e-12  # assumption
     p_static_w_per_chip: float = 0.5  # assumption
     host_fallback: str = field(default="llvm")
+    # Topology (read by tvm_spinn.target.topology only); see _TOPOLOGY_FIELDS for why they are
+    # left out of to_dict() while at their defaults.
+    chips_per_board: int = 48  # [SpiNNMachine-248], [Systems-S]
+    board_link_bw_bytes_s: float = 2e9 / 8  # [Systems-S]
+    link_hop_s: float = 0.5e-6  # assumption
+    board_link_hop_s: float = 1.0e-6  # assumption
 
     def __post_init__(self) -> None:
         positive_ints = (
             "chips", "pes_per_chip", "pes_per_qpe", "sram_bytes", "mac_rows", "mac_cols",
-            "mac16_per_cycle", "dram_bytes", "links_per_chip",
+            "mac16_per_cycle", "dram_bytes", "links_per_chip", "chips_per_board",
         )
         for name in positive_ints:
             value = getattr(self, name)
@@ -169,6 +197,7 @@ class SpinnArch:
         positive_floats = (
             "clock_hz", "m4f_flops_per_cycle", "m4f_elementwise_cycles", "exp_unit_cycles",
             "dram_bw_bytes_s", "dma_bw_bytes_per_cycle", "noc_bw_bytes_s", "link_bw_bytes_s",
+            "board_link_bw_bytes_s",
         )
         for name in positive_floats:
             value = getattr(self, name)
@@ -180,9 +209,11 @@ class SpinnArch:
             raise ArchError(f"SpinnArch.acc_bits must be an integer, got {self.acc_bits!r}")
         for name in ("mgmt_pes_per_chip", "sram_reserved_bytes", "mac_readout_cycles", "noc_hop_cycles",
                      "barrier_cycles", "dma_setup_cycles", "e_mac_int8_j", "e_flop_fp32_j", "e_sram_byte_j", "e_dram_byte_j",
-                     "e_noc_byte_j", "e_link_byte_j", "p_static_w_per_chip"):
-            if getattr(self, name) < 0:
-                raise ArchError(f"SpinnArch.{name} must be >= 0, got {getattr(self, name)!r}")
+                     "e_noc_byte_j", "e_link_byte_j", "p_static_w_per_chip", "link_hop_s",
+                     "board_link_hop_s"):
+            value = getattr(self, name)
+            if not isinstance(value, numbers.Real) or isinstance(value, bool) or not value >= 0:
+                raise ArchError(f"SpinnArch.{name} must be a number >= 0, got {value!r}")
         if self.pes_per_chip % self.pes_per_qpe:
             raise ArchError(
                 f"SpinnArch.pes_per_chip ({self.pes_per_chip}) must be a multiple of "
@@ -200,8 +231,20 @@ class SpinnArch:
             )
         if self.host_fallback not in ("llvm", "cuda"):
             raise ArchError(f"SpinnArch.host_fallback must be 'llvm' or 'cuda', got {self.host_fallback!r}")
+        # Boards are joined only through their edge links: a system larger than one board is whole
+        # boards (a partly populated board would leave the board-level torus with holes).
+        if self.chips > self.chips_per_board and self.chips % self.chips_per_board:
+            raise ArchError(
+                f"SpinnArch.chips ({self.chips}) must be at most chips_per_board "
+                f"({self.chips_per_board}) or a whole number of boards (a multiple of it)"
+            )
 
     # Derived figures -------------------------------------------------------------------------
+    @property
+    def boards(self) -> int:
+        """Boards in the system (1 for a system of one board or part of one)."""
+        return max(1, self.chips // self.chips_per_board)
+
     @property
     def total_pes(self) -> int:
         """PEs that run applications in the whole system (management PEs excluded)."""
@@ -249,8 +292,20 @@ class SpinnArch:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
-        """Plain-dict form, stable key order (serialized into every spinn program)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """Plain-dict form, stable key order (serialized into every spinn program).
+
+        The topology fields (:data:`_TOPOLOGY_FIELDS`) appear only when they differ from their
+        defaults, so the programs (and mapping cache keys) of systems that do not set them are
+        byte-identical to those written before the fields existed; :meth:`from_dict` restores
+        the defaults.
+        """
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in _TOPOLOGY_FIELDS and value == f.default:
+                continue
+            out[f.name] = value
+        return out
 
     @classmethod
     def from_dict(cls, data: dict) -> "SpinnArch":
@@ -259,6 +314,10 @@ class SpinnArch:
         if unknown:
             raise ArchError(f"unknown SpinnArch field(s) {unknown}")
         return cls(**data)
+
+
+#: Fields added with the link graph; omitted from :meth:`SpinnArch.to_dict` at their defaults.
+_TOPOLOGY_FIELDS = frozenset({"chips_per_board", "board_link_bw_bytes_s", "link_hop_s", "board_link_hop_s"})
 
 
 #: Chip presets :func:`make_system` starts from. Each entry overrides only the fields that differ
@@ -284,7 +343,8 @@ CHIPS: dict[str, SpinnArch] = {
 }
 
 
-def make_system(name: str = "custom", chip: str = "production", **fields_) -> SpinnArch:
+def make_system(name: str = "custom", chip: str = "production", boards: int | None = None,
+                **fields_) -> SpinnArch:
     """Build a custom system description, validating every field.
 
     Parameters
@@ -293,6 +353,9 @@ def make_system(name: str = "custom", chip: str = "production", **fields_) -> Sp
         Name of the system (becomes the target's ``model``).
     chip : {"production", "production-150mhz", "testchip"}
         Preset of :data:`CHIPS` the unspecified fields come from.
+    boards : int, optional
+        Number of whole boards; sets ``chips = boards * chips_per_board``. ``chips`` may be given
+        too only if it agrees; ``chips=`` alone still describes part of a board (e.g. 4 chips).
     **fields_
         Any :class:`SpinnArch` field, e.g. ``chips=4, pes_per_chip=32, sram_bytes=64*1024``.
 
@@ -307,4 +370,17 @@ def make_system(name: str = "custom", chip: str = "production", **fields_) -> Sp
     """
     if chip not in CHIPS:
         raise ArchError(f"unknown chip {chip!r}; known chips: {', '.join(sorted(CHIPS))}")
+    if boards is not None:
+        if not isinstance(boards, int) or isinstance(boards, bool) or boards <= 0:
+            raise ArchError(f"boards must be a positive integer, got {boards!r}")
+        per_board = fields_.get("chips_per_board", CHIPS[chip].chips_per_board)
+        if not isinstance(per_board, int) or isinstance(per_board, bool) or per_board <= 0:
+            raise ArchError(f"SpinnArch.chips_per_board must be a positive integer, got {per_board!r}")
+        chips = boards * per_board
+        if fields_.get("chips", chips) != chips:
+            raise ArchError(
+                f"boards={boards} ({chips} chips at chips_per_board={per_board}) is inconsistent "
+                f"with chips={fields_['chips']!r}"
+            )
+        fields_["chips"] = chips
     return CHIPS[chip].replace(name=name, **fields_)

@@ -74,13 +74,15 @@ def register_system(arch: SpinnArch, tag: str | None = None, fallback: str = "ll
 def register_default_tags() -> None:
     """Register the built-in tags.
 
-    ``spinn`` (one production chip), ``spinn/board`` (48 of them), ``spinn/cuda`` (one chip, CUDA
-    fallback), and ``spinn/testchip``, ``spinn/testchip/board`` with the test chip's numbers
+    ``spinn`` (one production chip), ``spinn/board`` (48 of them), ``spinn/cloud`` (720 boards,
+    34,560 chips: SpiNNcloud's ~720 boards [Systems-S in :mod:`tvm_spinn.target.arch`]),
+    ``spinn/cuda`` (one chip, CUDA fallback), and ``spinn/testchip``, ``spinn/testchip/board`` with the test chip's numbers
     (:data:`tvm_spinn.target.arch.CHIPS`).
     """
     chip = CHIPS["production"]
     register_system(chip, tag="spinn")
     register_system(chip.replace(name="spinn2-board", chips=48), tag="spinn/board")
+    register_system(chip.replace(name="spinn2-cloud", chips=720 * chip.chips_per_board), tag="spinn/cloud")
     register_system(chip.replace(host_fallback="cuda"), tag="spinn/cuda", fallback="cuda")
     test = CHIPS["testchip"]
     register_system(test, tag="spinn/testchip")

@@ -1,0 +1,445 @@
+"""The chip-to-chip link graph of a SpiNNaker2 system and deterministic routing on it.
+
+Wiring (see the sources in :mod:`tvm_spinn.target.arch`)
+--------------------------------------------------------
+- **Board** [SpiNNMachine-248]: the 48 chips sit on the triangular lattice in the SpiNN-5 hexagon
+  ``0 <= x, y <= 7, -3 <= x - y <= 4``. Each chip has 6 links, numbered as on SpiNNaker:
+  0 E ``(+1, 0)``, 1 NE ``(+1, +1)``, 2 N ``(0, +1)``, 3 W ``(-1, 0)``, 4 SW ``(-1, -1)``,
+  5 S ``(0, -1)``. A standalone board has no wrap-around: its edge links are unconnected.
+- **Boards** (assumption for SpiNNaker2; the SpiNNaker1 arrangement that [SpiNNMachine-248]
+  reuses): the hexagon tiles the lattice with translations ``U = (8, 4)`` and ``V = (4, 8)`` (three
+  boards per 12 x 12 chips, SpiNNaker's "triads"). A system of ``boards >= 2`` puts board
+  ``(a, b)`` at ``a U + b V`` on a ``bx x by`` torus of boards (:func:`board_grid`, the most
+  nearly square factorisation), wrapping by ``bx U`` and ``by V``: every chip keeps exactly 6
+  links, and a link whose far end lies outside the chip's own hexagon is a board-to-board link
+  (slower bandwidth :attr:`~SpinnArch.board_link_bw_bytes_s`, longer hop
+  :attr:`~SpinnArch.board_link_hop_s`). A dimension of one board wraps onto the board itself.
+- **Part of a board** (``chips < 48``): chips ``0 .. chips-1`` of one board; the routers of the
+  board's other chips still forward packets.
+
+Chip ids: board ``a + bx * b`` holds chips ``48 * board ...``; inside a board, chips are numbered
+along a snake over the rows (row ``y`` left to right when even, right to left when odd), so
+consecutive ids are one hop apart on a board.
+
+Routing: the shortest displacement on the torus (the smallest of the 9 images ``d + i bx U +
+j by V``, ``i, j in {-1, 0, 1}``, ties to the first in a fixed order), then dimension order:
+diagonal (NE/SW) hops first when both components share a sign, then E/W, then N/S. On the
+triangular lattice that path is a shortest one, and inside a convex hexagon it never leaves it.
+
+Costs: a *set of concurrent transfers* loads each directed link with the bytes of the routes
+through it (links are full duplex: each direction is its own link); its time is
+``max over links (bytes / bandwidth) + max over transfers (sum of the hop latencies)``. Nothing
+here is all-pairs: positions, a neighbour table (``chips x 6``) and per-transfer walks, so a
+720-board system is described in milliseconds.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .arch import ArchError, SpinnArch
+
+__all__ = [
+    "BOARD_CHIPS", "DIRECTIONS", "DIRECTION_NAMES", "Topology", "TransferCost", "board_grid",
+    "board_layout", "topology_of",
+]
+
+#: Link directions in SpiNNaker's numbering: E, NE, N, W, SW, S.
+DIRECTIONS = np.array([(1, 0), (1, 1), (0, 1), (-1, 0), (-1, -1), (0, -1)], dtype=np.int64)
+DIRECTION_NAMES = ("E", "NE", "N", "W", "SW", "S")
+#: Chips on a board in the SpiNN-5 layout [SpiNNMachine-248].
+BOARD_CHIPS = 48
+_U = np.array([8, 4], dtype=np.int64)
+_V = np.array([4, 8], dtype=np.int64)
+_E, _NE, _N, _W, _SW, _S = range(6)
+
+
+def board_layout() -> np.ndarray:
+    """Lattice coordinates of a board's 48 chips, indexed by the chip's number on its board.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(48, 2)`` int64 ``(x, y)``, in snake order over the rows of the hexagon.
+    """
+    rows = []
+    for y in range(8):
+        xs = list(range(max(0, y - 3), min(7, y + 4) + 1))
+        rows += [(x, y) for x in (xs if y % 2 == 0 else reversed(xs))]
+    return np.array(rows, dtype=np.int64)
+
+
+_LAYOUT = board_layout()
+
+
+def _tile_table() -> np.ndarray:
+    """``table[x % 12, y % 12]`` = the board-local number of the chip at ``(x, y)``.
+
+    ``(12, 0) = 2U - V`` and ``(0, 12) = 2V - U`` are board translations, so a point's place on its
+    board depends on its coordinates modulo 12 only. Built by translating the hexagon; a cell
+    covered twice or never would mean the hexagon does not tile (checked here once).
+    """
+    table = np.full((12, 12), -1, dtype=np.int64)
+    for a in range(-2, 4):
+        for b in range(-2, 4):
+            for local, (x, y) in enumerate(_LAYOUT + a * _U + b * _V):
+                if 0 <= x < 12 and 0 <= y < 12:
+                    if table[x, y] != -1:
+                        raise AssertionError("board hexagon overlaps itself: layout is wrong")
+                    table[x, y] = local
+    if (table < 0).any():
+        raise AssertionError("board hexagon leaves holes: layout is wrong")
+    return table
+
+
+_TILE = _tile_table()
+_IN_HEXAGON = np.zeros((8, 8), dtype=bool)
+_IN_HEXAGON[_LAYOUT[:, 0], _LAYOUT[:, 1]] = True
+
+
+def board_grid(boards: int) -> tuple[int, int]:
+    """Shape ``(bx, by)`` of the torus of boards: the most nearly square factorisation.
+
+    Parameters
+    ----------
+    boards : int
+        Number of boards (>= 1).
+
+    Returns
+    -------
+    tuple of int
+        ``bx <= by`` with ``bx * by == boards`` and ``bx`` the largest divisor <= sqrt(boards)
+        (720 boards: 24 x 30; a prime count is a ring of boards, 1 x boards).
+    """
+    if not isinstance(boards, int) or boards <= 0:
+        raise ArchError(f"boards must be a positive integer, got {boards!r}")
+    bx = max(d for d in range(1, math.isqrt(boards) + 1) if boards % d == 0)
+    return bx, boards // bx
+
+
+def _hex_norm(vx: np.ndarray, vy: np.ndarray) -> np.ndarray:
+    """Hops of a displacement on the triangular lattice (links E, NE, N and their opposites)."""
+    ax, ay = np.abs(vx), np.abs(vy)
+    return np.where(vx * vy >= 0, np.maximum(ax, ay), ax + ay)
+
+
+@dataclass(frozen=True)
+class TransferCost:
+    """Cost of a set of concurrent transfers on the link graph.
+
+    Attributes
+    ----------
+    seconds : float
+        ``bandwidth_s + latency_s``.
+    bandwidth_s : float
+        Max over links of the bytes routed through the link / its bandwidth.
+    latency_s : float
+        Max over transfers of the summed hop latencies of its route.
+    max_link_bytes : float
+        Bytes on the busiest link.
+    max_hops : int
+        Hops of the longest route.
+    board_hops : int
+        Board-to-board hops of the route with the most of them.
+    """
+
+    seconds: float
+    bandwidth_s: float
+    latency_s: float
+    max_link_bytes: float
+    max_hops: int
+    board_hops: int
+
+
+@dataclass(frozen=True, eq=False)
+class Topology:
+    """The link graph of one system; build it with :func:`topology_of`.
+
+    Attributes
+    ----------
+    chips : int
+        Chips of the system (ranks ``0 .. chips - 1``).
+    nodes : int
+        Routers in the graph: ``chips``, or 48 for part of a board (all the board's routers).
+    boards : int
+        Boards; ``grid`` is their ``(bx, by)`` torus and ``wrap`` whether it wraps (>= 2 boards).
+    pos : numpy.ndarray
+        ``(nodes, 2)`` lattice coordinates (unwrapped: board origin + place on the board).
+    neighbors : numpy.ndarray
+        ``(nodes, 6)`` node at the far end of each link direction, -1 where unconnected.
+    board_link : numpy.ndarray
+        ``(nodes, 6)`` bool: the link leaves its board.
+    link_bw : numpy.ndarray
+        ``(nodes * 6,)`` bytes/s of each directed link (id ``node * 6 + direction``).
+    link_hop_s : numpy.ndarray
+        ``(nodes * 6,)`` hop latency of each directed link.
+    """
+
+    chips: int
+    nodes: int
+    boards: int
+    grid: tuple[int, int]
+    wrap: bool
+    pos: np.ndarray
+    neighbors: np.ndarray
+    board_link: np.ndarray
+    link_bw: np.ndarray
+    link_hop_s: np.ndarray
+
+    # Lookups --------------------------------------------------------------------------------
+    def node_at(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Node ids at lattice points.
+
+        Parameters
+        ----------
+        x, y : array_like of int
+            Lattice coordinates (any integers: wrapped on a torus of boards).
+
+        Returns
+        -------
+        numpy.ndarray
+            Node id per point; -1 where a standalone board has no chip.
+        """
+        x, y = np.asarray(x, dtype=np.int64), np.asarray(y, dtype=np.int64)
+        local = _TILE[x % 12, y % 12]
+        ox, oy = x - _LAYOUT[local, 0], y - _LAYOUT[local, 1]
+        a, b = (2 * ox - oy) // 12, (2 * oy - ox) // 12  # ox = 8a + 4b, oy = 4a + 8b
+        if self.wrap:
+            bx, by = self.grid
+            return (a % bx + bx * (b % by)) * BOARD_CHIPS + local
+        return np.where((a == 0) & (b == 0), local, -1)
+
+    def board_of(self, chips: np.ndarray) -> np.ndarray:
+        """Board index of each chip.
+
+        Parameters
+        ----------
+        chips : array_like of int
+            Chip (node) ids.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``chips // 48``.
+        """
+        return np.asarray(chips, dtype=np.int64) // BOARD_CHIPS
+
+    def degree(self) -> np.ndarray:
+        """Connected links per node (6 on a torus of boards; fewer on a standalone board's edge)."""
+        return (self.neighbors >= 0).sum(axis=1)
+
+    def _check(self, chips: np.ndarray, what: str) -> np.ndarray:
+        chips = np.asarray(chips, dtype=np.int64).reshape(-1)
+        if chips.size and (chips.min() < 0 or chips.max() >= self.chips):
+            raise ArchError(f"{what}: chip ids must be in [0, {self.chips}), got {chips.min()}..{chips.max()}")
+        return chips
+
+    # Routing --------------------------------------------------------------------------------
+    def displacement(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Shortest lattice displacement from each ``src`` to its ``dst``.
+
+        Parameters
+        ----------
+        src, dst : array_like of int
+            Chip ids, one transfer per pair.
+
+        Returns
+        -------
+        vx, vy : numpy.ndarray
+            The displacement the route follows (the smallest torus image; ties to the first
+            image in a fixed order, so routes are deterministic).
+        """
+        src, dst = self._check(src, "src"), self._check(dst, "dst")
+        d = self.pos[dst] - self.pos[src]
+        if not self.wrap:
+            return d[:, 0], d[:, 1]
+        bx, by = self.grid
+        shifts = np.array(
+            [(0, 0), (1, 0), (-1, 0), (0, 1), (0, -1), (1, 1), (-1, -1), (1, -1), (-1, 1)], dtype=np.int64
+        )
+        images = d[:, None, :] + (shifts[:, :1] * bx * _U + shifts[:, 1:] * by * _V)[None, :, :]
+        k = np.argmin(_hex_norm(images[..., 0], images[..., 1]), axis=1)  # first minimum: fixed tie-break
+        v = images[np.arange(len(d)), k]
+        return v[:, 0], v[:, 1]
+
+    def hops(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """Hops of the route from each ``src`` to its ``dst`` (a shortest path).
+
+        Parameters
+        ----------
+        src, dst : array_like of int
+            Chip ids, one transfer per pair.
+
+        Returns
+        -------
+        numpy.ndarray
+            Hops per transfer, from the closed form on the triangular lattice (no search).
+        """
+        vx, vy = self.displacement(src, dst)
+        return _hex_norm(vx, vy)
+
+    def route_links(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Directed links of each route, flattened.
+
+        Parameters
+        ----------
+        src, dst : array_like of int
+            Chip ids, one transfer per pair.
+
+        Returns
+        -------
+        transfer, link : numpy.ndarray
+            For every hop of every route, the transfer's index and the link id
+            (``node * 6 + direction``), in hop order per transfer.
+        """
+        src, dst = self._check(src, "src"), self._check(dst, "dst")
+        vx, vy = self.displacement(src, dst)
+        ax, ay = np.abs(vx), np.abs(vy)
+        # three segments: diagonal (only when the signs agree), then E/W, then N/S
+        diag = np.where(vx * vy > 0, np.minimum(ax, ay), 0)
+        ends1, ends2 = diag, diag + (ax - diag)
+        hops = ends2 + (ay - diag)
+        d1 = np.where(vx > 0, _NE, _SW)
+        d2 = np.where(vx > 0, _E, _W)
+        d3 = np.where(vy > 0, _N, _S)
+        cur = src.copy()
+        out_t, out_l = [], []
+        index = np.arange(len(src))
+        for step in range(int(hops.max()) if len(hops) else 0):
+            act = index[step < hops]
+            direction = np.where(step < ends1[act], d1[act], np.where(step < ends2[act], d2[act], d3[act]))
+            out_t.append(act)
+            out_l.append(cur[act] * 6 + direction)
+            cur[act] = self.neighbors[cur[act], direction]
+        if not np.array_equal(cur, dst):  # an invariant of the wiring, not an input error
+            raise AssertionError("a route left the link graph")
+        if not out_t:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.concatenate(out_t), np.concatenate(out_l)
+
+    def route(self, src: int, dst: int) -> list[tuple[int, str]]:
+        """The route of one transfer as ``(node, direction name)`` hops (for reports and tests)."""
+        _, links = self.route_links([src], [dst])
+        return [(int(link // 6), DIRECTION_NAMES[int(link % 6)]) for link in links]
+
+    def evaluate(self, src: np.ndarray, dst: np.ndarray,
+                 nbytes: "float | np.ndarray") -> tuple[TransferCost, np.ndarray]:
+        """Cost of a set of concurrent transfers and the bytes it puts on every link.
+
+        Parameters
+        ----------
+        src, dst : array_like of int
+            Chip ids, one transfer per pair (``src == dst`` moves nothing over links).
+        nbytes : float or array_like of float
+            Bytes of each transfer (one value for all).
+
+        Returns
+        -------
+        cost : TransferCost
+        load : numpy.ndarray
+            ``(nodes * 6,)`` bytes routed through each directed link.
+        """
+        src, dst = self._check(src, "src"), self._check(dst, "dst")
+        if src.shape != dst.shape:
+            raise ArchError(f"src and dst differ in length: {src.size} vs {dst.size}")
+        nbytes = np.broadcast_to(np.asarray(nbytes, dtype=np.float64), src.shape)
+        transfer, links = self.route_links(src, dst)
+        load = np.bincount(links, weights=nbytes[transfer], minlength=self.nodes * 6)
+        if not links.size:
+            return TransferCost(0.0, 0.0, 0.0, 0.0, 0, 0), load
+        latency = np.bincount(transfer, weights=self.link_hop_s[links], minlength=src.size)
+        board_hops = np.bincount(transfer, weights=self.board_link.reshape(-1)[links], minlength=src.size)
+        bandwidth_s = float((load / self.link_bw).max())
+        latency_s = float(latency.max())
+        cost = TransferCost(
+            seconds=bandwidth_s + latency_s, bandwidth_s=bandwidth_s, latency_s=latency_s,
+            max_link_bytes=float(load.max()), max_hops=int(np.bincount(transfer).max()),
+            board_hops=int(board_hops.max()),
+        )
+        return cost, load
+
+    def transfer_cost(self, src: np.ndarray, dst: np.ndarray, nbytes: "float | np.ndarray") -> TransferCost:
+        """Time of a set of concurrent transfers, contention on shared links included.
+
+        Parameters
+        ----------
+        src, dst : array_like of int
+            Chip ids, one transfer per pair.
+        nbytes : float or array_like of float
+            Bytes of each transfer (one value for all).
+
+        Returns
+        -------
+        TransferCost
+            See :meth:`evaluate`, which also returns the per-link bytes.
+        """
+        return self.evaluate(src, dst, nbytes)[0]
+
+
+def _build(chips: int, link_bw: float, board_bw: float, hop_s: float, board_hop_s: float) -> Topology:
+    boards = max(1, chips // BOARD_CHIPS)
+    grid = board_grid(boards)
+    wrap = boards > 1
+    nodes = max(chips, BOARD_CHIPS)
+    ids = np.arange(nodes, dtype=np.int64)
+    board, local = ids // BOARD_CHIPS, ids % BOARD_CHIPS
+    a, b = board % grid[0], board // grid[0]
+    pos = _LAYOUT[local] + a[:, None] * _U + b[:, None] * _V
+    topo = Topology(
+        chips=chips, nodes=nodes, boards=boards, grid=grid, wrap=wrap, pos=pos,
+        neighbors=np.empty((nodes, 6), np.int64), board_link=np.empty((nodes, 6), bool),
+        link_bw=np.empty(nodes * 6), link_hop_s=np.empty(nodes * 6),
+    )
+    far = pos[:, None, :] + DIRECTIONS[None, :, :]
+    topo.neighbors[:] = topo.node_at(far[..., 0], far[..., 1])
+    # a link leaves the board when its far end is outside this chip's own hexagon (so a board
+    # wrapped onto itself still uses its board-to-board links)
+    lx, ly = _LAYOUT[local][:, None, 0] + DIRECTIONS[None, :, 0], _LAYOUT[local][:, None, 1] + DIRECTIONS[None, :, 1]
+    inside = (lx >= 0) & (lx < 8) & (ly >= 0) & (ly < 8)
+    inside[inside] = _IN_HEXAGON[lx[inside], ly[inside]]
+    topo.board_link[:] = ~inside
+    topo.link_bw[:] = np.where(topo.board_link, board_bw, link_bw).reshape(-1)
+    topo.link_hop_s[:] = np.where(topo.board_link, board_hop_s, hop_s).reshape(-1)
+    for array in (topo.pos, topo.neighbors, topo.board_link, topo.link_bw, topo.link_hop_s):
+        array.flags.writeable = False  # shared through the cache
+    return topo
+
+
+@functools.lru_cache(maxsize=8)
+def _cached(chips: int, link_bw: float, board_bw: float, hop_s: float, board_hop_s: float) -> Topology:
+    return _build(chips, link_bw, board_bw, hop_s, board_hop_s)
+
+
+def topology_of(arch: SpinnArch) -> Topology:
+    """The link graph of a system (cached per distinct set of topology numbers).
+
+    Parameters
+    ----------
+    arch : SpinnArch
+        The system; reads ``chips``, ``chips_per_board``, ``links_per_chip``,
+        ``link_bw_bytes_s``, ``board_link_bw_bytes_s``, ``link_hop_s``, ``board_link_hop_s``.
+
+    Returns
+    -------
+    Topology
+
+    Raises
+    ------
+    ArchError
+        If the board is not the 48-chip, 6-link layout this wiring describes (naming the field).
+    """
+    if arch.chips_per_board != BOARD_CHIPS:
+        raise ArchError(
+            f"SpinnArch.chips_per_board must be {BOARD_CHIPS} for the link graph (the SpiNN-5 "
+            f"board layout), got {arch.chips_per_board}"
+        )
+    if arch.links_per_chip != 6:
+        raise ArchError(f"SpinnArch.links_per_chip must be 6 for the link graph, got {arch.links_per_chip}")
+    return _cached(
+        arch.chips, float(arch.link_bw_bytes_s), float(arch.board_link_bw_bytes_s),
+        float(arch.link_hop_s), float(arch.board_link_hop_s),
+    )

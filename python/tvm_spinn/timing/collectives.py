@@ -1,0 +1,351 @@
+"""Collectives costed on the link graph: all-reduce, all-gather, reduce-scatter, point-to-point.
+
+Every collective is a sequence of *steps*; a step is a set of concurrent transfers costed by
+:meth:`tvm_spinn.target.topology.Topology.evaluate` (routes on the graph, bytes summed per link,
+``max bytes / bandwidth + longest route's hop latencies``). A collective's time is the sum of its
+steps: the model does not overlap one step with the next (each needs the data of the last).
+
+Every function takes the system's link graph, a
+:class:`tvm_spinn.target.topology.Topology` (``topology_of(arch)``).
+
+Algorithms over ``c`` ranks (chip ids in the order given, rank ``i`` = ``ranks[i]``):
+
+- **ring** (bidirectional): half of the data goes around the ring one way and half the other,
+  so each step sends ``n / (2c)`` bytes to each ring neighbour. All-reduce is a reduce-scatter
+  and an all-gather: ``2 (c - 1)`` steps; all-gather and reduce-scatter ``c - 1`` steps.
+- **tree** (binomial over rank indices): reduce to rank 0 in ``ceil(log2 c)`` steps (step ``k``:
+  rank ``i + 2^k`` sends to ``i`` for ``i`` a multiple of ``2^(k+1)``), broadcast back in the
+  reverse order. Gather and scatter use the same pairs with the subtree's share of the bytes.
+  The reduce follows :func:`reduction_order` over the ranks, which is what makes a tree
+  all-reduce bitwise reproducible (see there).
+- **direct** (point-to-point): one step of the given transfers.
+
+``algorithm="auto"`` costs ring and tree and returns the cheaper (ring on a tie).
+On the links that matter, for ``n`` bytes, link bandwidth ``B`` and hop latency ``a``, two chips one
+hop apart give ring all-reduce ``n / B + 2a`` and tree ``2n / B + 2a``: the tree pays the full
+message per step, the ring ``n / c`` but ``2 (c - 1)`` latencies, so tiny messages go by tree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+# No import of tvm_spinn.target here: timing sits on program only (tests/test_layering.py), and
+# importing the target package loads TVM. Callers pass a Topology built by
+# tvm_spinn.target.topology.topology_of; only its documented methods are used.
+
+__all__ = [
+    "CollectiveCost", "all_gather", "all_reduce", "fixed_order_sum", "point_to_point",
+    "reduce_scatter", "reduction_order", "chip_blocks",
+]
+
+_ALGORITHMS = ("ring", "tree")
+
+
+@dataclass(frozen=True)
+class CollectiveCost:
+    """Cost of one collective on the link graph.
+
+    Attributes
+    ----------
+    op : str
+        ``"all_reduce"``, ``"all_gather"``, ``"reduce_scatter"`` or ``"point_to_point"``.
+    algorithm : str
+        ``"ring"``, ``"tree"`` or ``"direct"``.
+    seconds : float
+        Sum over the steps of each step's time.
+    bytes_per_link : float
+        Bytes the busiest directed link carries over the whole collective.
+    hops : int
+        Hops on the critical path: the sum over steps of the step's longest route.
+    board_hops : int
+        Board-to-board hops on the critical path (same sum, board links only).
+    steps : int
+        Number of steps.
+    ranks : int
+        Chips taking part.
+    nbytes : float
+        The message size the collective was asked for (see each function).
+    """
+
+    op: str
+    algorithm: str
+    seconds: float
+    bytes_per_link: float
+    hops: int
+    board_hops: int
+    steps: int
+    ranks: int
+    nbytes: float
+
+
+# ----------------------------------------------------------------------------------------------
+# Steps of each algorithm as (src rank index, dst rank index, bytes) arrays
+
+
+def _ring_step(c: int, chunk: float) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, int]]:
+    """One ring step (repeated), as ``[(src, dst, bytes, repeats)]`` over rank indices."""
+    i = np.arange(c)
+    nxt, prv = (i + 1) % c, (i - 1) % c
+    src, dst = np.concatenate([i, i]), np.concatenate([nxt, prv])
+    return [(src, dst, np.full(2 * c, chunk / 2), 1)]
+
+
+def _tree_pairs(c: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Binomial step ``k``: parents ``i`` (multiples of ``2^(k+1)``), children ``i + 2^k``, and
+    the ranks in each child's subtree."""
+    width = 1 << k
+    parent = np.arange(0, c, 2 * width)
+    parent = parent[parent + width < c]
+    child = parent + width
+    return parent, child, np.minimum(width, c - child)
+
+
+def _levels(c: int) -> int:
+    return int(c - 1).bit_length()  # ceil(log2 c) for c >= 1
+
+
+def _tree_steps(op: str, c: int, n: float) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, int]]:
+    up, down = [], []
+    for k in range(_levels(c)):
+        parent, child, subtree = _tree_pairs(c, k)
+        if op in ("all_reduce", "reduce_scatter"):  # partial sums of the whole message go up
+            up.append((child, parent, np.full(len(child), n), 1))
+        else:  # all_gather: each subtree's own shares go up
+            up.append((child, parent, subtree * (n / c), 1))
+        if op in ("all_reduce", "all_gather"):  # the whole result comes down
+            down.append((parent, child, np.full(len(child), n), 1))
+        else:  # reduce_scatter: each subtree gets its shares
+            down.append((parent, child, subtree * (n / c), 1))
+    return up + down[::-1]
+
+
+def _steps(op: str, algorithm: str, c: int, n: float):
+    if algorithm == "tree":
+        return _tree_steps(op, c, n)
+    repeats = 2 * (c - 1) if op == "all_reduce" else c - 1
+    (src, dst, size, _), = _ring_step(c, n / c)
+    return [(src, dst, size, repeats)]
+
+
+def _evaluate(topo: "Topology", ranks: np.ndarray, op: str, algorithm: str, steps, nbytes: float) -> CollectiveCost:
+    seconds, hops, board_hops, count = 0.0, 0, 0, 0
+    total = np.zeros(topo.nodes * 6)
+    for src, dst, size, repeats in steps:
+        cost, load = topo.evaluate(ranks[src], ranks[dst], size)
+        seconds += repeats * cost.seconds
+        hops += repeats * cost.max_hops
+        board_hops += repeats * cost.board_hops
+        total += repeats * load
+        count += repeats
+    return CollectiveCost(
+        op=op, algorithm=algorithm, seconds=seconds, bytes_per_link=float(total.max(initial=0.0)),
+        hops=hops, board_hops=board_hops, steps=count, ranks=len(ranks), nbytes=float(nbytes),
+    )
+
+
+def _prepare(topo: "Topology", ranks: Sequence[int], nbytes: float) -> tuple["Topology", np.ndarray]:
+    if not hasattr(topo, "evaluate"):
+        raise TypeError(f"expected a Topology (tvm_spinn.target.topology_of(arch)), got {type(topo).__name__}")
+    ranks = np.asarray(ranks, dtype=np.int64).reshape(-1)
+    if ranks.size == 0:
+        raise ValueError("a collective needs at least one rank")
+    if np.unique(ranks).size != ranks.size:
+        raise ValueError("ranks must be distinct chips")
+    if not np.isfinite(nbytes) or nbytes < 0:
+        raise ValueError(f"nbytes must be a finite number >= 0, got {nbytes!r}")
+    return topo, ranks
+
+
+def _collective(op: str, topo: "Topology", ranks, nbytes: float, algorithm: str, allowed=_ALGORITHMS) -> CollectiveCost:
+    topo, ranks = _prepare(topo, ranks, nbytes)
+    if algorithm != "auto" and algorithm not in allowed:
+        raise ValueError(f"algorithm must be 'auto' or one of {allowed}, got {algorithm!r}")
+    candidates = allowed if algorithm == "auto" else (algorithm,)
+    costs = [_evaluate(topo, ranks, op, a, _steps(op, a, ranks.size, float(nbytes)), nbytes) for a in candidates]
+    return min(costs, key=lambda cost: cost.seconds)  # min keeps the first (ring) on a tie
+
+
+def all_reduce(topo: "Topology", ranks: Sequence[int], nbytes: float,
+               algorithm: str = "auto", reproducible: bool = False) -> CollectiveCost:
+    """Cost of an all-reduce of ``nbytes`` bytes held by every rank.
+
+    Parameters
+    ----------
+    topo : Topology
+        The system's link graph (:func:`tvm_spinn.target.topology.topology_of`).
+    ranks : sequence of int
+        Distinct chip ids; their order is the ring order and the tree's rank order.
+    nbytes : float
+        Bytes of the buffer each rank contributes and receives back reduced.
+    algorithm : {"auto", "ring", "tree"}
+        ``"auto"`` returns the cheaper.
+    reproducible : bool
+        Only algorithms whose additions follow :func:`reduction_order` (the tree); the ring's
+        chunk order depends on the rank count.
+
+    Returns
+    -------
+    CollectiveCost
+    """
+    allowed = ("tree",) if reproducible else _ALGORITHMS
+    return _collective("all_reduce", topo, ranks, nbytes, algorithm, allowed)
+
+
+def all_gather(topo: "Topology", ranks: Sequence[int], nbytes: float,
+               algorithm: str = "auto") -> CollectiveCost:
+    """Cost of an all-gather whose result on every rank is ``nbytes`` bytes.
+
+    Parameters
+    ----------
+    topo : Topology
+        The system's link graph.
+    ranks : sequence of int
+        Distinct chip ids; each contributes ``nbytes / len(ranks)`` bytes.
+    nbytes : float
+        Bytes of the gathered result.
+    algorithm : {"auto", "ring", "tree"}
+        ``"auto"`` returns the cheaper.
+
+    Returns
+    -------
+    CollectiveCost
+    """
+    return _collective("all_gather", topo, ranks, nbytes, algorithm)
+
+
+def reduce_scatter(topo: "Topology", ranks: Sequence[int], nbytes: float,
+                   algorithm: str = "auto") -> CollectiveCost:
+    """Cost of a reduce-scatter of ``nbytes`` bytes held by every rank.
+
+    Parameters
+    ----------
+    topo : Topology
+        The system's link graph.
+    ranks : sequence of int
+        Distinct chip ids; each ends with ``nbytes / len(ranks)`` reduced bytes.
+    nbytes : float
+        Bytes of each rank's input buffer.
+    algorithm : {"auto", "ring", "tree"}
+        ``"auto"`` returns the cheaper.
+
+    Returns
+    -------
+    CollectiveCost
+    """
+    return _collective("reduce_scatter", topo, ranks, nbytes, algorithm)
+
+
+def point_to_point(topo: "Topology", src: Sequence[int], dst: Sequence[int],
+                   nbytes: float) -> CollectiveCost:
+    """Cost of concurrent point-to-point transfers (e.g. a pipeline stage handing over).
+
+    Parameters
+    ----------
+    topo : Topology
+        The system's link graph.
+    src, dst : sequence of int
+        Sender and receiver of each transfer (same length).
+    nbytes : float
+        Bytes of each transfer.
+
+    Returns
+    -------
+    CollectiveCost
+        ``algorithm="direct"``, one step; ``ranks`` counts the distinct chips involved.
+    """
+    src = np.asarray(src, dtype=np.int64).reshape(-1)
+    dst = np.asarray(dst, dtype=np.int64).reshape(-1)
+    if src.shape != dst.shape:
+        raise ValueError(f"src and dst differ in length: {src.size} vs {dst.size}")
+    chips = np.unique(np.concatenate([src, dst]))
+    topo, chips = _prepare(topo, chips, nbytes)
+    index = np.searchsorted(chips, np.concatenate([src, dst]))
+    step = (index[: src.size], index[src.size:], np.full(src.size, float(nbytes)), 1)
+    return _evaluate(topo, chips, "point_to_point", "direct", [step], nbytes)
+
+
+# ----------------------------------------------------------------------------------------------
+# The fixed reduction order
+
+
+def reduction_order(logical: int) -> tuple[tuple[int, int], ...]:
+    """The fixed order in which ``logical`` partial sums are added, independent of chip count.
+
+    A balanced pairwise tree over *logical* ranks (shards of the reduced dimension, fixed by the
+    model, not by the plan): level ``w = 1, 2, 4, ...`` adds partial ``left + w`` into ``left``
+    for every ``left`` a multiple of ``2w``; the result ends in partial 0. A missing right
+    operand (``left + w >= logical``) is skipped, never replaced by zero: ``-0.0 + 0.0`` is
+    ``+0.0``, so padding would change bits.
+
+    A plan on any number of chips reproduces these bits when each chip owns an aligned block of
+    logical ranks (:func:`chip_blocks`): the chip adds its block in this order (the steps inside
+    the block), and the binomial tree all-reduce over the chips (:func:`all_reduce`,
+    ``reproducible=True``) performs exactly the remaining steps, in this order.
+
+    Parameters
+    ----------
+    logical : int
+        Number of logical partial sums (>= 1).
+
+    Returns
+    -------
+    tuple of (int, int)
+        ``(left, right)`` pairs, in execution order: ``partial[left] += partial[right]``.
+    """
+    if not isinstance(logical, (int, np.integer)) or logical < 1:
+        raise ValueError(f"logical must be a positive integer, got {logical!r}")
+    steps, width = [], 1
+    while width < logical:
+        steps += [(left, left + width) for left in range(0, logical - width, 2 * width)]
+        width *= 2
+    return tuple(steps)
+
+
+def chip_blocks(logical: int, chips: int) -> tuple[tuple[int, int], ...]:
+    """Blocks of logical ranks each chip owns so that :func:`reduction_order` is kept.
+
+    Blocks are aligned subtrees: the smallest power of two ``b`` with ``ceil(logical / b) <=
+    chips``; chip ``r`` owns ``[r b, min((r + 1) b, logical))``. Chips past the last block
+    hold no partial sum of this reduction.
+
+    Parameters
+    ----------
+    logical : int
+        Number of logical partial sums.
+    chips : int
+        Chips available for the reduction.
+
+    Returns
+    -------
+    tuple of (int, int)
+        ``(start, stop)`` per chip that holds partial sums, in rank order.
+    """
+    if not isinstance(chips, (int, np.integer)) or chips < 1:
+        raise ValueError(f"chips must be a positive integer, got {chips!r}")
+    reduction_order(logical)  # validates logical
+    block = 1
+    while -(-logical // block) > chips:
+        block *= 2
+    return tuple((start, min(start + block, logical)) for start in range(0, logical, block))
+
+
+def fixed_order_sum(partials: Sequence[np.ndarray]) -> np.ndarray:
+    """Reference sum of logical partials in :func:`reduction_order` (a new array).
+
+    Parameters
+    ----------
+    partials : sequence of numpy.ndarray
+        One array per logical rank, all of one shape and dtype.
+
+    Returns
+    -------
+    numpy.ndarray
+    """
+    acc = [np.array(p, copy=True) for p in partials]
+    for left, right in reduction_order(len(acc)):
+        acc[left] = acc[left] + acc[right]
+    return acc[0]

@@ -1,0 +1,256 @@
+"""The link graph (boards of 48 chips joined by their edge links) and collectives costed on it.
+
+Routes are checked against a brute-force breadth-first search on small systems; collective costs
+against values worked out by hand from the link bandwidth ``B`` and hop latency ``a``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tvm_spinn
+from tvm_spinn.target.topology import BOARD_CHIPS, board_grid, board_layout, topology_of
+from tvm_spinn.timing import collectives as C
+
+
+def _bfs(topo, source: int) -> np.ndarray:
+    """Hops from ``source`` to every node by breadth-first search over the neighbour table."""
+    dist = np.full(topo.nodes, -1)
+    dist[source] = 0
+    frontier, level = np.array([source]), 0
+    while frontier.size:
+        level += 1
+        nxt = topo.neighbors[frontier].reshape(-1)
+        nxt = np.unique(nxt[nxt >= 0])
+        nxt = nxt[dist[nxt] < 0]
+        dist[nxt] = level
+        frontier = nxt
+    return dist
+
+
+def _system(boards: int):
+    return topology_of(tvm_spinn.make_system(f"topo-{boards}", boards=boards))
+
+
+# -- the graph -------------------------------------------------------------------------------
+
+
+def test_board_layout_is_the_spinn5_hexagon():
+    layout = board_layout()
+    assert len(layout) == len({tuple(p) for p in layout}) == BOARD_CHIPS == 48
+    x, y = layout[:, 0], layout[:, 1]
+    assert ((0 <= x) & (x <= 7) & (0 <= y) & (y <= 7) & (-3 <= x - y) & (x - y <= 4)).all()
+    # snake order: consecutive chips of a board are one hop apart
+    board = topology_of(tvm_spinn.arch_of("spinn/board"))
+    assert (board.hops(np.arange(47), np.arange(1, 48)) == 1).all()
+
+
+def test_standalone_board_graph():
+    topo = topology_of(tvm_spinn.arch_of("spinn/board"))
+    degree = topo.degree()
+    assert degree.max() == 6 and degree.min() == 3  # the hexagon's corners
+    assert int((6 - degree).sum()) == 48  # 8 unconnected edge links per side of the hexagon
+    assert topo.board_link.sum() == 48 and not topo.wrap
+    assert (topo.neighbors[topo.board_link] == -1).all()  # a lone board's edge links lead nowhere
+    for source in range(48):
+        dist = _bfs(topo, source)
+        assert (dist >= 0).all()  # connected
+        assert np.array_equal(topo.hops(np.full(48, source), np.arange(48)), dist)
+
+
+@pytest.mark.parametrize("boards", [2, 3, 4, 6])
+def test_board_torus_graph_matches_bfs(boards):
+    topo = _system(boards)
+    assert topo.grid == board_grid(boards) and topo.nodes == topo.chips == 48 * boards
+    assert (topo.degree() == 6).all()
+    nodes = np.arange(topo.nodes)
+    for d in range(6):  # every link has its reverse
+        assert np.array_equal(topo.neighbors[topo.neighbors[:, d], (d + 3) % 6], nodes)
+        assert np.array_equal(topo.board_link[topo.neighbors[:, d], (d + 3) % 6], topo.board_link[:, d])
+    assert (topo.board_of(topo.neighbors[~topo.board_link]) == topo.board_of(np.repeat(nodes, 6).reshape(-1, 6)[~topo.board_link])).all()
+    for source in range(0, topo.nodes, 7):
+        dist = _bfs(topo, source)
+        assert (dist >= 0).all()
+        assert np.array_equal(topo.hops(np.full(topo.nodes, source), nodes), dist)
+
+
+def test_routes_are_shortest_paths_and_symmetric():
+    topo = _system(4)
+    rng = np.random.default_rng(0)
+    src, dst = rng.integers(0, topo.chips, 300), rng.integers(0, topo.chips, 300)
+    hops = topo.hops(src, dst)
+    assert np.array_equal(hops, topo.hops(dst, src))
+    transfer, links = topo.route_links(src, dst)
+    assert np.array_equal(np.bincount(transfer, minlength=300), hops)
+    one = topo.route(int(src[0]), int(dst[0]))
+    assert len(one) == hops[0] and (not one or one[0][0] == src[0])
+
+
+def test_part_of_a_board_routes_through_the_boards_routers():
+    topo = topology_of(tvm_spinn.make_system("four", chips=4))
+    assert (topo.chips, topo.nodes, topo.boards) == (4, 48, 1)
+    assert list(topo.hops([0, 0, 0], [1, 2, 3])) == [1, 2, 3]
+    with pytest.raises(tvm_spinn.ArchError, match="chip ids"):
+        topo.hops([0], [4])
+
+
+# -- costs of transfers ------------------------------------------------------------------------
+
+
+def test_shared_links_cost_more_than_disjoint_ones():
+    board = tvm_spinn.arch_of("spinn/board")
+    topo, n = topology_of(board), 1e6
+    alone = topo.transfer_cost([0], [2], n)  # (0,0) -> (2,0): two E hops
+    shared = topo.transfer_cost([0, 1], [2, 3], n)  # both cross the E link of chip 1
+    disjoint = topo.transfer_cost([0, 17], [2, 19], n)  # the same route two rows up
+    assert shared.max_link_bytes == 2 * n and disjoint.max_link_bytes == n
+    assert shared.seconds > disjoint.seconds == pytest.approx(alone.seconds)
+    assert alone.seconds == pytest.approx(n / board.link_bw_bytes_s + 2 * board.link_hop_s)
+
+
+def test_board_to_board_links_are_slower():
+    arch = tvm_spinn.make_system("two-boards", boards=2)
+    topo, n = topology_of(arch), 1e6
+    chip, d = map(int, np.argwhere(topo.board_link)[0])
+    on_board = int(np.argwhere(~topo.board_link[chip])[0, 0])
+    far, near = int(topo.neighbors[chip, d]), int(topo.neighbors[chip, on_board])
+    across, within = topo.transfer_cost([chip], [far], n), topo.transfer_cost([chip], [near], n)
+    assert (across.board_hops, within.board_hops) == (1, 0)
+    assert across.seconds == pytest.approx(n / arch.board_link_bw_bytes_s + arch.board_link_hop_s)
+    assert within.seconds == pytest.approx(n / arch.link_bw_bytes_s + arch.link_hop_s)
+    assert across.seconds > within.seconds
+    # the published figures: ~6 Gbit/s on a board, ~2 Gbit/s between boards
+    assert (arch.link_bw_bytes_s, arch.board_link_bw_bytes_s) == (6e9 / 8, 2e9 / 8)
+
+
+# -- collectives -------------------------------------------------------------------------------
+
+
+def test_collectives_match_hand_computed_costs():
+    arch = tvm_spinn.arch_of("spinn/board")
+    B, a, n = arch.link_bw_bytes_s, arch.link_hop_s, 1e6
+    board = topology_of(arch)
+    # two neighbours: the ring sends n/2 per step (both halves on the one link) in 2 steps;
+    # the tree sends n up and n down
+    assert C.all_reduce(board, [0, 1], n, "ring").seconds == pytest.approx(n / B + 2 * a)
+    assert C.all_reduce(board, [0, 1], n, "tree").seconds == pytest.approx(2 * n / B + 2 * a)
+    assert C.all_gather(board, [0, 1], n, "ring").seconds == pytest.approx(n / 2 / B + a)
+    assert C.all_gather(board, [0, 1], n, "tree").seconds == pytest.approx(1.5 * n / B + 2 * a)
+    assert C.reduce_scatter(board, [0, 1], n, "tree").seconds == pytest.approx(1.5 * n / B + 2 * a)
+    # four chips in a row (0,0)..(3,0): each ring step puts n/8 each way between neighbours
+    # plus the 3-hop wrap-around, so every link carries n/4; 6 steps of (n/4)/B + 3a
+    ring = C.all_reduce(board, [0, 1, 2, 3], n, "ring")
+    assert ring.seconds == pytest.approx(6 * (n / 4 / B + 3 * a))
+    assert (ring.steps, ring.hops, ring.bytes_per_link) == (6, 18, pytest.approx(1.5 * n))
+    # tree: 1->0 and 3->2 (1 hop), 2->0 (2 hops), then back: 4 steps of n
+    tree = C.all_reduce(board, [0, 1, 2, 3], n, "tree")
+    assert tree.seconds == pytest.approx(4 * n / B + 6 * a)
+    assert (tree.steps, tree.hops, tree.algorithm) == (4, 6, "tree")
+    assert C.all_reduce(board, [0, 1, 2, 3], n).algorithm == "ring"
+    assert C.all_reduce(board, [3], n).seconds == 0.0
+
+
+def test_tree_for_tiny_messages_ring_for_large_ones():
+    board = topology_of(tvm_spinn.arch_of("spinn/board"))
+    tiny, large = C.all_reduce(board, range(48), 4), C.all_reduce(board, range(48), 64e6)
+    assert (tiny.algorithm, large.algorithm) == ("tree", "ring")
+    for op in (C.all_gather, C.reduce_scatter):
+        assert op(board, range(48), 48 * 4).algorithm == "tree"
+        assert op(board, range(48), 64e6).algorithm == "ring"
+    assert C.all_reduce(board, range(48), 64e6, reproducible=True).algorithm == "tree"
+
+
+def test_point_to_point_and_bad_calls():
+    board = topology_of(tvm_spinn.arch_of("spinn/board"))
+    p2p = C.point_to_point(board, [0, 1], [2, 3], 1e6)
+    assert (p2p.algorithm, p2p.steps, p2p.hops, p2p.ranks) == ("direct", 1, 2, 4)
+    assert p2p.seconds == pytest.approx(board.transfer_cost([0, 1], [2, 3], 1e6).seconds)
+    with pytest.raises(ValueError, match="distinct"):
+        C.all_reduce(board, [0, 0], 1.0)
+    with pytest.raises(ValueError, match="algorithm"):
+        C.all_reduce(board, [0, 1], 1.0, "butterfly")
+    with pytest.raises(TypeError, match="Topology"):
+        C.all_reduce(tvm_spinn.arch_of("spinn/board"), [0, 1], 1.0)
+
+
+# -- the fixed reduction order -----------------------------------------------------------------
+
+
+def test_reduction_order_is_a_fixed_tree_over_logical_ranks():
+    assert C.reduction_order(1) == ()
+    assert C.reduction_order(5) == ((0, 1), (2, 3), (0, 2), (0, 4))
+    assert C.chip_blocks(8, 3) == ((0, 4), (4, 8))
+    assert C.chip_blocks(6, 4) == ((0, 2), (2, 4), (4, 6))
+    assert C.chip_blocks(5, 1) == ((0, 5),)
+    negative_zero = C.fixed_order_sum([np.float32(-0.0)] * 3)
+    assert np.signbit(negative_zero)  # absent operands are skipped, never added as +0.0
+
+
+@pytest.mark.parametrize("logical", [8, 12, 13])
+def test_fixed_order_sum_has_the_same_bits_on_any_chip_count(logical):
+    rng = np.random.default_rng(logical)
+    parts = [(rng.standard_normal(64) * 10.0 ** rng.integers(-6, 6)).astype(np.float32) for _ in range(logical)]
+    reference = C.fixed_order_sum(parts)
+    order = C.reduction_order(logical)
+    for chips in (1, 2, 3, 4, 8, 16):
+        blocks = C.chip_blocks(logical, chips)
+        acc = [p.copy() for p in parts]
+        # each chip adds its own block, then the chips combine: both in reduction_order's order
+        inside = [s for s in order if any(lo <= s[0] and s[1] < hi for lo, hi in blocks)]
+        across = [s for s in order if s not in inside]
+        for left, right in inside + across:
+            acc[left] = acc[left] + acc[right]
+        assert acc[0].tobytes() == reference.tobytes()
+    assert sum(parts).tobytes() != reference.tobytes() or logical < 3  # the order matters
+
+
+# -- systems -----------------------------------------------------------------------------------
+
+
+def test_make_system_boards_and_bad_numbers():
+    assert tvm_spinn.make_system("b2", boards=2).chips == 96
+    assert tvm_spinn.make_system("b2", boards=2, chips=96).boards == 2
+    assert tvm_spinn.make_system("c4", chips=4).boards == 1
+    assert board_grid(720) == (24, 30) and board_grid(7) == (1, 7)
+    bad = [
+        (dict(boards=0), "boards"), (dict(boards=-3), "boards"), (dict(boards=1.5), "boards"),
+        (dict(boards=2, chips=100), "boards=2.*chips=100"), (dict(chips=100), "SpinnArch.chips"),
+        (dict(link_bw_bytes_s=0), "link_bw_bytes_s"), (dict(board_link_bw_bytes_s=0.0), "board_link_bw_bytes_s"),
+        (dict(link_hop_s=-1e-6), "link_hop_s"), (dict(board_link_hop_s=float("nan")), "board_link_hop_s"),
+        (dict(chips_per_board=0), "chips_per_board"),
+    ]
+    for fields, message in bad:
+        with pytest.raises(tvm_spinn.ArchError, match=message):
+            tvm_spinn.make_system("bad", **fields)
+    with pytest.raises(tvm_spinn.ArchError, match="chips_per_board"):
+        topology_of(tvm_spinn.make_system("odd", chips_per_board=24, chips=48))
+    with pytest.raises(tvm_spinn.ArchError, match="links_per_chip"):
+        topology_of(tvm_spinn.make_system("mesh", links_per_chip=4))
+
+
+def test_topology_fields_stay_out_of_programs_at_their_defaults():
+    board = tvm_spinn.arch_of("spinn/board")
+    assert not {"chips_per_board", "board_link_bw_bytes_s", "link_hop_s", "board_link_hop_s"} & set(board.to_dict())
+    slow = board.replace(board_link_bw_bytes_s=1e8)
+    assert slow.to_dict()["board_link_bw_bytes_s"] == 1e8
+    assert tvm_spinn.SpinnArch.from_dict(slow.to_dict()) == slow
+    assert tvm_spinn.SpinnArch.from_dict(board.to_dict()) == board
+
+
+def test_spinn_cloud_builds_and_costs_a_system_wide_collective():
+    cloud = tvm_spinn.arch_of("spinn/cloud")
+    assert (cloud.chips, cloud.boards) == (34560, 720)
+    topo = topology_of(cloud)
+    assert topo.grid == (24, 30) and (topo.degree() == 6).all()
+    assert topo.board_link.sum() == 48 * 720  # 48 edge links a board, all cabled
+    for source in (0, 20000):  # hop counts against a search over the whole graph
+        dist = _bfs(topo, source)
+        assert np.array_equal(topo.hops(np.full(topo.chips, source), np.arange(topo.chips)), dist)
+    ranks = np.arange(cloud.chips)
+    for op in (C.all_reduce, C.all_gather, C.reduce_scatter):
+        for algorithm in ("ring", "tree"):
+            cost = op(topo, ranks, 1e6, algorithm)
+            assert cost.ranks == 34560 and cost.seconds > 0 and cost.board_hops > 0
+    tiny, large = C.all_reduce(topo, ranks, 4), C.all_reduce(topo, ranks, 1e9)
+    assert tiny.algorithm == "tree" and large.algorithm == "ring"
