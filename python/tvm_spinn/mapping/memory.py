@@ -180,6 +180,11 @@ def plan_memory(program: Program, arch: SpinnArch, weights: str = "auto", activa
     return plan
 
 
+def activation_label(program: Program, layer: int) -> str:
+    """The label of the address range of layer ``layer``'s on-chip output (``MemoryPlan.ranges``)."""
+    return f"activation {program.tensors[program.layers[layer].output].name}"
+
+
 def _address_plan(program, plan, outs, working, last_use) -> None:
     if not plan.peak_bytes:
         return
@@ -202,7 +207,7 @@ def _address_plan(program, plan, outs, working, last_use) -> None:
                 for a in sorted(allocated, key=lambda r: r[0]):
                     if a[3] >= i and a[2] <= last_use[out] and start < a[1] and a[0] < end:
                         start, end = a[1], a[1] + size
-                rng = [start, end, i, last_use[out], f"activation {program.tensors[out].name}"]
+                rng = [start, end, i, last_use[out], activation_label(program, i)]
                 allocated.append(rng)
     ranges.extend(allocated)
     for i in range(n):

@@ -20,7 +20,7 @@ import threading
 from ..program import Program
 from ..program.tiles import ProgramTiles, TileTable
 from ..target.arch import SpinnArch
-from .memory import plan_memory
+from .memory import activation_label, plan_memory
 from .options import MappingOptions, current_options
 from .placement import choose_chips, pipeline_groups, place_tiles
 from .tiling import MappingError, choose_tile, layer_work, tile_costs
@@ -70,8 +70,8 @@ def shared_mappings():
     shapes, dtypes and roles, its layers, the architecture and the options, never on the
     constants' data: BERT's twelve encoder layers are one structure. The compiler wraps the
     regions of one build in this block; every later program of a structure already mapped
-    gets copies of the first one's results and only plans its memory again (the plan's address
-    ranges name the program's own tensors). Nested blocks share the outer block's results.
+    gets copies of the first one's results, its activations' address ranges relabelled with its
+    own tensor names. Nested blocks share the outer block's results.
     """
     outer = getattr(_SHARED, "table", None)
     _SHARED.table = {} if outer is None else outer
@@ -92,14 +92,25 @@ def _structure_key(program: Program, arch: SpinnArch, mode: str, options: Mappin
     return json.dumps([header, arch.to_dict(), mode, options.to_dict()], sort_keys=True)
 
 
-def _replay(program: Program, arch: SpinnArch, entry: tuple) -> None:
+def _replay(program: Program, entry: tuple) -> None:
     """Give ``program`` the mapping of a program of the same structure (see
-    :func:`shared_mappings`)."""
-    tables, mapping, timing, weights, activations = entry
+    :func:`shared_mappings`), its activations' address ranges labelled with its own names."""
+    tables, mapping, timing, memory, activation_ranges = entry
     program.tiles = ProgramTiles(tables)
     program.mapping = copy.deepcopy(mapping)
     program.timing = copy.deepcopy(timing)
-    program.memory = _memory_summary(_plan(program, arch, weights, activations, tables))
+    program.memory = copy.deepcopy(memory)
+    ranges = program.memory["ranges"]
+    for k in activation_ranges:
+        ranges[k][4] = activation_label(program, ranges[k][2])
+
+
+def _entry(program: Program) -> tuple:
+    """What :func:`_replay` needs of a freshly mapped ``program``."""
+    ranges = program.memory["ranges"]
+    labelled = [k for k, rng in enumerate(ranges) if rng[4] == activation_label(program, rng[2])]
+    return (program.tiles.tables, copy.deepcopy(program.mapping), copy.deepcopy(program.timing),
+            copy.deepcopy(program.memory), labelled)
 
 
 def _build(program: Program, arch: SpinnArch, mode: str, options: MappingOptions) -> None:
@@ -109,15 +120,15 @@ def _build(program: Program, arch: SpinnArch, mode: str, options: MappingOptions
     for i in range(n):
         layer_work(program, i, arch)
     if key is not None and key in table:
-        _replay(program, arch, table[key])
+        _replay(program, table[key])
         return
-    entry = _map(program, arch, mode, options)
+    _map(program, arch, mode, options)
     if key is not None:
-        table[key] = entry
+        table[key] = _entry(program)
 
 
-def _map(program: Program, arch: SpinnArch, mode: str, options: MappingOptions) -> tuple:
-    """Map ``program`` (its layers' work already set); returns what :func:`_replay` needs."""
+def _map(program: Program, arch: SpinnArch, mode: str, options: MappingOptions) -> None:
+    """Map ``program`` (its layers' work already set)."""
     from ..timing import evaluate
 
     n = len(program.layers)
@@ -146,14 +157,13 @@ def _map(program: Program, arch: SpinnArch, mode: str, options: MappingOptions) 
         program.mapping = dict(base, resident_layers=plan.resident_layers, onchip_tensors=plan.onchip_tensors)
         timing = evaluate(program, arch, tables).to_dict(trace=False)
         if best is None or timing["cycles"] < best[2]["cycles"]:
-            best = (plan, program.mapping, timing, choice)
+            best = (plan, program.mapping, timing)
         if not plan.resident_layers:  # nothing kept: streaming gives this very plan
             break
         if _keeps_every_activation(program, plan, activations):
             break  # streaming cannot win: see _keeps_every_activation
-    plan, program.mapping, program.timing, choice = best
+    plan, program.mapping, program.timing = best
     program.memory = _memory_summary(plan)
-    return tables, copy.deepcopy(program.mapping), copy.deepcopy(program.timing), choice, activations
 
 
 def _memory_summary(plan) -> dict:
