@@ -255,7 +255,8 @@ def _locations(meta: dict[str, Any], mapped: "mmap.mmap | None", path: str):
 # While tvm_spinn.load_module has TVM load a verified library on this thread: (memory map of
 # its body, program locations), for _resolve_program.
 _LOADING = threading.local()
-# (identity, mapped, locations) of the library a plain tvm.runtime.load_module last resolved.
+# (path, identity, mapped, locations) of the library a plain tvm.runtime.load_module last
+# resolved from (its modules are loaded one after another).
 _FOUND: list = []
 
 
@@ -277,8 +278,15 @@ def _find_mapped(digest: bytes):
     """Locate ``digest`` for a plain ``tvm.runtime.load_module`` (no tvm_spinn.load_module
     verification): in the sealed libraries mapped into the process. The trailer is not
     verified here, so the program's own digest pass runs (see executor.validate_program)."""
-    if _FOUND and digest in _FOUND[0][2]:
-        return _FOUND[0][1], _FOUND[0][2]
+    if _FOUND:
+        path, identity, mapped, locations = _FOUND[0]
+        try:
+            same = _identity(path) == identity  # a file rewritten since: map it again
+        except OSError:
+            same = False
+        if same and digest in locations:
+            return mapped, locations
+        _FOUND.clear()
     for path in _mapped_paths():
         try:
             size = os.path.getsize(path)
@@ -291,7 +299,7 @@ def _find_mapped(digest: bytes):
                 if digest not in locations:
                     continue
                 mapped = _map(f, body_len)
-            _FOUND[:] = [(_identity(path), mapped, locations)]
+            _FOUND[:] = [(path, _identity(path), mapped, locations)]
             return mapped, locations
         except (OSError, ValueError, AttributeError, TypeError):  # LibraryError is a ValueError
             continue
