@@ -16,6 +16,7 @@ from tvm import relax
 
 import tvm_spinn
 from tvm_spinn.program import Program
+from tvm_spinn.program.ops import elementwise
 from tvm_spinn.runtime import simulator
 from tvm_spinn.runtime.simulator import program_plan, run_program
 
@@ -155,13 +156,13 @@ def test_clip_and_relu_fast_paths_keep_the_bits(lo, hi):
                         dtype=np.float32)
     x[:len(specials) * 8] = np.repeat(specials, 8)
     attrs = {"min": lo, "max": hi}
-    reference = simulator._unary("clip", x, attrs)
-    clip = simulator._clip_fast(lo, hi)
+    reference = elementwise.unary("clip", x, attrs)
+    clip = elementwise.clip_fast(lo, hi)
     if clip is not None:
         got = clip(x)
         assert np.array_equal(got.view(np.uint32), reference.view(np.uint32))
-    relu = simulator._relu(x)
-    got = simulator._relu_owned(x.copy())
+    relu = elementwise.relu(x)
+    got = elementwise.relu_owned(x.copy())
     assert np.array_equal(got.view(np.uint32), relu.view(np.uint32))
 
 

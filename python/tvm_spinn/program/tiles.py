@@ -7,7 +7,7 @@ only when something needs them (the tile-by-tile reference simulator, the mapper
 reports).
 
 Regions by layer kind (half-open ``[start, stop)`` ranges over the layer's output), tile shape
-and order:
+and order (each defined by the kind's operator family, :mod:`tvm_spinn.program.ops`):
 
 - GEMMs (``conv2d``, ``dense``, ``matmul``; GEMM view ``C[b, m, n] = sum_k A[b, m, k] B[b, k,
   n]``, see :func:`tvm_spinn.program.gemm.gemm_shape`): tile ``[tm, tn, tk]``, regions
@@ -28,11 +28,12 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from .gemm import gemm_shape
 from .model import Tile
+from .ops import family_of
+from .ops.gemm import chunk_length, splits_of
 
 __all__ = [
-    "GEMM_KINDS", "ROW_KINDS", "POOL_KINDS", "TileTable", "tile_arity", "region_extent",
+    "TileTable", "tile_arity", "region_extent",
     "expand_regions", "k_splits", "tile_count", "count_tiles", "splits_of", "chunk_length",
     "layer_tiles", "layer_tile_shape",
 ]
@@ -42,29 +43,22 @@ ROW_KINDS = ("softmax", "layer_norm", "mean")
 POOL_KINDS = ("max_pool2d", "avg_pool2d")
 
 
+def _family(kind: str):
+    family = family_of(kind)
+    if family is None:
+        raise ValueError(f"layer kind {kind!r} has no operator family (tvm_spinn.program.ops)")
+    return family
+
+
 def tile_arity(kind: str) -> int:
     """Number of integers in a tile shape of ``kind`` (GEMM 3, pools 2, others 1)."""
-    return 3 if kind in GEMM_KINDS else 2 if kind in POOL_KINDS else 1
+    return _family(kind).tile_arity
 
 
 def region_extent(program, index: int) -> tuple[int, ...]:
     """The output space the tiles of layer ``index`` partition (see the module docstring)."""
     layer = program.layers[index]
-    out = program.tensors[layer.output].shape
-    if layer.kind in GEMM_KINDS:
-        g = gemm_shape(program, layer)
-        return (g.batch, g.m, g.n)
-    n_out = int(np.prod(out, dtype=np.int64))
-    if layer.kind in ROW_KINDS:
-        return (n_out,) if layer.kind == "mean" else (n_out // out[-1],)
-    if layer.kind in POOL_KINDS:
-        return (out[0] * out[1], out[2])
-    return (n_out,)
-
-
-def _starts(extent: int, size: int) -> tuple[np.ndarray, np.ndarray]:
-    lo = np.arange(0, extent, size, dtype=np.int64)
-    return lo, np.minimum(lo + size, extent)
+    return _family(layer.kind).region_extent(program, layer)
 
 
 def count_tiles(extent: tuple[int, ...], tile) -> int:
@@ -83,57 +77,17 @@ def tile_count(program, index: int, tile) -> int:
     return count_tiles(region_extent(program, index), tile)
 
 
-def splits_of(k: int, tk: int) -> int:
-    """Reduction chunks of a GEMM tile with reduction ``k`` and tile depth ``tk``."""
-    return -(-k // min(int(tk), k)) if k else 1
-
-
-def chunk_length(k: int, tk: int) -> int:
-    """Products per chunk, ``ceil(k / splits)``: what one accumulator takes (same for every
-    chunk but possibly the last)."""
-    return -(-k // splits_of(k, tk)) if k else 1
-
-
 def k_splits(program, index: int, tile) -> int:
-    """Reduction chunks per GEMM tile (1 for other kinds)."""
+    """Reduction chunks per tile (GEMMs; 1 for other kinds)."""
     layer = program.layers[index]
-    if layer.kind not in GEMM_KINDS:
-        return 1
-    return splits_of(gemm_shape(program, layer).k, tile[2])
+    return _family(layer.kind).k_splits(program, layer, tile)
 
 
 def expand_regions(program, index: int, tile) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(lo, hi, group)`` of every tile of layer ``index`` cut by ``tile``: int64 arrays of
     shape ``[T, D]``, ``[T, D]`` and ``[T]`` in tile order (see the module docstring)."""
     layer = program.layers[index]
-    ext = region_extent(program, index)
-    if layer.kind in GEMM_KINDS:
-        batch, m, n = ext
-        tm, tn = int(tile[0]), int(tile[1])
-        m0, m1 = _starts(m, tm)
-        n0, n1 = _starts(n, tn)
-        b = np.repeat(np.arange(batch, dtype=np.int64), len(m0) * len(n0))
-        mi = np.tile(np.repeat(np.arange(len(m0)), len(n0)), batch)
-        ni = np.tile(np.arange(len(n0)), batch * len(m0))
-        lo = np.stack([b, m0[mi], n0[ni]], axis=1)
-        hi = np.stack([b + 1, m1[mi], n1[ni]], axis=1)
-        if layer.kind == "conv2d":
-            group = b * len(m0) + mi
-        elif layer.kind == "dense":
-            group = ni.astype(np.int64)
-        else:
-            group = np.full(len(b), -1, dtype=np.int64)
-        return lo, hi, group
-    if layer.kind in POOL_KINDS:
-        p0, p1 = _starts(ext[0], int(tile[0]))
-        r0, r1 = _starts(ext[1], int(tile[1]))
-        pi = np.repeat(np.arange(len(p0)), len(r0))
-        ri = np.tile(np.arange(len(r0)), len(p0))
-        lo = np.stack([p0[pi], r0[ri]], axis=1)
-        hi = np.stack([p1[pi], r1[ri]], axis=1)
-        return lo, hi, np.full(len(pi), -1, dtype=np.int64)
-    e0, e1 = _starts(ext[0], int(tile[0]))
-    return e0[:, None], e1[:, None], np.full(len(e0), -1, dtype=np.int64)
+    return _family(layer.kind).expand_regions(program, layer, tile)
 
 
 def layer_tile_shape(program, index: int) -> list[int]:

@@ -1,0 +1,236 @@
+"""The contract of an operator family: every stage's knowledge of a group of layer kinds.
+
+An :class:`OpFamily` holds, for the layer kinds it names, what each stage of the compiler and
+the runtime needs to know about them, so that adding or changing an operator touches one
+module (:mod:`tvm_spinn.program.ops`). The stages stay generic drivers that look the family up
+by layer kind (:func:`family_of`):
+
+============================  =================================================================
+stage                          hooks
+============================  =================================================================
+partition (relax patterns)     :meth:`~OpFamily.patterns`, the check of each pattern
+codegen (relax -> Layer)       :meth:`~OpFamily.lower`
+program validation             :meth:`~OpFamily.attr_schema`, :meth:`~OpFamily.check`
+tiles as data                  :attr:`~OpFamily.tile_arity`, :meth:`~OpFamily.region_extent`,
+                               :meth:`~OpFamily.expand_regions`
+mapping (work, tiles, costs)   :meth:`~OpFamily.work`, :meth:`~OpFamily.smallest_tile_bytes`,
+                               :meth:`~OpFamily.choose_tile`, :meth:`~OpFamily.tile_costs`
+functional simulator           :meth:`~OpFamily.prepare_tiles` / :meth:`~OpFamily.run_tile`
+                               (tile by tile, the reference), :meth:`~OpFamily.step` (whole
+                               layer, prepared once per program)
+============================  =================================================================
+
+Families live under :mod:`tvm_spinn.program` so that the runtime, which may import only
+``program``, reaches its kernels; the compiler-side hooks import ``tvm.relax`` inside the
+functions that build patterns and lower calls, and receive the partitioner's and the codegen's
+helpers as arguments instead of importing them (no import of a higher layer).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+from ..model import Layer
+
+if TYPE_CHECKING:  # the target package imports tvm: only annotations here
+    from ...target.arch import SpinnArch
+
+__all__ = ["OpFamily", "MappingError", "LoweringError", "register", "family_of", "families", "itemsize", "ceil_div",
+           "gemm_tile_bytes", "working_budget", "starts", "WORKING_SHARE", "ACC_BYTES"]
+
+
+class MappingError(ValueError):
+    """A layer that cannot be mapped onto the chosen system (names the layer and the size)."""
+
+
+class LoweringError(ValueError):
+    """A composite function the spinn layer set cannot express (names the composite)."""
+
+
+#: Bytes of one GEMM accumulator word in SRAM (fp32 sums; int32 partial sums of the MAC array).
+ACC_BYTES = 4
+
+#: Share of a PE's tile SRAM a tile's working buffers may take when a smaller tile also fits;
+#: the rest is left to the memory planner for resident weights and on-chip activations.
+WORKING_SHARE = 0.5
+
+
+def ceil_div(a, b):
+    """``ceil(a / b)`` for non-negative integers (or int64 arrays)."""
+    return -(-a // b)
+
+
+def itemsize(program, tid: int) -> int:
+    """Bytes per element of tensor ``tid``."""
+    return int(np.dtype(program.tensors[tid].dtype).itemsize)
+
+
+def gemm_tile_bytes(tm, tn, tk, a_elem: int = 4, b_elem: int = 4):
+    """SRAM of a ``tm x tn`` GEMM tile with reduction chunks of ``tk``: the A and B chunks
+    double-buffered (the DMA of chunk i+1 overlaps the compute of chunk i) and the
+    accumulators (ints or int64 arrays)."""
+    return 2 * (a_elem * tm * tk + b_elem * tk * tn) + ACC_BYTES * tm * tn
+
+
+def working_budget(arch: "SpinnArch") -> int:
+    """SRAM a tile's working buffers may use (see :data:`WORKING_SHARE`); never below what the
+    smallest useful GEMM tile (one MAC-array block, four blocks deep) needs."""
+    smallest = gemm_tile_bytes(arch.mac_rows, arch.mac_cols, 4 * arch.mac_rows)
+    return max(int(arch.tile_sram_bytes * WORKING_SHARE), min(arch.tile_sram_bytes, smallest))
+
+
+def starts(extent: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``[lo, hi)`` of consecutive blocks of ``size`` covering ``[0, extent)``."""
+    lo = np.arange(0, extent, size, dtype=np.int64)
+    return lo, np.minimum(lo + size, extent)
+
+
+class OpFamily:
+    """Base of an operator family; the defaults describe a flat element-wise layer.
+
+    Subclasses set :attr:`kinds` and override the hooks their kinds need. Hooks take the
+    program and the layer (never a layer index) and return plain values; the stages keep the
+    loops, the error context and the order of work.
+    """
+
+    #: Layer kinds (``Layer.kind``) this family defines.
+    kinds: tuple[str, ...] = ()
+    #: Composite names (``spinn.<name>``) the family lowers when they differ from its kinds
+    #: (e.g. ``add_relu`` becomes an ``add`` layer with ``relu``).
+    composites: tuple[str, ...] = ()
+    #: Layer modes the family's kinds run in (``"int8"``: on the MAC array).
+    modes: tuple[str, ...] = ("fp32",)
+    #: Integers in a tile shape of the family's layers (see :mod:`tvm_spinn.program.tiles`).
+    tile_arity: int = 1
+    #: Pattern precedence: families with lower numbers are matched first. A family whose
+    #: patterns contain another family's operators (an int8 GEMM fuses dequantize, bias add,
+    #: ReLU and quantize) must come before that family.
+    priority: int = 50
+    #: Whether a clip reading only a layer's result may run in the layer's epilogue (the
+    #: simulator's plan then passes the clip to :meth:`step`).
+    fuses_clip: bool = False
+
+    # -- partition and codegen (compiler side) ---------------------------------------------
+    def patterns(self, kit: Any) -> list[tuple]:
+        """``(name, pattern, annotations, check)`` entries for ``FuseOpsByPattern``, most
+        specific first; ``kit`` is the partitioner's helper (:class:`~tvm_spinn.partition.
+        patterns.PatternKit`: pattern builders, operand checks, the fallback-reason log)."""
+        return []
+
+    def lowers(self, composite: str) -> bool:
+        """Whether this family lowers the composite ``spinn.<composite>`` (by default its
+        :attr:`composites`, else its kinds)."""
+        return composite in (self.composites or self.kinds)
+
+    def lower(self, lowerer: Any, name: str, kind: str, calls: list, env: dict, layer: Layer) -> None:
+        """Fill ``layer`` (kind, inputs, consts, attrs) from the composite ``name`` (``kind``:
+        its name without ``spinn.``) whose ``calls`` are ``(var, call)`` in order, the main call
+        first; ``lowerer`` is the codegen's (``operand(expr, env)``, ``add_const(name, value)``,
+        ``program``). Raises :class:`LoweringError` for what the layer cannot express."""
+        raise LoweringError(f"composite {name} has no spinn layer lowering")
+
+    # -- program validation -----------------------------------------------------------------
+    def attr_schema(self, kind: str, mode: str) -> tuple[dict[str, Callable], dict[str, Callable]]:
+        """``(required, optional)`` attribute checkers of ``kind`` in ``mode``."""
+        return {}, {}
+
+    def check(self, v: Any, f: str, kind: str, mode: str, ins: list[int], consts: dict,
+              out: int, attrs: dict) -> tuple[tuple[int, ...], list[int] | None]:
+        """Check one layer's operands with the validator ``v``; return its tile index space and
+        GEMM ``[m, n, k]`` (or None)."""
+        raise NotImplementedError
+
+    # -- tiles as data ------------------------------------------------------------------------
+    def region_extent(self, program, layer: Layer) -> tuple[int, ...]:
+        """The output space the layer's tiles partition: here the flattened output."""
+        return (int(np.prod(program.tensors[layer.output].shape, dtype=np.int64)),)
+
+    def expand_regions(self, program, layer: Layer, tile) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(lo, hi, group)`` of every tile cut by ``tile``: int64 ``[T, D]``, ``[T, D]``,
+        ``[T]`` in tile order (``group`` -1: no shared weight block)."""
+        e0, e1 = starts(self.region_extent(program, layer)[0], int(tile[0]))
+        return e0[:, None], e1[:, None], np.full(len(e0), -1, dtype=np.int64)
+
+    def k_splits(self, program, layer: Layer, tile) -> int:
+        """Reduction chunks each tile streams through its PE (1: no reduction split)."""
+        return 1
+
+    def check_mapping(self, arch: "SpinnArch", f: str, mode: str, k: int | None, tile) -> None:
+        """Reject a recorded tile shape the hardware cannot run (field ``f``; ``k``: the GEMM
+        reduction, or None)."""
+
+    # -- mapping ------------------------------------------------------------------------------
+    def work(self, program, layer: Layer, arch: "SpinnArch") -> tuple[int, list[int] | None]:
+        """``(flops, gemm)``: operations of the layer (the cost model's work) and its GEMM
+        ``[m, n, k]`` (None for non-GEMM kinds)."""
+        raise NotImplementedError
+
+    def smallest_tile_bytes(self, program, layer: Layer, arch: "SpinnArch") -> int:
+        """SRAM of the smallest tile the layer can be cut into (the partition's checks and the
+        tiler use the same rule, so what the partition accepts always tiles)."""
+        ie = sum(itemsize(program, tid) for tid in layer.inputs)
+        return 2 * (ie + itemsize(program, layer.output))
+
+    def choose_tile(self, program, layer: Layer, arch: "SpinnArch", pes: int,
+                    naive: bool) -> list[int]:
+        """The tile shape for ``pes`` PEs (the smallest tile is known to fit)."""
+        raise NotImplementedError
+
+    def tile_costs(self, program, layer: Layer, arch: "SpinnArch", tile,
+                   lo: np.ndarray, hi: np.ndarray) -> tuple:
+        """``(sram, in, w, out, cycles)`` per tile (scalars or int64 arrays over the tiles
+        ``[lo, hi)`` cut by ``tile``)."""
+        raise NotImplementedError
+
+    # -- functional simulator -----------------------------------------------------------------
+    def prepare_tiles(self, runner: Any) -> None:
+        """Lay out the operands for tile-by-tile execution on ``runner`` (the simulator's
+        ``_LayerRunner``: ``p``, ``layer``, ``env``, ``out``)."""
+
+    def run_tile(self, runner: Any, tile) -> None:
+        """Execute one tile (``tile.region``, ``tile.k_splits``) into ``runner.out``."""
+        raise NotImplementedError
+
+    def run_whole(self, program, index: int, layer: Layer, env, out: np.ndarray) -> np.ndarray | None:
+        """The whole layer's output (``out``, an empty array of the output's shape and dtype,
+        filled, or a view holding the same values); None where the simulator runs the whole
+        output as one tile instead (:meth:`whole_region`, :meth:`run_tile`)."""
+        return None
+
+    def whole_region(self, layer: Layer, out: np.ndarray) -> tuple:
+        """The region of a pseudo-tile covering the whole output (see :meth:`run_tile`)."""
+        return ((0, out.size),)
+
+    def step(self, program, layer: Layer) -> Callable | None:
+        """A prepared whole-layer step ``step(program, env) -> output``, or None where the
+        simulator's generic path (the whole output as one tile) must run."""
+        return None
+
+
+_FAMILIES: dict[str, OpFamily] = {}
+
+
+def register(family: OpFamily) -> OpFamily:
+    """Register ``family`` for its kinds (each kind has exactly one family)."""
+    for kind in family.kinds:
+        owner = _FAMILIES.get(kind)
+        if owner is not None and owner is not family:
+            raise ValueError(f"layer kind {kind!r} is already defined by {type(owner).__name__}")
+        _FAMILIES[kind] = family
+    return family
+
+
+def family_of(kind: str) -> OpFamily | None:
+    """The family defining layer kind ``kind``, or None (a kind not yet moved to a family)."""
+    return _FAMILIES.get(kind)
+
+
+def families() -> list[OpFamily]:
+    """Every registered family, once each, by :attr:`OpFamily.priority` (then registration)."""
+    seen: list[OpFamily] = []
+    for family in _FAMILIES.values():
+        if family not in seen:
+            seen.append(family)
+    return sorted(seen, key=lambda family: family.priority)

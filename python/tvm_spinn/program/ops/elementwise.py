@@ -1,0 +1,294 @@
+"""Element-wise operators: unary (``relu``, ``gelu``, ``gelu_tanh``, ``sigmoid``, ``tanh``),
+``clip`` and binary (``add``, ``subtract``, ``multiply``, ``divide``; ``add`` may end in a ReLU)
+on float32, with numpy broadcasting.
+
+- Arithmetic (Cortex-M4F, fp32): each is single fp32 operations in a fixed order; ``relu`` is
+  ``x > 0 ? x : +0`` and ``clip`` is TVM's ``max(min(x, hi), lo)`` as compare-and-select
+  (``x < hi ? x : hi``, then ``y > lo ? y : lo``: NaN gives ``hi``, relu(NaN) = 0, as the llvm
+  build); ``exp`` comes from the exp/log unit (modelled as numpy's float32 ``exp``), ``erf``
+  (GELU) is the M4F library's rational approximation in fp32 (Abramowitz-Stegun 7.1.26,
+  |error| < 1.5e-7).
+- Tiles: ``[elements]`` over the flattened (broadcast) output.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..checks import RELU, check_num, fail
+from ..model import Layer
+from .base import OpFamily, ceil_div, itemsize, register, working_budget
+
+__all__ = ["Elementwise", "relu", "relu_owned", "unary", "clip_fast", "BINARY", "UNARY", "TRANSCENDENTAL"]
+
+_F32 = np.float32
+_ZERO = _F32(0)
+
+#: binary kinds and their fp32 operation
+BINARY = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.divide}
+UNARY = ("relu", "gelu", "gelu_tanh", "sigmoid", "tanh")
+#: kinds whose elements go through the exp/log unit
+TRANSCENDENTAL = ("gelu", "gelu_tanh", "sigmoid", "tanh")
+
+
+def _erf_f32(x: np.ndarray) -> np.ndarray:
+    x = x.astype(_F32, copy=False)
+    sign = np.sign(x).astype(_F32, copy=False)
+    a = np.abs(x)
+    t = _F32(1) / (_F32(1) + _F32(0.3275911) * a)
+    poly = t * (_F32(0.254829592) + t * (_F32(-0.284496736) + t * (_F32(1.421413741)
+           + t * (_F32(-1.453152027) + t * _F32(1.061405429)))))
+    return (sign * (_F32(1) - poly * np.exp(-a * a))).astype(_F32, copy=False)
+
+
+def _max(a, b) -> np.ndarray:
+    """``a > b ? a : b``: the M4F's compare-and-select (no VMAXNM), and TVM's ``max``: NaN ``a``
+    gives ``b`` (relu(NaN) = 0, as the llvm build), NaN ``b`` gives NaN."""
+    return np.where(a > b, a, b)
+
+
+def _min(a, b) -> np.ndarray:
+    """``a < b ? a : b`` (see :func:`_max`)."""
+    return np.where(a < b, a, b)
+
+
+def relu(x: np.ndarray) -> np.ndarray:
+    """``x > 0 ? x : +0`` in ``x``'s dtype (a new array)."""
+    return _max(x, _F32(0)).astype(x.dtype, copy=False)
+
+
+def relu_owned(r: np.ndarray) -> np.ndarray:
+    """:func:`relu` of an array the caller owns, in place where it is float32: ``fmax(r, 0)``
+    is ``r > 0 ? r : 0`` except that it may keep a -0.0 (fmax returns the number for NaN), and
+    adding +0.0 turns exactly -0.0 into +0.0, leaving every other value (all >= 0) unchanged."""
+    if r.dtype != _F32:
+        return relu(r)
+    np.fmax(r, _ZERO, out=r)
+    np.add(r, _ZERO, out=r)
+    return r
+
+
+def unary(kind: str, x: np.ndarray, attrs: dict) -> np.ndarray:
+    """The fp32 result of unary ``kind`` (or ``clip`` with ``attrs`` min/max) on ``x``."""
+    if kind == "relu":
+        return relu(x)
+    if kind == "clip":  # TVM's order: max(min(x, hi), lo), so clip(NaN) = hi
+        return _max(_min(x, _F32(attrs["max"])), _F32(attrs["min"])).astype(_F32, copy=False)
+    if kind == "sigmoid":
+        return (_F32(1) / (_F32(1) + np.exp(-x))).astype(_F32, copy=False)
+    if kind == "tanh":
+        return np.tanh(x).astype(_F32, copy=False)
+    if kind == "gelu":
+        return (_F32(0.5) * x * (_F32(1) + _erf_f32(x * _F32(0.70710678118654752)))).astype(_F32, copy=False)
+    if kind == "gelu_tanh":
+        inner = _F32(0.7978845608028654) * (x + _F32(0.044715) * x * x * x)
+        return (_F32(0.5) * x * (_F32(1) + np.tanh(inner))).astype(_F32, copy=False)
+    raise NotImplementedError(kind)
+
+
+def clip_fast(lo, hi):
+    """``x -> max(min(x, hi), lo)`` (TVM's order and NaN rules, :func:`unary`) as fmin/fmax, or
+    None where they could differ. ``x < hi ? x : hi`` is ``fmin(x, hi)`` when ``hi`` is a nonzero
+    number (NaN x gives hi; equal values have equal bits); ``y > lo ? y : lo`` is ``fmax(y, lo)``
+    when ``lo`` is a nonzero number (y is never NaN), or, for ``lo`` = +0.0, ``fmax(y, 0) + 0.0``
+    (see :func:`relu_owned`)."""
+    lo, hi = _F32(lo), _F32(hi)
+    if np.isnan(lo) or np.isnan(hi) or hi == 0 or (lo == 0 and np.signbit(lo)):
+        return None
+    plus_zero = lo == 0
+
+    def clip(x, out=None):
+        if x.dtype != _F32:
+            return None
+        y = np.fmin(x, hi, out=out)
+        np.fmax(y, lo, out=y)
+        if plus_zero:
+            np.add(y, _ZERO, out=y)
+        return y
+    return clip
+
+
+def _finite_num(v, field: str) -> float:
+    return check_num(v, field)
+
+
+class Elementwise(OpFamily):
+    """Unary, clip and binary element-wise operators on float32."""
+
+    kinds = (*UNARY, "clip", *BINARY)
+    priority = 50
+    composites = (*UNARY, "clip", *BINARY, "add_relu")
+
+    # -- partition and codegen ---------------------------------------------------------------
+    def patterns(self, kit) -> list[tuple]:
+        """Unary ops, clip, then ``add + relu`` before the plain binary ops (more specific)."""
+        from tvm.relax.dpl import is_op, wildcard
+
+        check = self._check_pattern
+        entries = [kit.unary(f"spinn.{k}", f"relax.nn.{k}" if k in ("relu", "gelu", "gelu_tanh") else f"relax.{k}", check)
+                   for k in UNARY]
+        x = wildcard()
+        clip = is_op("relax.clip")(x, wildcard(), wildcard())  # bounds are PrimValue arguments
+        entries.append(kit.entry("spinn.clip", clip, {"input": x, "root": clip}, self._check_clip))
+        lhs, rhs = wildcard(), wildcard()
+        add_relu = is_op("relax.nn.relu")(is_op("relax.add")(lhs, rhs))  # one pass instead of two
+        entries.append(kit.entry("spinn.add_relu", add_relu, {"lhs": lhs, "rhs": rhs, "root": add_relu}, check))
+        entries += [kit.binary(f"spinn.{k}", f"relax.{k}", check) for k in BINARY]
+        return entries
+
+    @staticmethod
+    def _check_pattern(kit, op: str, ctx) -> bool:
+        return kit.check_tensors(op, ctx, ("lhs", "rhs", "input"))
+
+    @classmethod
+    def _check_clip(cls, kit, op: str, ctx) -> bool:
+        # clamp_min/clamp_max/hardsigmoid import as clip(x, lo, +inf) / clip(x, -inf, hi);
+        # a spinn program holds finite attributes only (its header is strict JSON).
+        root = ctx.annotated_expr["root"]
+        for bound in root.args[1:3]:
+            inner = getattr(bound, "value", bound)
+            value = float(getattr(inner, "value", inner))
+            if not math.isfinite(value):
+                return kit.refuse(op, root, f"clip bound {value} is not finite")
+        return cls._check_pattern(kit, op, ctx)
+
+    def lower(self, lowerer, name: str, kind: str, calls: list, env: dict, layer: Layer) -> None:
+        call = calls[0][1]
+        if kind in BINARY or kind == "add_relu":
+            layer.inputs = [lowerer.operand(x, env) for x in call.args]
+            if kind == "add_relu":
+                layer.kind, layer.attrs["relu"] = "add", True
+            return
+        layer.inputs = [lowerer.operand(call.args[0], env)]
+        if kind == "clip":
+            layer.attrs["min"], layer.attrs["max"] = (_prim_float(a) for a in call.args[1:3])
+
+    # -- validation -----------------------------------------------------------------------------
+    def attr_schema(self, kind: str, mode: str):
+        if kind == "clip":
+            return {"min": _finite_num, "max": _finite_num}, dict(RELU)
+        return {}, dict(RELU)
+
+    def check(self, v, f, kind, mode, ins, consts, out, attrs):
+        fo = f"{f}.output"
+        v.need(f"{f}.inputs", kind, ins, 2 if kind in BINARY else 1)
+        ishape = v.shapes[ins[0]]
+        for i, tid in enumerate(ins):
+            v.dtype(f"{f}.inputs[{i}]", tid, ("float32",))
+        v.dtype(fo, out, ("float32",))
+        v.consts(f, consts, set())
+        if kind in BINARY:
+            b = v.broadcast(ishape, v.shapes[ins[1]])
+            if b is None:
+                fail(f"{f}.inputs", f"shapes {ishape} and {v.shapes[ins[1]]} do not broadcast")
+            v.shape(fo, out, b)
+        else:
+            v.shape(fo, out, ishape)
+        return (math.prod(v.shapes[out]),), None
+
+    # -- mapping ------------------------------------------------------------------------------
+    def work(self, program, layer, arch):
+        n_out = int(np.prod(program.tensors[layer.output].shape, dtype=np.int64))
+        return n_out * (8 if layer.kind in TRANSCENDENTAL else 1), None
+
+    def choose_tile(self, program, layer, arch, pes, naive):
+        return [flat_tile(program, layer, arch, pes)]
+
+    def tile_costs(self, program, layer, arch, tile, lo, hi):
+        ie = sum(itemsize(program, tid) for tid in layer.inputs)
+        oe = itemsize(program, layer.output)
+        e = (hi - lo)[:, 0]
+        per = arch.m4f_elementwise_cycles + (arch.exp_unit_cycles + 6 if layer.kind in TRANSCENDENTAL else 0)
+        return 2 * (ie + oe) * e, ie * e, 0, oe * e, np.ceil(e * per)
+
+    # -- functional simulator -----------------------------------------------------------------
+    def prepare_tiles(self, runner) -> None:
+        shape = runner.out.shape
+        runner.flat_in = [np.ascontiguousarray(np.broadcast_to(runner.env[i], shape)).reshape(-1)
+                          for i in runner.layer.inputs]
+
+    def run_tile(self, runner, tile) -> None:
+        (e0, e1), = tile.region
+        args = [a[e0:e1] for a in runner.flat_in]
+        k = runner.layer.kind
+        res = BINARY[k](args[0], args[1]) if k in BINARY else unary(k, args[0], runner.layer.attrs)
+        if runner.layer.attrs.get("relu"):
+            res = relu(res)
+        runner.out.reshape(-1)[e0:e1] = res
+
+    def run_whole(self, program, index, layer, env, out):
+        args = [v if v.shape == out.shape else np.broadcast_to(v, out.shape) for v in (env[i] for i in layer.inputs)]
+        k = layer.kind
+        res = BINARY[k](args[0], args[1]) if k in BINARY else unary(k, args[0], layer.attrs)
+        if layer.attrs.get("relu"):
+            res = relu(res)
+        out[...] = res
+        return out
+
+    def step(self, program, layer):
+        """The whole output: operands are not broadcast to the output first (the ufunc's own
+        broadcast gives the same elements); a smaller result is broadcast into the output."""
+        tensors = program.tensors
+        shape = tuple(tensors[layer.output].shape)
+        dtype = np.dtype(tensors[layer.output].dtype)
+        k = layer.kind
+        attrs = layer.attrs
+        do_relu = bool(attrs.get("relu"))
+
+        def finish(res):  # res: a new array or scalar (a ufunc result)
+            if type(res) is np.ndarray and res.shape == shape and res.dtype == dtype and res.flags.c_contiguous:
+                return relu_owned(res) if do_relu else res  # nothing else holds it
+            if do_relu:
+                res = relu(res)
+            out = np.empty(shape, dtype=dtype)
+            out[...] = res
+            return out
+        if k in BINARY:
+            op = BINARY[k]
+            t0, t1 = layer.inputs[0], layer.inputs[1]
+            return lambda program, env: finish(op(env[t0], env[t1]))
+        x_tid = layer.inputs[0]
+        if k == "relu":
+            def relu_step(program, env):
+                x = env[x_tid]
+                if x.dtype != _F32:
+                    return finish(unary(k, x, attrs))
+                y = np.fmax(x, _ZERO)  # as relu_owned, into a new array
+                np.add(y, _ZERO, out=y)
+                return finish(y)
+            return relu_step
+        clip = clip_fast(attrs["min"], attrs["max"]) if k == "clip" else None
+        if clip is not None:
+            def clip_step(program, env):
+                x = env[x_tid]
+                y = clip(x)
+                return finish(unary(k, x, attrs) if y is None else y)
+
+            def clip_into(program, env, out):
+                x = env[x_tid]
+                if x.dtype != _F32 or dtype != _F32:
+                    return clip_step(program, env)
+                clip(x, out)  # x broadcasts to the output
+                return relu_owned(out) if do_relu else out
+            clip_step.into = clip_into
+            return clip_step
+        return lambda program, env: finish(unary(k, env[x_tid], attrs))
+
+
+def flat_tile(program, layer: Layer, arch, pes: int) -> int:
+    """Elements per tile of a flat layer: double-buffered inputs and output, spread over the
+    PEs but never beyond the working SRAM."""
+    total = int(np.prod(program.tensors[layer.output].shape, dtype=np.int64))
+    per_elem = sum(itemsize(program, tid) for tid in layer.inputs) + itemsize(program, layer.output)
+    cap = max(1, working_budget(arch) // (2 * per_elem))
+    return max(1, min(cap, ceil_div(total, pes)))
+
+
+def _prim_float(value) -> float:
+    inner = getattr(value, "value", value)
+    return float(getattr(inner, "value", inner))
+
+
+register(Elementwise())

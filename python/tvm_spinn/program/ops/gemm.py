@@ -1,0 +1,1172 @@
+"""GEMMs: ``conv2d`` (NCHW / OIHW, grouped and depthwise), ``dense`` (``x @ W``) and batched
+``matmul``, in fp32 on the Cortex-M4F or int8 on the MAC array.
+
+GEMM view ``C[b, m, n] = sum_k A[b, m, k] B[b, k, n]`` (:func:`~tvm_spinn.program.gemm.
+gemm_shape`): conv2d uses ``A = weight[oc, ic*kh*kw]`` (m = output channel), ``B = im2col
+(input)`` (n = output pixel), b = batch x group; dense and matmul use ``A = input`` and ``B =
+weight``/rhs (matmul's batches broadcast).
+
+- fp32 arithmetic: ``acc = fl(acc + fl(a * b))`` with k strictly ascending from 0 (VMLA.F32 is
+  not fused); each output reduces on one PE whatever the tiling, so the result does not depend
+  on it. Bias is added to the finished accumulator, then ReLU (``x > 0 ? x : +0``).
+- int8 arithmetic (``mode="int8"``): raw int8 products into ``acc_bits``-bit wrapping
+  accumulators, one k-chunk at a time (chunks of :func:`chunk_length`, at most
+  :func:`~tvm_spinn.program.gemm.safe_k_chunk` long); the M4F adds chunk sums in 32-bit,
+  applies the zero-point terms and the epilogue (dequantize, or requantize with a fixed-point
+  multiplier: :mod:`tvm_spinn.program.quant`). ``uint8`` operands have their top bit flipped.
+- Tiles: ``[tm, tn, tk]``, regions ``[[b, b+1], [m0, m1], [n0, n1]]`` in ``b``, ``m0``, ``n0``
+  order; the reduction streams through the tile's PE in ``k_splits = ceil(K / tk)`` chunks
+  (output stationary). Tiles of one group share a weight block (conv2d: ``b * ceil(M / tm) +
+  m0 // tm``; dense: ``n0 // tn``; matmul: none). Tile shapes are chosen by a cost model among
+  candidates padded to the MAC array (:func:`choose_gemm_tile`).
+- Compute cycles of a tile (:func:`gemm_tile_cycles`): fp32 ``vm * vn * K /
+  m4f_flops_per_cycle``; int8: the tile padded to ``mac_rows x mac_cols`` blocks, each streaming
+  its reduction one k-chunk at a time (1 cycle per k) then reading out its sums, overlapped with
+  the M4F's share (:class:`Int8Side`: partial-sum adds, a dequantizing epilogue, zero-point sums
+  of activation operands). ``layer.flops`` is ``2 * M * N * K`` in both modes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ... import _lib
+from ..checks import PAD4, POS2, POSINT, RELU, ZERO, check_bool, check_str, fail
+from ..gemm import GemmShape, gemm_shape, safe_k_chunk
+from ..model import Layer
+from ..quant import QUANT_RANGES, quantize_multiplier, requantize, to_signed
+from .base import ACC_BYTES, LoweringError, MappingError, OpFamily, ceil_div, gemm_tile_bytes, itemsize, register, starts, working_budget
+from .elementwise import relu
+
+if TYPE_CHECKING:
+    from ...target.arch import SpinnArch
+
+__all__ = ["Gemm", "Int8Side", "int8_side", "gemm_tile_cycles", "choose_gemm_tile",
+           "smallest_gemm_tile_bytes", "splits_of", "chunk_length", "GEMM_KINDS"]
+
+GEMM_KINDS = ("conv2d", "dense", "matmul")
+_F32 = np.float32
+_QRANGE = {"int8": (-128, 127), "uint8": (0, 255)}
+_REQUANT = {"y_zero": ZERO, "y_min": ZERO, "y_max": ZERO}
+_CONV = {"strides": POS2, "padding": PAD4, "dilation": POS2, "groups": POSINT}
+_INT8 = {"x_zero": ZERO, "x_flip": check_bool, "relu": check_bool,
+         "out": lambda v, f: check_str(v, f, ("float32", "int8", "uint8"))}
+
+
+def splits_of(k: int, tk: int) -> int:
+    """Reduction chunks of a GEMM tile with reduction ``k`` and tile depth ``tk``."""
+    return -(-k // min(int(tk), k)) if k else 1
+
+
+def chunk_length(k: int, tk: int) -> int:
+    """Products per chunk, ``ceil(k / splits)``: what one accumulator takes (same for every
+    chunk but possibly the last)."""
+    return -(-k // splits_of(k, tk)) if k else 1
+
+
+# -- costs ----------------------------------------------------------------------------------------
+def _weight_is_a(kind: str) -> bool:
+    """conv2d keeps weights in the A operand (rows = output channels); dense in B."""
+    return kind == "conv2d"
+
+
+def _operand_elems(kind: str, mode: str, elem_bytes) -> tuple[int, int, int, int]:
+    """``(a, b, activation, output)`` element bytes; ``elem_bytes`` is ``(activation, weight,
+    output)`` (matmul: lhs, rhs, output) or None for the mode's default (fp32: 4, 4, 4; int8:
+    1, 1, 4)."""
+    if elem_bytes is None:
+        elem_bytes = (1, 1, ACC_BYTES) if mode == "int8" else (4, 4, 4)
+    x, w, out = (int(v) for v in elem_bytes)
+    a, b = (w, x) if _weight_is_a(kind) else (x, w)
+    return a, b, x, out
+
+
+@dataclass(frozen=True)
+class Int8Side:
+    """The M4F's share of an int8 GEMM tile (it overlaps the MAC array's passes).
+
+    ``fp32_out``: dequantizing epilogue (``fl(acc) * scale [+ bias]``) on the M4F;
+    ``row_sums`` / ``col_sums``: ``sum_k`` of the A rows / B columns is needed at run time (that
+    operand is an activation and the other operand has a nonzero zero point).
+    """
+
+    fp32_out: bool = False
+    row_sums: bool = False
+    col_sums: bool = False
+
+
+def int8_side(program, layer: Layer) -> Int8Side:
+    """What the M4F does for an int8 GEMM layer besides adding k-chunk partial sums."""
+    fp32_out = program.tensors[layer.output].dtype == "float32"
+    a = layer.attrs
+    w_zero = "w_zero" in layer.consts
+    if layer.kind == "conv2d":  # A = weight, B = im2col(x): x sums needed when zw != 0
+        return Int8Side(fp32_out, False, w_zero)
+    if layer.kind == "dense":  # A = x, B = weight
+        return Int8Side(fp32_out, w_zero, False)
+    return Int8Side(fp32_out, a.get("b_zero", 0) != 0, a.get("x_zero", 0) != 0)
+
+
+def gemm_tile_cycles(vm: int, vn: int, k: int, k_splits: int, arch: "SpinnArch", mode: str = "fp32",
+                     side: Int8Side | None = None) -> float:
+    """Compute cycles of a ``vm x vn`` GEMM tile with reduction ``k`` in ``k_splits`` chunks
+    (see the module docstring); a float, callers round up. ``vm`` and ``vn`` may be int64
+    arrays (one entry per tile): the result is then a float64 array."""
+    if mode != "int8":
+        return vm * vn * k / arch.m4f_flops_per_cycle
+    side = side or Int8Side()
+    passes = ceil_div(vm, arch.mac_rows) * ceil_div(vn, arch.mac_cols)
+    array = passes * (k + k_splits * arch.mac_readout_cycles)
+    sums = side.row_sums or side.col_sums
+    per_out = (k_splits - 1) + int(side.fp32_out) + int(sums)
+    m4f = per_out * vm * vn * arch.m4f_elementwise_cycles + k * (vm * side.row_sums + vn * side.col_sums)
+    longer = np.maximum(array, m4f)
+    return longer.astype(np.float64) if isinstance(longer, np.ndarray) else float(longer)
+
+
+def _round_up(a: int, b: int) -> int:
+    return ceil_div(a, b) * b
+
+
+def choose_gemm_tile(g: GemmShape, arch: "SpinnArch", name: str = "gemm", pes: int | None = None,
+                     kind: str = "dense", naive: bool = False,
+                     input_bytes=None, mode: str = "fp32", elem_bytes=None,
+                     int8: Int8Side | None = None) -> tuple[int, int, int]:
+    """Pick ``(tm, tn, tk)`` for a GEMM with the lowest estimated layer time.
+
+    Candidates are multiples of the MAC array shape that fit ``arch.tile_sram_bytes``. The
+    estimate spreads the tiles over ``pes`` PEs and takes ``max(per-PE compute and DMA, DRAM
+    traffic / bandwidth + the last tile's compute)``, where the weight operand of a tile group is
+    fetched once per PE (weight-stationary) and the activation operand once per tile
+    (``input_bytes(vn)`` when given, e.g. a conv's input rows). Ties go to fewer tiles, then to
+    the larger tile (deterministic). ``naive`` returns the smallest MAC-shaped tile.
+
+    ``elem_bytes`` is ``(activation, weight, output)`` element bytes (matmul: lhs, rhs, output),
+    by default the mode's (fp32: 4, 4, 4; int8: 1, 1, 4); compute time follows ``mode``
+    (:func:`gemm_tile_cycles`: the M4F for fp32, the MAC array for int8, with the M4F's share
+    ``int8``, by default a dequantizing epilogue when the output takes 4 bytes).
+    """
+    budget = arch.tile_sram_bytes if naive else working_budget(arch)
+    r, c = arch.mac_rows, arch.mac_cols
+    pes = pes or arch.total_pes
+    ae, be, _, oe = _operand_elems(kind, mode, elem_bytes)
+    int8 = int8 or Int8Side(fp32_out=oe == 4)
+    if naive:
+        tk = min(g.k, max(r, (budget - ACC_BYTES * r * c) // (2 * (ae * r + be * c)) // r * r))
+        if mode == "int8":
+            tk = min(tk, safe_k_chunk(arch, 8))
+        if gemm_tile_bytes(r, c, min(tk, g.k), ae, be) > budget:
+            raise MappingError(f"layer {name}: a {r}x{c} tile does not fit {budget} bytes of SRAM")
+        return r, c, tk
+    m_cap, n_cap = _round_up(g.m, r), _round_up(g.n, c)
+    # Powers of two, plus sizes that split the work into about k tiles per PE (load balance).
+    tms = {min(r * 2**i, m_cap) for i in range(12)}
+    tns = {min(c * 2**i, n_cap) for i in range(14)}
+    for k in range(1, 9):
+        tns.add(min(n_cap, _round_up(ceil_div(g.n * g.batch * ceil_div(g.m, m_cap), k * pes), c)))
+        tms.add(min(m_cap, _round_up(ceil_div(g.m * g.batch, k * pes), r)))
+    tms, tns = sorted(tms), sorted(tns)
+    chips = max(1, -(-pes // arch.pes_per_chip))
+    dram_bytes_per_cycle = arch.dram_bw_bytes_s * chips / arch.clock_hz
+    noc_bytes_per_cycle = arch.noc_bw_bytes_s * chips / arch.clock_hz
+    weight_a = _weight_is_a(kind)
+    best, best_key = None, None
+    for tm in tms:
+        for tn in tns:
+            fixed = ACC_BYTES * tm * tn
+            per_k = 2 * (ae * tm + be * tn)
+            if fixed + per_k > budget:
+                continue
+            tk_max = (budget - fixed) // per_k
+            tk = g.k if tk_max >= g.k else max(r, (tk_max // r) * r)
+            if tk > tk_max:
+                continue
+            if mode == "int8":  # the MAC array's acc_bits-bit accumulators must never wrap
+                tk = min(tk, safe_k_chunk(arch, 8))
+            mt, nt = ceil_div(g.m, tm), ceil_div(g.n, tn)
+            tiles = g.batch * mt * nt
+            groups = (g.batch * mt) if weight_a else nt
+            per_pe = ceil_div(tiles, pes)
+            vm, vn = min(tm, g.m), min(tn, g.n)
+            a_bytes, b_bytes = ae * vm * g.k, be * g.k * vn
+            w_bytes, x_bytes = (a_bytes, b_bytes) if weight_a else (b_bytes, a_bytes)
+            if input_bytes is not None:
+                x_bytes = input_bytes(vn)
+            # A weight block stays in SRAM across its tiles only if it fits next to the buffers.
+            w_stationary = w_bytes + gemm_tile_bytes(tm, tn, min(tk, g.k), ae, be) <= budget
+            w_loads = min(tiles, max(groups, pes)) if w_stationary else tiles
+            ksplits = ceil_div(g.k, tk)
+            compute = gemm_tile_cycles(vm, vn, g.k, ksplits, arch, mode, int8)
+            dma = (x_bytes + oe * vm * vn + (w_bytes * w_loads) / tiles) / arch.dma_bw_bytes_per_cycle
+            pe_time = per_pe * (max(compute, dma) + arch.dma_setup_cycles * ksplits)
+            # Weight blocks cross DRAM once per group (the NoC multicasts them); activations are
+            # assumed on-chip (NoC). The last tile computes after its load: no overlap for it.
+            dram_time = groups * w_bytes / dram_bytes_per_cycle
+            noc_time = (tiles * (x_bytes + oe * vm * vn) + w_loads * w_bytes) / noc_bytes_per_cycle
+            key = (max(pe_time, max(dram_time, noc_time) + compute), tiles, -tm, -tn)
+            if best_key is None or key < best_key:
+                best, best_key = (tm, tn, tk), key
+    if best is None:
+        need = gemm_tile_bytes(r, c, r, ae, be)
+        raise MappingError(
+            f"layer {name}: even a {r}x{c}x{r} tile needs {need} bytes of SRAM, the PE has {budget}; "
+            f"the smallest system that fits has sram_bytes >= {need + arch.sram_reserved_bytes}"
+        )
+    return best
+
+
+def smallest_gemm_tile_bytes(arch: "SpinnArch", k: int, a_bytes: int = 4, b_bytes: int = 4) -> int:
+    """SRAM of the smallest GEMM tile: one ``mac_rows x mac_cols`` block of outputs with
+    reduction chunks of ``min(k, mac_rows)``, operands double-buffered (element bytes of the A
+    and B operands: conv2d A = weight, B = im2col(input); dense/matmul A = input)."""
+    return gemm_tile_bytes(arch.mac_rows, arch.mac_cols, min(k, arch.mac_rows), a_bytes, b_bytes)
+
+
+def _conv_input_bytes(program, layer: Layer, p0, p1):
+    """Bytes of input a conv tile DMAs for output pixels [p0, p1) (ints or arrays): the input
+    window under those output pixels (with the kernel halo) of one group's channels; im2col
+    happens in SRAM."""
+    _, _, h, w = program.tensors[layer.inputs[0]].shape
+    _, cg, kh, kw = program.tensors[layer.consts["weight"]].shape
+    ow = program.tensors[layer.output].shape[3]
+    sh, sw = layer.attrs["strides"]
+    dh, dw = layer.attrs["dilation"]
+    khe, kwe = (kh - 1) * dh + 1, (kw - 1) * dw + 1
+    p0, p1 = np.asarray(p0, dtype=np.int64), np.asarray(p1, dtype=np.int64)
+    pixels = p1 - p0
+    # Part of one output row (two if it wraps): a strip of columns; else whole rows.
+    strip_rows = khe * np.where(p0 // ow == (p1 - 1) // ow, 1, 2)
+    strip_cols = np.minimum(w, (pixels - 1) * sw + kwe)
+    band_rows = np.minimum(h, (-(-pixels // ow)) * sh + khe)
+    rows = np.where(pixels < ow, strip_rows, band_rows)
+    cols = np.where(pixels < ow, strip_cols, w)
+    return itemsize(program, layer.inputs[0]) * cg * rows * cols
+
+
+def _cost_operands(program, layer: Layer):
+    """``(weight tid, (activation, weight, output) element bytes, Int8Side or None)``."""
+    w_tid = layer.inputs[1] if layer.kind == "matmul" else layer.consts["weight"]
+    elems = tuple(itemsize(program, tid) for tid in (layer.inputs[0], w_tid, layer.output))
+    side = int8_side(program, layer) if layer.mode == "int8" else None
+    return w_tid, elems, side
+
+
+# -- the functional simulator ------------------------------------------------------------------
+def _writable(x: np.ndarray) -> np.ndarray:
+    """``x`` as the FFI takes it: DLPack cannot export read-only arrays (``_lib._input``)."""
+    return x if x.flags.writeable else _lib._input(x)
+
+
+def _rhs(layer: Layer, env) -> np.ndarray:
+    return env[layer.consts["weight"]] if "weight" in layer.consts else env[layer.inputs[1]]
+
+
+def _im2col_reference(runner, x: np.ndarray, wshape, fill) -> np.ndarray:
+    """im2col is pure data movement (what the DMA gathers): rows ordered (c, kh, kw) like the
+    OIHW weight, columns are output pixels; padding reads ``fill``."""
+    n = x.shape[0]
+    attrs = runner.layer.attrs
+    groups = attrs["groups"]
+    sh, sw = attrs["strides"]
+    dh, dw = attrs["dilation"]
+    pt, pl, pb, pr = attrs["padding"]
+    _, cg, kh, kw = wshape
+    oh, ow = runner.out.shape[2], runner.out.shape[3]
+    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=fill)
+    cols = np.empty((n, groups, cg * kh * kw, oh * ow), dtype=x.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            patch = xp[:, :, i * dh: i * dh + sh * (oh - 1) + 1: sh, j * dw: j * dw + sw * (ow - 1) + 1: sw]
+            cols[:, :, (np.arange(cg) * kh * kw) + i * kw + j, :] = patch.reshape(n, groups, cg, oh * ow)
+    return cols.reshape(n * groups, cg * kh * kw, oh * ow)
+
+
+def _arrange(runner, x: np.ndarray, rhs: np.ndarray, pad_fill) -> None:
+    """GEMM operands as the DMA lays them out: ``a`` [batch-or-group, m, k], ``b`` [batch, k, n].
+
+    conv2d: ``a`` = weight per group, ``b`` = im2col(x) (padding reads ``pad_fill``); dense:
+    ``a`` = x, ``b`` = weight; matmul: both broadcast over the batch dims."""
+    layer = runner.layer
+    g = runner.g = gemm_shape(runner.p, layer)
+    if layer.kind == "conv2d":
+        groups = layer.attrs["groups"]
+        runner.a = np.ascontiguousarray(rhs.reshape(groups, rhs.shape[0] // groups, -1))
+        runner.b = _im2col_reference(runner, x, rhs.shape, pad_fill)
+        runner.a_index = lambda b: b % groups
+    elif layer.kind == "dense":
+        runner.a = np.ascontiguousarray(x).reshape(1, g.m, g.k)
+        runner.b = np.ascontiguousarray(rhs).reshape(1, g.k, g.n)
+        runner.a_index = lambda b: b
+    else:
+        batch_shape = tuple(runner.out.shape[:-2])
+        runner.a = np.ascontiguousarray(np.broadcast_to(x, batch_shape + x.shape[-2:])).reshape(g.batch, g.m, g.k)
+        runner.b = np.ascontiguousarray(np.broadcast_to(rhs, batch_shape + rhs.shape[-2:])).reshape(g.batch, g.k, g.n)
+        runner.a_index = lambda b: b
+    runner.c = runner.out.reshape(g.batch, g.m, g.n)
+
+
+def _gemm_block(runner, b0: int, m0: int, m1: int, n0: int, n1: int, step: int) -> None:
+    """Outputs ``[b0, m0:m1, n0:n1]``: k-chunks of ``step`` in ascending order into one fp32
+    accumulator (the same bits for any ``step``), then bias and ReLU."""
+    g, layer = runner.g, runner.layer
+    a = runner.a[runner.a_index(b0), m0:m1]
+    bm = runner.b[b0, :, n0:n1]
+    acc = np.zeros((m1 - m0, n1 - n0), dtype=_F32)
+    for k0 in range(0, g.k, step):
+        _lib.gemm_f32(np.ascontiguousarray(a[:, k0:k0 + step]), np.ascontiguousarray(bm[k0:k0 + step]), acc)
+    if runner.bias is not None:
+        if layer.kind == "conv2d":
+            oc0 = (b0 % layer.attrs["groups"]) * g.m
+            acc = acc + runner.bias[oc0 + m0: oc0 + m1, None]
+        else:
+            acc = acc + runner.bias[None, n0:n1]
+    if layer.attrs.get("relu"):
+        acc = relu(acc)
+    runner.c[b0, m0:m1, n0:n1] = acc
+
+
+def _qgemm_block(runner, b0: int, m0: int, m1: int, n0: int, n1: int, step: int) -> None:
+    """Outputs ``[b0, m0:m1, n0:n1]``: one ``acc_bits`` accumulation per k-chunk of ``step``
+    (the wrap points depend on ``step``: callers pass the program's chunk length)."""
+    g, attrs = runner.g, runner.layer.attrs
+    a = np.ascontiguousarray(runner.a[runner.a_index(b0), m0:m1])
+    bm = np.ascontiguousarray(runner.b[b0, :, n0:n1])
+    acc = np.zeros((m1 - m0, n1 - n0), dtype=np.int32)
+    part = np.empty_like(acc)
+    for k0 in range(0, g.k, step):  # chunks fit the accumulator (safe_k_chunk)
+        part.fill(0)
+        _lib.gemm_i8(np.ascontiguousarray(a[:, k0:k0 + step]), np.ascontiguousarray(bm[k0:k0 + step]), part, runner.acc_bits)
+        acc += part  # M4F 32-bit adds (wrap like the hardware; never reached for int8 data)
+    acc = acc.astype(np.int64)
+    if runner.layer.kind == "conv2d":
+        oc0 = (b0 % attrs["groups"]) * g.m
+        ch = np.arange(oc0 + m0, oc0 + m1)[:, None]
+        za = runner.za[ch] if runner.za is not None else np.int64(0)
+        zb = runner.zb
+    else:
+        ch = np.arange(n0, n1)[None, :]
+        za = runner.za
+        zb = runner.zb[ch] if isinstance(runner.zb, np.ndarray) and runner.zb.ndim else runner.zb
+    runner.c[b0, m0:m1, n0:n1] = int8_finish(
+        acc, za, zb, lambda: a.sum(axis=1, dtype=np.int64)[:, None],
+        lambda: bm.sum(axis=0, dtype=np.int64)[None, :], g.k, runner.epi, attrs, ch)
+
+
+def int8_finish(acc: np.ndarray, za, zb, a_sum, b_sum, k: int, epi: dict, attrs: dict, ch) -> np.ndarray:
+    """The M4F's share of an int8 GEMM on the array's int32 sums ``acc`` (int64 array, updated
+    in place): the zero-point terms ``sum (a - za)(b - zb) = sum ab - zb sum_k a - za sum_k b +
+    K za zb`` in 32-bit registers, then the epilogue: dequantize (``fl(acc) * scale [+ bias]``,
+    ReLU) or requantize (:func:`~tvm_spinn.program.quant.requantize`). ``a_sum``/``b_sum``
+    return the operands' sums over k (called only when the other zero point is nonzero); ``ch``
+    indexes the per-channel constants."""
+    zb = np.int64(0) if zb is None else zb
+    if np.any(zb != 0):
+        acc -= zb * a_sum()
+    if np.any(za != 0):
+        acc -= za * b_sum()
+    acc += np.int64(k) * za * zb
+    acc = acc.astype(np.int32).astype(np.int64)  # 32-bit registers
+    if attrs["out"] == "float32":
+        y = acc.astype(_F32) * epi["scale"][ch]
+        if "bias" in epi:
+            y = y + epi["bias"][ch]
+        if attrs["relu"]:
+            y = np.maximum(y, _F32(0))
+        return y
+    v = acc + epi["bias_q"][ch].astype(np.int64)
+    return requantize(v, epi["multiplier"][ch], epi["shift"][ch], attrs["y_zero"], attrs["y_min"], attrs["y_max"])
+
+
+def _batched_operands(program, layer: Layer, out: np.ndarray, x: np.ndarray, rhs: np.ndarray, fill):
+    """Batched GEMM operands without copies where the layout allows: ``a`` [a_count, m, k],
+    ``b`` [b_count, k, n] and the int64 index vectors picking each output batch's operands (the
+    same operands as :func:`_arrange`; conv2d ``b`` is the C++ im2col)."""
+    g = gemm_shape(program, layer)
+    if layer.kind == "conv2d":
+        attrs = layer.attrs
+        groups = attrs["groups"]
+        a = np.ascontiguousarray(rhs).reshape(groups, rhs.shape[0] // groups, -1)
+        _, cg, kh, kw = rhs.shape
+        n, c, h, w = x.shape
+        oh, ow = out.shape[2], out.shape[3]
+        x = np.ascontiguousarray(x)
+        if (kh, kw) == (1, 1) and tuple(attrs["strides"]) == (1, 1) and not any(attrs["padding"]) \
+                and (oh, ow) == (h, w):
+            b = x.reshape(n * groups, cg, h * w)  # 1x1 convolution: im2col is the input itself
+        else:
+            b = _lib.im2col(x, (kh, kw), attrs["strides"], attrs["dilation"], attrs["padding"],
+                            groups, fill=fill, out_hw=(oh, ow))
+        a_index = np.arange(g.batch, dtype=np.int64) % groups
+        b_index = np.arange(g.batch, dtype=np.int64)
+    elif layer.kind == "dense":
+        a = np.ascontiguousarray(x).reshape(1, g.m, g.k)
+        b = np.ascontiguousarray(rhs).reshape(1, g.k, g.n)
+        a_index = b_index = np.zeros(1, dtype=np.int64)
+    else:  # matmul: broadcast batches index their operand instead of copying it
+        batch_shape = tuple(out.shape[:-2])
+
+        def operand(t):
+            lead = t.shape[:-2]
+            index = np.arange(int(np.prod(lead, dtype=np.int64)), dtype=np.int64).reshape(lead)
+            index = np.broadcast_to(index, batch_shape).reshape(-1)
+            return np.ascontiguousarray(t).reshape(-1, t.shape[-2], t.shape[-1]), np.ascontiguousarray(index)
+
+        a, a_index = operand(x)
+        b, b_index = operand(rhs)
+    return g, a, b, a_index, b_index
+
+
+def _gemm_whole(program, layer: Layer, env, out: np.ndarray) -> None:
+    x = env[layer.inputs[0]]
+    g, a, b, a_index, b_index = _batched_operands(program, layer, out, x, _rhs(layer, env), 0)
+    c = out.reshape(g.batch, g.m, g.n)
+    c.fill(0)
+    _lib.gemm_f32_batched(a, b, c, a_index, b_index)
+    bias = layer.consts.get("bias")
+    if bias is not None:
+        bias = env[bias]
+        if layer.kind == "conv2d":
+            groups = layer.attrs["groups"]
+            c4 = out.reshape(-1, groups, g.m, g.n)
+            np.add(c4, bias.reshape(groups, g.m, 1), out=c4)
+        else:
+            np.add(c, bias.reshape(1, 1, -1), out=c)
+    if layer.attrs.get("relu"):
+        c[~(c > 0)] = _F32(0)  # relu: a > 0 ? a : 0 (NaN and -0.0 give +0)
+
+
+def int8_chunk(program, index: int) -> int:
+    """k-chunk length of int8 GEMM layer ``index``: ``ceil(K / k_splits)`` of its tiles (one
+    tile shape per layer, so they never disagree)."""
+    tile = program.mapping["layers"][index]["tile"]
+    return chunk_length(gemm_shape(program, program.layers[index]).k, tile[2])
+
+
+def _qgemm_whole(program, layer: Layer, index: int, env, out: np.ndarray) -> None:
+    step = int8_chunk(program, index)
+    attrs = layer.attrs
+    x = env[layer.inputs[0]]
+    x = to_signed(x) if attrs["x_flip"] else x
+    zx = np.int64(attrs["x_zero"])
+    rhs = _rhs(layer, env)
+    if layer.kind == "matmul" and attrs["b_flip"]:
+        rhs = to_signed(rhs)
+    fill = np.asarray(attrs["x_zero"]).astype(x.dtype)  # padding holds the zero point
+    g, a, b, a_index, b_index = _batched_operands(program, layer, out, x, rhs, fill)
+    acc32 = np.zeros((g.batch, g.m, g.n), dtype=np.int32)
+    _lib.gemm_i8_batched(a, b, acc32, step, int(program.arch.get("acc_bits", 29)), a_index, b_index)
+    acc = acc32.astype(np.int64)
+    wz = env[layer.consts["w_zero"]].astype(np.int64) if "w_zero" in layer.consts else None
+    if layer.kind == "conv2d":
+        groups = attrs["groups"]
+        acc = acc.reshape(-1, groups, g.m, g.n)
+        ch = np.arange(groups * g.m).reshape(groups, g.m, 1)
+        za = wz[ch] if wz is not None else np.int64(0)
+        zb = zx
+        a_sum = lambda: a.sum(axis=2, dtype=np.int64).reshape(groups, g.m, 1)  # noqa: E731
+        b_sum = lambda: b.sum(axis=1, dtype=np.int64).reshape(-1, groups, 1, g.n)  # noqa: E731
+    else:
+        ch = np.arange(g.n)[None, :]
+        if layer.kind == "dense":
+            za, zb = zx, wz
+        else:
+            za, zb = zx, np.int64(attrs.get("b_zero", 0))
+        zb = zb[ch] if isinstance(zb, np.ndarray) and zb.ndim else zb
+        a_sum = lambda: a.sum(axis=2, dtype=np.int64)[a_index][:, :, None]  # noqa: E731
+        b_sum = lambda: b.sum(axis=1, dtype=np.int64)[b_index][:, None, :]  # noqa: E731
+    epi = {k: env[layer.consts[k]] for k in ("scale", "bias", "bias_q", "multiplier", "shift") if k in layer.consts}
+    out.reshape(acc.shape)[...] = int8_finish(acc, za, zb, a_sum, b_sum, g.k, epi, attrs, ch)
+
+
+#: "no bias" for the C++ epilogue (a bias with no elements)
+_NO_BIAS = np.zeros(0, dtype=_F32)
+
+
+def _operand(program, tid: int, prepare):
+    """A getter ``env -> prepare(env[tid])``, evaluated once here for a constant."""
+    if tid in program.constants:
+        value = prepare(program.constants[tid])
+        return lambda env: value
+    return lambda env: prepare(env[tid])
+
+
+def _fp32_step(program, layer: Layer, clip: Layer | None):
+    """:func:`_gemm_whole` with its operand layout, index vectors and bias prepared; the bias,
+    ReLU and ``clip`` (a clip layer fused by the simulator's plan) run in the C++ epilogue."""
+    g = gemm_shape(program, layer)
+    tensors = program.tensors
+    shape = tuple(tensors[layer.output].shape)
+    dtype = np.dtype(tensors[layer.output].dtype)
+    rhs_tid = layer.consts["weight"] if "weight" in layer.consts else layer.inputs[1]
+    x_tid = layer.inputs[0]
+    cshape = (g.batch, g.m, g.n)
+    do_relu = bool(layer.attrs.get("relu"))
+    bias_tid = layer.consts.get("bias")
+    bias = _NO_BIAS
+    if bias_tid is not None:
+        bias = _writable(np.ascontiguousarray(program.constants[bias_tid], dtype=_F32).reshape(-1))
+    lo = hi = 0.0
+    if clip is not None:
+        lo, hi = float(_F32(clip.attrs["min"])), float(_F32(clip.attrs["max"]))
+    epilogue = _lib._func("tvm_spinn.sim.epilogue_f32")
+    if layer.kind == "conv2d":
+        attrs = layer.attrs
+        groups = int(attrs["groups"])
+        wshape = tuple(tensors[rhs_tid].shape)
+        _, cg, kh, kw = wshape
+        n, c, h, w = tensors[x_tid].shape
+        oh, ow = shape[2], shape[3]
+        if bias.size not in (0, wshape[0]):
+            return None
+        # C viewed as [n, output channels, pixels]: the bias is per row
+        ep_shape, on_rows = (n, wshape[0], oh * ow), True
+        if cg == 1 and groups > 1 and rhs_tid in program.constants:
+            return _depthwise_step(program, layer, shape, dtype, bias, do_relu, clip is not None, lo, hi)
+        get_a = _operand(program, rhs_tid, lambda w: _writable(np.ascontiguousarray(w).reshape(groups, wshape[0] // groups, -1)))
+        if (kh, kw) == (1, 1) and tuple(attrs["strides"]) == (1, 1) and not any(attrs["padding"]) and (oh, ow) == (h, w):
+            bshape = (n * groups, cg, h * w)
+            get_b = _operand(program, x_tid, lambda x: _writable(np.ascontiguousarray(x).reshape(bshape)))
+        else:
+            im2col = _lib._func("tvm_spinn.sim.im2col")
+            sh, sw = attrs["strides"]
+            dh, dw = attrs["dilation"]
+            pt, pl, _, _ = attrs["padding"]
+            params = [int(v) for v in (max(groups, 1), kh, kw, sh, sw, dh, dw, pt, pl, max(int(oh), 0), max(int(ow), 0))]
+            cols_shape = (n * max(groups, 1), (c // max(groups, 1)) * kh * kw, max(int(oh), 0) * max(int(ow), 0))
+
+            def cols(x):
+                x = np.ascontiguousarray(x)
+                out = np.empty(cols_shape, dtype=x.dtype)
+                im2col(_writable(x), out, np.zeros(1, dtype=x.dtype), params, 0)
+                return out
+            get_b = _operand(program, x_tid, cols)
+        a_index = np.arange(g.batch, dtype=np.int64) % groups
+        b_index = np.arange(g.batch, dtype=np.int64)
+    else:
+        if bias.size not in (0, g.n):
+            return None
+        ep_shape, on_rows = cshape, False  # the bias is per column
+        if layer.kind == "dense":
+            get_a = _operand(program, x_tid, lambda x: _writable(np.ascontiguousarray(x).reshape(1, g.m, g.k)))
+            get_b = _operand(program, rhs_tid, lambda r: _writable(np.ascontiguousarray(r).reshape(1, g.k, g.n)))
+            a_index = b_index = np.zeros(1, dtype=np.int64)
+        else:
+            batch_shape = shape[:-2]
+
+            def operand(tid):
+                tshape = tuple(tensors[tid].shape)
+                lead = tshape[:-2]
+                index = np.arange(int(np.prod(lead, dtype=np.int64)), dtype=np.int64).reshape(lead)
+                index = np.array(np.broadcast_to(index, batch_shape).reshape(-1), dtype=np.int64)  # writable
+                three = (-1, tshape[-2], tshape[-1])
+                return _operand(program, tid, lambda t: _writable(np.ascontiguousarray(t).reshape(three))), index
+            get_a, a_index = operand(x_tid)
+            get_b, b_index = operand(rhs_tid)
+    if dtype != _F32:
+        return None
+    finish = bias.size or do_relu or clip is not None
+    gemm = _lib._func("tvm_spinn.sim.gemm_f32_batched")
+
+    def into(program, env, out):
+        if out is None:
+            out = np.zeros(shape, dtype=dtype)
+        else:  # the caller's output buffer (the plan checked it)
+            out.fill(0)
+        gemm(get_a(env), get_b(env), out.reshape(cshape), a_index, b_index, 0)
+        if finish:  # fl(acc + bias), then ReLU (x > 0 ? x : +0), then the fused clip
+            epilogue(out.reshape(ep_shape), bias, on_rows, do_relu, clip is not None, lo, hi, 0)
+        return out
+
+    def step(program, env):
+        return into(program, env, None)
+    step.into = into
+    return step
+
+
+def _depthwise_step(program, layer: Layer, shape, dtype, bias, do_relu, clip, lo, hi):
+    """A conv with one input channel per group, on the direct C++ kernel (no im2col): each
+    output's taps in im2col order from +0.0, then the epilogue; the bits of the GEMM path."""
+    attrs = layer.attrs
+    tensors = program.tensors
+    weight = program.constants[layer.consts["weight"]]
+    cout, _, kh, kw = weight.shape
+    weight = _writable(np.ascontiguousarray(weight, dtype=_F32).reshape(cout, kh, kw))
+    x_tid = layer.inputs[0]
+    if dtype != _F32 or np.dtype(tensors[x_tid].dtype) != _F32:
+        return None
+    sh, sw = attrs["strides"]
+    dh, dw = attrs["dilation"]
+    pt, pl, _, _ = attrs["padding"]
+    geometry = [int(v) for v in (sh, sw, dh, dw, pt, pl)]
+    conv = _lib._func("tvm_spinn.sim.depthwise_conv2d_f32")
+
+    def into(program, env, out):
+        if out is None:
+            out = np.zeros(shape, dtype=dtype)
+        else:
+            out.fill(0)
+        conv(_writable(np.ascontiguousarray(env[x_tid])), weight, out, bias, geometry, do_relu, clip, lo, hi, 0)
+        return out
+
+    def step(program, env):
+        return into(program, env, None)
+    step.into = into
+    return step
+
+
+# -- the family -----------------------------------------------------------------------------------
+class Gemm(OpFamily):
+    """conv2d, dense and matmul, fp32 (M4F) and int8 (MAC array)."""
+
+    kinds = GEMM_KINDS
+    priority = 10
+    modes = ("fp32", "int8")
+    tile_arity = 3
+    #: a clip reading only this family's fp32 result runs in its epilogue (see :meth:`step`)
+    fuses_clip = True
+
+    # -- partition ------------------------------------------------------------------------------
+    def lowers(self, composite: str) -> bool:
+        return composite.startswith(("conv2d", "dense", "matmul", "qconv2d", "qdense", "qmatmul"))
+
+    def patterns(self, kit) -> list[tuple]:
+        """int8 patterns (largest first) before the fp32 ones, so a quantized GEMM reaches the
+        MAC array with its dequantizes, epilogue and requantize fused."""
+        from tvm.relax.dpl import is_op, wildcard
+
+        lhs, rhs = wildcard(), wildcard()
+        matmul = is_op("relax.matmul")(lhs, rhs)
+        return [
+            *_qgemm_patterns(kit, "spinn.qconv2d", "relax.nn.conv2d", weight_const=True),
+            *_qgemm_patterns(kit, "spinn.qdense", "relax.matmul", weight_const=True),
+            *_qgemm_patterns(kit, "spinn.qmatmul", "relax.matmul", weight_const=False),
+            *_gemm_patterns(kit, "spinn.conv2d", "relax.nn.conv2d", _check_conv2d),
+            *_gemm_patterns(kit, "spinn.dense", "relax.matmul", _check_dense),
+            kit.entry("spinn.matmul", matmul, {"lhs": lhs, "rhs": rhs, "root": matmul}, _check_matmul),
+        ]
+
+    def lower(self, lowerer, name: str, kind: str, calls: list, env: dict, layer: Layer) -> None:
+        """Lower a GEMM composite (all its calls: the GEMM, its dequantizes and epilogue)."""
+        if kind.startswith(("qconv2d", "qdense", "qmatmul")):
+            _lower_qgemm(lowerer, layer, name, calls, env)
+            return
+        main = calls[0][1]
+        ops = [c.op.name for _, c in calls]
+        if kind == "matmul":
+            layer.inputs = [lowerer.operand(x, env) for x in main.args]
+            return
+        base = "conv2d" if kind.startswith("conv2d") else "dense"
+        layer.kind = base
+        layer.inputs = [lowerer.operand(main.args[0], env)]
+        layer.consts["weight"] = lowerer.operand(main.args[1], env)
+        layer.attrs["relu"] = "relax.nn.relu" in ops
+        if "relax.add" in ops:
+            add = calls[ops.index("relax.add")][1]
+            bias = add.args[1] if not add.args[1].same_as(calls[0][0]) else add.args[0]
+            layer.consts["bias"] = _lower_bias(lowerer, bias, layer.output, base, name)
+        if base == "conv2d":
+            a = main.attrs
+            layer.attrs.update(strides=[int(v) for v in a.strides], padding=[int(v) for v in a.padding],
+                               dilation=[int(v) for v in a.dilation], groups=int(a.groups))
+
+    # -- validation -----------------------------------------------------------------------------
+    def attr_schema(self, kind: str, mode: str):
+        if mode == "int8":
+            req = dict(_INT8)
+            if kind == "conv2d":
+                req.update(_CONV)
+            if kind == "matmul":
+                req.update(b_zero=ZERO, b_flip=check_bool)
+            return req, dict(_REQUANT)
+        if kind == "conv2d":
+            return dict(_CONV), dict(RELU)
+        return {}, dict(RELU)
+
+    def check(self, v, f, kind, mode, ins, consts, out, attrs):
+        fo = f"{f}.output"
+        int8 = mode == "int8"
+        act = ("int8", "uint8") if int8 else ("float32",)
+        v.need(f"{f}.inputs", kind, ins, 2 if kind == "matmul" else 1)
+        for i, tid in enumerate(ins):
+            v.dtype(f"{f}.inputs[{i}]", tid, act)
+        if kind == "conv2d":
+            n, c, h, w = v.rank(f"{f}.inputs[0]", ins[0], 4, 4)
+            wt = consts.get("weight")
+            if wt is None:
+                fail(f"{f}.consts", "missing key(s) ['weight']")
+            o, cg, kh, kw = v.rank(f"{f}.consts.weight", wt, 4, 4)
+            groups = attrs["groups"]
+            if c % groups or o % groups or c // groups != cg:
+                fail(f"{f}.attrs.groups", f"{groups} groups do not split input {v.shapes[ins[0]]} "
+                                          f"and weight {v.shapes[wt]}")
+            (sh, sw), (dh, dw), (pt, pl, pb, pr) = attrs["strides"], attrs["dilation"], attrs["padding"]
+            oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
+            ow = (w + pl + pr - dw * (kw - 1) - 1) // sw + 1
+            if oh < 1 or ow < 1:
+                fail(f"{f}.consts.weight", f"the kernel is larger than the padded {h}x{w} input")
+            v.shape(fo, out, [n, o, oh, ow])
+            batch, m, nn, k, channels = n * groups, o // groups, oh * ow, cg * kh * kw, o
+        elif kind == "dense":
+            x = v.rank(f"{f}.inputs[0]", ins[0], 1)
+            wt = consts.get("weight")
+            if wt is None:
+                fail(f"{f}.consts", "missing key(s) ['weight']")
+            kk, nn = v.rank(f"{f}.consts.weight", wt, 2, 2)
+            if x[-1] != kk:
+                fail(f"{f}.consts.weight", f"{v.shapes[wt]} does not multiply input {x}")
+            v.shape(fo, out, x[:-1] + [nn])
+            batch, m, k, channels = 1, math.prod(x[:-1]), kk, nn
+        else:
+            a = v.rank(f"{f}.inputs[0]", ins[0], 2)
+            b = v.rank(f"{f}.inputs[1]", ins[1], 2)
+            bs = v.broadcast(a[:-2], b[:-2])
+            if a[-1] != b[-2] or bs is None:
+                fail(f"{f}.inputs", f"{a} and {b} do not multiply")
+            v.shape(fo, out, bs + [a[-2], b[-1]])
+            batch, m, nn, k, channels = math.prod(bs), a[-2], b[-1], a[-1], b[-1]
+        if kind != "matmul":
+            v.dtype(f"{f}.consts.weight", consts["weight"], ("int8",) if int8 else ("float32",))
+        if int8:
+            _check_int8_epilogue(v, f, kind, ins, consts, out, attrs, channels, k)
+        else:
+            v.dtype(fo, out, ("float32",))
+            v.consts(f, consts, set() if kind == "matmul" else {"weight"},
+                     set() if kind == "matmul" else {"bias"})
+            if "bias" in consts:
+                v.dtype(f"{f}.consts.bias", consts["bias"], ("float32",))
+                v.shape(f"{f}.consts.bias", consts["bias"], [channels])
+        return (batch, m, nn), [m, nn, k]
+
+    def check_mapping(self, arch, f: str, mode: str, k: int | None, tile) -> None:
+        """An int8 layer's k-chunks must fit the MAC array's accumulator."""
+        if mode != "int8":
+            return
+        chunk = chunk_length(k, tile[2])
+        limit = safe_k_chunk(arch)
+        if chunk > limit:
+            fail(f"{f}.tile[2]", f"k-chunks of {chunk} products overflow the "
+                                 f"{arch.acc_bits}-bit accumulator (at most {limit})")
+
+    # -- tiles as data ------------------------------------------------------------------------
+    def region_extent(self, program, layer):
+        g = gemm_shape(program, layer)
+        return (g.batch, g.m, g.n)
+
+    def expand_regions(self, program, layer, tile):
+        batch, m, n = self.region_extent(program, layer)
+        tm, tn = int(tile[0]), int(tile[1])
+        m0, m1 = starts(m, tm)
+        n0, n1 = starts(n, tn)
+        b = np.repeat(np.arange(batch, dtype=np.int64), len(m0) * len(n0))
+        mi = np.tile(np.repeat(np.arange(len(m0)), len(n0)), batch)
+        ni = np.tile(np.arange(len(n0)), batch * len(m0))
+        lo = np.stack([b, m0[mi], n0[ni]], axis=1)
+        hi = np.stack([b + 1, m1[mi], n1[ni]], axis=1)
+        if layer.kind == "conv2d":
+            group = b * len(m0) + mi
+        elif layer.kind == "dense":
+            group = ni.astype(np.int64)
+        else:
+            group = np.full(len(b), -1, dtype=np.int64)
+        return lo, hi, group
+
+    def k_splits(self, program, layer, tile) -> int:
+        return splits_of(gemm_shape(program, layer).k, tile[2])
+
+    # -- mapping ------------------------------------------------------------------------------
+    def work(self, program, layer, arch):
+        g = gemm_shape(program, layer)
+        return 2 * g.batch * g.m * g.n * g.k, [g.m, g.n, g.k]
+
+    def smallest_tile_bytes(self, program, layer, arch):
+        _, elems, _ = _cost_operands(program, layer)
+        ae, be, _, _ = _operand_elems(layer.kind, layer.mode, elems)
+        return smallest_gemm_tile_bytes(arch, gemm_shape(program, layer).k, ae, be)
+
+    def choose_tile(self, program, layer, arch, pes, naive):
+        g = gemm_shape(program, layer)
+        in_fn = (lambda vn: int(_conv_input_bytes(program, layer, 0, vn))) if layer.kind == "conv2d" else None
+        _, elems, side = _cost_operands(program, layer)
+        return list(choose_gemm_tile(g, arch, layer.name, pes=pes, kind=layer.kind, naive=naive,
+                                     input_bytes=in_fn, mode=layer.mode, elem_bytes=elems, int8=side))
+
+    def tile_costs(self, program, layer, arch, tile, lo, hi):
+        t = program.tensors
+        g = gemm_shape(program, layer)
+        ks = self.k_splits(program, layer, tile)
+        w_tid, elems, side = _cost_operands(program, layer)
+        ae, be, _, oe = _operand_elems(layer.kind, layer.mode, elems)
+        tk = min(int(tile[2]), g.k)
+        ext = hi - lo
+        vm, vn = ext[:, 1], ext[:, 2]
+        pm, pn = -(-vm // arch.mac_rows) * arch.mac_rows, -(-vn // arch.mac_cols) * arch.mac_cols
+        a_bytes, b_bytes = ae * vm * g.k, be * g.k * vn
+        if layer.kind == "conv2d":
+            in_b, w_b = _conv_input_bytes(program, layer, lo[:, 2], hi[:, 2]), a_bytes
+        else:
+            in_b, w_b = a_bytes, b_bytes
+        # Per-channel epilogue data (bias; int8: acc_offset, multiplier, shift, scale...) travels
+        # with the weight block: the tile's output channels of every const but the weight.
+        channels = t[w_tid].shape[0] if layer.kind == "conv2d" else g.n
+        v = vm if layer.kind == "conv2d" else vn
+        for role, tid in sorted(layer.consts.items()):
+            if role == "weight" or tid == w_tid:
+                continue
+            numel = int(np.prod(t[tid].shape, dtype=np.int64))
+            size = itemsize(program, tid)
+            w_b = w_b + (size * v * max(1, numel // channels) if numel >= channels else size * numel)
+        cycles = np.ceil(gemm_tile_cycles(vm, vn, g.k, ks, arch, layer.mode, side))
+        return gemm_tile_bytes(pm, pn, tk, ae, be), in_b, w_b, oe * vm * vn, cycles
+
+    # -- functional simulator -----------------------------------------------------------------
+    def prepare_tiles(self, runner) -> None:
+        layer, env = runner.layer, runner.env
+        if layer.mode != "int8":
+            _arrange(runner, env[layer.inputs[0]], _rhs(layer, env), 0)
+            bias = layer.consts.get("bias")
+            runner.bias = env[bias] if bias is not None else None
+            return
+        attrs = layer.attrs
+        x = env[layer.inputs[0]]
+        x = to_signed(x) if attrs["x_flip"] else x
+        zx = np.int64(attrs["x_zero"])
+        rhs = _rhs(layer, env)
+        if layer.kind == "matmul" and attrs["b_flip"]:
+            rhs = to_signed(rhs)
+        _arrange(runner, x, rhs, attrs["x_zero"])  # padding holds the zero point (real 0.0)
+        wz = env[layer.consts["w_zero"]].astype(np.int64) if "w_zero" in layer.consts else None
+        # zero points of the A rows / B columns: conv rows are output channels, dense columns are
+        # output features, matmul's are per tensor
+        runner.za, runner.zb = {"conv2d": (wz, zx), "dense": (zx, wz)}.get(
+            layer.kind, (zx, np.int64(attrs.get("b_zero", 0))))
+        runner.epi = {k: env[layer.consts[k]] for k in ("scale", "bias", "bias_q", "multiplier", "shift") if k in layer.consts}
+        runner.acc_bits = int(runner.p.arch.get("acc_bits", 29))
+
+    def run_tile(self, runner, tile) -> None:
+        (b0, _), (m0, m1), (n0, n1) = tile.region
+        block = _qgemm_block if runner.layer.mode == "int8" else _gemm_block
+        block(runner, b0, m0, m1, n0, n1, -(-runner.g.k // tile.k_splits))
+
+    def run_whole(self, program, index: int, layer: Layer, env, out: np.ndarray) -> np.ndarray:
+        """The whole layer in one batched C++ call (int8: chunked at the program's length)."""
+        if layer.mode == "int8":
+            _qgemm_whole(program, layer, index, env, out)
+        else:
+            _gemm_whole(program, layer, env, out)
+        return out
+
+    def step(self, program, layer, clip: Layer | None = None):
+        """The prepared fp32 step (int8 layers run :meth:`run_whole`); ``clip``: a clip layer
+        whose operations the epilogue applies (it reads only this layer's result)."""
+        return _fp32_step(program, layer, clip) if layer.mode == "fp32" else None
+
+
+# -- partition patterns and checks ----------------------------------------------------------------
+def _epilogue(main, ann: dict, bias: bool, do_relu: bool):
+    """Wrap a GEMM pattern in the optional constant bias add and ReLU (annotated in ``ann``)."""
+    from tvm.relax.dpl import is_const, is_op
+
+    pat = main
+    if bias:
+        ann["bias"] = b = is_const()
+        pat = is_op("relax.add")(pat, b)
+    if do_relu:
+        pat = is_op("relax.nn.relu")(pat)
+    return pat
+
+
+def _gemm_patterns(kit, prefix: str, op: str, check) -> list:
+    """``op(x, W const)`` with optional constant bias add and ReLU: four patterns, largest first."""
+    from tvm.relax.dpl import is_const, is_op, wildcard
+
+    out = []
+    for bias in (True, False):
+        for do_relu in (True, False):
+            data, weight = wildcard(), is_const()
+            main = is_op(op)(data, weight)
+            # "conv" is the conv2d call itself (its attrs are checked); "main" is the GEMM output.
+            ann = {"input": data, "weight": weight, "conv": main, "main": main}
+            ann["root"] = pat = _epilogue(main, ann, bias, do_relu)
+            name = prefix + ("_bias" if bias else "") + ("_relu" if do_relu else "")
+            out.append(kit.entry(name, pat, ann, check))
+    return out
+
+
+def _qgemm_patterns(kit, prefix: str, op: str, weight_const: bool) -> list:
+    """``op(dequantize(xq), dequantize(wq))`` with optional bias, ReLU and output ``quantize``.
+
+    Eight patterns, largest first. With ``weight_const`` the weight is an int8 constant (conv2d,
+    dense); otherwise both operands are activations (matmul, no bias/ReLU variants).
+    """
+    from tvm.relax.dpl import is_const, is_op, wildcard
+
+    out = []
+    for requant in (True, False):
+        for bias in ((True, False) if weight_const else (False,)):
+            for do_relu in ((True, False) if weight_const else (False,)):
+                xq, sx, zx = wildcard(), is_const(), is_const()
+                wq, sw, zw = (is_const() if weight_const else wildcard()), is_const(), is_const()
+                xdq = is_op("relax.dequantize")(xq, sx, zx)
+                wdq = is_op("relax.dequantize")(wq, sw, zw)
+                main = is_op(op)(xdq, wdq)
+                ann = {"xq": xq, "sx": sx, "zx": zx, "xdq": xdq, "wq": wq, "sw": sw, "zw": zw,
+                       "wdq": wdq, "main": main}
+                pat = _epilogue(main, ann, bias, do_relu)
+                if requant:
+                    sy, zy = is_const(), is_const()
+                    pat = is_op("relax.quantize")(pat, sy, zy)
+                    ann.update(quant=pat, sy=sy, zy=zy)
+                ann["root"] = pat
+                name = prefix + ("_bias" if bias else "") + ("_relu" if do_relu else "") + ("_requant" if requant else "")
+                out.append(kit.entry(name, pat, ann, _check_qgemm))
+    return out
+
+
+def _check_gemm_fits(kit, op: str, root, k: int, elem_bytes: int) -> bool:
+    # The tiler's own smallest tile: what passes here always tiles.
+    return kit.check_fits(op, root, smallest_gemm_tile_bytes(kit.arch, k, elem_bytes, elem_bytes),
+                          f"the smallest GEMM tile (K={k})")
+
+
+def _check_channel_bias(kit, op: str, ctx, axis: int, rank: int) -> bool:
+    root = ctx.annotated_expr["root"]
+    out_shape = kit.static_shape(ctx.annotated_expr["main"])
+    bshape = kit.static_shape(ctx.annotated_expr["bias"])
+    channels = out_shape[axis]
+    padded = (1,) * (rank - len(bshape)) + tuple(bshape)
+    expect = tuple(channels if i == axis % rank else 1 for i in range(rank))
+    if padded != expect and math.prod(bshape) != 1:
+        return kit.refuse(op, root, f"bias shape {bshape} is not per-channel {expect}")
+    return True
+
+
+def _check_conv2d(kit, op: str, ctx) -> bool:
+    if not kit.check_tensors(op, ctx, ("input", "weight", "bias")):
+        return False
+    root = ctx.annotated_expr["root"]
+    attrs = ctx.annotated_expr["conv"].attrs
+    if attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW":
+        return kit.refuse(op, root, f"layout {attrs.data_layout}/{attrs.kernel_layout} (need NCHW/OIHW)")
+    if str(attrs.out_dtype) not in ("", "None", "float32"):
+        return kit.refuse(op, root, f"out_dtype {attrs.out_dtype}")
+    if "bias" in ctx.annotated_expr and not _check_channel_bias(kit, op, ctx, axis=1, rank=4):
+        return False
+    wshape = kit.static_shape(ctx.annotated_expr["weight"])
+    return _check_gemm_fits(kit, op, root, wshape[1] * wshape[2] * wshape[3], 4)
+
+
+def _check_dense(kit, op: str, ctx) -> bool:
+    if not kit.check_tensors(op, ctx, ("input", "weight", "bias")):
+        return False
+    root = ctx.annotated_expr["root"]
+    ashape = kit.static_shape(ctx.annotated_expr["input"])
+    wshape = kit.static_shape(ctx.annotated_expr["weight"])
+    if len(wshape) != 2 or len(ashape) < 1:
+        return kit.refuse(op, root, f"weight rank {len(wshape)} (need a 2-D constant)")
+    if "bias" in ctx.annotated_expr:
+        oshape = kit.static_shape(ctx.annotated_expr["main"])
+        bshape = kit.static_shape(ctx.annotated_expr["bias"])
+        if tuple(d for d in bshape if d != 1) not in ((), (oshape[-1],)) or bshape[-1] not in (1, oshape[-1]):
+            return kit.refuse(op, root, f"bias shape {bshape} is not per-output-feature")
+    return _check_gemm_fits(kit, op, root, wshape[0], 4)
+
+
+def _check_matmul(kit, op: str, ctx) -> bool:
+    if not kit.check_tensors(op, ctx, ("lhs", "rhs")):
+        return False
+    root = ctx.annotated_expr["root"]
+    a = kit.static_shape(ctx.annotated_expr["lhs"])
+    b = kit.static_shape(ctx.annotated_expr["rhs"])
+    if len(a) < 2 or len(b) < 2:
+        return kit.refuse(op, root, "matmul operands must be at least 2-D")
+    return _check_gemm_fits(kit, op, root, a[-1], 4)
+
+
+def _check_qgemm(kit, op: str, ctx) -> bool:
+    """``gemm(dequantize(xq), dequantize(wq))`` [+ bias] [relu] [quantize] on the MAC array."""
+    ann = ctx.annotated_expr
+    root = ann["root"]
+    main = ann["main"]
+    shape = kit.static_shape
+    if shape(main) is None or shape(root) is None:
+        return kit.refuse(op, root, "dynamic shape")
+    for name in ("root", "main", "xq", "wq"):
+        if not kit.check_nonempty(op, root, name, ann[name]):
+            return False
+    is_conv, is_dense = op.startswith("spinn.qconv2d"), op.startswith("spinn.qdense")
+    out_shape = shape(main)
+    channels = out_shape[1] if is_conv else out_shape[-1]
+    for q, s, z, what in (("xq", "sx", "zx", "activation"), ("wq", "sw", "zw", "weight")):
+        if not kit.check_quantized(op, root, ann[q], what):
+            return False
+        per_channel = channels if (what == "weight" and (is_conv or is_dense or len(shape(ann[q])) >= 2)) else None
+        if not kit.check_qparams(op, root, ctx, s, z, per_channel, what):
+            return False
+    if not kit.check_dq_axis(op, root, ctx, "xdq", "sx", -1):
+        return False
+    w_axis = 0 if is_conv else -1
+    if not kit.check_dq_axis(op, root, ctx, "wdq", "sw", w_axis):
+        return False
+    if is_conv:
+        attrs = ann["main"].attrs
+        if attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW":
+            return kit.refuse(op, root, f"layout {attrs.data_layout}/{attrs.kernel_layout} (need NCHW/OIHW)")
+        wshape = shape(ann["wq"])
+        if not _check_gemm_fits(kit, op, root, wshape[1] * wshape[2] * wshape[3], 1):
+            return False
+    elif is_dense and len(shape(ann["wq"])) != 2:
+        return kit.refuse(op, root, "weight must be a 2-D constant")
+    elif not is_dense and (len(shape(ann["xq"])) < 2 or len(shape(ann["wq"])) < 2):
+        return kit.refuse(op, root, "matmul operands must be at least 2-D")
+    if not is_conv:
+        k = shape(ann["wq"])[0] if is_dense else shape(ann["xq"])[-1]
+        if not _check_gemm_fits(kit, op, root, k, 1):
+            return False
+    if str(getattr(main.attrs, "out_dtype", "")) not in ("", "None", "float32", "void"):
+        return kit.refuse(op, root, f"out_dtype {main.attrs.out_dtype}")
+    if "bias" in ann:
+        if kit.dtype(ann["bias"]) != "float32":
+            return kit.refuse(op, root, f"bias dtype {kit.dtype(ann['bias'])}")
+        if is_conv and not _check_channel_bias(kit, op, ctx, axis=1, rank=4):
+            return False
+        bshape = shape(ann["bias"])
+        if not is_conv and (tuple(d for d in bshape if d != 1) not in ((), (channels,)) or bshape[-1] not in (1, channels)):
+            return kit.refuse(op, root, f"bias shape {bshape} is not per-output-feature")
+    if "quant" in ann:
+        if str(ann["quant"].attrs.out_dtype) not in kit.QUANTIZED_DTYPES:
+            return kit.refuse(op, root, f"output quantized to {ann['quant'].attrs.out_dtype}")
+        if not kit.check_qparams(op, root, ctx, "sy", "zy", None, "output"):
+            return False
+    return True
+
+
+# -- lowering -------------------------------------------------------------------------------------
+def _lower_bias(lowerer, bias, out: int, base: str, name: str) -> int:
+    from tvm.ir.expr import Constant
+
+    if not isinstance(bias, Constant):
+        raise LoweringError(f"{name}: bias must be a constant")
+    channels = lowerer.program.tensors[out].shape[1 if base == "conv2d" else -1]
+    value = np.broadcast_to(bias.value.numpy().reshape(-1), (channels,)).astype(np.float32)
+    return lowerer.add_const("bias", value)
+
+
+def _lower_qgemm(lowerer, layer: Layer, name: str, calls: list, env: dict) -> None:
+    """An int8 GEMM (see :mod:`tvm_spinn.program.quant` for the arithmetic)."""
+    from tvm.ir.expr import Constant
+
+    by_var = dict(calls)
+    ops = {c.op.name: c for _, c in calls}
+    main = next(c for _, c in calls if c.op.name in ("relax.nn.conv2d", "relax.matmul"))
+    xdq, wdq = by_var[main.args[0]], by_var[main.args[1]]
+    base = "conv2d" if main.op.name == "relax.nn.conv2d" else ("dense" if layer.kind.startswith("qdense") else "matmul")
+    layer.kind, layer.mode = base, "int8"
+    layer.name = f"q{base}_{len(lowerer.program.layers)}"  # e.g. qconv2d_4 (fused epilogue in attrs)
+    out_shape = [int(d.value) for d in main.ty.shape.values]
+    channels = out_shape[1] if base == "conv2d" else out_shape[-1]
+
+    def qparams(dq, per_channel: bool) -> tuple[np.ndarray, np.ndarray, str]:
+        scale = np.asarray(dq.args[1].value.numpy(), dtype=np.float64).reshape(-1)
+        zero = dq.args[2].value.numpy().astype(np.int64).reshape(-1)
+        dtype = str(dq.args[0].ty.dtype)
+        zero = zero - (128 if dtype == "uint8" else 0)  # the array sees uint8 with its top bit flipped
+        if per_channel:
+            scale, zero = np.broadcast_to(scale, (channels,)), np.broadcast_to(zero, (channels,))
+        return scale, zero, dtype
+
+    sx, zx, xdtype = qparams(xdq, False)
+    sw, zw, wdtype = qparams(wdq, base != "matmul")
+    layer.inputs = [lowerer.operand(xdq.args[0], env)]
+    layer.attrs.update(x_zero=int(zx[0]), x_flip=xdtype == "uint8", relu="relax.nn.relu" in ops)
+    if base == "matmul":  # both operands are activations, per-tensor
+        layer.inputs.append(lowerer.operand(wdq.args[0], env))
+        layer.attrs.update(b_zero=int(zw[0]), b_flip=wdtype == "uint8")
+        s_acc = np.broadcast_to(sx[0] * sw[0], (channels,))
+    else:
+        weight = wdq.args[0]
+        if not isinstance(weight, Constant):
+            raise LoweringError(f"{name}: the int8 weight must be a constant")
+        layer.consts["weight"] = lowerer.add_const("qweight", to_signed(weight.value.numpy()))
+        if np.any(zw != 0):
+            layer.consts["w_zero"] = lowerer.add_const("wzero", zw.astype(np.int32))
+        if base == "conv2d":
+            a = main.attrs
+            layer.attrs.update(strides=[int(v) for v in a.strides], padding=[int(v) for v in a.padding],
+                               dilation=[int(v) for v in a.dilation], groups=int(a.groups))
+        s_acc = sx[0] * sw
+    bias = None
+    if "relax.add" in ops:
+        add = ops["relax.add"]
+        b = add.args[1] if isinstance(add.args[1], Constant) else add.args[0]
+        bias = np.broadcast_to(b.value.numpy().astype(np.float64).reshape(-1), (channels,))
+    quant = ops.get("relax.quantize")
+    if quant is None:
+        layer.attrs["out"] = "float32"
+        layer.consts["scale"] = lowerer.add_const("qscale", s_acc.astype(np.float32))
+        if bias is not None:
+            layer.consts["bias"] = lowerer.add_const("bias", bias.astype(np.float32))
+        return
+    ydtype = str(quant.attrs.out_dtype)
+    sy = float(np.asarray(quant.args[1].value.numpy(), dtype=np.float64).reshape(-1)[0])
+    zy = int(quant.args[2].value.numpy().reshape(-1)[0])
+    lo, hi = QUANT_RANGES[ydtype]
+    mult, shift = np.zeros(channels, np.int32), np.zeros(channels, np.int32)
+    for c in range(channels):
+        try:
+            mult[c], shift[c] = quantize_multiplier(float(s_acc[c]) / sy)
+        except ValueError as err:
+            raise LoweringError(f"{name}: channel {c}: {err}") from None
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bias_q = np.where(s_acc > 0, np.rint((bias if bias is not None else 0.0) / s_acc), 0.0)
+    if np.any(np.abs(bias_q) >= 2**31):
+        raise LoweringError(f"{name}: the quantized bias does not fit 32 bits (scales too small)")
+    layer.attrs.update(out=ydtype, y_zero=zy, y_min=max(lo, zy) if layer.attrs["relu"] else lo, y_max=hi)
+    layer.consts["bias_q"] = lowerer.add_const("biasq", bias_q.astype(np.int32))
+    layer.consts["multiplier"] = lowerer.add_const("mult", mult)
+    layer.consts["shift"] = lowerer.add_const("shift", shift)
+
+
+# -- validation of the int8 epilogue --------------------------------------------------------------
+def _check_int8_epilogue(v, f: str, kind: str, ins: list[int], consts: dict, out: int, attrs: dict,
+                         channels: int, k: int) -> None:
+    if attrs["x_flip"] != (v.dtypes[ins[0]] == "uint8"):
+        fail(f"{f}.attrs.x_flip", f"must be {v.dtypes[ins[0]] == 'uint8'} for a {v.dtypes[ins[0]]} input")
+    if kind == "matmul" and attrs["b_flip"] != (v.dtypes[ins[1]] == "uint8"):
+        fail(f"{f}.attrs.b_flip", f"must be {v.dtypes[ins[1]] == 'uint8'} for a {v.dtypes[ins[1]]} input")
+    for key in ("x_zero", "b_zero"):
+        if key in attrs and not -128 <= attrs[key] <= 127:
+            fail(f"{f}.attrs.{key}", f"{attrs[key]} is outside the signed int8 range")
+    weight = set() if kind == "matmul" else {"weight"}
+    odt = attrs["out"]
+    v.dtype(f"{f}.output", out, (odt,))
+    if odt == "float32":
+        v.consts(f, consts, weight | {"scale"}, {"bias", "w_zero"})
+        if set(_REQUANT) & attrs.keys():
+            fail(f"{f}.attrs", f"y_zero/y_min/y_max belong to a requantizing epilogue, output is {odt}")
+        roles = {"scale": "float32", "bias": "float32"}
+    else:
+        v.consts(f, consts, weight | {"bias_q", "multiplier", "shift"}, {"w_zero"})
+        missing = sorted(set(_REQUANT) - attrs.keys())
+        if missing:
+            fail(f"{f}.attrs", f"missing key(s) {missing} of the requantizing epilogue")
+        lo, hi = _QRANGE[odt]
+        if not lo <= attrs["y_min"] <= attrs["y_max"] <= hi or not lo <= attrs["y_zero"] <= hi:
+            fail(f"{f}.attrs.y_min", f"y_zero/y_min/y_max must lie in [{lo}, {hi}] with y_min <= y_max")
+        roles = {"bias_q": "int32", "multiplier": "int32", "shift": "int32"}
+    roles["w_zero"] = "int32"
+    for role, dtype in roles.items():
+        if role in consts:
+            v.dtype(f"{f}.consts.{role}", consts[role], (dtype,))
+            v.shape(f"{f}.consts.{role}", consts[role], [channels])
+    if odt != "float32":
+        # Fixed-point multiplier ranges of program/quant.py: a shift outside [1, 62] makes
+        # the rounding term 1 << (shift - 1) negative or the shift exceed the int64 width.
+        v.values(f"{f}.consts.multiplier", consts["multiplier"], 0, (1 << 31) - 1)
+        v.values(f"{f}.consts.shift", consts["shift"], 1, 62)
+
+
+register(Gemm())

@@ -1,0 +1,271 @@
+"""2-D pooling: ``max_pool2d`` and ``avg_pool2d`` (NCHW), and ``adaptive_avg_pool2d`` with
+uniform windows, lowered to ``avg_pool2d``.
+
+- Arithmetic (Cortex-M4F, fp32): the window is visited row by row; max pooling starts from the
+  lowest finite float32 and keeps ``acc > v ? acc : v`` (the compare-and-select of TVM's max
+  reducer: a NaN element is taken, a later number replaces it; a window lying entirely in the
+  padding gives -3.4028235e38, as TVM's topi and onnxruntime); average pooling adds the window's
+  elements in that order into an fp32 sum, then divides by the window size or by the count of
+  non-padding elements (``count_include_pad``).
+- Tiles: ``[planes, rows]`` over the ``N*C`` planes and the output rows (planes outer); a tile
+  holds the band of input rows under its output rows (with the window's halo), padded width.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..checks import PAD4, POS2, check_bool, fail
+from ..model import Layer
+from .base import MappingError, OpFamily, ceil_div, itemsize, register, starts, working_budget
+
+__all__ = ["Pool", "smallest_pool_tile_bytes"]
+
+_F32 = np.float32
+_F32_LOWEST = np.finfo(np.float32).min
+
+
+def smallest_pool_tile_bytes(in_w: int, out_w: int, pool_h: int, dilation_h: int, pad_w: int,
+                             in_bytes: int = 4, out_bytes: int = 4) -> int:
+    """SRAM of one output row of one pool plane: its input band (window height, padded width)
+    and the output row, double-buffered."""
+    khe = (pool_h - 1) * dilation_h + 1
+    return 2 * (in_bytes * khe * (in_w + pad_w) + out_bytes * out_w)
+
+
+def _geometry(program, layer: Layer):
+    n, c, h, w = program.tensors[layer.inputs[0]].shape
+    oh, ow = program.tensors[layer.output].shape[2:]
+    kh, kw = layer.attrs["pool_size"]
+    sh = layer.attrs["strides"][0]
+    khe = (kh - 1) * layer.attrs["dilation"][0] + 1
+    wp = w + layer.attrs["padding"][1] + layer.attrs["padding"][3]
+    return n, c, h, w, oh, ow, kh, kw, sh, khe, wp
+
+
+class Pool(OpFamily):
+    """Max and average 2-D pooling."""
+
+    kinds = ("max_pool2d", "avg_pool2d")
+    priority = 40
+    composites = ("max_pool2d", "avg_pool2d", "adaptive_avg_pool2d")
+    tile_arity = 2
+
+    # -- partition and codegen ---------------------------------------------------------------
+    def patterns(self, kit) -> list[tuple]:
+        return [kit.unary(f"spinn.{name}", f"relax.nn.{name}", self._check_pattern) for name in self.composites]
+
+    @staticmethod
+    def _check_pattern(kit, op: str, ctx) -> bool:
+        if not kit.check_tensors(op, ctx, ("input",)):
+            return False
+        root = ctx.annotated_expr["root"]
+        attrs = root.attrs
+        if attrs.layout != "NCHW" or attrs.out_layout != "NCHW":
+            return kit.refuse(op, root, f"layout {attrs.layout} (need NCHW)")
+        if getattr(attrs, "ceil_mode", False):
+            return kit.refuse(op, root, "ceil_mode=True")
+        ishape = kit.static_shape(ctx.annotated_expr["input"])
+        oshape = kit.static_shape(root)
+        if op == "spinn.adaptive_avg_pool2d":
+            if ishape[2] % oshape[2] or ishape[3] % oshape[3]:
+                return kit.refuse(op, root, f"adaptive pool {ishape[2:]}->{oshape[2:]} is not uniform")
+            pool_h, dil_h, pad_w = ishape[2] // oshape[2], 1, 0
+        else:
+            pool_h, dil_h, pad_w = int(attrs.pool_size[0]), int(attrs.dilation[0]), int(attrs.padding[1]) + int(attrs.padding[3])
+        need = smallest_pool_tile_bytes(ishape[3], oshape[3], pool_h, dil_h, pad_w)
+        return kit.check_fits(op, root, need, f"one output row of a {ishape[3]}-wide plane")
+
+    def lower(self, lowerer, name: str, kind: str, calls: list, env: dict, layer: Layer) -> None:
+        call = calls[0][1]
+        layer.inputs = [lowerer.operand(call.args[0], env)]
+        if kind == "adaptive_avg_pool2d":  # uniform windows: an average pool with stride = window
+            in_shape = lowerer.program.tensors[layer.inputs[0]].shape
+            out_shape = lowerer.program.tensors[layer.output].shape
+            kh, kw = in_shape[2] // out_shape[2], in_shape[3] // out_shape[3]
+            layer.kind = "avg_pool2d"
+            layer.attrs.update(pool_size=[kh, kw], strides=[kh, kw], padding=[0, 0, 0, 0],
+                               dilation=[1, 1], count_include_pad=True)
+            return
+        a = call.attrs
+        ints = lambda values: [int(v) for v in values]  # noqa: E731
+        layer.attrs.update(
+            pool_size=ints(a.pool_size), strides=ints(a.strides), padding=ints(a.padding),
+            dilation=ints(a.dilation), count_include_pad=bool(getattr(a, "count_include_pad", False)),
+        )
+
+    # -- validation -----------------------------------------------------------------------------
+    def attr_schema(self, kind: str, mode: str):
+        return ({"pool_size": POS2, "strides": POS2, "padding": PAD4, "dilation": POS2},
+                {"count_include_pad": check_bool})
+
+    def check(self, v, f, kind, mode, ins, consts, out, attrs):
+        fo = f"{f}.output"
+        v.need(f"{f}.inputs", kind, ins, 1)
+        for i, tid in enumerate(ins):
+            v.dtype(f"{f}.inputs[{i}]", tid, ("float32",))
+        v.dtype(fo, out, ("float32",))
+        v.consts(f, consts, set())
+        n, c, h, w = v.rank(f"{f}.inputs[0]", ins[0], 4, 4)
+        kh, kw = attrs["pool_size"]
+        (sh, sw), (dh, dw), (pt, pl, pb, pr) = attrs["strides"], attrs["dilation"], attrs["padding"]
+        oh, ow = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1, (w + pl + pr - dw * (kw - 1) - 1) // sw + 1
+        if oh < 1 or ow < 1:
+            fail(f"{f}.attrs.pool_size", f"the window is larger than the padded {h}x{w} input")
+        v.shape(fo, out, [n, c, oh, ow])
+        return (n * c, oh), None
+
+    # -- tiles as data ------------------------------------------------------------------------
+    def region_extent(self, program, layer):
+        out = program.tensors[layer.output].shape
+        return (out[0] * out[1], out[2])
+
+    def expand_regions(self, program, layer, tile):
+        ext = self.region_extent(program, layer)
+        p0, p1 = starts(ext[0], int(tile[0]))
+        r0, r1 = starts(ext[1], int(tile[1]))
+        pi = np.repeat(np.arange(len(p0)), len(r0))
+        ri = np.tile(np.arange(len(r0)), len(p0))
+        lo = np.stack([p0[pi], r0[ri]], axis=1)
+        hi = np.stack([p1[pi], r1[ri]], axis=1)
+        return lo, hi, np.full(len(pi), -1, dtype=np.int64)
+
+    # -- mapping ------------------------------------------------------------------------------
+    def work(self, program, layer, arch):
+        n, c, _, _, oh, ow, kh, kw, *_ = _geometry(program, layer)
+        return n * c * oh * ow * kh * kw, None
+
+    def smallest_tile_bytes(self, program, layer, arch):
+        ie = sum(itemsize(program, tid) for tid in layer.inputs)
+        oe = itemsize(program, layer.output)
+        _, _, _, w, _, ow, kh, _, _, _, _ = _geometry(program, layer)
+        pad = layer.attrs["padding"][1] + layer.attrs["padding"][3]
+        return smallest_pool_tile_bytes(w, ow, kh, layer.attrs["dilation"][0], pad, ie, oe)
+
+    def choose_tile(self, program, layer, arch, pes, naive):
+        ie = sum(itemsize(program, tid) for tid in layer.inputs)
+        oe = itemsize(program, layer.output)
+        n, c, h, w, oh, ow, kh, kw, sh, khe, wp = _geometry(program, layer)
+
+        def band_bytes(rows: int) -> int:  # one plane's input band (with halo) and output rows
+            return ie * ((rows - 1) * sh + khe) * wp + oe * rows * ow
+
+        budget = working_budget(arch)
+        rows = oh
+        while rows > 1 and 2 * band_bytes(rows) > budget:
+            rows = ceil_div(rows, 2)
+        if 2 * band_bytes(rows) > arch.tile_sram_bytes:
+            need = 2 * band_bytes(1)
+            raise MappingError(
+                f"layer {layer.name}: one output row of a {h}x{w} plane needs {need} bytes of SRAM, "
+                f"a PE has {arch.tile_sram_bytes}; the smallest system that fits has sram_bytes >= "
+                f"{need + arch.sram_reserved_bytes}"
+            )
+        planes = 1 if rows < oh else max(1, min(budget // (2 * band_bytes(oh)), ceil_div(n * c, pes)))
+        return [planes, rows]
+
+    def tile_costs(self, program, layer, arch, tile, lo, hi):
+        ie = sum(itemsize(program, tid) for tid in layer.inputs)
+        oe = itemsize(program, layer.output)
+        n, c, h, w, oh, ow, kh, kw, sh, khe, wp = _geometry(program, layer)
+        ext = hi - lo
+        k, rows = ext[:, 0], ext[:, 1]
+        band = ie * ((rows - 1) * sh + khe) * wp + oe * rows * ow
+        cycles = np.floor(k * rows * ow * kh * kw * arch.m4f_elementwise_cycles / 2)
+        return (2 * band * k, ie * k * np.minimum(h, (rows - 1) * sh + khe) * w, 0,
+                oe * k * rows * ow, cycles)
+
+    # -- functional simulator -----------------------------------------------------------------
+    def prepare_tiles(self, runner) -> None:
+        x = runner.env[runner.layer.inputs[0]]
+        n, c, h, w = x.shape
+        pt, pl, pb, pr = runner.layer.attrs["padding"]
+        fill = _F32_LOWEST if runner.layer.kind == "max_pool2d" else 0.0
+        runner.planes = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=fill).reshape(
+            n * c, h + pt + pb, w + pl + pr)
+        runner.valid = np.pad(np.ones((h, w), _F32), ((pt, pb), (pl, pr)))
+        runner.out_planes = runner.out.reshape(n * c, runner.out.shape[2], runner.out.shape[3])
+
+    def run_tile(self, runner, tile) -> None:
+        (p0, p1), (r0, r1) = tile.region
+        layer = runner.layer
+        attrs = layer.attrs
+        kh, kw = attrs["pool_size"]
+        sh, sw = attrs["strides"]
+        dh, dw = attrs["dilation"]
+        ow = runner.out_planes.shape[2]
+        oh = r1 - r0
+        # The band of (padded) input rows under output rows [r0, r1).
+        src = runner.planes[p0:p1, r0 * sh: (r1 - 1) * sh + (kh - 1) * dh + 1]
+        valid = runner.valid[r0 * sh: (r1 - 1) * sh + (kh - 1) * dh + 1]
+        acc = None
+        count = np.zeros((oh, ow), _F32)
+        for i in range(kh):  # sequential window order, vectorized over planes and pixels
+            for j in range(kw):
+                sl = (slice(i * dh, i * dh + sh * (oh - 1) + 1, sh), slice(j * dw, j * dw + sw * (ow - 1) + 1, sw))
+                v = src[:, sl[0], sl[1]]
+                if layer.kind == "max_pool2d":
+                    acc = np.full(v.shape, _F32_LOWEST) if acc is None else acc
+                    acc = np.where(acc > v, acc, v)
+                else:
+                    acc = v.astype(_F32) if acc is None else (acc + v).astype(_F32)
+                    count += valid[sl]
+        if layer.kind == "avg_pool2d":
+            div = _F32(kh * kw) if attrs.get("count_include_pad") else count
+            acc = (acc / div).astype(_F32)
+        runner.out_planes[p0:p1, r0:r1] = acc
+
+    def whole_region(self, layer, out):
+        return ((0, out.shape[0] * out.shape[1]), (0, out.shape[2]))
+
+    def step(self, program, layer):
+        """:meth:`run_tile` over the whole output (float32), with the window slices and the
+        average pool's counts prepared once: the same window order and operations."""
+        tensors = program.tensors
+        x_tid = layer.inputs[0]
+        if np.dtype(tensors[x_tid].dtype) != _F32 or np.dtype(tensors[layer.output].dtype) != _F32:
+            return None
+        shape = tuple(tensors[layer.output].shape)
+        n, c, h, w = tensors[x_tid].shape
+        attrs = layer.attrs
+        pt, pl, pb, pr = attrs["padding"]
+        kh, kw = attrs["pool_size"]
+        sh, sw = attrs["strides"]
+        dh, dw = attrs["dilation"]
+        oh, ow = shape[2], shape[3]
+        is_max = layer.kind == "max_pool2d"
+        fill = _F32_LOWEST if is_max else _F32(0.0)
+        padded = (n * c, h + pt + pb, w + pl + pr)
+        band = (oh - 1) * sh + (kh - 1) * dh + 1
+        windows = [(slice(i * dh, i * dh + sh * (oh - 1) + 1, sh), slice(j * dw, j * dw + sw * (ow - 1) + 1, sw))
+                   for i in range(kh) for j in range(kw)]
+        div = None
+        if not is_max:
+            valid = np.pad(np.ones((h, w), _F32), ((pt, pb), (pl, pr)))[:band]
+            count = np.zeros((oh, ow), _F32)
+            for sl in windows:
+                count += valid[sl]
+            div = _F32(kh * kw) if attrs.get("count_include_pad") else count
+
+        def step(program, env):
+            x = env[x_tid]
+            planes = np.full(padded, fill, dtype=_F32)
+            planes.reshape(n, c, padded[1], padded[2])[:, :, pt:pt + h, pl:pl + w] = x
+            src = planes[:, :band]
+            acc = None
+            for s0, s1 in windows:  # sequential window order, vectorized over planes and pixels
+                v = src[:, s0, s1]
+                if is_max:
+                    acc = np.full(v.shape, _F32_LOWEST) if acc is None else acc
+                    acc = np.where(acc > v, acc, v)
+                else:
+                    acc = v.astype(_F32) if acc is None else (acc + v).astype(_F32)
+            if not is_max:
+                acc = (acc / div).astype(_F32)
+            if acc.dtype != _F32 or not acc.flags.c_contiguous:
+                acc = np.ascontiguousarray(acc, dtype=_F32)
+            return acc.reshape(shape)
+        return step
+
+
+register(Pool())

@@ -1,0 +1,136 @@
+"""Stand-alone ``quantize`` (float32 -> int8/uint8) and ``dequantize`` (int8/uint8/int32 ->
+float32) on the M4F, per tensor or per channel along ``axis``.
+
+- Arithmetic (fp32): ``quantize`` is ``clamp(rint(x / s) + z)`` (round half to even, VCVTR);
+  ``dequantize`` is ``fl(q - z) * s``.
+- Tiles: ``[elements]`` over the flattened output.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..checks import NONNEG, fail
+from ..model import Layer
+from ..quant import QUANT_RANGES
+from .base import OpFamily, itemsize, register
+from .elementwise import flat_tile
+
+__all__ = ["QuantizeDequantize"]
+
+_F32 = np.float32
+
+
+class QuantizeDequantize(OpFamily):
+    """quantize and dequantize layers (those not folded into an int8 GEMM)."""
+
+    kinds = ("quantize", "dequantize")
+    priority = 20
+
+    # -- partition and codegen ---------------------------------------------------------------
+    def patterns(self, kit) -> list[tuple]:
+        from tvm.relax.dpl import is_const, is_op, wildcard
+
+        entries = []
+        for kind in self.kinds:
+            x, scale, zero = wildcard(), is_const(), is_const()
+            root = is_op(f"relax.{kind}")(x, scale, zero)
+            entries.append(kit.entry(f"spinn.{kind}", root, {"input": x, "scale": scale, "zero": zero, "root": root},
+                                     self._check_pattern))
+        return entries
+
+    @staticmethod
+    def _check_pattern(kit, op: str, ctx) -> bool:
+        ann = ctx.annotated_expr
+        root = ann["root"]
+        x = ann["input"]
+        shape = kit.static_shape(x)
+        if shape is None or kit.static_shape(root) is None:
+            return kit.refuse(op, root, "dynamic shape")
+        quantized = root if op == "spinn.quantize" else x
+        if not kit.check_quantized(op, root, quantized, "tensor"):
+            return False
+        other = x if op == "spinn.quantize" else root
+        if kit.dtype(other) != "float32":
+            return kit.refuse(op, root, f"{'input' if op == 'spinn.quantize' else 'output'} dtype {kit.dtype(other)}")
+        channels = shape[int(root.attrs.axis) % len(shape)] if shape else 1
+        return kit.check_qparams(op, root, ctx, "scale", "zero", channels, "tensor")
+
+    def lower(self, lowerer, name: str, kind: str, calls: list, env: dict, layer: Layer) -> None:
+        call = calls[0][1]
+        layer.inputs = [lowerer.operand(call.args[0], env)]
+        rank = len(lowerer.program.tensors[layer.inputs[0]].shape)
+        scale = call.args[1].value.numpy().astype(np.float32).reshape(-1)
+        zero = call.args[2].value.numpy().astype(np.int32).reshape(-1)
+        layer.attrs["axis"] = int(call.attrs.axis) % rank if rank else 0
+        layer.consts["scale"] = lowerer.add_const("qscale", scale)
+        layer.consts["zero"] = lowerer.add_const("qzero", zero)
+
+    # -- validation -----------------------------------------------------------------------------
+    def attr_schema(self, kind: str, mode: str):
+        return {"axis": NONNEG}, {}
+
+    def check(self, v, f, kind, mode, ins, consts, out, attrs):
+        fo = f"{f}.output"
+        v.need(f"{f}.inputs", kind, ins, 1)
+        ishape = v.shapes[ins[0]]
+        v.consts(f, consts, {"scale", "zero"})
+        src, dst = (("float32",), ("int8", "uint8")) if kind == "quantize" else (("int8", "uint8", "int32"), ("float32",))
+        v.dtype(f"{f}.inputs[0]", ins[0], src)
+        v.dtype(fo, out, dst)
+        v.shape(fo, out, ishape)
+        v.dtype(f"{f}.consts.scale", consts["scale"], ("float32",))
+        v.dtype(f"{f}.consts.zero", consts["zero"], ("int32",))
+        n = math.prod(v.shapes[consts["scale"]])
+        if math.prod(v.shapes[consts["zero"]]) != n:
+            fail(f"{f}.consts.zero", f"has {math.prod(v.shapes[consts['zero']])} values, the scale {n}")
+        if n != 1:
+            axis = attrs["axis"]
+            if axis >= len(ishape) or ishape[axis] != n:
+                fail(f"{f}.attrs.axis", f"{n} per-channel scales do not match axis {axis} of {ishape}")
+        return (math.prod(v.shapes[out]),), None
+
+    # -- mapping ------------------------------------------------------------------------------
+    def work(self, program, layer, arch):
+        return int(np.prod(program.tensors[layer.output].shape, dtype=np.int64)), None
+
+    def choose_tile(self, program, layer, arch, pes, naive):
+        return [flat_tile(program, layer, arch, pes)]
+
+    def tile_costs(self, program, layer, arch, tile, lo, hi):
+        ie = sum(itemsize(program, tid) for tid in layer.inputs)
+        oe = itemsize(program, layer.output)
+        e = (hi - lo)[:, 0]
+        return 2 * (ie + oe) * e, ie * e, 0, oe * e, np.ceil(e * arch.m4f_elementwise_cycles)
+
+    # -- functional simulator -----------------------------------------------------------------
+    def prepare_tiles(self, runner) -> None:
+        layer = runner.layer
+        x = runner.env[layer.inputs[0]]
+        scale, zero = runner.env[layer.consts["scale"]], runner.env[layer.consts["zero"]]
+        if scale.size > 1:
+            shape = [1] * x.ndim
+            shape[layer.attrs["axis"]] = -1
+            scale, zero = scale.reshape(shape), zero.reshape(shape)
+        else:
+            scale, zero = scale.reshape(()), zero.reshape(())
+        shape = runner.out.shape
+        runner.flat_in = [np.ascontiguousarray(x).reshape(-1),
+                          np.ascontiguousarray(np.broadcast_to(scale, shape)).reshape(-1),
+                          np.ascontiguousarray(np.broadcast_to(zero, shape)).reshape(-1)]
+
+    def run_tile(self, runner, tile) -> None:
+        (e0, e1), = tile.region
+        x, scale, zero = (a[e0:e1] for a in runner.flat_in)
+        out = runner.out.reshape(-1)
+        if runner.layer.kind == "quantize":
+            lo, hi = QUANT_RANGES[str(runner.out.dtype)]
+            q = np.rint((x / scale).astype(_F32)) + zero.astype(_F32)
+            out[e0:e1] = np.clip(q, _F32(lo), _F32(hi)).astype(runner.out.dtype)
+        else:
+            out[e0:e1] = (x.astype(np.int32) - zero).astype(_F32) * scale
+
+
+register(QuantizeDequantize())
