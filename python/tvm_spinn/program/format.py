@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .model import Layer, ProgramError, TensorDesc, Tile
+from .ops import layer_kinds
 
 __all__ = [
     "PROGRAM_MAGIC", "PROGRAM_VERSION", "CHECKSUM_BYTES", "LAYER_KINDS", "MAX_HEADER_BYTES", "ProgramError", "TensorDesc", "Layer",
@@ -66,12 +67,9 @@ CHECKSUM_BYTES = 32
 #: Largest JSON header a program may carry (O(layers): a BERT-base program's is about 1 MB).
 MAX_HEADER_BYTES = 1 << 30
 
-#: Layer kinds the simulator executes; partition patterns map onto these.
-LAYER_KINDS = (
-    "conv2d", "dense", "matmul", "add", "subtract", "multiply", "divide", "relu", "gelu",
-    "gelu_tanh", "sigmoid", "tanh", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "softmax",
-    "layer_norm", "mean", "reshape", "permute_dims", "broadcast_to", "clip", "quantize", "dequantize",
-)
+#: Layer kinds of the built-in operator families (:mod:`.ops`; :func:`.ops.layer_kinds` also
+#: lists families registered later).
+LAYER_KINDS = layer_kinds()
 
 
 @dataclass

@@ -38,11 +38,6 @@ __all__ = [
     "layer_tiles", "layer_tile_shape",
 ]
 
-GEMM_KINDS = ("conv2d", "dense", "matmul")
-ROW_KINDS = ("softmax", "layer_norm", "mean")
-POOL_KINDS = ("max_pool2d", "avg_pool2d")
-
-
 def _family(kind: str):
     family = family_of(kind)
     if family is None:

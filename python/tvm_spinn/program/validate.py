@@ -31,7 +31,7 @@ import numpy as np
 
 from .checks import (check_dict as _dict, check_int as _int, check_keys as _keys,
                      check_list as _list, check_str as _str, fail as _fail, is_int as _is_int)
-from .ops import families, family_of
+from .ops import family_of, layer_kinds
 from .tiles import count_tiles, tile_arity
 
 __all__ = [
@@ -88,10 +88,6 @@ def _broadcast(*shapes: list[int]) -> list[int] | None:
             return None
         out.append(dims.pop() if dims else 1)
     return out
-
-
-#: Layer kinds a program may hold: those of the operator families (:mod:`.ops`).
-_KINDS = tuple(kind for family in families() for kind in family.kinds)
 
 
 # -- the checker -----------------------------------------------------------------------------------
@@ -174,11 +170,12 @@ class _Checker:
         layers = _list(self.h["layers"], "layers")
         defined = {i for i, r in enumerate(self.roles) if r in ("input", "const")}
         extents = []
+        kinds = layer_kinds()  # the operator families' (registered ones included)
         for li, layer in enumerate(layers):
             f = f"layers[{li}]"
             _keys(layer, f, LAYER_KEYS)
             _str(layer["name"], f"{f}.name")
-            kind = _str(layer["kind"], f"{f}.kind", _KINDS)
+            kind = _str(layer["kind"], f"{f}.kind", kinds)
             mode = _str(layer["mode"], f"{f}.mode", ("fp32", "int8"))
             family = family_of(kind)
             if mode not in family.modes:

@@ -144,7 +144,7 @@ def validate_program(symbol: str, data: bytes, key: str) -> None:
     trusted = getattr(_COMPILED, "data", None)
     raw = _program_buffer(data)
     verified = getattr(_COMPILED, "sealed", False) or (
-        trusted is not None and type(raw) is bytes and raw == trusted)
+        trusted is not None and isinstance(raw, bytes) and raw == trusted)  # tvm_ffi.Bytes is a bytes
     program = Program.from_bytes(raw, verify_checksum=not verified)
     if program.symbol != symbol:
         raise ProgramError(f"symbol: the program implements {program.symbol!r}, its module is {symbol!r}")

@@ -16,10 +16,15 @@ broadcast_to).
 
 from __future__ import annotations
 
-from .base import LoweringError, MappingError, OpFamily, families, family_of, register
+from .base import LoweringError, MappingError, OpFamily, families, family_of, register, unregister
 from . import gemm, qdq, rows, pool, elementwise, movement  # noqa: F401,E402  (each registers)
 
-__all__ = ["OpFamily", "MappingError", "LoweringError", "families", "family_of", "register", "family_for_composite"]
+__all__ = ["OpFamily", "MappingError", "LoweringError", "families", "family_of", "register", "unregister", "family_for_composite", "layer_kinds"]
+
+
+def layer_kinds() -> tuple[str, ...]:
+    """Every layer kind a program may hold: those of the registered families."""
+    return tuple(kind for family in families() for kind in family.kinds)
 
 
 def family_for_composite(composite: str) -> OpFamily | None:

@@ -37,7 +37,7 @@ from ..model import Layer
 if TYPE_CHECKING:  # the target package imports tvm: only annotations here
     from ...target.arch import SpinnArch
 
-__all__ = ["OpFamily", "MappingError", "LoweringError", "register", "family_of", "families", "itemsize", "ceil_div",
+__all__ = ["OpFamily", "MappingError", "LoweringError", "register", "unregister", "family_of", "families", "itemsize", "ceil_div",
            "gemm_tile_bytes", "working_budget", "starts", "WORKING_SHARE", "ACC_BYTES"]
 
 
@@ -220,6 +220,13 @@ def register(family: OpFamily) -> OpFamily:
             raise ValueError(f"layer kind {kind!r} is already defined by {type(owner).__name__}")
         _FAMILIES[kind] = family
     return family
+
+
+def unregister(family: OpFamily) -> None:
+    """Remove ``family``'s kinds from the registry (for families registered by tests)."""
+    for kind in family.kinds:
+        if _FAMILIES.get(kind) is family:
+            del _FAMILIES[kind]
 
 
 def family_of(kind: str) -> OpFamily | None:
