@@ -13,12 +13,12 @@ from tvm import relax
 
 import tvm_spinn
 from tvm_spinn.program import ops
-from tvm_spinn.program.ops.base import OpFamily, itemsize
-from tvm_spinn.program.ops.elementwise import flat_tile
+from tvm_spinn.program.ops.base import FlatFamily, OpFamily
 
 
-class Negative(OpFamily):
-    """``-x`` on float32: one sign flip per element on the M4F."""
+class Negative(FlatFamily):
+    """``-x`` on float32: one sign flip per element on the M4F (tiles and their costs: the
+    flat element-wise defaults of :class:`FlatFamily`)."""
 
     kinds = ("negative",)
     priority = 55
@@ -39,14 +39,6 @@ class Negative(OpFamily):
 
     def work(self, program, layer, arch):
         return int(np.prod(program.tensors[layer.output].shape)), None
-
-    def choose_tile(self, program, layer, arch, pes, naive):
-        return [flat_tile(program, layer, arch, pes)]
-
-    def tile_costs(self, program, layer, arch, tile, lo, hi):
-        e = (hi - lo)[:, 0]
-        b = itemsize(program, layer.output)
-        return 4 * b * e, b * e, 0, b * e, e * arch.m4f_elementwise_cycles
 
     def prepare_tiles(self, runner):
         runner.flat = np.ascontiguousarray(runner.env[runner.layer.inputs[0]]).reshape(-1)

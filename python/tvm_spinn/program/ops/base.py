@@ -37,7 +37,7 @@ from ..model import Layer
 if TYPE_CHECKING:  # the target package imports tvm: only annotations here
     from ...target.arch import SpinnArch
 
-__all__ = ["OpFamily", "MappingError", "LoweringError", "register", "unregister", "family_of", "families", "itemsize", "ceil_div",
+__all__ = ["OpFamily", "FlatFamily", "flat_tile", "MappingError", "LoweringError", "register", "unregister", "family_of", "families", "itemsize", "ceil_div",
            "gemm_tile_bytes", "working_budget", "starts", "WORKING_SHARE", "ACC_BYTES"]
 
 
@@ -241,3 +241,30 @@ def families() -> list[OpFamily]:
         if family not in seen:
             seen.append(family)
     return sorted(seen, key=lambda family: family.priority)
+
+
+class FlatFamily(OpFamily):
+    """A family whose tiles are runs of the flattened output (element-wise work, data movement):
+    tiles sized by :func:`flat_tile`, costed by :meth:`cycles_per_element`."""
+
+    def cycles_per_element(self, layer: Layer, arch: "SpinnArch") -> float:
+        """Cycles per output element."""
+        return arch.m4f_elementwise_cycles
+
+    def choose_tile(self, program, layer, arch, pes, naive):
+        return [flat_tile(program, layer, arch, pes)]
+
+    def tile_costs(self, program, layer, arch, tile, lo, hi):
+        ie = sum(itemsize(program, tid) for tid in layer.inputs)
+        oe = itemsize(program, layer.output)
+        e = (hi - lo)[:, 0]
+        return 2 * (ie + oe) * e, ie * e, 0, oe * e, np.ceil(e * self.cycles_per_element(layer, arch))
+
+
+def flat_tile(program, layer: Layer, arch: "SpinnArch", pes: int) -> int:
+    """Elements per tile of a flat layer: double-buffered inputs and output, spread over the
+    PEs but never beyond the working SRAM."""
+    total = int(np.prod(program.tensors[layer.output].shape, dtype=np.int64))
+    per_elem = sum(itemsize(program, tid) for tid in layer.inputs) + itemsize(program, layer.output)
+    cap = max(1, working_budget(arch) // (2 * per_elem))
+    return max(1, min(cap, ceil_div(total, pes)))

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..checks import RELU, check_num, fail
 from ..model import Layer
-from .base import OpFamily, ceil_div, itemsize, register, working_budget
+from .base import FlatFamily, register
 
 __all__ = ["Elementwise", "relu", "relu_owned", "unary", "clip_fast", "BINARY", "UNARY", "TRANSCENDENTAL"]
 
@@ -114,7 +114,7 @@ def _finite_num(v, field: str) -> float:
     return check_num(v, field)
 
 
-class Elementwise(OpFamily):
+class Elementwise(FlatFamily):
     """Unary, clip and binary element-wise operators on float32."""
 
     kinds = (*UNARY, "clip", *BINARY)
@@ -193,15 +193,10 @@ class Elementwise(OpFamily):
         n_out = int(np.prod(program.tensors[layer.output].shape, dtype=np.int64))
         return n_out * (8 if layer.kind in TRANSCENDENTAL else 1), None
 
-    def choose_tile(self, program, layer, arch, pes, naive):
-        return [flat_tile(program, layer, arch, pes)]
-
-    def tile_costs(self, program, layer, arch, tile, lo, hi):
-        ie = sum(itemsize(program, tid) for tid in layer.inputs)
-        oe = itemsize(program, layer.output)
-        e = (hi - lo)[:, 0]
-        per = arch.m4f_elementwise_cycles + (arch.exp_unit_cycles + 6 if layer.kind in TRANSCENDENTAL else 0)
-        return 2 * (ie + oe) * e, ie * e, 0, oe * e, np.ceil(e * per)
+    def cycles_per_element(self, layer, arch):
+        """One M4F operation, plus the exp/log unit and its argument reduction for the
+        transcendental kinds."""
+        return arch.m4f_elementwise_cycles + (arch.exp_unit_cycles + 6 if layer.kind in TRANSCENDENTAL else 0)
 
     # -- functional simulator -----------------------------------------------------------------
     def prepare_tiles(self, runner) -> None:
@@ -275,15 +270,6 @@ class Elementwise(OpFamily):
             clip_step.into = clip_into
             return clip_step
         return lambda program, env: finish(unary(k, env[x_tid], attrs))
-
-
-def flat_tile(program, layer: Layer, arch, pes: int) -> int:
-    """Elements per tile of a flat layer: double-buffered inputs and output, spread over the
-    PEs but never beyond the working SRAM."""
-    total = int(np.prod(program.tensors[layer.output].shape, dtype=np.int64))
-    per_elem = sum(itemsize(program, tid) for tid in layer.inputs) + itemsize(program, layer.output)
-    cap = max(1, working_budget(arch) // (2 * per_elem))
-    return max(1, min(cap, ceil_div(total, pes)))
 
 
 def _prim_float(value) -> float:

@@ -446,15 +446,22 @@ def int8_chunk(program, index: int) -> int:
     return chunk_length(gemm_shape(program, program.layers[index]).k, tile[2])
 
 
-def _qgemm_whole(program, layer: Layer, index: int, env, out: np.ndarray) -> None:
-    step = int8_chunk(program, index)
+def _int8_operands(layer: Layer, env):
+    """``(x, rhs, x_zero)`` of an int8 GEMM as the MAC array reads them (uint8 operands with
+    their top bit flipped)."""
     attrs = layer.attrs
     x = env[layer.inputs[0]]
     x = to_signed(x) if attrs["x_flip"] else x
-    zx = np.int64(attrs["x_zero"])
     rhs = _rhs(layer, env)
     if layer.kind == "matmul" and attrs["b_flip"]:
         rhs = to_signed(rhs)
+    return x, rhs, np.int64(attrs["x_zero"])
+
+
+def _qgemm_whole(program, layer: Layer, index: int, env, out: np.ndarray) -> None:
+    step = int8_chunk(program, index)
+    attrs = layer.attrs
+    x, rhs, zx = _int8_operands(layer, env)
     fill = np.asarray(attrs["x_zero"]).astype(x.dtype)  # padding holds the zero point
     g, a, b, a_index, b_index = _batched_operands(program, layer, out, x, rhs, fill)
     acc32 = np.zeros((g.batch, g.m, g.n), dtype=np.int32)
@@ -831,12 +838,7 @@ class Gemm(OpFamily):
             runner.bias = env[bias] if bias is not None else None
             return
         attrs = layer.attrs
-        x = env[layer.inputs[0]]
-        x = to_signed(x) if attrs["x_flip"] else x
-        zx = np.int64(attrs["x_zero"])
-        rhs = _rhs(layer, env)
-        if layer.kind == "matmul" and attrs["b_flip"]:
-            rhs = to_signed(rhs)
+        x, rhs, zx = _int8_operands(layer, env)
         _arrange(runner, x, rhs, attrs["x_zero"])  # padding holds the zero point (real 0.0)
         wz = env[layer.consts["w_zero"]].astype(np.int64) if "w_zero" in layer.consts else None
         # zero points of the A rows / B columns: conv rows are output channels, dense columns are

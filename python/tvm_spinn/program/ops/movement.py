@@ -14,8 +14,7 @@ import numpy as np
 
 from ..checks import check_int, check_list, fail
 from ..model import Layer
-from .base import OpFamily, itemsize, register
-from .elementwise import flat_tile
+from .base import FlatFamily, register
 
 __all__ = ["Movement"]
 
@@ -24,7 +23,7 @@ def _axes(v, field: str) -> list[int]:
     return [check_int(x, f"{field}[{i}]", 0) for i, x in enumerate(check_list(v, field))]
 
 
-class Movement(OpFamily):
+class Movement(FlatFamily):
     """reshape, permute_dims and broadcast_to."""
 
     kinds = ("reshape", "permute_dims", "broadcast_to")
@@ -77,15 +76,9 @@ class Movement(OpFamily):
     def work(self, program, layer, arch):
         return 0, None
 
-    def choose_tile(self, program, layer, arch, pes, naive):
-        return [flat_tile(program, layer, arch, pes)]
-
-    def tile_costs(self, program, layer, arch, tile, lo, hi):
-        ie = sum(itemsize(program, tid) for tid in layer.inputs)
-        oe = itemsize(program, layer.output)
-        e = (hi - lo)[:, 0]
-        # Pure data movement: the DMA engine gathers with strides; ~1 cycle/element of setup.
-        return 2 * (ie + oe) * e, ie * e, 0, oe * e, e
+    def cycles_per_element(self, layer, arch):
+        """Pure data movement: the DMA engine gathers with strides; ~1 cycle/element of setup."""
+        return 1
 
     # -- functional simulator -----------------------------------------------------------------
     def prepare_tiles(self, runner) -> None:

@@ -15,15 +15,14 @@ import numpy as np
 from ..checks import NONNEG, fail
 from ..model import Layer
 from ..quant import QUANT_RANGES
-from .base import OpFamily, itemsize, register
-from .elementwise import flat_tile
+from .base import FlatFamily, register
 
 __all__ = ["QuantizeDequantize"]
 
 _F32 = np.float32
 
 
-class QuantizeDequantize(OpFamily):
+class QuantizeDequantize(FlatFamily):
     """quantize and dequantize layers (those not folded into an int8 GEMM)."""
 
     kinds = ("quantize", "dequantize")
@@ -95,15 +94,6 @@ class QuantizeDequantize(OpFamily):
     # -- mapping ------------------------------------------------------------------------------
     def work(self, program, layer, arch):
         return int(np.prod(program.tensors[layer.output].shape, dtype=np.int64)), None
-
-    def choose_tile(self, program, layer, arch, pes, naive):
-        return [flat_tile(program, layer, arch, pes)]
-
-    def tile_costs(self, program, layer, arch, tile, lo, hi):
-        ie = sum(itemsize(program, tid) for tid in layer.inputs)
-        oe = itemsize(program, layer.output)
-        e = (hi - lo)[:, 0]
-        return 2 * (ie + oe) * e, ie * e, 0, oe * e, np.ceil(e * arch.m4f_elementwise_cycles)
 
     # -- functional simulator -----------------------------------------------------------------
     def prepare_tiles(self, runner) -> None:
