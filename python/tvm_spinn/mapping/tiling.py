@@ -17,10 +17,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..program import Program
-from ..program.gemm import GemmShape, gemm_shape, safe_k_chunk
 from ..program.ops import MappingError, family_of
 from ..program.ops.base import ACC_BYTES
-from ..program.ops.gemm import Int8Side, choose_gemm_tile, gemm_tile_cycles, int8_side, smallest_gemm_tile_bytes
+from ..program.ops.gemm import (GemmShape, Int8Side, choose_gemm_tile, gemm_shape, gemm_tile_cycles, int8_side,
+                                safe_k_chunk, smallest_gemm_tile_bytes)
 from ..program.ops.pool import smallest_pool_tile_bytes
 from ..program.ops.rows import smallest_row_tile_bytes
 from ..program.tiles import TileTable, expand_regions, k_splits

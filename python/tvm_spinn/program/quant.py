@@ -11,7 +11,7 @@ An int8 GEMM layer computes, per output element and channel ``c``::
   top bit flipped (``u - 128``, zero point shifted by the same 128), so both activation types use
   the same signed array. The zero-point terms (``- zw * sum x - zx * sum w + K zx zw``) are added
   by the M4F after the array; reductions longer than
-  :func:`tvm_spinn.program.gemm.safe_k_chunk` (511 products for 24 bits, 16383 for 29) are
+  :func:`tvm_spinn.program.ops.gemm.safe_k_chunk` (511 products for 24 bits, 16383 for 29) are
   split so the accumulator never wraps, and the M4F adds the chunk sums in 32-bit.
 - Requantization (assumption: a 32-bit fixed-point multiplier, as in TFLite/CMSIS-NN, done by
   the array's output stage): the real multiplier ``M = sx * sw[c] / sy`` is written as

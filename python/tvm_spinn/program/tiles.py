@@ -10,7 +10,7 @@ Regions by layer kind (half-open ``[start, stop)`` ranges over the layer's outpu
 and order (each defined by the kind's operator family, :mod:`tvm_spinn.program.ops`):
 
 - GEMMs (``conv2d``, ``dense``, ``matmul``; GEMM view ``C[b, m, n] = sum_k A[b, m, k] B[b, k,
-  n]``, see :func:`tvm_spinn.program.gemm.gemm_shape`): tile ``[tm, tn, tk]``, regions
+  n]``, see :func:`tvm_spinn.program.ops.gemm.gemm_shape`): tile ``[tm, tn, tk]``, regions
   ``[[b, b+1], [m0, m1], [n0, n1]]`` in ``b``, ``m0``, ``n0`` order; the reduction streams
   through the tile's PE in ``k_splits = ceil(K / tk)`` chunks of ``ceil(K / k_splits)``
   (ascending k, output stationary). Tiles of one *group* share a weight block (conv2d:

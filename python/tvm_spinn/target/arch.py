@@ -75,7 +75,7 @@ class SpinnArch:
     acc_bits : int
         Width of the MAC array's signed accumulators: 24 bits on the production chip [OJCAS26]
         (29 on the test chip [TUD-FAQ]). Int8 reductions are split at
-        :func:`tvm_spinn.program.gemm.safe_k_chunk` (511 products for 24 bits) so it never wraps.
+        :func:`tvm_spinn.program.ops.gemm.safe_k_chunk` (511 products for 24 bits) so it never wraps.
     mac_readout_cycles : int
         Assumption: cycles for the MAC array to write one ``mac_rows x mac_cols`` block of 32-bit
         sums to SRAM after a k-chunk (64 words = 256 B through a 128-bit SRAM port: 16). int8

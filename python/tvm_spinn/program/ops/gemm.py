@@ -1,8 +1,7 @@
 """GEMMs: ``conv2d`` (NCHW / OIHW, grouped and depthwise), ``dense`` (``x @ W``) and batched
 ``matmul``, in fp32 on the Cortex-M4F or int8 on the MAC array.
 
-GEMM view ``C[b, m, n] = sum_k A[b, m, k] B[b, k, n]`` (:func:`~tvm_spinn.program.gemm.
-gemm_shape`): conv2d uses ``A = weight[oc, ic*kh*kw]`` (m = output channel), ``B = im2col
+GEMM view ``C[b, m, n] = sum_k A[b, m, k] B[b, k, n]`` (:func:`gemm_shape`): conv2d uses ``A = weight[oc, ic*kh*kw]`` (m = output channel), ``B = im2col
 (input)`` (n = output pixel), b = batch x group; dense and matmul use ``A = input`` and ``B =
 weight``/rhs (matmul's batches broadcast).
 
@@ -11,7 +10,7 @@ weight``/rhs (matmul's batches broadcast).
   on it. Bias is added to the finished accumulator, then ReLU (``x > 0 ? x : +0``).
 - int8 arithmetic (``mode="int8"``): raw int8 products into ``acc_bits``-bit wrapping
   accumulators, one k-chunk at a time (chunks of :func:`chunk_length`, at most
-  :func:`~tvm_spinn.program.gemm.safe_k_chunk` long); the M4F adds chunk sums in 32-bit,
+  :func:`safe_k_chunk` long); the M4F adds chunk sums in 32-bit,
   applies the zero-point terms and the epilogue (dequantize, or requantize with a fixed-point
   multiplier: :mod:`tvm_spinn.program.quant`). ``uint8`` operands have their top bit flipped.
 - Tiles: ``[tm, tn, tk]``, regions ``[[b, b+1], [m0, m1], [n0, n1]]`` in ``b``, ``m0``, ``n0``
@@ -36,7 +35,6 @@ import numpy as np
 
 from ... import _lib
 from ..checks import PAD4, POS2, POSINT, RELU, ZERO, check_bool, check_str, fail
-from ..gemm import GemmShape, gemm_shape, safe_k_chunk
 from ..model import Layer
 from ..quant import QUANT_RANGES, quantize_multiplier, requantize, to_signed
 from .base import ACC_BYTES, LoweringError, MappingError, OpFamily, ceil_div, gemm_tile_bytes, itemsize, register, starts, working_budget
@@ -45,7 +43,7 @@ from .elementwise import relu
 if TYPE_CHECKING:
     from ...target.arch import SpinnArch
 
-__all__ = ["Gemm", "Int8Side", "int8_side", "gemm_tile_cycles", "choose_gemm_tile",
+__all__ = ["Gemm", "GemmShape", "gemm_shape", "safe_k_chunk", "Int8Side", "int8_side", "gemm_tile_cycles", "choose_gemm_tile",
            "smallest_gemm_tile_bytes", "splits_of", "chunk_length", "GEMM_KINDS"]
 
 GEMM_KINDS = ("conv2d", "dense", "matmul")
@@ -55,6 +53,44 @@ _REQUANT = {"y_zero": ZERO, "y_min": ZERO, "y_max": ZERO}
 _CONV = {"strides": POS2, "padding": PAD4, "dilation": POS2, "groups": POSINT}
 _INT8 = {"x_zero": ZERO, "x_flip": check_bool, "relu": check_bool,
          "out": lambda v, f: check_str(v, f, ("float32", "int8", "uint8"))}
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    batch: int
+    m: int
+    n: int
+    k: int
+
+
+def gemm_shape(program, layer: Layer) -> GemmShape:
+    """GEMM view of a conv2d / dense / matmul layer of ``program`` (see the module docstring)."""
+    t = program.tensors
+    out = t[layer.output].shape
+    if layer.kind == "conv2d":
+        w = t[layer.consts["weight"]].shape
+        groups = layer.attrs["groups"]
+        return GemmShape(batch=out[0] * groups, m=w[0] // groups, n=out[2] * out[3], k=w[1] * w[2] * w[3])
+    if layer.kind == "dense":
+        w = t[layer.consts["weight"]].shape
+        return GemmShape(batch=1, m=int(np.prod(out[:-1], dtype=np.int64)), n=w[1], k=w[0])
+    a, b = t[layer.inputs[0]].shape, t[layer.inputs[1]].shape
+    batch = int(np.prod(out[:-2], dtype=np.int64)) if len(out) > 2 else 1
+    return GemmShape(batch=batch, m=a[-2], n=b[-1], k=a[-1])
+
+
+def safe_k_chunk(arch, operand_bits: int = 8) -> int:
+    """Longest reduction a MAC-array accumulator can take without overflowing.
+
+    Each product of two signed ``operand_bits`` values is at most ``2**(2*(bits-1))`` in
+    magnitude (-128 * -128 for int8), so ``k`` products fit a signed ``acc_bits`` accumulator when
+    ``k * 2**(2*(bits-1)) <= 2**(acc_bits-1) - 1``: 511 for int8 into the production chip's 24
+    bits, 16383 into the test chip's 29. Longer reductions are split into chunks whose partial
+    sums the M4F adds in 32-bit.
+
+    ``arch`` is a :class:`tvm_spinn.target.arch.SpinnArch` (only ``acc_bits`` is read).
+    """
+    return max(1, (2 ** (arch.acc_bits - 1) - 1) // 2 ** (2 * (operand_bits - 1)))
 
 
 def splits_of(k: int, tk: int) -> int:
