@@ -179,7 +179,7 @@ class SpinnModuleObj final : public ffi::ModuleObj {
 
   ffi::String symbol_;
   ffi::Bytes program_;                   // inline programs
-  ffi::Optional<ffi::Tensor> mapped_;    // external programs (program_ is then empty)
+  ffi::Optional<ffi::Tensor> mapped_;    // external or compiler-owned programs (program_ empty)
   const char* data_;
   size_t size_;
   ffi::String key_;
@@ -189,6 +189,27 @@ class SpinnModuleObj final : public ffi::ModuleObj {
 ffi::Module CreateSpinnModule(const ffi::String& symbol, const ffi::Bytes& program) {
   if (symbol.empty()) {
     TVM_FFI_THROW(ValueError) << "spinn module: symbol must be a non-empty string";
+  }
+  auto obj = ffi::make_object<SpinnModuleObj>(symbol, program);
+  obj->Validate();  // throws (nothing is returned) on an invalid program
+  return ffi::Module(obj);
+}
+
+/*!
+ * \brief A module over `program`, a 1-D contiguous uint8 host tensor the caller owns (the
+ *        compiler's freshly serialized bytes, viewed through DLPack): held, never copied.
+ */
+ffi::Module CreateSpinnModuleView(const ffi::String& symbol, const ffi::Tensor& program) {
+  if (symbol.empty()) {
+    TVM_FFI_THROW(ValueError) << "spinn module: symbol must be a non-empty string";
+  }
+  const DLTensor* t = program.GetDLTensorPtr();
+  bool ok = t->device.device_type == kDLCPU && t->ndim == 1 && t->dtype.code == kDLUInt &&
+            t->dtype.bits == 8 && t->dtype.lanes == 1 &&
+            (t->strides == nullptr || t->strides[0] == 1 || t->shape[0] <= 1);
+  if (!ok) {
+    TVM_FFI_THROW(ValueError) << "spinn module `" << symbol
+                              << "`: a program view must be a 1-D contiguous uint8 host tensor";
   }
   auto obj = ffi::make_object<SpinnModuleObj>(symbol, program);
   obj->Validate();  // throws (nothing is returned) on an invalid program
@@ -259,6 +280,8 @@ TVM_FFI_STATIC_INIT_BLOCK() {
   refl::GlobalDef()
       .def("tvm_spinn.runtime.create_module", CreateSpinnModule,
            "Create a spinn runtime module from (symbol, program bytes).")
+      .def("tvm_spinn.runtime.create_module_view", CreateSpinnModuleView,
+           "Create a spinn runtime module over (symbol, 1-D uint8 host tensor), without a copy.")
       .def("ffi.Module.load_from_bytes.spinn", LoadSpinnModuleFromBytes,
            "Deserialize a spinn module from its versioned container bytes.")
       .def("tvm_spinn.runtime.save_to_bytes", ModuleSaveToBytes,

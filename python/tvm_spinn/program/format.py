@@ -110,6 +110,11 @@ class Program:
 
     def to_bytes(self) -> bytes:
         """Serialize deterministically (same program -> same bytes); one copy, one hash pass."""
+        return _finish(self._parts())
+
+    def _parts(self) -> list:
+        """The serialized program less its digest, as buffers: the framed header, then each
+        constant (views, not copies) and its alignment padding. :func:`_finish` joins them."""
         parts: list = []
         size = 0
         for tid in sorted(self.constants):
@@ -128,11 +133,7 @@ class Program:
         text = json.dumps(self.header(), sort_keys=True, separators=(",", ":")).encode()
         head = PROGRAM_MAGIC + struct.pack("<IIQ", self.version, 0, len(text)) + text
         head += b"\0" * (-len(head) % _ALIGN) + struct.pack("<Q", size)
-        digest = hashlib.blake2b(digest_size=CHECKSUM_BYTES)
-        digest.update(head)
-        for part in parts:
-            digest.update(part)
-        return b"".join([head, *parts, digest.digest()])
+        return [head, *parts]
 
     @classmethod
     def from_bytes(cls, data: "bytes | memoryview", verify_checksum: bool = True) -> "Program":
@@ -197,6 +198,32 @@ class Program:
             timing=header["timing"], mapping=header["mapping"], memory=header["memory"],
             constants=constants, version=version,
         )
+
+
+def _digest(parts: list) -> bytes:
+    digest = hashlib.blake2b(digest_size=CHECKSUM_BYTES)
+    for part in parts:
+        digest.update(part)
+    return digest.digest()
+
+
+def _finish(parts: list) -> bytes:
+    """``parts`` (from :meth:`Program._parts`) and their BLAKE2b-256 digest as one ``bytes``."""
+    return b"".join([*parts, _digest(parts)])
+
+
+def _finish_array(parts: list) -> np.ndarray:
+    """The bytes of :func:`_finish` in a writable uint8 array (a buffer the runtime module can
+    hold through DLPack without a copy). The digest pass and the copies release the GIL on large
+    buffers, so a compiler may run this on a worker thread while it lowers the next program."""
+    sizes = [memoryview(part).nbytes for part in parts]
+    out = np.empty(sum(sizes) + CHECKSUM_BYTES, dtype=np.uint8)
+    pos = 0
+    for part, size in zip(parts, sizes):
+        out[pos:pos + size] = np.frombuffer(part, dtype=np.uint8)
+        pos += size
+    out[pos:] = np.frombuffer(_digest(parts), dtype=np.uint8)
+    return out
 
 
 def _reject_constant(name: str):

@@ -110,6 +110,19 @@ class sealed_file:  # noqa: N801 - a context manager used like a function
         _COMPILED.sealed = False
 
 
+def _same_bytes(raw, trusted) -> bool:
+    """Whether ``raw`` holds exactly ``trusted``: equal ``bytes`` (``tvm_ffi.Bytes`` is one), or
+    a view of the very same memory (a module over the compiler's own uint8 array, see
+    ``codegen._module_over``), which needs no comparison."""
+    if isinstance(raw, bytes) and isinstance(trusted, bytes):
+        return raw == trusted
+    try:
+        got, want = np.frombuffer(raw, dtype=np.uint8), np.frombuffer(trusted, dtype=np.uint8)
+    except (TypeError, ValueError):
+        return False
+    return got.size == want.size and got.ctypes.data == want.ctypes.data
+
+
 @tvm_ffi.register_global_func("tvm_spinn.runtime.validate_program", override=True)
 def validate_program(symbol: str, data: bytes, key: str) -> None:
     """Validate the program of a ``spinn`` module being created or loaded (called from C++).
@@ -144,7 +157,7 @@ def validate_program(symbol: str, data: bytes, key: str) -> None:
     trusted = getattr(_COMPILED, "data", None)
     raw = _program_buffer(data)
     verified = getattr(_COMPILED, "sealed", False) or (
-        trusted is not None and isinstance(raw, bytes) and raw == trusted)  # tvm_ffi.Bytes is a bytes
+        trusted is not None and _same_bytes(raw, trusted))
     program = Program.from_bytes(raw, verify_checksum=not verified)
     if program.symbol != symbol:
         raise ProgramError(f"symbol: the program implements {program.symbol!r}, its module is {symbol!r}")
