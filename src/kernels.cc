@@ -3,6 +3,7 @@
 #include "kernels.h"
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <condition_variable>
 #include <functional>
@@ -897,6 +898,61 @@ void DepthwiseConvF32(const float* x, const float* w, float* out, const Depthwis
                    out + plane * s.mult * s.oh * s.ow, bias, s, e, pad, hp, wp,
                    pad + hp * wp + 8, pad + hp * wp + 8 + n8, wq);
   });
+}
+
+// -- transcendental models ----------------------------------------------------------------------
+// Written as sequences of separately rounded float operations (-ffp-contract=off, no fast-math),
+// element by element, so every build and every x86 SIMD level gives the same bits.
+namespace {
+
+inline float ExpModel(float x) {
+  if (!(x == x)) return x;                    // NaN
+  if (x > 88.72283905206835f) return x + INFINITY;  // exp overflows float32 (inf stays inf)
+  if (x < -103.97208f) return 0.0f;           // below half the smallest subnormal
+  const float fn = std::nearbyint(x * 1.44269504088896341f);  // n = round(x / ln 2), to even
+  float r = x - fn * 0.693359375f;            // Cody-Waite: ln 2 = C1 + C2, C1 exact in 9 bits
+  r = r - fn * -2.12194440e-4f;
+  const float r2 = r * r;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r2;
+  p = p + r;
+  p = p + 1.0f;
+  return std::ldexp(p, static_cast<int>(fn));  // exact scaling (rounded once if subnormal)
+}
+
+inline float TanhModel(float x) {
+  const float z = std::fabs(x);
+  if (z > 0.625f) {
+    if (z > 44.0f) return x > 0.0f ? 1.0f : -1.0f;  // exp(2z) overflows: tanh is +-1 exactly
+    const float s = ExpModel(z + z);
+    const float t = 1.0f - 2.0f / (s + 1.0f);
+    return x < 0.0f ? -t : t;
+  }
+  if (x == 0.0f) return x;  // keeps the sign of zero
+  const float s = x * x;
+  float p = -5.70498872745e-3f;
+  p = p * s + 2.06390887954e-2f;
+  p = p * s - 5.37397155531e-2f;
+  p = p * s + 1.33314422036e-1f;
+  p = p * s - 3.33332819422e-1f;
+  p = p * s;
+  p = p * x;
+  return p + x;  // NaN propagates through the polynomial
+}
+
+}  // namespace
+
+void ExpF32(const float* x, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = ExpModel(x[i]);
+}
+
+void TanhF32(const float* x, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = TanhModel(x[i]);
 }
 
 }  // namespace tvm_spinn

@@ -80,6 +80,20 @@ int SimThreads(int64_t work);
 void RowSumF32(const float* x, float* out, int64_t rows, int64_t cols);
 
 /*!
+ * \brief The exp/log unit's exp, modelled by one fixed float32 algorithm (Cephes expf:
+ *        Cody-Waite reduction by ln 2, a degree-6 polynomial, exact scaling by 2^n), so the
+ *        simulator's bits do not depend on the host's math library or SIMD level.
+ *        out[i] = exp(x[i]); NaN stays NaN, overflow gives +inf, underflow +0.
+ */
+void ExpF32(const float* x, float* out, int64_t n);
+
+/*!
+ * \brief tanh from the same exp model (Cephes tanhf): |x| > 0.625: 1 - 2 / (exp(2|x|) + 1)
+ *        with x's sign; else an odd degree-11 polynomial.
+ */
+void TanhF32(const float* x, float* out, int64_t n);
+
+/*!
  * \brief What the M4F applies to a finished fp32 accumulator, in this order: `+ bias`, ReLU
  *        (`x > 0 ? x : +0`), then a clip (`x < hi ? x : hi`, then `y > lo ? y : lo`: TVM's
  *        max(min(x, hi), lo), NaN rules included). Each step is optional.

@@ -1,5 +1,5 @@
-// Global functions tvm_spinn.sim.epilogue_f32 and tvm_spinn.sim.depthwise_conv2d_f32: validated
-// entry points of the fused fp32 epilogue and of the direct depthwise convolution.
+// Global functions tvm_spinn.sim.epilogue_f32, depthwise_conv2d_f32, exp_f32 and tanh_f32: validated
+// entry points of the fused fp32 epilogue, the direct depthwise convolution and the exp/log unit's models.
 #include <tvm/ffi/container/array.h>
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/error.h>
@@ -105,6 +105,19 @@ void SimDepthwiseConv2dF32(TensorView x, TensorView w, TensorView out, TensorVie
                    Threads(func, threads, out.numel() * s.kh * s.kw));
 }
 
+/*! \brief out = f(x) element-wise for the float32 models of the exp/log unit. */
+template <void (*F)(const float*, float*, int64_t)>
+void SimUnaryF32(const char* func, TensorView x, TensorView out) {
+  CheckTensor(func, "X", x, x.ndim(), kF32);
+  CheckTensor(func, "out", out, out.ndim(), kF32);
+  CheckDim(func, "out.numel()", out.numel(), x.numel(), "X " + ShapeStr(x) + ", out " + ShapeStr(out));
+  CheckNoOverlap(func, "out", out, "X", x);
+  F(DataPtr<const float>(x), DataPtr<float>(out), x.numel());
+}
+
+void SimExpF32(TensorView x, TensorView out) { SimUnaryF32<ExpF32>("tvm_spinn.sim.exp_f32", x, out); }
+void SimTanhF32(TensorView x, TensorView out) { SimUnaryF32<TanhF32>("tvm_spinn.sim.tanh_f32", x, out); }
+
 }  // namespace
 
 TVM_FFI_STATIC_INIT_BLOCK() {
@@ -113,6 +126,11 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("tvm_spinn.sim.epilogue_f32", SimEpilogueF32,
            "C[o, r, c] = clip(relu(C + bias[r or c])) in place, float32, each step optional "
            "(bias with no elements: none).")
+      .def("tvm_spinn.sim.exp_f32", SimExpF32,
+           "out = exp(X) element-wise: the exp/log unit's model (Cephes expf, fixed float32 "
+           "operations: the same bits on every host).")
+      .def("tvm_spinn.sim.tanh_f32", SimTanhF32,
+           "out = tanh(X) element-wise from the same exp model (Cephes tanhf).")
       .def("tvm_spinn.sim.depthwise_conv2d_f32", SimDepthwiseConv2dF32,
            "out += depthwise conv (one input channel per group, taps in im2col order, padding "
            "+0.0), then bias per output channel, ReLU and clip.");

@@ -339,3 +339,69 @@ def test_depthwise_and_epilogue_bad_arguments():
         epilogue(np.zeros((1, 2, 2), np.float64), none, True, False, False, 0.0, 0.0, 0)
     with pytest.raises(ValueError, match="bias.shape"):
         epilogue(np.zeros((1, 2, 3), np.float32), np.zeros(2, np.float32), False, True, False, 0.0, 0.0, 0)
+
+
+# -- the exp/log unit's models -------------------------------------------------------------------
+def _exp_reference(x: np.ndarray) -> np.ndarray:
+    """The exp model's algorithm, operation by operation in numpy float32 (each op one IEEE
+    rounding; ``np.ldexp`` scales exactly): what the C++ kernel must equal bit for bit."""
+    f = np.float32
+    x = x.astype(f)
+    out = np.empty_like(x)
+    with np.errstate(all="ignore"):
+        fn = np.rint((x * f(1.44269504088896341)).astype(f))
+        r = (x - (fn * f(0.693359375)).astype(f)).astype(f)
+        r = (r - (fn * f(-2.12194440e-4)).astype(f)).astype(f)
+        r2 = (r * r).astype(f)
+        p = np.full_like(x, f(1.9875691500e-4))
+        for c in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
+            p = ((p * r).astype(f) + f(c)).astype(f)
+        p = (((p * r2).astype(f) + r).astype(f) + f(1)).astype(f)
+        scaled = np.ldexp(p, np.nan_to_num(fn, nan=0, posinf=0, neginf=0).astype(np.int32)).astype(f)
+    out[...] = scaled
+    out[x > f(88.72283905206835)] = np.inf
+    out[x < f(-103.97208)] = 0
+    out[np.isnan(x)] = x[np.isnan(x)]
+    return out
+
+
+def test_exp_model_is_its_algorithm_and_accurate():
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.uniform(-110, 95, 200_000), rng.normal(size=100_000),
+                        [0.0, -0.0, 1.0, -1.0, 88.72, 88.73, -103.9, -104.0, np.inf, -np.inf, np.nan, 1e-30]]).astype(np.float32)
+    out = np.empty_like(x)
+    _lib._func("tvm_spinn.sim.exp_f32")(x, out)
+    want = _exp_reference(x)
+    assert np.array_equal(_bits(out), _bits(want))
+    exact = np.exp(x.astype(np.float64))
+    normal = (exact > 1.2e-38) & np.isfinite(exact) & (exact < 3.4e38)
+    ulp = np.spacing(exact[normal].astype(np.float32)).astype(np.float64)
+    assert np.max(np.abs(out[normal] - exact[normal]) / ulp) < 1.0  # faithfully rounded
+    assert out[-4] == np.inf and out[-3] == 0 and np.isnan(out[-2]) and out[-1] == 1
+
+
+def test_tanh_model():
+    rng = np.random.default_rng(1)
+    x = np.concatenate([rng.normal(size=200_000) * 3, [0.0, -0.0, 0.625, -0.625, 44.5, -50, np.inf, -np.inf, np.nan]]).astype(np.float32)
+    out = np.empty_like(x)
+    _lib._func("tvm_spinn.sim.tanh_f32")(x, out)
+    exact = np.tanh(x.astype(np.float64))
+    finite = np.isfinite(x)
+    ulp = np.spacing(np.abs(exact[finite]).astype(np.float32)).astype(np.float64)
+    assert np.max(np.abs(out[finite] - exact[finite]) / ulp) < 2.0
+    assert np.signbit(out[np.where(x == 0)[0][1]]) and out[-3] == 1 and out[-2] == -1 and np.isnan(out[-1])
+    assert np.all(np.abs(out[finite]) <= 1)
+
+
+def test_transcendental_models_do_not_depend_on_numpy_simd(tmp_path):
+    """The simulator's exp is the same with numpy's SIMD paths disabled (numpy's own float32
+    exp is not: it gives other bits on its baseline path)."""
+    code = ("import numpy as np, hashlib; from tvm_spinn.program.ops.elementwise import exp_f32, tanh_f32;"
+            "x = (np.random.default_rng(0).normal(size=1 << 16) * 10).astype(np.float32);"
+            "print(hashlib.sha256(exp_f32(x).tobytes() + tanh_f32(x).tobytes()).hexdigest())")
+    import os
+    runs = []
+    for disable in ("", "X86_V3 AVX512F AVX2 FMA3"):
+        env = dict(os.environ, NPY_DISABLE_CPU_FEATURES=disable)
+        runs.append(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout)
+    assert runs[0] == runs[1] and len(runs[0].strip()) == 64

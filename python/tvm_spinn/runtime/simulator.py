@@ -21,8 +21,12 @@ Numerics are those of the hardware path each layer runs on:
   executes the mapping tile by tile and k-chunk by k-chunk (the reference). Each output element's
   arithmetic is independent of the tiling (a GEMM output reduces in ascending k from 0 on one PE),
   so both give the same bits (tests/test_sim_modes.py).
-- ``exp`` comes from the exp/log unit, modelled as numpy's float32 ``exp``; ``erf`` (GELU) is the
-  M4F library's rational approximation in fp32 (Abramowitz-Stegun 7.1.26, |error| < 1.5e-7).
+- ``exp`` (softmax, sigmoid, GELU's erf) and ``tanh`` come from the exp/log unit, modelled by
+  one fixed float32 algorithm in C++ (Cephes expf/tanhf; ``tvm_spinn.sim.exp_f32``), so the bits
+  do not depend on the host (numpy's float32 ``exp`` gives different bits on its baseline and
+  AVX2 paths); ``erf`` (GELU) is the M4F library's rational approximation in fp32
+  (Abramowitz-Stegun 7.1.26, |error| < 1.5e-7). Each layer kind's arithmetic is defined by its
+  operator family (:mod:`tvm_spinn.program.ops`).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ on float32, with numpy broadcasting.
 - Arithmetic (Cortex-M4F, fp32): each is single fp32 operations in a fixed order; ``relu`` is
   ``x > 0 ? x : +0`` and ``clip`` is TVM's ``max(min(x, hi), lo)`` as compare-and-select
   (``x < hi ? x : hi``, then ``y > lo ? y : lo``: NaN gives ``hi``, relu(NaN) = 0, as the llvm
-  build); ``exp`` comes from the exp/log unit (modelled as numpy's float32 ``exp``), ``erf``
+  build); ``exp`` comes from the exp/log unit (:func:`exp_f32`, a fixed float32 algorithm), ``erf``
   (GELU) is the M4F library's rational approximation in fp32 (Abramowitz-Stegun 7.1.26,
   |error| < 1.5e-7).
 - Tiles: ``[elements]`` over the flattened (broadcast) output.
@@ -17,11 +17,12 @@ import math
 
 import numpy as np
 
+from ... import _lib
 from ..checks import RELU, check_num, fail
 from ..model import Layer
 from .base import FlatFamily, register
 
-__all__ = ["Elementwise", "relu", "relu_owned", "unary", "clip_fast", "BINARY", "UNARY", "TRANSCENDENTAL"]
+__all__ = ["Elementwise", "relu", "relu_owned", "unary", "clip_fast", "exp_f32", "tanh_f32", "BINARY", "UNARY", "TRANSCENDENTAL"]
 
 _F32 = np.float32
 _ZERO = _F32(0)
@@ -33,6 +34,25 @@ UNARY = ("relu", "gelu", "gelu_tanh", "sigmoid", "tanh")
 TRANSCENDENTAL = ("gelu", "gelu_tanh", "sigmoid", "tanh")
 
 
+def _unit(name: str, x) -> np.ndarray:
+    x = np.ascontiguousarray(x, dtype=_F32)
+    out = np.empty(x.shape, dtype=_F32)
+    _lib._func(name)(x if x.flags.writeable else _lib._input(x), out)
+    return out
+
+
+def exp_f32(x) -> np.ndarray:
+    """The exp/log unit's ``exp`` on float32 (``tvm_spinn.sim.exp_f32``: one fixed algorithm,
+    < 1 ulp, the same bits on every host; numpy's float32 ``exp`` differs between its SIMD
+    levels)."""
+    return _unit("tvm_spinn.sim.exp_f32", x)
+
+
+def tanh_f32(x) -> np.ndarray:
+    """``tanh`` on float32 from the same exp model (``tvm_spinn.sim.tanh_f32``)."""
+    return _unit("tvm_spinn.sim.tanh_f32", x)
+
+
 def _erf_f32(x: np.ndarray) -> np.ndarray:
     x = x.astype(_F32, copy=False)
     sign = np.sign(x).astype(_F32, copy=False)
@@ -40,7 +60,7 @@ def _erf_f32(x: np.ndarray) -> np.ndarray:
     t = _F32(1) / (_F32(1) + _F32(0.3275911) * a)
     poly = t * (_F32(0.254829592) + t * (_F32(-0.284496736) + t * (_F32(1.421413741)
            + t * (_F32(-1.453152027) + t * _F32(1.061405429)))))
-    return (sign * (_F32(1) - poly * np.exp(-a * a))).astype(_F32, copy=False)
+    return (sign * (_F32(1) - poly * exp_f32(-a * a))).astype(_F32, copy=False)
 
 
 def _max(a, b) -> np.ndarray:
@@ -77,14 +97,14 @@ def unary(kind: str, x: np.ndarray, attrs: dict) -> np.ndarray:
     if kind == "clip":  # TVM's order: max(min(x, hi), lo), so clip(NaN) = hi
         return _max(_min(x, _F32(attrs["max"])), _F32(attrs["min"])).astype(_F32, copy=False)
     if kind == "sigmoid":
-        return (_F32(1) / (_F32(1) + np.exp(-x))).astype(_F32, copy=False)
+        return (_F32(1) / (_F32(1) + exp_f32(-x))).astype(_F32, copy=False)
     if kind == "tanh":
-        return np.tanh(x).astype(_F32, copy=False)
+        return tanh_f32(x)
     if kind == "gelu":
         return (_F32(0.5) * x * (_F32(1) + _erf_f32(x * _F32(0.70710678118654752)))).astype(_F32, copy=False)
     if kind == "gelu_tanh":
         inner = _F32(0.7978845608028654) * (x + _F32(0.044715) * x * x * x)
-        return (_F32(0.5) * x * (_F32(1) + np.tanh(inner))).astype(_F32, copy=False)
+        return (_F32(0.5) * x * (_F32(1) + tanh_f32(inner))).astype(_F32, copy=False)
     raise NotImplementedError(kind)
 
 

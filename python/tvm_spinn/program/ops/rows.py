@@ -2,7 +2,7 @@
 
 - Arithmetic (Cortex-M4F, fp32): every sum is a sequential fp32 sum of one row, left to right
   (the C++ kernel ``tvm_spinn.sim.row_sum_f32``); ``softmax`` is ``e / sum(e)`` with
-  ``e = exp(x - max(x))`` from the exp/log unit (modelled as numpy's float32 ``exp``);
+  ``e = exp(x - max(x))`` from the exp/log unit (:func:`~.elementwise.exp_f32`);
   ``layer_norm`` is ``(x - mean) / sqrt(var + eps) * gamma + beta`` with ``mean = sum(x) / d``,
   ``var = sum((x - mean)^2) / d``; ``mean`` is ``sum / d``.
 - Tiles: ``[rows]`` over the rows (everything but the normalized or reduced axes); a whole row
@@ -20,6 +20,7 @@ from ... import _lib
 from ..checks import POSINT, check_bool, check_num, fail
 from ..model import Layer
 from .base import OpFamily, ceil_div, itemsize, register, working_budget
+from .elementwise import exp_f32
 
 if TYPE_CHECKING:
     from ...target.arch import SpinnArch
@@ -65,7 +66,7 @@ def _row_sum(x: np.ndarray) -> np.ndarray:
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max(axis=-1, keepdims=True)).astype(_F32)
+    e = exp_f32(x - x.max(axis=-1, keepdims=True))
     res = e / _row_sum(e)[:, None]
     return res if res.dtype == _F32 else res.astype(_F32)
 
