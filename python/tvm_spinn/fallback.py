@@ -22,12 +22,9 @@ from __future__ import annotations
 import functools
 import os
 
-import numpy as np
-
 import tvm
 import tvm_ffi
 from tvm import relax
-from tvm.ir.expr import Constant
 from tvm.s_tir import dlight as dl
 
 __all__ = ["ParallelVectorize", "prepare_fallback", "default_schedule_pass", "run_fallback"]
@@ -49,8 +46,10 @@ def prepare_fallback(mod: tvm.IRModule) -> tvm.IRModule:
     tvm.IRModule
         Module whose fallback operators are fused TIR PrimFuncs (the tuning tasks).
     """
+    from .partition.fold import FoldSmallConstants
+
     seq = tvm.transform.Sequential([
-        _FoldSmallConstants,
+        FoldSmallConstants,
         relax.backend.DispatchSampling(),
         relax.backend.DispatchSortScan(),
         relax.transform.LegalizeOps(),
@@ -60,118 +59,6 @@ def prepare_fallback(mod: tvm.IRModule) -> tvm.IRModule:
         relax.transform.FuseTIR(),
     ])
     return seq(mod)
-
-
-# Operators evaluated exactly with numpy on constant operands before ``FoldConstant`` (which would
-# build each, e.g. an attention mask's arange/compare/broadcast/where chain, with LLVM: ~20 ms a
-# kernel): integer arithmetic, comparisons, selection and data movement only, whose results do
-# not depend on how they are computed.
-_INT_KINDS = "iu"
-_NUMPY_FOLD = {
-    "relax.add": lambda a, b, attrs: np.add(a, b) if a.dtype.kind in _INT_KINDS else None,
-    "relax.subtract": lambda a, b, attrs: np.subtract(a, b) if a.dtype.kind in _INT_KINDS else None,
-    "relax.multiply": lambda a, b, attrs: np.multiply(a, b) if a.dtype.kind in _INT_KINDS else None,
-    "relax.greater_equal": lambda a, b, attrs: np.greater_equal(a, b),
-    "relax.greater": lambda a, b, attrs: np.greater(a, b),
-    "relax.less_equal": lambda a, b, attrs: np.less_equal(a, b),
-    "relax.less": lambda a, b, attrs: np.less(a, b),
-    "relax.equal": lambda a, b, attrs: np.equal(a, b),
-    "relax.not_equal": lambda a, b, attrs: np.not_equal(a, b),
-    "relax.where": lambda c, a, b, attrs: np.where(c, a, b) if c.dtype == np.bool_ and a.dtype == b.dtype else None,
-    "relax.expand_dims": lambda a, attrs: np.expand_dims(a, tuple(int(x) for x in attrs.axis)),
-    "relax.broadcast_to": lambda a, shape, attrs: np.broadcast_to(a, shape),
-    "relax.reshape": lambda a, shape, attrs: np.reshape(a, shape),
-}
-
-
-@relax.transform.function_pass(opt_level=0, name="SpinnFoldSmallConstants")
-def _FoldSmallConstants(func: relax.Function, _mod, _ctx) -> relax.Function:  # noqa: N802
-    """Replace the calls of :data:`_NUMPY_FOLD` (and integer ``arange``) whose operands are all
-    known constants by their values, in host functions (the same constants ``FoldConstant``
-    computes, without building a kernel for each)."""
-    if func.attrs is not None and "Codegen" in func.attrs:
-        return func
-    value_of = relax.analysis.get_var2val(func)
-    if not any(isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op) and v.op.name == "relax.arange"
-               for v in value_of.values()):
-        return func  # the chains FoldConstant leaves to this folding start at an arange
-    folder = _NumpyFold(value_of)
-    new = folder.visit_expr(func)
-    return new if folder.folded else func
-
-
-@relax.expr_functor.mutator
-class _NumpyFold(relax.PyExprMutator):
-    def __init__(self, value_of: dict):
-        super().__init__()
-        self.value_of = value_of
-        self.memo: dict = {}
-        self.folded = 0
-
-    def _value(self, expr, depth: int = 0):
-        """The numpy value of ``expr`` when it is a known constant (else None)."""
-        if isinstance(expr, Constant):
-            return expr.value.numpy()
-        if isinstance(expr, relax.ShapeExpr):
-            if all(isinstance(v, tvm.tirx.IntImm) for v in expr.values):
-                return tuple(int(v) for v in expr.values)
-            return None
-        if isinstance(expr, relax.Var):
-            if expr in self.memo:
-                return self.memo[expr]
-            value = self.value_of.get(expr)
-            result = None
-            if isinstance(value, (relax.Call, Constant)) and depth < 64:
-                result = self._value(value, depth + 1)
-            self.memo[expr] = result
-            return result
-        if isinstance(expr, relax.Call):
-            return self._evaluate(expr, depth)
-        return None
-
-    def _evaluate(self, call, depth: int = 0):
-        if not isinstance(call.op, tvm.ir.Op):
-            return None
-        name = call.op.name
-        ty = call.ty
-        if not isinstance(ty, relax.TensorType) or ty.shape is None or not isinstance(ty.shape, relax.ShapeExpr):
-            return None
-        if not all(isinstance(v, tvm.tirx.IntImm) for v in ty.shape.values):
-            return None
-        shape, dtype = tuple(int(v) for v in ty.shape.values), str(ty.dtype)
-        if name == "relax.arange":
-            if np.dtype(dtype).kind not in _INT_KINDS:
-                return None
-            bounds = []
-            for arg in call.args:
-                if not isinstance(arg, tvm.tirx.IntImm):
-                    return None
-                bounds.append(int(arg.value))
-            result = np.arange(*bounds, dtype=dtype)
-        else:
-            fn = _NUMPY_FOLD.get(name)
-            if fn is None:
-                return None
-            args = [self._value(arg, depth + 1) for arg in call.args]
-            if any(a is None for a in args):
-                return None
-            try:
-                result = fn(*args, call.attrs)
-            except Exception:  # noqa: BLE001 - anything unexpected: FoldConstant folds it
-                return None
-            if result is None:
-                return None
-        result = np.ascontiguousarray(result)
-        if result.shape != shape or str(result.dtype) != dtype:
-            return None
-        return result
-
-    def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: D102
-        value = self._evaluate(call)
-        if value is None:
-            return super().visit_call_(call)
-        self.folded += 1
-        return relax.const(value, str(value.dtype))
 
 
 def _divisor(extent: int, candidates) -> int:

@@ -22,12 +22,14 @@ from __future__ import annotations
 import contextlib
 import threading
 
+import numpy as np
 import tvm
 import tvm_ffi
 from tvm import relax
+from tvm.ir.expr import Constant
 from tvm.relax import transform
 
-__all__ = ["FoldConstant"]
+__all__ = ["FoldConstant", "FoldSmallConstants"]
 
 # Operators whose TVM legalization is a ``call_tir`` that takes every tensor argument of the call
 # (elementwise math, layout, reductions, GEMMs, normalizations): a run-time tensor argument is
@@ -129,8 +131,181 @@ def _legalize_only_foldable():
                 op.set_attr("FLegalize", legalize)
 
 
+# Operators evaluated exactly with numpy on constant operands before ``FoldConstant`` (which would
+# build each, e.g. an attention mask's arange/compare/broadcast/where chain, with LLVM: ~20 ms a
+# kernel): integer arithmetic, comparisons, selection and data movement only, whose results do
+# not depend on how they are computed.
+_INT_KINDS = "iu"
+_NUMPY_FOLD = {
+    "relax.add": lambda a, b, attrs: np.add(a, b) if a.dtype.kind in _INT_KINDS else None,
+    "relax.subtract": lambda a, b, attrs: np.subtract(a, b) if a.dtype.kind in _INT_KINDS else None,
+    "relax.multiply": lambda a, b, attrs: np.multiply(a, b) if a.dtype.kind in _INT_KINDS else None,
+    "relax.greater_equal": lambda a, b, attrs: np.greater_equal(a, b),
+    "relax.greater": lambda a, b, attrs: np.greater(a, b),
+    "relax.less_equal": lambda a, b, attrs: np.less_equal(a, b),
+    "relax.less": lambda a, b, attrs: np.less(a, b),
+    "relax.equal": lambda a, b, attrs: np.equal(a, b),
+    "relax.not_equal": lambda a, b, attrs: np.not_equal(a, b),
+    "relax.where": lambda c, a, b, attrs: np.where(c, a, b) if c.dtype == np.bool_ and a.dtype == b.dtype else None,
+    "relax.expand_dims": lambda a, attrs: np.expand_dims(a, tuple(int(x) for x in attrs.axis)),
+    "relax.broadcast_to": lambda a, shape, attrs: np.broadcast_to(a, shape),
+    "relax.reshape": lambda a, shape, attrs: np.reshape(a, shape),
+    "relax.astype": lambda a, attrs: _astype(a, str(attrs.dtype)),
+    "relax.take": lambda a, i, attrs: _take(a, i, attrs),
+    "relax.strided_slice": lambda a, axes, begin, end, strides, attrs: _slice(a, axes, begin, end, strides),
+    "relax.gather_elements": lambda a, i, attrs: _gather(a, i, int(attrs.axis)),
+}
+#: Calls that start a foldable chain (operands constant before any folding).
+_STARTS = frozenset(("relax.arange", "relax.take", "relax.strided_slice"))
+
+
+def _astype(a: np.ndarray, dtype: str):
+    target = np.dtype(dtype)
+    if a.dtype == target or (a.dtype.kind in _INT_KINDS and target.kind in _INT_KINDS):
+        return a.astype(target)  # integers wrap like a C cast
+    return None
+
+
+def _take(a: np.ndarray, indices: np.ndarray, attrs):
+    if indices.dtype.kind not in _INT_KINDS or indices.size == 0:
+        return None
+    axis = int(attrs.axis)
+    if not -a.ndim <= axis < a.ndim or indices.min() < 0 or indices.max() >= a.shape[axis]:
+        return None
+    return np.take(a, indices, axis=axis)
+
+
+def _gather(a: np.ndarray, indices: np.ndarray, axis: int):
+    if (indices.dtype.kind not in _INT_KINDS or indices.size == 0 or indices.ndim != a.ndim
+            or indices.min() < 0 or indices.max() >= a.shape[axis]):
+        return None
+    return np.take_along_axis(a, indices, axis=axis)
+
+
+def _slice(a: np.ndarray, axes, begin, end, strides):
+    if not (len(axes) == len(begin) == len(end) == len(strides)):
+        return None
+    index = [slice(None)] * a.ndim
+    for axis, b, e, s in zip(axes, begin, end, strides):
+        if not (0 <= axis < a.ndim and s >= 1 and 0 <= b <= e <= a.shape[axis]):
+            return None
+        index[axis] = slice(b, e, s)
+    return a[tuple(index)]
+
+
+def _fold_small(func: relax.Function, arange: bool) -> relax.Function:
+    """Replace the calls of :data:`_NUMPY_FOLD` (and integer ``arange``) whose operands are all
+    known constants by their values, in host functions (the same constants ``FoldConstant``
+    computes, without building a kernel for each)."""
+    if func.attrs is not None and "Codegen" in func.attrs:
+        return func
+    value_of = relax.analysis.get_var2val(func)
+    if not any(isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op) and v.op.name in _STARTS
+               and (arange or v.op.name != "relax.arange") for v in value_of.values()):
+        return func  # no chain of constants this folding starts
+    folder = _NumpyFold(value_of, arange)
+    new = folder.visit_expr(func)
+    return new if folder.folded else func
+
+
+@relax.expr_functor.mutator
+class _NumpyFold(relax.PyExprMutator):
+    def __init__(self, value_of: dict, arange: bool):
+        super().__init__()
+        self.value_of = value_of
+        self.arange = arange
+        self.memo: dict = {}
+        self.folded = 0
+
+    def _value(self, expr, depth: int = 0):
+        """The numpy value of ``expr`` when it is a known constant (else None)."""
+        if isinstance(expr, Constant):
+            try:
+                return np.from_dlpack(expr.value)  # no copy (weights)
+            except (TypeError, ValueError, BufferError, RuntimeError):
+                return expr.value.numpy()
+        if isinstance(expr, relax.Tuple):
+            if all(isinstance(v, tvm.tirx.IntImm) for v in expr.fields):
+                return tuple(int(v.value) for v in expr.fields)
+            return None
+        if isinstance(expr, relax.ShapeExpr):
+            if all(isinstance(v, tvm.tirx.IntImm) for v in expr.values):
+                return tuple(int(v) for v in expr.values)
+            return None
+        if isinstance(expr, relax.Var):
+            if expr in self.memo:
+                return self.memo[expr]
+            value = self.value_of.get(expr)
+            result = None
+            if isinstance(value, (relax.Call, Constant)) and depth < 64:
+                result = self._value(value, depth + 1)
+            self.memo[expr] = result
+            return result
+        if isinstance(expr, relax.Call):
+            return self._evaluate(expr, depth)
+        return None
+
+    def _evaluate(self, call, depth: int = 0):
+        if not isinstance(call.op, tvm.ir.Op):
+            return None
+        name = call.op.name
+        ty = call.ty
+        if not isinstance(ty, relax.TensorType) or ty.shape is None or not isinstance(ty.shape, relax.ShapeExpr):
+            return None
+        if not all(isinstance(v, tvm.tirx.IntImm) for v in ty.shape.values):
+            return None
+        shape, dtype = tuple(int(v) for v in ty.shape.values), str(ty.dtype)
+        if name == "relax.arange":
+            if not self.arange or np.dtype(dtype).kind not in _INT_KINDS:
+                return None
+            bounds = []
+            for arg in call.args:
+                if not isinstance(arg, tvm.tirx.IntImm):
+                    return None
+                bounds.append(int(arg.value))
+            result = np.arange(*bounds, dtype=dtype)
+        else:
+            fn = _NUMPY_FOLD.get(name)
+            if fn is None:
+                return None
+            args = [self._value(arg, depth + 1) for arg in call.args]
+            if any(a is None for a in args):
+                return None
+            try:
+                result = fn(*args, call.attrs)
+            except Exception:  # noqa: BLE001 - anything unexpected: FoldConstant folds it
+                return None
+            if result is None:
+                return None
+        result = np.ascontiguousarray(result)
+        if result.shape != shape or str(result.dtype) != dtype:
+            return None
+        return result
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: D102
+        value = self._evaluate(call)
+        if value is None:
+            return super().visit_call_(call)
+        self.folded += 1
+        return relax.const(value, str(value.dtype))
+
+
+@relax.transform.function_pass(opt_level=0, name="SpinnFoldSmallConstants")
+def FoldSmallConstants(func: relax.Function, _mod, _ctx) -> relax.Function:  # noqa: N802
+    """The host's folding (fallback): integer ``arange`` chains included."""
+    return _fold_small(func, arange=True)
+
+
+@relax.transform.function_pass(opt_level=0, name="SpinnFoldSmallConstantsNoArange")
+def _FoldSmallConstantsPartition(func: relax.Function, _mod, _ctx) -> relax.Function:  # noqa: N802
+    # ``arange`` (PrimValue operands) is not folded by TVM's FoldConstant before partitioning:
+    # folding it here would change what is offloaded.
+    return _fold_small(func, arange=False)
+
+
 @tvm.transform.module_pass(opt_level=0, name="SpinnFoldConstant")
 def FoldConstant(mod: tvm.IRModule, ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass naming
     """``relax.transform.FoldConstant`` that legalizes only the calls it could fold."""
+    mod = _FoldSmallConstantsPartition(mod)
     with _legalize_only_foldable():
         return transform.FoldConstant()(mod)
