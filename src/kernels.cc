@@ -905,11 +905,31 @@ void DepthwiseConvF32(const float* x, const float* w, float* out, const Depthwis
 // element by element, so every build and every x86 SIMD level gives the same bits.
 namespace {
 
+// 2^e as a float, for e in [-126, 127] (a normal number: exact).
+inline float Pow2(int e) {
+  uint32_t bits = static_cast<uint32_t>(e + 127) << 23;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+// p * 2^n for p in [0.5, 2) and n in [-151, 128], rounded once (as ldexp): a product by an
+// exact power of two only rounds when the result is subnormal, and the split products below
+// are exact until their last one.
+inline float Scale2(float p, int n) {
+  if (n > 127) return (p * Pow2(127)) * Pow2(n - 127);
+  if (n < -126) return (p * Pow2(n + 64)) * Pow2(-64);
+  return p * Pow2(n);
+}
+
 inline float ExpModel(float x) {
   if (!(x == x)) return x;                    // NaN
   if (x > 88.72283905206835f) return x + INFINITY;  // exp overflows float32 (inf stays inf)
   if (x < -103.97208f) return 0.0f;           // below half the smallest subnormal
-  const float fn = std::nearbyint(x * 1.44269504088896341f);  // n = round(x / ln 2), to even
+  // n = round(x / ln 2), ties to even: adding and subtracting 1.5 * 2^23 rounds a float of
+  // magnitude < 2^22 to an integer in the current (nearest-even) mode, as nearbyint does
+  const float shifted = x * 1.44269504088896341f + 12582912.0f;
+  const float fn = shifted - 12582912.0f;
   float r = x - fn * 0.693359375f;            // Cody-Waite: ln 2 = C1 + C2, C1 exact in 9 bits
   r = r - fn * -2.12194440e-4f;
   const float r2 = r * r;
@@ -922,7 +942,7 @@ inline float ExpModel(float x) {
   p = p * r2;
   p = p + r;
   p = p + 1.0f;
-  return std::ldexp(p, static_cast<int>(fn));  // exact scaling (rounded once if subnormal)
+  return Scale2(p, static_cast<int>(fn));
 }
 
 inline float TanhModel(float x) {
@@ -953,6 +973,105 @@ void ExpF32(const float* x, float* out, int64_t n) {
 
 void TanhF32(const float* x, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = TanhModel(x[i]);
+}
+
+namespace {
+
+inline float GeluModel(float x) {
+  const float u = x * 0.70710678118654752f;
+  const float sign = u > 0.0f ? 1.0f : (u < 0.0f ? -1.0f : (u == u ? 0.0f : u));  // np.sign
+  const float a = std::fabs(u);
+  const float q = 0.3275911f * a;
+  const float t = 1.0f / (1.0f + q);
+  float p = t * 1.061405429f;
+  p = -1.453152027f + p;
+  p = t * p;
+  p = 1.421413741f + p;
+  p = t * p;
+  p = -0.284496736f + p;
+  p = t * p;
+  p = 0.254829592f + p;
+  p = t * p;
+  const float na = -a;
+  const float e = ExpModel(na * a);
+  const float pe = p * e;
+  const float erf = sign * (1.0f - pe);
+  const float half = 0.5f * x;
+  return half * (1.0f + erf);
+}
+
+inline float GeluTanhModel(float x) {
+  const float c = 0.044715f * x;
+  const float c2 = c * x;
+  const float c3 = c2 * x;
+  const float inner = 0.7978845608028654f * (x + c3);
+  const float half = 0.5f * x;
+  return half * (1.0f + TanhModel(inner));
+}
+
+inline float SigmoidModel(float x) { return 1.0f / (1.0f + ExpModel(-x)); }
+
+}  // namespace
+
+void ActivationF32(const float* x, float* out, int64_t n, Activation act) {
+  switch (act) {
+    case Activation::kGelu:
+      for (int64_t i = 0; i < n; ++i) out[i] = GeluModel(x[i]);
+      break;
+    case Activation::kGeluTanh:
+      for (int64_t i = 0; i < n; ++i) out[i] = GeluTanhModel(x[i]);
+      break;
+    default:
+      for (int64_t i = 0; i < n; ++i) out[i] = SigmoidModel(x[i]);
+      break;
+  }
+}
+
+void SoftmaxRowsF32(const float* x, float* out, int64_t rows, int64_t cols, int threads) {
+  ParallelFor(rows, threads, [&](int64_t r) {
+    const float* xr = x + r * cols;
+    float* o = out + r * cols;
+    float m = -INFINITY;
+    for (int64_t j = 0; j < cols; ++j) {
+      const float v = xr[j];
+      if (!(v == v)) {  // NaN: the max is NaN (numpy's max propagates it)
+        m = v;
+        break;
+      }
+      if (v > m) m = v;
+    }
+    float sum = 0.0f;
+    for (int64_t j = 0; j < cols; ++j) {
+      o[j] = ExpModel(xr[j] - m);
+      sum = sum + o[j];
+    }
+    for (int64_t j = 0; j < cols; ++j) o[j] = o[j] / sum;
+  });
+}
+
+void LayerNormRowsF32(const float* x, const float* gamma, const float* beta, float eps, float* out,
+                      int64_t rows, int64_t cols, int threads) {
+  const float d = static_cast<float>(cols);
+  ParallelFor(rows, threads, [&](int64_t r) {
+    const float* xr = x + r * cols;
+    float* o = out + r * cols;
+    float sum = 0.0f;
+    for (int64_t j = 0; j < cols; ++j) sum = sum + xr[j];
+    const float mean = sum / d;
+    float sq = 0.0f;
+    for (int64_t j = 0; j < cols; ++j) {
+      o[j] = xr[j] - mean;
+      const float p = o[j] * o[j];
+      sq = sq + p;
+    }
+    const float den = std::sqrt(sq / d + eps);
+    for (int64_t j = 0; j < cols; ++j) {
+      float y = o[j] / den;
+      if (gamma) y = y * gamma[j];
+      if (beta) y = y + beta[j];
+      o[j] = y;
+    }
+  });
 }
 
 }  // namespace tvm_spinn

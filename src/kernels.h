@@ -93,6 +93,32 @@ void ExpF32(const float* x, float* out, int64_t n);
  */
 void TanhF32(const float* x, float* out, int64_t n);
 
+/*! \brief Activations built on the exp model, each a fixed sequence of fp32 operations. */
+enum class Activation : int { kGelu = 0, kGeluTanh = 1, kSigmoid = 2 };
+
+/*!
+ * \brief out = act(x): GELU 0.5 x (1 + erf(x / sqrt 2)) with the M4F library's erf
+ *        (Abramowitz-Stegun 7.1.26: sign(u) (1 - t (c1 + t (c2 + t (c3 + t (c4 + t c5))))
+ *        exp(-u u)), t = 1 / (1 + p |u|)); GELU-tanh 0.5 x (1 + tanh(0.79788456 (x + 0.044715
+ *        x x x))); sigmoid 1 / (1 + exp(-x)). Operations in the order written, each rounded.
+ */
+void ActivationF32(const float* x, float* out, int64_t n, Activation act);
+
+/*!
+ * \brief Softmax of each row of x [rows, cols]: m = the row's max (its first NaN if any),
+ *        e = ExpF32(x - m), out = e / s with s the sequential fp32 sum of e (left to right
+ *        from 0). Rows run on up to `threads` threads (rows are independent: same bits).
+ */
+void SoftmaxRowsF32(const float* x, float* out, int64_t rows, int64_t cols, int threads);
+
+/*!
+ * \brief Layer norm of each row: mean = sum(x) / d, c = x - mean, var = sum(c * c) / d (sums
+ *        sequential from 0), y = c / sqrt(var + eps), then y * gamma and y + beta when given
+ *        (null: skipped). Every operation one fp32 rounding.
+ */
+void LayerNormRowsF32(const float* x, const float* gamma, const float* beta, float eps, float* out,
+                      int64_t rows, int64_t cols, int threads);
+
 /*!
  * \brief What the M4F applies to a finished fp32 accumulator, in this order: `+ bias`, ReLU
  *        (`x > 0 ? x : +0`), then a clip (`x < hi ? x : hi`, then `y > lo ? y : lo`: TVM's

@@ -115,8 +115,57 @@ void SimUnaryF32(const char* func, TensorView x, TensorView out) {
   F(DataPtr<const float>(x), DataPtr<float>(out), x.numel());
 }
 
+void SimActivationF32(TensorView x, TensorView out, int64_t kind) {
+  const char* func = "tvm_spinn.sim.activation_f32";
+  if (kind < 0 || kind > 2) {
+    TVM_FFI_THROW(ValueError) << func << ": kind must be 0 (gelu), 1 (gelu_tanh) or 2 (sigmoid), got " << kind;
+  }
+  CheckTensor(func, "X", x, x.ndim(), kF32);
+  CheckTensor(func, "out", out, out.ndim(), kF32);
+  CheckDim(func, "out.numel()", out.numel(), x.numel(), "X " + ShapeStr(x) + ", out " + ShapeStr(out));
+  CheckNoOverlap(func, "out", out, "X", x);
+  ActivationF32(DataPtr<const float>(x), DataPtr<float>(out), x.numel(), static_cast<Activation>(kind));
+}
+
 void SimExpF32(TensorView x, TensorView out) { SimUnaryF32<ExpF32>("tvm_spinn.sim.exp_f32", x, out); }
 void SimTanhF32(TensorView x, TensorView out) { SimUnaryF32<TanhF32>("tvm_spinn.sim.tanh_f32", x, out); }
+
+void SimSoftmaxF32(TensorView x, TensorView out, int64_t threads) {
+  const char* func = "tvm_spinn.sim.softmax_f32";
+  CheckTensor(func, "X", x, 2, kF32);
+  CheckTensor(func, "out", out, 2, kF32);
+  const std::string detail = "X " + ShapeStr(x) + ", out " + ShapeStr(out);
+  CheckDim(func, "out.shape[0]", out.shape()[0], x.shape()[0], detail);
+  CheckDim(func, "out.shape[1]", out.shape()[1], x.shape()[1], detail);
+  CheckNoOverlap(func, "out", out, "X", x);
+  SoftmaxRowsF32(DataPtr<const float>(x), DataPtr<float>(out), x.shape()[0], x.shape()[1],
+                 Threads(func, threads, x.numel() * 8));
+}
+
+void SimLayerNormF32(TensorView x, TensorView gamma, TensorView beta, double eps, TensorView out,
+                     int64_t threads) {
+  const char* func = "tvm_spinn.sim.layer_norm_f32";
+  CheckTensor(func, "X", x, 2, kF32);
+  CheckTensor(func, "gamma", gamma, 1, kF32);
+  CheckTensor(func, "beta", beta, 1, kF32);
+  CheckTensor(func, "out", out, 2, kF32);
+  const std::string detail = "X " + ShapeStr(x) + ", out " + ShapeStr(out);
+  CheckDim(func, "out.shape[0]", out.shape()[0], x.shape()[0], detail);
+  CheckDim(func, "out.shape[1]", out.shape()[1], x.shape()[1], detail);
+  for (const TensorView* t : {&gamma, &beta}) {
+    if (t->numel() > 0) {
+      CheckDim(func, t == &gamma ? "gamma.shape[0]" : "beta.shape[0]", t->shape()[0], x.shape()[1],
+               detail);
+    }
+  }
+  CheckNoOverlap(func, "out", out, "X", x);
+  CheckNoOverlap(func, "out", out, "gamma", gamma);
+  CheckNoOverlap(func, "out", out, "beta", beta);
+  LayerNormRowsF32(DataPtr<const float>(x), gamma.numel() ? DataPtr<const float>(gamma) : nullptr,
+                   beta.numel() ? DataPtr<const float>(beta) : nullptr, static_cast<float>(eps),
+                   DataPtr<float>(out), x.shape()[0], x.shape()[1],
+                   Threads(func, threads, x.numel() * 8));
+}
 
 }  // namespace
 
@@ -131,6 +180,13 @@ TVM_FFI_STATIC_INIT_BLOCK() {
            "operations: the same bits on every host).")
       .def("tvm_spinn.sim.tanh_f32", SimTanhF32,
            "out = tanh(X) element-wise from the same exp model (Cephes tanhf).")
+      .def("tvm_spinn.sim.activation_f32", SimActivationF32,
+           "out = GELU (kind 0), GELU-tanh (1) or sigmoid (2) of X on the exp model.")
+      .def("tvm_spinn.sim.softmax_f32", SimSoftmaxF32,
+           "Softmax of each row of X [rows, cols] with the exp model, sums sequential fp32.")
+      .def("tvm_spinn.sim.layer_norm_f32", SimLayerNormF32,
+           "Layer norm of each row of X [rows, cols] (gamma/beta with no elements: none), "
+           "sums sequential fp32, every operation one rounding.")
       .def("tvm_spinn.sim.depthwise_conv2d_f32", SimDepthwiseConv2dF32,
            "out += depthwise conv (one input channel per group, taps in im2col order, padding "
            "+0.0), then bias per output channel, ReLU and clip.");

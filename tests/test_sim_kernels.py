@@ -405,3 +405,101 @@ def test_transcendental_models_do_not_depend_on_numpy_simd(tmp_path):
         env = dict(os.environ, NPY_DISABLE_CPU_FEATURES=disable)
         runs.append(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout)
     assert runs[0] == runs[1] and len(runs[0].strip()) == 64
+
+
+def _softmax_reference(x):
+    """numpy float32, row by row: e = exp_model(x - max), sequential sum, divide."""
+    e = np.empty_like(x)
+    _lib._func("tvm_spinn.sim.exp_f32")(np.ascontiguousarray(x - x.max(axis=1, keepdims=True)), e)
+    out = np.empty_like(x)
+    for r in range(x.shape[0]):
+        s = np.float32(0)
+        for v in e[r]:
+            s = np.float32(s + v)
+        out[r] = e[r] / s
+    return out
+
+
+def _layer_norm_reference(x, gamma, beta, eps):
+    d = np.float32(x.shape[1])
+    out = np.empty_like(x)
+    for r in range(x.shape[0]):
+        s = np.float32(0)
+        for v in x[r]:
+            s = np.float32(s + v)
+        c = (x[r] - s / d).astype(np.float32)
+        q = np.float32(0)
+        for v in (c * c).astype(np.float32):
+            q = np.float32(q + v)
+        y = (c / np.sqrt(np.float32(q / d) + np.float32(eps))).astype(np.float32)
+        if gamma is not None:
+            y = (y * gamma).astype(np.float32)
+        if beta is not None:
+            y = (y + beta).astype(np.float32)
+        out[r] = y
+    return out
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (5, 64), (2, 300)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_softmax_and_layer_norm_rows_bits(shape, threads):
+    rng = np.random.default_rng(sum(shape))
+    x = (rng.normal(size=shape) * 5).astype(np.float32)
+    x[0, 0] = -0.0
+    out = np.empty_like(x)
+    _lib._func("tvm_spinn.sim.softmax_f32")(x, out, threads)
+    assert np.array_equal(_bits(out), _bits(_softmax_reference(x)))
+    gamma = rng.normal(size=shape[1]).astype(np.float32)
+    beta = rng.normal(size=shape[1]).astype(np.float32)
+    for g, b in ((gamma, beta), (None, beta), (gamma, None), (None, None)):
+        none = np.zeros(0, np.float32)
+        _lib._func("tvm_spinn.sim.layer_norm_f32")(x, none if g is None else g, none if b is None else b, 1e-5, out, threads)
+        assert np.array_equal(_bits(out), _bits(_layer_norm_reference(x, g, b, np.float32(1e-5))))
+
+
+def test_softmax_rows_special_values():
+    x = np.array([[1.0, np.nan, 2.0], [-np.inf, -np.inf, -np.inf], [np.inf, 1.0, 0.0], [-0.0, 0.0, -0.0]], np.float32)
+    out = np.empty_like(x)
+    _lib._func("tvm_spinn.sim.softmax_f32")(x, out, 1)
+    # a NaN max; -inf - -inf; inf - inf: one NaN makes the row's sum, and so every output, NaN
+    assert np.isnan(out[:3]).all()
+    assert np.allclose(out[3], 1 / 3) and out[3, 0] == out[3, 1]
+
+
+def _activation_reference(kind, x):
+    """The activations as numpy float32 expressions (each operation one rounding), with the
+    exp model for exp and tanh."""
+    f = np.float32
+    exp = lambda v: _unit("tvm_spinn.sim.exp_f32", v)  # noqa: E731
+    tanh = lambda v: _unit("tvm_spinn.sim.tanh_f32", v)  # noqa: E731
+    with np.errstate(all="ignore"):
+        if kind == "sigmoid":
+            return (f(1) / (f(1) + exp(-x))).astype(f)
+        if kind == "gelu_tanh":
+            inner = f(0.7978845608028654) * (x + f(0.044715) * x * x * x)
+            return (f(0.5) * x * (f(1) + tanh(inner))).astype(f)
+        u = x * f(0.70710678118654752)
+        sign = np.sign(u).astype(f)
+        a = np.abs(u)
+        t = f(1) / (f(1) + f(0.3275911) * a)
+        poly = t * (f(0.254829592) + t * (f(-0.284496736) + t * (f(1.421413741) + t * (f(-1.453152027) + t * f(1.061405429)))))
+        erf = (sign * (f(1) - poly * exp(-a * a))).astype(f)
+        return (f(0.5) * x * (f(1) + erf)).astype(f)
+
+
+def _unit(name, x):
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    out = np.empty_like(x)
+    _lib._func(name)(x, out)
+    return out
+
+
+@pytest.mark.parametrize("kind,code", [("gelu", 0), ("gelu_tanh", 1), ("sigmoid", 2)])
+def test_activation_bits(kind, code):
+    rng = np.random.default_rng(code)
+    x = np.concatenate([rng.normal(size=50_000) * 4, [0.0, -0.0, 1e-30, -1e-30, 30, -30, 100, -100]]).astype(np.float32)
+    out = np.empty_like(x)
+    _lib._func("tvm_spinn.sim.activation_f32")(x, out, code)
+    assert np.array_equal(_bits(out), _bits(_activation_reference(kind, x)))
+    with pytest.raises(ValueError, match="kind"):
+        _lib._func("tvm_spinn.sim.activation_f32")(x, out, 7)

@@ -7,7 +7,8 @@ on float32, with numpy broadcasting.
   (``x < hi ? x : hi``, then ``y > lo ? y : lo``: NaN gives ``hi``, relu(NaN) = 0, as the llvm
   build); ``exp`` comes from the exp/log unit (:func:`exp_f32`, a fixed float32 algorithm), ``erf``
   (GELU) is the M4F library's rational approximation in fp32 (Abramowitz-Stegun 7.1.26,
-  |error| < 1.5e-7).
+  |error| < 1.5e-7): GELU is ``0.5 x (1 + erf(x / sqrt 2))``, GELU-tanh ``0.5 x (1 + tanh(
+  0.79788456 (x + 0.044715 x^3)))``, sigmoid ``1 / (1 + exp(-x))`` (C++ ``activation_f32``).
 - Tiles: ``[elements]`` over the flattened (broadcast) output.
 """
 
@@ -53,14 +54,17 @@ def tanh_f32(x) -> np.ndarray:
     return _unit("tvm_spinn.sim.tanh_f32", x)
 
 
-def _erf_f32(x: np.ndarray) -> np.ndarray:
-    x = x.astype(_F32, copy=False)
-    sign = np.sign(x).astype(_F32, copy=False)
-    a = np.abs(x)
-    t = _F32(1) / (_F32(1) + _F32(0.3275911) * a)
-    poly = t * (_F32(0.254829592) + t * (_F32(-0.284496736) + t * (_F32(1.421413741)
-           + t * (_F32(-1.453152027) + t * _F32(1.061405429)))))
-    return (sign * (_F32(1) - poly * exp_f32(-a * a))).astype(_F32, copy=False)
+#: activation -> its kind in the C++ kernel ``tvm_spinn.sim.activation_f32``
+_ACTIVATIONS = {"gelu": 0, "gelu_tanh": 1, "sigmoid": 2}
+
+
+def _activation(kind: str, x) -> np.ndarray:
+    """GELU (erf), GELU (tanh) or sigmoid on the exp model: the operation sequences of the
+    module docstring, one fp32 rounding each (``tvm_spinn.sim.activation_f32``)."""
+    x = np.ascontiguousarray(x, dtype=_F32)
+    out = np.empty(x.shape, dtype=_F32)
+    _lib._func("tvm_spinn.sim.activation_f32")(x if x.flags.writeable else _lib._input(x), out, _ACTIVATIONS[kind])
+    return out
 
 
 def _max(a, b) -> np.ndarray:
@@ -96,15 +100,10 @@ def unary(kind: str, x: np.ndarray, attrs: dict) -> np.ndarray:
         return relu(x)
     if kind == "clip":  # TVM's order: max(min(x, hi), lo), so clip(NaN) = hi
         return _max(_min(x, _F32(attrs["max"])), _F32(attrs["min"])).astype(_F32, copy=False)
-    if kind == "sigmoid":
-        return (_F32(1) / (_F32(1) + exp_f32(-x))).astype(_F32, copy=False)
     if kind == "tanh":
         return tanh_f32(x)
-    if kind == "gelu":
-        return (_F32(0.5) * x * (_F32(1) + _erf_f32(x * _F32(0.70710678118654752)))).astype(_F32, copy=False)
-    if kind == "gelu_tanh":
-        inner = _F32(0.7978845608028654) * (x + _F32(0.044715) * x * x * x)
-        return (_F32(0.5) * x * (_F32(1) + tanh_f32(inner))).astype(_F32, copy=False)
+    if kind in _ACTIVATIONS:
+        return _activation(kind, x)
     raise NotImplementedError(kind)
 
 

@@ -1,8 +1,9 @@
 """Row operators: ``softmax`` and ``layer_norm`` over the last axis, ``mean`` over trailing axes.
 
 - Arithmetic (Cortex-M4F, fp32): every sum is a sequential fp32 sum of one row, left to right
-  (the C++ kernel ``tvm_spinn.sim.row_sum_f32``); ``softmax`` is ``e / sum(e)`` with
-  ``e = exp(x - max(x))`` from the exp/log unit (:func:`~.elementwise.exp_f32`);
+  (C++ kernels ``tvm_spinn.sim.row_sum_f32``, ``softmax_f32``, ``layer_norm_f32``); ``softmax``
+  is ``e / sum(e)`` with ``e = exp(x - max(x))`` from the exp/log unit's model (the max: the
+  row's first NaN if it has one);
   ``layer_norm`` is ``(x - mean) / sqrt(var + eps) * gamma + beta`` with ``mean = sum(x) / d``,
   ``var = sum((x - mean)^2) / d``; ``mean`` is ``sum / d``.
 - Tiles: ``[rows]`` over the rows (everything but the normalized or reduced axes); a whole row
@@ -20,7 +21,6 @@ from ... import _lib
 from ..checks import POSINT, check_bool, check_num, fail
 from ..model import Layer
 from .base import OpFamily, ceil_div, itemsize, register, working_budget
-from .elementwise import exp_f32
 
 if TYPE_CHECKING:
     from ...target.arch import SpinnArch
@@ -65,23 +65,28 @@ def _row_sum(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def _ffi_in(x: np.ndarray) -> np.ndarray:
+    x = np.ascontiguousarray(x, dtype=_F32)
+    return x if x.flags.writeable else _lib._input(x)
+
+
+_NONE = np.zeros(0, dtype=_F32)
+
+
 def _softmax(x: np.ndarray) -> np.ndarray:
-    e = exp_f32(x - x.max(axis=-1, keepdims=True))
-    res = e / _row_sum(e)[:, None]
-    return res if res.dtype == _F32 else res.astype(_F32)
+    """Rows ``x`` [rows, row]: ``e / sum(e)``, ``e = exp(x - max)`` (C++ ``softmax_f32``)."""
+    out = np.empty(x.shape, dtype=_F32)
+    _lib._func("tvm_spinn.sim.softmax_f32")(_ffi_in(x), out, 0)
+    return out
 
 
 def _layer_norm(x: np.ndarray, eps, gamma, beta) -> np.ndarray:
-    d = _F32(x.shape[-1])
-    mean = _row_sum(x) / d
-    centered = (x - mean[:, None]).astype(_F32)
-    var = _row_sum(centered * centered) / d
-    y = centered / np.sqrt(var + eps)[:, None]
-    if gamma is not None:
-        y = y * gamma
-    if beta is not None:
-        y = y + beta
-    return y
+    """Rows ``x`` [rows, row] normalized, then scaled and shifted (C++ ``layer_norm_f32``)."""
+    out = np.empty(x.shape, dtype=_F32)
+    _lib._func("tvm_spinn.sim.layer_norm_f32")(
+        _ffi_in(x), _NONE if gamma is None else _ffi_in(gamma), _NONE if beta is None else _ffi_in(beta),
+        float(eps), out, 0)
+    return out
 
 
 class Rows(OpFamily):
@@ -241,18 +246,12 @@ class Rows(OpFamily):
             d = _F32(rows_shape[1])
             return lambda program, env: (_row_sum(np.ascontiguousarray(env[x_tid]).reshape(rows_shape)) / d).reshape(shape)
         if layer.kind == "softmax":
-            return lambda program, env: np.ascontiguousarray(
-                _softmax(np.ascontiguousarray(env[x_tid]).reshape(rows_shape))).reshape(shape)
+            return lambda program, env: _softmax(np.reshape(env[x_tid], rows_shape)).reshape(shape)
         eps = _F32(layer.attrs["epsilon"])
-        gamma = program.constants[layer.consts["gamma"]] if layer.attrs.get("scale", True) else None
-        beta = program.constants[layer.consts["beta"]] if layer.attrs.get("center", True) else None
-
-        def step(program, env):
-            x = np.ascontiguousarray(env[x_tid]).reshape(rows_shape)
-            out = np.empty(x.shape, dtype=_F32)
-            out[...] = _layer_norm(x, eps, gamma, beta)
-            return out.reshape(shape)
-        return step
+        # prepared once: contiguous float32 views the FFI accepts (constants are read-only)
+        gamma = _ffi_in(program.constants[layer.consts["gamma"]]) if layer.attrs.get("scale", True) else None
+        beta = _ffi_in(program.constants[layer.consts["beta"]]) if layer.attrs.get("center", True) else None
+        return lambda program, env: _layer_norm(np.reshape(env[x_tid], rows_shape), eps, gamma, beta).reshape(shape)
 
 
 register(Rows())
