@@ -148,7 +148,7 @@ def test_perfetto_and_plot(tmp_path):
 
 @pytest.mark.parametrize("target,options", [("spinn", {}), ("spinn/board", {}),
                                             ("spinn", {"mode": "pipelined"}), ("spinn", {"naive": True})])
-def test_loaded_program_rederives_the_compile_time_tiles_and_timing(target, options):
+def test_loaded_program_rederives_the_compile_time_tiles_and_timing(monkeypatch, target, options):
     """Only tile shapes and PE ranges are stored: a loaded program derives the very tiles,
     placement and timing the compiler had (the schedule is a function of them)."""
     from tvm_spinn.mapping import derive_tables
@@ -160,22 +160,21 @@ def test_loaded_program_rederives_the_compile_time_tiles_and_timing(target, opti
     compiled = {}
     import tvm_spinn.codegen.codegen as codegen
 
-    original = codegen.compile_function
+    original = codegen._lower_and_map
 
-    def keep(func, symbol, arch):
-        program, data = original(func, symbol, arch)
-        compiled[symbol] = (program, data, arch)
-        return program, data
+    def keep(func, symbol, arch):  # the compiler's own Program objects, before serialization
+        program = original(func, symbol, arch)
+        compiled[symbol] = (program, arch)
+        return program
 
-    codegen.compile_function = keep
-    try:
-        with MappingOptions(**options):
-            relax.build(mod, target=target)
-    finally:
-        codegen.compile_function = original
+    monkeypatch.setattr(codegen, "_lower_and_map", keep)
+    with MappingOptions(**options):
+        ex = relax.build(mod, target=target)
+    data = {m["get_symbol"](): bytes(m["get_program"]()) for m in tvm_spinn.report_modules(ex)}
     assert compiled
-    for program, data, arch in compiled.values():
-        loaded = Program.from_bytes(data)
+    for symbol, (program, arch) in compiled.items():
+        assert data[symbol] == program.to_bytes()  # the module holds exactly the serialized program
+        loaded = Program.from_bytes(data[symbol])
         assert loaded.tiles is None
         tables = derive_tables(loaded, arch)
         for a, b in zip(program.tiles.tables, tables):
