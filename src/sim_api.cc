@@ -142,14 +142,6 @@ BatchedGemm CheckBatchedGemm(const char* func, const TensorView& a, const Tensor
   return s;
 }
 
-int ThreadsArg(const char* func, int64_t threads, int64_t work) {
-  if (threads < 0) {
-    TVM_FFI_THROW(ValueError) << func << ": threads must be >= 0 (0: TVM_SPINN_SIM_THREADS or "
-                              << "all cores), got " << threads;
-  }
-  return threads > 0 ? static_cast<int>(std::min<int64_t>(threads, 1024)) : SimThreads(work);
-}
-
 void CheckChunk(const char* func, int64_t chunk, int64_t acc_bits) {
   if (acc_bits < 2 || acc_bits > 32) {
     TVM_FFI_THROW(ValueError) << func << ": acc_bits must be in [2, 32], got " << acc_bits;

@@ -19,14 +19,6 @@ using tvm::ffi::TensorView;
 
 constexpr DLDataType kF32{kDLFloat, 32, 1};
 
-int Threads(const char* func, int64_t threads, int64_t work) {
-  if (threads < 0) {
-    TVM_FFI_THROW(ValueError) << func << ": threads must be >= 0 (0: TVM_SPINN_SIM_THREADS or "
-                              << "all cores), got " << threads;
-  }
-  return threads > 0 ? static_cast<int>(std::min<int64_t>(threads, 1024)) : SimThreads(work);
-}
-
 /*! \brief The epilogue; `bias` with no elements means none, else it must have `count`. */
 EpilogueF32 MakeEpilogue(const char* func, const TensorView& bias, int64_t count,
                          bool bias_on_rows, bool relu, bool clip, double lo, double hi) {
@@ -52,7 +44,7 @@ void SimEpilogueF32(TensorView c, TensorView bias, bool bias_on_rows, bool relu,
   const EpilogueF32 e =
       MakeEpilogue(func, bias, bias_on_rows ? rows : cols, bias_on_rows, relu, clip, lo, hi);
   CheckNoOverlap(func, "C", c, "bias", bias);
-  ApplyEpilogueF32(DataPtr<float>(c), outer, rows, cols, e, Threads(func, threads, c.numel() * 4));
+  ApplyEpilogueF32(DataPtr<float>(c), outer, rows, cols, e, ThreadsArg(func, threads, c.numel() * 4));
 }
 
 /*!
@@ -102,7 +94,7 @@ void SimDepthwiseConv2dF32(TensorView x, TensorView w, TensorView out, TensorVie
   CheckNoOverlap(func, "out", out, "W", w);
   CheckNoOverlap(func, "out", out, "bias", bias);
   DepthwiseConvF32(DataPtr<const float>(x), DataPtr<const float>(w), DataPtr<float>(out), s, e,
-                   Threads(func, threads, out.numel() * s.kh * s.kw));
+                   ThreadsArg(func, threads, out.numel() * s.kh * s.kw));
 }
 
 /*! \brief out = f(x) element-wise for the float32 models of the exp/log unit. */
@@ -139,7 +131,7 @@ void SimSoftmaxF32(TensorView x, TensorView out, int64_t threads) {
   CheckDim(func, "out.shape[1]", out.shape()[1], x.shape()[1], detail);
   CheckNoOverlap(func, "out", out, "X", x);
   SoftmaxRowsF32(DataPtr<const float>(x), DataPtr<float>(out), x.shape()[0], x.shape()[1],
-                 Threads(func, threads, x.numel() * 8));
+                 ThreadsArg(func, threads, x.numel() * 8));
 }
 
 void SimLayerNormF32(TensorView x, TensorView gamma, TensorView beta, double eps, TensorView out,
@@ -164,7 +156,7 @@ void SimLayerNormF32(TensorView x, TensorView gamma, TensorView beta, double eps
   LayerNormRowsF32(DataPtr<const float>(x), gamma.numel() ? DataPtr<const float>(gamma) : nullptr,
                    beta.numel() ? DataPtr<const float>(beta) : nullptr, static_cast<float>(eps),
                    DataPtr<float>(out), x.shape()[0], x.shape()[1],
-                   Threads(func, threads, x.numel() * 8));
+                   ThreadsArg(func, threads, x.numel() * 8));
 }
 
 }  // namespace

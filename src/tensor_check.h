@@ -7,6 +7,9 @@
 #include <tvm/ffi/dtype.h>
 #include <tvm/ffi/error.h>
 
+#include "kernels.h"
+
+#include <algorithm>
 #include <cstdint>
 #include <sstream>
 #include <string>
@@ -89,6 +92,15 @@ inline void CheckNoOverlap(const char* func, const char* out_name,
     TVM_FFI_THROW(ValueError) << func << ": output `" << out_name << "` overlaps input `"
                               << in_name << "` in memory";
   }
+}
+
+/*! \brief A kernel's `threads` argument: > 0 as given (at most 1024), 0 for SimThreads(work). */
+inline int ThreadsArg(const char* func, int64_t threads, int64_t work) {
+  if (threads < 0) {
+    TVM_FFI_THROW(ValueError) << func << ": threads must be >= 0 (0: TVM_SPINN_SIM_THREADS or "
+                              << "all cores), got " << threads;
+  }
+  return threads > 0 ? static_cast<int>(std::min<int64_t>(threads, 1024)) : SimThreads(work);
 }
 
 }  // namespace tvm_spinn

@@ -27,7 +27,6 @@ from .lower import lower_function
 __all__ = ["compile_function", "codegen_spinn", "MANIFEST_SYMBOL", "MANIFEST_MAGIC", "make_manifest_module"]
 
 LOG = logging.getLogger("tvm_spinn.codegen")
-_create_view = tvm_ffi.get_global_func("tvm_spinn.runtime.create_module_view")
 
 
 def _lower_and_map(func, symbol: str, arch: SpinnArch):
@@ -48,7 +47,7 @@ def _module_over(symbol: str, data: np.ndarray) -> tvm.runtime.Module:
     digest pass (see ``compiled``)."""
     view = tvm_ffi.from_dlpack(data)
     with compiled(data):
-        return _create_view(symbol, view)
+        return _lib._func("tvm_spinn.runtime.create_module_view")(symbol, view)
 
 
 @tvm_ffi.register_global_func("relax.ext.spinn", override=True)

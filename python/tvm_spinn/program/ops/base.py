@@ -16,8 +16,9 @@ tiles as data                  :attr:`~OpFamily.tile_arity`, :meth:`~OpFamily.re
 mapping (work, tiles, costs)   :meth:`~OpFamily.work`, :meth:`~OpFamily.smallest_tile_bytes`,
                                :meth:`~OpFamily.choose_tile`, :meth:`~OpFamily.tile_costs`
 functional simulator           :meth:`~OpFamily.prepare_tiles` / :meth:`~OpFamily.run_tile`
-                               (tile by tile, the reference), :meth:`~OpFamily.step` (whole
-                               layer, prepared once per program)
+                               (tile by tile, the reference), :meth:`~OpFamily.run_whole` and
+                               :meth:`~OpFamily.step` (whole layer; the step prepared once per
+                               program)
 ============================  =================================================================
 
 Families live under :mod:`tvm_spinn.program` so that the runtime, which may import only

@@ -35,10 +35,11 @@ UNARY = ("relu", "gelu", "gelu_tanh", "sigmoid", "tanh")
 TRANSCENDENTAL = ("gelu", "gelu_tanh", "sigmoid", "tanh")
 
 
-def _unit(name: str, x) -> np.ndarray:
+def _unit(name: str, x, *args) -> np.ndarray:
+    """``out = kernel(x, out, *args)`` of a float32 element-wise C++ kernel, ``x``'s shape."""
     x = np.ascontiguousarray(x, dtype=_F32)
     out = np.empty(x.shape, dtype=_F32)
-    _lib._func(name)(x if x.flags.writeable else _lib._input(x), out)
+    _lib._func(name)(_lib._input(x), out, *args)
     return out
 
 
@@ -61,10 +62,7 @@ _ACTIVATIONS = {"gelu": 0, "gelu_tanh": 1, "sigmoid": 2}
 def _activation(kind: str, x) -> np.ndarray:
     """GELU (erf), GELU (tanh) or sigmoid on the exp model: the operation sequences of the
     module docstring, one fp32 rounding each (``tvm_spinn.sim.activation_f32``)."""
-    x = np.ascontiguousarray(x, dtype=_F32)
-    out = np.empty(x.shape, dtype=_F32)
-    _lib._func("tvm_spinn.sim.activation_f32")(x if x.flags.writeable else _lib._input(x), out, _ACTIVATIONS[kind])
-    return out
+    return _unit("tvm_spinn.sim.activation_f32", x, _ACTIVATIONS[kind])
 
 
 def _max(a, b) -> np.ndarray:

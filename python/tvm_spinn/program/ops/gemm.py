@@ -292,11 +292,6 @@ def _cost_operands(program, layer: Layer):
 
 
 # -- the functional simulator ------------------------------------------------------------------
-def _writable(x: np.ndarray) -> np.ndarray:
-    """``x`` as the FFI takes it: DLPack cannot export read-only arrays (``_lib._input``)."""
-    return x if x.flags.writeable else _lib._input(x)
-
-
 def _rhs(layer: Layer, env) -> np.ndarray:
     return env[layer.consts["weight"]] if "weight" in layer.consts else env[layer.inputs[1]]
 
@@ -551,7 +546,7 @@ def _fp32_step(program, layer: Layer, clip: Layer | None):
     bias_tid = layer.consts.get("bias")
     bias = _NO_BIAS
     if bias_tid is not None:
-        bias = _writable(np.ascontiguousarray(program.constants[bias_tid], dtype=_F32).reshape(-1))
+        bias = _lib._input(np.ascontiguousarray(program.constants[bias_tid], dtype=_F32).reshape(-1))
     lo = hi = 0.0
     if clip is not None:
         lo, hi = float(_F32(clip.attrs["min"])), float(_F32(clip.attrs["max"]))
@@ -569,10 +564,10 @@ def _fp32_step(program, layer: Layer, clip: Layer | None):
         ep_shape, on_rows = (n, wshape[0], oh * ow), True
         if cg == 1 and groups > 1 and rhs_tid in program.constants:
             return _depthwise_step(program, layer, shape, dtype, bias, do_relu, clip is not None, lo, hi)
-        get_a = _operand(program, rhs_tid, lambda w: _writable(np.ascontiguousarray(w).reshape(groups, wshape[0] // groups, -1)))
+        get_a = _operand(program, rhs_tid, lambda w: _lib._input(np.ascontiguousarray(w).reshape(groups, wshape[0] // groups, -1)))
         if (kh, kw) == (1, 1) and tuple(attrs["strides"]) == (1, 1) and not any(attrs["padding"]) and (oh, ow) == (h, w):
             bshape = (n * groups, cg, h * w)
-            get_b = _operand(program, x_tid, lambda x: _writable(np.ascontiguousarray(x).reshape(bshape)))
+            get_b = _operand(program, x_tid, lambda x: _lib._input(np.ascontiguousarray(x).reshape(bshape)))
         else:
             im2col = _lib._func("tvm_spinn.sim.im2col")
             sh, sw = attrs["strides"]
@@ -584,7 +579,7 @@ def _fp32_step(program, layer: Layer, clip: Layer | None):
             def cols(x):
                 x = np.ascontiguousarray(x)
                 out = np.empty(cols_shape, dtype=x.dtype)
-                im2col(_writable(x), out, np.zeros(1, dtype=x.dtype), params, 0)
+                im2col(_lib._input(x), out, np.zeros(1, dtype=x.dtype), params, 0)
                 return out
             get_b = _operand(program, x_tid, cols)
         a_index = np.arange(g.batch, dtype=np.int64) % groups
@@ -594,8 +589,8 @@ def _fp32_step(program, layer: Layer, clip: Layer | None):
             return None
         ep_shape, on_rows = cshape, False  # the bias is per column
         if layer.kind == "dense":
-            get_a = _operand(program, x_tid, lambda x: _writable(np.ascontiguousarray(x).reshape(1, g.m, g.k)))
-            get_b = _operand(program, rhs_tid, lambda r: _writable(np.ascontiguousarray(r).reshape(1, g.k, g.n)))
+            get_a = _operand(program, x_tid, lambda x: _lib._input(np.ascontiguousarray(x).reshape(1, g.m, g.k)))
+            get_b = _operand(program, rhs_tid, lambda r: _lib._input(np.ascontiguousarray(r).reshape(1, g.k, g.n)))
             a_index = b_index = np.zeros(1, dtype=np.int64)
         else:
             batch_shape = shape[:-2]
@@ -606,7 +601,7 @@ def _fp32_step(program, layer: Layer, clip: Layer | None):
                 index = np.arange(int(np.prod(lead, dtype=np.int64)), dtype=np.int64).reshape(lead)
                 index = np.array(np.broadcast_to(index, batch_shape).reshape(-1), dtype=np.int64)  # writable
                 three = (-1, tshape[-2], tshape[-1])
-                return _operand(program, tid, lambda t: _writable(np.ascontiguousarray(t).reshape(three))), index
+                return _operand(program, tid, lambda t: _lib._input(np.ascontiguousarray(t).reshape(three))), index
             get_a, a_index = operand(x_tid)
             get_b, b_index = operand(rhs_tid)
     if dtype != _F32:
@@ -637,7 +632,7 @@ def _depthwise_step(program, layer: Layer, shape, dtype, bias, do_relu, clip, lo
     tensors = program.tensors
     weight = program.constants[layer.consts["weight"]]
     cout, _, kh, kw = weight.shape
-    weight = _writable(np.ascontiguousarray(weight, dtype=_F32).reshape(cout, kh, kw))
+    weight = _lib._input(np.ascontiguousarray(weight, dtype=_F32).reshape(cout, kh, kw))
     x_tid = layer.inputs[0]
     if dtype != _F32 or np.dtype(tensors[x_tid].dtype) != _F32:
         return None
@@ -652,7 +647,7 @@ def _depthwise_step(program, layer: Layer, shape, dtype, bias, do_relu, clip, lo
             out = np.zeros(shape, dtype=dtype)
         else:
             out.fill(0)
-        conv(_writable(np.ascontiguousarray(env[x_tid])), weight, out, bias, geometry, do_relu, clip, lo, hi, 0)
+        conv(_lib._input(np.ascontiguousarray(env[x_tid])), weight, out, bias, geometry, do_relu, clip, lo, hi, 0)
         return out
 
     def step(program, env):

@@ -61,13 +61,13 @@ def _row_sum(x: np.ndarray) -> np.ndarray:
     """Sequential fp32 sum of each row of ``x`` [rows, row]."""
     out = np.empty(x.shape[0], dtype=_F32)
     x = np.ascontiguousarray(x, dtype=_F32)
-    _lib._func("tvm_spinn.sim.row_sum_f32")(x if x.flags.writeable else _lib._input(x), out)
+    _lib._func("tvm_spinn.sim.row_sum_f32")(_lib._input(x), out)
     return out
 
 
 def _ffi_in(x: np.ndarray) -> np.ndarray:
-    x = np.ascontiguousarray(x, dtype=_F32)
-    return x if x.flags.writeable else _lib._input(x)
+    """``x`` as a contiguous float32 kernel input (read-only constants as writable-flagged views)."""
+    return _lib._input(np.ascontiguousarray(x, dtype=_F32))
 
 
 _NONE = np.zeros(0, dtype=_F32)
