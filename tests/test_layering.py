@@ -234,3 +234,17 @@ def test_moved_names_stay_importable():
 
     assert (Timing, evaluate, roofline) == (timing.Timing, timing.evaluate, timing.roofline)
     assert old_timing.LayerTiming is timing.LayerTiming and old_timing.evaluate is timing.evaluate
+
+
+def test_llm_is_a_top_layer():
+    """``tvm_spinn.llm`` drives the compiler (front-end, quantization, partition/codegen, mapping,
+    timing, report); nothing but the CLI and the root re-export hub imports it."""
+    explicit, _ = import_graph()
+    users = sorted(m for m, out in explicit.items() if not (m == "tvm_spinn.llm" or m.startswith("tvm_spinn.llm."))
+                   and any(t == "tvm_spinn.llm" or t.startswith("tvm_spinn.llm.") for t in out))
+    assert set(users) <= {"tvm_spinn", "tvm_spinn.cli"}, f"only the CLI may import tvm_spinn.llm: {users}"
+    allowed = {"tvm_spinn.llm", "tvm_spinn.frontend", "tvm_spinn.quant", "tvm_spinn.partition", "tvm_spinn.codegen",
+               "tvm_spinn.mapping", "tvm_spinn.timing", "tvm_spinn.target", "tvm_spinn.report", "tvm_spinn.program",
+               "tvm_spinn.runtime", *LEAVES}
+    bad = _violations(explicit, "tvm_spinn.llm", allowed)
+    assert not bad, "tvm_spinn.llm may import only the compiler's layers:\n" + "\n".join(bad)

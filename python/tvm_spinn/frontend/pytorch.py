@@ -7,7 +7,11 @@ from tvm import relax
 
 from .fixups import FixupImported
 
-__all__ = ["from_pytorch"]
+__all__ = ["from_pytorch", "PyTorchImportError"]
+
+
+class PyTorchImportError(TypeError):
+    """A PyTorch model whose outputs cannot be imported (the message names the output type)."""
 
 
 def _elu(node, importer):
@@ -60,8 +64,27 @@ def from_pytorch(model, example_args, dynamic_shapes=None) -> tvm.IRModule:
     if not isinstance(example_args, tuple):
         example_args = (example_args,)
     model = model.eval()
-    with torch.no_grad():
-        exported = torch.export.export(model, example_args, dynamic_shapes=dynamic_shapes)
+    config = getattr(model, "config", None)
+    # transformers models default to use_cache=True and then also return a DynamicCache, whose
+    # size grows per call and which no static-shape importer takes; the forward outputs are the
+    # same without it (generation with a KV cache: tvm_spinn.llm)
+    cached = bool(getattr(config, "use_cache", False))
+    try:
+        if cached:
+            config.use_cache = False
+        with torch.no_grad():
+            exported = torch.export.export(model, example_args, dynamic_shapes=dynamic_shapes)
+    except RuntimeError as err:
+        if "in output, which is not a known type" not in str(err):
+            raise
+        kind = str(err).split(" in output")[0].removeprefix("Found ")
+        raise PyTorchImportError(
+            f"from_pytorch: the model returns {kind}, which cannot be imported: return tensors "
+            "(or tuples/lists/dicts of tensors); for generation with a KV cache use tvm_spinn.llm.compile"
+        ) from None
+    finally:
+        if cached:
+            config.use_cache = True
     mod = from_exported_program(exported, keep_params_as_input=False, unwrap_unit_return_tuple=True,
                                 custom_convert_map=_CONVERT_FIXES)
     mod = FixupImported(mod)

@@ -1,0 +1,11 @@
+"""Large language models on spinn systems: KV-cache generation and planning from a config.
+
+* :func:`compile` -> :class:`CompiledLLM` with ``generate`` (greedy, KV cache on the device)
+  and ``report`` (time to first token, decode latency, tokens/s, energy);
+* :func:`plan` -> :class:`Plan`: timing of a model from its config alone (no weights).
+"""
+
+from .session import CompiledLLM, GenerationReport, compile
+from .spec import LLMError, ModelSpec, spec_of
+
+__all__ = ["compile", "CompiledLLM", "GenerationReport", "LLMError", "ModelSpec", "spec_of"]

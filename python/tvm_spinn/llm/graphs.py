@@ -1,0 +1,153 @@
+"""Prefill and decode steps of a transformers decoder as torch modules with an explicit KV cache.
+
+``torch.export`` of a transformers model with ``use_cache=True`` returns a ``DynamicCache``
+whose size grows with every token, which a static-shape compiler cannot take. These wrappers
+reuse the model's own submodules (embeddings, norms, projections, MLPs, LM head) and spell out
+attention with the cache as two fixed-size tensors, ``(layers, batch, kv_heads, max_seq_len,
+head_dim)``, passed in and returned:
+
+* prefill(ids (b, n), [positions | cos, sin]) -> logits of the last token (b, vocab), K, V:
+  causal attention over the n prompt tokens; the cache is the prompt's keys/values followed by
+  zeros up to ``max_seq_len``;
+* decode(ids (b, 1), K, V, write (S,) bool, mask (S,) float, [positions | cos, sin]) -> logits, K, V:
+  the new key/value is written at the one position where ``write`` is true (a select, so
+  the other entries keep their bits) and the query attends over every slot, with ``mask``
+  (0 up to the position, the dtype's minimum beyond it, as transformers' eager mask) added to
+  the scores; masked slots get a probability of exactly 0.
+
+The arithmetic follows transformers' eager attention (``softmax(q k^T * scaling + mask) v``),
+so greedy tokens match ``generate``. Rotary tables (Llama) are computed by the model's own
+``rotary_emb`` on the host and passed in, the exact values transformers uses.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .spec import ModelSpec
+
+__all__ = ["Prefill", "Decode", "rotary_tables"]
+
+
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _rope(x, cos, sin):
+    # cos/sin: (b, n, d) -> (b, 1, n, d), broadcast over heads (transformers' apply_rotary_pos_emb)
+    return x * cos.unsqueeze(1) + _rotate_half(x) * sin.unsqueeze(1)
+
+
+def rotary_tables(model, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape (b, n, head_dim) for integer ``positions`` (b, n), from the model's rotary module."""
+    rotary = model.model.rotary_emb
+    dummy = torch.zeros((), dtype=torch.float32)
+    with torch.no_grad():
+        return rotary(dummy, positions)
+
+
+class _Step(nn.Module):
+    def __init__(self, model, spec: ModelSpec, max_seq_len: int):
+        super().__init__()
+        self.model = model
+        self.spec = spec
+        self.max_seq_len = max_seq_len
+        self.gpt2 = spec.family == "gpt2"
+        base = model.transformer if self.gpt2 else model.model
+        self.blocks = base.h if self.gpt2 else base.layers
+        self.final_norm = base.ln_f if self.gpt2 else base.norm
+        self.embed = base.wte if self.gpt2 else base.embed_tokens
+        self.pos_embed = base.wpe if self.gpt2 else None
+
+    def _qkv(self, i: int, h):
+        b, n, _ = h.shape
+        s = self.spec
+        if self.gpt2:
+            attn = self.blocks[i].attn
+            q, k, v = attn.c_attn(h).split(s.hidden, dim=2)
+        else:
+            attn = self.blocks[i].self_attn
+            q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+        q = q.view(b, n, s.heads, s.head_dim).transpose(1, 2)
+        k = k.view(b, n, s.kv_heads, s.head_dim).transpose(1, 2)
+        v = v.view(b, n, s.kv_heads, s.head_dim).transpose(1, 2)
+        return attn, q, k, v
+
+    def _attend(self, attn, q, k, v, mask):
+        groups = self.spec.heads // self.spec.kv_heads
+        if groups > 1:  # grouped-query attention: transformers' repeat_kv
+            b, h, s, d = k.shape
+            k = k[:, :, None].expand(b, h, groups, s, d).reshape(b, h * groups, s, d)
+            v = v[:, :, None].expand(b, h, groups, s, d).reshape(b, h * groups, s, d)
+        scores = torch.matmul(q, k.transpose(-1, -2)) * attn.scaling + mask
+        probs = nn.functional.softmax(scores, dim=-1)
+        out = torch.matmul(probs, v).transpose(1, 2)
+        return out.reshape(*out.shape[:-2], -1)
+
+    def _layer(self, i: int, x, cache_fn, mask, cos, sin):
+        block = self.blocks[i]
+        h = block.ln_1(x) if self.gpt2 else block.input_layernorm(x)
+        attn, q, k, v = self._qkv(i, h)
+        if not self.gpt2:
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        k_att, v_att, k_out, v_out = cache_fn(i, k, v)
+        o = self._attend(attn, q, k_att, v_att, mask)
+        x = x + (attn.c_proj(o) if self.gpt2 else attn.o_proj(o))
+        if self.gpt2:
+            x = x + block.mlp(block.ln_2(x))
+        else:
+            x = x + block.mlp(block.post_attention_layernorm(x))
+        return x, k_out, v_out
+
+    def _run(self, ids, cache_fn, mask, pos_or_cos, sin):
+        x = self.embed(ids)
+        cos = None
+        if self.gpt2:
+            x = x + self.pos_embed(pos_or_cos)
+        else:
+            cos = pos_or_cos
+        ks, vs = [], []
+        for i in range(self.spec.layers):
+            x, k, v = self._layer(i, x, cache_fn, mask, cos, sin)
+            ks.append(k)
+            vs.append(v)
+        last = self.final_norm(x[:, -1:, :])
+        logits = self.model.lm_head(last)[:, 0, :]
+        return logits, torch.stack(ks), torch.stack(vs)
+
+
+class Prefill(_Step):
+    """The prompt step: ``forward(ids, pos_or_cos[, sin])`` -> (last-token logits, K, V)."""
+
+    def __init__(self, model, spec: ModelSpec, max_seq_len: int, prompt_len: int):
+        super().__init__(model, spec, max_seq_len)
+        causal = torch.full((prompt_len, prompt_len), torch.finfo(torch.float32).min).triu(1)
+        self.register_buffer("causal", causal, persistent=False)
+        self.prompt_len = prompt_len
+
+    def forward(self, ids, pos_or_cos, sin=None):
+        pad = self.max_seq_len - self.prompt_len
+
+        def cache_fn(i, k, v):
+            if pad == 0:
+                return k, v, k, v
+            zeros = torch.zeros((*k.shape[:2], pad, k.shape[3]), dtype=k.dtype)
+            return k, v, torch.cat([k, zeros], dim=2), torch.cat([v, zeros], dim=2)
+
+        return self._run(ids, cache_fn, self.causal, pos_or_cos, sin)
+
+
+class Decode(_Step):
+    """One token: ``forward(ids, k_cache, v_cache, write, mask, pos_or_cos[, sin])`` -> (logits, K, V)."""
+
+    def forward(self, ids, k_cache, v_cache, write, mask, pos_or_cos, sin=None):
+        slot = write[None, None, :, None]
+
+        def cache_fn(i, k, v):
+            k_all = torch.where(slot, k, k_cache[i])
+            v_all = torch.where(slot, v, v_cache[i])
+            return k_all, v_all, k_all, v_all
+
+        return self._run(ids, cache_fn, mask, pos_or_cos, sin)

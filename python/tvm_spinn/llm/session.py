@@ -1,0 +1,325 @@
+"""``tvm_spinn.llm.compile``: greedy generation with a KV cache on a spinn system.
+
+A model is compiled into two Relax executables from the wrappers of :mod:`.graphs`: a prefill
+per prompt length (built on first use, then kept) and one decode step. The KV cache is a
+pair of fixed-size tensors that stay on the device between calls: each step takes the cache
+the previous one returned, so shapes are static and the offloaded GEMMs and softmaxes run on
+the simulated PEs. Timing comes from the simulator's timing model (:func:`tvm_spinn.report`)
+of the offloaded programs: the time to first token is the prefill's latency, a decode step's
+latency the time per output token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .spec import LLMError, ModelSpec, spec_of
+
+__all__ = ["compile", "CompiledLLM", "GenerationReport"]
+
+
+@dataclass(frozen=True)
+class GenerationReport:
+    """Simulated timing of generation (the offloaded programs; host fallback time excluded)."""
+
+    system: str
+    chips: int
+    batch: int
+    max_seq_len: int
+    prompt_len: int
+    dtype: str
+    ttft_s: float
+    decode_latency_s: float
+    tokens_per_s_per_user: float
+    tokens_per_s: float
+    energy_per_token_j: float
+    prefill_energy_j: float
+
+    def __str__(self) -> str:
+        return (f"generation on {self.system} ({self.chips} chip{'s' if self.chips != 1 else ''}), "
+                f"batch {self.batch}, {self.dtype}, prompt {self.prompt_len}, cache {self.max_seq_len}: "
+                f"TTFT {self.ttft_s * 1e3:.3f} ms, decode {self.decode_latency_s * 1e3:.3f} ms/token, "
+                f"{self.tokens_per_s_per_user:.1f} tokens/s per user, {self.tokens_per_s:.1f} tokens/s in all, "
+                f"{self.energy_per_token_j * 1e3:.4f} mJ/token")
+
+
+def _ids_array(input_ids) -> np.ndarray:
+    if hasattr(input_ids, "detach"):  # torch
+        input_ids = input_ids.detach().cpu().numpy()
+    ids = np.asarray(input_ids)
+    if ids.ndim != 2:
+        raise LLMError(f"input_ids must have shape (batch, n), got shape {ids.shape}")
+    if ids.size and not np.issubdtype(ids.dtype, np.integer):
+        raise LLMError(f"input_ids must be integers, got dtype {ids.dtype}")
+    return ids.astype(np.int64)
+
+
+class CompiledLLM:
+    """A transformers decoder compiled for a spinn target with a fixed-size KV cache.
+
+    Build it with :func:`compile`. ``generate`` is greedy decoding;
+    ``report`` the simulated timing of the last prompt length used (or of ``prompt_len``).
+    """
+
+    def __init__(self, model, spec: ModelSpec, target, max_seq_len: int, batch: int,
+                 quantize: "str | None", calibration_prompt_len: int, seed: int):
+        self.model = model
+        self.spec = spec
+        self.target = target
+        self.max_seq_len = max_seq_len
+        self.batch = batch
+        self.dtype = "int8" if quantize else "fp32"
+        self._scheme = quantize
+        self._calib_len = calibration_prompt_len
+        self._seed = seed
+        self._prefill: dict[int, tuple] = {}
+        self._decode = None
+        self._last_prompt_len = None
+
+    # -- building ---------------------------------------------------------------------------
+    def _extra(self, positions: np.ndarray) -> list[np.ndarray]:
+        import torch
+
+        if self.spec.family == "gpt2":
+            return [positions.astype(np.int64)]
+        from .graphs import rotary_tables
+
+        cos, sin = rotary_tables(self.model, torch.from_numpy(positions.astype(np.int64)))
+        return [cos.numpy().astype(np.float32), sin.numpy().astype(np.float32)]
+
+    def _calibration(self, make_args, count: int = 4) -> list:
+        """Inputs for int8 calibration: prompts of random tokens (seeded) run through the step."""
+        rng = np.random.default_rng(self._seed)
+        return [make_args(rng) for _ in range(count)]
+
+    def _build(self, wrapper, args: list, calib=None):
+        import torch
+        import tvm
+        from tvm import relax
+
+        from .. import frontend
+
+        tensors = tuple(torch.from_numpy(a) for a in args)
+        mod = frontend.from_pytorch(wrapper, tensors)
+        if self._scheme:
+            from ..quant import quantize
+
+            mod = quantize(mod, calib, scheme=None if self._scheme is True else self._scheme)
+        ex = relax.build(mod, target=self.target)
+        return ex, relax.VirtualMachine(ex, tvm.cpu())
+
+    def _prefill_args(self, ids: np.ndarray) -> list[np.ndarray]:
+        b, n = ids.shape
+        positions = np.broadcast_to(np.arange(n, dtype=np.int64), (b, n))
+        return [ids, *self._extra(positions)]
+
+    def _decode_args(self, tok: np.ndarray, position: int) -> list[np.ndarray]:
+        b = tok.shape[0]
+        S = self.max_seq_len
+        write = np.arange(S) == position
+        mask = np.where(np.arange(S) <= position, np.float32(0), np.finfo(np.float32).min).astype(np.float32)
+        return [tok, write, mask, *self._extra(np.full((b, 1), position, dtype=np.int64))]
+
+    def _cache_shape(self) -> tuple:
+        s = self.spec
+        return (s.layers, self.batch, s.kv_heads, self.max_seq_len, s.head_dim)
+
+    def prefill_executable(self, prompt_len: int):
+        """The (executable, VM) of the prefill for ``prompt_len`` tokens, built on first use."""
+        if prompt_len not in self._prefill:
+            from .graphs import Prefill
+
+            wrapper = Prefill(self.model, self.spec, self.max_seq_len, prompt_len).eval()
+            ids = np.zeros((self.batch, prompt_len), dtype=np.int64)
+            calib = None
+            if self._scheme:
+                calib = self._calibration(lambda rng: self._prefill_args(
+                    rng.integers(0, self.spec.vocab, (self.batch, prompt_len))))
+            self._prefill[prompt_len] = self._build(wrapper, self._prefill_args(ids), calib)
+        return self._prefill[prompt_len]
+
+    def decode_executable(self):
+        """The (executable, VM) of one decode step, built on first use."""
+        if self._decode is None:
+            from .graphs import Decode
+
+            wrapper = Decode(self.model, self.spec, self.max_seq_len).eval()
+            tok = np.zeros((self.batch, 1), dtype=np.int64)
+            zeros = np.zeros(self._cache_shape(), dtype=np.float32)
+            calib = None
+            if self._scheme:
+                calib = self._calibration_decode()
+
+            def args(a):
+                return [a[0], zeros, zeros, *a[1:]]
+
+            self._decode = self._build_decode(wrapper, args(self._decode_args(tok, 0)), calib)
+        return self._decode
+
+    def _build_decode(self, wrapper, args, calib):
+        return self._build(wrapper, args, calib)
+
+    def _calibration_decode(self) -> list:
+        """Decode calibration samples with real caches: a random prompt prefilled in torch."""
+        import torch
+
+        from .graphs import Prefill
+
+        rng = np.random.default_rng(self._seed + 1)
+        n = min(self._calib_len, self.max_seq_len - 1)
+        samples = []
+        for _ in range(4):
+            ids = rng.integers(0, self.spec.vocab, (self.batch, n))
+            pre = Prefill(self.model, self.spec, self.max_seq_len, n).eval()
+            with torch.no_grad():
+                logits, k, v = pre(*(torch.from_numpy(a) for a in self._prefill_args(ids)))
+            tok = logits.argmax(-1, keepdim=True).numpy()
+            a = self._decode_args(tok, n)
+            samples.append([a[0], k.numpy(), v.numpy(), *a[1:]])
+        return samples
+
+    # -- generation -------------------------------------------------------------------------
+    def check_prompt(self, ids: np.ndarray, max_new_tokens: int) -> None:
+        """Raise :class:`LLMError` when ``ids`` / ``max_new_tokens`` do not fit this compile."""
+        b, n = ids.shape
+        if b != self.batch:
+            raise LLMError(f"input_ids has batch {b}, but the KV cache was compiled for batch={self.batch}")
+        if n < 1:
+            raise LLMError("input_ids is empty: give at least one prompt token")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+            raise LLMError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        if n + max_new_tokens - 1 > self.max_seq_len:
+            raise LLMError(f"prompt of {n} tokens + max_new_tokens={max_new_tokens} needs a cache of "
+                           f"{n + max_new_tokens - 1} positions, longer than max_seq_len={self.max_seq_len}")
+        if ids.min() < 0 or ids.max() >= self.spec.vocab:
+            raise LLMError(f"input_ids holds token ids outside [0, vocab_size={self.spec.vocab})")
+
+    def generate(self, input_ids, max_new_tokens: int):
+        """Greedy decoding: the prompt followed by ``max_new_tokens`` new tokens.
+
+        Parameters
+        ----------
+        input_ids : numpy.ndarray or torch.Tensor
+            Integer token ids of shape ``(batch, n)`` (``batch`` as compiled).
+        max_new_tokens : int
+            Number of tokens to generate (no early stop at an end-of-sequence token).
+
+        Returns
+        -------
+        numpy.ndarray or torch.Tensor
+            ``(batch, n + max_new_tokens)`` int64, the type of ``input_ids``.
+        """
+        import tvm
+
+        is_torch = hasattr(input_ids, "detach")
+        ids = _ids_array(input_ids)
+        self.check_prompt(ids, max_new_tokens)
+        b, n = ids.shape
+        _, prefill = self.prefill_executable(n)
+        _, decode = self.decode_executable()
+        self._last_prompt_len = n
+        dev = tvm.cpu()
+        out = prefill["main"](*(tvm.runtime.tensor(a, dev) for a in self._prefill_args(ids)))
+        logits, k_cache, v_cache = out[0], out[1], out[2]
+        tokens = [ids]
+        for step in range(max_new_tokens):
+            tok = np.argmax(logits.numpy(), axis=-1).astype(np.int64)[:, None]
+            tokens.append(tok)
+            if step == max_new_tokens - 1:
+                break
+            args = self._decode_args(tok, n + step)
+            # the cache goes back in as the tensors the last step returned: it stays on the device
+            out = decode["main"](tvm.runtime.tensor(args[0], dev), k_cache, v_cache,
+                                 *(tvm.runtime.tensor(a, dev) for a in args[1:]))
+            logits, k_cache, v_cache = out[0], out[1], out[2]
+        result = np.concatenate(tokens, axis=1)
+        if is_torch:
+            import torch
+
+            return torch.from_numpy(result)
+        return result
+
+    def report(self, prompt_len: "int | None" = None) -> GenerationReport:
+        """Simulated timing: time to first token (prefill), decode latency, tokens/s, energy.
+
+        ``prompt_len`` defaults to the last prompt length generated (building that prefill if
+        needed); the decode step is the same for every position (it attends over the whole
+        fixed-size cache, masked), so its latency is that of any token.
+        """
+        from ..report import report as spinn_report
+
+        n = prompt_len or self._last_prompt_len
+        if n is None:
+            raise LLMError("report() needs prompt_len (no generate() call yet)")
+        if n > self.max_seq_len:
+            raise LLMError(f"prompt_len={n} is longer than max_seq_len={self.max_seq_len}")
+        pre = spinn_report(self.prefill_executable(n)[0])
+        dec = spinn_report(self.decode_executable()[0])
+        per_token = dec.latency_s
+        return GenerationReport(
+            system=dec.system, chips=dec.chips, batch=self.batch, max_seq_len=self.max_seq_len,
+            prompt_len=n, dtype=self.dtype, ttft_s=pre.latency_s, decode_latency_s=per_token,
+            tokens_per_s_per_user=1.0 / per_token if per_token else float("inf"),
+            tokens_per_s=self.batch / per_token if per_token else float("inf"),
+            energy_per_token_j=dec.energy_j / self.batch, prefill_energy_j=pre.energy_j)
+
+
+def _check_positive(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise LLMError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def compile(model, target="spinn", max_seq_len: int = 128, batch: int = 1, quantize=None,
+            calibration_prompt_len: int = 8, seed: int = 0) -> CompiledLLM:
+    """Compile a transformers GPT-2 or Llama causal LM for greedy generation on a spinn target.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+        ``GPT2LMHeadModel`` or ``LlamaForCausalLM`` (``use_cache`` may be left at its default:
+        the cache is this package's own). Its weights are used as they are.
+    target : str or tvm.target.Target
+        A spinn target (``"spinn"``, ``"spinn/board"``, ...).
+    max_seq_len : int
+        Positions of the KV cache: prompt plus generated tokens must fit
+        (and at most the model's ``max_position_embeddings`` / ``n_positions``).
+    batch : int
+        Sequences generated together (the cache's batch dimension).
+    quantize : None, True or str
+        ``None``: float32. ``True`` or a scheme string (:func:`tvm_spinn.quantize`): int8, each
+        step calibrated on seeded random prompts.
+    calibration_prompt_len, seed : int
+        Prompt length and seed of the calibration prompts (int8 only).
+
+    Returns
+    -------
+    CompiledLLM
+        Executables are built lazily by the first ``generate`` / ``report``.
+
+    Raises
+    ------
+    LLMError
+        Unknown ``model_type``, a bad ``max_seq_len`` / ``batch``, or a cache longer than the
+        model's position table.
+    """
+    from ..target import get_target
+
+    spec = spec_of(model)
+    max_seq_len = _check_positive("max_seq_len", max_seq_len)
+    batch = _check_positive("batch", batch)
+    if max_seq_len > spec.max_positions:
+        raise LLMError(f"max_seq_len={max_seq_len} is longer than the model's position table "
+                       f"(config max positions {spec.max_positions})")
+    if not hasattr(model, "lm_head"):
+        raise LLMError(f"model {type(model).__name__} has no lm_head: pass the causal-LM class "
+                       "(GPT2LMHeadModel, LlamaForCausalLM)")
+    config = model.config
+    if getattr(config, "_attn_implementation", "eager") != "eager":
+        # the wrappers spell attention out themselves; eager keeps transformers' reference identical
+        config._attn_implementation = "eager"
+    model.eval()
+    return CompiledLLM(model, spec, get_target(target), max_seq_len, batch, quantize,
+                       calibration_prompt_len, seed)
