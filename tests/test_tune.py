@@ -17,7 +17,7 @@ from tvm import relax
 
 import tvm_spinn
 from tvm_spinn.tune import TuningLogError, TuningWarning, validate_logs
-from tvm_spinn.tune.database import MANIFEST_FILE, RECORD_FILE, WORKLOAD_FILE
+from tvm_spinn.tune.database import DEFAULTS_DIR, MANIFEST_FILE, RECORD_FILE, WORKLOAD_FILE
 
 from models import make
 
@@ -68,6 +68,9 @@ def test_tune_writes_logs_and_manifest(tuned):
     assert manifest["tvm_version"] == tvm.__version__ and manifest["target_kind"] == "llvm"
     assert tuned["first"].model_hash in manifest["models"]
     assert validate_logs(work, "llvm")["records"] == 4 * TRIALS
+    # and each task's default schedule, measured once, in a database of its own
+    assert validate_logs(os.path.join(work, DEFAULTS_DIR), "llvm")["records"] == 4
+    assert all(t.default_latency_us > 0 and t.default_rule for t in tuned["second"].tasks)
     table = tuned["second"].table()
     assert "FLOP" in table and "latency" in table and "softmax" in table
 
@@ -128,6 +131,23 @@ def test_corrupt_and_foreign_logs_name_file_and_line(tuned, tmp_path):
         f.write(json.dumps(first) + "\n")
     n = len(open(path).read().splitlines())
     with pytest.raises(TuningLogError, match=rf"{RECORD_FILE}:{n}: .*'cuda'"):
+        with tvm_spinn.build_options(tuning_logs=foreign):
+            relax.build(mod, target=LLVM)
+
+    # logs of another model (none of its tasks): an error, not a silently untuned build
+    tiny, _ = _tiny()
+    with pytest.raises(TuningLogError, match=rf"{WORKLOAD_FILE}: .*cover none of this model's 2 fallback "
+                                             r"functions .*another model"):
+        with tvm_spinn.build_options(tuning_logs=tuned["work"]):
+            relax.build(tiny, target=LLVM)
+    # the measured default schedules are validated like the logs
+    foreign = _copy(tuned["work"], tmp_path / "foreign_defaults")
+    path = os.path.join(foreign, DEFAULTS_DIR, RECORD_FILE)
+    first = json.loads(open(path).readline())
+    first[1][2] = {"kind": "cuda", "arch": "sm_80"}
+    with open(path, "a") as f:
+        f.write(json.dumps(first) + "\n")
+    with pytest.raises(TuningLogError, match=rf"{DEFAULTS_DIR}/{RECORD_FILE}:\d+: .*'cuda'"):
         with tvm_spinn.build_options(tuning_logs=foreign):
             relax.build(mod, target=LLVM)
 
@@ -437,7 +457,8 @@ def test_sigint_stops_the_job_and_it_resumes(tmp_path):
     class CtrlCOnSecondBatch(PyBuilder):
         def build(self, build_inputs):
             calls.append(len(build_inputs))
-            if len(calls) == 2:  # as if the user pressed Ctrl-C while this batch builds
+            # calls: the default schedules of both tasks (one batch), then one batch per task
+            if len(calls) == 3:  # as if the user pressed Ctrl-C while this batch builds
                 os.kill(os.getpid(), signal.SIGINT)
             return good.build(build_inputs)
 
@@ -448,7 +469,7 @@ def test_sigint_stops_the_job_and_it_resumes(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         tvm_spinn.tune(mod, builder=CtrlCOnSecondBatch(), **kw)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
-    assert len(calls) == 2  # stopped at once: no third batch
+    assert calls == [2, 1, 1]  # stopped at once: no further batch
     before = (work / RECORD_FILE).read_bytes()
     records = [json.loads(line) for line in before.splitlines()]
     assert len(records) == 1  # the first batch only; the interrupted one is dropped

@@ -19,7 +19,7 @@ import tvm
 import tvm_ffi
 
 __all__ = [
-    "TuningLogError", "WORKLOAD_FILE", "RECORD_FILE", "MANIFEST_FILE", "validate_logs",
+    "TuningLogError", "WORKLOAD_FILE", "RECORD_FILE", "MANIFEST_FILE", "DEFAULTS_DIR", "validate_logs",
     "read_manifest", "update_manifest", "open_database", "apply_tuning_logs", "exhausted_tasks",
     "mark_exhausted",
 ]
@@ -27,6 +27,8 @@ __all__ = [
 WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"
 MANIFEST_FILE = "tvm_spinn_tuning.json"
+#: sub-directory with each task's measured default schedule (see tvm_spinn.tune.defaults)
+DEFAULTS_DIR = "defaults"
 MANIFEST_FORMAT = "tvm-spinn-tuning/1"
 
 
@@ -265,6 +267,28 @@ def open_database(work_dir: str, target: tvm.target.Target, require: bool):
         ) from None
 
 
+def _check_covers_model(mod: tvm.IRModule, db, work_dir: str, target: tvm.target.Target) -> None:
+    """Refuse logs that tuned none of ``mod``'s fallback functions: another model's logs.
+
+    Logs that cover some of the functions (a model changed since tuning) are applied to those;
+    logs that cover none would silently leave the whole fallback untuned."""
+    from tvm.s_tir import meta_schedule as ms
+
+    if not db.get_all_tuning_records():
+        return  # an empty work directory (a job that measured nothing yet): nothing to apply
+    tasks = [t for t in ms.relax_integration.extract_tasks(mod, target)
+             if not (t.dispatched[0].attrs and t.dispatched[0].attrs.get("tirx.is_scheduled", False))]
+    if tasks and not any(db.has_workload(t.dispatched[0]) for t in tasks):
+        names = ", ".join(sorted(t.task_name for t in tasks)[:4])
+        manifest = read_manifest(work_dir) or {}
+        raise TuningLogError(
+            f"{os.path.join(work_dir, WORKLOAD_FILE)}: these tuning logs cover none of this "
+            f"model's {len(tasks)} fallback functions ({names}{', ...' if len(tasks) > 4 else ''}): "
+            f"they were tuned for another model (models in the manifest: "
+            f"{sorted(manifest.get('models', {}))}); tune this model into that work_dir or another one"
+        )
+
+
 def apply_tuning_logs(mod: tvm.IRModule, work_dir: str, target: tvm.target.Target) -> tvm.IRModule:
     """Schedule the PrimFuncs of ``mod`` that ``work_dir``'s records cover (inside the target).
 
@@ -280,10 +304,17 @@ def apply_tuning_logs(mod: tvm.IRModule, work_dir: str, target: tvm.target.Targe
     Returns
     -------
     tvm.IRModule
-        The module with matched PrimFuncs replaced by their best tuned schedule.
+        The module with matched PrimFuncs replaced by their best record: the fastest of the
+        searched schedules and the measured default schedule (``work_dir/defaults``, written
+        by tuning jobs since defaults are measured; older logs have none).
     """
     from tvm import relax
+    from tvm.s_tir import meta_schedule as ms
 
     db = open_database(work_dir, target, require=True)
+    _check_covers_model(mod, db, work_dir, target)
+    defaults = os.path.join(work_dir, DEFAULTS_DIR)
+    if os.path.isdir(defaults):
+        db = ms.database.UnionDatabase(db, open_database(defaults, target, require=True))
     with target, db:
         return relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)

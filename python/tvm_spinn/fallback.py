@@ -27,7 +27,8 @@ import tvm_ffi
 from tvm import relax
 from tvm.s_tir import dlight as dl
 
-__all__ = ["ParallelVectorize", "prepare_fallback", "default_schedule_pass", "run_fallback"]
+__all__ = ["ParallelVectorize", "prepare_fallback", "default_schedule_pass", "default_rules",
+           "has_unit_reduction", "run_fallback"]
 
 #: below this many iterations (spatial x reduction) a loop nest is not parallelized
 _PARALLEL_MIN_WORK = 16384
@@ -393,13 +394,36 @@ def default_schedule_pass(target: tvm.target.Target) -> tvm.transform.Pass:
     if target.kind.name == "llvm":
         return tvm.transform.Sequential([
             _KeepUnitReductionsUnscheduled,
-            dl.ApplyDefaultSchedule(dl.cpu.GEMV(), ParallelVectorize(), dl.cpu.Reduction()),
+            dl.ApplyDefaultSchedule(*default_rules(target)),
             _ScalarizeUnvectorizableLoops,
         ])
-    return dl.ApplyDefaultSchedule(
-        dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
-        dl.gpu.Fallback(),
-    )
+    return dl.ApplyDefaultSchedule(*default_rules(target))
+
+
+def default_rules(target: tvm.target.Target) -> list:
+    """The dlight rules of the default schedules, in the order they are tried.
+
+    Parameters
+    ----------
+    target : tvm.target.Target
+        ``llvm``: dlight's CPU GEMV, :class:`ParallelVectorize`, dlight's CPU Reduction;
+        other kinds: dlight's GPU rules (as in TVM's CUDA pipeline).
+
+    Returns
+    -------
+    list of dlight.ScheduleRule
+        The first rule that returns a schedule for a PrimFunc schedules it (the tuner measures
+        the same schedule as each task's default candidate).
+    """
+    if target.kind.name == "llvm":
+        return [dl.cpu.GEMV(), ParallelVectorize(), dl.cpu.Reduction()]
+    return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
+            dl.gpu.Fallback()]
+
+
+def has_unit_reduction(func: tvm.tirx.PrimFunc) -> bool:
+    """Whether the default schedules leave ``func`` to TVM's untuned lowering (see below)."""
+    return _has_unit_reduction(func)
 
 
 def run_fallback(base: tvm.transform.Pass, mod: tvm.IRModule, target: tvm.target.Target,

@@ -10,6 +10,7 @@ import tvm
 import tvm_ffi
 
 from .database import exhausted_tasks, mark_exhausted, open_database, update_manifest
+from .defaults import default_latency, default_schedule, measure_defaults, open_defaults
 from .intrinsics import ensure_intrinsics
 from .logs import JobLogs
 from .runner import make_runner
@@ -33,9 +34,25 @@ class TaskResult:
     flop: float
     trials: int
     new_trials: int
-    best_latency_us: float | None
+    best_latency_us: float | None  # the search's best candidate (not the default)
     status: str  # "tuned", "resumed" (nothing left to do), "skipped"
     reason: str | None = None  # why a task was skipped
+    default_latency_us: float | None = None  # its default schedule, measured the same way
+    default_rule: str | None = None  # the dlight rule of the default ("untuned": none)
+    bytes: float = float("nan")  # bytes of its parameters (inputs and outputs)
+
+    @property
+    def latency_us(self) -> float | None:
+        """Latency of the schedule a build with these logs uses: the faster candidate."""
+        known = [v for v in (self.best_latency_us, self.default_latency_us) if v is not None]
+        return min(known) if known else None
+
+    @property
+    def chosen(self) -> str | None:
+        """``"default"`` or ``"tuned"``: which candidate the build applies (None: unmeasured)."""
+        if self.latency_us is None:
+            return None
+        return "default" if self.latency_us == self.default_latency_us else "tuned"
 
 
 @dataclass
@@ -53,12 +70,22 @@ class TuningResult:
         return sum(t.new_trials for t in self.tasks)
 
     def table(self) -> str:
-        """Per-task table: FLOP, best latency, trials, status; then why tasks were skipped."""
-        rows = [("task", "FLOP", "latency (us)", "trials", "status")]
+        """Per-task table: FLOP, default and tuned latency, which one the build uses, trials,
+        status; then why tasks were skipped."""
+        def us(value):
+            return "-" if value is None else f"{value:.2f}" if value < 10 else f"{value:.1f}"
+
+        rows = [("task", "FLOP", "default (us)", "tuned (us)", "latency (us)", "uses", "trials",
+                 "status")]
         for t in self.tasks:
-            lat = "-" if t.best_latency_us is None else f"{t.best_latency_us:.1f}"
-            rows.append((t.name, f"{t.flop:.3g}", lat, str(t.trials), t.status))
-        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+            rows.append((t.name, f"{t.flop:.3g}", us(t.default_latency_us), us(t.best_latency_us),
+                         us(t.latency_us), t.chosen or "-", str(t.trials), t.status))
+        total = [t.latency_us for t in self.tasks]
+        if self.tasks and all(v is not None for v in total):
+            defaults = [t.default_latency_us for t in self.tasks]
+            rows.append(("total (each task once)", "", us(sum(defaults)) if None not in defaults else "-",
+                         "", us(sum(total)), "", "", ""))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
                  for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
@@ -73,6 +100,14 @@ def _positive(name: str, value, allow_none: bool) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
+def _mean_secs(rec) -> float | None:
+    if rec.run_secs is not None and len(rec.run_secs):
+        secs = sum(float(s) for s in rec.run_secs) / len(rec.run_secs)
+        if secs < _FAILED_SECS:
+            return secs
+    return None
+
+
 def _records(db, mod):
     """(all trials, best seconds or None) of ``mod`` in ``db`` without adding it."""
     if not db.has_workload(mod):
@@ -83,10 +118,9 @@ def _records(db, mod):
         if not rec.workload.same_as(workload) and not tvm_ffi.structural_equal(rec.workload.mod, mod):
             continue
         count += 1
-        if rec.run_secs is not None and len(rec.run_secs):
-            secs = sum(float(s) for s in rec.run_secs) / len(rec.run_secs)
-            if secs < _FAILED_SECS and (best is None or secs < best):
-                best = secs
+        secs = _mean_secs(rec)
+        if secs is not None and (best is None or secs < best):
+            best = secs
     return count, best
 
 
@@ -97,6 +131,22 @@ def _with_num_cores(target: tvm.target.Target) -> tvm.target.Target:
         config["num-cores"] = os.cpu_count() or 1
         return tvm.target.Target(config)
     return target
+
+
+def _param_bytes(mod) -> float:
+    """Bytes of a PrimFunc's tensor parameters (what it must read and write at least once)."""
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    total = 0.0
+    for info in ArgInfo.from_entry_func(mod, remove_preproc=True):
+        shape = getattr(info, "shape", None)
+        if shape is None:
+            continue
+        size = float(max(1, tvm.DataType(str(info.dtype)).bits // 8))
+        for dim in shape:
+            size *= int(dim)
+        total += size
+    return total
 
 
 def _flop(mod) -> float:
@@ -195,6 +245,8 @@ def tune(mod: tvm.IRModule, target="spinn", work_dir: str = "logs", max_trials: 
         return result
     ensure_intrinsics(target)
     budget = max_trials if max_trials is not None else max_trials_per_task * len(tasks)
+    defaults = {t.task_name: default_schedule(t.dispatched[0], t.target) for t in tasks}
+    defaults_db = open_defaults(work_dir, target, require=False)
     done = {t.task_name: _records(db, t.dispatched[0])[0] for t in tasks}
     budget_left = budget - sum(min(d, max_trials_per_task) for d in done.values())
     num_threads = os.cpu_count() or 1
@@ -212,9 +264,11 @@ def tune(mod: tvm.IRModule, target="spinn", work_dir: str = "logs", max_trials: 
     logs = JobLogs(work_dir, [t.task_name for t in tasks], verbose=verbose)
     try:
         with guard:
+            _measure_defaults(tasks, defaults, defaults_db, logs, builder, runner, guard)
             for index, (task, logger) in enumerate(zip(tasks, logs.tasks)):
                 result.tasks.append(_tune_task(
                     ms, task, index, logger, logs.scheduler, db, done[task.task_name],
+                    defaults[task.task_name], default_latency(defaults_db, task.dispatched[0]),
                     0 if task_key(task) in exhausted else min(max_trials_per_task - done[task.task_name],
                                                             budget_left),
                     work_dir=work_dir, builder=builder, runner=runner, cost_model=cost_model,
@@ -230,7 +284,35 @@ def tune(mod: tvm.IRModule, target="spinn", work_dir: str = "logs", max_trials: 
     return result
 
 
-def _tune_task(ms, task, index: int, logger, scheduler_logger, db, before: int, todo: int, *,
+def _measure_defaults(tasks, defaults, defaults_db, logs, builder, runner, guard) -> None:
+    """Measure, in one batch, the default schedule of every task that has no record of it yet,
+    and commit each as a record (a failed one is logged and not committed: the build still
+    gives the task its default schedule, unmeasured). Ctrl-C commits nothing."""
+    todo = [(i, t) for i, t in enumerate(tasks)
+            if default_latency(defaults_db, t.dispatched[0]) is None]
+    if not todo:
+        return
+    target = todo[0][1].target
+    try:
+        measured = measure_defaults([defaults[t.task_name] for _, t in todo], target, builder, runner)
+    except KeyboardInterrupt:
+        raise
+    except Exception as err:  # noqa: BLE001  (the search can still go on)
+        guard.check()  # Ctrl-C that crossed the FFI as a RuntimeError('')
+        measured = [(None, f"measurement failed: {_last_line(err)}")] * len(todo)
+    guard.check()
+    for (i, task), (run_secs, error) in zip(todo, measured):
+        default = defaults[task.task_name]
+        if run_secs is None:
+            logs.tasks[i].error("default schedule (%s) failed, not a candidate: %s", default.rule, error)
+            continue
+        default.commit(defaults_db, task.dispatched[0], run_secs, target)
+        logs.tasks[i].info("default schedule (%s): %.1f us", default.rule,
+                           1e6 * sum(run_secs) / len(run_secs))
+
+
+def _tune_task(ms, task, index: int, logger, scheduler_logger, db, before: int, default,
+               default_secs: float | None, todo: int, *,
                work_dir: str, builder, runner, cost_model, callbacks, first, guard, seed: int,
                num_trials_per_iter: int, max_trials_per_task: int, num_threads: int,
                bar) -> TaskResult:
@@ -290,10 +372,15 @@ def _tune_task(ms, task, index: int, logger, scheduler_logger, db, before: int, 
                           f"or run; skipped (it keeps its default schedule): {reason}",
                           TuningWarning, stacklevel=3)
         status = "skipped"
-    return TaskResult(
+    chosen = TaskResult(
         name=task.task_name, flop=_flop(func), trials=trials, new_trials=new,
         best_latency_us=None if best is None else best * 1e6, status=status, reason=reason,
+        default_latency_us=None if default_secs is None else default_secs * 1e6,
+        default_rule=default.rule, bytes=_param_bytes(func),
     )
+    if chosen.chosen is not None:
+        logger.info("the build uses the %s schedule (%.1f us)", chosen.chosen, chosen.latency_us)
+    return chosen
 
 
 def _round_robin(ms, logger):
