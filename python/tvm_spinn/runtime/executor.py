@@ -181,6 +181,15 @@ def _check(program: Program, index: int, tid: int, arg) -> np.ndarray:
     return arr
 
 
+def _accelerator_tensor(arg):
+    """``arg`` if it is a TVM tensor in an accelerator's memory (a ``spinn/cuda`` fallback's
+    GPU buffers), else None: such arguments are staged through host copies."""
+    device = getattr(arg, "device", None)
+    if device is None or not hasattr(arg, "copyfrom") or getattr(device, "dlpack_device_type", lambda: 1)() == 1:
+        return None
+    return arg
+
+
 @tvm_ffi.register_global_func("tvm_spinn.runtime.execute", override=True)
 def execute(key: str, getter, symbol: str, *args) -> None:
     """Run the program of ``symbol`` on DPS arguments (inputs then outputs)."""
@@ -192,8 +201,14 @@ def execute(key: str, getter, symbol: str, *args) -> None:
         raise SpinnRuntimeError(
             f"{symbol}: expected {n_in} inputs and {n_out} outputs, got {len(args)} arguments"
         )
-    arrays = []
+    arrays, device_outputs = [], []
+    n_in = len(program.inputs)
     for index, ((tid, shape, dtype), arg) in enumerate(zip(specs, args)):
+        device = _accelerator_tensor(arg)
+        if device is not None:  # spinn/cuda: the VM hands us GPU tensors; the simulator runs on host memory
+            arg = device.numpy() if index < n_in else np.empty(tuple(device.shape), str(device.dtype))
+            if index >= n_in:
+                device_outputs.append((index - n_in, device))
         try:
             arr = _from_dlpack(arg)
         except Exception:  # not a tensor, or not on the host: _check names the argument
@@ -201,7 +216,6 @@ def execute(key: str, getter, symbol: str, *args) -> None:
         if arr is None or arr.shape != shape or arr.dtype != dtype:
             arr = _check(program, index, tid, arg)  # raises SpinnRuntimeError (or accepts)
         arrays.append(arr)
-    n_in = len(program.inputs)
     ins, outs = arrays[:n_in], arrays[n_in:]
     if sim_mode() == "layers":  # layers producing outputs may write them in place
         results = plan.run(program, ins, outs)
@@ -210,3 +224,5 @@ def execute(key: str, getter, symbol: str, *args) -> None:
     for dst, src in zip(outs, results):
         if src is not dst:
             np.copyto(dst, src)
+    for position, device in device_outputs:
+        device.copyfrom(outs[position])

@@ -56,7 +56,10 @@ def register_system(arch: SpinnArch, tag: str | None = None, fallback: str = "ll
         config = dict(_host_config(), keys=["spinn", "cpu"], model=arch.name)
     else:
         config = {
+            # MetaSchedule's GPU rules read these limits from the target (sm_80 and later).
             "kind": "cuda", "arch": "sm_80", "keys": ["spinn", "cuda", "gpu"],
+            "max_num_threads": 1024, "max_threads_per_block": 1024, "thread_warp_size": 32,
+            "max_shared_memory_per_block": 49152, "registers_per_block": 65536,
             "model": arch.name, "host": _host_config(),
         }
     with _LOCK:
