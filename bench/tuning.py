@@ -8,7 +8,13 @@ measured side by side in one run:
 * ``tuned``     ``tvm_spinn.tune(..., max_trials_per_task=N)`` then ``build_options(tuning_logs=...)``
 * ``onnxruntime`` the same model exported to ONNX, CPUExecutionProvider
 
-Outputs of all TVM builds are compared with onnxruntime (assert_allclose). Usage::
+Outputs of all TVM builds are compared with onnxruntime (assert_allclose).
+
+Both sides get the same threads (``--threads``, default: the CPUs this process may use; TVM's
+runtime would otherwise take half the logical CPUs, assuming hyper-threading) and TVM compiles
+for this host's CPU (``-mcpu``, default ``llvm_get_system_cpu()``: without it LLVM emits
+baseline SSE2 code). Both are printed. Per model, a per-task table shows where the tuned
+build's time goes against this CPU's measured FLOP/byte roofline. Usage::
 
     python bench/tuning.py                       # 64 trials per task (slow: tens of minutes)
     python bench/tuning.py --trials 8 --models cnn
@@ -65,6 +71,16 @@ def make_model(name: str):
     return model.eval(), x
 
 
+def host_target(threads: int, mcpu: str):
+    """The llvm target of the run: this host's CPU and the benchmark's thread count."""
+    import tvm
+
+    config = {"kind": "llvm", "num-cores": threads}
+    if mcpu:
+        config["mcpu"] = mcpu
+    return tvm.target.Target(config)
+
+
 def tvm_latency(ex, x: np.ndarray, repeat: int):
     import tvm
     from tvm import relax
@@ -77,7 +93,7 @@ def tvm_latency(ex, x: np.ndarray, repeat: int):
     return statistics.median(res.results) * 1e3, out
 
 
-def ort_latency(model, x, repeat: int):
+def ort_latency(model, x, repeat: int, threads: int):
     import onnx
     import onnxruntime as ort
 
@@ -87,7 +103,10 @@ def ort_latency(model, x, repeat: int):
         proto = onnx.load(path)
         proto.ir_version = 9  # onnxruntime rejects newer IR versions
         onnx.save(proto, path)
-        sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        sess = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     feed = {"x": x.numpy()}
     out = sess.run(None, feed)[0]
     times = []
@@ -99,17 +118,16 @@ def ort_latency(model, x, repeat: int):
     return statistics.median(times) * 1e3, out
 
 
-def bench(name: str, trials: int, work_root: str, repeat: int) -> dict:
-    import tvm
+def bench(name: str, trials: int, work_root: str, repeat: int, threads: int, target, peaks) -> dict:
     from tvm import relax
 
     import tvm_spinn
+    from tvm_spinn.tune import roofline_table
 
-    target = tvm.target.Target({"kind": "llvm", "num-cores": os.cpu_count() or 1})
     model, x = make_model(name)
     mod = tvm_spinn.frontend.from_pytorch(model, (x,))
     row = {"model": name}
-    row["onnxruntime"], ref = ort_latency(model, x, repeat)
+    row["onnxruntime"], ref = ort_latency(model, x, repeat, threads)
     row["untuned"], out = tvm_latency(relax.build(mod, target=target), x.numpy(), repeat)
     np.testing.assert_allclose(out, ref, rtol=1e-3, atol=1e-4)
     with tvm_spinn.build_options():
@@ -120,6 +138,8 @@ def bench(name: str, trials: int, work_root: str, repeat: int) -> dict:
     result = tvm_spinn.tune(mod, target=target, work_dir=work, max_trials_per_task=trials, progress=True)
     row["tune_s"] = time.time() - start
     print(result.table(), flush=True)
+    print(f"\nwhere the time goes ({name}, tuned build, per task as measured by the tuner):")
+    print(roofline_table(result, peaks), flush=True)
     with tvm_spinn.build_options(tuning_logs=work):
         row["tuned"], out = tvm_latency(relax.build(mod, target=target), x.numpy(), repeat)
     np.testing.assert_allclose(out, ref, rtol=1e-3, atol=1e-4)
@@ -134,15 +154,35 @@ def main(argv=None) -> int:
     parser.add_argument("--models", default="transformer,cnn")
     parser.add_argument("--work-dir", default="bench_tuning_logs", help="tuning logs (resumed if present)")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+                        help="threads of both TVM's runtime and onnxruntime (default: usable CPUs)")
+    parser.add_argument("--mcpu", default=None,
+                        help="LLVM CPU to compile for (default: this host's; '' for LLVM's generic)")
     args = parser.parse_args(argv)
-    rows = [bench(m, args.trials, args.work_dir, args.repeat) for m in args.models.split(",")]
-    print(f"\nlatency in ms (median of {args.repeat}; {os.cpu_count()} cores; "
-          f"{args.trials} trials per task)")
-    header = ("model", "untuned", "defaults", "tuned", "onnxruntime", "tuned/ort", "tasks", "trials", "tune s")
+    if args.threads < 1:
+        parser.error("--threads must be >= 1")
+    # before TVM starts its thread pool; inherited by MetaSchedule's measuring processes
+    os.environ["TVM_NUM_THREADS"] = str(args.threads)
+    import tvm
+    from tvm.target.codegen import llvm_get_system_cpu
+
+    from tvm_spinn.tune import measure_host_peaks
+
+    target = host_target(args.threads, llvm_get_system_cpu() if args.mcpu is None else args.mcpu)
+    peaks = measure_host_peaks()
+    print(f"threads: TVM runtime {tvm.runtime.num_threads()}, onnxruntime intra-op {args.threads} "
+          f"(inter-op 1); target {target}; {os.cpu_count()} logical CPUs", flush=True)
+    rows = [bench(m, args.trials, args.work_dir, args.repeat, args.threads, target, peaks)
+            for m in args.models.split(",")]
+    print(f"\nlatency in ms (median of {args.repeat}; threads: TVM {tvm.runtime.num_threads()}, "
+          f"onnxruntime {args.threads}; {args.trials} trials per task)")
+    header = ("model", "untuned", "defaults", "tuned", "onnxruntime", "default/ort", "tuned/ort", "tasks",
+              "trials", "tune s")
     print(" | ".join(f"{h:>11}" for h in header))
     for r in rows:
         cells = (r["model"], f"{r['untuned']:.3f}", f"{r['defaults']:.3f}", f"{r['tuned']:.3f}",
-                 f"{r['onnxruntime']:.3f}", f"{r['tuned'] / r['onnxruntime']:.2f}x", str(r["tasks"]),
+                 f"{r['onnxruntime']:.3f}", f"{r['defaults'] / r['onnxruntime']:.2f}x",
+                 f"{r['tuned'] / r['onnxruntime']:.2f}x", str(r["tasks"]),
                  str(r["trials"]), f"{r['tune_s']:.0f}")
         print(" | ".join(f"{c:>11}" for c in cells))
     return 0

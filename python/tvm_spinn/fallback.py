@@ -54,12 +54,78 @@ def prepare_fallback(mod: tvm.IRModule) -> tvm.IRModule:
         relax.backend.DispatchSampling(),
         relax.backend.DispatchSortScan(),
         relax.transform.LegalizeOps(),
+        _VectorizableMath,
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
         relax.transform.FuseTIR(),
     ])
     return seq(mod)
+
+
+# TVM's own float32 approximations (topi.fast_erf / topi.fast_tanh, Eigen's rational
+# polynomials; erf within 5e-7 absolute of the exact function, tanh a few ULP): the same
+# coefficients, written as TIR expressions so that any PrimFunc can use them in place.
+_ERF_CLAMP = 4.0
+_ERF_NUM = (-2.7261423674040941e-10, 2.7706814620387377e-08, -2.101023937939317e-06,
+            -5.6925062381196767e-05, -0.00073499063728377223, -0.0029545999132096767,
+            -0.016096033155918121)
+_ERF_DEN = (-1.4566071513399947e-05, -0.00021337404905352741, -0.001682827016338706,
+            -0.0073733292520046234, -0.014264739118516445)
+_TANH_CLAMP = 9.0
+_TANH_NUM = (-2.76076847742355e-16, 2.0001879048247699e-13, -8.60467152213735e-11,
+             5.1222970903711401e-08, 1.4857223571797901e-05, 0.00063726192887543596,
+             0.0048935245589178597)
+_TANH_DEN = (1.1982583946670199e-06, 0.000118534705686654, 0.0022684346324390002,
+             0.0048935251855438504)
+
+
+def _horner(x2, coefficients):
+    acc = tvm.tirx.const(coefficients[0], "float32")
+    for c in coefficients[1:]:
+        acc = x2 * acc + tvm.tirx.const(c, "float32")
+    return acc
+
+
+def _odd_rational(arg, clamp: float, num, den):
+    """``x * P(x^2) / Q(x^2)`` with ``x = clamp(arg)``, ``arg`` evaluated once (a Let)."""
+    x = tvm.tirx.Var("x", "float32")
+    x2 = tvm.tirx.Var("x2", "float32")
+    body = x * _horner(x2, num) / _horner(x2, den)
+    limit = tvm.tirx.const(clamp, "float32")
+    return tvm.tirx.Let(x, tvm.tirx.max(tvm.tirx.min(arg, limit), -limit), tvm.tirx.Let(x2, x * x, body))
+
+
+_FAST_MATH = {
+    "tirx.erf": lambda arg: _odd_rational(arg, _ERF_CLAMP, _ERF_NUM, _ERF_DEN),
+    "tirx.tanh": lambda arg: _odd_rational(arg, _TANH_CLAMP, _TANH_NUM, _TANH_DEN),
+}
+
+
+def _fast_math_call(call):
+    if (isinstance(call.op, tvm.ir.Op) and call.op.name in _FAST_MATH and len(call.args) == 1
+            and str(call.ty) == "float32"):
+        return _FAST_MATH[call.op.name](call.args[0])
+    return call
+
+
+@tvm.transform.module_pass(opt_level=0, name="SpinnVectorizableMath")
+def _VectorizableMath(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802
+    """On llvm, float32 ``erf`` and ``tanh`` become TVM's fast rational approximations.
+
+    LLVM has no vector lowering for them: ``erf`` is a libm call per element (GELU took over half
+    of a transformer block's time, scalar) and a vectorized ``tanh`` is split into scalar calls.
+    The approximations are plain arithmetic, so the default schedules and MetaSchedule
+    vectorize them. Other dtypes and targets are left alone."""
+    target = tvm.target.Target.current(allow_none=True)
+    if target is None or target.kind.name != "llvm":
+        return mod
+    for gvar, func in sorted(mod.functions_items(), key=lambda kv: kv[0].name_hint):
+        if isinstance(func, tvm.tirx.PrimFunc):
+            body = tvm_ffi.structural_map(func.body, (tvm.ir.Call, _fast_math_call), order="post")
+            if not body.same_as(func.body):
+                mod[gvar] = func.with_body(body)
+    return mod
 
 
 def _divisor(extent: int, candidates) -> int:
@@ -72,6 +138,26 @@ def _divisor(extent: int, candidates) -> int:
 def _extent(sch, loop) -> int | None:
     ext = sch.get(loop).extent
     return int(ext) if isinstance(ext, tvm.tirx.IntImm) else None
+
+
+@functools.lru_cache(maxsize=None)
+def _vector_bits(target: str) -> int:
+    """SIMD register width of an llvm target's CPU, from its features.
+
+    ``llvm_get_vector_width`` answers 512 for every x86 CPU (even with no ``-mcpu``, which
+    compiles for baseline SSE2): lanes sized by it were 4x too wide."""
+    from tvm.target.codegen import llvm_cpu_has_features
+
+    t = tvm.target.Target(target)
+    try:
+        with t:
+            if llvm_cpu_has_features("avx512f", t):
+                return 512
+            if llvm_cpu_has_features("avx", t):
+                return 256
+    except Exception:  # noqa: BLE001  (feature query unsupported: assume 128-bit vectors)
+        pass
+    return 128
 
 
 class ParallelVectorize(dl.ScheduleRule):
@@ -101,12 +187,7 @@ class ParallelVectorize(dl.ScheduleRule):
             return None
 
     def _apply(self, func, target):
-        from tvm.target.codegen import llvm_get_vector_width
-
-        try:
-            bits = int(llvm_get_vector_width(target))
-        except Exception:  # noqa: BLE001  (unknown CPU: assume 128-bit vectors)
-            bits = 128
+        bits = _vector_bits(str(target))
         sch = tvm.s_tir.Schedule(func)
         infos = dl.normalize_prim_func(sch)
         if infos is None or self._touches_bf16(sch, infos):

@@ -14,6 +14,9 @@ Tune, then build with the logs::
   model hashes). Re-running resumes: trials in the logs count against the budgets.
 * Measurement: local by default; ``rpc_tracker="host:port", rpc_key="KEY"`` (or your own
   ``runner=``) measures on TVM RPC servers.
+* Each task's default schedule is measured too and kept as a candidate
+  (``work_dir/defaults``): a build applies per task the faster of default and tuned, so tuning
+  never makes a task slower. :func:`roofline_table` shows where the time goes.
 * :func:`build_options` is a thread-local context read by the spinn-aware default pipeline.
   spinn targets always get default schedules (dlight CPU rules + parallel/vectorize; dlight on
   GPU); plain ``llvm``/``cuda`` targets only inside the context. Without ``tuning_logs`` the
@@ -25,6 +28,7 @@ Tune, then build with the logs::
 
 from .database import TuningLogError, validate_logs  # noqa: F401
 from .job import TaskResult, TuningResult, TuningWarning, tune  # noqa: F401
+from .roofline import HostPeaks, measure_host_peaks, roofline_table  # noqa: F401
 from .options import BuildOptions, build_options, current_build_options  # noqa: F401
 from .runner import make_runner  # noqa: F401
 from .tasks import extract_fallback_tasks  # noqa: F401
@@ -32,5 +36,5 @@ from .tasks import extract_fallback_tasks  # noqa: F401
 __all__ = [
     "tune", "TuningResult", "TaskResult", "TuningWarning", "TuningLogError", "validate_logs",
     "BuildOptions", "build_options", "current_build_options", "make_runner",
-    "extract_fallback_tasks",
+    "extract_fallback_tasks", "HostPeaks", "measure_host_peaks", "roofline_table",
 ]

@@ -40,6 +40,7 @@ class TaskResult:
     default_latency_us: float | None = None  # its default schedule, measured the same way
     default_rule: str | None = None  # the dlight rule of the default ("untuned": none)
     bytes: float = float("nan")  # bytes of its parameters (inputs and outputs)
+    calls: int = 1  # how many times the model calls it
 
     @property
     def latency_us(self) -> float | None:
@@ -376,7 +377,7 @@ def _tune_task(ms, task, index: int, logger, scheduler_logger, db, before: int, 
         name=task.task_name, flop=_flop(func), trials=trials, new_trials=new,
         best_latency_us=None if best is None else best * 1e6, status=status, reason=reason,
         default_latency_us=None if default_secs is None else default_secs * 1e6,
-        default_rule=default.rule, bytes=_param_bytes(func),
+        default_rule=default.rule, bytes=_param_bytes(func), calls=int(task.weight),
     )
     if chosen.chosen is not None:
         logger.info("the build uses the %s schedule (%.1f us)", chosen.chosen, chosen.latency_us)
