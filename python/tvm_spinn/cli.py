@@ -228,6 +228,20 @@ def _cmd_report(args) -> int:
     return 0
 
 
+def _cmd_plan(args) -> int:
+    from .llm.plan import plan, write_json
+
+    if args.json:
+        _check_output(args.json, "JSON output")
+    result = plan(args.config, target=args.target, batch=args.batch, seq=args.seq, dtype=args.dtype,
+                  progress=not args.no_progress)
+    print(result.table())
+    if args.json:
+        write_json(result, args.json)
+        print(f"wrote {args.json}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tvm-spinn", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -270,6 +284,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default="spinn")
     p.add_argument("--shape", action="append", default=[])
     p.set_defaults(func=_cmd_report)
+    p = sub.add_parser("plan", help="plan LLM decoding from a transformers config alone (no weights, timing model)")
+    p.add_argument("config", help="transformers config.json (model_type llama or gpt2), e.g. the shipped "
+                                  "python/tvm_spinn/llm/configs/llama-2-70b.json")
+    p.add_argument("--target", default="spinn/board", help="spinn system (spinn, spinn/board, spinn/cloud, ...)")
+    p.add_argument("--batch", type=int, default=1, help="users decoding together")
+    p.add_argument("--seq", type=int, default=2048, help="context length (prompt and KV-cache slots)")
+    p.add_argument("--dtype", default="int8", choices=("int8", "fp32"), help="weight GEMM arithmetic")
+    p.add_argument("--json", help="write the plan as JSON here (atomically)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_plan)
     return parser
 
 

@@ -3,8 +3,9 @@
 ``torch.export`` of a transformers model with ``use_cache=True`` returns a ``DynamicCache``
 whose size grows with every token, which a static-shape compiler cannot take. These wrappers
 reuse the model's own submodules (embeddings, norms, projections, MLPs, LM head) and spell out
-attention with the cache as two fixed-size tensors, ``(layers, batch, kv_heads, max_seq_len,
-head_dim)``, passed in and returned:
+attention with the cache as two fixed-size tensors, K^T ``(layers, batch * kv_heads, head_dim,
+max_seq_len)`` and V ``(layers, batch * kv_heads, max_seq_len, head_dim)`` (the layouts the
+attention GEMMs read), passed in and returned:
 
 * prefill(ids (b, n), [positions | cos, sin]) -> logits of the last token (b, vocab), K, V:
   causal attention over the n prompt tokens; the cache is the prompt's keys/values followed by
@@ -27,7 +28,7 @@ from torch import nn
 
 from .spec import ModelSpec
 
-__all__ = ["Prefill", "Decode", "rotary_tables"]
+__all__ = ["Prefill", "Decode", "LayerStep", "Head", "rotary_tables"]
 
 
 def _rotate_half(x):
@@ -75,16 +76,32 @@ class _Step(nn.Module):
         v = v.view(b, n, s.kv_heads, s.head_dim).transpose(1, 2)
         return attn, q, k, v
 
-    def _attend(self, attn, q, k, v, mask):
-        groups = self.spec.heads // self.spec.kv_heads
-        if groups > 1:  # grouped-query attention: transformers' repeat_kv
-            b, h, s, d = k.shape
-            k = k[:, :, None].expand(b, h, groups, s, d).reshape(b, h * groups, s, d)
-            v = v[:, :, None].expand(b, h, groups, s, d).reshape(b, h * groups, s, d)
-        scores = torch.matmul(q, k.transpose(-1, -2)) * attn.scaling + mask
-        probs = nn.functional.softmax(scores, dim=-1)
-        out = torch.matmul(probs, v).transpose(1, 2)
-        return out.reshape(*out.shape[:-2], -1)
+    @staticmethod
+    def _to_cache(k, v):
+        """(b, kv_heads, n, d) keys/values -> the cache layouts: K^T (b*kv_heads, d, n), V (b*kv_heads, n, d)."""
+        b, h, n, d = k.shape
+        return k.transpose(2, 3).reshape(b * h, d, n), v.reshape(b * h, n, d)
+
+    def _attend(self, attn, q, k_t, v, mask):
+        """softmax(q K^T * scaling + mask) V with K^T (b*kv_heads, d, S) and V (b*kv_heads, S, d).
+
+        The cache is kept in the layouts the two batched GEMMs read, so the cache-sized operands
+        are never transposed, broadcast or reshaped. Grouped-query attention needs no copy of the
+        cache either (transformers' repeat_kv): the ``groups`` query heads sharing a KV head
+        (head h uses KV head h // groups) are rows of one GEMM against that head's cache. Every
+        dot product is the one transformers computes.
+        """
+        b, heads, n, d = q.shape
+        kvh = self.spec.kv_heads
+        groups = heads // kvh
+        scores = torch.bmm(q.reshape(b * kvh, groups * n, d), k_t) * attn.scaling
+        if n > 1:
+            scores = scores.reshape(b * kvh, groups, n, -1)
+        probs = nn.functional.softmax(scores + mask, dim=-1)
+        if n > 1:
+            probs = probs.reshape(b * kvh, groups * n, -1)
+        out = torch.bmm(probs, v).reshape(b, heads, n, d).transpose(1, 2)
+        return out.reshape(b, n, heads * d)
 
     def _layer(self, i: int, x, cache_fn, mask, cos, sin):
         block = self.blocks[i]
@@ -92,7 +109,7 @@ class _Step(nn.Module):
         attn, q, k, v = self._qkv(i, h)
         if not self.gpt2:
             q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-        k_att, v_att, k_out, v_out = cache_fn(i, k, v)
+        k_att, v_att, k_out, v_out = cache_fn(i, *self._to_cache(k, v))
         o = self._attend(attn, q, k_att, v_att, mask)
         x = x + (attn.c_proj(o) if self.gpt2 else attn.o_proj(o))
         if self.gpt2:
@@ -130,11 +147,13 @@ class Prefill(_Step):
     def forward(self, ids, pos_or_cos, sin=None):
         pad = self.max_seq_len - self.prompt_len
 
-        def cache_fn(i, k, v):
+        def cache_fn(i, k_t, v):
             if pad == 0:
-                return k, v, k, v
-            zeros = torch.zeros((*k.shape[:2], pad, k.shape[3]), dtype=k.dtype)
-            return k, v, torch.cat([k, zeros], dim=2), torch.cat([v, zeros], dim=2)
+                return k_t, v, k_t, v
+            rows = k_t.shape[0]
+            k_pad = torch.zeros((rows, k_t.shape[1], pad), dtype=k_t.dtype)
+            v_pad = torch.zeros((rows, pad, v.shape[2]), dtype=v.dtype)
+            return k_t, v, torch.cat([k_t, k_pad], dim=2), torch.cat([v, v_pad], dim=1)
 
         return self._run(ids, cache_fn, self.causal, pos_or_cos, sin)
 
@@ -143,11 +162,47 @@ class Decode(_Step):
     """One token: ``forward(ids, k_cache, v_cache, write, mask, pos_or_cos[, sin])`` -> (logits, K, V)."""
 
     def forward(self, ids, k_cache, v_cache, write, mask, pos_or_cos, sin=None):
-        slot = write[None, None, :, None]
-
-        def cache_fn(i, k, v):
-            k_all = torch.where(slot, k, k_cache[i])
-            v_all = torch.where(slot, v, v_cache[i])
+        def cache_fn(i, k_t, v):
+            # the new key/value lands in the one slot `write` selects; the others keep their bits
+            k_all = torch.where(write, k_t, k_cache[i])
+            v_all = torch.where(write[:, None], v, v_cache[i])
             return k_all, v_all, k_all, v_all
 
         return self._run(ids, cache_fn, mask, pos_or_cos, sin)
+
+
+class LayerStep(_Step):
+    """One transformer block, for planning (the blocks of a model share its shapes).
+
+    ``prompt_len=None``: a decode step, ``forward(x (b, 1, hidden), k_cache (b * kv_heads, head_dim,
+    S), v_cache (b * kv_heads, S, head_dim), write (S,), mask (S,)[, cos, sin])``; else a prefill of ``prompt_len`` tokens,
+    ``forward(x (b, n, hidden), mask (n, n)[, cos, sin])`` (the causal mask an input, so that a
+    model on the meta device holds no real tensor). Returns ``(x, k, v)``.
+    """
+
+    def __init__(self, model, spec: ModelSpec, max_seq_len: int, prompt_len: "int | None" = None):
+        super().__init__(model, spec, max_seq_len)
+        self.prompt_len = prompt_len
+
+    def forward(self, x, *rest):
+        if self.prompt_len is None:
+            k_cache, v_cache, write, mask, *rope = rest
+
+            def cache_fn(i, k_t, v):
+                k_all = torch.where(write, k_t, k_cache)
+                v_all = torch.where(write[:, None], v, v_cache)
+                return k_all, v_all, k_all, v_all
+        else:
+            mask, *rope = rest
+
+            def cache_fn(i, k_t, v):
+                return k_t, v, k_t, v
+        cos, sin = (rope + [None, None])[:2]
+        return self._layer(0, x, cache_fn, mask, cos, sin)
+
+
+class Head(_Step):
+    """The final norm and LM head: ``forward(x (b, 1, hidden))``, the last position's hidden state -> logits."""
+
+    def forward(self, x):
+        return self.model.lm_head(self.final_norm(x))

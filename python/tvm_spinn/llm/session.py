@@ -122,9 +122,11 @@ class CompiledLLM:
         mask = np.where(np.arange(S) <= position, np.float32(0), np.finfo(np.float32).min).astype(np.float32)
         return [tok, write, mask, *self._extra(np.full((b, 1), position, dtype=np.int64))]
 
-    def _cache_shape(self) -> tuple:
+    def _cache_shapes(self) -> tuple:
+        """K^T and V cache shapes (see :mod:`.graphs`)."""
         s = self.spec
-        return (s.layers, self.batch, s.kv_heads, self.max_seq_len, s.head_dim)
+        rows = self.batch * s.kv_heads
+        return (s.layers, rows, s.head_dim, self.max_seq_len), (s.layers, rows, self.max_seq_len, s.head_dim)
 
     def prefill_executable(self, prompt_len: int):
         """The (executable, VM) of the prefill for ``prompt_len`` tokens, built on first use."""
@@ -147,13 +149,13 @@ class CompiledLLM:
 
             wrapper = Decode(self.model, self.spec, self.max_seq_len).eval()
             tok = np.zeros((self.batch, 1), dtype=np.int64)
-            zeros = np.zeros(self._cache_shape(), dtype=np.float32)
+            k_zeros, v_zeros = (np.zeros(shape, dtype=np.float32) for shape in self._cache_shapes())
             calib = None
             if self._scheme:
                 calib = self._calibration_decode()
 
             def args(a):
-                return [a[0], zeros, zeros, *a[1:]]
+                return [a[0], k_zeros, v_zeros, *a[1:]]
 
             self._decode = self._build_decode(wrapper, args(self._decode_args(tok, 0)), calib)
         return self._decode

@@ -1,0 +1,259 @@
+"""Spinn programs of a model part whose weights are shape/dtype descriptors, never materialized.
+
+The part (a :class:`torch.nn.Module` on the ``meta`` device, e.g. one transformer block) is
+exported with ``torch.export`` with every parameter as an explicit input (meta tensors carry
+only shape and dtype), imported by TVM's ``from_exported_program`` and partitioned by the
+normal spinn pipeline. The weights then reach the offloaded regions as inputs; this module
+turns them back into what the compiler makes of bound weights, in each lowered
+:class:`~tvm_spinn.program.Program`:
+
+* a ``matmul`` whose second operand is a weight ``(K, N)``, or the ``permute_dims`` of a weight
+  ``(N, K)`` (``nn.Linear``), becomes a ``dense`` layer with that weight as its constant
+  (``int8``: a ``quantize`` of the activation, an int8 ``(K, N)`` weight and per-channel
+  scales, the layers ``tvm_spinn.quantize`` produces);
+* every other weight operand (norm scales, biases) becomes a constant tensor.
+
+A constant is a zero-strided numpy view (``np.broadcast_to`` of one element): it has the
+weight's shape and dtype and occupies no memory. The mapper and the timing model read only
+shapes, dtypes and roles, so the programs map and time as the real model's would; they are
+never serialized or run (the functional simulator would compute with zeros).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["DescribedProgram", "describe"]
+
+
+@dataclass(frozen=True)
+class DescribedProgram:
+    """One offloaded region of a described part, lowered (unmapped) with descriptor weights.
+
+    ``weight_bytes``: bytes of the constants its layers read (GEMM weights as ``dtype``, vectors)."""
+
+    program: object
+    weight_bytes: int
+
+
+def _descriptor(shape, dtype) -> np.ndarray:
+    return np.broadcast_to(np.zeros((), dtype=dtype), tuple(int(d) for d in shape))
+
+
+def _export(module, args: tuple):
+    """``torch.export`` of ``module`` with its parameters as trailing inputs (meta tensors)."""
+    import torch
+
+    names = [name for name, _ in module.named_parameters()]
+    params = [p for _, p in module.named_parameters()]
+
+    class WeightsAsInputs(torch.nn.Module):
+        def forward(self, *flat):
+            inputs, weights = flat[:len(args)], flat[len(args):]
+            return torch.func.functional_call(module, dict(zip(names, weights)), inputs)
+
+    with torch.no_grad():
+        exported = torch.export.export(WeightsAsInputs(), tuple(args) + tuple(params))
+    return exported, len(params)
+
+
+def _region_weights(main, weights: set) -> dict:
+    """Region name -> indices of its parameters that main passes a weight to."""
+    from tvm import relax
+
+    out = {}
+    for block in main.body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Call) and isinstance(value.op, relax.GlobalVar):
+                out[value.op.name_hint] = {i for i, a in enumerate(value.args)
+                                           if isinstance(a, relax.Var) and a in weights}
+    return out
+
+
+def _rewrite(program, weight_inputs: set, dtype: str) -> int:
+    """Turn weight inputs into descriptor constants and weight GEMMs into dense layers (in place).
+
+    Returns the bytes of the weights the program holds (as ``dtype`` for GEMM weights)."""
+    from ..program.model import Layer, TensorDesc
+
+    tensors = program.tensors
+
+    def new_tensor(name, shape, dt, role):
+        tensors.append(TensorDesc(name=name, shape=[int(d) for d in shape], dtype=dt, role=role))
+        tid = len(tensors) - 1
+        if role == "const":
+            program.constants[tid] = _descriptor(shape, dt)
+        return tid
+
+    for tid in weight_inputs:
+        tensors[tid].role = "const"
+        program.constants[tid] = _descriptor(tensors[tid].shape, tensors[tid].dtype)
+    program.inputs = [t for t in program.inputs if t not in weight_inputs]
+
+    users: dict[int, list[int]] = {}
+    for i, layer in enumerate(program.layers):
+        for t in layer.inputs:
+            users.setdefault(t, []).append(i)
+    transposed = {}  # output of permute_dims(weight (N, K)) -> the weight
+    for layer in program.layers:
+        if (layer.kind == "permute_dims" and len(layer.inputs) == 1 and layer.inputs[0] in weight_inputs
+                and len(tensors[layer.inputs[0]].shape) == 2
+                and all(program.layers[u].kind == "matmul" and program.layers[u].inputs[1:] == [layer.output]
+                        for u in users.get(layer.output, []))):
+            transposed[layer.output] = layer.inputs[0]
+
+    layers, nbytes, used = [], 0, set()
+    for layer in program.layers:
+        if layer.kind == "permute_dims" and layer.output in transposed:
+            continue
+        b = layer.inputs[1] if layer.kind == "matmul" and len(layer.inputs) == 2 else None
+        x = layer.inputs[0]
+        if b is not None and (b in transposed or (b in weight_inputs and len(tensors[b].shape) == 2)) \
+                and len(tensors[x].shape) == 2:
+            k, n = tensors[x].shape[1], tensors[layer.output].shape[-1]
+            w_dtype = "int8" if dtype == "int8" else "float32"
+            # the weight tensor itself becomes the dense layer's (K, N) constant: no orphan left
+            weight = transposed.get(b, b)
+            tensors[weight].shape, tensors[weight].dtype = [int(k), int(n)], w_dtype
+            program.constants[weight] = _descriptor((k, n), w_dtype)
+            used.add(weight)
+            nbytes += k * n * np.dtype(w_dtype).itemsize
+            if dtype == "int8":
+                xq = new_tensor(f"{layer.name}.xq", tensors[x].shape, "int8", "temp")
+                layers.append(Layer(name=f"{layer.name}.quantize", kind="quantize", inputs=[x], output=xq,
+                                    consts={"scale": new_tensor(f"{layer.name}.xs", (1,), "float32", "const"),
+                                            "zero": new_tensor(f"{layer.name}.xz", (1,), "int32", "const")},
+                                    attrs={"axis": 1}))
+                layers.append(Layer(name=layer.name, kind="dense", inputs=[xq], output=layer.output,
+                                    consts={"weight": weight,
+                                            "scale": new_tensor(f"{layer.name}.ws", (n,), "float32", "const")},
+                                    attrs={"x_zero": 0, "x_flip": False, "relu": False, "out": "float32"},
+                                    mode="int8"))
+            else:
+                layers.append(Layer(name=layer.name, kind="dense", inputs=[x], output=layer.output,
+                                    consts={"weight": weight}, attrs={"relu": False}))
+            continue
+        layers.append(layer)
+    program.layers = _fuse_bias(program, _dedupe(program, layers))
+    for tid in weight_inputs - used:
+        if any(tid in layer.inputs for layer in layers):
+            nbytes += tensors[tid].nbytes
+    return nbytes
+
+
+def _dedupe(program, layers: list) -> list:
+    """Drop repeated movement layers (same kind, input, shape and attributes), which the compiler
+    merges when the weights are bound (e.g. one reshape of the hidden state for the q, k and v
+    GEMMs); later readers use the first one's output."""
+    import json
+
+    seen, alias, out = {}, {}, []
+    for layer in layers:
+        layer.inputs = [alias.get(t, t) for t in layer.inputs]
+        if layer.kind in ("reshape", "permute_dims", "broadcast_to") and layer.output not in program.outputs:
+            key = (layer.kind, tuple(layer.inputs), tuple(program.tensors[layer.output].shape),
+                   json.dumps(layer.attrs, sort_keys=True, default=str))
+            if key in seen:
+                alias[layer.output] = seen[key]
+                continue
+            seen[key] = layer.output
+        out.append(layer)
+    return out
+
+
+def _fuse_bias(program, layers: list) -> list:
+    """``dense`` then ``add`` of a constant vector (directly or after a reshape) -> ``dense`` with ``bias``,
+    the form the compiler gives a GEMM with a bound bias."""
+    tensors = program.tensors
+    users: dict[int, list[int]] = {}
+    for i, layer in enumerate(layers):
+        for t in layer.inputs:
+            users.setdefault(t, []).append(i)
+    drop = set()
+    for layer in layers:
+        if layer.kind != "dense" or "bias" in layer.consts or layer.output in program.outputs:
+            continue
+        n = tensors[layer.output].shape[-1]
+        chain, out = [], layer.output
+        while len(users.get(out, [])) == 1 and layers[users[out][0]].kind == "reshape" and out not in program.outputs:
+            chain.append(users[out][0])
+            out = layers[users[out][0]].output
+        nxt = users.get(out, [])
+        if len(nxt) != 1 or layers[nxt[0]].kind != "add" or out in program.outputs:
+            continue
+        add = layers[nxt[0]]
+        others = [t for t in add.inputs if t != out]
+        if len(others) != 1 or tensors[others[0]].role != "const" or tensors[others[0]].shape != [n] \
+                or tensors[add.output].shape != tensors[out].shape:
+            continue
+        layer.consts["bias"] = others[0]
+        if chain:
+            layers[chain[-1]].output = add.output
+        else:
+            layer.output = add.output
+        drop.add(nxt[0])
+    return [layer for i, layer in enumerate(layers) if i not in drop]
+
+
+def describe(module, args: tuple, target, dtype: str = "fp32") -> list[DescribedProgram]:
+    """Lower the offloaded regions of ``module(*args)`` with descriptor weights (unmapped).
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        The part to describe; its parameters may live on the ``meta`` device.
+    args : tuple of torch.Tensor
+        Example inputs (meta tensors are fine): only shapes and dtypes are used.
+    target : str or tvm.target.Target
+        The spinn target whose partitioning rules apply (what fits on a PE).
+    dtype : {"fp32", "int8"}
+        Arithmetic of the weight GEMMs.
+
+    Returns
+    -------
+    list of DescribedProgram
+        One per offloaded region, in call order; map each with ``tvm_spinn.mapping.map_program``.
+    """
+    from tvm.relax.frontend.torch import from_exported_program
+
+    from ..codegen.lower import lower_function
+    from ..frontend.fixups import FixupImported
+    from ..partition import partition_for_spinn
+    from ..target import arch_of
+
+    arch = arch_of(target)
+    exported, n_weights = _export(module, args)
+    mod = FixupImported(from_exported_program(exported, keep_params_as_input=False,
+                                              unwrap_unit_return_tuple=True))
+    main_params = list(mod["main"].params)
+    weight_params = main_params[len(main_params) - n_weights:]
+    # vectors (norm scales, biases: O(hidden) bytes each) are bound as zero constants, as bound
+    # weights would be, so the norm and bias patterns apply; matrices stay descriptors
+    vectors = {p.name: np.zeros([int(d) for d in p.ty.shape], dtype=str(p.ty.dtype))
+               for p in weight_params if len(p.ty.shape) <= 1}
+    if vectors:
+        from tvm import relax
+
+        mod = relax.transform.BindParams("main", vectors)(mod)
+    matrices = {p.name for p in weight_params if p.name not in vectors}
+    weights = {p for p in mod["main"].params if p.name in matrices}
+    parted = partition_for_spinn(mod, target)
+    region_weights = _region_weights(parted["main"], weights)
+    out = []
+    functions = {gv.name_hint: func for gv, func in parted.functions.items()}
+    for name, positions in region_weights.items():  # main's call order
+        func = functions[name]
+        if not (func.attrs and "Codegen" in func.attrs):
+            continue
+        program = lower_function(func, name, arch.to_dict())
+        # the program's inputs are the region's parameters, in order
+        assert [t.name for t in (program.tensors[i] for i in program.inputs)] == [p.name for p in func.params]
+        weight_inputs = {program.inputs[i] for i in positions}
+        _rewrite(program, weight_inputs, dtype)
+        used = sorted({t for layer in program.layers for t in [*layer.inputs, *layer.consts.values()]
+                       if program.tensors[t].role == "const"})
+        out.append(DescribedProgram(program, sum(program.tensors[t].nbytes for t in used)))
+    return out

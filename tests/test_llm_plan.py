@@ -1,0 +1,150 @@
+"""tvm_spinn.llm.plan and ``tvm-spinn plan``: LLM timing from a config alone (meta device,
+weights as shape/dtype descriptors, the mapping compiler and timing model, no simulation)."""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+tf = pytest.importorskip("transformers")
+
+import tvm_spinn  # noqa: E402
+from tvm_spinn import llm  # noqa: E402
+from tvm_spinn.cli import main  # noqa: E402
+from tvm_spinn.llm.describe import describe  # noqa: E402
+from tvm_spinn.llm.graphs import LayerStep  # noqa: E402
+from tvm_spinn.llm.plan import plan  # noqa: E402
+
+CONFIGS = importlib.resources.files("tvm_spinn.llm") / "configs"
+
+SMALL_LLAMA = {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 8,
+               "num_key_value_heads": 2, "num_hidden_layers": 4, "vocab_size": 1000, "max_position_embeddings": 512}
+
+
+def _no_simulation(monkeypatch):
+    from tvm_spinn.runtime import simulator
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("planning ran the functional simulator")
+
+    monkeypatch.setattr(simulator, "run_program", refuse)
+
+
+@pytest.mark.parametrize("name, params", [("llama-2-7b", 6_738_415_616), ("llama-2-13b", 13_015_864_320),
+                                          ("llama-2-70b", 68_976_648_192), ("gpt2-xl", 1_557_611_200)])
+def test_shipped_configs_have_the_published_sizes(name, params):
+    # parameter counts as published with the checkpoints (transformers' num_parameters())
+    path = CONFIGS / f"{name}.json"
+    assert path.is_file(), "the configs ship as package data"
+    assert llm.spec_of(str(path)).params == params
+
+
+def _block(family):
+    if family == "llama":
+        cfg = tf.LlamaConfig(hidden_size=128, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                             intermediate_size=256, vocab_size=512, max_position_embeddings=64)
+        cls = tf.LlamaForCausalLM
+    else:
+        cfg = tf.GPT2Config(n_embd=128, n_layer=1, n_head=4, vocab_size=512, n_positions=64)
+        cls = tf.GPT2LMHeadModel
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    real = cls(cfg).eval()
+    with torch.device("meta"):
+        meta = cls(cfg).eval()
+    return real, meta, llm.spec_of(cfg)
+
+
+def _decode_args(spec, seq, device):
+    rows = spec.kv_heads
+    args = [torch.zeros(1, 1, spec.hidden), torch.zeros(rows, spec.head_dim, seq), torch.zeros(rows, seq, spec.head_dim),
+            torch.zeros(seq, dtype=torch.bool), torch.zeros(seq)]
+    if spec.family == "llama":
+        args += [torch.zeros(1, 1, spec.head_dim), torch.zeros(1, 1, spec.head_dim)]  # distinct: no aliasing
+    return tuple(a.to(device) for a in args)
+
+
+@pytest.mark.parametrize("family, rel", [("gpt2", 1e-12), pytest.param("llama", 1e-12, marks=pytest.mark.slow)])
+def test_described_block_times_like_the_block_compiled_with_its_weights(family, rel, monkeypatch):
+    """The reference: the same block with real weights through from_pytorch + relax.build."""
+    from tvm import relax
+
+    from tvm_spinn.llm.plan import _map
+    from tvm_spinn.target import arch_of
+
+    real, meta, spec = _block(family)
+    seq, target = 32, "spinn/board"
+    built = tvm_spinn.report(relax.build(tvm_spinn.frontend.from_pytorch(LayerStep(real, spec, seq), _decode_args(spec, seq, "cpu")),
+                                         target=target))
+    _no_simulation(monkeypatch)
+    described = describe(LayerStep(meta, spec, seq).eval(), _decode_args(spec, seq, "meta"), target, "fp32")
+    for d in described:  # matrices are descriptors: zero-strided views with no data behind them
+        for tid, arr in d.program.constants.items():
+            if arr.ndim == 2:
+                assert arr.strides == (0, 0) and arr.shape == tuple(d.program.tensors[tid].shape)
+    timed = _map(described, arch_of(target), "auto")
+    assert timed.latency_s == pytest.approx(built.latency_s, rel=rel)
+    assert timed.energy_j == pytest.approx(built.energy_j, rel=rel)
+    # the weights as the compiler holds them (up to a vector or a few scalars)
+    assert timed.weight_bytes == pytest.approx(built.weight_bytes, rel=1e-2)
+    assert len(described) == built.regions
+
+
+def test_plan_cli_writes_the_json_and_prints_a_table(tmp_path, monkeypatch, capsys):
+    _no_simulation(monkeypatch)
+    config = tmp_path / "small.json"
+    config.write_text(json.dumps(SMALL_LLAMA))
+    out = tmp_path / "plan.json"
+    rc = main(["plan", str(config), "--target", "spinn/board", "--batch", "2", "--seq", "256", "--dtype", "int8",
+               "--json", str(out), "--no-progress"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "tokens/s per user" in printed and "one layer scaled by 4 layers" in printed
+    data = json.loads(out.read_text())
+    for key in ("tokens_per_s_per_user", "tokens_per_s", "ttft_s", "energy_per_token_j", "chips_used",
+                "sram_bytes_per_chip", "dram_bytes_per_chip", "plan", "bound_tokens_per_s", "binding"):
+        assert key in data, key
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary left
+    p = data["plan"]
+    assert p["scaled_from_one_layer"] and p["layers"] == 4 and p["placement"] == "groups"
+    assert data["decode_latency_s"] == pytest.approx(4 * p["block_decode_s"] + p["head_decode_s"] + p["handoff_decode_s"])
+    assert data["tokens_per_s"] == pytest.approx(2 * data["tokens_per_s_per_user"])
+    assert data["tokens_per_s_per_user"] <= data["bound_tokens_per_s"]
+    assert data["binding"] in ("compute", "dram", "sram", "links")
+    spec = llm.spec_of(SMALL_LLAMA)
+    assert data["weight_bytes"] == spec.params  # int8
+    assert data["kv_cache_bytes"] == 2 * 256 * spec.kv_bytes_per_token(4)
+
+
+def test_plan_bad_input_names_the_field(tmp_path, capsys):
+    bad = tmp_path / "bert.json"
+    bad.write_text(json.dumps({"model_type": "bert", "hidden_size": 64}))
+    assert main(["plan", str(bad), "--no-progress"]) == 2
+    assert "'model_type' is 'bert'" in capsys.readouterr().err
+    assert main(["plan", str(tmp_path / "missing.json"), "--no-progress"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    with pytest.raises(llm.LLMError, match="seq=4096 is longer"):
+        plan(SMALL_LLAMA, seq=4096)
+    with pytest.raises(llm.LLMError, match="dtype must be one of"):
+        plan(SMALL_LLAMA, seq=64, dtype="fp8")
+    # capacity: 7B in fp32 (27 GB) on one chip (2 GB of DRAM) names the smallest system that fits
+    with pytest.raises(llm.LLMError, match="model too large for target spinn2-chip.*smallest registered target "
+                                            "that fits: spinn/board"):
+        plan(str(CONFIGS / "llama-2-7b.json"), target="spinn", dtype="fp32")
+    with pytest.raises(SystemExit, match="does not exist"):  # checked before any work
+        main(["plan", str(CONFIGS / "llama-2-7b.json"), "--json", str(tmp_path / "no" / "x.json")])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["spinn/board", "spinn/cloud"])
+def test_plan_llama_2_70b(target, monkeypatch):
+    _no_simulation(monkeypatch)
+    result = plan(str(CONFIGS / "llama-2-70b.json"), target=target, batch=1, seq=2048, dtype="int8")
+    assert result.model == "llama-2-70b" and result.plan["layers"] == 80
+    assert 0 < result.tokens_per_s_per_user <= result.bound_tokens_per_s
+    assert result.weight_bytes == 68_976_648_192
+    assert np.isfinite(result.energy_per_token_j) and result.ttft_s > result.decode_latency_s
