@@ -1,4 +1,4 @@
-"""Adding an operator touches one module: a family defined and registered here (``negative``,
+"""Adding an operator touches one module: a family defined and registered here (``abs``,
 which the built-in families leave on the host) is partitioned, lowered, validated, tiled,
 mapped, timed and simulated with no other change; its results match PyTorch, with the same bits
 in both simulator modes, on a chip and on a board."""
@@ -16,15 +16,15 @@ from tvm_spinn.program import ops
 from tvm_spinn.program.ops.base import FlatFamily, OpFamily
 
 
-class Negative(FlatFamily):
-    """``-x`` on float32: one sign flip per element on the M4F (tiles and their costs: the
+class Absolute(FlatFamily):
+    """``|x|`` on float32: one sign-bit clear per element on the M4F (tiles and their costs: the
     flat element-wise defaults of :class:`FlatFamily`)."""
 
-    kinds = ("negative",)
+    kinds = ("abs",)
     priority = 55
 
     def patterns(self, kit):
-        return [kit.unary("spinn.negative", "relax.negative", lambda kit, op, ctx: kit.check_tensors(op, ctx, ("input",)))]
+        return [kit.unary("spinn.abs", "relax.abs", lambda kit, op, ctx: kit.check_tensors(op, ctx, ("input",)))]
 
     def lower(self, lowerer, name, kind, calls, env, layer):
         layer.inputs = [lowerer.operand(calls[0][1].args[0], env)]
@@ -45,7 +45,7 @@ class Negative(FlatFamily):
 
     def run_tile(self, runner, tile):
         (e0, e1), = tile.region
-        runner.out.reshape(-1)[e0:e1] = np.negative(runner.flat[e0:e1])
+        runner.out.reshape(-1)[e0:e1] = np.abs(runner.flat[e0:e1])
 
 
 class _Net(torch.nn.Module):
@@ -55,12 +55,12 @@ class _Net(torch.nn.Module):
         self.c2 = torch.nn.Conv2d(8, 4, 3, padding=1)
 
     def forward(self, x):
-        return self.c2(-self.c1(x))
+        return self.c2(torch.abs(self.c1(x)))
 
 
 @pytest.fixture
-def negative_family():
-    family = ops.register(Negative())
+def abs_family():
+    family = ops.register(Absolute())
     yield family
     ops.unregister(family)
 
@@ -73,14 +73,14 @@ def _build(target):
 
 
 @pytest.mark.parametrize("target", ["spinn", "spinn/board"])
-def test_a_family_registered_in_one_module_runs_end_to_end(negative_family, monkeypatch, target):
+def test_a_family_registered_in_one_module_runs_end_to_end(abs_family, monkeypatch, target):
     model, x, mod, ex = _build(target)
     summary = tvm_spinn.partition.summarize_partition(tvm_spinn.partition.partition_for_spinn(mod, target))
-    assert summary.offloaded_ops.get("spinn.negative") == 1 and summary.regions == 1, summary
-    assert "relax.negative" not in summary.fallback_ops
+    assert summary.offloaded_ops.get("spinn.abs") == 1 and summary.regions == 1, summary
+    assert "relax.abs" not in summary.fallback_ops
     rep = tvm_spinn.report(ex)
     layers = [layer for p in rep.programs for layer in p.layers]
-    assert [layer.kind for layer in layers].count("negative") == 1
+    assert [layer.kind for layer in layers].count("abs") == 1
     vm = relax.VirtualMachine(ex, tvm.cpu())
     outputs = {}
     for mode in ("layers", "tiles"):
@@ -92,17 +92,17 @@ def test_a_family_registered_in_one_module_runs_end_to_end(negative_family, monk
     np.testing.assert_allclose(outputs["layers"], want, rtol=1e-5, atol=1e-5)
 
 
-def test_without_the_family_negative_stays_on_the_host():
+def test_without_the_family_abs_stays_on_the_host():
     _, _, mod, _ = _build("spinn")
     summary = tvm_spinn.partition.summarize_partition(tvm_spinn.partition.partition_for_spinn(mod))
-    assert summary.fallback_ops.get("relax.negative") == 1 and summary.regions == 2, summary
+    assert summary.fallback_ops.get("relax.abs") == 1 and summary.regions == 2, summary
 
 
-def test_a_kind_belongs_to_one_family(negative_family):
+def test_a_kind_belongs_to_one_family(abs_family):
     class Clash(OpFamily):
-        kinds = ("negative",)
+        kinds = ("abs",)
 
-    with pytest.raises(ValueError, match="already defined by Negative"):
+    with pytest.raises(ValueError, match="already defined by Absolute"):
         ops.register(Clash())
-    assert ops.family_of("negative") is negative_family
-    assert "negative" in ops.layer_kinds()
+    assert ops.family_of("abs") is abs_family
+    assert "abs" in ops.layer_kinds()

@@ -240,6 +240,12 @@ def _fp32_cases() -> dict[str, Case]:
     cases["tanh"] = unary_case(relax.op.tanh, (5, 13), "tanh", lo=-6, hi=6)
     cases["gelu"] = unary_case(relax.op.nn.gelu, (4, 19), "gelu", atol=GELU_ATOL)
     cases["gelu_tanh"] = unary_case(relax.op.nn.gelu_tanh, (4, 19), "gelu_tanh", atol=GELU_ATOL)
+    cases["negative"] = unary_case(relax.op.negative, (3, 17), "negative", exact=True)
+    cases["sqrt"] = unary_case(relax.op.sqrt, (4, 9), "sqrt", exact=True, lo=0.0, hi=50.0)  # VSQRT: correctly rounded
+    cases["rsqrt"] = unary_case(relax.op.rsqrt, (4, 9), "rsqrt", exact=True, lo=1e-3, hi=50.0)  # sqrt, then divide
+    cases["power-2"] = unary_case(lambda v: relax.op.power(v, _c(2.0)), (2, 3, 7), "power", exact=True)  # x*x: the rounded square
+    # (x*x)*x rounds twice, llvm's powf once: one ulp apart at most
+    cases["power-3"] = unary_case(lambda v: relax.op.power(v, _c(3.0)), (2, 3, 7), "power", rtol=2 * EPS32)
     # element-wise binary, with and without broadcasting
     for name, fn in (("add", relax.op.add), ("subtract", relax.op.subtract), ("multiply", relax.op.multiply)):
         cases[f"{name}"] = binary_case(fn, (3, 4, 5), (3, 4, 5), name)
@@ -255,7 +261,51 @@ def _fp32_cases() -> dict[str, Case]:
                                                          "permute_dims", alone=alone)
         cases["broadcast_to" + tag] = data_movement_case(lambda v: relax.op.broadcast_to(v, (4, 3, 5)), (3, 1),
                                                          "broadcast_to", alone=alone)
+        cases["expand_dims" + tag] = data_movement_case(lambda v: relax.op.expand_dims(v, [0, 2]), (3, 5), "reshape", alone=alone)
+        cases["squeeze" + tag] = data_movement_case(lambda v: relax.op.squeeze(v, [1]), (3, 1, 5), "reshape", alone=alone)
+        cases["concat" + tag] = data_movement_case(lambda v: relax.op.concat([v, relax.op.negative(v), v], axis=1),
+                                                   (2, 3, 4), "concat", alone=alone)
+    # strided slices: steps, negative bounds and steps, clamped ends, several axes
+    for tag, (shape, axes, begin, end, strides) in {
+        "last-half": ((2, 8, 6), [2], [3], [6], [1]),
+        "step2": ((2, 9, 6), [1], [1], [9], [2]),
+        "negative-bounds": ((4, 10), [1], [-7], [-1], [1]),
+        "reverse": ((3, 10), [1], [8], [1], [-3]),
+        "clamped": ((3, 10), [0, 1], [1, -100], [100, 4], [1, 1]),
+        "rotary-halves": ((1, 2, 5, 8), [3, 3][:1], [4], [2**31 - 1], [1]),
+    }.items():
+        cases[f"strided_slice-{tag}"] = data_movement_case(
+            lambda v, a=axes, b=begin, e=end, s=strides: relax.op.strided_slice(v, a, b, e, s), shape, "strided_slice")
+    # gathers: an embedding table (constant) by int32 token ids, another axis, a computed table,
+    # and the index modes on out-of-range indices
+    for tag, (tshape, ishape, axis, mode, lo, hi) in {
+        "embedding": ((50, 8), (1, 7), 0, "fast", 0, 50),
+        "axis1": ((4, 9, 3), (5,), 1, "fast", 0, 9),
+        "clip": ((12, 4), (2, 6), 0, "clip", -20, 30),
+        "wrap": ((12, 4), (2, 6), 0, "wrap", -20, 30),
+    }.items():
+        cases[f"take-{tag}"] = take_case(tshape, ishape, axis, mode, lo, hi)
+    cases["take-computed-table"] = Case(
+        lambda c: _module({"t": ((6, 5), "float32"), "i": ((4,), "int32")},
+                          lambda bb, t, i: bb.emit(relax.op.take(relax.op.negative(t), i, axis=0))),
+        [_randn(0, 6, 5), np.array([5, 0, 2, 2], "int32")], {"take", "negative"}, exact=True)
     return cases
+
+
+def test_take_out_of_range_index_names_the_layer():
+    """``fast`` promises in-range indices (the host kernel would read out of bounds): the
+    simulator raises, naming the index and the extent."""
+    case = take_case((10, 4), (3,), 0, "fast", 0, 10)
+    ex = relax.build(case.make(case.consts), target="spinn")
+    with pytest.raises(Exception, match="take index 10 is out of range for axis 0 of extent 10"):
+        _run(ex, [np.array([1, 10, 2], "int32")])
+
+
+def take_case(tshape, ishape, axis, mode, lo, hi, seed=0) -> Case:
+    consts = {"t": _randn(seed + 1, *tshape)}
+    make = lambda c: _module({"i": (ishape, "int32")},  # noqa: E731
+                             lambda bb, i: bb.emit(relax.op.take(_c(c["t"]), i, axis=axis, mode=mode)))
+    return Case(make, [_rng(seed).integers(lo, hi, ishape).astype("int32")], {"take"}, consts, exact=True)
 
 
 FP32_CASES = _fp32_cases()

@@ -10,14 +10,14 @@ adding or extending one module here; the stages look families up by layer kind
 
 Families: :mod:`.gemm` (conv2d, dense, matmul; fp32 and int8), :mod:`.qdq` (quantize,
 dequantize), :mod:`.rows` (softmax, layer_norm, mean), :mod:`.pool` (max / average pooling),
-:mod:`.elementwise` (unary, clip, binary) and :mod:`.movement` (reshape, permute_dims,
-broadcast_to).
+:mod:`.elementwise` (unary, power, clip, binary), :mod:`.movement` (reshape, permute_dims,
+broadcast_to, strided_slice, concat) and :mod:`.gather` (take).
 """
 
 from __future__ import annotations
 
 from .base import LoweringError, MappingError, OpFamily, families, family_of, register, unregister
-from . import gemm, qdq, rows, pool, elementwise, movement  # noqa: F401,E402  (each registers)
+from . import gemm, qdq, rows, pool, elementwise, movement, gather  # noqa: F401,E402  (each registers)
 
 __all__ = ["OpFamily", "MappingError", "LoweringError", "families", "family_of", "register", "unregister", "family_for_composite", "layer_kinds"]
 

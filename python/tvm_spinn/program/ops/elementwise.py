@@ -1,5 +1,5 @@
-"""Element-wise operators: unary (``relu``, ``gelu``, ``gelu_tanh``, ``sigmoid``, ``tanh``),
-``clip`` and binary (``add``, ``subtract``, ``multiply``, ``divide``; ``add`` may end in a ReLU)
+"""Element-wise operators: unary (``relu``, ``gelu``, ``gelu_tanh``, ``sigmoid``, ``tanh``,
+``negative``, ``sqrt``, ``rsqrt``, ``power`` by a constant 2 or 3), ``clip`` and binary (``add``, ``subtract``, ``multiply``, ``divide``; ``add`` may end in a ReLU)
 on float32, with numpy broadcasting.
 
 - Arithmetic (Cortex-M4F, fp32): each is single fp32 operations in a fixed order; ``relu`` is
@@ -9,6 +9,11 @@ on float32, with numpy broadcasting.
   (GELU) is the M4F library's rational approximation in fp32 (Abramowitz-Stegun 7.1.26,
   |error| < 1.5e-7): GELU is ``0.5 x (1 + erf(x / sqrt 2))``, GELU-tanh ``0.5 x (1 + tanh(
   0.79788456 (x + 0.044715 x^3)))``, sigmoid ``1 / (1 + exp(-x))`` (C++ ``activation_f32``).
+  ``sqrt`` is VSQRT.F32 and ``rsqrt`` is ``1 / sqrt(x)`` (VSQRT then VDIV: two correctly rounded
+  operations, as TVM's llvm build); ``negative`` flips the sign bit; ``power`` by a constant 2
+  or 3 is ``x * x`` or ``(x * x) * x`` (the library ``powf`` would go through exp and log; for
+  the exponent 2 the product is the correctly rounded square, for 3 it may differ from a
+  correctly rounded cube by an ulp).
 - Tiles: ``[elements]`` over the flattened (broadcast) output.
 """
 
@@ -30,7 +35,13 @@ _ZERO = _F32(0)
 
 #: binary kinds and their fp32 operation
 BINARY = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.divide}
-UNARY = ("relu", "gelu", "gelu_tanh", "sigmoid", "tanh")
+UNARY = ("relu", "gelu", "gelu_tanh", "sigmoid", "tanh", "negative", "sqrt", "rsqrt")
+#: unary kinds that are plain M4F instructions: their Relax operator
+_PLAIN = {"negative": "relax.negative", "sqrt": "relax.sqrt", "rsqrt": "relax.rsqrt"}
+#: ``power`` exponents computed by repeated multiplication
+POWER_EXPONENTS = (2, 3)
+#: Cortex-M4F VSQRT.F32 and VDIV.F32 take 14 cycles each (Cortex-M4 TRM r0p1, table 7-1).
+M4F_SQRT_DIV_CYCLES = 14
 #: kinds whose elements go through the exp/log unit
 TRANSCENDENTAL = ("gelu", "gelu_tanh", "sigmoid", "tanh")
 
@@ -100,6 +111,15 @@ def unary(kind: str, x: np.ndarray, attrs: dict) -> np.ndarray:
         return _max(_min(x, _F32(attrs["max"])), _F32(attrs["min"])).astype(_F32, copy=False)
     if kind == "tanh":
         return tanh_f32(x)
+    if kind == "negative":
+        return np.negative(x)
+    if kind == "sqrt":
+        return np.sqrt(x, dtype=_F32)
+    if kind == "rsqrt":
+        return np.divide(_F32(1), np.sqrt(x, dtype=_F32), dtype=_F32)
+    if kind == "power":
+        square = np.multiply(x, x, dtype=_F32)
+        return square if attrs["exponent"] == 2 else np.multiply(square, x, dtype=_F32)
     if kind in _ACTIVATIONS:
         return _activation(kind, x)
     raise NotImplementedError(kind)
@@ -134,18 +154,21 @@ def _finite_num(v, field: str) -> float:
 class Elementwise(FlatFamily):
     """Unary, clip and binary element-wise operators on float32."""
 
-    kinds = (*UNARY, "clip", *BINARY)
+    kinds = (*UNARY, "power", "clip", *BINARY)
     priority = 50
-    composites = (*UNARY, "clip", *BINARY, "add_relu")
+    composites = (*UNARY, "power", "clip", *BINARY, "add_relu")
 
     # -- partition and codegen ---------------------------------------------------------------
     def patterns(self, kit) -> list[tuple]:
         """Unary ops, clip, then ``add + relu`` before the plain binary ops (more specific)."""
-        from tvm.relax.dpl import is_op, wildcard
+        from tvm.relax.dpl import is_const, is_op, wildcard
 
         check = self._check_pattern
         entries = [kit.unary(f"spinn.{k}", f"relax.nn.{k}" if k in ("relu", "gelu", "gelu_tanh") else f"relax.{k}", check)
                    for k in UNARY]
+        x = wildcard()
+        power = is_op("relax.power")(x, is_const())
+        entries.append(kit.entry("spinn.power", power, {"input": x, "root": power}, self._check_power))
         x = wildcard()
         clip = is_op("relax.clip")(x, wildcard(), wildcard())  # bounds are PrimValue arguments
         entries.append(kit.entry("spinn.clip", clip, {"input": x, "root": clip}, self._check_clip))
@@ -171,8 +194,19 @@ class Elementwise(FlatFamily):
                 return kit.refuse(op, root, f"clip bound {value} is not finite")
         return cls._check_pattern(kit, op, ctx)
 
+    @classmethod
+    def _check_power(cls, kit, op: str, ctx) -> bool:
+        root = ctx.annotated_expr["root"]
+        if _exponent(root) is None:
+            return kit.refuse(op, root, f"the exponent is not a scalar constant in {POWER_EXPONENTS}")
+        return cls._check_pattern(kit, op, ctx)
+
     def lower(self, lowerer, name: str, kind: str, calls: list, env: dict, layer: Layer) -> None:
         call = calls[0][1]
+        if kind == "power":
+            layer.inputs = [lowerer.operand(call.args[0], env)]
+            layer.attrs["exponent"] = _exponent(call)
+            return
         if kind in BINARY or kind == "add_relu":
             layer.inputs = [lowerer.operand(x, env) for x in call.args]
             if kind == "add_relu":
@@ -186,6 +220,8 @@ class Elementwise(FlatFamily):
     def attr_schema(self, kind: str, mode: str):
         if kind == "clip":
             return {"min": _finite_num, "max": _finite_num}, dict(RELU)
+        if kind == "power":
+            return {"exponent": _power_exponent}, dict(RELU)
         return {}, dict(RELU)
 
     def check(self, v, f, kind, mode, ins, consts, out, attrs):
@@ -213,7 +249,10 @@ class Elementwise(FlatFamily):
     def cycles_per_element(self, layer, arch):
         """One M4F operation, plus the exp/log unit and its argument reduction for the
         transcendental kinds."""
-        return arch.m4f_elementwise_cycles + (arch.exp_unit_cycles + 6 if layer.kind in TRANSCENDENTAL else 0)
+        extra = {"sqrt": M4F_SQRT_DIV_CYCLES, "rsqrt": 2 * M4F_SQRT_DIV_CYCLES,
+                 "power": layer.attrs.get("exponent", 2) - 2}.get(layer.kind, 0)
+        return arch.m4f_elementwise_cycles + extra + (
+            arch.exp_unit_cycles + 6 if layer.kind in TRANSCENDENTAL else 0)
 
     # -- functional simulator -----------------------------------------------------------------
     def prepare_tiles(self, runner) -> None:
@@ -287,6 +326,28 @@ class Elementwise(FlatFamily):
             clip_step.into = clip_into
             return clip_step
         return lambda program, env: finish(unary(k, env[x_tid], attrs))
+
+
+def _exponent(call) -> int | None:
+    """The exponent of ``power(x, c)`` when ``c`` is a scalar float32 constant equal to one of
+    :data:`POWER_EXPONENTS`, else None."""
+    data = getattr(call.args[1], "value", None)  # a relax constant's tensor
+    if data is None or not hasattr(data, "numpy"):
+        return None
+    data = data.numpy()
+    if data.dtype != np.float32 or data.size != 1:
+        return None
+    value = float(data.reshape(-1)[0])
+    return int(value) if value in POWER_EXPONENTS else None
+
+
+def _power_exponent(v, field: str) -> int:
+    from ..checks import check_int
+
+    value = check_int(v, field)
+    if value not in POWER_EXPONENTS:
+        fail(field, f"exponent {value} is not one of {POWER_EXPONENTS}")
+    return value
 
 
 def _prim_float(value) -> float:

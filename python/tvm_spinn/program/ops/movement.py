@@ -1,8 +1,13 @@
-"""Data movement: ``reshape``, ``permute_dims`` and ``broadcast_to``, of any dtype a program
-holds (bytes are bytes: int8 activations move like float32 ones).
+"""Data movement: ``reshape`` (also what ``expand_dims`` and ``squeeze`` lower to),
+``permute_dims``, ``broadcast_to``, ``strided_slice`` and ``concat``, of any dtype a program holds
+(bytes are bytes: int8 activations move like float32 ones).
 
 - Arithmetic: none; the DMA engine gathers with strides (the timing model charges about one
-  cycle per element of descriptor setup). A reshape of a contiguous value is a relabelling.
+  cycle per element of descriptor setup, and one element read per element written). A reshape
+  of a contiguous value is a relabelling.
+- ``strided_slice`` holds, per sliced axis, the first index and the step (``begin``,
+  ``strides``, normalized by the compiler to an in-range start); the output's extent on the axis
+  is the element count. ``concat`` joins its inputs along ``axis``.
 - Tiles: ``[elements]`` over the flattened output.
 """
 
@@ -13,8 +18,9 @@ import math
 import numpy as np
 
 from ..checks import check_int, check_list, fail
+from .base import itemsize
 from ..model import Layer
-from .base import FlatFamily, register
+from .base import FlatFamily, LoweringError, register
 
 __all__ = ["Movement"]
 
@@ -23,44 +29,172 @@ def _axes(v, field: str) -> list[int]:
     return [check_int(x, f"{field}[{i}]", 0) for i, x in enumerate(check_list(v, field))]
 
 
-class Movement(FlatFamily):
-    """reshape, permute_dims and broadcast_to."""
+#: ``concat`` patterns cover this many inputs (a longer concat stays on the host).
+MAX_CONCAT_INPUTS = 8
 
-    kinds = ("reshape", "permute_dims", "broadcast_to")
+
+def _ints(v, field: str, low: int | None = None) -> list[int]:
+    return [check_int(x, f"{field}[{i}]", low) for i, x in enumerate(check_list(v, field))]
+
+
+def _int_tuple(expr) -> list[int] | None:
+    """The integers of a Relax tuple of constant PrimValues / IntImms, or None (symbolic)."""
+    fields = getattr(expr, "fields", None)
+    if fields is None:
+        return None
+    out = []
+    for field in fields:
+        value = getattr(field, "value", field)
+        value = getattr(value, "value", value)
+        if not isinstance(value, int):
+            return None
+        out.append(int(value))
+    return out
+
+
+def normalized_slice(call, shape: tuple[int, ...]) -> tuple[list[int], list[int], list[int]] | None:
+    """``(axes, begin, strides)`` of a ``relax.strided_slice`` call on ``shape`` with every start
+    in range (TVM's and numpy's clamping of out-of-range and negative bounds applied), or None
+    where the bounds are symbolic. The output's extent on each axis is the element count."""
+    args = list(call.args)
+    axes, begin, end = (_int_tuple(a) for a in args[1:4])
+    strides = _int_tuple(args[4]) if len(args) > 4 else None
+    if axes is None or begin is None or end is None:
+        return None
+    strides = strides if strides is not None else [1] * len(axes)
+    if not (len(axes) == len(begin) == len(end) == len(strides)) or 0 in strides:
+        return None
+    rank = len(shape)
+    out_axes, out_begin, out_strides = [], [], []
+    for axis, b, e, s in zip(axes, begin, end, strides):
+        axis = axis + rank if axis < 0 else axis
+        if not 0 <= axis < rank:
+            return None
+        start, _stop, step = slice(b, e, s).indices(shape[axis])
+        out_axes.append(axis)
+        out_begin.append(min(start, shape[axis] - 1) if shape[axis] else 0)
+        out_strides.append(step)
+    return out_axes, out_begin, out_strides
+
+
+def _slice_index(shape, axes, begin, strides, out_shape) -> tuple:
+    """The numpy index selecting a normalized strided slice's elements."""
+    index = [slice(None)] * len(shape)
+    for axis, start, step in zip(axes, begin, strides):
+        stop = start + step * out_shape[axis]
+        index[axis] = slice(start, stop if stop >= 0 else None, step)
+    return tuple(index)
+
+
+def moved(layer: Layer, xs: list[np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
+    """The values of a data-movement layer's output (a view where numpy gives one)."""
+    kind, attrs = layer.kind, layer.attrs
+    if kind == "permute_dims":
+        return np.transpose(xs[0], attrs["axes"])
+    if kind == "broadcast_to":
+        return np.broadcast_to(xs[0], shape)
+    if kind == "strided_slice":
+        return xs[0][_slice_index(xs[0].shape, attrs["axes"], attrs["begin"], attrs["strides"], shape)]
+    if kind == "concat":
+        return np.concatenate(xs, axis=attrs["axis"])
+    return np.reshape(xs[0], shape)
+
+
+class Movement(FlatFamily):
+    """reshape (expand_dims, squeeze), permute_dims, broadcast_to, strided_slice and concat."""
+
+    kinds = ("reshape", "permute_dims", "broadcast_to", "strided_slice", "concat")
+    composites = kinds + ("expand_dims", "squeeze")
     priority = 60
 
     # -- partition and codegen ---------------------------------------------------------------
     def patterns(self, kit) -> list[tuple]:
-        return [
+        from tvm.relax.dpl import is_op, is_tuple, wildcard
+
+        entries = [
             kit.binary("spinn.reshape", "relax.reshape", self._check_pattern),  # (x, shape)
             kit.binary("spinn.broadcast_to", "relax.broadcast_to", self._check_pattern),
             kit.unary("spinn.permute_dims", "relax.permute_dims", self._check_pattern),
+            kit.unary("spinn.expand_dims", "relax.expand_dims", self._check_pattern),
+            kit.unary("spinn.squeeze", "relax.squeeze", self._check_pattern),
         ]
+        x = wildcard()
+        sliced = is_op("relax.strided_slice")(x, varg_default_wildcard=True)
+        entries.append(kit.entry("spinn.strided_slice", sliced, {"input": x, "root": sliced}, self._check_slice))
+        for n in range(MAX_CONCAT_INPUTS, 1, -1):  # longest first
+            parts = [wildcard() for _ in range(n)]
+            root = is_op("relax.concat")(is_tuple(parts))
+            annotations = {f"in{i}": p for i, p in enumerate(parts)}
+            annotations["root"] = root
+            entries.append(kit.entry("spinn.concat", root, annotations, self._check_concat))
+        return entries
 
     @staticmethod
     def _check_pattern(kit, op: str, ctx) -> bool:
         names = ("lhs",) if op in ("spinn.reshape", "spinn.broadcast_to") else ("input",)
         return kit.check_tensors(op, ctx, names, kit.SUPPORTED_DTYPES + kit.QUANTIZED_DTYPES)
 
+    @classmethod
+    def _check_slice(cls, kit, op: str, ctx) -> bool:
+        if not cls._check_pattern(kit, op, ctx):
+            return False
+        root = ctx.annotated_expr["root"]
+        shape = kit.static_shape(ctx.annotated_expr["input"])
+        if normalized_slice(root, shape) is None:
+            return kit.refuse(op, root, "slice bounds are not constant integers")
+        return True
+
+    @staticmethod
+    def _check_concat(kit, op: str, ctx) -> bool:
+        names = tuple(k for k in ctx.annotated_expr if k.startswith("in"))
+        dtypes = {kit.dtype(ctx.annotated_expr[k]) for k in names}
+        if len(dtypes) != 1:
+            return kit.refuse(op, ctx.annotated_expr["root"], f"inputs of several dtypes {sorted(dtypes)}")
+        return kit.check_tensors(op, ctx, names, kit.SUPPORTED_DTYPES + kit.QUANTIZED_DTYPES)
+
     def lower(self, lowerer, name: str, kind: str, calls: list, env: dict, layer: Layer) -> None:
         call = calls[0][1]
-        layer.inputs = [lowerer.operand(call.args[0], env)]
-        if kind == "permute_dims":
+        if kind == "concat":
+            fields = call.args[0].fields
+            layer.inputs = [lowerer.operand(x, env) for x in fields]
             rank = len(lowerer.program.tensors[layer.inputs[0]].shape)
+            axis = int(call.attrs.axis)
+            layer.attrs["axis"] = axis + rank if axis < 0 else axis
+            return
+        layer.inputs = [lowerer.operand(call.args[0], env)]
+        shape = tuple(lowerer.program.tensors[layer.inputs[0]].shape)
+        if kind in ("expand_dims", "squeeze"):  # a relabelling of the same elements
+            layer.kind = "reshape"
+        elif kind == "permute_dims":
             axes = call.attrs.axes
-            layer.attrs["axes"] = [int(a) for a in axes] if axes is not None else list(range(rank))[::-1]
+            layer.attrs["axes"] = [int(a) for a in axes] if axes is not None else list(range(len(shape)))[::-1]
+        elif kind == "strided_slice":
+            normalized = normalized_slice(call, shape)
+            if normalized is None:
+                raise LoweringError(f"{name}: slice bounds are not constant integers")
+            layer.attrs["axes"], layer.attrs["begin"], layer.attrs["strides"] = normalized
 
     # -- validation -----------------------------------------------------------------------------
     def attr_schema(self, kind: str, mode: str):
-        return ({"axes": _axes}, {}) if kind == "permute_dims" else ({}, {})
+        if kind == "permute_dims":
+            return {"axes": _axes}, {}
+        if kind == "strided_slice":
+            return {"axes": _axes, "begin": lambda v, f: _ints(v, f, 0), "strides": _ints}, {}
+        if kind == "concat":
+            return {"axis": lambda v, f: check_int(v, f, 0)}, {}
+        return {}, {}
 
     def check(self, v, f, kind, mode, ins, consts, out, attrs):
         fo = f"{f}.output"
+        if kind == "concat":
+            return self._check_concat_layer(v, f, ins, consts, out, attrs)
         v.need(f"{f}.inputs", kind, ins, 1)
         ishape, oshape = v.shapes[ins[0]], v.shapes[out]
         numel = math.prod(oshape)
         v.consts(f, consts, set())
         v.dtype(fo, out, (v.dtypes[ins[0]],))
+        if kind == "strided_slice":
+            self._check_slice_layer(f, ishape, oshape, attrs)
         if kind == "reshape" and math.prod(ishape) != numel:
             fail(fo, f"reshape of {ishape} to {oshape} changes the element count")
         if kind == "broadcast_to" and v.broadcast(ishape, oshape) != oshape:
@@ -72,6 +206,45 @@ class Movement(FlatFamily):
             v.shape(fo, out, [ishape[a] for a in axes])
         return (numel,), None
 
+    @staticmethod
+    def _check_slice_layer(f: str, ishape, oshape, attrs) -> None:
+        axes, begin, strides = attrs["axes"], attrs["begin"], attrs["strides"]
+        if not len(axes) == len(begin) == len(strides):
+            fail(f"{f}.attrs", f"axes {axes}, begin {begin} and strides {strides} differ in length")
+        if len(oshape) != len(ishape) or len(set(axes)) != len(axes):
+            fail(f"{f}.attrs.axes", f"{axes} do not slice {ishape} to {oshape}")
+        for i, (axis, start, step) in enumerate(zip(axes, begin, strides)):
+            if axis >= len(ishape) or step == 0:
+                fail(f"{f}.attrs", f"axis {axis} with stride {step} does not slice {ishape}")
+            last = start + step * (oshape[axis] - 1)
+            if start >= ishape[axis] or not 0 <= last < ishape[axis]:
+                fail(f"{f}.attrs.begin[{i}]", f"elements {start}..{last} step {step} leave axis {axis} of {ishape}")
+        for axis, (a, b) in enumerate(zip(ishape, oshape)):
+            if axis not in axes and a != b:
+                fail(f"{f}.output", f"axis {axis} is not sliced but {ishape} becomes {oshape}")
+
+    @staticmethod
+    def _check_concat_layer(v, f, ins, consts, out, attrs):
+        fo = f"{f}.output"
+        if not ins:
+            fail(f"{f}.inputs", "concat needs at least one input")
+        v.consts(f, consts, set())
+        dtype, axis = v.dtypes[ins[0]], attrs["axis"]
+        oshape = v.shapes[out]
+        v.dtype(fo, out, (dtype,))
+        if axis >= len(oshape):
+            fail(f"{f}.attrs.axis", f"{axis} is not an axis of {oshape}")
+        total = 0
+        for i, tid in enumerate(ins):
+            v.dtype(f"{f}.inputs[{i}]", tid, (dtype,))
+            shape = v.shapes[tid]
+            if len(shape) != len(oshape) or any(a != b for j, (a, b) in enumerate(zip(shape, oshape)) if j != axis):
+                fail(f"{f}.inputs[{i}]", f"shape {shape} does not join {oshape} along axis {axis}")
+            total += shape[axis]
+        if total != oshape[axis]:
+            fail(fo, f"inputs give {total} along axis {axis}, the output has {oshape[axis]}")
+        return (math.prod(oshape),), None
+
     # -- mapping ------------------------------------------------------------------------------
     def work(self, program, layer, arch):
         return 0, None
@@ -80,17 +253,21 @@ class Movement(FlatFamily):
         """Pure data movement: the DMA engine gathers with strides; ~1 cycle/element of setup."""
         return 1
 
+    def smallest_tile_bytes(self, program, layer, arch):
+        """One element read (from whichever input holds it) and one written, double-buffered."""
+        return 2 * (itemsize(program, layer.inputs[0]) + itemsize(program, layer.output))
+
+    def tile_costs(self, program, layer, arch, tile, lo, hi):
+        """Each output element reads exactly one input element (of any input)."""
+        ie = itemsize(program, layer.inputs[0])
+        oe = itemsize(program, layer.output)
+        e = (hi - lo)[:, 0]
+        return 2 * (ie + oe) * e, ie * e, 0, oe * e, np.ceil(e * self.cycles_per_element(layer, arch))
+
     # -- functional simulator -----------------------------------------------------------------
     def prepare_tiles(self, runner) -> None:
-        x = runner.env[runner.layer.inputs[0]]
-        kind = runner.layer.kind
-        if kind == "permute_dims":
-            moved = np.transpose(x, runner.layer.attrs["axes"])
-        elif kind == "broadcast_to":
-            moved = np.broadcast_to(x, runner.out.shape)
-        else:
-            moved = x
-        runner.flat_in = [np.ascontiguousarray(moved).reshape(-1)]
+        xs = [runner.env[t] for t in runner.layer.inputs]
+        runner.flat_in = [np.ascontiguousarray(moved(runner.layer, xs, runner.out.shape)).reshape(-1)]
 
     def run_tile(self, runner, tile) -> None:
         (e0, e1), = tile.region
@@ -98,14 +275,9 @@ class Movement(FlatFamily):
 
     def run_whole(self, program, index, layer, env, out):
         x = env[layer.inputs[0]]
-        if layer.kind == "permute_dims":
-            out[...] = np.transpose(x, layer.attrs["axes"])
-        elif layer.kind == "broadcast_to":
-            out[...] = np.broadcast_to(x, out.shape)
-        elif x.dtype == out.dtype and x.flags.c_contiguous and x.flags.writeable:
+        if layer.kind == "reshape" and x.dtype == out.dtype and x.flags.c_contiguous and x.flags.writeable:
             return x.reshape(out.shape)  # pure relabelling: a view (values are never written after they are made)
-        else:
-            out[...] = np.reshape(x, out.shape)
+        out[...] = moved(layer, [env[t] for t in layer.inputs], out.shape)
         return out
 
     def step(self, program, layer):
@@ -122,12 +294,11 @@ class Movement(FlatFamily):
                 out[...] = np.reshape(x, shape)
                 return out
             return step
-        axes = layer.attrs["axes"] if layer.kind == "permute_dims" else None
+        inputs = list(layer.inputs)
 
         def step(program, env):
             out = np.empty(shape, dtype=dtype)
-            x = env[x_tid]
-            out[...] = np.transpose(x, axes) if axes is not None else x  # (assignment broadcasts)
+            out[...] = moved(layer, [env[t] for t in inputs], shape)
             return out
         return step
 

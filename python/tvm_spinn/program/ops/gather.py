@@ -1,0 +1,161 @@
+"""Gathers: ``take`` (an embedding lookup: rows of a table picked by integer indices).
+
+- Arithmetic: none; each output element is one table element, fetched by the DMA engine from
+  where the table lives (a model's embedding table is a constant in DRAM; only the gathered
+  rows move). The timing model charges one cycle per element of descriptor setup, the index
+  bytes once per gathered slice, and the table bytes actually read.
+- Indices are int32 (TVM's PyTorch importer casts token ids to int32 before ``take``).
+  ``mode`` is TVM's: ``clip`` clamps an index into range, ``wrap`` takes it modulo the extent,
+  and ``fast`` promises that every index is in ``[0, extent)``; the host's ``fast`` kernel reads out of
+  bounds when the promise is broken, the simulator raises an ``IndexError`` naming the layer,
+  the index and the extent instead.
+- The table is the layer's ``table`` constant, or its first input when it is computed.
+- Tiles: ``[elements]`` over the flattened output.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..checks import check_int, fail
+from ..model import Layer
+from .base import FlatFamily, itemsize, register
+
+__all__ = ["Gather", "gather"]
+
+MODES = ("fast", "clip", "wrap")
+#: table dtypes a gather moves (bytes are bytes)
+TABLE_DTYPES = ("float32", "int8", "uint8")
+
+
+def _mode(v, field: str) -> str:
+    if v not in MODES:
+        fail(field, f"expected one of {MODES}, got {v!r:.40}")
+    return v
+
+
+def gather(layer: Layer, table: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """``take(table, indices, axis)`` with the layer's index mode (a new array)."""
+    axis, mode = layer.attrs["axis"], layer.attrs.get("mode", "fast")
+    extent = table.shape[axis]
+    idx = indices.astype(np.int64, copy=False)
+    if mode == "clip":
+        idx = np.clip(idx, 0, extent - 1)
+    elif mode == "wrap":
+        idx = np.mod(idx, extent)
+    elif idx.size and (idx.min() < 0 or idx.max() >= extent):  # fast: [0, extent) promised
+        bad = int(idx[(idx < 0) | (idx >= extent)].reshape(-1)[0])
+        raise IndexError(f"{layer.name}: take index {bad} is out of range for axis {axis} of extent {extent}")
+    return np.take(table, idx, axis=axis)
+
+
+class Gather(FlatFamily):
+    """``take`` of a table (constant or computed) by int32 indices."""
+
+    kinds = ("take",)
+    priority = 58
+
+    # -- partition and codegen ---------------------------------------------------------------
+    def patterns(self, kit) -> list[tuple]:
+        from tvm.relax.dpl import is_op, wildcard
+
+        table, indices = wildcard(), wildcard()
+        root = is_op("relax.take")(table, indices)
+        return [kit.entry("spinn.take", root, {"table": table, "indices": indices, "root": root}, self._check_pattern)]
+
+    @staticmethod
+    def _check_pattern(kit, op: str, ctx) -> bool:
+        root = ctx.annotated_expr["root"]
+        if str(root.attrs.mode) not in MODES:
+            return kit.refuse(op, root, f"take mode {root.attrs.mode!r}")
+        if not kit.check_tensors(op, ctx, ("table",), TABLE_DTYPES):
+            return False
+        indices = ctx.annotated_expr["indices"]
+        if kit.static_shape(indices) is None or kit.dtype(indices) != "int32":
+            return kit.refuse(op, root, f"indices of dtype {kit.dtype(indices)} (int32 with a static shape is supported)")
+        return kit.check_nonempty(op, root, "indices", indices)
+
+    def lower(self, lowerer, name: str, kind: str, calls: list, env: dict, layer: Layer) -> None:
+        from tvm.ir.expr import Constant
+
+        call = calls[0][1]
+        table, indices = call.args
+        rank = len(table.ty.shape)
+        axis = int(call.attrs.axis) if call.attrs.axis is not None else 0
+        layer.attrs["axis"] = axis + rank if axis < 0 else axis
+        layer.attrs["mode"] = str(call.attrs.mode)
+        if isinstance(table, Constant):  # an embedding table: a weight, read where it lives
+            layer.consts["table"] = lowerer.operand(table, env)
+            layer.inputs = [lowerer.operand(indices, env)]
+        else:
+            layer.inputs = [lowerer.operand(table, env), lowerer.operand(indices, env)]
+
+    # -- validation -----------------------------------------------------------------------------
+    def attr_schema(self, kind: str, mode: str):
+        return {"axis": lambda v, f: check_int(v, f, 0), "mode": _mode}, {}
+
+    def check(self, v, f, kind, mode, ins, consts, out, attrs):
+        v.consts(f, consts, set(), {"table"})
+        v.need(f"{f}.inputs", kind, ins, 1 if "table" in consts else 2)
+        table = consts["table"] if "table" in consts else ins[0]
+        indices = ins[-1]
+        v.dtype(f"{f}.table", table, TABLE_DTYPES)
+        v.dtype(f"{f}.indices", indices, ("int32",))
+        v.dtype(f"{f}.output", out, (v.dtypes[table],))
+        tshape, ishape = v.shapes[table], v.shapes[indices]
+        axis = attrs["axis"]
+        if axis >= len(tshape):
+            fail(f"{f}.attrs.axis", f"{axis} is not an axis of the table {tshape}")
+        v.shape(f"{f}.output", out, tshape[:axis] + ishape + tshape[axis + 1:])
+        return (math.prod(v.shapes[out]),), None
+
+    # -- mapping ------------------------------------------------------------------------------
+    def work(self, program, layer, arch):
+        return 0, None
+
+    def cycles_per_element(self, layer, arch):
+        """Data movement: ~1 cycle per element of DMA descriptor setup."""
+        return 1
+
+    def _table(self, layer: Layer) -> int:
+        return layer.consts["table"] if "table" in layer.consts else layer.inputs[0]
+
+    def smallest_tile_bytes(self, program, layer, arch):
+        return 2 * (itemsize(program, self._table(layer)) + itemsize(program, layer.inputs[-1])
+                    + itemsize(program, layer.output))
+
+    def tile_costs(self, program, layer, arch, tile, lo, hi):
+        """Per output element: one table element read (from the table's home: a constant
+        table counts as weight bytes), one written; an index per gathered slice."""
+        table = self._table(layer)
+        te, oe = itemsize(program, table), itemsize(program, layer.output)
+        axis = layer.attrs["axis"]
+        inner = max(1, math.prod(program.tensors[table].shape[axis + 1:]))
+        e = (hi - lo)[:, 0]
+        index_bytes = np.ceil(e / inner).astype(np.int64) * itemsize(program, layer.inputs[-1])
+        table_bytes = te * e
+        in_bytes, w_bytes = (index_bytes, table_bytes) if "table" in layer.consts else (index_bytes + table_bytes, 0)
+        return 2 * (te + oe) * e, in_bytes, w_bytes, oe * e, np.ceil(e * self.cycles_per_element(layer, arch))
+
+    # -- functional simulator -----------------------------------------------------------------
+    def _values(self, layer: Layer, env) -> np.ndarray:
+        return gather(layer, env[self._table(layer)], env[layer.inputs[-1]])
+
+    def prepare_tiles(self, runner) -> None:
+        runner.flat_in = [np.ascontiguousarray(self._values(runner.layer, runner.env)).reshape(-1)]
+
+    def run_tile(self, runner, tile) -> None:
+        (e0, e1), = tile.region
+        runner.out.reshape(-1)[e0:e1] = runner.flat_in[0][e0:e1]
+
+    def run_whole(self, program, index, layer, env, out):
+        out[...] = self._values(layer, env)
+        return out
+
+    def step(self, program, layer):
+        return lambda program, env: np.ascontiguousarray(self._values(layer, env))
+
+
+register(Gather())
