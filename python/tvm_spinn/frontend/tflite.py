@@ -1,14 +1,20 @@
 """TFLite / Keras front-end: load a ``.tflite`` flatbuffer and import it with ``relax.frontend.tflite``.
 
-``from_keras`` converts a ``keras.Model`` to a float32 TFLite flatbuffer with
-``tf.lite.TFLiteConverter.from_keras_model`` (no quantization) and imports that.
+``from_keras`` converts a ``keras.Model`` to a TFLite flatbuffer with
+``tf.lite.TFLiteConverter.from_keras_model`` -- float32, or full-integer int8 with
+``quantize=representative_data`` -- and imports that.
+
+Full-integer models (int8/uint8 activations, see :mod:`.tflite_quant`) import in the QDQ form
+of the ONNX and PTQ paths; the module is marked with ``spinn_quant_rounding="tflite"`` so the
+int8 GEMMs requantize with TFLite's fixed-point rule (:mod:`tvm_spinn.program.quant`) and give
+the TFLite interpreter's results.
 
 TensorFlow and the ``tflite`` flatbuffer package are optional (``pip install -e ".[tf]"``) and
 are imported lazily, so ``import tvm_spinn`` never pays for them.
 
-Note on layout: TFLite graphs are NHWC (``conv2d(data_layout="NHWC", kernel_layout="OHWI")``
-after import); the spinn partitioner only offloads NCHW convolutions, so these stay on the
-fallback target unless the module is converted (``relax.transform.ConvertLayout``) first.
+Note on layout: TFLite graphs are NHWC (``conv2d(data_layout="NHWC", kernel_layout="HWIO")``
+after import); the spinn partitioner converts them to the MAC path's NCHW (quantized graphs
+with transposes only at the graph's edges, :mod:`tvm_spinn.partition.nhwc`).
 """
 
 from __future__ import annotations
@@ -17,7 +23,9 @@ import os
 
 import tvm
 
+from ..program.quant import QUANT_ROUNDING_ATTR
 from .shapes import check_shape
+from .tflite_quant import keras_to_int8_tflite, quant_scheme
 
 __all__ = ["from_tflite", "from_keras", "keras_to_tflite", "TFLiteImportError"]
 
@@ -137,15 +145,20 @@ def from_tflite(path_or_bytes, shape_dict: dict | None = None, dtype_dict: dict 
                 f"TFLite input '{name}' of {where!r} has dynamic dims {list(sig)}; "
                 f"pass shape_dict={{'{name}': (...)}}"
             )
-    mod = _from_tflite(model, shape_dict or None, dict(dtype_dict) if dtype_dict else None)
+    scheme = quant_scheme(model, where, TFLiteImportError)
+    try:
+        mod = _from_tflite(model, shape_dict or None, dict(dtype_dict) if dtype_dict else None)
+    except tvm.error.OpNotImplemented as err:
+        raise TFLiteImportError(f"TFLite file {where!r}: {err}") from None
     main = mod["main"]
     # The converter binds weights as relax constants and additionally keeps a copy of them in
     # the "params" attribute; drop that copy (main takes only the model inputs).
     if main.attrs is not None and "params" in main.attrs:
         mod["main"] = main.without_attr("params")
-    return mod.with_attr(
-        "spinn_source", {"framework": "tflite", "file": where, "inputs": names}
-    )
+    mod = mod.with_attr("spinn_source", {"framework": "tflite", "file": where, "inputs": names})
+    if scheme is not None:
+        mod = mod.with_attr(QUANT_ROUNDING_ATTR, scheme)
+    return mod
 
 
 def _keras_shapes(model, input_shapes) -> list[tuple]:
@@ -191,8 +204,10 @@ def _import_tf():
     return tf
 
 
-def keras_to_tflite(model, input_shapes=None) -> bytes:
-    """Convert a ``keras.Model`` to a float32 TFLite flatbuffer (no quantization).
+def keras_to_tflite(model, input_shapes=None, quantize=None, io_dtype: str = "int8") -> bytes:
+    """Convert a ``keras.Model`` to a TFLite flatbuffer: float32, or full-integer with ``quantize``.
+
+    ``quantize`` (representative samples) and ``io_dtype`` are those of :func:`from_keras`.
 
     The model is first wrapped in a functional model whose inputs have the given static shapes
     (batch 1 by default): with a dynamic batch the converter emits ``Shape``/``Pack`` chains
@@ -208,13 +223,15 @@ def keras_to_tflite(model, input_shapes=None) -> bytes:
     ]
     outputs = model(inputs[0] if len(inputs) == 1 else inputs, training=False)
     static = keras.Model(inputs=inputs, outputs=outputs, name=f"{model.name}_static")
+    if quantize is not None:
+        return keras_to_int8_tflite(tf, static, shapes, quantize, io_dtype)
     converter = tf.lite.TFLiteConverter.from_keras_model(static)
     converter.optimizations = []  # float32, no quantization
     return converter.convert()
 
 
-def from_keras(model, input_shapes=None) -> tvm.IRModule:
-    """Import a ``keras.Model`` through TFLite (float32, no quantization).
+def from_keras(model, input_shapes=None, quantize=None, io_dtype: str = "int8") -> tvm.IRModule:
+    """Import a ``keras.Model`` through TFLite, float32 or quantized by TensorFlow to int8.
 
     Parameters
     ----------
@@ -223,12 +240,22 @@ def from_keras(model, input_shapes=None) -> tvm.IRModule:
     input_shapes : tuple, list of tuples or dict, optional
         Static shape of each model input (dict keyed by keras input name, or a list in
         ``model.inputs`` order). By default each input's keras shape with batch 1.
+    quantize : array, iterable or callable, optional
+        Representative data: when given, ``tf.lite.TFLiteConverter`` quantizes the model to full
+        integer (``TFLITE_BUILTINS_INT8``: int8 activations, per-channel int8 weights, int32
+        biases) calibrated on these samples -- an array ``(N, *input_shape[1:])``, or an iterable
+        (or a function returning one) of samples, each an array or a list of arrays (one per
+        input). The module computes what ``tf.lite.Interpreter`` computes on that flatbuffer
+        (:func:`keras_to_tflite` returns it).
+    io_dtype : {"int8", "uint8", "float32"}
+        With ``quantize``: the type of the model's inputs and outputs (``float32`` keeps float
+        edges, quantized and dequantized inside the model).
 
     Returns
     -------
     tvm.IRModule
     """
-    buf = keras_to_tflite(model, input_shapes)
+    buf = keras_to_tflite(model, input_shapes, quantize=quantize, io_dtype=io_dtype)
     mod = from_tflite(buf)
     source = dict(mod.attrs["spinn_source"])
     source.update(file="<keras>", keras_model=str(getattr(model, "name", "")))

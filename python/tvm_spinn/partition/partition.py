@@ -14,7 +14,8 @@ from .patterns import FallbackReason, patterns_for, spinn_patterns
 from .fold import FoldConstant
 from .pad import FoldPadIntoConv
 from .qweights import UniqueDequantize, hide_quantized_weights, restore_quantized_weights
-from .rewrites import FoldBatchNorm, FoldLayoutConstants
+from .nhwc import has_nhwc_qconv, nhwc_to_nchw
+from .rewrites import FoldBatchNorm, FoldLayoutConstants, FoldQuantizedClip, TagRequantRounding
 
 __all__ = ["partition_for_spinn", "PartitionSummary", "summarize_partition"]
 
@@ -56,6 +57,7 @@ def partition_for_spinn(
     fold = tvm.transform.Sequential(
         [
             _DecomposeTrainingBatchNorm,  # before anything that assumes running statistics
+            FoldQuantizedClip,  # fused activations of quantized (TFLite) graphs as QDQ ReLUs
             _ConvertConvLayout,
             FoldPadIntoConv,  # TF-style "same" padding: one region instead of one per conv
             FoldLayoutConstants,
@@ -69,6 +71,7 @@ def partition_for_spinn(
         [
             UniqueDequantize,
             _fuse_spinn_patterns(spinn_patterns(arch, reasons)),
+            TagRequantRounding,
             transform.MergeCompositeFunctions(),
             transform.DeadCodeElimination(),
         ]
@@ -184,7 +187,16 @@ def _DecomposeTrainingBatchNorm(func: relax.Function, _mod, _ctx) -> relax.Funct
 def _ConvertConvLayout(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802
     """The MAC path is NCHW/OIHW: convert NHWC convs (TFLite, Keras) so they can be offloaded.
 
-    Only when the module has such a conv: ConvertLayout rejects some unrelated graphs."""
+    Only when the module has such a conv: ConvertLayout rejects some unrelated graphs. Quantized
+    (QDQ) NHWC graphs are converted by :func:`.nhwc.nhwc_to_nchw` first (transposes at the
+    graph's edges only, int8 weights transposed before their ``dequantize``)."""
+    qdq = [(gvar, func) for gvar, func in mod.functions_items()
+           if isinstance(func, relax.Function) and not (func.attrs and "Codegen" in func.attrs)
+           and has_nhwc_qconv(func)]
+    if qdq:
+        mod = mod.clone()
+        for gvar, func in qdq:
+            mod[gvar] = nhwc_to_nchw(func)
     found = []
 
     def visit(expr):

@@ -17,6 +17,7 @@ from tvm.ir.expr import Constant
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
 from .hidden import HiddenConstants
+from .rewrites import _fold_layout
 
 __all__ = ["hide_quantized_weights", "restore_quantized_weights", "UniqueDequantize", "QUANTIZED_DTYPES"]
 
@@ -99,6 +100,9 @@ def hide_quantized_weights(mod: tvm.IRModule) -> tuple[tvm.IRModule, dict[str, d
     for gvar, func in list(_plain_functions(mod)):
         if not _has_quantized_dequantize(func):
             continue  # nothing to hide (the rewrite would only drop unused bindings)
+        # A weight transposed or reshaped before its dequantize (TFLite's fully-connected
+        # weights) is folded first, so the dequantize reads the int8 constant itself.
+        func = _fold_layout(func)
         large = HiddenConstants(func, _HIDE_MIN_ELEMENTS)
         new_func, params, consts = _hide_in_function(func, large if large.hidden else None)
         if large.hidden and large.collided:
@@ -116,6 +120,10 @@ def restore_quantized_weights(mod: tvm.IRModule, hidden: dict[str, dict[relax.Va
     """Bind the parameters made by :func:`hide_quantized_weights` back to their constants."""
     for name, consts in sorted(hidden.items()):
         mod = relax.transform.BindParams(name, dict(consts))(mod)
+        # Layout changes made to the hidden weights while they were parameters (NHWC -> NCHW,
+        # see .nhwc) fold into the int8 constants the patterns need.
+        gvar = mod.get_global_var(name)
+        mod[gvar] = _fold_layout(mod[gvar])
     return mod
 
 

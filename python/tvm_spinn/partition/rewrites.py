@@ -23,9 +23,10 @@ from tvm import relax
 from tvm.ir.expr import Constant
 from tvm.relax.dpl import is_const, is_op, is_tuple_get_item, rewrite_call, wildcard
 
+from ..program.quant import QUANT_ROUNDING_ATTR
 from .hidden import HiddenConstants
 
-__all__ = ["fold_batch_norm", "FoldBatchNorm", "FoldLayoutConstants"]
+__all__ = ["fold_batch_norm", "FoldBatchNorm", "FoldLayoutConstants", "TagRequantRounding", "FoldQuantizedClip"]
 
 
 def _pattern(constant=is_const):
@@ -198,3 +199,93 @@ def _fold_layout(func: relax.Function) -> relax.Function:
 def FoldLayoutConstants(func: relax.Function, _mod, _ctx) -> relax.Function:  # noqa: N802
     """Function pass: fold layout ops of constants with numpy (see module docstring)."""
     return _fold_layout(func)
+
+
+_ROUNDING_SUFFIX = {"tflite": "_tflite"}
+
+
+@tvm.transform.module_pass(opt_level=0, name="SpinnTagRequantRounding")
+def TagRequantRounding(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802
+    """Name the requantization rule in the int8 GEMM composites of a TFLite model.
+
+    Runs between ``FuseOpsByPattern`` and ``MergeCompositeFunctions``: a composite
+    ``spinn.qconv2d..._requant`` (or ``spinn.qmatmul..._requant``) becomes ``..._requant_tflite`` when the module's
+    :data:`QUANT_ROUNDING_ATTR` is ``"tflite"``; the GEMM family's lowering reads the suffix and
+    records ``rounding="tflite"`` in the layer (the QDQ graph itself cannot carry it).
+
+    Fully-connected layers (``spinn.qdense*``) keep the single rounding: TFLite's reference
+    ``FULLY_CONNECTED`` kernel rounds ``acc * M0 / 2**shift`` once, half up (measured against
+    ``tf.lite.Interpreter(..., BUILTIN_REF)`` in TF 2.21: 0 of 7,680 outputs differ with one
+    rounding, 8 with the double rounding), while its convolutions round twice."""
+    rule = mod.attrs.get(QUANT_ROUNDING_ATTR) if mod.attrs else None
+    if rule is None:
+        return mod
+    rule = str(rule)
+    if rule not in _ROUNDING_SUFFIX:
+        raise ValueError(f"module attribute {QUANT_ROUNDING_ATTR}={rule!r}: expected one of "
+                         f"{sorted(_ROUNDING_SUFFIX)}")
+    suffix = _ROUNDING_SUFFIX[rule]
+    updates = {}
+    for gvar, func in mod.functions_items():
+        if not (isinstance(func, relax.Function) and func.attrs and "Composite" in func.attrs):
+            continue
+        name = str(func.attrs["Composite"])
+        if name.startswith(("spinn.qconv2d", "spinn.qmatmul")) and name.endswith("_requant"):
+            updates[gvar] = func.with_attr("Composite", name + suffix)
+    if not updates:
+        return mod
+    mod = mod.clone()
+    for gvar, func in updates.items():
+        mod[gvar] = func
+    return mod
+
+
+_INT_RANGES = {"int8": (-128, 127), "uint8": (0, 255)}
+
+
+def _prim_float(value) -> float | None:
+    inner = getattr(value, "value", None)
+    try:
+        return float(getattr(inner, "value", inner))
+    except (TypeError, ValueError):
+        return None
+
+
+@relax.transform.function_pass(opt_level=0, name="SpinnFoldQuantizedClip")
+def FoldQuantizedClip(func: relax.Function, _mod, _ctx) -> relax.Function:  # noqa: N802
+    """A fused activation on quantized data, ``clip(quantize(x, s, z), lo, hi)`` (TFLite's
+    importer), as the QDQ form the int8 patterns fuse: ``quantize(x)`` when the clip covers the
+    type's range, ``quantize(relu(x))`` when it is ``[z, max]`` (a ReLU: ``quantize`` is monotonic
+    and ``quantize(0) = z``, so both give the same integers). Other clips stay."""
+    x, s, z = wildcard(), is_const(), is_const()
+    quant = is_op("relax.quantize")(x, s, z)
+    pattern = is_op("relax.clip")(quant, wildcard(), wildcard())
+
+    def rewriter(expr, matches):
+        q = matches[quant]
+        rng = _INT_RANGES.get(str(q.attrs.out_dtype))
+        lo, hi = _prim_float(expr.args[1]), _prim_float(expr.args[2])
+        zero = matches[z].value.numpy()
+        if rng is None or lo is None or hi is None or zero.size != 1 or hi < rng[1]:
+            return expr
+        if lo <= rng[0]:
+            return q
+        if lo == float(zero.reshape(-1)[0]):
+            return relax.op.quantize(relax.op.nn.relu(matches[x]), q.args[1], q.args[2],
+                                     axis=int(q.attrs.axis), out_dtype=str(q.attrs.out_dtype))
+        return expr
+
+    if "relax.clip" not in _ops_in(func):
+        return func
+    return rewrite_call(pattern, rewriter, func)
+
+
+def _ops_in(func: relax.Function) -> set[str]:
+    ops: set[str] = set()
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+            ops.add(str(expr.op.name))
+
+    relax.analysis.post_order_visit(func, visit)
+    return ops

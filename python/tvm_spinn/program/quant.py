@@ -19,6 +19,19 @@ An int8 GEMM layer computes, per output element and channel ``c``::
   (arithmetic shift: rounds half up). ReLU clamps at ``zy`` (``y >= 0 <=> q >= zy``).
 - The bias of an int8 epilogue is quantized at compile time: ``bias_q = round_half_even(bias /
   (sx * sw[c]))`` (float64).
+
+Two requantization rules (:data:`ROUNDINGS`), recorded per layer (``attrs["rounding"]``, absent =
+``"half_up"``) and checked when a program is loaded:
+
+- ``"half_up"`` (ONNX / PTQ models): one rounding of the exact product, ``(acc * M0 +
+  2**(shift-1)) >> shift`` -- the closest fixed-point reading of ONNX's float ``QuantizeLinear``.
+- ``"tflite"`` (TFLite models, :func:`tvm_spinn.frontend.from_tflite`): TFLite's
+  ``MultiplyByQuantizedMultiplier`` (``tensorflow/lite/kernels/internal/common.h``, without
+  ``TFLITE_SINGLE_ROUNDING``): ``RoundingDivideByPOT(SaturatingRoundingDoublingHighMul(acc *
+  2**left, M0), right)``, i.e. a rounding of ``acc * M0 / 2**31`` to an integer (ties away from
+  zero) and then a second rounding division by ``2**right`` (ties away from zero); ``M0`` comes
+  from :func:`quantize_multiplier_tflite` (``TfLiteRound``: ties away from zero). The two rules
+  differ by one step on some inputs (double rounding, negative ties).
 """
 
 from __future__ import annotations
@@ -27,7 +40,15 @@ import math
 
 import numpy as np
 
-__all__ = ["quantize_multiplier", "requantize", "QUANT_RANGES", "to_signed"]
+__all__ = ["quantize_multiplier", "requantize", "quantize_multiplier_tflite", "requantize_tflite",
+           "ROUNDINGS", "QUANT_ROUNDING_ATTR", "QUANT_RANGES", "to_signed"]
+
+#: IRModule attribute naming the requantization rule of a quantized model (``"tflite"``; absent:
+#: ``"half_up"``), set by :func:`tvm_spinn.frontend.from_tflite` and read by the partitioner
+QUANT_ROUNDING_ATTR = "spinn_quant_rounding"
+
+#: requantization rules a program may name (``attrs["rounding"]`` of an int8 layer)
+ROUNDINGS = ("half_up", "tflite")
 
 QUANT_RANGES = {"int8": (-128, 127), "uint8": (0, 255)}
 _MULT_BITS = 31
@@ -60,6 +81,53 @@ def requantize(acc: np.ndarray, m0: np.ndarray, shift: np.ndarray, zero: int, lo
     shift = np.asarray(shift, dtype=np.int64)
     prod = acc * m0  # |acc| < 2**32, m0 < 2**31: fits int64
     rounded = (prod + (np.int64(1) << (shift - 1))) >> shift
+    return np.clip(rounded + zero, lo, hi)
+
+
+def quantize_multiplier_tflite(m: float) -> tuple[int, int]:
+    """TFLite's ``QuantizeMultiplier`` in this module's ``(M0, shift)`` convention.
+
+    Same as :func:`quantize_multiplier` except that the mantissa is rounded with ties away from
+    zero (``TfLiteRound``), as TFLite does; the shift range is the same.
+    """
+    if not math.isfinite(m) or m < 0:
+        raise ValueError(f"requantization multiplier {m} is not a finite non-negative number")
+    if m == 0:
+        return 0, 1
+    mant, exp = math.frexp(m)
+    m0 = math.floor(mant * (1 << _MULT_BITS) + 0.5)  # exact: mant * 2**31 has ulp 2**-22
+    if m0 == 1 << _MULT_BITS:
+        m0, exp = m0 // 2, exp + 1
+    shift = _MULT_BITS - exp
+    if not 1 <= shift <= 62:
+        raise ValueError(f"requantization multiplier {m} is out of the supported range [2**-31, 2**30)")
+    return m0, shift
+
+
+def _trunc_div_pow2(v: np.ndarray, bits: int) -> np.ndarray:
+    """``v / 2**bits`` rounded toward zero (C integer division), int64."""
+    return np.where(v >= 0, v >> bits, -((-v) >> bits))
+
+
+def requantize_tflite(acc: np.ndarray, m0: np.ndarray, shift: np.ndarray, zero: int, lo: int,
+                      hi: int) -> np.ndarray:
+    """TFLite's requantization: ``clamp(zero + MultiplyByQuantizedMultiplier(acc, M0, 31 - shift),
+    lo, hi)`` in int64 (broadcasting); see the module docstring."""
+    acc = np.asarray(acc, dtype=np.int64)
+    m0 = np.asarray(m0, dtype=np.int64)
+    exp = _MULT_BITS - np.asarray(shift, dtype=np.int64)  # TFLite's shift: > 0 is a left shift
+    left = np.maximum(exp, 0)
+    right = np.maximum(-exp, 0)
+    # acc * 2**left stays in int32 in TFLite for every multiplier below 1 (left == 0); the
+    # 32-bit register is kept for the others.
+    x = (acc << left).astype(np.int32).astype(np.int64)
+    ab = x * m0  # |x| < 2**31, m0 < 2**31: fits int64
+    nudge = np.where(ab >= 0, np.int64(1 << 30), np.int64(1 - (1 << 30)))
+    high = _trunc_div_pow2(ab + nudge, _MULT_BITS)  # SaturatingRoundingDoublingHighMul
+    mask = (np.int64(1) << right) - 1
+    remainder = high & mask
+    threshold = (mask >> 1) + (high < 0)
+    rounded = (high >> right) + (remainder > threshold)  # RoundingDivideByPOT
     return np.clip(rounded + zero, lo, hi)
 
 

@@ -36,7 +36,8 @@ import numpy as np
 from ... import _lib
 from ..checks import PAD4, POS2, POSINT, RELU, ZERO, check_bool, check_str, fail
 from ..model import Layer
-from ..quant import QUANT_RANGES, quantize_multiplier, requantize, to_signed
+from ..quant import (QUANT_RANGES, ROUNDINGS, quantize_multiplier, quantize_multiplier_tflite, requantize,
+                     requantize_tflite, to_signed)
 from .base import ACC_BYTES, LoweringError, MappingError, OpFamily, ceil_div, gemm_tile_bytes, itemsize, register, starts, working_budget
 from .elementwise import relu
 
@@ -409,6 +410,9 @@ def int8_finish(acc: np.ndarray, za, zb, a_sum, b_sum, k: int, epi: dict, attrs:
             y = np.maximum(y, _F32(0))
         return y
     v = acc + epi["bias_q"][ch].astype(np.int64)
+    if attrs.get("rounding") == "tflite":
+        return requantize_tflite(v, epi["multiplier"][ch], epi["shift"][ch], attrs["y_zero"], attrs["y_min"],
+                                 attrs["y_max"])
     return requantize(v, epi["multiplier"][ch], epi["shift"][ch], attrs["y_zero"], attrs["y_min"], attrs["y_max"])
 
 
@@ -719,7 +723,7 @@ class Gemm(OpFamily):
                 req.update(_CONV)
             if kind == "matmul":
                 req.update(b_zero=ZERO, b_flip=check_bool)
-            return req, dict(_REQUANT)
+            return req, dict(_REQUANT, rounding=lambda v, f: check_str(v, f, ROUNDINGS))
         if kind == "conv2d":
             return dict(_CONV), dict(RELU)
         return {}, dict(RELU)
@@ -1147,10 +1151,14 @@ def _lower_qgemm(lowerer, layer: Layer, name: str, calls: list, env: dict) -> No
     sy = float(np.asarray(quant.args[1].value.numpy(), dtype=np.float64).reshape(-1)[0])
     zy = int(quant.args[2].value.numpy().reshape(-1)[0])
     lo, hi = QUANT_RANGES[ydtype]
+    # A composite named ``..._tflite`` (partition.rewrites.TagRequantRounding) requantizes with
+    # TFLite's rule (program/quant.py).
+    rounding = "tflite" if name.endswith("_tflite") else "half_up"
+    to_fixed = quantize_multiplier_tflite if rounding == "tflite" else quantize_multiplier
     mult, shift = np.zeros(channels, np.int32), np.zeros(channels, np.int32)
     for c in range(channels):
         try:
-            mult[c], shift[c] = quantize_multiplier(float(s_acc[c]) / sy)
+            mult[c], shift[c] = to_fixed(float(s_acc[c]) / sy)
         except ValueError as err:
             raise LoweringError(f"{name}: channel {c}: {err}") from None
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -1158,6 +1166,8 @@ def _lower_qgemm(lowerer, layer: Layer, name: str, calls: list, env: dict) -> No
     if np.any(np.abs(bias_q) >= 2**31):
         raise LoweringError(f"{name}: the quantized bias does not fit 32 bits (scales too small)")
     layer.attrs.update(out=ydtype, y_zero=zy, y_min=max(lo, zy) if layer.attrs["relu"] else lo, y_max=hi)
+    if rounding != "half_up":
+        layer.attrs["rounding"] = rounding
     layer.consts["bias_q"] = lowerer.add_const("biasq", bias_q.astype(np.int32))
     layer.consts["multiplier"] = lowerer.add_const("mult", mult)
     layer.consts["shift"] = lowerer.add_const("shift", shift)
@@ -1178,7 +1188,7 @@ def _check_int8_epilogue(v, f: str, kind: str, ins: list[int], consts: dict, out
     v.dtype(f"{f}.output", out, (odt,))
     if odt == "float32":
         v.consts(f, consts, weight | {"scale"}, {"bias", "w_zero"})
-        if set(_REQUANT) & attrs.keys():
+        if (set(_REQUANT) | {"rounding"}) & attrs.keys():
             fail(f"{f}.attrs", f"y_zero/y_min/y_max belong to a requantizing epilogue, output is {odt}")
         roles = {"scale": "float32", "bias": "float32"}
     else:

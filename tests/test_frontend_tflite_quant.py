@@ -1,0 +1,339 @@
+"""Full-integer TFLite models (TensorFlow's own int8) on the MAC arrays, against tf.lite.Interpreter.
+
+The semantics are those of TFLite's reference kernels (``OpResolverType.BUILTIN_REF``), against
+which every integer output is compared exactly: convolutions requantize with TFLite's
+``MultiplyByQuantizedMultiplier`` (``SaturatingRoundingDoublingHighMul`` then
+``RoundingDivideByPOT``: ``rounding="tflite"`` in the program), fully-connected layers with one
+rounding (the reference ``FULLY_CONNECTED`` kernel's, the default rule), quantized average pools
+round half away from zero (``partition/nhwc.py``).
+
+Where TFLite's own kernels round differently from the reference, within one quantization step
+(checked, with the count of differing elements printed):
+- the default interpreter's optimized kernels without delegates (``BUILTIN_WITHOUT_DEFAULT_DELEGATES``):
+  convolutions and fully-connected layers that go through ruy's GEMM requantize with a double
+  rounding that breaks ties upwards (``(acc * M0 + 2**30) >> 31``, then ``(v + 2**(r-1)) >> r``)
+  instead of away from zero; depthwise convolutions use the reference rule;
+- the default interpreter (``AUTO``, with the XNNPACK delegate) requantizes in float32;
+- int8 softmax: TFLite's is a fixed-point / lookup-table kernel, the QDQ form a float softmax
+  between ``dequantize`` and ``quantize``.
+(``BUILTIN_REF`` aborts the process on MobileNetV2 *with* its classifier head in TF 2.21: the
+test uses the feature extractor, 3 x 3 x 1280 outputs.)
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+pytest.importorskip("tflite")
+import keras  # noqa: E402
+
+import tvm  # noqa: E402
+import tvm_spinn  # noqa: E402,F401  (registers the spinn target)
+from tvm import relax  # noqa: E402
+from tvm_spinn.frontend.tflite import (  # noqa: E402
+    TFLiteImportError, from_keras, from_tflite, keras_to_tflite,
+)
+from tvm_spinn.program import ProgramError  # noqa: E402
+from tvm_spinn.program.format import Program  # noqa: E402
+from tvm_spinn.program.quant import (  # noqa: E402
+    quantize_multiplier, quantize_multiplier_tflite, requantize, requantize_tflite,
+)
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*tf.lite.Interpreter is deprecated:UserWarning")
+L = keras.layers
+#: interpreter kernels -> quantization steps they may differ by (see the module docstring)
+_RESOLVERS = {"BUILTIN_REF": 0, "BUILTIN_WITHOUT_DEFAULT_DELEGATES": 1, "AUTO": 1}
+
+
+def _interpret(buf: bytes, x: np.ndarray, resolver: str) -> list[np.ndarray]:
+    kind = getattr(tf.lite.experimental.OpResolverType, resolver)
+    interp = tf.lite.Interpreter(model_content=buf, experimental_op_resolver_type=kind)
+    interp.allocate_tensors()
+    (inp,) = interp.get_input_details()
+    interp.set_tensor(inp["index"], x)
+    interp.invoke()
+    return [interp.get_tensor(o["index"]) for o in interp.get_output_details()]
+
+
+def _by_shape(arrays) -> list[np.ndarray]:
+    return sorted(arrays, key=lambda a: (a.size, a.shape))
+
+
+def _run(mod, x, target="spinn") -> list[np.ndarray]:
+    out = relax.VirtualMachine(relax.build(mod, target=target), tvm.cpu())["main"](tvm.runtime.tensor(x))
+    return [o.numpy() for o in out] if isinstance(out, tvm.ir.Array) or not hasattr(out, "numpy") else [out.numpy()]
+
+
+def _inputs(buf: bytes, count: int, seed: int = 0) -> list[np.ndarray]:
+    (inp,) = tf.lite.Interpreter(model_content=buf).get_input_details()
+    rng = np.random.default_rng(seed)
+    info = np.iinfo(inp["dtype"])
+    return [rng.integers(info.min, info.max + 1, size=inp["shape"]).astype(inp["dtype"]) for _ in range(count)]
+
+
+def _check_exact(buf: bytes, mod, inputs, steps=None, resolvers=None) -> dict:
+    """Outputs equal to the reference kernels', within one step of the optimized ones;
+    ``steps[k]`` (outputs in size order) allows that many steps against every kernel (listed
+    where used). Returns {resolver: differing elements}."""
+    resolvers = _RESOLVERS if resolvers is None else resolvers
+    differ = dict.fromkeys(resolvers, 0)
+    for x in inputs:
+        got = _by_shape(_run(mod, x))
+        for resolver, allowed in resolvers.items():
+            want = _by_shape(_interpret(buf, x, resolver))
+            assert [g.shape for g in got] == [w.shape for w in want]
+            for k, (g, w) in enumerate(zip(got, want)):
+                assert g.dtype == w.dtype
+                step = max(allowed, (steps or {}).get(k, 0))
+                diff = np.abs(g.astype(np.int64) - w.astype(np.int64))
+                if step:
+                    assert diff.max() <= step, (resolver, k, diff.max())
+                else:
+                    np.testing.assert_array_equal(g, w, err_msg=resolver)
+                differ[resolver] += int(np.count_nonzero(diff))
+    print("elements differing from tf.lite.Interpreter:", differ)
+    return differ
+
+
+def _randomize(model: keras.Model, seed: int = 0) -> keras.Model:
+    """Random biases and batch-norm statistics (Keras initializes them to constants, and the
+    converter drops all-zero biases), so every part of the int8 epilogue is exercised."""
+    rng = np.random.default_rng(seed)
+    for layer in model.layers:
+        weights = layer.get_weights()
+        if not weights:
+            continue
+        new = []
+        for w in weights:
+            if w.ndim == 1:  # bias, gamma, beta, moving mean; variance stays positive
+                bn = isinstance(layer, L.BatchNormalization)
+                w = (rng.uniform(0.5, 1.5, w.shape) if bn and len(new) in (0, 3)
+                     else rng.normal(0.0, 0.2, w.shape)).astype(w.dtype)
+            new.append(w)
+        layer.set_weights(new)
+    return model
+
+
+def _summary(mod):
+    return tvm_spinn.summarize_partition(tvm_spinn.partition_for_spinn(mod))
+
+
+def _cnn() -> keras.Model:
+    keras.utils.set_random_seed(0)
+    x = keras.Input((16, 16, 3))
+    a = L.Conv2D(8, 3, activation="relu")(x)
+    b = L.DepthwiseConv2D(3, padding="same", activation="relu6")(a)
+    b = L.Conv2D(8, 1)(b)
+    c = L.MaxPooling2D()(L.Add()([a, b]))
+    d = L.Conv2D(16, 3, strides=2, padding="same", activation="relu")(c)
+    e = L.AveragePooling2D(2)(d)  # 4-element windows: ties, which TFLite rounds away from zero
+    f = L.Concatenate()([e, L.Conv2D(4, 1)(e)])
+    g = L.GlobalAveragePooling2D()(f)
+    h = L.Dense(10, activation="softmax")(g)
+    return _randomize(keras.Model(x, [f, h], name="qcnn"))
+
+
+@pytest.fixture(scope="module")
+def cnn_tflite() -> bytes:
+    rep = np.random.default_rng(1).random((16, 16, 16, 3), dtype=np.float32)
+    return keras_to_tflite(_cnn(), quantize=rep)
+
+
+def test_keras_cnn_matches_interpreter(cnn_tflite):
+    mod = from_tflite(cnn_tflite)
+    assert mod.attrs["spinn_quant_rounding"] == "tflite"
+    summary = _summary(mod)
+    ops = summary.offloaded_ops
+    # every conv (depthwise included), the dense head, pools, add, mean and softmax run on the
+    # MAC path with their requantization fused; one transpose in, one out (the NHWC output)
+    assert ops["spinn.qconv2d_bias_requant_tflite"] + ops["spinn.qconv2d_bias_relu_requant_tflite"] == 5
+    assert ops["spinn.qdense_bias_requant"] == 1  # FULLY_CONNECTED rounds once (partition/rewrites.py)
+    for kind in ("spinn.max_pool2d", "spinn.avg_pool2d", "spinn.add", "spinn.mean", "spinn.softmax"):
+        assert ops.get(kind, 0) == 1, kind
+    assert ops["spinn.permute_dims"] == 2
+    # the concat (of dequantized tensors) is offloaded where the movement family has concat
+    assert set(summary.fallback_ops) <= {"relax.concat"}
+    # The softmax head (output 0) within one step: TFLite's int8 softmax is its own fixed-point /
+    # lookup-table kernel, the QDQ form a float softmax between dequantize and quantize.
+    _check_exact(cnn_tflite, mod, _inputs(cnn_tflite, 3), steps={0: 1})
+
+
+def test_layers_record_the_tflite_rounding(cnn_tflite):
+    programs = tvm_spinn.report(relax.build(from_tflite(cnn_tflite), target="spinn")).programs
+    int8 = [(prog, layer) for prog in programs for layer in prog.layers
+            if layer.mode == "int8" and layer.attrs["out"] != "float32"]
+    rules = sorted((layer.kind, layer.attrs.get("rounding", "half_up")) for _, layer in int8)
+    assert rules == [("conv2d", "tflite")] * 5 + [("dense", "half_up")]
+    # the rule is validated when a program is read
+    prog, layer = next((p, layer) for p, layer in int8 if layer.kind == "conv2d")
+    layer.attrs["rounding"] = "nearest"
+    with pytest.raises(ProgramError, match="rounding"):
+        Program.from_bytes(prog.to_bytes())
+
+
+def test_dense_network_matches_interpreter():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((32,)), L.Dense(64, activation="relu"), L.Dense(48, activation="relu"),
+                              L.Dense(16)], name="mlp")
+    _randomize(model)
+    rep = np.random.default_rng(2).standard_normal((32, 32), dtype=np.float32)
+    mod = from_keras(model, quantize=rep)
+    # (the ReLUs' calibrated ranges start at 0: zero point -128, the clamp is the type's own)
+    assert _summary(mod).offloaded_ops == {"spinn.qdense_bias_requant": 3}
+    buf = keras_to_tflite(model, quantize=rep)
+    _check_exact(buf, mod, _inputs(buf, 4))
+
+
+@pytest.mark.slow  # ~60 s: the converter alone takes ~25 s
+def test_mobilenet_v2_matches_interpreter():
+    keras.utils.set_random_seed(0)
+    model = _randomize(keras.applications.MobileNetV2(weights=None, alpha=0.35, input_shape=(96, 96, 3),
+                                                      include_top=False))
+    rep = np.random.default_rng(3).random((8, 96, 96, 3), dtype=np.float32)
+    buf = keras_to_tflite(model, quantize=rep)
+    mod = from_tflite(buf)
+    summary = _summary(mod)
+    assert summary.fallback_ops == {} and summary.regions == 1
+    assert summary.offloaded_ops["spinn.permute_dims"] == 2  # the input and the NHWC output
+    convs = sum(n for k, n in summary.offloaded_ops.items() if k.startswith("spinn.qconv2d"))
+    assert convs == 52
+    # exact against the reference kernels; the optimized ones differ by one step in some layers,
+    # which 52 layers compound (2 steps at most seen)
+    differ = _check_exact(buf, mod, _inputs(buf, 1),
+                          resolvers={"BUILTIN_REF": 0, "BUILTIN_WITHOUT_DEFAULT_DELEGATES": 3, "AUTO": 3})
+    assert differ["BUILTIN_REF"] == 0
+
+
+@pytest.mark.parametrize("io_dtype", ["uint8", "float32"])
+def test_io_types(io_dtype):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8, 8, 3)), L.Conv2D(4, 3, activation="relu"), L.Flatten(), L.Dense(5)],
+                             name=f"io_{io_dtype}")
+    _randomize(model)
+    rep = np.random.default_rng(4).random((8, 8, 8, 3), dtype=np.float32)
+    buf = keras_to_tflite(model, quantize=rep, io_dtype=io_dtype)
+    mod = from_tflite(buf)
+    (param,) = mod["main"].params
+    assert str(param.ty.dtype) == io_dtype
+    ops = _summary(mod).offloaded_ops
+    assert ops.get("spinn.qconv2d_bias_relu_requant_tflite", 0) + ops.get("spinn.qconv2d_bias_requant_tflite", 0) == 1
+    if io_dtype == "float32":
+        # float edges: TFLite's QUANTIZE rounds x / s half away from zero, relax.quantize half to
+        # even; random inputs avoid exact ties, so the integers and outputs agree exactly
+        x = np.random.default_rng(5).random((1, 8, 8, 3), dtype=np.float32)
+        got = _run(mod, x)[0]
+        for resolver in _RESOLVERS:
+            np.testing.assert_array_equal(got, _interpret(buf, x, resolver)[0])
+    else:
+        _check_exact(buf, mod, _inputs(buf, 2))
+
+
+# -- the requantization rules ------------------------------------------------------------------
+def _gemmlowp(acc: int, m0: int, exp: int) -> int:
+    """TFLite's MultiplyByQuantizedMultiplier with Python integers (C semantics spelled out)."""
+    left, right = max(exp, 0), max(-exp, 0)
+    a = acc * (1 << left)
+    ab = a * m0
+    nudge = (1 << 30) if ab >= 0 else 1 - (1 << 30)
+    high = abs(ab + nudge) >> 31
+    high = high if ab + nudge >= 0 else -high  # C division truncates toward zero
+    mask = (1 << right) - 1
+    remainder, threshold = high & mask, (mask >> 1) + (1 if high < 0 else 0)
+    return (high >> right) + (1 if remainder > threshold else 0)
+
+
+def test_requantize_tflite_matches_the_gemmlowp_formulas():
+    rng = np.random.default_rng(6)
+    mults = np.exp(rng.uniform(np.log(2.0 ** -20), np.log(1.9), 400))
+    accs = rng.integers(-(1 << 24), 1 << 24, 400)
+    for m, acc in zip(mults, accs):
+        m0, shift = quantize_multiplier_tflite(float(m))
+        assert 1 << 30 <= m0 < 1 << 31 and abs(m0 * 2.0 ** -shift - m) <= m * 2.0 ** -30
+        got = int(requantize_tflite(int(acc), m0, shift, 0, -(1 << 40), 1 << 40))
+        assert got == _gemmlowp(int(acc), m0, 31 - shift), (m, acc)
+
+
+def test_the_two_rules_differ_on_ties():
+    # M = 0.25 (M0 = 2**30, a right shift by 1 after the doubling high multiply): acc * M is a
+    # tie for acc = 2 mod 4; TFLite rounds the ties away from zero, the default rule up
+    m0, shift = quantize_multiplier_tflite(0.25)
+    assert (m0, shift) == quantize_multiplier(0.25)
+    acc = np.array([-10, -6, -2, 2, 6, 10])
+    np.testing.assert_array_equal(requantize_tflite(acc, m0, shift, 0, -128, 127), [-3, -2, -1, 1, 2, 3])
+    np.testing.assert_array_equal(requantize(acc, m0, shift, 0, -128, 127), [-2, -1, 0, 1, 2, 3])
+    # double rounding (a 1x1 conv of the test CNN): -6369 * M = -23.498, the high multiply gives
+    # -6016 = -23.5 * 256 and the shift rounds that away from zero
+    m0, shift = quantize_multiplier_tflite(0.0036894420627504587)
+    assert int(requantize_tflite(-6369, m0, shift, 0, -128, 127)) == -24
+    assert int(requantize(-6369, m0, shift, 0, -128, 127)) == -23
+    # the multiplier's mantissa: TFLite rounds ties away from zero, Python's round() to even
+    tie = (2 ** 30 + 0.5) / 2 ** 31
+    assert quantize_multiplier_tflite(tie)[0] == 2 ** 30 + 1 and quantize_multiplier(tie)[0] == 2 ** 30
+
+
+# -- unsupported schemes -----------------------------------------------------------------------
+def _small() -> keras.Model:
+    # the dense weight has >= 1024 elements: the converter leaves smaller tensors in float
+    # under dynamic-range quantization
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([keras.Input((8, 8, 3)), L.Conv2D(4, 3), L.Flatten(), L.Dense(32)], name="small")
+
+
+def _convert(model, **settings) -> bytes:
+    inp = keras.Input(batch_shape=(1, 8, 8, 3))
+    static = keras.Model(inp, model(inp))
+    converter = tf.lite.TFLiteConverter.from_keras_model(static)
+    for key, value in settings.items():
+        if key == "supported_types":
+            converter.target_spec.supported_types = value
+        elif key == "supported_ops":
+            converter.target_spec.supported_ops = value
+        else:
+            setattr(converter, key, value)
+    return converter.convert()
+
+
+def _rep():
+    data = np.random.default_rng(7).random((4, 1, 8, 8, 3), dtype=np.float32)
+    return lambda: ([d] for d in data)
+
+
+def test_int16x8_is_refused():
+    buf = _convert(_small(), optimizations=[tf.lite.Optimize.DEFAULT], representative_dataset=_rep(),
+                   supported_ops=[tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8])
+    with pytest.raises(TFLiteImportError, match=r"tensor '.+' .* type INT16 .*int16x8"):
+        from_tflite(buf)
+
+
+def test_hybrid_dynamic_range_is_refused():
+    buf = _convert(_small(), optimizations=[tf.lite.Optimize.DEFAULT])  # no representative data
+    with pytest.raises(TFLiteImportError, match=r"tensor '.+' .* INT8 weight of .* dynamic-range"):
+        from_tflite(buf)
+
+
+def test_float16_weights_fall_back_to_float32():
+    """Documented fallback: float16 weights are widened to float32; the model runs in fp32."""
+    model = _small()
+    buf = _convert(model, optimizations=[tf.lite.Optimize.DEFAULT], supported_types=[tf.float16])
+    mod = from_tflite(buf)
+    assert "spinn_quant_rounding" not in mod.attrs
+    x = np.random.default_rng(8).random((1, 8, 8, 3), dtype=np.float32)
+    want = _interpret(buf, x, "BUILTIN_WITHOUT_DEFAULT_DELEGATES")[0]
+    np.testing.assert_allclose(_run(mod, x)[0], want, rtol=1e-4, atol=1e-5)
+    assert _summary(mod).offloaded_ops.get("spinn.dense", 0) + _summary(mod).offloaded_ops.get("spinn.dense_bias", 0) == 1
+
+
+def test_bad_representative_data():
+    with pytest.raises(ValueError, match="representative sample shape"):
+        keras_to_tflite(_small(), quantize=np.zeros((2, 4, 4, 3), np.float32))
+    with pytest.raises(ValueError, match="empty"):
+        keras_to_tflite(_small(), quantize=[])
+    with pytest.raises(ValueError, match="io_dtype"):
+        keras_to_tflite(_small(), quantize=np.zeros((2, 8, 8, 3), np.float32), io_dtype="int16")
+
+
+logging.getLogger("tvm_spinn.partition").setLevel(logging.ERROR)  # the int8 concat's fallback note
