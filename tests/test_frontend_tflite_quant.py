@@ -232,6 +232,39 @@ def test_io_types(io_dtype):
         _check_exact(buf, mod, _inputs(buf, 2))
 
 
+def _legacy_uint8_tflite() -> bytes:
+    """A TF1-style uint8 model (uint8 activations, per-tensor uint8 weights with zero points),
+    made with the v1 converter's ``inference_type=uint8`` and default ranges."""
+    tf1 = tf.compat.v1
+    rng = np.random.default_rng(9)
+    graph = tf1.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, (1, 8, 8, 3), name="input")
+        w = tf.constant(rng.normal(0, 0.3, (3, 3, 3, 8)).astype("float32"))
+        b = tf.constant(rng.normal(0, 0.3, (8,)).astype("float32"))
+        y = tf.nn.relu6(tf.nn.bias_add(tf.nn.conv2d(x, w, 1, "SAME"), b))
+        wd = tf.constant(rng.normal(0, 0.3, (3, 3, 8, 1)).astype("float32"))
+        y = tf.reshape(tf.nn.relu6(tf.nn.depthwise_conv2d(y, wd, [1, 1, 1, 1], "VALID")), (1, -1))
+        features = tf.identity(y, name="features")
+        logits = tf.identity(tf.matmul(y, tf.constant(rng.normal(0, 0.1, (288, 10)).astype("float32"))),
+                             name="logits")
+        with tf1.Session(graph=graph) as sess:
+            converter = tf1.lite.TFLiteConverter.from_session(sess, [x], [features, logits])
+            converter.inference_type = tf.uint8
+            converter.quantized_input_stats = {"input": (128.0, 127.0)}
+            converter.default_ranges_stats = (0, 6)
+            return converter.convert()
+
+
+def test_legacy_uint8_model():
+    buf = _legacy_uint8_tflite()
+    mod = from_tflite(buf)
+    assert str(mod["main"].params[0].ty.dtype) == "uint8"
+    ops = _summary(mod).offloaded_ops
+    assert ops["spinn.qconv2d_bias_requant_tflite"] == 2 and ops["spinn.qdense_requant"] == 1
+    _check_exact(buf, mod, _inputs(buf, 3))
+
+
 # -- the requantization rules ------------------------------------------------------------------
 def _gemmlowp(acc: int, m0: int, exp: int) -> int:
     """TFLite's MultiplyByQuantizedMultiplier with Python integers (C semantics spelled out)."""
