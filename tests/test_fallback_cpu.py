@@ -142,9 +142,10 @@ def test_zero_size_constant_survives_export_and_reload(tmp_path):
     assert out.numpy().shape == (3, 0, 5) and out.numpy().dtype == np.int64
 
 
-def test_erf_and_tanh_are_vectorized_and_accurate():
-    """float32 erf/tanh become TVM's rational approximations on llvm: vectorized loops, and
-    within 1e-6 of the exact functions over the whole range, clamping regions included."""
+def test_erf_tanh_exp_are_vectorized_and_accurate():
+    """float32 erf/tanh/exp become TVM's fast approximations on llvm: vectorized loops, and
+    within 1e-6 (erf, tanh: absolute; exp: relative) of the exact functions over the whole
+    range, clamping regions included; MetaSchedule can extract and estimate them."""
     import math
 
     xs = np.linspace(-12, 12, 8192, dtype=np.float32).reshape(64, 128)
@@ -152,18 +153,25 @@ def test_erf_and_tanh_are_vectorized_and_accurate():
     bb = relax.BlockBuilder()
     with bb.function("main", [x]):
         with bb.dataflow():
-            gv = bb.emit_output(relax.Tuple([relax.op.erf(x), relax.op.tanh(x)]))
+            gv = bb.emit_output(relax.Tuple([relax.op.erf(x), relax.op.tanh(x), relax.op.exp(x * relax.const(7.0, "float32"))]))
         bb.emit_func_output(gv)
     mod = bb.get()
     with LLVM:
         scheduled = default_schedule_pass(LLVM)(prepare_fallback(mod))
     text = scheduled.script()
-    assert "T.erf" not in text and "T.tanh" not in text and "T.vectorized" in text
+    assert "T.erf" not in text and "T.tanh" not in text and "T.exp" not in text and "T.vectorized" in text
     with tvm_spinn.build_options():
         out = relax.VirtualMachine(relax.build(mod, target=LLVM), tvm.cpu())["main"](tvm.runtime.tensor(xs))
     exact = [np.vectorize(math.erf)(xs.astype(np.float64)), np.tanh(xs.astype(np.float64))]
-    for got, want in zip(out, exact):
+    for got, want in zip(out[:2], exact):
         np.testing.assert_allclose(got.numpy(), want, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(out[2].numpy(), np.exp((np.float32(7.0) * xs).astype(np.float64)), rtol=1e-6, atol=1e-37)
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    from tvm_spinn.tune.tasks import extract_fallback_tasks
+
+    for task in extract_fallback_tasks(mod, LLVM):  # no Let: MetaSchedule handles them
+        assert "T.let" not in task.dispatched[0].script() and estimate_tir_flops(task.dispatched[0]) > 0
     # other targets keep the exact intrinsics
     with tvm.target.Target("cuda"):
         assert "T.erf" in prepare_fallback(mod).script()

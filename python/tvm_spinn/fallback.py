@@ -53,6 +53,9 @@ def prepare_fallback(mod: tvm.IRModule) -> tvm.IRModule:
         FoldSmallConstants,
         relax.backend.DispatchSampling(),
         relax.backend.DispatchSortScan(),
+        # inference batch norm -> elementwise ops: folded into constants and fused into the
+        # preceding convolution's epilogue (as a tuple-valued op it was a task of its own)
+        relax.transform.DecomposeOpsForInference(),
         relax.transform.LegalizeOps(),
         _VectorizableMath,
         relax.transform.AnnotateTIROpPattern(),
@@ -87,18 +90,52 @@ def _horner(x2, coefficients):
     return acc
 
 
+def _bind(expr, var, value):
+    """``expr`` with ``var`` replaced by ``value``: written out, not a ``Let`` (MetaSchedule's
+    feature extraction and FLOP estimate reject ``Let``; LLVM removes the repeats)."""
+    return tvm_ffi.structural_map(expr, (tvm.tirx.Var, lambda v: value if v.same_as(var) else v),
+                                  order="post")
+
+
 def _odd_rational(arg, clamp: float, num, den):
-    """``x * P(x^2) / Q(x^2)`` with ``x = clamp(arg)``, ``arg`` evaluated once (a Let)."""
+    """``x * P(x^2) / Q(x^2)`` with ``x = clamp(arg)``."""
     x = tvm.tirx.Var("x", "float32")
-    x2 = tvm.tirx.Var("x2", "float32")
-    body = x * _horner(x2, num) / _horner(x2, den)
     limit = tvm.tirx.const(clamp, "float32")
-    return tvm.tirx.Let(x, tvm.tirx.max(tvm.tirx.min(arg, limit), -limit), tvm.tirx.Let(x2, x * x, body))
+    return _bind(x * _horner(x * x, num) / _horner(x * x, den), x,
+                 tvm.tirx.max(tvm.tirx.min(arg, limit), -limit))
+
+
+_EXP_HI, _EXP_LO = 88.376266479492188, -88.376258850097656
+_EXP_POLY = (0.00019875691214110702, 0.0013981999363750219, 0.008333452045917511,
+             0.041665796190500259, 0.1666666567325592, 0.5)
+
+
+def _fast_exp(arg):
+    """TVM's ``topi.fast_exp`` (Cephes' expf) for float32: ``2^n * p(r)``, ``x = n ln2 + r``
+    (clamped to the float32 range; ``2^n`` built from the exponent bits), with a two-part ln2.
+    Not a NaN-propagating exp: the softmaxes it serves do not see NaN inputs."""
+    f32 = "float32"
+    x = tvm.tirx.Var("x", f32)
+    n = tvm.tirx.Var("n", f32)
+    r = tvm.tirx.Var("r", f32)
+    poly = _horner(r, _EXP_POLY) * r * r + r + tvm.tirx.const(1.0, f32)
+    two_n = tvm.tirx.call_intrin(f32, "tirx.reinterpret", tvm.tirx.shift_left(
+        (n + tvm.tirx.const(127.0, f32)).astype("int32"), tvm.tirx.const(23, "int32")))
+    body = tvm.tirx.max(two_n * poly, x)
+    # Cody-Waite: ln2 = C1 + C2 with C1 short enough that n * C1 is exact, so r keeps its
+    # precision for large |x| (one float32 ln2 lost up to 4e-6 relative at |x| ~ 88)
+    body = _bind(body, r, (x - n * tvm.tirx.const(0.693359375, f32))
+                 - n * tvm.tirx.const(-2.12194440e-4, f32))
+    body = _bind(body, n, tvm.tirx.floor(x * tvm.tirx.const(1.4426950216293335, f32)
+                                         + tvm.tirx.const(0.5, f32)))
+    return _bind(body, x, tvm.tirx.max(tvm.tirx.min(arg, tvm.tirx.const(_EXP_HI, f32)),
+                                       tvm.tirx.const(_EXP_LO, f32)))
 
 
 _FAST_MATH = {
     "tirx.erf": lambda arg: _odd_rational(arg, _ERF_CLAMP, _ERF_NUM, _ERF_DEN),
     "tirx.tanh": lambda arg: _odd_rational(arg, _TANH_CLAMP, _TANH_NUM, _TANH_DEN),
+    "tirx.exp": _fast_exp,
 }
 
 
@@ -111,12 +148,12 @@ def _fast_math_call(call):
 
 @tvm.transform.module_pass(opt_level=0, name="SpinnVectorizableMath")
 def _VectorizableMath(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802
-    """On llvm, float32 ``erf`` and ``tanh`` become TVM's fast rational approximations.
+    """On llvm, float32 ``erf``, ``tanh`` and ``exp`` become TVM's fast approximations.
 
     LLVM has no vector lowering for them: ``erf`` is a libm call per element (GELU took over half
-    of a transformer block's time, scalar) and a vectorized ``tanh`` is split into scalar calls.
-    The approximations are plain arithmetic, so the default schedules and MetaSchedule
-    vectorize them. Other dtypes and targets are left alone."""
+    of a transformer block's time, scalar), and vectorized ``tanh``/``exp`` are split into
+    scalar calls (softmax, sigmoid). The approximations are plain arithmetic, so the default
+    schedules and MetaSchedule vectorize them. Other dtypes and targets are left alone."""
     target = tvm.target.Target.current(allow_none=True)
     if target is None or target.kind.name != "llvm":
         return mod
@@ -280,10 +317,11 @@ class ParallelVectorize(dl.ScheduleRule):
             spatial[-1] = so
             inner.append(si)
         if n_s >= 2:
-            u = _divisor(exts[n_s - 2], (4, 2))
+            axis = self._row_axis(sch, info.block_rv, n_s)
+            u = _divisor(exts[axis], (4, 2))
             if u > 1:
-                ro, ri = sch.split(spatial[-2], [None, u])
-                spatial[-2] = ro
+                ro, ri = sch.split(spatial[axis], [None, u])
+                spatial[axis] = ro
                 inner.insert(0, ri)
         sch.reorder(*spatial, *reduce, *inner)
         par = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
@@ -295,6 +333,32 @@ class ParallelVectorize(dl.ScheduleRule):
             sch.unroll(inner[0])
         sch.decompose_reduction(info.block_rv, reduce[0])
         return par
+
+    @staticmethod
+    def _row_axis(sch, block, n_s: int) -> int:
+        """The spatial axis to unroll into register-tile rows.
+
+        The innermost spatial axis (before the vectorized one) that some input varying along
+        the vector lanes does not depend on: each vector loaded from that input then serves
+        every row of the tile. Matmul ``C[i, j] += A[i, k] B[k, j]``: ``i`` (``B`` does not
+        depend on it); NCHW convolution: the output channel (the input image does not), not
+        the output row (every row reads other input rows)."""
+        stmt = sch.get(block)
+        iters = [iv.var for iv in stmt.iter_vars]
+
+        def uses(region, var) -> bool:
+            found = []
+            for rng in region.region:
+                tvm_ffi.structural_walk(rng.min, (tvm.tirx.Var, lambda v: found.append(v.same_as(var))),
+                                        order="pre")
+            return any(found)
+
+        vec = iters[n_s - 1]
+        operands = [r for r in stmt.reads if uses(r, vec)]
+        for axis in range(n_s - 2, -1, -1):
+            if any(not uses(r, iters[axis]) for r in operands):
+                return axis
+        return n_s - 2
 
     def _epilogue(self, sch, block, par, lanes: int) -> bool:
         try:
