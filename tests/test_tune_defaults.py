@@ -137,6 +137,7 @@ def _mean(rec):
     return sum(float(s) for s in rec.run_secs) / len(rec.run_secs)
 
 
+@pytest.mark.slow
 def test_short_search_never_beats_the_measured_minimum(mlp, tmp_path):
     """One real trial per task: whatever the timings, each task's build uses the candidate with
     the lowest measured latency over the search's records and the default's record."""

@@ -5,7 +5,9 @@ What is not offloaded to spinn runs on the host CPU (``spinn``, ``spinn/board``)
 CUDA pipeline with dlight for cuda) runs, :func:`run_fallback`
 
 1. legalizes and fuses the rest like TVM's CPU pipeline (:func:`prepare_fallback`; the tuner
-   extracts its tasks from exactly this module, so tuning records match at build time),
+   extracts its tasks from exactly this module, so tuning records match at build time); on
+   llvm, inference batch norm is decomposed (it fuses into the convolution before it) and
+   float32 ``erf``/``tanh``/``exp`` become vectorizable approximations (TVM's fast math),
 2. applies MetaSchedule tuning logs when the active :class:`~tvm_spinn.tune.BuildOptions` names
    some (``MetaScheduleApplyDatabase``),
 3. gives every PrimFunc still unscheduled a default schedule: on llvm the dlight CPU rules
