@@ -55,6 +55,24 @@ def test_export_seals_and_reloads_same_bits(mlp):
     assert np.array_equal(plain["main"](tvm.runtime.tensor(x)).numpy(), expected)
 
 
+def test_libraries_sealed_by_the_previous_version_still_load(mlp, tmp_path, monkeypatch):
+    """Version 4 seals with XXH3-128 segment digests; a version-3 library (SHA-256 segments,
+    same container) is still verified and loaded, and damage to it is still found."""
+    ex, _, x, expected = mlp
+    path = tmp_path / "v3.so"
+    monkeypatch.setattr(loader, "_VERSION", 3)
+    ex.export_library(str(path))
+    monkeypatch.undo()
+    assert struct.unpack("<I", open(path, "rb").read()[-44:-40])[0] == 3  # the footer's version field
+    got = relax.VirtualMachine(tvm_spinn.load_module(path), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    assert np.array_equal(got.view(np.uint32), expected.view(np.uint32))
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 1
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(loader.LibraryError, match="digest|damaged|corrupt"):
+        tvm_spinn.load_module(path)
+
+
 def test_a_file_replaced_during_the_load_is_refused(mlp, tmp_path, monkeypatch):
     """The programs of a verified library skip their own digest pass, so the file TVM reads
     must be the file that was verified: one replaced at the path in between (a concurrent

@@ -301,6 +301,19 @@ def test_take_out_of_range_index_names_the_layer():
         _run(ex, [np.array([1, 10, 2], "int32")])
 
 
+def test_take_roofline_counts_the_gathered_rows_not_the_table():
+    """An embedding lookup moves the rows it gathers: the DRAM bound charges those (7 rows of
+    64 floats), not the 1000-row table (streamed from DRAM, not kept resident in SRAM)."""
+    case = take_case((1000, 64), (1, 7), 0, "fast", 0, 1000)
+    with tvm_spinn.MappingOptions(weights="stream"):
+        ex = relax.build(case.make(case.consts), target="spinn")
+    rep = tvm_spinn.report(ex)
+    arch = tvm_spinn.arch_of(tvm_spinn.get_target("spinn"))
+    moved = 7 * 4 + 2 * 7 * 64 * 4  # indices in; gathered rows read; rows written out
+    assert rep.roofline_s == pytest.approx(moved / arch.total_dram_bw_bytes_s, rel=1e-9)
+    assert rep.latency_s >= rep.roofline_s
+
+
 def take_case(tshape, ishape, axis, mode, lo, hi, seed=0) -> Case:
     consts = {"t": _randn(seed + 1, *tshape)}
     make = lambda c: _module({"i": (ishape, "int32")},  # noqa: E731

@@ -8,7 +8,8 @@ TVM's formats can prevent that, so the whole artifact is sealed instead:
 * :func:`export_library` writes the library (TVM's ``export_library``), then the spinn programs
   (weights included) *after* the ELF contents, then an *integrity trailer*: a small JSON record
   (which also locates each program by its digest) and a fixed footer (magic, lengths, format
-  version) with a SHA-256 digest of every byte before it. The dynamic loader ignores bytes after
+  version) with a digest of every byte before it (XXH3-128 per segment under a SHA-256
+  root). The dynamic loader ignores bytes after
   the ELF contents, so the file is still an ordinary shared library. With ``tvm_spinn``
   imported, ``ex.export_library`` of an executable that contains spinn modules goes through the
   same function.
@@ -43,6 +44,7 @@ from typing import Any
 import numpy as np
 import tvm
 import tvm_ffi
+import xxhash
 
 from ..program.format import CHECKSUM_BYTES, ProgramError
 
@@ -56,12 +58,17 @@ class LibraryError(ValueError):
 
 #: Last 8 bytes of a sealed library.
 TRAILER_MAGIC = b"SPNNSEAL"
+# 4: XXH3-128 segment digests under a SHA-256 root, programs after the ELF contents;
 # 3: SHA-256 segment tree, programs after the ELF contents (located by the record's "programs");
 # 2: BLAKE2b-256 segment tree, programs inside TVM's module blob (still read); 1: sequential.
-_VERSION = 3
-# SHA-256 runs on the CPU's SHA extensions where present: about twice BLAKE2b's throughput.
-_HASHES = {2: lambda data=b"": hashlib.blake2b(data, digest_size=_DIGEST_SIZE),
-           3: hashlib.sha256}
+_VERSION = 4
+# Leaf hash (over each segment) and root hash (over the leaves and the record) of each version.
+# The seal detects damage (truncation, bit rot, a foreign or half-written file), not forgery:
+# XXH3-128 (xxhash) hashes about 6x faster than SHA-256 with the CPU's SHA extensions (measured
+# 4.5 vs 0.78 GB/s on one core here), and the leaves were most of a large library's load time.
+_HASHES = {2: (lambda data=b"": hashlib.blake2b(data, digest_size=_DIGEST_SIZE),) * 2,
+           3: (hashlib.sha256, hashlib.sha256),
+           4: (xxhash.xxh3_128, hashlib.sha256)}
 # Footer (at the very end of the file): body_len u64, meta_len u32, version u32, digest, magic.
 _DIGEST_SIZE = 32
 #: Alignment of each program in the file (a memory map is page-aligned; constants stay aligned).
@@ -85,16 +92,16 @@ def _digest(mapped: "mmap.mmap | None", length: int, extra: bytes, version: int 
     ``extra``.
 
     The file is mapped, not read (constant memory), and the segments are hashed on every core
-    (hashlib releases the GIL): a library of hundreds of MB is verified in a fraction of the
+    (hashlib and xxhash release the GIL): a library of hundreds of MB is verified in a fraction of the
     time of one sequential pass."""
-    new = _HASHES[version]
+    new_leaf, new_root = _HASHES[version]
     leaves: list[bytes] = []
     if length:
         spans = [(start, min(start + _SEGMENT, length)) for start in range(0, length, _SEGMENT)]
         view = memoryview(mapped)
         try:
             def leaf(span: tuple[int, int]) -> bytes:
-                return new(view[span[0]:span[1]]).digest()
+                return new_leaf(view[span[0]:span[1]]).digest()
 
             workers = max(1, min(len(spans), os.cpu_count() or 1))
             if workers == 1:
@@ -104,7 +111,7 @@ def _digest(mapped: "mmap.mmap | None", length: int, extra: bytes, version: int 
                     leaves = list(pool.map(leaf, spans))
         finally:
             view.release()
-    h = new()
+    h = new_root()
     for d in leaves:
         h.update(d)
     h.update(extra)
@@ -119,7 +126,7 @@ def _seal(path: str, meta: dict[str, Any]) -> None:
         head = struct.pack("<QII", body_len, len(record), _VERSION)
         mapped = _map(f, body_len)
         try:
-            digest = _digest(mapped, body_len, record + head)
+            digest = _digest(mapped, body_len, record + head, _VERSION)
         finally:
             if mapped is not None:
                 mapped.close()
