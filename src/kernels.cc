@@ -864,6 +864,36 @@ void Im2Col(const void* x, void* out, const Im2ColShape& s, int elem_bytes, cons
   }
 }
 
+namespace {
+// 64 x 64 blocks: a block of src rows and the block of dst rows it fills both stay in L1 (16 KB
+// each for 4-byte elements), so every cache line is read once and written once.
+constexpr int64_t kTransposeBlock = 64;
+
+template <typename T>
+void TransposeBlocks(const T* src, T* dst, int64_t rows, int64_t cols, int threads) {
+  const int64_t bands = (cols + kTransposeBlock - 1) / kTransposeBlock;  // dst row bands
+  ParallelFor(bands, threads, [&](int64_t band) {
+    const int64_t c0 = band * kTransposeBlock, c1 = std::min(cols, c0 + kTransposeBlock);
+    for (int64_t r0 = 0; r0 < rows; r0 += kTransposeBlock) {
+      const int64_t r1 = std::min(rows, r0 + kTransposeBlock);
+      for (int64_t c = c0; c < c1; ++c) {
+        T* out = dst + c * rows;
+        for (int64_t r = r0; r < r1; ++r) out[r] = src[r * cols + c];
+      }
+    }
+  });
+}
+}  // namespace
+
+void Transpose2D(const void* src, void* dst, int64_t rows, int64_t cols, int itemsize, int threads) {
+  switch (itemsize) {
+    case 1: TransposeBlocks(static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst), rows, cols, threads); break;
+    case 2: TransposeBlocks(static_cast<const uint16_t*>(src), static_cast<uint16_t*>(dst), rows, cols, threads); break;
+    case 4: TransposeBlocks(static_cast<const uint32_t*>(src), static_cast<uint32_t*>(dst), rows, cols, threads); break;
+    default: TransposeBlocks(static_cast<const uint64_t*>(src), static_cast<uint64_t*>(dst), rows, cols, threads); break;
+  }
+}
+
 void RowSumF32(const float* x, float* out, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = x + r * cols;

@@ -80,6 +80,12 @@ int SimThreads(int64_t work);
 void RowSumF32(const float* x, float* out, int64_t rows, int64_t cols);
 
 /*!
+ * \brief dst[c, r] = src[r, c] for a C-contiguous src [rows, cols] of `itemsize`-byte elements
+ *        (1, 2, 4 or 8): a cache-blocked copy, bands of rows on up to `threads` threads.
+ */
+void Transpose2D(const void* src, void* dst, int64_t rows, int64_t cols, int itemsize, int threads);
+
+/*!
  * \brief The exp/log unit's exp, modelled by one fixed float32 algorithm (Cephes expf:
  *        Cody-Waite reduction by ln 2, a degree-6 polynomial, exact scaling by 2^n), so the
  *        simulator's bits do not depend on the host's math library or SIMD level.

@@ -93,6 +93,28 @@ void SimRowSumF32(TensorView x, TensorView out) {
   RowSumF32(DataPtr<const float>(x), DataPtr<float>(out), x.shape()[0], x.shape()[1]);
 }
 
+void SimTranspose2D(TensorView src, TensorView dst, int64_t threads) {
+  const char* func = "tvm_spinn.sim.transpose2d";
+  if (src.ndim() != 2 || dst.ndim() != 2) {
+    TVM_FFI_THROW(ValueError) << func << ": src and dst must be 2-D, got src " << ShapeStr(src)
+                              << ", dst " << ShapeStr(dst);
+  }
+  const DLDataType dtype = src.dtype();
+  const int itemsize = dtype.bits / 8;
+  if (dtype.lanes != 1 || dtype.bits % 8 != 0 || (itemsize != 1 && itemsize != 2 && itemsize != 4 && itemsize != 8)) {
+    TVM_FFI_THROW(TypeError) << func << ": elements of 1, 2, 4 or 8 bytes, got " << dtype.bits << " bits";
+  }
+  CheckTensor(func, "src", src, 2, dtype);
+  CheckTensor(func, "dst", dst, 2, dtype);
+  const std::string detail = "src " + ShapeStr(src) + ", dst " + ShapeStr(dst);
+  CheckDim(func, "dst.shape[0]", dst.shape()[0], src.shape()[1], detail);
+  CheckDim(func, "dst.shape[1]", dst.shape()[1], src.shape()[0], detail);
+  CheckNoOverlap(func, "dst", dst, "src", src);
+  const int64_t rows = src.shape()[0], cols = src.shape()[1];
+  Transpose2D(static_cast<const char*>(src.data_ptr()) + src.byte_offset(),
+              static_cast<char*>(dst.data_ptr()) + dst.byte_offset(), rows, cols, itemsize,
+              ThreadsArg(func, threads, rows * cols));
+}
 
 /*!
  * \brief Validate the batched GEMM C[batch,M,N] (+)= A[a_index[b]] @ B[b_index[b]], with
@@ -263,7 +285,9 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("tvm_spinn.sim.im2col", SimIm2Col,
            "im2col of an NCHW tensor: [n*groups, (C/groups)*kh*kw, oh*ow], padding reads fill.")
       .def("tvm_spinn.sim.row_sum_f32", SimRowSumF32,
-           "out[r] = sequential left-to-right float32 sum of X[r, :].");
+           "out[r] = sequential left-to-right float32 sum of X[r, :].")
+      .def("tvm_spinn.sim.transpose2d", SimTranspose2D,
+           "dst[c, r] = src[r, c]: a cache-blocked, multi-threaded 2-D transpose (any 1/2/4/8-byte dtype).");
 }
 
 }  // namespace tvm_spinn

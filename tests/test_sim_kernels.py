@@ -503,3 +503,25 @@ def test_activation_bits(kind, code):
     assert np.array_equal(_bits(out), _bits(_activation_reference(kind, x)))
     with pytest.raises(ValueError, match="kind"):
         _lib._func("tvm_spinn.sim.activation_f32")(x, out, 7)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int16", "float32", "float64"])
+@pytest.mark.parametrize("shape", [(1, 1), (37, 129), (64, 64), (3072, 770)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_transpose2d_matches_numpy(dtype, shape, threads):
+    """The compiler's weight transpose (constant folding of permute_dims on weights)."""
+    src = np.random.default_rng(0).integers(-100, 100, shape).astype(dtype)
+    dst = np.empty(shape[::-1], dtype)
+    _lib.transpose2d(src, dst, threads)
+    assert np.array_equal(dst, src.T)
+
+
+def test_transpose2d_names_bad_arguments():
+    with pytest.raises(ValueError, match="dst.shape\\[0\\] is 3 but must be 4"):
+        _lib.transpose2d(np.zeros((3, 4), "f4"), np.zeros((3, 4), "f4"))
+    with pytest.raises(TypeError, match="`dst` must have dtype float32"):
+        _lib.transpose2d(np.zeros((3, 4), "f4"), np.zeros((4, 3), "i4"))
+    with pytest.raises(ValueError, match="must be 2-D"):
+        _lib.transpose2d(np.zeros((3, 4, 1), "f4"), np.zeros((4, 3), "f4"))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        _lib.transpose2d(np.zeros((4, 3), "f4").T, np.zeros((4, 3), "f4"))

@@ -41,6 +41,7 @@ __all__ = [
     "load_module_from_bytes",
     "row_sum_f32",
     "save_to_bytes",
+    "transpose2d",
     "version",
 ]
 
@@ -238,6 +239,13 @@ def im2col(x: Any, kernel: tuple[int, int], strides=(1, 1), dilation=(1, 1),
 def row_sum_f32(x: Any, out: Any) -> None:
     """``out[r] = sum(X[r, :])`` in float32, strictly left to right from ``0.0``, in place."""
     _func("tvm_spinn.sim.row_sum_f32")(_input(x), out)
+
+
+def transpose2d(src: Any, dst: Any, threads: int = 0) -> None:
+    """``dst[c, r] = src[r, c]`` for C-contiguous 2-D host arrays of one 1/2/4/8-byte dtype:
+    a cache-blocked copy on ``threads`` threads (0: ``TVM_SPINN_SIM_THREADS`` or all cores;
+    one thread below about 4 M elements)."""
+    _func("tvm_spinn.sim.transpose2d")(_input(src), dst, operator.index(threads))
 
 
 def create_module(symbol: str, program: bytes) -> tvm_ffi.Module:

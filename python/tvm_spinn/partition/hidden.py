@@ -20,6 +20,8 @@ from tvm import relax
 from tvm.ir.expr import Constant
 from tvm.relax.dpl import is_const, is_var
 
+from .. import _lib
+
 __all__ = ["HiddenConstants", "make_const"]
 
 
@@ -35,8 +37,12 @@ def make_const(value: np.ndarray, dtype: str) -> Constant:
         if value.dtype == np.dtype(dtype):
             tensor = tvm.runtime.empty(value.shape, dtype)
             dst = np.from_dlpack(tensor)
-            if value.ndim == 2 and not value.flags.c_contiguous:
-                # a transposed weight: copied a band of columns at a time (cache-friendly, ~3x)
+            if value.ndim == 2 and not value.flags.c_contiguous and value.T.flags.c_contiguous:
+                # a transposed weight (a [K, N] view of an [N, K] array): a cache-blocked C++
+                # transpose on every core (numpy's strided copy is ~7x slower)
+                _lib.transpose2d(value.T, dst)
+            elif value.ndim == 2 and not value.flags.c_contiguous:
+                # another strided view: copied a band of columns at a time (cache-friendly)
                 for j in range(0, value.shape[1], 64):
                     np.copyto(dst[:, j:j + 64], value[:, j:j + 64], casting="no")
             else:
