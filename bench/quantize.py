@@ -15,10 +15,17 @@ that were not used for calibration, and prints side by side:
 Then an onnxruntime-quantized (`quantize_static`, QDQ) CNN: agreement of spinn's integer
 execution with onnxruntime's own int8 kernels.
 
+Then (with TensorFlow installed) Keras models quantized by TensorFlow itself
+(`tf.lite.TFLiteConverter`, representative dataset, `TFLITE_BUILTINS_INT8`): agreement of
+spinn's integer outputs with `tf.lite.Interpreter` -- its reference kernels (`BUILTIN_REF`,
+the semantics spinn follows) and its default optimized kernels (XNNPACK) -- and the simulated
+latency of the int8 TFLite model vs the float32 TFLite model of the same Keras model.
+
     python bench/quantize.py            # all models
     python bench/quantize.py --quick    # fewer evaluation inputs
     python bench/quantize.py --latency-only --models resnet18 vit   # latency columns only
     python bench/quantize.py --target spinn/testchip                # the test chip's model
+    python bench/quantize.py --tflite-only                          # the TFLite table only
 
 The accuracy columns do not depend on the target model (int8 results are exact integers and
 fp32 results do not depend on the mapping); ``--latency-only`` skips the evaluation runs and
@@ -150,6 +157,56 @@ def bench_ort(n_eval: int, target: str = "spinn") -> None:
             print(f"{label:<28}{n8:>9}{np.mean(diff == 0):>8.1%}{diff.max():>11.4g}{step:>10.4g}{agree:>11.1%}", flush=True)
 
 
+def tflite_models():
+    import tflite_models as tm
+
+    yield "keras_cnn", tm.cnn, (16, 16, 3), False
+    yield "keras_mlp", tm.mlp, (32,), True
+    yield "mobilenet_v2_0.35", tm.mobilenet_v2, (96, 96, 3), False
+
+
+def bench_tflite(n_eval: int, target: str = "spinn", latency_only: bool = False) -> None:
+    try:
+        import tensorflow  # noqa: F401
+    except ImportError:
+        print("\nTFLite table skipped: TensorFlow is not installed (pip install -e '.[tf]')")
+        return
+    import tflite_models as tm
+    from tvm_spinn.frontend.tflite import from_tflite, keras_to_tflite
+
+    print("\nKeras models quantized by TensorFlow (TFLITE_BUILTINS_INT8): spinn int8 vs tf.lite.Interpreter")
+    head = (f"{'model':<20}{'GEMMs i8':>9}{'= ref':>8}{'max':>5}{'= XNNPACK':>10}{'max':>5}"
+            f"{'f32 ms':>9}{'i8 ms':>8}{'f32/i8':>7}")
+    print(head)
+    print("-" * len(head), flush=True)
+    for name, make, shape, normal in tflite_models():
+        model = make()
+        buf8 = keras_to_tflite(model, quantize=tm.calibration(shape, normal=normal))
+        buf32 = keras_to_tflite(model)
+        ex8 = relax.build(from_tflite(buf8), target=target)
+        ex32 = relax.build(from_tflite(buf32), target=target)
+        equal = {"BUILTIN_REF": [], "AUTO": []}
+        worst = dict.fromkeys(equal, 0)
+        if not latency_only:
+            vm = relax.VirtualMachine(ex8, tvm.cpu())
+            for x in tm.integer_inputs(buf8, n_eval, seed=7):
+                out = vm["main"](tvm.runtime.tensor(x))
+                got = [o.numpy() for o in out] if isinstance(out, tvm.ir.Array) else [out.numpy()]
+                for resolver in equal:
+                    want = tm.interpret(buf8, x, resolver)
+                    for g, w in zip(sorted(got, key=np.size), sorted(want, key=np.size)):
+                        diff = np.abs(g.astype(np.int64) - w.astype(np.int64))
+                        equal[resolver].append(diff == 0)
+                        worst[resolver] = max(worst[resolver], int(diff.max()))
+        rate = {k: (float(np.mean(np.concatenate([e.ravel() for e in v]))) if v else float("nan"))
+                for k, v in equal.items()}
+        r32, r8 = tvm_spinn.report(ex32), tvm_spinn.report(ex8)
+        n8 = sum(1 for row in r8.layers if row["mode"] == "int8")
+        print(f"{name:<20}{n8:>9}{rate['BUILTIN_REF']:>8.2%}{worst['BUILTIN_REF']:>5}{rate['AUTO']:>10.2%}"
+              f"{worst['AUTO']:>5}{r32.latency_s * 1e3:>9.3f}{r8.latency_s * 1e3:>8.3f}"
+              f"{r32.latency_s / r8.latency_s:>7.2f}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="4 calibration and 8 evaluation inputs")
@@ -158,11 +215,15 @@ def main() -> None:
                         help="subset of resnet18 mobilenet_v2 vit bert gpt2 (default: all)")
     parser.add_argument("--latency-only", action="store_true",
                         help="skip the evaluation runs and the onnxruntime table: latencies only")
+    parser.add_argument("--tflite-only", action="store_true",
+                        help="only the table of TensorFlow-quantized (TFLite) models")
     args = parser.parse_args()
     n_calib, n_eval = (4, 8) if args.quick else (16, 64)
-    bench_ptq(n_calib, n_eval, args.target, args.models, args.latency_only)
-    if not args.latency_only:
-        bench_ort(n_eval, args.target)
+    if not args.tflite_only:
+        bench_ptq(n_calib, n_eval, args.target, args.models, args.latency_only)
+        if not args.latency_only:
+            bench_ort(n_eval, args.target)
+    bench_tflite(n_eval, args.target, args.latency_only)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from tvm import relax  # noqa: E402
 from tvm_spinn.frontend.tflite import (  # noqa: E402
     TFLiteImportError, from_keras, from_tflite, keras_to_tflite,
 )
+import tflite_models as tm  # noqa: E402
 from tvm_spinn.program import ProgramError  # noqa: E402
 from tvm_spinn.program.format import Program  # noqa: E402
 from tvm_spinn.program.quant import (  # noqa: E402
@@ -49,16 +50,6 @@ L = keras.layers
 _RESOLVERS = {"BUILTIN_REF": 0, "BUILTIN_WITHOUT_DEFAULT_DELEGATES": 1, "AUTO": 1}
 
 
-def _interpret(buf: bytes, x: np.ndarray, resolver: str) -> list[np.ndarray]:
-    kind = getattr(tf.lite.experimental.OpResolverType, resolver)
-    interp = tf.lite.Interpreter(model_content=buf, experimental_op_resolver_type=kind)
-    interp.allocate_tensors()
-    (inp,) = interp.get_input_details()
-    interp.set_tensor(inp["index"], x)
-    interp.invoke()
-    return [interp.get_tensor(o["index"]) for o in interp.get_output_details()]
-
-
 def _by_shape(arrays) -> list[np.ndarray]:
     return sorted(arrays, key=lambda a: (a.size, a.shape))
 
@@ -66,13 +57,6 @@ def _by_shape(arrays) -> list[np.ndarray]:
 def _run(mod, x, target="spinn") -> list[np.ndarray]:
     out = relax.VirtualMachine(relax.build(mod, target=target), tvm.cpu())["main"](tvm.runtime.tensor(x))
     return [o.numpy() for o in out] if isinstance(out, tvm.ir.Array) or not hasattr(out, "numpy") else [out.numpy()]
-
-
-def _inputs(buf: bytes, count: int, seed: int = 0) -> list[np.ndarray]:
-    (inp,) = tf.lite.Interpreter(model_content=buf).get_input_details()
-    rng = np.random.default_rng(seed)
-    info = np.iinfo(inp["dtype"])
-    return [rng.integers(info.min, info.max + 1, size=inp["shape"]).astype(inp["dtype"]) for _ in range(count)]
 
 
 def _check_exact(buf: bytes, mod, inputs, steps=None, resolvers=None) -> dict:
@@ -84,7 +68,7 @@ def _check_exact(buf: bytes, mod, inputs, steps=None, resolvers=None) -> dict:
     for x in inputs:
         got = _by_shape(_run(mod, x))
         for resolver, allowed in resolvers.items():
-            want = _by_shape(_interpret(buf, x, resolver))
+            want = _by_shape(tm.interpret(buf, x, resolver))
             assert [g.shape for g in got] == [w.shape for w in want]
             for k, (g, w) in enumerate(zip(got, want)):
                 assert g.dtype == w.dtype
@@ -99,48 +83,13 @@ def _check_exact(buf: bytes, mod, inputs, steps=None, resolvers=None) -> dict:
     return differ
 
 
-def _randomize(model: keras.Model, seed: int = 0) -> keras.Model:
-    """Random biases and batch-norm statistics (Keras initializes them to constants, and the
-    converter drops all-zero biases), so every part of the int8 epilogue is exercised."""
-    rng = np.random.default_rng(seed)
-    for layer in model.layers:
-        weights = layer.get_weights()
-        if not weights:
-            continue
-        new = []
-        for w in weights:
-            if w.ndim == 1:  # bias, gamma, beta, moving mean; variance stays positive
-                bn = isinstance(layer, L.BatchNormalization)
-                w = (rng.uniform(0.5, 1.5, w.shape) if bn and len(new) in (0, 3)
-                     else rng.normal(0.0, 0.2, w.shape)).astype(w.dtype)
-            new.append(w)
-        layer.set_weights(new)
-    return model
-
-
 def _summary(mod):
     return tvm_spinn.summarize_partition(tvm_spinn.partition_for_spinn(mod))
 
 
-def _cnn() -> keras.Model:
-    keras.utils.set_random_seed(0)
-    x = keras.Input((16, 16, 3))
-    a = L.Conv2D(8, 3, activation="relu")(x)
-    b = L.DepthwiseConv2D(3, padding="same", activation="relu6")(a)
-    b = L.Conv2D(8, 1)(b)
-    c = L.MaxPooling2D()(L.Add()([a, b]))
-    d = L.Conv2D(16, 3, strides=2, padding="same", activation="relu")(c)
-    e = L.AveragePooling2D(2)(d)  # 4-element windows: ties, which TFLite rounds away from zero
-    f = L.Concatenate()([e, L.Conv2D(4, 1)(e)])
-    g = L.GlobalAveragePooling2D()(f)
-    h = L.Dense(10, activation="softmax")(g)
-    return _randomize(keras.Model(x, [f, h], name="qcnn"))
-
-
 @pytest.fixture(scope="module")
 def cnn_tflite() -> bytes:
-    rep = np.random.default_rng(1).random((16, 16, 16, 3), dtype=np.float32)
-    return keras_to_tflite(_cnn(), quantize=rep)
+    return keras_to_tflite(tm.cnn(), quantize=tm.calibration((16, 16, 3)))
 
 
 def test_keras_cnn_matches_interpreter(cnn_tflite):
@@ -159,7 +108,7 @@ def test_keras_cnn_matches_interpreter(cnn_tflite):
     assert set(summary.fallback_ops) <= {"relax.concat"}
     # The softmax head (output 0) within one step: TFLite's int8 softmax is its own fixed-point /
     # lookup-table kernel, the QDQ form a float softmax between dequantize and quantize.
-    _check_exact(cnn_tflite, mod, _inputs(cnn_tflite, 3), steps={0: 1})
+    _check_exact(cnn_tflite, mod, tm.integer_inputs(cnn_tflite, 3), steps={0: 1})
 
 
 def test_layers_record_the_tflite_rounding(cnn_tflite):
@@ -176,24 +125,19 @@ def test_layers_record_the_tflite_rounding(cnn_tflite):
 
 
 def test_dense_network_matches_interpreter():
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((32,)), L.Dense(64, activation="relu"), L.Dense(48, activation="relu"),
-                              L.Dense(16)], name="mlp")
-    _randomize(model)
-    rep = np.random.default_rng(2).standard_normal((32, 32), dtype=np.float32)
+    model = tm.mlp()
+    rep = tm.calibration((32,), count=32, seed=2, normal=True)
     mod = from_keras(model, quantize=rep)
     # (the ReLUs' calibrated ranges start at 0: zero point -128, the clamp is the type's own)
     assert _summary(mod).offloaded_ops == {"spinn.qdense_bias_requant": 3}
     buf = keras_to_tflite(model, quantize=rep)
-    _check_exact(buf, mod, _inputs(buf, 4))
+    _check_exact(buf, mod, tm.integer_inputs(buf, 4))
 
 
 @pytest.mark.slow  # ~60 s: the converter alone takes ~25 s
 def test_mobilenet_v2_matches_interpreter():
-    keras.utils.set_random_seed(0)
-    model = _randomize(keras.applications.MobileNetV2(weights=None, alpha=0.35, input_shape=(96, 96, 3),
-                                                      include_top=False))
-    rep = np.random.default_rng(3).random((8, 96, 96, 3), dtype=np.float32)
+    model = tm.mobilenet_v2()
+    rep = tm.calibration((96, 96, 3), count=8, seed=3)
     buf = keras_to_tflite(model, quantize=rep)
     mod = from_tflite(buf)
     summary = _summary(mod)
@@ -203,7 +147,7 @@ def test_mobilenet_v2_matches_interpreter():
     assert convs == 52
     # exact against the reference kernels; the optimized ones differ by one step in some layers,
     # which 52 layers compound (2 steps at most seen)
-    differ = _check_exact(buf, mod, _inputs(buf, 1),
+    differ = _check_exact(buf, mod, tm.integer_inputs(buf, 1),
                           resolvers={"BUILTIN_REF": 0, "BUILTIN_WITHOUT_DEFAULT_DELEGATES": 3, "AUTO": 3})
     assert differ["BUILTIN_REF"] == 0
 
@@ -213,7 +157,7 @@ def test_io_types(io_dtype):
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((8, 8, 3)), L.Conv2D(4, 3, activation="relu"), L.Flatten(), L.Dense(5)],
                              name=f"io_{io_dtype}")
-    _randomize(model)
+    tm.randomize(model)
     rep = np.random.default_rng(4).random((8, 8, 8, 3), dtype=np.float32)
     buf = keras_to_tflite(model, quantize=rep, io_dtype=io_dtype)
     mod = from_tflite(buf)
@@ -227,9 +171,9 @@ def test_io_types(io_dtype):
         x = np.random.default_rng(5).random((1, 8, 8, 3), dtype=np.float32)
         got = _run(mod, x)[0]
         for resolver in _RESOLVERS:
-            np.testing.assert_array_equal(got, _interpret(buf, x, resolver)[0])
+            np.testing.assert_array_equal(got, tm.interpret(buf, x, resolver)[0])
     else:
-        _check_exact(buf, mod, _inputs(buf, 2))
+        _check_exact(buf, mod, tm.integer_inputs(buf, 2))
 
 
 def _legacy_uint8_tflite() -> bytes:
@@ -262,7 +206,7 @@ def test_legacy_uint8_model():
     assert str(mod["main"].params[0].ty.dtype) == "uint8"
     ops = _summary(mod).offloaded_ops
     assert ops["spinn.qconv2d_bias_requant_tflite"] == 2 and ops["spinn.qdense_requant"] == 1
-    _check_exact(buf, mod, _inputs(buf, 3))
+    _check_exact(buf, mod, tm.integer_inputs(buf, 3))
 
 
 # -- the requantization rules ------------------------------------------------------------------
@@ -355,7 +299,7 @@ def test_float16_weights_fall_back_to_float32():
     mod = from_tflite(buf)
     assert "spinn_quant_rounding" not in mod.attrs
     x = np.random.default_rng(8).random((1, 8, 8, 3), dtype=np.float32)
-    want = _interpret(buf, x, "BUILTIN_WITHOUT_DEFAULT_DELEGATES")[0]
+    want = tm.interpret(buf, x, "BUILTIN_WITHOUT_DEFAULT_DELEGATES")[0]
     np.testing.assert_allclose(_run(mod, x)[0], want, rtol=1e-4, atol=1e-5)
     assert _summary(mod).offloaded_ops.get("spinn.dense", 0) + _summary(mod).offloaded_ops.get("spinn.dense_bias", 0) == 1
 

@@ -13,8 +13,8 @@ TensorFlow and the ``tflite`` flatbuffer package are optional (``pip install -e 
 are imported lazily, so ``import tvm_spinn`` never pays for them.
 
 Note on layout: TFLite graphs are NHWC (``conv2d(data_layout="NHWC", kernel_layout="HWIO")``
-after import); the spinn partitioner converts them to the MAC path's NCHW (quantized graphs
-with transposes only at the graph's edges, :mod:`tvm_spinn.partition.nhwc`).
+after import); the spinn partitioner converts them to the MAC path's NCHW with transposes only at
+the graph's edges (:mod:`tvm_spinn.partition.nhwc`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""NHWC quantized graphs (TFLite) to the MAC path's NCHW, transposing only at the graph's edges.
+"""NHWC graphs (TFLite, Keras) to the MAC path's NCHW, transposing only at the graph's edges.
 
 ``relax.transform.ConvertLayout`` converts each NHWC ``conv2d`` but leaves the ops around it
 (``quantize``/``dequantize``, int8 ``clip``, pools) in NHWC, so a QDQ conv becomes
@@ -13,7 +13,7 @@ tensor an NCHW twin:
   restored, see :mod:`.qweights`);
 - layout-free ops (per-tensor ``quantize``/``dequantize``, ``clip``, ``relu``, ``astype``,
   unary activations, binary arithmetic of same-rank tensors or with a per-channel vector),
-  pools, ``mean`` over H and W and ``concat`` along C follow their inputs' twins;
+  pools, ``mean`` over H and W, ``concat`` and constant ``pad`` follow their inputs' twins;
 - any other reader of a converted tensor gets one ``permute_dims`` back to NHWC (memoized), put
   on the int8 tensor where there is one (before its ``dequantize``);
 - int8 pools (TFLite's quantized ``MAX_POOL_2D``/``AVERAGE_POOL_2D``, imported as integer pools)
@@ -21,8 +21,9 @@ tensor an NCHW twin:
   TFLite computes it), which the fp32 pool and QDQ families offload; an int8 ``clip`` covering the whole type range (a fused
   ReLU whose calibrated range starts at zero) is dropped.
 
-So a quantized NHWC network has one transpose at its input and one per NHWC output (or flatten),
-and every QDQ conv reaches the int8 patterns.
+So an NHWC network (TFLite, Keras; float or quantized) has one transpose at its input and one per
+NHWC output (or flatten), and every QDQ conv reaches the int8 patterns (MobileNetV2: 2 transposes
+instead of 104 with ``ConvertLayout``).
 """
 
 from __future__ import annotations
@@ -75,9 +76,9 @@ def _is_nhwc_conv(call) -> bool:
             and a.kernel_layout in ("HWIO", "HWOI", "OHWI") and _shape(call.args[0]) is not None)
 
 
-def has_nhwc_qconv(func: relax.Function) -> bool:
-    """Whether ``func`` has an NHWC ``conv2d`` reading a ``dequantize`` (a quantized TFLite conv)
-    or an NHWC pool of integer data (TFLite's quantized pools)."""
+def has_nhwc_qconv(func: relax.Function, float_too: bool = False) -> bool:
+    """Whether ``func`` has an NHWC ``conv2d`` reading a ``dequantize`` (a quantized TFLite conv;
+    any NHWC conv with ``float_too``) or an NHWC pool of integer data (TFLite's quantized pools)."""
     value_of = relax.analysis.get_var2val(func)
     found = []
 
@@ -86,13 +87,13 @@ def has_nhwc_qconv(func: relax.Function) -> bool:
                 and expr.attrs.layout == "NHWC" and _dtype(expr.args[0]) in ("int8", "uint8", "int32")):
             found.append(expr)
             return
-        if not found and _is_nhwc_conv(expr):
-            for arg in expr.args[:2]:
-                while isinstance(arg, relax.Var) and arg in value_of and _op(value_of[arg]) == "relax.reshape":
-                    arg = value_of[arg].args[0]
-                if isinstance(arg, relax.Var) and _op(value_of.get(arg)) == "relax.dequantize":
-                    found.append(expr)
-                    return
+        if not found and _is_nhwc_conv(expr) and (float_too or any(_reads_dequantize(a) for a in expr.args[:2])):
+            found.append(expr)
+
+    def _reads_dequantize(arg) -> bool:
+        while isinstance(arg, relax.Var) and arg in value_of and _op(value_of[arg]) == "relax.reshape":
+            arg = value_of[arg].args[0]
+        return isinstance(arg, relax.Var) and _op(value_of.get(arg)) == "relax.dequantize"
 
     relax.analysis.post_order_visit(func, visit)
     return bool(found)
@@ -206,6 +207,12 @@ class _Converter:
             return self._reduce(var, call)
         if op == "relax.concat":
             return self._concat(var, call)
+        if op == "relax.nn.pad" and self.has_twin(call.args[0]) and len(call.attrs.pad_width) == 8:
+            # TF's explicit (SAME / ZeroPadding2D) pads: (before, after) pairs in NCHW order
+            w = [int(v) for v in call.attrs.pad_width]
+            width = [v for axis in _TO_NCHW for v in w[2 * axis:2 * axis + 2]]
+            return self.emit(relax.op.nn.pad(self.twin[call.args[0]], width, pad_mode=str(call.attrs.pad_mode),
+                                             pad_value=float(call.attrs.pad_value)), var.name)
         return None
 
     def _is_full_range_clip(self, call) -> bool:

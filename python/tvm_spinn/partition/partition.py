@@ -187,12 +187,13 @@ def _DecomposeTrainingBatchNorm(func: relax.Function, _mod, _ctx) -> relax.Funct
 def _ConvertConvLayout(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802
     """The MAC path is NCHW/OIHW: convert NHWC convs (TFLite, Keras) so they can be offloaded.
 
-    Only when the module has such a conv: ConvertLayout rejects some unrelated graphs. Quantized
-    (QDQ) NHWC graphs are converted by :func:`.nhwc.nhwc_to_nchw` first (transposes at the
-    graph's edges only, int8 weights transposed before their ``dequantize``)."""
+    Only when the module has such a conv: ConvertLayout rejects some unrelated graphs. Functions
+    made of one dataflow block are converted by :func:`.nhwc.nhwc_to_nchw` first (transposes at
+    the graph's edges only, int8 weights transposed before their ``dequantize``); ConvertLayout
+    handles what is left."""
     qdq = [(gvar, func) for gvar, func in mod.functions_items()
            if isinstance(func, relax.Function) and not (func.attrs and "Codegen" in func.attrs)
-           and has_nhwc_qconv(func)]
+           and has_nhwc_qconv(func, float_too=True)]
     if qdq:
         mod = mod.clone()
         for gvar, func in qdq:
