@@ -5,7 +5,8 @@
 * :func:`plan` -> :class:`Plan`: timing of a model from its config alone (no weights).
 """
 
+from .plan import Plan, plan
 from .session import CompiledLLM, GenerationReport, compile
 from .spec import LLMError, ModelSpec, spec_of
 
-__all__ = ["compile", "CompiledLLM", "GenerationReport", "LLMError", "ModelSpec", "spec_of"]
+__all__ = ["compile", "CompiledLLM", "GenerationReport", "plan", "Plan", "LLMError", "ModelSpec", "spec_of"]

@@ -7,15 +7,17 @@ No weight is materialized and the functional simulator never runs: the model is 
 blocks of a model are identical, so the block is planned once and scaled by the layer count
 (``plan["scaled_from_one_layer"]``).
 
-Two placements are compared and the faster feasible one is kept:
+Two placements are compared and the faster one is kept (both are in ``plan["alternatives"]``):
 
-* ``dram``: every block spans the whole system and streams its weights from the DRAM of all
-  chips (weights striped over every chip's DRAM, the KV cache too);
-* ``sram``: the chips are split into ``layers + 1`` equal groups (whole boards once a group is
-  larger than a board), each holding one block's (or the head's) weights resident in SRAM; a
-  token passes through the groups in order, the hidden state handed over between consecutive
-  groups on the link graph (:func:`tvm_spinn.timing.collectives.point_to_point`). Feasible when
-  the mapping keeps every weight of a block resident.
+* ``shared``: every block on the same chips (the whole system, at most :data:`SHARED_MAX_CHIPS`),
+  one after another, streaming its weights from those chips' DRAM (weights and KV cache striped
+  over every chip's DRAM): their weights together do not fit the SRAM;
+* ``groups`` (systems with more chips than blocks): the chips are split into ``layers + 1``
+  equal groups (whole boards once a group is larger than a board), one per block and one for
+  the head, so each group's SRAM serves one block and the mapper keeps as many of its weights
+  resident as pays off; a token passes through the groups in order, the hidden state handed
+  over between consecutive groups on the link graph
+  (:func:`tvm_spinn.timing.collectives.point_to_point`).
 
 Bounds (per-user decode steps per second): compute (GEMM operations at the chips' peak), DRAM
 (bytes that must cross DRAM per token over the DRAM bandwidth of the chips used), SRAM (resident
@@ -36,6 +38,8 @@ from .spec import LLMError, ModelSpec, spec_of
 __all__ = ["Plan", "plan", "DTYPES"]
 
 DTYPES = {"fp32": 4, "int8": 1}
+#: Largest chip count a block is mapped over in the shared placement (24 boards)
+SHARED_MAX_CHIPS = 24 * 48
 
 
 @dataclass(frozen=True)
@@ -254,7 +258,7 @@ def plan(config, target="spinn/board", batch: int = 1, seq: int = 2048, dtype: s
 
     from tqdm.auto import tqdm
 
-    steps = tqdm(total=6, desc=f"plan {model_name} on {arch.name}",
+    steps = tqdm(total=5, desc=f"plan {model_name} on {arch.name}",
                  disable=not progress, leave=False)
     model = _meta_model(cfg, spec)
     described = {}
@@ -264,38 +268,46 @@ def plan(config, target="spinn/board", batch: int = 1, seq: int = 2048, dtype: s
         steps.update()
 
     L = spec.layers
+    candidates = []
     if arch.chips >= L + 1:
         # one group of chips per block (and one for the head), whole boards once larger than a
         # board: each group's SRAM holds only its block, so the mapper may keep its weights resident
         group = arch.chips // (L + 1)
         if group > arch.chips_per_board:
             group -= group % arch.chips_per_board
-        groups, weights_mode = L + 1, "auto"
-        sub = arch.replace(chips=group, name=f"{arch.name}[{group} chips]")
-        placement = "groups"
-    else:
-        # every block on all chips: their weights together exceed the SRAM, so they stream from DRAM
-        group, groups, weights_mode, sub, placement = arch.chips, 1, "stream", arch, "shared"
-    steps.set_postfix_str(f"map on {group} chips")
-    dec, pre, head = (_map(described[k], sub, weights_mode) for k in ("decode", "prefill", "head"))
-    steps.update(2)
-    handoff_dec = handoff_pre = 0.0
-    if placement == "groups":
-        from ..target.topology import topology_of
-        from ..timing.collectives import point_to_point
+        candidates.append(("groups", group, L + 1, "auto"))
+    # every block on the same chips: their weights together exceed the SRAM, so they stream from
+    # DRAM; at most SHARED_MAX_CHIPS chips (mapping one block over more is not practical yet)
+    shared = min(arch.chips, SHARED_MAX_CHIPS)
+    if shared * arch.dram_bytes >= weight_bytes + kv_bytes:
+        candidates.append(("shared", shared, 1, "stream"))
+    results = {}
+    for placement, group, groups, weights_mode in candidates:
+        steps.set_postfix_str(f"map: {placement} on {group} chips")
+        sub = arch if group == arch.chips else arch.replace(chips=group, name=f"{arch.name}[{group} chips]")
+        dec, pre, head = (_map(described[k], sub, weights_mode) for k in ("decode", "prefill", "head"))
+        handoff_dec = handoff_pre = 0.0
+        if placement == "groups":
+            from ..target.topology import topology_of
+            from ..timing.collectives import point_to_point
 
-        topo = topology_of(arch)
+            topo = topology_of(arch)
 
-        def handoff(nbytes):  # the hidden state from each group to the next, one after another
-            return sum(point_to_point(topo, [i * group], [(i + 1) * group], nbytes).seconds for i in range(L))
+            def handoff(nbytes):  # the hidden state from each group to the next, one after another
+                return sum(point_to_point(topo, [i * group], [(i + 1) * group], nbytes).seconds for i in range(L))
 
-        handoff_dec = handoff(batch * spec.hidden * 4)
-        handoff_pre = handoff(batch * seq * spec.hidden * 4)
-    steps.update()
+            handoff_dec = handoff(batch * spec.hidden * 4)
+            handoff_pre = handoff(batch * seq * spec.hidden * 4)
+        results[placement] = dict(
+            decode_s=L * dec.latency_s + head.latency_s + handoff_dec,
+            ttft_s=L * pre.latency_s + head.latency_s + handoff_pre, dec=dec, pre=pre, head=head, group=group,
+            groups=groups, weights_mode=weights_mode, handoff_dec=handoff_dec)
+        steps.update()
     steps.close()
-
-    decode_s = L * dec.latency_s + head.latency_s + handoff_dec
-    ttft_s = L * pre.latency_s + head.latency_s + handoff_pre
+    placement = min(results, key=lambda k: (results[k]["decode_s"], k))
+    best = results[placement]
+    decode_s, ttft_s, dec, pre, head = (best[k] for k in ("decode_s", "ttft_s", "dec", "pre", "head"))
+    group, groups, weights_mode, handoff_dec = (best[k] for k in ("group", "groups", "weights_mode", "handoff_dec"))
     used = group * groups
     resident = L * dec.resident_bytes + head.resident_bytes
     streamed = max(0, weight_bytes - resident) if placement == "groups" else weight_bytes
@@ -326,6 +338,8 @@ def plan(config, target="spinn/board", batch: int = 1, seq: int = 2048, dtype: s
         "attention_dtype": "fp32", "mapping_weights": weights_mode,
         "block_decode_s": dec.latency_s, "block_prefill_s": pre.latency_s, "head_decode_s": head.latency_s,
         "handoff_decode_s": handoff_dec,
+        "alternatives": {k: {"decode_s": v["decode_s"], "ttft_s": v["ttft_s"], "chips": v["group"] * v["groups"]}
+                         for k, v in sorted(results.items())},
         "timing": "tvm_spinn timing model of the mapped programs (no simulation, no weights)",
     }
     return Plan(

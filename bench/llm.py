@@ -1,0 +1,202 @@
+"""LLM inference on spinn systems: generated tokens on the simulator, and plans from configs.
+
+Two parts, each printed as one table from one run:
+
+* ``generate``: small GPT-2 and Llama configs (seeded random weights) compiled with
+  ``tvm_spinn.llm.compile`` in fp32 and int8 (``tvm_spinn.quantize``, calibrated on seeded random
+  prompts); greedy tokens compared with transformers' ``generate(do_sample=False)`` on the same
+  weights (agreement = share of new tokens equal, and the first step that differs); the
+  simulated time to first token and decode latency; and the wall time of one decode step on
+  the functional simulator next to transformers' own step (eager PyTorch, same thread count),
+  measured side by side.
+* ``plan``: shipped configs (Llama-2-7B/13B/70B, GPT-2-XL) x systems (chip, board, 24 boards,
+  720 boards) x dtype with ``tvm_spinn.llm.plan`` (no weights, timing model): tokens/s per user,
+  aggregate tokens/s, TTFT, energy per token, the ratio to the plan's bound and what binds it,
+  and the planning time; a plot of tokens/s per user against boards (``--plot``).
+
+    python bench/llm.py                                   # both parts, the default subset
+    python bench/llm.py --part plan --models llama-2-70b --systems board boards24 cloud
+    python bench/llm.py --part generate --new-tokens 32
+
+Timings on this shared 2-core machine vary between runs (up to 2x for sub-millisecond steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.resources
+import os
+import time
+
+import numpy as np
+
+SYSTEMS = {"chip": ("spinn", 1 / 48), "board": ("spinn/board", 1), "boards24": ("spinn/boards24", 24),
+           "cloud": ("spinn/cloud", 720)}
+
+
+def _small(family: str):
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(0)
+    if family == "gpt2":
+        model = tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=128, n_layer=4, n_head=4, vocab_size=512, n_positions=128))
+    else:
+        model = tf.LlamaForCausalLM(tf.LlamaConfig(hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
+                                                   num_key_value_heads=2, intermediate_size=256, vocab_size=512,
+                                                   max_position_embeddings=128))
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model.eval()
+
+
+def _agreement(out: np.ndarray, ref: np.ndarray, prompt: int) -> tuple[float, int]:
+    new, ref_new = out[:, prompt:], ref[:, prompt:]
+    differ = np.nonzero((new != ref_new).any(axis=0))[0]
+    return float((new == ref_new).mean()), int(differ[0]) if differ.size else -1
+
+
+def _step_times(compiled, model, ids: np.ndarray, repeat: int) -> tuple[float, float]:
+    """Median wall time of one decode step: the simulator's VM call vs transformers' forward."""
+    import torch
+    import tvm
+
+    b, n = ids.shape
+    _, prefill = compiled.prefill_executable(n)
+    _, decode = compiled.decode_executable()
+    dev = tvm.cpu()
+    out = prefill["main"](*(tvm.runtime.tensor(a, dev) for a in compiled._prefill_args(ids)))
+    tok = np.argmax(out[0].numpy(), axis=-1).astype(np.int64)[:, None]
+    args = compiled._decode_args(tok, n)
+    call = [tvm.runtime.tensor(args[0], dev), out[1], out[2], *(tvm.runtime.tensor(a, dev) for a in args[1:])]
+    sim = []
+    for _ in range(repeat + 1):
+        t = time.perf_counter()
+        decode["main"](*call)
+        sim.append(time.perf_counter() - t)
+    with torch.no_grad():
+        pre = model(torch.from_numpy(ids), use_cache=True)
+        ref = []
+        for _ in range(repeat + 1):
+            t = time.perf_counter()
+            model(torch.from_numpy(tok), past_key_values=pre.past_key_values, use_cache=True)
+            ref.append(time.perf_counter() - t)
+            pre.past_key_values.crop(-1)  # back to the prompt: every step measured at the same length
+    return float(np.median(sim[1:])), float(np.median(ref[1:]))
+
+
+def part_generate(args) -> None:
+    import torch
+
+    from tvm_spinn import llm
+
+    torch.set_num_threads(int(os.environ.get("TVM_SPINN_SIM_THREADS", "2")))
+    print(f"\n== generate: {args.prompts} prompt(s) of {args.prompt_len} tokens, {args.new_tokens} new tokens, "
+          f"target spinn (simulator; decode step wall times median of {args.repeat})")
+    head = (f"{'model':<8}{'dtype':<6}{'agree':>7}{'1st diff':>9}{'TTFT sim ms':>13}{'decode sim ms':>15}"
+            f"{'step wall ms':>14}{'torch ms':>10}{'ratio':>7}{'build s':>9}")
+    print(head + "\n" + "-" * len(head))
+    rng = np.random.default_rng(0)
+    for family in args.families:
+        model = _small(family)
+        prompts = rng.integers(0, 512, (args.prompts, args.prompt_len))
+        with torch.no_grad():
+            ref = model.generate(torch.from_numpy(prompts), max_new_tokens=args.new_tokens, do_sample=False,
+                                 attention_mask=torch.ones(prompts.shape, dtype=torch.long)).numpy()
+        for dtype in args.dtypes:
+            t = time.perf_counter()
+            compiled = llm.compile(model, target="spinn", max_seq_len=args.prompt_len + args.new_tokens,
+                                   batch=args.prompts, quantize=True if dtype == "int8" else None)
+            out = compiled.generate(prompts, args.new_tokens)
+            build = time.perf_counter() - t
+            agree, first = _agreement(out, ref, args.prompt_len)
+            rep = compiled.report()
+            sim, eager = _step_times(compiled, model, prompts, args.repeat)
+            print(f"{family:<8}{dtype:<6}{agree:>7.1%}{first if first >= 0 else '-':>9}{rep.ttft_s * 1e3:>13.3f}"
+                  f"{rep.decode_latency_s * 1e3:>15.4f}{sim * 1e3:>14.2f}{eager * 1e3:>10.2f}{sim / eager:>7.2f}"
+                  f"{build:>9.1f}")
+
+
+def _register_boards24() -> None:
+    import tvm_spinn
+
+    if "spinn/boards24" not in tvm_spinn.known_targets():
+        tvm_spinn.register_system(tvm_spinn.make_system("spinn2-24-boards", boards=24), tag="spinn/boards24")
+
+
+def part_plan(args) -> list[dict]:
+    from tvm_spinn.llm import LLMError
+    from tvm_spinn.llm.plan import plan
+
+    _register_boards24()
+    configs = importlib.resources.files("tvm_spinn.llm") / "configs"
+    print(f"\n== plan: batch {args.batch}, seq {args.seq} (config only: no weights, timing model)")
+    head = (f"{'model':<13}{'system':<10}{'dtype':<6}{'tok/s/user':>11}{'tok/s':>10}{'TTFT s':>9}{'J/token':>10}"
+            f"{'bound':>9}{'ratio':>7}{'binding':>9}{'chips':>7}{'weights in':>28}{'plan s':>8}")
+    print(head + "\n" + "-" * len(head))
+    rows = []
+    for name in args.models:
+        for system in args.systems:
+            target, boards = SYSTEMS[system]
+            for dtype in args.dtypes:
+                try:
+                    p = plan(str(configs / f"{name}.json"), target=target, batch=args.batch, seq=args.seq, dtype=dtype)
+                except LLMError as err:
+                    print(f"{name:<13}{system:<10}{dtype:<6}  does not fit: {str(err).split('; ')[-1]}")
+                    continue
+                rows.append(dict(model=name, system=system, boards=boards, dtype=dtype, plan=p))
+                print(f"{name:<13}{system:<10}{dtype:<6}{p.tokens_per_s_per_user:>11.3f}{p.tokens_per_s:>10.3f}"
+                      f"{p.ttft_s:>9.2f}{p.energy_per_token_j:>10.3g}{p.bound_tokens_per_s:>9.2f}{p.bound_ratio:>7.2f}"
+                      f"{p.binding:>9}{p.chips_used:>7}{p.plan['weights_in'][:27]:>28}{p.plan_seconds:>8.1f}")
+    return rows
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key in sorted({(r["model"], r["dtype"]) for r in rows}):
+        pts = sorted((r["boards"], r["plan"].tokens_per_s_per_user, r["plan"].bound_tokens_per_s)
+                     for r in rows if (r["model"], r["dtype"]) == key)
+        line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{key[0]} {key[1]}")
+        ax.plot([p[0] for p in pts], [p[2] for p in pts], ":", color=line.get_color())
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("boards (48 chips each)")
+    ax.set_ylabel("tokens/s per user (dotted: bound)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--part", choices=("generate", "plan", "all"), default="all")
+    ap.add_argument("--families", nargs="+", default=["gpt2", "llama"], choices=("gpt2", "llama"))
+    ap.add_argument("--dtypes", nargs="+", default=["fp32", "int8"], choices=("fp32", "int8"))
+    ap.add_argument("--prompts", type=int, default=2, help="batch of prompts generated together")
+    ap.add_argument("--prompt-len", type=int, default=8)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--models", nargs="+", default=["llama-2-7b", "llama-2-70b"],
+                    choices=("llama-2-7b", "llama-2-13b", "llama-2-70b", "gpt2-xl"))
+    ap.add_argument("--systems", nargs="+", default=["chip", "board", "boards24", "cloud"], choices=sorted(SYSTEMS))
+    ap.add_argument("--plan-dtypes", nargs="+", default=["int8"], choices=("fp32", "int8"))
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--plot", help="save tokens/s per user against boards here (.png)")
+    args = ap.parse_args()
+    if args.part in ("generate", "all"):
+        part_generate(args)
+    if args.part in ("plan", "all"):
+        rows = part_plan(argparse.Namespace(**{**vars(args), "dtypes": args.plan_dtypes}))
+        if args.plot and rows:
+            plot(rows, args.plot)
+
+
+if __name__ == "__main__":
+    main()
