@@ -29,6 +29,23 @@ import sys
 import tempfile
 import time
 
+
+def _threads_from_argv(argv) -> int:
+    """``--threads`` as given (default: usable CPUs), read before numpy/torch/TVM start pools."""
+    for i, arg in enumerate(argv):
+        value = arg.split("=", 1)[1] if arg.startswith("--threads=") else (
+            argv[i + 1] if arg == "--threads" and i + 1 < len(argv) else None)
+        if value is not None and value.isdigit() and int(value) > 0:
+            return int(value)
+    return len(os.sched_getaffinity(0))
+
+
+if __name__ == "__main__":
+    # every pool of the run gets the same threads: TVM's runtime (also in MetaSchedule's
+    # measuring processes, which inherit it), BLAS (the roofline's peak), onnxruntime (below)
+    for _name in ("TVM_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[_name] = str(_threads_from_argv(sys.argv[1:]))
+
 import numpy as np
 import torch
 from torch import nn
@@ -161,8 +178,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.threads < 1:
         parser.error("--threads must be >= 1")
-    # before TVM starts its thread pool; inherited by MetaSchedule's measuring processes
-    os.environ["TVM_NUM_THREADS"] = str(args.threads)
+    os.environ["TVM_NUM_THREADS"] = str(args.threads)  # (main() called from elsewhere)
+    torch.set_num_threads(args.threads)
     import tvm
     from tvm.target.codegen import llvm_get_system_cpu
 
@@ -171,11 +188,13 @@ def main(argv=None) -> int:
     target = host_target(args.threads, llvm_get_system_cpu() if args.mcpu is None else args.mcpu)
     peaks = measure_host_peaks()
     print(f"threads: TVM runtime {tvm.runtime.num_threads()}, onnxruntime intra-op {args.threads} "
-          f"(inter-op 1); target {target}; {os.cpu_count()} logical CPUs", flush=True)
+          f"(inter-op 1); target {target}; {os.cpu_count()} logical CPUs; load average "
+          f"{os.getloadavg()[0]:.1f} (a shared machine makes every figure noisy)", flush=True)
     rows = [bench(m, args.trials, args.work_dir, args.repeat, args.threads, target, peaks)
             for m in args.models.split(",")]
     print(f"\nlatency in ms (median of {args.repeat}; threads: TVM {tvm.runtime.num_threads()}, "
-          f"onnxruntime {args.threads}; {args.trials} trials per task)")
+          f"onnxruntime {args.threads}; {args.trials} trials per task; load average now "
+          f"{os.getloadavg()[0]:.1f})")
     header = ("model", "untuned", "defaults", "tuned", "onnxruntime", "default/ort", "tuned/ort", "tasks",
               "trials", "tune s")
     print(" | ".join(f"{h:>11}" for h in header))
