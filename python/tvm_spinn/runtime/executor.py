@@ -204,15 +204,17 @@ def execute(key: str, getter, symbol: str, *args) -> None:
     arrays, device_outputs = [], []
     n_in = len(program.inputs)
     for index, ((tid, shape, dtype), arg) in enumerate(zip(specs, args)):
-        device = _accelerator_tensor(arg)
-        if device is not None:  # spinn/cuda: the VM hands us GPU tensors; the simulator runs on host memory
-            arg = device.numpy() if index < n_in else np.empty(tuple(device.shape), str(device.dtype))
-            if index >= n_in:
-                device_outputs.append((index - n_in, device))
         try:
             arr = _from_dlpack(arg)
-        except Exception:  # not a tensor, or not on the host: _check names the argument
+        except Exception:  # not a tensor, or not on the host
             arr = None
+            device = _accelerator_tensor(arg)
+            if device is not None:  # spinn/cuda: the VM hands us GPU tensors; the simulator runs on host memory
+                arg = device.numpy() if index < n_in else np.empty(tuple(device.shape), str(device.dtype))
+                if index >= n_in:
+                    device_outputs.append((index - n_in, device))
+                arr = _from_dlpack(arg)
+            # else: _check below names the argument
         if arr is None or arr.shape != shape or arr.dtype != dtype:
             arr = _check(program, index, tid, arg)  # raises SpinnRuntimeError (or accepts)
         arrays.append(arr)
