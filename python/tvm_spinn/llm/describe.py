@@ -73,10 +73,8 @@ def _region_weights(main, weights: set) -> dict:
     return out
 
 
-def _rewrite(program, weight_inputs: set, dtype: str) -> int:
-    """Turn weight inputs into descriptor constants and weight GEMMs into dense layers (in place).
-
-    Returns the bytes of the weights the program holds (as ``dtype`` for GEMM weights)."""
+def _rewrite(program, weight_inputs: set, dtype: str) -> None:
+    """Turn weight inputs into descriptor constants and weight GEMMs into dense layers (in place)."""
     from ..program.model import Layer, TensorDesc
 
     tensors = program.tensors
@@ -105,7 +103,7 @@ def _rewrite(program, weight_inputs: set, dtype: str) -> int:
                         for u in users.get(layer.output, []))):
             transposed[layer.output] = layer.inputs[0]
 
-    layers, nbytes, used = [], 0, set()
+    layers = []
     for layer in program.layers:
         if layer.kind == "permute_dims" and layer.output in transposed:
             continue
@@ -119,8 +117,6 @@ def _rewrite(program, weight_inputs: set, dtype: str) -> int:
             weight = transposed.get(b, b)
             tensors[weight].shape, tensors[weight].dtype = [int(k), int(n)], w_dtype
             program.constants[weight] = _descriptor((k, n), w_dtype)
-            used.add(weight)
-            nbytes += k * n * np.dtype(w_dtype).itemsize
             if dtype == "int8":
                 xq = new_tensor(f"{layer.name}.xq", tensors[x].shape, "int8", "temp")
                 layers.append(Layer(name=f"{layer.name}.quantize", kind="quantize", inputs=[x], output=xq,
@@ -138,10 +134,6 @@ def _rewrite(program, weight_inputs: set, dtype: str) -> int:
             continue
         layers.append(layer)
     program.layers = _fuse_bias(program, _dedupe(program, layers))
-    for tid in weight_inputs - used:
-        if any(tid in layer.inputs for layer in layers):
-            nbytes += tensors[tid].nbytes
-    return nbytes
 
 
 def _dedupe(program, layers: list) -> list:
@@ -250,7 +242,8 @@ def describe(module, args: tuple, target, dtype: str = "fp32") -> list[Described
             continue
         program = lower_function(func, name, arch.to_dict())
         # the program's inputs are the region's parameters, in order
-        assert [t.name for t in (program.tensors[i] for i in program.inputs)] == [p.name for p in func.params]
+        if [program.tensors[i].name for i in program.inputs] != [p.name for p in func.params]:
+            raise RuntimeError(f"{name}: the lowered program's inputs are not the region's parameters")
         weight_inputs = {program.inputs[i] for i in positions}
         _rewrite(program, weight_inputs, dtype)
         used = sorted({t for layer in program.layers for t in [*layer.inputs, *layer.consts.values()]

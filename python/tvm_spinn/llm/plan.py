@@ -31,7 +31,7 @@ import dataclasses
 import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .spec import LLMError, ModelSpec, spec_of
 

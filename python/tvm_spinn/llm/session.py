@@ -157,11 +157,8 @@ class CompiledLLM:
             def args(a):
                 return [a[0], k_zeros, v_zeros, *a[1:]]
 
-            self._decode = self._build_decode(wrapper, args(self._decode_args(tok, 0)), calib)
+            self._decode = self._build(wrapper, args(self._decode_args(tok, 0)), calib)
         return self._decode
-
-    def _build_decode(self, wrapper, args, calib):
-        return self._build(wrapper, args, calib)
 
     def _calibration_decode(self) -> list:
         """Decode calibration samples with real caches: a random prompt prefilled in torch."""
