@@ -15,7 +15,10 @@ Where TFLite's own kernels round differently from the reference, within one quan
   instead of away from zero; depthwise convolutions use the reference rule;
 - the default interpreter (``AUTO``, with the XNNPACK delegate) requantizes in float32;
 - int8 softmax: TFLite's is a fixed-point / lookup-table kernel, the QDQ form a float softmax
-  between ``dequantize`` and ``quantize``.
+  between ``dequantize`` and ``quantize``;
+- int8 ``MEAN`` (Keras' ``GlobalAveragePooling2D``): TFLite sums ``q - z_in`` and requantizes
+  with its fixed-point multiplier with ``1 / n`` folded in (``reference_ops::QuantizedMeanOrSum``),
+  the QDQ form takes the float mean and rounds it once.
 (``BUILTIN_REF`` aborts the process on MobileNetV2 *with* its classifier head in TF 2.21: the
 test uses the feature extractor, 3 x 3 x 1280 outputs.)
 """
@@ -106,8 +109,8 @@ def test_keras_cnn_matches_interpreter(cnn_tflite):
     assert ops["spinn.permute_dims"] == 2
     # the concat (of dequantized tensors) is offloaded where the movement family has concat
     assert set(summary.fallback_ops) <= {"relax.concat"}
-    # The softmax head (output 0) within one step: TFLite's int8 softmax is its own fixed-point /
-    # lookup-table kernel, the QDQ form a float softmax between dequantize and quantize.
+    # The head (output 0: mean, dense, softmax) within one step: TFLite's int8 MEAN and softmax
+    # are their own fixed-point kernels (module docstring); the features (output 1) are exact.
     _check_exact(cnn_tflite, mod, tm.integer_inputs(cnn_tflite, 3), steps={0: 1})
 
 
