@@ -125,7 +125,7 @@ def _register_boards24() -> None:
 
 
 def part_plan(args) -> list[dict]:
-    from tvm_spinn.llm import LLMError
+    from tvm_spinn.llm import LLMError, spec_of
     from tvm_spinn.llm.plan import plan
 
     _register_boards24()
@@ -136,13 +136,17 @@ def part_plan(args) -> list[dict]:
     print(head + "\n" + "-" * len(head))
     rows = []
     for name in args.models:
+        spec = spec_of(str(configs / f"{name}.json"))
+        seq = min(args.seq, spec.max_positions)  # GPT-2-XL has 1024 positions
+        if seq != args.seq:
+            print(f"{name}: seq {seq} (its position table)")
         for system in args.systems:
             target, boards = SYSTEMS[system]
             for dtype in args.dtypes:
                 try:
-                    p = plan(str(configs / f"{name}.json"), target=target, batch=args.batch, seq=args.seq, dtype=dtype)
+                    p = plan(str(configs / f"{name}.json"), target=target, batch=args.batch, seq=seq, dtype=dtype)
                 except LLMError as err:
-                    print(f"{name:<13}{system:<10}{dtype:<6}  does not fit: {str(err).split('; ')[-1]}")
+                    print(f"{name:<13}{system:<10}{dtype:<6}  {err}")
                     continue
                 rows.append(dict(model=name, system=system, boards=boards, dtype=dtype, plan=p))
                 print(f"{name:<13}{system:<10}{dtype:<6}{p.tokens_per_s_per_user:>11.3f}{p.tokens_per_s:>10.3f}"
