@@ -43,6 +43,7 @@ from .target import (  # noqa: E402
     register_system,
 )
 
+from . import training  # noqa: E402  (cheap: relax.training and torch are imported on use)
 from ._version import __version__  # noqa: E402
 
 register_default_tags()
@@ -54,5 +55,5 @@ __all__ = [
     "frontend", "MappingOptions", "MappingError", "load_module", "export_library", "LibraryError", "SpinnRuntimeError", "partition_for_spinn", "summarize_partition", "report", "report_modules", "Report", "SpinnArch",
     "ArchError", "make_system", "register_system", "get_target", "known_targets", "arch_of",
     "tune", "build_options", "BuildOptions", "TuningResult", "TuningLogError",
-    "quantize", "quantizable_layers", "QuantScheme", "QuantizationError",
+    "quantize", "quantizable_layers", "QuantScheme", "QuantizationError", "training",
 ]

@@ -1,0 +1,33 @@
+"""Training on spinn: compile a training step (forward, loss, backward, optimizer update).
+
+>>> trainer = tvm_spinn.training.compile(model, (x,), loss="cross_entropy",
+...                                      optimizer=("sgd", {"lr": 0.1, "momentum": 0.9}))
+>>> loss = trainer.step(x, y)
+
+The step is one Relax function built by TVM's ``relax.training`` (loss, ``Gradient`` pass,
+optimizer; see :mod:`.graph` for what is replaced) and compiled with ``relax.build``: the
+spinn partition offloads its GEMMs (forward, dX = dY W^T, dW = X^T dY) and element-wise update
+ops to the PEs; the rest runs on the fallback target.
+
+Reproducibility rule
+--------------------
+Final parameters are bitwise identical across runs, across spinn systems (``spinn``,
+``spinn/board``) and across save/load/resume, because:
+
+1. the step is a pure function of (inputs, labels, parameters, optimizer state): no random
+   ops (dropout and training-mode normalization layers are refused), no global state;
+2. every floating-point reduction has a fixed order that does not depend on the machine size:
+   the PE kernels are simulated bit-exactly and each output element's K-reduction runs in one
+   fixed order (tiles split the output, never the sum, in a way the result sees); the fallback
+   (llvm) kernels reduce serially per output element;
+3. the state carried between steps (parameters, optimizer buffers, step count) is all of it,
+   and a checkpoint stores it bit for bit (``.npz``, float32 unchanged).
+
+The tests check the rule (``tests/test_training_repro.py``); a change to tiling that splits a
+K-reduction differently per system would break it there.
+"""
+
+from .api import Trainer, compile  # noqa: A004
+from .errors import CheckpointError, TrainingError
+
+__all__ = ["compile", "Trainer", "TrainingError", "CheckpointError"]

@@ -1,0 +1,238 @@
+"""Training-step graph: a PyTorch module -> one Relax ``main`` doing forward, backward and update.
+
+TVM's ``relax.training`` does the calculus: :class:`~tvm.relax.training.SetupTrainer` appends
+the loss (``AppendLoss``), differentiates it (``Gradient``) and adds the optimizer function. What
+is replaced here, and why:
+
+- SetupTrainer leaves three separate functions (``backbone_loss_adjoint``, ``optimizer``); the
+  spinn partition works on ``main`` only (and one VM call per step avoids copying gradients
+  out), so both are inlined into one ``main(inputs, params, targets, optim_states) -> (loss,
+  new params, new optim states)`` (``InlinePrivateFunctions``).
+- SetupTrainer's own legalization is turned off (``legalize=False``): the high-level
+  ``matmul``/``add``/... must reach the spinn partition of ``relax.build``, which legalizes the
+  rest for the fallback target.
+- The importer: ``tvm_spinn.frontend.from_pytorch`` binds weights as constants (inference); a
+  trainer needs them as function parameters, so the model is exported here with TVM's
+  ``from_exported_program(keep_params_as_input=True)`` and the front-end's fix-ups
+  (:class:`~tvm_spinn.frontend.fixups.FixupImported`, the aten conversion fixes) applied on top.
+- SGD with momentum 0 is TVM's ``SGD``, with momentum TVM's ``MomentumSGD`` (same recurrence as
+  ``torch.optim.SGD`` with ``dampening=0``: TVM's applies dampening on the first step too,
+  so dampening is refused), Adam is TVM's ``Adam`` (PyTorch's update rearranged: rounding-level
+  differences only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..frontend.fixups import FixupImported
+from .errors import TrainingError
+
+__all__ = ["TrainGraph", "build_train_graph", "make_loss", "make_optimizer", "LOSSES", "OPTIMIZERS"]
+
+LOSSES = ("cross_entropy", "mse")
+OPTIMIZERS = {"sgd": ("lr", "momentum", "weight_decay", "nesterov", "dampening"),
+              "adam": ("lr", "betas", "eps", "weight_decay")}
+
+#: Layers whose training-mode behaviour the exported (eval-mode) graph would silently drop.
+_TRAIN_MODE_LAYERS = ("BatchNorm", "Dropout", "InstanceNorm", "GroupNorm")
+
+
+@dataclass(frozen=True)
+class TrainGraph:
+    """The training-step module and what is needed to call it.
+
+    Attributes
+    ----------
+    mod : tvm.IRModule
+        ``main(inputs..., params..., targets, optim_states) -> (loss, params, optim_states)``.
+    input_shapes : tuple of (tuple of int, str)
+        Shape and dtype of each model input.
+    param_names : tuple of str
+        PyTorch names of the trainable parameters, in the order of ``main``'s arguments.
+    param_shapes : tuple of tuple of int
+    output_shape : tuple of int
+        Shape of the model output (the loss input).
+    label_shape, label_dtype : tuple of int, str
+    init_optim_state : tuple of numpy.ndarray
+        The optimizer state before the first step.
+    """
+
+    mod: tvm.IRModule
+    input_shapes: tuple
+    param_names: tuple
+    param_shapes: tuple
+    output_shape: tuple
+    label_shape: tuple
+    label_dtype: str
+    init_optim_state: tuple
+
+
+def make_loss(loss: str):
+    """TVM loss object for a loss name (mean reduction, as PyTorch's default)."""
+    from tvm.relax.training.loss import CrossEntropyLoss, MSELoss
+
+    if loss == "cross_entropy":
+        return CrossEntropyLoss(reduction="mean")
+    if loss == "mse":
+        return MSELoss(reduction="mean")
+    raise TrainingError(f"unsupported loss {loss!r}: expected one of {', '.join(LOSSES)}")
+
+
+def make_optimizer(optimizer):
+    """TVM optimizer object for ``(name, {options})``."""
+    from tvm.relax.training.optimizer import SGD, Adam, MomentumSGD
+
+    if isinstance(optimizer, str):
+        optimizer = (optimizer, {})
+    if not (isinstance(optimizer, tuple | list) and len(optimizer) == 2 and isinstance(optimizer[1], dict)):
+        raise TrainingError(f"optimizer must be (name, {{options}}), got {optimizer!r}")
+    name, opts = optimizer
+    if name not in OPTIMIZERS:
+        raise TrainingError(f"unsupported optimizer {name!r}: expected one of {', '.join(OPTIMIZERS)}")
+    unknown = sorted(set(opts) - set(OPTIMIZERS[name]))
+    if unknown:
+        raise TrainingError(f"unsupported option {unknown[0]!r} of optimizer {name!r}: "
+                            f"expected some of {', '.join(OPTIMIZERS[name])}")
+    if "lr" not in opts:
+        raise TrainingError(f"optimizer {name!r} needs a learning rate 'lr'")
+    if name == "adam":
+        return Adam(float(opts["lr"]), tuple(opts.get("betas", (0.9, 0.999))), float(opts.get("eps", 1e-8)),
+                    float(opts.get("weight_decay", 0.0)))
+    if float(opts.get("dampening", 0.0)) != 0.0:
+        raise TrainingError("unsupported option value dampening != 0 of optimizer 'sgd' "
+                            "(TVM's MomentumSGD dampens the first step, PyTorch does not)")
+    momentum = float(opts.get("momentum", 0.0))
+    wd = float(opts.get("weight_decay", 0.0))
+    if momentum == 0.0:
+        if opts.get("nesterov", False):
+            raise TrainingError("optimizer 'sgd': nesterov needs a momentum > 0")
+        return SGD(float(opts["lr"]), wd)
+    return MomentumSGD(float(opts["lr"]), momentum, 0.0, wd, bool(opts.get("nesterov", False)))
+
+
+def _check_layers(model) -> None:
+    for name, sub in model.named_modules():
+        kind = type(sub).__name__
+        if any(kind.startswith(k) for k in _TRAIN_MODE_LAYERS):
+            raise TrainingError(
+                f"layer {name or '<model>'} ({kind}) behaves differently in training mode, which "
+                "tvm_spinn.training does not support yet (it would train the inference graph)")
+
+
+def _import(model, example_inputs):
+    """Export ``model`` with its parameters as ``main`` arguments; return (mod, trainable, frozen)."""
+    import torch
+    from tvm.relax.frontend.torch import from_exported_program
+
+    from ..frontend.pytorch import _CONVERT_FIXES  # the same aten fixes as inference import
+
+    was_training = model.training
+    try:
+        with torch.no_grad():
+            exported = torch.export.export(model.eval(), tuple(example_inputs))
+    finally:
+        model.train(was_training)
+    mod = from_exported_program(exported, keep_params_as_input=True, unwrap_unit_return_tuple=True,
+                                custom_convert_map=_CONVERT_FIXES)
+    named = dict(model.named_parameters())
+    buffers = dict(model.named_buffers())
+    trainable, frozen = [], {}
+    from torch.export.graph_signature import InputKind
+
+    for spec in exported.graph_signature.input_specs:
+        if spec.kind == InputKind.USER_INPUT:
+            continue
+        arg = spec.arg.name
+        if spec.kind == InputKind.PARAMETER and named[spec.target].requires_grad:
+            trainable.append((arg, spec.target))
+        else:
+            src = named.get(spec.target, buffers.get(spec.target))
+            frozen[arg] = src.detach().cpu().numpy()
+    return mod, trainable, frozen
+
+
+def build_train_graph(model, example_inputs, loss: str, optimizer) -> TrainGraph:
+    """Build the training-step module of ``model`` (see :class:`TrainGraph`)."""
+    import torch
+    from tvm.relax.training import SetupTrainer
+
+    if not isinstance(model, torch.nn.Module):
+        raise TrainingError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    loss_obj = make_loss(loss)
+    opt_obj = make_optimizer(optimizer)
+    if not any(p.requires_grad for p in model.parameters()):
+        raise TrainingError(f"model {type(model).__name__} has no trainable parameters "
+                            "(none with requires_grad=True)")
+    _check_layers(model)
+    if not isinstance(example_inputs, tuple | list):
+        example_inputs = (example_inputs,)
+    example_inputs = tuple(torch.as_tensor(x) for x in example_inputs)
+
+    mod, trainable, frozen = _import(model, example_inputs)
+    func = mod["main"]
+    n_in = len(example_inputs)
+    by_name = {p.name: p for p in func.params}
+    if frozen:  # buffers and requires_grad=False parameters are constants of the step
+        func = func.bind_params({k: relax.const(v) for k, v in frozen.items()})
+        by_name = {p.name: p for p in func.params}
+    ordered = list(func.params[:n_in]) + [by_name[arg] for arg, _ in trainable]
+    # the backbone takes (inputs, parameters): put the trainable parameters in that order
+    func = relax.Function(ordered, func.body, func.ret_ty, func.is_pure, func.attrs)
+    out_ty = func.ret_ty
+    if not isinstance(out_ty, relax.TensorType) or out_ty.dtype != "float32":
+        raise TrainingError(f"the model must return one float32 tensor, it returns {out_ty}")
+    out_shape = tuple(int(d) for d in out_ty.shape)
+    if loss == "cross_entropy":
+        if len(out_shape) != 2:
+            raise TrainingError(f"loss 'cross_entropy' needs a (batch, classes) model output, got {out_shape}")
+        label_shape, label_dtype = (out_shape[0],), "int64"
+    else:
+        label_shape, label_dtype = out_shape, "float32"
+
+    backbone = tvm.IRModule({"backbone": func.with_attr("global_symbol", "backbone")})
+    backbone = backbone.with_attrs({"param_num": len(trainable), "state_num": 0})
+    trainer = SetupTrainer(loss_obj, opt_obj, [out_ty, relax.TensorType(label_shape, label_dtype)],
+                           legalize=False)(backbone)
+    step = _fuse_step(trainer, len(trainable))
+    step = FixupImported(step)
+    init_state = tuple(np.array(s.numpy()) for s in trainer.attrs["optim_state"])
+    return TrainGraph(
+        mod=step,
+        input_shapes=tuple((tuple(x.shape), str(x.dtype).removeprefix("torch.")) for x in example_inputs),
+        param_names=tuple(target for _, target in trainable),
+        param_shapes=tuple(tuple(int(d) for d in p.ty.shape) for p in ordered[n_in:]),
+        output_shape=out_shape,
+        label_shape=label_shape,
+        label_dtype=label_dtype,
+        init_optim_state=init_state,
+    )
+
+
+def _fuse_step(trainer: tvm.IRModule, n_params: int) -> tvm.IRModule:
+    """One ``main``: the adjoint (loss + gradients) then the optimizer, inlined."""
+    adjoint = trainer["backbone_loss_adjoint"].without_attr("global_symbol")
+    update = trainer["optimizer"].without_attr("global_symbol")
+    bb = relax.BlockBuilder()
+    g_adjoint = bb.add_func(adjoint, "adjoint")
+    g_update = bb.add_func(update, "update")
+    args = [relax.Var(p.name, p.ty) for p in adjoint.params]  # inputs, params, targets
+    state = relax.Var("optim_states", update.params[2].ty)
+    n_in = len(args) - n_params - 1
+    with bb.function("main", args + [state]):
+        with bb.dataflow():
+            res = bb.emit(relax.Call(g_adjoint, args))
+            loss = bb.emit(relax.TupleGetItem(res, 0))
+            grads = bb.emit(relax.TupleGetItem(res, 1))
+            params = bb.emit(relax.Tuple(args[n_in:n_in + n_params]))
+            upd = bb.emit(relax.Call(g_update, [params, grads, state]))
+            out = bb.emit_output(relax.Tuple([loss, relax.TupleGetItem(upd, 0), relax.TupleGetItem(upd, 1)]))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    mod = relax.transform.InlinePrivateFunctions()(mod)
+    mod = relax.transform.DeadCodeElimination(["main"])(mod)
+    return relax.transform.CanonicalizeBindings()(mod)
