@@ -276,6 +276,13 @@ def _fp32_cases() -> dict[str, Case]:
     }.items():
         cases[f"strided_slice-{tag}"] = data_movement_case(
             lambda v, a=axes, b=begin, e=end, s=strides: relax.op.strided_slice(v, a, b, e, s), shape, "strided_slice")
+    # split (a tuple): rewritten to one strided slice per part before partitioning
+    for tag, spec in {"sections": 3, "indices": [2, 7]}.items():
+        def split_body(bb, v, spec=spec):
+            parts = bb.emit(relax.op.split(v, spec, axis=1))
+            return bb.emit(relax.op.concat([relax.TupleGetItem(parts, 2), relax.TupleGetItem(parts, 0)], axis=1))
+        cases[f"split-{tag}"] = Case(lambda c, body=split_body: _module({"x": ((2, 12, 3), "float32")}, body),
+                                     [_randn(0, 2, 12, 3)], {"strided_slice", "concat"}, exact=True)
     # gathers: an embedding table (constant) by int32 token ids, another axis, a computed table,
     # and the index modes on out-of-range indices
     for tag, (tshape, ishape, axis, mode, lo, hi) in {

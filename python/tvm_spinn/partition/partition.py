@@ -13,6 +13,7 @@ from ..target.registry import arch_of, get_target
 from .patterns import FallbackReason, patterns_for, spinn_patterns
 from .fold import FoldConstant
 from .pad import FoldPadIntoConv
+from .split import SplitToSlices
 from .qweights import UniqueDequantize, hide_quantized_weights, restore_quantized_weights
 from .nhwc import has_nhwc_qconv, nhwc_to_nchw
 from .rewrites import FoldBatchNorm, FoldLayoutConstants, FoldQuantizedClip, TagRequantRounding
@@ -60,6 +61,7 @@ def partition_for_spinn(
             FoldQuantizedClip,  # fused activations of quantized (TFLite) graphs as QDQ ReLUs
             _ConvertConvLayout,
             FoldPadIntoConv,  # TF-style "same" padding: one region instead of one per conv
+            SplitToSlices,  # a split's tuple cannot be a layer; its parts as slices can
             FoldLayoutConstants,
             FoldConstant,  # TVM's FoldConstant, legalizing only what can fold (see .fold)
             FoldBatchNorm,
