@@ -140,11 +140,13 @@ def test_plan_bad_input_names_the_field(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target", ["spinn/board", "spinn/cloud"])
-def test_plan_llama_2_70b(target, monkeypatch):
+@pytest.mark.parametrize("name, target, seq, layers", [("llama-2-70b", "spinn/board", 2048, 80),
+                                                        ("llama-2-70b", "spinn/cloud", 2048, 80),
+                                                        ("gpt2-xl", "spinn/board", 1024, 48)])
+def test_plan_shipped_models(name, target, seq, layers, monkeypatch):
     _no_simulation(monkeypatch)
-    result = plan(str(CONFIGS / "llama-2-70b.json"), target=target, batch=1, seq=2048, dtype="int8")
-    assert result.model == "llama-2-70b" and result.plan["layers"] == 80
+    result = plan(str(CONFIGS / f"{name}.json"), target=target, batch=1, seq=seq, dtype="int8")
+    assert result.model == name and result.plan["layers"] == layers
     assert 0 < result.tokens_per_s_per_user <= result.bound_tokens_per_s
-    assert result.weight_bytes == 68_976_648_192
+    assert result.weight_bytes == llm.spec_of(str(CONFIGS / f"{name}.json")).params
     assert np.isfinite(result.energy_per_token_j) and result.ttft_s > result.decode_latency_s

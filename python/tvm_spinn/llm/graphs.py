@@ -67,7 +67,9 @@ class _Step(nn.Module):
         s = self.spec
         if self.gpt2:
             attn = self.blocks[i].attn
-            q, k, v = attn.c_attn(h).split(s.hidden, dim=2)
+            qkv = attn.c_attn(h)
+            # slices, not split: a split's tuple can end up inside an offloaded region (GPT-2-XL)
+            q, k, v = qkv[:, :, :s.hidden], qkv[:, :, s.hidden:2 * s.hidden], qkv[:, :, 2 * s.hidden:]
         else:
             attn = self.blocks[i].self_attn
             q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
