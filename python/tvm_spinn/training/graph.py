@@ -18,7 +18,8 @@ is replaced here, and why:
 - SGD with momentum 0 is TVM's ``SGD``, with momentum TVM's ``MomentumSGD`` (same recurrence as
   ``torch.optim.SGD`` with ``dampening=0``: TVM's applies dampening on the first step too,
   so dampening is refused), Adam is TVM's ``Adam`` (PyTorch's update rearranged: rounding-level
-  differences only).
+  differences only) with one fix: its ``init`` keeps the parameters' dtype as a type object
+  (``T.float32``) that ``np.ones`` rejects, so :class:`_Adam` stores it as a string.
 """
 
 from __future__ import annotations
@@ -72,6 +73,19 @@ class TrainGraph:
     init_optim_state: tuple
 
 
+def _fixed_adam():
+    from tvm.relax.training.optimizer import Adam
+
+    class _Adam(Adam):
+        """TVM 0.27's Adam, with the state dtype as a string (see the module docstring)."""
+
+        def _set_params_and_dtype(self, params) -> None:
+            super()._set_params_and_dtype(params)
+            self.dtype = str(getattr(self.dtype, "dtype", self.dtype))
+
+    return _Adam
+
+
 def make_loss(loss: str):
     """TVM loss object for a loss name (mean reduction, as PyTorch's default)."""
     from tvm.relax.training.loss import CrossEntropyLoss, MSELoss
@@ -85,7 +99,7 @@ def make_loss(loss: str):
 
 def make_optimizer(optimizer):
     """TVM optimizer object for ``(name, {options})``."""
-    from tvm.relax.training.optimizer import SGD, Adam, MomentumSGD
+    from tvm.relax.training.optimizer import SGD, MomentumSGD
 
     if isinstance(optimizer, str):
         optimizer = (optimizer, {})
@@ -101,7 +115,7 @@ def make_optimizer(optimizer):
     if "lr" not in opts:
         raise TrainingError(f"optimizer {name!r} needs a learning rate 'lr'")
     if name == "adam":
-        return Adam(float(opts["lr"]), tuple(opts.get("betas", (0.9, 0.999))), float(opts.get("eps", 1e-8)),
+        return _fixed_adam()(float(opts["lr"]), tuple(opts.get("betas", (0.9, 0.999))), float(opts.get("eps", 1e-8)),
                     float(opts.get("weight_decay", 0.0)))
     if float(opts.get("dampening", 0.0)) != 0.0:
         raise TrainingError("unsupported option value dampening != 0 of optimizer 'sgd' "

@@ -1,0 +1,172 @@
+"""tvm_spinn.training: a training step on spinn vs PyTorch and vs the same module built for llvm;
+bad input (labels, models, losses, optimizers, checkpoints) -> one clear error."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import tvm_spinn
+from tvm_spinn.training import CheckpointError, TrainingError
+from tvm_spinn.training.checkpoint import write_checkpoint
+from training_models import classification_data, mlp, torch_reference
+
+SGD = ("sgd", {"lr": 0.1, "momentum": 0.9})
+ADAM = ("adam", {"lr": 0.01})
+STEPS = 50
+
+# Tolerance vs PyTorch. Both sides compute the same float32 formulas in different summation
+# orders (PyTorch/MKL blocks its GEMMs, spinn tiles K on the PEs, llvm loops serially): one
+# GEMM of depth K <= 32 differs by at most ~K*u = 32 * 6e-8 ~ 2e-6 relative. Momentum feeds each
+# step's error back into the velocity with gain sum(0.9^k) = 10, and 50 steps add up linearly:
+# ~50 * 10 * 2e-6 = 1e-3 relative in the worst case (typically far less: errors are random and
+# measured max |diff| ~ 1e-6). The loss goes down to ~1e-4, hence the absolute floor.
+RTOL, ATOL_PARAM, ATOL_LOSS = 1e-3, 1e-4, 1e-5
+
+
+def _batches(n=STEPS):
+    x, y = classification_data()
+    return [(x, y)] * n  # one batch, trained to overfit: the loss curve has a long range
+
+
+@pytest.fixture(scope="module")
+def mlp_runs():
+    model = mlp()
+    batches = _batches()
+    runs = {}
+    for target in ("spinn", "llvm"):
+        trainer = tvm_spinn.training.compile(model, (torch.from_numpy(batches[0][0]),), loss="cross_entropy",
+                                             optimizer=SGD, target=target)
+        losses = [trainer.step(x, y) for x, y in batches]
+        runs[target] = (trainer, losses, trainer.parameters())
+    runs["torch"] = (None, *torch_reference(model, batches, "cross_entropy", SGD))
+    return model, runs
+
+
+def test_mlp_sgd_momentum_matches_pytorch(mlp_runs):
+    _, runs = mlp_runs
+    _, losses, params = runs["spinn"]
+    _, ref_losses, ref_params = runs["torch"]
+    assert ref_losses[-1] < 0.01 * ref_losses[0]  # it does train: the comparison spans a real curve
+    np.testing.assert_allclose(losses, ref_losses, rtol=RTOL, atol=ATOL_LOSS)
+    assert sorted(params) == sorted(ref_params)
+    for name in ref_params:
+        np.testing.assert_allclose(params[name], ref_params[name], rtol=RTOL, atol=ATOL_PARAM, err_msg=name)
+
+
+def test_mlp_spinn_matches_llvm_build(mlp_runs):
+    _, runs = mlp_runs
+    _, losses, params = runs["spinn"]
+    _, llvm_losses, llvm_params = runs["llvm"]
+    np.testing.assert_allclose(losses, llvm_losses, rtol=RTOL, atol=ATOL_LOSS)
+    for name in llvm_params:
+        np.testing.assert_allclose(params[name], llvm_params[name], rtol=RTOL, atol=ATOL_PARAM, err_msg=name)
+
+
+def test_step_gemms_run_on_the_pes(mlp_runs):
+    """Forward (2), dX (1: the first layer's input needs none) and dW (2) GEMMs are offloaded."""
+    trainer = mlp_runs[1]["spinn"][0]
+    summary = tvm_spinn.summarize_partition(tvm_spinn.partition_for_spinn(trainer.module))
+    assert summary.offloaded_ops.get("spinn.matmul") == 5
+    assert "relax.matmul" not in summary.fallback_ops
+    assert trainer.steps == STEPS
+
+
+def test_mse_adam_matches_pytorch():
+    model = mlp(seed=3, d_out=4)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    y = rng.standard_normal((8, 4)).astype(np.float32)
+    batches = [(x, y)] * 20
+    trainer = tvm_spinn.training.compile(model, torch.from_numpy(x), loss="mse", optimizer=ADAM)
+    losses = [trainer.step(torch.from_numpy(a), torch.from_numpy(b)) for a, b in batches]
+    ref_losses, ref_params = torch_reference(model, batches, "mse", ADAM)
+    assert ref_losses[-1] < 0.5 * ref_losses[0]
+    # Adam divides by sqrt(v_hat)+eps; TVM and PyTorch arrange the bias corrections differently
+    # (a few ulps per step), bounded like the SGD case above by steps * K * u.
+    np.testing.assert_allclose(losses, ref_losses, rtol=RTOL, atol=ATOL_LOSS)
+    for name in ref_params:
+        np.testing.assert_allclose(trainer.parameters()[name], ref_params[name], rtol=RTOL, atol=ATOL_PARAM,
+                                   err_msg=name)
+
+
+# -- bad input ------------------------------------------------------------------------------------
+
+def test_labels_of_wrong_shape_or_dtype(mlp_runs):
+    trainer = mlp_runs[1]["llvm"][0]
+    x, y = classification_data()
+    with pytest.raises(TrainingError, match=r"labels have shape \(4,\).*\(8,\)"):
+        trainer.step(x, y[:4])
+    with pytest.raises(TrainingError, match="labels have dtype float32.*cross_entropy"):
+        trainer.step(x, y.astype(np.float32))
+    with pytest.raises(TrainingError, match="label 10 is out of range for 10 classes"):
+        trainer.step(x, np.full(8, 10))
+    with pytest.raises(TrainingError, match=r"input 0 has shape \(8, 15\)"):
+        trainer.step(x[:, :15], y)
+
+
+def test_model_without_trainable_parameters():
+    frozen = mlp()
+    for p in frozen.parameters():
+        p.requires_grad_(False)
+    x, _ = classification_data()
+    with pytest.raises(TrainingError, match="Sequential has no trainable parameters"):
+        tvm_spinn.training.compile(frozen, torch.from_numpy(x))
+    with pytest.raises(TrainingError, match="ReLU has no trainable parameters"):
+        tvm_spinn.training.compile(torch.nn.ReLU(), torch.from_numpy(x))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"loss": "hinge"}, "unsupported loss 'hinge'"),
+    ({"optimizer": ("rmsprop", {"lr": 0.1})}, "unsupported optimizer 'rmsprop'"),
+    ({"optimizer": ("sgd", {"lr": 0.1, "foo": 1})}, "unsupported option 'foo' of optimizer 'sgd'"),
+    ({"optimizer": ("adam", {})}, "optimizer 'adam' needs a learning rate"),
+])
+def test_unsupported_loss_or_optimizer(kwargs, message):
+    x, _ = classification_data()
+    with pytest.raises(TrainingError, match=message):
+        tvm_spinn.training.compile(mlp(), torch.from_numpy(x), **kwargs)
+
+
+def test_training_mode_layers_are_refused():
+    x, _ = classification_data()
+    model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Dropout(0.5))
+    with pytest.raises(TrainingError, match=r"layer 1 \(Dropout\)"):
+        tvm_spinn.training.compile(model, torch.from_numpy(x))
+
+
+def test_checkpoint_from_another_model(mlp_runs, tmp_path):
+    trainer = mlp_runs[1]["llvm"][0]
+    # what Trainer.save of mlp(hidden=24) writes (the same writer; spares a compile)
+    other = {n: p.detach().numpy() for n, p in mlp(hidden=24).named_parameters()}
+    path = tmp_path / "other.npz"
+    write_checkpoint(path, other, trainer.optimizer_state(), trainer._meta())
+    with pytest.raises(CheckpointError, match=r"parameter 0.weight has shape \(24, 16\) float32, this model's is \(32, 16\)"):
+        trainer.load(path)
+    with pytest.raises(CheckpointError, match="no such file"):
+        trainer.load(tmp_path / "missing.npz")
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    with pytest.raises(CheckpointError, match="junk.npz: not a readable"):
+        trainer.load(tmp_path / "junk.npz")
+
+
+def test_save_is_atomic(mlp_runs, tmp_path, monkeypatch):
+    trainer = mlp_runs[1]["llvm"][0]
+    path = tmp_path / "ckpt.npz"
+    trainer.save(path)
+    before = path.read_bytes()
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (path.stat().st_mode & 0o777) == 0o666 & ~umask  # an ordinary file, not mkstemp's 0600
+
+    def fail(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(np, "savez", fail)
+    with pytest.raises(OSError, match="disk full"):
+        trainer.save(path)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.npz"]  # no temporary left behind
