@@ -29,6 +29,14 @@ import tempfile
 import time
 import traceback
 
+# MetaSchedule's CUDA tensor intrinsics are TVMScript functions whose parser calls
+# inspect.stack() for each: with torch and transformers in sys.modules that import took 50 s on
+# the H100 machine. Importing them first, while few modules are loaded, makes it a few seconds.
+try:
+    import tvm.s_tir.tensor_intrin.cuda  # noqa: F401
+except Exception:  # noqa: BLE001  (no CUDA support in this TVM: main() says so later)
+    pass
+
 import numpy as np
 import torch
 
