@@ -76,7 +76,11 @@ def test_keras_small_cnn():
     )
     x = np.random.RandomState(0).rand(1, 16, 16, 3).astype("float32")
     summary = _check_model(model, x)
-    # The dense head is NHWC-independent and is offloaded.
+    # All of it in one region: NHWC -> NCHW once at the input, back once before the flatten
+    # (partition/nhwc.py), the conv with its bias and ReLU, the pool and the dense head.
+    assert summary.fallback_ops == {} and summary.regions == 1
+    assert summary.offloaded_ops["spinn.permute_dims"] == 2
+    assert summary.offloaded_ops["spinn.conv2d_bias_relu"] == 1
     assert summary.offloaded_ops.get("spinn.dense", 0) >= 1
 
 
@@ -85,7 +89,9 @@ def test_keras_mobilenet_v2():
     keras.utils.set_random_seed(0)
     model = keras.applications.MobileNetV2(weights=None, input_shape=(96, 96, 3), alpha=0.35)
     x = np.random.RandomState(0).rand(1, 96, 96, 3).astype("float32")
-    _check_model(model, x)
+    summary = _check_model(model, x)
+    # one transpose at the input, none per conv (ConvertLayout put 104 around the 52 convs)
+    assert summary.offloaded_ops["spinn.permute_dims"] <= 2
 
 
 def test_from_tflite_file_and_bytes(tmp_path):

@@ -155,7 +155,7 @@ def test_mobilenet_v2_matches_interpreter():
     assert differ["BUILTIN_REF"] == 0
 
 
-@pytest.mark.parametrize("io_dtype", ["uint8", "float32"])
+@pytest.mark.parametrize("io_dtype", ["uint8", pytest.param("float32", marks=pytest.mark.slow)])
 def test_io_types(io_dtype):
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((8, 8, 3)), L.Conv2D(4, 3, activation="relu"), L.Flatten(), L.Dense(5)],
