@@ -37,9 +37,10 @@ def mlp_runs():
     model = mlp()
     batches = _batches()
     runs = {}
-    for target in ("spinn", "llvm"):
-        trainer = tvm_spinn.training.compile(model, (torch.from_numpy(batches[0][0]),), loss="cross_entropy",
-                                             optimizer=SGD, target=target)
+    spinn = tvm_spinn.training.compile(model, (torch.from_numpy(batches[0][0]),), loss="cross_entropy",
+                                       optimizer=SGD, target="spinn")
+    llvm = spinn.build_for("llvm")  # the same training module, built for the host, same initial state
+    for target, trainer in (("spinn", spinn), ("llvm", llvm)):
         losses = [trainer.step(x, y) for x, y in batches]
         runs[target] = (trainer, losses, trainer.parameters())
     runs["torch"] = (None, *torch_reference(model, batches, "cross_entropy", SGD))

@@ -33,6 +33,7 @@ class Trainer:
         self._vm = relax.VirtualMachine(executable, tvm.cpu())
         self._target = target
         self._loss = loss
+        self._optimizer_spec = optimizer
         self._optimizer = repr(optimizer)
         self._model_name = model_name
         self.executable = executable
@@ -62,6 +63,16 @@ class Trainer:
     def module(self) -> tvm.IRModule:
         """The training-step Relax module (before ``relax.build``)."""
         return self._graph.mod
+
+    def build_for(self, target) -> "Trainer":
+        """The same training-step module built for another target, starting from this trainer's
+        current parameters and optimizer state (e.g. ``"llvm"`` as a reference, or
+        ``"spinn/board"``)."""
+        tgt = _resolve_target(target)
+        trainer = Trainer(self._graph, relax.build(self._graph.mod, target=tgt), tgt, self._loss,
+                          self._optimizer_spec, self._model_name)
+        trainer._set_state([p.numpy() for p in self._params], [s.numpy() for s in self._state])
+        return trainer
 
     # -- one step ---------------------------------------------------------------------------
     def _check_inputs(self, inputs) -> list[np.ndarray]:
@@ -145,6 +156,14 @@ class Trainer:
         self._set_state([params[n] for n in g.param_names], optim)
 
 
+def _resolve_target(target):
+    if isinstance(target, str) and target.split("/")[0] == "spinn":
+        from ..target import get_target
+
+        return get_target(target)
+    return tvm.target.Target(target)
+
+
 def compile(model, example_inputs, loss: str = "cross_entropy", optimizer=("sgd", {"lr": 0.1}),
             target="spinn") -> Trainer:  # noqa: A001  (the public name asked for: tvm_spinn.training.compile)
     """Compile a training step of a PyTorch model for a target.
@@ -170,12 +189,7 @@ def compile(model, example_inputs, loss: str = "cross_entropy", optimizer=("sgd"
     Trainer
     """
     graph = build_train_graph(model, example_inputs, loss, optimizer)
-    if isinstance(target, str) and target.split("/")[0] == "spinn":
-        from ..target import get_target
-
-        tgt = get_target(target)
-    else:
-        tgt = tvm.target.Target(target)
+    tgt = _resolve_target(target)
     executable = relax.build(graph.mod, target=tgt)
     trainer = Trainer(graph, executable, tgt, loss, optimizer, type(model).__name__)
     params = dict(model.named_parameters())
