@@ -209,14 +209,15 @@ def TagRequantRounding(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802
     """Name the requantization rule in the int8 GEMM composites of a TFLite model.
 
     Runs between ``FuseOpsByPattern`` and ``MergeCompositeFunctions``: a composite
-    ``spinn.qconv2d..._requant`` (or ``spinn.qmatmul..._requant``) becomes ``..._requant_tflite`` when the module's
+    ``spinn.qconv2d..._requant`` becomes ``..._requant_tflite`` when the module's
     :data:`QUANT_ROUNDING_ATTR` is ``"tflite"``; the GEMM family's lowering reads the suffix and
     records ``rounding="tflite"`` in the layer (the QDQ graph itself cannot carry it).
 
     Fully-connected layers (``spinn.qdense*``) keep the single rounding: TFLite's reference
     ``FULLY_CONNECTED`` kernel rounds ``acc * M0 / 2**shift`` once, half up (measured against
     ``tf.lite.Interpreter(..., BUILTIN_REF)`` in TF 2.21: 0 of 7,680 outputs differ with one
-    rounding, 8 with the double rounding), while its convolutions round twice."""
+    rounding, 8 with the double rounding), while its convolutions round twice. (TVM's importer
+    refuses quantized ``BATCH_MATMUL``, so no TFLite model reaches ``spinn.qmatmul``.)"""
     rule = mod.attrs.get(QUANT_ROUNDING_ATTR) if mod.attrs else None
     if rule is None:
         return mod
@@ -230,7 +231,7 @@ def TagRequantRounding(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802
         if not (isinstance(func, relax.Function) and func.attrs and "Composite" in func.attrs):
             continue
         name = str(func.attrs["Composite"])
-        if name.startswith(("spinn.qconv2d", "spinn.qmatmul")) and name.endswith("_requant"):
+        if name.startswith("spinn.qconv2d") and name.endswith("_requant"):
             updates[gvar] = func.with_attr("Composite", name + suffix)
     if not updates:
         return mod
