@@ -227,6 +227,8 @@ class ParallelVectorize(dl.ScheduleRule):
 
     def _apply(self, func, target):
         bits = _vector_bits(str(target))
+        # one core: a parallel loop is only overhead (and a fork-join barrier to wait at)
+        parallel = int(target.attrs.get("num-cores", 2) or 2) > 1
         sch = tvm.s_tir.Schedule(func)
         infos = dl.normalize_prim_func(sch)
         if infos is None or self._touches_bf16(sch, infos):
@@ -244,12 +246,12 @@ class ParallelVectorize(dl.ScheduleRule):
             if "R" in kinds:
                 if not self._is_sr(kinds):
                     return None
-                par = self._reduction(sch, info, lanes)
+                par = self._reduction(sch, info, lanes, parallel)
                 if par is not None and i + 1 < len(infos) and "R" not in infos[i + 1].dom_kind():
                     if self._epilogue(sch, infos[i + 1].block_rv, par, lanes):
                         done.add(i + 1)
             elif set(kinds) <= {"S"}:
-                self._injective(sch, info.block_rv, lanes)
+                self._injective(sch, info.block_rv, lanes, parallel)
             else:
                 return None
         return sch
@@ -299,7 +301,7 @@ class ParallelVectorize(dl.ScheduleRule):
         stripped = kinds.lstrip("S")
         return bool(stripped) and set(stripped) == {"R"} and len(stripped) < len(kinds)
 
-    def _reduction(self, sch, info, lanes: int):
+    def _reduction(self, sch, info, lanes: int, parallel: bool = True):
         loops = sch.get_loops(info.block_rv)
         kinds = "".join(it.kind for it in info.iters)
         if len(loops) != len(kinds):
@@ -327,7 +329,7 @@ class ParallelVectorize(dl.ScheduleRule):
                 inner.insert(0, ri)
         sch.reorder(*spatial, *reduce, *inner)
         par = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
-        if work >= _PARALLEL_MIN_WORK and (_extent(sch, par) or 1) > 1:
+        if parallel and work >= _PARALLEL_MIN_WORK and (_extent(sch, par) or 1) > 1:
             sch.parallel(par)
         if v > 1:
             sch.vectorize(inner[-1])
@@ -373,7 +375,7 @@ class ParallelVectorize(dl.ScheduleRule):
             sch.vectorize(loops[-1])
         return True
 
-    def _injective(self, sch, block, lanes: int) -> None:
+    def _injective(self, sch, block, lanes: int, parallel: bool = True) -> None:
         loops = list(sch.get_loops(block))
         exts = [_extent(sch, lp) for lp in loops]
         if not loops or any(e is None for e in exts):
@@ -386,7 +388,7 @@ class ParallelVectorize(dl.ScheduleRule):
             outer, vec = sch.split(loops[-1], [None, v])
             loops[-1] = outer
             sch.vectorize(vec)
-        if total >= _PARALLEL_MIN_WORK:
+        if parallel and total >= _PARALLEL_MIN_WORK:
             par = sch.fuse(*loops) if len(loops) > 1 else loops[0]
             sch.parallel(par)
 
