@@ -12,7 +12,7 @@ import torch
 import tvm_spinn
 from tvm_spinn.training import CheckpointError, TrainingError
 from tvm_spinn.training.checkpoint import write_checkpoint
-from training_models import classification_data, mlp, torch_reference
+from training_models import classification_data, mlp, small_cnn, torch_reference
 
 SGD = ("sgd", {"lr": 0.1, "momentum": 0.9})
 ADAM = ("adam", {"lr": 0.01})
@@ -92,6 +92,28 @@ def test_mse_adam_matches_pytorch():
     for name in ref_params:
         np.testing.assert_allclose(trainer.parameters()[name], ref_params[name], rtol=RTOL, atol=ATOL_PARAM,
                                    err_msg=name)
+
+
+@pytest.mark.slow
+def test_small_cnn_matches_pytorch_and_llvm():
+    """Conv/ReLU/max-pool/linear, 50 steps; conv depth K = C_in*3*3 <= 72 (bound as above: ~4e-6
+    per GEMM, within the same tolerances)."""
+    model = small_cnn()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 3, 8, 8)).astype(np.float32)
+    y = rng.integers(0, 10, 4).astype(np.int64)
+    batches = [(x, y)] * STEPS
+    spinn = tvm_spinn.training.compile(model, torch.from_numpy(x), optimizer=SGD)
+    llvm = spinn.build_for("llvm")
+    losses = [spinn.step(a, b) for a, b in batches]
+    llvm_losses = [llvm.step(a, b) for a, b in batches]
+    ref_losses, ref_params = torch_reference(model, batches, "cross_entropy", SGD)
+    assert ref_losses[-1] < 0.01 * ref_losses[0]
+    for other in (ref_losses, llvm_losses):
+        np.testing.assert_allclose(losses, other, rtol=RTOL, atol=ATOL_LOSS)
+    for name in ref_params:
+        for other in (ref_params[name], llvm.parameters()[name]):
+            np.testing.assert_allclose(spinn.parameters()[name], other, rtol=RTOL, atol=ATOL_PARAM, err_msg=name)
 
 
 # -- bad input ------------------------------------------------------------------------------------

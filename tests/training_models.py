@@ -34,3 +34,10 @@ def torch_reference(model, batches, loss: str, optimizer) -> tuple[list[float], 
         opt.step()
         losses.append(out.item())
     return losses, {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
+
+
+def small_cnn(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(8, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8 * 2 * 2, 10))
