@@ -76,6 +76,24 @@ def test_step_gemms_run_on_the_pes(mlp_runs):
     assert trainer.steps == STEPS
 
 
+def test_op_placement_per_phase(mlp_runs):
+    """Backward GEMMs (dX = dY W^T: 1, dW = dY^T X: 2) and the whole SGD update (but the 0-d step
+    counter) run on the PEs; the counts add up to the fused step's partition."""
+    trainer = mlp_runs[1]["spinn"][0]
+    place = tvm_spinn.training.op_placement(trainer)
+    assert place["forward"]["pe"]["spinn.matmul"] == 2 and place["backward"]["pe"]["spinn.matmul"] == 3
+    assert not any("matmul" in op for phase in place.values() for op in phase["host"])
+    assert place["update"]["host"] == {"relax.add": 1}  # num_steps + 1, a 0-d int64 (host work)
+    assert place["update"]["pe"] == {"spinn.add": 4, "spinn.multiply": 8, "spinn.subtract": 4}  # 4 params
+    fused = tvm_spinn.summarize_partition(tvm_spinn.partition_for_spinn(trainer.module))
+    for where, counts in (("pe", fused.offloaded_ops), ("host", fused.fallback_ops)):
+        total = {}
+        for phase in place.values():
+            for op, n in phase[where].items():
+                total[op] = total.get(op, 0) + n
+        assert total == dict(counts), where
+
+
 def test_mse_adam_matches_pytorch():
     model = mlp(seed=3, d_out=4)
     rng = np.random.default_rng(5)

@@ -29,5 +29,6 @@ K-reduction differently per system would break it there.
 
 from .api import Trainer, compile  # noqa: A004
 from .errors import CheckpointError, TrainingError
+from .placement import op_placement
 
-__all__ = ["compile", "Trainer", "TrainingError", "CheckpointError"]
+__all__ = ["compile", "Trainer", "TrainingError", "CheckpointError", "op_placement"]

@@ -61,6 +61,9 @@ class TrainGraph:
     label_shape, label_dtype : tuple of int, str
     init_optim_state : tuple of numpy.ndarray
         The optimizer state before the first step.
+    phases : tvm.IRModule
+        SetupTrainer's module: ``backbone_loss`` (forward + loss), ``backbone_loss_adjoint``
+        (+ backward) and ``optimizer`` (update), before they are fused into ``mod``.
     """
 
     mod: tvm.IRModule
@@ -71,6 +74,7 @@ class TrainGraph:
     label_shape: tuple
     label_dtype: str
     init_optim_state: tuple
+    phases: tvm.IRModule
 
 
 def _fixed_adam():
@@ -224,6 +228,7 @@ def build_train_graph(model, example_inputs, loss: str, optimizer) -> TrainGraph
         label_shape=label_shape,
         label_dtype=label_dtype,
         init_optim_state=init_state,
+        phases=trainer,
     )
 
 
