@@ -12,7 +12,7 @@ import torch
 import tvm_spinn
 from tvm_spinn.training import CheckpointError, TrainingError
 from tvm_spinn.training.checkpoint import write_checkpoint
-from training_models import classification_data, mlp, small_cnn, torch_reference
+from training_models import batchnorm_cnn, classification_data, mlp, small_cnn, torch_reference
 
 SGD = ("sgd", {"lr": 0.1, "momentum": 0.9})
 ADAM = ("adam", {"lr": 0.01})
@@ -132,6 +132,27 @@ def test_small_cnn_matches_pytorch_and_llvm():
     for name in ref_params:
         for other in (ref_params[name], llvm.parameters()[name]):
             np.testing.assert_allclose(spinn.parameters()[name], other, rtol=RTOL, atol=ATOL_PARAM, err_msg=name)
+
+
+@pytest.mark.slow
+def test_batchnorm_in_training_mode_matches_pytorch():
+    """BatchNorm2d/1d normalize with the batch's statistics (PyTorch's train mode), 50 steps;
+    compiling leaves the model's running statistics untouched."""
+    model = batchnorm_cnn()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 3, 8, 8)).astype(np.float32)
+    y = rng.integers(0, 10, 4).astype(np.int64)
+    batches = [(x, y)] * STEPS
+    trainer = tvm_spinn.training.compile(model, torch.from_numpy(x), optimizer=SGD)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    losses = [trainer.step(a, b) for a, b in batches]
+    ref_losses, ref_params = torch_reference(model, batches, "cross_entropy", SGD)
+    assert ref_losses[-1] < 0.01 * ref_losses[0]
+    np.testing.assert_allclose(losses, ref_losses, rtol=RTOL, atol=ATOL_LOSS)
+    for name in ref_params:
+        np.testing.assert_allclose(trainer.parameters()[name], ref_params[name], rtol=RTOL, atol=ATOL_PARAM,
+                                   err_msg=name)
 
 
 # -- bad input ------------------------------------------------------------------------------------

@@ -9,13 +9,18 @@ optimizer; see :mod:`.graph` for what is replaced) and compiled with ``relax.bui
 spinn partition offloads its GEMMs (forward, dX = dY W^T, dW = X^T dY) and element-wise update
 ops to the PEs; the rest runs on the fallback target.
 
+Limits of this first slice: ``BatchNorm`` trains with the batch's statistics like PyTorch's
+train mode, but its running statistics are not updated (TVM's importer drops those outputs;
+``parameters()`` holds the trainable parameters only); dropout is refused; PyTorch modules
+only (an imported ONNX/Keras Relax module is not accepted yet).
+
 Reproducibility rule
 --------------------
 Final parameters are bitwise identical across runs, across spinn systems (``spinn``,
 ``spinn/board``) and across save/load/resume, because:
 
 1. the step is a pure function of (inputs, labels, parameters, optimizer state): no random
-   ops (dropout and training-mode normalization layers are refused), no global state;
+   ops (dropout is refused), no global state;
 2. every floating-point reduction has a fixed order that does not depend on the machine size:
    the PE kernels are simulated bit-exactly and each output element's K-reduction runs in one
    fixed order (tiles split the output, never the sum, in a way the result sees); the fallback

@@ -39,8 +39,9 @@ LOSSES = ("cross_entropy", "mse")
 OPTIMIZERS = {"sgd": ("lr", "momentum", "weight_decay", "nesterov", "dampening"),
               "adam": ("lr", "betas", "eps", "weight_decay")}
 
-#: Layers whose training-mode behaviour the exported (eval-mode) graph would silently drop.
-_TRAIN_MODE_LAYERS = ("BatchNorm", "Dropout", "InstanceNorm", "GroupNorm")
+#: Layers that are random in training mode (a training step must be a pure function, see the
+#: package's reproducibility rule) or whose running statistics a step would have to carry.
+_TRAIN_MODE_LAYERS = ("Dropout", "AlphaDropout", "FeatureAlphaDropout", "InstanceNorm", "LazyBatchNorm", "SyncBatchNorm")
 
 
 @dataclass(frozen=True)
@@ -149,12 +150,18 @@ def _import(model, example_inputs):
 
     from ..frontend.pytorch import _CONVERT_FIXES  # the same aten fixes as inference import
 
+    # BatchNorm normalizes with the batch's statistics while training: export in training mode
+    # then (batch_norm(training=True), decomposed for the Gradient pass by SetupTrainer). The
+    # importer drops the running-statistics updates; they are not tracked (see Trainer).
+    train_mode = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
     was_training = model.training
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
     try:
         with torch.no_grad():
-            exported = torch.export.export(model.eval(), tuple(example_inputs))
+            exported = torch.export.export(model.train(train_mode), tuple(example_inputs))
     finally:
         model.train(was_training)
+        model.load_state_dict(saved)  # tracing in training mode must not move running statistics
     mod = from_exported_program(exported, keep_params_as_input=True, unwrap_unit_return_tuple=True,
                                 custom_convert_map=_CONVERT_FIXES)
     named = dict(model.named_parameters())
@@ -195,7 +202,10 @@ def build_train_graph(model, example_inputs, loss: str, optimizer) -> TrainGraph
     func = mod["main"]
     n_in = len(example_inputs)
     by_name = {p.name: p for p in func.params}
-    if frozen:  # buffers and requires_grad=False parameters are constants of the step
+    # buffers and requires_grad=False parameters are constants of the step (the importer binds
+    # some buffers itself, e.g. running statistics of a training-mode batch norm)
+    frozen = {k: v for k, v in frozen.items() if k in by_name}
+    if frozen:
         func = func.bind_params({k: relax.const(v) for k, v in frozen.items()})
         by_name = {p.name: p for p in func.params}
     ordered = list(func.params[:n_in]) + [by_name[arg] for arg, _ in trainable]
