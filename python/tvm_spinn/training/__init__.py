@@ -22,9 +22,12 @@ Final parameters are bitwise identical across runs, across spinn systems (``spin
 1. the step is a pure function of (inputs, labels, parameters, optimizer state): no random
    ops (dropout is refused), no global state;
 2. every floating-point reduction has a fixed order that does not depend on the machine size:
-   the PE kernels are simulated bit-exactly and each output element's K-reduction runs in one
-   fixed order (tiles split the output, never the sum, in a way the result sees); the fallback
-   (llvm) kernels reduce serially per output element;
+   the PE kernels are simulated bit-exactly, and a GEMM's reduction runs in ascending k on one
+   PE (k-chunks of a tile stay on its PE; ARCHITECTURE.md, invariants), so the chip's and the
+   board's tilings give the same bits; the ops left on the host are the same llvm code for
+   every spinn system (the system changes the PE mapping only) and take no thread-count
+   dependent reduction order (bits across *hosts* with different CPU features are not
+   promised);
 3. the state carried between steps (parameters, optimizer buffers, step count) is all of it,
    and a checkpoint stores it bit for bit (``.npz``, float32 unchanged).
 
