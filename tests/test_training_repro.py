@@ -112,11 +112,13 @@ print(json.dumps({n: hashlib.sha256(p.tobytes()).hexdigest() for n, p in sorted(
 
 @pytest.mark.slow
 def test_bitwise_across_processes():
-    """Two fresh processes (compile included) on a chip and a board: the same parameter bytes."""
+    """Fresh processes (compile included) on a chip and a board, with 1 and 2 host threads (TVM's
+    pool for the host ops, the simulator's): the same parameter bytes."""
     tests = os.path.dirname(os.path.abspath(__file__))
     digests = []
-    for target in ("spinn", "spinn", "spinn/board"):
+    for target, threads in (("spinn", "1"), ("spinn", "2"), ("spinn/board", "2")):
+        env = dict(os.environ, TVM_NUM_THREADS=threads, TVM_SPINN_SIM_THREADS=threads)
         out = subprocess.run([sys.executable, "-c", _CHILD, tests, target], capture_output=True, text=True,
-                             check=True, timeout=600)
+                             check=True, timeout=600, env=env)
         digests.append(json.loads(out.stdout.strip().splitlines()[-1]))
     assert digests[0] == digests[1] == digests[2]
