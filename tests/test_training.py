@@ -208,6 +208,12 @@ def test_checkpoint_from_another_model(mlp_runs, tmp_path):
     write_checkpoint(path, other, trainer.optimizer_state(), trainer._meta())
     with pytest.raises(CheckpointError, match=r"parameter 0.weight has shape \(24, 16\) float32, this model's is \(32, 16\)"):
         trainer.load(path)
+    # the same parameters, saved by a trainer with another optimizer (its optimizer field)
+    params = trainer.parameters()
+    meta = dict(trainer._meta(), optimizer='["adam", {"lr": 0.1}]')
+    write_checkpoint(path, params, trainer.optimizer_state(), meta)
+    with pytest.raises(CheckpointError, match=r'optimizer \["adam".*this trainer uses .cross_entropy. and \["sgd"'):
+        trainer.load(path)
     with pytest.raises(CheckpointError, match="no such file"):
         trainer.load(tmp_path / "missing.npz")
     (tmp_path / "junk.npz").write_bytes(b"not a zip")

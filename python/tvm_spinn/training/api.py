@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import tvm
 from tvm import relax
@@ -34,7 +36,9 @@ class Trainer:
         self._target = target
         self._loss = loss
         self._optimizer_spec = optimizer
-        self._optimizer = repr(optimizer)
+        # canonical text of the optimizer (name, options): a checkpoint is loadable when it matches
+        name, opts = (optimizer, {}) if isinstance(optimizer, str) else optimizer
+        self._optimizer = json.dumps([name, opts], sort_keys=True, default=str)
         self._model_name = model_name
         self.executable = executable
         self._params: list = []
