@@ -112,6 +112,26 @@ def test_mse_adam_matches_pytorch():
                                    err_msg=name)
 
 
+def test_imported_relax_module_trains_like_pytorch():
+    """A module imported by tvm_spinn.frontend (weights bound as constants): its float32 weight
+    constants become param_0.. in order of first use, here PyTorch's parameter order."""
+    model = mlp(seed=11)
+    x, y = classification_data(seed=12)
+    mod = tvm_spinn.frontend.from_pytorch(model, (torch.from_numpy(x),))
+    trainer = tvm_spinn.training.compile(mod, x, optimizer=SGD)
+    batches = [(x, y)] * 20
+    losses = [trainer.step(a, b) for a, b in batches]
+    ref_losses, ref_params = torch_reference(model, batches, "cross_entropy", SGD)
+    np.testing.assert_allclose(losses, ref_losses, rtol=RTOL, atol=ATOL_LOSS)
+    params = trainer.parameters()
+    assert list(params) == [f"param_{k}" for k in range(4)]
+    for (name, ref), got in zip(ref_params.items(), params.values()):
+        np.testing.assert_allclose(got, ref, rtol=RTOL, atol=ATOL_PARAM, err_msg=name)
+    relu = tvm_spinn.frontend.from_pytorch(torch.nn.ReLU(), (torch.from_numpy(x),))
+    with pytest.raises(TrainingError, match="Relax module has no trainable parameters"):
+        tvm_spinn.training.compile(relu, x)
+
+
 @pytest.mark.slow
 def test_small_cnn_matches_pytorch_and_llvm():
     """Conv/ReLU/max-pool/linear, 50 steps; conv depth K = C_in*3*3 <= 72 (bound as above: ~4e-6

@@ -11,8 +11,9 @@ ops to the PEs; the rest runs on the fallback target.
 
 Limits of this first slice: ``BatchNorm`` trains with the batch's statistics like PyTorch's
 train mode, but its running statistics are not updated (TVM's importer drops those outputs;
-``parameters()`` holds the trainable parameters only); dropout is refused; PyTorch modules
-only (an imported ONNX/Keras Relax module is not accepted yet).
+``parameters()`` holds the trainable parameters only); dropout is refused. An imported Relax
+module (``tvm_spinn.frontend``: weights bound as constants) trains its float32 constants of rank
+>= 1 as ``param_<k>``, in the layout the importer stored them in.
 
 Reproducibility rule
 --------------------

@@ -174,9 +174,11 @@ def compile(model, example_inputs, loss: str = "cross_entropy", optimizer=("sgd"
 
     Parameters
     ----------
-    model : torch.nn.Module
-        The model; its parameters with ``requires_grad`` become trainable, buffers and frozen
-        parameters constants. Its current values are the initial parameters.
+    model : torch.nn.Module or tvm.IRModule
+        A PyTorch model: its parameters with ``requires_grad`` become trainable, buffers and
+        frozen parameters constants; or a Relax module imported by ``tvm_spinn.frontend``
+        (weights bound as constants): its float32 constants of rank >= 1 become trainable
+        parameters ``param_<k>``. The current values are the initial parameters.
     example_inputs : torch.Tensor or tuple of torch.Tensor
         A batch; its shapes are the (static) shapes of every step.
     loss : {"cross_entropy", "mse"}
@@ -195,8 +197,7 @@ def compile(model, example_inputs, loss: str = "cross_entropy", optimizer=("sgd"
     graph = build_train_graph(model, example_inputs, loss, optimizer)
     tgt = _resolve_target(target)
     executable = relax.build(graph.mod, target=tgt)
-    trainer = Trainer(graph, executable, tgt, loss, optimizer, type(model).__name__)
-    params = dict(model.named_parameters())
-    trainer._set_state([params[n].detach().cpu().numpy().astype(np.float32) for n in graph.param_names],
-                       list(graph.init_optim_state))
+    name = type(model).__name__ if not isinstance(model, tvm.IRModule) else "IRModule"
+    trainer = Trainer(graph, executable, tgt, loss, optimizer, name)
+    trainer._set_state(list(graph.init_params), list(graph.init_optim_state))
     return trainer

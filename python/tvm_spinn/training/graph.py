@@ -55,7 +55,8 @@ class TrainGraph:
     input_shapes : tuple of (tuple of int, str)
         Shape and dtype of each model input.
     param_names : tuple of str
-        PyTorch names of the trainable parameters, in the order of ``main``'s arguments.
+        Names of the trainable parameters (PyTorch's, or ``param_<k>`` of a Relax module), in
+        the order of ``main``'s arguments.
     param_shapes : tuple of tuple of int
     output_shape : tuple of int
         Shape of the model output (the loss input).
@@ -65,6 +66,8 @@ class TrainGraph:
     phases : tvm.IRModule
         SetupTrainer's module: ``backbone_loss`` (forward + loss), ``backbone_loss_adjoint``
         (+ backward) and ``optimizer`` (update), before they are fused into ``mod``.
+    init_params : tuple of numpy.ndarray
+        Initial values of the trainable parameters (float32).
     """
 
     mod: tvm.IRModule
@@ -76,6 +79,7 @@ class TrainGraph:
     label_dtype: str
     init_optim_state: tuple
     phases: tvm.IRModule
+    init_params: tuple
 
 
 def _fixed_adam():
@@ -181,15 +185,10 @@ def _import(model, example_inputs):
     return mod, trainable, frozen
 
 
-def build_train_graph(model, example_inputs, loss: str, optimizer) -> TrainGraph:
-    """Build the training-step module of ``model`` (see :class:`TrainGraph`)."""
+def _from_torch(model, example_inputs):
+    """(backbone function with inputs then trainable parameters, names, initial values, input specs)."""
     import torch
-    from tvm.relax.training import SetupTrainer
 
-    if not isinstance(model, torch.nn.Module):
-        raise TrainingError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    loss_obj = make_loss(loss)
-    opt_obj = make_optimizer(optimizer)
     if not any(p.requires_grad for p in model.parameters()):
         raise TrainingError(f"model {type(model).__name__} has no trainable parameters "
                             "(none with requires_grad=True)")
@@ -211,6 +210,62 @@ def build_train_graph(model, example_inputs, loss: str, optimizer) -> TrainGraph
     ordered = list(func.params[:n_in]) + [by_name[arg] for arg, _ in trainable]
     # the backbone takes (inputs, parameters): put the trainable parameters in that order
     func = relax.Function(ordered, func.body, func.ret_ty, func.is_pure, func.attrs)
+    named = dict(model.named_parameters())
+    names = tuple(target for _, target in trainable)
+    values = tuple(named[n].detach().cpu().numpy().astype(np.float32) for n in names)
+    specs = tuple((tuple(x.shape), str(x.dtype).removeprefix("torch.")) for x in example_inputs)
+    return func, names, values, specs
+
+
+def _from_relax(mod: tvm.IRModule):
+    """An imported Relax module (weights bound as constants): every float32 constant of rank >= 1
+    in ``main`` becomes a trainable parameter ``param_<k>`` (k: order of first use); scalars
+    (epsilons, clip bounds) stay constants. The importer may have stored a weight transposed;
+    training it in that layout is the same SGD/Adam (both act element-wise)."""
+    if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
+        raise TrainingError("the Relax module has no 'main' function to train")
+    func = mod["main"]
+    lifted: list = []
+
+    @relax.expr_functor.mutator
+    class _Lift(relax.PyExprMutator):
+        def visit_generic_const_(self, op):  # TVM 0.27 name of the Constant visitor
+            value = getattr(op, "value", None)
+            if not hasattr(value, "numpy"):  # a non-tensor constant
+                return op
+            data = value.numpy()
+            if data.dtype != np.float32 or data.ndim == 0:
+                return op
+            for const, (var, _) in lifted:  # one parameter per constant object (same_as, not value)
+                if const.same_as(op):
+                    return var
+            var = relax.Var(f"param_{len(lifted)}", relax.TensorType(data.shape, "float32"))
+            lifted.append((op, (var, data)))
+            return var
+
+    body = _Lift().visit_expr(func.body)
+    if not lifted:
+        raise TrainingError("the Relax module has no trainable parameters (no float32 weight constants in main)")
+    params = [v for _, (v, _) in lifted]
+    func = relax.Function(list(func.params) + params, body, func.ret_ty, func.is_pure)
+    specs = tuple((tuple(int(d) for d in p.ty.shape), str(p.ty.dtype)) for p in func.params[:-len(params)])
+    return func, tuple(p.name for p in params), tuple(d for _, (_, d) in lifted), specs
+
+
+def build_train_graph(model, example_inputs, loss: str, optimizer) -> TrainGraph:
+    """Build the training-step module of ``model`` (see :class:`TrainGraph`)."""
+    import torch
+    from tvm.relax.training import SetupTrainer
+
+    loss_obj = make_loss(loss)
+    opt_obj = make_optimizer(optimizer)
+    if isinstance(model, torch.nn.Module):
+        func, names, values, specs = _from_torch(model, example_inputs)
+    elif isinstance(model, tvm.IRModule):
+        func, names, values, specs = _from_relax(model)
+    else:
+        raise TrainingError(f"model must be a torch.nn.Module or an imported Relax IRModule, "
+                            f"got {type(model).__name__}")
     out_ty = func.ret_ty
     if not isinstance(out_ty, relax.TensorType) or out_ty.dtype != "float32":
         raise TrainingError(f"the model must return one float32 tensor, it returns {out_ty}")
@@ -223,21 +278,22 @@ def build_train_graph(model, example_inputs, loss: str, optimizer) -> TrainGraph
         label_shape, label_dtype = out_shape, "float32"
 
     backbone = tvm.IRModule({"backbone": func.with_attr("global_symbol", "backbone")})
-    backbone = backbone.with_attrs({"param_num": len(trainable), "state_num": 0})
+    backbone = backbone.with_attrs({"param_num": len(names), "state_num": 0})
     trainer = SetupTrainer(loss_obj, opt_obj, [out_ty, relax.TensorType(label_shape, label_dtype)],
                            legalize=False)(backbone)
-    step = _fuse_step(trainer, len(trainable))
+    step = _fuse_step(trainer, len(names))
     step = FixupImported(step)
     init_state = tuple(np.array(s.numpy()) for s in trainer.attrs["optim_state"])
     return TrainGraph(
         mod=step,
-        input_shapes=tuple((tuple(x.shape), str(x.dtype).removeprefix("torch.")) for x in example_inputs),
-        param_names=tuple(target for _, target in trainable),
-        param_shapes=tuple(tuple(int(d) for d in p.ty.shape) for p in ordered[n_in:]),
+        input_shapes=specs,
+        param_names=names,
+        param_shapes=tuple(v.shape for v in values),
         output_shape=out_shape,
         label_shape=label_shape,
         label_dtype=label_dtype,
         init_optim_state=init_state,
+        init_params=values,
         phases=trainer,
     )
 
