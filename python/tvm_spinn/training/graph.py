@@ -217,6 +217,14 @@ def _from_torch(model, example_inputs):
     return func, names, values, specs
 
 
+def _static_shape(ty, what: str) -> tuple:
+    """A tensor type's shape as ints; a training step is compiled for static shapes."""
+    try:
+        return tuple(int(d) for d in ty.shape)
+    except (TypeError, ValueError, AttributeError):
+        raise TrainingError(f"{what} has a dynamic or unknown shape {ty}: training needs static shapes") from None
+
+
 def _from_relax(mod: tvm.IRModule):
     """An imported Relax module (weights bound as constants): every float32 constant of rank >= 1
     in ``main`` becomes a trainable parameter ``param_<k>`` (k: order of first use); scalars
@@ -248,7 +256,7 @@ def _from_relax(mod: tvm.IRModule):
         raise TrainingError("the Relax module has no trainable parameters (no float32 weight constants in main)")
     params = [v for _, (v, _) in lifted]
     func = relax.Function(list(func.params) + params, body, func.ret_ty, func.is_pure)
-    specs = tuple((tuple(int(d) for d in p.ty.shape), str(p.ty.dtype)) for p in func.params[:-len(params)])
+    specs = tuple((_static_shape(p.ty, f"input {p.name}"), str(p.ty.dtype)) for p in func.params[:-len(params)])
     return func, tuple(p.name for p in params), tuple(d for _, (_, d) in lifted), specs
 
 
@@ -269,7 +277,7 @@ def build_train_graph(model, example_inputs, loss: str, optimizer) -> TrainGraph
     out_ty = func.ret_ty
     if not isinstance(out_ty, relax.TensorType) or out_ty.dtype != "float32":
         raise TrainingError(f"the model must return one float32 tensor, it returns {out_ty}")
-    out_shape = tuple(int(d) for d in out_ty.shape)
+    out_shape = _static_shape(out_ty, "the model output")
     if loss == "cross_entropy":
         if len(out_shape) != 2:
             raise TrainingError(f"loss 'cross_entropy' needs a (batch, classes) model output, got {out_shape}")
