@@ -36,6 +36,7 @@ class MemoryPlan:
     onchip_tensors: list[int] = field(default_factory=list)
     peak_bytes: dict[int, int] = field(default_factory=dict)       # pe -> peak SRAM bytes
     resident_bytes: dict[int, int] = field(default_factory=dict)   # pe -> resident weight bytes
+    reserved_bytes: dict[int, int] = field(default_factory=dict)   # pe -> earlier programs' residents
     # Address ranges of the busiest PE: [start, end, first_layer, last_layer, what]
     busiest_pe: int = -1
     ranges: list[list] = field(default_factory=list)
@@ -90,10 +91,13 @@ def _weight_bytes_per_pe(table: TileTable) -> _PerPe:
 
 
 def plan_memory(program: Program, arch: SpinnArch, weights: str = "auto", activations: str = "auto",
-                tables: list[TileTable] | None = None) -> MemoryPlan:
+                tables: list[TileTable] | None = None, reserved: np.ndarray | None = None) -> MemoryPlan:
     """Decide residency and on-chip activations for a placed program.
 
     ``tables`` are the placed tiles per layer (default: ``program.tiles`` of a mapped program).
+    ``reserved``: SRAM bytes per PE already held by the resident weights of the programs mapped
+    before this one on the same chips (they stay for the life of the model, so this program's
+    residents and buffers fit beside them); ``resident_bytes`` counts this program's own only.
     """
     tables = tables if tables is not None else program.tiles.tables
     budget = arch.tile_sram_bytes
@@ -109,6 +113,10 @@ def plan_memory(program: Program, arch: SpinnArch, weights: str = "auto", activa
 
     plan = MemoryPlan()
     resident = np.zeros(total, dtype=np.int64)
+    if reserved is not None and len(reserved):
+        k = min(total, len(reserved))
+        resident[:k] = reserved[:k]
+    base = resident.copy()
     if weights != "stream":
         w_per_layer = [_weight_bytes_per_pe(t) for t in tables]
         # DRAM bytes saved per resident byte: how often the block would be re-fetched.
@@ -129,8 +137,12 @@ def plan_memory(program: Program, arch: SpinnArch, weights: str = "auto", activa
                     "use weights='auto' or 'stream', or a larger system"
                 )
         plan.resident_layers.sort()
+    own = resident - base
+    kept = np.flatnonzero(base)
+    plan.reserved_bytes = dict(zip(kept.tolist(), base[kept].tolist()))
+    held = np.flatnonzero(own)
+    plan.resident_bytes = dict(zip(held.tolist(), own[held].tolist()))
     held = np.flatnonzero(resident)
-    plan.resident_bytes = dict(zip(held.tolist(), resident[held].tolist()))
 
     # Live ranges of temporaries: producer layer -> last consumer layer.
     producer = {layer.output: i for i, layer in enumerate(program.layers)}
@@ -192,9 +204,12 @@ def _address_plan(program, plan, outs, working, last_use) -> None:
     plan.busiest_pe = pe
     n = len(program.layers)
     ranges = []
-    top = plan.resident_bytes.get(pe, 0)
-    if top:
-        ranges.append([0, top, 0, n - 1, "resident weights"])
+    below = plan.reserved_bytes.get(pe, 0)
+    top = below + plan.resident_bytes.get(pe, 0)
+    if below:
+        ranges.append([0, below, 0, n - 1, "resident weights of earlier programs"])
+    if top > below:
+        ranges.append([below, top, 0, n - 1, "resident weights"])
     # First-fit activation slices above the residents; working buffers at the end of the arena.
     onchip = set(plan.onchip_tensors)
     allocated: list[list] = []

@@ -23,6 +23,7 @@ from ..target.arch import SpinnArch
 from .memory import activation_label, plan_memory
 from .options import MappingOptions, current_options
 from .placement import choose_chips, pipeline_groups, place_tiles
+from .system import Ledger, map_on_system, overflow_message, system_tables
 from .tiling import MappingError, choose_tile, layer_work, tile_costs
 
 __all__ = ["map_program", "derive_tables", "shared_mappings"]
@@ -50,6 +51,8 @@ def _place(program: Program, index: int, arch: SpinnArch, tile, first: int, coun
 def derive_tables(program: Program, arch: SpinnArch) -> list[TileTable]:
     """The placed tiles of every layer of a mapped (or loaded) program, from its per-layer
     mapping records: the same tables the compiler built."""
+    if "system" in program.mapping:  # the tiles of one chip's shard (see .system)
+        return system_tables(program, arch, derive_tables)
     naive = bool(program.mapping.get("options", {}).get("naive", False))
     tables = []
     for i, record in enumerate(program.mapping["layers"]):
@@ -74,11 +77,25 @@ def shared_mappings():
     own tensor names. Nested blocks share the outer block's results.
     """
     outer = getattr(_SHARED, "table", None)
+    outer_ledgers = getattr(_SHARED, "ledgers", None)
     _SHARED.table = {} if outer is None else outer
+    _SHARED.ledgers = {} if outer_ledgers is None else outer_ledgers
     try:
         yield
+        if outer_ledgers is None:
+            _raise_overflow(_SHARED.ledgers)
     finally:
         _SHARED.table = outer
+        _SHARED.ledgers = outer_ledgers
+
+
+def _raise_overflow(ledgers: dict) -> None:
+    """After the last program of a build: a model that did not fit its system is an error
+    naming the whole model's bytes (see :mod:`.system`)."""
+    for arch_key in sorted(ledgers):
+        arch, ledger = ledgers[arch_key]
+        if ledger.overflow is not None:
+            raise MappingError(overflow_message(ledger, arch))
 
 
 def _structure_key(program: Program, arch: SpinnArch, mode: str, options: MappingOptions) -> str:
@@ -119,6 +136,22 @@ def _build(program: Program, arch: SpinnArch, mode: str, options: MappingOptions
     n = len(program.layers)
     for i in range(n):
         layer_work(program, i, arch)
+    if arch.chips > 1 and mode == "sequential" and not options.naive:
+        ledgers = getattr(_SHARED, "ledgers", None)
+        ledger = None
+        if ledgers is not None:
+            arch_key = json.dumps(arch.to_dict(), sort_keys=True)
+            if arch_key not in ledgers:
+                ledgers[arch_key] = (arch, Ledger(pes=arch.pes_per_chip))
+            ledger = ledgers[arch_key][1]
+
+        def map_one(shard, chip, reserved):
+            for j in range(len(shard.layers)):
+                layer_work(shard, j, chip)
+            _map(shard, chip, "sequential", options, reserved)
+
+        map_on_system(program, arch, options, ledger, map_one, key)
+        return
     if key is not None and key in table:
         _replay(program, table[key])
         return
@@ -127,8 +160,9 @@ def _build(program: Program, arch: SpinnArch, mode: str, options: MappingOptions
         table[key] = _entry(program)
 
 
-def _map(program: Program, arch: SpinnArch, mode: str, options: MappingOptions) -> None:
-    """Map ``program`` (its layers' work already set)."""
+def _map(program: Program, arch: SpinnArch, mode: str, options: MappingOptions, reserved=None) -> None:
+    """Map ``program`` (its layers' work already set); ``reserved``: SRAM bytes per PE held by
+    earlier programs' resident weights (:func:`~.memory.plan_memory`)."""
     from ..timing import evaluate
 
     n = len(program.layers)
@@ -153,7 +187,7 @@ def _map(program: Program, arch: SpinnArch, mode: str, options: MappingOptions) 
     # plan and streaming every weight (ties keep the weights).
     best = None
     for choice in ((weights, "stream") if weights == "auto" else (weights,)):
-        plan = _plan(program, arch, choice, activations, tables)
+        plan = _plan(program, arch, choice, activations, tables, reserved)
         program.mapping = dict(base, resident_layers=plan.resident_layers, onchip_tensors=plan.onchip_tensors)
         timing = evaluate(program, arch, tables).to_dict(trace=False)
         if best is None or timing["cycles"] < best[2]["cycles"]:
@@ -164,6 +198,7 @@ def _map(program: Program, arch: SpinnArch, mode: str, options: MappingOptions) 
             break  # streaming cannot win: see _keeps_every_activation
     plan, program.mapping, program.timing = best
     program.memory = _memory_summary(plan)
+    program.resident_pe = dict(plan.resident_bytes)  # in memory only: the build's SRAM ledger
 
 
 def _memory_summary(plan) -> dict:
@@ -193,13 +228,14 @@ def _keeps_every_activation(program: Program, plan, activations: str) -> bool:
     return eligible <= set(plan.onchip_tensors)
 
 
-def _plan(program: Program, arch: SpinnArch, weights: str, activations: str, tables):
+def _plan(program: Program, arch: SpinnArch, weights: str, activations: str, tables, reserved=None):
     try:
-        return plan_memory(program, arch, weights, activations, tables=tables)
+        return plan_memory(program, arch, weights, activations, tables=tables, reserved=reserved)
     except MappingError:
         if activations == "dram":
             raise
-        return plan_memory(program, arch, weights, "dram", tables=tables)  # fragmentation: spill activations
+        # fragmentation: spill activations
+        return plan_memory(program, arch, weights, "dram", tables=tables, reserved=reserved)
 
 
 def map_program(program: Program, arch: SpinnArch, options: MappingOptions | None = None) -> Program:

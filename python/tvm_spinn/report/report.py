@@ -40,6 +40,8 @@ class Report:
     link_bytes: int = 0
     throughput_inf_s: float = 0.0
     mapping: list[dict] = field(default_factory=list)
+    #: The multi-chip plan and bounds (see :func:`system_summary`); empty on one chip.
+    plan: dict = field(default_factory=dict)
     layers: list[dict] = field(default_factory=list)
     programs: list = field(default_factory=list, repr=False)
 
@@ -83,7 +85,71 @@ class Report:
         ]
         for op, why in self.fallback_reasons.items():
             lines.append(f"    {op}: {why}")
+        if self.plan:
+            lines.extend(_system_lines(self.plan))
         return "\n".join(lines + [self.table()])
+
+
+def system_summary(programs: list, chips: int, chips_per_board: int) -> dict:
+    """The plan of a multi-chip build and its bounds, summed over its programs (which run one
+    after another): per program tensor/data-parallel degrees and pipeline stage, the
+    collectives, and the compute, memory (where the weights live) and communication bounds;
+    ``binding`` names the largest, ``latency_over_bound`` is the headline ratio.
+
+    Throughput for a stream of inputs: the programs of one stage (board) run one after another
+    and stages overlap (a pipeline), and the boards the stages leave free hold replicas.
+    """
+    rows = [p for p in programs if "system" in p.mapping]
+    if not rows:
+        return {}
+    keys = ("compute_bound_s", "memory_bound_s", "comm_bound_s")
+    bounds = {k: sum(p.timing["system"][k] for p in rows) for k in keys}
+    latency = sum(p.timing["latency_s"] for p in programs)
+    stage_s: dict[int, float] = {}
+    for p in programs:
+        stage = p.mapping.get("system", {}).get("stage", 0)
+        stage_s[stage] = stage_s.get(stage, 0.0) + p.timing["latency_s"]
+    stages = max(stage_s) + 1
+    group = max(p.mapping["system"]["chips"] for p in rows)
+    per_replica = stages * chips_per_board if stages > 1 else group
+    replicas = max(1, chips // per_replica)
+    ops: dict[str, dict] = {}
+    for p in rows:
+        for c in p.timing["system"]["collectives"]:
+            entry = ops.setdefault(f"{c['op']}/{c['algorithm']}", {"count": 0, "seconds": 0.0})
+            entry["count"] += 1
+            entry["seconds"] += c["seconds"]
+    names = {"compute_bound_s": "compute", "memory_bound_s": "memory", "comm_bound_s": "communication"}
+    binding = max(keys, key=lambda k: (bounds[k], k))
+    bound = bounds[binding]
+    return {
+        "plans": [{"symbol": p.symbol, "tp": p.mapping["system"]["tp"], "dp": p.mapping["system"]["dp"],
+                   "stage": p.mapping["system"]["stage"], "binding": p.timing["system"]["binding"]} for p in rows],
+        "tp": sorted({p.mapping["system"]["tp"] for p in rows}), "dp": sorted({p.mapping["system"]["dp"] for p in rows}),
+        "stages": stages, "replicas": replicas, "chips_per_replica": per_replica,
+        "collectives": ops, **bounds, "binding": names[binding],
+        "latency_over_bound": latency / bound if bound else float("nan"),
+        "streamed_bytes_per_chip": sum(p.timing["system"]["streamed_bytes_per_chip"] for p in rows),
+        "throughput_inf_s": replicas / max(stage_s.values()) if latency else 0.0,
+    }
+
+
+def _throughput(programs: list, chips: int, chips_per_board: int) -> float:
+    if any("system" in p.mapping for p in programs):
+        return system_summary(programs, chips, chips_per_board)["throughput_inf_s"]
+    return min((p.timing["throughput_inf_s"] for p in programs), default=0.0)
+
+
+def _system_lines(s: dict) -> list[str]:
+    coll = ", ".join(f"{v['count']} {k} ({v['seconds'] * 1e3:.3f} ms)" for k, v in sorted(s["collectives"].items()))
+    return [
+        f"  plan: tensor parallel {s['tp']}, data parallel {s['dp']}, {s['stages']} pipeline stage(s), "
+        f"{s['replicas']} replica(s) of {s['chips_per_replica']} chips; collectives: {coll or 'none'}",
+        f"  bounds: compute {s['compute_bound_s'] * 1e3:.3f} ms, memory {s['memory_bound_s'] * 1e3:.3f} ms "
+        f"({s['streamed_bytes_per_chip'] / 1e6:.3f} MB streamed per chip), communication "
+        f"{s['comm_bound_s'] * 1e3:.3f} ms; {s['binding']} binds; latency / bound "
+        f"{s['latency_over_bound']:.2f}; stream throughput {s['throughput_inf_s']:.1f} inf/s",
+    ]
 
 
 def _walk(mod):
@@ -142,7 +208,8 @@ def report(ex) -> Report:
         fallback_reasons=manifest.get("fallback_reasons", {}),
         weight_bytes=sum(t.nbytes for p in programs for t in p.tensors if t.role == "const"),
         resident_weight_bytes=sum(p.memory.get("resident_bytes_total", 0) for p in programs),
-        throughput_inf_s=min((p.timing["throughput_inf_s"] for p in programs), default=0.0),
+        throughput_inf_s=_throughput(programs, manifest.get("chips", arch.chips), arch.chips_per_board),
         mapping=[dict(p.mapping, symbol=p.symbol) for p in programs],
+        plan=system_summary(programs, manifest.get("chips", arch.chips), arch.chips_per_board),
         layers=layers, programs=programs, **totals,
     )

@@ -38,7 +38,7 @@ import numpy as np
 # tvm_spinn.target.topology.topology_of; only its documented methods are used.
 
 __all__ = [
-    "CollectiveCost", "all_gather", "all_reduce", "fixed_order_sum", "point_to_point",
+    "CollectiveCost", "all_gather", "all_reduce", "chain_all_reduce", "fixed_order_sum", "point_to_point",
     "reduce_scatter", "reduction_order", "chip_blocks",
 ]
 
@@ -349,3 +349,49 @@ def fixed_order_sum(partials: Sequence[np.ndarray]) -> np.ndarray:
     for left, right in reduction_order(len(acc)):
         acc[left] = acc[left] + acc[right]
     return acc[0]
+
+
+def chain_all_reduce(topo: "Topology", ranks: Sequence[int], nbytes: float,
+                     segments: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128)) -> CollectiveCost:
+    """Cost of an all-reduce that continues one accumulator from rank to rank (bit-exact).
+
+    Rank ``i`` adds its partial sums into what rank ``i - 1`` sends and passes the result on, so
+    the sum is the one sequential ascending reduction of the one-chip program (a row-parallel
+    GEMM's ranks hold consecutive blocks of ``k``): the bits do not depend on the rank count.
+    The message is cut into ``m`` segments that flow down the chain (ranks ``0 -> c-1``) while
+    finished segments flow back up (``c-1 -> 0``, other directed links), so each of the
+    ``m + 2 (c - 1) - 1`` steps moves ``nbytes / m`` over every neighbour pair both ways; ``m``
+    is the cheapest of ``segments``.
+
+    Parameters
+    ----------
+    topo : Topology
+        The system's link graph.
+    ranks : sequence of int
+        Distinct chip ids in chain order.
+    nbytes : float
+        Bytes of each rank's partial sums (and of the result).
+    segments : sequence of int
+        Segment counts to choose from.
+
+    Returns
+    -------
+    CollectiveCost
+        ``algorithm="chain"``.
+    """
+    topo, ranks = _prepare(topo, ranks, nbytes)
+    c = ranks.size
+    if c == 1 or nbytes == 0:
+        return CollectiveCost("all_reduce", "chain", 0.0, 0.0, 0, 0, 0, c, float(nbytes))
+    i = np.arange(c - 1)
+    src = np.concatenate([ranks[i], ranks[i + 1]])
+    dst = np.concatenate([ranks[i + 1], ranks[i]])
+    best = None
+    for m in segments:
+        cost, load = topo.evaluate(src, dst, float(nbytes) / m)
+        steps = m + 2 * (c - 1) - 1
+        candidate = CollectiveCost("all_reduce", "chain", steps * cost.seconds, float(load.max()) * m,
+                                   steps * cost.max_hops, steps * cost.board_hops, steps, c, float(nbytes))
+        if best is None or candidate.seconds < best.seconds:
+            best = candidate
+    return best

@@ -1,0 +1,332 @@
+"""Sharding a program over a group of chips: tensor parallelism (Megatron split) and data parallelism.
+
+A *shard plan* splits every layer of a program over ``tp x dp`` chips that all run the same
+shard (which is what lets the timing model simulate one chip and multiply, see
+:mod:`tvm_spinn.timing.system`):
+
+- **Data parallelism** (``dp``): axis 0 of every activation whose leading extent is the
+  program's batch is divided by ``dp``; weights are replicated.
+- **Tensor parallelism** (``tp``): each activation is in one of three states on the ``tp`` chips,
+  found by propagating through the layers in order:
+
+  ``R`` replicated (every chip holds all of it), ``S(axis)`` split into ``tp`` equal blocks along
+  ``axis``, ``P`` partial sums (every chip holds a full-size tensor that must be summed).
+
+  A GEMM with a constant weight on an ``R`` input is *column-parallel* (weight split by output
+  features, output ``S``); on an input split along its reduction axis it is *row-parallel*
+  (weight split by input features, output ``P``). That is the Megatron split of a transformer
+  block: Q/K/V and the first MLP GEMM column-parallel, the attention of the heads on each chip's
+  heads (reshapes and transposes carry the split to the head axis, the score and context
+  matmuls run per head), the output projection and the second MLP GEMM row-parallel, and one
+  all-reduce where the partial sums meet the residual: one per attention block and one per
+  MLP block. Convolutions split output channels, then input channels, the same way.
+  Element-wise layers follow their operands' split (an ``R`` operand is sliced for free); row
+  operators (softmax, layer norm, mean) keep a split that is not on their reduced axes; a
+  split that cannot be carried is *all-gathered* to ``R``, partial sums are *all-reduced*.
+  The program's outputs are made ``R``.
+
+The plan is pure shape data: the functional program is unchanged, because every all-reduce of
+floating-point partial sums is a *chain* reduction that continues one accumulator in ascending
+``k`` from chip to chip (see :func:`tvm_spinn.timing.collectives.chain_all_reduce`), so the bits
+are those of the one-chip program whatever ``tp`` is; integer partial sums are exact in any
+order.
+
+:func:`shard_program` builds the one-chip *shard program* (same layers, local tensor shapes)
+that the one-chip mapper tiles, places and times.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..program import Program
+
+__all__ = ["Collective", "ShardPlan", "plan_shards", "shard_program"]
+
+R, S, P = "R", "S", "P"
+
+
+@dataclass(frozen=True)
+class Collective:
+    """A collective the shard plan needs before layer ``layer`` (``len(layers)``: at the end).
+
+    ``nbytes`` is the full tensor (the gathered result, or one chip's full-size partial sums);
+    ``exact``: integer partial sums (any reduction order gives the same bits).
+    """
+
+    layer: int
+    op: str  # "all_reduce" | "all_gather"
+    tensor: int
+    nbytes: int
+    exact: bool
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """How one program is split over ``tp x dp`` chips (see the module docstring)."""
+
+    tp: int
+    dp: int
+    batch: int                        # the program's batch (axis 0 of its inputs)
+    splits: tuple[str, ...]           # per layer: "col", "row", "split", "rep", "whole"
+    collectives: tuple[Collective, ...]
+    shapes: tuple[tuple[int, ...], ...]  # per tensor: the shape one chip holds
+
+    @property
+    def chips(self) -> int:
+        return self.tp * self.dp
+
+    def summary(self) -> dict:
+        """JSON-ready summary (what the program's mapping records)."""
+        counts: dict[str, int] = {}
+        for s in self.splits:
+            counts[s] = counts.get(s, 0) + 1
+        ops: dict[str, int] = {}
+        for c in self.collectives:
+            ops[c.op] = ops.get(c.op, 0) + 1
+        return {"tp": self.tp, "dp": self.dp, "chips": self.chips, "splits": counts, "collectives": ops}
+
+
+def _acc_bytes(program: Program, layer) -> int:
+    """Bytes per element of a GEMM's partial sums: the output's, or 4 (int32) for int8 GEMMs."""
+    return 4 if layer.mode == "int8" else None
+
+
+def _reshape_axis(src: list[int], dst: list[int], axis: int, parts: int) -> int | None:
+    """The axis of ``dst`` carrying a split of ``src``'s ``axis`` into ``parts`` blocks, or None.
+
+    The blocks are contiguous in the flat layout: the split survives when some axis of ``dst``
+    starts at the same flat stride position and its extent is a multiple of ``parts``.
+    """
+    before = int(np.prod(src[:axis], dtype=np.int64))
+    acc = 1
+    for j, d in enumerate(dst):
+        if acc == before:
+            if d % parts == 0 and d >= parts:
+                return j
+            if d == 1:
+                continue
+            return None
+        acc *= d
+        if acc > before:
+            return None
+    return None
+
+
+def plan_shards(program: Program, tp: int, dp: int = 1) -> ShardPlan | None:
+    """The shard plan of ``program`` on ``tp x dp`` chips, or None when ``dp`` does not divide
+    the batch (see the module docstring)."""
+    t = program.tensors
+    # the batch: the leading extent every activation input shares (none: no data parallelism)
+    leads = {t[tid].shape[0] for tid in program.inputs if t[tid].role != "const" and len(t[tid].shape) >= 2}
+    batch = leads.pop() if len(leads) == 1 else None
+    if dp > 1 and (not batch or batch % dp):
+        return None
+    state: dict[int, tuple[str, int]] = {tid: (R, -1) for tid in program.inputs}
+    collectives: list[Collective] = []
+    splits: list[str] = []
+    full = [list(x.shape) for x in t]
+    local = [list(x.shape) for x in t]
+
+    def nbytes(tid, elem=None):
+        return int(np.prod(full[tid], dtype=np.int64)) * (elem or max(1, t[tid].nbytes // max(1, int(np.prod(full[tid], dtype=np.int64)))))
+
+    def gather(i, tid):
+        kind, _ = state.get(tid, (R, -1))
+        if kind == S:
+            collectives.append(Collective(i, "all_gather", tid, nbytes(tid), True))
+        elif kind == P:
+            collectives.append(Collective(i, "all_reduce", tid, state_bytes[tid], exact_of[tid]))
+        state[tid] = (R, -1)
+
+    state_bytes: dict[int, int] = {}
+    exact_of: dict[int, bool] = {}
+    for i, layer in enumerate(program.layers):
+        acts = [tid for tid in layer.inputs if t[tid].role != "const"]
+        out = layer.output
+        rank = len(full[out])
+        split, result = "rep", (R, -1)
+        if tp > 1:
+            for tid in acts:
+                if state.get(tid, (R, -1))[0] == P and layer.kind not in ("reshape", "permute_dims"):
+                    gather(i, tid)
+            st = [state.get(tid, (R, -1)) for tid in acts]
+            kind = layer.kind
+            if kind == "dense" or (kind == "conv2d" and layer.attrs.get("groups", 1) == 1):
+                ax = rank - 1 if kind == "dense" else 1
+                k_axis = len(full[acts[0]]) - 1 if kind == "dense" else 1
+                s = st[0]
+                n_out = full[out][ax]
+                if s[0] == S and s[1] == k_axis:
+                    split, result = "row", (P, -1)
+                elif n_out % tp == 0 and n_out >= tp:
+                    gather(i, acts[0])
+                    split, result = "col", (S, ax)
+                else:
+                    gather(i, acts[0])
+            elif kind == "conv2d":  # grouped / depthwise: channels split with their groups
+                groups = layer.attrs["groups"]
+                if st[0] == (S, 1) and groups % tp == 0:
+                    split, result = "split", (S, 1)
+                elif groups % tp == 0:
+                    split, result = "split", (S, 1)  # an R input is sliced for free
+                else:
+                    gather(i, acts[0])
+            elif kind == "matmul" and len(acts) == 2:
+                a, b = (st[0][0], st[0][1] - len(full[acts[0]])), (st[1][0], st[1][1] - len(full[acts[1]]))
+                m_ext = full[out][-2] if rank >= 2 else 1
+                if a[0] == S and b[0] == S and a[1] == b[1] and a[1] <= -3:
+                    split, result = "split", (S, rank + a[1])
+                elif a[0] == S and a[1] <= -3 and b[0] == R and len(full[acts[1]]) >= -a[1] \
+                        and full[acts[1]][a[1]] == full[acts[0]][a[1]]:
+                    split, result = "split", (S, rank + a[1])
+                elif b[0] == S and b[1] <= -3 and a[0] == R and len(full[acts[0]]) >= -b[1] \
+                        and full[acts[0]][b[1]] == full[acts[1]][b[1]]:
+                    split, result = "split", (S, rank + b[1])
+                elif a[0] == S and a[1] == -2 and b[0] == R:
+                    split, result = "split", (S, rank - 2)
+                elif a[0] == R and b[0] == S and b[1] == -1:
+                    split, result = "split", (S, rank - 1)
+                elif a[0] == S and a[1] == -1 and b[0] == S and b[1] == -2:
+                    split, result = "row", (P, -1)
+                else:
+                    for tid in acts:
+                        gather(i, tid)
+                    # R operands are sliced for free: split the outermost batch axis both
+                    # operands share (the heads), else the rows
+                    lead = [j for j in range(rank - 2) if full[out][j] % tp == 0 and full[out][j] >= tp
+                            and all(len(full[tid]) >= rank - j and full[tid][j - rank] == full[out][j]
+                                    for tid in acts)]
+                    if lead:
+                        split, result = "split", (S, lead[0])
+                    elif m_ext % tp == 0 and m_ext >= tp:
+                        split, result = "split", (S, rank - 2)
+            elif kind in ("reshape", "permute_dims", "broadcast_to"):
+                s = st[0] if st else (R, -1)
+                src = full[acts[0]] if acts else []
+                if s[0] == P and kind in ("reshape", "permute_dims"):
+                    split, result = "split", (P, -1)
+                elif s[0] == S:
+                    if kind == "reshape":
+                        ax = _reshape_axis(src, full[out], s[1], tp)
+                    elif kind == "permute_dims":
+                        ax = list(layer.attrs["axes"]).index(s[1])
+                    else:
+                        ax = s[1] + rank - len(src)
+                    if ax is None:
+                        gather(i, acts[0])
+                    else:
+                        split, result = "split", (S, ax)
+            elif kind in ("softmax", "layer_norm", "mean"):
+                s = st[0]
+                src = full[acts[0]]
+                rows = int(np.prod(full[out], dtype=np.int64))
+                width = int(np.prod(src, dtype=np.int64)) // max(1, rows) if kind == "mean" else src[-1]
+                reduced, acc = len(src), 1
+                while reduced > 0 and acc < width:
+                    reduced -= 1
+                    acc *= src[reduced]
+                if s[0] == S and s[1] < reduced:
+                    split, result = "split", (S, s[1] if kind != "mean" else s[1])
+                elif s[0] == S:
+                    gather(i, acts[0])
+            elif kind in ("max_pool2d", "avg_pool2d"):
+                if st[0] == (S, 1):
+                    split, result = "split", (S, 1)
+                elif st[0][0] == S:
+                    gather(i, acts[0])
+            else:  # element-wise and quantize/dequantize: follow the operands' common split
+                axes = {(s[1] - len(full[tid])) for tid, s in zip(acts, st) if s[0] == S}
+                ax = axes.pop() if len(axes) == 1 else None
+                ok = ax is not None and rank >= -ax and all(
+                    s[0] == S or len(full[tid]) < -ax or full[tid][ax] in (1, full[out][ax])
+                    for tid, s in zip(acts, st))
+                if ok:
+                    split, result = "split", (S, rank + ax)
+                else:
+                    for tid in acts:
+                        gather(i, tid)
+        if result[0] == P:
+            if split == "row":
+                elem = _acc_bytes(program, layer) or max(1, t[out].nbytes // max(1, int(np.prod(full[out], dtype=np.int64))))
+                state_bytes[out] = int(np.prod(full[out], dtype=np.int64)) * elem
+                exact_of[out] = layer.mode == "int8"
+            else:  # a reshape/transpose of partial sums stays partial
+                src = acts[0]
+                state_bytes[out], exact_of[out] = state_bytes[src], exact_of[src]
+        state[out] = result
+        splits.append(split)
+        # local shapes: the TP split, then the DP split of the batch axis
+        shape = list(full[out])
+        if result[0] == S:
+            shape[result[1]] //= tp
+        local[out] = shape
+        if split in ("col", "row", "split"):
+            _shard_consts(program, layer, split, tp, full, local, result)
+    end = len(program.layers)
+    for tid in program.outputs:
+        if tp > 1:
+            gather(end, tid)
+    return ShardPlan(tp=tp, dp=dp, batch=int(batch or 1), splits=tuple(splits),
+                     collectives=tuple(collectives), shapes=tuple(tuple(s) for s in local))
+
+
+def _shard_consts(program: Program, layer, split: str, tp: int, full, local, result) -> None:
+    """Shrink the constants one chip holds for a split layer."""
+    t = program.tensors
+    consts = list(layer.consts.values()) + [tid for tid in layer.inputs if t[tid].role == "const"]
+    out_shape = full[layer.output]
+    for tid in consts:
+        shape = list(full[tid])
+        if not shape:
+            continue
+        if layer.kind == "dense" and tid == layer.consts.get("weight"):
+            shape[1 if split == "col" else 0] //= tp
+        elif layer.kind == "conv2d" and tid == layer.consts.get("weight"):
+            shape[0 if split in ("col", "split") else 1] //= tp
+        elif split in ("col", "split") and result[0] == S:
+            # per-output-channel constants (bias, scales) and broadcast operands along the split
+            ax = result[1] - len(out_shape)
+            if len(shape) >= -ax and shape[ax] == out_shape[result[1]] and shape[ax] % tp == 0:
+                shape[ax] //= tp
+            elif len(shape) == 1 and shape[0] == out_shape[result[1]] and shape[0] % tp == 0:
+                shape[0] //= tp
+        local[tid] = shape
+
+
+def shard_program(program: Program, plan: ShardPlan) -> Program:
+    """The program one chip of the group runs: the same layers over the plan's local shapes.
+
+    A tensor all-gathered before layer ``i`` is a new full-size tensor that layers ``i`` and
+    later read (the producer still writes only its block). Axis 0 of the activations that hold
+    the batch is divided by ``dp``. Timing-only: constants are not sliced (the one-chip mapper
+    reads shapes, never values).
+    """
+    shard = copy.copy(program)
+    shard.tensors = [copy.copy(x) for x in program.tensors]
+    for x, shape in zip(shard.tensors, plan.shapes):
+        x.shape = list(shape)
+    shard.layers = [copy.copy(layer) for layer in program.layers]
+    for layer, split in zip(shard.layers, plan.splits):
+        if layer.kind == "conv2d" and split == "split":  # grouped: each chip has its groups
+            layer.attrs = dict(layer.attrs, groups=layer.attrs["groups"] // plan.tp)
+    for c in plan.collectives:
+        if c.op != "all_gather" or c.layer >= len(shard.layers):
+            continue
+        new = copy.copy(program.tensors[c.tensor])
+        new.shape, new.role = list(program.tensors[c.tensor].shape), "temp"
+        new.name = f"{new.name}.gathered"
+        shard.tensors.append(new)
+        nid = len(shard.tensors) - 1
+        for layer in shard.layers[c.layer:]:
+            if c.tensor in layer.inputs:
+                layer.inputs = [nid if tid == c.tensor else tid for tid in layer.inputs]
+    if plan.dp > 1:
+        for x in shard.tensors:
+            if x.role != "const" and x.shape and x.shape[0] == plan.batch:
+                x.shape[0] //= plan.dp
+    shard.timing, shard.mapping, shard.memory, shard.tiles = {}, {}, {}, None
+    return shard

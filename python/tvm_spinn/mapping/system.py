@@ -1,0 +1,313 @@
+"""Mapping a program onto a multi-chip system: shard plan, stage, capacity, timing by symmetry.
+
+For a system of more than one chip the driver (:func:`map_on_system`):
+
+1. lists candidate shard plans ``(tp, dp)`` (:mod:`.shard`: tensor parallelism with the
+   Megatron split inside a board, ``tp <= chips_per_board``, where the 6 Gbit/s links are;
+   data parallelism over the batch), scores each by a cheap bound (work and weight stream per
+   chip, collectives on the link graph) and maps the best few *on one chip* with the one-chip
+   compiler (tiles, placement, memory plan, PE-level timing of the shard): the chips of the
+   group run the same shard, so nothing is simulated twice;
+2. composes the system timing (:func:`tvm_spinn.timing.system.compose`: weight prefetch,
+   collectives, bounds) and keeps the fastest plan (ties: fewer chips);
+3. keeps a *ledger* of what the programs of one build put on each chip (see
+   :class:`Ledger`): SRAM held by resident weights (a later program's weights are resident only
+   in what is left: the aggregate SRAM decides, not each program alone) and DRAM holding the
+   streamed weight shards, checked against ``arch.dram_bytes``;
+4. *pipeline parallelism across boards*: when the current stage (board) cannot hold a
+   program's weight shard in its chips' DRAM, the program opens the next stage (the next
+   board; the activations are handed over point to point); consecutive programs thus form
+   pipeline stages. Boards beyond the stages used hold replicas of the model (data
+   parallelism over a stream of inputs: the report's throughput). Opening a stage only to keep
+   weights resident in a fresh board's SRAM is not done (left for later).
+
+A model that does not fit (no stage left whose DRAM holds the shard) raises
+:class:`MappingError` naming the bytes needed, the bytes available and the smallest system
+(``make_system(boards=N)``) that holds it.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm_ffi
+
+from ..program import Program
+from ..target.arch import SpinnArch
+from ..target.topology import topology_of
+from ..timing.collectives import point_to_point
+from ..timing.model import DRAM, evaluate, transfers
+from ..timing.system import collective_cost, compose
+from .memory import activation_label
+from .shard import ShardPlan, plan_shards, shard_program
+from .tiling import MappingError
+
+__all__ = ["Ledger", "map_on_system", "TP_DEGREES", "overflow_message", "system_tables", "retime"]
+
+# A model too large for its system is raised at the end of the codegen callback: it crosses
+# the FFI boundary as itself, not as a generic RuntimeError.
+tvm_ffi.register_error("MappingError", MappingError)
+
+#: Tensor-parallel degrees tried (divisors-friendly sizes up to a board).
+TP_DEGREES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 48)
+#: Candidate plans mapped with the PE-level model after the bound-based pre-selection.
+FULL_CANDIDATES = 3
+
+
+@dataclass
+class Ledger:
+    """What the programs of one build hold on the chips of the current pipeline stage.
+
+    ``sram``: resident weight bytes per PE of a chip of the stage (the shards are symmetric, so
+    one chip stands for all); ``dram``: weight bytes per chip in DRAM; ``weights``: full weight
+    bytes of every program so far (for the smallest system); ``overflow``: the first program
+    that did not fit, with the bytes it needed.
+    """
+
+    pes: int
+    stage: int = 0
+    sram: np.ndarray = None
+    dram: int = 0
+    weights: int = 0
+    min_chip_bytes: int = 0
+    overflow: dict | None = None
+    cache: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.sram is None:
+            self.sram = np.zeros(self.pes, dtype=np.int64)
+
+    def fresh(self) -> "Ledger":
+        return Ledger(pes=self.pes)
+
+
+def stages_of(arch: SpinnArch) -> int:
+    """Pipeline stages a system offers: its boards (one stage on part of a board)."""
+    return arch.chips // arch.chips_per_board if arch.chips >= arch.chips_per_board else 1
+
+
+def stage_chips(arch: SpinnArch) -> int:
+    return min(arch.chips, arch.chips_per_board)
+
+
+def _chip_arch(arch: SpinnArch) -> SpinnArch:
+    return arch.replace(chips=1)
+
+
+def _candidates(program: Program, arch: SpinnArch, topo) -> list[tuple[float, ShardPlan]]:
+    """Shard plans with a cheap latency bound each, best first."""
+    chips = stage_chips(arch)
+    out = []
+    peak_fp32 = arch.peak_fp32_flops_s / arch.chips
+    peak_int8 = arch.peak_int8_ops_s / arch.chips
+    work = sum(layer.flops / (peak_int8 if layer.mode == "int8" else peak_fp32) for layer in program.layers)
+    weights = sum(t.nbytes for t in program.tensors if t.role == "const")
+    for tp in TP_DEGREES:
+        if tp > chips:
+            break
+        for dp in range(1, chips // tp + 1):
+            if chips // tp % dp and dp != chips // tp:
+                continue
+            plan = plan_shards(program, tp, dp)
+            if plan is None or (tp > 1 and not any(x in ("col", "row", "split") for x in plan.splits)):
+                continue  # dp does not divide the batch, or nothing splits tp ways
+            ranks = np.arange(tp)
+            comm = sum(collective_cost(topo, ranks, c.op, c.nbytes, c.exact).seconds for c in plan.collectives) if tp > 1 else 0.0
+            shard_w = sum(int(np.prod(s, dtype=np.int64)) * program.tensors[i].nbytes // max(1, int(np.prod(program.tensors[i].shape, dtype=np.int64)))
+                          for i, s in enumerate(plan.shapes) if program.tensors[i].role == "const")
+            bound = max(work / (tp * dp), shard_w / arch.dram_bw_bytes_s) + comm
+            out.append((bound, plan, shard_w))
+    out.sort(key=lambda c: (c[0], c[1].chips))
+    del weights
+    return out
+
+
+def _time_plan(program: Program, plan: ShardPlan, arch: SpinnArch, topo, map_one, reserved: np.ndarray, ranks):
+    """Map ``plan``'s shard on one chip and compose its system timing."""
+    chip = _chip_arch(arch)
+    shard = shard_program(program, plan)
+    map_one(shard, chip, reserved)
+    st = _system_timing(program, plan, shard, shard.tiles.tables, chip, topo, ranks)
+    dram_need = sum(shard.tensors[t].nbytes for t in range(len(program.tensors)) if shard.tensors[t].role == "const") \
+        - int(shard.memory.get("resident_bytes_total", 0))
+    return shard, st, max(0, dram_need)
+
+
+def _system_timing(program: Program, plan: ShardPlan, shard: Program, tables, chip: SpinnArch, topo, ranks):
+    """Compose the system timing of a mapped shard (its tiles ``tables``)."""
+    resident = set(shard.mapping.get("resident_layers", []))
+    stream = []
+    for i in range(len(shard.layers)):
+        if i in resident or not len(tables[i]):
+            stream.append(0)
+            continue
+        _, w_src, _ = transfers(shard, i, tables[i], chip)
+        stream.append(int(tables[i].w_bytes[w_src == DRAM].sum()))
+    saved = shard.mapping
+    shard.mapping = dict(saved, resident_layers=list(range(len(shard.layers))))
+    local = evaluate(shard, chip, tables)
+    shard.mapping = saved
+    exec_cycles = [row.cycles for row in local.layers]
+    colls = [(c.layer, collective_cost(topo, ranks, c.op, c.nbytes, c.exact)) for c in plan.collectives] \
+        if plan.tp > 1 else []
+    row_fp32 = {i for i, s in enumerate(plan.splits) if s == "row" and program.layers[i].mode != "int8"}
+    io = sum(shard.tensors[t].nbytes for t in list(shard.inputs) + list(shard.outputs))
+    return compose(program, chip, exec_cycles, stream, colls, plan.chips, row_fp32, io)
+
+
+def retime(program: Program, arch: SpinnArch, derive) -> dict:
+    """The timing of a system-mapped (e.g. loaded) program, re-derived from its mapping records:
+    what the compiler stored in ``program.timing`` (``derive`` is
+    :func:`tvm_spinn.mapping.derive_tables`)."""
+    info = program.mapping["system"]
+    plan = plan_shards(program, int(info["tp"]), int(info["dp"]))
+    shard = shard_program(program, plan)
+    shard.mapping = {k: v for k, v in program.mapping.items() if k != "system"}
+    chip = _chip_arch(arch)
+    tables = derive(shard, chip)
+    shard.timing = evaluate(shard, chip, tables).to_dict(trace=False)
+    st = _system_timing(program, plan, shard, tables, chip, topology_of(arch), np.arange(plan.tp))
+    return _timing_dict(program, shard, plan, st, float(info.get("handoff_s", 0.0)), arch)
+
+
+def map_on_system(program: Program, arch: SpinnArch, options, ledger: Ledger | None, map_one, key: str | None) -> None:
+    """Map ``program`` on the multi-chip ``arch`` (see the module docstring), in place.
+
+    ``map_one(shard, chip_arch, reserved)`` maps a shard on one chip; ``ledger`` is the build's
+    (None: a program alone, which must fit by itself); ``key`` the program's structure key for
+    reusing a mapping already made under the same ledger state.
+    """
+    alone = ledger is None
+    ledger = ledger or Ledger(pes=arch.pes_per_chip)
+    topo = topology_of(arch)
+    weights = sum(t.nbytes for t in program.tensors if t.role == "const")
+    ledger.weights += weights
+
+    def attempt(led: Ledger):
+        reserved = led.sram.copy()
+        cache_key = (key, reserved.tobytes(), led.dram) if key is not None else None
+        if cache_key is not None and cache_key in led.cache:
+            return led.cache[cache_key]
+        best = None
+        cands = _candidates(program, arch, topo)
+        chosen = [c for c in cands[:FULL_CANDIDATES]]
+        if not any(c[1].chips == 1 for c in chosen):
+            chosen += [c for c in cands if c[1].chips == 1][:1]  # the one-chip reference under the same model
+        results = []
+        for _, plan, _ in chosen:
+            ranks = np.arange(plan.tp)
+            shard, st, need = _time_plan(program, plan, arch, topo, map_one, reserved, ranks)
+            fits = led.dram + need <= arch.dram_bytes
+            results.append({"tp": plan.tp, "dp": plan.dp, "latency_s": st.latency_s, "fits": fits})
+            if fits and (best is None or (st.latency_s, plan.chips) < (best[1].latency_s, best[0].chips)):
+                best = (plan, st, shard, need)
+        out = (best, results, min((c[2] for c in cands), default=0))
+        if cache_key is not None:
+            led.cache[cache_key] = out
+        return out
+
+    best, results, min_share = attempt(ledger)
+    ledger.min_chip_bytes = max(ledger.min_chip_bytes, min_share)
+    handoff = None
+    if best is None and not alone:
+        # The stage's DRAM is full: the program opens the next stage (board), a pipeline
+        # stage; past the system's boards the build keeps counting (virtual stages) to name
+        # the smallest system that holds the model, and fails at its end.
+        fresh = ledger.fresh()
+        fresh.cache = ledger.cache
+        best, results, _ = attempt(fresh)
+        if best is not None:
+            if ledger.stage + 1 >= stages_of(arch):
+                ledger.overflow = ledger.overflow or {"program": program.symbol}
+            ledger.stage += 1
+            ledger.sram[:] = 0
+            ledger.dram = 0
+            src = np.arange(best[0].tp) % arch.chips + ((ledger.stage - 1) * arch.chips_per_board) % arch.chips
+            dst = (src + arch.chips_per_board) % arch.chips
+            in_bytes = sum(program.tensors[t].nbytes for t in program.inputs) / max(1, best[0].tp)
+            handoff = point_to_point(topo, src, dst, in_bytes) if not np.array_equal(src, dst) else None
+    if best is None:
+        # One program's smallest shard does not fit one chip: no system holds it.
+        ledger.overflow = ledger.overflow or {"program": program.symbol}
+        ledger.stage = -1
+        if alone:
+            raise MappingError(overflow_message(ledger, arch))
+        led = ledger.fresh()
+        led.dram = -(1 << 62)  # capacity not checked: this build is failing already
+        best, results, _ = attempt(led)
+    if alone and ledger.overflow is not None:
+        raise MappingError(overflow_message(ledger, arch))
+    plan, st, shard, need = best
+    ledger.dram += need
+    ledger.sram += _resident_per_pe(shard, arch.pes_per_chip)
+    _install(program, shard, plan, st, results, ledger.stage, handoff, arch)
+
+
+def overflow_message(ledger: Ledger, arch: SpinnArch) -> str:
+    """The :class:`MappingError` text of a model that does not fit ``arch``."""
+    chip_bytes = arch.dram_bytes + arch.pes_per_chip * arch.tile_sram_bytes
+    if ledger.stage >= 0:
+        boards = ledger.stage + 1
+        where = (f"the smallest system that holds it is make_system(boards={boards}) "
+                 f"({boards * arch.chips_per_board} chips, one pipeline stage per board)")
+    else:
+        where = (f"no system holds it: one program's smallest shard ({ledger.min_chip_bytes} bytes per chip) "
+                 f"exceeds a chip's {arch.dram_bytes} bytes of DRAM")
+    return (f"the model does not fit {arch.name} ({arch.chips} chips): its weights need {ledger.weights} bytes, "
+            f"the system holds {arch.chips * chip_bytes} bytes ({arch.dram_bytes} bytes of DRAM and "
+            f"{arch.pes_per_chip * arch.tile_sram_bytes} bytes of SRAM per chip; first program over: "
+            f"{ledger.overflow['program'] if ledger.overflow else '?'}); {where}")
+
+
+def system_tables(program: Program, arch: SpinnArch, derive):
+    """The tiles of a system-mapped program: its shard's, on one chip (``derive`` is
+    :func:`tvm_spinn.mapping.derive_tables`)."""
+    info = program.mapping["system"]
+    plan = plan_shards(program, int(info["tp"]), int(info["dp"]))
+    shard = shard_program(program, plan)
+    shard.mapping = {k: v for k, v in program.mapping.items() if k != "system"}
+    return derive(shard, _chip_arch(arch))
+
+
+def _resident_per_pe(shard: Program, pes: int) -> np.ndarray:
+    out = np.zeros(pes, dtype=np.int64)
+    for pe, b in getattr(shard, "resident_pe", {}).items():
+        out[int(pe) % pes] += int(b)
+    return out
+
+
+def _install(program: Program, shard: Program, plan: ShardPlan, st, results, stage: int, handoff, arch: SpinnArch) -> None:
+    """Give ``program`` the shard's mapping and the system timing."""
+    program.tiles = shard.tiles
+    mapping = copy.deepcopy(shard.mapping)
+    mapping["system"] = dict(plan.summary(), stage=stage, candidates=results,
+                             collectives=[vars(c) for c in plan.collectives],
+                             handoff_s=handoff.seconds if handoff is not None else 0.0)
+    mapping["chips_per_layer"] = [plan.chips] * len(program.layers)
+    program.mapping = mapping
+    program.timing = _timing_dict(program, shard, plan, st, mapping["system"]["handoff_s"], arch)
+    program.memory = copy.deepcopy(shard.memory)
+    for rng in program.memory.get("ranges", []):  # labels in this program's names
+        if str(rng[4]).startswith("activation "):
+            rng[4] = activation_label(program, rng[2])
+
+
+def _timing_dict(program: Program, shard: Program, plan: ShardPlan, st, handoff_s: float, arch: SpinnArch) -> dict:
+    """``program.timing`` of a system mapping: the shard's PE-level figures, the system latency."""
+    latency = st.latency_s + handoff_s
+    timing = copy.deepcopy(shard.timing)
+    clock = arch.clock_hz
+    timing.update(latency_s=latency, cycles=int(round(latency * clock)), roofline_s=st.bound_s,
+                  throughput_inf_s=1.0 / latency if latency else 0.0, system=st.to_dict())
+    coll_bytes = {}
+    for c in plan.collectives:
+        coll_bytes[c.layer] = coll_bytes.get(c.layer, 0) + c.nbytes
+    for i, row in enumerate(timing["layers"]):
+        row["chips"] = plan.chips
+        row["link_bytes"] = int(coll_bytes.get(i, 0))
+        row["cycles"] = int(round(st.layer_s[i] * clock))
+    timing["link_bytes"] = int(sum(c.nbytes for c in plan.collectives))
+    return timing

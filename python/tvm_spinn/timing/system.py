@@ -1,0 +1,152 @@
+"""Timing of a program split over many chips, by symmetry: one chip's shard plus the collectives.
+
+The chips of a tensor-/data-parallel group run identical shards (:mod:`tvm_spinn.mapping.shard`),
+so one chip's shard is timed with the PE-level model (:func:`tvm_spinn.timing.evaluate` on a
+one-chip system) and nothing here grows with the chip count but the collectives, which are
+costed on the link graph (:mod:`.collectives`: ring or tree, whichever is cheaper, hops and
+shared links included; floating-point partial sums by the bit-exact chain).
+
+*Weight prefetch*: weights do not depend on activations, so a chip streams layer ``i + 1``'s
+weight shard from its DRAM while layer ``i`` computes and communicates (one layer of
+lookahead). Per layer ``i``, with ``W_i`` the time to stream its weight shard (0 when it is
+resident in SRAM), ``C_i`` the collective before it and ``X_i`` its PE-level time with weights
+on chip::
+
+    load_end_i  = max(load_end_{i-1}, start_{i-1}) + W_i
+    start_i     = max(end_{i-1} + C_i, load_end_i)
+    end_i       = start_i + X_i (+ the chain's pipeline fill on row-parallel fp32 layers)
+
+so a DRAM-bound decode runs at the DRAM rate and collectives shorter than the streams hide
+under them.
+
+*Bounds*, side by side: compute (the work at the peak of the chips used, per layer mode),
+memory (bytes each chip must move through its DRAM: its streamed weight shard and its share of
+the program's inputs and outputs; SRAM-resident weights cost nothing) and communication (the
+plan's collectives on the topology). ``latency / max(bounds)`` is the headline ratio.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from ..program import Program
+from ..target.arch import SpinnArch
+from .collectives import all_gather, all_reduce, chain_all_reduce
+
+__all__ = ["CollectiveTiming", "SystemTiming", "compose", "collective_cost"]
+
+
+@dataclass(frozen=True)
+class CollectiveTiming:
+    layer: int
+    op: str
+    algorithm: str
+    nbytes: int
+    seconds: float
+    hops: int
+    board_hops: int
+
+
+@dataclass(frozen=True)
+class SystemTiming:
+    """A program's timing on its chip group (see the module docstring)."""
+
+    latency_s: float
+    compute_bound_s: float
+    memory_bound_s: float
+    comm_bound_s: float
+    binding: str
+    chips: int
+    streamed_bytes_per_chip: int
+    layer_s: tuple[float, ...]
+    collectives: tuple[CollectiveTiming, ...] = field(default_factory=tuple)
+
+    @property
+    def bound_s(self) -> float:
+        return max(self.compute_bound_s, self.memory_bound_s, self.comm_bound_s)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["layer_s"] = list(self.layer_s)
+        out["collectives"] = [asdict(c) for c in self.collectives]
+        out["bound_s"] = self.bound_s
+        return out
+
+
+def collective_cost(topo, ranks, op: str, nbytes: int, exact: bool):
+    """Cost of one collective of a shard plan on ``topo`` (a :class:`~.collectives.CollectiveCost`)."""
+    if op == "all_gather":
+        return all_gather(topo, ranks, nbytes)
+    if exact:  # integer partial sums: any order, the cheaper of ring and tree
+        return all_reduce(topo, ranks, nbytes)
+    return chain_all_reduce(topo, ranks, nbytes)
+
+
+def compose(program: Program, arch: SpinnArch, exec_cycles, stream_bytes, collectives,
+            chips: int, row_fp32: "set[int] | frozenset" = frozenset(), io_bytes: int = 0) -> SystemTiming:
+    """Latency and bounds of ``program`` on ``chips`` chips from its shard's per-layer figures.
+
+    Parameters
+    ----------
+    program : Program
+        The full program (its layers' ``flops`` and ``mode`` give the compute bound).
+    arch : SpinnArch
+        The chip's parameters (clock, DRAM bandwidth, peaks per PE).
+    exec_cycles : sequence of int
+        Per layer, the shard's PE-level cycles with its weights on chip.
+    stream_bytes : sequence of int
+        Per layer, the weight bytes one chip streams from its DRAM (0 when resident).
+    collectives : sequence of (layer, CollectiveCost)
+        The plan's collectives, each before ``layer`` (``len(layers)``: after the last).
+    chips : int
+        Chips of the group (compute bound).
+    row_fp32 : set of int
+        Row-parallel fp32 layers: their compute is pipelined with the chain all-reduce that
+        follows them, paying its fill ``(tp - 1) / m`` of the layer's time.
+    io_bytes : int
+        Bytes of the program's inputs and outputs one chip reads/writes in DRAM.
+    """
+    clock = arch.clock_hz
+    n = len(program.layers)
+    comm = np.zeros(n + 1)
+    fill = {}
+    timings = []
+    for layer, cost in collectives:
+        comm[layer] += cost.seconds
+        timings.append(CollectiveTiming(int(layer), cost.op, cost.algorithm, int(cost.nbytes), float(cost.seconds),
+                                        int(cost.hops), int(cost.board_hops)))
+        if cost.algorithm == "chain" and cost.ranks > 1:
+            segments = cost.steps - 2 * (cost.ranks - 1) + 1
+            fill[layer] = (cost.ranks - 1) / max(1, segments)
+    # the chain after a row-parallel layer: the layer's compute pays the pipeline fill
+    extra = np.zeros(n)
+    consumers = sorted(fill)
+    for i in sorted(row_fp32):
+        nxt = next((j for j in consumers if j > i), None)
+        if nxt is not None:
+            extra[i] = fill[nxt]
+    dram = arch.dram_bw_bytes_s
+    load_end = start_prev = end = 0.0
+    layer_s = []
+    for i in range(n):
+        w = float(stream_bytes[i]) / dram
+        x = float(exec_cycles[i]) / clock * (1.0 + extra[i])
+        load_end = max(load_end, start_prev) + w
+        start = max(end + comm[i], load_end)
+        new_end = start + x
+        layer_s.append(new_end - end)
+        end, start_prev = new_end, start
+    end += comm[n]
+    fp32 = sum(layer.flops for layer in program.layers if layer.mode != "int8")
+    int8 = sum(layer.flops for layer in program.layers if layer.mode == "int8")
+    compute = (fp32 / (arch.peak_fp32_flops_s / arch.chips) + int8 / (arch.peak_int8_ops_s / arch.chips)) / chips
+    streamed = int(sum(stream_bytes))
+    memory = (streamed + io_bytes) / dram
+    comm_total = float(comm.sum())
+    bounds = {"compute": compute, "memory": memory, "communication": comm_total}
+    binding = max(bounds, key=lambda k: (bounds[k], k))
+    return SystemTiming(latency_s=end, compute_bound_s=compute, memory_bound_s=memory, comm_bound_s=comm_total,
+                        binding=binding, chips=chips, streamed_bytes_per_chip=streamed, layer_s=tuple(layer_s),
+                        collectives=tuple(timings))

@@ -1,0 +1,194 @@
+"""Scale-out (issue 12): shard plans (Megatron split), capacity, residency, bounds, symmetry, bits.
+
+References: the sequential float32 sum for the chain all-reduce (numpy, one accumulator), the
+PyTorch model and the one-chip build for the functional results (bitwise), the byte counts of
+the model's weights for capacity.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+import tvm
+from tvm import relax
+
+import tvm_spinn
+from tvm_spinn.mapping import MappingError
+from tvm_spinn.mapping.shard import plan_shards
+from tvm_spinn.target.topology import topology_of
+from tvm_spinn.timing import collectives as C
+
+
+def _bert(layers=1, hidden=128, heads=4, seq=32):
+    import transformers as tf
+
+    from test_zoo import _Field
+
+    torch.manual_seed(0)
+    cfg = tf.BertConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                        intermediate_size=4 * hidden, vocab_size=1000)
+    return _Field(tf.BertModel(cfg), "last_hidden_state").eval(), torch.randint(0, 1000, (1, seq))
+
+
+@pytest.fixture(scope="module")
+def bert():
+    model, x = _bert()
+    return model, x, tvm_spinn.frontend.from_pytorch(model, (x,))
+
+
+def _run(mod, target, x):
+    ex = relax.build(mod, target=target)
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x))
+    return out.numpy(), tvm_spinn.report(ex)
+
+
+def test_megatron_split_one_all_reduce_per_block(bert):
+    """Q/K/V and the first MLP GEMM column-parallel, the output projection and the second MLP
+    GEMM row-parallel: two all-reduces per encoder layer, no all-gather inside a block."""
+    _, _, mod = bert
+    rep = tvm_spinn.report(relax.build(mod, target="spinn"))
+    reduces, splits = 0, {}
+    for program in rep.programs:
+        plan = plan_shards(program, 4)
+        reduces += sum(c.op == "all_reduce" for c in plan.collectives)
+        for layer, s in zip(program.layers, plan.splits):
+            if layer.kind == "dense":
+                splits[s] = splits.get(s, 0) + 1
+    assert reduces == 2  # one encoder layer: attention block + MLP block
+    assert splits == {"col": 4, "row": 2}  # Q, K, V, fc1 | out-proj, fc2
+
+
+def test_chain_all_reduce_gives_the_sequential_bits():
+    """Chips continuing one accumulator over consecutive k blocks give the one-chip sum."""
+    rng = np.random.default_rng(0)
+    terms = rng.standard_normal((96, 50)).astype(np.float32) * np.float32(1e3)
+    sequential = np.zeros(50, np.float32)
+    for row in terms:
+        sequential = sequential + row
+    for chips in (2, 3, 8, 12):
+        acc = np.zeros(50, np.float32)
+        for block in np.array_split(terms, chips):  # chip i adds its block into what it receives
+            for row in block:
+                acc = acc + row
+        assert np.array_equal(acc.view(np.uint32), sequential.view(np.uint32))
+    tree = C.fixed_order_sum([b.sum(0, dtype=np.float32) for b in np.array_split(terms, 8)])
+    assert not np.array_equal(tree.view(np.uint32), sequential.view(np.uint32))  # a tree would not
+
+
+def test_chain_all_reduce_cost_on_the_graph():
+    arch = tvm_spinn.make_system("chain", boards=1)
+    topo = topology_of(arch)
+    # two neighbours, one segment: down the chain and back, one hop each way at a time
+    cost = C.chain_all_reduce(topo, [0, 1], 1 << 20, segments=(1,))
+    assert cost.steps == 2
+    assert cost.seconds == pytest.approx(2 * ((1 << 20) / arch.link_bw_bytes_s + arch.link_hop_s))
+    # segments pipeline a long chain: far cheaper than one segment, and more bytes cost more
+    long1 = C.chain_all_reduce(topo, list(range(12)), 1 << 20, segments=(1,))
+    best = C.chain_all_reduce(topo, list(range(12)), 1 << 20)
+    assert best.seconds < long1.seconds / 4
+    assert C.chain_all_reduce(topo, list(range(12)), 1 << 21).seconds > best.seconds
+    # leaving the board pays the slower board links
+    two = topology_of(tvm_spinn.make_system("chain2", boards=2))
+    on, off = C.chain_all_reduce(two, [0, 1], 1 << 20), C.chain_all_reduce(two, [0, 48], 1 << 20)
+    assert off.seconds > on.seconds and off.board_hops > 0
+
+
+def test_bits_do_not_depend_on_the_plan(bert):
+    """One chip, a board and a two-board system: different plans, the same bits."""
+    model, x, mod = bert
+    results, plans = {}, {}
+    tags = {"chip": "spinn", "board": "spinn/board",
+            "2boards": tvm_spinn.register_system(tvm_spinn.make_system("scale-2b", boards=2))}
+    for key, tag in tags.items():
+        results[key], rep = _run(mod, tag, x.numpy())
+        plans[key] = [m.get("system", {}).get("tp", 1) for m in rep.mapping]
+    assert max(plans["board"]) > 1 and max(plans["chip"]) == 1
+    first = results["chip"]
+    for key, value in results.items():
+        assert np.array_equal(value.view(np.uint32), first.view(np.uint32)), key
+    with torch.no_grad():
+        np.testing.assert_allclose(first, model(x).numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_symmetry_one_chip_simulated_whatever_the_system(bert):
+    """The board and the 720-board cloud time the same shard: same tiles, same plan."""
+    _, _, mod = bert
+    board = tvm_spinn.report(relax.build(mod, target="spinn/board"))
+    cloud = tvm_spinn.report(relax.build(mod, target="spinn/cloud"))
+    assert [m["layers"] for m in board.mapping] == [m["layers"] for m in cloud.mapping]
+    assert [m["system"]["tp"] for m in board.mapping] == [m["system"]["tp"] for m in cloud.mapping]
+    for m in cloud.mapping:  # every tile on the PEs of one chip: one chip's shard
+        assert all(first + count <= 148 for first, count in (r["pes"] for r in m["layers"]))
+
+
+def test_bounds_are_lower_bounds_and_report_names_the_binding_one(bert):
+    _, _, mod = bert
+    for options in (tvm_spinn.MappingOptions(), tvm_spinn.MappingOptions(weights="stream")):
+        with options:
+            rep = tvm_spinn.report(relax.build(mod, target="spinn/board"))
+        for p in rep.programs:
+            s = p.timing["system"]
+            assert s["latency_s"] >= s["compute_bound_s"] * (1 - 1e-9)
+            assert s["latency_s"] >= s["memory_bound_s"] * (1 - 1e-9)
+            assert s["latency_s"] >= s["comm_bound_s"] * (1 - 1e-9)
+            assert s["binding"] in ("compute", "memory", "communication")
+        text = str(rep)
+        assert "plan" in text and "binds" in text
+    streamed = sum(p.timing["system"]["streamed_bytes_per_chip"] for p in rep.programs)
+    assert streamed > 0  # weights="stream": each chip streams its shard
+
+
+def test_weights_resident_when_aggregate_sram_holds_them(bert):
+    """The small BERT's shards fit the board's SRAM: nothing is streamed per inference; on a
+    system whose chips have little SRAM they stream from each chip's DRAM."""
+    _, _, mod = bert
+    rep = tvm_spinn.report(relax.build(mod, target="spinn/board"))
+    assert sum(p.timing["system"]["streamed_bytes_per_chip"] for p in rep.programs) == 0
+    tiny = tvm_spinn.register_system(tvm_spinn.make_system("scale-tiny-sram", boards=1, pes_per_chip=4,
+                                                          sram_bytes=32 * 1024))
+    rep2 = tvm_spinn.report(relax.build(mod, target=tiny))
+    assert sum(p.timing["system"]["streamed_bytes_per_chip"] for p in rep2.programs) > 0
+
+
+class _Blocks(torch.nn.Module):
+    """Dense blocks separated by a host op (floor), so each block is its own program."""
+
+    def __init__(self, blocks: int, width: int):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(blocks))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.floor(layer(x))
+        return x
+
+
+def _capacity_system(boards: int, dram: int):
+    arch = tvm_spinn.make_system(f"cap-{boards}-{dram}", boards=boards, pes_per_chip=2, pes_per_qpe=2,
+                                  sram_bytes=32 * 1024, dram_bytes=dram)
+    return tvm_spinn.register_system(arch)
+
+
+def test_capacity_boundary_names_bytes_and_smallest_system():
+    torch.manual_seed(0)
+    width, blocks = 480, 4
+    model, x = _Blocks(blocks, width).eval(), torch.randn(1, width)
+    mod = tvm_spinn.frontend.from_pytorch(model, (x,))
+    weight_bytes = sum(p.numel() * 4 for p in model.parameters())
+    # per chip: a 48-way shard of one block is ~19 KB; a chip's SRAM (2 PEs) keeps a little of it
+    dram = 24 * 1024
+    with pytest.raises(MappingError) as err:
+        relax.build(mod, target=_capacity_system(1, dram))
+    text = str(err.value)
+    assert f"need {weight_bytes} bytes" in text and "make_system(boards=" in text
+    boards = int(re.search(r"make_system\(boards=(\d+)\)", text).group(1))
+    assert boards > 1
+    out, rep = _run(mod, _capacity_system(boards, dram), x.numpy())  # the named system holds it
+    assert max(m["system"]["stage"] for m in rep.mapping) == boards - 1  # one stage per board
+    one_chip, _ = _run(mod, "spinn", x.numpy())  # the one-chip program (no capacity check)
+    assert np.array_equal(out.view(np.uint32), one_chip.view(np.uint32))
+    with pytest.raises(MappingError):
+        relax.build(mod, target=_capacity_system(boards - 1, dram))
