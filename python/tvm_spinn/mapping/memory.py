@@ -27,7 +27,11 @@ from ..program.tiles import TileTable
 from ..target.arch import SpinnArch
 from .tiling import MappingError
 
-__all__ = ["MemoryPlan", "plan_memory", "check_plan"]
+__all__ = ["MemoryPlan", "plan_memory", "check_plan", "LEDGER_RESIDENT_SHARE"]
+
+#: Share of a PE's tile SRAM the resident weights of a whole build may take (see plan_memory):
+#: the tile chooser keeps working buffers within half of it when it can (WORKING_SHARE).
+LEDGER_RESIDENT_SHARE = 0.5
 
 
 @dataclass
@@ -98,6 +102,9 @@ def plan_memory(program: Program, arch: SpinnArch, weights: str = "auto", activa
     ``reserved``: SRAM bytes per PE already held by the resident weights of the programs mapped
     before this one on the same chips (they stay for the life of the model, so this program's
     residents and buffers fit beside them); ``resident_bytes`` counts this program's own only.
+    With ``reserved`` (a build's ledger), residents never take more than
+    :data:`LEDGER_RESIDENT_SHARE` of a PE's SRAM, so the programs mapped later keep room for
+    their working buffers.
     """
     tables = tables if tables is not None else program.tiles.tables
     budget = arch.tile_sram_bytes
@@ -117,6 +124,7 @@ def plan_memory(program: Program, arch: SpinnArch, weights: str = "auto", activa
         k = min(total, len(reserved))
         resident[:k] = reserved[:k]
     base = resident.copy()
+    cap = int(budget * LEDGER_RESIDENT_SHARE) if reserved is not None else budget
     if weights != "stream":
         w_per_layer = [_weight_bytes_per_pe(t) for t in tables]
         # DRAM bytes saved per resident byte: how often the block would be re-fetched.
@@ -126,7 +134,7 @@ def plan_memory(program: Program, arch: SpinnArch, weights: str = "auto", activa
         order = sorted((i for i in range(n) if w_per_layer[i].v.sum()), key=lambda i: (-benefit(i), i))
         for i in order:
             pes, b = w_per_layer[i].pes(), w_per_layer[i].values()
-            if (resident[pes] + b + max_working[pes] <= budget).all():
+            if (resident[pes] + b + max_working[pes] <= budget).all() and (resident[pes] + b <= cap).all():
                 resident[pes] += b
                 plan.resident_layers.append(i)
             elif weights == "resident":

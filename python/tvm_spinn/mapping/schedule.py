@@ -241,15 +241,18 @@ def _plan(program: Program, arch: SpinnArch, weights: str, activations: str, tab
 def map_program(program: Program, arch: SpinnArch, options: MappingOptions | None = None) -> Program:
     """Tile, place, plan memory and time ``program`` in place; returns it.
 
-    ``mode="auto"`` maps sequentially for the latency objective; for the throughput objective it
-    maps both ways and keeps the one with the higher simulated throughput.
+    ``mode="auto"`` maps sequentially for the latency objective; for the throughput objective on
+    one chip it maps both ways and keeps the one with the higher simulated throughput. On
+    several chips (not ``naive``, not ``mode="pipelined"``) :func:`.system.map_on_system` maps
+    by shard plans; the throughput objective there picks the fewest chip-seconds per inference
+    (the free chips hold replicas).
     """
     options = options or current_options()
     if options.naive or options.mode != "auto":
         _build(program, arch, "sequential" if options.mode == "auto" else options.mode, options)
         return program
     _build(program, arch, "sequential", options)
-    if options.objective == "throughput":
+    if options.objective == "throughput" and arch.chips == 1:  # several chips: replicas (see .system)
         seq = (program.timing["throughput_inf_s"], program.tiles, program.mapping, program.memory, program.timing)
         _build(program, arch, "pipelined", options)
         if seq[0] >= program.timing["throughput_inf_s"]:

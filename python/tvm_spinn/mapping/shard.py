@@ -70,6 +70,7 @@ class ShardPlan:
 
     tp: int
     dp: int
+    row: bool                         # row-parallel GEMMs allowed (the Megatron split)
     batch: int                        # the program's batch (axis 0 of its inputs)
     splits: tuple[str, ...]           # per layer: "col", "row", "split", "rep", "whole"
     collectives: tuple[Collective, ...]
@@ -87,7 +88,8 @@ class ShardPlan:
         ops: dict[str, int] = {}
         for c in self.collectives:
             ops[c.op] = ops.get(c.op, 0) + 1
-        return {"tp": self.tp, "dp": self.dp, "chips": self.chips, "splits": counts, "collectives": ops}
+        return {"tp": self.tp, "dp": self.dp, "row": self.row, "chips": self.chips, "splits": counts,
+                "collectives": ops}
 
 
 def _acc_bytes(program: Program, layer) -> int:
@@ -116,9 +118,11 @@ def _reshape_axis(src: list[int], dst: list[int], axis: int, parts: int) -> int 
     return None
 
 
-def plan_shards(program: Program, tp: int, dp: int = 1) -> ShardPlan | None:
+def plan_shards(program: Program, tp: int, dp: int = 1, row: bool = True) -> ShardPlan | None:
     """The shard plan of ``program`` on ``tp x dp`` chips, or None when ``dp`` does not divide
-    the batch (see the module docstring)."""
+    the batch (see the module docstring). ``row=False``: no row-parallel GEMMs (an input split
+    along the reduction axis is all-gathered and the GEMM is column-parallel again), which
+    trades each all-reduce for an all-gather; the mapper costs both."""
     t = program.tensors
     # the batch: the leading extent every activation input shares (none: no data parallelism)
     leads = {t[tid].shape[0] for tid in program.inputs if t[tid].role != "const" and len(t[tid].shape) >= 2}
@@ -160,7 +164,7 @@ def plan_shards(program: Program, tp: int, dp: int = 1) -> ShardPlan | None:
                 k_axis = len(full[acts[0]]) - 1 if kind == "dense" else 1
                 s = st[0]
                 n_out = full[out][ax]
-                if s[0] == S and s[1] == k_axis:
+                if s[0] == S and s[1] == k_axis and row:
                     split, result = "row", (P, -1)
                 elif n_out % tp == 0 and n_out >= tp:
                     gather(i, acts[0])
@@ -190,7 +194,7 @@ def plan_shards(program: Program, tp: int, dp: int = 1) -> ShardPlan | None:
                     split, result = "split", (S, rank - 2)
                 elif a[0] == R and b[0] == S and b[1] == -1:
                     split, result = "split", (S, rank - 1)
-                elif a[0] == S and a[1] == -1 and b[0] == S and b[1] == -2:
+                elif a[0] == S and a[1] == -1 and b[0] == S and b[1] == -2 and row:
                     split, result = "row", (P, -1)
                 else:
                     for tid in acts:
@@ -270,7 +274,7 @@ def plan_shards(program: Program, tp: int, dp: int = 1) -> ShardPlan | None:
     for tid in program.outputs:
         if tp > 1:
             gather(end, tid)
-    return ShardPlan(tp=tp, dp=dp, batch=int(batch or 1), splits=tuple(splits),
+    return ShardPlan(tp=tp, dp=dp, row=row, batch=int(batch or 1), splits=tuple(splits),
                      collectives=tuple(collectives), shapes=tuple(tuple(s) for s in local))
 
 

@@ -41,7 +41,7 @@ from ..target.topology import topology_of
 from ..timing.collectives import point_to_point
 from ..timing.model import DRAM, evaluate, transfers
 from ..timing.system import collective_cost, compose
-from .memory import activation_label
+from .memory import LEDGER_RESIDENT_SHARE, activation_label
 from .shard import ShardPlan, plan_shards, shard_program
 from .tiling import MappingError
 
@@ -97,31 +97,33 @@ def _chip_arch(arch: SpinnArch) -> SpinnArch:
     return arch.replace(chips=1)
 
 
-def _candidates(program: Program, arch: SpinnArch, topo) -> list[tuple[float, ShardPlan]]:
-    """Shard plans with a cheap latency bound each, best first."""
+def _candidates(program: Program, arch: SpinnArch, topo, per_chip: bool, work) -> list[tuple[float, ShardPlan]]:
+    """Shard plans with a cheap latency estimate each, best first (``per_chip``: by estimate x
+    chips, the throughput objective's chip-seconds per inference). ``work``: seconds of each
+    layer on one chip (the one-chip plan's PE-level times); a split layer takes ``1 / tp`` of it,
+    a replicated one all of it."""
     chips = stage_chips(arch)
     out = []
-    peak_fp32 = arch.peak_fp32_flops_s / arch.chips
-    peak_int8 = arch.peak_int8_ops_s / arch.chips
-    work = sum(layer.flops / (peak_int8 if layer.mode == "int8" else peak_fp32) for layer in program.layers)
-    weights = sum(t.nbytes for t in program.tensors if t.role == "const")
     for tp in TP_DEGREES:
         if tp > chips:
             break
-        for dp in range(1, chips // tp + 1):
+        for dp, row in ((d, r) for d in range(1, chips // tp + 1) for r in ((True, False) if tp > 1 else (True,))):
             if chips // tp % dp and dp != chips // tp:
                 continue
-            plan = plan_shards(program, tp, dp)
+            plan = plan_shards(program, tp, dp, row)
             if plan is None or (tp > 1 and not any(x in ("col", "row", "split") for x in plan.splits)):
                 continue  # dp does not divide the batch, or nothing splits tp ways
+            if not row and "row" not in plan_shards(program, tp, dp, True).splits:
+                continue  # the same plan as with row-parallel GEMMs
             ranks = np.arange(tp)
             comm = sum(collective_cost(topo, ranks, c.op, c.nbytes, c.exact).seconds for c in plan.collectives) if tp > 1 else 0.0
             shard_w = sum(int(np.prod(s, dtype=np.int64)) * program.tensors[i].nbytes // max(1, int(np.prod(program.tensors[i].shape, dtype=np.int64)))
                           for i, s in enumerate(plan.shapes) if program.tensors[i].role == "const")
-            bound = max(work / (tp * dp), shard_w / arch.dram_bw_bytes_s) + comm
+            # replicated layers do all their work on every chip of the group
+            work_s = sum(w / (tp if x in ("col", "row", "split") else 1) for w, x in zip(work, plan.splits)) / dp
+            bound = max(work_s, shard_w / arch.dram_bw_bytes_s) + comm
             out.append((bound, plan, shard_w))
-    out.sort(key=lambda c: (c[0], c[1].chips))
-    del weights
+    out.sort(key=lambda c: (c[0] * (c[1].chips if per_chip else 1), c[1].chips))
     return out
 
 
@@ -139,10 +141,19 @@ def _time_plan(program: Program, plan: ShardPlan, arch: SpinnArch, topo, map_one
 def _system_timing(program: Program, plan: ShardPlan, shard: Program, tables, chip: SpinnArch, topo, ranks):
     """Compose the system timing of a mapped shard (its tiles ``tables``)."""
     resident = set(shard.mapping.get("resident_layers", []))
+    # A streamed layer's shard is prefetched into SRAM once (the share of the chip's SRAM that
+    # residents leave, double-buffered) and its tiles then read it on chip; a shard larger than
+    # that is read by the tiles from DRAM as the PE-level schedule does (blocks re-fetched).
+    prefetch = chip.pes_per_chip * chip.tile_sram_bytes * (1 - LEDGER_RESIDENT_SHARE) / 2
     stream = []
-    for i in range(len(shard.layers)):
+    for i, layer in enumerate(shard.layers):
         if i in resident or not len(tables[i]):
             stream.append(0)
+            continue
+        consts = set(layer.consts.values()) | {t for t in layer.inputs if shard.tensors[t].role == "const"}
+        unique = sum(shard.tensors[t].nbytes for t in consts)
+        if unique <= prefetch:
+            stream.append(int(unique))
             continue
         _, w_src, _ = transfers(shard, i, tables[i], chip)
         stream.append(int(tables[i].w_bytes[w_src == DRAM].sum()))
@@ -151,6 +162,7 @@ def _system_timing(program: Program, plan: ShardPlan, shard: Program, tables, ch
     local = evaluate(shard, chip, tables)
     shard.mapping = saved
     exec_cycles = [row.cycles for row in local.layers]
+    shard.exec_cycles = exec_cycles  # in memory only: the pre-scores of other plans
     colls = [(c.layer, collective_cost(topo, ranks, c.op, c.nbytes, c.exact)) for c in plan.collectives] \
         if plan.tp > 1 else []
     row_fp32 = {i for i, s in enumerate(plan.splits) if s == "row" and program.layers[i].mode != "int8"}
@@ -163,7 +175,7 @@ def retime(program: Program, arch: SpinnArch, derive) -> dict:
     what the compiler stored in ``program.timing`` (``derive`` is
     :func:`tvm_spinn.mapping.derive_tables`)."""
     info = program.mapping["system"]
-    plan = plan_shards(program, int(info["tp"]), int(info["dp"]))
+    plan = plan_shards(program, int(info["tp"]), int(info["dp"]), bool(info.get("row", True)))
     shard = shard_program(program, plan)
     shard.mapping = {k: v for k, v in program.mapping.items() if k != "system"}
     chip = _chip_arch(arch)
@@ -181,6 +193,9 @@ def map_on_system(program: Program, arch: SpinnArch, options, ledger: Ledger | N
     reusing a mapping already made under the same ledger state.
     """
     alone = ledger is None
+    # latency: the fastest plan; throughput (a stream of inputs, the free chips holding
+    # replicas): the fewest chip-seconds per inference
+    per_chip = getattr(options, "objective", "latency") == "throughput"
     ledger = ledger or Ledger(pes=arch.pes_per_chip)
     topo = topology_of(arch)
     weights = sum(t.nbytes for t in program.tensors if t.role == "const")
@@ -192,18 +207,23 @@ def map_on_system(program: Program, arch: SpinnArch, options, ledger: Ledger | N
         if cache_key is not None and cache_key in led.cache:
             return led.cache[cache_key]
         best = None
-        cands = _candidates(program, arch, topo)
-        chosen = [c for c in cands[:FULL_CANDIDATES]]
-        if not any(c[1].chips == 1 for c in chosen):
-            chosen += [c for c in cands if c[1].chips == 1][:1]  # the one-chip reference under the same model
+        # The one-chip plan first (the reference under the same model): its per-layer PE-level
+        # times weigh the other plans' pre-scores.
+        one = plan_shards(program, 1, 1)
+        timed = {(1, 1, True): _time_plan(program, one, arch, topo, map_one, reserved, np.arange(1))}
+        work = [c / arch.clock_hz for c in timed[(1, 1, True)][0].exec_cycles]
+        cands = _candidates(program, arch, topo, per_chip, work)
+        chosen = [c for c in cands if c[1].chips > 1][:FULL_CANDIDATES] + [(0.0, one, 0)]
         results = []
         for _, plan, _ in chosen:
             ranks = np.arange(plan.tp)
-            shard, st, need = _time_plan(program, plan, arch, topo, map_one, reserved, ranks)
+            k = (plan.tp, plan.dp, plan.row)
+            shard, st, need = timed.get(k) or _time_plan(program, plan, arch, topo, map_one, reserved, ranks)
             fits = led.dram + need <= arch.dram_bytes
-            results.append({"tp": plan.tp, "dp": plan.dp, "latency_s": st.latency_s, "fits": fits})
-            if fits and (best is None or (st.latency_s, plan.chips) < (best[1].latency_s, best[0].chips)):
-                best = (plan, st, shard, need)
+            results.append({"tp": plan.tp, "dp": plan.dp, "row": plan.row, "latency_s": st.latency_s, "fits": fits})
+            score = (st.latency_s * (plan.chips if per_chip else 1), plan.chips)
+            if fits and (best is None or score < best[4]):
+                best = (plan, st, shard, need, score)
         out = (best, results, min((c[2] for c in cands), default=0))
         if cache_key is not None:
             led.cache[cache_key] = out
@@ -240,7 +260,7 @@ def map_on_system(program: Program, arch: SpinnArch, options, ledger: Ledger | N
         best, results, _ = attempt(led)
     if alone and ledger.overflow is not None:
         raise MappingError(overflow_message(ledger, arch))
-    plan, st, shard, need = best
+    plan, st, shard, need, _ = best
     ledger.dram += need
     ledger.sram += _resident_per_pe(shard, arch.pes_per_chip)
     _install(program, shard, plan, st, results, ledger.stage, handoff, arch)
@@ -266,7 +286,7 @@ def system_tables(program: Program, arch: SpinnArch, derive):
     """The tiles of a system-mapped program: its shard's, on one chip (``derive`` is
     :func:`tvm_spinn.mapping.derive_tables`)."""
     info = program.mapping["system"]
-    plan = plan_shards(program, int(info["tp"]), int(info["dp"]))
+    plan = plan_shards(program, int(info["tp"]), int(info["dp"]), bool(info.get("row", True)))
     shard = shard_program(program, plan)
     shard.mapping = {k: v for k, v in program.mapping.items() if k != "system"}
     return derive(shard, _chip_arch(arch))

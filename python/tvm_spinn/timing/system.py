@@ -75,13 +75,30 @@ class SystemTiming:
         return out
 
 
+_COSTS: dict = {}
+
+
 def collective_cost(topo, ranks, op: str, nbytes: int, exact: bool):
-    """Cost of one collective of a shard plan on ``topo`` (a :class:`~.collectives.CollectiveCost`)."""
+    """Cost of one collective of a shard plan on ``topo`` (a :class:`~.collectives.CollectiveCost`).
+
+    Memoized per topology, ranks and size: a build asks for the same few collectives many times
+    and each costs a routing pass over the whole link graph (207,360 links on ``spinn/cloud``).
+    """
+    ranks = np.asarray(ranks, dtype=np.int64)
+    key = (id(topo), topo.chips, op, bool(exact), ranks.tobytes(), float(nbytes))
+    hit = _COSTS.get(key)
+    if hit is not None and hit[0] is topo:
+        return hit[1]
     if op == "all_gather":
-        return all_gather(topo, ranks, nbytes)
-    if exact:  # integer partial sums: any order, the cheaper of ring and tree
-        return all_reduce(topo, ranks, nbytes)
-    return chain_all_reduce(topo, ranks, nbytes)
+        cost = all_gather(topo, ranks, nbytes)
+    elif exact:  # integer partial sums: any order, the cheaper of ring and tree
+        cost = all_reduce(topo, ranks, nbytes)
+    else:
+        cost = chain_all_reduce(topo, ranks, nbytes)
+    if len(_COSTS) > 4096:
+        _COSTS.clear()
+    _COSTS[key] = (topo, cost)
+    return cost
 
 
 def compose(program: Program, arch: SpinnArch, exec_cycles, stream_bytes, collectives,
