@@ -14,7 +14,9 @@ shard (which is what lets the timing model simulate one chip and multiply, see
 
   A GEMM with a constant weight on an ``R`` input is *column-parallel* (weight split by output
   features, output ``S``); on an input split along its reduction axis it is *row-parallel*
-  (weight split by input features, output ``P``). That is the Megatron split of a transformer
+  (weight split by input features, output ``P``); output features that ``tp`` does not divide
+  are split unevenly (blocks of ``ceil(n / tp)``: the timing follows the largest block, the
+  slowest chip). That is the Megatron split of a transformer
   block: Q/K/V and the first MLP GEMM column-parallel, the attention of the heads on each chip's
   heads (reshapes and transposes carry the split to the head axis, the score and context
   matmuls run per head), the output projection and the second MLP GEMM row-parallel, and one
@@ -97,17 +99,25 @@ def _acc_bytes(program: Program, layer) -> int:
     return 4 if layer.mode == "int8" else None
 
 
+def part(n: int, tp: int) -> int:
+    """Extent one chip holds of an axis of ``n`` split ``tp`` ways: the largest block (uneven
+    splits give the last chips one fewer; the timing follows the largest, the slowest chip)."""
+    return -(-int(n) // tp)
+
+
 def _reshape_axis(src: list[int], dst: list[int], axis: int, parts: int) -> int | None:
     """The axis of ``dst`` carrying a split of ``src``'s ``axis`` into ``parts`` blocks, or None.
 
     The blocks are contiguous in the flat layout: the split survives when some axis of ``dst``
-    starts at the same flat stride position and its extent is a multiple of ``parts``.
+    starts at the same flat stride position and its extent is a multiple of ``parts``, or is the
+    same axis (same extent, same elements after it: an uneven split carries over unchanged).
     """
     before = int(np.prod(src[:axis], dtype=np.int64))
     acc = 1
     for j, d in enumerate(dst):
         if acc == before:
-            if d % parts == 0 and d >= parts:
+            if (d % parts == 0 and d >= parts) or d == src[axis] and int(np.prod(dst[j + 1:], dtype=np.int64)) \
+                    == int(np.prod(src[axis + 1:], dtype=np.int64)):
                 return j
             if d == 1:
                 continue
@@ -166,16 +176,13 @@ def plan_shards(program: Program, tp: int, dp: int = 1, row: bool = True) -> Sha
                 n_out = full[out][ax]
                 if s[0] == S and s[1] == k_axis and row:
                     split, result = "row", (P, -1)
-                elif n_out % tp == 0 and n_out >= tp:
+                elif n_out >= tp:  # uneven: the last chips get a column fewer
                     gather(i, acts[0])
                     split, result = "col", (S, ax)
                 else:
                     gather(i, acts[0])
             elif kind == "conv2d":  # grouped / depthwise: channels split with their groups
-                groups = layer.attrs["groups"]
-                if st[0] == (S, 1) and groups % tp == 0:
-                    split, result = "split", (S, 1)
-                elif groups % tp == 0:
+                if layer.attrs["groups"] % tp == 0 and (st[0][0] != S or st[0] == (S, 1)):
                     split, result = "split", (S, 1)  # an R input is sliced for free
                 else:
                     gather(i, acts[0])
@@ -234,7 +241,7 @@ def plan_shards(program: Program, tp: int, dp: int = 1, row: bool = True) -> Sha
                     reduced -= 1
                     acc *= src[reduced]
                 if s[0] == S and s[1] < reduced:
-                    split, result = "split", (S, s[1] if kind != "mean" else s[1])
+                    split, result = "split", (S, s[1])  # leading axes keep their index
                 elif s[0] == S:
                     gather(i, acts[0])
             elif kind in ("max_pool2d", "avg_pool2d"):
@@ -266,7 +273,7 @@ def plan_shards(program: Program, tp: int, dp: int = 1, row: bool = True) -> Sha
         # local shapes: the TP split, then the DP split of the batch axis
         shape = list(full[out])
         if result[0] == S:
-            shape[result[1]] //= tp
+            shape[result[1]] = part(shape[result[1]], tp)
         local[out] = shape
         if split in ("col", "row", "split"):
             _shard_consts(program, layer, split, tp, full, local, result)
@@ -288,16 +295,17 @@ def _shard_consts(program: Program, layer, split: str, tp: int, full, local, res
         if not shape:
             continue
         if layer.kind == "dense" and tid == layer.consts.get("weight"):
-            shape[1 if split == "col" else 0] //= tp
+            shape[1 if split == "col" else 0] = part(shape[1 if split == "col" else 0], tp)
         elif layer.kind == "conv2d" and tid == layer.consts.get("weight"):
-            shape[0 if split in ("col", "split") else 1] //= tp
+            k = 0 if split in ("col", "split") else 1
+            shape[k] = part(shape[k], tp)
         elif split in ("col", "split") and result[0] == S:
             # per-output-channel constants (bias, scales) and broadcast operands along the split
             ax = result[1] - len(out_shape)
-            if len(shape) >= -ax and shape[ax] == out_shape[result[1]] and shape[ax] % tp == 0:
-                shape[ax] //= tp
-            elif len(shape) == 1 and shape[0] == out_shape[result[1]] and shape[0] % tp == 0:
-                shape[0] //= tp
+            if len(shape) >= -ax and shape[ax] == out_shape[result[1]]:
+                shape[ax] = part(shape[ax], tp)
+            elif len(shape) == 1 and shape[0] == out_shape[result[1]]:
+                shape[0] = part(shape[0], tp)
         local[tid] = shape
 
 

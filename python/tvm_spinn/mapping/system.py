@@ -167,7 +167,7 @@ def _system_timing(program: Program, plan: ShardPlan, shard: Program, tables, ch
         if plan.tp > 1 else []
     row_fp32 = {i for i, s in enumerate(plan.splits) if s == "row" and program.layers[i].mode != "int8"}
     io = sum(shard.tensors[t].nbytes for t in list(shard.inputs) + list(shard.outputs))
-    return compose(program, chip, exec_cycles, stream, colls, plan.chips, row_fp32, io)
+    return compose(program, chip, exec_cycles, stream, colls, plan.chips, row_fp32, io, prefetch_bytes=2 * prefetch)
 
 
 def retime(program: Program, arch: SpinnArch, derive) -> dict:

@@ -6,13 +6,14 @@ one-chip system) and nothing here grows with the chip count but the collectives,
 costed on the link graph (:mod:`.collectives`: ring or tree, whichever is cheaper, hops and
 shared links included; floating-point partial sums by the bit-exact chain).
 
-*Weight prefetch*: weights do not depend on activations, so a chip streams layer ``i + 1``'s
-weight shard from its DRAM while layer ``i`` computes and communicates (one layer of
-lookahead). Per layer ``i``, with ``W_i`` the time to stream its weight shard (0 when it is
-resident in SRAM), ``C_i`` the collective before it and ``X_i`` its PE-level time with weights
-on chip::
+*Weight prefetch*: weights do not depend on activations, so a chip streams the weight shards
+of the next layers from its DRAM into a prefetch buffer in SRAM while earlier layers compute
+and communicate, as far ahead as the buffer holds (a shard's room is freed when its layer
+ends). Per layer ``i``, with ``W_i`` the time to stream its weight shard (0 when it is
+resident in SRAM), ``C_i`` the collective before it, ``X_i`` its PE-level time with weights
+on chip and ``k`` the first layer whose shard, with those of layers ``k..i``, fits the buffer::
 
-    load_end_i  = max(load_end_{i-1}, start_{i-1}) + W_i
+    load_end_i  = max(load_end_{i-1}, end_{k-1}) + W_i
     start_i     = max(end_{i-1} + C_i, load_end_i)
     end_i       = start_i + X_i (+ the chain's pipeline fill on row-parallel fp32 layers)
 
@@ -102,7 +103,8 @@ def collective_cost(topo, ranks, op: str, nbytes: int, exact: bool):
 
 
 def compose(program: Program, arch: SpinnArch, exec_cycles, stream_bytes, collectives,
-            chips: int, row_fp32: "set[int] | frozenset" = frozenset(), io_bytes: int = 0) -> SystemTiming:
+            chips: int, row_fp32: "set[int] | frozenset" = frozenset(), io_bytes: int = 0,
+            prefetch_bytes: float = 0.0) -> SystemTiming:
     """Latency and bounds of ``program`` on ``chips`` chips from its shard's per-layer figures.
 
     Parameters
@@ -124,6 +126,9 @@ def compose(program: Program, arch: SpinnArch, exec_cycles, stream_bytes, collec
         follows them, paying its fill ``(tp - 1) / m`` of the layer's time.
     io_bytes : int
         Bytes of the program's inputs and outputs one chip reads/writes in DRAM.
+    prefetch_bytes : float
+        SRAM a chip gives to prefetched weight shards: loads run ahead while the shards of the
+        layers not yet finished fit in it (0: one layer of lookahead at most).
     """
     clock = arch.clock_hz
     n = len(program.layers)
@@ -145,16 +150,25 @@ def compose(program: Program, arch: SpinnArch, exec_cycles, stream_bytes, collec
         if nxt is not None:
             extra[i] = fill[nxt]
     dram = arch.dram_bw_bytes_s
-    load_end = start_prev = end = 0.0
-    layer_s = []
+    load_end = end = 0.0
+    layer_s, ends = [], []
+    held, k = 0, 0  # bytes of layers k..i-1 in the prefetch buffer
     for i in range(n):
-        w = float(stream_bytes[i]) / dram
+        b = int(stream_bytes[i])
+        w = float(b) / dram
         x = float(exec_cycles[i]) / clock * (1.0 + extra[i])
-        load_end = max(load_end, start_prev) + w
+        # the buffer frees a layer's shard when that layer ends: wait for room for this one
+        held += b
+        while k < i and held > prefetch_bytes:
+            held -= int(stream_bytes[k])
+            k += 1
+        release = ends[k - 1] if k > 0 else 0.0
+        load_end = max(load_end, release) + w
         start = max(end + comm[i], load_end)
         new_end = start + x
         layer_s.append(new_end - end)
-        end, start_prev = new_end, start
+        ends.append(new_end)
+        end = new_end
     end += comm[n]
     fp32 = sum(layer.flops for layer in program.layers if layer.mode != "int8")
     int8 = sum(layer.flops for layer in program.layers if layer.mode == "int8")
