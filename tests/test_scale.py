@@ -198,3 +198,21 @@ def test_capacity_boundary_names_bytes_and_smallest_system():
     assert np.array_equal(out.view(np.uint32), one_chip.view(np.uint32))
     with pytest.raises(MappingError):
         relax.build(mod, target=_capacity_system(boards - 1, dram))
+
+
+def test_data_parallel_batch_same_bits():
+    """A batch of 8 images on a board: the batch is split over chips (data parallelism); the
+    result is the one-chip build's, bit for bit, and PyTorch's."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(), torch.nn.Linear(32, 10)).eval()
+    x = torch.randn(8, 3, 16, 16)
+    mod = tvm_spinn.frontend.from_pytorch(model, (x,))
+    one, _ = _run(mod, "spinn", x.numpy())
+    board, rep = _run(mod, "spinn/board", x.numpy())  # latency: the batch spread over chips
+    assert max(m["system"]["dp"] for m in rep.mapping) > 1
+    assert np.array_equal(board.view(np.uint32), one.view(np.uint32))
+    with torch.no_grad():
+        np.testing.assert_allclose(one, model(x).numpy(), rtol=1e-4, atol=1e-4)

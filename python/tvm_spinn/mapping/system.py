@@ -310,6 +310,8 @@ def _install(program: Program, shard: Program, plan: ShardPlan, st, results, sta
     program.mapping = mapping
     program.timing = _timing_dict(program, shard, plan, st, mapping["system"]["handoff_s"], arch)
     program.memory = copy.deepcopy(shard.memory)
+    # the whole group's resident bytes (each chip holds its shard's)
+    program.memory["resident_bytes_total"] = int(shard.memory.get("resident_bytes_total", 0)) * plan.chips
     for rng in program.memory.get("ranges", []):  # labels in this program's names
         if str(rng[4]).startswith("activation "):
             rng[4] = activation_label(program, rng[2])
@@ -320,8 +322,13 @@ def _timing_dict(program: Program, shard: Program, plan: ShardPlan, st, handoff_
     latency = st.latency_s + handoff_s
     timing = copy.deepcopy(shard.timing)
     clock = arch.clock_hz
+    # energy: every chip of the group spends its shard's, the links carry the collectives'
+    # bytes (each of them crosses at least one link per rank), all chips idle-burn the rest
+    links = sum(c.nbytes for c in plan.collectives) * max(0, plan.tp - 1)
+    energy = (shard.timing["energy_j"] * plan.chips + links * arch.e_link_byte_j
+              + arch.p_static_w_per_chip * plan.chips * max(0.0, latency - shard.timing["latency_s"]))
     timing.update(latency_s=latency, cycles=int(round(latency * clock)), roofline_s=st.bound_s,
-                  throughput_inf_s=1.0 / latency if latency else 0.0, system=st.to_dict())
+                  throughput_inf_s=1.0 / latency if latency else 0.0, energy_j=energy, system=st.to_dict())
     coll_bytes = {}
     for c in plan.collectives:
         coll_bytes[c.layer] = coll_bytes.get(c.layer, 0) + c.nbytes
