@@ -60,12 +60,17 @@ def quantize_multiplier(m: float) -> tuple[int, int]:
     Raises ``ValueError`` when ``m`` is negative, not finite, or outside ``[2**-32, 2**30)``
     (no realistic scale combination gets there). ``m == 0`` gives ``(0, 1)``.
     """
+    return _split_multiplier(m, lambda x: int(round(x)))  # ties to even
+
+
+def _split_multiplier(m: float, round_mantissa) -> tuple[int, int]:
+    """``(M0, shift)`` of ``m`` with its 31-bit mantissa rounded by ``round_mantissa``."""
     if not math.isfinite(m) or m < 0:
         raise ValueError(f"requantization multiplier {m} is not a finite non-negative number")
     if m == 0:
         return 0, 1
     mant, exp = math.frexp(m)  # m = mant * 2**exp, 0.5 <= mant < 1
-    m0 = int(round(mant * (1 << _MULT_BITS)))
+    m0 = round_mantissa(mant * (1 << _MULT_BITS))  # exact product: mant * 2**31 has ulp 2**-22
     if m0 == 1 << _MULT_BITS:
         m0, exp = m0 // 2, exp + 1
     shift = _MULT_BITS - exp
@@ -90,18 +95,7 @@ def quantize_multiplier_tflite(m: float) -> tuple[int, int]:
     Same as :func:`quantize_multiplier` except that the mantissa is rounded with ties away from
     zero (``TfLiteRound``), as TFLite does; the shift range is the same.
     """
-    if not math.isfinite(m) or m < 0:
-        raise ValueError(f"requantization multiplier {m} is not a finite non-negative number")
-    if m == 0:
-        return 0, 1
-    mant, exp = math.frexp(m)
-    m0 = math.floor(mant * (1 << _MULT_BITS) + 0.5)  # exact: mant * 2**31 has ulp 2**-22
-    if m0 == 1 << _MULT_BITS:
-        m0, exp = m0 // 2, exp + 1
-    shift = _MULT_BITS - exp
-    if not 1 <= shift <= 62:
-        raise ValueError(f"requantization multiplier {m} is out of the supported range [2**-31, 2**30)")
-    return m0, shift
+    return _split_multiplier(m, lambda x: math.floor(x + 0.5))  # ties away from zero (x > 0)
 
 
 def _trunc_div_pow2(v: np.ndarray, bits: int) -> np.ndarray:
