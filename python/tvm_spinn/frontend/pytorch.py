@@ -41,6 +41,16 @@ def _elu(node, importer):
 _CONVERT_FIXES = {"elu.default": _elu}
 
 
+def _cache_configs(model) -> list:
+    """The distinct configs of ``model`` and its submodules that have ``use_cache`` on."""
+    configs: list = []
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if getattr(config, "use_cache", False) is True and not any(c is config for c in configs):
+            configs.append(config)
+    return configs
+
+
 def from_pytorch(model, example_args, dynamic_shapes=None) -> tvm.IRModule:
     """Import a PyTorch module into Relax with its weights bound as constants.
 
@@ -64,13 +74,13 @@ def from_pytorch(model, example_args, dynamic_shapes=None) -> tvm.IRModule:
     if not isinstance(example_args, tuple):
         example_args = (example_args,)
     model = model.eval()
-    config = getattr(model, "config", None)
-    # transformers models default to use_cache=True and then also return a DynamicCache, whose
-    # size grows per call and which no static-shape importer takes; the forward outputs are the
-    # same without it (generation with a KV cache: tvm_spinn.llm)
-    cached = bool(getattr(config, "use_cache", False))
+    # transformers models default to use_cache=True and then also build and return a
+    # DynamicCache, whose size grows per call and which no static-shape importer takes (nor its
+    # concat with an empty past); the forward outputs are the same without it (generation with
+    # a KV cache: tvm_spinn.llm). Also for transformers models inside a wrapper module.
+    cached = _cache_configs(model)
     try:
-        if cached:
+        for config in cached:
             config.use_cache = False
         with torch.no_grad():
             exported = torch.export.export(model, example_args, dynamic_shapes=dynamic_shapes)
@@ -83,7 +93,7 @@ def from_pytorch(model, example_args, dynamic_shapes=None) -> tvm.IRModule:
             "(or tuples/lists/dicts of tensors); for generation with a KV cache use tvm_spinn.llm.compile"
         ) from None
     finally:
-        if cached:
+        for config in cached:
             config.use_cache = True
     mod = from_exported_program(exported, keep_params_as_input=False, unwrap_unit_return_tuple=True,
                                 custom_convert_map=_CONVERT_FIXES)
