@@ -277,3 +277,23 @@ def test_external_program_needs_its_library():
         _lib.load_module_from_bytes(body + struct.pack("<Q", fnv1a64(body)))
     with pytest.raises(ValueError, match="checksum mismatch"):
         _lib.load_module_from_bytes(body + struct.pack("<Q", fnv1a64(body) ^ 1))
+
+
+def test_a_damaged_library_mapped_earlier_is_not_read_for_a_new_build(mlp, tmp_path):
+    """Plain TVM loading (``VirtualMachine(ex)`` jit-exports and reloads) finds a program by
+    its digest among the libraries mapped into the process. An earlier export of the same model
+    holds the same program; damaged on disk since, it must be passed over, not read."""
+    ex, _, x, expected = mlp
+    path = tmp_path / "earlier.so"
+    ex.export_library(str(path))
+    held = tvm_spinn.load_module(path)  # keeps the file mapped in this process
+    data = bytearray(open(path, "rb").read())
+    meta = loader.verify_library(str(path))
+    _, offset, size = meta["programs"][0]
+    data[offset + size // 2] ^= 0x40  # inside the program, same size, same inode
+    open(path, "wb").write(bytes(data))
+    model, x_t = make("mlp")
+    fresh = relax.build(tvm_spinn.frontend.from_pytorch(model, (x_t,)), target="spinn")
+    got = relax.VirtualMachine(fresh, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    assert np.array_equal(got.view(np.uint32), expected.view(np.uint32))
+    del held

@@ -281,17 +281,31 @@ def _mapped_paths() -> list[str]:
     return list(reversed(paths))
 
 
+def _holds(mapped, where: tuple[int, int], digest: bytes) -> bool:
+    """Whether the program at ``where`` in ``mapped`` is intact and is the one named ``digest``
+    (its trailing BLAKE2b-256 digest of every other byte)."""
+    offset, size = where
+    view = memoryview(mapped)[offset:offset + size]
+    try:
+        return (bytes(view[size - CHECKSUM_BYTES:]) == digest
+                and hashlib.blake2b(view[:size - CHECKSUM_BYTES], digest_size=CHECKSUM_BYTES).digest() == digest)
+    finally:
+        view.release()
+
+
 def _find_mapped(digest: bytes):
     """Locate ``digest`` for a plain ``tvm.runtime.load_module`` (no tvm_spinn.load_module
-    verification): in the sealed libraries mapped into the process. The trailer is not
-    verified here, so the program's own digest pass runs (see executor.validate_program)."""
+    verification): in the sealed libraries mapped into the process. Which of them TVM is
+    loading is not known here, and another one (an earlier build of the same model: the same
+    program, the same digest) may since have been damaged on disk, so a candidate counts only
+    if its bytes hash to the digest; the trailer is not verified."""
     if _FOUND:
         path, identity, mapped, locations = _FOUND[0]
         try:
             same = _identity(path) == identity  # a file rewritten since: map it again
         except OSError:
             same = False
-        if same and digest in locations:
+        if same and digest in locations and _holds(mapped, locations[digest], digest):
             return mapped, locations
         _FOUND.clear()
     for path in _mapped_paths():
@@ -306,6 +320,9 @@ def _find_mapped(digest: bytes):
                 if digest not in locations:
                     continue
                 mapped = _map(f, body_len)
+            if not _holds(mapped, locations[digest], digest):
+                mapped.close()
+                continue
             _FOUND[:] = [(path, _identity(path), mapped, locations)]
             return mapped, locations
         except (OSError, ValueError, AttributeError, TypeError):  # LibraryError is a ValueError
