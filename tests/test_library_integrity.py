@@ -68,9 +68,10 @@ def test_libraries_sealed_by_the_previous_version_still_load(mlp, tmp_path, monk
     assert np.array_equal(got.view(np.uint32), expected.view(np.uint32))
     data = bytearray(open(path, "rb").read())
     data[len(data) // 2] ^= 1
-    open(path, "wb").write(bytes(data))
+    bad = tmp_path / "v3_damaged.so"  # a copy: never rewrite a library dlopen has mapped
+    bad.write_bytes(bytes(data))
     with pytest.raises(loader.LibraryError, match="digest|damaged|corrupt"):
-        tvm_spinn.load_module(path)
+        tvm_spinn.load_module(bad)
 
 
 def test_a_file_replaced_during_the_load_is_refused(mlp, tmp_path, monkeypatch):
@@ -279,21 +280,23 @@ def test_external_program_needs_its_library():
         _lib.load_module_from_bytes(body + struct.pack("<Q", fnv1a64(body) ^ 1))
 
 
-def test_a_damaged_library_mapped_earlier_is_not_read_for_a_new_build(mlp, tmp_path):
+def test_a_damaged_library_mapped_earlier_is_not_read_for_a_new_build(mlp, tmp_path, monkeypatch):
     """Plain TVM loading (``VirtualMachine(ex)`` jit-exports and reloads) finds a program by
     its digest among the libraries mapped into the process. An earlier export of the same model
     holds the same program; damaged on disk since, it must be passed over, not read."""
     ex, _, x, expected = mlp
     path = tmp_path / "earlier.so"
     ex.export_library(str(path))
-    held = tvm_spinn.load_module(path)  # keeps the file mapped in this process
-    data = bytearray(open(path, "rb").read())
     meta = loader.verify_library(str(path))
     _, offset, size = meta["programs"][0]
-    data[offset + size // 2] ^= 0x40  # inside the program, same size, same inode
-    open(path, "wb").write(bytes(data))
+    data = bytearray(path.read_bytes())
+    data[offset + size // 2] ^= 0x40  # damage inside the program
+    damaged = tmp_path / "damaged.so"  # a copy: a library dlopen has mapped is never rewritten
+    damaged.write_bytes(bytes(data))
+    mapped_paths = loader._mapped_paths
+    monkeypatch.setattr(loader, "_mapped_paths", lambda: [str(damaged)] + mapped_paths())  # looked at first
+    loader._FOUND.clear()
     model, x_t = make("mlp")
     fresh = relax.build(tvm_spinn.frontend.from_pytorch(model, (x_t,)), target="spinn")
     got = relax.VirtualMachine(fresh, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
     assert np.array_equal(got.view(np.uint32), expected.view(np.uint32))
-    del held
