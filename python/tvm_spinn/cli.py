@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 
 __all__ = ["main"]
 
@@ -26,19 +25,9 @@ def _write_npz(path: str, arrays: dict) -> None:
     failure) with the mode the umask gives a new file."""
     import numpy as np
 
-    from .runtime.loader import file_mode
+    from ._files import atomic_write
 
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)  # a file object: numpy does not append ".npz" to the name
-        os.chmod(tmp, file_mode())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write(path, lambda f: np.savez(f, **arrays))  # a file object: numpy adds no ".npz"
 
 
 def _load_model(path: str, shapes: list[str]):

@@ -355,26 +355,7 @@ def plan(config, target="spinn/board", batch: int = 1, seq: int = 2048, dtype: s
 
 def write_json(result: Plan, path: str) -> None:
     """Write ``result.to_dict()`` to ``path`` atomically (a temporary file renamed into place)."""
-    import os
-    import tempfile
+    from .._files import atomic_write
 
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(result.to_dict(), f, indent=2, sort_keys=True)
-            f.write("\n")
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def _umask() -> int:
-    import os
-
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    text = json.dumps(result.to_dict(), indent=2, sort_keys=True) + "\n"
+    atomic_write(path, lambda f: f.write(text.encode()))

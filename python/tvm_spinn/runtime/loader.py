@@ -46,6 +46,7 @@ import tvm
 import tvm_ffi
 import xxhash
 
+from .._files import file_mode
 from ..program.format import CHECKSUM_BYTES, ProgramError
 
 __all__ = ["load_module", "export_library", "install_export_hook", "LibraryError", "check_elf",
@@ -414,25 +415,6 @@ def load_module(path: "str | os.PathLike") -> tvm.runtime.Module:
 # -- export ---------------------------------------------------------------------------------------
 
 _ORIGINAL_EXPORT = None  # tvm.runtime.Executable.export_library before install_export_hook
-
-
-def _umask() -> int:
-    """The process umask; from /proc where possible (``os.umask`` must set it to read it)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def file_mode(executable: bool = False) -> int:
-    """The mode the umask gives a new file (``0o777`` for executables such as libraries)."""
-    return (0o777 if executable else 0o666) & ~_umask()
 
 
 def _has_spinn_modules(mod: tvm.runtime.Module) -> bool:

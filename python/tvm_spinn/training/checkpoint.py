@@ -9,11 +9,11 @@ run resumed from a checkpoint continues exactly as an uninterrupted one.
 from __future__ import annotations
 
 import os
-import tempfile
 import zipfile
 
 import numpy as np
 
+from .._files import atomic_write
 from .errors import CheckpointError
 
 __all__ = ["write_checkpoint", "read_checkpoint", "FORMAT"]
@@ -23,27 +23,12 @@ FORMAT = "tvm_spinn.training/1"
 
 def write_checkpoint(path, params: dict, optim_state: list, meta: dict) -> None:
     """Write ``params`` (name -> array), the optimizer state and ``meta`` (str -> str) to ``path``."""
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
     arrays = {f"param/{k}": np.asarray(v) for k, v in params.items()}
     arrays.update({f"optim/{i:04d}": np.asarray(v) for i, v in enumerate(optim_state)})
     arrays.update({f"meta/{k}": np.array(str(v)) for k, v in meta.items()})
     arrays["meta/format"] = np.array(FORMAT)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        # mkstemp creates 0600; a checkpoint is an ordinary file (0666 minus the umask)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    # a file object: numpy does not append ".npz" to the name
+    atomic_write(path, lambda f: np.savez(f, **arrays), fsync=True)
 
 
 def read_checkpoint(path) -> tuple[dict, list, dict]:
