@@ -290,7 +290,7 @@ def test_a_damaged_library_mapped_earlier_is_not_read_for_a_new_build(mlp, tmp_p
     meta = loader.verify_library(str(path))
     _, offset, size = meta["programs"][0]
     data = bytearray(path.read_bytes())
-    data[offset + size // 2] ^= 0x40  # damage inside the program
+    data[offset] ^= 0x40  # damage the program's magic: read, it could not load
     damaged = tmp_path / "damaged.so"  # a copy: a library dlopen has mapped is never rewritten
     damaged.write_bytes(bytes(data))
     mapped_paths = loader._mapped_paths

@@ -28,7 +28,7 @@ from .simulator import program_plan, run_program, sim_mode
 
 _from_dlpack = np.from_dlpack
 
-__all__ = ["SpinnRuntimeError", "compiled", "sealed_file", "execute", "load_program", "validate_program"]
+__all__ = ["SpinnRuntimeError", "compiled", "sealed_file", "trust_next", "execute", "load_program", "validate_program"]
 
 # ProgramError crosses the C++ module loader (a Python callback raising inside
 # tvm.runtime.load_module) as itself, not as a generic RuntimeError.
@@ -110,6 +110,13 @@ class sealed_file:  # noqa: N801 - a context manager used like a function
         _COMPILED.sealed = False
 
 
+def trust_next(view: np.ndarray) -> None:
+    """The next program validated on this thread is ``view``, whose digest the caller has just
+    checked (the loader's plain-TVM path, which hashes candidates to pick the right one): its
+    validation skips the digest pass once, for exactly that memory."""
+    _COMPILED.next_view = view
+
+
 def _same_bytes(raw, trusted) -> bool:
     """Whether ``raw`` holds exactly ``trusted``: equal ``bytes`` (``tvm_ffi.Bytes`` is one), or
     a view of the very same memory (a module over the compiler's own uint8 array, see
@@ -155,9 +162,10 @@ def validate_program(symbol: str, data: bytes, key: str) -> None:
             raise ProgramError(f"manifest: module {MANIFEST_SYMBOL} does not hold a JSON manifest")
         return
     trusted = getattr(_COMPILED, "data", None)
+    checked, _COMPILED.next_view = getattr(_COMPILED, "next_view", None), None  # consumed here
     raw = _program_buffer(data)
-    verified = getattr(_COMPILED, "sealed", False) or (
-        trusted is not None and _same_bytes(raw, trusted))
+    verified = getattr(_COMPILED, "sealed", False) or any(
+        view is not None and _same_bytes(raw, view) for view in (trusted, checked))
     program = Program.from_bytes(raw, verify_checksum=not verified)
     if program.symbol != symbol:
         raise ProgramError(f"symbol: the program implements {program.symbol!r}, its module is {symbol!r}")
