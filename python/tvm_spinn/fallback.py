@@ -159,9 +159,15 @@ def _VectorizableMath(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802
     target = tvm.target.Target.current(allow_none=True)
     if target is None or target.kind.name != "llvm":
         return mod
+    return _map_prim_funcs(mod, tvm.ir.Call, _fast_math_call)
+
+
+def _map_prim_funcs(mod: tvm.IRModule, node_type, rewrite) -> tvm.IRModule:
+    """``mod`` with ``rewrite`` applied (post-order) to every ``node_type`` node of every
+    PrimFunc body; functions it leaves unchanged are kept as they are."""
     for gvar, func in sorted(mod.functions_items(), key=lambda kv: kv[0].name_hint):
         if isinstance(func, tvm.tirx.PrimFunc):
-            body = tvm_ffi.structural_map(func.body, (tvm.ir.Call, _fast_math_call), order="post")
+            body = tvm_ffi.structural_map(func.body, (node_type, rewrite), order="post")
             if not body.same_as(func.body):
                 mod[gvar] = func.with_body(body)
     return mod
@@ -492,12 +498,7 @@ def _ScalarizeUnvectorizableLoops(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # n
         return tvm.tirx.For(loop.loop_var, loop.min, loop.extent, tvm.tirx.ForKind.SERIAL,
                             loop.body, loop.thread_binding, loop.annotations, loop.step, loop.span)
 
-    for gvar, func in sorted(mod.functions_items(), key=lambda kv: kv[0].name_hint):
-        if isinstance(func, tvm.tirx.PrimFunc):
-            body = tvm_ffi.structural_map(func.body, (tvm.tirx.For, on_for), order="post")
-            if not body.same_as(func.body):
-                mod[gvar] = func.with_body(body)
-    return mod
+    return _map_prim_funcs(mod, tvm.tirx.For, on_for)
 
 
 def _empty_constant_as_allocation(const):
