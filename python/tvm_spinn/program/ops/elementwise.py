@@ -24,7 +24,7 @@ import math
 import numpy as np
 
 from ... import _lib
-from ..checks import RELU, check_num, fail
+from ..checks import RELU, check_int, check_num, fail
 from ..model import Layer
 from .base import FlatFamily, register
 
@@ -342,8 +342,6 @@ def _exponent(call) -> int | None:
 
 
 def _power_exponent(v, field: str) -> int:
-    from ..checks import check_int
-
     value = check_int(v, field)
     if value not in POWER_EXPONENTS:
         fail(field, f"exponent {value} is not one of {POWER_EXPONENTS}")
