@@ -62,7 +62,6 @@ def partition_for_spinn(
             _ConvertConvLayout,
             FoldPadIntoConv,  # TF-style "same" padding: one region instead of one per conv
             SplitToSlices,  # a split's tuple cannot be a layer; its parts as slices can
-            transform.CanonicalizeBindings(),  # ...and TupleGetItem of those tuples reads the slice
             FoldLayoutConstants,
             FoldConstant,  # TVM's FoldConstant, legalizing only what can fold (see .fold)
             FoldBatchNorm,

@@ -62,9 +62,7 @@ class _Rewriter(relax.PyExprMutator):
         return relax.Tuple(parts)
 
 
-@relax.transform.function_pass(opt_level=0, name="SpinnSplitToSlices")
-def SplitToSlices(func: relax.Function, _mod, _ctx) -> relax.Function:  # noqa: N802
-    """Function pass: static ``split`` -> a tuple of ``strided_slice`` (see module docstring)."""
+def _has_split(func: relax.Function) -> bool:
     found = []
 
     def visit(expr) -> None:
@@ -72,6 +70,18 @@ def SplitToSlices(func: relax.Function, _mod, _ctx) -> relax.Function:  # noqa: 
             found.append(expr)
 
     relax.analysis.post_order_visit(func, visit)
-    if not found:
-        return func
-    return _Rewriter().visit_expr(func)
+    return bool(found)
+
+
+@tvm.transform.module_pass(opt_level=0, name="SpinnSplitToSlices")
+def SplitToSlices(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802
+    """Module pass: static ``split`` -> a tuple of ``strided_slice`` (see module docstring),
+    then the ``TupleGetItem`` of those tuples canonicalized to the slices themselves (a
+    ``TupleGetItem`` cannot sit inside an offloaded region). A module without splits is
+    returned as it is."""
+    changed = False
+    for gvar, func in sorted(mod.functions_items(), key=lambda kv: kv[0].name_hint):
+        if isinstance(func, relax.Function) and _has_split(func):
+            mod[gvar] = _Rewriter().visit_expr(func)
+            changed = True
+    return relax.transform.CanonicalizeBindings()(mod) if changed else mod
