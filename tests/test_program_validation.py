@@ -27,7 +27,7 @@ import tvm_spinn
 from tvm_spinn import _lib
 from tvm_spinn.program import Program, ProgramError
 from tvm_spinn.program import format as fmt
-from tvm_spinn.runtime import executor
+from tvm_spinn.runtime import executor, loader
 from tvm_spinn.runtime.simulator import run_program
 from models import TransformerBlock, make
 from test_int8 import qgemm_module
@@ -387,7 +387,9 @@ def test_a_program_claiming_another_programs_digest_is_refused(built):
 
 def test_sealed_library_programs_skip_only_the_digest_pass(built, tmp_path, monkeypatch):
     """tvm_spinn.load_module verifies every byte of the file first; the programs inside then
-    skip their own digest pass (the rest of validation runs). A plain TVM load verifies it."""
+    skip their own digest pass (the rest of validation runs). A plain TVM load verifies each
+    program's digest once: the loader hashes the program it picks (``_holds``), and that check
+    stands for the validator's digest pass."""
     data, x, _ = built["transformer"]
     symbol = split(data)[1]["symbol"]
     path = str(tmp_path / "m.so")
@@ -402,8 +404,17 @@ def test_sealed_library_programs_skip_only_the_digest_pass(built, tmp_path, monk
     monkeypatch.setattr(Program, "from_bytes", classmethod(spy))
     tvm_spinn.load_module(path)
     assert verified == [False]
+    held = []
+    holds = loader._holds
+
+    def spy_holds(mapped, where, digest):
+        held.append(holds(mapped, where, digest))
+        return held[-1]
+
+    monkeypatch.setattr(loader, "_holds", spy_holds)
+    loader._FOUND.clear()
     tvm.runtime.load_module(path)
-    assert verified == [False, True]
+    assert held == [True] and verified == [False, False]
 
 
 def test_cache_keeps_every_program_of_a_model(built, monkeypatch):
