@@ -12,7 +12,7 @@ import torch
 import tvm_spinn
 from tvm_spinn.training import CheckpointError, TrainingError
 from tvm_spinn.training.checkpoint import write_checkpoint
-from training_models import batchnorm_cnn, classification_data, mlp, small_cnn, torch_reference
+from training_models import batchnorm_cnn, classification_data, mlp, small_cnn, torch_reference, transformer
 
 SGD = ("sgd", {"lr": 0.1, "momentum": 0.9})
 ADAM = ("adam", {"lr": 0.01})
@@ -173,6 +173,67 @@ def test_batchnorm_in_training_mode_matches_pytorch():
     for name in ref_params:
         np.testing.assert_allclose(trainer.parameters()[name], ref_params[name], rtol=RTOL, atol=ATOL_PARAM,
                                    err_msg=name)
+
+
+def _transformer_run(steps: int, targets: tuple[str, ...]):
+    """A 2-layer transformer (LayerNorm, multi-head softmax attention, GELU MLP; tests/
+    training_models.py) trained ``steps`` steps on one sequence batch, on each of ``targets``
+    (the same module, same initial state) and in PyTorch."""
+    model = transformer()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 6, 8)).astype(np.float32)
+    y = rng.integers(0, 10, 4).astype(np.int64)
+    batches = [(x, y)] * steps
+    first = tvm_spinn.training.compile(model, torch.from_numpy(x), optimizer=SGD, target=targets[0])
+    # built before any step: build_for starts from the trainer's current state
+    trainers = {t: first if t == targets[0] else first.build_for(t) for t in targets}
+    runs = {t: ([tr.step(a, b) for a, b in batches], tr.parameters()) for t, tr in trainers.items()}
+    runs["torch"] = torch_reference(model, batches, "cross_entropy", SGD)
+    return runs
+
+
+def _assert_close_runs(got, ref):
+    """Loss curves and final parameters within the tolerances above. The transformer's
+    reductions are no deeper than the MLP's: GEMMs of K <= 32 (hidden width), softmax over 6
+    keys, LayerNorm over 16 features, so the same bound holds."""
+    np.testing.assert_allclose(got[0], ref[0], rtol=RTOL, atol=ATOL_LOSS)
+    assert sorted(got[1]) == sorted(ref[1])
+    for name in ref[1]:
+        np.testing.assert_allclose(got[1][name], ref[1][name], rtol=RTOL, atol=ATOL_PARAM, err_msg=name)
+
+
+def test_transformer_few_steps_match_pytorch():
+    """The fast variant: 5 steps on one chip; attention, LayerNorm and GELU backward included."""
+    runs = _transformer_run(5, ("spinn",))
+    assert runs["torch"][0][-1] < 0.8 * runs["torch"][0][0]
+    _assert_close_runs(runs["spinn"], runs["torch"])
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_gradients_match_pytorch(approximate):
+    """GELU's gradients (erf and tanh forms; TVM has none, tvm_spinn.training.gradients adds them)."""
+    torch.manual_seed(4)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(approximate=approximate),
+                                torch.nn.Linear(32, 10))
+    x, y = classification_data(seed=6)
+    batches = [(x, y)] * 5
+    trainer = tvm_spinn.training.compile(model, torch.from_numpy(x), optimizer=SGD, target="llvm")
+    got = ([trainer.step(a, b) for a, b in batches], trainer.parameters())
+    _assert_close_runs(got, torch_reference(model, batches, "cross_entropy", SGD))
+
+
+@pytest.mark.slow
+def test_transformer_matches_pytorch_and_llvm_bitwise_on_a_board():
+    """50 steps of the 2-layer transformer: loss curve and parameters vs PyTorch and vs the same
+    module built for llvm; a board gives the chip's bits."""
+    runs = _transformer_run(STEPS, ("spinn", "llvm", "spinn/board"))
+    assert runs["torch"][0][-1] < 0.01 * runs["torch"][0][0]
+    for other in ("torch", "llvm"):
+        _assert_close_runs(runs["spinn"], runs[other])
+    assert runs["spinn/board"][0] == runs["spinn"][0]
+    for name, value in runs["spinn"][1].items():
+        np.testing.assert_array_equal(runs["spinn/board"][1][name].view(np.uint32), value.view(np.uint32),
+                                      err_msg=name)
 
 
 # -- bad input ------------------------------------------------------------------------------------

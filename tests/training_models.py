@@ -48,3 +48,46 @@ def batchnorm_cnn(seed: int = 0) -> torch.nn.Module:
     return torch.nn.Sequential(
         torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(), torch.nn.Flatten(),
         torch.nn.Linear(4 * 6 * 6, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 10))
+
+
+class _Block(torch.nn.Module):
+    """Pre-norm transformer block: multi-head self-attention and a GELU MLP, both residual."""
+
+    def __init__(self, dim: int, heads: int, hidden: int):
+        super().__init__()
+        self.heads = heads
+        self.norm1 = torch.nn.LayerNorm(dim)
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.proj = torch.nn.Linear(dim, dim)
+        self.norm2 = torch.nn.LayerNorm(dim)
+        self.fc1 = torch.nn.Linear(dim, hidden)
+        self.fc2 = torch.nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        h = self.heads
+        q, k, v = self.qkv(self.norm1(x)).reshape(b, s, 3, h, d // h).permute(2, 0, 3, 1, 4)
+        att = torch.softmax(q @ k.transpose(-1, -2) * (d // h) ** -0.5, dim=-1)
+        x = x + self.proj((att @ v).transpose(1, 2).reshape(b, s, d))
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.norm2(x))))
+
+
+class TinyTransformer(torch.nn.Module):
+    """Two transformer blocks on a (batch, seq, features) input, mean-pooled, then a classifier
+    (no embedding table: the tokens come in as vectors)."""
+
+    def __init__(self, d_in: int = 8, dim: int = 16, heads: int = 2, hidden: int = 32, layers: int = 2,
+                 classes: int = 10):
+        super().__init__()
+        self.embed = torch.nn.Linear(d_in, dim)
+        self.blocks = torch.nn.Sequential(*[_Block(dim, heads, hidden) for _ in range(layers)])
+        self.norm = torch.nn.LayerNorm(dim)
+        self.head = torch.nn.Linear(dim, classes)
+
+    def forward(self, x):
+        return self.head(self.norm(self.blocks(self.embed(x))).mean(dim=1))
+
+
+def transformer(seed: int = 0, **kwargs) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return TinyTransformer(**kwargs)

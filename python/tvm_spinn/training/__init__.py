@@ -36,8 +36,11 @@ The tests check the rule (``tests/test_training_repro.py``); a change to tiling 
 K-reduction differently per system would break it there.
 """
 
+from . import gradients as _gradients
 from .api import Trainer, compile  # noqa: A004
 from .errors import CheckpointError, TrainingError
 from .placement import op_placement
+
+_gradients.register()
 
 __all__ = ["compile", "Trainer", "TrainingError", "CheckpointError", "op_placement"]

@@ -1,0 +1,81 @@
+"""Gradients TVM 0.27's ``relax.training`` lacks, registered as ``FPrimalGradient`` of the op.
+
+``Gradient`` fails on an op without one ("FPrimalGradient has not been registered"); the ones
+a transformer needs are added here, each written as PyTorch's backward formula so that rounding
+stays close to PyTorch's (``aten/src/ATen/native/cpu/Activation.cpp``). Registration happens
+once, on import of :mod:`tvm_spinn.training`, and never replaces a gradient TVM itself has
+(a later TVM that registers its own keeps it).
+"""
+
+from __future__ import annotations
+
+import math
+
+import tvm
+from tvm import relax
+
+__all__ = ["register"]
+
+
+def _const(value: float, like) -> relax.Expr:
+    return relax.const(value, like.ty.dtype)
+
+
+def _gelu_grad(orig_var, orig_call, output_grad, ctx):
+    """``y = x * Phi(x)``: ``dx = dy * (Phi(x) + x * phi(x))``, ``Phi(x) = (1 + erf(x / sqrt 2)) / 2``,
+    ``phi(x) = exp(-x^2 / 2) / sqrt(2 pi)``."""
+    x = orig_call.args[0]
+    cdf = _const(0.5, x) * (_const(1.0, x) + relax.op.erf(x * _const(math.sqrt(0.5), x)))
+    pdf = relax.op.exp(_const(-0.5, x) * x * x) * _const(1.0 / math.sqrt(2.0 * math.pi), x)
+    return [output_grad * (cdf + x * pdf)]
+
+
+def _gelu_tanh_grad(orig_var, orig_call, output_grad, ctx):
+    """``y = x (1 + tanh(u)) / 2``, ``u = sqrt(2/pi) (x + 0.044715 x^3)``:
+    ``dx = dy * ((1 + t) / 2 + x (1 - t^2) u' / 2)``, ``u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2)``."""
+    x = orig_call.args[0]
+    beta, kappa = math.sqrt(2.0 / math.pi), 0.044715
+    x2 = x * x
+    t = relax.op.tanh(_const(beta, x) * (x + _const(kappa, x) * x2 * x))
+    one, half = _const(1.0, x), _const(0.5, x)
+    du = _const(beta, x) * (one + _const(3.0 * kappa, x) * x2)
+    return [output_grad * (half * (one + t) + half * x * (one - t * t) * du)]
+
+
+def _reshape_back_grad(orig_var, orig_call, output_grad, ctx):
+    """Ops that only change the shape (``squeeze``): the gradient is ``dy`` in the input's shape."""
+    return [relax.op.reshape(output_grad, orig_call.args[0].ty.shape)] + [
+        relax.op.grad.no_grad(a) for a in orig_call.args[1:]]
+
+
+def _ints(t) -> list[int]:
+    return [int(getattr(f, "value", f)) for f in t.fields]
+
+
+def _strided_slice_grad(orig_var, orig_call, output_grad, ctx):
+    """A unit-stride slice (``x[..., a:b]``, ``unbind``): ``dy`` zero-padded back to the input's
+    shape (``pad`` writes exact zeros: the gradient of the elements not read)."""
+    x, axes, begin, end, strides = orig_call.args
+    shape = [int(d) for d in x.ty.shape]
+    pads = [[0, 0] for _ in shape]
+    for axis, b, e, s in zip(*(_ints(t) for t in (axes, begin, end, strides))):
+        axis %= len(shape)
+        if s != 1:
+            raise ValueError(f"tvm_spinn.training: no gradient for a strided_slice of stride {s} (only 1)")
+        n = shape[axis]
+        b = min(max(b + n if b < 0 else b, 0), n)
+        e = min(max(e + n if e < 0 else e, b), n)
+        pads[axis] = [b, n - e]
+    # one partial per argument: the slice bounds (tuples of ints) get none
+    no = relax.op.grad.no_grad
+    return [relax.op.nn.pad(output_grad, [v for p in pads for v in p]), no(axes), no(begin), no(end), no(strides)]
+
+
+_GRADIENTS = {"relax.squeeze": _reshape_back_grad, "relax.strided_slice": _strided_slice_grad, "relax.nn.gelu": _gelu_grad, "relax.nn.gelu_tanh": _gelu_tanh_grad}
+
+
+def register() -> None:
+    """Register the gradients above for ops that have none (idempotent)."""
+    for name, fn in _GRADIENTS.items():
+        if tvm.ir.Op.get(name).get_attr("FPrimalGradient") is None:
+            tvm.ir.register_op_attr(name, "FPrimalGradient", fn)
