@@ -169,7 +169,7 @@ def _resolve_target(target):
 
 
 def compile(model, example_inputs, loss: str = "cross_entropy", optimizer=("sgd", {"lr": 0.1}),
-            target="spinn") -> Trainer:  # noqa: A001  (the public name asked for: tvm_spinn.training.compile)
+            target="spinn", data_parallel: dict | None = None) -> Trainer:  # noqa: A001  (the public name asked for: tvm_spinn.training.compile)
     """Compile a training step of a PyTorch model for a target.
 
     Parameters
@@ -189,15 +189,30 @@ def compile(model, example_inputs, loss: str = "cross_entropy", optimizer=("sgd"
     target : str or tvm.target.Target
         ``"spinn"``, ``"spinn/board"``, ... (GEMMs of forward, backward and update on the PEs)
         or ``"llvm"`` (all on the host).
+    data_parallel : dict, optional
+        ``{"replicas": R, "microbatches": M, "reproducible": True}``: the batch is cut into
+        ``M`` micro-batches (default ``R``) run on ``R`` chips of the target system, their
+        gradients summed in a fixed tree over micro-batches, so the bits depend on ``M`` but not
+        on ``R`` (:mod:`.parallel`); ``reproducible=False`` sums as a ring would (cheaper on
+        some systems, bits depend on ``R``). A PyTorch model only.
 
     Returns
     -------
     Trainer
+        A :class:`~.parallel.DataParallelTrainer` with ``data_parallel``.
     """
+    name = type(model).__name__ if not isinstance(model, tvm.IRModule) else "IRModule"
+    if data_parallel is not None:
+        from .parallel import build_data_parallel
+
+        if isinstance(model, tvm.IRModule):
+            raise TrainingError("data_parallel needs a PyTorch model (an imported Relax module has a fixed batch; "
+                                "import it at the micro-batch size and train it without data_parallel)")
+        return build_data_parallel(build_train_graph, model, example_inputs, loss, optimizer, target,
+                                   data_parallel, name)
     graph = build_train_graph(model, example_inputs, loss, optimizer)
     tgt = _resolve_target(target)
     executable = relax.build(graph.mod, target=tgt)
-    name = type(model).__name__ if not isinstance(model, tvm.IRModule) else "IRModule"
     trainer = Trainer(graph, executable, tgt, loss, optimizer, name)
     trainer._set_state(list(graph.init_params), list(graph.init_optim_state))
     return trainer

@@ -1,0 +1,303 @@
+"""Data-parallel training whose bits do not depend on the replica count.
+
+Rule (ARCHITECTURE.md, "Training"): the batch is cut into a fixed number ``M`` of micro-batches
+(a property of the training run, like the batch size), and the gradient of the step is the sum of
+the ``M`` micro-batch gradients in :func:`~tvm_spinn.timing.collectives.reduction_order` (a
+pairwise tree over micro-batch indices), divided by ``M``. ``R`` replicas (chips) own aligned
+blocks of micro-batches (:func:`~tvm_spinn.timing.collectives.chip_blocks`): each computes its
+micro-batches' gradients, adds them inside its block in the tree's order, and the binomial-tree
+all-reduce over the replicas performs the remaining additions of the same tree. Every addition
+is therefore the same pair of the same values for ``R = 1, 2, 4, ...``: the final parameters are
+bitwise identical across replica counts (and across systems, by the one-chip rule of the
+package docstring). The loss is carried in the same buffer (its last element), so the reported
+loss is reduced the same way.
+
+The additions of the reduction are done here in numpy float32: IEEE-754 binary32 additions,
+rounded to nearest even, with subnormals kept, which is what the simulated M4F's fp32 ``add``
+computes (no flush-to-zero; ``tests/test_training_parallel.py`` checks a PE ``add`` against
+numpy). Their time is modelled: the in-block additions as the PE add program of the gradient
+buffer, the cross-replica ones as the collective on the system's link graph.
+
+The non-reproducible mode (``reproducible=False``) is the usual one: each replica sums its
+micro-batches one after another and the all-reduce is the cheaper of ring and tree; a ring's
+additions run chunk by chunk starting at a different rank per chunk, so its bits depend on
+``R``. :meth:`DataParallelTrainer.simulated_step` prices both.
+
+BatchNorm normalizes each micro-batch with its own statistics (as PyTorch's DDP without
+SyncBatchNorm does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..frontend.fixups import FixupImported
+from ..timing.collectives import all_reduce, chip_blocks, reduction_order
+from .api import Trainer, _resolve_target
+from .errors import TrainingError
+from .graph import TrainGraph
+
+__all__ = ["DataParallelTrainer", "build_data_parallel"]
+
+
+def _finish(bb: relax.BlockBuilder) -> tvm.IRModule:
+    mod = relax.transform.InlinePrivateFunctions()(bb.get())
+    mod = relax.transform.DeadCodeElimination(["main"])(mod)
+    mod = relax.transform.CanonicalizeBindings()(mod)
+    return FixupImported(mod)
+
+
+def grad_module(graph: TrainGraph) -> tvm.IRModule:
+    """``main(inputs, params, targets) -> flat``: one micro-batch's loss and gradients, as one
+    float32 vector (every gradient flattened, in parameter order, then the loss)."""
+    adjoint = graph.phases["backbone_loss_adjoint"].without_attr("global_symbol")
+    n_params = len(graph.param_names)
+    bb = relax.BlockBuilder()
+    g_adjoint = bb.add_func(adjoint, "adjoint")
+    args = [relax.Var(p.name, p.ty) for p in adjoint.params]
+    with bb.function("main", args):
+        with bb.dataflow():
+            res = bb.emit(relax.Call(g_adjoint, args))
+            loss = bb.emit(relax.TupleGetItem(res, 0))
+            grads = bb.emit(relax.TupleGetItem(res, 1))
+            parts = [bb.emit(relax.op.reshape(relax.TupleGetItem(grads, i), (int(np.prod(shape)),)))
+                     for i, shape in enumerate(graph.param_shapes)]
+            parts.append(bb.emit(relax.op.reshape(loss, (1,))))
+            out = bb.emit_output(relax.op.concat(parts, axis=0) if n_params else parts[0])
+        bb.emit_func_output(out)
+    return _finish(bb)
+
+
+def update_module(graph: TrainGraph, microbatches: int) -> tvm.IRModule:
+    """``main(params, flat_sum, optim_states) -> (loss, params, optim_states)``: the summed
+    buffer divided by the micro-batch count (the batch mean, as the full-batch loss takes it),
+    cut back into gradients, and the optimizer's update."""
+    update = graph.phases["optimizer"].without_attr("global_symbol")
+    sizes = [int(np.prod(s)) for s in graph.param_shapes]
+    total = sum(sizes)
+    bb = relax.BlockBuilder()
+    g_update = bb.add_func(update, "update")
+    params = [relax.Var(n.replace(".", "_"), relax.TensorType(s, "float32"))
+              for n, s in zip(graph.param_names, graph.param_shapes)]
+    flat = relax.Var("grad_sum", relax.TensorType((total + 1,), "float32"))
+    state = relax.Var("optim_states", update.params[2].ty)
+    with bb.function("main", params + [flat, state]):
+        with bb.dataflow():
+            # a division, not a multiply by 1/M: exact IEEE division, as a mean over M values is
+            mean = bb.emit(relax.op.divide(flat, relax.const(float(microbatches), "float32")))
+            grads, off = [], 0
+            for shape, n in zip(graph.param_shapes, sizes):
+                part = bb.emit(relax.op.strided_slice(mean, [0], [off], [off + n]))
+                grads.append(bb.emit(relax.op.reshape(part, shape)))
+                off += n
+            loss = bb.emit(relax.op.reshape(relax.op.strided_slice(mean, [0], [total], [total + 1]), ()))
+            upd = bb.emit(relax.Call(g_update, [relax.Tuple(params), relax.Tuple(grads), state]))
+            out = bb.emit_output(relax.Tuple([loss, relax.TupleGetItem(upd, 0), relax.TupleGetItem(upd, 1)]))
+        bb.emit_func_output(out)
+    return _finish(bb)
+
+
+def add_module(n: int) -> tvm.IRModule:
+    """``main(a, b) -> a + b`` on the flat gradient buffer: one in-block addition (timing)."""
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType((n,), "float32"))
+    b = relax.Var("b", relax.TensorType((n,), "float32"))
+    with bb.function("main", [a, b]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.add(a, b))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _replica_target(target: tvm.target.Target):
+    """One chip of a spinn system (every replica's programs are built for it), or the target
+    itself (one chip already, or a host target)."""
+    from ..target.registry import arch_of, is_spinn_target, register_system
+
+    if not is_spinn_target(target):
+        return target, None
+    arch = arch_of(target)
+    if arch.chips == 1:
+        return target, arch
+    chip = arch.replace(name=f"{arch.name}-replica", chips=1)
+    return _resolve_target(register_system(chip, fallback=arch.host_fallback)), arch
+
+
+def fixed_tree_sum(partials: list[np.ndarray]) -> np.ndarray:
+    """Sum in :func:`reduction_order` (the pairwise tree over micro-batch indices)."""
+    acc = list(partials)
+    for left, right in reduction_order(len(acc)):
+        acc[left] = acc[left] + acc[right]
+    return acc[0]
+
+
+def ring_sum(partials: list[np.ndarray], blocks) -> np.ndarray:
+    """The non-reproducible reduction: each replica sums its block one after another, then a
+    ring reduce-scatter adds the replicas' sums chunk by chunk, chunk ``j`` starting at replica
+    ``j + 1`` (the order therefore depends on the replica count)."""
+    local = []
+    for start, stop in blocks:
+        acc = partials[start]
+        for m in range(start + 1, stop):
+            acc = acc + partials[m]
+        local.append(acc)
+    c = len(local)
+    out = np.empty_like(local[0])
+    for j, idx in enumerate(np.array_split(np.arange(out.size), c)):
+        acc = local[(j + 1) % c][idx]
+        for k in range(2, c + 1):
+            acc = acc + local[(j + k) % c][idx]
+        out[idx] = acc
+    return out
+
+
+class DataParallelTrainer(Trainer):
+    """A training step split over ``microbatches`` micro-batches on ``replicas`` chips.
+
+    Built by :func:`tvm_spinn.training.compile` with ``data_parallel=``. :meth:`step`,
+    :meth:`parameters`, :meth:`save` and :meth:`load` behave as :class:`Trainer`'s (a
+    checkpoint holds the same state, so a run may resume with another replica count).
+    """
+
+    def __init__(self, graph, micro_graph, grad_ex, update_ex, target, system_arch, loss, optimizer,
+                 model_name, microbatches: int, replicas: int, reproducible: bool):
+        super().__init__(graph, update_ex, target, loss, optimizer, model_name)
+        self._micro_graph = micro_graph
+        self._grad_ex = grad_ex
+        self._grad_vm = relax.VirtualMachine(grad_ex, tvm.cpu())
+        self._system = system_arch
+        self.microbatches = microbatches
+        self.replicas = replicas
+        self.reproducible = reproducible
+        self._blocks = chip_blocks(microbatches, replicas)
+        self._add_ex = None
+
+    def with_replicas(self, replicas: int, reproducible: bool | None = None) -> "DataParallelTrainer":
+        """The same compiled programs on another replica count (and mode), from this trainer's
+        current parameters and optimizer state."""
+        _check_replicas(replicas, self.microbatches, self._system, self._target)
+        other = DataParallelTrainer(self._graph, self._micro_graph, self._grad_ex, self.executable, self._target,
+                                    self._system, self._loss, self._optimizer_spec, self._model_name,
+                                    self.microbatches, replicas,
+                                    self.reproducible if reproducible is None else reproducible)
+        other._add_ex = self._add_ex
+        other._set_state([p.numpy() for p in self._params], [s.numpy() for s in self._state])
+        return other
+
+    def build_for(self, target) -> "Trainer":
+        raise TrainingError("build_for is not available on a data-parallel trainer: compile with "
+                            "data_parallel= for the other target (the replicas' programs are per system)")
+
+    def step(self, inputs, labels) -> float:
+        """One step: every replica's micro-batch gradients, the reduction, the update; returns
+        the batch's mean loss (reduced like the gradients)."""
+        xs = self._check_inputs(inputs)
+        y = self._check_labels(labels)
+        m = self.microbatches
+        xs = [np.split(x, m) for x in xs]
+        ys = np.split(y, m)
+        flats = []
+        for start, stop in self._blocks:  # replica r runs its block of micro-batches
+            for k in range(start, stop):
+                args = [tvm.runtime.tensor(np.ascontiguousarray(x[k])) for x in xs]
+                args += self._params + [tvm.runtime.tensor(np.ascontiguousarray(ys[k]))]
+                flats.append(self._grad_vm["main"](*args).numpy())
+        total = fixed_tree_sum(flats) if self.reproducible else ring_sum(flats, self._blocks)
+        loss, params, state = self._vm["main"](*self._params, tvm.runtime.tensor(total), self._state)
+        self._params = list(params)
+        self._state = list(state)
+        return float(loss.numpy())
+
+    def simulated_step(self) -> dict:
+        """Simulated time of one step on the system, in seconds, by part.
+
+        Returns
+        -------
+        dict
+            ``microbatch_s`` (one micro-batch's forward + backward on a chip), ``compute_s``
+            (the busiest replica's micro-batches), ``local_add_s`` (its in-block additions),
+            ``all_reduce_s`` and ``all_reduce`` (algorithm), ``update_s`` and ``total_s``,
+            for this trainer's mode; host (fallback) ops are not timed (the report's
+            ``fallback_ops`` lists them).
+        """
+        if self._system is None:
+            raise TrainingError("simulated_step needs a spinn target (this trainer runs on the host)")
+        from ..report import report
+        from ..target.topology import topology_of
+
+        if self._add_ex is None:
+            n = sum(int(np.prod(s)) for s in self._graph.param_shapes) + 1
+            self._add_ex = relax.build(add_module(n), target=_replica_target(self._target)[0])
+        per = max(stop - start for start, stop in self._blocks)
+        micro = report(self._grad_ex).latency_s
+        add = report(self._add_ex).latency_s
+        nbytes = 4 * (sum(int(np.prod(s)) for s in self._graph.param_shapes) + 1)
+        chips = len(self._blocks)
+        coll = all_reduce(topology_of(self._system), list(range(chips)), nbytes, reproducible=self.reproducible)
+        update = report(self.executable).latency_s
+        out = {"microbatch_s": micro, "compute_s": per * micro, "local_add_s": (per - 1) * add,
+               "all_reduce_s": coll.seconds if chips > 1 else 0.0,
+               "all_reduce": coll.algorithm if chips > 1 else "none", "update_s": update}
+        out["total_s"] = out["compute_s"] + out["local_add_s"] + out["all_reduce_s"] + update
+        return out
+
+
+def _check_replicas(replicas, microbatches, system, target) -> None:
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
+        raise TrainingError(f"data_parallel: replicas must be a positive integer, got {replicas!r}")
+    if replicas > microbatches:
+        raise TrainingError(f"data_parallel: replicas={replicas} > microbatches={microbatches}: "
+                            "every replica needs at least one micro-batch")
+    if system is not None and replicas > system.chips:
+        raise TrainingError(f"data_parallel: replicas={replicas} needs {replicas} chips, target "
+                            f"{target} has {system.chips} (one replica per chip)")
+
+
+def build_data_parallel(graph_of, model, example_inputs, loss, optimizer, target, options: dict,
+                        model_name: str) -> DataParallelTrainer:
+    """Build a :class:`DataParallelTrainer` (``graph_of(model, inputs, loss, optimizer)`` builds
+    the :class:`TrainGraph` of a micro-batch)."""
+    if not isinstance(options, dict):
+        raise TrainingError(f"data_parallel must be a dict {{'replicas', 'microbatches', 'reproducible'}}, "
+                            f"got {options!r}")
+    unknown = sorted(set(options) - {"replicas", "microbatches", "reproducible"})
+    if unknown:
+        raise TrainingError(f"data_parallel: unknown option {unknown[0]!r} (expected replicas, microbatches, "
+                            "reproducible)")
+    replicas = options.get("replicas", 1)
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
+        raise TrainingError(f"data_parallel: replicas must be a positive integer, got {replicas!r}")
+    microbatches = options.get("microbatches", replicas)
+    if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < 1:
+        raise TrainingError(f"data_parallel: microbatches must be a positive integer, got {microbatches!r}")
+    if not isinstance(example_inputs, tuple | list):
+        example_inputs = (example_inputs,)
+    batch = {int(x.shape[0]) if getattr(x, "ndim", 0) else None for x in example_inputs}
+    if len(batch) != 1 or None in batch:
+        raise TrainingError("data_parallel: every example input needs the same leading (batch) axis, got shapes "
+                            f"{[tuple(x.shape) for x in example_inputs]}")
+    (batch,) = batch
+    if batch % microbatches:
+        raise TrainingError(f"data_parallel: batch {batch} does not split into microbatches={microbatches} "
+                            "equal micro-batches")
+    tgt = _resolve_target(target)
+    replica_tgt, system = _replica_target(tgt)
+    _check_replicas(replicas, microbatches, system, tgt)
+    size = batch // microbatches
+    micro = graph_of(model, tuple(x[:size] for x in example_inputs), loss, optimizer)
+    # the step takes the whole batch: the shapes its inputs and labels are checked against
+    full = dataclasses.replace(
+        micro,
+        input_shapes=tuple(((batch, *s[1:]), d) for s, d in micro.input_shapes),
+        output_shape=(batch, *micro.output_shape[1:]),
+        label_shape=(batch, *micro.label_shape[1:]))
+    grad_ex = relax.build(grad_module(micro), target=replica_tgt)
+    update_ex = relax.build(update_module(micro, microbatches), target=replica_tgt)
+    trainer = DataParallelTrainer(full, micro, grad_ex, update_ex, tgt, system, loss, optimizer, model_name,
+                                  microbatches, replicas, bool(options.get("reproducible", True)))
+    trainer._set_state(list(micro.init_params), list(micro.init_optim_state))
+    return trainer
