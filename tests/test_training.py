@@ -222,6 +222,35 @@ def test_gelu_gradients_match_pytorch(approximate):
     _assert_close_runs(got, torch_reference(model, batches, "cross_entropy", SGD))
 
 
+class _TokenModel(torch.nn.Module):
+    """Token ids (batch, seq) -> embedding -> first token and the mean over tokens -> classes;
+    a Dropout(p=0) (the identity in training mode too, accepted)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(9)
+        self.embed = torch.nn.Embedding(50, 8)
+        self.drop = torch.nn.Dropout(0.0)
+        self.head = torch.nn.Linear(16, 10)
+
+    def forward(self, ids):
+        e = self.drop(self.embed(ids))
+        return self.head(torch.cat([e[:, 0], e.mean(dim=1)], dim=-1))
+
+
+def test_embedding_and_token_select_gradients_match_pytorch():
+    """take with (batch, seq) ids and x[:, 0] (a 0-d index): TVM's take_backward only takes 1-d
+    indices, graph.py flattens them (repeated ids accumulate their gradients)."""
+    model = _TokenModel()
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, 12, (4, 6)).astype(np.int64)  # 24 draws of 12 ids: repeats
+    y = rng.integers(0, 10, 4).astype(np.int64)
+    batches = [(ids, y)] * 5
+    trainer = tvm_spinn.training.compile(model, torch.from_numpy(ids), optimizer=SGD, target="llvm")
+    got = ([trainer.step(a, b) for a, b in batches], trainer.parameters())
+    _assert_close_runs(got, torch_reference(model, batches, "cross_entropy", SGD))
+
+
 @pytest.mark.slow
 def test_transformer_matches_pytorch_and_llvm_bitwise_on_a_board():
     """50 steps of the 2-layer transformer: loss curve and parameters vs PyTorch and vs the same
@@ -276,7 +305,7 @@ def test_unsupported_loss_or_optimizer(kwargs, message):
 
 def test_training_mode_layers_are_refused():
     x, _ = classification_data()
-    model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Dropout(0.5))
+    model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Dropout(0.5))  # p = 0 is accepted
     with pytest.raises(TrainingError, match=r"layer 1 \(Dropout\)"):
         tvm_spinn.training.compile(model, torch.from_numpy(x))
 

@@ -80,7 +80,7 @@ def offload_to_spinn(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModu
         except Exception as err:  # noqa: BLE001 - offloading is an optimization, never a failure
             # Some graphs (control flow, data-dependent shapes) trip TVM passes used by the
             # partitioner; the model must still build, entirely on the fallback target.
-            failure = f"partitioning failed, everything runs on the fallback: {str(err).splitlines()[0]}"
+            failure = f"partitioning failed, everything runs on the fallback: {(str(err).splitlines() or [type(err).__name__])[0]}"
             LOG.warning("spinn: %s", failure)
     summary = summarize_partition(mod)
     if failure:

@@ -141,6 +141,8 @@ def make_optimizer(optimizer):
 def _check_layers(model) -> None:
     for name, sub in model.named_modules():
         kind = type(sub).__name__
+        if kind.endswith("Dropout") and getattr(sub, "p", None) == 0:
+            continue  # dropout with p = 0 is the identity in training mode too
         if any(kind.startswith(k) for k in _TRAIN_MODE_LAYERS):
             raise TrainingError(
                 f"layer {name or '<model>'} ({kind}) behaves differently in training mode, which "
@@ -260,6 +262,32 @@ def _from_relax(mod: tvm.IRModule):
     return func, tuple(p.name for p in params), tuple(d for _, (_, d) in lifted), specs
 
 
+def _flat_take_indices(func: relax.Function) -> relax.Function:
+    """``take(w, ids)`` with 0-d or N-d ``ids`` (``x[:, 0]``; an embedding of a (batch, seq)
+    token array) becomes a ``take`` of the ids as a 1-d array and a reshape: TVM 0.27
+    differentiates ``take`` into ``take_backward``, whose legalization handles 1-d indices only
+    (an assertion otherwise)."""
+    from tvm.relax.dpl import is_op, rewrite_call, wildcard
+
+    data, idx = wildcard(), wildcard()
+    pattern = is_op("relax.take")(data, idx)
+
+    def rewriter(expr, matches):
+        ids = matches[idx]
+        shape = getattr(ids.ty, "shape", None)
+        if shape is None or len(shape) == 1 or expr.attrs.axis is None:
+            return expr
+        try:
+            n = int(np.prod([int(d) for d in shape]))
+        except (TypeError, ValueError):
+            return expr
+        flat = relax.op.take(matches[data], relax.op.reshape(ids, (n,)), axis=expr.attrs.axis,
+                             mode=expr.attrs.mode)
+        return relax.op.reshape(flat, expr.ty.shape)
+
+    return rewrite_call(pattern, rewriter, func)
+
+
 def build_train_graph(model, example_inputs, loss: str, optimizer) -> TrainGraph:
     """Build the training-step module of ``model`` (see :class:`TrainGraph`)."""
     import torch
@@ -274,6 +302,7 @@ def build_train_graph(model, example_inputs, loss: str, optimizer) -> TrainGraph
     else:
         raise TrainingError(f"model must be a torch.nn.Module or an imported Relax IRModule, "
                             f"got {type(model).__name__}")
+    func = _flat_take_indices(func)
     out_ty = func.ret_ty
     if not isinstance(out_ty, relax.TensorType) or out_ty.dtype != "float32":
         raise TrainingError(f"the model must return one float32 tensor, it returns {out_ty}")
