@@ -5,20 +5,20 @@ which every integer output is compared exactly: convolutions requantize with TFL
 ``MultiplyByQuantizedMultiplier`` (``SaturatingRoundingDoublingHighMul`` then
 ``RoundingDivideByPOT``: ``rounding="tflite"`` in the program), fully-connected layers with one
 rounding (the reference ``FULLY_CONNECTED`` kernel's, the default rule), quantized average pools
-round half away from zero (``partition/nhwc.py``).
+round half away from zero (``partition/nhwc.py``), ``SOFTMAX`` and ``MEAN`` are TFLite's integer
+kernels (gemmlowp's fixed-point exp and reciprocal; the sum requantized with ``1 / n`` folded into
+the multiplier: ``program/ops/rows.py``), exact against the reference and the optimized kernels.
 
 Where TFLite's own kernels round differently from the reference, within one quantization step
 (checked, with the count of differing elements printed):
 - the default interpreter's optimized kernels without delegates (``BUILTIN_WITHOUT_DEFAULT_DELEGATES``):
   convolutions and fully-connected layers that go through ruy's GEMM requantize with a double
   rounding that breaks ties upwards (``(acc * M0 + 2**30) >> 31``, then ``(v + 2**(r-1)) >> r``)
-  instead of away from zero; depthwise convolutions use the reference rule;
-- the default interpreter (``AUTO``, with the XNNPACK delegate) requantizes in float32;
-- int8 softmax: TFLite's is a fixed-point / lookup-table kernel, the QDQ form a float softmax
-  between ``dequantize`` and ``quantize``;
-- int8 ``MEAN`` (Keras' ``GlobalAveragePooling2D``): TFLite sums ``q - z_in`` and requantizes
-  with its fixed-point multiplier with ``1 / n`` folded in (``reference_ops::QuantizedMeanOrSum``),
-  the QDQ form takes the float mean and rounds it once.
+  instead of away from zero; depthwise convolutions use the reference rule; an int8 ``MEAN``
+  over H and W *with* ``keep_dims`` runs ``optimized_integer_ops::Mean`` (without it, the one
+  Keras' ``GlobalAveragePooling2D`` emits, the reference kernel);
+- the default interpreter (``AUTO``, with the XNNPACK delegate) requantizes in float32, ``MEAN``
+  included (its ``SOFTMAX`` agrees exactly).
 (``BUILTIN_REF`` aborts the process on MobileNetV2 *with* its classifier head in TF 2.21: the
 test uses the feature extractor, 3 x 3 x 1280 outputs.)
 """
@@ -104,14 +104,15 @@ def test_keras_cnn_matches_interpreter(cnn_tflite):
     # MAC path with their requantization fused; one transpose in, one out (the NHWC output)
     assert ops["spinn.qconv2d_bias_requant_tflite"] + ops["spinn.qconv2d_bias_relu_requant_tflite"] == 5
     assert ops["spinn.qdense_bias_requant"] == 1  # FULLY_CONNECTED rounds once (partition/rewrites.py)
-    for kind in ("spinn.max_pool2d", "spinn.avg_pool2d", "spinn.add", "spinn.mean", "spinn.softmax"):
+    for kind in ("spinn.max_pool2d", "spinn.avg_pool2d", "spinn.add", "spinn.qmean_tflite", "spinn.qsoftmax_tflite"):
         assert ops.get(kind, 0) == 1, kind
+    assert "spinn.mean" not in ops and "spinn.softmax" not in ops  # no float mean/softmax left
     assert ops["spinn.permute_dims"] == 2
     # the concat (of dequantized tensors) is offloaded where the movement family has concat
     assert set(summary.fallback_ops) <= {"relax.concat"}
-    # The head (output 0: mean, dense, softmax) within one step: TFLite's int8 MEAN and softmax
-    # are their own fixed-point kernels (module docstring); the features (output 1) are exact.
-    _check_exact(cnn_tflite, mod, tm.integer_inputs(cnn_tflite, 3), steps={0: 1})
+    # both outputs (the head: mean, dense, softmax; the features) exact against the reference
+    differ = _check_exact(cnn_tflite, mod, tm.integer_inputs(cnn_tflite, 3))
+    assert differ["BUILTIN_REF"] == 0
 
 
 def test_layers_record_the_tflite_rounding(cnn_tflite):
@@ -120,6 +121,15 @@ def test_layers_record_the_tflite_rounding(cnn_tflite):
             if layer.mode == "int8" and layer.attrs["out"] != "float32"]
     rules = sorted((layer.kind, layer.attrs.get("rounding", "half_up")) for _, layer in int8)
     assert rules == [("conv2d", "tflite")] * 5 + [("dense", "half_up")]
+    # TFLite's integer mean and softmax run on the M4F with int8 tensors in and out
+    rows = sorted((layer.kind, layer.attrs.get("rounding"), prog.tensors[layer.output].dtype)
+                  for prog in programs for layer in prog.layers if layer.kind in ("mean", "softmax"))
+    assert rows == [("mean", "tflite", "int8"), ("softmax", "tflite", "int8")]
+    # their parameters are validated when a program is read
+    prog, layer = next((p, layer) for p in programs for layer in p.layers if layer.kind == "softmax")
+    del layer.attrs["diff_min"]
+    with pytest.raises(ProgramError, match=r"missing key\(s\) \['diff_min'\]"):
+        Program.from_bytes(prog.to_bytes())
     # the rule is validated when a program is read
     prog, layer = next((p, layer) for p, layer in int8 if layer.kind == "conv2d")
     layer.attrs["rounding"] = "nearest"
@@ -153,6 +163,67 @@ def test_mobilenet_v2_matches_interpreter():
     differ = _check_exact(buf, mod, tm.integer_inputs(buf, 1),
                           resolvers={"BUILTIN_REF": 0, "BUILTIN_WITHOUT_DEFAULT_DELEGATES": 3, "AUTO": 3})
     assert differ["BUILTIN_REF"] == 0
+
+
+def _rows_inputs(buf: bytes, count: int) -> list[np.ndarray]:
+    """Random inputs over the whole int8 range, and one whose rows stay near their maximum (the
+    exp's fine range, where every difference is above ``diff_min``)."""
+    inputs = tm.integer_inputs(buf, count)
+    near = np.random.default_rng(11).integers(96, 128, size=inputs[0].shape).astype(inputs[0].dtype)
+    return inputs + [near]
+
+
+def _check_op_model(buf: bytes, composite: str, resolvers: dict, monkeypatch) -> None:
+    mod = from_tflite(buf)
+    ops = _summary(mod).offloaded_ops
+    assert ops == {composite: 1}, ops
+    inputs = _rows_inputs(buf, 3)
+    _check_exact(buf, mod, inputs, resolvers=resolvers)
+    # tile by tile (rows split across PEs): the same bits
+    whole = _run(mod, inputs[0])[0]
+    monkeypatch.setenv("TVM_SPINN_SIM_MODE", "tiles")
+    np.testing.assert_array_equal(_run(mod, inputs[0])[0], whole)
+
+
+_EXACT = {"BUILTIN_REF": 0, "BUILTIN_WITHOUT_DEFAULT_DELEGATES": 0}
+
+
+# (rows, row length), calibration spread: input scales from ~0.003 to ~0.6 (the int8 softmax's
+# multiplier, left shift and diff_min all change with the scale)
+@pytest.mark.parametrize("shape, spread", [
+    ((16, 10), 1.0),
+    pytest.param((8, 37), 0.1, marks=pytest.mark.slow),
+    pytest.param((4, 5), 30.0, marks=pytest.mark.slow),
+    pytest.param((2, 300), 4.0, marks=pytest.mark.slow),
+])
+def test_softmax_matches_interpreter(shape, spread, monkeypatch):
+    buf = keras_to_tflite(tm.softmax(shape), quantize=tm.calibration(shape, normal=True) * spread)
+    # XNNPACK (AUTO) leaves the int8 softmax to TFLite's kernel: exact there too
+    _check_op_model(buf, "spinn.qsoftmax_tflite", dict(_EXACT, AUTO=0), monkeypatch)
+
+
+# (channels, H, W), calibration spread and offset (the output's scale and zero point differ from
+# the input's), keep_dims
+@pytest.mark.parametrize("shape, spread, keepdims", [
+    ((24, 5, 7), 2.0, False),
+    pytest.param((16, 3, 3), 0.5, True, marks=pytest.mark.slow),
+    pytest.param((8, 16, 16), 1.0, False, marks=pytest.mark.slow),
+    pytest.param((32, 1, 9), 8.0, True, marks=pytest.mark.slow),
+])
+def test_mean_matches_interpreter(shape, spread, keepdims, monkeypatch):
+    rep = tm.calibration(shape, normal=True) * spread + 0.3
+    buf = keras_to_tflite(tm.mean(shape, keepdims), quantize=rep)
+    # XNNPACK (AUTO) runs MEAN itself, requantizing in float: within one step
+    _check_op_model(buf, "spinn.qmean_tflite", dict(_EXACT, AUTO=1), monkeypatch)
+
+
+def test_tflite_rows_need_a_tflite_module(cnn_tflite):
+    """The integer softmax/mean patterns are TFLite's arithmetic: a QDQ module without the
+    TFLite marker (ONNX, PTQ) keeps the float ops between its quantize/dequantize pairs."""
+    mod = from_tflite(cnn_tflite).without_attr("spinn_quant_rounding")
+    ops = _summary(mod).offloaded_ops
+    assert ops.get("spinn.mean") == 1 and ops.get("spinn.softmax") == 1
+    assert not any(name.endswith("_tflite") for name in ops)
 
 
 @pytest.mark.parametrize("io_dtype", ["uint8", pytest.param("float32", marks=pytest.mark.slow)])

@@ -64,6 +64,20 @@ def mlp():
     return randomize(model)
 
 
+def softmax(shape: tuple):
+    """A lone softmax over the last axis (TFLite's integer SOFTMAX, output scale 1/256)."""
+    keras = _keras()
+    return keras.Sequential([keras.Input(shape), keras.layers.Softmax()], name="qsoftmax")
+
+
+def mean(shape: tuple, keepdims: bool = False):
+    """A lone global average pool over the trailing axes of a channels-first input (TFLite's
+    integer MEAN over axes 2 and 3)."""
+    keras = _keras()
+    pool = keras.layers.GlobalAveragePooling2D(data_format="channels_first", keepdims=keepdims)
+    return keras.Sequential([keras.Input(shape), pool], name="qmean")
+
+
 def mobilenet_v2(include_top: bool = False):
     keras = _keras()
     keras.utils.set_random_seed(0)

@@ -9,6 +9,7 @@ from tvm import relax
 from tvm.relax import transform
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
+from ..program.quant import QUANT_ROUNDING_ATTR
 from ..target.registry import arch_of, get_target
 from .patterns import FallbackReason, patterns_for, spinn_patterns
 from .fold import FoldConstant
@@ -110,6 +111,10 @@ def _fuse_spinn_patterns(patterns: list[tuple]) -> tvm.transform.Pass:
     @tvm.transform.module_pass(opt_level=0, name="SpinnFuseOpsByPattern")
     def fuse(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         used = patterns_for(patterns, _called_ops(mod))
+        # Patterns named ``*_tflite`` (TFLite's integer softmax/mean) implement TFLite's
+        # arithmetic: only a TFLite model's QDQ ops mean that; ONNX/PTQ graphs keep the float op.
+        if not (mod.attrs and str(mod.attrs.get(QUANT_ROUNDING_ATTR, "")) == "tflite"):
+            used = [entry for entry in used if not entry[0].endswith("_tflite")]
         return transform.FuseOpsByPattern(used, bind_constants=True, annotate_codegen=False)(mod)
 
     return fuse

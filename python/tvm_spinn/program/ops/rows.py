@@ -6,6 +6,28 @@
   row's first NaN if it has one);
   ``layer_norm`` is ``(x - mean) / sqrt(var + eps) * gamma + beta`` with ``mean = sum(x) / d``,
   ``var = sum((x - mean)^2) / d``; ``mean`` is ``sum / d``.
+- TFLite's integer softmax and mean (``attrs["rounding"] == "tflite"``: int8/uint8 in and out,
+  the composites ``spinn.qsoftmax_tflite`` / ``spinn.qmean_tflite``, i.e. ``quantize(op(dequantize
+  (x)))`` of a full-integer TFLite model, see :mod:`tvm_spinn.frontend.tflite`) run on the M4F
+  with the integer arithmetic of TFLite's reference kernels (``tensorflow/lite/kernels/
+  internal/reference/softmax.h`` and ``reduce.h``), bit for bit:
+
+  * ``softmax`` (``Softmax<int8/uint8>``): per row ``d = x - max(x)``; where ``d >= diff_min``,
+    ``e = exp_on_negative_values(SRDHM(d * 2**left_shift, multiplier))`` (Q5.26 in, Q0.31 out:
+    gemmlowp's fixed-point exp); ``S = sum(RoundingDivideByPOT(e, 12))`` (Q12.19, 32-bit
+    wrapping adds); ``1/S`` by ``GetReciprocal`` (``one_over_one_plus_x`` of the normalized sum,
+    ``k = 12 - clz(S)`` bits above one); ``y = RoundingDivideByPOT(SRDHM(1/S, e), k + 23) +
+    type_min`` clamped; elements below ``diff_min`` give ``type_min``. ``multiplier``,
+    ``left_shift`` and ``diff_min`` are ``PreprocessSoftmaxScaling(beta=1, input_scale, 5)`` and
+    ``-CalculateInputRadius(5, left_shift)``; the output is fixed at scale 1/256, zero point
+    ``type_min`` (TFLite requires it).
+  * ``mean`` (``QuantizedMeanOrSum``, what both the reference and the optimized kernels run for
+    ``keep_dims=False``): ``S = sum(x) - x_zero * n`` (int32), ``y = clamp(y_zero +
+    MultiplyByQuantizedMultiplier(S, multiplier, 31 - shift))`` where ``(multiplier, shift)`` is
+    TFLite's ``QuantizeMultiplier(s_x / s_y)`` with ``1 / n`` folded in: ``M0 * 2**k // n`` and
+    the exponent lowered by ``k = min(floor(log2 n), 32, 31 + exponent)``.
+
+  The fixed-point primitives live in :mod:`tvm_spinn.program.quant`.
 - Tiles: ``[rows]`` over the rows (everything but the normalized or reduced axes); a whole row
   lives on one PE.
 """
@@ -13,21 +35,39 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ... import _lib
-from ..checks import POSINT, check_bool, check_num, fail
+from ..checks import POSINT, ZERO, check_bool, check_int, check_num, check_str, fail
 from ..model import Layer
+from ..quant import (QUANT_RANGES, count_leading_zeros32, exp_on_negative_values, one_over_one_plus_x,
+                     requantize_tflite, rounding_divide_by_pot, srdhm, tflite_quantize_multiplier, wrap32)
+from . import native
 from .base import OpFamily, ceil_div, itemsize, register, working_budget
 
 if TYPE_CHECKING:
     from ...target.arch import SpinnArch
 
-__all__ = ["Rows", "smallest_row_tile_bytes"]
+__all__ = ["Rows", "smallest_row_tile_bytes", "softmax_tflite", "mean_tflite", "softmax_tflite_params",
+           "mean_tflite_params"]
 
 _F32 = np.float32
+_I64 = np.int64
+
+#: M4F integer operations per element of TFLite's int8 softmax (assumption, counted from the
+#: reference kernel): the fixed-point exp (4 high multiplies and up to 7 barrel-shifter
+#: multiplies with their adds, masks and shifts, ~20 operations) runs twice per element (the
+#: kernel recomputes it for the output), plus the input rescale, the sum and the output
+#: multiply and shift.
+_TFLITE_SOFTMAX_OPS = 48.0
+#: integer bits of the softmax exponent's input (Q5.26) and of the sum of exps (Q12.19), TFLite's
+_SCALED_DIFF_BITS, _ACCUM_BITS = 5, 12
+#: attributes of TFLite's integer softmax and mean layers
+_TFLITE_ATTRS = {"softmax": ("multiplier", "left_shift", "diff_min"),
+                 "mean": ("x_zero", "y_zero", "multiplier", "shift")}
 
 
 def smallest_row_tile_bytes(row: int, in_bytes: int = 4, out_bytes: int = 4, reduce: bool = False) -> int:
@@ -46,9 +86,66 @@ def _rows(program, layer: Layer) -> int:
     return n_out if layer.kind == "mean" else n_out // _row(program, layer)
 
 
-def _per_elem(kind: str, arch: "SpinnArch") -> float:
-    """M4F operations per element (softmax: max, subtract, exp, sum, divide)."""
-    return {"softmax": 3.0 + arch.exp_unit_cycles, "layer_norm": 6.0, "mean": 1.0}[kind]
+def _per_elem(layer: Layer, arch: "SpinnArch") -> float:
+    """M4F operations per element (softmax: max, subtract, exp, sum, divide; TFLite's integer
+    softmax: :data:`_TFLITE_SOFTMAX_OPS`)."""
+    if layer.kind == "softmax" and _tflite(layer):
+        return _TFLITE_SOFTMAX_OPS
+    return {"softmax": 3.0 + arch.exp_unit_cycles, "layer_norm": 6.0, "mean": 1.0}[layer.kind]
+
+
+def _tflite(layer: Layer) -> bool:
+    """A layer with TFLite's integer arithmetic (int8/uint8 in and out)."""
+    return layer.attrs.get("rounding") == "tflite"
+
+
+# -- TFLite's integer softmax and mean (see the module docstring) ------------------------------
+def softmax_tflite_params(input_scale: float, beta: float = 1.0) -> tuple[int, int, int]:
+    """``(multiplier, left_shift, diff_min)`` of TFLite's int8/uint8 softmax for an input scale:
+    ``PreprocessSoftmaxScaling(beta, input_scale, 5)`` and ``-CalculateInputRadius(5, left_shift)``.
+    Raises ``ValueError`` where TFLite's own check fails (``beta * scale * 2**26 <= 1``)."""
+    real = min(float(beta) * float(input_scale) * (1 << (31 - _SCALED_DIFF_BITS)), (1 << 31) - 1.0)
+    if not real > 1.0:
+        raise ValueError(f"softmax input scale {input_scale} is too small for TFLite's integer softmax "
+                         "(beta * scale * 2**26 must exceed 1)")
+    multiplier, left_shift = tflite_quantize_multiplier(real)
+    radius = math.floor(((1 << _SCALED_DIFF_BITS) - 1) * (1 << (31 - _SCALED_DIFF_BITS)) / (1 << left_shift))
+    return multiplier, left_shift, -radius
+
+
+def mean_tflite_params(input_scale: float, output_scale: float, n: int) -> tuple[int, int]:
+    """``(multiplier, shift)`` of TFLite's integer mean of ``n`` elements: ``QuantizeMultiplier(
+    s_x / s_y)`` (float32 scales read as doubles) with ``1 / n`` folded in as
+    ``QuantizedMeanOrSum`` does; ``shift`` in :func:`~tvm_spinn.program.quant.requantize_tflite`'s
+    convention (``31 - exponent``)."""
+    m0, exponent = tflite_quantize_multiplier(float(_F32(input_scale)) / float(_F32(output_scale)))
+    k = min(int(n).bit_length() - 1, 32, 31 + exponent)
+    return (m0 << k) // int(n), 31 - (exponent - k)
+
+
+def softmax_tflite(x: np.ndarray, multiplier: int, left_shift: int, diff_min: int, out_dtype) -> np.ndarray:
+    """TFLite's integer softmax of the rows ``x`` [rows, n] (int8 or uint8), see the module
+    docstring; returns ``out_dtype`` (int8: zero point -128, uint8: 0; scale 1/256)."""
+    lo, hi = QUANT_RANGES[np.dtype(out_dtype).name]
+    x = np.asarray(x, dtype=_I64)
+    diff = x - x.max(axis=-1, keepdims=True)
+    inside = diff >= diff_min
+    scaled = srdhm(wrap32(np.where(inside, diff, 0) << left_shift), multiplier)
+    exps = exp_on_negative_values(scaled, _SCALED_DIFF_BITS)
+    # Rescale<12> of a Q0.31 value to Q12.19: a rounding division by 2**12
+    total = wrap32(np.where(inside, rounding_divide_by_pot(exps, _ACCUM_BITS), 0).sum(axis=-1, keepdims=True))
+    headroom = count_leading_zeros32(total)
+    bits_over_unit = _ACCUM_BITS - headroom
+    reciprocal = one_over_one_plus_x(wrap32(((total & 0xFFFFFFFF) << headroom) - (1 << 31)))
+    out = rounding_divide_by_pot(srdhm(reciprocal, exps), bits_over_unit + 31 - 8) + lo  # 8-bit output
+    return np.where(inside, np.clip(out, lo, hi), lo).astype(out_dtype)
+
+
+def mean_tflite(x: np.ndarray, x_zero: int, multiplier: int, shift: int, y_zero: int, out_dtype) -> np.ndarray:
+    """TFLite's integer mean of the rows ``x`` [rows, n] (int8 or uint8): one value per row."""
+    lo, hi = QUANT_RANGES[np.dtype(out_dtype).name]
+    total = wrap32(np.asarray(x, dtype=_I64).sum(axis=-1) - x_zero * x.shape[-1])
+    return requantize_tflite(total, multiplier, shift, y_zero, lo, hi).astype(out_dtype)
 
 
 def _nonneg_num(v, field: str) -> float:
@@ -93,7 +190,11 @@ class Rows(OpFamily):
     """softmax, layer_norm and mean: one row per PE at a time."""
 
     kinds = ("softmax", "layer_norm", "mean")
-    priority = 30
+    #: ``qsoftmax_tflite`` / ``qmean_tflite``: TFLite's integer softmax and mean (the partitioner
+    #: offers these patterns only to modules marked ``spinn_quant_rounding="tflite"``)
+    composites = ("softmax", "layer_norm", "mean", "qsoftmax_tflite", "qmean_tflite")
+    # before the quantize/dequantize family (20): the TFLite patterns contain its operators
+    priority = 15
 
     # -- partition and codegen ---------------------------------------------------------------
     def patterns(self, kit) -> list[tuple]:
@@ -102,11 +203,51 @@ class Rows(OpFamily):
         gamma, beta, x = is_const(), is_const(), wildcard()
         layer_norm = is_op("relax.nn.layer_norm")(x, gamma, beta)
         return [
+            self._tflite_entry(kit, "spinn.qsoftmax_tflite", "relax.nn.softmax"),
+            self._tflite_entry(kit, "spinn.qmean_tflite", "relax.mean"),
             kit.entry("spinn.layer_norm", layer_norm, {"input": x, "gamma": gamma, "beta": beta, "root": layer_norm},
                       self._check_pattern),
             kit.unary("spinn.softmax", "relax.nn.softmax", self._check_pattern),
             kit.unary("spinn.mean", "relax.mean", self._check_pattern),
         ]
+
+    def _tflite_entry(self, kit, name: str, op: str) -> tuple:
+        """``quantize(op(dequantize(x)))`` with per-tensor parameters: TFLite's integer op."""
+        from tvm.relax.dpl import is_const, is_op, wildcard
+
+        x, x_scale, x_zero, y_scale, y_zero = wildcard(), is_const(), is_const(), is_const(), is_const()
+        dq = is_op("relax.dequantize")(x, x_scale, x_zero)
+        inner = is_op(op)(dq)
+        root = is_op("relax.quantize")(inner, y_scale, y_zero)
+        return kit.entry(name, root, {"input": x, "x_scale": x_scale, "x_zero": x_zero, "dq": dq, "op": inner,
+                                      "y_scale": y_scale, "y_zero": y_zero, "root": root}, self._check_tflite)
+
+    def _check_tflite(self, kit, op: str, ctx) -> bool:
+        ann = ctx.annotated_expr
+        root, x, inner = ann["root"], ann["input"], ann["op"]
+        if not kit.check_quantized(op, root, x, "input"):
+            return False
+        if kit.dtype(root) != kit.dtype(x):
+            return kit.refuse(op, root, f"{kit.dtype(x)} input quantized to {kit.dtype(root)}")
+        if not (kit.check_qparams(op, root, ctx, "x_scale", "x_zero", None, "input")
+                and kit.check_qparams(op, root, ctx, "y_scale", "y_zero", None, "output")):
+            return False
+        dq = ann["dq"]
+        if str(dq.attrs.out_dtype) != "float32":
+            return kit.refuse(op, root, f"dequantize to {dq.attrs.out_dtype}")
+        if op == "spinn.qsoftmax_tflite":
+            lo = QUANT_RANGES[kit.dtype(x)][0]
+            y_scale, y_zero = (float(ann[k].value.numpy().reshape(-1)[0]) for k in ("y_scale", "y_zero"))
+            if y_scale != 1.0 / 256 or y_zero != lo:
+                return kit.refuse(op, root, f"softmax output scale {y_scale} / zero point {y_zero:g} "
+                                            f"(TFLite's integer softmax: 1/256, {lo})")
+            try:
+                softmax_tflite_params(float(ann["x_scale"].value.numpy().reshape(-1)[0]))
+            except ValueError as err:
+                return kit.refuse(op, root, str(err))
+        # the float op's own checks (axes, SRAM of a row) on the op between the Q/DQ pair
+        plain = SimpleNamespace(annotated_expr={"input": dq, "root": inner})
+        return self._check_pattern(kit, "spinn.softmax" if op == "spinn.qsoftmax_tflite" else "spinn.mean", plain)
 
     @staticmethod
     def _check_pattern(kit, op: str, ctx) -> bool:
@@ -135,6 +276,9 @@ class Rows(OpFamily):
         return kit.check_fits(op, root, smallest_row_tile_bytes(shape[-1]), f"a row of {shape[-1]} elements")
 
     def lower(self, lowerer, name: str, kind: str, calls: list, env: dict, layer: Layer) -> None:
+        if kind.endswith("_tflite"):
+            self._lower_tflite(lowerer, kind, calls, env, layer)
+            return
         call = calls[0][1]
         layer.inputs = [lowerer.operand(call.args[0], env)]
         if kind == "layer_norm":
@@ -149,20 +293,58 @@ class Rows(OpFamily):
             n_axes = len(axes) if axes is not None else len(in_shape)
             layer.attrs["row"] = int(np.prod(in_shape[len(in_shape) - n_axes:], dtype=np.int64))
 
+    def _lower_tflite(self, lowerer, kind: str, calls: list, env: dict, layer: Layer) -> None:
+        """``quantize(op(dequantize(x)))`` as one integer layer with TFLite's arithmetic."""
+        by_op = {str(call.op.name): call for _, call in calls}
+        dq, q = by_op["relax.dequantize"], by_op["relax.quantize"]
+
+        def scalar(expr, dtype):
+            return expr.value.numpy().astype(dtype).reshape(-1)[0]
+
+        layer.kind = "softmax" if kind == "qsoftmax_tflite" else "mean"
+        layer.inputs = [lowerer.operand(dq.args[0], env)]
+        layer.attrs["rounding"] = "tflite"
+        x_scale = float(scalar(dq.args[1], np.float32))
+        if layer.kind == "softmax":
+            m, left_shift, diff_min = softmax_tflite_params(x_scale)
+            layer.attrs.update(multiplier=m, left_shift=left_shift, diff_min=diff_min)
+            return
+        mean = by_op["relax.mean"]
+        in_shape = lowerer.program.tensors[layer.inputs[0]].shape
+        n_axes = len(mean.attrs.axis) if mean.attrs.axis is not None else len(in_shape)
+        row = int(np.prod(in_shape[len(in_shape) - n_axes:], dtype=np.int64))
+        m, shift = mean_tflite_params(x_scale, float(scalar(q.args[1], np.float32)), row)
+        layer.attrs.update(row=row, x_zero=int(scalar(dq.args[2], np.int64)), y_zero=int(scalar(q.args[2], np.int64)),
+                           multiplier=m, shift=shift)
+
     # -- validation -----------------------------------------------------------------------------
     def attr_schema(self, kind: str, mode: str):
+        tflite = {"rounding": lambda v, f: check_str(v, f, ("tflite",))}
         if kind == "layer_norm":
             return {"epsilon": _nonneg_num}, {"center": check_bool, "scale": check_bool}
         if kind == "mean":
-            return {"row": POSINT}, {}
-        return {}, {}
+            return {"row": POSINT}, dict(tflite, x_zero=ZERO, y_zero=ZERO, shift=lambda v, f: check_int(v, f, 0, 62),
+                                         multiplier=lambda v, f: check_int(v, f, 0, (1 << 31) - 1))
+        return {}, dict(tflite, multiplier=lambda v, f: check_int(v, f, 1 << 30, (1 << 31) - 1),
+                        left_shift=lambda v, f: check_int(v, f, 0, 31), diff_min=lambda v, f: check_int(v, f, None, 0))
 
     def check(self, v, f, kind, mode, ins, consts, out, attrs):
         fo = f"{f}.output"
         v.need(f"{f}.inputs", kind, ins, 1)
         ishape, oshape = v.shapes[ins[0]], v.shapes[out]
-        v.dtype(f"{f}.inputs[0]", ins[0], ("float32",))
-        v.dtype(fo, out, ("float32",))
+        integer = kind in _TFLITE_ATTRS and "rounding" in attrs
+        given = sorted(k for k in _TFLITE_ATTRS.get(kind, ()) if k in attrs)
+        if not integer and given:
+            fail(f"{f}.attrs", f"{given} belong to TFLite's integer {kind} (rounding='tflite')")
+        if integer:
+            missing = sorted(set(_TFLITE_ATTRS[kind]) - attrs.keys())
+            if missing:
+                fail(f"{f}.attrs", f"missing key(s) {missing} of TFLite's integer {kind}")
+            dtype = v.dtype(f"{f}.inputs[0]", ins[0], ("int8", "uint8"))
+            v.dtype(fo, out, (dtype,))
+        else:
+            v.dtype(f"{f}.inputs[0]", ins[0], ("float32",))
+            v.dtype(fo, out, ("float32",))
         numel = math.prod(oshape)
         if kind == "mean":
             v.consts(f, consts, set())
@@ -186,7 +368,7 @@ class Rows(OpFamily):
 
     # -- mapping ------------------------------------------------------------------------------
     def work(self, program, layer, arch):
-        return int(_rows(program, layer) * _row(program, layer) * _per_elem(layer.kind, arch)), None
+        return int(_rows(program, layer) * _row(program, layer) * _per_elem(layer, arch)), None
 
     def smallest_tile_bytes(self, program, layer, arch):
         ie = sum(itemsize(program, tid) for tid in layer.inputs)
@@ -207,7 +389,7 @@ class Rows(OpFamily):
         n = r * row
         n_res = r if layer.kind == "mean" else n
         w_b = row * sum(itemsize(program, tid) for tid in layer.consts.values())
-        cycles = np.ceil(n * _per_elem(layer.kind, arch) * arch.m4f_elementwise_cycles / 2)
+        cycles = np.ceil(n * _per_elem(layer, arch) * arch.m4f_elementwise_cycles / 2)
         return 2 * (ie * n + oe * n_res), ie * n, w_b, oe * n_res, cycles
 
     # -- functional simulator -----------------------------------------------------------------
@@ -220,6 +402,10 @@ class Rows(OpFamily):
         (r0, r1), = tile.region
         layer = runner.layer
         x = runner.rows_in[r0:r1]
+        if _tflite(layer):
+            out = _integer(layer, x, runner.out.dtype)
+            runner.out.reshape((-1,) if layer.kind == "mean" else (-1, x.shape[-1]))[r0:r1] = out
+            return
         if layer.kind == "mean":
             runner.out.reshape(-1)[r0:r1] = _row_sum(x) / _F32(x.shape[-1])
             return
@@ -238,10 +424,13 @@ class Rows(OpFamily):
         """The whole output at once: the same rows and operations as :meth:`run_tile`."""
         tensors = program.tensors
         shape = tuple(tensors[layer.output].shape)
-        if np.dtype(tensors[layer.output].dtype) != _F32:
-            return None
         x_tid = layer.inputs[0]
         rows_shape = (-1, int(layer.attrs["row"]) if layer.kind == "mean" else int(tensors[x_tid].shape[-1]))
+        if _tflite(layer):
+            dtype = np.dtype(tensors[layer.output].dtype)
+            return lambda program, env: _integer(layer, np.reshape(env[x_tid], rows_shape), dtype).reshape(shape)
+        if np.dtype(tensors[layer.output].dtype) != _F32:
+            return None
         if layer.kind == "mean":
             d = _F32(rows_shape[1])
             return lambda program, env: (_row_sum(np.ascontiguousarray(env[x_tid]).reshape(rows_shape)) / d).reshape(shape)
@@ -252,6 +441,33 @@ class Rows(OpFamily):
         gamma = _ffi_in(program.constants[layer.consts["gamma"]]) if layer.attrs.get("scale", True) else None
         beta = _ffi_in(program.constants[layer.consts["beta"]]) if layer.attrs.get("center", True) else None
         return lambda program, env: _layer_norm(np.reshape(env[x_tid], rows_shape), eps, gamma, beta).reshape(shape)
+
+    def native(self, program, layer, nb, clip=None):
+        """The rows of :meth:`step` as one instruction: the same C++ row kernels."""
+        tensors = program.tensors
+        x_tid = layer.inputs[0]
+        if tensors[layer.output].dtype != "float32" or tensors[x_tid].dtype != "float32":
+            return False
+        total = native.numel(tensors[x_tid].shape)
+        cols = int(layer.attrs["row"]) if layer.kind == "mean" else int(tensors[x_tid].shape[-1])
+        rows = total // cols
+        if layer.kind == "layer_norm":
+            none = native.codes()["none"]
+            gamma = nb.read(layer.consts["gamma"]) if layer.attrs.get("scale", True) else none
+            beta = nb.read(layer.consts["beta"]) if layer.attrs.get("center", True) else none
+            nb.emit("layer_norm", nb.read(x_tid), gamma, beta, native.f32_bits(layer.attrs["epsilon"]),
+                    nb.write(layer.output), rows, cols)
+            return True
+        nb.emit(layer.kind, nb.read(x_tid), nb.write(layer.output), rows, cols)
+        return True
+
+
+def _integer(layer: Layer, rows: np.ndarray, dtype) -> np.ndarray:
+    """TFLite's integer softmax (rows of the output) or mean (one value per row) of ``rows``."""
+    a = layer.attrs
+    if layer.kind == "softmax":
+        return softmax_tflite(rows, a["multiplier"], a["left_shift"], a["diff_min"], dtype)
+    return mean_tflite(rows, a["x_zero"], a["multiplier"], a["shift"], a["y_zero"], dtype)
 
 
 register(Rows())
