@@ -283,6 +283,34 @@ def test_legacy_uint8_model():
     _check_exact(buf, mod, tm.integer_inputs(buf, 3))
 
 
+def _legacy_uint8_head_tflite() -> bytes:
+    """A TF1-style uint8 classifier head: conv, ``reduce_mean`` over H and W (uint8 MEAN with the
+    same input and output parameters), matmul, softmax (uint8 SOFTMAX: scale 1/256, zero point 0)."""
+    tf1 = tf.compat.v1
+    rng = np.random.default_rng(10)
+    graph = tf1.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, (1, 8, 8, 3), name="input")
+        y = tf.nn.relu6(tf.nn.conv2d(x, tf.constant(rng.normal(0, 0.3, (3, 3, 3, 32)).astype("float32")), 1, "SAME"))
+        pooled = tf.reduce_mean(y, axis=[1, 2])
+        logits = tf.matmul(pooled, tf.constant(rng.normal(0, 0.5, (32, 10)).astype("float32")))
+        outputs = [tf.identity(pooled, name="pooled"), tf.identity(tf.nn.softmax(logits), name="prob")]
+        with tf1.Session(graph=graph) as sess:
+            converter = tf1.lite.TFLiteConverter.from_session(sess, [x], outputs)
+            converter.inference_type = tf.uint8
+            converter.quantized_input_stats = {"input": (128.0, 127.0)}
+            converter.default_ranges_stats = (0, 6)
+            return converter.convert()
+
+
+def test_legacy_uint8_mean_and_softmax():
+    buf = _legacy_uint8_head_tflite()
+    mod = from_tflite(buf)
+    ops = _summary(mod).offloaded_ops
+    assert ops["spinn.qmean_tflite"] == 1 and ops["spinn.qsoftmax_tflite"] == 1
+    _check_exact(buf, mod, tm.integer_inputs(buf, 6), resolvers=_EXACT)
+
+
 # -- the requantization rules ------------------------------------------------------------------
 def _gemmlowp(acc: int, m0: int, exp: int) -> int:
     """TFLite's MultiplyByQuantizedMultiplier with Python integers (C semantics spelled out)."""

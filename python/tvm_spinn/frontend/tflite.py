@@ -6,8 +6,9 @@
 
 Full-integer models (int8/uint8 activations, see :mod:`.tflite_quant`) import in the QDQ form
 of the ONNX and PTQ paths; the module is marked with ``spinn_quant_rounding="tflite"`` so the
-int8 GEMMs requantize with TFLite's fixed-point rule (:mod:`tvm_spinn.program.quant`) and give
-the TFLite interpreter's results.
+int8 convolutions requantize with TFLite's fixed-point rule (:mod:`tvm_spinn.program.quant`) and
+``quantize(softmax/mean(dequantize(x)))`` become TFLite's integer ``SOFTMAX``/``MEAN`` kernels
+(:mod:`tvm_spinn.program.ops.rows`), giving the TFLite interpreter's results.
 
 TensorFlow and the ``tflite`` flatbuffer package are optional (``pip install -e ".[tf]"``) and
 are imported lazily, so ``import tvm_spinn`` never pays for them.
