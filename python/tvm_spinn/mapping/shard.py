@@ -99,6 +99,49 @@ def _acc_bytes(program: Program, layer) -> int:
     return 4 if layer.mode == "int8" else None
 
 
+def _cache_inputs(program: Program, tp: int) -> dict[int, tuple[str, int]]:
+    """Initial split of the inputs read only as the second operand of matmuls: a KV cache
+    (K^T ``[b * kv_heads, head_dim, slots]``, V ``[b * kv_heads, slots, head_dim]``), state the
+    chips keep between calls where this plan's attention reads it, each chip writing the slots
+    (or heads) it holds. Split by the heads when ``tp`` divides them (no collective in the
+    attention), else along the longer of the last two axes (the slots: scores split by slot,
+    the distributed softmax below, the context matmul row-parallel)."""
+    t = program.tensors
+    users: dict[int, list] = {}
+    for layer in program.layers:
+        for pos, tid in enumerate(layer.inputs):
+            users.setdefault(tid, []).append((layer.kind, pos))
+    out = {}
+    for tid in program.inputs:
+        shape = list(t[tid].shape)
+        use = users.get(tid, [])
+        if t[tid].role == "const" or len(shape) < 3 or not use or any(u != ("matmul", 1) for u in use):
+            continue
+        lead = len(shape) - 3
+        if shape[lead] % tp == 0 and shape[lead] >= tp:
+            out[tid] = (S, lead)
+            continue
+        ax = len(shape) - 1 if shape[-1] >= shape[-2] else len(shape) - 2
+        if shape[ax] >= tp:
+            out[tid] = (S, ax)
+    return out
+
+
+def _row_pays(program: Program, layer, full, x: int) -> bool:
+    """Whether a GEMM on an input split along its reduction axis runs row-parallel (its partial
+    sums all-reduced) rather than all-gathering the input and running column-parallel: row
+    unless the partial sums are larger than the input. The Megatron GEMMs that meet the residual
+    (``h -> h``, ``4h -> h``) stay row-parallel, one all-reduce per block half; a GEMM that
+    widens its input (Llama's gate and up projections, ``h -> 3.5 h``, int32 partial sums of an
+    int8 input) gathers the input instead of all-reducing a result several times its size."""
+    t = program.tensors
+    out = layer.output
+    numel = int(np.prod(full[out], dtype=np.int64))
+    elem = _acc_bytes(program, layer) or max(1, t[out].nbytes // max(1, int(np.prod(t[out].shape, dtype=np.int64))))
+    x_bytes = int(np.prod(full[x], dtype=np.int64)) * max(1, t[x].nbytes // max(1, int(np.prod(t[x].shape, dtype=np.int64))))
+    return numel * elem <= x_bytes
+
+
 def part(n: int, tp: int) -> int:
     """Extent one chip holds of an axis of ``n`` split ``tp`` ways: the largest block (uneven
     splits give the last chips one fewer; the timing follows the largest, the slowest chip)."""
@@ -144,6 +187,10 @@ def plan_shards(program: Program, tp: int, dp: int = 1, row: bool = True) -> Sha
     splits: list[str] = []
     full = [list(x.shape) for x in t]
     local = [list(x.shape) for x in t]
+    if tp > 1:
+        for tid, (kind, ax) in _cache_inputs(program, tp).items():
+            state[tid] = (kind, ax)
+            local[tid][ax] = part(local[tid][ax], tp)
 
     def nbytes(tid, elem=None):
         return int(np.prod(full[tid], dtype=np.int64)) * (elem or max(1, t[tid].nbytes // max(1, int(np.prod(full[tid], dtype=np.int64)))))
@@ -174,7 +221,7 @@ def plan_shards(program: Program, tp: int, dp: int = 1, row: bool = True) -> Sha
                 k_axis = len(full[acts[0]]) - 1 if kind == "dense" else 1
                 s = st[0]
                 n_out = full[out][ax]
-                if s[0] == S and s[1] == k_axis and row:
+                if s[0] == S and s[1] == k_axis and row and _row_pays(program, layer, full, acts[0]):
                     split, result = "row", (P, -1)
                 elif n_out >= tp:  # uneven: the last chips get a column fewer
                     gather(i, acts[0])
@@ -201,7 +248,8 @@ def plan_shards(program: Program, tp: int, dp: int = 1, row: bool = True) -> Sha
                     split, result = "split", (S, rank - 2)
                 elif a[0] == R and b[0] == S and b[1] == -1:
                     split, result = "split", (S, rank - 1)
-                elif a[0] == S and a[1] == -1 and b[0] == S and b[1] == -2 and row:
+                elif a[0] == S and a[1] == -1 and b[0] == S and b[1] == -2 and row \
+                        and _row_pays(program, layer, full, acts[0]):
                     split, result = "row", (P, -1)
                 else:
                     for tid in acts:
@@ -242,6 +290,16 @@ def plan_shards(program: Program, tp: int, dp: int = 1, row: bool = True) -> Sha
                     acc *= src[reduced]
                 if s[0] == S and s[1] < reduced:
                     split, result = "split", (S, s[1])  # leading axes keep their index
+                elif s[0] == S and kind == "softmax" and s[1] == len(src) - 1 and src[-1] >= tp:
+                    # Rows split along the reduced axis (attention over KV-cache slots spread
+                    # over the chips): each chip keeps its slice. The row maxima are
+                    # all-reduced (exact in any order), then the sums of exp(x - max) by the
+                    # chain that continues one accumulator from chip to chip in slot order:
+                    # the one-chip kernel's sequential left-to-right sum, the same bits.
+                    n_rows = rows // max(1, src[-1])
+                    collectives.append(Collective(i, "all_reduce", acts[0], n_rows * 4, True))
+                    collectives.append(Collective(i, "all_reduce", acts[0], n_rows * 4, False))
+                    split, result = "split", (S, s[1])
                 elif s[0] == S:
                     gather(i, acts[0])
             elif kind in ("max_pool2d", "avg_pool2d"):

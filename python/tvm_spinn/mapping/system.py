@@ -37,7 +37,7 @@ import tvm_ffi
 
 from ..program import Program
 from ..target.arch import SpinnArch
-from ..target.topology import topology_of
+from ..target.topology import ring_order, topology_of
 from ..timing.collectives import point_to_point
 from ..timing.model import DRAM, evaluate, transfers
 from ..timing.system import collective_cost, compose
@@ -55,6 +55,9 @@ tvm_ffi.register_error("MappingError", MappingError)
 TP_DEGREES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 48)
 #: Candidate plans mapped with the PE-level model after the bound-based pre-selection.
 FULL_CANDIDATES = 3
+#: Assumption: an all-gathered activation stays in SRAM when it takes at most this share of a
+#: chip's SRAM (the rest holds resident weights, the prefetch buffer and tile buffers).
+GATHERED_SRAM_SHARE = 1 / 8
 
 
 @dataclass
@@ -115,7 +118,7 @@ def _candidates(program: Program, arch: SpinnArch, topo, per_chip: bool, work) -
                 continue  # dp does not divide the batch, or nothing splits tp ways
             if not row and "row" not in plan_shards(program, tp, dp, True).splits:
                 continue  # the same plan as with row-parallel GEMMs
-            ranks = np.arange(tp)
+            ranks = ring_order(topo, tp)
             comm = sum(collective_cost(topo, ranks, c.op, c.nbytes, c.exact).seconds for c in plan.collectives) if tp > 1 else 0.0
             shard_w = sum(int(np.prod(s, dtype=np.int64)) * program.tensors[i].nbytes // max(1, int(np.prod(program.tensors[i].shape, dtype=np.int64)))
                           for i, s in enumerate(plan.shapes) if program.tensors[i].role == "const")
@@ -152,13 +155,22 @@ def _system_timing(program: Program, plan: ShardPlan, shard: Program, tables, ch
             continue
         consts = set(layer.consts.values()) | {t for t in layer.inputs if shard.tensors[t].role == "const"}
         unique = sum(shard.tensors[t].nbytes for t in consts)
+        if layer.kind == "take":
+            # a gather reads only the rows it gathers (an embedding's one token), not its table
+            unique = min(unique, int(tables[i].w_bytes.sum()), shard.tensors[layer.output].nbytes)
         if unique <= prefetch:
             stream.append(int(unique))
             continue
         _, w_src, _ = transfers(shard, i, tables[i], chip)
         stream.append(int(tables[i].w_bytes[w_src == DRAM].sum()))
     saved = shard.mapping
-    shard.mapping = dict(saved, resident_layers=list(range(len(shard.layers))))
+    # An all-gathered activation arrives over the chip links, whose packets the router delivers
+    # to PEs: it lands in SRAM (when it takes at most GATHERED_SRAM_SHARE of the chip's SRAM),
+    # and the layers reading it fetch it over the NoC, not once per tile from DRAM.
+    room = chip.pes_per_chip * chip.tile_sram_bytes * GATHERED_SRAM_SHARE
+    gathered = [t for t in range(len(program.tensors), len(shard.tensors)) if shard.tensors[t].nbytes <= room]
+    shard.mapping = dict(saved, resident_layers=list(range(len(shard.layers))),
+                         onchip_tensors=sorted(set(saved.get("onchip_tensors", [])) | set(gathered)))
     local = evaluate(shard, chip, tables)
     shard.mapping = saved
     exec_cycles = [row.cycles for row in local.layers]
@@ -181,7 +193,7 @@ def retime(program: Program, arch: SpinnArch, derive) -> dict:
     chip = _chip_arch(arch)
     tables = derive(shard, chip)
     shard.timing = evaluate(shard, chip, tables).to_dict(trace=False)
-    st = _system_timing(program, plan, shard, tables, chip, topology_of(arch), np.arange(plan.tp))
+    st = _system_timing(program, plan, shard, tables, chip, topology_of(arch), ring_order(topology_of(arch), plan.tp))
     return _timing_dict(program, shard, plan, st, float(info.get("handoff_s", 0.0)), arch)
 
 
@@ -216,7 +228,7 @@ def map_on_system(program: Program, arch: SpinnArch, options, ledger: Ledger | N
         chosen = [c for c in cands if c[1].chips > 1][:FULL_CANDIDATES] + [(0.0, one, 0)]
         results = []
         for _, plan, _ in chosen:
-            ranks = np.arange(plan.tp)
+            ranks = ring_order(topo, plan.tp)
             k = (plan.tp, plan.dp, plan.row)
             shard, st, need = timed.get(k) or _time_plan(program, plan, arch, topo, map_one, reserved, ranks)
             fits = led.dram + need <= arch.dram_bytes

@@ -45,7 +45,7 @@ from .arch import ArchError, SpinnArch
 
 __all__ = [
     "BOARD_CHIPS", "DIRECTIONS", "DIRECTION_NAMES", "Topology", "TransferCost", "board_grid",
-    "board_layout", "topology_of",
+    "board_layout", "ring_order", "topology_of",
 ]
 
 #: Link directions in SpiNNaker's numbering: E, NE, N, W, SW, S.
@@ -443,3 +443,100 @@ def topology_of(arch: SpinnArch) -> Topology:
         arch.chips, float(arch.link_bw_bytes_s), float(arch.board_link_bw_bytes_s),
         float(arch.link_hop_s), float(arch.board_link_hop_s),
     )
+
+
+def _adjacent(topo: Topology, a: int, b: int) -> bool:
+    return bool((topo.neighbors[a] == b).any())
+
+
+def _is_cycle(topo: Topology, order: list) -> bool:
+    return len(order) > 2 and all(_adjacent(topo, order[i], order[(i + 1) % len(order)]) for i in range(len(order)))
+
+
+def _comb(topo: Topology, chips: np.ndarray) -> list:
+    """A cycle through ``chips`` on the lattice rows: the first chip of every row above the
+    first is kept for the way back; the rest is walked row by row, left to right and back
+    (a boustrophedon), and the walk returns down the kept chips. Valid when every step is a
+    link, which :func:`ring_order` checks (it holds for a whole board)."""
+    pos = topo.pos[chips]
+    rows = {}
+    for c, (x, y) in zip(chips.tolist(), pos.tolist()):
+        rows.setdefault(y, []).append((x, c))
+    ys = sorted(rows)
+    line = [[c for _, c in sorted(rows[y])] for y in ys]
+    back = [row[0] for row in line[1:]]
+    walk = list(line[0])
+    for k, row in enumerate(line[1:]):
+        rest = row[1:]
+        walk += rest[::-1] if k % 2 == 0 else rest
+    return walk + back[::-1]
+
+
+def _search(topo: Topology, chips: np.ndarray, budget: int = 50000) -> list | None:
+    """A cycle through ``chips`` by depth-first search (fewest onward links first), or None."""
+    members = set(chips.tolist())
+    adj = {c: sorted(int(v) for v in topo.neighbors[c] if v in members and v != c) for c in members}
+    start = int(chips[0])
+    path, seen, steps = [start], {start}, [0]
+
+    def extend() -> bool:
+        steps[0] += 1
+        if steps[0] > budget:
+            return False
+        u = path[-1]
+        if len(path) == len(members):
+            return start in adj[u]
+        for v in sorted((w for w in adj[u] if w not in seen), key=lambda w: (sum(x not in seen for x in adj[w]), w)):
+            seen.add(v)
+            path.append(v)
+            if extend():
+                return True
+            seen.discard(v)
+            path.pop()
+        return False
+
+    import sys
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 4 * len(members) + 100))
+    try:
+        return list(path) if extend() else None
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+@functools.lru_cache(maxsize=64)
+def _ring(topo: Topology, count: int) -> tuple:
+    chips = np.arange(count, dtype=np.int64)
+    if count <= 2:
+        return tuple(chips.tolist())
+    for order in (_comb(topo, chips), _search(topo, chips)):
+        if order is not None and sorted(order) == chips.tolist() and _is_cycle(topo, order):
+            return tuple(int(c) for c in order)
+    return tuple(chips.tolist())
+
+
+def ring_order(topo: Topology, count: int) -> np.ndarray:
+    """Chips ``0 .. count - 1`` (a tensor-parallel group on one board) in the order of a cycle
+    of one-hop links when one exists (a whole board has one), else in id order (which is a
+    path of one-hop links on a board: the layout numbers its chips row by row, alternating
+    direction).
+
+    A ring collective over the group sends each step to the neighbours in this order, so each
+    step crosses one link; the chain all-reduce follows the same order (a path). The ranks'
+    logical order (which chip holds which block) is a mapping choice, free for the compiler.
+
+    Parameters
+    ----------
+    topo : Topology
+    count : int
+        Chips in the group (at most ``topo.chips``).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``count`` distinct chip ids.
+    """
+    count = int(count)
+    if count < 1 or count > topo.chips:
+        raise ValueError(f"count must be in [1, {topo.chips}], got {count}")
+    return np.asarray(_ring(topo, count), dtype=np.int64)
