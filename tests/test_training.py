@@ -348,3 +348,26 @@ def test_save_is_atomic(mlp_runs, tmp_path, monkeypatch):
         trainer.save(path)
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.npz"]  # no temporary left behind
+
+
+def test_step_time_by_phase(mlp_runs):
+    """Forward, backward and update timed apart (each phase built alone): all take PE time and
+    together make the fused step's time up to what the fused build merges (within 25% here)."""
+    trainer = mlp_runs[1]["spinn"][0]
+    t = tvm_spinn.training.step_time(trainer)
+    assert t["forward_s"] > 0 and t["backward_s"] > 0 and t["update_s"] > 0
+    assert t["forward_s"] + t["backward_s"] + t["update_s"] == pytest.approx(t["step_s"], rel=0.25)
+    with pytest.raises(TrainingError, match="needs a trainer built for a spinn target"):
+        tvm_spinn.training.step_time(mlp_runs[1]["llvm"][0])
+
+
+def test_step_time_counts_shared_programs_per_call():
+    """Three same-shaped layers: their regions are one shared program called three times (the
+    weights are arguments), which the report lists once; the step time counts every call."""
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(16, 16) for _ in range(3)]
+    model = torch.nn.Sequential(layers[0], torch.nn.ReLU(), layers[1], torch.nn.ReLU(), layers[2])
+    x, _ = classification_data()
+    trainer = tvm_spinn.training.compile(model, torch.from_numpy(x), optimizer=SGD)
+    listed = tvm_spinn.report(trainer.executable).latency_s
+    assert tvm_spinn.training.step_time(trainer, phases=False)["step_s"] > 1.2 * listed  # 1.31x measured

@@ -39,8 +39,11 @@ K-reduction differently per system would break it there.
 from . import gradients as _gradients
 from .api import Trainer, compile  # noqa: A004
 from .errors import CheckpointError, TrainingError
+from .parallel import DataParallelTrainer
 from .placement import op_placement
+from .timing import step_time
 
 _gradients.register()
 
-__all__ = ["compile", "Trainer", "TrainingError", "CheckpointError", "op_placement"]
+__all__ = ["compile", "Trainer", "DataParallelTrainer", "TrainingError", "CheckpointError", "op_placement",
+           "step_time"]

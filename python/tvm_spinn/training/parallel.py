@@ -226,19 +226,19 @@ class DataParallelTrainer(Trainer):
         """
         if self._system is None:
             raise TrainingError("simulated_step needs a spinn target (this trainer runs on the host)")
-        from ..report import report
         from ..target.topology import topology_of
+        from .timing import executable_latency
 
         if self._add_ex is None:
             n = sum(int(np.prod(s)) for s in self._graph.param_shapes) + 1
             self._add_ex = relax.build(add_module(n), target=_replica_target(self._target)[0])
         per = max(stop - start for start, stop in self._blocks)
-        micro = report(self._grad_ex).latency_s
-        add = report(self._add_ex).latency_s
+        micro = executable_latency(self._grad_ex)
+        add = executable_latency(self._add_ex)
         nbytes = 4 * (sum(int(np.prod(s)) for s in self._graph.param_shapes) + 1)
         chips = len(self._blocks)
         coll = all_reduce(topology_of(self._system), list(range(chips)), nbytes, reproducible=self.reproducible)
-        update = report(self.executable).latency_s
+        update = executable_latency(self.executable)
         out = {"microbatch_s": micro, "compute_s": per * micro, "local_add_s": (per - 1) * add,
                "all_reduce_s": coll.seconds if chips > 1 else 0.0,
                "all_reduce": coll.algorithm if chips > 1 else "none", "update_s": update}
