@@ -1,5 +1,6 @@
-"""Functional-simulator speed: every layer run whole ("layers", the default) against the
-tile-by-tile reference ("tiles"), per model, plus onnxruntime on the same model where it exports.
+"""Functional-simulator speed: runs of layers in one C++ call each ("layers", the default) and
+every layer whole from Python ("python", TVM_SPINN_SIM_NATIVE=0) against the tile-by-tile
+reference ("tiles"), per model, plus onnxruntime on the same model where it exports.
 
 Times one inference through the Relax VM (the simulator is nearly all of it), median of --repeat
 runs after a warm-up, with TVM_SPINN_SIM_MODE set per mode; also checks the two modes' bits agree.
@@ -114,8 +115,8 @@ def main() -> None:
     os.environ["TVM_SPINN_SIM_THREADS"] = str(args.threads)
     os.environ["TVM_NUM_THREADS"] = str(args.threads)  # TVM's own thread pool (the llvm build)
     print(f"threads: {args.threads}")
-    print(f"{'model':<18}{'tiles ms':>11}{'layers ms':>11}{'ratio':>8}{'llvm ms':>9}{'x llvm':>8}"
-          f"{'ort ms':>9}{'x ort':>8}  same bits")
+    print(f"{'model':<18}{'tiles ms':>11}{'python ms':>11}{'layers ms':>11}{'x python':>9}{'llvm ms':>9}"
+          f"{'x llvm':>8}{'ort ms':>9}{'x ort':>8}  same bits")
     for name in args.models:
         torch.manual_seed(0)
         model, x = MODELS[name]()
@@ -129,18 +130,22 @@ def main() -> None:
         llvm_vm["main"](arg)
         llvm_ms = _time(lambda: llvm_vm["main"](arg), args.repeat)
         ms, out = {}, {}
-        for mode in ("tiles", "layers"):
-            os.environ["TVM_SPINN_SIM_MODE"] = mode
+        # "python": every layer whole, each from Python (TVM_SPINN_SIM_NATIVE=0); "layers": the
+        # default, runs of layers in one C++ call each
+        for mode, sim, native in (("tiles", "tiles", "0"), ("python", "layers", "0"), ("layers", "layers", "1")):
+            os.environ["TVM_SPINN_SIM_MODE"] = sim
+            os.environ["TVM_SPINN_SIM_NATIVE"] = native
             out[mode] = vm["main"](arg).numpy()
             timed = not (args.no_tiles and mode == "tiles")
             ms[mode] = _time(lambda: vm["main"](arg), args.repeat) if timed else float("nan")
         os.environ.pop("TVM_SPINN_SIM_MODE")
+        os.environ.pop("TVM_SPINN_SIM_NATIVE")
         with torch.no_grad():
             ort_ms = _onnxruntime_ms(model, x, args.repeat, args.threads)
-        same = np.array_equal(out["tiles"].view(np.uint8), out["layers"].view(np.uint8))
+        same = all(np.array_equal(out["tiles"].view(np.uint8), out[m].view(np.uint8)) for m in ("python", "layers"))
         ort = f"{ort_ms:9.2f}{ms['layers'] / ort_ms:8.1f}" if ort_ms is not None else f"{'-':>9}{'-':>8}"
-        print(f"{name:<18}{ms['tiles']:11.1f}{ms['layers']:11.2f}{ms['tiles'] / ms['layers']:8.1f}"
-              f"{llvm_ms:9.2f}{ms['layers'] / llvm_ms:8.1f}{ort}  {same}", flush=True)
+        print(f"{name:<18}{ms['tiles']:11.1f}{ms['python']:11.2f}{ms['layers']:11.2f}"
+              f"{ms['layers'] / ms['python']:9.2f}{llvm_ms:9.2f}{ms['layers'] / llvm_ms:8.1f}{ort}  {same}", flush=True)
 
 
 if __name__ == "__main__":

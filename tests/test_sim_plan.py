@@ -30,7 +30,9 @@ def _programs(ex) -> list[Program]:
 
 
 def _unprepared(monkeypatch):
-    """Plans whose every step is the unprepared per-layer path (what "layers" mode ran before)."""
+    """Plans whose every step is the unprepared per-layer path (what "layers" mode ran before):
+    no native runs, no prepared steps, no fused clips."""
+    monkeypatch.setenv("TVM_SPINN_SIM_NATIVE", "0")
     monkeypatch.setattr(simulator, "_build_step", lambda program, index, layer, clip=None: simulator._generic_step(index, layer))
     monkeypatch.setattr(simulator, "_fusable_clips", lambda program: {})  # every layer on its own
     simulator._PLANS.clear()
@@ -107,7 +109,7 @@ def test_plan_is_built_once_per_program_object():
     key = id(twin)
     del twin
     gc.collect()
-    assert key not in simulator._PLANS
+    assert not any(k[0] == key for k in simulator._PLANS)
 
 
 def test_results_are_not_overwritten_by_later_calls():
@@ -187,3 +189,81 @@ def test_outputs_written_in_place_have_the_same_bits():
             alias = shared.reshape(want.shape)
             (res,) = plan.run(program, [shared.reshape(model_x.shape)], [alias])
             assert res is not alias
+
+
+def _native_and_python(monkeypatch, ex, inputs):
+    """Outputs of ``ex`` with native runs and with every layer in Python (prepared steps)."""
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    monkeypatch.setenv("TVM_SPINN_SIM_MODE", "layers")
+    out = {}
+    for native in ("1", "0"):
+        monkeypatch.setenv("TVM_SPINN_SIM_NATIVE", native)
+        out[native] = [vm["main"](tvm.runtime.tensor(v)).numpy() for v in inputs]
+    return out["1"], out["0"]
+
+
+class _Movement(torch.nn.Module):
+    """Every data-movement kind and broadcast binary op a native run describes, on one input."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(12, 12)
+
+    def forward(self, x):  # x [2, 3, 4, 12]
+        y = self.fc(x)
+        p = y.permute(0, 2, 1, 3)                      # permute_dims
+        s = p[:, 1:4:2, :, 2:11:3]                     # strided_slice, steps 2 and 3
+        c = torch.cat([s, s * 2.0, s - 1.0], dim=-1)   # concat
+        b = c + c.mean(dim=-1, keepdim=True)           # broadcast add over the last axis
+        r = b.reshape(2, -1) / (1.0 + b.reshape(2, -1)[:, :1])  # broadcast divide by a column
+        return torch.relu(r).reshape(2, 2, 3, 9) * torch.ones(3, 1)  # broadcast multiply
+
+
+@pytest.mark.parametrize("name", ["cnn", "mlp", "transformer", "kinds", "pools", "movement"])
+def test_native_runs_give_the_python_bits(monkeypatch, name):
+    """Native runs (one C++ call per run of layers) against the same plan with every layer in
+    Python, on ordinary values, large ones, NaN, infinities and signed zeros."""
+    cases = _cases()
+    cases["movement"] = (_Movement().eval(), torch.randn(2, 3, 4, 12))
+    model, x = cases[name]
+    ex = relax.build(tvm_spinn.frontend.from_pytorch(model, (x,)), target="spinn")
+    inputs = _inputs(x.numpy(), np.random.default_rng(1))
+    simulator._PLANS.clear()
+    native, python = _native_and_python(monkeypatch, ex, inputs)
+    monkeypatch.setenv("TVM_SPINN_SIM_NATIVE", "1")
+    assert all(program_plan(p).native_layers > 0 for p in _programs(ex))
+    for got, want in zip(native, python):
+        assert got.dtype == want.dtype and np.array_equal(got.view(np.uint8), want.view(np.uint8))
+    monkeypatch.setenv("TVM_SPINN_SIM_MODE", "tiles")  # and the tile-by-tile reference
+    reference = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(inputs[0])).numpy()
+    assert np.array_equal(native[0].view(np.uint8), reference.view(np.uint8))
+    simulator._PLANS.clear()
+
+
+def test_native_plan_rejects_malformed_instructions():
+    """The interpreter validates every instruction against its buffers when a plan is created:
+    a bad plan is a ValueError, never an out-of-bounds access."""
+    from tvm_spinn import _lib
+    from tvm_spinn.program.ops.native import codes
+
+    create = _lib._func("tvm_spinn.sim.plan_create")
+    c = codes()
+    x = np.zeros(16, dtype=np.float32)
+    ok = [c["unary"], 0, 1, 16, c["unary.relu"], 0, 0, 0]
+    run = create(ok, [x], [64], [])
+    out = np.empty(16, dtype=np.float32)
+    run(out)
+    with pytest.raises(ValueError, match="bytes"):
+        create([c["unary"], 0, 1, 32, c["unary.relu"], 0, 0, 0], [x], [64], [])  # reads past x
+    with pytest.raises(ValueError, match="slot"):
+        create([c["unary"], 0, 5, 16, c["unary.relu"], 0, 0, 0], [x], [64], [])
+    with pytest.raises(ValueError, match="unknown instruction"):
+        create([99], [x], [64], [])
+    with pytest.raises(ValueError, match="truncated"):
+        create(ok[:5], [x], [64], [])
+    with pytest.raises(ValueError, match="copy reads before"):
+        create([c["copy"], 0, 1, 4, 1, 0, 0, 16, -1, 1], [x], [64], [])
+    with pytest.raises(ValueError, match="64 bytes"):
+        run(np.empty(8, dtype=np.float32))  # the argument's size is checked per call
+    with pytest.raises(ValueError, match="expected 1 arguments"):
+        run()

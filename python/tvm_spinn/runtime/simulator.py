@@ -17,7 +17,10 @@ Numerics are those of the hardware path each layer runs on:
   (default) runs every layer whole: a GEMM layer is one call of a batched, multi-threaded C++
   kernel (``gemm_f32_batched`` / ``gemm_i8_batched`` with the program's k-chunk length, conv
   operands gathered by the C++ ``im2col``; ``TVM_SPINN_SIM_THREADS`` threads, default all cores,
-  never changing the bits), every other layer one region covering its whole output. ``"tiles"``
+  never changing the bits), every other layer one region covering its whole output; runs of
+  consecutive layers whose families describe them natively (:meth:`OpFamily.native`) execute as
+  one C++ instruction list per run (``src/sim_plan.cc``; ``TVM_SPINN_SIM_NATIVE=0``: every layer
+  from Python, the same bits). ``"tiles"``
   executes the mapping tile by tile and k-chunk by k-chunk (the reference). Each output element's
   arithmetic is independent of the tiling (a GEMM output reduces in ascending k from 0 on one PE),
   so both give the same bits (tests/test_sim_modes.py).
@@ -37,11 +40,14 @@ import weakref
 import numpy as np
 
 from ..program import Layer, Program, Tile
+from .. import _lib
 from ..program.ops import family_of
+from ..program.ops.movement import Movement
+from ..program.ops.native import NativeBuilder, NativeRun
 from ..program.ops.elementwise import unary
 from ..program.tiles import layer_tiles
 
-__all__ = ["MODES", "run_program", "sim_mode"]
+__all__ = ["MODES", "native_enabled", "run_program", "sim_mode"]
 
 #: Simulator execution modes; ``TVM_SPINN_SIM_MODE`` picks one (default ``"layers"``).
 MODES = ("layers", "tiles")
@@ -109,10 +115,16 @@ def _run_whole(program: Program, index: int, layer: Layer, env) -> np.ndarray:
 # share no scratch). The arithmetic is that of _run_whole, operation for operation (same bits).
 
 
-class _Plan:
-    __slots__ = ("owner", "template", "steps", "args", "outputs", "__weakref__")
+def native_enabled() -> bool:
+    """Whether plans run layer runs natively (``TVM_SPINN_SIM_NATIVE``, default on; ``0``: every
+    layer in Python, the reference for the native runs' bits)."""
+    return os.environ.get("TVM_SPINN_SIM_NATIVE", "1") != "0"
 
-    def __init__(self, program: Program):
+
+class _Plan:
+    __slots__ = ("owner", "template", "steps", "args", "outputs", "native_layers", "__weakref__")
+
+    def __init__(self, program: Program, native: bool = True):
         self.owner = id(program)
         tensors = program.tensors
         template: list = [None] * len(tensors)
@@ -126,17 +138,53 @@ class _Plan:
         fused = _fusable_clips(program)  # GEMM layer index -> its clip layer's index
         clip_of = {index: program.layers[j] for index, j in fused.items()}
         absorbed = {j: program.layers[index].output for index, j in fused.items()}
+        last_read = {}  # tensor id -> index of the last layer reading it
+        for index, layer in enumerate(program.layers):
+            for tid in layer.inputs:
+                last_read[tid] = index
         steps = []
+        run, run_end = None, -1  # the open native run (a NativeBuilder) and its last layer
+        self.native_layers = 0
+
+        def close():
+            nonlocal run
+            if run is not None:
+                exported = {t for t in run.values if t in self.outputs or last_read.get(t, -1) > run_end}
+                steps.append((None, _native_step(run.finish(exported)), None))
+                self.native_layers += run.layers
+                run = None
+
         for index, layer in enumerate(program.layers):
             if index in absorbed:  # its GEMM applied the clip: the value is the GEMM's result
                 source = absorbed[index]
+                if run is not None and source in run.values:
+                    run.alias(layer.output, source)
+                    run.layers += 1
+                    run_end = index
+                    continue
+                close()
                 steps.append((layer.output, lambda program, env, source=source: env[source], None))
                 continue
+            if native and _native_ok(program, layer):
+                if run is None:
+                    run = NativeBuilder(program)
+                state = run.checkpoint()
+                try:
+                    done = family_of(layer.kind).native(program, layer, run, clip_of.get(index))
+                except Exception:  # a malformed layer fails in Python, where _run_whole fails
+                    done = False
+                if done:
+                    run.layers += 1
+                    run_end = index
+                    continue
+                run.rollback(state)
+            close()
             step = _build_step(program, index, layer, clip_of.get(index))
             # step.into(program, env, out): the same values written into ``out`` (None: a new
             # array), for layers that produce a program output
             into = getattr(step, "into", None) if layer.output in self.outputs else None
             steps.append((layer.output, step, into))
+        close()
         self.steps = tuple(steps)
 
     def run(self, program: Program, inputs, outs=None) -> list[np.ndarray]:
@@ -158,31 +206,72 @@ class _Plan:
         with np.errstate(all="ignore"):
             if into:
                 for tid, step, fill in self.steps:
+                    if tid is None:  # a native run: writes its values into env
+                        step(env, into)
+                        continue
                     dst = into.get(tid) if fill is not None else None
                     env[tid] = step(program, env) if dst is None else fill(program, env, dst)
             else:
                 for tid, step, _ in self.steps:
-                    env[tid] = step(program, env)
+                    if tid is None:
+                        step(env, None)
+                    else:
+                        env[tid] = step(program, env)
         return [env[tid] for tid in program.outputs]
 
 
-_PLANS: dict[int, tuple] = {}
+def _native_ok(program: Program, layer: Layer) -> bool:
+    """Layers a native run may take: fp32 arithmetic or data movement, every extent > 0, every
+    constant present (the conditions of a prepared Python step)."""
+    family = family_of(layer.kind)
+    if family is None or not (layer.mode == "fp32" or (layer.mode == "int8" and isinstance(family, Movement))):
+        return False
+    return (all(int(d) > 0 for d in program.tensors[layer.output].shape)
+            and all(tid in program.constants for tid in layer.consts.values()))
 
 
-def _forget(ref, key: int) -> None:
+def _native_step(run: NativeRun):
+    """The plan step of a native run: its inputs from ``env`` (contiguous, read-only ones as
+    flagged views), its values into new arrays or the caller's output buffers."""
+    call, inputs, exported = run.run, run.inputs, run.exported
+    _input = _lib._input
+
+    def step(env, into):
+        args = []
+        for tid in inputs:
+            x = env[tid]
+            if not x.flags.c_contiguous:
+                x = np.ascontiguousarray(x)
+            args.append(_input(x))
+        outs = []
+        for tid, shape, dtype in exported:
+            dst = into.get(tid) if into else None
+            outs.append(dst if dst is not None else np.empty(shape, dtype=dtype))
+        call(*args, *outs)
+        for (tid, _, _), value in zip(exported, outs):
+            env[tid] = value
+    return step
+
+
+_PLANS: dict[tuple, tuple] = {}
+
+
+def _forget(ref, key: tuple) -> None:
     entry = _PLANS.get(key)
     if entry is not None and entry[0] is ref:
         _PLANS.pop(key, None)
 
 
 def program_plan(program: Program) -> _Plan:
-    """The execution plan of ``program`` (built on first use; one per live Program object, dropped
-    with it). A Program must not be edited after it has run (a copy gets its own plan)."""
-    key = id(program)
+    """The execution plan of ``program`` (built on first use; one per live Program object and
+    :func:`native_enabled` setting, dropped with it). A Program must not be edited after it has
+    run (a copy gets its own plan)."""
+    native = native_enabled()
+    key = (id(program), native)
     entry = _PLANS.get(key)
     if entry is not None and entry[0]() is program:
         return entry[1]
-    plan = _Plan(program)  # concurrent first calls may both build: equal plans, one is kept
+    plan = _Plan(program, native)  # concurrent first calls may both build: equal plans, one is kept
     _PLANS[key] = (weakref.ref(program, lambda ref, key=key: _forget(ref, key)), plan)
     return plan
 

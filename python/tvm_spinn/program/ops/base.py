@@ -209,6 +209,13 @@ class OpFamily:
         simulator's generic path (the whole output as one tile) must run."""
         return None
 
+    def native(self, program, layer: Layer, nb, clip: Layer | None = None) -> bool:
+        """Describe the whole layer to ``nb`` (a :class:`~.native.NativeBuilder`) with the
+        arithmetic of :meth:`step`, and return True; or return False, having emitted nothing,
+        where the layer must run in Python. ``clip``: a clip layer the step would fuse
+        (:attr:`fuses_clip`). The default: False."""
+        return False
+
 
 _FAMILIES: dict[str, OpFamily] = {}
 

@@ -2,7 +2,9 @@
 ``negative``, ``sqrt``, ``rsqrt``, ``power`` by a constant 2 or 3), ``clip`` and binary (``add``, ``subtract``, ``multiply``, ``divide``; ``add`` may end in a ReLU)
 on float32, with numpy broadcasting.
 
-- Arithmetic (Cortex-M4F, fp32): each is single fp32 operations in a fixed order; ``relu`` is
+- Arithmetic (Cortex-M4F, fp32): each is single fp32 operations in a fixed order (a binary op
+  with a NaN operand gives that NaN, quieted, the first operand's if both are: the M4F's rule
+  with FPSCR.DN = 0, :func:`binary`); ``relu`` is
   ``x > 0 ? x : +0`` and ``clip`` is TVM's ``max(min(x, hi), lo)`` as compare-and-select
   (``x < hi ? x : hi``, then ``y > lo ? y : lo``: NaN gives ``hi``, relu(NaN) = 0, as the llvm
   build); ``exp`` comes from the exp/log unit (:func:`exp_f32`, a fixed float32 algorithm), ``erf``
@@ -26,9 +28,10 @@ import numpy as np
 from ... import _lib
 from ..checks import RELU, check_int, check_num, fail
 from ..model import Layer
+from . import native
 from .base import FlatFamily, register
 
-__all__ = ["Elementwise", "relu", "relu_owned", "unary", "clip_fast", "exp_f32", "tanh_f32", "BINARY", "UNARY", "TRANSCENDENTAL"]
+__all__ = ["Elementwise", "binary", "relu", "relu_owned", "unary", "clip_fast", "exp_f32", "tanh_f32", "BINARY", "UNARY", "TRANSCENDENTAL"]
 
 _F32 = np.float32
 _ZERO = _F32(0)
@@ -44,6 +47,25 @@ POWER_EXPONENTS = (2, 3)
 M4F_SQRT_DIV_CYCLES = 14
 #: kinds whose elements go through the exp/log unit
 TRANSCENDENTAL = ("gelu", "gelu_tanh", "sigmoid", "tanh")
+
+
+_QUIET = np.uint32(0x00400000)
+
+
+def binary(kind: str, a, b) -> np.ndarray:
+    """``a <op> b`` in float32 with numpy broadcasting and the M4F's NaN rule (FPSCR.DN = 0): a
+    NaN operand propagates, quieted, the first operand's when both are NaN. numpy's broadcast
+    loops may evaluate a commutative op with its operands swapped, so the rule is applied here."""
+    res = BINARY[kind](a, b)
+    nan = np.isnan(res)
+    if nan.any():
+        a, b = np.broadcast_to(a, res.shape)[nan], np.broadcast_to(b, res.shape)[nan]
+        first = np.where(np.isnan(a), a, np.where(np.isnan(b), b, res[nan]))
+        bits = first.view(np.uint32) | np.where(np.isnan(a) | np.isnan(b), _QUIET, np.uint32(0))
+        if type(res) is not np.ndarray:
+            res = np.array(res)
+        res[nan] = bits.view(np.float32)
+    return res
 
 
 def _unit(name: str, x, *args) -> np.ndarray:
@@ -264,7 +286,7 @@ class Elementwise(FlatFamily):
         (e0, e1), = tile.region
         args = [a[e0:e1] for a in runner.flat_in]
         k = runner.layer.kind
-        res = BINARY[k](args[0], args[1]) if k in BINARY else unary(k, args[0], runner.layer.attrs)
+        res = binary(k, args[0], args[1]) if k in BINARY else unary(k, args[0], runner.layer.attrs)
         if runner.layer.attrs.get("relu"):
             res = relu(res)
         runner.out.reshape(-1)[e0:e1] = res
@@ -272,7 +294,7 @@ class Elementwise(FlatFamily):
     def run_whole(self, program, index, layer, env, out):
         args = [v if v.shape == out.shape else np.broadcast_to(v, out.shape) for v in (env[i] for i in layer.inputs)]
         k = layer.kind
-        res = BINARY[k](args[0], args[1]) if k in BINARY else unary(k, args[0], layer.attrs)
+        res = binary(k, args[0], args[1]) if k in BINARY else unary(k, args[0], layer.attrs)
         if layer.attrs.get("relu"):
             res = relu(res)
         out[...] = res
@@ -297,9 +319,8 @@ class Elementwise(FlatFamily):
             out[...] = res
             return out
         if k in BINARY:
-            op = BINARY[k]
             t0, t1 = layer.inputs[0], layer.inputs[1]
-            return lambda program, env: finish(op(env[t0], env[t1]))
+            return lambda program, env: finish(binary(k, env[t0], env[t1]))
         x_tid = layer.inputs[0]
         if k == "relu":
             def relu_step(program, env):
@@ -326,6 +347,37 @@ class Elementwise(FlatFamily):
             clip_step.into = clip_into
             return clip_step
         return lambda program, env: finish(unary(k, env[x_tid], attrs))
+
+
+    def native(self, program, layer, nb, clip=None):
+        """float32 layers: the unary kinds and clip as one ``unary`` instruction (the C++ loops
+        perform :func:`unary`'s operations; exp-based kinds call the same kernels), binary kinds
+        as one ``binary`` instruction reading both operands with broadcast strides."""
+        tensors = program.tensors
+        shape = tuple(tensors[layer.output].shape)
+        if any(tensors[t].dtype != "float32" for t in (*layer.inputs, layer.output)) or len(shape) > 8:
+            return False
+        k, attrs = layer.kind, layer.attrs
+        relu_flag = int(bool(attrs.get("relu")))
+        if k in BINARY:
+            strides = [native.broadcast_strides(tensors[t].shape, shape) for t in layer.inputs]
+            if None in strides:
+                return False
+            a, b = (nb.read(t) for t in layer.inputs)
+            nb.emit("binary", a, b, nb.write(layer.output), native.codes()[f"binary.{k}"], relu_flag,
+                    len(shape), list(shape), strides[0], strides[1])
+            return True
+        if k == "power":
+            kind = "square" if attrs["exponent"] == 2 else "cube"
+        else:
+            kind = k
+        lo = hi = 0
+        if k == "clip":
+            lo, hi = native.f32_bits(attrs["min"]), native.f32_bits(attrs["max"])
+        x = nb.read(layer.inputs[0])
+        nb.emit("unary", x, nb.write(layer.output), native.numel(shape), native.codes()[f"unary.{kind}"],
+                lo, hi, relu_flag)
+        return True
 
 
 def _exponent(call) -> int | None:

@@ -38,6 +38,7 @@ from ..checks import PAD4, POS2, POSINT, RELU, ZERO, check_bool, check_str, fail
 from ..model import Layer
 from ..quant import (QUANT_RANGES, ROUNDINGS, quantize_multiplier, quantize_multiplier_tflite, requantize,
                      requantize_tflite, to_signed)
+from . import native
 from .base import ACC_BYTES, LoweringError, MappingError, OpFamily, ceil_div, gemm_tile_bytes, itemsize, register, starts, working_budget
 from .elementwise import relu
 
@@ -660,6 +661,81 @@ def _depthwise_step(program, layer: Layer, shape, dtype, bias, do_relu, clip, lo
     return step
 
 
+def _fp32_native(program, layer: Layer, nb, clip: Layer | None) -> bool:
+    """:func:`_fp32_step` as instructions: the same operand layouts, index vectors, kernels
+    (im2col, the batched GEMM, the epilogue; the direct depthwise kernel) and epilogue."""
+    tensors = program.tensors
+    if tensors[layer.output].dtype != "float32" or any(tensors[t].dtype != "float32" for t in layer.inputs):
+        return False
+    g = gemm_shape(program, layer)
+    if min(g.batch, g.m, g.n, g.k) < 1:
+        return False
+    shape = tuple(int(d) for d in tensors[layer.output].shape)
+    rhs_tid = layer.consts["weight"] if "weight" in layer.consts else layer.inputs[1]
+    x_tid = layer.inputs[0]
+    attrs = layer.attrs
+    none = native.codes()["none"]
+    bias_tid = layer.consts.get("bias")
+    bias = none
+    bias_len = 0
+    if bias_tid is not None:
+        bias_array = np.ascontiguousarray(program.constants[bias_tid], dtype=_F32).reshape(-1)
+        bias_len = bias_array.size
+    relu_flag = int(bool(attrs.get("relu")))
+    lo = hi = 0
+    if clip is not None:
+        lo, hi = native.f32_bits(clip.attrs["min"]), native.f32_bits(clip.attrs["max"])
+    clip_flag = int(clip is not None)
+    if layer.kind == "conv2d":
+        groups = int(attrs["groups"])
+        wshape = tuple(int(d) for d in tensors[rhs_tid].shape)
+        cout, cg, kh, kw = wshape
+        n, c, h, w = (int(d) for d in tensors[x_tid].shape)
+        oh, ow = shape[2], shape[3]
+        if bias_len not in (0, cout) or rhs_tid not in program.constants:
+            return False
+        if bias_len:
+            bias = nb.const(bias_array)
+        sh, sw = (int(v) for v in attrs["strides"])
+        dh, dw = (int(v) for v in attrs["dilation"])
+        pt, pl = int(attrs["padding"][0]), int(attrs["padding"][1])
+        x = nb.read(x_tid)
+        if cg == 1 and groups > 1:  # the direct depthwise kernel (_depthwise_step)
+            nb.emit("depthwise", x, nb.read(rhs_tid), nb.write(layer.output), n, groups, cout // groups,
+                    h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl, bias, relu_flag, clip_flag, lo, hi)
+            return True
+        if (kh, kw) == (1, 1) and (sh, sw) == (1, 1) and not any(attrs["padding"]) and (oh, ow) == (h, w):
+            b = x  # [n * groups, cg, h * w]: the input itself
+        else:
+            b = nb.temp(4 * n * groups * cg * kh * kw * oh * ow)
+            nb.emit("im2col", x, b, n, groups, c // groups, h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl)
+        a_index = np.arange(g.batch, dtype=np.int64) % groups
+        b_index = np.arange(g.batch, dtype=np.int64)
+        a = nb.read(rhs_tid)
+        ep = (n, cout, oh * ow, 1)  # outer, rows, cols, bias on rows
+    else:
+        if bias_len not in (0, g.n):
+            return False
+        if bias_len:
+            bias = nb.const(bias_array)
+        if layer.kind == "dense":
+            a, b = nb.read(x_tid), nb.read(rhs_tid)
+            a_index = b_index = np.zeros(1, dtype=np.int64)
+        else:
+            batch_shape = shape[:-2]
+
+            def index(tid):
+                lead = tuple(tensors[tid].shape)[:-2]
+                idx = np.arange(int(np.prod(lead, dtype=np.int64)), dtype=np.int64).reshape(lead)
+                return np.array(np.broadcast_to(idx, batch_shape).reshape(-1), dtype=np.int64)
+            a, b = nb.read(x_tid), nb.read(rhs_tid)
+            a_index, b_index = index(x_tid), index(rhs_tid)
+        ep = (g.batch, g.m, g.n, 0)
+    nb.emit("gemm", a, b, nb.write(layer.output), g.batch, g.m, g.k, g.n, nb.const(a_index), nb.const(b_index),
+            bias, ep[3], relu_flag, clip_flag, lo, hi, ep[0], ep[1], ep[2])
+    return True
+
+
 # -- the family -----------------------------------------------------------------------------------
 class Gemm(OpFamily):
     """conv2d, dense and matmul, fp32 (M4F) and int8 (MAC array)."""
@@ -900,6 +976,10 @@ class Gemm(OpFamily):
         """The prepared fp32 step (int8 layers run :meth:`run_whole`); ``clip``: a clip layer
         whose operations the epilogue applies (it reads only this layer's result)."""
         return _fp32_step(program, layer, clip) if layer.mode == "fp32" else None
+
+    def native(self, program, layer, nb, clip: Layer | None = None) -> bool:
+        """fp32 layers as instructions (:func:`_fp32_native`); int8 layers run in Python."""
+        return layer.mode == "fp32" and _fp32_native(program, layer, nb, clip)
 
 
 # -- partition patterns and checks ----------------------------------------------------------------

@@ -18,6 +18,7 @@ import math
 import numpy as np
 
 from ..checks import check_int, check_list, fail
+from . import native
 from .base import itemsize
 from ..model import Layer
 from .base import FlatFamily, LoweringError, register
@@ -301,6 +302,47 @@ class Movement(FlatFamily):
             out[...] = moved(layer, [env[t] for t in inputs], shape)
             return out
         return step
+
+    def native(self, program, layer, nb, clip=None):
+        """A reshape is the same bytes (an alias); every other kind is one strided ``copy`` per
+        input (what :func:`moved` selects), elements of any size."""
+        tensors = program.tensors
+        out_shape = [int(d) for d in tensors[layer.output].shape]
+        item = np.dtype(tensors[layer.output].dtype).itemsize
+        if layer.kind == "reshape":
+            nb.alias(layer.output, layer.inputs[0])
+            return True
+        if len(out_shape) > 8 or item not in (1, 2, 4, 8):
+            return False
+        kind, attrs = layer.kind, layer.attrs
+        x_tid = layer.inputs[0]
+        in_shape = [int(d) for d in tensors[x_tid].shape]
+        in_strides = native.contiguous_strides(in_shape)
+        out_strides = native.contiguous_strides(out_shape)
+        if kind == "concat":
+            axis, start = attrs["axis"], 0
+            dst = nb.write(layer.output)
+            for tid in layer.inputs:
+                shape = [int(d) for d in tensors[tid].shape]
+                nb.emit("copy", nb.read(tid), dst, item, len(shape), 0, start * out_strides[axis],
+                        shape, native.contiguous_strides(shape), out_strides)
+                start += shape[axis]
+            return True
+        offset = 0
+        if kind == "permute_dims":
+            src = [in_strides[a] for a in attrs["axes"]]
+        elif kind == "broadcast_to":
+            src = native.broadcast_strides(in_shape, out_shape)
+            if src is None:
+                return False
+        else:  # strided_slice
+            src = list(in_strides)
+            for axis, begin, step in zip(attrs["axes"], attrs["begin"], attrs["strides"]):
+                offset += begin * in_strides[axis]
+                src[axis] = in_strides[axis] * step
+        nb.emit("copy", nb.read(x_tid), nb.write(layer.output), item, len(out_shape), offset, 0,
+                out_shape, src, out_strides)
+        return True
 
 
 register(Movement())

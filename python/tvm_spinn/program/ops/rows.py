@@ -446,7 +446,7 @@ class Rows(OpFamily):
         """The rows of :meth:`step` as one instruction: the same C++ row kernels."""
         tensors = program.tensors
         x_tid = layer.inputs[0]
-        if tensors[layer.output].dtype != "float32" or tensors[x_tid].dtype != "float32":
+        if _tflite(layer) or tensors[layer.output].dtype != "float32" or tensors[x_tid].dtype != "float32":
             return False
         total = native.numel(tensors[x_tid].shape)
         cols = int(layer.attrs["row"]) if layer.kind == "mean" else int(tensors[x_tid].shape[-1])

@@ -1,0 +1,645 @@
+// tvm_spinn.sim.plan_create: a run of a program's layers as one instruction list, executed in
+// one FFI call per region call.
+//
+// A small model's region call spent most of its time crossing from Python into each layer's
+// kernel (3-10 us per layer, against 1-2 us of arithmetic). The simulator's plan
+// (python/tvm_spinn/runtime/simulator.py) therefore hands runs of consecutive layers whose
+// operator family can describe them (program/ops/native.py) to this interpreter: the same
+// kernels as the per-layer entry points (kernels.h), called on raw buffers, so the bits are
+// those of the per-layer path operation for operation.
+//
+// Buffers are "slots", each one contiguous block: constants (captured at creation), the call's
+// arguments (the run's inputs, then the values it hands back) and temporaries (one arena per
+// call: concurrent calls share nothing). Every instruction is validated against the slots'
+// sizes when the plan is created, so a call can only read and write inside its buffers.
+#include <tvm/ffi/container/array.h>
+#include <tvm/ffi/container/map.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/function.h>
+#include <tvm/ffi/reflection/registry.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels.h"
+#include "tensor_check.h"
+
+namespace tvm_spinn {
+namespace {
+
+namespace ffi = tvm::ffi;
+
+constexpr const char* kFunc = "tvm_spinn.sim.plan_create";
+
+// Instruction codes; Python reads them from tvm_spinn.sim.plan_ops (no second copy to drift).
+enum Op : int64_t {
+  kGemm = 0,       // a b c batch m k n a_index b_index | epilogue: bias on_rows relu clip lo hi outer rows cols
+  kIm2Col = 1,     // x out n groups cg h w kh kw oh ow sh sw dh dw pt pl (float32, padding +0.0)
+  kDepthwise = 2,  // x w out n groups mult h w kh kw oh ow sh sw dh dw pt pl bias relu clip lo hi
+  kSoftmax = 3,    // x out rows cols
+  kLayerNorm = 4,  // x gamma beta eps out rows cols
+  kMean = 5,       // x out rows cols
+  kUnary = 6,      // x out n kind lo hi relu
+  kBinary = 7,     // a b out kind relu ndim shape[ndim] a_strides[ndim] b_strides[ndim]
+  kCopy = 8,       // src dst elem_bytes ndim src_off dst_off shape[ndim] src_strides[ndim] dst_strides[ndim]
+};
+
+enum Unary : int64_t {
+  kRelu = 0, kClip = 1, kNegative = 2, kSqrt = 3, kRsqrt = 4, kSquare = 5, kCube = 6,
+  kTanh = 7, kGelu = 8, kGeluTanh = 9, kSigmoid = 10,
+};
+enum Binary : int64_t { kAdd = 0, kSubtract = 1, kMultiply = 2, kDivide = 3 };
+
+constexpr int kMaxDims = 8;
+constexpr int64_t kNone = -1;  // "no buffer" (bias, gamma, beta)
+constexpr size_t kAlign = 64;
+
+float BitsToFloat(int64_t bits) {
+  const uint32_t u = static_cast<uint32_t>(bits);
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/*! \brief One instruction: its words (code first). */
+struct Instr {
+  std::vector<int64_t> w;
+  int64_t operator[](size_t i) const { return w[i]; }
+};
+
+class Plan {
+ public:
+  Plan(const ffi::Array<int64_t>& code, const ffi::Array<ffi::Tensor>& consts,
+       const ffi::Array<int64_t>& arg_bytes, const ffi::Array<int64_t>& temp_bytes)
+      : consts_(consts.begin(), consts.end()) {
+    for (const ffi::Tensor& t : consts_) {
+      const DLTensor* d = t.GetDLTensorPtr();
+      if (d->device.device_type != kDLCPU || !t.IsContiguous()) {
+        TVM_FFI_THROW(ValueError) << kFunc << ": constants must be contiguous host tensors";
+      }
+      bytes_.push_back(static_cast<int64_t>(ffi::GetDataSize(static_cast<size_t>(t.numel()), d->dtype)));
+    }
+    n_args_ = static_cast<int64_t>(arg_bytes.size());
+    for (int64_t b : arg_bytes) bytes_.push_back(CheckBytes(b));
+    arena_ = 0;
+    for (int64_t b : temp_bytes) {
+      offsets_.push_back(arena_);
+      bytes_.push_back(CheckBytes(b));
+      arena_ += (static_cast<size_t>(b) + kAlign - 1) / kAlign * kAlign;
+    }
+    Decode(code);
+  }
+
+  void Run(ffi::PackedArgs args) const {
+    if (args.size() != n_args_) {
+      TVM_FFI_THROW(ValueError) << "tvm_spinn.sim plan: expected " << n_args_ << " arguments, got "
+                                << args.size();
+    }
+    const size_t n_consts = consts_.size();
+    std::vector<char*> base(bytes_.size());
+    for (size_t i = 0; i < n_consts; ++i) {
+      const DLTensor* d = consts_[i].GetDLTensorPtr();
+      base[i] = static_cast<char*>(d->data) + d->byte_offset;
+    }
+    for (int64_t i = 0; i < n_args_; ++i) {
+      ffi::TensorView t = args[i].cast<ffi::TensorView>();
+      const int64_t want = bytes_[n_consts + i];
+      const int64_t got = static_cast<int64_t>(ffi::GetDataSize(static_cast<size_t>(t.numel()), t.dtype()));
+      if (t.device().device_type != kDLCPU || !t.IsContiguous() || got != want ||
+          (want > 0 && t.data_ptr() == nullptr)) {
+        TVM_FFI_THROW(ValueError) << "tvm_spinn.sim plan: argument " << i << " must be a contiguous "
+                                  << "host tensor of " << want << " bytes, got " << got;
+      }
+      base[n_consts + i] = DataPtr<char>(t);
+    }
+    std::unique_ptr<char, decltype(&std::free)> arena(
+        arena_ ? static_cast<char*>(std::aligned_alloc(kAlign, arena_)) : nullptr, &std::free);
+    if (arena_ && !arena) TVM_FFI_THROW(RuntimeError) << "tvm_spinn.sim plan: out of memory";
+    const size_t first_temp = n_consts + static_cast<size_t>(n_args_);
+    for (size_t i = 0; i < offsets_.size(); ++i) base[first_temp + i] = arena.get() + offsets_[i];
+    for (const Instr& in : code_) Execute(in, base);
+  }
+
+ private:
+  static int64_t CheckBytes(int64_t b) {
+    if (b < 0) TVM_FFI_THROW(ValueError) << kFunc << ": negative buffer size " << b;
+    return b;
+  }
+
+  /*! \brief Slot `s` must exist and hold at least `need` bytes (`kNone` allowed if `optional`). */
+  void Need(int64_t s, int64_t need, bool optional = false) const {
+    if (optional && s == kNone) return;
+    if (s < 0 || s >= static_cast<int64_t>(bytes_.size())) {
+      TVM_FFI_THROW(ValueError) << kFunc << ": slot " << s << " does not exist";
+    }
+    if (need < 0 || bytes_[s] < need) {
+      TVM_FFI_THROW(ValueError) << kFunc << ": slot " << s << " holds " << bytes_[s]
+                                << " bytes, an instruction needs " << need;
+    }
+  }
+
+  static void Positive(std::initializer_list<int64_t> values) {
+    for (int64_t v : values) {
+      if (v < 0) TVM_FFI_THROW(ValueError) << kFunc << ": negative extent " << v;
+    }
+  }
+
+  /*! \brief The const slot `s` as int64 indices, each in [0, count). */
+  void CheckIndex(int64_t s, int64_t batch, int64_t count) const {
+    Need(s, batch * 8);
+    if (s >= static_cast<int64_t>(consts_.size()) || !SameDType(consts_[s].dtype(), DLDataType{kDLInt, 64, 1})) {
+      TVM_FFI_THROW(ValueError) << kFunc << ": batch index slot " << s << " must be an int64 constant";
+    }
+    const int64_t* idx = reinterpret_cast<const int64_t*>(static_cast<const char*>(consts_[s].data_ptr()) +
+                                                          consts_[s].byte_offset());
+    for (int64_t i = 0; i < batch; ++i) {
+      if (idx[i] < 0 || idx[i] >= count) {
+        TVM_FFI_THROW(ValueError) << kFunc << ": batch index " << idx[i] << " out of [0, " << count << ")";
+      }
+    }
+  }
+
+  /*! \brief Bytes spanned by a strided view: elements [off + sum i_d * stride_d]. */
+  static void Span(const int64_t* shape, const int64_t* strides, int ndim, int64_t off, int64_t* lo,
+                   int64_t* hi) {
+    *lo = *hi = off;
+    for (int d = 0; d < ndim; ++d) {
+      if (shape[d] == 0) {
+        *hi = *lo - 1;  // empty
+        return;
+      }
+      const int64_t step = (shape[d] - 1) * strides[d];
+      (step < 0 ? *lo : *hi) += step;
+    }
+  }
+
+  void Decode(const ffi::Array<int64_t>& code) {
+    std::vector<int64_t> words(code.begin(), code.end());
+    size_t p = 0;
+    auto take = [&](size_t n) {
+      if (p + n > words.size()) TVM_FFI_THROW(ValueError) << kFunc << ": truncated instruction";
+      Instr in;
+      in.w.assign(words.begin() + p, words.begin() + p + n);
+      p += n;
+      return in;
+    };
+    while (p < words.size()) {
+      const int64_t op = words[p];
+      Instr in;
+      switch (op) {
+        case kGemm: {
+          in = take(19);
+          const int64_t a = in[1], b = in[2], c = in[3], batch = in[4], m = in[5], k = in[6], n = in[7];
+          if (batch < 1 || m < 1 || k < 1 || n < 1) {
+            TVM_FFI_THROW(ValueError) << kFunc << ": GEMM extents must be >= 1";
+          }
+          Need(a, m * k * 4);
+          Need(b, k * n * 4);
+          Need(c, batch * m * n * 4);
+          CheckIndex(in[8], batch, bytes_[a] / (m * k * 4));
+          CheckIndex(in[9], batch, bytes_[b] / (k * n * 4));
+          const int64_t rows = in[17], cols = in[18];
+          Positive({in[16], rows, cols});
+          if (in[16] * rows * cols != batch * m * n) {
+            TVM_FFI_THROW(ValueError) << kFunc << ": epilogue view does not cover the GEMM output";
+          }
+          Need(in[10], (in[11] ? rows : cols) * 4, true);
+          break;
+        }
+        case kIm2Col: {
+          in = take(18);
+          const int64_t n = in[3], groups = in[4], cg = in[5], h = in[6], w = in[7], kh = in[8],
+                        kw = in[9], oh = in[10], ow = in[11];
+          Positive({n, cg, h, w, oh, ow, in[16], in[17]});
+          if (groups < 1 || kh < 1 || kw < 1 || in[12] < 1 || in[13] < 1 || in[14] < 1 || in[15] < 1) {
+            TVM_FFI_THROW(ValueError) << kFunc << ": bad im2col geometry";
+          }
+          Need(in[1], n * groups * cg * h * w * 4);
+          Need(in[2], n * groups * cg * kh * kw * oh * ow * 4);
+          break;
+        }
+        case kDepthwise: {
+          in = take(24);
+          const int64_t n = in[4], groups = in[5], mult = in[6], h = in[7], w = in[8], kh = in[9],
+                        kw = in[10], oh = in[11], ow = in[12];
+          Positive({n, h, w, oh, ow, in[17], in[18]});
+          if (groups < 1 || mult < 1 || kh < 1 || kw < 1 || in[13] < 1 || in[14] < 1 || in[15] < 1 ||
+              in[16] < 1) {
+            TVM_FFI_THROW(ValueError) << kFunc << ": bad depthwise geometry";
+          }
+          Need(in[1], n * groups * h * w * 4);
+          Need(in[2], groups * mult * kh * kw * 4);
+          Need(in[3], n * groups * mult * oh * ow * 4);
+          Need(in[19], groups * mult * 4, true);
+          break;
+        }
+        case kSoftmax:
+        case kMean: {
+          in = take(5);
+          Positive({in[3], in[4]});
+          Need(in[1], in[3] * in[4] * 4);
+          Need(in[2], (op == kMean ? in[3] : in[3] * in[4]) * 4);
+          break;
+        }
+        case kLayerNorm: {
+          in = take(8);
+          Positive({in[6], in[7]});
+          Need(in[1], in[6] * in[7] * 4);
+          Need(in[2], in[7] * 4, true);
+          Need(in[3], in[7] * 4, true);
+          Need(in[5], in[6] * in[7] * 4);
+          break;
+        }
+        case kUnary: {
+          in = take(8);
+          Positive({in[3]});
+          if (in[4] < kRelu || in[4] > kSigmoid) TVM_FFI_THROW(ValueError) << kFunc << ": unary kind " << in[4];
+          Need(in[1], in[3] * 4);
+          Need(in[2], in[3] * 4);
+          break;
+        }
+        case kBinary: {
+          if (p + 7 > words.size()) TVM_FFI_THROW(ValueError) << kFunc << ": truncated instruction";
+          const int64_t ndim = words[p + 6];
+          if (ndim < 0 || ndim > kMaxDims) TVM_FFI_THROW(ValueError) << kFunc << ": rank " << ndim;
+          in = take(7 + 3 * ndim);
+          if (in[4] < kAdd || in[4] > kDivide) TVM_FFI_THROW(ValueError) << kFunc << ": binary kind " << in[4];
+          const int64_t* shape = &in.w[7];
+          int64_t numel = 1;
+          for (int d = 0; d < ndim; ++d) {
+            Positive({shape[d], in.w[7 + ndim + d], in.w[7 + 2 * ndim + d]});
+            numel *= shape[d];
+          }
+          Need(in[3], numel * 4);
+          for (int which = 0; which < 2; ++which) {
+            int64_t lo, hi;
+            Span(shape, &in.w[7 + (1 + which) * ndim], static_cast<int>(ndim), 0, &lo, &hi);
+            if (hi >= lo) Need(in[1 + which], (hi + 1) * 4);
+          }
+          break;
+        }
+        case kCopy: {
+          if (p + 7 > words.size()) TVM_FFI_THROW(ValueError) << kFunc << ": truncated instruction";
+          const int64_t ndim = words[p + 4];
+          if (ndim < 0 || ndim > kMaxDims) TVM_FFI_THROW(ValueError) << kFunc << ": rank " << ndim;
+          in = take(7 + 3 * ndim);
+          const int64_t eb = in[3];
+          if (eb != 1 && eb != 2 && eb != 4 && eb != 8) TVM_FFI_THROW(ValueError) << kFunc << ": element size " << eb;
+          const int64_t* shape = &in.w[7];
+          for (int d = 0; d < ndim; ++d) Positive({shape[d]});
+          for (int which = 0; which < 2; ++which) {
+            int64_t lo, hi;
+            Span(shape, &in.w[7 + (1 + which) * ndim], static_cast<int>(ndim), in[5 + which], &lo, &hi);
+            if (hi >= lo) {
+              if (lo < 0) TVM_FFI_THROW(ValueError) << kFunc << ": copy reads before its buffer";
+              Need(in[1 + which], (hi + 1) * eb);
+            }
+          }
+          break;
+        }
+        default:
+          TVM_FFI_THROW(ValueError) << kFunc << ": unknown instruction " << op;
+      }
+      code_.push_back(std::move(in));
+    }
+  }
+
+  static EpilogueF32 Epilogue(const std::vector<char*>& base, int64_t bias, bool on_rows, int64_t relu,
+                              int64_t clip, int64_t lo, int64_t hi) {
+    EpilogueF32 e;
+    e.bias = bias == kNone ? nullptr : reinterpret_cast<const float*>(base[bias]);
+    e.bias_on_rows = on_rows;
+    e.relu = relu != 0;
+    e.clip = clip != 0;
+    e.lo = BitsToFloat(lo);
+    e.hi = BitsToFloat(hi);
+    return e;
+  }
+
+  static void RunUnary(const float* x, float* out, int64_t n, int64_t kind, float lo, float hi, bool relu) {
+    switch (kind) {
+      case kRelu:
+        for (int64_t i = 0; i < n; ++i) out[i] = x[i] > 0.0f ? x[i] : 0.0f;
+        break;
+      case kClip:  // TVM's max(min(x, hi), lo) as compare-and-select: clip(NaN) = hi
+        for (int64_t i = 0; i < n; ++i) {
+          const float y = x[i] < hi ? x[i] : hi;
+          out[i] = y > lo ? y : lo;
+        }
+        break;
+      case kNegative:
+        for (int64_t i = 0; i < n; ++i) out[i] = -x[i];
+        break;
+      case kSqrt:
+        for (int64_t i = 0; i < n; ++i) out[i] = std::sqrt(x[i]);
+        break;
+      case kRsqrt:
+        for (int64_t i = 0; i < n; ++i) out[i] = 1.0f / std::sqrt(x[i]);
+        break;
+      case kSquare:
+        for (int64_t i = 0; i < n; ++i) out[i] = x[i] * x[i];
+        break;
+      case kCube:
+        for (int64_t i = 0; i < n; ++i) {
+          const float s = x[i] * x[i];
+          out[i] = s * x[i];
+        }
+        break;
+      case kTanh:
+        TanhF32(x, out, n);
+        break;
+      case kGelu:
+        ActivationF32(x, out, n, Activation::kGelu);
+        break;
+      case kGeluTanh:
+        ActivationF32(x, out, n, Activation::kGeluTanh);
+        break;
+      default:
+        ActivationF32(x, out, n, Activation::kSigmoid);
+        break;
+    }
+    if (relu) {
+      for (int64_t i = 0; i < n; ++i) out[i] = out[i] > 0.0f ? out[i] : 0.0f;
+    }
+  }
+
+  /*!
+   * \brief The M4F's NaN rule for a binary result (FPSCR.DN = 0): a NaN operand propagates,
+   *        quieted, the first operand's when both are NaN. The host computes `r` with either
+   *        operand order (the compiler may commute), so the order is restored here.
+   */
+  static float FirstNaN(float r, float x, float y) {
+    if (r == r) return r;
+    const float nan = x != x ? x : (y != y ? y : r);
+    uint32_t u;
+    std::memcpy(&u, &nan, sizeof u);
+    u |= 0x00400000u;
+    float q;
+    std::memcpy(&q, &u, sizeof q);
+    return x != x || y != y ? q : r;
+  }
+
+  template <typename F>
+  static void Broadcast(const float* a, const float* b, float* out, const int64_t* shape,
+                        const int64_t* sa, const int64_t* sb, int ndim, bool relu, F f) {
+    int64_t numel = 1;
+    for (int d = 0; d < ndim; ++d) numel *= shape[d];
+    if (numel == 0) return;
+    if (ndim == 0) {
+      out[0] = f(a[0], b[0]);
+      if (relu) out[0] = out[0] > 0.0f ? out[0] : 0.0f;
+      return;
+    }
+    // the innermost axis as a loop, the outer ones as a counter
+    const int64_t inner = shape[ndim - 1], ia = sa[ndim - 1], ib = sb[ndim - 1];
+    int64_t idx[kMaxDims] = {0};
+    int64_t oa = 0, ob = 0;
+    for (int64_t row = 0, rows = numel / inner; row < rows; ++row) {
+      float* o = out + row * inner;
+      const float* pa = a + oa;
+      const float* pb = b + ob;
+      if (ia == 1 && ib == 1) {
+        for (int64_t i = 0; i < inner; ++i) o[i] = f(pa[i], pb[i]);
+      } else if (ia == 1 && ib == 0) {
+        const float y = pb[0];
+        for (int64_t i = 0; i < inner; ++i) o[i] = f(pa[i], y);
+      } else if (ia == 0 && ib == 1) {
+        const float x = pa[0];
+        for (int64_t i = 0; i < inner; ++i) o[i] = f(x, pb[i]);
+      } else {
+        for (int64_t i = 0; i < inner; ++i) o[i] = f(pa[i * ia], pb[i * ib]);
+      }
+      if (relu) {
+        for (int64_t i = 0; i < inner; ++i) o[i] = o[i] > 0.0f ? o[i] : 0.0f;
+      }
+      for (int d = ndim - 2; d >= 0; --d) {  // advance the outer counter
+        ++idx[d];
+        oa += sa[d];
+        ob += sb[d];
+        if (idx[d] < shape[d]) break;
+        oa -= sa[d] * shape[d];
+        ob -= sb[d] * shape[d];
+        idx[d] = 0;
+      }
+    }
+  }
+
+  template <typename T>
+  static void CopyTyped(const char* src, char* dst, int ndim, const int64_t* shape, int64_t so,
+                        const int64_t* ss, int64_t dof, const int64_t* ds) {
+    const T* s = reinterpret_cast<const T*>(src) + so;
+    T* d = reinterpret_cast<T*>(dst) + dof;
+    int64_t numel = 1;
+    for (int i = 0; i < ndim; ++i) numel *= shape[i];
+    if (numel == 0) return;
+    if (ndim == 0) {
+      d[0] = s[0];
+      return;
+    }
+    const int64_t inner = shape[ndim - 1], is = ss[ndim - 1], id = ds[ndim - 1];
+    int64_t idx[kMaxDims] = {0};
+    int64_t os = 0, od = 0;
+    for (int64_t row = 0, rows = numel / inner; row < rows; ++row) {
+      if (is == 1 && id == 1) {
+        std::memcpy(d + od, s + os, static_cast<size_t>(inner) * sizeof(T));
+      } else {
+        for (int64_t i = 0; i < inner; ++i) d[od + i * id] = s[os + i * is];
+      }
+      for (int k = ndim - 2; k >= 0; --k) {
+        ++idx[k];
+        os += ss[k];
+        od += ds[k];
+        if (idx[k] < shape[k]) break;
+        os -= ss[k] * shape[k];
+        od -= ds[k] * shape[k];
+        idx[k] = 0;
+      }
+    }
+  }
+
+  void Execute(const Instr& in, const std::vector<char*>& base) const {
+    auto f32 = [&](int64_t s) { return reinterpret_cast<float*>(base[s]); };
+    switch (in[0]) {
+      case kGemm: {
+        BatchedGemm s;
+        s.batch = in[4];
+        s.m = in[5];
+        s.k = in[6];
+        s.n = in[7];
+        s.a_index = reinterpret_cast<const int64_t*>(base[in[8]]);
+        s.b_index = reinterpret_cast<const int64_t*>(base[in[9]]);
+        float* c = f32(in[3]);
+        const int64_t count = s.batch * s.m * s.n;
+        std::fill(c, c + count, 0.0f);
+        GemmF32Batched(f32(in[1]), f32(in[2]), c, s, SimThreads(count * s.k));
+        if (in[10] != kNone || in[12] || in[13]) {
+          const EpilogueF32 e = Epilogue(base, in[10], in[11] != 0, in[12], in[13], in[14], in[15]);
+          ApplyEpilogueF32(c, in[16], in[17], in[18], e, SimThreads(count * 4));
+        }
+        break;
+      }
+      case kIm2Col: {
+        Im2ColShape s;
+        s.n = in[3];
+        s.groups = in[4];
+        s.cg = in[5];
+        s.h = in[6];
+        s.w = in[7];
+        s.kh = in[8];
+        s.kw = in[9];
+        s.oh = in[10];
+        s.ow = in[11];
+        s.stride_h = in[12];
+        s.stride_w = in[13];
+        s.dil_h = in[14];
+        s.dil_w = in[15];
+        s.pad_top = in[16];
+        s.pad_left = in[17];
+        const float zero = 0.0f;
+        const int64_t count = s.n * s.groups * s.cg * s.kh * s.kw * s.oh * s.ow;
+        Im2Col(base[in[1]], base[in[2]], s, 4, &zero, SimThreads(count / 8));
+        break;
+      }
+      case kDepthwise: {
+        DepthwiseShape s;
+        s.n = in[4];
+        s.groups = in[5];
+        s.mult = in[6];
+        s.h = in[7];
+        s.w = in[8];
+        s.kh = in[9];
+        s.kw = in[10];
+        s.oh = in[11];
+        s.ow = in[12];
+        s.stride_h = in[13];
+        s.stride_w = in[14];
+        s.dil_h = in[15];
+        s.dil_w = in[16];
+        s.pad_top = in[17];
+        s.pad_left = in[18];
+        float* out = f32(in[3]);
+        const int64_t count = s.n * s.groups * s.mult * s.oh * s.ow;
+        std::fill(out, out + count, 0.0f);
+        const EpilogueF32 e = Epilogue(base, in[19], true, in[20], in[21], in[22], in[23]);
+        DepthwiseConvF32(f32(in[1]), f32(in[2]), out, s, e, SimThreads(count * s.kh * s.kw));
+        break;
+      }
+      case kSoftmax:
+        SoftmaxRowsF32(f32(in[1]), f32(in[2]), in[3], in[4], SimThreads(in[3] * in[4] * 8));
+        break;
+      case kMean: {
+        float* out = f32(in[2]);
+        RowSumF32(f32(in[1]), out, in[3], in[4]);
+        const float d = static_cast<float>(in[4]);
+        for (int64_t r = 0; r < in[3]; ++r) out[r] = out[r] / d;
+        break;
+      }
+      case kLayerNorm:
+        LayerNormRowsF32(f32(in[1]), in[2] == kNone ? nullptr : f32(in[2]),
+                         in[3] == kNone ? nullptr : f32(in[3]), BitsToFloat(in[4]), f32(in[5]), in[6],
+                         in[7], SimThreads(in[6] * in[7] * 8));
+        break;
+      case kUnary:
+        RunUnary(f32(in[1]), f32(in[2]), in[3], in[4], BitsToFloat(in[5]), BitsToFloat(in[6]), in[7] != 0);
+        break;
+      case kBinary: {
+        const int ndim = static_cast<int>(in[6]);
+        const int64_t* shape = &in.w[7];
+        const int64_t* sa = shape + ndim;
+        const int64_t* sb = sa + ndim;
+        const bool relu = in[5] != 0;
+        const float* a = f32(in[1]);
+        const float* b = f32(in[2]);
+        float* o = f32(in[3]);
+        switch (in[4]) {
+          case kAdd:
+            Broadcast(a, b, o, shape, sa, sb, ndim, relu, [](float x, float y) { return FirstNaN(x + y, x, y); });
+            break;
+          case kSubtract:
+            Broadcast(a, b, o, shape, sa, sb, ndim, relu, [](float x, float y) { return FirstNaN(x - y, x, y); });
+            break;
+          case kMultiply:
+            Broadcast(a, b, o, shape, sa, sb, ndim, relu, [](float x, float y) { return FirstNaN(x * y, x, y); });
+            break;
+          default:
+            Broadcast(a, b, o, shape, sa, sb, ndim, relu, [](float x, float y) { return FirstNaN(x / y, x, y); });
+            break;
+        }
+        break;
+      }
+      case kCopy: {
+        const int ndim = static_cast<int>(in[4]);
+        const int64_t* shape = &in.w[7];
+        const int64_t* ss = shape + ndim;
+        const int64_t* ds = ss + ndim;
+        switch (in[3]) {
+          case 1:
+            CopyTyped<uint8_t>(base[in[1]], base[in[2]], ndim, shape, in[5], ss, in[6], ds);
+            break;
+          case 2:
+            CopyTyped<uint16_t>(base[in[1]], base[in[2]], ndim, shape, in[5], ss, in[6], ds);
+            break;
+          case 4:
+            CopyTyped<uint32_t>(base[in[1]], base[in[2]], ndim, shape, in[5], ss, in[6], ds);
+            break;
+          default:
+            CopyTyped<uint64_t>(base[in[1]], base[in[2]], ndim, shape, in[5], ss, in[6], ds);
+            break;
+        }
+        break;
+      }
+      default:
+        break;  // unreachable: Decode rejected it
+    }
+  }
+
+  std::vector<ffi::Tensor> consts_;
+  int64_t n_args_ = 0;
+  std::vector<int64_t> bytes_;    // per slot: constants, arguments, temporaries
+  std::vector<size_t> offsets_;   // per temporary: its offset in the arena
+  size_t arena_ = 0;
+  std::vector<Instr> code_;
+};
+
+/*!
+ * \brief A plan over `consts` (captured), `arg_bytes.size()` call arguments and temporaries of
+ *        `temp_bytes`; returns the function running it: f(*args).
+ */
+ffi::Function PlanCreate(ffi::Array<int64_t> code, ffi::Array<ffi::Tensor> consts,
+                         ffi::Array<int64_t> arg_bytes, ffi::Array<int64_t> temp_bytes) {
+  auto plan = std::make_shared<const Plan>(code, consts, arg_bytes, temp_bytes);
+  return ffi::Function::FromPacked([plan](ffi::PackedArgs args, ffi::Any* rv) { plan->Run(args); });
+}
+
+ffi::Map<ffi::String, int64_t> PlanOps() {
+  return ffi::Map<ffi::String, int64_t>{
+      {"gemm", kGemm},         {"im2col", kIm2Col}, {"depthwise", kDepthwise},
+      {"softmax", kSoftmax},   {"layer_norm", kLayerNorm}, {"mean", kMean},
+      {"unary", kUnary},       {"binary", kBinary}, {"copy", kCopy},
+      {"unary.relu", kRelu},   {"unary.clip", kClip}, {"unary.negative", kNegative},
+      {"unary.sqrt", kSqrt},   {"unary.rsqrt", kRsqrt}, {"unary.square", kSquare},
+      {"unary.cube", kCube},   {"unary.tanh", kTanh}, {"unary.gelu", kGelu},
+      {"unary.gelu_tanh", kGeluTanh}, {"unary.sigmoid", kSigmoid},
+      {"binary.add", kAdd},    {"binary.subtract", kSubtract}, {"binary.multiply", kMultiply},
+      {"binary.divide", kDivide}, {"max_dims", kMaxDims}, {"none", kNone},
+  };
+}
+
+}  // namespace
+
+TVM_FFI_STATIC_INIT_BLOCK() {
+  namespace refl = tvm::ffi::reflection;
+  refl::GlobalDef()
+      .def("tvm_spinn.sim.plan_create", PlanCreate,
+           "A run of layers as one instruction list: (code, consts, arg_bytes, temp_bytes) -> f(*args).")
+      .def("tvm_spinn.sim.plan_ops", PlanOps, "Instruction and kind codes of tvm_spinn.sim.plan_create.");
+}
+
+}  // namespace tvm_spinn
