@@ -55,10 +55,11 @@ def _ints(t) -> list[int]:
 def _strided_slice_grad(orig_var, orig_call, output_grad, ctx):
     """A unit-stride slice (``x[..., a:b]``, ``unbind``): ``dy`` zero-padded back to the input's
     shape (``pad`` writes exact zeros: the gradient of the elements not read)."""
-    x, axes, begin, end, strides = orig_call.args
+    x, axes, begin, end = orig_call.args[:4]
     shape = [int(d) for d in x.ty.shape]
     pads = [[0, 0] for _ in shape]
-    for axis, b, e, s in zip(*(_ints(t) for t in (axes, begin, end, strides))):
+    steps = _ints(orig_call.args[4]) if len(orig_call.args) > 4 else [1] * len(axes.fields)
+    for axis, b, e, s in zip(_ints(axes), _ints(begin), _ints(end), steps):
         axis %= len(shape)
         if s != 1:
             raise ValueError(f"tvm_spinn.training: no gradient for a strided_slice of stride {s} (only 1)")
@@ -68,10 +69,23 @@ def _strided_slice_grad(orig_var, orig_call, output_grad, ctx):
         pads[axis] = [b, n - e]
     # one partial per argument: the slice bounds (tuples of ints) get none
     no = relax.op.grad.no_grad
-    return [relax.op.nn.pad(output_grad, [v for p in pads for v in p]), no(axes), no(begin), no(end), no(strides)]
+    return [relax.op.nn.pad(output_grad, [v for p in pads for v in p])] + [no(a) for a in orig_call.args[1:]]
 
 
-_GRADIENTS = {"relax.squeeze": _reshape_back_grad, "relax.strided_slice": _strided_slice_grad, "relax.nn.gelu": _gelu_grad, "relax.nn.gelu_tanh": _gelu_tanh_grad}
+def _pad_grad(orig_var, orig_call, output_grad, ctx):
+    """A constant pad: the gradient of the input is ``dy`` without the padding (a unit-stride
+    slice); the padded elements are constants."""
+    x = orig_call.args[0]
+    if str(orig_call.attrs.pad_mode) != "constant":
+        raise ValueError(f"tvm_spinn.training: no gradient for a pad of mode {orig_call.attrs.pad_mode}")
+    shape = [int(d) for d in x.ty.shape]
+    width = [int(v) for v in orig_call.attrs.pad_width]
+    axes = list(range(len(shape)))
+    begin = [width[2 * k] for k in axes]
+    return [relax.op.strided_slice(output_grad, axes, begin, [b + d for b, d in zip(begin, shape)])]
+
+
+_GRADIENTS = {"relax.nn.pad": _pad_grad, "relax.squeeze": _reshape_back_grad, "relax.strided_slice": _strided_slice_grad, "relax.nn.gelu": _gelu_grad, "relax.nn.gelu_tanh": _gelu_tanh_grad}
 
 
 def register() -> None:

@@ -15,6 +15,10 @@ is replaced here, and why:
   trainer needs them as function parameters, so the model is exported here with TVM's
   ``from_exported_program(keep_params_as_input=True)`` and the front-end's fix-ups
   (:class:`~tvm_spinn.frontend.fixups.FixupImported`, the aten conversion fixes) applied on top.
+- Before ``Gradient``: a ``conv2d`` whose weight is trainable becomes im2col + one GEMM
+  (:func:`_conv_as_gemm`; the spinn conv kind needs a constant weight), and a ``take`` with 0-d
+  or N-d indices takes them flattened (:func:`_flat_take_indices`; TVM's ``take_backward``
+  legalizes 1-d indices only). Gradients TVM lacks are registered by :mod:`.gradients`.
 - SGD with momentum 0 is TVM's ``SGD``, with momentum TVM's ``MomentumSGD`` (same recurrence as
   ``torch.optim.SGD`` with ``dampening=0``: TVM's applies dampening on the first step too,
   so dampening is refused), Adam is TVM's ``Adam`` (PyTorch's update rearranged: rounding-level
@@ -288,6 +292,62 @@ def _flat_take_indices(func: relax.Function) -> relax.Function:
     return rewrite_call(pattern, rewriter, func)
 
 
+def _conv_as_gemm(func: relax.Function) -> relax.Function:
+    """``conv2d(x, W)`` with a trainable ``W`` (a function parameter, not a constant) becomes
+    im2col and one GEMM, ``Y = W[oc, c*kh*kw] @ cols[c*kh*kw, n*oh*ow]``.
+
+    The spinn conv2d kind embeds its weight in the program (a constant), so a conv whose weight
+    changes every step would stay on the host with both its gradients (``conv2d_transpose`` for
+    the data, a ``conv2d`` for the weight). As a GEMM of two activations it runs on the PEs, and
+    ``Gradient`` differentiates it into two more: ``dW = dY @ cols^T`` (the weight gradient as a
+    GEMM over im2col, its reduction over the whole batch and every output pixel in one fixed
+    ascending order) and ``dcols = W^T @ dY`` (the data gradient; col2im is the gradient of the
+    im2col slices: zero-pads and adds). im2col is unit-stride slices (a stride ``s`` is a slice
+    of ``s * out`` rows reshaped to ``(out, s)`` and the first of each ``s`` kept), so every
+    piece has a gradient. NCHW/OIHW, one group, no dilation; other convs are left as they are.
+    """
+    from tvm.relax.dpl import is_op, rewrite_call, wildcard
+
+    data, weight = wildcard(), wildcard()
+    pattern = is_op("relax.nn.conv2d")(data, weight)
+    op = relax.op
+
+    def rewriter(expr, matches):
+        x, w = matches[data], matches[weight]
+        a = expr.attrs
+        if not isinstance(w, relax.Var) or a.data_layout != "NCHW" or a.kernel_layout != "OIHW" \
+                or int(a.groups) != 1 or any(int(d) != 1 for d in a.dilation) \
+                or str(a.out_dtype) not in ("", "None", "float32") or str(x.ty.dtype) != "float32":
+            return expr
+        try:
+            n, c, h, wd = (int(d) for d in x.ty.shape)
+            oc, _, kh, kw = (int(d) for d in w.ty.shape)
+            _, _, oh, ow = (int(d) for d in expr.ty.shape)
+        except (TypeError, ValueError):
+            return expr
+        sh, sw = (int(v) for v in a.strides)
+        pt, pl, pb, pr = (int(v) for v in a.padding)
+        # rows read by the slices below: kh - 1 + sh * oh from the top (the last sh - 1 of them
+        # only feed dropped phases); pad the bottom/right up to that
+        pb += max(0, kh - 1 + sh * oh - (h + pt + pb))
+        pr += max(0, kw - 1 + sw * ow - (wd + pl + pr))
+        xp = op.nn.pad(x, [0, 0, 0, 0, pt, pb, pl, pr]) if any((pt, pb, pl, pr)) else x
+        cols = []
+        for i in range(kh):
+            for j in range(kw):
+                s = op.strided_slice(xp, [2, 3], [i, j], [i + sh * oh, j + sw * ow])
+                if sh > 1 or sw > 1:
+                    s = op.reshape(s, (n, c, oh, sh, ow, sw))
+                    s = op.strided_slice(s, [3, 5], [0, 0], [1, 1])
+                cols.append(op.reshape(s, (n, c, 1, oh * ow)))
+        col = op.concat(cols, axis=2) if len(cols) > 1 else cols[0]  # (n, c, kh*kw, p)
+        col = op.reshape(op.permute_dims(col, [1, 2, 0, 3]), (c * kh * kw, n * oh * ow))
+        y = op.matmul(op.reshape(w, (oc, c * kh * kw)), col)  # (oc, n*p)
+        return op.permute_dims(op.reshape(y, (oc, n, oh, ow)), [1, 0, 2, 3])
+
+    return rewrite_call(pattern, rewriter, func)
+
+
 def build_train_graph(model, example_inputs, loss: str, optimizer) -> TrainGraph:
     """Build the training-step module of ``model`` (see :class:`TrainGraph`)."""
     import torch
@@ -302,7 +362,7 @@ def build_train_graph(model, example_inputs, loss: str, optimizer) -> TrainGraph
     else:
         raise TrainingError(f"model must be a torch.nn.Module or an imported Relax IRModule, "
                             f"got {type(model).__name__}")
-    func = _flat_take_indices(func)
+    func = _conv_as_gemm(_flat_take_indices(func))
     out_ty = func.ret_ty
     if not isinstance(out_ty, relax.TensorType) or out_ty.dtype != "float32":
         raise TrainingError(f"the model must return one float32 tensor, it returns {out_ty}")
