@@ -49,6 +49,7 @@ enum Op : int64_t {
   kUnary = 6,      // x out n kind lo hi relu
   kBinary = 7,     // a b out kind relu ndim shape[ndim] a_strides[ndim] b_strides[ndim]
   kCopy = 8,       // src dst elem_bytes ndim src_off dst_off shape[ndim] src_strides[ndim] dst_strides[ndim]
+  kPool = 9,       // x out planes h w oh ow kh kw sh sw dh dw pt pl is_max include_pad
 };
 
 enum Unary : int64_t {
@@ -304,6 +305,17 @@ class Plan {
           }
           break;
         }
+        case kPool: {
+          in = take(18);
+          const int64_t planes = in[3], h = in[4], w = in[5], oh = in[6], ow = in[7];
+          Positive({planes, h, w, oh, ow, in[14], in[15]});
+          if (in[8] < 1 || in[9] < 1 || in[10] < 1 || in[11] < 1 || in[12] < 1 || in[13] < 1) {
+            TVM_FFI_THROW(ValueError) << kFunc << ": bad pool geometry";
+          }
+          Need(in[1], planes * h * w * 4);
+          Need(in[2], planes * oh * ow * 4);
+          break;
+        }
         default:
           TVM_FFI_THROW(ValueError) << kFunc << ": unknown instruction " << op;
       }
@@ -427,6 +439,47 @@ class Plan {
         oa -= sa[d] * shape[d];
         ob -= sb[d] * shape[d];
         idx[d] = 0;
+      }
+    }
+  }
+
+  /*!
+   * \brief 2-D pooling as the pool family computes it: taps in row-major window order over the
+   *        padded plane (padding reads the lowest float32 for max, +0.0 for average); max keeps
+   *        `acc > v ? acc : v` from the lowest float32; average sums from the first tap, then
+   *        divides by the window size or the count of taps inside the input.
+   */
+  static void Pool(const float* x, float* out, const Instr& in) {
+    const int64_t planes = in[3], h = in[4], w = in[5], oh = in[6], ow = in[7], kh = in[8],
+                  kw = in[9], sh = in[10], sw = in[11], dh = in[12], dw = in[13], pt = in[14],
+                  pl = in[15];
+    const bool is_max = in[16] != 0, include_pad = in[17] != 0;
+    const float lowest = -3.4028234663852886e38f;
+    const float fill = is_max ? lowest : 0.0f;
+    for (int64_t p = 0; p < planes; ++p) {
+      const float* xp = x + p * h * w;
+      float* op = out + p * oh * ow;
+      for (int64_t oy = 0; oy < oh; ++oy) {
+        for (int64_t ox = 0; ox < ow; ++ox) {
+          float acc = lowest;
+          int64_t count = 0;
+          for (int64_t i = 0; i < kh; ++i) {
+            const int64_t r = oy * sh + i * dh - pt;
+            for (int64_t j = 0; j < kw; ++j) {
+              const int64_t c = ox * sw + j * dw - pl;
+              const bool inside = r >= 0 && r < h && c >= 0 && c < w;
+              const float v = inside ? xp[r * w + c] : fill;
+              count += inside;
+              if (is_max) {
+                acc = acc > v ? acc : v;
+              } else {
+                acc = (i == 0 && j == 0) ? v : FirstNaN(acc + v, acc, v);
+              }
+            }
+          }
+          if (!is_max) acc = acc / static_cast<float>(include_pad ? kh * kw : count);
+          op[oy * ow + ox] = acc;
+        }
       }
     }
   }
@@ -595,6 +648,9 @@ class Plan {
         }
         break;
       }
+      case kPool:
+        Pool(f32(in[1]), f32(in[2]), in);
+        break;
       default:
         break;  // unreachable: Decode rejected it
     }
@@ -622,7 +678,7 @@ ffi::Map<ffi::String, int64_t> PlanOps() {
   return ffi::Map<ffi::String, int64_t>{
       {"gemm", kGemm},         {"im2col", kIm2Col}, {"depthwise", kDepthwise},
       {"softmax", kSoftmax},   {"layer_norm", kLayerNorm}, {"mean", kMean},
-      {"unary", kUnary},       {"binary", kBinary}, {"copy", kCopy},
+      {"unary", kUnary},       {"binary", kBinary}, {"copy", kCopy},        {"pool", kPool},
       {"unary.relu", kRelu},   {"unary.clip", kClip}, {"unary.negative", kNegative},
       {"unary.sqrt", kSqrt},   {"unary.rsqrt", kRsqrt}, {"unary.square", kSquare},
       {"unary.cube", kCube},   {"unary.tanh", kTanh}, {"unary.gelu", kGelu},

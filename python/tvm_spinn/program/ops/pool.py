@@ -5,7 +5,8 @@ uniform windows, lowered to ``avg_pool2d``.
   lowest finite float32 and keeps ``acc > v ? acc : v`` (the compare-and-select of TVM's max
   reducer: a NaN element is taken, a later number replaces it; a window lying entirely in the
   padding gives -3.4028235e38, as TVM's topi and onnxruntime); average pooling adds the window's
-  elements in that order into an fp32 sum, then divides by the window size or by the count of
+  elements in that order into an fp32 sum (a NaN operand propagating as in
+  :func:`~tvm_spinn.program.ops.elementwise.binary`), then divides by the window size or by the count of
   non-padding elements (``count_include_pad``).
 - Tiles: ``[planes, rows]`` over the ``N*C`` planes and the output rows (planes outer); a tile
   holds the band of input rows under its output rows (with the window's halo), padded width.
@@ -17,6 +18,7 @@ import numpy as np
 
 from ..checks import PAD4, POS2, check_bool, fail
 from ..model import Layer
+from .elementwise import binary
 from .base import MappingError, OpFamily, ceil_div, itemsize, register, starts, working_budget
 
 __all__ = ["Pool", "smallest_pool_tile_bytes"]
@@ -208,7 +210,7 @@ class Pool(OpFamily):
                     acc = np.full(v.shape, _F32_LOWEST) if acc is None else acc
                     acc = np.where(acc > v, acc, v)
                 else:
-                    acc = v.astype(_F32) if acc is None else (acc + v).astype(_F32)
+                    acc = v.astype(_F32) if acc is None else binary("add", acc, v)
                     count += valid[sl]
         if layer.kind == "avg_pool2d":
             div = _F32(kh * kw) if attrs.get("count_include_pad") else count
@@ -259,13 +261,29 @@ class Pool(OpFamily):
                     acc = np.full(v.shape, _F32_LOWEST) if acc is None else acc
                     acc = np.where(acc > v, acc, v)
                 else:
-                    acc = v.astype(_F32) if acc is None else (acc + v).astype(_F32)
+                    acc = v.astype(_F32) if acc is None else binary("add", acc, v)
             if not is_max:
                 acc = (acc / div).astype(_F32)
             if acc.dtype != _F32 or not acc.flags.c_contiguous:
                 acc = np.ascontiguousarray(acc, dtype=_F32)
             return acc.reshape(shape)
         return step
+
+    def native(self, program, layer, nb, clip=None):
+        """float32 pools as one ``pool`` instruction: :meth:`step`'s window order, padding
+        values and operations."""
+        tensors = program.tensors
+        x_tid = layer.inputs[0]
+        if tensors[x_tid].dtype != "float32" or tensors[layer.output].dtype != "float32":
+            return False
+        n, c, h, w = (int(d) for d in tensors[x_tid].shape)
+        oh, ow = (int(d) for d in tensors[layer.output].shape[2:])
+        attrs = layer.attrs
+        pt, pl = int(attrs["padding"][0]), int(attrs["padding"][1])
+        nb.emit("pool", nb.read(x_tid), nb.write(layer.output), n * c, h, w, oh, ow, *attrs["pool_size"],
+                *attrs["strides"], *attrs["dilation"], pt, pl, int(layer.kind == "max_pool2d"),
+                int(bool(attrs.get("count_include_pad"))))
+        return True
 
 
 register(Pool())
