@@ -45,7 +45,7 @@ from .memory import LEDGER_RESIDENT_SHARE, activation_label
 from .shard import ShardPlan, plan_shards, shard_program
 from .tiling import MappingError
 
-__all__ = ["Ledger", "map_on_system", "TP_DEGREES", "overflow_message", "system_tables", "retime"]
+__all__ = ["Ledger", "map_on_system", "TP_DEGREES", "overflow_message", "system_tables", "retime", "issued"]
 
 # A model too large for its system is raised at the end of the codegen callback: it crosses
 # the FFI boundary as itself, not as a generic RuntimeError.
@@ -119,7 +119,8 @@ def _candidates(program: Program, arch: SpinnArch, topo, per_chip: bool, work) -
             if not row and "row" not in plan_shards(program, tp, dp, True).splits:
                 continue  # the same plan as with row-parallel GEMMs
             ranks = ring_order(topo, tp)
-            comm = sum(collective_cost(topo, ranks, c.op, c.nbytes, c.exact).seconds for c in plan.collectives) if tp > 1 else 0.0
+            comm = sum(collective_cost(topo, ranks, op, nbytes, exact).seconds
+                       for _, op, nbytes, exact in issued(program, plan.collectives)) if tp > 1 else 0.0
             shard_w = sum(int(np.prod(s, dtype=np.int64)) * program.tensors[i].nbytes // max(1, int(np.prod(program.tensors[i].shape, dtype=np.int64)))
                           for i, s in enumerate(plan.shapes) if program.tensors[i].role == "const")
             # replicated layers do all their work on every chip of the group
@@ -128,6 +129,24 @@ def _candidates(program: Program, arch: SpinnArch, topo, per_chip: bool, work) -
             out.append((bound, plan, shard_w))
     out.sort(key=lambda c: (c[0] * (c[1].chips if per_chip else 1), c[1].chips))
     return out
+
+
+def issued(program: Program, collectives) -> list[tuple[int, str, int, bool]]:
+    """The plan's collectives as the chips issue them, ``(layer, op, bytes, exact)``: all-gathers
+    that follow one another in the plan, each of a tensor already produced when the first of
+    them is due, go out together as one all-gather of their summed bytes (GPT-2's Q, K and V,
+    sliced from one column-parallel GEMM and gathered for the attention: one collective's hop
+    latencies instead of three)."""
+    producer = {layer.output: i for i, layer in enumerate(program.layers)}
+    out: list[list] = []
+    for c in collectives:
+        last = out[-1] if out else None
+        if (last is not None and c.op == "all_gather" and last[1] == "all_gather"
+                and producer.get(c.tensor, -1) < last[0]):
+            last[2] += c.nbytes
+            continue
+        out.append([c.layer, c.op, c.nbytes, c.exact])
+    return [tuple(x) for x in out]
 
 
 def _time_plan(program: Program, plan: ShardPlan, arch: SpinnArch, topo, map_one, reserved: np.ndarray, ranks):
@@ -175,8 +194,8 @@ def _system_timing(program: Program, plan: ShardPlan, shard: Program, tables, ch
     shard.mapping = saved
     exec_cycles = [row.cycles for row in local.layers]
     shard.exec_cycles = exec_cycles  # in memory only: the pre-scores of other plans
-    colls = [(c.layer, collective_cost(topo, ranks, c.op, c.nbytes, c.exact)) for c in plan.collectives] \
-        if plan.tp > 1 else []
+    colls = [(layer, collective_cost(topo, ranks, op, nbytes, exact)) for layer, op, nbytes, exact in
+             issued(program, plan.collectives)] if plan.tp > 1 else []
     row_fp32 = {i for i, s in enumerate(plan.splits) if s == "row" and program.layers[i].mode != "int8"}
     io = sum(shard.tensors[t].nbytes for t in list(shard.inputs) + list(shard.outputs))
     return compose(program, chip, exec_cycles, stream, colls, plan.chips, row_fp32, io, prefetch_bytes=2 * prefetch)

@@ -80,6 +80,7 @@ class CollectiveCost:
     steps: int
     ranks: int
     nbytes: float
+    segments: int = 0  # chain: the segments the message is cut into (0: not a chain)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -358,10 +359,13 @@ def chain_all_reduce(topo: "Topology", ranks: Sequence[int], nbytes: float,
     Rank ``i`` adds its partial sums into what rank ``i - 1`` sends and passes the result on, so
     the sum is the one sequential ascending reduction of the one-chip program (a row-parallel
     GEMM's ranks hold consecutive blocks of ``k``): the bits do not depend on the rank count.
-    The message is cut into ``m`` segments that flow down the chain (ranks ``0 -> c-1``) while
-    finished segments flow back up (``c-1 -> 0``, other directed links), so each of the
-    ``m + 2 (c - 1) - 1`` steps moves ``nbytes / m`` over every neighbour pair both ways; ``m``
-    is the cheapest of ``segments``.
+    The message is cut into ``m`` segments that flow down the chain (ranks ``0 -> c-1``, one
+    hop per step when consecutive ranks are neighbours); each finished segment leaves the last
+    rank as a multicast (SpiNNaker's routers copy a packet onto several links) along the routes
+    from it to every rank, a tree of depth ``D`` (the farthest rank's hops). The reduce takes
+    ``m + c - 2`` steps and the broadcast, pipelined behind it, ``D`` more: ``m + c + D - 2``
+    steps, each moving ``nbytes / m`` over one hop (the slower of the chain's and the tree's
+    links); ``m`` is the cheapest of ``segments``.
 
     Parameters
     ----------
@@ -384,14 +388,22 @@ def chain_all_reduce(topo: "Topology", ranks: Sequence[int], nbytes: float,
     if c == 1 or nbytes == 0:
         return CollectiveCost("all_reduce", "chain", 0.0, 0.0, 0, 0, 0, c, float(nbytes))
     i = np.arange(c - 1)
-    src = np.concatenate([ranks[i], ranks[i + 1]])
-    dst = np.concatenate([ranks[i + 1], ranks[i]])
+    root = np.full(c - 1, ranks[-1])
+    depth = int(topo.hops(root, ranks[:-1]).max())
+    # the multicast tree: every link on a route from the last rank carries each segment once
+    _, tree = topo.route_links(root, ranks[:-1])
+    tree = np.unique(tree)
     best = None
     for m in segments:
-        cost, load = topo.evaluate(src, dst, float(nbytes) / m)
-        steps = m + 2 * (c - 1) - 1
-        candidate = CollectiveCost("all_reduce", "chain", steps * cost.seconds, float(load.max()) * m,
-                                   steps * cost.max_hops, steps * cost.board_hops, steps, c, float(nbytes))
+        cost, load = topo.evaluate(ranks[i], ranks[i + 1], float(nbytes) / m)
+        tree_s = float((float(nbytes) / m / topo.link_bw[tree]).max() + topo.link_hop_s[tree].max())
+        step = max(cost.seconds, tree_s)
+        load = load.copy()
+        load[tree] += float(nbytes) / m
+        steps = m + c + depth - 2
+        candidate = CollectiveCost("all_reduce", "chain", steps * step, float(load.max()) * m,
+                                   steps * max(1, cost.max_hops), steps * cost.board_hops, steps, c, float(nbytes),
+                                   segments=int(m))
         if best is None or candidate.seconds < best.seconds:
             best = candidate
     return best

@@ -140,8 +140,7 @@ def compose(program: Program, arch: SpinnArch, exec_cycles, stream_bytes, collec
         timings.append(CollectiveTiming(int(layer), cost.op, cost.algorithm, int(cost.nbytes), float(cost.seconds),
                                         int(cost.hops), int(cost.board_hops)))
         if cost.algorithm == "chain" and cost.ranks > 1:
-            segments = cost.steps - 2 * (cost.ranks - 1) + 1
-            fill[layer] = (cost.ranks - 1) / max(1, segments)
+            fill[layer] = (cost.ranks - 1) / max(1, cost.segments)
     # the chain after a row-parallel layer: the layer's compute pays the pipeline fill
     extra = np.zeros(n)
     consumers = sorted(fill)

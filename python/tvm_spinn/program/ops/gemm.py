@@ -207,6 +207,11 @@ def choose_gemm_tile(g: GemmShape, arch: "SpinnArch", name: str = "gemm", pes: i
     for k in range(1, 9):
         tns.add(min(n_cap, _round_up(ceil_div(g.n * g.batch * ceil_div(g.m, m_cap), k * pes), c)))
         tms.add(min(m_cap, _round_up(ceil_div(g.m * g.batch, k * pes), r)))
+    if mode != "int8" and g.m * g.batch < r:
+        # A matrix-vector product (a decode step) in fp32 runs on the M4F, which has no column
+        # granularity: columns one or two at a time spread the few output columns over more
+        # PEs (each PE streams its own weight columns, the input vector multicast once).
+        tns.update({1, 2}, (min(g.n, ceil_div(g.n, k * pes)) for k in range(1, 9)))
     tms, tns = sorted(tms), sorted(tns)
     chips = max(1, -(-pes // arch.pes_per_chip))
     dram_bytes_per_cycle = arch.dram_bw_bytes_s * chips / arch.clock_hz
