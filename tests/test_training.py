@@ -254,7 +254,7 @@ def test_embedding_and_token_select_gradients_match_pytorch():
 def test_conv_with_trainable_weight_runs_as_gemms_on_the_pes():
     """conv2d with a trainable weight (stride 2 and padding, a non-square kernel) is im2col + a
     GEMM: forward, weight gradient (dY @ cols^T) and data gradient (W^T @ dY) are spinn.matmul;
-    no conv2d / conv2d_transpose is left on the host; 5 steps match PyTorch."""
+    no conv2d / conv2d_transpose / reduction is left on the host; 5 steps match PyTorch."""
     torch.manual_seed(2)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, stride=2, padding=1), torch.nn.ReLU(),
                                 torch.nn.Conv2d(4, 4, (3, 2), padding=(0, 1)), torch.nn.ReLU(),
@@ -268,6 +268,9 @@ def test_conv_with_trainable_weight_runs_as_gemms_on_the_pes():
     _assert_close_runs(got, torch_reference(model, batches, "cross_entropy", SGD))
     summary = tvm_spinn.summarize_partition(tvm_spinn.partition_for_spinn(trainer.module))
     assert not {"relax.nn.conv2d", "relax.nn.conv2d_transpose", "relax.matmul"} & set(summary.fallback_ops)
+    # the bias gradients (collapse_sum_to over batch and pixels) are GEMMs with a ones column
+    assert not {"relax.collapse_sum_to", "relax.sum"} & set(summary.fallback_ops)
+    assert summary.offloaded_ops["spinn.dense"] == 4
     # forward 2 convs + 1 linear; backward dW for all 3, dX for the 2 layers after the first
     assert summary.offloaded_ops["spinn.matmul"] == 8
 

@@ -348,6 +348,61 @@ def _conv_as_gemm(func: relax.Function) -> relax.Function:
     return rewrite_call(pattern, rewriter, func)
 
 
+def _sum_as_gemm(x: relax.Expr, reduced: list[int], out_shape) -> relax.Expr:
+    """``x`` summed over the axes ``reduced``, as ``x[kept, reduced] @ ones[reduced, 1]``."""
+    shape = [int(d) for d in x.ty.shape]
+    kept = [k for k in range(len(shape)) if k not in reduced]
+    n_red = int(np.prod([shape[k] for k in reduced]))
+    n_kept = int(np.prod([shape[k] for k in kept]))
+    if n_red > 1:
+        if kept + reduced != list(range(len(shape))):
+            x = relax.op.permute_dims(x, kept + reduced)
+        x = relax.op.matmul(relax.op.reshape(x, (n_kept, n_red)), relax.const(np.ones((n_red, 1), np.float32)))
+    return relax.op.reshape(x, out_shape)
+
+
+def _sums_as_gemms(mod: tvm.IRModule) -> tvm.IRModule:
+    """The reductions ``Gradient`` emits (``collapse_sum_to``: the gradient of every broadcast,
+    biases and BatchNorm's affine parameters; ``sum``: softmax, LayerNorm and BatchNorm
+    backward), which the spinn partition leaves on the host, become a GEMM with a column of
+    ones: products by 1 are exact and the PE accumulates in ascending order of the flattened
+    reduced index, so the sum is a fixed-order fp32 sum on the PEs, the same on every system."""
+    from tvm.relax.dpl import is_op, rewrite_call, wildcard
+
+    x, target = wildcard(), wildcard()
+    collapse = is_op("relax.collapse_sum_to")(x, target)
+    total = is_op("relax.sum")(x)
+
+    def static(expr):
+        try:
+            return [int(d) for d in expr.ty.shape]
+        except (TypeError, ValueError, AttributeError):
+            return None
+
+    def rewrite_collapse(expr, matches):
+        src, out = static(matches[x]), static(expr)
+        if src is None or out is None or str(expr.ty.dtype) != "float32":
+            return expr
+        lead = len(src) - len(out)
+        reduced = list(range(lead)) + [lead + k for k, d in enumerate(out) if d == 1 and src[lead + k] != 1]
+        return _sum_as_gemm(matches[x], reduced, out)
+
+    def rewrite_sum(expr, matches):
+        src, out = static(matches[x]), static(expr)
+        if src is None or out is None or str(expr.ty.dtype) != "float32":
+            return expr
+        axes = expr.attrs.axis
+        reduced = list(range(len(src))) if axes is None else sorted(int(a) % len(src) for a in axes)
+        return _sum_as_gemm(matches[x], reduced, out)
+
+    out = tvm.IRModule({}, attrs=mod.attrs)
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            func = rewrite_call(total, rewrite_sum, rewrite_call(collapse, rewrite_collapse, func))
+        out[gv] = func
+    return out
+
+
 def build_train_graph(model, example_inputs, loss: str, optimizer) -> TrainGraph:
     """Build the training-step module of ``model`` (see :class:`TrainGraph`)."""
     import torch
@@ -378,6 +433,7 @@ def build_train_graph(model, example_inputs, loss: str, optimizer) -> TrainGraph
     backbone = backbone.with_attrs({"param_num": len(names), "state_num": 0})
     trainer = SetupTrainer(loss_obj, opt_obj, [out_ty, relax.TensorType(label_shape, label_dtype)],
                            legalize=False)(backbone)
+    trainer = _sums_as_gemms(trainer)
     step = _fuse_step(trainer, len(names))
     step = FixupImported(step)
     init_state = tuple(np.array(s.numpy()) for s in trainer.attrs["optim_state"])
