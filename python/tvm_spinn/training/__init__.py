@@ -5,13 +5,18 @@
 >>> loss = trainer.step(x, y)
 
 The step is one Relax function built by TVM's ``relax.training`` (loss, ``Gradient`` pass,
-optimizer; see :mod:`.graph` for what is replaced) and compiled with ``relax.build``: the
-spinn partition offloads its GEMMs (forward, dX = dY W^T, dW = X^T dY) and element-wise update
-ops to the PEs; the rest runs on the fallback target.
+optimizer; see :mod:`.graph` for what is replaced, :mod:`.gradients` for the op gradients
+added) and compiled with ``relax.build``: the spinn partition offloads its GEMMs (forward,
+dX = dY W^T, dW = X^T dY; convolutions with trainable weights as im2col + GEMM; the backward
+pass's reductions as GEMMs with a ones column) and element-wise ops, forward and backward, and
+the optimizer update, to the PEs; the rest runs on the fallback target
+(:func:`op_placement` lists both per phase, :func:`step_time` gives the simulated time per phase).
+``data_parallel={"replicas": R, "microbatches": M}`` splits a step over chips
+(:mod:`.parallel`; its bits do not depend on ``R``).
 
-Limits of this first slice: ``BatchNorm`` trains with the batch's statistics like PyTorch's
+Limits: ``BatchNorm`` trains with the batch's statistics like PyTorch's
 train mode, but its running statistics are not updated (TVM's importer drops those outputs;
-``parameters()`` holds the trainable parameters only); dropout is refused. An imported Relax
+``parameters()`` holds the trainable parameters only); dropout with p > 0 is refused. An imported Relax
 module (``tvm_spinn.frontend``: weights bound as constants) trains its float32 constants of rank
 >= 1 as ``param_<k>``, in the layout the importer stored them in.
 

@@ -1,0 +1,180 @@
+"""Training-step benchmark (issue 14): simulated time per step on one chip and on a board, by
+phase, and data-parallel scaling over the board's chips, reproducible vs ring all-reduce.
+
+Models are `transformers` configs with random weights (no download):
+
+- ``resnet18``: ``ResNetConfig(layer_type="basic", depths=[2, 2, 2, 2], hidden_sizes=[64, 128,
+  256, 512])``, ResNet-18's layers and widths, BatchNorm in training mode, on 64x64 images
+  (not ImageNet's 224x224: the step's host-side conv gradients make a 224 build too slow to
+  compile here), 10 classes;
+- ``bert``: BERT-base (12 layers, hidden 768, 12 heads, FFN 3072) at sequence 128, a 1,000-token
+  vocabulary (the 30,522 rows of the real one only add an embedding-gradient on the host),
+  dropout 0, sequence classification with 2 labels.
+
+``--quick`` shrinks both (ResNet-18 on 32x32, BERT with 2 layers at sequence 32). Per model:
+
+1. one training step (SGD with momentum for ResNet, Adam for BERT) compiled for ``spinn`` and
+   for ``spinn/board``: simulated seconds of the step, and of its forward, backward and update
+   phases on the chip (``--board-phases``: on the board too) (:func:`tvm_spinn.training.step_time`; only offloaded programs have a simulated time,
+   the host ops left are counted);
+2. data parallelism on the board: a batch of 8 micro-batches of 2 samples (BatchNorm needs
+   more than one value per channel), R = 1, 2, 4, 8 replicas (one chip each); simulated step time with the reproducible reduction (fixed tree
+   over micro-batches) and with the non-reproducible one (per-replica sum, then the cheaper of
+   ring and tree), their ratio (the issue's budget: <= 1.2x), and the speedup over R = 1.
+
+The scaling is plotted to ``--plot`` (matplotlib; written atomically). Build times are wall
+clock on this machine (noisy when shared).
+
+    python bench/training.py                      # both models, full configs (~15 min here)
+    python bench/training.py --quick --plot /tmp/training.png
+    python bench/training.py --only bert --no-phases
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+import tvm_spinn
+from tvm_spinn._files import atomic_write
+
+
+class _Logits(torch.nn.Module):
+    """A `transformers` classifier as a tensor -> logits module."""
+
+    def __init__(self, model, key: str):
+        super().__init__()
+        self.model, self.key = model, key
+
+    def forward(self, x):
+        return self.model(**{self.key: x}).logits
+
+
+def resnet18(quick: bool, batch: int):
+    import transformers as tf
+
+    torch.manual_seed(0)
+    cfg = tf.ResNetConfig(layer_type="basic", depths=[2, 2, 2, 2], hidden_sizes=[64, 128, 256, 512],
+                          embedding_size=64, num_labels=10)
+    side = 32 if quick else 64
+    x = torch.randn(batch, 3, side, side)
+    return (_Logits(tf.ResNetForImageClassification(cfg), "pixel_values"), x, 10,
+            ("sgd", {"lr": 0.1, "momentum": 0.9}), f"ResNet-18 {side}x{side}")
+
+
+def bert(quick: bool, batch: int):
+    import transformers as tf
+
+    torch.manual_seed(0)
+    layers, seq = (2, 32) if quick else (12, 128)
+    cfg = tf.BertConfig(vocab_size=1000, hidden_size=768, num_hidden_layers=layers, num_attention_heads=12,
+                        intermediate_size=3072, max_position_embeddings=max(seq, 128), hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0, num_labels=2, attn_implementation="eager")
+    ids = torch.randint(0, 1000, (batch, seq), generator=torch.Generator().manual_seed(0))
+    return (_Logits(tf.BertForSequenceClassification(cfg), "input_ids"), ids, 2, ("adam", {"lr": 1e-4}),
+            f"BERT-base {layers} layers s{seq}")
+
+
+MODELS = {"resnet18": resnet18, "bert": bert}
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:9.3f}"
+
+
+def _one(name: str, args) -> dict:
+    model, x, classes, optimizer, label = MODELS[name](args.quick, args.batch)
+    y = np.arange(args.batch, dtype=np.int64) % classes
+    print(f"\n== {label}, batch {args.batch}, optimizer {optimizer[0]}")
+    t0 = time.perf_counter()
+    chip = tvm_spinn.training.compile(model, x, optimizer=optimizer, target="spinn")
+    print(f"  build for spinn: {time.perf_counter() - t0:.1f} s wall")
+    t0 = time.perf_counter()
+    board = chip.build_for("spinn/board")
+    print(f"  build for spinn/board: {time.perf_counter() - t0:.1f} s wall")
+    place = tvm_spinn.training.op_placement(chip)
+    for phase, where in place.items():
+        host = sum(where["host"].values())
+        print(f"  {phase:<8} PE ops {sum(where['pe'].values()):4d}, host ops {host:4d}: "
+              + ", ".join(f"{k.removeprefix('relax.')} {v}" for k, v in where["host"].items()))
+    print(f"  {'system':<12}{'step ms':>10}{'forward':>10}{'backward':>10}{'update':>10}")
+    rows = {}
+    for system, trainer in (("spinn", chip), ("spinn/board", board)):
+        phases = not args.no_phases and (system == "spinn" or args.board_phases)
+        t = tvm_spinn.training.step_time(trainer, phases=phases)
+        rows[system] = t
+        parts = "".join(f"{_ms(t[k]):>10}" for k in ("forward_s", "backward_s", "update_s")) if "forward_s" in t else ""
+        print(f"  {system:<12}{_ms(t['step_s']):>10}{parts}")
+    print(f"  board speedup over one chip: {rows['spinn']['step_s'] / rows['spinn/board']['step_s']:.2f}x")
+    loss = chip.step(x, y)  # one real step on the simulator: the programs run, the loss is finite
+    print(f"  one simulated step on a chip: loss {loss:.4f}")
+
+    t0 = time.perf_counter()
+    m = args.microbatches
+    xs = x[:args.micro].repeat(m, *([1] * (x.dim() - 1)))  # shapes only: m micro-batches of args.micro
+    dp = tvm_spinn.training.compile(model, xs, optimizer=optimizer, target="spinn/board",
+                                    data_parallel={"replicas": 1, "microbatches": m})
+    print(f"  data parallel, {m} micro-batches of {args.micro} samples (build {time.perf_counter() - t0:.1f} s wall)")
+    print(f"  {'replicas':>8}{'repro ms':>10}{'ring ms':>10}{'ratio':>7}{'speedup':>9}  all-reduce (repro / fast)")
+    scaling = []
+    replicas = [r for r in (1, 2, 4, 8, 16, 32) if r <= m]
+    for r in replicas:
+        fixed = dp.with_replicas(r).simulated_step()
+        fast = dp.with_replicas(r, reproducible=False).simulated_step()
+        scaling.append((r, fixed["total_s"], fast["total_s"]))
+        print(f"  {r:>8}{_ms(fixed['total_s']):>10}{_ms(fast['total_s']):>10}{fixed['total_s'] / fast['total_s']:>7.3f}"
+              f"{scaling[0][1] / fixed['total_s']:>8.2f}x  {fixed['all_reduce']} {_ms(fixed['all_reduce_s']).strip()} / "
+              f"{fast['all_reduce']} {_ms(fast['all_reduce_s']).strip()} ms")
+    return {"label": label, "steps": rows, "scaling": scaling}
+
+
+def _plot(results: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for res in results.values():
+        r = [row[0] for row in res["scaling"]]
+        base = res["scaling"][0][1]
+        ax.plot(r, [base / row[1] for row in res["scaling"]], "o-", label=f"{res['label']} (reproducible)")
+        ax.plot(r, [base / row[2] for row in res["scaling"]], "x--", label=f"{res['label']} (ring)")
+    top = max(row[0] for res in results.values() for row in res["scaling"])
+    ax.plot([1, top], [1, top], ":", color="gray", label="linear")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    ax.set_xlabel("replicas (chips of spinn/board)")
+    ax.set_ylabel("speedup of a training step over 1 replica")
+    ax.set_title("Data-parallel training on a board (simulated)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    atomic_write(path, lambda f: fig.savefig(f, format=os.path.splitext(path)[1][1:] or "png", dpi=120))
+    plt.close(fig)
+    print(f"\nplot written to {path}")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", choices=sorted(MODELS), action="append", help="models to run (default: all)")
+    parser.add_argument("--quick", action="store_true", help="smaller configs")
+    parser.add_argument("--batch", type=int, default=8, help="samples per step (default 8)")
+    parser.add_argument("--microbatches", type=int, default=8, help="micro-batches of the data-parallel step")
+    parser.add_argument("--micro", type=int, default=2,
+                        help="samples per micro-batch (2: BatchNorm needs more than one value per channel)")
+    parser.add_argument("--no-phases", action="store_true", help="skip the per-phase builds")
+    parser.add_argument("--board-phases", action="store_true", help="time the phases on the board too (3 more builds)")
+    parser.add_argument("--plot", default="training_scaling.png", help="where to write the scaling plot")
+    args = parser.parse_args(argv)
+    results = {name: _one(name, args) for name in (args.only or list(MODELS))}
+    if args.plot:
+        _plot(results, args.plot)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
