@@ -334,6 +334,29 @@ def test_training_mode_layers_are_refused():
         tvm_spinn.training.compile(model, torch.from_numpy(x))
 
 
+def test_op_without_a_gradient_is_named():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.AdaptiveAvgPool2d(2), torch.nn.Flatten(),
+                                torch.nn.Linear(16, 10))
+    with pytest.raises(TrainingError, match=r"uses relax.nn.adaptive_avg_pool2d, which has no gradient"):
+        tvm_spinn.training.compile(model, torch.zeros(2, 3, 9, 9), target="llvm")
+
+
+class _EveryOther(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc(x[:, ::2])
+
+
+def test_strided_slice_gradient_limit_is_named():
+    with pytest.raises(TrainingError, match="no gradient for a strided_slice of stride 2"):
+        tvm_spinn.training.compile(torch.nn.Sequential(torch.nn.Linear(16, 16), _EveryOther()),
+                                   torch.zeros(2, 16), target="llvm")
+
+
 def test_checkpoint_from_another_model(mlp_runs, tmp_path):
     trainer = mlp_runs[1]["llvm"][0]
     # what Trainer.save of mlp(hidden=24) writes (the same writer; spares a compile)

@@ -28,6 +28,7 @@ is replaced here, and why:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -431,8 +432,19 @@ def build_train_graph(model, example_inputs, loss: str, optimizer) -> TrainGraph
 
     backbone = tvm.IRModule({"backbone": func.with_attr("global_symbol", "backbone")})
     backbone = backbone.with_attrs({"param_num": len(names), "state_num": 0})
-    trainer = SetupTrainer(loss_obj, opt_obj, [out_ty, relax.TensorType(label_shape, label_dtype)],
-                           legalize=False)(backbone)
+    try:
+        trainer = SetupTrainer(loss_obj, opt_obj, [out_ty, relax.TensorType(label_shape, label_dtype)],
+                               legalize=False)(backbone)
+    except Exception as err:  # TVM's InternalError from Gradient: name the op, not a C++ check
+        text = str(err)
+        missing = re.search(r"FPrimalGradient has not been registered for (\S+)", text)
+        if missing:
+            raise TrainingError(f"the model uses {missing.group(1)}, which has no gradient in TVM's "
+                                "relax.training (nor in tvm_spinn.training.gradients)") from None
+        ours = re.search(r"tvm_spinn\.training: (no gradient [^\n]*)", text)
+        if ours:
+            raise TrainingError(ours.group(1)) from None
+        raise
     trainer = _sums_as_gemms(trainer)
     step = _fuse_step(trainer, len(names))
     step = FixupImported(step)
