@@ -18,6 +18,7 @@ import struct
 
 import numpy as np
 import pytest
+import xxhash
 import torch
 import tvm
 import tvm_ffi
@@ -49,12 +50,25 @@ def split(data: bytes) -> tuple[int, dict, bytes]:
 
 
 def seal(header, blob: bytes, version: int = fmt.PROGRAM_VERSION, hlen: int | None = None) -> bytes:
-    """Program bytes around ``header`` (dict, or raw bytes) with a valid BLAKE2b-256 checksum."""
+    """Program bytes around ``header`` (dict, or raw bytes) with a valid checksum (the format
+    version's digest: :func:`~tvm_spinn.program.format.program_digest`)."""
     text = header if isinstance(header, bytes) else json.dumps(
         header, sort_keys=True, separators=(",", ":")).encode()
     out = b"SPINNPRG" + struct.pack("<IIQ", version, 0, len(text) if hlen is None else hlen) + text
     out += b"\0" * (-len(out) % 64) + struct.pack("<Q", len(blob)) + blob
-    return out + hashlib.blake2b(out, digest_size=32).digest()
+    return out + _digest(out, version)
+
+
+def _digest(data: bytes, version: int) -> bytes:
+    """The format's checksum, written here independently of the package: version 5 is SHA-256
+    over the XXH3-128 digests of 32 MiB segments and the byte count; version 4 BLAKE2b-256."""
+    if version == 4:
+        return hashlib.blake2b(data, digest_size=32).digest()
+    root = hashlib.sha256()
+    for start in range(0, max(len(data), 1), 32 << 20):
+        root.update(xxhash.xxh3_128(data[start:start + (32 << 20)]).digest())
+    root.update(struct.pack("<Q", len(data)))
+    return root.digest()
 
 
 def programs_of(ex) -> list[bytes]:
@@ -126,6 +140,21 @@ def test_real_programs_pass_and_match_llvm(built):
             np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5, err_msg=name)
 
 
+def test_version_4_programs_are_still_read(built):
+    """Version 4 programs (BLAKE2b-256 digest) load and run as their version-5 twins; each
+    version has its own digest (a version-4 program carrying a version-5 digest is damage)."""
+    data, x, _ = built["cnn"]
+    _, header, blob = split(data)
+    header["version"] = 4
+    old = seal(header, blob, 4)
+    assert old[-32:] == hashlib.blake2b(old[:-32], digest_size=32).digest()
+    (a,) = run_program(Program.from_bytes(old), [x])
+    (b,) = run_program(Program.from_bytes(data), [x])
+    assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
+    _lib.create_module(header["symbol"], old)  # the runtime module accepts it too
+    check(old[:-32] + _digest(old[:-32], 5), r"^checksum")
+
+
 # ----------------------------------------------------------------------------------------------
 # The crafted cases of the issue, each re-sealed with a valid checksum
 # ----------------------------------------------------------------------------------------------
@@ -143,14 +172,14 @@ def test_framing_defects(built, monkeypatch):
     check(seal(b"[" * 100000 + b"]" * 100000, blob), r"^header: ")
     check(data[:-33] + bytes([data[-33] ^ 1]) + data[-32:], r"^checksum")
     short = seal(header, blob)[:-32]  # blob length field says more than there is
-    check(short[:-8] + hashlib.blake2b(short[:-8], digest_size=32).digest(), r"^blob length")
+    check(short[:-8] + _digest(short[:-8], fmt.PROGRAM_VERSION), r"^blob length")
     monkeypatch.setattr(fmt, "MAX_HEADER_BYTES", 1000)
     check(data, r"^header length: .* exceeds the 1000-byte cap")
 
 
 def test_header_version_must_match_the_binary(built):
     data = built["transformer"][0]
-    check(edited(data, lambda h: h.update(version=99)), r"^version: header says 99, the binary header says 4")
+    check(edited(data, lambda h: h.update(version=99)), rf"^version: header says 99, the binary header says {fmt.PROGRAM_VERSION}")
     version, header, blob = split(data)
     # Version 3 stored every tile and the schedule: refused with a request to rebuild.
     check(seal(header, blob, version=3), r"^version: spinn program format version 3 is not supported .*rebuild")
@@ -425,7 +454,8 @@ def test_cache_keeps_every_program_of_a_model(built, monkeypatch):
     programs = [edited(a, lambda h, i=i: h["timing"].update(note=i)) for i in range(80)]
     keys = [_lib.create_module(symbol, p)["get_key"]() for p in programs]
     assert all(k in executor._CACHE for k in keys)
-    monkeypatch.setattr(executor, "_CACHE_BYTES", 3 * len(a))
+    # room for three programs (the edits' notes may add a 64-byte pad step to some of them)
+    monkeypatch.setattr(executor, "_CACHE_BYTES", 3 * max(len(p) for p in (a, *programs)))
     _lib.create_module(symbol, a)
     assert len([k for k in keys if k in executor._CACHE]) == 2  # least recently used out
 

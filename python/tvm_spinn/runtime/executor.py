@@ -8,7 +8,8 @@ calls the module's symbol, it forwards ``(key, program_getter, symbol, *dps_args
 :func:`execute`. Parsed programs are cached by ``key``, unique to each module object in the
 process (two modules never share a cache entry, whatever their bytes claim).
 
-A program's BLAKE2b-256 digest of its contents is verified when it is read, except for bytes
+A program's digest of its contents (:func:`~tvm_spinn.program.format.program_digest`) is verified
+when it is read, except for bytes
 whose every byte was verified just before: the compiler's own output (:class:`compiled`) and
 programs inside a library whose integrity trailer :func:`tvm_spinn.load_module` has checked
 (:class:`sealed_file`).

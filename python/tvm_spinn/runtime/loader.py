@@ -47,7 +47,8 @@ import tvm_ffi
 import xxhash
 
 from .._files import file_mode
-from ..program.format import CHECKSUM_BYTES, ProgramError
+from ..program.format import _READABLE_VERSIONS as _PROGRAM_VERSIONS
+from ..program.format import CHECKSUM_BYTES, ProgramError, program_digest
 
 __all__ = ["load_module", "export_library", "install_export_hook", "LibraryError", "check_elf",
            "verify_library", "file_mode", "TRAILER_MAGIC"]
@@ -284,12 +285,16 @@ def _mapped_paths() -> list[str]:
 
 def _holds(mapped, where: tuple[int, int], digest: bytes) -> bool:
     """Whether the program at ``where`` in ``mapped`` is intact and is the one named ``digest``
-    (its trailing BLAKE2b-256 digest of every other byte)."""
+    (its trailing digest of every other byte, :func:`~tvm_spinn.program.format.program_digest`
+    of the program's format version)."""
     offset, size = where
     view = memoryview(mapped)[offset:offset + size]
     try:
-        return (bytes(view[size - CHECKSUM_BYTES:]) == digest
-                and hashlib.blake2b(view[:size - CHECKSUM_BYTES], digest_size=CHECKSUM_BYTES).digest() == digest)
+        if size < 12 + CHECKSUM_BYTES or bytes(view[size - CHECKSUM_BYTES:]) != digest:
+            return False
+        version = struct.unpack_from("<I", view, 8)[0]
+        return (version in _PROGRAM_VERSIONS
+                and program_digest(view[:size - CHECKSUM_BYTES], version) == digest)
     finally:
         view.release()
 
