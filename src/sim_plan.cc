@@ -50,6 +50,7 @@ enum Op : int64_t {
   kBinary = 7,     // a b out kind relu ndim shape[ndim] a_strides[ndim] b_strides[ndim]
   kCopy = 8,       // src dst elem_bytes ndim src_off dst_off shape[ndim] src_strides[ndim] dst_strides[ndim]
   kPool = 9,       // x out planes h w oh ow kh kw sh sw dh dw pt pl is_max include_pad
+  kGather = 10,    // table indices out elem_bytes outer extent inner count mode layer axis
 };
 
 enum Unary : int64_t {
@@ -316,6 +317,17 @@ class Plan {
           Need(in[2], planes * oh * ow * 4);
           break;
         }
+        case kGather: {
+          in = take(12);
+          const int64_t eb = in[4], outer = in[5], extent = in[6], inner = in[7], count = in[8];
+          if (eb != 1 && eb != 2 && eb != 4 && eb != 8) TVM_FFI_THROW(ValueError) << kFunc << ": element size " << eb;
+          Positive({outer, extent, inner, count});
+          if (in[9] < 0 || in[9] > 2) TVM_FFI_THROW(ValueError) << kFunc << ": gather mode " << in[9];
+          Need(in[1], outer * extent * inner * eb);
+          Need(in[2], count * 4);
+          Need(in[3], outer * count * inner * eb);
+          break;
+        }
         default:
           TVM_FFI_THROW(ValueError) << kFunc << ": unknown instruction " << op;
       }
@@ -480,6 +492,35 @@ class Plan {
           if (!is_max) acc = acc / static_cast<float>(include_pad ? kh * kw : count);
           op[oy * ow + ox] = acc;
         }
+      }
+    }
+  }
+
+  /*!
+   * \brief take(table, indices, axis): out[o, i, r] = table[o, idx(i), r] for table [outer,
+   *        extent, inner]; idx clamped (clip), taken modulo the extent (wrap) or required in
+   *        range (fast: an IndexError naming the layer's index, as the Python path names it).
+   */
+  static void Gather(const char* table, const int32_t* idx, char* out, const Instr& in) {
+    const int64_t eb = in[4], outer = in[5], extent = in[6], inner = in[7], count = in[8], mode = in[9];
+    const size_t row = static_cast<size_t>(inner * eb);
+    for (int64_t i = 0; i < count; ++i) {
+      int64_t k = idx[i];
+      if (mode == 1) {
+        k = std::min<int64_t>(std::max<int64_t>(k, 0), extent - 1);
+      } else if (mode == 2) {
+        k = ((k % extent) + extent) % extent;
+      } else if (k < 0 || k >= extent) {
+        TVM_FFI_THROW(IndexError) << "tvm_spinn.sim plan: layer " << in[10] << ": take index " << k
+                                  << " is out of range for axis " << in[11] << " of extent " << extent;
+      }
+    }
+    for (int64_t o = 0; o < outer; ++o) {
+      for (int64_t i = 0; i < count; ++i) {
+        int64_t k = idx[i];
+        if (mode == 1) k = std::min<int64_t>(std::max<int64_t>(k, 0), extent - 1);
+        if (mode == 2) k = ((k % extent) + extent) % extent;
+        std::memcpy(out + (o * count + i) * row, table + (o * extent + k) * row, row);
       }
     }
   }
@@ -651,6 +692,9 @@ class Plan {
       case kPool:
         Pool(f32(in[1]), f32(in[2]), in);
         break;
+      case kGather:
+        Gather(base[in[1]], reinterpret_cast<const int32_t*>(base[in[2]]), base[in[3]], in);
+        break;
       default:
         break;  // unreachable: Decode rejected it
     }
@@ -678,7 +722,7 @@ ffi::Map<ffi::String, int64_t> PlanOps() {
   return ffi::Map<ffi::String, int64_t>{
       {"gemm", kGemm},         {"im2col", kIm2Col}, {"depthwise", kDepthwise},
       {"softmax", kSoftmax},   {"layer_norm", kLayerNorm}, {"mean", kMean},
-      {"unary", kUnary},       {"binary", kBinary}, {"copy", kCopy},        {"pool", kPool},
+      {"unary", kUnary},       {"binary", kBinary}, {"copy", kCopy},        {"pool", kPool}, {"gather", kGather},
       {"unary.relu", kRelu},   {"unary.clip", kClip}, {"unary.negative", kNegative},
       {"unary.sqrt", kSqrt},   {"unary.rsqrt", kRsqrt}, {"unary.square", kSquare},
       {"unary.cube", kCube},   {"unary.tanh", kTanh}, {"unary.gelu", kGelu},

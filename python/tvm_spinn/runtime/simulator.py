@@ -150,7 +150,7 @@ class _Plan:
             nonlocal run
             if run is not None:
                 exported = {t for t in run.values if t in self.outputs or last_read.get(t, -1) > run_end}
-                steps.append((None, _native_step(run.finish(exported)), None))
+                steps.append((None, _native_step(program, run.finish(exported)), None))
                 self.native_layers += run.layers
                 run = None
 
@@ -230,7 +230,16 @@ def _native_ok(program: Program, layer: Layer) -> bool:
             and all(tid in program.constants for tid in layer.consts.values()))
 
 
-def _native_step(run: NativeRun):
+def _layer_named(program: Program, message: str) -> str:
+    """``"tvm_spinn.sim plan: layer <i>: <what>"`` as ``"<layer name>: <what>"``."""
+    head, _, rest = message.partition("layer ")
+    index, _, what = rest.partition(": ")
+    if "tvm_spinn.sim plan" in head and index.isdigit() and int(index) < len(program.layers):
+        return f"{program.layers[int(index)].name}: {what}"
+    return message
+
+
+def _native_step(program: Program, run: NativeRun):
     """The plan step of a native run: its inputs from ``env`` (contiguous, read-only ones as
     flagged views), its values into new arrays or the caller's output buffers."""
     call, inputs, exported = run.run, run.inputs, run.exported
@@ -247,7 +256,10 @@ def _native_step(run: NativeRun):
         for tid, shape, dtype in exported:
             dst = into.get(tid) if into else None
             outs.append(dst if dst is not None else np.empty(shape, dtype=dtype))
-        call(*args, *outs)
+        try:
+            call(*args, *outs)
+        except IndexError as err:  # a gather's index out of range: name the layer, as Python does
+            raise IndexError(_layer_named(program, str(err))) from None
         for (tid, _, _), value in zip(exported, outs):
             env[tid] = value
     return step

@@ -157,5 +157,22 @@ class Gather(FlatFamily):
     def step(self, program, layer):
         return lambda program, env: np.ascontiguousarray(self._values(layer, env))
 
+    def native(self, program, layer, nb, clip=None):
+        """One ``gather`` instruction: the rows :func:`gather` takes, its index modes, and in
+        ``fast`` mode an IndexError naming the layer (the native run reports the layer index,
+        the simulator's plan its name)."""
+        tensors = program.tensors
+        table, indices = self._table(layer), layer.inputs[-1]
+        item = np.dtype(tensors[table].dtype).itemsize
+        if tensors[indices].dtype != "int32" or item not in (1, 2, 4, 8):
+            return False
+        shape = [int(d) for d in tensors[table].shape]
+        axis = int(layer.attrs["axis"])
+        count = math.prod(int(d) for d in tensors[indices].shape)
+        mode = MODES.index(layer.attrs.get("mode", "fast"))
+        nb.emit("gather", nb.read(table), nb.read(indices), nb.write(layer.output), item, math.prod(shape[:axis]),
+                shape[axis], math.prod(shape[axis + 1:]), count, mode, program.layers.index(layer), axis)
+        return True
+
 
 register(Gather())
