@@ -9,7 +9,7 @@ micro-batches' gradients, adds them inside its block in the tree's order, and th
 all-reduce over the replicas performs the remaining additions of the same tree. Every addition
 is therefore the same pair of the same values for ``R = 1, 2, 4, ...``: the final parameters are
 bitwise identical across replica counts (and across systems, by the one-chip rule of the
-package docstring). The loss is carried in the same buffer (its last element), so the reported
+package docstring). The loss is carried in the same buffer (its first element), so the reported
 loss is reduced the same way.
 
 The additions of the reduction are done here in numpy float32: IEEE-754 binary32 additions,
@@ -52,49 +52,40 @@ def _finish(bb: relax.BlockBuilder) -> tvm.IRModule:
 
 
 def grad_module(graph: TrainGraph) -> tvm.IRModule:
-    """``main(inputs, params, targets) -> flat``: one micro-batch's loss and gradients, as one
-    float32 vector (every gradient flattened, in parameter order, then the loss)."""
+    """``main(inputs, params, targets) -> (loss, grads)``: one micro-batch's loss and gradients
+    (the adjoint function). The step lays them out as one float32 vector (the loss, then every
+    gradient flattened, in parameter order) on the host: a copy, exact. (A ``concat`` of the
+    flattened gradients in the graph trips TVM 0.27's FuseTIR on ResNet-18: "Parameter
+    expression ... expected an integer argument".)"""
     adjoint = graph.phases["backbone_loss_adjoint"].without_attr("global_symbol")
-    n_params = len(graph.param_names)
     bb = relax.BlockBuilder()
     g_adjoint = bb.add_func(adjoint, "adjoint")
     args = [relax.Var(p.name, p.ty) for p in adjoint.params]
     with bb.function("main", args):
         with bb.dataflow():
-            res = bb.emit(relax.Call(g_adjoint, args))
-            loss = bb.emit(relax.TupleGetItem(res, 0))
-            grads = bb.emit(relax.TupleGetItem(res, 1))
-            parts = [bb.emit(relax.op.reshape(relax.TupleGetItem(grads, i), (int(np.prod(shape)),)))
-                     for i, shape in enumerate(graph.param_shapes)]
-            parts.append(bb.emit(relax.op.reshape(loss, (1,))))
-            out = bb.emit_output(relax.op.concat(parts, axis=0) if n_params else parts[0])
+            out = bb.emit_output(relax.Call(g_adjoint, args))
         bb.emit_func_output(out)
     return _finish(bb)
 
 
 def update_module(graph: TrainGraph, microbatches: int) -> tvm.IRModule:
-    """``main(params, flat_sum, optim_states) -> (loss, params, optim_states)``: the summed
-    buffer divided by the micro-batch count (the batch mean, as the full-batch loss takes it),
-    cut back into gradients, and the optimizer's update."""
+    """``main(params, loss_sum, grad_sums, optim_states) -> (loss, params, optim_states)``: the
+    sums divided by the micro-batch count (the batch mean, as the full-batch loss takes it) and
+    the optimizer's update."""
     update = graph.phases["optimizer"].without_attr("global_symbol")
-    sizes = [int(np.prod(s)) for s in graph.param_shapes]
-    total = sum(sizes)
     bb = relax.BlockBuilder()
     g_update = bb.add_func(update, "update")
     params = [relax.Var(n.replace(".", "_"), relax.TensorType(s, "float32"))
               for n, s in zip(graph.param_names, graph.param_shapes)]
-    flat = relax.Var("grad_sum", relax.TensorType((total + 1,), "float32"))
+    sums = [relax.Var(f"grad_sum_{k}", relax.TensorType(s, "float32")) for k, s in enumerate(graph.param_shapes)]
+    loss_sum = relax.Var("loss_sum", relax.TensorType((), "float32"))
     state = relax.Var("optim_states", update.params[2].ty)
-    with bb.function("main", params + [flat, state]):
+    m = relax.const(float(microbatches), "float32")
+    with bb.function("main", params + [loss_sum] + sums + [state]):
         with bb.dataflow():
             # a division, not a multiply by 1/M: exact IEEE division, as a mean over M values is
-            mean = bb.emit(relax.op.divide(flat, relax.const(float(microbatches), "float32")))
-            grads, off = [], 0
-            for shape, n in zip(graph.param_shapes, sizes):
-                part = bb.emit(relax.op.strided_slice(mean, [0], [off], [off + n]))
-                grads.append(bb.emit(relax.op.reshape(part, shape)))
-                off += n
-            loss = bb.emit(relax.op.reshape(relax.op.strided_slice(mean, [0], [total], [total + 1]), ()))
+            grads = [bb.emit(relax.op.divide(g, m)) for g in sums]
+            loss = bb.emit(relax.op.divide(loss_sum, m))
             upd = bb.emit(relax.Call(g_update, [relax.Tuple(params), relax.Tuple(grads), state]))
             out = bb.emit_output(relax.Tuple([loss, relax.TupleGetItem(upd, 0), relax.TupleGetItem(upd, 1)]))
         bb.emit_func_output(out)
@@ -205,9 +196,13 @@ class DataParallelTrainer(Trainer):
             for k in range(start, stop):
                 args = [tvm.runtime.tensor(np.ascontiguousarray(x[k])) for x in xs]
                 args += self._params + [tvm.runtime.tensor(np.ascontiguousarray(ys[k]))]
-                flats.append(self._grad_vm["main"](*args).numpy())
+                loss, grads = self._grad_vm["main"](*args)
+                flats.append(np.concatenate([loss.numpy().reshape(1)] + [g.numpy().reshape(-1) for g in grads]))
         total = fixed_tree_sum(flats) if self.reproducible else ring_sum(flats, self._blocks)
-        loss, params, state = self._vm["main"](*self._params, tvm.runtime.tensor(total), self._state)
+        parts = np.split(total, np.cumsum([1] + [int(np.prod(s)) for s in self._graph.param_shapes])[:-1])
+        sums = [tvm.runtime.tensor(np.array(p.reshape(s), order="C"))  # not ascontiguousarray: 0-d -> 1-d
+                for p, s in zip(parts, ((),) + tuple(self._graph.param_shapes))]
+        loss, params, state = self._vm["main"](*self._params, *sums, self._state)
         self._params = list(params)
         self._state = list(state)
         return float(loss.numpy())
