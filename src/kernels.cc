@@ -312,11 +312,78 @@ TVM_SPINN_INLINE void MicroF32(int64_t kc, const float* __restrict ap, const flo
   }
 }
 
+// Narrow outputs (N <= 8: a conv on a small feature map, a matrix-vector product) would fill a
+// quarter of the 16-column register block: there the lanes run over 8 rows of A instead (A
+// packed [k][8], one broadcast B element per column), the same products b * a and sums c + p
+// per output, k ascending, so the same bits.
+constexpr int kNarrow = 8;
+
+template <int NC>
+TVM_SPINN_INLINE void MicroF32Narrow(int64_t kc, const float* __restrict ap, const float* __restrict bp,
+                                     int64_t ldb, float* __restrict c, int64_t ldc, int64_t h) {
+  V8 acc[NC];
+  for (int j = 0; j < NC; ++j) {
+    alignas(32) float tmp[8] = {};
+    for (int64_t r = 0; r < h; ++r) tmp[r] = c[r * ldc + j];
+    acc[j] = *reinterpret_cast<const V8*>(tmp);
+  }
+  for (int64_t kk = 0; kk < kc; ++kk) {
+    const V8 av = *reinterpret_cast<const V8*>(ap);
+    for (int j = 0; j < NC; ++j) {
+      const V8 p = bp[j] * av;  // rounded product (b * a, as the wide kernel)
+      acc[j] = acc[j] + p;      // rounded sum
+    }
+    ap += 8;
+    bp += ldb;
+  }
+  for (int j = 0; j < NC; ++j) {
+    alignas(32) float tmp[8];
+    *reinterpret_cast<V8*>(tmp) = acc[j];
+    for (int64_t r = 0; r < h; ++r) c[r * ldc + j] = tmp[r];
+  }
+}
+
+/*! \brief C[i0:i1, j0:j1] for j1 - j0 <= kNarrow: lanes over rows (see kNarrow). */
+TVM_SPINN_MULTIVERSION
+void GemmF32Narrow(const float* a, const float* b, float* c, int64_t k, int64_t n, int64_t i0,
+                   int64_t i1, int64_t j0, int64_t j1, float* abuf) {
+  const int64_t mc = i1 - i0, nc = j1 - j0;
+  for (int64_t p0 = 0; p0 < k; p0 += kKc) {
+    const int64_t kc = std::min(kKc, k - p0);
+    for (int64_t ip = 0; ip < mc; ip += 8) {
+      const int64_t h = std::min<int64_t>(8, mc - ip);
+      // Pack A[i0+ip : +h, p0 : p0+kc] as [k][8] (rows past h zero: computed, never stored).
+      const float* src = a + (i0 + ip) * k + p0;
+      for (int64_t kk = 0; kk < kc; ++kk) {
+        float* d = abuf + kk * 8;
+        for (int64_t r = 0; r < h; ++r) d[r] = src[r * k + kk];
+        for (int64_t r = h; r < 8; ++r) d[r] = 0.0f;
+      }
+      const float* bp = b + p0 * n + j0;
+      float* cp = c + (i0 + ip) * n + j0;
+      switch (nc) {
+        case 8: MicroF32Narrow<8>(kc, abuf, bp, n, cp, n, h); break;
+        case 7: MicroF32Narrow<7>(kc, abuf, bp, n, cp, n, h); break;
+        case 6: MicroF32Narrow<6>(kc, abuf, bp, n, cp, n, h); break;
+        case 5: MicroF32Narrow<5>(kc, abuf, bp, n, cp, n, h); break;
+        case 4: MicroF32Narrow<4>(kc, abuf, bp, n, cp, n, h); break;
+        case 3: MicroF32Narrow<3>(kc, abuf, bp, n, cp, n, h); break;
+        case 2: MicroF32Narrow<2>(kc, abuf, bp, n, cp, n, h); break;
+        default: MicroF32Narrow<1>(kc, abuf, bp, n, cp, n, h); break;
+      }
+    }
+  }
+}
+
 /*! \brief One output block C[i0:i1, j0:j1] over all of K, with its own packing buffers. */
 TVM_SPINN_MULTIVERSION
 void GemmF32Block(const float* a, const float* b, float* c, int64_t k, int64_t n, int64_t i0,
                   int64_t i1, int64_t j0, int64_t j1, float* abuf, float* bbuf) {
   const int64_t mc = i1 - i0, nc = j1 - j0;
+  if (nc <= kNarrow && mc >= 8) {
+    GemmF32Narrow(a, b, c, k, n, i0, i1, j0, j1, abuf);
+    return;
+  }
   const bool in_place = mc <= kMr;  // one row panel: read full B panels where they are
   for (int64_t p0 = 0; p0 < k; p0 += kKc) {
     const int64_t kc = std::min(kKc, k - p0);

@@ -59,6 +59,10 @@ SHAPES = [
     (4, 1, 4, 16, 8, 16),  # broadcast A
     (4, 4, 1, 16, 8, 16),  # broadcast B
     (2, 2, 2, 130, 40, 1030),  # several output blocks: multi-threaded
+    (1, 1, 1, 1280, 112, 4),  # narrow outputs (N <= 8): lanes over rows of A
+    (3, 2, 3, 37, 300, 3),
+    (2, 1, 2, 8, 5, 8),
+    (1, 1, 1, 21, 600, 1),
 ]
 
 
