@@ -63,7 +63,7 @@ class _Measure:
     computed above), not from how the job calls them.
     """
 
-    def __init__(self, defaults, lose):
+    def __init__(self, defaults, lose, penalty=PENALTY):
         self.defaults, self.lose, self.penalized = list(defaults.values()), lose, set()
         good = InProcessBuilder()
         outer = self
@@ -90,7 +90,7 @@ class _Measure:
                     costs = default_run_evaluator(tvm.runtime.load_module(item.artifact_path), device,
                                                   config, args)
                     if item.artifact_path in outer.penalized:
-                        costs = [c + PENALTY for c in costs]
+                        costs = [c + penalty for c in costs]
                     futures.append(RunnerFuture(lambda: True, lambda r=RunnerResult(costs, None): r))
                 return futures
 
@@ -103,28 +103,46 @@ def mlp():
     return mod, x, _default_bodies(mod)
 
 
+def _entries(work):
+    """The manifest's recorded choices: task name -> entry."""
+    from tvm_spinn._tuning_db import task_choices
+
+    choices, _ = task_choices(work)
+    return {e["task"]: e for e in choices.values()}
+
+
 @pytest.mark.parametrize("lose", ["search", pytest.param("default", marks=pytest.mark.slow)])
 def test_build_applies_the_faster_of_default_and_search(mlp, tmp_path, lose):
     mod, x, defaults = mlp
     work = str(tmp_path / "logs")
     measure = _Measure(defaults, lose)
     result = tvm_spinn.tune(mod, target=LLVM, work_dir=work, max_trials_per_task=1,
-                            num_trials_per_iter=1, builder=measure.builder, runner=measure.runner)
+                            num_trials_per_iter=1, builder=measure.builder, runner=measure.runner,
+                            compare_rounds=3)
     assert measure.penalized  # the penalty was applied to something
     applied = _applied(mod, work)
+    entries = _entries(work)
     for task in result.tasks:
         assert task.default_latency_us is not None and task.best_latency_us is not None, task
-        assert task.latency_us == min(task.default_latency_us, task.best_latency_us)
+        entry = entries[task.name]
+        assert len(entry["default_us"]) == len(entry["tuned_us"]) == 3  # three interleaved rounds
+        assert task.compared_default_us is not None and task.compared_tuned_us is not None
         is_default = tvm_ffi.structural_equal(applied[task.name], defaults[task.name])
         if lose == "search":  # the search's best is slower: the build keeps the default
-            assert task.best_latency_us > task.default_latency_us and task.chosen == "default"
-            assert is_default, task.name
-        else:
-            assert task.default_latency_us > task.best_latency_us and task.chosen == "tuned"
-            assert not is_default, task.name
+            assert task.compared_tuned_us > task.compared_default_us + 0.9 * PENALTY * 1e6
+            assert entry["compared"] == task.chosen == "default" and is_default, task.name
+        else:  # every task compares "tuned"; the end-to-end check (real timing) has the last word
+            assert task.compared_default_us > task.compared_tuned_us + 0.9 * PENALTY * 1e6
+            assert entry["compared"] == "tuned"
+            kept = result.end_to_end["verdict"] == "choices"
+            assert task.chosen == entry["use"] == ("tuned" if kept else "default")
+            assert is_default != kept, task.name
+        assert task.latency_us == (task.compared_default_us if task.chosen == "default"
+                                   else task.compared_tuned_us)
     assert ("default" if lose == "search" else "tuned") in result.table()
     if lose == "default":
         return  # the numbers of tuned schedules are checked in test_tune.py
+    assert result.end_to_end is None  # no task chose a tuned schedule: nothing to check
     # same numbers as TVM's untuned build of the same module
     ref = relax.VirtualMachine(relax.build(mod, target=LLVM), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
     with tvm_spinn.build_options(tuning_logs=work):
@@ -133,14 +151,101 @@ def test_build_applies_the_faster_of_default_and_search(mlp, tmp_path, lose):
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
 
 
+def _inject_bad_records(mod, work):
+    """Before any tuning, give every task one search record that claims 1 ns but is TVM's
+    unscheduled loop nest (serial, scalar): what a short search's lucky single measurement
+    looks like. With a budget of one trial per task, the job then searches nothing. (The trace
+    gets one no-op instruction: MetaSchedule ignores records with an empty trace.)"""
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    os.makedirs(work)
+    db = ms.database.JSONDatabase(work_dir=work, allow_missing=True)
+    for task in extract_fallback_tasks(mod, LLVM):
+        func = task.dispatched[0]
+        sch = tvm.s_tir.Schedule(func)
+        sch.get_child_blocks(sch.get_sblock("root", func_name="main"))
+        db.commit_tuning_record(ms.database.TuningRecord(
+            sch.trace, db.commit_workload(func), [1e-9], LLVM,
+            ArgInfo.from_entry_func(func, remove_preproc=True)))
+
+
+def test_fast_looking_bad_record_is_rejected_by_the_comparison(mlp, tmp_path):
+    """Deterministic (no timing luck): the runner adds PENALTY to every non-default schedule, so
+    each repeated comparison finds the injected record slower and the build keeps the defaults;
+    choosing from the single figures (the rule before comparisons) would apply it."""
+    mod, _, defaults = mlp
+    work = str(tmp_path / "logs")
+    _inject_bad_records(mod, work)
+    measure = _Measure(defaults, "search")
+    result = tvm_spinn.tune(mod, target=LLVM, work_dir=work, max_trials_per_task=1,
+                            builder=measure.builder, runner=measure.runner, compare_rounds=3)
+    assert result.new_trials == 0 and len(result.tasks) == 4
+    assert all(t.best_latency_us == pytest.approx(1e-3) for t in result.tasks)  # looks fastest
+    entries = _entries(work)
+    applied = _applied(mod, work)
+    for task in result.tasks:
+        assert task.chosen == entries[task.name]["use"] == "default", task
+        assert "interleaved rounds" in entries[task.name]["reason"]
+        assert tvm_ffi.structural_equal(applied[task.name], defaults[task.name]), task.name
+    log = "".join(open(os.path.join(work, "logs", f)).read() for f in os.listdir(os.path.join(work, "logs")))
+    assert "comparison: median of 3 interleaved rounds" in log
+    # without the recorded choices, the lowest single figure wins: the bad record
+    import json
+
+    from tvm_spinn.tune.database import MANIFEST_FILE
+
+    manifest = json.load(open(os.path.join(work, MANIFEST_FILE)))
+    del manifest["choices"]
+    json.dump(manifest, open(os.path.join(work, MANIFEST_FILE), "w"))
+    applied = _applied(mod, work)
+    assert not any(tvm_ffi.structural_equal(applied[t.name], defaults[t.name]) for t in result.tasks)
+
+
+@pytest.mark.slow
+def test_end_to_end_check_overrules_per_task_choices(tmp_path):
+    """The runner penalizes the defaults, so every per-task comparison picks the injected
+    unscheduled record; timed as a whole (Relax VM, interleaved rounds, no penalty) the model is
+    several times slower with them (serial scalar 256x512 matmuls), so the job falls back to
+    the defaults for every task, and says so."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256)).eval()
+    x = torch.randn(64, 256)
+    mod = tvm_spinn.frontend.from_pytorch(model, (x,))
+    defaults = _default_bodies(mod)
+    work = str(tmp_path / "logs")
+    _inject_bad_records(mod, work)
+    measure = _Measure(defaults, "default", penalty=10.0)  # seconds, added to the figures only
+    result = tvm_spinn.tune(mod, target=LLVM, work_dir=work, max_trials_per_task=1,
+                            builder=measure.builder, runner=measure.runner, compare_rounds=5)
+    entries = _entries(work)
+    assert all(e["compared"] == "tuned" and e["use"] == "default" for e in entries.values()), entries
+    e2e = result.end_to_end
+    assert e2e["verdict"] == "defaults" and e2e["how"] == "whole model", e2e
+    assert np.median(e2e["chosen_ms"]) > 2 * np.median(e2e["default_ms"])
+    applied = _applied(mod, work)
+    assert all(tvm_ffi.structural_equal(applied[n], b) for n, b in defaults.items())
+    assert all(t.chosen == "default" and "overruled by the end-to-end check" in t.choice_reason
+               for t in result.tasks)
+    assert "every task uses its default schedule" in result.table()
+    # a finished job measures nothing again and keeps the verdict
+    again = tvm_spinn.tune(mod, target=LLVM, work_dir=work, max_trials_per_task=1,
+                           builder=measure.builder, runner=measure.runner, compare_rounds=5)
+    assert again.new_trials == 0 and again.end_to_end == e2e
+
+
 def _mean(rec):
     return sum(float(s) for s in rec.run_secs) / len(rec.run_secs)
 
 
 @pytest.mark.slow
-def test_short_search_never_beats_the_measured_minimum(mlp, tmp_path):
-    """One real trial per task: whatever the timings, each task's build uses the candidate with
-    the lowest measured latency over the search's records and the default's record."""
+def test_short_search_choice_follows_the_recorded_comparison(mlp, tmp_path):
+    """One real trial per task: whatever the timings, each task's build uses the candidate the
+    job's interleaved comparison chose (tuned only with a median 3% below the default's), as
+    recorded in the manifest, unless the end-to-end check overruled it."""
+    from tvm_spinn.tune.compare import MARGIN
+
     mod, _, defaults = mlp
     work = str(tmp_path / "logs")
     result = tvm_spinn.tune(mod, target=LLVM, work_dir=work, max_trials_per_task=1,
@@ -149,6 +254,7 @@ def test_short_search_never_beats_the_measured_minimum(mlp, tmp_path):
     search = ms.database.JSONDatabase(work_dir=work)
     default_db = ms.database.JSONDatabase(work_dir=os.path.join(work, DEFAULTS_DIR))
     applied = _applied(mod, work)
+    entries = _entries(work)
     by_name = {t.task_name: t for t in extract_fallback_tasks(mod, LLVM)}
     for task in result.tasks:
         task_mod = by_name[task.name].dispatched[0]
@@ -158,12 +264,16 @@ def test_short_search_never_beats_the_measured_minimum(mlp, tmp_path):
                   if tvm_ffi.structural_equal(r.workload.mod, task_mod)]
         assert len(ours) == 1 and len(theirs) == task.trials >= 1
         assert task.default_latency_us == pytest.approx(ours[0] * 1e6)
-        assert task.latency_us == pytest.approx(min(ours + theirs) * 1e6)
+        entry = entries[task.name]
+        faster = np.median(entry["tuned_us"]) < (1 - MARGIN) * np.median(entry["default_us"])
+        assert entry["compared"] == ("tuned" if faster else "default")
         uses_default = tvm_ffi.structural_equal(applied[task.name], defaults[task.name])
-        assert uses_default == (ours[0] <= min(theirs)), task.name
-    # a second run measures nothing again: the defaults are in the logs
+        assert uses_default == (entry["use"] == "default") == (task.chosen == "default"), task.name
+    # a second run measures nothing again: the defaults and the comparisons are in the logs
+    manifest = open(os.path.join(work, "tvm_spinn_tuning.json")).read()
     again = tvm_spinn.tune(mod, target=LLVM, work_dir=work, max_trials_per_task=1,
                            builder=InProcessBuilder(), runner=_Measure({}, "none").runner)
     assert again.new_trials == 0
+    assert open(os.path.join(work, "tvm_spinn_tuning.json")).read() == manifest
     assert len(ms.database.JSONDatabase(work_dir=os.path.join(work, DEFAULTS_DIR)).get_all_tuning_records()) \
         == len(result.tasks)

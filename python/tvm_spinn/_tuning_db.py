@@ -21,7 +21,7 @@ import tvm_ffi
 __all__ = [
     "TuningLogError", "WORKLOAD_FILE", "RECORD_FILE", "MANIFEST_FILE", "DEFAULTS_DIR", "validate_logs",
     "read_manifest", "update_manifest", "open_database", "apply_tuning_logs", "exhausted_tasks",
-    "mark_exhausted",
+    "mark_exhausted", "task_choices", "record_choices", "record_fingerprint", "choice_key",
 ]
 
 WORKLOAD_FILE = "database_workload.json"
@@ -230,6 +230,45 @@ def mark_exhausted(work_dir: str, key: str, trials: int) -> None:
     _write_manifest(work_dir, manifest)
 
 
+def record_fingerprint(record) -> str:
+    """A stable fingerprint of a tuning record's schedule: its trace as text, hashed."""
+    import hashlib
+
+    return hashlib.sha256(str(record.trace).encode()).hexdigest()[:16]
+
+
+def choice_key(task_mod: tvm.IRModule) -> str:
+    """The manifest key of a task's choice: its module's structural hash."""
+    return f"{tvm_ffi.structural_hash(task_mod):x}"
+
+
+def task_choices(work_dir: str) -> tuple[dict, dict]:
+    """The recorded per-task choices and end-to-end checks of a work directory's manifest.
+
+    Returns
+    -------
+    (dict, dict)
+        ``{task key: entry}`` (``use``: ``"default"`` or ``"tuned"``, ``tuned_record``: the
+        fingerprint of the compared record, the per-round figures) and
+        ``{model hash: end-to-end entry}``; both empty for logs written before choices existed.
+    """
+    manifest = read_manifest(work_dir) or {}
+    choices, e2e = manifest.get("choices", {}), manifest.get("end_to_end", {})
+    return (dict(choices) if isinstance(choices, dict) else {},
+            dict(e2e) if isinstance(e2e, dict) else {})
+
+
+def record_choices(work_dir: str, choices: dict, end_to_end: dict | None = None) -> None:
+    """Merge per-task choices (and a model's end-to-end check) into the manifest (atomic)."""
+    manifest = read_manifest(work_dir)
+    if manifest is None:
+        raise TuningLogError(f"{os.path.join(work_dir, MANIFEST_FILE)}: manifest is missing")
+    manifest.setdefault("choices", {}).update(choices)
+    if end_to_end:
+        manifest.setdefault("end_to_end", {}).update(end_to_end)
+    _write_manifest(work_dir, manifest)
+
+
 def open_database(work_dir: str, target: tvm.target.Target, require: bool):
     """Validate then open the JSON database of ``work_dir`` for ``target``.
 
@@ -267,17 +306,20 @@ def open_database(work_dir: str, target: tvm.target.Target, require: bool):
         ) from None
 
 
-def _check_covers_model(mod: tvm.IRModule, db, work_dir: str, target: tvm.target.Target) -> None:
-    """Refuse logs that tuned none of ``mod``'s fallback functions: another model's logs.
+def _fallback_tasks(mod: tvm.IRModule, target: tvm.target.Target) -> list:
+    from tvm.s_tir import meta_schedule as ms
+
+    return [t for t in ms.relax_integration.extract_tasks(mod, target)
+            if not (t.dispatched[0].attrs and t.dispatched[0].attrs.get("tirx.is_scheduled", False))]
+
+
+def _check_covers_model(tasks: list, db, work_dir: str) -> None:
+    """Refuse logs that tuned none of the model's fallback functions: another model's logs.
 
     Logs that cover some of the functions (a model changed since tuning) are applied to those;
     logs that cover none would silently leave the whole fallback untuned."""
-    from tvm.s_tir import meta_schedule as ms
-
     if not db.get_all_tuning_records():
         return  # an empty work directory (a job that measured nothing yet): nothing to apply
-    tasks = [t for t in ms.relax_integration.extract_tasks(mod, target)
-             if not (t.dispatched[0].attrs and t.dispatched[0].attrs.get("tirx.is_scheduled", False))]
     if tasks and not any(db.has_workload(t.dispatched[0]) for t in tasks):
         names = ", ".join(sorted(t.task_name for t in tasks)[:4])
         manifest = read_manifest(work_dir) or {}
@@ -287,6 +329,58 @@ def _check_covers_model(mod: tvm.IRModule, db, work_dir: str, target: tvm.target
             f"they were tuned for another model (models in the manifest: "
             f"{sorted(manifest.get('models', {}))}); tune this model into that work_dir or another one"
         )
+
+
+def _mean_secs(record) -> float:
+    return sum(float(v) for v in record.run_secs) / len(record.run_secs)
+
+
+def _top(db, func):
+    """The fastest valid record of ``func`` in ``db`` (None: none; MetaSchedule skips failed
+    records and records with an empty trace, e.g. a default that no rule scheduled)."""
+    if db is None or not db.has_workload(func):
+        return None
+    top = db.get_top_k(db.commit_workload(func), 1)
+    return top[0] if top else None
+
+
+def _applied_records(tasks: list, search, defaults, work_dir: str, target: tvm.target.Target):
+    """A database with at most one record per task: the one the build applies.
+
+    A task with a choice recorded by the tuning job gets exactly that record (a default with no
+    record, i.e. one no rule schedules, gets none: the build's own default pass handles it);
+    any other task the faster of the search's best and its measured default."""
+    from tvm.s_tir import meta_schedule as ms
+
+    choices, _ = task_choices(work_dir)
+    memory = ms.database.MemoryDatabase()
+    for task in tasks:
+        func = task.dispatched[0]
+        entry = choices.get(choice_key(func))
+        if isinstance(entry, dict) and entry.get("use") == "default":
+            record = _top(defaults, func)
+        elif isinstance(entry, dict) and entry.get("use") == "tuned":
+            wanted, record = entry.get("tuned_record"), None
+            if search.has_workload(func):
+                workload = search.commit_workload(func)
+                for rec in search.get_all_tuning_records():
+                    if (rec.workload.same_as(workload) or tvm_ffi.structural_equal(rec.workload.mod, func)) \
+                            and record_fingerprint(rec) == wanted:
+                        record = rec
+                        break
+            if record is None:
+                raise TuningLogError(
+                    f"{os.path.join(work_dir, MANIFEST_FILE)}:1: the manifest chose tuned record "
+                    f"{wanted!r} for {task.task_name}, but {os.path.join(work_dir, RECORD_FILE)} "
+                    "has no such record (logs edited, or mixed from different jobs)")
+        else:  # logs written before choices were recorded: the lower single measurement
+            found = [r for r in (_top(search, func), _top(defaults, func)) if r is not None]
+            record = min(found, key=_mean_secs) if found else None
+        if record is None:
+            continue
+        memory.commit_tuning_record(ms.database.TuningRecord(
+            record.trace, memory.commit_workload(func), record.run_secs, target, record.args_info))
+    return memory
 
 
 def apply_tuning_logs(mod: tvm.IRModule, work_dir: str, target: tvm.target.Target) -> tvm.IRModule:
@@ -304,17 +398,19 @@ def apply_tuning_logs(mod: tvm.IRModule, work_dir: str, target: tvm.target.Targe
     Returns
     -------
     tvm.IRModule
-        The module with matched PrimFuncs replaced by their best record: the fastest of the
-        searched schedules and the measured default schedule (``work_dir/defaults``, written
-        by tuning jobs since defaults are measured; older logs have none).
+        The module with matched PrimFuncs scheduled. A task with a choice recorded by the tuning
+        job (the manifest's ``choices``: default or tuned, decided by repeated interleaved
+        measurement, see :mod:`tvm_spinn.tune.compare`) gets exactly that record; any other
+        covered task gets the record with the lowest measured latency among the search's and
+        the measured default's (``work_dir/defaults``; older logs have neither).
     """
     from tvm import relax
-    from tvm.s_tir import meta_schedule as ms
 
     db = open_database(work_dir, target, require=True)
-    _check_covers_model(mod, db, work_dir, target)
-    defaults = os.path.join(work_dir, DEFAULTS_DIR)
-    if os.path.isdir(defaults):
-        db = ms.database.UnionDatabase(db, open_database(defaults, target, require=True))
+    tasks = _fallback_tasks(mod, target)
+    _check_covers_model(tasks, db, work_dir)
+    defaults_dir = os.path.join(work_dir, DEFAULTS_DIR)
+    defaults = open_database(defaults_dir, target, require=True) if os.path.isdir(defaults_dir) else None
+    db = _applied_records(tasks, db, defaults, work_dir, target)
     with target, db:
         return relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)

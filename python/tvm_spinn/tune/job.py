@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import os
+import statistics
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import tvm
 import tvm_ffi
 
-from .database import exhausted_tasks, mark_exhausted, open_database, update_manifest
+from .compare import (MARGIN, MODULE_MARGIN, best_tuned_record, choice_key, choose, compare_pairs,
+                      fingerprint_choices, model_inputs, record_fingerprint, time_modules, tuned_module)
+from .database import (exhausted_tasks, mark_exhausted, open_database, record_choices, task_choices,
+                       update_manifest)
 from .defaults import default_latency, default_schedule, measure_defaults, open_defaults
 from .intrinsics import ensure_intrinsics
 from .logs import JobLogs
@@ -41,19 +45,35 @@ class TaskResult:
     default_rule: str | None = None  # the dlight rule of the default ("untuned": none)
     bytes: float = float("nan")  # bytes of its parameters (inputs and outputs)
     calls: int = 1  # how many times the model calls it
-
-    @property
-    def latency_us(self) -> float | None:
-        """Latency of the schedule a build with these logs uses: the faster candidate."""
-        known = [v for v in (self.best_latency_us, self.default_latency_us) if v is not None]
-        return min(known) if known else None
+    choice: str | None = None  # "default" or "tuned" as recorded by the job's comparison
+    choice_reason: str | None = None  # the comparison behind it (medians, or why none)
+    compared_default_us: float | None = None  # median of the interleaved rounds
+    compared_tuned_us: float | None = None
 
     @property
     def chosen(self) -> str | None:
-        """``"default"`` or ``"tuned"``: which candidate the build applies (None: unmeasured)."""
-        if self.latency_us is None:
+        """``"default"`` or ``"tuned"``: which candidate the build applies (None: unmeasured).
+
+        The job's recorded choice (repeated interleaved measurement, end-to-end check); for a
+        result without one, the lower of the two single measurements."""
+        if self.choice is not None:
+            return self.choice
+        known = [v for v in (self.best_latency_us, self.default_latency_us) if v is not None]
+        if not known:
             return None
-        return "default" if self.latency_us == self.default_latency_us else "tuned"
+        return "default" if min(known) == self.default_latency_us else "tuned"
+
+    @property
+    def latency_us(self) -> float | None:
+        """Latency of the schedule a build with these logs uses (the comparison's median when
+        there was one, else the single measurement)."""
+        chosen = self.chosen
+        if chosen is None:
+            return None
+        compared = self.compared_tuned_us if chosen == "tuned" else self.compared_default_us
+        if compared is not None:
+            return compared
+        return self.best_latency_us if chosen == "tuned" else self.default_latency_us
 
 
 @dataclass
@@ -64,6 +84,8 @@ class TuningResult:
     target: str
     model_hash: str
     tasks: list[TaskResult] = field(default_factory=list)
+    #: the end-to-end check of the choices (see :mod:`tvm_spinn.tune.compare`), or None
+    end_to_end: dict | None = None
 
     @property
     def new_trials(self) -> int:
@@ -91,6 +113,10 @@ class TuningResult:
                  for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
         lines += [f"{t.name} skipped: {t.reason}" for t in self.tasks if t.reason]
+        lines += [f"{t.name} uses {t.choice}: {t.choice_reason}" for t in self.tasks
+                  if t.choice is not None and t.choice_reason]
+        if self.end_to_end:
+            lines.append(f"end to end: {self.end_to_end.get('reason', '')}")
         return "\n".join(lines)
 
 
@@ -162,7 +188,8 @@ def _flop(mod) -> float:
 def tune(mod: tvm.IRModule, target="spinn", work_dir: str = "logs", max_trials: int | None = None,
          max_trials_per_task: int = 64, runner=None, *, rpc_tracker: str | None = None,
          rpc_key: str | None = None, seed: int = 0, num_trials_per_iter: int = 16,
-         progress: bool = False, builder=None, verbose: bool = False) -> TuningResult:
+         progress: bool = False, builder=None, verbose: bool = False,
+         compare_rounds: int = 7) -> TuningResult:
     """Tune the fallback (non-offloaded) tasks of a model with MetaSchedule.
 
     Tasks are tuned one after another in name order (XGBoost cost model shared between them,
@@ -204,6 +231,10 @@ def tune(mod: tvm.IRModule, target="spinn", work_dir: str = "logs", max_trials: 
         Echo MetaSchedule's log (INFO and above) to stderr; it always goes to ``work_dir/logs``
         (``task_scheduler.log``, ``task_<i>_<name>.log``). The job never touches the process's
         logging configuration.
+    compare_rounds : int
+        Rounds of the interleaved default-vs-tuned comparison made after the search, per task
+        and end to end (see :mod:`tvm_spinn.tune.compare`); its verdicts go to the manifest
+        and decide what a build with the logs applies.
 
     Returns
     -------
@@ -231,6 +262,7 @@ def tune(mod: tvm.IRModule, target="spinn", work_dir: str = "logs", max_trials: 
     _positive("max_trials_per_task", max_trials_per_task, False)
     _positive("max_trials", max_trials, True)
     _positive("num_trials_per_iter", num_trials_per_iter, False)
+    _positive("compare_rounds", compare_rounds, False)
     if not isinstance(work_dir, (str, os.PathLike)):
         raise TypeError(f"work_dir must be a path, got {work_dir!r}")
     work_dir = os.fspath(work_dir)
@@ -278,6 +310,8 @@ def tune(mod: tvm.IRModule, target="spinn", work_dir: str = "logs", max_trials: 
                     num_threads=num_threads, bar=bar,
                 ))
                 budget_left -= result.tasks[-1].new_trials
+            _choose(mod, tasks, result, db, defaults, logs, builder, runner, guard,
+                    compare_rounds, work_dir, mhash)
     finally:
         logs.close()
         if bar is not None:
@@ -310,6 +344,137 @@ def _measure_defaults(tasks, defaults, defaults_db, logs, builder, runner, guard
         default.commit(defaults_db, task.dispatched[0], run_secs, target)
         logs.tasks[i].info("default schedule (%s): %.1f us", default.rule,
                            1e6 * sum(run_secs) / len(run_secs))
+
+
+def _choose(mod, tasks, result, db, defaults, logs, builder, runner, guard,
+            rounds: int, work_dir: str, mhash: str) -> None:
+    """Decide per task between its default and the search's best by repeated interleaved
+    measurement, check the choices end to end, record both in the manifest and the logs, and
+    put them into ``result``. A comparison already recorded for the same tuned record is reused
+    (a finished job measures nothing again)."""
+    recorded, recorded_e2e = task_choices(work_dir)
+    entries: dict[str, dict] = {}
+    todo = []
+    for i, task in enumerate(tasks):
+        func, name = task.dispatched[0], task.task_name
+        key = choice_key(func)
+        record = best_tuned_record(db, func)
+        if record is None:
+            entries[key] = {"task": name, "compared": "default", "use": "default", "tuned_record": None,
+                            "reason": "no tuned schedule ran"}
+            continue
+        fingerprint = record_fingerprint(record)
+        old = recorded.get(key)
+        if isinstance(old, dict) and old.get("tuned_record") == fingerprint and old.get("compared"):
+            entries[key] = dict(old, task=name, use=old["compared"])
+            continue
+        todo.append((i, key, record, fingerprint))
+    if todo:
+        pairs = [(defaults[tasks[i].task_name].mod, tuned_module(record, tasks[i].dispatched[0]))
+                 for i, _, record, _ in todo]
+        try:
+            compared = compare_pairs(pairs, tasks[0].target, builder, runner, rounds, guard.check)
+        except KeyboardInterrupt:
+            raise
+        except Exception as err:  # noqa: BLE001  (keep the defaults, say why)
+            guard.check()
+            compared = [None] * len(todo)
+            failure = f"comparison failed: {_last_line(err)}"
+        for (i, key, _, fingerprint), comparison in zip(todo, compared):
+            if comparison is None:
+                entry = {"compared": "default", "reason": failure}
+            else:
+                verdict = choose(comparison)
+                entry = {"compared": verdict, "default_us": [round(s * 1e6, 3) for s in comparison.default_secs],
+                         "tuned_us": [round(s * 1e6, 3) for s in comparison.tuned_secs]}
+                entry["reason"] = comparison.error or (
+                    f"median of {len(comparison.default_secs)} interleaved rounds: default "
+                    f"{comparison.default_median * 1e6:.2f} us, tuned {comparison.tuned_median * 1e6:.2f} us "
+                    f"(tuned must be {MARGIN:.0%} faster)")
+            entries[key] = dict(entry, task=tasks[i].task_name, use=entry["compared"], tuned_record=fingerprint)
+            logs.tasks[i].info("comparison: %s -> the build uses the %s schedule", entry["reason"],
+                               entry["compared"])
+    e2e = None
+    if any(e["compared"] == "tuned" for e in entries.values()):
+        signature = fingerprint_choices(entries)
+        old = recorded_e2e.get(mhash)
+        if isinstance(old, dict) and old.get("signature") == signature and old.get("verdict"):
+            e2e = old
+        else:
+            record_choices(work_dir, entries)  # the build with the choices reads them
+            try:
+                e2e = _end_to_end(mod, tasks, entries, work_dir, runner, rounds, guard)
+            except BaseException:
+                record_choices(work_dir, {k: dict(e, use="default") for k, e in entries.items()})
+                raise
+            e2e["signature"] = signature
+            logs.scheduler.info("end-to-end check: %s", e2e["reason"])
+        if e2e["verdict"] == "defaults":
+            entries = {k: dict(e, use="default") for k, e in entries.items()}
+    record_choices(work_dir, entries, {mhash: e2e} if e2e else None)
+    result.end_to_end = e2e
+    by_key = {choice_key(t.dispatched[0]): t.task_name for t in tasks}
+    for n, task_result in enumerate(result.tasks):
+        key = next(k for k, name in by_key.items() if name == task_result.name)
+        entry = entries[key]
+        default_us, tuned_us = entry.get("default_us"), entry.get("tuned_us")
+        reason = entry.get("reason")
+        if entry["use"] != entry["compared"]:
+            reason = f"{reason}; overruled by the end-to-end check"
+        result.tasks[n] = replace(
+            task_result, choice=entry["use"] if task_result.chosen is not None else None,
+            choice_reason=reason,
+            compared_default_us=statistics.median(default_us) if default_us else None,
+            compared_tuned_us=statistics.median(tuned_us) if tuned_us else None)
+
+
+def _end_to_end(mod, tasks, entries, work_dir, runner, rounds, guard) -> dict:
+    """The model with the recorded choices against all-defaults, in interleaved rounds.
+
+    The Relax VM on the local device where the job measures locally and the whole model runs
+    here (llvm or a present CUDA device, not a spinn target whose offloaded layers would run on
+    the simulator); otherwise the fallback's kernels, summed per round with their call counts
+    from the per-task comparison."""
+    from tvm import relax
+    from tvm.s_tir import meta_schedule as ms
+
+    from .._build_options import build_options
+    from ..target.registry import is_spinn_target
+
+    target = tasks[0].target
+    device = tvm.cpu() if target.kind.name == "llvm" else tvm.cuda(0) if target.kind.name == "cuda" else None
+    inputs = model_inputs(mod)
+    why_not = ("the job measures on RPC servers" if isinstance(runner, ms.runner.RPCRunner)
+               else "offloaded layers would run on the simulator" if is_spinn_target(target)
+               else "no such device here" if device is None or not device.exist
+               else "the model's inputs are not static tensors" if inputs is None else None)
+    if why_not is None:
+        with build_options(tuning_logs=work_dir):
+            chosen = relax.build(mod, target=target)
+        with build_options():
+            default = relax.build(mod, target=target)
+        default_s, chosen_s = time_modules([default, chosen], device, inputs, rounds, guard.check)
+        how = "whole model"
+    else:
+        weights = {choice_key(t.dispatched[0]): int(t.weight) for t in tasks}
+        n = min([len(e.get("default_us", [])) for e in entries.values() if e.get("default_us")] or [0])
+        default_s = [sum(weights[k] * e["default_us"][r] for k, e in entries.items() if e.get("default_us")) * 1e-6
+                     for r in range(n)]
+        chosen_s = [sum(weights[k] * e["tuned_us" if e["compared"] == "tuned" else "default_us"][r]
+                        for k, e in entries.items() if e.get("default_us")) * 1e-6 for r in range(n)]
+        how = f"fallback kernels summed ({why_not})"
+        if not n:
+            return {"verdict": "choices", "how": how, "reason": "nothing to compare"}
+    dm, cm = statistics.median(default_s), statistics.median(chosen_s)
+    verdict = "choices" if cm < (1.0 - MODULE_MARGIN) * dm else "defaults"
+    return {
+        "verdict": verdict, "how": how,
+        "default_ms": [round(s * 1e3, 5) for s in default_s], "chosen_ms": [round(s * 1e3, 5) for s in chosen_s],
+        "reason": (f"{how}, median of {len(default_s)} interleaved rounds: all defaults {dm * 1e3:.4g} ms, "
+                   f"with the tuned choices {cm * 1e3:.4g} ms -> "
+                   + ("the choices are kept" if verdict == "choices" else
+                      f"not {MODULE_MARGIN:.0%} faster: every task uses its default schedule")),
+    }
 
 
 def _tune_task(ms, task, index: int, logger, scheduler_logger, db, before: int, default,
