@@ -976,9 +976,83 @@ void ApplyEpilogueF32(float* c, int64_t outer, int64_t rows, int64_t cols, const
   ParallelFor(outer, threads, [&](int64_t t) { EpilogueRows(c + t * rows * cols, rows, cols, e); });
 }
 
+// Small feature maps (ow <= 8, one output channel per input channel): the row kernel above fills
+// few lanes and pays its per-row setup for a handful of outputs. There 8 channels go in the lanes
+// instead: the padded input of 8 channels channel-minor ([hp][wp][8]), the weights [taps][8];
+// each lane performs the row kernel's operations for its channel (from the output's value, taps
+// in order, x * w rounded then added, padding reading +0.0, then the epilogue), so the same bits.
+TVM_SPINN_MULTIVERSION
+void DepthwiseChannels(const float* x, const float* w, float* out, const DepthwiseShape& s,
+                       const EpilogueF32& e, int64_t block, int64_t hp, int64_t wp, float* xt, float* wt) {
+  const int64_t blocks = (s.groups + 7) / 8;
+  const int64_t img = block / blocks, c0 = (block % blocks) * 8;
+  const int lanes = static_cast<int>(std::min<int64_t>(8, s.groups - c0));
+  const int64_t taps = s.kh * s.kw;
+  std::fill(xt, xt + hp * wp * 8, 0.0f);
+  for (int l = 0; l < lanes; ++l) {
+    const float* xc = x + (img * s.groups + c0 + l) * s.h * s.w;
+    for (int64_t iy = 0; iy < s.h; ++iy) {
+      const int64_t r = iy + s.pad_top;
+      if (r >= hp) break;
+      for (int64_t ix = 0; ix < s.w; ++ix) {
+        const int64_t c = ix + s.pad_left;
+        if (c < wp) xt[(r * wp + c) * 8 + l] = xc[iy * s.w + ix];
+      }
+    }
+    for (int64_t t = 0; t < taps; ++t) wt[t * 8 + l] = w[(c0 + l) * taps + t];
+  }
+  for (int l = lanes; l < 8; ++l) {
+    for (int64_t t = 0; t < taps; ++t) wt[t * 8 + l] = 0.0f;
+  }
+  const int64_t plane = s.oh * s.ow;
+  float* ob = out + (img * s.groups + c0) * plane;
+  for (int64_t oy = 0; oy < s.oh; ++oy) {
+    for (int64_t ox = 0; ox < s.ow; ++ox) {
+      alignas(32) float tmp[8] = {};
+      for (int l = 0; l < lanes; ++l) tmp[l] = ob[l * plane + oy * s.ow + ox];
+      V8 acc = *reinterpret_cast<const V8*>(tmp);
+      for (int64_t i = 0; i < s.kh; ++i) {
+        const float* row = xt + ((oy * s.stride_h + i * s.dil_h) * wp + ox * s.stride_w) * 8;
+        for (int64_t j = 0; j < s.kw; ++j) {
+          const V8 xv = *reinterpret_cast<const V8*>(row + j * s.dil_w * 8);
+          const V8 p = xv * *reinterpret_cast<const V8*>(wt + (i * s.kw + j) * 8);  // rounded product
+          acc = acc + p;                                                             // rounded sum
+        }
+      }
+      *reinterpret_cast<V8*>(tmp) = acc;
+      for (int l = 0; l < lanes; ++l) {
+        float v = tmp[l];
+        if (e.bias) v = v + e.bias[c0 + l];
+        if (e.relu) v = v > 0.0f ? v : 0.0f;
+        if (e.clip) {
+          const float y = v < e.hi ? v : e.hi;
+          v = y > e.lo ? y : e.lo;
+        }
+        ob[l * plane + oy * s.ow + ox] = v;
+      }
+    }
+  }
+}
+
 void DepthwiseConvF32(const float* x, const float* w, float* out, const DepthwiseShape& s,
                       const EpilogueF32& e, int threads) {
   if (s.n <= 0 || s.groups <= 0 || s.mult <= 0 || s.oh <= 0 || s.ow <= 0) return;
+  if (s.mult == 1 && s.ow <= 8 && s.groups >= 8) {
+    const int64_t hp = (s.oh - 1) * s.stride_h + (s.kh - 1) * s.dil_h + 1;
+    const int64_t wp = (s.ow - 1) * s.stride_w + (s.kw - 1) * s.dil_w + 1;
+    const int64_t taps = s.kh * s.kw;
+    ParallelFor(s.n * ((s.groups + 7) / 8), threads, [&](int64_t block) {
+      thread_local std::unique_ptr<float[], AlignedFree> buf;
+      thread_local int64_t size = 0;
+      const int64_t need = (hp * wp + taps) * 8;
+      if (size < need) {
+        buf = AlignedBuffer<float>(static_cast<size_t>(need));
+        size = need;
+      }
+      DepthwiseChannels(x, w, out, s, e, block, hp, wp, buf.get(), buf.get() + hp * wp * 8);
+    });
+    return;
+  }
   // the padded window rows and columns the outputs read
   const int64_t hp = (s.oh - 1) * s.stride_h + (s.kh - 1) * s.dil_h + 1;
   const int64_t wp = (s.ow - 1) * s.stride_w + (s.kw - 1) * s.dil_w + 1;

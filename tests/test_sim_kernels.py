@@ -284,6 +284,11 @@ def test_epilogue_f32_bits(on_rows, relu, clip, lo, hi, with_bias):
     (5, 1, 4, 4, 5, 5, (1, 1), (1, 1), (3, 3, 3, 3)),
     (1, 2, 6, 40, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0)),
     (2, 1, 12, 12, 3, 3, (3, 1), (1, 2), (0, 0, 2, 2)),
+    # small maps (ow <= 8) with >= 8 channels: 8 channels in the lanes (a partial last block)
+    (16, 1, 4, 4, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1)),
+    (12, 1, 5, 6, 3, 3, (2, 2), (1, 1), (1, 1, 1, 1)),
+    (9, 1, 3, 2, 3, 3, (1, 1), (2, 1), (2, 1, 2, 1)),
+    (8, 1, 8, 8, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1)),
 ])
 @pytest.mark.parametrize("epilogue", [(False, False, False), (True, True, False), (True, False, True)])
 def test_depthwise_conv2d_f32_bits(geom, epilogue):
