@@ -18,9 +18,9 @@ Models are `transformers` configs with random weights (no download):
    phases on the chip (``--board-phases``: on the board too) (:func:`tvm_spinn.training.step_time`; only offloaded programs have a simulated time,
    the host ops left are counted);
 2. data parallelism on the board: a batch of 8 micro-batches of 2 samples (BatchNorm needs
-   more than one value per channel), R = 1, 2, 4, 8 replicas (one chip each); simulated step time with the reproducible reduction (fixed tree
-   over micro-batches) and with the non-reproducible one (per-replica sum, then the cheaper of
-   ring and tree), their ratio (the issue's budget: <= 1.2x), and the speedup over R = 1.
+   more than one value per channel), R = 1, 2, 4, 8 replicas (one chip each); simulated step time with the reproducible reduction (a
+   chain in micro-batch order) and with the non-reproducible one (per-replica sum, then the
+   cheaper of ring and tree), their ratio (the issue's budget: <= 1.2x), and the speedup over R = 1.
 
 The scaling is plotted to ``--plot`` (matplotlib; written atomically). Build times are wall
 clock on this machine (noisy when shared).
@@ -95,8 +95,12 @@ def _one(name: str, args) -> dict:
     chip = tvm_spinn.training.compile(model, x, optimizer=optimizer, target="spinn")
     print(f"  build for spinn: {time.perf_counter() - t0:.1f} s wall")
     t0 = time.perf_counter()
-    board = chip.build_for("spinn/board")
-    print(f"  build for spinn/board: {time.perf_counter() - t0:.1f} s wall")
+    try:
+        board = chip.build_for("spinn/board")
+        print(f"  build for spinn/board: {time.perf_counter() - t0:.1f} s wall")
+    except Exception as err:  # noqa: BLE001 - a mapping limit is a result to print, not a crash
+        board = None
+        print(f"  build for spinn/board FAILED: {type(err).__name__}: {str(err).splitlines()[-1]}")
     place = tvm_spinn.training.op_placement(chip)
     for phase, where in place.items():
         host = sum(where["host"].values())
@@ -105,12 +109,15 @@ def _one(name: str, args) -> dict:
     print(f"  {'system':<12}{'step ms':>10}{'forward':>10}{'backward':>10}{'update':>10}")
     rows = {}
     for system, trainer in (("spinn", chip), ("spinn/board", board)):
+        if trainer is None:
+            continue
         phases = not args.no_phases and (system == "spinn" or args.board_phases)
         t = tvm_spinn.training.step_time(trainer, phases=phases)
         rows[system] = t
         parts = "".join(f"{_ms(t[k]):>10}" for k in ("forward_s", "backward_s", "update_s")) if "forward_s" in t else ""
         print(f"  {system:<12}{_ms(t['step_s']):>10}{parts}")
-    print(f"  board speedup over one chip: {rows['spinn']['step_s'] / rows['spinn/board']['step_s']:.2f}x")
+    if "spinn/board" in rows:
+        print(f"  board speedup over one chip: {rows['spinn']['step_s'] / rows['spinn/board']['step_s']:.2f}x")
     loss = chip.step(x, y)  # one real step on the simulator: the programs run, the loss is finite
     print(f"  one simulated step on a chip: loss {loss:.4f}")
 

@@ -2,26 +2,31 @@
 
 Rule (ARCHITECTURE.md, "Training"): the batch is cut into a fixed number ``M`` of micro-batches
 (a property of the training run, like the batch size), and the gradient of the step is the sum of
-the ``M`` micro-batch gradients in :func:`~tvm_spinn.timing.collectives.reduction_order` (a
-pairwise tree over micro-batch indices), divided by ``M``. ``R`` replicas (chips) own aligned
-blocks of micro-batches (:func:`~tvm_spinn.timing.collectives.chip_blocks`): each computes its
-micro-batches' gradients, adds them inside its block in the tree's order, and the binomial-tree
-all-reduce over the replicas performs the remaining additions of the same tree. Every addition
-is therefore the same pair of the same values for ``R = 1, 2, 4, ...``: the final parameters are
-bitwise identical across replica counts (and across systems, by the one-chip rule of the
-package docstring). The loss is carried in the same buffer (its first element), so the reported
-loss is reduced the same way.
+the ``M`` micro-batch gradients in ascending micro-batch order, ``((g0 + g1) + g2) + ...``,
+divided by ``M``. ``R`` replicas (chips) own consecutive blocks of micro-batches
+(:func:`replica_blocks`) and reduce by a *chain*: replica ``r`` receives the running sum of the
+micro-batches before its block from replica ``r - 1``, adds its own micro-batches' gradients in
+order and passes the sum on (the last replica's sum goes back to all). Every addition is
+therefore the same pair of the same values for ``R = 1, 2, 4, ...`` and any split into blocks:
+the final parameters are bitwise identical across replica counts (and across systems, by the
+one-chip rule of the package docstring). The loss is carried in the same buffer (its first
+element), so the reported loss is reduced the same way.
 
-The additions of the reduction are done here in numpy float32: IEEE-754 binary32 additions,
-rounded to nearest even, with subnormals kept, which is what the simulated M4F's fp32 ``add``
-computes (no flush-to-zero; ``tests/test_training_parallel.py`` checks a PE ``add`` against
-numpy). Their time is modelled: the in-block additions as the PE add program of the gradient
-buffer, the cross-replica ones as the collective on the system's link graph.
+The chain is the scale-out mapping's bit-exact all-reduce
+(:func:`~tvm_spinn.timing.collectives.chain_all_reduce`): the buffer is cut into segments that
+flow down the chain while finished segments flow back, so its cost is a ring's bandwidth over
+neighbouring chips (on a board's links it is cheaper than the ring for gradient-sized buffers,
+``bench/training.py``). The additions of the reduction are done here in numpy float32:
+IEEE-754 binary32 additions, rounded to nearest even, with subnormals kept, which is what the
+simulated M4F's fp32 ``add`` computes (no flush-to-zero; ``tests/test_training_parallel.py``
+checks a PE ``add`` against numpy). Their time is modelled: the additions as the PE add program
+of the gradient buffer, the transfers as the collective on the system's link graph.
 
 The non-reproducible mode (``reproducible=False``) is the usual one: each replica sums its
-micro-batches one after another and the all-reduce is the cheaper of ring and tree; a ring's
+micro-batches, then the cheaper of a ring and a tree all-reduce adds the replicas' sums; a ring's
 additions run chunk by chunk starting at a different rank per chunk, so its bits depend on
-``R``. :meth:`DataParallelTrainer.simulated_step` prices both.
+``R`` (also its functional result here: :func:`ring_sum`).
+:meth:`DataParallelTrainer.simulated_step` prices both.
 
 BatchNorm normalizes each micro-batch with its own statistics (as PyTorch's DDP without
 SyncBatchNorm does).
@@ -36,7 +41,7 @@ import tvm
 from tvm import relax
 
 from ..frontend.fixups import FixupImported
-from ..timing.collectives import all_reduce, chip_blocks, reduction_order
+from ..timing.collectives import all_reduce, chain_all_reduce
 from .api import Trainer, _resolve_target
 from .errors import TrainingError
 from .graph import TrainGraph
@@ -118,12 +123,21 @@ def _replica_target(target: tvm.target.Target):
     return _resolve_target(register_system(chip, fallback=arch.host_fallback)), arch
 
 
-def fixed_tree_sum(partials: list[np.ndarray]) -> np.ndarray:
-    """Sum in :func:`reduction_order` (the pairwise tree over micro-batch indices)."""
-    acc = list(partials)
-    for left, right in reduction_order(len(acc)):
-        acc[left] = acc[left] + acc[right]
-    return acc[0]
+def replica_blocks(microbatches: int, replicas: int) -> tuple[tuple[int, int], ...]:
+    """Consecutive blocks of micro-batches, one per replica, as even as possible (the first
+    ``microbatches % replicas`` one longer)."""
+    sizes = [microbatches // replicas + (r < microbatches % replicas) for r in range(replicas)]
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+    return tuple((int(starts[r]), int(starts[r + 1])) for r in range(replicas))
+
+
+def chain_sum(partials: list[np.ndarray]) -> np.ndarray:
+    """The reproducible reduction: ascending micro-batch order, ``((p0 + p1) + p2) + ...``
+    (what the chain over replicas computes for any split into consecutive blocks)."""
+    acc = partials[0]
+    for p in partials[1:]:
+        acc = acc + p
+    return acc
 
 
 def ring_sum(partials: list[np.ndarray], blocks) -> np.ndarray:
@@ -164,7 +178,7 @@ class DataParallelTrainer(Trainer):
         self.microbatches = microbatches
         self.replicas = replicas
         self.reproducible = reproducible
-        self._blocks = chip_blocks(microbatches, replicas)
+        self._blocks = replica_blocks(microbatches, replicas)
         self._add_ex = None
 
     def with_replicas(self, replicas: int, reproducible: bool | None = None) -> "DataParallelTrainer":
@@ -198,7 +212,7 @@ class DataParallelTrainer(Trainer):
                 args += self._params + [tvm.runtime.tensor(np.ascontiguousarray(ys[k]))]
                 loss, grads = self._grad_vm["main"](*args)
                 flats.append(np.concatenate([loss.numpy().reshape(1)] + [g.numpy().reshape(-1) for g in grads]))
-        total = fixed_tree_sum(flats) if self.reproducible else ring_sum(flats, self._blocks)
+        total = chain_sum(flats) if self.reproducible else ring_sum(flats, self._blocks)
         parts = np.split(total, np.cumsum([1] + [int(np.prod(s)) for s in self._graph.param_shapes])[:-1])
         sums = [tvm.runtime.tensor(np.array(p.reshape(s), order="C"))  # not ascontiguousarray: 0-d -> 1-d
                 for p, s in zip(parts, ((),) + tuple(self._graph.param_shapes))]
@@ -232,11 +246,20 @@ class DataParallelTrainer(Trainer):
         add = executable_latency(self._add_ex)
         nbytes = 4 * (sum(int(np.prod(s)) for s in self._graph.param_shapes) + 1)
         chips = len(self._blocks)
-        coll = all_reduce(topology_of(self._system), list(range(chips)), nbytes, reproducible=self.reproducible)
+        topo = topology_of(self._system)
+        if self.reproducible:
+            coll = chain_all_reduce(topo, list(range(chips)), nbytes)
+            # the chain adds every micro-batch's gradient into the running sum: a replica does
+            # as many additions as it has micro-batches (the first one less)
+            adds = per if chips > 1 else per - 1
+        else:
+            coll = all_reduce(topo, list(range(chips)), nbytes)
+            adds = per - 1  # its own block's sum; the ring's additions are inside the collective
+        algorithm, seconds = coll.algorithm, coll.seconds
         update = executable_latency(self.executable)
-        out = {"microbatch_s": micro, "compute_s": per * micro, "local_add_s": (per - 1) * add,
-               "all_reduce_s": coll.seconds if chips > 1 else 0.0,
-               "all_reduce": coll.algorithm if chips > 1 else "none", "update_s": update}
+        out = {"microbatch_s": micro, "compute_s": per * micro, "local_add_s": adds * add,
+               "all_reduce_s": seconds if chips > 1 else 0.0,
+               "all_reduce": algorithm if chips > 1 else "none", "update_s": update}
         out["total_s"] = out["compute_s"] + out["local_add_s"] + out["all_reduce_s"] + update
         return out
 
