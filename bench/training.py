@@ -18,9 +18,10 @@ Models are `transformers` configs with random weights (no download):
    phases on the chip (``--board-phases``: on the board too) (:func:`tvm_spinn.training.step_time`; only offloaded programs have a simulated time,
    the host ops left are counted);
 2. data parallelism on the board: a batch of 8 micro-batches of 2 samples (BatchNorm needs
-   more than one value per channel), R = 1, 2, 4, 8 replicas (one chip each); simulated step time with the reproducible reduction (a
-   chain in micro-batch order) and with the non-reproducible one (per-replica sum, then the
-   cheaper of ring and tree), their ratio (the issue's budget: <= 1.2x), and the speedup over R = 1.
+   more than one value per channel), R = 1, 2, 4, 8 replicas (one chip each); simulated step
+   time with the reproducible reduction (a chain in micro-batch order) and with the
+   non-reproducible one (per-replica sum, then the cheaper of ring and tree), their ratio (the
+   issue's budget: <= 1.2x), and the speedup over R = 1.
 
 The scaling is plotted to ``--plot`` (matplotlib; written atomically). Build times are wall
 clock on this machine (noisy when shared).

@@ -192,9 +192,9 @@ def compile(model, example_inputs, loss: str = "cross_entropy", optimizer=("sgd"
     data_parallel : dict, optional
         ``{"replicas": R, "microbatches": M, "reproducible": True}``: the batch is cut into
         ``M`` micro-batches (default ``R``) run on ``R`` chips of the target system, their
-        gradients summed in a fixed tree over micro-batches, so the bits depend on ``M`` but not
-        on ``R`` (:mod:`.parallel`); ``reproducible=False`` sums as a ring would (cheaper on
-        some systems, bits depend on ``R``). A PyTorch model only.
+        gradients summed in ascending micro-batch order (a chain over the replicas), so the bits
+        depend on ``M`` but not on ``R`` (:mod:`.parallel`); ``reproducible=False`` sums as a
+        ring would (bits depend on ``R``). A PyTorch model only.
 
     Returns
     -------
