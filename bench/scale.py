@@ -2,10 +2,10 @@
 
 Models are `transformers` configs with random weights. Printed in one run:
 
-1. GPT-2-medium decode step (batch 1, one token, no KV cache) on `spinn/board`: latency
-   against the board's DRAM-bandwidth bound for its offloaded weights
-   (weight bytes / (48 x 6.4 GB/s)), weights streamed every token and weights resident where
-   the aggregate SRAM holds them;
+1. GPT-2-medium decode step (batch 1, one token, no KV cache) on `spinn/board`, fp32 and int8
+   (weight GEMMs quantized): latency against the board's DRAM-bandwidth bound for its offloaded
+   weights (weight bytes / (48 x 6.4 GB/s)), weights streamed every token and weights resident
+   where the aggregate SRAM holds them;
 2. BERT-base s128 batch 1: one chip's latency over the board's;
 3. ResNet-50 224 at batch 48 on a board: throughput over 48 x one chip's (batch 1);
 4. BERT-large s128 throughput (stream of inputs) on 1, 48, 1,152 and 34,560 chips with the
@@ -84,18 +84,30 @@ def _plan(rep) -> str:
             f"{p['binding']} binds, lat/bound {p['latency_over_bound']:.2f}")
 
 
+def _gpt2_int8(mod, n_layer: int):
+    """GPT-2 with its weight GEMMs in int8 (``tvm_spinn.quantize``, calibrated on seeded random
+    tokens); the attention's two activation matmuls stay fp32 (one token attends to itself
+    only: its probabilities are the constant 1, an empty calibration range)."""
+    keep = [f"matmul_{6 * b + j}" for b in range(n_layer) for j in (1, 2)]
+    torch.manual_seed(1)
+    samples = [(torch.randint(0, 1000, (1, 1)).numpy(),) for _ in range(4)]
+    return tvm_spinn.quantize(mod, samples, keep_fp32=keep)
+
+
 def gpt2_rows(quick: bool) -> None:
     model, x = _gpt2(quick)
     mod = tvm_spinn.frontend.from_pytorch(model, (x,))
     arch = tvm_spinn.arch_of(tvm_spinn.get_target("spinn/board"))
-    print("\n[1] GPT-2-medium decode step on spinn/board (fp32)" + (" [quick config]" if quick else ""))
-    for weights in ("stream", "auto"):
-        rep, secs = _build(mod, "spinn/board", tvm_spinn.MappingOptions(weights=weights))
-        bound = rep.weight_bytes / arch.total_dram_bw_bytes_s
-        print(f"  weights={weights:<7} latency {rep.latency_s * 1e3:8.3f} ms  DRAM bound {bound * 1e3:8.3f} ms  "
-              f"bound/latency {bound / rep.latency_s:5.2f}  ({rep.weight_bytes / 1e6:.0f} MB offloaded weights, "
-              f"{rep.plan.get('streamed_bytes_per_chip', 0) / 1e6:.2f} MB streamed per chip; {_plan(rep)}; build {secs:.1f} s)",
-              flush=True)
+    print("\n[1] GPT-2-medium decode step on spinn/board" + (" [quick config]" if quick else ""))
+    for dtype in ("fp32", "int8"):
+        m = mod if dtype == "fp32" else _gpt2_int8(mod, model.model.config.n_layer)
+        for weights in ("stream", "auto"):
+            rep, secs = _build(m, "spinn/board", tvm_spinn.MappingOptions(weights=weights))
+            bound = rep.weight_bytes / arch.total_dram_bw_bytes_s
+            print(f"  {dtype} weights={weights:<7} latency {rep.latency_s * 1e3:8.3f} ms  DRAM bound {bound * 1e3:8.3f} ms  "
+                  f"bound/latency {bound / rep.latency_s:5.2f}  ({rep.weight_bytes / 1e6:.0f} MB offloaded weights, "
+                  f"{rep.plan.get('streamed_bytes_per_chip', 0) / 1e6:.2f} MB streamed per chip; {_plan(rep)}; "
+                  f"build {secs:.1f} s)", flush=True)
 
 
 def bert_base_rows(quick: bool) -> None:

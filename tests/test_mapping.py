@@ -189,11 +189,26 @@ def test_loaded_program_rederives_the_compile_time_tiles_and_timing(monkeypatch,
 
 
 def test_gemm_tile_choice_fits_and_is_mac_aligned():
+    """int8 tiles are MAC-array shaped; fp32 tiles (the M4F) keep MAC-shaped rows but may take
+    fewer columns; both fit SRAM with their buffers padded to the MAC shape."""
     arch = tvm_spinn.SpinnArch()
+    r, c = arch.mac_rows, arch.mac_cols
     for g in (GemmShape(1, 64, 3136, 576), GemmShape(1, 128, 768, 3072), GemmShape(8, 7, 5, 3)):
-        tm, tn, tk = choose_gemm_tile(g, arch)
-        assert tm % arch.mac_rows == 0 and tn % arch.mac_cols == 0
-        assert 4 * (2 * (tm * tk + tk * tn) + tm * tn) <= arch.tile_sram_bytes
+        for mode, e in (("fp32", 4), ("int8", 1)):
+            tm, tn, tk = choose_gemm_tile(g, arch, mode=mode)
+            assert tm % r == 0 and (mode == "fp32" or tn % c == 0)
+            pm, pn = -(-tm // r) * r, -(-tn // c) * c
+            assert 4 * pm * pn + 2 * e * (pm * tk + tk * pn) <= arch.tile_sram_bytes
+
+
+def test_fp32_matvec_spreads_its_columns_over_the_pes():
+    """A decode step's fp32 matrix-vector product with few output columns (a tensor-parallel
+    shard: 64 columns) uses a PE per column or two, not one per MAC-array width (16 PEs)."""
+    arch = tvm_spinn.SpinnArch()
+    tm, tn, _ = choose_gemm_tile(GemmShape(1, 1, 64, 1024), arch, mode="fp32")
+    assert tn <= 2 and -(-64 // tn) >= 32
+    tm8, tn8, _ = choose_gemm_tile(GemmShape(1, 1, 64, 1024), arch, mode="int8")
+    assert tn8 % arch.mac_cols == 0
 
 
 def test_unmappable_layer_names_layer_size_and_smallest_system():

@@ -207,11 +207,15 @@ def choose_gemm_tile(g: GemmShape, arch: "SpinnArch", name: str = "gemm", pes: i
     for k in range(1, 9):
         tns.add(min(n_cap, _round_up(ceil_div(g.n * g.batch * ceil_div(g.m, m_cap), k * pes), c)))
         tms.add(min(m_cap, _round_up(ceil_div(g.m * g.batch, k * pes), r)))
-    if mode != "int8" and g.m * g.batch < r:
-        # A matrix-vector product (a decode step) in fp32 runs on the M4F, which has no column
-        # granularity: columns one or two at a time spread the few output columns over more
-        # PEs (each PE streams its own weight columns, the input vector multicast once).
-        tns.update({1, 2}, (min(g.n, ceil_div(g.n, k * pes)) for k in range(1, 9)))
+    if mode != "int8":
+        # fp32 runs on the M4F, which has no row or column granularity (the MAC array's shape
+        # only matters to int8): tiles that split a few output columns (a decode step's
+        # matrix-vector product) or a narrow shard's columns and rows exactly over the PEs
+        # keep more PEs busy (each PE streams its own weight columns). Buffers stay MAC-shaped
+        # (tile_costs pads them), so the SRAM check below pads too.
+        if g.m * g.batch < r:
+            tns.update({1, 2})
+        tns.update(min(g.n, ceil_div(g.n * g.batch * ceil_div(g.m, m_cap), k * pes)) for k in range(1, 9))
     tms, tns = sorted(tms), sorted(tns)
     chips = max(1, -(-pes // arch.pes_per_chip))
     dram_bytes_per_cycle = arch.dram_bw_bytes_s * chips / arch.clock_hz
@@ -220,8 +224,9 @@ def choose_gemm_tile(g: GemmShape, arch: "SpinnArch", name: str = "gemm", pes: i
     best, best_key = None, None
     for tm in tms:
         for tn in tns:
-            fixed = ACC_BYTES * tm * tn
-            per_k = 2 * (ae * tm + be * tn)
+            pm, pn = _round_up(tm, r), _round_up(tn, c)  # the buffers tile_costs reserves
+            fixed = ACC_BYTES * pm * pn
+            per_k = 2 * (ae * pm + be * pn)
             if fixed + per_k > budget:
                 continue
             tk_max = (budget - fixed) // per_k
