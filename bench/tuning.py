@@ -8,7 +8,10 @@ measured side by side in one run:
 * ``tuned``     ``tvm_spinn.tune(..., max_trials_per_task=N)`` then ``build_options(tuning_logs=...)``
 * ``onnxruntime`` the same model exported to ONNX, CPUExecutionProvider
 
-Outputs of all TVM builds are compared with onnxruntime (assert_allclose).
+Outputs of all TVM builds are compared with onnxruntime (assert_allclose). The four are timed
+in interleaved rounds (``--repeat``; each round runs every side once, in rotated order) and the
+medians printed: on a shared machine, timing one build after another compares the load of two
+moments, not the builds.
 
 Both sides get the same threads (``--threads``, default: the CPUs this process may use; TVM's
 runtime would otherwise take half the logical CPUs, assuming hyper-threading) and TVM compiles
@@ -98,7 +101,8 @@ def host_target(threads: int, mcpu: str):
     return tvm.target.Target(config)
 
 
-def tvm_latency(ex, x: np.ndarray, repeat: int):
+def tvm_timer(ex, x: np.ndarray):
+    """(a function timing one round in seconds per call, the output) of a TVM build."""
     import tvm
     from tvm import relax
 
@@ -106,11 +110,12 @@ def tvm_latency(ex, x: np.ndarray, repeat: int):
     arg = tvm.runtime.tensor(x)
     out = vm["main"](arg)
     out = (out if hasattr(out, "numpy") else out[0]).numpy()
-    res = vm.time_evaluator("main", tvm.cpu(), number=10, repeat=repeat, min_repeat_ms=50)(arg)
-    return statistics.median(res.results) * 1e3, out
+    evaluator = vm.time_evaluator("main", tvm.cpu(), number=10, repeat=1, min_repeat_ms=50)
+    return (lambda: evaluator(arg).mean), out
 
 
-def ort_latency(model, x, repeat: int, threads: int):
+def ort_timer(model, x, threads: int):
+    """(a function timing one round in seconds per call, the output) of onnxruntime."""
     import onnx
     import onnxruntime as ort
 
@@ -126,13 +131,27 @@ def ort_latency(model, x, repeat: int, threads: int):
         sess = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     feed = {"x": x.numpy()}
     out = sess.run(None, feed)[0]
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        for _ in range(10):
+
+    def one_round():
+        calls, start = 0, time.perf_counter()
+        while calls < 10 or time.perf_counter() - start < 0.05:  # like min_repeat_ms=50
             sess.run(None, feed)
-        times.append((time.perf_counter() - start) / 10)
-    return statistics.median(times) * 1e3, out
+            calls += 1
+        return (time.perf_counter() - start) / calls
+
+    return one_round, out
+
+
+def side_by_side(timers: dict, rounds: int) -> dict:
+    """Median ms per call of each timer over ``rounds`` interleaved rounds: every round runs each
+    side once, the order rotated round to round, so a slow spell of a shared machine hits all
+    sides alike instead of whichever was measured at that moment."""
+    names = list(timers)
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            times[name].append(timers[name]())
+    return {name: statistics.median(values) * 1e3 for name, values in times.items()}
 
 
 def bench(name: str, trials: int, work_root: str, repeat: int, threads: int, target, peaks) -> dict:
@@ -143,25 +162,27 @@ def bench(name: str, trials: int, work_root: str, repeat: int, threads: int, tar
 
     model, x = make_model(name)
     mod = tvm_spinn.frontend.from_pytorch(model, (x,))
-    row = {"model": name}
-    row["onnxruntime"], ref = ort_latency(model, x, repeat, threads)
-    row["untuned"], out = tvm_latency(relax.build(mod, target=target), x.numpy(), repeat)
-    np.testing.assert_allclose(out, ref, rtol=1e-3, atol=1e-4)
-    with tvm_spinn.build_options():
-        row["defaults"], out = tvm_latency(relax.build(mod, target=target), x.numpy(), repeat)
-    np.testing.assert_allclose(out, ref, rtol=1e-3, atol=1e-4)
     work = os.path.join(work_root, name)
     start = time.time()
     result = tvm_spinn.tune(mod, target=target, work_dir=work, max_trials_per_task=trials, progress=True)
-    row["tune_s"] = time.time() - start
+    tune_s = time.time() - start
     print(result.table(), flush=True)
     print(f"\nwhere the time goes ({name}, tuned build, per task as measured by the tuner):")
     print(roofline_table(result, peaks), flush=True)
-    with tvm_spinn.build_options(tuning_logs=work):
-        row["tuned"], out = tvm_latency(relax.build(mod, target=target), x.numpy(), repeat)
+    timers = {}
+    timers["onnxruntime"], ref = ort_timer(model, x, threads)
+    timers["untuned"], out = tvm_timer(relax.build(mod, target=target), x.numpy())
     np.testing.assert_allclose(out, ref, rtol=1e-3, atol=1e-4)
+    with tvm_spinn.build_options():
+        timers["defaults"], out = tvm_timer(relax.build(mod, target=target), x.numpy())
+    np.testing.assert_allclose(out, ref, rtol=1e-3, atol=1e-4)
+    with tvm_spinn.build_options(tuning_logs=work):
+        timers["tuned"], out = tvm_timer(relax.build(mod, target=target), x.numpy())
+    np.testing.assert_allclose(out, ref, rtol=1e-3, atol=1e-4)
+    row = {"model": name, "tune_s": tune_s, **side_by_side(timers, repeat)}
     row["trials"] = sum(t.trials for t in result.tasks)
     row["tasks"] = len(result.tasks)
+    row["tuned_tasks"] = sum(t.chosen == "tuned" for t in result.tasks)
     return row
 
 
@@ -170,7 +191,8 @@ def main(argv=None) -> int:
     parser.add_argument("--trials", type=int, default=64, help="trials per task")
     parser.add_argument("--models", default="transformer,cnn")
     parser.add_argument("--work-dir", default="bench_tuning_logs", help="tuning logs (resumed if present)")
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=7,
+                        help="interleaved measuring rounds (every side once per round)")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                         help="threads of both TVM's runtime and onnxruntime (default: usable CPUs)")
     parser.add_argument("--mcpu", default=None,
@@ -192,17 +214,17 @@ def main(argv=None) -> int:
           f"{os.getloadavg()[0]:.1f} (a shared machine makes every figure noisy)", flush=True)
     rows = [bench(m, args.trials, args.work_dir, args.repeat, args.threads, target, peaks)
             for m in args.models.split(",")]
-    print(f"\nlatency in ms (median of {args.repeat}; threads: TVM {tvm.runtime.num_threads()}, "
+    print(f"\nlatency in ms (median of {args.repeat} interleaved rounds; threads: TVM {tvm.runtime.num_threads()}, "
           f"onnxruntime {args.threads}; {args.trials} trials per task; load average now "
           f"{os.getloadavg()[0]:.1f})")
-    header = ("model", "untuned", "defaults", "tuned", "onnxruntime", "default/ort", "tuned/ort", "tasks",
-              "trials", "tune s")
+    header = ("model", "untuned", "defaults", "tuned", "onnxruntime", "default/ort", "tuned/ort",
+              "tuned/default", "tasks", "uses tuned", "trials", "tune s")
     print(" | ".join(f"{h:>11}" for h in header))
     for r in rows:
         cells = (r["model"], f"{r['untuned']:.3f}", f"{r['defaults']:.3f}", f"{r['tuned']:.3f}",
                  f"{r['onnxruntime']:.3f}", f"{r['defaults'] / r['onnxruntime']:.2f}x",
-                 f"{r['tuned'] / r['onnxruntime']:.2f}x", str(r["tasks"]),
-                 str(r["trials"]), f"{r['tune_s']:.0f}")
+                 f"{r['tuned'] / r['onnxruntime']:.2f}x", f"{r['tuned'] / r['defaults']:.2f}x",
+                 str(r["tasks"]), str(r["tuned_tasks"]), str(r["trials"]), f"{r['tune_s']:.0f}")
         print(" | ".join(f"{c:>11}" for c in cells))
     return 0
 

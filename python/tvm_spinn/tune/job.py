@@ -94,24 +94,31 @@ class TuningResult:
 
     def table(self) -> str:
         """Per-task table: FLOP, default and tuned latency, which one the build uses, trials,
-        status; then why tasks were skipped."""
+        status; then why tasks were skipped, each task's comparison and the end-to-end check."""
         def us(value):
             return "-" if value is None else f"{value:.2f}" if value < 10 else f"{value:.1f}"
 
         rows = [("task", "FLOP", "default (us)", "tuned (us)", "latency (us)", "uses", "trials",
                  "status")]
+        def pick(compared, single):  # the comparison's median where there was one
+            return compared if compared is not None else single
+
         for t in self.tasks:
-            rows.append((t.name, f"{t.flop:.3g}", us(t.default_latency_us), us(t.best_latency_us),
+            rows.append((t.name, f"{t.flop:.3g}", us(pick(t.compared_default_us, t.default_latency_us)),
+                         us(pick(t.compared_tuned_us, t.best_latency_us)),
                          us(t.latency_us), t.chosen or "-", str(t.trials), t.status))
         total = [t.latency_us for t in self.tasks]
         if self.tasks and all(v is not None for v in total):
-            defaults = [t.default_latency_us for t in self.tasks]
+            defaults = [pick(t.compared_default_us, t.default_latency_us) for t in self.tasks]
             rows.append(("total (each task once)", "", us(sum(defaults)) if None not in defaults else "-",
                          "", us(sum(total)), "", "", ""))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
                  for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
+        if any(t.compared_default_us is not None for t in self.tasks):
+            lines.append("default/tuned: medians of the job's interleaved comparison (single "
+                         "measurements where there was none)")
         lines += [f"{t.name} skipped: {t.reason}" for t in self.tasks if t.reason]
         lines += [f"{t.name} uses {t.choice}: {t.choice_reason}" for t in self.tasks
                   if t.choice is not None and t.choice_reason]
