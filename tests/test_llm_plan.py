@@ -3,6 +3,7 @@ weights as shape/dtype descriptors, the mapping compiler and timing model, no si
 
 from __future__ import annotations
 
+import functools
 import importlib.resources
 import json
 
@@ -150,3 +151,44 @@ def test_plan_shipped_models(name, target, seq, layers, monkeypatch):
     assert 0 < result.tokens_per_s_per_user <= result.bound_tokens_per_s
     assert result.weight_bytes == llm.spec_of(str(CONFIGS / f"{name}.json")).params
     assert np.isfinite(result.energy_per_token_j) and result.ttft_s > result.decode_latency_s
+
+
+@functools.lru_cache(maxsize=1)
+def _attention_program():
+    """The described program of a small Llama decode block that holds its attention (64 slots)."""
+    from tvm_spinn.llm.graphs import LayerStep
+
+    _, meta, spec = _block("llama")
+    seq = 64
+    target = tvm_spinn.get_target("spinn/board")
+    described = describe(LayerStep(meta, spec, seq).eval(), _decode_args(spec, seq, "meta"), target, "fp32")
+    return seq, next(d.program for d in described if any(layer.kind == "softmax" for layer in d.program.layers))
+
+
+@pytest.mark.parametrize("tp, split", [pytest.param(2, "heads", marks=pytest.mark.slow), (4, "slots")])
+def test_decode_attention_reads_its_share_of_the_kv_cache(tp, split):
+    """The KV cache is split over the tensor-parallel chips (by its 2 KV heads when tp divides
+    them, else by its slots): each chip reads 1/tp of it. A slot split makes the softmax
+    distributed (the row maxima all-reduced exactly, the exp sums by the bit-exact chain) and
+    the context matmul row-parallel; a head split needs no collective inside the attention."""
+    from tvm_spinn.mapping.shard import plan_shards
+
+    seq, program = _attention_program()
+    t = program.tensors
+    caches = [tid for tid in program.inputs if len(t[tid].shape) == 3 and seq in t[tid].shape]
+    assert len(caches) == 2
+    plan = plan_shards(program, tp)
+    for tid in caches:  # each chip holds 1/tp of K^T and of V
+        assert np.prod(plan.shapes[tid]) * tp == np.prod(t[tid].shape)
+        assert (plan.shapes[tid][0] * tp == t[tid].shape[0]) == (split == "heads")
+    soft = next(i for i, layer in enumerate(program.layers) if layer.kind == "softmax")
+    at_softmax = [c for c in plan.collectives if c.layer == soft]
+    context = next(i for i, layer in enumerate(program.layers) if i > soft and layer.kind == "matmul")
+    rows = int(np.prod(t[program.layers[soft].output].shape[:-1]))
+    if split == "slots":
+        assert [(c.op, c.exact, c.nbytes) for c in at_softmax] == [("all_reduce", True, 4 * rows),
+                                                                     ("all_reduce", False, 4 * rows)]
+        assert plan.splits[context] == "row"
+    else:
+        assert at_softmax == [] and plan.splits[context] == "split"
+    assert not any(c.op == "all_gather" and c.tensor in caches for c in plan.collectives)
