@@ -8,9 +8,12 @@ nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
 TUTORIALS = sorted((pathlib.Path(__file__).parent.parent / "tutorials").glob("*.ipynb"))
+# two training-step builds (chip and board): ~25 s of CPU, ~45 s on a loaded machine
+SLOW = {"07_training.ipynb"}
 
 
-@pytest.mark.parametrize("path", TUTORIALS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow) if p.name in SLOW else p
+                                  for p in TUTORIALS], ids=lambda p: p.name)
 def test_tutorial_runs(path, tmp_path):
     nb = nbformat.read(path, as_version=4)
     client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
