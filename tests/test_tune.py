@@ -103,6 +103,46 @@ def test_build_with_tuning_logs_matches_untuned(tuned):
     np.testing.assert_allclose(_run(ex, x), ref, rtol=1e-3, atol=1e-4)
 
 
+def test_logs_tuned_for_another_cpu_apply_and_another_kind_is_refused(tuned):
+    """The spinn tags compile the fallback for this host's CPU (-mcpu); logs tuned for the same
+    target kind on another CPU (here plain llvm: generic x86-64) are still applied, exactly as
+    recorded (what the manifest chose), while another target kind stays a TuningLogError."""
+    from tvm.target.codegen import llvm_get_system_cpu
+
+    from tvm_spinn._tuning_db import task_choices
+
+    spinn = tvm.target.Target("spinn")
+    assert "mcpu" not in LLVM.attrs and tvm_spinn.host_target().attrs.get("mcpu") == spinn.attrs.get("mcpu")
+    if llvm_get_system_cpu() not in ("", "generic") and not os.environ.get("TVM_SPINN_HOST_MCPU"):
+        assert spinn.attrs["mcpu"] == llvm_get_system_cpu()
+    mod, x = tuned["mod"], tuned["x"]
+    choices, _ = task_choices(tuned["work"])
+    assert choices and all(e["use"] in ("default", "tuned") for e in choices.values())
+    ref = _run(relax.build(mod, target=LLVM), x)
+    with tvm_spinn.build_options(tuning_logs=tuned["work"]):
+        ex = relax.build(mod, target=tvm_spinn.host_target())
+    np.testing.assert_allclose(_run(ex, x), ref, rtol=1e-4, atol=1e-5)
+    with pytest.raises(TuningLogError, match="logs were tuned for"):
+        tvm_spinn.tune(mod, target="spinn/cuda", work_dir=tuned["work"])
+
+
+def test_host_mcpu_is_overridable_and_checked(monkeypatch):
+    from tvm_spinn.target.arch import CHIPS
+    from tvm_spinn.target.registry import HOST_MCPU_ENV, host_mcpu, register_system
+
+    monkeypatch.setenv(HOST_MCPU_ENV, "")
+    assert host_mcpu() == "" and "mcpu" not in tvm_spinn.host_target().attrs
+    monkeypatch.setenv(HOST_MCPU_ENV, "skylake")
+    assert host_mcpu() == "skylake" and tvm_spinn.host_target().attrs["mcpu"] == "skylake"
+    monkeypatch.setenv(HOST_MCPU_ENV, "no-such-cpu")
+    with pytest.raises(ValueError, match=rf"\${HOST_MCPU_ENV} names CPU 'no-such-cpu'"):
+        host_mcpu()
+    monkeypatch.delenv(HOST_MCPU_ENV)
+    tag = register_system(CHIPS["production"].replace(name="spinn2-generic-host"), tag="spinn/test-generic-host",
+                          host_mcpu="")
+    assert "mcpu" not in tvm.target.Target(tag).attrs  # portable host code, on request
+
+
 def _copy(src, dst):
     shutil.copytree(src, dst)
     return str(dst)

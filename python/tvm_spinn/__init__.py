@@ -39,8 +39,8 @@ from .runtime.loader import LibraryError, export_library, load_module  # noqa: E
 from .quant import QuantizationError, QuantScheme, quantizable_layers, quantize  # noqa: E402
 from .tune import BuildOptions, TuningLogError, TuningResult, build_options, tune  # noqa: E402
 from .target import (  # noqa: E402
-    ArchError, SpinnArch, arch_of, get_target, known_targets, make_system, register_default_tags,
-    register_system,
+    ArchError, SpinnArch, arch_of, get_target, host_target, known_targets, make_system,
+    register_default_tags, register_system,
 )
 
 from . import training  # noqa: E402  (cheap: relax.training and torch are imported on use)
@@ -53,7 +53,7 @@ _loader.install_export_hook()  # ex.export_library of spinn builds writes sealed
 
 __all__ = [
     "frontend", "MappingOptions", "MappingError", "load_module", "export_library", "LibraryError", "SpinnRuntimeError", "partition_for_spinn", "summarize_partition", "report", "report_modules", "Report", "SpinnArch",
-    "ArchError", "make_system", "register_system", "get_target", "known_targets", "arch_of",
+    "ArchError", "make_system", "register_system", "get_target", "known_targets", "arch_of", "host_target",
     "tune", "build_options", "BuildOptions", "TuningResult", "TuningLogError",
     "quantize", "quantizable_layers", "QuantScheme", "QuantizationError", "training",
 ]

@@ -16,8 +16,13 @@ from .arch import CHIPS, ArchError, SpinnArch
 
 __all__ = [
     "SYSTEMS", "TAGS", "register_system", "arch_of", "is_spinn_target", "get_target",
-    "known_targets", "register_default_tags",
+    "known_targets", "register_default_tags", "HOST_MCPU_ENV", "host_mcpu", "host_target",
 ]
+
+#: environment variable naming the LLVM CPU the host fallback is compiled for, read when the tags
+#: are registered: a CPU name (``znver3``, ``skylake-avx512``), or empty for LLVM's generic CPU
+#: (baseline SSE2 on x86-64: portable code for another machine). Default: this host's CPU.
+HOST_MCPU_ENV = "TVM_SPINN_HOST_MCPU"
 
 #: name (target ``model``) -> architecture
 SYSTEMS: dict[str, SpinnArch] = {}
@@ -26,12 +31,52 @@ TAGS: dict[str, tuple[str, str]] = {}
 _LOCK = threading.Lock()
 
 
-def _host_config() -> dict:
+def host_mcpu() -> str:
+    """The LLVM CPU of the host fallback: ``$TVM_SPINN_HOST_MCPU`` if set, else this host's CPU.
+
+    Without ``-mcpu`` LLVM compiles for its generic x86-64 CPU (SSE2, no FMA): about 2x slower
+    fallback kernels here. The host's CPU name is what LLVM detects (deterministic on one
+    machine), so artifacts stay bit-identical run to run; code built for it runs on that CPU
+    family and newer. ``""`` means LLVM's generic CPU.
+
+    Raises
+    ------
+    ValueError
+        If the name is not a CPU that LLVM knows for this host's triple.
+    """
+    from tvm.target.codegen import llvm_get_system_cpu, llvm_get_system_triple, llvm_is_valid_cpu
+
+    value = os.environ.get(HOST_MCPU_ENV)
+    cpu = (llvm_get_system_cpu() if value is None else value).strip()
+    if cpu in ("", "generic"):
+        return ""
+    if not llvm_is_valid_cpu(cpu, llvm_get_system_triple()):
+        source = f"${HOST_MCPU_ENV}" if value is not None else "llvm_get_system_cpu()"
+        raise ValueError(f"{source} names CPU {cpu!r}, which LLVM does not know for "
+                         f"{llvm_get_system_triple()} (set {HOST_MCPU_ENV}='' for the generic CPU)")
+    return cpu
+
+
+def _host_config(mcpu: str | None = None) -> dict:
     # num-cores describes the *host* CPU that runs the fallback, never the simulated PEs.
-    return {"kind": "llvm", "num-cores": max(1, os.cpu_count() or 1)}
+    config = {"kind": "llvm", "num-cores": max(1, os.cpu_count() or 1)}
+    mcpu = host_mcpu() if mcpu is None else mcpu
+    if mcpu:
+        config["mcpu"] = mcpu
+    return config
 
 
-def register_system(arch: SpinnArch, tag: str | None = None, fallback: str = "llvm") -> str:
+def host_target(mcpu: str | None = None) -> tvm.target.Target:
+    """The llvm target the spinn tags compile the host fallback for (see :func:`host_mcpu`).
+
+    Build a reference for "the same fallback code" with it: plain ``llvm`` is another CPU
+    (generic x86-64, no FMA), so its float results can differ in the last bits.
+    """
+    return tvm.target.Target(_host_config(mcpu))
+
+
+def register_system(arch: SpinnArch, tag: str | None = None, fallback: str = "llvm",
+                    host_mcpu: str | None = None) -> str:
     """Register a system so that ``tvm.target.Target(tag)`` selects it.
 
     Parameters
@@ -42,6 +87,8 @@ def register_system(arch: SpinnArch, tag: str | None = None, fallback: str = "ll
         Target tag to register; defaults to ``"spinn/<arch.name>"``.
     fallback : {"llvm", "cuda"}
         Where operators that are not offloaded run.
+    host_mcpu : str, optional
+        LLVM CPU of the host code (``""``: LLVM's generic CPU); default :func:`host_mcpu`.
 
     Returns
     -------
@@ -52,15 +99,16 @@ def register_system(arch: SpinnArch, tag: str | None = None, fallback: str = "ll
         raise ArchError(f"fallback must be 'llvm' or 'cuda', got {fallback!r}")
     tag = tag or f"spinn/{arch.name}"
     arch = arch.replace(host_fallback=fallback)
+    host = _host_config(host_mcpu)
     if fallback == "llvm":
-        config = dict(_host_config(), keys=["spinn", "cpu"], model=arch.name)
+        config = dict(host, keys=["spinn", "cpu"], model=arch.name)
     else:
         config = {
             # MetaSchedule's GPU rules read these limits from the target (sm_80 and later).
             "kind": "cuda", "arch": "sm_80", "keys": ["spinn", "cuda", "gpu"],
             "max_num_threads": 1024, "max_threads_per_block": 1024, "thread_warp_size": 32,
             "max_shared_memory_per_block": 49152, "registers_per_block": 65536,
-            "model": arch.name, "host": _host_config(),
+            "model": arch.name, "host": host,
         }
     with _LOCK:
         previous = SYSTEMS.get(arch.name)
