@@ -42,7 +42,7 @@ from tvm import relax
 
 from ..frontend.fixups import FixupImported
 from ..timing.collectives import all_reduce, chain_all_reduce
-from .api import Trainer, _resolve_target
+from .trainer import Trainer, _resolve_target
 from .errors import TrainingError
 from .graph import TrainGraph
 
