@@ -230,12 +230,12 @@ def _native_ok(program: Program, layer: Layer) -> bool:
             and all(tid in program.constants for tid in layer.consts.values()))
 
 
-def _layer_named(program: Program, message: str) -> str:
+def _layer_named(names: tuple, message: str) -> str:
     """``"tvm_spinn.sim plan: layer <i>: <what>"`` as ``"<layer name>: <what>"``."""
     head, _, rest = message.partition("layer ")
     index, _, what = rest.partition(": ")
-    if "tvm_spinn.sim plan" in head and index.isdigit() and int(index) < len(program.layers):
-        return f"{program.layers[int(index)].name}: {what}"
+    if "tvm_spinn.sim plan" in head and index.isdigit() and int(index) < len(names):
+        return f"{names[int(index)]}: {what}"
     return message
 
 
@@ -244,6 +244,9 @@ def _native_step(program: Program, run: NativeRun):
     flagged views), its values into new arrays or the caller's output buffers."""
     call, inputs, exported = run.run, run.inputs, run.exported
     _input = _lib._input
+    # the layer names, not the program: plans live in a global table and must not keep their
+    # program alive (they are dropped with it)
+    names = tuple(layer.name for layer in program.layers)
 
     def step(env, into):
         args = []
@@ -259,7 +262,7 @@ def _native_step(program: Program, run: NativeRun):
         try:
             call(*args, *outs)
         except IndexError as err:  # a gather's index out of range: name the layer, as Python does
-            raise IndexError(_layer_named(program, str(err))) from None
+            raise IndexError(_layer_named(names, str(err))) from None
         for (tid, _, _), value in zip(exported, outs):
             env[tid] = value
     return step
