@@ -26,6 +26,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels.h"
@@ -59,9 +60,25 @@ enum Unary : int64_t {
 };
 enum Binary : int64_t { kAdd = 0, kSubtract = 1, kMultiply = 2, kDivide = 3 };
 
+// The im2col and depthwise instructions carry their geometry as these structs' 15 fields in order.
+static_assert(sizeof(Im2ColShape) == 15 * sizeof(int64_t), "Im2ColShape: 15 int64 fields");
+static_assert(sizeof(DepthwiseShape) == 15 * sizeof(int64_t), "DepthwiseShape: 15 int64 fields");
+
 constexpr int kMaxDims = 8;
 constexpr int64_t kNone = -1;  // "no buffer" (bias, gamma, beta)
 constexpr size_t kAlign = 64;
+
+/*!
+ * \brief A geometry struct of int64 fields (Im2ColShape, DepthwiseShape) read from consecutive
+ *        instruction words, which the encoder writes in the struct's field order.
+ */
+template <typename S>
+S Words(const std::vector<int64_t>& w, size_t first) {
+  static_assert(std::is_trivially_copyable<S>::value && sizeof(S) % sizeof(int64_t) == 0, "int64 fields only");
+  S s;
+  std::memcpy(&s, w.data() + first, sizeof(S));
+  return s;
+}
 
 float BitsToFloat(int64_t bits) {
   const uint32_t u = static_cast<uint32_t>(bits);
@@ -580,44 +597,14 @@ class Plan {
         break;
       }
       case kIm2Col: {
-        Im2ColShape s;
-        s.n = in[3];
-        s.groups = in[4];
-        s.cg = in[5];
-        s.h = in[6];
-        s.w = in[7];
-        s.kh = in[8];
-        s.kw = in[9];
-        s.oh = in[10];
-        s.ow = in[11];
-        s.stride_h = in[12];
-        s.stride_w = in[13];
-        s.dil_h = in[14];
-        s.dil_w = in[15];
-        s.pad_top = in[16];
-        s.pad_left = in[17];
+        const Im2ColShape s = Words<Im2ColShape>(in.w, 3);
         const float zero = 0.0f;
         const int64_t count = s.n * s.groups * s.cg * s.kh * s.kw * s.oh * s.ow;
         Im2Col(base[in[1]], base[in[2]], s, 4, &zero, SimThreads(count / 8));
         break;
       }
       case kDepthwise: {
-        DepthwiseShape s;
-        s.n = in[4];
-        s.groups = in[5];
-        s.mult = in[6];
-        s.h = in[7];
-        s.w = in[8];
-        s.kh = in[9];
-        s.kw = in[10];
-        s.oh = in[11];
-        s.ow = in[12];
-        s.stride_h = in[13];
-        s.stride_w = in[14];
-        s.dil_h = in[15];
-        s.dil_w = in[16];
-        s.pad_top = in[17];
-        s.pad_left = in[18];
+        const DepthwiseShape s = Words<DepthwiseShape>(in.w, 4);
         float* out = f32(in[3]);
         const int64_t count = s.n * s.groups * s.mult * s.oh * s.ow;
         std::fill(out, out + count, 0.0f);
