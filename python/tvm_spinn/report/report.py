@@ -97,7 +97,12 @@ def system_summary(programs: list, chips: int, chips_per_board: int) -> dict:
     ``binding`` names the largest, ``latency_over_bound`` is the headline ratio.
 
     Throughput for a stream of inputs: the programs of one stage (board) run one after another
-    and stages overlap (a pipeline), and the boards the stages leave free hold replicas.
+    and stages overlap (a pipeline), and the boards the stages leave free hold replicas. On one
+    stage, a replica group sized by the widest plan runs a narrower program (``tp x dp`` chips
+    of the group's ``G``) for ``G / chips`` inferences at once, each chip holding that plan's
+    shard (what the build's DRAM ledger counts), so the system completes
+    ``chips / sum(latency x chips)`` inferences per second: the chip-seconds per inference the
+    throughput objective minimizes.
     """
     rows = [p for p in programs if "system" in p.mapping]
     if not rows:
@@ -130,7 +135,9 @@ def system_summary(programs: list, chips: int, chips_per_board: int) -> dict:
         "collectives": ops, **bounds, "binding": names[binding],
         "latency_over_bound": latency / bound if bound else float("nan"),
         "streamed_bytes_per_chip": sum(p.timing["system"]["streamed_bytes_per_chip"] for p in rows),
-        "throughput_inf_s": replicas / max(stage_s.values()) if latency else 0.0,
+        "throughput_inf_s": (replicas / max(stage_s.values()) if stages > 1 else
+                             chips / sum(p.timing["latency_s"] * p.mapping.get("system", {}).get("chips", 1)
+                                         for p in programs)) if latency else 0.0,
     }
 
 
