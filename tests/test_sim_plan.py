@@ -219,12 +219,26 @@ class _Movement(torch.nn.Module):
         return torch.relu(r).reshape(2, 2, 3, 9) * torch.ones(3, 1)  # broadcast multiply
 
 
-@pytest.mark.parametrize("name", ["cnn", "mlp", "transformer", "kinds", "pools", "movement"])
+class _Narrow(torch.nn.Module):
+    """Convolutions with at most 4 output pixels (computed transposed): im2col'd 3x3 stride 2,
+    a 1x1 with bias and a fused ReLU6, on a 4x4 image."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(3, 24, 3, stride=2, padding=1)
+        self.b = torch.nn.Conv2d(24, 32, 1)
+
+    def forward(self, x):
+        return torch.nn.functional.relu6(self.b(torch.relu(self.a(x))))
+
+
+@pytest.mark.parametrize("name", ["cnn", "mlp", "transformer", "kinds", "pools", "movement", "narrow"])
 def test_native_runs_give_the_python_bits(monkeypatch, name):
     """Native runs (one C++ call per run of layers) against the same plan with every layer in
     Python, on ordinary values, large ones, NaN, infinities and signed zeros."""
     cases = _cases()
     cases["movement"] = (_Movement().eval(), torch.randn(2, 3, 4, 12))
+    cases["narrow"] = (_Narrow().eval(), torch.randn(2, 3, 4, 4))
     model, x = cases[name]
     ex = relax.build(tvm_spinn.frontend.from_pytorch(model, (x,)), target="spinn")
     inputs = _inputs(x.numpy(), np.random.default_rng(1))

@@ -579,6 +579,8 @@ def _fp32_step(program, layer: Layer, clip: Layer | None):
         ep_shape, on_rows = (n, wshape[0], oh * ow), True
         if cg == 1 and groups > 1 and rhs_tid in program.constants:
             return _depthwise_step(program, layer, shape, dtype, bias, do_relu, clip is not None, lo, hi)
+        if _transposed_conv(g, groups) and rhs_tid in program.constants and dtype == _F32:
+            return _transposed_step(program, layer, g, shape, bias, do_relu, clip is not None, lo, hi)
         get_a = _operand(program, rhs_tid, lambda w: _lib._input(np.ascontiguousarray(w).reshape(groups, wshape[0] // groups, -1)))
         if (kh, kw) == (1, 1) and tuple(attrs["strides"]) == (1, 1) and not any(attrs["padding"]) and (oh, ow) == (h, w):
             bshape = (n * groups, cg, h * w)
@@ -640,6 +642,45 @@ def _fp32_step(program, layer: Layer, clip: Layer | None):
     return step
 
 
+def _transposed_step(program, layer: Layer, g: GemmShape, shape, bias, do_relu, clip, lo, hi):
+    """A conv computed as C^T = X^T W^T (:func:`_transposed_conv`): the operations of the
+    native run's copy, GEMM (bias per column) and copy."""
+    attrs = layer.attrs
+    x_tid = layer.inputs[0]
+    n, c, h, w = program.tensors[x_tid].shape
+    kh, kw = program.tensors[layer.consts["weight"]].shape[2:]
+    p, k, m = g.n, g.k, g.m
+    wt = _lib._input(np.ascontiguousarray(
+        np.asarray(program.constants[layer.consts["weight"]], dtype=_F32).reshape(m, k).T).reshape(1, k, m))
+    direct = (kh, kw) == (1, 1) and tuple(attrs["strides"]) == (1, 1) and not any(attrs["padding"]) and p == h * w
+    params = None
+    if not direct:
+        sh, sw = attrs["strides"]
+        dh, dw = attrs["dilation"]
+        pt, pl, _, _ = attrs["padding"]
+        params = [int(v) for v in (1, kh, kw, sh, sw, dh, dw, pt, pl, shape[2], shape[3])]
+    a_index, b_index = np.arange(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    gemm = _lib._func("tvm_spinn.sim.gemm_f32_batched")
+    epilogue = _lib._func("tvm_spinn.sim.epilogue_f32")
+    im2col = _lib._func("tvm_spinn.sim.im2col")
+    finish = bias.size or do_relu or clip
+
+    def step(program, env):
+        x = np.ascontiguousarray(env[x_tid])
+        if direct:
+            cols = x.reshape(n, k, p)
+        else:
+            cols = np.empty((n, k, p), dtype=_F32)
+            im2col(_lib._input(x), cols, np.zeros(1, dtype=_F32), params, 0)
+        xt = np.ascontiguousarray(cols.transpose(0, 2, 1))
+        ct = np.zeros((n, p, m), dtype=_F32)
+        gemm(xt, wt, ct, a_index, b_index, 0)
+        if finish:  # the bias is per output channel: a column of C^T
+            epilogue(ct, bias, False, do_relu, clip, lo, hi, 0)
+        return np.ascontiguousarray(ct.transpose(0, 2, 1)).reshape(shape)
+    return step
+
+
 def _depthwise_step(program, layer: Layer, shape, dtype, bias, do_relu, clip, lo, hi):
     """A conv with one input channel per group, on the direct C++ kernel (no im2col): each
     output's taps in im2col order from +0.0, then the epilogue; the bits of the GEMM path."""
@@ -669,6 +710,20 @@ def _depthwise_step(program, layer: Layer, shape, dtype, bias, do_relu, clip, lo
         return into(program, env, None)
     step.into = into
     return step
+
+
+#: Convolutions with at most this many output pixels per image are computed transposed.
+NARROW_PIXELS = 4
+
+
+def _transposed_conv(g: GemmShape, groups: int) -> bool:
+    """Whether a conv (one group, weights [m, k], pixels [k, n]) is computed as C^T = X^T W^T:
+    with at most :data:`NARROW_PIXELS` pixels (a late stage of a CNN on a small image) the
+    kernel's register block would hold a few pixels by many output channels and pack the whole
+    weight matrix every call; transposed, the weights are the operand it reads in place. Each
+    output is the same sum in the same k order; the products are w * x instead of x * w (equal
+    for all but two NaN operands, whose payload the product may then take from the other)."""
+    return groups == 1 and g.n <= NARROW_PIXELS and g.m >= 16
 
 
 def _fp32_native(program, layer: Layer, nb, clip: Layer | None) -> bool:
@@ -719,6 +774,17 @@ def _fp32_native(program, layer: Layer, nb, clip: Layer | None) -> bool:
         else:
             b = nb.temp(4 * n * groups * cg * kh * kw * oh * ow)
             nb.emit("im2col", x, b, n, groups, c // groups, h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl)
+        if _transposed_conv(g, groups):
+            # C^T = X^T W^T: the weights (pre-transposed once) are the kernel's wide operand,
+            # read in place, and only the few pixels are packed (see _transposed_conv)
+            p, k, m = g.n, g.k, g.m
+            xt, ct = nb.temp(4 * n * p * k), nb.temp(4 * n * p * m)
+            nb.emit("copy", b, xt, 4, 3, 0, 0, [n, p, k], [k * p, 1, p], [p * k, k, 1])
+            wt = np.ascontiguousarray(program.constants[rhs_tid], dtype=_F32).reshape(m, k).T
+            nb.emit("gemm", xt, nb.const(wt), ct, n, p, k, m, nb.const(np.arange(n, dtype=np.int64)),
+                    nb.const(np.zeros(n, dtype=np.int64)), bias, 0, relu_flag, clip_flag, lo, hi, n, p, m)
+            nb.emit("copy", ct, nb.write(layer.output), 4, 3, 0, 0, [n, m, p], [p * m, 1, m], [m * p, p, 1])
+            return True
         a_index = np.arange(g.batch, dtype=np.int64) % groups
         b_index = np.arange(g.batch, dtype=np.int64)
         a = nb.read(rhs_tid)
