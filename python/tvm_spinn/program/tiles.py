@@ -15,7 +15,9 @@ and order (each defined by the kind's operator family, :mod:`tvm_spinn.program.o
   through the tile's PE in ``k_splits = ceil(K / tk)`` chunks of ``ceil(K / k_splits)``
   (ascending k, output stationary). Tiles of one *group* share a weight block (conv2d:
   ``b * ceil(M / tm) + m0 // tm``; dense: ``n0 // tn``; matmul: none, ``-1``).
-- ``softmax``, ``layer_norm``, ``mean``: tile ``[rows]``, regions ``[[r0, r1]]`` over rows.
+- ``softmax``, ``layer_norm``, ``mean``: tile ``[rows, cols]``, regions ``[[r0, r1], [c0, c1]]``
+  over rows and the elements of a row (rows outer; ``cols`` below the row length: a row split
+  over PEs, its sums chained, see :mod:`tvm_spinn.program.ops.rows`).
 - pools: tile ``[planes, rows]``, regions ``[[p0, p1], [r0, r1]]`` over ``N*C`` planes and
   output rows (planes outer).
 - everything else (element-wise, quantize/dequantize, data movement): tile ``[elements]``,

@@ -28,8 +28,21 @@
     the exponent lowered by ``k = min(floor(log2 n), 32, 31 + exponent)``.
 
   The fixed-point primitives live in :mod:`tvm_spinn.program.quant`.
-- Tiles: ``[rows]`` over the rows (everything but the normalized or reduced axes); a whole row
-  lives on one PE.
+- Tiles: ``[rows, cols]``, regions ``[[r0, r1], [c0, c1]]`` over the rows (everything but the
+  normalized or reduced axes) and the elements of a row (rows outer). ``cols`` below the row
+  length splits each row into ``k = ceil(row / cols)`` chunks on ``k`` PEs, which keeps the
+  bits: the row's sums stay sequential fp32 sums from 0, left to right, because the PEs
+  holding consecutive chunks pass the running partial sum along a chain (PE ``i`` adds its
+  chunk, in element order, to the partial it receives); only the element-wise work (the max,
+  exact in any order; subtract, square, exp, divide, scale, shift) runs in parallel, and the
+  row's statistic (max, mean, variance, sum of exps) is broadcast back to the chunks. The
+  functional simulator computes a split tile's rows whole with the same kernel and writes only
+  its chunk (a mean's output is written by the tile holding the row's last chunk), so every
+  tiling gives the same bits. The cost (:meth:`Rows.tile_costs`): the parallel element-wise
+  work of the chunk, plus the chain (the serial sums over the whole row, one NoC hop per chunk
+  boundary) and the statistic's broadcast, per statistic; the tiler splits a row only when
+  rows are fewer than the PEs and the split lowers the layer's modelled time
+  (:meth:`Rows.choose_tile`).
 """
 
 from __future__ import annotations
@@ -46,7 +59,7 @@ from ..model import Layer
 from ..quant import (QUANT_RANGES, count_leading_zeros32, exp_on_negative_values, one_over_one_plus_x,
                      requantize_tflite, rounding_divide_by_pot, srdhm, tflite_quantize_multiplier, wrap32)
 from . import native
-from .base import OpFamily, ceil_div, itemsize, register, working_budget
+from .base import OpFamily, ceil_div, itemsize, register, starts, working_budget
 
 if TYPE_CHECKING:
     from ...target.arch import SpinnArch
@@ -84,6 +97,25 @@ def _row(program, layer: Layer) -> int:
 def _rows(program, layer: Layer) -> int:
     n_out = int(np.prod(program.tensors[layer.output].shape, dtype=np.int64))
     return n_out if layer.kind == "mean" else n_out // _row(program, layer)
+
+
+def _serial_per_elem(layer: Layer) -> float:
+    """Of :func:`_per_elem`, the operations per element that are steps of a sequential fp32
+    row sum (layer_norm: the sums of ``x`` and of ``(x - mean)^2``; softmax: the sum of exps;
+    mean: its sum): they cannot run in parallel on a split row. TFLite's integer sums are
+    32-bit wrapping adds, associative: each chunk sums its part and the partials are added
+    along the chain, so none of their work is serial."""
+    if _tflite(layer):
+        return 0.0
+    return {"softmax": 1.0, "layer_norm": 2.0, "mean": 1.0}[layer.kind]
+
+
+def _statistics(layer: Layer) -> tuple[int, int]:
+    """``(gathers, broadcasts)`` of a split row: statistics combined along the chain of its
+    chunks, and those sent back to every chunk (layer_norm: mean then variance, both sent
+    back; softmax: the max and the sum of exps, both sent back; mean: its sum, written by the
+    last chunk's PE)."""
+    return (1, 0) if layer.kind == "mean" else (2, 2)
 
 
 def _per_elem(layer: Layer, arch: "SpinnArch") -> float:
@@ -187,7 +219,10 @@ def _layer_norm(x: np.ndarray, eps, gamma, beta) -> np.ndarray:
 
 
 class Rows(OpFamily):
-    """softmax, layer_norm and mean: one row per PE at a time."""
+    """softmax, layer_norm and mean: whole rows per PE, or a long row split into chunks on
+    several PEs chained by their partial sums (see the module docstring)."""
+
+    tile_arity = 2
 
     kinds = ("softmax", "layer_norm", "mean")
     #: ``qsoftmax_tflite`` / ``qmean_tflite``: TFLite's integer softmax and mean (the partitioner
@@ -353,18 +388,29 @@ class Rows(OpFamily):
             if row not in tails or math.prod(ishape) != numel * row:
                 fail(f"{f}.attrs.row", f"{row} is not the size of trailing axes of {ishape} "
                                        f"reducing to {oshape}")
-            return (numel,), None
+            return (numel, row), None
         v.consts(f, consts, {"gamma", "beta"} if kind == "layer_norm" else set())
         v.shape(fo, out, ishape)
         if kind == "layer_norm":
             for role in ("gamma", "beta"):
                 v.dtype(f"{f}.consts.{role}", consts[role], ("float32",))
                 v.shape(f"{f}.consts.{role}", consts[role], ishape[-1:])
-        return (numel // oshape[-1] if oshape else 1,), None  # tiles hold rows of the last axis
+        # tiles hold rows of the last axis and chunks of a row
+        return (numel // oshape[-1] if oshape else 1, oshape[-1] if oshape else 1), None
 
     # -- tiles as data ------------------------------------------------------------------------
     def region_extent(self, program, layer):
-        return (_rows(program, layer),)
+        return (_rows(program, layer), _row(program, layer))
+
+    def expand_regions(self, program, layer, tile):
+        rows, row = self.region_extent(program, layer)
+        r0, r1 = starts(rows, int(tile[0]))
+        c0, c1 = starts(row, int(tile[1]))
+        ri = np.repeat(np.arange(len(r0)), len(c0))
+        ci = np.tile(np.arange(len(c0)), len(r0))
+        lo = np.stack([r0[ri], c0[ci]], axis=1)
+        hi = np.stack([r1[ri], c1[ci]], axis=1)
+        return lo, hi, np.full(len(ri), -1, dtype=np.int64)
 
     # -- mapping ------------------------------------------------------------------------------
     def work(self, program, layer, arch):
@@ -378,18 +424,58 @@ class Rows(OpFamily):
     def choose_tile(self, program, layer, arch, pes, naive):
         ie = sum(itemsize(program, tid) for tid in layer.inputs)
         oe = itemsize(program, layer.output)
-        cap = max(1, working_budget(arch) // (2 * (ie + oe) * _row(program, layer)))
-        return [max(1, min(cap, ceil_div(_rows(program, layer), pes)))]
+        rows, row = _rows(program, layer), _row(program, layer)
+        cap = max(1, working_budget(arch) // (2 * (ie + oe) * row))
+        whole = [max(1, min(cap, ceil_div(rows, pes))), row]
+        if naive or whole[0] > 1 or pes < 2 * rows:
+            return whole
+        # Fewer rows than PEs: split each row over up to pes // rows PEs where that lowers the
+        # layer's modelled time (every PE then holds one tile: the slowest tile's compute and
+        # DMA). The chain keeps the serial sums whole, so a split pays only through the
+        # element-wise work and the DMA it parallelizes (a plain mean: its DMA only).
+        best, best_time = whole, self._tile_time(program, layer, arch, whole)
+        k = 2
+        while k <= min(pes // rows, row):
+            tile = [1, ceil_div(row, k)]
+            t = self._tile_time(program, layer, arch, tile)
+            if t < best_time:
+                best, best_time = tile, t
+            k *= 2
+        return best
+
+    def _tile_time(self, program, layer, arch, tile) -> float:
+        """Cycles of the slowest tile of ``tile`` with one tile per PE: its DMA in and out
+        (per-transfer setup plus bytes at the PE's DMA rate) and its compute."""
+        lo, hi, _ = self.expand_regions(program, layer, tile)
+        _, in_b, w_b, out_b, cycles = (np.broadcast_to(np.asarray(v, dtype=np.float64), (len(lo),))
+                                       for v in self.tile_costs(program, layer, arch, tile, lo, hi))
+        moves = (in_b > 0).astype(np.float64) + (w_b > 0) + (out_b > 0)
+        dma = moves * arch.dma_setup_cycles + (in_b + w_b + out_b) / arch.dma_bw_bytes_per_cycle
+        return float((dma + cycles).max())
 
     def tile_costs(self, program, layer, arch, tile, lo, hi):
         ie = sum(itemsize(program, tid) for tid in layer.inputs)
         oe = itemsize(program, layer.output)
         row = _row(program, layer)
         r = (hi - lo)[:, 0]
-        n = r * row
-        n_res = r if layer.kind == "mean" else n
-        w_b = row * sum(itemsize(program, tid) for tid in layer.consts.values())
-        cycles = np.ceil(n * _per_elem(layer, arch) * arch.m4f_elementwise_cycles / 2)
+        c = (hi - lo)[:, 1]
+        n = r * c
+        # a mean's output row is written by the tile holding the row's last chunk
+        n_res = np.where(hi[:, 1] == row, r, 0) if layer.kind == "mean" else n
+        w_b = c * sum(itemsize(program, tid) for tid in layer.consts.values())
+        op = arch.m4f_elementwise_cycles / 2  # cycles per M4F operation of the row kernels
+        per, serial = _per_elem(layer, arch), _serial_per_elem(layer)
+        chunks = ceil_div(row, int(tile[1]))
+        if chunks == 1:
+            cycles = np.ceil(n * per * op)
+        else:
+            # parallel element-wise work of the chunk, then per row the chain: the serial sums
+            # over the whole row (every chunk waits for it) with one NoC hop per chunk boundary
+            # per statistic gathered, and the statistics broadcast back along the chunks
+            gathers, broadcasts = _statistics(layer)
+            hops = (gathers + broadcasts) * (chunks - 1) * arch.noc_hop_cycles
+            chain_adds = 0.0 if serial else gathers * (chunks - 1)  # integer partials added
+            cycles = np.ceil(n * (per - serial) * op + r * (row * serial * op + chain_adds * op + hops))
         return 2 * (ie * n + oe * n_res), ie * n, w_b, oe * n_res, cycles
 
     # -- functional simulator -----------------------------------------------------------------
@@ -399,26 +485,34 @@ class Rows(OpFamily):
         runner.rows_in = np.ascontiguousarray(x).reshape(-1, row)
 
     def run_tile(self, runner, tile) -> None:
-        (r0, r1), = tile.region
+        # A tile holding chunks [c0, c1) of its rows computes the rows whole with the same
+        # kernel (the chained partial sums give the whole row's sequential sums) and writes
+        # only its chunk: every tiling has the bits of the whole-row kernel.
+        (r0, r1), (c0, c1) = tile.region
         layer = runner.layer
         x = runner.rows_in[r0:r1]
+        row = x.shape[-1]
+        if layer.kind == "mean":
+            if c1 != row:  # the row's last chunk writes its mean
+                return
+            out = _integer(layer, x, runner.out.dtype) if _tflite(layer) else _row_sum(x) / _F32(row)
+            runner.out.reshape(-1)[r0:r1] = out
+            return
         if _tflite(layer):
             out = _integer(layer, x, runner.out.dtype)
-            runner.out.reshape((-1,) if layer.kind == "mean" else (-1, x.shape[-1]))[r0:r1] = out
-            return
-        if layer.kind == "mean":
-            runner.out.reshape(-1)[r0:r1] = _row_sum(x) / _F32(x.shape[-1])
-            return
-        out_rows = runner.out.reshape(-1, runner.out.shape[-1])
-        if layer.kind == "softmax":
-            out_rows[r0:r1] = _softmax(x)
-            return
-        gamma = runner.env[layer.consts["gamma"]] if layer.attrs.get("scale", True) else None
-        beta = runner.env[layer.consts["beta"]] if layer.attrs.get("center", True) else None
-        out_rows[r0:r1] = _layer_norm(x, _F32(layer.attrs["epsilon"]), gamma, beta)
+        elif layer.kind == "softmax":
+            out = _softmax(x)
+        else:
+            gamma = runner.env[layer.consts["gamma"]] if layer.attrs.get("scale", True) else None
+            beta = runner.env[layer.consts["beta"]] if layer.attrs.get("center", True) else None
+            out = _layer_norm(x, _F32(layer.attrs["epsilon"]), gamma, beta)
+        runner.out.reshape(-1, row)[r0:r1, c0:c1] = out[:, c0:c1]
 
     def whole_region(self, layer, out):
-        return ((0, out.size if layer.kind == "mean" else out.size // max(out.shape[-1], 1)),)
+        if layer.kind == "mean":
+            return ((0, out.size), (0, int(layer.attrs["row"])))
+        row = out.shape[-1] if out.ndim else 1
+        return ((0, out.size // max(row, 1)), (0, row))
 
     def step(self, program, layer):
         """The whole output at once: the same rows and operations as :meth:`run_tile`."""
