@@ -1,6 +1,7 @@
 """The serialized *spinn program*: the one document handed from the compiler to the runtime.
 
-Binary layout (little-endian), version 5 (version 4's, with a faster digest; version 4 -- the
+Binary layout (little-endian), version 5 (version 4's, with a faster digest and row tiles of two
+numbers, rows and elements of a row; version 4 -- the
 mapping as data: per-layer tile shapes and PE ranges instead of version 3's tile list and
 schedule; int8 layers as in version 3, see :mod:`.quant` -- is still read)::
 
@@ -188,6 +189,8 @@ class Program:
             raise ProgramError(f"blob length: {blen} bytes of constants do not end where the "
                                f"checksum starts ({len(data) - pos - 8 - CHECKSUM_BYTES} bytes there)")
         blob = memoryview(data)[pos + 8: pos + 8 + blen]
+        if version == 4:
+            _upgrade_rows_tiles(header)
         validate_header(header, version, blen, blob)
         tensors = [TensorDesc(**t) for t in header["tensors"]]
         constants = {}
@@ -201,6 +204,26 @@ class Program:
             timing=header["timing"], mapping=header["mapping"], memory=header["memory"],
             constants=constants, version=version,
         )
+
+
+#: Layer kinds whose tile gained a second number (the elements of a row per tile) in version 5.
+_ROW_KINDS = ("softmax", "layer_norm", "mean")
+
+
+def _upgrade_rows_tiles(header: dict) -> None:
+    """A version-4 header's row tiles (``[rows]``: whole rows) as version 5 writes them
+    (``[rows, row length]``), so the rest of the runtime reads one form. Anything malformed is
+    left as it is for the validator to name."""
+    try:
+        layers, records, tensors = header["layers"], header["mapping"]["layers"], header["tensors"]
+        for layer, record in zip(layers, records):
+            tile = record.get("tile") if type(record) is dict else None
+            if type(layer) is dict and layer.get("kind") in _ROW_KINDS and type(tile) is list and len(tile) == 1:
+                row = layer["attrs"]["row"] if layer["kind"] == "mean" else tensors[layer["output"]]["shape"][-1]
+                if type(row) is int:
+                    record["tile"] = [tile[0], row]
+    except (KeyError, IndexError, TypeError):
+        pass
 
 
 #: Bytes per segment of the version-5 digest (each hashed with XXH3-128).
