@@ -25,6 +25,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <tuple>
+#include <utility>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -209,6 +211,24 @@ class Plan {
       p += n;
       return in;
     };
+    // binary and copy: the rank at word `rank_at`, then shape, and two strides, of `rank` words each
+    auto take_ranked = [&](size_t rank_at) {
+      if (p + 7 > words.size()) TVM_FFI_THROW(ValueError) << kFunc << ": truncated instruction";
+      const int64_t ndim = words[p + rank_at];
+      if (ndim < 0 || ndim > kMaxDims) TVM_FFI_THROW(ValueError) << kFunc << ": rank " << ndim;
+      Instr in = take(7 + 3 * static_cast<size_t>(ndim));
+      for (int64_t d = 0; d < ndim; ++d) Positive({in.w[7 + d]});
+      return std::make_pair(in, static_cast<int>(ndim));
+    };
+    // slot `s`, read or written through a view (shape, strides in elements, offset), must hold
+    // every element the view touches
+    auto need_view = [&](int64_t s, const Instr& in, int ndim, int which, int64_t off, int64_t eb) {
+      int64_t lo, hi;
+      Span(&in.w[7], &in.w[7 + (1 + which) * ndim], ndim, off, &lo, &hi);
+      if (hi < lo) return;  // empty
+      if (lo < 0) TVM_FFI_THROW(ValueError) << kFunc << ": a view reads before its buffer";
+      Need(s, (hi + 1) * eb);
+    };
     while (p < words.size()) {
       const int64_t op = words[p];
       Instr in;
@@ -285,42 +305,26 @@ class Plan {
           break;
         }
         case kBinary: {
-          if (p + 7 > words.size()) TVM_FFI_THROW(ValueError) << kFunc << ": truncated instruction";
-          const int64_t ndim = words[p + 6];
-          if (ndim < 0 || ndim > kMaxDims) TVM_FFI_THROW(ValueError) << kFunc << ": rank " << ndim;
-          in = take(7 + 3 * ndim);
+          int ndim;
+          std::tie(in, ndim) = take_ranked(6);
           if (in[4] < kAdd || in[4] > kDivide) TVM_FFI_THROW(ValueError) << kFunc << ": binary kind " << in[4];
-          const int64_t* shape = &in.w[7];
           int64_t numel = 1;
           for (int d = 0; d < ndim; ++d) {
-            Positive({shape[d], in.w[7 + ndim + d], in.w[7 + 2 * ndim + d]});
-            numel *= shape[d];
+            Positive({in.w[7 + ndim + d], in.w[7 + 2 * ndim + d]});  // broadcast strides: >= 0
+            numel *= in.w[7 + d];
           }
           Need(in[3], numel * 4);
-          for (int which = 0; which < 2; ++which) {
-            int64_t lo, hi;
-            Span(shape, &in.w[7 + (1 + which) * ndim], static_cast<int>(ndim), 0, &lo, &hi);
-            if (hi >= lo) Need(in[1 + which], (hi + 1) * 4);
-          }
+          need_view(in[1], in, ndim, 0, 0, 4);
+          need_view(in[2], in, ndim, 1, 0, 4);
           break;
         }
         case kCopy: {
-          if (p + 7 > words.size()) TVM_FFI_THROW(ValueError) << kFunc << ": truncated instruction";
-          const int64_t ndim = words[p + 4];
-          if (ndim < 0 || ndim > kMaxDims) TVM_FFI_THROW(ValueError) << kFunc << ": rank " << ndim;
-          in = take(7 + 3 * ndim);
+          int ndim;
+          std::tie(in, ndim) = take_ranked(4);
           const int64_t eb = in[3];
           if (eb != 1 && eb != 2 && eb != 4 && eb != 8) TVM_FFI_THROW(ValueError) << kFunc << ": element size " << eb;
-          const int64_t* shape = &in.w[7];
-          for (int d = 0; d < ndim; ++d) Positive({shape[d]});
-          for (int which = 0; which < 2; ++which) {
-            int64_t lo, hi;
-            Span(shape, &in.w[7 + (1 + which) * ndim], static_cast<int>(ndim), in[5 + which], &lo, &hi);
-            if (hi >= lo) {
-              if (lo < 0) TVM_FFI_THROW(ValueError) << kFunc << ": copy reads before its buffer";
-              Need(in[1 + which], (hi + 1) * eb);
-            }
-          }
+          need_view(in[1], in, ndim, 0, in[5], eb);
+          need_view(in[2], in, ndim, 1, in[6], eb);
           break;
         }
         case kPool: {

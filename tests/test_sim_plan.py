@@ -275,7 +275,7 @@ def test_native_plan_rejects_malformed_instructions():
         create([99], [x], [64], [])
     with pytest.raises(ValueError, match="truncated"):
         create(ok[:5], [x], [64], [])
-    with pytest.raises(ValueError, match="copy reads before"):
+    with pytest.raises(ValueError, match="reads before its buffer"):
         create([c["copy"], 0, 1, 4, 1, 0, 0, 16, -1, 1], [x], [64], [])
     with pytest.raises(ValueError, match="64 bytes"):
         run(np.empty(8, dtype=np.float32))  # the argument's size is checked per call
