@@ -250,6 +250,18 @@ def test_io_types(io_dtype):
         _check_exact(buf, mod, tm.integer_inputs(buf, 2))
 
 
+def _convert_uint8_v1(graph, x, outputs) -> bytes:
+    """The v1 converter's legacy uint8 model of ``graph`` (input ``x``): ``inference_type=uint8``,
+    input stats (128, 127), default ranges (0, 6)."""
+    tf1 = tf.compat.v1
+    with tf1.Session(graph=graph) as sess:
+        converter = tf1.lite.TFLiteConverter.from_session(sess, [x], outputs)
+        converter.inference_type = tf.uint8
+        converter.quantized_input_stats = {"input": (128.0, 127.0)}
+        converter.default_ranges_stats = (0, 6)
+        return converter.convert()
+
+
 def _legacy_uint8_tflite() -> bytes:
     """A TF1-style uint8 model (uint8 activations, per-tensor uint8 weights with zero points),
     made with the v1 converter's ``inference_type=uint8`` and default ranges."""
@@ -266,12 +278,7 @@ def _legacy_uint8_tflite() -> bytes:
         features = tf.identity(y, name="features")
         logits = tf.identity(tf.matmul(y, tf.constant(rng.normal(0, 0.1, (288, 10)).astype("float32"))),
                              name="logits")
-        with tf1.Session(graph=graph) as sess:
-            converter = tf1.lite.TFLiteConverter.from_session(sess, [x], [features, logits])
-            converter.inference_type = tf.uint8
-            converter.quantized_input_stats = {"input": (128.0, 127.0)}
-            converter.default_ranges_stats = (0, 6)
-            return converter.convert()
+    return _convert_uint8_v1(graph, x, [features, logits])
 
 
 def test_legacy_uint8_model():
@@ -295,12 +302,7 @@ def _legacy_uint8_head_tflite() -> bytes:
         pooled = tf.reduce_mean(y, axis=[1, 2])
         logits = tf.matmul(pooled, tf.constant(rng.normal(0, 0.5, (32, 10)).astype("float32")))
         outputs = [tf.identity(pooled, name="pooled"), tf.identity(tf.nn.softmax(logits), name="prob")]
-        with tf1.Session(graph=graph) as sess:
-            converter = tf1.lite.TFLiteConverter.from_session(sess, [x], outputs)
-            converter.inference_type = tf.uint8
-            converter.quantized_input_stats = {"input": (128.0, 127.0)}
-            converter.default_ranges_stats = (0, 6)
-            return converter.convert()
+    return _convert_uint8_v1(graph, x, outputs)
 
 
 def test_legacy_uint8_mean_and_softmax():

@@ -24,7 +24,7 @@ import numpy as np
 
 from ... import _lib
 
-__all__ = ["NativeBuilder", "NativeRun", "Ref", "codes", "f32_bits", "contiguous_strides"]
+__all__ = ["NativeBuilder", "NativeRun", "Ref", "broadcast_strides", "codes", "contiguous_strides", "f32_bits", "numel"]
 
 
 @functools.lru_cache(maxsize=None)
