@@ -192,3 +192,64 @@ def test_decode_attention_reads_its_share_of_the_kv_cache(tp, split):
     else:
         assert at_softmax == [] and plan.splits[context] == "split"
     assert not any(c.op == "all_gather" and c.tensor in caches for c in plan.collectives)
+
+
+def _two_boards() -> str:
+    if "spinn/two-boards" not in tvm_spinn.known_targets():
+        tvm_spinn.register_system(tvm_spinn.make_system("spinn2-two-boards", boards=2), tag="spinn/two-boards")
+    return "spinn/two-boards"
+
+
+@pytest.mark.slow  # ~5-9 s: torch.export of three parts and mapping on two boards
+def test_multi_board_system_pipelines_blocks_with_weights_in_sram(monkeypatch):
+    """On two boards a block of ~63 MB (fp32) streams from DRAM in the shared placement, while
+    the pipeline gives the block its own board, whose SRAM holds nearly all of it, and the head
+    the other: the cost model picks the pipeline because it is faster, and its bound is the sum
+    of the per-program bounds and the hand-overs."""
+    _no_simulation(monkeypatch)
+    cfg = dict(SMALL_LLAMA, hidden_size=1024, intermediate_size=4096, num_hidden_layers=1)
+    result = plan(cfg, target=_two_boards(), batch=1, seq=16, dtype="fp32")
+    p, alts = result.plan, result.plan["alternatives"]
+    assert set(alts) == {"pipeline:s1", "shared"}
+    assert p["placement"] == "pipeline" and alts["pipeline:s1"]["period_s"] < alts["shared"]["period_s"]
+    assert alts["shared"]["weights_resident"] == 0
+    assert p["stages"] == 2 and p["boards_per_stage"] == 1 and p["boards_used"] == 2 and result.chips_used == 96
+    block, head = p["stage_plan"]
+    assert head["weights_in"] == "sram" and block["resident_bytes"] >= 0.9 * block["weight_bytes"]
+    assert p["resident_weight_bytes"] >= 0.9 * result.weight_bytes and p["weights_in"].startswith("sram")
+    assert block["handoff_in_bytes"] == head["handoff_in_bytes"] == 1024 * 4  # the hidden state
+    assert result.decode_latency_s == pytest.approx(block["latency_s"] + head["latency_s"] + p["handoff_decode_s"])
+    assert result.tokens_per_s_per_user == pytest.approx(1 / result.decode_latency_s)
+    # the bound: per-program largest bounds plus hand-overs, summed by kind; binding the largest
+    assert sum(result.bounds_s.values()) == pytest.approx(1 / result.bound_tokens_per_s)
+    assert result.binding == max(result.bounds_s, key=result.bounds_s.get)
+    assert result.bounds_s["links"] >= p["handoff_decode_s"] > 0
+    assert result.tokens_per_s_per_user <= result.bound_tokens_per_s
+
+
+def test_pipeline_stages_cut_a_block_at_its_weight_gemms():
+    """The pipeline's units: a described program cut before each weight GEMM (with its
+    quantize), each run of layers a program of its own whose inputs are what it reads and
+    nothing in it produces, and runs balanced by weight bytes."""
+    from tvm_spinn.llm.plan import _atoms, _balanced, _slice
+
+    _, program = _attention_program()
+    atoms = _atoms(0, program)
+    assert [a[1] for a in atoms[1:]] == [a[2] for a in atoms[:-1]] and atoms[-1][2] == len(program.layers)
+    dense = [i for i, layer in enumerate(program.layers) if layer.kind == "dense" and "weight" in layer.consts]
+    assert len(atoms) == len(dense) + (dense[0] > 0)  # each weight GEMM starts an atom
+    consts = {t for t in range(len(program.tensors)) if program.tensors[t].role == "const"}
+    assert sum(a[3] for a in atoms) == sum(program.tensors[t].nbytes for t in consts)
+    for _, a, b, w in atoms:
+        piece = _slice(program, a, b)
+        t = piece.tensors
+        assert [layer.name for layer in piece.layers] == [layer.name for layer in program.layers[a:b]]
+        produced = {layer.output for layer in piece.layers}
+        read = {x for layer in piece.layers for x in layer.inputs if t[x].role != "const"}
+        assert set(piece.inputs) == read - produced and all(t[x].role == "input" for x in piece.inputs)
+        assert all(t[x].role == "output" and x in produced for x in piece.outputs)
+        assert sum(x.nbytes for x in t if x.role == "const") == w and set(piece.constants) == \
+            {i for i, x in enumerate(t) if x.role == "const"}
+    fake = [(0, i, i + 1, w) for i, w in enumerate([5, 1, 1, 4, 4, 4])]
+    runs = _balanced(fake, 3)
+    assert [[a[1] for a in run] for run in runs] == [[0], [1, 2, 3], [4, 5]]  # largest run 8: the optimum

@@ -7,30 +7,48 @@ No weight is materialized and the functional simulator never runs: the model is 
 blocks of a model are identical, so the block is planned once and scaled by the layer count
 (``plan["scaled_from_one_layer"]``).
 
-Two placements are compared and the faster one is kept (both are in ``plan["alternatives"]``):
+Up to three placements are compared and the one with the shortest per-user token period is
+kept (all are in ``plan["alternatives"]``):
 
 * ``shared``: every block on the same chips (the whole system, at most :data:`SHARED_MAX_CHIPS`),
   one after another, streaming its weights from those chips' DRAM (weights and KV cache striped
   over every chip's DRAM): their weights together do not fit the SRAM;
-* ``groups`` (systems with more chips than blocks): the chips are split into ``layers + 1``
-  equal groups (whole boards once a group is larger than a board), one per block and one for
-  the head, so each group's SRAM serves one block and the mapper keeps as many of its weights
-  resident as pays off; a token passes through the groups in order, the hidden state handed
-  over between consecutive groups on the link graph
-  (:func:`tvm_spinn.timing.collectives.point_to_point`).
+* ``groups`` (more chips than blocks, groups smaller than a board): the chips are split into
+  ``layers + 1`` equal groups, one per block and one for the head, so each group's SRAM serves
+  one block and the mapper keeps as many of its weights resident as pays off; a token passes
+  through the groups in order, the hidden state handed over between consecutive groups on the
+  link graph (:func:`tvm_spinn.timing.collectives.point_to_point`);
+* ``pipeline`` (two boards or more): the blocks and the head as a chain of *board stages*, each
+  tensor-parallel over its board's chips (the scale-out mapper's plan) with one SRAM ledger per
+  board, so a stage keeps its weights resident as far as the board's SRAM holds them (the
+  rest streams from that board's DRAM). A block is split into 1, 2, 3... stages at its weight
+  GEMMs (balanced by bytes: :func:`_atoms`, :func:`_balanced`), or several blocks share a board
+  when there are fewer boards than blocks. Between stages the live activations cross the
+  board-to-board links (each chip sends its share to its counterpart, the next board
+  all-gathers them). Batch 1: a token's latency is the sum of the stages and hand-overs; a
+  batch goes through in micro-batches that fill the pipeline (per-user period ``max(sum,
+  micro-batches x slowest stage)``). Boards beyond the chain hold replicas
+  (``plan["replicas"]``).
 
 Bounds (per-user decode steps per second): compute (GEMM operations at the chips' peak), DRAM
 (bytes that must cross DRAM per token over the DRAM bandwidth of the chips used), SRAM (resident
 weights read once per token at the PEs' DMA bandwidth, an assumption of the timing model) and
-links (the hand-overs); ``binding`` names the largest.
+links (the hand-overs); ``binding`` names the largest. For ``pipeline`` the stages run one after
+another, so the bound is a sum: each mapped program contributes its largest bound (compute,
+DRAM: streamed weights and I/O, SRAM: its resident bytes, links: its collectives) to that kind,
+the hand-overs go to links, ``bounds_s`` holds the sums per kind (their total is the bound) and
+``binding`` the largest; ``plan["bounds_alone_s"]`` sums each kind over all programs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import time
+
+import numpy as np
 from dataclasses import dataclass
 
 from .spec import LLMError, ModelSpec, spec_of
@@ -268,20 +286,24 @@ def plan(config, target="spinn/board", batch: int = 1, seq: int = 2048, dtype: s
         steps.update()
 
     L = spec.layers
+    boards = arch.chips // arch.chips_per_board
     candidates = []
-    if arch.chips >= L + 1:
-        # one group of chips per block (and one for the head), whole boards once larger than a
-        # board: each group's SRAM holds only its block, so the mapper may keep its weights resident
-        group = arch.chips // (L + 1)
-        if group > arch.chips_per_board:
-            group -= group % arch.chips_per_board
-        candidates.append(("groups", group, L + 1, "auto"))
+    if arch.chips >= L + 1 and (boards < 2 or arch.chips // (L + 1) < arch.chips_per_board):
+        # one group of chips per block (and one for the head) inside a board: each group's SRAM
+        # holds only its block, so the mapper may keep its weights resident (on two or more
+        # boards the pipeline placement below is this with whole boards per stage)
+        candidates.append(("groups", arch.chips // (L + 1), L + 1, "auto"))
     # every block on the same chips: their weights together exceed the SRAM, so they stream from
     # DRAM; at most SHARED_MAX_CHIPS chips (mapping one block over more is not practical yet)
     shared = min(arch.chips, SHARED_MAX_CHIPS)
     if shared * arch.dram_bytes >= weight_bytes + kv_bytes:
         candidates.append(("shared", shared, 1, "stream"))
-    results = {}
+    steps.total = 3 + len(candidates) + (len(STAGES_PER_BLOCK) if boards >= 2 else 0)
+    records = {}
+    peak = arch.peak_int8_ops_s if dtype == "int8" else arch.peak_fp32_flops_s
+    gemm_ops = 2 * batch * (spec.params - (spec.vocab * spec.hidden if not spec.tied_embeddings else 0)
+                            - (spec.max_positions * spec.hidden if spec.family == "gpt2" else 0))
+    attn_flops = 2 * 2 * batch * L * spec.heads * spec.head_dim * seq
     for placement, group, groups, weights_mode in candidates:
         steps.set_postfix_str(f"map: {placement} on {group} chips")
         sub = arch if group == arch.chips else arch.replace(chips=group, name=f"{arch.name}[{group} chips]")
@@ -298,59 +320,61 @@ def plan(config, target="spinn/board", batch: int = 1, seq: int = 2048, dtype: s
 
             handoff_dec = handoff(batch * spec.hidden * 4)
             handoff_pre = handoff(batch * seq * spec.hidden * 4)
-        results[placement] = dict(
-            decode_s=L * dec.latency_s + head.latency_s + handoff_dec,
-            ttft_s=L * pre.latency_s + head.latency_s + handoff_pre, dec=dec, pre=pre, head=head, group=group,
-            groups=groups, weights_mode=weights_mode, handoff_dec=handoff_dec)
+        decode_s = L * dec.latency_s + head.latency_s + handoff_dec
+        used = group * groups
+        resident = L * dec.resident_bytes + head.resident_bytes
+        streamed = max(0, weight_bytes - resident) if placement == "groups" else weight_bytes
+        # a token visits the groups one after another: each block has only its group's resources
+        share = used if placement == "shared" else group
+        bounds = {
+            "compute": (gemm_ops / peak + attn_flops / arch.peak_fp32_flops_s) * arch.chips / share,
+            "dram": (streamed + kv_bytes) / (arch.dram_bw_bytes_s * share),
+            "sram": resident / (share * arch.pes_per_chip * arch.dma_bw_bytes_per_cycle * arch.clock_hz),
+            "links": handoff_dec,
+        }
+        described_groups = (f"{L} blocks + head on {groups} groups of {group} chips, a token passing through "
+                            "them in order (hidden state handed over on the links)" if placement == "groups" else
+                            f"all {L} blocks and the head on all {group} chips, one after another")
+        records[placement] = dict(
+            decode_s=decode_s, period_s=decode_s, ttft_s=L * pre.latency_s + head.latency_s + handoff_pre,
+            energy_j=(L * dec.energy_j + head.energy_j) / batch, used=used, resident=resident, streamed=streamed,
+            sram_pe=max(dec.peak_pe_bytes, pre.peak_pe_bytes, head.peak_pe_bytes),
+            dram_chip=int(math.ceil((streamed + kv_bytes) / used)), bounds=bounds,
+            bound_s=max(bounds["compute"], bounds["dram"], bounds["sram"]) + bounds["links"],
+            binding=max(bounds, key=bounds.get), description=described_groups,
+            meta={"chips_per_group": group, "groups": groups, "mapping_weights": weights_mode,
+                  "block_decode_s": dec.latency_s, "block_prefill_s": pre.latency_s, "head_decode_s": head.latency_s,
+                  "handoff_decode_s": handoff_dec})
         steps.update()
+    if boards >= 2:
+        records.update(_pipeline_records(described, spec, arch, model, target, dtype, batch, seq, kv_bytes,
+                                         weight_bytes, steps))
     steps.close()
-    placement = min(results, key=lambda k: (results[k]["decode_s"], k))
-    best = results[placement]
-    decode_s, ttft_s, dec, pre, head = (best[k] for k in ("decode_s", "ttft_s", "dec", "pre", "head"))
-    group, groups, weights_mode, handoff_dec = (best[k] for k in ("group", "groups", "weights_mode", "handoff_dec"))
-    used = group * groups
-    resident = L * dec.resident_bytes + head.resident_bytes
-    streamed = max(0, weight_bytes - resident) if placement == "groups" else weight_bytes
+    placement = min(records, key=lambda k: (records[k]["period_s"], records[k]["used"], k))
+    best = records[placement]
+    resident, streamed = best["resident"], best["streamed"]
     weights_in = ("sram" if streamed == 0 else "dram" if resident == 0 else
                   f"sram+dram ({resident / weight_bytes:.0%} resident)")
-    # bounds on one decode step over the chips used
-    gemm_ops = 2 * batch * (spec.params - (spec.vocab * spec.hidden if not spec.tied_embeddings else 0)
-                            - (spec.max_positions * spec.hidden if spec.family == "gpt2" else 0))
-    attn_flops = 2 * 2 * batch * L * spec.heads * spec.head_dim * seq
-    # a token visits the groups one after another: each block has only its group's resources
-    share = used if placement == "shared" else group
-    peak = arch.peak_int8_ops_s if dtype == "int8" else arch.peak_fp32_flops_s
-    bounds = {
-        "compute": (gemm_ops / peak + attn_flops / arch.peak_fp32_flops_s) * arch.chips / share,
-        "dram": (streamed + kv_bytes) / (arch.dram_bw_bytes_s * share),
-        "sram": resident / (share * arch.pes_per_chip * arch.dma_bw_bytes_per_cycle * arch.clock_hz),
-        "links": handoff_dec,
-    }
-    binding = max(bounds, key=bounds.get)
-    bound_s = max(bounds["compute"], bounds["dram"], bounds["sram"]) + bounds["links"]
-    described_groups = (f"{L} blocks + head on {groups} groups of {group} chips, a token passing through "
-                        "them in order (hidden state handed over on the links)" if placement == "groups" else
-                        f"all {L} blocks and the head on all {group} chips, one after another")
+    bounds, bound_s = best["bounds"], best["bound_s"]
     meta = {
-        "placement": placement, "description": f"{described_groups}; weights in {weights_in}, KV cache in DRAM",
-        "layers": L, "scaled_from_one_layer": True, "chips_per_group": group, "groups": groups,
-        "weights_in": weights_in, "resident_weight_bytes": resident, "kv_cache_in": "dram",
-        "attention_dtype": "fp32", "mapping_weights": weights_mode,
-        "block_decode_s": dec.latency_s, "block_prefill_s": pre.latency_s, "head_decode_s": head.latency_s,
-        "handoff_decode_s": handoff_dec,
-        "alternatives": {k: {"decode_s": v["decode_s"], "ttft_s": v["ttft_s"], "chips": v["group"] * v["groups"]}
-                         for k, v in sorted(results.items())},
+        "placement": placement.split(":")[0], "description": f"{best['description']}; weights in {weights_in}, "
+                                                            "KV cache in DRAM",
+        "layers": L, "scaled_from_one_layer": True, "weights_in": weights_in, "resident_weight_bytes": resident,
+        "kv_cache_in": "dram", "attention_dtype": "fp32",
+        "alternatives": {k: {"decode_s": v["decode_s"], "period_s": v["period_s"], "ttft_s": v["ttft_s"],
+                             "chips": v["used"], "weights_resident": v["resident"] / weight_bytes}
+                         for k, v in sorted(records.items())},
         "timing": "tvm_spinn timing model of the mapped programs (no simulation, no weights)",
+        **best["meta"],
     }
     return Plan(
         model=model_name, system=arch.name, chips=arch.chips, batch=batch, seq=seq, dtype=dtype,
-        tokens_per_s_per_user=1.0 / decode_s, tokens_per_s=batch / decode_s, ttft_s=ttft_s,
-        decode_latency_s=decode_s, energy_per_token_j=(L * dec.energy_j + head.energy_j) / batch,
-        chips_used=used, sram_bytes_per_chip=int(max(dec.peak_pe_bytes, pre.peak_pe_bytes, head.peak_pe_bytes)
-                                                  * arch.pes_per_chip),
-        dram_bytes_per_chip=int(math.ceil((streamed + kv_bytes) / used)), weight_bytes=weight_bytes,
-        kv_cache_bytes=kv_bytes, bound_tokens_per_s=1.0 / bound_s, binding=binding, bounds_s=bounds, plan=meta,
-        plan_seconds=time.perf_counter() - start)
+        tokens_per_s_per_user=1.0 / best["period_s"], tokens_per_s=batch / best["period_s"], ttft_s=best["ttft_s"],
+        decode_latency_s=best["decode_s"], energy_per_token_j=best["energy_j"],
+        chips_used=best["used"], sram_bytes_per_chip=int(best["sram_pe"] * arch.pes_per_chip),
+        dram_bytes_per_chip=best["dram_chip"], weight_bytes=weight_bytes,
+        kv_cache_bytes=kv_bytes, bound_tokens_per_s=1.0 / bound_s, binding=best["binding"], bounds_s=bounds,
+        plan=meta, plan_seconds=time.perf_counter() - start)
 
 
 def write_json(result: Plan, path: str) -> None:
@@ -359,3 +383,287 @@ def write_json(result: Plan, path: str) -> None:
 
     text = json.dumps(result.to_dict(), indent=2, sort_keys=True) + "\n"
     atomic_write(path, lambda f: f.write(text.encode()))
+
+
+# ----------------------------------------------------------------------------- pipelined boards
+#: Stages one block is split into (contiguous runs of its weight GEMMs, balanced by weight bytes),
+#: tried by the ``pipeline`` placement in increasing order.
+STAGES_PER_BLOCK = (1, 2, 3, 4, 6, 8)
+#: Blocks one board stage may hold (a small model on few boards), tried when they fit its SRAM.
+BLOCKS_PER_STAGE = (2, 3, 4)
+
+
+def _slice(program, a: int, b: int):
+    """Layers ``a..b-1`` of ``program`` as a program of their own: what they read and nothing
+    else produces becomes an input, what they produce that later layers (or the program's
+    caller) read an output; only the constants they use are kept (descriptors: no copy)."""
+    layers = program.layers[a:b]
+    later = {t for layer in program.layers[b:] for t in layer.inputs} | set(program.outputs)
+    produced = {layer.output for layer in layers}
+    used = sorted({t for layer in layers for t in (*layer.inputs, *layer.consts.values(), layer.output)})
+    remap = {t: i for i, t in enumerate(used)}
+    tensors = []
+    for t in used:
+        d = dataclasses.replace(program.tensors[t])
+        if d.role != "const":
+            d.role = ("output" if t in later else "temp") if t in produced else "input"
+        tensors.append(d)
+    first = [t for t in program.inputs if t in remap and t not in produced]
+    inputs = first + [t for t in used if tensors[remap[t]].role == "input" and t not in first]
+    return dataclasses.replace(
+        program, symbol=f"{program.symbol}[{a}:{b}]", tensors=tensors,
+        layers=[dataclasses.replace(layer, inputs=[remap[t] for t in layer.inputs], output=remap[layer.output],
+                                    consts={k: remap[v] for k, v in layer.consts.items()}, attrs=dict(layer.attrs))
+                for layer in layers],
+        inputs=[remap[t] for t in inputs], outputs=[remap[t] for t in used if tensors[remap[t]].role == "output"],
+        constants={remap[t]: program.constants[t] for t in used if t in program.constants},
+        timing={}, mapping={}, memory={}, tiles=None)
+
+
+def _atoms(index: int, program) -> list[tuple[int, int, int, int]]:
+    """``(program index, first layer, end layer, weight bytes)`` runs of ``program`` cut before each
+    weight GEMM (with the ``quantize`` of its input), the units a block is split into stages by."""
+    cuts = [0]
+    for i, layer in enumerate(program.layers):
+        if layer.kind == "dense" and "weight" in layer.consts and i > 0:
+            j = i - 1 if program.layers[i - 1].kind == "quantize" and program.layers[i - 1].output == layer.inputs[0] else i
+            if j > cuts[-1]:
+                cuts.append(j)
+    cuts.append(len(program.layers))
+    out = []
+    for a, b in zip(cuts, cuts[1:]):
+        consts = {t for layer in program.layers[a:b] for t in (*layer.inputs, *layer.consts.values())
+                  if program.tensors[t].role == "const"}
+        out.append((index, a, b, sum(program.tensors[t].nbytes for t in consts)))
+    return out
+
+
+def _balanced(atoms: list, parts: int) -> list[list]:
+    """``atoms`` cut into ``parts`` contiguous non-empty runs minimizing the largest run's weight."""
+    n = len(atoms)
+    w = [0] + list(itertools.accumulate(a[3] for a in atoms))
+    best = {(0, 0): (0, None)}
+    for k in range(1, parts + 1):
+        for j in range(k, n - parts + k + 1):
+            best[(k, j)] = min((max(best[(k - 1, i)][0], w[j] - w[i]), i) for i in range(k - 1, j)
+                               if (k - 1, i) in best)
+    runs, j = [], n
+    for k in range(parts, 0, -1):
+        i = best[(k, j)][1]
+        runs.append(atoms[i:j])
+        j = i
+    return runs[::-1]
+
+
+def _merge(run: list) -> list[tuple[int, int, int]]:
+    """Consecutive atoms of one described program as one ``(index, first, end)`` slice."""
+    out = []
+    for index, a, b, _ in run:
+        if out and out[-1][0] == index and out[-1][2] == a:
+            out[-1] = (index, out[-1][1], b)
+        else:
+            out.append((index, a, b))
+    return out
+
+
+@dataclass(frozen=True)
+class _Stage:
+    latency_s: float
+    energy_j: float
+    weight_bytes: int
+    resident_bytes: int
+    streamed_bytes_per_chip: int
+    peak_pe_bytes: int
+    handoff_in_bytes: int
+    bounds: dict  # kind -> seconds: each program's largest bound, summed (see _pipeline)
+    alone: dict  # kind -> seconds: each kind's bound summed over the programs
+
+
+def _map_stage(pieces: list, board, host_shapes: set) -> _Stage:
+    """Map a stage's programs on one board, one after another with one SRAM ledger (each
+    program's weights resident in what the earlier ones left, the rest streamed from DRAM).
+    ``handoff_in_bytes``: the first program's inputs that the previous stage produced (not the
+    KV cache, masks and rotary tables the host or the stage itself provides: ``host_shapes``)."""
+    from ..mapping import MappingOptions
+    from ..mapping.schedule import map_program, shared_mappings
+
+    lat = energy = 0.0
+    wbytes = resident = streamed = peak = handoff = 0
+    bounds = dict.fromkeys(("compute", "dram", "sram", "links"), 0.0)
+    alone = dict(bounds)
+    sram_bw = board.chips * board.pes_per_chip * board.dma_bw_bytes_per_cycle * board.clock_hz
+    with MappingOptions(weights="auto"), shared_mappings():
+        for k, program in enumerate(pieces):
+            if k == 0:
+                handoff = sum(x.nbytes for x in (program.tensors[t] for t in program.inputs)
+                              if tuple(x.shape) not in host_shapes)
+            program = _clone(program)
+            program.arch = board.to_dict()
+            map_program(program, board)
+            t, st = program.timing, program.timing["system"]
+            res = int(program.memory.get("resident_bytes_total", 0))
+            lat += t["latency_s"]
+            energy += t["energy_j"]
+            wbytes += sum(x.nbytes for x in program.tensors if x.role == "const")
+            resident += res
+            streamed += int(st["streamed_bytes_per_chip"])
+            peak = max(peak, int(program.memory.get("peak_bytes_max", 0)))
+            kinds = {"compute": st["compute_bound_s"], "dram": st["memory_bound_s"], "sram": res / sram_bw,
+                     "links": st["comm_bound_s"]}
+            top = max(kinds, key=kinds.get)
+            bounds[top] += kinds[top]
+            for key, value in kinds.items():
+                alone[key] += value
+    return _Stage(lat, energy, wbytes, resident, streamed, peak, handoff, bounds, alone)
+
+
+def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host_shapes: set, steps):
+    """The ``pipeline`` placement: the blocks (and the head) as a chain of board stages, each
+    tensor-parallel over its board's chips (the scale-out mapper's plan), keeping its weights
+    resident in the board's SRAM where they fit; consecutive stages hand the live activations
+    over on the board-to-board links. A block is split into ``s`` stages (:data:`STAGES_PER_BLOCK`,
+    at weight-GEMM boundaries, balanced by bytes) or ``m`` blocks share one stage
+    (:data:`BLOCKS_PER_STAGE`); the fewest boards that keep the weights resident bound the
+    search (more stages only add hand-overs: a token crosses them one after another).
+    Returns ``({name: result}`` for each candidate mapped, the hand-over cost function)."""
+    from ..mapping.memory import LEDGER_RESIDENT_SHARE
+    from ..target.topology import ring_order, topology_of
+    from ..timing.collectives import point_to_point
+    from ..timing.system import collective_cost
+
+    boards = arch.chips // arch.chips_per_board
+    board = arch.replace(chips=arch.chips_per_board, name=f"{arch.name}[board]")
+    budget = LEDGER_RESIDENT_SHARE * board.chips * board.pes_per_chip * board.tile_sram_bytes
+    L = spec.layers
+    dec, head = described["decode"], described["head"]
+    block_atoms = [a for i, d in enumerate(dec) for a in _atoms(i, d.program)]
+    head_atoms = [a for i, d in enumerate(head) for a in _atoms(i, d.program)]
+    block_w = sum(a[3] for a in block_atoms)
+    head_parts = min(len(head_atoms), max(1, math.ceil(sum(a[3] for a in head_atoms) / budget)))
+    topo, board_topo = topology_of(arch), topology_of(board)
+    ring = ring_order(board_topo, board.chips)
+
+    def handoff_s(j: int, nbytes: int) -> float:
+        """Stage ``j`` -> ``j + 1``: each chip sends its 1/48 to its counterpart on the next
+        board, which all-gathers it (every chip of a stage starts from the whole activation)."""
+        if nbytes <= 0:
+            return 0.0
+        src = np.arange(board.chips) + (j % boards) * board.chips
+        dst = np.arange(board.chips) + ((j + 1) % boards) * board.chips
+        return (point_to_point(topo, src, dst, nbytes / board.chips).seconds
+                + collective_cost(board_topo, ring, "all_gather", nbytes, False).seconds)
+
+    results = {}
+    head_runs = _balanced(head_atoms, head_parts)
+    head_stages = None
+    options = [("s", s) for s in STAGES_PER_BLOCK if s <= len(block_atoms) and L * s + head_parts <= boards]
+    if L + head_parts > boards and boards > head_parts:
+        # fewer boards than blocks: several blocks per board, their weights resident as far as
+        # the board's SRAM holds them (the fewest blocks per board that fit the boards always
+        # tried: streaming then, the replicated plan's rival for filling a pipeline with a batch)
+        least = math.ceil(L / (boards - head_parts))
+        options += [("m", m) for m in sorted({least} | {m for m in BLOCKS_PER_STAGE if least <= m
+                                                          and m * block_w <= budget})]
+    slower = 0
+    best = math.inf
+    for kind, n in options:
+        steps.set_postfix_str(f"map: pipeline, {f'{n} stages per block' if kind == 's' else f'{n} blocks per stage'}")
+        runs = _balanced(block_atoms, n) if kind == "s" else [block_atoms * n]
+        stages = [_map_stage([_slice(dec[i].program, a, b) for i, a, b in _merge(run)], board, host_shapes)
+                  for run in runs]
+        if head_stages is None:
+            head_stages = [_map_stage([_slice(head[i].program, a, b) for i, a, b in _merge(run)], board, host_shapes)
+                           for run in head_runs]
+        copies = L if kind == "s" else math.ceil(L / n)
+        chain = [st for _ in range(copies) for st in stages] + head_stages
+        results[f"pipeline:{kind}{n}"] = dict(stages=stages, head_stages=head_stages, chain=chain, kind=kind, n=n)
+        steps.update()
+        if kind == "s" and all(st.streamed_bytes_per_chip == 0 for st in stages + head_stages):
+            break  # every weight resident: more stages per block only add hand-overs
+        # more stages per block only pay when they keep more weights resident; two candidates in
+        # a row slower than the best so far end the search (planning time)
+        total = sum(st.latency_s for st in chain)
+        slower = slower + 1 if total >= best else 0
+        best = min(best, total)
+        if slower >= 2:
+            break
+    return results, handoff_s
+
+
+def _pipeline_records(described: dict, spec: ModelSpec, arch, model, target, dtype: str, batch: int, seq: int,
+                      kv_bytes: int, weight_bytes: int, steps) -> dict:
+    """The ``pipeline`` candidates (:func:`_pipeline`) as records of :func:`plan`.
+
+    Users go through the chain of stages in micro-batches of ``ceil(batch / stages)`` (one user
+    each up to as many users as stages), so a batch fills the pipeline: a user's next token
+    starts when its last one leaves the head, and a stage serves the micro-batches one after
+    another, so the per-user token period is ``max(sum of stages and hand-overs, micro-batches
+    x the slowest stage)``."""
+    from .describe import describe
+
+    L = spec.layers
+    mb = max(1, math.ceil(batch / (L + 1)))
+    if mb != batch:
+        described = dict(described)
+        for name, module, args in _parts(model, spec, mb, seq):
+            if name != "prefill":
+                described[name] = describe(module, args, target, dtype)
+    host = _parts(model, spec, mb, seq)[0][2][1:]  # KV cache, write/attention masks, rotary tables
+    host_shapes = {tuple(int(d) for d in a.shape) for a in host}
+    raw, handoff_s = _pipeline(described, spec, arch, mb, seq, host_shapes, steps)
+    if not raw:
+        return {}
+    board = arch.replace(chips=arch.chips_per_board, name=f"{arch.name}[board]")
+    pre = _map(described["prefill"], board, "auto")
+    hand_pre = L * handoff_s(0, batch * seq * spec.hidden * 4)
+    micro = math.ceil(batch / mb)
+    kv_block = kv_bytes / L
+    out = {}
+    for name, r in raw.items():
+        chain, kind, n = r["chain"], r["kind"], r["n"]
+        hand_in = [0.0] + [handoff_s(j, chain[j + 1].handoff_in_bytes) for j in range(len(chain) - 1)]
+        decode_s = sum(st.latency_s for st in chain) + sum(hand_in)
+        slowest = max(st.latency_s + h for st, h in zip(chain, hand_in))
+        period = max(decode_s, micro * slowest)
+        contrib = dict.fromkeys(("compute", "dram", "sram", "links"), 0.0)
+        alone = dict(contrib)
+        for st, h in zip(chain, hand_in):
+            for k in contrib:
+                contrib[k] += st.bounds[k]
+                alone[k] += st.alone[k]
+            contrib["links"] += h
+            alone["links"] += h
+        bound_s = max(sum(contrib.values()), micro * max(sum(st.bounds.values()) for st in chain))
+        # replicated vectors (norm scales) count once per chip in a program's resident bytes
+        resident = sum(min(st.resident_bytes, st.weight_bytes) for st in chain)
+        blocks = n if kind == "m" else 1
+        per_block = len(r["stages"])
+        used = len(chain) * arch.chips_per_board
+        stage_desc = (f"each of the {L} blocks split into {per_block} board stages" if kind == "s" and per_block > 1
+                      else f"one board per block" if kind == "s" else f"{n} blocks per board")
+        out[name] = dict(
+            decode_s=decode_s, period_s=period, ttft_s=L * pre.latency_s + sum(st.latency_s for st in r["head_stages"])
+            + hand_pre, energy_j=sum(st.energy_j for st in chain) / mb, used=used, resident=resident,
+            streamed=max(0, weight_bytes - resident),
+            sram_pe=max([pre.peak_pe_bytes] + [st.peak_pe_bytes for st in chain]),
+            dram_chip=int(math.ceil(max([st.streamed_bytes_per_chip + kv_block * blocks / board.chips
+                                         for st in r["stages"]] + [st.streamed_bytes_per_chip for st in r["head_stages"]]))),
+            bounds=contrib, bound_s=bound_s, binding=max(contrib, key=contrib.get),
+            description=(f"pipeline of {len(chain)} board stages ({stage_desc}, the head on {len(r['head_stages'])}), "
+                         f"each tensor-parallel over its board's {board.chips} chips; activations handed over "
+                         f"stage to stage on the board-to-board links; micro-batches of {mb} user(s)"),
+            meta={"stages": len(chain), "boards_per_stage": 1, "stages_per_block": per_block if kind == "s" else None,
+                  "blocks_per_stage": blocks, "boards_used": len(chain),
+                  "replicas": (arch.chips // arch.chips_per_board) // len(chain), "micro_batch": mb,
+                  "micro_batches": micro, "chips_per_group": board.chips, "groups": len(chain),
+                  "mapping_weights": "auto", "bounds_alone_s": alone,
+                  "block_decode_s": sum(st.latency_s for st in r["stages"]) * (1 if kind == "s" else 1 / n),
+                  "block_prefill_s": pre.latency_s, "head_decode_s": sum(st.latency_s for st in r["head_stages"]),
+                  "handoff_decode_s": sum(hand_in),
+                  "stage_plan": [{"latency_s": st.latency_s, "weight_bytes": st.weight_bytes,
+                                  "resident_bytes": st.resident_bytes, "weights_in":
+                                  "sram" if st.resident_bytes >= st.weight_bytes else
+                                  "dram" if st.resident_bytes == 0 else "sram+dram",
+                                  "handoff_in_bytes": st.handoff_in_bytes}
+                                 for st in r["stages"] + r["head_stages"]]})
+    return out
