@@ -61,6 +61,80 @@ def test_megatron_split_one_all_reduce_per_block(bert):
     assert splits == {"col": 4, "row": 2}  # Q, K, V, fc1 | out-proj, fc2
 
 
+def test_sequence_parallel_plan_splits_rows_and_heads(bert):
+    """tp 2 x sp 4: LayerNorms on row blocks with no all-gather before them, the all-reduces
+    over the tp group on a quarter of the rows, the attention on heads x query-row blocks with
+    only its keys gathered (over the sp group), the outputs gathered once over all 8 chips.
+    Shapes and bytes from the config (hidden 128, 4 heads of 32, sequence 32, fp32)."""
+    _, _, mod = bert
+    rep = tvm_spinn.report(relax.build(mod, target="spinn"))
+    hidden, heads, seq, tp, sp = 128, 4, 32, 2, 4
+    layer_norms = scores = key_gathers = 0
+    for program in rep.programs:
+        plan = plan_shards(program, tp, 1, True, sp)
+        assert plan.chips == tp * sp and plan.summary()["sp"] == sp
+        n = len(program.layers)
+        by_layer = {}
+        for c in plan.collectives:
+            by_layer.setdefault(c.layer, []).append(c)
+        for i, layer in enumerate(program.layers):
+            shape = plan.shapes[layer.output]
+            if layer.kind == "layer_norm":
+                layer_norms += 1
+                assert plan.seq[i] and tuple(shape) == (1, seq // sp, hidden)
+                assert not [c for c in by_layer.get(i, []) if c.tensor in layer.inputs]
+            if layer.kind == "matmul" and list(program.tensors[layer.output].shape) == [heads, seq, seq]:
+                scores += 1  # Q K^T and P V (head size = sequence here): a chip's heads and query rows
+                assert tuple(shape) == (heads // tp, seq // sp, seq)
+                gathered = [c for c in by_layer.get(i, []) if c.op == "all_gather"]
+                if gathered:  # K^T of the chip's heads, every key row: over the sp group
+                    key_gathers += 1
+                    assert [(c.group, c.nbytes, c.shape) for c in gathered] == [
+                        ("sp", heads // tp * 32 * seq * 4, (heads // tp, 32, seq))]
+        for c in plan.collectives:
+            if c.op == "all_reduce":  # the two Megatron all-reduces: a quarter of the rows each
+                assert (c.group, c.nbytes) == ("tp", seq // sp * hidden * 4)
+            if c.layer >= n:  # outputs leave whole: one all-gather over all chips
+                assert c.group == "all" and c.nbytes == program.tensors[c.tensor].nbytes
+        assert sum(c.op == "all_reduce" for c in plan.collectives) <= 2
+    assert layer_norms == 3 and scores == 2 and key_gathers == 1
+    with pytest.raises(ValueError, match="sequence parallelism"):
+        plan_shards(rep.programs[0], 2, 2, True, 2)
+
+
+def test_output_gathers_overlap_later_layers_and_yield_the_links():
+    """compose: a program output's all-gather runs from when its tensor is written, in the
+    links' time left free by the collectives layers wait for; it never delays a layer, and
+    the program ends when it is done."""
+    from types import SimpleNamespace
+
+    from tvm_spinn.timing.system import compose
+
+    arch = tvm_spinn.arch_of(tvm_spinn.get_target("spinn"))
+    program = SimpleNamespace(layers=[SimpleNamespace(flops=0, mode="fp32") for _ in range(3)])
+    ms = arch.clock_hz // 1000
+    cycles = [ms, ms, ms]  # three layers of 1 ms
+
+    def cost(seconds):
+        return C.CollectiveCost("all_gather", "ring", seconds, 0.0, 1, 0, 1, 2, 1.0)
+
+    alone = compose(program, arch, cycles, [0, 0, 0], [], 1)
+    assert alone.latency_s == pytest.approx(3e-3)
+    # written by layer 0 (ends at 1 ms), 1.5 ms on the links: overlaps layers 1 and 2
+    early = compose(program, arch, cycles, [0, 0, 0], [(3, cost(1.5e-3), 0)], 1)
+    assert early.layer_s == alone.layer_s and early.latency_s == pytest.approx(3e-3)
+    # 2.5 ms: the program waits 0.5 ms for it after its last layer
+    assert compose(program, arch, cycles, [0, 0, 0], [(3, cost(2.5e-3), 0)], 1).latency_s == pytest.approx(3.5e-3)
+    # a 1 ms collective layer 2 waits for takes the links first (from 2 ms): the output
+    # gather, 1.5 ms from 1 ms, is held up by it and ends at 3.5 ms; layer 2 ends at 4 ms
+    both = compose(program, arch, cycles, [0, 0, 0], [(2, cost(1e-3)), (3, cost(1.5e-3), 0)], 1)
+    assert both.latency_s == pytest.approx(4e-3)
+    both = compose(program, arch, cycles, [0, 0, 0], [(2, cost(1e-3)), (3, cost(2.5e-3), 0)], 1)
+    assert both.latency_s == pytest.approx(4.5e-3)  # 1 ms before, 1.5 ms after the blocking one
+    # without a ready layer it is an ordinary end-of-program collective
+    assert compose(program, arch, cycles, [0, 0, 0], [(3, cost(1.5e-3))], 1).latency_s == pytest.approx(4.5e-3)
+
+
 def test_chain_all_reduce_gives_the_sequential_bits():
     """Chips continuing one accumulator over consecutive k blocks give the one-chip sum."""
     rng = np.random.default_rng(0)
@@ -99,13 +173,15 @@ def test_chain_all_reduce_cost_on_the_graph():
 def test_bits_do_not_depend_on_the_plan(bert):
     """One chip, a board and a two-board system: different plans, the same bits."""
     model, x, mod = bert
-    results, plans = {}, {}
+    results, plans, seq = {}, {}, {}
     tags = {"chip": "spinn", "board": "spinn/board",
             "2boards": tvm_spinn.register_system(tvm_spinn.make_system("scale-2b", boards=2))}
     for key, tag in tags.items():
         results[key], rep = _run(mod, tag, x.numpy())
         plans[key] = [m.get("system", {}).get("tp", 1) for m in rep.mapping]
+        seq[key] = [m.get("system", {}).get("sp", 1) for m in rep.mapping]
     assert max(plans["board"]) > 1 and max(plans["chip"]) == 1
+    assert max(seq["board"]) > 1  # the cost model picks heads x row blocks for the attention
     first = results["chip"]
     for key, value in results.items():
         assert np.array_equal(value.view(np.uint32), first.view(np.uint32)), key

@@ -64,6 +64,12 @@ class Collective:
     tensor: int
     nbytes: int
     exact: bool
+    #: the chips taking part: ``"tp"`` a tensor-parallel group (one per sequence block),
+    #: ``"sp"`` a sequence-parallel group (the chips holding the other row blocks), ``"all"``
+    #: all ``tp x sp`` chips
+    group: str = "tp"
+    #: shape one chip holds after an all-gather (None: the full tensor)
+    shape: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -77,10 +83,12 @@ class ShardPlan:
     splits: tuple[str, ...]           # per layer: "col", "row", "split", "rep", "whole"
     collectives: tuple[Collective, ...]
     shapes: tuple[tuple[int, ...], ...]  # per tensor: the shape one chip holds
+    sp: int = 1                       # sequence-parallel degree (row blocks, see _seq_pass)
+    seq: tuple[bool, ...] = ()        # per layer: its output split into ``sp`` row blocks
 
     @property
     def chips(self) -> int:
-        return self.tp * self.dp
+        return self.tp * self.dp * self.sp
 
     def summary(self) -> dict:
         """JSON-ready summary (what the program's mapping records)."""
@@ -90,8 +98,8 @@ class ShardPlan:
         ops: dict[str, int] = {}
         for c in self.collectives:
             ops[c.op] = ops.get(c.op, 0) + 1
-        return {"tp": self.tp, "dp": self.dp, "row": self.row, "chips": self.chips, "splits": counts,
-                "collectives": ops}
+        return {"tp": self.tp, "dp": self.dp, "sp": self.sp, "row": self.row, "chips": self.chips,
+                "splits": counts, "collectives": ops}
 
 
 def _acc_bytes(program: Program, layer) -> int:
@@ -171,11 +179,15 @@ def _reshape_axis(src: list[int], dst: list[int], axis: int, parts: int) -> int 
     return None
 
 
-def plan_shards(program: Program, tp: int, dp: int = 1, row: bool = True) -> ShardPlan | None:
-    """The shard plan of ``program`` on ``tp x dp`` chips, or None when ``dp`` does not divide
-    the batch (see the module docstring). ``row=False``: no row-parallel GEMMs (an input split
-    along the reduction axis is all-gathered and the GEMM is column-parallel again), which
-    trades each all-reduce for an all-gather; the mapper costs both."""
+def plan_shards(program: Program, tp: int, dp: int = 1, row: bool = True, sp: int = 1) -> ShardPlan | None:
+    """The shard plan of ``program`` on ``tp x dp x sp`` chips, or None when ``dp`` does not
+    divide the batch or ``sp`` splits nothing (see the module docstring). ``row=False``: no
+    row-parallel GEMMs (an input split along the reduction axis is all-gathered and the GEMM is
+    column-parallel again), which trades each all-reduce for an all-gather; the mapper costs
+    both. ``sp > 1``: each tensor-parallel group of ``tp`` chips holds one of ``sp`` blocks of
+    rows (:func:`_seq_pass`); ``dp`` must then be 1."""
+    if sp > 1 and dp > 1:
+        raise ValueError(f"plan_shards: sequence parallelism (sp={sp}) with data parallelism (dp={dp}) is not supported")
     t = program.tensors
     # the batch: the leading extent every activation input shares (none: no data parallelism)
     leads = {t[tid].shape[0] for tid in program.inputs if t[tid].role != "const" and len(t[tid].shape) >= 2}
@@ -205,6 +217,7 @@ def plan_shards(program: Program, tp: int, dp: int = 1, row: bool = True) -> Sha
 
     state_bytes: dict[int, int] = {}
     exact_of: dict[int, bool] = {}
+    produced: dict[int, tuple[str, int]] = {}
     for i, layer in enumerate(program.layers):
         acts = [tid for tid in layer.inputs if t[tid].role != "const"]
         out = layer.output
@@ -327,6 +340,7 @@ def plan_shards(program: Program, tp: int, dp: int = 1, row: bool = True) -> Sha
                 src = acts[0]
                 state_bytes[out], exact_of[out] = state_bytes[src], exact_of[src]
         state[out] = result
+        produced[out] = result
         splits.append(split)
         # local shapes: the TP split, then the DP split of the batch axis
         shape = list(full[out])
@@ -339,8 +353,199 @@ def plan_shards(program: Program, tp: int, dp: int = 1, row: bool = True) -> Sha
     for tid in program.outputs:
         if tp > 1:
             gather(end, tid)
+    seq: tuple[bool, ...] = ()
+    if sp > 1:
+        tp_axis = {tid: ax for tid, (kind, ax) in produced.items() if kind == S}
+        for tid, (kind, ax) in (_cache_inputs(program, tp).items() if tp > 1 else ()):
+            tp_axis[tid] = ax
+        merged = _seq_pass(program, sp, full, local, tp_axis, collectives)
+        if merged is None:
+            return None
+        collectives, seq = merged
     return ShardPlan(tp=tp, dp=dp, row=row, batch=int(batch or 1), splits=tuple(splits),
-                     collectives=tuple(collectives), shapes=tuple(tuple(s) for s in local))
+                     collectives=tuple(collectives), shapes=tuple(tuple(s) for s in local), sp=sp, seq=seq)
+
+
+def _seq_pass(program: Program, sp: int, full, local, tp_axis: dict[int, int], tp_colls: list):
+    """Sequence parallelism: the second axis of a ``tp x sp`` mesh of chips.
+
+    Each tensor is either replicated over the ``sp`` groups or split into ``sp`` blocks along
+    one axis (its rows), propagated through the layers like the tensor-parallel states: a
+    GEMM's rows are independent (a dense layer or a matmul on row-split ``A`` gives row-split
+    output; ``R`` operands are sliced for free, so a GEMM on replicated inputs starts a split),
+    element-wise layers follow their operands, row operators (softmax, layer norm) keep a split
+    that is not on their reduced axes, reshapes and transposes carry it. What a layer cannot
+    take split (the keys of attention, ``K^T``'s split columns, a reduction axis) is
+    all-gathered over the ``sp`` group. So a transformer layer on ``tp x sp`` chips runs its
+    LayerNorms on row blocks (no all-gather before them), its all-reduces over ``tp`` chips on
+    ``1 / sp`` of the rows each, and its attention on heads x query-row blocks (each chip:
+    ``softmax(Q_blk K^T) V`` for its heads and rows, after gathering its heads' keys over the
+    ``sp`` group). Bits: every layer computes whole rows with the one-chip kernels, the
+    reductions of rows never cross chips, so the functional program is unchanged.
+
+    Updates ``local`` (the row blocks one chip holds) in place and returns ``(collectives,
+    seq)``: the tensor-parallel ``tp_colls`` (a row-split tensor's collective moves ``1 / sp``
+    of its bytes, in each of the ``sp`` groups at once) merged with the sequence-parallel
+    all-gathers in issue order, and per layer whether its output is row-split; None when no
+    layer splits.
+    """
+    t = program.tensors
+    state: dict[int, int] = {}    # tid -> split axis (absent: replicated)
+    produced: dict[int, int] = {}
+    gathered_at: dict[int, int] = {}
+    mine: list[tuple[int, int]] = []  # (layer, tensor) sequence-parallel all-gathers
+    seq: list[bool] = []
+
+    def gather(i, tid):
+        if tid in state:
+            mine.append((i, tid))
+            gathered_at.setdefault(tid, i)
+            del state[tid]
+
+    def carried(src_shape, dst_shape, axis, kind, attrs):
+        if kind == "reshape":
+            return _reshape_axis(src_shape, dst_shape, axis, sp)
+        if kind == "permute_dims":
+            return list(attrs["axes"]).index(axis)
+        return axis + len(dst_shape) - len(src_shape)  # broadcast_to: leading axes added
+
+    for i, layer in enumerate(program.layers):
+        acts = [tid for tid in layer.inputs if t[tid].role != "const"]
+        out = layer.output
+        shape = full[out]
+        rank = len(shape)
+        st = [state.get(tid) for tid in acts]
+        kind = layer.kind
+        res = None
+        rows = rank - 2 if rank >= 2 and shape[rank - 2] >= sp else None  # R operands: sliced for free
+        if kind == "dense":
+            if st[0] is not None and st[0] == len(full[acts[0]]) - 1:
+                gather(i, acts[0])  # split along the reduction axis
+            res = state.get(acts[0], rows)
+        elif kind == "matmul" and len(acts) == 2:
+            a, b = acts
+            sa = None if st[0] is None else st[0] - len(full[a])
+            sb = None if st[1] is None else st[1] - len(full[b])
+            if sa == -1:
+                gather(i, a)
+                sa = None
+            if sb == -2:
+                gather(i, b)
+                sb = None
+            if sa is not None and sa <= -3 and (sb == sa or (sb is None and len(full[b]) >= -sa
+                                                              and full[b][sa] == full[a][sa])):
+                res = rank + sa  # a batch axis (heads) both operands share
+            elif sa is None and sb == -1:
+                res = rank - 1  # the columns of B
+            else:
+                if sa is not None and sa != -2:
+                    gather(i, a)
+                if sb is not None:
+                    gather(i, b)  # the keys: every query row block needs all of them
+                res = rank - 2 if shape[rank - 2] >= sp else None
+        elif kind in ("reshape", "permute_dims", "broadcast_to"):
+            if acts and st[0] is not None:
+                res = carried(full[acts[0]], shape, st[0], kind, layer.attrs)
+            elif kind == "broadcast_to" and acts and rank - 2 >= len(shape) - len(full[acts[0]]):
+                res = rows  # a copy of replicated rows (attention probabilities for the context
+                # matmul): each block copies its own rows, not all of them on every chip
+        elif kind in ("softmax", "layer_norm", "mean"):
+            src = full[acts[0]]
+            n_rows = int(np.prod(shape, dtype=np.int64))
+            width = int(np.prod(src, dtype=np.int64)) // max(1, n_rows) if kind == "mean" else src[-1]
+            reduced, acc = len(src), 1
+            while reduced > 0 and acc < width:
+                reduced -= 1
+                acc *= src[reduced]
+            if st[0] is not None and st[0] < reduced:
+                res = st[0]
+        elif kind == "take":
+            if all(s is None for s in st) and layer.attrs.get("axis", 0) == 0 and rank >= 2 and shape[0] >= sp:
+                res = 0  # the indices' rows: each block gathers its own
+        elif kind in ("conv2d", "max_pool2d", "avg_pool2d", "strided_slice", "concat", "pad"):
+            res = None
+        else:  # element-wise, quantize/dequantize: follow the operands' common split
+            axes = {s - len(full[tid]) for tid, s in zip(acts, st) if s is not None}
+            ax = axes.pop() if len(axes) == 1 else None
+            if ax is not None and rank >= -ax and all(
+                    s is not None or len(full[tid]) < -ax or full[tid][ax] in (1, shape[ax])
+                    for tid, s in zip(acts, st)):
+                res = rank + ax
+        if res is not None and (res < 0 or res >= rank or shape[res] < sp or tp_axis.get(out) == res):
+            res = None  # too short, or the tensor-parallel split's axis
+        if res is None:
+            for tid in acts:
+                gather(i, tid)
+        else:
+            state[out] = produced[out] = res
+            local[out][res] = part(full[out][res], sp)
+            _seq_consts(program, layer, res, sp, full, local)
+        seq.append(res is not None)
+    end = len(program.layers)
+    for tid in program.outputs:
+        gather(end, tid)
+    if not any(seq):
+        return None
+
+    def elem(tid):
+        return max(1, t[tid].nbytes // max(1, int(np.prod(t[tid].shape, dtype=np.int64))))
+
+    def tp_split(tid, i):  # still split over the tp group when layer i's sp gathers run
+        return tid in tp_axis and tp_gather.get(tid, end + 1) > i
+
+    def sp_split(tid, i):  # still row-split when layer i's tp collectives run (they go first)
+        return tid in produced and gathered_at.get(tid, end + 1) >= i
+
+    tp_gather = {}
+    for c in tp_colls:
+        if c.op == "all_gather":
+            tp_gather.setdefault(c.tensor, c.layer)
+    out: list[tuple[int, int, Collective]] = []
+    for c in tp_colls:
+        shape = list(full[c.tensor])
+        nbytes = c.nbytes
+        if sp_split(c.tensor, c.layer):
+            ax = produced[c.tensor]
+            shape[ax] = part(shape[ax], sp)
+            nbytes = -(-nbytes // sp)
+        out.append((c.layer, 0, Collective(c.layer, c.op, c.tensor, nbytes, c.exact, "tp",
+                                           tuple(shape) if c.op == "all_gather" else None)))
+    for i, tid in mine:
+        shape = list(full[tid])
+        n = int(np.prod(shape, dtype=np.int64)) * elem(tid)
+        if tp_split(tid, i):
+            ax = tp_axis[tid]
+            shape[ax] = local[tid][ax]
+            n = int(np.prod(shape, dtype=np.int64)) * elem(tid)
+        out.append((i, 1, Collective(i, "all_gather", tid, n, True, "sp", tuple(shape))))
+    # The program's outputs leave whole (the next program reads them replicated): a tensor
+    # gathered over both groups at the end, or over the sp group only (each chip of a tp group
+    # holds the same row block, so each can send a different part of it), is one all-gather
+    # over all the tp x sp chips along one ring, not two rounds over strided groups.
+    final = {}
+    for layer, order, c in out:
+        if layer >= end and c.op == "all_gather":
+            final.setdefault(c.tensor, []).append(c)
+    out = [x for x in out if not (x[0] >= end and x[2].tensor in final)]
+    for tid in final:
+        n = int(np.prod(full[tid], dtype=np.int64)) * elem(tid)
+        out.append((end, 2, Collective(end, "all_gather", tid, n, True, "all", None)))
+    out.sort(key=lambda x: (x[0], x[1]))
+    return [c for _, _, c in out], tuple(seq)
+
+
+def _seq_consts(program: Program, layer, axis: int, sp: int, full, local) -> None:
+    """Shrink the constants of a row-split element-wise layer along the split (a position
+    embedding added to row blocks); GEMM weights and per-feature constants are not on it."""
+    if layer.kind in ("dense", "conv2d", "matmul", "take", "layer_norm", "softmax", "mean"):
+        return
+    t = program.tensors
+    out_shape = full[layer.output]
+    rel = axis - len(out_shape)
+    for tid in list(layer.consts.values()) + [tid for tid in layer.inputs if t[tid].role == "const"]:
+        shape = local[tid]
+        if len(shape) >= -rel and full[tid][rel] == out_shape[axis] and out_shape[axis] > 1:
+            shape[rel] = part(full[tid][rel], sp)
 
 
 def _shard_consts(program: Program, layer, split: str, tp: int, full, local, result) -> None:
@@ -383,17 +588,21 @@ def shard_program(program: Program, plan: ShardPlan) -> Program:
     for layer, split in zip(shard.layers, plan.splits):
         if layer.kind == "conv2d" and split == "split":  # grouped: each chip has its groups
             layer.attrs = dict(layer.attrs, groups=layer.attrs["groups"] // plan.tp)
+    current: dict[int, int] = {}  # a tensor gathered twice (tp, then sp): its latest copy
     for c in plan.collectives:
         if c.op != "all_gather" or c.layer >= len(shard.layers):
             continue
         new = copy.copy(program.tensors[c.tensor])
-        new.shape, new.role = list(program.tensors[c.tensor].shape), "temp"
+        shape = c.shape if c.shape is not None else program.tensors[c.tensor].shape
+        new.shape, new.role = list(shape), "temp"
         new.name = f"{new.name}.gathered"
         shard.tensors.append(new)
         nid = len(shard.tensors) - 1
+        old = current.get(c.tensor, c.tensor)
         for layer in shard.layers[c.layer:]:
-            if c.tensor in layer.inputs:
-                layer.inputs = [nid if tid == c.tensor else tid for tid in layer.inputs]
+            if old in layer.inputs:
+                layer.inputs = [nid if tid == old else tid for tid in layer.inputs]
+        current[c.tensor] = nid
     if plan.dp > 1:
         for x in shard.tensors:
             if x.role != "const" and x.shape and x.shape[0] == plan.batch:

@@ -45,7 +45,8 @@ from .memory import LEDGER_RESIDENT_SHARE, activation_label
 from .shard import ShardPlan, plan_shards, shard_program
 from .tiling import MappingError
 
-__all__ = ["Ledger", "map_on_system", "TP_DEGREES", "overflow_message", "system_tables", "retime", "issued"]
+__all__ = ["Ledger", "map_on_system", "TP_DEGREES", "SP_DEGREES", "overflow_message", "system_tables", "retime", "issued",
+           "group_ranks"]
 
 # A model too large for its system is raised at the end of the codegen callback: it crosses
 # the FFI boundary as itself, not as a generic RuntimeError.
@@ -53,6 +54,8 @@ tvm_ffi.register_error("MappingError", MappingError)
 
 #: Tensor-parallel degrees tried (divisors-friendly sizes up to a board).
 TP_DEGREES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 48)
+#: Sequence-parallel degrees tried (row blocks per tensor-parallel group, ``tp x sp`` chips).
+SP_DEGREES = (2, 3, 4, 6, 8, 12, 16, 24, 48)
 #: Candidate plans mapped with the PE-level model after the bound-based pre-selection.
 FULL_CANDIDATES = 3
 #: Assumption: an all-gathered activation stays in SRAM when it takes at most this share of a
@@ -100,13 +103,35 @@ def _chip_arch(arch: SpinnArch) -> SpinnArch:
     return arch.replace(chips=1)
 
 
-def _candidates(program: Program, arch: SpinnArch, topo, per_chip: bool, work) -> list[tuple[float, ShardPlan]]:
-    """Shard plans with a cheap latency estimate each, best first (``per_chip``: by estimate x
-    chips, the throughput objective's chip-seconds per inference). ``work``: seconds of each
-    layer on one chip (the one-chip plan's PE-level times); a split layer takes ``1 / tp`` of it,
-    a replicated one all of it."""
-    chips = stage_chips(arch)
-    out = []
+def group_ranks(topo, plan: ShardPlan) -> dict[str, np.ndarray]:
+    """The chips of each collective group of ``plan``: ``"tp"`` (a tensor-parallel group) and,
+    for ``sp > 1``, ``"sp"`` (the chips holding the other row blocks of the same shard).
+
+    With ``sp > 1`` the ``tp x sp`` chips follow one one-hop cycle (:func:`ring_order`) with
+    the tensor-parallel index inner: a tp group is ``tp`` consecutive chips of it (its chain
+    all-reduce goes one hop at a time, the groups' segments of the cycle are disjoint), an sp
+    group every ``tp``-th chip, ``"all"`` the whole cycle. One group is costed and the others, running at the same time,
+    are taken to be alike (contention between groups is not modelled, as between replicas).
+    """
+    if plan.sp <= 1:
+        return {"tp": ring_order(topo, plan.tp)}
+    order = ring_order(topo, plan.tp * plan.sp)
+    return {"tp": order[:plan.tp], "sp": order[::plan.tp][:plan.sp], "all": order}
+
+
+def _comm(topo, program: Program, plan: ShardPlan) -> list[tuple]:
+    """``(layer, CollectiveCost, ready)`` of the plan's collectives as issued (:func:`issued`),
+    on their groups."""
+    if plan.tp * plan.sp <= 1:
+        return []
+    groups = group_ranks(topo, plan)
+    return [(layer, collective_cost(topo, groups[group], op, nbytes, exact), ready)
+            for layer, op, nbytes, exact, group, ready in issued(program, plan.collectives)
+            if len(groups[group]) > 1]
+
+
+def _plans(program: Program, chips: int):
+    """The shard plans tried on a stage of ``chips`` chips."""
     for tp in TP_DEGREES:
         if tp > chips:
             break
@@ -118,49 +143,92 @@ def _candidates(program: Program, arch: SpinnArch, topo, per_chip: bool, work) -
                 continue  # dp does not divide the batch, or nothing splits tp ways
             if not row and "row" not in plan_shards(program, tp, dp, True).splits:
                 continue  # the same plan as with row-parallel GEMMs
-            ranks = ring_order(topo, tp)
-            comm = sum(collective_cost(topo, ranks, op, nbytes, exact).seconds
-                       for _, op, nbytes, exact in issued(program, plan.collectives)) if tp > 1 else 0.0
-            shard_w = sum(int(np.prod(s, dtype=np.int64)) * program.tensors[i].nbytes // max(1, int(np.prod(program.tensors[i].shape, dtype=np.int64)))
-                          for i, s in enumerate(plan.shapes) if program.tensors[i].role == "const")
-            # replicated layers do all their work on every chip of the group
-            work_s = sum(w / (tp if x in ("col", "row", "split") else 1) for w, x in zip(work, plan.splits)) / dp
-            bound = max(work_s, shard_w / arch.dram_bw_bytes_s) + comm
-            out.append((bound, plan, shard_w))
+            yield plan
+        # sequence parallelism: sp row blocks per tp group (dp = 1, row-parallel GEMMs)
+        for sp in SP_DEGREES:
+            if tp * sp > chips:
+                break
+            if chips % (tp * sp):
+                continue
+            plan = plan_shards(program, tp, 1, True, sp)
+            if plan is not None and (tp == 1 or any(x in ("col", "row", "split") for x in plan.splits)):
+                yield plan
+
+
+def _candidates(program: Program, arch: SpinnArch, topo, per_chip: bool, work) -> list[tuple[float, ShardPlan]]:
+    """Shard plans with a cheap latency estimate each, best first (``per_chip``: by estimate x
+    chips, the throughput objective's chip-seconds per inference). ``work``: seconds of each
+    layer on one chip (the one-chip plan's PE-level times); a split layer takes ``1 / tp`` of it
+    (``1 / (tp sp)`` when its rows are split too), a replicated one all of it."""
+    chips = stage_chips(arch)
+    out = []
+    for plan in _plans(program, chips):
+        tp, dp, sp = plan.tp, plan.dp, plan.sp
+        comm = sum(cost.seconds for _, cost, _ in _comm(topo, program, plan))
+        shard_w = sum(int(np.prod(s, dtype=np.int64)) * program.tensors[i].nbytes // max(1, int(np.prod(program.tensors[i].shape, dtype=np.int64)))
+                      for i, s in enumerate(plan.shapes) if program.tensors[i].role == "const")
+        # replicated layers do all their work on every chip of the group
+        seq = plan.seq or (False,) * len(plan.splits)
+        work_s = sum(w / (tp if x in ("col", "row", "split") else 1) / (sp if q else 1)
+                     for w, x, q in zip(work, plan.splits, seq)) / dp
+        bound = max(work_s, shard_w / arch.dram_bw_bytes_s) + comm
+        out.append((bound, plan, shard_w))
     out.sort(key=lambda c: (c[0] * (c[1].chips if per_chip else 1), c[1].chips))
     return out
 
 
-def issued(program: Program, collectives) -> list[tuple[int, str, int, bool]]:
-    """The plan's collectives as the chips issue them, ``(layer, op, bytes, exact)``: all-gathers
-    that follow one another in the plan, each of a tensor already produced when the first of
-    them is due, go out together as one all-gather of their summed bytes (GPT-2's Q, K and V,
-    sliced from one column-parallel GEMM and gathered for the attention: one collective's hop
-    latencies instead of three)."""
+def issued(program: Program, collectives) -> list[tuple[int, str, int, bool, str, int | None]]:
+    """The plan's collectives as the chips issue them, ``(layer, op, bytes, exact, group,
+    ready)``: all-gathers over the same group that follow one another in the plan, each of a
+    tensor already produced when the first of them is due, go out together as one all-gather of
+    their summed bytes (GPT-2's Q, K and V, sliced from one column-parallel GEMM and gathered for
+    the attention: one collective's hop latencies instead of three). The gathers of the
+    program's outputs (``layer == len(layers)``) are not merged: each is issued once its bytes
+    are written (``ready``: the index of the layer that writes them, -1 for an input passed
+    through; an output that is a reshape or a same-size ``broadcast_to`` of an earlier tensor
+    holds that tensor's bytes) and runs on the links while the later layers compute
+    (:func:`tvm_spinn.timing.system.compose`); ``ready`` is None for the others."""
+    n = len(program.layers)
     producer = {layer.output: i for i, layer in enumerate(program.layers)}
+
+    def written(tid):
+        i = producer.get(tid, -1)
+        while i >= 0:
+            layer = program.layers[i]
+            acts = [x for x in layer.inputs if program.tensors[x].role != "const"]
+            if (layer.kind not in ("reshape", "broadcast_to") or len(acts) != 1
+                    or program.tensors[acts[0]].nbytes != program.tensors[tid].nbytes):
+                break
+            i = producer.get(acts[0], -1)
+        return i
+
     out: list[list] = []
     for c in collectives:
         last = out[-1] if out else None
-        if (last is not None and c.op == "all_gather" and last[1] == "all_gather"
-                and producer.get(c.tensor, -1) < last[0]):
+        group = getattr(c, "group", "tp")
+        if c.layer >= n and c.op == "all_gather":
+            out.append([c.layer, c.op, c.nbytes, c.exact, group, written(c.tensor)])
+            continue
+        if (last is not None and c.op == "all_gather" and last[1] == "all_gather" and last[4] == group
+                and last[5] is None and producer.get(c.tensor, -1) < last[0]):
             last[2] += c.nbytes
             continue
-        out.append([c.layer, c.op, c.nbytes, c.exact])
+        out.append([c.layer, c.op, c.nbytes, c.exact, group, None])
     return [tuple(x) for x in out]
 
 
-def _time_plan(program: Program, plan: ShardPlan, arch: SpinnArch, topo, map_one, reserved: np.ndarray, ranks):
+def _time_plan(program: Program, plan: ShardPlan, arch: SpinnArch, topo, map_one, reserved: np.ndarray):
     """Map ``plan``'s shard on one chip and compose its system timing."""
     chip = _chip_arch(arch)
     shard = shard_program(program, plan)
     map_one(shard, chip, reserved)
-    st = _system_timing(program, plan, shard, shard.tiles.tables, chip, topo, ranks)
+    st = _system_timing(program, plan, shard, shard.tiles.tables, chip, topo)
     dram_need = sum(shard.tensors[t].nbytes for t in range(len(program.tensors)) if shard.tensors[t].role == "const") \
         - int(shard.memory.get("resident_bytes_total", 0))
     return shard, st, max(0, dram_need)
 
 
-def _system_timing(program: Program, plan: ShardPlan, shard: Program, tables, chip: SpinnArch, topo, ranks):
+def _system_timing(program: Program, plan: ShardPlan, shard: Program, tables, chip: SpinnArch, topo):
     """Compose the system timing of a mapped shard (its tiles ``tables``)."""
     resident = set(shard.mapping.get("resident_layers", []))
     # A streamed layer's shard is prefetched into SRAM once (the share of the chip's SRAM that
@@ -194,8 +262,7 @@ def _system_timing(program: Program, plan: ShardPlan, shard: Program, tables, ch
     shard.mapping = saved
     exec_cycles = [row.cycles for row in local.layers]
     shard.exec_cycles = exec_cycles  # in memory only: the pre-scores of other plans
-    colls = [(layer, collective_cost(topo, ranks, op, nbytes, exact)) for layer, op, nbytes, exact in
-             issued(program, plan.collectives)] if plan.tp > 1 else []
+    colls = _comm(topo, program, plan)
     row_fp32 = {i for i, s in enumerate(plan.splits) if s == "row" and program.layers[i].mode != "int8"}
     io = sum(shard.tensors[t].nbytes for t in list(shard.inputs) + list(shard.outputs))
     return compose(program, chip, exec_cycles, stream, colls, plan.chips, row_fp32, io, prefetch_bytes=2 * prefetch)
@@ -206,13 +273,13 @@ def retime(program: Program, arch: SpinnArch, derive) -> dict:
     what the compiler stored in ``program.timing`` (``derive`` is
     :func:`tvm_spinn.mapping.derive_tables`)."""
     info = program.mapping["system"]
-    plan = plan_shards(program, int(info["tp"]), int(info["dp"]), bool(info.get("row", True)))
+    plan = plan_shards(program, int(info["tp"]), int(info["dp"]), bool(info.get("row", True)), int(info.get("sp", 1)))
     shard = shard_program(program, plan)
     shard.mapping = {k: v for k, v in program.mapping.items() if k != "system"}
     chip = _chip_arch(arch)
     tables = derive(shard, chip)
     shard.timing = evaluate(shard, chip, tables).to_dict(trace=False)
-    st = _system_timing(program, plan, shard, tables, chip, topology_of(arch), ring_order(topology_of(arch), plan.tp))
+    st = _system_timing(program, plan, shard, tables, chip, topology_of(arch))
     return _timing_dict(program, shard, plan, st, float(info.get("handoff_s", 0.0)), arch)
 
 
@@ -241,17 +308,17 @@ def map_on_system(program: Program, arch: SpinnArch, options, ledger: Ledger | N
         # The one-chip plan first (the reference under the same model): its per-layer PE-level
         # times weigh the other plans' pre-scores.
         one = plan_shards(program, 1, 1)
-        timed = {(1, 1, True): _time_plan(program, one, arch, topo, map_one, reserved, np.arange(1))}
-        work = [c / arch.clock_hz for c in timed[(1, 1, True)][0].exec_cycles]
+        timed = {(1, 1, True, 1): _time_plan(program, one, arch, topo, map_one, reserved)}
+        work = [c / arch.clock_hz for c in timed[(1, 1, True, 1)][0].exec_cycles]
         cands = _candidates(program, arch, topo, per_chip, work)
         chosen = [c for c in cands if c[1].chips > 1][:FULL_CANDIDATES] + [(0.0, one, 0)]
         results = []
         for _, plan, _ in chosen:
-            ranks = ring_order(topo, plan.tp)
-            k = (plan.tp, plan.dp, plan.row)
-            shard, st, need = timed.get(k) or _time_plan(program, plan, arch, topo, map_one, reserved, ranks)
+            k = (plan.tp, plan.dp, plan.row, plan.sp)
+            shard, st, need = timed.get(k) or _time_plan(program, plan, arch, topo, map_one, reserved)
             fits = led.dram + need <= arch.dram_bytes
-            results.append({"tp": plan.tp, "dp": plan.dp, "row": plan.row, "latency_s": st.latency_s, "fits": fits})
+            results.append({"tp": plan.tp, "dp": plan.dp, "sp": plan.sp, "row": plan.row, "latency_s": st.latency_s,
+                            "fits": fits})
             score = (st.latency_s * (plan.chips if per_chip else 1), plan.chips)
             if fits and (best is None or score < best[4]):
                 best = (plan, st, shard, need, score)
@@ -276,9 +343,9 @@ def map_on_system(program: Program, arch: SpinnArch, options, ledger: Ledger | N
             ledger.stage += 1
             ledger.sram[:] = 0
             ledger.dram = 0
-            src = np.arange(best[0].tp) % arch.chips + ((ledger.stage - 1) * arch.chips_per_board) % arch.chips
+            src = np.arange(best[0].tp * best[0].sp) % arch.chips + ((ledger.stage - 1) * arch.chips_per_board) % arch.chips
             dst = (src + arch.chips_per_board) % arch.chips
-            in_bytes = sum(program.tensors[t].nbytes for t in program.inputs) / max(1, best[0].tp)
+            in_bytes = sum(program.tensors[t].nbytes for t in program.inputs) / max(1, best[0].tp * best[0].sp)
             handoff = point_to_point(topo, src, dst, in_bytes) if not np.array_equal(src, dst) else None
     if best is None:
         # One program's smallest shard does not fit one chip: no system holds it.
@@ -317,7 +384,7 @@ def system_tables(program: Program, arch: SpinnArch, derive):
     """The tiles of a system-mapped program: its shard's, on one chip (``derive`` is
     :func:`tvm_spinn.mapping.derive_tables`)."""
     info = program.mapping["system"]
-    plan = plan_shards(program, int(info["tp"]), int(info["dp"]), bool(info.get("row", True)))
+    plan = plan_shards(program, int(info["tp"]), int(info["dp"]), bool(info.get("row", True)), int(info.get("sp", 1)))
     shard = shard_program(program, plan)
     shard.mapping = {k: v for k, v in program.mapping.items() if k != "system"}
     return derive(shard, _chip_arch(arch))
@@ -355,7 +422,8 @@ def _timing_dict(program: Program, shard: Program, plan: ShardPlan, st, handoff_
     clock = arch.clock_hz
     # energy: every chip of the group spends its shard's, the links carry the collectives'
     # bytes (each of them crosses at least one link per rank), all chips idle-burn the rest
-    links = sum(c.nbytes for c in plan.collectives) * max(0, plan.tp - 1)
+    size = {"tp": plan.tp, "sp": plan.sp, "all": plan.tp * plan.sp}
+    links = sum(c.nbytes * max(0, size.get(getattr(c, "group", "tp"), plan.tp) - 1) for c in plan.collectives)
     energy = (shard.timing["energy_j"] * plan.chips + links * arch.e_link_byte_j
               + arch.p_static_w_per_chip * plan.chips * max(0.0, latency - shard.timing["latency_s"]))
     timing.update(latency_s=latency, cycles=int(round(latency * clock)), roofline_s=st.bound_s,

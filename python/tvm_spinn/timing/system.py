@@ -117,8 +117,11 @@ def compose(program: Program, arch: SpinnArch, exec_cycles, stream_bytes, collec
         Per layer, the shard's PE-level cycles with its weights on chip.
     stream_bytes : sequence of int
         Per layer, the weight bytes one chip streams from its DRAM (0 when resident).
-    collectives : sequence of (layer, CollectiveCost)
-        The plan's collectives, each before ``layer`` (``len(layers)``: after the last).
+    collectives : sequence of (layer, CollectiveCost) or (layer, CollectiveCost, ready)
+        The plan's collectives, each before ``layer`` (``len(layers)``: after the last). A
+        collective with ``ready`` not None (a gather of a program output, ready once layer
+        ``ready`` has ended; -1: at the start) is issued then and runs on the links while the
+        later layers compute; the program ends when it is done.
     chips : int
         Chips of the group (compute bound).
     row_fp32 : set of int
@@ -135,8 +138,16 @@ def compose(program: Program, arch: SpinnArch, exec_cycles, stream_bytes, collec
     comm = np.zeros(n + 1)
     fill = {}
     timings = []
-    for layer, cost in collectives:
+    early: list[tuple[int, float]] = []  # (ready layer, seconds): output gathers issued early
+    blocking: dict[int, list[float]] = {}
+    for item in collectives:
+        layer, cost = item[0], item[1]
+        ready = item[2] if len(item) > 2 else None
         comm[layer] += cost.seconds
+        if ready is not None and layer >= n:
+            early.append((int(ready), float(cost.seconds)))
+        else:
+            blocking.setdefault(int(layer), []).append(float(cost.seconds))
         timings.append(CollectiveTiming(int(layer), cost.op, cost.algorithm, int(cost.nbytes), float(cost.seconds),
                                         int(cost.hops), int(cost.board_hops)))
         if cost.algorithm == "chain" and cost.ranks > 1:
@@ -152,7 +163,16 @@ def compose(program: Program, arch: SpinnArch, exec_cycles, stream_bytes, collec
     load_end = end = 0.0
     layer_s, ends = [], []
     held, k = 0, 0  # bytes of layers k..i-1 in the prefetch buffer
+    # The collectives a layer waits for run when the layer before it ends; a gather of a
+    # program output goes out once its tensor is written and uses the links whenever those
+    # are not moving a collective a layer waits for (which has priority), overlapping the
+    # layers after it: it never delays them, and the program ends when the last one is done.
+    busy: list[tuple[float, float]] = []  # link intervals of the waited-for collectives
     for i in range(n):
+        comm_end = end
+        for seconds in blocking.get(i, ()):
+            busy.append((comm_end, comm_end + seconds))
+            comm_end += seconds
         b = int(stream_bytes[i])
         w = float(b) / dram
         x = float(exec_cycles[i]) / clock * (1.0 + extra[i])
@@ -163,12 +183,31 @@ def compose(program: Program, arch: SpinnArch, exec_cycles, stream_bytes, collec
             k += 1
         release = ends[k - 1] if k > 0 else 0.0
         load_end = max(load_end, release) + w
-        start = max(end + comm[i], load_end)
+        start = max(comm_end, load_end)
         new_end = start + x
         layer_s.append(new_end - end)
         ends.append(new_end)
         end = new_end
-    end += comm[n]
+    for seconds in blocking.get(n, ()):
+        busy.append((end, end + seconds))
+        end += seconds
+    # the output gathers, in the order their tensors are ready, in the links' free time
+    cursor, j = 0.0, 0
+    for ready, seconds in sorted(early):
+        t = max(cursor, ends[ready] if 0 <= ready < len(ends) else (end if ready >= 0 else 0.0))
+        left = seconds
+        while left > 0:
+            while j < len(busy) and busy[j][1] <= t:
+                j += 1
+            if j < len(busy) and busy[j][0] <= t:
+                t = busy[j][1]
+                continue
+            gap = (busy[j][0] - t) if j < len(busy) else left
+            step = min(gap, left)
+            t += step
+            left -= step
+        cursor = t
+        end = max(end, t)
     fp32 = sum(layer.flops for layer in program.layers if layer.mode != "int8")
     int8 = sum(layer.flops for layer in program.layers if layer.mode == "int8")
     compute = (fp32 / (arch.peak_fp32_flops_s / arch.chips) + int8 / (arch.peak_int8_ops_s / arch.chips)) / chips
