@@ -7,8 +7,11 @@ Two parts, each printed as one table from one run:
   prompts); greedy tokens compared with transformers' ``generate(do_sample=False)`` on the same
   weights (agreement = share of new tokens equal, and the first step that differs); the
   simulated time to first token and decode latency; and the wall time of one decode step on
-  the functional simulator next to transformers' own step (eager PyTorch, same thread count),
-  measured side by side.
+  the functional simulator next to transformers' own step (eager PyTorch, same thread count)
+  and next to onnxruntime running the same step (``graphs.Decode`` exported with
+  ``torch.onnx.export``: fp32 weights, the KV cache as plain tensors; the issue's 3x budget),
+  measured side by side (simulator and onnxruntime calls interleaved), with the largest logit
+  difference between the two (int8 rows: the int8 simulator against the fp32 step).
 * ``plan``: shipped configs (Llama-2-7B/13B/70B, GPT-2-XL) x systems (chip, board, 24 boards,
   720 boards) x dtype with ``tvm_spinn.llm.plan`` (no weights, timing model): tokens/s per user,
   aggregate tokens/s, TTFT, energy per token, the ratio to the plan's bound and what binds it,
@@ -56,8 +59,30 @@ def _agreement(out: np.ndarray, ref: np.ndarray, prompt: int) -> tuple[float, in
     return float((new == ref_new).mean()), int(differ[0]) if differ.size else -1
 
 
-def _step_times(compiled, model, ids: np.ndarray, repeat: int) -> tuple[float, float]:
-    """Median wall time of one decode step: the simulator's VM call vs transformers' forward."""
+def _ort_decode(compiled, call_args: list, threads: int):
+    """onnxruntime session of the same decode step (``graphs.Decode``: the model's weights in fp32,
+    the KV cache as plain tensors, exported with ``torch.onnx.export``) and its feeds."""
+    import io
+
+    import onnxruntime as ort
+    import torch
+
+    from tvm_spinn.llm.graphs import Decode
+
+    wrapper = Decode(compiled.model, compiled.spec, compiled.max_seq_len).eval()
+    buf = io.BytesIO()
+    torch.onnx.export(wrapper, tuple(torch.from_numpy(a) for a in call_args), buf, dynamo=False,
+                      input_names=[f"in{i}" for i in range(len(call_args))])
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+    sess = ort.InferenceSession(buf.getvalue(), so, providers=["CPUExecutionProvider"])
+    return sess, {i.name: a for i, a in zip(sess.get_inputs(), call_args)}
+
+
+def _step_times(compiled, model, ids: np.ndarray, repeat: int, threads: int) -> tuple[float, float, float, float]:
+    """Median wall time of one decode step: the simulator's VM call, transformers' forward and
+    onnxruntime on the exported step (interleaved with the simulator's calls), and the largest
+    logit difference between the simulator and onnxruntime."""
     import torch
     import tvm
 
@@ -69,11 +94,16 @@ def _step_times(compiled, model, ids: np.ndarray, repeat: int) -> tuple[float, f
     tok = np.argmax(out[0].numpy(), axis=-1).astype(np.int64)[:, None]
     args = compiled._decode_args(tok, n)
     call = [tvm.runtime.tensor(args[0], dev), out[1], out[2], *(tvm.runtime.tensor(a, dev) for a in args[1:])]
-    sim = []
+    sess, feeds = _ort_decode(compiled, [args[0], out[1].numpy(), out[2].numpy(), *args[1:]], threads)
+    diff = float(np.abs(decode["main"](*call)[0].numpy() - sess.run(None, feeds)[0]).max())
+    sim, onnx = [], []
     for _ in range(repeat + 1):
         t = time.perf_counter()
         decode["main"](*call)
         sim.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        sess.run(None, feeds)
+        onnx.append(time.perf_counter() - t)
     with torch.no_grad():
         pre = model(torch.from_numpy(ids), use_cache=True)
         ref = []
@@ -82,7 +112,7 @@ def _step_times(compiled, model, ids: np.ndarray, repeat: int) -> tuple[float, f
             model(torch.from_numpy(tok), past_key_values=pre.past_key_values, use_cache=True)
             ref.append(time.perf_counter() - t)
             pre.past_key_values.crop(-1)  # back to the prompt: every step measured at the same length
-    return float(np.median(sim[1:])), float(np.median(ref[1:]))
+    return float(np.median(sim[1:])), float(np.median(ref[1:])), float(np.median(onnx[1:])), diff
 
 
 def part_generate(args) -> None:
@@ -90,11 +120,12 @@ def part_generate(args) -> None:
 
     from tvm_spinn import llm
 
-    torch.set_num_threads(int(os.environ.get("TVM_SPINN_SIM_THREADS", "2")))
+    threads = int(os.environ.get("TVM_SPINN_SIM_THREADS", "2"))
+    torch.set_num_threads(threads)
     print(f"\n== generate: {args.prompts} prompt(s) of {args.prompt_len} tokens, {args.new_tokens} new tokens, "
           f"target spinn (simulator; decode step wall times median of {args.repeat})")
     head = (f"{'model':<8}{'dtype':<6}{'agree':>7}{'1st diff':>9}{'TTFT sim ms':>13}{'decode sim ms':>15}"
-            f"{'step wall ms':>14}{'torch ms':>10}{'ratio':>7}{'build s':>9}")
+            f"{'step wall ms':>14}{'torch ms':>10}{'ratio':>7}{'ort ms':>8}{'sim/ort':>8}{'ort diff':>10}{'build s':>9}")
     print(head + "\n" + "-" * len(head))
     rng = np.random.default_rng(0)
     for family in args.families:
@@ -111,10 +142,10 @@ def part_generate(args) -> None:
             build = time.perf_counter() - t
             agree, first = _agreement(out, ref, args.prompt_len)
             rep = compiled.report()
-            sim, eager = _step_times(compiled, model, prompts, args.repeat)
+            sim, eager, onnx, diff = _step_times(compiled, model, prompts, args.repeat, threads)
             print(f"{family:<8}{dtype:<6}{agree:>7.1%}{first if first >= 0 else '-':>9}{rep.ttft_s * 1e3:>13.3f}"
                   f"{rep.decode_latency_s * 1e3:>15.4f}{sim * 1e3:>14.2f}{eager * 1e3:>10.2f}{sim / eager:>7.2f}"
-                  f"{build:>9.1f}")
+                  f"{onnx * 1e3:>8.2f}{sim / onnx:>8.2f}{diff:>10.2g}{build:>9.1f}")
 
 
 def _register_boards24() -> None:
@@ -132,7 +163,7 @@ def part_plan(args) -> list[dict]:
     configs = importlib.resources.files("tvm_spinn.llm") / "configs"
     print(f"\n== plan: batch {args.batch}, seq {args.seq} (config only: no weights, timing model)")
     head = (f"{'model':<13}{'system':<10}{'dtype':<6}{'tok/s/user':>11}{'tok/s':>10}{'TTFT s':>9}{'J/token':>10}"
-            f"{'bound':>9}{'ratio':>7}{'binding':>9}{'chips':>7}{'weights in':>28}{'plan s':>8}")
+            f"{'bound':>9}{'ratio':>7}{'binding':>9}{'chips':>7}{'placement':>24}{'weights in':>28}{'plan s':>8}")
     print(head + "\n" + "-" * len(head))
     rows = []
     for name in args.models:
@@ -151,8 +182,36 @@ def part_plan(args) -> list[dict]:
                 rows.append(dict(model=name, system=system, boards=boards, dtype=dtype, plan=p))
                 print(f"{name:<13}{system:<10}{dtype:<6}{p.tokens_per_s_per_user:>11.3f}{p.tokens_per_s:>10.3f}"
                       f"{p.ttft_s:>9.2f}{p.energy_per_token_j:>10.3g}{p.bound_tokens_per_s:>9.2f}{p.bound_ratio:>7.2f}"
-                      f"{p.binding:>9}{p.chips_used:>7}{p.plan['weights_in'][:27]:>28}{p.plan_seconds:>8.1f}")
+                      f"{p.binding:>9}{p.chips_used:>7}{_placement(p):>24}{p.plan['weights_in'][:27]:>28}"
+                      f"{p.plan_seconds:>8.1f}")
+    _anchors(rows)
     return rows
+
+
+def _placement(p) -> str:
+    """``shared``, ``groups`` or ``pipeline: stages x boards (per block)``."""
+    meta = p.plan
+    if meta["placement"] != "pipeline":
+        return meta["placement"]
+    per = (f"{meta['stages_per_block']}/block" if meta.get("stages_per_block")
+           else f"{meta['blocks_per_stage']} blocks/st")
+    return f"pipe {meta['stages']} st, {per}"
+
+
+#: Published decode speeds of spatial accelerators on 70B Llama models (batch 1 per user)
+ANCHORS = (("Groq LPU, 576 chips, Llama-2-70B", 300.0, "llama-2-70b"),
+           ("Tenstorrent Galaxy (32 Wormhole), Llama-3.3-70B", 72.5, "llama-2-70b"))
+
+
+def _anchors(rows: list[dict]) -> None:
+    """Each planned 70B row's tokens/s per user against the published anchors."""
+    shown = [r for r in rows if r["model"] == "llama-2-70b"]
+    if not shown:
+        return
+    print("\nagainst published anchors (tokens/s per user; ours / theirs):")
+    for name, tps, _ in ANCHORS:
+        ratios = ", ".join(f"{r['system']} {r['dtype']}: {r['plan'].tokens_per_s_per_user / tps:.3f}" for r in shown)
+        print(f"  {name} ~{tps:g}: {ratios}")
 
 
 def plot(rows: list[dict], path: str) -> None:
