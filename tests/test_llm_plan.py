@@ -151,6 +151,16 @@ def test_plan_shipped_models(name, target, seq, layers, monkeypatch):
     assert 0 < result.tokens_per_s_per_user <= result.bound_tokens_per_s
     assert result.weight_bytes == llm.spec_of(str(CONFIGS / f"{name}.json")).params
     assert np.isfinite(result.energy_per_token_j) and result.ttft_s > result.decode_latency_s
+    alts = result.plan["alternatives"]
+    assert min(v["period_s"] for v in alts.values()) == pytest.approx(1 / result.tokens_per_s_per_user)
+    if target == "spinn/cloud":
+        # a board per block and one for the head (the block's weights do not fit one board's SRAM
+        # resident: 2 and 3 stages per block are costed too), the other boards replicas
+        p = result.plan
+        assert p["placement"] == "pipeline" and {"pipeline:s1", "pipeline:s2", "shared"} <= set(alts)
+        assert p["stages"] == 81 and p["replicas"] == 720 // 81 and result.chips_used == 81 * 48
+        assert sum(result.bounds_s.values()) == pytest.approx(1 / result.bound_tokens_per_s)
+        assert result.binding == max(result.bounds_s, key=result.bounds_s.get)
 
 
 @functools.lru_cache(maxsize=1)
