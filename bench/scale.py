@@ -80,7 +80,8 @@ def _plan(rep) -> str:
     p = rep.plan
     if not p:
         return "1 chip"
-    return (f"tp{'/'.join(map(str, p['tp']))} dp{'/'.join(map(str, p['dp']))} st{p['stages']} x{p['replicas']}; "
+    return (f"tp{'/'.join(map(str, p['tp']))} dp{'/'.join(map(str, p['dp']))} sp{'/'.join(map(str, p.get('sp', [1])))} "
+            f"st{p['stages']} x{p['replicas']}; "
             f"{p['binding']} binds, lat/bound {p['latency_over_bound']:.2f}")
 
 

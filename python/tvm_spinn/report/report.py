@@ -129,8 +129,10 @@ def system_summary(programs: list, chips: int, chips_per_board: int) -> dict:
     bound = bounds[binding]
     return {
         "plans": [{"symbol": p.symbol, "tp": p.mapping["system"]["tp"], "dp": p.mapping["system"]["dp"],
+                   "sp": p.mapping["system"].get("sp", 1),
                    "stage": p.mapping["system"]["stage"], "binding": p.timing["system"]["binding"]} for p in rows],
         "tp": sorted({p.mapping["system"]["tp"] for p in rows}), "dp": sorted({p.mapping["system"]["dp"] for p in rows}),
+        "sp": sorted({p.mapping["system"].get("sp", 1) for p in rows}),
         "stages": stages, "replicas": replicas, "chips_per_replica": per_replica,
         "collectives": ops, **bounds, "binding": names[binding],
         "latency_over_bound": latency / bound if bound else float("nan"),
@@ -150,7 +152,8 @@ def _throughput(programs: list, chips: int, chips_per_board: int) -> float:
 def _system_lines(s: dict) -> list[str]:
     coll = ", ".join(f"{v['count']} {k} ({v['seconds'] * 1e3:.3f} ms)" for k, v in sorted(s["collectives"].items()))
     return [
-        f"  plan: tensor parallel {s['tp']}, data parallel {s['dp']}, {s['stages']} pipeline stage(s), "
+        f"  plan: tensor parallel {s['tp']}, data parallel {s['dp']}, sequence parallel {s.get('sp', [1])}, "
+        f"{s['stages']} pipeline stage(s), "
         f"{s['replicas']} replica(s) of {s['chips_per_replica']} chips; collectives: {coll or 'none'}",
         f"  bounds: compute {s['compute_bound_s'] * 1e3:.3f} ms, memory {s['memory_bound_s'] * 1e3:.3f} ms "
         f"({s['streamed_bytes_per_chip'] / 1e6:.3f} MB streamed per chip), communication "
