@@ -142,6 +142,13 @@ class SpinnArch:
     board_link_hop_s : float
         Assumption: latency of one hop over a board-to-board link (cable and board-edge SERDES on
         top of :attr:`link_hop_s`): 1.0 us.
+    host_mem_bw_bytes_s : float
+        Assumption: memory bandwidth of the host running the fallback's operators (their
+        roofline: bytes read and written over this), 10 GB/s, one core of a current x86 server
+        streaming. Read only by reports that time host operators (``tvm_spinn.training.
+        step_time``'s host phase); transfers between the board and the host are not modelled.
+    host_op_s : float
+        Assumption: fixed cost of one host operator call (VM dispatch, kernel entry), 2 us.
     """
 
     name: str = "spinn2-chip"
@@ -184,6 +191,10 @@ class SpinnArch:
     board_link_bw_bytes_s: float = 2e9 / 8  # [Systems-S]
     link_hop_s: float = 0.5e-6  # assumption
     board_link_hop_s: float = 1.0e-6  # assumption
+    # The host's roofline (read by timing reports of host operators only); like the topology
+    # fields, left out of to_dict() while at their defaults.
+    host_mem_bw_bytes_s: float = 10e9  # assumption
+    host_op_s: float = 2e-6  # assumption
 
     def __post_init__(self) -> None:
         positive_ints = (
@@ -197,7 +208,7 @@ class SpinnArch:
         positive_floats = (
             "clock_hz", "m4f_flops_per_cycle", "m4f_elementwise_cycles", "exp_unit_cycles",
             "dram_bw_bytes_s", "dma_bw_bytes_per_cycle", "noc_bw_bytes_s", "link_bw_bytes_s",
-            "board_link_bw_bytes_s",
+            "board_link_bw_bytes_s", "host_mem_bw_bytes_s",
         )
         for name in positive_floats:
             value = getattr(self, name)
@@ -210,7 +221,7 @@ class SpinnArch:
         for name in ("mgmt_pes_per_chip", "sram_reserved_bytes", "mac_readout_cycles", "noc_hop_cycles",
                      "barrier_cycles", "dma_setup_cycles", "e_mac_int8_j", "e_flop_fp32_j", "e_sram_byte_j", "e_dram_byte_j",
                      "e_noc_byte_j", "e_link_byte_j", "p_static_w_per_chip", "link_hop_s",
-                     "board_link_hop_s"):
+                     "board_link_hop_s", "host_op_s"):
             value = getattr(self, name)
             if not isinstance(value, numbers.Real) or isinstance(value, bool) or not value >= 0:
                 raise ArchError(f"SpinnArch.{name} must be a number >= 0, got {value!r}")
@@ -294,7 +305,7 @@ class SpinnArch:
     def to_dict(self) -> dict:
         """Plain-dict form, stable key order (serialized into every spinn program).
 
-        The topology fields (:data:`_TOPOLOGY_FIELDS`) appear only when they differ from their
+        The topology and host fields (:data:`_TOPOLOGY_FIELDS`, :data:`_HOST_FIELDS`) appear only when they differ from their
         defaults, so the programs (and mapping cache keys) of systems that do not set them are
         byte-identical to those written before the fields existed; :meth:`from_dict` restores
         the defaults.
@@ -302,7 +313,7 @@ class SpinnArch:
         out = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in _TOPOLOGY_FIELDS and value == f.default:
+            if f.name in _DEFAULTED_FIELDS and value == f.default:
                 continue
             out[f.name] = value
         return out
@@ -318,6 +329,9 @@ class SpinnArch:
 
 #: Fields added with the link graph; omitted from :meth:`SpinnArch.to_dict` at their defaults.
 _TOPOLOGY_FIELDS = frozenset({"chips_per_board", "board_link_bw_bytes_s", "link_hop_s", "board_link_hop_s"})
+#: Fields of the host's roofline; omitted from :meth:`SpinnArch.to_dict` at their defaults too.
+_HOST_FIELDS = frozenset({"host_mem_bw_bytes_s", "host_op_s"})
+_DEFAULTED_FIELDS = _TOPOLOGY_FIELDS | _HOST_FIELDS
 
 
 #: Chip presets :func:`make_system` starts from. Each entry overrides only the fields that differ

@@ -44,6 +44,10 @@ LOSSES = ("cross_entropy", "mse")
 OPTIMIZERS = {"sgd": ("lr", "momentum", "weight_decay", "nesterov", "dampening"),
               "adam": ("lr", "betas", "eps", "weight_decay")}
 
+#: The widest concat the PEs' patterns match (``program.ops.movement.MAX_CONCAT_INPUTS``, which
+#: this layer may not import; a test checks they agree): a wider im2col concat is split.
+_CONCAT_INPUTS = 9
+
 #: Layers that are random in training mode (a training step must be a pure function, see the
 #: package's reproducibility rule) or whose running statistics a step would have to carry.
 _TRAIN_MODE_LAYERS = ("Dropout", "AlphaDropout", "FeatureAlphaDropout", "InstanceNorm", "LazyBatchNorm", "SyncBatchNorm")
@@ -305,7 +309,10 @@ def _conv_as_gemm(func: relax.Function) -> relax.Function:
     ascending order) and ``dcols = W^T @ dY`` (the data gradient; col2im is the gradient of the
     im2col slices: zero-pads and adds). im2col is unit-stride slices (a stride ``s`` is a slice
     of ``s * out`` rows reshaped to ``(out, s)`` and the first of each ``s`` kept), so every
-    piece has a gradient. NCHW/OIHW, one group, no dilation; other convs are left as they are.
+    piece has a gradient; the slices are joined by one concat, or, for a kernel of more than
+    :data:`_CONCAT_INPUTS` taps (7x7), one per kernel row and
+    one of the rows (the PEs' concat patterns are that wide; same elements in the same order).
+    NCHW/OIHW, one group, no dilation; other convs are left as they are.
     """
     from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
@@ -341,6 +348,8 @@ def _conv_as_gemm(func: relax.Function) -> relax.Function:
                     s = op.reshape(s, (n, c, oh, sh, ow, sw))
                     s = op.strided_slice(s, [3, 5], [0, 0], [1, 1])
                 cols.append(op.reshape(s, (n, c, 1, oh * ow)))
+        if len(cols) > _CONCAT_INPUTS:  # one concat per kernel row, then the rows: each fits a PE pattern
+            cols = [op.concat(cols[i * kw:(i + 1) * kw], axis=2) if kw > 1 else cols[i * kw] for i in range(kh)]
         col = op.concat(cols, axis=2) if len(cols) > 1 else cols[0]  # (n, c, kh*kw, p)
         col = op.reshape(op.permute_dims(col, [1, 2, 0, 3]), (c * kh * kw, n * oh * ow))
         y = op.matmul(op.reshape(w, (oc, c * kh * kw)), col)  # (oc, n*p)
@@ -404,6 +413,70 @@ def _sums_as_gemms(mod: tvm.IRModule) -> tvm.IRModule:
     return out
 
 
+def _batch_stats_on_rows(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mean`` over non-trailing axes and every ``variance`` (BatchNorm's batch statistics in
+    training mode: over N, H and W of NCHW) become ``mean`` over trailing axes, which the rows
+    family runs on the PEs: ``p = permute_dims(x, kept + reduced)``, ``m = mean(p)`` over the
+    reduced (now trailing) axes and ``variance = mean((p - m)^2)``, TVM's own two-pass variance
+    (``topi``'s legalization of ``variance``) on the permuted rows. Each row's sum is a
+    sequential fp32 sum in ascending order of the flattened reduced index on the PEs (rows
+    split over PEs chain their partial sums) and in the llvm build of the same module, so both
+    give the same bits; the mean and the variance of one ``x`` share ``p`` and ``m``."""
+    from tvm.relax.dpl import is_op, rewrite_call, wildcard
+
+    x = wildcard()
+    mean_pat = is_op("relax.mean")(x)
+    var_pat = is_op("relax.variance")(x)
+    op = relax.op
+
+    def static(expr):
+        try:
+            return [int(d) for d in expr.ty.shape]
+        except (TypeError, ValueError, AttributeError):
+            return None
+
+    memo: dict = {}
+
+    def rows_of(src, expr):
+        """(p, m with keepdims, out shape) of ``expr`` = mean/variance(src), or None."""
+        shape, out = static(src), static(expr)
+        if shape is None or out is None or str(expr.ty.dtype) != "float32" or not shape:
+            return None
+        axes = expr.attrs.axis
+        reduced = list(range(len(shape))) if axes is None else sorted(int(a) % len(shape) for a in axes)
+        kept = [k for k in range(len(shape)) if k not in reduced]
+        key = (src, tuple(reduced))
+        if key not in memo:
+            trailing = list(range(len(kept), len(shape)))
+            p = op.permute_dims(src, kept + reduced) if kept + reduced != list(range(len(shape))) else src
+            memo[key] = (p, op.mean(p, trailing, keepdims=True), trailing)
+        return (*memo[key], out, reduced == list(range(len(shape) - len(reduced), len(shape))))
+
+    def rewrite_mean(expr, matches):
+        got = rows_of(matches[x], expr)
+        if got is None or got[4]:  # already trailing: the rows family takes it as it is
+            return expr
+        _, m, _, out, _ = got
+        return op.reshape(m, out)
+
+    def rewrite_var(expr, matches):
+        got = rows_of(matches[x], expr)
+        if got is None:
+            return expr
+        p, m, trailing, out, _ = got
+        d = op.subtract(p, m)
+        return op.reshape(op.mean(op.multiply(d, d), trailing, keepdims=True), out)
+
+    out = tvm.IRModule({}, attrs=mod.attrs)
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            memo.clear()
+            func = rewrite_call(var_pat, rewrite_var, rewrite_call(mean_pat, rewrite_mean, func))
+            func = relax.transform.EliminateCommonSubexpr()(tvm.IRModule({"f": func}))["f"]
+        out[gv] = func
+    return out
+
+
 def build_train_graph(model, example_inputs, loss: str, optimizer) -> TrainGraph:
     """Build the training-step module of ``model`` (see :class:`TrainGraph`)."""
     import torch
@@ -445,7 +518,7 @@ def build_train_graph(model, example_inputs, loss: str, optimizer) -> TrainGraph
         if ours:
             raise TrainingError(ours.group(1)) from None
         raise
-    trainer = _sums_as_gemms(trainer)
+    trainer = _batch_stats_on_rows(_sums_as_gemms(trainer))
     step = _fuse_step(trainer, len(names))
     step = FixupImported(step)
     init_state = tuple(np.array(s.numpy()) for s in trainer.attrs["optim_state"])

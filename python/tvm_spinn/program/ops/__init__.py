@@ -10,8 +10,8 @@ adding or extending one module here; the stages look families up by layer kind
 
 Families: :mod:`.gemm` (conv2d, dense, matmul; fp32 and int8), :mod:`.qdq` (quantize,
 dequantize), :mod:`.rows` (softmax, layer_norm, mean), :mod:`.pool` (max / average pooling),
-:mod:`.elementwise` (unary, power, clip, binary), :mod:`.movement` (reshape, permute_dims,
-broadcast_to, strided_slice, concat) and :mod:`.gather` (take).
+:mod:`.elementwise` (unary, power, clip, binary, where_less), :mod:`.movement` (reshape, permute_dims,
+broadcast_to, strided_slice, concat, pad) and :mod:`.gather` (take).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ on float32, with numpy broadcasting.
   or 3 is ``x * x`` or ``(x * x) * x`` (the library ``powf`` would go through exp and log; for
   the exponent 2 the product is the correctly rounded square, for 3 it may differ from a
   correctly rounded cube by an ulp).
+- ``where_less`` (:class:`Select`): ``a < b ? c : d``, a compare and a select.
 - Tiles: ``[elements]`` over the flattened (broadcast) output.
 """
 
@@ -31,7 +32,7 @@ from ..model import Layer
 from . import native
 from .base import FlatFamily, register
 
-__all__ = ["Elementwise", "binary", "relu", "relu_owned", "unary", "clip_fast", "exp_f32", "tanh_f32", "BINARY", "UNARY", "TRANSCENDENTAL"]
+__all__ = ["Elementwise", "Select", "binary", "relu", "relu_owned", "unary", "clip_fast", "exp_f32", "tanh_f32", "BINARY", "UNARY", "TRANSCENDENTAL"]
 
 _F32 = np.float32
 _ZERO = _F32(0)
@@ -380,6 +381,86 @@ class Elementwise(FlatFamily):
         return True
 
 
+class Select(FlatFamily):
+    """``where_less``: ``a < b ? c : d`` on float32 with numpy broadcasting of the four operands
+    (``where(less(a, b), c, d)``: a ReLU's gradient ``where(x < 0, 0, dy)``).
+
+    One VCMP.F32 and a conditional move per element: the selected operand's bits are copied
+    (NaN and -0.0 included), and a NaN ``a`` or ``b`` compares false, selecting ``d``, as the
+    llvm build's ``less`` does. No native instruction yet: :meth:`native` leaves it to the
+    Python step."""
+
+    kinds = ("where_less",)
+    priority = 50
+
+    def patterns(self, kit) -> list[tuple]:
+        from tvm.relax.dpl import is_op, wildcard
+
+        a, b, c, d = (wildcard() for _ in range(4))
+        root = is_op("relax.where")(is_op("relax.less")(a, b), c, d)
+        return [kit.entry("spinn.where_less", root, {"a": a, "b": b, "c": c, "d": d, "root": root},
+                          self._check_pattern)]
+
+    @staticmethod
+    def _check_pattern(kit, op: str, ctx) -> bool:
+        return kit.check_tensors(op, ctx, ("a", "b", "c", "d"))
+
+    def lower(self, lowerer, name, kind, calls, env, layer) -> None:
+        less = next(call for _, call in calls if call.op.name == "relax.less")
+        where = next(call for _, call in calls if call.op.name == "relax.where")
+        layer.inputs = [lowerer.operand(x, env) for x in (*less.args, *where.args[1:])]
+
+    def check(self, v, f, kind, mode, ins, consts, out, attrs):
+        v.need(f"{f}.inputs", kind, ins, 4)
+        for i, tid in enumerate(ins):
+            v.dtype(f"{f}.inputs[{i}]", tid, ("float32",))
+        v.dtype(f"{f}.output", out, ("float32",))
+        v.consts(f, consts, set())
+        shape = v.shapes[ins[0]]
+        for tid in ins[1:]:
+            b = v.broadcast(shape, v.shapes[tid])
+            if b is None:
+                fail(f"{f}.inputs", f"shapes {[v.shapes[t] for t in ins]} do not broadcast")
+            shape = b
+        v.shape(f"{f}.output", out, shape)
+        return (math.prod(v.shapes[out]),), None
+
+    def work(self, program, layer, arch):
+        return int(np.prod(program.tensors[layer.output].shape, dtype=np.int64)), None
+
+    def cycles_per_element(self, layer, arch):
+        """A compare and a select: two M4F operations."""
+        return 2 * arch.m4f_elementwise_cycles
+
+    @staticmethod
+    def select(a, b, c, d) -> np.ndarray:
+        """``a < b ? c : d`` (broadcast), float32."""
+        return np.where(a < b, c, d).astype(_F32, copy=False)
+
+    def prepare_tiles(self, runner) -> None:
+        shape = runner.out.shape
+        runner.flat_in = [np.ascontiguousarray(np.broadcast_to(runner.env[i], shape)).reshape(-1)
+                          for i in runner.layer.inputs]
+
+    def run_tile(self, runner, tile) -> None:
+        (e0, e1), = tile.region
+        runner.out.reshape(-1)[e0:e1] = self.select(*(a[e0:e1] for a in runner.flat_in))
+
+    def run_whole(self, program, index, layer, env, out):
+        out[...] = self.select(*(env[t] for t in layer.inputs))
+        return out
+
+    def step(self, program, layer):
+        shape = tuple(program.tensors[layer.output].shape)
+        tids = list(layer.inputs)
+
+        def step(program, env):
+            out = np.empty(shape, dtype=_F32)
+            out[...] = self.select(*(env[t] for t in tids))
+            return out
+        return step
+
+
 def _exponent(call) -> int | None:
     """The exponent of ``power(x, c)`` when ``c`` is a scalar float32 constant equal to one of
     :data:`POWER_EXPONENTS`, else None."""
@@ -406,3 +487,4 @@ def _prim_float(value) -> float:
 
 
 register(Elementwise())
+register(Select())

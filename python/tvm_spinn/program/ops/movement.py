@@ -1,13 +1,17 @@
 """Data movement: ``reshape`` (also what ``expand_dims`` and ``squeeze`` lower to),
-``permute_dims``, ``broadcast_to``, ``strided_slice`` and ``concat``, of any dtype a program holds
-(bytes are bytes: int8 activations move like float32 ones).
+``permute_dims``, ``broadcast_to``, ``strided_slice``, ``concat`` and constant ``pad``, of any
+dtype a program holds (bytes are bytes: int8 activations move like float32 ones; ``pad`` is
+float32 only, its fill value being a float).
 
 - Arithmetic: none; the DMA engine gathers with strides (the timing model charges about one
   cycle per element of descriptor setup, and one element read per element written). A reshape
   of a contiguous value is a relabelling.
 - ``strided_slice`` holds, per sliced axis, the first index and the step (``begin``,
   ``strides``, normalized by the compiler to an in-range start); the output's extent on the axis
-  is the element count. ``concat`` joins its inputs along ``axis``.
+  is the element count. ``concat`` joins its inputs along ``axis``. ``pad`` (``nn.pad`` in
+  constant mode) holds ``pad_width`` (before and after, per axis, as Relax's) and ``value``:
+  the DMA copies the input into the middle of the output and the PE writes the fill value
+  around it (the value's bits: -0.0 stays -0.0).
 - Tiles: ``[elements]`` over the flattened output.
 """
 
@@ -17,7 +21,7 @@ import math
 
 import numpy as np
 
-from ..checks import check_int, check_list, fail
+from ..checks import check_int, check_list, check_num, fail
 from . import native
 from .base import itemsize
 from ..model import Layer
@@ -30,8 +34,9 @@ def _axes(v, field: str) -> list[int]:
     return [check_int(x, f"{field}[{i}]", 0) for i, x in enumerate(check_list(v, field))]
 
 
-#: ``concat`` patterns cover this many inputs (a longer concat stays on the host).
-MAX_CONCAT_INPUTS = 8
+#: ``concat`` patterns cover this many inputs (a longer concat stays on the host): 9 is a 3x3
+#: kernel's im2col (a training step's convolutions, ``tvm_spinn.training``).
+MAX_CONCAT_INPUTS = 9
 
 
 def _ints(v, field: str, low: int | None = None) -> list[int]:
@@ -98,13 +103,24 @@ def moved(layer: Layer, xs: list[np.ndarray], shape: tuple[int, ...]) -> np.ndar
         return xs[0][_slice_index(xs[0].shape, attrs["axes"], attrs["begin"], attrs["strides"], shape)]
     if kind == "concat":
         return np.concatenate(xs, axis=attrs["axis"])
+    if kind == "pad":
+        return padded(xs[0], attrs["pad_width"], attrs["value"])
     return np.reshape(xs[0], shape)
 
 
-class Movement(FlatFamily):
-    """reshape (expand_dims, squeeze), permute_dims, broadcast_to, strided_slice and concat."""
+def padded(x: np.ndarray, pad_width: list[int], value: float) -> np.ndarray:
+    """``x`` with ``pad_width[2k]`` elements of ``value`` before and ``pad_width[2k + 1]`` after
+    it on axis ``k`` (a new array)."""
+    shape = tuple(d + pad_width[2 * k] + pad_width[2 * k + 1] for k, d in enumerate(x.shape))
+    out = np.full(shape, np.asarray(value, dtype=x.dtype), dtype=x.dtype)
+    out[tuple(slice(pad_width[2 * k], pad_width[2 * k] + d) for k, d in enumerate(x.shape))] = x
+    return out
 
-    kinds = ("reshape", "permute_dims", "broadcast_to", "strided_slice", "concat")
+
+class Movement(FlatFamily):
+    """reshape (expand_dims, squeeze), permute_dims, broadcast_to, strided_slice, concat and pad."""
+
+    kinds = ("reshape", "permute_dims", "broadcast_to", "strided_slice", "concat", "pad")
     composites = kinds + ("expand_dims", "squeeze")
     priority = 60
 
@@ -122,6 +138,7 @@ class Movement(FlatFamily):
         x = wildcard()
         sliced = is_op("relax.strided_slice")(x, varg_default_wildcard=True)
         entries.append(kit.entry("spinn.strided_slice", sliced, {"input": x, "root": sliced}, self._check_slice))
+        entries.append(kit.unary("spinn.pad", "relax.nn.pad", self._check_pad))
         for n in range(MAX_CONCAT_INPUTS, 1, -1):  # longest first
             parts = [wildcard() for _ in range(n)]
             root = is_op("relax.concat")(is_tuple(parts))
@@ -144,6 +161,17 @@ class Movement(FlatFamily):
         if normalized_slice(root, shape) is None:
             return kit.refuse(op, root, "slice bounds are not constant integers")
         return True
+
+    @staticmethod
+    def _check_pad(kit, op: str, ctx) -> bool:
+        root = ctx.annotated_expr["root"]
+        if str(root.attrs.pad_mode) != "constant":
+            return kit.refuse(op, root, f"pad mode {root.attrs.pad_mode} (only constant)")
+        if not math.isfinite(float(root.attrs.pad_value)):  # a program header is strict JSON
+            return kit.refuse(op, root, f"pad value {float(root.attrs.pad_value)} is not finite")
+        if any(int(w) < 0 for w in root.attrs.pad_width):
+            return kit.refuse(op, root, f"negative pad widths {[int(w) for w in root.attrs.pad_width]} (a crop)")
+        return kit.check_tensors(op, ctx, ("input",))  # float32: the fill value is a float
 
     @staticmethod
     def _check_concat(kit, op: str, ctx) -> bool:
@@ -169,6 +197,9 @@ class Movement(FlatFamily):
         elif kind == "permute_dims":
             axes = call.attrs.axes
             layer.attrs["axes"] = [int(a) for a in axes] if axes is not None else list(range(len(shape)))[::-1]
+        elif kind == "pad":
+            layer.attrs["pad_width"] = [int(w) for w in call.attrs.pad_width]
+            layer.attrs["value"] = float(call.attrs.pad_value)
         elif kind == "strided_slice":
             normalized = normalized_slice(call, shape)
             if normalized is None:
@@ -183,6 +214,8 @@ class Movement(FlatFamily):
             return {"axes": _axes, "begin": lambda v, f: _ints(v, f, 0), "strides": _ints}, {}
         if kind == "concat":
             return {"axis": lambda v, f: check_int(v, f, 0)}, {}
+        if kind == "pad":
+            return {"pad_width": lambda v, f: _ints(v, f, 0), "value": check_num}, {}
         return {}, {}
 
     def check(self, v, f, kind, mode, ins, consts, out, attrs):
@@ -196,6 +229,12 @@ class Movement(FlatFamily):
         v.dtype(fo, out, (v.dtypes[ins[0]],))
         if kind == "strided_slice":
             self._check_slice_layer(f, ishape, oshape, attrs)
+        if kind == "pad":
+            v.dtype(f"{f}.inputs[0]", ins[0], ("float32",))
+            width = attrs["pad_width"]
+            if len(width) != 2 * len(ishape):
+                fail(f"{f}.attrs.pad_width", f"{len(width)} widths for the {len(ishape)} axes of {ishape} (need 2 per axis)")
+            v.shape(fo, out, [d + width[2 * k] + width[2 * k + 1] for k, d in enumerate(ishape)])
         if kind == "reshape" and math.prod(ishape) != numel:
             fail(fo, f"reshape of {ishape} to {oshape} changes the element count")
         if kind == "broadcast_to" and v.broadcast(ishape, oshape) != oshape:
@@ -312,6 +351,8 @@ class Movement(FlatFamily):
         if layer.kind == "reshape":
             nb.alias(layer.output, layer.inputs[0])
             return True
+        if layer.kind == "pad":  # no native fill instruction yet: the Python step runs it
+            return False
         if len(out_shape) > 8 or item not in (1, 2, 4, 8):
             return False
         kind, attrs = layer.kind, layer.attrs
