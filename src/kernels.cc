@@ -265,13 +265,53 @@ constexpr int64_t kNc = 1024;  // multiple of kNr
 typedef float V8 __attribute__((vector_size(32)));
 typedef float V8u __attribute__((vector_size(32), aligned(4)));
 
+typedef int32_t V8i __attribute__((vector_size(32)));
+// The vector helpers below take and return V8 by value: always inlined into their AVX2 or
+// default clone, so GCC's note that such a signature's ABI differs between the two is moot.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+// Lane by lane a where m is set, else b (m lanes all ones or all zeros): an exact select.
+TVM_SPINN_INLINE V8 Select(V8i m, V8 a, V8 b) {
+  return reinterpret_cast<V8>((reinterpret_cast<V8i>(a) & m) | (reinterpret_cast<V8i>(b) & ~m));
+}
+
+// How a micro-tile starts and ends (BatchedGemm::zero_c and ::epilogue): from +0.0 instead of
+// C's value in the first k block; the epilogue on the finished values in the last, with the
+// bias of the tile's first row (`row_bias`, rows consecutive) or first column (`col_bias`).
+struct TileEnds {
+  bool zero = false;
+  const EpilogueF32* e = nullptr;
+  const float* row_bias = nullptr;
+  const float* col_bias = nullptr;
+};
+
+// EpilogueRow's operations on a vector of 8 outputs of one row: `+ bias`, ReLU, clip, each
+// lane rounded as the scalar code (the select keeps x > 0 ? x : +0 and the clip's NaN rules).
+TVM_SPINN_INLINE V8 EpilogueV8(V8 v, const EpilogueF32& e, const float* col_bias8, const float* row_bias) {
+  if (col_bias8) {
+    v = v + *reinterpret_cast<const V8u*>(col_bias8);
+  } else if (row_bias) {
+    v = v + *row_bias;
+  }
+  if (e.relu) v = Select(v > V8{}, v, V8{});
+  if (e.clip) {
+    const V8 hi = V8{} + e.hi, lo = V8{} + e.lo;
+    const V8 y = Select(v < hi, v, hi);
+    v = Select(y > lo, y, lo);
+  }
+  return v;
+}
+
 // B rows are `ldb` floats apart: kNr for a packed panel, N when read in place (a single row
 // panel, where packing B would cost as much as the multiply-adds).
 template <int MR>
 TVM_SPINN_INLINE void MicroF32(int64_t kc, const float* __restrict ap, const float* __restrict bp,
-                               int64_t ldb, float* __restrict c, int64_t ldc, int64_t nc) {
+                               int64_t ldb, float* __restrict c, int64_t ldc, int64_t nc,
+                               const TileEnds& ends) {
   V8 acc0[MR], acc1[MR];
-  if (nc == kNr) {
+  if (ends.zero) {
+    for (int r = 0; r < MR; ++r) acc0[r] = acc1[r] = V8{};
+  } else if (nc == kNr) {
     for (int r = 0; r < MR; ++r) {
       acc0[r] = *reinterpret_cast<const V8u*>(c + r * ldc);
       acc1[r] = *reinterpret_cast<const V8u*>(c + r * ldc + 8);
@@ -297,6 +337,16 @@ TVM_SPINN_INLINE void MicroF32(int64_t kc, const float* __restrict ap, const flo
     ap += MR;
     bp += ldb;
   }
+  if (ends.e) {
+    // the columns' bias padded to 16 lanes (a ragged tile must not read past the bias)
+    alignas(32) float cb[kNr] = {};
+    if (ends.col_bias) std::memcpy(cb, ends.col_bias, static_cast<size_t>(nc) * sizeof(float));
+    for (int r = 0; r < MR; ++r) {
+      const float* rb = ends.row_bias ? ends.row_bias + r : nullptr;
+      acc0[r] = EpilogueV8(acc0[r], *ends.e, ends.col_bias ? cb : nullptr, rb);
+      acc1[r] = EpilogueV8(acc1[r], *ends.e, ends.col_bias ? cb + 8 : nullptr, rb);
+    }
+  }
   if (nc == kNr) {
     for (int r = 0; r < MR; ++r) {
       *reinterpret_cast<V8u*>(c + r * ldc) = acc0[r];
@@ -320,11 +370,14 @@ constexpr int kNarrow = 8;
 
 template <int NC>
 TVM_SPINN_INLINE void MicroF32Narrow(int64_t kc, const float* __restrict ap, const float* __restrict bp,
-                                     int64_t ldb, float* __restrict c, int64_t ldc, int64_t h) {
+                                     int64_t ldb, float* __restrict c, int64_t ldc, int64_t h,
+                                     const TileEnds& ends) {
   V8 acc[NC];
   for (int j = 0; j < NC; ++j) {
     alignas(32) float tmp[8] = {};
-    for (int64_t r = 0; r < h; ++r) tmp[r] = c[r * ldc + j];
+    if (!ends.zero) {
+      for (int64_t r = 0; r < h; ++r) tmp[r] = c[r * ldc + j];
+    }
     acc[j] = *reinterpret_cast<const V8*>(tmp);
   }
   for (int64_t kk = 0; kk < kc; ++kk) {
@@ -336,6 +389,14 @@ TVM_SPINN_INLINE void MicroF32Narrow(int64_t kc, const float* __restrict ap, con
     ap += 8;
     bp += ldb;
   }
+  if (ends.e) {
+    // lanes are rows here: the rows' bias as a vector, a column's as a scalar
+    alignas(32) float rb[8] = {};
+    if (ends.row_bias) std::memcpy(rb, ends.row_bias, static_cast<size_t>(h) * sizeof(float));
+    for (int j = 0; j < NC; ++j) {
+      acc[j] = EpilogueV8(acc[j], *ends.e, ends.row_bias ? rb : nullptr, ends.col_bias ? ends.col_bias + j : nullptr);
+    }
+  }
   for (int j = 0; j < NC; ++j) {
     alignas(32) float tmp[8];
     *reinterpret_cast<V8*>(tmp) = acc[j];
@@ -346,11 +407,18 @@ TVM_SPINN_INLINE void MicroF32Narrow(int64_t kc, const float* __restrict ap, con
 /*! \brief C[i0:i1, j0:j1] for j1 - j0 <= kNarrow: lanes over rows (see kNarrow). */
 TVM_SPINN_MULTIVERSION
 void GemmF32Narrow(const float* a, const float* b, float* c, int64_t k, int64_t n, int64_t i0,
-                   int64_t i1, int64_t j0, int64_t j1, float* abuf) {
+                   int64_t i1, int64_t j0, int64_t j1, float* abuf, const TileEnds& block) {
   const int64_t mc = i1 - i0, nc = j1 - j0;
   for (int64_t p0 = 0; p0 < k; p0 += kKc) {
     const int64_t kc = std::min(kKc, k - p0);
     for (int64_t ip = 0; ip < mc; ip += 8) {
+      TileEnds ends;
+      ends.zero = block.zero && p0 == 0;
+      if (p0 + kc == k && block.e) {
+        ends.e = block.e;
+        ends.row_bias = block.row_bias ? block.row_bias + ip : nullptr;
+        ends.col_bias = block.col_bias;
+      }
       const int64_t h = std::min<int64_t>(8, mc - ip);
       // Pack A[i0+ip : +h, p0 : p0+kc] as [k][8] (rows past h zero: computed, never stored).
       const float* src = a + (i0 + ip) * k + p0;
@@ -362,14 +430,14 @@ void GemmF32Narrow(const float* a, const float* b, float* c, int64_t k, int64_t 
       const float* bp = b + p0 * n + j0;
       float* cp = c + (i0 + ip) * n + j0;
       switch (nc) {
-        case 8: MicroF32Narrow<8>(kc, abuf, bp, n, cp, n, h); break;
-        case 7: MicroF32Narrow<7>(kc, abuf, bp, n, cp, n, h); break;
-        case 6: MicroF32Narrow<6>(kc, abuf, bp, n, cp, n, h); break;
-        case 5: MicroF32Narrow<5>(kc, abuf, bp, n, cp, n, h); break;
-        case 4: MicroF32Narrow<4>(kc, abuf, bp, n, cp, n, h); break;
-        case 3: MicroF32Narrow<3>(kc, abuf, bp, n, cp, n, h); break;
-        case 2: MicroF32Narrow<2>(kc, abuf, bp, n, cp, n, h); break;
-        default: MicroF32Narrow<1>(kc, abuf, bp, n, cp, n, h); break;
+        case 8: MicroF32Narrow<8>(kc, abuf, bp, n, cp, n, h, ends); break;
+        case 7: MicroF32Narrow<7>(kc, abuf, bp, n, cp, n, h, ends); break;
+        case 6: MicroF32Narrow<6>(kc, abuf, bp, n, cp, n, h, ends); break;
+        case 5: MicroF32Narrow<5>(kc, abuf, bp, n, cp, n, h, ends); break;
+        case 4: MicroF32Narrow<4>(kc, abuf, bp, n, cp, n, h, ends); break;
+        case 3: MicroF32Narrow<3>(kc, abuf, bp, n, cp, n, h, ends); break;
+        case 2: MicroF32Narrow<2>(kc, abuf, bp, n, cp, n, h, ends); break;
+        default: MicroF32Narrow<1>(kc, abuf, bp, n, cp, n, h, ends); break;
       }
     }
   }
@@ -378,10 +446,10 @@ void GemmF32Narrow(const float* a, const float* b, float* c, int64_t k, int64_t 
 /*! \brief One output block C[i0:i1, j0:j1] over all of K, with its own packing buffers. */
 TVM_SPINN_MULTIVERSION
 void GemmF32Block(const float* a, const float* b, float* c, int64_t k, int64_t n, int64_t i0,
-                  int64_t i1, int64_t j0, int64_t j1, float* abuf, float* bbuf) {
+                  int64_t i1, int64_t j0, int64_t j1, float* abuf, float* bbuf, const TileEnds& block) {
   const int64_t mc = i1 - i0, nc = j1 - j0;
   if (nc <= kNarrow && mc >= 8) {
-    GemmF32Narrow(a, b, c, k, n, i0, i1, j0, j1, abuf);
+    GemmF32Narrow(a, b, c, k, n, i0, i1, j0, j1, abuf, block);
     return;
   }
   const bool in_place = mc <= kMr;  // one row panel: read full B panels where they are
@@ -419,12 +487,19 @@ void GemmF32Block(const float* a, const float* b, float* c, int64_t k, int64_t n
         const int64_t h = std::min<int64_t>(kMr, mc - ip);
         const float* ap = abuf + ip * kc;
         float* cp = c + (i0 + ip) * n + j0 + jp;
+        TileEnds ends;
+        ends.zero = block.zero && p0 == 0;
+        if (p0 + kc == k && block.e) {
+          ends.e = block.e;
+          ends.row_bias = block.row_bias ? block.row_bias + ip : nullptr;
+          ends.col_bias = block.col_bias ? block.col_bias + jp : nullptr;
+        }
         switch (h) {
-          case 5: MicroF32<5>(kc, ap, bp, ldb, cp, n, w); break;
-          case 4: MicroF32<4>(kc, ap, bp, ldb, cp, n, w); break;
-          case 3: MicroF32<3>(kc, ap, bp, ldb, cp, n, w); break;
-          case 2: MicroF32<2>(kc, ap, bp, ldb, cp, n, w); break;
-          default: MicroF32<1>(kc, ap, bp, ldb, cp, n, w); break;
+          case 5: MicroF32<5>(kc, ap, bp, ldb, cp, n, w, ends); break;
+          case 4: MicroF32<4>(kc, ap, bp, ldb, cp, n, w, ends); break;
+          case 3: MicroF32<3>(kc, ap, bp, ldb, cp, n, w, ends); break;
+          case 2: MicroF32<2>(kc, ap, bp, ldb, cp, n, w, ends); break;
+          default: MicroF32<1>(kc, ap, bp, ldb, cp, n, w, ends); break;
         }
       }
     }
@@ -780,6 +855,21 @@ void EpilogueRows(float* c, int64_t rows, int64_t cols, const EpilogueF32& e) {
   }
 }
 
+// Splits the 16 floats at p into their even lanes (to d0) and odd lanes (to d1): a stride-2
+// row's two column phases.
+TVM_SPINN_INLINE void SplitLanes(const float* p, float* d0, float* d1) {
+  const V8 a = *reinterpret_cast<const V8u*>(p);
+  const V8 b = *reinterpret_cast<const V8u*>(p + 8);
+#if defined(__clang__)
+  *reinterpret_cast<V8u*>(d0) = __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14);
+  *reinterpret_cast<V8u*>(d1) = __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15);
+#else
+  typedef int32_t I8 __attribute__((vector_size(32)));
+  *reinterpret_cast<V8u*>(d0) = __builtin_shuffle(a, b, I8{0, 2, 4, 6, 8, 10, 12, 14});
+  *reinterpret_cast<V8u*>(d1) = __builtin_shuffle(a, b, I8{1, 3, 5, 7, 9, 11, 13, 15});
+#endif
+}
+
 // One input plane of a depthwise conv: its window rows are copied once into `pad` (padding
 // +0.0, as im2col's fill; 8 floats of slack at the end for whole-vector reads), then every
 // output of the plane's `mult` output channels adds its kh * kw taps in im2col order (k
@@ -807,10 +897,17 @@ void DepthwisePlane(const float* x, const float* w, float* out, const float* bia
     // strided columns, de-interleaved once per plane: phase q of row r holds the padded row's
     // columns q, q + sw, q + 2 sw, ... (zero-filled to wq), so every tap reads contiguously
     for (int64_t r = 0; r < hp; ++r) {
+      int64_t done = 0;  // columns of each phase written with vectors (stride 2: most of them)
+      if (s.stride_w == 2) {
+        const float* p = pad + r * wp;
+        float* d0 = phases + r * 2 * wq;
+        float* d1 = d0 + wq;
+        for (; 2 * done + 16 <= wp; done += 8) SplitLanes(p + 2 * done, d0 + done, d1 + done);
+      }
       for (int64_t q = 0; q < s.stride_w; ++q) {
         float* d = phases + (r * s.stride_w + q) * wq;
-        int64_t t = 0;
-        for (int64_t c = q; c < wp; c += s.stride_w) d[t++] = pad[r * wp + c];
+        int64_t t = done;
+        for (int64_t c = q + done * s.stride_w; c < wp; c += s.stride_w) d[t++] = pad[r * wp + c];
         std::fill(d + t, d + wq, 0.0f);
       }
     }
@@ -818,68 +915,75 @@ void DepthwisePlane(const float* x, const float* w, float* out, const float* bia
   }
   const int64_t n8 = (s.ow + 7) / 8 * 8;
   const int64_t taps = s.kh * s.kw;
+  // where tap t of output row 0 reads (in place with stride 1, reading whole vectors into the
+  // slack; else in its column phase); output row oy reads `pitch` floats further on
+  const float* rows[64];
+  std::vector<const float*> many;
+  const float** src = rows;
+  if (taps > 64) {
+    many.resize(static_cast<size_t>(taps));
+    src = many.data();
+  }
+  for (int64_t i = 0; i < s.kh; ++i) {
+    const int64_t r = i * s.dil_h;
+    for (int64_t j = 0; j < s.kw; ++j) {
+      // output ox reads padded column ox * sw + c0 = (ox + c0 / sw) * sw + c0 % sw
+      const int64_t c0 = j * s.dil_w;
+      src[i * s.kw + j] = s.stride_w == 1 ? pad + r * wp + c0
+                                          : phases + (r * s.stride_w + c0 % s.stride_w) * wq + c0 / s.stride_w;
+    }
+  }
+  const int64_t pitch = s.stride_w == 1 ? s.stride_h * wp : s.stride_h * s.stride_w * wq;
+  // the plane's outputs as vectors of 8 (each row padded to n8): unit u is row u / (n8 / 8)
+  const int64_t per_row = n8 / 8, units = s.oh * per_row;
   for (int64_t m = 0; m < s.mult; ++m) {
     const float* wm = w + m * taps;
     float* om = out + m * s.oh * s.ow;
     for (int64_t oy = 0; oy < s.oh; ++oy) {
-      // the row each tap reads: in place (stride 1, whole vectors reading into the slack) or
-      // gathered into taps_rows[tap]
-      const float* rows[64];
-      const float** src = taps <= 64 ? rows : nullptr;
-      std::vector<const float*> many;
-      if (!src) {
-        many.resize(static_cast<size_t>(taps));
-        src = many.data();
+      std::memcpy(acc + oy * n8, om + oy * s.ow, sizeof(float) * s.ow);
+      std::fill(acc + oy * n8 + s.ow, acc + (oy + 1) * n8, 0.0f);
+    }
+    // each output from its value through the taps in order, x * w rounded then added, as the
+    // GEMM micro-kernel: the same instructions, so the same bits, NaN payloads included. Four
+    // vectors at once, from any rows: independent chains hide the add latency even when a row
+    // is one or two vectors wide (MobileNet's 16x16 and 8x8 maps).
+    auto offset = [&](int64_t u) { return (u / per_row) * pitch + (u % per_row) * 8; };
+    int64_t u = 0;
+    for (; u + 4 <= units; u += 4) {
+      const int64_t f0 = offset(u), f1 = offset(u + 1), f2 = offset(u + 2), f3 = offset(u + 3);
+      V8 a0 = *reinterpret_cast<const V8u*>(acc + u * 8);
+      V8 a1 = *reinterpret_cast<const V8u*>(acc + u * 8 + 8);
+      V8 a2 = *reinterpret_cast<const V8u*>(acc + u * 8 + 16);
+      V8 a3 = *reinterpret_cast<const V8u*>(acc + u * 8 + 24);
+      for (int64_t t = 0; t < taps; ++t) {
+        const float* b = src[t];
+        const float wt = wm[t];
+        const V8 p0 = *reinterpret_cast<const V8u*>(b + f0) * wt;  // rounded product
+        a0 = a0 + p0;                                               // rounded sum
+        const V8 p1 = *reinterpret_cast<const V8u*>(b + f1) * wt;
+        a1 = a1 + p1;
+        const V8 p2 = *reinterpret_cast<const V8u*>(b + f2) * wt;
+        a2 = a2 + p2;
+        const V8 p3 = *reinterpret_cast<const V8u*>(b + f3) * wt;
+        a3 = a3 + p3;
       }
-      for (int64_t i = 0; i < s.kh; ++i) {
-        const int64_t r = oy * s.stride_h + i * s.dil_h;
-        for (int64_t j = 0; j < s.kw; ++j) {
-          // output ox reads padded column ox * sw + c0 = (ox + c0 / sw) * sw + c0 % sw
-          const int64_t c0 = j * s.dil_w;
-          src[i * s.kw + j] = s.stride_w == 1
-                                  ? pad + r * wp + c0
-                                  : phases + (r * s.stride_w + c0 % s.stride_w) * wq + c0 / s.stride_w;
-        }
+      *reinterpret_cast<V8u*>(acc + u * 8) = a0;
+      *reinterpret_cast<V8u*>(acc + u * 8 + 8) = a1;
+      *reinterpret_cast<V8u*>(acc + u * 8 + 16) = a2;
+      *reinterpret_cast<V8u*>(acc + u * 8 + 24) = a3;
+    }
+    for (; u < units; ++u) {
+      const int64_t f = offset(u);
+      V8 a = *reinterpret_cast<const V8u*>(acc + u * 8);
+      for (int64_t t = 0; t < taps; ++t) {
+        const V8 p = *reinterpret_cast<const V8u*>(src[t] + f) * wm[t];  // rounded product
+        a = a + p;                                                       // rounded sum
       }
-      float* o = om + oy * s.ow;
-      std::memcpy(acc, o, sizeof(float) * s.ow);
-      std::fill(acc + s.ow, acc + n8, 0.0f);
-      // 8 outputs at a time, the accumulator in a register through all taps (k ascending), as
-      // the GEMM micro-kernel: the same instructions, so the same bits, NaN payloads included
-      // (four vectors at once: independent chains hide the add latency)
-      int64_t v = 0;
-      for (; v + 32 <= n8; v += 32) {
-        V8 a0 = *reinterpret_cast<const V8u*>(acc + v);
-        V8 a1 = *reinterpret_cast<const V8u*>(acc + v + 8);
-        V8 a2 = *reinterpret_cast<const V8u*>(acc + v + 16);
-        V8 a3 = *reinterpret_cast<const V8u*>(acc + v + 24);
-        for (int64_t t = 0; t < taps; ++t) {
-          const float* b = src[t] + v;
-          const float wt = wm[t];
-          const V8 p0 = *reinterpret_cast<const V8u*>(b) * wt;  // rounded product
-          a0 = a0 + p0;                                          // rounded sum
-          const V8 p1 = *reinterpret_cast<const V8u*>(b + 8) * wt;
-          a1 = a1 + p1;
-          const V8 p2 = *reinterpret_cast<const V8u*>(b + 16) * wt;
-          a2 = a2 + p2;
-          const V8 p3 = *reinterpret_cast<const V8u*>(b + 24) * wt;
-          a3 = a3 + p3;
-        }
-        *reinterpret_cast<V8u*>(acc + v) = a0;
-        *reinterpret_cast<V8u*>(acc + v + 8) = a1;
-        *reinterpret_cast<V8u*>(acc + v + 16) = a2;
-        *reinterpret_cast<V8u*>(acc + v + 24) = a3;
-      }
-      for (; v < n8; v += 8) {
-        V8 a = *reinterpret_cast<const V8u*>(acc + v);
-        for (int64_t t = 0; t < taps; ++t) {
-          const V8 p = *reinterpret_cast<const V8u*>(src[t] + v) * wm[t];  // rounded product
-          a = a + p;                                                      // rounded sum
-        }
-        *reinterpret_cast<V8u*>(acc + v) = a;
-      }
-      EpilogueRow(acc, s.ow, n8, nullptr, e.bias ? bias[m] : 0.0f, e);
-      std::memcpy(o, acc, sizeof(float) * s.ow);
+      *reinterpret_cast<V8u*>(acc + u * 8) = a;
+    }
+    for (int64_t oy = 0; oy < s.oh; ++oy) {
+      EpilogueRow(acc + oy * n8, s.ow, n8, nullptr, e.bias ? bias[m] : 0.0f, e);
+      std::memcpy(om + oy * s.ow, acc + oy * n8, sizeof(float) * s.ow);
     }
   }
 }
@@ -889,11 +993,24 @@ void DepthwisePlane(const float* x, const float* w, float* out, const float* bia
 int SimThreads(int64_t work) { return work < (int64_t{1} << 22) ? 1 : ConfiguredThreads(); }
 
 void GemmF32Batched(const float* a, const float* b, float* c, const BatchedGemm& s, int threads) {
-  if (s.batch <= 0 || s.m <= 0 || s.n <= 0 || s.k <= 0) return;
+  if (s.batch <= 0 || s.m <= 0 || s.n <= 0) return;
+  if (s.k <= 0) {  // no products: the start value and the epilogue only
+    if (s.zero_c) std::fill(c, c + s.batch * s.m * s.n, 0.0f);
+    if (s.epilogue) ApplyEpilogueF32(c, s.batch, s.m, s.n, *s.epilogue, threads);
+    return;
+  }
+  const EpilogueF32* e = s.epilogue;
+  const bool on_rows = e && e->bias && e->bias_on_rows;
+  const bool on_cols = e && e->bias && !e->bias_on_rows;
   PackedBlocks<float>(a, b, c, s, threads,
-                      [](const float* ab, const float* bb, float* cb, int64_t k, int64_t n, int64_t i0,
-                         int64_t i1, int64_t j0, int64_t j1, float* ap, float* bp) {
-                        GemmF32Block(ab, bb, cb, k, n, i0, i1, j0, j1, ap, bp);
+                      [&](const float* ab, const float* bb, float* cb, int64_t k, int64_t n, int64_t i0,
+                          int64_t i1, int64_t j0, int64_t j1, float* ap, float* bp) {
+                        TileEnds block;
+                        block.zero = s.zero_c;
+                        block.e = e;
+                        block.row_bias = on_rows ? e->bias + i0 : nullptr;
+                        block.col_bias = on_cols ? e->bias + j0 : nullptr;
+                        GemmF32Block(ab, bb, cb, k, n, i0, i1, j0, j1, ap, bp, block);
                       });
 }
 
@@ -983,7 +1100,8 @@ void ApplyEpilogueF32(float* c, int64_t outer, int64_t rows, int64_t cols, const
 // in order, x * w rounded then added, padding reading +0.0, then the epilogue), so the same bits.
 TVM_SPINN_MULTIVERSION
 void DepthwiseChannels(const float* x, const float* w, float* out, const DepthwiseShape& s,
-                       const EpilogueF32& e, int64_t block, int64_t hp, int64_t wp, float* xt, float* wt) {
+                       const EpilogueF32& e, int64_t block, int64_t hp, int64_t wp, float* xt, float* wt,
+                       float* ot) {
   const int64_t blocks = (s.groups + 7) / 8;
   const int64_t img = block / blocks, c0 = (block % blocks) * 8;
   const int lanes = static_cast<int>(std::min<int64_t>(8, s.groups - c0));
@@ -1006,30 +1124,64 @@ void DepthwiseChannels(const float* x, const float* w, float* out, const Depthwi
   }
   const int64_t plane = s.oh * s.ow;
   float* ob = out + (img * s.groups + c0) * plane;
-  for (int64_t oy = 0; oy < s.oh; ++oy) {
-    for (int64_t ox = 0; ox < s.ow; ++ox) {
-      alignas(32) float tmp[8] = {};
-      for (int l = 0; l < lanes; ++l) tmp[l] = ob[l * plane + oy * s.ow + ox];
-      V8 acc = *reinterpret_cast<const V8*>(tmp);
-      for (int64_t i = 0; i < s.kh; ++i) {
-        const float* row = xt + ((oy * s.stride_h + i * s.dil_h) * wp + ox * s.stride_w) * 8;
-        for (int64_t j = 0; j < s.kw; ++j) {
-          const V8 xv = *reinterpret_cast<const V8*>(row + j * s.dil_w * 8);
-          const V8 p = xv * *reinterpret_cast<const V8*>(wt + (i * s.kw + j) * 8);  // rounded product
-          acc = acc + p;                                                             // rounded sum
-        }
+  // the outputs' values, channel-minor like the input ([oh * ow][8]); lanes past `lanes` +0.0
+  for (int64_t p = 0; p < plane; ++p) {
+    for (int l = 0; l < 8; ++l) ot[p * 8 + l] = l < lanes ? ob[l * plane + p] : 0.0f;
+  }
+  // where output pixel p's first tap reads
+  auto at = [&](int64_t p) { return xt + ((p / s.ow) * s.stride_h * wp + (p % s.ow) * s.stride_w) * 8; };
+  auto tap = [&](int64_t t) { return ((t / s.kw) * s.dil_h * wp + (t % s.kw) * s.dil_w) * 8; };
+  // four pixels at a time: independent chains hide the add latency
+  int64_t p = 0;
+  for (; p + 4 <= plane; p += 4) {
+    const float* r0 = at(p);
+    const float* r1 = at(p + 1);
+    const float* r2 = at(p + 2);
+    const float* r3 = at(p + 3);
+    V8 a0 = *reinterpret_cast<const V8*>(ot + p * 8);
+    V8 a1 = *reinterpret_cast<const V8*>(ot + p * 8 + 8);
+    V8 a2 = *reinterpret_cast<const V8*>(ot + p * 8 + 16);
+    V8 a3 = *reinterpret_cast<const V8*>(ot + p * 8 + 24);
+    for (int64_t t = 0; t < taps; ++t) {
+      const int64_t f = tap(t);
+      const V8 wv = *reinterpret_cast<const V8*>(wt + t * 8);
+      const V8 p0 = *reinterpret_cast<const V8*>(r0 + f) * wv;  // rounded product
+      a0 = a0 + p0;                                              // rounded sum
+      const V8 p1 = *reinterpret_cast<const V8*>(r1 + f) * wv;
+      a1 = a1 + p1;
+      const V8 p2 = *reinterpret_cast<const V8*>(r2 + f) * wv;
+      a2 = a2 + p2;
+      const V8 p3 = *reinterpret_cast<const V8*>(r3 + f) * wv;
+      a3 = a3 + p3;
+    }
+    *reinterpret_cast<V8*>(ot + p * 8) = a0;
+    *reinterpret_cast<V8*>(ot + p * 8 + 8) = a1;
+    *reinterpret_cast<V8*>(ot + p * 8 + 16) = a2;
+    *reinterpret_cast<V8*>(ot + p * 8 + 24) = a3;
+  }
+  for (; p < plane; ++p) {
+    const float* r = at(p);
+    V8 a = *reinterpret_cast<const V8*>(ot + p * 8);
+    for (int64_t t = 0; t < taps; ++t) {
+      const V8 q = *reinterpret_cast<const V8*>(r + tap(t)) * *reinterpret_cast<const V8*>(wt + t * 8);
+      a = a + q;
+    }
+    *reinterpret_cast<V8*>(ot + p * 8) = a;
+  }
+  // the epilogue, lane by lane the row kernel's operations (bias added, then relu, then clip)
+  alignas(32) float bias[8] = {};
+  for (int l = 0; l < lanes && e.bias; ++l) bias[l] = e.bias[c0 + l];
+  for (int64_t q = 0; q < plane; ++q) {
+    float* v = ot + q * 8;
+    if (e.bias) *reinterpret_cast<V8*>(v) = *reinterpret_cast<const V8*>(v) + *reinterpret_cast<const V8*>(bias);
+    for (int l = 0; l < lanes; ++l) {
+      float y = v[l];
+      if (e.relu) y = y > 0.0f ? y : 0.0f;
+      if (e.clip) {
+        const float z = y < e.hi ? y : e.hi;
+        y = z > e.lo ? z : e.lo;
       }
-      *reinterpret_cast<V8*>(tmp) = acc;
-      for (int l = 0; l < lanes; ++l) {
-        float v = tmp[l];
-        if (e.bias) v = v + e.bias[c0 + l];
-        if (e.relu) v = v > 0.0f ? v : 0.0f;
-        if (e.clip) {
-          const float y = v < e.hi ? v : e.hi;
-          v = y > e.lo ? y : e.lo;
-        }
-        ob[l * plane + oy * s.ow + ox] = v;
-      }
+      ob[l * plane + q] = y;
     }
   }
 }
@@ -1044,12 +1196,13 @@ void DepthwiseConvF32(const float* x, const float* w, float* out, const Depthwis
     ParallelFor(s.n * ((s.groups + 7) / 8), threads, [&](int64_t block) {
       thread_local std::unique_ptr<float[], AlignedFree> buf;
       thread_local int64_t size = 0;
-      const int64_t need = (hp * wp + taps) * 8;
+      const int64_t need = (hp * wp + taps + s.oh * s.ow) * 8;
       if (size < need) {
         buf = AlignedBuffer<float>(static_cast<size_t>(need));
         size = need;
       }
-      DepthwiseChannels(x, w, out, s, e, block, hp, wp, buf.get(), buf.get() + hp * wp * 8);
+      DepthwiseChannels(x, w, out, s, e, block, hp, wp, buf.get(), buf.get() + hp * wp * 8,
+                        buf.get() + (hp * wp + taps) * 8);
     });
     return;
   }
@@ -1061,13 +1214,13 @@ void DepthwiseConvF32(const float* x, const float* w, float* out, const Depthwis
   const int64_t wq = (wp + s.stride_w - 1) / s.stride_w;
   ParallelFor(s.n * s.groups, threads, [&](int64_t plane) {
     thread_local std::vector<float> scratch;
-    // the padded plane and its column phases (each + 8 floats of slack), the accumulator row
-    float* pad = Scratch(&scratch, hp * wp + 8 + n8 + (s.stride_w > 1 ? hp * s.stride_w * wq + 8 : 0));
+    // the padded plane and its column phases (each + 8 floats of slack), the accumulator rows
+    float* pad = Scratch(&scratch, hp * wp + 8 + s.oh * n8 + (s.stride_w > 1 ? hp * s.stride_w * wq + 8 : 0));
     const int64_t g = plane % s.groups;
     const float* bias = e.bias ? e.bias + g * s.mult : nullptr;
     DepthwisePlane(x + plane * s.h * s.w, w + g * s.mult * s.kh * s.kw,
                    out + plane * s.mult * s.oh * s.ow, bias, s, e, pad, hp, wp,
-                   pad + hp * wp + 8, pad + hp * wp + 8 + n8, wq);
+                   pad + hp * wp + 8, pad + hp * wp + 8 + s.oh * n8, wq);
   });
 }
 

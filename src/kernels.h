@@ -31,10 +31,17 @@ int64_t GemmI16(const int16_t* a, const int16_t* b, int32_t* c, int64_t m, int64
  *        row-major. Conv groups use a_index[b] = b % groups; broadcast matmul batches repeat
  *        an index instead of copying the operand.
  */
+struct EpilogueF32;
 struct BatchedGemm {
   int64_t batch, m, k, n;
   const int64_t* a_index;  // [batch], each in [0, a_count)
   const int64_t* b_index;  // [batch], each in [0, b_count)
+  // fp32 only (GemmF32Batched): C's prior contents ignored, each output starting from +0.0 (as
+  // if C were zero-filled), and `epilogue` (null: none) applied to each finished output, a bias
+  // on rows indexed by the row in [0, m), on columns by the column: the bits of a zero fill
+  // before and ApplyEpilogueF32(c, batch, m, n, *epilogue) after, without their passes over C.
+  bool zero_c = false;
+  const EpilogueF32* epilogue = nullptr;
 };
 
 /*!

@@ -284,6 +284,11 @@ def test_epilogue_f32_bits(on_rows, relu, clip, lo, hi, with_bias):
     (5, 1, 4, 4, 5, 5, (1, 1), (1, 1), (3, 3, 3, 3)),
     (1, 2, 6, 40, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0)),
     (2, 1, 12, 12, 3, 3, (3, 1), (1, 2), (0, 0, 2, 2)),
+    # rows of one or two vectors, computed four vectors at a time across rows; stride 2's
+    # column phases split with vector shuffles (odd and even widths)
+    (3, 1, 17, 16, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1)),
+    (6, 1, 33, 32, 3, 3, (2, 2), (1, 1), (0, 0, 1, 1)),
+    (2, 2, 21, 37, 3, 3, (2, 2), (1, 1), (1, 1, 1, 1)),
     # small maps (ow <= 8) with >= 8 channels: 8 channels in the lanes (a partial last block)
     (16, 1, 4, 4, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1)),
     (12, 1, 5, 6, 3, 3, (2, 2), (1, 1), (1, 1, 1, 1)),
