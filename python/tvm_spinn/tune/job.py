@@ -10,8 +10,9 @@ from dataclasses import dataclass, field, replace
 import tvm
 import tvm_ffi
 
-from .compare import (MARGIN, MODULE_MARGIN, best_tuned_record, choice_key, choose, compare_pairs,
-                      fingerprint_choices, model_inputs, record_fingerprint, time_modules, tuned_module)
+from .compare import (COMPARE_EVALUATOR, COMPARE_RULE, MARGIN, MODULE_MARGIN, best_tuned_record,
+                      choice_key, compare_pairs, decide, fingerprint_choices, model_inputs,
+                      record_fingerprint, time_modules, tuned_module)
 from .database import (exhausted_tasks, mark_exhausted, open_database, record_choices, task_choices,
                        update_manifest)
 from .defaults import default_latency, default_schedule, measure_defaults, open_defaults
@@ -47,7 +48,7 @@ class TaskResult:
     calls: int = 1  # how many times the model calls it
     choice: str | None = None  # "default" or "tuned" as recorded by the job's comparison
     choice_reason: str | None = None  # the comparison behind it (medians, or why none)
-    compared_default_us: float | None = None  # median of the interleaved rounds
+    compared_default_us: float | None = None  # median of the interleaved rounds' figures
     compared_tuned_us: float | None = None
 
     @property
@@ -117,8 +118,8 @@ class TuningResult:
                  for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
         if any(t.compared_default_us is not None for t in self.tasks):
-            lines.append("default/tuned: medians of the job's interleaved comparison (single "
-                         "measurements where there was none)")
+            lines.append("default/tuned: medians over the rounds of the job's interleaved comparison "
+                         "(each round: the fastest of short timings; single measurements where there was none)")
         lines += [f"{t.name} skipped: {t.reason}" for t in self.tasks if t.reason]
         lines += [f"{t.name} uses {t.choice}: {t.choice_reason}" for t in self.tasks
                   if t.choice is not None and t.choice_reason]
@@ -196,7 +197,7 @@ def tune(mod: tvm.IRModule, target="spinn", work_dir: str = "logs", max_trials: 
          max_trials_per_task: int = 64, runner=None, *, rpc_tracker: str | None = None,
          rpc_key: str | None = None, seed: int = 0, num_trials_per_iter: int = 16,
          progress: bool = False, builder=None, verbose: bool = False,
-         compare_rounds: int = 7) -> TuningResult:
+         compare_rounds: int = 11) -> TuningResult:
     """Tune the fallback (non-offloaded) tasks of a model with MetaSchedule.
 
     Tasks are tuned one after another in name order (XGBoost cost model shared between them,
@@ -240,8 +241,9 @@ def tune(mod: tvm.IRModule, target="spinn", work_dir: str = "logs", max_trials: 
         logging configuration.
     compare_rounds : int
         Rounds of the interleaved default-vs-tuned comparison made after the search, per task
-        and end to end (see :mod:`tvm_spinn.tune.compare`); its verdicts go to the manifest
-        and decide what a build with the logs applies.
+        and end to end (see :mod:`tvm_spinn.tune.compare`; a tie is measured for as many rounds
+        again); its verdicts go to the manifest and decide what a build with the logs applies.
+        With 7 rounds or fewer a tuned schedule must win every round to be chosen.
 
     Returns
     -------
@@ -273,6 +275,8 @@ def tune(mod: tvm.IRModule, target="spinn", work_dir: str = "logs", max_trials: 
     if not isinstance(work_dir, (str, os.PathLike)):
         raise TypeError(f"work_dir must be a path, got {work_dir!r}")
     work_dir = os.fspath(work_dir)
+    # the comparisons time short repeats (see compare.py); a runner passed in is used as is
+    compare_runner = runner or make_runner(None, rpc_tracker, rpc_key, evaluator=COMPARE_EVALUATOR)
     runner = make_runner(runner, rpc_tracker, rpc_key)
     if not isinstance(mod, tvm.IRModule):
         raise TypeError(f"tune expects a Relax IRModule, got {type(mod).__name__}")
@@ -317,7 +321,7 @@ def tune(mod: tvm.IRModule, target="spinn", work_dir: str = "logs", max_trials: 
                     num_threads=num_threads, bar=bar,
                 ))
                 budget_left -= result.tasks[-1].new_trials
-            _choose(mod, tasks, result, db, defaults, logs, builder, runner, guard,
+            _choose(mod, tasks, result, db, defaults, logs, builder, compare_runner, guard,
                     compare_rounds, work_dir, mhash)
     finally:
         logs.close()
@@ -372,7 +376,8 @@ def _choose(mod, tasks, result, db, defaults, logs, builder, runner, guard,
             continue
         fingerprint = record_fingerprint(record)
         old = recorded.get(key)
-        if isinstance(old, dict) and old.get("tuned_record") == fingerprint and old.get("compared"):
+        if (isinstance(old, dict) and old.get("tuned_record") == fingerprint and old.get("compared")
+                and old.get("rule") == COMPARE_RULE):  # decided by an earlier rule: compared again
             entries[key] = dict(old, task=name, use=old["compared"])
             continue
         todo.append((i, key, record, fingerprint))
@@ -391,21 +396,25 @@ def _choose(mod, tasks, result, db, defaults, logs, builder, runner, guard,
             if comparison is None:
                 entry = {"compared": "default", "reason": failure}
             else:
-                verdict = choose(comparison)
-                entry = {"compared": verdict, "default_us": [round(s * 1e6, 3) for s in comparison.default_secs],
+                verdict, why = comparison.verdict(MARGIN)
+                entry = {"compared": "tuned" if verdict == "tuned" else "default",
+                         "default_us": [round(s * 1e6, 3) for s in comparison.default_secs],
                          "tuned_us": [round(s * 1e6, 3) for s in comparison.tuned_secs]}
                 entry["reason"] = comparison.error or (
                     f"median of {len(comparison.default_secs)} interleaved rounds: default "
-                    f"{comparison.default_median * 1e6:.2f} us, tuned {comparison.tuned_median * 1e6:.2f} us "
-                    f"(tuned must be {MARGIN:.0%} faster)")
-            entries[key] = dict(entry, task=tasks[i].task_name, use=entry["compared"], tuned_record=fingerprint)
+                    f"{comparison.default_median * 1e6:.2f} us, tuned {comparison.tuned_median * 1e6:.2f} us; "
+                    f"{why}" + (" -> a tie keeps the default" if verdict == "tie" else "")
+                    + f" (tuned must be {MARGIN:.0%} faster in the median ratio and win the rounds)")
+            entries[key] = dict(entry, task=tasks[i].task_name, use=entry["compared"], tuned_record=fingerprint,
+                                rule=COMPARE_RULE)
             logs.tasks[i].info("comparison: %s -> the build uses the %s schedule", entry["reason"],
                                entry["compared"])
     e2e = None
     if any(e["compared"] == "tuned" for e in entries.values()):
         signature = fingerprint_choices(entries)
         old = recorded_e2e.get(mhash)
-        if isinstance(old, dict) and old.get("signature") == signature and old.get("verdict"):
+        if (isinstance(old, dict) and old.get("signature") == signature and old.get("verdict")
+                and old.get("rule") == COMPARE_RULE):
             e2e = old
         else:
             record_choices(work_dir, entries)  # the build with the choices reads them
@@ -414,7 +423,7 @@ def _choose(mod, tasks, result, db, defaults, logs, builder, runner, guard,
             except BaseException:
                 record_choices(work_dir, {k: dict(e, use="default") for k, e in entries.items()})
                 raise
-            e2e["signature"] = signature
+            e2e["signature"], e2e["rule"] = signature, COMPARE_RULE
             logs.scheduler.info("end-to-end check: %s", e2e["reason"])
         if e2e["verdict"] == "defaults":
             entries = {k: dict(e, use="default") for k, e in entries.items()}
@@ -460,7 +469,9 @@ def _end_to_end(mod, tasks, entries, work_dir, runner, rounds, guard) -> dict:
             chosen = relax.build(mod, target=target)
         with build_options():
             default = relax.build(mod, target=target)
-        default_s, chosen_s = time_modules([default, chosen], device, inputs, rounds, guard.check)
+        default_s, chosen_s = time_modules(
+            [default, chosen], device, inputs, rounds, guard.check,
+            more=lambda times: decide(times[0], times[1], MODULE_MARGIN)[0] == "tie")
         how = "whole model"
     else:
         weights = {choice_key(t.dispatched[0]): int(t.weight) for t in tasks}
@@ -473,14 +484,17 @@ def _end_to_end(mod, tasks, entries, work_dir, runner, rounds, guard) -> dict:
         if not n:
             return {"verdict": "choices", "how": how, "reason": "nothing to compare"}
     dm, cm = statistics.median(default_s), statistics.median(chosen_s)
-    verdict = "choices" if cm < (1.0 - MODULE_MARGIN) * dm else "defaults"
+    decided, why = decide(default_s, chosen_s, MODULE_MARGIN)
+    verdict = "choices" if decided == "tuned" else "defaults"
     return {
         "verdict": verdict, "how": how,
         "default_ms": [round(s * 1e3, 5) for s in default_s], "chosen_ms": [round(s * 1e3, 5) for s in chosen_s],
         "reason": (f"{how}, median of {len(default_s)} interleaved rounds: all defaults {dm * 1e3:.4g} ms, "
-                   f"with the tuned choices {cm * 1e3:.4g} ms -> "
+                   f"with the tuned choices {cm * 1e3:.4g} ms; {why.replace('tuned/default', 'choices/defaults')}"
+                   .replace("tuned faster", "the choices faster") + " -> "
                    + ("the choices are kept" if verdict == "choices" else
-                      f"not {MODULE_MARGIN:.0%} faster: every task uses its default schedule")),
+                      f"not clearly {MODULE_MARGIN:.0%} faster (a tie after re-measuring counts as not): "
+                      "every task uses its default schedule")),
     }
 
 

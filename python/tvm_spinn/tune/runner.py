@@ -23,7 +23,7 @@ def tracker_servers(host: str, port: int, key: str) -> int:
 
 
 def make_runner(runner=None, rpc_tracker: str | None = None, rpc_key: str | None = None,
-                timeout_sec: float = 60.0):
+                timeout_sec: float = 60.0, evaluator: dict | None = None):
     """The MetaSchedule runner for a tuning job.
 
     Parameters
@@ -38,6 +38,10 @@ def make_runner(runner=None, rpc_tracker: str | None = None, rpc_key: str | None
         Device key of the servers; required with ``rpc_tracker``.
     timeout_sec : float
         Per-measurement timeout.
+    evaluator : dict, optional
+        ``EvaluatorConfig`` fields of a runner made here (default: the search's, 3 runs of at
+        least 20 ms in one repeat; the job's default-vs-tuned comparison asks for
+        :data:`tvm_spinn.tune.compare.COMPARE_EVALUATOR`).
 
     Returns
     -------
@@ -52,7 +56,8 @@ def make_runner(runner=None, rpc_tracker: str | None = None, rpc_key: str | None
         if not isinstance(runner, ms.runner.Runner):
             raise TypeError(f"runner must be a meta_schedule Runner, got {type(runner).__name__}")
         return runner
-    evaluator = ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20, enable_cpu_cache_flush=False)
+    evaluator = ms.runner.EvaluatorConfig(**(evaluator or dict(number=3, repeat=1, min_repeat_ms=20,
+                                                               enable_cpu_cache_flush=False)))
     if rpc_tracker or rpc_key:
         if not (rpc_tracker and rpc_key):
             raise ValueError("RPC measurement needs both rpc_tracker (host:port) and rpc_key")
