@@ -876,8 +876,8 @@ TVM_SPINN_INLINE void SplitLanes(const float* p, float* d0, float* d1) {
 // strictly ascending), 8 outputs at a time.
 TVM_SPINN_MULTIVERSION
 void DepthwisePlane(const float* x, const float* w, float* out, const float* bias,
-                    const DepthwiseShape& s, const EpilogueF32& e, float* pad, int64_t hp,
-                    int64_t wp, float* acc, float* phases, int64_t wq) {
+                    const DepthwiseShape& s, const EpilogueF32& e, bool zero_out, float* pad,
+                    int64_t hp, int64_t wp, float* acc, float* phases, int64_t wq) {
   for (int64_t r = 0; r < hp; ++r) {
     float* d = pad + r * wp;
     const int64_t iy = r - s.pad_top;
@@ -936,25 +936,35 @@ void DepthwisePlane(const float* x, const float* w, float* out, const float* bia
   const int64_t pitch = s.stride_w == 1 ? s.stride_h * wp : s.stride_h * s.stride_w * wq;
   // the plane's outputs as vectors of 8 (each row padded to n8): unit u is row u / (n8 / 8)
   const int64_t per_row = n8 / 8, units = s.oh * per_row;
+  const bool epilogue = e.bias || e.relu || e.clip;
+  // whole rows of vectors are stored in place; a ragged row (ow % 8) goes through `acc`
+  const bool direct = s.ow % 8 == 0;
+  auto offset = [&](int64_t u) { return (u / per_row) * pitch + (u % per_row) * 8; };
   for (int64_t m = 0; m < s.mult; ++m) {
     const float* wm = w + m * taps;
     float* om = out + m * s.oh * s.ow;
-    for (int64_t oy = 0; oy < s.oh; ++oy) {
-      std::memcpy(acc + oy * n8, om + oy * s.ow, sizeof(float) * s.ow);
-      std::fill(acc + oy * n8 + s.ow, acc + (oy + 1) * n8, 0.0f);
+    const float* row_bias = e.bias ? bias + m : nullptr;
+    if (!zero_out) {
+      for (int64_t oy = 0; oy < s.oh; ++oy) {
+        std::memcpy(acc + oy * n8, om + oy * s.ow, sizeof(float) * s.ow);
+        std::fill(acc + oy * n8 + s.ow, acc + (oy + 1) * n8, 0.0f);
+      }
     }
+    auto start = [&](int64_t u) { return zero_out ? V8{} : *reinterpret_cast<const V8u*>(acc + u * 8); };
+    // the epilogue on the finished vector (EpilogueRow's operations), then its store
+    auto finish = [&](int64_t u, V8 v) {
+      if (epilogue) v = EpilogueV8(v, e, nullptr, row_bias);
+      float* dst = direct ? om + (u / per_row) * s.ow + (u % per_row) * 8 : acc + u * 8;
+      *reinterpret_cast<V8u*>(dst) = v;
+    };
     // each output from its value through the taps in order, x * w rounded then added, as the
     // GEMM micro-kernel: the same instructions, so the same bits, NaN payloads included. Four
     // vectors at once, from any rows: independent chains hide the add latency even when a row
     // is one or two vectors wide (MobileNet's 16x16 and 8x8 maps).
-    auto offset = [&](int64_t u) { return (u / per_row) * pitch + (u % per_row) * 8; };
     int64_t u = 0;
     for (; u + 4 <= units; u += 4) {
       const int64_t f0 = offset(u), f1 = offset(u + 1), f2 = offset(u + 2), f3 = offset(u + 3);
-      V8 a0 = *reinterpret_cast<const V8u*>(acc + u * 8);
-      V8 a1 = *reinterpret_cast<const V8u*>(acc + u * 8 + 8);
-      V8 a2 = *reinterpret_cast<const V8u*>(acc + u * 8 + 16);
-      V8 a3 = *reinterpret_cast<const V8u*>(acc + u * 8 + 24);
+      V8 a0 = start(u), a1 = start(u + 1), a2 = start(u + 2), a3 = start(u + 3);
       for (int64_t t = 0; t < taps; ++t) {
         const float* b = src[t];
         const float wt = wm[t];
@@ -967,23 +977,22 @@ void DepthwisePlane(const float* x, const float* w, float* out, const float* bia
         const V8 p3 = *reinterpret_cast<const V8u*>(b + f3) * wt;
         a3 = a3 + p3;
       }
-      *reinterpret_cast<V8u*>(acc + u * 8) = a0;
-      *reinterpret_cast<V8u*>(acc + u * 8 + 8) = a1;
-      *reinterpret_cast<V8u*>(acc + u * 8 + 16) = a2;
-      *reinterpret_cast<V8u*>(acc + u * 8 + 24) = a3;
+      finish(u, a0);
+      finish(u + 1, a1);
+      finish(u + 2, a2);
+      finish(u + 3, a3);
     }
     for (; u < units; ++u) {
       const int64_t f = offset(u);
-      V8 a = *reinterpret_cast<const V8u*>(acc + u * 8);
+      V8 a = start(u);
       for (int64_t t = 0; t < taps; ++t) {
         const V8 p = *reinterpret_cast<const V8u*>(src[t] + f) * wm[t];  // rounded product
         a = a + p;                                                       // rounded sum
       }
-      *reinterpret_cast<V8u*>(acc + u * 8) = a;
+      finish(u, a);
     }
-    for (int64_t oy = 0; oy < s.oh; ++oy) {
-      EpilogueRow(acc + oy * n8, s.ow, n8, nullptr, e.bias ? bias[m] : 0.0f, e);
-      std::memcpy(om + oy * s.ow, acc + oy * n8, sizeof(float) * s.ow);
+    if (!direct) {
+      for (int64_t oy = 0; oy < s.oh; ++oy) std::memcpy(om + oy * s.ow, acc + oy * n8, sizeof(float) * s.ow);
     }
   }
 }
@@ -1100,8 +1109,8 @@ void ApplyEpilogueF32(float* c, int64_t outer, int64_t rows, int64_t cols, const
 // in order, x * w rounded then added, padding reading +0.0, then the epilogue), so the same bits.
 TVM_SPINN_MULTIVERSION
 void DepthwiseChannels(const float* x, const float* w, float* out, const DepthwiseShape& s,
-                       const EpilogueF32& e, int64_t block, int64_t hp, int64_t wp, float* xt, float* wt,
-                       float* ot) {
+                       const EpilogueF32& e, bool zero_out, int64_t block, int64_t hp, int64_t wp,
+                       float* xt, float* wt, float* ot) {
   const int64_t blocks = (s.groups + 7) / 8;
   const int64_t img = block / blocks, c0 = (block % blocks) * 8;
   const int lanes = static_cast<int>(std::min<int64_t>(8, s.groups - c0));
@@ -1125,8 +1134,12 @@ void DepthwiseChannels(const float* x, const float* w, float* out, const Depthwi
   const int64_t plane = s.oh * s.ow;
   float* ob = out + (img * s.groups + c0) * plane;
   // the outputs' values, channel-minor like the input ([oh * ow][8]); lanes past `lanes` +0.0
-  for (int64_t p = 0; p < plane; ++p) {
-    for (int l = 0; l < 8; ++l) ot[p * 8 + l] = l < lanes ? ob[l * plane + p] : 0.0f;
+  if (zero_out) {
+    std::fill(ot, ot + plane * 8, 0.0f);
+  } else {
+    for (int64_t p = 0; p < plane; ++p) {
+      for (int l = 0; l < 8; ++l) ot[p * 8 + l] = l < lanes ? ob[l * plane + p] : 0.0f;
+    }
   }
   // where output pixel p's first tap reads
   auto at = [&](int64_t p) { return xt + ((p / s.ow) * s.stride_h * wp + (p % s.ow) * s.stride_w) * 8; };
@@ -1187,7 +1200,7 @@ void DepthwiseChannels(const float* x, const float* w, float* out, const Depthwi
 }
 
 void DepthwiseConvF32(const float* x, const float* w, float* out, const DepthwiseShape& s,
-                      const EpilogueF32& e, int threads) {
+                      const EpilogueF32& e, int threads, bool zero_out) {
   if (s.n <= 0 || s.groups <= 0 || s.mult <= 0 || s.oh <= 0 || s.ow <= 0) return;
   if (s.mult == 1 && s.ow <= 8 && s.groups >= 8) {
     const int64_t hp = (s.oh - 1) * s.stride_h + (s.kh - 1) * s.dil_h + 1;
@@ -1201,7 +1214,7 @@ void DepthwiseConvF32(const float* x, const float* w, float* out, const Depthwis
         buf = AlignedBuffer<float>(static_cast<size_t>(need));
         size = need;
       }
-      DepthwiseChannels(x, w, out, s, e, block, hp, wp, buf.get(), buf.get() + hp * wp * 8,
+      DepthwiseChannels(x, w, out, s, e, zero_out, block, hp, wp, buf.get(), buf.get() + hp * wp * 8,
                         buf.get() + (hp * wp + taps) * 8);
     });
     return;
@@ -1219,7 +1232,7 @@ void DepthwiseConvF32(const float* x, const float* w, float* out, const Depthwis
     const int64_t g = plane % s.groups;
     const float* bias = e.bias ? e.bias + g * s.mult : nullptr;
     DepthwisePlane(x + plane * s.h * s.w, w + g * s.mult * s.kh * s.kw,
-                   out + plane * s.mult * s.oh * s.ow, bias, s, e, pad, hp, wp,
+                   out + plane * s.mult * s.oh * s.ow, bias, s, e, zero_out, pad, hp, wp,
                    pad + hp * wp + 8, pad + hp * wp + 8 + s.oh * n8, wq);
   });
 }

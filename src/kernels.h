@@ -159,8 +159,9 @@ struct DepthwiseShape {
   int64_t n, groups, mult, h, w, kh, kw, oh, ow;
   int64_t stride_h, stride_w, dil_h, dil_w, pad_top, pad_left;
 };
+/*! `zero_out`: out's prior contents ignored, every output starting from +0.0 (as a zero fill). */
 void DepthwiseConvF32(const float* x, const float* w, float* out, const DepthwiseShape& s,
-                      const EpilogueF32& e, int threads);
+                      const EpilogueF32& e, int threads, bool zero_out = false);
 
 }  // namespace tvm_spinn
 

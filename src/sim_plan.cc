@@ -665,9 +665,8 @@ class Plan {
         const DepthwiseShape s = Words<DepthwiseShape>(in.w, 4);
         float* out = f32(in[3]);
         const int64_t count = s.n * s.groups * s.mult * s.oh * s.ow;
-        std::fill(out, out + count, 0.0f);
         const EpilogueF32 e = Epilogue(base, in[19], true, in[20], in[21], in[22], in[23]);
-        DepthwiseConvF32(f32(in[1]), f32(in[2]), out, s, e, SimThreads(count * s.kh * s.kw));
+        DepthwiseConvF32(f32(in[1]), f32(in[2]), out, s, e, SimThreads(count * s.kh * s.kw), /*zero_out=*/true);
         break;
       }
       case kSoftmax:

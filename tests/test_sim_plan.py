@@ -232,13 +232,36 @@ class _Narrow(torch.nn.Module):
         return torch.nn.functional.relu6(self.b(torch.relu(self.a(x))))
 
 
-@pytest.mark.parametrize("name", ["cnn", "mlp", "transformer", "kinds", "pools", "movement", "narrow"])
+class _Depthwise(torch.nn.Module):
+    """MobileNet-like blocks: depthwise convs on whole-vector rows (16 wide), ragged rows (13),
+    stride 2, and small maps (channels in the lanes), with bias, ReLU6 and none; 1x1 convs and a
+    dense layer whose bias and ReLU the GEMM applies as it stores."""
+
+    def __init__(self):
+        super().__init__()
+        self.expand = torch.nn.Conv2d(3, 16, 1)
+        self.dw16 = torch.nn.Conv2d(16, 16, 3, padding=1, groups=16)
+        self.dw_s2 = torch.nn.Conv2d(16, 16, 3, stride=2, padding=1, groups=16, bias=False)
+        self.dw_small = torch.nn.Conv2d(16, 16, 3, padding=1, groups=16)
+        self.dw_ragged = torch.nn.Conv2d(3, 6, 3, padding=1, groups=3)
+        self.fc = torch.nn.Linear(16, 10)
+
+    def forward(self, x):  # x [n, 3, 16, 16]
+        y = torch.nn.functional.relu6(self.dw16(self.expand(x)))
+        y = torch.nn.functional.relu6(self.dw_small(self.dw_s2(y)))   # 8x8: channels in lanes
+        r = torch.relu(self.dw_ragged(x[:, :, :13, :13]))
+        return torch.cat([torch.relu(self.fc(y.mean(dim=(2, 3)))), r.flatten(1)], dim=1)
+
+
+@pytest.mark.parametrize("name", ["cnn", "mlp", "transformer", "kinds", "pools", "movement", "narrow",
+                                  "depthwise"])
 def test_native_runs_give_the_python_bits(monkeypatch, name):
     """Native runs (one C++ call per run of layers) against the same plan with every layer in
     Python, on ordinary values, large ones, NaN, infinities and signed zeros."""
     cases = _cases()
     cases["movement"] = (_Movement().eval(), torch.randn(2, 3, 4, 12))
     cases["narrow"] = (_Narrow().eval(), torch.randn(2, 3, 4, 4))
+    cases["depthwise"] = (_Depthwise().eval(), torch.randn(2, 3, 16, 16))
     model, x = cases[name]
     ex = relax.build(tvm_spinn.frontend.from_pytorch(model, (x,)), target="spinn")
     inputs = _inputs(x.numpy(), np.random.default_rng(1))
