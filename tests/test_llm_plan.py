@@ -111,7 +111,9 @@ def test_plan_cli_writes_the_json_and_prints_a_table(tmp_path, monkeypatch, caps
         assert key in data, key
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary left
     p = data["plan"]
-    assert p["scaled_from_one_layer"] and p["layers"] == 4 and p["placement"] == "groups"
+    assert p["scaled_from_one_layer"] and p["layers"] == 4 and set(p["alternatives"]) == {"groups", "shared"}
+    # the placement with the shortest token period is kept (shared since all-gathers multicast)
+    assert p["placement"] == min(p["alternatives"], key=lambda k: p["alternatives"][k]["period_s"])
     assert data["decode_latency_s"] == pytest.approx(4 * p["block_decode_s"] + p["head_decode_s"] + p["handoff_decode_s"])
     assert data["tokens_per_s"] == pytest.approx(2 * data["tokens_per_s_per_user"])
     assert data["tokens_per_s_per_user"] <= data["bound_tokens_per_s"]

@@ -155,10 +155,46 @@ def test_tree_for_tiny_messages_ring_for_large_ones():
     board = topology_of(tvm_spinn.arch_of("spinn/board"))
     tiny, large = C.all_reduce(board, range(48), 4), C.all_reduce(board, range(48), 64e6)
     assert (tiny.algorithm, large.algorithm) == ("tree", "ring")
-    for op in (C.all_gather, C.reduce_scatter):
-        assert op(board, range(48), 48 * 4).algorithm == "tree"
-        assert op(board, range(48), 64e6).algorithm == "ring"
+    assert C.reduce_scatter(board, range(48), 48 * 4).algorithm == "tree"
+    # a tiny all-gather: the multicast's one step of 7 hops beats the tree's 12 steps
+    assert C.all_gather(board, range(48), 48 * 4).algorithm == "multicast"
+    assert C.reduce_scatter(board, range(48), 64e6).algorithm == "ring"
+    assert C.all_gather(board, range(48), 64e6).algorithm == "multicast"  # all 6 links, not a ring's 2
     assert C.all_reduce(board, range(48), 64e6, reproducible=True).algorithm == "tree"
+
+
+def test_multicast_all_gather_spreads_over_all_links():
+    """The multicast all-gather: each rank's share streams along a shortest-path tree of the
+    ranks' own links (the routers copy packets), the trees chosen to load the links evenly."""
+    from tvm_spinn.target.topology import ring_order
+
+    arch = tvm_spinn.arch_of("spinn/board")
+    B, a = arch.link_bw_bytes_s, arch.link_hop_s
+    board = topology_of(arch)
+    n = 3e5
+    # chips 0, 1, 2 at (0, 0), (1, 0), (2, 0): links 1->0 and 1->2 carry two shares (1's and the
+    # far end's) of n/3, two hops deep; the ring pays its 2-hop wrap-around in each of 2 steps
+    assert C.all_gather(board, [0, 1, 2], n, "multicast").seconds == pytest.approx(2 * n / 3 / B + 2 * a)
+    assert C.all_gather(board, [0, 1, 2], n, "ring").seconds == pytest.approx(2 * n / 3 / B + 4 * a)
+    assert C.all_gather(board, [0, 1], n, "multicast").seconds == pytest.approx(n / 2 / B + a)
+    # a whole board: a hexagon corner chip has 3 links, over which it must receive 47 of 48 shares
+    n = 786432
+    order = ring_order(board, 48)
+    ring, mc = C.all_gather(board, order, n, "ring"), C.all_gather(board, order, n, "multicast")
+    assert (mc.algorithm, mc.steps, mc.hops, mc.board_hops) == ("multicast", 1, 7, 0)  # the board's diameter
+    corner = 47 / 3 * n / 48
+    assert corner <= mc.bytes_per_link <= 1.05 * corner
+    assert mc.seconds == pytest.approx(mc.bytes_per_link / B + 7 * a)
+    assert mc.seconds < 0.7 * ring.seconds
+    assert C.all_gather(board, order, n) == mc == C.all_gather(board, order, n, "multicast")  # auto; deterministic
+    # chips 0 and 5 are not linked to each other: no multicast tree of their own links
+    with pytest.raises(ValueError, match="multicast"):
+        C.all_gather(board, [0, 5], n, "multicast")
+    assert C.all_gather(board, [0, 5], n).algorithm == "ring"
+    two = topology_of(tvm_spinn.make_system(boards=2))
+    assert C.all_gather(two, range(96), n).algorithm != "multicast"  # over MULTICAST_MAX_RANKS
+    with pytest.raises(ValueError, match="at most 64"):
+        C.all_gather(two, range(96), n, "multicast")
 
 
 def test_point_to_point_and_bad_calls():
