@@ -186,3 +186,25 @@ def test_host_time_is_the_host_roofline_of_the_ops_left():
     # the same ops on a slower host take longer
     slow = tvm_spinn.register_system(arch.replace(name="slow-host", host_mem_bw_bytes_s=1e9))
     assert host_time(mod, slow)[0] == pytest.approx(arch.host_op_s + 640 / 1e9, rel=1e-12)
+
+
+@pytest.mark.parametrize("pool,stride,pad,side", [(3, 2, 1, 10), (2, 2, 0, 8), (3, 1, 1, 7), (3, 2, 0, 9)])
+def test_max_pool_backward_on_the_pes_has_llvm_bits(pool, stride, pad, side, monkeypatch):
+    """TVM's pool_grad: argmax ties (ReLU'd input, many zeros), NaN, infinities and -0.0 in
+    the input, overlapping windows (3x3 stride 2, ResNet's stem) whose gradients add up."""
+    rng = np.random.default_rng(5)
+    x_shape = (2, 3, side, side)
+    o = (side + 2 * pad - pool) // stride + 1
+    g_shape = (2, 3, o, o)
+
+    def grad(dy, x):
+        return relax.op.grad.max_pool2d_backward(dy, x, (pool, pool), (stride, stride), (pad,) * 4)
+
+    mod = _module([("dy", g_shape), ("x", x_shape)], grad)
+    summary = _offloaded(mod)
+    assert summary.offloaded_ops == {"spinn.max_pool2d_backward": 1} and not summary.fallback_ops, summary
+    x = np.maximum(rng.standard_normal(x_shape).astype(np.float32), 0)  # ties at 0
+    x[0, 0, 0, :4] = [np.nan, np.inf, -np.inf, -0.0]
+    x[1, 2] = -np.inf  # a plane of -inf: windows with nothing taken
+    dy = _specials(rng, g_shape)
+    _assert_same_bits(_run_all(mod, [dy, x], monkeypatch))

@@ -299,7 +299,8 @@ def _flat_take_indices(func: relax.Function) -> relax.Function:
 
 def _conv_as_gemm(func: relax.Function) -> relax.Function:
     """``conv2d(x, W)`` with a trainable ``W`` (a function parameter, not a constant) becomes
-    im2col and one GEMM, ``Y = W[oc, c*kh*kw] @ cols[c*kh*kw, n*oh*ow]``.
+    im2col and one GEMM, ``Y = W[oc, kh*kw*c] @ cols[kh*kw*c, n*oh*ow]`` (columns tap-major,
+    built from the input transposed to ``(c, n, h, w)``; the weight is permuted to match).
 
     The spinn conv2d kind embeds its weight in the program (a constant), so a conv whose weight
     changes every step would stay on the host with both its gradients (``conv2d_transpose`` for
@@ -339,20 +340,27 @@ def _conv_as_gemm(func: relax.Function) -> relax.Function:
         # only feed dropped phases); pad the bottom/right up to that
         pb += max(0, kh - 1 + sh * oh - (h + pt + pb))
         pr += max(0, kw - 1 + sw * ow - (wd + pl + pr))
-        xp = op.nn.pad(x, [0, 0, 0, 0, pt, pb, pl, pr]) if any((pt, pb, pl, pr)) else x
+        # channels first, (c, n, h, w): each kernel tap's slice is then one contiguous block of
+        # the columns, the taps join along axis 0 without a per-slice reshape, and the columns
+        # need no transpose (one pass over x instead of one over the 9x larger columns)
+        xt = op.permute_dims(x, [1, 0, 2, 3])
+        xp = op.nn.pad(xt, [0, 0, 0, 0, pt, pb, pl, pr]) if any((pt, pb, pl, pr)) else xt
         cols = []
         for i in range(kh):
             for j in range(kw):
-                s = op.strided_slice(xp, [2, 3], [i, j], [i + sh * oh, j + sw * ow])
+                s = xp
+                if (i, j, sh * oh, sw * ow) != (0, 0, h + pt + pb, wd + pl + pr):
+                    s = op.strided_slice(xp, [2, 3], [i, j], [i + sh * oh, j + sw * ow])
                 if sh > 1 or sw > 1:
-                    s = op.reshape(s, (n, c, oh, sh, ow, sw))
-                    s = op.strided_slice(s, [3, 5], [0, 0], [1, 1])
-                cols.append(op.reshape(s, (n, c, 1, oh * ow)))
+                    s = op.reshape(s, (c, n, oh, sh, ow, sw))
+                    s = op.reshape(op.strided_slice(s, [3, 5], [0, 0], [1, 1]), (c, n, oh, ow))
+                cols.append(s)
         if len(cols) > _CONCAT_INPUTS:  # one concat per kernel row, then the rows: each fits a PE pattern
-            cols = [op.concat(cols[i * kw:(i + 1) * kw], axis=2) if kw > 1 else cols[i * kw] for i in range(kh)]
-        col = op.concat(cols, axis=2) if len(cols) > 1 else cols[0]  # (n, c, kh*kw, p)
-        col = op.reshape(op.permute_dims(col, [1, 2, 0, 3]), (c * kh * kw, n * oh * ow))
-        y = op.matmul(op.reshape(w, (oc, c * kh * kw)), col)  # (oc, n*p)
+            cols = [op.concat(cols[i * kw:(i + 1) * kw], axis=0) if kw > 1 else cols[i * kw] for i in range(kh)]
+        col = op.concat(cols, axis=0) if len(cols) > 1 else cols[0]  # (kh*kw*c, n, oh, ow), tap-major
+        col = op.reshape(col, (kh * kw * c, n * oh * ow))
+        wk = op.reshape(op.permute_dims(w, [0, 2, 3, 1]), (oc, kh * kw * c))  # the same (tap, c) order
+        y = op.matmul(wk, col)  # (oc, n*p)
         return op.permute_dims(op.reshape(y, (oc, n, oh, ow)), [1, 0, 2, 3])
 
     return rewrite_call(pattern, rewriter, func)

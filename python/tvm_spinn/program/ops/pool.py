@@ -10,6 +10,17 @@ uniform windows, lowered to ``avg_pool2d``.
   non-padding elements (``count_include_pad``).
 - Tiles: ``[planes, rows]`` over the ``N*C`` planes and the output rows (planes outer); a tile
   holds the band of input rows under its output rows (with the window's halo), padded width.
+- ``max_pool2d_backward`` (:class:`PoolGrad`, a training step's gradient of ``max_pool2d``) has
+  the arithmetic of TVM's ``topi.nn.pool_grad`` (what the llvm build runs), bit for bit: each
+  window's argmax over the input padded with the lowest float32, in window order, keeping the
+  earlier element unless the new one is greater or the kept value is not greater or equal
+  (a NaN: ``acc > v || acc == v`` is false, the later element is taken); then each input
+  element's gradient is an fp32 sum from +0.0 over the windows that may hold it, in TVM's
+  order (window rows, then columns, from the one nearest the element's own row/column
+  backwards), adding the window's output gradient where its argmax is this element and +0.0
+  where not. Windows past the last output row or column hold no element (TVM reads there
+  without a bound check; its flat argmax index never matches there). Tiles: ``[elements]``
+  of the flattened input gradient; no native instruction yet (the Python step runs it).
 """
 
 from __future__ import annotations
@@ -19,9 +30,9 @@ import numpy as np
 from ..checks import PAD4, POS2, check_bool, fail
 from ..model import Layer
 from .elementwise import binary
-from .base import MappingError, OpFamily, ceil_div, itemsize, register, starts, working_budget
+from .base import FlatFamily, MappingError, OpFamily, ceil_div, itemsize, register, starts, working_budget
 
-__all__ = ["Pool", "smallest_pool_tile_bytes"]
+__all__ = ["Pool", "PoolGrad", "smallest_pool_tile_bytes", "max_pool2d_backward"]
 
 _F32 = np.float32
 _F32_LOWEST = np.finfo(np.float32).min
@@ -287,3 +298,117 @@ class Pool(OpFamily):
 
 
 register(Pool())
+
+
+def max_pool2d_backward(dy: np.ndarray, x: np.ndarray, pool_size, strides, padding) -> np.ndarray:
+    """The gradient of ``max_pool2d(x)`` (NCHW, no dilation) for the output gradient ``dy``, as
+    TVM's ``topi.nn.pool_grad`` computes it (see the module docstring)."""
+    n, c, h, w = x.shape
+    kh, kw = pool_size
+    sh, sw = strides
+    pt, pl, pb, pr = padding
+    oh, ow = dy.shape[2:]
+    xp = np.full((n, c, h + pt + pb, w + pl + pr), _F32_LOWEST, dtype=_F32)
+    xp[:, :, pt:pt + h, pl:pl + w] = x
+    # argmax tap of every window: -1 (nothing taken yet, as TVM's identity) until an element is
+    # taken; acc > v || acc == v keeps the earlier one (indices ascend in window order)
+    tap = np.full((n, c, oh, ow), -1, dtype=np.int64)
+    best = np.full((n, c, oh, ow), _F32_LOWEST, dtype=_F32)
+    for i in range(kh):
+        for j in range(kw):
+            v = xp[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
+            keep = (best > v) | (best == v)
+            tap = np.where(keep, tap, i * kw + j)
+            best = np.where(best > v, best, v)
+    dx = np.zeros((n, c, h, w), dtype=_F32)
+    ih = np.arange(h)[:, None] + pt  # padded coordinates of every input element
+    iw = np.arange(w)[None, :] + pl
+    lo_h = np.where(ih < kh, 0, (ih - kh) // sh + 1)
+    lo_w = np.where(iw < kw, 0, (iw - kw) // sw + 1)
+    for wh in range(-(-kh // sh)):
+        for ww in range(-(-kw // sw)):
+            oi, oj = ih // sh - wh, iw // sw - ww  # [h, 1], [1, w]
+            ok = (oi >= lo_h) & (oj >= lo_w) & (oi < oh) & (oj < ow)
+            oi_c, oj_c = np.clip(oi, 0, oh - 1), np.clip(oj, 0, ow - 1)
+            taken = tap[:, :, oi_c, oj_c] == (ih - oi_c * sh) * kw + (iw - oj_c * sw)
+            dx = dx + np.where(ok & taken, dy[:, :, oi_c, oj_c], _F32(0))
+    return dx
+
+
+class PoolGrad(FlatFamily):
+    """``max_pool2d_backward(dy, x)``: the input gradient of a max pooling (training)."""
+
+    kinds = ("max_pool2d_backward",)
+    priority = 40
+
+    def patterns(self, kit) -> list[tuple]:
+        return [kit.binary("spinn.max_pool2d_backward", "relax.grad.max_pool2d_backward", self._check_pattern)]
+
+    @staticmethod
+    def _check_pattern(kit, op: str, ctx) -> bool:
+        if not kit.check_tensors(op, ctx, ("lhs", "rhs")):
+            return False
+        root = ctx.annotated_expr["root"]
+        a = root.attrs
+        if a.layout != "NCHW" or a.out_layout != "NCHW":
+            return kit.refuse(op, root, f"layout {a.layout} (need NCHW)")
+        if bool(a.ceil_mode) or any(int(d) != 1 for d in a.dilation):
+            return kit.refuse(op, root, "ceil_mode or dilation (TVM's pool_grad has neither)")
+        return True
+
+    def lower(self, lowerer, name, kind, calls, env, layer) -> None:
+        call = calls[0][1]
+        layer.inputs = [lowerer.operand(a, env) for a in call.args[:2]]
+        a = call.attrs
+        layer.attrs.update(pool_size=[int(v) for v in a.pool_size], strides=[int(v) for v in a.strides],
+                           padding=[int(v) for v in a.padding])
+
+    def attr_schema(self, kind: str, mode: str):
+        return {"pool_size": POS2, "strides": POS2, "padding": PAD4}, {}
+
+    def check(self, v, f, kind, mode, ins, consts, out, attrs):
+        v.need(f"{f}.inputs", kind, ins, 2)
+        for i, tid in enumerate(ins):
+            v.dtype(f"{f}.inputs[{i}]", tid, ("float32",))
+        v.dtype(f"{f}.output", out, ("float32",))
+        v.consts(f, consts, set())
+        n, c, h, w = v.rank(f"{f}.inputs[1]", ins[1], 4, 4)
+        (kh, kw), (sh, sw), (pt, pl, pb, pr) = attrs["pool_size"], attrs["strides"], attrs["padding"]
+        oh, ow = (h + pt + pb - kh) // sh + 1, (w + pl + pr - kw) // sw + 1
+        if oh < 1 or ow < 1:
+            fail(f"{f}.attrs.pool_size", f"the window is larger than the padded {h}x{w} input")
+        v.shape(f"{f}.inputs[0]", ins[0], [n, c, oh, ow])
+        v.shape(f"{f}.output", out, [n, c, h, w])
+        return (n * c * h * w,), None
+
+    def work(self, program, layer, arch):
+        return int(np.prod(program.tensors[layer.output].shape, dtype=np.int64)), None
+
+    def cycles_per_element(self, layer, arch):
+        """Per input element: the argmax's compares (window taps per output, over the
+        ``stride^2`` inputs per output) and, per window that may hold it, a compare and an add."""
+        (kh, kw), (sh, sw) = layer.attrs["pool_size"], layer.attrs["strides"]
+        windows = -(-kh // sh) * -(-kw // sw)
+        return arch.m4f_elementwise_cycles * (2 * kh * kw / (sh * sw) + 2 * windows)
+
+    def _whole(self, layer, env):
+        a = layer.attrs
+        return max_pool2d_backward(env[layer.inputs[0]], env[layer.inputs[1]], a["pool_size"], a["strides"],
+                                   a["padding"])
+
+    def prepare_tiles(self, runner) -> None:
+        runner.flat_in = [self._whole(runner.layer, runner.env).reshape(-1)]
+
+    def run_tile(self, runner, tile) -> None:
+        (e0, e1), = tile.region
+        runner.out.reshape(-1)[e0:e1] = runner.flat_in[0][e0:e1]
+
+    def run_whole(self, program, index, layer, env, out):
+        out[...] = self._whole(layer, env)
+        return out
+
+    def step(self, program, layer):
+        return lambda program, env: self._whole(layer, env)
+
+
+register(PoolGrad())
