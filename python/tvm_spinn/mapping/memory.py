@@ -27,7 +27,7 @@ from ..program.tiles import TileTable
 from ..target.arch import SpinnArch
 from .tiling import MappingError
 
-__all__ = ["MemoryPlan", "plan_memory", "check_plan", "LEDGER_RESIDENT_SHARE"]
+__all__ = ["MemoryPlan", "plan_memory", "check_plan", "LEDGER_RESIDENT_SHARE", "weight_bytes_per_pe"]
 
 #: Share of a PE's tile SRAM the resident weights of a whole build may take (see plan_memory):
 #: the tile chooser keeps working buffers within half of it when it can (WORKING_SHARE).
@@ -81,7 +81,7 @@ class _PerPe:
         return out
 
 
-def _weight_bytes_per_pe(table: TileTable) -> _PerPe:
+def weight_bytes_per_pe(table: TileTable) -> _PerPe:
     """Weight bytes each PE holds for a layer: one copy per (PE, group) of grouped tiles."""
     if not len(table):
         return _PerPe(table.pe, table.w_bytes)
@@ -126,7 +126,7 @@ def plan_memory(program: Program, arch: SpinnArch, weights: str = "auto", activa
     base = resident.copy()
     cap = int(budget * LEDGER_RESIDENT_SHARE) if reserved is not None else budget
     if weights != "stream":
-        w_per_layer = [_weight_bytes_per_pe(t) for t in tables]
+        w_per_layer = [weight_bytes_per_pe(t) for t in tables]
         # DRAM bytes saved per resident byte: how often the block would be re-fetched.
         def benefit(i):
             held = int(w_per_layer[i].v.sum())

@@ -78,7 +78,8 @@ def pipeline_groups(program: Program, arch: SpinnArch) -> list[list[int]] | None
     return groups
 
 
-def place_tiles(table: TileTable, first: int, count: int, arch: SpinnArch, naive: bool = False) -> TileTable:
+def place_tiles(table: TileTable, first: int, count: int, arch: SpinnArch, naive: bool = False,
+                rotate: int = 0) -> TileTable:
     """Place ``table``'s tiles on PEs ``first .. first + count - 1``; returns the placed table.
 
     Units are the tile groups (tiles sharing a weight block), or single tiles when there are
@@ -86,6 +87,10 @@ def place_tiles(table: TileTable, first: int, count: int, arch: SpinnArch, naive
     ``count``; each round gives its i-th longest unit to the i-th least loaded PE (ties by PE
     order): longest-processing-time-first, a round at a time, vectorized. ``naive`` deals
     tiles round-robin. Deterministic.
+
+    ``rotate``: equally loaded PEs are taken from PE ``first + rotate`` on (wrapping around the
+    range) instead of from ``first``, so a layer with fewer units than PEs can start where an
+    earlier layer's resident weights end (see ``schedule._resident_layout``).
     """
     n = len(table)
     if naive or n == 0:
@@ -99,10 +104,11 @@ def place_tiles(table: TileTable, first: int, count: int, arch: SpinnArch, naive
     np.minimum.at(first_tile, unit, np.arange(n, dtype=np.int64))
     order = np.lexsort((first_tile, -cost))  # longest first, ties by first tile position
     load = np.zeros(count, dtype=np.float64)
+    order_pe = (np.arange(count, dtype=np.int64) - int(rotate)) % count  # tie order of the PEs
     unit_pe = np.empty(n_units, dtype=np.int64)
     for r in range(0, n_units, count):
         batch = order[r:r + count]
-        free = np.lexsort((np.arange(count), load))[:len(batch)]  # least loaded first
+        free = np.lexsort((order_pe, load))[:len(batch)]  # least loaded first
         unit_pe[batch] = free
         load[free] += cost[batch]
     return table.placed(first + unit_pe[unit], arch.pes_per_chip)

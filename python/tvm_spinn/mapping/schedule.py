@@ -1,7 +1,8 @@
 """The mapping compiler's driver: tile shapes, placement, memory plan, timing.
 
 A layer's mapping is data: its tile shape and the contiguous PE range it runs on
-(``program.mapping["layers"][i] = {"tile": [...], "pes": [first, count]}``). Everything else
+(``program.mapping["layers"][i] = {"tile": [...], "pes": [first, count]}``, and ``"rotate"``
+where placement starts past PEs holding residents, see :func:`_resident_layout`). Everything else
 is derived from those, vectorized: the tiles with their bytes and cycles
 (:func:`~.tiling.tile_costs`), their placement (:func:`~.placement.place_tiles`), the transfers
 and timeline the timing model works out (:mod:`tvm_spinn.timing`). The compiler keeps the
@@ -17,10 +18,12 @@ import copy
 import json
 import threading
 
+import numpy as np
+
 from ..program import Program
 from ..program.tiles import ProgramTiles, TileTable
 from ..target.arch import SpinnArch
-from .memory import activation_label, plan_memory
+from .memory import LEDGER_RESIDENT_SHARE, activation_label, plan_memory, weight_bytes_per_pe
 from .options import MappingOptions, current_options
 from .placement import choose_chips, pipeline_groups, place_tiles
 from .system import Ledger, map_on_system, overflow_message, system_tables
@@ -44,8 +47,9 @@ def _assign(program: Program, arch: SpinnArch, mode: str, options: MappingOption
     return [(0, c * ppc) for c in chips], chips
 
 
-def _place(program: Program, index: int, arch: SpinnArch, tile, first: int, count: int, naive: bool) -> TileTable:
-    return place_tiles(tile_costs(program, index, arch, tile), first, count, arch, naive=naive)
+def _place(program: Program, index: int, arch: SpinnArch, tile, first: int, count: int, naive: bool,
+           rotate: int = 0) -> TileTable:
+    return place_tiles(tile_costs(program, index, arch, tile), first, count, arch, naive=naive, rotate=rotate)
 
 
 def derive_tables(program: Program, arch: SpinnArch) -> list[TileTable]:
@@ -58,7 +62,7 @@ def derive_tables(program: Program, arch: SpinnArch) -> list[TileTable]:
     for i, record in enumerate(program.mapping["layers"]):
         layer_work(program, i, arch)
         first, count = record["pes"]
-        tables.append(_place(program, i, arch, record["tile"], first, count, naive))
+        tables.append(_place(program, i, arch, record["tile"], first, count, naive, int(record.get("rotate", 0))))
     return tables
 
 
@@ -176,29 +180,112 @@ def _map(program: Program, arch: SpinnArch, mode: str, options: MappingOptions, 
 
     weights = "stream" if options.naive else options.weights
     activations = "dram" if options.naive else options.activations
-    program.tiles = ProgramTiles(tables)
     base = {
         "mode": mode, "options": options.to_dict(), "chips_per_layer": chips,
         "pes_per_layer": [count for _, count in ranges], "double_buffer": not options.naive,
-        "layers": records,
     }
     # weights="auto": residency competes with on-chip activations for SRAM, and keeping weights
     # can push activations out to DRAM; the timing model decides between the greedy residency
-    # plan and streaming every weight (ties keep the weights).
-    best = None
-    for choice in ((weights, "stream") if weights == "auto" else (weights,)):
-        plan = _plan(program, arch, choice, activations, tables, reserved)
-        program.mapping = dict(base, resident_layers=plan.resident_layers, onchip_tensors=plan.onchip_tensors)
-        timing = evaluate(program, arch, tables).to_dict(trace=False)
+    # plan and streaming every weight (ties keep the weights). Under a build's SRAM ledger
+    # (``reserved``) a layout that spreads the weight blocks for residency competes too
+    # (:func:`_resident_layout`; ties keep the default tiles).
+    layouts = [(tables, records)]
+    if reserved is not None and weights != "stream" and not options.naive:
+        alt = _resident_layout(program, arch, ranges, tables, records, reserved)
+        if alt is not None:
+            layouts.append(alt)
+    candidates = [(t, r, weights) for t, r in layouts]
+    if weights == "auto":
+        candidates.append((tables, records, "stream"))
+    best = first_plan = None
+    for tabs, recs, choice in candidates:
+        if choice == "stream" and choice != weights:
+            if not first_plan.resident_layers:  # nothing kept: streaming gives this very plan
+                break
+            if _keeps_every_activation(program, first_plan, activations):
+                break  # streaming cannot win: see _keeps_every_activation
+        program.tiles = ProgramTiles(tabs)
+        plan = _plan(program, arch, choice, activations, tabs, reserved)
+        if first_plan is None:
+            first_plan = plan
+        program.mapping = dict(base, layers=recs, resident_layers=plan.resident_layers,
+                               onchip_tensors=plan.onchip_tensors)
+        timing = evaluate(program, arch, tabs).to_dict(trace=False)
         if best is None or timing["cycles"] < best[2]["cycles"]:
-            best = (plan, program.mapping, timing)
-        if not plan.resident_layers:  # nothing kept: streaming gives this very plan
-            break
-        if _keeps_every_activation(program, plan, activations):
-            break  # streaming cannot win: see _keeps_every_activation
-    plan, program.mapping, program.timing = best
+            best = (plan, program.mapping, timing, tabs)
+    plan, program.mapping, program.timing, tabs = best
+    program.tiles = ProgramTiles(tabs)
     program.memory = _memory_summary(plan)
     program.resident_pe = dict(plan.resident_bytes)  # in memory only: the build's SRAM ledger
+
+
+def _resident_layout(program: Program, arch: SpinnArch, ranges, tables, records, reserved):
+    """Tiles and placement of the weight GEMMs (``dense``) that spread their weight blocks for
+    residency under a build's SRAM ledger; ``(tables, records)``, or None when no layer changes.
+
+    The default tiles minimize a layer's time alone: an int8 decode GEMM takes MAC-array-wide
+    column tiles holding the whole reduction, so 150 tiles on 148 PEs put two weight blocks on
+    two PEs (over the ledger's cap: the whole layer streams), and every layer starts at PE 0,
+    so a program's layers and the earlier programs' residents pile up on the first PEs. Here a
+    layer's output columns per tile are the ``tn`` with the fewest weight columns on the busiest
+    PE (``ceil(ceil(n / tn) / PEs) * tn``; ties keep the default, then the wider tile), and its
+    tiles start (``rotate``) at the window of PEs whose fullest holds the fewest resident bytes
+    so far (this build's earlier programs, then this program's earlier layers whose blocks fit
+    the cap). Only layers with one tile per weight block (a decode step's rows fit one tile)
+    are laid out. Only the output columns per tile change: every output still sums its whole
+    reduction in ascending ``k`` on one PE, so the bits are those of the default tiles. The
+    caller keeps this layout only when the timing model finds it faster.
+    """
+    from ..program.ops.base import working_budget
+
+    cap = int(arch.tile_sram_bytes * LEDGER_RESIDENT_SHARE)
+    budget = working_budget(arch)
+    top = max([first + count for first, count in ranges] + [len(reserved)])
+    held = np.zeros(top, dtype=np.int64)
+    held[:len(reserved)] = reserved
+    out_tables, out_records, changed = list(tables), [dict(r) for r in records], False
+    for i, layer in enumerate(program.layers):
+        table = tables[i]
+        if layer.kind != "dense" or not len(table) or int(table.group.min()) < 0 or not int(table.w_bytes.max()):
+            continue
+        if len(table) != int(table.group.max()) + 1:
+            continue  # several row tiles share each block (not a decode step): left as chosen
+        first, count = ranges[i]
+        tm, tn, tk = (int(v) for v in records[i]["tile"])
+        n = int(layer.gemm[1])
+
+        def busiest(c: int) -> int:  # weight columns on the busiest PE (one block per group)
+            return -(-(-(-n // c)) // count) * c
+
+        options = sorted({tn, *(max(1, -(-n // (j * count))) for j in range(1, 9))},
+                         key=lambda c: (busiest(c), c != tn, -c))
+        tile = [tm, tn, tk]
+        for c in options:
+            if busiest(c) >= busiest(tn) and c != tn:
+                continue
+            costs = tile_costs(program, i, arch, [tm, c, tk])
+            if int(costs.sram_bytes.max()) > budget and c != tn:
+                continue
+            tile = [tm, c, tk]
+            break
+        # The window of ``units`` PEs (wrapping around the range) whose fullest PE holds the
+        # fewest resident bytes, then the fewest in all: where the layer's first round goes.
+        units = min(count, -(-n // tile[1]))
+        ring = np.concatenate([held[first:first + count], held[first:first + count]])
+        window = np.lib.stride_tricks.sliding_window_view(ring, units)[:count]
+        rotate = int(np.lexsort((np.arange(count), window.sum(axis=1), window.max(axis=1)))[0])
+        placed = place_tiles(tile_costs(program, i, arch, tile), first, count, arch, rotate=rotate)
+        per_pe = weight_bytes_per_pe(placed)
+        pes, b = per_pe.pes(), per_pe.values()
+        if (held[pes] + b <= cap).all():
+            held[pes] += b
+        if tile[1] != tn or rotate:
+            changed = True
+            out_tables[i] = placed
+            out_records[i] = {"tile": tile, "pes": [int(first), int(count)]}
+            if rotate:
+                out_records[i]["rotate"] = rotate
+    return (out_tables, out_records) if changed else None
 
 
 def _memory_summary(plan) -> dict:

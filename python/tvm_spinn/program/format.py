@@ -30,6 +30,8 @@ Header JSON fields (all lists in execution order; all ids are indices):
   ``int8`` (MAC array)
 - ``mapping``: mode, options, chips per layer, residency decisions, and per layer
   (``mapping.layers[i]``) the tile shape and PE range ``{"tile": [...], "pes": [first, count]}``
+  and, optionally, ``"rotate"`` (the PE of the range placement starts from, see
+  :func:`tvm_spinn.mapping.placement.place_tiles`)
   (:mod:`.tiles`): every tile, its region and its reduction chunks follow from those; the
   schedule (transfers, order, barriers) is derived by the timing model, never stored, so the
   header is O(layers)

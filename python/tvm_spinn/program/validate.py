@@ -56,6 +56,8 @@ HEADER_KEYS = frozenset({"version", "symbol", "arch", "tensors", "inputs", "outp
 TENSOR_KEYS = frozenset({"name", "shape", "dtype", "role", "offset"})
 LAYER_KEYS = frozenset({"name", "kind", "inputs", "consts", "output", "attrs", "gemm", "flops", "mode"})
 LAYER_MAPPING_KEYS = frozenset({"tile", "pes"})
+#: optional: ``rotate``, the PE of the range equally loaded tiles start from (mapping.placement)
+LAYER_MAPPING_OPTIONAL = frozenset({"rotate"})
 
 
 def _int_array(values: list, field: Callable[[int], str]) -> np.ndarray:
@@ -253,13 +255,15 @@ class _Checker:
         total = self.arch.total_pes
         for li, (record, kind, extent) in enumerate(zip(records, kinds, extents)):
             f = f"mapping.layers[{li}]"
-            _keys(record, f, LAYER_MAPPING_KEYS)
+            _keys(record, f, LAYER_MAPPING_KEYS, LAYER_MAPPING_OPTIONAL)
             tile = _list(record["tile"], f"{f}.tile", tile_arity(kind))
             for j, v in enumerate(tile):
                 _int(v, f"{f}.tile[{j}]", 1, MAX_ELEMENTS)
             first, count = _list(record["pes"], f"{f}.pes", 2)
             _int(first, f"{f}.pes[0]", 0, total - 1)
             _int(count, f"{f}.pes[1]", 1, total - first)
+            if "rotate" in record:
+                _int(record["rotate"], f"{f}.rotate", 0, count - 1)
             cut = count_tiles(extent, tile)
             if cut > MAX_TILES:
                 _fail(f"{f}.tile", f"{tile} cuts {cut} tiles, more than {MAX_TILES}")

@@ -1,0 +1,114 @@
+"""Weight GEMMs laid out for residency under a build's SRAM ledger (``schedule._resident_layout``).
+
+A decode step's int8 GEMM (one row) takes MAC-array-wide column tiles holding the whole
+reduction: a few more tiles than PEs put two weight blocks on some PEs, over the ledger's cap
+(half a PE's tile SRAM), and the whole layer streams; two such layers both start at PE 0.
+Under a ledger the mapper also tries wider/narrower column tiles that balance the blocks and
+tiles that start past the PEs already holding residents, keeping them when the timing model
+finds them faster. The outputs are bit-identical (every output still sums its reduction on one
+PE, in ascending k).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import tvm_spinn
+from tvm_spinn.mapping import MappingOptions, derive_tables
+from tvm_spinn.mapping.memory import LEDGER_RESIDENT_SHARE
+from tvm_spinn.mapping import schedule
+from tvm_spinn.mapping.schedule import _map
+from tvm_spinn.mapping.tiling import layer_work
+from tvm_spinn.program import Layer, Program, TensorDesc
+from tvm_spinn.runtime.simulator import run_program
+
+ARCH = tvm_spinn.make_system("resident-8pe", pes_per_chip=8)
+K = 8192
+
+
+def _decode_program(widths: list[int]) -> Program:
+    """One int8 row ``x`` (a decode step) through int8 dense layers ``K -> n`` (requantizing),
+    each reading ``x``, each output a program output."""
+    tensors = [TensorDesc("x", [1, K], "int8", "input")]
+    layers, outputs = [], []
+    for j, n in enumerate(widths):
+        consts = {"weight": len(tensors)}
+        tensors.append(TensorDesc(f"w{j}", [K, n], "int8", "const"))
+        for role in ("bias_q", "multiplier", "shift"):
+            consts[role] = len(tensors)
+            tensors.append(TensorDesc(f"{role}{j}", [n], "int32", "const"))
+        tensors.append(TensorDesc(f"y{j}", [1, n], "int8", "output"))
+        outputs.append(len(tensors) - 1)
+        layers.append(Layer(name=f"dense{j}", kind="dense", inputs=[0], output=len(tensors) - 1, consts=consts,
+                            attrs=dict(x_zero=0, x_flip=False, relu=False, out="int8", y_zero=0,
+                                                                 y_min=-128, y_max=127), mode="int8"))
+    program = Program("main", ARCH.to_dict(), tensors, [0], outputs, layers)
+    rng = np.random.default_rng(0)
+    consts = {}
+    for tid, t in enumerate(tensors):
+        if t.role != "const":
+            continue
+        if t.name.startswith("w"):
+            consts[tid] = rng.integers(-128, 128, t.shape, dtype=np.int8)
+        elif t.name.startswith("bias"):
+            consts[tid] = rng.integers(-1000, 1000, t.shape, dtype=np.int32)
+        elif t.name.startswith("multiplier"):
+            consts[tid] = rng.integers(1 << 29, 1 << 30, t.shape, dtype=np.int32)
+        else:
+            consts[tid] = np.full(t.shape, 14, dtype=np.int32)
+    program.constants = consts
+    for i in range(len(layers)):
+        layer_work(program, i, ARCH)
+    return program
+
+
+def _mapped(widths, reserved):
+    program = _decode_program(widths)
+    _map(program, ARCH, "sequential", MappingOptions(weights="auto"), reserved)
+    return program
+
+
+def test_unbalanced_decode_gemm_becomes_resident_and_keeps_its_bits(monkeypatch):
+    pes = ARCH.pes_per_chip
+    # 10 MAC-wide tiles of 32 KiB on 8 PEs: two PEs would hold 64 KiB, over the ledger's cap.
+    alone = _mapped([40], None)
+    assert alone.mapping["layers"][0]["tile"][1] == 4
+    assert 2 * K * 4 > LEDGER_RESIDENT_SHARE * ARCH.tile_sram_bytes
+    ledger = _mapped([40], np.zeros(pes, dtype=np.int64))
+    assert ledger.mapping["resident_layers"] == [0]
+    assert ledger.mapping["layers"][0]["tile"][1] == 5  # 8 balanced blocks of 5 columns
+    assert max(ledger.resident_pe.values()) <= LEDGER_RESIDENT_SHARE * ARCH.tile_sram_bytes
+    # without the layout the same ledger streams the weights, slower
+    monkeypatch.setattr(schedule, "_resident_layout", lambda *args: None)
+    default = _mapped([40], np.zeros(pes, dtype=np.int64))
+    assert default.mapping["resident_layers"] == [] and default.mapping["layers"][0]["tile"][1] == 4
+    assert ledger.timing["cycles"] < default.timing["cycles"]
+    # bits: the tiles of either layout, executed tile by tile, equal the whole layer's
+    x = np.random.default_rng(1).integers(-128, 128, (1, K), dtype=np.int8)
+    (ref,) = run_program(alone, [x], mode="layers")
+    for program in (alone, ledger, default):
+        (got,) = run_program(program, [x], mode="tiles")
+        np.testing.assert_array_equal(got, ref)
+
+
+def test_layers_start_past_earlier_residents_and_reload_from_records():
+    pes = ARCH.pes_per_chip
+    # Two 4-column layers: one 32 KiB tile each, both on PE 0 by default (64 KiB, over the cap);
+    # laid out, one column per PE, the second starting where the first ends.
+    ledger = _mapped([4, 4], np.zeros(pes, dtype=np.int64))
+    assert ledger.mapping["resident_layers"] == [0, 1]
+    first, second = (set(t.pe.tolist()) for t in ledger.tiles.tables)
+    assert not first & second
+    assert ledger.mapping["layers"][1]["rotate"] == 4
+    # the records alone rebuild the same placement (what a loaded program's timeline uses) ...
+    for a, b in zip(derive_tables(ledger, ARCH), ledger.tiles.tables):
+        np.testing.assert_array_equal(a.pe, b.pe)
+    # ... and the validated header carries them
+    loaded = Program.from_bytes(ledger.to_bytes())
+    assert loaded.mapping["layers"][1]["rotate"] == 4
+    # earlier programs' residents (the reserved bytes) push the first layer past them too
+    reserved = np.zeros(pes, dtype=np.int64)
+    reserved[:4] = 40 * 1024
+    after = _mapped([4], reserved)
+    assert after.mapping["resident_layers"] == [0]
+    assert set(after.tiles.tables[0].pe.tolist()) == {4, 5, 6, 7}
