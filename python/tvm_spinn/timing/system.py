@@ -3,8 +3,9 @@
 The chips of a tensor-/data-parallel group run identical shards (:mod:`tvm_spinn.mapping.shard`),
 so one chip's shard is timed with the PE-level model (:func:`tvm_spinn.timing.evaluate` on a
 one-chip system) and nothing here grows with the chip count but the collectives, which are
-costed on the link graph (:mod:`.collectives`: ring or tree, whichever is cheaper, hops and
-shared links included; floating-point partial sums by the bit-exact chain).
+costed on the link graph (:mod:`.collectives`: ring, tree or, for an all-gather, multicast
+trees, whichever is cheapest, hops and shared links included; floating-point partial sums by
+the bit-exact chain).
 
 *Weight prefetch*: weights do not depend on activations, so a chip streams the weight shards
 of the next layers from its DRAM into a prefetch buffer in SRAM while earlier layers compute
