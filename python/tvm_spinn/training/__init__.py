@@ -30,7 +30,10 @@ Final parameters are bitwise identical across runs, across spinn systems (``spin
 2. every floating-point reduction has a fixed order that does not depend on the machine size:
    the PE kernels are simulated bit-exactly, and a GEMM's reduction runs in ascending k on one
    PE (k-chunks of a tile stay on its PE; ARCHITECTURE.md, invariants), so the chip's and the
-   board's tilings give the same bits; the ops left on the host are the same llvm code for
+   board's tilings give the same bits; BatchNorm's batch statistics are row means whose sums
+   are sequential fp32 in ascending order however the rows are split over PEs (the chunks
+   chain their partial sums), and max pooling's gradient adds its windows in TVM's fixed order
+   on one PE; the ops left on the host (the loss) are the same llvm code for
    every spinn system (the system changes the PE mapping only) and take no thread-count
    dependent reduction order (bits across *hosts* with different CPU features are not
    promised);
