@@ -131,7 +131,9 @@ def test_simulated_step_parts(dp):
     """Compute shrinks with the replicas, the all-reduce appears with them; the parts add up."""
     parts = {r: dp.with_replicas(r).simulated_step() for r in (1, 4)}
     for p in parts.values():
-        assert p["total_s"] == pytest.approx(p["compute_s"] + p["local_add_s"] + p["all_reduce_s"] + p["update_s"])
+        assert p["host_s"] > 0  # the loss stays on the host
+        assert p["total_s"] == pytest.approx(p["compute_s"] + p["local_add_s"] + p["all_reduce_s"] + p["update_s"]
+                                             + p["host_s"])
     assert parts[1]["compute_s"] == pytest.approx(4 * parts[4]["compute_s"])
     assert parts[1]["all_reduce"] == "none" and parts[4]["all_reduce_s"] > 0
     assert parts[4]["all_reduce"] == "chain"

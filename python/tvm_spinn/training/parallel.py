@@ -180,6 +180,7 @@ class DataParallelTrainer(Trainer):
         self.reproducible = reproducible
         self._blocks = replica_blocks(microbatches, replicas)
         self._add_ex = None
+        self._host = None  # (micro-batch, update) host seconds, computed once
 
     def with_replicas(self, replicas: int, reproducible: bool | None = None) -> "DataParallelTrainer":
         """The same compiled programs on another replica count (and mode), from this trainer's
@@ -189,7 +190,7 @@ class DataParallelTrainer(Trainer):
                                     self._system, self._loss, self._optimizer_spec, self._model_name,
                                     self.microbatches, replicas,
                                     self.reproducible if reproducible is None else reproducible)
-        other._add_ex = self._add_ex
+        other._add_ex, other._host = self._add_ex, self._host
         other._set_state([p.numpy() for p in self._params], [s.numpy() for s in self._state])
         return other
 
@@ -229,9 +230,11 @@ class DataParallelTrainer(Trainer):
         dict
             ``microbatch_s`` (one micro-batch's forward + backward on a chip), ``compute_s``
             (the busiest replica's micro-batches), ``local_add_s`` (its in-block additions),
-            ``all_reduce_s`` and ``all_reduce`` (algorithm), ``update_s`` and ``total_s``,
-            for this trainer's mode; host (fallback) ops are not timed (the report's
-            ``fallback_ops`` lists them).
+            ``all_reduce_s`` and ``all_reduce`` (algorithm), ``update_s``, ``host_s`` (the host
+            ops left, the loss: the busiest replica's micro-batches and the update, by the
+            host's roofline, :func:`~tvm_spinn.training.timing.host_time`; each replica's host
+            ops are assumed to run on a host core of their own) and ``total_s``, for this
+            trainer's mode.
         """
         if self._system is None:
             raise TrainingError("simulated_step needs a spinn target (this trainer runs on the host)")
@@ -257,10 +260,17 @@ class DataParallelTrainer(Trainer):
             adds = per - 1  # its own block's sum; the ring's additions are inside the collective
         algorithm, seconds = coll.algorithm, coll.seconds
         update = executable_latency(self.executable)
+        if self._host is None:
+            from .timing import host_time
+
+            replica = _replica_target(self._target)[0]
+            self._host = (host_time(grad_module(self._micro_graph), replica)[0],
+                          host_time(update_module(self._micro_graph, self.microbatches), replica)[0])
         out = {"microbatch_s": micro, "compute_s": per * micro, "local_add_s": adds * add,
                "all_reduce_s": seconds if chips > 1 else 0.0,
-               "all_reduce": algorithm if chips > 1 else "none", "update_s": update}
-        out["total_s"] = out["compute_s"] + out["local_add_s"] + out["all_reduce_s"] + update
+               "all_reduce": algorithm if chips > 1 else "none", "update_s": update,
+               "host_s": per * self._host[0] + self._host[1]}
+        out["total_s"] = out["compute_s"] + out["local_add_s"] + out["all_reduce_s"] + update + out["host_s"]
         return out
 
 
