@@ -268,6 +268,14 @@ class FlatFamily(OpFamily):
         e = (hi - lo)[:, 0]
         return 2 * (ie + oe) * e, ie * e, 0, oe * e, np.ceil(e * self.cycles_per_element(layer, arch))
 
+    @staticmethod
+    def broadcast_inputs(runner) -> None:
+        """``runner.flat_in``: each input broadcast to the output's shape and flattened, so that a
+        tile's run of output elements indexes every operand alike (the element-wise kinds)."""
+        shape = runner.out.shape
+        runner.flat_in = [np.ascontiguousarray(np.broadcast_to(runner.env[i], shape)).reshape(-1)
+                          for i in runner.layer.inputs]
+
 
 def flat_tile(program, layer: Layer, arch: "SpinnArch", pes: int) -> int:
     """Elements per tile of a flat layer: double-buffered inputs and output, spread over the

@@ -279,9 +279,7 @@ class Elementwise(FlatFamily):
 
     # -- functional simulator -----------------------------------------------------------------
     def prepare_tiles(self, runner) -> None:
-        shape = runner.out.shape
-        runner.flat_in = [np.ascontiguousarray(np.broadcast_to(runner.env[i], shape)).reshape(-1)
-                          for i in runner.layer.inputs]
+        self.broadcast_inputs(runner)
 
     def run_tile(self, runner, tile) -> None:
         (e0, e1), = tile.region
@@ -438,9 +436,7 @@ class Select(FlatFamily):
         return np.where(a < b, c, d).astype(_F32, copy=False)
 
     def prepare_tiles(self, runner) -> None:
-        shape = runner.out.shape
-        runner.flat_in = [np.ascontiguousarray(np.broadcast_to(runner.env[i], shape)).reshape(-1)
-                          for i in runner.layer.inputs]
+        self.broadcast_inputs(runner)
 
     def run_tile(self, runner, tile) -> None:
         (e0, e1), = tile.region
