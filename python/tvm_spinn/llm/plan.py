@@ -354,7 +354,7 @@ def plan(config, target="spinn/board", batch: int = 1, seq: int = 2048, dtype: s
     best = records[placement]
     resident, streamed = best["resident"], best["streamed"]
     weights_in = ("sram" if streamed == 0 else "dram" if resident == 0 else
-                  f"sram+dram ({resident / weight_bytes:.0%} resident)")
+                  f"sram+dram ({resident / weight_bytes:.1%} resident)")
     bounds, bound_s = best["bounds"], best["bound_s"]
     meta = {
         "placement": placement.split(":")[0], "description": f"{best['description']}; weights in {weights_in}, "
@@ -477,29 +477,40 @@ class _Stage:
     handoff_in_bytes: int
     bounds: dict  # kind -> seconds: each program's largest bound, summed (see _pipeline)
     alone: dict  # kind -> seconds: each kind's bound summed over the programs
+    #: of ``handoff_in_bytes``, what the first program reads whole (the rest it takes split: a
+    #: row-parallel GEMM's input, each chip its share; no all-gather on arrival)
+    handoff_gather_bytes: int = -1
 
 
 def _map_stage(pieces: list, board, host_shapes: set) -> _Stage:
     """Map a stage's programs on one board, one after another with one SRAM ledger (each
     program's weights resident in what the earlier ones left, the rest streamed from DRAM).
     ``handoff_in_bytes``: the first program's inputs that the previous stage produced (not the
-    KV cache, masks and rotary tables the host or the stage itself provides: ``host_shapes``)."""
+    KV cache, masks and rotary tables the host or the stage itself provides: ``host_shapes``);
+    ``handoff_gather_bytes`` those of them its shard plan reads whole."""
     from ..mapping import MappingOptions
     from ..mapping.schedule import map_program, shared_mappings
+    from ..mapping.system import recorded_plan
 
     lat = energy = 0.0
-    wbytes = resident = streamed = peak = handoff = 0
+    wbytes = resident = streamed = peak = handoff = gather = 0
     bounds = dict.fromkeys(("compute", "dram", "sram", "links"), 0.0)
     alone = dict(bounds)
     sram_bw = board.chips * board.pes_per_chip * board.dma_bw_bytes_per_cycle * board.clock_hz
     with MappingOptions(weights="auto"), shared_mappings():
         for k, program in enumerate(pieces):
-            if k == 0:
-                handoff = sum(x.nbytes for x in (program.tensors[t] for t in program.inputs)
-                              if tuple(x.shape) not in host_shapes)
+            handed = [t for t in program.inputs if tuple(program.tensors[t].shape) not in host_shapes] if k == 0 else []
+            handoff = handoff if k else sum(program.tensors[t].nbytes for t in handed)
             program = _clone(program)
             program.arch = board.to_dict()
             map_program(program, board)
+            info = program.mapping.get("system")
+            if handed and info:
+                local = recorded_plan(program).shapes
+                gather = sum(program.tensors[t].nbytes for t in handed
+                             if tuple(local[t]) == tuple(program.tensors[t].shape))
+            elif handed:
+                gather = handoff
             t, st = program.timing, program.timing["system"]
             res = int(program.memory.get("resident_bytes_total", 0))
             lat += t["latency_s"]
@@ -514,7 +525,7 @@ def _map_stage(pieces: list, board, host_shapes: set) -> _Stage:
             bounds[top] += kinds[top]
             for key, value in kinds.items():
                 alone[key] += value
-    return _Stage(lat, energy, wbytes, resident, streamed, peak, handoff, bounds, alone)
+    return _Stage(lat, energy, wbytes, resident, streamed, peak, handoff, bounds, alone, gather)
 
 
 def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host_shapes: set, steps):
@@ -543,15 +554,17 @@ def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host
     topo, board_topo = topology_of(arch), topology_of(board)
     ring = ring_order(board_topo, board.chips)
 
-    def handoff_s(j: int, nbytes: int) -> float:
+    def handoff_s(j: int, nbytes: int, gather_bytes: int | None = None) -> float:
         """Stage ``j`` -> ``j + 1``: each chip sends its 1/48 to its counterpart on the next
-        board, which all-gathers it (every chip of a stage starts from the whole activation)."""
+        board, which all-gathers what its first program reads whole (``gather_bytes``, default
+        all of it; an input a row-parallel GEMM reads split stays split)."""
         if nbytes <= 0:
             return 0.0
+        gather_bytes = nbytes if gather_bytes is None or gather_bytes < 0 else gather_bytes
         src = np.arange(board.chips) + (j % boards) * board.chips
         dst = np.arange(board.chips) + ((j + 1) % boards) * board.chips
         return (point_to_point(topo, src, dst, nbytes / board.chips).seconds
-                + collective_cost(board_topo, ring, "all_gather", nbytes, False).seconds)
+                + (collective_cost(board_topo, ring, "all_gather", gather_bytes, False).seconds if gather_bytes else 0.0))
 
     results = {}
     head_runs = _balanced(head_atoms, head_parts)
@@ -621,7 +634,8 @@ def _pipeline_records(described: dict, spec: ModelSpec, arch, model, target, dty
     out = {}
     for name, r in raw.items():
         chain, kind, n = r["chain"], r["kind"], r["n"]
-        hand_in = [0.0] + [handoff_s(j, chain[j + 1].handoff_in_bytes) for j in range(len(chain) - 1)]
+        hand_in = [0.0] + [handoff_s(j, chain[j + 1].handoff_in_bytes, chain[j + 1].handoff_gather_bytes)
+                           for j in range(len(chain) - 1)]
         decode_s = sum(st.latency_s for st in chain) + sum(hand_in)
         slowest = max(st.latency_s + h for st, h in zip(chain, hand_in))
         period = max(decode_s, micro * slowest)
@@ -664,6 +678,7 @@ def _pipeline_records(described: dict, spec: ModelSpec, arch, model, target, dty
                                   "resident_bytes": st.resident_bytes, "weights_in":
                                   "sram" if st.resident_bytes >= st.weight_bytes else
                                   "dram" if st.resident_bytes == 0 else "sram+dram",
-                                  "handoff_in_bytes": st.handoff_in_bytes}
+                                  "handoff_in_bytes": st.handoff_in_bytes,
+                                  "handoff_gathered_bytes": st.handoff_gather_bytes}
                                  for st in r["stages"] + r["head_stages"]]})
     return out

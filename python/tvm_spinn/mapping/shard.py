@@ -46,7 +46,7 @@ import numpy as np
 
 from ..program import Program
 
-__all__ = ["Collective", "ShardPlan", "plan_shards", "shard_program"]
+__all__ = ["Collective", "ShardPlan", "plan_shards", "shard_program", "ROW_ALWAYS"]
 
 R, S, P = "R", "S", "P"
 
@@ -78,7 +78,7 @@ class ShardPlan:
 
     tp: int
     dp: int
-    row: bool                         # row-parallel GEMMs allowed (the Megatron split)
+    row: bool | str                   # row-parallel GEMMs allowed (the Megatron split), or ROW_ALWAYS
     batch: int                        # the program's batch (axis 0 of its inputs)
     splits: tuple[str, ...]           # per layer: "col", "row", "split", "rep", "whole"
     collectives: tuple[Collective, ...]
@@ -179,13 +179,60 @@ def _reshape_axis(src: list[int], dst: list[int], axis: int, parts: int) -> int 
     return None
 
 
-def plan_shards(program: Program, tp: int, dp: int = 1, row: bool = True, sp: int = 1) -> ShardPlan | None:
+#: ``plan_shards(row=ROW_ALWAYS)``: every GEMM on a reduction-split input row-parallel
+ROW_ALWAYS = "always"
+
+
+def _reduction_inputs(program: Program) -> dict[int, int]:
+    """``{input: axis}`` of the program inputs that reach only the reduction axis of weight
+    GEMMs (``dense`` with a constant weight), through element-wise layers of their own shape
+    (``quantize`` included): the inputs a :data:`ROW_ALWAYS` plan starts split along their last
+    axis, so that those GEMMs run row-parallel. In a pipeline of stages this is what the
+    previous stage's column-parallel output is: each chip keeps its share (a block's down
+    projection cut into a stage of its own starts from the ``up * act(gate)`` product)."""
+    t = program.tensors
+    readers: dict[int, list] = {}
+    for layer in program.layers:
+        for tid in set(layer.inputs):
+            readers.setdefault(tid, []).append(layer)
+    special = {"dense", "conv2d", "matmul", "reshape", "permute_dims", "broadcast_to", "softmax", "layer_norm",
+               "mean", "max_pool2d", "avg_pool2d", "take", "strided_slice", "concat", "pad"}
+    memo: dict[int, bool] = {}
+
+    def feeds(tid: int) -> bool:
+        if tid not in memo:
+            memo[tid] = False  # no cycles in a program; a guard all the same
+            users = readers.get(tid, [])
+            shape = list(t[tid].shape)
+            ok = bool(users) and tid not in program.outputs
+            for layer in users:
+                if layer.kind == "dense" and "weight" in layer.consts and layer.inputs[0] == tid \
+                        and tid not in layer.inputs[1:]:
+                    continue
+                if layer.kind in special or list(t[layer.output].shape) != shape or not feeds(layer.output):
+                    ok = False
+                    break
+            memo[tid] = ok
+        return memo[tid]
+
+    return {tid: len(t[tid].shape) - 1 for tid in program.inputs
+            if t[tid].role != "const" and len(t[tid].shape) >= 1 and feeds(tid)}
+
+
+def plan_shards(program: Program, tp: int, dp: int = 1, row: bool | str = True, sp: int = 1) -> ShardPlan | None:
     """The shard plan of ``program`` on ``tp x dp x sp`` chips, or None when ``dp`` does not
     divide the batch or ``sp`` splits nothing (see the module docstring). ``row=False``: no
     row-parallel GEMMs (an input split along the reduction axis is all-gathered and the GEMM is
     column-parallel again), which trades each all-reduce for an all-gather; the mapper costs
-    both. ``sp > 1``: each tensor-parallel group of ``tp`` chips holds one of ``sp`` blocks of
-    rows (:func:`_seq_pass`); ``dp`` must then be 1."""
+    both. ``row=ROW_ALWAYS`` (``"always"``): every GEMM on an input split along its reduction
+    axis runs row-parallel, even where its partial sums are larger than that input, and the
+    program inputs that reach only weight GEMMs' reduction axes (:func:`_reduction_inputs`)
+    start split: each chip then holds ``k / tp`` rows of the weight instead of ``n / tp``
+    columns of length ``k``, a finer unit to spread over its PEs' SRAM (the mapper tries it
+    when the chosen plan streams a weight GEMM). ``sp > 1``: each tensor-parallel group of
+    ``tp`` chips holds one of ``sp`` blocks of rows (:func:`_seq_pass`); ``dp`` must then be 1."""
+    if row not in (True, False, ROW_ALWAYS):
+        raise ValueError(f"plan_shards: row must be True, False or {ROW_ALWAYS!r}, got {row!r}")
     if sp > 1 and dp > 1:
         raise ValueError(f"plan_shards: sequence parallelism (sp={sp}) with data parallelism (dp={dp}) is not supported")
     t = program.tensors
@@ -203,6 +250,11 @@ def plan_shards(program: Program, tp: int, dp: int = 1, row: bool = True, sp: in
         for tid, (kind, ax) in _cache_inputs(program, tp).items():
             state[tid] = (kind, ax)
             local[tid][ax] = part(local[tid][ax], tp)
+        if row == ROW_ALWAYS:
+            for tid, ax in _reduction_inputs(program).items():
+                if state[tid][0] == R and full[tid][ax] >= tp:
+                    state[tid] = (S, ax)
+                    local[tid][ax] = part(local[tid][ax], tp)
 
     def nbytes(tid, elem=None):
         return int(np.prod(full[tid], dtype=np.int64)) * (elem or max(1, t[tid].nbytes // max(1, int(np.prod(full[tid], dtype=np.int64)))))
@@ -234,7 +286,7 @@ def plan_shards(program: Program, tp: int, dp: int = 1, row: bool = True, sp: in
                 k_axis = len(full[acts[0]]) - 1 if kind == "dense" else 1
                 s = st[0]
                 n_out = full[out][ax]
-                if s[0] == S and s[1] == k_axis and row and _row_pays(program, layer, full, acts[0]):
+                if s[0] == S and s[1] == k_axis and row and (row == ROW_ALWAYS or _row_pays(program, layer, full, acts[0])):
                     split, result = "row", (P, -1)
                 elif n_out >= tp:  # uneven: the last chips get a column fewer
                     gather(i, acts[0])
@@ -262,7 +314,7 @@ def plan_shards(program: Program, tp: int, dp: int = 1, row: bool = True, sp: in
                 elif a[0] == R and b[0] == S and b[1] == -1:
                     split, result = "split", (S, rank - 1)
                 elif a[0] == S and a[1] == -1 and b[0] == S and b[1] == -2 and row \
-                        and _row_pays(program, layer, full, acts[0]):
+                        and (row == ROW_ALWAYS or _row_pays(program, layer, full, acts[0])):
                     split, result = "row", (P, -1)
                 else:
                     for tid in acts:

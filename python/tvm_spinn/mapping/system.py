@@ -42,11 +42,11 @@ from ..timing.collectives import point_to_point
 from ..timing.model import DRAM, evaluate, transfers
 from ..timing.system import collective_cost, compose
 from .memory import LEDGER_RESIDENT_SHARE, activation_label
-from .shard import ShardPlan, plan_shards, shard_program
+from .shard import ROW_ALWAYS, ShardPlan, plan_shards, shard_program
 from .tiling import MappingError
 
 __all__ = ["Ledger", "map_on_system", "TP_DEGREES", "SP_DEGREES", "overflow_message", "system_tables", "retime", "issued",
-           "group_ranks"]
+           "group_ranks", "recorded_plan"]
 
 # A model too large for its system is raised at the end of the codegen callback: it crosses
 # the FFI boundary as itself, not as a generic RuntimeError.
@@ -273,7 +273,7 @@ def retime(program: Program, arch: SpinnArch, derive) -> dict:
     what the compiler stored in ``program.timing`` (``derive`` is
     :func:`tvm_spinn.mapping.derive_tables`)."""
     info = program.mapping["system"]
-    plan = plan_shards(program, int(info["tp"]), int(info["dp"]), bool(info.get("row", True)), int(info.get("sp", 1)))
+    plan = recorded_plan(program)
     shard = shard_program(program, plan)
     shard.mapping = {k: v for k, v in program.mapping.items() if k != "system"}
     chip = _chip_arch(arch)
@@ -281,6 +281,41 @@ def retime(program: Program, arch: SpinnArch, derive) -> dict:
     shard.timing = evaluate(shard, chip, tables).to_dict(trace=False)
     st = _system_timing(program, plan, shard, tables, chip, topology_of(arch))
     return _timing_dict(program, shard, plan, st, float(info.get("handoff_s", 0.0)), arch)
+
+
+def _row_always_sibling(program: Program, best, weights: str) -> ShardPlan | None:
+    """The :data:`~.shard.ROW_ALWAYS` variant of the best plan so far, to be timed too when that
+    plan streams a weight GEMM that the variant runs row-parallel, else None.
+
+    A column-parallel GEMM keeps whole columns (its full reduction, ``k`` weights each) on a
+    PE; where ``k`` is long they are coarse units for the PEs' SRAM (a Llama-2-70B down
+    projection on a board: 171 columns of 28,672 int8 weights per chip on 148 PEs, two on some
+    PEs, over the ledger's cap: the layer streams). Row-parallel, a chip holds ``k / tp`` rows
+    of every column instead and the layout spreads them finely, at the price of all-reducing
+    the partial sums (integer sums exact in any order; fp32 ones by the chain in ascending
+    ``k``: the bits are the one-chip program's). The timing model decides between the two."""
+    if best is None or weights == "stream":
+        return None
+    plan, shard = best[0], best[2]
+    if plan.tp <= 1 or plan.row == ROW_ALWAYS:
+        return None
+    resident = set(shard.mapping.get("resident_layers", []))
+    streamed = [i for i, layer in enumerate(program.layers)
+                if layer.kind == "dense" and "weight" in layer.consts and i not in resident]
+    if not streamed:
+        return None
+    other = plan_shards(program, plan.tp, plan.dp, ROW_ALWAYS, plan.sp) if plan.sp == 1 else None
+    if other is None or not any(other.splits[i] == "row" != plan.splits[i] for i in streamed):
+        return None
+    return other
+
+
+def recorded_plan(program: Program) -> ShardPlan:
+    """The shard plan a system-mapped program's records name (``program.mapping["system"]``)."""
+    info = program.mapping["system"]
+    row = info.get("row", True)
+    return plan_shards(program, int(info["tp"]), int(info["dp"]), row if row == ROW_ALWAYS else bool(row),
+                       int(info.get("sp", 1)))
 
 
 def map_on_system(program: Program, arch: SpinnArch, options, ledger: Ledger | None, map_one, key: str | None) -> None:
@@ -313,15 +348,22 @@ def map_on_system(program: Program, arch: SpinnArch, options, ledger: Ledger | N
         cands = _candidates(program, arch, topo, per_chip, work)
         chosen = [c for c in cands if c[1].chips > 1][:FULL_CANDIDATES] + [(0.0, one, 0)]
         results = []
-        for _, plan, _ in chosen:
-            k = (plan.tp, plan.dp, plan.row, plan.sp)
-            shard, st, need = timed.get(k) or _time_plan(program, plan, arch, topo, map_one, reserved)
+
+        def consider(plan, shard, st, need):
+            nonlocal best
             fits = led.dram + need <= arch.dram_bytes
             results.append({"tp": plan.tp, "dp": plan.dp, "sp": plan.sp, "row": plan.row, "latency_s": st.latency_s,
                             "fits": fits})
             score = (st.latency_s * (plan.chips if per_chip else 1), plan.chips)
             if fits and (best is None or score < best[4]):
                 best = (plan, st, shard, need, score)
+
+        for _, plan, _ in chosen:
+            k = (plan.tp, plan.dp, plan.row, plan.sp)
+            consider(plan, *(timed.get(k) or _time_plan(program, plan, arch, topo, map_one, reserved)))
+        sibling = _row_always_sibling(program, best, getattr(options, "weights", "auto"))
+        if sibling is not None:
+            consider(sibling, *_time_plan(program, sibling, arch, topo, map_one, reserved))
         out = (best, results, min((c[2] for c in cands), default=0))
         if cache_key is not None:
             led.cache[cache_key] = out
@@ -383,8 +425,7 @@ def overflow_message(ledger: Ledger, arch: SpinnArch) -> str:
 def system_tables(program: Program, arch: SpinnArch, derive):
     """The tiles of a system-mapped program: its shard's, on one chip (``derive`` is
     :func:`tvm_spinn.mapping.derive_tables`)."""
-    info = program.mapping["system"]
-    plan = plan_shards(program, int(info["tp"]), int(info["dp"]), bool(info.get("row", True)), int(info.get("sp", 1)))
+    plan = recorded_plan(program)
     shard = shard_program(program, plan)
     shard.mapping = {k: v for k, v in program.mapping.items() if k != "system"}
     return derive(shard, _chip_arch(arch))
