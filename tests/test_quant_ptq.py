@@ -341,7 +341,8 @@ def _ort_entropy_threshold(x: np.ndarray) -> float:
     return float(max(-lo, hi))
 
 
-@pytest.mark.parametrize("dist", ["laplace", "normal+outliers"])
+# laplace takes ~25 s (its histogram search is the longer one): slow
+@pytest.mark.parametrize("dist", [pytest.param("laplace", marks=pytest.mark.slow), "normal+outliers"])
 def test_entropy_threshold_agrees_with_onnxruntime(dist):
     """Same data, same binning: our threshold within 25% of onnxruntime's.
 

@@ -8,8 +8,10 @@ nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
 TUTORIALS = sorted((pathlib.Path(__file__).parent.parent / "tutorials").glob("*.ipynb"))
-# two training-step builds (chip and board): ~25 s of CPU, ~45 s on a loaded machine
-SLOW = {"07_training.ipynb"}
+# two training-step builds (chip and board): ~25 s of CPU, ~45 s on a loaded machine; a short
+# tuning job (~35 s) and a quantization walk-through (~30 s) whose steps test_tune*.py and
+# test_quant*.py cover one by one: the default run keeps its 15-minute budget
+SLOW = {"07_training.ipynb", "03_tuning.ipynb", "05_quantization.ipynb"}
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow) if p.name in SLOW else p
