@@ -19,6 +19,8 @@ marked as such. Sources:
   (an 8 x 8 hexagon of 48 chips on the triangular lattice; "TODO get real values" in the source,
   so the layout is the published *model* of the board, not a published wiring diagram), and
   multi-board machines as triads of boards on a 12 x 12-chip-per-triad torus.
+- [M4-TRM] Arm Cortex-M4 Processor Technical Reference Manual (r0p1), FPU chapter: 32
+  single-precision registers S0-S31; VADD.F32 takes 1 cycle, VLDR.F32 2.
 - [Systems-S] secondary sources on SpiNNaker2 systems (collected in the project notes, not read
   in a primary source): ~2 Gbit/s per board-to-board link; 48 chips a board; systems of 24
   boards; SpiNNcloud ~720 boards (~34-35k chips).
@@ -90,6 +92,15 @@ class SpinnArch:
         :attr:`macs_per_cycle` (128x the M4F's rate with the defaults).
     m4f_elementwise_cycles : float
         Assumption: cycles per fp32 element for simple element-wise ops on the M4F (load, op, store).
+    m4f_chain_cycles : float
+        Cycles per element of a sequential fp32 sum over values already in FPU registers (one
+        dependent VADD.F32 each): 1 [M4-TRM]. A split row's chain (:mod:`tvm_spinn.program.ops.rows`)
+        runs at this rate where a PE's chunk fits :attr:`m4f_chain_registers`, else at two
+        element-wise operations per element (a load and an add).
+    m4f_chain_registers : int
+        Values of a chunk a PE can hold in FPU registers while it waits for the running sum: 24
+        of the 32 single-precision registers [M4-TRM] (assumption: 8 kept for the sum, the
+        statistic and addresses).
     exp_unit_cycles : float
         Assumption: cycles per element through the exp/log accelerator (a pipelined unit;
         [OJCAS26] gives 7-22 cycles latency).
@@ -195,11 +206,15 @@ class SpinnArch:
     # fields, left out of to_dict() while at their defaults.
     host_mem_bw_bytes_s: float = 10e9  # assumption
     host_op_s: float = 2e-6  # assumption
+    # The M4F's register-resident sums (read by the row operators' costs); left out of
+    # to_dict() at their defaults like the topology fields.
+    m4f_chain_cycles: float = 1.0  # [M4-TRM]
+    m4f_chain_registers: int = 24  # [M4-TRM], assumption (see the docstring)
 
     def __post_init__(self) -> None:
         positive_ints = (
             "chips", "pes_per_chip", "pes_per_qpe", "sram_bytes", "mac_rows", "mac_cols",
-            "mac16_per_cycle", "dram_bytes", "links_per_chip", "chips_per_board",
+            "mac16_per_cycle", "dram_bytes", "links_per_chip", "chips_per_board", "m4f_chain_registers",
         )
         for name in positive_ints:
             value = getattr(self, name)
@@ -208,7 +223,7 @@ class SpinnArch:
         positive_floats = (
             "clock_hz", "m4f_flops_per_cycle", "m4f_elementwise_cycles", "exp_unit_cycles",
             "dram_bw_bytes_s", "dma_bw_bytes_per_cycle", "noc_bw_bytes_s", "link_bw_bytes_s",
-            "board_link_bw_bytes_s", "host_mem_bw_bytes_s",
+            "board_link_bw_bytes_s", "host_mem_bw_bytes_s", "m4f_chain_cycles",
         )
         for name in positive_floats:
             value = getattr(self, name)
@@ -331,7 +346,9 @@ class SpinnArch:
 _TOPOLOGY_FIELDS = frozenset({"chips_per_board", "board_link_bw_bytes_s", "link_hop_s", "board_link_hop_s"})
 #: Fields of the host's roofline; omitted from :meth:`SpinnArch.to_dict` at their defaults too.
 _HOST_FIELDS = frozenset({"host_mem_bw_bytes_s", "host_op_s"})
-_DEFAULTED_FIELDS = _TOPOLOGY_FIELDS | _HOST_FIELDS
+#: The M4F's register-chain fields; omitted from :meth:`SpinnArch.to_dict` at their defaults.
+_CHAIN_FIELDS = frozenset({"m4f_chain_cycles", "m4f_chain_registers"})
+_DEFAULTED_FIELDS = _TOPOLOGY_FIELDS | _HOST_FIELDS | _CHAIN_FIELDS
 
 
 #: Chip presets :func:`make_system` starts from. Each entry overrides only the fields that differ

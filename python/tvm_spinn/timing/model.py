@@ -25,6 +25,13 @@ Without double buffering (naive) load, compute and write-back of each tile are s
 takes ``max(slowest PE, slowest chip's DRAM bytes / DRAM bandwidth, NoC bytes / NoC
 bandwidth)`` plus a barrier (sequential mode: all PEs; pipelined mode: the layer's PE group, and
 throughput is set by the slowest stage).
+
+*Views* (:meth:`~tvm_spinn.program.ops.base.OpFamily.is_view`: a reshape, a unit-axis permute or
+broadcast, a contiguous slice) cost nothing when their input and output live in the same memory:
+the consumers' DMA reads the producer's buffer in place. *Barriers* are dropped where no PE can
+need another's data (:class:`_Barriers`): a point-wise layer whose inputs were written by its own
+PEs with the same flat tiles, or finished behind a standing barrier (GELU's chain of seven
+element-wise layers pays one barrier, not seven).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..program import Program
+from ..program.ops.base import family_of
 from ..program.tiles import TileTable
 from ..target.arch import SpinnArch
 
@@ -177,6 +185,80 @@ def _segment_ids(n: int, starts: np.ndarray) -> np.ndarray:
     return np.cumsum(flag) - 1
 
 
+def _free_view(program: Program, layer, onchip: set) -> bool:
+    """A view layer (:meth:`OpFamily.is_view`) whose input and output live in the same memory
+    (both kept on chip or both in DRAM): its consumers read the producer's buffer in place,
+    so it costs nothing (no tiles run, no barrier). A view between SRAM and DRAM is a copy."""
+    family = family_of(layer.kind)
+    if family is None or not family.is_view(program, layer):
+        return False
+    return (layer.inputs[0] in onchip) == (layer.output in onchip)
+
+
+class _Barriers:
+    """Which layer boundaries need the chip-wide barrier.
+
+    A layer may start without the barrier after the layer before it when it is
+    :attr:`~tvm_spinn.program.ops.base.OpFamily.pointwise` and each activation input was either
+    finished behind the last standing barrier, or is the output's size and was written in the
+    same element order by a layer with the same flat tiles on the same PEs (each PE reads only
+    what it wrote itself). A PE may then run ahead of the others, so one more condition keeps
+    the address plan safe: every value read from another PE's SRAM since the last standing
+    barrier must still be live (its buffer not yet reusable) at this layer. A free view's
+    output is its input's bytes, relabelled (a slice: shifted): its reads are reads of that
+    buffer.
+    """
+
+    def __init__(self, program: Program, tables):
+        self.program, self.tables = program, tables
+        self.written: dict[int, tuple[int, bool]] = {}  # tensor -> (writing layer, same order)
+        self.root: dict[int, int] = {}  # tensor -> the tensor whose buffer holds its bytes
+        self.last_use: dict[int, int] = {}
+        for i, layer in enumerate(program.layers):
+            for tid in layer.inputs:
+                self.last_use[tid] = i
+        self.kept = -1  # the last layer whose closing barrier stands
+        self.remote: set[int] = set()  # buffers read from other PEs since then
+
+    def view(self, layer) -> None:
+        src = layer.inputs[0]
+        self.root[layer.output] = root = self.root.get(src, src)
+        self.last_use[root] = max(self.last_use.get(root, -1), self.last_use.get(layer.output, -1))
+        if src in self.written:
+            j, ordered = self.written[src]
+            self.written[layer.output] = (j, ordered and layer.kind != "strided_slice")
+
+    def _numel(self, tid: int) -> int:
+        return int(np.prod(self.program.tensors[tid].shape, dtype=np.int64))
+
+    def starts_free(self, index: int, layer, prev: int) -> bool:
+        """Whether layer ``index`` drops the barrier after layer ``prev`` (updates the state)."""
+        table = self.tables[index]
+        family = family_of(layer.kind)
+        remote, ok = set(), prev >= 0 and family is not None and family.pointwise
+        for tid in layer.inputs:
+            if self.program.tensors[tid].role == "const":
+                continue
+            if tid not in self.written:  # a program input: in memory from the start
+                remote.add(self.root.get(tid, tid))
+                continue
+            j, ordered = self.written[tid]
+            src = self.tables[j]
+            if (ordered and self._numel(tid) == self._numel(layer.output) and src.lo.shape[1] == 1 == table.lo.shape[1]
+                    and len(src) == len(table) and np.array_equal(src.pe, table.pe)
+                    and np.array_equal(src.lo, table.lo) and np.array_equal(src.hi, table.hi)):
+                continue
+            remote.add(self.root.get(tid, tid))
+            ok = ok and j <= self.kept
+        ok = ok and all(self.last_use.get(t, -1) >= index for t in self.remote | remote)
+        if ok:
+            self.remote |= remote
+        else:
+            self.kept, self.remote = prev, remote
+        self.written[layer.output] = (index, True)
+        return ok
+
+
 def _layer_pes(program: Program, index: int, table: TileTable, arch: SpinnArch, double_buffer: bool,
                start: float, srcs) -> dict:
     """Per-PE timeline of one layer (vectorized): compute start/end per tile and PE finish."""
@@ -240,8 +322,23 @@ def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None"
     stage_max = 0.0
     prev_chips = None
     offset = 0
+    onchip = set(mapping.get("onchip_tensors", []))
+    barriers = _Barriers(program, tables)
+    prev = -1  # the last layer that ran (its barrier is charged until the next one drops it)
     for i, layer in enumerate(program.layers):
         table = tables[i]
+        if _free_view(program, layer, onchip):
+            barriers.view(layer)
+            offset += len(table)
+            layers.append(LayerTiming(name=layer.name, kind=layer.kind, tiles=len(table), pes=0, chips=0, cycles=0,
+                                      compute_cycles=0, dram_bytes=0, noc_bytes=0, link_bytes=0, flops=0,
+                                      sram_peak=0, utilization=0.0, start_cycle=int(round(now))))
+            continue
+        # (pipelined mode: every layer keeps its PE group's barrier)
+        if barriers.starts_free(i, layer, -1 if pipelined else prev):
+            now -= arch.barrier_cycles
+            layers[prev].cycles -= arch.barrier_cycles
+        prev = i
         # Link all-gather of the layer's activation input when it spans or changes chips.
         if i < len(records):
             first, count = records[i]["pes"]

@@ -98,6 +98,10 @@ class OpFamily:
 
     #: Layer kinds (``Layer.kind``) this family defines.
     kinds: tuple[str, ...] = ()
+    #: Output element ``e`` reads element ``e`` of every activation input of the output's size
+    #: (and nothing else of it): with the same flat tiles as that input's producer, a tile
+    #: reads only what its own PE wrote, and needs no barrier (:mod:`tvm_spinn.timing.model`).
+    pointwise: bool = False
     #: Composite names (``spinn.<name>``) the family lowers when they differ from its kinds
     #: (e.g. ``add_relu`` becomes an ``add`` layer with ``relu``).
     composites: tuple[str, ...] = ()
@@ -153,6 +157,13 @@ class OpFamily:
         ``[T]`` in tile order (``group`` -1: no shared weight block)."""
         e0, e1 = starts(self.region_extent(program, layer)[0], int(tile[0]))
         return e0[:, None], e1[:, None], np.full(len(e0), -1, dtype=np.int64)
+
+    def is_view(self, program, layer: Layer) -> bool:
+        """Whether the output holds the input's bytes in the same order (a relabelling): its
+        consumers' DMA reads the producer's buffer in place, so the layer moves nothing and
+        the timing model gives it no cycles and no barrier. The functional simulator still
+        runs it (the values are the same either way)."""
+        return False
 
     def k_splits(self, program, layer: Layer, tile) -> int:
         """Reduction chunks each tile streams through its PE (1: no reduction split)."""

@@ -178,6 +178,7 @@ class Elementwise(FlatFamily):
     """Unary, clip and binary element-wise operators on float32."""
 
     kinds = (*UNARY, "power", "clip", *BINARY)
+    pointwise = True
     priority = 50
     composites = (*UNARY, "power", "clip", *BINARY, "add_relu")
 
@@ -389,6 +390,7 @@ class Select(FlatFamily):
     Python step."""
 
     kinds = ("where_less",)
+    pointwise = True
     priority = 50
 
     def patterns(self, kit) -> list[tuple]:

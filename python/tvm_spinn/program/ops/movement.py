@@ -92,6 +92,18 @@ def _slice_index(shape, axes, begin, strides, out_shape) -> tuple:
     return tuple(index)
 
 
+def _contiguous_slice(ishape, oshape, attrs) -> bool:
+    """Whether a normalized strided slice of ``ishape`` selects one contiguous row-major range:
+    the inner axes whole, one axis a unit-step run, the outer axes of extent 1."""
+    step = dict(zip(attrs["axes"], attrs["strides"]))
+    k = len(ishape) - 1
+    while k >= 0 and oshape[k] == ishape[k] and (oshape[k] == 1 or step.get(k, 1) == 1):
+        k -= 1
+    if k >= 0 and oshape[k] != 1 and step.get(k, 1) != 1:
+        return False
+    return all(oshape[j] == 1 for j in range(max(k, 0)))
+
+
 def moved(layer: Layer, xs: list[np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
     """The values of a data-movement layer's output (a view where numpy gives one)."""
     kind, attrs = layer.kind, layer.attrs
@@ -288,6 +300,24 @@ class Movement(FlatFamily):
     # -- mapping ------------------------------------------------------------------------------
     def work(self, program, layer, arch):
         return 0, None
+
+    def is_view(self, program, layer) -> bool:
+        """A reshape; a ``broadcast_to`` that adds only unit axes; a ``permute_dims`` that moves
+        only unit axes (the other axes keep their order); a ``strided_slice`` whose elements
+        are one contiguous range of the input (GPT-2's Q, K and V from one GEMM row): in
+        row-major order each is the input's bytes unchanged, or a contiguous run of them."""
+        if layer.kind not in ("reshape", "permute_dims", "broadcast_to", "strided_slice"):
+            return False
+        ishape = tuple(program.tensors[layer.inputs[0]].shape)
+        oshape = tuple(program.tensors[layer.output].shape)
+        if layer.kind == "reshape":
+            return True
+        if layer.kind == "broadcast_to":
+            return math.prod(ishape) == math.prod(oshape)
+        if layer.kind == "permute_dims":
+            kept = [a for a in layer.attrs["axes"] if ishape[a] != 1]
+            return kept == sorted(kept)
+        return _contiguous_slice(ishape, oshape, layer.attrs)
 
     def cycles_per_element(self, layer, arch):
         """Pure data movement: the DMA engine gathers with strides; ~1 cycle/element of setup."""

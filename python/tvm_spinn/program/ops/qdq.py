@@ -26,6 +26,7 @@ class QuantizeDequantize(FlatFamily):
     """quantize and dequantize layers (those not folded into an int8 GEMM)."""
 
     kinds = ("quantize", "dequantize")
+    pointwise = True
     priority = 20
 
     # -- partition and codegen ---------------------------------------------------------------

@@ -36,6 +36,8 @@
   chunk, in element order, to the partial it receives); only the element-wise work (the max,
   exact in any order; subtract, square, exp, divide, scale, shift) runs in parallel, and the
   row's statistic (max, mean, variance, sum of exps) is broadcast back to the chunks. The
+  (a chunk of at most ``m4f_chain_registers`` values waits in FPU registers, so the chain
+  costs ``m4f_chain_cycles`` per element; a longer one loads as it adds); the
   functional simulator computes a split tile's rows whole with the same kernel and writes only
   its chunk (a mean's output is written by the tile holding the row's last chunk), so every
   tiling gives the same bits. The cost (:meth:`Rows.tile_costs`): the parallel element-wise
@@ -434,13 +436,15 @@ class Rows(OpFamily):
         # DMA). The chain keeps the serial sums whole, so a split pays only through the
         # element-wise work and the DMA it parallelizes (a plain mean: its DMA only).
         best, best_time = whole, self._tile_time(program, layer, arch, whole)
-        k = 2
-        while k <= min(pes // rows, row):
+        most = min(pes // rows, row)
+        # powers of two, and the fewest chunks whose values fit the FPU registers (the chain's
+        # fast rate with the fewest hops)
+        counts = sorted({2 ** i for i in range(1, most.bit_length())} | {ceil_div(row, arch.m4f_chain_registers)})
+        for k in (k for k in counts if 2 <= k <= most):
             tile = [1, ceil_div(row, k)]
             t = self._tile_time(program, layer, arch, tile)
             if t < best_time:
                 best, best_time = tile, t
-            k *= 2
         return best
 
     def _tile_time(self, program, layer, arch, tile) -> float:
@@ -475,7 +479,10 @@ class Rows(OpFamily):
             gathers, broadcasts = _statistics(layer)
             hops = (gathers + broadcasts) * (chunks - 1) * arch.noc_hop_cycles
             chain_adds = 0.0 if serial else gathers * (chunks - 1)  # integer partials added
-            cycles = np.ceil(n * (per - serial) * op + r * (row * serial * op + chain_adds * op + hops))
+            # a chunk that fits the FPU registers is loaded (and squared) while the running sum
+            # travels: the chain then costs one dependent add per element, not a load and an add
+            step = arch.m4f_chain_cycles if int(tile[1]) <= arch.m4f_chain_registers else op
+            cycles = np.ceil(n * (per - serial) * op + r * (row * serial * step + chain_adds * op + hops))
         return 2 * (ie * n + oe * n_res), ie * n, w_b, oe * n_res, cycles
 
     # -- functional simulator -----------------------------------------------------------------
