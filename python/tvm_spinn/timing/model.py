@@ -239,8 +239,7 @@ class _Barriers:
         for tid in layer.inputs:
             if self.program.tensors[tid].role == "const":
                 continue
-            if tid not in self.written:  # a program input: in memory from the start
-                remote.add(self.root.get(tid, tid))
+            if tid not in self.written:  # a program input: in DRAM from the start, never reused
                 continue
             j, ordered = self.written[tid]
             src = self.tables[j]

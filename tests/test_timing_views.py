@@ -1,0 +1,144 @@
+"""The timing model's free views and dropped barriers (``tvm_spinn.timing.model``).
+
+Synthetic programs, mapped on one chip. The number of barriers a program pays is measured
+independently of the model's bookkeeping: the program is timed with two barrier costs and the
+difference in cycles is divided by the difference in cost. Bits never depend on any of this:
+the functional simulator's output is compared with numpy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from tvm_spinn.mapping import map_program
+from tvm_spinn.program import Layer, Program, TensorDesc
+from tvm_spinn.program.ops.base import family_of
+from tvm_spinn.runtime.simulator import run_program
+from tvm_spinn.target import arch_of
+from tvm_spinn.timing.model import evaluate
+
+ARCH = arch_of("spinn")
+N = 4096
+
+
+class _Builder:
+    def __init__(self, shape):
+        self.tensors = [TensorDesc("x", list(shape), "float32", "input")]
+        self.layers = []
+
+    def add(self, kind, inputs, shape, consts=None, **attrs):
+        self.tensors.append(TensorDesc(f"t{len(self.tensors)}", list(shape), "float32", "temp"))
+        self.layers.append(Layer(f"{kind}{len(self.layers)}", kind, list(inputs), len(self.tensors) - 1,
+                                 consts or {}, attrs))
+        return len(self.tensors) - 1
+
+    def const(self, shape, value):
+        self.tensors.append(TensorDesc(f"c{len(self.tensors)}", list(shape), "float32", "const"))
+        return len(self.tensors) - 1, np.full(shape, value, dtype=np.float32)
+
+    def program(self, out):
+        self.tensors[out].role = "output"
+        program = Program("main", ARCH.to_dict(), self.tensors, [0], [out], self.layers)
+        map_program(program, ARCH)
+        return program
+
+
+def _barriers(program) -> float:
+    """Barriers the program pays: d(cycles) / d(barrier_cycles)."""
+    lo, hi = (evaluate(program, dataclasses.replace(ARCH, barrier_cycles=b)).cycles for b in (200, 1200))
+    return (hi - lo) / 1000
+
+
+@pytest.mark.parametrize("kind,in_shape,shape,attrs,view", [
+    ("reshape", [1, N], [1, 1, N], {}, True),
+    ("permute_dims", [1, 1, N], [1, 1, N], {"axes": [1, 0, 2]}, True),  # moves unit axes only
+    ("permute_dims", [1, 64, 64], [1, 64, 64], {"axes": [0, 2, 1]}, False),  # a transpose
+    ("broadcast_to", [1, N], [1, 1, N], {}, True),  # adds a unit axis
+    ("broadcast_to", [1, N], [2, 1, N], {}, False),  # duplicates the bytes
+    ("strided_slice", [1, 1, N], [1, 1, N // 4], {"axes": [2], "begin": [N // 2], "strides": [1]}, True),
+    ("strided_slice", [1, 1, N], [1, 1, N // 4], {"axes": [2], "begin": [0], "strides": [4]}, False),
+])
+def test_views_cost_nothing_and_copies_do(kind, in_shape, shape, attrs, view):
+    b = _Builder(in_shape)
+    t = b.add("tanh", [0], in_shape)
+    v = b.add(kind, [t], shape, **attrs)
+    out = b.add("tanh", [v], shape)
+    program = b.program(out)
+    assert family_of(kind).is_view(program, program.layers[1]) is view
+    row = evaluate(program, ARCH).layers[1]
+    assert (row.cycles == 0) is view
+    if view:
+        assert row.noc_bytes == row.dram_bytes == 0
+    # the functional result is numpy's either way
+    xs = np.random.default_rng(0).standard_normal(in_shape).astype(np.float32)
+    (got,) = run_program(program, [xs])
+    ref = np.tanh(xs)
+    if kind == "permute_dims":
+        ref = np.transpose(ref, attrs["axes"])
+    elif kind == "broadcast_to":
+        ref = np.broadcast_to(ref, shape)
+    elif kind == "strided_slice":
+        ref = ref[..., attrs["begin"][0]::attrs["strides"][0]][..., :shape[-1]]
+    np.testing.assert_allclose(got, np.tanh(np.reshape(ref, shape)), rtol=2e-6, atol=2e-6)
+
+
+def test_pointwise_chain_pays_one_barrier():
+    # seven point-wise layers on the same flat tiles: each PE reads only what it wrote
+    b = _Builder([1, N])
+    t = 0
+    for _ in range(7):
+        t = b.add("tanh", [t], [1, N])
+    program = b.program(t)
+    assert _barriers(program) == 1
+
+
+def test_reads_from_other_pes_keep_their_barriers():
+    # a layer_norm's row tiles differ from the point-wise layers' flat tiles: the first tanh
+    # waits for the whole row (a barrier after the layer_norm) ...
+    b = _Builder([1, N])
+    g, gv = b.const([N], 1.0)
+    be, bv = b.const([N], 0.0)
+    y = b.add("layer_norm", [0], [1, N], {"gamma": g, "beta": be}, epsilon=1e-5, center=True, scale=True)
+    z = b.add("tanh", [y], [1, N])
+    w = b.add("tanh", [z], [1, N])
+    dead = b.program(w)
+    dead.constants = {g: gv, be: bv}
+    # ... and the second tanh too: the row it read from other PEs is dead once the first has
+    # run, so its buffer may be reused while a slower PE still reads it
+    assert _barriers(dead) == 3
+    b = _Builder([1, N])
+    g, gv = b.const([N], 1.0)
+    be, bv = b.const([N], 0.0)
+    y = b.add("layer_norm", [0], [1, N], {"gamma": g, "beta": be}, epsilon=1e-5, center=True, scale=True)
+    z = b.add("tanh", [y], [1, N])
+    w = b.add("add", [z, y], [1, N])  # the row stays live until the add: no barrier before it
+    live = b.program(w)
+    live.constants = {g: gv, be: bv}
+    assert _barriers(live) == 2
+    xs = np.random.default_rng(1).standard_normal((1, N)).astype(np.float32)
+    (got,) = run_program(live, [xs])
+    ln = (xs - xs.mean()) / np.sqrt(xs.var() + 1e-5)
+    np.testing.assert_allclose(got, np.tanh(ln) + ln, rtol=1e-4, atol=1e-4)
+
+
+def test_split_row_chain_from_registers():
+    # a 1024-long row split into chunks that fit the FPU registers sums at one add per element
+    b = _Builder([1, 1024])
+    g, gv = b.const([1024], 1.0)
+    be, bv = b.const([1024], 0.0)
+    y = b.add("layer_norm", [0], [1, 1024], {"gamma": g, "beta": be}, epsilon=1e-5, center=True, scale=True)
+    program = b.program(y)
+    tile = program.mapping["layers"][0]["tile"]
+    assert 1 < tile[1] <= ARCH.m4f_chain_registers
+    slow = dataclasses.replace(ARCH, m4f_chain_registers=1)
+    from tvm_spinn.program.ops.rows import Rows  # noqa: PLC0415 - the family under test
+    rows = family_of("layer_norm")
+    assert isinstance(rows, Rows)
+    lo, hi, _ = rows.expand_regions(program, program.layers[0], tile)
+    fast_c = rows.tile_costs(program, program.layers[0], ARCH, tile, lo, hi)[4]
+    slow_c = rows.tile_costs(program, program.layers[0], slow, tile, lo, hi)[4]
+    # two serial sums over the row: 2 x 1024 x (load + add - add) cycles saved
+    assert int(slow_c.max() - fast_c.max()) == 2 * 1024 * (ARCH.m4f_elementwise_cycles / 2 - ARCH.m4f_chain_cycles)
