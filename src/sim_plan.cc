@@ -58,7 +58,19 @@ enum Op : int64_t {
   kCopy = 8,       // src dst elem_bytes ndim src_off dst_off shape[ndim] src_strides[ndim] dst_strides[ndim]
   kPool = 9,       // x out planes h w oh ow kh kw sh sw dh dw pt pl is_max include_pad
   kGather = 10,    // table indices out elem_bytes outer extent inner count mode layer axis
+  // int8 GEMM on the MAC array with the M4F's zero-point terms and epilogue (program/quant.py):
+  // a b out acc batch m k n a_index b_index chunk acc_bits za za_vec zb zb_vec a_sum b_sum groups
+  // on_rows out_kind scale bias bias_q multiplier shift relu rounding y_zero y_min y_max
+  kQGemm = 11,
+  kFlip8 = 12,       // src dst n: uint8 -> int8 with the top bit flipped (u - 128)
+  kQuantize = 13,    // x out n inner channels scale zero kind (1 int8, 2 uint8)
+  kDequantize = 14,  // x out n inner channels scale zero kind (1 int8, 2 uint8, 3 int32)
+  kIm2Col8 = 15,     // as im2col, 1-byte elements, then the padding byte
 };
+
+// kQGemm's output kinds and requantization rules
+enum QOut : int64_t { kQF32 = 0, kQI8 = 1, kQU8 = 2 };
+enum QKind : int64_t { kKindI8 = 1, kKindU8 = 2, kKindI32 = 3 };
 
 enum Unary : int64_t {
   kRelu = 0, kClip = 1, kNegative = 2, kSqrt = 3, kRsqrt = 4, kSquare = 5, kCube = 6,
@@ -400,6 +412,75 @@ class Plan {
           Need(in[3], outer * count * inner * eb);
           break;
         }
+        case kQGemm: {
+          in = take(32);
+          const int64_t a = in[1], b = in[2], batch = in[5], m = in[6], k = in[7], n = in[8];
+          if (batch < 1 || m < 1 || k < 1 || n < 1) {
+            TVM_FFI_THROW(ValueError) << kFunc << ": GEMM extents must be >= 1";
+          }
+          if (in[11] < 1 || in[12] < 2 || in[12] > 32) {
+            TVM_FFI_THROW(ValueError) << kFunc << ": bad k-chunk " << in[11] << " or acc_bits " << in[12];
+          }
+          const int64_t groups = in[19], kind = in[21];
+          if (groups < 1 || kind < kQF32 || kind > kQU8 || in[28] < 0 || in[28] > 1) {
+            TVM_FFI_THROW(ValueError) << kFunc << ": bad int8 GEMM epilogue";
+          }
+          Need(a, m * k);
+          Need(b, k * n);
+          Need(in[3], batch * m * n * (kind == kQF32 ? 4 : 1));
+          Need(in[4], batch * m * n * 4);
+          const int64_t a_count = bytes_[a] / (m * k), b_count = bytes_[b] / (k * n);
+          CheckIndex(in[9], batch, a_count);
+          CheckIndex(in[10], batch, b_count);
+          const int64_t channels = in[20] ? groups * m : n;
+          Need(in[14], groups * m * 4, true);
+          Need(in[16], n * 4, true);
+          Need(in[17], a_count * m * 8, true);
+          Need(in[18], b_count * n * 8, true);
+          if (kind == kQF32) {
+            Need(in[22], channels * 4);
+            Need(in[23], channels * 4, true);
+          } else {
+            Need(in[24], channels * 4);
+            Need(in[25], channels * 4);
+            Need(in[26], channels * 4);
+          }
+          break;
+        }
+        case kFlip8: {
+          in = take(4);
+          Positive({in[3]});
+          Need(in[1], in[3]);
+          Need(in[2], in[3]);
+          break;
+        }
+        case kQuantize:
+        case kDequantize: {
+          in = take(9);
+          const int64_t n = in[3], inner = in[4], channels = in[5], kind = in[8];
+          Positive({n});
+          if (inner < 1 || channels < 1 || kind < kKindI8 || kind > (op == kQuantize ? kKindU8 : kKindI32)) {
+            TVM_FFI_THROW(ValueError) << kFunc << ": bad quantize/dequantize geometry";
+          }
+          const int64_t qb = kind == kKindI32 ? 4 : 1;
+          Need(in[1], n * (op == kQuantize ? 4 : qb));
+          Need(in[2], n * (op == kQuantize ? qb : 4));
+          Need(in[6], channels * 4);
+          Need(in[7], channels * 4);
+          break;
+        }
+        case kIm2Col8: {
+          in = take(19);
+          const int64_t n = in[3], groups = in[4], cg = in[5], h = in[6], w = in[7], kh = in[8],
+                        kw = in[9], oh = in[10], ow = in[11];
+          Positive({n, cg, h, w, oh, ow, in[16], in[17]});
+          if (groups < 1 || kh < 1 || kw < 1 || in[12] < 1 || in[13] < 1 || in[14] < 1 || in[15] < 1) {
+            TVM_FFI_THROW(ValueError) << kFunc << ": bad im2col geometry";
+          }
+          Need(in[1], n * groups * cg * h * w);
+          Need(in[2], n * groups * cg * kh * kw * oh * ow);
+          break;
+        }
         default:
           TVM_FFI_THROW(ValueError) << kFunc << ": unknown instruction " << op;
       }
@@ -630,6 +711,163 @@ class Plan {
     }
   }
 
+  /*!
+   * \brief An int8 GEMM layer as program/ops/gemm.py's _qgemm_whole computes it: the MAC
+   *        array's chunked acc_bits sums (GemmI8Batched), then per output the M4F's zero-point
+   *        terms `- zb sum_k a - za sum_k b + K za zb` wrapped to 32 bits, then the epilogue:
+   *        dequantize `fl(acc) * scale [+ bias]`, ReLU as numpy's maximum(y, 0) (NaN kept, -0 ->
+   *        +0), or requantize (quant.py's requantize / requantize_tflite) into int8 / uint8.
+   *        Channel c of the per-channel vectors is the column, or with on_rows the row's
+   *        channel (b % groups) * m + r (conv2d). Sums over k come from int64 constants when
+   *        given, else from the operands.
+   */
+  static void QGemm(const Instr& in, const std::vector<char*>& base) {
+    const auto slot = [&](int64_t s) { return s == kNone ? nullptr : base[s]; };
+    const int8_t* a = reinterpret_cast<const int8_t*>(base[in[1]]);
+    const int8_t* b = reinterpret_cast<const int8_t*>(base[in[2]]);
+    int32_t* acc = reinterpret_cast<int32_t*>(base[in[4]]);
+    BatchedGemm s;
+    s.batch = in[5];
+    s.m = in[6];
+    s.k = in[7];
+    s.n = in[8];
+    s.a_index = reinterpret_cast<const int64_t*>(base[in[9]]);
+    s.b_index = reinterpret_cast<const int64_t*>(base[in[10]]);
+    const int64_t batch = s.batch, m = s.m, k = s.k, n = s.n;
+    std::memset(acc, 0, static_cast<size_t>(batch * m * n) * 4);
+    GemmI8Batched(a, b, acc, s, in[11], static_cast<int>(in[12]), SimThreads(batch * m * n * k));
+    const int64_t za = in[13], zb = in[15], groups = in[19];
+    const int32_t* za_vec = reinterpret_cast<const int32_t*>(slot(in[14]));
+    const int32_t* zb_vec = reinterpret_cast<const int32_t*>(slot(in[16]));
+    const int64_t* a_sum_c = reinterpret_cast<const int64_t*>(slot(in[17]));
+    const int64_t* b_sum_c = reinterpret_cast<const int64_t*>(slot(in[18]));
+    const bool on_rows = in[20] != 0, relu = in[27] != 0, tflite = in[28] != 0;
+    const int64_t kind = in[21], y_zero = in[29], y_min = in[30], y_max = in[31];
+    const float* scale = reinterpret_cast<const float*>(slot(in[22]));
+    const float* bias = reinterpret_cast<const float*>(slot(in[23]));
+    const int32_t* bias_q = reinterpret_cast<const int32_t*>(slot(in[24]));
+    const int32_t* mult = reinterpret_cast<const int32_t*>(slot(in[25]));
+    const int32_t* shift = reinterpret_cast<const int32_t*>(slot(in[26]));
+    bool any_zb = zb != 0, any_za = za != 0;
+    for (int64_t c = 0; zb_vec && c < n; ++c) any_zb |= zb_vec[c] != 0;
+    for (int64_t c = 0; za_vec && c < groups * m; ++c) any_za |= za_vec[c] != 0;
+    std::vector<int64_t> a_sum(any_zb ? m : 0), b_sum(any_za ? n : 0);
+    float* out_f = reinterpret_cast<float*>(base[in[3]]);
+    int8_t* out_q = reinterpret_cast<int8_t*>(base[in[3]]);
+    for (int64_t bi = 0; bi < batch; ++bi) {
+      const int64_t ia = s.a_index[bi], ib = s.b_index[bi];
+      if (any_zb) {
+        for (int64_t r = 0; r < m; ++r) {
+          if (a_sum_c) {
+            a_sum[r] = a_sum_c[ia * m + r];
+            continue;
+          }
+          const int8_t* row = a + (ia * m + r) * k;
+          int64_t t = 0;
+          for (int64_t j = 0; j < k; ++j) t += row[j];
+          a_sum[r] = t;
+        }
+      }
+      if (any_za) {
+        if (b_sum_c) {
+          for (int64_t c = 0; c < n; ++c) b_sum[c] = b_sum_c[ib * n + c];
+        } else {
+          std::fill(b_sum.begin(), b_sum.end(), 0);
+          const int8_t* bm = b + ib * k * n;
+          for (int64_t j = 0; j < k; ++j) {
+            for (int64_t c = 0; c < n; ++c) b_sum[c] += bm[j * n + c];
+          }
+        }
+      }
+      for (int64_t r = 0; r < m; ++r) {
+        const int64_t row_ch = (bi % groups) * m + r;
+        const int64_t zar = za_vec ? za_vec[row_ch] : za;
+        const int64_t o = (bi * m + r) * n;
+        for (int64_t c = 0; c < n; ++c) {
+          const int64_t zbc = zb_vec ? zb_vec[c] : zb;
+          int64_t v = acc[o + c];
+          if (zbc != 0) v -= zbc * a_sum[r];
+          if (zar != 0) v -= zar * b_sum[c];
+          v += k * zar * zbc;
+          v = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(v)));  // 32-bit registers
+          const int64_t ch = on_rows ? row_ch : c;
+          if (kind == kQF32) {
+            float y = static_cast<float>(v) * scale[ch];
+            if (bias) y = y + bias[ch];
+            if (relu) y = (y > 0.0f || y != y) ? y : 0.0f;
+            out_f[o + c] = y;
+            continue;
+          }
+          const int64_t q = (tflite ? RequantTflite : RequantHalfUp)(v + bias_q[ch], mult[ch], shift[ch]) + y_zero;
+          const int64_t y = std::min(std::max(q, y_min), y_max);
+          out_q[o + c] = static_cast<int8_t>(static_cast<uint8_t>(y));
+        }
+      }
+    }
+  }
+
+  /*! \brief quant.py's requantize without the clamp: (v * m0 + 2**(shift-1)) >> shift, int64 wrapping. */
+  static int64_t RequantHalfUp(int64_t v, int64_t m0, int64_t shift) {
+    const uint64_t prod = static_cast<uint64_t>(v) * static_cast<uint64_t>(m0);
+    const int64_t sum = static_cast<int64_t>(prod + (uint64_t{1} << (shift - 1)));
+    return sum >> shift;  // arithmetic shift (as numpy's >> on int64)
+  }
+
+  /*! \brief quant.py's requantize_tflite without the clamp (TFLite's MultiplyByQuantizedMultiplier). */
+  static int64_t RequantTflite(int64_t v, int64_t m0, int64_t shift) {
+    const int64_t exp = 31 - shift;
+    const int64_t left = exp > 0 ? exp : 0, right = exp < 0 ? -exp : 0;
+    const int64_t x = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(v) << left));
+    const int64_t ab = x * m0;
+    const int64_t t = ab + (ab >= 0 ? (int64_t{1} << 30) : (1 - (int64_t{1} << 30)));
+    const int64_t high = t >= 0 ? (t >> 31) : -((-t) >> 31);
+    const int64_t mask = (int64_t{1} << right) - 1;
+    const int64_t threshold = (mask >> 1) + (high < 0 ? 1 : 0);
+    return (high >> right) + ((high & mask) > threshold ? 1 : 0);
+  }
+
+  /*!
+   * \brief program/ops/qdq.py's quantize: clamp(rint(fl(x / s)) + fl(z), lo, hi) in fp32 (round
+   *        half to even), a NaN giving 0 (VCVT's conversion of NaN); dequantize: fl(q - z) * s
+   *        with q - z in 32-bit (wrapping) arithmetic. Channel (i / inner) % channels.
+   */
+  static void QuantizeRun(const Instr& in, const std::vector<char*>& base) {
+    const float* x = reinterpret_cast<const float*>(base[in[1]]);
+    const int64_t n = in[3], inner = in[4], channels = in[5], kind = in[8];
+    const float* scale = reinterpret_cast<const float*>(base[in[6]]);
+    const int32_t* zero = reinterpret_cast<const int32_t*>(base[in[7]]);
+    const float lo = kind == kKindU8 ? 0.0f : -128.0f, hi = kind == kKindU8 ? 255.0f : 127.0f;
+    uint8_t* out = reinterpret_cast<uint8_t*>(base[in[2]]);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t c = channels == 1 ? 0 : (i / inner) % channels;
+      float q = std::nearbyint(x[i] / scale[c]) + static_cast<float>(zero[c]);
+      q = q != q ? 0.0f : (q < lo ? lo : (q > hi ? hi : q));
+      const int v = static_cast<int>(q);
+      out[i] = static_cast<uint8_t>(v);
+    }
+  }
+
+  static void DequantizeRun(const Instr& in, const std::vector<char*>& base) {
+    const int64_t n = in[3], inner = in[4], channels = in[5], kind = in[8];
+    const float* scale = reinterpret_cast<const float*>(base[in[6]]);
+    const int32_t* zero = reinterpret_cast<const int32_t*>(base[in[7]]);
+    float* out = reinterpret_cast<float*>(base[in[2]]);
+    const char* x = base[in[1]];
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t c = channels == 1 ? 0 : (i / inner) % channels;
+      uint32_t q;
+      if (kind == kKindI8) {
+        q = static_cast<uint32_t>(static_cast<int32_t>(reinterpret_cast<const int8_t*>(x)[i]));
+      } else if (kind == kKindU8) {
+        q = reinterpret_cast<const uint8_t*>(x)[i];
+      } else {
+        q = static_cast<uint32_t>(reinterpret_cast<const int32_t*>(x)[i]);
+      }
+      const int32_t d = static_cast<int32_t>(q - static_cast<uint32_t>(zero[c]));
+      out[i] = static_cast<float>(d) * scale[c];
+    }
+  }
+
   void Execute(const Instr& in, const std::vector<char*>& base) const {
     auto f32 = [&](int64_t s) { return reinterpret_cast<float*>(base[s]); };
     switch (in[0]) {
@@ -739,6 +977,28 @@ class Plan {
       case kGather:
         Gather(base[in[1]], reinterpret_cast<const int32_t*>(base[in[2]]), base[in[3]], in);
         break;
+      case kQGemm:
+        QGemm(in, base);
+        break;
+      case kFlip8: {
+        const uint8_t* src = reinterpret_cast<const uint8_t*>(base[in[1]]);
+        uint8_t* dst = reinterpret_cast<uint8_t*>(base[in[2]]);
+        for (int64_t i = 0; i < in[3]; ++i) dst[i] = src[i] ^ 0x80u;
+        break;
+      }
+      case kQuantize:
+        QuantizeRun(in, base);
+        break;
+      case kDequantize:
+        DequantizeRun(in, base);
+        break;
+      case kIm2Col8: {
+        const Im2ColShape s = Words<Im2ColShape>(in.w, 3);
+        const uint8_t fill = static_cast<uint8_t>(in[18]);
+        const int64_t count = s.n * s.groups * s.cg * s.kh * s.kw * s.oh * s.ow;
+        Im2Col(base[in[1]], base[in[2]], s, 1, &fill, SimThreads(count / 8));
+        break;
+      }
       default:
         break;  // unreachable: Decode rejected it
     }
@@ -767,6 +1027,8 @@ ffi::Map<ffi::String, int64_t> PlanOps() {
       {"gemm", kGemm},         {"im2col", kIm2Col}, {"depthwise", kDepthwise},
       {"softmax", kSoftmax},   {"layer_norm", kLayerNorm}, {"mean", kMean},
       {"unary", kUnary},       {"binary", kBinary}, {"copy", kCopy},        {"pool", kPool}, {"gather", kGather},
+      {"qgemm", kQGemm},       {"flip8", kFlip8},   {"quantize", kQuantize}, {"dequantize", kDequantize},
+      {"im2col8", kIm2Col8},
       {"unary.relu", kRelu},   {"unary.clip", kClip}, {"unary.negative", kNegative},
       {"unary.sqrt", kSqrt},   {"unary.rsqrt", kRsqrt}, {"unary.square", kSquare},
       {"unary.cube", kCube},   {"unary.tanh", kTanh}, {"unary.gelu", kGelu},

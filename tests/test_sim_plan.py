@@ -304,3 +304,158 @@ def test_native_plan_rejects_malformed_instructions():
         run(np.empty(8, dtype=np.float32))  # the argument's size is checked per call
     with pytest.raises(ValueError, match="expected 1 arguments"):
         run()
+
+
+# -- int8: GEMM layers with their epilogues, quantize and dequantize ---------------------------
+def _int8_cases():
+    """Relax modules of int8 layers (test_int8's builder): conv2d (padded, strided, grouped and
+    1x1), dense and batched matmul; uint8 and int8 operands, per-channel and per-tensor scales,
+    asymmetric zero points, requantizing (int8 and uint8, with ReLU) and dequantizing epilogues."""
+    from test_int8 import qgemm_module
+
+    rng = np.random.default_rng(7)
+    w_conv = rng.integers(0, 256, size=(6, 2, 3, 3)).astype("uint8")
+    w_1x1 = rng.integers(-127, 128, size=(5, 4, 1, 1)).astype("int8")
+    w_dense = rng.integers(-128, 128, size=(40, 24)).astype("int8")
+    return {
+        "conv_u8_requant": qgemm_module(
+            (2, 4, 9, 9), "uint8", w_conv, rng.uniform(0.002, 0.01, 6).astype("float32"),
+            rng.integers(100, 150, 6).astype("uint8"), 0.03, 121, bias=rng.normal(size=6), relu=True,
+            out=(0.05, 131, "uint8"), wdtype="uint8", conv_attrs=dict(padding=1, strides=2, groups=2)),
+        "conv_1x1_dequant": qgemm_module(
+            (2, 4, 5, 5), "int8", w_1x1, np.float32(0.004), 0, 0.02, -7, bias=rng.normal(size=5)),
+        "dense_per_channel": qgemm_module(
+            (3, 40), "uint8", w_dense, rng.uniform(0.001, 0.005, 24).astype("float32"),
+            rng.integers(-5, 6, 24).astype("int8"), 0.01, 140, op="dense", bias=rng.normal(size=24),
+            relu=True, w_axis=1),
+        "dense_requant": qgemm_module(
+            (3, 40), "int8", w_dense, np.float32(0.003), 0, 0.01, 5, op="dense", bias=rng.normal(size=24),
+            out=(0.04, -3, "int8")),
+        "matmul_u8": qgemm_module(
+            (2, 3, 8, 20), "uint8", None, 0.02, 140, 0.05, 90, op="matmul", wdtype="uint8",
+            b_shape=(2, 3, 20, 6), out=(0.9, 128, "uint8")),
+        "matmul_dequant": qgemm_module(
+            (2, 3, 8, 20), "int8", None, 0.02, -4, 0.05, 3, op="matmul", b_shape=(1, 3, 20, 6)),
+    }
+
+
+def _qdq_module(axis, dtype):
+    """quantize then dequantize (returned both), per channel along ``axis`` or per tensor."""
+    from test_int8 import _c
+
+    n = (2, 5, 3, 4)[axis] if axis is not None else 1
+    scale = np.linspace(0.01, 0.5, n).astype("float32")
+    zero = np.arange(n) - 2 + (128 if dtype == "uint8" else 0)
+    bb = relax.BlockBuilder()
+    xv = relax.Var("x", relax.TensorType([2, 5, 3, 4], "float32"))
+    with bb.function("main", [xv]):
+        with bb.dataflow():
+            s = _c(scale if n > 1 else scale[0], "float32")
+            z = _c(zero if n > 1 else zero[0], dtype)
+            q = bb.emit(relax.op.quantize(xv, s, z, axis=-1 if axis is None else axis, out_dtype=dtype))
+            d = bb.emit(relax.op.dequantize(q, s, z, axis=-1 if axis is None else axis))
+            gv = bb.emit_output(relax.Tuple([q, d]))
+        bb.emit_func_output(gv)
+    return bb.get()
+
+
+def _three_ways(monkeypatch, program, inputs):
+    """Outputs of ``program``: native runs, every layer in Python, tile by tile."""
+    out = []
+    for native in ("1", "0"):
+        monkeypatch.setenv("TVM_SPINN_SIM_NATIVE", native)
+        out.append(run_program(program, inputs, mode="layers"))
+    out.append(run_program(program, inputs, mode="tiles"))
+    monkeypatch.setenv("TVM_SPINN_SIM_NATIVE", "1")
+    return out
+
+
+def _same_bits(a, b):
+    return a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+@pytest.mark.parametrize("name,tflite", [
+    ("conv_u8_requant", False), ("conv_u8_requant", True), ("conv_1x1_dequant", False),
+    ("dense_per_channel", False), ("dense_requant", False), ("dense_requant", True), ("matmul_u8", False),
+    ("matmul_u8", True), ("matmul_dequant", False)])
+def test_native_int8_gemms_give_the_python_bits(monkeypatch, name, tflite):
+    """int8 GEMM layers in native runs (flip, im2col with the zero point as padding, the chunked
+    MAC-array GEMM, zero-point terms and epilogue) against the per-layer Python steps and the tile
+    reference; ``tflite``: the requantizing layers switched to TFLite's rounding rule."""
+    ex = relax.build(_int8_cases()[name], target="spinn")
+    rng = np.random.default_rng(8)
+    (program,) = _programs(ex)
+    gemms = [layer for layer in program.layers if layer.mode == "int8"]
+    assert gemms
+    if tflite:
+        requant = [layer for layer in gemms if layer.attrs["out"] != "float32"]
+        assert requant
+        for layer in requant:
+            layer.attrs["rounding"] = "tflite"
+    inputs = []
+    for tid in program.inputs:
+        spec = program.tensors[tid]
+        lo, hi = (0, 256) if spec.dtype == "uint8" else (-128, 128)
+        inputs.append(rng.integers(lo, hi, size=spec.shape).astype(spec.dtype))
+    native, python, tiles = _three_ways(monkeypatch, program, inputs)
+    assert program_plan(program).native_layers == len(program.layers)
+    for got, want, ref in zip(native, python, tiles):
+        assert _same_bits(got, want) and _same_bits(got, ref)
+    if native[0].dtype != np.float32:  # both rails or the interior: not a constant output
+        assert len(np.unique(native[0])) > 8
+    simulator._PLANS.clear()
+
+
+@pytest.mark.parametrize("axis,dtype", [(None, "int8"), (1, "uint8"), (3, "int8")])
+def test_native_quantize_dequantize_give_the_python_bits(monkeypatch, axis, dtype):
+    """quantize/dequantize in native runs, per tensor and per channel, on ties, saturating values,
+    infinities (the range's ends), NaN (0) and signed zeros."""
+    (program,) = _programs(relax.build(_qdq_module(axis, dtype), target="spinn"))
+    rng = np.random.default_rng(9)
+    x = (rng.normal(size=(2, 5, 3, 4)) * 40).astype("float32").reshape(-1)
+    x[:6] = [0.25, 0.75, -0.25, np.inf, -np.inf, np.nan]
+    x[6:10] = [-0.0, 1e30, -1e30, 0.005]
+    x[::11] = np.nan
+    native, python, tiles = _three_ways(monkeypatch, program, [x.reshape(2, 5, 3, 4)])
+    assert program_plan(program).native_layers == len(program.layers)
+    for got, want, ref in zip(native, python, tiles):
+        assert _same_bits(got, want) and _same_bits(got, ref)
+    q = native[0].reshape(-1)
+    lo, hi = (0, 255) if dtype == "uint8" else (-128, 127)
+    assert q[3] == hi and q[4] == lo and q[5] == 0 and q[8] == lo  # inf, -inf, NaN, -1e30
+    simulator._PLANS.clear()
+
+
+def test_native_int8_instructions_are_validated():
+    """A qgemm instruction on hand-made buffers gives numpy's ``(a - za) @ b * scale``; bad
+    extents, accumulator widths and missing epilogue vectors are ValueErrors at creation."""
+    from tvm_spinn import _lib
+    from tvm_spinn.program.ops.native import codes
+
+    create = _lib._func("tvm_spinn.sim.plan_create")
+    c = codes()
+    none = c["none"]
+    rng = np.random.default_rng(10)
+    a = rng.integers(-128, 128, size=(2, 3)).astype(np.int8)
+    b = rng.integers(-128, 128, size=(3, 2)).astype(np.int8)
+    scale = np.array([0.5, 0.25], dtype=np.float32)
+    index = np.zeros(1, dtype=np.int64)
+    consts = [a, b, index, index, scale]
+
+    def word(m=2, acc_bits=24, kind=0, scale_slot=4):  # slots: consts 0-4, out 5, acc 6
+        return [c["qgemm"], 0, 1, 5, 6, 1, m, 3, 2, 2, 3, 3, acc_bits, 5, none, 0, none, none, none, 1, 0, kind,
+                scale_slot, none, none, none, none, 0, 0, 0, -128, 127]
+
+    run = create(word(), consts, [16], [16])
+    out = np.empty((2, 2), dtype=np.float32)
+    run(out)
+    want = ((a.astype(np.int64) - 5) @ b.astype(np.int64)).astype(np.float32) * scale
+    assert np.array_equal(out, want)
+    with pytest.raises(ValueError, match="bytes"):
+        create(word(m=3), consts, [16], [16])  # A holds 2 x 3
+    with pytest.raises(ValueError, match="acc_bits"):
+        create(word(acc_bits=40), consts, [16], [16])
+    with pytest.raises(ValueError, match="slot"):
+        create(word(kind=1), consts, [4], [16])  # requantizing without multipliers
+    with pytest.raises(ValueError, match="slot"):
+        create(word(scale_slot=none), consts, [16], [16])

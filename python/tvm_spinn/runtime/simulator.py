@@ -42,6 +42,7 @@ import numpy as np
 from ..program import Layer, Program, Tile
 from .. import _lib
 from ..program.ops import family_of
+from ..program.ops.gemm import GEMM_KINDS
 from ..program.ops.movement import Movement
 from ..program.ops.native import NativeBuilder, NativeRun
 from ..program.ops.elementwise import unary
@@ -221,10 +222,11 @@ class _Plan:
 
 
 def _native_ok(program: Program, layer: Layer) -> bool:
-    """Layers a native run may take: fp32 arithmetic or data movement, every extent > 0, every
-    constant present (the conditions of a prepared Python step)."""
+    """Layers a native run may take: fp32 arithmetic, data movement or int8 GEMMs, every extent
+    > 0, every constant present (the conditions of a prepared Python step)."""
     family = family_of(layer.kind)
-    if family is None or not (layer.mode == "fp32" or (layer.mode == "int8" and isinstance(family, Movement))):
+    if family is None or not (layer.mode == "fp32" or (layer.mode == "int8" and (
+            isinstance(family, Movement) or layer.kind in GEMM_KINDS))):
         return False
     return (all(int(d) > 0 for d in program.tensors[layer.output].shape)
             and all(tid in program.constants for tid in layer.consts.values()))

@@ -812,6 +812,96 @@ def _fp32_native(program, layer: Layer, nb, clip: Layer | None) -> bool:
     return True
 
 
+def _int8_native(program, layer: Layer, nb) -> bool:
+    """:func:`_qgemm_whole` as instructions: uint8 operands flipped (``flip8``), conv2d operands
+    gathered by the 1-byte im2col (padding holds the zero point), the chunked MAC-array GEMM
+    and :func:`int8_finish`'s zero-point terms and epilogue (``qgemm``), with the sums over k
+    of a constant operand prepared once."""
+    tensors = program.tensors
+    attrs = layer.attrs
+    g = gemm_shape(program, layer)
+    if min(g.batch, g.m, g.n, g.k) < 1:
+        return False
+    index = next(i for i, other in enumerate(program.layers) if other is layer)
+    step = int8_chunk(program, index)
+    acc_bits = int(program.arch.get("acc_bits", 29))
+    none = native.codes()["none"]
+    consts = program.constants
+    shape = tuple(int(d) for d in tensors[layer.output].shape)
+
+    def signed(tid, flip):  # to_signed: a uint8 operand with its top bit flipped
+        ref = nb.read(tid)
+        if not flip:
+            return ref
+        count = native.numel(tensors[tid].shape)
+        out = nb.temp(count)
+        nb.emit("flip8", ref, out, count)
+        return out
+
+    x = signed(layer.inputs[0], attrs["x_flip"])
+    wz = consts[layer.consts["w_zero"]].astype(np.int64).reshape(-1) if "w_zero" in layer.consts else None
+    za, za_vec, zb, zb_vec = int(attrs["x_zero"]), none, 0, none
+    a_sum = b_sum = none
+    groups = 1
+    if layer.kind == "conv2d":
+        groups = int(attrs["groups"])
+        weight = consts[layer.consts["weight"]]
+        cout, cg, kh, kw = (int(d) for d in weight.shape)
+        n, c, h, w = (int(d) for d in tensors[layer.inputs[0]].shape)
+        oh, ow = shape[2], shape[3]
+        sh, sw = (int(v) for v in attrs["strides"])
+        dh, dw = (int(v) for v in attrs["dilation"])
+        pt, pl = int(attrs["padding"][0]), int(attrs["padding"][1])
+        if (kh, kw) == (1, 1) and (sh, sw) == (1, 1) and not any(attrs["padding"]) and (oh, ow) == (h, w):
+            b = x  # [n * groups, cg, h * w]: the input itself
+        else:
+            b = nb.temp(n * groups * cg * kh * kw * oh * ow)
+            fill = int(np.asarray(attrs["x_zero"]).astype(np.int8).view(np.uint8))
+            nb.emit("im2col8", x, b, n, groups, cg, h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl, fill)
+        a = nb.read(layer.consts["weight"])
+        a_index = np.arange(g.batch, dtype=np.int64) % groups
+        b_index = np.arange(g.batch, dtype=np.int64)
+        # conv: the weight is A (rows = output channels, their zero points per row), x is B
+        za, zb = 0, int(attrs["x_zero"])
+        if wz is not None:
+            za_vec = nb.const(wz.astype(np.int32))
+        if zb != 0 or wz is not None:
+            a_sum = nb.const(weight.reshape(cout, -1).sum(axis=1, dtype=np.int64))
+        on_rows = 1
+    else:
+        if layer.kind == "dense":
+            weight = consts[layer.consts["weight"]]
+            b = nb.read(layer.consts["weight"])
+            a_index = b_index = np.zeros(1, dtype=np.int64)
+            if wz is not None:
+                zb_vec = nb.const(wz.astype(np.int32))
+            if za != 0:
+                b_sum = nb.const(weight.reshape(g.k, g.n).sum(axis=0, dtype=np.int64))
+        else:
+            batch_shape = shape[:-2]
+
+            def batch_index(tid):
+                lead = tuple(tensors[tid].shape)[:-2]
+                idx = np.arange(int(np.prod(lead, dtype=np.int64)), dtype=np.int64).reshape(lead)
+                return np.array(np.broadcast_to(idx, batch_shape).reshape(-1), dtype=np.int64)
+            b = signed(layer.inputs[1], attrs["b_flip"])
+            a_index, b_index = batch_index(layer.inputs[0]), batch_index(layer.inputs[1])
+            zb = int(attrs.get("b_zero", 0))
+        a = x
+        on_rows = 0
+    out_kind = {"float32": 0, "int8": 1, "uint8": 2}[attrs["out"]]
+
+    def opt(role):
+        return nb.read(layer.consts[role]) if role in layer.consts else none
+
+    nb.emit("qgemm", a, b, nb.write(layer.output), nb.temp(4 * g.batch * g.m * g.n), g.batch, g.m, g.k, g.n,
+            nb.const(a_index), nb.const(b_index), step, acc_bits, za, za_vec, zb, zb_vec, a_sum, b_sum, groups,
+            on_rows, out_kind, opt("scale"), opt("bias"), opt("bias_q"), opt("multiplier"), opt("shift"),
+            int(bool(attrs["relu"])), int(attrs.get("rounding") == "tflite"), int(attrs.get("y_zero", 0)),
+            int(attrs.get("y_min", 0)), int(attrs.get("y_max", 0)))
+    return True
+
+
 # -- the family -----------------------------------------------------------------------------------
 class Gemm(OpFamily):
     """conv2d, dense and matmul, fp32 (M4F) and int8 (MAC array)."""
@@ -1054,7 +1144,9 @@ class Gemm(OpFamily):
         return _fp32_step(program, layer, clip) if layer.mode == "fp32" else None
 
     def native(self, program, layer, nb, clip: Layer | None = None) -> bool:
-        """fp32 layers as instructions (:func:`_fp32_native`); int8 layers run in Python."""
+        """fp32 layers as instructions (:func:`_fp32_native`), int8 layers too (:func:`_int8_native`)."""
+        if layer.mode == "int8":
+            return clip is None and _int8_native(program, layer, nb)
         return layer.mode == "fp32" and _fp32_native(program, layer, nb, clip)
 
 

@@ -1,8 +1,11 @@
 """Stand-alone ``quantize`` (float32 -> int8/uint8) and ``dequantize`` (int8/uint8/int32 ->
 float32) on the M4F, per tensor or per channel along ``axis``.
 
-- Arithmetic (fp32): ``quantize`` is ``clamp(rint(x / s) + z)`` (round half to even, VCVTR);
-  ``dequantize`` is ``fl(q - z) * s``.
+- Arithmetic (fp32): ``quantize`` is ``clamp(rint(x / s) + z)`` (round half to even, VCVTR;
+  infinities clamp to the range's ends, a NaN gives 0 as VCVT converts it); ``dequantize`` is
+  ``fl(q - z) * s`` with ``q - z`` in 32-bit arithmetic.
+- Native runs (``src/sim_plan.cc``, :meth:`QuantizeDequantize.native`): the same operations per
+  element, channel ``(i // inner) % channels`` of the flattened tensor.
 - Tiles: ``[elements]`` over the flattened output.
 """
 
@@ -15,6 +18,7 @@ import numpy as np
 from ..checks import NONNEG, fail
 from ..model import Layer
 from ..quant import QUANT_RANGES
+from . import native
 from .base import FlatFamily, register
 
 __all__ = ["QuantizeDequantize"]
@@ -118,10 +122,38 @@ class QuantizeDequantize(FlatFamily):
         out = runner.out.reshape(-1)
         if runner.layer.kind == "quantize":
             lo, hi = QUANT_RANGES[str(runner.out.dtype)]
-            q = np.rint((x / scale).astype(_F32)) + zero.astype(_F32)
-            out[e0:e1] = np.clip(q, _F32(lo), _F32(hi)).astype(runner.out.dtype)
+            q = np.clip(np.rint((x / scale).astype(_F32)) + zero.astype(_F32), _F32(lo), _F32(hi))
+            q[np.isnan(q)] = 0  # VCVT converts NaN to 0 (numpy's cast of NaN is undefined)
+            out[e0:e1] = q.astype(runner.out.dtype)
         else:
             out[e0:e1] = (x.astype(np.int32) - zero).astype(_F32) * scale
+
+    def native(self, program, layer, nb, clip=None) -> bool:
+        """The layer as one ``quantize``/``dequantize`` instruction (the arithmetic of
+        :meth:`run_tile`)."""
+        tensors = program.tensors
+        x_tid, out = layer.inputs[0], layer.output
+        scale_tid, zero_tid = layer.consts["scale"], layer.consts["zero"]
+        if clip is not None or tensors[scale_tid].dtype != "float32" or tensors[zero_tid].dtype != "int32":
+            return False
+        shape = [int(d) for d in tensors[x_tid].shape]
+        count = native.numel(shape)
+        channels = native.numel(tensors[scale_tid].shape)
+        if count < 1 or native.numel(tensors[zero_tid].shape) != channels:
+            return False
+        inner = 1
+        if channels > 1:
+            axis = layer.attrs["axis"]
+            if axis >= len(shape) or shape[axis] != channels:
+                return False
+            inner = native.numel(shape[axis + 1:])
+        quantized = tensors[out if layer.kind == "quantize" else x_tid].dtype
+        kind = {"int8": 1, "uint8": 2, "int32": 3}.get(str(quantized))
+        if kind is None or (layer.kind == "quantize" and kind == 3):
+            return False
+        nb.emit(layer.kind, nb.read(x_tid), nb.write(out), count, inner, channels, nb.read(scale_tid),
+                nb.read(zero_tid), kind)
+        return True
 
 
 register(QuantizeDequantize())
