@@ -30,10 +30,6 @@
 #include <string>
 #include <type_traits>
 #include <vector>
-#include <chrono>
-#include <cstdio>
-#include <map>
-#include <mutex>
 
 #include "kernels.h"
 #include "tensor_check.h"
@@ -168,25 +164,8 @@ class Plan {
     }
     const size_t first_temp = n_consts + static_cast<size_t>(n_args_);
     for (size_t i = 0; i < offsets_.size(); ++i) base[first_temp + i] = arena + offsets_[i];
-    static const bool prof = std::getenv("SPROF") != nullptr;
-    if (!prof) { for (const Instr& in : code_) Execute(in, base); return; }
-    auto r0 = std::chrono::steady_clock::now();
-    for (const Instr& in : code_) {
-      auto t0 = std::chrono::steady_clock::now();
-      Execute(in, base);
-      double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-      std::string key = std::to_string(in[0]);
-      for (size_t i = 3; i < std::min<size_t>(in.w.size(), 24); ++i) key += "," + std::to_string(in.w[i]);
-      Prof().Add(key, us);
-    }
-    Prof().Add("RUN", std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - r0).count());
+    for (const Instr& in : code_) Execute(in, base);
   }
-  struct ProfT { std::map<std::string, std::pair<double,long>> m; std::mutex mu;
-    void Add(const std::string& k, double us) { std::lock_guard<std::mutex> g(mu); auto it = m.find(k); if (it == m.end()) m[k] = {us, 1}; else { it->second.first = std::min(it->second.first, us); it->second.second++; } }
-    ~ProfT() { std::vector<std::pair<double,std::string>> v; double tot=0; for (auto& kv : m) { v.push_back({kv.second.first, kv.first}); }
-      std::sort(v.rbegin(), v.rend()); for (auto& x : v) tot += x.first; std::fprintf(stderr, "TOTAL per call-set %.1f us\n", tot);
-      for (size_t i = 0; i < v.size() && i < 400; ++i) std::fprintf(stderr, "%8.2f us  %s\n", v[i].first, v[i].second.c_str()); } };
-  static ProfT& Prof() { static ProfT p; return p; }
 
  private:
   /*!
