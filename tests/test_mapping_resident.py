@@ -91,7 +91,10 @@ def test_unbalanced_decode_gemm_becomes_resident_and_keeps_its_bits(monkeypatch)
         np.testing.assert_array_equal(got, ref)
 
 
-def test_layers_start_past_earlier_residents_and_reload_from_records():
+def test_layers_start_past_earlier_residents_and_reload_from_records(monkeypatch):
+    from tvm_spinn.program.ops import gemm
+
+    monkeypatch.setattr(gemm, "SPLIT_K", False)  # the layout of whole-reduction column tiles
     pes = ARCH.pes_per_chip
     # Two 4-column layers: one 32 KiB tile each, both on PE 0 by default (64 KiB, over the cap);
     # laid out, one column per PE, the second starting where the first ends.

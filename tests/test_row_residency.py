@@ -23,8 +23,19 @@ from tvm_spinn.mapping.schedule import map_program, shared_mappings
 from tvm_spinn.mapping.shard import ROW_ALWAYS, plan_shards
 from tvm_spinn.mapping.tiling import layer_work
 from tvm_spinn.program import Layer, Program, TensorDesc
+from tvm_spinn.program.ops import gemm as gemm_ops
 from tvm_spinn.program.ops.gemm import chunk_length, safe_k_chunk
 from tvm_spinn.runtime.simulator import run_program
+
+
+
+@pytest.fixture(autouse=True)
+def _reductions_on_one_pe(monkeypatch):
+    """Each output's reduction on one PE: these tests are about the row-parallel shards (with
+    the reduction split over PEs, tests/test_k_split.py, the column plan's blocks spread over
+    the PEs' SRAM too and win here)."""
+    monkeypatch.setattr(gemm_ops, "SPLIT_K", False)
+
 
 # 4 chips of 8 PEs: a 36-column GEMM gives each chip 9 columns, one PE two of them
 ARCH = tvm_spinn.make_system("rowres-4x8", chips=4, pes_per_chip=8)

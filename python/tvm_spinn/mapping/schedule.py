@@ -251,26 +251,29 @@ def _resident_layout(program: Program, arch: SpinnArch, ranges, tables, records,
         if len(table) != int(table.group.max()) + 1:
             continue  # several row tiles share each block (not a decode step): left as chosen
         first, count = ranges[i]
-        tm, tn, tk = (int(v) for v in records[i]["tile"])
+        tm, tn, tk, *rest = (int(v) for v in records[i]["tile"])
+        parts = rest[0] if rest else 1  # a split reduction: each column block in parts
         n = int(layer.gemm[1])
 
-        def busiest(c: int) -> int:  # weight columns on the busiest PE (one block per group)
-            return -(-(-(-n // c)) // count) * c
+        def busiest(c: int) -> int:  # weight columns (of K / parts) on the busiest PE
+            return -(-(-(-n // c) * parts) // count) * c
 
-        options = sorted({tn, *(max(1, -(-n // (j * count))) for j in range(1, 9))},
+        options = sorted({tn, *(max(1, -(-n * parts // (j * count))) for j in range(1, 9))},
                          key=lambda c: (busiest(c), c != tn, -c))
-        tile = [tm, tn, tk]
+        tile = [tm, tn, tk, *rest]
         for c in options:
             if busiest(c) >= busiest(tn) and c != tn:
                 continue
-            costs = tile_costs(program, i, arch, [tm, c, tk])
+            if -(-n // c) * parts > count and c != tn:
+                continue  # the parts of a split reduction run side by side (one round)
+            costs = tile_costs(program, i, arch, [tm, c, tk, *rest])
             if int(costs.sram_bytes.max()) > budget and c != tn:
                 continue
-            tile = [tm, c, tk]
+            tile = [tm, c, tk, *rest]
             break
         # The window of ``units`` PEs (wrapping around the range) whose fullest PE holds the
         # fewest resident bytes, then the fewest in all: where the layer's first round goes.
-        units = min(count, -(-n // tile[1]))
+        units = min(count, -(-n // tile[1]) * parts)
         ring = np.concatenate([held[first:first + count], held[first:first + count]])
         window = np.lib.stride_tricks.sliding_window_view(ring, units)[:count]
         rotate = int(np.lexsort((np.arange(count), window.sum(axis=1), window.max(axis=1)))[0])

@@ -14,7 +14,10 @@ and order (each defined by the kind's operator family, :mod:`tvm_spinn.program.o
   ``[[b, b+1], [m0, m1], [n0, n1]]`` in ``b``, ``m0``, ``n0`` order; the reduction streams
   through the tile's PE in ``k_splits = ceil(K / tk)`` chunks of ``ceil(K / k_splits)``
   (ascending k, output stationary). Tiles of one *group* share a weight block (conv2d:
-  ``b * ceil(M / tm) + m0 // tm``; dense: ``n0 // tn``; matmul: none, ``-1``).
+  ``b * ceil(M / tm) + m0 // tm``; dense: ``n0 // tn``; matmul: none, ``-1``). int8 tile
+  ``[tm, tn, tk, p]``: each region's chunks split over ``p`` tiles (PEs), regions ``[[b, b+1],
+  [m0, m1], [n0, n1], [k0, k1]]`` (parts innermost), groups ``g * p + j``; the part with ``k1 =
+  K`` adds the others' int32 partial sums (:func:`tvm_spinn.program.ops.gemm.k_part_bounds`).
 - ``softmax``, ``layer_norm``, ``mean``: tile ``[rows, cols]``, regions ``[[r0, r1], [c0, c1]]``
   over rows and the elements of a row (rows outer; ``cols`` below the row length: a row split
   over PEs, its sums chained, see :mod:`tvm_spinn.program.ops.rows`).
@@ -35,7 +38,7 @@ from .ops import family_of
 from .ops.gemm import chunk_length, splits_of
 
 __all__ = [
-    "TileTable", "tile_arity", "region_extent",
+    "TileTable", "tile_arity", "tile_arity_optional", "region_extent",
     "expand_regions", "k_splits", "tile_count", "count_tiles", "splits_of", "chunk_length",
     "layer_tiles", "layer_tile_shape",
 ]
@@ -52,6 +55,12 @@ def tile_arity(kind: str) -> int:
     return _family(kind).tile_arity
 
 
+def tile_arity_optional(kind: str) -> int:
+    """Optional trailing integers a tile shape of ``kind`` may add (GEMM 1: the reduction's
+    PEs ``p``; others 0)."""
+    return int(getattr(_family(kind), "tile_optional", 0))
+
+
 def region_extent(program, index: int) -> tuple[int, ...]:
     """The output space the tiles of layer ``index`` partition (see the module docstring)."""
     layer = program.layers[index]
@@ -61,8 +70,9 @@ def region_extent(program, index: int) -> tuple[int, ...]:
 def count_tiles(extent: tuple[int, ...], tile) -> int:
     """How many tiles ``tile`` cuts an output space ``extent`` (:func:`region_extent`) into:
     a GEMM's (3-D) batch entries are never split, its ``tk`` does not cut outputs."""
-    if len(extent) == 3:
-        return extent[0] * -(-extent[1] // tile[0]) * -(-extent[2] // tile[1])
+    if len(extent) == 3:  # a GEMM; ``[tm, tn, tk, p]``: each region's reduction in p parts
+        parts = int(tile[3]) if len(tile) > 3 else 1
+        return extent[0] * -(-extent[1] // tile[0]) * -(-extent[2] // tile[1]) * parts
     count = 1
     for e, s in zip(extent, tile):
         count *= -(-e // s)

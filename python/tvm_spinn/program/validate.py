@@ -32,7 +32,7 @@ import numpy as np
 from .checks import (check_dict as _dict, check_int as _int, check_keys as _keys,
                      check_list as _list, check_str as _str, fail as _fail, is_int as _is_int)
 from .ops import family_of, layer_kinds
-from .tiles import count_tiles, tile_arity
+from .tiles import count_tiles, tile_arity, tile_arity_optional
 
 __all__ = [
     "validate_header", "MAX_RANK", "MAX_ELEMENTS", "DTYPES", "HEADER_KEYS", "TENSOR_KEYS",
@@ -256,7 +256,10 @@ class _Checker:
         for li, (record, kind, extent) in enumerate(zip(records, kinds, extents)):
             f = f"mapping.layers[{li}]"
             _keys(record, f, LAYER_MAPPING_KEYS, LAYER_MAPPING_OPTIONAL)
-            tile = _list(record["tile"], f"{f}.tile", tile_arity(kind))
+            arity, extra = tile_arity(kind), tile_arity_optional(kind)
+            raw = record["tile"]
+            long = extra and isinstance(raw, list) and arity < len(raw) <= arity + extra
+            tile = _list(raw, f"{f}.tile", len(raw) if long else arity)
             for j, v in enumerate(tile):
                 _int(v, f"{f}.tile[{j}]", 1, MAX_ELEMENTS)
             first, count = _list(record["pes"], f"{f}.pes", 2)

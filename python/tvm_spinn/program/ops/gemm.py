@@ -18,6 +18,17 @@ weight``/rhs (matmul's batches broadcast).
   (output stationary). Tiles of one group share a weight block (conv2d: ``b * ceil(M / tm) +
   m0 // tm``; dense: ``n0 // tn``; matmul: none). Tile shapes are chosen by a cost model among
   candidates padded to the MAC array (:func:`choose_gemm_tile`).
+- Reduction split over PEs (int8 only): tile ``[tm, tn, tk, p]`` cuts each output region's
+  ``k_splits`` chunks into ``p`` contiguous parts (:func:`k_part_bounds`, on chunk boundaries),
+  each a tile of its own with a fourth region axis ``[k0, k1]`` (parts innermost) and its own
+  weight block (group ``g * p + j``). Every chunk stays within :func:`safe_k_chunk` products, so
+  no accumulator wraps and the int32 sum of the parts' partial sums is the whole reduction's
+  (integer adds are exact in any order): the bits do not depend on ``p``. The last part
+  (``k1 = K``) reduces: it DMAs the other parts' ``vm*vn`` int32 partials over the NoC, adds them
+  and runs the epilogue, after its own chunks (:func:`k_part_tail_cycles`; the partials' few
+  bytes are costed there, in its DMA time, not in the chip's NoC traffic), with one more
+  accumulator block of SRAM to receive them. fp32 tiles never split (their k order is the
+  result).
 - Compute cycles of a tile (:func:`gemm_tile_cycles`): fp32 ``vm * vn * K /
   m4f_flops_per_cycle``; int8: the tile padded to ``mac_rows x mac_cols`` blocks, each streaming
   its reduction one k-chunk at a time (1 cycle per k) then reading out its sums, overlapped with
@@ -46,9 +57,12 @@ if TYPE_CHECKING:
     from ...target.arch import SpinnArch
 
 __all__ = ["Gemm", "GemmShape", "gemm_shape", "safe_k_chunk", "Int8Side", "int8_side", "gemm_tile_cycles", "choose_gemm_tile",
-           "smallest_gemm_tile_bytes", "splits_of", "chunk_length", "GEMM_KINDS"]
+           "smallest_gemm_tile_bytes", "splits_of", "chunk_length", "k_part_bounds", "k_part_tail_cycles", "GEMM_KINDS"]
 
 GEMM_KINDS = ("conv2d", "dense", "matmul")
+#: Whether the mapper may split an int8 tile's reduction over PEs (:func:`choose_gemm_tile`'s
+#: ``split_k``); tests of other mechanisms (e.g. row-parallel shards) switch it off.
+SPLIT_K = True
 _F32 = np.float32
 _QRANGE = {"int8": (-128, 127), "uint8": (0, 255)}
 _REQUANT = {"y_zero": ZERO, "y_min": ZERO, "y_max": ZERO}
@@ -166,6 +180,26 @@ def gemm_tile_cycles(vm: int, vn: int, k: int, k_splits: int, arch: "SpinnArch",
     return longer.astype(np.float64) if isinstance(longer, np.ndarray) else float(longer)
 
 
+def k_part_bounds(k: int, tk: int, parts: int) -> np.ndarray:
+    """``[parts + 1]`` k bounds of a tile's reduction cut into ``parts`` contiguous runs of its
+    :func:`splits_of` chunks (part ``j`` takes chunks ``j * S // parts`` up to ``(j + 1) * S //
+    parts``): chunk boundaries, so every part streams the very chunks the whole tile would."""
+    ks, c = splits_of(k, tk), chunk_length(k, tk)
+    return np.minimum(np.arange(parts + 1, dtype=np.int64) * ks // parts * c, k)
+
+
+def k_part_tail_cycles(vm, vn, parts: int, arch: "SpinnArch", side: Int8Side) -> float:
+    """Cycles the reducing part of a split int8 tile spends after its own chunks: per other part
+    a NoC DMA of its ``vm*vn`` int32 partial sums (``dma_setup_cycles`` + bytes /
+    ``dma_bw_bytes_per_cycle``) and ``vm*vn`` 32-bit adds on the M4F (plus the zero-point sums'
+    ``vm`` / ``vn`` adds), then the dequantizing epilogue (``fp32_out``). Serial: the partials
+    are ready only when the other parts finish (taken to finish with it)."""
+    others = parts - 1
+    dma = others * (arch.dma_setup_cycles + ACC_BYTES * vm * vn / arch.dma_bw_bytes_per_cycle)
+    adds = (others * (vm * vn + vm * side.row_sums + vn * side.col_sums) + int(side.fp32_out) * vm * vn)
+    return dma + adds * arch.m4f_elementwise_cycles
+
+
 def _round_up(a: int, b: int) -> int:
     return ceil_div(a, b) * b
 
@@ -173,8 +207,11 @@ def _round_up(a: int, b: int) -> int:
 def choose_gemm_tile(g: GemmShape, arch: "SpinnArch", name: str = "gemm", pes: int | None = None,
                      kind: str = "dense", naive: bool = False,
                      input_bytes=None, mode: str = "fp32", elem_bytes=None,
-                     int8: Int8Side | None = None) -> tuple[int, int, int]:
-    """Pick ``(tm, tn, tk)`` for a GEMM with the lowest estimated layer time.
+                     int8: Int8Side | None = None, split_k: bool = False) -> tuple[int, ...]:
+    """Pick ``(tm, tn, tk)`` for a GEMM with the lowest estimated layer time; with ``split_k``
+    (what the mapper asks), ``(tm, tn, tk, p)`` for an int8 GEMM whose tiles' reductions split
+    over ``p`` PEs each (tried when the tiles leave PEs idle, ``tiles * p <= pes``; kept only
+    when strictly faster).
 
     Candidates are multiples of the MAC array shape that fit ``arch.tile_sram_bytes``. The
     estimate spreads the tiles over ``pes`` PEs and takes ``max(per-PE compute and DMA, DRAM
@@ -245,19 +282,35 @@ def choose_gemm_tile(g: GemmShape, arch: "SpinnArch", name: str = "gemm", pes: i
             if input_bytes is not None:
                 x_bytes = input_bytes(vn)
             # A weight block stays in SRAM across its tiles only if it fits next to the buffers.
-            w_stationary = w_bytes + gemm_tile_bytes(tm, tn, min(tk, g.k), ae, be) <= budget
-            w_loads = min(tiles, max(groups, pes)) if w_stationary else tiles
             ksplits = ceil_div(g.k, tk)
-            compute = gemm_tile_cycles(vm, vn, g.k, ksplits, arch, mode, int8)
-            dma = (x_bytes + oe * vm * vn + (w_bytes * w_loads) / tiles) / arch.dma_bw_bytes_per_cycle
-            pe_time = per_pe * (max(compute, dma) + arch.dma_setup_cycles * ksplits)
-            # Weight blocks cross DRAM once per group (the NoC multicasts them); activations are
-            # assumed on-chip (NoC). The last tile computes after its load: no overlap for it.
-            dram_time = groups * w_bytes / dram_bytes_per_cycle
-            noc_time = (tiles * (x_bytes + oe * vm * vn) + w_loads * w_bytes) / noc_bytes_per_cycle
-            key = (max(pe_time, max(dram_time, noc_time) + compute), tiles, -tm, -tn)
-            if best_key is None or key < best_key:
-                best, best_key = (tm, tn, tk), key
+            # int8: the chunks of each output tile may be split over p PEs (module docstring)
+            # when the tiles leave PEs idle; every part is a tile of its own.
+            p_max = min(ksplits, pes // tiles) if mode == "int8" and split_k else 1
+            if p_max > 1 and gemm_tile_bytes(pm, pn, min(tk, g.k), ae, be) + ACC_BYTES * pm * pn > budget:
+                p_max = 1  # no room for the reducer's block of received partial sums
+            for parts in range(1, max(1, p_max) + 1):
+                tiles_p, groups_p = tiles * parts, groups * parts
+                per_pe = ceil_div(tiles_p, pes)
+                span = -(-ksplits // parts) * ceil_div(g.k, ksplits)  # the longest part's k
+                frac = min(span, g.k) / g.k
+                xb, wb = x_bytes * frac, w_bytes * frac
+                stationary = wb + gemm_tile_bytes(tm, tn, min(tk, g.k), ae, be) <= budget
+                w_loads = min(tiles_p, max(groups_p, pes)) if stationary else tiles_p
+                if parts == 1:
+                    compute = gemm_tile_cycles(vm, vn, g.k, ksplits, arch, mode, int8)
+                else:
+                    part_side = Int8Side(row_sums=int8.row_sums, col_sums=int8.col_sums)
+                    compute = (gemm_tile_cycles(vm, vn, min(span, g.k), -(-ksplits // parts), arch, mode, part_side)
+                               + k_part_tail_cycles(vm, vn, parts, arch, int8))
+                dma = (xb + oe * vm * vn + (wb * w_loads) / tiles_p) / arch.dma_bw_bytes_per_cycle
+                pe_time = per_pe * (max(compute, dma) + arch.dma_setup_cycles * -(-ksplits // parts))
+                # Weight blocks cross DRAM once per group (the NoC multicasts them); activations
+                # are assumed on-chip (NoC). The last tile computes after its load: no overlap.
+                dram_time = groups_p * wb / dram_bytes_per_cycle
+                noc_time = (tiles_p * (xb + oe * vm * vn) + w_loads * wb) / noc_bytes_per_cycle
+                key = (max(pe_time, max(dram_time, noc_time) + compute), tiles_p, -tm, -tn)
+                if best_key is None or key < best_key:
+                    best, best_key = ((tm, tn, tk, parts) if parts > 1 else (tm, tn, tk)), key
     if best is None:
         need = gemm_tile_bytes(r, c, r, ae, be)
         raise MappingError(
@@ -372,18 +425,47 @@ def _gemm_block(runner, b0: int, m0: int, m1: int, n0: int, n1: int, step: int) 
     runner.c[b0, m0:m1, n0:n1] = acc
 
 
+def _qgemm_sums(runner, a: np.ndarray, bm: np.ndarray, k0: int, k1: int, step: int) -> np.ndarray:
+    """int32 sums of ``a[:, k0:k1] @ bm[k0:k1]``: one ``acc_bits`` accumulation per k-chunk of
+    ``step`` from ``k0`` (a chunk boundary), the chunks' sums added in 32-bit."""
+    acc = np.zeros((a.shape[0], bm.shape[1]), dtype=np.int32)
+    part = np.empty_like(acc)
+    for c0 in range(k0, k1, step):  # chunks fit the accumulator (safe_k_chunk)
+        c1 = min(c0 + step, k1)
+        part.fill(0)
+        _lib.gemm_i8(np.ascontiguousarray(a[:, c0:c1]), np.ascontiguousarray(bm[c0:c1]), part, runner.acc_bits)
+        acc += part  # M4F 32-bit adds (wrap like the hardware; never reached for int8 data)
+    return acc
+
+
+def _qgemm_part(runner, b0: int, m0: int, m1: int, n0: int, n1: int, k0: int, k1: int, step: int) -> None:
+    """One part (reduction ``[k0, k1)``) of a tile split over PEs: its int32 partial sums wait
+    in ``runner.partials`` until the parts cover the whole reduction; then the reducing part
+    adds them (32-bit, any order: the same bits) and finishes like :func:`_qgemm_block`."""
+    key = (b0, m0, m1, n0, n1)
+    a = np.ascontiguousarray(runner.a[runner.a_index(b0), m0:m1])
+    bm = np.ascontiguousarray(runner.b[b0, :, n0:n1])
+    done, acc = runner.partials.pop(key, (0, None))
+    part = _qgemm_sums(runner, a, bm, k0, k1, step)
+    acc = part if acc is None else acc + part
+    done += k1 - k0
+    if done < runner.g.k:
+        runner.partials[key] = (done, acc)
+        return
+    _qgemm_finish(runner, b0, m0, m1, n0, n1, a, bm, acc)
+
+
 def _qgemm_block(runner, b0: int, m0: int, m1: int, n0: int, n1: int, step: int) -> None:
     """Outputs ``[b0, m0:m1, n0:n1]``: one ``acc_bits`` accumulation per k-chunk of ``step``
     (the wrap points depend on ``step``: callers pass the program's chunk length)."""
-    g, attrs = runner.g, runner.layer.attrs
     a = np.ascontiguousarray(runner.a[runner.a_index(b0), m0:m1])
     bm = np.ascontiguousarray(runner.b[b0, :, n0:n1])
-    acc = np.zeros((m1 - m0, n1 - n0), dtype=np.int32)
-    part = np.empty_like(acc)
-    for k0 in range(0, g.k, step):  # chunks fit the accumulator (safe_k_chunk)
-        part.fill(0)
-        _lib.gemm_i8(np.ascontiguousarray(a[:, k0:k0 + step]), np.ascontiguousarray(bm[k0:k0 + step]), part, runner.acc_bits)
-        acc += part  # M4F 32-bit adds (wrap like the hardware; never reached for int8 data)
+    _qgemm_finish(runner, b0, m0, m1, n0, n1, a, bm, _qgemm_sums(runner, a, bm, 0, runner.g.k, step))
+
+
+def _qgemm_finish(runner, b0: int, m0: int, m1: int, n0: int, n1: int, a, bm, acc) -> None:
+    """Zero-point terms and epilogue of outputs ``[b0, m0:m1, n0:n1]`` from their int32 sums."""
+    g, attrs = runner.g, runner.layer.attrs
     acc = acc.astype(np.int64)
     if runner.layer.kind == "conv2d":
         oc0 = (b0 % attrs["groups"]) * g.m
@@ -910,6 +992,7 @@ class Gemm(OpFamily):
     priority = 10
     modes = ("fp32", "int8")
     tile_arity = 3
+    tile_optional = 1  # [tm, tn, tk, p]: the reduction split over p PEs (int8)
     #: a clip reading only this family's fp32 result runs in its epilogue (see :meth:`step`)
     fuses_clip = True
 
@@ -1027,6 +1110,14 @@ class Gemm(OpFamily):
 
     def check_mapping(self, arch, f: str, mode: str, k: int | None, tile) -> None:
         """An int8 layer's k-chunks must fit the MAC array's accumulator."""
+        if len(tile) > 3:
+            parts = int(tile[3])
+            if mode != "int8" and parts > 1:
+                fail(f"{f}.tile[3]", f"a reduction split over {parts} PEs needs an int8 layer "
+                                     f"(fp32 sums in ascending k on one PE)")
+            if k is not None and parts > splits_of(k, tile[2]):
+                fail(f"{f}.tile[3]", f"{parts} reduction parts exceed the tile's "
+                                     f"{splits_of(k, tile[2])} k-chunks (K {k}, tk {tile[2]})")
         if mode != "int8":
             return
         chunk = chunk_length(k, tile[2])
@@ -1056,6 +1147,17 @@ class Gemm(OpFamily):
             group = ni.astype(np.int64)
         else:
             group = np.full(len(b), -1, dtype=np.int64)
+        parts = int(tile[3]) if len(tile) > 3 else 1
+        if parts == 1:
+            return lo, hi, group
+        # each region's reduction in ``parts`` tiles (parts innermost), each with its own block
+        kb = k_part_bounds(gemm_shape(program, layer).k, int(tile[2]), parts)
+        t = len(group)
+        j = np.tile(np.arange(parts, dtype=np.int64), t)
+        lo = np.concatenate([np.repeat(lo, parts, axis=0), kb[j][:, None]], axis=1)
+        hi = np.concatenate([np.repeat(hi, parts, axis=0), kb[j + 1][:, None]], axis=1)
+        group = np.repeat(group, parts)
+        group = np.where(group >= 0, group * parts + j, -1)
         return lo, hi, group
 
     def k_splits(self, program, layer, tile) -> int:
@@ -1076,7 +1178,8 @@ class Gemm(OpFamily):
         in_fn = (lambda vn: int(_conv_input_bytes(program, layer, 0, vn))) if layer.kind == "conv2d" else None
         _, elems, side = _cost_operands(program, layer)
         return list(choose_gemm_tile(g, arch, layer.name, pes=pes, kind=layer.kind, naive=naive,
-                                     input_bytes=in_fn, mode=layer.mode, elem_bytes=elems, int8=side))
+                                     input_bytes=in_fn, mode=layer.mode, elem_bytes=elems, int8=side,
+                                     split_k=SPLIT_K))
 
     def tile_costs(self, program, layer, arch, tile, lo, hi):
         t = program.tensors
@@ -1087,14 +1190,18 @@ class Gemm(OpFamily):
         tk = min(int(tile[2]), g.k)
         ext = hi - lo
         vm, vn = ext[:, 1], ext[:, 2]
+        split = lo.shape[1] > 3  # a reduction split over PEs: part k-ranges [k0, k1)
+        kk = ext[:, 3] if split else g.k
+        last = hi[:, 3] == g.k if split else True  # the reducing part (or the whole tile)
         pm, pn = -(-vm // arch.mac_rows) * arch.mac_rows, -(-vn // arch.mac_cols) * arch.mac_cols
-        a_bytes, b_bytes = ae * vm * g.k, be * g.k * vn
+        a_bytes, b_bytes = ae * vm * kk, be * kk * vn
         if layer.kind == "conv2d":
-            in_b, w_b = _conv_input_bytes(program, layer, lo[:, 2], hi[:, 2]), a_bytes
+            in_b, w_b = _conv_input_bytes(program, layer, lo[:, 2], hi[:, 2]) * kk // g.k, a_bytes
         else:
             in_b, w_b = a_bytes, b_bytes
         # Per-channel epilogue data (bias; int8: acc_offset, multiplier, shift, scale...) travels
-        # with the weight block: the tile's output channels of every const but the weight.
+        # with the weight block (of the reducing part): the tile's output channels of every
+        # const but the weight.
         channels = t[w_tid].shape[0] if layer.kind == "conv2d" else g.n
         v = vm if layer.kind == "conv2d" else vn
         for role, tid in sorted(layer.consts.items()):
@@ -1102,9 +1209,23 @@ class Gemm(OpFamily):
                 continue
             numel = int(np.prod(t[tid].shape, dtype=np.int64))
             size = itemsize(program, tid)
-            w_b = w_b + (size * v * max(1, numel // channels) if numel >= channels else size * numel)
-        cycles = np.ceil(gemm_tile_cycles(vm, vn, g.k, ks, arch, layer.mode, side))
-        return gemm_tile_bytes(pm, pn, tk, ae, be), in_b, w_b, oe * vm * vn, cycles
+            w_b = w_b + last * (size * v * max(1, numel // channels) if numel >= channels else size * numel)
+        if split:
+            parts = int(tile[3])
+            chunks = -(-kk // chunk_length(g.k, tk))
+            side = side or Int8Side()
+            part_side = Int8Side(row_sums=side.row_sums, col_sums=side.col_sums)
+            cycles = gemm_tile_cycles(vm, vn, kk, chunks, arch, layer.mode, part_side)
+            cycles = np.ceil(cycles + last * k_part_tail_cycles(vm, vn, parts, arch, side))
+            # a part's result is its int32 partial sums (the reducer's: the layer's output)
+            out_b = np.where(last, oe, ACC_BYTES) * vm * vn
+            # the reducer receives the partials one at a time into one more accumulator block
+            sram = gemm_tile_bytes(pm, pn, tk, ae, be) + last * ACC_BYTES * pm * pn
+        else:
+            cycles = np.ceil(gemm_tile_cycles(vm, vn, g.k, ks, arch, layer.mode, side))
+            out_b = oe * vm * vn
+            sram = gemm_tile_bytes(pm, pn, tk, ae, be)
+        return sram, in_b, w_b, out_b, cycles
 
     # -- functional simulator -----------------------------------------------------------------
     def prepare_tiles(self, runner) -> None:
@@ -1124,11 +1245,17 @@ class Gemm(OpFamily):
             layer.kind, (zx, np.int64(attrs.get("b_zero", 0))))
         runner.epi = {k: env[layer.consts[k]] for k in ("scale", "bias", "bias_q", "multiplier", "shift") if k in layer.consts}
         runner.acc_bits = int(runner.p.arch.get("acc_bits", 29))
+        runner.partials = {}  # split reductions: region -> (k covered, int32 partial sums)
 
     def run_tile(self, runner, tile) -> None:
-        (b0, _), (m0, m1), (n0, n1) = tile.region
+        (b0, _), (m0, m1), (n0, n1) = tile.region[:3]
+        step = -(-runner.g.k // tile.k_splits)
+        if len(tile.region) > 3:  # one part of a reduction split over PEs (int8 only)
+            (k0, k1), = tile.region[3:]
+            _qgemm_part(runner, b0, m0, m1, n0, n1, k0, k1, step)
+            return
         block = _qgemm_block if runner.layer.mode == "int8" else _gemm_block
-        block(runner, b0, m0, m1, n0, n1, -(-runner.g.k // tile.k_splits))
+        block(runner, b0, m0, m1, n0, n1, step)
 
     def run_whole(self, program, index: int, layer: Layer, env, out: np.ndarray) -> np.ndarray:
         """The whole layer in one batched C++ call (int8: chunked at the program's length)."""
