@@ -19,6 +19,7 @@ import tvm_spinn
 from tvm_spinn.mapping import MappingOptions, derive_tables, map_program
 from tvm_spinn.mapping.tiling import layer_work, tile_costs
 from tvm_spinn.program import Layer, Program, ProgramError, TensorDesc
+from tvm_spinn.program.ops import gemm as gemm_ops
 from tvm_spinn.program.ops.gemm import k_part_bounds, splits_of
 from tvm_spinn.runtime.simulator import run_program
 from tvm_spinn.timing import evaluate
@@ -131,3 +132,34 @@ def test_fp32_never_splits_and_records_are_validated():
         bad.mapping["layers"][0]["tile"][3] = parts
         with pytest.raises(ProgramError, match=match):
             Program.from_bytes(bad.to_bytes())
+
+
+def test_split_conv_and_dense_requantize_like_the_whole_layer(monkeypatch):
+    """int8 conv2d (im2col operand) and dense with a requantizing epilogue: a split tiling runs
+    tile by tile to the bits of the layers mode and of the unsplit tiling."""
+    from test_mapping_int8 import gemm_program
+
+    arch = tvm_spinn.make_system("ksplit-conv", chips=1)
+    rng = np.random.default_rng(5)
+    for kind, shapes in [("conv2d", (512, 4, 4, 8, 3)), ("dense", (2, 3000, 8))]:
+        outs = []
+        for split in (True, False):
+            monkeypatch.setattr(gemm_ops, "SPLIT_K", split)
+            program = gemm_program(kind, "int8", shapes, arch=arch)
+            program.layers[0].attrs.update(y_zero=0, y_min=-128, y_max=127)
+            c = program.layers[0].consts
+            shape = {role: program.tensors[tid].shape for role, tid in c.items()}
+            program.constants = {c["weight"]: np.random.default_rng(1).integers(-128, 128, shape["weight"]).astype(np.int8),
+                                 c["bias_q"]: np.arange(shape["bias_q"][0], dtype=np.int32) * 37,
+                                 c["multiplier"]: np.full(shape["multiplier"], 1 << 30, np.int32),
+                                 c["shift"]: np.full(shape["shift"], 40, np.int32)}
+            map_program(program, arch)
+            assert (len(program.mapping["layers"][0]["tile"]) == 4) == split
+            if not outs:
+                x = rng.integers(-128, 128, program.tensors[0].shape).astype(np.int8)
+                (ref,) = run_program(program, [x], mode="layers")
+                assert len(np.unique(ref)) > 4  # not saturated
+            (got,) = run_program(program, [x], mode="tiles")
+            outs.append(got)
+        np.testing.assert_array_equal(outs[0], ref)
+        np.testing.assert_array_equal(outs[1], ref)
