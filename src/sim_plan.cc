@@ -214,6 +214,15 @@ class Plan {
     }
   }
 
+  /*! \brief An im2col instruction's geometry (fp32 or int8): extents >= 0, the kernel, groups,
+   *         strides and dilations >= 1. */
+  static void CheckIm2Col(const Instr& in) {
+    Positive({in[3], in[5], in[6], in[7], in[10], in[11], in[16], in[17]});
+    if (in[4] < 1 || in[8] < 1 || in[9] < 1 || in[12] < 1 || in[13] < 1 || in[14] < 1 || in[15] < 1) {
+      TVM_FFI_THROW(ValueError) << kFunc << ": bad im2col geometry";
+    }
+  }
+
   /*! \brief The const slot `s` as int64 indices, each in [0, count). */
   void CheckIndex(int64_t s, int64_t batch, int64_t count) const {
     Need(s, batch * 8);
@@ -296,12 +305,9 @@ class Plan {
         }
         case kIm2Col: {
           in = take(18);
+          CheckIm2Col(in);
           const int64_t n = in[3], groups = in[4], cg = in[5], h = in[6], w = in[7], kh = in[8],
                         kw = in[9], oh = in[10], ow = in[11];
-          Positive({n, cg, h, w, oh, ow, in[16], in[17]});
-          if (groups < 1 || kh < 1 || kw < 1 || in[12] < 1 || in[13] < 1 || in[14] < 1 || in[15] < 1) {
-            TVM_FFI_THROW(ValueError) << kFunc << ": bad im2col geometry";
-          }
           Need(in[1], n * groups * cg * h * w * 4);
           Need(in[2], n * groups * cg * kh * kw * oh * ow * 4);
           break;
@@ -450,12 +456,9 @@ class Plan {
         }
         case kIm2Col8: {
           in = take(19);
+          CheckIm2Col(in);
           const int64_t n = in[3], groups = in[4], cg = in[5], h = in[6], w = in[7], kh = in[8],
                         kw = in[9], oh = in[10], ow = in[11];
-          Positive({n, cg, h, w, oh, ow, in[16], in[17]});
-          if (groups < 1 || kh < 1 || kw < 1 || in[12] < 1 || in[13] < 1 || in[14] < 1 || in[15] < 1) {
-            TVM_FFI_THROW(ValueError) << kFunc << ": bad im2col geometry";
-          }
           Need(in[1], n * groups * cg * h * w);
           Need(in[2], n * groups * cg * kh * kw * oh * ow);
           break;

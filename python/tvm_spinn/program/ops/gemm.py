@@ -808,6 +808,14 @@ def _transposed_conv(g: GemmShape, groups: int) -> bool:
     return groups == 1 and g.n <= NARROW_PIXELS and g.m >= 16
 
 
+def _batch_index(tensors, tid: int, batch_shape) -> np.ndarray:
+    """Per batch of a batched matmul's output, the batch of operand ``tid`` it reads (its
+    leading axes broadcast to ``batch_shape``), flattened: the native GEMM's operand index."""
+    lead = tuple(tensors[tid].shape)[:-2]
+    idx = np.arange(int(np.prod(lead, dtype=np.int64)), dtype=np.int64).reshape(lead)
+    return np.array(np.broadcast_to(idx, batch_shape).reshape(-1), dtype=np.int64)
+
+
 def _fp32_native(program, layer: Layer, nb, clip: Layer | None) -> bool:
     """:func:`_fp32_step` as instructions: the same operand layouts, index vectors, kernels
     (im2col, the batched GEMM, the epilogue; the direct depthwise kernel) and epilogue."""
@@ -880,14 +888,8 @@ def _fp32_native(program, layer: Layer, nb, clip: Layer | None) -> bool:
             a, b = nb.read(x_tid), nb.read(rhs_tid)
             a_index = b_index = np.zeros(1, dtype=np.int64)
         else:
-            batch_shape = shape[:-2]
-
-            def index(tid):
-                lead = tuple(tensors[tid].shape)[:-2]
-                idx = np.arange(int(np.prod(lead, dtype=np.int64)), dtype=np.int64).reshape(lead)
-                return np.array(np.broadcast_to(idx, batch_shape).reshape(-1), dtype=np.int64)
             a, b = nb.read(x_tid), nb.read(rhs_tid)
-            a_index, b_index = index(x_tid), index(rhs_tid)
+            a_index, b_index = (_batch_index(tensors, tid, shape[:-2]) for tid in (x_tid, rhs_tid))
         ep = (g.batch, g.m, g.n, 0)
     nb.emit("gemm", a, b, nb.write(layer.output), g.batch, g.m, g.k, g.n, nb.const(a_index), nb.const(b_index),
             bias, ep[3], relu_flag, clip_flag, lo, hi, ep[0], ep[1], ep[2])
@@ -960,14 +962,8 @@ def _int8_native(program, layer: Layer, nb) -> bool:
             if za != 0:
                 b_sum = nb.const(weight.reshape(g.k, g.n).sum(axis=0, dtype=np.int64))
         else:
-            batch_shape = shape[:-2]
-
-            def batch_index(tid):
-                lead = tuple(tensors[tid].shape)[:-2]
-                idx = np.arange(int(np.prod(lead, dtype=np.int64)), dtype=np.int64).reshape(lead)
-                return np.array(np.broadcast_to(idx, batch_shape).reshape(-1), dtype=np.int64)
             b = signed(layer.inputs[1], attrs["b_flip"])
-            a_index, b_index = batch_index(layer.inputs[0]), batch_index(layer.inputs[1])
+            a_index, b_index = (_batch_index(tensors, tid, shape[:-2]) for tid in layer.inputs[:2])
             zb = int(attrs.get("b_zero", 0))
         a = x
         on_rows = 0
