@@ -303,13 +303,15 @@ class Plan {
           Need(in[10], (in[11] ? rows : cols) * 4, true);
           break;
         }
-        case kIm2Col: {
-          in = take(18);
+        case kIm2Col:
+        case kIm2Col8: {  // fp32 or int8 elements (the int8 one carries its zero point too)
+          in = take(op == kIm2Col ? 18 : 19);
           CheckIm2Col(in);
+          const int64_t e = op == kIm2Col ? 4 : 1;
           const int64_t n = in[3], groups = in[4], cg = in[5], h = in[6], w = in[7], kh = in[8],
                         kw = in[9], oh = in[10], ow = in[11];
-          Need(in[1], n * groups * cg * h * w * 4);
-          Need(in[2], n * groups * cg * kh * kw * oh * ow * 4);
+          Need(in[1], n * groups * cg * h * w * e);
+          Need(in[2], n * groups * cg * kh * kw * oh * ow * e);
           break;
         }
         case kDepthwise: {
@@ -452,15 +454,6 @@ class Plan {
           Need(in[2], n * (op == kQuantize ? qb : 4));
           Need(in[6], channels * 4);
           Need(in[7], channels * 4);
-          break;
-        }
-        case kIm2Col8: {
-          in = take(19);
-          CheckIm2Col(in);
-          const int64_t n = in[3], groups = in[4], cg = in[5], h = in[6], w = in[7], kh = in[8],
-                        kw = in[9], oh = in[10], ow = in[11];
-          Need(in[1], n * groups * cg * h * w);
-          Need(in[2], n * groups * cg * kh * kw * oh * ow);
           break;
         }
         default:
