@@ -217,6 +217,14 @@ class _Checker:
         if len(ids) != count:
             _fail(f, f"{what} needs {count} input(s), got {len(ids)}")
 
+    def float32_only(self, f: str, what: str, ins: list[int], out: int, consts: dict, count: int) -> None:
+        """``count`` float32 inputs, a float32 output and no constants (``f``: the layer's field)."""
+        self.need(f"{f}.inputs", what, ins, count)
+        for i, tid in enumerate(ins):
+            self.dtype(f"{f}.inputs[{i}]", tid, ("float32",))
+        self.dtype(f"{f}.output", out, ("float32",))
+        self.consts(f, consts, set())
+
     def consts(self, f: str, consts: dict, required: set[str], optional: set[str] = frozenset()) -> None:
         _keys(consts, f"{f}.consts", required, optional)
 

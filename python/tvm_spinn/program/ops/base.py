@@ -288,6 +288,30 @@ class FlatFamily(OpFamily):
                           for i in runner.layer.inputs]
 
 
+class ComputedFlat(FlatFamily):
+    """A flat family whose layer's values come whole from :meth:`values` (a gather, a pooling
+    gradient): the simulator's tiles copy their runs of the flattened result, so every tiling
+    gives the values' bits."""
+
+    def values(self, layer: Layer, env) -> np.ndarray:
+        """The layer's output values (any layout numpy can flatten)."""
+        raise NotImplementedError
+
+    def prepare_tiles(self, runner) -> None:
+        runner.flat_in = [np.ascontiguousarray(self.values(runner.layer, runner.env)).reshape(-1)]
+
+    def run_tile(self, runner, tile) -> None:
+        (e0, e1), = tile.region
+        runner.out.reshape(-1)[e0:e1] = runner.flat_in[0][e0:e1]
+
+    def run_whole(self, program, index, layer, env, out):
+        out[...] = self.values(layer, env)
+        return out
+
+    def step(self, program, layer):
+        return lambda program, env: np.ascontiguousarray(self.values(layer, env))
+
+
 def flat_tile(program, layer: Layer, arch: "SpinnArch", pes: int) -> int:
     """Elements per tile of a flat layer: double-buffered inputs and output, spread over the
     PEs but never beyond the working SRAM."""

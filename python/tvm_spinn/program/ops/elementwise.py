@@ -411,11 +411,7 @@ class Select(FlatFamily):
         layer.inputs = [lowerer.operand(x, env) for x in (*less.args, *where.args[1:])]
 
     def check(self, v, f, kind, mode, ins, consts, out, attrs):
-        v.need(f"{f}.inputs", kind, ins, 4)
-        for i, tid in enumerate(ins):
-            v.dtype(f"{f}.inputs[{i}]", tid, ("float32",))
-        v.dtype(f"{f}.output", out, ("float32",))
-        v.consts(f, consts, set())
+        v.float32_only(f, kind, ins, out, consts, 4)
         shape = v.shapes[ins[0]]
         for tid in ins[1:]:
             b = v.broadcast(shape, v.shapes[tid])

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..checks import check_int, fail
 from ..model import Layer
-from .base import FlatFamily, itemsize, register
+from .base import ComputedFlat, itemsize, register
 
 __all__ = ["Gather", "gather"]
 
@@ -51,7 +51,7 @@ def gather(layer: Layer, table: np.ndarray, indices: np.ndarray) -> np.ndarray:
     return np.take(table, idx, axis=axis)
 
 
-class Gather(FlatFamily):
+class Gather(ComputedFlat):
     """``take`` of a table (constant or computed) by int32 indices."""
 
     kinds = ("take",)
@@ -140,22 +140,8 @@ class Gather(FlatFamily):
         return 2 * (te + oe) * e, in_bytes, w_bytes, oe * e, np.ceil(e * self.cycles_per_element(layer, arch))
 
     # -- functional simulator -----------------------------------------------------------------
-    def _values(self, layer: Layer, env) -> np.ndarray:
+    def values(self, layer: Layer, env) -> np.ndarray:
         return gather(layer, env[self._table(layer)], env[layer.inputs[-1]])
-
-    def prepare_tiles(self, runner) -> None:
-        runner.flat_in = [np.ascontiguousarray(self._values(runner.layer, runner.env)).reshape(-1)]
-
-    def run_tile(self, runner, tile) -> None:
-        (e0, e1), = tile.region
-        runner.out.reshape(-1)[e0:e1] = runner.flat_in[0][e0:e1]
-
-    def run_whole(self, program, index, layer, env, out):
-        out[...] = self._values(layer, env)
-        return out
-
-    def step(self, program, layer):
-        return lambda program, env: np.ascontiguousarray(self._values(layer, env))
 
     def native(self, program, layer, nb, clip=None):
         """One ``gather`` instruction: the rows :func:`gather` takes, its index modes, and in

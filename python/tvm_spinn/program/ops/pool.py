@@ -30,7 +30,7 @@ import numpy as np
 from ..checks import PAD4, POS2, check_bool, fail
 from ..model import Layer
 from .elementwise import binary
-from .base import FlatFamily, MappingError, OpFamily, ceil_div, itemsize, register, starts, working_budget
+from .base import ComputedFlat, MappingError, OpFamily, ceil_div, itemsize, register, starts, working_budget
 
 __all__ = ["Pool", "PoolGrad", "smallest_pool_tile_bytes", "max_pool2d_backward"]
 
@@ -335,7 +335,7 @@ def max_pool2d_backward(dy: np.ndarray, x: np.ndarray, pool_size, strides, paddi
     return dx
 
 
-class PoolGrad(FlatFamily):
+class PoolGrad(ComputedFlat):
     """``max_pool2d_backward(dy, x)``: the input gradient of a max pooling (training)."""
 
     kinds = ("max_pool2d_backward",)
@@ -367,11 +367,7 @@ class PoolGrad(FlatFamily):
         return {"pool_size": POS2, "strides": POS2, "padding": PAD4}, {}
 
     def check(self, v, f, kind, mode, ins, consts, out, attrs):
-        v.need(f"{f}.inputs", kind, ins, 2)
-        for i, tid in enumerate(ins):
-            v.dtype(f"{f}.inputs[{i}]", tid, ("float32",))
-        v.dtype(f"{f}.output", out, ("float32",))
-        v.consts(f, consts, set())
+        v.float32_only(f, kind, ins, out, consts, 2)
         n, c, h, w = v.rank(f"{f}.inputs[1]", ins[1], 4, 4)
         (kh, kw), (sh, sw), (pt, pl, pb, pr) = attrs["pool_size"], attrs["strides"], attrs["padding"]
         oh, ow = (h + pt + pb - kh) // sh + 1, (w + pl + pr - kw) // sw + 1
@@ -391,24 +387,10 @@ class PoolGrad(FlatFamily):
         windows = -(-kh // sh) * -(-kw // sw)
         return arch.m4f_elementwise_cycles * (2 * kh * kw / (sh * sw) + 2 * windows)
 
-    def _whole(self, layer, env):
+    def values(self, layer, env):
         a = layer.attrs
         return max_pool2d_backward(env[layer.inputs[0]], env[layer.inputs[1]], a["pool_size"], a["strides"],
                                    a["padding"])
-
-    def prepare_tiles(self, runner) -> None:
-        runner.flat_in = [self._whole(runner.layer, runner.env).reshape(-1)]
-
-    def run_tile(self, runner, tile) -> None:
-        (e0, e1), = tile.region
-        runner.out.reshape(-1)[e0:e1] = runner.flat_in[0][e0:e1]
-
-    def run_whole(self, program, index, layer, env, out):
-        out[...] = self._whole(layer, env)
-        return out
-
-    def step(self, program, layer):
-        return lambda program, env: self._whole(layer, env)
 
 
 register(PoolGrad())
