@@ -696,18 +696,25 @@ class Plan {
    *        channel (b % groups) * m + r (conv2d). Sums over k come from int64 constants when
    *        given, else from the operands.
    */
+  /*! \brief A GEMM instruction's batch, m, k, n at word `at` and its operands' batch index slots
+   *         after them (fp32 and int8 GEMMs alike). */
+  static BatchedGemm GemmGeometry(const Instr& in, size_t at, const std::vector<char*>& base) {
+    BatchedGemm s;
+    s.batch = in[at];
+    s.m = in[at + 1];
+    s.k = in[at + 2];
+    s.n = in[at + 3];
+    s.a_index = reinterpret_cast<const int64_t*>(base[in[at + 4]]);
+    s.b_index = reinterpret_cast<const int64_t*>(base[in[at + 5]]);
+    return s;
+  }
+
   static void QGemm(const Instr& in, const std::vector<char*>& base) {
     const auto slot = [&](int64_t s) { return s == kNone ? nullptr : base[s]; };
     const int8_t* a = reinterpret_cast<const int8_t*>(base[in[1]]);
     const int8_t* b = reinterpret_cast<const int8_t*>(base[in[2]]);
     int32_t* acc = reinterpret_cast<int32_t*>(base[in[4]]);
-    BatchedGemm s;
-    s.batch = in[5];
-    s.m = in[6];
-    s.k = in[7];
-    s.n = in[8];
-    s.a_index = reinterpret_cast<const int64_t*>(base[in[9]]);
-    s.b_index = reinterpret_cast<const int64_t*>(base[in[10]]);
+    BatchedGemm s = GemmGeometry(in, 5, base);
     const int64_t batch = s.batch, m = s.m, k = s.k, n = s.n;
     std::memset(acc, 0, static_cast<size_t>(batch * m * n) * 4);
     GemmI8Batched(a, b, acc, s, in[11], static_cast<int>(in[12]), SimThreads(batch * m * n * k));
@@ -847,13 +854,7 @@ class Plan {
     auto f32 = [&](int64_t s) { return reinterpret_cast<float*>(base[s]); };
     switch (in[0]) {
       case kGemm: {
-        BatchedGemm s;
-        s.batch = in[4];
-        s.m = in[5];
-        s.k = in[6];
-        s.n = in[7];
-        s.a_index = reinterpret_cast<const int64_t*>(base[in[8]]);
-        s.b_index = reinterpret_cast<const int64_t*>(base[in[9]]);
+        BatchedGemm s = GemmGeometry(in, 4, base);
         float* c = f32(in[3]);
         const int64_t count = s.batch * s.m * s.n;
         s.zero_c = true;
