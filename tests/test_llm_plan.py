@@ -3,6 +3,7 @@ weights as shape/dtype descriptors, the mapping compiler and timing model, no si
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.resources
 import json
@@ -155,22 +156,26 @@ def test_plan_shipped_models(name, target, seq, layers, monkeypatch):
     assert np.isfinite(result.energy_per_token_j) and result.ttft_s > result.decode_latency_s
     alts = result.plan["alternatives"]
     assert min(v["period_s"] for v in alts.values()) == pytest.approx(1 / result.tokens_per_s_per_user)
+    p = result.plan
     if target == "spinn/cloud":
         # boards per block (a block's weights do not fit one board's SRAM resident: 1, 2, 3...
         # stages per block are costed) and one for the head, the other boards replicas; with
         # the weight GEMMs laid out for residency (mapping.schedule._resident_layout) and the
         # down projection row-parallel (shard.ROW_ALWAYS), four boards per block hold every
         # weight GEMM in SRAM (all but the embedding table, read one row per token)
-        p = result.plan
         assert p["placement"] == "pipeline" and {"pipeline:s1", "pipeline:s2", "pipeline:s4", "shared"} <= set(alts)
         assert p["stages_per_block"] == 4 and p["stages"] == 80 * 4 + 1
         assert p["replicas"] == 720 // p["stages"] and result.chips_used == p["stages"] * 48
         assert all(st["weights_in"] == "sram" for st in p["stage_plan"])
+        # the KV cache (16.8 MB a block) fits next to the attention stage's weights
+        assert p["kv_cache_in"] == "sram" and p["kv_cache_sram_bytes"] == result.kv_cache_bytes
         spec = llm.spec_of(str(CONFIGS / f"{name}.json"))
         assert p["resident_weight_bytes"] >= result.weight_bytes - spec.vocab * spec.hidden
         assert alts["pipeline:s2"]["weights_resident"] < 0.5 < 0.99 < alts["pipeline:s4"]["weights_resident"]
         assert sum(result.bounds_s.values()) == pytest.approx(1 / result.bound_tokens_per_s)
         assert result.binding == max(result.bounds_s, key=result.bounds_s.get)
+    elif target == "spinn/board" and name == "llama-2-70b":
+        assert p["kv_cache_in"] == "dram"  # shared placement: the weights stream, the cache too
 
 
 @functools.lru_cache(maxsize=1)
@@ -273,3 +278,41 @@ def test_pipeline_stages_cut_a_block_at_its_weight_gemms():
     fake = [(0, i, i + 1, w) for i, w in enumerate([5, 1, 1, 4, 4, 4])]
     runs = _balanced(fake, 3)
     assert [[a[1] for a in run] for run in runs] == [[0], [1, 2, 3], [4, 5]]  # largest run 8: the optimum
+
+
+def test_kv_cache_in_sram_when_it_fits_else_dram():
+    """A decode block's KV cache is state kept on the chips: in SRAM when the stage's SRAM
+    ledger has room for it (the attention matmuls' operands resident, counted in the resident
+    bytes), else in DRAM; and holding it in SRAM is never slower than streaming it from DRAM
+    on the same system (the same weights streamed in both)."""
+    from tvm_spinn.llm.plan import _kv_state, _map_stage
+    from tvm_spinn.mapping import MappingOptions
+    from tvm_spinn.mapping.schedule import map_program
+    from tvm_spinn.mapping.system import resident_state
+
+    seq, program = _attention_program()
+    t = program.tensors
+    caches = {tid for tid in program.inputs if len(t[tid].shape) == 3 and seq in t[tid].shape}
+    kv = sum(t[tid].nbytes for tid in caches)
+    assert kv == 2 * 2 * 32 * seq * 4  # K^T and V of 2 KV heads of 32, fp32
+    host = {tuple(t[tid].shape) for tid in caches} | {(seq,)}
+    # two chips of 4 PEs: 32 KiB of SRAM per PE leave room for the cache, 24 KiB do not
+    fits = tvm_spinn.make_system("kv-fits", chips=2, pes_per_chip=4, sram_bytes=32 * 1024)
+    full = tvm_spinn.make_system("kv-full", chips=2, pes_per_chip=4, sram_bytes=24 * 1024)
+    held, spilled = (_map_stage([program], arch, host, seq) for arch in (fits, full))
+    assert held.kv_bytes == spilled.kv_bytes == kv
+    assert held.kv_sram_bytes == kv and held.resident_bytes >= kv
+    assert spilled.kv_sram_bytes == 0 and spilled.resident_bytes == 0
+    # the same system, the cache held (weights="auto") or streamed (weights="stream")
+    timed = {}
+    for weights in ("auto", "stream"):
+        mapped = dataclasses.replace(program, timing={}, mapping={}, memory={}, tiles=None)
+        mapped.arch = fits.to_dict()
+        with MappingOptions(weights=weights):
+            map_program(mapped, fits)
+        timed[weights] = mapped
+    assert resident_state(timed["auto"], timed["auto"].mapping["resident_layers"]) == caches
+    assert _kv_state(timed["auto"]) == (kv, kv) and _kv_state(timed["stream"]) == (kv, 0)
+    assert timed["auto"].timing["latency_s"] <= timed["stream"].timing["latency_s"]
+    # streamed, the cache crosses DRAM each step (the bound's I/O); held, it does not
+    assert timed["stream"].timing["system"]["streamed_bytes_per_chip"] > timed["auto"].timing["system"]["streamed_bytes_per_chip"]

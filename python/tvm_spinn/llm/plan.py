@@ -178,9 +178,34 @@ class _Timed:
     latency_s: float
     energy_j: float
     weight_bytes: int
-    resident_bytes: int
+    resident_bytes: int  # weights and KV cache kept in SRAM (the memory plans' resident bytes)
     peak_pe_bytes: int
     chips: int
+    kv_bytes: int = 0  # the KV cache the programs read (their state inputs)
+    kv_sram_bytes: int = 0  # of it, what their memory plans keep in SRAM
+
+
+def _kv_state(program) -> tuple[int, int]:
+    """``(bytes, bytes in SRAM)`` of the KV cache a mapped program reads: the inputs read only
+    as the right operand of ``matmul`` layers (:func:`tvm_spinn.mapping.system.resident_state`),
+    in SRAM where the memory plan kept those layers' operands resident (in what the weights
+    resident before them left of the SRAM ledger), else in DRAM."""
+    from ..mapping.system import resident_state
+
+    every = resident_state(program, range(len(program.layers)))
+    held = resident_state(program, program.mapping.get("resident_layers", []))
+    size = {t: program.tensors[t].nbytes for t in every}
+    return sum(size.values()), sum(size[t] for t in held)
+
+
+def _kv_write_s(arch, slot_bytes: float, in_sram: bool) -> float:
+    """Writing a decode step's new key and value (one slot, ``slot_bytes``) into the cache:
+    one PE's DMA into its SRAM, or one chip's DRAM channel (the chip holding the slot)."""
+    if slot_bytes <= 0:
+        return 0.0
+    if in_sram:
+        return (arch.dma_setup_cycles + slot_bytes / arch.dma_bw_bytes_per_cycle) / arch.clock_hz
+    return slot_bytes / arch.dram_bw_bytes_s
 
 
 def _map(described, arch, weights: str) -> _Timed:
@@ -188,7 +213,7 @@ def _map(described, arch, weights: str) -> _Timed:
     from ..mapping.schedule import map_program
 
     lat = energy = 0.0
-    wbytes = resident = peak = chips = 0
+    wbytes = resident = peak = chips = kv = kv_sram = 0
     for d in described:
         program = _clone(d.program)
         program.arch = arch.to_dict()
@@ -201,7 +226,9 @@ def _map(described, arch, weights: str) -> _Timed:
         resident += int(program.memory.get("resident_bytes_total", 0))
         peak = max(peak, int(program.memory.get("peak_bytes_max", 0)))
         chips = max([chips] + [int(row["chips"]) for row in t["layers"]])
-    return _Timed(lat, energy, wbytes, resident, peak, chips)
+        a, b = _kv_state(program)
+        kv, kv_sram = kv + a, kv_sram + b
+    return _Timed(lat, energy, wbytes, resident, peak, chips, kv, kv_sram)
 
 
 def _smallest_fitting(need: int, arch) -> str:
@@ -320,16 +347,23 @@ def plan(config, target="spinn/board", batch: int = 1, seq: int = 2048, dtype: s
 
             handoff_dec = handoff(batch * spec.hidden * 4)
             handoff_pre = handoff(batch * seq * spec.hidden * 4)
-        decode_s = L * dec.latency_s + head.latency_s + handoff_dec
+        # the KV cache: in SRAM as far as the block's memory plan kept it there (next to the
+        # weights resident before it), the rest in DRAM; each step writes one slot of it
+        kv_share = dec.kv_sram_bytes / dec.kv_bytes if dec.kv_bytes else 0.0
+        kv_sram = kv_bytes * kv_share
+        slot = kv_bytes / (L * seq)
+        write_sram, write_dram = L * kv_share * _kv_write_s(sub, slot, True), L * (1 - kv_share) * _kv_write_s(sub, slot, False)
+        decode_s = L * dec.latency_s + head.latency_s + handoff_dec + write_sram + write_dram
         used = group * groups
-        resident = L * dec.resident_bytes + head.resident_bytes
+        resident = L * (dec.resident_bytes - dec.kv_sram_bytes) + head.resident_bytes  # weights only
         streamed = max(0, weight_bytes - resident) if placement == "groups" else weight_bytes
         # a token visits the groups one after another: each block has only its group's resources
         share = used if placement == "shared" else group
         bounds = {
             "compute": (gemm_ops / peak + attn_flops / arch.peak_fp32_flops_s) * arch.chips / share,
-            "dram": (streamed + kv_bytes) / (arch.dram_bw_bytes_s * share),
-            "sram": resident / (share * arch.pes_per_chip * arch.dma_bw_bytes_per_cycle * arch.clock_hz),
+            "dram": (streamed + kv_bytes - kv_sram) / (arch.dram_bw_bytes_s * share) + write_dram,
+            "sram": (resident + kv_sram) / (share * arch.pes_per_chip * arch.dma_bw_bytes_per_cycle * arch.clock_hz)
+                    + write_sram,
             "links": handoff_dec,
         }
         described_groups = (f"{L} blocks + head on {groups} groups of {group} chips, a token passing through "
@@ -338,13 +372,14 @@ def plan(config, target="spinn/board", batch: int = 1, seq: int = 2048, dtype: s
         records[placement] = dict(
             decode_s=decode_s, period_s=decode_s, ttft_s=L * pre.latency_s + head.latency_s + handoff_pre,
             energy_j=(L * dec.energy_j + head.energy_j) / batch, used=used, resident=resident, streamed=streamed,
-            sram_pe=max(dec.peak_pe_bytes, pre.peak_pe_bytes, head.peak_pe_bytes),
-            dram_chip=int(math.ceil((streamed + kv_bytes) / used)), bounds=bounds,
+            kv_sram=kv_sram, sram_pe=max(dec.peak_pe_bytes, pre.peak_pe_bytes, head.peak_pe_bytes),
+            dram_chip=int(math.ceil((streamed + kv_bytes - kv_sram) / used)), bounds=bounds,
             bound_s=max(bounds["compute"], bounds["dram"], bounds["sram"]) + bounds["links"],
             binding=max(bounds, key=bounds.get), description=described_groups,
             meta={"chips_per_group": group, "groups": groups, "mapping_weights": weights_mode,
-                  "block_decode_s": dec.latency_s, "block_prefill_s": pre.latency_s, "head_decode_s": head.latency_s,
-                  "handoff_decode_s": handoff_dec})
+                  "block_decode_s": dec.latency_s + (write_sram + write_dram) / L, "block_prefill_s": pre.latency_s,
+                  "head_decode_s": head.latency_s, "handoff_decode_s": handoff_dec,
+                  "kv_write_decode_s": write_sram + write_dram})
         steps.update()
     if boards >= 2:
         records.update(_pipeline_records(described, spec, arch, model, target, dtype, batch, seq, kv_bytes,
@@ -355,12 +390,15 @@ def plan(config, target="spinn/board", batch: int = 1, seq: int = 2048, dtype: s
     resident, streamed = best["resident"], best["streamed"]
     weights_in = ("sram" if streamed == 0 else "dram" if resident == 0 else
                   f"sram+dram ({resident / weight_bytes:.1%} resident)")
+    kv_sram = int(round(best["kv_sram"]))
+    kv_in = ("sram" if kv_sram >= kv_bytes else "dram" if kv_sram == 0 else
+             f"sram+dram ({kv_sram / kv_bytes:.1%} in SRAM)")
     bounds, bound_s = best["bounds"], best["bound_s"]
     meta = {
         "placement": placement.split(":")[0], "description": f"{best['description']}; weights in {weights_in}, "
-                                                            "KV cache in DRAM",
+                                                            f"KV cache in {kv_in}",
         "layers": L, "scaled_from_one_layer": True, "weights_in": weights_in, "resident_weight_bytes": resident,
-        "kv_cache_in": "dram", "attention_dtype": "fp32",
+        "kv_cache_in": kv_in, "kv_cache_sram_bytes": kv_sram, "attention_dtype": "fp32",
         "alternatives": {k: {"decode_s": v["decode_s"], "period_s": v["period_s"], "ttft_s": v["ttft_s"],
                              "chips": v["used"], "weights_resident": v["resident"] / weight_bytes}
                          for k, v in sorted(records.items())},
@@ -480,20 +518,32 @@ class _Stage:
     #: of ``handoff_in_bytes``, what the first program reads whole (the rest it takes split: a
     #: row-parallel GEMM's input, each chip its share; no all-gather on arrival)
     handoff_gather_bytes: int = -1
+    #: the KV cache the stage's programs read, and what of it their memory plans keep in SRAM
+    kv_bytes: int = 0
+    kv_sram_bytes: int = 0
 
 
-def _map_stage(pieces: list, board, host_shapes: set) -> _Stage:
+def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0) -> _Stage:
     """Map a stage's programs on one board, one after another with one SRAM ledger (each
     program's weights resident in what the earlier ones left, the rest streamed from DRAM).
     ``handoff_in_bytes``: the first program's inputs that the previous stage produced (not the
     KV cache, masks and rotary tables the host or the stage itself provides: ``host_shapes``);
-    ``handoff_gather_bytes`` those of them its shard plan reads whole."""
+    ``handoff_gather_bytes`` those of them its shard plan reads whole.
+
+    The inputs that are not the host's are in the board's SRAM when a program starts: the
+    hand-over from the previous board lands there (see :func:`_pipeline`), and an earlier
+    program of the stage produced the others on these chips (``program.onchip_inputs``, see
+    :func:`tvm_spinn.mapping.system`). The KV cache is state kept on the chips: in SRAM where
+    the ledger leaves room for it after the weights kept before it (the attention matmuls'
+    operands resident, :func:`_kv_state`), else in DRAM; each decode step writes one of its
+    ``slots`` (:func:`_kv_write_s`), charged to the stage's latency and to the SRAM or DRAM
+    bound."""
     from ..mapping import MappingOptions
     from ..mapping.schedule import map_program, shared_mappings
     from ..mapping.system import recorded_plan
 
     lat = energy = 0.0
-    wbytes = resident = streamed = peak = handoff = gather = 0
+    wbytes = resident = streamed = peak = handoff = gather = kv = kv_sram = 0
     bounds = dict.fromkeys(("compute", "dram", "sram", "links"), 0.0)
     alone = dict(bounds)
     sram_bw = board.chips * board.pes_per_chip * board.dma_bw_bytes_per_cycle * board.clock_hz
@@ -503,6 +553,7 @@ def _map_stage(pieces: list, board, host_shapes: set) -> _Stage:
             handoff = handoff if k else sum(program.tensors[t].nbytes for t in handed)
             program = _clone(program)
             program.arch = board.to_dict()
+            program.onchip_inputs = [t for t in program.inputs if tuple(program.tensors[t].shape) not in host_shapes]
             map_program(program, board)
             info = program.mapping.get("system")
             if handed and info:
@@ -525,7 +576,17 @@ def _map_stage(pieces: list, board, host_shapes: set) -> _Stage:
             bounds[top] += kinds[top]
             for key, value in kinds.items():
                 alone[key] += value
-    return _Stage(lat, energy, wbytes, resident, streamed, peak, handoff, bounds, alone, gather)
+            a, b = _kv_state(program)
+            kv, kv_sram = kv + a, kv_sram + b
+            if a and slots:  # the step's new key and value written into their slot
+                share = b / a
+                for where, part in (("sram", share), ("dram", 1 - share)):
+                    if part:
+                        write = part * _kv_write_s(board, a / slots, where == "sram")
+                        lat += write
+                        bounds[where] += write
+                        alone[where] += write
+    return _Stage(lat, energy, wbytes, resident, streamed, peak, handoff, bounds, alone, gather, kv, kv_sram)
 
 
 def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host_shapes: set, steps):
@@ -582,7 +643,7 @@ def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host
     for kind, n in options:
         steps.set_postfix_str(f"map: pipeline, {f'{n} stages per block' if kind == 's' else f'{n} blocks per stage'}")
         runs = _balanced(block_atoms, n) if kind == "s" else [block_atoms * n]
-        stages = [_map_stage([_slice(dec[i].program, a, b) for i, a, b in _merge(run)], board, host_shapes)
+        stages = [_map_stage([_slice(dec[i].program, a, b) for i, a, b in _merge(run)], board, host_shapes, seq)
                   for run in runs]
         if head_stages is None:
             head_stages = [_map_stage([_slice(head[i].program, a, b) for i, a, b in _merge(run)], board, host_shapes)
@@ -630,7 +691,6 @@ def _pipeline_records(described: dict, spec: ModelSpec, arch, model, target, dty
     pre = _map(described["prefill"], board, "auto")
     hand_pre = L * handoff_s(0, batch * seq * spec.hidden * 4)
     micro = math.ceil(batch / mb)
-    kv_block = kv_bytes / L
     out = {}
     for name, r in raw.items():
         chain, kind, n = r["chain"], r["kind"], r["n"]
@@ -648,8 +708,10 @@ def _pipeline_records(described: dict, spec: ModelSpec, arch, model, target, dty
             contrib["links"] += h
             alone["links"] += h
         bound_s = max(sum(contrib.values()), micro * max(sum(st.bounds.values()) for st in chain))
-        # replicated vectors (norm scales) count once per chip in a program's resident bytes
-        resident = sum(min(st.resident_bytes, st.weight_bytes) for st in chain)
+        # replicated vectors (norm scales) count once per chip in a program's resident bytes;
+        # the KV cache kept in SRAM is not a weight
+        resident = sum(min(st.resident_bytes - st.kv_sram_bytes, st.weight_bytes) for st in chain)
+        kv_all, kv_held = sum(st.kv_bytes for st in chain), sum(st.kv_sram_bytes for st in chain)
         blocks = n if kind == "m" else 1
         per_block = len(r["stages"])
         used = len(chain) * arch.chips_per_board
@@ -658,10 +720,10 @@ def _pipeline_records(described: dict, spec: ModelSpec, arch, model, target, dty
         out[name] = dict(
             decode_s=decode_s, period_s=period, ttft_s=L * pre.latency_s + sum(st.latency_s for st in r["head_stages"])
             + hand_pre, energy_j=sum(st.energy_j for st in chain) / mb, used=used, resident=resident,
-            streamed=max(0, weight_bytes - resident),
+            streamed=max(0, weight_bytes - resident), kv_sram=kv_bytes * (kv_held / kv_all if kv_all else 0.0),
             sram_pe=max([pre.peak_pe_bytes] + [st.peak_pe_bytes for st in chain]),
-            dram_chip=int(math.ceil(max([st.streamed_bytes_per_chip + kv_block * blocks / board.chips
-                                         for st in r["stages"]] + [st.streamed_bytes_per_chip for st in r["head_stages"]]))),
+            # a stage's streamed bytes include its KV cache where that is in DRAM
+            dram_chip=int(math.ceil(max(st.streamed_bytes_per_chip for st in r["stages"] + r["head_stages"]))),
             bounds=contrib, bound_s=bound_s, binding=max(contrib, key=contrib.get),
             description=(f"pipeline of {len(chain)} board stages ({stage_desc}, the head on {len(r['head_stages'])}), "
                          f"each tensor-parallel over its board's {board.chips} chips; activations handed over "
@@ -676,8 +738,9 @@ def _pipeline_records(described: dict, spec: ModelSpec, arch, model, target, dty
                   "handoff_decode_s": sum(hand_in),
                   "stage_plan": [{"latency_s": st.latency_s, "weight_bytes": st.weight_bytes,
                                   "resident_bytes": st.resident_bytes, "weights_in":
-                                  "sram" if st.resident_bytes >= st.weight_bytes else
-                                  "dram" if st.resident_bytes == 0 else "sram+dram",
+                                  "sram" if st.resident_bytes - st.kv_sram_bytes >= st.weight_bytes else
+                                  "dram" if st.resident_bytes - st.kv_sram_bytes == 0 else "sram+dram",
+                                  "kv_cache_bytes": st.kv_bytes, "kv_cache_sram_bytes": st.kv_sram_bytes,
                                   "handoff_in_bytes": st.handoff_in_bytes,
                                   "handoff_gathered_bytes": st.handoff_gather_bytes}
                                  for st in r["stages"] + r["head_stages"]]})

@@ -110,7 +110,9 @@ def _structure_key(program: Program, arch: SpinnArch, mode: str, options: Mappin
         header.pop(field)
     for tensor in header["tensors"]:
         tensor.pop("name")
-    return json.dumps([header, arch.to_dict(), mode, options.to_dict()], sort_keys=True)
+    # inputs a caller says are already in SRAM (see .system._system_timing) time differently
+    onchip = sorted(int(t) for t in getattr(program, "onchip_inputs", ()))
+    return json.dumps([header, arch.to_dict(), mode, options.to_dict()] + ([onchip] if onchip else []), sort_keys=True)
 
 
 def _replay(program: Program, entry: tuple) -> None:

@@ -45,7 +45,7 @@ from .memory import LEDGER_RESIDENT_SHARE, activation_label
 from .shard import ROW_ALWAYS, ShardPlan, plan_shards, shard_program
 from .tiling import MappingError
 
-__all__ = ["Ledger", "map_on_system", "TP_DEGREES", "SP_DEGREES", "overflow_message", "system_tables", "retime", "issued",
+__all__ = ["Ledger", "map_on_system", "resident_state", "TP_DEGREES", "SP_DEGREES", "overflow_message", "system_tables", "retime", "issued",
            "group_ranks", "recorded_plan"]
 
 # A model too large for its system is raised at the end of the codegen callback: it crosses
@@ -235,12 +235,15 @@ def _system_timing(program: Program, plan: ShardPlan, shard: Program, tables, ch
     # residents leave, double-buffered) and its tiles then read it on chip; a shard larger than
     # that is read by the tiles from DRAM as the PE-level schedule does (blocks re-fetched).
     prefetch = chip.pes_per_chip * chip.tile_sram_bytes * (1 - LEDGER_RESIDENT_SHARE) / 2
+    # state inputs (a KV cache): held in SRAM by resident layers, else streamed from DRAM by
+    # the layers reading them, like a weight shard
+    state = resident_state(shard, range(len(shard.layers)))
     stream = []
     for i, layer in enumerate(shard.layers):
         if i in resident or not len(tables[i]):
             stream.append(0)
             continue
-        consts = set(layer.consts.values()) | {t for t in layer.inputs if shard.tensors[t].role == "const"}
+        consts = set(layer.consts.values()) | {t for t in layer.inputs if shard.tensors[t].role == "const" or t in state}
         unique = sum(shard.tensors[t].nbytes for t in consts)
         if layer.kind == "take":
             # a gather reads only the rows it gathers (an embedding's one token), not its table
@@ -256,6 +259,11 @@ def _system_timing(program: Program, plan: ShardPlan, shard: Program, tables, ch
     # and the layers reading it fetch it over the NoC, not once per tile from DRAM.
     room = chip.pes_per_chip * chip.tile_sram_bytes * GATHERED_SRAM_SHARE
     gathered = [t for t in range(len(program.tensors), len(shard.tensors)) if shard.tensors[t].nbytes <= room]
+    # Inputs the caller says are already in the chips' SRAM (``program.onchip_inputs``, in
+    # memory only: e.g. a planner's stage whose earlier program, or the hand-over from the
+    # previous board, put them there) are read over the NoC too, and cross no DRAM.
+    arrived = [t for t in getattr(program, "onchip_inputs", ()) if t in shard.inputs and shard.tensors[t].nbytes <= room]
+    gathered += arrived
     shard.mapping = dict(saved, resident_layers=list(range(len(shard.layers))),
                          onchip_tensors=sorted(set(saved.get("onchip_tensors", [])) | set(gathered)))
     local = evaluate(shard, chip, tables)
@@ -264,8 +272,25 @@ def _system_timing(program: Program, plan: ShardPlan, shard: Program, tables, ch
     shard.exec_cycles = exec_cycles  # in memory only: the pre-scores of other plans
     colls = _comm(topo, program, plan)
     row_fp32 = {i for i, s in enumerate(plan.splits) if s == "row" and program.layers[i].mode != "int8"}
-    io = sum(shard.tensors[t].nbytes for t in list(shard.inputs) + list(shard.outputs))
+    # I/O through DRAM: not the inputs already on chip, nor the state (held in SRAM, or
+    # streamed above)
+    held = set(arrived) | state
+    io = sum(shard.tensors[t].nbytes for t in list(shard.inputs) + list(shard.outputs) if t not in held)
     return compose(program, chip, exec_cycles, stream, colls, plan.chips, row_fp32, io, prefetch_bytes=2 * prefetch)
+
+
+def resident_state(program: Program, resident) -> set[int]:
+    """Inputs of ``program`` read only as the right operand of ``matmul`` layers that are all in
+    ``resident`` (layer indices whose operands the memory plan keeps in SRAM): state the chips
+    hold between calls, such as a KV cache (:func:`.shard._cache_inputs` splits it so that each
+    chip keeps the part its attention reads), not read from DRAM on each call."""
+    resident = set(resident)
+    readers: dict[int, list] = {}
+    for i, layer in enumerate(program.layers):
+        for pos, tid in enumerate(layer.inputs):
+            readers.setdefault(tid, []).append((i, layer.kind, pos))
+    return {tid for tid in program.inputs if program.tensors[tid].role != "const" and readers.get(tid)
+            and all(kind == "matmul" and pos == 1 and i in resident for i, kind, pos in readers[tid])}
 
 
 def retime(program: Program, arch: SpinnArch, derive) -> dict:

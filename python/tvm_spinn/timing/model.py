@@ -136,6 +136,11 @@ def transfers(program: Program, index: int, table: TileTable, arch: SpinnArch) -
     layer = program.layers[index]
     n = len(table)
     acts = [tid for tid in layer.inputs if program.tensors[tid].role != "const"]
+    if layer.kind == "matmul":
+        # a tile's ``in_bytes`` are the left operand's; the right one (``w_bytes``) has its own
+        # source below, so where it lives (e.g. a KV cache held in SRAM) does not send the left
+        # operand to DRAM
+        acts = [tid for tid in layer.inputs[:1] if tid in acts]
     in_src = np.full(n, NOC if acts and all(tid in onchip for tid in acts) else DRAM, np.int8)
     out_dst = np.full(n, LOCAL if layer.output in onchip else DRAM, np.int8)
     if index in set(mapping.get("resident_layers", [])):
