@@ -1392,14 +1392,26 @@ void LayerNormRowsF32(const float* x, const float* gamma, const float* beta, flo
   ParallelFor(rows, threads, [&](int64_t r) {
     const float* xr = x + r * cols;
     float* o = out + r * cols;
+    // blocked sums (kernels.h): a row split over PEs sums its blocks in parallel and adds
+    // the block sums along the chain of its chunks, not every element
     float sum = 0.0f;
-    for (int64_t j = 0; j < cols; ++j) sum = sum + xr[j];
+    for (int64_t b = 0; b < cols; b += kLayerNormBlock) {
+      const int64_t e = std::min(cols, b + kLayerNormBlock);
+      float s = 0.0f;
+      for (int64_t j = b; j < e; ++j) s = s + xr[j];
+      sum = sum + s;
+    }
     const float mean = sum / d;
     float sq = 0.0f;
-    for (int64_t j = 0; j < cols; ++j) {
-      o[j] = xr[j] - mean;
-      const float p = o[j] * o[j];
-      sq = sq + p;
+    for (int64_t b = 0; b < cols; b += kLayerNormBlock) {
+      const int64_t e = std::min(cols, b + kLayerNormBlock);
+      float s = 0.0f;
+      for (int64_t j = b; j < e; ++j) {
+        o[j] = xr[j] - mean;
+        const float p = o[j] * o[j];
+        s = s + p;
+      }
+      sq = sq + s;
     }
     const float den = std::sqrt(sq / d + eps);
     for (int64_t j = 0; j < cols; ++j) {

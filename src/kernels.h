@@ -125,9 +125,17 @@ void ActivationF32(const float* x, float* out, int64_t n, Activation act);
 void SoftmaxRowsF32(const float* x, float* out, int64_t rows, int64_t cols, int threads);
 
 /*!
- * \brief Layer norm of each row: mean = sum(x) / d, c = x - mean, var = sum(c * c) / d (sums
- *        sequential from 0), y = c / sqrt(var + eps), then y * gamma and y + beta when given
- *        (null: skipped). Every operation one fp32 rounding.
+ * \brief Elements per block of a layer norm's row sums (python: rows.LAYER_NORM_BLOCK).
+ */
+constexpr int64_t kLayerNormBlock = 32;
+
+/*!
+ * \brief Layer norm of each row: mean = sum(x) / d, c = x - mean, var = sum(c * c) / d,
+ *        y = c / sqrt(var + eps), then y * gamma and y + beta when given (null: skipped).
+ *        Every operation one fp32 rounding. Each sum is blocked: the row's elements in
+ *        blocks of kLayerNormBlock from its start, each block summed left to right from 0,
+ *        the block sums added left to right from 0 -- an order fixed by the row alone, so
+ *        the blocks can be summed on different PEs (a row split over PEs) with these bits.
  */
 void LayerNormRowsF32(const float* x, const float* gamma, const float* beta, float eps, float* out,
                       int64_t rows, int64_t cols, int threads);

@@ -178,7 +178,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
            "Softmax of each row of X [rows, cols] with the exp model, sums sequential fp32.")
       .def("tvm_spinn.sim.layer_norm_f32", SimLayerNormF32,
            "Layer norm of each row of X [rows, cols] (gamma/beta with no elements: none), "
-           "sums sequential fp32, every operation one rounding.")
+           "sums in blocks of 32 (block sums added in order), every operation one rounding.")
       .def("tvm_spinn.sim.depthwise_conv2d_f32", SimDepthwiseConv2dF32,
            "out += depthwise conv (one input channel per group, taps in im2col order, padding "
            "+0.0), then bias per output channel, ReLU and clip.");

@@ -434,17 +434,28 @@ def _softmax_reference(x):
     return out
 
 
+def _blocked_sum(v, block):
+    """numpy float32: blocks of ``block`` elements summed left to right from 0, the block sums
+    added left to right from 0."""
+    total = np.float32(0)
+    for b in range(0, len(v), block):
+        s = np.float32(0)
+        for e in v[b:b + block]:
+            s = np.float32(s + e)
+        total = np.float32(total + s)
+    return total
+
+
 def _layer_norm_reference(x, gamma, beta, eps):
+    """numpy float32, row by row, both sums blocked (rows.LAYER_NORM_BLOCK)."""
+    from tvm_spinn.program.ops.rows import LAYER_NORM_BLOCK
+
     d = np.float32(x.shape[1])
     out = np.empty_like(x)
     for r in range(x.shape[0]):
-        s = np.float32(0)
-        for v in x[r]:
-            s = np.float32(s + v)
+        s = _blocked_sum(x[r], LAYER_NORM_BLOCK)
         c = (x[r] - s / d).astype(np.float32)
-        q = np.float32(0)
-        for v in (c * c).astype(np.float32):
-            q = np.float32(q + v)
+        q = _blocked_sum((c * c).astype(np.float32), LAYER_NORM_BLOCK)
         y = (c / np.sqrt(np.float32(q / d) + np.float32(eps))).astype(np.float32)
         if gamma is not None:
             y = (y * gamma).astype(np.float32)
@@ -454,7 +465,7 @@ def _layer_norm_reference(x, gamma, beta, eps):
     return out
 
 
-@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (5, 64), (2, 300)])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (5, 64), (2, 300), (2, 1024)])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_softmax_and_layer_norm_rows_bits(shape, threads):
     rng = np.random.default_rng(sum(shape))
@@ -469,6 +480,21 @@ def test_softmax_and_layer_norm_rows_bits(shape, threads):
         none = np.zeros(0, np.float32)
         _lib._func("tvm_spinn.sim.layer_norm_f32")(x, none if g is None else g, none if b is None else b, 1e-5, out, threads)
         assert np.array_equal(_bits(out), _bits(_layer_norm_reference(x, g, b, np.float32(1e-5))))
+
+
+def test_layer_norm_sums_are_blocked_not_sequential():
+    # 1e8 has an fp32 ulp of 8: a sequential sum of 1e8 and 33 ones never moves, while the
+    # blocked order adds the second block's 32 ones as one 32.0 (and the first block's, after
+    # 1e8, are lost): the mean differs, and so does every output
+    x = np.ones((1, 64), np.float32)
+    x[0, 0] = 1e8
+    out, none = np.empty_like(x), np.zeros(0, np.float32)
+    _lib._func("tvm_spinn.sim.layer_norm_f32")(x, none, none, 0.0, out, 1)
+    sequential = np.float32(0)
+    for v in x[0]:
+        sequential = np.float32(sequential + v)
+    assert sequential == np.float32(1e8) and _blocked_sum(x[0], 32) == np.float32(1e8 + 32)
+    assert np.array_equal(_bits(out), _bits(_layer_norm_reference(x, None, None, np.float32(0.0))))
 
 
 def test_softmax_rows_special_values():

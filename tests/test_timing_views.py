@@ -125,20 +125,43 @@ def test_reads_from_other_pes_keep_their_barriers():
 
 
 def test_split_row_chain_from_registers():
-    # a 1024-long row split into chunks that fit the FPU registers sums at one add per element
+    # a 1024-long softmax row split into chunks that fit the FPU registers sums at one add per
+    # element (its sum of exps is sequential)
+    b = _Builder([1, 1024])
+    y = b.add("softmax", [0], [1, 1024], {})
+    program = b.program(y)
+    tile = program.mapping["layers"][0]["tile"]
+    assert 1 < tile[1] <= ARCH.m4f_chain_registers
+    slow = dataclasses.replace(ARCH, m4f_chain_registers=1)
+    from tvm_spinn.program.ops.rows import Rows  # noqa: PLC0415 - the family under test
+    rows = family_of("softmax")
+    assert isinstance(rows, Rows)
+    lo, hi, _ = rows.expand_regions(program, program.layers[0], tile)
+    fast_c = rows.tile_costs(program, program.layers[0], ARCH, tile, lo, hi)[4]
+    slow_c = rows.tile_costs(program, program.layers[0], slow, tile, lo, hi)[4]
+    # one serial sum over the row: 1024 x (load + add - add) cycles saved
+    assert int(slow_c.max() - fast_c.max()) == 1024 * (ARCH.m4f_elementwise_cycles / 2 - ARCH.m4f_chain_cycles)
+
+
+def test_split_layer_norm_chains_block_sums():
+    # layer_norm's sums are blocked: a 1024-long row splits into chunks of whole blocks, and
+    # only the 32 block sums per statistic travel, faster than any sequential sum of the row
+    from tvm_spinn.program.ops.rows import LAYER_NORM_BLOCK  # noqa: PLC0415 - the family under test
+
     b = _Builder([1, 1024])
     g, gv = b.const([1024], 1.0)
     be, bv = b.const([1024], 0.0)
     y = b.add("layer_norm", [0], [1, 1024], {"gamma": g, "beta": be}, epsilon=1e-5, center=True, scale=True)
     program = b.program(y)
     tile = program.mapping["layers"][0]["tile"]
-    assert 1 < tile[1] <= ARCH.m4f_chain_registers
-    slow = dataclasses.replace(ARCH, m4f_chain_registers=1)
-    from tvm_spinn.program.ops.rows import Rows  # noqa: PLC0415 - the family under test
+    assert tile[1] % LAYER_NORM_BLOCK == 0 and tile[1] < 1024
     rows = family_of("layer_norm")
-    assert isinstance(rows, Rows)
     lo, hi, _ = rows.expand_regions(program, program.layers[0], tile)
-    fast_c = rows.tile_costs(program, program.layers[0], ARCH, tile, lo, hi)[4]
-    slow_c = rows.tile_costs(program, program.layers[0], slow, tile, lo, hi)[4]
-    # two serial sums over the row: 2 x 1024 x (load + add - add) cycles saved
-    assert int(slow_c.max() - fast_c.max()) == 2 * 1024 * (ARCH.m4f_elementwise_cycles / 2 - ARCH.m4f_chain_cycles)
+    cycles = rows.tile_costs(program, program.layers[0], ARCH, tile, lo, hi)[4]
+    assert cycles.max() < 2 * 1024 * ARCH.m4f_chain_cycles
+    # the block sums chained: 2 statistics x 32 terms, at least
+    assert cycles.min() >= 2 * (1024 // LAYER_NORM_BLOCK) * ARCH.m4f_chain_cycles
+    xs = np.random.default_rng(2).standard_normal((1, 1024)).astype(np.float32) * 3 + 1
+    (got,) = run_program(program, [xs])
+    ref = (xs.astype(np.float64) - xs.mean(dtype=np.float64)) / np.sqrt(xs.astype(np.float64).var() + 1e-5)
+    np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-5)

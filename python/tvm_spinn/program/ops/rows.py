@@ -1,7 +1,14 @@
 """Row operators: ``softmax`` and ``layer_norm`` over the last axis, ``mean`` over trailing axes.
 
-- Arithmetic (Cortex-M4F, fp32): every sum is a sequential fp32 sum of one row, left to right
-  (C++ kernels ``tvm_spinn.sim.row_sum_f32``, ``softmax_f32``, ``layer_norm_f32``); ``softmax``
+- Arithmetic (Cortex-M4F, fp32): the sums of ``softmax`` and ``mean`` are sequential fp32 sums
+  of one row, left to right from 0 (``mean``'s is llvm's order too: training's batch statistics
+  match llvm bit for bit); ``layer_norm``'s two sums are *blocked*: the row in blocks of
+  :data:`LAYER_NORM_BLOCK` elements from its start, each block summed left to right from 0 and
+  the block sums added left to right from 0 -- an order fixed by the row alone (so every
+  mapping gives the same bits) in which a row split over PEs sums its blocks in parallel and
+  only the block sums travel along the chain (a model-width row of a decode step: 32 chained
+  adds instead of 1,024). C++ kernels ``tvm_spinn.sim.row_sum_f32``, ``softmax_f32``,
+  ``layer_norm_f32``; ``softmax``
   is ``e / sum(e)`` with ``e = exp(x - max(x))`` from the exp/log unit's model (the max: the
   row's first NaN if it has one);
   ``layer_norm`` is ``(x - mean) / sqrt(var + eps) * gamma + beta`` with ``mean = sum(x) / d``,
@@ -31,17 +38,18 @@
 - Tiles: ``[rows, cols]``, regions ``[[r0, r1], [c0, c1]]`` over the rows (everything but the
   normalized or reduced axes) and the elements of a row (rows outer). ``cols`` below the row
   length splits each row into ``k = ceil(row / cols)`` chunks on ``k`` PEs, which keeps the
-  bits: the row's sums stay sequential fp32 sums from 0, left to right, because the PEs
-  holding consecutive chunks pass the running partial sum along a chain (PE ``i`` adds its
-  chunk, in element order, to the partial it receives); only the element-wise work (the max,
-  exact in any order; subtract, square, exp, divide, scale, shift) runs in parallel, and the
-  row's statistic (max, mean, variance, sum of exps) is broadcast back to the chunks. The
-  (a chunk of at most ``m4f_chain_registers`` values waits in FPU registers, so the chain
-  costs ``m4f_chain_cycles`` per element; a longer one loads as it adds); the
+  bits: the row's sums stay in their fixed order, because the PEs holding consecutive chunks
+  pass the running partial sum along a chain (PE ``i`` adds its chunk's terms, in order, to the
+  partial it receives: a softmax's or mean's elements, a layer_norm's block sums, which each PE
+  first computes for its blocks in parallel); the element-wise work (the max, exact in any
+  order; subtract, square, exp, divide, scale, shift) runs in parallel, and the row's
+  statistic (max, mean, variance, sum of exps) is broadcast back to the chunks (at most
+  ``m4f_chain_registers`` terms of a chunk wait in FPU registers, so the chain costs
+  ``m4f_chain_cycles`` per term; more are loaded as they are added); the
   functional simulator computes a split tile's rows whole with the same kernel and writes only
   its chunk (a mean's output is written by the tile holding the row's last chunk), so every
   tiling gives the same bits. The cost (:meth:`Rows.tile_costs`): the parallel element-wise
-  work of the chunk, plus the chain (the serial sums over the whole row, one NoC hop per chunk
+  work of the chunk, plus the chain (the serial terms of the whole row, one NoC hop per chunk
   boundary) and the statistic's broadcast, per statistic; the tiler splits a row only when
   rows are fewer than the PEs and the split lowers the layer's modelled time
   (:meth:`Rows.choose_tile`).
@@ -66,11 +74,15 @@ from .base import OpFamily, ceil_div, itemsize, register, starts, working_budget
 if TYPE_CHECKING:
     from ...target.arch import SpinnArch
 
-__all__ = ["Rows", "smallest_row_tile_bytes", "softmax_tflite", "mean_tflite", "softmax_tflite_params",
+__all__ = ["Rows", "LAYER_NORM_BLOCK", "smallest_row_tile_bytes", "softmax_tflite", "mean_tflite", "softmax_tflite_params",
            "mean_tflite_params"]
 
 _F32 = np.float32
 _I64 = np.int64
+#: Elements per block of ``layer_norm``'s row sums (the C++ kernel's ``kLayerNormBlock``; see
+#: the module docstring). 32: a 1,024-wide row's chain is 32 block sums, and a PE holding a
+#: 32-element chunk keeps its one block sum per statistic in a register.
+LAYER_NORM_BLOCK = 32
 
 #: M4F integer operations per element of TFLite's int8 softmax (assumption, counted from the
 #: reference kernel): the fixed-point exp (4 high multiplies and up to 7 barrel-shifter
@@ -103,13 +115,28 @@ def _rows(program, layer: Layer) -> int:
 
 def _serial_per_elem(layer: Layer) -> float:
     """Of :func:`_per_elem`, the operations per element that are steps of a sequential fp32
-    row sum (layer_norm: the sums of ``x`` and of ``(x - mean)^2``; softmax: the sum of exps;
-    mean: its sum): they cannot run in parallel on a split row. TFLite's integer sums are
-    32-bit wrapping adds, associative: each chunk sums its part and the partials are added
-    along the chain, so none of their work is serial."""
-    if _tflite(layer):
+    row sum (softmax: the sum of exps; mean: its sum): they cannot run in parallel on a split
+    row. layer_norm's sums are blocked (each chunk sums its blocks; only the block sums are
+    serial: :func:`_chain_terms`) and TFLite's integer sums are 32-bit wrapping adds,
+    associative (each chunk sums its part, the partials are added along the chain), so none of
+    their per-element work is serial."""
+    if _tflite(layer) or layer.kind == "layer_norm":
         return 0.0
-    return {"softmax": 1.0, "layer_norm": 2.0, "mean": 1.0}[layer.kind]
+    return {"softmax": 1.0, "mean": 1.0}[layer.kind]
+
+
+def _chain_terms(layer: Layer, row: int, chunk: int) -> tuple[int, int]:
+    """``(terms, most per chunk)`` of a split row's chain per statistic: the fp32 terms added one
+    after another along the chunks -- a softmax's or mean's elements, a layer_norm's block sums
+    (one more per chunk boundary inside a block: the block's partial sum travels on) -- and the
+    most of them one chunk adds (what must wait in registers for the fast rate). TFLite's
+    integer partials are counted by :meth:`Rows.tile_costs` itself."""
+    if layer.kind != "layer_norm":
+        return row, chunk
+    blocks = ceil_div(row, LAYER_NORM_BLOCK)
+    chunks = ceil_div(row, chunk)
+    straddle = 0 if chunk % LAYER_NORM_BLOCK == 0 else chunks - 1
+    return blocks + straddle, ceil_div(chunk, LAYER_NORM_BLOCK) + (1 if straddle else 0)
 
 
 def _statistics(layer: Layer) -> tuple[int, int]:
@@ -433,13 +460,15 @@ class Rows(OpFamily):
             return whole
         # Fewer rows than PEs: split each row over up to pes // rows PEs where that lowers the
         # layer's modelled time (every PE then holds one tile: the slowest tile's compute and
-        # DMA). The chain keeps the serial sums whole, so a split pays only through the
-        # element-wise work and the DMA it parallelizes (a plain mean: its DMA only).
+        # DMA). The chain keeps the serial terms whole (a layer_norm's: one per block), so a
+        # split pays through the element-wise work and the DMA it parallelizes (a plain mean:
+        # its DMA only).
         best, best_time = whole, self._tile_time(program, layer, arch, whole)
         most = min(pes // rows, row)
-        # powers of two, and the fewest chunks whose values fit the FPU registers (the chain's
-        # fast rate with the fewest hops)
-        counts = sorted({2 ** i for i in range(1, most.bit_length())} | {ceil_div(row, arch.m4f_chain_registers)})
+        # powers of two, and the fewest chunks whose terms fit the FPU registers (the chain's
+        # fast rate with the fewest hops; layer_norm: one block per chunk)
+        fit = ceil_div(row, LAYER_NORM_BLOCK) if layer.kind == "layer_norm" else ceil_div(row, arch.m4f_chain_registers)
+        counts = sorted({2 ** i for i in range(1, most.bit_length())} | {fit})
         for k in (k for k in counts if 2 <= k <= most):
             tile = [1, ceil_div(row, k)]
             t = self._tile_time(program, layer, arch, tile)
@@ -478,11 +507,15 @@ class Rows(OpFamily):
             # per statistic gathered, and the statistics broadcast back along the chunks
             gathers, broadcasts = _statistics(layer)
             hops = (gathers + broadcasts) * (chunks - 1) * arch.noc_hop_cycles
-            chain_adds = 0.0 if serial else gathers * (chunks - 1)  # integer partials added
-            # a chunk that fits the FPU registers is loaded (and squared) while the running sum
-            # travels: the chain then costs one dependent add per element, not a load and an add
-            step = arch.m4f_chain_cycles if int(tile[1]) <= arch.m4f_chain_registers else op
-            cycles = np.ceil(n * (per - serial) * op + r * (row * serial * step + chain_adds * op + hops))
+            integer = _tflite(layer)
+            chain_adds = gathers * (chunks - 1) if integer else 0.0  # integer partials added
+            terms, held = _chain_terms(layer, row, int(tile[1]))
+            # a chunk whose terms fit the FPU registers computes them (loads, squares, block
+            # sums) while the running sum travels: the chain then costs one dependent add per
+            # term, not a load and an add
+            step = arch.m4f_chain_cycles if held <= arch.m4f_chain_registers else op
+            chained = 0.0 if integer else terms * (serial if serial else gathers) * step
+            cycles = np.ceil(n * (per - serial) * op + r * (chained + chain_adds * op + hops))
         return 2 * (ie * n + oe * n_res), ie * n, w_b, oe * n_res, cycles
 
     # -- functional simulator -----------------------------------------------------------------
@@ -493,7 +526,7 @@ class Rows(OpFamily):
 
     def run_tile(self, runner, tile) -> None:
         # A tile holding chunks [c0, c1) of its rows computes the rows whole with the same
-        # kernel (the chained partial sums give the whole row's sequential sums) and writes
+        # kernel (the chained partial sums give the whole row's sums in their order) and writes
         # only its chunk: every tiling has the bits of the whole-row kernel.
         (r0, r1), (c0, c1) = tile.region
         layer = runner.layer
