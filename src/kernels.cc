@@ -1423,4 +1423,32 @@ void LayerNormRowsF32(const float* x, const float* gamma, const float* beta, flo
   });
 }
 
+void RmsNormRowsF32(const float* x, const float* weight, float eps, float* out, int64_t rows,
+                    int64_t cols, int threads) {
+  const float d = static_cast<float>(cols);
+  ParallelFor(rows, threads, [&](int64_t r) {
+    const float* xr = x + r * cols;
+    float* o = out + r * cols;
+    // the layer norm's blocked order (kernels.h): a row split over PEs chains block sums only
+    float sq = 0.0f;
+    for (int64_t b = 0; b < cols; b += kLayerNormBlock) {
+      const int64_t e = std::min(cols, b + kLayerNormBlock);
+      float s = 0.0f;
+      for (int64_t j = b; j < e; ++j) {
+        const float p = xr[j] * xr[j];
+        s = s + p;
+      }
+      sq = sq + s;
+    }
+    const float m = sq / d;
+    const float v = m + eps;
+    const float root = std::sqrt(v);
+    const float inv = 1.0f / root;
+    for (int64_t j = 0; j < cols; ++j) {
+      const float h = xr[j] * inv;
+      o[j] = weight ? weight[j] * h : h;
+    }
+  });
+}
+
 }  // namespace tvm_spinn

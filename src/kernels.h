@@ -141,6 +141,15 @@ void LayerNormRowsF32(const float* x, const float* gamma, const float* beta, flo
                       int64_t rows, int64_t cols, int threads);
 
 /*!
+ * \brief RMS norm of each row (Llama's RMSNorm, the decomposed graph's operations in order):
+ *        q = sum(x * x) blocked as the layer norm's (kLayerNormBlock), m = q / d, v = m + eps,
+ *        r = 1 / sqrt(v) (VSQRT then VDIV), h = x * r, then y = weight * h when given (null:
+ *        y = h). Every operation one fp32 rounding.
+ */
+void RmsNormRowsF32(const float* x, const float* weight, float eps, float* out, int64_t rows,
+                    int64_t cols, int threads);
+
+/*!
  * \brief What the M4F applies to a finished fp32 accumulator, in this order: `+ bias`, ReLU
  *        (`x > 0 ? x : +0`), then a clip (`x < hi ? x : hi`, then `y > lo ? y : lo`: TVM's
  *        max(min(x, hi), lo), NaN rules included). Each step is optional.

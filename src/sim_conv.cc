@@ -159,6 +159,22 @@ void SimLayerNormF32(TensorView x, TensorView gamma, TensorView beta, double eps
                    ThreadsArg(func, threads, x.numel() * 8));
 }
 
+void SimRmsNormF32(TensorView x, TensorView weight, double eps, TensorView out, int64_t threads) {
+  const char* func = "tvm_spinn.sim.rms_norm_f32";
+  CheckTensor(func, "X", x, 2, kF32);
+  CheckTensor(func, "weight", weight, 1, kF32);
+  CheckTensor(func, "out", out, 2, kF32);
+  const std::string detail = "X " + ShapeStr(x) + ", out " + ShapeStr(out);
+  CheckDim(func, "out.shape[0]", out.shape()[0], x.shape()[0], detail);
+  CheckDim(func, "out.shape[1]", out.shape()[1], x.shape()[1], detail);
+  if (weight.numel() > 0) CheckDim(func, "weight.shape[0]", weight.shape()[0], x.shape()[1], detail);
+  CheckNoOverlap(func, "out", out, "X", x);
+  CheckNoOverlap(func, "out", out, "weight", weight);
+  RmsNormRowsF32(DataPtr<const float>(x), weight.numel() ? DataPtr<const float>(weight) : nullptr,
+                 static_cast<float>(eps), DataPtr<float>(out), x.shape()[0], x.shape()[1],
+                 ThreadsArg(func, threads, x.numel() * 4));
+}
+
 }  // namespace
 
 TVM_FFI_STATIC_INIT_BLOCK() {
@@ -179,6 +195,10 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("tvm_spinn.sim.layer_norm_f32", SimLayerNormF32,
            "Layer norm of each row of X [rows, cols] (gamma/beta with no elements: none), "
            "sums in blocks of 32 (block sums added in order), every operation one rounding.")
+      .def("tvm_spinn.sim.rms_norm_f32", SimRmsNormF32,
+           "RMS norm of each row of X [rows, cols] (weight with no elements: none): x * (1 / "
+           "sqrt(sum(x * x) / d + eps)) * weight, the sum in blocks of 32 (block sums added in "
+           "order), every operation one rounding.")
       .def("tvm_spinn.sim.depthwise_conv2d_f32", SimDepthwiseConv2dF32,
            "out += depthwise conv (one input channel per group, taps in im2col order, padding "
            "+0.0), then bias per output channel, ReLU and clip.");

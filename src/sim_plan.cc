@@ -62,6 +62,7 @@ enum Op : int64_t {
   kQuantize = 13,    // x out n inner channels scale zero kind (1 int8, 2 uint8)
   kDequantize = 14,  // x out n inner channels scale zero kind (1 int8, 2 uint8, 3 int32)
   kIm2Col8 = 15,     // as im2col, 1-byte elements, then the padding byte
+  kRmsNorm = 16,     // x weight eps out rows cols
 };
 
 // kQGemm's output kinds and requantization rules
@@ -344,6 +345,14 @@ class Plan {
           Need(in[2], in[7] * 4, true);
           Need(in[3], in[7] * 4, true);
           Need(in[5], in[6] * in[7] * 4);
+          break;
+        }
+        case kRmsNorm: {
+          in = take(7);
+          Positive({in[5], in[6]});
+          Need(in[1], in[5] * in[6] * 4);
+          Need(in[2], in[6] * 4, true);
+          Need(in[4], in[5] * in[6] * 4);
           break;
         }
         case kUnary: {
@@ -898,6 +907,10 @@ class Plan {
                          in[3] == kNone ? nullptr : f32(in[3]), BitsToFloat(in[4]), f32(in[5]), in[6],
                          in[7], SimThreads(in[6] * in[7] * 8));
         break;
+      case kRmsNorm:
+        RmsNormRowsF32(f32(in[1]), in[2] == kNone ? nullptr : f32(in[2]), BitsToFloat(in[3]), f32(in[4]),
+                       in[5], in[6], SimThreads(in[5] * in[6] * 4));
+        break;
       case kUnary:
         RunUnary(f32(in[1]), f32(in[2]), in[3], in[4], BitsToFloat(in[5]), BitsToFloat(in[6]), in[7] != 0);
         break;
@@ -1001,7 +1014,7 @@ ffi::Function PlanCreate(ffi::Array<int64_t> code, ffi::Array<ffi::Tensor> const
 ffi::Map<ffi::String, int64_t> PlanOps() {
   return ffi::Map<ffi::String, int64_t>{
       {"gemm", kGemm},         {"im2col", kIm2Col}, {"depthwise", kDepthwise},
-      {"softmax", kSoftmax},   {"layer_norm", kLayerNorm}, {"mean", kMean},
+      {"softmax", kSoftmax},   {"layer_norm", kLayerNorm}, {"mean", kMean}, {"rms_norm", kRmsNorm},
       {"unary", kUnary},       {"binary", kBinary}, {"copy", kCopy},        {"pool", kPool}, {"gather", kGather},
       {"qgemm", kQGemm},       {"flip8", kFlip8},   {"quantize", kQuantize}, {"dequantize", kDequantize},
       {"im2col8", kIm2Col8},

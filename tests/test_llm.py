@@ -156,3 +156,11 @@ def test_from_pytorch_accepts_use_cache_models_and_names_unknown_outputs():
 
     with pytest.raises(PyTorchImportError, match="DynamicCache"):
         tvm_spinn.frontend.from_pytorch(CacheOut(), (x.float(),))
+
+
+def test_llama_rmsnorms_run_fused(llama):
+    # each block's two RMSNorms and the final one are one spinn.rms_norm each (blocked sum of
+    # squares), not a sequential spinn.mean with point-wise layers around it
+    _, compiled = llama
+    ops = tvm_spinn.report(compiled.decode_executable()[0]).offloaded_ops
+    assert ops.get("spinn.rms_norm", 0) == 2 * 2 + 1 and "spinn.mean" not in ops, ops

@@ -302,7 +302,8 @@ def test_kv_cache_in_sram_when_it_fits_else_dram():
     held, spilled = (_map_stage([program], arch, host, seq) for arch in (fits, full))
     assert held.kv_bytes == spilled.kv_bytes == kv
     assert held.kv_sram_bytes == kv and held.resident_bytes >= kv
-    assert spilled.kv_sram_bytes == 0 and spilled.resident_bytes == 0
+    # (the post-attention RMSNorm's 1 KB weight may stay resident; none of the cache does)
+    assert spilled.kv_sram_bytes == 0 and spilled.resident_bytes < kv
     # the same system, the cache held (weights="auto") or streamed (weights="stream")
     timed = {}
     for weights in ("auto", "stream"):

@@ -18,7 +18,7 @@ and order (each defined by the kind's operator family, :mod:`tvm_spinn.program.o
   ``[tm, tn, tk, p]``: each region's chunks split over ``p`` tiles (PEs), regions ``[[b, b+1],
   [m0, m1], [n0, n1], [k0, k1]]`` (parts innermost), groups ``g * p + j``; the part with ``k1 =
   K`` adds the others' int32 partial sums (:func:`tvm_spinn.program.ops.gemm.k_part_bounds`).
-- ``softmax``, ``layer_norm``, ``mean``: tile ``[rows, cols]``, regions ``[[r0, r1], [c0, c1]]``
+- ``softmax``, ``layer_norm``, ``rms_norm``, ``mean``: tile ``[rows, cols]``, regions ``[[r0, r1], [c0, c1]]``
   over rows and the elements of a row (rows outer; ``cols`` below the row length: a row split
   over PEs, its sums chained, see :mod:`tvm_spinn.program.ops.rows`).
 - pools: tile ``[planes, rows]``, regions ``[[p0, p1], [r0, r1]]`` over ``N*C`` planes and

@@ -9,7 +9,7 @@ adding or extending one module here; the stages look families up by layer kind
 (:func:`family_of`).
 
 Families: :mod:`.gemm` (conv2d, dense, matmul; fp32 and int8), :mod:`.qdq` (quantize,
-dequantize), :mod:`.rows` (softmax, layer_norm, mean), :mod:`.pool` (max / average pooling, max pooling's gradient),
+dequantize), :mod:`.rows` (softmax, layer_norm, rms_norm, mean), :mod:`.pool` (max / average pooling, max pooling's gradient),
 :mod:`.elementwise` (unary, power, clip, binary, where_less), :mod:`.movement` (reshape, permute_dims,
 broadcast_to, strided_slice, concat, pad) and :mod:`.gather` (take).
 """

@@ -1,4 +1,5 @@
-"""Row operators: ``softmax`` and ``layer_norm`` over the last axis, ``mean`` over trailing axes.
+"""Row operators: ``softmax``, ``layer_norm`` and ``rms_norm`` over the last axis, ``mean`` over
+trailing axes.
 
 - Arithmetic (Cortex-M4F, fp32): the sums of ``softmax`` and ``mean`` are sequential fp32 sums
   of one row, left to right from 0 (``mean``'s is llvm's order too: training's batch statistics
@@ -13,6 +14,17 @@
   row's first NaN if it has one);
   ``layer_norm`` is ``(x - mean) / sqrt(var + eps) * gamma + beta`` with ``mean = sum(x) / d``,
   ``var = sum((x - mean)^2) / d``; ``mean`` is ``sum / d``.
+- ``rms_norm`` (Llama's ``RMSNorm``, C++ ``rms_norm_f32``), fused from the graph transformers'
+  ``LlamaRMSNorm`` imports as -- ``power(x, 2)``, ``mean(axis=-1, keepdims)``, ``add(eps)``,
+  ``rsqrt``, ``multiply(x, .)``, ``multiply(weight, .)`` -- or from ``relax.nn.rms_norm``: per
+  row ``q = sum(x * x)`` in layer_norm's blocked order (:data:`LAYER_NORM_BLOCK`), then the
+  graph's operations in its order, each one fp32 rounding: ``m = q / d``, ``v = m + eps``,
+  ``r = 1 / sqrt(v)`` (VSQRT then VDIV, the ``rsqrt`` of :mod:`.elementwise`), ``h = x * r``,
+  ``y = weight * h`` (without a weight, ``y = h``). So the fused layer differs from the
+  decomposed layers only in the order of the sum of squares (the ``mean`` kind's is sequential,
+  and stays so for training's statistics), and a split row chains ``d / 32`` block sums, not
+  ``d`` elements. (Which NaN a product of two NaNs returns is not fixed here, unlike the
+  element-wise ``multiply``'s first-operand rule.)
 - TFLite's integer softmax and mean (``attrs["rounding"] == "tflite"``: int8/uint8 in and out,
   the composites ``spinn.qsoftmax_tflite`` / ``spinn.qmean_tflite``, i.e. ``quantize(op(dequantize
   (x)))`` of a full-integer TFLite model, see :mod:`tvm_spinn.frontend.tflite`) run on the M4F
@@ -52,7 +64,9 @@
   work of the chunk, plus the chain (the serial terms of the whole row, one NoC hop per chunk
   boundary) and the statistic's broadcast, per statistic; the tiler splits a row only when
   rows are fewer than the PEs and the split lowers the layer's modelled time
-  (:meth:`Rows.choose_tile`).
+  (:meth:`Rows.choose_tile`), and an ``rms_norm`` row too long for a PE's SRAM (Llama-2-70B's
+  8,192) always, into the fewest chunks of whole blocks that fit (so its smallest tile is one
+  block).
 """
 
 from __future__ import annotations
@@ -74,7 +88,7 @@ from .base import OpFamily, ceil_div, itemsize, register, starts, working_budget
 if TYPE_CHECKING:
     from ...target.arch import SpinnArch
 
-__all__ = ["Rows", "LAYER_NORM_BLOCK", "smallest_row_tile_bytes", "softmax_tflite", "mean_tflite", "softmax_tflite_params",
+__all__ = ["Rows", "LAYER_NORM_BLOCK", "BLOCKED", "smallest_row_tile_bytes", "softmax_tflite", "mean_tflite", "softmax_tflite_params",
            "mean_tflite_params"]
 
 _F32 = np.float32
@@ -83,6 +97,8 @@ _I64 = np.int64
 #: the module docstring). 32: a 1,024-wide row's chain is 32 block sums, and a PE holding a
 #: 32-element chunk keeps its one block sum per statistic in a register.
 LAYER_NORM_BLOCK = 32
+#: kinds whose row sums are blocked (:data:`LAYER_NORM_BLOCK`): only block sums are chained
+BLOCKED = ("layer_norm", "rms_norm")
 
 #: M4F integer operations per element of TFLite's int8 softmax (assumption, counted from the
 #: reference kernel): the fixed-point exp (4 high multiplies and up to 7 barrel-shifter
@@ -103,6 +119,11 @@ def smallest_row_tile_bytes(row: int, in_bytes: int = 4, out_bytes: int = 4, red
     return 2 * (in_bytes * row + out_bytes * (1 if reduce else row))
 
 
+def _weight(layer: Layer):
+    """An rms_norm's weight tensor id, or None."""
+    return layer.consts.get("weight")
+
+
 def _row(program, layer: Layer) -> int:
     """Elements per row: the reduced trailing axes of a mean, else the last axis."""
     return layer.attrs["row"] if layer.kind == "mean" else program.tensors[layer.output].shape[-1]
@@ -120,7 +141,7 @@ def _serial_per_elem(layer: Layer) -> float:
     serial: :func:`_chain_terms`) and TFLite's integer sums are 32-bit wrapping adds,
     associative (each chunk sums its part, the partials are added along the chain), so none of
     their per-element work is serial."""
-    if _tflite(layer) or layer.kind == "layer_norm":
+    if _tflite(layer) or layer.kind in BLOCKED:
         return 0.0
     return {"softmax": 1.0, "mean": 1.0}[layer.kind]
 
@@ -131,7 +152,7 @@ def _chain_terms(layer: Layer, row: int, chunk: int) -> tuple[int, int]:
     (one more per chunk boundary inside a block: the block's partial sum travels on) -- and the
     most of them one chunk adds (what must wait in registers for the fast rate). TFLite's
     integer partials are counted by :meth:`Rows.tile_costs` itself."""
-    if layer.kind != "layer_norm":
+    if layer.kind not in BLOCKED:
         return row, chunk
     blocks = ceil_div(row, LAYER_NORM_BLOCK)
     chunks = ceil_div(row, chunk)
@@ -143,15 +164,18 @@ def _statistics(layer: Layer) -> tuple[int, int]:
     """``(gathers, broadcasts)`` of a split row: statistics combined along the chain of its
     chunks, and those sent back to every chunk (layer_norm: mean then variance, both sent
     back; softmax: the max and the sum of exps, both sent back; mean: its sum, written by the
-    last chunk's PE)."""
-    return (1, 0) if layer.kind == "mean" else (2, 2)
+    last chunk's PE; rms_norm: the sum of squares, its ``1 / sqrt`` sent back)."""
+    return {"mean": (1, 0), "rms_norm": (1, 1)}.get(layer.kind, (2, 2))
 
 
 def _per_elem(layer: Layer, arch: "SpinnArch") -> float:
     """M4F operations per element (softmax: max, subtract, exp, sum, divide; TFLite's integer
-    softmax: :data:`_TFLITE_SOFTMAX_OPS`)."""
+    softmax: :data:`_TFLITE_SOFTMAX_OPS`; rms_norm: square, add, ``x * r`` and the weight's
+    multiply)."""
     if layer.kind == "softmax" and _tflite(layer):
         return _TFLITE_SOFTMAX_OPS
+    if layer.kind == "rms_norm":
+        return 4.0 if _weight(layer) is not None else 3.0
     return {"softmax": 3.0 + arch.exp_unit_cycles, "layer_norm": 6.0, "mean": 1.0}[layer.kind]
 
 
@@ -238,6 +262,13 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def _rms_norm(x: np.ndarray, eps, weight) -> np.ndarray:
+    """Rows ``x`` [rows, row] RMS-normalized, then scaled (C++ ``rms_norm_f32``)."""
+    out = np.empty(x.shape, dtype=_F32)
+    _lib._func("tvm_spinn.sim.rms_norm_f32")(_ffi_in(x), _NONE if weight is None else _ffi_in(weight), float(eps), out, 0)
+    return out
+
+
 def _layer_norm(x: np.ndarray, eps, gamma, beta) -> np.ndarray:
     """Rows ``x`` [rows, row] normalized, then scaled and shifted (C++ ``layer_norm_f32``)."""
     out = np.empty(x.shape, dtype=_F32)
@@ -248,15 +279,18 @@ def _layer_norm(x: np.ndarray, eps, gamma, beta) -> np.ndarray:
 
 
 class Rows(OpFamily):
-    """softmax, layer_norm and mean: whole rows per PE, or a long row split into chunks on
+    """softmax, layer_norm, rms_norm and mean: whole rows per PE, or a long row split into chunks on
     several PEs chained by their partial sums (see the module docstring)."""
 
     tile_arity = 2
 
-    kinds = ("softmax", "layer_norm", "mean")
+    kinds = ("softmax", "layer_norm", "rms_norm", "mean")
     #: ``qsoftmax_tflite`` / ``qmean_tflite``: TFLite's integer softmax and mean (the partitioner
     #: offers these patterns only to modules marked ``spinn_quant_rounding="tflite"``)
-    composites = ("softmax", "layer_norm", "mean", "qsoftmax_tflite", "qmean_tflite")
+    #: ``rms_norm`` / ``rms_norm_bare``: Llama's decomposed RMSNorm with / without its weight,
+    #: ``rms_norm_nn``: ``relax.nn.rms_norm``
+    composites = ("softmax", "layer_norm", "rms_norm", "rms_norm_bare", "rms_norm_nn", "mean", "qsoftmax_tflite",
+                  "qmean_tflite")
     # before the quantize/dequantize family (20): the TFLite patterns contain its operators
     priority = 15
 
@@ -271,9 +305,73 @@ class Rows(OpFamily):
             self._tflite_entry(kit, "spinn.qmean_tflite", "relax.mean"),
             kit.entry("spinn.layer_norm", layer_norm, {"input": x, "gamma": gamma, "beta": beta, "root": layer_norm},
                       self._check_pattern),
+            *self._rms_norm_entries(kit),
             kit.unary("spinn.softmax", "relax.nn.softmax", self._check_pattern),
             kit.unary("spinn.mean", "relax.mean", self._check_pattern),
         ]
+
+    def _rms_norm_entries(self, kit) -> list[tuple]:
+        """Llama's RMSNorm as transformers' ``LlamaRMSNorm`` is imported (``x * rsqrt(mean(x ** 2,
+        -1, keepdim) + eps)``, then ``weight * .``), with and without the weight (before
+        ``spinn.mean``, which would take its mean), and ``relax.nn.rms_norm``."""
+        from tvm.relax.dpl import is_const, is_op, wildcard
+
+        def commuted(op, a, b):
+            return is_op(op)(a, b) | is_op(op)(b, a)
+
+        x, exponent, eps, weight = wildcard(), is_const(), is_const(), is_const()
+        power = is_op("relax.power")(x, exponent)
+        mean = is_op("relax.mean")(power)
+        var = is_op("relax.add")(mean, eps)
+        rsqrt = is_op("relax.rsqrt")(var)
+        norm = commuted("relax.multiply", x, rsqrt)
+        scaled = commuted("relax.multiply", weight, norm)
+        parts = {"input": x, "exponent": exponent, "power": power, "mean": mean, "eps": eps, "norm": norm}
+        nx, nweight = wildcard(), is_const()
+        nn = is_op("relax.nn.rms_norm")(nx, nweight)
+        return [
+            kit.entry("spinn.rms_norm", scaled, dict(parts, weight=weight, root=scaled), self._check_rms_norm),
+            kit.entry("spinn.rms_norm_bare", norm, dict(parts, root=norm), self._check_rms_norm),
+            kit.entry("spinn.rms_norm_nn", nn, {"input": nx, "weight": nweight, "root": nn}, self._check_rms_norm),
+        ]
+
+    @staticmethod
+    def _check_rms_norm(kit, op: str, ctx) -> bool:
+        ann = ctx.annotated_expr
+        root, x = ann["root"], ann["input"]
+        if not kit.check_tensors(op, ctx, ("input", "weight"), ("float32",)):
+            return False
+        shape = kit.static_shape(root)
+        if kit.static_shape(x) != shape:
+            return kit.refuse(op, root, f"input {kit.static_shape(x)} broadcast to {shape}")
+        rank, row = len(shape), shape[-1]
+        if "weight" in ann and kit.static_shape(ann["weight"]) != (row,):
+            return kit.refuse(op, root, f"weight of shape {kit.static_shape(ann['weight'])} (need ({row},))")
+
+        def scalar(name):
+            value = ann[name].value.numpy()
+            return float(value.reshape(-1)[0]) if value.size == 1 and value.dtype == np.float32 else None
+
+        if op == "spinn.rms_norm_nn":
+            axes = [int(a) % rank for a in root.attrs.axes]
+            if axes != [rank - 1]:
+                return kit.refuse(op, root, f"rms_norm over axes {axes} (only the last axis)")
+            eps = float(root.attrs.epsilon)
+        else:
+            if scalar("exponent") != 2.0:
+                return kit.refuse(op, root, "power of x is not a float32 scalar 2 (not an RMSNorm)")
+            mean = ann["mean"]
+            axes = sorted(int(a) % rank for a in mean.attrs.axis) if mean.attrs.axis is not None else None
+            if axes != [rank - 1] or not bool(mean.attrs.keepdims):
+                return kit.refuse(op, root, f"mean of x**2 over axes {axes} (RMSNorm: the last, kept)")
+            eps = scalar("eps")
+            if eps is None:
+                return kit.refuse(op, root, "epsilon is not a float32 scalar")
+        if not (math.isfinite(eps) and eps >= 0):
+            return kit.refuse(op, root, f"epsilon {eps} (need a finite value >= 0)")
+        # a row too long for a PE is split into chunks of whole blocks (Rows.choose_tile)
+        block = min(row, LAYER_NORM_BLOCK)
+        return kit.check_fits(op, root, smallest_row_tile_bytes(block), f"a block of {block} elements")
 
     def _tflite_entry(self, kit, name: str, op: str) -> tuple:
         """``quantize(op(dequantize(x)))`` with per-tensor parameters: TFLite's integer op."""
@@ -343,6 +441,9 @@ class Rows(OpFamily):
         if kind.endswith("_tflite"):
             self._lower_tflite(lowerer, kind, calls, env, layer)
             return
+        if kind.startswith("rms_norm"):
+            self._lower_rms_norm(lowerer, kind, calls, env, layer)
+            return
         call = calls[0][1]
         layer.inputs = [lowerer.operand(call.args[0], env)]
         if kind == "layer_norm":
@@ -356,6 +457,28 @@ class Rows(OpFamily):
             axes = call.attrs.axis
             n_axes = len(axes) if axes is not None else len(in_shape)
             layer.attrs["row"] = int(np.prod(in_shape[len(in_shape) - n_axes:], dtype=np.int64))
+
+    def _lower_rms_norm(self, lowerer, kind: str, calls: list, env: dict, layer: Layer) -> None:
+        """One ``rms_norm`` layer: the input, the weight (if any) and epsilon as a float32 value."""
+        from tvm.ir.expr import Constant
+
+        layer.kind = "rms_norm"
+        by_op: dict[str, list] = {}
+        for _, call in calls:
+            by_op.setdefault(str(call.op.name), []).append(call)
+        if kind == "rms_norm_nn":
+            call = by_op["relax.nn.rms_norm"][0]
+            layer.inputs = [lowerer.operand(call.args[0], env)]
+            layer.consts["weight"] = lowerer.operand(call.args[1], env)
+            layer.attrs["epsilon"] = float(_F32(float(call.attrs.epsilon)))
+            return
+        layer.inputs = [lowerer.operand(by_op["relax.power"][0].args[0], env)]
+        layer.attrs["epsilon"] = float(by_op["relax.add"][0].args[1].value.numpy().astype(_F32).reshape(-1)[0])
+        if kind == "rms_norm":  # the multiply with a constant operand is the weight's
+            for call in by_op["relax.multiply"]:
+                weights = [a for a in call.args if isinstance(a, Constant)]
+                if weights:
+                    layer.consts["weight"] = lowerer.operand(weights[0], env)
 
     def _lower_tflite(self, lowerer, kind: str, calls: list, env: dict, layer: Layer) -> None:
         """``quantize(op(dequantize(x)))`` as one integer layer with TFLite's arithmetic."""
@@ -386,6 +509,8 @@ class Rows(OpFamily):
         tflite = {"rounding": lambda v, f: check_str(v, f, ("tflite",))}
         if kind == "layer_norm":
             return {"epsilon": _nonneg_num}, {"center": check_bool, "scale": check_bool}
+        if kind == "rms_norm":
+            return {"epsilon": _nonneg_num}, {}
         if kind == "mean":
             return {"row": POSINT}, dict(tflite, x_zero=ZERO, y_zero=ZERO, shift=lambda v, f: check_int(v, f, 0, 62),
                                          multiplier=lambda v, f: check_int(v, f, 0, (1 << 31) - 1))
@@ -418,10 +543,13 @@ class Rows(OpFamily):
                 fail(f"{f}.attrs.row", f"{row} is not the size of trailing axes of {ishape} "
                                        f"reducing to {oshape}")
             return (numel, row), None
-        v.consts(f, consts, {"gamma", "beta"} if kind == "layer_norm" else set())
+        if kind == "rms_norm":
+            v.consts(f, consts, set(), {"weight"})
+        else:
+            v.consts(f, consts, {"gamma", "beta"} if kind == "layer_norm" else set())
         v.shape(fo, out, ishape)
-        if kind == "layer_norm":
-            for role in ("gamma", "beta"):
+        if kind in BLOCKED:
+            for role in consts:  # layer_norm's gamma and beta, rms_norm's weight
                 v.dtype(f"{f}.consts.{role}", consts[role], ("float32",))
                 v.shape(f"{f}.consts.{role}", consts[role], ishape[-1:])
         # tiles hold rows of the last axis and chunks of a row
@@ -448,15 +576,27 @@ class Rows(OpFamily):
     def smallest_tile_bytes(self, program, layer, arch):
         ie = sum(itemsize(program, tid) for tid in layer.inputs)
         oe = itemsize(program, layer.output)
-        return smallest_row_tile_bytes(_row(program, layer), ie, oe, reduce=layer.kind == "mean")
+        row = _row(program, layer)
+        if layer.kind == "rms_norm":  # one block of a row split over PEs (:meth:`choose_tile`)
+            row = min(row, LAYER_NORM_BLOCK)
+        return smallest_row_tile_bytes(row, ie, oe, reduce=layer.kind == "mean")
 
     def choose_tile(self, program, layer, arch, pes, naive):
         ie = sum(itemsize(program, tid) for tid in layer.inputs)
         oe = itemsize(program, layer.output)
         rows, row = _rows(program, layer), _row(program, layer)
-        cap = max(1, working_budget(arch) // (2 * (ie + oe) * row))
-        whole = [max(1, min(cap, ceil_div(rows, pes))), row]
-        if naive or whole[0] > 1 or pes < 2 * rows:
+        unit = 2 * (ie + oe)  # SRAM bytes per element of a tile (in and out, double-buffered)
+        width, least = row, 1
+        if layer.kind == "rms_norm" and unit * row > arch.tile_sram_bytes:
+            # A row too long for a PE (Llama-2-70B's 8,192) is split into the fewest chunks of
+            # whole blocks that fit the working budget, chained as a split row always is.
+            most_blocks = max(1, working_budget(arch) // unit // LAYER_NORM_BLOCK)
+            least = ceil_div(row, most_blocks * LAYER_NORM_BLOCK)
+            width = ceil_div(ceil_div(row, least), LAYER_NORM_BLOCK) * LAYER_NORM_BLOCK
+            least = ceil_div(row, width)
+        cap = max(1, working_budget(arch) // (unit * width))
+        whole = [max(1, min(cap, ceil_div(rows, max(1, pes // least)))), width]
+        if naive or whole[0] > 1 or pes // rows <= least:
             return whole
         # Fewer rows than PEs: split each row over up to pes // rows PEs where that lowers the
         # layer's modelled time (every PE then holds one tile: the slowest tile's compute and
@@ -467,9 +607,9 @@ class Rows(OpFamily):
         most = min(pes // rows, row)
         # powers of two, and the fewest chunks whose terms fit the FPU registers (the chain's
         # fast rate with the fewest hops; layer_norm: one block per chunk)
-        fit = ceil_div(row, LAYER_NORM_BLOCK) if layer.kind == "layer_norm" else ceil_div(row, arch.m4f_chain_registers)
+        fit = ceil_div(row, LAYER_NORM_BLOCK) if layer.kind in BLOCKED else ceil_div(row, arch.m4f_chain_registers)
         counts = sorted({2 ** i for i in range(1, most.bit_length())} | {fit})
-        for k in (k for k in counts if 2 <= k <= most):
+        for k in (k for k in counts if max(2, least + 1) <= k <= most):
             tile = [1, ceil_div(row, k)]
             t = self._tile_time(program, layer, arch, tile)
             if t < best_time:
@@ -542,6 +682,9 @@ class Rows(OpFamily):
             out = _integer(layer, x, runner.out.dtype)
         elif layer.kind == "softmax":
             out = _softmax(x)
+        elif layer.kind == "rms_norm":
+            weight = _weight(layer)
+            out = _rms_norm(x, _F32(layer.attrs["epsilon"]), None if weight is None else runner.env[weight])
         else:
             gamma = runner.env[layer.consts["gamma"]] if layer.attrs.get("scale", True) else None
             beta = runner.env[layer.consts["beta"]] if layer.attrs.get("center", True) else None
@@ -571,6 +714,10 @@ class Rows(OpFamily):
         if layer.kind == "softmax":
             return lambda program, env: _softmax(np.reshape(env[x_tid], rows_shape)).reshape(shape)
         eps = _F32(layer.attrs["epsilon"])
+        if layer.kind == "rms_norm":
+            weight = _weight(layer)
+            weight = None if weight is None else _ffi_in(program.constants[weight])
+            return lambda program, env: _rms_norm(np.reshape(env[x_tid], rows_shape), eps, weight).reshape(shape)
         # prepared once: contiguous float32 views the FFI accepts (constants are read-only)
         gamma = _ffi_in(program.constants[layer.consts["gamma"]]) if layer.attrs.get("scale", True) else None
         beta = _ffi_in(program.constants[layer.consts["beta"]]) if layer.attrs.get("center", True) else None
@@ -591,6 +738,11 @@ class Rows(OpFamily):
             beta = nb.read(layer.consts["beta"]) if layer.attrs.get("center", True) else none
             nb.emit("layer_norm", nb.read(x_tid), gamma, beta, native.f32_bits(layer.attrs["epsilon"]),
                     nb.write(layer.output), rows, cols)
+            return True
+        if layer.kind == "rms_norm":
+            weight = _weight(layer)
+            nb.emit("rms_norm", nb.read(x_tid), native.codes()["none"] if weight is None else nb.read(weight),
+                    native.f32_bits(layer.attrs["epsilon"]), nb.write(layer.output), rows, cols)
             return True
         nb.emit(layer.kind, nb.read(x_tid), nb.write(layer.output), rows, cols)
         return True
