@@ -69,6 +69,8 @@ def _mapped(widths, reserved):
 
 
 def test_unbalanced_decode_gemm_becomes_resident_and_keeps_its_bits(monkeypatch):
+    # the resident layout alone (the reduction split over PEs is the next test's)
+    monkeypatch.setattr(schedule, "_split_layout", lambda *args: None)
     pes = ARCH.pes_per_chip
     # 10 MAC-wide tiles of 32 KiB on 8 PEs: two PEs would hold 64 KiB, over the ledger's cap.
     alone = _mapped([40], None)
@@ -87,6 +89,29 @@ def test_unbalanced_decode_gemm_becomes_resident_and_keeps_its_bits(monkeypatch)
     x = np.random.default_rng(1).integers(-128, 128, (1, K), dtype=np.int8)
     (ref,) = run_program(alone, [x], mode="layers")
     for program in (alone, ledger, default):
+        (got,) = run_program(program, [x], mode="tiles")
+        np.testing.assert_array_equal(got, ref)
+
+
+def test_resident_decode_gemm_splits_its_reduction_when_faster(monkeypatch):
+    """Laid out for residency, 40 columns on 8 PEs take 8 tiles of 5 columns: two MAC-array
+    passes of the whole 8,192-long reduction each. Split into 4 parts of 20 columns (a quarter
+    of the reduction each), a PE holds about as many weight bytes and streams a quarter of the
+    reduction through 5 passes: faster, still resident under the cap, and the same bits (int32
+    partial sums are exact in any order)."""
+    pes = ARCH.pes_per_chip
+    split = _mapped([40], np.zeros(pes, dtype=np.int64))
+    tile = split.mapping["layers"][0]["tile"]
+    assert len(tile) == 4 and tile[3] > 1  # [tm, tn, tk, parts]
+    assert split.mapping["resident_layers"] == [0]
+    assert max(split.resident_pe.values()) <= LEDGER_RESIDENT_SHARE * ARCH.tile_sram_bytes
+    monkeypatch.setattr(schedule, "_split_layout", lambda *args: None)
+    whole = _mapped([40], np.zeros(pes, dtype=np.int64))
+    assert whole.mapping["layers"][0]["tile"] == [16, 5, 511] and whole.mapping["resident_layers"] == [0]
+    assert split.timing["cycles"] < whole.timing["cycles"]
+    x = np.random.default_rng(2).integers(-128, 128, (1, K), dtype=np.int8)
+    (ref,) = run_program(whole, [x], mode="layers")
+    for program in (whole, split):
         (got,) = run_program(program, [x], mode="tiles")
         np.testing.assert_array_equal(got, ref)
 

@@ -196,6 +196,9 @@ def _map(program: Program, arch: SpinnArch, mode: str, options: MappingOptions, 
         alt = _resident_layout(program, arch, ranges, tables, records, reserved)
         if alt is not None:
             layouts.append(alt)
+        split = _split_layout(program, arch, ranges, *(alt or (tables, records)), reserved)
+        if split is not None:
+            layouts.append(split)
     candidates = [(t, r, weights) for t, r in layouts]
     if weights == "auto":
         candidates.append((tables, records, "stream"))
@@ -290,6 +293,90 @@ def _resident_layout(program: Program, arch: SpinnArch, ranges, tables, records,
             out_records[i] = {"tile": tile, "pes": [int(first), int(count)]}
             if rotate:
                 out_records[i]["rotate"] = rotate
+    return (out_tables, out_records) if changed else None
+
+
+def _split_layout(program: Program, arch: SpinnArch, ranges, tables, records, reserved):
+    """The layout ``(tables, records)`` of :func:`_resident_layout` (or the default) with each
+    int8 decode weight GEMM's reduction split over PEs where that is faster and its weight
+    blocks still fit the residents' cap; None when no layer changes.
+
+    A resident layout keeps a decode GEMM's weight blocks small by spreading its columns over
+    the PEs (a Llama-2-70B gate projection's 598 columns per chip: 120 tiles of 5 columns), but
+    each tile then streams the whole reduction through the MAC array once per ``mac_cols``
+    columns (two passes of 8,192 for 5 columns). Cutting the reduction into ``p`` parts on
+    chunk boundaries (:func:`~tvm_spinn.program.ops.gemm.k_part_bounds`) gives each PE ``1 /
+    p`` of a wider column block: about the same weight bytes per PE, fewer passes of a shorter
+    reduction. Per layer the ``(columns, parts)`` with every tile in one round, the busiest
+    PE's weight block under the cap (next to what this build's earlier programs and this
+    program's earlier layers hold) and the fewest cycles of its slowest tile are kept when
+    faster than the current tile. Integer partial sums are exact in any order: the bits are
+    those of the unsplit tile. The caller keeps this layout only when the timing model finds
+    it faster."""
+    from ..program.ops import gemm
+    from ..program.ops.base import working_budget
+
+    if not gemm.SPLIT_K:  # reductions split over PEs switched off (see choose_gemm_tile)
+        return None
+    cap = int(arch.tile_sram_bytes * LEDGER_RESIDENT_SHARE)
+    budget = working_budget(arch)
+    top = max([first + count for first, count in ranges] + [len(reserved)])
+    held = np.zeros(top, dtype=np.int64)
+    held[:len(reserved)] = reserved
+    out_tables, out_records, changed = list(tables), [dict(r) for r in records], False
+    for i, layer in enumerate(program.layers):
+        table = tables[i]
+        if layer.kind != "dense" or layer.mode != "int8" or not len(table) or int(table.group.min()) < 0 \
+                or not int(table.w_bytes.max()):
+            continue
+        tm, tn, tk, *rest = (int(v) for v in records[i]["tile"])
+        first, count = records[i]["pes"]
+        parts = rest[0] if rest else 1
+        if len(table) != (int(table.group.max()) + 1) or int(table.lo[:, 0].max()) > 0 \
+                or -(-int(layer.gemm[0]) // tm) > 1:
+            continue  # several row tiles share each block (not a decode step): left as chosen
+        n, k = int(layer.gemm[1]), int(layer.gemm[2])
+        chunks = gemm.splits_of(k, tk)
+
+        def slowest(t):  # cycles of the busiest PE: its tiles one after another
+            return float(np.bincount(t.pe - first, weights=t.cycles).max())
+
+        now = slowest(table)
+        best = None
+        widths = sorted({tn} | {arch.mac_cols * j for j in range(1, 17)})
+        for c in widths:
+            blocks = -(-n // c)
+            most = min(chunks, count // blocks)
+            # in one round more parts mean a shorter reduction per PE; the reducer's tail grows
+            # by one partial-sum block a part: the two largest counts are the candidates
+            for q in sorted({max(1, most - 1), most}):
+                if (c, q) == (tn, parts) or not 1 <= blocks * q <= count:
+                    continue
+                tile = [tm, c, tk, q] if q > 1 else [tm, c, tk]
+                costs = tile_costs(program, i, arch, tile)
+                if int(costs.sram_bytes.max()) > budget or int(costs.w_bytes.max()) > cap:
+                    continue
+                key = (float(costs.cycles.max()), blocks * q)
+                if key[0] < now and (best is None or key < best[0]):
+                    best = (key, tile)
+        if best is None:
+            continue
+        tile = best[1]
+        units = len(tile_costs(program, i, arch, tile).pe)
+        ring = np.concatenate([held[first:first + count], held[first:first + count]])
+        window = np.lib.stride_tricks.sliding_window_view(ring, units)[:count]
+        rotate = int(np.lexsort((np.arange(count), window.sum(axis=1), window.max(axis=1)))[0])
+        placed = place_tiles(tile_costs(program, i, arch, tile), first, count, arch, rotate=rotate)
+        per_pe = weight_bytes_per_pe(placed)
+        pes, b = per_pe.pes(), per_pe.values()
+        if not (held[pes] + b <= cap).all():
+            continue  # it would not stay resident where it lands: keep the current tile
+        held[pes] += b
+        changed = True
+        out_tables[i] = placed
+        out_records[i] = {"tile": [int(v) for v in tile], "pes": [int(first), int(count)]}
+        if rotate:
+            out_records[i]["rotate"] = rotate
     return (out_tables, out_records) if changed else None
 
 
