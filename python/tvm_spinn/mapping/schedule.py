@@ -199,6 +199,9 @@ def _map(program: Program, arch: SpinnArch, mode: str, options: MappingOptions, 
         split = _split_layout(program, arch, ranges, *(alt or (tables, records)), reserved)
         if split is not None:
             layouts.append(split)
+        rounds = _one_round_layout(program, arch, *(split or alt or (tables, records)))
+        if rounds is not None:
+            layouts.append(rounds)
     candidates = [(t, r, weights) for t, r in layouts]
     if weights == "auto":
         candidates.append((tables, records, "stream"))
@@ -377,6 +380,54 @@ def _split_layout(program: Program, arch: SpinnArch, ranges, tables, records, re
         out_records[i] = {"tile": [int(v) for v in tile], "pes": [int(first), int(count)]}
         if rotate:
             out_records[i]["rotate"] = rotate
+    return (out_tables, out_records) if changed else None
+
+
+def _one_round_layout(program: Program, arch: SpinnArch, tables, records):
+    """``(tables, records)`` with each fp32 ``matmul`` whose tiles take two rounds or more on
+    some PE re-cut into wider column blocks that run in one round, where its slowest PE then
+    takes fewer cycles; None when no layer changes.
+
+    A decode step's attention matmuls are many small tiles (a slot-split score matmul on one
+    chip of a Llama-2-70B board: 8 KV heads x 22 blocks of 2 slots = 176 tiles on 148 PEs, so
+    28 PEs run two); the tile chooser's estimate puts every tile's operand load on the NoC ahead
+    of the last tile's compute and prefers them to 120 tiles of 3 slots. Every fp32 output
+    still sums its whole reduction in ascending ``k`` on one PE: the bits are the same. The
+    caller keeps this layout only when the timing model finds it faster."""
+    from ..program.ops.base import working_budget
+    from ..program.ops.gemm import gemm_shape
+
+    budget = working_budget(arch)
+    out_tables, out_records, changed = list(tables), [dict(r) for r in records], False
+    for i, layer in enumerate(program.layers):
+        table = tables[i]
+        if layer.kind != "matmul" or layer.mode == "int8" or not len(table):
+            continue
+        first, count = records[i]["pes"]
+        per_pe = np.bincount(table.pe - first)
+        if per_pe.max() < 2:
+            continue
+        tm, tn, tk, *rest = (int(v) for v in records[i]["tile"])
+        g = gemm_shape(program, layer)
+        rows = g.batch * -(-g.m // tm)
+        now = float(np.bincount(table.pe - first, weights=table.cycles).max())
+        best = None
+        for blocks in range(count // rows, 0, -1):
+            c = -(-g.n // blocks)
+            if c <= tn:
+                continue
+            costs = tile_costs(program, i, arch, [tm, c, tk, *rest])
+            if len(costs.pe) > count or int(costs.sram_bytes.max()) > budget:
+                continue
+            slowest = float(costs.cycles.max())
+            if slowest < now and (best is None or slowest < best[0]):
+                best = (slowest, [tm, c, tk, *rest])
+            break  # the narrowest one-round width: wider ones only add work to a PE
+        if best is None:
+            continue
+        changed = True
+        out_tables[i] = place_tiles(tile_costs(program, i, arch, best[1]), first, count, arch)
+        out_records[i] = {"tile": [int(v) for v in best[1]], "pes": [int(first), int(count)]}
     return (out_tables, out_records) if changed else None
 
 
