@@ -1386,33 +1386,36 @@ void SoftmaxRowsF32(const float* x, float* out, int64_t rows, int64_t cols, int 
   });
 }
 
+// The blocked fp32 sum of term(0), ..., term(cols - 1) (kernels.h, kLayerNormBlock): each block
+// summed left to right from 0, the block sums added left to right from 0. A row split over PEs
+// sums its blocks in parallel and adds only the block sums along the chain of its chunks. Each
+// term is one fp32 value (a product rounded before the add: no contraction, CMakeLists.txt).
+template <typename Term>
+float BlockedSumF32(int64_t cols, Term term) {
+  float sum = 0.0f;
+  for (int64_t b = 0; b < cols; b += kLayerNormBlock) {
+    const int64_t e = std::min(cols, b + kLayerNormBlock);
+    float s = 0.0f;
+    for (int64_t j = b; j < e; ++j) {
+      const float t = term(j);
+      s = s + t;
+    }
+    sum = sum + s;
+  }
+  return sum;
+}
+
 void LayerNormRowsF32(const float* x, const float* gamma, const float* beta, float eps, float* out,
                       int64_t rows, int64_t cols, int threads) {
   const float d = static_cast<float>(cols);
   ParallelFor(rows, threads, [&](int64_t r) {
     const float* xr = x + r * cols;
     float* o = out + r * cols;
-    // blocked sums (kernels.h): a row split over PEs sums its blocks in parallel and adds
-    // the block sums along the chain of its chunks, not every element
-    float sum = 0.0f;
-    for (int64_t b = 0; b < cols; b += kLayerNormBlock) {
-      const int64_t e = std::min(cols, b + kLayerNormBlock);
-      float s = 0.0f;
-      for (int64_t j = b; j < e; ++j) s = s + xr[j];
-      sum = sum + s;
-    }
-    const float mean = sum / d;
-    float sq = 0.0f;
-    for (int64_t b = 0; b < cols; b += kLayerNormBlock) {
-      const int64_t e = std::min(cols, b + kLayerNormBlock);
-      float s = 0.0f;
-      for (int64_t j = b; j < e; ++j) {
-        o[j] = xr[j] - mean;
-        const float p = o[j] * o[j];
-        s = s + p;
-      }
-      sq = sq + s;
-    }
+    const float mean = BlockedSumF32(cols, [&](int64_t j) { return xr[j]; }) / d;
+    const float sq = BlockedSumF32(cols, [&](int64_t j) {
+      o[j] = xr[j] - mean;
+      return o[j] * o[j];
+    });
     const float den = std::sqrt(sq / d + eps);
     for (int64_t j = 0; j < cols; ++j) {
       float y = o[j] / den;
@@ -1429,18 +1432,7 @@ void RmsNormRowsF32(const float* x, const float* weight, float eps, float* out, 
   ParallelFor(rows, threads, [&](int64_t r) {
     const float* xr = x + r * cols;
     float* o = out + r * cols;
-    // the layer norm's blocked order (kernels.h): a row split over PEs chains block sums only
-    float sq = 0.0f;
-    for (int64_t b = 0; b < cols; b += kLayerNormBlock) {
-      const int64_t e = std::min(cols, b + kLayerNormBlock);
-      float s = 0.0f;
-      for (int64_t j = b; j < e; ++j) {
-        const float p = xr[j] * xr[j];
-        s = s + p;
-      }
-      sq = sq + s;
-    }
-    const float m = sq / d;
+    const float m = BlockedSumF32(cols, [&](int64_t j) { return xr[j] * xr[j]; }) / d;
     const float v = m + eps;
     const float root = std::sqrt(v);
     const float inv = 1.0f / root;
