@@ -227,6 +227,18 @@ def _map(program: Program, arch: SpinnArch, mode: str, options: MappingOptions, 
     program.resident_pe = dict(plan.resident_bytes)  # in memory only: the build's SRAM ledger
 
 
+def _ledger_start(arch: SpinnArch, ranges, reserved):
+    """``(cap, budget, held)`` a resident layout starts from: the residents' cap per PE, a
+    tile's working SRAM, and per PE (over the layers' ranges) the bytes this build's earlier
+    programs hold (``reserved``)."""
+    from ..program.ops.base import working_budget
+
+    top = max([first + count for first, count in ranges] + [len(reserved)])
+    held = np.zeros(top, dtype=np.int64)
+    held[:len(reserved)] = reserved
+    return int(arch.tile_sram_bytes * LEDGER_RESIDENT_SHARE), working_budget(arch), held
+
+
 def _resident_layout(program: Program, arch: SpinnArch, ranges, tables, records, reserved):
     """Tiles and placement of the weight GEMMs (``dense``) that spread their weight blocks for
     residency under a build's SRAM ledger; ``(tables, records)``, or None when no layer changes.
@@ -244,13 +256,7 @@ def _resident_layout(program: Program, arch: SpinnArch, ranges, tables, records,
     reduction in ascending ``k`` on one PE, so the bits are those of the default tiles. The
     caller keeps this layout only when the timing model finds it faster.
     """
-    from ..program.ops.base import working_budget
-
-    cap = int(arch.tile_sram_bytes * LEDGER_RESIDENT_SHARE)
-    budget = working_budget(arch)
-    top = max([first + count for first, count in ranges] + [len(reserved)])
-    held = np.zeros(top, dtype=np.int64)
-    held[:len(reserved)] = reserved
+    cap, budget, held = _ledger_start(arch, ranges, reserved)
     out_tables, out_records, changed = list(tables), [dict(r) for r in records], False
     for i, layer in enumerate(program.layers):
         table = tables[i]
@@ -317,15 +323,10 @@ def _split_layout(program: Program, arch: SpinnArch, ranges, tables, records, re
     those of the unsplit tile. The caller keeps this layout only when the timing model finds
     it faster."""
     from ..program.ops import gemm
-    from ..program.ops.base import working_budget
 
     if not gemm.SPLIT_K:  # reductions split over PEs switched off (see choose_gemm_tile)
         return None
-    cap = int(arch.tile_sram_bytes * LEDGER_RESIDENT_SHARE)
-    budget = working_budget(arch)
-    top = max([first + count for first, count in ranges] + [len(reserved)])
-    held = np.zeros(top, dtype=np.int64)
-    held[:len(reserved)] = reserved
+    cap, budget, held = _ledger_start(arch, ranges, reserved)
     out_tables, out_records, changed = list(tables), [dict(r) for r in records], False
     for i, layer in enumerate(program.layers):
         table = tables[i]
