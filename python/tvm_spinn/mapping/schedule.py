@@ -239,6 +239,19 @@ def _ledger_start(arch: SpinnArch, ranges, reserved):
     return int(arch.tile_sram_bytes * LEDGER_RESIDENT_SHARE), working_budget(arch), held
 
 
+def _place_rotated(program: Program, i: int, arch: SpinnArch, tile, held, first: int, count: int, units: int):
+    """Layer ``i``'s tiles of ``tile`` placed on PEs ``first..first + count - 1`` starting at the
+    window of ``units`` PEs (wrapping around the range) whose fullest PE holds the fewest
+    resident bytes in ``held``, then the fewest in all: where the layer's first round goes.
+    Returns ``(placed, pes, weight bytes per those PEs, rotate)``."""
+    ring = np.concatenate([held[first:first + count], held[first:first + count]])
+    window = np.lib.stride_tricks.sliding_window_view(ring, units)[:count]
+    rotate = int(np.lexsort((np.arange(count), window.sum(axis=1), window.max(axis=1)))[0])
+    placed = _place(program, i, arch, tile, first, count, False, rotate)
+    per_pe = weight_bytes_per_pe(placed)
+    return placed, per_pe.pes(), per_pe.values(), rotate
+
+
 def _resident_layout(program: Program, arch: SpinnArch, ranges, tables, records, reserved):
     """Tiles and placement of the weight GEMMs (``dense``) that spread their weight blocks for
     residency under a build's SRAM ledger; ``(tables, records)``, or None when no layer changes.
@@ -285,15 +298,8 @@ def _resident_layout(program: Program, arch: SpinnArch, ranges, tables, records,
                 continue
             tile = [tm, c, tk, *rest]
             break
-        # The window of ``units`` PEs (wrapping around the range) whose fullest PE holds the
-        # fewest resident bytes, then the fewest in all: where the layer's first round goes.
-        units = min(count, -(-n // tile[1]) * parts)
-        ring = np.concatenate([held[first:first + count], held[first:first + count]])
-        window = np.lib.stride_tricks.sliding_window_view(ring, units)[:count]
-        rotate = int(np.lexsort((np.arange(count), window.sum(axis=1), window.max(axis=1)))[0])
-        placed = place_tiles(tile_costs(program, i, arch, tile), first, count, arch, rotate=rotate)
-        per_pe = weight_bytes_per_pe(placed)
-        pes, b = per_pe.pes(), per_pe.values()
+        placed, pes, b, rotate = _place_rotated(program, i, arch, tile, held, first, count,
+                                                min(count, -(-n // tile[1]) * parts))
         if (held[pes] + b <= cap).all():
             held[pes] += b
         if tile[1] != tn or rotate:
@@ -366,13 +372,8 @@ def _split_layout(program: Program, arch: SpinnArch, ranges, tables, records, re
         if best is None:
             continue
         tile = best[1]
-        units = len(tile_costs(program, i, arch, tile).pe)
-        ring = np.concatenate([held[first:first + count], held[first:first + count]])
-        window = np.lib.stride_tricks.sliding_window_view(ring, units)[:count]
-        rotate = int(np.lexsort((np.arange(count), window.sum(axis=1), window.max(axis=1)))[0])
-        placed = place_tiles(tile_costs(program, i, arch, tile), first, count, arch, rotate=rotate)
-        per_pe = weight_bytes_per_pe(placed)
-        pes, b = per_pe.pes(), per_pe.values()
+        placed, pes, b, rotate = _place_rotated(program, i, arch, tile, held, first, count,
+                                                len(tile_costs(program, i, arch, tile).pe))
         if not (held[pes] + b <= cap).all():
             continue  # it would not stay resident where it lands: keep the current tile
         held[pes] += b
