@@ -45,10 +45,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..program import Program
+from ..program.ops.rows import Rows
 
 __all__ = ["Collective", "ShardPlan", "plan_shards", "shard_program", "ROW_ALWAYS"]
 
 R, S, P = "R", "S", "P"
+#: the rows family's kinds (softmax, layer_norm, rms_norm, mean): one row per output row
+_ROW_KINDS = Rows.kinds
 
 
 @dataclass(frozen=True)
@@ -195,8 +198,8 @@ def _reduction_inputs(program: Program) -> dict[int, int]:
     for layer in program.layers:
         for tid in set(layer.inputs):
             readers.setdefault(tid, []).append(layer)
-    special = {"dense", "conv2d", "matmul", "reshape", "permute_dims", "broadcast_to", "softmax", "layer_norm",
-               "rms_norm", "mean", "max_pool2d", "avg_pool2d", "take", "strided_slice", "concat", "pad"}
+    special = {"dense", "conv2d", "matmul", "reshape", "permute_dims", "broadcast_to", *_ROW_KINDS,
+               "max_pool2d", "avg_pool2d", "take", "strided_slice", "concat", "pad"}
     memo: dict[int, bool] = {}
 
     def feeds(tid: int) -> bool:
@@ -344,7 +347,7 @@ def plan_shards(program: Program, tp: int, dp: int = 1, row: bool | str = True, 
                         gather(i, acts[0])
                     else:
                         split, result = "split", (S, ax)
-            elif kind in ("softmax", "layer_norm", "rms_norm", "mean"):
+            elif kind in _ROW_KINDS:
                 s = st[0]
                 src = full[acts[0]]
                 rows = int(np.prod(full[out], dtype=np.int64))
@@ -501,7 +504,7 @@ def _seq_pass(program: Program, sp: int, full, local, tp_axis: dict[int, int], t
             elif kind == "broadcast_to" and acts and rank - 2 >= len(shape) - len(full[acts[0]]):
                 res = rows  # a copy of replicated rows (attention probabilities for the context
                 # matmul): each block copies its own rows, not all of them on every chip
-        elif kind in ("softmax", "layer_norm", "rms_norm", "mean"):
+        elif kind in _ROW_KINDS:
             src = full[acts[0]]
             n_rows = int(np.prod(shape, dtype=np.int64))
             width = int(np.prod(src, dtype=np.int64)) // max(1, n_rows) if kind == "mean" else src[-1]
@@ -589,7 +592,7 @@ def _seq_pass(program: Program, sp: int, full, local, tp_axis: dict[int, int], t
 def _seq_consts(program: Program, layer, axis: int, sp: int, full, local) -> None:
     """Shrink the constants of a row-split element-wise layer along the split (a position
     embedding added to row blocks); GEMM weights and per-feature constants are not on it."""
-    if layer.kind in ("dense", "conv2d", "matmul", "take", "layer_norm", "rms_norm", "softmax", "mean"):
+    if layer.kind in ("dense", "conv2d", "matmul", "take", *_ROW_KINDS):
         return
     t = program.tensors
     out_shape = full[layer.output]
