@@ -198,14 +198,14 @@ def _kv_state(program) -> tuple[int, int]:
     return sum(size.values()), sum(size[t] for t in held)
 
 
-def _kv_write_s(arch, slot_bytes: float, in_sram: bool) -> float:
-    """Writing a decode step's new key and value (one slot, ``slot_bytes``) into the cache:
-    one PE's DMA into its SRAM, or one chip's DRAM channel (the chip holding the slot)."""
+def _kv_write_s(arch, slot_bytes: float, sram_share: float) -> tuple[float, float]:
+    """``(SRAM seconds, DRAM seconds)`` of writing a decode step's new key and value (one slot,
+    ``slot_bytes``) into a cache held ``sram_share`` in SRAM and the rest in DRAM: one PE's DMA
+    into its SRAM, or one chip's DRAM channel (the chip holding the slot), weighted by share."""
     if slot_bytes <= 0:
-        return 0.0
-    if in_sram:
-        return (arch.dma_setup_cycles + slot_bytes / arch.dma_bw_bytes_per_cycle) / arch.clock_hz
-    return slot_bytes / arch.dram_bw_bytes_s
+        return 0.0, 0.0
+    sram = (arch.dma_setup_cycles + slot_bytes / arch.dma_bw_bytes_per_cycle) / arch.clock_hz
+    return sram_share * sram, (1 - sram_share) * slot_bytes / arch.dram_bw_bytes_s
 
 
 def _map(described, arch, weights: str) -> _Timed:
@@ -352,7 +352,7 @@ def plan(config, target="spinn/board", batch: int = 1, seq: int = 2048, dtype: s
         kv_share = dec.kv_sram_bytes / dec.kv_bytes if dec.kv_bytes else 0.0
         kv_sram = kv_bytes * kv_share
         slot = kv_bytes / (L * seq)
-        write_sram, write_dram = L * kv_share * _kv_write_s(sub, slot, True), L * (1 - kv_share) * _kv_write_s(sub, slot, False)
+        write_sram, write_dram = (L * w for w in _kv_write_s(sub, slot, kv_share))
         decode_s = L * dec.latency_s + head.latency_s + handoff_dec + write_sram + write_dram
         used = group * groups
         resident = L * (dec.resident_bytes - dec.kv_sram_bytes) + head.resident_bytes  # weights only
@@ -549,11 +549,14 @@ def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0) -> _Stage:
     sram_bw = board.chips * board.pes_per_chip * board.dma_bw_bytes_per_cycle * board.clock_hz
     with MappingOptions(weights="auto"), shared_mappings():
         for k, program in enumerate(pieces):
-            handed = [t for t in program.inputs if tuple(program.tensors[t].shape) not in host_shapes] if k == 0 else []
+            # not the host's: handed over from the previous board, or produced by an earlier
+            # program of the stage (same tensor ids in the clone)
+            onchip = [t for t in program.inputs if tuple(program.tensors[t].shape) not in host_shapes]
+            handed = onchip if k == 0 else []
             handoff = handoff if k else sum(program.tensors[t].nbytes for t in handed)
             program = _clone(program)
             program.arch = board.to_dict()
-            program.onchip_inputs = [t for t in program.inputs if tuple(program.tensors[t].shape) not in host_shapes]
+            program.onchip_inputs = onchip
             map_program(program, board)
             info = program.mapping.get("system")
             if handed and info:
@@ -579,13 +582,10 @@ def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0) -> _Stage:
             a, b = _kv_state(program)
             kv, kv_sram = kv + a, kv_sram + b
             if a and slots:  # the step's new key and value written into their slot
-                share = b / a
-                for where, part in (("sram", share), ("dram", 1 - share)):
-                    if part:
-                        write = part * _kv_write_s(board, a / slots, where == "sram")
-                        lat += write
-                        bounds[where] += write
-                        alone[where] += write
+                for where, write in zip(("sram", "dram"), _kv_write_s(board, a / slots, b / a)):
+                    lat += write
+                    bounds[where] += write
+                    alone[where] += write
     return _Stage(lat, energy, wbytes, resident, streamed, peak, handoff, bounds, alone, gather, kv, kv_sram)
 
 
@@ -716,7 +716,7 @@ def _pipeline_records(described: dict, spec: ModelSpec, arch, model, target, dty
         per_block = len(r["stages"])
         used = len(chain) * arch.chips_per_board
         stage_desc = (f"each of the {L} blocks split into {per_block} board stages" if kind == "s" and per_block > 1
-                      else f"one board per block" if kind == "s" else f"{n} blocks per board")
+                      else "one board per block" if kind == "s" else f"{n} blocks per board")
         out[name] = dict(
             decode_s=decode_s, period_s=period, ttft_s=L * pre.latency_s + sum(st.latency_s for st in r["head_stages"])
             + hand_pre, energy_j=sum(st.energy_j for st in chain) / mb, used=used, resident=resident,
