@@ -32,13 +32,10 @@ def _bits(a):
 
 
 def _blocked_sum(v):
-    total = F32(0)
-    for b in range(0, len(v), LAYER_NORM_BLOCK):
-        s = F32(0)
-        for e in v[b:b + LAYER_NORM_BLOCK]:
-            s = F32(s + e)
-        total = F32(total + s)
-    return total
+    """layer_norm's blocked order (the kernel tests' reference)."""
+    from test_sim_kernels import _blocked_sum as blocked
+
+    return blocked(v, LAYER_NORM_BLOCK)
 
 
 def _reference(x, weight, eps):
