@@ -122,14 +122,21 @@ void SimActivationF32(TensorView x, TensorView out, int64_t kind) {
 void SimExpF32(TensorView x, TensorView out) { SimUnaryF32<ExpF32>("tvm_spinn.sim.exp_f32", x, out); }
 void SimTanhF32(TensorView x, TensorView out) { SimUnaryF32<TanhF32>("tvm_spinn.sim.tanh_f32", x, out); }
 
-void SimSoftmaxF32(TensorView x, TensorView out, int64_t threads) {
-  const char* func = "tvm_spinn.sim.softmax_f32";
+// The checks of a row kernel's X and out: float32 [rows, cols] each, the same shape, not
+// overlapping. Returns the shapes as the detail of later messages.
+std::string CheckRows(const char* func, const TensorView& x, const TensorView& out) {
   CheckTensor(func, "X", x, 2, kF32);
   CheckTensor(func, "out", out, 2, kF32);
   const std::string detail = "X " + ShapeStr(x) + ", out " + ShapeStr(out);
   CheckDim(func, "out.shape[0]", out.shape()[0], x.shape()[0], detail);
   CheckDim(func, "out.shape[1]", out.shape()[1], x.shape()[1], detail);
   CheckNoOverlap(func, "out", out, "X", x);
+  return detail;
+}
+
+void SimSoftmaxF32(TensorView x, TensorView out, int64_t threads) {
+  const char* func = "tvm_spinn.sim.softmax_f32";
+  CheckRows(func, x, out);
   SoftmaxRowsF32(DataPtr<const float>(x), DataPtr<float>(out), x.shape()[0], x.shape()[1],
                  ThreadsArg(func, threads, x.numel() * 8));
 }
@@ -137,20 +144,15 @@ void SimSoftmaxF32(TensorView x, TensorView out, int64_t threads) {
 void SimLayerNormF32(TensorView x, TensorView gamma, TensorView beta, double eps, TensorView out,
                      int64_t threads) {
   const char* func = "tvm_spinn.sim.layer_norm_f32";
-  CheckTensor(func, "X", x, 2, kF32);
+  const std::string detail = CheckRows(func, x, out);
   CheckTensor(func, "gamma", gamma, 1, kF32);
   CheckTensor(func, "beta", beta, 1, kF32);
-  CheckTensor(func, "out", out, 2, kF32);
-  const std::string detail = "X " + ShapeStr(x) + ", out " + ShapeStr(out);
-  CheckDim(func, "out.shape[0]", out.shape()[0], x.shape()[0], detail);
-  CheckDim(func, "out.shape[1]", out.shape()[1], x.shape()[1], detail);
   for (const TensorView* t : {&gamma, &beta}) {
     if (t->numel() > 0) {
       CheckDim(func, t == &gamma ? "gamma.shape[0]" : "beta.shape[0]", t->shape()[0], x.shape()[1],
                detail);
     }
   }
-  CheckNoOverlap(func, "out", out, "X", x);
   CheckNoOverlap(func, "out", out, "gamma", gamma);
   CheckNoOverlap(func, "out", out, "beta", beta);
   LayerNormRowsF32(DataPtr<const float>(x), gamma.numel() ? DataPtr<const float>(gamma) : nullptr,
@@ -161,14 +163,9 @@ void SimLayerNormF32(TensorView x, TensorView gamma, TensorView beta, double eps
 
 void SimRmsNormF32(TensorView x, TensorView weight, double eps, TensorView out, int64_t threads) {
   const char* func = "tvm_spinn.sim.rms_norm_f32";
-  CheckTensor(func, "X", x, 2, kF32);
+  const std::string detail = CheckRows(func, x, out);
   CheckTensor(func, "weight", weight, 1, kF32);
-  CheckTensor(func, "out", out, 2, kF32);
-  const std::string detail = "X " + ShapeStr(x) + ", out " + ShapeStr(out);
-  CheckDim(func, "out.shape[0]", out.shape()[0], x.shape()[0], detail);
-  CheckDim(func, "out.shape[1]", out.shape()[1], x.shape()[1], detail);
   if (weight.numel() > 0) CheckDim(func, "weight.shape[0]", weight.shape()[0], x.shape()[1], detail);
-  CheckNoOverlap(func, "out", out, "X", x);
   CheckNoOverlap(func, "out", out, "weight", weight);
   RmsNormRowsF32(DataPtr<const float>(x), weight.numel() ? DataPtr<const float>(weight) : nullptr,
                  static_cast<float>(eps), DataPtr<float>(out), x.shape()[0], x.shape()[1],
