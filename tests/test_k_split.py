@@ -163,3 +163,13 @@ def test_split_conv_and_dense_requantize_like_the_whole_layer(monkeypatch):
             outs.append(got)
         np.testing.assert_array_equal(outs[0], ref)
         np.testing.assert_array_equal(outs[1], ref)
+
+
+def test_tile_chooser_splits_without_zero_point_sums():
+    # a symmetric int8 GEMV described without its zero-point side (int8=None) splits its
+    # 4,096-long reduction like one with it: the part and tail costs default the side
+    arch = tvm_spinn.arch_of(tvm_spinn.get_target("spinn"))
+    g = gemm_ops.GemmShape(1, 1, 64, 4096)
+    bare = gemm_ops.choose_gemm_tile(g, arch, mode="int8", split_k=True, pes=148)
+    sided = gemm_ops.choose_gemm_tile(g, arch, mode="int8", split_k=True, pes=148, int8=gemm_ops.Int8Side())
+    assert len(bare) == 4 and bare[3] > 1 and bare == sided

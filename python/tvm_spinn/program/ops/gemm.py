@@ -188,16 +188,24 @@ def k_part_bounds(k: int, tk: int, parts: int) -> np.ndarray:
     return np.minimum(np.arange(parts + 1, dtype=np.int64) * ks // parts * c, k)
 
 
-def k_part_tail_cycles(vm, vn, parts: int, arch: "SpinnArch", side: Int8Side) -> float:
+def k_part_tail_cycles(vm, vn, parts: int, arch: "SpinnArch", side: Int8Side | None) -> float:
     """Cycles the reducing part of a split int8 tile spends after its own chunks: per other part
     a NoC DMA of its ``vm*vn`` int32 partial sums (``dma_setup_cycles`` + bytes /
     ``dma_bw_bytes_per_cycle``) and ``vm*vn`` 32-bit adds on the M4F (plus the zero-point sums'
     ``vm`` / ``vn`` adds), then the dequantizing epilogue (``fp32_out``). Serial: the partials
     are ready only when the other parts finish (taken to finish with it)."""
+    side = side or Int8Side()
     others = parts - 1
     dma = others * (arch.dma_setup_cycles + ACC_BYTES * vm * vn / arch.dma_bw_bytes_per_cycle)
     adds = (others * (vm * vn + vm * side.row_sums + vn * side.col_sums) + int(side.fp32_out) * vm * vn)
     return dma + adds * arch.m4f_elementwise_cycles
+
+
+def _part_side(side: Int8Side | None) -> Int8Side:
+    """What one part of a split int8 reduction computes besides its MAC-array sums: its zero-point
+    sums, not the dequantizing epilogue (the reducing part runs that, :func:`k_part_tail_cycles`)."""
+    side = side or Int8Side()
+    return Int8Side(row_sums=side.row_sums, col_sums=side.col_sums)
 
 
 def _round_up(a: int, b: int) -> int:
@@ -299,8 +307,7 @@ def choose_gemm_tile(g: GemmShape, arch: "SpinnArch", name: str = "gemm", pes: i
                 if parts == 1:
                     compute = gemm_tile_cycles(vm, vn, g.k, ksplits, arch, mode, int8)
                 else:
-                    part_side = Int8Side(row_sums=int8.row_sums, col_sums=int8.col_sums)
-                    compute = (gemm_tile_cycles(vm, vn, min(span, g.k), -(-ksplits // parts), arch, mode, part_side)
+                    compute = (gemm_tile_cycles(vm, vn, min(span, g.k), -(-ksplits // parts), arch, mode, _part_side(int8))
                                + k_part_tail_cycles(vm, vn, parts, arch, int8))
                 dma = (xb + oe * vm * vn + (wb * w_loads) / tiles_p) / arch.dma_bw_bytes_per_cycle
                 pe_time = per_pe * (max(compute, dma) + arch.dma_setup_cycles * -(-ksplits // parts))
@@ -1209,9 +1216,7 @@ class Gemm(OpFamily):
         if split:
             parts = int(tile[3])
             chunks = -(-kk // chunk_length(g.k, tk))
-            side = side or Int8Side()
-            part_side = Int8Side(row_sums=side.row_sums, col_sums=side.col_sums)
-            cycles = gemm_tile_cycles(vm, vn, kk, chunks, arch, layer.mode, part_side)
+            cycles = gemm_tile_cycles(vm, vn, kk, chunks, arch, layer.mode, _part_side(side))
             cycles = np.ceil(cycles + last * k_part_tail_cycles(vm, vn, parts, arch, side))
             # a part's result is its int32 partial sums (the reducer's: the layer's output)
             out_b = np.where(last, oe, ACC_BYTES) * vm * vn
