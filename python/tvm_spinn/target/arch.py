@@ -49,9 +49,11 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import types
 from dataclasses import dataclass, field, fields
+from typing import Mapping
 
-__all__ = ["SpinnArch", "ArchError", "make_system", "CHIPS"]
+__all__ = ["SpinnArch", "ArchError", "make_system", "CHIPS", "AssumedRange", "ASSUMPTION_RANGES"]
 
 
 class ArchError(ValueError):
@@ -286,12 +288,35 @@ class SpinnArch:
             )
         if self.host_fallback not in ("llvm", "cuda"):
             raise ArchError(f"SpinnArch.host_fallback must be 'llvm' or 'cuda', got {self.host_fallback!r}")
+        self._check_consistency()
         # Boards are joined only through their edge links: a system larger than one board is whole
         # boards (a partly populated board would leave the board-level torus with holes).
         if self.chips > self.chips_per_board and self.chips % self.chips_per_board:
             raise ArchError(
                 f"SpinnArch.chips ({self.chips}) must be at most chips_per_board "
                 f"({self.chips_per_board}) or a whole number of boards (a multiple of it)"
+            )
+
+    def _check_consistency(self) -> None:
+        """Numbers that are each valid but contradict one another (the message names both)."""
+        for name in ("noc_hop_cycles", "link_hop_s", "board_link_hop_s"):
+            if not getattr(self, name) > 0:
+                raise ArchError(f"SpinnArch.{name} must be > 0, got {getattr(self, name)!r}: every hop passes a "
+                                f"router, which takes time")
+        # the NoC carries everything a chip's links send and receive: slower than one link, a link
+        # could never be fed
+        for name in ("link_bw_bytes_s", "board_link_bw_bytes_s"):
+            if self.noc_bw_bytes_s < getattr(self, name):
+                raise ArchError(
+                    f"SpinnArch.noc_bw_bytes_s ({self.noc_bw_bytes_s:.4g} B/s) is slower than one link, "
+                    f"SpinnArch.{name} ({getattr(self, name):.4g} B/s): the NoC feeds every link"
+                )
+        # a board-to-board hop passes a chip's link and router too, then the board edge's SERDES
+        # and cable: it cannot be quicker than an on-board hop
+        if self.board_link_hop_s < self.link_hop_s:
+            raise ArchError(
+                f"SpinnArch.board_link_hop_s ({self.board_link_hop_s:.4g} s) is shorter than "
+                f"SpinnArch.link_hop_s ({self.link_hop_s:.4g} s): a board-to-board hop includes an on-board one"
             )
 
     # Derived figures -------------------------------------------------------------------------
@@ -407,6 +432,100 @@ _HOST_FIELDS = frozenset({"host_mem_bw_bytes_s", "host_op_s"})
 #: The M4F's register-chain fields; omitted from :meth:`SpinnArch.to_dict` at their defaults.
 _CHAIN_FIELDS = frozenset({"m4f_chain_cycles", "m4f_chain_registers"})
 _DEFAULTED_FIELDS = _TOPOLOGY_FIELDS | _HOST_FIELDS | _CHAIN_FIELDS
+
+
+@dataclass(frozen=True)
+class AssumedRange:
+    """The plausible span of one assumed (or only secondarily sourced) hardware number.
+
+    Attributes
+    ----------
+    low, high : float
+        The bounds, in the field's unit (``low <= default <= high``; integers for integer fields).
+    source : str
+        Why these bounds: the document or mechanism each end comes from.
+    """
+
+    low: float
+    high: float
+    source: str
+
+
+#: Low/high range of every :class:`SpinnArch` number marked "assumption" (and of the cited ones
+#: that are upper figures or come from secondary sources only), for sensitivity studies
+#: (``bench/sensitivity.py``). Each range contains the field's default and gives a valid
+#: system at either end. Cycle counts are at the PE clock.
+ASSUMPTION_RANGES: Mapping[str, AssumedRange] = types.MappingProxyType({
+    "sram_reserved_bytes": AssumedRange(
+        8 * 1024, 32 * 1024,
+        "assumption: a bare-metal kernel library and stack in 8 KiB at least; 32 KiB if the runtime "
+        "keeps per-layer code and descriptors resident"),
+    "mac_readout_cycles": AssumedRange(
+        8, 64,
+        "assumption: 64 32-bit sums through a 256-bit (8 cycles) to a 32-bit (64 cycles) SRAM port"),
+    "m4f_flops_per_cycle": AssumedRange(
+        1 / 7, 0.5,
+        "[M4-TRM] FPU cycles: 1/7 MAC per cycle when each MAC loads both operands (two VLDR.F32 of "
+        "2 cycles and a VMLA.F32 of 3); 0.5 with operands in registers (VMUL.F32 + VADD.F32, 1 "
+        "cycle each)"),
+    "m4f_elementwise_cycles": AssumedRange(
+        3.0, 8.0,
+        "[M4-TRM]-based assumption: load (2), op (1) and store per element at best; loop and "
+        "address arithmetic up to 8"),
+    "exp_unit_cycles": AssumedRange(
+        1.0, 22.0,
+        "[OJCAS26] gives 7-22 cycles latency for the exp/log unit: 1 per element fully pipelined, "
+        "22 if not pipelined at all"),
+    "dma_bw_bytes_per_cycle": AssumedRange(
+        4.0, 16.0,
+        "assumption: a 32-bit to a 128-bit path between a PE's DMA and its NoC port"),
+    "barrier_cycles": AssumedRange(
+        100, 3900,
+        "low: a NoC multicast round trip over ~10 routers of 5 cycles [OJCAS26] each way plus "
+        "interrupt entry; high: OctopuScheduler's ~13 us per layer on silicon at 300 MHz "
+        "(arXiv 2507.13736, a software scheduler's cost)"),
+    "dma_setup_cycles": AssumedRange(
+        20, 500,
+        "assumption: writing a handful of DMA registers (20) up to a software descriptor queue and "
+        "a completion interrupt per transfer (500)"),
+    "e_flop_fp32_j": AssumedRange(3e-12, 30e-12, "assumption: 22FDX-class fp32 MAC with operand access"),
+    "e_sram_byte_j": AssumedRange(0.3e-12, 3e-12, "assumption: 22FDX-class SRAM access per byte"),
+    "e_dram_byte_j": AssumedRange(20e-12, 80e-12, "assumption: LPDDR4 interface and device, 2.5-10 pJ/bit"),
+    "e_noc_byte_j": AssumedRange(0.5e-12, 5e-12, "assumption: on-chip wires and routers per byte"),
+    "e_link_byte_j": AssumedRange(5e-12, 80e-12, "assumption: chip-to-chip SERDES, ~1-10 pJ/bit"),
+    "p_static_w_per_chip": AssumedRange(
+        0.2, 0.8,
+        "assumption, bounded by [OJCAS26]: the whole chip draws 0.825 W at 150 MHz / 0.5 V"),
+    "link_hop_s": AssumedRange(
+        0.1e-6, 1.0e-6,
+        "assumption: a router pipeline and one 72-bit packet at ~6 Gbit/s (tens of ns) up to a "
+        "SERDES with elastic buffers"),
+    "board_link_hop_s": AssumedRange(
+        0.5e-6, 3.0e-6,
+        "assumption: an on-board hop plus an FPGA or SERDES bridge and a cable ([spiNNlink]'s "
+        "frame transport with credits)"),
+    "host_mem_bw_bytes_s": AssumedRange(5e9, 20e9, "assumption: one server core streaming"),
+    "host_op_s": AssumedRange(0.5e-6, 10e-6, "assumption: VM dispatch and kernel entry"),
+    "m4f_chain_registers": AssumedRange(
+        16, 28, "[M4-TRM] 32 single-precision registers, 4 to 16 of them kept for sums and addresses"),
+    "link_payload_fraction": AssumedRange(
+        32 / 90, 128 / 160,
+        "low: [spiNNlink]'s 72-bit packet under 8b/10b line coding (if the bit rate is a line "
+        "rate); high: assumption, a packet carrying four payload words under one header and key"),
+    "board_serial_links": AssumedRange(
+        1, 8,
+        "low: [spiNNlink], one serial link per board edge for its 8 chip links; high: one per chip "
+        "link (the edge's links independent)"),
+    "board_link_bw_bytes_s": AssumedRange(
+        1e9 / 8, 6e9 / 8,
+        "[Systems-S] ~2 Gbit/s from secondary sources only: from half of it up to the on-board "
+        "link's 6 Gbit/s [OJCAS26]"),
+    "dram_bw_bytes_s": AssumedRange(
+        4.8e9, 6.4e9,
+        "[DS003] 'up to 6.4 GB/s sustained' (OctopuScheduler's 1.23 MB weight fetch in 192 us, arXiv "
+        "2507.13736, runs at it); low: 75% of it, the lower end of DRAM-bound matmuls on other "
+        "accelerators (83-90% on Tenstorrent)"),
+})
 
 
 #: Chip presets :func:`make_system` starts from. Each entry overrides only the fields that differ

@@ -253,13 +253,16 @@ class Topology:
             raise ArchError(f"{what}: chip ids must be in [0, {self.chips}), got {chips.min()}..{chips.max()}")
         return chips
 
-    def link_seconds(self, load: np.ndarray) -> float:
+    def link_seconds(self, load: np.ndarray, links: "np.ndarray | None" = None) -> float:
         """Time for the links to carry a load: the busiest directed link or edge group.
 
         Parameters
         ----------
         load : numpy.ndarray
             ``(nodes * 6,)`` bytes on each directed link.
+        links : numpy.ndarray, optional
+            Ids of the links that carry bytes (all others carry none), when the caller knows
+            them: the cost then grows with the links used, not with the system.
 
         Returns
         -------
@@ -267,18 +270,17 @@ class Topology:
             ``max(max(load / link_bw), max over edge groups of their links' bytes / group_bw)``.
         """
         load = np.asarray(load, dtype=np.float64)
-        seconds = float((load / self.link_bw).max(initial=0.0))
-        board, groups = self._board_links
-        if board.size:
-            grouped = np.bincount(groups, weights=load[board], minlength=self.group_bw.size)
-            seconds = max(seconds, float((grouped / self.group_bw).max(initial=0.0)))
+        links = np.flatnonzero(load) if links is None else np.asarray(links, dtype=np.int64)
+        if not links.size:
+            return 0.0
+        used = load[links]
+        seconds = float((used / self.link_bw[links]).max())
+        groups = self.link_group[links]
+        board = groups >= 0
+        if board.any():
+            grouped = np.bincount(groups[board], weights=used[board], minlength=self.group_bw.size)
+            seconds = max(seconds, float((grouped / self.group_bw).max()))
         return seconds
-
-    @functools.cached_property
-    def _board_links(self) -> tuple[np.ndarray, np.ndarray]:
-        """Ids of the board-to-board links and their edge groups (computed once per graph)."""
-        board = np.flatnonzero(self.link_group >= 0)
-        return board, self.link_group[board]
 
     # Routing --------------------------------------------------------------------------------
     def displacement(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -395,7 +397,7 @@ class Topology:
             return TransferCost(0.0, 0.0, 0.0, 0.0, 0, 0), load
         latency = np.bincount(transfer, weights=self.link_hop_s[links], minlength=src.size)
         board_hops = np.bincount(transfer, weights=self.board_link.reshape(-1)[links], minlength=src.size)
-        bandwidth_s = self.link_seconds(load)
+        bandwidth_s = self.link_seconds(load, np.unique(links))
         latency_s = float(latency.max())
         cost = TransferCost(
             seconds=bandwidth_s + latency_s, bandwidth_s=bandwidth_s, latency_s=latency_s,

@@ -154,16 +154,17 @@ def _steps(op: str, algorithm: str, c: int, n: float):
 
 def _evaluate(topo: "Topology", ranks: np.ndarray, op: str, algorithm: str, steps, nbytes: float) -> CollectiveCost:
     seconds, hops, board_hops, count = 0.0, 0, 0, 0
-    total = np.zeros(topo.nodes * 6)
+    total = None  # bytes per link over the steps (one step: its own load, no copy of the system's links)
     for src, dst, size, repeats in steps:
         cost, load = topo.evaluate(ranks[src], ranks[dst], size)
         seconds += repeats * cost.seconds
         hops += repeats * cost.max_hops
         board_hops += repeats * cost.board_hops
-        total += repeats * load
+        total = repeats * load if total is None else total + repeats * load
         count += repeats
+    busiest = 0.0 if total is None else float(total.max(initial=0.0))
     return CollectiveCost(
-        op=op, algorithm=algorithm, seconds=seconds, bytes_per_link=float(total.max(initial=0.0)),
+        op=op, algorithm=algorithm, seconds=seconds, bytes_per_link=busiest,
         hops=hops, board_hops=board_hops, steps=count, ranks=len(ranks), nbytes=float(nbytes),
     )
 
