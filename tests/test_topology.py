@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import tvm_spinn
+from tvm_spinn.target.arch import ArchError
 from tvm_spinn.target.topology import BOARD_CHIPS, board_grid, board_layout, topology_of
 from tvm_spinn.timing import collectives as C
 
@@ -106,7 +107,7 @@ def test_shared_links_cost_more_than_disjoint_ones():
     disjoint = topo.transfer_cost([0, 17], [2, 19], n)  # the same route two rows up
     assert shared.max_link_bytes == 2 * n and disjoint.max_link_bytes == n
     assert shared.seconds > disjoint.seconds == pytest.approx(alone.seconds)
-    assert alone.seconds == pytest.approx(n / board.link_bw_bytes_s + 2 * board.link_hop_s)
+    assert alone.seconds == pytest.approx(n / board.payload_bw("chip") + 2 * board.link_hop_s)
 
 
 def test_board_to_board_links_are_slower():
@@ -117,11 +118,50 @@ def test_board_to_board_links_are_slower():
     far, near = int(topo.neighbors[chip, d]), int(topo.neighbors[chip, on_board])
     across, within = topo.transfer_cost([chip], [far], n), topo.transfer_cost([chip], [near], n)
     assert (across.board_hops, within.board_hops) == (1, 0)
-    assert across.seconds == pytest.approx(n / arch.board_link_bw_bytes_s + arch.board_link_hop_s)
-    assert within.seconds == pytest.approx(n / arch.link_bw_bytes_s + arch.link_hop_s)
+    assert across.seconds == pytest.approx(n / arch.payload_bw("board_chip") + arch.board_link_hop_s)
+    assert within.seconds == pytest.approx(n / arch.payload_bw("chip") + arch.link_hop_s)
     assert across.seconds > within.seconds
     # the published figures: ~6 Gbit/s on a board, ~2 Gbit/s between boards
     assert (arch.link_bw_bytes_s, arch.board_link_bw_bytes_s) == (6e9 / 8, 2e9 / 8)
+
+
+def test_links_carry_payload_at_the_packet_share_of_their_bit_rate():
+    """A SpiNNaker packet carries one 32-bit payload word under an 8-bit header and a 32-bit
+    routing key: data moves at 32/72 of the bit rate, on a board and between boards."""
+    arch = tvm_spinn.arch_of("spinn/board")
+    assert arch.link_payload_fraction == pytest.approx(32 / 72)
+    assert arch.payload_bw("chip") == pytest.approx(6e9 / 8 * 32 / 72)
+    assert arch.payload_bw("board_chip") == pytest.approx(2e9 / 8 * 32 / 72)
+    assert arch.payload_bw("board_pair") == pytest.approx(2e9 / 8 * 32 / 72)  # one serial link
+    wide = arch.replace(link_payload_fraction=1.0, board_serial_links=8)
+    assert (wide.payload_bw("chip"), wide.payload_bw("board_pair")) == (6e9 / 8, 8 * 2e9 / 8)
+    topo, n = topology_of(arch), 1e6
+    assert topo.transfer_cost([0], [1], n).seconds == pytest.approx(n / arch.payload_bw("chip") + arch.link_hop_s)
+    with pytest.raises(ArchError, match="link"):
+        arch.payload_bw("cable")
+
+
+def test_a_board_edge_shares_its_serial_links():
+    """The eight chip links through one board edge share the edge's serial link(s): eight
+    transfers over them take eight times one transfer's time; with one serial link per chip
+    link they run side by side again."""
+    arch = tvm_spinn.make_system("nine", boards=9)
+    topo = topology_of(arch)
+    groups = topo.link_group.reshape(topo.nodes, 6)
+    assert (np.bincount(topo.link_group[topo.link_group >= 0]) == 8).all()  # 6 edges x 8 links a board
+    assert topo.group_bw.size == 9 * 6
+    for g in range(topo.group_bw.size):  # an edge group joins one board to one neighbour
+        nodes, dirs = np.nonzero(groups == g)
+        assert len(set((nodes // 48).tolist())) == len(set((topo.neighbors[nodes, dirs] // 48).tolist())) == 1
+    nodes, dirs = np.nonzero(groups == int(topo.link_group[topo.link_group >= 0][0]))
+    far = topo.neighbors[nodes, dirs]
+    n, hop = 1e5, arch.board_link_hop_s
+    one = topo.transfer_cost(nodes[:1], far[:1], n)
+    eight = topo.transfer_cost(nodes, far, n)
+    assert one.seconds == pytest.approx(n / arch.payload_bw("board_chip") + hop)
+    assert eight.seconds == pytest.approx(8 * n / arch.payload_bw("board_pair") + hop)
+    wide = arch.replace(board_serial_links=8)
+    assert topology_of(wide).transfer_cost(nodes, far, n).seconds == pytest.approx(one.seconds)
 
 
 # -- collectives -------------------------------------------------------------------------------
@@ -129,7 +169,7 @@ def test_board_to_board_links_are_slower():
 
 def test_collectives_match_hand_computed_costs():
     arch = tvm_spinn.arch_of("spinn/board")
-    B, a, n = arch.link_bw_bytes_s, arch.link_hop_s, 1e6
+    B, a, n = arch.payload_bw("chip"), arch.link_hop_s, 1e6
     board = topology_of(arch)
     # two neighbours: the ring sends n/2 per step (both halves on the one link) in 2 steps;
     # the tree sends n up and n down
@@ -169,7 +209,7 @@ def test_multicast_all_gather_spreads_over_all_links():
     from tvm_spinn.target.topology import ring_order
 
     arch = tvm_spinn.arch_of("spinn/board")
-    B, a = arch.link_bw_bytes_s, arch.link_hop_s
+    B, a = arch.payload_bw("chip"), arch.link_hop_s
     board = topology_of(arch)
     n = 3e5
     # chips 0, 1, 2 at (0, 0), (1, 0), (2, 0): links 1->0 and 1->2 carry two shares (1's and the

@@ -24,6 +24,19 @@ marked as such. Sources:
 - [Systems-S] secondary sources on SpiNNaker2 systems (collected in the project notes, not read
   in a primary source): ~2 Gbit/s per board-to-board link; 48 chips a board; systems of 24
   boards; SpiNNcloud ~720 boards (~34-35k chips).
+- [spiNNlink] L. A. Plana et al., "spiNNlink: FPGA-Based Interconnect for the Million-Core
+  SpiNNaker System", IEEE Access 8 (2020), and its HDL, SpiNNakerManchester/spio
+  (``designs/spinnaker_fpgas/README.md``, ``modules/hss_multiplexer/README.md`` and
+  ``spio_hss_multiplexer_common.h``): a SpiNNaker1 (SpiNN-5) board reaches each of its six
+  neighbours (E, NE, N, W, SW, S) through **one** high-speed serial link (a SATA cable driven by
+  one of the board's three FPGAs, 3.0 Gbit/s line rate with 8b/10b coding) that multiplexes the
+  **eight** chip-to-chip links of that board edge (``NUM_CHANS`` 8). The packets it carries are
+  SpiNNaker packets of 72 bits (``PKT_BITS``): an 8-bit header, a 32-bit routing key and a
+  32-bit payload word (``PKT_HDR_RNG``, ``PKT_KEY_RNG``, ``PKT_PLD_RNG``), so bulk data moves
+  at 32/72 of a link's packet bit rate. What SpiNNaker2 boards use between boards and whether
+  SpiNNaker2 packets keep one key per payload word is not published in what we found: both are
+  assumptions here (:attr:`SpinnArch.link_payload_fraction`, :attr:`SpinnArch.board_serial_links`),
+  with ranges in :data:`ASSUMPTION_RANGES`.
 
 Everything downstream (tiling, placement, timing, energy) reads its numbers from a
 :class:`SpinnArch` and nothing else. :data:`CHIPS` holds the presets ``"production"`` (the
@@ -118,9 +131,12 @@ class SpinnArch:
     links_per_chip : int
         Chip-to-chip links: 6 [OJCAS26, SpiNNMachine].
     link_bw_bytes_s : float
-        Bandwidth per on-board chip-to-chip link, each direction: ~6 Gbit/s = 0.75 GB/s [OJCAS26].
-        The per-program timing model (``tvm_spinn.timing.model``) still uses it for every link;
-        the link graph (:mod:`tvm_spinn.target.topology`) uses it for on-board links only.
+        Bit rate per on-board chip-to-chip link, each direction: ~6 Gbit/s = 0.75 GB/s [OJCAS26].
+        Data moves at :attr:`link_payload_fraction` of it (:meth:`payload_bw`).
+    link_payload_fraction : float
+        Share of a link's bit rate that carries data: 32 / 72 (assumption for SpiNNaker2: the
+        SpiNNaker packet of an 8-bit header, a 32-bit routing key and one 32-bit payload word
+        [spiNNlink]). Applies to on-board and board-to-board links alike.
     barrier_cycles : int
         Assumption: cycles for a chip-wide barrier (a NoC multicast round trip).
     dma_setup_cycles : int
@@ -145,8 +161,13 @@ class SpinnArch:
         Chips on one board: 48 [SpiNNMachine-248, Systems-S]. A system of more chips is made of
         whole boards (``chips`` a multiple of it); a smaller one uses part of one board.
     board_link_bw_bytes_s : float
-        Bandwidth per board-to-board link, each direction: ~2 Gbit/s = 0.25 GB/s [Systems-S].
-        Read only by :mod:`tvm_spinn.target.topology`.
+        Bit rate of one board-to-board serial link, each direction: ~2 Gbit/s = 0.25 GB/s
+        [Systems-S]. Read only through :meth:`payload_bw`.
+    board_serial_links : int
+        Serial links joining a board to the neighbour across one of its six edges (each
+        direction), shared by all the chip-to-chip links of that edge: 1 (assumption for
+        SpiNNaker2: SpiNNaker1's spiNNlink multiplexes a board edge's 8 chip links onto one
+        serial link [spiNNlink]).
     link_hop_s : float
         Assumption: latency of one hop over an on-board link (router pipeline, serialisation of a
         packet and the SERDES): 0.5 us.
@@ -202,6 +223,10 @@ class SpinnArch:
     board_link_bw_bytes_s: float = 2e9 / 8  # [Systems-S]
     link_hop_s: float = 0.5e-6  # assumption
     board_link_hop_s: float = 1.0e-6  # assumption
+    # The links' packet overhead and the board edges' serial links (read through payload_bw());
+    # left out of to_dict() at their defaults like the topology fields.
+    link_payload_fraction: float = 32 / 72  # assumption, [spiNNlink]
+    board_serial_links: int = 1  # assumption, [spiNNlink]
     # The host's roofline (read by timing reports of host operators only); like the topology
     # fields, left out of to_dict() while at their defaults.
     host_mem_bw_bytes_s: float = 10e9  # assumption
@@ -215,6 +240,7 @@ class SpinnArch:
         positive_ints = (
             "chips", "pes_per_chip", "pes_per_qpe", "sram_bytes", "mac_rows", "mac_cols",
             "mac16_per_cycle", "dram_bytes", "links_per_chip", "chips_per_board", "m4f_chain_registers",
+            "board_serial_links",
         )
         for name in positive_ints:
             value = getattr(self, name)
@@ -229,6 +255,9 @@ class SpinnArch:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not value > 0:
                 raise ArchError(f"SpinnArch.{name} must be a positive number, got {value!r}")
+        if not isinstance(self.link_payload_fraction, numbers.Real) or isinstance(self.link_payload_fraction, bool) \
+                or not 0 < self.link_payload_fraction <= 1:
+            raise ArchError(f"SpinnArch.link_payload_fraction must be in (0, 1], got {self.link_payload_fraction!r}")
         if not isinstance(self.mgmt_pes_per_chip, int) or isinstance(self.mgmt_pes_per_chip, bool):
             raise ArchError(f"SpinnArch.mgmt_pes_per_chip must be an integer, got {self.mgmt_pes_per_chip!r}")
         if not isinstance(self.acc_bits, int) or isinstance(self.acc_bits, bool):
@@ -310,6 +339,34 @@ class SpinnArch:
         """Aggregate DRAM bandwidth of the system."""
         return self.dram_bw_bytes_s * self.chips
 
+    def payload_bw(self, link: str = "chip") -> float:
+        """Data bytes per second one link moves in one direction, packet overhead paid.
+
+        Parameters
+        ----------
+        link : {"chip", "board_chip", "board_pair"}
+            ``"chip"``: one on-board chip-to-chip link (:attr:`link_bw_bytes_s` x
+            :attr:`link_payload_fraction`). ``"board_pair"``: everything one board edge carries
+            to the neighbouring board, the :attr:`board_serial_links` serial links of
+            :attr:`board_link_bw_bytes_s` together, shared by the edge's chip links.
+            ``"board_chip"``: one chip-to-chip link through a board edge on its own, the slower
+            of the chip's link and one serial link.
+
+        Returns
+        -------
+        float
+            Bytes per second.
+        """
+        chip = self.link_bw_bytes_s * self.link_payload_fraction
+        serial = self.board_link_bw_bytes_s * self.link_payload_fraction
+        if link == "chip":
+            return chip
+        if link == "board_chip":
+            return min(chip, serial)
+        if link == "board_pair":
+            return serial * self.board_serial_links
+        raise ArchError(f"payload_bw: link must be 'chip', 'board_chip' or 'board_pair', got {link!r}")
+
     def replace(self, **changes) -> "SpinnArch":
         """Return a copy with some fields changed (validated)."""
         unknown = sorted(set(changes) - {f.name for f in fields(self)})
@@ -343,7 +400,8 @@ class SpinnArch:
 
 
 #: Fields added with the link graph; omitted from :meth:`SpinnArch.to_dict` at their defaults.
-_TOPOLOGY_FIELDS = frozenset({"chips_per_board", "board_link_bw_bytes_s", "link_hop_s", "board_link_hop_s"})
+_TOPOLOGY_FIELDS = frozenset({"chips_per_board", "board_link_bw_bytes_s", "link_hop_s", "board_link_hop_s",
+                              "link_payload_fraction", "board_serial_links"})
 #: Fields of the host's roofline; omitted from :meth:`SpinnArch.to_dict` at their defaults too.
 _HOST_FIELDS = frozenset({"host_mem_bw_bytes_s", "host_op_s"})
 #: The M4F's register-chain fields; omitted from :meth:`SpinnArch.to_dict` at their defaults.

@@ -12,8 +12,15 @@ Wiring (see the sources in :mod:`tvm_spinn.target.arch`)
   ``(a, b)`` at ``a U + b V`` on a ``bx x by`` torus of boards (:func:`board_grid`, the most
   nearly square factorisation), wrapping by ``bx U`` and ``by V``: every chip keeps exactly 6
   links, and a link whose far end lies outside the chip's own hexagon is a board-to-board link
-  (slower bandwidth :attr:`~SpinnArch.board_link_bw_bytes_s`, longer hop
-  :attr:`~SpinnArch.board_link_hop_s`). A dimension of one board wraps onto the board itself.
+  (longer hop :attr:`~SpinnArch.board_link_hop_s`). A dimension of one board wraps onto the
+  board itself.
+- **Board edges** (assumption for SpiNNaker2, SpiNNaker1's spiNNlink in [spiNNlink]): the eight
+  chip-to-chip links that cross one of a board's six hexagon edges do not run as eight cables:
+  they share the edge's :attr:`~SpinnArch.board_serial_links` serial links (an *edge group*, one
+  per board, edge and direction) of ``SpinnArch.payload_bw("board_pair")`` together, and each
+  alone runs at most at ``payload_bw("board_chip")``. On-board links run at
+  ``payload_bw("chip")``. Every rate is a payload rate: a link's bit rate less its packets'
+  headers and routing keys (:attr:`~SpinnArch.link_payload_fraction`).
 - **Part of a board** (``chips < 48``): chips ``0 .. chips-1`` of one board; the routers of the
   board's other chips still forward packets.
 
@@ -28,7 +35,8 @@ triangular lattice that path is a shortest one, and inside a convex hexagon it n
 
 Costs: a *set of concurrent transfers* loads each directed link with the bytes of the routes
 through it (links are full duplex: each direction is its own link); its time is
-``max over links (bytes / bandwidth) + max over transfers (sum of the hop latencies)``. Nothing
+``max over links and edge groups (bytes / bandwidth) + max over transfers (sum of the hop
+latencies)`` (:meth:`Topology.link_seconds`). Nothing
 here is all-pairs: positions, a neighbour table (``chips x 6``) and per-transfer walks, so a
 720-board system is described in milliseconds.
 """
@@ -177,6 +185,11 @@ class Topology:
         ``(nodes * 6,)`` bytes/s of each directed link (id ``node * 6 + direction``).
     link_hop_s : numpy.ndarray
         ``(nodes * 6,)`` hop latency of each directed link.
+    link_group : numpy.ndarray
+        ``(nodes * 6,)`` edge group of each directed board-to-board link (``board * 6 + edge``:
+        the serial links its board edge shares), -1 for an on-board link.
+    group_bw : numpy.ndarray
+        ``(boards * 6,)`` bytes/s of each edge group's serial links together.
     """
 
     chips: int
@@ -189,6 +202,8 @@ class Topology:
     board_link: np.ndarray
     link_bw: np.ndarray
     link_hop_s: np.ndarray
+    link_group: np.ndarray
+    group_bw: np.ndarray
 
     # Lookups --------------------------------------------------------------------------------
     def node_at(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -237,6 +252,33 @@ class Topology:
         if chips.size and (chips.min() < 0 or chips.max() >= self.chips):
             raise ArchError(f"{what}: chip ids must be in [0, {self.chips}), got {chips.min()}..{chips.max()}")
         return chips
+
+    def link_seconds(self, load: np.ndarray) -> float:
+        """Time for the links to carry a load: the busiest directed link or edge group.
+
+        Parameters
+        ----------
+        load : numpy.ndarray
+            ``(nodes * 6,)`` bytes on each directed link.
+
+        Returns
+        -------
+        float
+            ``max(max(load / link_bw), max over edge groups of their links' bytes / group_bw)``.
+        """
+        load = np.asarray(load, dtype=np.float64)
+        seconds = float((load / self.link_bw).max(initial=0.0))
+        board, groups = self._board_links
+        if board.size:
+            grouped = np.bincount(groups, weights=load[board], minlength=self.group_bw.size)
+            seconds = max(seconds, float((grouped / self.group_bw).max(initial=0.0)))
+        return seconds
+
+    @functools.cached_property
+    def _board_links(self) -> tuple[np.ndarray, np.ndarray]:
+        """Ids of the board-to-board links and their edge groups (computed once per graph)."""
+        board = np.flatnonzero(self.link_group >= 0)
+        return board, self.link_group[board]
 
     # Routing --------------------------------------------------------------------------------
     def displacement(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -353,7 +395,7 @@ class Topology:
             return TransferCost(0.0, 0.0, 0.0, 0.0, 0, 0), load
         latency = np.bincount(transfer, weights=self.link_hop_s[links], minlength=src.size)
         board_hops = np.bincount(transfer, weights=self.board_link.reshape(-1)[links], minlength=src.size)
-        bandwidth_s = float((load / self.link_bw).max())
+        bandwidth_s = self.link_seconds(load)
         latency_s = float(latency.max())
         cost = TransferCost(
             seconds=bandwidth_s + latency_s, bandwidth_s=bandwidth_s, latency_s=latency_s,
@@ -380,7 +422,12 @@ class Topology:
         return self.evaluate(src, dst, nbytes)[0]
 
 
-def _build(chips: int, link_bw: float, board_bw: float, hop_s: float, board_hop_s: float) -> Topology:
+#: Board translations across the six edges of a board's hexagon (the edge groups' order).
+_EDGES = ((1, 0), (0, 1), (-1, 1), (-1, 0), (0, -1), (1, -1))
+
+
+def _build(chips: int, link_bw: float, board_bw: float, group_bw: float, hop_s: float,
+           board_hop_s: float) -> Topology:
     boards = max(1, chips // BOARD_CHIPS)
     grid = board_grid(boards)
     wrap = boards > 1
@@ -393,6 +440,7 @@ def _build(chips: int, link_bw: float, board_bw: float, hop_s: float, board_hop_
         chips=chips, nodes=nodes, boards=boards, grid=grid, wrap=wrap, pos=pos,
         neighbors=np.empty((nodes, 6), np.int64), board_link=np.empty((nodes, 6), bool),
         link_bw=np.empty(nodes * 6), link_hop_s=np.empty(nodes * 6),
+        link_group=np.full(nodes * 6, -1, np.int64), group_bw=np.full(boards * 6, float(group_bw)),
     )
     far = pos[:, None, :] + DIRECTIONS[None, :, :]
     topo.neighbors[:] = topo.node_at(far[..., 0], far[..., 1])
@@ -404,14 +452,26 @@ def _build(chips: int, link_bw: float, board_bw: float, hop_s: float, board_hop_
     topo.board_link[:] = ~inside
     topo.link_bw[:] = np.where(topo.board_link, board_bw, link_bw).reshape(-1)
     topo.link_hop_s[:] = np.where(topo.board_link, board_hop_s, hop_s).reshape(-1)
-    for array in (topo.pos, topo.neighbors, topo.board_link, topo.link_bw, topo.link_hop_s):
+    # the edge a board link crosses: the board translation a U + b V of the hexagon its far end
+    # lies in (the tile table gives the far point's place on its board, hence that board's origin)
+    fx, fy = lx[topo.board_link], ly[topo.board_link]
+    there = _TILE[fx % 12, fy % 12]
+    ox, oy = fx - _LAYOUT[there, 0], fy - _LAYOUT[there, 1]
+    edge_of = {t: e for e, t in enumerate(_EDGES)}
+    edge = np.array([edge_of[(int(a), int(b))] for a, b in zip((2 * ox - oy) // 12, (2 * oy - ox) // 12)],
+                    dtype=np.int64)
+    node_of_link = np.nonzero(topo.board_link)[0]
+    topo.link_group.reshape(nodes, 6)[topo.board_link] = board[node_of_link] * 6 + edge
+    for array in (topo.pos, topo.neighbors, topo.board_link, topo.link_bw, topo.link_hop_s, topo.link_group,
+                  topo.group_bw):
         array.flags.writeable = False  # shared through the cache
     return topo
 
 
 @functools.lru_cache(maxsize=8)
-def _cached(chips: int, link_bw: float, board_bw: float, hop_s: float, board_hop_s: float) -> Topology:
-    return _build(chips, link_bw, board_bw, hop_s, board_hop_s)
+def _cached(chips: int, link_bw: float, board_bw: float, group_bw: float, hop_s: float,
+            board_hop_s: float) -> Topology:
+    return _build(chips, link_bw, board_bw, group_bw, hop_s, board_hop_s)
 
 
 def topology_of(arch: SpinnArch) -> Topology:
@@ -420,8 +480,8 @@ def topology_of(arch: SpinnArch) -> Topology:
     Parameters
     ----------
     arch : SpinnArch
-        The system; reads ``chips``, ``chips_per_board``, ``links_per_chip``,
-        ``link_bw_bytes_s``, ``board_link_bw_bytes_s``, ``link_hop_s``, ``board_link_hop_s``.
+        The system; reads ``chips``, ``chips_per_board``, ``links_per_chip``, the links'
+        payload rates (:meth:`~SpinnArch.payload_bw`), ``link_hop_s`` and ``board_link_hop_s``.
 
     Returns
     -------
@@ -440,8 +500,8 @@ def topology_of(arch: SpinnArch) -> Topology:
     if arch.links_per_chip != 6:
         raise ArchError(f"SpinnArch.links_per_chip must be 6 for the link graph, got {arch.links_per_chip}")
     return _cached(
-        arch.chips, float(arch.link_bw_bytes_s), float(arch.board_link_bw_bytes_s),
-        float(arch.link_hop_s), float(arch.board_link_hop_s),
+        arch.chips, float(arch.payload_bw("chip")), float(arch.payload_bw("board_chip")),
+        float(arch.payload_bw("board_pair")), float(arch.link_hop_s), float(arch.board_link_hop_s),
     )
 
 

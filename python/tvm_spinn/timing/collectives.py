@@ -10,6 +10,10 @@ Every function takes the system's link graph, a
 
 Algorithms over ``c`` ranks (chip ids in the order given, rank ``i`` = ``ranks[i]``):
 
+Every rate is the links' payload rate (a link's bit rate less its packets' headers and routing
+keys), and the chip links through one board edge share that edge's serial links
+(:meth:`~tvm_spinn.target.topology.Topology.link_seconds`).
+
 - **ring** (bidirectional): half of the data goes around the ring one way and half the other,
   so each step sends ``n / (2c)`` bytes to each ring neighbour. All-reduce is a reduce-scatter
   and an all-gather: ``2 (c - 1)`` steps; all-gather and reduce-scatter ``c - 1`` steps.
@@ -252,7 +256,7 @@ def _multicast(topo: "Topology", ranks: np.ndarray, nbytes: float) -> "Collectiv
         return None
     shares, latency, hops, board_hops = trees
     load = shares * (float(nbytes) / c)
-    seconds = float((load / topo.link_bw).max()) + latency
+    seconds = topo.link_seconds(load) + latency
     return CollectiveCost("all_gather", "multicast", seconds, float(load.max()), hops, board_hops, 1, c,
                           float(nbytes))
 
@@ -500,12 +504,13 @@ def chain_all_reduce(topo: "Topology", ranks: Sequence[int], nbytes: float,
     _, tree = topo.route_links(root, ranks[:-1])
     tree = np.unique(tree)
     best = None
+    tree_share = np.zeros(topo.nodes * 6)
+    tree_share[tree] = 1.0  # one copy of each segment on every link of the tree
     for m in segments:
         cost, load = topo.evaluate(ranks[i], ranks[i + 1], float(nbytes) / m)
-        tree_s = float((float(nbytes) / m / topo.link_bw[tree]).max() + topo.link_hop_s[tree].max())
+        tree_s = topo.link_seconds(tree_share * (float(nbytes) / m)) + float(topo.link_hop_s[tree].max())
         step = max(cost.seconds, tree_s)
-        load = load.copy()
-        load[tree] += float(nbytes) / m
+        load = load + tree_share * (float(nbytes) / m)
         steps = m + c + depth - 2
         candidate = CollectiveCost("all_reduce", "chain", steps * step, float(load.max()) * m,
                                    steps * max(1, cost.max_hops), steps * cost.board_hops, steps, c, float(nbytes),

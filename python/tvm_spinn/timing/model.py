@@ -318,7 +318,7 @@ def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None"
     cpc = arch.clock_hz
     dram_rate = arch.dram_bw_bytes_s / cpc
     noc_rate = arch.noc_bw_bytes_s / cpc
-    link_rate = arch.link_bw_bytes_s * arch.links_per_chip / cpc
+    link_rate = arch.payload_bw("chip") * arch.links_per_chip / cpc
     ppc = arch.pes_per_chip
     now = 0.0
     layers, events = [], []
