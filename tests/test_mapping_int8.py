@@ -18,6 +18,7 @@ import tvm_spinn
 from tvm_spinn.mapping import MappingError, MappingOptions, choose_gemm_tile, map_program, plan_memory, tile_layer
 from tvm_spinn.mapping.tiling import GemmShape
 from tvm_spinn.program import Layer, Program, TensorDesc
+from tvm_spinn.timing.bounds import physical_bound, program_workload
 
 ARCH = tvm_spinn.SpinnArch()
 # products of -128 * -128 that fit the signed accumulator: 511 on the production chip's 24 bits
@@ -109,6 +110,7 @@ def test_int8_gemm_runs_on_the_mac_array(kind, shapes):
     map_program(int8, ARCH)
     assert int8.timing["cycles"] * 4 < fp32.timing["cycles"]
     assert int8.timing["latency_s"] >= int8.timing["roofline_s"]
+    assert int8.timing["latency_s"] >= physical_bound(program_workload([int8]), ARCH).total_s > 0
     assert int8.timing["roofline_s"] < fp32.timing["roofline_s"]
 
 

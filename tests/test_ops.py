@@ -324,7 +324,7 @@ def test_take_roofline_counts_the_gathered_rows_not_the_table():
     arch = tvm_spinn.arch_of(tvm_spinn.get_target("spinn"))
     moved = 7 * 4 + 2 * 7 * 64 * 4  # indices in; gathered rows read; rows written out
     assert rep.roofline_s == pytest.approx(moved / arch.total_dram_bw_bytes_s, rel=1e-9)
-    assert rep.latency_s >= rep.roofline_s
+    assert rep.latency_s >= rep.physical_bound_s > 0
 
 
 def take_case(tshape, ishape, axis, mode, lo, hi, seed=0) -> Case:

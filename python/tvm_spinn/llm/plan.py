@@ -30,7 +30,13 @@ kept (all are in ``plan["alternatives"]``):
   micro-batches x slowest stage)``). Boards beyond the chain hold replicas
   (``plan["replicas"]``).
 
-Bounds (per-user decode steps per second): compute (GEMM operations at the chips' peak), DRAM
+The headline is ``efficiency``: the physical bound of a decode step
+(:func:`tvm_spinn.timing.bounds.physical_bound` of :func:`~tvm_spinn.timing.bounds.decode_workload`:
+every block and the LM head, the KV cache at ``seq`` slots, one embedding row per user; it reads
+the system's numbers only, so no plan moves it) over the per-user token period
+(``plan.physical_bound_s``, its parts and binding kind in ``plan.physical_bound``).
+
+The plan's own bounds (a diagnostic: they move with the plan; per-user decode steps per second): compute (GEMM operations at the chips' peak), DRAM
 (bytes that must cross DRAM per token over the DRAM bandwidth of the chips used), SRAM (resident
 weights read once per token at the PEs' DMA bandwidth, an assumption of the timing model) and
 links (the hand-overs); ``binding`` names the largest. For ``pipeline`` the stages run one after
@@ -51,6 +57,7 @@ import time
 import numpy as np
 from dataclasses import dataclass
 
+from ..timing.bounds import decode_workload, physical_bound
 from .spec import LLMError, ModelSpec, spec_of
 
 __all__ = ["Plan", "plan", "DTYPES"]
@@ -85,15 +92,24 @@ class Plan:
     bounds_s: dict
     plan: dict
     plan_seconds: float
+    #: plan-independent lower bound on the per-user token period (seconds) and its parts
+    physical_bound_s: float = 0.0
+    physical_bound: dict = dataclasses.field(default_factory=dict)
 
     @property
     def bound_ratio(self) -> float:
-        """Achieved per-user tokens/s over the bound."""
+        """Achieved per-user tokens/s over the plan's own bound (a diagnostic: it moves with the plan)."""
         return self.tokens_per_s_per_user / self.bound_tokens_per_s if self.bound_tokens_per_s else 0.0
+
+    @property
+    def efficiency(self) -> float:
+        """The physical bound over the per-user token period (at most 1)."""
+        return self.physical_bound_s * self.tokens_per_s_per_user
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
         out["bound_ratio"] = self.bound_ratio
+        out["efficiency"] = self.efficiency
         return out
 
     def table(self) -> str:
@@ -107,8 +123,14 @@ class Plan:
             ("decode latency", f"{self.decode_latency_s * 1e3:.3f} ms/token"),
             ("time to first token", f"{self.ttft_s * 1e3:.3f} ms"),
             ("energy per token", f"{self.energy_per_token_j:.4g} J"),
-            ("bound (per user)", f"{self.bound_tokens_per_s:.3f} tokens/s, {self.binding}-bound "
-                                 f"({self.bound_ratio:.2f} of it reached)"),
+            ("physical bound", f"{self.physical_bound_s * 1e3:.4g} ms/token ({1 / self.physical_bound_s:.3f} "
+                               f"tokens/s per user), {self.physical_bound['binding']}-bound: " + ", ".join(
+                                   f"{k} {v * 1e3:.4g} ms" for k, v in self.physical_bound["parts_s"].items())
+                               + f"; {self.physical_bound['details']['boards_on_path']} board(s) on a token's path"
+             if self.physical_bound_s else "n/a"),
+            ("efficiency", f"{self.efficiency:.4f} (physical bound / token period)"),
+            ("plan's own bound", f"{self.bound_tokens_per_s:.3f} tokens/s, {self.binding}-bound "
+                                 f"({self.bound_ratio:.2f} of it reached; diagnostic, moves with the plan)"),
             ("SRAM per chip", f"{self.sram_bytes_per_chip / 2**20:.2f} MiB"),
             ("DRAM per chip", f"{self.dram_bytes_per_chip / 2**30:.3f} GiB"),
             ("weights / KV cache", f"{self.weight_bytes / 1e9:.3f} GB / {self.kv_cache_bytes / 1e9:.3f} GB"),
@@ -405,6 +427,7 @@ def plan(config, target="spinn/board", batch: int = 1, seq: int = 2048, dtype: s
         "timing": "tvm_spinn timing model of the mapped programs (no simulation, no weights)",
         **best["meta"],
     }
+    physical = physical_bound(decode_workload(spec, batch, seq, dtype), arch)
     return Plan(
         model=model_name, system=arch.name, chips=arch.chips, batch=batch, seq=seq, dtype=dtype,
         tokens_per_s_per_user=1.0 / best["period_s"], tokens_per_s=batch / best["period_s"], ttft_s=best["ttft_s"],
@@ -412,7 +435,8 @@ def plan(config, target="spinn/board", batch: int = 1, seq: int = 2048, dtype: s
         chips_used=best["used"], sram_bytes_per_chip=int(best["sram_pe"] * arch.pes_per_chip),
         dram_bytes_per_chip=best["dram_chip"], weight_bytes=weight_bytes,
         kv_cache_bytes=kv_bytes, bound_tokens_per_s=1.0 / bound_s, binding=best["binding"], bounds_s=bounds,
-        plan=meta, plan_seconds=time.perf_counter() - start)
+        plan=meta, plan_seconds=time.perf_counter() - start, physical_bound_s=physical.total_s,
+        physical_bound=physical.to_dict())
 
 
 def write_json(result: Plan, path: str) -> None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from ..codegen import MANIFEST_MAGIC, MANIFEST_SYMBOL
 from ..program import Program
 from ..target.arch import SpinnArch
+from ..timing.bounds import PhysicalBound, physical_bound, program_workload
 
 __all__ = ["Report", "report", "find_spinn_modules"]
 
@@ -18,7 +19,13 @@ class Report:
     """Simulated performance of a compiled model on its spinn system.
 
     Totals add up the offloaded regions, which run one after another. ``latency_s`` is the timing
-    model's figure, ``roofline_s`` the compute/DRAM lower bound of the same programs.
+    model's figure. ``physical`` is the plan-independent bound of the same work
+    (:func:`tvm_spinn.timing.bounds.physical_bound`: the ops' MACs at the whole system's peak, the
+    bytes they must read at the best bandwidth any placement gets, the board crossings any
+    placement that fits the memories needs); ``efficiency = physical_bound_s / latency_s`` is the
+    headline (at most 1). ``roofline_s`` is the mapped programs' own compute/DRAM roofline (a
+    diagnostic: it moves with the mapping, e.g. with the weights it keeps resident), and
+    ``plan`` holds a multi-chip plan's own bounds (a diagnostic too).
     """
 
     system: str
@@ -44,6 +51,23 @@ class Report:
     plan: dict = field(default_factory=dict)
     layers: list[dict] = field(default_factory=list)
     programs: list = field(default_factory=list, repr=False)
+    #: The plan-independent bound of the offloaded work (None for an empty report).
+    physical: PhysicalBound | None = None
+
+    @property
+    def physical_bound_s(self) -> float:
+        """Plan-independent lower bound on ``latency_s`` (seconds; 0.0 without programs)."""
+        return self.physical.total_s if self.physical else 0.0
+
+    @property
+    def physical_binding(self) -> str:
+        """Which part of the physical bound binds: ``compute``, ``memory`` or ``communication``."""
+        return self.physical.binding if self.physical else ""
+
+    @property
+    def efficiency(self) -> float:
+        """``physical_bound_s / latency_s`` (at most 1; nan without a latency)."""
+        return self.physical.efficiency(self.latency_s) if self.physical else float("nan")
 
     def to_perfetto(self, path: str) -> str:
         """Write the simulated timeline as Chrome-trace JSON (opens in Perfetto); returns path."""
@@ -75,9 +99,9 @@ class Report:
         lines = [
             f"spinn report: system {self.system} ({self.chips} chip{'s' if self.chips != 1 else ''}), "
             f"{self.regions} offloaded region(s)",
-            f"  latency {self.latency_s * 1e3:.3f} ms (roofline {self.roofline_s * 1e3:.3f} ms, "
-            f"{self.latency_s / self.roofline_s if self.roofline_s else float('nan'):.2f}x), "
-            f"{self.cycles} cycles",
+            f"  latency {self.latency_s * 1e3:.3f} ms, {self.cycles} cycles; physical bound "
+            + (f"{self.physical.line()}; efficiency {self.efficiency:.3f}" if self.physical else "n/a"),
+            f"  the programs' own roofline (diagnostic) {self.roofline_s * 1e3:.3f} ms",
             f"  DRAM {self.dram_bytes / 1e6:.3f} MB, NoC {self.noc_bytes / 1e6:.3f} MB, "
             f"energy {self.energy_j * 1e3:.4f} mJ, PE utilization {self.pe_utilization:.2%}",
             f"  offloaded ops: {self.offloaded_ops or 'none'}",
@@ -93,8 +117,10 @@ class Report:
 def system_summary(programs: list, chips: int, chips_per_board: int) -> dict:
     """The plan of a multi-chip build and its bounds, summed over its programs (which run one
     after another): per program tensor/data-parallel degrees and pipeline stage, the
-    collectives, and the compute, memory (where the weights live) and communication bounds;
-    ``binding`` names the largest, ``latency_over_bound`` is the headline ratio.
+    collectives, and the plan's own compute, memory (where the weights live) and communication
+    bounds; ``binding`` names the largest and ``latency_over_bound`` compares the latency with it.
+    These move with the plan (a diagnostic); :attr:`Report.efficiency` is the plan-independent
+    headline.
 
     Throughput for a stream of inputs: the programs of one stage (board) run one after another
     and stages overlap (a pipeline), and the boards the stages leave free hold replicas. On one
@@ -155,9 +181,9 @@ def _system_lines(s: dict) -> list[str]:
         f"  plan: tensor parallel {s['tp']}, data parallel {s['dp']}, sequence parallel {s.get('sp', [1])}, "
         f"{s['stages']} pipeline stage(s), "
         f"{s['replicas']} replica(s) of {s['chips_per_replica']} chips; collectives: {coll or 'none'}",
-        f"  bounds: compute {s['compute_bound_s'] * 1e3:.3f} ms, memory {s['memory_bound_s'] * 1e3:.3f} ms "
+        f"  the plan's own bounds (diagnostic): compute {s['compute_bound_s'] * 1e3:.3f} ms, memory {s['memory_bound_s'] * 1e3:.3f} ms "
         f"({s['streamed_bytes_per_chip'] / 1e6:.3f} MB streamed per chip), communication "
-        f"{s['comm_bound_s'] * 1e3:.3f} ms; {s['binding']} binds; latency / bound "
+        f"{s['comm_bound_s'] * 1e3:.3f} ms; {s['binding']} binds; latency / the plan's bound "
         f"{s['latency_over_bound']:.2f}; stream throughput {s['throughput_inf_s']:.1f} inf/s",
     ]
 
@@ -187,7 +213,8 @@ def report(ex) -> Report:
     Returns
     -------
     Report
-        Latency, roofline, cycles, bytes moved, energy, utilization, op counts and per-layer rows.
+        Latency, the physical bound and efficiency, the programs' own roofline, cycles, bytes moved,
+        energy, utilization, op counts and per-layer rows.
     """
     manifest, programs = {}, []
     for m in find_spinn_modules(ex):
@@ -199,6 +226,8 @@ def report(ex) -> Report:
     if not programs and not manifest:
         raise ValueError("no spinn modules in this executable: was it built for a spinn target?")
     arch = SpinnArch.from_dict(programs[0].arch) if programs else SpinnArch()
+    chips = manifest.get("chips", arch.chips)
+    system = arch if chips == arch.chips else arch.replace(chips=chips)
     keys = ("latency_s", "roofline_s", "cycles", "dram_bytes", "noc_bytes", "link_bytes", "energy_j", "flops")
     totals = {k: sum(p.timing[k] for p in programs) for k in keys}
     busy = sum(p.timing["pe_utilization"] * p.timing["cycles"] for p in programs)
@@ -221,5 +250,6 @@ def report(ex) -> Report:
         throughput_inf_s=_throughput(programs, manifest.get("chips", arch.chips), arch.chips_per_board),
         mapping=[dict(p.mapping, symbol=p.symbol) for p in programs],
         plan=system_summary(programs, manifest.get("chips", arch.chips), arch.chips_per_board),
-        layers=layers, programs=programs, **totals,
+        layers=layers, programs=programs,
+        physical=physical_bound(program_workload(programs), system) if programs else None, **totals,
     )
