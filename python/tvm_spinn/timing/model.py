@@ -13,17 +13,18 @@ group reads it from DRAM and the NoC multicasts it to later PEs of the group. Na
 read every operand from DRAM.
 
 *Resources*: per PE a DMA engine (``dma_setup_cycles`` + bytes / ``dma_bw_bytes_per_cycle`` per
-non-local transfer) and the core (the tile's ``cycles``); per chip a DRAM channel and the NoC,
-whose bandwidths bound the chip's traffic of the layer; per chip its links, which all-gather a
-layer's input before the layer starts when the layer spans several chips or changes chips.
+non-local transfer) and the core (the tile's ``cycles``); per quad-PE the router port its four
+PEs share; per chip a DRAM channel and the NoC's bisection (:func:`noc_cycles`), whose
+bandwidths bound the layer's traffic; per chip its links, which all-gather a layer's input
+before the layer starts when the layer spans several chips or changes chips.
 
 *Per PE*, tiles run in order. With double buffering loads run ahead of compute (the load of tile
 i+1 overlaps the compute of tile i): compute of tile i ends at
 ``end_i = max(end_{i-1}, start + L_1 + ... + L_i) + C_i``, and the PE is done when its last
 output is written and its DMA engine has moved every byte: ``max(end_last + O_last, sum(L + O))``.
 Without double buffering (naive) load, compute and write-back of each tile are serial. A layer
-takes ``max(slowest PE, slowest chip's DRAM bytes / DRAM bandwidth, NoC bytes / NoC
-bandwidth)`` plus a barrier (sequential mode: all PEs; pipelined mode: the layer's PE group, and
+takes ``max(slowest PE, slowest chip's DRAM bytes / DRAM bandwidth, the NoC's busiest router
+port or bisection)`` plus a barrier (sequential mode: all PEs; pipelined mode: the layer's PE group, and
 throughput is set by the slowest stage).
 
 *Views* (:meth:`~tvm_spinn.program.ops.base.OpFamily.is_view`: a reshape, a unit-axis permute or
@@ -45,7 +46,7 @@ from ..program.ops.base import family_of
 from ..program.tiles import TileTable
 from ..target.arch import SpinnArch
 
-__all__ = ["LayerTiming", "Timing", "evaluate", "roofline", "transfers", "LOCAL", "NOC", "DRAM"]
+__all__ = ["LayerTiming", "Timing", "evaluate", "roofline", "transfers", "noc_cycles", "LOCAL", "NOC", "DRAM"]
 
 
 @dataclass
@@ -164,6 +165,33 @@ def transfers(program: Program, index: int, table: TileTable, arch: SpinnArch) -
         held = grouped & (keys[pos] == key) & (first_held[pos] < order)
         w_src[held] = LOCAL
     return in_src, w_src, out_dst
+
+
+#: Share of the NoC traffic that crosses the mesh's bisection when a layer's sources and
+#: destinations spread evenly over the chip (a uniformly random pair lies on opposite halves
+#: half the time).
+_BISECTION_SHARE = 0.5
+
+
+def noc_cycles(table: TileTable, srcs, arch: SpinnArch) -> float:
+    """Cycles the NoC needs for one layer's traffic: the busiest quad-PE router port or the
+    bisection, whichever binds.
+
+    Every quad-PE's router joins its PEs to the mesh through one port of
+    ``noc_link_bytes_per_cycle`` each way, so the bytes a quad-PE's tiles receive (operands not
+    in their own SRAM, from DRAM or from other PEs) and send (outputs not kept locally) queue
+    there; traffic spread over the chip crosses the middle of the mesh with probability
+    :data:`_BISECTION_SHARE`, at ``noc_bw_bytes_s``. The slowest chip sets the time.
+    """
+    in_src, w_src, out_dst = srcs
+    recv = table.in_bytes * (in_src != LOCAL) + table.w_bytes * (w_src != LOCAL)
+    send = table.out_bytes * (out_dst != LOCAL)
+    qpe = table.pe // arch.pes_per_qpe
+    qpe = qpe - int(qpe.min())
+    port = max(float(np.bincount(qpe, weights=recv).max()), float(np.bincount(qpe, weights=send).max()))
+    chip = table.chip - int(table.chip.min())
+    bisection = float(np.bincount(chip, weights=recv + send).max()) * _BISECTION_SHARE
+    return max(port / arch.noc_link_bytes_per_cycle, bisection / (arch.noc_bw_bytes_s / arch.clock_hz))
 
 
 def _segments(pe: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -317,7 +345,6 @@ def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None"
     records = mapping.get("layers", [])
     cpc = arch.clock_hz
     dram_rate = arch.dram_bw_bytes_s / cpc
-    noc_rate = arch.noc_bw_bytes_s / cpc
     link_rate = arch.link_bw_bytes_s * arch.links_per_chip / cpc
     ppc = arch.pes_per_chip
     now = 0.0
@@ -369,8 +396,7 @@ def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None"
         if len(table):
             chip = table.chip - int(table.chip.min())
             dram_chip = np.bincount(chip, weights=dram_t)
-            noc_chip = np.bincount(chip, weights=noc_t)
-            end = max(end, start + float(dram_chip.max()) / dram_rate, start + float(noc_chip.max()) / noc_rate)
+            end = max(end, start + float(dram_chip.max()) / dram_rate, start + noc_cycles(table, srcs, arch))
         end = float(np.ceil(end)) + arch.barrier_cycles  # layers end on whole cycles
         dram_b, noc_b = int(dram_t.sum()), int(noc_t.sum())
         compute = int(table.cycles.sum())
