@@ -5,7 +5,9 @@ placed and costed by the mapper) and the mapping's decisions, and this model der
 needs from them, one layer at a time with numpy.
 
 *Where each operand comes from* (the schedule's transfers): a tile's activation input is read
-over the NoC when every activation input of the layer stays on chip, else from DRAM; its output
+over the NoC when every activation input of the layer stays on chip, else from DRAM, once per PE
+where the PE keeps the block for its later tiles of the same input rows (a GEMM's tiles along
+its weight axis); its output
 stays in SRAM (``local``) when the layer's output is kept on chip, else goes to DRAM. Its weight
 block is ``local`` when the layer's weights are resident or an earlier tile of the same group on
 the same PE held the block (it fits next to the tile's buffers); otherwise the first tile of a
@@ -143,6 +145,10 @@ def transfers(program: Program, index: int, table: TileTable, arch: SpinnArch) -
         # operand to DRAM
         acts = [tid for tid in layer.inputs[:1] if tid in acts]
     in_src = np.full(n, NOC if acts and all(tid in onchip for tid in acts) else DRAM, np.int8)
+    if not naive:
+        # a DRAM input block crosses DRAM once; the NoC multicasts it to the other PEs reading it
+        in_src[(in_src == DRAM) & _input_shared(layer.kind, table)] = NOC
+        in_src[_input_held(layer.kind, table, arch)] = LOCAL
     out_dst = np.full(n, LOCAL if layer.output in onchip else DRAM, np.int8)
     if index in set(mapping.get("resident_layers", [])):
         return in_src, np.full(n, LOCAL, np.int8), out_dst
@@ -192,6 +198,50 @@ def noc_cycles(table: TileTable, srcs, arch: SpinnArch) -> float:
     chip = table.chip - int(table.chip.min())
     bisection = float(np.bincount(chip, weights=recv + send).max()) * _BISECTION_SHARE
     return max(port / arch.noc_link_bytes_per_cycle, bisection / (arch.noc_bw_bytes_s / arch.clock_hz))
+
+
+#: The region axis a GEMM's weight operand varies along (its input block is the same along it):
+#: conv2d's output channels (A = weight), dense's and matmul's output columns (B = weight).
+_WEIGHT_AXIS = {"conv2d": 1, "dense": 2, "matmul": 2}
+
+
+def _input_key(kind: str, table: TileTable) -> np.ndarray | None:
+    """Per tile, the index of its input block (tiles differing only along the weight axis share
+    one), or None for a layer whose tiles' inputs are not shared this way."""
+    axis = _WEIGHT_AXIS.get(kind)
+    if axis is None or len(table) < 2:
+        return None
+    keep = [a for a in range(table.lo.shape[1]) if a != axis]
+    _, inverse = np.unique(np.column_stack([table.lo[:, keep], table.hi[:, keep]]), axis=0, return_inverse=True)
+    return inverse.reshape(-1)
+
+
+def _input_shared(kind: str, table: TileTable) -> np.ndarray:
+    """Tiles whose input block an earlier tile (on any PE) reads: they receive it by multicast."""
+    key = _input_key(kind, table)
+    if key is None:
+        return np.zeros(len(table), dtype=bool)
+    _, first = np.unique(key, return_index=True)
+    return first[key] < np.arange(len(table))
+
+
+def _input_held(kind: str, table: TileTable, arch: SpinnArch) -> np.ndarray:
+    """Tiles of a GEMM layer whose input block an earlier tile on the same PE already fetched
+    and kept: tiles that differ only along the weight axis (:data:`_WEIGHT_AXIS`) read the same
+    input rows (dense, matmul) or pixels (conv2d), and a PE keeps the block when it fits next to
+    the tile's buffers (as a weight block is kept, :func:`transfers`)."""
+    n = len(table)
+    held = np.zeros(n, dtype=bool)
+    axis = _WEIGHT_AXIS.get(kind)
+    if axis is None or n < 2:
+        return held
+    keep = [a for a in range(table.lo.shape[1]) if a != axis]
+    fits = (table.in_bytes + table.sram_bytes <= arch.tile_sram_bytes) & (table.in_bytes > 0)
+    key = np.column_stack([table.pe, table.lo[:, keep], table.hi[:, keep]])
+    _, first, inverse = np.unique(key, axis=0, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    later = first[inverse] < np.arange(n)
+    return later & fits & fits[first[inverse]]
 
 
 def _segments(pe: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
