@@ -36,6 +36,7 @@ from typing import Callable
 from tvm_spinn.mapping import MappingOptions, map_program
 from tvm_spinn.program import Layer, Program, TensorDesc
 from tvm_spinn.target.arch import CHIPS, SpinnArch
+from tvm_spinn.timing import evaluate
 
 #: The target band of every case with a silicon figure: modelled / measured in [0.85, 1.15].
 TOLERANCE = 0.15
@@ -117,12 +118,17 @@ def sram_tops(m: int, k: int, chip: str) -> Callable[[], Result]:
 
 
 def sram_tops_w(m: int, k: int, chip: str) -> Callable[[], Result]:
+    """Whole-program TOPS/W of the :func:`_middle` chain with its input and output in SRAM too
+    (the paper's setup: every operator's operands on chip), timed by the product's
+    :func:`~tvm_spinn.timing.evaluate` on a mapping that says so."""
     def run() -> Result:
         arch = CHIPS[chip]
         p, _ = _middle(m, k, arch)
-        t = p.timing
-        return Result(t["flops"] / t["energy_j"] / 1e12,
-                      f"{t['flops'] / t['latency_s'] / 1e12:.3f} TOPS at {t['energy_j'] / t['latency_s']:.3f} W")
+        p.mapping["onchip_tensors"] = sorted(set(p.mapping["onchip_tensors"]) | set(p.inputs) | set(p.outputs))
+        t = evaluate(p, arch)
+        return Result(t.flops / t.energy_j / 1e12,
+                      f"{t.flops / t.latency_s / 1e12:.3f} TOPS at {t.energy_j / t.latency_s:.3f} W "
+                      f"(silicon: {'4.563 TOPS at 2.219' if chip == 'production' else '2.281 TOPS at 0.825'} W)")
     return run
 
 
@@ -187,7 +193,7 @@ def cases() -> list[Case]:
     for chip, mhz, tw, (m, k), held in (("production", 300, 2.06, (2048, 256), False),
                                          ("production-150mhz", 150, 2.77, (2048, 256), False),
                                          ("production", 300, 2.06, (512, 256), True)):
-        out.append(Case(f"tops-w-{mhz} {m}x{k}x{k}", src_t3 + f" ({tw} TOPS/W)", f"whole program, {sram}, {mhz} MHz",
+        out.append(Case(f"tops-w-{mhz} {m}x{k}x{k}", src_t3 + f" ({tw} TOPS/W)", f"whole program, {sram}, input and output in SRAM, {mhz} MHz",
                         tw, "TOPS/W", held, True, sram_tops_w(m, k, chip)))
     return out
 

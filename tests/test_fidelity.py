@@ -24,6 +24,9 @@ WITHIN = (
     "matmul-sram-150 512x256x256",
     "matmul-sram-150 4096x128x128",
     "fc-batch1 1x1024x1024",
+    "tops-w-300 2048x256x256",
+    "tops-w-150 2048x256x256",
+    "tops-w-300 512x256x256",
 )
 CASES = {case.name: case for case in fidelity.cases()}
 
