@@ -22,7 +22,10 @@ from tvm_spinn.mapping.tiling import layer_work
 from tvm_spinn.program import Layer, Program, TensorDesc
 from tvm_spinn.runtime.simulator import run_program
 
-ARCH = tvm_spinn.make_system("resident-8pe", pes_per_chip=8)
+# A 4 x 4 MAC array: a decode row takes one array pass per 4 columns whichever side holds it, so
+# the column tiles below are MAC-array wide at 4 (on the 16 x 4 array a row sits on the 4-wide
+# side and a pass covers 16 columns).
+ARCH = tvm_spinn.make_system("resident-8pe", pes_per_chip=8, mac_rows=4, mac_cols=4)
 K = 8192
 
 
@@ -107,7 +110,7 @@ def test_resident_decode_gemm_splits_its_reduction_when_faster(monkeypatch):
     assert max(split.resident_pe.values()) <= LEDGER_RESIDENT_SHARE * ARCH.tile_sram_bytes
     monkeypatch.setattr(schedule, "_split_layout", lambda *args: None)
     whole = _mapped([40], np.zeros(pes, dtype=np.int64))
-    assert whole.mapping["layers"][0]["tile"] == [16, 5, 511] and whole.mapping["resident_layers"] == [0]
+    assert whole.mapping["layers"][0]["tile"] == [ARCH.mac_rows, 5, 511] and whole.mapping["resident_layers"] == [0]
     assert split.timing["cycles"] < whole.timing["cycles"]
     x = np.random.default_rng(2).integers(-128, 128, (1, K), dtype=np.int8)
     (ref,) = run_program(whole, [x], mode="layers")

@@ -38,6 +38,10 @@ class MappingOptions(ScopedOptions):
     naive : bool
         The baseline the benchmark compares with: fixed 16x4 MAC-shaped tiles, round-robin
         placement, no double buffering, every operand from DRAM, one chip.
+    double_buffer : bool
+        Load a PE's next tile while it computes the current one (the default). ``False``
+        serializes fetch -> compute -> write-back on every PE (the setup of a scheduler that
+        stages each layer's operands before computing, e.g. OctopuScheduler on SpiNNaker2).
     """
 
     mode: str = "auto"
@@ -45,6 +49,7 @@ class MappingOptions(ScopedOptions):
     weights: str = "auto"
     activations: str = "auto"
     naive: bool = False
+    double_buffer: bool = True
 
     def __post_init__(self) -> None:
         for name, allowed in (("mode", ("auto", "sequential", "pipelined")),
@@ -55,7 +60,10 @@ class MappingOptions(ScopedOptions):
                 raise ValueError(f"MappingOptions.{name} must be one of {allowed}, got {getattr(self, name)!r}")
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if out["double_buffer"]:  # the default: left out so earlier programs' bytes stay the same
+            del out["double_buffer"]
+        return out
 
 
 def current_options() -> MappingOptions:

@@ -184,7 +184,8 @@ def _map(program: Program, arch: SpinnArch, mode: str, options: MappingOptions, 
     activations = "dram" if options.naive else options.activations
     base = {
         "mode": mode, "options": options.to_dict(), "chips_per_layer": chips,
-        "pes_per_layer": [count for _, count in ranges], "double_buffer": not options.naive,
+        "pes_per_layer": [count for _, count in ranges],
+        "double_buffer": not options.naive and options.double_buffer,
     }
     # weights="auto": residency competes with on-chip activations for SRAM, and keeping weights
     # can push activations out to DRAM; the timing model decides between the greedy residency

@@ -127,9 +127,18 @@ class SpinnArch:
         Assumption: per-PE DMA engine bandwidth between SRAM and the NoC (8 B/cycle = 2.4 GB/s at
         300 MHz).
     noc_bw_bytes_s : float
-        Aggregate NoC bisection bandwidth per chip: 307.2 Gbit/s = 38.4 GB/s [OJCAS26].
+        NoC bisection bandwidth per chip, both directions: 307.2 Gbit/s = 38.4 GB/s [OJCAS26]
+        (what crosses the middle of the mesh, not the chip's total: see
+        :attr:`noc_link_bytes_per_cycle`).
     noc_hop_cycles : int
         Router latency per hop: 5 cycles [OJCAS26].
+    noc_link_bytes_per_cycle : float
+        Payload one NoC router link carries per cycle and direction: 16 B. [OJCAS26] gives
+        192-bit flits; assumption: 128 bits of a flit are payload (the rest routing and
+        control), which makes the published bisection (307.2 Gbit/s = 1,024 bits per cycle at
+        300 MHz) eight such links. Every quad-PE's router joins its four PEs to the mesh through
+        one such port, so the PEs of a quad-PE share it (the timing model's per-router
+        contention); :attr:`noc_bw_bytes_s` bounds the traffic across the middle of the chip.
     links_per_chip : int
         Chip-to-chip links: 6 [OJCAS26, SpiNNMachine].
     link_bw_bytes_s : float
@@ -206,6 +215,7 @@ class SpinnArch:
     dma_bw_bytes_per_cycle: float = 8.0  # assumption
     noc_bw_bytes_s: float = 307.2e9 / 8  # [OJCAS26]
     noc_hop_cycles: int = 5  # [OJCAS26]
+    noc_link_bytes_per_cycle: float = 16.0  # [OJCAS26] 192-bit flits; assumption: 128-bit payload
     links_per_chip: int = 6  # [OJCAS26]
     link_bw_bytes_s: float = 6e9 / 8  # [OJCAS26]
     barrier_cycles: int = 200  # assumption
@@ -251,7 +261,7 @@ class SpinnArch:
         positive_floats = (
             "clock_hz", "m4f_flops_per_cycle", "m4f_elementwise_cycles", "exp_unit_cycles",
             "dram_bw_bytes_s", "dma_bw_bytes_per_cycle", "noc_bw_bytes_s", "link_bw_bytes_s",
-            "board_link_bw_bytes_s", "host_mem_bw_bytes_s", "m4f_chain_cycles",
+            "board_link_bw_bytes_s", "host_mem_bw_bytes_s", "m4f_chain_cycles", "noc_link_bytes_per_cycle",
         )
         for name in positive_floats:
             value = getattr(self, name)
@@ -431,7 +441,9 @@ _TOPOLOGY_FIELDS = frozenset({"chips_per_board", "board_link_bw_bytes_s", "link_
 _HOST_FIELDS = frozenset({"host_mem_bw_bytes_s", "host_op_s"})
 #: The M4F's register-chain fields; omitted from :meth:`SpinnArch.to_dict` at their defaults.
 _CHAIN_FIELDS = frozenset({"m4f_chain_cycles", "m4f_chain_registers"})
-_DEFAULTED_FIELDS = _TOPOLOGY_FIELDS | _HOST_FIELDS | _CHAIN_FIELDS
+#: The timing model's interconnect, synchronisation and set-up fields; omitted at their defaults.
+_TIMING_FIELDS = frozenset({"noc_link_bytes_per_cycle"})
+_DEFAULTED_FIELDS = _TOPOLOGY_FIELDS | _HOST_FIELDS | _CHAIN_FIELDS | _TIMING_FIELDS
 
 
 @dataclass(frozen=True)

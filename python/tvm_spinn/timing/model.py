@@ -5,7 +5,9 @@ placed and costed by the mapper) and the mapping's decisions, and this model der
 needs from them, one layer at a time with numpy.
 
 *Where each operand comes from* (the schedule's transfers): a tile's activation input is read
-over the NoC when every activation input of the layer stays on chip, else from DRAM; its output
+over the NoC when every activation input of the layer stays on chip, else from DRAM, once per PE
+where the PE keeps the block for its later tiles of the same input rows (a GEMM's tiles along
+its weight axis); its output
 stays in SRAM (``local``) when the layer's output is kept on chip, else goes to DRAM. Its weight
 block is ``local`` when the layer's weights are resident or an earlier tile of the same group on
 the same PE held the block (it fits next to the tile's buffers); otherwise the first tile of a
@@ -13,17 +15,18 @@ group reads it from DRAM and the NoC multicasts it to later PEs of the group. Na
 read every operand from DRAM.
 
 *Resources*: per PE a DMA engine (``dma_setup_cycles`` + bytes / ``dma_bw_bytes_per_cycle`` per
-non-local transfer) and the core (the tile's ``cycles``); per chip a DRAM channel and the NoC,
-whose bandwidths bound the chip's traffic of the layer; per chip its links, which all-gather a
-layer's input before the layer starts when the layer spans several chips or changes chips.
+non-local transfer) and the core (the tile's ``cycles``); per quad-PE the router port its four
+PEs share; per chip a DRAM channel and the NoC's bisection (:func:`noc_cycles`), whose
+bandwidths bound the layer's traffic; per chip its links, which all-gather a layer's input
+before the layer starts when the layer spans several chips or changes chips.
 
 *Per PE*, tiles run in order. With double buffering loads run ahead of compute (the load of tile
 i+1 overlaps the compute of tile i): compute of tile i ends at
 ``end_i = max(end_{i-1}, start + L_1 + ... + L_i) + C_i``, and the PE is done when its last
 output is written and its DMA engine has moved every byte: ``max(end_last + O_last, sum(L + O))``.
 Without double buffering (naive) load, compute and write-back of each tile are serial. A layer
-takes ``max(slowest PE, slowest chip's DRAM bytes / DRAM bandwidth, NoC bytes / NoC
-bandwidth)`` plus a barrier (sequential mode: all PEs; pipelined mode: the layer's PE group, and
+takes ``max(slowest PE, slowest chip's DRAM bytes / DRAM bandwidth, the NoC's busiest router
+port or bisection)`` plus a barrier (sequential mode: all PEs; pipelined mode: the layer's PE group, and
 throughput is set by the slowest stage).
 
 *Views* (:meth:`~tvm_spinn.program.ops.base.OpFamily.is_view`: a reshape, a unit-axis permute or
@@ -45,7 +48,7 @@ from ..program.ops.base import family_of
 from ..program.tiles import TileTable
 from ..target.arch import SpinnArch
 
-__all__ = ["LayerTiming", "Timing", "evaluate", "roofline", "transfers", "LOCAL", "NOC", "DRAM"]
+__all__ = ["LayerTiming", "Timing", "evaluate", "roofline", "transfers", "noc_cycles", "LOCAL", "NOC", "DRAM"]
 
 
 @dataclass
@@ -142,6 +145,10 @@ def transfers(program: Program, index: int, table: TileTable, arch: SpinnArch) -
         # operand to DRAM
         acts = [tid for tid in layer.inputs[:1] if tid in acts]
     in_src = np.full(n, NOC if acts and all(tid in onchip for tid in acts) else DRAM, np.int8)
+    if not naive:
+        # a DRAM input block crosses DRAM once; the NoC multicasts it to the other PEs reading it
+        in_src[(in_src == DRAM) & _input_shared(layer.kind, table)] = NOC
+        in_src[_input_held(layer.kind, table, arch)] = LOCAL
     out_dst = np.full(n, LOCAL if layer.output in onchip else DRAM, np.int8)
     if index in set(mapping.get("resident_layers", [])):
         return in_src, np.full(n, LOCAL, np.int8), out_dst
@@ -164,6 +171,77 @@ def transfers(program: Program, index: int, table: TileTable, arch: SpinnArch) -
         held = grouped & (keys[pos] == key) & (first_held[pos] < order)
         w_src[held] = LOCAL
     return in_src, w_src, out_dst
+
+
+#: Share of the NoC traffic that crosses the mesh's bisection when a layer's sources and
+#: destinations spread evenly over the chip (a uniformly random pair lies on opposite halves
+#: half the time).
+_BISECTION_SHARE = 0.5
+
+
+def noc_cycles(table: TileTable, srcs, arch: SpinnArch) -> float:
+    """Cycles the NoC needs for one layer's traffic: the busiest quad-PE router port or the
+    bisection, whichever binds.
+
+    Every quad-PE's router joins its PEs to the mesh through one port of
+    ``noc_link_bytes_per_cycle`` each way, so the bytes a quad-PE's tiles receive (operands not
+    in their own SRAM, from DRAM or from other PEs) and send (outputs not kept locally) queue
+    there; traffic spread over the chip crosses the middle of the mesh with probability
+    :data:`_BISECTION_SHARE`, at ``noc_bw_bytes_s``. The slowest chip sets the time.
+    """
+    in_src, w_src, out_dst = srcs
+    recv = table.in_bytes * (in_src != LOCAL) + table.w_bytes * (w_src != LOCAL)
+    send = table.out_bytes * (out_dst != LOCAL)
+    qpe = table.pe // arch.pes_per_qpe
+    qpe = qpe - int(qpe.min())
+    port = max(float(np.bincount(qpe, weights=recv).max()), float(np.bincount(qpe, weights=send).max()))
+    chip = table.chip - int(table.chip.min())
+    bisection = float(np.bincount(chip, weights=recv + send).max()) * _BISECTION_SHARE
+    return max(port / arch.noc_link_bytes_per_cycle, bisection / (arch.noc_bw_bytes_s / arch.clock_hz))
+
+
+#: The region axis a GEMM's weight operand varies along (its input block is the same along it):
+#: conv2d's output channels (A = weight), dense's and matmul's output columns (B = weight).
+_WEIGHT_AXIS = {"conv2d": 1, "dense": 2, "matmul": 2}
+
+
+def _input_key(kind: str, table: TileTable) -> np.ndarray | None:
+    """Per tile, the index of its input block (tiles differing only along the weight axis share
+    one), or None for a layer whose tiles' inputs are not shared this way."""
+    axis = _WEIGHT_AXIS.get(kind)
+    if axis is None or len(table) < 2:
+        return None
+    keep = [a for a in range(table.lo.shape[1]) if a != axis]
+    _, inverse = np.unique(np.column_stack([table.lo[:, keep], table.hi[:, keep]]), axis=0, return_inverse=True)
+    return inverse.reshape(-1)
+
+
+def _input_shared(kind: str, table: TileTable) -> np.ndarray:
+    """Tiles whose input block an earlier tile (on any PE) reads: they receive it by multicast."""
+    key = _input_key(kind, table)
+    if key is None:
+        return np.zeros(len(table), dtype=bool)
+    _, first = np.unique(key, return_index=True)
+    return first[key] < np.arange(len(table))
+
+
+def _input_held(kind: str, table: TileTable, arch: SpinnArch) -> np.ndarray:
+    """Tiles of a GEMM layer whose input block an earlier tile on the same PE already fetched
+    and kept: tiles that differ only along the weight axis (:data:`_WEIGHT_AXIS`) read the same
+    input rows (dense, matmul) or pixels (conv2d), and a PE keeps the block when it fits next to
+    the tile's buffers (as a weight block is kept, :func:`transfers`)."""
+    n = len(table)
+    held = np.zeros(n, dtype=bool)
+    axis = _WEIGHT_AXIS.get(kind)
+    if axis is None or n < 2:
+        return held
+    keep = [a for a in range(table.lo.shape[1]) if a != axis]
+    fits = (table.in_bytes + table.sram_bytes <= arch.tile_sram_bytes) & (table.in_bytes > 0)
+    key = np.column_stack([table.pe, table.lo[:, keep], table.hi[:, keep]])
+    _, first, inverse = np.unique(key, axis=0, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    later = first[inverse] < np.arange(n)
+    return later & fits & fits[first[inverse]]
 
 
 def _segments(pe: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -317,7 +395,6 @@ def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None"
     records = mapping.get("layers", [])
     cpc = arch.clock_hz
     dram_rate = arch.dram_bw_bytes_s / cpc
-    noc_rate = arch.noc_bw_bytes_s / cpc
     link_rate = arch.payload_bw("chip") * arch.links_per_chip / cpc
     ppc = arch.pes_per_chip
     now = 0.0
@@ -369,8 +446,7 @@ def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None"
         if len(table):
             chip = table.chip - int(table.chip.min())
             dram_chip = np.bincount(chip, weights=dram_t)
-            noc_chip = np.bincount(chip, weights=noc_t)
-            end = max(end, start + float(dram_chip.max()) / dram_rate, start + float(noc_chip.max()) / noc_rate)
+            end = max(end, start + float(dram_chip.max()) / dram_rate, start + noc_cycles(table, srcs, arch))
         end = float(np.ceil(end)) + arch.barrier_cycles  # layers end on whole cycles
         dram_b, noc_b = int(dram_t.sum()), int(noc_t.sum())
         compute = int(table.cycles.sum())

@@ -30,7 +30,8 @@ weight``/rhs (matmul's batches broadcast).
   accumulator block of SRAM to receive them. fp32 tiles never split (their k order is the
   result).
 - Compute cycles of a tile (:func:`gemm_tile_cycles`): fp32 ``vm * vn * K /
-  m4f_flops_per_cycle``; int8: the tile padded to ``mac_rows x mac_cols`` blocks, each streaming
+  m4f_flops_per_cycle``; int8: the tile padded to ``mac_rows x mac_cols`` blocks in the orientation
+  that pads least (:func:`mac_passes`), each streaming
   its reduction one k-chunk at a time (1 cycle per k) then reading out its sums, overlapped with
   the M4F's share (:class:`Int8Side`: partial-sum adds, a dequantizing epilogue, zero-point sums
   of activation operands). ``layer.flops`` is ``2 * M * N * K`` in both modes.
@@ -56,7 +57,7 @@ from .elementwise import relu
 if TYPE_CHECKING:
     from ...target.arch import SpinnArch
 
-__all__ = ["Gemm", "GemmShape", "gemm_shape", "safe_k_chunk", "Int8Side", "int8_side", "gemm_tile_cycles", "choose_gemm_tile",
+__all__ = ["Gemm", "GemmShape", "gemm_shape", "safe_k_chunk", "Int8Side", "int8_side", "gemm_tile_cycles", "mac_passes", "choose_gemm_tile",
            "smallest_gemm_tile_bytes", "splits_of", "chunk_length", "k_part_bounds", "k_part_tail_cycles", "GEMM_KINDS"]
 
 GEMM_KINDS = ("conv2d", "dense", "matmul")
@@ -163,6 +164,16 @@ def int8_side(program, layer: Layer) -> Int8Side:
     return Int8Side(fp32_out, a.get("b_zero", 0) != 0, a.get("x_zero", 0) != 0)
 
 
+def mac_passes(vm, vn, arch: "SpinnArch"):
+    """Output blocks the MAC array computes for a ``vm x vn`` tile: the array's ``mac_rows x
+    mac_cols`` (16 x 4) outputs hold either operand on either side, so the tile is cut the way
+    that pads least (a batch-1 GEMV puts its one row on the 4-wide side: 1 of 4 array lanes
+    used, where the 16-wide side would use 1 of 16). Timing only: the bits of an int8 GEMM do
+    not depend on the order its sums are formed in. ``vm``, ``vn`` may be int64 arrays."""
+    r, c = arch.mac_rows, arch.mac_cols
+    return np.minimum(ceil_div(vm, r) * ceil_div(vn, c), ceil_div(vm, c) * ceil_div(vn, r))
+
+
 def gemm_tile_cycles(vm: int, vn: int, k: int, k_splits: int, arch: "SpinnArch", mode: str = "fp32",
                      side: Int8Side | None = None) -> float:
     """Compute cycles of a ``vm x vn`` GEMM tile with reduction ``k`` in ``k_splits`` chunks
@@ -171,7 +182,7 @@ def gemm_tile_cycles(vm: int, vn: int, k: int, k_splits: int, arch: "SpinnArch",
     if mode != "int8":
         return vm * vn * k / arch.m4f_flops_per_cycle
     side = side or Int8Side()
-    passes = ceil_div(vm, arch.mac_rows) * ceil_div(vn, arch.mac_cols)
+    passes = mac_passes(vm, vn, arch)
     array = passes * (k + k_splits * arch.mac_readout_cycles)
     sums = side.row_sums or side.col_sums
     per_out = (k_splits - 1) + int(side.fp32_out) + int(sums)
