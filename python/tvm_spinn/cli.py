@@ -526,6 +526,13 @@ def main(argv: list[str] | None = None) -> int:
                 raise
         except KeyboardInterrupt:
             print(f"tvm-spinn: {note}", file=sys.stderr)
+            import tvm_spinn
+
+            if tvm_spinn._deferred():
+                # the process is the command and ends now: objects that the interrupt left
+                # half torn down (MetaSchedule's worker pools) may fail in their finalizers
+                # while it exits; the line above is what the user gets
+                sys.unraisablehook = lambda unraisable: None
             return INTERRUPTED
         except _error_types() as err:
             print(f"tvm-spinn: error: {err}", file=sys.stderr)
