@@ -144,12 +144,15 @@ def test_help_and_argument_errors_import_neither_torch_nor_tvm(tmp_path):
     cases = [
         (["--help"], 0, "compile"),
         (["compile", "--help"], 0, "spinn/cloud"),
-        (["compile", str(tmp_path / "missing.onnx"), "-o", str(tmp_path / "x.so")], 1, "does not exist"),
+        (["compile", str(tmp_path / "missing.onnx"), "-o", str(tmp_path / "x.so")], 2, "does not exist"),
         (["compile", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "x.so"), "--bogus"], 2, "unrecognized"),
-        (["compile", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "x.so"), "--target", "spinn/nope"], 1,
+        (["compile", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "x.so"), "--target", "spinn/nope"], 2,
          "spinn/board"),
-        (["compile", str(tmp_path / "m.onnx"), "-o", os.devnull], 1, "/dev/null"),
-        (["compile", str(tmp_path / "m.onnx"), "--shape", "x=1,a", "-o", str(tmp_path / "x.so")], 1, "--shape"),
+        (["compile", str(tmp_path / "m.onnx"), "-o", os.devnull], 2, "/dev/null"),
+        (["compile", str(tmp_path / "m.onnx"), "--shape", "x=1,a", "-o", str(tmp_path / "x.so")], 2, "--shape"),
+        (["compile", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "x.so"), "--tuning-logs",
+          str(tmp_path / "nologs")], 2, "nologs"),
+        (["run", str(tmp_path / "none.so"), "--inputs", "in.npz"], 2, "none.so"),
         (["plan", str(tmp_path / "bad.json")], 2, "model_type"),
     ]
     (tmp_path / "bad.json").write_text('{"model_type": "mixtral"}')

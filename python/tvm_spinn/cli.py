@@ -64,8 +64,12 @@ class _Interrupts:
 _INTERRUPTS = _Interrupts()
 
 
-def _fail(message: str) -> SystemExit:
-    return SystemExit(f"tvm-spinn: {message}")
+class _Refused(Exception):
+    """A refused argument or input: one line on stderr, exit status 2 (as argparse's)."""
+
+
+def _fail(message: str) -> _Refused:
+    return _Refused(message)
 
 
 # ------------------------------------------------------------------ argument checks (no TVM here)
@@ -534,6 +538,9 @@ def main(argv: list[str] | None = None) -> int:
                 # while it exits; the line above is what the user gets
                 sys.unraisablehook = lambda unraisable: None
             return INTERRUPTED
+        except _Refused as err:
+            print(f"tvm-spinn: {err}", file=sys.stderr)
+            return 2
         except _error_types() as err:
             print(f"tvm-spinn: error: {err}", file=sys.stderr)
             return 2
