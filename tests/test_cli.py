@@ -22,13 +22,14 @@ def test_compile_run_report(tmp_path):
     onnxruntime = pytest.importorskip("onnxruntime")
     model, x = make("mlp")
     onnx_path = tmp_path / "mlp.onnx"
-    torch.onnx.export(model, (x,), str(onnx_path), dynamo=False, input_names=["x"], opset_version=17)
+    torch.onnx.export(model, (x,), str(onnx_path), dynamo=False, input_names=["x"], output_names=["y"],
+                      opset_version=17)
     lib = tmp_path / "mlp.so"
     out = _cli("compile", str(onnx_path), "--target", "spinn", "-o", str(lib), "--report")
     assert lib.exists() and "latency" in out.stdout
     np.savez(tmp_path / "in.npz", x=x.numpy())
     _cli("run", str(lib), "--inputs", str(tmp_path / "in.npz"), "-o", str(tmp_path / "out.npz"))
-    got = np.load(tmp_path / "out.npz")["output0"]
+    got = np.load(tmp_path / "out.npz")["y"]  # named as in the model
     ref = onnxruntime.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})[0]
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
     rep = _cli("report", str(lib))
@@ -53,7 +54,8 @@ def test_compile_quantized(tmp_path):
     onnxruntime = pytest.importorskip("onnxruntime")
     model, x = make("mlp")
     onnx_path = tmp_path / "mlp.onnx"
-    torch.onnx.export(model, (x,), str(onnx_path), dynamo=False, input_names=["x"], opset_version=17)
+    torch.onnx.export(model, (x,), str(onnx_path), dynamo=False, input_names=["x"], output_names=["y"],
+                      opset_version=17)
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "calib.npz", x=rng.normal(size=(8,) + tuple(x.shape)).astype("float32"))
     lib = tmp_path / "mlp_int8.so"
@@ -62,7 +64,7 @@ def test_compile_quantized(tmp_path):
     assert lib.exists() and out.stdout.count("int8") >= 3
     np.savez(tmp_path / "in.npz", x=x.numpy())
     _cli("run", str(lib), "--inputs", str(tmp_path / "in.npz"), "-o", str(tmp_path / "out.npz"))
-    got = np.load(tmp_path / "out.npz")["output0"]
+    got = np.load(tmp_path / "out.npz")["y"]  # named as in the model
     ref = onnxruntime.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})[0]
     assert np.abs(got - ref).max() <= 2 * 3 * np.abs(ref).max() / 255
     # bad calibration data: wrong shape names the input; a bad scheme names the field
@@ -124,7 +126,7 @@ def test_run_matches_inputs_by_name(sub_lib, tmp_path, capsys):
         np.savez(tmp_path / f"in{i}.npz", **arrays)
         assert cli.main(["run", str(lib), "--inputs", str(tmp_path / f"in{i}.npz"),
                          "-o", str(tmp_path / f"out{i}.npz")]) == 0
-        np.testing.assert_array_equal(np.load(tmp_path / f"out{i}.npz")["output0"], a - b)
+        np.testing.assert_array_equal(np.load(tmp_path / f"out{i}.npz")["out"], a - b)
     for arrays, expect in (({"foo": a, "bar": b}, "unknown ['foo', 'bar']"), ({"a": a}, "missing ['b']"),
                            ({"a": a, "b": b, "c": b}, "unknown ['c']"), ({"arr_0": a}, "missing")):
         np.savez(tmp_path / "bad.npz", **arrays)
@@ -166,7 +168,7 @@ def test_output_paths_modes_and_library_errors(sub_lib, tmp_path, capsys):
         os.umask(previous)
     assert sorted(os.listdir(work)) == ["m.so", "o.npz"]
     assert os.stat(work / "m.so").st_mode & 0o777 == 0o750 and os.stat(work / "o.npz").st_mode & 0o777 == 0o640
-    np.testing.assert_array_equal(np.load(work / "o.npz")["output0"], a - b)
+    np.testing.assert_array_equal(np.load(work / "o.npz")["out"], a - b)
 
 
 def test_npy_calibration(sub_lib, tmp_path, capsys):
@@ -176,14 +178,15 @@ def test_npy_calibration(sub_lib, tmp_path, capsys):
 
     model, x = make("mlp")
     onnx_path = tmp_path / "mlp.onnx"
-    torch.onnx.export(model, (x,), str(onnx_path), dynamo=False, input_names=["x"], opset_version=17)
+    torch.onnx.export(model, (x,), str(onnx_path), dynamo=False, input_names=["x"], output_names=["y"],
+                      opset_version=17)
     rng = np.random.default_rng(0)
     np.save(tmp_path / "calib.npy", rng.normal(size=(8,) + tuple(x.shape)).astype("float32"))
     assert cli.main(["compile", str(onnx_path), "-o", str(tmp_path / "q.so"), "--quantize", str(tmp_path / "calib.npy")]) == 0
     np.save(tmp_path / "x.npy", x.numpy())
     assert cli.main(["run", str(tmp_path / "q.so"), "--inputs", str(tmp_path / "x.npy"), "-o", str(tmp_path / "o.npz")]) == 0
     ref = onnxruntime.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})[0]
-    assert np.abs(np.load(tmp_path / "o.npz")["output0"] - ref).max() <= 2 * 3 * np.abs(ref).max() / 255
+    assert np.abs(np.load(tmp_path / "o.npz")["y"] - ref).max() <= 2 * 3 * np.abs(ref).max() / 255
     two_inputs = sub_lib[0].parent / "sub.onnx"
     message = _main_error(capsys, ["compile", str(two_inputs), "-o", str(tmp_path / "s.so"),
                                    "--quantize", str(tmp_path / "calib.npy")])

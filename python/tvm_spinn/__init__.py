@@ -16,39 +16,80 @@ def _autoload() -> None:
     """
 
 
-from . import _lib  # noqa: E402
+import os as _os
+import sys as _sys
 
-_lib.load_library()
+from ._version import __version__
 
-from . import frontend  # noqa: E402
-from .codegen import codegen_spinn  # noqa: E402,F401  (registers relax.ext.spinn)
-from .mapping import MappingError, MappingOptions  # noqa: E402
-from .partition import partition_for_spinn, summarize_partition  # noqa: E402
-from .pipeline import install as _install_pipeline  # noqa: E402
-from .report import Report, find_spinn_modules as report_modules, report  # noqa: E402
-from .runtime import executor as _executor  # noqa: E402,F401  (registers the runtime callback)
 
-import tvm_ffi as _tvm_ffi  # noqa: E402
+def _deferred() -> bool:
+    """Whether this process is the ``tvm-spinn`` command (its console script, or ``python -m
+    tvm_spinn.cli``). The command checks its arguments (and answers ``--help``) before it needs
+    TVM or torch, which take seconds to import, and then calls :func:`_initialize` itself."""
+    if _os.path.basename(_sys.argv[0]) in ("tvm-spinn", "tvm-spinn-script.py") if _sys.argv else False:
+        return True
+    return list(getattr(_sys, "orig_argv", [])[1:3]) == ["-m", "tvm_spinn.cli"]
 
-# Raised in the runtime callback, the error crosses the FFI (VM -> spinn module -> Python); once
-# registered it comes back to the caller as itself instead of a plain RuntimeError.
-_tvm_ffi.register_error("tvm_spinn.SpinnRuntimeError", _executor.SpinnRuntimeError)
-SpinnRuntimeError = _executor.SpinnRuntimeError
-from .runtime import loader as _loader  # noqa: E402
-from .runtime.loader import LibraryError, export_library, load_module  # noqa: E402
-from .quant import QuantizationError, QuantScheme, quantizable_layers, quantize  # noqa: E402
-from .tune import BuildOptions, TuningLogError, TuningResult, build_options, tune  # noqa: E402
-from .target import (  # noqa: E402
-    ArchError, SpinnArch, arch_of, get_target, host_target, known_targets, make_system,
-    register_default_tags, register_system,
-)
 
-from . import training  # noqa: E402  (cheap: relax.training and torch are imported on use)
-from ._version import __version__  # noqa: E402
+_initialized = False
 
-register_default_tags()
-_install_pipeline()
-_loader.install_export_hook()  # ex.export_library of spinn builds writes sealed libraries
+
+def _initialize() -> None:
+    """Load the runtime library and register the targets, codegen, pipeline and loader; bind
+    the public names (idempotent: runs at import, or when the command line is ready for it)."""
+    global _initialized
+    if _initialized:
+        return
+    _initialized = True  # first: importing TVM below calls back into this package
+    try:
+        _register()
+    except BaseException:
+        _initialized = False
+        raise
+
+
+def _register() -> None:
+    from . import _lib
+
+    _lib.load_library()
+
+    from . import frontend
+    from .codegen import codegen_spinn  # noqa: F401  (registers relax.ext.spinn)
+    from .mapping import MappingError, MappingOptions
+    from .partition import partition_for_spinn, summarize_partition
+    from .pipeline import install as _install_pipeline
+    from .report import Report, find_spinn_modules as report_modules, report
+    from .runtime import executor as _executor  # registers the runtime callback
+
+    import tvm_ffi as _tvm_ffi
+
+    # Raised in the runtime callback, the error crosses the FFI (VM -> spinn module -> Python); once
+    # registered it comes back to the caller as itself instead of a plain RuntimeError.
+    _tvm_ffi.register_error("tvm_spinn.SpinnRuntimeError", _executor.SpinnRuntimeError)
+    SpinnRuntimeError = _executor.SpinnRuntimeError
+    from .runtime import loader as _loader
+    from .runtime.loader import LibraryError, export_library, load_module
+    from .quant import QuantizationError, QuantScheme, quantizable_layers, quantize
+    from .tune import BuildOptions, TuningLogError, TuningResult, build_options, tune
+    from .target import (
+        ArchError, SpinnArch, arch_of, get_target, host_target, known_targets, make_system,
+        register_default_tags, register_system,
+    )
+
+    from . import training  # noqa: F401  (cheap: relax.training and torch are imported on use)
+
+    register_default_tags()
+    _install_pipeline()
+    _loader.install_export_hook()  # ex.export_library of spinn builds writes sealed libraries
+    globals().update({k: v for k, v in locals().items() if not k.startswith("__")})
+
+
+def __getattr__(name: str):
+    # the command's deferred import: the public API is there as soon as it is used
+    if not _initialized and name in __all__:
+        _initialize()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
@@ -57,3 +98,7 @@ __all__ = [
     "tune", "build_options", "BuildOptions", "TuningResult", "TuningLogError",
     "quantize", "quantizable_layers", "QuantScheme", "QuantizationError", "training",
 ]
+
+
+if not _deferred():
+    _initialize()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 
 import tvm
 import tvm_ffi
@@ -120,12 +119,23 @@ def validate_logs(work_dir: str, target_kind: str | None = None, require: bool =
             )
         return {"workloads": 0, "records": 0}
     n_workloads = 0
+    seen: dict[bytes, int] = {}
     for number, raw in _lines(wl_path):
         item = _parse(wl_path, number, raw)
         if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)):
             raise TuningLogError(
                 f"{wl_path}:{number}: not a MetaSchedule workload entry ([hash, module] expected)"
             )
+        # one job never writes a workload twice; two jobs appending at once do, and then their
+        # records' workload indices point at each other's lines: the records cannot be trusted
+        key = raw.strip()
+        if key in seen:
+            raise TuningLogError(
+                f"{wl_path}:{number}: repeats the workload of line {seen[key]}: two tuning jobs wrote "
+                "this directory at once, so its records may belong to other workloads; these logs "
+                "cannot be used: tune into a new work_dir"
+            )
+        seen[key] = number
         n_workloads += 1
     n_records = 0
     for number, raw in _lines(rec_path):
@@ -197,16 +207,11 @@ def update_manifest(work_dir: str, target: tvm.target.Target, model_hash: str, t
 
 def _write_manifest(work_dir: str, manifest: dict) -> None:
     """Atomic rewrite: a killed job leaves the old manifest or the new one, never half of one."""
-    fd, tmp = tempfile.mkstemp(suffix=".json", dir=work_dir)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(manifest, f, indent=1, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, os.path.join(work_dir, MANIFEST_FILE))
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    from ._files import atomic_write
+
+    text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
+    atomic_write(os.path.join(work_dir, MANIFEST_FILE), lambda f: f.write(text.encode()),
+                 what="tuning manifest")
 
 
 def exhausted_tasks(work_dir: str) -> dict[str, int]:

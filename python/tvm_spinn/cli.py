@@ -1,64 +1,246 @@
-"""``tvm-spinn`` command line: compile, run and report models for spinn systems."""
+"""``tvm-spinn`` command line: compile, run and report models for spinn systems.
+
+The command checks its arguments (files, shapes, targets, output paths) before it imports TVM or
+torch, so ``--help`` and argument errors answer at once. Library warnings (torch's per-export
+``FutureWarning``\\ s, TVM's and tvm-spinn's per-op notes) are hidden unless ``--verbose``.
+Ctrl-C prints one line and exits with status 130, leaving no output file.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
+import signal
 import sys
+import warnings
 
-__all__ = ["main"]
+__all__ = ["main", "TARGETS"]
+
+#: The spinn target tags registered by ``tvm_spinn.target.register_default_tags`` (a static copy,
+#: checked against the registry by the tests, so that ``--help`` lists them without TVM).
+TARGETS = ("spinn", "spinn/board", "spinn/cloud", "spinn/cuda", "spinn/testchip", "spinn/testchip/board")
+#: Model files the command compiles, by extension.
+MODEL_FORMATS = (".onnx", ".tflite", ".pt2")
+#: Exit status after Ctrl-C (128 + SIGINT), as shells report it.
+INTERRUPTED = 130
 
 
-def _check_output(path: str, what: str) -> None:
-    """Fail before any work when ``path`` cannot be written (missing directory, a directory)."""
-    directory = os.path.dirname(os.path.abspath(path))
+class _Interrupts:
+    """While active, SIGINT sets :attr:`hit` and raises ``KeyboardInterrupt`` in the main thread.
+
+    The flag outlives the exception: TVM turns a ``KeyboardInterrupt`` raised inside a Python
+    callback of its C++ code into an ordinary error that code may handle, so the command asks
+    :meth:`check` before it writes its output and exits 130 whatever became of the exception.
+    """
+
+    def __init__(self) -> None:
+        self.hit = False
+        self._previous = None
+
+    def _handle(self, signum, frame) -> None:
+        self.hit = True
+        raise KeyboardInterrupt
+
+    def check(self) -> None:
+        """Raise ``KeyboardInterrupt`` if Ctrl-C arrived (even if something swallowed it)."""
+        if self.hit:
+            raise KeyboardInterrupt
+
+    def __enter__(self) -> "_Interrupts":
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+
+_INTERRUPTS = _Interrupts()
+
+
+class _Refused(Exception):
+    """A refused argument or input: one line on stderr, exit status 2 (as argparse's)."""
+
+
+def _fail(message: str) -> _Refused:
+    return _Refused(message)
+
+
+# ------------------------------------------------------------------ argument checks (no TVM here)
+def _check_output(path: str, what: str, inputs: tuple = (), skip_hint: str | None = None) -> None:
+    """Fail before any work when ``path`` may not be written (see :mod:`tvm_spinn._files`)."""
+    from ._files import OutputPathError, output_destination
+
     if os.path.isdir(path):
-        raise SystemExit(f"tvm-spinn: {what} {path!r} is a directory; give a file name")
-    if not os.path.isdir(directory):
-        raise SystemExit(f"tvm-spinn: cannot write {what} {path!r}: directory {directory!r} does not exist")
+        raise _fail(f"{what} {path!r} is a directory; give a file name")
+    try:
+        output_destination(path, what, [p for p in inputs if p], skip_hint)
+    except OutputPathError as err:
+        raise _fail(str(err)) from None
+    directory = os.path.dirname(os.path.realpath(path))
     if not os.access(directory, os.W_OK | os.X_OK):
-        raise SystemExit(f"tvm-spinn: cannot write {what} {path!r}: directory {directory!r} is not writable")
+        raise _fail(f"cannot write {what} {path!r}: directory {directory!r} is not writable")
 
 
-def _write_npz(path: str, arrays: dict) -> None:
-    """Write ``arrays`` to ``path`` atomically (temporary file renamed into place, removed on
-    failure) with the mode the umask gives a new file."""
+def _check_model_file(path: str, formats: tuple = MODEL_FORMATS) -> None:
+    if not os.path.exists(path):
+        raise _fail(f"model file {path!r} does not exist")
+    if not os.path.isfile(path):
+        raise _fail(f"model file {path!r} is not a regular file")
+    if not path.lower().endswith(formats):
+        raise _fail(f"cannot compile {path!r}: supported model formats are {', '.join(formats)}")
+
+
+def _check_target(target: str | None) -> None:
+    """Refuse an unknown spinn tag at once (other names, e.g. ``llvm``, are TVM's to judge)."""
+    if target is not None and target.startswith("spinn") and target not in TARGETS:
+        raise _fail(f"unknown spinn target {target!r}; known targets: {', '.join(TARGETS)}")
+
+
+def _parse_pairs(items: list[str], option: str, example: str, value) -> dict:
+    result = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        try:
+            if not (sep and name and text):
+                raise ValueError
+            result[name] = value(text)
+        except ValueError:
+            raise _fail(f"bad {option} {item!r} (expected {example})") from None
+    return result
+
+
+def _shape(text: str) -> tuple:
+    dims = tuple(int(d) for d in text.split(","))
+    if any(d < 0 for d in dims):
+        raise ValueError
+    return dims
+
+
+def _dtype(text: str) -> str:
     import numpy as np
 
-    from ._files import atomic_write
+    try:
+        return str(np.dtype(text))
+    except TypeError:
+        raise ValueError from None
 
-    atomic_write(path, lambda f: np.savez(f, **arrays))  # a file object: numpy adds no ".npz"
+
+def _check_args(args) -> None:
+    """Every check that needs neither TVM nor torch, before the command imports them."""
+    _check_target(getattr(args, "target", None))
+    if hasattr(args, "shape"):
+        args.shapes = _parse_pairs(args.shape, "--shape", "name=1,3,224,224", _shape)
+        args.dtypes = _parse_pairs(getattr(args, "dtype_of", None) or [], "--dtype", "name=float32", _dtype)
+    command = args.command
+    if command in ("compile", "tune"):
+        _check_model_file(args.model)
+    if command == "compile":
+        if args.quant_scheme and not args.quantize:
+            raise _fail("--quant-scheme needs --quantize CALIBRATION.npz")
+        for path, what in ((args.quantize, "calibration data"), (args.tuning_logs, "tuning logs")):
+            if path and not os.path.exists(path):
+                raise _fail(f"{what} {path!r} does not exist")
+        _check_output(args.output, "output library", (args.model, args.quantize),
+                      "to check that a model compiles without keeping a library, use "
+                      "`tvm-spinn report MODEL`")
+    elif command == "run":
+        for path, what in ((args.library, "library"), (args.inputs, "inputs")):
+            if not os.path.exists(path):
+                raise _fail(f"{what} {path!r} does not exist")
+        if args.output:
+            _check_output(args.output, "output file", (args.library, args.inputs),
+                          "leave out -o to print the outputs only")
+    elif command == "report":
+        if not os.path.exists(args.model):
+            raise _fail(f"file {args.model!r} does not exist")
+        if not args.model.lower().endswith(MODEL_FORMATS) and (args.target or args.shape):
+            raise _fail(f"{args.model!r} is a compiled library: its target is fixed at compile time, "
+                        "so --target and --shape apply to model files only")
+    elif command == "plan":
+        if not os.path.exists(args.config):
+            raise _fail(f"config {args.config!r} does not exist")
+        from .llm.spec import spec_of  # json and dataclasses only
+
+        spec_of(args.config)  # a bad config is refused before TVM loads (LLMError: a ValueError)
+        if args.json:
+            _check_output(args.json, "JSON output", (args.config,), "leave out --json to print the plan only")
 
 
-def _load_model(path: str, shapes: list[str]):
+# ------------------------------------------------------------------------------ model loading
+def _onnx_outputs(path: str) -> list[str]:
+    import onnx
+
+    return [o.name for o in onnx.load(path, load_external_data=False).graph.output]
+
+
+def _tflite_outputs(path: str) -> list[str]:
+    from .frontend.tflite import _parse, _read, _tensor_name
+
+    buf, where = _read(path)
+    subgraph = _parse(buf, where).Subgraphs(0)
+    return [_tensor_name(subgraph, subgraph.Outputs(i)) for i in range(subgraph.OutputsLength())]
+
+
+def _load_model(args):
+    """``(IRModule, output names)`` of the model file ``args.model``."""
     from . import frontend
 
-    if not os.path.exists(path):
-        raise SystemExit(f"tvm-spinn: model file {path!r} does not exist")
-    if path.endswith(".onnx"):
-        shape_dict = {}
-        for item in shapes:
-            name, _, dims = item.partition("=")
-            try:
-                shape_dict[name] = tuple(int(d) for d in dims.split(","))
-            except ValueError:
-                raise SystemExit(f"tvm-spinn: bad --shape {item!r} (expected name=1,3,224,224)") from None
-        return frontend.from_onnx(path, shape_dict or None)
-    raise SystemExit(f"tvm-spinn: cannot compile {path!r}: supported model formats are .onnx")
+    path, lower = args.model, args.model.lower()
+    shapes, dtypes = args.shapes, args.dtypes
+    if lower.endswith(".onnx"):
+        if dtypes:
+            raise _fail("--dtype applies to .tflite models (an ONNX model declares its input types)")
+        mod = frontend.from_onnx(path, shapes or None)
+        return mod, _onnx_outputs(path)
+    if lower.endswith(".tflite"):
+        mod = frontend.from_tflite(path, shapes or None, dtypes or None)
+        return mod, _tflite_outputs(path)
+    if shapes or dtypes:
+        raise _fail(f"{path!r} is a torch.export program: its input shapes and types are fixed in it "
+                    "(export it again for others); leave out --shape/--dtype")
+    from .frontend.pytorch import from_exported_file
+
+    return from_exported_file(path)
 
 
+@contextlib.contextmanager
+def _quiet(verbose: bool):
+    """Hide library chatter for the command unless ``verbose``: torch's per-export
+    ``FutureWarning``/``UserWarning``\\ s, per-op notes of TVM's and tvm-spinn's loggers. Scoped:
+    the filters and levels are restored afterwards."""
+    if verbose:
+        yield
+        return
+    loggers = [logging.getLogger(name) for name in ("tvm_spinn", "tvm", "torch", "onnxscript")]
+    levels = [logger.level for logger in loggers]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for logger in loggers:
+            logger.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            for logger, level in zip(loggers, levels):
+                logger.setLevel(level)
+
+
+# ----------------------------------------------------------------------------------- commands
 def _cmd_compile(args) -> int:
     from tvm import relax
 
     from .target import get_target
 
-    target = get_target(args.target)
-    _check_output(args.output, "output library")
-    mod = _load_model(args.model, args.shape)
+    target = get_target(args.target or "spinn")
+    mod, output_names = _load_model(args)
     if args.quantize:
         mod = _quantize(mod, args.quantize, args.quant_scheme)
-    elif args.quant_scheme:
-        raise SystemExit("tvm-spinn: --quant-scheme needs --quantize CALIBRATION.npz")
     if args.tuning_logs:
         from .tune import build_options
 
@@ -68,7 +250,8 @@ def _cmd_compile(args) -> int:
         ex = relax.build(mod, target=target)
     from .runtime.loader import export_library
 
-    export_library(ex, args.output)  # atomic, sealed (verified by tvm-spinn run/report)
+    _INTERRUPTS.check()  # a Ctrl-C that TVM swallowed: write nothing
+    export_library(ex, args.output, output_names=output_names)  # checked, atomic, sealed
     print(f"wrote {args.output}")
     if args.report:
         from .report import report
@@ -88,17 +271,17 @@ def _read_arrays(path: str, what: str, single_name: str | None) -> dict:
     try:
         data = np.load(path, allow_pickle=False)
     except Exception as err:
-        raise SystemExit(f"tvm-spinn: cannot read {what} {path!r}: {err}") from None
+        raise _fail(f"cannot read {what} {path!r}: {err}") from None
     if isinstance(data, np.ndarray):  # .npy: one array
         if single_name is None:
-            raise SystemExit(f"tvm-spinn: {what} {path!r} is a single .npy array but the model has "
-                             f"several inputs: give an .npz with one array per input name")
+            raise _fail(f"{what} {path!r} is a single .npy array but the model has "
+                        f"several inputs: give an .npz with one array per input name")
         return {single_name: data}
     with data:
         try:
             return {name: data[name] for name in data.files}
         except Exception as err:
-            raise SystemExit(f"tvm-spinn: cannot read {what} {path!r}: {err}") from None
+            raise _fail(f"cannot read {what} {path!r}: {err}") from None
 
 
 def _quantize(mod, calibration: str, scheme: str | None):
@@ -110,11 +293,11 @@ def _quantize(mod, calibration: str, scheme: str | None):
     params = [p.name for p in mod["main"].params]
     arrays = _read_arrays(calibration, "calibration data", params[0] if len(params) == 1 else None)
     if not arrays:
-        raise SystemExit(f"tvm-spinn: calibration data {calibration!r} has no arrays")
+        raise _fail(f"calibration data {calibration!r} has no arrays")
     counts = {name: a.shape[0] if a.ndim else 0 for name, a in arrays.items()}
     if len(set(counts.values())) != 1 or 0 in counts.values():
-        raise SystemExit(f"tvm-spinn: calibration arrays in {calibration!r} need the same leading "
-                         f"sample axis, got {counts}")
+        raise _fail(f"calibration arrays in {calibration!r} need the same leading "
+                    f"sample axis, got {counts}")
     n = next(iter(counts.values()))
     ordered = _order_inputs(params, arrays, calibration)  # same matching as `run --inputs`
     samples = [[a[i] for a in ordered] for i in range(n)]
@@ -124,27 +307,15 @@ def _quantize(mod, calibration: str, scheme: str | None):
 def _cmd_tune(args) -> int:
     from .tune import tune
 
-    mod = _load_model(args.model, args.shape)
-    try:
-        result = tune(mod, target=args.target, work_dir=args.work_dir, max_trials=args.max_trials,
-                      max_trials_per_task=args.trials, rpc_tracker=args.rpc_tracker,
-                      rpc_key=args.rpc_key, seed=args.seed, progress=not args.no_progress,
-                      verbose=args.verbose)
-    except KeyboardInterrupt:
-        # the logs hold every batch measured before Ctrl-C; the batch in flight is dropped
-        print(f"tvm-spinn: tuning interrupted; the logs in {args.work_dir} are kept: run the same "
-              "command again to resume", file=sys.stderr)
-        return 130
+    mod, _ = _load_model(args)
+    result = tune(mod, target=args.target or "spinn", work_dir=args.work_dir, max_trials=args.max_trials,
+                  max_trials_per_task=args.trials, rpc_tracker=args.rpc_tracker,
+                  rpc_key=args.rpc_key, seed=args.seed, progress=not args.no_progress,
+                  verbose=args.verbose)
     print(result.table())
     print(f"tuning logs in {args.work_dir} ({result.new_trials} new trials); use them with "
           f"tvm-spinn compile ... --tuning-logs {args.work_dir}")
     return 0
-
-
-def _load_lib(path: str):
-    from .runtime.loader import load_module
-
-    return load_module(path)
 
 
 def _order_inputs(params: list[str], arrays: dict, source: str) -> list:
@@ -160,8 +331,8 @@ def _order_inputs(params: list[str], arrays: dict, source: str) -> list:
     unknown = [g for g in given if g not in params]
     detail = "; ".join(part for part in (f"missing {missing}" if missing else "",
                                          f"unknown {unknown}" if unknown else "") if part)
-    raise SystemExit(f"tvm-spinn: inputs in {source!r} do not match the model: expected "
-                     f"{len(params)} array(s) named {params}, got {len(given)}: {given} ({detail})")
+    raise _fail(f"inputs in {source!r} do not match the model: expected "
+                f"{len(params)} array(s) named {params}, got {len(given)}: {given} ({detail})")
 
 
 def _call_error(err: Exception) -> str:
@@ -176,13 +347,24 @@ def _call_error(err: Exception) -> str:
     return text.splitlines()[-1] if text else type(err).__name__
 
 
+def _output_names(library: str, count: int) -> list[str]:
+    """The model's output names kept in the library (``output0``... when it has none, e.g. a
+    library exported by the Python API, or when their number differs)."""
+    from .runtime.loader import verify_library
+
+    names = verify_library(library).get("outputs")
+    if isinstance(names, list) and len(names) == count and len(set(names)) == count and all(names):
+        return [str(n) for n in names]
+    return [f"output{i}" for i in range(count)]
+
+
 def _cmd_run(args) -> int:
     import tvm
     from tvm import relax
 
-    if args.output:
-        _check_output(args.output, "output file")
-    lib = _load_lib(args.library)
+    from .runtime.loader import load_module
+
+    lib = load_module(args.library)
     vm = relax.VirtualMachine(lib, tvm.cpu())
     arity = int(vm.module["get_function_arity"]("main"))
     params = [str(vm.module["get_function_param_name"]("main", i)) for i in range(arity)]
@@ -191,11 +373,18 @@ def _cmd_run(args) -> int:
     try:
         out = vm["main"](*[tvm.runtime.tensor(a) for a in ordered])
     except (ValueError, TypeError, RuntimeError) as err:  # VM argument checks, SpinnRuntimeError
-        raise SystemExit(f"tvm-spinn: cannot run {args.library!r}: {_call_error(err)}") from None
+        _INTERRUPTS.check()
+        raise _fail(f"cannot run {args.library!r}: {_call_error(err)}") from None
     outs = [out] if hasattr(out, "numpy") else list(out)
-    arrays = {f"output{i}": o.numpy() for i, o in enumerate(outs)}
+    arrays = dict(zip(_output_names(args.library, len(outs)), (o.numpy() for o in outs)))
     if args.output:
-        _write_npz(args.output, arrays)
+        import numpy as np
+
+        from ._files import atomic_write
+
+        _INTERRUPTS.check()
+        atomic_write(args.output, lambda f: np.savez(f, **arrays), what="output file",
+                     inputs=(args.library, args.inputs))  # a file object: numpy adds no ".npz"
         print(f"wrote {args.output}")
     for name, arr in arrays.items():
         print(f"{name}: shape {arr.shape} dtype {arr.dtype} mean {arr.mean():.6g}")
@@ -205,14 +394,16 @@ def _cmd_run(args) -> int:
 def _cmd_report(args) -> int:
     from .report import report
 
-    if args.model.endswith(".onnx"):
+    if args.model.lower().endswith(MODEL_FORMATS):
         from tvm import relax
 
         from .target import get_target
 
-        ex = relax.build(_load_model(args.model, args.shape), target=get_target(args.target))
+        ex = relax.build(_load_model(args)[0], target=get_target(args.target or "spinn"))
     else:
-        ex = _load_lib(args.model)
+        from .runtime.loader import load_module
+
+        ex = load_module(args.model)
     print(report(ex))
     return 0
 
@@ -220,25 +411,48 @@ def _cmd_report(args) -> int:
 def _cmd_plan(args) -> int:
     from .llm.plan import plan, write_json
 
-    if args.json:
-        _check_output(args.json, "JSON output")
     result = plan(args.config, target=args.target, batch=args.batch, seq=args.seq, dtype=args.dtype,
                   progress=not args.no_progress)
     print(result.table())
     if args.json:
+        _INTERRUPTS.check()
         write_json(result, args.json)
         print(f"wrote {args.json}")
     return 0
 
 
+#: What Ctrl-C leaves behind, per command (one line on stderr).
+_INTERRUPTED_NOTE = {
+    "tune": "tuning interrupted; the records measured so far are kept in {work_dir}: run the same "
+            "command again to resume",
+    "compile": "interrupted; no library written",
+    "run": "interrupted; no output written",
+    "plan": "interrupted; nothing written",
+    "report": "interrupted",
+}
+
+
+def _add_model_options(p, verbose: bool = True) -> None:
+    p.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS",
+                   help="static input shape, e.g. x=1,3,224,224 (inputs with dynamic dims)")
+    p.add_argument("--dtype", action="append", default=[], dest="dtype_of", metavar="NAME=DTYPE",
+                   help="input dtype of a .tflite model, e.g. x=float32 (defaults to the file's)")
+    if verbose:
+        p.add_argument("--verbose", action="store_true",
+                       help="show library warnings and per-operator notes (hidden by default)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tvm-spinn", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="tvm-spinn", description="Compile, tune, run and report models for spinn systems; plan LLM decoding.")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("compile", help="compile an ONNX model into a deployable library")
-    p.add_argument("model", help="model file (.onnx)")
-    p.add_argument("--target", default="spinn", help="spinn target tag (spinn, spinn/board, spinn/cuda, spinn/testchip, spinn/testchip/board, or a registered system)")
-    p.add_argument("-o", "--output", required=True, help="output library (.so)")
-    p.add_argument("--shape", action="append", default=[], help="input shape, name=1,3,224,224")
+    targets = ", ".join(TARGETS)
+    models = "model file (.onnx, .tflite, or a torch.export program .pt2)"
+    p = sub.add_parser("compile", help="compile a model into a deployable library")
+    p.add_argument("model", help=models)
+    p.add_argument("--target", help=f"spinn target tag: {targets} (default spinn), or a "
+                                    "system registered with tvm_spinn.register_system")
+    p.add_argument("-o", "--output", required=True, help="output library (.so), written atomically")
     p.add_argument("--report", action="store_true", help="print the performance report")
     p.add_argument("--tuning-logs", help="apply MetaSchedule tuning logs (a tvm-spinn tune work dir)")
     p.add_argument("--quantize", metavar="CALIBRATION.npz",
@@ -246,55 +460,102 @@ def build_parser() -> argparse.ArgumentParser:
                         "input with a leading sample axis; an .npy for a single-input model)")
     p.add_argument("--quant-scheme", help='quantization scheme, e.g. "uint8,per-tensor,percentile=99.9" '
                                           "or \"keep_fp32=conv2d_0\"")
+    _add_model_options(p)
     p.set_defaults(func=_cmd_compile)
     p = sub.add_parser("tune", help="autotune the fallback (non-offloaded) operators with MetaSchedule")
-    p.add_argument("model", help="model file (.onnx)")
-    p.add_argument("--target", default="spinn", help="spinn target tag, or llvm for the whole model on CPU")
-    p.add_argument("--work-dir", default="logs", help="where the tuning logs go (resumed if present)")
+    p.add_argument("model", help=models)
+    p.add_argument("--target", help=f"spinn target tag ({targets}; default spinn), or llvm for the "
+                                    "whole model on CPU")
+    p.add_argument("--work-dir", default="logs",
+                   help="where the tuning logs go (resumed if present; one job at a time)")
     p.add_argument("--trials", type=int, default=64, help="trials per task")
     p.add_argument("--max-trials", type=int, default=None, help="global trial budget")
-    p.add_argument("--shape", action="append", default=[], help="input shape, name=1,3,224,224")
     p.add_argument("--rpc-tracker", help="measure on RPC servers of this tracker (host:port)")
     p.add_argument("--rpc-key", help="device key of the RPC servers")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_model_options(p, verbose=False)
     p.add_argument("--verbose", action="store_true",
-                   help="echo MetaSchedule's log to stderr (it always goes to WORK_DIR/logs)")
+                   help="echo MetaSchedule's log and library warnings to stderr (the log always goes "
+                        "to WORK_DIR/logs)")
     p.set_defaults(func=_cmd_tune)
     p = sub.add_parser("run", help="run a compiled library on inputs from an .npz file")
     p.add_argument("library")
     p.add_argument("--inputs", required=True,
                    help=".npz with one array per model input, keyed by the input names (arr_0, arr_1... "
                         "for unnamed np.savez arrays, in input order); or an .npy for a single-input model")
-    p.add_argument("-o", "--output", help="write outputs to this .npz")
+    p.add_argument("-o", "--output", help="write the outputs to this .npz, keyed by the model's output names")
+    p.add_argument("--verbose", action="store_true", help="show library warnings")
     p.set_defaults(func=_cmd_run)
-    p = sub.add_parser("report", help="performance report of a library or an ONNX model")
-    p.add_argument("model", help="compiled library (.so) or model (.onnx)")
-    p.add_argument("--target", default="spinn")
-    p.add_argument("--shape", action="append", default=[])
+    p = sub.add_parser("report", help="performance report of a library or a model file")
+    p.add_argument("model", help="compiled library (.so) or " + models)
+    p.add_argument("--target", help=f"for a model file: spinn target tag ({targets}; default spinn)")
+    _add_model_options(p)
     p.set_defaults(func=_cmd_report)
     p = sub.add_parser("plan", help="plan LLM decoding from a transformers config alone (no weights, timing model)")
     p.add_argument("config", help="transformers config.json (model_type llama or gpt2), e.g. the shipped "
                                   "python/tvm_spinn/llm/configs/llama-2-70b.json")
-    p.add_argument("--target", default="spinn/board", help="spinn system (spinn, spinn/board, spinn/cloud, ...)")
+    p.add_argument("--target", default="spinn/board", help=f"spinn system ({targets}; default spinn/board)")
     p.add_argument("--batch", type=int, default=1, help="users decoding together")
     p.add_argument("--seq", type=int, default=2048, help="context length (prompt and KV-cache slots)")
     p.add_argument("--dtype", default="int8", choices=("int8", "fp32"), help="weight GEMM arithmetic")
     p.add_argument("--json", help="write the plan as JSON here (atomically)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--verbose", action="store_true", help="show library warnings")
     p.set_defaults(func=_cmd_plan)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status (130 after Ctrl-C)."""
     args = build_parser().parse_args(argv)
-    import tvm_spinn  # noqa: F401  (registers targets, codegen and the runtime loader)
+    note = _INTERRUPTED_NOTE.get(args.command, "interrupted").format(work_dir=getattr(args, "work_dir", ""))
+    _INTERRUPTS.hit = False
+    with _INTERRUPTS:
+        try:
+            try:
+                _check_args(args)
+                import tvm_spinn
 
-    try:
-        return args.func(args)
-    except (ValueError, OSError) as err:
-        print(f"tvm-spinn: error: {err}", file=sys.stderr)
-        return 2
+                with _quiet(args.verbose):
+                    tvm_spinn._initialize()  # registers targets, codegen and the runtime loader
+                    rc = args.func(args)
+                _INTERRUPTS.check()
+                return rc
+            except KeyboardInterrupt:
+                raise
+            except BaseException:
+                if _INTERRUPTS.hit:  # whatever Ctrl-C became on its way out of TVM
+                    raise KeyboardInterrupt from None
+                raise
+        except KeyboardInterrupt:
+            print(f"tvm-spinn: {note}", file=sys.stderr)
+            import tvm_spinn
+
+            if tvm_spinn._deferred():
+                # the process is the command and ends now: objects that the interrupt left
+                # half torn down (MetaSchedule's worker pools) may fail in their finalizers
+                # while it exits; the line above is what the user gets
+                sys.unraisablehook = lambda unraisable: None
+            return INTERRUPTED
+        except _Refused as err:
+            print(f"tvm-spinn: {err}", file=sys.stderr)
+            return 2
+        except _error_types() as err:
+            print(f"tvm-spinn: error: {err}", file=sys.stderr)
+            return 2
+
+
+def _error_types() -> tuple:
+    """Errors that reach the user as one line: bad input (ValueError: every tvm-spinn input
+    error derives from it), files (OSError), a tuning work directory held by another job, a
+    file that is no torch.export program."""
+    kinds: tuple = (ValueError, OSError)
+    for module, name in (("tvm_spinn.tune.lock", "TuningLockError"),
+                         ("tvm_spinn.frontend.pytorch", "PyTorchImportError")):
+        if module in sys.modules:
+            kinds += (getattr(sys.modules[module], name),)
+    return kinds
 
 
 if __name__ == "__main__":

@@ -29,6 +29,19 @@ def _load(model_or_path):
     raise OnnxImportError(f"expected a path or onnx.ModelProto, got {type(model_or_path).__name__}")
 
 
+def _check_opset(model, where: str) -> None:
+    """Refuse a default-domain opset newer than the installed onnx package defines: its ops'
+    meaning is unknown here (onnx.checker accepts any number)."""
+    import onnx
+
+    newest = onnx.defs.onnx_opset_version()
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx") and not 1 <= entry.version <= newest:
+            raise OnnxImportError(
+                f"ONNX model {where} imports opset {entry.version} of the default domain, which does "
+                f"not exist (the installed onnx {onnx.__version__} defines opsets 1 to {newest})")
+
+
 def from_onnx(model_or_path, shape_dict: dict | None = None, passes: bool | tuple = True,
               input_values: dict | None = None) -> tvm.IRModule:
     """Import an ONNX model into Relax with its weights bound as constants.
@@ -66,6 +79,7 @@ def from_onnx(model_or_path, shape_dict: dict | None = None, passes: bool | tupl
         onnx.checker.check_model(model)
     except Exception as err:
         raise OnnxImportError(f"ONNX model {where} failed onnx.checker: {err}") from None
+    _check_opset(model, where)
     initializers = {init.name for init in model.graph.initializer}
     shape_dict = _checked_shape_dict(model, where, shape_dict, initializers)
     for inp in model.graph.input:

@@ -7,7 +7,7 @@ from tvm import relax
 
 from .fixups import FixupImported
 
-__all__ = ["from_pytorch", "PyTorchImportError"]
+__all__ = ["from_pytorch", "from_exported_file", "PyTorchImportError"]
 
 
 class PyTorchImportError(TypeError):
@@ -57,7 +57,7 @@ def from_pytorch(model, example_args, dynamic_shapes=None) -> tvm.IRModule:
     Parameters
     ----------
     model : torch.nn.Module
-        The model; it is exported in eval mode.
+        The model; it is exported in eval mode (the caller's module keeps its own mode).
     example_args : tuple of torch.Tensor
         Example inputs (their shapes become the static input shapes).
     dynamic_shapes : optional
@@ -73,7 +73,9 @@ def from_pytorch(model, example_args, dynamic_shapes=None) -> tvm.IRModule:
 
     if not isinstance(example_args, tuple):
         example_args = (example_args,)
-    model = model.eval()
+    # exported in eval mode; the caller's module (and each submodule) gets its mode back below
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
     # transformers models default to use_cache=True and then also build and return a
     # DynamicCache, whose size grows per call and which no static-shape importer takes (nor its
     # concat with an empty past); the forward outputs are the same without it (generation with
@@ -95,7 +97,49 @@ def from_pytorch(model, example_args, dynamic_shapes=None) -> tvm.IRModule:
     finally:
         for config in cached:
             config.use_cache = True
+        for module, training in modes:
+            module.training = training
     mod = from_exported_program(exported, keep_params_as_input=False, unwrap_unit_return_tuple=True,
                                 custom_convert_map=_CONVERT_FIXES)
     mod = FixupImported(mod)
     return mod.with_attr("spinn_source", {"framework": "pytorch", "version": torch.__version__})
+
+
+def from_exported_file(path) -> tuple:
+    """Import a ``torch.export`` program saved with :func:`torch.export.save` (a ``.pt2`` file).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The saved program.
+
+    Returns
+    -------
+    (tvm.IRModule, list of str)
+        The Relax module (``main`` takes the program's user inputs) and the names of the
+        program's user outputs.
+
+    Raises
+    ------
+    PyTorchImportError
+        The file is missing or is not a saved ``torch.export`` program.
+    """
+    import os
+
+    import torch
+    from tvm.relax.frontend.torch import from_exported_program
+
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise PyTorchImportError(f"torch.export program {path!r} does not exist")
+    try:
+        exported = torch.export.load(path)
+    except Exception as err:  # noqa: BLE001  (zip, pickle and version errors of torch.export.load)
+        text = str(err).strip().splitlines()
+        raise PyTorchImportError(f"{path!r} is not a torch.export program that torch "
+                                 f"{torch.__version__} can load: {text[-1] if text else type(err).__name__}") from None
+    mod = from_exported_program(exported, keep_params_as_input=False, unwrap_unit_return_tuple=True,
+                                custom_convert_map=_CONVERT_FIXES)
+    mod = FixupImported(mod).with_attr("spinn_source", {"framework": "pytorch", "file": path,
+                                                        "version": torch.__version__})
+    return mod, [str(name) for name in exported.graph_signature.user_outputs]

@@ -36,7 +36,6 @@ import json
 import mmap
 import os
 import struct
-import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -46,7 +45,7 @@ import tvm
 import tvm_ffi
 import xxhash
 
-from .._files import file_mode
+from .._files import atomic_output, file_mode
 from ..program.format import _READABLE_VERSIONS as _PROGRAM_VERSIONS
 from ..program.format import CHECKSUM_BYTES, ProgramError, program_digest
 
@@ -465,11 +464,14 @@ def _append_programs(path: str, programs: list) -> list:
     return entries
 
 
-def export_library(ex: Any, path: "str | os.PathLike", **kwargs: Any) -> None:
+def export_library(ex: Any, path: "str | os.PathLike", *, output_names: "list[str] | None" = None,
+                   **kwargs: Any) -> None:
     """Write ``ex`` as a sealed shared library that :func:`load_module` verifies before loading.
 
-    The file appears atomically (a temporary file in the same directory is renamed into place,
-    nothing is left behind on failure) with the mode the umask gives a new executable file.
+    The file appears atomically (a temporary file in the same directory is synced and renamed
+    into place, nothing is left behind on failure) with the mode the umask gives a new
+    executable file. A symbolic link is followed (its target is replaced); a device, FIFO or
+    socket is refused (see :func:`tvm_spinn._files.output_destination`).
 
     Parameters
     ----------
@@ -477,6 +479,9 @@ def export_library(ex: Any, path: "str | os.PathLike", **kwargs: Any) -> None:
         What ``relax.build`` returned (or its ``.mod``).
     path : str or os.PathLike
         Output ``.so`` path; its directory must exist.
+    output_names : list of str, optional
+        Names of the model's outputs (as in the source model), kept in the seal's record
+        (``verify_library(path)["outputs"]``) so that ``tvm-spinn run`` names its results.
     **kwargs
         Passed to TVM's ``export_library`` (``fcompile``, ``options``...). The result must be
         an ELF shared library.
@@ -485,14 +490,15 @@ def export_library(ex: Any, path: "str | os.PathLike", **kwargs: Any) -> None:
     ------
     LibraryError
         The output directory does not exist, or the export did not produce an ELF library.
+    tvm_spinn._files.OutputPathError
+        ``path`` is a device, FIFO, socket or directory.
     """
     path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
+    directory = os.path.dirname(os.path.realpath(path))
     if not os.path.isdir(directory):
         raise LibraryError(f"{path}: output directory {directory} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp.so", dir=directory)
-    os.close(fd)
-    try:
+    # checked (no device, FIFO or socket; a link's target is replaced), renamed into place, synced
+    with atomic_output(path, what="library", suffix=".tmp.so", executable=True) as tmp:
         # The spinn modules serialized during the export keep only a reference to their program
         # (container version 3); the programs are appended after the ELF contents below.
         tvm_ffi.get_global_func("tvm_spinn.runtime.begin_external_export")()
@@ -507,14 +513,10 @@ def export_library(ex: Any, path: "str | os.PathLike", **kwargs: Any) -> None:
             if f.read(4) != b"\x7fELF":
                 raise LibraryError(f"{path}: the export did not produce an ELF shared library")
         meta = _metadata()
+        if output_names is not None:
+            meta["outputs"] = [str(name) for name in output_names]
         meta["programs"] = _append_programs(tmp, moved)
         _seal(tmp, meta)
-        os.chmod(tmp, file_mode(executable=True))
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def install_export_hook() -> None:

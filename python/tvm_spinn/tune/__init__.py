@@ -11,7 +11,9 @@ Tune, then build with the logs::
 * :func:`tune` extracts the fallback tasks (what spinn does not offload, legalized and fused
   like the build does), tunes them one by one (XGBoost cost model, evolutionary search, seeded)
   and writes MetaSchedule's JSON database plus ``tvm_spinn_tuning.json`` (TVM version, target,
-  model hashes). Re-running resumes: trials in the logs count against the budgets.
+  model hashes). Re-running resumes: trials in the logs count against the budgets. One job
+  per work directory at a time (a lock; a second job gets :class:`TuningLockError` naming the
+  first).
 * Measurement: local by default; ``rpc_tracker="host:port", rpc_key="KEY"`` (or your own
   ``runner=``) measures on TVM RPC servers.
 * Each task's default schedule is measured too and kept as a candidate
@@ -28,13 +30,15 @@ Tune, then build with the logs::
 
 from .database import TuningLogError, validate_logs  # noqa: F401
 from .job import TaskResult, TuningResult, TuningWarning, tune  # noqa: F401
+from .lock import TuningLockError  # noqa: F401
 from .roofline import HostPeaks, measure_host_peaks, roofline_table  # noqa: F401
 from .options import BuildOptions, build_options, current_build_options  # noqa: F401
 from .runner import make_runner  # noqa: F401
 from .tasks import extract_fallback_tasks  # noqa: F401
 
 __all__ = [
-    "tune", "TuningResult", "TaskResult", "TuningWarning", "TuningLogError", "validate_logs",
+    "tune", "TuningResult", "TaskResult", "TuningWarning", "TuningLogError", "TuningLockError",
+    "validate_logs",
     "BuildOptions", "build_options", "current_build_options", "make_runner",
     "extract_fallback_tasks", "HostPeaks", "measure_host_peaks", "roofline_table",
 ]

@@ -17,6 +17,7 @@ from .database import (exhausted_tasks, mark_exhausted, open_database, record_ch
                        update_manifest)
 from .defaults import default_latency, default_schedule, measure_defaults, open_defaults
 from .intrinsics import ensure_intrinsics
+from .lock import WorkDirLock
 from .logs import JobLogs
 from .runner import make_runner
 from .tasks import extract_fallback_tasks, model_hash, task_key
@@ -257,6 +258,8 @@ def tune(mod: tvm.IRModule, target="spinn", work_dir: str = "logs", max_trials: 
         before it stays in the logs, and the next run resumes from there.
     TuningLogError
         Existing logs in ``work_dir`` are corrupt or for another target (nothing is modified).
+    TuningLockError
+        Another tuning job is using ``work_dir`` (the message names its pid, host and start).
     ValueError
         Bad budgets, runner or RPC settings, or unknown target.
     """
@@ -280,54 +283,55 @@ def tune(mod: tvm.IRModule, target="spinn", work_dir: str = "logs", max_trials: 
     runner = make_runner(runner, rpc_tracker, rpc_key)
     if not isinstance(mod, tvm.IRModule):
         raise TypeError(f"tune expects a Relax IRModule, got {type(mod).__name__}")
-    db = open_database(work_dir, target, require=False)
-    tasks = extract_fallback_tasks(mod, target)
-    mhash = model_hash(tasks)
-    update_manifest(work_dir, target, mhash, [t.task_name for t in tasks])
-    result = TuningResult(work_dir=work_dir, target=str(target), model_hash=mhash)
-    if not tasks:
-        return result
-    ensure_intrinsics(target)
-    budget = max_trials if max_trials is not None else max_trials_per_task * len(tasks)
-    defaults = {t.task_name: default_schedule(t.dispatched[0], t.target) for t in tasks}
-    defaults_db = open_defaults(work_dir, target, require=False)
-    done = {t.task_name: _records(db, t.dispatched[0])[0] for t in tasks}
-    budget_left = budget - sum(min(d, max_trials_per_task) for d in done.values())
-    num_threads = os.cpu_count() or 1
-    builder = builder or InProcessBuilder()
-    cost_model = ms.CostModel.create("xgb", num_tuning_cores=num_threads)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
+    with WorkDirLock(work_dir):  # one job per work directory: logs from two are unloadable
+        db = open_database(work_dir, target, require=False)
+        tasks = extract_fallback_tasks(mod, target)
+        mhash = model_hash(tasks)
+        update_manifest(work_dir, target, mhash, [t.task_name for t in tasks])
+        result = TuningResult(work_dir=work_dir, target=str(target), model_hash=mhash)
+        if not tasks:
+            return result
+        ensure_intrinsics(target)
+        budget = max_trials if max_trials is not None else max_trials_per_task * len(tasks)
+        defaults = {t.task_name: default_schedule(t.dispatched[0], t.target) for t in tasks}
+        defaults_db = open_defaults(work_dir, target, require=False)
+        done = {t.task_name: _records(db, t.dispatched[0])[0] for t in tasks}
+        budget_left = budget - sum(min(d, max_trials_per_task) for d in done.values())
+        num_threads = os.cpu_count() or 1
+        builder = builder or InProcessBuilder()
+        cost_model = ms.CostModel.create("xgb", num_tuning_cores=num_threads)
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
 
-        bar = tqdm(total=max(0, budget_left), unit="trial", desc="tuning")
-    guard = InterruptGuard()
-    first = GuardCallback(guard)  # first: an interrupted batch never reaches the database
-    callbacks = [first] + ms.MeasureCallback.create("default") + ([ProgressCallback(bar)] if bar else [])
-    exhausted = exhausted_tasks(work_dir)
-    logs = JobLogs(work_dir, [t.task_name for t in tasks], verbose=verbose)
-    try:
-        with guard:
-            _measure_defaults(tasks, defaults, defaults_db, logs, builder, runner, guard)
-            for index, (task, logger) in enumerate(zip(tasks, logs.tasks)):
-                result.tasks.append(_tune_task(
-                    ms, task, index, logger, logs.scheduler, db, done[task.task_name],
-                    defaults[task.task_name], default_latency(defaults_db, task.dispatched[0]),
-                    0 if task_key(task) in exhausted else min(max_trials_per_task - done[task.task_name],
-                                                            budget_left),
-                    work_dir=work_dir, builder=builder, runner=runner, cost_model=cost_model,
-                    callbacks=callbacks, first=first, guard=guard, seed=seed,
-                    num_trials_per_iter=num_trials_per_iter, max_trials_per_task=max_trials_per_task,
-                    num_threads=num_threads, bar=bar,
-                ))
-                budget_left -= result.tasks[-1].new_trials
-            _choose(mod, tasks, result, db, defaults, logs, builder, compare_runner, guard,
-                    compare_rounds, work_dir, mhash)
-    finally:
-        logs.close()
-        if bar is not None:
-            bar.close()
-    return result
+            bar = tqdm(total=max(0, budget_left), unit="trial", desc="tuning")
+        guard = InterruptGuard()
+        first = GuardCallback(guard)  # first: an interrupted batch never reaches the database
+        callbacks = [first] + ms.MeasureCallback.create("default") + ([ProgressCallback(bar)] if bar else [])
+        exhausted = exhausted_tasks(work_dir)
+        logs = JobLogs(work_dir, [t.task_name for t in tasks], verbose=verbose)
+        try:
+            with guard:
+                _measure_defaults(tasks, defaults, defaults_db, logs, builder, runner, guard)
+                for index, (task, logger) in enumerate(zip(tasks, logs.tasks)):
+                    result.tasks.append(_tune_task(
+                        ms, task, index, logger, logs.scheduler, db, done[task.task_name],
+                        defaults[task.task_name], default_latency(defaults_db, task.dispatched[0]),
+                        0 if task_key(task) in exhausted else min(max_trials_per_task - done[task.task_name],
+                                                                budget_left),
+                        work_dir=work_dir, builder=builder, runner=runner, cost_model=cost_model,
+                        callbacks=callbacks, first=first, guard=guard, seed=seed,
+                        num_trials_per_iter=num_trials_per_iter, max_trials_per_task=max_trials_per_task,
+                        num_threads=num_threads, bar=bar,
+                    ))
+                    budget_left -= result.tasks[-1].new_trials
+                _choose(mod, tasks, result, db, defaults, logs, builder, compare_runner, guard,
+                        compare_rounds, work_dir, mhash)
+        finally:
+            logs.close()
+            if bar is not None:
+                bar.close()
+        return result
 
 
 def _measure_defaults(tasks, defaults, defaults_db, logs, builder, runner, guard) -> None:
