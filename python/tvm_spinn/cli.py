@@ -497,7 +497,8 @@ def build_parser() -> argparse.ArgumentParser:
                                   "python/tvm_spinn/llm/configs/llama-2-70b.json")
     p.add_argument("--target", default="spinn/board", help=f"spinn system ({targets}; default spinn/board)")
     p.add_argument("--batch", type=int, default=1, help="users decoding together")
-    p.add_argument("--seq", type=int, default=2048, help="context length (prompt and KV-cache slots)")
+    p.add_argument("--seq", type=int, default=None, help="context length (prompt and KV-cache slots); default "
+                                                        "2048, or the model's position limit where shorter")
     p.add_argument("--dtype", default="int8", choices=("int8", "fp32"), help="weight GEMM arithmetic")
     p.add_argument("--json", help="write the plan as JSON here (atomically)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

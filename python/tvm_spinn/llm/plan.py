@@ -58,7 +58,7 @@ import numpy as np
 from dataclasses import dataclass
 
 from ..timing.bounds import decode_workload, physical_bound
-from .spec import LLMError, ModelSpec, spec_of
+from .spec import MAX_DIM, LLMError, ModelSpec, check_plan_sizes, spec_of
 
 __all__ = ["Plan", "plan", "DTYPES"]
 
@@ -115,7 +115,7 @@ class Plan:
     def table(self) -> str:
         rows = [
             ("model", self.model), ("system", f"{self.system} ({self.chips} chips)"),
-            ("batch / seq / dtype", f"{self.batch} / {self.seq} / {self.dtype}"),
+            ("batch / seq / dtype", f"{self.batch} / {self.seq}{self.plan.get('seq_note', '')} / {self.dtype}"),
             ("placement", f"{self.plan['placement']}: {self.plan['description']}"),
             ("chips used", f"{self.chips_used}"),
             ("tokens/s per user", f"{self.tokens_per_s_per_user:.3f}"),
@@ -154,15 +154,17 @@ def _meta_model(cfg: dict, spec: ModelSpec):
     import torch
     import transformers
 
-    one = dict(cfg)
-    one["num_hidden_layers" if spec.family == "llama" else "n_layer"] = 1
-    one.pop("architectures", None)
-    model_type = one.pop("model_type")
-    config = transformers.AutoConfig.for_model(model_type, **one)
-    config._attn_implementation = "eager"
+    from .spec import transformers_kwargs
+
+    kwargs = transformers_kwargs(cfg, spec, layers=1)  # the checked fields only
     cls = transformers.LlamaForCausalLM if spec.family == "llama" else transformers.GPT2LMHeadModel
-    with torch.device("meta"):
-        return cls(config).eval()
+    try:
+        config = transformers.AutoConfig.for_model(cfg["model_type"], **kwargs)
+        config._attn_implementation = "eager"
+        with torch.device("meta"):
+            return cls(config).eval()
+    except Exception as err:  # transformers' own checks of the fields (ranges it validates)
+        raise LLMError(f"transformers refuses the config: {type(err).__name__}: {err}") from None
 
 
 def _parts(model, spec: ModelSpec, batch: int, seq: int):
@@ -264,7 +266,11 @@ def _smallest_fitting(need: int, arch) -> str:
     return f"it needs at least {boards} board(s) (tvm_spinn.make_system(boards={boards})){named}"
 
 
-def plan(config, target="spinn/board", batch: int = 1, seq: int = 2048, dtype: str = "int8",
+#: Context length planned when none is given (or the model's position limit where that is shorter)
+DEFAULT_SEQ = 2048
+
+
+def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None, dtype: str = "int8",
          progress: bool = False) -> Plan:
     """Plan greedy decoding of a transformers model (config only) on a spinn system.
 
@@ -276,9 +282,10 @@ def plan(config, target="spinn/board", batch: int = 1, seq: int = 2048, dtype: s
         The spinn system (``spinn``, ``spinn/board``, ``spinn/cloud``, a registered system).
     batch : int
         Users decoding together.
-    seq : int
+    seq : int, optional
         Context length: the prompt prefilled for the time to first token, and the KV-cache
-        slots each decode step attends over.
+        slots each decode step attends over. Default :data:`DEFAULT_SEQ`, or the model's
+        position limit where that is shorter (the table says so).
     dtype : {"int8", "fp32"}
         Arithmetic and storage of the weight GEMMs (attention and KV cache stay fp32).
     progress : bool
@@ -305,14 +312,19 @@ def plan(config, target="spinn/board", batch: int = 1, seq: int = 2048, dtype: s
 
     model_name = (os.path.splitext(os.path.basename(os.fspath(config)))[0] if isinstance(config, (str, os.PathLike))
             else str(cfg.get("_name_or_path") or spec.family))
+    seq_note = ""
+    if seq is None:
+        seq = min(DEFAULT_SEQ, spec.max_positions)
+        seq_note = f" (the model's {seq} positions)" if seq < DEFAULT_SEQ else ""
     for name, value in (("batch", batch), ("seq", seq)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise LLMError(f"{name} must be an integer >= 1, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DIM:
+            raise LLMError(f"{name} must be an integer in [1, {MAX_DIM}], got {value!r}")
     if seq > spec.max_positions:
         raise LLMError(f"seq={seq} is longer than the model's position table (config max positions "
                        f"{spec.max_positions})")
     if dtype not in DTYPES:
         raise LLMError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    check_plan_sizes(spec, batch, seq, DTYPES[dtype])
     target = get_target(target)
     arch = arch_of(target)
     weight_bytes = spec.params * DTYPES[dtype]
@@ -419,7 +431,7 @@ def plan(config, target="spinn/board", batch: int = 1, seq: int = 2048, dtype: s
     meta = {
         "placement": placement.split(":")[0], "description": f"{best['description']}; weights in {weights_in}, "
                                                             f"KV cache in {kv_in}",
-        "layers": L, "scaled_from_one_layer": True, "weights_in": weights_in, "resident_weight_bytes": resident,
+        "layers": L, "scaled_from_one_layer": True, "seq_note": seq_note, "weights_in": weights_in, "resident_weight_bytes": resident,
         "kv_cache_in": kv_in, "kv_cache_sram_bytes": kv_sram, "attention_dtype": "fp32",
         "alternatives": {k: {"decode_s": v["decode_s"], "period_s": v["period_s"], "ttft_s": v["ttft_s"],
                              "chips": v["used"], "weights_resident": v["resident"] / weight_bytes}

@@ -279,7 +279,8 @@ def compile(model, target="spinn", max_seq_len: int = 128, batch: int = 1, quant
     ----------
     model : transformers.PreTrainedModel
         ``GPT2LMHeadModel`` or ``LlamaForCausalLM`` (``use_cache`` may be left at its default:
-        the cache is this package's own). Its weights are used as they are.
+        the cache is this package's own). Its weights are used as they are (shared, not copied);
+        the model and its config are left unchanged (training mode, attention implementation).
     target : str or tvm.target.Target
         A spinn target (``"spinn"``, ``"spinn/board"``, ...).
     max_seq_len : int
@@ -315,10 +316,21 @@ def compile(model, target="spinn", max_seq_len: int = 128, batch: int = 1, quant
     if not hasattr(model, "lm_head"):
         raise LLMError(f"model {type(model).__name__} has no lm_head: pass the causal-LM class "
                        "(GPT2LMHeadModel, LlamaForCausalLM)")
-    config = model.config
-    if getattr(config, "_attn_implementation", "eager") != "eager":
-        # the wrappers spell attention out themselves; eager keeps transformers' reference identical
-        config._attn_implementation = "eager"
+    model = _private_copy(model)
+    if getattr(model.config, "_attn_implementation", "eager") != "eager":
+        # the wrappers spell attention out themselves; eager keeps the copy's own forward the same
+        model.config._attn_implementation = "eager"
     model.eval()
     return CompiledLLM(model, spec, get_target(target), max_seq_len, batch, quantize,
                        calibration_prompt_len, seed)
+
+
+def _private_copy(model):
+    """A copy of ``model``'s module tree and config that shares its parameter and buffer tensors
+    (no weight is copied): compiling switches the copy to eval mode and eager attention, and the
+    caller's model and config stay as they were."""
+    import copy
+    import itertools
+
+    shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
+    return copy.deepcopy(model, shared)

@@ -3,16 +3,25 @@
 One frozen record (:class:`ModelSpec`) holds what generation and planning need: the family
 (``gpt2`` or ``llama``), sizes, heads, and the derived parameter and KV-cache byte counts. It is
 read from a transformers ``PretrainedConfig``, a model carrying one, a dict or a JSON file,
-and every missing or invalid field is one :class:`LLMError` naming the field.
+and every missing or invalid field is one :class:`LLMError` naming the field and its value.
+
+Every field this package or transformers reads for the two families is type-checked
+(:data:`FIELDS`): sizes are integers in ``[1, MAX_DIM]``, flags booleans, epsilons finite and
+positive, probabilities in ``[0, 1]``. Keys that belong to another architecture (experts,
+soft-capping, sliding windows, ALiBi, parallel attention, ...: :data:`FOREIGN_KEYS`) are refused
+by name when set, so a Mixtral or Gemma-2 config relabelled ``llama`` is never planned as a dense
+Llama. Other keys are ignored, and never passed on (:func:`transformers_kwargs`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 
-__all__ = ["LLMError", "ModelSpec", "FAMILIES", "spec_of", "load_config"]
+__all__ = ["LLMError", "ModelSpec", "FAMILIES", "FIELDS", "FOREIGN_KEYS", "MAX_DIM", "spec_of",
+           "load_config", "check_config", "transformers_kwargs"]
 
 #: model_type values this package knows, by family
 FAMILIES = {"gpt2": "gpt2", "llama": "llama"}
@@ -36,6 +45,8 @@ class ModelSpec:
     vocab: int
     max_positions: int
     tied_embeddings: bool
+    attention_bias: bool = False  # Llama: biases on the q, k, v and o projections
+    mlp_bias: bool = False  # Llama: biases on the gate, up and down projections
 
     @property
     def params(self) -> int:
@@ -48,6 +59,7 @@ class ModelSpec:
             extra = self.max_positions * h + 2 * h
         else:
             layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h
+            layer += (q + 2 * kv + h) * self.attention_bias + (2 * i + h) * self.mlp_bias
             extra = h
         head = 0 if self.tied_embeddings else v * h
         return self.layers * layer + v * h + head + extra
@@ -55,7 +67,7 @@ class ModelSpec:
     def layer_params(self) -> int:
         """Parameters of one transformer layer."""
         one = ModelSpec(self.family, 1, self.hidden, self.heads, self.kv_heads, self.head_dim,
-                        self.intermediate, 0, 0, True)
+                        self.intermediate, 0, 0, True, self.attention_bias, self.mlp_bias)
         return one.params - (2 * self.hidden if self.family == "gpt2" else self.hidden)
 
     def kv_bytes_per_token(self, itemsize: int) -> int:
@@ -63,15 +75,123 @@ class ModelSpec:
         return 2 * self.layers * self.kv_heads * self.head_dim * itemsize
 
 
+#: Largest value of a size field (hidden size, vocabulary, positions, ...): no model comes near,
+#: and the byte counts the planner forms from products of them stay exact Python integers that
+#: a float still holds (a larger value is refused as a field error, before any arithmetic).
+MAX_DIM = 2**31 - 1
+#: Largest ``config.json`` read: a transformers config is a few kilobytes.
+MAX_CONFIG_BYTES = 16 * 2**20
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _finite(v) -> bool:
+    return _is_int(v) or (isinstance(v, float) and math.isfinite(v))
+
+
+#: (what the field must be, test) of each kind of field
+_DIM = (f"an integer in [1, {MAX_DIM}]", lambda v: _is_int(v) and 1 <= v <= MAX_DIM)
+_DIM_OR_NULL = (f"null or an integer in [1, {MAX_DIM}]", lambda v: v is None or _DIM[1](v))
+_COUNT = (f"an integer in [0, {MAX_DIM}]", lambda v: _is_int(v) and 0 <= v <= MAX_DIM)
+_BOOL = ("true or false", lambda v: isinstance(v, bool))
+_POSITIVE = ("a finite number > 0", lambda v: _finite(v) and v > 0)
+_NONNEGATIVE = ("a finite number >= 0", lambda v: _finite(v) and v >= 0)
+_PROBABILITY = ("a number in [0, 1]", lambda v: _finite(v) and 0 <= v <= 1)
+_TEXT = ("a string", lambda v: isinstance(v, str))
+_TEXT_OR_NULL = ("null or a string", lambda v: v is None or isinstance(v, str))
+_OBJECT_OR_NULL = ("null or an object", lambda v: v is None or isinstance(v, dict))
+_TEXTS_OR_NULL = ("null or a list of strings",
+                  lambda v: v is None or (isinstance(v, list) and all(isinstance(x, str) for x in v)))
+_TOKEN = ("null, a token id or a list of token ids",
+          lambda v: v is None or _is_int(v) or (isinstance(v, list) and all(_is_int(x) for x in v)))
+_DTYPE = ("null or a dtype name", lambda v: v is None or isinstance(v, str) or type(v).__name__ == "dtype")
+
+#: The fields read for each family (and those every transformers config has), by kind. Other
+#: keys are ignored: they are neither read here nor passed to transformers.
+FIELDS = {
+    "common": {
+        "model_type": _TEXT, "vocab_size": _DIM, "tie_word_embeddings": _BOOL, "architectures": _TEXTS_OR_NULL,
+        "_name_or_path": _TEXT, "transformers_version": _TEXT_OR_NULL, "torch_dtype": _DTYPE, "dtype": _DTYPE,
+        "use_cache": _BOOL, "bos_token_id": _TOKEN, "eos_token_id": _TOKEN, "pad_token_id": _TOKEN,
+        "initializer_range": _NONNEGATIVE, "output_attentions": _BOOL, "output_hidden_states": _BOOL,
+        "return_dict": _BOOL, "chunk_size_feed_forward": _COUNT, "id2label": _OBJECT_OR_NULL,
+        "label2id": _OBJECT_OR_NULL, "problem_type": _TEXT_OR_NULL, "task_specific_params": _OBJECT_OR_NULL,
+    },
+    "llama": {
+        "hidden_size": _DIM, "intermediate_size": _DIM, "num_hidden_layers": _DIM, "num_attention_heads": _DIM,
+        "num_key_value_heads": _DIM_OR_NULL, "head_dim": _DIM_OR_NULL, "max_position_embeddings": _DIM,
+        "hidden_act": _TEXT, "rms_norm_eps": _POSITIVE, "rope_theta": _POSITIVE, "rope_scaling": _OBJECT_OR_NULL,
+        "rope_parameters": _OBJECT_OR_NULL, "attention_bias": _BOOL, "mlp_bias": _BOOL,
+        "attention_dropout": _PROBABILITY, "pretraining_tp": _DIM_OR_NULL,
+    },
+    "gpt2": {
+        "n_embd": _DIM, "n_head": _DIM, "n_layer": _DIM, "n_positions": _DIM, "n_ctx": _DIM, "n_inner": _DIM_OR_NULL,
+        "activation_function": _TEXT, "layer_norm_epsilon": _POSITIVE, "scale_attn_weights": _BOOL,
+        "reorder_and_upcast_attn": _BOOL, "resid_pdrop": _PROBABILITY, "embd_pdrop": _PROBABILITY,
+        "attn_pdrop": _PROBABILITY, "summary_type": _TEXT, "summary_use_proj": _BOOL,
+        "summary_activation": _TEXT_OR_NULL, "summary_proj_to_labels": _BOOL, "summary_first_dropout": _PROBABILITY,
+    },
+}
+
+#: Keys of architectures (or options) the generation graphs and the planner do not implement,
+#: refused by name when set (any value but null / false): a model with them would be computed or
+#: planned as a different, dense model.
+FOREIGN_KEYS = {
+    **dict.fromkeys(("num_local_experts", "num_experts_per_tok", "num_experts", "n_routed_experts",
+                     "n_shared_experts", "moe_intermediate_size", "shared_expert_intermediate_size",
+                     "router_aux_loss_coef", "output_router_logits", "moe_layer_freq", "first_k_dense_replace",
+                     "decoder_sparse_step", "router_jitter_noise"), "mixture of experts (Mixtral, Qwen-MoE, DeepSeek)"),
+    **dict.fromkeys(("attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar"),
+                    "logit soft-capping / query scaling (Gemma-2)"),
+    **dict.fromkeys(("sliding_window", "use_sliding_window", "sliding_window_pattern", "layer_types"),
+                    "sliding-window attention (Mistral, Gemma-2, Qwen2)"),
+    **dict.fromkeys(("alibi", "use_alibi", "alibi_bias_max"), "ALiBi position biases (BLOOM, MPT, Falcon)"),
+    **dict.fromkeys(("parallel_attn", "use_parallel_residual", "parallel_residual", "parallel_block",
+                     "new_decoder_architecture", "multi_query"), "parallel attention / multi-query (Falcon, GPT-NeoX)"),
+    **dict.fromkeys(("partial_rotary_factor", "rotary_pct", "rotary_dim"), "partial rotary embeddings (GPT-J, Phi)"),
+    **dict.fromkeys(("qk_layernorm", "use_qk_norm", "qk_norm", "clip_qkv"), "query/key normalization or clipping "
+                                                                             "(Qwen3, OLMo, Persimmon)"),
+    **dict.fromkeys(("kv_lora_rank", "q_lora_rank"), "multi-head latent attention (DeepSeek)"),
+    **dict.fromkeys(("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling",
+                     "logit_scale"), "scaled residuals / logits (Granite, Cohere)"),
+    "is_encoder_decoder": "an encoder-decoder model", "add_cross_attention": "cross-attention layers",
+    "scale_attn_by_inverse_layer_idx": "GPT-2 attention scaled by the inverse layer index",
+}
+
+
+def _active(cfg: dict, key: str) -> bool:
+    value = cfg[key]
+    if value is None or value is False:
+        return False
+    if key == "sliding_window" and cfg.get("use_sliding_window") is False:
+        return False  # Qwen2 writes a window size it does not use
+    if key == "layer_types" and isinstance(value, list) and all(v == "full_attention" for v in value):
+        return False
+    return True
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def load_config(path: str) -> dict:
     """Read a transformers ``config.json``; a missing or malformed file is an :class:`LLMError`."""
     if not os.path.isfile(path):
         raise LLMError(f"config file {path!r} does not exist")
+    size = os.path.getsize(path)
+    if size > MAX_CONFIG_BYTES:
+        raise LLMError(f"config file {path!r} is {size} bytes: a transformers config.json is a few "
+                       f"kilobytes (at most {MAX_CONFIG_BYTES} bytes are read)")
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             data = json.load(f)
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError) as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise LLMError(f"config file {path!r} is not valid JSON: {err}") from None
+    except RecursionError:
+        raise LLMError(f"config file {path!r} is not a config: its JSON nests too deeply") from None
     if not isinstance(data, dict):
         raise LLMError(f"config file {path!r}: expected a JSON object, got {type(data).__name__}")
     return data
@@ -86,21 +206,54 @@ def _as_dict(config) -> dict:
     if inner is not None and hasattr(inner, "to_dict"):
         config = inner
     if hasattr(config, "to_dict"):
-        out = config.to_dict()
-        # attributes a config computes (not always serialized), e.g. head_dim
-        for key in ("head_dim", "num_key_value_heads", "model_type"):
-            if getattr(config, key, None) is not None:
-                out[key] = getattr(config, key)
+        try:
+            out = config.to_dict()
+            # attributes a config computes (not always serialized), e.g. head_dim
+            for key in ("head_dim", "num_key_value_heads", "model_type"):
+                if getattr(config, key, None) is not None:
+                    out[key] = getattr(config, key)
+        except Exception as err:  # a foreign object's to_dict: any failure is a bad argument
+            raise LLMError(f"cannot read the config of {type(config).__name__}: {type(err).__name__}: {err}") from None
+        if not isinstance(out, dict):
+            raise LLMError(f"{type(config).__name__}.to_dict() returned {type(out).__name__}, not a dict")
         return out
     raise LLMError(f"expected a transformers config, model, dict or JSON path, got {type(config).__name__}")
 
 
-def _int(cfg: dict, key: str, default=None, minimum: int = 1) -> int:
-    value = cfg.get(key, default)
+def check_config(cfg: dict) -> str:
+    """Check every field of a config dict that this package reads; returns its family.
+
+    Raises
+    ------
+    LLMError
+        An unknown ``model_type`` (the message lists the known ones), a known field of the wrong
+        type or range (the message names the field, its value and what it must be), or keys of
+        another architecture (:data:`FOREIGN_KEYS`, all listed).
+    """
+    model_type = cfg.get("model_type")
+    if not isinstance(model_type, str) or model_type not in FAMILIES:
+        raise LLMError(f"config field 'model_type' is {_short(model_type)}; supported: {sorted(FAMILIES)}")
+    family = FAMILIES[model_type]
+    foreign = sorted(k for k in cfg if isinstance(k, str) and k in FOREIGN_KEYS and _active(cfg, k))
+    if foreign:
+        what = sorted({FOREIGN_KEYS[k] for k in foreign})
+        raise LLMError(f"config of model_type {model_type!r} has keys of another architecture: "
+                       f"{', '.join(f'{k}={_short(cfg[k])}' for k in foreign)} ({'; '.join(what)}); "
+                       f"only dense {model_type} models are supported")
+    for key, (must, test) in {**FIELDS["common"], **FIELDS[family]}.items():
+        if key in cfg and not (cfg[key] is None and must.startswith("null")) and not test(cfg[key]):
+            raise LLMError(f"config field {key!r} must be {must}, got {_short(cfg[key])}")
+    return family
+
+
+def _int(cfg: dict, key: str, default=None) -> int:
+    value = cfg.get(key)
+    if value is None:
+        value = default
     if value is None:
         raise LLMError(f"config field {key!r} is missing")
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise LLMError(f"config field {key!r} must be an integer >= {minimum}, got {value!r}")
+    if not _DIM[1](value):
+        raise LLMError(f"config field {key!r} must be {_DIM[0]}, got {_short(value)}")
     return value
 
 
@@ -110,21 +263,19 @@ def spec_of(config) -> ModelSpec:
     Raises
     ------
     LLMError
-        Unknown ``model_type`` (the message lists the known ones), a missing field, a field that
-        is not a positive integer, or heads that do not divide the hidden size.
+        Unknown ``model_type`` (the message lists the known ones), keys of another architecture,
+        a missing field, a field of the wrong type or range, or heads that do not divide the
+        hidden size.
     """
     cfg = _as_dict(config)
-    model_type = cfg.get("model_type")
-    if model_type not in FAMILIES:
-        raise LLMError(f"config field 'model_type' is {model_type!r}; supported: {sorted(FAMILIES)}")
-    family = FAMILIES[model_type]
+    family = check_config(cfg)
     if family == "gpt2":
         hidden = _int(cfg, "n_embd")
         heads = _int(cfg, "n_head")
         spec = dict(layers=_int(cfg, "n_layer"), hidden=hidden, heads=heads, kv_heads=heads,
-                    intermediate=4 * hidden if cfg.get("n_inner") is None else _int(cfg, "n_inner"),
+                    intermediate=_int(cfg, "n_inner", 4 * hidden) if 4 * hidden <= MAX_DIM else _int(cfg, "n_inner"),
                     vocab=_int(cfg, "vocab_size"), max_positions=_int(cfg, "n_positions"),
-                    tied_embeddings=bool(cfg.get("tie_word_embeddings", True)))
+                    tied_embeddings=cfg.get("tie_word_embeddings", True))
         if hidden % heads:
             raise LLMError(f"config field 'n_head' ({heads}) does not divide 'n_embd' ({hidden})")
         head_dim = hidden // heads
@@ -138,9 +289,87 @@ def spec_of(config) -> ModelSpec:
         if cfg.get("head_dim") is None and hidden % heads:
             raise LLMError(f"config field 'num_attention_heads' ({heads}) does not divide 'hidden_size' ({hidden})")
         head_dim = _int(cfg, "head_dim", hidden // heads)
+        if head_dim % 2:
+            raise LLMError(f"config field 'head_dim' ({head_dim}, hidden_size // num_attention_heads if absent) "
+                           "must be even: the rotary embedding rotates pairs of channels")
         spec = dict(layers=_int(cfg, "num_hidden_layers"), hidden=hidden, heads=heads, kv_heads=kv_heads,
                     intermediate=_int(cfg, "intermediate_size"), vocab=_int(cfg, "vocab_size"),
                     max_positions=_int(cfg, "max_position_embeddings"),
-                    tied_embeddings=bool(cfg.get("tie_word_embeddings", False)))
-    spec.setdefault("kv_heads", spec["heads"])
+                    tied_embeddings=cfg.get("tie_word_embeddings", False),
+                    attention_bias=cfg.get("attention_bias", False), mlp_bias=cfg.get("mlp_bias", False))
     return ModelSpec(family=family, head_dim=head_dim, **spec)
+
+
+def transformers_kwargs(cfg: dict, spec: ModelSpec, layers: "int | None" = None) -> dict:
+    """The config fields a transformers model of ``spec`` is built from (checked by :func:`spec_of`),
+    with ``layers`` blocks (default: the config's); nothing else of ``cfg`` is passed on.
+
+    Raises
+    ------
+    LLMError
+        An activation name transformers does not know (``hidden_act`` / ``activation_function``).
+    """
+    from transformers.activations import ACT2FN
+
+    layers = spec.layers if layers is None else layers
+    act_key = "activation_function" if spec.family == "gpt2" else "hidden_act"
+    act = cfg.get(act_key, "gelu_new" if spec.family == "gpt2" else "silu")
+    if act not in ACT2FN:
+        raise LLMError(f"config field {act_key!r} is {_short(act)}; transformers knows {sorted(ACT2FN)}")
+    if spec.family == "gpt2":
+        out = dict(n_embd=spec.hidden, n_head=spec.heads, n_layer=layers, n_inner=spec.intermediate,
+                   n_positions=spec.max_positions, vocab_size=spec.vocab, activation_function=act,
+                   tie_word_embeddings=spec.tied_embeddings)
+        keys = ("layer_norm_epsilon", "scale_attn_weights", "reorder_and_upcast_attn")
+    else:
+        out = dict(hidden_size=spec.hidden, num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads,
+                   head_dim=spec.head_dim, num_hidden_layers=layers, intermediate_size=spec.intermediate,
+                   max_position_embeddings=spec.max_positions, vocab_size=spec.vocab, hidden_act=act,
+                   tie_word_embeddings=spec.tied_embeddings, attention_bias=spec.attention_bias,
+                   mlp_bias=spec.mlp_bias)
+        keys = ("rms_norm_eps",)
+    out.update({k: cfg[k] for k in keys if cfg.get(k) is not None})
+    return out
+
+
+#: Largest tensor a plan maps (bytes). A planning limit, not a hardware number: the mapping
+#: compiler's host memory grows with the tiles of the tensors it maps (measured: a Llama-2-7B
+#: block's prefill of 8192 tokens, 8.6 GB of attention scores, plans in 1.1 GB of host memory),
+#: so values past it are refused up front instead of exhausting the host.
+PLAN_MAX_TENSOR_BYTES = 2**34
+
+
+def check_plan_sizes(spec: ModelSpec, batch: int, seq: int, itemsize: int, cfg: "dict | None" = None) -> None:
+    """Raise :class:`LLMError` when a tensor of the planned parts (one block's decode and prefill
+    of ``seq`` tokens for ``batch`` users, the head) exceeds :data:`PLAN_MAX_TENSOR_BYTES`.
+
+    The message names the tensor, the fields and arguments it is the product of (config keys
+    quoted, as in ``cfg``), the bytes they imply and the limit."""
+    gpt2 = spec.family == "gpt2"
+    keys = dict(hidden="n_embd" if gpt2 else "hidden_size", inter="n_inner" if gpt2 else "intermediate_size",
+                heads="n_head" if gpt2 else "num_attention_heads", vocab="vocab_size")
+    q = spec.heads * spec.head_dim
+    qkv = q + 2 * spec.kv_heads * spec.head_dim
+    widest = max(spec.hidden, spec.intermediate, qkv)
+    wide_key = keys["inter"] if widest == spec.intermediate else keys["hidden"]
+    weight = max((spec.vocab * spec.hidden, keys["vocab"]), (spec.hidden * spec.intermediate, keys["inter"]),
+                 (spec.hidden * qkv, keys["hidden"]), (q * spec.hidden, keys["hidden"]))
+    tensors = [
+        ("the prefill's attention scores (batch x heads x seq x seq x 4 bytes)",
+         batch * spec.heads * seq * seq * 4, [("batch", batch), ("seq", seq), (f"'{keys['heads']}'", spec.heads)]),
+        ("the prefill's widest activation (batch x seq x width x 4 bytes)",
+         batch * seq * widest * 4, [("batch", batch), ("seq", seq), (f"'{wide_key}'", widest)]),
+        ("one block's KV cache (2 x batch x kv heads x seq x head dim x 4 bytes)",
+         2 * batch * spec.kv_heads * seq * spec.head_dim * 4, [("batch", batch), ("seq", seq)]),
+        ("the logits (batch x vocab x 4 bytes)", batch * spec.vocab * 4,
+         [("batch", batch), (f"'{keys['vocab']}'", spec.vocab)]),
+        (f"the largest weight ({itemsize}-byte elements)", weight[0] * itemsize,
+         [(f"'{weight[1]}'", spec.vocab if weight[1] == keys["vocab"] else
+           spec.intermediate if weight[1] == keys["inter"] else spec.hidden)]),
+    ]
+    what, nbytes, fields = max(tensors, key=lambda t: t[1])
+    if nbytes > PLAN_MAX_TENSOR_BYTES:
+        named = ", ".join(f"{k}={v}" for k, v in fields)
+        raise LLMError(f"{named}: {what} would be {nbytes} bytes, more than the {PLAN_MAX_TENSOR_BYTES} bytes "
+                       "a plan maps (its mapping would exhaust the host's memory); plan a shorter seq, a "
+                       "smaller batch or a smaller model")
