@@ -13,9 +13,15 @@ Two parts, each printed as one table from one run:
   measured side by side (simulator and onnxruntime calls interleaved), with the largest logit
   difference between the two (int8 rows: the int8 simulator against the fp32 step).
 * ``plan``: shipped configs (Llama-2-7B/13B/70B, GPT-2-XL) x systems (chip, board, 24 boards,
-  720 boards) x dtype with ``tvm_spinn.llm.plan`` (no weights, timing model): tokens/s per user,
-  aggregate tokens/s, TTFT, energy per token, the ratio to the plan's bound and what binds it,
-  and the planning time; a plot of tokens/s per user against boards (``--plot``).
+  720 boards) x dtype with ``tvm_spinn.llm.plan`` (no weights, timing model). A decode step is one
+  token per user through every block and the LM head, attending over a KV cache of ``--seq``
+  slots (2,048 by default; GPT-2-XL its 1,024 positions). Side by side: the token period, the
+  physical bound (the config, context and system only: MACs at the system's peak, the bytes the
+  step must read once, one embedding row per user, never the table, at the best bandwidth any
+  placement gets, and the board crossings any placement needs), what binds it and the
+  efficiency (bound / period, at most 1); then tokens/s, TTFT, energy per token, the plan's own
+  bound's ratio (a diagnostic: it moves with the plan) and the planning time; a plot of tokens/s
+  per user against boards, the physical bound dotted (``--plot``).
 
     python bench/llm.py                                   # both parts, the default subset
     python bench/llm.py --part plan --models llama-2-70b --systems board boards24 cloud
@@ -162,8 +168,9 @@ def part_plan(args) -> list[dict]:
     _register_boards24()
     configs = importlib.resources.files("tvm_spinn.llm") / "configs"
     print(f"\n== plan: batch {args.batch}, seq {args.seq} (config only: no weights, timing model)")
-    head = (f"{'model':<13}{'system':<10}{'dtype':<6}{'tok/s/user':>11}{'tok/s':>10}{'TTFT s':>9}{'J/token':>10}"
-            f"{'bound':>9}{'ratio':>7}{'binding':>9}{'chips':>7}{'placement':>24}{'weights in':>28}{'plan s':>8}")
+    head = (f"{'model':<13}{'system':<10}{'dtype':<6}{'ms/token':>10}{'bound ms':>10}{'binding':>14}{'eff.':>8}"
+            f"{'tok/s/user':>11}{'tok/s':>10}{'TTFT s':>9}{'J/token':>10}{'own ratio':>10}{'chips':>7}"
+            f"{'placement':>24}{'weights in':>28}{'plan s':>8}")
     print(head + "\n" + "-" * len(head))
     rows = []
     for name in args.models:
@@ -180,10 +187,21 @@ def part_plan(args) -> list[dict]:
                     print(f"{name:<13}{system:<10}{dtype:<6}  {err}")
                     continue
                 rows.append(dict(model=name, system=system, boards=boards, dtype=dtype, plan=p))
-                print(f"{name:<13}{system:<10}{dtype:<6}{p.tokens_per_s_per_user:>11.3f}{p.tokens_per_s:>10.3f}"
-                      f"{p.ttft_s:>9.2f}{p.energy_per_token_j:>10.3g}{p.bound_tokens_per_s:>9.2f}{p.bound_ratio:>7.2f}"
-                      f"{p.binding:>9}{p.chips_used:>7}{_placement(p):>24}{p.plan['weights_in'][:27]:>28}"
+                print(f"{name:<13}{system:<10}{dtype:<6}{1e3 / p.tokens_per_s_per_user:>10.3f}"
+                      f"{p.physical_bound_s * 1e3:>10.4g}{p.physical_bound['binding']:>14}{p.efficiency:>8.4f}"
+                      f"{p.tokens_per_s_per_user:>11.3f}{p.tokens_per_s:>10.3f}"
+                      f"{p.ttft_s:>9.2f}{p.energy_per_token_j:>10.3g}{p.bound_ratio:>10.2f}"
+                      f"{p.chips_used:>7}{_placement(p):>24}{p.plan['weights_in'][:27]:>28}"
                       f"{p.plan_seconds:>8.1f}")
+    if rows:
+        print("ms/token: the per-user token period; bound ms: the physical bound (binding: its largest part);"
+              " eff.: bound / period; own ratio: tokens/s over the plan's own bound (diagnostic)")
+        for r in rows:
+            b = r["plan"].physical_bound
+            parts = ", ".join(f"{k} {v * 1e3:.4g} ms" for k, v in b["parts_s"].items())
+            print(f"  {r['model']} {r['system']} {r['dtype']}: physical bound parts {parts}; "
+                  f"{b['details']['boards_on_path']} board(s) on a token's path, "
+                  f"{b['details']['read_bytes'] / 1e9:.2f} GB read once (KV cache at {r['plan'].seq} slots)")
     _anchors(rows)
     return rows
 
@@ -222,14 +240,14 @@ def plot(rows: list[dict], path: str) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for key in sorted({(r["model"], r["dtype"]) for r in rows}):
-        pts = sorted((r["boards"], r["plan"].tokens_per_s_per_user, r["plan"].bound_tokens_per_s)
+        pts = sorted((r["boards"], r["plan"].tokens_per_s_per_user, 1 / r["plan"].physical_bound_s)
                      for r in rows if (r["model"], r["dtype"]) == key)
         line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{key[0]} {key[1]}")
         ax.plot([p[0] for p in pts], [p[2] for p in pts], ":", color=line.get_color())
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("boards (48 chips each)")
-    ax.set_ylabel("tokens/s per user (dotted: bound)")
+    ax.set_ylabel("tokens/s per user (dotted: physical bound)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

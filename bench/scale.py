@@ -2,17 +2,19 @@
 
 Models are `transformers` configs with random weights. Printed in one run:
 
-1. GPT-2-medium decode step (batch 1, one token, no KV cache) on `spinn/board`, fp32 and int8
-   (weight GEMMs quantized): latency against the board's DRAM-bandwidth bound for its offloaded
-   weights (weight bytes / (48 x 6.4 GB/s)), weights streamed every token and weights resident
-   where the aggregate SRAM holds them;
+1. GPT-2-medium decode step on `spinn/board`, batch 1, fp32 and int8: one token through every
+   block and the LM head, attending over a full 1,024-token KV cache;
 2. BERT-base s128 batch 1: one chip's latency over the board's;
 3. ResNet-50 224 at batch 48 on a board: throughput over 48 x one chip's (batch 1);
 4. BERT-large s128 throughput (stream of inputs) on 1, 48, 1,152 and 34,560 chips with the
-   efficiency at each size (throughput / (chips x one chip's)), plotted to `--plot`.
+   scaling at each size (throughput / (chips x one chip's)), plotted to `--plot`.
 
-Each row also gives the plan, the binding bound and latency / bound, and the mapping+timing
-time of the build (wall clock of `relax.build`; noisy on a shared machine).
+Each headline prints its latency, the physical bound (``tvm_spinn.report(ex).physical_bound_s``:
+the work's MACs at the system's peak, the bytes it must read once at the best bandwidth any
+placement gets, the board crossings any placement needs; no plan moves it), what binds it and
+the efficiency (bound / latency, at most 1) side by side; then the plan, with its own bound's
+ratio as a labelled diagnostic, and the mapping+timing time of the build (wall clock of
+`relax.build`; noisy on a shared machine).
 
     python bench/scale.py                 # everything (several minutes)
     python bench/scale.py --quick         # smaller configs
@@ -51,12 +53,13 @@ def _bert(size: str, quick: bool):
 
 
 def _gpt2(quick: bool):
+    """GPT-2-medium (or a small GPT-2 for ``--quick``) as a causal LM: its decode step has the LM head."""
     import transformers as tf
 
     torch.manual_seed(0)
     cfg = tf.GPT2Config(n_embd=256, n_layer=2, n_head=4) if quick else tf.GPT2Config(n_embd=1024, n_layer=24, n_head=16)
     cfg._attn_implementation = "eager"
-    return _Field(tf.GPT2Model(cfg), "last_hidden_state", use_cache=False).eval(), torch.randint(0, 1000, (1, 1))
+    return tf.GPT2LMHeadModel(cfg).eval()
 
 
 def _resnet(quick: bool, batch: int):
@@ -76,39 +79,46 @@ def _build(mod, target, options=None):
     return tvm_spinn.report(ex), time.perf_counter() - t0
 
 
+def _bound(rep) -> str:
+    """Latency, the physical bound, what binds it and the efficiency, side by side."""
+    return (f"latency {rep.latency_s * 1e3:.3f} ms, physical bound {rep.physical_bound_s * 1e3:.4g} ms "
+            f"({rep.physical_binding}), efficiency {rep.efficiency:.3f}")
+
+
 def _plan(rep) -> str:
+    """The multi-chip plan, with its own bound's ratio labelled as the diagnostic it is."""
     p = rep.plan
     if not p:
         return "1 chip"
     return (f"tp{'/'.join(map(str, p['tp']))} dp{'/'.join(map(str, p['dp']))} sp{'/'.join(map(str, p.get('sp', [1])))} "
-            f"st{p['stages']} x{p['replicas']}; "
-            f"{p['binding']} binds, lat/bound {p['latency_over_bound']:.2f}")
+            f"st{p['stages']} x{p['replicas']}; the plan's own bound (diagnostic): {p['binding']}, "
+            f"latency / it {p['latency_over_bound']:.2f}")
 
 
-def _gpt2_int8(mod, n_layer: int):
-    """GPT-2 with its weight GEMMs in int8 (``tvm_spinn.quantize``, calibrated on seeded random
-    tokens); the attention's two activation matmuls stay fp32 (one token attends to itself
-    only: its probabilities are the constant 1, an empty calibration range)."""
-    keep = [f"matmul_{6 * b + j}" for b in range(n_layer) for j in (1, 2)]
-    torch.manual_seed(1)
-    samples = [(torch.randint(0, 1000, (1, 1)).numpy(),) for _ in range(4)]
-    return tvm_spinn.quantize(mod, samples, keep_fp32=keep)
+#: KV-cache slots of the GPT-2-medium decode step (its whole position table)
+GPT2_CONTEXT = 1024
 
 
 def gpt2_rows(quick: bool) -> None:
-    model, x = _gpt2(quick)
-    mod = tvm_spinn.frontend.from_pytorch(model, (x,))
-    arch = tvm_spinn.arch_of(tvm_spinn.get_target("spinn/board"))
-    print("\n[1] GPT-2-medium decode step on spinn/board" + (" [quick config]" if quick else ""))
+    """GPT-2-medium decode on a board: one token attending over a full ``GPT2_CONTEXT``-slot KV
+    cache, through every block and the LM head (``tvm_spinn.llm.compile``'s decode step; int8:
+    calibrated on seeded random prompts), in fp32 and int8."""
+    from tvm_spinn import llm
+
+    model = _gpt2(quick)
+    context = 64 if quick else GPT2_CONTEXT
+    print(f"\n[1] GPT-2-medium decode step on spinn/board: a {context}-token KV cache and the LM head, batch 1"
+          + (" [quick config]" if quick else ""))
     for dtype in ("fp32", "int8"):
-        m = mod if dtype == "fp32" else _gpt2_int8(mod, model.model.config.n_layer)
-        for weights in ("stream", "auto"):
-            rep, secs = _build(m, "spinn/board", tvm_spinn.MappingOptions(weights=weights))
-            bound = rep.weight_bytes / arch.total_dram_bw_bytes_s
-            print(f"  {dtype} weights={weights:<7} latency {rep.latency_s * 1e3:8.3f} ms  DRAM bound {bound * 1e3:8.3f} ms  "
-                  f"bound/latency {bound / rep.latency_s:5.2f}  ({rep.weight_bytes / 1e6:.0f} MB offloaded weights, "
-                  f"{rep.plan.get('streamed_bytes_per_chip', 0) / 1e6:.2f} MB streamed per chip; {_plan(rep)}; "
-                  f"build {secs:.1f} s)", flush=True)
+        compiled = llm.compile(model, target="spinn/board", max_seq_len=context, quantize=True if dtype == "int8" else None)
+        t0 = time.perf_counter()
+        with tvm_spinn.MappingOptions(weights="auto"):
+            ex, _ = compiled.decode_executable()
+        rep, secs = tvm_spinn.report(ex), time.perf_counter() - t0
+        work = rep.physical.details["workload"]
+        print(f"  {dtype}: {_bound(rep)}; {rep.physical.details['read_bytes'] / 1e6:.0f} MB read once "
+              f"({work['constant_bytes'] / 1e6:.0f} MB of weights and embedding rows, {work['input_bytes'] / 1e6:.0f} MB "
+              f"of inputs: the KV cache), {1 / rep.latency_s:.0f} tokens/s; {_plan(rep)}; build {secs:.1f} s", flush=True)
 
 
 def bert_base_rows(quick: bool) -> None:
@@ -119,6 +129,7 @@ def bert_base_rows(quick: bool) -> None:
     same = sum(min(c["latency_s"] for c in m["system"]["candidates"] if c["tp"] * c["dp"] == 1)
                for m in board.mapping if "system" in m)
     print("\n[2] BERT-base s128 batch 1: one chip vs a board" + (" [quick config]" if quick else ""))
+    print(f"  chip: {_bound(chip)}; board: {_bound(board)}")
     print(f"  chip {chip.latency_s * 1e3:.3f} ms (PE-level reference), board {board.latency_s * 1e3:.3f} ms: "
           f"ratio {chip.latency_s / board.latency_s:.2f}x; vs the board model's own 1-chip plans "
           f"{same * 1e3:.3f} ms: {same / board.latency_s:.2f}x  ({_plan(board)}; builds {c_s:.1f} / {b_s:.1f} s)",
@@ -132,6 +143,7 @@ def resnet_rows(quick: bool) -> None:
     board, b_s = _build(tvm_spinn.frontend.from_pytorch(model48, (x48,)), "spinn/board")
     ratio = (48 / board.latency_s) / (48 / chip.latency_s)
     print("\n[3] ResNet-50 224: batch 48 on a board vs 48 x one chip at batch 1" + (" [quick config]" if quick else ""))
+    print(f"  chip: {_bound(chip)}; board (batch 48): {_bound(board)}")
     print(f"  chip {1 / chip.latency_s:.1f} img/s, board {48 / board.latency_s:.1f} img/s: "
           f"{ratio:.2f} x (48 x chip)  ({_plan(board)}; builds {c_s:.1f} / {b_s:.1f} s)", flush=True)
 
@@ -143,7 +155,8 @@ def bert_large_rows(quick: bool, plot: str | None) -> None:
              ("spinn/board", 48), ("spinn/cloud", 34560)]
     sizes.sort(key=lambda s: s[1])
     print("\n[4] BERT-large s128 throughput (stream of inputs)" + (" [quick config]" if quick else ""))
-    print(f"  {'chips':>6} {'latency ms':>11} {'inf/s':>10} {'efficiency':>10} {'build s':>8}  plan")
+    print(f"  {'chips':>6} {'latency ms':>11} {'bound ms':>9} {'binding':>13} {'bound/lat':>9} {'inf/s':>10} "
+          f"{'scaling':>8} {'build s':>8}  plan")
     rows = []
     base = None
     for tag, chips in sizes:
@@ -154,8 +167,8 @@ def bert_large_rows(quick: bool, plot: str | None) -> None:
         base = base or tput
         eff = tput / (chips * base)
         rows.append((chips, tput, eff))
-        print(f"  {chips:>6} {rep.latency_s * 1e3:>11.3f} {tput:>10.1f} {eff:>10.3f} {secs:>8.1f}  {_plan(rep)}",
-              flush=True)
+        print(f"  {chips:>6} {rep.latency_s * 1e3:>11.3f} {rep.physical_bound_s * 1e3:>9.4g} {rep.physical_binding:>13} "
+              f"{rep.efficiency:>9.3f} {tput:>10.1f} {eff:>8.3f} {secs:>8.1f}  {_plan(rep)}", flush=True)
     if plot:
         import matplotlib
 

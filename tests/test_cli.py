@@ -32,7 +32,7 @@ def test_compile_run_report(tmp_path):
     ref = onnxruntime.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})[0]
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
     rep = _cli("report", str(lib))
-    assert "dense" in rep.stdout and "roofline" in rep.stdout
+    assert "dense" in rep.stdout and "roofline" in rep.stdout and "physical bound" in rep.stdout
 
 
 def test_bad_inputs_give_one_line_errors(tmp_path):

@@ -105,11 +105,10 @@ def test_int8_gemm_runs_on_the_mac_array(kind, shapes):
     ratio = sum(t.cycles for t in t32) / sum(t.cycles for t in t8)
     array_vs_m4f = 16 * 4 / 0.5
     assert 0.9 * array_vs_m4f < ratio <= array_vs_m4f
-    # The whole layer (DMA, DRAM, barriers included) is faster too, never below its roofline.
+    # The whole layer (DMA, DRAM, barriers included) is faster too, never below its physical bound.
     map_program(fp32, ARCH)
     map_program(int8, ARCH)
     assert int8.timing["cycles"] * 4 < fp32.timing["cycles"]
-    assert int8.timing["latency_s"] >= int8.timing["roofline_s"]
     assert int8.timing["latency_s"] >= physical_bound(program_workload([int8]), ARCH).total_s > 0
     assert int8.timing["roofline_s"] < fp32.timing["roofline_s"]
 

@@ -20,9 +20,9 @@ Three kinds, each a lower bound on the latency of *any* placement:
   every board that holds some of them, one after another (the step's layers depend on each
   other in a chain): ``k`` boards cost at least ``k - 1`` serial board-to-board crossings, each
   the board link's hop latency plus the smallest activation that can cross a cut between two
-  layers over the links joining two boards (:func:`board_pair_bytes_s`), at their payload
-  rate. Hand-overs are in the dtype the program's tensors have at that cut (fp32 where the
-  bits must equal the one-chip program's).
+  layers over the links joining two boards at their payload rate (:func:`board_pair_bytes_s`).
+  Hand-overs are in the dtype the program's tensors have at that cut (fp32 where the bits must
+  equal the one-chip program's).
 
 Spreading the bytes over more boards lowers the memory bound and raises the communication
 bound, so the physical bound is ``min over k of max(compute, memory(k), communication(k))``
@@ -125,25 +125,12 @@ def sram_read_bytes_s(arch: SpinnArch) -> float:
     return max(arch.dma_bw_bytes_per_cycle, float(arch.mac_rows + arch.mac_cols)) * arch.clock_hz
 
 
-def _links_per_board_pair(arch: SpinnArch) -> int:
-    """Board-to-board links joining two neighbouring boards. 48-chip boards: the SpiNN-5
-    hexagon's links that leave the board, shared evenly among its 6 neighbour boards (48 / 6 =
-    8). Other board sizes have no link graph: every link of a board's chips is counted (a
-    bandwidth no wiring can exceed, so the bound stays a bound)."""
-    from ..target.topology import BOARD_CHIPS, DIRECTIONS, board_layout
-
-    if arch.chips_per_board == BOARD_CHIPS:
-        layout = board_layout()
-        cells = {tuple(c) for c in layout.tolist()}
-        leaving = sum((x + dx, y + dy) not in cells for x, y in layout.tolist() for dx, dy in DIRECTIONS.tolist())
-        return leaving // len(DIRECTIONS)
-    return arch.chips_per_board * arch.links_per_chip
-
-
 def board_pair_bytes_s(arch: SpinnArch) -> float:
-    """Payload bytes per second between two neighbouring boards, one direction: the links
-    joining them times each link's rate (:attr:`~SpinnArch.board_link_bw_bytes_s`)."""
-    return _links_per_board_pair(arch) * arch.board_link_bw_bytes_s
+    """Data bytes per second between two neighbouring boards, one direction, packet overhead
+    paid: the board edge's serial links together (:meth:`SpinnArch.payload_bw` ``"board_pair"``:
+    :attr:`~SpinnArch.board_serial_links` x :attr:`~SpinnArch.board_link_bw_bytes_s` x
+    :attr:`~SpinnArch.link_payload_fraction`)."""
+    return arch.payload_bw("board_pair")
 
 
 def board_capacity_bytes(arch: SpinnArch) -> int:
