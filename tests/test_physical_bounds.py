@@ -246,6 +246,11 @@ def test_report_bound_does_not_depend_on_the_mapping():
     r = reps["good"]
     assert r.physical.details["macs_fp32"] == 4 * (256 * 512 + 512 * 128)
     assert r.physical.details["read_bytes"] == 4 * (256 * 512 + 512 + 512 * 128 + 128 + 4 * 256)
+    # an input two programs read (a KV cache read by the attention and copied into the returned
+    # cache) must be read once: counted once; each program's constants are its own
+    one, two = program_workload(r.programs), program_workload(r.programs * 2)
+    assert two.description["input_bytes"] == one.description["input_bytes"] == 4 * 256 * 4
+    assert two.description["constant_bytes"] == 2 * one.description["constant_bytes"]
     text = str(r)
     assert "physical bound" in text and "efficiency" in text and "own roofline (diagnostic)" in text
 

@@ -246,11 +246,14 @@ def program_workload(programs) -> Workload:
 
     MACs: ``flops / 2`` of the GEMM layers (those with a ``gemm`` shape), by mode. Bytes read:
     every constant a layer uses (a table only gathered from: the rows gathered,
-    :func:`gathered_bytes`) and every program's inputs. Hand-over: the smallest live set of
+    :func:`gathered_bytes`) and every program's inputs, once (an input of the same name, shape
+    and dtype in two programs, as the KV cache read by the attention and copied into the
+    returned cache, is one tensor). Hand-over: the smallest live set of
     activations at a boundary between two layers or at a program's outputs."""
     macs = {"int8": 0, "fp32": 0}
     const_bytes = input_bytes = 0
     cuts = []
+    seen = set()  # inputs by (name, shape, dtype): a tensor two programs read (a KV cache) counts once
     for p in programs:
         for layer in p.layers:
             if layer.gemm is not None:
@@ -259,7 +262,11 @@ def program_workload(programs) -> Workload:
         used = sorted({t for layer in p.layers for t in (*layer.inputs, *layer.consts.values())
                        if p.tensors[t].role == "const"})
         const_bytes += sum(gathered.get(t, p.tensors[t].nbytes) for t in used)
-        input_bytes += sum(p.tensors[t].nbytes for t in p.inputs)
+        for t in p.inputs:
+            key = (p.tensors[t].name, tuple(p.tensors[t].shape), p.tensors[t].dtype)
+            if key not in seen:
+                seen.add(key)
+                input_bytes += p.tensors[t].nbytes
         cut = _smallest_cut(p)
         if cut is not None:
             cuts.append(cut)
