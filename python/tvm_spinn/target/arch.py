@@ -20,7 +20,10 @@ marked as such. Sources:
   so the layout is the published *model* of the board, not a published wiring diagram), and
   multi-board machines as triads of boards on a 12 x 12-chip-per-triad torus.
 - [M4-TRM] Arm Cortex-M4 Processor Technical Reference Manual (r0p1), FPU chapter: 32
-  single-precision registers S0-S31; VADD.F32 takes 1 cycle, VLDR.F32 2.
+  single-precision registers S0-S31; VADD.F32 and VMUL.F32 take 1 cycle, VMLA.F32 and VFMA.F32
+  3, VLDR.F32 2, VLDM 1 + n (read through the TRM's table as quoted in secondary sources, e.g.
+  electronics.stackexchange.com/questions/544886); interrupt entry 12 cycles (Arm knowledge
+  article 103489845, quoting the TRM).
 - [Systems-S] secondary sources on SpiNNaker2 systems (collected in the project notes, not read
   in a primary source): ~2 Gbit/s per board-to-board link; 48 chips a board; systems of 24
   boards; SpiNNcloud ~720 boards (~34-35k chips).
@@ -86,10 +89,14 @@ class SpinnArch:
         PE clock: 300 MHz, the upper of the two DVFS levels (150 MHz at 0.5 V, 300 MHz at 0.8 V)
         [SpiNNMachine]; the level [OJCAS26] measured its TOPS at.
     m4f_flops_per_cycle : float
-        Assumption: sustained fp32 multiply-accumulates per cycle on the M4F (VMLA.F32 issues one
-        per cycle when pipelined, loads and address arithmetic cost about as much again: 0.5).
+        Sustained fp32 multiply-accumulates per cycle of the M4F's GEMM inner loop, from the
+        FPU's cycle counts [M4-TRM]: VMUL.F32 and VADD.F32 take 1 cycle each, VMLA.F32 3 (so the
+        loop multiplies and adds with VMUL + VADD, 2 cycles, which rounds exactly as the
+        unfused VMLA the bits follow), VLDM of n registers 1 + n. A 4 x 4 block of
+        accumulators (16 of the 32 registers, 8 more for the operands) loads 4 values of A and
+        4 of B per k (two VLDM: 2 x 5 cycles) for 16 MACs (32 cycles): 16 / 42 = 0.381.
         Only ``mode="fp32"`` layers use it; ``mode="int8"`` GEMMs run on the MAC array at
-        :attr:`macs_per_cycle` (128x the M4F's rate with the defaults).
+        :attr:`macs_per_cycle` (168x the M4F's rate with the defaults).
     m4f_elementwise_cycles : float
         Assumption: cycles per fp32 element for simple element-wise ops on the M4F (load, op, store).
     m4f_chain_cycles : float
@@ -184,7 +191,7 @@ class SpinnArch:
     acc_bits: int = 24  # [OJCAS26]
     mac_readout_cycles: int = 16  # assumption
     clock_hz: float = 300e6  # [SpiNNMachine], [OJCAS26]
-    m4f_flops_per_cycle: float = 0.5  # assumption
+    m4f_flops_per_cycle: float = 16 / (16 * (1 + 1) + 2 * (1 + 4))  # [M4-TRM], see the docstring
     m4f_elementwise_cycles: float = 4.0  # assumption
     exp_unit_cycles: float = 2.0  # assumption
     dram_bytes: int = 2 * 1024**3  # [DS003]
