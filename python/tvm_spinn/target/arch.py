@@ -138,7 +138,16 @@ class SpinnArch:
         The per-program timing model (``tvm_spinn.timing.model``) still uses it for every link;
         the link graph (:mod:`tvm_spinn.target.topology`) uses it for on-board links only.
     barrier_cycles : int
-        Assumption: cycles for a chip-wide barrier (a NoC multicast round trip).
+        Software cycles a barrier costs beyond its packets (:meth:`barrier_cost_cycles`): 0 for
+        the static schedule, which runs no scheduler between layers (a runtime with a software
+        scheduler, e.g. OctopuScheduler's ~13 us per layer, would add its own).
+    sync_packet_cycles : float
+        Assumption: cycles a PE spends taking one synchronisation packet from its
+        communication controller and counting it while it waits (a load from the receive
+        register, an add, a compare and branch): 4.
+    irq_entry_cycles : int
+        Cycles from an interrupt (a packet that releases a waiting PE) to the first instruction
+        of its handler: 12 [M4-TRM].
     dma_setup_cycles : int
         Assumption: fixed cost of issuing one DMA transfer.
     e_mac_int8_j : float
@@ -202,7 +211,9 @@ class SpinnArch:
     noc_link_bytes_per_cycle: float = 16.0  # [OJCAS26] 192-bit flits; assumption: 128-bit payload
     links_per_chip: int = 6  # [OJCAS26]
     link_bw_bytes_s: float = 6e9 / 8  # [OJCAS26]
-    barrier_cycles: int = 200  # assumption
+    barrier_cycles: int = 0  # the static schedule's: see the docstring
+    sync_packet_cycles: float = 4.0  # assumption
+    irq_entry_cycles: int = 12  # [M4-TRM]
     dma_setup_cycles: int = 50  # assumption
     # [OJCAS26] derived, see the docstring: (measured W at 300 MHz - static W) / measured MAC/s
     e_mac_int8_j: float = (4.563e12 / 2.06e12 - 0.5) / (4.563e12 / 2)
@@ -241,6 +252,7 @@ class SpinnArch:
             "clock_hz", "m4f_flops_per_cycle", "m4f_elementwise_cycles", "exp_unit_cycles",
             "dram_bw_bytes_s", "dma_bw_bytes_per_cycle", "noc_bw_bytes_s", "link_bw_bytes_s",
             "board_link_bw_bytes_s", "host_mem_bw_bytes_s", "m4f_chain_cycles", "noc_link_bytes_per_cycle",
+            "sync_packet_cycles",
         )
         for name in positive_floats:
             value = getattr(self, name)
@@ -251,7 +263,7 @@ class SpinnArch:
         if not isinstance(self.acc_bits, int) or isinstance(self.acc_bits, bool):
             raise ArchError(f"SpinnArch.acc_bits must be an integer, got {self.acc_bits!r}")
         for name in ("mgmt_pes_per_chip", "sram_reserved_bytes", "mac_readout_cycles", "noc_hop_cycles",
-                     "barrier_cycles", "dma_setup_cycles", "e_mac_int8_j", "e_flop_fp32_j", "e_sram_byte_j", "e_dram_byte_j",
+                     "barrier_cycles", "irq_entry_cycles", "dma_setup_cycles", "e_mac_int8_j", "e_flop_fp32_j", "e_sram_byte_j", "e_dram_byte_j",
                      "e_noc_byte_j", "e_link_byte_j", "p_static_w_per_chip", "link_hop_s",
                      "board_link_hop_s", "host_op_s"):
             value = getattr(self, name)
@@ -322,6 +334,31 @@ class SpinnArch:
         """Peak fp32 FLOP/s of the system on the M4F cores (1 MAC = 2 FLOPs)."""
         return 2.0 * self.m4f_flops_per_cycle * self.clock_hz * self.total_pes
 
+    def noc_hops(self, pes: int) -> int:
+        """NoC hops from the middle of the mesh that ``pes`` PEs' quad-PEs form (a near-square
+        grid of routers) to its farthest router."""
+        import math
+
+        qpes = max(1, -(-int(pes) // self.pes_per_qpe))
+        side = math.isqrt(qpes - 1) + 1  # ceil(sqrt(qpes))
+        rows = -(-qpes // side)
+        return side // 2 + rows // 2
+
+    def barrier_cost_cycles(self, pes: int) -> float:
+        """Cycles of a barrier over ``pes`` PEs of one chip, built from NoC packets.
+
+        Each PE sends one packet to the first PE of its quad-PE, which counts ``pes_per_qpe -
+        1`` of them and sends one on to a root PE in the middle of the mesh, which counts one
+        per other quad-PE (:attr:`sync_packet_cycles` each) after the farthest has travelled
+        :meth:`noc_hops` hops (:attr:`noc_hop_cycles` each); the root's one multicast packet
+        travels back as far and wakes every PE (:attr:`irq_entry_cycles`). Plus
+        :attr:`barrier_cycles` of software, if any.
+        """
+        qpes = max(1, -(-int(pes) // self.pes_per_qpe))
+        hop = self.noc_hops(pes) * self.noc_hop_cycles
+        counted = (min(int(pes), self.pes_per_qpe) - 1) + (qpes - 1)
+        return 2 * hop + counted * self.sync_packet_cycles + self.irq_entry_cycles + self.barrier_cycles
+
     @property
     def total_dram_bw_bytes_s(self) -> float:
         """Aggregate DRAM bandwidth of the system."""
@@ -366,7 +403,7 @@ _HOST_FIELDS = frozenset({"host_mem_bw_bytes_s", "host_op_s"})
 #: The M4F's register-chain fields; omitted from :meth:`SpinnArch.to_dict` at their defaults.
 _CHAIN_FIELDS = frozenset({"m4f_chain_cycles", "m4f_chain_registers"})
 #: The timing model's interconnect, synchronisation and set-up fields; omitted at their defaults.
-_TIMING_FIELDS = frozenset({"noc_link_bytes_per_cycle"})
+_TIMING_FIELDS = frozenset({"noc_link_bytes_per_cycle", "sync_packet_cycles", "irq_entry_cycles"})
 _DEFAULTED_FIELDS = _TOPOLOGY_FIELDS | _HOST_FIELDS | _CHAIN_FIELDS | _TIMING_FIELDS
 
 
