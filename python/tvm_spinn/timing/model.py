@@ -26,7 +26,8 @@ i+1 overlaps the compute of tile i): compute of tile i ends at
 output is written and its DMA engine has moved every byte: ``max(end_last + O_last, sum(L + O))``.
 Without double buffering (naive) load, compute and write-back of each tile are serial. A layer
 takes ``max(slowest PE, slowest chip's DRAM bytes / DRAM bandwidth, the NoC's busiest router
-port or bisection)`` plus a barrier built from NoC packets
+port or bisection; the last tile fed from DRAM computes after the channel's last byte)`` plus
+a barrier built from NoC packets
 (:meth:`~tvm_spinn.target.arch.SpinnArch.barrier_cost_cycles`; sequential mode: all PEs of the
 chip; pipelined mode: the layer's PE group, and throughput is set by the slowest stage). An
 inference starts with one multicast packet that wakes the PEs.
@@ -451,7 +452,15 @@ def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None"
         if len(table):
             chip = table.chip - int(table.chip.min())
             dram_chip = np.bincount(chip, weights=dram_t)
-            end = max(end, start + float(dram_chip.max()) / dram_rate, start + noc_cycles(table, srcs, arch))
+            # the tile whose operands arrive last computes and writes back after the DRAM
+            # channel's last byte: at least the cheapest such tile's compute and write-back
+            reads = table.in_bytes * (in_src == DRAM) + table.w_bytes * (w_src == DRAM) > 0
+            tail = 0.0
+            if reads.any():
+                write = np.where((out_dst != LOCAL) & (table.out_bytes > 0),
+                                 arch.dma_setup_cycles + table.out_bytes / arch.dma_bw_bytes_per_cycle, 0.0)
+                tail = float((table.cycles + write)[reads].min())
+            end = max(end, start + float(dram_chip.max()) / dram_rate + tail, start + noc_cycles(table, srcs, arch))
         # sequential: every PE of the chip waits for the layer (any may run the next one);
         # pipelined: the layer's PE group
         charged[i] = float(np.ceil(arch.barrier_cost_cycles(len(run["pes"]) if pipelined else ppc)))
