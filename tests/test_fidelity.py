@@ -44,3 +44,23 @@ def test_case_within_tolerance(name):
     value, ratio, _ = CASES[name].run()
     assert value > 0
     assert abs(ratio - 1.0) <= fidelity.TOLERANCE, f"{name}: modelled {value:.4g} vs measured {CASES[name].measured}"
+
+
+def test_barrier_is_built_from_noc_packets():
+    from tvm_spinn.target.arch import ArchError, SpinnArch
+
+    arch = SpinnArch()
+    # 148 PEs = 37 quad-PEs on a 7 x 6 grid of routers: 3 + 3 hops from the middle, out and back
+    # at 5 cycles; 3 packets counted in a quad-PE and 36 at the root, 4 cycles each; one wake-up
+    assert arch.barrier_cost_cycles(148) == 2 * 6 * 5 + (3 + 36) * 4 + 12
+    # 8 PEs = 2 quad-PEs side by side: 1 hop
+    assert arch.barrier_cost_cycles(8) == 2 * 1 * 5 + (3 + 1) * 4 + 12
+    # more PEs, more packets: 148 and 152 PEs do not synchronise in the same time
+    assert arch.barrier_cost_cycles(152) > arch.barrier_cost_cycles(148)
+    # software on top (a scheduler's) adds as it is
+    assert arch.replace(barrier_cycles=1000).barrier_cost_cycles(148) == arch.barrier_cost_cycles(148) + 1000
+    for name, bad in (("sync_packet_cycles", 0), ("noc_link_bytes_per_cycle", 0.0), ("irq_entry_cycles", -1)):
+        with pytest.raises(ArchError, match=name):
+            arch.replace(**{name: bad})
+    # the new fields stay out of serialized programs at their defaults
+    assert not {"sync_packet_cycles", "noc_link_bytes_per_cycle", "irq_entry_cycles"} & set(arch.to_dict())

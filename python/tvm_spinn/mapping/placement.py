@@ -47,7 +47,7 @@ def layer_estimate(program: Program, layer: Layer, arch: SpinnArch, chips: int, 
         in_bytes = sum(program.tensors[i].nbytes for i in layer.inputs if program.tensors[i].role != "const")
         link_bw = arch.link_bw_bytes_s * arch.links_per_chip / arch.clock_hz
         link = in_bytes * (chips - 1) / chips / link_bw
-    return max(compute, dram) + link + arch.barrier_cycles
+    return max(compute, dram) + link + arch.barrier_cost_cycles(pes)
 
 
 def choose_chips(program: Program, arch: SpinnArch) -> list[int]:

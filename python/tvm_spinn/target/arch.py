@@ -20,7 +20,10 @@ marked as such. Sources:
   so the layout is the published *model* of the board, not a published wiring diagram), and
   multi-board machines as triads of boards on a 12 x 12-chip-per-triad torus.
 - [M4-TRM] Arm Cortex-M4 Processor Technical Reference Manual (r0p1), FPU chapter: 32
-  single-precision registers S0-S31; VADD.F32 takes 1 cycle, VLDR.F32 2.
+  single-precision registers S0-S31; VADD.F32 and VMUL.F32 take 1 cycle, VMLA.F32 and VFMA.F32
+  3, VLDR.F32 2, VLDM 1 + n (read through the TRM's table as quoted in secondary sources, e.g.
+  electronics.stackexchange.com/questions/544886); interrupt entry 12 cycles (Arm knowledge
+  article 103489845, quoting the TRM).
 - [Systems-S] secondary sources on SpiNNaker2 systems (collected in the project notes, not read
   in a primary source): ~2 Gbit/s per board-to-board link; 48 chips a board; systems of 24
   boards; SpiNNcloud ~720 boards (~34-35k chips).
@@ -101,10 +104,14 @@ class SpinnArch:
         PE clock: 300 MHz, the upper of the two DVFS levels (150 MHz at 0.5 V, 300 MHz at 0.8 V)
         [SpiNNMachine]; the level [OJCAS26] measured its TOPS at.
     m4f_flops_per_cycle : float
-        Assumption: sustained fp32 multiply-accumulates per cycle on the M4F (VMLA.F32 issues one
-        per cycle when pipelined, loads and address arithmetic cost about as much again: 0.5).
+        Sustained fp32 multiply-accumulates per cycle of the M4F's GEMM inner loop, from the
+        FPU's cycle counts [M4-TRM]: VMUL.F32 and VADD.F32 take 1 cycle each, VMLA.F32 3 (so the
+        loop multiplies and adds with VMUL + VADD, 2 cycles, which rounds exactly as the
+        unfused VMLA the bits follow), VLDM of n registers 1 + n. A 4 x 4 block of
+        accumulators (16 of the 32 registers, 8 more for the operands) loads 4 values of A and
+        4 of B per k (two VLDM: 2 x 5 cycles) for 16 MACs (32 cycles): 16 / 42 = 0.381.
         Only ``mode="fp32"`` layers use it; ``mode="int8"`` GEMMs run on the MAC array at
-        :attr:`macs_per_cycle` (128x the M4F's rate with the defaults).
+        :attr:`macs_per_cycle` (168x the M4F's rate with the defaults).
     m4f_elementwise_cycles : float
         Assumption: cycles per fp32 element for simple element-wise ops on the M4F (load, op, store).
     m4f_chain_cycles : float
@@ -149,7 +156,16 @@ class SpinnArch:
         SpiNNaker packet of an 8-bit header, a 32-bit routing key and one 32-bit payload word
         [spiNNlink]). Applies to on-board and board-to-board links alike.
     barrier_cycles : int
-        Assumption: cycles for a chip-wide barrier (a NoC multicast round trip).
+        Software cycles a barrier costs beyond its packets (:meth:`barrier_cost_cycles`): 0 for
+        the static schedule, which runs no scheduler between layers (a runtime with a software
+        scheduler, e.g. OctopuScheduler's ~13 us per layer, would add its own).
+    sync_packet_cycles : float
+        Assumption: cycles a PE spends taking one synchronisation packet from its
+        communication controller and counting it while it waits (a load from the receive
+        register, an add, a compare and branch): 4.
+    irq_entry_cycles : int
+        Cycles from an interrupt (a packet that releases a waiting PE) to the first instruction
+        of its handler: 12 [M4-TRM].
     dma_setup_cycles : int
         Assumption: fixed cost of issuing one DMA transfer.
     e_mac_int8_j : float
@@ -207,7 +223,7 @@ class SpinnArch:
     acc_bits: int = 24  # [OJCAS26]
     mac_readout_cycles: int = 16  # assumption
     clock_hz: float = 300e6  # [SpiNNMachine], [OJCAS26]
-    m4f_flops_per_cycle: float = 0.5  # assumption
+    m4f_flops_per_cycle: float = 16 / (16 * (1 + 1) + 2 * (1 + 4))  # [M4-TRM], see the docstring
     m4f_elementwise_cycles: float = 4.0  # assumption
     exp_unit_cycles: float = 2.0  # assumption
     dram_bytes: int = 2 * 1024**3  # [DS003]
@@ -218,7 +234,9 @@ class SpinnArch:
     noc_link_bytes_per_cycle: float = 16.0  # [OJCAS26] 192-bit flits; assumption: 128-bit payload
     links_per_chip: int = 6  # [OJCAS26]
     link_bw_bytes_s: float = 6e9 / 8  # [OJCAS26]
-    barrier_cycles: int = 200  # assumption
+    barrier_cycles: int = 0  # the static schedule's: see the docstring
+    sync_packet_cycles: float = 4.0  # assumption
+    irq_entry_cycles: int = 12  # [M4-TRM]
     dma_setup_cycles: int = 50  # assumption
     # [OJCAS26] derived, see the docstring: (measured W at 300 MHz - static W) / measured MAC/s
     e_mac_int8_j: float = (4.563e12 / 2.06e12 - 0.5) / (4.563e12 / 2)
@@ -262,6 +280,7 @@ class SpinnArch:
             "clock_hz", "m4f_flops_per_cycle", "m4f_elementwise_cycles", "exp_unit_cycles",
             "dram_bw_bytes_s", "dma_bw_bytes_per_cycle", "noc_bw_bytes_s", "link_bw_bytes_s",
             "board_link_bw_bytes_s", "host_mem_bw_bytes_s", "m4f_chain_cycles", "noc_link_bytes_per_cycle",
+            "sync_packet_cycles",
         )
         for name in positive_floats:
             value = getattr(self, name)
@@ -275,7 +294,7 @@ class SpinnArch:
         if not isinstance(self.acc_bits, int) or isinstance(self.acc_bits, bool):
             raise ArchError(f"SpinnArch.acc_bits must be an integer, got {self.acc_bits!r}")
         for name in ("mgmt_pes_per_chip", "sram_reserved_bytes", "mac_readout_cycles", "noc_hop_cycles",
-                     "barrier_cycles", "dma_setup_cycles", "e_mac_int8_j", "e_flop_fp32_j", "e_sram_byte_j", "e_dram_byte_j",
+                     "barrier_cycles", "irq_entry_cycles", "dma_setup_cycles", "e_mac_int8_j", "e_flop_fp32_j", "e_sram_byte_j", "e_dram_byte_j",
                      "e_noc_byte_j", "e_link_byte_j", "p_static_w_per_chip", "link_hop_s",
                      "board_link_hop_s", "host_op_s"):
             value = getattr(self, name)
@@ -369,6 +388,31 @@ class SpinnArch:
         """Peak fp32 FLOP/s of the system on the M4F cores (1 MAC = 2 FLOPs)."""
         return 2.0 * self.m4f_flops_per_cycle * self.clock_hz * self.total_pes
 
+    def noc_hops(self, pes: int) -> int:
+        """NoC hops from the middle of the mesh that ``pes`` PEs' quad-PEs form (a near-square
+        grid of routers) to its farthest router."""
+        import math
+
+        qpes = max(1, -(-int(pes) // self.pes_per_qpe))
+        side = math.isqrt(qpes - 1) + 1  # ceil(sqrt(qpes))
+        rows = -(-qpes // side)
+        return side // 2 + rows // 2
+
+    def barrier_cost_cycles(self, pes: int) -> float:
+        """Cycles of a barrier over ``pes`` PEs of one chip, built from NoC packets.
+
+        Each PE sends one packet to the first PE of its quad-PE, which counts ``pes_per_qpe -
+        1`` of them and sends one on to a root PE in the middle of the mesh, which counts one
+        per other quad-PE (:attr:`sync_packet_cycles` each) after the farthest has travelled
+        :meth:`noc_hops` hops (:attr:`noc_hop_cycles` each); the root's one multicast packet
+        travels back as far and wakes every PE (:attr:`irq_entry_cycles`). Plus
+        :attr:`barrier_cycles` of software, if any.
+        """
+        qpes = max(1, -(-int(pes) // self.pes_per_qpe))
+        hop = self.noc_hops(pes) * self.noc_hop_cycles
+        counted = (min(int(pes), self.pes_per_qpe) - 1) + (qpes - 1)
+        return 2 * hop + counted * self.sync_packet_cycles + self.irq_entry_cycles + self.barrier_cycles
+
     @property
     def total_dram_bw_bytes_s(self) -> float:
         """Aggregate DRAM bandwidth of the system."""
@@ -442,7 +486,7 @@ _HOST_FIELDS = frozenset({"host_mem_bw_bytes_s", "host_op_s"})
 #: The M4F's register-chain fields; omitted from :meth:`SpinnArch.to_dict` at their defaults.
 _CHAIN_FIELDS = frozenset({"m4f_chain_cycles", "m4f_chain_registers"})
 #: The timing model's interconnect, synchronisation and set-up fields; omitted at their defaults.
-_TIMING_FIELDS = frozenset({"noc_link_bytes_per_cycle"})
+_TIMING_FIELDS = frozenset({"noc_link_bytes_per_cycle", "sync_packet_cycles", "irq_entry_cycles"})
 _DEFAULTED_FIELDS = _TOPOLOGY_FIELDS | _HOST_FIELDS | _CHAIN_FIELDS | _TIMING_FIELDS
 
 

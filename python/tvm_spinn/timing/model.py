@@ -26,8 +26,11 @@ i+1 overlaps the compute of tile i): compute of tile i ends at
 output is written and its DMA engine has moved every byte: ``max(end_last + O_last, sum(L + O))``.
 Without double buffering (naive) load, compute and write-back of each tile are serial. A layer
 takes ``max(slowest PE, slowest chip's DRAM bytes / DRAM bandwidth, the NoC's busiest router
-port or bisection)`` plus a barrier (sequential mode: all PEs; pipelined mode: the layer's PE group, and
-throughput is set by the slowest stage).
+port or bisection; the last tile fed from DRAM computes after the channel's last byte)`` plus
+a barrier built from NoC packets
+(:meth:`~tvm_spinn.target.arch.SpinnArch.barrier_cost_cycles`; sequential mode: all PEs of the
+chip; pipelined mode: the layer's PE group, and throughput is set by the slowest stage). An
+inference starts with one multicast packet that wakes the PEs.
 
 *Views* (:meth:`~tvm_spinn.program.ops.base.OpFamily.is_view`: a reshape, a unit-axis permute or
 broadcast, a contiguous slice) cost nothing when their input and output live in the same memory:
@@ -406,6 +409,9 @@ def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None"
     onchip = set(mapping.get("onchip_tensors", []))
     barriers = _Barriers(program, tables)
     prev = -1  # the last layer that ran (its barrier is charged until the next one drops it)
+    charged: dict[int, float] = {}  # barrier cycles charged at the end of each layer that ran
+    # Per inference: the start packet's multicast from the middle of the mesh wakes every PE.
+    now = float(arch.noc_hops(ppc) * arch.noc_hop_cycles + arch.irq_entry_cycles)
     for i, layer in enumerate(program.layers):
         table = tables[i]
         if _free_view(program, layer, onchip):
@@ -417,8 +423,8 @@ def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None"
             continue
         # (pipelined mode: every layer keeps its PE group's barrier)
         if barriers.starts_free(i, layer, -1 if pipelined else prev):
-            now -= arch.barrier_cycles
-            layers[prev].cycles -= arch.barrier_cycles
+            now -= charged[prev]
+            layers[prev].cycles -= charged[prev]
         prev = i
         # Link all-gather of the layer's activation input when it spans or changes chips.
         if i < len(records):
@@ -446,8 +452,19 @@ def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None"
         if len(table):
             chip = table.chip - int(table.chip.min())
             dram_chip = np.bincount(chip, weights=dram_t)
-            end = max(end, start + float(dram_chip.max()) / dram_rate, start + noc_cycles(table, srcs, arch))
-        end = float(np.ceil(end)) + arch.barrier_cycles  # layers end on whole cycles
+            # the tile whose operands arrive last computes and writes back after the DRAM
+            # channel's last byte: at least the cheapest such tile's compute and write-back
+            reads = table.in_bytes * (in_src == DRAM) + table.w_bytes * (w_src == DRAM) > 0
+            tail = 0.0
+            if reads.any():
+                write = np.where((out_dst != LOCAL) & (table.out_bytes > 0),
+                                 arch.dma_setup_cycles + table.out_bytes / arch.dma_bw_bytes_per_cycle, 0.0)
+                tail = float((table.cycles + write)[reads].min())
+            end = max(end, start + float(dram_chip.max()) / dram_rate + tail, start + noc_cycles(table, srcs, arch))
+        # sequential: every PE of the chip waits for the layer (any may run the next one);
+        # pipelined: the layer's PE group
+        charged[i] = float(np.ceil(arch.barrier_cost_cycles(len(run["pes"]) if pipelined else ppc)))
+        end = float(np.ceil(end)) + charged[i]  # layers end on whole cycles
         dram_b, noc_b = int(dram_t.sum()), int(noc_t.sum())
         compute = int(table.cycles.sum())
         cycles = int(round(end - now))
