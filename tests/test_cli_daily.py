@@ -269,3 +269,50 @@ def test_from_pytorch_keeps_the_callers_training_mode():
     before = [m.training for m in model.modules()]
     tvm_spinn.frontend.from_pytorch(model, (torch.randn(1, 4),))
     assert [m.training for m in model.modules()] == before == [True, True, True, False]
+
+
+def test_quiet_hides_library_chatter_unless_verbose():
+    import logging
+    import warnings
+
+    seen = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    handler = Keep()
+    logger = logging.getLogger("tvm_spinn.partition")
+    logger.addHandler(handler)
+    try:
+        for verbose in (False, True):
+            seen.clear()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                with cli._quiet(verbose):
+                    logger.warning("spinn: op stays on the fallback target")
+                    warnings.warn("per-export chatter", FutureWarning)
+                    warnings.warn("a tuning task was skipped", UserWarning)  # tvm-spinn's own: kept
+            kinds = sorted(w.category.__name__ for w in caught)
+            if verbose:
+                assert seen and kinds == ["FutureWarning", "UserWarning"]
+            else:
+                assert not seen and kinds == ["UserWarning"]
+    finally:
+        logger.removeHandler(handler)
+    assert logger.level == logging.NOTSET  # restored
+
+
+def test_outputs_to_unicode_paths_and_concurrent_writers(tmp_path):
+    import threading
+
+    path = tmp_path / "ausgabe-é中.bin"
+    payloads = [bytes([i]) * 200_000 for i in range(8)]
+    threads = [threading.Thread(target=_files.atomic_write, args=(path, lambda f, p=p: f.write(p)))
+               for p in payloads]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert path.read_bytes() in payloads  # one writer's complete file, never a mix
+    assert os.listdir(tmp_path) == [path.name]

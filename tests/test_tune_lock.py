@@ -13,14 +13,20 @@ import pytest
 import tvm_spinn
 from tvm_spinn.tune import TuningLockError, TuningLogError, validate_logs
 from tvm_spinn.tune.database import RECORD_FILE, WORKLOAD_FILE
+from tvm_spinn.tune import lock as lock_module
 from tvm_spinn.tune.lock import LOCK_FILE, WorkDirLock
+
+LOCK_MODULE = lock_module.__file__
 
 
 def _holder(work):
     """A process holding the work directory's lock until killed; returns it once it holds it."""
-    code = ("import sys, time\n"
-            "from tvm_spinn.tune.lock import WorkDirLock\n"
-            f"with WorkDirLock({str(work)!r}):\n"
+    # the lock module alone (standard library only): the holder starts in a moment
+    code = ("import importlib.util, time\n"
+            f"spec = importlib.util.spec_from_file_location('lock', {LOCK_MODULE!r})\n"
+            "lock = importlib.util.module_from_spec(spec)\n"
+            "spec.loader.exec_module(lock)\n"
+            f"with lock.WorkDirLock({str(work)!r}):\n"
             "    print('held', flush=True)\n"
             "    time.sleep(600)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -63,6 +69,7 @@ def test_two_jobs_in_one_process_are_refused(tmp_path):
         pass
 
 
+@pytest.mark.slow
 def test_cli_tune_on_a_busy_work_dir_is_one_line(tmp_path):
     import onnx
     from onnx import TensorProto, helper
@@ -93,3 +100,31 @@ def test_logs_written_by_two_jobs_at_once_are_refused_by_name(tmp_path):
     (tmp_path / RECORD_FILE).write_text(record + "\n" + record.replace("[0,", "[1,", 1) + "\n")
     with pytest.raises(TuningLogError, match=f"{WORKLOAD_FILE}:2: repeats the workload of line 1.*two tuning jobs"):
         validate_logs(str(tmp_path), "llvm")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_two_cli_jobs_on_one_work_dir_leave_loadable_logs(tmp_path):
+    """Two `tvm-spinn tune` started together: one tunes, the other is refused naming it; the
+    logs then load for a build (they held every workload twice before the lock)."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Softmax(dim=-1)).eval()
+    torch.onnx.export(model, (torch.randn(2, 8),), str(tmp_path / "m.onnx"), dynamo=False,
+                      input_names=["x"], opset_version=17)
+    work = tmp_path / "logs"
+    cmd = [sys.executable, "-m", "tvm_spinn.cli", "tune", str(tmp_path / "m.onnx"), "--target", "llvm",
+           "--work-dir", str(work), "--trials", "2", "--no-progress"]
+    jobs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [(job.pid, *job.communicate(timeout=800), job.returncode) for job in jobs]
+    codes = sorted(rc for _, _, _, rc in results)
+    assert codes == [0, 2], [(rc, err[-1500:]) for _, _, err, rc in results]
+    (winner, _, _, _), = [r for r in results if r[3] == 0]
+    refused = next(err for _, _, err, rc in results if rc == 2)
+    assert f"pid {winner}" in refused and "in use by another tuning job" in refused
+    assert validate_logs(str(work), "llvm")["records"] >= 2
+    build = subprocess.run([sys.executable, "-m", "tvm_spinn.cli", "compile", str(tmp_path / "m.onnx"),
+                            "--target", "llvm", "-o", str(tmp_path / "m.so"), "--tuning-logs", str(work)],
+                           capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stderr[-2000:]

@@ -210,18 +210,26 @@ def _load_model(args):
     return from_exported_file(path)
 
 
+#: Loggers whose notes are hidden unless --verbose: per-operator partition notes (the report
+#: lists what stays on the fallback and why) and the frameworks' own chatter.
+_QUIET_LOGGERS = ("tvm_spinn.partition", "tvm", "torch", "onnxscript")
+
+
 @contextlib.contextmanager
 def _quiet(verbose: bool):
     """Hide library chatter for the command unless ``verbose``: torch's per-export
-    ``FutureWarning``/``UserWarning``\\ s, per-op notes of TVM's and tvm-spinn's loggers. Scoped:
-    the filters and levels are restored afterwards."""
+    ``FutureWarning``\ s, deprecations, warnings raised inside torch/TVM/ONNX, per-operator
+    notes. tvm-spinn's own warnings (a tuning task skipped, a failed partition) stay. Scoped:
+    the warning filters and logger levels are restored afterwards."""
     if verbose:
         yield
         return
-    loggers = [logging.getLogger(name) for name in ("tvm_spinn", "tvm", "torch", "onnxscript")]
+    loggers = [logging.getLogger(name) for name in _QUIET_LOGGERS]
     levels = [logger.level for logger in loggers]
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+        for category in (FutureWarning, DeprecationWarning, PendingDeprecationWarning):
+            warnings.filterwarnings("ignore", category=category)
+        warnings.filterwarnings("ignore", module=r"(torch|tvm|tvm_ffi|onnx|onnxscript|onnxruntime)(\.|$)")
         for logger in loggers:
             logger.setLevel(logging.ERROR)
         try:

@@ -16,6 +16,7 @@ import fcntl
 import json
 import os
 import socket
+import time
 
 __all__ = ["LOCK_FILE", "TuningLockError", "WorkDirLock"]
 
@@ -27,12 +28,16 @@ class TuningLockError(RuntimeError):
 
 
 def _holder(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as f:
-            info = json.load(f)
-        return (f"pid {info['pid']} on host {info['host']}, started {info['started']}")
-    except (OSError, ValueError, KeyError, TypeError):
-        return "a job that has not yet written its name"
+    """Who holds the lock, from the file's JSON (the holder writes it right after locking:
+    read again for a moment when it is not there yet)."""
+    for attempt in range(20):
+        try:
+            with open(path, encoding="utf-8") as f:
+                info = json.load(f)
+            return f"pid {info['pid']} on host {info['host']}, started {info['started']}"
+        except (OSError, ValueError, KeyError, TypeError):
+            time.sleep(0.025)
+    return "a job that has not written its name"
 
 
 class WorkDirLock:
