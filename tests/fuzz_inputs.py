@@ -255,6 +255,10 @@ SHAPES = ["x=0,16", "x=-1,16", f"x={2**40},16", "x=" + ",".join(["1"] * 64), "x=
 CLEAN = (ValueError, OSError)
 
 
+class KnownIssue(Exception):
+    """A wrong result of a known kind, owned outside the code fuzzed here (status ``known``)."""
+
+
 def case_input(case: dict):
     """The input of ``case`` (regenerated from its seed): bytes, a config, or a shape string."""
     rng = np.random.default_rng(case["seed"])
@@ -270,12 +274,28 @@ def case_input(case: dict):
 def _inputs(mod) -> list[np.ndarray]:
     """Seeded inputs for the compiled module's parameters; a failure here is the harness's own
     (an AssertionError: never counted as a clean refusal)."""
+    shapes = [[int(d) for d in p.ty.shape] for p in mod["main"].params]
+    nbytes = sum(8 * math.prod(s) for s in shapes)
+    if nbytes > 2**28:
+        # the target (one chip, 2 GB of DRAM) cannot hold such inputs: the build should have
+        # been refused (MappingError), not succeeded
+        raise KnownIssue(f"compiled for 'spinn' with {nbytes // 8} input elements ({shapes}): no capacity "
+                         "check refused inputs larger than the chip's DRAM")
     try:
         rng = np.random.default_rng(0)
-        return [rng.standard_normal([int(d) for d in p.ty.shape]).astype(str(p.ty.dtype))
-                for p in mod["main"].params]
+        return [rng.standard_normal(s).astype(str(p.ty.dtype)) for s, p in zip(shapes, mod["main"].params)]
     except Exception as err:
         raise AssertionError(f"harness: no inputs for the module: {type(err).__name__}: {err}") from None
+
+
+def _nan_known(got: np.ndarray, want: np.ndarray, reference: str) -> None:
+    """A result that differs only where the reference's is NaN/inf: a NaN weight that a ReLU
+    (legalized by TVM as max(x, 0), on llvm too) turns into a number instead of propagating it
+    as onnxruntime, numpy and PyTorch do: a :class:`KnownIssue`."""
+    finite = np.isfinite(want)
+    if want.shape == got.shape and (~finite & np.isfinite(got)).any() and np.allclose(
+            got[finite], want[finite], rtol=1e-3, atol=1e-4):
+        raise KnownIssue(f"NaN/inf not propagated: {reference} gives non-finite values where spinn's are finite")
 
 
 def _run_onnx(data: bytes, path: str, shapes: "dict | None") -> str:
@@ -298,6 +318,7 @@ def _run_onnx(data: bytes, path: str, shapes: "dict | None") -> str:
         want = sess.run(None, {i.name: a for i, a in zip(sess.get_inputs(), inputs)})[0]
     except Exception:
         return "ok (onnxruntime refuses it: no reference)"
+    _nan_known(got, want, "onnxruntime")
     if want.shape != got.shape or not np.allclose(got, want, rtol=1e-3, atol=1e-4, equal_nan=True):
         raise AssertionError(f"WRONG RESULT: max |spinn - onnxruntime| = "
                              f"{np.nanmax(np.abs(got.astype(np.float64) - want)) if want.shape == got.shape else 'shape'}"
@@ -315,10 +336,12 @@ def _run_tflite(data: bytes) -> str:
     ex = relax.build(mod, target="spinn")
     vm = relax.VirtualMachine(ex, tvm.cpu())
     inputs = _inputs(mod)
-    got = vm["main"](*(tvm.runtime.tensor(a) for a in inputs)).numpy()
+    out = vm["main"](*(tvm.runtime.tensor(a) for a in inputs))
+    got = out.numpy() if hasattr(out, "numpy") else out[0].numpy()
     want = _tflite_mutant_reference(data, inputs)
     if want is None:
         return "ok (imported and ran; its graph differs from the seed model's: no reference)"
+    _nan_known(got, want, "numpy")
     if want.shape != got.shape or not np.allclose(got, want, rtol=1e-4, atol=1e-5, equal_nan=True):
         raise AssertionError(f"WRONG RESULT: spinn {got} vs numpy {want}")
     return "ok (matches numpy with the file's weights)"
@@ -436,6 +459,8 @@ def drive(cases_path: str, workdir: str, limit_bytes: int) -> None:
                 detail = _run_config(value, case.get("plan", False))
             else:
                 detail = _run_shape(value, workdir)
+        except KnownIssue as err:
+            status, detail = "known", str(err)
         except CLEAN as err:
             text = str(err).strip()
             status, detail = "refused", f"{type(err).__name__}: {text}"

@@ -95,6 +95,8 @@ def test_indices_out_of_range_are_named(tmp_path):
     assert "buffer index 99" in _refused(_patch(_field(sub.Tensors(1), 2), "<I", 99), tmp_path)
     inputs = sub._tab.Vector(sub._tab.Offset(6))
     assert "inputs[1]: tensor index 42" in _refused(_patch(inputs + 4, "<i", 42), tmp_path)
+    outputs = sub._tab.Vector(sub._tab.Offset(8)) - 4
+    assert "has no outputs" in _refused(_patch(outputs, "<I", 0), tmp_path)
     op_inputs = sub.Operators(0)._tab.Vector(sub.Operators(0)._tab.Offset(6))
     assert "operators[0].inputs[0]: tensor index -7" in _refused(_patch(op_inputs, "<i", -7), tmp_path)
 

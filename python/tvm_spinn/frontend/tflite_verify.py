@@ -129,6 +129,8 @@ def _check_indices(model, n_bytes: int) -> None:
     for s in range(n_subgraphs):
         sub = model.Subgraphs(s)
         n_tensors = sub.TensorsLength()
+        if s == 0 and sub.OutputsLength() == 0:  # the imported graph would compute nothing
+            raise _Damaged("subgraphs[0] (the model's graph) has no outputs")
         for k in range(n_tensors):
             if sub.Tensors(k).Buffer() >= n_buffers:
                 raise _Damaged(f"subgraphs[{s}].tensors[{k}]: buffer index {sub.Tensors(k).Buffer()} out of range "
