@@ -237,3 +237,13 @@ def test_compile_leaves_the_callers_model_and_config_unchanged():
     # the weights are shared, not copied
     assert compiled.model.transformer.wte.weight.data_ptr() == model.transformer.wte.weight.data_ptr()
     assert not compiled.model.training and compiled.model.config._attn_implementation == "eager"
+
+
+@pytest.mark.slow  # ~30-60 s: GPT-2-XL's block described and mapped at 1,024 positions
+def test_plan_cli_default_seq_of_the_shipped_gpt2_xl(capsys):
+    from tvm_spinn.cli import main
+
+    assert main(["plan", str(CONFIGS / "gpt2-xl.json"), "--no-progress"]) == 0
+    assert "1 / 1024 (the model's 1024 positions) / int8" in capsys.readouterr().out
+    with pytest.raises(llm.LLMError, match="seq=2048 is longer"):  # an explicit --seq is still checked
+        llm.plan(str(CONFIGS / "gpt2-xl.json"), seq=2048)

@@ -63,26 +63,12 @@ def _read(path_or_bytes) -> tuple[bytes, str]:
 
 
 def _parse(buf: bytes, where: str):
-    """Parse and sanity-check the flatbuffer; flatbuffers itself does no validation."""
-    tflite = _import_tflite()
-    Model = tflite.Model.Model if hasattr(tflite.Model, "Model") else tflite.Model
-    bad = f"TFLite file {where!r} is not a valid TFLite model"
-    if len(buf) < 8 or not Model.ModelBufferHasIdentifier(buf, 0):
-        raise TFLiteImportError(f"{bad} (missing the 'TFL3' flatbuffer identifier)")
-    try:
-        model = Model.GetRootAsModel(buf, 0)
-        if model.SubgraphsLength() < 1:
-            raise TFLiteImportError(f"{bad} (no subgraphs)")
-        subgraph = model.Subgraphs(0)
-        n_tensors = subgraph.TensorsLength()
-        inputs = [int(i) for i in subgraph.InputsAsNumpy()] if subgraph.InputsLength() else []
-        if any(not 0 <= i < n_tensors for i in inputs):
-            raise TFLiteImportError(f"{bad} (input tensor index out of range)")
-    except TFLiteImportError:
-        raise
-    except Exception as err:  # truncated / corrupt buffers raise struct.error, IndexError, ...
-        raise TFLiteImportError(f"{bad}: {type(err).__name__}: {err}") from None
-    return model
+    """The parsed flatbuffer, bounds-checked first (:func:`.tflite_verify.verify`): the
+    ``tflite`` package's lazy readers check nothing."""
+    _import_tflite()
+    from .tflite_verify import verify
+
+    return verify(buf, where, TFLiteImportError)
 
 
 def _tensor_name(subgraph, index: int) -> str:
@@ -122,9 +108,28 @@ def from_tflite(path_or_bytes, shape_dict: dict | None = None, dtype_dict: dict 
     -------
     tvm.IRModule
         ``main`` takes exactly the model inputs, named after the TFLite input tensors.
+
+    Raises
+    ------
+    TFLiteImportError
+        A missing, damaged (truncated, corrupt offsets: checked before anything is read) or
+        unsupported model, or bad ``shape_dict`` entries: every failure of the import names the
+        file and, where known, what is wrong.
     """
     buf, where = _read(path_or_bytes)
     model = _parse(buf, where)
+    try:
+        return _import(model, where, shape_dict, dtype_dict)
+    except (TFLiteImportError, ImportError):
+        raise
+    except tvm.error.OpNotImplemented as err:
+        raise TFLiteImportError(f"TFLite file {where!r}: {err}") from None
+    except Exception as err:  # a model that passed the bounds check but not the importer's assumptions
+        detail = " ".join(str(err).split())[:500]
+        raise TFLiteImportError(f"TFLite file {where!r} cannot be imported: {type(err).__name__}: {detail}") from None
+
+
+def _import(model, where: str, shape_dict, dtype_dict):
     from tvm.relax.frontend.tflite import from_tflite as _from_tflite
 
     inputs = _input_info(model)
@@ -147,10 +152,7 @@ def from_tflite(path_or_bytes, shape_dict: dict | None = None, dtype_dict: dict 
                 f"pass shape_dict={{'{name}': (...)}}"
             )
     scheme = quant_scheme(model, where, TFLiteImportError)
-    try:
-        mod = _from_tflite(model, shape_dict or None, dict(dtype_dict) if dtype_dict else None)
-    except tvm.error.OpNotImplemented as err:
-        raise TFLiteImportError(f"TFLite file {where!r}: {err}") from None
+    mod = _from_tflite(model, shape_dict or None, dict(dtype_dict) if dtype_dict else None)
     main = mod["main"]
     # The converter binds weights as relax constants and additionally keeps a copy of them in
     # the "params" attribute; drop that copy (main takes only the model inputs).
