@@ -4,7 +4,10 @@ What is not offloaded to spinn runs on the host CPU (``spinn``, ``spinn/board``)
 (``spinn/cuda``). Before the fallback's base pipeline (TVM's ``default_build`` for llvm, TVM's
 CUDA pipeline with dlight for cuda) runs, :func:`run_fallback`
 
-1. legalizes and fuses the rest like TVM's CPU pipeline (:func:`prepare_fallback`; the tuner
+1. routes the indices of every ``take`` in ``fast`` mode through a bounds check
+   (:mod:`tvm_spinn.runtime.checked_take`: TVM's gather reads outside the table for an index
+   out of range, the check raises an ``IndexError`` naming it instead),
+   legalizes and fuses the rest like TVM's CPU pipeline (:func:`prepare_fallback`; the tuner
    extracts its tasks from exactly this module, so tuning records match at build time); on
    llvm, inference batch norm is decomposed (it fuses into the convolution before it) and
    float32 ``erf``/``tanh``/``exp`` become vectorizable approximations (TVM's fast math),
@@ -53,6 +56,7 @@ def prepare_fallback(mod: tvm.IRModule) -> tvm.IRModule:
 
     seq = tvm.transform.Sequential([
         FoldSmallConstants,
+        _CheckTakeIndices,
         relax.backend.DispatchSampling(),
         relax.backend.DispatchSortScan(),
         # inference batch norm -> elementwise ops: folded into constants and fused into the
@@ -66,6 +70,52 @@ def prepare_fallback(mod: tvm.IRModule) -> tvm.IRModule:
         relax.transform.FuseTIR(),
     ])
     return seq(mod)
+
+
+def _take_label(call, var) -> str:
+    table = call.args[0].ty
+    shape = tuple(int(d) if isinstance(d, tvm.tirx.IntImm) else str(d) for d in table.shape)
+    return f"take {var.name!r} (fallback) of a {shape} {table.dtype} table"
+
+
+@relax.expr_functor.mutator
+class _TakeIndexChecker(relax.PyExprMutator):
+    """Puts :data:`~tvm_spinn.runtime.checked_take.CHECK_FUNC` before the indices of every
+    ``take`` in ``fast`` mode (``clip`` and ``wrap`` stay in bounds by construction)."""
+
+    def visit_var_binding_(self, binding) -> None:  # noqa: D102
+        value = binding.value
+        if (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.take"
+                and str(value.attrs.mode) == "fast"):
+            from .runtime.checked_take import CHECK_FUNC
+
+            table, indices = (self.visit_expr(a) for a in value.args)
+            axis = 0 if value.attrs.axis is None else int(value.attrs.axis)
+            if axis < 0:
+                axis += len(table.ty.shape)
+            checked = self.builder_.emit(relax.call_pure_packed(
+                CHECK_FUNC, indices, table, axis, _take_label(value, binding.var),
+                ty_args=indices.ty))
+            new = self.builder_.normalize(relax.op.take(table, checked, axis=value.attrs.axis, mode="fast"))
+            self.builder_.emit_normalized(relax.VarBinding(binding.var, new))  # the same variable, checked
+            return
+        super().visit_var_binding_(binding)
+
+
+@tvm.transform.module_pass(opt_level=0, name="SpinnCheckTakeIndices")
+def _CheckTakeIndices(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802
+    """Bounds-check the indices of the fallback's ``fast`` takes (see :class:`_TakeIndexChecker`).
+
+    Offloaded takes are already outside: the spinn codegen replaced them by external calls,
+    whose simulator checks its indices itself."""
+    checker = _TakeIndexChecker(mod)
+    for gvar, func in sorted(mod.functions_items(), key=lambda kv: kv[0].name_hint):
+        if isinstance(func, relax.Function) and not any(
+                k in (func.attrs or {}) for k in ("Codegen", "Composite", "Primitive")):
+            new = checker.visit_expr(func)
+            if not new.same_as(func):
+                checker.builder_.update_func(gvar, new)
+    return checker.builder_.finalize()
 
 
 # TVM's own float32 approximations (topi.fast_erf / topi.fast_tanh, Eigen's rational

@@ -12,12 +12,18 @@ Decisions, in this order, each checked against every PE's SRAM (``arch.tile_sram
    buffers (double-buffered tile operands) at the top; :func:`check_plan` proves no two live
    ranges overlap in time and address and everything is below the SRAM size.
 
+Before any of this, :func:`check_capacity` compares the bytes a program needs at once (its
+constants, plus the largest operand set of any one layer) with what the system holds (every
+chip's DRAM and PE SRAM): a program that cannot fit is refused before its tiles (arrays that
+grow with the tensors' sizes) are built.
+
 All sizes are the tiles' (``w_bytes``, ``out_bytes``, ``sram_bytes``), which the tiling takes
 from the tensors' dtypes: int8/uint8 weights and activations count 1 byte per element.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,11 +33,67 @@ from ..program.tiles import TileTable
 from ..target.arch import SpinnArch
 from .tiling import MappingError
 
-__all__ = ["MemoryPlan", "plan_memory", "check_plan", "LEDGER_RESIDENT_SHARE", "weight_bytes_per_pe"]
+__all__ = ["MemoryPlan", "plan_memory", "check_plan", "check_capacity", "capacity_bytes", "LEDGER_RESIDENT_SHARE", "weight_bytes_per_pe"]
 
 #: Share of a PE's tile SRAM the resident weights of a whole build may take (see plan_memory):
 #: the tile chooser keeps working buffers within half of it when it can (WORKING_SHARE).
 LEDGER_RESIDENT_SHARE = 0.5
+
+
+def _nbytes(program: Program, tid: int) -> int:
+    """Bytes of tensor ``tid`` (Python integers: no overflow however large the shape)."""
+    t = program.tensors[tid]
+    return math.prod(int(d) for d in t.shape) * int(np.dtype(t.dtype).itemsize)
+
+
+def _describe(program: Program, tid: int) -> str:
+    t = program.tensors[tid]
+    return f"{t.role} {t.name!r} {tuple(int(d) for d in t.shape)} {t.dtype}: {_nbytes(program, tid)} bytes"
+
+
+def capacity_bytes(arch: SpinnArch) -> int:
+    """Bytes the whole system holds: every chip's DRAM and its PEs' tile SRAM."""
+    return arch.chips * (arch.dram_bytes + arch.pes_per_chip * arch.tile_sram_bytes)
+
+
+def check_capacity(program: Program, arch: SpinnArch) -> None:
+    """Refuse a program that cannot fit ``arch`` whatever its tiling, before it is tiled.
+
+    A lower bound on what must be stored at once: every constant (weights live for the life
+    of the program) plus, for the layer with the largest operands, its inputs and output (a
+    layer reads and writes them during one step). Only the shapes are read: the cost is
+    linear in the number of layers and tensors, not in the tensors' sizes.
+
+    Raises
+    ------
+    MappingError
+        Naming the bytes needed, the bytes available, the layer and its largest tensor.
+    """
+    capacity = capacity_bytes(arch)
+    consts = sorted({tid for layer in program.layers for tid in layer.consts.values()}
+                    | {tid for tid, t in enumerate(program.tensors) if t.role == "const"})
+    const_bytes = sum(_nbytes(program, tid) for tid in consts)
+    const_set = set(consts)
+    worst = None
+    for layer in program.layers:
+        operands = sorted({*layer.inputs, layer.output} - const_set)
+        need = sum(_nbytes(program, tid) for tid in operands)
+        if worst is None or need > worst[0]:
+            worst = (need, layer, operands)
+    need, layer, operands = worst if worst is not None else (0, None, [])
+    if const_bytes + need <= capacity:
+        return
+    where = (f"{arch.chips} chip{'s' if arch.chips != 1 else ''}, each {arch.dram_bytes} bytes of DRAM and "
+             f"{arch.pes_per_chip} PEs x {arch.tile_sram_bytes} bytes of SRAM")
+    if layer is not None and need:
+        big = max(operands, key=lambda tid: (_nbytes(program, tid), -tid))
+        what = (f"layer {layer.name} ({layer.kind}) needs {need} bytes for its inputs and output at once "
+                f"(largest: {_describe(program, big)})" + (f" beside {const_bytes} bytes of constants" if const_bytes else ""))
+    else:
+        big = max(consts, key=lambda tid: (_nbytes(program, tid), -tid))
+        what = f"its constants need {const_bytes} bytes (largest: {_describe(program, big)})"
+    raise MappingError(f"{what}: {const_bytes + need} bytes needed, the target {arch.name} holds {capacity} "
+                       f"({where})")
 
 
 @dataclass

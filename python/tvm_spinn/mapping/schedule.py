@@ -23,7 +23,7 @@ import numpy as np
 from ..program import Program
 from ..program.tiles import ProgramTiles, TileTable
 from ..target.arch import SpinnArch
-from .memory import LEDGER_RESIDENT_SHARE, activation_label, plan_memory, weight_bytes_per_pe
+from .memory import LEDGER_RESIDENT_SHARE, activation_label, check_capacity, plan_memory, weight_bytes_per_pe
 from .options import MappingOptions, current_options
 from .placement import choose_chips, pipeline_groups, place_tiles
 from .system import Ledger, map_on_system, overflow_message, system_tables
@@ -140,6 +140,7 @@ def _build(program: Program, arch: SpinnArch, mode: str, options: MappingOptions
     table = getattr(_SHARED, "table", None)
     key = _structure_key(program, arch, mode, options) if table is not None else None
     n = len(program.layers)
+    check_capacity(program, arch)  # before any tile array (they grow with the tensors) is built
     for i in range(n):
         layer_work(program, i, arch)
     if arch.chips > 1 and mode == "sequential" and not options.naive:

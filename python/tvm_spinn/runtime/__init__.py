@@ -1,6 +1,6 @@
 """Runtime: the program executor behind the C++ ``spinn`` module, simulator and timing model."""
 
-from . import executor
+from . import checked_take, executor  # noqa: F401  (register the runtime callbacks)
 from .simulator import run_program
 from .timing import Timing, evaluate, roofline
 

@@ -28,6 +28,7 @@ is replaced here, and why:
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -124,27 +125,61 @@ def make_optimizer(optimizer):
     if not (isinstance(optimizer, tuple | list) and len(optimizer) == 2 and isinstance(optimizer[1], dict)):
         raise TrainingError(f"optimizer must be (name, {{options}}), got {optimizer!r}")
     name, opts = optimizer
-    if name not in OPTIMIZERS:
+    if not isinstance(name, str) or name not in OPTIMIZERS:
         raise TrainingError(f"unsupported optimizer {name!r}: expected one of {', '.join(OPTIMIZERS)}")
-    unknown = sorted(set(opts) - set(OPTIMIZERS[name]))
+    unknown = sorted((k for k in opts if k not in OPTIMIZERS[name]), key=repr)
     if unknown:
         raise TrainingError(f"unsupported option {unknown[0]!r} of optimizer {name!r}: "
                             f"expected some of {', '.join(OPTIMIZERS[name])}")
     if "lr" not in opts:
         raise TrainingError(f"optimizer {name!r} needs a learning rate 'lr'")
+    opts = _checked_options(name, opts)
     if name == "adam":
-        return _fixed_adam()(float(opts["lr"]), tuple(opts.get("betas", (0.9, 0.999))), float(opts.get("eps", 1e-8)),
-                    float(opts.get("weight_decay", 0.0)))
-    if float(opts.get("dampening", 0.0)) != 0.0:
+        return _fixed_adam()(opts["lr"], opts.get("betas", (0.9, 0.999)), opts.get("eps", 1e-8),
+                             opts.get("weight_decay", 0.0))
+    if opts.get("dampening", 0.0) != 0.0:
         raise TrainingError("unsupported option value dampening != 0 of optimizer 'sgd' "
                             "(TVM's MomentumSGD dampens the first step, PyTorch does not)")
-    momentum = float(opts.get("momentum", 0.0))
-    wd = float(opts.get("weight_decay", 0.0))
+    momentum = opts.get("momentum", 0.0)
+    wd = opts.get("weight_decay", 0.0)
     if momentum == 0.0:
         if opts.get("nesterov", False):
             raise TrainingError("optimizer 'sgd': nesterov needs a momentum > 0")
-        return SGD(float(opts["lr"]), wd)
-    return MomentumSGD(float(opts["lr"]), momentum, 0.0, wd, bool(opts.get("nesterov", False)))
+        return SGD(opts["lr"], wd)
+    return MomentumSGD(opts["lr"], momentum, 0.0, wd, opts.get("nesterov", False))
+
+
+def _real(name: str, key: str, value, lo: float = 0.0, below: float | None = None) -> float:
+    """``value`` as a finite float in ``[lo, below)`` (``[lo, inf)`` without ``below``), or a
+    TrainingError naming the option; the ranges are PyTorch's (``torch.optim`` refuses the same)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise TrainingError(f"optimizer {name!r}: option {key!r} must be a real number, got "
+                            f"{type(value).__name__} {value!r:.60}")
+    v = float(value)
+    if not math.isfinite(v) or v < lo or (below is not None and v >= below):
+        span = f"[{lo:g}, {below:g})" if below is not None else f">= {lo:g} and finite"
+        raise TrainingError(f"optimizer {name!r}: option {key!r} must be {span}, got {value!r}")
+    return v
+
+
+def _checked_options(name: str, opts: dict) -> dict:
+    """The options of optimizer ``name`` type- and range-checked, as plain Python values."""
+    out = {}
+    for key in sorted(opts):
+        value = opts[key]
+        if key == "nesterov":
+            if not isinstance(value, bool | np.bool_):
+                raise TrainingError(f"optimizer {name!r}: option 'nesterov' must be a bool, got "
+                                    f"{type(value).__name__} {value!r:.60}")
+            out[key] = bool(value)
+        elif key == "betas":
+            if not (isinstance(value, tuple | list) and len(value) == 2):
+                raise TrainingError(f"optimizer {name!r}: option 'betas' must be a pair (beta1, beta2), got "
+                                    f"{value!r:.60}")
+            out[key] = tuple(_real(name, f"betas[{k}]", b, 0.0, 1.0) for k, b in enumerate(value))
+        else:
+            out[key] = _real(name, key, value)
+    return out
 
 
 def _check_layers(model) -> None:
