@@ -165,6 +165,31 @@ def test_help_and_argument_errors_import_neither_torch_nor_tvm(tmp_path):
     assert not (tmp_path / "x.so").exists()
 
 
+def test_module_form_defers_imports_too(tmp_path):
+    """``python [options] -m tvm_spinn.cli``: -X importtime lists every module imported."""
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for argv in (["--help"], ["compile", str(tmp_path / "missing.onnx"), "-o", str(tmp_path / "x.so")]):
+        proc = subprocess.run([sys.executable, "-u", "-X", "importtime", "-m", "tvm_spinn.cli", *argv],
+                              capture_output=True, text=True, timeout=120, env=env)
+        modules = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+        assert "tvm_spinn" in modules and not modules & {"torch", "tvm", "onnx"}, argv
+
+
+@pytest.mark.parametrize("argv, orig, deferred", [
+    (["/venv/bin/tvm-spinn", "--help"], ["python", "/venv/bin/tvm-spinn", "--help"], True),
+    (["/x/cli.py", "--help"], ["python", "-X", "importtime", "-u", "-m", "tvm_spinn.cli", "--help"], True),
+    (["-c", "-m", "tvm_spinn.cli"], ["python", "-c", "import tvm_spinn", "-m", "tvm_spinn.cli"], False),
+    (["job.py", "-m", "tvm_spinn.cli"], ["python", "job.py", "-m", "tvm_spinn.cli"], False),
+    (["/x/pytest"], ["python", "-m", "pytest"], False),
+])
+def test_only_the_command_defers_the_package_import(monkeypatch, argv, orig, deferred):
+    import tvm_spinn
+
+    monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.setattr(sys, "orig_argv", orig)
+    assert tvm_spinn._deferred() is deferred
+
+
 def test_help_lists_every_registered_target():
     import tvm_spinn
 

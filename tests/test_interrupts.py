@@ -46,14 +46,19 @@ def _interrupt(argv, cwd, delay):
 
 
 @pytest.mark.parametrize("command", ["compile", pytest.param("quantize", marks=pytest.mark.slow),
-                                     pytest.param("plan", marks=pytest.mark.slow)])
-def test_ctrl_c_is_one_line_exit_130_and_no_output(mlp, tmp_path, command):
+                                     pytest.param("plan", marks=pytest.mark.slow),
+                                     pytest.param("tune", marks=pytest.mark.slow)])
+def test_ctrl_c_is_one_line_exit_130_and_no_output(mlp, tmp_path, tmp_path_factory, command):
     out = tmp_path / "out.bin"
+    work = tmp_path_factory.mktemp("tune") / "logs"  # a tuning job keeps its logs: elsewhere
     argv = {"compile": ["compile", str(mlp / "mlp.onnx"), "-o", str(out)],
             "quantize": ["compile", str(mlp / "mlp.onnx"), "-o", str(out), "--quantize", str(mlp / "calib.npy")],
-            "plan": ["plan", CONFIG, "--no-progress", "--json", str(out)]}[command]
+            "plan": ["plan", CONFIG, "--no-progress", "--json", str(out)],
+            "tune": ["tune", str(mlp / "mlp.onnx"), "--target", "llvm", "--work-dir", str(work),
+                     "--trials", "4", "--no-progress"]}[command]
     interrupted = 0
-    for delay in (1.0, 5.0):  # importing, then importing/compiling the model
+    delays = (1.0, 5.0, 20.0) if command == "tune" else (1.0, 5.0)  # tune: also while measuring
+    for delay in delays:  # importing, then importing/compiling the model
         result = _interrupt(argv, tmp_path, delay)
         if result is None:
             out.unlink(missing_ok=True)  # it finished first: no interrupt to check at this point

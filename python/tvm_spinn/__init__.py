@@ -26,9 +26,15 @@ def _deferred() -> bool:
     """Whether this process is the ``tvm-spinn`` command (its console script, or ``python -m
     tvm_spinn.cli``). The command checks its arguments (and answers ``--help``) before it needs
     TVM or torch, which take seconds to import, and then calls :func:`_initialize` itself."""
-    if _os.path.basename(_sys.argv[0]) in ("tvm-spinn", "tvm-spinn-script.py") if _sys.argv else False:
+    if _sys.argv and _os.path.basename(_sys.argv[0]) in ("tvm-spinn", "tvm-spinn-script.py"):
         return True
-    return list(getattr(_sys, "orig_argv", [])[1:3]) == ["-m", "tvm_spinn.cli"]
+    args = list(getattr(_sys, "orig_argv", []))[1:]
+    i = 0
+    while i < len(args) and args[i].startswith("-"):  # interpreter options, up to -m
+        if args[i] == "-m":
+            return args[i + 1:i + 2] == ["tvm_spinn.cli"]
+        i += 2 if args[i] in ("-X", "-W") else 1
+    return False
 
 
 _initialized = False
