@@ -273,7 +273,7 @@ def spec_of(config) -> ModelSpec:
         hidden = _int(cfg, "n_embd")
         heads = _int(cfg, "n_head")
         spec = dict(layers=_int(cfg, "n_layer"), hidden=hidden, heads=heads, kv_heads=heads,
-                    intermediate=_int(cfg, "n_inner", 4 * hidden) if 4 * hidden <= MAX_DIM else _int(cfg, "n_inner"),
+                    intermediate=_int(cfg, "n_inner") if cfg.get("n_inner") is not None else 4 * hidden,
                     vocab=_int(cfg, "vocab_size"), max_positions=_int(cfg, "n_positions"),
                     tied_embeddings=cfg.get("tie_word_embeddings", True))
         if hidden % heads:
@@ -351,14 +351,15 @@ def check_plan_sizes(spec: ModelSpec, batch: int, seq: int, itemsize: int, cfg: 
     q = spec.heads * spec.head_dim
     qkv = q + 2 * spec.kv_heads * spec.head_dim
     widest = max(spec.hidden, spec.intermediate, qkv)
-    wide_key = keys["inter"] if widest == spec.intermediate else keys["hidden"]
+    wide_key = (f"'{keys['inter']}'" if widest == spec.intermediate else f"'{keys['hidden']}'" if widest == spec.hidden
+                else "q/k/v width")
     weight = max((spec.vocab * spec.hidden, keys["vocab"]), (spec.hidden * spec.intermediate, keys["inter"]),
                  (spec.hidden * qkv, keys["hidden"]), (q * spec.hidden, keys["hidden"]))
     tensors = [
         ("the prefill's attention scores (batch x heads x seq x seq x 4 bytes)",
          batch * spec.heads * seq * seq * 4, [("batch", batch), ("seq", seq), (f"'{keys['heads']}'", spec.heads)]),
         ("the prefill's widest activation (batch x seq x width x 4 bytes)",
-         batch * seq * widest * 4, [("batch", batch), ("seq", seq), (f"'{wide_key}'", widest)]),
+         batch * seq * widest * 4, [("batch", batch), ("seq", seq), (wide_key, widest)]),
         ("one block's KV cache (2 x batch x kv heads x seq x head dim x 4 bytes)",
          2 * batch * spec.kv_heads * seq * spec.head_dim * 4, [("batch", batch), ("seq", seq)]),
         ("the logits (batch x vocab x 4 bytes)", batch * spec.vocab * 4,
