@@ -168,14 +168,17 @@ def test_plan_shipped_models(name, target, seq, layers, monkeypatch):
         # down projection row-parallel (shard.ROW_ALWAYS), four boards per block hold every
         # weight GEMM in SRAM (all but the embedding table, read one row per token)
         assert p["placement"] == "pipeline" and {"pipeline:s1", "pipeline:s2", "pipeline:s4", "shared"} <= set(alts)
-        assert p["stages_per_block"] == 4 and p["stages"] == 80 * 4 + 1
+        assert alts["pipeline:s2"]["weights_resident"] < 0.5 < 0.99 < alts["pipeline:s4"]["weights_resident"]
+        # but every stage boundary is a board crossing, over one serial link per board edge at
+        # the packets' payload rate: four stages a block pay more in hand-overs than streaming
+        # the rest of a block's weights from DRAM saves, and one board a block wins
+        assert alts["pipeline:s4"]["period_s"] > alts["pipeline:s1"]["period_s"] == pytest.approx(
+            1 / result.tokens_per_s_per_user)
+        assert p["stages_per_block"] == 1 and p["stages"] == 80 + 1
         assert p["replicas"] == 720 // p["stages"] and result.chips_used == p["stages"] * 48
-        assert all(st["weights_in"] == "sram" for st in p["stage_plan"])
+        assert p["stage_plan"][-1]["weights_in"] == "sram"  # the head's board holds it
         # the KV cache (16.8 MB a block) fits next to the attention stage's weights
         assert p["kv_cache_in"] == "sram" and p["kv_cache_sram_bytes"] == result.kv_cache_bytes
-        spec = llm.spec_of(str(CONFIGS / f"{name}.json"))
-        assert p["resident_weight_bytes"] >= result.weight_bytes - spec.vocab * spec.hidden
-        assert alts["pipeline:s2"]["weights_resident"] < 0.5 < 0.99 < alts["pipeline:s4"]["weights_resident"]
         assert sum(result.bounds_s.values()) == pytest.approx(1 / result.bound_tokens_per_s)
         assert result.binding == max(result.bounds_s, key=result.bounds_s.get)
     elif target == "spinn/board" and name == "llama-2-70b":

@@ -536,10 +536,10 @@ ASSUMPTION_RANGES: Mapping[str, AssumedRange] = types.MappingProxyType({
         4.0, 16.0,
         "assumption: a 32-bit to a 128-bit path between a PE's DMA and its NoC port"),
     "barrier_cycles": AssumedRange(
-        100, 3900,
-        "low: a NoC multicast round trip over ~10 routers of 5 cycles [OJCAS26] each way plus "
-        "interrupt entry; high: OctopuScheduler's ~13 us per layer on silicon at 300 MHz "
-        "(arXiv 2507.13736, a software scheduler's cost)"),
+        0, 3900,
+        "none beyond its packets for a static schedule, whose PEs wait on a NoC multicast (tens "
+        "of cycles: ~10 routers of 5 cycles [OJCAS26]); up to OctopuScheduler's ~13 us per layer "
+        "on silicon at 300 MHz (arXiv 2507.13736, a software scheduler's cost)"),
     "dma_setup_cycles": AssumedRange(
         20, 500,
         "assumption: writing a handful of DMA registers (20) up to a software descriptor queue and "
