@@ -51,6 +51,7 @@ model used before it followed the production chip, kept so earlier results can b
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 import types
 from dataclasses import dataclass, field, fields
@@ -391,8 +392,6 @@ class SpinnArch:
     def noc_hops(self, pes: int) -> int:
         """NoC hops from the middle of the mesh that ``pes`` PEs' quad-PEs form (a near-square
         grid of routers) to its farthest router."""
-        import math
-
         qpes = max(1, -(-int(pes) // self.pes_per_qpe))
         side = math.isqrt(qpes - 1) + 1  # ceil(sqrt(qpes))
         rows = -(-qpes // side)

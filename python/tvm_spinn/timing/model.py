@@ -410,8 +410,9 @@ def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None"
     barriers = _Barriers(program, tables)
     prev = -1  # the last layer that ran (its barrier is charged until the next one drops it)
     charged: dict[int, float] = {}  # barrier cycles charged at the end of each layer that ran
-    # Per inference: the start packet's multicast from the middle of the mesh wakes every PE.
-    now = float(arch.noc_hops(ppc) * arch.noc_hop_cycles + arch.irq_entry_cycles)
+    # Per inference: the start packet's multicast from the middle of the mesh wakes every PE
+    # (charged to the first layer that runs, so the layers' cycles add up to the total).
+    wake = float(arch.noc_hops(ppc) * arch.noc_hop_cycles + arch.irq_entry_cycles)
     for i, layer in enumerate(program.layers):
         table = tables[i]
         if _free_view(program, layer, onchip):
@@ -432,7 +433,8 @@ def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None"
             chips = list(range(first // ppc, (first + count - 1) // ppc + 1))
         else:
             chips = sorted(set((table.pe // ppc).tolist())) or [0]
-        link_bytes, start = 0, now
+        link_bytes, start = 0, now + wake
+        wake = 0.0
         if len(chips) > 1 or (prev_chips is not None and chips != prev_chips):
             in_bytes = sum(program.tensors[t].nbytes for t in layer.inputs if program.tensors[t].role != "const")
             c = len(chips)
