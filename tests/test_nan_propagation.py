@@ -1,8 +1,11 @@
-"""Optimizer settings are checked by name, as ``torch.optim`` checks them.
+"""NaN and infinities propagate as in PyTorch; optimizer settings are checked by name.
 
-A negative, NaN or infinite learning rate (or momentum, weight decay, eps, betas outside
-``[0, 1)``), a value of the wrong type, or an unknown key is one :class:`TrainingError` naming
-the optimizer and the setting, before anything is built.
+- relu, clip, max pooling, GEMM/convolution epilogues and softmax give NaN where PyTorch does,
+  offloaded to spinn and on the fallback's llvm build alike (the same bits, NaN payloads
+  included), and a training batch holding a NaN or an infinity gives a NaN loss.
+- A negative, NaN or infinite learning rate (or momentum, weight decay, eps, betas outside
+  ``[0, 1)``), a value of the wrong type, or an unknown key is one :class:`TrainingError`
+  naming the optimizer and the setting, before anything is built.
 """
 
 import numpy as np
