@@ -286,18 +286,19 @@ struct TileEnds {
 };
 
 // EpilogueRow's operations on a vector of 8 outputs of one row: `+ bias`, ReLU, clip, each
-// lane rounded as the scalar code (the select keeps x > 0 ? x : +0 and the clip's NaN rules).
+// lane rounded as the scalar code (the select keeps x > 0 ? x : +0 and the clip's order; a NaN
+// lane stays that NaN, as PyTorch's relu and clamp).
 TVM_SPINN_INLINE V8 EpilogueV8(V8 v, const EpilogueF32& e, const float* col_bias8, const float* row_bias) {
   if (col_bias8) {
     v = v + *reinterpret_cast<const V8u*>(col_bias8);
   } else if (row_bias) {
     v = v + *row_bias;
   }
-  if (e.relu) v = Select(v > V8{}, v, V8{});
+  if (e.relu) v = Select((v > V8{}) | (v != v), v, V8{});
   if (e.clip) {
     const V8 hi = V8{} + e.hi, lo = V8{} + e.lo;
-    const V8 y = Select(v < hi, v, hi);
-    v = Select(y > lo, y, lo);
+    const V8 y = Select((v < hi) | (v != v), v, hi);
+    v = Select((y > lo) | (y != y), y, lo);
   }
   return v;
 }
@@ -818,13 +819,13 @@ TVM_SPINN_INLINE void EpilogueRow(float* row, int64_t cols, int64_t n8, const fl
     AddScalarRow(row, bias, n8);
   }
   if (e.relu) {
-    for (int64_t j = 0; j < cols; ++j) row[j] = row[j] > 0.0f ? row[j] : 0.0f;
+    for (int64_t j = 0; j < cols; ++j) row[j] = (row[j] > 0.0f || row[j] != row[j]) ? row[j] : 0.0f;
   }
-  if (e.clip) {
+  if (e.clip) {  // NaN kept, as the relu
     const float lo = e.lo, hi = e.hi;
     for (int64_t j = 0; j < cols; ++j) {
-      const float y = row[j] < hi ? row[j] : hi;
-      row[j] = y > lo ? y : lo;
+      const float y = (row[j] < hi || row[j] != row[j]) ? row[j] : hi;
+      row[j] = (y > lo || y != y) ? y : lo;
     }
   }
 }
@@ -1189,10 +1190,10 @@ void DepthwiseChannels(const float* x, const float* w, float* out, const Depthwi
     if (e.bias) *reinterpret_cast<V8*>(v) = *reinterpret_cast<const V8*>(v) + *reinterpret_cast<const V8*>(bias);
     for (int l = 0; l < lanes; ++l) {
       float y = v[l];
-      if (e.relu) y = y > 0.0f ? y : 0.0f;
+      if (e.relu) y = (y > 0.0f || y != y) ? y : 0.0f;
       if (e.clip) {
-        const float z = y < e.hi ? y : e.hi;
-        y = z > e.lo ? z : e.lo;
+        const float z = (y < e.hi || y != y) ? y : e.hi;
+        y = (z > e.lo || z != z) ? z : e.lo;
       }
       ob[l * plane + q] = y;
     }

@@ -487,12 +487,12 @@ class Plan {
   static void RunUnary(const float* x, float* out, int64_t n, int64_t kind, float lo, float hi, bool relu) {
     switch (kind) {
       case kRelu:
-        for (int64_t i = 0; i < n; ++i) out[i] = x[i] > 0.0f ? x[i] : 0.0f;
+        for (int64_t i = 0; i < n; ++i) out[i] = (x[i] > 0.0f || x[i] != x[i]) ? x[i] : 0.0f;
         break;
-      case kClip:  // TVM's max(min(x, hi), lo) as compare-and-select: clip(NaN) = hi
+      case kClip:  // TVM's max(min(x, hi), lo) as compare-and-select, NaN kept: clip(NaN) = NaN
         for (int64_t i = 0; i < n; ++i) {
-          const float y = x[i] < hi ? x[i] : hi;
-          out[i] = y > lo ? y : lo;
+          const float y = (x[i] < hi || x[i] != x[i]) ? x[i] : hi;
+          out[i] = (y > lo || y != y) ? y : lo;
         }
         break;
       case kNegative:
@@ -527,7 +527,7 @@ class Plan {
         break;
     }
     if (relu) {
-      for (int64_t i = 0; i < n; ++i) out[i] = out[i] > 0.0f ? out[i] : 0.0f;
+      for (int64_t i = 0; i < n; ++i) out[i] = (out[i] > 0.0f || out[i] != out[i]) ? out[i] : 0.0f;
     }
   }
 
@@ -555,7 +555,7 @@ class Plan {
     if (numel == 0) return;
     if (ndim == 0) {
       out[0] = f(a[0], b[0]);
-      if (relu) out[0] = out[0] > 0.0f ? out[0] : 0.0f;
+      if (relu) out[0] = (out[0] > 0.0f || out[0] != out[0]) ? out[0] : 0.0f;
       return;
     }
     // the innermost axis as a loop, the outer ones as a counter
@@ -578,7 +578,7 @@ class Plan {
         for (int64_t i = 0; i < inner; ++i) o[i] = f(pa[i * ia], pb[i * ib]);
       }
       if (relu) {
-        for (int64_t i = 0; i < inner; ++i) o[i] = o[i] > 0.0f ? o[i] : 0.0f;
+        for (int64_t i = 0; i < inner; ++i) o[i] = (o[i] > 0.0f || o[i] != o[i]) ? o[i] : 0.0f;
       }
       for (int d = ndim - 2; d >= 0; --d) {  // advance the outer counter
         ++idx[d];
@@ -595,7 +595,7 @@ class Plan {
   /*!
    * \brief 2-D pooling as the pool family computes it: taps in row-major window order over the
    *        padded plane (padding reads the lowest float32 for max, +0.0 for average); max keeps
-   *        `acc > v ? acc : v` from the lowest float32; average sums from the first tap, then
+   *        `acc > v ? acc : v` from the lowest float32, the first NaN of the window kept; average sums from the first tap, then
    *        divides by the window size or the count of taps inside the input.
    */
   static void Pool(const float* x, float* out, const Instr& in) {
@@ -620,7 +620,7 @@ class Plan {
               const float v = inside ? xp[r * w + c] : fill;
               count += inside;
               if (is_max) {
-                acc = acc > v ? acc : v;
+                acc = (acc > v || acc != acc) ? acc : v;
               } else {
                 acc = (i == 0 && j == 0) ? v : FirstNaN(acc + v, acc, v);
               }

@@ -241,16 +241,17 @@ def test_read_only_inputs_not_copied():
 
 
 def _epilogue_ref(c, bias, on_rows, relu, clip, lo, hi):
-    """fl(c + bias), then x > 0 ? x : +0, then (x < hi ? x : hi) > lo ? . : lo, in float32."""
+    """fl(c + bias), then x > 0 ? x : +0, then (x < hi ? x : hi) > lo ? . : lo, in float32, a NaN
+    kept through relu and clip (PyTorch's relu and clamp)."""
     out = c.copy()
     with np.errstate(all="ignore"):
         if bias.size:
             out = (out + (bias[None, :, None] if on_rows else bias[None, None, :])).astype(np.float32)
         if relu:
-            out = np.where(out > 0, out, np.float32(0)).astype(np.float32)
+            out = np.where((out > 0) | np.isnan(out), out, np.float32(0)).astype(np.float32)
         if clip:
-            y = np.where(out < np.float32(hi), out, np.float32(hi)).astype(np.float32)
-            out = np.where(y > np.float32(lo), y, np.float32(lo)).astype(np.float32)
+            y = np.where((out < np.float32(hi)) | np.isnan(out), out, np.float32(hi)).astype(np.float32)
+            out = np.where((y > np.float32(lo)) | np.isnan(y), y, np.float32(lo)).astype(np.float32)
     return out
 
 

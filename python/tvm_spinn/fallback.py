@@ -15,7 +15,10 @@ CUDA pipeline with dlight for cuda) runs, :func:`run_fallback`
    some (``MetaScheduleApplyDatabase``),
 3. gives every PrimFunc still unscheduled a default schedule: on llvm the dlight CPU rules
    (GEMV, Reduction) and :class:`ParallelVectorize` (parallel outer loops, vectorized inner
-   loops, register tiles for reductions); on cuda the dlight GPU rules of TVM's pipeline.
+   loops, register tiles for reductions); on cuda the dlight GPU rules of TVM's pipeline,
+4. on llvm, makes floating-point ``max``/``min`` propagate NaN as PyTorch and numpy do (relu,
+   clip, max pooling, max reductions), as the simulator's offloaded operators do
+   (:func:`_nan_propagating`; after scheduling, so the schedules still see TVM's reducers).
 
 Which targets get this: spinn targets always (with ``BuildOptions()`` when no context is
 active); plain ``llvm``/``cuda`` targets only inside ``with tvm_spinn.build_options(...)``, so
@@ -221,6 +224,22 @@ def _map_prim_funcs(mod: tvm.IRModule, node_type, rewrite) -> tvm.IRModule:
             if not body.same_as(func.body):
                 mod[gvar] = func.with_body(body)
     return mod
+
+
+def _nan_propagating(node):
+    """``max``/``min`` of floats returning a NaN operand (LLVM lowers TIR's ``max(a, b)`` to
+    ``a > b ? a : b``, which answers ``b`` when ``a`` is NaN: ``relu(NaN)`` would be 0)."""
+    if not str(node.ty).startswith(("float", "bfloat")):
+        return node
+    a, b = node.a, node.b
+    return tvm.tirx.Select(tvm.tirx.isnan(a), a, tvm.tirx.Select(tvm.tirx.isnan(b), b, node))
+
+
+@tvm.transform.module_pass(opt_level=0, name="SpinnNanPropagatingMinMax")
+def _NanPropagatingMinMax(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802
+    """Floating-point ``max``/``min`` in every PrimFunc propagate NaN (:func:`_nan_propagating`)."""
+    mod = _map_prim_funcs(mod, tvm.tirx.Max, _nan_propagating)
+    return _map_prim_funcs(mod, tvm.tirx.Min, _nan_propagating)
 
 
 def _divisor(extent: int, candidates) -> int:
@@ -659,5 +678,7 @@ def run_fallback(base: tvm.transform.Pass, mod: tvm.IRModule, target: tvm.target
             mod = apply_tuning_logs(mod, options.tuning_logs, target)
         if options.default_schedules:
             mod = default_schedule_pass(target)(mod)
+        if target.kind.name == "llvm":
+            mod = _NanPropagatingMinMax(mod)
         mod = _EmptyConstantsAsAllocations(mod)  # constants are folded by now
     return base(mod)

@@ -6,8 +6,9 @@ on float32, with numpy broadcasting.
   with a NaN operand gives that NaN, quieted, the first operand's if both are: the M4F's rule
   with FPSCR.DN = 0, :func:`binary`); ``relu`` is
   ``x > 0 ? x : +0`` and ``clip`` is TVM's ``max(min(x, hi), lo)`` as compare-and-select
-  (``x < hi ? x : hi``, then ``y > lo ? y : lo``: NaN gives ``hi``, relu(NaN) = 0, as the llvm
-  build); ``exp`` comes from the exp/log unit (:func:`exp_f32`, a fixed float32 algorithm), ``erf``
+  (``x < hi ? x : hi``, then ``y > lo ? y : lo``), a NaN operand of either giving that NaN
+  (relu(NaN) and clip(NaN) are NaN, as in PyTorch and numpy; the fallback's llvm build does
+  the same, :mod:`tvm_spinn.fallback`); ``exp`` comes from the exp/log unit (:func:`exp_f32`, a fixed float32 algorithm), ``erf``
   (GELU) is the M4F library's rational approximation in fp32 (Abramowitz-Stegun 7.1.26,
   |error| < 1.5e-7): GELU is ``0.5 x (1 + erf(x / sqrt 2))``, GELU-tanh ``0.5 x (1 + tanh(
   0.79788456 (x + 0.044715 x^3)))``, sigmoid ``1 / (1 + exp(-x))`` (C++ ``activation_f32``).
@@ -100,14 +101,14 @@ def _activation(kind: str, x) -> np.ndarray:
 
 
 def _max(a, b) -> np.ndarray:
-    """``a > b ? a : b``: the M4F's compare-and-select (no VMAXNM), and TVM's ``max``: NaN ``a``
-    gives ``b`` (relu(NaN) = 0, as the llvm build), NaN ``b`` gives NaN."""
-    return np.where(a > b, a, b)
+    """``a > b ? a : b`` (the M4F's compare-and-select, no VMAXNM) with a NaN operand
+    propagated: NaN ``a`` gives ``a``, NaN ``b`` gives ``b`` (PyTorch's and numpy's maximum)."""
+    return np.where((a > b) | np.isnan(a), a, b)
 
 
 def _min(a, b) -> np.ndarray:
-    """``a < b ? a : b`` (see :func:`_max`)."""
-    return np.where(a < b, a, b)
+    """``a < b ? a : b`` with a NaN operand propagated (see :func:`_max`)."""
+    return np.where((a < b) | np.isnan(a), a, b)
 
 
 def relu(x: np.ndarray) -> np.ndarray:
@@ -116,12 +117,12 @@ def relu(x: np.ndarray) -> np.ndarray:
 
 
 def relu_owned(r: np.ndarray) -> np.ndarray:
-    """:func:`relu` of an array the caller owns, in place where it is float32: ``fmax(r, 0)``
-    is ``r > 0 ? r : 0`` except that it may keep a -0.0 (fmax returns the number for NaN), and
-    adding +0.0 turns exactly -0.0 into +0.0, leaving every other value (all >= 0) unchanged."""
+    """:func:`relu` of an array the caller owns, in place where it is float32: ``maximum(r, 0)``
+    is :func:`relu` except that it may keep a -0.0 (both propagate NaN), and adding +0.0 turns
+    exactly -0.0 into +0.0, leaving every other value (all >= 0, or NaN) unchanged."""
     if r.dtype != _F32:
         return relu(r)
-    np.fmax(r, _ZERO, out=r)
+    np.maximum(r, _ZERO, out=r)
     np.add(r, _ZERO, out=r)
     return r
 
@@ -130,7 +131,7 @@ def unary(kind: str, x: np.ndarray, attrs: dict) -> np.ndarray:
     """The fp32 result of unary ``kind`` (or ``clip`` with ``attrs`` min/max) on ``x``."""
     if kind == "relu":
         return relu(x)
-    if kind == "clip":  # TVM's order: max(min(x, hi), lo), so clip(NaN) = hi
+    if kind == "clip":  # TVM's order: max(min(x, hi), lo); clip(NaN) = NaN
         return _max(_min(x, _F32(attrs["max"])), _F32(attrs["min"])).astype(_F32, copy=False)
     if kind == "tanh":
         return tanh_f32(x)
@@ -149,11 +150,11 @@ def unary(kind: str, x: np.ndarray, attrs: dict) -> np.ndarray:
 
 
 def clip_fast(lo, hi):
-    """``x -> max(min(x, hi), lo)`` (TVM's order and NaN rules, :func:`unary`) as fmin/fmax, or
-    None where they could differ. ``x < hi ? x : hi`` is ``fmin(x, hi)`` when ``hi`` is a nonzero
-    number (NaN x gives hi; equal values have equal bits); ``y > lo ? y : lo`` is ``fmax(y, lo)``
-    when ``lo`` is a nonzero number (y is never NaN), or, for ``lo`` = +0.0, ``fmax(y, 0) + 0.0``
-    (see :func:`relu_owned`)."""
+    """``x -> max(min(x, hi), lo)`` (TVM's order, NaN propagated, :func:`unary`) as numpy's
+    minimum/maximum, or None where they could differ. :func:`_min` ``(x, hi)`` is ``minimum(x,
+    hi)`` when ``hi`` is a nonzero number (both propagate a NaN x; equal values have equal bits);
+    :func:`_max` ``(y, lo)`` is ``maximum(y, lo)`` when ``lo`` is a nonzero number, or, for
+    ``lo`` = +0.0, ``maximum(y, 0) + 0.0`` (see :func:`relu_owned`)."""
     lo, hi = _F32(lo), _F32(hi)
     if np.isnan(lo) or np.isnan(hi) or hi == 0 or (lo == 0 and np.signbit(lo)):
         return None
@@ -162,8 +163,8 @@ def clip_fast(lo, hi):
     def clip(x, out=None):
         if x.dtype != _F32:
             return None
-        y = np.fmin(x, hi, out=out)
-        np.fmax(y, lo, out=y)
+        y = np.minimum(x, hi, out=out)
+        np.maximum(y, lo, out=y)
         if plus_zero:
             np.add(y, _ZERO, out=y)
         return y
@@ -327,7 +328,7 @@ class Elementwise(FlatFamily):
                 x = env[x_tid]
                 if x.dtype != _F32:
                     return finish(unary(k, x, attrs))
-                y = np.fmax(x, _ZERO)  # as relu_owned, into a new array
+                y = np.maximum(x, _ZERO)  # as relu_owned, into a new array
                 np.add(y, _ZERO, out=y)
                 return finish(y)
             return relu_step

@@ -6,9 +6,10 @@
   bytes once per gathered slice, and the table bytes actually read.
 - Indices are int32 (TVM's PyTorch importer casts token ids to int32 before ``take``).
   ``mode`` is TVM's: ``clip`` clamps an index into range, ``wrap`` takes it modulo the extent,
-  and ``fast`` promises that every index is in ``[0, extent)``; the host's ``fast`` kernel reads out of
+  and ``fast`` promises that every index is in ``[0, extent)``; TVM's ``fast`` kernel reads out of
   bounds when the promise is broken, the simulator raises an ``IndexError`` naming the layer,
-  the index and the extent instead.
+  the index and the extent instead (and a ``take`` left on the fallback, e.g. with int64
+  indices, has its indices checked first: :mod:`tvm_spinn.runtime.checked_take`).
 - The table is the layer's ``table`` constant, or its first input when it is computed.
 - Tiles: ``[elements]`` over the flattened output.
 """

@@ -582,7 +582,7 @@ def _gemm_whole(program, layer: Layer, env, out: np.ndarray) -> None:
         else:
             np.add(c, bias.reshape(1, 1, -1), out=c)
     if layer.attrs.get("relu"):
-        c[~(c > 0)] = _F32(0)  # relu: a > 0 ? a : 0 (NaN and -0.0 give +0)
+        c[c <= 0] = _F32(0)  # relu: a > 0 ? a : +0, NaN kept (-0.0 gives +0)
 
 
 def int8_chunk(program, index: int) -> int:

@@ -3,8 +3,9 @@ uniform windows, lowered to ``avg_pool2d``.
 
 - Arithmetic (Cortex-M4F, fp32): the window is visited row by row; max pooling starts from the
   lowest finite float32 and keeps ``acc > v ? acc : v`` (the compare-and-select of TVM's max
-  reducer: a NaN element is taken, a later number replaces it; a window lying entirely in the
-  padding gives -3.4028235e38, as TVM's topi and onnxruntime); average pooling adds the window's
+  reducer) except that the first NaN of the window is kept (PyTorch's max pooling propagates
+  NaN; the fallback's llvm build does the same); a window lying entirely in the padding gives
+  -3.4028235e38, as TVM's topi and onnxruntime; average pooling adds the window's
   elements in that order into an fp32 sum (a NaN operand propagating as in
   :func:`~tvm_spinn.program.ops.elementwise.binary`), then divides by the window size or by the count of
   non-padding elements (``count_include_pad``).
@@ -219,7 +220,7 @@ class Pool(OpFamily):
                 v = src[:, sl[0], sl[1]]
                 if layer.kind == "max_pool2d":
                     acc = np.full(v.shape, _F32_LOWEST) if acc is None else acc
-                    acc = np.where(acc > v, acc, v)
+                    acc = np.where((acc > v) | np.isnan(acc), acc, v)
                 else:
                     acc = v.astype(_F32) if acc is None else binary("add", acc, v)
                     count += valid[sl]
@@ -270,7 +271,7 @@ class Pool(OpFamily):
                 v = src[:, s0, s1]
                 if is_max:
                     acc = np.full(v.shape, _F32_LOWEST) if acc is None else acc
-                    acc = np.where(acc > v, acc, v)
+                    acc = np.where((acc > v) | np.isnan(acc), acc, v)
                 else:
                     acc = v.astype(_F32) if acc is None else binary("add", acc, v)
             if not is_max:
