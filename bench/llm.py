@@ -169,7 +169,7 @@ def part_plan(args) -> list[dict]:
     configs = importlib.resources.files("tvm_spinn.llm") / "configs"
     print(f"\n== plan: batch {args.batch}, seq {args.seq} (config only: no weights, timing model)")
     head = (f"{'model':<13}{'system':<10}{'dtype':<6}{'ms/token':>10}{'bound ms':>10}{'binding':>14}{'eff.':>8}"
-            f"{'tok/s/user':>11}{'tok/s':>10}{'TTFT s':>9}{'J/token':>10}{'own ratio':>10}{'chips':>7}"
+            f"{'tok/s/user':>11}{'tok/s':>10}{'TTFT s':>9}{'J/token':>10}{'own ms':>8}{'own ratio':>10}{'chips':>7}"
             f"{'placement':>24}{'weights in':>28}{'plan s':>8}")
     print(head + "\n" + "-" * len(head))
     rows = []
@@ -190,12 +190,13 @@ def part_plan(args) -> list[dict]:
                 print(f"{name:<13}{system:<10}{dtype:<6}{1e3 / p.tokens_per_s_per_user:>10.3f}"
                       f"{p.physical_bound_s * 1e3:>10.4g}{p.physical_bound['binding']:>14}{p.efficiency:>8.4f}"
                       f"{p.tokens_per_s_per_user:>11.3f}{p.tokens_per_s:>10.3f}"
-                      f"{p.ttft_s:>9.2f}{p.energy_per_token_j:>10.3g}{p.bound_ratio:>10.2f}"
+                      f"{p.ttft_s:>9.2f}{p.energy_per_token_j:>10.3g}"
+                      f"{1e3 / p.bound_tokens_per_s:>8.1f}{p.bound_ratio:>10.2f}"
                       f"{p.chips_used:>7}{_placement(p):>24}{p.plan['weights_in'][:27]:>28}"
                       f"{p.plan_seconds:>8.1f}")
     if rows:
         print("ms/token: the per-user token period; bound ms: the physical bound (binding: its largest part);"
-              " eff.: bound / period; own ratio: tokens/s over the plan's own bound (diagnostic)")
+              " eff.: bound / period; own ms, own ratio: the plan's own bound and tokens/s over it (diagnostic)")
         for r in rows:
             b = r["plan"].physical_bound
             parts = ", ".join(f"{k} {v * 1e3:.4g} ms" for k, v in b["parts_s"].items())

@@ -82,7 +82,7 @@ def _build(mod, target, options=None):
 def _bound(rep) -> str:
     """Latency, the physical bound, what binds it and the efficiency, side by side."""
     return (f"latency {rep.latency_s * 1e3:.3f} ms, physical bound {rep.physical_bound_s * 1e3:.4g} ms "
-            f"({rep.physical_binding}), efficiency {rep.efficiency:.3f}")
+            f"({rep.physical_binding}), efficiency {rep.efficiency:.3g}")
 
 
 def _plan(rep) -> str:
@@ -168,7 +168,7 @@ def bert_large_rows(quick: bool, plot: str | None) -> None:
         eff = tput / (chips * base)
         rows.append((chips, tput, eff))
         print(f"  {chips:>6} {rep.latency_s * 1e3:>11.3f} {rep.physical_bound_s * 1e3:>9.4g} {rep.physical_binding:>13} "
-              f"{rep.efficiency:>9.3f} {tput:>10.1f} {eff:>8.3f} {secs:>8.1f}  {_plan(rep)}", flush=True)
+              f"{rep.efficiency:>9.3g} {tput:>10.1f} {eff:>8.3f} {secs:>8.1f}  {_plan(rep)}", flush=True)
     if plot:
         import matplotlib
 

@@ -23,7 +23,7 @@ def test_the_module_imports_nothing_from_the_mapper_the_planner_or_the_timing_mo
     tree = ast.parse(inspect.getsource(B))
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     imported |= {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
-    assert imported <= {"__future__", "math", "dataclasses", "numpy", "target.arch"}, imported
+    assert imported <= {"__future__", "math", "dataclasses", "numpy", "target.arch", "program.ops.movement"}, imported
 
 
 # ----------------------------------------------------------------------------- enumeration
@@ -246,6 +246,18 @@ def test_report_bound_does_not_depend_on_the_mapping():
     r = reps["good"]
     assert r.physical.details["macs_fp32"] == 4 * (256 * 512 + 512 * 128)
     assert r.physical.details["read_bytes"] == 4 * (256 * 512 + 512 + 512 * 128 + 128 + 4 * 256)
+    # an input two programs read (a KV cache read by the attention and copied into the returned
+    # cache) must be read once: counted once; each program's constants are its own
+    one, two = program_workload(r.programs), program_workload(r.programs * 2)
+    assert two.description["input_bytes"] == one.description["input_bytes"] == 4 * 256 * 4
+    assert two.description["constant_bytes"] == 2 * one.description["constant_bytes"]
+    # a program that only moves data (a reshape of the cache into the returned one) adds nothing
+    import dataclasses
+
+    prog = r.programs[0]
+    copy = dataclasses.replace(prog, layers=[dataclasses.replace(prog.layers[0], kind="reshape", consts={}, gemm=None)])
+    assert program_workload([copy]).read_bytes == 0
+    assert program_workload([*r.programs, copy]).read_bytes == one.read_bytes
     text = str(r)
     assert "physical bound" in text and "efficiency" in text and "own roofline (diagnostic)" in text
 

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..program.ops.movement import Movement
 from ..target.arch import SpinnArch
 
 __all__ = ["Workload", "PhysicalBound", "physical_bound", "program_workload", "decode_workload",
@@ -246,11 +247,15 @@ def program_workload(programs) -> Workload:
 
     MACs: ``flops / 2`` of the GEMM layers (those with a ``gemm`` shape), by mode. Bytes read:
     every constant a layer uses (a table only gathered from: the rows gathered,
-    :func:`gathered_bytes`) and every program's inputs. Hand-over: the smallest live set of
+    :func:`gathered_bytes`) and every program's inputs, once (an input of the same name, shape
+    and dtype in two programs is one tensor), except those of programs that only move data
+    (reshape, concat...: the KV cache copied into the returned cache, which the attention
+    programs read already). Hand-over: the smallest live set of
     activations at a boundary between two layers or at a program's outputs."""
     macs = {"int8": 0, "fp32": 0}
     const_bytes = input_bytes = 0
     cuts = []
+    seen = set()  # inputs by (name, shape, dtype): a tensor two programs read (a KV cache) counts once
     for p in programs:
         for layer in p.layers:
             if layer.gemm is not None:
@@ -259,7 +264,13 @@ def program_workload(programs) -> Workload:
         used = sorted({t for layer in p.layers for t in (*layer.inputs, *layer.consts.values())
                        if p.tensors[t].role == "const"})
         const_bytes += sum(gathered.get(t, p.tensors[t].nbytes) for t in used)
-        input_bytes += sum(p.tensors[t].nbytes for t in p.inputs)
+        if all(layer.kind in Movement.kinds for layer in p.layers):
+            continue  # a copy (a reshape or concat of a cache into the returned one): no work reads it
+        for t in p.inputs:
+            key = (p.tensors[t].name, tuple(p.tensors[t].shape), p.tensors[t].dtype)
+            if key not in seen:
+                seen.add(key)
+                input_bytes += p.tensors[t].nbytes
         cut = _smallest_cut(p)
         if cut is not None:
             cuts.append(cut)
