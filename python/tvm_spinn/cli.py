@@ -9,12 +9,9 @@ Ctrl-C prints one line and exits with status 130, leaving no output file.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import logging
 import os
 import signal
 import sys
-import warnings
 
 __all__ = ["main", "TARGETS"]
 
@@ -210,33 +207,8 @@ def _load_model(args):
     return from_exported_file(path)
 
 
-#: Loggers whose notes are hidden unless --verbose: per-operator partition notes (the report
-#: lists what stays on the fallback and why) and the frameworks' own chatter.
-_QUIET_LOGGERS = ("tvm_spinn.partition", "tvm", "torch", "onnxscript")
-
-
-@contextlib.contextmanager
-def _quiet(verbose: bool):
-    """Hide library chatter for the command unless ``verbose``: torch's per-export
-    ``FutureWarning``\ s, deprecations, warnings raised inside torch/TVM/ONNX, per-operator
-    notes. tvm-spinn's own warnings (a tuning task skipped, a failed partition) stay. Scoped:
-    the warning filters and logger levels are restored afterwards."""
-    if verbose:
-        yield
-        return
-    loggers = [logging.getLogger(name) for name in _QUIET_LOGGERS]
-    levels = [logger.level for logger in loggers]
-    with warnings.catch_warnings():
-        for category in (FutureWarning, DeprecationWarning, PendingDeprecationWarning):
-            warnings.filterwarnings("ignore", category=category)
-        warnings.filterwarnings("ignore", module=r"(torch|tvm|tvm_ffi|onnx|onnxscript|onnxruntime)(\.|$)")
-        for logger in loggers:
-            logger.setLevel(logging.ERROR)
-        try:
-            yield
-        finally:
-            for logger, level in zip(loggers, levels):
-                logger.setLevel(level)
+#: Library chatter hidden unless --verbose (or TVM_SPINN_VERBOSE): see tvm_spinn._quiet.
+from ._quiet import quiet as _quiet  # noqa: E402  (no TVM or torch import: --help stays fast)
 
 
 # ----------------------------------------------------------------------------------- commands

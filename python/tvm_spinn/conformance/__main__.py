@@ -65,6 +65,10 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     progress = sys.stderr.isatty() if args.progress == "auto" else args.progress == "on"
     try:
+        if args.json:  # refuse a device, FIFO or directory before the run, not after it
+            from .._files import output_destination
+
+            output_destination(args.json, "conformance report")
         report = run_cases(patterns=args.cases, limit=args.limit, workers=args.workers,
                            timeout=args.timeout, passes=not args.no_passes,
                            pipelines=[p.strip() for p in args.pipelines.split(",") if p.strip()],

@@ -124,23 +124,21 @@ class Report:
         }
 
     def write_json(self, path: str) -> None:
-        """Write :meth:`to_json` atomically (temporary file, then ``os.replace``).
+        """Write :meth:`to_json` checked and atomically (:func:`tvm_spinn._files.atomic_write`).
 
         Parameters
         ----------
         path : str
+
+        Raises
+        ------
+        tvm_spinn._files.OutputPathError
+            ``path`` is a device (``/dev/null`` included), FIFO, socket or directory.
         """
-        path = os.path.abspath(path)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=os.path.dirname(path))
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(self.to_json(), f, indent=1, sort_keys=True)
-                f.write("\n")
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        from .._files import atomic_write
+
+        text = json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n"
+        atomic_write(path, lambda f: f.write(text.encode()), what="conformance report")
 
 
 def classify(raw: dict) -> CaseResult:

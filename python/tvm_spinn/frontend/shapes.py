@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
-__all__ = ["check_shape"]
+__all__ = ["MAX_DIM", "check_shape"]
+
+#: The largest dim a shape may have: TVM's shapes are int64 (``relax.ShapeExpr``), so a
+#: larger Python int cannot be represented and would escape TVM as a raw ``TypeError``.
+MAX_DIM = 2**63 - 1
 
 
 def check_shape(error: type[Exception], where: str, name: str, given,
@@ -28,7 +32,7 @@ def check_shape(error: type[Exception], where: str, name: str, given,
     Returns
     -------
     tuple of int
-        ``given`` as non-negative ints.
+        ``given`` as ints in ``[0, MAX_DIM]``.
     """
     try:
         dims = tuple(given)
@@ -40,6 +44,10 @@ def check_shape(error: type[Exception], where: str, name: str, given,
                     f"got {given!r}") from None
     if any(d < 0 for d in dims):
         raise error(f"shape_dict['{name}'] for {where} has a negative dim: {list(dims)}")
+    for axis, d in enumerate(dims):
+        if d > MAX_DIM:
+            raise error(f"shape_dict['{name}'] for {where} gives dim {axis} = {d}, past the "
+                        f"largest int64 ({MAX_DIM}) a TVM shape can hold")
     if declared is None:
         return dims
     declared = list(declared)

@@ -64,7 +64,7 @@ class CompiledLLM:
     """
 
     def __init__(self, model, spec: ModelSpec, target, max_seq_len: int, batch: int,
-                 quantize: "str | None", calibration_prompt_len: int, seed: int):
+                 quantize: "str | None", calibration_prompt_len: int, seed: int, verbose: bool = False):
         self.model = model
         self.spec = spec
         self.target = target
@@ -74,6 +74,7 @@ class CompiledLLM:
         self._scheme = quantize
         self._calib_len = calibration_prompt_len
         self._seed = seed
+        self._verbose = verbose
         self._prefill: dict[int, tuple] = {}
         self._decode = None
         self._last_prompt_len = None
@@ -101,13 +102,16 @@ class CompiledLLM:
 
         from .. import frontend
 
-        tensors = tuple(torch.from_numpy(a) for a in args)
-        mod = frontend.from_pytorch(wrapper, tensors)
-        if self._scheme:
-            from ..quant import quantize
+        from .._quiet import quiet
 
-            mod = quantize(mod, calib, scheme=None if self._scheme is True else self._scheme)
-        ex = relax.build(mod, target=self.target)
+        tensors = tuple(torch.from_numpy(a) for a in args)
+        with quiet(self._verbose):  # torch's per-export warnings, per-op partition notes
+            mod = frontend.from_pytorch(wrapper, tensors)
+            if self._scheme:
+                from ..quant import quantize
+
+                mod = quantize(mod, calib, scheme=None if self._scheme is True else self._scheme)
+            ex = relax.build(mod, target=self.target)
         return ex, relax.VirtualMachine(ex, tvm.cpu())
 
     def _prefill_args(self, ids: np.ndarray) -> list[np.ndarray]:
@@ -272,7 +276,7 @@ def _check_positive(name: str, value) -> int:
 
 
 def compile(model, target="spinn", max_seq_len: int = 128, batch: int = 1, quantize=None,
-            calibration_prompt_len: int = 8, seed: int = 0) -> CompiledLLM:
+            calibration_prompt_len: int = 8, seed: int = 0, verbose: bool = False) -> CompiledLLM:
     """Compile a transformers GPT-2 or Llama causal LM for greedy generation on a spinn target.
 
     Parameters
@@ -293,6 +297,11 @@ def compile(model, target="spinn", max_seq_len: int = 128, batch: int = 1, quant
         step calibrated on seeded random prompts.
     calibration_prompt_len, seed : int
         Prompt length and seed of the calibration prompts (int8 only).
+    verbose : bool
+        Show the libraries' warnings and per-operator notes of the builds (torch's export
+        warnings, operators left on the fallback), hidden by default; so does the environment
+        variable ``TVM_SPINN_VERBOSE=1`` (:mod:`tvm_spinn._quiet`). The hiding is scoped to the
+        builds: the caller's warning filters and logger levels are left as they were.
 
     Returns
     -------
@@ -322,7 +331,7 @@ def compile(model, target="spinn", max_seq_len: int = 128, batch: int = 1, quant
         model.config._attn_implementation = "eager"
     model.eval()
     return CompiledLLM(model, spec, get_target(target), max_seq_len, batch, quantize,
-                       calibration_prompt_len, seed)
+                       calibration_prompt_len, seed, verbose=bool(verbose))
 
 
 def _private_copy(model):

@@ -1,11 +1,16 @@
-"""Timelines of a compiled program: Perfetto (Chrome trace JSON) and matplotlib plots."""
+"""Timelines of a compiled program: Perfetto (Chrome trace JSON) and matplotlib plots.
+
+Both files are written through :mod:`tvm_spinn._files`: the path is checked before the
+timeline is computed (a device, FIFO, socket or directory is refused with
+:class:`~tvm_spinn._files.OutputPathError`), and the file appears complete or not at all.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 
+from .._files import atomic_output, atomic_write, output_destination
 from ..mapping import derive_tables
 from ..program import Program
 from ..program.tiles import ProgramTiles
@@ -13,19 +18,6 @@ from ..timing import evaluate
 from ..target.arch import SpinnArch
 
 __all__ = ["to_perfetto", "plot"]
-
-
-def _atomic_write(path: str, write) -> None:
-    directory = os.path.dirname(os.path.abspath(path)) or "."
-    fd, tmp = tempfile.mkstemp(dir=directory, suffix=os.path.splitext(path)[1])
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _timeline(program: Program, arch: SpinnArch):
@@ -36,7 +28,14 @@ def _timeline(program: Program, arch: SpinnArch):
 
 def to_perfetto(programs: list[Program], path: str) -> str:
     """Write a Chrome-trace JSON (open it in https://ui.perfetto.dev): one track per PE,
-    one slice per tile's compute, one slice per layer on a "layers" track."""
+    one slice per tile's compute, one slice per layer on a "layers" track.
+
+    Raises
+    ------
+    tvm_spinn._files.OutputPathError
+        ``path`` is a device (``/dev/null`` included), FIFO, socket or directory.
+    """
+    output_destination(path, "Perfetto trace")  # refuse before the timeline is computed
     events = []
     offset_us = 0.0
     for index, program in enumerate(programs):
@@ -57,16 +56,22 @@ def to_perfetto(programs: list[Program], path: str) -> str:
         offset_us += timing.cycles * us
     doc = {"traceEvents": events, "displayTimeUnit": "ns"}
 
-    def write(tmp):
-        with open(tmp, "w") as f:
-            json.dump(doc, f, separators=(",", ":"), sort_keys=True)
-
-    _atomic_write(path, write)
+    text = json.dumps(doc, separators=(",", ":"), sort_keys=True)
+    atomic_write(path, lambda f: f.write(text.encode()), what="Perfetto trace")
     return path
 
 
 def plot(programs: list[Program], path: str) -> str:
-    """PE-utilization heatmap (PE x layer) and a layer timeline, saved as an image."""
+    """PE-utilization heatmap (PE x layer) and a layer timeline, saved as an image.
+
+    The format follows the extension of ``path`` (``.png`` when it has none).
+
+    Raises
+    ------
+    tvm_spinn._files.OutputPathError
+        ``path`` is a device (``/dev/null`` included), FIFO, socket or directory.
+    """
+    output_destination(path, "timeline plot")  # refuse before the figure is drawn
     import matplotlib
 
     matplotlib.use("Agg")
@@ -100,9 +105,10 @@ def plot(programs: list[Program], path: str) -> str:
     ax1.set_xlabel("time (ms)")
     ax1.set_title("layer timeline")
 
-    def write(tmp):
-        fig.savefig(tmp, dpi=100, format=os.path.splitext(path)[1].lstrip(".") or "png")
-
-    _atomic_write(path, write)
-    plt.close(fig)
+    try:
+        extension = os.path.splitext(path)[1]
+        with atomic_output(path, what="timeline plot", suffix=extension) as tmp:
+            fig.savefig(tmp, dpi=100, format=extension.lstrip(".") or "png")
+    finally:
+        plt.close(fig)
     return path
