@@ -529,9 +529,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _error_types() -> tuple:
     """Errors that reach the user as one line: bad input (ValueError: every tvm-spinn input
-    error derives from it), files (OSError), a tuning work directory held by another job, a
+    error derives from it), files (OSError), an index out of range in the inputs (IndexError), a tuning work directory held by another job, a
     file that is no torch.export program."""
-    kinds: tuple = (ValueError, OSError)
+    kinds: tuple = (ValueError, OSError, IndexError)  # IndexError: an id past an embedding table
     for module, name in (("tvm_spinn.tune.lock", "TuningLockError"),
                          ("tvm_spinn.frontend.pytorch", "PyTorchImportError")):
         if module in sys.modules:

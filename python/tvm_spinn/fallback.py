@@ -123,6 +123,12 @@ def _CheckTakeIndices(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802
     return checker.builder_.finalize()
 
 
+def check_take_indices(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with every ``fast`` take of its Relax functions bounds-checked (a build for plain
+    ``llvm`` of user inputs, e.g. calibration, reads no memory past a table either)."""
+    return _CheckTakeIndices(mod)
+
+
 # TVM's own float32 approximations (topi.fast_erf / topi.fast_tanh, Eigen's rational
 # polynomials; erf within 5e-7 absolute of the exact function, tanh a few ULP): the same
 # coefficients, written as TIR expressions so that any PrimFunc can use them in place.

@@ -45,7 +45,7 @@ def layer_estimate(program: Program, layer: Layer, arch: SpinnArch, chips: int, 
     link = 0.0
     if chips > 1:
         in_bytes = sum(program.tensors[i].nbytes for i in layer.inputs if program.tensors[i].role != "const")
-        link_bw = arch.link_bw_bytes_s * arch.links_per_chip / arch.clock_hz
+        link_bw = arch.payload_bw("chip") * arch.links_per_chip / arch.clock_hz  # payload, not the line rate
         link = in_bytes * (chips - 1) / chips / link_bw
     return max(compute, dram) + link + arch.barrier_cost_cycles(pes)
 

@@ -357,7 +357,10 @@ def collect_ranges(mod: tvm.IRModule, targets: Sequence[relax.Var], labels: Sequ
     """
     if not targets:
         return []
-    ex = relax.build(instrument(mod, targets), target="llvm")
+    from ..fallback import check_take_indices
+
+    # calibration samples are user inputs: an id past an embedding table is an IndexError here
+    ex = relax.build(check_take_indices(instrument(mod, targets)), target="llvm")
     vm = relax.VirtualMachine(ex, tvm.cpu())
     n = len(targets)
     lo = np.full(n, np.inf)

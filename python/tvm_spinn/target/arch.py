@@ -515,6 +515,14 @@ ASSUMPTION_RANGES: Mapping[str, AssumedRange] = types.MappingProxyType({
         8 * 1024, 32 * 1024,
         "assumption: a bare-metal kernel library and stack in 8 KiB at least; 32 KiB if the runtime "
         "keeps per-layer code and descriptors resident"),
+    "noc_link_bytes_per_cycle": AssumedRange(
+        8.0, 24.0,
+        "[OJCAS26] 192-bit flits at the PE clock: 64 payload bits a flit (a header and a routing "
+        "key in the rest) up to the whole flit"),
+    "sync_packet_cycles": AssumedRange(
+        2.0, 10.0,
+        "[M4-TRM]-based assumption: a load and an add per packet at best; a load with peripheral "
+        "wait states, an add, a compare and a taken branch at worst"),
     "mac_readout_cycles": AssumedRange(
         8, 64,
         "assumption: 64 32-bit sums through a 256-bit (8 cycles) to a 32-bit (64 cycles) SRAM port"),
