@@ -50,6 +50,7 @@ from ..program import Program
 from ..program.ops.base import family_of
 from ..program.tiles import TileTable
 from ..target.arch import SpinnArch
+from .bounds import gathered_bytes
 
 __all__ = ["LayerTiming", "Timing", "evaluate", "roofline", "transfers", "noc_cycles", "LOCAL", "NOC", "DRAM"]
 
@@ -108,25 +109,10 @@ def roofline(program: Program, arch: SpinnArch) -> float:
     resident = set(program.mapping.get("resident_layers", []))
     resident_consts = {tid for i in resident for tid in list(program.layers[i].consts.values())
                        + [t for t in program.layers[i].inputs if program.tensors[t].role == "const"]}
-    gathered = _gathered_bytes(program)
+    gathered = gathered_bytes(program)
     touched = sum(gathered.get(tid, t.nbytes) for tid, t in enumerate(program.tensors)
                   if t.role in ("input", "output") or (t.role == "const" and tid not in resident_consts))
     return max(compute_s, touched / arch.total_dram_bw_bytes_s)
-
-
-def _gathered_bytes(program: Program) -> dict[int, int]:
-    """Bytes a constant table read only by gathers (``take``: an embedding) must cross DRAM:
-    the rows gathered, at most the table, not the whole table."""
-    read: dict[int, int] = {}
-    other: set[int] = set()
-    for layer in program.layers:
-        table = layer.consts.get("table") if layer.kind == "take" else None
-        for tid in list(layer.consts.values()) + list(layer.inputs):
-            if tid != table:
-                other.add(tid)
-        if table is not None:
-            read[table] = read.get(table, 0) + program.tensors[layer.output].nbytes
-    return {tid: min(n, program.tensors[tid].nbytes) for tid, n in read.items() if tid not in other}
 
 
 #: Where a transfer goes (codes of :func:`transfers`).
