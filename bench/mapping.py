@@ -1,12 +1,12 @@
-"""Mapping benchmark: simulated latency vs roofline vs a naive mapping, and compile times.
+"""Mapping benchmark: simulated latency against the physical bound, a naive mapping, and compile times.
 
 For ResNet-50-like, BERT-base-like and GPT-2 (decode step) models built from `transformers`
 configs with random weights, on one chip (`spinn`) and on a 48-chip board (`spinn/board`), it
-prints in one run: simulated latency, roofline bound and their ratio; the same for the naive
-layer-by-layer mapping (MappingOptions(naive=True)) and the speed-up over it; spinn compile time
-next to TVM's own `relax.build(target="llvm")` of the same model; for GPT-2 the tokens/s against
-the bandwidth-bound tokens/s (all weights streamed once per token over the DRAM of the chips);
-the exported library's size over the model's weight bytes, and what loading it costs before the
+prints in one run: simulated latency, the physical bound (`tvm_spinn.timing.bounds`: what the
+system allows for any placement) with the kind that binds, and the efficiency (bound / latency);
+the same for the naive layer-by-layer mapping (MappingOptions(naive=True)) and the speed-up over
+it; spinn compile time next to TVM's own `relax.build(target="llvm")` of the same model; the
+exported library's size over the model's weight bytes, and what loading it costs before the
 first result (`tvm_spinn.load_module` + the first call's extra time over a second call).
 
     python bench/mapping.py            # all models
@@ -86,8 +86,8 @@ def main() -> None:
                         help="spinn target tags (default: spinn spinn/board)")
     args = parser.parse_args()
     print("; ".join(f"{t}: {tvm_spinn.arch_of(t).name}" for t in args.targets))
-    head = (f"{'model':<12}{'target':<12}{'latency ms':>11}{'roof ms':>9}{'lat/roof':>9}{'naive ms':>10}"
-            f"{'naive/roof':>11}{'speedup':>8}{'compile s':>10}{'llvm s':>8}{'c/llvm':>7}{'tok/s':>8}{'bw tok/s':>9}{'ratio':>6}")
+    head = (f"{'model':<12}{'target':<12}{'latency ms':>11}{'bound ms':>10}{'binds':>14}{'eff':>7}{'naive ms':>10}"
+            f"{'naive eff':>10}{'speedup':>8}{'compile s':>10}{'llvm s':>8}{'c/llvm':>7}{'lib/w':>6}{'load s':>7}")
     print(head)
     print("-" * len(head), flush=True)
     for name, model, x in models(args.quick):
@@ -111,16 +111,10 @@ def main() -> None:
                 size_ratio, load_s = _artifact(ex, x, weight_bytes)
             with tvm_spinn.MappingOptions(naive=True):
                 naive = tvm_spinn.report(relax.build(mod, target=target))
-            arch = tvm_spinn.arch_of(tvm_spinn.get_target(target))
-            tok = bw_tok = ratio = float("nan")
-            if name.startswith("gpt2"):
-                tok = 1.0 / rep.latency_s
-                bw_tok = arch.total_dram_bw_bytes_s / weight_bytes
-                ratio = tok / bw_tok
-            print(f"{name:<12}{target:<12}{rep.latency_s * 1e3:>11.3f}{rep.roofline_s * 1e3:>9.3f}"
-                  f"{rep.latency_s / rep.roofline_s:>9.2f}{naive.latency_s * 1e3:>10.3f}"
-                  f"{naive.latency_s / naive.roofline_s:>11.2f}{naive.latency_s / rep.latency_s:>8.2f}"
-                  f"{compile_s:>10.2f}{llvm_s:>8.2f}{compile_s / llvm_s:>7.2f}{tok:>8.1f}{bw_tok:>9.1f}{ratio:>6.2f}"
+            print(f"{name:<12}{target:<12}{rep.latency_s * 1e3:>11.3f}{rep.physical_bound_s * 1e3:>10.4f}"
+                  f"{rep.physical_binding:>14}{rep.efficiency:>7.3f}{naive.latency_s * 1e3:>10.3f}"
+                  f"{naive.efficiency:>10.4f}{naive.latency_s / rep.latency_s:>8.2f}"
+                  f"{compile_s:>10.2f}{llvm_s:>8.2f}{compile_s / llvm_s:>7.2f}"
                   f"{size_ratio:>6.3f}{load_s:>7.2f}",
                   flush=True)
 

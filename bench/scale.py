@@ -1,4 +1,4 @@
-"""Scale-out benchmark (issue 12): one model over chips, boards and a SpiNNcloud, side by side.
+"""Scale-out benchmark: one model over chips, boards and a SpiNNcloud, side by side.
 
 Models are `transformers` configs with random weights. Printed in one run:
 

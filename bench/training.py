@@ -1,4 +1,4 @@
-"""Training-step benchmark (issue 14): simulated time per step on one chip and on a board, by
+"""Training-step benchmark: simulated time per step on one chip and on a board, by
 phase, and data-parallel scaling over the board's chips, reproducible vs ring all-reduce.
 
 Models are `transformers` configs with random weights (no download):
