@@ -188,6 +188,8 @@ def _map(program: Program, arch: SpinnArch, mode: str, options: MappingOptions, 
         "pes_per_layer": [count for _, count in ranges],
         "double_buffer": not options.naive and options.double_buffer,
     }
+    if options.scheduler != "static":  # the default static schedule is left out (programs' bytes)
+        base["scheduler"] = options.scheduler
     # weights="auto": residency competes with on-chip activations for SRAM, and keeping weights
     # can push activations out to DRAM; the timing model decides between the greedy residency
     # plan and streaming every weight (ties keep the weights). Under a build's SRAM ledger
