@@ -32,6 +32,14 @@ a barrier built from NoC packets
 chip; pipelined mode: the layer's PE group, and throughput is set by the slowest stage). An
 inference starts with one multicast packet that wakes the PEs.
 
+*Software scheduler* (``MappingOptions(scheduler="software")``, the setup of a runtime
+scheduler such as OctopuScheduler; off by default): no barriers and no wake-up packet; per
+layer one scheduler PE sends each worker its task descriptor (:func:`software_dispatch`), each
+PE starts when its descriptor is read, and the layer ends when the scheduler has taken every
+worker's completion packet (:func:`software_completion`). Without double buffering the PEs'
+fetch -> compute -> write-back runs per tile against a DRAM channel they share
+(:func:`shared_dram_run`).
+
 *Views* (:meth:`~tvm_spinn.program.ops.base.OpFamily.is_view`: a reshape, a unit-axis permute or
 broadcast, a contiguous slice) cost nothing when their input and output live in the same memory:
 the consumers' DMA reads the producer's buffer in place. *Barriers* are dropped where no PE can
@@ -53,7 +61,7 @@ from ..target.arch import SpinnArch
 from .bounds import gathered_bytes
 
 __all__ = ["LayerTiming", "Timing", "evaluate", "roofline", "transfers", "noc_cycles", "software_dispatch",
-           "software_completion", "scheduler_path_cycles", "LOCAL", "NOC", "DRAM"]
+           "software_completion", "scheduler_path_cycles", "shared_dram_run", "LOCAL", "NOC", "DRAM"]
 
 
 @dataclass
@@ -371,6 +379,83 @@ def software_completion(finish: np.ndarray, arch: SpinnArch) -> float:
     return float(np.max(arrive + c * (len(arrive) - np.arange(len(arrive)))))
 
 
+def shared_dram_run(table: TileTable, srcs, arch: SpinnArch, start) -> dict:
+    """Per-PE timeline of one layer whose PEs run fetch -> compute -> write-back serially per
+    tile while they share their chip's DRAM channel (a fluid model of the channel).
+
+    Each tile is phases in order: its load DMAs' set-up (``dma_setup_cycles`` each) and the
+    bytes that come over the NoC (``dma_bw_bytes_per_cycle``), the bytes read from DRAM, the
+    compute (the tile's ``cycles``), the write-back's set-up and its bytes (to DRAM or over the
+    NoC). While ``n`` PEs of a chip are in a DRAM phase each moves ``min(dma_bw_bytes_per_cycle,
+    dram rate / n)`` bytes a cycle (the channel shared evenly), so a PE computing leaves the
+    channel to the others and the channel idles only when no PE of the chip is fetching.
+    ``start``: the cycle each tile's PE may begin (one number or per tile). Returns the same
+    keys as the per-PE path (``order``, ``begin``, ``end``, ``pes``, ``finish``).
+    """
+    in_src, w_src, out_dst = srcs
+    rate, setup = arch.dma_bw_bytes_per_cycle, arch.dma_setup_cycles
+    dram_rate = arch.dram_bw_bytes_s / arch.clock_hz
+    n = len(table)
+    order, starts, pes = _segments(table.pe)
+    begin0 = np.broadcast_to(np.asarray(start, dtype=np.float64), (n,))[order]
+    moving_in = (in_src != LOCAL) & (table.in_bytes > 0)
+    moving_w = (w_src != LOCAL) & (table.w_bytes > 0)
+    moving_out = (out_dst != LOCAL) & (table.out_bytes > 0)
+    fixed_load = setup * (moving_in.astype(np.float64) + moving_w) + (
+        table.in_bytes * (in_src == NOC) + table.w_bytes * (w_src == NOC)) / rate
+    dram_load = (table.in_bytes * (in_src == DRAM) + table.w_bytes * (w_src == DRAM)).astype(np.float64)
+    comp = table.cycles.astype(np.float64)
+    out_setup = setup * moving_out.astype(np.float64)
+    out_noc = table.out_bytes * (out_dst == NOC) / rate
+    out_dram = (table.out_bytes * (out_dst == DRAM)).astype(np.float64)
+    # phases per tile (in PE order): amount, whether it uses the DRAM channel, whether compute
+    amounts = np.column_stack([fixed_load, dram_load, comp, out_setup + out_noc, out_dram])[order]
+    dram_ph = np.broadcast_to(np.array([False, True, False, False, True]), amounts.shape)
+    comp_ph = np.broadcast_to(np.array([False, False, True, False, False]), amounts.shape)
+    tile_ph = np.broadcast_to(np.arange(n)[:, None], amounts.shape)
+    keep = amounts.reshape(-1) > 0
+    amount = amounts.reshape(-1)[keep]
+    is_dram, is_comp, tile = dram_ph.reshape(-1)[keep], comp_ph.reshape(-1)[keep], tile_ph.reshape(-1)[keep]
+    pe_of = np.repeat(_segment_ids(n, starts), 5)[keep] if n else np.zeros(0, np.int64)
+    npe = len(starts)
+    first = np.searchsorted(pe_of, np.arange(npe))
+    stop = np.searchsorted(pe_of, np.arange(npe), side="right")
+    pe_start = begin0[starts] if n else np.zeros(0)
+    chip = (table.chip[order][starts] - int(table.chip.min())) if n else np.zeros(0, np.int64)
+    begin = begin0.copy()  # compute start per tile (in PE order); tiles without compute keep it
+    finish = pe_start.copy()
+    ptr, rem = first.copy(), amount.copy()
+    t = float(pe_start.min()) if npe else 0.0
+    waiting = pe_start > t  # PEs whose task has not arrived yet
+    while True:
+        live = ptr < stop
+        if not live.any():
+            break
+        idx = np.flatnonzero(live)
+        cur = ptr[idx]
+        wait = waiting[idx]
+        on_dram = is_dram[cur] & ~wait
+        share = np.bincount(chip[idx][on_dram], minlength=int(chip.max()) + 1 if npe else 1)
+        r = np.where(on_dram, np.minimum(rate, dram_rate / np.maximum(share[chip[idx]], 1)), 1.0)
+        need = np.where(wait, pe_start[idx] - t, rem[cur] / r)
+        dt = float(need.min())
+        t += dt
+        rem[cur] -= np.where(wait, 0.0, dt * r)
+        done = need <= dt + 1e-9 * max(1.0, abs(t))
+        arrived = idx[done & wait]
+        waiting[arrived] = False
+        moved = idx[done & ~wait]
+        ptr[moved] += 1
+        for group in (arrived, moved):  # a PE entering a compute phase starts its tile's compute
+            nxt = ptr[group]
+            ok = nxt < stop[group]
+            entering = group[ok][is_comp[nxt[ok]]]
+            begin[tile[ptr[entering]]] = t
+        ended = moved[ptr[moved] >= stop[moved]]
+        finish[ended] = t
+    return {"order": order, "begin": begin, "end": begin + comp[order], "pes": pes, "finish": finish}
+
+
 def _layer_pes(program: Program, index: int, table: TileTable, arch: SpinnArch, double_buffer: bool,
                start, srcs) -> dict:
     """Per-PE timeline of one layer (vectorized): compute start/end per tile and PE finish.
@@ -482,7 +567,10 @@ def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None"
         first_start = start
         if software and len(table):
             ready, _ = software_dispatch(table, arch)
-            run = _layer_pes(program, i, table, arch, double_buffer, start + ready, srcs)
+            if double_buffer:
+                run = _layer_pes(program, i, table, arch, double_buffer, start + ready, srcs)
+            else:  # serial per tile: the PEs share the DRAM channel as they fetch
+                run = shared_dram_run(table, srcs, arch, start + ready)
             first_start = start + float(ready.min())
         else:
             run = _layer_pes(program, i, table, arch, double_buffer, start, srcs)
