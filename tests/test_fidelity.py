@@ -136,3 +136,9 @@ def test_software_scheduler_option_is_off_by_default_and_left_out():
     assert soft.mapping["scheduler"] == "software"
     # each layer pays its dispatch and completion gather instead of a packet barrier
     assert soft.timing["latency_s"] > static.timing["latency_s"]
+    # the setup is one chip's scheduler PE: a larger system is refused by name
+    from tvm_spinn.target.arch import make_system
+
+    board = make_system("four", chips=4)
+    with pytest.raises(ValueError, match="scheduler='software'.*4 chips"):
+        fidelity._mapped(fidelity.dense_chain(16, 256, 256, 1, board), board, MappingOptions(scheduler="software"))

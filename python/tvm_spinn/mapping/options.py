@@ -50,7 +50,7 @@ class MappingOptions(ScopedOptions):
         worker takes an interrupt, reads the descriptor and programs its DMAs; the workers report
         completion with one packet each, which the scheduler takes one by one before it
         dispatches the next layer. The mapping (tiles, placement) is the same; only the timing
-        changes.
+        changes. One chip only (the scheduler's packets to other chips are not costed).
     """
 
     mode: str = "auto"

@@ -484,6 +484,10 @@ def map_program(program: Program, arch: SpinnArch, options: MappingOptions | Non
     (the free chips hold replicas).
     """
     options = options or current_options()
+    if options.scheduler == "software" and arch.chips > 1:
+        # the setup models one chip's scheduler PE: its packets' chip-to-chip hops are not costed
+        raise ValueError(f"MappingOptions.scheduler='software' models a scheduler PE on one chip; "
+                         f"{arch.name} has {arch.chips} chips")
     if options.naive or options.mode != "auto":
         _build(program, arch, "sequential" if options.mode == "auto" else options.mode, options)
         return program
