@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
@@ -64,3 +65,80 @@ def test_barrier_is_built_from_noc_packets():
             arch.replace(**{name: bad})
     # the new fields stay out of serialized programs at their defaults
     assert not {"sync_packet_cycles", "noc_link_bytes_per_cycle", "irq_entry_cycles"} & set(arch.to_dict())
+
+
+def _table(pe, in_bytes, w_bytes, out_bytes, cycles):
+    from tvm_spinn.program.tiles import TileTable
+
+    n = len(pe)
+    a = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
+    return TileTable(layer=0, k_splits=1, lo=np.zeros((n, 1), np.int64), hi=np.ones((n, 1), np.int64),
+                     group=np.full(n, -1, np.int64), pe=a(pe), chip=np.zeros(n, np.int64),
+                     sram_bytes=np.zeros(n, np.int64), in_bytes=a(in_bytes), w_bytes=a(w_bytes),
+                     out_bytes=a(out_bytes), cycles=a(cycles))
+
+
+def test_software_scheduler_dispatch_and_completion_are_its_packets():
+    from tvm_spinn.target.arch import SpinnArch
+    from tvm_spinn.timing.model import scheduler_path_cycles, software_completion, software_dispatch
+
+    arch = SpinnArch()
+    c, words = arch.sync_packet_cycles, arch.task_descriptor_words
+    path = arch.noc_hops(148) * arch.noc_hop_cycles
+    assert scheduler_path_cycles(arch) == path == 6 * 5
+    # three workers (PEs 7, 2, 2, 9): PE 2 first, then 7, then 9; a PE's tiles share its ready
+    ready, sent = software_dispatch(_table([7, 2, 2, 9], [0] * 4, [0] * 4, [0] * 4, [1] * 4), arch)
+    step = words * c
+    first = step + path + arch.irq_entry_cycles + step
+    assert sent == 3 * step
+    assert ready.tolist() == [first + step, first, first, first + 2 * step]
+    # completion packets arriving together are taken one by one; a late one after the others
+    assert software_completion(np.array([100.0, 100.0]), arch) == 100 + c + path + 2 * c
+    assert software_completion(np.array([0.0, 1000.0]), arch) == 1000 + c + path + c
+
+
+def test_shared_dram_channel_is_split_between_fetching_pes():
+    from tvm_spinn.target.arch import SpinnArch
+    from tvm_spinn.timing.model import DRAM, LOCAL, shared_dram_run
+
+    arch = SpinnArch()
+    dram = arch.dram_bw_bytes_s / arch.clock_hz  # 21.33 B/cycle: below four PEs' DMA (4 x 8)
+    setup = arch.dma_setup_cycles
+    # four PEs fetch 6,400 weight bytes each from DRAM at the same time, then compute 1,000 cycles
+    table = _table([0, 1, 2, 3], [0] * 4, [6400] * 4, [0] * 4, [1000] * 4)
+    srcs = (np.full(4, LOCAL), np.full(4, DRAM), np.full(4, LOCAL))
+    run = shared_dram_run(table, srcs, arch, 0.0)
+    fetch = 4 * 6400 / dram  # each at a quarter of the channel
+    assert run["finish"] == pytest.approx([setup + fetch + 1000] * 4)
+    assert run["begin"] == pytest.approx([setup + fetch] * 4)
+    # one PE alone is held to its own DMA rate, and a PE that computes leaves the channel free
+    run = shared_dram_run(_table([0], [0], [6400], [0], [1000]), (np.full(1, LOCAL), np.full(1, DRAM),
+                                                                  np.full(1, LOCAL)), arch, 0.0)
+    assert run["finish"] == pytest.approx([setup + 6400 / arch.dma_bw_bytes_per_cycle + 1000])
+    # PEs 2 and 3 start later (their task arrives at 10,000): PEs 0 and 1 fetch alone first, at
+    # their DMA rate (2 x 8 B a cycle fit in the channel)
+    run = shared_dram_run(table, srcs, arch, np.array([0.0, 0.0, 10000.0, 10000.0]))
+    assert run["finish"] == pytest.approx([setup + 6400 / 8 + 1000] * 2 + [10000 + setup + 6400 / 8 + 1000] * 2)
+
+
+def test_software_scheduler_option_is_off_by_default_and_left_out():
+    from tvm_spinn.mapping import MappingOptions
+    from tvm_spinn.target.arch import CHIPS
+
+    assert "scheduler" not in MappingOptions().to_dict()
+    assert MappingOptions(scheduler="software").to_dict()["scheduler"] == "software"
+    with pytest.raises(ValueError, match="scheduler"):
+        MappingOptions(scheduler="octopus")
+    arch = CHIPS["production"]
+    static = fidelity._mapped(fidelity.dense_chain(16, 256, 256, 2, arch), arch, MappingOptions())
+    assert "scheduler" not in static.mapping and "task_descriptor_words" not in arch.to_dict()
+    soft = fidelity._mapped(fidelity.dense_chain(16, 256, 256, 2, arch), arch, MappingOptions(scheduler="software"))
+    assert soft.mapping["scheduler"] == "software"
+    # each layer pays its dispatch and completion gather instead of a packet barrier
+    assert soft.timing["latency_s"] > static.timing["latency_s"]
+    # the setup is one chip's scheduler PE: a larger system is refused by name
+    from tvm_spinn.target.arch import make_system
+
+    board = make_system("four", chips=4)
+    with pytest.raises(ValueError, match="scheduler='software'.*4 chips"):
+        fidelity._mapped(fidelity.dense_chain(16, 256, 256, 1, board), board, MappingOptions(scheduler="software"))

@@ -42,6 +42,15 @@ class MappingOptions(ScopedOptions):
         Load a PE's next tile while it computes the current one (the default). ``False``
         serializes fetch -> compute -> write-back on every PE (the setup of a scheduler that
         stages each layer's operands before computing, e.g. OctopuScheduler on SpiNNaker2).
+    scheduler : {"static", "software"}
+        ``static`` (the default): the compiled schedule; PEs start each layer on a barrier built
+        from NoC packets. ``software``: the setup of a runtime scheduler on one PE (e.g.
+        OctopuScheduler on SpiNNaker2), which the timing model costs: per layer the scheduler PE
+        sends every worker PE its task descriptor as NoC packets, one worker after another; each
+        worker takes an interrupt, reads the descriptor and programs its DMAs; the workers report
+        completion with one packet each, which the scheduler takes one by one before it
+        dispatches the next layer. The mapping (tiles, placement) is the same; only the timing
+        changes. One chip only (the scheduler's packets to other chips are not costed).
     """
 
     mode: str = "auto"
@@ -50,12 +59,14 @@ class MappingOptions(ScopedOptions):
     activations: str = "auto"
     naive: bool = False
     double_buffer: bool = True
+    scheduler: str = "static"
 
     def __post_init__(self) -> None:
         for name, allowed in (("mode", ("auto", "sequential", "pipelined")),
                               ("objective", ("latency", "throughput")),
                               ("weights", ("auto", "resident", "stream")),
-                              ("activations", ("auto", "dram"))):
+                              ("activations", ("auto", "dram")),
+                              ("scheduler", ("static", "software"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"MappingOptions.{name} must be one of {allowed}, got {getattr(self, name)!r}")
 
@@ -63,6 +74,8 @@ class MappingOptions(ScopedOptions):
         out = asdict(self)
         if out["double_buffer"]:  # the default: left out so earlier programs' bytes stay the same
             del out["double_buffer"]
+        if out["scheduler"] == "static":  # the default, left out for the same reason
+            del out["scheduler"]
         return out
 
 

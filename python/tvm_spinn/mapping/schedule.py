@@ -188,6 +188,8 @@ def _map(program: Program, arch: SpinnArch, mode: str, options: MappingOptions, 
         "pes_per_layer": [count for _, count in ranges],
         "double_buffer": not options.naive and options.double_buffer,
     }
+    if options.scheduler != "static":  # the default static schedule is left out (programs' bytes)
+        base["scheduler"] = options.scheduler
     # weights="auto": residency competes with on-chip activations for SRAM, and keeping weights
     # can push activations out to DRAM; the timing model decides between the greedy residency
     # plan and streaming every weight (ties keep the weights). Under a build's SRAM ledger
@@ -482,6 +484,10 @@ def map_program(program: Program, arch: SpinnArch, options: MappingOptions | Non
     (the free chips hold replicas).
     """
     options = options or current_options()
+    if options.scheduler == "software" and arch.chips > 1:
+        # the setup models one chip's scheduler PE: its packets' chip-to-chip hops are not costed
+        raise ValueError(f"MappingOptions.scheduler='software' models a scheduler PE on one chip; "
+                         f"{arch.name} has {arch.chips} chips")
     if options.naive or options.mode != "auto":
         _build(program, arch, "sequential" if options.mode == "auto" else options.mode, options)
         return program

@@ -163,7 +163,17 @@ class SpinnArch:
     sync_packet_cycles : float
         Assumption: cycles a PE spends taking one synchronisation packet from its
         communication controller and counting it while it waits (a load from the receive
-        register, an add, a compare and branch): 4.
+        register, an add, a compare and branch): 4. A software scheduler's packets
+        (:attr:`task_descriptor_words`) cost the same per word on either side: a load and a
+        store (to the transmit register, or from the receive register into the descriptor) and
+        the loop's compare and branch.
+    task_descriptor_words : int
+        Assumption: 32-bit payload words of the task descriptor a software scheduler sends a
+        worker PE for one layer (``MappingOptions(scheduler="software")``, read only by the
+        timing model in that setup): an operation code, the six operand addresses of an int8
+        GEMM (input, weight, bias, multiplier, shift, output) and the lower and upper bounds of
+        the worker's share on the three GEMM axes: 13. One SpiNNaker packet carries one
+        payload word [spiNNlink].
     irq_entry_cycles : int
         Cycles from an interrupt (a packet that releases a waiting PE) to the first instruction
         of its handler: 12 [M4-TRM].
@@ -238,6 +248,7 @@ class SpinnArch:
     barrier_cycles: int = 0  # the static schedule's: see the docstring
     sync_packet_cycles: float = 4.0  # assumption
     irq_entry_cycles: int = 12  # [M4-TRM]
+    task_descriptor_words: int = 1 + 6 + 2 * 3  # assumption, see the docstring
     dma_setup_cycles: int = 50  # assumption
     # [OJCAS26] derived, see the docstring: (measured W at 300 MHz - static W) / measured MAC/s
     e_mac_int8_j: float = (4.563e12 / 2.06e12 - 0.5) / (4.563e12 / 2)
@@ -271,7 +282,7 @@ class SpinnArch:
         positive_ints = (
             "chips", "pes_per_chip", "pes_per_qpe", "sram_bytes", "mac_rows", "mac_cols",
             "mac16_per_cycle", "dram_bytes", "links_per_chip", "chips_per_board", "m4f_chain_registers",
-            "board_serial_links",
+            "board_serial_links", "task_descriptor_words",
         )
         for name in positive_ints:
             value = getattr(self, name)
@@ -485,7 +496,8 @@ _HOST_FIELDS = frozenset({"host_mem_bw_bytes_s", "host_op_s"})
 #: The M4F's register-chain fields; omitted from :meth:`SpinnArch.to_dict` at their defaults.
 _CHAIN_FIELDS = frozenset({"m4f_chain_cycles", "m4f_chain_registers"})
 #: The timing model's interconnect, synchronisation and set-up fields; omitted at their defaults.
-_TIMING_FIELDS = frozenset({"noc_link_bytes_per_cycle", "sync_packet_cycles", "irq_entry_cycles"})
+_TIMING_FIELDS = frozenset({"noc_link_bytes_per_cycle", "sync_packet_cycles", "irq_entry_cycles",
+                            "task_descriptor_words"})
 _DEFAULTED_FIELDS = _TOPOLOGY_FIELDS | _HOST_FIELDS | _CHAIN_FIELDS | _TIMING_FIELDS
 
 
@@ -523,6 +535,12 @@ ASSUMPTION_RANGES: Mapping[str, AssumedRange] = types.MappingProxyType({
         2.0, 10.0,
         "[M4-TRM]-based assumption: a load and an add per packet at best; a load with peripheral "
         "wait states, an add, a compare and a taken branch at worst"),
+    "task_descriptor_words": AssumedRange(
+        7, 32,
+        "assumption: an operation code, three operand addresses (input, weight block with its "
+        "quantisation parameters packed behind it, output) and three packed 16-bit bound pairs at "
+        "least; every address and bound in its own word plus per-tile entries for a worker given "
+        "several tiles at most"),
     "mac_readout_cycles": AssumedRange(
         8, 64,
         "assumption: 64 32-bit sums through a 256-bit (8 cycles) to a 32-bit (64 cycles) SRAM port"),

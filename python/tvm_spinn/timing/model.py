@@ -32,6 +32,14 @@ a barrier built from NoC packets
 chip; pipelined mode: the layer's PE group, and throughput is set by the slowest stage). An
 inference starts with one multicast packet that wakes the PEs.
 
+*Software scheduler* (``MappingOptions(scheduler="software")``, the setup of a runtime
+scheduler such as OctopuScheduler; off by default): no barriers and no wake-up packet; per
+layer one scheduler PE sends each worker its task descriptor (:func:`software_dispatch`), each
+PE starts when its descriptor is read, and the layer ends when the scheduler has taken every
+worker's completion packet (:func:`software_completion`). Without double buffering the PEs'
+fetch -> compute -> write-back runs per tile against a DRAM channel they share
+(:func:`shared_dram_run`).
+
 *Views* (:meth:`~tvm_spinn.program.ops.base.OpFamily.is_view`: a reshape, a unit-axis permute or
 broadcast, a contiguous slice) cost nothing when their input and output live in the same memory:
 the consumers' DMA reads the producer's buffer in place. *Barriers* are dropped where no PE can
@@ -52,7 +60,8 @@ from ..program.tiles import TileTable
 from ..target.arch import SpinnArch
 from .bounds import gathered_bytes
 
-__all__ = ["LayerTiming", "Timing", "evaluate", "roofline", "transfers", "noc_cycles", "LOCAL", "NOC", "DRAM"]
+__all__ = ["LayerTiming", "Timing", "evaluate", "roofline", "transfers", "noc_cycles", "software_dispatch",
+           "software_completion", "scheduler_path_cycles", "shared_dram_run", "LOCAL", "NOC", "DRAM"]
 
 
 @dataclass
@@ -330,9 +339,129 @@ class _Barriers:
         return ok
 
 
+def scheduler_path_cycles(arch: SpinnArch) -> float:
+    """Cycles one packet takes between a software scheduler PE in the middle of the chip's mesh
+    and its farthest worker: :meth:`~tvm_spinn.target.arch.SpinnArch.noc_hops` routers of
+    ``noc_hop_cycles`` each."""
+    return float(arch.noc_hops(arch.pes_per_chip) * arch.noc_hop_cycles)
+
+
+def software_dispatch(table: TileTable, arch: SpinnArch) -> tuple[np.ndarray, float]:
+    """A software scheduler's dispatch of one layer: ``(ready, sent)``.
+
+    One scheduler PE sends each worker PE (the layer's PEs, in PE order) its task descriptor of
+    ``task_descriptor_words`` packets, one worker after another, at ``sync_packet_cycles`` a
+    packet; the last packet travels :func:`scheduler_path_cycles`, interrupts the worker
+    (``irq_entry_cycles``) and the worker reads the words (``sync_packet_cycles`` each) before it
+    programs its first DMA (whose ``dma_setup_cycles`` the per-PE path charges). ``ready``: per
+    tile, the cycle after the layer's start at which its PE has its task; ``sent``: the cycles the
+    scheduler spends sending (the dispatch phase).
+    """
+    workers, inverse = np.unique(table.pe, return_inverse=True)
+    words = arch.task_descriptor_words * arch.sync_packet_cycles
+    sent = (np.arange(len(workers), dtype=np.float64) + 1.0) * words
+    ready = sent + scheduler_path_cycles(arch) + arch.irq_entry_cycles + words
+    return ready[inverse.reshape(-1)], float(sent[-1]) if len(workers) else 0.0
+
+
+def software_completion(finish: np.ndarray, arch: SpinnArch) -> float:
+    """The cycle a software scheduler has taken every worker's completion packet.
+
+    Each worker sends one packet when its last tile is written back (``sync_packet_cycles``); it
+    travels :func:`scheduler_path_cycles`; the scheduler takes the packets one at a time in
+    arrival order (``sync_packet_cycles`` each): ``t_k = max(t_{k-1}, a_k) + c``, i.e.
+    ``max_k(a_k + (n - k) c)`` over the sorted arrivals ``a``.
+    """
+    if not len(finish):
+        return 0.0
+    c = arch.sync_packet_cycles
+    arrive = np.sort(np.asarray(finish, dtype=np.float64)) + c + scheduler_path_cycles(arch)
+    return float(np.max(arrive + c * (len(arrive) - np.arange(len(arrive)))))
+
+
+def shared_dram_run(table: TileTable, srcs, arch: SpinnArch, start) -> dict:
+    """Per-PE timeline of one layer whose PEs run fetch -> compute -> write-back serially per
+    tile while they share their chip's DRAM channel (a fluid model of the channel).
+
+    Each tile is phases in order: its load DMAs' set-up (``dma_setup_cycles`` each) and the
+    bytes that come over the NoC (``dma_bw_bytes_per_cycle``), the bytes read from DRAM, the
+    compute (the tile's ``cycles``), the write-back's set-up and its bytes (to DRAM or over the
+    NoC). While ``n`` PEs of a chip are in a DRAM phase each moves ``min(dma_bw_bytes_per_cycle,
+    dram rate / n)`` bytes a cycle (the channel shared evenly), so a PE computing leaves the
+    channel to the others and the channel idles only when no PE of the chip is fetching.
+    ``start``: the cycle each tile's PE may begin (one number or per tile). Returns the same
+    keys as the per-PE path (``order``, ``begin``, ``end``, ``pes``, ``finish``).
+    """
+    in_src, w_src, out_dst = srcs
+    rate, setup = arch.dma_bw_bytes_per_cycle, arch.dma_setup_cycles
+    dram_rate = arch.dram_bw_bytes_s / arch.clock_hz
+    n = len(table)
+    order, starts, pes = _segments(table.pe)
+    begin0 = np.broadcast_to(np.asarray(start, dtype=np.float64), (n,))[order]
+    moving_in = (in_src != LOCAL) & (table.in_bytes > 0)
+    moving_w = (w_src != LOCAL) & (table.w_bytes > 0)
+    moving_out = (out_dst != LOCAL) & (table.out_bytes > 0)
+    fixed_load = setup * (moving_in.astype(np.float64) + moving_w) + (
+        table.in_bytes * (in_src == NOC) + table.w_bytes * (w_src == NOC)) / rate
+    dram_load = (table.in_bytes * (in_src == DRAM) + table.w_bytes * (w_src == DRAM)).astype(np.float64)
+    comp = table.cycles.astype(np.float64)
+    out_setup = setup * moving_out.astype(np.float64)
+    out_noc = table.out_bytes * (out_dst == NOC) / rate
+    out_dram = (table.out_bytes * (out_dst == DRAM)).astype(np.float64)
+    # phases per tile (in PE order): amount, whether it uses the DRAM channel, whether compute
+    amounts = np.column_stack([fixed_load, dram_load, comp, out_setup + out_noc, out_dram])[order]
+    dram_ph = np.broadcast_to(np.array([False, True, False, False, True]), amounts.shape)
+    comp_ph = np.broadcast_to(np.array([False, False, True, False, False]), amounts.shape)
+    tile_ph = np.broadcast_to(np.arange(n)[:, None], amounts.shape)
+    keep = amounts.reshape(-1) > 0
+    amount = amounts.reshape(-1)[keep]
+    is_dram, is_comp, tile = dram_ph.reshape(-1)[keep], comp_ph.reshape(-1)[keep], tile_ph.reshape(-1)[keep]
+    pe_of = np.repeat(_segment_ids(n, starts), 5)[keep] if n else np.zeros(0, np.int64)
+    npe = len(starts)
+    first = np.searchsorted(pe_of, np.arange(npe))
+    stop = np.searchsorted(pe_of, np.arange(npe), side="right")
+    pe_start = begin0[starts] if n else np.zeros(0)
+    chip = (table.chip[order][starts] - int(table.chip.min())) if n else np.zeros(0, np.int64)
+    begin = begin0.copy()  # compute start per tile (in PE order); tiles without compute keep it
+    finish = pe_start.copy()
+    ptr, rem = first.copy(), amount.copy()
+    t = float(pe_start.min()) if npe else 0.0
+    waiting = pe_start > t  # PEs whose task has not arrived yet
+    while True:
+        live = ptr < stop
+        if not live.any():
+            break
+        idx = np.flatnonzero(live)
+        cur = ptr[idx]
+        wait = waiting[idx]
+        on_dram = is_dram[cur] & ~wait
+        share = np.bincount(chip[idx][on_dram], minlength=int(chip.max()) + 1 if npe else 1)
+        r = np.where(on_dram, np.minimum(rate, dram_rate / np.maximum(share[chip[idx]], 1)), 1.0)
+        need = np.where(wait, pe_start[idx] - t, rem[cur] / r)
+        dt = float(need.min())
+        t += dt
+        rem[cur] -= np.where(wait, 0.0, dt * r)
+        done = need <= dt + 1e-9 * max(1.0, abs(t))
+        arrived = idx[done & wait]
+        waiting[arrived] = False
+        moved = idx[done & ~wait]
+        ptr[moved] += 1
+        for group in (arrived, moved):  # a PE entering a compute phase starts its tile's compute
+            nxt = ptr[group]
+            ok = nxt < stop[group]
+            entering = group[ok][is_comp[nxt[ok]]]
+            begin[tile[ptr[entering]]] = t
+        ended = moved[ptr[moved] >= stop[moved]]
+        finish[ended] = t
+    return {"order": order, "begin": begin, "end": begin + comp[order], "pes": pes, "finish": finish}
+
+
 def _layer_pes(program: Program, index: int, table: TileTable, arch: SpinnArch, double_buffer: bool,
-               start: float, srcs) -> dict:
-    """Per-PE timeline of one layer (vectorized): compute start/end per tile and PE finish."""
+               start, srcs) -> dict:
+    """Per-PE timeline of one layer (vectorized): compute start/end per tile and PE finish.
+
+    ``start``: the cycle the PEs may begin, one for the layer or one per tile (its PE's: the
+    same for every tile of a PE)."""
     in_src, w_src, out_dst = srcs
     rate, setup = arch.dma_bw_bytes_per_cycle, arch.dma_setup_cycles
 
@@ -345,19 +474,21 @@ def _layer_pes(program: Program, index: int, table: TileTable, arch: SpinnArch, 
     comp = table.cycles.astype(np.float64)
     order, starts, pes = _segments(table.pe)
     L, C, O = load[order], comp[order], out[order]
+    # every tile of a PE may start at the PE's start (one number for the layer, or per tile)
+    begin0 = np.broadcast_to(np.asarray(start, dtype=np.float64), (len(table),))[order]
     seg = _segment_ids(len(order), starts)
     if double_buffer:
         # end_i = max(end_{i-1}, start + cumL_i) + C_i = cumC_i + max_{j<=i}(start + cumL_j - cumC_{j-1})
         cum_l, cum_c = _segment_cumsum(L, starts), _segment_cumsum(C, starts)
-        ready = start + cum_l - (cum_c - C)
-        big = 4.0 * (float(L.sum() + C.sum() + O.sum()) + abs(start)) + 1.0
+        ready = begin0 + cum_l - (cum_c - C)
+        big = 4.0 * (float(L.sum() + C.sum() + O.sum()) + float(np.abs(begin0).max(initial=0.0))) + 1.0
         end = cum_c + np.maximum.accumulate(ready + seg * big) - seg * big
         begin = end - C
         last = np.r_[starts[1:], len(order)] - 1
         dma_total = np.add.reduceat(L + O, starts) if len(order) else np.zeros(0)
-        finish = np.maximum(end[last] + O[last], start + dma_total)
+        finish = np.maximum(end[last] + O[last], begin0[starts] + dma_total)
     else:
-        end = start + _segment_cumsum(L + C + O, starts) - O
+        end = begin0 + _segment_cumsum(L + C + O, starts) - O
         begin = end - C
         last = np.r_[starts[1:], len(order)] - 1
         finish = end[last] + O[last]
@@ -381,6 +512,7 @@ def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None"
     mapping = program.mapping or {}
     double_buffer = mapping.get("double_buffer", True)
     pipelined = mapping.get("mode") == "pipelined"
+    software = mapping.get("scheduler") == "software"
     records = mapping.get("layers", [])
     cpc = arch.clock_hz
     dram_rate = arch.dram_bw_bytes_s / cpc
@@ -398,7 +530,8 @@ def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None"
     charged: dict[int, float] = {}  # barrier cycles charged at the end of each layer that ran
     # Per inference: the start packet's multicast from the middle of the mesh wakes every PE
     # (charged to the first layer that runs, so the layers' cycles add up to the total).
-    wake = float(arch.noc_hops(ppc) * arch.noc_hop_cycles + arch.irq_entry_cycles)
+    # A software scheduler wakes each worker with its task descriptor instead.
+    wake = 0.0 if software else float(arch.noc_hops(ppc) * arch.noc_hop_cycles + arch.irq_entry_cycles)
     for i, layer in enumerate(program.layers):
         table = tables[i]
         if _free_view(program, layer, onchip):
@@ -409,7 +542,8 @@ def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None"
                                       sram_peak=0, utilization=0.0, start_cycle=int(round(now))))
             continue
         # (pipelined mode: every layer keeps its PE group's barrier)
-        if barriers.starts_free(i, layer, -1 if pipelined else prev):
+        # (a software scheduler waits for every layer's completion packets)
+        if not software and barriers.starts_free(i, layer, -1 if pipelined else prev):
             now -= charged[prev]
             layers[prev].cycles -= charged[prev]
         prev = i
@@ -430,7 +564,16 @@ def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None"
                 start += gather / link_rate
         prev_chips = chips
         srcs = transfers(program, i, table, arch)
-        run = _layer_pes(program, i, table, arch, double_buffer, start, srcs)
+        first_start = start
+        if software and len(table):
+            ready, _ = software_dispatch(table, arch)
+            if double_buffer:
+                run = _layer_pes(program, i, table, arch, double_buffer, start + ready, srcs)
+            else:  # serial per tile: the PEs share the DRAM channel as they fetch
+                run = shared_dram_run(table, srcs, arch, start + ready)
+            first_start = start + float(ready.min())
+        else:
+            run = _layer_pes(program, i, table, arch, double_buffer, start, srcs)
         in_src, w_src, out_dst = srcs
         dram_t = (table.in_bytes * (in_src == DRAM) + table.w_bytes * (w_src == DRAM)
                   + table.out_bytes * (out_dst == DRAM))
@@ -448,10 +591,18 @@ def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None"
                 write = np.where((out_dst != LOCAL) & (table.out_bytes > 0),
                                  arch.dma_setup_cycles + table.out_bytes / arch.dma_bw_bytes_per_cycle, 0.0)
                 tail = float((table.cycles + write)[reads].min())
-            end = max(end, start + float(dram_chip.max()) / dram_rate + tail, start + noc_cycles(table, srcs, arch))
-        # sequential: every PE of the chip waits for the layer (any may run the next one);
-        # pipelined: the layer's PE group
-        charged[i] = float(np.ceil(arch.barrier_cost_cycles(len(run["pes"]) if pipelined else ppc)))
+            end = max(end, first_start + float(dram_chip.max()) / dram_rate + tail,
+                      first_start + noc_cycles(table, srcs, arch))
+        if software:
+            # the scheduler takes every worker's completion packet (the last worker's, sent after
+            # the layer's work ends, at least: send, path, take) before the next layer
+            packet = 2 * arch.sync_packet_cycles + scheduler_path_cycles(arch)
+            end = max(software_completion(run["finish"], arch), end + packet)
+            charged[i] = 0.0
+        else:
+            # sequential: every PE of the chip waits for the layer (any may run the next one);
+            # pipelined: the layer's PE group
+            charged[i] = float(np.ceil(arch.barrier_cost_cycles(len(run["pes"]) if pipelined else ppc)))
         end = float(np.ceil(end)) + charged[i]  # layers end on whole cycles
         dram_b, noc_b = int(dram_t.sum()), int(noc_t.sum())
         compute = int(table.cycles.sum())
