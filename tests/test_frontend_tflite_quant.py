@@ -417,4 +417,13 @@ def test_bad_representative_data():
         keras_to_tflite(_small(), quantize=np.zeros((2, 8, 8, 3), np.float32), io_dtype="int16")
 
 
-logging.getLogger("tvm_spinn.partition").setLevel(logging.ERROR)  # the int8 concat's fallback note
+
+@pytest.fixture(autouse=True)
+def _no_fallback_notes():
+    """The int8 concat's fallback note, hidden for this module's tests only (a level set at
+    import would hide the logger from every later test of the session)."""
+    logger = logging.getLogger("tvm_spinn.partition")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    yield
+    logger.setLevel(level)

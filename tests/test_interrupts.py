@@ -64,6 +64,10 @@ def test_ctrl_c_is_one_line_exit_130_and_no_output(mlp, tmp_path, tmp_path_facto
             out.unlink(missing_ok=True)  # it finished first: no interrupt to check at this point
             continue
         rc, err = result
+        if rc == 0:  # it finished as the signal came: a complete output, the Ctrl-C ignored
+            assert out.exists() or command == "tune", (delay, err[-3000:])
+            out.unlink(missing_ok=True)
+            continue
         interrupted += 1
         assert rc == 130, (delay, err[-3000:])
         assert err.strip().count("\n") == 0 and err.startswith("tvm-spinn: ") and "interrupted" in err, err[-3000:]

@@ -54,7 +54,12 @@ class _Interrupts:
 
     def __exit__(self, *exc) -> None:
         if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+            import tvm_spinn
+
+            # The command process has done its work (or refused it) and only exits now: a late
+            # Ctrl-C must not turn a finished command into a death by signal while the
+            # interpreter shuts down. In-process callers get their handler back.
+            signal.signal(signal.SIGINT, signal.SIG_IGN if tvm_spinn._deferred() else self._previous)
             self._previous = None
 
 
