@@ -10,6 +10,8 @@ import subprocess
 import sys
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
 import torch
 import tvm
@@ -176,3 +178,34 @@ def test_calibration_ids_past_the_table_are_an_index_error():
     tvm_spinn.quantize(mod, [[np.array([[1, 2, 3]], "int64")], [np.array([[4, 5, 9]], "int64")]])
     with pytest.raises(IndexError, match="out of range for axis 0 of extent 10"):
         tvm_spinn.quantize(mod, [[np.array([[1, 2, 10**9]], "int64")]])
+
+
+def _indexing_model(path, op, data_shape, index_shape, out_shape, **attrs):
+    from onnx import TensorProto, helper
+
+    node = helper.make_node(op, ["x", "i"], ["y"], **attrs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, data_shape),
+                                            helper.make_tensor_value_info("i", TensorProto.INT64, index_shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), path)
+
+
+@pytest.mark.parametrize("op, index_shape, out_shape, attrs, good, bad, shown", [
+    ("GatherElements", [3, 2], [3, 2], {"axis": 1}, [[0, 3], [1, -1], [3, 0]], [[0, 4], [1, 2], [3, 0]],
+     "gather_elements index 4 is out of range for axis 1 of extent 4"),
+    ("GatherND", [2, 2], [2], {}, [[0, 3], [2, -4]], [[0, 3], [3, 1]],
+     "gather_nd index 3 is out of range for axis 0 of extent 3"),
+])
+def test_gather_elements_and_gather_nd_are_checked(tmp_path, op, index_shape, out_shape, attrs, good, bad, shown):
+    """The fallback's GatherElements / GatherND trust their indices in TVM: checked like take
+    (in-range ids, negative ones counted from the end, equal onnxruntime's)."""
+    path = str(tmp_path / "m.onnx")
+    _indexing_model(path, op, [3, 4], index_shape, out_shape, **attrs)
+    ex = relax.build(tvm_spinn.frontend.from_onnx(path), target="spinn")
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype("float32")
+    want = ort.InferenceSession(path).run(None, {"x": x, "i": np.array(good, "int64")})[0]
+    got = vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(np.array(good, "int64"))).numpy()
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(IndexError, match=shown):
+        vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(np.array(bad, "int64")))

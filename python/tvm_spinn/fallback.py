@@ -78,33 +78,52 @@ def prepare_fallback(mod: tvm.IRModule) -> tvm.IRModule:
 def _take_label(call, var) -> str:
     table = call.args[0].ty
     shape = tuple(int(d) if isinstance(d, tvm.tirx.IntImm) else str(d) for d in table.shape)
-    return f"take {var.name!r} (fallback) of a {shape} {table.dtype} table"
+    kind = call.op.name.split(".")[-1]
+    return f"{kind} {var.name!r} (fallback) of a {shape} {table.dtype} {'table' if kind == 'take' else 'tensor'}"
+
+
+#: Indexing ops whose TVM lowering reads (or writes) wherever an index points: op -> whether its
+#: indices are tuples over the leading axes (``*_nd``) rather than positions along one axis.
+_INDEXING_OPS = {"relax.take": False, "relax.gather_elements": False, "relax.scatter_elements": False,
+                 "relax.gather_nd": True, "relax.scatter_nd": True}
 
 
 @relax.expr_functor.mutator
 class _TakeIndexChecker(relax.PyExprMutator):
     """Puts :data:`~tvm_spinn.runtime.checked_take.CHECK_FUNC` before the indices of every
-    ``take`` in ``fast`` mode (``clip`` and ``wrap`` stay in bounds by construction)."""
+    ``take`` in ``fast`` mode (``clip`` and ``wrap`` stay in bounds by construction), and before
+    those of ``gather_elements`` / ``scatter_elements`` (:data:`CHECK_ND_FUNC` for
+    ``gather_nd`` / ``scatter_nd``), whose TVM lowerings trust their indices."""
 
     def visit_var_binding_(self, binding) -> None:  # noqa: D102
         value = binding.value
-        if (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.take"
-                and str(value.attrs.mode) == "fast"):
-            from .runtime.checked_take import CHECK_FUNC
+        op = value.op.name if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) else None
+        if op not in _INDEXING_OPS or (op == "relax.take" and str(value.attrs.mode) != "fast"):
+            super().visit_var_binding_(binding)
+            return
+        from .runtime.checked_take import CHECK_FUNC, CHECK_ND_FUNC
 
-            table, indices = (self.visit_expr(a) for a in value.args)
-            axis = 0 if value.attrs.axis is None else int(value.attrs.axis)
+        args = [self.visit_expr(a) for a in value.args]
+        table, indices = args[0], args[1]
+        label = _take_label(value, binding.var)
+        if _INDEXING_OPS[op]:
+            checked = self.builder_.emit(relax.call_pure_packed(
+                CHECK_ND_FUNC, indices, table, int(value.attrs.batch_dims) if op == "relax.gather_nd" else 0,
+                label, ty_args=indices.ty))
+        else:
+            axis = value.attrs.axis
+            axis = 0 if axis is None else int(axis)
             if axis < 0:
                 axis += len(table.ty.shape)
-            checked = self.builder_.emit(relax.call_pure_packed(
-                CHECK_FUNC, indices, table, axis, _take_label(value, binding.var),
-                ty_args=indices.ty))
+            checked = self.builder_.emit(relax.call_pure_packed(CHECK_FUNC, indices, table, axis, label,
+                                                                ty_args=indices.ty))
+        if op == "relax.take":
             # "clip" on checked indices is the same gather: it only keeps TopI's warning that
             # "fast" may read out of bounds (printed once per take at every build) from showing
-            new = self.builder_.normalize(relax.op.take(table, checked, axis=value.attrs.axis, mode="clip"))
-            self.builder_.emit_normalized(relax.VarBinding(binding.var, new))  # the same variable, checked
-            return
-        super().visit_var_binding_(binding)
+            new = relax.op.take(table, checked, axis=value.attrs.axis, mode="clip")
+        else:
+            new = relax.Call(value.op, [table, checked, *args[2:]], value.attrs, value.ty_args)
+        self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(new)))
 
 
 @tvm.transform.module_pass(opt_level=0, name="SpinnCheckTakeIndices")
