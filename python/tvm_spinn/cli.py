@@ -13,6 +13,8 @@ import os
 import signal
 import sys
 
+from ._interrupts import InterruptGuard
+
 __all__ = ["main", "TARGETS"]
 
 #: The spinn target tags registered by ``tvm_spinn.target.register_default_tags`` (a static copy,
@@ -24,46 +26,10 @@ MODEL_FORMATS = (".onnx", ".tflite", ".pt2")
 INTERRUPTED = 130
 
 
-class _Interrupts:
-    """While active, SIGINT sets :attr:`hit` and raises ``KeyboardInterrupt`` in the main thread.
-
-    The flag outlives the exception: TVM turns a ``KeyboardInterrupt`` raised inside a Python
-    callback of its C++ code into an ordinary error that code may handle, so the command asks
-    :meth:`check` before it writes its output and exits 130 whatever became of the exception.
-    """
-
-    def __init__(self) -> None:
-        self.hit = False
-        self._previous = None
-
-    def _handle(self, signum, frame) -> None:
-        self.hit = True
-        raise KeyboardInterrupt
-
-    def check(self) -> None:
-        """Raise ``KeyboardInterrupt`` if Ctrl-C arrived (even if something swallowed it)."""
-        if self.hit:
-            raise KeyboardInterrupt
-
-    def __enter__(self) -> "_Interrupts":
-        import threading
-
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            import tvm_spinn
-
-            # The command process has done its work (or refused it) and only exits now: a late
-            # Ctrl-C must not turn a finished command into a death by signal while the
-            # interpreter shuts down. In-process callers get their handler back.
-            signal.signal(signal.SIGINT, signal.SIG_IGN if tvm_spinn._deferred() else self._previous)
-            self._previous = None
-
-
-_INTERRUPTS = _Interrupts()
+#: Ctrl-C during a command: TVM may turn the ``KeyboardInterrupt`` into an ordinary error that
+#: its code handles, so the command asks ``check()`` before it writes and exits 130 whatever
+#: became of the exception.
+_INTERRUPTS = InterruptGuard()
 
 
 class _Refused(Exception):
@@ -496,7 +462,13 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (130 after Ctrl-C)."""
     args = build_parser().parse_args(argv)
     note = _INTERRUPTED_NOTE.get(args.command, "interrupted").format(work_dir=getattr(args, "work_dir", ""))
-    _INTERRUPTS.hit = False
+    _INTERRUPTS.interrupted = False
+    import tvm_spinn
+
+    # The command process only exits after the command: a late Ctrl-C must not turn a finished
+    # command into a death by signal while the interpreter shuts down. In-process callers get
+    # their handler back.
+    _INTERRUPTS.after = signal.SIG_IGN if tvm_spinn._deferred() else None
     with _INTERRUPTS:
         try:
             try:
@@ -511,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
             except KeyboardInterrupt:
                 raise
             except BaseException:
-                if _INTERRUPTS.hit:  # whatever Ctrl-C became on its way out of TVM
+                if _INTERRUPTS.interrupted:  # whatever Ctrl-C became on its way out of TVM
                     raise KeyboardInterrupt from None
                 raise
         except KeyboardInterrupt:

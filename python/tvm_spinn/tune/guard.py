@@ -12,48 +12,12 @@ as failed, 1e10 s, would poison the logs).
 
 from __future__ import annotations
 
-import signal
-import threading
-
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
 
+from .._interrupts import InterruptGuard
+
 __all__ = ["InterruptGuard", "GuardCallback"]
-
-
-class InterruptGuard:
-    """While active (``with``), SIGINT sets :attr:`interrupted` and raises ``KeyboardInterrupt``.
-
-    Installed only from the main thread (Python delivers signals there only); the previous
-    handler is restored on exit.
-    """
-
-    def __init__(self) -> None:
-        self.interrupted = False
-        self._previous = None
-        self._installed = False
-
-    def _handle(self, signum, frame) -> None:
-        self.interrupted = True
-        raise KeyboardInterrupt
-
-    def check(self) -> None:
-        """Raise ``KeyboardInterrupt`` if SIGINT arrived while the guard was active."""
-        if self.interrupted:
-            raise KeyboardInterrupt
-
-    def __enter__(self) -> "InterruptGuard":
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.getsignal(signal.SIGINT)
-            signal.signal(signal.SIGINT, self._handle)
-            self._installed = True
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._installed:
-            signal.signal(signal.SIGINT, self._previous if self._previous is not None
-                          else signal.default_int_handler)
-            self._installed = False
 
 
 @derived_object
