@@ -81,3 +81,16 @@ def make(name: str, seed: int = 0):
     else:
         raise KeyError(name)
     return model.eval(), x
+
+
+def save_sub_onnx(path, output: str = "out", opset: int = 17) -> None:
+    """ONNX ``output = a - b`` with two (2, 3) float32 inputs (the order of the inputs matters
+    for the result), saved at ``path`` with IR version 9 (onnxruntime's)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Sub", ["a", "b"], [output])], "sub",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in ("a", "b")],
+        [helper.make_tensor_value_info(output, TensorProto.FLOAT, [2, 3])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=9), str(path))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from models import make
+from models import make, save_sub_onnx
 
 
 def _cli(*args, check=True):
@@ -80,24 +80,12 @@ def test_compile_quantized(tmp_path):
 
 # -- inputs by name, output files, errors (in-process `main` where a subprocess is not needed) ----
 
-def _sub_model(path):
-    """ONNX ``out = a - b`` with two (2, 3) float32 inputs (order matters for the result)."""
-    import onnx
-    from onnx import TensorProto, helper
-
-    graph = helper.make_graph(
-        [helper.make_node("Sub", ["a", "b"], ["out"])], "sub",
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in ("a", "b")],
-        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 3])])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
-
-
 @pytest.fixture(scope="module")
 def sub_lib(tmp_path_factory):
     from tvm_spinn import cli
 
     directory = tmp_path_factory.mktemp("sub")
-    _sub_model(directory / "sub.onnx")
+    save_sub_onnx(directory / "sub.onnx")
     assert cli.main(["compile", str(directory / "sub.onnx"), "-o", str(directory / "sub.so")]) == 0
     rng = np.random.default_rng(0)
     a, b = rng.normal(size=(2, 3)).astype("float32"), rng.normal(size=(2, 3)).astype("float32")

@@ -11,27 +11,16 @@ import textwrap
 import numpy as np
 import pytest
 
+from models import save_sub_onnx
 from tvm_spinn import _files, cli
 
 PYTHON_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python")
 
 
-def _sub_model(path, opset=17):
-    """ONNX ``diff = a - b`` with two (2, 3) float32 inputs."""
-    import onnx
-    from onnx import TensorProto, helper
-
-    graph = helper.make_graph(
-        [helper.make_node("Sub", ["a", "b"], ["diff"])], "sub",
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in ("a", "b")],
-        [helper.make_tensor_value_info("diff", TensorProto.FLOAT, [2, 3])])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=9), str(path))
-
-
 @pytest.fixture(scope="module")
 def sub(tmp_path_factory):
     directory = tmp_path_factory.mktemp("daily")
-    _sub_model(directory / "sub.onnx")
+    save_sub_onnx(directory / "sub.onnx", output="diff")
     assert cli.main(["compile", str(directory / "sub.onnx"), "-o", str(directory / "sub.so")]) == 0
     rng = np.random.default_rng(0)
     a, b = rng.normal(size=(2, 3)).astype("float32"), rng.normal(size=(2, 3)).astype("float32")
@@ -140,7 +129,7 @@ def _command(tmp_path, *args):
 
 
 def test_help_and_argument_errors_import_neither_torch_nor_tvm(tmp_path):
-    _sub_model(tmp_path / "m.onnx")
+    save_sub_onnx(tmp_path / "m.onnx", output="diff")
     cases = [
         (["--help"], 0, "compile"),
         (["compile", "--help"], 0, "spinn/cloud"),
@@ -253,7 +242,7 @@ def test_nonexistent_onnx_opset_is_refused(tmp_path, capsys):
 
     import tvm_spinn
 
-    _sub_model(tmp_path / "m99.onnx", opset=99)
+    save_sub_onnx(tmp_path / "m99.onnx", output="diff", opset=99)
     with pytest.raises(tvm_spinn.frontend.OnnxImportError, match=f"opset 99.*1 to {onnx.defs.onnx_opset_version()}"):
         tvm_spinn.frontend.from_onnx(str(tmp_path / "m99.onnx"))
     assert "opset 99" in _refused(capsys, ["compile", str(tmp_path / "m99.onnx"), "-o", str(tmp_path / "x.so")])
