@@ -102,7 +102,8 @@ def torch_latency(fn, x: torch.Tensor, repeat: int):
     return statistics.median(times), out.float().cpu().numpy()
 
 
-def bench(name, model, x, trials: int, work_root: str, repeat: int) -> dict:
+def bench(name, model, x, trials: int, work_root: str, repeat: int, compare_rounds: int = 11,
+          progress: bool = False, compile_torch: bool = True) -> dict:
     from tvm import relax
 
     import tvm_spinn
@@ -113,6 +114,8 @@ def bench(name, model, x, trials: int, work_root: str, repeat: int) -> dict:
     gpu_model, gx = model.to("cuda"), x.to("cuda")
     row["eager"], ref = torch_latency(gpu_model, gx, repeat)
     try:
+        if not compile_torch:
+            raise RuntimeError("torch.compile skipped (--no-torch-compile)")
         compiled = torch.compile(gpu_model)
         row["compiled"], out = torch_latency(compiled, gx, repeat)
         np.testing.assert_allclose(out, ref, rtol=1e-3, atol=1e-4)
@@ -127,7 +130,9 @@ def bench(name, model, x, trials: int, work_root: str, repeat: int) -> dict:
     if trials > 0:
         work = os.path.join(work_root, name)
         start = time.time()
-        result = tvm_spinn.tune(mod, target=target, work_dir=work, max_trials_per_task=trials)
+        print(f"{name}: tuning ({trials} trials per task) from {time.strftime('%H:%M:%S')}", flush=True)
+        result = tvm_spinn.tune(mod, target=target, work_dir=work, max_trials_per_task=trials,
+                                compare_rounds=compare_rounds, progress=progress, verbose=progress)
         row["tune_s"] = time.time() - start
         print(result.table(), flush=True)
         row["tasks"], row["trials"] = len(result.tasks), sum(t.trials for t in result.tasks)
@@ -173,9 +178,18 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--json", default=None, help="write the rows to this file")
     parser.add_argument("--skip-e2e", action="store_true")
+    parser.add_argument("--compare-rounds", type=int, default=11, help="default-vs-tuned comparison rounds per task")
+    parser.add_argument("--no-torch-compile", action="store_true", help="leave out the torch.compile column")
+    parser.add_argument("--progress", action="store_true", help="show the tuning job's progress and logs")
+    parser.add_argument("--stacks-after", type=float, default=0,
+                        help="print every thread's stack after this many seconds (finding where a run spends its time)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("tuning_gpu.py needs a CUDA GPU (torch.cuda.is_available() is False)")
+    if args.stacks_after > 0:
+        import faulthandler
+
+        faulthandler.dump_traceback_later(args.stacks_after, exit=False)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     work_root = args.work_dir or tempfile.mkdtemp(prefix="tvm_spinn_gpu_")
@@ -198,7 +212,8 @@ def main(argv=None) -> int:
         save()
     for name, model, x in _models(args.models.split(",")):
         try:
-            rows.append(bench(name, model, x, args.trials, work_root, args.repeat))
+            rows.append(bench(name, model, x, args.trials, work_root, args.repeat, args.compare_rounds, args.progress,
+                              not args.no_torch_compile))
         except Exception:  # noqa: BLE001
             rows.append({"model": name, "error": traceback.format_exc()[-2000:]})
         print(rows[-1], flush=True)
