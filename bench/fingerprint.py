@@ -124,7 +124,7 @@ def llm_plans(record, quick: bool) -> None:
     configs = importlib.resources.files("tvm_spinn.llm") / "configs"
     cases = [("llama-2-7b", "spinn/board", "int8", 256)]
     if not quick:
-        cases += [("gpt2-xl", "spinn/board", "float32", 1024), ("llama-2-70b", "spinn/board", "int8", 1024),
+        cases += [("gpt2-xl", "spinn/board", "fp32", 1024), ("llama-2-70b", "spinn/board", "int8", 1024),
                   ("llama-2-70b", "spinn/cloud", "int8", 1024)]
     for name, target, dtype, seq in cases:
         p = plan(str(configs / f"{name}.json"), target=target, seq=seq, dtype=dtype)
