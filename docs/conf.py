@@ -11,6 +11,7 @@ import sys
 
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(_ROOT / "python"))  # document this tree, not another installed copy
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "_ext"))
 
 project = "tvm-spinn"
 author = "tvm-spinn contributors"
@@ -27,6 +28,7 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",  # numpydoc-style docstrings
     "sphinx.ext.viewcode",
+    "cli_help",  # docs/_ext: the command's --help texts, from its parser
 ]
 
 source_suffix = {".md": "myst-nb", ".ipynb": "myst-nb", ".rst": "restructuredtext"}

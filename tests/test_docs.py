@@ -33,3 +33,6 @@ def test_docs_build_without_warnings(tmp_path):
     # the API reference really holds the documented objects (an import failure leaves it empty)
     api = (out / "api" / "target.html").read_text(encoding="utf-8")
     assert 'id="tvm_spinn.target.make_system"' in api
+    # the command line's reference is its parser's help, generated at build time
+    cli = (out / "guide" / "cli.html").read_text(encoding="utf-8")
+    assert "--tuning-logs" in cli and "--rpc-tracker" in cli
