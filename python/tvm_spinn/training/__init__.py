@@ -29,7 +29,7 @@ Final parameters are bitwise identical across runs, across spinn systems (``spin
    ops (dropout is refused), no global state;
 2. every floating-point reduction has a fixed order that does not depend on the machine size:
    the PE kernels are simulated bit-exactly, and a GEMM's reduction runs in ascending k on one
-   PE (k-chunks of a tile stay on its PE; ARCHITECTURE.md, invariants), so the chip's and the
+   PE (k-chunks of a tile stay on its PE; docs/design/invariants.md), so the chip's and the
    board's tilings give the same bits; BatchNorm's batch statistics are row means whose sums
    are sequential fp32 in ascending order however the rows are split over PEs (the chunks
    chain their partial sums), and max pooling's gradient adds its windows in TVM's fixed order

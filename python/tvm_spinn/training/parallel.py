@@ -1,6 +1,6 @@
 """Data-parallel training whose bits do not depend on the replica count.
 
-Rule (ARCHITECTURE.md, "Training"): the batch is cut into a fixed number ``M`` of micro-batches
+Rule (docs/design/training.md): the batch is cut into a fixed number ``M`` of micro-batches
 (a property of the training run, like the batch size), and the gradient of the step is the sum of
 the ``M`` micro-batch gradients in ascending micro-batch order, ``((g0 + g1) + g2) + ...``,
 divided by ``M``. ``R`` replicas (chips) own consecutive blocks of micro-batches
