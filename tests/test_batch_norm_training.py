@@ -100,7 +100,7 @@ def test_conv_fold_leaves_training_batch_norm_alone():
     """``FoldBatchNorm`` (also used by PTQ's ``prepare``) folds running statistics only."""
     from tvm.relax.frontend.torch import from_exported_program
 
-    from tvm_spinn.partition.rewrites import FoldBatchNorm
+    from tvm_spinn.relax_rewrites.folds import FoldBatchNorm
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)).train()

@@ -103,7 +103,7 @@ def test_keras_cnn_matches_interpreter(cnn_tflite):
     # every conv (depthwise included), the dense head, pools, add, mean and softmax run on the
     # MAC path with their requantization fused; one transpose in, one out (the NHWC output)
     assert ops["spinn.qconv2d_bias_requant_tflite"] + ops["spinn.qconv2d_bias_relu_requant_tflite"] == 5
-    assert ops["spinn.qdense_bias_requant"] == 1  # FULLY_CONNECTED rounds once (partition/rewrites.py)
+    assert ops["spinn.qdense_bias_requant"] == 1  # FULLY_CONNECTED rounds once (relax_rewrites/folds.py)
     for kind in ("spinn.max_pool2d", "spinn.avg_pool2d", "spinn.add", "spinn.qmean_tflite", "spinn.qsoftmax_tflite"):
         assert ops.get(kind, 0) == 1, kind
     assert "spinn.mean" not in ops and "spinn.softmax" not in ops  # no float mean/softmax left

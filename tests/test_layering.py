@@ -264,3 +264,15 @@ def test_training_is_a_top_layer():
     bad = _violations(explicit, "tvm_spinn.training", allowed)
     assert not bad, ("tvm_spinn.training may import only the front-end, target, partition, timing and "
                      "report:\n" + "\n".join(bad))
+
+
+def test_generic_rewrites_sit_below_the_partitioner():
+    """The generic Relax rewrites (``tvm_spinn.relax_rewrites``) import only the program layer and
+    leaves, and the front-ends and the quantizer reach them without importing the partitioner."""
+    explicit, _ = import_graph()
+    bad = _violations(explicit, "tvm_spinn.relax_rewrites", {"tvm_spinn.relax_rewrites", "tvm_spinn.program", *LEAVES})
+    assert not bad, "tvm_spinn.relax_rewrites may import only itself, program and leaves:\n" + "\n".join(bad)
+    users = sorted(m for m, out in explicit.items()
+                   if m.startswith(("tvm_spinn.frontend", "tvm_spinn.quant"))
+                   and any(t == "tvm_spinn.partition" or t.startswith("tvm_spinn.partition.") for t in out))
+    assert not users, f"front-end and quantizer modules import the partitioner: {users}"

@@ -131,7 +131,7 @@ def test_fold_constant_restores_legalization_on_error(monkeypatch):
 
 # ---- FoldLayoutConstants: large constants stand in as parameters for the rewrites ----
 
-from tvm_spinn.partition import rewrites  # noqa: E402
+from tvm_spinn.relax_rewrites import folds as rewrites  # noqa: E402
 
 _RNG = np.random.default_rng(0)
 _W = _RNG.standard_normal((6, 4)).astype("float32")

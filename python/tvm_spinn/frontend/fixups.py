@@ -19,7 +19,7 @@ from tvm import relax
 from tvm.ir.expr import Constant
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
-from ..partition.hidden import HiddenConstants
+from ..relax_rewrites.hidden import HiddenConstants
 
 __all__ = ["FixupImported"]
 
@@ -142,7 +142,7 @@ def fixup(func: relax.Function) -> relax.Function:
 
     They are ``rewrite_call`` rewrites, which after each change simplify the function until
     nothing changes, hashing the weights' data: they run with the large constants standing in as
-    parameters (:mod:`tvm_spinn.partition.hidden`), which gives the same function (GPT-2:
+    parameters (:mod:`tvm_spinn.relax_rewrites.hidden`), which gives the same function (GPT-2:
     2.5 s -> ~0.1 s)."""
     if not _may_fix(func):
         return _fixup(func, None)

@@ -17,7 +17,7 @@ from .pad import FoldPadIntoConv
 from .split import SplitToSlices
 from .qweights import UniqueDequantize, hide_quantized_weights, restore_quantized_weights
 from .nhwc import has_nhwc_qconv, nhwc_to_nchw
-from .rewrites import FoldBatchNorm, FoldLayoutConstants, FoldQuantizedClip, TagRequantRounding
+from ..relax_rewrites.folds import FoldBatchNorm, FoldLayoutConstants, FoldQuantizedClip, TagRequantRounding
 
 __all__ = ["partition_for_spinn", "PartitionSummary", "summarize_partition"]
 

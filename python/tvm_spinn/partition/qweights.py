@@ -16,8 +16,8 @@ from tvm import relax
 from tvm.ir.expr import Constant
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
-from .hidden import HiddenConstants
-from .rewrites import _fold_layout
+from ..relax_rewrites.hidden import HiddenConstants
+from ..relax_rewrites.folds import _fold_layout
 
 __all__ = ["hide_quantized_weights", "restore_quantized_weights", "UniqueDequantize", "QUANTIZED_DTYPES"]
 

@@ -25,7 +25,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..partition.rewrites import FoldBatchNorm, FoldLayoutConstants
+from ..relax_rewrites.folds import FoldBatchNorm, FoldLayoutConstants
 from .calibrate import activation_qparams, collect_ranges, input_specs, normalize_samples
 from .scheme import QuantizationError, QuantScheme, as_scheme
 

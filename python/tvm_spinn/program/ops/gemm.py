@@ -1538,7 +1538,7 @@ def _lower_qgemm(lowerer, layer: Layer, name: str, calls: list, env: dict) -> No
     sy = float(np.asarray(quant.args[1].value.numpy(), dtype=np.float64).reshape(-1)[0])
     zy = int(quant.args[2].value.numpy().reshape(-1)[0])
     lo, hi = QUANT_RANGES[ydtype]
-    # A composite named ``..._tflite`` (partition.rewrites.TagRequantRounding) requantizes with
+    # A composite named ``..._tflite`` (relax_rewrites.folds.TagRequantRounding) requantizes with
     # TFLite's rule (program/quant.py).
     rounding = "tflite" if name.endswith("_tflite") else "half_up"
     to_fixed = quantize_multiplier_tflite if rounding == "tflite" else quantize_multiplier
