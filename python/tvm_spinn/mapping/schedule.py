@@ -177,7 +177,8 @@ def _map(program: Program, arch: SpinnArch, mode: str, options: MappingOptions, 
     tables, records = [], []
     for i in range(n):
         first, count = ranges[i]
-        tile = choose_tile(program, i, arch, pes=count, naive=options.naive)
+        tile = choose_tile(program, i, arch, pes=count, naive=options.naive,
+                           resident=options.weights == "resident")
         tables.append(_place(program, i, arch, tile, first, count, options.naive))
         records.append({"tile": [int(v) for v in tile], "pes": [int(first), int(count)]})
 

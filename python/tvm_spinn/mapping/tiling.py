@@ -19,7 +19,7 @@ import numpy as np
 from ..program import Program
 from ..program.ops import MappingError, family_of
 from ..program.ops.base import ACC_BYTES
-from ..program.ops.gemm import (GemmShape, Int8Side, choose_gemm_tile, gemm_shape, gemm_tile_cycles, int8_side,
+from ..program.ops.gemm import (Gemm, GemmShape, Int8Side, choose_gemm_tile, gemm_shape, gemm_tile_cycles, int8_side,
                                 safe_k_chunk, smallest_gemm_tile_bytes)
 from ..program.ops.pool import smallest_pool_tile_bytes
 from ..program.ops.rows import smallest_row_tile_bytes
@@ -81,11 +81,15 @@ def layer_work(program: Program, index: int, arch: SpinnArch) -> None:
 
 
 def choose_tile(program: Program, index: int, arch: SpinnArch, pes: int | None = None,
-                naive: bool = False) -> list[int]:
-    """The tile shape of layer ``index`` for ``pes`` PEs (see :mod:`tvm_spinn.program.tiles`)."""
+                naive: bool = False, resident: bool = False) -> list[int]:
+    """The tile shape of layer ``index`` for ``pes`` PEs (see :mod:`tvm_spinn.program.tiles`);
+    ``resident``: a GEMM's weights will be held in SRAM (``MappingOptions(weights="resident")``),
+    so its tiles are costed without weight transfers."""
     layer, family = _family(program, index)
     _check_nonempty(program, index)
     _check_fits(program, index, arch)
+    if resident and isinstance(family, Gemm):
+        return family.choose_tile(program, layer, arch, pes or arch.total_pes, naive, resident=True)
     return family.choose_tile(program, layer, arch, pes or arch.total_pes, naive)
 
 

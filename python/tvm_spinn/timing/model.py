@@ -38,7 +38,9 @@ layer one scheduler PE sends each worker its task descriptor (:func:`software_di
 PE starts when its descriptor is read, and the layer ends when the scheduler has taken every
 worker's completion packet (:func:`software_completion`). Without double buffering the PEs'
 fetch -> compute -> write-back runs per tile against a DRAM channel they share
-(:func:`shared_dram_run`).
+(:func:`shared_dram_run`). The scheduler software's published, measured costs
+(:data:`~.software.OCTOPUS_SCHEDULER`) are charged as they are: a layer takes at least its
+time per layer, the first layer starts after its set-up and the last ends with its clean-up.
 
 *Views* (:meth:`~tvm_spinn.program.ops.base.OpFamily.is_view`: a reshape, a unit-axis permute or
 broadcast, a contiguous slice) cost nothing when their input and output live in the same memory:
@@ -56,11 +58,13 @@ import numpy as np
 
 from ..program import Program
 from ..program.ops.base import family_of
+from ..program.noc import noc_port_cycles
 from ..program.tiles import TileTable
 from ..target.arch import SpinnArch
 from .bounds import gathered_bytes
+from .software import OCTOPUS_SCHEDULER
 
-__all__ = ["LayerTiming", "Timing", "evaluate", "roofline", "transfers", "noc_cycles", "software_dispatch",
+__all__ = ["LayerTiming", "Timing", "evaluate", "roofline", "transfers", "noc_cycles", "noc_port_cycles", "software_dispatch",
            "software_completion", "scheduler_path_cycles", "shared_dram_run", "LOCAL", "NOC", "DRAM"]
 
 
@@ -171,31 +175,14 @@ def transfers(program: Program, index: int, table: TileTable, arch: SpinnArch) -
     return in_src, w_src, out_dst
 
 
-#: Share of the NoC traffic that crosses the mesh's bisection when a layer's sources and
-#: destinations spread evenly over the chip (a uniformly random pair lies on opposite halves
-#: half the time).
-_BISECTION_SHARE = 0.5
-
-
 def noc_cycles(table: TileTable, srcs, arch: SpinnArch) -> float:
     """Cycles the NoC needs for one layer's traffic: the busiest quad-PE router port or the
-    bisection, whichever binds.
-
-    Every quad-PE's router joins its PEs to the mesh through one port of
-    ``noc_link_bytes_per_cycle`` each way, so the bytes a quad-PE's tiles receive (operands not
-    in their own SRAM, from DRAM or from other PEs) and send (outputs not kept locally) queue
-    there; traffic spread over the chip crosses the middle of the mesh with probability
-    :data:`_BISECTION_SHARE`, at ``noc_bw_bytes_s``. The slowest chip sets the time.
-    """
+    bisection, whichever binds (:func:`noc_port_cycles` of the bytes each tile receives and
+    sends)."""
     in_src, w_src, out_dst = srcs
     recv = table.in_bytes * (in_src != LOCAL) + table.w_bytes * (w_src != LOCAL)
     send = table.out_bytes * (out_dst != LOCAL)
-    qpe = table.pe // arch.pes_per_qpe
-    qpe = qpe - int(qpe.min())
-    port = max(float(np.bincount(qpe, weights=recv).max()), float(np.bincount(qpe, weights=send).max()))
-    chip = table.chip - int(table.chip.min())
-    bisection = float(np.bincount(chip, weights=recv + send).max()) * _BISECTION_SHARE
-    return max(port / arch.noc_link_bytes_per_cycle, bisection / (arch.noc_bw_bytes_s / arch.clock_hz))
+    return noc_port_cycles(table.pe, table.chip, recv, send, arch)
 
 
 #: The region axis a GEMM's weight operand varies along (its input block is the same along it):
@@ -531,7 +518,12 @@ def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None"
     # Per inference: the start packet's multicast from the middle of the mesh wakes every PE
     # (charged to the first layer that runs, so the layers' cycles add up to the total).
     # A software scheduler wakes each worker with its task descriptor instead.
-    wake = 0.0 if software else float(arch.noc_hops(ppc) * arch.noc_hop_cycles + arch.irq_entry_cycles)
+    # A software scheduler wakes each worker with its task descriptor instead, after its
+    # software's measured per-inference set-up (:data:`~.software.OCTOPUS_SCHEDULER`).
+    costs = OCTOPUS_SCHEDULER
+    wake = (costs.setup_s * cpc if software
+            else float(arch.noc_hops(ppc) * arch.noc_hop_cycles + arch.irq_entry_cycles))
+    last_run = -1
     for i, layer in enumerate(program.layers):
         table = tables[i]
         if _free_view(program, layer, onchip):
@@ -554,6 +546,7 @@ def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None"
         else:
             chips = sorted(set((table.pe // ppc).tolist())) or [0]
         link_bytes, start = 0, now + wake
+        layer_start = start  # (after the software scheduler's set-up)
         wake = 0.0
         if len(chips) > 1 or (prev_chips is not None and chips != prev_chips):
             in_bytes = sum(program.tensors[t].nbytes for t in layer.inputs if program.tensors[t].role != "const")
@@ -598,6 +591,8 @@ def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None"
             # the layer's work ends, at least: send, path, take) before the next layer
             packet = 2 * arch.sync_packet_cycles + scheduler_path_cycles(arch)
             end = max(software_completion(run["finish"], arch), end + packet)
+            # and a layer takes at least its software's measured time per layer
+            end = max(end, layer_start + costs.per_layer_s * cpc)
             charged[i] = 0.0
         else:
             # sequential: every PE of the chip waits for the layer (any may run the next one);
@@ -623,12 +618,18 @@ def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None"
             utilization=compute / (cycles * max(1, pes_used)) if cycles else 0.0,
             start_cycle=int(round(now)),
         ))
+        last_run = len(layers) - 1
         stage_max = max(stage_max, end - now)
         totals["dram"] += dram_b
         totals["noc"] += noc_b
         totals["link"] += link_bytes
         totals["compute"] += compute
         now = end
+    if software and last_run >= 0:
+        # the scheduler software's measured per-inference clean-up, after the last layer
+        cleanup = int(np.ceil(costs.cleanup_s * cpc))
+        layers[last_run].cycles += cleanup
+        now += cleanup
     total_cycles = int(round(now))
     latency = total_cycles / cpc
     flops = sum(layer.flops for layer in program.layers)

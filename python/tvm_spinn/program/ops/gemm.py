@@ -48,6 +48,7 @@ import numpy as np
 from ... import _lib
 from ..checks import PAD4, POS2, POSINT, RELU, ZERO, check_bool, check_str, fail
 from ..model import Layer
+from ..noc import noc_port_cycles
 from ..quant import (QUANT_RANGES, ROUNDINGS, quantize_multiplier, quantize_multiplier_tflite, requantize,
                      requantize_tflite, to_signed)
 from . import native
@@ -226,7 +227,8 @@ def _round_up(a: int, b: int) -> int:
 def choose_gemm_tile(g: GemmShape, arch: "SpinnArch", name: str = "gemm", pes: int | None = None,
                      kind: str = "dense", naive: bool = False,
                      input_bytes=None, mode: str = "fp32", elem_bytes=None,
-                     int8: Int8Side | None = None, split_k: bool = False) -> tuple[int, ...]:
+                     int8: Int8Side | None = None, split_k: bool = False,
+                     resident: bool = False) -> tuple[int, ...]:
     """Pick ``(tm, tn, tk)`` for a GEMM with the lowest estimated layer time; with ``split_k``
     (what the mapper asks), ``(tm, tn, tk, p)`` for an int8 GEMM whose tiles' reductions split
     over ``p`` PEs each (tried when the tiles leave PEs idle, ``tiles * p <= pes``; kept only
@@ -236,8 +238,11 @@ def choose_gemm_tile(g: GemmShape, arch: "SpinnArch", name: str = "gemm", pes: i
     estimate spreads the tiles over ``pes`` PEs and takes ``max(per-PE compute and DMA, DRAM
     traffic / bandwidth + the last tile's compute)``, where the weight operand of a tile group is
     fetched once per PE (weight-stationary) and the activation operand once per tile
-    (``input_bytes(vn)`` when given, e.g. a conv's input rows). Ties go to fewer tiles, then to
-    the larger tile (deterministic). ``naive`` returns the smallest MAC-shaped tile.
+    (``input_bytes(vn)`` when given, e.g. a conv's input rows); ``resident`` weights are in SRAM
+    before the inference and move no bytes. The NoC is costed as the timing model costs it
+    (:func:`tvm_spinn.program.noc.noc_port_cycles`, the tiles spread evenly over the PEs).
+    Ties go to fewer tiles, then to the larger tile (deterministic). ``naive`` returns the
+    smallest MAC-shaped tile.
 
     ``elem_bytes`` is ``(activation, weight, output)`` element bytes (matmul: lhs, rhs, output),
     by default the mode's (fp32: 4, 4, 4; int8: 1, 1, 4); compute time follows ``mode``
@@ -275,7 +280,8 @@ def choose_gemm_tile(g: GemmShape, arch: "SpinnArch", name: str = "gemm", pes: i
     tms, tns = sorted(tms), sorted(tns)
     chips = max(1, -(-pes // arch.pes_per_chip))
     dram_bytes_per_cycle = arch.dram_bw_bytes_s * chips / arch.clock_hz
-    noc_bytes_per_cycle = arch.noc_bw_bytes_s * chips / arch.clock_hz
+    pe_ids = np.arange(pes, dtype=np.int64)
+    chip_ids = pe_ids // arch.pes_per_chip
     weight_a = _weight_is_a(kind)
     best, best_key = None, None
     for tm in tms:
@@ -312,7 +318,7 @@ def choose_gemm_tile(g: GemmShape, arch: "SpinnArch", name: str = "gemm", pes: i
                 per_pe = ceil_div(tiles_p, pes)
                 span = -(-ksplits // parts) * ceil_div(g.k, ksplits)  # the longest part's k
                 frac = min(span, g.k) / g.k
-                xb, wb = x_bytes * frac, w_bytes * frac
+                xb, wb = x_bytes * frac, (0.0 if resident else w_bytes * frac)
                 stationary = wb + gemm_tile_bytes(tm, tn, min(tk, g.k), ae, be) <= budget
                 w_loads = min(tiles_p, max(groups_p, pes)) if stationary else tiles_p
                 if parts == 1:
@@ -325,7 +331,9 @@ def choose_gemm_tile(g: GemmShape, arch: "SpinnArch", name: str = "gemm", pes: i
                 # Weight blocks cross DRAM once per group (the NoC multicasts them); activations
                 # are assumed on-chip (NoC). The last tile computes after its load: no overlap.
                 dram_time = groups_p * wb / dram_bytes_per_cycle
-                noc_time = (tiles_p * (xb + oe * vm * vn) + w_loads * wb) / noc_bytes_per_cycle
+                on_pe = tiles_p // pes + (pe_ids < tiles_p % pes)
+                noc_time = noc_port_cycles(pe_ids, chip_ids, on_pe * (xb + wb * w_loads / tiles_p),
+                                           on_pe * (oe * vm * vn), arch)
                 key = (max(pe_time, max(dram_time, noc_time) + compute), tiles_p, -tm, -tn)
                 if best_key is None or key < best_key:
                     best, best_key = ((tm, tn, tk, parts) if parts > 1 else (tm, tn, tk)), key
@@ -1187,13 +1195,13 @@ class Gemm(OpFamily):
         ae, be, _, _ = _operand_elems(layer.kind, layer.mode, elems)
         return smallest_gemm_tile_bytes(arch, gemm_shape(program, layer).k, ae, be)
 
-    def choose_tile(self, program, layer, arch, pes, naive):
+    def choose_tile(self, program, layer, arch, pes, naive, resident=False):
         g = gemm_shape(program, layer)
         in_fn = (lambda vn: int(_conv_input_bytes(program, layer, 0, vn))) if layer.kind == "conv2d" else None
         _, elems, side = _cost_operands(program, layer)
         return list(choose_gemm_tile(g, arch, layer.name, pes=pes, kind=layer.kind, naive=naive,
                                      input_bytes=in_fn, mode=layer.mode, elem_bytes=elems, int8=side,
-                                     split_k=SPLIT_K))
+                                     split_k=SPLIT_K, resident=resident))
 
     def tile_costs(self, program, layer, arch, tile, lo, hi):
         t = program.tensors
