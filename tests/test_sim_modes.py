@@ -66,8 +66,13 @@ def _target(spec):
     return spec
 
 
-@pytest.mark.parametrize("mapping", sorted(_MAPPINGS))
-@pytest.mark.parametrize("name", ["cnn", "mlp", "transformer"])
+# Every mapping on the cnn and the mlp; on the transformer the default one and the small SRAM
+# (the most tiles), its other four mappings with -m slow.
+@pytest.mark.parametrize("name, mapping", [
+    *((n, m) for n in ("cnn", "mlp") for m in sorted(_MAPPINGS)),
+    *(("transformer", m) if m in ("spinn", "small-sram") else pytest.param("transformer", m, marks=pytest.mark.slow)
+      for m in sorted(_MAPPINGS)),
+])
 def test_fp32_models_same_bits(monkeypatch, name, mapping):
     model, x = models.make(name)
     mod = tvm_spinn.frontend.from_pytorch(model, (x,))
