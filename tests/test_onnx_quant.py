@@ -425,8 +425,16 @@ def _check_int8_structure(mod, act_dtype):
 MAX_STEPS = 2
 
 
-@pytest.mark.parametrize("variant", list(qm.VARIANTS))
-@pytest.mark.parametrize("name", ["cnn", "mlp"])
+# Every variant on the CNN; on the MLP a uint8 QDQ and a QOperator variant by default, its
+# other five (the same import paths) with -m slow.
+_MLP_DEFAULT_VARIANTS = ("qdq_tensor_u8_asym", "qop_channel_s8_asym")
+
+
+@pytest.mark.parametrize("name, variant", [
+    *(("cnn", v) for v in qm.VARIANTS),
+    *(("mlp", v) if v in _MLP_DEFAULT_VARIANTS else pytest.param("mlp", v, marks=pytest.mark.slow)
+      for v in qm.VARIANTS),
+])
 def test_import_ort_quantized(quantized, name, variant):
     import tvm
     from tvm import relax

@@ -66,8 +66,13 @@ def _target(spec):
     return spec
 
 
-@pytest.mark.parametrize("mapping", sorted(_MAPPINGS))
-@pytest.mark.parametrize("name", ["cnn", "mlp", "transformer"])
+# Every mapping on the cnn and the mlp; on the transformer the default one and the small SRAM
+# (the most tiles), its other four mappings with -m slow.
+@pytest.mark.parametrize("name, mapping", [
+    *((n, m) for n in ("cnn", "mlp") for m in sorted(_MAPPINGS)),
+    *(("transformer", m) if m in ("spinn", "small-sram") else pytest.param("transformer", m, marks=pytest.mark.slow)
+      for m in sorted(_MAPPINGS)),
+])
 def test_fp32_models_same_bits(monkeypatch, name, mapping):
     model, x = models.make(name)
     mod = tvm_spinn.frontend.from_pytorch(model, (x,))
@@ -78,8 +83,13 @@ def test_fp32_models_same_bits(monkeypatch, name, mapping):
     _assert_same_bits(monkeypatch, ex, inputs)
 
 
-@pytest.mark.parametrize("system", ["spinn", "acc18"])
-@pytest.mark.parametrize("name", ["cnn", "mlp", "transformer"])
+# Default: each model once and each system at least once (acc18, the split reductions, on the
+# conv and the attention model); the other three pairs run with -m slow.
+@pytest.mark.parametrize("name, system", [
+    ("cnn", "acc18"), ("mlp", "spinn"), ("transformer", "acc18"),
+    pytest.param("cnn", "spinn", marks=pytest.mark.slow), pytest.param("mlp", "acc18", marks=pytest.mark.slow),
+    pytest.param("transformer", "spinn", marks=pytest.mark.slow),
+])
 def test_int8_models_same_bits(monkeypatch, name, system):
     """PTQ models on the MAC path; "acc18" has an 18-bit accumulator (safe k-chunk 7), so every
     reduction is split and the per-layer path must keep the tiles' chunk boundaries."""
@@ -106,7 +116,10 @@ def test_int8_wrapping_chunks_same_bits(monkeypatch):
     _assert_same_bits(monkeypatch, ex, [np.full(x.shape, 1e4, np.float32), np.full(x.shape, -1e4, np.float32)])
 
 
-@pytest.mark.parametrize("name", ["resnet", "mobilenet_v2", "convnext", "vit", "bert", "gpt2", "llama"])
+# Default: a conv net, a depthwise/LayerNorm one and a transformer encoder; the larger ones (their
+# GEMM layer kinds are the ones above and test_more_kinds_same_bits') run with -m slow.
+@pytest.mark.parametrize("name", ["resnet", pytest.param("mobilenet_v2", marks=pytest.mark.slow), "convnext", "vit",
+                                  *(pytest.param(n, marks=pytest.mark.slow) for n in ("bert", "gpt2", "llama"))])
 def test_zoo_same_bits(monkeypatch, name):
     pytest.importorskip("transformers")
     import test_zoo

@@ -69,8 +69,13 @@ def _cases():
     return cases
 
 
-@pytest.mark.parametrize("quantized", [False, True])
-@pytest.mark.parametrize("name", ["cnn", "mlp", "transformer", "kinds", "pools"])
+# Every model in fp32; int8 on the transformer (dense and matmul), the kinds net (every conv
+# geometry) and the pools; the int8 cnn and mlp (layer kinds of those two) with -m slow.
+@pytest.mark.parametrize("name, quantized", [
+    *((n, False) for n in ("cnn", "mlp", "transformer", "kinds", "pools")),
+    pytest.param("cnn", True, marks=pytest.mark.slow), pytest.param("mlp", True, marks=pytest.mark.slow),
+    *((n, True) for n in ("transformer", "kinds", "pools")),
+])
 def test_plan_gives_the_unprepared_bits(monkeypatch, name, quantized):
     model, x = _cases()[name]
     mod = tvm_spinn.frontend.from_pytorch(model, (x,))

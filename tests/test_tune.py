@@ -294,6 +294,9 @@ def _stop(proc):
             continue
 
 
+@pytest.mark.slow  # ~30-45 s: a tracker and two servers, each a fresh interpreter importing TVM;
+# the RPC arguments' errors are test_bad_arguments_raise_clear_errors, and the fixture's jobs
+# measure with MetaSchedule's real LocalRunner
 @pytest.mark.timeout(300)
 def test_tuning_through_rpc_tracker_and_two_servers(tmp_path):
     from tvm_spinn.tune.runner import tracker_servers

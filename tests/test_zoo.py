@@ -62,7 +62,11 @@ ZOO = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(ZOO))
+# MobileNetV2 (~10 s: 17 blocks) runs with -m slow: its depthwise convolutions with fused ReLU6,
+# folded BatchNorm and residual adds are each covered by default (test_ops.py, test_e2e.py's cnn,
+# test_zoo_transformers.py's resnet), and its partition by test_partition_speed.py.
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "mobilenet_v2" else n
+                                  for n in sorted(ZOO)])
 def test_zoo_model(name):
     torch.manual_seed(0)
     model, x = ZOO[name]()
