@@ -295,9 +295,9 @@ def test_kv_cache_in_sram_when_it_fits_else_dram():
     ledger has room for it (the attention matmuls' operands resident, counted in the resident
     bytes), else in DRAM; and holding it in SRAM is never slower than streaming it from DRAM
     on the same system (the same weights streamed in both)."""
-    from tvm_spinn.llm.plan import _kv_state, _map_stage
+    from tvm_spinn.llm.plan import _map_stage
     from tvm_spinn.mapping import MappingOptions
-    from tvm_spinn.mapping.schedule import map_program
+    from tvm_spinn.mapping.planner import plan_system
     from tvm_spinn.mapping.system import resident_state
 
     seq, program = _attention_program()
@@ -315,15 +315,14 @@ def test_kv_cache_in_sram_when_it_fits_else_dram():
     # (the post-attention RMSNorm's 1 KB weight may stay resident; none of the cache does)
     assert spilled.kv_sram_bytes == 0 and spilled.resident_bytes < kv
     # the same system, the cache held (weights="auto") or streamed (weights="stream")
-    timed = {}
+    timed, state = {}, {}
     for weights in ("auto", "stream"):
         mapped = dataclasses.replace(program, timing={}, mapping={}, memory={}, tiles=None)
         mapped.arch = fits.to_dict()
-        with MappingOptions(weights=weights):
-            map_program(mapped, fits)
-        timed[weights] = mapped
+        (region,) = plan_system([mapped], fits, MappingOptions(weights=weights)).regions
+        timed[weights], state[weights] = mapped, (region.state_bytes, region.state_sram_bytes)
     assert resident_state(timed["auto"], timed["auto"].mapping["resident_layers"]) == caches
-    assert _kv_state(timed["auto"]) == (kv, kv) and _kv_state(timed["stream"]) == (kv, 0)
+    assert state["auto"] == (kv, kv) and state["stream"] == (kv, 0)
     assert timed["auto"].timing["latency_s"] <= timed["stream"].timing["latency_s"]
     # streamed, the cache crosses DRAM each step (the bound's I/O); held, it does not
     assert timed["stream"].timing["system"]["streamed_bytes_per_chip"] > timed["auto"].timing["system"]["streamed_bytes_per_chip"]

@@ -160,14 +160,15 @@ def test_loaded_program_rederives_the_compile_time_tiles_and_timing(monkeypatch,
     compiled = {}
     import tvm_spinn.codegen.codegen as codegen
 
-    original = codegen._lower_and_map
+    original = codegen.plan_system
 
-    def keep(func, symbol, arch):  # the compiler's own Program objects, before serialization
-        program = original(func, symbol, arch)
-        compiled[symbol] = (program, arch)
-        return program
+    def keep(programs, arch, *args, **kwargs):  # the compiler's own Program objects
+        plan = original(programs, arch, *args, **kwargs)
+        for program in programs:
+            compiled[program.symbol] = (program, arch)
+        return plan
 
-    monkeypatch.setattr(codegen, "_lower_and_map", keep)
+    monkeypatch.setattr(codegen, "plan_system", keep)
     with MappingOptions(**options):
         ex = relax.build(mod, target=target)
     data = {m["get_symbol"](): bytes(m["get_program"]()) for m in tvm_spinn.report_modules(ex)}

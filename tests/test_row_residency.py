@@ -19,7 +19,8 @@ import tvm_spinn
 from tvm_spinn import _lib
 from tvm_spinn.mapping import MappingOptions, derive_tables, system
 from tvm_spinn.mapping.memory import LEDGER_RESIDENT_SHARE
-from tvm_spinn.mapping.schedule import map_program, shared_mappings
+from tvm_spinn.mapping.planner import plan_system
+from tvm_spinn.mapping.schedule import map_program
 from tvm_spinn.mapping.shard import ROW_ALWAYS, plan_shards
 from tvm_spinn.mapping.tiling import layer_work
 from tvm_spinn.program import Layer, Program, TensorDesc
@@ -66,8 +67,7 @@ def _mapped(monkeypatch=None):
     program = _down_projection()
     if monkeypatch is not None:
         monkeypatch.setattr(system, "_row_always_sibling", lambda *args: None)
-    with MappingOptions(weights="auto"), shared_mappings():
-        map_program(program, ARCH)
+    plan_system([program], ARCH, MappingOptions(weights="auto"))
     return program
 
 

@@ -5,6 +5,8 @@ from tvm import relax
 
 import tvm_spinn
 from tvm_spinn.codegen.codegen import compile_function
+from tvm_spinn.codegen.lower import lower_function
+from tvm_spinn.mapping.planner import plan_system
 from tvm_spinn.mapping import schedule
 from tvm_spinn.target.arch import SpinnArch
 import transformers as tf
@@ -30,7 +32,8 @@ def test_shared_mappings_same_bytes_and_reused(monkeypatch):
     mapped = []
     real = schedule._map
     monkeypatch.setattr(schedule, "_map", lambda *a: mapped.append(1) or real(*a))
-    with schedule.shared_mappings():
-        shared = [compile_function(f, name, arch)[1] for name, f in regions]
+    programs = [lower_function(f, name, arch.to_dict()) for name, f in regions]
+    plan_system(programs, arch)
+    shared = [p.to_bytes() for p in programs]
     assert shared == alone
     assert len(mapped) < len(regions)  # the encoder layers share one mapping

@@ -17,7 +17,7 @@ import tvm_ffi
 
 from .. import _lib
 from ..mapping import map_program
-from ..mapping.schedule import shared_mappings
+from ..mapping.planner import plan_system
 from ..program.format import _finish_array
 from ..program.manifest import MANIFEST_MAGIC, MANIFEST_SYMBOL
 from ..runtime.executor import compiled
@@ -54,17 +54,19 @@ def _module_over(symbol: str, data: np.ndarray) -> tvm.runtime.Module:
 def codegen_spinn(functions, options, constant_names):  # noqa: ARG001 - constants live in bodies
     """Compile every ``Codegen="spinn"`` function into a ``spinn`` runtime module.
 
-    The digest pass and the join of each program (GIL released, memory bound) run on a worker
-    thread while the next region is lowered and mapped; the bytes are those of ``to_bytes``."""
+    ``relax.transform.RunCodegen`` hands over all the build's regions at once: they are lowered
+    first, then :func:`~tvm_spinn.mapping.planner.plan_system` decides what part of the system
+    each one gets and maps it under that budget (repeated blocks, such as transformer layers,
+    are mapped once). The digest pass and the join of each program (GIL released, memory
+    bound) run on a worker thread while the next region is mapped; the bytes are those of
+    ``to_bytes``."""
     arch_json = options.get("arch") if options is not None else None
     arch = SpinnArch.from_dict(json.loads(str(arch_json))) if arch_json else SpinnArch()
+    programs = [lower_function(func, str(func.attrs["global_symbol"]), arch.to_dict()) for func in functions]
     pending = []
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="spinn-serialize") as pool:
-        with shared_mappings():  # repeated blocks (transformer layers) are mapped once
-            for func in functions:
-                symbol = str(func.attrs["global_symbol"])
-                program = _lower_and_map(func, symbol, arch)
-                pending.append((symbol, pool.submit(_finish_array, program._parts())))
+        plan_system(programs, arch,
+                    on_mapped=lambda _, program: pending.append((program.symbol, pool.submit(_finish_array, program._parts()))))
         modules = []
         for symbol, future in pending:
             data = future.result()

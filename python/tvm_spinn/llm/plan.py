@@ -208,19 +208,6 @@ class _Timed:
     kv_sram_bytes: int = 0  # of it, what their memory plans keep in SRAM
 
 
-def _kv_state(program) -> tuple[int, int]:
-    """``(bytes, bytes in SRAM)`` of the KV cache a mapped program reads: the inputs read only
-    as the right operand of ``matmul`` layers (:func:`tvm_spinn.mapping.system.resident_state`),
-    in SRAM where the memory plan kept those layers' operands resident (in what the weights
-    resident before them left of the SRAM ledger), else in DRAM."""
-    from ..mapping.system import resident_state
-
-    every = resident_state(program, range(len(program.layers)))
-    held = resident_state(program, program.mapping.get("resident_layers", []))
-    size = {t: program.tensors[t].nbytes for t in every}
-    return sum(size.values()), sum(size[t] for t in held)
-
-
 def _kv_write_s(arch, slot_bytes: float, sram_share: float) -> tuple[float, float]:
     """``(SRAM seconds, DRAM seconds)`` of writing a decode step's new key and value (one slot,
     ``slot_bytes``) into a cache held ``sram_share`` in SRAM and the rest in DRAM: one PE's DMA
@@ -232,16 +219,21 @@ def _kv_write_s(arch, slot_bytes: float, sram_share: float) -> tuple[float, floa
 
 
 def _map(described, arch, weights: str) -> _Timed:
+    """Every program on the whole of ``arch`` (the system planner's ``alone`` policy: replicas).
+    The KV cache a program reads is its state (see :class:`~tvm_spinn.mapping.planner.RegionPlan`):
+    in SRAM where its memory plan keeps the attention matmuls' operands resident, else in DRAM."""
     from ..mapping import MappingOptions
-    from ..mapping.schedule import map_program
+    from ..mapping.planner import plan_system
 
     lat = energy = 0.0
     wbytes = resident = peak = chips = kv = kv_sram = 0
+    programs = []
     for d in described:
         program = _clone(d.program)
         program.arch = arch.to_dict()
-        with MappingOptions(weights=weights):
-            map_program(program, arch)
+        programs.append(program)
+    plan = plan_system(programs, arch, MappingOptions(weights=weights), policy="alone")
+    for d, program, region in zip(described, programs, plan.regions):
         t = program.timing
         lat += t["latency_s"]
         energy += t["energy_j"]
@@ -249,8 +241,7 @@ def _map(described, arch, weights: str) -> _Timed:
         resident += int(program.memory.get("resident_bytes_total", 0))
         peak = max(peak, int(program.memory.get("peak_bytes_max", 0)))
         chips = max([chips] + [int(row["chips"]) for row in t["layers"]])
-        a, b = _kv_state(program)
-        kv, kv_sram = kv + a, kv_sram + b
+        kv, kv_sram = kv + region.state_bytes, kv_sram + region.state_sram_bytes
     return _Timed(lat, energy, wbytes, resident, peak, chips, kv, kv_sram)
 
 
@@ -569,60 +560,55 @@ def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0) -> _Stage:
 
     The inputs that are not the host's are in the board's SRAM when a program starts: the
     hand-over from the previous board lands there (see :func:`_pipeline`), and an earlier
-    program of the stage produced the others on these chips (``program.onchip_inputs``, see
-    :func:`tvm_spinn.mapping.system`). The KV cache is state kept on the chips: in SRAM where
+    program of the stage produced the others on these chips (their budgets' ``onchip_inputs``,
+    see :func:`tvm_spinn.mapping.planner.plan_system`). The KV cache is state kept on the chips: in SRAM where
     the ledger leaves room for it after the weights kept before it (the attention matmuls'
-    operands resident, :func:`_kv_state`), else in DRAM; each decode step writes one of its
+    operands resident: the regions' ``state_sram_bytes``), else in DRAM; each decode step writes one of its
     ``slots`` (:func:`_kv_write_s`), charged to the stage's latency and to the SRAM or DRAM
     bound."""
     from ..mapping import MappingOptions
-    from ..mapping.schedule import map_program, shared_mappings
-    from ..mapping.system import recorded_plan
+    from ..mapping.planner import plan_system
 
     lat = energy = 0.0
     wbytes = resident = streamed = peak = handoff = gather = kv = kv_sram = 0
     bounds = dict.fromkeys(("compute", "dram", "sram", "links"), 0.0)
     alone = dict(bounds)
     sram_bw = board.chips * board.pes_per_chip * board.dma_bw_bytes_per_cycle * board.clock_hz
-    with MappingOptions(weights="auto"), shared_mappings():
-        for k, program in enumerate(pieces):
-            # not the host's: handed over from the previous board, or produced by an earlier
-            # program of the stage (same tensor ids in the clone)
-            onchip = [t for t in program.inputs if tuple(program.tensors[t].shape) not in host_shapes]
-            handed = onchip if k == 0 else []
-            handoff = handoff if k else sum(program.tensors[t].nbytes for t in handed)
-            program = _clone(program)
-            program.arch = board.to_dict()
-            program.onchip_inputs = onchip
-            map_program(program, board)
-            info = program.mapping.get("system")
-            if handed and info:
-                local = recorded_plan(program).shapes
-                gather = sum(program.tensors[t].nbytes for t in handed
-                             if tuple(local[t]) == tuple(program.tensors[t].shape))
-            elif handed:
-                gather = handoff
-            t, st = program.timing, program.timing["system"]
-            res = int(program.memory.get("resident_bytes_total", 0))
-            lat += t["latency_s"]
-            energy += t["energy_j"]
-            wbytes += sum(x.nbytes for x in program.tensors if x.role == "const")
-            resident += res
-            streamed += int(st["streamed_bytes_per_chip"])
-            peak = max(peak, int(program.memory.get("peak_bytes_max", 0)))
-            kinds = {"compute": st["compute_bound_s"], "dram": st["memory_bound_s"], "sram": res / sram_bw,
-                     "links": st["comm_bound_s"]}
-            top = max(kinds, key=kinds.get)
-            bounds[top] += kinds[top]
-            for key, value in kinds.items():
-                alone[key] += value
-            a, b = _kv_state(program)
-            kv, kv_sram = kv + a, kv_sram + b
-            if a and slots:  # the step's new key and value written into their slot
-                for where, write in zip(("sram", "dram"), _kv_write_s(board, a / slots, b / a)):
-                    lat += write
-                    bounds[where] += write
-                    alone[where] += write
+    # not the host's: handed over from the previous board, or produced by an earlier program of
+    # the stage (same tensor ids in the clone)
+    onchip = [[t for t in program.inputs if tuple(program.tensors[t].shape) not in host_shapes] for program in pieces]
+    programs = []
+    for program in pieces:
+        program = _clone(program)
+        program.arch = board.to_dict()
+        programs.append(program)
+    plan = plan_system(programs, board, MappingOptions(weights="auto"), onchip_inputs=onchip)
+    for k, (program, region) in enumerate(zip(programs, plan.regions)):
+        handed = onchip[k] if k == 0 else []
+        handoff = handoff if k else sum(program.tensors[t].nbytes for t in handed)
+        if handed:  # what its shard plan reads whole is all-gathered on arrival
+            gather = sum(program.tensors[t].nbytes for t in region.gathered_inputs)
+        t, st = program.timing, program.timing["system"]
+        res = int(program.memory.get("resident_bytes_total", 0))
+        lat += t["latency_s"]
+        energy += t["energy_j"]
+        wbytes += sum(x.nbytes for x in program.tensors if x.role == "const")
+        resident += res
+        streamed += int(st["streamed_bytes_per_chip"])
+        peak = max(peak, int(program.memory.get("peak_bytes_max", 0)))
+        kinds = {"compute": st["compute_bound_s"], "dram": st["memory_bound_s"], "sram": res / sram_bw,
+                 "links": st["comm_bound_s"]}
+        top = max(kinds, key=kinds.get)
+        bounds[top] += kinds[top]
+        for key, value in kinds.items():
+            alone[key] += value
+        a, b = region.state_bytes, region.state_sram_bytes
+        kv, kv_sram = kv + a, kv_sram + b
+        if a and slots:  # the step's new key and value written into their slot
+            for where, write in zip(("sram", "dram"), _kv_write_s(board, a / slots, b / a)):
+                lat += write
+                bounds[where] += write
+                alone[where] += write
     return _Stage(lat, energy, wbytes, resident, streamed, peak, handoff, bounds, alone, gather, kv, kv_sram)
 
 
@@ -635,14 +621,14 @@ def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host
     (:data:`BLOCKS_PER_STAGE`); the fewest boards that keep the weights resident bound the
     search (more stages only add hand-overs: a token crosses them one after another).
     Returns ``({name: result}`` for each candidate mapped, the hand-over cost function)."""
-    from ..mapping.memory import LEDGER_RESIDENT_SHARE
+    from ..mapping.planner import resident_capacity
     from ..target.topology import ring_order, topology_of
     from ..timing.collectives import point_to_point
     from ..timing.system import collective_cost
 
     boards = arch.chips // arch.chips_per_board
     board = arch.replace(chips=arch.chips_per_board, name=f"{arch.name}[board]")
-    budget = LEDGER_RESIDENT_SHARE * board.chips * board.pes_per_chip * board.tile_sram_bytes
+    budget = resident_capacity(board)
     L = spec.layers
     dec, head = described["decode"], described["head"]
     block_atoms = [a for i, d in enumerate(dec) for a in _atoms(i, d.program)]

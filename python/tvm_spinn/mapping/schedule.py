@@ -13,10 +13,8 @@ same tiles from them (e.g. for a timeline of a loaded program).
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
-import threading
 
 import numpy as np
 
@@ -26,10 +24,11 @@ from ..target.arch import SpinnArch
 from .memory import LEDGER_RESIDENT_SHARE, activation_label, check_capacity, plan_memory, weight_bytes_per_pe
 from .options import MappingOptions, current_options
 from .placement import choose_chips, pipeline_groups, place_tiles
-from .system import Ledger, map_on_system, overflow_message, system_tables
+from .budget import RegionBudget, SystemState
+from .system import map_on_system, overflow_message, system_tables
 from .tiling import MappingError, choose_tile, layer_work, tile_costs
 
-__all__ = ["map_program", "derive_tables", "shared_mappings"]
+__all__ = ["map_program", "map_region", "derive_tables", "MappingMemo"]
 
 
 def _assign(program: Program, arch: SpinnArch, mode: str, options: MappingOptions) -> tuple[list[tuple[int, int]], list[int]]:
@@ -66,43 +65,22 @@ def derive_tables(program: Program, arch: SpinnArch) -> list[TileTable]:
     return tables
 
 
-_SHARED = threading.local()
-
-
-@contextlib.contextmanager
-def shared_mappings():
-    """Within the block, programs of the same structure are mapped once, on this thread.
+class MappingMemo:
+    """Mappings made during one system plan, for reuse by later programs of the same structure.
 
     A mapping (tile shapes, placement, memory plan, timing) depends on a program's tensor
-    shapes, dtypes and roles, its layers, the architecture and the options, never on the
-    constants' data: BERT's twelve encoder layers are one structure. The compiler wraps the
-    regions of one build in this block; every later program of a structure already mapped
-    gets copies of the first one's results, its activations' address ranges relabelled with its
-    own tensor names. Nested blocks share the outer block's results.
+    shapes, dtypes and roles, its layers, the architecture, the options and its budget, never on
+    the constants' data: BERT's twelve encoder layers are one structure. Every later program of
+    a structure already mapped gets copies of the first one's results, its activations' address
+    ranges relabelled with its own tensor names. Owned by one :func:`.planner.plan_system` call.
     """
-    outer = getattr(_SHARED, "table", None)
-    outer_ledgers = getattr(_SHARED, "ledgers", None)
-    _SHARED.table = {} if outer is None else outer
-    _SHARED.ledgers = {} if outer_ledgers is None else outer_ledgers
-    try:
-        yield
-        if outer_ledgers is None:
-            _raise_overflow(_SHARED.ledgers)
-    finally:
-        _SHARED.table = outer
-        _SHARED.ledgers = outer_ledgers
+
+    def __init__(self):
+        self.structures: dict = {}  # structure key -> a one-chip mapping (see _entry)
+        self.system: dict = {}  # (structure key, budget) -> a system mapping (see .system)
 
 
-def _raise_overflow(ledgers: dict) -> None:
-    """After the last program of a build: a model that did not fit its system is an error
-    naming the whole model's bytes (see :mod:`.system`)."""
-    for arch_key in sorted(ledgers):
-        arch, ledger = ledgers[arch_key]
-        if ledger.overflow is not None:
-            raise MappingError(overflow_message(ledger, arch))
-
-
-def _structure_key(program: Program, arch: SpinnArch, mode: str, options: MappingOptions) -> str:
+def _structure_key(program: Program, arch: SpinnArch, mode: str, options: MappingOptions, onchip: tuple = ()) -> str:
     """Everything a mapping reads from ``program`` and its inputs: the header without the
     symbol, the tensor names (labels only) and the mapping results."""
     header = program.header()  # fresh dicts: safe to edit
@@ -110,14 +88,14 @@ def _structure_key(program: Program, arch: SpinnArch, mode: str, options: Mappin
         header.pop(field)
     for tensor in header["tensors"]:
         tensor.pop("name")
-    # inputs a caller says are already in SRAM (see .system._system_timing) time differently
-    onchip = sorted(int(t) for t in getattr(program, "onchip_inputs", ()))
+    # inputs the budget says are already in SRAM (see .system._system_timing) time differently
+    onchip = sorted(int(t) for t in onchip)
     return json.dumps([header, arch.to_dict(), mode, options.to_dict()] + ([onchip] if onchip else []), sort_keys=True)
 
 
 def _replay(program: Program, entry: tuple) -> None:
     """Give ``program`` the mapping of a program of the same structure (see
-    :func:`shared_mappings`), its activations' address ranges labelled with its own names."""
+    :class:`MappingMemo`), its activations' address ranges labelled with its own names."""
     tables, mapping, timing, memory, activation_ranges = entry
     program.tiles = ProgramTiles(tables)
     program.mapping = copy.deepcopy(mapping)
@@ -136,35 +114,33 @@ def _entry(program: Program) -> tuple:
             copy.deepcopy(program.memory), labelled)
 
 
-def _build(program: Program, arch: SpinnArch, mode: str, options: MappingOptions) -> None:
-    table = getattr(_SHARED, "table", None)
-    key = _structure_key(program, arch, mode, options) if table is not None else None
+def _build(program: Program, arch: SpinnArch, mode: str, options: MappingOptions, state: SystemState | None = None,
+           memo: MappingMemo | None = None, onchip: tuple = ()) -> SystemState | None:
+    """Map ``program`` in place; on a multi-chip system (sequential, not naive) returns the
+    system's state after it (``state``: what the build's earlier programs hold, None: the
+    program alone), else None."""
+    table = memo.structures if memo is not None else None
+    key = _structure_key(program, arch, mode, options, onchip) if table is not None else None
     n = len(program.layers)
     check_capacity(program, arch)  # before any tile array (they grow with the tensors) is built
     for i in range(n):
         layer_work(program, i, arch)
     if arch.chips > 1 and mode == "sequential" and not options.naive:
-        ledgers = getattr(_SHARED, "ledgers", None)
-        ledger = None
-        if ledgers is not None:
-            arch_key = json.dumps(arch.to_dict(), sort_keys=True)
-            if arch_key not in ledgers:
-                ledgers[arch_key] = (arch, Ledger(pes=arch.pes_per_chip))
-            ledger = ledgers[arch_key][1]
 
         def map_one(shard, chip, reserved):
             for j in range(len(shard.layers)):
                 layer_work(shard, j, chip)
             _map(shard, chip, "sequential", options, reserved)
 
-        map_on_system(program, arch, options, ledger, map_one, key)
-        return
+        return map_on_system(program, arch, options, state, map_one, key, memo.system if memo is not None else None,
+                             tuple(onchip))
     if key is not None and key in table:
         _replay(program, table[key])
-        return
+        return None
     _map(program, arch, mode, options)
     if key is not None:
         table[key] = _entry(program)
+    return None
 
 
 def _map(program: Program, arch: SpinnArch, mode: str, options: MappingOptions, reserved=None) -> None:
@@ -475,7 +451,27 @@ def _plan(program: Program, arch: SpinnArch, weights: str, activations: str, tab
         return plan_memory(program, arch, weights, "dram", tables=tables, reserved=reserved)
 
 
-def map_program(program: Program, arch: SpinnArch, options: MappingOptions | None = None) -> Program:
+def map_region(program: Program, arch: SpinnArch, options: MappingOptions, state: SystemState | None = None,
+               memo: MappingMemo | None = None, onchip: tuple = ()) -> SystemState | None:
+    """Map ``program`` in place under ``state`` (see :func:`map_program`); returns the system's
+    state after it (None off the multi-chip path, where programs share nothing)."""
+    if options.scheduler == "software" and arch.chips > 1:
+        # the setup models one chip's scheduler PE: its packets' chip-to-chip hops are not costed
+        raise ValueError(f"MappingOptions.scheduler='software' models a scheduler PE on one chip; "
+                         f"{arch.name} has {arch.chips} chips")
+    if options.naive or options.mode != "auto":
+        return _build(program, arch, "sequential" if options.mode == "auto" else options.mode, options, state, memo, onchip)
+    after = _build(program, arch, "sequential", options, state, memo, onchip)
+    if options.objective == "throughput" and arch.chips == 1:  # several chips: replicas (see .system)
+        seq = (program.timing["throughput_inf_s"], program.tiles, program.mapping, program.memory, program.timing)
+        _build(program, arch, "pipelined", options, state, memo, onchip)
+        if seq[0] >= program.timing["throughput_inf_s"]:
+            (_, program.tiles, program.mapping, program.memory, program.timing) = seq
+    return after
+
+
+def map_program(program: Program, arch: SpinnArch, options: MappingOptions | None = None,
+                budget: RegionBudget | None = None) -> Program:
     """Tile, place, plan memory and time ``program`` in place; returns it.
 
     ``mode="auto"`` maps sequentially for the latency objective; for the throughput objective on
@@ -483,19 +479,17 @@ def map_program(program: Program, arch: SpinnArch, options: MappingOptions | Non
     several chips (not ``naive``, not ``mode="pipelined"``) :func:`.system.map_on_system` maps
     by shard plans; the throughput objective there picks the fewest chip-seconds per inference
     (the free chips hold replicas).
+
+    ``budget``: the part of the system the program gets (what other programs hold, inputs
+    already on chip), as :func:`.planner.plan_system` decided it for a region of a build;
+    None: the program alone on the system. A program that does not fit raises
+    :class:`MappingError`.
     """
     options = options or current_options()
-    if options.scheduler == "software" and arch.chips > 1:
-        # the setup models one chip's scheduler PE: its packets' chip-to-chip hops are not costed
-        raise ValueError(f"MappingOptions.scheduler='software' models a scheduler PE on one chip; "
-                         f"{arch.name} has {arch.chips} chips")
-    if options.naive or options.mode != "auto":
-        _build(program, arch, "sequential" if options.mode == "auto" else options.mode, options)
+    if budget is None:
+        map_region(program, arch, options)
         return program
-    _build(program, arch, "sequential", options)
-    if options.objective == "throughput" and arch.chips == 1:  # several chips: replicas (see .system)
-        seq = (program.timing["throughput_inf_s"], program.tiles, program.mapping, program.memory, program.timing)
-        _build(program, arch, "pipelined", options)
-        if seq[0] >= program.timing["throughput_inf_s"]:
-            (_, program.tiles, program.mapping, program.memory, program.timing) = seq
+    after = map_region(program, arch, options, budget.held, None, budget.onchip_inputs)
+    if after is not None and after.overflow is not None:
+        raise MappingError(overflow_message(after, arch))
     return program

@@ -10,8 +10,8 @@ For a system of more than one chip the driver (:func:`map_on_system`):
    group run the same shard, so nothing is simulated twice;
 2. composes the system timing (:func:`tvm_spinn.timing.system.compose`: weight prefetch,
    collectives, bounds) and keeps the fastest plan (ties: fewer chips);
-3. keeps a *ledger* of what the programs of one build put on each chip (see
-   :class:`Ledger`): SRAM held by resident weights (a later program's weights are resident only
+3. takes the *state* of what the earlier programs of one build put on each chip (a
+   :class:`~.budget.SystemState`, threaded by :func:`.planner.plan_system`): SRAM held by resident weights (a later program's weights are resident only
    in what is left: the aggregate SRAM decides, not each program alone) and DRAM holding the
    streamed weight shards, checked against ``arch.dram_bytes``;
 4. *pipeline parallelism across boards*: when the current stage (board) cannot hold a
@@ -41,11 +41,12 @@ from ..target.topology import ring_order, topology_of
 from ..timing.collectives import point_to_point
 from ..timing.model import DRAM, evaluate, transfers
 from ..timing.system import collective_cost, compose
+from .budget import SystemState
 from .memory import LEDGER_RESIDENT_SHARE, activation_label
 from .shard import ROW_ALWAYS, ShardPlan, plan_shards, shard_program
 from .tiling import MappingError
 
-__all__ = ["Ledger", "map_on_system", "resident_state", "TP_DEGREES", "SP_DEGREES", "overflow_message", "system_tables", "retime", "issued",
+__all__ = ["map_on_system", "resident_state", "TP_DEGREES", "SP_DEGREES", "overflow_message", "system_tables", "retime", "issued",
            "group_ranks", "recorded_plan"]
 
 # A model too large for its system is raised at the end of the codegen callback: it crosses
@@ -64,14 +65,8 @@ GATHERED_SRAM_SHARE = 1 / 8
 
 
 @dataclass
-class Ledger:
-    """What the programs of one build hold on the chips of the current pipeline stage.
-
-    ``sram``: resident weight bytes per PE of a chip of the stage (the shards are symmetric, so
-    one chip stands for all); ``dram``: weight bytes per chip in DRAM; ``weights``: full weight
-    bytes of every program so far (for the smallest system); ``overflow``: the first program
-    that did not fit, with the bytes it needed.
-    """
+class _Ledger:
+    """The working copy of a :class:`~.budget.SystemState` while one program is placed."""
 
     pes: int
     stage: int = 0
@@ -79,15 +74,26 @@ class Ledger:
     dram: int = 0
     weights: int = 0
     min_chip_bytes: int = 0
-    overflow: dict | None = None
+    overflow: str | None = None
     cache: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.sram is None:
             self.sram = np.zeros(self.pes, dtype=np.int64)
 
-    def fresh(self) -> "Ledger":
-        return Ledger(pes=self.pes)
+    @classmethod
+    def of(cls, state: SystemState, pes: int, cache: dict) -> "_Ledger":
+        sram = np.zeros(pes, dtype=np.int64)
+        sram[:len(state.sram)] = state.sram
+        return cls(pes=pes, stage=state.stage, sram=sram, dram=state.dram, weights=state.weights,
+                   min_chip_bytes=state.min_chip_bytes, overflow=state.overflow, cache=cache)
+
+    def fresh(self) -> "_Ledger":
+        return _Ledger(pes=self.pes)
+
+    def frozen(self) -> SystemState:
+        return SystemState(stage=self.stage, sram=tuple(int(v) for v in self.sram), dram=int(self.dram),
+                           weights=int(self.weights), min_chip_bytes=int(self.min_chip_bytes), overflow=self.overflow)
 
 
 def stages_of(arch: SpinnArch) -> int:
@@ -217,19 +223,23 @@ def issued(program: Program, collectives) -> list[tuple[int, str, int, bool, str
     return [tuple(x) for x in out]
 
 
-def _time_plan(program: Program, plan: ShardPlan, arch: SpinnArch, topo, map_one, reserved: np.ndarray):
+def _time_plan(program: Program, plan: ShardPlan, arch: SpinnArch, topo, map_one, reserved: np.ndarray,
+               onchip: tuple = ()):
     """Map ``plan``'s shard on one chip and compose its system timing."""
     chip = _chip_arch(arch)
     shard = shard_program(program, plan)
     map_one(shard, chip, reserved)
-    st = _system_timing(program, plan, shard, shard.tiles.tables, chip, topo)
+    st = _system_timing(program, plan, shard, shard.tiles.tables, chip, topo, onchip)
     dram_need = sum(shard.tensors[t].nbytes for t in range(len(program.tensors)) if shard.tensors[t].role == "const") \
         - int(shard.memory.get("resident_bytes_total", 0))
     return shard, st, max(0, dram_need)
 
 
-def _system_timing(program: Program, plan: ShardPlan, shard: Program, tables, chip: SpinnArch, topo):
-    """Compose the system timing of a mapped shard (its tiles ``tables``)."""
+def _system_timing(program: Program, plan: ShardPlan, shard: Program, tables, chip: SpinnArch, topo,
+                   onchip: tuple = ()):
+    """Compose the system timing of a mapped shard (its tiles ``tables``); ``onchip``: the
+    program's inputs already in the chips' SRAM when it starts (see
+    :attr:`~.budget.RegionBudget.onchip_inputs`)."""
     resident = set(shard.mapping.get("resident_layers", []))
     # A streamed layer's shard is prefetched into SRAM once (the share of the chip's SRAM that
     # residents leave, double-buffered) and its tiles then read it on chip; a shard larger than
@@ -259,10 +269,10 @@ def _system_timing(program: Program, plan: ShardPlan, shard: Program, tables, ch
     # and the layers reading it fetch it over the NoC, not once per tile from DRAM.
     room = chip.pes_per_chip * chip.tile_sram_bytes * GATHERED_SRAM_SHARE
     gathered = [t for t in range(len(program.tensors), len(shard.tensors)) if shard.tensors[t].nbytes <= room]
-    # Inputs the caller says are already in the chips' SRAM (``program.onchip_inputs``, in
-    # memory only: e.g. a planner's stage whose earlier program, or the hand-over from the
-    # previous board, put them there) are read over the NoC too, and cross no DRAM.
-    arrived = [t for t in getattr(program, "onchip_inputs", ()) if t in shard.inputs and shard.tensors[t].nbytes <= room]
+    # Inputs the region's budget says are already in the chips' SRAM (e.g. a planner's stage
+    # whose earlier program, or the hand-over from the previous board, put them there) are
+    # read over the NoC too, and cross no DRAM.
+    arrived = [t for t in onchip if t in shard.inputs and shard.tensors[t].nbytes <= room]
     gathered += arrived
     shard.mapping = dict(saved, resident_layers=list(range(len(shard.layers))),
                          onchip_tensors=sorted(set(saved.get("onchip_tensors", [])) | set(gathered)))
@@ -343,23 +353,26 @@ def recorded_plan(program: Program) -> ShardPlan:
                        int(info.get("sp", 1)))
 
 
-def map_on_system(program: Program, arch: SpinnArch, options, ledger: Ledger | None, map_one, key: str | None) -> None:
-    """Map ``program`` on the multi-chip ``arch`` (see the module docstring), in place.
+def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState | None, map_one, key: str | None,
+                  cache: dict | None = None, onchip: tuple = ()) -> SystemState:
+    """Map ``program`` on the multi-chip ``arch`` (see the module docstring), in place; returns
+    the system's state after it.
 
-    ``map_one(shard, chip_arch, reserved)`` maps a shard on one chip; ``ledger`` is the build's
-    (None: a program alone, which must fit by itself); ``key`` the program's structure key for
-    reusing a mapping already made under the same ledger state.
+    ``map_one(shard, chip_arch, reserved)`` maps a shard on one chip; ``state`` is what the
+    build's earlier programs hold (None: a program alone, which must fit by itself); ``key`` the
+    program's structure key for reusing, through ``cache``, a mapping already made under the
+    same state; ``onchip`` the inputs already in the chips' SRAM.
     """
-    alone = ledger is None
+    alone = state is None
     # latency: the fastest plan; throughput (a stream of inputs, the free chips holding
     # replicas): the fewest chip-seconds per inference
     per_chip = getattr(options, "objective", "latency") == "throughput"
-    ledger = ledger or Ledger(pes=arch.pes_per_chip)
+    ledger = _Ledger.of(state or SystemState(), arch.pes_per_chip, {} if cache is None else cache)
     topo = topology_of(arch)
     weights = sum(t.nbytes for t in program.tensors if t.role == "const")
     ledger.weights += weights
 
-    def attempt(led: Ledger):
+    def attempt(led: _Ledger):
         reserved = led.sram.copy()
         cache_key = (key, reserved.tobytes(), led.dram) if key is not None else None
         if cache_key is not None and cache_key in led.cache:
@@ -368,7 +381,7 @@ def map_on_system(program: Program, arch: SpinnArch, options, ledger: Ledger | N
         # The one-chip plan first (the reference under the same model): its per-layer PE-level
         # times weigh the other plans' pre-scores.
         one = plan_shards(program, 1, 1)
-        timed = {(1, 1, True, 1): _time_plan(program, one, arch, topo, map_one, reserved)}
+        timed = {(1, 1, True, 1): _time_plan(program, one, arch, topo, map_one, reserved, onchip)}
         work = [c / arch.clock_hz for c in timed[(1, 1, True, 1)][0].exec_cycles]
         cands = _candidates(program, arch, topo, per_chip, work)
         chosen = [c for c in cands if c[1].chips > 1][:FULL_CANDIDATES] + [(0.0, one, 0)]
@@ -385,10 +398,10 @@ def map_on_system(program: Program, arch: SpinnArch, options, ledger: Ledger | N
 
         for _, plan, _ in chosen:
             k = (plan.tp, plan.dp, plan.row, plan.sp)
-            consider(plan, *(timed.get(k) or _time_plan(program, plan, arch, topo, map_one, reserved)))
+            consider(plan, *(timed.get(k) or _time_plan(program, plan, arch, topo, map_one, reserved, onchip)))
         sibling = _row_always_sibling(program, best, getattr(options, "weights", "auto"))
         if sibling is not None:
-            consider(sibling, *_time_plan(program, sibling, arch, topo, map_one, reserved))
+            consider(sibling, *_time_plan(program, sibling, arch, topo, map_one, reserved, onchip))
         out = (best, results, min((c[2] for c in cands), default=0))
         if cache_key is not None:
             led.cache[cache_key] = out
@@ -406,7 +419,7 @@ def map_on_system(program: Program, arch: SpinnArch, options, ledger: Ledger | N
         best, results, _ = attempt(fresh)
         if best is not None:
             if ledger.stage + 1 >= stages_of(arch):
-                ledger.overflow = ledger.overflow or {"program": program.symbol}
+                ledger.overflow = ledger.overflow or program.symbol
             ledger.stage += 1
             ledger.sram[:] = 0
             ledger.dram = 0
@@ -416,23 +429,25 @@ def map_on_system(program: Program, arch: SpinnArch, options, ledger: Ledger | N
             handoff = point_to_point(topo, src, dst, in_bytes) if not np.array_equal(src, dst) else None
     if best is None:
         # One program's smallest shard does not fit one chip: no system holds it.
-        ledger.overflow = ledger.overflow or {"program": program.symbol}
+        ledger.overflow = ledger.overflow or program.symbol
         ledger.stage = -1
         if alone:
-            raise MappingError(overflow_message(ledger, arch))
+            raise MappingError(overflow_message(ledger.frozen(), arch))
         led = ledger.fresh()
         led.dram = -(1 << 62)  # capacity not checked: this build is failing already
         best, results, _ = attempt(led)
     if alone and ledger.overflow is not None:
-        raise MappingError(overflow_message(ledger, arch))
+        raise MappingError(overflow_message(ledger.frozen(), arch))
     plan, st, shard, need, _ = best
     ledger.dram += need
     ledger.sram += _resident_per_pe(shard, arch.pes_per_chip)
     _install(program, shard, plan, st, results, ledger.stage, handoff, arch)
+    return ledger.frozen()
 
 
-def overflow_message(ledger: Ledger, arch: SpinnArch) -> str:
-    """The :class:`MappingError` text of a model that does not fit ``arch``."""
+def overflow_message(ledger: SystemState, arch: SpinnArch) -> str:
+    """The :class:`MappingError` text of a model that does not fit ``arch`` (``ledger``: the
+    system's state after the build's last program)."""
     chip_bytes = arch.dram_bytes + arch.pes_per_chip * arch.tile_sram_bytes
     if ledger.stage >= 0:
         boards = ledger.stage + 1
@@ -444,7 +459,7 @@ def overflow_message(ledger: Ledger, arch: SpinnArch) -> str:
     return (f"the model does not fit {arch.name} ({arch.chips} chips): its weights need {ledger.weights} bytes, "
             f"the system holds {arch.chips * chip_bytes} bytes ({arch.dram_bytes} bytes of DRAM and "
             f"{arch.pes_per_chip * arch.tile_sram_bytes} bytes of SRAM per chip; first program over: "
-            f"{ledger.overflow['program'] if ledger.overflow else '?'}); {where}")
+            f"{ledger.overflow or '?'}); {where}")
 
 
 def system_tables(program: Program, arch: SpinnArch, derive):

@@ -1,0 +1,63 @@
+"""What a region may use of the system: the explicit inputs the system planner hands the mapper.
+
+A region's mapping on a multi-chip system depends on what the build's other regions hold on the
+chips: resident weights in the PEs' SRAM, weight shards in the chips' DRAM, the pipeline stage
+(board) the build has reached. :func:`.planner.plan_system` decides those for every region of a
+build and passes them to the mapper as a :class:`RegionBudget`; the mapper returns the system's
+:class:`SystemState` after the region. Both are frozen records: nothing is kept between calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["SystemState", "RegionBudget"]
+
+
+@dataclass(frozen=True)
+class SystemState:
+    """What the regions placed so far hold on the chips of the current pipeline stage.
+
+    Parameters
+    ----------
+    stage : int
+        The pipeline stage (board) the next region starts in; -1 once one region's smallest
+        shard does not fit a chip at all.
+    sram : tuple of int
+        Resident weight bytes per PE of a chip of the stage (the shards are symmetric, so one
+        chip stands for all); empty: nothing held.
+    dram : int
+        Weight bytes per chip in the stage's DRAM.
+    weights : int
+        Full weight bytes of every region so far (names the smallest system that holds them).
+    min_chip_bytes : int
+        The largest of the regions' smallest per-chip weight shards.
+    overflow : str or None
+        The symbol of the first region that did not fit the system.
+    """
+
+    stage: int = 0
+    sram: tuple[int, ...] = ()
+    dram: int = 0
+    weights: int = 0
+    min_chip_bytes: int = 0
+    overflow: str | None = None
+
+
+@dataclass(frozen=True)
+class RegionBudget:
+    """The part of the system one region is mapped into, decided by the system planner.
+
+    Parameters
+    ----------
+    held : SystemState
+        What the build's other regions hold on the chips when this region is placed: its
+        resident weights get the SRAM they leave, its streamed weight shards the DRAM.
+    onchip_inputs : tuple of int
+        Tensor ids of the region's inputs already in the chips' SRAM when it starts (handed over
+        from the previous stage, or produced by an earlier region on the same chips): read over
+        the NoC, never from DRAM.
+    """
+
+    held: SystemState = SystemState()
+    onchip_inputs: tuple[int, ...] = ()

@@ -1,0 +1,190 @@
+"""The system planner: which part of the system each region of a build gets.
+
+A build's regions share the system: the resident weights of one take SRAM the next cannot
+use, the streamed weight shards of all of them fill the chips' DRAM, and a region whose shard
+no longer fits opens the next pipeline stage (board). :func:`plan_system` decides that for the
+whole list of regions and returns it as a :class:`SystemPlan`, a frozen record: per region its
+:class:`~.budget.RegionBudget` (what the others hold when it is placed, which inputs are already
+on chip), the stage it runs in, its chip group and the SRAM and DRAM bytes it takes. Each region
+is mapped with its budget passed explicitly (:func:`~.schedule.map_program`), so remapping one
+region with its budget reproduces its mapping.
+
+Policies: ``"in_order"`` places the regions one after another in the order given, on the same
+chips: each one's resident weights get the SRAM the earlier ones left, its weight shards the
+DRAM, and a region that no longer fits opens the next stage. ``"alone"`` gives every region the
+whole system (e.g. replicas, or a planner comparing placements region by region); a region that
+does not fit by itself is an error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from ..program import Program
+from ..target.arch import SpinnArch
+from .budget import RegionBudget, SystemState
+from .options import MappingOptions, current_options
+from .memory import LEDGER_RESIDENT_SHARE
+from .schedule import MappingMemo, map_region
+from .system import overflow_message, recorded_plan, resident_state
+from .tiling import MappingError
+
+__all__ = ["RegionPlan", "SystemPlan", "plan_system", "resident_capacity", "POLICIES"]
+
+#: The placement policies :func:`plan_system` knows.
+POLICIES = ("in_order", "alone")
+
+
+def resident_capacity(arch: SpinnArch) -> float:
+    """SRAM bytes the chips of ``arch`` keep for resident weights (and state) at most: the
+    share of every PE's SRAM that the memory plans leave to residents."""
+    return LEDGER_RESIDENT_SHARE * arch.chips * arch.pes_per_chip * arch.tile_sram_bytes
+
+
+@dataclass(frozen=True)
+class RegionPlan:
+    """One region's part of the system.
+
+    Parameters
+    ----------
+    symbol : str
+        The region's global symbol.
+    budget : RegionBudget
+        What it was mapped under (pass it to :func:`~.schedule.map_program` to remap it).
+    stage : int
+        The pipeline stage (board) it runs in (0 off the multi-chip path).
+    chips : int
+        The chips of its group (``tp x dp x sp`` of its shard plan; 1 off the multi-chip path).
+    sram_bytes : tuple of int
+        Resident weight bytes per PE of each chip of its group that it adds.
+    dram_bytes : int
+        Weight bytes per chip it keeps in the stage's DRAM.
+    state_bytes : int
+        Bytes of the state inputs it reads (held on the chips between calls, such as a KV
+        cache: inputs read only as the right operand of ``matmul`` layers).
+    state_sram_bytes : int
+        Of ``state_bytes``, what its memory plan keeps in SRAM (the rest is read from DRAM).
+    gathered_inputs : tuple of int
+        Of the budget's ``onchip_inputs``, those its shard plan reads whole (the others each
+        chip reads split, its own share): what arrives split must be all-gathered first.
+    """
+
+    symbol: str
+    budget: RegionBudget
+    stage: int = 0
+    chips: int = 1
+    sram_bytes: tuple[int, ...] = ()
+    dram_bytes: int = 0
+    state_bytes: int = 0
+    state_sram_bytes: int = 0
+    gathered_inputs: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class SystemPlan:
+    """Every region's part of the system, and what the build holds at its end.
+
+    Parameters
+    ----------
+    arch : SpinnArch
+        The system planned for.
+    policy : str
+        The placement policy (see :data:`POLICIES`).
+    regions : tuple of RegionPlan
+        One per region, in the order given.
+    final : SystemState
+        What the regions hold after the last one (its ``overflow`` names the first region that
+        did not fit; ``weights`` the model's weight bytes).
+    """
+
+    arch: SpinnArch
+    policy: str
+    regions: tuple[RegionPlan, ...]
+    final: SystemState
+
+    @property
+    def stages(self) -> int:
+        """The pipeline stages (boards) the regions use."""
+        return 1 + max((r.stage for r in self.regions), default=0)
+
+
+def _delta(before: SystemState, after: SystemState) -> tuple[tuple[int, ...], int]:
+    """``(SRAM per PE, DRAM)`` a region added to the system's state."""
+    if after.stage != before.stage or not before.sram:
+        return after.sram, after.dram
+    return tuple(a - b for a, b in zip(after.sram, before.sram)), after.dram - before.dram
+
+
+def _region(program: Program, budget: RegionBudget, onchip: tuple, stage: int = 0, sram=(), dram: int = 0) -> RegionPlan:
+    """The :class:`RegionPlan` of a mapped ``program``."""
+    every = resident_state(program, range(len(program.layers)))
+    kept = resident_state(program, program.mapping.get("resident_layers", []))
+    gathered = onchip
+    system = program.mapping.get("system")
+    if onchip and system is not None:
+        local = recorded_plan(program).shapes
+        gathered = tuple(t for t in onchip if tuple(local[t]) == tuple(program.tensors[t].shape))
+    return RegionPlan(program.symbol, budget, stage, int(system["chips"]) if system else 1, tuple(sram), int(dram),
+                      sum(program.tensors[t].nbytes for t in every), sum(program.tensors[t].nbytes for t in kept),
+                      gathered)
+
+
+def plan_system(programs: Sequence[Program], arch: SpinnArch, options: MappingOptions | None = None, *,
+                onchip_inputs: Sequence[Sequence[int]] | None = None, policy: str = "in_order",
+                on_mapped: Callable[[int, Program], None] | None = None) -> SystemPlan:
+    """Plan the system for the regions of one build, and map each region under its budget.
+
+    Parameters
+    ----------
+    programs : sequence of Program
+        The build's lowered regions; each is mapped in place.
+    arch : SpinnArch
+        The system.
+    options : MappingOptions, optional
+        Mapping options (default: the current ones).
+    onchip_inputs : sequence of sequences of int, optional
+        Per region, the tensor ids of its inputs already in the chips' SRAM when it starts.
+    policy : str
+        How the regions share the system (see :data:`POLICIES`).
+    on_mapped : callable, optional
+        Called with ``(index, program)`` once each region is mapped (e.g. to serialize it while
+        the next one is mapped).
+
+    Returns
+    -------
+    SystemPlan
+        The plan; programs of the same structure under the same budget share one mapping.
+
+    Raises
+    ------
+    MappingError
+        When the regions together do not fit the system: the message names the model's weight
+        bytes and the smallest system that holds it.
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"plan_system: unknown policy {policy!r}; known: {', '.join(POLICIES)}")
+    options = options or current_options()
+    if onchip_inputs is not None and len(onchip_inputs) != len(programs):
+        raise ValueError(f"plan_system: {len(onchip_inputs)} onchip_inputs lists for {len(programs)} programs")
+    memo = MappingMemo() if policy == "in_order" else None
+    state = SystemState()
+    regions = []
+    for index, program in enumerate(programs):
+        onchip = tuple(int(t) for t in onchip_inputs[index]) if onchip_inputs is not None else ()
+        held = state if policy == "in_order" else None
+        after = map_region(program, arch, options, held, memo, onchip)
+        if after is None:  # off the multi-chip path: the region shares nothing
+            regions.append(_region(program, RegionBudget(onchip_inputs=onchip), onchip))
+        else:
+            before = held or SystemState()
+            sram, dram = _delta(before, after)
+            regions.append(_region(program, RegionBudget(held=before, onchip_inputs=onchip), onchip,
+                                   max(after.stage, 0), sram, dram))
+            if held is not None:
+                state = after
+        if on_mapped is not None:
+            on_mapped(index, program)
+    if state.overflow is not None:
+        raise MappingError(overflow_message(state, arch))
+    return SystemPlan(arch, policy, tuple(regions), state)
