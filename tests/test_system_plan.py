@@ -17,11 +17,12 @@ import tvm_spinn
 from tvm_spinn.codegen.lower import lower_function
 from tvm_spinn.mapping import MappingError
 from tvm_spinn.mapping.budget import RegionBudget, SystemState
-from tvm_spinn.mapping.planner import plan_system
+from tvm_spinn.mapping.memory import LEDGER_RESIDENT_SHARE
+from tvm_spinn.mapping.planner import _benefit_order, plan_system
 from tvm_spinn.mapping.schedule import map_program
 
-#: Two chips of four PEs with little SRAM: the regions' resident weights compete for it.
-ARCH = tvm_spinn.make_system("plan-test", chips=2, pes_per_chip=4, pes_per_qpe=4, sram_bytes=32 * 1024)
+#: Two chips of four PEs with little SRAM: the regions share it for their resident weights.
+ARCH = tvm_spinn.make_system("plan-test", chips=2, pes_per_chip=4, pes_per_qpe=4, sram_bytes=48 * 1024)
 
 
 class _Blocks(torch.nn.Module):
@@ -37,10 +38,10 @@ class _Blocks(torch.nn.Module):
         return x
 
 
-def _functions(widths=(96, 128, 64, 96)):
+def _functions(widths=(96, 128, 64, 96), batch=1):
     torch.manual_seed(0)
     model = _Blocks(widths).eval()
-    mod = tvm_spinn.partition_for_spinn(tvm_spinn.frontend.from_pytorch(model, (torch.randn(1, widths[0]),)))
+    mod = tvm_spinn.partition_for_spinn(tvm_spinn.frontend.from_pytorch(model, (torch.randn(batch, widths[0]),)))
     return [(str(f.attrs["global_symbol"]), f) for _, f in sorted(mod.functions_items(), key=lambda kv: kv[0].name_hint)
             if isinstance(f, relax.Function) and f.attrs is not None and f.attrs.get("Codegen") == "spinn"]
 
@@ -54,10 +55,10 @@ def functions():
     return _functions()
 
 
-def test_plan_is_frozen_and_threads_the_budgets(functions):
+def test_plan_is_frozen_and_threads_the_budgets_in_order(functions):
     programs = _lowered(functions)
     assert len(programs) == 3
-    plan = plan_system(programs, ARCH)
+    plan = plan_system(programs, ARCH, policy="in_order")
     assert [r.symbol for r in plan.regions] == [p.symbol for p in programs]
     for record in (plan, plan.regions[0], plan.regions[0].budget, plan.final):
         with pytest.raises(dataclasses.FrozenInstanceError):
@@ -75,9 +76,10 @@ def test_plan_is_frozen_and_threads_the_budgets(functions):
     assert plan.final.weights == sum(t.nbytes for p in programs for t in p.tensors if t.role == "const")
 
 
-def test_region_remapped_with_its_budget_gives_the_same_bytes(functions):
+@pytest.mark.parametrize("policy", ["in_order", "benefit"])
+def test_region_remapped_with_its_budget_gives_the_same_bytes(functions, policy):
     programs = _lowered(functions)
-    plan = plan_system(programs, ARCH)
+    plan = plan_system(programs, ARCH, policy=policy)
     again = _lowered(functions)
     for region, program, fresh in zip(plan.regions, programs, again):
         map_program(fresh, ARCH, budget=region.budget)
@@ -88,13 +90,58 @@ def test_region_remapped_with_its_budget_gives_the_same_bytes(functions):
     assert alone.memory["resident_bytes_total"] >= programs[-1].memory["resident_bytes_total"]
 
 
+def _decisions(plan, programs):
+    """Per symbol, what the plan decided for the region and the region's bytes (not the running
+    DRAM total, which only checks capacity)."""
+    out = {}
+    for region, program in zip(plan.regions, programs):
+        out[region.symbol] = (region.budget.held.sram, region.stage, region.chips, region.sram_bytes,
+                              region.dram_bytes, program.to_bytes())
+    return out
+
+
+def test_benefit_plan_does_not_depend_on_the_order_of_the_regions(functions):
+    forward = _lowered(functions)
+    backward = _lowered(functions)[::-1]
+    plans = plan_system(forward, ARCH), plan_system(backward, ARCH)
+    assert [p.policy for p in plans] == ["benefit", "benefit"]  # no fallback to in_order
+    a, b = _decisions(plans[0], forward), _decisions(plans[1], backward)
+    assert a == b
+    # in order, the first region given takes the SRAM: the plans differ with the order
+    forward, backward = _lowered(functions), _lowered(functions)[::-1]
+    c = _decisions(plan_system(forward, ARCH, policy="in_order"), forward)
+    d = _decisions(plan_system(backward, ARCH, policy="in_order"), backward)
+    assert c != d
+    # the regions' resident weights together stay within the memory plans' cap on every PE
+    plan = plan_system(_lowered(functions), ARCH)
+    cap = int(ARCH.tile_sram_bytes * LEDGER_RESIDENT_SHARE)
+    used = [sum(col) for col in zip(*(r.sram_bytes for r in plan.regions))]
+    assert max(used) <= cap
+    for region in plan.regions:
+        assert all(b <= cap - h for b, h in zip(region.sram_bytes, region.budget.held.sram))
+
+
+def test_benefit_order_puts_weight_bound_regions_first(functions):
+    """A batch of 8 does 8x the operations per weight byte of a batch of 1: its regions gain
+    less from resident weights and come last, whatever order the regions are given in."""
+    ones = _lowered(functions)
+    eights = _lowered(_functions(batch=8))
+    orders = []
+    for given in (ones + eights, eights + ones, eights[::-1] + ones[::-1]):
+        order = [given[i] for i in _benefit_order(given, ARCH)]
+        assert set(map(id, order[:len(ones)])) == set(map(id, ones))
+        orders.append([id(p) for p in order])
+    assert orders[0] == orders[1] == orders[2]
+
+
 def test_no_state_kept_between_plans(functions):
     first = plan_system(_lowered(functions), ARCH)
     second = plan_system(_lowered(functions), ARCH)
     assert first == second
     # a plan of the last region alone starts from an empty system, whatever was planned before
     alone = plan_system(_lowered(functions)[-1:], ARCH)
-    assert alone.regions[0].budget.held == SystemState()
+    held = alone.regions[0].budget.held
+    assert not any(held.sram) and held.dram == 0 and held.stage == 0
 
 
 def test_one_chip_regions_share_nothing(functions):
@@ -113,7 +160,7 @@ def test_bad_arguments_name_the_cause(functions):
 
 
 def test_too_large_build_names_its_bytes(functions):
-    tiny = ARCH.replace(dram_bytes=4 * 1024)
+    tiny = ARCH.replace(dram_bytes=1024, sram_bytes=32 * 1024)
     programs = _lowered(functions, tiny)
     with pytest.raises(MappingError, match="the model does not fit"):
         plan_system(programs, tiny)

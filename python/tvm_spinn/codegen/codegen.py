@@ -63,12 +63,12 @@ def codegen_spinn(functions, options, constant_names):  # noqa: ARG001 - constan
     arch_json = options.get("arch") if options is not None else None
     arch = SpinnArch.from_dict(json.loads(str(arch_json))) if arch_json else SpinnArch()
     programs = [lower_function(func, str(func.attrs["global_symbol"]), arch.to_dict()) for func in functions]
-    pending = []
+    pending = {}  # index -> (symbol, future); a region mapped again replaces its entry
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="spinn-serialize") as pool:
         plan_system(programs, arch,
-                    on_mapped=lambda _, program: pending.append((program.symbol, pool.submit(_finish_array, program._parts()))))
+                    on_mapped=lambda i, program: pending.__setitem__(i, (program.symbol, pool.submit(_finish_array, program._parts()))))
         modules = []
-        for symbol, future in pending:
+        for _, (symbol, future) in sorted(pending.items()):
             data = future.result()
             LOG.info("spinn: compiled %s (%d bytes)", symbol, len(data))
             modules.append(_module_over(symbol, data))

@@ -582,7 +582,8 @@ def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0) -> _Stage:
         program = _clone(program)
         program.arch = board.to_dict()
         programs.append(program)
-    plan = plan_system(programs, board, MappingOptions(weights="auto"), onchip_inputs=onchip)
+    # in order: a stage is a chain of the model's programs whose SRAM the stage search sized
+    plan = plan_system(programs, board, MappingOptions(weights="auto"), onchip_inputs=onchip, policy="in_order")
     for k, (program, region) in enumerate(zip(programs, plan.regions)):
         handed = onchip[k] if k == 0 else []
         handoff = handoff if k else sum(program.tensors[t].nbytes for t in handed)

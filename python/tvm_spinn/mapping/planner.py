@@ -9,31 +9,38 @@ on chip), the stage it runs in, its chip group and the SRAM and DRAM bytes it ta
 is mapped with its budget passed explicitly (:func:`~.schedule.map_program`), so remapping one
 region with its budget reproduces its mapping.
 
-Policies: ``"in_order"`` places the regions one after another in the order given, on the same
-chips: each one's resident weights get the SRAM the earlier ones left, its weight shards the
-DRAM, and a region that no longer fits opens the next stage. ``"alone"`` gives every region the
-whole system (e.g. replicas, or a planner comparing placements region by region); a region that
-does not fit by itself is an error.
+Policies: ``"benefit"`` (the default) places the regions in the order of what keeping their
+weights in SRAM saves, decided from the whole set before any is mapped: the regions with the
+fewest operations per weight byte (the ones whose time the weight stream bounds) first, then by
+symbol. Each one's resident weights get the SRAM the ones before it left, so the plan does not
+depend on the order the regions come in. It holds for a build on one stage (board): a build
+whose weight shards need more than one stage's DRAM, or a region that does not fit where this
+order puts it, is planned ``"in_order"`` instead, the stages following the dataflow order (the
+returned plan names the policy used). ``"in_order"`` places the regions one after another
+in the order given, on the same chips: each one's resident weights get the SRAM the earlier
+ones left. ``"alone"`` gives every region the whole system (e.g. replicas, or a planner
+comparing placements region by region); a region that does not fit by itself is an error.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from ..program import Program
 from ..target.arch import SpinnArch
 from .budget import RegionBudget, SystemState
-from .options import MappingOptions, current_options
 from .memory import LEDGER_RESIDENT_SHARE
+from .options import MappingOptions, current_options
 from .schedule import MappingMemo, map_region
 from .system import overflow_message, recorded_plan, resident_state
-from .tiling import MappingError
+from .tiling import MappingError, layer_work
 
 __all__ = ["RegionPlan", "SystemPlan", "plan_system", "resident_capacity", "POLICIES"]
 
 #: The placement policies :func:`plan_system` knows.
-POLICIES = ("in_order", "alone")
+POLICIES = ("benefit", "in_order", "alone")
 
 
 def resident_capacity(arch: SpinnArch) -> float:
@@ -130,8 +137,21 @@ def _region(program: Program, budget: RegionBudget, onchip: tuple, stage: int = 
                       gathered)
 
 
+def _benefit_order(programs: Sequence[Program], arch: SpinnArch) -> list[int]:
+    """The regions' indices, those that gain most from resident weights first: ascending
+    operations per weight byte (a region with few is bound by its weight stream), then symbol."""
+    keys = []
+    for index, program in enumerate(programs):
+        for i in range(len(program.layers)):
+            layer_work(program, i, arch)
+        weights = sum(t.nbytes for t in program.tensors if t.role == "const")
+        flops = sum(int(layer.flops) for layer in program.layers)
+        keys.append((flops / weights if weights else math.inf, program.symbol, index))
+    return [k[-1] for k in sorted(keys)]
+
+
 def plan_system(programs: Sequence[Program], arch: SpinnArch, options: MappingOptions | None = None, *,
-                onchip_inputs: Sequence[Sequence[int]] | None = None, policy: str = "in_order",
+                onchip_inputs: Sequence[Sequence[int]] | None = None, policy: str = "benefit",
                 on_mapped: Callable[[int, Program], None] | None = None) -> SystemPlan:
     """Plan the system for the regions of one build, and map each region under its budget.
 
@@ -149,7 +169,9 @@ def plan_system(programs: Sequence[Program], arch: SpinnArch, options: MappingOp
         How the regions share the system (see :data:`POLICIES`).
     on_mapped : callable, optional
         Called with ``(index, program)`` once each region is mapped (e.g. to serialize it while
-        the next one is mapped).
+        the next one is mapped); called again for a region mapped again (when ``"benefit"``
+        falls back to ``"in_order"``): the last call holds. Under ``"benefit"`` the calls
+        come in the planner's order, not the index order.
 
     Returns
     -------
@@ -167,24 +189,38 @@ def plan_system(programs: Sequence[Program], arch: SpinnArch, options: MappingOp
     options = options or current_options()
     if onchip_inputs is not None and len(onchip_inputs) != len(programs):
         raise ValueError(f"plan_system: {len(onchip_inputs)} onchip_inputs lists for {len(programs)} programs")
-    memo = MappingMemo() if policy == "in_order" else None
+    memo = MappingMemo() if policy != "alone" else None
+    # the regions share the chips only on the multi-chip path (see .schedule.map_region)
+    shared = arch.chips > 1 and not options.naive and options.mode in ("auto", "sequential")
+    by_benefit = policy == "benefit" and shared
+    order = _benefit_order(programs, arch) if by_benefit else range(len(programs))
     state = SystemState()
-    regions = []
-    for index, program in enumerate(programs):
+    regions = {}
+    for index in order:
+        program = programs[index]
         onchip = tuple(int(t) for t in onchip_inputs[index]) if onchip_inputs is not None else ()
-        held = state if policy == "in_order" else None
-        after = map_region(program, arch, options, held, memo, onchip)
+        held = state if policy != "alone" else None
+        if by_benefit:
+            try:
+                after = map_region(program, arch, options, held, memo, onchip)
+            except MappingError:
+                after = None
+            if after is None or after.stage != state.stage or after.overflow is not None:
+                return plan_system(programs, arch, options, onchip_inputs=onchip_inputs, policy="in_order",
+                                   on_mapped=on_mapped)
+        else:
+            after = map_region(program, arch, options, held, memo, onchip)
         if after is None:  # off the multi-chip path: the region shares nothing
-            regions.append(_region(program, RegionBudget(onchip_inputs=onchip), onchip))
+            regions[index] = _region(program, RegionBudget(onchip_inputs=onchip), onchip)
         else:
             before = held or SystemState()
             sram, dram = _delta(before, after)
-            regions.append(_region(program, RegionBudget(held=before, onchip_inputs=onchip), onchip,
-                                   max(after.stage, 0), sram, dram))
+            regions[index] = _region(program, RegionBudget(held=before, onchip_inputs=onchip), onchip,
+                                     max(after.stage, 0), sram, dram)
             if held is not None:
                 state = after
         if on_mapped is not None:
             on_mapped(index, program)
     if state.overflow is not None:
         raise MappingError(overflow_message(state, arch))
-    return SystemPlan(arch, policy, tuple(regions), state)
+    return SystemPlan(arch, policy, tuple(regions[i] for i in range(len(programs))), state)
