@@ -232,7 +232,7 @@ def _kv_write_s(arch, slot_bytes: float, sram_share: float) -> tuple[float, floa
 
 
 def _map(described, arch, weights: str) -> _Timed:
-    from ..mapping import MappingOptions
+    from ..mapping import MappingOptions, current_options
     from ..mapping.schedule import map_program
 
     lat = energy = 0.0
@@ -240,7 +240,8 @@ def _map(described, arch, weights: str) -> _Timed:
     for d in described:
         program = _clone(d.program)
         program.arch = arch.to_dict()
-        with MappingOptions(weights=weights):
+        # the planner's own mapping options; split_k follows the caller's
+        with MappingOptions(weights=weights, split_k=current_options().split_k):
             map_program(program, arch)
         t = program.timing
         lat += t["latency_s"]
@@ -575,7 +576,7 @@ def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0) -> _Stage:
     operands resident, :func:`_kv_state`), else in DRAM; each decode step writes one of its
     ``slots`` (:func:`_kv_write_s`), charged to the stage's latency and to the SRAM or DRAM
     bound."""
-    from ..mapping import MappingOptions
+    from ..mapping import MappingOptions, current_options
     from ..mapping.schedule import map_program, shared_mappings
     from ..mapping.system import recorded_plan
 
@@ -584,7 +585,7 @@ def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0) -> _Stage:
     bounds = dict.fromkeys(("compute", "dram", "sram", "links"), 0.0)
     alone = dict(bounds)
     sram_bw = board.chips * board.pes_per_chip * board.dma_bw_bytes_per_cycle * board.clock_hz
-    with MappingOptions(weights="auto"), shared_mappings():
+    with MappingOptions(weights="auto", split_k=current_options().split_k), shared_mappings():
         for k, program in enumerate(pieces):
             # not the host's: handed over from the previous board, or produced by an earlier
             # program of the stage (same tensor ids in the clone)
