@@ -32,7 +32,6 @@ asserted; ``tests/test_fidelity.py`` asserts the cases that meet the +-15% targe
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 from dataclasses import dataclass
 from typing import Callable
@@ -108,11 +107,13 @@ def _mapped(program: Program, arch: SpinnArch, options: MappingOptions) -> Progr
     return map_program(program, arch, options)
 
 
-def _middle(m: int, k: int, arch: SpinnArch) -> tuple[Program, dict]:
+def _middle(m: int, k: int, arch: SpinnArch, split_k: bool = True) -> tuple[Program, dict]:
     """A chain of three ``[m, k] @ [k, k]`` int8 dense layers with their weights resident in SRAM
     and the activations kept on chip: the middle layer has every operand in SRAM (the paper's
-    "operators allocated entirely in the on-chip SRAM")."""
-    p = _mapped(dense_chain(m, k, k, 3, arch), arch, MappingOptions(weights="resident"))
+    "operators allocated entirely in the on-chip SRAM"). ``split_k=False``: each output's whole
+    reduction on one PE (OctopuScheduler's partitioning of a layer: output features over the PEs;
+    tvm-spinn's own tile chooser may also split a reduction over PEs and exchange partial sums)."""
+    p = _mapped(dense_chain(m, k, k, 3, arch), arch, MappingOptions(weights="resident", split_k=split_k))
     return p, p.timing["layers"][1]
 
 
@@ -141,31 +142,16 @@ def sram_tops_w(m: int, k: int, chip: str) -> Callable[[], Result]:
     return run
 
 
-@contextlib.contextmanager
-def _whole_reductions():
-    """OctopuScheduler's partitioning of a layer: output features over the PEs, each output's
-    whole reduction on one PE (tvm-spinn's own tile chooser may also split a reduction over PEs
-    and exchange partial sums, :data:`tvm_spinn.program.ops.gemm.SPLIT_K`)."""
-    from tvm_spinn.program.ops import gemm
-
-    saved, gemm.SPLIT_K = gemm.SPLIT_K, False
-    try:
-        yield
-    finally:
-        gemm.SPLIT_K = saved
-
-
 def fc_utilisation(k: int) -> Callable[[], Result]:
     """Batch-1 fully-connected layer, weights in SRAM, partitioned as OctopuScheduler does
-    (:func:`_whole_reductions`): MACs / (cycles x PEs used x array MACs). The note gives
+    (``split_k=False``, see :func:`_middle`): MACs / (cycles x PEs used x array MACs). The note gives
     tvm-spinn's own schedule of the layer (reductions split where faster)."""
     def util(mid, arch):
         return mid["flops"] / 2 / (mid["cycles"] * max(1, mid["pes"]) * arch.macs_per_cycle)
 
     def run() -> Result:
         arch = CHIPS["production"]
-        with _whole_reductions():
-            _, mid = _middle(1, k, arch)
+        _, mid = _middle(1, k, arch, split_k=False)
         _, own = _middle(1, k, arch)
         return Result(util(mid, arch), f"{mid['pes']} PEs, {mid['cycles']} cycles; tvm-spinn's own schedule "
                                        f"{own['pes']} PEs, {own['cycles']} cycles (utilisation {util(own, arch):.3f})")

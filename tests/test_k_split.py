@@ -144,7 +144,6 @@ def test_split_conv_and_dense_requantize_like_the_whole_layer(monkeypatch):
     for kind, shapes in [("conv2d", (512, 4, 4, 8, 3)), ("dense", (2, 3000, 8))]:
         outs = []
         for split in (True, False):
-            monkeypatch.setattr(gemm_ops, "SPLIT_K", split)
             program = gemm_program(kind, "int8", shapes, arch=arch)
             program.layers[0].attrs.update(y_zero=0, y_min=-128, y_max=127)
             c = program.layers[0].consts
@@ -153,7 +152,7 @@ def test_split_conv_and_dense_requantize_like_the_whole_layer(monkeypatch):
                                  c["bias_q"]: np.arange(shape["bias_q"][0], dtype=np.int32) * 37,
                                  c["multiplier"]: np.full(shape["multiplier"], 1 << 30, np.int32),
                                  c["shift"]: np.full(shape["shift"], 40, np.int32)}
-            map_program(program, arch)
+            map_program(program, arch, MappingOptions(split_k=split))
             assert (len(program.mapping["layers"][0]["tile"]) == 4) == split
             if not outs:
                 x = rng.integers(-128, 128, program.tensors[0].shape).astype(np.int8)

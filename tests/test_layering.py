@@ -18,8 +18,8 @@ import pathlib
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "python"
 PKG = "tvm_spinn"
 
-#: Modules with no tvm_spinn imports that any layer may use.
-LEAVES = {"tvm_spinn._files", "tvm_spinn._interrupts", "tvm_spinn._lib", "tvm_spinn._quiet", "tvm_spinn._scoped", "tvm_spinn._version", "tvm_spinn.target.arch"}
+#: Modules that import no tvm_spinn module but other leaves, and that any layer may use.
+LEAVES = {"tvm_spinn._env", "tvm_spinn._files", "tvm_spinn._interrupts", "tvm_spinn._lib", "tvm_spinn._quiet", "tvm_spinn._scoped", "tvm_spinn._version", "tvm_spinn.options", "tvm_spinn.target.arch"}
 
 #: Known cycles still to break, as frozensets of their modules. The test fails when one of them
 #: is gone (remove it here) and for any cycle not listed. None are left.
@@ -183,7 +183,7 @@ def _violations(explicit, prefix, allowed):
 
 def test_leaves_import_nothing_of_the_package():
     explicit, _ = import_graph()
-    bad = [f"{m} imports {sorted(explicit[m])}" for m in sorted(LEAVES) if explicit[m]]
+    bad = [f"{m} imports {sorted(set(explicit[m]) - LEAVES)}" for m in sorted(LEAVES) if set(explicit[m]) - LEAVES]
     assert not bad, "\n".join(bad)
 
 

@@ -161,10 +161,12 @@ def test_attention_matmul_tiles_run_in_one_round_when_faster(monkeypatch):
         np.testing.assert_array_equal(got, ref)
 
 
-def test_layers_start_past_earlier_residents_and_reload_from_records(monkeypatch):
-    from tvm_spinn.program.ops import gemm
+def test_layers_start_past_earlier_residents_and_reload_from_records():
+    with MappingOptions(split_k=False):  # the layout of whole-reduction column tiles
+        _layers_start_past_earlier_residents()
 
-    monkeypatch.setattr(gemm, "SPLIT_K", False)  # the layout of whole-reduction column tiles
+
+def _layers_start_past_earlier_residents():
     pes = ARCH.pes_per_chip
     # Two 4-column layers: one 32 KiB tile each, both on PE 0 by default (64 KiB, over the cap);
     # laid out, one column per PE, the second starting where the first ends.

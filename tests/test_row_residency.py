@@ -24,18 +24,18 @@ from tvm_spinn.mapping.schedule import map_program
 from tvm_spinn.mapping.shard import ROW_ALWAYS, plan_shards
 from tvm_spinn.mapping.tiling import layer_work
 from tvm_spinn.program import Layer, Program, TensorDesc
-from tvm_spinn.program.ops import gemm as gemm_ops
 from tvm_spinn.program.ops.gemm import chunk_length, safe_k_chunk
 from tvm_spinn.runtime.simulator import run_program
 
 
 
 @pytest.fixture(autouse=True)
-def _reductions_on_one_pe(monkeypatch):
+def _reductions_on_one_pe():
     """Each output's reduction on one PE: these tests are about the row-parallel shards (with
     the reduction split over PEs, tests/test_k_split.py, the column plan's blocks spread over
     the PEs' SRAM too and win here)."""
-    monkeypatch.setattr(gemm_ops, "SPLIT_K", False)
+    with MappingOptions(split_k=False):
+        yield
 
 
 # 4 chips of 8 PEs: a 36-column GEMM gives each chip 9 columns, one PE two of them
@@ -67,7 +67,7 @@ def _mapped(monkeypatch=None):
     program = _down_projection()
     if monkeypatch is not None:
         monkeypatch.setattr(system, "_row_always_sibling", lambda *args: None)
-    plan_system([program], ARCH, MappingOptions(weights="auto"))
+    plan_system([program], ARCH, MappingOptions(weights="auto", split_k=False))
     return program
 
 
@@ -106,7 +106,7 @@ def test_streaming_column_plan_gives_way_to_resident_rows(monkeypatch):
     # bits: the functional program is the one-chip program's, whatever the plan
     x = np.random.default_rng(1).integers(-128, 128, (1, K), dtype=np.int8)
     one = _down_projection()
-    with MappingOptions(weights="auto"):
+    with MappingOptions(weights="auto", split_k=False):
         map_program(one, ARCH.replace(chips=1))
     (ref,) = run_program(one, [x], mode="layers")
     for program in (rows, cols):

@@ -62,6 +62,7 @@ def _register() -> None:
     from . import frontend
     from .codegen import codegen_spinn  # noqa: F401  (registers relax.ext.spinn)
     from .mapping import MappingError, MappingOptions
+    from .options import SpinnOptions
     from .partition import partition_for_spinn, summarize_partition
     from .pipeline import install as _install_pipeline
     from .report import Report, find_spinn_modules as report_modules, report
@@ -101,7 +102,7 @@ def __getattr__(name: str):
 __all__ = [
     "frontend", "MappingOptions", "MappingError", "load_module", "export_library", "LibraryError", "SpinnRuntimeError", "partition_for_spinn", "summarize_partition", "report", "report_modules", "Report", "SpinnArch",
     "ArchError", "make_system", "register_system", "get_target", "known_targets", "arch_of", "host_target",
-    "tune", "build_options", "BuildOptions", "TuningResult", "TuningLogError",
+    "tune", "build_options", "BuildOptions", "SpinnOptions", "TuningResult", "TuningLogError",
     "quantize", "quantizable_layers", "QuantScheme", "QuantizationError", "training",
 ]
 

@@ -27,6 +27,8 @@ from typing import Any
 
 import tvm_ffi
 
+from ._env import env
+
 __all__ = [
     "LIBRARY_PATH",
     "create_module",
@@ -63,7 +65,7 @@ _handle: ctypes.CDLL | None = None  # keeps the library mapped for the process l
 
 
 def _library_path() -> Path:
-    override = os.environ.get("TVM_SPINN_LIBRARY_PATH")
+    override = env("TVM_SPINN_LIBRARY_PATH")
     return Path(override).expanduser().resolve() if override else LIBRARY_PATH
 
 

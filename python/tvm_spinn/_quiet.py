@@ -18,6 +18,8 @@ import logging
 import os
 import warnings
 
+from ._env import env
+
 __all__ = ["QUIET_LOGGERS", "VERBOSE_ENV", "quiet", "verbose_requested"]
 
 #: Loggers whose notes are hidden unless verbose: per-operator partition notes and the
@@ -31,7 +33,7 @@ _CHATTY_MODULES = r"(torch|tvm|tvm_ffi|onnx|onnxscript|onnxruntime|transformers)
 
 def verbose_requested(verbose: bool = False) -> bool:
     """``verbose``, or whether :data:`VERBOSE_ENV` asks for the chatter."""
-    return bool(verbose) or os.environ.get(VERBOSE_ENV, "0").strip() not in ("", "0")
+    return bool(verbose) or env(VERBOSE_ENV, "0").strip() not in ("", "0")
 
 
 @contextlib.contextmanager

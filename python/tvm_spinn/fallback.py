@@ -35,6 +35,8 @@ import tvm_ffi
 from tvm import relax
 from tvm.s_tir import dlight as dl
 
+from ._env import env
+
 __all__ = ["ParallelVectorize", "prepare_fallback", "default_schedule_pass", "default_rules",
            "has_unit_reduction", "run_fallback"]
 
@@ -321,7 +323,7 @@ class ParallelVectorize(dl.ScheduleRule):
         try:
             return self._apply(func, target)
         except Exception as err:  # noqa: BLE001  (a pattern we cannot schedule: leave it as is)
-            if os.environ.get("TVM_SPINN_DEBUG_SCHEDULE"):
+            if env("TVM_SPINN_DEBUG_SCHEDULE"):
                 import traceback
 
                 traceback.print_exc()

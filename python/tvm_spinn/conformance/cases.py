@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Optional, Sequence
 
+from .._env import env
+
 DEFAULT_RTOL = 1e-3
 """Relative tolerance of the ONNX backend test runner (``onnx.backend.test.case.TestCase``)."""
 DEFAULT_ATOL = 1e-7
@@ -58,7 +60,7 @@ def default_cache_dir() -> Path:
     import onnx
 
     tag = f"onnx-node-{onnx.__version__}"
-    env = os.environ.get("TVM_SPINN_CACHE")
+    env = env("TVM_SPINN_CACHE")
     if env:
         return Path(env) / tag
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tvm_spinn"

@@ -222,7 +222,7 @@ def _map(described, arch, weights: str) -> _Timed:
     """Every program on the whole of ``arch`` (the system planner's ``alone`` policy: replicas).
     The KV cache a program reads is its state (see :class:`~tvm_spinn.mapping.planner.RegionPlan`):
     in SRAM where its memory plan keeps the attention matmuls' operands resident, else in DRAM."""
-    from ..mapping import MappingOptions
+    from ..mapping import MappingOptions, current_options
     from ..mapping.planner import plan_system
 
     lat = energy = 0.0
@@ -232,7 +232,8 @@ def _map(described, arch, weights: str) -> _Timed:
         program = _clone(d.program)
         program.arch = arch.to_dict()
         programs.append(program)
-    plan = plan_system(programs, arch, MappingOptions(weights=weights), policy="alone")
+    plan = plan_system(programs, arch, MappingOptions(weights=weights, split_k=current_options().split_k),
+                       policy="alone")
     for d, program, region in zip(described, programs, plan.regions):
         t = program.timing
         lat += t["latency_s"]
@@ -566,7 +567,7 @@ def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0) -> _Stage:
     operands resident: the regions' ``state_sram_bytes``), else in DRAM; each decode step writes one of its
     ``slots`` (:func:`_kv_write_s`), charged to the stage's latency and to the SRAM or DRAM
     bound."""
-    from ..mapping import MappingOptions
+    from ..mapping import MappingOptions, current_options
     from ..mapping.planner import plan_system
 
     lat = energy = 0.0
@@ -583,7 +584,8 @@ def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0) -> _Stage:
         program.arch = board.to_dict()
         programs.append(program)
     # in order: a stage is a chain of the model's programs whose SRAM the stage search sized
-    plan = plan_system(programs, board, MappingOptions(weights="auto"), onchip_inputs=onchip, policy="in_order")
+    plan = plan_system(programs, board, MappingOptions(weights="auto", split_k=current_options().split_k),
+                       onchip_inputs=onchip, policy="in_order")
     for k, (program, region) in enumerate(zip(programs, plan.regions)):
         handed = onchip[k] if k == 0 else []
         handoff = handoff if k else sum(program.tensors[t].nbytes for t in handed)

@@ -311,7 +311,7 @@ def _split_layout(program: Program, arch: SpinnArch, ranges, tables, records, re
     it faster."""
     from ..program.ops import gemm
 
-    if not gemm.SPLIT_K:  # reductions split over PEs switched off (see choose_gemm_tile)
+    if not current_options().split_k:  # reductions split over PEs switched off (MappingOptions)
         return None
     cap, budget, held = _ledger_start(arch, ranges, reserved)
     out_tables, out_records, changed = list(tables), [dict(r) for r in records], False
@@ -459,14 +459,16 @@ def map_region(program: Program, arch: SpinnArch, options: MappingOptions, state
         # the setup models one chip's scheduler PE: its packets' chip-to-chip hops are not costed
         raise ValueError(f"MappingOptions.scheduler='software' models a scheduler PE on one chip; "
                          f"{arch.name} has {arch.chips} chips")
-    if options.naive or options.mode != "auto":
-        return _build(program, arch, "sequential" if options.mode == "auto" else options.mode, options, state, memo, onchip)
-    after = _build(program, arch, "sequential", options, state, memo, onchip)
-    if options.objective == "throughput" and arch.chips == 1:  # several chips: replicas (see .system)
-        seq = (program.timing["throughput_inf_s"], program.tiles, program.mapping, program.memory, program.timing)
-        _build(program, arch, "pipelined", options, state, memo, onchip)
-        if seq[0] >= program.timing["throughput_inf_s"]:
-            (_, program.tiles, program.mapping, program.memory, program.timing) = seq
+    with options:  # the families' tile choice and the layouts read the active options (split_k)
+        if options.naive or options.mode != "auto":
+            return _build(program, arch, "sequential" if options.mode == "auto" else options.mode, options, state,
+                          memo, onchip)
+        after = _build(program, arch, "sequential", options, state, memo, onchip)
+        if options.objective == "throughput" and arch.chips == 1:  # several chips: replicas (see .system)
+            seq = (program.timing["throughput_inf_s"], program.tiles, program.mapping, program.memory, program.timing)
+            _build(program, arch, "pipelined", options, state, memo, onchip)
+            if seq[0] >= program.timing["throughput_inf_s"]:
+                (_, program.tiles, program.mapping, program.memory, program.timing) = seq
     return after
 
 

@@ -41,6 +41,7 @@ import numpy as np
 
 from ..program import Layer, Program, Tile
 from .. import _lib
+from .._env import env
 from ..program.ops import family_of
 from ..program.ops.gemm import GEMM_KINDS
 from ..program.ops.movement import Movement
@@ -56,7 +57,7 @@ MODES = ("layers", "tiles")
 
 def sim_mode(mode: str | None = None) -> str:
     """The execution mode: ``mode`` if given, else ``$TVM_SPINN_SIM_MODE``, else ``"layers"``."""
-    mode = mode or os.environ.get("TVM_SPINN_SIM_MODE") or "layers"
+    mode = mode or env("TVM_SPINN_SIM_MODE") or "layers"
     if mode not in MODES:
         raise ValueError(f"simulator mode {mode!r}: expected one of {MODES} (TVM_SPINN_SIM_MODE)")
     return mode
@@ -119,7 +120,7 @@ def _run_whole(program: Program, index: int, layer: Layer, env) -> np.ndarray:
 def native_enabled() -> bool:
     """Whether plans run layer runs natively (``TVM_SPINN_SIM_NATIVE``, default on; ``0``: every
     layer in Python, the reference for the native runs' bits)."""
-    return os.environ.get("TVM_SPINN_SIM_NATIVE", "1") != "0"
+    return env("TVM_SPINN_SIM_NATIVE", "1") != "0"
 
 
 class _Plan:

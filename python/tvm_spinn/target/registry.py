@@ -12,6 +12,7 @@ import threading
 
 import tvm
 
+from .._env import env
 from .arch import CHIPS, ArchError, SpinnArch
 
 __all__ = [
@@ -46,7 +47,7 @@ def host_mcpu() -> str:
     """
     from tvm.target.codegen import llvm_get_system_cpu, llvm_get_system_triple, llvm_is_valid_cpu
 
-    value = os.environ.get(HOST_MCPU_ENV)
+    value = env(HOST_MCPU_ENV)
     cpu = (llvm_get_system_cpu() if value is None else value).strip()
     if cpu in ("", "generic"):
         return ""

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ... import _lib
+from ... import options as _options
 from ..checks import PAD4, POS2, POSINT, RELU, ZERO, check_bool, check_str, fail
 from ..model import Layer
 from ..noc import noc_port_cycles
@@ -62,9 +63,6 @@ __all__ = ["Gemm", "GemmShape", "gemm_shape", "safe_k_chunk", "Int8Side", "int8_
            "smallest_gemm_tile_bytes", "splits_of", "chunk_length", "k_part_bounds", "k_part_tail_cycles", "GEMM_KINDS"]
 
 GEMM_KINDS = ("conv2d", "dense", "matmul")
-#: Whether the mapper may split an int8 tile's reduction over PEs (:func:`choose_gemm_tile`'s
-#: ``split_k``); tests of other mechanisms (e.g. row-parallel shards) switch it off.
-SPLIT_K = True
 _F32 = np.float32
 _QRANGE = {"int8": (-128, 127), "uint8": (0, 255)}
 _REQUANT = {"y_zero": ZERO, "y_min": ZERO, "y_max": ZERO}
@@ -1201,7 +1199,7 @@ class Gemm(OpFamily):
         _, elems, side = _cost_operands(program, layer)
         return list(choose_gemm_tile(g, arch, layer.name, pes=pes, kind=layer.kind, naive=naive,
                                      input_bytes=in_fn, mode=layer.mode, elem_bytes=elems, int8=side,
-                                     split_k=SPLIT_K, resident=resident))
+                                     split_k=_options.current().mapping.split_k, resident=resident))
 
     def tile_costs(self, program, layer, arch, tile, lo, hi):
         t = program.tensors
