@@ -287,7 +287,7 @@ class _Repeated:
         return out
 
 
-def test_fold_constant_builds_equal_kernels_once(monkeypatch):
+def test_fold_constant_builds_no_more_kernels_than_tvm():
     build = tvm_ffi.get_global_func("tirx.build")
     built = []
 
@@ -306,7 +306,8 @@ def test_fold_constant_builds_equal_kernels_once(monkeypatch):
         tvm.register_global_func("tirx.build", build, override=True)
     tvm.ir.assert_structural_equal(got, ref)
     assert "full_like" not in ref.script()
-    assert ref_builds == 4 and fast_builds == 3  # full_like(1.0) twice: built once
+    # the three full_like and add(a, b) fold (a kernel each); the run-time add is built by neither
+    assert ref_builds == 4 and fast_builds <= ref_builds
 
 
 # ---- import clean-ups (frontend.fixups): the same hiding ----
@@ -357,13 +358,36 @@ def test_fixups_negative_take_of_hidden_index(hide_min, monkeypatch):
     assert taken[0].value.args[1].value.numpy().tolist() == [4, 0, 0, 2]
 
 
-def test_fold_constant_nested_runs_restore():
-    before = tvm.ir.Op.get("relax.add").get_attr("FLegalize")
-    with fold._legalize_only_foldable():
-        tvm.ir.assert_structural_equal(fold.FoldConstant(_Corners), transform.FoldConstant()(_Corners))
-        assert fold._active.on
-    assert not fold._active.on
-    assert tvm.ir.Op.get("relax.add").get_attr("FLegalize").same_as(before)
+def test_fold_constant_leaves_tvm_state_alone(monkeypatch):
+    """While the pass runs, the operators' ``FLegalize`` and ``tirx.build`` are TVM's own."""
+    names = sorted(fold._READS_EVERY_TENSOR_ARG)[:8]
+    before = {name: tvm.ir.Op.get(name).get_attr("FLegalize") for name in names}
+    build = tvm_ffi.get_global_func("tirx.build")
+    tvm_fold = transform.FoldConstant
+    seen = []
+
+    def checking():
+        def run(mod):
+            seen.append(all(tvm.ir.Op.get(n).get_attr("FLegalize").same_as(f) for n, f in before.items())
+                        and tvm_ffi.get_global_func("tirx.build").same_as(build))
+            return tvm_fold()(mod)
+        return run
+
+    monkeypatch.setattr(fold.transform, "FoldConstant", checking)
+    got = fold.FoldConstant(_Corners)
+    assert seen == [True]
+    tvm.ir.assert_structural_equal(got, tvm_fold()(_Corners))
+
+
+def test_fold_constant_concurrent_runs_agree():
+    """No lock and no shared state: runs on several threads give TVM's result each."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ref = transform.FoldConstant()(_Corners)
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: fold.FoldConstant(_Corners), range(8)))
+    for got in results:
+        tvm.ir.assert_structural_equal(got, ref)
 
 
 # ---- quantized weights hidden from constant folding: the same hiding ----

@@ -1,9 +1,10 @@
 """tvm-spinn: an Apache TVM (Relax) plugin for SpiNNaker2-class many-core systems.
 
 Importing the package registers the ``spinn`` targets, the ``relax.ext.spinn`` codegen, the
-runtime module loader and the spinn-aware default build pipeline, so that
-``relax.build(mod, target="spinn")`` offloads by itself. TVM imports it automatically through
-the ``tvm.backends`` entry point.
+runtime module loader and the ``spinn`` build pipeline, so that
+``relax.build(mod, target="spinn")`` offloads by itself (:mod:`tvm_spinn.integration` lists every
+point where the package plugs into TVM). TVM imports it automatically through the
+``tvm.backends`` entry point (``TVM_DEVICE_BACKEND_AUTOLOAD=0`` turns that off).
 """
 
 
@@ -64,17 +65,10 @@ def _register() -> None:
     from .mapping import MappingError, MappingOptions
     from .options import SpinnOptions
     from .partition import partition_for_spinn, summarize_partition
-    from .pipeline import install as _install_pipeline
     from .report import Report, find_spinn_modules as report_modules, report
     from .runtime import executor as _executor  # registers the runtime callback
 
-    import tvm_ffi as _tvm_ffi
-
-    # Raised in the runtime callback, the error crosses the FFI (VM -> spinn module -> Python); once
-    # registered it comes back to the caller as itself instead of a plain RuntimeError.
-    _tvm_ffi.register_error("tvm_spinn.SpinnRuntimeError", _executor.SpinnRuntimeError)
     SpinnRuntimeError = _executor.SpinnRuntimeError
-    from .runtime import loader as _loader
     from .runtime.loader import LibraryError, export_library, load_module
     from .quant import QuantizationError, QuantScheme, quantizable_layers, quantize
     from .tune import BuildOptions, TuningLogError, TuningResult, build_options, tune
@@ -85,9 +79,10 @@ def _register() -> None:
 
     from . import training  # noqa: F401  (cheap: relax.training and torch are imported on use)
 
-    register_default_tags()
-    _install_pipeline()
-    _loader.install_export_hook()  # ex.export_library of spinn builds writes sealed libraries
+    from . import integration as _integration
+
+    # every registration with TVM, and the hooks it has no registry for (see integration.py)
+    _integration.install()
     globals().update({k: v for k, v in locals().items() if not k.startswith("__")})
 
 

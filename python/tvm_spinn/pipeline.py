@@ -1,12 +1,10 @@
-"""Hook spinn into ``relax.build``: the default pipeline offloads for spinn targets.
+"""The spinn build pipeline: offload the spinn regions, then build the rest for the fallback.
 
-``relax.build(mod, target)`` takes its pipeline from ``relax.pipeline.PIPELINE_MAP["default"]``,
-or, for targets whose keys contain ``"gpu"`` (``spinn/cuda``), from
-``relax.get_default_pipeline(target)``. We wrap both: when the target's keys contain ``"spinn"``,
-the module is partitioned (unless it already is), ``RunCodegen`` runs for ``spinn`` and a
-manifest is recorded; then the rest goes through the fallback's own pipeline (llvm: TVM's
-default build pipeline; cuda: TVM's CUDA pipeline with dlight schedules). Other targets are
-untouched.
+For a spinn target (its keys contain ``"spinn"``) the module is partitioned (unless it already
+is), ``RunCodegen`` runs for ``spinn`` and a manifest is recorded; then the rest goes through the
+fallback's own pipeline (llvm: TVM's default build pipeline; cuda: TVM's CUDA pipeline with
+dlight schedules). How ``relax.build`` reaches this pipeline is :mod:`tvm_spinn.integration`'s
+business.
 """
 
 from __future__ import annotations
@@ -17,17 +15,14 @@ import logging
 import tvm
 from tvm import relax
 from tvm.ir.expr import Constant
-from tvm.relax import pipeline as _relax_pipeline
 
 from .codegen import make_manifest_module
 from .partition import partition_for_spinn, summarize_partition
 from .fallback import run_fallback
 from .target.registry import arch_of, is_spinn_target
-from ._build_options import current_build_options
 
-__all__ = ["offload_to_spinn", "install"]
+__all__ = ["offload_to_spinn", "spinn_pipeline"]
 
-_ORIGINAL: dict = {}
 LOG = logging.getLogger("tvm_spinn.pipeline")
 
 
@@ -99,61 +94,38 @@ def offload_to_spinn(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModu
     return mod.with_attr("external_mods", ext + [make_manifest_module(manifest)])
 
 
-def _wrap(name: str):
-    original = _ORIGINAL[name]
+def spinn_pipeline(base, target: "tvm.target.Target | None" = None) -> tvm.transform.Pass:
+    """The spinn build pipeline: offload to spinn, then the fallback's pipeline.
 
-    def factory(**kwargs):
-        base = original(**kwargs)
+    Registered as ``relax.pipeline.PIPELINE_MAP["spinn"]``
+    (``relax.build(mod, target="spinn", relax_pipeline="spinn")``); ``relax.build`` with the
+    default pipeline reaches it too (see :mod:`tvm_spinn.integration`).
 
-        @tvm.transform.module_pass(opt_level=0, name="SpinnDefaultPipeline")
-        def _pipeline(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
-            target = tvm.target.Target.current(allow_none=True)
-            if not is_spinn_target(target):
-                return run_fallback(base, mod, target, spinn=False)
-            return run_fallback(base, offload_to_spinn(mod, target), target, spinn=True)
+    Parameters
+    ----------
+    base : tvm.transform.Pass or callable
+        The fallback target's pipeline, applied last, or a function of the build target that
+        returns it (TVM's pipeline for that target: :func:`tvm_spinn.integration.tvm_pipeline`).
+    target : tvm.target.Target, optional
+        The build target. Default: the current target when the pass runs (``relax.build``
+        runs its pipeline inside ``with target``).
 
-        return _pipeline
+    Returns
+    -------
+    tvm.transform.Pass
+        For a spinn target: partition (unless already partitioned), codegen, manifest, then the
+        fallback pipeline. For any other target: ``base``, with the fallback treatment of
+        :func:`tvm_spinn.fallback.run_fallback` only inside ``with tvm_spinn.build_options()``.
+    """
 
-    return factory
+    @tvm.transform.module_pass(opt_level=0, name="SpinnPipeline")
+    def _pipeline(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        build_target = target if target is not None else tvm.target.Target.current(allow_none=True)
+        fallback = base if isinstance(base, tvm.transform.Pass) else base(build_target)
+        if not is_spinn_target(build_target):
+            return run_fallback(fallback, mod, build_target, spinn=False)
+        with build_target:
+            mod = offload_to_spinn(mod, build_target)
+        return run_fallback(fallback, mod, build_target, spinn=True)
 
-
-def _wrap_target_pipeline(original):
-    def get_default_pipeline(target: tvm.target.Target):
-        base = original(target)
-        if not is_spinn_target(target):
-            if current_build_options() is None:
-                return base
-
-            @tvm.transform.module_pass(opt_level=0, name="SpinnFallbackPipeline")
-            def _plain(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
-                return run_fallback(base, mod, target, spinn=False)
-
-            return _plain
-
-        @tvm.transform.module_pass(opt_level=0, name="SpinnTargetPipeline")
-        def _pipeline(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
-            with target:
-                mod = offload_to_spinn(mod, target)
-            return run_fallback(base, mod, target, spinn=True)
-
-        return _pipeline
-
-    get_default_pipeline._spinn = True
-    get_default_pipeline.__doc__ = original.__doc__
-    return get_default_pipeline
-
-
-def install() -> None:
-    """Register the spinn-aware default pipelines (idempotent)."""
-    if not getattr(relax.get_default_pipeline, "_spinn", False):
-        wrapped = _wrap_target_pipeline(relax.get_default_pipeline)
-        relax.get_default_pipeline = wrapped
-        _relax_pipeline.get_default_pipeline = wrapped
-    for name in ("default", "default_build"):
-        current = _relax_pipeline.PIPELINE_MAP[name]
-        if getattr(current, "_spinn", False):
-            continue
-        _ORIGINAL[name] = current
-        wrapped = _wrap(name)
-        wrapped._spinn = True
-        _relax_pipeline.PIPELINE_MAP[name] = wrapped
+    return _pipeline

@@ -5,26 +5,21 @@ PrimFunc per call, about a millisecond each in Python) and only then finds out t
 read a run-time tensor and cannot be folded: for BERT-base that is ~750 legalizations per run,
 most of the time partitioning took. :func:`FoldConstant` is the same pass with the legalization
 of such calls skipped: for the operators in :data:`_READS_EVERY_TENSOR_ARG`, whose legalization
-passes every tensor argument to the PrimFunc, a call with a run-time tensor argument (a
-variable, after ``FoldConstant`` inlined the variables bound to constants) legalizes to a
-``call_tir`` that reads that variable, which ``FoldConstant`` leaves unfolded; the skipped
-legalization returns the call unchanged, which ``FoldConstant`` leaves unfolded too. Every other
+passes every tensor argument to the PrimFunc, a call with a run-time argument (a parameter of
+the function or the result of another such call) legalizes to a ``call_tir`` that reads that
+value, which ``FoldConstant`` leaves unfolded; a skipped call is left unfolded too. Every other
 call (constant arguments, creation ops such as ``full_like`` that read only a shape, unlisted
 ops) is legalized as before, so the folded module is the same.
 
-Structurally equal PrimFuncs (one per legalization) are also built once instead of once each.
-Both are installed (on the operators' ``FLegalize`` attributes and on ``tirx.build``) for the
-duration of the pass and only apply on the thread running it.
+The skipping changes no global state: the calls that cannot fold are held out of TVM's pass
+(replaced by opaque stand-ins, which it does not legalize) and put back after it, so operator
+attributes and global functions are the ones TVM registered, and no lock is needed.
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
-
 import numpy as np
 import tvm
-import tvm_ffi
 from tvm import relax
 from tvm.ir.expr import Constant
 from tvm.relax import transform
@@ -56,79 +51,91 @@ _READS_EVERY_TENSOR_ARG = frozenset(
     ).split()
 )
 
-_install_lock = threading.RLock()  # re-entrant: a nested run installs on top and restores in order
-_active = threading.local()
+#: Name prefix of the packed functions that stand in for held calls (never called: restored)
+_HOLD = "__tvm_spinn_fold_hold_"
 
 
-def _runtime_tensor(arg: relax.Expr) -> bool:
-    """``arg`` is (or, for a tuple, holds) a tensor variable: data known only at run time."""
-    if isinstance(arg, relax.Var):
-        return isinstance(arg.ty, relax.TensorType)
-    if isinstance(arg, relax.Tuple):
-        return any(_runtime_tensor(field) for field in arg.fields)
+def _runtime(expr: relax.Expr, runtime_vars: set) -> bool:
+    """``expr`` is (or, for a tuple, holds) a value known only at run time: a variable of
+    :data:`runtime_vars`."""
+    if isinstance(expr, relax.Var):
+        return expr in runtime_vars
+    if isinstance(expr, relax.Tuple):
+        return any(_runtime(field, runtime_vars) for field in expr.fields)
     return False
 
 
-def _skipping(legalize):
-    def legalize_foldable(bb, call):
-        if getattr(_active, "on", False) and any(_runtime_tensor(arg) for arg in call.args):
-            return call  # not a call_tir: FoldConstant keeps the call, as it would have anyway
-        return legalize(bb, call)
+@relax.expr_functor.mutator
+class _Hold(relax.PyExprMutator):
+    """Replaces the calls of :data:`_READS_EVERY_TENSOR_ARG` that read a run-time value by
+    ``call_pure_packed`` calls of a named stand-in (an opaque call ``FoldConstant`` leaves as it
+    is, without legalizing it), remembering each original call by the stand-in's name.
 
-    return legalize_foldable
+    A value is run-time when it is a parameter of the function, the result of a held call, an
+    element of such a tuple or another name for one of those: whatever ``FoldConstant`` does to
+    the rest of the function, such a value never becomes a constant."""
+
+    def __init__(self, mod: tvm.IRModule, held: dict):
+        super().__init__(mod)
+        self.held = held
+        self.runtime_vars: set = set()
+
+    def visit_function_(self, func: relax.Function) -> relax.Expr:  # noqa: D102
+        self.runtime_vars.update(func.params)
+        return super().visit_function_(func)
+
+    def visit_var_binding_(self, binding) -> None:  # noqa: D102
+        value = binding.value
+        runtime = False
+        if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
+            runtime = (value.op.name in _READS_EVERY_TENSOR_ARG
+                       and any(_runtime(arg, self.runtime_vars) for arg in value.args))
+        elif isinstance(value, relax.TupleGetItem):
+            runtime = _runtime(value.tuple_value, self.runtime_vars)
+        elif isinstance(value, relax.Var):
+            runtime = value in self.runtime_vars
+        if not runtime:
+            super().visit_var_binding_(binding)
+            return
+        self.runtime_vars.add(binding.var)
+        if not isinstance(value, relax.Call):
+            super().visit_var_binding_(binding)
+            return
+        name = f"{_HOLD}{len(self.held)}"
+        self.held[name] = value
+        args = [self.visit_expr(arg) for arg in value.args]
+        stand_in = relax.call_pure_packed(name, *args, ty_args=value.ty)
+        self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(stand_in)))
 
 
-def _memoized(build):
-    """``tirx.build`` that builds structurally equal PrimFuncs once (per pass run).
+@relax.expr_functor.mutator
+class _Restore(relax.PyExprMutator):
+    """Puts the held calls back, on the arguments ``FoldConstant`` left them."""
 
-    ``FoldConstant`` caches builds by PrimFunc object, and every legalization makes a new one:
-    BERT's 12 ``full_like`` (one per layer, same shape) were 12 LLVM builds of the same kernel."""
-    cache: dict = {}
+    def __init__(self, mod: tvm.IRModule, held: dict):
+        super().__init__(mod)
+        self.held = held
 
-    def build_once(func, *args):
-        if not (getattr(_active, "on", False) and isinstance(func, tvm.tirx.PrimFunc)
-                and all(arg is None or isinstance(arg, (str, tvm.target.Target)) for arg in args)):
-            return build(func, *args)
-        key = (tvm_ffi.structural_hash(func), tuple(str(arg) for arg in args))
-        for known, module in cache.get(key, ()):
-            if tvm_ffi.structural_equal(known, func):
-                return module
-        module = build(func, *args)
-        cache.setdefault(key, []).append((func, module))
-        return module
-
-    return build_once
+    def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: D102
+        call = super().visit_call_(call)
+        if (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.call_pure_packed"
+                and isinstance(call.args[0], relax.ExternFunc)
+                and str(call.args[0].global_symbol) in self.held):
+            original = self.held[str(call.args[0].global_symbol)]
+            return relax.Call(original.op, list(call.args[1:]), original.attrs, original.ty_args)
+        return call
 
 
-@contextlib.contextmanager
-def _legalize_only_foldable():
-    with _install_lock:
-        saved = []
-        was_on = getattr(_active, "on", False)
-        build = tvm_ffi.get_global_func("tirx.build", allow_missing=True)
-        try:
-            if build is not None:
-                tvm.register_global_func("tirx.build", _memoized(build), override=True)
-            for name in sorted(_READS_EVERY_TENSOR_ARG):
-                try:
-                    op = tvm.ir.Op.get(name)
-                except Exception:  # noqa: BLE001 - operator absent from this TVM build
-                    continue
-                legalize = op.get_attr("FLegalize")
-                if legalize is None:
-                    continue
-                op.reset_attr("FLegalize")
-                saved.append((op, legalize))
-                op.set_attr("FLegalize", _skipping(legalize))
-            _active.on = True
-            yield
-        finally:
-            _active.on = was_on
-            if build is not None:
-                tvm.register_global_func("tirx.build", build, override=True)
-            for op, legalize in saved:
-                op.reset_attr("FLegalize")
-                op.set_attr("FLegalize", legalize)
+def _map_functions(mod: tvm.IRModule, mutator) -> tvm.IRModule:
+    """``mod`` with every Relax function rewritten by ``mutator`` (the unchanged ones kept)."""
+    changed = False
+    for gvar, func in sorted(mod.functions_items(), key=lambda kv: kv[0].name_hint):
+        if isinstance(func, relax.Function):
+            new = mutator.visit_expr(func)
+            if not new.same_as(func):
+                mutator.builder_.update_func(gvar, new)
+                changed = True
+    return mutator.builder_.finalize() if changed else mod
 
 
 # Operators evaluated exactly with numpy on constant operands before ``FoldConstant`` (which would
@@ -305,7 +312,12 @@ def _FoldSmallConstantsPartition(func: relax.Function, _mod, _ctx) -> relax.Func
 
 @tvm.transform.module_pass(opt_level=0, name="SpinnFoldConstant")
 def FoldConstant(mod: tvm.IRModule, ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass naming
-    """``relax.transform.FoldConstant`` that legalizes only the calls it could fold."""
+    """``relax.transform.FoldConstant`` that legalizes only the calls it could fold.
+
+    The calls that read a run-time value are held out of TVM's pass (:class:`_Hold`) and put
+    back after it (:class:`_Restore`); the rest is TVM's ``FoldConstant`` as it is."""
     mod = _FoldSmallConstantsPartition(mod)
-    with _legalize_only_foldable():
-        return transform.FoldConstant()(mod)
+    held: dict = {}
+    mod = _map_functions(mod, _Hold(mod, held))
+    mod = transform.FoldConstant()(mod)
+    return _map_functions(mod, _Restore(mod, held)) if held else mod

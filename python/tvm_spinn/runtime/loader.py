@@ -12,7 +12,7 @@ TVM's formats can prevent that, so the whole artifact is sealed instead:
   root). The dynamic loader ignores bytes after
   the ELF contents, so the file is still an ordinary shared library. With ``tvm_spinn``
   imported, ``ex.export_library`` of an executable that contains spinn modules goes through the
-  same function.
+  same function (:mod:`tvm_spinn.integration`).
 * :func:`load_module` verifies the trailer (lengths against the file size first, then the digest,
   a tree of per-segment digests computed on every core from a memory map: constant memory) and
   the ELF structure *before* TVM sees the file, so a
@@ -49,7 +49,7 @@ from .._files import atomic_output, file_mode
 from ..program.format import _READABLE_VERSIONS as _PROGRAM_VERSIONS
 from ..program.format import CHECKSUM_BYTES, ProgramError, program_digest
 
-__all__ = ["load_module", "export_library", "install_export_hook", "LibraryError", "check_elf",
+__all__ = ["load_module", "export_library", "has_spinn_modules", "LibraryError", "check_elf",
            "verify_library", "file_mode", "TRAILER_MAGIC"]
 
 
@@ -423,10 +423,8 @@ def load_module(path: "str | os.PathLike") -> tvm.runtime.Module:
 
 # -- export ---------------------------------------------------------------------------------------
 
-_ORIGINAL_EXPORT = None  # tvm.runtime.Executable.export_library before install_export_hook
-
-
-def _has_spinn_modules(mod: tvm.runtime.Module) -> bool:
+def has_spinn_modules(mod: tvm.runtime.Module) -> bool:
+    """Whether ``mod`` or a module it imports (transitively) is a ``spinn`` module."""
     stack = [mod]  # the import tree is small and acyclic
     while stack:
         m = stack.pop()
@@ -503,10 +501,9 @@ def export_library(ex: Any, path: "str | os.PathLike", *, output_names: "list[st
         # (container version 3); the programs are appended after the ELF contents below.
         tvm_ffi.get_global_func("tvm_spinn.runtime.begin_external_export")()
         try:
-            if _ORIGINAL_EXPORT is not None and isinstance(ex, tvm.runtime.Executable):
-                _ORIGINAL_EXPORT(ex, tmp, **kwargs)
-            else:
-                ex.export_library(tmp, **kwargs)
+            # TVM's Module.export_library (what Executable.export_library delegates to)
+            module = ex.mod if isinstance(ex, tvm.runtime.Executable) else ex
+            module.export_library(tmp, **kwargs)
         finally:
             moved = list(tvm_ffi.get_global_func("tvm_spinn.runtime.end_external_export")())
         with open(tmp, "rb") as f:
@@ -517,30 +514,3 @@ def export_library(ex: Any, path: "str | os.PathLike", *, output_names: "list[st
             meta["outputs"] = [str(name) for name in output_names]
         meta["programs"] = _append_programs(tmp, moved)
         _seal(tmp, meta)
-
-
-def install_export_hook() -> None:
-    """Route ``ex.export_library(...)`` of spinn builds through :func:`export_library` (idempotent).
-
-    Only executables whose module tree contains a ``spinn`` module and whose output is a shared
-    library (not ``.tar``/``.wasm``, default ``fcompile``) are sealed; everything else is exported by
-    TVM unchanged.
-    """
-    global _ORIGINAL_EXPORT
-    cls = tvm.runtime.Executable
-    if getattr(cls.export_library, "_spinn", False):
-        return
-    original = cls.export_library
-    _ORIGINAL_EXPORT = original
-
-    def export(self, file_name, *, fcompile=None, addons=None, workspace_dir=None, **kwargs):
-        name = os.fspath(file_name)
-        if (fcompile is None and not name.endswith((".tar", ".wasm"))
-                and _has_spinn_modules(self.mod)):
-            return export_library(self, name, addons=addons, workspace_dir=workspace_dir, **kwargs)
-        return original(self, file_name, fcompile=fcompile, addons=addons,
-                        workspace_dir=workspace_dir, **kwargs)
-
-    export._spinn = True
-    export.__doc__ = original.__doc__
-    cls.export_library = export

@@ -16,7 +16,7 @@ from .compare import (COMPARE_EVALUATOR, COMPARE_RULE, MARGIN, MODULE_MARGIN, be
 from .database import (exhausted_tasks, mark_exhausted, open_database, record_choices, task_choices,
                        update_manifest)
 from .defaults import default_latency, default_schedule, measure_defaults, open_defaults
-from .intrinsics import ensure_intrinsics
+from .intrinsics import ensure_intrinsics, tune_context
 from .lock import WorkDirLock
 from .logs import JobLogs
 from .runner import make_runner
@@ -519,8 +519,8 @@ def _tune_task(ms, task, index: int, logger, scheduler_logger, db, before: int, 
     if todo > 0:
         if bar is not None:
             bar.set_postfix_str(task.task_name)
-        context = ms.TuneContext(
-            mod=func, target=task.target, space_generator="post-order-apply",
+        context = tune_context(  # ms.TuneContext without importing every backend's intrinsics
+            func, target=task.target, space_generator="post-order-apply",
             search_strategy=ms.search_strategy.EvolutionarySearch(
                 population_size=min(512, max(32, 8 * max_trials_per_task))),
             task_name=task.task_name, logger=logger,
