@@ -23,6 +23,7 @@ import numpy as np
 from ..checks import check_int, fail
 from ..model import Layer
 from .base import ComputedFlat, itemsize, register
+from .sharding import REPLICATE, PointwiseRule, ShardDecision, shard
 
 __all__ = ["Gather", "gather"]
 
@@ -141,6 +142,9 @@ class Gather(ComputedFlat):
         return 2 * (te + oe) * e, in_bytes, w_bytes, oe * e, np.ceil(e * self.cycles_per_element(layer, arch))
 
     # -- functional simulator -----------------------------------------------------------------
+    def gathered_table(self, layer: Layer) -> int | None:
+        return layer.consts.get("table")
+
     def values(self, layer: Layer, env) -> np.ndarray:
         return gather(layer, env[self._table(layer)], env[layer.inputs[-1]])
 
@@ -162,4 +166,25 @@ class Gather(ComputedFlat):
         return True
 
 
+class GatherSharding(PointwiseRule):
+    """A gather follows its operands' split on the tensor axis; on row blocks (``sp``) a gather
+    of table rows by replicated indices splits the indices' rows: each block gathers its own."""
+
+    def propagate(self, ctx, layer, ins):
+        if ctx.axis.name != "sp":
+            return super().propagate(ctx, layer, ins)
+        shape = ctx.full[layer.output]
+        if all(not s.split for s in ins) and layer.attrs.get("axis", 0) == 0 and len(shape) >= 2 \
+                and shape[0] >= ctx.size:
+            return ShardDecision(shard(0), "split")
+        return ShardDecision(REPLICATE, "rep", gather_all=True)
+
+    def passes_reduction(self, program, layer):
+        return False
+
+    def shrinks_row_consts(self, layer):
+        return False  # the table is indexed, not split
+
+
+Gather.sharding = GatherSharding()
 register(Gather())
