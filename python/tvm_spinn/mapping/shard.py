@@ -25,7 +25,9 @@ shard (which is what lets the timing model simulate one chip and multiply, see
   Element-wise layers follow their operands' split (an ``R`` operand is sliced for free); row
   operators (softmax, layer norm, mean) keep a split that is not on their reduced axes; a
   split that cannot be carried is *all-gathered* to ``R``, partial sums are *all-reduced*.
-  The program's outputs are made ``R``.
+  The program's outputs are made ``R``. A layer whose family states no rule runs replicated
+  (its inputs gathered), which is right for any operator; the plan names those layers and why
+  (:attr:`ShardPlan.replicated`, in the program's ``mapping["system"]`` and the report).
 
   What each layer does is its operator family's :class:`~tvm_spinn.program.ops.sharding.
   ShardingRule` (the propagator never looks at a layer's kind): the mesh is data, one
@@ -51,21 +53,40 @@ import numpy as np
 
 from ..program import Program
 from ..program.ops import family_of
-from ..program.ops.sharding import (REPLICATE, ROW_ALWAYS, MeshAxis, Placement, PointwiseRule, RowAllReduce,
-                                    ShardContext, ShardingRule, part, shard)
+from ..program.ops.sharding import (REPLICATE, ROW_ALWAYS, MeshAxis, Placement, RowAllReduce, ShardContext,
+                                    ShardDecision, ShardingRule, part, shard)
 
-__all__ = ["Collective", "ShardPlan", "plan_shards", "shard_program", "ROW_ALWAYS", "part"]
+__all__ = ["Collective", "ShardPlan", "plan_shards", "shard_program", "ROW_ALWAYS", "part", "rule_of",
+           "no_rule_reason"]
 
-#: the rule of a family that states none: its layers follow their operands' split like
-#: element-wise layers
-_FALLBACK = PointwiseRule()
+class _Replicated(ShardingRule):
+    """The rule of a family that states none: its layers run whole on every chip (their inputs
+    gathered first), which is right for any operator; splitting it like an element-wise layer
+    would silently assume its output element ``e`` reads only element ``e`` of its inputs."""
+
+    def propagate(self, ctx, layer, ins):
+        return ShardDecision(REPLICATE, "rep", gather_all=True)
+
+
+_FALLBACK = _Replicated()
 
 
 def rule_of(layer) -> ShardingRule:
-    """The sharding rule of ``layer``'s family (the fallback rule where it states none)."""
+    """The sharding rule of ``layer``'s family (the replicating fallback where it states none)."""
     family = family_of(layer.kind)
     rule = family.sharding if family is not None else None
     return rule if rule is not None else _FALLBACK
+
+
+def no_rule_reason(layer) -> str | None:
+    """Why ``layer`` runs replicated whatever its inputs' placements (its family states no
+    sharding rule), or None where its family has one."""
+    family = family_of(layer.kind)
+    if family is None:
+        return f"layer kind {layer.kind!r} has no operator family"
+    if family.sharding is None:
+        return f"operator family {type(family).__name__} states no sharding rule"
+    return None
 
 
 @dataclass(frozen=True)
@@ -102,6 +123,9 @@ class ShardPlan:
     shapes: tuple[tuple[int, ...], ...]  # per tensor: the shape one chip holds
     sp: int = 1                       # sequence-parallel degree (row blocks, see _seq_pass)
     seq: tuple[bool, ...] = ()        # per layer: its output split into ``sp`` row blocks
+    #: ``(layer name, reason)`` of the layers replicated because their family states no
+    #: sharding rule (only on a mesh of more than one chip along ``tp`` or ``sp``)
+    replicated: tuple[tuple[str, str], ...] = ()
 
     @property
     def chips(self) -> int:
@@ -115,8 +139,11 @@ class ShardPlan:
         ops: dict[str, int] = {}
         for c in self.collectives:
             ops[c.op] = ops.get(c.op, 0) + 1
-        return {"tp": self.tp, "dp": self.dp, "sp": self.sp, "row": self.row, "chips": self.chips,
-                "splits": counts, "collectives": ops}
+        out = {"tp": self.tp, "dp": self.dp, "sp": self.sp, "row": self.row, "chips": self.chips,
+               "splits": counts, "collectives": ops}
+        if self.replicated:
+            out["replicated"] = [list(x) for x in self.replicated]
+        return out
 
 
 
@@ -342,8 +369,13 @@ def plan_shards(program: Program, tp: int, dp: int = 1, row: bool | str = True, 
         if merged is None:
             return None
         collectives, seq = merged
+    replicated = ()
+    if tp > 1 or sp > 1:
+        replicated = tuple((layer.name, reason) for layer in program.layers
+                           if (reason := no_rule_reason(layer)) is not None)
     return ShardPlan(tp=tp, dp=dp, row=row, batch=int(batch or 1), splits=tuple(splits),
-                     collectives=tuple(collectives), shapes=tuple(tuple(s) for s in local), sp=sp, seq=seq)
+                     collectives=tuple(collectives), shapes=tuple(tuple(s) for s in local), sp=sp, seq=seq,
+                     replicated=replicated)
 
 
 def _seq_pass(program: Program, sp: int, full, local, tp_axis: dict[int, int], tp_colls: list):
