@@ -42,6 +42,9 @@ def _program(kind, ins, out_shape, consts=(), attrs=None, dtype="float32", out_d
     program.constants = {tid: _values(rng, tensors[tid].shape, tensors[tid].dtype) for tid in cmap.values()}
     if kind == "layer_norm":
         program.constants[cmap["gamma"]] = np.ones(tensors[cmap["gamma"]].shape, np.float32)
+    if kind == "quantize":  # a valid scale and zero point
+        program.constants[cmap["scale"]] = np.full(tensors[cmap["scale"]].shape, 0.5, np.float32)
+        program.constants[cmap["zero"]] = np.zeros(tensors[cmap["zero"]].shape, np.int32)
     return program
 
 
@@ -159,6 +162,20 @@ CASES = [
      [shard(1), shard(0)], TP_ALWAYS, PARTIAL, "row", (), False),
     ("matmul sp keys", lambda: _program("matmul", [((2, 4, 6), "float32"), ((2, 6, 4), "float32")], (2, 4, 4)),
      [shard(1), shard(2)], SP, shard(1), "split", (GatherInput(1),), False),
+    ("conv2d output channels", lambda: _program("conv2d", [((1, 3, 6, 6), "float32")], (1, 4, 4, 4),
+                                                [("weight", (4, 3, 3, 3), "float32"), ("bias", (4,), "float32")],
+                                                {"strides": [1, 1], "padding": [0, 0, 0, 0], "dilation": [1, 1], "groups": 1}), [R], TP, shard(1), "col", (GatherInput(0),), False),
+    ("conv2d groups", lambda: _program("conv2d", [((1, 4, 6, 6), "float32")], (1, 4, 4, 4),
+                                       [("weight", (4, 1, 3, 3), "float32")], {"strides": [1, 1], "padding": [0, 0, 0, 0], "dilation": [1, 1], "groups": 4}), [R], TP, shard(1), "split", (),
+     False),
+    ("conv2d sp replicated", lambda: _program("conv2d", [((1, 4, 6, 6), "float32")], (1, 4, 4, 4),
+                                              [("weight", (4, 1, 3, 3), "float32")], {"strides": [1, 1], "padding": [0, 0, 0, 0], "dilation": [1, 1], "groups": 4}), [shard(2)], SP, R, "rep",
+     (), True),
+    ("quantize follows", lambda: _program("quantize", [((4, 6), "float32")], (4, 6),
+                                          [("scale", (1,), "float32"), ("zero", (1,), "int32")], {"axis": 1},
+                                          out_dtype="int8"), [shard(0)], TP, shard(0), "split", (), False),
+    ("where_less follows", lambda: _program("where_less", [((4, 6), "float32")] * 4, (4, 6)),
+     [shard(1), shard(1), R, shard(1)], TP, shard(1), "split", (), False),
     ("layer_norm keeps rows", lambda: _program("layer_norm", [((4, 8), "float32")], (4, 8),
                                               [("gamma", (8,), "float32"), ("beta", (8,), "float32")],
                                               {"epsilon": 1e-5}), [shard(0)], TP, shard(0), "split", (), False),
