@@ -1,7 +1,8 @@
 """Adding an operator touches one module: a family defined and registered here (``abs``,
 which the built-in families leave on the host) is partitioned, lowered, validated, tiled,
-mapped, timed and simulated with no other change; its results match PyTorch, with the same bits
-in both simulator modes, on a chip and on a board."""
+mapped, sharded over a board's chips by the rule it states, timed and simulated with no other
+change; its results match PyTorch, with the same bits in both simulator modes, on a chip and on
+a board. The same family without a sharding rule runs replicated, and the plan says why."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ from tvm import relax
 
 import tvm_spinn
 from tvm_spinn.program import ops
+from tvm_spinn.mapping.shard import plan_shards
+from tvm_spinn.mapping.system import recorded_plan
 from tvm_spinn.program.ops.base import FlatFamily, OpFamily
+from tvm_spinn.program.ops.sharding import PointwiseRule
 
 
 class Absolute(FlatFamily):
@@ -22,6 +26,8 @@ class Absolute(FlatFamily):
 
     kinds = ("abs",)
     priority = 55
+    #: point-wise: a split of its input carries to its output unchanged
+    sharding = PointwiseRule()
 
     def patterns(self, kit):
         return [kit.unary("spinn.abs", "relax.abs", lambda kit, op, ctx: kit.check_tensors(op, ctx, ("input",)))]
@@ -48,11 +54,17 @@ class Absolute(FlatFamily):
         runner.out.reshape(-1)[e0:e1] = np.abs(runner.flat[e0:e1])
 
 
+class AbsoluteNoRule(Absolute):
+    """The same operator, stating no sharding rule."""
+
+    sharding = None
+
+
 class _Net(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, channels=8, out=4):
         super().__init__()
-        self.c1 = torch.nn.Conv2d(3, 8, 3, padding=1)
-        self.c2 = torch.nn.Conv2d(8, 4, 3, padding=1)
+        self.c1 = torch.nn.Conv2d(3, channels, 3, padding=1)
+        self.c2 = torch.nn.Conv2d(channels, out, 3, padding=1)
 
     def forward(self, x):
         return self.c2(torch.abs(self.c1(x)))
@@ -65,9 +77,12 @@ def abs_family():
     ops.unregister(family)
 
 
-def _build(target):
+def _build(target, wide=False):
+    """The small net; ``wide``: 32 channels on 32 x 32 pixels, enough work that a board's
+    mapper spreads it over chips."""
     torch.manual_seed(0)
-    model, x = _Net().eval(), torch.randn(1, 3, 10, 9)
+    model = (_Net(32, 32) if wide else _Net()).eval()
+    x = torch.randn(1, 3, 32, 32) if wide else torch.randn(1, 3, 10, 9)
     mod = tvm_spinn.frontend.from_pytorch(model, (x,))
     return model, x, mod, relax.build(mod, target=target)
 
@@ -106,3 +121,49 @@ def test_a_kind_belongs_to_one_family(abs_family):
         ops.register(Clash())
     assert ops.family_of("abs") is abs_family
     assert "abs" in ops.layer_kinds()
+
+
+def _abs_program(ex):
+    for program in tvm_spinn.report(ex).programs:
+        for i, layer in enumerate(program.layers):
+            if layer.kind == "abs":
+                return program, i
+    raise AssertionError("no abs layer")
+
+
+def test_the_family_shards_on_a_board_by_its_own_rule(abs_family):
+    model, x, _, ex = _build("spinn/board", wide=True)
+    program, i = _abs_program(ex)
+    chosen = recorded_plan(program)
+    assert chosen.chips > 1 and chosen.splits[i] == "split", chosen.summary()
+    assert not chosen.replicated
+    for tp in (2, 4):
+        plan = plan_shards(program, tp)
+        # the first convolution is column-parallel (channels), abs keeps the channel split,
+        # the second convolution gathers its input: nothing is gathered before abs
+        assert plan.splits[i] == "split"
+        out = program.layers[i].output
+        assert plan.shapes[out][1] == -(-program.tensors[out].shape[1] // tp)
+        assert not [c for c in plan.collectives if c.layer == i]
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(x.numpy())).numpy()
+    with torch.no_grad():
+        np.testing.assert_allclose(got, model(x).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_family_without_a_rule_is_replicated_with_the_reason():
+    family = ops.register(AbsoluteNoRule())
+    try:
+        _, _, _, ex = _build("spinn/board", wide=True)
+        program, i = _abs_program(ex)
+        plan = plan_shards(program, 4)
+        assert plan.splits[i] == "rep"
+        assert ("all_gather", program.layers[i].inputs[0]) in [(c.op, c.tensor) for c in plan.collectives if c.layer == i]
+        reason = "operator family AbsoluteNoRule states no sharding rule"
+        assert plan.replicated == ((program.layers[i].name, reason),)
+        chosen = recorded_plan(program)
+        if chosen.chips > 1:
+            assert chosen.splits[i] == "rep" and program.mapping["system"]["replicated"] == [[program.layers[i].name, reason]]
+            assert reason in str(tvm_spinn.report(ex))
+    finally:
+        ops.unregister(family)

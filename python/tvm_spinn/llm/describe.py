@@ -75,7 +75,9 @@ def _region_weights(main, weights: set) -> dict:
 
 def _rewrite(program, weight_inputs: set, dtype: str) -> None:
     """Turn weight inputs into descriptor constants and weight GEMMs into dense layers (in place)."""
-    from ..program.model import Layer, TensorDesc
+    from ..program.model import TensorDesc
+    from ..program.ops.gemm import fuse_bias, weight_matmuls_to_dense
+    from ..program.ops.movement import dedupe_movement
 
     tensors = program.tensors
 
@@ -91,103 +93,9 @@ def _rewrite(program, weight_inputs: set, dtype: str) -> None:
         program.constants[tid] = _descriptor(tensors[tid].shape, tensors[tid].dtype)
     program.inputs = [t for t in program.inputs if t not in weight_inputs]
 
-    users: dict[int, list[int]] = {}
-    for i, layer in enumerate(program.layers):
-        for t in layer.inputs:
-            users.setdefault(t, []).append(i)
-    transposed = {}  # output of permute_dims(weight (N, K)) -> the weight
-    for layer in program.layers:
-        if (layer.kind == "permute_dims" and len(layer.inputs) == 1 and layer.inputs[0] in weight_inputs
-                and len(tensors[layer.inputs[0]].shape) == 2
-                and all(program.layers[u].kind == "matmul" and program.layers[u].inputs[1:] == [layer.output]
-                        for u in users.get(layer.output, []))):
-            transposed[layer.output] = layer.inputs[0]
-
-    layers = []
-    for layer in program.layers:
-        if layer.kind == "permute_dims" and layer.output in transposed:
-            continue
-        b = layer.inputs[1] if layer.kind == "matmul" and len(layer.inputs) == 2 else None
-        x = layer.inputs[0]
-        if b is not None and (b in transposed or (b in weight_inputs and len(tensors[b].shape) == 2)) \
-                and len(tensors[x].shape) == 2:
-            k, n = tensors[x].shape[1], tensors[layer.output].shape[-1]
-            w_dtype = "int8" if dtype == "int8" else "float32"
-            # the weight tensor itself becomes the dense layer's (K, N) constant: no orphan left
-            weight = transposed.get(b, b)
-            tensors[weight].shape, tensors[weight].dtype = [int(k), int(n)], w_dtype
-            program.constants[weight] = _descriptor((k, n), w_dtype)
-            if dtype == "int8":
-                xq = new_tensor(f"{layer.name}.xq", tensors[x].shape, "int8", "temp")
-                layers.append(Layer(name=f"{layer.name}.quantize", kind="quantize", inputs=[x], output=xq,
-                                    consts={"scale": new_tensor(f"{layer.name}.xs", (1,), "float32", "const"),
-                                            "zero": new_tensor(f"{layer.name}.xz", (1,), "int32", "const")},
-                                    attrs={"axis": 1}))
-                layers.append(Layer(name=layer.name, kind="dense", inputs=[xq], output=layer.output,
-                                    consts={"weight": weight,
-                                            "scale": new_tensor(f"{layer.name}.ws", (n,), "float32", "const")},
-                                    attrs={"x_zero": 0, "x_flip": False, "relu": False, "out": "float32"},
-                                    mode="int8"))
-            else:
-                layers.append(Layer(name=layer.name, kind="dense", inputs=[x], output=layer.output,
-                                    consts={"weight": weight}, attrs={"relu": False}))
-            continue
-        layers.append(layer)
-    program.layers = _fuse_bias(program, _dedupe(program, layers))
-
-
-def _dedupe(program, layers: list) -> list:
-    """Drop repeated movement layers (same kind, input, shape and attributes), which the compiler
-    merges when the weights are bound (e.g. one reshape of the hidden state for the q, k and v
-    GEMMs); later readers use the first one's output."""
-    import json
-
-    seen, alias, out = {}, {}, []
-    for layer in layers:
-        layer.inputs = [alias.get(t, t) for t in layer.inputs]
-        if layer.kind in ("reshape", "permute_dims", "broadcast_to") and layer.output not in program.outputs:
-            key = (layer.kind, tuple(layer.inputs), tuple(program.tensors[layer.output].shape),
-                   json.dumps(layer.attrs, sort_keys=True, default=str))
-            if key in seen:
-                alias[layer.output] = seen[key]
-                continue
-            seen[key] = layer.output
-        out.append(layer)
-    return out
-
-
-def _fuse_bias(program, layers: list) -> list:
-    """``dense`` then ``add`` of a constant vector (directly or after a reshape) -> ``dense`` with ``bias``,
-    the form the compiler gives a GEMM with a bound bias."""
-    tensors = program.tensors
-    users: dict[int, list[int]] = {}
-    for i, layer in enumerate(layers):
-        for t in layer.inputs:
-            users.setdefault(t, []).append(i)
-    drop = set()
-    for layer in layers:
-        if layer.kind != "dense" or "bias" in layer.consts or layer.output in program.outputs:
-            continue
-        n = tensors[layer.output].shape[-1]
-        chain, out = [], layer.output
-        while len(users.get(out, [])) == 1 and layers[users[out][0]].kind == "reshape" and out not in program.outputs:
-            chain.append(users[out][0])
-            out = layers[users[out][0]].output
-        nxt = users.get(out, [])
-        if len(nxt) != 1 or layers[nxt[0]].kind != "add" or out in program.outputs:
-            continue
-        add = layers[nxt[0]]
-        others = [t for t in add.inputs if t != out]
-        if len(others) != 1 or tensors[others[0]].role != "const" or tensors[others[0]].shape != [n] \
-                or tensors[add.output].shape != tensors[out].shape:
-            continue
-        layer.consts["bias"] = others[0]
-        if chain:
-            layers[chain[-1]].output = add.output
-        else:
-            layer.output = add.output
-        drop.add(nxt[0])
-    return [layer for i, layer in enumerate(layers) if i not in drop]
+    layers = weight_matmuls_to_dense(program, weight_inputs, dtype, new_tensor,
+                                     lambda tid, shape, dt: program.constants.__setitem__(tid, _descriptor(shape, dt)))
+    program.layers = fuse_bias(program, dedupe_movement(program, layers))
 
 
 def describe(module, args: tuple, target, dtype: str = "fp32") -> list[DescribedProgram]:

@@ -57,6 +57,7 @@ import time
 import numpy as np
 from dataclasses import dataclass
 
+from ..program.ops import family_of
 from .spec import MAX_DIM, LLMError, ModelSpec, check_plan_sizes, spec_of
 
 __all__ = ["Plan", "plan", "DTYPES"]
@@ -492,8 +493,9 @@ def _atoms(index: int, program) -> list[tuple[int, int, int, int]]:
     weight GEMM (with the ``quantize`` of its input), the units a block is split into stages by."""
     cuts = [0]
     for i, layer in enumerate(program.layers):
-        if layer.kind == "dense" and "weight" in layer.consts and i > 0:
-            j = i - 1 if program.layers[i - 1].kind == "quantize" and program.layers[i - 1].output == layer.inputs[0] else i
+        if family_of(layer.kind).weight_gemm(layer) and i > 0:
+            prev = program.layers[i - 1]
+            j = i - 1 if family_of(prev.kind).quantizes(prev) and prev.output == layer.inputs[0] else i
             if j > cuts[-1]:
                 cuts.append(j)
     cuts.append(len(program.layers))

@@ -19,6 +19,7 @@ import json
 import numpy as np
 
 from ..program import Program
+from ..program.ops import family_of
 from ..program.tiles import ProgramTiles, TileTable
 from ..target.arch import SpinnArch
 from .memory import LEDGER_RESIDENT_SHARE, activation_label, check_capacity, plan_memory, weight_bytes_per_pe
@@ -254,7 +255,8 @@ def _resident_layout(program: Program, arch: SpinnArch, ranges, tables, records,
     out_tables, out_records, changed = list(tables), [dict(r) for r in records], False
     for i, layer in enumerate(program.layers):
         table = tables[i]
-        if layer.kind != "dense" or not len(table) or int(table.group.min()) < 0 or not int(table.w_bytes.max()):
+        if "resident" not in family_of(layer.kind).layouts(layer) or not len(table) or int(table.group.min()) < 0 \
+                or not int(table.w_bytes.max()):
             continue
         if len(table) != int(table.group.max()) + 1:
             continue  # several row tiles share each block (not a decode step): left as chosen
@@ -317,7 +319,7 @@ def _split_layout(program: Program, arch: SpinnArch, ranges, tables, records, re
     out_tables, out_records, changed = list(tables), [dict(r) for r in records], False
     for i, layer in enumerate(program.layers):
         table = tables[i]
-        if layer.kind != "dense" or layer.mode != "int8" or not len(table) or int(table.group.min()) < 0 \
+        if "split_k" not in family_of(layer.kind).layouts(layer) or not len(table) or int(table.group.min()) < 0 \
                 or not int(table.w_bytes.max()):
             continue
         tm, tn, tk, *rest = (int(v) for v in records[i]["tile"])
@@ -384,7 +386,7 @@ def _one_round_layout(program: Program, arch: SpinnArch, tables, records):
     out_tables, out_records, changed = list(tables), [dict(r) for r in records], False
     for i, layer in enumerate(program.layers):
         table = tables[i]
-        if layer.kind != "matmul" or layer.mode == "int8" or not len(table):
+        if "one_round" not in family_of(layer.kind).layouts(layer) or not len(table):
             continue
         first, count = records[i]["pes"]
         per_pe = np.bincount(table.pe - first)

@@ -25,7 +25,14 @@ shard (which is what lets the timing model simulate one chip and multiply, see
   Element-wise layers follow their operands' split (an ``R`` operand is sliced for free); row
   operators (softmax, layer norm, mean) keep a split that is not on their reduced axes; a
   split that cannot be carried is *all-gathered* to ``R``, partial sums are *all-reduced*.
-  The program's outputs are made ``R``.
+  The program's outputs are made ``R``. A layer whose family states no rule runs replicated
+  (its inputs gathered), which is right for any operator; the plan names those layers and why
+  (:attr:`ShardPlan.replicated`, in the program's ``mapping["system"]`` and the report).
+
+  What each layer does is its operator family's :class:`~tvm_spinn.program.ops.sharding.
+  ShardingRule` (the propagator never looks at a layer's kind): the mesh is data, one
+  :class:`~tvm_spinn.program.ops.sharding.MeshAxis` per parallel axis, and one pass
+  (:func:`_propagate`) runs the rules over each axis in turn.
 
 The plan is pure shape data: the functional program is unchanged, because every all-reduce of
 floating-point partial sums is a *chain* reduction that continues one accumulator in ascending
@@ -45,13 +52,41 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..program import Program
-from ..program.ops.rows import Rows
+from ..program.ops import family_of
+from ..program.ops.sharding import (REPLICATE, ROW_ALWAYS, MeshAxis, Placement, RowAllReduce, ShardContext,
+                                    ShardDecision, ShardingRule, part, shard)
 
-__all__ = ["Collective", "ShardPlan", "plan_shards", "shard_program", "ROW_ALWAYS"]
+__all__ = ["Collective", "ShardPlan", "plan_shards", "shard_program", "ROW_ALWAYS", "part", "rule_of",
+           "no_rule_reason"]
 
-R, S, P = "R", "S", "P"
-#: the rows family's kinds (softmax, layer_norm, rms_norm, mean): one row per output row
-_ROW_KINDS = Rows.kinds
+class _Replicated(ShardingRule):
+    """The rule of a family that states none: its layers run whole on every chip (their inputs
+    gathered first), which is right for any operator; splitting it like an element-wise layer
+    would silently assume its output element ``e`` reads only element ``e`` of its inputs."""
+
+    def propagate(self, ctx, layer, ins):
+        return ShardDecision(REPLICATE, "rep", gather_all=True)
+
+
+_FALLBACK = _Replicated()
+
+
+def rule_of(layer) -> ShardingRule:
+    """The sharding rule of ``layer``'s family (the replicating fallback where it states none)."""
+    family = family_of(layer.kind)
+    rule = family.sharding if family is not None else None
+    return rule if rule is not None else _FALLBACK
+
+
+def no_rule_reason(layer) -> str | None:
+    """Why ``layer`` runs replicated whatever its inputs' placements (its family states no
+    sharding rule), or None where its family has one."""
+    family = family_of(layer.kind)
+    if family is None:
+        return f"layer kind {layer.kind!r} has no operator family"
+    if family.sharding is None:
+        return f"operator family {type(family).__name__} states no sharding rule"
+    return None
 
 
 @dataclass(frozen=True)
@@ -88,6 +123,9 @@ class ShardPlan:
     shapes: tuple[tuple[int, ...], ...]  # per tensor: the shape one chip holds
     sp: int = 1                       # sequence-parallel degree (row blocks, see _seq_pass)
     seq: tuple[bool, ...] = ()        # per layer: its output split into ``sp`` row blocks
+    #: ``(layer name, reason)`` of the layers replicated because their family states no
+    #: sharding rule (only on a mesh of more than one chip along ``tp`` or ``sp``)
+    replicated: tuple[tuple[str, str], ...] = ()
 
     @property
     def chips(self) -> int:
@@ -101,8 +139,12 @@ class ShardPlan:
         ops: dict[str, int] = {}
         for c in self.collectives:
             ops[c.op] = ops.get(c.op, 0) + 1
-        return {"tp": self.tp, "dp": self.dp, "sp": self.sp, "row": self.row, "chips": self.chips,
-                "splits": counts, "collectives": ops}
+        out = {"tp": self.tp, "dp": self.dp, "sp": self.sp, "row": self.row, "chips": self.chips,
+               "splits": counts, "collectives": ops}
+        if self.replicated:
+            out["replicated"] = [list(x) for x in self.replicated]
+        return out
+
 
 
 def _acc_bytes(program: Program, layer) -> int:
@@ -111,30 +153,32 @@ def _acc_bytes(program: Program, layer) -> int:
 
 
 def _cache_inputs(program: Program, tp: int) -> dict[int, tuple[str, int]]:
-    """Initial split of the inputs read only as the second operand of matmuls: a KV cache
-    (K^T ``[b * kv_heads, head_dim, slots]``, V ``[b * kv_heads, slots, head_dim]``), state the
-    chips keep between calls where this plan's attention reads it, each chip writing the slots
-    (or heads) it holds. Split by the heads when ``tp`` divides them (no collective in the
-    attention), else along the longer of the last two axes (the slots: scores split by slot,
-    the distributed softmax below, the context matmul row-parallel)."""
+    """Initial split of the inputs read only as a KV cache (the operands the readers' families
+    call cache operands: K^T ``[b * kv_heads, head_dim, slots]``, V ``[b * kv_heads, slots,
+    head_dim]`` of attention's matmuls), state the chips keep between calls where this plan's
+    attention reads it, each chip writing the slots (or heads) it holds. Split by the heads when
+    ``tp`` divides them (no collective in the attention), else along the longer of the last two
+    axes (the slots: scores split by slot, the distributed softmax, the context matmul
+    row-parallel)."""
     t = program.tensors
     users: dict[int, list] = {}
     for layer in program.layers:
         for pos, tid in enumerate(layer.inputs):
-            users.setdefault(tid, []).append((layer.kind, pos))
+            users.setdefault(tid, []).append((layer, pos))
     out = {}
     for tid in program.inputs:
         shape = list(t[tid].shape)
         use = users.get(tid, [])
-        if t[tid].role == "const" or len(shape) < 3 or not use or any(u != ("matmul", 1) for u in use):
+        if t[tid].role == "const" or len(shape) < 3 or not use \
+                or not all(rule_of(layer).cache_operand(layer, pos) for layer, pos in use):
             continue
         lead = len(shape) - 3
         if shape[lead] % tp == 0 and shape[lead] >= tp:
-            out[tid] = (S, lead)
+            out[tid] = ("S", lead)
             continue
         ax = len(shape) - 1 if shape[-1] >= shape[-2] else len(shape) - 2
         if shape[ax] >= tp:
-            out[tid] = (S, ax)
+            out[tid] = ("S", ax)
     return out
 
 
@@ -153,53 +197,19 @@ def _row_pays(program: Program, layer, full, x: int) -> bool:
     return numel * elem <= x_bytes
 
 
-def part(n: int, tp: int) -> int:
-    """Extent one chip holds of an axis of ``n`` split ``tp`` ways: the largest block (uneven
-    splits give the last chips one fewer; the timing follows the largest, the slowest chip)."""
-    return -(-int(n) // tp)
-
-
-def _reshape_axis(src: list[int], dst: list[int], axis: int, parts: int) -> int | None:
-    """The axis of ``dst`` carrying a split of ``src``'s ``axis`` into ``parts`` blocks, or None.
-
-    The blocks are contiguous in the flat layout: the split survives when some axis of ``dst``
-    starts at the same flat stride position and its extent is a multiple of ``parts``, or is the
-    same axis (same extent, same elements after it: an uneven split carries over unchanged).
-    """
-    before = int(np.prod(src[:axis], dtype=np.int64))
-    acc = 1
-    for j, d in enumerate(dst):
-        if acc == before:
-            if (d % parts == 0 and d >= parts) or d == src[axis] and int(np.prod(dst[j + 1:], dtype=np.int64)) \
-                    == int(np.prod(src[axis + 1:], dtype=np.int64)):
-                return j
-            if d == 1:
-                continue
-            return None
-        acc *= d
-        if acc > before:
-            return None
-    return None
-
-
-#: ``plan_shards(row=ROW_ALWAYS)``: every GEMM on a reduction-split input row-parallel
-ROW_ALWAYS = "always"
-
-
 def _reduction_inputs(program: Program) -> dict[int, int]:
     """``{input: axis}`` of the program inputs that reach only the reduction axis of weight
-    GEMMs (``dense`` with a constant weight), through element-wise layers of their own shape
-    (``quantize`` included): the inputs a :data:`ROW_ALWAYS` plan starts split along their last
-    axis, so that those GEMMs run row-parallel. In a pipeline of stages this is what the
-    previous stage's column-parallel output is: each chip keeps its share (a block's down
-    projection cut into a stage of its own starts from the ``up * act(gate)`` product)."""
+    GEMMs (their families' :meth:`~ShardingRule.reduction_reader`), through layers that pass a
+    reduction split unchanged in shape (:meth:`~ShardingRule.passes_reduction`, quantize
+    included): the inputs a :data:`ROW_ALWAYS` plan starts split along their last axis, so that
+    those GEMMs run row-parallel. In a pipeline of stages this is what the previous stage's
+    column-parallel output is: each chip keeps its share (a block's down projection cut into a
+    stage of its own starts from the ``up * act(gate)`` product)."""
     t = program.tensors
     readers: dict[int, list] = {}
     for layer in program.layers:
         for tid in set(layer.inputs):
             readers.setdefault(tid, []).append(layer)
-    special = {"dense", "conv2d", "matmul", "reshape", "permute_dims", "broadcast_to", *_ROW_KINDS,
-               "max_pool2d", "avg_pool2d", "take", "strided_slice", "concat", "pad"}
     memo: dict[int, bool] = {}
 
     def feeds(tid: int) -> bool:
@@ -209,10 +219,11 @@ def _reduction_inputs(program: Program) -> dict[int, int]:
             shape = list(t[tid].shape)
             ok = bool(users) and tid not in program.outputs
             for layer in users:
-                if layer.kind == "dense" and "weight" in layer.consts and layer.inputs[0] == tid \
-                        and tid not in layer.inputs[1:]:
+                rule = rule_of(layer)
+                if rule.reduction_reader(program, layer, tid):
                     continue
-                if layer.kind in special or list(t[layer.output].shape) != shape or not feeds(layer.output):
+                if not rule.passes_reduction(program, layer) or list(t[layer.output].shape) != shape \
+                        or not feeds(layer.output):
                     ok = False
                     break
             memo[tid] = ok
@@ -220,6 +231,85 @@ def _reduction_inputs(program: Program) -> dict[int, int]:
 
     return {tid: len(t[tid].shape) - 1 for tid in program.inputs
             if t[tid].role != "const" and len(t[tid].shape) >= 1 and feeds(tid)}
+
+
+def _propagate(program: Program, axis: MeshAxis, full, local, state: dict, other: dict[int, int],
+               consts) -> tuple[list, list, dict]:
+    """One pass of placements over the layers on mesh axis ``axis``: every layer's family rule
+    (:func:`rule_of`) places its output from its inputs' placements; the pass applies the
+    rule's gathers and per-row all-reduces, keeps partial sums' bytes, writes the local shapes
+    (``local``, in place) and shrinks constants with ``consts(layer, decision, output placement)``.
+
+    ``state``: the initial placements (updated in place); ``other``: ``{tensor: axis}`` split by
+    an earlier mesh axis (a strict axis does not split the same tensor axis). Returns
+    ``(events, splits, produced)``: ``(layer, op, tensor, nbytes, exact)`` collectives in issue
+    order (``len(layers)``: the program's outputs, made replicated at the end), per layer what
+    it does, and ``{tensor: placement}`` of every split output.
+    """
+    t = program.tensors
+    n = axis.size
+    ctx = ShardContext(program, full, axis, lambda layer, x: _row_pays(program, layer, full, x))
+    events: list = []
+    splits: list[str] = []
+    produced: dict[int, Placement] = {}
+    part_bytes: dict[int, int] = {}
+    part_exact: dict[int, bool] = {}
+
+    def nbytes(tid):
+        numel = int(np.prod(full[tid], dtype=np.int64))
+        return numel * max(1, t[tid].nbytes // max(1, numel))
+
+    def gather(i, tid):
+        s = state.get(tid, REPLICATE)
+        if s.split:
+            events.append((i, "all_gather", tid, nbytes(tid), True))
+        elif s.partial:
+            events.append((i, "all_reduce", tid, part_bytes[tid], part_exact[tid]))
+        state.pop(tid, None)
+
+    for i, layer in enumerate(program.layers):
+        rule = rule_of(layer)
+        acts = [tid for tid in layer.inputs if t[tid].role != "const"]
+        out = layer.output
+        rank = len(full[out])
+        if not rule.accepts_partial(layer):
+            for tid in acts:
+                if state.get(tid, REPLICATE).partial:
+                    gather(i, tid)
+        d = rule.propagate(ctx, layer, [state.get(tid, REPLICATE) for tid in acts])
+        for action in d.before:
+            if isinstance(action, RowAllReduce):
+                events.append((i, "all_reduce", acts[action.pos], action.nbytes, action.exact))
+            else:
+                gather(i, acts[action.pos])
+        if d.gather_all:
+            for tid in acts:
+                gather(i, tid)
+        res, split = d.output, d.split
+        if axis.strict and res.split and (res.axis < 0 or res.axis >= rank or full[out][res.axis] < n
+                                          or other.get(out) == res.axis):
+            res, split = REPLICATE, "rep"  # too short, or an earlier axis's split
+        if axis.strict and not res.split:
+            for tid in acts:
+                gather(i, tid)
+        if res.partial:
+            if d.inherit_partial:  # a relabelling of partial sums stays partial
+                part_bytes[out], part_exact[out] = part_bytes[acts[0]], part_exact[acts[0]]
+            else:
+                numel = int(np.prod(full[out], dtype=np.int64))
+                part_bytes[out] = numel * (d.partial_elem or max(1, t[out].nbytes // max(1, numel)))
+                part_exact[out] = d.partial_exact
+        if res != REPLICATE:
+            state[out] = res
+        if res.split:
+            produced[out] = res
+            local[out][res.axis] = part(full[out][res.axis], n)
+        splits.append(split)
+        consts(layer, rule, split, res)
+    end = len(program.layers)
+    for tid in program.outputs:
+        gather(end, tid)
+    return events, splits, produced
 
 
 def plan_shards(program: Program, tp: int, dp: int = 1, row: bool | str = True, sp: int = 1) -> ShardPlan | None:
@@ -233,7 +323,10 @@ def plan_shards(program: Program, tp: int, dp: int = 1, row: bool | str = True, 
     start split: each chip then holds ``k / tp`` rows of the weight instead of ``n / tp``
     columns of length ``k``, a finer unit to spread over its PEs' SRAM (the mapper tries it
     when the chosen plan streams a weight GEMM). ``sp > 1``: each tensor-parallel group of
-    ``tp`` chips holds one of ``sp`` blocks of rows (:func:`_seq_pass`); ``dp`` must then be 1."""
+    ``tp`` chips holds one of ``sp`` blocks of rows (:func:`_seq_pass`); ``dp`` must then be 1.
+
+    The mesh is data: one :class:`~tvm_spinn.program.ops.sharding.MeshAxis` per parallel axis,
+    each run through the same propagator (:func:`_propagate`)."""
     if row not in (True, False, ROW_ALWAYS):
         raise ValueError(f"plan_shards: row must be True, False or {ROW_ALWAYS!r}, got {row!r}")
     if sp > 1 and dp > 1:
@@ -244,199 +337,64 @@ def plan_shards(program: Program, tp: int, dp: int = 1, row: bool | str = True, 
     batch = leads.pop() if len(leads) == 1 else None
     if dp > 1 and (not batch or batch % dp):
         return None
-    state: dict[int, tuple[str, int]] = {tid: (R, -1) for tid in program.inputs}
-    collectives: list[Collective] = []
-    splits: list[str] = []
     full = [list(x.shape) for x in t]
     local = [list(x.shape) for x in t]
+    collectives: list[Collective] = []
+    produced: dict[int, Placement] = {}
     if tp > 1:
-        for tid, (kind, ax) in _cache_inputs(program, tp).items():
-            state[tid] = (kind, ax)
+        state: dict[int, Placement] = {}
+        for tid, (_, ax) in _cache_inputs(program, tp).items():
+            state[tid] = shard(ax)
             local[tid][ax] = part(local[tid][ax], tp)
         if row == ROW_ALWAYS:
             for tid, ax in _reduction_inputs(program).items():
-                if state[tid][0] == R and full[tid][ax] >= tp:
-                    state[tid] = (S, ax)
+                if tid not in state and full[tid][ax] >= tp:
+                    state[tid] = shard(ax)
                     local[tid][ax] = part(local[tid][ax], tp)
 
-    def nbytes(tid, elem=None):
-        return int(np.prod(full[tid], dtype=np.int64)) * (elem or max(1, t[tid].nbytes // max(1, int(np.prod(full[tid], dtype=np.int64)))))
+        def consts(layer, rule, split, res):
+            if split in ("col", "row", "split"):
+                _shard_consts(program, layer, rule, split, tp, full, local, res)
 
-    def gather(i, tid):
-        kind, _ = state.get(tid, (R, -1))
-        if kind == S:
-            collectives.append(Collective(i, "all_gather", tid, nbytes(tid), True))
-        elif kind == P:
-            collectives.append(Collective(i, "all_reduce", tid, state_bytes[tid], exact_of[tid]))
-        state[tid] = (R, -1)
-
-    state_bytes: dict[int, int] = {}
-    exact_of: dict[int, bool] = {}
-    produced: dict[int, tuple[str, int]] = {}
-    for i, layer in enumerate(program.layers):
-        acts = [tid for tid in layer.inputs if t[tid].role != "const"]
-        out = layer.output
-        rank = len(full[out])
-        split, result = "rep", (R, -1)
-        if tp > 1:
-            for tid in acts:
-                if state.get(tid, (R, -1))[0] == P and layer.kind not in ("reshape", "permute_dims"):
-                    gather(i, tid)
-            st = [state.get(tid, (R, -1)) for tid in acts]
-            kind = layer.kind
-            if kind == "dense" or (kind == "conv2d" and layer.attrs.get("groups", 1) == 1):
-                ax = rank - 1 if kind == "dense" else 1
-                k_axis = len(full[acts[0]]) - 1 if kind == "dense" else 1
-                s = st[0]
-                n_out = full[out][ax]
-                if s[0] == S and s[1] == k_axis and row and (row == ROW_ALWAYS or _row_pays(program, layer, full, acts[0])):
-                    split, result = "row", (P, -1)
-                elif n_out >= tp:  # uneven: the last chips get a column fewer
-                    gather(i, acts[0])
-                    split, result = "col", (S, ax)
-                else:
-                    gather(i, acts[0])
-            elif kind == "conv2d":  # grouped / depthwise: channels split with their groups
-                if layer.attrs["groups"] % tp == 0 and (st[0][0] != S or st[0] == (S, 1)):
-                    split, result = "split", (S, 1)  # an R input is sliced for free
-                else:
-                    gather(i, acts[0])
-            elif kind == "matmul" and len(acts) == 2:
-                a, b = (st[0][0], st[0][1] - len(full[acts[0]])), (st[1][0], st[1][1] - len(full[acts[1]]))
-                m_ext = full[out][-2] if rank >= 2 else 1
-                if a[0] == S and b[0] == S and a[1] == b[1] and a[1] <= -3:
-                    split, result = "split", (S, rank + a[1])
-                elif a[0] == S and a[1] <= -3 and b[0] == R and len(full[acts[1]]) >= -a[1] \
-                        and full[acts[1]][a[1]] == full[acts[0]][a[1]]:
-                    split, result = "split", (S, rank + a[1])
-                elif b[0] == S and b[1] <= -3 and a[0] == R and len(full[acts[0]]) >= -b[1] \
-                        and full[acts[0]][b[1]] == full[acts[1]][b[1]]:
-                    split, result = "split", (S, rank + b[1])
-                elif a[0] == S and a[1] == -2 and b[0] == R:
-                    split, result = "split", (S, rank - 2)
-                elif a[0] == R and b[0] == S and b[1] == -1:
-                    split, result = "split", (S, rank - 1)
-                elif a[0] == S and a[1] == -1 and b[0] == S and b[1] == -2 and row \
-                        and (row == ROW_ALWAYS or _row_pays(program, layer, full, acts[0])):
-                    split, result = "row", (P, -1)
-                else:
-                    for tid in acts:
-                        gather(i, tid)
-                    # R operands are sliced for free: split the outermost batch axis both
-                    # operands share (the heads), else the rows
-                    lead = [j for j in range(rank - 2) if full[out][j] % tp == 0 and full[out][j] >= tp
-                            and all(len(full[tid]) >= rank - j and full[tid][j - rank] == full[out][j]
-                                    for tid in acts)]
-                    if lead:
-                        split, result = "split", (S, lead[0])
-                    elif m_ext % tp == 0 and m_ext >= tp:
-                        split, result = "split", (S, rank - 2)
-            elif kind in ("reshape", "permute_dims", "broadcast_to"):
-                s = st[0] if st else (R, -1)
-                src = full[acts[0]] if acts else []
-                if s[0] == P and kind in ("reshape", "permute_dims"):
-                    split, result = "split", (P, -1)
-                elif s[0] == S:
-                    if kind == "reshape":
-                        ax = _reshape_axis(src, full[out], s[1], tp)
-                    elif kind == "permute_dims":
-                        ax = list(layer.attrs["axes"]).index(s[1])
-                    else:
-                        ax = s[1] + rank - len(src)
-                    if ax is None:
-                        gather(i, acts[0])
-                    else:
-                        split, result = "split", (S, ax)
-            elif kind in _ROW_KINDS:
-                s = st[0]
-                src = full[acts[0]]
-                rows = int(np.prod(full[out], dtype=np.int64))
-                width = int(np.prod(src, dtype=np.int64)) // max(1, rows) if kind == "mean" else src[-1]
-                reduced, acc = len(src), 1
-                while reduced > 0 and acc < width:
-                    reduced -= 1
-                    acc *= src[reduced]
-                if s[0] == S and s[1] < reduced:
-                    split, result = "split", (S, s[1])  # leading axes keep their index
-                elif s[0] == S and kind == "softmax" and s[1] == len(src) - 1 and src[-1] >= tp:
-                    # Rows split along the reduced axis (attention over KV-cache slots spread
-                    # over the chips): each chip keeps its slice. The row maxima are
-                    # all-reduced (exact in any order), then the sums of exp(x - max) by the
-                    # chain that continues one accumulator from chip to chip in slot order:
-                    # the one-chip kernel's sequential left-to-right sum, the same bits.
-                    n_rows = rows // max(1, src[-1])
-                    collectives.append(Collective(i, "all_reduce", acts[0], n_rows * 4, True))
-                    collectives.append(Collective(i, "all_reduce", acts[0], n_rows * 4, False))
-                    split, result = "split", (S, s[1])
-                elif s[0] == S:
-                    gather(i, acts[0])
-            elif kind in ("max_pool2d", "avg_pool2d"):
-                if st[0] == (S, 1):
-                    split, result = "split", (S, 1)
-                elif st[0][0] == S:
-                    gather(i, acts[0])
-            else:  # element-wise and quantize/dequantize: follow the operands' common split
-                axes = {(s[1] - len(full[tid])) for tid, s in zip(acts, st) if s[0] == S}
-                ax = axes.pop() if len(axes) == 1 else None
-                ok = ax is not None and rank >= -ax and all(
-                    s[0] == S or len(full[tid]) < -ax or full[tid][ax] in (1, full[out][ax])
-                    for tid, s in zip(acts, st))
-                if ok:
-                    split, result = "split", (S, rank + ax)
-                else:
-                    for tid in acts:
-                        gather(i, tid)
-        if result[0] == P:
-            if split == "row":
-                elem = _acc_bytes(program, layer) or max(1, t[out].nbytes // max(1, int(np.prod(full[out], dtype=np.int64))))
-                state_bytes[out] = int(np.prod(full[out], dtype=np.int64)) * elem
-                exact_of[out] = layer.mode == "int8"
-            else:  # a reshape/transpose of partial sums stays partial
-                src = acts[0]
-                state_bytes[out], exact_of[out] = state_bytes[src], exact_of[src]
-        state[out] = result
-        produced[out] = result
-        splits.append(split)
-        # local shapes: the TP split, then the DP split of the batch axis
-        shape = list(full[out])
-        if result[0] == S:
-            shape[result[1]] = part(shape[result[1]], tp)
-        local[out] = shape
-        if split in ("col", "row", "split"):
-            _shard_consts(program, layer, split, tp, full, local, result)
-    end = len(program.layers)
-    for tid in program.outputs:
-        if tp > 1:
-            gather(end, tid)
+        events, splits, produced = _propagate(program, MeshAxis("tp", tp, row=row), full, local, state, {}, consts)
+        collectives = [Collective(i, op, tid, nb, exact) for i, op, tid, nb, exact in events]
+    else:
+        splits = ["rep"] * len(program.layers)
     seq: tuple[bool, ...] = ()
     if sp > 1:
-        tp_axis = {tid: ax for tid, (kind, ax) in produced.items() if kind == S}
-        for tid, (kind, ax) in (_cache_inputs(program, tp).items() if tp > 1 else ()):
+        tp_axis = {tid: p.axis for tid, p in produced.items()}
+        for tid, (_, ax) in (_cache_inputs(program, tp).items() if tp > 1 else ()):
             tp_axis[tid] = ax
         merged = _seq_pass(program, sp, full, local, tp_axis, collectives)
         if merged is None:
             return None
         collectives, seq = merged
+    replicated = ()
+    if tp > 1 or sp > 1:
+        replicated = tuple((layer.name, reason) for layer in program.layers
+                           if (reason := no_rule_reason(layer)) is not None)
     return ShardPlan(tp=tp, dp=dp, row=row, batch=int(batch or 1), splits=tuple(splits),
-                     collectives=tuple(collectives), shapes=tuple(tuple(s) for s in local), sp=sp, seq=seq)
+                     collectives=tuple(collectives), shapes=tuple(tuple(s) for s in local), sp=sp, seq=seq,
+                     replicated=replicated)
 
 
 def _seq_pass(program: Program, sp: int, full, local, tp_axis: dict[int, int], tp_colls: list):
     """Sequence parallelism: the second axis of a ``tp x sp`` mesh of chips.
 
     Each tensor is either replicated over the ``sp`` groups or split into ``sp`` blocks along
-    one axis (its rows), propagated through the layers like the tensor-parallel states: a
-    GEMM's rows are independent (a dense layer or a matmul on row-split ``A`` gives row-split
-    output; ``R`` operands are sliced for free, so a GEMM on replicated inputs starts a split),
-    element-wise layers follow their operands, row operators (softmax, layer norm) keep a split
-    that is not on their reduced axes, reshapes and transposes carry it. What a layer cannot
-    take split (the keys of attention, ``K^T``'s split columns, a reduction axis) is
-    all-gathered over the ``sp`` group. So a transformer layer on ``tp x sp`` chips runs its
-    LayerNorms on row blocks (no all-gather before them), its all-reduces over ``tp`` chips on
-    ``1 / sp`` of the rows each, and its attention on heads x query-row blocks (each chip:
-    ``softmax(Q_blk K^T) V`` for its heads and rows, after gathering its heads' keys over the
-    ``sp`` group). Bits: every layer computes whole rows with the one-chip kernels, the
-    reductions of rows never cross chips, so the functional program is unchanged.
+    one axis (its rows), propagated through the layers by the same pass and family rules as the
+    tensor-parallel states (:func:`_propagate` on a strict ``sp`` axis): a GEMM's rows are
+    independent (a dense layer or a matmul on row-split ``A`` gives row-split output; ``R``
+    operands are sliced for free, so a GEMM on replicated inputs starts a split), element-wise
+    layers follow their operands, row operators (softmax, layer norm) keep a split that is not
+    on their reduced axes, reshapes and transposes carry it. What a layer cannot take split
+    (the keys of attention, ``K^T``'s split columns, a reduction axis) is all-gathered over the
+    ``sp`` group. So a transformer layer on ``tp x sp`` chips runs its LayerNorms on row blocks
+    (no all-gather before them), its all-reduces over ``tp`` chips on ``1 / sp`` of the rows
+    each, and its attention on heads x query-row blocks (each chip: ``softmax(Q_blk K^T) V``
+    for its heads and rows, after gathering its heads' keys over the ``sp`` group). Bits: every
+    layer computes whole rows with the one-chip kernels, the reductions of rows never cross
+    chips, so the functional program is unchanged.
 
     Updates ``local`` (the row blocks one chip holds) in place and returns ``(collectives,
     seq)``: the tensor-parallel ``tp_colls`` (a row-split tensor's collective moves ``1 / sp``
@@ -445,100 +403,19 @@ def _seq_pass(program: Program, sp: int, full, local, tp_axis: dict[int, int], t
     layer splits.
     """
     t = program.tensors
-    state: dict[int, int] = {}    # tid -> split axis (absent: replicated)
-    produced: dict[int, int] = {}
+
+    def consts(layer, rule, split, res):
+        if res.split and rule.shrinks_row_consts(layer):
+            _seq_consts(program, layer, res.axis, sp, full, local)
+
+    events, splits, placed = _propagate(program, MeshAxis("sp", sp, strict=True), full, local, {}, tp_axis, consts)
+    produced = {tid: p.axis for tid, p in placed.items()}
+    seq = [s != "rep" for s in splits]
+    mine = [(i, tid) for i, op, tid, _, _ in events if op == "all_gather"]
     gathered_at: dict[int, int] = {}
-    mine: list[tuple[int, int]] = []  # (layer, tensor) sequence-parallel all-gathers
-    seq: list[bool] = []
-
-    def gather(i, tid):
-        if tid in state:
-            mine.append((i, tid))
-            gathered_at.setdefault(tid, i)
-            del state[tid]
-
-    def carried(src_shape, dst_shape, axis, kind, attrs):
-        if kind == "reshape":
-            return _reshape_axis(src_shape, dst_shape, axis, sp)
-        if kind == "permute_dims":
-            return list(attrs["axes"]).index(axis)
-        return axis + len(dst_shape) - len(src_shape)  # broadcast_to: leading axes added
-
-    for i, layer in enumerate(program.layers):
-        acts = [tid for tid in layer.inputs if t[tid].role != "const"]
-        out = layer.output
-        shape = full[out]
-        rank = len(shape)
-        st = [state.get(tid) for tid in acts]
-        kind = layer.kind
-        res = None
-        rows = rank - 2 if rank >= 2 and shape[rank - 2] >= sp else None  # R operands: sliced for free
-        if kind == "dense":
-            if st[0] is not None and st[0] == len(full[acts[0]]) - 1:
-                gather(i, acts[0])  # split along the reduction axis
-            res = state.get(acts[0], rows)
-        elif kind == "matmul" and len(acts) == 2:
-            a, b = acts
-            sa = None if st[0] is None else st[0] - len(full[a])
-            sb = None if st[1] is None else st[1] - len(full[b])
-            if sa == -1:
-                gather(i, a)
-                sa = None
-            if sb == -2:
-                gather(i, b)
-                sb = None
-            if sa is not None and sa <= -3 and (sb == sa or (sb is None and len(full[b]) >= -sa
-                                                              and full[b][sa] == full[a][sa])):
-                res = rank + sa  # a batch axis (heads) both operands share
-            elif sa is None and sb == -1:
-                res = rank - 1  # the columns of B
-            else:
-                if sa is not None and sa != -2:
-                    gather(i, a)
-                if sb is not None:
-                    gather(i, b)  # the keys: every query row block needs all of them
-                res = rank - 2 if shape[rank - 2] >= sp else None
-        elif kind in ("reshape", "permute_dims", "broadcast_to"):
-            if acts and st[0] is not None:
-                res = carried(full[acts[0]], shape, st[0], kind, layer.attrs)
-            elif kind == "broadcast_to" and acts and rank - 2 >= len(shape) - len(full[acts[0]]):
-                res = rows  # a copy of replicated rows (attention probabilities for the context
-                # matmul): each block copies its own rows, not all of them on every chip
-        elif kind in _ROW_KINDS:
-            src = full[acts[0]]
-            n_rows = int(np.prod(shape, dtype=np.int64))
-            width = int(np.prod(src, dtype=np.int64)) // max(1, n_rows) if kind == "mean" else src[-1]
-            reduced, acc = len(src), 1
-            while reduced > 0 and acc < width:
-                reduced -= 1
-                acc *= src[reduced]
-            if st[0] is not None and st[0] < reduced:
-                res = st[0]
-        elif kind == "take":
-            if all(s is None for s in st) and layer.attrs.get("axis", 0) == 0 and rank >= 2 and shape[0] >= sp:
-                res = 0  # the indices' rows: each block gathers its own
-        elif kind in ("conv2d", "max_pool2d", "avg_pool2d", "strided_slice", "concat", "pad"):
-            res = None
-        else:  # element-wise, quantize/dequantize: follow the operands' common split
-            axes = {s - len(full[tid]) for tid, s in zip(acts, st) if s is not None}
-            ax = axes.pop() if len(axes) == 1 else None
-            if ax is not None and rank >= -ax and all(
-                    s is not None or len(full[tid]) < -ax or full[tid][ax] in (1, shape[ax])
-                    for tid, s in zip(acts, st)):
-                res = rank + ax
-        if res is not None and (res < 0 or res >= rank or shape[res] < sp or tp_axis.get(out) == res):
-            res = None  # too short, or the tensor-parallel split's axis
-        if res is None:
-            for tid in acts:
-                gather(i, tid)
-        else:
-            state[out] = produced[out] = res
-            local[out][res] = part(full[out][res], sp)
-            _seq_consts(program, layer, res, sp, full, local)
-        seq.append(res is not None)
+    for i, tid in mine:
+        gathered_at.setdefault(tid, i)
     end = len(program.layers)
-    for tid in program.outputs:
-        gather(end, tid)
     if not any(seq):
         return None
 
@@ -590,10 +467,9 @@ def _seq_pass(program: Program, sp: int, full, local, tp_axis: dict[int, int], t
 
 
 def _seq_consts(program: Program, layer, axis: int, sp: int, full, local) -> None:
-    """Shrink the constants of a row-split element-wise layer along the split (a position
-    embedding added to row blocks); GEMM weights and per-feature constants are not on it."""
-    if layer.kind in ("dense", "conv2d", "matmul", "take", *_ROW_KINDS):
-        return
+    """Shrink the constants of a row-split layer along the split (a position embedding added to
+    row blocks); the families whose constants are not on the rows opt out
+    (:meth:`~ShardingRule.shrinks_row_consts`)."""
     t = program.tensors
     out_shape = full[layer.output]
     rel = axis - len(out_shape)
@@ -603,8 +479,10 @@ def _seq_consts(program: Program, layer, axis: int, sp: int, full, local) -> Non
             shape[rel] = part(full[tid][rel], sp)
 
 
-def _shard_consts(program: Program, layer, split: str, tp: int, full, local, result) -> None:
-    """Shrink the constants one chip holds for a split layer."""
+def _shard_consts(program: Program, layer, rule: ShardingRule, split: str, tp: int, full, local, result) -> None:
+    """Shrink the constants one chip holds for a split layer: what the family's
+    :meth:`~ShardingRule.const_shape` says (a GEMM's weight), else per-output-channel constants
+    (bias, scales) and broadcast operands along the output's split."""
     t = program.tensors
     consts = list(layer.consts.values()) + [tid for tid in layer.inputs if t[tid].role == "const"]
     out_shape = full[layer.output]
@@ -612,17 +490,14 @@ def _shard_consts(program: Program, layer, split: str, tp: int, full, local, res
         shape = list(full[tid])
         if not shape:
             continue
-        if layer.kind == "dense" and tid == layer.consts.get("weight"):
-            shape[1 if split == "col" else 0] = part(shape[1 if split == "col" else 0], tp)
-        elif layer.kind == "conv2d" and tid == layer.consts.get("weight"):
-            k = 0 if split in ("col", "split") else 1
-            shape[k] = part(shape[k], tp)
-        elif split in ("col", "split") and result[0] == S:
-            # per-output-channel constants (bias, scales) and broadcast operands along the split
-            ax = result[1] - len(out_shape)
-            if len(shape) >= -ax and shape[ax] == out_shape[result[1]]:
+        own = rule.const_shape(layer, tid, split, tp, full)
+        if own is not None:
+            shape = own
+        elif split in ("col", "split") and result.split:
+            ax = result.axis - len(out_shape)
+            if len(shape) >= -ax and shape[ax] == out_shape[result.axis]:
                 shape[ax] = part(shape[ax], tp)
-            elif len(shape) == 1 and shape[0] == out_shape[result[1]]:
+            elif len(shape) == 1 and shape[0] == out_shape[result.axis]:
                 shape[0] = part(shape[0], tp)
         local[tid] = shape
 
@@ -641,8 +516,9 @@ def shard_program(program: Program, plan: ShardPlan) -> Program:
         x.shape = list(shape)
     shard.layers = [copy.copy(layer) for layer in program.layers]
     for layer, split in zip(shard.layers, plan.splits):
-        if layer.kind == "conv2d" and split == "split":  # grouped: each chip has its groups
-            layer.attrs = dict(layer.attrs, groups=layer.attrs["groups"] // plan.tp)
+        attrs = rule_of(layer).local_attrs(layer, split, plan.tp)
+        if attrs is not None:  # a grouped convolution: each chip has its groups
+            layer.attrs = attrs
     current: dict[int, int] = {}  # a tensor gathered twice (tp, then sp): its latest copy
     for c in plan.collectives:
         if c.op != "all_gather" or c.layer >= len(shard.layers):

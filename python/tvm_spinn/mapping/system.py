@@ -36,6 +36,7 @@ import numpy as np
 import tvm_ffi
 
 from ..program import Program
+from ..program.ops import family_of
 from ..target.arch import SpinnArch
 from ..target.topology import ring_order, topology_of
 from ..timing.collectives import point_to_point
@@ -43,7 +44,7 @@ from ..timing.model import DRAM, evaluate, transfers
 from ..timing.system import collective_cost, compose
 from .budget import SystemState
 from .memory import LEDGER_RESIDENT_SHARE, activation_label
-from .shard import ROW_ALWAYS, ShardPlan, plan_shards, shard_program
+from .shard import ROW_ALWAYS, ShardPlan, plan_shards, rule_of, shard_program
 from .tiling import MappingError
 
 __all__ = ["map_on_system", "resident_state", "TP_DEGREES", "SP_DEGREES", "overflow_message", "system_tables", "retime", "issued",
@@ -201,11 +202,9 @@ def issued(program: Program, collectives) -> list[tuple[int, str, int, bool, str
         i = producer.get(tid, -1)
         while i >= 0:
             layer = program.layers[i]
-            acts = [x for x in layer.inputs if program.tensors[x].role != "const"]
-            if (layer.kind not in ("reshape", "broadcast_to") or len(acts) != 1
-                    or program.tensors[acts[0]].nbytes != program.tensors[tid].nbytes):
+            if not family_of(layer.kind).aliases_input(program, layer):
                 break
-            i = producer.get(acts[0], -1)
+            i = producer.get(next(x for x in layer.inputs if program.tensors[x].role != "const"), -1)
         return i
 
     out: list[list] = []
@@ -255,7 +254,7 @@ def _system_timing(program: Program, plan: ShardPlan, shard: Program, tables, ch
             continue
         consts = set(layer.consts.values()) | {t for t in layer.inputs if shard.tensors[t].role == "const" or t in state}
         unique = sum(shard.tensors[t].nbytes for t in consts)
-        if layer.kind == "take":
+        if family_of(layer.kind).gathered_table(layer) is not None:
             # a gather reads only the rows it gathers (an embedding's one token), not its table
             unique = min(unique, int(tables[i].w_bytes.sum()), shard.tensors[layer.output].nbytes)
         if unique <= prefetch:
@@ -298,9 +297,9 @@ def resident_state(program: Program, resident) -> set[int]:
     readers: dict[int, list] = {}
     for i, layer in enumerate(program.layers):
         for pos, tid in enumerate(layer.inputs):
-            readers.setdefault(tid, []).append((i, layer.kind, pos))
+            readers.setdefault(tid, []).append((i, layer, pos))
     return {tid for tid in program.inputs if program.tensors[tid].role != "const" and readers.get(tid)
-            and all(kind == "matmul" and pos == 1 and i in resident for i, kind, pos in readers[tid])}
+            and all(rule_of(layer).cache_operand(layer, pos) and i in resident for i, layer, pos in readers[tid])}
 
 
 def retime(program: Program, arch: SpinnArch, derive) -> dict:
@@ -336,7 +335,7 @@ def _row_always_sibling(program: Program, best, weights: str) -> ShardPlan | Non
         return None
     resident = set(shard.mapping.get("resident_layers", []))
     streamed = [i for i, layer in enumerate(program.layers)
-                if layer.kind == "dense" and "weight" in layer.consts and i not in resident]
+                if family_of(layer.kind).weight_gemm(layer) and i not in resident]
     if not streamed:
         return None
     other = plan_shards(program, plan.tp, plan.dp, ROW_ALWAYS, plan.sp) if plan.sp == 1 else None

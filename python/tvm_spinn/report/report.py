@@ -159,6 +159,8 @@ def system_summary(programs: list, chips: int, chips_per_board: int) -> dict:
                    "stage": p.mapping["system"]["stage"], "binding": p.timing["system"]["binding"]} for p in rows],
         "tp": sorted({p.mapping["system"]["tp"] for p in rows}), "dp": sorted({p.mapping["system"]["dp"] for p in rows}),
         "sp": sorted({p.mapping["system"].get("sp", 1) for p in rows}),
+        "replicated": [{"symbol": p.symbol, "layer": name, "reason": reason}
+                       for p in rows for name, reason in p.mapping["system"].get("replicated", [])],
         "stages": stages, "replicas": replicas, "chips_per_replica": per_replica,
         "collectives": ops, **bounds, "binding": names[binding],
         "latency_over_bound": latency / bound if bound else float("nan"),
@@ -185,7 +187,7 @@ def _system_lines(s: dict) -> list[str]:
         f"({s['streamed_bytes_per_chip'] / 1e6:.3f} MB streamed per chip), communication "
         f"{s['comm_bound_s'] * 1e3:.3f} ms; {s['binding']} binds; latency / the plan's bound "
         f"{s['latency_over_bound']:.2f}; stream throughput {s['throughput_inf_s']:.1f} inf/s",
-    ]
+    ] + [f"  replicated on every chip: {r['symbol']} {r['layer']} ({r['reason']})" for r in s.get("replicated", [])]
 
 
 def _walk(mod):

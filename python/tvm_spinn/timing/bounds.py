@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..program.ops.movement import Movement
+from ..program.ops import family_of
 from ..target.arch import SpinnArch
 
 __all__ = ["Workload", "PhysicalBound", "physical_bound", "program_workload", "decode_workload",
@@ -210,7 +210,7 @@ def gathered_bytes(program) -> dict[int, int]:
     read: dict[int, int] = {}
     other: set[int] = set()
     for layer in program.layers:
-        table = layer.consts.get("table") if layer.kind == "take" else None
+        table = family_of(layer.kind).gathered_table(layer)
         for tid in list(layer.consts.values()) + list(layer.inputs):
             if tid != table:
                 other.add(tid)
@@ -264,7 +264,7 @@ def program_workload(programs) -> Workload:
         used = sorted({t for layer in p.layers for t in (*layer.inputs, *layer.consts.values())
                        if p.tensors[t].role == "const"})
         const_bytes += sum(gathered.get(t, p.tensors[t].nbytes) for t in used)
-        if all(layer.kind in Movement.kinds for layer in p.layers):
+        if all(family_of(layer.kind).moves_data for layer in p.layers):
             continue  # a copy (a reshape or concat of a cache into the returned one): no work reads it
         for t in p.inputs:
             key = (p.tensors[t].name, tuple(p.tensors[t].shape), p.tensors[t].dtype)

@@ -140,17 +140,15 @@ def transfers(program: Program, index: int, table: TileTable, arch: SpinnArch) -
     onchip = set(mapping.get("onchip_tensors", []))
     layer = program.layers[index]
     n = len(table)
-    acts = [tid for tid in layer.inputs if program.tensors[tid].role != "const"]
-    if layer.kind == "matmul":
-        # a tile's ``in_bytes`` are the left operand's; the right one (``w_bytes``) has its own
-        # source below, so where it lives (e.g. a KV cache held in SRAM) does not send the left
-        # operand to DRAM
-        acts = [tid for tid in layer.inputs[:1] if tid in acts]
+    family = family_of(layer.kind)
+    # the inputs a tile's ``in_bytes`` count (a matmul's right operand has its own source below)
+    acts = family.streamed_inputs(program, layer)
+    axis = family.weight_region_axis(layer)
     in_src = np.full(n, NOC if acts and all(tid in onchip for tid in acts) else DRAM, np.int8)
     if not naive:
         # a DRAM input block crosses DRAM once; the NoC multicasts it to the other PEs reading it
-        in_src[(in_src == DRAM) & _input_shared(layer.kind, table)] = NOC
-        in_src[_input_held(layer.kind, table, arch)] = LOCAL
+        in_src[(in_src == DRAM) & _input_shared(axis, table)] = NOC
+        in_src[_input_held(axis, table, arch)] = LOCAL
     out_dst = np.full(n, LOCAL if layer.output in onchip else DRAM, np.int8)
     if index in set(mapping.get("resident_layers", [])):
         return in_src, np.full(n, LOCAL, np.int8), out_dst
@@ -185,15 +183,10 @@ def noc_cycles(table: TileTable, srcs, arch: SpinnArch) -> float:
     return noc_port_cycles(table.pe, table.chip, recv, send, arch)
 
 
-#: The region axis a GEMM's weight operand varies along (its input block is the same along it):
-#: conv2d's output channels (A = weight), dense's and matmul's output columns (B = weight).
-_WEIGHT_AXIS = {"conv2d": 1, "dense": 2, "matmul": 2}
-
-
-def _input_key(kind: str, table: TileTable) -> np.ndarray | None:
-    """Per tile, the index of its input block (tiles differing only along the weight axis share
-    one), or None for a layer whose tiles' inputs are not shared this way."""
-    axis = _WEIGHT_AXIS.get(kind)
+def _input_key(axis: int | None, table: TileTable) -> np.ndarray | None:
+    """Per tile, the index of its input block (tiles differing only along the weight axis
+    ``axis``, the family's :meth:`~tvm_spinn.program.ops.base.OpFamily.weight_region_axis`,
+    share one), or None for a layer whose tiles' inputs are not shared this way."""
     if axis is None or len(table) < 2:
         return None
     keep = [a for a in range(table.lo.shape[1]) if a != axis]
@@ -201,23 +194,22 @@ def _input_key(kind: str, table: TileTable) -> np.ndarray | None:
     return inverse.reshape(-1)
 
 
-def _input_shared(kind: str, table: TileTable) -> np.ndarray:
+def _input_shared(axis: int | None, table: TileTable) -> np.ndarray:
     """Tiles whose input block an earlier tile (on any PE) reads: they receive it by multicast."""
-    key = _input_key(kind, table)
+    key = _input_key(axis, table)
     if key is None:
         return np.zeros(len(table), dtype=bool)
     _, first = np.unique(key, return_index=True)
     return first[key] < np.arange(len(table))
 
 
-def _input_held(kind: str, table: TileTable, arch: SpinnArch) -> np.ndarray:
+def _input_held(axis: int | None, table: TileTable, arch: SpinnArch) -> np.ndarray:
     """Tiles of a GEMM layer whose input block an earlier tile on the same PE already fetched
-    and kept: tiles that differ only along the weight axis (:data:`_WEIGHT_AXIS`) read the same
+    and kept: tiles that differ only along the weight axis ``axis`` read the same
     input rows (dense, matmul) or pixels (conv2d), and a PE keeps the block when it fits next to
     the tile's buffers (as a weight block is kept, :func:`transfers`)."""
     n = len(table)
     held = np.zeros(n, dtype=bool)
-    axis = _WEIGHT_AXIS.get(kind)
     if axis is None or n < 2:
         return held
     keep = [a for a in range(table.lo.shape[1]) if a != axis]
@@ -294,7 +286,7 @@ class _Barriers:
         self.last_use[root] = max(self.last_use.get(root, -1), self.last_use.get(layer.output, -1))
         if src in self.written:
             j, ordered = self.written[src]
-            self.written[layer.output] = (j, ordered and layer.kind != "strided_slice")
+            self.written[layer.output] = (j, ordered and family_of(layer.kind).view_keeps_order(layer))
 
     def _numel(self, tid: int) -> int:
         return int(np.prod(self.program.tensors[tid].shape, dtype=np.int64))

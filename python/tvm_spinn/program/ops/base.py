@@ -116,6 +116,13 @@ class OpFamily:
     #: Whether a clip reading only a layer's result may run in the layer's epilogue (the
     #: simulator's plan then passes the clip to :meth:`step`).
     fuses_clip: bool = False
+    #: The family only moves data (reshapes, copies, slices): a program of such layers does no
+    #: work that reads its inputs from DRAM beyond the copy (:mod:`tvm_spinn.timing.bounds`).
+    moves_data: bool = False
+    #: How the family's layers are placed over a mesh axis of chips
+    #: (:class:`~tvm_spinn.program.ops.sharding.ShardingRule`); None: no rule (see
+    #: :mod:`tvm_spinn.mapping.shard` for what the mapper does then).
+    sharding: Any = None
 
     # -- partition and codegen (compiler side) ---------------------------------------------
     def patterns(self, kit: Any) -> list[tuple]:
@@ -163,6 +170,46 @@ class OpFamily:
         consumers' DMA reads the producer's buffer in place, so the layer moves nothing and
         the timing model gives it no cycles and no barrier. The functional simulator still
         runs it (the values are the same either way)."""
+        return False
+
+    # -- operand traffic and residency (timing, system mapping) -------------------------------
+    def weight_region_axis(self, layer: Layer) -> int | None:
+        """The region axis along which a tile's weight operand varies while its input block stays
+        the same (tiles differing only along it share one input block), or None."""
+        return None
+
+    def streamed_inputs(self, program, layer: Layer) -> list[int]:
+        """The activation inputs whose bytes a tile's ``in_bytes`` count (by default all)."""
+        return [tid for tid in layer.inputs if program.tensors[tid].role != "const"]
+
+    def view_keeps_order(self, layer: Layer) -> bool:
+        """Whether a view layer's output elements are written in its input's order (a slice
+        is not: a later reader waits for the whole input)."""
+        return True
+
+    def aliases_input(self, program, layer: Layer) -> bool:
+        """Whether the output holds the one activation input's bytes (same size, a relabelling):
+        a collective of the output may start once the input is written."""
+        return False
+
+    def gathered_table(self, layer: Layer) -> int | None:
+        """The constant table the layer reads only by the rows it gathers (an embedding), or
+        None."""
+        return None
+
+    def layouts(self, layer: Layer) -> frozenset[str]:
+        """The alternative tile layouts the mapper may try for the layer
+        (:mod:`tvm_spinn.mapping.schedule`): ``"resident"`` (weight blocks spread for residency),
+        ``"split_k"`` (the reduction split over PEs, integer sums), ``"one_round"`` (tiles re-cut
+        to run in one round per PE, fp32 sums on one PE)."""
+        return frozenset()
+
+    def quantizes(self, layer: Layer) -> bool:
+        """Whether the layer quantizes an activation (the prologue of an int8 GEMM)."""
+        return False
+
+    def weight_gemm(self, layer: Layer) -> bool:
+        """Whether the layer is a GEMM of an activation by a constant weight (``dense``)."""
         return False
 
     def k_splits(self, program, layer: Layer, tile) -> int:

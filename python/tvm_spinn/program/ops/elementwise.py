@@ -32,6 +32,7 @@ from ..checks import RELU, check_int, check_num, fail
 from ..model import Layer
 from . import native
 from .base import FlatFamily, register
+from .sharding import PointwiseRule
 
 __all__ = ["Elementwise", "Select", "binary", "relu", "relu_owned", "unary", "clip_fast", "exp_f32", "tanh_f32", "BINARY", "UNARY", "TRANSCENDENTAL"]
 
@@ -481,5 +482,7 @@ def _prim_float(value) -> float:
     return float(getattr(inner, "value", inner))
 
 
+Elementwise.sharding = PointwiseRule()
+Select.sharding = PointwiseRule()
 register(Elementwise())
 register(Select())

@@ -23,6 +23,7 @@ import numpy as np
 from ..checks import check_int, fail
 from ..model import Layer
 from .base import ComputedFlat, itemsize, register
+from .sharding import REPLICATE, GatherInput, ShardDecision, ShardingRule, shard
 
 __all__ = ["Gather", "gather"]
 
@@ -141,6 +142,9 @@ class Gather(ComputedFlat):
         return 2 * (te + oe) * e, in_bytes, w_bytes, oe * e, np.ceil(e * self.cycles_per_element(layer, arch))
 
     # -- functional simulator -----------------------------------------------------------------
+    def gathered_table(self, layer: Layer) -> int | None:
+        return layer.consts.get("table")
+
     def values(self, layer: Layer, env) -> np.ndarray:
         return gather(layer, env[self._table(layer)], env[layer.inputs[-1]])
 
@@ -162,4 +166,43 @@ class Gather(ComputedFlat):
         return True
 
 
+class GatherSharding(ShardingRule):
+    """``take(table, indices, axis)``: the output is ``table.shape[:axis] + indices.shape +
+    table.shape[axis + 1:]``. A split of the indices carries to the output axis ``axis + a``; a
+    split of the table on another axis carries to where that axis lands; a table split along
+    the gathered axis is gathered (any chip's index may point into any block), and so is
+    everything when both are split. On row blocks (``sp``) a gather of table rows by replicated
+    indices splits the indices' rows: each block gathers its own."""
+
+    def propagate(self, ctx, layer, ins):
+        shape = ctx.full[layer.output]
+        if ctx.axis.name == "sp":
+            if all(not s.split for s in ins) and layer.attrs.get("axis", 0) == 0 and len(shape) >= 2 \
+                    and shape[0] >= ctx.size:
+                return ShardDecision(shard(0), "split")
+            return ShardDecision(REPLICATE, "rep", gather_all=True)
+        axis = layer.attrs.get("axis", 0)
+        acts = ctx.acts(layer)
+        if "table" in layer.consts:  # the indices are the one activation
+            table, indices, n_idx = REPLICATE, ins[0], len(ctx.full[acts[0]])
+        else:
+            table, indices, n_idx = ins[0], ins[1], len(ctx.full[acts[1]])
+        before = ()
+        if table.split and table.axis == axis:
+            before, table = (GatherInput(0),), REPLICATE
+        if table.split and indices.split:
+            return ShardDecision(REPLICATE, "rep", before, gather_all=True)
+        if table.split:
+            out = table.axis if table.axis < axis else table.axis + n_idx - 1
+        elif indices.split:
+            out = axis + indices.axis
+        else:
+            return ShardDecision(REPLICATE, "rep", before)
+        return ShardDecision(shard(out), "split", before)
+
+    def shrinks_row_consts(self, layer):
+        return False  # the table is indexed, not split
+
+
+Gather.sharding = GatherSharding()
 register(Gather())

@@ -55,11 +55,13 @@ from ..quant import (QUANT_RANGES, ROUNDINGS, quantize_multiplier, quantize_mult
 from . import native
 from .base import ACC_BYTES, LoweringError, MappingError, OpFamily, ceil_div, gemm_tile_bytes, itemsize, register, starts, working_budget
 from .elementwise import relu
+from .sharding import (PARTIAL, REPLICATE, ROW_ALWAYS, GatherInput, PointwiseRule, ShardDecision, ShardingRule,
+                       part, shard)
 
 if TYPE_CHECKING:
     from ...target.arch import SpinnArch
 
-__all__ = ["Gemm", "GemmShape", "gemm_shape", "safe_k_chunk", "Int8Side", "int8_side", "gemm_tile_cycles", "mac_passes", "choose_gemm_tile",
+__all__ = ["Gemm", "weight_matmuls_to_dense", "fuse_bias", "GemmShape", "gemm_shape", "safe_k_chunk", "Int8Side", "int8_side", "gemm_tile_cycles", "mac_passes", "choose_gemm_tile",
            "smallest_gemm_tile_bytes", "splits_of", "chunk_length", "k_part_bounds", "k_part_tail_cycles", "GEMM_KINDS"]
 
 GEMM_KINDS = ("conv2d", "dense", "matmul")
@@ -1015,6 +1017,32 @@ class Gemm(OpFamily):
     tile_optional = 1  # [tm, tn, tk, p]: the reduction split over p PEs (int8)
     #: a clip reading only this family's fp32 result runs in its epilogue (see :meth:`step`)
     fuses_clip = True
+    #: the region axis a GEMM's weight operand varies along: conv2d's output channels
+    #: (A = weight), dense's and matmul's output columns (B = weight)
+    _WEIGHT_AXIS = {"conv2d": 1, "dense": 2, "matmul": 2}
+
+    # -- operand traffic ------------------------------------------------------------------------
+    def weight_region_axis(self, layer):
+        return self._WEIGHT_AXIS[layer.kind]
+
+    def streamed_inputs(self, program, layer):
+        acts = super().streamed_inputs(program, layer)
+        if layer.kind == "matmul":
+            # a tile's ``in_bytes`` are the left operand's; the right one (``w_bytes``) has its
+            # own source, so where it lives (e.g. a KV cache held in SRAM) does not send the
+            # left operand to DRAM
+            return [tid for tid in layer.inputs[:1] if tid in acts]
+        return acts
+
+    def weight_gemm(self, layer):
+        return layer.kind == "dense" and "weight" in layer.consts
+
+    def layouts(self, layer):
+        if layer.kind == "dense":
+            return frozenset(("resident", "split_k") if layer.mode == "int8" else ("resident",))
+        if layer.kind == "matmul" and layer.mode != "int8":
+            return frozenset(("one_round",))
+        return frozenset()
 
     # -- partition ------------------------------------------------------------------------------
     def lowers(self, composite: str) -> bool:
@@ -1605,4 +1633,237 @@ def _check_int8_epilogue(v, f: str, kind: str, ins: list[int], consts: dict, out
         v.values(f"{f}.consts.shift", consts["shift"], 1, 62)
 
 
+# -- sharding ---------------------------------------------------------------------------------
+class GemmSharding(ShardingRule):
+    """How GEMMs split over a mesh axis.
+
+    Tensor axis (``tp``): a dense layer or a convolution on an ``R`` input is *column-parallel*
+    (weight split by output features, output ``S``); on an input split along its reduction axis
+    it is *row-parallel* (weight split by input features, output ``P``) where the mesh allows it
+    and the partial sums are no larger than the input; output features that ``tp`` does not
+    divide are split unevenly. Grouped convolutions split their groups. A matmul of two
+    activations keeps a batch axis (the heads) both operands share, the rows of ``A`` or the
+    columns of ``B``, runs row-parallel on a reduction split of both, and otherwise gathers its
+    operands and splits the heads or the rows (``R`` operands are sliced for free).
+
+    Sequence axis (``sp``): rows are independent, so dense layers and matmuls keep (or start) a
+    split of their rows; what a row block cannot take split (a reduction axis, the keys of
+    attention) is gathered; convolutions are replicated.
+    """
+
+    def propagate(self, ctx, layer, ins):
+        if len(ctx.acts(layer)) != 2 and layer.kind == "matmul":
+            return PointwiseRule().propagate(ctx, layer, ins)  # a constant operand: follows A
+        if ctx.axis.name == "sp":
+            return self._rows(ctx, layer, ins)
+        return self._tensor(ctx, layer, ins)
+
+    @staticmethod
+    def _tensor(ctx, layer, st):
+        full, acts, tp, row = ctx.full, ctx.acts(layer), ctx.size, ctx.axis.row
+        out = layer.output
+        rank = len(full[out])
+        kind = layer.kind
+        if kind == "dense" or (kind == "conv2d" and layer.attrs.get("groups", 1) == 1):
+            ax = rank - 1 if kind == "dense" else 1
+            k_axis = len(full[acts[0]]) - 1 if kind == "dense" else 1
+            n_out = full[out][ax]
+            if st[0].split and st[0].axis == k_axis and row and (row == ROW_ALWAYS or ctx.row_pays(layer, acts[0])):
+                return ShardDecision(PARTIAL, "row", partial_elem=ACC_BYTES if layer.mode == "int8" else None,
+                                     partial_exact=layer.mode == "int8")
+            if n_out >= tp:  # uneven: the last chips get a column fewer
+                return ShardDecision(shard(ax), "col", (GatherInput(0),))
+            return ShardDecision(REPLICATE, "rep", (GatherInput(0),))
+        if kind == "conv2d":  # grouped / depthwise: channels split with their groups
+            if layer.attrs["groups"] % tp == 0 and (not st[0].split or st[0] == shard(1)):
+                return ShardDecision(shard(1), "split")  # an R input is sliced for free
+            return ShardDecision(REPLICATE, "rep", (GatherInput(0),))
+        a = (st[0].kind, st[0].axis - len(full[acts[0]]))
+        b = (st[1].kind, st[1].axis - len(full[acts[1]]))
+        m_ext = full[out][-2] if rank >= 2 else 1
+        if a[0] == "S" and b[0] == "S" and a[1] == b[1] and a[1] <= -3:
+            return ShardDecision(shard(rank + a[1]), "split")
+        if a[0] == "S" and a[1] <= -3 and b[0] == "R" and len(full[acts[1]]) >= -a[1] \
+                and full[acts[1]][a[1]] == full[acts[0]][a[1]]:
+            return ShardDecision(shard(rank + a[1]), "split")
+        if b[0] == "S" and b[1] <= -3 and a[0] == "R" and len(full[acts[0]]) >= -b[1] \
+                and full[acts[0]][b[1]] == full[acts[1]][b[1]]:
+            return ShardDecision(shard(rank + b[1]), "split")
+        if a[0] == "S" and a[1] == -2 and b[0] == "R":
+            return ShardDecision(shard(rank - 2), "split")
+        if a[0] == "R" and b[0] == "S" and b[1] == -1:
+            return ShardDecision(shard(rank - 1), "split")
+        if a[0] == "S" and a[1] == -1 and b[0] == "S" and b[1] == -2 and row \
+                and (row == ROW_ALWAYS or ctx.row_pays(layer, acts[0])):
+            return ShardDecision(PARTIAL, "row", partial_elem=ACC_BYTES if layer.mode == "int8" else None,
+                                 partial_exact=layer.mode == "int8")
+        # R operands are sliced for free: split the outermost batch axis both operands share
+        # (the heads), else the rows
+        lead = [j for j in range(rank - 2) if full[out][j] % tp == 0 and full[out][j] >= tp
+                and all(len(full[tid]) >= rank - j and full[tid][j - rank] == full[out][j] for tid in acts)]
+        if lead:
+            return ShardDecision(shard(lead[0]), "split", gather_all=True)
+        if m_ext % tp == 0 and m_ext >= tp:
+            return ShardDecision(shard(rank - 2), "split", gather_all=True)
+        return ShardDecision(REPLICATE, "rep", gather_all=True)
+
+    @staticmethod
+    def _rows(ctx, layer, st):
+        full, acts, sp = ctx.full, ctx.acts(layer), ctx.size
+        shape = full[layer.output]
+        rank = len(shape)
+        rows = rank - 2 if rank >= 2 and shape[rank - 2] >= sp else None  # R operands: sliced for free
+        if layer.kind == "conv2d":
+            return ShardDecision(REPLICATE, "rep", gather_all=True)
+        if layer.kind == "dense":
+            if st[0].split and st[0].axis == len(full[acts[0]]) - 1:
+                return _row_split(rows, (GatherInput(0),))  # split along the reduction axis
+            return _row_split(st[0].axis if st[0].split else rows, ())
+        a, b = acts
+        before = []
+        sa = st[0].axis - len(full[a]) if st[0].split else None
+        sb = st[1].axis - len(full[b]) if st[1].split else None
+        if sa == -1:
+            before.append(GatherInput(0))
+            sa = None
+        if sb == -2:
+            before.append(GatherInput(1))
+            sb = None
+        if sa is not None and sa <= -3 and (sb == sa or (sb is None and len(full[b]) >= -sa
+                                                          and full[b][sa] == full[a][sa])):
+            res = rank + sa  # a batch axis (heads) both operands share
+        elif sa is None and sb == -1:
+            res = rank - 1  # the columns of B
+        else:
+            if sa is not None and sa != -2:
+                before.append(GatherInput(0))
+            if sb is not None:
+                before.append(GatherInput(1))  # the keys: every query row block needs all of them
+            res = rank - 2 if shape[rank - 2] >= sp else None
+        return _row_split(res, tuple(before))
+
+    def reduction_reader(self, program, layer, tid):
+        return layer.kind == "dense" and "weight" in layer.consts and layer.inputs[0] == tid \
+            and tid not in layer.inputs[1:]
+
+    def cache_operand(self, layer, pos):
+        return layer.kind == "matmul" and pos == 1
+
+    def shrinks_row_consts(self, layer):
+        return False  # weights and per-feature constants are not on the rows
+
+    def const_shape(self, layer, tid, split, parts, full):
+        if tid != layer.consts.get("weight") or layer.kind == "matmul":
+            return None
+        shape = list(full[tid])
+        if layer.kind == "dense":
+            k = 1 if split == "col" else 0
+        else:
+            k = 0 if split in ("col", "split") else 1
+        shape[k] = part(shape[k], parts)
+        return shape
+
+    def local_attrs(self, layer, split, parts):
+        if layer.kind == "conv2d" and split == "split":  # grouped: each chip has its groups
+            return dict(layer.attrs, groups=layer.attrs["groups"] // parts)
+        return None
+
+
+def _row_split(axis, before):
+    """A row-split decision on ``axis`` (None: replicated)."""
+    if axis is None:
+        return ShardDecision(REPLICATE, "rep", before, gather_all=True)
+    return ShardDecision(shard(axis), "split", before)
+
+
+
+# -- descriptor programs (weights passed as inputs) -------------------------------------------------
+def weight_matmuls_to_dense(program, weight_inputs: set, dtype: str, new_tensor, set_const) -> list:
+    """The layers of ``program`` with every ``matmul`` of a 2-D activation by a weight input
+    ``(K, N)``, or by the ``permute_dims`` of a weight ``(N, K)`` (``nn.Linear``), made a
+    ``dense`` layer with that weight as its ``(K, N)`` constant (``int8``: a ``quantize`` of the
+    activation, an int8 weight and per-channel scales): what the compiler makes of a GEMM with
+    a bound weight. ``new_tensor(name, shape, dtype, role)`` adds a tensor; ``set_const(tid,
+    shape, dtype)`` records a constant's value."""
+    tensors = program.tensors
+    users: dict[int, list[int]] = {}
+    for i, layer in enumerate(program.layers):
+        for t in layer.inputs:
+            users.setdefault(t, []).append(i)
+    transposed = {}  # output of permute_dims(weight (N, K)) -> the weight
+    for layer in program.layers:
+        if (layer.kind == "permute_dims" and len(layer.inputs) == 1 and layer.inputs[0] in weight_inputs
+                and len(tensors[layer.inputs[0]].shape) == 2
+                and all(program.layers[u].kind == "matmul" and program.layers[u].inputs[1:] == [layer.output]
+                        for u in users.get(layer.output, []))):
+            transposed[layer.output] = layer.inputs[0]
+
+    layers = []
+    for layer in program.layers:
+        if layer.kind == "permute_dims" and layer.output in transposed:
+            continue
+        b = layer.inputs[1] if layer.kind == "matmul" and len(layer.inputs) == 2 else None
+        x = layer.inputs[0]
+        if b is not None and (b in transposed or (b in weight_inputs and len(tensors[b].shape) == 2)) \
+                and len(tensors[x].shape) == 2:
+            k, n = tensors[x].shape[1], tensors[layer.output].shape[-1]
+            w_dtype = "int8" if dtype == "int8" else "float32"
+            # the weight tensor itself becomes the dense layer's (K, N) constant: no orphan left
+            weight = transposed.get(b, b)
+            tensors[weight].shape, tensors[weight].dtype = [int(k), int(n)], w_dtype
+            set_const(weight, (k, n), w_dtype)
+            if dtype == "int8":
+                xq = new_tensor(f"{layer.name}.xq", tensors[x].shape, "int8", "temp")
+                layers.append(Layer(name=f"{layer.name}.quantize", kind="quantize", inputs=[x], output=xq,
+                                    consts={"scale": new_tensor(f"{layer.name}.xs", (1,), "float32", "const"),
+                                            "zero": new_tensor(f"{layer.name}.xz", (1,), "int32", "const")},
+                                    attrs={"axis": 1}))
+                layers.append(Layer(name=layer.name, kind="dense", inputs=[xq], output=layer.output,
+                                    consts={"weight": weight,
+                                            "scale": new_tensor(f"{layer.name}.ws", (n,), "float32", "const")},
+                                    attrs={"x_zero": 0, "x_flip": False, "relu": False, "out": "float32"},
+                                    mode="int8"))
+            else:
+                layers.append(Layer(name=layer.name, kind="dense", inputs=[x], output=layer.output,
+                                    consts={"weight": weight}, attrs={"relu": False}))
+            continue
+        layers.append(layer)
+    return layers
+
+
+def fuse_bias(program, layers: list) -> list:
+    """``dense`` then ``add`` of a constant vector (directly or after a reshape) -> ``dense`` with ``bias``,
+    the form the compiler gives a GEMM with a bound bias."""
+    tensors = program.tensors
+    users: dict[int, list[int]] = {}
+    for i, layer in enumerate(layers):
+        for t in layer.inputs:
+            users.setdefault(t, []).append(i)
+    drop = set()
+    for layer in layers:
+        if layer.kind != "dense" or "bias" in layer.consts or layer.output in program.outputs:
+            continue
+        n = tensors[layer.output].shape[-1]
+        chain, out = [], layer.output
+        while len(users.get(out, [])) == 1 and layers[users[out][0]].kind == "reshape" and out not in program.outputs:
+            chain.append(users[out][0])
+            out = layers[users[out][0]].output
+        nxt = users.get(out, [])
+        if len(nxt) != 1 or layers[nxt[0]].kind != "add" or out in program.outputs:
+            continue
+        add = layers[nxt[0]]
+        others = [t for t in add.inputs if t != out]
+        if len(others) != 1 or tensors[others[0]].role != "const" or tensors[others[0]].shape != [n] \
+                or tensors[add.output].shape != tensors[out].shape:
+            continue
+        layer.consts["bias"] = others[0]
+        if chain:
+            layers[chain[-1]].output = add.output
+        else:
+            layer.output = add.output
+        drop.add(nxt[0])
+    return [layer for i, layer in enumerate(layers) if i not in drop]
+
+
+Gemm.sharding = GemmSharding()
 register(Gemm())

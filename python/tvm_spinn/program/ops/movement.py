@@ -26,8 +26,9 @@ from . import native
 from .base import itemsize
 from ..model import Layer
 from .base import FlatFamily, LoweringError, register
+from .sharding import PARTIAL, REPLICATE, GatherInput, PointwiseRule, ShardDecision, reshape_axis, shard
 
-__all__ = ["Movement"]
+__all__ = ["Movement", "dedupe_movement"]
 
 
 def _axes(v, field: str) -> list[int]:
@@ -133,6 +134,7 @@ class Movement(FlatFamily):
     """reshape (expand_dims, squeeze), permute_dims, broadcast_to, strided_slice, concat and pad."""
 
     kinds = ("reshape", "permute_dims", "broadcast_to", "strided_slice", "concat", "pad")
+    moves_data = True
     composites = kinds + ("expand_dims", "squeeze")
     priority = 60
 
@@ -301,6 +303,14 @@ class Movement(FlatFamily):
     def work(self, program, layer, arch):
         return 0, None
 
+    def view_keeps_order(self, layer) -> bool:
+        return layer.kind != "strided_slice"
+
+    def aliases_input(self, program, layer) -> bool:
+        acts = [x for x in layer.inputs if program.tensors[x].role != "const"]
+        return layer.kind in ("reshape", "broadcast_to") and len(acts) == 1 \
+            and program.tensors[acts[0]].nbytes == program.tensors[layer.output].nbytes
+
     def is_view(self, program, layer) -> bool:
         """A reshape; a ``broadcast_to`` that adds only unit axes; a ``permute_dims`` that moves
         only unit axes (the other axes keep their order); a ``strided_slice`` whose elements
@@ -416,4 +426,71 @@ class Movement(FlatFamily):
         return True
 
 
+def dedupe_movement(program, layers: list) -> list:
+    """Drop repeated movement layers (same kind, input, shape and attributes), which the compiler
+    merges when the weights are bound (e.g. one reshape of the hidden state for the q, k and v
+    GEMMs); later readers use the first one's output."""
+    import json
+
+    seen, alias, out = {}, {}, []
+    for layer in layers:
+        layer.inputs = [alias.get(t, t) for t in layer.inputs]
+        if layer.kind in ("reshape", "permute_dims", "broadcast_to") and layer.output not in program.outputs:
+            key = (layer.kind, tuple(layer.inputs), tuple(program.tensors[layer.output].shape),
+                   json.dumps(layer.attrs, sort_keys=True, default=str))
+            if key in seen:
+                alias[layer.output] = seen[key]
+                continue
+            seen[key] = layer.output
+        out.append(layer)
+    return out
+
+
+class MovementSharding(PointwiseRule):
+    """Reshapes, transposes and broadcasts carry a split to the axis holding the same blocks
+    (partial sums pass through a reshape or transpose unchanged); a split a reshape cannot carry
+    is gathered. On row blocks (``sp``) a broadcast of replicated rows copies each block's own
+    rows. Slices, concatenations and pads follow their operands on the tensor axis and are
+    replicated on row blocks."""
+
+    _CARRIERS = ("reshape", "permute_dims", "broadcast_to")
+
+    def propagate(self, ctx, layer, ins):
+        kind = layer.kind
+        if kind not in self._CARRIERS:
+            if ctx.axis.name == "sp":
+                return ShardDecision(REPLICATE, "rep", gather_all=True)
+            return super().propagate(ctx, layer, ins)
+        full, acts, n = ctx.full, ctx.acts(layer), ctx.size
+        shape = full[layer.output]
+        rank = len(shape)
+        s = ins[0] if ins else REPLICATE
+        src = full[acts[0]] if acts else []
+        if s.partial and kind in ("reshape", "permute_dims"):
+            return ShardDecision(PARTIAL, "split", inherit_partial=True)
+        if s.split:
+            if kind == "reshape":
+                ax = reshape_axis(src, shape, s.axis, n)
+            elif kind == "permute_dims":
+                ax = list(layer.attrs["axes"]).index(s.axis)
+            else:
+                ax = s.axis + rank - len(src)  # broadcast_to: leading axes added
+            if ax is None:
+                return ShardDecision(REPLICATE, "rep", (GatherInput(0),), gather_all=ctx.axis.strict)
+            return ShardDecision(shard(ax), "split")
+        if ctx.axis.name == "sp" and kind == "broadcast_to" and acts and rank >= 2 \
+                and rank - 2 >= rank - len(src) and shape[rank - 2] >= n:
+            # a copy of replicated rows (attention probabilities for the context matmul): each
+            # block copies its own rows, not all of them on every chip
+            return ShardDecision(shard(rank - 2), "split")
+        return ShardDecision(REPLICATE, "rep", gather_all=ctx.axis.strict)
+
+    def accepts_partial(self, layer):
+        return layer.kind in ("reshape", "permute_dims")
+
+    def passes_reduction(self, program, layer):
+        return False
+
+
+Movement.sharding = MovementSharding()
 register(Movement())

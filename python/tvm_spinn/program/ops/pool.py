@@ -31,6 +31,7 @@ import numpy as np
 from ..checks import PAD4, POS2, check_bool, fail
 from ..model import Layer
 from .elementwise import binary
+from .sharding import REPLICATE, GatherInput, ShardDecision, ShardingRule, shard
 from .base import ComputedFlat, MappingError, OpFamily, ceil_div, itemsize, register, starts, working_budget
 
 __all__ = ["Pool", "PoolGrad", "smallest_pool_tile_bytes", "max_pool2d_backward"]
@@ -298,6 +299,21 @@ class Pool(OpFamily):
         return True
 
 
+class PoolSharding(ShardingRule):
+    """Pooling keeps a split of the channels (axis 1); any other split is gathered. Row blocks
+    (``sp``) would cut windows: replicated."""
+
+    def propagate(self, ctx, layer, ins):
+        if ctx.axis.name == "sp":
+            return ShardDecision(REPLICATE, "rep", gather_all=True)
+        if ins[0] == shard(1):
+            return ShardDecision(shard(1), "split")
+        if ins[0].split:
+            return ShardDecision(REPLICATE, "rep", (GatherInput(0),))
+        return ShardDecision(REPLICATE, "rep")
+
+
+Pool.sharding = PoolSharding()
 register(Pool())
 
 

@@ -20,6 +20,7 @@ from ..model import Layer
 from ..quant import QUANT_RANGES
 from . import native
 from .base import FlatFamily, register
+from .sharding import PointwiseRule
 
 __all__ = ["QuantizeDequantize"]
 
@@ -32,6 +33,9 @@ class QuantizeDequantize(FlatFamily):
     kinds = ("quantize", "dequantize")
     pointwise = True
     priority = 20
+
+    def quantizes(self, layer: Layer) -> bool:
+        return layer.kind == "quantize"
 
     # -- partition and codegen ---------------------------------------------------------------
     def patterns(self, kit) -> list[tuple]:
@@ -156,4 +160,5 @@ class QuantizeDequantize(FlatFamily):
         return True
 
 
+QuantizeDequantize.sharding = PointwiseRule()
 register(QuantizeDequantize())

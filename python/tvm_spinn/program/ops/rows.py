@@ -84,6 +84,7 @@ from ..quant import (QUANT_RANGES, count_leading_zeros32, exp_on_negative_values
                      requantize_tflite, rounding_divide_by_pot, srdhm, tflite_quantize_multiplier, wrap32)
 from . import native
 from .base import OpFamily, ceil_div, itemsize, register, starts, working_budget
+from .sharding import REPLICATE, GatherInput, RowAllReduce, ShardDecision, ShardingRule
 
 if TYPE_CHECKING:
     from ...target.arch import SpinnArch
@@ -756,4 +757,39 @@ def _integer(layer: Layer, rows: np.ndarray, dtype) -> np.ndarray:
     return mean_tflite(rows, a["x_zero"], a["multiplier"], a["shift"], a["y_zero"], dtype)
 
 
+class RowsSharding(ShardingRule):
+    """Row operators keep a split that is not on their reduced axes (leading axes keep their
+    index). On the tensor axis a softmax whose rows are split along the reduced axis (attention
+    over KV-cache slots spread over the chips) keeps its slice: the row maxima are all-reduced
+    (exact in any order), then the sums of ``exp(x - max)`` by the chain that continues one
+    accumulator from chip to chip in slot order, the one-chip kernel's sequential left-to-right
+    sum, the same bits. Any other split is gathered."""
+
+    def propagate(self, ctx, layer, ins):
+        full = ctx.full
+        x = ctx.acts(layer)[0]
+        src = full[x]
+        rows = int(np.prod(full[layer.output], dtype=np.int64))
+        width = int(np.prod(src, dtype=np.int64)) // max(1, rows) if layer.kind == "mean" else src[-1]
+        reduced, acc = len(src), 1
+        while reduced > 0 and acc < width:
+            reduced -= 1
+            acc *= src[reduced]
+        s = ins[0]
+        if s.split and s.axis < reduced:
+            return ShardDecision(s, "split")
+        if ctx.axis.name == "sp":
+            return ShardDecision(REPLICATE, "rep", gather_all=True)
+        if s.split and layer.kind == "softmax" and s.axis == len(src) - 1 and src[-1] >= ctx.size:
+            n_rows = rows // max(1, src[-1])
+            return ShardDecision(s, "split", (RowAllReduce(0, n_rows * 4, True), RowAllReduce(0, n_rows * 4, False)))
+        if s.split:
+            return ShardDecision(REPLICATE, "rep", (GatherInput(0),))
+        return ShardDecision(REPLICATE, "rep")
+
+    def shrinks_row_consts(self, layer):
+        return False  # per-feature constants (gamma, beta) are not on the rows
+
+
+Rows.sharding = RowsSharding()
 register(Rows())

@@ -1,0 +1,237 @@
+"""The sharding contract of operator families: placements over one axis of a chip mesh.
+
+A mesh of chips is given as data (:class:`MeshAxis` per parallel axis: tensor ``tp``, sequence
+``sp``, data ``dp``); over one axis every tensor has a :class:`Placement`:
+
+``R`` replicated (every chip holds all of it), ``S(axis)`` split into equal blocks along
+``axis``, ``P`` partial sums (every chip holds a full-size tensor that must be summed).
+
+Each family states, through its :class:`ShardingRule`, how a layer's output is placed given
+its activation inputs' placements on one mesh axis and which collectives that needs first
+(:class:`ShardDecision`: inputs to make replicated, per-row all-reduces). The mapper's generic
+propagator (:mod:`tvm_spinn.mapping.shard`) asks each layer's family and keeps the states, the
+local shapes and the collectives; it never looks at a layer's kind.
+
+A family without a rule (``OpFamily.sharding is None``) is handled by the propagator's
+fallback rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+__all__ = ["Placement", "REPLICATE", "PARTIAL", "shard", "MeshAxis", "ROW_ALWAYS", "GatherInput",
+           "RowAllReduce", "ShardDecision", "ShardContext", "ShardingRule", "PointwiseRule",
+           "part", "reshape_axis"]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a tensor lives over one mesh axis: ``kind`` ``"R"``, ``"S"`` (split along
+    ``axis``, a non-negative tensor axis) or ``"P"`` (partial sums)."""
+
+    kind: str
+    axis: int = -1
+
+    def __post_init__(self):
+        if self.kind not in ("R", "S", "P"):
+            raise ValueError(f"Placement: kind must be 'R', 'S' or 'P', got {self.kind!r}")
+
+    @property
+    def split(self) -> bool:
+        return self.kind == "S"
+
+    @property
+    def partial(self) -> bool:
+        return self.kind == "P"
+
+
+REPLICATE = Placement("R")
+PARTIAL = Placement("P")
+
+
+def shard(axis: int) -> Placement:
+    """``S(axis)``."""
+    return Placement("S", int(axis))
+
+
+#: ``MeshAxis.row``: every GEMM on an input split along its reduction axis runs row-parallel
+ROW_ALWAYS = "always"
+
+
+@dataclass(frozen=True)
+class MeshAxis:
+    """One parallel axis of a chip mesh.
+
+    ``name``: ``"tp"`` (tensor parallel: weights split, partial sums allowed), ``"sp"``
+    (sequence parallel: row blocks, no partial sums) or ``"dp"`` (data parallel: the batch).
+    ``size``: chips along the axis. ``row``: row-parallel GEMMs allowed (True, False or
+    :data:`ROW_ALWAYS`; tensor axis only). ``strict``: a replicated output gathers every
+    input, and a split shorter than the axis, or on a tensor axis an earlier mesh axis
+    splits, is refused (the sequence axis, which runs after the tensor axis).
+    """
+
+    name: str
+    size: int
+    row: bool | str = False
+    strict: bool = False
+
+
+@dataclass(frozen=True)
+class GatherInput:
+    """Make activation input ``pos`` replicated before the layer (all-gather a split,
+    all-reduce partial sums; nothing for a replicated input)."""
+
+    pos: int
+
+
+@dataclass(frozen=True)
+class RowAllReduce:
+    """An all-reduce of per-row statistics of activation input ``pos`` (``nbytes``; ``exact``:
+    any reduction order gives the same bits) before the layer."""
+
+    pos: int
+    nbytes: int
+    exact: bool
+
+
+@dataclass(frozen=True)
+class ShardDecision:
+    """A family's answer for one layer on one mesh axis.
+
+    ``output``: the output's placement; ``split``: what the layer does (``"col"``, ``"row"``:
+    GEMM column/row parallel, ``"split"``: the layer runs on blocks, ``"rep"``: whole);
+    ``before``: actions in issue order; ``gather_all``: every activation input is made
+    replicated after ``before``; ``partial_elem``: bytes per element of the partial sums a
+    ``P`` output holds (None: the output's element size; inherit: ``P`` carried from input 0);
+    ``partial_exact``: integer partial sums.
+    """
+
+    output: Placement = REPLICATE
+    split: str = "rep"
+    before: tuple = ()
+    gather_all: bool = False
+    partial_elem: int | None = None
+    partial_exact: bool = False
+    inherit_partial: bool = False
+
+
+@dataclass(frozen=True)
+class ShardContext:
+    """What a rule may read: the program, every tensor's full shape, the mesh axis, and
+    ``row_pays(layer, tid)`` (whether a row-parallel GEMM on ``tid`` beats gathering it)."""
+
+    program: Any
+    full: list = field(repr=False)
+    axis: MeshAxis
+    row_pays: Callable[[Any, int], bool] = field(repr=False)
+
+    @property
+    def size(self) -> int:
+        return self.axis.size
+
+    def acts(self, layer) -> list[int]:
+        """The layer's activation (non-constant) inputs, in order."""
+        t = self.program.tensors
+        return [tid for tid in layer.inputs if t[tid].role != "const"]
+
+
+def part(n: int, parts: int) -> int:
+    """Extent one chip holds of an axis of ``n`` split ``parts`` ways: the largest block (uneven
+    splits give the last chips one fewer; the timing follows the largest, the slowest chip)."""
+    return -(-int(n) // parts)
+
+
+def reshape_axis(src: list[int], dst: list[int], axis: int, parts: int) -> int | None:
+    """The axis of ``dst`` carrying a split of ``src``'s ``axis`` into ``parts`` blocks, or None.
+
+    The blocks are contiguous in the flat layout: the split survives when some axis of ``dst``
+    starts at the same flat stride position and its extent is a multiple of ``parts``, or is the
+    same axis (same extent, same elements after it: an uneven split carries over unchanged).
+    """
+    before = int(np.prod(src[:axis], dtype=np.int64))
+    acc = 1
+    for j, d in enumerate(dst):
+        if acc == before:
+            if (d % parts == 0 and d >= parts) or d == src[axis] and int(np.prod(dst[j + 1:], dtype=np.int64)) \
+                    == int(np.prod(src[axis + 1:], dtype=np.int64)):
+                return j
+            if d == 1:
+                continue
+            return None
+        acc *= d
+        if acc > before:
+            return None
+    return None
+
+
+class ShardingRule:
+    """How a family's layers are placed over a mesh axis (see the module docstring).
+
+    :meth:`propagate` is the rule; the other hooks are what the propagator and the mapper need
+    beside it. Defaults: no partial sums accepted, constants shrunk along the output's split,
+    no KV-cache operand, attributes unchanged.
+    """
+
+    def propagate(self, ctx: ShardContext, layer, ins: list[Placement]) -> ShardDecision:
+        """The decision for ``layer`` whose activation inputs are placed ``ins`` on
+        ``ctx.axis``."""
+        raise NotImplementedError
+
+    def accepts_partial(self, layer) -> bool:
+        """Whether partial-sum inputs are carried through (a relabelling of the elements)
+        rather than all-reduced first."""
+        return False
+
+    def passes_reduction(self, program, layer) -> bool:
+        """Whether a reduction-split input may pass through this layer, unchanged in shape,
+        on its way to a weight GEMM's reduction axis (point-wise layers)."""
+        return False
+
+    def reduction_reader(self, program, layer, tid: int) -> bool:
+        """Whether ``layer`` reads ``tid`` only on the reduction axis of a constant weight."""
+        return False
+
+    def cache_operand(self, layer, pos: int) -> bool:
+        """Whether input ``pos`` of ``layer`` may be state kept split between calls (the
+        second operand of attention's matmuls: a KV cache)."""
+        return False
+
+    def shrinks_row_consts(self, layer) -> bool:
+        """Whether constants along a row split (``sp``) shrink with the output (a position
+        embedding added to row blocks); not for weights or per-feature constants."""
+        return True
+
+    def const_shape(self, layer, tid: int, split: str, parts: int, full: list) -> list[int] | None:
+        """The shape one chip holds of constant ``tid`` of a tensor-split layer, or None for the
+        generic rule (constants along the output's split shrink)."""
+        return None
+
+    def local_attrs(self, layer, split: str, parts: int) -> dict | None:
+        """The layer's attributes on one chip of a ``split`` layer, or None (unchanged)."""
+        return None
+
+
+class PointwiseRule(ShardingRule):
+    """Element-wise layers: the output follows the operands' common split (an ``R`` operand, or
+    one broadcast along the split axis, is sliced for free); otherwise everything is gathered."""
+
+    def propagate(self, ctx, layer, ins):
+        full = ctx.full
+        acts = ctx.acts(layer)
+        out = layer.output
+        rank = len(full[out])
+        axes = {(s.axis - len(full[tid])) for tid, s in zip(acts, ins) if s.split}
+        ax = axes.pop() if len(axes) == 1 else None
+        ok = ax is not None and rank >= -ax and all(
+            s.split or len(full[tid]) < -ax or full[tid][ax] in (1, full[out][ax])
+            for tid, s in zip(acts, ins))
+        if ok:
+            return ShardDecision(shard(rank + ax), "split")
+        return ShardDecision(REPLICATE, "rep", gather_all=True)
+
+    def passes_reduction(self, program, layer):
+        return True

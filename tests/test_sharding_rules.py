@@ -1,0 +1,265 @@
+"""Each operator family's sharding rule as a table, checked against the unsplit layer.
+
+A row is ``(layer, input placements, mesh axis) -> (output placement, what runs before)``. The
+rule (:class:`~tvm_spinn.program.ops.sharding.ShardingRule` of the layer's family) must give
+that decision; then the layer is run per chip with the functional simulator: each activation
+input sliced as its placement after the decision's gathers says (``R``: whole, ``S(a)``: the
+chip's block along ``a``, ``P``: the whole tensor on chip 0 and zeros elsewhere), each constant
+cut as the propagator cuts it, and the chips' outputs combined as the output placement says
+(``R``: every chip holds the unsplit result, ``S(a)``: the blocks concatenated, ``P``: summed,
+the all-reduce). The values are small integers, so every path is exact: the combined result
+must equal the unsplit layer's bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tvm_spinn.mapping import shard as S
+from tvm_spinn.program import Layer, Program, TensorDesc
+from tvm_spinn.program.ops import family_of
+from tvm_spinn.program.ops.sharding import (PARTIAL, REPLICATE, ROW_ALWAYS, GatherInput, MeshAxis, RowAllReduce,
+                                            ShardContext, part, shard)
+from tvm_spinn.runtime.simulator import run_program
+
+N = 2  # chips along the axis
+
+
+def _program(kind, ins, out_shape, consts=(), attrs=None, dtype="float32", out_dtype=None, mode="fp32"):
+    """One layer of ``kind``: ``ins`` = [(shape, dtype)] activations, ``consts`` = [(name, shape, dtype)]."""
+    tensors = [TensorDesc(f"x{i}", list(s), d, "input") for i, (s, d) in enumerate(ins)]
+    cmap = {}
+    for name, shape, d in consts:
+        tensors.append(TensorDesc(name, list(shape), d, "const"))
+        cmap[name] = len(tensors) - 1
+    tensors.append(TensorDesc("y", list(out_shape), out_dtype or dtype, "output"))
+    out = len(tensors) - 1
+    layer = Layer(name="l", kind=kind, inputs=list(range(len(ins))), output=out, consts=cmap, attrs=attrs or {},
+                  mode=mode)
+    program = Program("main", {}, tensors, list(range(len(ins))), [out], [layer])
+    rng = np.random.default_rng(0)
+    program.constants = {tid: _values(rng, tensors[tid].shape, tensors[tid].dtype) for tid in cmap.values()}
+    if kind == "layer_norm":
+        program.constants[cmap["gamma"]] = np.ones(tensors[cmap["gamma"]].shape, np.float32)
+    if kind == "quantize":  # a valid scale and zero point
+        program.constants[cmap["scale"]] = np.full(tensors[cmap["scale"]].shape, 0.5, np.float32)
+        program.constants[cmap["zero"]] = np.zeros(tensors[cmap["zero"]].shape, np.int32)
+    return program
+
+
+def _values(rng, shape, dtype):
+    if dtype == "int32" and shape and len(shape) == 1:
+        return rng.integers(0, 3, shape).astype(dtype)
+    if dtype.startswith("int"):
+        return rng.integers(-3, 4, shape).astype(dtype)
+    return rng.integers(-3, 4, shape).astype(np.float32)
+
+
+def _decide(program, ins, axis):
+    layer = program.layers[0]
+    full = [list(t.shape) for t in program.tensors]
+    ctx = ShardContext(program, full, axis, lambda layer, x: True)
+    return S.rule_of(layer).propagate(ctx, layer, list(ins))
+
+
+def _block(x, axis, c):
+    n = x.shape[axis]
+    size = part(n, N)
+    idx = [slice(None)] * x.ndim
+    idx[axis] = slice(c * size, min(n, (c + 1) * size))
+    return x[tuple(idx)]
+
+
+def _run_sharded(program, inputs, ins, decision, axis, r_axes):
+    """Per chip: the layer on its slices; returns the chips' outputs."""
+    layer = program.layers[0]
+    placed = list(ins)
+    for action in decision.before:
+        if isinstance(action, GatherInput):
+            placed[action.pos] = REPLICATE
+    if decision.gather_all:
+        placed = [REPLICATE] * len(placed)
+    full = [list(t.shape) for t in program.tensors]
+    local = [list(s) for s in full]
+    rule = S.rule_of(layer)
+    if decision.split in ("col", "row", "split"):
+        if axis.name == "sp":
+            if decision.output.split and rule.shrinks_row_consts(layer):
+                S._seq_consts(program, layer, decision.output.axis, N, full, local)
+        else:
+            S._shard_consts(program, layer, rule, decision.split, N, full, local, decision.output)
+    outs = []
+    for c in range(N):
+        args = []
+        for pos, (x, p) in enumerate(zip(inputs, placed)):
+            if p.split:
+                x = _block(x, p.axis, c)
+            elif p == REPLICATE and decision.output.split:
+                # an R operand is sliced for free: along the axis matching the output's split
+                # (from the end, or as the case names it)
+                a = r_axes.get(pos) if pos in r_axes else x.ndim + decision.output.axis - len(full[layer.output])
+                if a is not None and 0 <= a < x.ndim and x.shape[a] == full[layer.output][decision.output.axis]:
+                    x = _block(x, a, c)
+            elif p.partial:
+                x = x if c == 0 else np.zeros_like(x)
+            args.append(np.ascontiguousarray(x))
+        chip = Program("main", {}, [TensorDesc(t.name, list(t.shape), t.dtype, t.role) for t in program.tensors],
+                       list(program.inputs), list(program.outputs), [Layer(**vars(layer))])
+        attrs = rule.local_attrs(layer, decision.split, N)
+        if attrs is not None:
+            chip.layers[0].attrs = attrs
+        chip.constants = {}
+        for tid, value in program.constants.items():
+            for a, (n_full, n_local) in enumerate(zip(full[tid], local[tid])):
+                if n_local != n_full:
+                    value = _block(value, a, c)
+            chip.constants[tid] = np.ascontiguousarray(value)
+            chip.tensors[tid].shape = list(value.shape)
+        for tid, x in zip(program.inputs, args):
+            chip.tensors[tid].shape = list(x.shape)
+        out_shape = list(full[layer.output])
+        if decision.output.split:
+            out_shape = list(_block(np.empty(out_shape), decision.output.axis, c).shape)
+        chip.tensors[layer.output].shape = out_shape
+        (y,) = run_program(chip, args, mode="layers")
+        outs.append(np.asarray(y))
+    return outs
+
+
+def _combine(outs, placement):
+    if placement.split:
+        return np.concatenate(outs, axis=placement.axis)
+    if placement.partial:
+        return sum(o.astype(np.float64) for o in outs[1:]).astype(outs[0].dtype) + outs[0] if len(outs) > 1 else outs[0]
+    for o in outs[1:]:
+        assert o.tobytes() == outs[0].tobytes()
+    return outs[0]
+
+
+TP = MeshAxis("tp", N, row=True)
+TP_ALWAYS = MeshAxis("tp", N, row=ROW_ALWAYS)
+SP = MeshAxis("sp", N, strict=True)
+R = REPLICATE
+
+# (id, program factory, input placements, axis, expected output, expected split, expected `before`, gather_all)
+CASES = [
+    ("dense col", lambda: _program("dense", [((4, 6), "float32")], (4, 8), [("weight", (6, 8), "float32"),
+                                                                           ("bias", (8,), "float32")],
+                                   {"relu": False}), [R], TP, shard(1), "col", (GatherInput(0),), False),
+    ("dense row", lambda: _program("dense", [((4, 6), "float32")], (4, 8), [("weight", (6, 8), "float32")],
+                                   {"relu": False}), [shard(1)], TP_ALWAYS, PARTIAL, "row", (), False),
+    ("dense no row", lambda: _program("dense", [((4, 6), "float32")], (4, 8), [("weight", (6, 8), "float32")],
+                                      {"relu": False}), [shard(1)], MeshAxis("tp", N, row=False), shard(1), "col",
+     (GatherInput(0),), False),
+    ("dense sp rows", lambda: _program("dense", [((4, 6), "float32")], (4, 8), [("weight", (6, 8), "float32")],
+                                       {"relu": False}), [R], SP, shard(0), "split", (), False),
+    ("matmul heads", lambda: _program("matmul", [((2, 4, 6), "float32"), ((2, 6, 5), "float32")], (2, 4, 5)),
+     [shard(0), R], TP, shard(0), "split", (), False),
+    ("matmul columns", lambda: _program("matmul", [((2, 4, 6), "float32"), ((2, 6, 5), "float32")], (2, 4, 5)),
+     [R, shard(2)], TP, shard(2), "split", (), False),
+    ("matmul row-parallel", lambda: _program("matmul", [((4, 6), "float32"), ((6, 5), "float32")], (4, 5)),
+     [shard(1), shard(0)], TP_ALWAYS, PARTIAL, "row", (), False),
+    ("matmul sp keys", lambda: _program("matmul", [((2, 4, 6), "float32"), ((2, 6, 4), "float32")], (2, 4, 4)),
+     [shard(1), shard(2)], SP, shard(1), "split", (GatherInput(1),), False),
+    ("conv2d output channels", lambda: _program("conv2d", [((1, 3, 6, 6), "float32")], (1, 4, 4, 4),
+                                                [("weight", (4, 3, 3, 3), "float32"), ("bias", (4,), "float32")],
+                                                {"strides": [1, 1], "padding": [0, 0, 0, 0], "dilation": [1, 1], "groups": 1}), [R], TP, shard(1), "col", (GatherInput(0),), False),
+    ("conv2d groups", lambda: _program("conv2d", [((1, 4, 6, 6), "float32")], (1, 4, 4, 4),
+                                       [("weight", (4, 1, 3, 3), "float32")], {"strides": [1, 1], "padding": [0, 0, 0, 0], "dilation": [1, 1], "groups": 4}), [R], TP, shard(1), "split", (),
+     False),
+    ("conv2d sp replicated", lambda: _program("conv2d", [((1, 4, 6, 6), "float32")], (1, 4, 4, 4),
+                                              [("weight", (4, 1, 3, 3), "float32")], {"strides": [1, 1], "padding": [0, 0, 0, 0], "dilation": [1, 1], "groups": 4}), [shard(2)], SP, R, "rep",
+     (), True),
+    ("quantize follows", lambda: _program("quantize", [((4, 6), "float32")], (4, 6),
+                                          [("scale", (1,), "float32"), ("zero", (1,), "int32")], {"axis": 1},
+                                          out_dtype="int8"), [shard(0)], TP, shard(0), "split", (), False),
+    ("where_less follows", lambda: _program("where_less", [((4, 6), "float32")] * 4, (4, 6)),
+     [shard(1), shard(1), R, shard(1)], TP, shard(1), "split", (), False),
+    ("layer_norm keeps rows", lambda: _program("layer_norm", [((4, 8), "float32")], (4, 8),
+                                              [("gamma", (8,), "float32"), ("beta", (8,), "float32")],
+                                              {"epsilon": 1e-5}), [shard(0)], TP, shard(0), "split", (), False),
+    ("layer_norm gathers features", lambda: _program("layer_norm", [((4, 8), "float32")], (4, 8),
+                                                    [("gamma", (8,), "float32"), ("beta", (8,), "float32")],
+                                                    {"epsilon": 1e-5}), [shard(1)], TP, R, "rep",
+     (GatherInput(0),), False),
+    ("softmax rows", lambda: _program("softmax", [((4, 8), "float32")], (4, 8)), [shard(0)], SP, shard(0),
+     "split", (), False),
+    ("max_pool channels", lambda: _program("max_pool2d", [((1, 4, 4, 4), "float32")], (1, 4, 2, 2), (),
+                                           {"pool_size": [2, 2], "strides": [2, 2], "padding": [0, 0, 0, 0],
+                                            "dilation": [1, 1]}), [shard(1)], TP, shard(1), "split", (), False),
+    ("max_pool rows gathered", lambda: _program("max_pool2d", [((1, 4, 4, 4), "float32")], (1, 4, 2, 2), (),
+                                                {"pool_size": [2, 2], "strides": [2, 2], "padding": [0, 0, 0, 0],
+                                                 "dilation": [1, 1]}), [shard(2)], TP, R, "rep",
+     (GatherInput(0),), False),
+    ("add follows", lambda: _program("add", [((4, 6), "float32"), ((6,), "float32")], (4, 6)),
+     [shard(0), R], TP, shard(0), "split", (), False),
+    ("add disagreeing splits", lambda: _program("add", [((4, 6), "float32"), ((4, 6), "float32")], (4, 6)),
+     [shard(0), shard(1)], TP, R, "rep", (), True),
+    ("relu sp", lambda: _program("relu", [((4, 6), "float32")], (4, 6)), [shard(0)], SP, shard(0), "split", (),
+     False),
+    ("reshape carries", lambda: _program("reshape", [((4, 6), "float32")], (2, 2, 6)), [shard(0)], TP, shard(0),
+     "split", (), False),
+    ("permute carries", lambda: _program("permute_dims", [((4, 6), "float32")], (6, 4), (), {"axes": [1, 0]}),
+     [shard(0)], TP, shard(1), "split", (), False),
+    ("reshape of partial sums", lambda: _program("reshape", [((4, 6), "float32")], (24,)), [PARTIAL], TP, PARTIAL,
+     "split", (), False),
+    ("take rows sp", lambda: _program("take", [((4,), "int32")], (4, 6), [("table", (5, 6), "float32")],
+                                      {"axis": 0, "mode": "clip"}), [R], SP, shard(0), "split", (), False),
+    ("take index rows sp", lambda: _program("take", [((4, 2), "int32")], (4, 2, 6), [("table", (5, 6), "float32")],
+                                            {"axis": 0, "mode": "clip"}), [R], SP, shard(0), "split", (), False),
+    ("take follows indices", lambda: _program("take", [((4, 2), "int32")], (4, 2, 6),
+                                              [("table", (5, 6), "float32")], {"axis": 0, "mode": "clip"}),
+     [shard(0)], TP, shard(0), "split", (), False),
+    ("take table columns", lambda: _program("take", [((5, 6), "float32"), ((4,), "int32")], (4, 6), (),
+                                            {"axis": 0, "mode": "clip"}), [shard(1), R], TP, shard(1), "split", (),
+     False),
+    ("take table rows gathered", lambda: _program("take", [((6, 3), "float32"), ((4,), "int32")], (4, 3), (),
+                                                  {"axis": 0, "mode": "clip"}), [shard(0), R], TP, R, "rep",
+     (GatherInput(0),), False),
+]
+
+#: the axis of a replicated operand a chip slices for its output block, where it is not the
+#: output's split axis counted from the end (a gather's indices lead its output)
+R_AXES = {"take rows sp": {0: 0}, "take index rows sp": {0: 0}}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_rule_table_and_shards_match_the_unsplit_layer(case):
+    _, make, ins, axis, want_out, want_split, want_before, want_all = case
+    program = make()
+    d = _decide(program, ins, axis)
+    assert (d.output, d.split, tuple(d.before), d.gather_all) == (want_out, want_split, want_before, want_all), d
+    rng = np.random.default_rng(1)
+    inputs = []
+    for tid in program.inputs:
+        t = program.tensors[tid]
+        if t.dtype == "int32":  # a gather's indices
+            inputs.append(rng.integers(0, 5, t.shape).astype(np.int32))
+        else:
+            inputs.append(_values(rng, t.shape, t.dtype))
+    (whole,) = run_program(program, inputs, mode="layers")
+    whole = np.asarray(whole)
+    got = _combine(_run_sharded(program, inputs, ins, d, axis, R_AXES.get(case[0], {})), d.output)
+    assert got.shape == whole.shape
+    assert got.tobytes() == whole.tobytes()
+
+
+def test_softmax_split_along_its_rows_all_reduces_the_row_statistics():
+    program = _program("softmax", [((4, 8), "float32")], (4, 8))
+    d = _decide(program, [shard(1)], TP)
+    # the row maxima (exact in any order), then the chained sums of exp(x - max)
+    assert d.output == shard(1) and d.before == (RowAllReduce(0, 4 * 4, True), RowAllReduce(0, 4 * 4, False))
+
+
+def test_a_family_without_a_rule_is_replicated_and_named():
+    program = _program("max_pool2d_backward", [((1, 2, 2, 2), "float32"), ((1, 2, 4, 4), "float32")],
+                       (1, 2, 4, 4), (), {"pool_size": [2, 2], "strides": [2, 2], "padding": [0, 0, 0, 0]})
+    assert family_of("max_pool2d_backward").sharding is None
+    d = _decide(program, [shard(1), shard(1)], TP)
+    assert (d.output, d.gather_all) == (R, True)
+    plan = S.plan_shards(program, 2)
+    assert plan.splits == ("rep",)
+    assert plan.replicated == (("l", "operator family PoolGrad states no sharding rule"),)
+    assert plan.summary()["replicated"] == [["l", "operator family PoolGrad states no sharding rule"]]
+    assert S.plan_shards(program, 1).replicated == ()
