@@ -1,0 +1,95 @@
+"""GEMMs of descriptor programs (weights passed as inputs): weight matmuls made dense layers,
+biases fused."""
+
+from __future__ import annotations
+
+from ...model import Layer
+from ..elementwise import relu
+
+
+# -- descriptor programs (weights passed as inputs) -------------------------------------------------
+def weight_matmuls_to_dense(program, weight_inputs: set, dtype: str, new_tensor, set_const) -> list:
+    """The layers of ``program`` with every ``matmul`` of a 2-D activation by a weight input
+    ``(K, N)``, or by the ``permute_dims`` of a weight ``(N, K)`` (``nn.Linear``), made a
+    ``dense`` layer with that weight as its ``(K, N)`` constant (``int8``: a ``quantize`` of the
+    activation, an int8 weight and per-channel scales): what the compiler makes of a GEMM with
+    a bound weight. ``new_tensor(name, shape, dtype, role)`` adds a tensor; ``set_const(tid,
+    shape, dtype)`` records a constant's value."""
+    tensors = program.tensors
+    users: dict[int, list[int]] = {}
+    for i, layer in enumerate(program.layers):
+        for t in layer.inputs:
+            users.setdefault(t, []).append(i)
+    transposed = {}  # output of permute_dims(weight (N, K)) -> the weight
+    for layer in program.layers:
+        if (layer.kind == "permute_dims" and len(layer.inputs) == 1 and layer.inputs[0] in weight_inputs
+                and len(tensors[layer.inputs[0]].shape) == 2
+                and all(program.layers[u].kind == "matmul" and program.layers[u].inputs[1:] == [layer.output]
+                        for u in users.get(layer.output, []))):
+            transposed[layer.output] = layer.inputs[0]
+
+    layers = []
+    for layer in program.layers:
+        if layer.kind == "permute_dims" and layer.output in transposed:
+            continue
+        b = layer.inputs[1] if layer.kind == "matmul" and len(layer.inputs) == 2 else None
+        x = layer.inputs[0]
+        if b is not None and (b in transposed or (b in weight_inputs and len(tensors[b].shape) == 2)) \
+                and len(tensors[x].shape) == 2:
+            k, n = tensors[x].shape[1], tensors[layer.output].shape[-1]
+            w_dtype = "int8" if dtype == "int8" else "float32"
+            # the weight tensor itself becomes the dense layer's (K, N) constant: no orphan left
+            weight = transposed.get(b, b)
+            tensors[weight].shape, tensors[weight].dtype = [int(k), int(n)], w_dtype
+            set_const(weight, (k, n), w_dtype)
+            if dtype == "int8":
+                xq = new_tensor(f"{layer.name}.xq", tensors[x].shape, "int8", "temp")
+                layers.append(Layer(name=f"{layer.name}.quantize", kind="quantize", inputs=[x], output=xq,
+                                    consts={"scale": new_tensor(f"{layer.name}.xs", (1,), "float32", "const"),
+                                            "zero": new_tensor(f"{layer.name}.xz", (1,), "int32", "const")},
+                                    attrs={"axis": 1}))
+                layers.append(Layer(name=layer.name, kind="dense", inputs=[xq], output=layer.output,
+                                    consts={"weight": weight,
+                                            "scale": new_tensor(f"{layer.name}.ws", (n,), "float32", "const")},
+                                    attrs={"x_zero": 0, "x_flip": False, "relu": False, "out": "float32"},
+                                    mode="int8"))
+            else:
+                layers.append(Layer(name=layer.name, kind="dense", inputs=[x], output=layer.output,
+                                    consts={"weight": weight}, attrs={"relu": False}))
+            continue
+        layers.append(layer)
+    return layers
+
+
+def fuse_bias(program, layers: list) -> list:
+    """``dense`` then ``add`` of a constant vector (directly or after a reshape) -> ``dense`` with ``bias``,
+    the form the compiler gives a GEMM with a bound bias."""
+    tensors = program.tensors
+    users: dict[int, list[int]] = {}
+    for i, layer in enumerate(layers):
+        for t in layer.inputs:
+            users.setdefault(t, []).append(i)
+    drop = set()
+    for layer in layers:
+        if layer.kind != "dense" or "bias" in layer.consts or layer.output in program.outputs:
+            continue
+        n = tensors[layer.output].shape[-1]
+        chain, out = [], layer.output
+        while len(users.get(out, [])) == 1 and layers[users[out][0]].kind == "reshape" and out not in program.outputs:
+            chain.append(users[out][0])
+            out = layers[users[out][0]].output
+        nxt = users.get(out, [])
+        if len(nxt) != 1 or layers[nxt[0]].kind != "add" or out in program.outputs:
+            continue
+        add = layers[nxt[0]]
+        others = [t for t in add.inputs if t != out]
+        if len(others) != 1 or tensors[others[0]].role != "const" or tensors[others[0]].shape != [n] \
+                or tensors[add.output].shape != tensors[out].shape:
+            continue
+        layer.consts["bias"] = others[0]
+        if chain:
+            layers[chain[-1]].output = add.output
+        else:
+            layer.output = add.output
+        drop.add(nxt[0])
+    return [layer for i, layer in enumerate(layers) if i not in drop]

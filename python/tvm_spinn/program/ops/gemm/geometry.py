@@ -1,0 +1,336 @@
+"""GEMM tile geometry and cost: the GEMM view of a layer, reduction chunks, MAC-array passes,
+cycles of a tile and the tile chooser (see :mod:`tvm_spinn.program.ops.gemm`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+import numpy as np
+
+from ...checks import PAD4, POS2, POSINT, ZERO, check_bool, check_str
+from ...model import Layer
+from ...noc import noc_port_cycles
+from ..base import ACC_BYTES, MappingError, ceil_div, gemm_tile_bytes, itemsize, working_budget
+from ..elementwise import relu
+from ..sharding import part
+
+if TYPE_CHECKING:
+    from ....target.arch import SpinnArch
+
+
+GEMM_KINDS = ("conv2d", "dense", "matmul")
+_F32 = np.float32
+_QRANGE = {"int8": (-128, 127), "uint8": (0, 255)}
+_REQUANT = {"y_zero": ZERO, "y_min": ZERO, "y_max": ZERO}
+_CONV = {"strides": POS2, "padding": PAD4, "dilation": POS2, "groups": POSINT}
+_INT8 = {"x_zero": ZERO, "x_flip": check_bool, "relu": check_bool,
+         "out": lambda v, f: check_str(v, f, ("float32", "int8", "uint8"))}
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    batch: int
+    m: int
+    n: int
+    k: int
+
+
+def gemm_shape(program, layer: Layer) -> GemmShape:
+    """GEMM view of a conv2d / dense / matmul layer of ``program`` (see the module docstring)."""
+    t = program.tensors
+    out = t[layer.output].shape
+    if layer.kind == "conv2d":
+        w = t[layer.consts["weight"]].shape
+        groups = layer.attrs["groups"]
+        return GemmShape(batch=out[0] * groups, m=w[0] // groups, n=out[2] * out[3], k=w[1] * w[2] * w[3])
+    if layer.kind == "dense":
+        w = t[layer.consts["weight"]].shape
+        return GemmShape(batch=1, m=int(np.prod(out[:-1], dtype=np.int64)), n=w[1], k=w[0])
+    a, b = t[layer.inputs[0]].shape, t[layer.inputs[1]].shape
+    batch = int(np.prod(out[:-2], dtype=np.int64)) if len(out) > 2 else 1
+    return GemmShape(batch=batch, m=a[-2], n=b[-1], k=a[-1])
+
+
+def safe_k_chunk(arch, operand_bits: int = 8) -> int:
+    """Longest reduction a MAC-array accumulator can take without overflowing.
+
+    Each product of two signed ``operand_bits`` values is at most ``2**(2*(bits-1))`` in
+    magnitude (-128 * -128 for int8), so ``k`` products fit a signed ``acc_bits`` accumulator when
+    ``k * 2**(2*(bits-1)) <= 2**(acc_bits-1) - 1``: 511 for int8 into the production chip's 24
+    bits, 16383 into the test chip's 29. Longer reductions are split into chunks whose partial
+    sums the M4F adds in 32-bit.
+
+    ``arch`` is a :class:`tvm_spinn.target.arch.SpinnArch` (only ``acc_bits`` is read).
+    """
+    return max(1, (2 ** (arch.acc_bits - 1) - 1) // 2 ** (2 * (operand_bits - 1)))
+
+
+def splits_of(k: int, tk: int) -> int:
+    """Reduction chunks of a GEMM tile with reduction ``k`` and tile depth ``tk``."""
+    return -(-k // min(int(tk), k)) if k else 1
+
+
+def chunk_length(k: int, tk: int) -> int:
+    """Products per chunk, ``ceil(k / splits)``: what one accumulator takes (same for every
+    chunk but possibly the last)."""
+    return -(-k // splits_of(k, tk)) if k else 1
+
+
+# -- costs ----------------------------------------------------------------------------------------
+def _weight_is_a(kind: str) -> bool:
+    """conv2d keeps weights in the A operand (rows = output channels); dense in B."""
+    return kind == "conv2d"
+
+
+def _operand_elems(kind: str, mode: str, elem_bytes) -> tuple[int, int, int, int]:
+    """``(a, b, activation, output)`` element bytes; ``elem_bytes`` is ``(activation, weight,
+    output)`` (matmul: lhs, rhs, output) or None for the mode's default (fp32: 4, 4, 4; int8:
+    1, 1, 4)."""
+    if elem_bytes is None:
+        elem_bytes = (1, 1, ACC_BYTES) if mode == "int8" else (4, 4, 4)
+    x, w, out = (int(v) for v in elem_bytes)
+    a, b = (w, x) if _weight_is_a(kind) else (x, w)
+    return a, b, x, out
+
+
+@dataclass(frozen=True)
+class Int8Side:
+    """The M4F's share of an int8 GEMM tile (it overlaps the MAC array's passes).
+
+    ``fp32_out``: dequantizing epilogue (``fl(acc) * scale [+ bias]``) on the M4F;
+    ``row_sums`` / ``col_sums``: ``sum_k`` of the A rows / B columns is needed at run time (that
+    operand is an activation and the other operand has a nonzero zero point).
+    """
+
+    fp32_out: bool = False
+    row_sums: bool = False
+    col_sums: bool = False
+
+
+def int8_side(program, layer: Layer) -> Int8Side:
+    """What the M4F does for an int8 GEMM layer besides adding k-chunk partial sums."""
+    fp32_out = program.tensors[layer.output].dtype == "float32"
+    a = layer.attrs
+    w_zero = "w_zero" in layer.consts
+    if layer.kind == "conv2d":  # A = weight, B = im2col(x): x sums needed when zw != 0
+        return Int8Side(fp32_out, False, w_zero)
+    if layer.kind == "dense":  # A = x, B = weight
+        return Int8Side(fp32_out, w_zero, False)
+    return Int8Side(fp32_out, a.get("b_zero", 0) != 0, a.get("x_zero", 0) != 0)
+
+
+def mac_passes(vm, vn, arch: "SpinnArch"):
+    """Output blocks the MAC array computes for a ``vm x vn`` tile: the array's ``mac_rows x
+    mac_cols`` (16 x 4) outputs hold either operand on either side, so the tile is cut the way
+    that pads least (a batch-1 GEMV puts its one row on the 4-wide side: 1 of 4 array lanes
+    used, where the 16-wide side would use 1 of 16). Timing only: the bits of an int8 GEMM do
+    not depend on the order its sums are formed in. ``vm``, ``vn`` may be int64 arrays."""
+    r, c = arch.mac_rows, arch.mac_cols
+    return np.minimum(ceil_div(vm, r) * ceil_div(vn, c), ceil_div(vm, c) * ceil_div(vn, r))
+
+
+def gemm_tile_cycles(vm: int, vn: int, k: int, k_splits: int, arch: "SpinnArch", mode: str = "fp32",
+                     side: Int8Side | None = None) -> float:
+    """Compute cycles of a ``vm x vn`` GEMM tile with reduction ``k`` in ``k_splits`` chunks
+    (see the module docstring); a float, callers round up. ``vm`` and ``vn`` may be int64
+    arrays (one entry per tile): the result is then a float64 array."""
+    if mode != "int8":
+        return vm * vn * k / arch.m4f_flops_per_cycle
+    side = side or Int8Side()
+    passes = mac_passes(vm, vn, arch)
+    array = passes * (k + k_splits * arch.mac_readout_cycles)
+    sums = side.row_sums or side.col_sums
+    per_out = (k_splits - 1) + int(side.fp32_out) + int(sums)
+    m4f = per_out * vm * vn * arch.m4f_elementwise_cycles + k * (vm * side.row_sums + vn * side.col_sums)
+    longer = np.maximum(array, m4f)
+    return longer.astype(np.float64) if isinstance(longer, np.ndarray) else float(longer)
+
+
+def k_part_bounds(k: int, tk: int, parts: int) -> np.ndarray:
+    """``[parts + 1]`` k bounds of a tile's reduction cut into ``parts`` contiguous runs of its
+    :func:`splits_of` chunks (part ``j`` takes chunks ``j * S // parts`` up to ``(j + 1) * S //
+    parts``): chunk boundaries, so every part streams the very chunks the whole tile would."""
+    ks, c = splits_of(k, tk), chunk_length(k, tk)
+    return np.minimum(np.arange(parts + 1, dtype=np.int64) * ks // parts * c, k)
+
+
+def k_part_tail_cycles(vm, vn, parts: int, arch: "SpinnArch", side: Int8Side | None) -> float:
+    """Cycles the reducing part of a split int8 tile spends after its own chunks: per other part
+    a NoC DMA of its ``vm*vn`` int32 partial sums (``dma_setup_cycles`` + bytes /
+    ``dma_bw_bytes_per_cycle``) and ``vm*vn`` 32-bit adds on the M4F (plus the zero-point sums'
+    ``vm`` / ``vn`` adds), then the dequantizing epilogue (``fp32_out``). Serial: the partials
+    are ready only when the other parts finish (taken to finish with it)."""
+    side = side or Int8Side()
+    others = parts - 1
+    dma = others * (arch.dma_setup_cycles + ACC_BYTES * vm * vn / arch.dma_bw_bytes_per_cycle)
+    adds = (others * (vm * vn + vm * side.row_sums + vn * side.col_sums) + int(side.fp32_out) * vm * vn)
+    return dma + adds * arch.m4f_elementwise_cycles
+
+
+def _part_side(side: Int8Side | None) -> Int8Side:
+    """What one part of a split int8 reduction computes besides its MAC-array sums: its zero-point
+    sums, not the dequantizing epilogue (the reducing part runs that, :func:`k_part_tail_cycles`)."""
+    side = side or Int8Side()
+    return Int8Side(row_sums=side.row_sums, col_sums=side.col_sums)
+
+
+def _round_up(a: int, b: int) -> int:
+    return ceil_div(a, b) * b
+
+
+def choose_gemm_tile(g: GemmShape, arch: "SpinnArch", name: str = "gemm", pes: int | None = None,
+                     kind: str = "dense", naive: bool = False,
+                     input_bytes=None, mode: str = "fp32", elem_bytes=None,
+                     int8: Int8Side | None = None, split_k: bool = False,
+                     resident: bool = False) -> tuple[int, ...]:
+    """Pick ``(tm, tn, tk)`` for a GEMM with the lowest estimated layer time; with ``split_k``
+    (what the mapper asks), ``(tm, tn, tk, p)`` for an int8 GEMM whose tiles' reductions split
+    over ``p`` PEs each (tried when the tiles leave PEs idle, ``tiles * p <= pes``; kept only
+    when strictly faster).
+
+    Candidates are multiples of the MAC array shape that fit ``arch.tile_sram_bytes``. The
+    estimate spreads the tiles over ``pes`` PEs and takes ``max(per-PE compute and DMA, DRAM
+    traffic / bandwidth + the last tile's compute)``, where the weight operand of a tile group is
+    fetched once per PE (weight-stationary) and the activation operand once per tile
+    (``input_bytes(vn)`` when given, e.g. a conv's input rows); ``resident`` weights are in SRAM
+    before the inference and move no bytes. The NoC is costed as the timing model costs it
+    (:func:`tvm_spinn.program.noc.noc_port_cycles`, the tiles spread evenly over the PEs).
+    Ties go to fewer tiles, then to the larger tile (deterministic). ``naive`` returns the
+    smallest MAC-shaped tile.
+
+    ``elem_bytes`` is ``(activation, weight, output)`` element bytes (matmul: lhs, rhs, output),
+    by default the mode's (fp32: 4, 4, 4; int8: 1, 1, 4); compute time follows ``mode``
+    (:func:`gemm_tile_cycles`: the M4F for fp32, the MAC array for int8, with the M4F's share
+    ``int8``, by default a dequantizing epilogue when the output takes 4 bytes).
+    """
+    budget = arch.tile_sram_bytes if naive else working_budget(arch)
+    r, c = arch.mac_rows, arch.mac_cols
+    pes = pes or arch.total_pes
+    ae, be, _, oe = _operand_elems(kind, mode, elem_bytes)
+    int8 = int8 or Int8Side(fp32_out=oe == 4)
+    if naive:
+        tk = min(g.k, max(r, (budget - ACC_BYTES * r * c) // (2 * (ae * r + be * c)) // r * r))
+        if mode == "int8":
+            tk = min(tk, safe_k_chunk(arch, 8))
+        if gemm_tile_bytes(r, c, min(tk, g.k), ae, be) > budget:
+            raise MappingError(f"layer {name}: a {r}x{c} tile does not fit {budget} bytes of SRAM")
+        return r, c, tk
+    m_cap, n_cap = _round_up(g.m, r), _round_up(g.n, c)
+    # Powers of two, plus sizes that split the work into about k tiles per PE (load balance).
+    tms = {min(r * 2**i, m_cap) for i in range(12)}
+    tns = {min(c * 2**i, n_cap) for i in range(14)}
+    for k in range(1, 9):
+        tns.add(min(n_cap, _round_up(ceil_div(g.n * g.batch * ceil_div(g.m, m_cap), k * pes), c)))
+        tms.add(min(m_cap, _round_up(ceil_div(g.m * g.batch, k * pes), r)))
+    if mode != "int8":
+        # fp32 runs on the M4F, which has no row or column granularity (the MAC array's shape
+        # only matters to int8): tiles that split a few output columns (a decode step's
+        # matrix-vector product) or a narrow shard's columns and rows exactly over the PEs
+        # keep more PEs busy (each PE streams its own weight columns). Buffers stay MAC-shaped
+        # (tile_costs pads them), so the SRAM check below pads too.
+        if g.m * g.batch < r:
+            tns.update({1, 2})
+        tns.update(min(g.n, ceil_div(g.n * g.batch * ceil_div(g.m, m_cap), k * pes)) for k in range(1, 9))
+    tms, tns = sorted(tms), sorted(tns)
+    chips = max(1, -(-pes // arch.pes_per_chip))
+    dram_bytes_per_cycle = arch.dram_bw_bytes_s * chips / arch.clock_hz
+    pe_ids = np.arange(pes, dtype=np.int64)
+    chip_ids = pe_ids // arch.pes_per_chip
+    weight_a = _weight_is_a(kind)
+    best, best_key = None, None
+    for tm in tms:
+        for tn in tns:
+            pm, pn = _round_up(tm, r), _round_up(tn, c)  # the buffers tile_costs reserves
+            fixed = ACC_BYTES * pm * pn
+            per_k = 2 * (ae * pm + be * pn)
+            if fixed + per_k > budget:
+                continue
+            tk_max = (budget - fixed) // per_k
+            tk = g.k if tk_max >= g.k else max(r, (tk_max // r) * r)
+            if tk > tk_max:
+                continue
+            if mode == "int8":  # the MAC array's acc_bits-bit accumulators must never wrap
+                tk = min(tk, safe_k_chunk(arch, 8))
+            mt, nt = ceil_div(g.m, tm), ceil_div(g.n, tn)
+            tiles = g.batch * mt * nt
+            groups = (g.batch * mt) if weight_a else nt
+            per_pe = ceil_div(tiles, pes)
+            vm, vn = min(tm, g.m), min(tn, g.n)
+            a_bytes, b_bytes = ae * vm * g.k, be * g.k * vn
+            w_bytes, x_bytes = (a_bytes, b_bytes) if weight_a else (b_bytes, a_bytes)
+            if input_bytes is not None:
+                x_bytes = input_bytes(vn)
+            # A weight block stays in SRAM across its tiles only if it fits next to the buffers.
+            ksplits = ceil_div(g.k, tk)
+            # int8: the chunks of each output tile may be split over p PEs (module docstring)
+            # when the tiles leave PEs idle; every part is a tile of its own.
+            p_max = min(ksplits, pes // tiles) if mode == "int8" and split_k else 1
+            if p_max > 1 and gemm_tile_bytes(pm, pn, min(tk, g.k), ae, be) + ACC_BYTES * pm * pn > budget:
+                p_max = 1  # no room for the reducer's block of received partial sums
+            for parts in range(1, max(1, p_max) + 1):
+                tiles_p, groups_p = tiles * parts, groups * parts
+                per_pe = ceil_div(tiles_p, pes)
+                span = -(-ksplits // parts) * ceil_div(g.k, ksplits)  # the longest part's k
+                frac = min(span, g.k) / g.k
+                xb, wb = x_bytes * frac, (0.0 if resident else w_bytes * frac)
+                stationary = wb + gemm_tile_bytes(tm, tn, min(tk, g.k), ae, be) <= budget
+                w_loads = min(tiles_p, max(groups_p, pes)) if stationary else tiles_p
+                if parts == 1:
+                    compute = gemm_tile_cycles(vm, vn, g.k, ksplits, arch, mode, int8)
+                else:
+                    compute = (gemm_tile_cycles(vm, vn, min(span, g.k), -(-ksplits // parts), arch, mode, _part_side(int8))
+                               + k_part_tail_cycles(vm, vn, parts, arch, int8))
+                dma = (xb + oe * vm * vn + (wb * w_loads) / tiles_p) / arch.dma_bw_bytes_per_cycle
+                pe_time = per_pe * (max(compute, dma) + arch.dma_setup_cycles * -(-ksplits // parts))
+                # Weight blocks cross DRAM once per group (the NoC multicasts them); activations
+                # are assumed on-chip (NoC). The last tile computes after its load: no overlap.
+                dram_time = groups_p * wb / dram_bytes_per_cycle
+                on_pe = tiles_p // pes + (pe_ids < tiles_p % pes)
+                noc_time = noc_port_cycles(pe_ids, chip_ids, on_pe * (xb + wb * w_loads / tiles_p),
+                                           on_pe * (oe * vm * vn), arch)
+                key = (max(pe_time, max(dram_time, noc_time) + compute), tiles_p, -tm, -tn)
+                if best_key is None or key < best_key:
+                    best, best_key = ((tm, tn, tk, parts) if parts > 1 else (tm, tn, tk)), key
+    if best is None:
+        need = gemm_tile_bytes(r, c, r, ae, be)
+        raise MappingError(
+            f"layer {name}: even a {r}x{c}x{r} tile needs {need} bytes of SRAM, the PE has {budget}; "
+            f"the smallest system that fits has sram_bytes >= {need + arch.sram_reserved_bytes}"
+        )
+    return best
+
+
+def smallest_gemm_tile_bytes(arch: "SpinnArch", k: int, a_bytes: int = 4, b_bytes: int = 4) -> int:
+    """SRAM of the smallest GEMM tile: one ``mac_rows x mac_cols`` block of outputs with
+    reduction chunks of ``min(k, mac_rows)``, operands double-buffered (element bytes of the A
+    and B operands: conv2d A = weight, B = im2col(input); dense/matmul A = input)."""
+    return gemm_tile_bytes(arch.mac_rows, arch.mac_cols, min(k, arch.mac_rows), a_bytes, b_bytes)
+
+
+def _conv_input_bytes(program, layer: Layer, p0, p1):
+    """Bytes of input a conv tile DMAs for output pixels [p0, p1) (ints or arrays): the input
+    window under those output pixels (with the kernel halo) of one group's channels; im2col
+    happens in SRAM."""
+    _, _, h, w = program.tensors[layer.inputs[0]].shape
+    _, cg, kh, kw = program.tensors[layer.consts["weight"]].shape
+    ow = program.tensors[layer.output].shape[3]
+    sh, sw = layer.attrs["strides"]
+    dh, dw = layer.attrs["dilation"]
+    khe, kwe = (kh - 1) * dh + 1, (kw - 1) * dw + 1
+    p0, p1 = np.asarray(p0, dtype=np.int64), np.asarray(p1, dtype=np.int64)
+    pixels = p1 - p0
+    # Part of one output row (two if it wraps): a strip of columns; else whole rows.
+    strip_rows = khe * np.where(p0 // ow == (p1 - 1) // ow, 1, 2)
+    strip_cols = np.minimum(w, (pixels - 1) * sw + kwe)
+    band_rows = np.minimum(h, (-(-pixels // ow)) * sh + khe)
+    rows = np.where(pixels < ow, strip_rows, band_rows)
+    cols = np.where(pixels < ow, strip_cols, w)
+    return itemsize(program, layer.inputs[0]) * cg * rows * cols
+
+
+def _cost_operands(program, layer: Layer):
+    """``(weight tid, (activation, weight, output) element bytes, Int8Side or None)``."""
+    w_tid = layer.inputs[1] if layer.kind == "matmul" else layer.consts["weight"]
+    elems = tuple(itemsize(program, tid) for tid in (layer.inputs[0], w_tid, layer.output))
+    side = int8_side(program, layer) if layer.mode == "int8" else None
+    return w_tid, elems, side
