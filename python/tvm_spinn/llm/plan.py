@@ -57,7 +57,6 @@ import time
 import numpy as np
 from dataclasses import dataclass
 
-from ..program.ops import family_of
 from .spec import MAX_DIM, LLMError, ModelSpec, check_plan_sizes, spec_of
 
 __all__ = ["Plan", "plan", "DTYPES"]
@@ -491,6 +490,10 @@ def _slice(program, a: int, b: int):
 def _atoms(index: int, program) -> list[tuple[int, int, int, int]]:
     """``(program index, first layer, end layer, weight bytes)`` runs of ``program`` cut before each
     weight GEMM (with the ``quantize`` of its input), the units a block is split into stages by."""
+    # the operator families load the simulator's library: not at import, so `tvm-spinn plan`'s
+    # argument errors come back before TVM and torch are imported
+    from ..program.ops import family_of
+
     cuts = [0]
     for i, layer in enumerate(program.layers):
         if family_of(layer.kind).weight_gemm(layer) and i > 0:
