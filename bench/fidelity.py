@@ -23,10 +23,10 @@ Sources:
   costs, not the silicon's: :data:`tvm_spinn.timing.software.OCTOPUS_SCHEDULER`).
 
     python bench/fidelity.py            # every case
-    python bench/fidelity.py --quick    # the cheap cases (those tests/test_fidelity.py checks)
+    python bench/fidelity.py --quick    # the cheap cases (those tests/timing/test_fidelity.py checks)
 
 Exits non-zero only when a case fails to run (it is a benchmark: errors are printed, not
-asserted; ``tests/test_fidelity.py`` asserts the cases that meet the +-15% target).
+asserted; ``tests/timing/test_fidelity.py`` asserts the cases that meet the +-15% target).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+sys.path[:0] = [os.path.join(os.path.dirname(__file__), "..", "tests"), os.path.join(os.path.dirname(__file__), "..", "tests", "frontend")]
 import test_onnx_passes as T  # noqa: E402  (the tests' chain builders)
 from tvm_spinn.frontend import onnx_passes as P  # noqa: E402
 

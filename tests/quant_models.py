@@ -1,6 +1,6 @@
 """Small float ONNX models and their onnxruntime-quantized versions (helper module, no tests).
 
-Used by ``tests/test_onnx_quant.py`` and meant to be reused by benchmarks and tutorials. Everything
+Used by ``tests/frontend/test_onnx_quant.py`` and meant to be reused by benchmarks and tutorials. Everything
 is deterministic: weights come from ``numpy.random.default_rng(seed)`` and calibration inputs
 from :func:`calib_inputs` with a fixed seed, and the models are built with ``onnx.helper`` (no
 exporter involved, so the graph is the same on every run).

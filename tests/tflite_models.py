@@ -1,5 +1,5 @@
 """Keras models quantized by TensorFlow (full integer) and a tf.lite.Interpreter runner, shared by
-tests/test_frontend_tflite_quant.py and bench/quantize.py.
+tests/frontend/test_frontend_tflite_quant.py and bench/quantize.py.
 
     import tflite_models as tm
     buf = tm.int8_tflite(tm.cnn(), tm.calibration((16, 16, 3)))

@@ -14,7 +14,7 @@ import pytest
 from models import save_sub_onnx
 from tvm_spinn import _files, cli
 
-PYTHON_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python")
+PYTHON_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "python")
 
 
 @pytest.fixture(scope="module")

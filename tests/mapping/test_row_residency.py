@@ -32,7 +32,7 @@ from tvm_spinn.runtime.simulator import run_program
 @pytest.fixture(autouse=True)
 def _reductions_on_one_pe():
     """Each output's reduction on one PE: these tests are about the row-parallel shards (with
-    the reduction split over PEs, tests/test_k_split.py, the column plan's blocks spread over
+    the reduction split over PEs, tests/mapping/test_k_split.py, the column plan's blocks spread over
     the PEs' SRAM too and win here)."""
     with MappingOptions(split_k=False):
         yield

@@ -20,7 +20,7 @@ import tvm_ffi
 
 from tvm_spinn import _lib
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 F32 = np.float32
 
 
@@ -496,7 +496,7 @@ def test_container_every_byte_flip_is_a_value_error():
 
 def test_container_of_a_spinn_program_checks_framing_and_digest():
     """A spinn program's body is covered by its own digest (verified by the validator at load,
-    tests/test_program_validation.py): the container checks its framing and that digest, so a
+    tests/program/test_program_validation.py): the container checks its framing and that digest, so a
     module of hundreds of MB is not hashed twice; a changed digest or framing byte is caught."""
     program = b"SPINNPRG" + bytes(range(200)) + hashlib.blake2b(b"x", digest_size=32).digest()
     raw = _lib.save_to_bytes(_lib.create_module("fn", program))

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
 import fidelity  # noqa: E402
 
 #: Cases the model meets within the tolerance (the rest are shown by the benchmark).

@@ -14,7 +14,7 @@ from tvm_spinn.target.arch import ASSUMPTION_RANGES
 
 @pytest.fixture(scope="module")
 def bench():
-    path = os.path.join(os.path.dirname(__file__), "..", "bench", "sensitivity.py")
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "sensitivity.py")
     spec = importlib.util.spec_from_file_location("sensitivity_bench", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses resolve their annotations through it

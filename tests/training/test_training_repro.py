@@ -98,8 +98,8 @@ def test_resume_needs_the_optimizer_state(trainers, tmp_path):
 
 
 _CHILD = r"""
-import hashlib, json, sys
-sys.path.insert(0, sys.argv[1])
+import hashlib, json, os, sys
+sys.path[:0] = [sys.argv[1], os.path.dirname(sys.argv[1])]  # this module, the shared model builders
 import numpy as np, torch, tvm_spinn
 from test_training_repro import SGD, _batches
 from training_models import mlp

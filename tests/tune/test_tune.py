@@ -372,7 +372,7 @@ def test_killed_job_resumes_from_its_logs(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(
         "import sys\n"
-        f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+        f"sys.path[:0] = [{os.path.dirname(os.path.abspath(__file__))!r}, {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))!r}]\n"
         "import test_tune, tvm_spinn\n"
         "mod, _ = test_tune._mlp()\n"
         f"tvm_spinn.tune(mod, target=test_tune.LLVM, work_dir={str(work)!r}, max_trials_per_task=4,"
@@ -463,7 +463,7 @@ def test_jobs_in_one_process_do_not_share_logging_state(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(
         "import io, logging, sys\n"
-        f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+        f"sys.path[:0] = [{os.path.dirname(os.path.abspath(__file__))!r}, {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))!r}]\n"
         "import test_tune, tvm_spinn\n"
         "mod = test_tune._abs_model()\n"
         "ms_logger = logging.getLogger('tvm.s_tir.meta_schedule')\n"

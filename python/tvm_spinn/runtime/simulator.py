@@ -23,7 +23,7 @@ Numerics are those of the hardware path each layer runs on:
   from Python, the same bits). ``"tiles"``
   executes the mapping tile by tile and k-chunk by k-chunk (the reference). Each output element's
   arithmetic is independent of the tiling (a GEMM output reduces in ascending k from 0 on one PE),
-  so both give the same bits (tests/test_sim_modes.py).
+  so both give the same bits (tests/runtime/test_sim_modes.py).
 - ``exp`` (softmax, sigmoid, GELU's erf) and ``tanh`` come from the exp/log unit, modelled by
   one fixed float32 algorithm in C++ (Cephes expf/tanhf; ``tvm_spinn.sim.exp_f32``), so the bits
   do not depend on the host (numpy's float32 ``exp`` gives different bits on its baseline and

@@ -40,7 +40,7 @@ Final parameters are bitwise identical across runs, across spinn systems (``spin
 3. the state carried between steps (parameters, optimizer buffers, step count) is all of it,
    and a checkpoint stores it bit for bit (``.npz``, float32 unchanged).
 
-The tests check the rule (``tests/test_training_repro.py``); a change to tiling that splits a
+The tests check the rule (``tests/training/test_training_repro.py``); a change to tiling that splits a
 K-reduction differently per system would break it there.
 """
 

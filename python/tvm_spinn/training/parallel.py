@@ -18,7 +18,7 @@ flow down the chain while finished segments flow back, so its cost is a ring's b
 neighbouring chips (on a board's links it is cheaper than the ring for gradient-sized buffers,
 ``bench/training.py``). The additions of the reduction are done here in numpy float32:
 IEEE-754 binary32 additions, rounded to nearest even, with subnormals kept, which is what the
-simulated M4F's fp32 ``add`` computes (no flush-to-zero; ``tests/test_training_parallel.py``
+simulated M4F's fp32 ``add`` computes (no flush-to-zero; ``tests/training/test_training_parallel.py``
 checks a PE ``add`` against numpy). Their time is modelled: the additions as the PE add program
 of the gradient buffer, the transfers as the collective on the system's link graph.
 
