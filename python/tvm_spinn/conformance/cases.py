@@ -60,9 +60,9 @@ def default_cache_dir() -> Path:
     import onnx
 
     tag = f"onnx-node-{onnx.__version__}"
-    env = env("TVM_SPINN_CACHE")
-    if env:
-        return Path(env) / tag
+    cache = env("TVM_SPINN_CACHE")
+    if cache:
+        return Path(cache) / tag
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tvm_spinn"
     try:
         base.mkdir(parents=True, exist_ok=True)
