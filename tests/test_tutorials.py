@@ -15,7 +15,10 @@ TUTORIALS = sorted((pathlib.Path(__file__).parent.parent / "tutorials").glob("*.
 # test_llm.py's tokens-match-transformers and test_llm_plan.py / test_physical_bounds.py) and the
 # front-ends one (~15 s, mostly importing TensorFlow; PyTorch, ONNX and Keras each have default
 # tests in test_e2e.py and test_frontend_tflite.py)
-SLOW = {"07_training.ipynb", "03_tuning.ipynb", "05_quantization.ipynb", "06_llm.ipynb", "02_frontends.ipynb"}
+# The mapping walk-through (~12 s: partitions, mappings and reports that test_mapping*.py and
+# test_partition_only.py check one by one) is slow too.
+SLOW = {"07_training.ipynb", "03_tuning.ipynb", "05_quantization.ipynb", "06_llm.ipynb", "02_frontends.ipynb",
+        "04_mapping.ipynb"}
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow) if p.name in SLOW else p

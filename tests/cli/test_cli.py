@@ -48,6 +48,9 @@ def test_bad_inputs_give_one_line_errors(tmp_path):
     assert proc.returncode != 0 and "missing.so" in proc.stderr and "Traceback" not in proc.stderr
 
 
+# ~30 s of subprocesses; --quantize through the command keeps a default test in-process
+# (test_npy_calibration below: the same option parsing and PTQ call, in this process)
+@pytest.mark.slow
 def test_compile_quantized(tmp_path):
     """--quantize: int8 PTQ from an .npz of calibration samples; the layers run in int8 mode and
     the result stays within the PTQ bound of the float model (3 GEMMs: 2*3/255 of the range)."""

@@ -205,6 +205,8 @@ def test_corrupt_and_foreign_logs_name_file_and_line(tuned, tmp_path):
         tvm_spinn.build_options(tuning_logs=str(tmp_path / "nope"))
 
 
+# the refusal is also the last check of test_logs_tuned_for_another_cpu_apply_and_another_kind_is_refused
+@pytest.mark.slow
 def test_logs_for_another_target_kind_are_refused(tuned):
     with pytest.raises(TuningLogError, match=r"tvm_spinn_tuning.json:1: logs were tuned for"):
         tvm_spinn.tune(tuned["mod"], target="spinn/cuda", work_dir=tuned["work"])
@@ -451,6 +453,7 @@ def _abs_model():
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow  # ~20 s: two tuning jobs in one process; a job's own logs are checked by test_tune_writes_logs_and_manifest
 def test_jobs_in_one_process_do_not_share_logging_state(tmp_path):
     """Issue 10: MetaSchedule's dictConfig loggers broke every later tune() in the process.
 
