@@ -172,7 +172,7 @@ def _software_breakdown(p: Program, arch: SpinnArch) -> str:
     """The phases of a software-scheduled layer (the timing model's own cost functions):
     the scheduler's dispatch, the DRAM fetch, the busiest PE's MAC and write-back time and the
     completion gather (every worker's packet taken one by one)."""
-    from tvm_spinn.timing.model import DRAM, LOCAL, scheduler_path_cycles, software_dispatch, transfers
+    from tvm_spinn.timing.model import LOCAL, scheduler_path_cycles, software_dispatch, transfers
 
     table = p.tiles.tables[0]
     us = 1e6 / arch.clock_hz

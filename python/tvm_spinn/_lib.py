@@ -20,7 +20,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import operator
-import os
 import threading
 from pathlib import Path
 from typing import Any

@@ -28,7 +28,6 @@ TVM's own behaviour is unchanged unless asked.
 from __future__ import annotations
 
 import functools
-import os
 
 import tvm
 import tvm_ffi

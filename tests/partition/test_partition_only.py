@@ -8,7 +8,6 @@ against numpy and PyTorch in ``test_ops.py`` and ``test_e2e.py``.
 
 import numpy as np
 import pytest
-import tvm
 from tvm import relax
 
 from tvm_spinn.partition import partition_for_spinn, summarize_partition

@@ -34,7 +34,6 @@ Numerics are those of the hardware path each layer runs on:
 
 from __future__ import annotations
 
-import os
 import weakref
 
 import numpy as np

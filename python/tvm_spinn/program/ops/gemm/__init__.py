@@ -48,7 +48,6 @@ from __future__ import annotations
 from .geometry import (GEMM_KINDS, GemmShape, Int8Side, choose_gemm_tile, chunk_length, gemm_shape,
                        gemm_tile_cycles, int8_side, k_part_bounds, k_part_tail_cycles, mac_passes,
                        safe_k_chunk, smallest_gemm_tile_bytes, splits_of)
-from .reference import NARROW_PIXELS, int8_chunk, int8_finish
 from .family import Gemm
 from .shard_rule import GemmSharding
 from .descriptor import fuse_bias, weight_matmuls_to_dense

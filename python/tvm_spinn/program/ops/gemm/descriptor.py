@@ -4,7 +4,6 @@ biases fused."""
 from __future__ import annotations
 
 from ...model import Layer
-from ..elementwise import relu
 
 
 # -- descriptor programs (weights passed as inputs) -------------------------------------------------

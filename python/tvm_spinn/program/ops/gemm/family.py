@@ -9,9 +9,8 @@ import numpy as np
 from .... import options as _options
 from ...checks import RELU, ZERO, check_bool, check_str, fail
 from ...model import Layer
-from ...quant import ROUNDINGS, requantize
+from ...quant import ROUNDINGS
 from ..base import ACC_BYTES, OpFamily, gemm_tile_bytes, itemsize, starts
-from ..elementwise import relu
 from .geometry import (GEMM_KINDS, _CONV, _INT8, _REQUANT, _conv_input_bytes, _cost_operands, _operand_elems,
                        _part_side, choose_gemm_tile, chunk_length, gemm_shape, gemm_tile_cycles,
                        k_part_bounds, k_part_tail_cycles, safe_k_chunk, smallest_gemm_tile_bytes, splits_of)

@@ -11,8 +11,6 @@ from ...checks import PAD4, POS2, POSINT, ZERO, check_bool, check_str
 from ...model import Layer
 from ...noc import noc_port_cycles
 from ..base import ACC_BYTES, MappingError, ceil_div, gemm_tile_bytes, itemsize, working_budget
-from ..elementwise import relu
-from ..sharding import part
 
 if TYPE_CHECKING:
     from ....target.arch import SpinnArch

@@ -11,7 +11,6 @@ from ...checks import fail
 from ...model import Layer
 from ...quant import QUANT_RANGES, quantize_multiplier, quantize_multiplier_tflite, to_signed
 from ..base import LoweringError
-from ..elementwise import relu
 from .geometry import _QRANGE, _REQUANT, smallest_gemm_tile_bytes
 
 

@@ -9,9 +9,7 @@ from .... import _lib
 from ...model import Layer
 from ...quant import requantize, requantize_tflite, to_signed
 from .. import native
-from ..base import register
 from ..elementwise import relu
-from ..sharding import part
 from .geometry import GemmShape, _F32, chunk_length, gemm_shape
 
 
