@@ -49,9 +49,10 @@ from .api import Trainer, compile  # noqa: A004
 from .errors import CheckpointError, TrainingError
 from .parallel import DataParallelTrainer
 from .placement import op_placement
+from .planner import TrainingPlan, TrainingPlanError, plan_training
 from .timing import step_time
 
 _gradients.register()
 
 __all__ = ["compile", "Trainer", "DataParallelTrainer", "TrainingError", "CheckpointError", "op_placement",
-           "step_time"]
+           "step_time", "plan_training", "TrainingPlan", "TrainingPlanError"]

@@ -1,0 +1,742 @@
+"""Training plans from a transformers config alone: memory per chip, split, time per step.
+
+:func:`plan_training` plans fp32 training of a decoder-only transformer (GPT-2 or Llama
+architecture, :mod:`tvm_spinn.llm.spec`) on a spinn system without any weight: it chooses the
+tensor x pipeline x data parallel split (Megatron-LM's TP, 1F1B pipeline, DP), the ZeRO stage
+(0, 1, 2) and activation recomputation by a cost model, or takes the ones given, and returns a
+frozen :class:`TrainingPlan`.
+
+Layout
+------
+Chip ``c`` of the ``tp x pp x dp`` chips used holds TP rank ``c % tp`` of pipeline stage
+``(c // tp) % pp`` of replica ``c // (tp pp)``: a TP group is ``tp`` consecutive chips (one
+hop apart on a board, :mod:`tvm_spinn.target.topology`), a stage's successor the next ``tp``.
+
+Memory per chip (bytes, fp32: everything 4 bytes an element)
+------------------------------------------------------------
+Mixed-precision estimators (Megatron-LM, DeepSpeed) keep fp16/bf16 weights and gradients and
+an fp32 master copy; here every tensor is fp32 and there is no master copy:
+
+* weights ``4 P`` and gradients ``4 P`` for the ``P`` parameters of the chip's TP rank of its
+  stage: the blocks' projections split by ``tp`` (Megatron's column/row split; column biases
+  split, row biases and norms replicated), the embedding and an untied LM head split by vocab
+  (a tied head is a copy of the embedding on the last stage when ``pp > 1``; GPT-2's position
+  table replicated);
+* optimizer state ``4 k P`` with ``k`` = 2 (AdamW), 1 (SGD with momentum), 0 (SGD). ZeRO-1
+  divides the optimizer state by ``dp``, ZeRO-2 the gradients too (ZeRO, Rajbhandari et al.
+  2020, with ``K = 4 k`` and 4-byte weights and gradients: stage 2 holds ``4 P + (4 + 4 k) P /
+  dp``);
+* activations (Korthikanti et al. 2022, Sec. 4, re-derived for fp32 without dropout: the
+  trainer refuses dropout, so there are no masks and no dropout outputs, and every stored
+  tensor takes 4 bytes): one layer stores, per token, its two norms' inputs, the attention's
+  input, Q, K and V, the attention output, the MLP input and its hidden activations (GPT-2: the
+  GELU's input and output, ``2 i``; Llama: gate, up and their product, ``3 i``), and ``s``
+  softmax outputs per head. The four ``hidden``-wide tensors are split over the sequence on the
+  TP ranks with sequence parallelism (Korthikanti et al.'s Sec. 4.2.2; the default), else
+  replicated on them; the rest is split by heads or by the MLP's width. 1F1B keeps ``min(pp - j, m)`` micro-batches in
+  flight on stage ``j`` (the first stage holds the most); the last stage also holds the final
+  norm's input and output and the logits (``vocab / tp`` per token). Full recomputation keeps
+  only each layer's input (``4 hidden`` bytes per token) and one layer's activations while it
+  is recomputed.
+
+Time per step
+-------------
+Per micro-batch and stage: GEMM FLOPs (forward ``2 tokens W / tp`` plus the attention's two
+``s x s`` matmuls; backward twice that; recomputation one more forward of the blocks) at the
+chips' fp32 peak (:attr:`~tvm_spinn.target.arch.SpinnArch.peak_fp32_flops_s`), or the DRAM
+traffic (weights read in each pass, gradients accumulated, stored activations written and read
+back) at :attr:`~tvm_spinn.target.arch.SpinnArch.dram_bw_bytes_s`, whichever is longer; plus the
+TP all-reduces of the activations (two a layer forward, two backward, two more when
+recomputing; with sequence parallelism each is an all-gather and a reduce-scatter), the vocab-parallel embedding's and cross-entropy's, and the hand-over to the next
+stage, each costed by :mod:`tvm_spinn.timing.collectives` on the system's link graph. The 1F1B
+step takes ``(m + pp - 1)`` times the slowest stage's forward and backward (the bubble,
+``(pp - 1) / m``), then the gradient synchronisation over the ``dp`` replicas (ZeRO-0: an
+all-reduce; ZeRO-1/2: a reduce-scatter and an all-gather of the updated weights) and the
+optimizer update (its DRAM traffic or its element-wise work on the M4F cores, whichever is
+longer). In the reproducible mode (the default) every reduction follows the fixed order of
+:func:`~tvm_spinn.timing.collectives.reduction_order` (tree collectives), so the result's bits
+do not depend on the split. What is not modelled: the concurrent TP and DP groups sharing links
+(each collective is costed alone), overlap of communication with computation, and the
+host's share of the step.
+
+The physical bound (:mod:`tvm_spinn.timing.training_bound`) does not depend on the plan;
+``efficiency = bound / time``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import TrainingError
+
+__all__ = ["TrainingPlan", "MemoryPerChip", "Split", "StepTime", "TrainingPlanError", "plan_training",
+           "memory_per_chip", "model_flops", "smallest_system", "write_json", "OPTIMIZERS", "DEFAULT_SEQ",
+           "DEFAULT_GLOBAL_BATCH"]
+
+#: fp32 optimizer-state elements per parameter
+OPTIMIZERS = {"adamw": 2, "momentum": 1, "sgd": 0}
+#: bytes per fp32 element
+F32 = 4
+#: Sequence length planned when none is given (or the model's positions where fewer)
+DEFAULT_SEQ = 2048
+#: Sequences per step when none is given
+DEFAULT_GLOBAL_BATCH = 512
+#: DRAM bytes per parameter of one optimizer update: read the weight, its gradient and the
+#: state, write the weight and the state.
+_UPDATE_BYTES = {name: F32 * (3 + 2 * k) for name, k in OPTIMIZERS.items()}
+#: Element-wise operations per parameter of one update on the M4F (AdamW: two moment updates of
+#: two operations each, a square, a square root, a division, weight decay and the step, with
+#: the bias corrections; SGD with momentum: velocity and step; SGD: the step)
+_UPDATE_OPS = {"adamw": 12, "momentum": 4, "sgd": 2}
+
+
+class TrainingPlanError(TrainingError):
+    """A training plan that cannot be made: a split that does not divide, a bad argument, or a
+    model that does not fit the system (then :attr:`smallest_chips` and :attr:`smallest_boards`
+    name the smallest system that holds it)."""
+
+    def __init__(self, message: str, smallest_chips: "int | None" = None, smallest_boards: "int | None" = None):
+        super().__init__(message)
+        self.smallest_chips = smallest_chips
+        self.smallest_boards = smallest_boards
+
+
+@dataclass(frozen=True)
+class Split:
+    """How the chips share the work: ``tp x pp x dp`` chips, ZeRO stage, micro-batches."""
+
+    tp: int
+    pp: int
+    dp: int
+    zero: int
+    micro_batch: int
+    micro_batches: int
+    recompute: bool
+    sequence_parallel: bool = True
+
+    @property
+    def chips(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    def line(self) -> str:
+        return (f"TP {self.tp} x PP {self.pp} x DP {self.dp} = {self.chips} chips, ZeRO-{self.zero}, "
+                f"{self.micro_batches} micro-batch(es) of {self.micro_batch}, recomputation "
+                f"{'on' if self.recompute else 'off'}"
+                + (", sequence parallel" if self.sequence_parallel and self.tp > 1 else ""))
+
+
+@dataclass(frozen=True)
+class MemoryPerChip:
+    """Bytes on the most loaded chip (the pipeline stage with the largest total)."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int  # of the chosen mode
+    activations_no_recompute: int
+    activations_recompute: int
+    stage: int  # the pipeline stage these bytes are on
+    capacity: int  # the chip's DRAM
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.optimizer + self.activations
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.capacity
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds of one step by part (their sum is the step)."""
+
+    pipeline_s: float  # (m + pp - 1) x the slowest stage's forward and backward
+    bubble_s: float  # of it, the (pp - 1) idle slots
+    compute_s: float  # of it, the GEMMs (or DRAM) of the slowest stage, all micro-batches
+    tp_comm_s: float  # of it, TP all-reduces
+    pp_comm_s: float  # of it, stage hand-overs
+    dp_comm_s: float  # gradient synchronisation (and ZeRO's all-gather)
+    optimizer_s: float  # the update
+
+    @property
+    def total_s(self) -> float:
+        return self.pipeline_s + self.dp_comm_s + self.optimizer_s
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    """A planned training step (cost model; no weights, no simulation). See the module docstring."""
+
+    model: str
+    system: str
+    chips: int
+    params: int
+    seq: int
+    global_batch: int
+    optimizer: str
+    reproducible: bool
+    split: Split
+    memory: MemoryPerChip
+    step: StepTime
+    flops_per_step: float  # Megatron's count: forward and backward GEMMs, no recomputation
+    executed_flops_per_step: float  # with the recomputed forward
+    tokens_per_s: float
+    utilisation: float  # flops_per_step / (time x fp32 peak of the chips used)
+    bound_s: float
+    bound_binding: str
+    bound_parts_s: tuple  # ((kind, seconds), ...)
+    candidates: int  # splits costed by the search
+    plan_seconds: float = dataclasses.field(default=0.0, compare=False)
+
+    @property
+    def time_per_step_s(self) -> float:
+        return self.step.total_s
+
+    @property
+    def efficiency(self) -> float:
+        """The physical bound over the time per step (at most 1)."""
+        return self.bound_s / self.step.total_s
+
+    def to_dict(self) -> dict:
+        """Plain dict (JSON-ready, deterministic: the planning time is left out)."""
+        out = dataclasses.asdict(self)
+        out.pop("plan_seconds")
+        out["bound_parts_s"] = dict(self.bound_parts_s)
+        out["memory"]["total"] = self.memory.total
+        out["step"]["total_s"] = self.step.total_s
+        out["split"]["chips"] = self.split.chips
+        out.update(time_per_step_s=self.time_per_step_s, efficiency=self.efficiency)
+        return out
+
+    def table(self) -> str:
+        gib = 2**30
+        m = self.memory
+        rows = [
+            ("model", f"{self.model} ({self.params / 1e9:.3f} B parameters)"),
+            ("system", f"{self.system} ({self.chips} chips)"),
+            ("step", f"{self.global_batch} sequences x {self.seq} tokens, {self.optimizer}, fp32, "
+                     f"{'reproducible' if self.reproducible else 'fastest'} reductions"),
+            ("split", self.split.line()),
+            ("memory per chip", f"{m.total / gib:.3f} GiB of {m.capacity / gib:.3f} GiB (stage {m.stage}): weights "
+                                f"{m.weights / gib:.3f}, gradients {m.gradients / gib:.3f}, optimizer "
+                                f"{m.optimizer / gib:.3f}, activations {m.activations / gib:.3f}"),
+            ("activations", f"{m.activations_no_recompute / gib:.3f} GiB without recomputation, "
+                            f"{m.activations_recompute / gib:.3f} GiB with"),
+            ("time per step", f"{self.step.total_s:.4g} s (pipeline {self.step.pipeline_s:.4g} s, of it bubble "
+                              f"{self.step.bubble_s:.4g} s, TP {self.step.tp_comm_s:.4g} s, PP "
+                              f"{self.step.pp_comm_s:.4g} s; DP {self.step.dp_comm_s:.4g} s; update "
+                              f"{self.step.optimizer_s:.4g} s)"),
+            ("tokens/s", f"{self.tokens_per_s:.4g}"),
+            ("utilisation", f"{self.utilisation:.4f} (model FLOPs / fp32 peak of the chips used)"),
+            ("physical bound", f"{self.bound_s:.4g} s, {self.bound_binding}-bound: " + ", ".join(
+                f"{k} {v:.4g} s" for k, v in self.bound_parts_s)),
+            ("efficiency", f"{self.efficiency:.4f} (physical bound / time per step)"),
+            ("planned", f"{self.candidates} splits costed in {self.plan_seconds:.2f} s"),
+        ]
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+# --------------------------------------------------------------------------------- the model
+def _spec(config):
+    from ..llm.spec import spec_of  # the config reader (json only)
+
+    return spec_of(config)
+
+
+def _widths(spec):
+    q, kv = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
+    return spec.hidden, spec.intermediate, q, kv
+
+
+def _layer_params(spec, tp: int) -> int:
+    """Parameters of one block on one TP rank: column-parallel weights and biases split,
+    row-parallel biases and norms replicated."""
+    h, i, q, kv = _widths(spec)
+    if spec.family == "gpt2":
+        split = h * (q + 2 * kv) + (q + 2 * kv) + q * h + 2 * h * i + i
+        replicated = h + h + 4 * h  # the two row-parallel biases, two LayerNorms (scale, shift)
+    else:
+        split = h * (q + 2 * kv) + q * h + 3 * h * i
+        split += (q + 2 * kv) * spec.attention_bias + 2 * i * spec.mlp_bias
+        replicated = 2 * h + h * spec.attention_bias + h * spec.mlp_bias  # two RMSNorms, row biases
+    return split // tp + replicated
+
+
+def _stage_params(spec, tp: int, pp: int, stage: int) -> int:
+    """Parameters on one TP rank of pipeline stage ``stage``."""
+    h, v = spec.hidden, spec.vocab
+    table = -(-v // tp) * h  # vocab-parallel, padded to a multiple of tp
+    n = spec.layers // pp * _layer_params(spec, tp)
+    if stage == 0:
+        n += table + (spec.max_positions * h if spec.family == "gpt2" else 0)
+    if stage == pp - 1:
+        n += 2 * h if spec.family == "gpt2" else h  # the final norm
+        if not spec.tied_embeddings or pp > 1:
+            n += table  # the LM head (a tied one is the embedding's copy on the last stage)
+    return n
+
+
+def _layer_activations(spec, tp: int, tokens: int, seq: int, sequence_parallel: bool) -> int:
+    """Bytes one layer stores for the backward pass for ``tokens`` tokens (sequences of
+    ``seq``) on one TP rank (see the module docstring)."""
+    h, i, q, kv = _widths(spec)
+    mlp = 3 * i if spec.family == "llama" else 2 * i
+    wide = 4 * h  # the norms' inputs, the attention's and the MLP's inputs
+    wide = -(-wide // tp) if sequence_parallel else wide  # split over the sequence, or replicated
+    scores = (spec.heads // tp) * seq  # softmax outputs per token
+    return F32 * tokens * (wide + (2 * q + 2 * kv + mlp) // tp + scores)
+
+
+def _layer_input(spec, tp: int, tokens: int, sequence_parallel: bool) -> int:
+    """Bytes of one layer's input on one TP rank (what full recomputation keeps)."""
+    return F32 * tokens * (-(-spec.hidden // tp) if sequence_parallel else spec.hidden)
+
+
+def _stage_activations(spec, split: "Split", seq: int, stage: int, recompute: bool) -> int:
+    tp, pp, mb = split.tp, split.pp, split.micro_batch
+    tokens = mb * seq
+    layers = spec.layers // pp
+    inflight = min(pp - stage, split.micro_batches)
+    sp = split.sequence_parallel and tp > 1
+    layer = _layer_activations(spec, tp, tokens, seq, sp)
+    if recompute:
+        total = layers * inflight * _layer_input(spec, tp, tokens, sp) + layer
+    else:
+        total = layers * inflight * layer
+    if stage == pp - 1:  # the final norm's input and output, the logits
+        total += 2 * _layer_input(spec, tp, tokens, sp) + F32 * tokens * -(-spec.vocab // tp)
+    return total
+
+
+def memory_per_chip(spec, split: Split, seq: int, optimizer: str, capacity: int) -> MemoryPerChip:
+    """Bytes per chip of ``split`` (the most loaded pipeline stage), see the module docstring."""
+    best = None
+    for stage in sorted({0, split.pp - 1}):
+        p = _stage_params(spec, split.tp, split.pp, stage)
+        shard = -(-p // split.dp)
+        grads = shard if split.zero >= 2 else p
+        state = OPTIMIZERS[optimizer] * (shard if split.zero >= 1 else p)
+        acts = {r: _stage_activations(spec, split, seq, stage, r) for r in (False, True)}
+        mem = MemoryPerChip(F32 * p, F32 * grads, F32 * state, acts[split.recompute], acts[False], acts[True],
+                            stage, capacity)
+        if best is None or mem.total > best.total:
+            best = mem
+    return best
+
+
+def _block_flops(spec, tokens: int, seq: int) -> tuple[int, int]:
+    """(GEMM FLOPs of one block's forward for ``tokens`` tokens, of it the attention's two
+    ``seq x seq`` matmuls), whole block (divide by tp for one rank)."""
+    h, i, q, kv = _widths(spec)
+    mlp = 3 if spec.family == "llama" else 2
+    weights = h * (q + 2 * kv) + q * h + mlp * h * i
+    attention = 2 * 2 * tokens * seq * q  # Q K^T and (softmax) V, the full s x s (as Megatron counts)
+    return 2 * tokens * weights + attention, attention
+
+
+def model_flops(spec, tokens: int, seq: int, recompute: bool = False) -> int:
+    """FLOPs of one step of ``tokens`` tokens: the blocks' and the LM head's GEMMs, forward and
+    backward (three passes), plus one more forward of the blocks with full recomputation."""
+    block, _ = _block_flops(spec, tokens, seq)
+    head = 2 * tokens * spec.hidden * spec.vocab
+    return (4 if recompute else 3) * spec.layers * block + 3 * head
+
+
+# ----------------------------------------------------------------------------- communication
+class _Comms:
+    """Collective costs on the system's link graph, cached by (op, group shape, bytes)."""
+
+    def __init__(self, arch, reproducible: bool):
+        from ..target.topology import topology_of
+
+        self.topo = topology_of(arch)
+        self.reproducible = reproducible
+        self.cache: dict = {}
+
+    def _get(self, key, make):
+        hit = self.cache.get(key)
+        if hit is None:
+            hit = self.cache[key] = make()
+        return hit
+
+    def all_reduce(self, ranks: np.ndarray, nbytes: float) -> float:
+        from ..timing.collectives import all_reduce
+
+        if ranks.size < 2 or nbytes <= 0:
+            return 0.0
+        return self._get(("ar", ranks.tobytes(), float(nbytes)), lambda: all_reduce(
+            self.topo, ranks, nbytes, reproducible=self.reproducible).seconds)
+
+    def reduce_scatter(self, ranks: np.ndarray, nbytes: float) -> float:
+        from ..timing.collectives import reduce_scatter
+
+        if ranks.size < 2 or nbytes <= 0:
+            return 0.0
+        # the tree reduces in reduction_order (reproducible); the ring's order depends on the ranks
+        algorithm = "tree" if self.reproducible else "auto"
+        return self._get(("rs", ranks.tobytes(), float(nbytes)), lambda: reduce_scatter(
+            self.topo, ranks, nbytes, algorithm=algorithm).seconds)
+
+    def all_gather(self, ranks: np.ndarray, nbytes: float) -> float:
+        from ..timing.collectives import all_gather
+
+        if ranks.size < 2 or nbytes <= 0:
+            return 0.0
+        return self._get(("ag", ranks.tobytes(), float(nbytes)), lambda: all_gather(self.topo, ranks, nbytes).seconds)
+
+    def handover(self, tp: int, nbytes: float) -> float:
+        from ..timing.collectives import point_to_point
+
+        if nbytes <= 0:
+            return 0.0
+        src = np.arange(tp)
+        return self._get(("p2p", tp, float(nbytes)), lambda: point_to_point(self.topo, src, src + tp, nbytes).seconds)
+
+
+def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms) -> StepTime:
+    tp, pp, dp, mb, m = split.tp, split.pp, split.dp, split.micro_batch, split.micro_batches
+    tokens = mb * seq
+    peak = 2.0 * arch.m4f_flops_per_cycle * arch.clock_hz * arch.pes_per_chip  # one chip, fp32
+    dram = arch.dram_bw_bytes_s
+    block, _ = _block_flops(spec, tokens, seq)
+    layers = spec.layers // pp
+    act = F32 * tokens * spec.hidden  # the residual stream
+    tp_ranks = np.arange(tp)
+    sp = split.sequence_parallel and tp > 1
+    # Megatron's all-reduce of a block's output; with sequence parallelism an all-gather before
+    # the block and a reduce-scatter after it (the same bytes on the links)
+    ar = (comms.all_gather(tp_ranks, act) + comms.reduce_scatter(tp_ranks, act)) if sp else comms.all_reduce(tp_ranks, act)
+    hand = comms.handover(tp, act / tp if sp else act) if pp > 1 else 0.0
+    slowest = None
+    for stage in sorted({0, pp - 1}):
+        params = _stage_params(spec, tp, pp, stage)
+        stored = _stage_activations(spec, split, seq, stage, split.recompute) // max(1, min(pp - stage, m))
+        fwd = layers * block / tp
+        head = 2 * tokens * spec.hidden * -(-spec.vocab // tp) if stage == pp - 1 else 0
+        bwd = 2 * (fwd + head) + (fwd if split.recompute else 0)
+        fwd += head
+        # DRAM: weights read each pass, gradients accumulated (read and write), activations
+        # written in the forward and read back in the backward
+        passes = 2 + split.recompute
+        dram_f = (F32 * params + stored) / dram
+        dram_b = (F32 * params * (passes - 1) + 2 * F32 * params + stored) / dram
+        comp = max(fwd / peak, dram_f) + max(bwd / peak, dram_b)
+        n_ar = (2 + 2 + (2 if split.recompute else 0)) * layers
+        if stage == 0:
+            n_ar += 1  # the vocab-parallel embedding's forward all-reduce
+        tp_s = n_ar * ar
+        if stage == pp - 1 and tp > 1:  # vocab-parallel head: its input gradient, the loss' 3 scalars
+            tp_s += ar + comms.all_reduce(tp_ranks, 3 * F32 * tokens)
+        pp_s = 2 * hand
+        total = comp + tp_s + pp_s
+        if slowest is None or total > slowest[0]:
+            slowest = (total, comp, tp_s, pp_s)
+    per, comp, tp_s, pp_s = slowest
+    slots = m + pp - 1
+    pipeline = slots * per
+    # gradient synchronisation over the replicas, one per chip of the first stage (the most params)
+    params = max(_stage_params(spec, tp, pp, s) for s in {0, pp - 1})
+    dp_ranks = np.arange(dp) * (tp * pp)
+    if split.zero == 0:
+        dp_s = comms.all_reduce(dp_ranks, F32 * params)
+    else:
+        dp_s = comms.reduce_scatter(dp_ranks, F32 * params) + comms.all_gather(dp_ranks, F32 * params)
+    if spec.tied_embeddings and pp > 1:  # the embedding's copies on the first and last stage
+        table = F32 * -(-spec.vocab // tp) * spec.hidden
+        dp_s += comms.all_reduce(np.array([0, (pp - 1) * tp]), table)
+    shard = -(-params // dp) if split.zero >= 1 else params
+    opt_s = max(_UPDATE_BYTES[optimizer] * shard / dram,
+                _UPDATE_OPS[optimizer] * shard * arch.m4f_elementwise_cycles / (arch.pes_per_chip * arch.clock_hz))
+    return StepTime(pipeline_s=pipeline, bubble_s=(pp - 1) * per, compute_s=slots * comp, tp_comm_s=slots * tp_s,
+                    pp_comm_s=slots * pp_s, dp_comm_s=dp_s, optimizer_s=opt_s)
+
+
+# ------------------------------------------------------------------------------------ search
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def _positive(name: str, value, allow_none: bool = True):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise TrainingPlanError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _axes(spec, global_batch: int, tp, pp, dp, micro_batch):
+    """The sizes each axis may take; a given size that does not divide is an error naming the
+    axis, what it must divide and the sizes that would work."""
+    tp_ok = [t for t in _divisors(spec.heads) if spec.kv_heads % t == 0 and spec.intermediate % t == 0]
+    pp_ok = _divisors(spec.layers)
+    dp_ok = _divisors(global_batch)
+    for name, value, ok, what in (
+            ("tp", tp, tp_ok, f"the attention heads ({spec.heads}), key/value heads ({spec.kv_heads}) and "
+                              f"intermediate size ({spec.intermediate})"),
+            ("pp", pp, pp_ok, f"the layers ({spec.layers})"),
+            ("dp", dp, dp_ok, f"the global batch ({global_batch} sequences)")):
+        if value is not None and value not in ok:
+            raise TrainingPlanError(f"{name}={value} does not divide {what}; {name} may be one of {ok}")
+    if micro_batch is not None and dp is not None and (global_batch // dp) % micro_batch:
+        raise TrainingPlanError(
+            f"micro_batch={micro_batch} does not divide the batch per replica ({global_batch} / dp {dp} = "
+            f"{global_batch // dp} sequences); micro_batch may be one of {_divisors(global_batch // dp)}")
+    return ([tp] if tp else tp_ok), ([pp] if pp else pp_ok), ([dp] if dp else dp_ok)
+
+
+def _least_memory(spec, chips: int, axes, global_batch, seq, optimizer, zero, micro_batch, recompute, capacity,
+                  sequence_parallel):
+    """The split of at most ``chips`` chips with the least memory per chip, or None."""
+    tps, pps, dps = axes
+    best = None
+    for t in tps:
+        for p in pps:
+            fit = [d for d in dps if t * p * d <= chips]
+            if not fit:
+                continue
+            d = max(fit)
+            z = 2 if zero is None else zero
+            mb = micro_batch or 1
+            if (global_batch // d) % mb:
+                continue
+            r = True if recompute is None else recompute
+            split = Split(t, p, d, z, mb, global_batch // (d * mb), r, sequence_parallel)
+            mem = memory_per_chip(spec, split, seq, optimizer, capacity)
+            if best is None or mem.total < best[0].total:
+                best = (mem, split)
+    return best
+
+
+def smallest_system(spec, arch, global_batch: int, seq: int, optimizer: str, *, tp=None, pp=None, dp=None,
+                    zero=None, micro_batch=None, recompute=None,
+                    sequence_parallel: bool = True) -> "tuple[int, Split] | None":
+    """The fewest chips (part of one board, else whole boards) on which some split of the model
+    fits the chips' DRAM, and that split (the one with the least memory per chip); None when no
+    number of chips does (e.g. one layer's activations alone exceed a chip)."""
+    spec = spec if hasattr(spec, "layers") else _spec(spec)
+    axes = _axes(spec, global_batch, tp, pp, dp, micro_batch)
+    capacity = arch.dram_bytes
+
+    def fits(chips):
+        found = _least_memory(spec, chips, axes, global_batch, seq, optimizer, zero, micro_batch, recompute,
+                              capacity, sequence_parallel)
+        return found if found and found[0].fits else None
+
+    per_board = arch.chips_per_board
+    for chips in range(1, per_board + 1):
+        found = fits(chips)
+        if found:
+            return chips, found[1]
+    most = max(axes[0]) * max(axes[1]) * max(axes[2])  # beyond it no split uses more chips
+    hi = -(-most // per_board)
+    if not fits(hi * per_board):
+        return None
+    lo = 1  # fits(lo * per_board) is False
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid * per_board):
+            hi = mid
+        else:
+            lo = mid
+    return hi * per_board, fits(hi * per_board)[1]
+
+
+def _arch_of(system):
+    from ..target.arch import SpinnArch
+
+    if isinstance(system, SpinnArch):
+        return system, system.name
+    from ..target.registry import arch_of
+
+    return arch_of(system), str(system)
+
+
+def plan_training(config, system="spinn/board", *, seq: "int | None" = None, global_batch: "int | None" = None,
+                  micro_batch: "int | None" = None, optimizer: str = "adamw", tp: "int | None" = None,
+                  pp: "int | None" = None, dp: "int | None" = None, zero: "int | None" = None,
+                  recompute: "bool | None" = None, sequence_parallel: bool = True,
+                  reproducible: bool = True) -> TrainingPlan:
+    """Plan fp32 training of a transformers model (config only) on a spinn system.
+
+    Parameters
+    ----------
+    config : str, dict, transformers config or model
+        A ``config.json`` path (``model_type`` ``llama`` or ``gpt2``), its dict or a config
+        object (:func:`tvm_spinn.llm.spec_of`).
+    system : str or SpinnArch
+        A spinn target (``spinn``, ``spinn/board``, ``spinn/cloud``, a registered system) or a
+        :class:`~tvm_spinn.target.arch.SpinnArch` (e.g. ``make_system(boards=24)``).
+    seq : int, optional
+        Tokens per sequence; default :data:`DEFAULT_SEQ` or the model's positions where fewer.
+    global_batch : int, optional
+        Sequences per step (default :data:`DEFAULT_GLOBAL_BATCH`).
+    micro_batch : int, optional
+        Sequences per micro-batch; searched when not given.
+    optimizer : {"adamw", "momentum", "sgd"}
+        AdamW (two fp32 moments), SGD with momentum (one), plain SGD (none).
+    tp, pp, dp : int, optional
+        Tensor, pipeline and data parallel sizes; each searched when not given.
+    zero : {0, 1, 2}, optional
+        ZeRO stage (optimizer state, then gradients sharded over ``dp``); searched when not given.
+    recompute : bool, optional
+        Full activation recomputation; searched when not given.
+    sequence_parallel : bool
+        Megatron's sequence parallelism (Korthikanti et al. 2022) with ``tp > 1``: the norms,
+        the residual stream and the blocks' inputs split over the sequence on the TP ranks.
+    reproducible : bool
+        Reductions in the fixed order whatever the split (tree collectives); ``False`` lets the
+        cost model take the faster ring.
+
+    Returns
+    -------
+    TrainingPlan
+        The fastest split that fits the chips' DRAM (ties: fewer chips).
+
+    Raises
+    ------
+    LLMError
+        An unknown ``model_type`` or a config field out of range (naming the field).
+    TrainingPlanError
+        A bad argument or a split that does not divide (naming the axis and the sizes that
+        would), or a model that fits no split of the system (naming the smallest system that
+        holds it: :attr:`TrainingPlanError.smallest_chips` / ``smallest_boards``).
+    """
+    start = time.perf_counter()
+    spec = _spec(config)
+    from ..llm.spec import _as_dict
+
+    cfg = _as_dict(config) if not isinstance(config, (str, os.PathLike)) else {}
+    model = (os.path.splitext(os.path.basename(os.fspath(config)))[0] if isinstance(config, (str, os.PathLike))
+             else str(cfg.get("_name_or_path") or spec.family))
+    if optimizer not in OPTIMIZERS:
+        raise TrainingPlanError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {optimizer!r}")
+    if zero is not None and (isinstance(zero, bool) or zero not in (0, 1, 2)):
+        raise TrainingPlanError(f"zero must be 0, 1 or 2, got {zero!r}")
+    if recompute is not None and not isinstance(recompute, bool):
+        raise TrainingPlanError(f"recompute must be True, False or None (searched), got {recompute!r}")
+    for name, value in (("reproducible", reproducible), ("sequence_parallel", sequence_parallel)):
+        if not isinstance(value, bool):
+            raise TrainingPlanError(f"{name} must be True or False, got {value!r}")
+    if seq is None:
+        seq = min(DEFAULT_SEQ, spec.max_positions)
+    seq = _positive("seq", seq, allow_none=False)
+    if seq > spec.max_positions:
+        raise TrainingPlanError(f"seq={seq} is more than the model's {spec.max_positions} positions")
+    global_batch = _positive("global_batch", DEFAULT_GLOBAL_BATCH if global_batch is None else global_batch,
+                             allow_none=False)
+    tp, pp, dp, micro_batch = (_positive(n, v) for n, v in (("tp", tp), ("pp", pp), ("dp", dp),
+                                                            ("micro_batch", micro_batch)))
+    if micro_batch is not None and global_batch % micro_batch:
+        raise TrainingPlanError(f"micro_batch={micro_batch} does not divide the global batch ({global_batch} "
+                                f"sequences); micro_batch may be one of {_divisors(global_batch)}")
+    arch, system_name = _arch_of(system)
+    tps, pps, dps = _axes(spec, global_batch, tp, pp, dp, micro_batch)
+    capacity = arch.dram_bytes
+    if tp and pp and dp and tp * pp * dp > arch.chips:
+        raise TrainingPlanError(f"tp {tp} x pp {pp} x dp {dp} = {tp * pp * dp} chips, more than the "
+                                f"{arch.chips} of {system_name}")
+    zeros = [zero] if zero is not None else [0, 1, 2]
+    recomputes = [recompute] if recompute is not None else [False, True]
+    # every split that fits, ordered by its compute alone (a lower bound of its step), so the
+    # search costs the collectives of the promising ones only
+    candidates = []
+    for t in tps:
+        for p in pps:
+            for d in dps:
+                if t * p * d > arch.chips:
+                    continue
+                per_replica = global_batch // d
+                for mb in ([micro_batch] if micro_batch else _divisors(per_replica)):
+                    if per_replica % mb:
+                        continue
+                    for z in (zeros if d > 1 else [zeros[0] if zero is not None else 0]):
+                        for r in recomputes:
+                            split = Split(t, p, d, z, mb, per_replica // mb, r, sequence_parallel)
+                            mem = memory_per_chip(spec, split, seq, optimizer, capacity)
+                            if mem.fits:
+                                candidates.append((_compute_floor(spec, split, seq, arch), split.chips, split, mem))
+    if not candidates:
+        found = smallest_system(spec, arch, global_batch, seq, optimizer, tp=tp, pp=pp, dp=dp, zero=zero,
+                                micro_batch=micro_batch, recompute=recompute, sequence_parallel=sequence_parallel)
+        raise _does_not_fit(model, system_name, arch, found)
+    candidates.sort(key=lambda c: (c[0], c[1], dataclasses.astuple(c[2])))
+    comms = _Comms(arch, reproducible)
+    best = None
+    costed = 0
+    for floor, chips, split, mem in candidates:
+        if best is not None and floor >= best[0].total_s:
+            break  # sorted by floor: nothing later can be faster
+        step = _step_time(spec, split, seq, optimizer, arch, comms)
+        costed += 1
+        key = (step.total_s, split.chips)
+        if best is None or key < (best[0].total_s, best[1].chips):
+            best = (step, split, mem)
+    step, split, mem = best
+    from ..timing.training_bound import training_bound
+
+    tokens = global_batch * seq
+    bound = training_bound(spec, tokens, seq, optimizer, arch)
+    flops = model_flops(spec, tokens, seq)
+    peak_used = 2.0 * arch.m4f_flops_per_cycle * arch.clock_hz * arch.pes_per_chip * split.chips
+    return TrainingPlan(
+        model=model, system=system_name, chips=arch.chips, params=spec.params, seq=seq, global_batch=global_batch,
+        optimizer=optimizer, reproducible=reproducible, split=split, memory=mem, step=step,
+        flops_per_step=float(flops), executed_flops_per_step=float(model_flops(spec, tokens, seq, split.recompute)),
+        tokens_per_s=tokens / step.total_s, utilisation=flops / (step.total_s * peak_used),
+        bound_s=bound.total_s, bound_binding=bound.binding,
+        bound_parts_s=tuple(sorted(bound.parts().items())), candidates=costed,
+        plan_seconds=time.perf_counter() - start)
+
+
+def _compute_floor(spec, split: Split, seq: int, arch) -> float:
+    """The GEMM time of the pipeline alone: a lower bound of the split's step."""
+    peak = 2.0 * arch.m4f_flops_per_cycle * arch.clock_hz * arch.pes_per_chip
+    tokens = split.micro_batch * seq
+    block, _ = _block_flops(spec, tokens, seq)
+    per = (3 + split.recompute) * spec.layers // split.pp * block / split.tp
+    return (split.micro_batches + split.pp - 1) * per / peak
+
+
+def _does_not_fit(model: str, system: str, arch, found) -> TrainingPlanError:
+    if found is None:
+        return TrainingPlanError(f"{model} does not fit {system} ({arch.chips} chips of {arch.dram_bytes} bytes "
+                                 "DRAM) with any split, nor any larger system of these chips: one layer's "
+                                 "activations exceed a chip; plan a shorter seq or a smaller micro_batch")
+    chips, split = found
+    boards = -(-chips // arch.chips_per_board)
+    where = (f"{chips} chips (part of one board)" if chips < arch.chips_per_board
+             else f"{boards} board(s) ({boards * arch.chips_per_board} chips): tvm_spinn.make_system(boards={boards})")
+    named = ""
+    try:
+        from ..target.registry import arch_of, known_targets
+
+        fits = sorted((arch_of(t).chips, t) for t in known_targets()
+                      if arch_of(t).chips >= chips and arch_of(t).dram_bytes == arch.dram_bytes
+                      and arch_of(t).clock_hz == arch.clock_hz)
+        named = f"; smallest registered target that holds it: {fits[0][1]}" if fits else ""
+    except ValueError:
+        pass
+    return TrainingPlanError(f"{model} does not fit {system} ({arch.chips} chips): training it needs at least "
+                             f"{where}, e.g. {split.line()}{named}", smallest_chips=chips,
+                             smallest_boards=boards)
+
+
+def write_json(result: TrainingPlan, path: str) -> None:
+    """Write ``result.to_dict()`` to ``path`` atomically (:func:`tvm_spinn._files.atomic_write`)."""
+    from .._files import atomic_write
+
+    text = json.dumps(result.to_dict(), indent=2, sort_keys=True) + "\n"
+    atomic_write(path, lambda f: f.write(text.encode()), what="JSON output")
