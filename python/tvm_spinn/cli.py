@@ -137,8 +137,33 @@ def _check_args(args) -> None:
         from .llm.spec import spec_of  # json and dataclasses only
 
         spec_of(args.config)  # a bad config is refused before TVM loads (LLMError: a ValueError)
+        _check_plan_options(args)
         if args.json:
             _check_output(args.json, "JSON output", (args.config,), "leave out --json to print the plan only")
+
+
+#: ``plan`` options of training plans only, and of inference plans only (flag -> option name)
+_TRAIN_ONLY = {"optimizer": "--optimizer", "micro_batch": "--micro-batch", "tp": "--tp", "pp": "--pp",
+               "dp": "--dp", "zero": "--zero", "recompute": "--recompute"}
+_INFERENCE_ONLY = {"dtype": "--dtype"}
+
+
+def _check_plan_options(args) -> None:
+    """``plan``'s numbers are positive, and each option belongs to the plan asked for."""
+    for key in ("batch", "seq", "micro_batch", "tp", "pp", "dp"):
+        value = getattr(args, key, None)
+        if value is not None and value < 1:
+            raise _fail(f"--{key.replace('_', '-')} must be a positive integer, got {value}")
+    if args.train:
+        given = [flag for key, flag in _INFERENCE_ONLY.items() if getattr(args, key) is not None]
+        if given:
+            raise _fail(f"{given[0]} applies to inference plans: training is planned in fp32")
+    else:
+        given = [flag for key, flag in _TRAIN_ONLY.items() if getattr(args, key) is not None]
+        given += ["--no-sequence-parallel"] if args.no_sequence_parallel else []
+        given += ["--fastest"] if args.fastest else []
+        if given:
+            raise _fail(f"{given[0]} applies to training plans: add --train")
 
 
 # ------------------------------------------------------------------------------ model loading
@@ -360,10 +385,28 @@ def _cmd_report(args) -> int:
 
 
 def _cmd_plan(args) -> int:
+    if args.train:
+        return _cmd_plan_train(args)
     from .llm.plan import plan, write_json
 
-    result = plan(args.config, target=args.target, batch=args.batch, seq=args.seq, dtype=args.dtype,
-                  progress=not args.no_progress)
+    result = plan(args.config, target=args.target, batch=1 if args.batch is None else args.batch, seq=args.seq,
+                  dtype=args.dtype or "int8", progress=not args.no_progress)
+    print(result.table())
+    if args.json:
+        _INTERRUPTS.check()
+        write_json(result, args.json)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _cmd_plan_train(args) -> int:
+    from .training.planner import plan_training, write_json
+
+    recompute = {"on": True, "off": False, None: None, "auto": None}[args.recompute]
+    result = plan_training(args.config, args.target, seq=args.seq, global_batch=args.batch,
+                           micro_batch=args.micro_batch, optimizer=args.optimizer or "adamw", tp=args.tp, pp=args.pp,
+                           dp=args.dp, zero=args.zero, recompute=recompute,
+                           sequence_parallel=not args.no_sequence_parallel, reproducible=not args.fastest)
     print(result.table())
     if args.json:
         _INTERRUPTS.check()
@@ -443,14 +486,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", help=f"for a model file: spinn target tag ({targets}; default spinn)")
     _add_model_options(p)
     p.set_defaults(func=_cmd_report)
-    p = sub.add_parser("plan", help="plan LLM decoding from a transformers config alone (no weights, timing model)")
+    p = sub.add_parser("plan", help="plan LLM decoding (or, with --train, training) from a transformers config "
+                                    "alone (no weights, timing model)")
     p.add_argument("config", help="transformers config.json (model_type llama or gpt2), e.g. the shipped "
                                   "python/tvm_spinn/llm/configs/llama-2-70b.json")
     p.add_argument("--target", default="spinn/board", help=f"spinn system ({targets}; default spinn/board)")
-    p.add_argument("--batch", type=int, default=1, help="users decoding together")
-    p.add_argument("--seq", type=int, default=None, help="context length (prompt and KV-cache slots); default "
-                                                        "2048, or the model's position limit where shorter")
-    p.add_argument("--dtype", default="int8", choices=("int8", "fp32"), help="weight GEMM arithmetic")
+    p.add_argument("--batch", type=int, default=None, help="users decoding together (default 1); with --train, "
+                                                           "sequences per training step (default 512)")
+    p.add_argument("--seq", type=int, default=None, help="context length (prompt and KV-cache slots; with --train, "
+                                                        "tokens per sequence); default 2048, or the model's "
+                                                        "position limit where shorter")
+    p.add_argument("--dtype", default=None, choices=("int8", "fp32"), help="weight GEMM arithmetic (default int8; "
+                                                                         "inference plans)")
+    p.add_argument("--train", action="store_true",
+                   help="plan fp32 training instead: memory per chip, the TP x PP x DP split and ZeRO stage "
+                        "(searched unless given), time per step, tokens/s, efficiency")
+    p.add_argument("--optimizer", choices=("adamw", "momentum", "sgd"), default=None,
+                   help="with --train: AdamW (default), SGD with momentum, or SGD")
+    p.add_argument("--micro-batch", type=int, default=None, help="with --train: sequences per micro-batch")
+    for axis, what in (("tp", "tensor"), ("pp", "pipeline"), ("dp", "data")):
+        p.add_argument(f"--{axis}", type=int, default=None, help=f"with --train: {what} parallel size")
+    p.add_argument("--zero", type=int, choices=(0, 1, 2), default=None, help="with --train: ZeRO stage")
+    p.add_argument("--recompute", choices=("auto", "on", "off"), default=None,
+                   help="with --train: full activation recomputation (default auto: searched)")
+    p.add_argument("--no-sequence-parallel", action="store_true",
+                   help="with --train: tensor parallelism without Megatron's sequence parallelism")
+    p.add_argument("--fastest", action="store_true",
+                   help="with --train: let reductions take the fastest order (bits then depend on the split)")
     p.add_argument("--json", help="write the plan as JSON here (atomically)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--verbose", action="store_true", help="show library warnings")

@@ -25,7 +25,8 @@ an fp32 master copy; here every tensor is fp32 and there is no master copy:
 * optimizer state ``4 k P`` with ``k`` = 2 (AdamW), 1 (SGD with momentum), 0 (SGD). ZeRO-1
   divides the optimizer state by ``dp``, ZeRO-2 the gradients too (ZeRO, Rajbhandari et al.
   2020, with ``K = 4 k`` and 4-byte weights and gradients: stage 2 holds ``4 P + (4 + 4 k) P /
-  dp``);
+  dp``); ZeRO-2 therefore reduce-scatters the gradients after every micro-batch (its full
+  gradient never exists), ZeRO-0 and ZeRO-1 once a step;
 * activations (Korthikanti et al. 2022, Sec. 4, re-derived for fp32 without dropout: the
   trainer refuses dropout, so there are no masks and no dropout outputs, and every stored
   tensor takes 4 bytes): one layer stores, per token, its two norms' inputs, the attention's
@@ -51,7 +52,8 @@ recomputing; with sequence parallelism each is an all-gather and a reduce-scatte
 stage, each costed by :mod:`tvm_spinn.timing.collectives` on the system's link graph. The 1F1B
 step takes ``(m + pp - 1)`` times the slowest stage's forward and backward (the bubble,
 ``(pp - 1) / m``), then the gradient synchronisation over the ``dp`` replicas (ZeRO-0: an
-all-reduce; ZeRO-1/2: a reduce-scatter and an all-gather of the updated weights) and the
+all-reduce; ZeRO-1: a reduce-scatter and an all-gather of the updated weights; ZeRO-2: a
+reduce-scatter per micro-batch and the all-gather) and the
 optimizer update (its DRAM traffic or its element-wise work on the M4F cores, whichever is
 longer). In the reproducible mode (the default) every reduction follows the fixed order of
 :func:`~tvm_spinn.timing.collectives.reduction_order` (tree collectives), so the result's bits
@@ -451,8 +453,9 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
     dp_ranks = np.arange(dp) * (tp * pp)
     if split.zero == 0:
         dp_s = comms.all_reduce(dp_ranks, F32 * params)
-    else:
-        dp_s = comms.reduce_scatter(dp_ranks, F32 * params) + comms.all_gather(dp_ranks, F32 * params)
+    else:  # ZeRO-2 keeps only its shard of the gradients: reduce-scattered after every micro-batch
+        scatters = m if split.zero == 2 else 1
+        dp_s = scatters * comms.reduce_scatter(dp_ranks, F32 * params) + comms.all_gather(dp_ranks, F32 * params)
     if spec.tied_embeddings and pp > 1:  # the embedding's copies on the first and last stage
         table = F32 * -(-spec.vocab // tp) * spec.hidden
         dp_s += comms.all_reduce(np.array([0, (pp - 1) * tp]), table)
@@ -671,7 +674,10 @@ def plan_training(config, system="spinn/board", *, seq: "int | None" = None, glo
     if not candidates:
         found = smallest_system(spec, arch, global_batch, seq, optimizer, tp=tp, pp=pp, dp=dp, zero=zero,
                                 micro_batch=micro_batch, recompute=recompute, sequence_parallel=sequence_parallel)
-        raise _does_not_fit(model, system_name, arch, found)
+        fixed = ", ".join(f"{k}={v}" for k, v in (("tp", tp), ("pp", pp), ("dp", dp), ("zero", zero),
+                                                  ("micro_batch", micro_batch), ("recompute", recompute))
+                          if v is not None)
+        raise _does_not_fit(model, system_name, arch, found, f" with {fixed}" if fixed else "")
     candidates.sort(key=lambda c: (c[0], c[1], dataclasses.astuple(c[2])))
     comms = _Comms(arch, reproducible)
     best = None
@@ -710,11 +716,11 @@ def _compute_floor(spec, split: Split, seq: int, arch) -> float:
     return (split.micro_batches + split.pp - 1) * per / peak
 
 
-def _does_not_fit(model: str, system: str, arch, found) -> TrainingPlanError:
+def _does_not_fit(model: str, system: str, arch, found, given: str = "") -> TrainingPlanError:
     if found is None:
         return TrainingPlanError(f"{model} does not fit {system} ({arch.chips} chips of {arch.dram_bytes} bytes "
-                                 "DRAM) with any split, nor any larger system of these chips: one layer's "
-                                 "activations exceed a chip; plan a shorter seq or a smaller micro_batch")
+                                 f"DRAM): no split{given} keeps a chip within its DRAM on any number of these "
+                                 "chips; fix fewer sizes, or plan a shorter seq or a smaller micro_batch")
     chips, split = found
     boards = -(-chips // arch.chips_per_board)
     where = (f"{chips} chips (part of one board)" if chips < arch.chips_per_board

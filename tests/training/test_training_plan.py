@@ -1,0 +1,297 @@
+"""Training plans from a config (``tvm_spinn.training.plan_training``) against references.
+
+The references are written here from the papers, independently of the planner, and re-derived
+for this machine's training: every tensor fp32 (4 bytes), no fp16/bf16 copy, no master copy of
+the weights, and no dropout (the trainer refuses it). The parameter counts come from
+transformers' own models (built on the meta device: no weight memory), not from the planner's
+config reader.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import time
+
+import numpy as np
+import pytest
+
+from tvm_spinn.llm.spec import LLMError, spec_of
+from tvm_spinn.target import make_system
+from tvm_spinn.training import TrainingPlanError, plan_training
+from tvm_spinn.training.planner import Split, memory_per_chip, model_flops
+
+CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "python" / "tvm_spinn" / "llm" / "configs"
+GIB = 2**30
+
+
+def _config(name: str) -> dict:
+    return json.loads((CONFIGS / f"{name}.json").read_text())
+
+
+def _transformers_params(name: str) -> int:
+    """Ψ: parameters of the transformers model of the shipped config (meta device)."""
+    import torch
+    import transformers
+
+    cfg = transformers.AutoConfig.for_model(**_config(name))
+    cls = transformers.LlamaForCausalLM if cfg.model_type == "llama" else transformers.GPT2LMHeadModel
+    with torch.device("meta"):
+        model = cls(cfg)
+    return sum(p.numel() for p in model.parameters())  # a tied head is one parameter
+
+
+@pytest.fixture(scope="module")
+def params():
+    return {name: _transformers_params(name) for name in ("gpt2-xl", "llama-2-7b")}
+
+
+# ------------------------------------------------------------------------- model states (ZeRO)
+@pytest.mark.parametrize("name", ["gpt2-xl", "llama-2-7b"])
+@pytest.mark.parametrize("dp", [1, 8, 64])
+def test_model_states_match_zero_and_deepspeed(name, dp, params):
+    """ZeRO (Rajbhandari et al. 2020, Sec. 5.1, Fig. 1): with mixed-precision Adam a model of Ψ
+    parameters holds 2Ψ fp16 weights, 2Ψ fp16 gradients and KΨ optimizer state, K = 12 (fp32
+    master weights, momentum, variance); P_os shards the K part over N_d replicas, P_os+g the
+    gradients too. In fp32 training the weights are the master copy and the gradients are fp32:
+    4Ψ weights, 4Ψ gradients, K = 8 (AdamW's two moments). So
+        stage 0: 16Ψ, stage 1 (P_os): 8Ψ + 8Ψ/N_d, stage 2 (P_os+g): 4Ψ + 12Ψ/N_d.
+    DeepSpeed's estimator (deepspeed.runtime.zero.stage_1_and_2.
+    estimate_zero2_model_states_mem_needs, no offload) gives 4Ψ + 16Ψ/N per GPU: fp16 weights
+    and a full fp16 gradient buffer (2Ψ + 2Ψ) and, per partition, fp32 master weights, fp32
+    gradients, momentum and variance (16). Re-derived for fp32: the full gradient buffer is the
+    fp32 gradient (4Ψ), so the partition keeps the two moments only: 4Ψ + 4Ψ + 8Ψ/N, which is
+    ZeRO's stage 1 (full gradients, sharded optimizer)."""
+    spec = spec_of(_config(name))
+    psi = params[name]
+    assert spec.params == psi
+    zero_paper = {0: 16 * psi, 1: 8 * psi + 8 * psi / dp, 2: 4 * psi + 12 * psi / dp}
+    deepspeed_fp32 = 4 * psi + 4 * psi + 8 * psi / dp
+    for zero in (0, 1, 2):
+        mem = memory_per_chip(spec, Split(1, 1, dp, zero, 1, 1, False), 1024, "adamw", 2 * GIB)
+        states = mem.weights + mem.gradients + mem.optimizer
+        assert states == pytest.approx(zero_paper[zero], rel=1e-9), zero
+        if zero == 1:
+            assert states == pytest.approx(deepspeed_fp32, rel=1e-9)
+    sgd = memory_per_chip(spec, Split(1, 1, dp, 0, 1, 1, False), 1024, "sgd", 2 * GIB)
+    assert sgd.optimizer == 0 and sgd.weights == sgd.gradients == 4 * psi
+
+
+# ---------------------------------------------------------------------- activations (Korthikanti)
+def _korthikanti_fp32(s, b, h, a, t, sequence_parallel):
+    """Bytes of one GPT layer's stored activations (Korthikanti et al. 2022, Sec. 4.1), for
+    fp32 and no dropout. The paper's fp16 terms: attention 11sbh + 5as²b (QKV input 2sbh, Q and
+    K 4sbh, softmax output 2as²b, dropout mask as²b, dropout output 2as²b, V 2sbh, projection
+    input 2sbh, dropout mask sbh), MLP 19sbh (inputs 2sbh and 8sbh, GeLU input 8sbh, mask sbh),
+    two LayerNorm inputs 4sbh: sbh(34 + 5as/h). Without dropout the three masks (as²b + 2sbh) and
+    the dropout output (2as²b, the AV matmul then reads the softmax output) go: 32sbh + 2as²b; in
+    fp32 every element takes twice the bytes: 64sbh + 4as²b. Tensor parallel without sequence
+    parallelism (Sec. 4.2.1) keeps the LayerNorm inputs (4sbh fp16), the QKV input and the first
+    MLP input (2sbh each) replicated, 8sbh in fp16, 16sbh in fp32, and splits the rest by t;
+    with sequence parallelism (Sec. 4.2.2) everything is split by t."""
+    if sequence_parallel:
+        return (64 * s * b * h + 4 * a * s * s * b) / t
+    return 16 * s * b * h + (48 * s * b * h + 4 * a * s * s * b) / t
+
+
+@pytest.mark.parametrize("t", [1, 5, 25])
+@pytest.mark.parametrize("sp", [False, True])
+def test_activations_match_korthikanti(t, sp):
+    spec = spec_of(_config("gpt2-xl"))  # a GPT: MLP 4h, multi-head attention, as the paper
+    s, b, h, a, L = 1024, 2, spec.hidden, spec.heads, spec.layers
+    layer = _korthikanti_fp32(s, b, h, a, t, sp)
+    # one stage, one micro-batch: the layers' activations (the last stage adds the logits and the
+    # final LayerNorm's input and output, Sec. 4.3's output terms in fp32: 4sbv/t, 2 x 4sbh; the
+    # vocabulary padded to a multiple of t, as Megatron's vocab-parallel embedding does)
+    out_terms = 4 * s * b * math.ceil(spec.vocab / t) + (2 * 4 * s * b * h) / (t if sp else 1)
+    mem = memory_per_chip(spec, Split(t, 1, 1, 0, b, 1, False, sp), s, "sgd", 2**60)
+    assert mem.activations_no_recompute == pytest.approx(L * layer + out_terms, rel=1e-6)
+    # 1F1B (Sec. 4.3): the first stage holds p micro-batches of L/p layers, L layers' worth
+    p = 4
+    mem = memory_per_chip(spec, Split(t, p, 1, 0, b, 8, False, sp), s, "sgd", 2**60)
+    assert mem.stage == 0
+    assert mem.activations_no_recompute == pytest.approx(L * layer, rel=1e-6)
+    # full recomputation (Sec. 5): each layer keeps its input, 2sbh in fp16, 4sbh in fp32 (/t
+    # with sequence parallelism), p micro-batches on the first stage, plus one layer recomputed
+    keep = 4 * s * b * h / (t if sp else 1)
+    assert mem.activations_recompute == pytest.approx(L * keep + layer, rel=1e-6)
+
+
+# ------------------------------------------------------------------------------------ FLOPs
+def test_flops_match_megatron():
+    """Narayanan et al. 2021 (Megatron-LM at scale), eq. 3: a GPT step of B sequences of s
+    tokens takes 96BsLh²(1 + s/6h + V/16Lh) FLOPs with full recomputation: the forward of every
+    block 24Bsh² + 4Bs²h, the head 2BshV; backward twice the forward; recomputation one more
+    forward of the blocks. Without recomputation: 72BsLh²(1 + s/6h + V/12Lh)."""
+    spec = spec_of(_config("gpt2-xl"))
+    B, s, L, h, V = 512, 1024, spec.layers, spec.hidden, spec.vocab
+    assert model_flops(spec, B * s, s) == pytest.approx(72 * B * s * L * h**2 * (1 + s / (6 * h) + V / (12 * L * h)),
+                                                        rel=1e-12)
+    assert model_flops(spec, B * s, s, recompute=True) == pytest.approx(
+        96 * B * s * L * h**2 * (1 + s / (6 * h) + V / (16 * L * h)), rel=1e-12)
+
+
+@pytest.mark.parametrize("name", ["llama-2-7b", "llama-2-13b", "llama-2-70b"])
+def test_llama_flops_are_six_n_tokens_plus_attention(name):
+    """6 N D (Kaplan et al. 2020) with N the GEMM weights (attention projections with grouped
+    key/value heads, the three SwiGLU matrices, the LM head), plus the attention matmuls'
+    3 x 2 x 2 x s x (heads x head_dim) FLOPs per token and layer (the s/6h term above)."""
+    c = _config(name)
+    h, i, L, V = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
+    q = h
+    kv = h // c["num_attention_heads"] * c["num_key_value_heads"]
+    n = L * (h * q + 2 * h * kv + q * h + 3 * h * i) + V * h
+    B, s = 8, 4096
+    ref = 6 * n * B * s + 12 * L * B * s * s * q
+    assert model_flops(spec_of(c), B * s, s) == pytest.approx(ref, rel=1e-12)
+
+
+# -------------------------------------------------------------------------------- the plans
+def test_plan_fits_and_reports_consistently():
+    plan = plan_training(CONFIGS / "gpt2-xl.json", "spinn/board", global_batch=64, seq=512)
+    m, split = plan.memory, plan.split
+    assert m.fits and m.total <= 2 * GIB and split.chips <= 48
+    assert plan.tokens_per_s == pytest.approx(64 * 512 / plan.time_per_step_s)
+    assert 0 < plan.efficiency <= 1 and 0 < plan.utilisation <= 1
+    # the chosen split is the fastest: any split given by hand is no faster
+    for tp, pp, dp in ((1, 12, 4), (5, 8, 1), (1, 48, 1), (5, 4, 2)):
+        given = plan_training(CONFIGS / "gpt2-xl.json", "spinn/board", global_batch=64, seq=512, tp=tp, pp=pp, dp=dp)
+        assert (given.split.tp, given.split.pp, given.split.dp) == (tp, pp, dp)
+        assert given.time_per_step_s >= plan.time_per_step_s * (1 - 1e-12)
+        assert given.bound_s == plan.bound_s  # the physical bound does not depend on the plan
+    again = plan_training(CONFIGS / "gpt2-xl.json", "spinn/board", global_batch=64, seq=512)
+    assert again.to_dict() == plan.to_dict()
+
+
+def test_reproducible_reductions_cost_no_less():
+    kw = dict(global_batch=64, seq=512, tp=5, pp=8, dp=1, zero=0, recompute=True)
+    exact = plan_training(CONFIGS / "gpt2-xl.json", "spinn/board", **kw)
+    fast = plan_training(CONFIGS / "gpt2-xl.json", "spinn/board", reproducible=False, **kw)
+    assert fast.time_per_step_s <= exact.time_per_step_s
+    assert fast.step.tp_comm_s < exact.step.tp_comm_s
+
+
+def test_model_too_large_names_the_smallest_system():
+    with pytest.raises(TrainingPlanError, match="does not fit spinn/board") as err:
+        plan_training(CONFIGS / "llama-2-7b.json", "spinn/board", seq=1024, global_batch=64)
+    boards = err.value.smallest_boards
+    assert boards > 1 and f"make_system(boards={boards})" in str(err.value)
+    # the smallest indeed: it fits there and not on one board less
+    plan = plan_training(CONFIGS / "llama-2-7b.json", make_system("s", boards=boards), seq=1024, global_batch=64)
+    assert plan.memory.fits and plan.split.chips > (boards - 1) * 48
+    with pytest.raises(TrainingPlanError, match="does not fit"):
+        plan_training(CONFIGS / "llama-2-7b.json", make_system("t", boards=boards - 1), seq=1024, global_batch=64)
+
+
+def test_seventy_b_on_the_cloud():
+    start = time.perf_counter()
+    plan = plan_training(CONFIGS / "llama-2-70b.json", "spinn/cloud")
+    print(f"\nLlama-2-70B on spinn/cloud planned in {time.perf_counter() - start:.2f} s\n{plan.table()}")
+    assert plan.memory.fits and plan.split.chips <= 720 * 48
+    assert plan.memory.total == pytest.approx(plan.memory.weights + plan.memory.gradients + plan.memory.optimizer
+                                              + plan.memory.activations)
+
+
+# ------------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(tp=3), r"tp=3 does not divide the attention heads \(25\).*one of \[1, 5, 25\]"),
+    (dict(pp=5), r"pp=5 does not divide the layers \(48\).*one of \[1, 2, 3, 4, 6, 8, 12, 16, 24, 48\]"),
+    (dict(dp=3), r"dp=3 does not divide the global batch \(512 sequences\).*one of \[1, 2, 4, 8"),
+    (dict(micro_batch=3), r"micro_batch=3 does not divide the global batch \(512 sequences\)"),
+    (dict(dp=4, micro_batch=256), r"micro_batch=256 does not divide the batch per replica \(512 / dp 4 = 128"),
+    (dict(zero=3), r"zero must be 0, 1 or 2"),
+    (dict(optimizer="lamb"), r"optimizer must be one of"),
+    (dict(seq=4096), r"seq=4096 is more than the model's 1024 positions"),
+    (dict(global_batch=0), r"global_batch must be a positive integer"),
+    (dict(tp=25, pp=48, dp=512), r"more than the 48"),
+    (dict(tp=1, pp=1, dp=1), r"does not fit spinn/board .* no split with tp=1, pp=1, dp=1 keeps a chip"),
+])
+def test_bad_arguments_name_the_axis(kwargs, message):
+    with pytest.raises(TrainingPlanError, match=message):
+        plan_training(CONFIGS / "gpt2-xl.json", "spinn/board", **kwargs)
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"model_type": "mixtral"}, "model_type"),
+    ({"n_head": 0}, "n_head"),
+    ({"n_layer": "48"}, "n_layer"),
+])
+def test_bad_config_names_the_field(change, field):
+    with pytest.raises(LLMError, match=f"'{field}'"):
+        plan_training({**_config("gpt2-xl"), **change}, "spinn/board")
+
+
+# ---------------------------------------------------------------------------- the command line
+def test_cli_plan_train_writes_json_and_refuses_bad_splits(tmp_path, capsys):
+    from tvm_spinn.cli import main
+
+    out = tmp_path / "plan.json"
+    args = ["plan", "--train", str(CONFIGS / "gpt2-xl.json"), "--target", "spinn/board", "--batch", "64",
+            "--seq", "512", "--no-progress"]
+    assert main(args + ["--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "memory per chip" in text and "efficiency" in text
+    data = json.loads(out.read_text())
+    ref = plan_training(CONFIGS / "gpt2-xl.json", "spinn/board", global_batch=64, seq=512)
+    assert data == json.loads(json.dumps(ref.to_dict()))
+    bad = tmp_path / "bad.json"
+    assert main(args + ["--tp", "2", "--json", str(bad)]) == 2
+    assert "tp=2 does not divide" in capsys.readouterr().err and not bad.exists()
+    assert main(["plan", str(CONFIGS / "gpt2-xl.json"), "--zero", "1"]) == 2
+    assert "--zero applies to training plans" in capsys.readouterr().err
+    assert main(["plan", "--train", str(CONFIGS / "gpt2-xl.json"), "--dtype", "int8"]) == 2
+    assert "--dtype applies to inference plans" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------- against an actual build
+@pytest.mark.slow
+def test_plan_matches_the_buffers_a_build_allocates():
+    """A tiny GPT-2 language model (transformers, random weights, untied head) compiled by
+    ``tvm_spinn.training.compile`` with AdamW: the planner's weights, gradients and optimizer
+    state for one chip (TP = PP = DP = 1) equal the bytes of the trainer's parameter buffers,
+    the gradients the step's backward function returns and the optimizer-state buffers (TVM's
+    Adam adds three scalars: the step count and the two betas' powers)."""
+    import torch
+    import transformers
+    from tvm import relax
+
+    import tvm_spinn
+
+    cfg = dict(model_type="gpt2", n_embd=16, n_head=2, n_layer=2, n_positions=8, vocab_size=24,
+               tie_word_embeddings=False, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    config = transformers.GPT2Config(**{k: v for k, v in cfg.items() if k != "model_type"}, use_cache=False)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+
+    class LM(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, ids):
+            return self.m(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits.reshape(-1, 24)
+
+    ids = torch.randint(0, 24, (2, 8))
+    trainer = tvm_spinn.training.compile(LM(model), (ids,), optimizer=("adam", {"lr": 1e-3, "weight_decay": 0.01}),
+                                         target="llvm")
+    param_bytes = sum(p.numpy().nbytes for p in trainer._params)
+    state = [s.numpy() for s in trainer._state]
+    scalars = [s for s in state if s.ndim == 0]
+    state_bytes = sum(s.nbytes for s in state if s.ndim > 0)
+
+    def tensor_bytes(ty):
+        if isinstance(ty, relax.TupleType):
+            return sum(tensor_bytes(f) for f in ty.fields)
+        return int(np.prod([int(d) for d in ty.shape])) * 4 if ty.shape is not None and len(ty.shape) else 0
+
+    adjoint = trainer._graph.phases["backbone_loss_adjoint"].ret_ty
+    grad_bytes = tensor_bytes(adjoint.fields[1])  # (loss, gradients)
+    plan = plan_training(cfg, make_system("one", chips=1), seq=8, global_batch=2, micro_batch=2, tp=1, pp=1, dp=1,
+                         zero=0, recompute=False)
+    assert len(scalars) == 3
+    assert plan.memory.weights == param_bytes
+    assert plan.memory.gradients == grad_bytes == param_bytes
+    assert plan.memory.optimizer == state_bytes == 2 * param_bytes
