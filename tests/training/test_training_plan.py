@@ -213,6 +213,21 @@ def test_bad_arguments_name_the_axis(kwargs, message):
         plan_training(CONFIGS / "gpt2-xl.json", "spinn/board", **kwargs)
 
 
+def test_grouped_query_heads_replicate_past_their_count():
+    """Llama-2-70B has 8 key/value heads for 64 query heads: TP 16 keeps one key/value head on
+    each rank (Megatron replicates them), so its K and V projections do not shrink past TP 8."""
+    spec = spec_of(_config("llama-2-70b"))
+    h, d, i = spec.hidden, spec.head_dim, spec.intermediate
+    for tp in (8, 16, 64):
+        kv = max(1, 8 // tp) * d
+        ref = h * (h // tp + 2 * kv) + h // tp * h + 3 * h * i // tp + 2 * h
+        mem = memory_per_chip(spec, Split(tp, 80, 1, 0, 1, 1, False), 64, "sgd", 2**60)
+        # the last stage: one block, the final norm and the LM head's vocab shard
+        assert mem.stage == 79 and mem.weights == 4 * (ref + h + math.ceil(spec.vocab / tp) * h)
+    with pytest.raises(TrainingPlanError, match=r"tp=12 does not divide .* key/value heads \(8\)"):
+        plan_training(_config("llama-2-70b"), "spinn/cloud", tp=12)
+
+
 @pytest.mark.parametrize("change, field", [
     ({"model_type": "mixtral"}, "model_type"),
     ({"n_head": 0}, "n_head"),

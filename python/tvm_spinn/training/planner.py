@@ -257,15 +257,18 @@ def _spec(config):
     return spec_of(config)
 
 
-def _widths(spec):
-    q, kv = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
-    return spec.hidden, spec.intermediate, q, kv
+def _widths(spec, tp: int = 1):
+    """``(hidden, intermediate, query, key/value)`` widths on one TP rank: the heads and the MLP
+    split by ``tp``; key/value heads split too, or, with more ranks than key/value heads
+    (grouped-query attention), one key/value head on each rank (replicated, as Megatron does)."""
+    kv_heads = spec.kv_heads // tp if spec.kv_heads % tp == 0 else 1
+    return spec.hidden, spec.intermediate // tp, spec.heads // tp * spec.head_dim, kv_heads * spec.head_dim
 
 
 def _layer_params(spec, tp: int) -> int:
     """Parameters of one block on one TP rank: column-parallel weights and biases split,
     row-parallel biases and norms replicated."""
-    h, i, q, kv = _widths(spec)
+    h, i, q, kv = _widths(spec, tp)
     if spec.family == "gpt2":
         split = h * (q + 2 * kv) + (q + 2 * kv) + q * h + 2 * h * i + i
         replicated = h + h + 4 * h  # the two row-parallel biases, two LayerNorms (scale, shift)
@@ -273,7 +276,7 @@ def _layer_params(spec, tp: int) -> int:
         split = h * (q + 2 * kv) + q * h + 3 * h * i
         split += (q + 2 * kv) * spec.attention_bias + 2 * i * spec.mlp_bias
         replicated = 2 * h + h * spec.attention_bias + h * spec.mlp_bias  # two RMSNorms, row biases
-    return split // tp + replicated
+    return split + replicated
 
 
 def _stage_params(spec, tp: int, pp: int, stage: int) -> int:
@@ -293,12 +296,12 @@ def _stage_params(spec, tp: int, pp: int, stage: int) -> int:
 def _layer_activations(spec, tp: int, tokens: int, seq: int, sequence_parallel: bool) -> int:
     """Bytes one layer stores for the backward pass for ``tokens`` tokens (sequences of
     ``seq``) on one TP rank (see the module docstring)."""
-    h, i, q, kv = _widths(spec)
+    h, i, q, kv = _widths(spec, tp)
     mlp = 3 * i if spec.family == "llama" else 2 * i
     wide = 4 * h  # the norms' inputs, the attention's and the MLP's inputs
     wide = -(-wide // tp) if sequence_parallel else wide  # split over the sequence, or replicated
     scores = (spec.heads // tp) * seq  # softmax outputs per token
-    return F32 * tokens * (wide + (2 * q + 2 * kv + mlp) // tp + scores)
+    return F32 * tokens * (wide + 2 * q + 2 * kv + mlp + scores)
 
 
 def _layer_input(spec, tp: int, tokens: int, sequence_parallel: bool) -> int:
@@ -338,10 +341,10 @@ def memory_per_chip(spec, split: Split, seq: int, optimizer: str, capacity: int)
     return best
 
 
-def _block_flops(spec, tokens: int, seq: int) -> tuple[int, int]:
-    """(GEMM FLOPs of one block's forward for ``tokens`` tokens, of it the attention's two
-    ``seq x seq`` matmuls), whole block (divide by tp for one rank)."""
-    h, i, q, kv = _widths(spec)
+def _block_flops(spec, tokens: int, seq: int, tp: int = 1) -> tuple[int, int]:
+    """(GEMM FLOPs of one block's forward for ``tokens`` tokens on one of ``tp`` ranks, of it
+    the attention's two ``seq x seq`` matmuls)."""
+    h, i, q, kv = _widths(spec, tp)
     mlp = 3 if spec.family == "llama" else 2
     weights = h * (q + 2 * kv) + q * h + mlp * h * i
     attention = 2 * 2 * tokens * seq * q  # Q K^T and (softmax) V, the full s x s (as Megatron counts)
@@ -412,7 +415,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
     tokens = mb * seq
     peak = 2.0 * arch.m4f_flops_per_cycle * arch.clock_hz * arch.pes_per_chip  # one chip, fp32
     dram = arch.dram_bw_bytes_s
-    block, _ = _block_flops(spec, tokens, seq)
+    block, _ = _block_flops(spec, tokens, seq, tp)
     layers = spec.layers // pp
     act = F32 * tokens * spec.hidden  # the residual stream
     tp_ranks = np.arange(tp)
@@ -425,7 +428,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
     for stage in sorted({0, pp - 1}):
         params = _stage_params(spec, tp, pp, stage)
         stored = _stage_activations(spec, split, seq, stage, split.recompute) // max(1, min(pp - stage, m))
-        fwd = layers * block / tp
+        fwd = layers * block
         head = 2 * tokens * spec.hidden * -(-spec.vocab // tp) if stage == pp - 1 else 0
         bwd = 2 * (fwd + head) + (fwd if split.recompute else 0)
         fwd += head
@@ -483,12 +486,14 @@ def _positive(name: str, value, allow_none: bool = True):
 def _axes(spec, global_batch: int, tp, pp, dp, micro_batch):
     """The sizes each axis may take; a given size that does not divide is an error naming the
     axis, what it must divide and the sizes that would work."""
-    tp_ok = [t for t in _divisors(spec.heads) if spec.kv_heads % t == 0 and spec.intermediate % t == 0]
+    tp_ok = [t for t in _divisors(spec.heads) if (spec.kv_heads % t == 0 or t % spec.kv_heads == 0)
+             and spec.intermediate % t == 0]
     pp_ok = _divisors(spec.layers)
     dp_ok = _divisors(global_batch)
     for name, value, ok, what in (
-            ("tp", tp, tp_ok, f"the attention heads ({spec.heads}), key/value heads ({spec.kv_heads}) and "
-                              f"intermediate size ({spec.intermediate})"),
+            ("tp", tp, tp_ok, f"the attention heads ({spec.heads}) and the intermediate size "
+                              f"({spec.intermediate}), or is neither a divisor nor a multiple of the key/value "
+                              f"heads ({spec.kv_heads})"),
             ("pp", pp, pp_ok, f"the layers ({spec.layers})"),
             ("dp", dp, dp_ok, f"the global batch ({global_batch} sequences)")):
         if value is not None and value not in ok:
@@ -711,8 +716,8 @@ def _compute_floor(spec, split: Split, seq: int, arch) -> float:
     """The GEMM time of the pipeline alone: a lower bound of the split's step."""
     peak = 2.0 * arch.m4f_flops_per_cycle * arch.clock_hz * arch.pes_per_chip
     tokens = split.micro_batch * seq
-    block, _ = _block_flops(spec, tokens, seq)
-    per = (3 + split.recompute) * spec.layers // split.pp * block / split.tp
+    block, _ = _block_flops(spec, tokens, seq, split.tp)
+    per = (3 + split.recompute) * spec.layers // split.pp * block
     return (split.micro_batches + split.pp - 1) * per / peak
 
 
