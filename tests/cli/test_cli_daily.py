@@ -128,6 +128,9 @@ def _command(tmp_path, *args):
     return proc, imported.split(",") if imported else []
 
 
+GPT2_XL = os.path.join(PYTHON_DIR, "tvm_spinn", "llm", "configs", "gpt2-xl.json")
+
+
 def test_help_and_argument_errors_import_neither_torch_nor_tvm(tmp_path):
     save_sub_onnx(tmp_path / "m.onnx", output="diff")
     cases = [
@@ -143,6 +146,9 @@ def test_help_and_argument_errors_import_neither_torch_nor_tvm(tmp_path):
           str(tmp_path / "nologs")], 2, "nologs"),
         (["run", str(tmp_path / "none.so"), "--inputs", "in.npz"], 2, "none.so"),
         (["plan", str(tmp_path / "bad.json")], 2, "model_type"),
+        (["plan", "--train", str(tmp_path / "bad.json")], 2, "model_type"),
+        (["plan", GPT2_XL, "--zero", "1"], 2, "--zero applies to training plans"),
+        (["plan", "--train", GPT2_XL, "--tp", "0"], 2, "--tp must be a positive integer"),
     ]
     (tmp_path / "bad.json").write_text('{"model_type": "mixtral"}')
     for argv, rc, expect in cases:
