@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.resources
-import math
 import time
 
 GIB = 2**30

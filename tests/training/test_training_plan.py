@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import pathlib
 import time
 
@@ -163,6 +162,27 @@ def test_plan_fits_and_reports_consistently():
         assert given.bound_s == plan.bound_s  # the physical bound does not depend on the plan
     again = plan_training(CONFIGS / "gpt2-xl.json", "spinn/board", global_batch=64, seq=512)
     assert again.to_dict() == plan.to_dict()
+
+
+def test_any_transformers_config():
+    """A transformers config object plans like its dict (here a small Llama with grouped heads)."""
+    import transformers
+
+    cfg = transformers.LlamaConfig(hidden_size=512, intermediate_size=1376, num_hidden_layers=8,
+                                   num_attention_heads=8, num_key_value_heads=2, vocab_size=8000,
+                                   max_position_embeddings=512)
+    plan = plan_training(cfg, "spinn/board", seq=256, global_batch=32)
+    assert plan.params == _count(cfg) and plan.memory.fits
+    assert plan.to_dict()["split"] == plan_training(cfg.to_dict(), "spinn/board", seq=256,
+                                                    global_batch=32).to_dict()["split"]
+
+
+def _count(cfg) -> int:
+    import torch
+    import transformers
+
+    with torch.device("meta"):
+        return sum(p.numel() for p in transformers.LlamaForCausalLM(cfg).parameters())
 
 
 def test_reproducible_reductions_cost_no_less():

@@ -48,7 +48,8 @@ chips' fp32 peak (:attr:`~tvm_spinn.target.arch.SpinnArch.peak_fp32_flops_s`), o
 traffic (weights read in each pass, gradients accumulated, stored activations written and read
 back) at :attr:`~tvm_spinn.target.arch.SpinnArch.dram_bw_bytes_s`, whichever is longer; plus the
 TP all-reduces of the activations (two a layer forward, two backward, two more when
-recomputing; with sequence parallelism each is an all-gather and a reduce-scatter), the vocab-parallel embedding's and cross-entropy's, and the hand-over to the next
+recomputing; with sequence parallelism each is an all-gather and a reduce-scatter), the
+vocab-parallel embedding's and cross-entropy's, and the hand-over to the next
 stage, each costed by :mod:`tvm_spinn.timing.collectives` on the system's link graph. The 1F1B
 step takes ``(m + pp - 1)`` times the slowest stage's forward and backward (the bubble,
 ``(pp - 1) / m``), then the gradient synchronisation over the ``dp`` replicas (ZeRO-0: an
@@ -422,7 +423,10 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
     sp = split.sequence_parallel and tp > 1
     # Megatron's all-reduce of a block's output; with sequence parallelism an all-gather before
     # the block and a reduce-scatter after it (the same bytes on the links)
-    ar = (comms.all_gather(tp_ranks, act) + comms.reduce_scatter(tp_ranks, act)) if sp else comms.all_reduce(tp_ranks, act)
+    if sp:
+        ar = comms.all_gather(tp_ranks, act) + comms.reduce_scatter(tp_ranks, act)
+    else:
+        ar = comms.all_reduce(tp_ranks, act)
     hand = comms.handover(tp, act / tp if sp else act) if pp > 1 else 0.0
     slowest = None
     for stage in sorted({0, pp - 1}):
