@@ -110,7 +110,7 @@ def test_fp32_never_splits_and_records_are_validated():
     assert loaded.mapping["layers"][0]["tile"] == program.mapping["layers"][0]["tile"]
     tables = derive_tables(loaded, ARCH)
     np.testing.assert_array_equal(tables[0].pe, program.tiles.tables[0].pe)
-    assert evaluate(loaded, ARCH, tables).cycles == program.timing["cycles"]
+    assert evaluate(loaded, ARCH, tables).cycles == program.timing.cycles
     x = np.random.default_rng(2).integers(-128, 128, (1, 4096), dtype=np.int8)
     (got,) = run_program(loaded, [x], mode="tiles")
     np.testing.assert_array_equal(got, _reference(program, x))

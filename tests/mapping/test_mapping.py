@@ -119,10 +119,10 @@ def test_pipelined_mode_raises_throughput():
     # Sequential: one inference at a time, throughput = 1 / latency. Pipelined: a new input enters
     # when the slowest layer stage is free, throughput = clock / max stage cycles. Both say the
     # same clock, so seq_throughput * total cycles == pipe_throughput * max stage cycles.
-    clock = ps.timing["throughput_inf_s"] * ps.timing["cycles"]
-    assert ps.timing["throughput_inf_s"] == pytest.approx(1.0 / ps.timing["latency_s"], rel=1e-9)
+    clock = ps.timing.throughput_inf_s * ps.timing.cycles
+    assert ps.timing.throughput_inf_s == pytest.approx(1.0 / ps.timing.latency_s, rel=1e-9)
     stage_max = max(row["cycles"] for row in pipe.layers)
-    assert pp.timing["throughput_inf_s"] == pytest.approx(clock / stage_max, rel=1e-9)
+    assert pp.timing.throughput_inf_s == pytest.approx(clock / stage_max, rel=1e-9)
     # The CNN's layers are unbalanced but several: pipelining must raise throughput (and pay in
     # latency: each stage has fewer PEs).
     assert pipe.throughput_inf_s > 1.3 * seq.throughput_inf_s and pipe.latency_s > seq.latency_s
@@ -186,7 +186,7 @@ def test_loaded_program_rederives_the_compile_time_tiles_and_timing(monkeypatch,
 
             assert retime(loaded, arch, derive_tables) == loaded.timing == program.timing
         else:
-            assert evaluate(loaded, arch, tables).to_dict() == loaded.timing == program.timing
+            assert evaluate(loaded, arch, tables).summary() == loaded.timing == program.timing
 
 
 def test_gemm_tile_choice_fits_and_is_mac_aligned():

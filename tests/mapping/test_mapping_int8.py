@@ -108,9 +108,9 @@ def test_int8_gemm_runs_on_the_mac_array(kind, shapes):
     # The whole layer (DMA, DRAM, barriers included) is faster too, never below its physical bound.
     map_program(fp32, ARCH)
     map_program(int8, ARCH)
-    assert int8.timing["cycles"] * 4 < fp32.timing["cycles"]
-    assert int8.timing["latency_s"] >= physical_bound(program_workload([int8]), ARCH).total_s > 0
-    assert int8.timing["roofline_s"] < fp32.timing["roofline_s"]
+    assert int8.timing.cycles * 4 < fp32.timing.cycles
+    assert int8.timing.latency_s >= physical_bound(program_workload([int8]), ARCH).total_s > 0
+    assert int8.timing.roofline_s < fp32.timing.roofline_s
 
 
 def test_int8_padding_to_the_array_is_paid():
@@ -169,7 +169,7 @@ def test_int8_moves_a_quarter_of_the_bytes(kind, shapes):
     with MappingOptions(naive=True):
         map_program(p32, ARCH)
         map_program(p8, ARCH)
-    assert 3.5 < p32.timing["dram_bytes"] / p8.timing["dram_bytes"] <= 4
+    assert 3.5 < p32.timing.dram_bytes / p8.timing.dram_bytes <= 4
 
 
 @pytest.mark.parametrize("kind,act", [("quantize", "float32"), ("dequantize", "int8"), ("dequantize", "uint8")])
@@ -275,5 +275,5 @@ def test_int8_energy_is_per_int8_mac():
     macs = 256 * 1024 * 1024
     for mode, per_mac in (("fp32", quiet.e_flop_fp32_j), ("int8", quiet.e_mac_int8_j)):
         program = map_program(gemm_program("dense", mode, DENSE, arch=quiet), quiet)
-        assert program.timing["flops"] == 2 * macs
-        assert program.timing["energy_j"] == pytest.approx(macs * per_mac, rel=1e-12)
+        assert program.timing.flops == 2 * macs
+        assert program.timing.energy_j == pytest.approx(macs * per_mac, rel=1e-12)

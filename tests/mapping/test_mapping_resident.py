@@ -87,7 +87,7 @@ def test_unbalanced_decode_gemm_becomes_resident_and_keeps_its_bits(monkeypatch)
     monkeypatch.setattr(schedule, "_resident_layout", lambda *args: None)
     default = _mapped([40], np.zeros(pes, dtype=np.int64))
     assert default.mapping["resident_layers"] == [] and default.mapping["layers"][0]["tile"][1] == 4
-    assert ledger.timing["cycles"] < default.timing["cycles"]
+    assert ledger.timing.cycles < default.timing.cycles
     # bits: the tiles of either layout, executed tile by tile, equal the whole layer's
     x = np.random.default_rng(1).integers(-128, 128, (1, K), dtype=np.int8)
     (ref,) = run_program(alone, [x], mode="layers")
@@ -111,7 +111,7 @@ def test_resident_decode_gemm_splits_its_reduction_when_faster(monkeypatch):
     monkeypatch.setattr(schedule, "_split_layout", lambda *args: None)
     whole = _mapped([40], np.zeros(pes, dtype=np.int64))
     assert whole.mapping["layers"][0]["tile"] == [ARCH.mac_rows, 5, 511] and whole.mapping["resident_layers"] == [0]
-    assert split.timing["cycles"] < whole.timing["cycles"]
+    assert split.timing.cycles < whole.timing.cycles
     x = np.random.default_rng(2).integers(-128, 128, (1, K), dtype=np.int8)
     (ref,) = run_program(whole, [x], mode="layers")
     for program in (whole, split):
@@ -149,7 +149,7 @@ def test_attention_matmul_tiles_run_in_one_round_when_faster(monkeypatch):
     two = mapped()
     assert two.mapping["layers"][0]["tile"][1] == 2 and np.bincount(two.tiles.tables[0].pe).max() == 2
     assert one.mapping["layers"][0]["tile"][1] == 3 and np.bincount(one.tiles.tables[0].pe).max() == 1
-    assert best.timing["cycles"] < one.timing["cycles"] < two.timing["cycles"]
+    assert best.timing.cycles < one.timing.cycles < two.timing.cycles
     rng = np.random.default_rng(3)
     q = rng.standard_normal((b, m, k)).astype(np.float32)
     kt = rng.standard_normal((b, k, n)).astype(np.float32)

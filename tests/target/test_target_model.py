@@ -97,5 +97,5 @@ def test_placement_and_roofline_use_the_application_pes(chip, pes):
     compute_s = flops / (2 * 64 * arch.clock_hz * pes)
     assert (m * k + k * n + m * n + 3 * 4 * n) / arch.dram_bw_bytes_s < compute_s
     assert roofline(program, arch) == pytest.approx(compute_s, rel=1e-12)
-    assert np.isclose(program.timing["roofline_s"], compute_s, rtol=1e-12)
-    assert program.timing["latency_s"] >= compute_s
+    assert np.isclose(program.timing.roofline_s, compute_s, rtol=1e-12)
+    assert program.timing.latency_s >= compute_s

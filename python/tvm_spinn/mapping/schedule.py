@@ -100,7 +100,7 @@ def _replay(program: Program, entry: tuple) -> None:
     tables, mapping, timing, memory, activation_ranges = entry
     program.tiles = ProgramTiles(tables)
     program.mapping = copy.deepcopy(mapping)
-    program.timing = copy.deepcopy(timing)
+    program.timing = timing  # frozen: shared, never edited
     program.memory = copy.deepcopy(memory)
     ranges = program.memory["ranges"]
     for k in activation_ranges:
@@ -111,7 +111,7 @@ def _entry(program: Program) -> tuple:
     """What :func:`_replay` needs of a freshly mapped ``program``."""
     ranges = program.memory["ranges"]
     labelled = [k for k, rng in enumerate(ranges) if rng[4] == activation_label(program, rng[2])]
-    return (program.tiles.tables, copy.deepcopy(program.mapping), copy.deepcopy(program.timing),
+    return (program.tiles.tables, copy.deepcopy(program.mapping), program.timing,
             copy.deepcopy(program.memory), labelled)
 
 
@@ -200,8 +200,8 @@ def _map(program: Program, arch: SpinnArch, mode: str, options: MappingOptions, 
             first_plan = plan
         program.mapping = dict(base, layers=recs, resident_layers=plan.resident_layers,
                                onchip_tensors=plan.onchip_tensors)
-        timing = evaluate(program, arch, tabs).to_dict(trace=False)
-        if best is None or timing["cycles"] < best[2]["cycles"]:
+        timing = evaluate(program, arch, tabs).summary()
+        if best is None or timing.cycles < best[2].cycles:
             best = (plan, program.mapping, timing, tabs)
     plan, program.mapping, program.timing, tabs = best
     program.tiles = ProgramTiles(tabs)
@@ -467,9 +467,9 @@ def map_region(program: Program, arch: SpinnArch, options: MappingOptions, state
                           memo, onchip)
         after = _build(program, arch, "sequential", options, state, memo, onchip)
         if options.objective == "throughput" and arch.chips == 1:  # several chips: replicas (see .system)
-            seq = (program.timing["throughput_inf_s"], program.tiles, program.mapping, program.memory, program.timing)
+            seq = (program.timing.throughput_inf_s, program.tiles, program.mapping, program.memory, program.timing)
             _build(program, arch, "pipelined", options, state, memo, onchip)
-            if seq[0] >= program.timing["throughput_inf_s"]:
+            if seq[0] >= program.timing.throughput_inf_s:
                 (_, program.tiles, program.mapping, program.memory, program.timing) = seq
     return after
 

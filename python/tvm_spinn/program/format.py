@@ -37,7 +37,9 @@ Header JSON fields (all lists in execution order; all ids are indices):
   header is O(layers)
 - ``memory``: SRAM plan: per-PE peak bytes, resident weight bytes, checked non-overlapping
   address ranges of the busiest PE
-- ``timing``: the timing model's result at compile time (see ``tvm_spinn.timing``)
+- ``timing``: the timing model's result at compile time (see ``tvm_spinn.timing``), a
+  :class:`~.records.TimingSummary` in memory (:func:`timing_to_json`, :func:`timing_from_json`;
+  ``{}`` before mapping)
 
 Reading is validation: :meth:`Program.from_bytes` checks the framing, then the header against
 :mod:`.validate` (every key, type, tensor id, shape, dtype, constant range, per-layer operands,
@@ -51,17 +53,18 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 
 import numpy as np
 import xxhash
 
 from .model import Layer, ProgramError, TensorDesc, Tile
 from .ops import layer_kinds
+from .records import CollectiveSummary, LayerTimingSummary, SystemTimingSummary, TimingSummary
 
 __all__ = [
     "PROGRAM_MAGIC", "PROGRAM_VERSION", "CHECKSUM_BYTES", "LAYER_KINDS", "MAX_HEADER_BYTES", "ProgramError", "TensorDesc", "Layer",
-    "Tile", "Program", "program_digest",
+    "Tile", "Program", "program_digest", "timing_to_json", "timing_from_json",
 ]
 
 PROGRAM_MAGIC = b"SPINNPRG"
@@ -88,7 +91,7 @@ class Program:
     inputs: list[int]
     outputs: list[int]
     layers: list[Layer]
-    timing: dict = field(default_factory=dict)
+    timing: TimingSummary | None = None
     mapping: dict = field(default_factory=dict)
     memory: dict = field(default_factory=dict)
     constants: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
@@ -109,7 +112,7 @@ class Program:
             "inputs": self.inputs,
             "outputs": self.outputs,
             "layers": [dict(vars(layer)) for layer in self.layers],
-            "timing": self.timing,
+            "timing": timing_to_json(self.timing),
             "mapping": self.mapping,
             "memory": self.memory,
         }
@@ -203,9 +206,78 @@ class Program:
             symbol=header["symbol"], arch=header["arch"], tensors=tensors,
             inputs=header["inputs"], outputs=header["outputs"],
             layers=[Layer(**layer) for layer in header["layers"]],
-            timing=header["timing"], mapping=header["mapping"], memory=header["memory"],
+            timing=timing_from_json(header["timing"]), mapping=header["mapping"], memory=header["memory"],
             constants=constants, version=version,
         )
+
+
+# ---------------------------------------------------------------------- records <-> header JSON
+_LAYER_TIMING_KEYS = tuple(f.name for f in fields(LayerTimingSummary))
+_COLLECTIVE_KEYS = tuple(f.name for f in fields(CollectiveSummary))
+_SYSTEM_KEYS = tuple(f.name for f in fields(SystemTimingSummary))
+_TIMING_KEYS = tuple(f.name for f in fields(TimingSummary))
+
+
+def timing_to_json(timing: TimingSummary | None) -> dict:
+    """The header's ``timing`` object of ``timing`` (``{}`` for None: not mapped yet); the
+    system figures only for a program mapped over several chips."""
+    if timing is None:
+        return {}
+    out = {k: getattr(timing, k) for k in _TIMING_KEYS if k not in ("layers", "system")}
+    out["layers"] = [dict(vars(row)) for row in timing.layers]
+    if timing.system is not None:
+        st = timing.system
+        system = {k: getattr(st, k) for k in _SYSTEM_KEYS}
+        system["layer_s"] = list(st.layer_s)
+        system["collectives"] = [dict(vars(c)) for c in st.collectives]
+        out["system"] = system
+    return out
+
+
+def _record(cls, keys: tuple, value, where: str, **nested):
+    """``cls`` built from the JSON object ``value`` with exactly the keys ``keys`` (``nested``:
+    values already converted); a missing or unknown key is a :class:`ProgramError` at ``where``."""
+    if type(value) is not dict:
+        raise ProgramError(f"{where}: expected an object, got {type(value).__name__}")
+    required = {f.name for f in fields(cls) if f.default is MISSING}
+    missing, unknown = sorted(required - value.keys()), sorted(value.keys() - set(keys))
+    if missing or unknown:
+        raise ProgramError(f"{where}: missing key(s) {missing}, unknown key(s) {unknown}")
+    return cls(**{**value, **nested})
+
+
+def timing_from_json(value) -> TimingSummary | None:
+    """The :class:`TimingSummary` of a header's ``timing`` object (None for ``{}``).
+
+    Raises
+    ------
+    ProgramError
+        ``"timing...: <defect>"`` for a missing or unknown key or a list that is not one.
+    """
+    if value == {}:
+        return None
+    if type(value) is not dict:
+        raise ProgramError(f"timing: expected an object, got {type(value).__name__}")
+    layers = _json_list(value.get("layers", []), "timing.layers")
+    system = None
+    if "system" in value:
+        st = value["system"]
+        if type(st) is not dict:
+            raise ProgramError(f"timing.system: expected an object, got {type(st).__name__}")
+        colls = _json_list(st.get("collectives"), "timing.system.collectives")
+        system = _record(SystemTimingSummary, _SYSTEM_KEYS, st, "timing.system",
+                         layer_s=tuple(_json_list(st.get("layer_s"), "timing.system.layer_s")),
+                         collectives=tuple(_record(CollectiveSummary, _COLLECTIVE_KEYS, c,
+                                                   f"timing.system.collectives[{i}]") for i, c in enumerate(colls)))
+    return _record(TimingSummary, _TIMING_KEYS, value, "timing", system=system,
+                   layers=tuple(_record(LayerTimingSummary, _LAYER_TIMING_KEYS, row, f"timing.layers[{i}]")
+                                for i, row in enumerate(layers)))
+
+
+def _json_list(value, where: str) -> list:
+    if type(value) is not list:
+        raise ProgramError(f"{where}: expected a list, got {type(value).__name__}")
+    return value
 
 
 #: Layer kinds whose tile gained a second number (the elements of a row per tile) in version 5.
