@@ -67,13 +67,13 @@ def test_memory_plan_is_checked_and_fits():
     _, rep = _run(mod, tag, x.numpy())
     arch = tvm_spinn.target.SYSTEMS["mem-small"]
     for program in rep.programs:
-        assert program.memory["peak_bytes_max"] <= arch.tile_sram_bytes
-        ranges = program.memory["ranges"]
+        assert program.memory.peak_bytes_max <= arch.tile_sram_bytes
+        ranges = program.memory.ranges
         for i, a in enumerate(ranges):
-            assert 0 <= a[0] < a[1] <= arch.tile_sram_bytes
+            assert 0 <= a.start < a.end <= arch.tile_sram_bytes
             for b in ranges[i + 1:]:
-                live_together = a[2] <= b[3] and b[2] <= a[3]
-                assert not (live_together and a[0] < b[1] and b[0] < a[1]), (a, b)
+                live_together = a.first_layer <= b.last_layer and b.first_layer <= a.last_layer
+                assert not (live_together and a.start < b.end and b.start < a.end), (a, b)
 
 
 def test_weights_resident_vs_streamed_traffic():

@@ -217,7 +217,7 @@ def test_int8_fits_an_sram_too_small_for_fp32():
     program = gemm_program("dense", "int8", (16, 64, 16), arch=tiny)
     map_program(program, tiny)
     assert all(t.sram_bytes <= 1500 and t.k_splits == 4 for t in program.tiles)
-    assert program.memory["peak_bytes_max"] <= 1500
+    assert program.memory.peak_bytes_max <= 1500
 
 
 @pytest.mark.parametrize("kind,shapes", [("dense", (16, 40000, 64)), ("conv2d", (2048, 4, 4, 16, 3))])
@@ -256,7 +256,7 @@ def test_int8_activations_and_weights_are_planned_with_one_byte():
     map_program(program, arch)
     # Weights (256 KiB int8 + 3 x 2 KiB epilogue) stay resident; in fp32 (1 MiB) they could not.
     assert 1 in program.mapping["resident_layers"]
-    assert 512 * 512 <= program.memory["resident_bytes_total"] < 2 * 512 * 512
+    assert 512 * 512 <= program.memory.resident_bytes_total < 2 * 512 * 512
     plan = plan_memory(program, arch)
     assert 1 in plan.resident_layers and max(plan.peak_bytes.values()) <= arch.tile_sram_bytes
     # The int8 activations are on chip; their tiles account 1 byte per element.

@@ -90,7 +90,7 @@ def test_streaming_column_plan_gives_way_to_resident_rows(monkeypatch):
     info = rows.mapping["system"]
     assert info["tp"] == 4 and info["row"] == ROW_ALWAYS
     assert rows.mapping["resident_layers"] == [0] and info["splits"] == {"row": 1}
-    assert rows.memory["resident_bytes_total"] >= K * N  # every chip's rows in its PEs' SRAM
+    assert rows.memory.resident_bytes_total >= K * N  # every chip's rows in its PEs' SRAM
     assert rows.timing.system.streamed_bytes_per_chip == 0
     # without the variant the best plan streams its columns, slower
     cols = _mapped(monkeypatch)

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 
 import numpy as np
 
 from ..program import Program
 from ..program.ops import family_of
+from ..program.records import AddressRange, MemorySummary
 from ..program.tiles import ProgramTiles, TileTable
 from ..target.arch import SpinnArch
 from .memory import LEDGER_RESIDENT_SHARE, activation_label, check_capacity, plan_memory, weight_bytes_per_pe
@@ -101,18 +103,18 @@ def _replay(program: Program, entry: tuple) -> None:
     program.tiles = ProgramTiles(tables)
     program.mapping = copy.deepcopy(mapping)
     program.timing = timing  # frozen: shared, never edited
-    program.memory = copy.deepcopy(memory)
-    ranges = program.memory["ranges"]
+    ranges = list(memory.ranges)
     for k in activation_ranges:
-        ranges[k][4] = activation_label(program, ranges[k][2])
+        ranges[k] = replace(ranges[k], what=activation_label(program, ranges[k].first_layer))
+    program.memory = replace(memory, ranges=tuple(ranges))
 
 
 def _entry(program: Program) -> tuple:
     """What :func:`_replay` needs of a freshly mapped ``program``."""
-    ranges = program.memory["ranges"]
-    labelled = [k for k, rng in enumerate(ranges) if rng[4] == activation_label(program, rng[2])]
+    ranges = program.memory.ranges
+    labelled = [k for k, rng in enumerate(ranges) if rng.what == activation_label(program, rng.first_layer)]
     return (program.tiles.tables, copy.deepcopy(program.mapping), program.timing,
-            copy.deepcopy(program.memory), labelled)
+            program.memory, labelled)
 
 
 def _build(program: Program, arch: SpinnArch, mode: str, options: MappingOptions, state: SystemState | None = None,
@@ -416,13 +418,11 @@ def _one_round_layout(program: Program, arch: SpinnArch, tables, records):
     return (out_tables, out_records) if changed else None
 
 
-def _memory_summary(plan) -> dict:
+def _memory_summary(plan) -> MemorySummary:
     """``program.memory`` of a memory plan."""
-    return {
-        "peak_bytes_max": max(plan.peak_bytes.values(), default=0),
-        "resident_bytes_total": sum(plan.resident_bytes.values()),
-        "busiest_pe": plan.busiest_pe, "ranges": plan.ranges,
-    }
+    return MemorySummary(peak_bytes_max=max(plan.peak_bytes.values(), default=0),
+                         resident_bytes_total=sum(plan.resident_bytes.values()), busiest_pe=plan.busiest_pe,
+                         ranges=tuple(AddressRange(*rng) for rng in plan.ranges))
 
 
 def _keeps_every_activation(program: Program, plan, activations: str) -> bool:

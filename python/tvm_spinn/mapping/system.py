@@ -231,7 +231,7 @@ def _time_plan(program: Program, plan: ShardPlan, arch: SpinnArch, topo, map_one
     map_one(shard, chip, reserved)
     st = _system_timing(program, plan, shard, shard.tiles.tables, chip, topo, onchip)
     dram_need = sum(shard.tensors[t].nbytes for t in range(len(program.tensors)) if shard.tensors[t].role == "const") \
-        - int(shard.memory.get("resident_bytes_total", 0))
+        - int(shard.memory.resident_bytes_total)
     return shard, st, max(0, dram_need)
 
 
@@ -488,12 +488,11 @@ def _install(program: Program, shard: Program, plan: ShardPlan, st, results, sta
     mapping["chips_per_layer"] = [plan.chips] * len(program.layers)
     program.mapping = mapping
     program.timing = _timing_dict(program, shard, plan, st, mapping["system"]["handoff_s"], arch)
-    program.memory = copy.deepcopy(shard.memory)
-    # the whole group's resident bytes (each chip holds its shard's)
-    program.memory["resident_bytes_total"] = int(shard.memory.get("resident_bytes_total", 0)) * plan.chips
-    for rng in program.memory.get("ranges", []):  # labels in this program's names
-        if str(rng[4]).startswith("activation "):
-            rng[4] = activation_label(program, rng[2])
+    # the whole group's resident bytes (each chip holds its shard's); labels in this program's names
+    ranges = tuple(replace(rng, what=activation_label(program, rng.first_layer))
+                   if str(rng.what).startswith("activation ") else rng for rng in shard.memory.ranges)
+    program.memory = replace(shard.memory, resident_bytes_total=int(shard.memory.resident_bytes_total) * plan.chips,
+                             ranges=ranges)
 
 
 def _timing_dict(program: Program, shard: Program, plan: ShardPlan, st, handoff_s: float, arch: SpinnArch) -> TimingSummary:

@@ -36,7 +36,9 @@ Header JSON fields (all lists in execution order; all ids are indices):
   schedule (transfers, order, barriers) is derived by the timing model, never stored, so the
   header is O(layers)
 - ``memory``: SRAM plan: per-PE peak bytes, resident weight bytes, checked non-overlapping
-  address ranges of the busiest PE
+  address ranges of the busiest PE (each ``[start, end, first layer, last layer, what]``), a
+  :class:`~.records.MemorySummary` in memory (:func:`memory_to_json`, :func:`memory_from_json`;
+  ``{}`` before mapping)
 - ``timing``: the timing model's result at compile time (see ``tvm_spinn.timing``), a
   :class:`~.records.TimingSummary` in memory (:func:`timing_to_json`, :func:`timing_from_json`;
   ``{}`` before mapping)
@@ -60,11 +62,13 @@ import xxhash
 
 from .model import Layer, ProgramError, TensorDesc, Tile
 from .ops import layer_kinds
-from .records import CollectiveSummary, LayerTimingSummary, SystemTimingSummary, TimingSummary
+from .records import (
+    AddressRange, CollectiveSummary, LayerTimingSummary, MemorySummary, SystemTimingSummary, TimingSummary,
+)
 
 __all__ = [
     "PROGRAM_MAGIC", "PROGRAM_VERSION", "CHECKSUM_BYTES", "LAYER_KINDS", "MAX_HEADER_BYTES", "ProgramError", "TensorDesc", "Layer",
-    "Tile", "Program", "program_digest", "timing_to_json", "timing_from_json",
+    "Tile", "Program", "program_digest", "timing_to_json", "timing_from_json", "memory_to_json", "memory_from_json",
 ]
 
 PROGRAM_MAGIC = b"SPINNPRG"
@@ -93,7 +97,7 @@ class Program:
     layers: list[Layer]
     timing: TimingSummary | None = None
     mapping: dict = field(default_factory=dict)
-    memory: dict = field(default_factory=dict)
+    memory: MemorySummary | None = None
     constants: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
     version: int = PROGRAM_VERSION
     #: The mapper's tiles (:class:`~.tiles.ProgramTiles`), kept in memory only: derived data,
@@ -114,7 +118,7 @@ class Program:
             "layers": [dict(vars(layer)) for layer in self.layers],
             "timing": timing_to_json(self.timing),
             "mapping": self.mapping,
-            "memory": self.memory,
+            "memory": memory_to_json(self.memory),
         }
 
     def to_bytes(self) -> bytes:
@@ -206,7 +210,7 @@ class Program:
             symbol=header["symbol"], arch=header["arch"], tensors=tensors,
             inputs=header["inputs"], outputs=header["outputs"],
             layers=[Layer(**layer) for layer in header["layers"]],
-            timing=timing_from_json(header["timing"]), mapping=header["mapping"], memory=header["memory"],
+            timing=timing_from_json(header["timing"]), mapping=header["mapping"], memory=memory_from_json(header["memory"]),
             constants=constants, version=version,
         )
 
@@ -272,6 +276,40 @@ def timing_from_json(value) -> TimingSummary | None:
     return _record(TimingSummary, _TIMING_KEYS, value, "timing", system=system,
                    layers=tuple(_record(LayerTimingSummary, _LAYER_TIMING_KEYS, row, f"timing.layers[{i}]")
                                 for i, row in enumerate(layers)))
+
+
+_MEMORY_KEYS = tuple(f.name for f in fields(MemorySummary))
+
+
+def memory_to_json(memory: MemorySummary | None) -> dict:
+    """The header's ``memory`` object of ``memory`` (``{}`` for None: not mapped yet); each
+    address range as ``[start, end, first layer, last layer, what]``."""
+    if memory is None:
+        return {}
+    out = {k: getattr(memory, k) for k in _MEMORY_KEYS}
+    out["ranges"] = [[r.start, r.end, r.first_layer, r.last_layer, r.what] for r in memory.ranges]
+    return out
+
+
+def memory_from_json(value) -> MemorySummary | None:
+    """The :class:`MemorySummary` of a header's ``memory`` object (None for ``{}``).
+
+    Raises
+    ------
+    ProgramError
+        ``"memory...: <defect>"`` for a missing or unknown key or a range that is not a list of
+        five values.
+    """
+    if value == {}:
+        return None
+    if type(value) is not dict:
+        raise ProgramError(f"memory: expected an object, got {type(value).__name__}")
+    ranges = []
+    for i, rng in enumerate(_json_list(value.get("ranges", []), "memory.ranges")):
+        if type(rng) is not list or len(rng) != 5:
+            raise ProgramError(f"memory.ranges[{i}]: expected [start, end, first layer, last layer, what]")
+        ranges.append(AddressRange(*rng))
+    return _record(MemorySummary, _MEMORY_KEYS, value, "memory", ranges=tuple(ranges))
 
 
 def _json_list(value, where: str) -> list:

@@ -1,8 +1,8 @@
-"""Typed, immutable records a program carries besides its graph: the timing summary.
+"""Typed, immutable records a program carries besides its graph: the timing and memory summaries.
 
 The mapper and the timing model build these; :mod:`.format` alone turns them into the header's
-JSON and back (:func:`.format.timing_to_json`, :func:`.format.timing_from_json`), next to the
-validator. Records are frozen: a stage that changes one makes a new one
+JSON and back (:func:`.format.timing_to_json`, :func:`.format.memory_to_json` and their
+``*_from_json``), next to the validator. Records are frozen: a stage that changes one makes a new one
 (:func:`dataclasses.replace`), so a record shared between programs (a replayed mapping) is never
 edited behind another program's back.
 """
@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["LayerTimingSummary", "CollectiveSummary", "SystemTimingSummary", "TimingSummary"]
+__all__ = ["LayerTimingSummary", "CollectiveSummary", "SystemTimingSummary", "TimingSummary", "AddressRange",
+           "MemorySummary"]
 
 
 @dataclass(frozen=True)
@@ -84,3 +85,26 @@ class TimingSummary:
     layers: tuple[LayerTimingSummary, ...] = ()
     system: SystemTimingSummary | None = None
 
+
+@dataclass(frozen=True)
+class AddressRange:
+    """Bytes ``[start, end)`` of a PE's SRAM held from layer ``first_layer`` to ``last_layer``
+    (inclusive) by ``what`` (resident weights, a layer's on-chip output, its working buffers)."""
+
+    start: int
+    end: int
+    first_layer: int
+    last_layer: int
+    what: str
+
+
+@dataclass(frozen=True)
+class MemorySummary:
+    """The SRAM plan stored with a program (``Program.memory``): the largest per-PE peak, the
+    resident weight bytes of every PE together and the checked address ranges of the busiest
+    PE (``busiest_pe``; -1 when no PE holds anything)."""
+
+    peak_bytes_max: int
+    resident_bytes_total: int
+    busiest_pe: int
+    ranges: tuple[AddressRange, ...] = ()

@@ -248,7 +248,7 @@ def report(ex) -> Report:
         offloaded_ops=manifest.get("offloaded_ops", {}), fallback_ops=manifest.get("fallback_ops", {}),
         fallback_reasons=manifest.get("fallback_reasons", {}),
         weight_bytes=sum(t.nbytes for p in programs for t in p.tensors if t.role == "const"),
-        resident_weight_bytes=sum(p.memory.get("resident_bytes_total", 0) for p in programs),
+        resident_weight_bytes=sum(p.memory.resident_bytes_total for p in programs),
         throughput_inf_s=_throughput(programs, manifest.get("chips", arch.chips), arch.chips_per_board),
         mapping=[dict(p.mapping, symbol=p.symbol) for p in programs],
         plan=system_summary(programs, manifest.get("chips", arch.chips), arch.chips_per_board),
