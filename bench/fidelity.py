@@ -101,7 +101,7 @@ def dense_chain(m: int, k: int, n: int, layers: int, arch: SpinnArch) -> Program
         body.append(layer)
         x = layer.output
     tensors[x].role = "output"
-    return Program("main", arch.to_dict(), tensors, [0], [x], body)
+    return Program("main", arch, tensors, [0], [x], body)
 
 
 def _mapped(program: Program, arch: SpinnArch, options: MappingOptions) -> Program:

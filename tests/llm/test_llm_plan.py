@@ -318,7 +318,7 @@ def test_kv_cache_in_sram_when_it_fits_else_dram():
     timed, state = {}, {}
     for weights in ("auto", "stream"):
         mapped = dataclasses.replace(program, timing=None, mapping={}, memory=None, tiles=None)
-        mapped.arch = fits.to_dict()
+        mapped.arch = fits
         (region,) = plan_system([mapped], fits, MappingOptions(weights=weights)).regions
         timed[weights], state[weights] = mapped, (region.state_bytes, region.state_sram_bytes)
     assert resident_state(timed["auto"], timed["auto"].mapping["resident_layers"]) == caches

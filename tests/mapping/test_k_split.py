@@ -35,7 +35,7 @@ def _gemv(k: int, n: int, x_zero: int = 3, rows: int = 1, seed: int = 0) -> Prog
                TensorDesc("y", [rows, n], "float32", "output")]
     layer = Layer(name="proj", kind="dense", inputs=[0], output=4, consts={"weight": 1, "scale": 2, "w_zero": 3},
                   attrs=dict(x_zero=x_zero, x_flip=False, relu=False, out="float32"), mode="int8")
-    program = Program("main", ARCH.to_dict(), tensors, [0], [4], [layer])
+    program = Program("main", ARCH, tensors, [0], [4], [layer])
     rng = np.random.default_rng(seed)
     program.constants = {1: rng.integers(-128, 128, (k, n), dtype=np.int8), 2: np.ones(n, dtype=np.float32),
                          3: rng.integers(-5, 6, n, dtype=np.int32)}

@@ -70,7 +70,7 @@ def gemm_program(kind: str, mode: str, shapes, arch=ARCH, out_dtype: str | None 
     tensors = [TensorDesc("x", xshape, act_dtype, "input")]
     layer = _gemm_layer(tensors, kind, mode, 0, shapes, out_dtype)
     tensors[layer.output].role = "output"
-    return Program("main", arch.to_dict(), tensors, [0], [layer.output], [layer])
+    return Program("main", arch, tensors, [0], [layer.output], [layer])
 
 
 def _vmn(tile):
@@ -179,7 +179,7 @@ def test_quantize_dequantize_bytes(kind, act):
     tensors = [TensorDesc("x", [8, 1000], act, "input"), TensorDesc("scale", [1], "float32", "const"),
                TensorDesc("zero", [1], "int32", "const"), TensorDesc("y", [8, 1000], out, "output")]
     layer = Layer(name=kind, kind=kind, inputs=[0], output=3, consts={"scale": 1, "zero": 2}, attrs={"axis": 0})
-    program = Program("main", ARCH.to_dict(), tensors, [0], [3], [layer])
+    program = Program("main", ARCH, tensors, [0], [3], [layer])
     tiles = tile_layer(program, 0, ARCH)
     i, o = (4, 1) if kind == "quantize" else (1, 4)
     assert sum(t.region[0][1] - t.region[0][0] for t in tiles) == n
@@ -252,7 +252,7 @@ def test_int8_activations_and_weights_are_planned_with_one_byte():
     tensors += [TensorDesc("y", [64, 512], "float32", "output")]
     deq = Layer(name="dq", kind="dequantize", inputs=[dense.output], output=len(tensors) - 1,
                 consts={"scale": 1, "zero": 2}, attrs={"axis": 0})
-    program = Program("main", arch.to_dict(), tensors, [0], [len(tensors) - 1], [quant, dense, deq])
+    program = Program("main", arch, tensors, [0], [len(tensors) - 1], [quant, dense, deq])
     map_program(program, arch)
     # Weights (256 KiB int8 + 3 x 2 KiB epilogue) stay resident; in fp32 (1 MiB) they could not.
     assert 1 in program.mapping["resident_layers"]

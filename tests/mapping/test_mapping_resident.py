@@ -45,7 +45,7 @@ def _decode_program(widths: list[int]) -> Program:
         layers.append(Layer(name=f"dense{j}", kind="dense", inputs=[0], output=len(tensors) - 1, consts=consts,
                             attrs=dict(x_zero=0, x_flip=False, relu=False, out="int8", y_zero=0,
                                                                  y_min=-128, y_max=127), mode="int8"))
-    program = Program("main", ARCH.to_dict(), tensors, [0], outputs, layers)
+    program = Program("main", ARCH, tensors, [0], outputs, layers)
     rng = np.random.default_rng(0)
     consts = {}
     for tid, t in enumerate(tensors):
@@ -134,7 +134,7 @@ def test_attention_matmul_tiles_run_in_one_round_when_faster(monkeypatch):
                TensorDesc("s", [b, m, n], "float32", "output")]
 
     def mapped():
-        program = Program("main", chip.to_dict(), [TensorDesc(t.name, list(t.shape), t.dtype, t.role) for t in tensors],
+        program = Program("main", chip, [TensorDesc(t.name, list(t.shape), t.dtype, t.role) for t in tensors],
                           [0, 1], [2], [Layer(name="scores", kind="matmul", inputs=[0, 1], output=2)])
         program.constants = {}
         layer_work(program, 0, chip)

@@ -47,7 +47,7 @@ def _functions(widths=(96, 128, 64, 96), batch=1):
 
 
 def _lowered(functions, arch=ARCH):
-    return [lower_function(f, name, arch.to_dict()) for name, f in functions]
+    return [lower_function(f, name, arch) for name, f in functions]
 
 
 @pytest.fixture(scope="module")

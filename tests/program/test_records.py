@@ -1,5 +1,5 @@
-"""The typed records a program carries (timing, memory): built by the mapper, written to and read
-back from the header JSON by :mod:`tvm_spinn.program.format` alone, frozen."""
+"""The typed records a program carries (its system, timing, memory): built by the compiler, written
+to and read back from the header JSON by :mod:`tvm_spinn.program.format` alone, frozen."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def _program(arch, k: int = 64, n: int = 64, rows: int = 4) -> Program:
                TensorDesc("y", [rows, n], "float32", "output")]
     layer = Layer(name="proj", kind="dense", inputs=[0], output=4, consts={"weight": 1, "scale": 2, "w_zero": 3},
                   attrs=dict(x_zero=0, x_flip=False, relu=False, out="float32"), mode="int8")
-    program = Program("main", arch.to_dict(), tensors, [0], [4], [layer])
+    program = Program("main", arch, tensors, [0], [4], [layer])
     rng = np.random.default_rng(0)
     program.constants = {1: rng.integers(-128, 128, (k, n), dtype=np.int8), 2: np.ones(n, dtype=np.float32),
                          3: rng.integers(-5, 6, n, dtype=np.int32)}
@@ -53,17 +53,19 @@ def test_records_round_trip_byte_identical(mapped):
     data = mapped.to_bytes()
     loaded = Program.from_bytes(data)
     assert loaded.timing == mapped.timing and loaded.memory == mapped.memory
+    assert isinstance(loaded.arch, SpinnArch) and loaded.arch == mapped.arch
     assert loaded.to_bytes() == data
     header = _header(data)
     assert timing_from_json(header["timing"]) == mapped.timing
     assert memory_from_json(header["memory"]) == mapped.memory
     assert timing_to_json(loaded.timing) == header["timing"] and memory_to_json(loaded.memory) == header["memory"]
+    assert loaded.arch.to_dict() == header["arch"]
     assert len(mapped.timing.layers) == len(mapped.layers)
 
 
 def test_system_figures_only_on_several_chips(mapped):
     chips = mapped.timing.system.chips if mapped.timing.system is not None else 1
-    assert chips == SpinnArch.from_dict(mapped.arch).chips
+    assert chips == mapped.arch.chips
     assert ("system" in timing_to_json(mapped.timing)) == (mapped.timing.system is not None)
     assert all(row.chips == chips for row in mapped.timing.layers)
 

@@ -230,7 +230,7 @@ def _map(described, arch, weights: str) -> _Timed:
     programs = []
     for d in described:
         program = _clone(d.program)
-        program.arch = arch.to_dict()
+        program.arch = arch
         programs.append(program)
     plan = plan_system(programs, arch, MappingOptions(weights=weights, split_k=current_options().split_k),
                        policy="alone")
@@ -586,7 +586,7 @@ def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0) -> _Stage:
     programs = []
     for program in pieces:
         program = _clone(program)
-        program.arch = board.to_dict()
+        program.arch = board
         programs.append(program)
     # in order: a stage is a chain of the model's programs whose SRAM the stage search sized
     plan = plan_system(programs, board, MappingOptions(weights="auto", split_k=current_options().split_k),

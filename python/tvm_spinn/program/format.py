@@ -20,7 +20,8 @@ schedule; int8 layers as in version 3, see :mod:`.quant` -- is still read)::
 
 Header JSON fields (all lists in execution order; all ids are indices):
 
-- ``version``, ``symbol`` (Relax global symbol the program implements), ``arch`` (SpinnArch dict)
+- ``version``, ``symbol`` (Relax global symbol the program implements), ``arch`` (``SpinnArch.to_dict()``; a
+  :class:`~tvm_spinn.target.arch.SpinnArch` in memory)
 - ``tensors``: ``{name, shape, dtype, role, offset}``; role is ``input`` | ``output`` | ``const``
   | ``temp``; ``offset`` is the byte offset of a ``const`` in the blob (else -1)
 - ``inputs`` / ``outputs``: tensor ids in DPS argument order
@@ -55,10 +56,14 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+from typing import TYPE_CHECKING
 from dataclasses import MISSING, dataclass, field, fields
 
 import numpy as np
 import xxhash
+
+if TYPE_CHECKING:
+    from ..target.arch import SpinnArch
 
 from .model import Layer, ProgramError, TensorDesc, Tile
 from .ops import layer_kinds
@@ -90,7 +95,7 @@ class Program:
     """A compiled spinn program (one offloaded Relax function)."""
 
     symbol: str
-    arch: dict
+    arch: SpinnArch
     tensors: list[TensorDesc]
     inputs: list[int]
     outputs: list[int]
@@ -109,7 +114,7 @@ class Program:
         return {
             "version": self.version,
             "symbol": self.symbol,
-            "arch": self.arch,
+            "arch": self.arch.to_dict(),
             # vars() instead of asdict(): fields are flat JSON values, and asdict's deep copy is
             # the slowest part of compiling a large model.
             "tensors": [dict(vars(t)) for t in self.tensors],
@@ -165,6 +170,7 @@ class Program:
         ProgramError
             ``"<field>: <defect>"`` for the first defect found; nothing else escapes.
         """
+        from ..target.arch import SpinnArch  # lazy: target/ imports tvm
         from .validate import validate_header
 
         if type(data) is not bytes:
@@ -207,7 +213,7 @@ class Program:
             if t.role == "const":  # offsets checked against the blob by validate_header
                 constants[tid] = np.frombuffer(blob[t.offset:t.offset + t.nbytes], dtype=t.dtype).reshape(t.shape)
         return cls(
-            symbol=header["symbol"], arch=header["arch"], tensors=tensors,
+            symbol=header["symbol"], arch=SpinnArch.from_dict(header["arch"]), tensors=tensors,
             inputs=header["inputs"], outputs=header["outputs"],
             layers=[Layer(**layer) for layer in header["layers"]],
             timing=timing_from_json(header["timing"]), mapping=header["mapping"], memory=memory_from_json(header["memory"]),

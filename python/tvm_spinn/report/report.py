@@ -227,7 +227,7 @@ def report(ex) -> Report:
             programs.append(Program.from_bytes(data))
     if not programs and not manifest:
         raise ValueError("no spinn modules in this executable: was it built for a spinn target?")
-    arch = SpinnArch.from_dict(programs[0].arch) if programs else SpinnArch()
+    arch = programs[0].arch if programs else SpinnArch()
     chips = manifest.get("chips", arch.chips)
     system = arch if chips == arch.chips else arch.replace(chips=chips)
     keys = ("latency_s", "roofline_s", "cycles", "dram_bytes", "noc_bytes", "link_bytes", "energy_j", "flops")
