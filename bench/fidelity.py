@@ -39,6 +39,7 @@ from typing import Callable
 import numpy as np
 from tvm_spinn.mapping import MappingOptions, map_program
 from tvm_spinn.program import Layer, Program, TensorDesc
+from tvm_spinn.program.records import LayerTimingSummary
 from tvm_spinn.target.arch import CHIPS, SpinnArch
 from tvm_spinn.timing import evaluate
 
@@ -100,30 +101,30 @@ def dense_chain(m: int, k: int, n: int, layers: int, arch: SpinnArch) -> Program
         body.append(layer)
         x = layer.output
     tensors[x].role = "output"
-    return Program("main", arch.to_dict(), tensors, [0], [x], body)
+    return Program("main", arch, tensors, [0], [x], body)
 
 
 def _mapped(program: Program, arch: SpinnArch, options: MappingOptions) -> Program:
     return map_program(program, arch, options)
 
 
-def _middle(m: int, k: int, arch: SpinnArch, split_k: bool = True) -> tuple[Program, dict]:
+def _middle(m: int, k: int, arch: SpinnArch, split_k: bool = True) -> tuple[Program, LayerTimingSummary]:
     """A chain of three ``[m, k] @ [k, k]`` int8 dense layers with their weights resident in SRAM
     and the activations kept on chip: the middle layer has every operand in SRAM (the paper's
     "operators allocated entirely in the on-chip SRAM"). ``split_k=False``: each output's whole
     reduction on one PE (OctopuScheduler's partitioning of a layer: output features over the PEs;
     tvm-spinn's own tile chooser may also split a reduction over PEs and exchange partial sums)."""
     p = _mapped(dense_chain(m, k, k, 3, arch), arch, MappingOptions(weights="resident", split_k=split_k))
-    return p, p.timing["layers"][1]
+    return p, p.timing.layers[1]
 
 
 def sram_tops(m: int, k: int, chip: str) -> Callable[[], Result]:
     def run() -> Result:
         arch = CHIPS[chip]
         p, mid = _middle(m, k, arch)
-        tops = mid["flops"] / (mid["cycles"] / arch.clock_hz) / 1e12
-        return Result(tops, f"{mid['pes']} PEs, {mid['tiles']} tiles, {mid['cycles']} cycles, "
-                            f"compute {mid['compute_cycles'] / max(1, mid['pes']):.0f}/PE")
+        tops = mid.flops / (mid.cycles / arch.clock_hz) / 1e12
+        return Result(tops, f"{mid.pes} PEs, {mid.tiles} tiles, {mid.cycles} cycles, "
+                            f"compute {mid.compute_cycles / max(1, mid.pes):.0f}/PE")
     return run
 
 
@@ -147,14 +148,14 @@ def fc_utilisation(k: int) -> Callable[[], Result]:
     (``split_k=False``, see :func:`_middle`): MACs / (cycles x PEs used x array MACs). The note gives
     tvm-spinn's own schedule of the layer (reductions split where faster)."""
     def util(mid, arch):
-        return mid["flops"] / 2 / (mid["cycles"] * max(1, mid["pes"]) * arch.macs_per_cycle)
+        return mid.flops / 2 / (mid.cycles * max(1, mid.pes) * arch.macs_per_cycle)
 
     def run() -> Result:
         arch = CHIPS["production"]
         _, mid = _middle(1, k, arch, split_k=False)
         _, own = _middle(1, k, arch)
-        return Result(util(mid, arch), f"{mid['pes']} PEs, {mid['cycles']} cycles; tvm-spinn's own schedule "
-                                       f"{own['pes']} PEs, {own['cycles']} cycles (utilisation {util(own, arch):.3f})")
+        return Result(util(mid, arch), f"{mid.pes} PEs, {mid.cycles} cycles; tvm-spinn's own schedule "
+                                       f"{own.pes} PEs, {own.cycles} cycles (utilisation {util(own, arch):.3f})")
     return run
 
 
@@ -185,8 +186,8 @@ def _software_breakdown(p: Program, arch: SpinnArch) -> str:
     workers = len(np.unique(table.pe))
     gather = (workers + 1) * arch.sync_packet_cycles + scheduler_path_cycles(arch)
     t = p.timing
-    return (f"{workers} workers: dispatch {sent * us:.1f} us, fetch {t['dram_bytes'] / arch.dram_bw_bytes_s * 1e6:.1f} us "
-            f"({t['dram_bytes'] / 1e6:.2f} MB), MAC busiest PE {mac * us:.1f} us, write-back {wb * us:.2f} us, "
+    return (f"{workers} workers: dispatch {sent * us:.1f} us, fetch {t.dram_bytes / arch.dram_bw_bytes_s * 1e6:.1f} us "
+            f"({t.dram_bytes / 1e6:.2f} MB), MAC busiest PE {mac * us:.1f} us, write-back {wb * us:.2f} us, "
             f"completion {gather * us:.2f} us")
 
 
@@ -200,9 +201,9 @@ def stream_latency(m: int) -> Callable[[], Result]:
         setup = MappingOptions(weights="stream", activations="dram", **OCTOPUS)
         p = _mapped(dense_chain(m, STREAM_K, STREAM_N, 1, arch), arch, setup)
         own = _mapped(dense_chain(m, STREAM_K, STREAM_N, 1, arch), arch, MappingOptions(weights="stream"))
-        return Result(p.timing["latency_s"] * 1e6,
+        return Result(p.timing.latency_s * 1e6,
                       f"{_software_breakdown(p, arch)} (silicon: fetch 192, MAC 29); tvm-spinn's own static "
-                      f"double-buffered schedule {own.timing['latency_s'] * 1e6:.1f} us")
+                      f"double-buffered schedule {own.timing.latency_s * 1e6:.1f} us")
     return run
 
 
@@ -214,7 +215,7 @@ def layer_fixed_cost() -> Result:
     arch = CHIPS["production"]
 
     def added(options):
-        one, two = (_mapped(dense_chain(4, 16, 16, n, arch), arch, options).timing["latency_s"] for n in (1, 2))
+        one, two = (_mapped(dense_chain(4, 16, 16, n, arch), arch, options).timing.latency_s for n in (1, 2))
         return (two - one) * 1e6
 
     soft = added(MappingOptions(naive=True, **OCTOPUS))

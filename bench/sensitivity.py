@@ -90,7 +90,7 @@ def _retimed(model_fn) -> Callable[[SpinnArch], Measure]:
     mod = tvm_spinn.frontend.from_pytorch(model, (x,))
     ex = relax.build(mod, target="spinn")
     rep = tvm_spinn.report(ex)
-    base = SpinnArch.from_dict(rep.programs[0].arch)
+    base = rep.programs[0].arch
     tables = [derive_tables(p, base) for p in rep.programs]
     work = program_workload(rep.programs)
     # the re-timing path reproduces the build's own numbers on the default system

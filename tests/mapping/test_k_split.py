@@ -35,7 +35,7 @@ def _gemv(k: int, n: int, x_zero: int = 3, rows: int = 1, seed: int = 0) -> Prog
                TensorDesc("y", [rows, n], "float32", "output")]
     layer = Layer(name="proj", kind="dense", inputs=[0], output=4, consts={"weight": 1, "scale": 2, "w_zero": 3},
                   attrs=dict(x_zero=x_zero, x_flip=False, relu=False, out="float32"), mode="int8")
-    program = Program("main", ARCH.to_dict(), tensors, [0], [4], [layer])
+    program = Program("main", ARCH, tensors, [0], [4], [layer])
     rng = np.random.default_rng(seed)
     program.constants = {1: rng.integers(-128, 128, (k, n), dtype=np.int8), 2: np.ones(n, dtype=np.float32),
                          3: rng.integers(-5, 6, n, dtype=np.int32)}
@@ -110,7 +110,7 @@ def test_fp32_never_splits_and_records_are_validated():
     assert loaded.mapping["layers"][0]["tile"] == program.mapping["layers"][0]["tile"]
     tables = derive_tables(loaded, ARCH)
     np.testing.assert_array_equal(tables[0].pe, program.tiles.tables[0].pe)
-    assert evaluate(loaded, ARCH, tables).cycles == program.timing["cycles"]
+    assert evaluate(loaded, ARCH, tables).cycles == program.timing.cycles
     x = np.random.default_rng(2).integers(-128, 128, (1, 4096), dtype=np.int8)
     (got,) = run_program(loaded, [x], mode="tiles")
     np.testing.assert_array_equal(got, _reference(program, x))

@@ -67,13 +67,13 @@ def test_memory_plan_is_checked_and_fits():
     _, rep = _run(mod, tag, x.numpy())
     arch = tvm_spinn.target.SYSTEMS["mem-small"]
     for program in rep.programs:
-        assert program.memory["peak_bytes_max"] <= arch.tile_sram_bytes
-        ranges = program.memory["ranges"]
+        assert program.memory.peak_bytes_max <= arch.tile_sram_bytes
+        ranges = program.memory.ranges
         for i, a in enumerate(ranges):
-            assert 0 <= a[0] < a[1] <= arch.tile_sram_bytes
+            assert 0 <= a.start < a.end <= arch.tile_sram_bytes
             for b in ranges[i + 1:]:
-                live_together = a[2] <= b[3] and b[2] <= a[3]
-                assert not (live_together and a[0] < b[1] and b[0] < a[1]), (a, b)
+                live_together = a.first_layer <= b.last_layer and b.first_layer <= a.last_layer
+                assert not (live_together and a.start < b.end and b.start < a.end), (a, b)
 
 
 def test_weights_resident_vs_streamed_traffic():
@@ -119,10 +119,10 @@ def test_pipelined_mode_raises_throughput():
     # Sequential: one inference at a time, throughput = 1 / latency. Pipelined: a new input enters
     # when the slowest layer stage is free, throughput = clock / max stage cycles. Both say the
     # same clock, so seq_throughput * total cycles == pipe_throughput * max stage cycles.
-    clock = ps.timing["throughput_inf_s"] * ps.timing["cycles"]
-    assert ps.timing["throughput_inf_s"] == pytest.approx(1.0 / ps.timing["latency_s"], rel=1e-9)
+    clock = ps.timing.throughput_inf_s * ps.timing.cycles
+    assert ps.timing.throughput_inf_s == pytest.approx(1.0 / ps.timing.latency_s, rel=1e-9)
     stage_max = max(row["cycles"] for row in pipe.layers)
-    assert pp.timing["throughput_inf_s"] == pytest.approx(clock / stage_max, rel=1e-9)
+    assert pp.timing.throughput_inf_s == pytest.approx(clock / stage_max, rel=1e-9)
     # The CNN's layers are unbalanced but several: pipelining must raise throughput (and pay in
     # latency: each stage has fewer PEs).
     assert pipe.throughput_inf_s > 1.3 * seq.throughput_inf_s and pipe.latency_s > seq.latency_s
@@ -186,7 +186,7 @@ def test_loaded_program_rederives_the_compile_time_tiles_and_timing(monkeypatch,
 
             assert retime(loaded, arch, derive_tables) == loaded.timing == program.timing
         else:
-            assert evaluate(loaded, arch, tables).to_dict() == loaded.timing == program.timing
+            assert evaluate(loaded, arch, tables).summary() == loaded.timing == program.timing
 
 
 def test_gemm_tile_choice_fits_and_is_mac_aligned():

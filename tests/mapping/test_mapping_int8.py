@@ -70,7 +70,7 @@ def gemm_program(kind: str, mode: str, shapes, arch=ARCH, out_dtype: str | None 
     tensors = [TensorDesc("x", xshape, act_dtype, "input")]
     layer = _gemm_layer(tensors, kind, mode, 0, shapes, out_dtype)
     tensors[layer.output].role = "output"
-    return Program("main", arch.to_dict(), tensors, [0], [layer.output], [layer])
+    return Program("main", arch, tensors, [0], [layer.output], [layer])
 
 
 def _vmn(tile):
@@ -108,9 +108,9 @@ def test_int8_gemm_runs_on_the_mac_array(kind, shapes):
     # The whole layer (DMA, DRAM, barriers included) is faster too, never below its physical bound.
     map_program(fp32, ARCH)
     map_program(int8, ARCH)
-    assert int8.timing["cycles"] * 4 < fp32.timing["cycles"]
-    assert int8.timing["latency_s"] >= physical_bound(program_workload([int8]), ARCH).total_s > 0
-    assert int8.timing["roofline_s"] < fp32.timing["roofline_s"]
+    assert int8.timing.cycles * 4 < fp32.timing.cycles
+    assert int8.timing.latency_s >= physical_bound(program_workload([int8]), ARCH).total_s > 0
+    assert int8.timing.roofline_s < fp32.timing.roofline_s
 
 
 def test_int8_padding_to_the_array_is_paid():
@@ -169,7 +169,7 @@ def test_int8_moves_a_quarter_of_the_bytes(kind, shapes):
     with MappingOptions(naive=True):
         map_program(p32, ARCH)
         map_program(p8, ARCH)
-    assert 3.5 < p32.timing["dram_bytes"] / p8.timing["dram_bytes"] <= 4
+    assert 3.5 < p32.timing.dram_bytes / p8.timing.dram_bytes <= 4
 
 
 @pytest.mark.parametrize("kind,act", [("quantize", "float32"), ("dequantize", "int8"), ("dequantize", "uint8")])
@@ -179,7 +179,7 @@ def test_quantize_dequantize_bytes(kind, act):
     tensors = [TensorDesc("x", [8, 1000], act, "input"), TensorDesc("scale", [1], "float32", "const"),
                TensorDesc("zero", [1], "int32", "const"), TensorDesc("y", [8, 1000], out, "output")]
     layer = Layer(name=kind, kind=kind, inputs=[0], output=3, consts={"scale": 1, "zero": 2}, attrs={"axis": 0})
-    program = Program("main", ARCH.to_dict(), tensors, [0], [3], [layer])
+    program = Program("main", ARCH, tensors, [0], [3], [layer])
     tiles = tile_layer(program, 0, ARCH)
     i, o = (4, 1) if kind == "quantize" else (1, 4)
     assert sum(t.region[0][1] - t.region[0][0] for t in tiles) == n
@@ -217,7 +217,7 @@ def test_int8_fits_an_sram_too_small_for_fp32():
     program = gemm_program("dense", "int8", (16, 64, 16), arch=tiny)
     map_program(program, tiny)
     assert all(t.sram_bytes <= 1500 and t.k_splits == 4 for t in program.tiles)
-    assert program.memory["peak_bytes_max"] <= 1500
+    assert program.memory.peak_bytes_max <= 1500
 
 
 @pytest.mark.parametrize("kind,shapes", [("dense", (16, 40000, 64)), ("conv2d", (2048, 4, 4, 16, 3))])
@@ -252,11 +252,11 @@ def test_int8_activations_and_weights_are_planned_with_one_byte():
     tensors += [TensorDesc("y", [64, 512], "float32", "output")]
     deq = Layer(name="dq", kind="dequantize", inputs=[dense.output], output=len(tensors) - 1,
                 consts={"scale": 1, "zero": 2}, attrs={"axis": 0})
-    program = Program("main", arch.to_dict(), tensors, [0], [len(tensors) - 1], [quant, dense, deq])
+    program = Program("main", arch, tensors, [0], [len(tensors) - 1], [quant, dense, deq])
     map_program(program, arch)
     # Weights (256 KiB int8 + 3 x 2 KiB epilogue) stay resident; in fp32 (1 MiB) they could not.
     assert 1 in program.mapping["resident_layers"]
-    assert 512 * 512 <= program.memory["resident_bytes_total"] < 2 * 512 * 512
+    assert 512 * 512 <= program.memory.resident_bytes_total < 2 * 512 * 512
     plan = plan_memory(program, arch)
     assert 1 in plan.resident_layers and max(plan.peak_bytes.values()) <= arch.tile_sram_bytes
     # The int8 activations are on chip; their tiles account 1 byte per element.
@@ -275,5 +275,5 @@ def test_int8_energy_is_per_int8_mac():
     macs = 256 * 1024 * 1024
     for mode, per_mac in (("fp32", quiet.e_flop_fp32_j), ("int8", quiet.e_mac_int8_j)):
         program = map_program(gemm_program("dense", mode, DENSE, arch=quiet), quiet)
-        assert program.timing["flops"] == 2 * macs
-        assert program.timing["energy_j"] == pytest.approx(macs * per_mac, rel=1e-12)
+        assert program.timing.flops == 2 * macs
+        assert program.timing.energy_j == pytest.approx(macs * per_mac, rel=1e-12)

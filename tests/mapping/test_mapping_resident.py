@@ -45,7 +45,7 @@ def _decode_program(widths: list[int]) -> Program:
         layers.append(Layer(name=f"dense{j}", kind="dense", inputs=[0], output=len(tensors) - 1, consts=consts,
                             attrs=dict(x_zero=0, x_flip=False, relu=False, out="int8", y_zero=0,
                                                                  y_min=-128, y_max=127), mode="int8"))
-    program = Program("main", ARCH.to_dict(), tensors, [0], outputs, layers)
+    program = Program("main", ARCH, tensors, [0], outputs, layers)
     rng = np.random.default_rng(0)
     consts = {}
     for tid, t in enumerate(tensors):
@@ -87,7 +87,7 @@ def test_unbalanced_decode_gemm_becomes_resident_and_keeps_its_bits(monkeypatch)
     monkeypatch.setattr(schedule, "_resident_layout", lambda *args: None)
     default = _mapped([40], np.zeros(pes, dtype=np.int64))
     assert default.mapping["resident_layers"] == [] and default.mapping["layers"][0]["tile"][1] == 4
-    assert ledger.timing["cycles"] < default.timing["cycles"]
+    assert ledger.timing.cycles < default.timing.cycles
     # bits: the tiles of either layout, executed tile by tile, equal the whole layer's
     x = np.random.default_rng(1).integers(-128, 128, (1, K), dtype=np.int8)
     (ref,) = run_program(alone, [x], mode="layers")
@@ -111,7 +111,7 @@ def test_resident_decode_gemm_splits_its_reduction_when_faster(monkeypatch):
     monkeypatch.setattr(schedule, "_split_layout", lambda *args: None)
     whole = _mapped([40], np.zeros(pes, dtype=np.int64))
     assert whole.mapping["layers"][0]["tile"] == [ARCH.mac_rows, 5, 511] and whole.mapping["resident_layers"] == [0]
-    assert split.timing["cycles"] < whole.timing["cycles"]
+    assert split.timing.cycles < whole.timing.cycles
     x = np.random.default_rng(2).integers(-128, 128, (1, K), dtype=np.int8)
     (ref,) = run_program(whole, [x], mode="layers")
     for program in (whole, split):
@@ -134,7 +134,7 @@ def test_attention_matmul_tiles_run_in_one_round_when_faster(monkeypatch):
                TensorDesc("s", [b, m, n], "float32", "output")]
 
     def mapped():
-        program = Program("main", chip.to_dict(), [TensorDesc(t.name, list(t.shape), t.dtype, t.role) for t in tensors],
+        program = Program("main", chip, [TensorDesc(t.name, list(t.shape), t.dtype, t.role) for t in tensors],
                           [0, 1], [2], [Layer(name="scores", kind="matmul", inputs=[0, 1], output=2)])
         program.constants = {}
         layer_work(program, 0, chip)
@@ -149,7 +149,7 @@ def test_attention_matmul_tiles_run_in_one_round_when_faster(monkeypatch):
     two = mapped()
     assert two.mapping["layers"][0]["tile"][1] == 2 and np.bincount(two.tiles.tables[0].pe).max() == 2
     assert one.mapping["layers"][0]["tile"][1] == 3 and np.bincount(one.tiles.tables[0].pe).max() == 1
-    assert best.timing["cycles"] < one.timing["cycles"] < two.timing["cycles"]
+    assert best.timing.cycles < one.timing.cycles < two.timing.cycles
     rng = np.random.default_rng(3)
     q = rng.standard_normal((b, m, k)).astype(np.float32)
     kt = rng.standard_normal((b, k, n)).astype(np.float32)

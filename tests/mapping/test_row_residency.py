@@ -54,7 +54,7 @@ def _down_projection(k: int = K, n: int = N) -> Program:
     layer = Layer(name="down", kind="dense", inputs=[0], output=len(tensors) - 1, consts=consts,
                   attrs=dict(x_zero=0, x_flip=False, relu=False, out="int8", y_zero=0, y_min=-128, y_max=127),
                   mode="int8")
-    program = Program("main", ARCH.to_dict(), tensors, [0], [len(tensors) - 1], [layer])
+    program = Program("main", ARCH, tensors, [0], [len(tensors) - 1], [layer])
     rng = np.random.default_rng(0)
     program.constants = {1: rng.integers(-128, 128, (k, n), dtype=np.int8),
                          2: rng.integers(-1000, 1000, n, dtype=np.int32),
@@ -90,19 +90,19 @@ def test_streaming_column_plan_gives_way_to_resident_rows(monkeypatch):
     info = rows.mapping["system"]
     assert info["tp"] == 4 and info["row"] == ROW_ALWAYS
     assert rows.mapping["resident_layers"] == [0] and info["splits"] == {"row": 1}
-    assert rows.memory["resident_bytes_total"] >= K * N  # every chip's rows in its PEs' SRAM
-    assert rows.timing["system"]["streamed_bytes_per_chip"] == 0
+    assert rows.memory.resident_bytes_total >= K * N  # every chip's rows in its PEs' SRAM
+    assert rows.timing.system.streamed_bytes_per_chip == 0
     # without the variant the best plan streams its columns, slower
     cols = _mapped(monkeypatch)
     assert cols.mapping["system"]["row"] is True and cols.mapping["resident_layers"] == []
-    assert cols.timing["system"]["streamed_bytes_per_chip"] > 0
-    assert rows.timing["latency_s"] < cols.timing["latency_s"]
+    assert cols.timing.system.streamed_bytes_per_chip > 0
+    assert rows.timing.latency_s < cols.timing.latency_s
     # both are among the candidates the mapper timed
     timed = {(c["tp"], c["row"]) for c in info["candidates"]}
     assert (4, ROW_ALWAYS) in timed and (4, True) in timed
     # the records rebuild the same plan (retime: a loaded program's timing)
     again = system.retime(rows, ARCH, derive_tables)
-    assert again["latency_s"] == pytest.approx(rows.timing["latency_s"])
+    assert again.latency_s == pytest.approx(rows.timing.latency_s)
     # bits: the functional program is the one-chip program's, whatever the plan
     x = np.random.default_rng(1).integers(-128, 128, (1, K), dtype=np.int8)
     one = _down_projection()

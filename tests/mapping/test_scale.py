@@ -206,14 +206,14 @@ def test_bounds_are_lower_bounds_and_report_names_the_binding_one(bert):
         with options:
             rep = tvm_spinn.report(relax.build(mod, target="spinn/board"))
         for p in rep.programs:
-            s = p.timing["system"]
-            assert s["latency_s"] >= s["compute_bound_s"] * (1 - 1e-9)
-            assert s["latency_s"] >= s["memory_bound_s"] * (1 - 1e-9)
-            assert s["latency_s"] >= s["comm_bound_s"] * (1 - 1e-9)
-            assert s["binding"] in ("compute", "memory", "communication")
+            s = p.timing.system
+            assert s.latency_s >= s.compute_bound_s * (1 - 1e-9)
+            assert s.latency_s >= s.memory_bound_s * (1 - 1e-9)
+            assert s.latency_s >= s.comm_bound_s * (1 - 1e-9)
+            assert s.binding in ("compute", "memory", "communication")
         text = str(rep)
         assert "plan" in text and "binds" in text
-    streamed = sum(p.timing["system"]["streamed_bytes_per_chip"] for p in rep.programs)
+    streamed = sum(p.timing.system.streamed_bytes_per_chip for p in rep.programs)
     assert streamed > 0  # weights="stream": each chip streams its shard
 
 
@@ -226,7 +226,7 @@ def test_weights_resident_when_aggregate_sram_holds_them(bert):
     def streamed(target, **options):
         with tvm_spinn.MappingOptions(**options):
             rep = tvm_spinn.report(relax.build(mod, target=target))
-        return sum(p.timing["system"]["streamed_bytes_per_chip"] for p in rep.programs)
+        return sum(p.timing.system.streamed_bytes_per_chip for p in rep.programs)
 
     resident, stream = streamed("spinn/board"), streamed("spinn/board", weights="stream")
     assert resident < 0.25 * stream

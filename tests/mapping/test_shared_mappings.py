@@ -32,7 +32,7 @@ def test_shared_mappings_same_bytes_and_reused(monkeypatch):
     mapped = []
     real = schedule._map
     monkeypatch.setattr(schedule, "_map", lambda *a: mapped.append(1) or real(*a))
-    programs = [lower_function(f, name, arch.to_dict()) for name, f in regions]
+    programs = [lower_function(f, name, arch) for name, f in regions]
     plan_system(programs, arch)
     shared = [p.to_bytes() for p in programs]
     assert shared == alone

@@ -47,7 +47,7 @@ def _functions(widths=(96, 128, 64, 96), batch=1):
 
 
 def _lowered(functions, arch=ARCH):
-    return [lower_function(f, name, arch.to_dict()) for name, f in functions]
+    return [lower_function(f, name, arch) for name, f in functions]
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def test_region_remapped_with_its_budget_gives_the_same_bytes(functions, policy)
     # and without its budget (alone on the system) the last region keeps more weights resident
     alone = _lowered(functions)[-1]
     map_program(alone, ARCH)
-    assert alone.memory["resident_bytes_total"] >= programs[-1].memory["resident_bytes_total"]
+    assert alone.memory.resident_bytes_total >= programs[-1].memory.resident_bytes_total
 
 
 def _decisions(plan, programs):

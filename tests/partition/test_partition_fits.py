@@ -73,7 +73,7 @@ def test_partition_offloads_exactly_what_tiles(op):
         assert any(k.startswith(f"spinn.{op}") for k in offloaded) == (delta >= 0), (op, delta, offloaded)
         got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy())).numpy()
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
-        program.arch = arch.to_dict()
+        program.arch = arch
         if delta < 0:
             with pytest.raises(MappingError, match=rf"layer {program.layers[0].name}: its smallest tile needs {need} bytes.*sram_bytes >= {need + base.sram_reserved_bytes}"):
                 map_program(program, arch)

@@ -460,7 +460,7 @@ def test_cache_keeps_every_program_of_a_model(built, monkeypatch):
     the cache is bounded by bytes, not by a count."""
     a = built["cnn"][0]
     symbol = split(a)[1]["symbol"]
-    programs = [edited(a, lambda h, i=i: h["timing"].update(note=i)) for i in range(80)]
+    programs = [edited(a, lambda h, i=i: h["timing"].update(latency_s=float(i))) for i in range(80)]
     keys = [_lib.create_module(symbol, p)["get_key"]() for p in programs]
     assert all(k in executor._CACHE for k in keys)
     # room for three programs (the edits' notes may add a 64-byte pad step to some of them)
@@ -471,7 +471,7 @@ def test_cache_keeps_every_program_of_a_model(built, monkeypatch):
 
 def test_each_module_has_its_own_cache_entry(built):
     a = built["cnn"][0]
-    b = edited(a, lambda h: h["timing"].update(note="x"))  # valid, different bytes
+    b = edited(a, lambda h: h["timing"].update(latency_s=-1.0))  # valid, different bytes
     symbol = split(a)[1]["symbol"]
     ka, ka2, kb = (_lib.create_module(symbol, p)["get_key"]() for p in (a, a, b))
     assert len({ka, ka2, kb}) == 3

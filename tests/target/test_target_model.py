@@ -80,7 +80,7 @@ def _int8_dense(arch: tvm_spinn.SpinnArch, m: int, k: int, n: int) -> Program:
     layer = Layer(name="dense", kind="dense", inputs=[0], output=5,
                   consts={"weight": 1, "bias_q": 2, "multiplier": 3, "shift": 4},
                   attrs=dict(x_zero=0, x_flip=False, relu=False, out="int8"), mode="int8")
-    return Program("main", arch.to_dict(), tensors, [0], [5], [layer])
+    return Program("main", arch, tensors, [0], [5], [layer])
 
 
 @pytest.mark.parametrize("chip,pes", [("production", APP_PES), ("testchip", 152)])
@@ -97,5 +97,5 @@ def test_placement_and_roofline_use_the_application_pes(chip, pes):
     compute_s = flops / (2 * 64 * arch.clock_hz * pes)
     assert (m * k + k * n + m * n + 3 * 4 * n) / arch.dram_bw_bytes_s < compute_s
     assert roofline(program, arch) == pytest.approx(compute_s, rel=1e-12)
-    assert np.isclose(program.timing["roofline_s"], compute_s, rtol=1e-12)
-    assert program.timing["latency_s"] >= compute_s
+    assert np.isclose(program.timing.roofline_s, compute_s, rtol=1e-12)
+    assert program.timing.latency_s >= compute_s

@@ -142,7 +142,7 @@ def test_software_scheduler_option_is_off_by_default_and_left_out():
     soft = fidelity._mapped(fidelity.dense_chain(16, 256, 256, 2, arch), arch, MappingOptions(scheduler="software"))
     assert soft.mapping["scheduler"] == "software"
     # each layer pays its dispatch and completion gather instead of a packet barrier
-    assert soft.timing["latency_s"] > static.timing["latency_s"]
+    assert soft.timing.latency_s > static.timing.latency_s
     # the setup is one chip's scheduler PE: a larger system is refused by name
     from tvm_spinn.target.arch import make_system
 
@@ -164,11 +164,11 @@ def test_software_scheduler_charges_its_measured_costs():
     soft = [fidelity._mapped(fidelity.dense_chain(4, 16, 16, n, arch), arch,
                              MappingOptions(naive=True, **fidelity.OCTOPUS)).timing for n in (1, 2)]
     per_layer = cost.per_layer_s * arch.clock_hz
-    assert soft[1]["layers"][0]["cycles"] == pytest.approx(cost.setup_s * arch.clock_hz + per_layer, abs=1)
-    assert soft[1]["layers"][1]["cycles"] == pytest.approx(per_layer + cost.cleanup_s * arch.clock_hz, abs=1)
-    assert soft[1]["cycles"] - soft[0]["cycles"] == pytest.approx(per_layer, abs=1)
+    assert soft[1].layers[0].cycles == pytest.approx(cost.setup_s * arch.clock_hz + per_layer, abs=1)
+    assert soft[1].layers[1].cycles == pytest.approx(per_layer + cost.cleanup_s * arch.clock_hz, abs=1)
+    assert soft[1].cycles - soft[0].cycles == pytest.approx(per_layer, abs=1)
     static = fidelity._mapped(fidelity.dense_chain(4, 16, 16, 1, arch), arch, MappingOptions(naive=True)).timing
-    assert static["latency_s"] < cost.per_layer_s
+    assert static.latency_s < cost.per_layer_s
     with pytest.raises(ValueError, match="cleanup_s"):
         SchedulerSoftwareCosts(per_layer_s=0.0, setup_s=0.0, cleanup_s=-1.0, source="x")
 

@@ -41,7 +41,7 @@ class _Builder:
 
     def program(self, out):
         self.tensors[out].role = "output"
-        program = Program("main", ARCH.to_dict(), self.tensors, [0], [out], self.layers)
+        program = Program("main", ARCH, self.tensors, [0], [out], self.layers)
         map_program(program, ARCH)
         return program
 

@@ -30,7 +30,7 @@ LOG = logging.getLogger("tvm_spinn.codegen")
 
 
 def _lower_and_map(func, symbol: str, arch: SpinnArch):
-    program = lower_function(func, symbol, arch.to_dict())
+    program = lower_function(func, symbol, arch)
     map_program(program, arch)
     return program
 
@@ -62,7 +62,7 @@ def codegen_spinn(functions, options, constant_names):  # noqa: ARG001 - constan
     ``to_bytes``."""
     arch_json = options.get("arch") if options is not None else None
     arch = SpinnArch.from_dict(json.loads(str(arch_json))) if arch_json else SpinnArch()
-    programs = [lower_function(func, str(func.attrs["global_symbol"]), arch.to_dict()) for func in functions]
+    programs = [lower_function(func, str(func.attrs["global_symbol"]), arch) for func in functions]
     pending = {}  # index -> (symbol, future); a region mapped again replaces its entry
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="spinn-serialize") as pool:
         plan_system(programs, arch,

@@ -12,6 +12,7 @@ from tvm.ir.expr import Constant
 
 from ..program import Layer, Program, TensorDesc
 from ..program.ops import LoweringError, family_for_composite
+from ..target.arch import SpinnArch
 
 __all__ = ["lower_function", "LoweringError"]
 
@@ -37,7 +38,7 @@ def _shape(expr: relax.Expr) -> list[int]:
 
 
 class _Lowerer:
-    def __init__(self, symbol: str, arch: dict):
+    def __init__(self, symbol: str, arch: SpinnArch):
         self.program = Program(symbol=symbol, arch=arch, tensors=[], inputs=[], outputs=[], layers=[])
         self.var_ids: dict[relax.Var, int] = {}
         self.const_ids: dict[Constant, int] = {}
@@ -134,7 +135,7 @@ class _Lowerer:
         return tid
 
 
-def lower_function(func: relax.Function, symbol: str, arch: dict) -> Program:
+def lower_function(func: relax.Function, symbol: str, arch: SpinnArch) -> Program:
     """Lower a merged spinn region to an (unmapped) :class:`Program`.
 
     Parameters
@@ -143,7 +144,7 @@ def lower_function(func: relax.Function, symbol: str, arch: dict) -> Program:
         A function with ``Codegen="spinn"`` whose body calls ``Composite="spinn.*"`` functions.
     symbol : str
         Its global symbol (the name the VM calls).
-    arch : dict
-        ``SpinnArch.to_dict()`` of the target system.
+    arch : SpinnArch
+        The target system.
     """
     return _Lowerer(symbol, arch).lower(func)

@@ -148,7 +148,7 @@ def describe(module, args: tuple, target, dtype: str = "fp32") -> list[Described
         func = functions[name]
         if not (func.attrs and "Codegen" in func.attrs):
             continue
-        program = lower_function(func, name, arch.to_dict())
+        program = lower_function(func, name, arch)
         # the program's inputs are the region's parameters, in order
         if [program.tensors[i].name for i in program.inputs] != [p.name for p in func.params]:
             raise RuntimeError(f"{name}: the lowered program's inputs are not the region's parameters")

@@ -193,7 +193,7 @@ def _clone(program):
         program, tensors=[dataclasses.replace(t) for t in program.tensors],
         layers=[dataclasses.replace(layer, consts=dict(layer.consts), attrs=dict(layer.attrs)) for layer in program.layers],
         inputs=list(program.inputs), outputs=list(program.outputs), constants=dict(program.constants),
-        timing={}, mapping={}, memory={}, tiles=None)
+        timing=None, mapping={}, memory=None, tiles=None)
 
 
 @dataclass(frozen=True)
@@ -230,18 +230,18 @@ def _map(described, arch, weights: str) -> _Timed:
     programs = []
     for d in described:
         program = _clone(d.program)
-        program.arch = arch.to_dict()
+        program.arch = arch
         programs.append(program)
     plan = plan_system(programs, arch, MappingOptions(weights=weights, split_k=current_options().split_k),
                        policy="alone")
     for d, program, region in zip(described, programs, plan.regions):
         t = program.timing
-        lat += t["latency_s"]
-        energy += t["energy_j"]
+        lat += t.latency_s
+        energy += t.energy_j
         wbytes += d.weight_bytes
-        resident += int(program.memory.get("resident_bytes_total", 0))
-        peak = max(peak, int(program.memory.get("peak_bytes_max", 0)))
-        chips = max([chips] + [int(row["chips"]) for row in t["layers"]])
+        resident += int(program.memory.resident_bytes_total)
+        peak = max(peak, int(program.memory.peak_bytes_max))
+        chips = max([chips] + [int(row.chips) for row in t.layers])
         kv, kv_sram = kv + region.state_bytes, kv_sram + region.state_sram_bytes
     return _Timed(lat, energy, wbytes, resident, peak, chips, kv, kv_sram)
 
@@ -484,7 +484,7 @@ def _slice(program, a: int, b: int):
                 for layer in layers],
         inputs=[remap[t] for t in inputs], outputs=[remap[t] for t in used if tensors[remap[t]].role == "output"],
         constants={remap[t]: program.constants[t] for t in used if t in program.constants},
-        timing={}, mapping={}, memory={}, tiles=None)
+        timing=None, mapping={}, memory=None, tiles=None)
 
 
 def _atoms(index: int, program) -> list[tuple[int, int, int, int]]:
@@ -586,7 +586,7 @@ def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0) -> _Stage:
     programs = []
     for program in pieces:
         program = _clone(program)
-        program.arch = board.to_dict()
+        program.arch = board
         programs.append(program)
     # in order: a stage is a chain of the model's programs whose SRAM the stage search sized
     plan = plan_system(programs, board, MappingOptions(weights="auto", split_k=current_options().split_k),
@@ -596,16 +596,16 @@ def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0) -> _Stage:
         handoff = handoff if k else sum(program.tensors[t].nbytes for t in handed)
         if handed:  # what its shard plan reads whole is all-gathered on arrival
             gather = sum(program.tensors[t].nbytes for t in region.gathered_inputs)
-        t, st = program.timing, program.timing["system"]
-        res = int(program.memory.get("resident_bytes_total", 0))
-        lat += t["latency_s"]
-        energy += t["energy_j"]
+        t, st = program.timing, program.timing.system
+        res = int(program.memory.resident_bytes_total)
+        lat += t.latency_s
+        energy += t.energy_j
         wbytes += sum(x.nbytes for x in program.tensors if x.role == "const")
         resident += res
-        streamed += int(st["streamed_bytes_per_chip"])
-        peak = max(peak, int(program.memory.get("peak_bytes_max", 0)))
-        kinds = {"compute": st["compute_bound_s"], "dram": st["memory_bound_s"], "sram": res / sram_bw,
-                 "links": st["comm_bound_s"]}
+        streamed += int(st.streamed_bytes_per_chip)
+        peak = max(peak, int(program.memory.peak_bytes_max))
+        kinds = {"compute": st.compute_bound_s, "dram": st.memory_bound_s, "sram": res / sram_bw,
+                 "links": st.comm_bound_s}
         top = max(kinds, key=kinds.get)
         bounds[top] += kinds[top]
         for key, value in kinds.items():

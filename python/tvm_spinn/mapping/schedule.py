@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 
 import numpy as np
 
 from ..program import Program
 from ..program.ops import family_of
+from ..program.records import AddressRange, MemorySummary
 from ..program.tiles import ProgramTiles, TileTable
 from ..target.arch import SpinnArch
 from .memory import LEDGER_RESIDENT_SHARE, activation_label, check_capacity, plan_memory, weight_bytes_per_pe
@@ -100,19 +102,19 @@ def _replay(program: Program, entry: tuple) -> None:
     tables, mapping, timing, memory, activation_ranges = entry
     program.tiles = ProgramTiles(tables)
     program.mapping = copy.deepcopy(mapping)
-    program.timing = copy.deepcopy(timing)
-    program.memory = copy.deepcopy(memory)
-    ranges = program.memory["ranges"]
+    program.timing = timing  # frozen: shared, never edited
+    ranges = list(memory.ranges)
     for k in activation_ranges:
-        ranges[k][4] = activation_label(program, ranges[k][2])
+        ranges[k] = replace(ranges[k], what=activation_label(program, ranges[k].first_layer))
+    program.memory = replace(memory, ranges=tuple(ranges))
 
 
 def _entry(program: Program) -> tuple:
     """What :func:`_replay` needs of a freshly mapped ``program``."""
-    ranges = program.memory["ranges"]
-    labelled = [k for k, rng in enumerate(ranges) if rng[4] == activation_label(program, rng[2])]
-    return (program.tiles.tables, copy.deepcopy(program.mapping), copy.deepcopy(program.timing),
-            copy.deepcopy(program.memory), labelled)
+    ranges = program.memory.ranges
+    labelled = [k for k, rng in enumerate(ranges) if rng.what == activation_label(program, rng.first_layer)]
+    return (program.tiles.tables, copy.deepcopy(program.mapping), program.timing,
+            program.memory, labelled)
 
 
 def _build(program: Program, arch: SpinnArch, mode: str, options: MappingOptions, state: SystemState | None = None,
@@ -200,8 +202,8 @@ def _map(program: Program, arch: SpinnArch, mode: str, options: MappingOptions, 
             first_plan = plan
         program.mapping = dict(base, layers=recs, resident_layers=plan.resident_layers,
                                onchip_tensors=plan.onchip_tensors)
-        timing = evaluate(program, arch, tabs).to_dict(trace=False)
-        if best is None or timing["cycles"] < best[2]["cycles"]:
+        timing = evaluate(program, arch, tabs).summary()
+        if best is None or timing.cycles < best[2].cycles:
             best = (plan, program.mapping, timing, tabs)
     plan, program.mapping, program.timing, tabs = best
     program.tiles = ProgramTiles(tabs)
@@ -416,13 +418,11 @@ def _one_round_layout(program: Program, arch: SpinnArch, tables, records):
     return (out_tables, out_records) if changed else None
 
 
-def _memory_summary(plan) -> dict:
+def _memory_summary(plan) -> MemorySummary:
     """``program.memory`` of a memory plan."""
-    return {
-        "peak_bytes_max": max(plan.peak_bytes.values(), default=0),
-        "resident_bytes_total": sum(plan.resident_bytes.values()),
-        "busiest_pe": plan.busiest_pe, "ranges": plan.ranges,
-    }
+    return MemorySummary(peak_bytes_max=max(plan.peak_bytes.values(), default=0),
+                         resident_bytes_total=sum(plan.resident_bytes.values()), busiest_pe=plan.busiest_pe,
+                         ranges=tuple(AddressRange(*rng) for rng in plan.ranges))
 
 
 def _keeps_every_activation(program: Program, plan, activations: str) -> bool:
@@ -467,9 +467,9 @@ def map_region(program: Program, arch: SpinnArch, options: MappingOptions, state
                           memo, onchip)
         after = _build(program, arch, "sequential", options, state, memo, onchip)
         if options.objective == "throughput" and arch.chips == 1:  # several chips: replicas (see .system)
-            seq = (program.timing["throughput_inf_s"], program.tiles, program.mapping, program.memory, program.timing)
+            seq = (program.timing.throughput_inf_s, program.tiles, program.mapping, program.memory, program.timing)
             _build(program, arch, "pipelined", options, state, memo, onchip)
-            if seq[0] >= program.timing["throughput_inf_s"]:
+            if seq[0] >= program.timing.throughput_inf_s:
                 (_, program.tiles, program.mapping, program.memory, program.timing) = seq
     return after
 

@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import tvm_ffi
 
 from ..program import Program
+from ..program.records import TimingSummary
 from ..program.ops import family_of
 from ..target.arch import SpinnArch
 from ..target.topology import ring_order, topology_of
@@ -230,7 +231,7 @@ def _time_plan(program: Program, plan: ShardPlan, arch: SpinnArch, topo, map_one
     map_one(shard, chip, reserved)
     st = _system_timing(program, plan, shard, shard.tiles.tables, chip, topo, onchip)
     dram_need = sum(shard.tensors[t].nbytes for t in range(len(program.tensors)) if shard.tensors[t].role == "const") \
-        - int(shard.memory.get("resident_bytes_total", 0))
+        - int(shard.memory.resident_bytes_total)
     return shard, st, max(0, dram_need)
 
 
@@ -302,7 +303,7 @@ def resident_state(program: Program, resident) -> set[int]:
             and all(rule_of(layer).cache_operand(layer, pos) and i in resident for i, layer, pos in readers[tid])}
 
 
-def retime(program: Program, arch: SpinnArch, derive) -> dict:
+def retime(program: Program, arch: SpinnArch, derive) -> TimingSummary:
     """The timing of a system-mapped (e.g. loaded) program, re-derived from its mapping records:
     what the compiler stored in ``program.timing`` (``derive`` is
     :func:`tvm_spinn.mapping.derive_tables`)."""
@@ -312,7 +313,7 @@ def retime(program: Program, arch: SpinnArch, derive) -> dict:
     shard.mapping = {k: v for k, v in program.mapping.items() if k != "system"}
     chip = _chip_arch(arch)
     tables = derive(shard, chip)
-    shard.timing = evaluate(shard, chip, tables).to_dict(trace=False)
+    shard.timing = evaluate(shard, chip, tables).summary()
     st = _system_timing(program, plan, shard, tables, chip, topology_of(arch))
     return _timing_dict(program, shard, plan, st, float(info.get("handoff_s", 0.0)), arch)
 
@@ -487,33 +488,28 @@ def _install(program: Program, shard: Program, plan: ShardPlan, st, results, sta
     mapping["chips_per_layer"] = [plan.chips] * len(program.layers)
     program.mapping = mapping
     program.timing = _timing_dict(program, shard, plan, st, mapping["system"]["handoff_s"], arch)
-    program.memory = copy.deepcopy(shard.memory)
-    # the whole group's resident bytes (each chip holds its shard's)
-    program.memory["resident_bytes_total"] = int(shard.memory.get("resident_bytes_total", 0)) * plan.chips
-    for rng in program.memory.get("ranges", []):  # labels in this program's names
-        if str(rng[4]).startswith("activation "):
-            rng[4] = activation_label(program, rng[2])
+    # the whole group's resident bytes (each chip holds its shard's); labels in this program's names
+    ranges = tuple(replace(rng, what=activation_label(program, rng.first_layer))
+                   if str(rng.what).startswith("activation ") else rng for rng in shard.memory.ranges)
+    program.memory = replace(shard.memory, resident_bytes_total=int(shard.memory.resident_bytes_total) * plan.chips,
+                             ranges=ranges)
 
 
-def _timing_dict(program: Program, shard: Program, plan: ShardPlan, st, handoff_s: float, arch: SpinnArch) -> dict:
+def _timing_dict(program: Program, shard: Program, plan: ShardPlan, st, handoff_s: float, arch: SpinnArch) -> TimingSummary:
     """``program.timing`` of a system mapping: the shard's PE-level figures, the system latency."""
     latency = st.latency_s + handoff_s
-    timing = copy.deepcopy(shard.timing)
     clock = arch.clock_hz
     # energy: every chip of the group spends its shard's, the links carry the collectives'
     # bytes (each of them crosses at least one link per rank), all chips idle-burn the rest
     size = {"tp": plan.tp, "sp": plan.sp, "all": plan.tp * plan.sp}
     links = sum(c.nbytes * max(0, size.get(getattr(c, "group", "tp"), plan.tp) - 1) for c in plan.collectives)
-    energy = (shard.timing["energy_j"] * plan.chips + links * arch.e_link_byte_j
-              + arch.p_static_w_per_chip * plan.chips * max(0.0, latency - shard.timing["latency_s"]))
-    timing.update(latency_s=latency, cycles=int(round(latency * clock)), roofline_s=st.bound_s,
-                  throughput_inf_s=1.0 / latency if latency else 0.0, energy_j=energy, system=st.to_dict())
+    energy = (shard.timing.energy_j * plan.chips + links * arch.e_link_byte_j
+              + arch.p_static_w_per_chip * plan.chips * max(0.0, latency - shard.timing.latency_s))
     coll_bytes = {}
     for c in plan.collectives:
         coll_bytes[c.layer] = coll_bytes.get(c.layer, 0) + c.nbytes
-    for i, row in enumerate(timing["layers"]):
-        row["chips"] = plan.chips
-        row["link_bytes"] = int(coll_bytes.get(i, 0))
-        row["cycles"] = int(round(st.layer_s[i] * clock))
-    timing["link_bytes"] = int(sum(c.nbytes for c in plan.collectives))
-    return timing
+    layers = tuple(replace(row, chips=plan.chips, link_bytes=int(coll_bytes.get(i, 0)),
+                           cycles=int(round(st.layer_s[i] * clock))) for i, row in enumerate(shard.timing.layers))
+    return replace(shard.timing, latency_s=latency, cycles=int(round(latency * clock)), roofline_s=st.bound_s,
+                   throughput_inf_s=1.0 / latency if latency else 0.0, energy_j=energy, system=st.summary(),
+                   layers=layers, link_bytes=int(sum(c.nbytes for c in plan.collectives)))

@@ -20,7 +20,8 @@ schedule; int8 layers as in version 3, see :mod:`.quant` -- is still read)::
 
 Header JSON fields (all lists in execution order; all ids are indices):
 
-- ``version``, ``symbol`` (Relax global symbol the program implements), ``arch`` (SpinnArch dict)
+- ``version``, ``symbol`` (Relax global symbol the program implements), ``arch`` (``SpinnArch.to_dict()``; a
+  :class:`~tvm_spinn.target.arch.SpinnArch` in memory)
 - ``tensors``: ``{name, shape, dtype, role, offset}``; role is ``input`` | ``output`` | ``const``
   | ``temp``; ``offset`` is the byte offset of a ``const`` in the blob (else -1)
 - ``inputs`` / ``outputs``: tensor ids in DPS argument order
@@ -36,8 +37,12 @@ Header JSON fields (all lists in execution order; all ids are indices):
   schedule (transfers, order, barriers) is derived by the timing model, never stored, so the
   header is O(layers)
 - ``memory``: SRAM plan: per-PE peak bytes, resident weight bytes, checked non-overlapping
-  address ranges of the busiest PE
-- ``timing``: the timing model's result at compile time (see ``tvm_spinn.timing``)
+  address ranges of the busiest PE (each ``[start, end, first layer, last layer, what]``), a
+  :class:`~.records.MemorySummary` in memory (:func:`memory_to_json`, :func:`memory_from_json`;
+  ``{}`` before mapping)
+- ``timing``: the timing model's result at compile time (see ``tvm_spinn.timing``), a
+  :class:`~.records.TimingSummary` in memory (:func:`timing_to_json`, :func:`timing_from_json`;
+  ``{}`` before mapping)
 
 Reading is validation: :meth:`Program.from_bytes` checks the framing, then the header against
 :mod:`.validate` (every key, type, tensor id, shape, dtype, constant range, per-layer operands,
@@ -51,17 +56,24 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+from dataclasses import MISSING, dataclass, field, fields
 
 import numpy as np
 import xxhash
 
+if TYPE_CHECKING:
+    from ..target.arch import SpinnArch
+
 from .model import Layer, ProgramError, TensorDesc, Tile
 from .ops import layer_kinds
+from .records import (
+    AddressRange, CollectiveSummary, LayerTimingSummary, MemorySummary, SystemTimingSummary, TimingSummary,
+)
 
 __all__ = [
     "PROGRAM_MAGIC", "PROGRAM_VERSION", "CHECKSUM_BYTES", "LAYER_KINDS", "MAX_HEADER_BYTES", "ProgramError", "TensorDesc", "Layer",
-    "Tile", "Program", "program_digest",
+    "Tile", "Program", "program_digest", "timing_to_json", "timing_from_json", "memory_to_json", "memory_from_json",
 ]
 
 PROGRAM_MAGIC = b"SPINNPRG"
@@ -83,14 +95,14 @@ class Program:
     """A compiled spinn program (one offloaded Relax function)."""
 
     symbol: str
-    arch: dict
+    arch: SpinnArch
     tensors: list[TensorDesc]
     inputs: list[int]
     outputs: list[int]
     layers: list[Layer]
-    timing: dict = field(default_factory=dict)
+    timing: TimingSummary | None = None
     mapping: dict = field(default_factory=dict)
-    memory: dict = field(default_factory=dict)
+    memory: MemorySummary | None = None
     constants: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
     version: int = PROGRAM_VERSION
     #: The mapper's tiles (:class:`~.tiles.ProgramTiles`), kept in memory only: derived data,
@@ -102,16 +114,16 @@ class Program:
         return {
             "version": self.version,
             "symbol": self.symbol,
-            "arch": self.arch,
+            "arch": self.arch.to_dict(),
             # vars() instead of asdict(): fields are flat JSON values, and asdict's deep copy is
             # the slowest part of compiling a large model.
             "tensors": [dict(vars(t)) for t in self.tensors],
             "inputs": self.inputs,
             "outputs": self.outputs,
             "layers": [dict(vars(layer)) for layer in self.layers],
-            "timing": self.timing,
+            "timing": timing_to_json(self.timing),
             "mapping": self.mapping,
-            "memory": self.memory,
+            "memory": memory_to_json(self.memory),
         }
 
     def to_bytes(self) -> bytes:
@@ -158,6 +170,7 @@ class Program:
         ProgramError
             ``"<field>: <defect>"`` for the first defect found; nothing else escapes.
         """
+        from ..target.arch import SpinnArch  # lazy: target/ imports tvm
         from .validate import validate_header
 
         if type(data) is not bytes:
@@ -200,12 +213,115 @@ class Program:
             if t.role == "const":  # offsets checked against the blob by validate_header
                 constants[tid] = np.frombuffer(blob[t.offset:t.offset + t.nbytes], dtype=t.dtype).reshape(t.shape)
         return cls(
-            symbol=header["symbol"], arch=header["arch"], tensors=tensors,
+            symbol=header["symbol"], arch=SpinnArch.from_dict(header["arch"]), tensors=tensors,
             inputs=header["inputs"], outputs=header["outputs"],
             layers=[Layer(**layer) for layer in header["layers"]],
-            timing=header["timing"], mapping=header["mapping"], memory=header["memory"],
+            timing=timing_from_json(header["timing"]), mapping=header["mapping"], memory=memory_from_json(header["memory"]),
             constants=constants, version=version,
         )
+
+
+# ---------------------------------------------------------------------- records <-> header JSON
+_LAYER_TIMING_KEYS = tuple(f.name for f in fields(LayerTimingSummary))
+_COLLECTIVE_KEYS = tuple(f.name for f in fields(CollectiveSummary))
+_SYSTEM_KEYS = tuple(f.name for f in fields(SystemTimingSummary))
+_TIMING_KEYS = tuple(f.name for f in fields(TimingSummary))
+
+
+def timing_to_json(timing: TimingSummary | None) -> dict:
+    """The header's ``timing`` object of ``timing`` (``{}`` for None: not mapped yet); the
+    system figures only for a program mapped over several chips."""
+    if timing is None:
+        return {}
+    out = {k: getattr(timing, k) for k in _TIMING_KEYS if k not in ("layers", "system")}
+    out["layers"] = [dict(vars(row)) for row in timing.layers]
+    if timing.system is not None:
+        st = timing.system
+        system = {k: getattr(st, k) for k in _SYSTEM_KEYS}
+        system["layer_s"] = list(st.layer_s)
+        system["collectives"] = [dict(vars(c)) for c in st.collectives]
+        out["system"] = system
+    return out
+
+
+def _record(cls, keys: tuple, value, where: str, **nested):
+    """``cls`` built from the JSON object ``value`` with exactly the keys ``keys`` (``nested``:
+    values already converted); a missing or unknown key is a :class:`ProgramError` at ``where``."""
+    if type(value) is not dict:
+        raise ProgramError(f"{where}: expected an object, got {type(value).__name__}")
+    required = {f.name for f in fields(cls) if f.default is MISSING}
+    missing, unknown = sorted(required - value.keys()), sorted(value.keys() - set(keys))
+    if missing or unknown:
+        raise ProgramError(f"{where}: missing key(s) {missing}, unknown key(s) {unknown}")
+    return cls(**{**value, **nested})
+
+
+def timing_from_json(value) -> TimingSummary | None:
+    """The :class:`TimingSummary` of a header's ``timing`` object (None for ``{}``).
+
+    Raises
+    ------
+    ProgramError
+        ``"timing...: <defect>"`` for a missing or unknown key or a list that is not one.
+    """
+    if value == {}:
+        return None
+    if type(value) is not dict:
+        raise ProgramError(f"timing: expected an object, got {type(value).__name__}")
+    layers = _json_list(value.get("layers", []), "timing.layers")
+    system = None
+    if "system" in value:
+        st = value["system"]
+        if type(st) is not dict:
+            raise ProgramError(f"timing.system: expected an object, got {type(st).__name__}")
+        colls = _json_list(st.get("collectives"), "timing.system.collectives")
+        system = _record(SystemTimingSummary, _SYSTEM_KEYS, st, "timing.system",
+                         layer_s=tuple(_json_list(st.get("layer_s"), "timing.system.layer_s")),
+                         collectives=tuple(_record(CollectiveSummary, _COLLECTIVE_KEYS, c,
+                                                   f"timing.system.collectives[{i}]") for i, c in enumerate(colls)))
+    return _record(TimingSummary, _TIMING_KEYS, value, "timing", system=system,
+                   layers=tuple(_record(LayerTimingSummary, _LAYER_TIMING_KEYS, row, f"timing.layers[{i}]")
+                                for i, row in enumerate(layers)))
+
+
+_MEMORY_KEYS = tuple(f.name for f in fields(MemorySummary))
+
+
+def memory_to_json(memory: MemorySummary | None) -> dict:
+    """The header's ``memory`` object of ``memory`` (``{}`` for None: not mapped yet); each
+    address range as ``[start, end, first layer, last layer, what]``."""
+    if memory is None:
+        return {}
+    out = {k: getattr(memory, k) for k in _MEMORY_KEYS}
+    out["ranges"] = [[r.start, r.end, r.first_layer, r.last_layer, r.what] for r in memory.ranges]
+    return out
+
+
+def memory_from_json(value) -> MemorySummary | None:
+    """The :class:`MemorySummary` of a header's ``memory`` object (None for ``{}``).
+
+    Raises
+    ------
+    ProgramError
+        ``"memory...: <defect>"`` for a missing or unknown key or a range that is not a list of
+        five values.
+    """
+    if value == {}:
+        return None
+    if type(value) is not dict:
+        raise ProgramError(f"memory: expected an object, got {type(value).__name__}")
+    ranges = []
+    for i, rng in enumerate(_json_list(value.get("ranges", []), "memory.ranges")):
+        if type(rng) is not list or len(rng) != 5:
+            raise ProgramError(f"memory.ranges[{i}]: expected [start, end, first layer, last layer, what]")
+        ranges.append(AddressRange(*rng))
+    return _record(MemorySummary, _MEMORY_KEYS, value, "memory", ranges=tuple(ranges))
+
+
+def _json_list(value, where: str) -> list:
+    if type(value) is not list:
+        raise ProgramError(f"{where}: expected a list, got {type(value).__name__}")
+    return value
 
 
 #: Layer kinds whose tile gained a second number (the elements of a row per tile) in version 5.

@@ -134,29 +134,29 @@ def system_summary(programs: list, chips: int, chips_per_board: int) -> dict:
     if not rows:
         return {}
     keys = ("compute_bound_s", "memory_bound_s", "comm_bound_s")
-    bounds = {k: sum(p.timing["system"][k] for p in rows) for k in keys}
-    latency = sum(p.timing["latency_s"] for p in programs)
+    bounds = {k: sum(getattr(p.timing.system, k) for p in rows) for k in keys}
+    latency = sum(p.timing.latency_s for p in programs)
     stage_s: dict[int, float] = {}
     for p in programs:
         stage = p.mapping.get("system", {}).get("stage", 0)
-        stage_s[stage] = stage_s.get(stage, 0.0) + p.timing["latency_s"]
+        stage_s[stage] = stage_s.get(stage, 0.0) + p.timing.latency_s
     stages = max(stage_s) + 1
     group = max(p.mapping["system"]["chips"] for p in rows)
     per_replica = stages * chips_per_board if stages > 1 else group
     replicas = max(1, chips // per_replica)
     ops: dict[str, dict] = {}
     for p in rows:
-        for c in p.timing["system"]["collectives"]:
-            entry = ops.setdefault(f"{c['op']}/{c['algorithm']}", {"count": 0, "seconds": 0.0})
+        for c in p.timing.system.collectives:
+            entry = ops.setdefault(f"{c.op}/{c.algorithm}", {"count": 0, "seconds": 0.0})
             entry["count"] += 1
-            entry["seconds"] += c["seconds"]
+            entry["seconds"] += c.seconds
     names = {"compute_bound_s": "compute", "memory_bound_s": "memory", "comm_bound_s": "communication"}
     binding = max(keys, key=lambda k: (bounds[k], k))
     bound = bounds[binding]
     return {
         "plans": [{"symbol": p.symbol, "tp": p.mapping["system"]["tp"], "dp": p.mapping["system"]["dp"],
                    "sp": p.mapping["system"].get("sp", 1),
-                   "stage": p.mapping["system"]["stage"], "binding": p.timing["system"]["binding"]} for p in rows],
+                   "stage": p.mapping["system"]["stage"], "binding": p.timing.system.binding} for p in rows],
         "tp": sorted({p.mapping["system"]["tp"] for p in rows}), "dp": sorted({p.mapping["system"]["dp"] for p in rows}),
         "sp": sorted({p.mapping["system"].get("sp", 1) for p in rows}),
         "replicated": [{"symbol": p.symbol, "layer": name, "reason": reason}
@@ -164,9 +164,9 @@ def system_summary(programs: list, chips: int, chips_per_board: int) -> dict:
         "stages": stages, "replicas": replicas, "chips_per_replica": per_replica,
         "collectives": ops, **bounds, "binding": names[binding],
         "latency_over_bound": latency / bound if bound else float("nan"),
-        "streamed_bytes_per_chip": sum(p.timing["system"]["streamed_bytes_per_chip"] for p in rows),
+        "streamed_bytes_per_chip": sum(p.timing.system.streamed_bytes_per_chip for p in rows),
         "throughput_inf_s": (replicas / max(stage_s.values()) if stages > 1 else
-                             chips / sum(p.timing["latency_s"] * p.mapping.get("system", {}).get("chips", 1)
+                             chips / sum(p.timing.latency_s * p.mapping.get("system", {}).get("chips", 1)
                                          for p in programs)) if latency else 0.0,
     }
 
@@ -174,7 +174,7 @@ def system_summary(programs: list, chips: int, chips_per_board: int) -> dict:
 def _throughput(programs: list, chips: int, chips_per_board: int) -> float:
     if any("system" in p.mapping for p in programs):
         return system_summary(programs, chips, chips_per_board)["throughput_inf_s"]
-    return min((p.timing["throughput_inf_s"] for p in programs), default=0.0)
+    return min((p.timing.throughput_inf_s for p in programs), default=0.0)
 
 
 def _system_lines(s: dict) -> list[str]:
@@ -227,20 +227,20 @@ def report(ex) -> Report:
             programs.append(Program.from_bytes(data))
     if not programs and not manifest:
         raise ValueError("no spinn modules in this executable: was it built for a spinn target?")
-    arch = SpinnArch.from_dict(programs[0].arch) if programs else SpinnArch()
+    arch = programs[0].arch if programs else SpinnArch()
     chips = manifest.get("chips", arch.chips)
     system = arch if chips == arch.chips else arch.replace(chips=chips)
     keys = ("latency_s", "roofline_s", "cycles", "dram_bytes", "noc_bytes", "link_bytes", "energy_j", "flops")
-    totals = {k: sum(p.timing[k] for p in programs) for k in keys}
-    busy = sum(p.timing["pe_utilization"] * p.timing["cycles"] for p in programs)
+    totals = {k: sum(getattr(p.timing, k) for p in programs) for k in keys}
+    busy = sum(p.timing.pe_utilization * p.timing.cycles for p in programs)
     layers = []
     for i, p in enumerate(programs):
         modes = {layer.name: layer.mode for layer in p.layers}
         records = p.mapping.get("layers", [])
-        for j, row in enumerate(p.timing["layers"]):
+        for j, row in enumerate(p.timing.layers):
             # the mapping's decision for the layer: its tile shape and its PE range
             record = records[j] if j < len(records) else {"tile": [], "pes": [0, 0]}
-            layers.append(dict(row, region=f"r{i}", mode=modes.get(row["name"], "fp32"),
+            layers.append(dict(vars(row), region=f"r{i}", mode=modes.get(row.name, "fp32"),
                                tile=list(record["tile"]), pe_range=list(record["pes"])))
     return Report(
         system=manifest.get("system", arch.name), chips=manifest.get("chips", arch.chips),
@@ -248,7 +248,7 @@ def report(ex) -> Report:
         offloaded_ops=manifest.get("offloaded_ops", {}), fallback_ops=manifest.get("fallback_ops", {}),
         fallback_reasons=manifest.get("fallback_reasons", {}),
         weight_bytes=sum(t.nbytes for p in programs for t in p.tensors if t.role == "const"),
-        resident_weight_bytes=sum(p.memory.get("resident_bytes_total", 0) for p in programs),
+        resident_weight_bytes=sum(p.memory.resident_bytes_total for p in programs),
         throughput_inf_s=_throughput(programs, manifest.get("chips", arch.chips), arch.chips_per_board),
         mapping=[dict(p.mapping, symbol=p.symbol) for p in programs],
         plan=system_summary(programs, manifest.get("chips", arch.chips), arch.chips_per_board),

@@ -39,7 +39,7 @@ def to_perfetto(programs: list[Program], path: str) -> str:
     events = []
     offset_us = 0.0
     for index, program in enumerate(programs):
-        arch = SpinnArch.from_dict(program.arch)
+        arch = program.arch
         timing, tiles = _timeline(program, arch)
         us = 1e6 / arch.clock_hz
         for row in timing.layers:
@@ -81,7 +81,7 @@ def plot(programs: list[Program], path: str) -> str:
     rows, names, spans = [], [], []
     start = 0.0
     for program in programs:
-        arch = SpinnArch.from_dict(program.arch)
+        arch = program.arch
         timing, tiles = _timeline(program, arch)
         busy = np.zeros((len(program.layers), arch.total_pes))
         for pe, tile, s, e in timing.trace:

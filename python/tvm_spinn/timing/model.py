@@ -59,6 +59,7 @@ import numpy as np
 from ..program import Program
 from ..program.ops.base import family_of
 from ..program.noc import noc_port_cycles
+from ..program.records import LayerTimingSummary, TimingSummary
 from ..program.tiles import TileTable
 from ..target.arch import SpinnArch
 from .bounds import gathered_bytes
@@ -102,13 +103,11 @@ class Timing:
     # (pe, layer, tile, start_cycle, end_cycle) of compute tasks, for timelines.
     trace: list[list[int]] = field(default_factory=list)
 
-    def to_dict(self, trace: bool = False) -> dict:
-        """Plain dict (JSON-ready); the per-tile ``trace`` only when asked (it is large)."""
+    def summary(self) -> TimingSummary:
+        """The record a program stores (``Program.timing``): every figure but the per-tile
+        ``trace`` (it is large; :func:`evaluate` re-derives it for timelines)."""
         out = {k: v for k, v in vars(self).items() if k not in ("layers", "trace")}
-        out["layers"] = [dict(vars(row)) for row in self.layers]
-        if trace:
-            out["trace"] = self.trace
-        return out
+        return TimingSummary(**out, layers=tuple(LayerTimingSummary(**vars(row)) for row in self.layers))
 
 
 def roofline(program: Program, arch: SpinnArch) -> float:

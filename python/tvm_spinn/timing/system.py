@@ -29,11 +29,12 @@ plan's collectives on the topology). ``latency / max(bounds)`` is the headline r
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..program import Program
+from ..program.records import CollectiveSummary, SystemTimingSummary
 from ..target.arch import SpinnArch
 from .collectives import all_gather, all_reduce, chain_all_reduce
 
@@ -69,12 +70,10 @@ class SystemTiming:
     def bound_s(self) -> float:
         return max(self.compute_bound_s, self.memory_bound_s, self.comm_bound_s)
 
-    def to_dict(self) -> dict:
-        out = asdict(self)
-        out["layer_s"] = list(self.layer_s)
-        out["collectives"] = [asdict(c) for c in self.collectives]
-        out["bound_s"] = self.bound_s
-        return out
+    def summary(self) -> SystemTimingSummary:
+        """The record a system-mapped program stores (``Program.timing.system``)."""
+        return SystemTimingSummary(**{**vars(self), "layer_s": tuple(self.layer_s), "bound_s": self.bound_s,
+                                      "collectives": tuple(CollectiveSummary(**vars(c)) for c in self.collectives)})
 
 
 _COSTS: dict = {}

@@ -46,7 +46,7 @@ def executable_latency(ex) -> float:
     except ValueError:  # nothing offloaded: no spinn programs, no PE time
         return 0.0
     calls = Counter(re.findall(r"call\s+(\S+)\s+in:", ex.as_text()))
-    return sum(p.timing["latency_s"] * max(1, calls.get(p.symbol, 0)) for p in programs)
+    return sum(p.timing.latency_s * max(1, calls.get(p.symbol, 0)) for p in programs)
 
 
 def _tensor_bytes(ty) -> int:

@@ -304,7 +304,7 @@ class Gemm(OpFamily):
         runner.za, runner.zb = {"conv2d": (wz, zx), "dense": (zx, wz)}.get(
             layer.kind, (zx, np.int64(attrs.get("b_zero", 0))))
         runner.epi = {k: env[layer.consts[k]] for k in ("scale", "bias", "bias_q", "multiplier", "shift") if k in layer.consts}
-        runner.acc_bits = int(runner.p.arch.get("acc_bits", 29))
+        runner.acc_bits = int(runner.p.arch.acc_bits)
         runner.partials = {}  # split reductions: region -> (k covered, int32 partial sums)
 
     def run_tile(self, runner, tile) -> None:

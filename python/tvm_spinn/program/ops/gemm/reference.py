@@ -250,7 +250,7 @@ def _qgemm_whole(program, layer: Layer, index: int, env, out: np.ndarray) -> Non
     fill = np.asarray(attrs["x_zero"]).astype(x.dtype)  # padding holds the zero point
     g, a, b, a_index, b_index = _batched_operands(program, layer, out, x, rhs, fill)
     acc32 = np.zeros((g.batch, g.m, g.n), dtype=np.int32)
-    _lib.gemm_i8_batched(a, b, acc32, step, int(program.arch.get("acc_bits", 29)), a_index, b_index)
+    _lib.gemm_i8_batched(a, b, acc32, step, int(program.arch.acc_bits), a_index, b_index)
     acc = acc32.astype(np.int64)
     wz = env[layer.consts["w_zero"]].astype(np.int64) if "w_zero" in layer.consts else None
     if layer.kind == "conv2d":
@@ -565,7 +565,7 @@ def _int8_native(program, layer: Layer, nb) -> bool:
         return False
     index = next(i for i, other in enumerate(program.layers) if other is layer)
     step = int8_chunk(program, index)
-    acc_bits = int(program.arch.get("acc_bits", 29))
+    acc_bits = int(program.arch.acc_bits)
     none = native.codes()["none"]
     consts = program.constants
     shape = tuple(int(d) for d in tensors[layer.output].shape)

@@ -1,0 +1,110 @@
+"""Typed, immutable records a program carries besides its graph: the timing and memory summaries.
+
+The mapper and the timing model build these; :mod:`.format` alone turns them into the header's
+JSON and back (:func:`.format.timing_to_json`, :func:`.format.memory_to_json` and their
+``*_from_json``), next to the validator. Records are frozen: a stage that changes one makes a new one
+(:func:`dataclasses.replace`), so a record shared between programs (a replayed mapping) is never
+edited behind another program's back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["LayerTimingSummary", "CollectiveSummary", "SystemTimingSummary", "TimingSummary", "AddressRange",
+           "MemorySummary"]
+
+
+@dataclass(frozen=True)
+class LayerTimingSummary:
+    """One layer's figures in a :class:`TimingSummary` (see :class:`tvm_spinn.timing.LayerTiming`)."""
+
+    name: str
+    kind: str
+    tiles: int
+    pes: int
+    chips: int
+    cycles: int
+    compute_cycles: int
+    dram_bytes: int
+    noc_bytes: int
+    link_bytes: int
+    flops: int
+    sram_peak: int
+    utilization: float
+    start_cycle: int = 0
+
+
+@dataclass(frozen=True)
+class CollectiveSummary:
+    """One collective of a system mapping: before layer ``layer``, ``nbytes`` per rank, its
+    algorithm's time and the link hops it crosses (on and between boards)."""
+
+    layer: int
+    op: str
+    algorithm: str
+    nbytes: int
+    seconds: float
+    hops: int
+    board_hops: int
+
+
+@dataclass(frozen=True)
+class SystemTimingSummary:
+    """A system mapping's timing on its chip group (see :mod:`tvm_spinn.timing.system`):
+    latency, the three bounds and the one that binds, per-layer seconds and the collectives."""
+
+    latency_s: float
+    compute_bound_s: float
+    memory_bound_s: float
+    comm_bound_s: float
+    binding: str
+    chips: int
+    streamed_bytes_per_chip: int
+    layer_s: tuple[float, ...]
+    collectives: tuple[CollectiveSummary, ...]
+    bound_s: float
+
+
+@dataclass(frozen=True)
+class TimingSummary:
+    """The timing model's result stored with a program (``Program.timing``): whole-program
+    figures, one :class:`LayerTimingSummary` per layer and, for a program mapped over several
+    chips, the :class:`SystemTimingSummary` (None on one chip)."""
+
+    cycles: int
+    latency_s: float
+    roofline_s: float
+    throughput_inf_s: float
+    dram_bytes: int
+    noc_bytes: int
+    link_bytes: int
+    energy_j: float
+    pe_utilization: float
+    flops: int
+    layers: tuple[LayerTimingSummary, ...] = ()
+    system: SystemTimingSummary | None = None
+
+
+@dataclass(frozen=True)
+class AddressRange:
+    """Bytes ``[start, end)`` of a PE's SRAM held from layer ``first_layer`` to ``last_layer``
+    (inclusive) by ``what`` (resident weights, a layer's on-chip output, its working buffers)."""
+
+    start: int
+    end: int
+    first_layer: int
+    last_layer: int
+    what: str
+
+
+@dataclass(frozen=True)
+class MemorySummary:
+    """The SRAM plan stored with a program (``Program.memory``): the largest per-PE peak, the
+    resident weight bytes of every PE together and the checked address ranges of the busiest
+    PE (``busiest_pe``; -1 when no PE holds anything)."""
+
+    peak_bytes_max: int
+    resident_bytes_total: int
+    busiest_pe: int
+    ranges: tuple[AddressRange, ...] = ()

@@ -1,0 +1,109 @@
+"""The typed records a program carries (its system, timing, memory): built by the compiler, written
+to and read back from the header JSON by :mod:`tvm_spinn.program.format` alone, frozen."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from tvm_spinn.mapping import MappingOptions, map_program
+from tvm_spinn.program import Layer, Program, ProgramError, TensorDesc
+from tvm_spinn.program.format import (
+    memory_from_json, memory_to_json, program_digest, timing_from_json, timing_to_json,
+)
+from tvm_spinn.program.records import MemorySummary, TimingSummary
+from tvm_spinn.target.arch import CHIPS, SpinnArch, make_system
+
+def _program(arch, k: int = 64, n: int = 64, rows: int = 4) -> Program:
+    """One int8 dense ``k -> n`` with a dequantizing epilogue (fp32 output)."""
+    tensors = [TensorDesc("x", [rows, k], "int8", "input"), TensorDesc("w", [k, n], "int8", "const"),
+               TensorDesc("scale", [n], "float32", "const"), TensorDesc("w_zero", [n], "int32", "const"),
+               TensorDesc("y", [rows, n], "float32", "output")]
+    layer = Layer(name="proj", kind="dense", inputs=[0], output=4, consts={"weight": 1, "scale": 2, "w_zero": 3},
+                  attrs=dict(x_zero=0, x_flip=False, relu=False, out="float32"), mode="int8")
+    program = Program("main", arch, tensors, [0], [4], [layer])
+    rng = np.random.default_rng(0)
+    program.constants = {1: rng.integers(-128, 128, (k, n), dtype=np.int8), 2: np.ones(n, dtype=np.float32),
+                         3: rng.integers(-5, 6, n, dtype=np.int32)}
+    return program
+
+
+def _mapped(arch):
+    return map_program(_program(arch), arch, MappingOptions())
+
+
+def _header(data: bytes) -> dict:
+    (hlen,) = struct.unpack_from("<Q", data, 16)
+    return json.loads(data[24:24 + hlen])
+
+
+@pytest.fixture(scope="module", params=["chip", "two chips"])
+def mapped(request):
+    arch = make_system("records-1", chips=1, pes_per_chip=32) if request.param == "chip" else \
+        make_system("records-2", chips=2, pes_per_chip=32)
+    return _mapped(arch)
+
+
+def test_records_round_trip_byte_identical(mapped):
+    assert isinstance(mapped.timing, TimingSummary) and isinstance(mapped.memory, MemorySummary)
+    data = mapped.to_bytes()
+    loaded = Program.from_bytes(data)
+    assert loaded.timing == mapped.timing and loaded.memory == mapped.memory
+    assert isinstance(loaded.arch, SpinnArch) and loaded.arch == mapped.arch
+    assert loaded.to_bytes() == data
+    header = _header(data)
+    assert timing_from_json(header["timing"]) == mapped.timing
+    assert memory_from_json(header["memory"]) == mapped.memory
+    assert timing_to_json(loaded.timing) == header["timing"] and memory_to_json(loaded.memory) == header["memory"]
+    assert loaded.arch.to_dict() == header["arch"]
+    assert len(mapped.timing.layers) == len(mapped.layers)
+
+
+def test_system_figures_only_on_several_chips(mapped):
+    chips = mapped.timing.system.chips if mapped.timing.system is not None else 1
+    assert chips == mapped.arch.chips
+    assert ("system" in timing_to_json(mapped.timing)) == (mapped.timing.system is not None)
+    assert all(row.chips == chips for row in mapped.timing.layers)
+
+
+def test_records_are_frozen(mapped):
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        mapped.timing.latency_s = 0.0
+    assert mapped.memory.ranges
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        mapped.memory.ranges[0].what = "x"
+
+
+def test_unmapped_program_has_no_records():
+    program = _program(CHIPS["production"])
+    assert program.timing is None and program.memory is None
+    assert timing_to_json(None) == {} and memory_to_json(None) == {}
+    assert timing_from_json({}) is None and memory_from_json({}) is None
+
+
+@pytest.mark.parametrize("field,edit,message", [
+    ("timing", lambda t: t.update(note=1), r"^timing: missing key\(s\) \[\], unknown key\(s\) \['note'\]"),
+    ("timing", lambda t: t.pop("cycles"), r"^timing: missing key\(s\) \['cycles'\]"),
+    ("timing", lambda t: t["layers"][0].pop("kind"), r"^timing\.layers\[0\]: missing key\(s\) \['kind'\]"),
+    ("timing", lambda t: t.update(layers=3), r"^timing\.layers: expected a list"),
+    ("memory", lambda m: m["ranges"].append([0, 1]), r"^memory\.ranges\[\d+\]: expected \[start, end"),
+    ("memory", lambda m: m.pop("busiest_pe"), r"^memory: missing key\(s\) \['busiest_pe'\]"),
+])
+def test_defective_records_name_their_field(field, edit, message):
+    data = _mapped(make_system("records-1", chips=1, pes_per_chip=32)).to_bytes()
+    version = struct.unpack_from("<I", data, 8)[0]
+    (hlen,) = struct.unpack_from("<Q", data, 16)
+    header = json.loads(data[24:24 + hlen])
+    edit(header[field])
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    head = data[:16] + struct.pack("<Q", len(text)) + text
+    pos = 24 + hlen
+    pos += -pos % 64
+    head += b"\0" * (-len(head) % 64)
+    body = head + data[pos:-32]
+    with pytest.raises(ProgramError, match=message):
+        Program.from_bytes(body + program_digest(body, version))
