@@ -69,11 +69,13 @@ class _Run:
         self.acc_bits = view.arch_of(program).acc_bits
 
     def machine(self, index: int, pe: int) -> PeMachine:
+        """The machine of layer ``index``'s role, booted as PE ``pe`` (one emulator per role,
+        reloaded for each tile: the PEs of a role run the same image on their own data)."""
         name = self.images.layers[index]
-        key = (name, pe)
-        if key not in self.machines:
-            self.machines[key] = PeMachine(self.images.images[name].elf, name, pe, self.acc_bits)
-        m = self.machines[key]
+        if name not in self.machines:
+            self.machines[name] = PeMachine(self.images.images[name].elf, name, pe, self.acc_bits)
+        m = self.machines[name]
+        m.load(pe)
         m.blocks.clear()
         m.taken.clear()
         return m
@@ -177,20 +179,33 @@ def _run_gemm_i8(run: _Run, index: int, env, table) -> np.ndarray:
     cols = np.stack([column("w_zero"), column("bias_q"), column("multiplier"), column("shift", 1)], axis=1)
     head = np.array([attrs["x_zero"], g.k, attrs["y_zero"], attrs["y_min"], attrs["y_max"]], dtype=np.int64)
     kc = view.gemm_chunk(p, index)
+    carry: dict = {}  # region -> the int32 sums a reduction part hands to the next (over the NoC)
     for t in range(len(table)):
         (_, m0, n0), (_, m1, n1) = table.lo[t, :3].tolist(), table.hi[t, :3].tolist()
+        # a region's reduction may be split over PEs (parts innermost, ascending k): each part
+        # continues the int32 sums of the one before; the last one finishes
+        k0, k1 = (int(table.lo[t, 3]), int(table.hi[t, 3])) if table.lo.shape[1] > 3 else (0, g.k)
         tm, tn = m1 - m0, n1 - n0
         m = run.machine(index, int(table.pe[t]))
         pa, pb, pp, pacc, prs, pcs, pq, py = _Arena(m, p, index).take(
             tm * kc, kc * tn, 4 * tm * tn, 4 * tm * tn, 4 * tm, 4 * tn, 4 * (5 + 4 * tn), tm * tn)
         m.write(pq, np.concatenate([head, cols[n0:n1].reshape(-1)]).astype(np.int32).tobytes())
-        for k0 in range(0, g.k, kc):
-            k1 = min(k0 + kc, g.k)
-            m.write(pa, np.ascontiguousarray(a[m0:m1, k0:k1], dtype=np.int8).tobytes())
-            m.write(pb, np.ascontiguousarray(b[k0:k1, n0:n1], dtype=np.int8).tobytes())
-            flags = (1 if k0 == 0 else 0) | (2 if k1 == g.k else 0)
-            m.run([[pa, pb, pp, pacc, prs, pcs, pq, py, tm, tn, k1 - k0, flags]])
-        c[m0:m1, n0:n1] = np.frombuffer(m.read(py, tm * tn), dtype=spec.dtype).reshape(tm, tn)
+        key = (m0, m1, n0, n1)
+        if k0 > 0:
+            acc, rs, cs = carry.pop(key)
+            m.write(pacc, acc)
+            m.write(prs, rs)
+            m.write(pcs, cs)
+        for c0 in range(k0, k1, kc):
+            c1 = min(c0 + kc, k1)
+            m.write(pa, np.ascontiguousarray(a[m0:m1, c0:c1], dtype=np.int8).tobytes())
+            m.write(pb, np.ascontiguousarray(b[c0:c1, n0:n1], dtype=np.int8).tobytes())
+            flags = (1 if c0 == 0 else 0) | (2 if c1 == g.k else 0)
+            m.run([[pa, pb, pp, pacc, prs, pcs, pq, py, tm, tn, c1 - c0, flags]])
+        if k1 < g.k:
+            carry[key] = (m.read(pacc, 4 * tm * tn), m.read(prs, 4 * tm), m.read(pcs, 4 * tn))
+        else:
+            c[m0:m1, n0:n1] = np.frombuffer(m.read(py, tm * tn), dtype=spec.dtype).reshape(tm, tn)
         run.done(index, t, table, m)
     return out
 

@@ -57,9 +57,9 @@ class PeMachine:
         self.uc = Uc(UC_ARCH_ARM, UC_MODE_THUMB | UC_MODE_MCLASS)
         self.uc.mem_map(SRAM_BASE, SRAM_BYTES)
         elf = ELFFile(io.BytesIO(image))
-        for seg in elf.iter_segments():
-            if seg["p_type"] == "PT_LOAD" and seg["p_filesz"]:
-                self.uc.mem_write(int(seg["p_paddr"]), seg.data())
+        self.segments = [(int(seg["p_paddr"]), seg.data(), int(seg["p_memsz"])) for seg in elf.iter_segments()
+                         if seg["p_type"] == "PT_LOAD"]
+        self.load()
         self.symbols = image_symbols(image)
         self.arena = -(-self.symbols["_end"] // ARENA_ALIGN) * ARENA_ALIGN
         if self.arena > ARENA_END:
@@ -72,6 +72,15 @@ class PeMachine:
         self._prev = None
         self.uc.hook_add(UC_HOOK_BLOCK, self._on_block)
         self.mac_calls = 0
+
+    def load(self, pe: "int | None" = None) -> None:
+        """(Re)load the image as a PE's boot would: its segments, zero-filled to their memory
+        size (``.bss``). ``pe``: the PE this machine now stands for (one machine serves every PE
+        of a role, one after another)."""
+        if pe is not None:
+            self.pe = pe
+        for addr, data, memsz in self.segments:
+            self.uc.mem_write(addr, data + b"\0" * (memsz - len(data)))
 
     # -- peripherals ---------------------------------------------------------------------------
     def _mac_read(self, uc, offset, size, data):

@@ -51,9 +51,6 @@ def layer_role(program, index: int) -> tuple:
             _fail(program, index, f"int8 dense with a {attrs.get('out')} output (generated: requantized int8/uint8)")
         if attrs.get("rounding", "half_up") != "half_up":
             _fail(program, index, f"requantization rounding {attrs.get('rounding')!r} (generated: half_up)")
-        tile = program.mapping["layers"][index]["tile"]
-        if len(tile) > 3 and int(tile[3]) > 1:
-            _fail(program, index, "reduction split over PEs (tile part p > 1)")
         return ("gemm_i8",)
     _fail(program, index, f"mode {mode!r}")
 
