@@ -7,7 +7,10 @@ For each op kind, a small program is compiled for ``spinn``, its tiles run as Co
 tile costs, which use ``m4f_flops_per_cycle``, ``m4f_elementwise_cycles`` or the MAC array's
 rate), the executed cycles, their ratio and the error of the model, and the executed cycles per
 element (element-wise) or per multiply-accumulate (GEMMs). The timing model's constants are not
-changed here. Usage: ``python bench/iss.py``.
+changed here. For int8 layers the executed cycles are the M4F's share only (driving the array,
+the 32-bit chunk adds, the operands' row and column sums, the zero-point terms and the
+requantization): the MAC array is a modelled peripheral that completes at once, while the
+timing model's figure is mostly the array's time. Usage: ``python bench/iss.py``.
 """
 
 from __future__ import annotations
