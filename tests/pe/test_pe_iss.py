@@ -217,3 +217,22 @@ def test_gemm_nan_payloads_follow_the_m4f():
     want, got = run_program(program, [a, b])[0], run_program_iss(program, [a, b])[0]
     assert got.view(np.uint32)[0, 0] == 0x7FC00000  # -0 * inf: the M4F's default NaN
     assert np.array_equal(want.view(np.uint32), got.view(np.uint32))
+
+
+def test_image_bytes_identical_when_rebuilt():
+    """Compiling and linking a role again (caches dropped) gives the same bytes; the image holds
+    the kernel and the runtime's entry points, nothing of TVM's packed-function wrappers."""
+    from tvm_spinn.pe.iss import image_symbols
+    from tvm_spinn.pe.kernels import kernel_object
+    from tvm_spinn.pe.runtime import runtime_object
+
+    spec = ("gemm_f32", True)
+    first = role_image(spec).elf
+    kernel_object.cache_clear()
+    runtime_object.cache_clear()
+    assert role_image(spec).elf == first
+    symbols = image_symbols(first)
+    assert {"_start", "pe_kernel", "pe_halt", "_end"} <= set(symbols)
+    assert not any(name.startswith("__tvm_ffi") for name in symbols)
+    # unused runtime code is dropped: only the int8 role keeps the MAC array's driver
+    assert "pe_mac_gemm" not in symbols and "pe_mac_gemm" in image_symbols(role_image(("gemm_i8",)).elf)
