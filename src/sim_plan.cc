@@ -532,13 +532,28 @@ class Plan {
   }
 
   /*!
-   * \brief The M4F's NaN rule for a binary result (FPSCR.DN = 0): a NaN operand propagates,
-   *        quieted, the first operand's when both are NaN. The host computes `r` with either
-   *        operand order (the compiler may commute), so the order is restored here.
+   * \brief The M4F's NaN rule for a binary result (FPSCR.DN = 0, FPProcessNaNs in the v7-M
+   *        ARM): a signalling NaN operand first (the first operand's if both are), else a quiet
+   *        one (the first operand's if both are), returned quieted; an invalid operation on
+   *        numbers (inf - inf, 0 * inf, 0 / 0) gives the default NaN 0x7FC00000. The host computes `r` with
+   *        either operand order (the compiler may commute), so the order is restored here.
    */
+  static bool Signalling(float v) {
+    if (v == v) return false;
+    uint32_t u;
+    std::memcpy(&u, &v, sizeof u);
+    return (u & 0x00400000u) == 0;
+  }
+
   static float FirstNaN(float r, float x, float y) {
     if (r == r) return r;
-    const float nan = x != x ? x : (y != y ? y : r);
+    if (x == x && y == y) {  // an invalid operation: the M4F's default NaN (x86 gives -NaN)
+      const uint32_t d = 0x7FC00000u;
+      float q;
+      std::memcpy(&q, &d, sizeof q);
+      return q;
+    }
+    const float nan = Signalling(x) ? x : Signalling(y) ? y : x != x ? x : y;
     uint32_t u;
     std::memcpy(&u, &nan, sizeof u);
     u |= 0x00400000u;

@@ -67,6 +67,9 @@ def _register() -> None:
     from .partition import partition_for_spinn, summarize_partition
     from .report import Report, find_spinn_modules as report_modules, report
     from .runtime import executor as _executor  # registers the runtime callback
+    from .runtime import simulator as _simulator
+
+    _simulator.register_mode("iss", _run_iss)
 
     SpinnRuntimeError = _executor.SpinnRuntimeError
     from .runtime.loader import LibraryError, export_library, load_module
@@ -84,6 +87,14 @@ def _register() -> None:
     # every registration with TVM, and the hooks it has no registry for (see integration.py)
     _integration.install()
     globals().update({k: v for k, v in locals().items() if not k.startswith("__")})
+
+
+def _run_iss(program, inputs):
+    """Simulator mode ``iss``: the program as generated PE code in the instruction-set
+    simulator (imported on first use: it needs unicorn, capstone, pyelftools and ziglang)."""
+    from .pe import run_program_iss
+
+    return run_program_iss(program, inputs)
 
 
 def __getattr__(name: str):

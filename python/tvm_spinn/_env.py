@@ -10,7 +10,8 @@ names below, so the table is the complete list.
 =========================  ======================================================================
 Variable                   Effect
 =========================  ======================================================================
-TVM_SPINN_SIM_MODE         Default simulator execution mode when ``run_program(mode=None)``.
+TVM_SPINN_SIM_MODE         Default simulator execution mode when ``run_program(mode=None)``
+                           (``layers``, ``tiles``, or ``iss``: generated PE code, emulated).
 TVM_SPINN_SIM_NATIVE       ``0``: simulator plans run every layer through its Python reference.
 TVM_SPINN_SIM_THREADS      Threads of the C++ simulator kernels (default all cores; the bits never
                            depend on it). Also read by the C++ library (``ConfiguredThreads`` in

@@ -48,10 +48,23 @@ from ..program.ops.native import NativeBuilder, NativeRun
 from ..program.ops.elementwise import unary
 from ..program.tiles import layer_tiles
 
-__all__ = ["MODES", "native_enabled", "run_program", "sim_mode"]
+__all__ = ["MODES", "native_enabled", "register_mode", "run_program", "sim_mode"]
 
-#: Simulator execution modes; ``TVM_SPINN_SIM_MODE`` picks one (default ``"layers"``).
-MODES = ("layers", "tiles")
+#: Simulator execution modes; ``TVM_SPINN_SIM_MODE`` picks one (default ``"layers"``). ``"iss"``
+#: runs generated Cortex-M4F code in an instruction-set simulator (:mod:`tvm_spinn.pe`).
+MODES = ("layers", "tiles", "iss")
+
+
+#: Modes run by packages above the runtime (``"iss"``: :func:`tvm_spinn.pe.run_program_iss`,
+#: registered when ``tvm_spinn`` initializes; the runtime does not import them).
+_MODE_RUNNERS: dict = {}
+
+
+def register_mode(name: str, runner) -> None:
+    """Run mode ``name`` (one of :data:`MODES`) with ``runner(program, inputs) -> outputs``."""
+    if name not in MODES:
+        raise ValueError(f"simulator mode {name!r}: expected one of {MODES}")
+    _MODE_RUNNERS[name] = runner
 
 
 def sim_mode(mode: str | None = None) -> str:
@@ -353,9 +366,16 @@ def run_program(program: Program, inputs: list[np.ndarray], mode: str | None = N
 
     ``mode`` (default ``$TVM_SPINN_SIM_MODE``, else ``"layers"``): ``"layers"`` runs every layer
     whole (from the program's prepared plan, :func:`program_plan`), ``"tiles"`` executes every
-    tile of the mapping (reference); the bits are the same."""
-    if sim_mode(mode) == "layers":
+    tile of the mapping (reference); the bits are the same. ``"iss"`` runs the program as
+    generated PE code in the instruction-set simulator (:func:`tvm_spinn.pe.run_program_iss`:
+    the same bits on the layers it lowers, an error naming any layer it cannot)."""
+    mode = sim_mode(mode)
+    if mode == "layers":
         return program_plan(program).run(program, inputs)
+    if mode in _MODE_RUNNERS:
+        return _MODE_RUNNERS[mode](program, inputs)
+    if mode == "iss":
+        raise RuntimeError("simulator mode 'iss': tvm_spinn.pe is not registered (import tvm_spinn)")
     env: dict[int, np.ndarray] = dict(program.constants)
     for tid, value in zip(program.inputs, inputs):
         env[tid] = value

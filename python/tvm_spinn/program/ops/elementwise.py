@@ -53,17 +53,30 @@ TRANSCENDENTAL = ("gelu", "gelu_tanh", "sigmoid", "tanh")
 
 
 _QUIET = np.uint32(0x00400000)
+#: the Arm default NaN (positive, quiet, zero payload)
+_DEFAULT_NAN = np.uint32(0x7FC00000).view(np.float32)
+
+
+def _signalling(x: np.ndarray) -> np.ndarray:
+    """Whether each float32 of ``x`` is a signalling NaN (quiet bit clear)."""
+    x = np.asarray(x, dtype=_F32)
+    return np.isnan(x) & ((x.view(np.uint32) & _QUIET) == 0)
 
 
 def binary(kind: str, a, b) -> np.ndarray:
-    """``a <op> b`` in float32 with numpy broadcasting and the M4F's NaN rule (FPSCR.DN = 0): a
-    NaN operand propagates, quieted, the first operand's when both are NaN. numpy's broadcast
-    loops may evaluate a commutative op with its operands swapped, so the rule is applied here."""
+    """``a <op> b`` in float32 with numpy broadcasting and the M4F's NaN rule (FPSCR.DN = 0,
+    FPProcessNaNs in the v7-M ARM): a signalling NaN operand propagates first (the first
+    operand's if both are), else a quiet one (the first operand's if both are), quieted; an
+    invalid operation on numbers (inf - inf, 0 * inf, 0 / 0) gives the default NaN 0x7FC00000
+    (x86, and so numpy, gives 0xFFC00000). numpy's
+    broadcast loops may evaluate a commutative op with its operands swapped (and x86 prefers the
+    first operand even over a signalling second one), so the rule is applied here."""
     res = BINARY[kind](a, b)
     nan = np.isnan(res)
     if nan.any():
         a, b = np.broadcast_to(a, res.shape)[nan], np.broadcast_to(b, res.shape)[nan]
-        first = np.where(np.isnan(a), a, np.where(np.isnan(b), b, res[nan]))
+        first = np.where(_signalling(a), a, np.where(_signalling(b), b,
+                         np.where(np.isnan(a), a, np.where(np.isnan(b), b, _DEFAULT_NAN))))
         bits = first.view(np.uint32) | np.where(np.isnan(a) | np.isnan(b), _QUIET, np.uint32(0))
         if type(res) is not np.ndarray:
             res = np.array(res)

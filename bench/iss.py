@@ -1,0 +1,97 @@
+"""M4F cycles: the timing model's per-tile costs against the cycles of the generated code as
+executed in the instruction-set simulator (``tvm_spinn.pe``).
+
+For each op kind, a small program is compiled for ``spinn``, its tiles run as Cortex-M4F code in
+``unicorn``, and the executed instructions are priced by the Cortex-M4 TRM's cycle tables
+(:mod:`tvm_spinn.pe.cycles`). Printed per op kind: the timing model's cycles (the sum of its
+tile costs, which use ``m4f_flops_per_cycle``, ``m4f_elementwise_cycles`` or the MAC array's
+rate), the executed cycles, their ratio and the error of the model, and the executed cycles per
+element (element-wise) or per multiply-accumulate (GEMMs). The timing model's constants are not
+changed here. For int8 layers the executed cycles are the M4F's share only (driving the array,
+the 32-bit chunk adds, the operands' row and column sums, the zero-point terms and the
+requantization): the MAC array is a modelled peripheral that completes at once, while the
+timing model's figure is mostly the array's time. Usage: ``python bench/iss.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import torch
+from tvm import relax
+
+import tvm_spinn
+from tvm_spinn.pe import PeCodegenError, run_program_iss
+from tvm_spinn.pe.view import gemm_view, layer_kind, layer_mode, tensor_shape, layer_output
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "quant"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+
+
+class _Op(torch.nn.Module):
+    def __init__(self, fn, module=None):
+        super().__init__()
+        self.fn, self.module = fn, module
+
+    def forward(self, *xs):
+        return self.fn(self.module, *xs)
+
+
+def _torch_case(fn, module, *shapes):
+    torch.manual_seed(0)
+    xs = tuple(torch.randn(*s) for s in shapes)
+    mod = tvm_spinn.frontend.from_pytorch(_Op(fn, module).eval(), xs)
+    return mod, [x.numpy() for x in xs]
+
+
+def _cases():
+    yield "add", _torch_case(lambda m, a, b: a + b, None, (64, 96), (64, 96))
+    yield "multiply", _torch_case(lambda m, a, b: a * b, None, (64, 96), (64, 96))
+    yield "relu", _torch_case(lambda m, a: torch.relu(a + 1.0), None, (64, 96))
+    yield "dense 32x64x48", _torch_case(lambda m, x: m(x), torch.nn.Linear(64, 48, bias=False), (32, 64))
+    yield "dense 8x256x64", _torch_case(lambda m, x: m(x), torch.nn.Linear(256, 64, bias=False), (8, 256))
+    yield "matmul 24x40x16", _torch_case(lambda m, a, b: a @ b, None, (24, 40), (40, 16))
+    yield "conv2d 3->16 3x3", _torch_case(lambda m, x: m(x), torch.nn.Conv2d(3, 16, 3, padding=1, bias=False), (1, 3, 16, 16))
+    from test_int8 import qgemm_module
+    rng = np.random.default_rng(0)
+    x = rng.integers(-128, 128, size=(32, 256)).astype("int8")
+    w = rng.integers(-127, 128, size=(256, 64)).astype("int8")
+    mod = qgemm_module(x.shape, "int8", w, np.float32(0.003), 0, 0.01, 2, op="dense", out=(0.5, 0, "int8"))
+    yield "int8 dense 32x256x64", (mod, [x])
+
+
+def main() -> None:
+    print(f"{'case':24s} {'layer kind':12s} {'tiles':>6s} {'modelled':>10s} {'executed':>10s} "
+          f"{'exec/model':>10s} {'model err':>9s} {'exec/unit':>10s}")
+    for name, (mod, inputs) in _cases():
+        ex = relax.build(mod, target="spinn")
+        for program in tvm_spinn.report(ex).programs:
+            feeds = [x if x.dtype == np.dtype(program.tensors[t].dtype) else
+                     np.zeros(program.tensors[t].shape, program.tensors[t].dtype)
+                     for t, x in zip(program.inputs, inputs)]
+            record = []
+            try:
+                run_program_iss(program, feeds, record)
+            except PeCodegenError as err:
+                print(f"{name:24s} not lowered: {err}")
+                continue
+            for index in sorted({r.layer for r in record}):
+                rows = [r for r in record if r.layer == index]
+                modelled = sum(r.modelled for r in rows)
+                executed = sum(r.cycles for r in rows)
+                kind = layer_kind(program, index)
+                if kind in ("dense", "matmul", "conv2d"):
+                    g = gemm_view(program, index)
+                    units, unit = g.batch * g.m * g.n * g.k, "MAC"
+                else:
+                    units, unit = int(np.prod(tensor_shape(program, layer_output(program, index)))), "elem"
+                label = f"{layer_mode(program, index)} {kind}"
+                print(f"{name:24s} {label:12s} {len(rows):6d} {modelled:10.0f} {executed:10d} "
+                      f"{executed / modelled:10.2f} {(modelled - executed) / executed:+9.0%} "
+                      f"{executed / units:6.2f}/{unit}")
+
+
+if __name__ == "__main__":
+    main()

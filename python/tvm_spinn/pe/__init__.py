@@ -1,0 +1,19 @@
+"""Code for the PEs: the layers of a spinn program as Cortex-M4F machine code, and an
+instruction-set simulator that runs it.
+
+- :mod:`.kernels`: the per-role kernels as TIR, lowered by TVM's LLVM (``thumbv7em``, FPv4-SP,
+  hard float) to objects;
+- :mod:`.runtime`, :mod:`.link`: the PE runtime (start-up, job loop, MAC array driver) and the
+  link into one ELF image per role with the ``ziglang`` wheel's ``ld.lld``;
+- :mod:`.roles`, :mod:`.images`: which kernel each layer runs, the images of a program;
+- :mod:`.iss`, :mod:`.execute`: ``unicorn`` running the images with the MAC array as a modelled
+  peripheral (:func:`run_program_iss`);
+- :mod:`.cycles`: executed instructions priced by the Cortex-M4 TRM's cycle tables;
+- :mod:`.memory_map`, :mod:`.view`, :mod:`.errors`: addresses, the program accessors, errors.
+"""
+
+from .errors import IssFault, PeCodegenError
+from .execute import TileRun, run_program_iss
+from .images import PeImage, ProgramImages, build_images
+
+__all__ = ["IssFault", "PeCodegenError", "TileRun", "run_program_iss", "PeImage", "ProgramImages", "build_images"]

@@ -1,0 +1,252 @@
+"""``iss`` execution of a spinn program: every layer's tiles run as generated machine code on
+their PEs in the instruction-set simulator (:mod:`.iss`).
+
+Per layer, the role's image runs on each PE the mapper placed a tile on. The host stands in for
+the DMA: it places a tile's operands in the PE's SRAM (after the image, :data:`ARENA`), runs the
+tile's jobs (element-wise tiles in SRAM-sized pieces; GEMM tiles one reduction chunk per job, the
+accumulator staying in SRAM between them) and reads the results back. Data layout (the
+im2col gather of a convolution, broadcasting) is the DMA's and is done on the host; every
+arithmetic operation is executed code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import view
+from .cycles import executed_cycles
+from .errors import PeCodegenError
+from .images import build_images
+from .iss import PeMachine
+from .memory_map import ARENA_END
+
+__all__ = ["TileRun", "run_program_iss"]
+
+_F32 = np.float32
+
+
+@dataclass
+class TileRun:
+    """One tile as executed: layer, tile index, PE, executed instructions per class and their
+    cycles (:mod:`.cycles`), and the timing model's cycles for the tile."""
+
+    layer: int
+    tile: int
+    pe: int
+    modelled: float
+    cycles: int = 0
+    classes: dict = field(default_factory=dict)
+
+
+def _align(n: int, a: int = 64) -> int:
+    return -(-n // a) * a
+
+
+class _Arena:
+    """Bump allocation of tile buffers in a PE's SRAM between the image and the job block."""
+
+    def __init__(self, machine: PeMachine, program, index: int):
+        self.m, self.base, self.p, self.i = machine, machine.arena, program, index
+
+    def take(self, *sizes: int) -> list[int]:
+        out, pos = [], self.base
+        for size in sizes:
+            out.append(pos)
+            pos += _align(max(int(size), 4))
+        if pos > ARENA_END:
+            raise PeCodegenError(view.layer_name(self.p, self.i), view.layer_kind(self.p, self.i),
+                                 f"a tile needs {pos - self.base} bytes of SRAM, the PE has "
+                                 f"{ARENA_END - self.base} after its image")
+        return out
+
+
+class _Run:
+    def __init__(self, program, images, record):
+        self.p, self.images, self.record = program, images, record
+        self.machines: dict = {}
+        self.acc_bits = view.arch_of(program).acc_bits
+
+    def machine(self, index: int, pe: int) -> PeMachine:
+        """The machine of layer ``index``'s role, booted as PE ``pe`` (one emulator per role,
+        reloaded for each tile: the PEs of a role run the same image on their own data)."""
+        name = self.images.layers[index]
+        if name not in self.machines:
+            self.machines[name] = PeMachine(self.images.images[name].elf, name, pe, self.acc_bits)
+        m = self.machines[name]
+        m.load(pe)
+        m.blocks.clear()
+        m.taken.clear()
+        return m
+
+    def done(self, index: int, t: int, table, m: PeMachine) -> None:
+        if self.record is not None:
+            cycles, classes = executed_cycles(m)
+            self.record.append(TileRun(index, t, int(table.pe[t]), float(table.cycles[t]), cycles, classes))
+
+
+def _flat_operands(p, index: int, env) -> tuple[list[np.ndarray], np.ndarray]:
+    out_shape = view.tensor_shape(p, view.layer_output(p, index))
+    args = [np.ascontiguousarray(np.broadcast_to(env[t], out_shape), dtype=_F32).reshape(-1)
+            for t in view.layer_inputs(p, index)]
+    return args, np.empty(out_shape, dtype=_F32)
+
+
+def _run_elementwise(run: _Run, index: int, env, table) -> np.ndarray:
+    p = run.p
+    args, out = _flat_operands(p, index, env)
+    flat = out.reshape(-1)
+    for t in range(len(table)):
+        e0, e1 = int(table.lo[t, 0]), int(table.hi[t, 0])
+        m = run.machine(index, int(table.pe[t]))
+        # a tile larger than the SRAM streams through it in pieces (element-wise: same bits)
+        piece = max(16, ((ARENA_END - m.arena) // (4 * (len(args) + 1)) - 64) // 16 * 16)
+        for s0 in range(e0, e1, piece):
+            s1 = min(s0 + piece, e1)
+            n = s1 - s0
+            bufs = _Arena(m, p, index).take(*([4 * n] * (len(args) + 1)))
+            for buf, a in zip(bufs, args):
+                m.write(buf, a[s0:s1].tobytes())
+            m.run([[*bufs, n]])
+            flat[s0:s1] = np.frombuffer(m.read(bufs[-1], 4 * n), dtype=_F32)
+        run.done(index, t, table, m)
+    return out
+
+
+def _gemm_operands(p, index: int, env, out, fill):
+    """The GEMM operands as the DMA lays them out (``a`` [.., m, k], ``b`` [.., k, n] and the
+    per-batch operand indices), the simulator's layout (conv2d: im2col)."""
+    from ..program.ops.gemm.reference import _batched_operands
+    layer = p.layers[index]
+    wid = view.layer_const(p, index, "weight")
+    rhs = env[wid] if wid is not None else env[view.layer_inputs(p, index)[1]]
+    return _batched_operands(p, layer, out, env[view.layer_inputs(p, index)[0]], rhs, fill)
+
+
+def _run_gemm_f32(run: _Run, index: int, env, table) -> np.ndarray:
+    p = run.p
+    kind = view.layer_kind(p, index)
+    out = np.empty(view.tensor_shape(p, view.layer_output(p, index)), dtype=_F32)
+    g, a, b, a_index, b_index = _gemm_operands(p, index, env, out, 0)
+    c = out.reshape(g.batch, g.m, g.n)
+    bid = view.layer_const(p, index, "bias")
+    bias = env[bid].reshape(-1).astype(_F32, copy=False) if bid is not None else None
+    kc = view.gemm_chunk(p, index)
+    for t in range(len(table)):
+        (b0, m0, n0), (_, m1, n1) = table.lo[t, :3].tolist(), table.hi[t, :3].tolist()
+        tm, tn = m1 - m0, n1 - n0
+        m = run.machine(index, int(table.pe[t]))
+        pa, pb, pc, pbias = _Arena(m, p, index).take(4 * tm * kc, 4 * kc * tn, 4 * tm * tn, 4 * max(tm, tn))
+        flags_bias = 0
+        if bias is not None:
+            if kind == "conv2d":
+                oc0 = (b0 % p.layers[index].attrs["groups"]) * g.m
+                m.write(pbias, bias[oc0 + m0: oc0 + m1].tobytes())
+                flags_bias = 4 | 8
+            else:
+                m.write(pbias, bias[n0:n1].tobytes())
+                flags_bias = 4
+        at, bt = a[int(a_index[b0]), m0:m1], b[int(b_index[b0]), :, n0:n1]
+        for k0 in range(0, g.k, kc):
+            k1 = min(k0 + kc, g.k)
+            m.write(pa, np.ascontiguousarray(at[:, k0:k1], dtype=_F32).tobytes())
+            m.write(pb, np.ascontiguousarray(bt[k0:k1], dtype=_F32).tobytes())
+            flags = (1 if k0 == 0 else 0) | ((2 | flags_bias) if k1 == g.k else 0)
+            m.run([[pa, pb, pc, pbias, tm, tn, k1 - k0, flags]])
+        c[b0, m0:m1, n0:n1] = np.frombuffer(m.read(pc, 4 * tm * tn), dtype=_F32).reshape(tm, tn)
+        run.done(index, t, table, m)
+    return out
+
+
+def _run_gemm_i8(run: _Run, index: int, env, table) -> np.ndarray:
+    from ..program.quant import to_signed
+    p = run.p
+    attrs = view.layer_attrs(p, index)
+    spec = p.tensors[view.layer_output(p, index)]
+    out = np.empty(view.tensor_shape(p, view.layer_output(p, index)), dtype=spec.dtype)
+    g = view.gemm_view(p, index)
+    x = env[view.layer_inputs(p, index)[0]]
+    a = (to_signed(x) if attrs["x_flip"] else x).reshape(g.m, g.k)
+    b = env[view.layer_const(p, index, "weight")].reshape(g.k, g.n)
+    c = out.reshape(g.m, g.n)
+
+    def column(role, default=0):
+        tid = view.layer_const(p, index, role)
+        v = env[tid].astype(np.int64) if tid is not None else np.int64(default)
+        return np.broadcast_to(v, (g.n,))
+
+    cols = np.stack([column("w_zero"), column("bias_q"), column("multiplier"), column("shift", 1)], axis=1)
+    head = np.array([attrs["x_zero"], g.k, attrs["y_zero"], attrs["y_min"], attrs["y_max"]], dtype=np.int64)
+    kc = view.gemm_chunk(p, index)
+    carry: dict = {}  # region -> the int32 sums a reduction part hands to the next (over the NoC)
+    for t in range(len(table)):
+        (_, m0, n0), (_, m1, n1) = table.lo[t, :3].tolist(), table.hi[t, :3].tolist()
+        # a region's reduction may be split over PEs (parts innermost, ascending k): each part
+        # continues the int32 sums of the one before; the last one finishes
+        k0, k1 = (int(table.lo[t, 3]), int(table.hi[t, 3])) if table.lo.shape[1] > 3 else (0, g.k)
+        tm, tn = m1 - m0, n1 - n0
+        m = run.machine(index, int(table.pe[t]))
+        pa, pb, pp, pacc, prs, pcs, pq, py = _Arena(m, p, index).take(
+            tm * kc, kc * tn, 4 * tm * tn, 4 * tm * tn, 4 * tm, 4 * tn, 4 * (5 + 4 * tn), tm * tn)
+        m.write(pq, np.concatenate([head, cols[n0:n1].reshape(-1)]).astype(np.int32).tobytes())
+        key = (m0, m1, n0, n1)
+        if k0 > 0:
+            acc, rs, cs = carry.pop(key)
+            m.write(pacc, acc)
+            m.write(prs, rs)
+            m.write(pcs, cs)
+        for c0 in range(k0, k1, kc):
+            c1 = min(c0 + kc, k1)
+            m.write(pa, np.ascontiguousarray(a[m0:m1, c0:c1], dtype=np.int8).tobytes())
+            m.write(pb, np.ascontiguousarray(b[c0:c1, n0:n1], dtype=np.int8).tobytes())
+            flags = (1 if c0 == 0 else 0) | (2 if c1 == g.k else 0)
+            m.run([[pa, pb, pp, pacc, prs, pcs, pq, py, tm, tn, c1 - c0, flags]])
+        if k1 < g.k:
+            carry[key] = (m.read(pacc, 4 * tm * tn), m.read(prs, 4 * tm), m.read(pcs, 4 * tn))
+        else:
+            c[m0:m1, n0:n1] = np.frombuffer(m.read(py, tm * tn), dtype=spec.dtype).reshape(tm, tn)
+        run.done(index, t, table, m)
+    return out
+
+
+_RUNNERS = {"binary": _run_elementwise, "relu": _run_elementwise, "gemm_f32": _run_gemm_f32,
+            "gemm_i8": _run_gemm_i8}
+
+
+def run_program_iss(program, inputs: list[np.ndarray], record: "list | None" = None) -> list[np.ndarray]:
+    """Execute ``program`` on ``inputs`` (in the program's input order) as generated Cortex-M4F
+    code in the instruction-set simulator; returns its outputs.
+
+    Parameters
+    ----------
+    program : tvm_spinn.program.Program
+        A mapped spinn program.
+    inputs : list of numpy.ndarray
+        One array per program input.
+    record : list, optional
+        Receives a :class:`TileRun` per executed tile (executed cycles beside the timing
+        model's).
+
+    Raises
+    ------
+    PeCodegenError
+        Before anything runs, for the first layer the generator cannot lower.
+    IssFault
+        For an image that faults (PE, image and program counter in the message).
+    """
+    images = build_images(program)
+    tables = view.placed_tiles(program)
+    env: dict = dict(view.constants(program))
+    for tid, value in zip(view.program_inputs(program), inputs):
+        env[tid] = np.asarray(value)
+    run = _Run(program, images, record)
+    for index in range(view.layer_count(program)):
+        kind = program_role_kind(images, index)
+        env[view.layer_output(program, index)] = _RUNNERS[kind](run, index, env, tables[index])
+    return [env[tid] for tid in view.program_outputs(program)]
+
+
+def program_role_kind(images, index: int) -> str:
+    """The kernel kind (``binary``, ``gemm_f32``...) of layer ``index``'s role."""
+    return images.images[images.layers[index]].spec[0]

@@ -1,0 +1,150 @@
+"""The instruction-set simulator: one PE running one image in ``unicorn`` (Cortex-M, Thumb-2,
+FPv4-SP), its MAC array a modelled memory-mapped peripheral.
+
+A :class:`PeMachine` maps the PE's SRAM (:mod:`.memory_map`), loads the image's segments, and
+runs job blocks from the reset vector (initial SP and ``_start`` from the vector table) to
+``pe_halt``. Host code places tile data in SRAM (what the DMA would do) between runs. Any
+emulator error (unmapped or misaligned access, undefined instruction) or a run past its
+instruction budget is raised as :class:`~.errors.IssFault` naming the PE, the image and the
+program counter. Executed basic blocks are counted (with taken branches), so :mod:`.cycles`
+can price the executed instructions.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+
+import numpy as np
+from elftools.elf.elffile import ELFFile
+from unicorn import UC_ARCH_ARM, UC_HOOK_BLOCK, UC_MODE_MCLASS, UC_MODE_THUMB, Uc, UcError
+from unicorn.arm_const import UC_ARM_REG_PC, UC_ARM_REG_SP
+
+from .errors import IssFault
+from .memory_map import (ARENA_ALIGN, ARENA_END, JOB_ADDR, JOB_WORDS, MAC_BASE, MAC_BYTES, MAC_REGS,
+                         MAC_START, SRAM_BASE, SRAM_BYTES)
+
+__all__ = ["PeMachine", "image_symbols", "MAX_INSTRUCTIONS"]
+
+#: Instruction budget of one run (a runaway loop becomes an IssFault, never a hang).
+MAX_INSTRUCTIONS = 200_000_000
+
+
+def image_symbols(image: bytes) -> dict[str, int]:
+    """Function and linker symbols of an ELF image: name -> address (Thumb bit cleared)."""
+    elf = ELFFile(io.BytesIO(image))
+    table = elf.get_section_by_name(".symtab")
+    return {s.name: int(s["st_value"]) & ~1 for s in table.iter_symbols() if s.name and not s.name.startswith("$")}
+
+
+class PeMachine:
+    """One PE with ``image`` loaded.
+
+    Parameters
+    ----------
+    image : bytes
+        A linked PE image (:func:`tvm_spinn.pe.link.link_image`).
+    name : str
+        The image's name (in fault messages).
+    pe : int
+        The PE's index (in fault messages).
+    acc_bits : int
+        Width of the MAC array's signed accumulators (``SpinnArch.acc_bits``).
+    """
+
+    def __init__(self, image: bytes, name: str, pe: int, acc_bits: int):
+        self.name, self.pe, self.acc_bits = name, pe, int(acc_bits)
+        self.uc = Uc(UC_ARCH_ARM, UC_MODE_THUMB | UC_MODE_MCLASS)
+        self.uc.mem_map(SRAM_BASE, SRAM_BYTES)
+        elf = ELFFile(io.BytesIO(image))
+        self.segments = [(int(seg["p_paddr"]), seg.data(), int(seg["p_memsz"])) for seg in elf.iter_segments()
+                         if seg["p_type"] == "PT_LOAD"]
+        self.load()
+        self.symbols = image_symbols(image)
+        self.arena = -(-self.symbols["_end"] // ARENA_ALIGN) * ARENA_ALIGN
+        if self.arena > ARENA_END:
+            raise IssFault(pe, name, 0, f"image of {self.symbols['_end']} bytes leaves no SRAM for data")
+        self.sp0, self.entry = struct.unpack("<II", bytes(self.uc.mem_read(SRAM_BASE, 8)))
+        self.mac = dict.fromkeys(MAC_REGS, 0)
+        self.uc.mmio_map(MAC_BASE, MAC_BYTES, self._mac_read, None, self._mac_write, None)
+        self.blocks: dict[tuple[int, int], int] = {}
+        self.taken: dict[tuple[int, int], int] = {}
+        self._prev = None
+        self.uc.hook_add(UC_HOOK_BLOCK, self._on_block)
+        self.mac_calls = 0
+
+    def load(self, pe: "int | None" = None) -> None:
+        """(Re)load the image as a PE's boot would: its segments, zero-filled to their memory
+        size (``.bss``). ``pe``: the PE this machine now stands for (one machine serves every PE
+        of a role, one after another)."""
+        if pe is not None:
+            self.pe = pe
+        for addr, data, memsz in self.segments:
+            self.uc.mem_write(addr, data + b"\0" * (memsz - len(data)))
+
+    # -- peripherals ---------------------------------------------------------------------------
+    def _mac_read(self, uc, offset, size, data):
+        for reg, off in MAC_REGS.items():
+            if off == offset:
+                return self.mac[reg] if reg != "CTRL" else 0  # a run completes at once
+        return 0
+
+    def _mac_write(self, uc, offset, size, value, data):
+        for reg, off in MAC_REGS.items():
+            if off == offset:
+                self.mac[reg] = value & 0xFFFFFFFF
+        if offset == MAC_REGS["CTRL"] and value == MAC_START:
+            self._mac_run()
+
+    def _mac_run(self) -> None:
+        """The MAC array: int8 products into ``acc_bits``-bit wrapping accumulators, written out
+        sign-extended as int32 (the wrap is modular: wrapping each step or at the end is equal)."""
+        m, n, k = self.mac["M"], self.mac["N"], self.mac["K"]
+        a = np.frombuffer(self.read(self.mac["A"], m * k), dtype=np.int8).reshape(m, k).astype(np.int64)
+        b = np.frombuffer(self.read(self.mac["B"], k * n), dtype=np.int8).reshape(k, n).astype(np.int64)
+        s = a @ b
+        half = np.int64(1) << (self.acc_bits - 1)
+        s = ((s + half) & ((half << 1) - 1)) - half
+        self.write(self.mac["C"], s.astype(np.int32).tobytes())
+        self.mac_calls += 1
+
+    # -- execution -----------------------------------------------------------------------------
+    def _on_block(self, uc, address, size, data):
+        key = (address, size)
+        self.blocks[key] = self.blocks.get(key, 0) + 1
+        prev = self._prev
+        if prev is not None and prev[0] + prev[1] != address:
+            self.taken[prev] = self.taken.get(prev, 0) + 1
+        self._prev = key
+
+    def read(self, address: int, nbytes: int) -> bytes:
+        try:
+            return bytes(self.uc.mem_read(address, nbytes))
+        except UcError as err:
+            raise IssFault(self.pe, self.name, address, f"host read of {nbytes} bytes outside SRAM ({err})") from None
+
+    def write(self, address: int, data: bytes) -> None:
+        try:
+            self.uc.mem_write(address, bytes(data))
+        except UcError as err:
+            raise IssFault(self.pe, self.name, address, f"host write of {len(data)} bytes outside SRAM ({err})") from None
+
+    def run(self, jobs: list[list[int]]) -> None:
+        """Run the image's kernel once per job (each a list of at most JOB_WORDS arguments)."""
+        words = [len(jobs)]
+        for args in jobs:
+            if len(args) > JOB_WORDS:
+                raise ValueError(f"a job has {len(args)} arguments (at most {JOB_WORDS})")
+            words += [int(a) & 0xFFFFFFFF for a in args] + [0] * (JOB_WORDS - len(args))
+        self.write(JOB_ADDR, struct.pack(f"<{len(words)}I", *words))
+        halt = self.symbols["pe_halt"]
+        self.uc.reg_write(UC_ARM_REG_SP, self.sp0)
+        self._prev = None
+        try:
+            self.uc.emu_start(self.entry | 1, halt, count=MAX_INSTRUCTIONS)
+        except UcError as err:
+            pc = self.uc.reg_read(UC_ARM_REG_PC)
+            raise IssFault(self.pe, self.name, pc, f"emulation fault: {err}") from None
+        pc = self.uc.reg_read(UC_ARM_REG_PC)
+        if pc & ~1 != halt:
+            raise IssFault(self.pe, self.name, pc, f"did not reach pe_halt within {MAX_INSTRUCTIONS} instructions")

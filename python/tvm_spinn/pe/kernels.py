@@ -1,0 +1,186 @@
+"""The PE kernels as TIR, one PrimFunc per role, lowered to Cortex-M4F objects by TVM's LLVM.
+
+Every kernel is the C-ABI function ``pe_kernel`` (pointers and 32-bit integers in r0-r3, then
+on the stack; no floating-point arguments) that the runtime's job loop calls once per job. A job
+is one tile, or one reduction chunk of a GEMM tile, as the mapper cut the layer. The arithmetic
+is spelled in the order the simulator defines it (:mod:`tvm_spinn.program.ops`), one IEEE fp32
+operation per TIR operation: LLVM keeps it (no fast-math flags), so the executed instructions are
+the single-precision VADD/VMUL/VCMP the simulator's numbers claim.
+
+Kernels (the ``spec`` of :func:`kernel_object`):
+
+- ``("binary", op, relu)``: ``c[i] = a[i] <op> b[i]`` (op ``add``/``subtract``/``multiply``/
+  ``divide``), then ``x > 0 || x != x ? x : +0`` when ``relu``; args ``a, b, c, n``.
+- ``("relu",)``: args ``x, y, n``.
+- ``("gemm_f32", relu)``: one k-chunk of ``C[m, n] += A[m, k] B[k, n]`` in ascending k into
+  the fp32 accumulator ``C`` (``flags`` bit 0: first chunk, start from +0.0; bit 1: last
+  chunk, add the bias when bit 2 is set -- ``bias[i]`` per row when bit 3 is set (conv2d's
+  output channels), else ``bias[j]`` per column -- then the ReLU); args ``a, b, c, bias, m, n,
+  k, flags``.
+- ``("gemm_i8",)``: one k-chunk of an int8 GEMM: the MAC array's ``acc_bits`` sums into
+  the int32 scratch ``p`` (driver ``pe_mac_gemm``), added in 32-bit to ``acc`` with the
+  operands' row and column sums; on the last chunk the zero-point terms and the requantization
+  (:func:`tvm_spinn.program.quant.requantize`; a ReLU is its clamp at the zero point) write
+  int8 ``y``. Args ``a, b, p, acc, rowsum,
+  colsum, consts, y, m, n, k, flags``; ``consts`` points at ``[zx, K, y_zero, y_min, y_max]``
+  then per column ``zw, bias_q, multiplier, shift`` (int32 each).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+
+import tvm
+from tvm.script import tirx as T
+from tvm.tirx.build import codegen_build
+
+__all__ = ["PE_TARGET", "BINARY_OPS", "kernel_func", "kernel_object"]
+
+#: TVM's LLVM target for the SpiNNaker2 PE: Cortex-M4F, single-precision FPv4, hard-float ABI.
+PE_TARGET = {"kind": "llvm", "mtriple": "thumbv7em-none-eabihf", "mcpu": "cortex-m4",
+             "mattr": ["+vfp4d16sp"], "mfloat-abi": "hard"}
+
+BINARY_OPS = {
+    "add": lambda x, y: x + y,
+    "subtract": lambda x, y: x - y,
+    "multiply": lambda x, y: x * y,
+    "divide": lambda x, y: x / y,
+}
+
+_ZERO = T.float32(0)
+
+
+def _relu(v):
+    """``v > 0 ? v : +0`` with a NaN kept (the simulator's :func:`~tvm_spinn.program.ops.elementwise.relu`)."""
+    # T.isnan, not ``v != v``: TVM's arithmetic simplifier folds ``v != v`` to false (it
+    # assumes no NaN), which would turn relu(NaN) into +0.
+    return T.if_then_else(tvm.tirx.Or(v > _ZERO, T.isnan(v)), v, _ZERO)
+
+
+def _binary(op: str, relu: bool):
+    fn = BINARY_OPS[op]
+
+    @T.prim_func
+    def kernel(a: T.handle("float32"), b: T.handle("float32"), c: T.handle("float32"), n: T.int32):
+        T.func_attr({"tir.noalias": True, "calling_conv": 0})
+        A = T.decl_buffer((n,), "float32", data=a)
+        B = T.decl_buffer((n,), "float32", data=b)
+        C = T.decl_buffer((n,), "float32", data=c)
+        for i in range(n):
+            if relu:
+                C[i] = _relu(fn(A[i], B[i]))
+            else:
+                C[i] = fn(A[i], B[i])
+    return kernel
+
+
+def _relu_kernel():
+    @T.prim_func
+    def kernel(x: T.handle("float32"), y: T.handle("float32"), n: T.int32):
+        T.func_attr({"tir.noalias": True, "calling_conv": 0})
+        X = T.decl_buffer((n,), "float32", data=x)
+        Y = T.decl_buffer((n,), "float32", data=y)
+        for i in range(n):
+            Y[i] = _relu(X[i])
+    return kernel
+
+
+def _gemm_f32(relu: bool):
+    @T.prim_func
+    def kernel(a: T.handle("float32"), b: T.handle("float32"), c: T.handle("float32"),
+               bias: T.handle("float32"), m: T.int32, n: T.int32, k: T.int32, flags: T.int32):
+        T.func_attr({"tir.noalias": True, "calling_conv": 0})
+        A = T.decl_buffer((m * k,), "float32", data=a)
+        B = T.decl_buffer((k * n,), "float32", data=b)
+        C = T.decl_buffer((m * n,), "float32", data=c)
+        BIAS = T.decl_buffer((T.max(m, n),), "float32", data=bias)
+        acc = T.decl_buffer((1,), "float32", scope="local")
+        for i in range(m):
+            for j in range(n):
+                acc[0] = T.if_then_else(flags & 1 != 0, _ZERO, C[i * n + j])
+                for kk in range(k):
+                    acc[0] = acc[0] + A[i * k + kk] * B[kk * n + j]
+                if flags & 2 != 0:
+                    if flags & 4 != 0:
+                        acc[0] = acc[0] + T.if_then_else(flags & 8 != 0, BIAS[i], BIAS[j])
+                    if relu:
+                        acc[0] = _relu(acc[0])
+                C[i * n + j] = acc[0]
+    return kernel
+
+
+def _gemm_i8():
+    @T.prim_func
+    def kernel(a: T.handle("int8"), b: T.handle("int8"), p: T.handle("int32"), acc: T.handle("int32"),
+               rowsum: T.handle("int32"), colsum: T.handle("int32"), consts: T.handle("int32"),
+               y: T.handle("int8"), m: T.int32, n: T.int32, k: T.int32, flags: T.int32):
+        T.func_attr({"tir.noalias": True, "calling_conv": 0})
+        A = T.decl_buffer((m * k,), "int8", data=a)
+        B = T.decl_buffer((k * n,), "int8", data=b)
+        P = T.decl_buffer((m * n,), "int32", data=p)
+        ACC = T.decl_buffer((m * n,), "int32", data=acc)
+        RS = T.decl_buffer((m,), "int32", data=rowsum)
+        CS = T.decl_buffer((n,), "int32", data=colsum)
+        Q = T.decl_buffer((5 + 4 * n,), "int32", data=consts)
+        Y = T.decl_buffer((m * n,), "int8", data=y)
+        T.evaluate(T.call_extern("int32", "pe_mac_gemm", a, b, p, m, n, k))
+        first = flags & 1 != 0
+        for i in range(m):
+            s = T.decl_buffer((1,), "int32", scope="local")
+            s[0] = T.if_then_else(first, 0, RS[i])
+            for kk in range(k):
+                s[0] = s[0] + T.Cast("int32", A[i * k + kk])
+            RS[i] = s[0]
+        for j in range(n):
+            s = T.decl_buffer((1,), "int32", scope="local")
+            s[0] = T.if_then_else(first, 0, CS[j])
+            for kk in range(k):
+                s[0] = s[0] + T.Cast("int32", B[kk * n + j])
+            CS[j] = s[0]
+        for i in range(m):
+            for j in range(n):
+                ACC[i * n + j] = T.if_then_else(first, P[i * n + j], ACC[i * n + j] + P[i * n + j])
+        if flags & 2 != 0:
+            for i in range(m):
+                for j in range(n):
+                    zx = Q[0]
+                    zw = Q[5 + 4 * j]
+                    # zero-point terms in 32-bit registers (wrapping, as the int32 cast of the
+                    # simulator's int64 sum)
+                    v = T.decl_buffer((1,), "int32", scope="local")
+                    v[0] = ACC[i * n + j] - zw * RS[i] - zx * CS[j] + Q[1] * zx * zw
+                    wide = T.Cast("int64", v[0]) + T.Cast("int64", Q[5 + 4 * j + 1])
+                    shift = T.Cast("int64", Q[5 + 4 * j + 3])
+                    prod = wide * T.Cast("int64", Q[5 + 4 * j + 2])
+                    r = T.decl_buffer((1,), "int64", scope="local")
+                    r[0] = T.shift_right(prod + T.shift_left(T.int64(1), shift - T.int64(1)), shift) + T.Cast("int64", Q[2])
+                    r[0] = T.if_then_else(r[0] < T.Cast("int64", Q[3]), T.Cast("int64", Q[3]), r[0])
+                    r[0] = T.if_then_else(r[0] > T.Cast("int64", Q[4]), T.Cast("int64", Q[4]), r[0])
+                    Y[i * n + j] = T.Cast("int8", r[0])
+    return kernel
+
+
+_BUILDERS = {"binary": _binary, "relu": _relu_kernel, "gemm_f32": _gemm_f32, "gemm_i8": _gemm_i8}
+
+
+def kernel_func(spec: tuple) -> "tvm.tirx.PrimFunc":
+    """The TIR PrimFunc ``pe_kernel`` of kernel ``spec`` (see the module docstring)."""
+    kind, *params = spec
+    func = _BUILDERS[kind](*params)
+    return func.with_attr("global_symbol", "pe_kernel")
+
+
+@functools.lru_cache(maxsize=64)
+def kernel_object(spec: tuple) -> bytes:
+    """Kernel ``spec`` compiled by TVM's LLVM to a Cortex-M4F ELF object (bytes)."""
+    target = tvm.target.Target(PE_TARGET)
+    mod = tvm.IRModule({"pe_kernel": kernel_func(spec).with_attr("target", target)})
+    with tvm.transform.PassContext(opt_level=3):
+        lib = codegen_build(mod, target)
+    with tempfile.TemporaryDirectory(prefix="tvm_spinn_pe_") as tmp:
+        path = os.path.join(tmp, "pe_kernel.o")
+        lib.write_to_file(path)
+        with open(path, "rb") as f:
+            return f.read()

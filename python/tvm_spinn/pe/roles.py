@@ -1,0 +1,67 @@
+"""Which kernel each layer runs: a layer's *role* (the kernel spec of :mod:`.kernels`, shared by
+every PE of the layer and by every layer with the same spec), or a :class:`~.errors.PeCodegenError`
+naming the layer and the reason it cannot be lowered."""
+
+from __future__ import annotations
+
+from . import view
+from .errors import PeCodegenError
+from .kernels import BINARY_OPS
+
+__all__ = ["GEMM_F32_KINDS", "layer_role", "role_name"]
+
+#: fp32 GEMM kinds with generated code (the M4F's multiply-accumulate loop)
+GEMM_F32_KINDS = ("dense", "matmul", "conv2d")
+
+
+def _fail(program, index: int, reason: str):
+    raise PeCodegenError(view.layer_name(program, index), view.layer_kind(program, index), reason)
+
+
+def _float_operands(program, index: int) -> bool:
+    tids = [*view.layer_inputs(program, index), view.layer_output(program, index)]
+    return all(view.tensor_dtype(program, t) == "float32" for t in tids)
+
+
+def layer_role(program, index: int) -> tuple:
+    """The kernel spec layer ``index`` runs (see :mod:`.kernels`).
+
+    Raises
+    ------
+    PeCodegenError
+        For a kind, mode, dtype or attribute the generator does not lower.
+    """
+    kind, mode, attrs = view.layer_kind(program, index), view.layer_mode(program, index), view.layer_attrs(program, index)
+    relu = bool(attrs.get("relu"))
+    if mode == "fp32":
+        if not _float_operands(program, index):
+            _fail(program, index, "fp32 layer with operands that are not float32")
+        if kind in BINARY_OPS:
+            return ("binary", kind, relu)
+        if kind == "relu":
+            return ("relu",)
+        if kind in GEMM_F32_KINDS:
+            return ("gemm_f32", relu)
+        _fail(program, index, "no PE kernel for this fp32 kind yet (generated: add, subtract, multiply, "
+                              "divide, relu, dense, matmul, conv2d)")
+    if mode == "int8":
+        if kind != "dense":
+            _fail(program, index, "no PE kernel for this int8 kind yet (generated: dense)")
+        if attrs.get("out") not in ("int8", "uint8"):
+            _fail(program, index, f"int8 dense with a {attrs.get('out')} output (generated: requantized int8/uint8)")
+        if attrs.get("rounding", "half_up") != "half_up":
+            _fail(program, index, f"requantization rounding {attrs.get('rounding')!r} (generated: half_up)")
+        return ("gemm_i8",)
+    _fail(program, index, f"mode {mode!r}")
+
+
+def role_name(spec: tuple) -> str:
+    """A file-name-safe name of a role: ``gemm_f32_relu``, ``binary_add``..."""
+    kind, *params = spec
+    parts = [kind]
+    for p in params:
+        if p is True:
+            parts.append("relu")
+        elif isinstance(p, str):
+            parts.append(p)
+    return "_".join(parts)

@@ -1,0 +1,105 @@
+"""The PE runtime linked into every image: start-up, the job loop, the MAC array's driver and the
+C library routines LLVM's code may call (``memset``, ``memcpy``).
+
+Written in C and compiled for the Cortex-M4F by the clang that the ``ziglang`` wheel ships
+(:func:`runtime_object`); the kernels themselves come from TVM's LLVM (:mod:`.kernels`).
+
+Start-up (``_start``, the reset vector): clears FPSCR (round to nearest even, no flush-to-zero,
+no default NaN: the IEEE 754 behaviour the simulator models), runs every job of the job block
+(:data:`~.memory_map.JOB_ADDR`) through the role's kernel ``pe_kernel`` and parks in
+``pe_halt``, where the simulator stops the PE.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+import tempfile
+
+from .memory_map import JOB_ADDR, JOB_WORDS, MAC_BASE, MAC_REGS, MAC_START, STACK_TOP
+
+__all__ = ["RUNTIME_C", "CC_FLAGS", "runtime_object", "zig"]
+
+#: clang flags of the runtime (Cortex-M4F, hard-float ABI, freestanding, reproducible).
+CC_FLAGS = ("-target", "thumb-freestanding-eabihf", "-mcpu=cortex_m4+vfp4d16sp", "-mfloat-abi=hard",
+            "-mfpu=fpv4-sp-d16", "-O2", "-ffreestanding", "-fno-builtin", "-nostdlib", "-g0",
+            "-ffunction-sections", "-fno-ident")
+
+RUNTIME_C = rf"""
+typedef unsigned int u32;
+typedef int i32;
+typedef signed char i8;
+
+extern void pe_kernel(u32, u32, u32, u32, u32, u32, u32, u32, u32, u32, u32, u32);
+void pe_halt(void) __attribute__((noreturn, naked));
+void pe_halt(void) {{ __asm__ volatile("1: b 1b"); }}
+
+void *memset(void *dst, int value, u32 n) {{
+    unsigned char *d = dst;
+    while (n--) *d++ = (unsigned char)value;
+    return dst;
+}}
+
+void *memcpy(void *dst, const void *src, u32 n) {{
+    unsigned char *d = dst;
+    const unsigned char *s = src;
+    while (n--) *d++ = *s++;
+    return dst;
+}}
+
+/* MAC array driver: C[m, n] = A[m, k] . B[k, n] (int8 operands, acc_bits-bit sums). */
+#define MAC(reg) (*(volatile u32 *)({MAC_BASE:#x}u + (reg)))
+i32 pe_mac_gemm(const i8 *a, const i8 *b, i32 *c, i32 m, i32 n, i32 k) {{
+    MAC({MAC_REGS["A"]:#x}) = (u32)a;
+    MAC({MAC_REGS["B"]:#x}) = (u32)b;
+    MAC({MAC_REGS["C"]:#x}) = (u32)c;
+    MAC({MAC_REGS["M"]:#x}) = (u32)m;
+    MAC({MAC_REGS["N"]:#x}) = (u32)n;
+    MAC({MAC_REGS["K"]:#x}) = (u32)k;
+    MAC({MAC_REGS["CTRL"]:#x}) = {MAC_START}u;
+    while (MAC({MAC_REGS["CTRL"]:#x}) != 0u) {{ }}
+    return 0;
+}}
+
+void _start(void) __attribute__((noreturn, section(".text.start")));
+void _start(void) {{
+    __asm__ volatile("vmsr fpscr, %0" :: "r"(0u));
+    const volatile u32 *jobs = (const volatile u32 *){JOB_ADDR:#x}u;
+    u32 count = jobs[0];
+    for (u32 i = 0; i < count; i++) {{
+        const volatile u32 *a = jobs + 1 + i * {JOB_WORDS}u;
+        pe_kernel(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11]);
+    }}
+    pe_halt();
+}}
+
+/* The vector table: initial stack pointer and reset vector. */
+__attribute__((section(".vectors"), used))
+const void *const pe_vectors[2] = {{ (void *){STACK_TOP:#x}u, (void *)_start }};
+"""
+
+
+def zig(*args: str) -> subprocess.CompletedProcess:
+    """Run the ``ziglang`` wheel's tool ``args`` (``cc ...``, ``ld.lld ...``); a failure raises
+    ``RuntimeError`` with its output."""
+    env = dict(os.environ)
+    # zig caches compilations; a private cache per process keeps concurrent builds apart
+    env.setdefault("ZIG_GLOBAL_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"tvm_spinn_zig_{os.getuid()}"))
+    proc = subprocess.run([sys.executable, "-m", "ziglang", *args], capture_output=True, text=True, env=env)
+    if proc.returncode:
+        raise RuntimeError(f"ziglang {args[0]} failed ({proc.returncode}): {proc.stderr.strip()[:2000]}")
+    return proc
+
+
+@functools.lru_cache(maxsize=1)
+def runtime_object() -> bytes:
+    """The runtime compiled to a Cortex-M4F object (ELF relocatable), built once per process."""
+    with tempfile.TemporaryDirectory(prefix="tvm_spinn_pe_") as tmp:
+        src, obj = os.path.join(tmp, "pe_runtime.c"), os.path.join(tmp, "pe_runtime.o")
+        with open(src, "w") as f:
+            f.write(RUNTIME_C)
+        zig("cc", *CC_FLAGS, "-c", src, "-o", obj)
+        with open(obj, "rb") as f:
+            return f.read()
