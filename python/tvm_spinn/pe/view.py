@@ -67,8 +67,7 @@ def constants(program) -> dict[int, np.ndarray]:
 
 def arch_of(program):
     """The program's :class:`~tvm_spinn.target.arch.SpinnArch`."""
-    from ..target.arch import SpinnArch
-    return SpinnArch.from_dict(program.arch)
+    return program.arch
 
 
 def placed_tiles(program) -> list:
