@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -204,6 +204,9 @@ class Topology:
     link_hop_s: np.ndarray
     link_group: np.ndarray
     group_bw: np.ndarray
+    #: Costs computed on this graph (:mod:`tvm_spinn.timing`: collectives, multicast trees),
+    #: keyed by the values they depend on; they live and die with the graph.
+    memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     # Lookups --------------------------------------------------------------------------------
     def node_at(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
