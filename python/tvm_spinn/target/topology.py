@@ -473,6 +473,8 @@ def _build(chips: int, link_bw: float, board_bw: float, group_bw: float, hop_s: 
     return topo
 
 
+# A pure memo (the graph is a function of these numbers; its own memo holds only values derived
+# from it): state-free in effect.
 @functools.lru_cache(maxsize=8)
 def _cached(chips: int, link_bw: float, board_bw: float, group_bw: float, hop_s: float,
             board_hop_s: float) -> Topology:
@@ -569,8 +571,15 @@ def _search(topo: Topology, chips: np.ndarray, budget: int = 50000) -> list | No
         sys.setrecursionlimit(limit)
 
 
-@functools.lru_cache(maxsize=64)
 def _ring(topo: Topology, count: int) -> tuple:
+    """A cycle through chips ``0 .. count - 1`` (memoized on ``topo``)."""
+    key = ("ring", count)
+    if key not in topo.memo:
+        topo.memo[key] = _find_ring(topo, count)
+    return topo.memo[key]
+
+
+def _find_ring(topo: Topology, count: int) -> tuple:
     chips = np.arange(count, dtype=np.int64)
     if count <= 2:
         return tuple(chips.tolist())
