@@ -14,7 +14,7 @@ ops) is legalized as before, so the folded module is the same.
 The calls ``FoldConstant`` would fold by building a kernel are folded first by
 :class:`_FoldKernels`, the same way (same legalization, same build, same bits), building each
 structurally distinct kernel once per pass run instead of once per call (BERT-base: 84 LLVM
-builds of 5 kernels).
+builds of 4 kernels).
 
 Neither step changes global state: the calls that cannot fold are held out of TVM's pass
 (replaced by opaque stand-ins, which it does not legalize) and put back after it, so operator
@@ -140,7 +140,7 @@ class _FoldKernels(relax.PyExprMutator):
     ``FoldConstant`` folds), building each structurally distinct kernel once.
 
     ``FoldConstant`` legalizes each call and builds the PrimFunc it gets, one LLVM build per
-    call: BERT-base's 72 weight transposes and 12 ``full`` masks are 84 builds of 5 distinct
+    call: BERT-base's 72 weight transposes and 12 ``full`` masks are 84 builds of 4 distinct
     kernels. This pass evaluates each such call as ``FoldConstant`` does (the same legalization,
     the PrimFunc built by ``tirx.build`` for ``llvm`` as ``tir_function``, run on the constants'
     data into a new tensor), with the builds memoized by the kernel's structure in
