@@ -106,6 +106,7 @@ def load_library() -> str:
         return _loaded_path
 
 
+# Pure memo: a global function of the loaded library, fixed for the process.
 @functools.lru_cache(maxsize=None)
 def _func(name: str) -> Any:
     load_library()

@@ -282,6 +282,7 @@ def _extent(sch, loop) -> int | None:
     return int(ext) if isinstance(ext, tvm.tirx.IntImm) else None
 
 
+# Pure memo (a function of the target string and TVM's tables): state-free in effect.
 @functools.lru_cache(maxsize=None)
 def _vector_bits(target: str) -> int:
     """SIMD register width of an llvm target's CPU, from its features.
@@ -533,6 +534,7 @@ def _KeepUnitReductionsUnscheduled(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # 
 _PROBE_LANES = 4  # whether an intrinsic has a vector lowering does not depend on the width
 
 
+# Pure memo (a function of the target, the op and TVM's lowering tables): state-free in effect.
 @functools.lru_cache(maxsize=None)
 def _vectorizes(target: str, op: str, ret: str, args: tuple[str, ...]) -> bool:
     """Whether LLVM codegen accepts ``op(args) -> ret`` inside a vectorized loop.

@@ -306,8 +306,9 @@ def test_fold_constant_builds_no_more_kernels_than_tvm():
         tvm.register_global_func("tirx.build", build, override=True)
     tvm.ir.assert_structural_equal(got, ref)
     assert "full_like" not in ref.script()
-    # the three full_like and add(a, b) fold (a kernel each); the run-time add is built by neither
-    assert ref_builds == 4 and fast_builds <= ref_builds
+    # TVM: the three full_like and add(a, b) fold (a kernel each); the run-time add is built by
+    # neither. Here the two full_like of 1.0 share one kernel, built once.
+    assert ref_builds == 4 and fast_builds == 3
 
 
 # ---- import clean-ups (frontend.fixups): the same hiding ----

@@ -183,7 +183,7 @@ def test_split_row_same_bits_every_tiling_and_native(weighted, monkeypatch):
             run_program(_retiled(program, [1, 1024]), [x], mode="tiles"),
             run_program(_retiled(program, [1, 100]), [x], mode="tiles")]  # chunks straddling blocks
     monkeypatch.setenv("TVM_SPINN_SIM_NATIVE", "0")
-    simulator._PLANS.clear()
+    program.plans.clear()
     runs.append(run_program(program, [x], mode="layers"))
     for (got,) in runs:
         assert np.array_equal(_bits(got), _bits(ref))

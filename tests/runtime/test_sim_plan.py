@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import gc
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from tvm import relax
 import tvm_spinn
 from tvm_spinn.program import Program
 from tvm_spinn.program.ops import elementwise
-from tvm_spinn.runtime import simulator
+from tvm_spinn.runtime import executor, simulator
 from tvm_spinn.runtime.simulator import program_plan, run_program
 
 import models
@@ -29,13 +30,19 @@ def _programs(ex) -> list[Program]:
             if m["get_symbol"]() != "__spinn_manifest__"]
 
 
+def _forget_plans():
+    """Drop the plans of the programs the runtime has loaded (they are rebuilt on the next call)."""
+    for program in executor._CACHE.values():
+        program.plans.clear()
+
+
 def _unprepared(monkeypatch):
     """Plans whose every step is the unprepared per-layer path (what "layers" mode ran before):
     no native runs, no prepared steps, no fused clips."""
     monkeypatch.setenv("TVM_SPINN_SIM_NATIVE", "0")
     monkeypatch.setattr(simulator, "_build_step", lambda program, index, layer, clip=None: simulator._generic_step(index, layer))
     monkeypatch.setattr(simulator, "_fusable_clips", lambda program: {})  # every layer on its own
-    simulator._PLANS.clear()
+    _forget_plans()
 
 
 def _inputs(x, rng):
@@ -86,12 +93,12 @@ def test_plan_gives_the_unprepared_bits(monkeypatch, name, quantized):
     vm = relax.VirtualMachine(ex, tvm.cpu())
     monkeypatch.setenv("TVM_SPINN_SIM_MODE", "layers")
     inputs = _inputs(x.numpy(), rng)
-    simulator._PLANS.clear()
+    _forget_plans()
     planned = [vm["main"](tvm.runtime.tensor(v)).numpy() for v in inputs]
     with monkeypatch.context() as m:
         _unprepared(m)
         reference = [vm["main"](tvm.runtime.tensor(v)).numpy() for v in inputs]
-    simulator._PLANS.clear()
+    _forget_plans()
     for got, want in zip(planned, reference):
         assert got.dtype == want.dtype and np.array_equal(got.view(np.uint8), want.view(np.uint8))
 
@@ -111,10 +118,11 @@ def test_plan_is_built_once_per_program_object():
     (a,) = run_program(program, [x], mode="layers")
     (b,) = run_program(twin, [x], mode="layers")
     assert np.array_equal(a, b)
-    key = id(twin)
+    assert twin.plans[simulator.native_enabled()] is not plan
+    ref = weakref.ref(program_plan(twin))
     del twin
     gc.collect()
-    assert not any(k[0] == key for k in simulator._PLANS)
+    assert ref() is None  # the plan went with its program
 
 
 def test_results_are_not_overwritten_by_later_calls():
@@ -270,7 +278,7 @@ def test_native_runs_give_the_python_bits(monkeypatch, name):
     model, x = cases[name]
     ex = relax.build(tvm_spinn.frontend.from_pytorch(model, (x,)), target="spinn")
     inputs = _inputs(x.numpy(), np.random.default_rng(1))
-    simulator._PLANS.clear()
+    _forget_plans()
     native, python = _native_and_python(monkeypatch, ex, inputs)
     monkeypatch.setenv("TVM_SPINN_SIM_NATIVE", "1")
     assert all(program_plan(p).native_layers > 0 for p in _programs(ex))
@@ -279,7 +287,7 @@ def test_native_runs_give_the_python_bits(monkeypatch, name):
     monkeypatch.setenv("TVM_SPINN_SIM_MODE", "tiles")  # and the tile-by-tile reference
     reference = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(inputs[0])).numpy()
     assert np.array_equal(native[0].view(np.uint8), reference.view(np.uint8))
-    simulator._PLANS.clear()
+    _forget_plans()
 
 
 def test_native_plan_rejects_malformed_instructions():
@@ -408,7 +416,7 @@ def test_native_int8_gemms_give_the_python_bits(monkeypatch, name, tflite):
         assert _same_bits(got, want) and _same_bits(got, ref)
     if native[0].dtype != np.float32:  # both rails or the interior: not a constant output
         assert len(np.unique(native[0])) > 8
-    simulator._PLANS.clear()
+    _forget_plans()
 
 
 @pytest.mark.parametrize("axis,dtype", [(None, "int8"), (1, "uint8"), (3, "int8")])
@@ -428,7 +436,7 @@ def test_native_quantize_dequantize_give_the_python_bits(monkeypatch, axis, dtyp
     q = native[0].reshape(-1)
     lo, hi = (0, 255) if dtype == "uint8" else (-128, 127)
     assert q[3] == hi and q[4] == lo and q[5] == 0 and q[8] == lo  # inf, -inf, NaN, -1e30
-    simulator._PLANS.clear()
+    _forget_plans()
 
 
 def test_native_int8_instructions_are_validated():

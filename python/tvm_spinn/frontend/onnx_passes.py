@@ -343,6 +343,7 @@ _FOLDABLE = {
 }
 
 
+# Pure memo of a function of (opset, canonical node): state-free in effect.
 @functools.lru_cache(maxsize=512)
 def _evaluator(opset: int, key: tuple):
     """The reference implementation (``onnx.reference`` op) of the canonical node ``key``

@@ -108,6 +108,9 @@ class Program:
     #: The mapper's tiles (:class:`~.tiles.ProgramTiles`), kept in memory only: derived data,
     #: never serialized (``tvm_spinn.mapping.derive_tables`` rebuilds them from ``mapping``).
     tiles: "object | None" = field(default=None, repr=False, compare=False)
+    #: The simulator's execution plans of this object (:func:`tvm_spinn.runtime.simulator.program_plan`),
+    #: in memory only: they live and die with it, and a copy builds its own.
+    plans: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # ------------------------------------------------------------------ serialization
     def header(self) -> dict:

@@ -138,8 +138,17 @@ def native_enabled() -> bool:
 class _Plan:
     __slots__ = ("owner", "template", "steps", "args", "outputs", "native_layers", "__weakref__")
 
+    # Read-only once built: a copied Program shares it, and program_plan builds the copy its own
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
     def __init__(self, program: Program, native: bool = True):
-        self.owner = id(program)
+        # the Program it was built for (a copy of that object also copies its plans: they are
+        # not its own, see program_plan); weak, as the Program holds its plans
+        self.owner = weakref.ref(program)
         tensors = program.tensors
         template: list = [None] * len(tensors)
         for tid, value in program.constants.items():
@@ -283,26 +292,16 @@ def _native_step(program: Program, run: NativeRun):
     return step
 
 
-_PLANS: dict[tuple, tuple] = {}
-
-
-def _forget(ref, key: tuple) -> None:
-    entry = _PLANS.get(key)
-    if entry is not None and entry[0] is ref:
-        _PLANS.pop(key, None)
-
-
 def program_plan(program: Program) -> _Plan:
-    """The execution plan of ``program`` (built on first use; one per live Program object and
-    :func:`native_enabled` setting, dropped with it). A Program must not be edited after it has
-    run (a copy gets its own plan)."""
+    """The execution plan of ``program`` (built on first use, per :func:`native_enabled`
+    setting). The plans are kept on the Program object (:attr:`Program.plans`) and go with it;
+    a copy of it builds its own. A Program must not be edited after it has run."""
     native = native_enabled()
-    key = (id(program), native)
-    entry = _PLANS.get(key)
-    if entry is not None and entry[0]() is program:
-        return entry[1]
+    plan = program.plans.get(native)
+    if plan is not None and plan.owner() is program:
+        return plan
     plan = _Plan(program, native)  # concurrent first calls may both build: equal plans, one is kept
-    _PLANS[key] = (weakref.ref(program, lambda ref, key=key: _forget(ref, key)), plan)
+    program.plans[native] = plan
     return plan
 
 

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -204,6 +204,9 @@ class Topology:
     link_hop_s: np.ndarray
     link_group: np.ndarray
     group_bw: np.ndarray
+    #: Costs computed on this graph (:mod:`tvm_spinn.timing`: collectives, multicast trees),
+    #: keyed by the values they depend on; they live and die with the graph.
+    memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     # Lookups --------------------------------------------------------------------------------
     def node_at(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -470,6 +473,8 @@ def _build(chips: int, link_bw: float, board_bw: float, group_bw: float, hop_s: 
     return topo
 
 
+# A pure memo (the graph is a function of these numbers; its own memo holds only values derived
+# from it): state-free in effect.
 @functools.lru_cache(maxsize=8)
 def _cached(chips: int, link_bw: float, board_bw: float, group_bw: float, hop_s: float,
             board_hop_s: float) -> Topology:
@@ -566,8 +571,15 @@ def _search(topo: Topology, chips: np.ndarray, budget: int = 50000) -> list | No
         sys.setrecursionlimit(limit)
 
 
-@functools.lru_cache(maxsize=64)
 def _ring(topo: Topology, count: int) -> tuple:
+    """A cycle through chips ``0 .. count - 1`` (memoized on ``topo``)."""
+    key = ("ring", count)
+    if key not in topo.memo:
+        topo.memo[key] = _find_ring(topo, count)
+    return topo.memo[key]
+
+
+def _find_ring(topo: Topology, count: int) -> tuple:
     chips = np.arange(count, dtype=np.int64)
     if count <= 2:
         return tuple(chips.tolist())

@@ -62,7 +62,8 @@ _ALGORITHMS = ("ring", "tree")
 #: groups gather by ring or tree.
 MULTICAST_MAX_RANKS = 64
 _MULTICAST_PASSES = 3
-_TREES: dict = {}
+#: Multicast tree sets kept per topology (:attr:`Topology.memo`), at most this many
+_TREES_KEPT = 256
 
 
 @dataclass(frozen=True)
@@ -182,14 +183,20 @@ def _prepare(topo: "Topology", ranks: Sequence[int], nbytes: float) -> tuple["To
     return topo, ranks
 
 
+def _forget(memo: dict, kind: str) -> None:
+    """Drop the entries of one kind from a topology's memo (bounds its size)."""
+    for key in [k for k in memo if k[0] == kind]:
+        del memo[key]
+
+
 def _multicast_trees(topo: "Topology", ranks: np.ndarray):
     """Per-link share counts, deepest route latency, hops and board hops of the multicast
     all-gather's trees over ``ranks`` (see the module docstring), or None when the ranks'
     links do not connect them. Independent of the message size, so cached per rank set."""
-    key = (id(topo), topo.chips, ranks.tobytes())
-    hit = _TREES.get(key)
-    if hit is not None and hit[0] is topo:
-        return hit[1]
+    key = ("multicast_trees", ranks.tobytes())
+    memo = topo.memo
+    if key in memo:
+        return memo[key]
     c = ranks.size
     member = {int(r): i for i, r in enumerate(ranks)}
     # (rank, direction) -> neighbour rank index, -1 off the group
@@ -239,9 +246,9 @@ def _multicast_trees(topo: "Topology", ranks: np.ndarray):
                 latency[s, v] = latency[s, u] + topo.link_hop_s[link]
                 board[s, v] = board[s, u] + int(on_board[link])
         result = (load, float(latency.max()), int(dist.max()), int(board.max()))
-    if len(_TREES) > 256:
-        _TREES.clear()
-    _TREES[key] = (topo, result)
+    if len(memo) > _TREES_KEPT:
+        _forget(memo, "multicast_trees")
+    memo[key] = result
     return result
 
 

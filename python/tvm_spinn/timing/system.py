@@ -76,29 +76,33 @@ class SystemTiming:
                                       "collectives": tuple(CollectiveSummary(**vars(c)) for c in self.collectives)})
 
 
-_COSTS: dict = {}
+#: Collective costs kept per topology (:attr:`~tvm_spinn.target.topology.Topology.memo`)
+_COSTS_KEPT = 4096
 
 
 def collective_cost(topo, ranks, op: str, nbytes: int, exact: bool):
     """Cost of one collective of a shard plan on ``topo`` (a :class:`~.collectives.CollectiveCost`).
 
-    Memoized per topology, ranks and size: a build asks for the same few collectives many times
-    and each costs a routing pass over the whole link graph (207,360 links on ``spinn/cloud``).
+    Memoized on the topology per operation, ranks and size: a build asks for the same few
+    collectives many times and each costs a routing pass over the whole link graph (207,360
+    links on ``spinn/cloud``).
     """
     ranks = np.asarray(ranks, dtype=np.int64)
-    key = (id(topo), topo.chips, op, bool(exact), ranks.tobytes(), float(nbytes))
-    hit = _COSTS.get(key)
-    if hit is not None and hit[0] is topo:
-        return hit[1]
+    key = ("collective", op, bool(exact), ranks.tobytes(), float(nbytes))
+    memo = topo.memo
+    hit = memo.get(key)
+    if hit is not None:
+        return hit
     if op == "all_gather":
         cost = all_gather(topo, ranks, nbytes)
     elif exact:  # integer partial sums: any order, the cheaper of ring and tree
         cost = all_reduce(topo, ranks, nbytes)
     else:
         cost = chain_all_reduce(topo, ranks, nbytes)
-    if len(_COSTS) > 4096:
-        _COSTS.clear()
-    _COSTS[key] = (topo, cost)
+    if len(memo) > _COSTS_KEPT:
+        for old in [k for k in memo if k[0] == "collective"]:
+            del memo[old]
+    memo[key] = cost
     return cost
 
 

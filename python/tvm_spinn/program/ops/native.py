@@ -27,6 +27,7 @@ from ... import _lib
 __all__ = ["NativeBuilder", "NativeRun", "Ref", "broadcast_strides", "codes", "contiguous_strides", "f32_bits", "numel"]
 
 
+# Pure memo: the loaded library's constants, fixed for the process.
 @functools.lru_cache(maxsize=None)
 def codes() -> dict[str, int]:
     """Instruction and kind codes, as the C++ interpreter defines them (one source of truth)."""
