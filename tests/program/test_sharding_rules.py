@@ -140,7 +140,9 @@ def _combine(outs, placement):
 TP = MeshAxis("tp", N, row=True)
 TP_ALWAYS = MeshAxis("tp", N, row=ROW_ALWAYS)
 SP = MeshAxis("sp", N, strict=True)
+DP = MeshAxis("dp", N, strict=True)
 R = REPLICATE
+POOL = {"pool_size": [2, 2], "strides": [2, 2], "padding": [0, 0, 0, 0]}
 
 # (id, program factory, input placements, axis, expected output, expected split, expected `before`, gather_all)
 CASES = [
@@ -217,6 +219,24 @@ CASES = [
     ("take table rows gathered", lambda: _program("take", [((6, 3), "float32"), ((4,), "int32")], (4, 3), (),
                                                   {"axis": 0, "mode": "clip"}), [shard(0), R], TP, R, "rep",
      (GatherInput(0),), False),
+    ("pool_grad channels", lambda: _program("max_pool2d_backward", [((1, 4, 2, 2), "float32"), ((1, 4, 4, 4), "float32")],
+                                            (1, 4, 4, 4), (), POOL), [shard(1), shard(1)], TP, shard(1), "split", (),
+     False),
+    ("pool_grad channels of dy", lambda: _program("max_pool2d_backward", [((1, 4, 2, 2), "float32"),
+                                                                         ((1, 4, 4, 4), "float32")], (1, 4, 4, 4), (),
+                                                  POOL), [shard(1), R], TP, shard(1), "split", (), False),
+    ("pool_grad batch", lambda: _program("max_pool2d_backward", [((2, 2, 2, 2), "float32"), ((2, 2, 4, 4), "float32")],
+                                         (2, 2, 4, 4), (), POOL), [shard(0), shard(0)], DP, shard(0), "split", (),
+     False),
+    ("pool_grad rows gathered", lambda: _program("max_pool2d_backward", [((1, 2, 2, 4), "float32"),
+                                                                        ((1, 2, 4, 8), "float32")], (1, 2, 4, 8), (),
+                                                 POOL), [shard(2), shard(2)], TP, R, "rep", (), True),
+    ("pool_grad disagreeing splits", lambda: _program("max_pool2d_backward", [((2, 2, 2, 2), "float32"),
+                                                                             ((2, 2, 4, 4), "float32")], (2, 2, 4, 4),
+                                                      (), POOL), [shard(0), shard(1)], TP, R, "rep", (), True),
+    ("pool_grad sp replicated", lambda: _program("max_pool2d_backward", [((1, 2, 4, 2), "float32"),
+                                                                        ((1, 2, 8, 4), "float32")], (1, 2, 8, 4), (),
+                                                 POOL), [R, R], SP, R, "rep", (), True),
 ]
 
 #: the axis of a replicated operand a chip slices for its output block, where it is not the
@@ -252,9 +272,12 @@ def test_softmax_split_along_its_rows_all_reduces_the_row_statistics():
     assert d.output == shard(1) and d.before == (RowAllReduce(0, 4 * 4, True), RowAllReduce(0, 4 * 4, False))
 
 
-def test_a_family_without_a_rule_is_replicated_and_named():
+def test_a_family_without_a_rule_is_replicated_and_named(monkeypatch):
+    from tvm_spinn.program.ops.pool import PoolGrad
+
+    monkeypatch.setattr(PoolGrad, "sharding", None)  # a family that states no rule
     program = _program("max_pool2d_backward", [((1, 2, 2, 2), "float32"), ((1, 2, 4, 4), "float32")],
-                       (1, 2, 4, 4), (), {"pool_size": [2, 2], "strides": [2, 2], "padding": [0, 0, 0, 0]})
+                       (1, 2, 4, 4), (), POOL)
     assert family_of("max_pool2d_backward").sharding is None
     d = _decide(program, [shard(1), shard(1)], TP)
     assert (d.output, d.gather_all) == (R, True)
@@ -263,3 +286,9 @@ def test_a_family_without_a_rule_is_replicated_and_named():
     assert plan.replicated == (("l", "operator family PoolGrad states no sharding rule"),)
     assert plan.summary()["replicated"] == [["l", "operator family PoolGrad states no sharding rule"]]
     assert S.plan_shards(program, 1).replicated == ()
+
+
+def test_every_family_states_a_rule():
+    from tvm_spinn.program.ops import layer_kinds
+
+    assert [k for k in layer_kinds() if family_of(k).sharding is None] == []
