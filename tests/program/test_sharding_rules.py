@@ -19,7 +19,7 @@ import pytest
 from tvm_spinn.mapping import shard as S
 from tvm_spinn.program import Layer, Program, TensorDesc
 from tvm_spinn.program.ops import family_of
-from tvm_spinn.program.ops.sharding import (PARTIAL, REPLICATE, ROW_ALWAYS, GatherInput, MeshAxis, RowAllReduce,
+from tvm_spinn.program.ops.sharding import (PARTIAL, REPLICATE, ROW_ALWAYS, GatherInput, Mesh, MeshAxis, RowAllReduce,
                                             ShardContext, part, shard)
 from tvm_spinn.runtime.simulator import run_program
 
@@ -84,7 +84,7 @@ def _run_sharded(program, inputs, ins, decision, axis, r_axes):
     local = [list(s) for s in full]
     rule = S.rule_of(layer)
     if decision.split in ("col", "row", "split"):
-        if axis.name == "sp":
+        if axis.strict:
             if decision.output.split and rule.shrinks_row_consts(layer):
                 S._seq_consts(program, layer, decision.output.axis, N, full, local)
         else:
@@ -106,7 +106,7 @@ def _run_sharded(program, inputs, ins, decision, axis, r_axes):
             args.append(np.ascontiguousarray(x))
         chip = Program("main", {}, [TensorDesc(t.name, list(t.shape), t.dtype, t.role) for t in program.tensors],
                        list(program.inputs), list(program.outputs), [Layer(**vars(layer))])
-        attrs = rule.local_attrs(layer, decision.split, N)
+        attrs = None if axis.strict else rule.local_attrs(layer, decision.split, N)  # tensor axis only
         if attrs is not None:
             chip.layers[0].attrs = attrs
         chip.constants = {}
@@ -140,7 +140,7 @@ def _combine(outs, placement):
 TP = MeshAxis("tp", N, row=True)
 TP_ALWAYS = MeshAxis("tp", N, row=ROW_ALWAYS)
 SP = MeshAxis("sp", N, strict=True)
-DP = MeshAxis("dp", N, strict=True)
+DP = MeshAxis("dp", N, strict=True, gather_outputs=False)
 R = REPLICATE
 POOL = {"pool_size": [2, 2], "strides": [2, 2], "padding": [0, 0, 0, 0]}
 
@@ -219,6 +219,75 @@ CASES = [
     ("take table rows gathered", lambda: _program("take", [((6, 3), "float32"), ((4,), "int32")], (4, 3), (),
                                                   {"axis": 0, "mode": "clip"}), [shard(0), R], TP, R, "rep",
      (GatherInput(0),), False),
+    # the data axis (dp): every family keeps the batch split; replicated operands stay replicated
+    ("relu dp", lambda: _program("relu", [((4, 6), "float32")], (4, 6)), [shard(0)], DP, shard(0), "split", (),
+     False),
+    ("add dp bias", lambda: _program("add", [((2, 4, 6), "float32"), ((6,), "float32")], (2, 4, 6)),
+     [shard(0), R], DP, shard(0), "split", (), False),
+    ("where_less dp", lambda: _program("where_less", [((4, 6), "float32")] * 4, (4, 6)),
+     [shard(0), shard(0), shard(0), R], DP, shard(0), "split", (), False),
+    ("quantize dp", lambda: _program("quantize", [((4, 6), "float32")], (4, 6),
+                                     [("scale", (1,), "float32"), ("zero", (1,), "int32")], {"axis": 1},
+                                     out_dtype="int8"), [shard(0)], DP, shard(0), "split", (), False),
+    ("dense dp batch", lambda: _program("dense", [((2, 4, 6), "float32")], (2, 4, 8), [("weight", (6, 8), "float32"),
+                                                                                      ("bias", (8,), "float32")],
+                                        {"relu": False}), [shard(0)], DP, shard(0), "split", (), False),
+    ("dense dp replicated", lambda: _program("dense", [((4, 6), "float32")], (4, 8), [("weight", (6, 8), "float32")],
+                                             {"relu": False}), [R], DP, R, "rep", (), False),
+    ("dense dp reduction gathered", lambda: _program("dense", [((4, 6), "float32")], (4, 8),
+                                                     [("weight", (6, 8), "float32")], {"relu": False}), [shard(1)],
+     DP, R, "rep", (), True),
+    ("matmul dp batch", lambda: _program("matmul", [((2, 4, 6), "float32"), ((2, 6, 5), "float32")], (2, 4, 5)),
+     [shard(0), shard(0)], DP, shard(0), "split", (), False),
+    ("matmul dp batch of A", lambda: _program("matmul", [((2, 4, 6), "float32"), ((2, 6, 5), "float32")], (2, 4, 5)),
+     [shard(0), R], DP, shard(0), "split", (), False),
+    ("matmul dp rows", lambda: _program("matmul", [((4, 6), "float32"), ((6, 5), "float32")], (4, 5)),
+     [shard(0), R], DP, shard(0), "split", (), False),
+    ("matmul dp reduction gathered", lambda: _program("matmul", [((4, 6), "float32"), ((6, 5), "float32")], (4, 5)),
+     [shard(1), shard(0)], DP, R, "rep", (), True),
+    ("conv2d dp batch", lambda: _program("conv2d", [((2, 3, 6, 6), "float32")], (2, 4, 4, 4),
+                                         [("weight", (4, 3, 3, 3), "float32"), ("bias", (4,), "float32")],
+                                         {"strides": [1, 1], "padding": [0, 0, 0, 0], "dilation": [1, 1], "groups": 1}),
+     [shard(0)], DP, shard(0), "split", (), False),
+    ("conv2d dp channels gathered", lambda: _program("conv2d", [((2, 4, 6, 6), "float32")], (2, 4, 4, 4),
+                                                     [("weight", (4, 4, 3, 3), "float32")],
+                                                     {"strides": [1, 1], "padding": [0, 0, 0, 0], "dilation": [1, 1],
+                                                      "groups": 1}), [shard(1)], DP, R, "rep", (), True),
+    ("max_pool dp batch", lambda: _program("max_pool2d", [((2, 4, 4, 4), "float32")], (2, 4, 2, 2), (),
+                                           {"pool_size": [2, 2], "strides": [2, 2], "padding": [0, 0, 0, 0],
+                                            "dilation": [1, 1]}), [shard(0)], DP, shard(0), "split", (), False),
+    ("layer_norm dp batch", lambda: _program("layer_norm", [((2, 4, 8), "float32")], (2, 4, 8),
+                                            [("gamma", (8,), "float32"), ("beta", (8,), "float32")],
+                                            {"epsilon": 1e-5}), [shard(0)], DP, shard(0), "split", (), False),
+    ("softmax dp features gathered", lambda: _program("softmax", [((4, 8), "float32")], (4, 8)), [shard(1)], DP, R,
+     "rep", (), True),
+    ("reshape dp carries", lambda: _program("reshape", [((4, 6), "float32")], (4, 2, 3)), [shard(0)], DP, shard(0),
+     "split", (), False),
+    ("permute dp carries", lambda: _program("permute_dims", [((4, 6), "float32")], (6, 4), (), {"axes": [1, 0]}),
+     [shard(0)], DP, shard(1), "split", (), False),
+    ("concat dp features", lambda: _program("concat", [((4, 3), "float32"), ((4, 2), "float32")], (4, 5), (),
+                                            {"axis": 1}), [shard(0), shard(0)], DP, shard(0), "split", (), False),
+    ("concat dp of the batch gathered", lambda: _program("concat", [((2, 3), "float32"), ((2, 3), "float32")],
+                                                         (4, 3), (), {"axis": 0}), [shard(0), shard(0)], DP, R,
+     "rep", (), True),
+    ("take dp indices", lambda: _program("take", [((4, 2), "int32")], (4, 2, 6), [("table", (5, 6), "float32")],
+                                         {"axis": 0, "mode": "clip"}), [shard(0)], DP, shard(0), "split", (), False),
+    # the sequence axis (sp): families not covered above
+    ("quantize sp", lambda: _program("quantize", [((4, 6), "float32")], (4, 6),
+                                     [("scale", (1,), "float32"), ("zero", (1,), "int32")], {"axis": 1},
+                                     out_dtype="int8"), [shard(0)], SP, shard(0), "split", (), False),
+    ("where_less sp", lambda: _program("where_less", [((4, 6), "float32")] * 4, (4, 6)),
+     [shard(0), R, shard(0), shard(0)], SP, shard(0), "split", (), False),
+    ("layer_norm sp rows", lambda: _program("layer_norm", [((4, 8), "float32")], (4, 8),
+                                           [("gamma", (8,), "float32"), ("beta", (8,), "float32")],
+                                           {"epsilon": 1e-5}), [shard(0)], SP, shard(0), "split", (), False),
+    ("max_pool sp replicated", lambda: _program("max_pool2d", [((1, 4, 4, 4), "float32")], (1, 4, 2, 2), (),
+                                                {"pool_size": [2, 2], "strides": [2, 2], "padding": [0, 0, 0, 0],
+                                                 "dilation": [1, 1]}), [shard(2)], SP, R, "rep", (), True),
+    ("reshape sp carries", lambda: _program("reshape", [((4, 6), "float32")], (4, 2, 3)), [shard(0)], SP, shard(0),
+     "split", (), False),
+    ("concat sp replicated", lambda: _program("concat", [((4, 3), "float32"), ((4, 2), "float32")], (4, 5), (),
+                                              {"axis": 1}), [shard(0), shard(0)], SP, R, "rep", (), True),
     ("pool_grad channels", lambda: _program("max_pool2d_backward", [((1, 4, 2, 2), "float32"), ((1, 4, 4, 4), "float32")],
                                             (1, 4, 4, 4), (), POOL), [shard(1), shard(1)], TP, shard(1), "split", (),
      False),
@@ -292,3 +361,26 @@ def test_every_family_states_a_rule():
     from tvm_spinn.program.ops import layer_kinds
 
     assert [k for k in layer_kinds() if family_of(k).sharding is None] == []
+
+
+# -- the mesh and the one pass over it ---------------------------------------------------------
+def test_the_mesh_is_data():
+    mesh = Mesh.of(tp=2, sp=3)
+    assert mesh.chips == 6 and [a.name for a in mesh.active] == ["tp", "sp"]
+    assert (mesh.size("dp"), mesh.size("ep"), mesh.size("pp")) == (1, 1, 1)
+    assert Mesh.of(dp=4, ep=2, pp=3).chips == 24
+    with pytest.raises(ValueError, match="name must be one of"):
+        MeshAxis("xp", 2)
+    with pytest.raises(ValueError, match="size must be a positive int"):
+        MeshAxis("tp", 0)
+    with pytest.raises(ValueError, match="each axis at most once"):
+        Mesh((MeshAxis("tp", 2), MeshAxis("tp", 2)))
+    with pytest.raises(ValueError, match="in the order"):
+        Mesh((MeshAxis("dp", 2), MeshAxis("tp", 2)))
+
+
+def test_expert_and_pipeline_axes_are_refused_by_the_propagator():
+    program = _program("relu", [((4, 6), "float32")], (4, 6))
+    for axis in ("ep", "pp"):
+        with pytest.raises(ValueError, match=f"the '{axis}' axis"):
+            S.plan_mesh(program, Mesh.of(**{axis: 2}))

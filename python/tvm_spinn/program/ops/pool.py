@@ -300,14 +300,15 @@ class Pool(OpFamily):
 
 
 class PoolSharding(ShardingRule):
-    """Pooling keeps a split of the channels (axis 1); any other split is gathered. Row blocks
-    (``sp``) would cut windows: replicated."""
+    """Pooling keeps a split of the channels (axis 1), and on the data axis (``dp``) of the
+    batch (axis 0); any other split is gathered. Row blocks (``sp``) would cut windows:
+    replicated."""
 
     def propagate(self, ctx, layer, ins):
         if ctx.axis.name == "sp":
             return ShardDecision(REPLICATE, "rep", gather_all=True)
-        if ins[0] == shard(1):
-            return ShardDecision(shard(1), "split")
+        if ins[0] == shard(1) or (ctx.axis.name == "dp" and ins[0] == shard(0)):
+            return ShardDecision(ins[0], "split")
         if ins[0].split:
             return ShardDecision(REPLICATE, "rep", (GatherInput(0),))
         return ShardDecision(REPLICATE, "rep")
