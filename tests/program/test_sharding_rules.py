@@ -384,3 +384,45 @@ def test_expert_and_pipeline_axes_are_refused_by_the_propagator():
     for axis in ("ep", "pp"):
         with pytest.raises(ValueError, match=f"the '{axis}' axis"):
             S.plan_mesh(program, Mesh.of(**{axis: 2}))
+
+
+def _chain(batch=4):
+    """dense [b, 6] -> [b, 8], then softmax, then a concat along the batch with the input's
+    relu (a layer that cannot keep the batch split)."""
+    tensors = [TensorDesc("x", [batch, 6], "float32", "input"), TensorDesc("w", [6, 8], "float32", "const"),
+               TensorDesc("h", [batch, 8], "float32", "temp"), TensorDesc("p", [batch, 8], "float32", "temp"),
+               TensorDesc("q", [2 * batch, 8], "float32", "output")]
+    layers = [Layer(name="fc", kind="dense", inputs=[0], output=2, consts={"weight": 1}, attrs={"relu": False}),
+              Layer(name="sm", kind="softmax", inputs=[2], output=3),
+              Layer(name="cat", kind="concat", inputs=[2, 3], output=4, attrs={"axis": 0})]
+    return Program("main", {}, tensors, [0], [4], layers)
+
+
+def test_one_pass_places_every_tensor_on_every_axis():
+    program = _chain()
+    plan = S.plan_mesh(program, Mesh.of(tp=2, dp=2, row=True))
+    tp_, dp_ = [a.name for a in plan.mesh.axes].index("tp"), [a.name for a in plan.mesh.axes].index("dp")
+    # x: the batch split on dp; h: columns on tp (column-parallel dense), rows on dp
+    assert (plan.placements[0][tp_], plan.placements[0][dp_]) == (R, shard(0))
+    assert (plan.placements[2][tp_], plan.placements[2][dp_]) == (shard(1), shard(0))
+    assert plan.shapes[0] == (2, 6) and plan.shapes[1] == (6, 4) and plan.shapes[2] == (2, 4)
+    # the softmax keeps the column split (its row statistics all-reduced over tp); the concat of
+    # the batch cannot keep the batch split: h and p are gathered over dp, each chip its columns
+    assert [(c.layer, c.op, c.tensor, c.group) for c in plan.collectives] == [
+        (1, "all_reduce", 2, "tp"), (1, "all_reduce", 2, "tp"), (2, "all_gather", 2, "dp"),
+        (2, "all_gather", 3, "dp"), (3, "all_gather", 4, "tp")]
+    assert [c.shape for c in plan.collectives[2:]] == [(4, 4), (4, 4), (8, 8)]
+    assert [c.nbytes for c in plan.collectives[2:]] == [4 * 4 * 4, 4 * 4 * 4, 8 * 8 * 4]
+    assert plan.shapes[4] == (8, 4)  # the output: whole batch, the chip's columns until the end
+    shard_ = S.shard_program(program, plan)
+    assert [t.shape for t in shard_.tensors[5:]] == [[4, 4], [4, 4]]  # the gathered copies
+    assert [shard_.layers[2].inputs] == [[5, 6]]
+
+
+def test_the_data_axis_keeps_the_batch_and_leaves_outputs_split():
+    program = _chain()
+    program.layers = program.layers[:2]
+    program.outputs = [3]
+    plan = S.plan_shards(program, 1, 2)
+    assert plan.collectives == () and plan.shapes[3] == (2, 8) and plan.shapes[1] == (6, 8)
+    assert S.plan_shards(_chain(3), 1, 2) is None  # 2 does not divide a batch of 3

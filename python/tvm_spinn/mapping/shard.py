@@ -439,8 +439,6 @@ def plan_mesh(program: Program, mesh: Mesh) -> ShardPlan | None:
     local = [list(x.shape) for x in t]
     passes: list[_AxisPass] = []
     for axis in mesh.active:
-        if axis.name == "dp":
-            continue  # the batch share: axis 0 of the activations of the batch's extent (shard_program)
         state: dict[int, Placement] = {}
         if axis.name == "tp":
             for tid, (_, ax) in _cache_inputs(program, tp).items():
@@ -552,9 +550,5 @@ def shard_program(program: Program, plan: ShardPlan) -> Program:
             if old in layer.inputs:
                 layer.inputs = [nid if tid == old else tid for tid in layer.inputs]
         current[c.tensor] = nid
-    if plan.dp > 1:
-        for x in shard.tensors:
-            if x.role != "const" and x.shape and x.shape[0] == plan.batch:
-                x.shape[0] //= plan.dp
     shard.timing, shard.mapping, shard.memory, shard.tiles = {}, {}, {}, None
     return shard
