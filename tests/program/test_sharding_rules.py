@@ -19,7 +19,7 @@ import pytest
 from tvm_spinn.mapping import shard as S
 from tvm_spinn.program import Layer, Program, TensorDesc
 from tvm_spinn.program.ops import family_of
-from tvm_spinn.program.ops.sharding import (PARTIAL, REPLICATE, ROW_ALWAYS, GatherInput, MeshAxis, RowAllReduce,
+from tvm_spinn.program.ops.sharding import (PARTIAL, REPLICATE, ROW_ALWAYS, GatherInput, Mesh, MeshAxis, RowAllReduce,
                                             ShardContext, part, shard)
 from tvm_spinn.runtime.simulator import run_program
 
@@ -84,7 +84,7 @@ def _run_sharded(program, inputs, ins, decision, axis, r_axes):
     local = [list(s) for s in full]
     rule = S.rule_of(layer)
     if decision.split in ("col", "row", "split"):
-        if axis.name == "sp":
+        if axis.strict:
             if decision.output.split and rule.shrinks_row_consts(layer):
                 S._seq_consts(program, layer, decision.output.axis, N, full, local)
         else:
@@ -106,7 +106,7 @@ def _run_sharded(program, inputs, ins, decision, axis, r_axes):
             args.append(np.ascontiguousarray(x))
         chip = Program("main", {}, [TensorDesc(t.name, list(t.shape), t.dtype, t.role) for t in program.tensors],
                        list(program.inputs), list(program.outputs), [Layer(**vars(layer))])
-        attrs = rule.local_attrs(layer, decision.split, N)
+        attrs = None if axis.strict else rule.local_attrs(layer, decision.split, N)  # tensor axis only
         if attrs is not None:
             chip.layers[0].attrs = attrs
         chip.constants = {}
@@ -140,7 +140,9 @@ def _combine(outs, placement):
 TP = MeshAxis("tp", N, row=True)
 TP_ALWAYS = MeshAxis("tp", N, row=ROW_ALWAYS)
 SP = MeshAxis("sp", N, strict=True)
+DP = MeshAxis("dp", N, strict=True, gather_outputs=False)
 R = REPLICATE
+POOL = {"pool_size": [2, 2], "strides": [2, 2], "padding": [0, 0, 0, 0]}
 
 # (id, program factory, input placements, axis, expected output, expected split, expected `before`, gather_all)
 CASES = [
@@ -217,6 +219,93 @@ CASES = [
     ("take table rows gathered", lambda: _program("take", [((6, 3), "float32"), ((4,), "int32")], (4, 3), (),
                                                   {"axis": 0, "mode": "clip"}), [shard(0), R], TP, R, "rep",
      (GatherInput(0),), False),
+    # the data axis (dp): every family keeps the batch split; replicated operands stay replicated
+    ("relu dp", lambda: _program("relu", [((4, 6), "float32")], (4, 6)), [shard(0)], DP, shard(0), "split", (),
+     False),
+    ("add dp bias", lambda: _program("add", [((2, 4, 6), "float32"), ((6,), "float32")], (2, 4, 6)),
+     [shard(0), R], DP, shard(0), "split", (), False),
+    ("where_less dp", lambda: _program("where_less", [((4, 6), "float32")] * 4, (4, 6)),
+     [shard(0), shard(0), shard(0), R], DP, shard(0), "split", (), False),
+    ("quantize dp", lambda: _program("quantize", [((4, 6), "float32")], (4, 6),
+                                     [("scale", (1,), "float32"), ("zero", (1,), "int32")], {"axis": 1},
+                                     out_dtype="int8"), [shard(0)], DP, shard(0), "split", (), False),
+    ("dense dp batch", lambda: _program("dense", [((2, 4, 6), "float32")], (2, 4, 8), [("weight", (6, 8), "float32"),
+                                                                                      ("bias", (8,), "float32")],
+                                        {"relu": False}), [shard(0)], DP, shard(0), "split", (), False),
+    ("dense dp replicated", lambda: _program("dense", [((4, 6), "float32")], (4, 8), [("weight", (6, 8), "float32")],
+                                             {"relu": False}), [R], DP, R, "rep", (), False),
+    ("dense dp reduction gathered", lambda: _program("dense", [((4, 6), "float32")], (4, 8),
+                                                     [("weight", (6, 8), "float32")], {"relu": False}), [shard(1)],
+     DP, R, "rep", (), True),
+    ("matmul dp batch", lambda: _program("matmul", [((2, 4, 6), "float32"), ((2, 6, 5), "float32")], (2, 4, 5)),
+     [shard(0), shard(0)], DP, shard(0), "split", (), False),
+    ("matmul dp batch of A", lambda: _program("matmul", [((2, 4, 6), "float32"), ((2, 6, 5), "float32")], (2, 4, 5)),
+     [shard(0), R], DP, shard(0), "split", (), False),
+    ("matmul dp rows", lambda: _program("matmul", [((4, 6), "float32"), ((6, 5), "float32")], (4, 5)),
+     [shard(0), R], DP, shard(0), "split", (), False),
+    ("matmul dp reduction gathered", lambda: _program("matmul", [((4, 6), "float32"), ((6, 5), "float32")], (4, 5)),
+     [shard(1), shard(0)], DP, R, "rep", (), True),
+    ("conv2d dp batch", lambda: _program("conv2d", [((2, 3, 6, 6), "float32")], (2, 4, 4, 4),
+                                         [("weight", (4, 3, 3, 3), "float32"), ("bias", (4,), "float32")],
+                                         {"strides": [1, 1], "padding": [0, 0, 0, 0], "dilation": [1, 1], "groups": 1}),
+     [shard(0)], DP, shard(0), "split", (), False),
+    ("conv2d dp channels gathered", lambda: _program("conv2d", [((2, 4, 6, 6), "float32")], (2, 4, 4, 4),
+                                                     [("weight", (4, 4, 3, 3), "float32")],
+                                                     {"strides": [1, 1], "padding": [0, 0, 0, 0], "dilation": [1, 1],
+                                                      "groups": 1}), [shard(1)], DP, R, "rep", (), True),
+    ("max_pool dp batch", lambda: _program("max_pool2d", [((2, 4, 4, 4), "float32")], (2, 4, 2, 2), (),
+                                           {"pool_size": [2, 2], "strides": [2, 2], "padding": [0, 0, 0, 0],
+                                            "dilation": [1, 1]}), [shard(0)], DP, shard(0), "split", (), False),
+    ("layer_norm dp batch", lambda: _program("layer_norm", [((2, 4, 8), "float32")], (2, 4, 8),
+                                            [("gamma", (8,), "float32"), ("beta", (8,), "float32")],
+                                            {"epsilon": 1e-5}), [shard(0)], DP, shard(0), "split", (), False),
+    ("softmax dp features gathered", lambda: _program("softmax", [((4, 8), "float32")], (4, 8)), [shard(1)], DP, R,
+     "rep", (), True),
+    ("reshape dp carries", lambda: _program("reshape", [((4, 6), "float32")], (4, 2, 3)), [shard(0)], DP, shard(0),
+     "split", (), False),
+    ("permute dp carries", lambda: _program("permute_dims", [((4, 6), "float32")], (6, 4), (), {"axes": [1, 0]}),
+     [shard(0)], DP, shard(1), "split", (), False),
+    ("concat dp features", lambda: _program("concat", [((4, 3), "float32"), ((4, 2), "float32")], (4, 5), (),
+                                            {"axis": 1}), [shard(0), shard(0)], DP, shard(0), "split", (), False),
+    ("concat dp of the batch gathered", lambda: _program("concat", [((2, 3), "float32"), ((2, 3), "float32")],
+                                                         (4, 3), (), {"axis": 0}), [shard(0), shard(0)], DP, R,
+     "rep", (), True),
+    ("take dp indices", lambda: _program("take", [((4, 2), "int32")], (4, 2, 6), [("table", (5, 6), "float32")],
+                                         {"axis": 0, "mode": "clip"}), [shard(0)], DP, shard(0), "split", (), False),
+    # the sequence axis (sp): families not covered above
+    ("quantize sp", lambda: _program("quantize", [((4, 6), "float32")], (4, 6),
+                                     [("scale", (1,), "float32"), ("zero", (1,), "int32")], {"axis": 1},
+                                     out_dtype="int8"), [shard(0)], SP, shard(0), "split", (), False),
+    ("where_less sp", lambda: _program("where_less", [((4, 6), "float32")] * 4, (4, 6)),
+     [shard(0), R, shard(0), shard(0)], SP, shard(0), "split", (), False),
+    ("layer_norm sp rows", lambda: _program("layer_norm", [((4, 8), "float32")], (4, 8),
+                                           [("gamma", (8,), "float32"), ("beta", (8,), "float32")],
+                                           {"epsilon": 1e-5}), [shard(0)], SP, shard(0), "split", (), False),
+    ("max_pool sp replicated", lambda: _program("max_pool2d", [((1, 4, 4, 4), "float32")], (1, 4, 2, 2), (),
+                                                {"pool_size": [2, 2], "strides": [2, 2], "padding": [0, 0, 0, 0],
+                                                 "dilation": [1, 1]}), [shard(2)], SP, R, "rep", (), True),
+    ("reshape sp carries", lambda: _program("reshape", [((4, 6), "float32")], (4, 2, 3)), [shard(0)], SP, shard(0),
+     "split", (), False),
+    ("concat sp replicated", lambda: _program("concat", [((4, 3), "float32"), ((4, 2), "float32")], (4, 5), (),
+                                              {"axis": 1}), [shard(0), shard(0)], SP, R, "rep", (), True),
+    ("pool_grad channels", lambda: _program("max_pool2d_backward", [((1, 4, 2, 2), "float32"), ((1, 4, 4, 4), "float32")],
+                                            (1, 4, 4, 4), (), POOL), [shard(1), shard(1)], TP, shard(1), "split", (),
+     False),
+    ("pool_grad channels of dy", lambda: _program("max_pool2d_backward", [((1, 4, 2, 2), "float32"),
+                                                                         ((1, 4, 4, 4), "float32")], (1, 4, 4, 4), (),
+                                                  POOL), [shard(1), R], TP, shard(1), "split", (), False),
+    ("pool_grad batch", lambda: _program("max_pool2d_backward", [((2, 2, 2, 2), "float32"), ((2, 2, 4, 4), "float32")],
+                                         (2, 2, 4, 4), (), POOL), [shard(0), shard(0)], DP, shard(0), "split", (),
+     False),
+    ("pool_grad rows gathered", lambda: _program("max_pool2d_backward", [((1, 2, 2, 4), "float32"),
+                                                                        ((1, 2, 4, 8), "float32")], (1, 2, 4, 8), (),
+                                                 POOL), [shard(2), shard(2)], TP, R, "rep", (), True),
+    ("pool_grad disagreeing splits", lambda: _program("max_pool2d_backward", [((2, 2, 2, 2), "float32"),
+                                                                             ((2, 2, 4, 4), "float32")], (2, 2, 4, 4),
+                                                      (), POOL), [shard(0), shard(1)], TP, R, "rep", (), True),
+    ("pool_grad sp replicated", lambda: _program("max_pool2d_backward", [((1, 2, 4, 2), "float32"),
+                                                                        ((1, 2, 8, 4), "float32")], (1, 2, 8, 4), (),
+                                                 POOL), [R, R], SP, R, "rep", (), True),
 ]
 
 #: the axis of a replicated operand a chip slices for its output block, where it is not the
@@ -252,9 +341,12 @@ def test_softmax_split_along_its_rows_all_reduces_the_row_statistics():
     assert d.output == shard(1) and d.before == (RowAllReduce(0, 4 * 4, True), RowAllReduce(0, 4 * 4, False))
 
 
-def test_a_family_without_a_rule_is_replicated_and_named():
+def test_a_family_without_a_rule_is_replicated_and_named(monkeypatch):
+    from tvm_spinn.program.ops.pool import PoolGrad
+
+    monkeypatch.setattr(PoolGrad, "sharding", None)  # a family that states no rule
     program = _program("max_pool2d_backward", [((1, 2, 2, 2), "float32"), ((1, 2, 4, 4), "float32")],
-                       (1, 2, 4, 4), (), {"pool_size": [2, 2], "strides": [2, 2], "padding": [0, 0, 0, 0]})
+                       (1, 2, 4, 4), (), POOL)
     assert family_of("max_pool2d_backward").sharding is None
     d = _decide(program, [shard(1), shard(1)], TP)
     assert (d.output, d.gather_all) == (R, True)
@@ -263,3 +355,74 @@ def test_a_family_without_a_rule_is_replicated_and_named():
     assert plan.replicated == (("l", "operator family PoolGrad states no sharding rule"),)
     assert plan.summary()["replicated"] == [["l", "operator family PoolGrad states no sharding rule"]]
     assert S.plan_shards(program, 1).replicated == ()
+
+
+def test_every_family_states_a_rule():
+    from tvm_spinn.program.ops import layer_kinds
+
+    assert [k for k in layer_kinds() if family_of(k).sharding is None] == []
+
+
+# -- the mesh and the one pass over it ---------------------------------------------------------
+def test_the_mesh_is_data():
+    mesh = Mesh.of(tp=2, sp=3)
+    assert mesh.chips == 6 and [a.name for a in mesh.active] == ["tp", "sp"]
+    assert (mesh.size("dp"), mesh.size("ep"), mesh.size("pp")) == (1, 1, 1)
+    assert Mesh.of(dp=4, ep=2, pp=3).chips == 24
+    with pytest.raises(ValueError, match="name must be one of"):
+        MeshAxis("xp", 2)
+    with pytest.raises(ValueError, match="size must be a positive int"):
+        MeshAxis("tp", 0)
+    with pytest.raises(ValueError, match="each axis at most once"):
+        Mesh((MeshAxis("tp", 2), MeshAxis("tp", 2)))
+    with pytest.raises(ValueError, match="in the order"):
+        Mesh((MeshAxis("dp", 2), MeshAxis("tp", 2)))
+
+
+def test_expert_and_pipeline_axes_are_refused_by_the_propagator():
+    program = _program("relu", [((4, 6), "float32")], (4, 6))
+    for axis in ("ep", "pp"):
+        with pytest.raises(ValueError, match=f"the '{axis}' axis"):
+            S.plan_mesh(program, Mesh.of(**{axis: 2}))
+
+
+def _chain(batch=4):
+    """dense [b, 6] -> [b, 8], then softmax, then a concat along the batch with the input's
+    relu (a layer that cannot keep the batch split)."""
+    tensors = [TensorDesc("x", [batch, 6], "float32", "input"), TensorDesc("w", [6, 8], "float32", "const"),
+               TensorDesc("h", [batch, 8], "float32", "temp"), TensorDesc("p", [batch, 8], "float32", "temp"),
+               TensorDesc("q", [2 * batch, 8], "float32", "output")]
+    layers = [Layer(name="fc", kind="dense", inputs=[0], output=2, consts={"weight": 1}, attrs={"relu": False}),
+              Layer(name="sm", kind="softmax", inputs=[2], output=3),
+              Layer(name="cat", kind="concat", inputs=[2, 3], output=4, attrs={"axis": 0})]
+    return Program("main", {}, tensors, [0], [4], layers)
+
+
+def test_one_pass_places_every_tensor_on_every_axis():
+    program = _chain()
+    plan = S.plan_mesh(program, Mesh.of(tp=2, dp=2, row=True))
+    tp_, dp_ = [a.name for a in plan.mesh.axes].index("tp"), [a.name for a in plan.mesh.axes].index("dp")
+    # x: the batch split on dp; h: columns on tp (column-parallel dense), rows on dp
+    assert (plan.placements[0][tp_], plan.placements[0][dp_]) == (R, shard(0))
+    assert (plan.placements[2][tp_], plan.placements[2][dp_]) == (shard(1), shard(0))
+    assert plan.shapes[0] == (2, 6) and plan.shapes[1] == (6, 4) and plan.shapes[2] == (2, 4)
+    # the softmax keeps the column split (its row statistics all-reduced over tp); the concat of
+    # the batch cannot keep the batch split: h and p are gathered over dp, each chip its columns
+    assert [(c.layer, c.op, c.tensor, c.group) for c in plan.collectives] == [
+        (1, "all_reduce", 2, "tp"), (1, "all_reduce", 2, "tp"), (2, "all_gather", 2, "dp"),
+        (2, "all_gather", 3, "dp"), (3, "all_gather", 4, "tp")]
+    assert [c.shape for c in plan.collectives[2:]] == [(4, 4), (4, 4), (8, 8)]
+    assert [c.nbytes for c in plan.collectives[2:]] == [4 * 4 * 4, 4 * 4 * 4, 8 * 8 * 4]
+    assert plan.shapes[4] == (8, 4)  # the output: whole batch, the chip's columns until the end
+    shard_ = S.shard_program(program, plan)
+    assert [t.shape for t in shard_.tensors[5:]] == [[4, 4], [4, 4]]  # the gathered copies
+    assert [shard_.layers[2].inputs] == [[5, 6]]
+
+
+def test_the_data_axis_keeps_the_batch_and_leaves_outputs_split():
+    program = _chain()
+    program.layers = program.layers[:2]
+    program.outputs = [3]
+    plan = S.plan_shards(program, 1, 2)
+    assert plan.collectives == () and plan.shapes[3] == (2, 8) and plan.shapes[1] == (6, 8)
+    assert S.plan_shards(_chain(3), 1, 2) is None  # 2 does not divide a batch of 3

@@ -1,44 +1,54 @@
-"""Sharding a program over a group of chips: tensor parallelism (Megatron split) and data parallelism.
+"""Sharding a program over a mesh of chips: tensor, sequence and data parallelism in one pass.
 
-A *shard plan* splits every layer of a program over ``tp x dp`` chips that all run the same
+A *shard plan* splits every layer of a program over the chips of a mesh that all run the same
 shard (which is what lets the timing model simulate one chip and multiply, see
-:mod:`tvm_spinn.timing.system`):
+:mod:`tvm_spinn.timing.system`). The mesh is data
+(:class:`~tvm_spinn.program.ops.sharding.Mesh`: named axes with sizes, ``tp x sp x dp``; expert
+and pipeline axes are representable but not propagated here). Over each axis every tensor has a
+placement, found by one pass through the layers in order (:func:`_propagate`) that asks each
+layer's family rule once per axis:
 
-- **Data parallelism** (``dp``): axis 0 of every activation whose leading extent is the
-  program's batch is divided by ``dp``; weights are replicated.
-- **Tensor parallelism** (``tp``): each activation is in one of three states on the ``tp`` chips,
-  found by propagating through the layers in order:
+``R`` replicated (every chip holds all of it), ``S(axis)`` split into equal blocks along
+``axis``, ``P`` partial sums (every chip holds a full-size tensor that must be summed).
 
-  ``R`` replicated (every chip holds all of it), ``S(axis)`` split into ``tp`` equal blocks along
-  ``axis``, ``P`` partial sums (every chip holds a full-size tensor that must be summed).
-
-  A GEMM with a constant weight on an ``R`` input is *column-parallel* (weight split by output
-  features, output ``S``); on an input split along its reduction axis it is *row-parallel*
-  (weight split by input features, output ``P``); output features that ``tp`` does not divide
-  are split unevenly (blocks of ``ceil(n / tp)``: the timing follows the largest block, the
-  slowest chip). That is the Megatron split of a transformer
-  block: Q/K/V and the first MLP GEMM column-parallel, the attention of the heads on each chip's
-  heads (reshapes and transposes carry the split to the head axis, the score and context
-  matmuls run per head), the output projection and the second MLP GEMM row-parallel, and one
-  all-reduce where the partial sums meet the residual: one per attention block and one per
-  MLP block. Convolutions split output channels, then input channels, the same way.
+- **Tensor parallelism** (``tp``): a GEMM with a constant weight on an ``R`` input is
+  *column-parallel* (weight split by output features, output ``S``); on an input split along
+  its reduction axis it is *row-parallel* (weight split by input features, output ``P``);
+  output features that ``tp`` does not divide are split unevenly (blocks of ``ceil(n / tp)``:
+  the timing follows the largest block, the slowest chip). That is the Megatron split of a
+  transformer block: Q/K/V and the first MLP GEMM column-parallel, the attention of the heads
+  on each chip's heads (reshapes and transposes carry the split to the head axis, the score and
+  context matmuls run per head), the output projection and the second MLP GEMM row-parallel,
+  and one all-reduce where the partial sums meet the residual: one per attention block and one
+  per MLP block. Convolutions split output channels, then input channels, the same way.
   Element-wise layers follow their operands' split (an ``R`` operand is sliced for free); row
   operators (softmax, layer norm, mean) keep a split that is not on their reduced axes; a
   split that cannot be carried is *all-gathered* to ``R``, partial sums are *all-reduced*.
-  The program's outputs are made ``R``. A layer whose family states no rule runs replicated
-  (its inputs gathered), which is right for any operator; the plan names those layers and why
-  (:attr:`ShardPlan.replicated`, in the program's ``mapping["system"]`` and the report).
+- **Sequence parallelism** (``sp``, after ``tp``): each tensor-parallel group holds one of
+  ``sp`` row blocks. A GEMM's rows are independent (a GEMM on replicated inputs starts a split:
+  ``R`` operands are sliced for free), element-wise layers follow, row operators keep a split
+  off their reduced axes, reshapes and transposes carry it; what a layer cannot take split (the
+  keys of attention, a reduction axis) is all-gathered over the ``sp`` group. The axis is
+  strict: no partial sums, and a split on a tensor axis ``tp`` splits is refused.
+- **Data parallelism** (``dp``): the activation inputs whose leading extent is the program's
+  batch start split along it and every family carries the batch split (weights replicated); a
+  layer that cannot keep it gathers over the ``dp`` group. The program's outputs stay split
+  (each replica returns its share of the batch).
 
-  What each layer does is its operator family's :class:`~tvm_spinn.program.ops.sharding.
-  ShardingRule` (the propagator never looks at a layer's kind): the mesh is data, one
-  :class:`~tvm_spinn.program.ops.sharding.MeshAxis` per parallel axis, and one pass
-  (:func:`_propagate`) runs the rules over each axis in turn.
+The program's outputs are made ``R`` over the tensor and sequence axes. A layer whose family
+states no rule runs replicated (its inputs gathered), which is right for any operator; the plan
+names those layers and why (:attr:`ShardPlan.replicated`, in the program's ``mapping["system"]``
+and the report). The propagator never looks at a layer's kind: what each layer does is its
+operator family's :class:`~tvm_spinn.program.ops.sharding.ShardingRule`. A collective runs over
+one axis's group and moves what one chip holds of the tensor over the other axes
+(:func:`_collectives`).
 
-The plan is pure shape data: the functional program is unchanged, because every all-reduce of
-floating-point partial sums is a *chain* reduction that continues one accumulator in ascending
-``k`` from chip to chip (see :func:`tvm_spinn.timing.collectives.chain_all_reduce`), so the bits
-are those of the one-chip program whatever ``tp`` is; integer partial sums are exact in any
-order.
+Bits: every all-reduce of floating-point partial sums is a *chain* reduction that continues one
+accumulator in ascending ``k`` from chip to chip (see
+:func:`tvm_spinn.timing.collectives.chain_all_reduce`); row blocks and batch shares are
+computed whole with the one-chip kernels.
+The plan is pure shape data: the functional program is unchanged whatever the mesh (integer
+partial sums are exact in any order).
 
 :func:`shard_program` builds the one-chip *shard program* (same layers, local tensor shapes)
 that the one-chip mapper tiles, places and times.
@@ -53,10 +63,10 @@ import numpy as np
 
 from ..program import Program
 from ..program.ops import family_of
-from ..program.ops.sharding import (REPLICATE, ROW_ALWAYS, MeshAxis, Placement, RowAllReduce, ShardContext,
+from ..program.ops.sharding import (REPLICATE, ROW_ALWAYS, Mesh, MeshAxis, Placement, RowAllReduce, ShardContext,
                                     ShardDecision, ShardingRule, part, shard)
 
-__all__ = ["Collective", "ShardPlan", "plan_shards", "shard_program", "ROW_ALWAYS", "part", "rule_of",
+__all__ = ["Collective", "ShardPlan", "plan_shards", "plan_mesh", "Mesh", "shard_program", "ROW_ALWAYS", "part", "rule_of",
            "no_rule_reason"]
 
 class _Replicated(ShardingRule):
@@ -112,7 +122,7 @@ class Collective:
 
 @dataclass(frozen=True)
 class ShardPlan:
-    """How one program is split over ``tp x dp`` chips (see the module docstring)."""
+    """How one program is split over the ``tp x sp x dp`` chips of a mesh (see the module docstring)."""
 
     tp: int
     dp: int
@@ -121,11 +131,15 @@ class ShardPlan:
     splits: tuple[str, ...]           # per layer: "col", "row", "split", "rep", "whole"
     collectives: tuple[Collective, ...]
     shapes: tuple[tuple[int, ...], ...]  # per tensor: the shape one chip holds
-    sp: int = 1                       # sequence-parallel degree (row blocks, see _seq_pass)
+    sp: int = 1                       # sequence-parallel degree (row blocks)
     seq: tuple[bool, ...] = ()        # per layer: its output split into ``sp`` row blocks
     #: ``(layer name, reason)`` of the layers replicated because their family states no
     #: sharding rule (only on a mesh of more than one chip along ``tp`` or ``sp``)
     replicated: tuple[tuple[str, str], ...] = ()
+    #: the mesh the plan was propagated over
+    mesh: Mesh | None = None
+    #: per tensor, its placement on each axis of ``mesh.axes`` as produced (before any gather)
+    placements: tuple[tuple[Placement, ...], ...] = ()
 
     @property
     def chips(self) -> int:
@@ -233,102 +247,186 @@ def _reduction_inputs(program: Program) -> dict[int, int]:
             if t[tid].role != "const" and len(t[tid].shape) >= 1 and feeds(tid)}
 
 
-def _propagate(program: Program, axis: MeshAxis, full, local, state: dict, other: dict[int, int],
-               consts) -> tuple[list, list, dict]:
-    """One pass of placements over the layers on mesh axis ``axis``: every layer's family rule
-    (:func:`rule_of`) places its output from its inputs' placements; the pass applies the
-    rule's gathers and per-row all-reduces, keeps partial sums' bytes, writes the local shapes
-    (``local``, in place) and shrinks constants with ``consts(layer, decision, output placement)``.
+class _AxisPass:
+    """The placements of one mesh axis while the pass runs (see :func:`_propagate`)."""
 
-    ``state``: the initial placements (updated in place); ``other``: ``{tensor: axis}`` split by
-    an earlier mesh axis (a strict axis does not split the same tensor axis). Returns
-    ``(events, splits, produced)``: ``(layer, op, tensor, nbytes, exact)`` collectives in issue
-    order (``len(layers)``: the program's outputs, made replicated at the end), per layer what
-    it does, and ``{tensor: placement}`` of every split output.
+    def __init__(self, program: Program, axis: MeshAxis, full, state: dict[int, Placement]):
+        self.axis = axis
+        self.state = state                   # tensor -> placement; absent: R
+        self.ctx = ShardContext(program, full, axis, lambda layer, x: _row_pays(program, layer, full, x))
+        self.part_bytes: dict[int, int] = {}
+        self.part_exact: dict[int, bool] = {}
+        self.splits: list[str] = []          # per layer: what it does on this axis
+        self.placed: list[tuple] = []        # per layer: (rule, split, output placement)
+        self.produced: dict[int, Placement] = dict(state)  # every tensor ever split (inputs too)
+
+    def at(self, tid: int) -> Placement:
+        return self.state.get(tid, REPLICATE)
+
+
+def _propagate(program: Program, passes: list[_AxisPass], full, local) -> list[tuple]:
+    """One pass of placements over the layers for every mesh axis: each layer's family rule
+    (:func:`rule_of`) is asked once per axis (in mesh order) to place the layer's output from
+    its inputs' placements on that axis; the pass applies the rule's gathers and per-row
+    all-reduces, keeps partial sums' bytes and writes the local shapes of the outputs
+    (``local``, in place). A strict axis refuses a split on a tensor axis an earlier mesh axis
+    splits, or shorter than the axis.
+
+    Returns the collectives in issue order as ``(layer, axis index, op, tensor, nbytes, exact,
+    others)``: ``len(layers)`` for the program's outputs (made replicated at the end over the
+    axes that gather outputs), ``others`` the tensor's placements on the other axes when the
+    collective runs (a layer's collectives of an earlier axis go first).
     """
     t = program.tensors
-    n = axis.size
-    ctx = ShardContext(program, full, axis, lambda layer, x: _row_pays(program, layer, full, x))
-    events: list = []
-    splits: list[str] = []
-    produced: dict[int, Placement] = {}
-    part_bytes: dict[int, int] = {}
-    part_exact: dict[int, bool] = {}
+    events: list[tuple] = []
 
     def nbytes(tid):
         numel = int(np.prod(full[tid], dtype=np.int64))
         return numel * max(1, t[tid].nbytes // max(1, numel))
 
-    def gather(i, tid):
-        s = state.get(tid, REPLICATE)
+    def record(i, k, op, tid, n, exact):
+        others = tuple(p.at(tid) if j != k else REPLICATE for j, p in enumerate(passes))
+        events.append((i, k, op, tid, n, exact, others))
+
+    def gather(i, k, tid):
+        ax = passes[k]
+        s = ax.at(tid)
         if s.split:
-            events.append((i, "all_gather", tid, nbytes(tid), True))
+            record(i, k, "all_gather", tid, nbytes(tid), True)
         elif s.partial:
-            events.append((i, "all_reduce", tid, part_bytes[tid], part_exact[tid]))
-        state.pop(tid, None)
+            record(i, k, "all_reduce", tid, ax.part_bytes[tid], ax.part_exact[tid])
+        ax.state.pop(tid, None)
 
     for i, layer in enumerate(program.layers):
         rule = rule_of(layer)
         acts = [tid for tid in layer.inputs if t[tid].role != "const"]
         out = layer.output
         rank = len(full[out])
-        if not rule.accepts_partial(layer):
-            for tid in acts:
-                if state.get(tid, REPLICATE).partial:
-                    gather(i, tid)
-        d = rule.propagate(ctx, layer, [state.get(tid, REPLICATE) for tid in acts])
-        for action in d.before:
-            if isinstance(action, RowAllReduce):
-                events.append((i, "all_reduce", acts[action.pos], action.nbytes, action.exact))
-            else:
-                gather(i, acts[action.pos])
-        if d.gather_all:
-            for tid in acts:
-                gather(i, tid)
-        res, split = d.output, d.split
-        if axis.strict and res.split and (res.axis < 0 or res.axis >= rank or full[out][res.axis] < n
-                                          or other.get(out) == res.axis):
-            res, split = REPLICATE, "rep"  # too short, or an earlier axis's split
-        if axis.strict and not res.split:
-            for tid in acts:
-                gather(i, tid)
-        if res.partial:
-            if d.inherit_partial:  # a relabelling of partial sums stays partial
-                part_bytes[out], part_exact[out] = part_bytes[acts[0]], part_exact[acts[0]]
-            else:
-                numel = int(np.prod(full[out], dtype=np.int64))
-                part_bytes[out] = numel * (d.partial_elem or max(1, t[out].nbytes // max(1, numel)))
-                part_exact[out] = d.partial_exact
-        if res != REPLICATE:
-            state[out] = res
-        if res.split:
-            produced[out] = res
-            local[out][res.axis] = part(full[out][res.axis], n)
-        splits.append(split)
-        consts(layer, rule, split, res)
+        for k, ax in enumerate(passes):
+            axis, n = ax.axis, ax.axis.size
+            if not rule.accepts_partial(layer):
+                for tid in acts:
+                    if ax.at(tid).partial:
+                        gather(i, k, tid)
+            d = rule.propagate(ax.ctx, layer, [ax.at(tid) for tid in acts])
+            for action in d.before:
+                if isinstance(action, RowAllReduce):
+                    record(i, k, "all_reduce", acts[action.pos], action.nbytes, action.exact)
+                else:
+                    gather(i, k, acts[action.pos])
+            if d.gather_all:
+                for tid in acts:
+                    gather(i, k, tid)
+            res, split = d.output, d.split
+            if axis.strict and res.split and (res.axis < 0 or res.axis >= rank or full[out][res.axis] < n
+                                              or any(p.at(out) == res for p in passes[:k])):
+                res, split = REPLICATE, "rep"  # too short, or an earlier axis's split
+            if axis.strict and not res.split:
+                for tid in acts:
+                    gather(i, k, tid)
+            if res.partial:
+                if d.inherit_partial:  # a relabelling of partial sums stays partial
+                    ax.part_bytes[out], ax.part_exact[out] = ax.part_bytes[acts[0]], ax.part_exact[acts[0]]
+                else:
+                    numel = int(np.prod(full[out], dtype=np.int64))
+                    ax.part_bytes[out] = numel * (d.partial_elem or max(1, t[out].nbytes // max(1, numel)))
+                    ax.part_exact[out] = d.partial_exact
+            if res != REPLICATE:
+                ax.state[out] = res
+            if res.split:
+                ax.produced[out] = res
+                local[out][res.axis] = part(full[out][res.axis], n)
+            ax.splits.append(split)
+            ax.placed.append((rule, split, res))
     end = len(program.layers)
-    for tid in program.outputs:
-        gather(end, tid)
-    return events, splits, produced
+    for k, ax in enumerate(passes):
+        if ax.axis.gather_outputs:
+            for tid in program.outputs:
+                gather(end, k, tid)
+    return events
+
+
+def _collectives(program: Program, passes: list[_AxisPass], events: list[tuple], full) -> list[Collective]:
+    """The plan's :class:`Collective` list from the pass's events.
+
+    A collective runs inside one group of its axis and moves what one chip holds of the tensor
+    over the other axes at that moment: a split of an earlier axis (already applied when the
+    layer's collectives of this axis run) cuts the tensor's shape, a later axis's split divides
+    its bytes (every group of the later axis runs its own copy at once). The data axis's split
+    does not divide the bytes: the replicas' groups are costed for the whole batch. The
+    program's outputs leave whole (the next program reads them replicated): on a mesh with a
+    strict axis that gathers outputs (row blocks), a tensor gathered at the end over any axis is
+    one all-gather over all the chips of the axes that gather outputs, along one ring (group
+    ``"all"``), not rounds over strided groups (each chip of a group holds the same block, so
+    each can send a different part of it).
+    """
+    t = program.tensors
+    end = len(program.layers)
+
+    def elem(tid):
+        return max(1, t[tid].nbytes // max(1, int(np.prod(t[tid].shape, dtype=np.int64))))
+
+    # a gather's shape is recorded where a strict axis may cut the gathered tensor (on the
+    # tensor axis alone it is the full tensor)
+    shaped = any(p.axis.strict for p in passes)
+    out: list[Collective] = []
+    for i, k, op, tid, n, exact, others in events:
+        shape = list(full[tid])
+        cut = False
+        for j, p in enumerate(others):
+            if not p.split:
+                continue
+            size = passes[j].axis.size
+            shape[p.axis] = part(shape[p.axis], size)
+            if j < k:
+                cut = True
+            elif passes[j].axis.gather_outputs:
+                n = -(-n // size)
+        if cut and op == "all_gather":
+            n = int(np.prod(shape, dtype=np.int64)) * elem(tid)
+        out.append(Collective(i, op, tid, n, exact, passes[k].axis.name,
+                              tuple(shape) if op == "all_gather" and shaped else None))
+    if any(p.axis.strict and p.axis.gather_outputs for p in passes):
+        final = list(dict.fromkeys(c.tensor for c in out if c.layer >= end and c.op == "all_gather"))
+        out = [c for c in out if not (c.layer >= end and c.tensor in final)]
+        for tid in final:
+            n = int(np.prod(full[tid], dtype=np.int64)) * elem(tid)
+            out.append(Collective(end, "all_gather", tid, n, True, "all", None))
+    return out
 
 
 def plan_shards(program: Program, tp: int, dp: int = 1, row: bool | str = True, sp: int = 1) -> ShardPlan | None:
-    """The shard plan of ``program`` on ``tp x dp x sp`` chips, or None when ``dp`` does not
-    divide the batch or ``sp`` splits nothing (see the module docstring). ``row=False``: no
-    row-parallel GEMMs (an input split along the reduction axis is all-gathered and the GEMM is
-    column-parallel again), which trades each all-reduce for an all-gather; the mapper costs
-    both. ``row=ROW_ALWAYS`` (``"always"``): every GEMM on an input split along its reduction
-    axis runs row-parallel, even where its partial sums are larger than that input, and the
-    program inputs that reach only weight GEMMs' reduction axes (:func:`_reduction_inputs`)
-    start split: each chip then holds ``k / tp`` rows of the weight instead of ``n / tp``
-    columns of length ``k``, a finer unit to spread over its PEs' SRAM (the mapper tries it
-    when the chosen plan streams a weight GEMM). ``sp > 1``: each tensor-parallel group of
-    ``tp`` chips holds one of ``sp`` blocks of rows (:func:`_seq_pass`); ``dp`` must then be 1.
-
-    The mesh is data: one :class:`~tvm_spinn.program.ops.sharding.MeshAxis` per parallel axis,
-    each run through the same propagator (:func:`_propagate`)."""
+    """The shard plan of ``program`` on ``tp x dp x sp`` chips (:func:`plan_mesh` on
+    ``Mesh.of(tp=tp, sp=sp, dp=dp, row=row)``)."""
     if row not in (True, False, ROW_ALWAYS):
         raise ValueError(f"plan_shards: row must be True, False or {ROW_ALWAYS!r}, got {row!r}")
+    return plan_mesh(program, Mesh.of(tp=tp, sp=sp, dp=dp, row=row))
+
+
+def plan_mesh(program: Program, mesh: Mesh) -> ShardPlan | None:
+    """The shard plan of ``program`` on ``mesh``, or None when ``dp`` does not divide the batch or
+    ``sp`` splits nothing (see the module docstring).
+
+    The tensor axis's ``row=False``: no row-parallel GEMMs (an input split along the reduction
+    axis is all-gathered and the GEMM is column-parallel again), which trades each all-reduce
+    for an all-gather; the mapper costs both. ``row=ROW_ALWAYS`` (``"always"``): every GEMM on
+    an input split along its reduction axis runs row-parallel, even where its partial sums are
+    larger than that input, and the program inputs that reach only weight GEMMs' reduction
+    axes (:func:`_reduction_inputs`) start split: each chip then holds ``k / tp`` rows of the
+    weight instead of ``n / tp`` columns of length ``k``, a finer unit to spread over its PEs'
+    SRAM (the mapper tries it when the chosen plan streams a weight GEMM). ``sp > 1``: each
+    tensor-parallel group of ``tp`` chips holds one of ``sp`` blocks of rows; ``dp`` must then
+    be 1. ``dp > 1``: the activation inputs whose leading extent is the program's batch start
+    split along it. Expert and pipeline axes are not propagated here (no family states an
+    expert rule; pipeline stages are cut by :mod:`.system`): a mesh of more than one chip along
+    them is refused.
+    """
+    tp, sp, dp = mesh.size("tp"), mesh.size("sp"), mesh.size("dp")
+    for name in ("ep", "pp"):
+        if mesh.size(name) > 1:
+            raise ValueError(f"plan_mesh: the {name!r} axis ({mesh.size(name)} chips) is not propagated by the "
+                             f"shard planner (expert rules are not stated; pipeline stages are cut by mapping.system)")
+    row = mesh.axis("tp").row if mesh.axis("tp") is not None else True
     if sp > 1 and dp > 1:
         raise ValueError(f"plan_shards: sequence parallelism (sp={sp}) with data parallelism (dp={dp}) is not supported")
     t = program.tensors
@@ -339,131 +437,49 @@ def plan_shards(program: Program, tp: int, dp: int = 1, row: bool | str = True, 
         return None
     full = [list(x.shape) for x in t]
     local = [list(x.shape) for x in t]
-    collectives: list[Collective] = []
-    produced: dict[int, Placement] = {}
-    if tp > 1:
+    passes: list[_AxisPass] = []
+    for axis in mesh.active:
         state: dict[int, Placement] = {}
-        for tid, (_, ax) in _cache_inputs(program, tp).items():
-            state[tid] = shard(ax)
-            local[tid][ax] = part(local[tid][ax], tp)
-        if row == ROW_ALWAYS:
-            for tid, ax in _reduction_inputs(program).items():
-                if tid not in state and full[tid][ax] >= tp:
-                    state[tid] = shard(ax)
-                    local[tid][ax] = part(local[tid][ax], tp)
-
-        def consts(layer, rule, split, res):
-            if split in ("col", "row", "split"):
-                _shard_consts(program, layer, rule, split, tp, full, local, res)
-
-        events, splits, produced = _propagate(program, MeshAxis("tp", tp, row=row), full, local, state, {}, consts)
-        collectives = [Collective(i, op, tid, nb, exact) for i, op, tid, nb, exact in events]
-    else:
-        splits = ["rep"] * len(program.layers)
+        if axis.name == "tp":
+            for tid, (_, ax) in _cache_inputs(program, tp).items():
+                state[tid] = shard(ax)
+            if row == ROW_ALWAYS:
+                for tid, ax in _reduction_inputs(program).items():
+                    if tid not in state and full[tid][ax] >= tp:
+                        state[tid] = shard(ax)
+        elif axis.name == "dp":
+            for tid in program.inputs:
+                if t[tid].role != "const" and full[tid] and full[tid][0] == batch:
+                    state[tid] = shard(0)
+        for tid, p in state.items():
+            local[tid][p.axis] = part(local[tid][p.axis], axis.size)
+        passes.append(_AxisPass(program, axis, full, state))
+    events = _propagate(program, passes, full, local)
+    # the constants one chip holds, axis by axis in mesh order
+    for ax in passes:
+        for layer, (rule, split, res) in zip(program.layers, ax.placed):
+            if not ax.axis.strict:
+                if split in ("col", "row", "split"):
+                    _shard_consts(program, layer, rule, split, ax.axis.size, full, local, res)
+            elif res.split and rule.shrinks_row_consts(layer):
+                _seq_consts(program, layer, res.axis, ax.axis.size, full, local)
+    by_name = {ax.axis.name: ax for ax in passes}
+    splits = tuple(by_name["tp"].splits) if "tp" in by_name else ("rep",) * len(program.layers)
     seq: tuple[bool, ...] = ()
-    if sp > 1:
-        tp_axis = {tid: p.axis for tid, p in produced.items()}
-        for tid, (_, ax) in (_cache_inputs(program, tp).items() if tp > 1 else ()):
-            tp_axis[tid] = ax
-        merged = _seq_pass(program, sp, full, local, tp_axis, collectives)
-        if merged is None:
+    if "sp" in by_name:
+        seq = tuple(s != "rep" for s in by_name["sp"].splits)
+        if not any(seq):
             return None
-        collectives, seq = merged
     replicated = ()
     if tp > 1 or sp > 1:
         replicated = tuple((layer.name, reason) for layer in program.layers
                            if (reason := no_rule_reason(layer)) is not None)
-    return ShardPlan(tp=tp, dp=dp, row=row, batch=int(batch or 1), splits=tuple(splits),
-                     collectives=tuple(collectives), shapes=tuple(tuple(s) for s in local), sp=sp, seq=seq,
-                     replicated=replicated)
-
-
-def _seq_pass(program: Program, sp: int, full, local, tp_axis: dict[int, int], tp_colls: list):
-    """Sequence parallelism: the second axis of a ``tp x sp`` mesh of chips.
-
-    Each tensor is either replicated over the ``sp`` groups or split into ``sp`` blocks along
-    one axis (its rows), propagated through the layers by the same pass and family rules as the
-    tensor-parallel states (:func:`_propagate` on a strict ``sp`` axis): a GEMM's rows are
-    independent (a dense layer or a matmul on row-split ``A`` gives row-split output; ``R``
-    operands are sliced for free, so a GEMM on replicated inputs starts a split), element-wise
-    layers follow their operands, row operators (softmax, layer norm) keep a split that is not
-    on their reduced axes, reshapes and transposes carry it. What a layer cannot take split
-    (the keys of attention, ``K^T``'s split columns, a reduction axis) is all-gathered over the
-    ``sp`` group. So a transformer layer on ``tp x sp`` chips runs its LayerNorms on row blocks
-    (no all-gather before them), its all-reduces over ``tp`` chips on ``1 / sp`` of the rows
-    each, and its attention on heads x query-row blocks (each chip: ``softmax(Q_blk K^T) V``
-    for its heads and rows, after gathering its heads' keys over the ``sp`` group). Bits: every
-    layer computes whole rows with the one-chip kernels, the reductions of rows never cross
-    chips, so the functional program is unchanged.
-
-    Updates ``local`` (the row blocks one chip holds) in place and returns ``(collectives,
-    seq)``: the tensor-parallel ``tp_colls`` (a row-split tensor's collective moves ``1 / sp``
-    of its bytes, in each of the ``sp`` groups at once) merged with the sequence-parallel
-    all-gathers in issue order, and per layer whether its output is row-split; None when no
-    layer splits.
-    """
-    t = program.tensors
-
-    def consts(layer, rule, split, res):
-        if res.split and rule.shrinks_row_consts(layer):
-            _seq_consts(program, layer, res.axis, sp, full, local)
-
-    events, splits, placed = _propagate(program, MeshAxis("sp", sp, strict=True), full, local, {}, tp_axis, consts)
-    produced = {tid: p.axis for tid, p in placed.items()}
-    seq = [s != "rep" for s in splits]
-    mine = [(i, tid) for i, op, tid, _, _ in events if op == "all_gather"]
-    gathered_at: dict[int, int] = {}
-    for i, tid in mine:
-        gathered_at.setdefault(tid, i)
-    end = len(program.layers)
-    if not any(seq):
-        return None
-
-    def elem(tid):
-        return max(1, t[tid].nbytes // max(1, int(np.prod(t[tid].shape, dtype=np.int64))))
-
-    def tp_split(tid, i):  # still split over the tp group when layer i's sp gathers run
-        return tid in tp_axis and tp_gather.get(tid, end + 1) > i
-
-    def sp_split(tid, i):  # still row-split when layer i's tp collectives run (they go first)
-        return tid in produced and gathered_at.get(tid, end + 1) >= i
-
-    tp_gather = {}
-    for c in tp_colls:
-        if c.op == "all_gather":
-            tp_gather.setdefault(c.tensor, c.layer)
-    out: list[tuple[int, int, Collective]] = []
-    for c in tp_colls:
-        shape = list(full[c.tensor])
-        nbytes = c.nbytes
-        if sp_split(c.tensor, c.layer):
-            ax = produced[c.tensor]
-            shape[ax] = part(shape[ax], sp)
-            nbytes = -(-nbytes // sp)
-        out.append((c.layer, 0, Collective(c.layer, c.op, c.tensor, nbytes, c.exact, "tp",
-                                           tuple(shape) if c.op == "all_gather" else None)))
-    for i, tid in mine:
-        shape = list(full[tid])
-        n = int(np.prod(shape, dtype=np.int64)) * elem(tid)
-        if tp_split(tid, i):
-            ax = tp_axis[tid]
-            shape[ax] = local[tid][ax]
-            n = int(np.prod(shape, dtype=np.int64)) * elem(tid)
-        out.append((i, 1, Collective(i, "all_gather", tid, n, True, "sp", tuple(shape))))
-    # The program's outputs leave whole (the next program reads them replicated): a tensor
-    # gathered over both groups at the end, or over the sp group only (each chip of a tp group
-    # holds the same row block, so each can send a different part of it), is one all-gather
-    # over all the tp x sp chips along one ring, not two rounds over strided groups.
-    final = {}
-    for layer, order, c in out:
-        if layer >= end and c.op == "all_gather":
-            final.setdefault(c.tensor, []).append(c)
-    out = [x for x in out if not (x[0] >= end and x[2].tensor in final)]
-    for tid in final:
-        n = int(np.prod(full[tid], dtype=np.int64)) * elem(tid)
-        out.append((end, 2, Collective(end, "all_gather", tid, n, True, "all", None)))
-    out.sort(key=lambda x: (x[0], x[1]))
-    return [c for _, _, c in out], tuple(seq)
+    placements = tuple(tuple(by_name[a.name].produced.get(tid, REPLICATE) if a.name in by_name else REPLICATE
+                             for a in mesh.axes) for tid in range(len(t)))
+    return ShardPlan(tp=tp, dp=dp, row=row, batch=int(batch or 1), splits=splits,
+                     collectives=tuple(_collectives(program, passes, events, full)),
+                     shapes=tuple(tuple(s) for s in local), sp=sp, seq=seq, replicated=replicated,
+                     mesh=mesh, placements=placements)
 
 
 def _seq_consts(program: Program, layer, axis: int, sp: int, full, local) -> None:
@@ -506,8 +522,8 @@ def shard_program(program: Program, plan: ShardPlan) -> Program:
     """The program one chip of the group runs: the same layers over the plan's local shapes.
 
     A tensor all-gathered before layer ``i`` is a new full-size tensor that layers ``i`` and
-    later read (the producer still writes only its block). Axis 0 of the activations that hold
-    the batch is divided by ``dp``. Timing-only: constants are not sliced (the one-chip mapper
+    later read (the producer still writes only its block), with the shape one chip holds of it
+    over the other mesh axes. Timing-only: constants are not sliced (the one-chip mapper
     reads shapes, never values).
     """
     shard = copy.copy(program)
@@ -534,9 +550,5 @@ def shard_program(program: Program, plan: ShardPlan) -> Program:
             if old in layer.inputs:
                 layer.inputs = [nid if tid == old else tid for tid in layer.inputs]
         current[c.tensor] = nid
-    if plan.dp > 1:
-        for x in shard.tensors:
-            if x.role != "const" and x.shape and x.shape[0] == plan.batch:
-                x.shape[0] //= plan.dp
     shard.timing, shard.mapping, shard.memory, shard.tiles = None, {}, None, None
     return shard

@@ -112,8 +112,9 @@ def _chip_arch(arch: SpinnArch) -> SpinnArch:
 
 
 def group_ranks(topo, plan: ShardPlan) -> dict[str, np.ndarray]:
-    """The chips of each collective group of ``plan``: ``"tp"`` (a tensor-parallel group) and,
-    for ``sp > 1``, ``"sp"`` (the chips holding the other row blocks of the same shard).
+    """The chips of each collective group of ``plan``: ``"tp"`` (a tensor-parallel group), for
+    ``dp > 1`` ``"dp"`` (the chips holding the other batch shares of the same shard) and, for
+    ``sp > 1``, ``"sp"`` (the chips holding the other row blocks of the same shard).
 
     With ``sp > 1`` the ``tp x sp`` chips follow one one-hop cycle (:func:`ring_order`) with
     the tensor-parallel index inner: a tp group is ``tp`` consecutive chips of it (its chain
@@ -122,7 +123,10 @@ def group_ranks(topo, plan: ShardPlan) -> dict[str, np.ndarray]:
     are taken to be alike (contention between groups is not modelled, as between replicas).
     """
     if plan.sp <= 1:
-        return {"tp": ring_order(topo, plan.tp)}
+        groups = {"tp": ring_order(topo, plan.tp)}
+        if plan.dp > 1:  # the chips holding the other batch shares of the same shard
+            groups["dp"] = ring_order(topo, plan.tp * plan.dp)[::plan.tp][:plan.dp]
+        return groups
     order = ring_order(topo, plan.tp * plan.sp)
     return {"tp": order[:plan.tp], "sp": order[::plan.tp][:plan.sp], "all": order}
 
@@ -130,7 +134,7 @@ def group_ranks(topo, plan: ShardPlan) -> dict[str, np.ndarray]:
 def _comm(topo, program: Program, plan: ShardPlan) -> list[tuple]:
     """``(layer, CollectiveCost, ready)`` of the plan's collectives as issued (:func:`issued`),
     on their groups."""
-    if plan.tp * plan.sp <= 1:
+    if not plan.collectives:
         return []
     groups = group_ranks(topo, plan)
     return [(layer, collective_cost(topo, groups[group], op, nbytes, exact), ready)
@@ -501,7 +505,7 @@ def _timing_dict(program: Program, shard: Program, plan: ShardPlan, st, handoff_
     clock = arch.clock_hz
     # energy: every chip of the group spends its shard's, the links carry the collectives'
     # bytes (each of them crosses at least one link per rank), all chips idle-burn the rest
-    size = {"tp": plan.tp, "sp": plan.sp, "all": plan.tp * plan.sp}
+    size = {"tp": plan.tp, "sp": plan.sp, "dp": plan.dp, "all": plan.tp * plan.sp}
     links = sum(c.nbytes * max(0, size.get(getattr(c, "group", "tp"), plan.tp) - 1) for c in plan.collectives)
     energy = (shard.timing.energy_j * plan.chips + links * arch.e_link_byte_j
               + arch.p_static_w_per_chip * plan.chips * max(0.0, latency - shard.timing.latency_s))

@@ -450,8 +450,9 @@ class MovementSharding(PointwiseRule):
     """Reshapes, transposes and broadcasts carry a split to the axis holding the same blocks
     (partial sums pass through a reshape or transpose unchanged); a split a reshape cannot carry
     is gathered. On row blocks (``sp``) a broadcast of replicated rows copies each block's own
-    rows. Slices, concatenations and pads follow their operands on the tensor axis and are
-    replicated on row blocks."""
+    rows. Slices, concatenations and pads follow their operands on the tensor axis, on the data
+    axis where the split axis keeps its extent (a slice, concatenation or pad of the batch is
+    gathered), and are replicated on row blocks."""
 
     _CARRIERS = ("reshape", "permute_dims", "broadcast_to")
 
@@ -460,7 +461,12 @@ class MovementSharding(PointwiseRule):
         if kind not in self._CARRIERS:
             if ctx.axis.name == "sp":
                 return ShardDecision(REPLICATE, "rep", gather_all=True)
-            return super().propagate(ctx, layer, ins)
+            d = super().propagate(ctx, layer, ins)
+            full, out = ctx.full, ctx.full[layer.output]
+            if ctx.axis.name == "dp" and d.output.split and any(
+                    s.split and full[tid][s.axis] != out[d.output.axis] for tid, s in zip(ctx.acts(layer), ins)):
+                return ShardDecision(REPLICATE, "rep", gather_all=True)
+            return d
         full, acts, n = ctx.full, ctx.acts(layer), ctx.size
         shape = full[layer.output]
         rank = len(shape)

@@ -300,14 +300,15 @@ class Pool(OpFamily):
 
 
 class PoolSharding(ShardingRule):
-    """Pooling keeps a split of the channels (axis 1); any other split is gathered. Row blocks
-    (``sp``) would cut windows: replicated."""
+    """Pooling keeps a split of the channels (axis 1), and on the data axis (``dp``) of the
+    batch (axis 0); any other split is gathered. Row blocks (``sp``) would cut windows:
+    replicated."""
 
     def propagate(self, ctx, layer, ins):
         if ctx.axis.name == "sp":
             return ShardDecision(REPLICATE, "rep", gather_all=True)
-        if ins[0] == shard(1):
-            return ShardDecision(shard(1), "split")
+        if ins[0] == shard(1) or (ctx.axis.name == "dp" and ins[0] == shard(0)):
+            return ShardDecision(ins[0], "split")
         if ins[0].split:
             return ShardDecision(REPLICATE, "rep", (GatherInput(0),))
         return ShardDecision(REPLICATE, "rep")
@@ -410,4 +411,21 @@ class PoolGrad(ComputedFlat):
                                    a["padding"])
 
 
+class PoolGradSharding(ShardingRule):
+    """``max_pool2d_backward(dy, x)``: the gradient of each (sample, channel) plane reads only
+    that plane of ``dy`` and ``x``, so a split of the batch (axis 0) or of the channels (axis 1)
+    that the split operands share is kept (a replicated operand is sliced for free, a layer on
+    replicated operands stays replicated); a split of the spatial axes would cut windows, so it
+    is gathered, and row blocks (``sp``) are replicated."""
+
+    def propagate(self, ctx, layer, ins):
+        axes = {s.axis for s in ins if s.split}
+        if ctx.axis.name != "sp" and len(axes) == 1 and axes <= {0, 1}:
+            return ShardDecision(shard(axes.pop()), "split")
+        if axes or ctx.axis.name == "sp":
+            return ShardDecision(REPLICATE, "rep", gather_all=True)
+        return ShardDecision(REPLICATE, "rep")
+
+
+PoolGrad.sharding = PoolGradSharding()
 register(PoolGrad())

@@ -763,7 +763,8 @@ class RowsSharding(ShardingRule):
     over KV-cache slots spread over the chips) keeps its slice: the row maxima are all-reduced
     (exact in any order), then the sums of ``exp(x - max)`` by the chain that continues one
     accumulator from chip to chip in slot order, the one-chip kernel's sequential left-to-right
-    sum, the same bits. Any other split is gathered."""
+    sum, the same bits. Any other split is gathered (on the sequence and data axes every
+    input is gathered for a replicated output)."""
 
     def propagate(self, ctx, layer, ins):
         full = ctx.full
@@ -778,7 +779,7 @@ class RowsSharding(ShardingRule):
         s = ins[0]
         if s.split and s.axis < reduced:
             return ShardDecision(s, "split")
-        if ctx.axis.name == "sp":
+        if ctx.axis.name in ("sp", "dp"):
             return ShardDecision(REPLICATE, "rep", gather_all=True)
         if s.split and layer.kind == "softmax" and s.axis == len(src) - 1 and src[-1] >= ctx.size:
             n_rows = rows // max(1, src[-1])

@@ -1,19 +1,23 @@
-"""The sharding contract of operator families: placements over one axis of a chip mesh.
+"""The sharding contract of operator families: placements over the axes of a chip mesh.
 
-A mesh of chips is given as data (:class:`MeshAxis` per parallel axis: tensor ``tp``, sequence
-``sp``, data ``dp``); over one axis every tensor has a :class:`Placement`:
+A mesh of chips is given as data: a :class:`Mesh` is a frozen record of named
+:class:`MeshAxis` (tensor ``tp``, sequence ``sp``, data ``dp``; expert ``ep`` and pipeline
+``pp`` are representable). Over each axis every tensor has a :class:`Placement`:
 
 ``R`` replicated (every chip holds all of it), ``S(axis)`` split into equal blocks along
 ``axis``, ``P`` partial sums (every chip holds a full-size tensor that must be summed).
 
 Each family states, through its :class:`ShardingRule`, how a layer's output is placed given
 its activation inputs' placements on one mesh axis and which collectives that needs first
-(:class:`ShardDecision`: inputs to make replicated, per-row all-reduces). The mapper's generic
-propagator (:mod:`tvm_spinn.mapping.shard`) asks each layer's family and keeps the states, the
-local shapes and the collectives; it never looks at a layer's kind.
+(:class:`ShardDecision`: inputs to make replicated, per-row all-reduces). The rule reads the
+axis it is asked about (``ctx.axis.name``): the tensor axis splits weights (column- and
+row-parallel GEMMs, partial sums), the sequence axis splits rows, the data axis splits the
+batch. The mapper's generic propagator (:mod:`tvm_spinn.mapping.shard`) runs one pass over the
+layers, asks each layer's family once per mesh axis and keeps the placements, the local shapes
+and the collectives; it never looks at a layer's kind.
 
 A family without a rule (``OpFamily.sharding is None``) is handled by the propagator's
-fallback rule.
+fallback rule: replicated.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["Placement", "REPLICATE", "PARTIAL", "shard", "MeshAxis", "ROW_ALWAYS", "GatherInput",
+__all__ = ["Placement", "REPLICATE", "PARTIAL", "shard", "MeshAxis", "Mesh", "AXIS_NAMES", "ROW_ALWAYS", "GatherInput",
            "RowAllReduce", "ShardDecision", "ShardContext", "ShardingRule", "PointwiseRule",
            "part", "reshape_axis"]
 
@@ -62,22 +66,78 @@ def shard(axis: int) -> Placement:
 ROW_ALWAYS = "always"
 
 
+#: The mesh axes a :class:`Mesh` may name, in the order the propagator runs them: ``tp``
+#: tensor parallel, ``sp`` sequence parallel, ``dp`` data parallel, ``ep`` expert parallel,
+#: ``pp`` pipeline parallel.
+AXIS_NAMES = ("tp", "sp", "dp", "ep", "pp")
+
+
 @dataclass(frozen=True)
 class MeshAxis:
     """One parallel axis of a chip mesh.
 
-    ``name``: ``"tp"`` (tensor parallel: weights split, partial sums allowed), ``"sp"``
-    (sequence parallel: row blocks, no partial sums) or ``"dp"`` (data parallel: the batch).
+    ``name``: one of :data:`AXIS_NAMES`: ``"tp"`` (tensor parallel: weights split, partial
+    sums allowed), ``"sp"`` (sequence parallel: row blocks, no partial sums), ``"dp"`` (data
+    parallel: the batch), ``"ep"`` / ``"pp"`` (expert / pipeline parallel).
     ``size``: chips along the axis. ``row``: row-parallel GEMMs allowed (True, False or
     :data:`ROW_ALWAYS`; tensor axis only). ``strict``: a replicated output gathers every
     input, and a split shorter than the axis, or on a tensor axis an earlier mesh axis
-    splits, is refused (the sequence axis, which runs after the tensor axis).
+    splits, is refused (the sequence and data axes, which run after the tensor axis).
+    ``gather_outputs``: the program's outputs are made replicated over the axis at its end
+    (not over the data axis: each replica returns its share of the batch).
     """
 
     name: str
     size: int
     row: bool | str = False
     strict: bool = False
+    gather_outputs: bool = True
+
+    def __post_init__(self):
+        if self.name not in AXIS_NAMES:
+            raise ValueError(f"MeshAxis: name must be one of {AXIS_NAMES}, got {self.name!r}")
+        if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size < 1:
+            raise ValueError(f"MeshAxis {self.name}: size must be a positive int, got {self.size!r}")
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """A mesh of chips as data: its named axes (:class:`MeshAxis`, at most one per name), in
+    propagation order (:data:`AXIS_NAMES`). ``chips`` is the product of the sizes."""
+
+    axes: tuple[MeshAxis, ...]
+
+    def __post_init__(self):
+        names = [a.name for a in self.axes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"Mesh: each axis at most once, got {names}")
+        if names != sorted(names, key=AXIS_NAMES.index):
+            raise ValueError(f"Mesh: axes in the order {AXIS_NAMES}, got {names}")
+
+    @classmethod
+    def of(cls, tp: int = 1, sp: int = 1, dp: int = 1, ep: int = 1, pp: int = 1,
+           row: bool | str = True) -> "Mesh":
+        """The mesh ``tp x sp x dp x ep x pp`` with each axis's standard semantics (``row``:
+        the tensor axis's row-parallel GEMMs)."""
+        return cls((MeshAxis("tp", tp, row=row), MeshAxis("sp", sp, strict=True),
+                    MeshAxis("dp", dp, strict=True, gather_outputs=False), MeshAxis("ep", ep, strict=True),
+                    MeshAxis("pp", pp, strict=True)))
+
+    def size(self, name: str) -> int:
+        """Chips along axis ``name`` (1 where the mesh does not name it)."""
+        return next((a.size for a in self.axes if a.name == name), 1)
+
+    def axis(self, name: str) -> MeshAxis | None:
+        return next((a for a in self.axes if a.name == name), None)
+
+    @property
+    def chips(self) -> int:
+        return int(np.prod([a.size for a in self.axes], dtype=np.int64))
+
+    @property
+    def active(self) -> tuple[MeshAxis, ...]:
+        """The axes of more than one chip, in propagation order."""
+        return tuple(a for a in self.axes if a.size > 1)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,11 @@ class GemmSharding(ShardingRule):
     Sequence axis (``sp``): rows are independent, so dense layers and matmuls keep (or start) a
     split of their rows; what a row block cannot take split (a reduction axis, the keys of
     attention) is gathered; convolutions are replicated.
+
+    Data axis (``dp``): samples are independent, so a split of any axis but the reduction axis
+    is kept (a convolution keeps the batch, axis 0; a matmul keeps a batch axis or the rows of
+    ``A``, or the columns of ``B``, a replicated operand sliced for free); replicated operands
+    stay replicated; anything else is gathered.
     """
 
     def propagate(self, ctx, layer, ins):
@@ -30,7 +35,35 @@ class GemmSharding(ShardingRule):
             return PointwiseRule().propagate(ctx, layer, ins)  # a constant operand: follows A
         if ctx.axis.name == "sp":
             return self._rows(ctx, layer, ins)
+        if ctx.axis.name == "dp":
+            return self._batch(ctx, layer, ins)
         return self._tensor(ctx, layer, ins)
+
+    @staticmethod
+    def _batch(ctx, layer, st):
+        full, acts = ctx.full, ctx.acts(layer)
+        rank = len(full[layer.output])
+        if not any(s.split for s in st):
+            return ShardDecision(REPLICATE, "rep")
+        if layer.kind == "conv2d":
+            keep = st[0] == shard(0)
+        elif layer.kind == "dense":
+            keep = st[0].split and st[0].axis != len(full[acts[0]]) - 1
+        else:
+            a, b = ([s.axis - len(full[tid]) if s.split else None for s, tid in zip(st, acts)])
+            fa, fb = full[acts[0]], full[acts[1]]
+
+            def sliced(shape, ax, extent):  # a replicated operand broadcast, or sliced for free
+                return len(shape) < -ax or shape[ax] in (1, extent)
+
+            if a is not None and a != -1 and ((a <= -3 and b == a) or (b is None and (a == -2 or sliced(fb, a, fa[a])))):
+                return ShardDecision(shard(rank + a), "split")
+            if a is None and b is not None and (b == -1 or (b <= -3 and sliced(fa, b, fb[b]))):
+                return ShardDecision(shard(rank + b), "split")
+            return ShardDecision(REPLICATE, "rep", gather_all=True)
+        if keep:
+            return ShardDecision(shard(st[0].axis + rank - len(full[acts[0]])), "split")
+        return ShardDecision(REPLICATE, "rep", gather_all=True)
 
     @staticmethod
     def _tensor(ctx, layer, st):
