@@ -29,7 +29,6 @@ A model that does not fit (no stage left whose DRAM holds the shard) raises
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
