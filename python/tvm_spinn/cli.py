@@ -363,7 +363,7 @@ def _cmd_plan(args) -> int:
     from .llm.plan import plan, write_json
 
     result = plan(args.config, target=args.target, batch=args.batch, seq=args.seq, dtype=args.dtype,
-                  progress=not args.no_progress)
+                  progress=not args.no_progress, handover=args.handover)
     print(result.table())
     if args.json:
         _INTERRUPTS.check()
@@ -451,6 +451,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq", type=int, default=None, help="context length (prompt and KV-cache slots); default "
                                                         "2048, or the model's position limit where shorter")
     p.add_argument("--dtype", default="int8", choices=("int8", "fp32"), help="weight GEMM arithmetic")
+    p.add_argument("--handover", default="fp32", choices=("fp32", "fp16", "int8"),
+                   help="activations handed over between boards (fp32 keeps the model's bits)")
     p.add_argument("--json", help="write the plan as JSON here (atomically)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--verbose", action="store_true", help="show library warnings")
