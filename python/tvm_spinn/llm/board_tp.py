@@ -23,9 +23,9 @@ board: alone with its weights resident (the first blocks, as many as the board's
 resident, :func:`tvm_spinn.mapping.planner.resident_capacity`) and streaming its weights from
 DRAM (the rest). The time to first token is planned for the fastest degree only.
 
-Groups are ``g`` boards taken in a snake over the torus of boards (row ``b`` of
-:func:`tvm_spinn.target.topology.board_grid` left to right when even, right to left when odd),
-so a group's boards are neighbours in a row.
+Groups are ``g`` neighbouring boards of the torus of boards
+(:func:`tvm_spinn.target.topology.board_grid`), in a cycle where ``g`` allows
+(:func:`board_groups`).
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ TP_BOARDS = (2, 4, 8, 16, 32)
 #: Degrees mapped with the PE-level model at most (planning time: each maps a block once more);
 #: the search stops earlier after two degrees slower than the best.
 MAX_MAPPED = 3
+#: Group counts tried besides every group used and the fewest that keep the blocks resident
+GROUP_COUNTS = 8
 
 
 def slice_config(cfg: dict, spec, g: int) -> "dict | None":
@@ -60,8 +62,22 @@ def slice_config(cfg: dict, spec, g: int) -> "dict | None":
 
 
 def board_groups(grid: tuple[int, int], g: int) -> list[list[int]]:
-    """Board ids in groups of ``g``, taken along a snake over the ``grid`` of boards."""
+    """Board ids in groups of ``g`` neighbouring boards, consecutive groups next to each other.
+
+    An even ``g >= 4`` that fits takes ``g / 2`` columns of two rows of the ``grid`` of boards,
+    in a cycle (along the first row, back along the second): a ring all-reduce over it crosses
+    one board edge a step. The blocks go left to right along a band of two rows, right to left
+    along the next. Otherwise the groups are runs of a snake over the rows."""
     bx, by = grid
+    half = g // 2
+    if g >= 4 and g % 2 == 0 and by >= 2 and half <= bx:
+        out = []
+        for band in range(by // 2):
+            starts = list(range(0, bx - half + 1, half))
+            for c0 in (starts if band % 2 == 0 else starts[::-1]):
+                cols = range(c0, c0 + half)
+                out.append([a + bx * 2 * band for a in cols] + [a + bx * (2 * band + 1) for a in reversed(cols)])
+        return out
     snake = [a + bx * b for b in range(by) for a in (range(bx) if b % 2 == 0 else reversed(range(bx)))]
     return [snake[i:i + g] for i in range(0, len(snake) - g + 1, g)]
 
@@ -122,6 +138,15 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         dst = np.concatenate([np.arange(cpb) + b * cpb for b in dst_boards])
         return point_to_point(topo, src, dst, nbytes / cpb).seconds
 
+    pairs: dict = {}
+
+    def pair_s(j: int, nbytes: int) -> float:
+        """Group ``j`` to group ``j + 1`` (each pair costed once per degree and size)."""
+        key = (len(groups[j]), j, nbytes)
+        if key not in pairs:
+            pairs[key] = handover_s(groups[j], groups[j + 1], nbytes)
+        return pairs[key]
+
     for g in TP_BOARDS:
         if mapped >= MAX_MAPPED or g + 1 > boards:
             break
@@ -145,7 +170,11 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         fit = int(budget // max(1, block_w))
         least = math.ceil(L / usable)  # blocks per group with every group used
         # the fewest groups whose SRAM keeps every block resident, and every group used
-        options = sorted({least, max(least, min(L, fit))} if fit >= least else {least})
+        # blocks per group: every group used, the fewest groups that keep every block resident,
+        # and runs over 1..GROUP_COUNTS groups (fewer hand-overs, more blocks streamed): only
+        # arithmetic on the two mapped slices and the hand-overs, no mapping each
+        options = sorted({least, max(least, min(L, fit))} | {math.ceil(L / k) for k in range(1, GROUP_COUNTS + 1)
+                                                             if math.ceil(L / k) >= least})
         # a slice mapped alone (weights resident as far as they fit) and streaming its weights
         resident = P._map_stage(list(dec), board, host_shapes, seq)
         streamed = (resident if fit >= max(options) else
@@ -159,7 +188,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
             blocks_s = sum(_run_s(resident, streamed, n, fit) for n in sizes)
             reduces_s = 2 * L * reduce_s
             head_board = free[0] if free else groups[n_groups][0]
-            hand = [handover_s(groups[j], groups[j + 1], hidden * handover_bytes) for j in range(n_groups - 1)]
+            hand = [pair_s(j, hidden * handover_bytes) for j in range(n_groups - 1)]
             hand.append(handover_s(groups[n_groups - 1][:1], [head_board], hidden * handover_bytes))
             decode_s = blocks_s + reduces_s + sum(hand) + head_s
             used = (g * n_groups + 1) * cpb
@@ -191,17 +220,24 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                       "board_all_reduce_s": reduce_s, "board_all_reduces_decode_s": reduces_s,
                       "handoff_decode_s": sum(hand), "head_decode_s": head_s,
                       "replicas": boards // (g * n_groups + 1)},
-                _ttft=(parts, grid, [handover_s(groups[j], groups[j + 1], seq * hidden * handover_bytes)
-                                     for j in range(n_groups - 1)]
-                       + [handover_s(groups[n_groups - 1][:1], [head_board], seq * hidden * handover_bytes)]))
-            steps.update()
-            slower = slower + 1 if decode_s >= best else 0
-            best = min(best, decode_s)
+                _ttft=(parts, grid, groups, n_groups, head_board))
+        # the best number of groups of this degree is kept
+        mine = [k for k in out if k.startswith(f"board_tp:g{g}m")]
+        keep = min(mine, key=lambda k: (out[k]["period_s"], out[k]["used"], k))
+        for k in mine:
+            if k != keep:
+                del out[k]
+        steps.update()
+        slower = slower + 1 if out[keep]["period_s"] >= best else 0
+        best = min(best, out[keep]["period_s"])
         if slower >= 2:
             break
     if out:  # the time to first token of the fastest (mapping a slice's prefill costs planning time)
         name = min(out, key=lambda k: (out[k]["period_s"], out[k]["used"], k))
-        parts, grid, hand_pre = out[name]["_ttft"]
+        parts, grid, groups, n_groups, head_board = out[name]["_ttft"]
+        prompt = seq * hidden * handover_bytes
+        hand_pre = ([handover_s(groups[j], groups[j + 1], prompt) for j in range(n_groups - 1)]
+                    + [handover_s(groups[n_groups - 1][:1], [head_board], prompt)])
         out[name]["ttft_s"] = _ttft_s(parts, target, dtype, board, topo, grid, L, hand_pre, head_s)
     for record in out.values():
         record.pop("_ttft")
