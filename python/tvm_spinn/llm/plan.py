@@ -7,7 +7,7 @@ No weight is materialized and the functional simulator never runs: the model is 
 blocks of a model are identical, so the block is planned once and scaled by the layer count
 (``plan["scaled_from_one_layer"]``).
 
-Up to three placements are compared and the one with the shortest per-user token period is
+Up to four placements are compared and the one with the shortest per-user token period is
 kept (all are in ``plan["alternatives"]``):
 
 * ``shared``: every block on the same chips (the whole system, at most :data:`SHARED_MAX_CHIPS`),
@@ -28,7 +28,10 @@ kept (all are in ``plan["alternatives"]``):
   all-gathers them). Batch 1: a token's latency is the sum of the stages and hand-overs; a
   batch goes through in micro-batches that fill the pipeline (per-user period ``max(sum,
   micro-batches x slowest stage)``). Boards beyond the chain hold replicas
-  (``plan["replicas"]``).
+  (``plan["replicas"]``);
+* ``board_tp`` (three boards or more, int8 Llama models): every block tensor-parallel over a
+  group of boards, its int32 partial sums all-reduced across them, the groups pipelined
+  (:mod:`tvm_spinn.llm.board_tp`).
 
 The headline is ``efficiency``: the physical bound of a decode step
 (:func:`tvm_spinn.timing.bounds.physical_bound` of :func:`~tvm_spinn.timing.bounds.decode_workload`:
