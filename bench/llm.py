@@ -25,6 +25,7 @@ Two parts, each printed as one table from one run:
 
     python bench/llm.py                                   # both parts, the default subset
     python bench/llm.py --part plan --models llama-2-70b --systems board boards24 cloud
+    python bench/llm.py --part plan --models llama-2-70b --systems scaling --plot scaling.png
     python bench/llm.py --part generate --new-tokens 32
 
 Timings on this shared 2-core machine vary between runs (up to 2x for sub-millisecond steps).
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.resources
+import math
 import os
 import time
 
@@ -41,6 +43,11 @@ import numpy as np
 
 SYSTEMS = {"chip": ("spinn", 1 / 48), "board": ("spinn/board", 1), "boards24": ("spinn/boards24", 24),
            "cloud": ("spinn/cloud", 720)}
+#: Systems of whole boards registered by the bench (``boardsN``: ``make_system(boards=N)``)
+BOARD_COUNTS = (2, 4, 8, 24, 72, 240)
+SYSTEMS.update({f"boards{n}": (f"spinn/boards{n}", n) for n in BOARD_COUNTS})
+#: ``--systems scaling``: the board counts whose tokens/s per user must never fall
+SCALING = ("board", "boards2", "boards4", "boards8", "boards24", "boards72", "boards240", "cloud")
 
 
 def _small(family: str):
@@ -157,8 +164,9 @@ def part_generate(args) -> None:
 def _register_boards24() -> None:
     import tvm_spinn
 
-    if "spinn/boards24" not in tvm_spinn.known_targets():
-        tvm_spinn.register_system(tvm_spinn.make_system("spinn2-24-boards", boards=24), tag="spinn/boards24")
+    for n in BOARD_COUNTS:
+        if f"spinn/boards{n}" not in tvm_spinn.known_targets():
+            tvm_spinn.register_system(tvm_spinn.make_system(f"spinn2-{n}-boards", boards=n), tag=f"spinn/boards{n}")
 
 
 def part_plan(args) -> list[dict]:
@@ -167,10 +175,11 @@ def part_plan(args) -> list[dict]:
 
     _register_boards24()
     configs = importlib.resources.files("tvm_spinn.llm") / "configs"
-    print(f"\n== plan: batch {args.batch}, seq {args.seq} (config only: no weights, timing model)")
+    print(f"\n== plan: batch {args.batch}, seq {args.seq}, {args.handover} hand-overs between boards "
+          "(config only: no weights, timing model)")
     head = (f"{'model':<13}{'system':<10}{'dtype':<6}{'ms/token':>10}{'bound ms':>10}{'binding':>14}{'eff.':>8}"
             f"{'tok/s/user':>11}{'tok/s':>10}{'TTFT s':>9}{'J/token':>10}{'own ms':>8}{'own ratio':>10}{'chips':>7}"
-            f"{'placement':>24}{'weights in':>28}{'plan s':>8}")
+            f"{'boards':>7}{'placement':>24}{'weights in':>28}{'plan s':>8}")
     print(head + "\n" + "-" * len(head))
     rows = []
     for name in args.models:
@@ -182,7 +191,8 @@ def part_plan(args) -> list[dict]:
             target, boards = SYSTEMS[system]
             for dtype in args.dtypes:
                 try:
-                    p = plan(str(configs / f"{name}.json"), target=target, batch=args.batch, seq=seq, dtype=dtype)
+                    p = plan(str(configs / f"{name}.json"), target=target, batch=args.batch, seq=seq, dtype=dtype,
+                             handover=args.handover)
                 except LLMError as err:
                     print(f"{name:<13}{system:<10}{dtype:<6}  {err}")
                     continue
@@ -192,7 +202,8 @@ def part_plan(args) -> list[dict]:
                       f"{p.tokens_per_s_per_user:>11.3f}{p.tokens_per_s:>10.3f}"
                       f"{p.ttft_s:>9.2f}{p.energy_per_token_j:>10.3g}"
                       f"{1e3 / p.bound_tokens_per_s:>8.1f}{p.bound_ratio:>10.2f}"
-                      f"{p.chips_used:>7}{_placement(p):>24}{p.plan['weights_in'][:27]:>28}"
+                      f"{p.chips_used:>7}{math.ceil(p.chips_used / 48):>7}{_placement(p):>24}"
+                      f"{p.plan['weights_in'][:27]:>28}"
                       f"{p.plan_seconds:>8.1f}")
     if rows:
         print("ms/token: the per-user token period; bound ms: the physical bound (binding: its largest part);"
@@ -203,6 +214,12 @@ def part_plan(args) -> list[dict]:
             print(f"  {r['model']} {r['system']} {r['dtype']}: physical bound parts {parts}; "
                   f"{b['details']['boards_on_path']} board(s) on a token's path, "
                   f"{b['details']['read_bytes'] / 1e9:.2f} GB read once (KV cache at {r['plan'].seq} slots)")
+    for key in sorted({(r["model"], r["dtype"]) for r in rows}):
+        pts = sorted((r["boards"], r["plan"].tokens_per_s_per_user) for r in rows if (r["model"], r["dtype"]) == key)
+        if len(pts) > 1:
+            falls = [(a[0], b[0]) for a, b in zip(pts, pts[1:]) if b[1] < a[1]]
+            print(f"  {key[0]} {key[1]} tokens/s per user over boards: " + ", ".join(f"{b:g}: {t:.2f}" for b, t in pts)
+                  + ("; never falls" if not falls else f"; falls from {falls[0][0]:g} to {falls[0][1]:g} boards"))
     _anchors(rows)
     return rows
 
@@ -210,6 +227,8 @@ def part_plan(args) -> list[dict]:
 def _placement(p) -> str:
     """``shared``, ``groups`` or ``pipeline: stages x boards (per block)``."""
     meta = p.plan
+    if meta["placement"] == "board_tp":
+        return f"tp {meta['tp_boards']} boards x {meta['groups']} grp"
     if meta["placement"] != "pipeline":
         return meta["placement"]
     per = (f"{meta['stages_per_block']}/block" if meta.get("stages_per_block")
@@ -217,9 +236,11 @@ def _placement(p) -> str:
     return f"pipe {meta['stages']} st, {per}"
 
 
-#: Published decode speeds of spatial accelerators on 70B Llama models (batch 1 per user)
+#: Published decode speeds of spatial accelerators on 70B Llama models (tokens/s per user)
 ANCHORS = (("Groq LPU, 576 chips, Llama-2-70B", 300.0, "llama-2-70b"),
-           ("Tenstorrent Galaxy (32 Wormhole), Llama-3.3-70B", 72.5, "llama-2-70b"))
+           ("Tenstorrent Galaxy (32 Wormhole), Llama-3.3-70B", 72.5, "llama-2-70b"),
+           ("Cerebras (wafer SRAM), Llama-3.1-70B at launch", 450.0, "llama-2-70b"),
+           ("SambaNova SN40L (16-bit), Llama-3.1-70B", 457.0, "llama-2-70b"))
 
 
 def _anchors(rows: list[dict]) -> None:
@@ -266,12 +287,16 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--models", nargs="+", default=["llama-2-7b", "llama-2-70b"],
                     choices=("llama-2-7b", "llama-2-13b", "llama-2-70b", "gpt2-xl"))
-    ap.add_argument("--systems", nargs="+", default=["chip", "board", "boards24", "cloud"], choices=sorted(SYSTEMS))
+    ap.add_argument("--systems", nargs="+", default=["chip", "board", "boards24", "cloud"],
+                    choices=sorted(SYSTEMS) + ["scaling"], help="'scaling': 1, 2, 4, 8, 24, 72, 240 and 720 boards")
+    ap.add_argument("--handover", default="fp32", choices=("fp32", "fp16", "int8"),
+                    help="activations handed over between boards (fp32 keeps the model's bits)")
     ap.add_argument("--plan-dtypes", nargs="+", default=["int8"], choices=("fp32", "int8"))
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--plot", help="save tokens/s per user against boards here (.png)")
     args = ap.parse_args()
+    args.systems = [x for s in args.systems for x in (SCALING if s == "scaling" else (s,))]
     if args.part in ("generate", "all"):
         part_generate(args)
     if args.part in ("plan", "all"):

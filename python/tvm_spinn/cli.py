@@ -390,7 +390,8 @@ def _cmd_plan(args) -> int:
     from .llm.plan import plan, write_json
 
     result = plan(args.config, target=args.target, batch=1 if args.batch is None else args.batch, seq=args.seq,
-                  dtype=args.dtype or "int8", progress=not args.no_progress)
+                  dtype=args.dtype or "int8", progress=not args.no_progress,
+                  handover=args.handover)
     print(result.table())
     if args.json:
         _INTERRUPTS.check()
@@ -498,6 +499,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                         "position limit where shorter")
     p.add_argument("--dtype", default=None, choices=("int8", "fp32"), help="weight GEMM arithmetic (default int8; "
                                                                          "inference plans)")
+    p.add_argument("--handover", default="fp32", choices=("fp32", "fp16", "int8"),
+                   help="activations handed over between boards (fp32 keeps the model's bits; inference plans)")
     p.add_argument("--train", action="store_true",
                    help="plan fp32 training instead: memory per chip, the TP x PP x DP split and ZeRO stage "
                         "(searched unless given), time per step, tokens/s, efficiency")

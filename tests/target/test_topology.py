@@ -187,18 +187,25 @@ def test_collectives_match_hand_computed_costs():
     tree = C.all_reduce(board, [0, 1, 2, 3], n, "tree")
     assert tree.seconds == pytest.approx(4 * n / B + 6 * a)
     assert (tree.steps, tree.hops, tree.algorithm) == (4, 6, "tree")
-    assert C.all_reduce(board, [0, 1, 2, 3], n).algorithm == "ring"
+    # multicast trees: an end rank takes (and sends) three shares over its one link, three hops
+    # deep, in each of the two steps: the ring's bytes, a third of its hop latencies
+    mc = C.all_reduce(board, [0, 1, 2, 3], n)
+    assert (mc.algorithm, mc.seconds) == ("multicast", pytest.approx(2 * (3 * n / 4 / B + 3 * a)))
+    assert C.all_reduce(board, [0, 1, 2, 3], n, reproducible=True).algorithm == "tree"
     assert C.all_reduce(board, [3], n).seconds == 0.0
 
 
 def test_tree_for_tiny_messages_ring_for_large_ones():
     board = topology_of(tvm_spinn.arch_of("spinn/board"))
-    tiny, large = C.all_reduce(board, range(48), 4), C.all_reduce(board, range(48), 64e6)
-    assert (tiny.algorithm, large.algorithm) == ("tree", "ring")
-    assert C.reduce_scatter(board, range(48), 48 * 4).algorithm == "tree"
+    ring_tree = ("ring", "tree")
+    tiny, large = (C.all_reduce(board, range(48), n, a) for n, a in ((4, "auto"), (64e6, "auto")))
+    assert (tiny.algorithm, large.algorithm) == ("multicast", "multicast")  # all 6 links, 2 board diameters
+    assert min((C.all_reduce(board, range(48), 4, a) for a in ring_tree), key=lambda c: c.seconds).algorithm == "tree"
+    assert min((C.all_reduce(board, range(48), 64e6, a) for a in ring_tree), key=lambda c: c.seconds).algorithm == "ring"
+    assert C.reduce_scatter(board, range(48), 48 * 4, "tree").seconds < C.reduce_scatter(board, range(48), 48 * 4, "ring").seconds
     # a tiny all-gather: the multicast's one step of 7 hops beats the tree's 12 steps
     assert C.all_gather(board, range(48), 48 * 4).algorithm == "multicast"
-    assert C.reduce_scatter(board, range(48), 64e6).algorithm == "ring"
+    assert C.reduce_scatter(board, range(48), 64e6, "ring").seconds < C.reduce_scatter(board, range(48), 64e6, "tree").seconds
     assert C.all_gather(board, range(48), 64e6).algorithm == "multicast"  # all 6 links, not a ring's 2
     assert C.all_reduce(board, range(48), 64e6, reproducible=True).algorithm == "tree"
 
@@ -235,6 +242,101 @@ def test_multicast_all_gather_spreads_over_all_links():
     assert C.all_gather(two, range(96), n).algorithm != "multicast"  # over MULTICAST_MAX_RANKS
     with pytest.raises(ValueError, match="at most 64"):
         C.all_gather(two, range(96), n, "multicast")
+
+
+def _brute_force_reduce_loads(topo, ranks):
+    """Shares each directed link carries in a reduce-scatter where every rank sends shard ``s``
+    to a neighbour one hop closer to rank ``s`` (independently of the library: BFS over the
+    ranks' own links, lowest link id among the closer neighbours), and the deepest route."""
+    import collections
+
+    member = {int(r): i for i, r in enumerate(ranks)}
+    load, deepest = collections.Counter(), 0
+    for s in ranks:
+        dist, queue = {int(s): 0}, [int(s)]
+        for u in queue:
+            for v in topo.neighbors[u]:
+                if int(v) in member and int(v) not in dist:
+                    dist[int(v)] = dist[u] + 1
+                    queue.append(int(v))
+        for v in ranks:
+            hops, node = 0, int(v)
+            while node != int(s):
+                d = min(d for d, u in enumerate(topo.neighbors[node]) if dist.get(int(u), -1) == dist[node] - 1)
+                load[node * 6 + d] += 1
+                node, hops = int(topo.neighbors[node][d]), hops + 1
+            deepest = max(deepest, hops)
+    return load, deepest
+
+
+def test_multicast_all_reduce_matches_hand_computed_and_brute_force_schedules():
+    """All-reduce of integer partial sums by the multicast trees: a reduce-scatter along the
+    trees run backwards, then the multicast all-gather."""
+    from tvm_spinn.target.topology import ring_order
+
+    arch = tvm_spinn.arch_of("spinn/board")
+    B, a = arch.payload_bw("chip"), arch.link_hop_s
+    board = topology_of(arch)
+    n = 3e5
+    # two neighbours: each sends the other its half (one hop), then each multicasts its reduced half
+    assert C.reduce_scatter(board, [0, 1], n, "multicast").seconds == pytest.approx(n / 2 / B + a)
+    assert C.all_reduce(board, [0, 1], n, "multicast").seconds == pytest.approx(n / B + 2 * a)
+    # three in a row (0,0), (1,0), (2,0): the outer ranks send two shares to the middle one
+    # (theirs for it and the far end's, added there), two hops deep; then the all-gather
+    rs = C.reduce_scatter(board, [0, 1, 2], n, "multicast")
+    assert rs.seconds == pytest.approx(2 * n / 3 / B + 2 * a)
+    ar = C.all_reduce(board, [0, 1, 2], n, "multicast")
+    assert ar.seconds == pytest.approx(4 * n / 3 / B + 4 * a)
+    assert (ar.steps, ar.hops, ar.bytes_per_link) == (2, 4, pytest.approx(2 * n / 3 + n / 3))
+    # a whole board: no link busier than the brute-force schedule's (shortest paths towards each
+    # shard's owner) and the same depth; every rank sends c - 1 shares in all
+    order = ring_order(board, 48)
+    load, deepest = _brute_force_reduce_loads(board, order)
+    rs = C.reduce_scatter(board, order, 48 * 1024, "multicast")
+    assert rs.hops == deepest == 7
+    assert rs.bytes_per_link <= max(load.values()) * 1024
+    assert rs.seconds == pytest.approx(rs.bytes_per_link / B + 7 * a)
+    # a 4 KB all-reduce on a board: about two board diameters of hops, not the ring's 94
+    small = C.all_reduce(board, order, 4096)
+    assert small.algorithm == "multicast"
+    assert 10e-6 <= small.seconds <= 16e-6
+    assert small.seconds < 0.3 * C.all_reduce(board, order, 4096, "ring").seconds
+    # bit-reproducible sums never take it; groups it is not built for fall back
+    assert C.all_reduce(board, order, 4096, reproducible=True).algorithm == "tree"
+    with pytest.raises(ValueError, match="multicast all-reduce"):
+        C.all_reduce(board, [0, 5], n, "multicast")
+    assert C.all_reduce(board, [0, 5], n).algorithm in ("ring", "tree")
+
+
+def test_board_all_reduce_runs_the_chip_slices_at_once_on_shared_board_edges():
+    """Across boards: chip i of every board reduces slice i with its counterparts, all slices at
+    once (sharing the board edges), then each board gathers its slices."""
+    from tvm_spinn.target.topology import ring_order
+
+    arch = tvm_spinn.make_system(boards=4)
+    topo = topology_of(arch)
+    order = ring_order(topology_of(tvm_spinn.arch_of("spinn/board")), 48)
+    n = 32768
+    # one chip per board: the plain all-reduce over those chips (ring or tree), no gather
+    one = C.board_all_reduce(topo, [[48 * b] for b in range(4)], n)
+    plain = min((C.all_reduce(topo, [48 * b for b in range(4)], n, a) for a in ("ring", "tree")), key=lambda c: c.seconds)
+    assert one.seconds == pytest.approx(plain.seconds)
+    assert one.algorithm == f"board-{plain.algorithm}"
+    # every chip: the slices share the edges' serial links; each board must still send the
+    # others at least (g - 1) / g of its buffer over its six edges
+    grid = [order + 48 * b for b in range(4)]
+    full = C.board_all_reduce(topo, grid, n)
+    assert full.seconds >= 3 / 4 * n / (6 * arch.payload_bw("board_pair"))
+    gather = C.all_gather(topo, grid[0], n)
+    ring = C.board_all_reduce(topo, grid, n, "ring")
+    # 2 (g - 1) ring steps of n / (2 g k) per chip link each way, plus the board's gather
+    assert ring.steps == 6 + gather.steps and ring.seconds > gather.seconds
+    assert full.seconds == min(ring.seconds, C.board_all_reduce(topo, grid, n, "tree").seconds)
+    assert C.board_all_reduce(topo, [order], n).seconds == 0.0  # one board: nothing crosses
+    with pytest.raises(ValueError, match="boards x chips"):
+        C.board_all_reduce(topo, [1, 2, 3], n)
+    with pytest.raises(ValueError, match="distinct"):
+        C.board_all_reduce(topo, [[0, 1], [1, 2]], n)
 
 
 def test_point_to_point_and_bad_calls():

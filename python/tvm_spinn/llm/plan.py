@@ -7,7 +7,7 @@ No weight is materialized and the functional simulator never runs: the model is 
 blocks of a model are identical, so the block is planned once and scaled by the layer count
 (``plan["scaled_from_one_layer"]``).
 
-Up to three placements are compared and the one with the shortest per-user token period is
+Up to four placements are compared and the one with the shortest per-user token period is
 kept (all are in ``plan["alternatives"]``):
 
 * ``shared``: every block on the same chips (the whole system, at most :data:`SHARED_MAX_CHIPS`),
@@ -28,7 +28,10 @@ kept (all are in ``plan["alternatives"]``):
   all-gathers them). Batch 1: a token's latency is the sum of the stages and hand-overs; a
   batch goes through in micro-batches that fill the pipeline (per-user period ``max(sum,
   micro-batches x slowest stage)``). Boards beyond the chain hold replicas
-  (``plan["replicas"]``).
+  (``plan["replicas"]``);
+* ``board_tp`` (three boards or more, int8 Llama models): every block tensor-parallel over a
+  group of boards, its int32 partial sums all-reduced across them, the groups pipelined
+  (:mod:`tvm_spinn.llm.board_tp`).
 
 The headline is ``efficiency``: the physical bound of a decode step
 (:func:`tvm_spinn.timing.bounds.physical_bound` of :func:`~tvm_spinn.timing.bounds.decode_workload`:
@@ -59,9 +62,14 @@ from dataclasses import dataclass
 
 from .spec import MAX_DIM, LLMError, ModelSpec, check_plan_sizes, spec_of
 
-__all__ = ["Plan", "plan", "DTYPES"]
+__all__ = ["Plan", "plan", "DTYPES", "HANDOVER_BYTES"]
 
 DTYPES = {"fp32": 4, "int8": 1}
+#: Bytes per element of the activations a stage hands over to the next board, per ``handover``
+#: option: ``fp32`` keeps the program's bits; ``fp16`` and ``int8`` (a per-tensor scale) cut
+#: the board links' bytes at an accuracy cost (the plan's timing only: the compiled model
+#: always hands over fp32)
+HANDOVER_BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
 #: Largest chip count a block is mapped over in the shared placement (24 boards)
 SHARED_MAX_CHIPS = 24 * 48
 
@@ -262,7 +270,7 @@ DEFAULT_SEQ = 2048
 
 
 def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None, dtype: str = "int8",
-         progress: bool = False) -> Plan:
+         progress: bool = False, handover: str = "fp32") -> Plan:
     """Plan greedy decoding of a transformers model (config only) on a spinn system.
 
     Parameters
@@ -281,6 +289,9 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
         Arithmetic and storage of the weight GEMMs (attention and KV cache stay fp32).
     progress : bool
         Show a progress bar (tqdm) over the planning steps.
+    handover : {"fp32", "fp16", "int8"}
+        Element type of the activations handed over from board to board between pipeline
+        stages (:data:`HANDOVER_BYTES`); ``fp32`` keeps the compiled model's bits.
 
     Returns
     -------
@@ -315,6 +326,8 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
                        f"{spec.max_positions})")
     if dtype not in DTYPES:
         raise LLMError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    if handover not in HANDOVER_BYTES:
+        raise LLMError(f"handover must be one of {sorted(HANDOVER_BYTES)}, got {handover!r}")
     check_plan_sizes(spec, batch, seq, DTYPES[dtype])
     target = get_target(target)
     arch = arch_of(target)
@@ -370,8 +383,8 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
             def handoff(nbytes):  # the hidden state from each group to the next, one after another
                 return sum(point_to_point(topo, [i * group], [(i + 1) * group], nbytes).seconds for i in range(L))
 
-            handoff_dec = handoff(batch * spec.hidden * 4)
-            handoff_pre = handoff(batch * seq * spec.hidden * 4)
+            handoff_dec = handoff(batch * spec.hidden * HANDOVER_BYTES[handover])
+            handoff_pre = handoff(batch * seq * spec.hidden * HANDOVER_BYTES[handover])
         # the KV cache: in SRAM as far as the block's memory plan kept it there (next to the
         # weights resident before it), the rest in DRAM; each step writes one slot of it
         kv_share = dec.kv_sram_bytes / dec.kv_bytes if dec.kv_bytes else 0.0
@@ -408,7 +421,12 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
         steps.update()
     if boards >= 2:
         records.update(_pipeline_records(described, spec, arch, model, target, dtype, batch, seq, kv_bytes,
-                                         weight_bytes, steps))
+                                         weight_bytes, steps, handover))
+    if boards >= 3:
+        from . import board_tp
+
+        records.update(board_tp.records(cfg, spec, arch, target, dtype, batch, seq, HANDOVER_BYTES[handover],
+                                        described, weight_bytes, kv_bytes, steps))
     steps.close()
     placement = min(records, key=lambda k: (records[k]["period_s"], records[k]["used"], k))
     best = records[placement]
@@ -555,9 +573,11 @@ class _Stage:
     #: the KV cache the stage's programs read, and what of it their memory plans keep in SRAM
     kv_bytes: int = 0
     kv_sram_bytes: int = 0
+    #: each program's latency (its KV write included), in order
+    program_s: tuple = ()
 
 
-def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0) -> _Stage:
+def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0, weights: str = "auto") -> _Stage:
     """Map a stage's programs on one board, one after another with one SRAM ledger (each
     program's weights resident in what the earlier ones left, the rest streamed from DRAM).
     ``handoff_in_bytes``: the first program's inputs that the previous stage produced (not the
@@ -589,9 +609,11 @@ def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0) -> _Stage:
         program.arch = board
         programs.append(program)
     # in order: a stage is a chain of the model's programs whose SRAM the stage search sized
-    plan = plan_system(programs, board, MappingOptions(weights="auto", split_k=current_options().split_k),
+    plan = plan_system(programs, board, MappingOptions(weights=weights, split_k=current_options().split_k),
                        onchip_inputs=onchip, policy="in_order")
+    program_s = []
     for k, (program, region) in enumerate(zip(programs, plan.regions)):
+        before = lat
         handed = onchip[k] if k == 0 else []
         handoff = handoff if k else sum(program.tensors[t].nbytes for t in handed)
         if handed:  # what its shard plan reads whole is all-gathered on arrival
@@ -617,10 +639,13 @@ def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0) -> _Stage:
                 lat += write
                 bounds[where] += write
                 alone[where] += write
-    return _Stage(lat, energy, wbytes, resident, streamed, peak, handoff, bounds, alone, gather, kv, kv_sram)
+        program_s.append(lat - before)
+    return _Stage(lat, energy, wbytes, resident, streamed, peak, handoff, bounds, alone, gather, kv, kv_sram,
+                  tuple(program_s))
 
 
-def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host_shapes: set, steps):
+def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host_shapes: set, steps,
+              handover: str = "fp32"):
     """The ``pipeline`` placement: the blocks (and the head) as a chain of board stages, each
     tensor-parallel over its board's chips (the scale-out mapper's plan), keeping its weights
     resident in the board's SRAM where they fit; consecutive stages hand the live activations
@@ -653,6 +678,8 @@ def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host
         if nbytes <= 0:
             return 0.0
         gather_bytes = nbytes if gather_bytes is None or gather_bytes < 0 else gather_bytes
+        # the handed-over activations are fp32 in the program; carried as ``handover`` elements
+        nbytes, gather_bytes = (x * HANDOVER_BYTES[handover] // 4 for x in (nbytes, gather_bytes))
         src = np.arange(board.chips) + (j % boards) * board.chips
         dst = np.arange(board.chips) + ((j + 1) % boards) * board.chips
         return (point_to_point(topo, src, dst, nbytes / board.chips).seconds
@@ -696,7 +723,7 @@ def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host
 
 
 def _pipeline_records(described: dict, spec: ModelSpec, arch, model, target, dtype: str, batch: int, seq: int,
-                      kv_bytes: int, weight_bytes: int, steps) -> dict:
+                      kv_bytes: int, weight_bytes: int, steps, handover: str = "fp32") -> dict:
     """The ``pipeline`` candidates (:func:`_pipeline`) as records of :func:`plan`.
 
     Users go through the chain of stages in micro-batches of ``ceil(batch / stages)`` (one user
@@ -715,7 +742,7 @@ def _pipeline_records(described: dict, spec: ModelSpec, arch, model, target, dty
                 described[name] = describe(module, args, target, dtype)
     host = _parts(model, spec, mb, seq)[0][2][1:]  # KV cache, write/attention masks, rotary tables
     host_shapes = {tuple(int(d) for d in a.shape) for a in host}
-    raw, handoff_s = _pipeline(described, spec, arch, mb, seq, host_shapes, steps)
+    raw, handoff_s = _pipeline(described, spec, arch, mb, seq, host_shapes, steps, handover)
     if not raw:
         return {}
     board = arch.replace(chips=arch.chips_per_board, name=f"{arch.name}[board]")

@@ -33,8 +33,18 @@ keys), and the chip links through one board edge share that edge's serial links
   rank with the fewest links (a hexagon corner has 3). Built for groups of at most
   :data:`MULTICAST_MAX_RANKS` ranks whose links connect them (otherwise not a candidate).
 
-``algorithm="auto"`` costs ring, tree (and multicast for an all-gather) and returns the
-cheapest (ring on a tie).
+- **multicast reduce** (reduce-scatter, all-reduce of integer partial sums): the multicast
+  trees run backwards. Share ``s`` is reduced towards rank ``s`` along the reverse of the tree
+  that multicasts it, every rank adding its children's sums into its own before passing it up,
+  all ``c`` reductions at once: one step whose link loads are the all-gather's with every link
+  reversed. An all-reduce is that reduce-scatter and then the multicast all-gather: two steps
+  of ``max link bytes / bandwidth + the deepest route's hop latencies``, so a small all-reduce
+  on a board costs about two board diameters of hops rather than the ring's ``2 (c - 1)`` hop
+  latencies or the tree's ``2 ceil(log2 c)`` full-message steps. The additions follow the
+  trees, so floating-point sums do not take it (their bits must not depend on the plan:
+  :func:`chain_all_reduce`).
+
+``algorithm="auto"`` costs ring, tree and multicast and returns the cheapest (ring on a tie).
 On the links that matter, for ``n`` bytes, link bandwidth ``B`` and hop latency ``a``, two chips one
 hop apart give ring all-reduce ``n / B + 2a`` and tree ``2n / B + 2a``: the tree pays the full
 message per step, the ring ``n / c`` but ``2 (c - 1)`` latencies, so tiny messages go by tree.
@@ -42,6 +52,7 @@ message per step, the ring ``n / c`` but ``2 (c - 1)`` latencies, so tiny messag
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -53,7 +64,7 @@ import numpy as np
 
 __all__ = [
     "CollectiveCost", "all_gather", "all_reduce", "chain_all_reduce", "fixed_order_sum", "point_to_point",
-    "reduce_scatter", "reduction_order", "chip_blocks", "MULTICAST_MAX_RANKS",
+    "reduce_scatter", "reduction_order", "chip_blocks", "MULTICAST_MAX_RANKS", "board_all_reduce",
 ]
 
 _ALGORITHMS = ("ring", "tree")
@@ -238,14 +249,20 @@ def _multicast_trees(topo: "Topology", ranks: np.ndarray):
                     choice[s, v] = best
                     load[best] += 1.0
         latency, board = np.zeros((c, c)), np.zeros((c, c), dtype=np.int64)
+        back = np.zeros((c, c))  # the reversed route's latency (the reduce's way to the root)
+        rev_load = np.zeros_like(load)
         on_board = topo.board_link.reshape(-1)
         for s in range(c):
             for v in order[s]:
                 link = choice[s, v]
                 u = member[int(link // 6)]
+                # the same link run the other way: from v back to its parent u
+                rev = int(ranks[v]) * 6 + (int(link % 6) + 3) % 6
+                rev_load[rev] += 1.0
                 latency[s, v] = latency[s, u] + topo.link_hop_s[link]
+                back[s, v] = back[s, u] + topo.link_hop_s[rev]
                 board[s, v] = board[s, u] + int(on_board[link])
-        result = (load, float(latency.max()), int(dist.max()), int(board.max()))
+        result = (load, float(latency.max()), int(dist.max()), int(board.max()), rev_load, float(back.max()))
     if len(memo) > _TREES_KEPT:
         _forget(memo, "multicast_trees")
     memo[key] = result
@@ -262,10 +279,42 @@ def _multicast(topo: "Topology", ranks: np.ndarray, nbytes: float) -> "Collectiv
     trees = _multicast_trees(topo, ranks)
     if trees is None:
         return None
-    shares, latency, hops, board_hops = trees
+    shares, latency, hops, board_hops = trees[:4]
     load = shares * (float(nbytes) / c)
     seconds = topo.link_seconds(load) + latency
     return CollectiveCost("all_gather", "multicast", seconds, float(load.max()), hops, board_hops, 1, c,
+                          float(nbytes))
+
+
+def _multicast_reduce(op: str, topo: "Topology", ranks: np.ndarray, nbytes: float) -> "CollectiveCost | None":
+    """Reduce-scatter over the multicast trees run backwards (and, for ``op="all_reduce"``, the
+    multicast all-gather after it), or None where the trees are not built.
+
+    Shard ``s`` of the ``c`` shares is reduced towards rank ``s`` along the reverse of the tree
+    that multicasts it: every rank adds what its children send into its own share and passes
+    the sum to its parent, so each tree link carries the shard once, the other way. The link
+    loads are the all-gather's with every link reversed, and all ``c`` reductions run at once:
+    one step of ``max link bytes / bandwidth + the deepest reversed route's hop latencies``
+    (the additions ride on the words as they arrive, like the routers' copies of a multicast;
+    they are not charged). The order of the additions follows the trees, so this is for
+    integer partial sums (any order) only: floating-point sums use :func:`chain_all_reduce`."""
+    c = ranks.size
+    if c == 1 or nbytes == 0:
+        return CollectiveCost(op, "multicast", 0.0, 0.0, 0, 0, int(c > 1), c, float(nbytes))
+    if c > MULTICAST_MAX_RANKS:
+        return None
+    trees = _multicast_trees(topo, ranks)
+    if trees is None:
+        return None
+    shares, latency, hops, board_hops, rev_shares, back = trees
+    share = float(nbytes) / c
+    rev = rev_shares * share
+    seconds = topo.link_seconds(rev) + back
+    if op == "reduce_scatter":
+        return CollectiveCost(op, "multicast", seconds, float(rev.max()), hops, board_hops, 1, c, float(nbytes))
+    load = shares * share
+    seconds += topo.link_seconds(load) + latency
+    return CollectiveCost(op, "multicast", seconds, float((rev + load).max()), 2 * hops, 2 * board_hops, 2, c,
                           float(nbytes))
 
 
@@ -274,10 +323,11 @@ def _collective(op: str, topo: "Topology", ranks, nbytes: float, algorithm: str,
     if algorithm != "auto" and algorithm not in allowed:
         raise ValueError(f"algorithm must be 'auto' or one of {allowed}, got {algorithm!r}")
     candidates = allowed if algorithm == "auto" else (algorithm,)
-    costs = [_multicast(topo, ranks, nbytes) if a == "multicast"
+    costs = [(_multicast(topo, ranks, nbytes) if op == "all_gather" else _multicast_reduce(op, topo, ranks, nbytes))
+             if a == "multicast"
              else _evaluate(topo, ranks, op, a, _steps(op, a, ranks.size, float(nbytes)), nbytes) for a in candidates]
     if algorithm == "multicast" and costs[0] is None:
-        raise ValueError(f"no multicast all-gather over these {ranks.size} ranks: it needs at most "
+        raise ValueError(f"no multicast {op.replace('_', '-')} over these {ranks.size} ranks: it needs at most "
                          f"{MULTICAST_MAX_RANKS} ranks that the links between them connect")
     return min((cost for cost in costs if cost is not None), key=lambda cost: cost.seconds)  # ring on a tie
 
@@ -294,8 +344,9 @@ def all_reduce(topo: "Topology", ranks: Sequence[int], nbytes: float,
         Distinct chip ids; their order is the ring order and the tree's rank order.
     nbytes : float
         Bytes of the buffer each rank contributes and receives back reduced.
-    algorithm : {"auto", "ring", "tree"}
-        ``"auto"`` returns the cheaper.
+    algorithm : {"auto", "ring", "tree", "multicast"}
+        ``"auto"`` returns the cheapest (multicast: a reduce-scatter over the multicast trees
+        run backwards, then the multicast all-gather; where it is built, see :func:`all_gather`).
     reproducible : bool
         Only algorithms whose additions follow :func:`reduction_order` (the tree); the ring's
         chunk order depends on the rank count.
@@ -304,7 +355,7 @@ def all_reduce(topo: "Topology", ranks: Sequence[int], nbytes: float,
     -------
     CollectiveCost
     """
-    allowed = ("tree",) if reproducible else _ALGORITHMS
+    allowed = ("tree",) if reproducible else _ALGORITHMS + ("multicast",)
     return _collective("all_reduce", topo, ranks, nbytes, algorithm, allowed)
 
 
@@ -348,14 +399,71 @@ def reduce_scatter(topo: "Topology", ranks: Sequence[int], nbytes: float,
         Distinct chip ids; each ends with ``nbytes / len(ranks)`` reduced bytes.
     nbytes : float
         Bytes of each rank's input buffer.
-    algorithm : {"auto", "ring", "tree"}
-        ``"auto"`` returns the cheaper.
+    algorithm : {"auto", "ring", "tree", "multicast"}
+        ``"auto"`` returns the cheapest (multicast: the multicast all-gather's trees run
+        backwards, adding on the way; where it is built, see :func:`all_gather`).
 
     Returns
     -------
     CollectiveCost
     """
-    return _collective("reduce_scatter", topo, ranks, nbytes, algorithm)
+    return _collective("reduce_scatter", topo, ranks, nbytes, algorithm, _ALGORITHMS + ("multicast",))
+
+
+def board_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbytes: float,
+                     algorithm: str = "auto") -> CollectiveCost:
+    """Cost of an all-reduce of integer partial sums across boards, every chip of each board taking part.
+
+    ``grid[b][i]`` is chip ``i`` of board ``b``; every chip holds the board's ``nbytes`` of
+    partial sums. Chip ``i`` of every board reduces the ``i``-th of ``k`` slices of the buffer
+    (``nbytes / k`` bytes) with its counterparts on the other boards, the ``k`` slices' ring or
+    tree collectives (as :func:`all_reduce` over the boards) all at once, so they share the board
+    edges' serial links on the link graph; then each board all-gathers its ``k`` reduced slices
+    (:func:`all_gather`, the cheapest algorithm over the board's own links).
+
+    Parameters
+    ----------
+    topo : Topology
+        The system's link graph.
+    grid : sequence of sequence of int
+        ``g`` boards by ``k`` distinct chip ids (the same ``k`` on every board).
+    nbytes : float
+        Bytes of the buffer each board contributes and every chip receives back reduced.
+    algorithm : {"auto", "ring", "tree"}
+        The collective across the boards; ``"auto"`` returns the cheaper.
+
+    Returns
+    -------
+    CollectiveCost
+        ``algorithm`` ``"board-ring"`` or ``"board-tree"``; ``ranks`` counts every chip; ``steps``
+        and ``hops`` include the on-board all-gather's.
+    """
+    grid = np.asarray(grid, dtype=np.int64)
+    if grid.ndim != 2 or grid.size == 0:
+        raise ValueError(f"grid must be boards x chips (a 2-D array of chip ids), got shape {grid.shape}")
+    topo, ranks = _prepare(topo, grid.reshape(-1), nbytes)
+    if algorithm != "auto" and algorithm not in _ALGORITHMS:
+        raise ValueError(f"algorithm must be 'auto' or one of {_ALGORITHMS}, got {algorithm!r}")
+    g, k = grid.shape
+    if g == 1 or nbytes == 0:
+        return CollectiveCost("all_reduce", "board-ring", 0.0, 0.0, 0, 0, 0, int(ranks.size), float(nbytes))
+    column = np.arange(k)
+    best = None
+    for name in (_ALGORITHMS if algorithm == "auto" else (algorithm,)):
+        steps = []
+        for src, dst, size, repeats in _steps("all_reduce", name, g, float(nbytes) / k):
+            # board index b, chip index i -> rank index b * k + i, for all k slices at once
+            steps.append(((src[:, None] * k + column).reshape(-1), (dst[:, None] * k + column).reshape(-1),
+                          np.repeat(size, k), repeats))
+        cost = _evaluate(topo, ranks, "all_reduce", f"board-{name}", steps, nbytes)
+        if best is None or cost.seconds < best.seconds:
+            best = cost
+    gather = all_gather(topo, grid[0], nbytes) if k > 1 else None
+    if gather is None:
+        return best
+    return dataclasses.replace(best, seconds=best.seconds + gather.seconds, hops=best.hops + gather.hops,
+                               steps=best.steps + gather.steps,
+                               bytes_per_link=max(best.bytes_per_link, gather.bytes_per_link))
 
 
 def point_to_point(topo: "Topology", src: Sequence[int], dst: Sequence[int],

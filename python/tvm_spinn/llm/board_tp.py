@@ -1,0 +1,244 @@
+"""The ``board_tp`` placement: every block tensor-parallel over a group of boards, pipelined across groups.
+
+A group of ``g`` boards runs each of its blocks together: board ``j`` holds heads ``j H / g ..
+(j + 1) H / g - 1`` (and their KV-cache heads: a KV head shared by several boards' query heads
+under grouped-query attention is held by each of them) and columns ``j I / g ..`` of the MLP's
+gate and up projections (rows of its down projection). What one board computes is then exactly
+the block of a model with ``H / g`` heads, ``I / g`` intermediate columns and the same hidden
+size (its *slice*: :func:`slice_config`), mapped on one board by the normal planner with the
+board's SRAM ledger (:func:`tvm_spinn.llm.plan._map_stage`), except that the outputs of the
+attention's output projection and of the MLP's down projection are partial sums over the
+boards: each is all-reduced across the group's boards
+(:func:`tvm_spinn.timing.collectives.board_all_reduce`, two a block) before the residual add.
+They are the int8 GEMMs' int32 accumulators, whose sum is exact in any order, so the tokens do
+not depend on ``g``; an fp32 model (``dtype="fp32"``) is not planned this way (its sums would
+need the bit-exact chain across boards).
+
+The model's blocks are split into consecutive runs, one run per group; consecutive groups hand
+the hidden state over board to board (every board of a group holds all of it after the
+all-reduce, and sends it to its counterpart in the next group), the last group to the board
+that runs the LM head. A token's latency is the sum of the groups' runs, their all-reduces, the
+hand-overs and the head. A board's run of blocks is timed from its slice mapped twice on one
+board: alone with its weights resident (the first blocks, as many as the board's SRAM holds
+resident, :func:`tvm_spinn.mapping.planner.resident_capacity`) and streaming its weights from
+DRAM (the rest). The time to first token is planned for the fastest degree only.
+
+Groups are ``g`` neighbouring boards of the torus of boards
+(:func:`tvm_spinn.target.topology.board_grid`), in a cycle where ``g`` allows
+(:func:`board_groups`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+import numpy as np
+
+__all__ = ["TP_BOARDS", "slice_config", "board_groups", "records"]
+
+#: Boards one block is tensor-parallel over, tried in increasing order (each must divide the
+#: heads and the intermediate size; up to :data:`MAX_MAPPED` degrees are mapped).
+TP_BOARDS = (2, 4, 8, 16, 32)
+#: Degrees mapped with the PE-level model at most (planning time: each maps a block once more);
+#: the search stops earlier after two degrees slower than the best.
+MAX_MAPPED = 3
+#: Group counts tried besides every group used and the fewest that keep the blocks resident
+GROUP_COUNTS = 8
+
+
+def slice_config(cfg: dict, spec, g: int) -> "dict | None":
+    """The config of one board's slice of a block tensor-parallel over ``g`` boards, or None
+    where ``g`` does not split the heads, the KV heads (or a whole number of boards share one)
+    and the intermediate size evenly."""
+    if spec.family != "llama" or spec.heads % g or spec.intermediate % g:
+        return None
+    if spec.kv_heads % g and g % spec.kv_heads:
+        return None
+    out = dict(cfg)
+    out.update(num_attention_heads=spec.heads // g, num_key_value_heads=max(1, spec.kv_heads // g),
+               head_dim=spec.head_dim, intermediate_size=spec.intermediate // g)
+    return out
+
+
+def board_groups(grid: tuple[int, int], g: int) -> list[list[int]]:
+    """Board ids in groups of ``g`` neighbouring boards, consecutive groups next to each other.
+
+    An even ``g >= 4`` that fits takes ``g / 2`` columns of two rows of the ``grid`` of boards,
+    in a cycle (along the first row, back along the second): a ring all-reduce over it crosses
+    one board edge a step. The blocks go left to right along a band of two rows, right to left
+    along the next. Otherwise the groups are runs of a snake over the rows."""
+    bx, by = grid
+    half = g // 2
+    if g >= 4 and g % 2 == 0 and by >= 2 and half <= bx:
+        out = []
+        for band in range(by // 2):
+            starts = list(range(0, bx - half + 1, half))
+            for c0 in (starts if band % 2 == 0 else starts[::-1]):
+                cols = range(c0, c0 + half)
+                out.append([a + bx * 2 * band for a in cols] + [a + bx * (2 * band + 1) for a in reversed(cols)])
+        return out
+    snake = [a + bx * b for b in range(by) for a in (range(bx) if b % 2 == 0 else reversed(range(bx)))]
+    return [snake[i:i + g] for i in range(0, len(snake) - g + 1, g)]
+
+
+def _run_s(resident, streamed, blocks: int, fit: int) -> float:
+    """Latency of ``blocks`` consecutive blocks on one board: the first ``fit`` (what the board's
+    SRAM keeps resident) at the time of a block mapped alone with its weights resident, the
+    rest at the time of a block streaming its weights from DRAM."""
+    return min(blocks, fit) * resident.latency_s + max(0, blocks - fit) * streamed.latency_s
+
+
+def _ttft_s(parts, target, dtype, board, topo, grid, layers: int, hand_pre: list, head_s: float) -> float:
+    """Time to first token: the prompt through every block's slice on its board (the slice's
+    prefill mapped on one board), its two all-reduces a block of the prompt's int32 partial
+    sums across the group, the hand-overs of the prompt's hidden states, and the head."""
+    from ..timing.collectives import board_all_reduce
+    P = importlib.import_module(".plan", __package__)
+    from .describe import describe
+
+    _, module, args = parts[1]
+    pre = P._map(describe(module, args, target, dtype), board, "auto")
+    prompt = int(np.prod(args[0].shape))  # batch x seq x hidden
+    return layers * (pre.latency_s + 2 * board_all_reduce(topo, grid, prompt * 4).seconds) + sum(hand_pre) + head_s
+
+
+def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, handover_bytes: int,
+            described: dict, weight_bytes: int, kv_bytes: int, steps) -> dict:
+    """The ``board_tp`` candidates as records of :func:`tvm_spinn.llm.plan.plan` (see the module
+    docstring); ``handover_bytes``: a hand-over's bytes per user and hidden element;
+    ``described``: the whole model's described parts (the head runs as it is)."""
+    from ..mapping.planner import resident_capacity
+    from ..target.topology import board_grid, ring_order, topology_of
+    from ..timing.collectives import board_all_reduce, point_to_point
+    P = importlib.import_module(".plan", __package__)
+    from .describe import describe
+
+    boards = arch.chips // arch.chips_per_board
+    if dtype != "int8" or boards < 3 or spec.family != "llama":
+        return {}
+    cpb = arch.chips_per_board
+    board = arch.replace(chips=cpb, name=f"{arch.name}[board]")
+    topo, board_topo = topology_of(arch), topology_of(board)
+    order = ring_order(board_topo, cpb)
+    budget = resident_capacity(board)
+    host = P._parts(P._meta_model(cfg, spec), spec, batch, seq)[0][2][1:]
+    head_atoms = [a for i, d in enumerate(described["head"]) for a in P._atoms(i, d.program)]
+    head_stages = [P._map_stage([P._slice(described["head"][i].program, a, b) for i, a, b in P._merge(head_atoms)],
+                                board, {tuple(int(x) for x in a.shape) for a in host})]
+    head_s = sum(st.latency_s for st in head_stages)
+    L = spec.layers
+    hidden = batch * spec.hidden
+    out, best, slower, mapped = {}, math.inf, 0, 0
+
+    def handover_s(src_boards, dst_boards, nbytes) -> float:
+        """Every board of one group to its counterpart in the next (or all to the head's board),
+        each chip its share, at once on the link graph."""
+        src = np.concatenate([np.arange(cpb) + b * cpb for b in src_boards])
+        dst = np.concatenate([np.arange(cpb) + b * cpb for b in dst_boards])
+        return point_to_point(topo, src, dst, nbytes / cpb).seconds
+
+    pairs: dict = {}
+
+    def pair_s(j: int, nbytes: int) -> float:
+        """Group ``j`` to group ``j + 1`` (each pair costed once per degree and size)."""
+        key = (len(groups[j]), j, nbytes)
+        if key not in pairs:
+            pairs[key] = handover_s(groups[j], groups[j + 1], nbytes)
+        return pairs[key]
+
+    for g in TP_BOARDS:
+        if mapped >= MAX_MAPPED or g + 1 > boards:
+            break
+        sliced = slice_config(cfg, spec, g)
+        if sliced is None:
+            continue
+        groups = board_groups(board_grid(boards), g)
+        free = [b for b in range(boards) if all(b not in grp for grp in groups)]
+        usable = len(groups) - (0 if free else 1)  # the head needs a board of its own
+        if usable < 1:
+            continue
+        steps.set_postfix_str(f"map: blocks tensor-parallel over {g} boards")
+        from .spec import spec_of
+
+        sub = spec_of(sliced)
+        model = P._meta_model(sliced, sub)
+        parts = P._parts(model, sub, batch, seq)
+        dec = [d.program for d in describe(parts[0][1], parts[0][2], target, dtype)]
+        host_shapes = {tuple(int(x) for x in a.shape) for a in parts[0][2][1:]}
+        block_w = sum(t.nbytes for p in dec for t in p.tensors if t.role == "const")
+        fit = int(budget // max(1, block_w))
+        least = math.ceil(L / usable)  # blocks per group with every group used
+        # the fewest groups whose SRAM keeps every block resident, and every group used
+        # blocks per group: every group used, the fewest groups that keep every block resident,
+        # and runs over 1..GROUP_COUNTS groups (fewer hand-overs, more blocks streamed): only
+        # arithmetic on the two mapped slices and the hand-overs, no mapping each
+        options = sorted({least, max(least, min(L, fit))} | {math.ceil(L / k) for k in range(1, GROUP_COUNTS + 1)
+                                                             if math.ceil(L / k) >= least})
+        # a slice mapped alone (weights resident as far as they fit) and streaming its weights
+        resident = P._map_stage(list(dec), board, host_shapes, seq)
+        streamed = (resident if fit >= max(options) else
+                    P._map_stage(list(dec), board, host_shapes, seq, weights="stream"))
+        mapped += 1
+        grid = [[int(c) + b * cpb for c in order] for b in groups[0]]
+        reduce_s = board_all_reduce(topo, grid, hidden * 4).seconds  # int32 partial sums
+        for per_group in options:
+            n_groups = math.ceil(L / per_group)
+            sizes = [per_group] * (n_groups - 1) + [L - per_group * (n_groups - 1)]
+            blocks_s = sum(_run_s(resident, streamed, n, fit) for n in sizes)
+            reduces_s = 2 * L * reduce_s
+            head_board = free[0] if free else groups[n_groups][0]
+            hand = [pair_s(j, hidden * handover_bytes) for j in range(n_groups - 1)]
+            hand.append(handover_s(groups[n_groups - 1][:1], [head_board], hidden * handover_bytes))
+            decode_s = blocks_s + reduces_s + sum(hand) + head_s
+            used = (g * n_groups + 1) * cpb
+            kept = sum(min(n, fit) for n in sizes) * g * (resident.resident_bytes - resident.kv_sram_bytes)
+            head_kept = sum(min(st.resident_bytes, st.weight_bytes) for st in head_stages)
+            kept = min(weight_bytes, int(kept) + head_kept)
+            kv_share = resident.kv_sram_bytes / resident.kv_bytes if resident.kv_bytes else 0.0
+            # the plan's own bound (a diagnostic): each mapped program's largest bound, per block
+            # as mapped (resident or streaming), the board collectives on the links
+            bounds = {k: sum(min(n, fit) * resident.bounds[k] + max(0, n - fit) * streamed.bounds[k] for n in sizes)
+                      + sum(st.bounds[k] for st in head_stages) for k in resident.bounds}
+            bounds["links"] += reduces_s + sum(hand)
+            out[f"board_tp:g{g}m{per_group}"] = dict(
+                decode_s=decode_s, period_s=decode_s, used=used, resident=kept,
+                streamed=max(0, weight_bytes - kept), kv_sram=kv_bytes * kv_share, ttft_s=None,
+                energy_j=(g * sum(min(n, fit) * resident.energy_j + max(0, n - fit) * streamed.energy_j for n in sizes)
+                          + sum(st.energy_j for st in head_stages)) / batch,
+                sram_pe=max([resident.peak_pe_bytes, streamed.peak_pe_bytes] + [st.peak_pe_bytes for st in head_stages]),
+                dram_chip=int(math.ceil(max(0, per_group - fit) * streamed.streamed_bytes_per_chip)),
+                bounds=bounds, bound_s=sum(bounds.values()), binding=max(bounds, key=bounds.get),
+                description=(f"each block tensor-parallel over a group of {g} boards ({g * cpb} chips: heads and "
+                             f"MLP columns split across the boards, two all-reduces of int32 partial sums a block "
+                             f"on the board links), {n_groups} group(s) of {per_group} block(s) pipelined, the "
+                             f"hidden state handed over group to group, the head on one board"),
+                meta={"stages": n_groups + 1, "boards_per_stage": g, "blocks_per_stage": per_group,
+                      "boards_used": g * n_groups + 1, "tp_boards": g, "groups": n_groups,
+                      "chips_per_group": g * cpb, "micro_batch": batch, "micro_batches": 1,
+                      "mapping_weights": "auto", "block_decode_s": blocks_s / L,
+                      "board_all_reduce_s": reduce_s, "board_all_reduces_decode_s": reduces_s,
+                      "handoff_decode_s": sum(hand), "head_decode_s": head_s,
+                      "replicas": boards // (g * n_groups + 1)},
+                _ttft=(parts, grid, groups, n_groups, head_board))
+        # the best number of groups of this degree is kept
+        mine = [k for k in out if k.startswith(f"board_tp:g{g}m")]
+        keep = min(mine, key=lambda k: (out[k]["period_s"], out[k]["used"], k))
+        for k in mine:
+            if k != keep:
+                del out[k]
+        steps.update()
+        slower = slower + 1 if out[keep]["period_s"] >= best else 0
+        best = min(best, out[keep]["period_s"])
+        if slower >= 2:
+            break
+    if out:  # the time to first token of the fastest (mapping a slice's prefill costs planning time)
+        name = min(out, key=lambda k: (out[k]["period_s"], out[k]["used"], k))
+        parts, grid, groups, n_groups, head_board = out[name]["_ttft"]
+        prompt = seq * hidden * handover_bytes
+        hand_pre = ([handover_s(groups[j], groups[j + 1], prompt) for j in range(n_groups - 1)]
+                    + [handover_s(groups[n_groups - 1][:1], [head_board], prompt)])
+        out[name]["ttft_s"] = _ttft_s(parts, target, dtype, board, topo, grid, L, hand_pre, head_s)
+    for record in out.values():
+        record.pop("_ttft")
+    return out

@@ -1,0 +1,87 @@
+"""The ``board_tp`` placement of ``tvm_spinn.llm.plan``: blocks tensor-parallel over groups of
+boards, pipelined across groups (config only, no weights, no simulation)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import tvm_spinn  # noqa: E402
+from tvm_spinn.llm import board_tp  # noqa: E402
+from tvm_spinn.llm.plan import plan  # noqa: E402
+from tvm_spinn.llm.spec import spec_of  # noqa: E402
+
+SMALL = {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 8,
+         "num_key_value_heads": 2, "num_hidden_layers": 4, "vocab_size": 1000, "max_position_embeddings": 512}
+
+
+def test_slice_config_splits_heads_kv_heads_and_mlp_columns():
+    spec = spec_of(SMALL)
+    two = spec_of(board_tp.slice_config(SMALL, spec, 2))
+    assert (two.heads, two.kv_heads, two.head_dim, two.intermediate, two.hidden) == (4, 1, 64, 512, 512)
+    # four boards: eight query heads, two KV heads; each KV head is held by the two boards whose
+    # query heads read it
+    four = spec_of(board_tp.slice_config(SMALL, spec, 4))
+    assert (four.heads, four.kv_heads, four.intermediate) == (2, 1, 256)
+    # the slices' weights add up to the block's (the norms and, past the KV heads, K and V are
+    # held on every board)
+    q, kv = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
+    full = spec.hidden * (2 * q + 2 * kv) + 3 * spec.hidden * spec.intermediate
+    part = two.hidden * (2 * two.heads * two.head_dim + 2 * two.kv_heads * two.head_dim) \
+        + 3 * two.hidden * two.intermediate
+    assert 2 * part == full
+    assert board_tp.slice_config(SMALL, spec, 3) is None  # 8 heads do not split 3 ways
+    assert board_tp.slice_config({**SMALL, "num_key_value_heads": 4}, spec_of({**SMALL, "num_key_value_heads": 4}),
+                                 8) is not None
+    gpt2 = {"model_type": "gpt2", "n_embd": 128, "n_layer": 2, "n_head": 4, "vocab_size": 100, "n_positions": 64}
+    assert board_tp.slice_config(gpt2, spec_of(gpt2), 2) is None
+
+
+def test_board_groups_are_neighbouring_boards():
+    from tvm_spinn.target.topology import board_grid, topology_of
+
+    arch = tvm_spinn.make_system(boards=24)
+    topo = topology_of(arch)
+    for g in (2, 4, 8):
+        groups = board_tp.board_groups(board_grid(24), g)
+        assert len(groups) == 24 // g and sorted(b for grp in groups for b in grp) == list(range(24))
+        for grp in groups:
+            ring = grp + grp[:1] if g >= 4 else grp  # 2 x (g / 2) boards: a cycle
+            for a, b in zip(ring, ring[1:]):  # consecutive boards share a board edge
+                chips = range(48 * a, 48 * a + 48)
+                assert any(int(n) // 48 == b for c in chips for n in topo.neighbors[c]), (g, a, b)
+
+
+@pytest.mark.slow  # ~20-40 s: torch.export of the slices, mapping on boards
+def test_plan_splits_blocks_over_boards_when_that_is_faster(monkeypatch):
+    from tvm_spinn.runtime import simulator
+
+    monkeypatch.setattr(simulator, "run_program", lambda *a, **k: (_ for _ in ()).throw(AssertionError("simulated")))
+    cfg = dict(SMALL, hidden_size=2048, intermediate_size=8192, num_attention_heads=16, num_key_value_heads=4)
+    if "spinn/six-boards" not in tvm_spinn.known_targets():
+        tvm_spinn.register_system(tvm_spinn.make_system("spinn2-six-boards", boards=6), tag="spinn/six-boards")
+    system = "spinn/six-boards"
+    result = plan(cfg, target=system, batch=1, seq=64, dtype="int8")
+    alts = result.plan["alternatives"]
+    tp = {k: v for k, v in alts.items() if k.startswith("board_tp")}
+    assert tp, alts
+    # the kept plan is the fastest of all candidates
+    assert result.decode_latency_s == min(v["decode_s"] for v in alts.values())
+    fastest = min(tp, key=lambda k: (tp[k]["period_s"], tp[k]["chips"], k))
+    for name, alt in tp.items():
+        assert alt["chips"] % 48 == 0 and alt["chips"] // 48 <= 6 and alt["decode_s"] > 0
+        # the prompt is planned for the fastest degree only (planning time)
+        assert (0 < alt["ttft_s"] < float("inf")) if name == fastest else alt["ttft_s"] is None
+    if result.plan["placement"] == "board_tp":
+        p = result.plan
+        assert p["boards_used"] * 48 == result.chips_used
+        # the parts add up: blocks, the all-reduces, the hand-overs and the head
+        assert result.decode_latency_s == pytest.approx(p["block_decode_s"] * 4 + p["board_all_reduces_decode_s"]
+                                                        + p["handoff_decode_s"] + p["head_decode_s"])
+        assert p["board_all_reduces_decode_s"] == pytest.approx(2 * 4 * p["board_all_reduce_s"])
+    assert 0 < result.efficiency <= 1
+    # fp32 models keep the chain's bits: never split over boards
+    fp32 = plan(cfg, target=system, batch=1, seq=64, dtype="fp32")
+    assert not any(k.startswith("board_tp") for k in fp32.plan["alternatives"])
