@@ -538,5 +538,5 @@ def shard_program(program: Program, plan: ShardPlan) -> Program:
         for x in shard.tensors:
             if x.role != "const" and x.shape and x.shape[0] == plan.batch:
                 x.shape[0] //= plan.dp
-    shard.timing, shard.mapping, shard.memory, shard.tiles = None, {}, None, None
+    shard.timing, shard.mapping, shard.memory, shard.tiles = None, None, None, None
     return shard
