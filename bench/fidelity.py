@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -135,7 +135,8 @@ def sram_tops_w(m: int, k: int, chip: str) -> Callable[[], Result]:
     def run() -> Result:
         arch = CHIPS[chip]
         p, _ = _middle(m, k, arch)
-        p.mapping["onchip_tensors"] = sorted(set(p.mapping["onchip_tensors"]) | set(p.inputs) | set(p.outputs))
+        p.mapping = replace(p.mapping, onchip_tensors=tuple(sorted(set(p.mapping.onchip_tensors) | set(p.inputs)
+                                                                   | set(p.outputs))))
         t = evaluate(p, arch)
         return Result(t.flops / t.energy_j / 1e12,
                       f"{t.flops / t.latency_s / 1e12:.3f} TOPS at {t.energy_j / t.latency_s:.3f} W "

@@ -91,8 +91,8 @@ def test_report_is_consistent():
     assert rep.energy_j > 0 and 0 < rep.pe_utilization <= 1
     assert rep.cycles == sum(row["cycles"] for row in rep.layers)
     # each row names the mapping's decision for its layer: tile shape and PE range
-    for row, record in zip(rep.layers, rep.programs[0].mapping["layers"]):
-        assert row["tile"] == record["tile"] and row["pe_range"] == record["pes"]
+    for row, record in zip(rep.layers, rep.programs[0].mapping.layers):
+        assert row["tile"] == list(record.tile) and row["pe_range"] == list(record.pes)
     assert "tile" in rep.table().splitlines()[0]
     assert "conv2d" in str(rep)
 

@@ -317,11 +317,11 @@ def test_kv_cache_in_sram_when_it_fits_else_dram():
     # the same system, the cache held (weights="auto") or streamed (weights="stream")
     timed, state = {}, {}
     for weights in ("auto", "stream"):
-        mapped = dataclasses.replace(program, timing=None, mapping={}, memory=None, tiles=None)
+        mapped = dataclasses.replace(program, timing=None, mapping=None, memory=None, tiles=None)
         mapped.arch = fits
         (region,) = plan_system([mapped], fits, MappingOptions(weights=weights)).regions
         timed[weights], state[weights] = mapped, (region.state_bytes, region.state_sram_bytes)
-    assert resident_state(timed["auto"], timed["auto"].mapping["resident_layers"]) == caches
+    assert resident_state(timed["auto"], timed["auto"].mapping.resident_layers) == caches
     assert state["auto"] == (kv, kv) and state["stream"] == (kv, 0)
     assert timed["auto"].timing.latency_s <= timed["stream"].timing.latency_s
     # streamed, the cache crosses DRAM each step (the bound's I/O); held, it does not

@@ -11,6 +11,7 @@ batched C++ call per layer) and the same program with the split forced off.
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -43,6 +44,12 @@ def _gemv(k: int, n: int, x_zero: int = 3, rows: int = 1, seed: int = 0) -> Prog
     return program
 
 
+def _retiled(mapping, tile):
+    """``mapping`` with its first layer cut by ``tile``."""
+    return dataclasses.replace(mapping, layers=(dataclasses.replace(mapping.layers[0], tile=tuple(tile)),
+                                                *mapping.layers[1:]))
+
+
 def _reference(program: Program, x: np.ndarray) -> np.ndarray:
     layer = program.layers[0]
     w = program.constants[1].astype(np.int64) - program.constants[3].astype(np.int64)[None, :]
@@ -56,7 +63,7 @@ def test_split_reduction_is_chosen_and_keeps_the_bits(k, n):
     program = _gemv(k, n)
     with MappingOptions(weights="auto"):
         map_program(program, ARCH)
-    tile = program.mapping["layers"][0]["tile"]
+    tile = program.mapping.layers[0].tile
     assert len(tile) == 4 and tile[3] > 1  # few column tiles on 32 PEs: the reduction splits
     table = program.tiles.tables[0]
     parts = tile[3]
@@ -76,8 +83,7 @@ def test_split_reduction_is_chosen_and_keeps_the_bits(k, n):
         np.testing.assert_array_equal(got, ref)
     # the split is faster than the same tiles unsplit, as timed by the model
     whole = copy.copy(program)
-    whole.mapping = copy.deepcopy(program.mapping)
-    whole.mapping["layers"][0]["tile"] = tile[:3]
+    whole.mapping = _retiled(program.mapping, tile[:3])
     unsplit = evaluate(whole, ARCH, derive_tables(whole, ARCH)).cycles
     assert evaluate(program, ARCH).cycles < unsplit
     (got,) = run_program(whole, [x], mode="tiles")
@@ -105,9 +111,9 @@ def test_fp32_never_splits_and_records_are_validated():
     program = _gemv(4096, 24)
     with MappingOptions(weights="auto"):
         map_program(program, ARCH)
-    assert len(program.mapping["layers"][0]["tile"]) == 4
+    assert len(program.mapping.layers[0].tile) == 4
     loaded = Program.from_bytes(program.to_bytes())  # the record round-trips
-    assert loaded.mapping["layers"][0]["tile"] == program.mapping["layers"][0]["tile"]
+    assert loaded.mapping.layers[0].tile == program.mapping.layers[0].tile
     tables = derive_tables(loaded, ARCH)
     np.testing.assert_array_equal(tables[0].pe, program.tiles.tables[0].pe)
     assert evaluate(loaded, ARCH, tables).cycles == program.timing.cycles
@@ -128,8 +134,7 @@ def test_fp32_never_splits_and_records_are_validated():
     for parts, match in [(10, r"mapping\.layers\[0\]\.tile\[3\]: 10 reduction parts exceed"),
                          (0, r"mapping\.layers\[0\]\.tile\[3\]")]:
         bad = copy.copy(program)
-        bad.mapping = copy.deepcopy(program.mapping)
-        bad.mapping["layers"][0]["tile"][3] = parts
+        bad.mapping = _retiled(program.mapping, program.mapping.layers[0].tile[:3] + (parts,))
         with pytest.raises(ProgramError, match=match):
             Program.from_bytes(bad.to_bytes())
 
@@ -153,7 +158,7 @@ def test_split_conv_and_dense_requantize_like_the_whole_layer(monkeypatch):
                                  c["multiplier"]: np.full(shape["multiplier"], 1 << 30, np.int32),
                                  c["shift"]: np.full(shape["shift"], 40, np.int32)}
             map_program(program, arch, MappingOptions(split_k=split))
-            assert (len(program.mapping["layers"][0]["tile"]) == 4) == split
+            assert (len(program.mapping.layers[0].tile) == 4) == split
             if not outs:
                 x = rng.integers(-128, 128, program.tensors[0].shape).astype(np.int8)
                 (ref,) = run_program(program, [x], mode="layers")

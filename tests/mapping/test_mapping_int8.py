@@ -255,7 +255,7 @@ def test_int8_activations_and_weights_are_planned_with_one_byte():
     program = Program("main", arch, tensors, [0], [len(tensors) - 1], [quant, dense, deq])
     map_program(program, arch)
     # Weights (256 KiB int8 + 3 x 2 KiB epilogue) stay resident; in fp32 (1 MiB) they could not.
-    assert 1 in program.mapping["resident_layers"]
+    assert 1 in program.mapping.resident_layers
     assert 512 * 512 <= program.memory.resident_bytes_total < 2 * 512 * 512
     plan = plan_memory(program, arch)
     assert 1 in plan.resident_layers and max(plan.peak_bytes.values()) <= arch.tile_sram_bytes

@@ -77,16 +77,16 @@ def test_unbalanced_decode_gemm_becomes_resident_and_keeps_its_bits(monkeypatch)
     pes = ARCH.pes_per_chip
     # 10 MAC-wide tiles of 32 KiB on 8 PEs: two PEs would hold 64 KiB, over the ledger's cap.
     alone = _mapped([40], None)
-    assert alone.mapping["layers"][0]["tile"][1] == 4
+    assert alone.mapping.layers[0].tile[1] == 4
     assert 2 * K * 4 > LEDGER_RESIDENT_SHARE * ARCH.tile_sram_bytes
     ledger = _mapped([40], np.zeros(pes, dtype=np.int64))
-    assert ledger.mapping["resident_layers"] == [0]
-    assert ledger.mapping["layers"][0]["tile"][1] == 5  # 8 balanced blocks of 5 columns
+    assert ledger.mapping.resident_layers == (0,)
+    assert ledger.mapping.layers[0].tile[1] == 5  # 8 balanced blocks of 5 columns
     assert max(ledger.resident_pe.values()) <= LEDGER_RESIDENT_SHARE * ARCH.tile_sram_bytes
     # without the layout the same ledger streams the weights, slower
     monkeypatch.setattr(schedule, "_resident_layout", lambda *args: None)
     default = _mapped([40], np.zeros(pes, dtype=np.int64))
-    assert default.mapping["resident_layers"] == [] and default.mapping["layers"][0]["tile"][1] == 4
+    assert default.mapping.resident_layers == () and default.mapping.layers[0].tile[1] == 4
     assert ledger.timing.cycles < default.timing.cycles
     # bits: the tiles of either layout, executed tile by tile, equal the whole layer's
     x = np.random.default_rng(1).integers(-128, 128, (1, K), dtype=np.int8)
@@ -104,13 +104,13 @@ def test_resident_decode_gemm_splits_its_reduction_when_faster(monkeypatch):
     partial sums are exact in any order)."""
     pes = ARCH.pes_per_chip
     split = _mapped([40], np.zeros(pes, dtype=np.int64))
-    tile = split.mapping["layers"][0]["tile"]
+    tile = split.mapping.layers[0].tile
     assert len(tile) == 4 and tile[3] > 1  # [tm, tn, tk, parts]
-    assert split.mapping["resident_layers"] == [0]
+    assert split.mapping.resident_layers == (0,)
     assert max(split.resident_pe.values()) <= LEDGER_RESIDENT_SHARE * ARCH.tile_sram_bytes
     monkeypatch.setattr(schedule, "_split_layout", lambda *args: None)
     whole = _mapped([40], np.zeros(pes, dtype=np.int64))
-    assert whole.mapping["layers"][0]["tile"] == [ARCH.mac_rows, 5, 511] and whole.mapping["resident_layers"] == [0]
+    assert whole.mapping.layers[0].tile == (ARCH.mac_rows, 5, 511) and whole.mapping.resident_layers == (0,)
     assert split.timing.cycles < whole.timing.cycles
     x = np.random.default_rng(2).integers(-128, 128, (1, K), dtype=np.int8)
     (ref,) = run_program(whole, [x], mode="layers")
@@ -142,13 +142,13 @@ def test_attention_matmul_tiles_run_in_one_round_when_faster(monkeypatch):
         return program
 
     best = mapped()
-    assert best.mapping["layers"][0]["tile"][1] == 1 and np.bincount(best.tiles.tables[0].pe).max() == 3
+    assert best.mapping.layers[0].tile[1] == 1 and np.bincount(best.tiles.tables[0].pe).max() == 3
     monkeypatch.setattr(gemm_family, "choose_gemm_tile", lambda *args, **kwargs: (16, 2, 128))
     one = mapped()
     monkeypatch.setattr(schedule, "_one_round_layout", lambda *args: None)
     two = mapped()
-    assert two.mapping["layers"][0]["tile"][1] == 2 and np.bincount(two.tiles.tables[0].pe).max() == 2
-    assert one.mapping["layers"][0]["tile"][1] == 3 and np.bincount(one.tiles.tables[0].pe).max() == 1
+    assert two.mapping.layers[0].tile[1] == 2 and np.bincount(two.tiles.tables[0].pe).max() == 2
+    assert one.mapping.layers[0].tile[1] == 3 and np.bincount(one.tiles.tables[0].pe).max() == 1
     assert best.timing.cycles < one.timing.cycles < two.timing.cycles
     rng = np.random.default_rng(3)
     q = rng.standard_normal((b, m, k)).astype(np.float32)
@@ -171,19 +171,19 @@ def _layers_start_past_earlier_residents():
     # Two 4-column layers: one 32 KiB tile each, both on PE 0 by default (64 KiB, over the cap);
     # laid out, one column per PE, the second starting where the first ends.
     ledger = _mapped([4, 4], np.zeros(pes, dtype=np.int64))
-    assert ledger.mapping["resident_layers"] == [0, 1]
+    assert ledger.mapping.resident_layers == (0, 1)
     first, second = (set(t.pe.tolist()) for t in ledger.tiles.tables)
     assert not first & second
-    assert ledger.mapping["layers"][1]["rotate"] == 4
+    assert ledger.mapping.layers[1].rotate == 4
     # the records alone rebuild the same placement (what a loaded program's timeline uses) ...
     for a, b in zip(derive_tables(ledger, ARCH), ledger.tiles.tables):
         np.testing.assert_array_equal(a.pe, b.pe)
     # ... and the validated header carries them
     loaded = Program.from_bytes(ledger.to_bytes())
-    assert loaded.mapping["layers"][1]["rotate"] == 4
+    assert loaded.mapping.layers[1].rotate == 4
     # earlier programs' residents (the reserved bytes) push the first layer past them too
     reserved = np.zeros(pes, dtype=np.int64)
     reserved[:4] = 40 * 1024
     after = _mapped([4], reserved)
-    assert after.mapping["resident_layers"] == [0]
+    assert after.mapping.resident_layers == (0,)
     assert set(after.tiles.tables[0].pe.tolist()) == {4, 5, 6, 7}

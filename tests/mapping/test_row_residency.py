@@ -87,18 +87,18 @@ def test_streaming_column_plan_gives_way_to_resident_rows(monkeypatch):
     cap = LEDGER_RESIDENT_SHARE * ARCH.tile_sram_bytes
     assert 2 * K > cap  # two of a chip's 9 columns on one of its 8 PEs: over the cap
     rows = _mapped()
-    info = rows.mapping["system"]
-    assert info["tp"] == 4 and info["row"] == ROW_ALWAYS
-    assert rows.mapping["resident_layers"] == [0] and info["splits"] == {"row": 1}
+    info = rows.mapping.system
+    assert info.tp == 4 and info.row == ROW_ALWAYS
+    assert rows.mapping.resident_layers == (0,) and dict(info.splits) == {"row": 1}
     assert rows.memory.resident_bytes_total >= K * N  # every chip's rows in its PEs' SRAM
     assert rows.timing.system.streamed_bytes_per_chip == 0
     # without the variant the best plan streams its columns, slower
     cols = _mapped(monkeypatch)
-    assert cols.mapping["system"]["row"] is True and cols.mapping["resident_layers"] == []
+    assert cols.mapping.system.row is True and cols.mapping.resident_layers == ()
     assert cols.timing.system.streamed_bytes_per_chip > 0
     assert rows.timing.latency_s < cols.timing.latency_s
     # both are among the candidates the mapper timed
-    timed = {(c["tp"], c["row"]) for c in info["candidates"]}
+    timed = {(c.tp, c.row) for c in info.candidates}
     assert (4, ROW_ALWAYS) in timed and (4, True) in timed
     # the records rebuild the same plan (retime: a loaded program's timing)
     again = system.retime(rows, ARCH, derive_tables)

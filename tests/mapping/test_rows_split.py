@@ -61,7 +61,7 @@ def test_long_row_splits_when_it_pays_with_the_same_bits(board_rows):
     program = Program.from_bytes(data)
     idx = _rows_layers(program)
     assert set(idx) == {"layer_norm", "softmax", "mean"}, [layer.kind for layer in program.layers]
-    tiles = {kind: program.mapping["layers"][i]["tile"] for kind, i in idx.items()}
+    tiles = {kind: list(program.mapping.layers[i].tile) for kind, i in idx.items()}
     # layer_norm and softmax: one row split into chunks on several PEs (a mean's sum is all
     # serial: only its DMA gets shorter)
     assert tiles["layer_norm"][0] == 1 and tiles["layer_norm"][1] < 1024, tiles
@@ -87,7 +87,7 @@ def test_split_lowers_the_modelled_cost(board_rows):
     idx = _rows_layers(program)
     for kind in ("layer_norm", "softmax"):
         i = idx[kind]
-        tile = program.mapping["layers"][i]["tile"]
+        tile = list(program.mapping.layers[i].tile)
         chunked, whole = tile_costs(program, i, arch, tile), tile_costs(program, i, arch, [1, 1024])
         assert len(chunked.cycles) == -(-1024 // tile[1]) > 1
         assert chunked.cycles.max() < whole.cycles.max(), kind

@@ -163,7 +163,7 @@ def test_a_family_without_a_rule_is_replicated_with_the_reason():
         assert plan.replicated == ((program.layers[i].name, reason),)
         chosen = recorded_plan(program)
         if chosen.chips > 1:
-            assert chosen.splits[i] == "rep" and program.mapping["system"]["replicated"] == [[program.layers[i].name, reason]]
+            assert chosen.splits[i] == "rep" and program.mapping.system.replicated == ((program.layers[i].name, reason),)
             assert reason in str(tvm_spinn.report(ex))
     finally:
         ops.unregister(family)

@@ -1,4 +1,4 @@
-"""The typed records a program carries (its system, timing, memory): built by the compiler, written
+"""The typed records a program carries (its system, mapping, timing, memory): built by the compiler, written
 to and read back from the header JSON by :mod:`tvm_spinn.program.format` alone, frozen."""
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import pytest
 from tvm_spinn.mapping import MappingOptions, map_program
 from tvm_spinn.program import Layer, Program, ProgramError, TensorDesc
 from tvm_spinn.program.format import (
-    memory_from_json, memory_to_json, program_digest, timing_from_json, timing_to_json,
+    mapping_from_json, mapping_to_json, memory_from_json, memory_to_json, program_digest, timing_from_json,
+    timing_to_json,
 )
-from tvm_spinn.program.records import MemorySummary, TimingSummary
+from tvm_spinn.program.records import LayerMapping, MemorySummary, ProgramMapping, TimingSummary
 from tvm_spinn.target.arch import CHIPS, SpinnArch, make_system
 
 def _program(arch, k: int = 64, n: int = 64, rows: int = 4) -> Program:
@@ -50,15 +51,22 @@ def mapped(request):
 
 def test_records_round_trip_byte_identical(mapped):
     assert isinstance(mapped.timing, TimingSummary) and isinstance(mapped.memory, MemorySummary)
+    assert isinstance(mapped.mapping, ProgramMapping) and all(isinstance(r, LayerMapping) for r in mapped.mapping.layers)
     data = mapped.to_bytes()
     loaded = Program.from_bytes(data)
-    assert loaded.timing == mapped.timing and loaded.memory == mapped.memory
+    assert loaded.timing == mapped.timing and loaded.memory == mapped.memory and loaded.mapping == mapped.mapping
     assert isinstance(loaded.arch, SpinnArch) and loaded.arch == mapped.arch
     assert loaded.to_bytes() == data
     header = _header(data)
     assert timing_from_json(header["timing"]) == mapped.timing
     assert memory_from_json(header["memory"]) == mapped.memory
+    assert mapping_from_json(header["mapping"]) == mapped.mapping
     assert timing_to_json(loaded.timing) == header["timing"] and memory_to_json(loaded.memory) == header["memory"]
+    assert mapping_to_json(loaded.mapping) == header["mapping"]
+    # keys at their defaults are left out: the static scheduler, a placement from the range's first PE
+    assert "scheduler" not in header["mapping"] and mapped.mapping.scheduler == "static"
+    assert all(("rotate" in row) == bool(rec.rotate) for row, rec in zip(header["mapping"]["layers"],
+                                                                         mapped.mapping.layers))
     assert loaded.arch.to_dict() == header["arch"]
     assert len(mapped.timing.layers) == len(mapped.layers)
 
@@ -67,6 +75,11 @@ def test_system_figures_only_on_several_chips(mapped):
     chips = mapped.timing.system.chips if mapped.timing.system is not None else 1
     assert chips == mapped.arch.chips
     assert ("system" in timing_to_json(mapped.timing)) == (mapped.timing.system is not None)
+    assert ("system" in mapping_to_json(mapped.mapping)) == (mapped.mapping.system is not None) == (chips > 1)
+    if mapped.mapping.system is not None:
+        system = mapped.mapping.system
+        assert system.chips == system.tp * system.dp * system.sp == chips
+        assert system.candidates and sum(n for _, n in system.splits) == len(mapped.layers)
     assert all(row.chips == chips for row in mapped.timing.layers)
 
 
@@ -76,13 +89,16 @@ def test_records_are_frozen(mapped):
     assert mapped.memory.ranges
     with pytest.raises(dataclasses.FrozenInstanceError):
         mapped.memory.ranges[0].what = "x"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        mapped.mapping.layers[0].tile = (1, 1, 1)
+    assert isinstance(mapped.mapping.layers, tuple) and isinstance(mapped.mapping.resident_layers, tuple)
 
 
 def test_unmapped_program_has_no_records():
     program = _program(CHIPS["production"])
-    assert program.timing is None and program.memory is None
-    assert timing_to_json(None) == {} and memory_to_json(None) == {}
-    assert timing_from_json({}) is None and memory_from_json({}) is None
+    assert program.timing is None and program.memory is None and program.mapping is None
+    assert timing_to_json(None) == {} and memory_to_json(None) == {} and mapping_to_json(None) == {}
+    assert timing_from_json({}) is None and memory_from_json({}) is None and mapping_from_json({}) is None
 
 
 @pytest.mark.parametrize("field,edit,message", [
@@ -92,9 +108,29 @@ def test_unmapped_program_has_no_records():
     ("timing", lambda t: t.update(layers=3), r"^timing\.layers: expected a list"),
     ("memory", lambda m: m["ranges"].append([0, 1]), r"^memory\.ranges\[\d+\]: expected \[start, end"),
     ("memory", lambda m: m.pop("busiest_pe"), r"^memory: missing key\(s\) \['busiest_pe'\]"),
+    ("mapping", lambda m: m.pop("mode"), r"^mapping: missing key\(s\) \['mode'\]"),
+    ("mapping", lambda m: m.update(note=1), r"^mapping: missing key\(s\) \[\], unknown key\(s\) \['note'\]"),
+    ("mapping", lambda m: m.update(options=3), r"^mapping\.options: expected an object"),
+    ("mapping", lambda m: m.update(resident_layers=3), r"^mapping\.resident_layers: expected a list"),
+    ("mapping", lambda m: m["layers"][0].update(note=1), r"^mapping\.layers\[0\]: unknown key\(s\) \['note'\]"),
 ])
-def test_defective_records_name_their_field(field, edit, message):
-    data = _mapped(make_system("records-1", chips=1, pes_per_chip=32)).to_bytes()
+def test_defective_records_name_their_field(field, edit, message, chips=1):
+    _check_defect(field, edit, message, chips)
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda m: m["system"].pop("tp"), r"^mapping\.system: missing key\(s\) \['tp'\]"),
+    (lambda m: m["system"].update(splits=[]), r"^mapping\.system\.splits: expected an object"),
+    (lambda m: m["system"]["candidates"][0].pop("fits"), r"^mapping\.system\.candidates\[0\]: missing key\(s\) \['fits'\]"),
+    (lambda m: m["system"].update(replicated=[["x"]]), r"^mapping\.system\.replicated\[0\]: expected \[layer name, reason\]"),
+    (lambda m: m["system"].update(collectives={}), r"^mapping\.system\.collectives: expected a list"),
+])
+def test_defective_system_mapping_names_its_field(edit, message):
+    _check_defect("mapping", edit, message, 2)
+
+
+def _check_defect(field, edit, message, chips):
+    data = _mapped(make_system(f"records-{chips}", chips=chips, pes_per_chip=32)).to_bytes()
     version = struct.unpack_from("<I", data, 8)[0]
     (hlen,) = struct.unpack_from("<Q", data, 16)
     header = json.loads(data[24:24 + hlen])

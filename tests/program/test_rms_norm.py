@@ -7,6 +7,7 @@ a transformers Llama model whose norms all become ``spinn.rms_norm`` close to Py
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -154,7 +155,8 @@ def test_relax_rms_norm_fuses():
 
 def _retiled(program: Program, tile) -> Program:
     p = copy.deepcopy(program)
-    p.mapping["layers"][0]["tile"] = list(tile)
+    p.mapping = dataclasses.replace(p.mapping, layers=(dataclasses.replace(p.mapping.layers[0], tile=tuple(tile)),
+                                                       *p.mapping.layers[1:]))
     return Program.from_bytes(p.to_bytes())
 
 
@@ -175,7 +177,7 @@ def _one_layer(row: int, target: str, weighted: bool = True) -> Program:
 def test_split_row_same_bits_every_tiling_and_native(weighted, monkeypatch):
     # a decode step's row on a board: split over PEs in chunks of whole blocks
     program = _one_layer(1024, "spinn/board", weighted)
-    tile = program.mapping["layers"][0]["tile"]
+    tile = list(program.mapping.layers[0].tile)
     assert tile[0] == 1 and tile[1] < 1024 and tile[1] % LAYER_NORM_BLOCK == 0, tile
     x = (np.random.default_rng(3).normal(size=(1, 1024)) * 4 + 1).astype(F32)
     ref = _reference(x, program.constants.get(2), F32(1e-5))
@@ -194,7 +196,7 @@ def test_split_row_chains_block_sums():
     arch = arch_of("spinn/board")
     rows = family_of("rms_norm")
     layer = program.layers[0]
-    tile = program.mapping["layers"][0]["tile"]
+    tile = list(program.mapping.layers[0].tile)
 
     def cycles(t):
         lo, hi, _ = rows.expand_regions(program, layer, t)
@@ -214,7 +216,7 @@ def test_row_longer_than_a_pe_splits_to_fit():
     arch = arch_of("spinn")
     assert 2 * 8 * 8192 > arch.tile_sram_bytes
     program = _one_layer(8192, "spinn")
-    tile = program.mapping["layers"][0]["tile"]
+    tile = list(program.mapping.layers[0].tile)
     assert tile[1] < 8192 and tile[1] % LAYER_NORM_BLOCK == 0 and 2 * 8 * tile[1] <= arch.tile_sram_bytes
     x = np.random.default_rng(4).normal(size=(1, 8192)).astype(F32)
     (got,) = run_program(program, [x], mode="tiles")

@@ -90,7 +90,7 @@ def test_placement_and_roofline_use_the_application_pes(chip, pes):
     program = map_program(_int8_dense(arch, m, k, n), arch)
     used = {t.pe for t in program.tiles}
     assert len(program.tiles) > pes and used == set(range(pes))  # every application PE, no other
-    assert program.mapping["layers"][0]["pes"] == [0, pes]  # the layer runs on exactly those
+    assert program.mapping.layers[0].pes == (0, pes)  # the layer runs on exactly those
     flops = 2 * m * k * n
     assert program.layers[0].flops == flops
     # compute-bound even if every byte crossed DRAM (int8 x, w, y and three int32 vectors)

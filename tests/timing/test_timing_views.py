@@ -130,7 +130,7 @@ def test_split_row_chain_from_registers():
     b = _Builder([1, 1024])
     y = b.add("softmax", [0], [1, 1024], {})
     program = b.program(y)
-    tile = program.mapping["layers"][0]["tile"]
+    tile = list(program.mapping.layers[0].tile)
     assert 1 < tile[1] <= ARCH.m4f_chain_registers
     slow = dataclasses.replace(ARCH, m4f_chain_registers=1)
     from tvm_spinn.program.ops.rows import Rows  # noqa: PLC0415 - the family under test
@@ -153,7 +153,7 @@ def test_split_layer_norm_chains_block_sums():
     be, bv = b.const([1024], 0.0)
     y = b.add("layer_norm", [0], [1, 1024], {"gamma": g, "beta": be}, epsilon=1e-5, center=True, scale=True)
     program = b.program(y)
-    tile = program.mapping["layers"][0]["tile"]
+    tile = list(program.mapping.layers[0].tile)
     assert tile[1] % LAYER_NORM_BLOCK == 0 and tile[1] < 1024
     rows = family_of("layer_norm")
     lo, hi, _ = rows.expand_regions(program, program.layers[0], tile)

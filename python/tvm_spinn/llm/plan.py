@@ -201,7 +201,7 @@ def _clone(program):
         program, tensors=[dataclasses.replace(t) for t in program.tensors],
         layers=[dataclasses.replace(layer, consts=dict(layer.consts), attrs=dict(layer.attrs)) for layer in program.layers],
         inputs=list(program.inputs), outputs=list(program.outputs), constants=dict(program.constants),
-        timing=None, mapping={}, memory=None, tiles=None)
+        timing=None, mapping=None, memory=None, tiles=None)
 
 
 @dataclass(frozen=True)
@@ -502,7 +502,7 @@ def _slice(program, a: int, b: int):
                 for layer in layers],
         inputs=[remap[t] for t in inputs], outputs=[remap[t] for t in used if tensors[remap[t]].role == "output"],
         constants={remap[t]: program.constants[t] for t in used if t in program.constants},
-        timing=None, mapping={}, memory=None, tiles=None)
+        timing=None, mapping=None, memory=None, tiles=None)
 
 
 def _atoms(index: int, program) -> list[tuple[int, int, int, int]]:

@@ -126,13 +126,13 @@ def _delta(before: SystemState, after: SystemState) -> tuple[tuple[int, ...], in
 def _region(program: Program, budget: RegionBudget, onchip: tuple, stage: int = 0, sram=(), dram: int = 0) -> RegionPlan:
     """The :class:`RegionPlan` of a mapped ``program``."""
     every = resident_state(program, range(len(program.layers)))
-    kept = resident_state(program, program.mapping.get("resident_layers", []))
+    kept = resident_state(program, program.mapping.resident_layers)
     gathered = onchip
-    system = program.mapping.get("system")
+    system = program.mapping.system
     if onchip and system is not None:
         local = recorded_plan(program).shapes
         gathered = tuple(t for t in onchip if tuple(local[t]) == tuple(program.tensors[t].shape))
-    return RegionPlan(program.symbol, budget, stage, int(system["chips"]) if system else 1, tuple(sram), int(dram),
+    return RegionPlan(program.symbol, budget, stage, int(system.chips) if system is not None else 1, tuple(sram), int(dram),
                       sum(program.tensors[t].nbytes for t in every), sum(program.tensors[t].nbytes for t in kept),
                       gathered)
 

@@ -1,8 +1,9 @@
 """The mapping compiler's driver: tile shapes, placement, memory plan, timing.
 
 A layer's mapping is data: its tile shape and the contiguous PE range it runs on
-(``program.mapping["layers"][i] = {"tile": [...], "pes": [first, count]}``, and ``"rotate"``
-where placement starts past PEs holding residents, see :func:`_resident_layout`). Everything else
+(``program.mapping.layers[i]``, a :class:`~tvm_spinn.program.records.LayerMapping` of ``tile``,
+``pes = (first, count)`` and ``rotate``, the PE placement starts from past PEs holding residents,
+see :func:`_resident_layout`). Everything else
 is derived from those, vectorized: the tiles with their bytes and cycles
 (:func:`~.tiling.tile_costs`), their placement (:func:`~.placement.place_tiles`), the transfers
 and timeline the timing model works out (:mod:`tvm_spinn.timing`). The compiler keeps the
@@ -13,7 +14,6 @@ same tiles from them (e.g. for a timeline of a loaded program).
 
 from __future__ import annotations
 
-import copy
 import json
 from dataclasses import replace
 
@@ -21,7 +21,7 @@ import numpy as np
 
 from ..program import Program
 from ..program.ops import family_of
-from ..program.records import AddressRange, MemorySummary
+from ..program.records import AddressRange, LayerMapping, MemorySummary, ProgramMapping
 from ..program.tiles import ProgramTiles, TileTable
 from ..target.arch import SpinnArch
 from .memory import LEDGER_RESIDENT_SHARE, activation_label, check_capacity, plan_memory, weight_bytes_per_pe
@@ -57,14 +57,14 @@ def _place(program: Program, index: int, arch: SpinnArch, tile, first: int, coun
 def derive_tables(program: Program, arch: SpinnArch) -> list[TileTable]:
     """The placed tiles of every layer of a mapped (or loaded) program, from its per-layer
     mapping records: the same tables the compiler built."""
-    if "system" in program.mapping:  # the tiles of one chip's shard (see .system)
+    if program.mapping.system is not None:  # the tiles of one chip's shard (see .system)
         return system_tables(program, arch, derive_tables)
-    naive = bool(program.mapping.get("options", {}).get("naive", False))
+    naive = bool(program.mapping.options.get("naive", False))
     tables = []
-    for i, record in enumerate(program.mapping["layers"]):
+    for i, record in enumerate(program.mapping.layers):
         layer_work(program, i, arch)
-        first, count = record["pes"]
-        tables.append(_place(program, i, arch, record["tile"], first, count, naive, int(record.get("rotate", 0))))
+        first, count = record.pes
+        tables.append(_place(program, i, arch, list(record.tile), first, count, naive, int(record.rotate)))
     return tables
 
 
@@ -101,8 +101,8 @@ def _replay(program: Program, entry: tuple) -> None:
     :class:`MappingMemo`), its activations' address ranges labelled with its own names."""
     tables, mapping, timing, memory, activation_ranges = entry
     program.tiles = ProgramTiles(tables)
-    program.mapping = copy.deepcopy(mapping)
-    program.timing = timing  # frozen: shared, never edited
+    program.mapping = mapping  # frozen records: shared, never edited
+    program.timing = timing
     ranges = list(memory.ranges)
     for k in activation_ranges:
         ranges[k] = replace(ranges[k], what=activation_label(program, ranges[k].first_layer))
@@ -113,7 +113,7 @@ def _entry(program: Program) -> tuple:
     """What :func:`_replay` needs of a freshly mapped ``program``."""
     ranges = program.memory.ranges
     labelled = [k for k, rng in enumerate(ranges) if rng.what == activation_label(program, rng.first_layer)]
-    return (program.tiles.tables, copy.deepcopy(program.mapping), program.timing,
+    return (program.tiles.tables, program.mapping, program.timing,
             program.memory, labelled)
 
 
@@ -159,17 +159,14 @@ def _map(program: Program, arch: SpinnArch, mode: str, options: MappingOptions, 
         tile = choose_tile(program, i, arch, pes=count, naive=options.naive,
                            resident=options.weights == "resident")
         tables.append(_place(program, i, arch, tile, first, count, options.naive))
-        records.append({"tile": [int(v) for v in tile], "pes": [int(first), int(count)]})
+        records.append(LayerMapping(tile=tuple(int(v) for v in tile), pes=(int(first), int(count))))
 
     weights = "stream" if options.naive else options.weights
     activations = "dram" if options.naive else options.activations
-    base = {
-        "mode": mode, "options": options.to_dict(), "chips_per_layer": chips,
-        "pes_per_layer": [count for _, count in ranges],
-        "double_buffer": not options.naive and options.double_buffer,
-    }
-    if options.scheduler != "static":  # the default static schedule is left out (programs' bytes)
-        base["scheduler"] = options.scheduler
+    base = ProgramMapping(mode=mode, options=options.to_dict(), chips_per_layer=tuple(chips),
+                          pes_per_layer=tuple(count for _, count in ranges),
+                          double_buffer=not options.naive and options.double_buffer, layers=(),
+                          scheduler=options.scheduler)
     # weights="auto": residency competes with on-chip activations for SRAM, and keeping weights
     # can push activations out to DRAM; the timing model decides between the greedy residency
     # plan and streaming every weight (ties keep the weights). Under a build's SRAM ledger
@@ -200,8 +197,8 @@ def _map(program: Program, arch: SpinnArch, mode: str, options: MappingOptions, 
         plan = _plan(program, arch, choice, activations, tabs, reserved)
         if first_plan is None:
             first_plan = plan
-        program.mapping = dict(base, layers=recs, resident_layers=plan.resident_layers,
-                               onchip_tensors=plan.onchip_tensors)
+        program.mapping = replace(base, layers=tuple(recs), resident_layers=tuple(plan.resident_layers),
+                                  onchip_tensors=tuple(plan.onchip_tensors))
         timing = evaluate(program, arch, tabs).summary()
         if best is None or timing.cycles < best[2].cycles:
             best = (plan, program.mapping, timing, tabs)
@@ -254,7 +251,7 @@ def _resident_layout(program: Program, arch: SpinnArch, ranges, tables, records,
     caller keeps this layout only when the timing model finds it faster.
     """
     cap, budget, held = _ledger_start(arch, ranges, reserved)
-    out_tables, out_records, changed = list(tables), [dict(r) for r in records], False
+    out_tables, out_records, changed = list(tables), list(records), False
     for i, layer in enumerate(program.layers):
         table = tables[i]
         if "resident" not in family_of(layer.kind).layouts(layer) or not len(table) or int(table.group.min()) < 0 \
@@ -263,7 +260,7 @@ def _resident_layout(program: Program, arch: SpinnArch, ranges, tables, records,
         if len(table) != int(table.group.max()) + 1:
             continue  # several row tiles share each block (not a decode step): left as chosen
         first, count = ranges[i]
-        tm, tn, tk, *rest = (int(v) for v in records[i]["tile"])
+        tm, tn, tk, *rest = (int(v) for v in records[i].tile)
         parts = rest[0] if rest else 1  # a split reduction: each column block in parts
         n = int(layer.gemm[1])
 
@@ -290,9 +287,8 @@ def _resident_layout(program: Program, arch: SpinnArch, ranges, tables, records,
         if tile[1] != tn or rotate:
             changed = True
             out_tables[i] = placed
-            out_records[i] = {"tile": tile, "pes": [int(first), int(count)]}
-            if rotate:
-                out_records[i]["rotate"] = rotate
+            out_records[i] = LayerMapping(tile=tuple(int(v) for v in tile), pes=(int(first), int(count)),
+                                          rotate=int(rotate))
     return (out_tables, out_records) if changed else None
 
 
@@ -318,14 +314,14 @@ def _split_layout(program: Program, arch: SpinnArch, ranges, tables, records, re
     if not current_options().split_k:  # reductions split over PEs switched off (MappingOptions)
         return None
     cap, budget, held = _ledger_start(arch, ranges, reserved)
-    out_tables, out_records, changed = list(tables), [dict(r) for r in records], False
+    out_tables, out_records, changed = list(tables), list(records), False
     for i, layer in enumerate(program.layers):
         table = tables[i]
         if "split_k" not in family_of(layer.kind).layouts(layer) or not len(table) or int(table.group.min()) < 0 \
                 or not int(table.w_bytes.max()):
             continue
-        tm, tn, tk, *rest = (int(v) for v in records[i]["tile"])
-        first, count = records[i]["pes"]
+        tm, tn, tk, *rest = (int(v) for v in records[i].tile)
+        first, count = records[i].pes
         parts = rest[0] if rest else 1
         if len(table) != (int(table.group.max()) + 1) or int(table.lo[:, 0].max()) > 0 \
                 or -(-int(layer.gemm[0]) // tm) > 1:
@@ -364,9 +360,8 @@ def _split_layout(program: Program, arch: SpinnArch, ranges, tables, records, re
         held[pes] += b
         changed = True
         out_tables[i] = placed
-        out_records[i] = {"tile": [int(v) for v in tile], "pes": [int(first), int(count)]}
-        if rotate:
-            out_records[i]["rotate"] = rotate
+        out_records[i] = LayerMapping(tile=tuple(int(v) for v in tile), pes=(int(first), int(count)),
+                                      rotate=int(rotate))
     return (out_tables, out_records) if changed else None
 
 
@@ -385,16 +380,16 @@ def _one_round_layout(program: Program, arch: SpinnArch, tables, records):
     from ..program.ops.gemm import gemm_shape
 
     budget = working_budget(arch)
-    out_tables, out_records, changed = list(tables), [dict(r) for r in records], False
+    out_tables, out_records, changed = list(tables), list(records), False
     for i, layer in enumerate(program.layers):
         table = tables[i]
         if "one_round" not in family_of(layer.kind).layouts(layer) or not len(table):
             continue
-        first, count = records[i]["pes"]
+        first, count = records[i].pes
         per_pe = np.bincount(table.pe - first)
         if per_pe.max() < 2:
             continue
-        tm, tn, tk, *rest = (int(v) for v in records[i]["tile"])
+        tm, tn, tk, *rest = (int(v) for v in records[i].tile)
         g = gemm_shape(program, layer)
         rows = g.batch * -(-g.m // tm)
         now = float(np.bincount(table.pe - first, weights=table.cycles).max())
@@ -414,7 +409,7 @@ def _one_round_layout(program: Program, arch: SpinnArch, tables, records):
             continue
         changed = True
         out_tables[i] = place_tiles(tile_costs(program, i, arch, best[1]), first, count, arch)
-        out_records[i] = {"tile": [int(v) for v in best[1]], "pes": [int(first), int(count)]}
+        out_records[i] = LayerMapping(tile=tuple(int(v) for v in best[1]), pes=(int(first), int(count)))
     return (out_tables, out_records) if changed else None
 
 

@@ -550,5 +550,5 @@ def shard_program(program: Program, plan: ShardPlan) -> Program:
             if old in layer.inputs:
                 layer.inputs = [nid if tid == old else tid for tid in layer.inputs]
         current[c.tensor] = nid
-    shard.timing, shard.mapping, shard.memory, shard.tiles = None, {}, None, None
+    shard.timing, shard.mapping, shard.memory, shard.tiles = None, None, None, None
     return shard

@@ -28,14 +28,13 @@ A model that does not fit (no stage left whose DRAM holds the shard) raises
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 import tvm_ffi
 
 from ..program import Program
-from ..program.records import TimingSummary
+from ..program.records import PlanCandidate, PlanCollective, SystemMapping, TimingSummary
 from ..program.ops import family_of
 from ..target.arch import SpinnArch
 from ..target.topology import ring_order, topology_of
@@ -243,7 +242,7 @@ def _system_timing(program: Program, plan: ShardPlan, shard: Program, tables, ch
     """Compose the system timing of a mapped shard (its tiles ``tables``); ``onchip``: the
     program's inputs already in the chips' SRAM when it starts (see
     :attr:`~.budget.RegionBudget.onchip_inputs`)."""
-    resident = set(shard.mapping.get("resident_layers", []))
+    resident = set(shard.mapping.resident_layers)
     # A streamed layer's shard is prefetched into SRAM once (the share of the chip's SRAM that
     # residents leave, double-buffered) and its tiles then read it on chip; a shard larger than
     # that is read by the tiles from DRAM as the PE-level schedule does (blocks re-fetched).
@@ -277,8 +276,8 @@ def _system_timing(program: Program, plan: ShardPlan, shard: Program, tables, ch
     # read over the NoC too, and cross no DRAM.
     arrived = [t for t in onchip if t in shard.inputs and shard.tensors[t].nbytes <= room]
     gathered += arrived
-    shard.mapping = dict(saved, resident_layers=list(range(len(shard.layers))),
-                         onchip_tensors=sorted(set(saved.get("onchip_tensors", [])) | set(gathered)))
+    shard.mapping = replace(saved, resident_layers=tuple(range(len(shard.layers))),
+                            onchip_tensors=tuple(sorted(set(saved.onchip_tensors) | set(gathered))))
     local = evaluate(shard, chip, tables)
     shard.mapping = saved
     exec_cycles = [row.cycles for row in local.layers]
@@ -310,15 +309,15 @@ def retime(program: Program, arch: SpinnArch, derive) -> TimingSummary:
     """The timing of a system-mapped (e.g. loaded) program, re-derived from its mapping records:
     what the compiler stored in ``program.timing`` (``derive`` is
     :func:`tvm_spinn.mapping.derive_tables`)."""
-    info = program.mapping["system"]
+    info = program.mapping.system
     plan = recorded_plan(program)
     shard = shard_program(program, plan)
-    shard.mapping = {k: v for k, v in program.mapping.items() if k != "system"}
+    shard.mapping = replace(program.mapping, system=None)
     chip = _chip_arch(arch)
     tables = derive(shard, chip)
     shard.timing = evaluate(shard, chip, tables).summary()
     st = _system_timing(program, plan, shard, tables, chip, topology_of(arch))
-    return _timing_dict(program, shard, plan, st, float(info.get("handoff_s", 0.0)), arch)
+    return _timing_dict(program, shard, plan, st, float(info.handoff_s), arch)
 
 
 def _row_always_sibling(program: Program, best, weights: str) -> ShardPlan | None:
@@ -337,7 +336,7 @@ def _row_always_sibling(program: Program, best, weights: str) -> ShardPlan | Non
     plan, shard = best[0], best[2]
     if plan.tp <= 1 or plan.row == ROW_ALWAYS:
         return None
-    resident = set(shard.mapping.get("resident_layers", []))
+    resident = set(shard.mapping.resident_layers)
     streamed = [i for i, layer in enumerate(program.layers)
                 if family_of(layer.kind).weight_gemm(layer) and i not in resident]
     if not streamed:
@@ -349,11 +348,10 @@ def _row_always_sibling(program: Program, best, weights: str) -> ShardPlan | Non
 
 
 def recorded_plan(program: Program) -> ShardPlan:
-    """The shard plan a system-mapped program's records name (``program.mapping["system"]``)."""
-    info = program.mapping["system"]
-    row = info.get("row", True)
-    return plan_shards(program, int(info["tp"]), int(info["dp"]), row if row == ROW_ALWAYS else bool(row),
-                       int(info.get("sp", 1)))
+    """The shard plan a system-mapped program's records name (``program.mapping.system``)."""
+    info = program.mapping.system
+    row = info.row
+    return plan_shards(program, int(info.tp), int(info.dp), row if row == ROW_ALWAYS else bool(row), int(info.sp))
 
 
 def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState | None, map_one, key: str | None,
@@ -470,7 +468,7 @@ def system_tables(program: Program, arch: SpinnArch, derive):
     :func:`tvm_spinn.mapping.derive_tables`)."""
     plan = recorded_plan(program)
     shard = shard_program(program, plan)
-    shard.mapping = {k: v for k, v in program.mapping.items() if k != "system"}
+    shard.mapping = replace(program.mapping, system=None)
     return derive(shard, _chip_arch(arch))
 
 
@@ -484,13 +482,16 @@ def _resident_per_pe(shard: Program, pes: int) -> np.ndarray:
 def _install(program: Program, shard: Program, plan: ShardPlan, st, results, stage: int, handoff, arch: SpinnArch) -> None:
     """Give ``program`` the shard's mapping and the system timing."""
     program.tiles = shard.tiles
-    mapping = copy.deepcopy(shard.mapping)
-    mapping["system"] = dict(plan.summary(), stage=stage, candidates=results,
-                             collectives=[vars(c) for c in plan.collectives],
-                             handoff_s=handoff.seconds if handoff is not None else 0.0)
-    mapping["chips_per_layer"] = [plan.chips] * len(program.layers)
-    program.mapping = mapping
-    program.timing = _timing_dict(program, shard, plan, st, mapping["system"]["handoff_s"], arch)
+    summary = plan.summary()
+    system = SystemMapping(
+        tp=summary["tp"], dp=summary["dp"], sp=summary["sp"], row=summary["row"], chips=summary["chips"],
+        splits=tuple(summary["splits"].items()), stage=stage,
+        candidates=tuple(PlanCandidate(**c) for c in results),
+        collectives=tuple(PlanCollective(**vars(c)) for c in plan.collectives),
+        handoff_s=handoff.seconds if handoff is not None else 0.0,
+        replicated=tuple(tuple(x) for x in summary.get("replicated", ())))
+    program.mapping = replace(shard.mapping, system=system, chips_per_layer=(plan.chips,) * len(program.layers))
+    program.timing = _timing_dict(program, shard, plan, st, system.handoff_s, arch)
     # the whole group's resident bytes (each chip holds its shard's); labels in this program's names
     ranges = tuple(replace(rng, what=activation_label(program, rng.first_layer))
                    if str(rng.what).startswith("activation ") else rng for rng in shard.memory.ranges)

@@ -86,4 +86,4 @@ def gemm_view(program, index: int):
 def gemm_chunk(program, index: int) -> int:
     """Products per reduction chunk of the layer's tiles (the mapper's tile depth)."""
     from ..program.ops.gemm.geometry import chunk_length
-    return chunk_length(gemm_view(program, index).k, program.mapping["layers"][index]["tile"][2])
+    return chunk_length(gemm_view(program, index).k, program.mapping.layers[index].tile[2])

@@ -35,7 +35,10 @@ Header JSON fields (all lists in execution order; all ids are indices):
   :func:`tvm_spinn.mapping.placement.place_tiles`)
   (:mod:`.tiles`): every tile, its region and its reduction chunks follow from those; the
   schedule (transfers, order, barriers) is derived by the timing model, never stored, so the
-  header is O(layers)
+  header is O(layers); over several chips ``mapping.system``, the shard plan. A
+  :class:`~.records.ProgramMapping` in memory (:func:`mapping_to_json`,
+  :func:`mapping_from_json`; ``{}`` before mapping); keys at their defaults (``scheduler``
+  static, ``rotate`` 0, no ``system``, no ``replicated`` layers) are left out
 - ``memory``: SRAM plan: per-PE peak bytes, resident weight bytes, checked non-overlapping
   address ranges of the busiest PE (each ``[start, end, first layer, last layer, what]``), a
   :class:`~.records.MemorySummary` in memory (:func:`memory_to_json`, :func:`memory_from_json`;
@@ -68,12 +71,14 @@ if TYPE_CHECKING:
 from .model import Layer, ProgramError, TensorDesc, Tile
 from .ops import layer_kinds
 from .records import (
-    AddressRange, CollectiveSummary, LayerTimingSummary, MemorySummary, SystemTimingSummary, TimingSummary,
+    AddressRange, CollectiveSummary, LayerMapping, LayerTimingSummary, MemorySummary, PlanCandidate, PlanCollective,
+    ProgramMapping, SystemMapping, SystemTimingSummary, TimingSummary,
 )
 
 __all__ = [
     "PROGRAM_MAGIC", "PROGRAM_VERSION", "CHECKSUM_BYTES", "LAYER_KINDS", "MAX_HEADER_BYTES", "ProgramError", "TensorDesc", "Layer",
     "Tile", "Program", "program_digest", "timing_to_json", "timing_from_json", "memory_to_json", "memory_from_json",
+    "mapping_to_json", "mapping_from_json",
 ]
 
 PROGRAM_MAGIC = b"SPINNPRG"
@@ -101,7 +106,7 @@ class Program:
     outputs: list[int]
     layers: list[Layer]
     timing: TimingSummary | None = None
-    mapping: dict = field(default_factory=dict)
+    mapping: ProgramMapping | None = None
     memory: MemorySummary | None = None
     constants: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
     version: int = PROGRAM_VERSION
@@ -125,7 +130,7 @@ class Program:
             "outputs": self.outputs,
             "layers": [dict(vars(layer)) for layer in self.layers],
             "timing": timing_to_json(self.timing),
-            "mapping": self.mapping,
+            "mapping": mapping_to_json(self.mapping),
             "memory": memory_to_json(self.memory),
         }
 
@@ -219,7 +224,7 @@ class Program:
             symbol=header["symbol"], arch=SpinnArch.from_dict(header["arch"]), tensors=tensors,
             inputs=header["inputs"], outputs=header["outputs"],
             layers=[Layer(**layer) for layer in header["layers"]],
-            timing=timing_from_json(header["timing"]), mapping=header["mapping"], memory=memory_from_json(header["memory"]),
+            timing=timing_from_json(header["timing"]), mapping=mapping_from_json(header["mapping"]), memory=memory_from_json(header["memory"]),
             constants=constants, version=version,
         )
 
@@ -319,6 +324,96 @@ def memory_from_json(value) -> MemorySummary | None:
             raise ProgramError(f"memory.ranges[{i}]: expected [start, end, first layer, last layer, what]")
         ranges.append(AddressRange(*rng))
     return _record(MemorySummary, _MEMORY_KEYS, value, "memory", ranges=tuple(ranges))
+
+
+_LAYER_MAPPING_KEYS = tuple(f.name for f in fields(LayerMapping))
+_CANDIDATE_KEYS = tuple(f.name for f in fields(PlanCandidate))
+_PLAN_COLLECTIVE_KEYS = tuple(f.name for f in fields(PlanCollective))
+_SYSTEM_MAPPING_KEYS = tuple(f.name for f in fields(SystemMapping))
+_MAPPING_KEYS = tuple(f.name for f in fields(ProgramMapping))
+
+
+def _system_mapping_to_json(system: SystemMapping) -> dict:
+    out = {k: getattr(system, k) for k in _SYSTEM_MAPPING_KEYS if k != "replicated"}
+    out["splits"] = dict(system.splits)
+    out["candidates"] = [dict(vars(c)) for c in system.candidates]
+    out["collectives"] = [dict(vars(c), shape=None if c.shape is None else list(c.shape)) for c in system.collectives]
+    if system.replicated:
+        out["replicated"] = [list(x) for x in system.replicated]
+    return out
+
+
+def mapping_to_json(mapping: ProgramMapping | None) -> dict:
+    """The header's ``mapping`` object of ``mapping`` (``{}`` for None: not mapped yet); keys
+    at their defaults (``scheduler`` static, a layer's ``rotate`` 0, no ``system``) left out."""
+    if mapping is None:
+        return {}
+    out = {k: getattr(mapping, k) for k in _MAPPING_KEYS if k not in ("layers", "scheduler", "system")}
+    for k in ("chips_per_layer", "pes_per_layer", "resident_layers", "onchip_tensors"):
+        out[k] = list(out[k])
+    layers = []
+    for rec in mapping.layers:
+        row = {"tile": list(rec.tile), "pes": list(rec.pes)}
+        if rec.rotate:
+            row["rotate"] = rec.rotate
+        layers.append(row)
+    out["layers"] = layers
+    if mapping.scheduler != "static":
+        out["scheduler"] = mapping.scheduler
+    if mapping.system is not None:
+        out["system"] = _system_mapping_to_json(mapping.system)
+    return out
+
+
+def _int_tuple(value, where: str) -> tuple:
+    return tuple(_json_list(value, where))
+
+
+def _system_mapping_from_json(value) -> SystemMapping:
+    if type(value) is not dict:
+        raise ProgramError(f"mapping.system: expected an object, got {type(value).__name__}")
+    splits = value.get("splits")
+    if type(splits) is not dict:
+        raise ProgramError(f"mapping.system.splits: expected an object, got {type(splits).__name__}")
+    colls = []
+    for i, c in enumerate(_json_list(value.get("collectives"), "mapping.system.collectives")):
+        where = f"mapping.system.collectives[{i}]"
+        shape = c.get("shape") if type(c) is dict else None
+        colls.append(_record(PlanCollective, _PLAN_COLLECTIVE_KEYS, c, where,
+                             **({"shape": _int_tuple(shape, f"{where}.shape")} if shape is not None else {})))
+    replicated = []
+    for i, x in enumerate(_json_list(value.get("replicated", []), "mapping.system.replicated")):
+        if type(x) is not list or len(x) != 2:
+            raise ProgramError(f"mapping.system.replicated[{i}]: expected [layer name, reason]")
+        replicated.append(tuple(x))
+    return _record(SystemMapping, _SYSTEM_MAPPING_KEYS, value, "mapping.system", splits=tuple(splits.items()),
+                   candidates=tuple(_record(PlanCandidate, _CANDIDATE_KEYS, c, f"mapping.system.candidates[{i}]")
+                                    for i, c in enumerate(_json_list(value.get("candidates"),
+                                                                     "mapping.system.candidates"))),
+                   collectives=tuple(colls), replicated=tuple(replicated))
+
+
+def mapping_from_json(value) -> ProgramMapping | None:
+    """The :class:`ProgramMapping` of a header's ``mapping`` object (None for ``{}``); the
+    per-layer tile shapes and PE ranges were checked by the validator.
+
+    Raises
+    ------
+    ProgramError
+        ``"mapping...: <defect>"`` for a missing or unknown key or a list that is not one.
+    """
+    if value == {}:
+        return None
+    if type(value) is not dict:
+        raise ProgramError(f"mapping: expected an object, got {type(value).__name__}")
+    layers = tuple(LayerMapping(tile=tuple(rec["tile"]), pes=tuple(rec["pes"]), rotate=rec.get("rotate", 0))
+                   for rec in _json_list(value.get("layers"), "mapping.layers"))
+    lists = {k: _int_tuple(value.get(k, []), f"mapping.{k}")
+             for k in ("chips_per_layer", "pes_per_layer", "resident_layers", "onchip_tensors") if k in value}
+    if "options" in value and type(value["options"]) is not dict:
+        raise ProgramError(f"mapping.options: expected an object, got {type(value['options']).__name__}")
+    system = _system_mapping_from_json(value["system"]) if "system" in value else None
+    return _record(ProgramMapping, _MAPPING_KEYS, value, "mapping", layers=layers, system=system, **lists)
 
 
 def _json_list(value, where: str) -> list:

@@ -1,8 +1,9 @@
-"""Typed, immutable records a program carries besides its graph: the timing and memory summaries.
+"""Typed, immutable records a program carries besides its graph: its mapping, the timing and
+memory summaries.
 
 The mapper and the timing model build these; :mod:`.format` alone turns them into the header's
-JSON and back (:func:`.format.timing_to_json`, :func:`.format.memory_to_json` and their
-``*_from_json``), next to the validator. Records are frozen: a stage that changes one makes a new one
+JSON and back (:func:`.format.mapping_to_json`, :func:`.format.timing_to_json`,
+:func:`.format.memory_to_json` and their ``*_from_json``), next to the validator. Records are frozen: a stage that changes one makes a new one
 (:func:`dataclasses.replace`), so a record shared between programs (a replayed mapping) is never
 edited behind another program's back.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["LayerTimingSummary", "CollectiveSummary", "SystemTimingSummary", "TimingSummary", "AddressRange",
-           "MemorySummary"]
+           "MemorySummary", "LayerMapping", "PlanCandidate", "PlanCollective", "SystemMapping", "ProgramMapping"]
 
 
 @dataclass(frozen=True)
@@ -108,3 +109,85 @@ class MemorySummary:
     resident_bytes_total: int
     busiest_pe: int
     ranges: tuple[AddressRange, ...] = ()
+
+
+@dataclass(frozen=True)
+class LayerMapping:
+    """One layer's mapping decision: its tile shape (the family's arity, see
+    :mod:`tvm_spinn.program.tiles`), the contiguous PE range ``(first, count)`` it runs on and
+    ``rotate``, the PE of the range its placement starts from
+    (:func:`tvm_spinn.mapping.placement.place_tiles`; 0: the first)."""
+
+    tile: tuple[int, ...]
+    pes: tuple[int, int]
+    rotate: int = 0
+
+
+@dataclass(frozen=True)
+class PlanCandidate:
+    """One shard plan a system mapping timed: its mesh (``tp x dp x sp`` chips, ``row``: the
+    row-parallel GEMM rule), its latency and whether its shard fit the chips' DRAM."""
+
+    tp: int
+    dp: int
+    sp: int
+    row: bool | str
+    latency_s: float
+    fits: bool
+
+
+@dataclass(frozen=True)
+class PlanCollective:
+    """One collective of the chosen shard plan (see :class:`tvm_spinn.mapping.shard.Collective`):
+    before layer ``layer``, on tensor ``tensor`` of ``nbytes`` (``exact``: integer partial sums),
+    among the chips of ``group``; ``shape``: what one chip holds after an all-gather."""
+
+    layer: int
+    op: str
+    tensor: int
+    nbytes: int
+    exact: bool
+    group: str = "tp"
+    shape: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class SystemMapping:
+    """The shard plan of a program mapped over several chips (``ProgramMapping.system``): the
+    mesh (``tp x dp x sp`` = ``chips``), the row-parallel rule, the layers per split kind
+    (``splits``: ``(kind, count)`` in first-use order), the pipeline stage (board), the plans
+    timed, the collectives, the hand-over time from the previous stage and the layers
+    replicated for want of a sharding rule (``(layer name, reason)``)."""
+
+    tp: int
+    dp: int
+    row: bool | str
+    chips: int
+    splits: tuple[tuple[str, int], ...]
+    stage: int
+    candidates: tuple[PlanCandidate, ...]
+    collectives: tuple[PlanCollective, ...]
+    handoff_s: float = 0.0
+    sp: int = 1
+    replicated: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class ProgramMapping:
+    """The mapping stored with a program (``Program.mapping``): the mode (``sequential`` or
+    ``pipelined``), the :class:`~tvm_spinn.mapping.MappingOptions` it was made with (their
+    ``to_dict()``), chips and PEs per layer, double buffering, one :class:`LayerMapping` per
+    layer, the layers whose weights stay resident, the activations kept on chip, the scheduler
+    and, over several chips, the :class:`SystemMapping` (None on one chip). Everything else (the
+    tiles, their placement and schedule) is derived from these."""
+
+    mode: str
+    options: dict
+    chips_per_layer: tuple[int, ...]
+    pes_per_layer: tuple[int, ...]
+    double_buffer: bool
+    layers: tuple[LayerMapping, ...]
+    resident_layers: tuple[int, ...] = ()
+    onchip_tensors: tuple[int, ...] = ()
+    scheduler: str = "static"
+    system: SystemMapping | None = None

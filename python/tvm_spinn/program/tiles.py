@@ -1,6 +1,6 @@
 """Tiles as data: a layer's tiling is a few integers; its tiles are arrays derived from them.
 
-A program stores, per layer, only its *tile shape* (``program.mapping["layers"][i]["tile"]``)
+A program stores, per layer, only its *tile shape* (``program.mapping.layers[i].tile``)
 and the contiguous PE range it runs on; every tile is a pure function of those and the layer's
 output shape, so the artifact's header stays O(layers) and the tiles are expanded, vectorized,
 only when something needs them (the tile-by-tile reference simulator, the mapper's cost model,
@@ -99,7 +99,7 @@ def expand_regions(program, index: int, tile) -> tuple[np.ndarray, np.ndarray, n
 
 def layer_tile_shape(program, index: int) -> list[int]:
     """The tile shape the program's mapping recorded for layer ``index``."""
-    return program.mapping["layers"][index]["tile"]
+    return list(program.mapping.layers[index].tile)
 
 
 def layer_tiles(program, index: int) -> list[Tile]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from ..codegen import MANIFEST_MAGIC, MANIFEST_SYMBOL
 from ..program import Program
+from ..program.format import mapping_to_json
 from ..target.arch import SpinnArch
 from ..timing.bounds import PhysicalBound, physical_bound, program_workload
 
@@ -130,7 +131,7 @@ def system_summary(programs: list, chips: int, chips_per_board: int) -> dict:
     ``chips / sum(latency x chips)`` inferences per second: the chip-seconds per inference the
     throughput objective minimizes.
     """
-    rows = [p for p in programs if "system" in p.mapping]
+    rows = [p for p in programs if p.mapping.system is not None]
     if not rows:
         return {}
     keys = ("compute_bound_s", "memory_bound_s", "comm_bound_s")
@@ -138,10 +139,10 @@ def system_summary(programs: list, chips: int, chips_per_board: int) -> dict:
     latency = sum(p.timing.latency_s for p in programs)
     stage_s: dict[int, float] = {}
     for p in programs:
-        stage = p.mapping.get("system", {}).get("stage", 0)
+        stage = p.mapping.system.stage if p.mapping.system is not None else 0
         stage_s[stage] = stage_s.get(stage, 0.0) + p.timing.latency_s
     stages = max(stage_s) + 1
-    group = max(p.mapping["system"]["chips"] for p in rows)
+    group = max(p.mapping.system.chips for p in rows)
     per_replica = stages * chips_per_board if stages > 1 else group
     replicas = max(1, chips // per_replica)
     ops: dict[str, dict] = {}
@@ -154,25 +155,25 @@ def system_summary(programs: list, chips: int, chips_per_board: int) -> dict:
     binding = max(keys, key=lambda k: (bounds[k], k))
     bound = bounds[binding]
     return {
-        "plans": [{"symbol": p.symbol, "tp": p.mapping["system"]["tp"], "dp": p.mapping["system"]["dp"],
-                   "sp": p.mapping["system"].get("sp", 1),
-                   "stage": p.mapping["system"]["stage"], "binding": p.timing.system.binding} for p in rows],
-        "tp": sorted({p.mapping["system"]["tp"] for p in rows}), "dp": sorted({p.mapping["system"]["dp"] for p in rows}),
-        "sp": sorted({p.mapping["system"].get("sp", 1) for p in rows}),
+        "plans": [{"symbol": p.symbol, "tp": p.mapping.system.tp, "dp": p.mapping.system.dp,
+                   "sp": p.mapping.system.sp,
+                   "stage": p.mapping.system.stage, "binding": p.timing.system.binding} for p in rows],
+        "tp": sorted({p.mapping.system.tp for p in rows}), "dp": sorted({p.mapping.system.dp for p in rows}),
+        "sp": sorted({p.mapping.system.sp for p in rows}),
         "replicated": [{"symbol": p.symbol, "layer": name, "reason": reason}
-                       for p in rows for name, reason in p.mapping["system"].get("replicated", [])],
+                       for p in rows for name, reason in p.mapping.system.replicated],
         "stages": stages, "replicas": replicas, "chips_per_replica": per_replica,
         "collectives": ops, **bounds, "binding": names[binding],
         "latency_over_bound": latency / bound if bound else float("nan"),
         "streamed_bytes_per_chip": sum(p.timing.system.streamed_bytes_per_chip for p in rows),
         "throughput_inf_s": (replicas / max(stage_s.values()) if stages > 1 else
-                             chips / sum(p.timing.latency_s * p.mapping.get("system", {}).get("chips", 1)
-                                         for p in programs)) if latency else 0.0,
+                             chips / sum(p.timing.latency_s * (p.mapping.system.chips if p.mapping.system is not None
+                                                               else 1) for p in programs)) if latency else 0.0,
     }
 
 
 def _throughput(programs: list, chips: int, chips_per_board: int) -> float:
-    if any("system" in p.mapping for p in programs):
+    if any(p.mapping.system is not None for p in programs):
         return system_summary(programs, chips, chips_per_board)["throughput_inf_s"]
     return min((p.timing.throughput_inf_s for p in programs), default=0.0)
 
@@ -236,12 +237,12 @@ def report(ex) -> Report:
     layers = []
     for i, p in enumerate(programs):
         modes = {layer.name: layer.mode for layer in p.layers}
-        records = p.mapping.get("layers", [])
+        records = p.mapping.layers
         for j, row in enumerate(p.timing.layers):
             # the mapping's decision for the layer: its tile shape and its PE range
-            record = records[j] if j < len(records) else {"tile": [], "pes": [0, 0]}
+            tile, pes = (records[j].tile, records[j].pes) if j < len(records) else ((), (0, 0))
             layers.append(dict(vars(row), region=f"r{i}", mode=modes.get(row.name, "fp32"),
-                               tile=list(record["tile"]), pe_range=list(record["pes"])))
+                               tile=list(tile), pe_range=list(pes)))
     return Report(
         system=manifest.get("system", arch.name), chips=manifest.get("chips", arch.chips),
         regions=len(programs), pe_utilization=busy / totals["cycles"] if totals["cycles"] else 0.0,
@@ -250,7 +251,7 @@ def report(ex) -> Report:
         weight_bytes=sum(t.nbytes for p in programs for t in p.tensors if t.role == "const"),
         resident_weight_bytes=sum(p.memory.resident_bytes_total for p in programs),
         throughput_inf_s=_throughput(programs, manifest.get("chips", arch.chips), arch.chips_per_board),
-        mapping=[dict(p.mapping, symbol=p.symbol) for p in programs],
+        mapping=[dict(mapping_to_json(p.mapping), symbol=p.symbol) for p in programs],
         plan=system_summary(programs, manifest.get("chips", arch.chips), arch.chips_per_board),
         layers=layers, programs=programs,
         physical=physical_bound(program_workload(programs), system) if programs else None, **totals,

@@ -118,7 +118,7 @@ def roofline(program: Program, arch: SpinnArch) -> float:
     fp32 = sum(layer.flops for layer in program.layers if layer.mode == "fp32")
     int8 = sum(layer.flops for layer in program.layers if layer.mode == "int8")
     compute_s = fp32 / arch.peak_fp32_flops_s + int8 / arch.peak_int8_ops_s
-    resident = set(program.mapping.get("resident_layers", []))
+    resident = set(program.mapping.resident_layers) if program.mapping is not None else set()
     resident_consts = {tid for i in resident for tid in list(program.layers[i].consts.values())
                        + [t for t in program.layers[i].inputs if program.tensors[t].role == "const"]}
     gathered = gathered_bytes(program)
@@ -134,9 +134,9 @@ LOCAL, NOC, DRAM = 0, 1, 2
 def transfers(program: Program, index: int, table: TileTable, arch: SpinnArch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(input, weight, output)`` source/destination codes (:data:`LOCAL`, :data:`NOC`,
     :data:`DRAM`) of every tile of layer ``index`` (see the module docstring)."""
-    mapping = program.mapping or {}
-    naive = bool(mapping.get("options", {}).get("naive", False))
-    onchip = set(mapping.get("onchip_tensors", []))
+    mapping = program.mapping
+    naive = mapping is not None and bool(mapping.options.get("naive", False))
+    onchip = set(mapping.onchip_tensors) if mapping is not None else set()
     layer = program.layers[index]
     n = len(table)
     family = family_of(layer.kind)
@@ -149,7 +149,7 @@ def transfers(program: Program, index: int, table: TileTable, arch: SpinnArch) -
         in_src[(in_src == DRAM) & _input_shared(axis, table)] = NOC
         in_src[_input_held(axis, table, arch)] = LOCAL
     out_dst = np.full(n, LOCAL if layer.output in onchip else DRAM, np.int8)
-    if index in set(mapping.get("resident_layers", [])):
+    if mapping is not None and index in set(mapping.resident_layers):
         return in_src, np.full(n, LOCAL, np.int8), out_dst
     w_src = np.full(n, DRAM, np.int8)
     grouped = table.group >= 0
@@ -487,11 +487,11 @@ def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None"
             raise ValueError(f"{program.symbol}: the program has no tiles in memory; pass "
                              "tables=tvm_spinn.mapping.derive_tables(program, arch)")
         tables = program.tiles.tables
-    mapping = program.mapping or {}
-    double_buffer = mapping.get("double_buffer", True)
-    pipelined = mapping.get("mode") == "pipelined"
-    software = mapping.get("scheduler") == "software"
-    records = mapping.get("layers", [])
+    mapping = program.mapping
+    double_buffer = mapping.double_buffer if mapping is not None else True
+    pipelined = mapping is not None and mapping.mode == "pipelined"
+    software = mapping is not None and mapping.scheduler == "software"
+    records = mapping.layers if mapping is not None else ()
     cpc = arch.clock_hz
     dram_rate = arch.dram_bw_bytes_s / cpc
     link_rate = arch.payload_bw("chip") * arch.links_per_chip / cpc
@@ -502,7 +502,7 @@ def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None"
     stage_max = 0.0
     prev_chips = None
     offset = 0
-    onchip = set(mapping.get("onchip_tensors", []))
+    onchip = set(mapping.onchip_tensors) if mapping is not None else set()
     barriers = _Barriers(program, tables)
     prev = -1  # the last layer that ran (its barrier is charged until the next one drops it)
     charged: dict[int, float] = {}  # barrier cycles charged at the end of each layer that ran
@@ -532,7 +532,7 @@ def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None"
         prev = i
         # Link all-gather of the layer's activation input when it spans or changes chips.
         if i < len(records):
-            first, count = records[i]["pes"]
+            first, count = records[i].pes
             chips = list(range(first // ppc, (first + count - 1) // ppc + 1))
         else:
             chips = sorted(set((table.pe // ppc).tolist())) or [0]

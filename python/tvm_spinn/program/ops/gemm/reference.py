@@ -227,7 +227,7 @@ def _gemm_whole(program, layer: Layer, env, out: np.ndarray) -> None:
 def int8_chunk(program, index: int) -> int:
     """k-chunk length of int8 GEMM layer ``index``: ``ceil(K / k_splits)`` of its tiles (one
     tile shape per layer, so they never disagree)."""
-    tile = program.mapping["layers"][index]["tile"]
+    tile = program.mapping.layers[index].tile
     return chunk_length(gemm_shape(program, program.layers[index]).k, tile[2])
 
 
