@@ -188,6 +188,25 @@ def test_gpt2_tied_few_steps_match_pytorch():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("make", [tiny_gpt2, tiny_llama], ids=["gpt2", "llama"])
+def test_lm_50_steps_match_pytorch_llvm_and_board_bitwise(make):
+    """50 SGD-momentum steps: spinn and llvm builds of the same step vs PyTorch (loss curve and
+    parameters), and spinn/board gives the chip's bits."""
+    model = make()
+    ids, labels = _tokens()
+    batches = [(ids, labels)] * 50
+    chip = tvm_spinn.training.compile(model, torch.from_numpy(ids), optimizer=SGD, target="spinn")
+    others = {t: chip.build_for(t) for t in ("llvm", "spinn/board")}  # before any step: same start
+    losses, ref_losses = _compare(chip, model, batches, SGD)
+    assert ref_losses[-1] < 0.1 * ref_losses[0]
+    _compare(others["llvm"], model, batches, SGD)
+    board = others["spinn/board"]
+    assert [board.step(x, y) for x, y in batches] == losses
+    for name, value in chip.parameters().items():
+        np.testing.assert_array_equal(board.parameters()[name].view(np.uint32), value.view(np.uint32), err_msg=name)
+
+
+@pytest.mark.slow
 def test_llama_few_steps_match_pytorch():
     """A 2-layer Llama (RMSNorm, rotary embedding, SiLU MLP, causal mask), 5 Adam steps on the PEs."""
     model = tiny_llama()
