@@ -15,6 +15,7 @@ from .patterns import FallbackReason, patterns_for, spinn_patterns
 from .fold import FoldConstant
 from .pad import FoldPadIntoConv
 from .split import SplitToSlices
+from .tuples import InlineTupleOperands
 from .qweights import UniqueDequantize, hide_quantized_weights, restore_quantized_weights
 from .nhwc import has_nhwc_qconv, nhwc_to_nchw
 from ..relax_rewrites.folds import FoldBatchNorm, FoldLayoutConstants, FoldQuantizedClip, TagRequantRounding
@@ -63,6 +64,7 @@ def partition_for_spinn(
             _ConvertConvLayout,
             FoldPadIntoConv,  # TF-style "same" padding: one region instead of one per conv
             SplitToSlices,  # a split's tuple cannot be a layer; its parts as slices can
+            InlineTupleOperands,  # concat(t) with t bound apart: the region's operands, tensors
             FoldLayoutConstants,
             FoldConstant,  # TVM's FoldConstant, legalizing only what can fold (see .fold)
             FoldBatchNorm,

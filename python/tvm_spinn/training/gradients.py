@@ -42,6 +42,32 @@ def _gelu_tanh_grad(orig_var, orig_call, output_grad, ctx):
     return [output_grad * (half * (one + t) + half * x * (one - t * t) * du)]
 
 
+def _rsqrt_grad(orig_var, orig_call, output_grad, ctx):
+    """``y = x^(-1/2)`` (RMSNorm's ``1 / sqrt(mean(x^2) + eps)``): ``dx = -0.5 * dy * y^3``, the
+    product in PyTorch's order (``tools/autograd/derivatives.yaml``: ``-0.5 * grad *
+    result.pow(3)``; ``pow(y, 3)`` is ``y * y * y``)."""
+    y = orig_var
+    return [_const(-0.5, y) * output_grad * (y * y * y)]
+
+
+def _not_differentiable_grad(orig_var, orig_call, output_grad, ctx):
+    """Ops whose result is an integer or boolean tensor (``arange``, bitwise and logical ops:
+    a causal mask, position ids): no partial for any argument, as TVM's own comparison ops
+    (``relax.less`` etc. return ``no_grad`` for both operands). ``Gradient`` asks every op on
+    the way to the loss for one, the mask's ops included, although nothing flows through them."""
+    return [relax.op.grad.no_grad(a) for a in orig_call.args]
+
+
+def _index_tensor_grad(orig_var, orig_call, output_grad, ctx):
+    """``index_tensor`` of an integer or boolean tensor (a mask's rows, picked by position
+    ids): not differentiable. Of a float tensor it would need a scatter-add: refused by name."""
+    data = orig_call.args[0]
+    if str(data.ty.dtype).startswith(("float", "bfloat")):
+        raise ValueError("tvm_spinn.training: no gradient for index_tensor of a float tensor "
+                         f"{data.ty} (advanced indexing of an activation or weight)")
+    return _not_differentiable_grad(orig_var, orig_call, output_grad, ctx)
+
+
 def _reshape_back_grad(orig_var, orig_call, output_grad, ctx):
     """Ops that only change the shape (``squeeze``): the gradient is ``dy`` in the input's shape."""
     return [relax.op.reshape(output_grad, orig_call.args[0].ty.shape)] + [
@@ -85,7 +111,11 @@ def _pad_grad(orig_var, orig_call, output_grad, ctx):
     return [relax.op.strided_slice(output_grad, axes, begin, [b + d for b, d in zip(begin, shape)])]
 
 
-_GRADIENTS = {"relax.nn.pad": _pad_grad, "relax.squeeze": _reshape_back_grad, "relax.strided_slice": _strided_slice_grad, "relax.nn.gelu": _gelu_grad, "relax.nn.gelu_tanh": _gelu_tanh_grad}
+_GRADIENTS = {"relax.nn.pad": _pad_grad, "relax.rsqrt": _rsqrt_grad, "relax.index_tensor": _index_tensor_grad, "relax.squeeze": _reshape_back_grad, "relax.strided_slice": _strided_slice_grad, "relax.nn.gelu": _gelu_grad, "relax.nn.gelu_tanh": _gelu_tanh_grad}
+
+_GRADIENTS.update({name: _not_differentiable_grad for name in (
+    "relax.arange", "relax.bitwise_and", "relax.bitwise_or", "relax.bitwise_xor", "relax.bitwise_not",
+    "relax.logical_and", "relax.logical_or", "relax.logical_xor", "relax.logical_not")})
 
 
 def register() -> None:

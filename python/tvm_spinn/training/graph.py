@@ -214,21 +214,31 @@ def _import(model, example_inputs):
         model.load_state_dict(saved)  # tracing in training mode must not move running statistics
     mod = from_exported_program(exported, keep_params_as_input=True, unwrap_unit_return_tuple=True,
                                 custom_convert_map=_CONVERT_FIXES)
-    named = dict(model.named_parameters())
-    buffers = dict(model.named_buffers())
-    trainable, frozen = [], {}
+    # A tied parameter (GPT-2's lm_head.weight is its token embedding) is one tensor reached
+    # under two module paths: torch.export gives each path its own input, named_parameters()
+    # only the first path. Every path maps to that first name, and the later inputs become
+    # aliases of the first one: one trainable parameter whose gradient sums both uses.
+    canonical = {id(p): n for n, p in model.named_parameters()}
+    named = {n: (canonical[id(p)], p) for n, p in model.named_parameters(remove_duplicate=False)}
+    buffers = dict(model.named_buffers(remove_duplicate=False))
+    trainable, frozen, aliases, arg_of = [], {}, {}, {}
     from torch.export.graph_signature import InputKind
 
     for spec in exported.graph_signature.input_specs:
         if spec.kind == InputKind.USER_INPUT:
             continue
         arg = spec.arg.name
-        if spec.kind == InputKind.PARAMETER and named[spec.target].requires_grad:
-            trainable.append((arg, spec.target))
+        if spec.kind == InputKind.PARAMETER and named[spec.target][1].requires_grad:
+            name = named[spec.target][0]
+            if name in arg_of:
+                aliases[arg] = arg_of[name]
+            else:
+                arg_of[name] = arg
+                trainable.append((arg, name))
         else:
-            src = named.get(spec.target, buffers.get(spec.target))
+            src = named[spec.target][1] if spec.target in named else buffers[spec.target]
             frozen[arg] = src.detach().cpu().numpy()
-    return mod, trainable, frozen
+    return mod, trainable, frozen, aliases
 
 
 def _from_torch(model, example_inputs):
@@ -243,10 +253,13 @@ def _from_torch(model, example_inputs):
         example_inputs = (example_inputs,)
     example_inputs = tuple(torch.as_tensor(x) for x in example_inputs)
 
-    mod, trainable, frozen = _import(model, example_inputs)
+    mod, trainable, frozen, aliases = _import(model, example_inputs)
     func = mod["main"]
     n_in = len(example_inputs)
     by_name = {p.name: p for p in func.params}
+    if aliases:  # each later input of a tied parameter reads the first one's
+        func = func.bind_params({a: by_name[first] for a, first in aliases.items() if a in by_name})
+        by_name = {p.name: p for p in func.params}
     # buffers and requires_grad=False parameters are constants of the step (the importer binds
     # some buffers itself, e.g. running statistics of a training-mode batch norm)
     frozen = {k: v for k, v in frozen.items() if k in by_name}
