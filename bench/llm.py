@@ -201,7 +201,8 @@ def part_plan(args) -> list[dict]:
             b = r["plan"].physical_bound
             parts = ", ".join(f"{k} {v * 1e3:.4g} ms" for k, v in b["parts_s"].items())
             print(f"  {r['model']} {r['system']} {r['dtype']}: physical bound parts {parts}; "
-                  f"{b['details']['boards_on_path']} board(s) on a token's path, "
+                  f"{b['details']['chips_on_path']} chip(s) on {b['details']['boards_on_path']} board(s) "
+                  f"on a token's path, "
                   f"{b['details']['read_bytes'] / 1e9:.2f} GB read once (KV cache at {r['plan'].seq} slots)")
     _anchors(rows)
     return rows

@@ -16,23 +16,35 @@ Three kinds, each a lower bound on the latency of *any* placement:
   table) from where they can live: in SRAM as far as the SRAM of the boards holding them has
   room, read at the SRAM rate, the rest from the DRAM of every chip of those boards, both at
   once (see :func:`sram_read_bytes_s` for the SRAM rate);
-* **communication**: when the bytes do not fit one board's memories, a token must pass through
-  every board that holds some of them, one after another (the step's layers depend on each
-  other in a chain): ``k`` boards cost at least ``k - 1`` serial board-to-board crossings, each
-  the board link's hop latency plus the smallest activation that can cross a cut between two
-  layers over the links joining two boards at their payload rate (:func:`board_pair_bytes_s`).
-  Hand-overs are in the dtype the program's tensors have at that cut (fp32 where the bits must
-  equal the one-chip program's).
+* **communication**: the bytes a step reads sit on ``n`` chips, at least as many as the
+  fewest chips whose SRAM and DRAM hold them. The step's layers depend on each other in a
+  chain (each output of a dense layer needs all of its input), so a token passes through every
+  chip holding some of them, one after another: ``n`` chips on ``k`` boards cost at least
+  ``k - 1`` board-to-board crossings and ``n - k`` crossings between chips of a board. A
+  crossing costs at least its hop latency (:attr:`~SpinnArch.board_link_hop_s`,
+  :attr:`~SpinnArch.link_hop_s`) plus one row of the hand-over (the smallest activation that
+  can cross a cut between two layers, :attr:`Workload.handover_rows` rows that may stream
+  through the chain one after another) over the crossing's bandwidth; the whole hand-over
+  passes the path's slowest crossing once. Between boards that bandwidth is the links joining
+  two boards at their payload rate (:func:`board_pair_bytes_s`); between two chips of a board it
+  is every link into the receiving chip (:func:`chip_in_bytes_s`: routes through other chips
+  may widen a hand-over up to that, never beyond). Hand-overs are in the dtype the program's
+  tensors have at that cut (fp32 where the bits must equal the one-chip program's).
 
-Spreading the bytes over more boards lowers the memory bound and raises the communication
-bound, so the physical bound is ``min over k of max(compute, memory(k), communication(k))``
-for ``k`` from the fewest boards whose SRAM and DRAM hold the bytes up to every board of the
-system; :attr:`PhysicalBound.binding` names the largest part at that ``k``.
+Spreading the bytes over more chips lowers the memory bound and raises the communication
+bound, so the physical bound is ``min over n of max(compute, memory(n), communication(n))``
+for ``n`` from the fewest chips whose SRAM and DRAM hold the bytes up to every chip of the
+system (``n`` chips on the fewest boards that have them, ``k = ceil(n / chips_per_board)``);
+:attr:`PhysicalBound.binding` names the largest part at that ``n``.
 
-What the bounds do not count (so they stay below every plan): chip-to-chip exchanges inside a
-board (the chips of a board may split the work and the bound charges no collective for it),
-element-wise work, writes, per-layer fixed costs (barriers, DMA set-up) and program load.
-Routes that detour through a third board to widen a hand-over are not considered.
+What the bounds do not count (so they stay below every plan): element-wise work, writes,
+per-layer fixed costs (barriers, DMA set-up) and program load. Compute is the whole system's
+peak whatever ``n`` is. The chain argument is exact for placements that keep each layer's bytes
+on one chip (pipelines of layers, which the tests enumerate). A layer split over ``s`` chips
+(tensor parallelism) is not derived here: on a path through the chain each of its chips still
+waits for the layer's input and feeds the next layer, so a chain of ``L`` layers split over
+``n`` chips crosses at least ``min(n, L) - 1`` times too, but a split layer's chips may receive
+parts of a hand-over rather than all of it.
 """
 
 from __future__ import annotations
@@ -46,7 +58,8 @@ from ..program.ops import family_of
 from ..target.arch import SpinnArch
 
 __all__ = ["Workload", "PhysicalBound", "physical_bound", "program_workload", "decode_workload",
-           "gathered_bytes", "sram_read_bytes_s", "board_pair_bytes_s", "board_capacity_bytes"]
+           "gathered_bytes", "sram_read_bytes_s", "board_pair_bytes_s", "chip_in_bytes_s",
+           "board_capacity_bytes", "chip_capacity_bytes"]
 
 KINDS = ("compute", "memory", "communication")
 
@@ -67,6 +80,12 @@ class Workload:
     handover_bytes : int
         The smallest activation that must cross a cut between two consecutive layers, in the
         dtype the program holds it in there (0: the step has a single layer).
+    handover_rows : int
+        Rows of that hand-over the chain may stream one after another (a layer can finish a row
+        of its output once that row of its input is in): the users of a decode batch (each
+        output of a dense layer needs all of one user's input); a program's hand-over counts
+        as ``handover_bytes`` rows of a byte (its layers' rows may stream, and a bound may not
+        charge more than a byte of them in series per crossing).
     description : dict
         What the numbers count (shown in reports; not read by the bounds).
     """
@@ -75,6 +94,7 @@ class Workload:
     macs_fp32: int = 0
     read_bytes: int = 0
     handover_bytes: int = 0
+    handover_rows: int = 1
     description: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -82,6 +102,9 @@ class Workload:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
                 raise ValueError(f"Workload.{name} must be an integer >= 0, got {value!r}")
+        rows = self.handover_rows
+        if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 1:
+            raise ValueError(f"Workload.handover_rows must be an integer >= 1, got {rows!r}")
 
 
 @dataclass(frozen=True)
@@ -113,8 +136,8 @@ class PhysicalBound:
     def line(self) -> str:
         """One line: total, binding kind and parts."""
         parts = ", ".join(f"{k} {v * 1e3:.4g} ms" for k, v in self.parts().items())
-        k = self.details.get("boards_on_path", 1)
-        path = f"; {k} boards on a token's path" if k > 1 else ""
+        n, k = self.details.get("chips_on_path", 1), self.details.get("boards_on_path", 1)
+        path = f"; {n} chips on {k} board(s) on a token's path" if n > 1 else ""
         return f"{self.total_s * 1e3:.4g} ms, {self.binding} binds ({parts}{path})"
 
 
@@ -132,6 +155,19 @@ def board_pair_bytes_s(arch: SpinnArch) -> float:
     :attr:`~SpinnArch.board_serial_links` x :attr:`~SpinnArch.board_link_bw_bytes_s` x
     :attr:`~SpinnArch.link_payload_fraction`)."""
     return arch.payload_bw("board_pair")
+
+
+def chip_in_bytes_s(arch: SpinnArch) -> float:
+    """Data bytes per second a chip can receive from the other chips of its board, packet
+    overhead paid: all its :attr:`~SpinnArch.links_per_chip` links at once
+    (:meth:`SpinnArch.payload_bw` ``"chip"`` each). A hand-over from one chip to another may be
+    split over routes through other chips, but every byte enters the receiver by one of them."""
+    return arch.links_per_chip * arch.payload_bw("chip")
+
+
+def chip_capacity_bytes(arch: SpinnArch) -> int:
+    """Bytes one chip can hold: its DRAM and the SRAM its PEs leave to data."""
+    return arch.dram_bytes + arch.pes_per_chip * arch.tile_sram_bytes
 
 
 def board_capacity_bytes(arch: SpinnArch) -> int:
@@ -168,36 +204,50 @@ def physical_bound(work: Workload, arch: SpinnArch) -> PhysicalBound:
     pes = arch.total_pes
     compute = (work.macs_int8 / (pes * arch.macs_per_cycle * arch.clock_hz)
                + work.macs_fp32 / (pes * arch.m4f_flops_per_cycle * arch.clock_hz))
-    chips_b = min(arch.chips, arch.chips_per_board)
-    sram_b = chips_b * arch.pes_per_chip * arch.tile_sram_bytes
-    sram_bw_b = chips_b * arch.pes_per_chip * sram_read_bytes_s(arch)
-    dram_bw_b = chips_b * arch.dram_bw_bytes_s
-    boards = arch.boards
+    sram_c = arch.pes_per_chip * arch.tile_sram_bytes
+    sram_bw_c = arch.pes_per_chip * sram_read_bytes_s(arch)
+    dram_bw_c = arch.dram_bw_bytes_s
+    cpb = min(arch.chips, arch.chips_per_board)
     least = max(1, math.ceil(work.read_bytes / board_capacity_bytes(arch)))
-    if least > boards:
-        raise ValueError(f"the step reads {work.read_bytes} bytes, more than the {boards} board(s) of "
-                         f"{arch.name} can hold ({boards * board_capacity_bytes(arch)} bytes)")
-    pair_bw = board_pair_bytes_s(arch)
-    crossing = arch.board_link_hop_s + work.handover_bytes / pair_bw
+    if least > arch.boards:
+        raise ValueError(f"the step reads {work.read_bytes} bytes, more than the {arch.boards} board(s) of "
+                         f"{arch.name} can hold ({arch.boards * board_capacity_bytes(arch)} bytes)")
+    least_chips = max(1, math.ceil(work.read_bytes / chip_capacity_bytes(arch)))
+    pair_bw, chip_bw = board_pair_bytes_s(arch), chip_in_bytes_s(arch)
+    row = -(-work.handover_bytes // work.handover_rows)  # the part every crossing waits for
+    board_crossing = arch.board_link_hop_s + row / pair_bw
+    chip_crossing = arch.link_hop_s + row / chip_bw
+
+    def communication(n: int, k: int) -> float:
+        if n <= 1 or work.handover_bytes == 0:  # a single layer: nothing crosses in series
+            return 0.0
+        # the rest of the hand-over streams behind its first row through the slowest crossing
+        rest = (work.handover_bytes - row) / (pair_bw if k > 1 else chip_bw)
+        return (k - 1) * board_crossing + (n - k) * chip_crossing + rest
+
     best = None
-    for k in range(least, boards + 1):
-        memory = _memory_s(work.read_bytes, k * sram_b, k * sram_bw_b, k * dram_bw_b)
-        comm = (k - 1) * crossing
+    for n in range(least_chips, arch.chips + 1):
+        k = -(-n // cpb)
+        memory = _memory_s(work.read_bytes, n * sram_c, n * sram_bw_c, n * dram_bw_c)
+        comm = communication(n, k)
         total = max(compute, memory, comm)
         if best is None or total < best[0]:
-            best = (total, k, memory, comm)
-        if comm >= memory:  # more boards only add crossings
+            best = (total, n, k, memory, comm)
+        if comm >= memory:  # more chips only add crossings
             break
-    total, k, memory, comm = best
+    total, n, k, memory, comm = best
     parts = {"compute": compute, "memory": memory, "communication": comm}
     binding = max(KINDS, key=lambda kind: parts[kind])
     details = {
-        "boards_on_path": k, "least_boards": least, "board_crossings": k - 1,
-        "crossing_s": crossing if k > 1 else 0.0, "handover_bytes": work.handover_bytes,
-        "crossing_bytes": (k - 1) * work.handover_bytes,
-        "read_bytes": work.read_bytes, "sram_bytes_on_path": k * sram_b,
-        "sram_read_bytes_s_per_pe": sram_read_bytes_s(arch), "dram_bytes_s_on_path": k * dram_bw_b,
-        "board_pair_bytes_s": pair_bw, "macs_int8": work.macs_int8, "macs_fp32": work.macs_fp32,
+        "chips_on_path": n, "boards_on_path": k, "least_chips": least_chips, "least_boards": least,
+        "board_crossings": k - 1, "chip_crossings": max(0, n - k),
+        "board_crossing_s": board_crossing if k > 1 else 0.0,
+        "chip_crossing_s": chip_crossing if n > k else 0.0,
+        "handover_bytes": work.handover_bytes, "handover_rows": work.handover_rows,
+        "read_bytes": work.read_bytes, "sram_bytes_on_path": n * sram_c,
+        "sram_read_bytes_s_per_pe": sram_read_bytes_s(arch), "dram_bytes_s_on_path": n * dram_bw_c,
+        "board_pair_bytes_s": pair_bw, "chip_in_bytes_s": chip_bw,
+        "macs_int8": work.macs_int8, "macs_fp32": work.macs_fp32,
         **({"workload": dict(work.description)} if work.description else {}),
     }
     return PhysicalBound(compute, memory, comm, total, binding, details)
@@ -251,7 +301,8 @@ def program_workload(programs) -> Workload:
     and dtype in two programs is one tensor), except those of programs that only move data
     (reshape, concat...: the KV cache copied into the returned cache, which the attention
     programs read already). Hand-over: the smallest live set of
-    activations at a boundary between two layers or at a program's outputs."""
+    activations at a boundary between two layers or at a program's outputs, in rows of a byte
+    (which rows of a program's layers may stream is not derived: a byte is the least)."""
     macs = {"int8": 0, "fp32": 0}
     const_bytes = input_bytes = 0
     cuts = []
@@ -274,8 +325,9 @@ def program_workload(programs) -> Workload:
         cut = _smallest_cut(p)
         if cut is not None:
             cuts.append(cut)
+    handover = min(cuts) if cuts else 0
     return Workload(macs_int8=macs["int8"], macs_fp32=macs["fp32"], read_bytes=const_bytes + input_bytes,
-                    handover_bytes=min(cuts) if cuts else 0,
+                    handover_bytes=handover, handover_rows=max(1, handover),
                     description={"constant_bytes": const_bytes, "input_bytes": input_bytes,
                                  "programs": len(programs)})
 
@@ -307,7 +359,7 @@ def decode_workload(spec, batch: int, context: int, dtype: str, handover_itemsiz
         MACs: the weight GEMMs (``dtype``) and the attention's two matmuls (fp32). Bytes read:
         every GEMM weight, the vectors (norm scales, biases; fp32), the embedding rows the batch
         gathers (a tied table is read whole as the LM head), and the KV cache. Hand-over: the
-        batch's residual stream.
+        batch's residual stream, a row per user.
     """
     itemsize = {"int8": 1, "fp32": 4}[dtype]
     h, i, v = spec.hidden, spec.intermediate, spec.vocab
@@ -324,5 +376,6 @@ def decode_workload(spec, batch: int, context: int, dtype: str, handover_itemsiz
     return Workload(macs_int8=batch * gemm if dtype == "int8" else 0,
                     macs_fp32=attention + (batch * gemm if dtype == "fp32" else 0),
                     read_bytes=weights + kv_cache, handover_bytes=batch * h * handover_itemsize,
+                    handover_rows=batch,
                     description={"weight_bytes_read": weights, "kv_cache_bytes": kv_cache, "context": context,
                                  "batch": batch, "dtype": dtype, "embedding_rows_bytes": rows * itemsize})
