@@ -18,7 +18,7 @@ Two parts, each printed as one table from one run:
   slots (2,048 by default; GPT-2-XL its 1,024 positions). Side by side: the token period, the
   physical bound (the config, context and system only: MACs at the system's peak, the bytes the
   step must read once, one embedding row per user, never the table, at the best bandwidth any
-  placement gets, and the board crossings any placement needs), what binds it and the
+  placement gets, and the board and chip crossings any placement needs), what binds it and the
   efficiency (bound / period, at most 1); then tokens/s, TTFT, energy per token, the plan's own
   bound's ratio (a diagnostic: it moves with the plan) and the planning time; a plot of tokens/s
   per user against boards, the physical bound dotted (``--plot``).
