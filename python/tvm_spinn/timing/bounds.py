@@ -38,14 +38,19 @@ fewer times than it has chips. The step is a run of **phases** separated by
 of the phase before it (a norm, the step's output): a phase whose bytes sit on two or more
 chips ends with an exchange, and a phase on one chip hands over to the next whenever that one
 is elsewhere. For any placement with ``m`` phases split and the rest on ``d`` distinct chips,
-a token's path crosses at least ``m + d - 1`` times (``S`` when every phase is split). Those
-``d`` chips read every byte of the unsplit phases, at least ``R - m rho`` (``R`` the bytes
-read, ``rho`` :attr:`Workload.largest_phase_bytes`), so when ``m + d <= R / rho`` their read
-takes at least as long as ``R`` spread over ``m + d`` chips. Hence, with ``S' = min(S,
-floor(R / rho))``, every placement takes at least ``min over n of max(memory(n),
-min(n - 1, S') crossings)``, and when a phase fits a chip the ``n`` worth trying start at the
-fewest chips that hold the bytes (``m + d`` chips hold them). The same argument over boards
-gives ``min over k of max(memory(k boards), min(k - 1, S') board crossings)``.
+a token's path crosses at least ``m + d - 2`` times (every split phase's end; every entry into
+a split phase but the step's first; every move between single chips, ``d - 1`` arrivals at a
+new chip of which a split phase's end gives at most one per run of split phases, each run but
+the first entered by a crossing of its own), ``S`` when every phase is split, and once when
+``n >= 2`` chips hold bytes. Those ``d`` chips read every byte of the unsplit phases, at least
+``R - m rho`` (``R`` the bytes read, ``rho`` :attr:`Workload.largest_phase_bytes`), so when
+``m + d <= R / rho`` their read takes at least as long as ``R`` spread over ``m + d`` chips.
+Hence, with ``S' = min(S, floor(R / rho))`` and ``c(n) = max(min(n - 1, 1), min(n - 2, S' -
+1))``, every placement takes at least ``min over n of max(memory(n), c(n) crossings)`` (``n =
+m + d`` when ``m + d - 2 < S' - 1``, else the chips it uses), and when a phase fits a chip the
+``n`` worth trying start at the fewest chips that hold the bytes (``m + d`` chips hold them).
+The same argument over boards gives ``min over k of max(memory(k boards), c(k) board
+crossings)``.
 
 What a crossing of a split placement costs: its hop latency, and for every crossing into a
 phase on two or more chips the row part a receiving chip lacks: each chip of a phase's first
