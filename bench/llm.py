@@ -18,7 +18,7 @@ Two parts, each printed as one table from one run:
   slots (2,048 by default; GPT-2-XL its 1,024 positions). Side by side: the token period, the
   physical bound (the config, context and system only: MACs at the system's peak, the bytes the
   step must read once, one embedding row per user, never the table, at the best bandwidth any
-  placement gets, and the board crossings any placement needs), what binds it and the
+  placement gets, and the board and chip crossings any placement needs), what binds it and the
   efficiency (bound / period, at most 1); then tokens/s, TTFT, energy per token, the plan's own
   bound's ratio (a diagnostic: it moves with the plan) and the planning time; a plot of tokens/s
   per user against boards, the physical bound dotted (``--plot``).
@@ -212,7 +212,8 @@ def part_plan(args) -> list[dict]:
             b = r["plan"].physical_bound
             parts = ", ".join(f"{k} {v * 1e3:.4g} ms" for k, v in b["parts_s"].items())
             print(f"  {r['model']} {r['system']} {r['dtype']}: physical bound parts {parts}; "
-                  f"{b['details']['boards_on_path']} board(s) on a token's path, "
+                  f"{b['details']['chips_on_path']} chip(s) on {b['details']['boards_on_path']} board(s) "
+                  f"on a token's path, "
                   f"{b['details']['read_bytes'] / 1e9:.2f} GB read once (KV cache at {r['plan'].seq} slots)")
     for key in sorted({(r["model"], r["dtype"]) for r in rows}):
         pts = sorted((r["boards"], r["plan"].tokens_per_s_per_user) for r in rows if (r["model"], r["dtype"]) == key)

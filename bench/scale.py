@@ -11,7 +11,7 @@ Models are `transformers` configs with random weights. Printed in one run:
 
 Each headline prints its latency, the physical bound (``tvm_spinn.report(ex).physical_bound_s``:
 the work's MACs at the system's peak, the bytes it must read once at the best bandwidth any
-placement gets, the board crossings any placement needs; no plan moves it), what binds it and
+placement gets, the board and chip crossings any placement needs; no plan moves it), what binds it and
 the efficiency (bound / latency, at most 1) side by side; then the plan, with its own bound's
 ratio as a labelled diagnostic, and the mapping+timing time of the build (wall clock of
 `relax.build`; noisy on a shared machine).

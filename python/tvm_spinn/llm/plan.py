@@ -133,7 +133,8 @@ class Plan:
             ("physical bound", f"{self.physical_bound_s * 1e3:.4g} ms/token ({1 / self.physical_bound_s:.3f} "
                                f"tokens/s per user), {self.physical_bound['binding']}-bound: " + ", ".join(
                                    f"{k} {v * 1e3:.4g} ms" for k, v in self.physical_bound["parts_s"].items())
-                               + f"; {self.physical_bound['details']['boards_on_path']} board(s) on a token's path"
+                               + "; {chips_on_path} chip(s) on {boards_on_path} board(s) on a token's path".format(
+                                   **self.physical_bound["details"])
              if self.physical_bound_s else "n/a"),
             ("efficiency", f"{self.efficiency:.4f} (physical bound / token period)"),
             ("plan's own bound", f"{self.bound_tokens_per_s:.3f} tokens/s, {self.binding}-bound "

@@ -22,9 +22,9 @@ class Report:
     Totals add up the offloaded regions, which run one after another. ``latency_s`` is the timing
     model's figure. ``physical`` is the plan-independent bound of the same work
     (:func:`tvm_spinn.timing.bounds.physical_bound`: the ops' MACs at the whole system's peak, the
-    bytes they must read at the best bandwidth any placement gets, the board crossings any
-    placement that fits the memories needs); ``efficiency = physical_bound_s / latency_s`` is the
-    headline (at most 1). ``roofline_s`` is the mapped programs' own compute/DRAM roofline (a
+    bytes they must read at the best bandwidth any placement gets, the board and chip
+    crossings any placement that fits the memories needs); ``efficiency = physical_bound_s /
+    latency_s`` is the headline (at most 1). ``roofline_s`` is the mapped programs' own compute/DRAM roofline (a
     diagnostic: it moves with the mapping, e.g. with the weights it keeps resident), and
     ``plan`` holds a multi-chip plan's own bounds (a diagnostic too).
     """

@@ -508,7 +508,6 @@ def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None"
     charged: dict[int, float] = {}  # barrier cycles charged at the end of each layer that ran
     # Per inference: the start packet's multicast from the middle of the mesh wakes every PE
     # (charged to the first layer that runs, so the layers' cycles add up to the total).
-    # A software scheduler wakes each worker with its task descriptor instead.
     # A software scheduler wakes each worker with its task descriptor instead, after its
     # software's measured per-inference set-up (:data:`~.software.OCTOPUS_SCHEDULER`).
     costs = OCTOPUS_SCHEDULER
