@@ -8,7 +8,7 @@ import numpy as np
 __all__ = [
     "layer_count", "layer_name", "layer_kind", "layer_mode", "layer_attrs", "layer_inputs",
     "layer_output", "layer_const", "tensor_shape", "tensor_dtype", "program_inputs",
-    "program_outputs", "constants", "arch_of", "placed_tiles", "gemm_view", "gemm_chunk",
+    "program_outputs", "program_symbol", "program_bytes", "layer_tile_shape", "constants", "arch_of", "placed_tiles", "gemm_view", "gemm_chunk",
 ]
 
 
@@ -59,6 +59,20 @@ def program_inputs(program) -> list[int]:
 
 def program_outputs(program) -> list[int]:
     return list(program.outputs)
+
+
+def program_symbol(program) -> str:
+    return program.symbol
+
+
+def program_bytes(program) -> bytes:
+    """The program serialized (:meth:`~tvm_spinn.program.format.Program.to_bytes`)."""
+    return program.to_bytes()
+
+
+def layer_tile_shape(program, index: int) -> list[int]:
+    """The mapper's tile shape of the layer (see :mod:`tvm_spinn.program.tiles`)."""
+    return [int(v) for v in program.mapping["layers"][index]["tile"]]
 
 
 def constants(program) -> dict[int, np.ndarray]:
