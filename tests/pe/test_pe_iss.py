@@ -236,3 +236,26 @@ def test_image_bytes_identical_when_rebuilt():
     assert not any(name.startswith("__tvm_ffi") for name in symbols)
     # unused runtime code is dropped: only the int8 role keeps the MAC array's driver
     assert "pe_mac_gemm" not in symbols and "pe_mac_gemm" in image_symbols(role_image(("gemm_i8",)).elf)
+
+
+class _Moves(torch.nn.Module):
+    """Data movement between element-wise layers: transpose, slices (strided), broadcast,
+    reshape, concat and a constant pad of -0.0."""
+
+    def forward(self, x, y):
+        a = x.transpose(0, 1) + 1.0                       # permute_dims
+        b = a[1:5:2, ::3] * 2.0                            # strided_slice
+        c = y.expand(6, 4, 5) - 1.0                        # broadcast_to
+        d = torch.cat([a, a * 3.0], dim=1)                 # concat
+        e = torch.nn.functional.pad(x * 0.5, (1, 2, 0, 1), value=-0.0)  # pad
+        f = (x * 4.0).reshape(2, 3, 6)                     # reshape
+        return b, c, d, e, f
+
+
+def test_data_movement_bit_identical():
+    programs = _programs(tvm_spinn.frontend.from_pytorch(_Moves().eval(), (torch.zeros(6, 6), torch.zeros(4, 1))))
+    kinds = {layer.kind for program in programs for layer in program.layers}
+    assert {"reshape", "permute_dims", "strided_slice", "broadcast_to", "concat", "pad"} <= kinds, kinds
+    for r, program in enumerate(programs):
+        _assert_same_bits(program, [_special(program.tensors[t].shape, 11 + r + 7 * j)
+                                    for j, t in enumerate(program.inputs)])

@@ -210,7 +210,45 @@ def _run_gemm_i8(run: _Run, index: int, env, table) -> np.ndarray:
     return out
 
 
-_RUNNERS = {"binary": _run_elementwise, "relu": _run_elementwise, "gemm_f32": _run_gemm_f32,
+def _run_move(run: _Run, index: int, env, table) -> np.ndarray:
+    """Data movement: per SRAM-sized piece of a tile, the DMA brings the piece's source elements
+    (ascending, each once) and the PE gathers them by the local index table."""
+    p = run.p
+    out_id = view.layer_output(p, index)
+    dtype = np.dtype(view.tensor_dtype(p, out_id))
+    eb = dtype.itemsize
+    out = np.empty(view.tensor_shape(p, out_id), dtype=dtype)
+    flat = out.reshape(-1).view(np.uint8).reshape(-1, eb)
+    src = np.concatenate([np.ascontiguousarray(env[t], dtype=dtype).reshape(-1).view(np.uint8)
+                          for t in view.layer_inputs(p, index)]).reshape(-1, eb)
+    idx = view.movement_sources(p, index)
+    fill = np.zeros(max(eb, 4), np.uint8)
+    if view.layer_kind(p, index) == "pad":
+        fill[:eb] = np.frombuffer(np.asarray(view.layer_attrs(p, index)["value"], dtype=dtype).tobytes(), np.uint8)
+    for t in range(len(table)):
+        e0, e1 = int(table.lo[t, 0]), int(table.hi[t, 0])
+        m = run.machine(index, int(table.pe[t]))
+        piece = max(16, (ARENA_END - m.arena - 4 * 64) // (4 + 2 * eb) // 16 * 16)
+        for s0 in range(e0, e1, piece):
+            s1 = min(s0 + piece, e1)
+            n = s1 - s0
+            sel = idx[s0:s1]
+            valid = sel >= 0
+            uniq = np.unique(sel[valid])
+            local = np.full(n, -1, dtype=np.int32)
+            local[valid] = np.searchsorted(uniq, sel[valid])
+            psrc, pidx, pdst, pfill = _Arena(m, p, index).take(eb * max(len(uniq), 1), 4 * n, eb * n, len(fill))
+            if len(uniq):
+                m.write(psrc, src[uniq].tobytes())
+            m.write(pidx, local.tobytes())
+            m.write(pfill, fill.tobytes())
+            m.run([[psrc, pidx, pdst, pfill, n, eb]])
+            flat[s0:s1] = np.frombuffer(m.read(pdst, eb * n), dtype=np.uint8).reshape(n, eb)
+        run.done(index, t, table, m)
+    return out
+
+
+_RUNNERS = {"move": _run_move, "binary": _run_elementwise, "relu": _run_elementwise, "gemm_f32": _run_gemm_f32,
             "gemm_i8": _run_gemm_i8}
 
 

@@ -24,6 +24,11 @@ Kernels (the ``spec`` of :func:`kernel_object`):
   int8 ``y``. Args ``a, b, p, acc, rowsum,
   colsum, consts, y, m, n, k, flags``; ``consts`` points at ``[zx, K, y_zero, y_min, y_max]``
   then per column ``zw, bias_q, multiplier, shift`` (int32 each).
+- ``("move",)``: data movement as a gather of ``eb``-byte elements: ``dst[i] = src[idx[i]]``,
+  or the ``eb`` fill bytes where ``idx[i]`` is negative (``pad``); args ``src, idx, dst, fill,
+  n, eb``. The DMA brings each piece's source elements into ``src`` in ascending order; the
+  local index table ``idx`` is the layer's (``reshape``, ``permute_dims``, ``broadcast_to``,
+  ``strided_slice``, ``concat``, ``pad``) element map.
 """
 
 from __future__ import annotations
@@ -162,7 +167,26 @@ def _gemm_i8():
     return kernel
 
 
-_BUILDERS = {"binary": _binary, "relu": _relu_kernel, "gemm_f32": _gemm_f32, "gemm_i8": _gemm_i8}
+def _move():
+    @T.prim_func
+    def kernel(src: T.handle("uint8"), idx: T.handle("int32"), dst: T.handle("uint8"), fill: T.handle("uint8"),
+               n: T.int32, eb: T.int32):
+        T.func_attr({"tir.noalias": True, "calling_conv": 0})
+        S = T.decl_buffer((n * eb,), "uint8", data=src)
+        I = T.decl_buffer((n,), "int32", data=idx)
+        D = T.decl_buffer((n * eb,), "uint8", data=dst)
+        F = T.decl_buffer((eb,), "uint8", data=fill)
+        for i in range(n):
+            if I[i] >= 0:
+                for j in range(eb):
+                    D[i * eb + j] = S[I[i] * eb + j]
+            else:
+                for j in range(eb):
+                    D[i * eb + j] = F[j]
+    return kernel
+
+
+_BUILDERS = {"move": _move, "binary": _binary, "relu": _relu_kernel, "gemm_f32": _gemm_f32, "gemm_i8": _gemm_i8}
 
 
 def kernel_func(spec: tuple) -> "tvm.tirx.PrimFunc":
