@@ -259,3 +259,36 @@ def test_data_movement_bit_identical():
     for r, program in enumerate(programs):
         _assert_same_bits(program, [_special(program.tensors[t].shape, 11 + r + 7 * j)
                                     for j, t in enumerate(program.inputs)])
+
+
+@pytest.mark.parametrize("axis,dtype", [(None, "int8"), (1, "uint8")])
+def test_quantize_dequantize_bit_identical(axis, dtype):
+    """quantize (ties to even, saturation, NaN -> 0, infinities) and dequantize, per tensor and
+    per channel."""
+    rng = np.random.default_rng(6)
+    x = _special((2, 5, 6, 6), 21)
+    n = 5 if axis is not None else 1
+    scale = rng.uniform(0.01, 0.05, size=n).astype("float32")
+    scale[0] = 0.5
+    # ties of x / s (0.5 apart), values near 2^23 and 2^31, and the saturation ends
+    x[0, 0, 1, :] = [0.25, 0.75, -0.25, -0.75, 1.25, 1e6]
+    x[0, 0, 2, :] = [4194304.25, -4194304.25, 4194303.75, 3e9, -3e9, 1e-45]
+    zero = rng.integers(-10, 10, size=n) + (128 if dtype == "uint8" else 0)
+    bb = relax.BlockBuilder()
+    xv = relax.Var("x", relax.TensorType(list(x.shape), "float32"))
+    c = lambda v, dt: relax.const(np.asarray(v, dtype=dt))  # noqa: E731
+    with bb.function("main", [xv]):
+        with bb.dataflow():
+            s = c(scale if n > 1 else scale[0], "float32")
+            z = c(zero if n > 1 else zero[0], dtype)
+            q = bb.emit(relax.op.quantize(xv, s, z, axis=axis if axis is not None else -1, out_dtype=dtype))
+            d = bb.emit(relax.op.dequantize(q, s, z, axis=axis if axis is not None else -1))
+            gv = bb.emit_output(relax.Tuple([q, d]))
+        bb.emit_func_output(gv)
+    programs = _programs(bb.get())
+    kinds = {layer.kind for p in programs for layer in p.layers}
+    assert {"quantize", "dequantize"} <= kinds
+    for program in programs:
+        _assert_same_bits(program, [x if program.tensors[t].dtype == "float32"
+                                    else rng.integers(-128, 128, size=program.tensors[t].shape).astype(program.tensors[t].dtype)
+                                    for t in program.inputs])

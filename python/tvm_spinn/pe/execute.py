@@ -248,7 +248,44 @@ def _run_move(run: _Run, index: int, env, table) -> np.ndarray:
     return out
 
 
-_RUNNERS = {"move": _run_move, "binary": _run_elementwise, "relu": _run_elementwise, "gemm_f32": _run_gemm_f32,
+def _run_qdq(run: _Run, index: int, env, table) -> np.ndarray:
+    """quantize / dequantize: per SRAM-sized piece, the value, its scale and zero point (the DMA
+    broadcasts per-channel ones per element) and the result."""
+    p = run.p
+    x = env[view.layer_inputs(p, index)[0]]
+    out_id = view.layer_output(p, index)
+    out = np.empty(view.tensor_shape(p, out_id), dtype=view.tensor_dtype(p, out_id))
+    scale = env[view.layer_const(p, index, "scale")].astype(_F32, copy=False)
+    zero = env[view.layer_const(p, index, "zero")].astype(np.int32, copy=False)
+    if scale.size > 1:
+        shape = [1] * x.ndim
+        shape[view.layer_attrs(p, index)["axis"]] = -1
+        scale, zero = scale.reshape(shape), zero.reshape(shape)
+    else:
+        scale, zero = scale.reshape(()), zero.reshape(())
+    xs = np.ascontiguousarray(x).reshape(-1)
+    ss = np.ascontiguousarray(np.broadcast_to(scale, out.shape), dtype=_F32).reshape(-1)
+    zs = np.ascontiguousarray(np.broadcast_to(zero, out.shape), dtype=np.int32).reshape(-1)
+    flat = out.reshape(-1)
+    per = xs.itemsize + 8 + flat.itemsize
+    for t in range(len(table)):
+        e0, e1 = int(table.lo[t, 0]), int(table.hi[t, 0])
+        m = run.machine(index, int(table.pe[t]))
+        piece = max(16, (ARENA_END - m.arena - 4 * 64) // per // 16 * 16)
+        for s0 in range(e0, e1, piece):
+            s1 = min(s0 + piece, e1)
+            n = s1 - s0
+            px, ps, pz, py = _Arena(m, p, index).take(xs.itemsize * n, 4 * n, 4 * n, flat.itemsize * n)
+            m.write(px, xs[s0:s1].tobytes())
+            m.write(ps, ss[s0:s1].tobytes())
+            m.write(pz, zs[s0:s1].tobytes())
+            m.run([[px, ps, pz, py, n]])
+            flat[s0:s1] = np.frombuffer(m.read(py, flat.itemsize * n), dtype=flat.dtype)
+        run.done(index, t, table, m)
+    return out
+
+
+_RUNNERS = {"quantize": _run_qdq, "dequantize": _run_qdq, "move": _run_move, "binary": _run_elementwise, "relu": _run_elementwise, "gemm_f32": _run_gemm_f32,
             "gemm_i8": _run_gemm_i8}
 
 

@@ -29,6 +29,13 @@ Kernels (the ``spec`` of :func:`kernel_object`):
   n, eb``. The DMA brings each piece's source elements into ``src`` in ascending order; the
   local index table ``idx`` is the layer's (``reshape``, ``permute_dims``, ``broadcast_to``,
   ``strided_slice``, ``concat``, ``pad``) element map.
+- ``("quantize", dtype)``: ``y[i] = clamp(rint(x[i] / s[i]) + fl(z[i]))`` (0 for a NaN), the
+  rounding to nearest even spelled as ``(v + 2^23) - 2^23`` (``(v - 2^23) + 2^23`` below 0) for
+  ``|v| < 2^23`` (larger floats are integers): FPv4 has no VRINT, and this is exact in
+  round-to-nearest; args ``x, s, z, y, n``.
+- ``("dequantize", dtype)``: ``y[i] = fl(int32(q[i]) - z[i]) * s[i]`` (a 32-bit subtraction,
+  VCVT, VMUL); args ``q, s, z, y, n``. Per-channel scales and zero points come per element
+  (the DMA broadcasts them).
 """
 
 from __future__ import annotations
@@ -186,7 +193,49 @@ def _move():
     return kernel
 
 
-_BUILDERS = {"move": _move, "binary": _binary, "relu": _relu_kernel, "gemm_f32": _gemm_f32, "gemm_i8": _gemm_i8}
+_TWO23 = T.float32(8388608.0)
+
+
+def _quantize(dtype: str):
+    from ..program.quant import QUANT_RANGES
+    lo, hi = (T.float32(v) for v in QUANT_RANGES[dtype])
+
+    @T.prim_func
+    def kernel(x: T.handle("float32"), s: T.handle("float32"), z: T.handle("int32"), y: T.handle(dtype), n: T.int32):
+        T.func_attr({"tir.noalias": True, "calling_conv": 0})
+        X = T.decl_buffer((n,), "float32", data=x)
+        S = T.decl_buffer((n,), "float32", data=s)
+        Z = T.decl_buffer((n,), "int32", data=z)
+        Y = T.decl_buffer((n,), dtype, data=y)
+        v = T.decl_buffer((1,), "float32", scope="local")
+        t = T.decl_buffer((1,), "float32", scope="local")
+        for i in range(n):
+            v[0] = X[i] / S[i]
+            # a stored intermediate: TVM's simplifier would fold (v + c) - c to v
+            t[0] = T.if_then_else(v[0] < _ZERO, v[0] - _TWO23, v[0] + _TWO23)
+            if v[0] < _TWO23 and v[0] > -_TWO23:
+                v[0] = T.if_then_else(v[0] < _ZERO, t[0] + _TWO23, t[0] - _TWO23)
+            v[0] = v[0] + T.Cast("float32", Z[i])
+            v[0] = T.if_then_else(v[0] < lo, lo, v[0])
+            v[0] = T.if_then_else(v[0] > hi, hi, v[0])
+            Y[i] = T.if_then_else(T.isnan(v[0]), T.Cast(dtype, 0), T.Cast(dtype, T.Cast("int32", v[0])))
+    return kernel
+
+
+def _dequantize(dtype: str):
+    @T.prim_func
+    def kernel(q: T.handle(dtype), s: T.handle("float32"), z: T.handle("int32"), y: T.handle("float32"), n: T.int32):
+        T.func_attr({"tir.noalias": True, "calling_conv": 0})
+        Q = T.decl_buffer((n,), dtype, data=q)
+        S = T.decl_buffer((n,), "float32", data=s)
+        Z = T.decl_buffer((n,), "int32", data=z)
+        Y = T.decl_buffer((n,), "float32", data=y)
+        for i in range(n):
+            Y[i] = T.Cast("float32", T.Cast("int32", Q[i]) - Z[i]) * S[i]
+    return kernel
+
+
+_BUILDERS = {"quantize": _quantize, "dequantize": _dequantize, "move": _move, "binary": _binary, "relu": _relu_kernel, "gemm_f32": _gemm_f32, "gemm_i8": _gemm_i8}
 
 
 def kernel_func(spec: tuple) -> "tvm.tirx.PrimFunc":

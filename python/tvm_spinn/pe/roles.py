@@ -37,6 +37,10 @@ def layer_role(program, index: int) -> tuple:
     relu = bool(attrs.get("relu"))
     if kind in MOVE_KINDS:
         return ("move",)
+    if kind == "quantize":
+        return ("quantize", view.tensor_dtype(program, view.layer_output(program, index)))
+    if kind == "dequantize":
+        return ("dequantize", view.tensor_dtype(program, view.layer_inputs(program, index)[0]))
     if mode == "fp32":
         if not _float_operands(program, index):
             _fail(program, index, "fp32 layer with operands that are not float32")
