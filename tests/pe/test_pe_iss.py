@@ -292,3 +292,22 @@ def test_quantize_dequantize_bit_identical(axis, dtype):
         _assert_same_bits(program, [x if program.tensors[t].dtype == "float32"
                                     else rng.integers(-128, 128, size=program.tensors[t].shape).astype(program.tensors[t].dtype)
                                     for t in program.inputs])
+
+
+class _Pools(torch.nn.Module):
+    def forward(self, x):
+        a = torch.nn.functional.max_pool2d(x + 1.0, 3, stride=2, padding=1)
+        b = torch.nn.functional.avg_pool2d(x * 2.0, 3, stride=2, padding=1, count_include_pad=False)
+        c = torch.nn.functional.avg_pool2d(x - 1.0, 2, stride=1, padding=1, count_include_pad=True)
+        d = torch.nn.functional.max_pool2d(x * 3.0, 2, stride=2, dilation=2)
+        return a, b, c, d
+
+
+def test_pools_bit_identical():
+    """max and average pooling (padding, both divisors, dilation) with NaN/inf/-0.0/subnormal
+    inputs: the window order and the NaN rule of the default simulator."""
+    programs = _programs(tvm_spinn.frontend.from_pytorch(_Pools().eval(), (torch.zeros(2, 3, 9, 10),)))
+    kinds = {layer.kind for program in programs for layer in program.layers}
+    assert {"max_pool2d", "avg_pool2d"} <= kinds, kinds
+    for r, program in enumerate(programs):
+        _assert_same_bits(program, [_special(program.tensors[t].shape, 31 + r) for t in program.inputs])

@@ -285,7 +285,55 @@ def _run_qdq(run: _Run, index: int, env, table) -> np.ndarray:
     return out
 
 
-_RUNNERS = {"quantize": _run_qdq, "dequantize": _run_qdq, "move": _run_move, "binary": _run_elementwise, "relu": _run_elementwise, "gemm_f32": _run_gemm_f32,
+def _run_pool(run: _Run, index: int, env, table) -> np.ndarray:
+    """Pools: per tile (and per SRAM-sized group of its planes), the DMA brings the band of
+    input rows under the tile's output rows, padded (the lowest float32 for max, +0.0 for
+    average), and the divisors of the average's windows."""
+    p = run.p
+    attrs = view.layer_attrs(p, index)
+    x = env[view.layer_inputs(p, index)[0]]
+    out = np.empty(view.tensor_shape(p, view.layer_output(p, index)), dtype=_F32)
+    n, c, h, w = x.shape
+    oh, ow = out.shape[2:]
+    pt, pl, pb, pr = attrs["padding"]
+    kh, kw = attrs["pool_size"]
+    sh, sw = attrs["strides"]
+    dh, dw = attrs["dilation"]
+    is_max = view.layer_kind(p, index) == "max_pool2d"
+    fill = np.finfo(_F32).min if is_max else _F32(0.0)
+    planes = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=fill).reshape(n * c, h + pt + pb, w + pl + pr)
+    wp = planes.shape[2]
+    # the average's divisor per output pixel: the window size, or its non-padding elements
+    valid = np.pad(np.ones((h, w), np.int64), ((pt, pb), (pl, pr)))
+    count = np.zeros((oh, ow), np.int64)
+    for i in range(kh):
+        for j in range(kw):
+            count += valid[i * dh: i * dh + sh * (oh - 1) + 1: sh, j * dw: j * dw + sw * (ow - 1) + 1: sw]
+    div = np.full((oh, ow), kh * kw, np.int64) if attrs.get("count_include_pad") else count
+    div = div.astype(_F32)
+    out_planes = out.reshape(n * c, oh, ow)
+    for t in range(len(table)):
+        (p0, r0), (p1, r1) = table.lo[t, :2].tolist(), table.hi[t, :2].tolist()
+        rows = r1 - r0
+        bh = (rows - 1) * sh + (kh - 1) * dh + 1
+        m = run.machine(index, int(table.pe[t]))
+        per_plane = 4 * (bh * wp + rows * ow)
+        group = max(1, (ARENA_END - m.arena - 4 * rows * ow - 4 * 64) // per_plane)
+        for q0 in range(p0, p1, group):
+            q1 = min(q0 + group, p1)
+            band = np.ascontiguousarray(planes[q0:q1, r0 * sh: r0 * sh + bh])
+            geom = np.array([q1 - q0, rows, ow, bh, wp, kh, kw, sh, sw, dh, dw], np.int32)
+            psrc, pdiv, pdst, pgeom = _Arena(m, p, index).take(band.nbytes, 4 * rows * ow, 4 * (q1 - q0) * rows * ow, 44)
+            m.write(psrc, band.tobytes())
+            m.write(pdiv, np.ascontiguousarray(div[r0:r1]).tobytes())
+            m.write(pgeom, geom.tobytes())
+            m.run([[psrc, pdiv, pdst, pgeom]])
+            out_planes[q0:q1, r0:r1] = np.frombuffer(m.read(pdst, 4 * (q1 - q0) * rows * ow), dtype=_F32).reshape(q1 - q0, rows, ow)
+        run.done(index, t, table, m)
+    return out
+
+
+_RUNNERS = {"pool": _run_pool, "quantize": _run_qdq, "dequantize": _run_qdq, "move": _run_move, "binary": _run_elementwise, "relu": _run_elementwise, "gemm_f32": _run_gemm_f32,
             "gemm_i8": _run_gemm_i8}
 
 

@@ -36,6 +36,11 @@ Kernels (the ``spec`` of :func:`kernel_object`):
 - ``("dequantize", dtype)``: ``y[i] = fl(int32(q[i]) - z[i]) * s[i]`` (a 32-bit subtraction,
   VCVT, VMUL); args ``q, s, z, y, n``. Per-channel scales and zero points come per element
   (the DMA broadcasts them).
+- ``("pool", op)`` (``max``/``avg``): 2-D pooling of a band of padded input rows, the window
+  visited row by row: max from the lowest finite float32 by ``acc > v || acc != acc ? acc :
+  v``; average as an fp32 sum from the window's first element, divided by ``div[r, c]`` (the
+  window size or its count of non-padding elements); args ``src, div, dst, geom`` with
+  ``geom`` ``[planes, rows, ow, band_h, wp, kh, kw, sh, sw, dh, dw]`` (int32).
 """
 
 from __future__ import annotations
@@ -194,6 +199,39 @@ def _move():
 
 
 _TWO23 = T.float32(8388608.0)
+_LOWEST = T.float32(-3.4028234663852886e38)
+
+
+def _pool(op: str):
+    is_max = op == "max"
+
+    @T.prim_func
+    def kernel(src: T.handle("float32"), div: T.handle("float32"), dst: T.handle("float32"), geom: T.handle("int32")):
+        T.func_attr({"tir.noalias": True, "calling_conv": 0})
+        G = T.decl_buffer((11,), "int32", data=geom)
+        planes, rows, ow, bh, wp = G[0], G[1], G[2], G[3], G[4]
+        kh, kw, sh, sw, dh, dw = G[5], G[6], G[7], G[8], G[9], G[10]
+        S = T.decl_buffer((planes * bh * wp,), "float32", data=src)
+        DV = T.decl_buffer((rows * ow,), "float32", data=div)
+        D = T.decl_buffer((planes * rows * ow,), "float32", data=dst)
+        acc = T.decl_buffer((1,), "float32", scope="local")
+        for p in range(planes):
+            for r in range(rows):
+                for c in range(ow):
+                    if is_max:
+                        acc[0] = _LOWEST
+                    for i in range(kh):
+                        for j in range(kw):
+                            v = S[p * bh * wp + (r * sh + i * dh) * wp + c * sw + j * dw]
+                            if is_max:
+                                acc[0] = T.if_then_else(tvm.tirx.Or(acc[0] > v, T.isnan(acc[0])), acc[0], v)
+                            else:
+                                acc[0] = T.if_then_else(i == 0 and j == 0, v, acc[0] + v)
+                    if is_max:
+                        D[p * rows * ow + r * ow + c] = acc[0]
+                    else:
+                        D[p * rows * ow + r * ow + c] = acc[0] / DV[r * ow + c]
+    return kernel
 
 
 def _quantize(dtype: str):
@@ -235,7 +273,7 @@ def _dequantize(dtype: str):
     return kernel
 
 
-_BUILDERS = {"quantize": _quantize, "dequantize": _dequantize, "move": _move, "binary": _binary, "relu": _relu_kernel, "gemm_f32": _gemm_f32, "gemm_i8": _gemm_i8}
+_BUILDERS = {"pool": _pool, "quantize": _quantize, "dequantize": _dequantize, "move": _move, "binary": _binary, "relu": _relu_kernel, "gemm_f32": _gemm_f32, "gemm_i8": _gemm_i8}
 
 
 def kernel_func(spec: tuple) -> "tvm.tirx.PrimFunc":

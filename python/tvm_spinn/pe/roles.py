@@ -37,6 +37,8 @@ def layer_role(program, index: int) -> tuple:
     relu = bool(attrs.get("relu"))
     if kind in MOVE_KINDS:
         return ("move",)
+    if kind in ("max_pool2d", "avg_pool2d") and mode == "fp32" and _float_operands(program, index):
+        return ("pool", kind[:3])
     if kind == "quantize":
         return ("quantize", view.tensor_dtype(program, view.layer_output(program, index)))
     if kind == "dequantize":
