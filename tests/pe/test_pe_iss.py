@@ -311,3 +311,26 @@ def test_pools_bit_identical():
     assert {"max_pool2d", "avg_pool2d"} <= kinds, kinds
     for r, program in enumerate(programs):
         _assert_same_bits(program, [_special(program.tensors[t].shape, 31 + r) for t in program.inputs])
+
+
+class _Mean(torch.nn.Module):
+    def forward(self, x):
+        return (x * 2.0).mean(dim=-1), (x + 1.0).mean(dim=(2, 3))
+
+
+@pytest.mark.parametrize("special", [False, True])
+def test_mean_bit_identical(special):
+    """fp32 mean over trailing axes: the sequential sum, then the division. With NaN inputs the
+    NaN payloads are compared loosely: the default simulator's C++ row sum takes a sum's NaN
+    payload by the host's rule (see test_gemm_nan_payloads_follow_the_m4f)."""
+    programs = _programs(tvm_spinn.frontend.from_pytorch(_Mean().eval(), (torch.zeros(3, 4, 5, 40),)))
+    assert "mean" in {layer.kind for program in programs for layer in program.layers}
+    rng = np.random.default_rng(41)
+    for r, program in enumerate(programs):
+        inputs = [_special(program.tensors[t].shape, 41 + r) if special
+                  else rng.normal(size=program.tensors[t].shape).astype(np.float32) for t in program.inputs]
+        want, got = run_program(program, inputs), run_program_iss(program, inputs)
+        for w, g in zip(want, got):
+            wb, gb = w.view(np.uint32).copy(), g.view(np.uint32).copy()
+            wb[np.isnan(w)] = gb[np.isnan(g)] = 0x7FC00000
+            assert np.array_equal(np.isnan(w), np.isnan(g)) and np.array_equal(wb, gb)

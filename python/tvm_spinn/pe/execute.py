@@ -333,7 +333,39 @@ def _run_pool(run: _Run, index: int, env, table) -> np.ndarray:
     return out
 
 
-_RUNNERS = {"pool": _run_pool, "quantize": _run_qdq, "dequantize": _run_qdq, "move": _run_move, "binary": _run_elementwise, "relu": _run_elementwise, "gemm_f32": _run_gemm_f32,
+def _run_mean(run: _Run, index: int, env, table) -> np.ndarray:
+    """fp32 mean over trailing axes: a tile's chunk of its rows; a row split over PEs passes its
+    running sum along the chain (over the NoC), the last chunk divides."""
+    p = run.p
+    row = int(view.layer_attrs(p, index)["row"])
+    x = np.ascontiguousarray(env[view.layer_inputs(p, index)[0]], dtype=_F32).reshape(-1, row)
+    out = np.empty(view.tensor_shape(p, view.layer_output(p, index)), dtype=_F32)
+    flat = out.reshape(-1)
+    partial = np.zeros(x.shape[0], dtype=_F32)  # per row, the running sum a chunk passes on
+    order = sorted(range(len(table)), key=lambda t: (int(table.lo[t, 0]), int(table.lo[t, 1])))
+    for t in order:
+        (r0, c0), (r1, c1) = table.lo[t, :2].tolist(), table.hi[t, :2].tolist()
+        m = run.machine(index, int(table.pe[t]))
+        per_row = 4 * (c1 - c0) + 8
+        group = max(1, (ARENA_END - m.arena - 3 * 64) // per_row)
+        for q0 in range(r0, r1, group):
+            q1 = min(q0 + group, r1)
+            n = q1 - q0
+            px, pp, py = _Arena(m, p, index).take(4 * n * (c1 - c0), 4 * n, 4 * n)
+            m.write(px, np.ascontiguousarray(x[q0:q1, c0:c1]).tobytes())
+            if c0 > 0:
+                m.write(pp, partial[q0:q1].tobytes())
+            flags = (1 if c0 == 0 else 0) | (2 if c1 == row else 0)
+            m.run([[px, pp, py, n, c1 - c0, flags, row]])
+            if c1 == row:
+                flat[q0:q1] = np.frombuffer(m.read(py, 4 * n), dtype=_F32)
+            else:
+                partial[q0:q1] = np.frombuffer(m.read(pp, 4 * n), dtype=_F32)
+        run.done(index, t, table, m)
+    return out
+
+
+_RUNNERS = {"mean": _run_mean, "pool": _run_pool, "quantize": _run_qdq, "dequantize": _run_qdq, "move": _run_move, "binary": _run_elementwise, "relu": _run_elementwise, "gemm_f32": _run_gemm_f32,
             "gemm_i8": _run_gemm_i8}
 
 

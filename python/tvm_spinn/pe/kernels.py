@@ -41,6 +41,9 @@ Kernels (the ``spec`` of :func:`kernel_object`):
   v``; average as an fp32 sum from the window's first element, divided by ``div[r, c]`` (the
   window size or its count of non-padding elements); args ``src, div, dst, geom`` with
   ``geom`` ``[planes, rows, ow, band_h, wp, kh, kw, sh, sw, dh, dw]`` (int32).
+- ``("mean",)``: one chunk of each row's sequential fp32 sum, from +0.0 (``flags`` bit 0) or
+  from the partial ``part[r]`` the previous chunk's PE passed on; the row's last chunk (bit 1)
+  writes ``sum / fl(d)``, the others the partial; args ``x, part, y, rows, cols, flags, d``.
 """
 
 from __future__ import annotations
@@ -273,7 +276,27 @@ def _dequantize(dtype: str):
     return kernel
 
 
-_BUILDERS = {"pool": _pool, "quantize": _quantize, "dequantize": _dequantize, "move": _move, "binary": _binary, "relu": _relu_kernel, "gemm_f32": _gemm_f32, "gemm_i8": _gemm_i8}
+def _mean():
+    @T.prim_func
+    def kernel(x: T.handle("float32"), part: T.handle("float32"), y: T.handle("float32"),
+               rows: T.int32, cols: T.int32, flags: T.int32, d: T.int32):
+        T.func_attr({"tir.noalias": True, "calling_conv": 0})
+        X = T.decl_buffer((rows * cols,), "float32", data=x)
+        P = T.decl_buffer((rows,), "float32", data=part)
+        Y = T.decl_buffer((rows,), "float32", data=y)
+        acc = T.decl_buffer((1,), "float32", scope="local")
+        for r in range(rows):
+            acc[0] = T.if_then_else(flags & 1 != 0, _ZERO, P[r])
+            for j in range(cols):
+                acc[0] = acc[0] + X[r * cols + j]
+            if flags & 2 != 0:
+                Y[r] = acc[0] / T.Cast("float32", d)
+            else:
+                P[r] = acc[0]
+    return kernel
+
+
+_BUILDERS = {"mean": _mean, "pool": _pool, "quantize": _quantize, "dequantize": _dequantize, "move": _move, "binary": _binary, "relu": _relu_kernel, "gemm_f32": _gemm_f32, "gemm_i8": _gemm_i8}
 
 
 def kernel_func(spec: tuple) -> "tvm.tirx.PrimFunc":

@@ -39,6 +39,10 @@ def layer_role(program, index: int) -> tuple:
         return ("move",)
     if kind in ("max_pool2d", "avg_pool2d") and mode == "fp32" and _float_operands(program, index):
         return ("pool", kind[:3])
+    if kind == "mean" and mode == "fp32" and _float_operands(program, index):
+        if attrs.get("rounding") == "tflite":
+            _fail(program, index, "TFLite's integer mean (generated: fp32 mean)")
+        return ("mean",)
     if kind == "quantize":
         return ("quantize", view.tensor_dtype(program, view.layer_output(program, index)))
     if kind == "dequantize":
