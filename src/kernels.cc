@@ -1088,11 +1088,42 @@ void Transpose2D(const void* src, void* dst, int64_t rows, int64_t cols, int ite
   }
 }
 
+namespace {
+/*!
+ * \brief The M4F's NaN for the sum `a + b` (FPSCR.DN = 0, FPProcessNaNs in the v7-M ARM): a
+ *        signalling operand first (the first's if both are), else a quiet one (the first's if
+ *        both are), quieted; inf + -inf gives the default NaN 0x7FC00000 (x86 keeps the first
+ *        operand and gives 0xFFC00000).
+ */
+float M4fAddNaN(float a, float b) {
+  uint32_t ua, ub;
+  std::memcpy(&ua, &a, sizeof ua);
+  std::memcpy(&ub, &b, sizeof ub);
+  const bool na = a != a, nb = b != b;
+  uint32_t u = 0x7FC00000u;
+  if (na && (ua & 0x00400000u) == 0) {
+    u = ua | 0x00400000u;
+  } else if (nb && (ub & 0x00400000u) == 0) {
+    u = ub | 0x00400000u;
+  } else if (na) {
+    u = ua;
+  } else if (nb) {
+    u = ub;
+  }
+  float q;
+  std::memcpy(&q, &u, sizeof q);
+  return q;
+}
+}  // namespace
+
 void RowSumF32(const float* x, float* out, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = x + r * cols;
     float acc = 0.0f;
-    for (int64_t j = 0; j < cols; ++j) acc = acc + row[j];
+    for (int64_t j = 0; j < cols; ++j) {
+      const float s = acc + row[j];
+      acc = s == s ? s : M4fAddNaN(acc, row[j]);
+    }
     out[r] = acc;
   }
 }

@@ -83,7 +83,8 @@ void Im2Col(const void* x, void* out, const Im2ColShape& s, int elem_bytes, cons
 /*! \brief Worker threads for a job of `work` multiply-adds: 1 for small jobs, else `threads`. */
 int SimThreads(int64_t work);
 
-/*! \brief out[r] = ((0 + x[r,0]) + x[r,1]) + ... in float32, strictly left to right. */
+/*! \brief out[r] = ((0 + x[r,0]) + x[r,1]) + ... in float32, strictly left to right; a NaN
+ *         sum by the M4F's rule (FPProcessNaNs, default NaN 0x7FC00000). */
 void RowSumF32(const float* x, float* out, int64_t rows, int64_t cols);
 
 /*!

@@ -97,6 +97,14 @@ def _run_iss(program, inputs):
     return run_program_iss(program, inputs)
 
 
+def export_firmware(ex, directory):
+    """Write the firmware of a model compiled for a spinn target: one Cortex-M4F ELF image per
+    PE role and a manifest (see :func:`tvm_spinn.pe.export_firmware`; needs the ``pe`` extra)."""
+    from .pe import export_firmware as _export
+
+    return _export(ex, directory)
+
+
 def __getattr__(name: str):
     # the command's deferred import: the public API is there as soon as it is used
     if not _initialized and name in __all__:
@@ -106,7 +114,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "frontend", "MappingOptions", "MappingError", "load_module", "export_library", "LibraryError", "SpinnRuntimeError", "partition_for_spinn", "summarize_partition", "report", "report_modules", "Report", "SpinnArch",
+    "frontend", "MappingOptions", "MappingError", "load_module", "export_library", "export_firmware", "LibraryError", "SpinnRuntimeError", "partition_for_spinn", "summarize_partition", "report", "report_modules", "Report", "SpinnArch",
     "ArchError", "make_system", "register_system", "get_target", "known_targets", "arch_of", "host_target",
     "tune", "build_options", "BuildOptions", "SpinnOptions", "TuningResult", "TuningLogError",
     "quantize", "quantizable_layers", "QuantScheme", "QuantizationError", "training",

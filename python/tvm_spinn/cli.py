@@ -118,6 +118,8 @@ def _check_args(args) -> None:
         _check_output(args.output, "output library", (args.model, args.quantize),
                       "to check that a model compiles without keeping a library, use "
                       "`tvm-spinn report MODEL`")
+        if args.firmware and os.path.exists(args.firmware) and not os.path.isdir(args.firmware):
+            raise _fail(f"firmware directory {args.firmware!r} exists and is not a directory")
     elif command == "run":
         for path, what in ((args.library, "library"), (args.inputs, "inputs")):
             if not os.path.exists(path):
@@ -226,9 +228,19 @@ def _cmd_compile(args) -> int:
         ex = relax.build(mod, target=target)
     from .runtime.loader import export_library
 
+    firmware = None
+    if args.firmware:  # built (and every layer checked) before anything is written
+        from .pe.firmware import build_firmware, programs_of
+
+        firmware = build_firmware(programs_of(ex))
     _INTERRUPTS.check()  # a Ctrl-C that TVM swallowed: write nothing
     export_library(ex, args.output, output_names=output_names)  # checked, atomic, sealed
     print(f"wrote {args.output}")
+    if firmware is not None:
+        from .pe.firmware import write_firmware
+
+        write_firmware(firmware, args.firmware)
+        print(f"wrote firmware {args.firmware} ({len(firmware.files)} files and manifest.json)")
     if args.report:
         from .report import report
 
@@ -449,6 +461,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "system registered with tvm_spinn.register_system")
     p.add_argument("-o", "--output", required=True, help="output library (.so), written atomically")
     p.add_argument("--report", action="store_true", help="print the performance report")
+    p.add_argument("--firmware", metavar="DIR", help="also write the PE firmware (ELF images and "
+                                                     "manifest.json) to this directory")
     p.add_argument("--tuning-logs", help="apply MetaSchedule tuning logs (a tvm-spinn tune work dir)")
     p.add_argument("--quantize", metavar="CALIBRATION.npz",
                    help="int8 post-training quantization calibrated on these samples (one array per "

@@ -236,3 +236,98 @@ def test_image_bytes_identical_when_rebuilt():
     assert not any(name.startswith("__tvm_ffi") for name in symbols)
     # unused runtime code is dropped: only the int8 role keeps the MAC array's driver
     assert "pe_mac_gemm" not in symbols and "pe_mac_gemm" in image_symbols(role_image(("gemm_i8",)).elf)
+
+
+class _Moves(torch.nn.Module):
+    """Data movement between element-wise layers: transpose, slices (strided), broadcast,
+    reshape, concat and a constant pad of -0.0."""
+
+    def forward(self, x, y):
+        a = x.transpose(0, 1) + 1.0                       # permute_dims
+        b = a[1:5:2, ::3] * 2.0                            # strided_slice
+        c = y.expand(6, 4, 5) - 1.0                        # broadcast_to
+        d = torch.cat([a, a * 3.0], dim=1)                 # concat
+        e = torch.nn.functional.pad(x * 0.5, (1, 2, 0, 1), value=-0.0)  # pad
+        f = (x * 4.0).reshape(2, 3, 6)                     # reshape
+        return b, c, d, e, f
+
+
+def test_data_movement_bit_identical():
+    programs = _programs(tvm_spinn.frontend.from_pytorch(_Moves().eval(), (torch.zeros(6, 6), torch.zeros(4, 1))))
+    kinds = {layer.kind for program in programs for layer in program.layers}
+    assert {"reshape", "permute_dims", "strided_slice", "broadcast_to", "concat", "pad"} <= kinds, kinds
+    for r, program in enumerate(programs):
+        _assert_same_bits(program, [_special(program.tensors[t].shape, 11 + r + 7 * j)
+                                    for j, t in enumerate(program.inputs)])
+
+
+@pytest.mark.parametrize("axis,dtype", [(None, "int8"), (1, "uint8")])
+def test_quantize_dequantize_bit_identical(axis, dtype):
+    """quantize (ties to even, saturation, NaN -> 0, infinities) and dequantize, per tensor and
+    per channel."""
+    rng = np.random.default_rng(6)
+    x = _special((2, 5, 6, 6), 21)
+    n = 5 if axis is not None else 1
+    scale = rng.uniform(0.01, 0.05, size=n).astype("float32")
+    scale[0] = 0.5
+    # ties of x / s (0.5 apart), values near 2^23 and 2^31, and the saturation ends
+    x[0, 0, 1, :] = [0.25, 0.75, -0.25, -0.75, 1.25, 1e6]
+    x[0, 0, 2, :] = [4194304.25, -4194304.25, 4194303.75, 3e9, -3e9, 1e-45]
+    zero = rng.integers(-10, 10, size=n) + (128 if dtype == "uint8" else 0)
+    bb = relax.BlockBuilder()
+    xv = relax.Var("x", relax.TensorType(list(x.shape), "float32"))
+    c = lambda v, dt: relax.const(np.asarray(v, dtype=dt))  # noqa: E731
+    with bb.function("main", [xv]):
+        with bb.dataflow():
+            s = c(scale if n > 1 else scale[0], "float32")
+            z = c(zero if n > 1 else zero[0], dtype)
+            q = bb.emit(relax.op.quantize(xv, s, z, axis=axis if axis is not None else -1, out_dtype=dtype))
+            d = bb.emit(relax.op.dequantize(q, s, z, axis=axis if axis is not None else -1))
+            gv = bb.emit_output(relax.Tuple([q, d]))
+        bb.emit_func_output(gv)
+    programs = _programs(bb.get())
+    kinds = {layer.kind for p in programs for layer in p.layers}
+    assert {"quantize", "dequantize"} <= kinds
+    for program in programs:
+        _assert_same_bits(program, [x if program.tensors[t].dtype == "float32"
+                                    else rng.integers(-128, 128, size=program.tensors[t].shape).astype(program.tensors[t].dtype)
+                                    for t in program.inputs])
+
+
+class _Pools(torch.nn.Module):
+    def forward(self, x):
+        a = torch.nn.functional.max_pool2d(x + 1.0, 3, stride=2, padding=1)
+        b = torch.nn.functional.avg_pool2d(x * 2.0, 3, stride=2, padding=1, count_include_pad=False)
+        c = torch.nn.functional.avg_pool2d(x - 1.0, 2, stride=1, padding=1, count_include_pad=True)
+        d = torch.nn.functional.max_pool2d(x * 3.0, 2, stride=2, dilation=2)
+        return a, b, c, d
+
+
+def test_pools_bit_identical():
+    """max and average pooling (padding, both divisors, dilation) with NaN/inf/-0.0/subnormal
+    inputs: the window order and the NaN rule of the default simulator."""
+    programs = _programs(tvm_spinn.frontend.from_pytorch(_Pools().eval(), (torch.zeros(2, 3, 9, 10),)))
+    kinds = {layer.kind for program in programs for layer in program.layers}
+    assert {"max_pool2d", "avg_pool2d"} <= kinds, kinds
+    for r, program in enumerate(programs):
+        _assert_same_bits(program, [_special(program.tensors[t].shape, 31 + r) for t in program.inputs])
+
+
+class _Mean(torch.nn.Module):
+    def forward(self, x):
+        return (x * 2.0).mean(dim=-1), (x + 1.0).mean(dim=(2, 3))
+
+
+def test_mean_bit_identical():
+    """fp32 mean over trailing axes: the sequential sum (NaN payloads by the M4F's rule, in
+    the default simulator's C++ row sum too), then the division."""
+    programs = _programs(tvm_spinn.frontend.from_pytorch(_Mean().eval(), (torch.zeros(3, 4, 5, 40),)))
+    assert "mean" in {layer.kind for program in programs for layer in program.layers}
+    for r, program in enumerate(programs):
+        x = [_special(program.tensors[t].shape, 41 + r) for t in program.inputs]
+        for a in x:  # rows with two NaNs meeting: quiet then signalling, and inf + -inf
+            rows = a.reshape(-1, a.shape[-1])
+            rows[0, :3] = np.array([QNAN, SNAN, 0], np.uint32).view(np.float32)
+            rows[1, :] = 1.0
+            rows[1, :2] = [np.inf, -np.inf]
+        _assert_same_bits(program, x)

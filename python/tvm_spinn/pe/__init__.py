@@ -8,12 +8,15 @@ instruction-set simulator that runs it.
 - :mod:`.roles`, :mod:`.images`: which kernel each layer runs, the images of a program;
 - :mod:`.iss`, :mod:`.execute`: ``unicorn`` running the images with the MAC array as a modelled
   peripheral (:func:`run_program_iss`);
+- :mod:`.firmware`: the images and a manifest written to a directory (:func:`export_firmware`),
+  read back and checked (:func:`load_firmware`);
 - :mod:`.cycles`: executed instructions priced by the Cortex-M4 TRM's cycle tables;
 - :mod:`.memory_map`, :mod:`.view`, :mod:`.errors`: addresses, the program accessors, errors.
 """
 
 from .errors import IssFault, PeCodegenError
+from .firmware import Firmware, FirmwareError, export_firmware, load_firmware
 from .execute import TileRun, run_program_iss
 from .images import PeImage, ProgramImages, build_images
 
-__all__ = ["IssFault", "PeCodegenError", "TileRun", "run_program_iss", "PeImage", "ProgramImages", "build_images"]
+__all__ = ["Firmware", "FirmwareError", "export_firmware", "load_firmware", "IssFault", "PeCodegenError", "TileRun", "run_program_iss", "PeImage", "ProgramImages", "build_images"]

@@ -210,7 +210,162 @@ def _run_gemm_i8(run: _Run, index: int, env, table) -> np.ndarray:
     return out
 
 
-_RUNNERS = {"binary": _run_elementwise, "relu": _run_elementwise, "gemm_f32": _run_gemm_f32,
+def _run_move(run: _Run, index: int, env, table) -> np.ndarray:
+    """Data movement: per SRAM-sized piece of a tile, the DMA brings the piece's source elements
+    (ascending, each once) and the PE gathers them by the local index table."""
+    p = run.p
+    out_id = view.layer_output(p, index)
+    dtype = np.dtype(view.tensor_dtype(p, out_id))
+    eb = dtype.itemsize
+    out = np.empty(view.tensor_shape(p, out_id), dtype=dtype)
+    flat = out.reshape(-1).view(np.uint8).reshape(-1, eb)
+    src = np.concatenate([np.ascontiguousarray(env[t], dtype=dtype).reshape(-1).view(np.uint8)
+                          for t in view.layer_inputs(p, index)]).reshape(-1, eb)
+    idx = view.movement_sources(p, index)
+    fill = np.zeros(max(eb, 4), np.uint8)
+    if view.layer_kind(p, index) == "pad":
+        fill[:eb] = np.frombuffer(np.asarray(view.layer_attrs(p, index)["value"], dtype=dtype).tobytes(), np.uint8)
+    for t in range(len(table)):
+        e0, e1 = int(table.lo[t, 0]), int(table.hi[t, 0])
+        m = run.machine(index, int(table.pe[t]))
+        piece = max(16, (ARENA_END - m.arena - 4 * 64) // (4 + 2 * eb) // 16 * 16)
+        for s0 in range(e0, e1, piece):
+            s1 = min(s0 + piece, e1)
+            n = s1 - s0
+            sel = idx[s0:s1]
+            valid = sel >= 0
+            uniq = np.unique(sel[valid])
+            local = np.full(n, -1, dtype=np.int32)
+            local[valid] = np.searchsorted(uniq, sel[valid])
+            psrc, pidx, pdst, pfill = _Arena(m, p, index).take(eb * max(len(uniq), 1), 4 * n, eb * n, len(fill))
+            if len(uniq):
+                m.write(psrc, src[uniq].tobytes())
+            m.write(pidx, local.tobytes())
+            m.write(pfill, fill.tobytes())
+            m.run([[psrc, pidx, pdst, pfill, n, eb]])
+            flat[s0:s1] = np.frombuffer(m.read(pdst, eb * n), dtype=np.uint8).reshape(n, eb)
+        run.done(index, t, table, m)
+    return out
+
+
+def _run_qdq(run: _Run, index: int, env, table) -> np.ndarray:
+    """quantize / dequantize: per SRAM-sized piece, the value, its scale and zero point (the DMA
+    broadcasts per-channel ones per element) and the result."""
+    p = run.p
+    x = env[view.layer_inputs(p, index)[0]]
+    out_id = view.layer_output(p, index)
+    out = np.empty(view.tensor_shape(p, out_id), dtype=view.tensor_dtype(p, out_id))
+    scale = env[view.layer_const(p, index, "scale")].astype(_F32, copy=False)
+    zero = env[view.layer_const(p, index, "zero")].astype(np.int32, copy=False)
+    if scale.size > 1:
+        shape = [1] * x.ndim
+        shape[view.layer_attrs(p, index)["axis"]] = -1
+        scale, zero = scale.reshape(shape), zero.reshape(shape)
+    else:
+        scale, zero = scale.reshape(()), zero.reshape(())
+    xs = np.ascontiguousarray(x).reshape(-1)
+    ss = np.ascontiguousarray(np.broadcast_to(scale, out.shape), dtype=_F32).reshape(-1)
+    zs = np.ascontiguousarray(np.broadcast_to(zero, out.shape), dtype=np.int32).reshape(-1)
+    flat = out.reshape(-1)
+    per = xs.itemsize + 8 + flat.itemsize
+    for t in range(len(table)):
+        e0, e1 = int(table.lo[t, 0]), int(table.hi[t, 0])
+        m = run.machine(index, int(table.pe[t]))
+        piece = max(16, (ARENA_END - m.arena - 4 * 64) // per // 16 * 16)
+        for s0 in range(e0, e1, piece):
+            s1 = min(s0 + piece, e1)
+            n = s1 - s0
+            px, ps, pz, py = _Arena(m, p, index).take(xs.itemsize * n, 4 * n, 4 * n, flat.itemsize * n)
+            m.write(px, xs[s0:s1].tobytes())
+            m.write(ps, ss[s0:s1].tobytes())
+            m.write(pz, zs[s0:s1].tobytes())
+            m.run([[px, ps, pz, py, n]])
+            flat[s0:s1] = np.frombuffer(m.read(py, flat.itemsize * n), dtype=flat.dtype)
+        run.done(index, t, table, m)
+    return out
+
+
+def _run_pool(run: _Run, index: int, env, table) -> np.ndarray:
+    """Pools: per tile (and per SRAM-sized group of its planes), the DMA brings the band of
+    input rows under the tile's output rows, padded (the lowest float32 for max, +0.0 for
+    average), and the divisors of the average's windows."""
+    p = run.p
+    attrs = view.layer_attrs(p, index)
+    x = env[view.layer_inputs(p, index)[0]]
+    out = np.empty(view.tensor_shape(p, view.layer_output(p, index)), dtype=_F32)
+    n, c, h, w = x.shape
+    oh, ow = out.shape[2:]
+    pt, pl, pb, pr = attrs["padding"]
+    kh, kw = attrs["pool_size"]
+    sh, sw = attrs["strides"]
+    dh, dw = attrs["dilation"]
+    is_max = view.layer_kind(p, index) == "max_pool2d"
+    fill = np.finfo(_F32).min if is_max else _F32(0.0)
+    planes = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=fill).reshape(n * c, h + pt + pb, w + pl + pr)
+    wp = planes.shape[2]
+    # the average's divisor per output pixel: the window size, or its non-padding elements
+    valid = np.pad(np.ones((h, w), np.int64), ((pt, pb), (pl, pr)))
+    count = np.zeros((oh, ow), np.int64)
+    for i in range(kh):
+        for j in range(kw):
+            count += valid[i * dh: i * dh + sh * (oh - 1) + 1: sh, j * dw: j * dw + sw * (ow - 1) + 1: sw]
+    div = np.full((oh, ow), kh * kw, np.int64) if attrs.get("count_include_pad") else count
+    div = div.astype(_F32)
+    out_planes = out.reshape(n * c, oh, ow)
+    for t in range(len(table)):
+        (p0, r0), (p1, r1) = table.lo[t, :2].tolist(), table.hi[t, :2].tolist()
+        rows = r1 - r0
+        bh = (rows - 1) * sh + (kh - 1) * dh + 1
+        m = run.machine(index, int(table.pe[t]))
+        per_plane = 4 * (bh * wp + rows * ow)
+        group = max(1, (ARENA_END - m.arena - 4 * rows * ow - 4 * 64) // per_plane)
+        for q0 in range(p0, p1, group):
+            q1 = min(q0 + group, p1)
+            band = np.ascontiguousarray(planes[q0:q1, r0 * sh: r0 * sh + bh])
+            geom = np.array([q1 - q0, rows, ow, bh, wp, kh, kw, sh, sw, dh, dw], np.int32)
+            psrc, pdiv, pdst, pgeom = _Arena(m, p, index).take(band.nbytes, 4 * rows * ow, 4 * (q1 - q0) * rows * ow, 44)
+            m.write(psrc, band.tobytes())
+            m.write(pdiv, np.ascontiguousarray(div[r0:r1]).tobytes())
+            m.write(pgeom, geom.tobytes())
+            m.run([[psrc, pdiv, pdst, pgeom]])
+            out_planes[q0:q1, r0:r1] = np.frombuffer(m.read(pdst, 4 * (q1 - q0) * rows * ow), dtype=_F32).reshape(q1 - q0, rows, ow)
+        run.done(index, t, table, m)
+    return out
+
+
+def _run_mean(run: _Run, index: int, env, table) -> np.ndarray:
+    """fp32 mean over trailing axes: a tile's chunk of its rows; a row split over PEs passes its
+    running sum along the chain (over the NoC), the last chunk divides."""
+    p = run.p
+    row = int(view.layer_attrs(p, index)["row"])
+    x = np.ascontiguousarray(env[view.layer_inputs(p, index)[0]], dtype=_F32).reshape(-1, row)
+    out = np.empty(view.tensor_shape(p, view.layer_output(p, index)), dtype=_F32)
+    flat = out.reshape(-1)
+    partial = np.zeros(x.shape[0], dtype=_F32)  # per row, the running sum a chunk passes on
+    order = sorted(range(len(table)), key=lambda t: (int(table.lo[t, 0]), int(table.lo[t, 1])))
+    for t in order:
+        (r0, c0), (r1, c1) = table.lo[t, :2].tolist(), table.hi[t, :2].tolist()
+        m = run.machine(index, int(table.pe[t]))
+        per_row = 4 * (c1 - c0) + 8
+        group = max(1, (ARENA_END - m.arena - 3 * 64) // per_row)
+        for q0 in range(r0, r1, group):
+            q1 = min(q0 + group, r1)
+            n = q1 - q0
+            px, pp, py = _Arena(m, p, index).take(4 * n * (c1 - c0), 4 * n, 4 * n)
+            m.write(px, np.ascontiguousarray(x[q0:q1, c0:c1]).tobytes())
+            if c0 > 0:
+                m.write(pp, partial[q0:q1].tobytes())
+            flags = (1 if c0 == 0 else 0) | (2 if c1 == row else 0)
+            m.run([[px, pp, py, n, c1 - c0, flags, row]])
+            if c1 == row:
+                flat[q0:q1] = np.frombuffer(m.read(py, 4 * n), dtype=_F32)
+            else:
+                partial[q0:q1] = np.frombuffer(m.read(pp, 4 * n), dtype=_F32)
+        run.done(index, t, table, m)
+    return out
+
+
+_RUNNERS = {"mean": _run_mean, "pool": _run_pool, "quantize": _run_qdq, "dequantize": _run_qdq, "move": _run_move, "binary": _run_elementwise, "relu": _run_elementwise, "gemm_f32": _run_gemm_f32,
             "gemm_i8": _run_gemm_i8}
 
 

@@ -24,6 +24,26 @@ Kernels (the ``spec`` of :func:`kernel_object`):
   int8 ``y``. Args ``a, b, p, acc, rowsum,
   colsum, consts, y, m, n, k, flags``; ``consts`` points at ``[zx, K, y_zero, y_min, y_max]``
   then per column ``zw, bias_q, multiplier, shift`` (int32 each).
+- ``("move",)``: data movement as a gather of ``eb``-byte elements: ``dst[i] = src[idx[i]]``,
+  or the ``eb`` fill bytes where ``idx[i]`` is negative (``pad``); args ``src, idx, dst, fill,
+  n, eb``. The DMA brings each piece's source elements into ``src`` in ascending order; the
+  local index table ``idx`` is the layer's (``reshape``, ``permute_dims``, ``broadcast_to``,
+  ``strided_slice``, ``concat``, ``pad``) element map.
+- ``("quantize", dtype)``: ``y[i] = clamp(rint(x[i] / s[i]) + fl(z[i]))`` (0 for a NaN), the
+  rounding to nearest even spelled as ``(v + 2^23) - 2^23`` (``(v - 2^23) + 2^23`` below 0) for
+  ``|v| < 2^23`` (larger floats are integers): FPv4 has no VRINT, and this is exact in
+  round-to-nearest; args ``x, s, z, y, n``.
+- ``("dequantize", dtype)``: ``y[i] = fl(int32(q[i]) - z[i]) * s[i]`` (a 32-bit subtraction,
+  VCVT, VMUL); args ``q, s, z, y, n``. Per-channel scales and zero points come per element
+  (the DMA broadcasts them).
+- ``("pool", op)`` (``max``/``avg``): 2-D pooling of a band of padded input rows, the window
+  visited row by row: max from the lowest finite float32 by ``acc > v || acc != acc ? acc :
+  v``; average as an fp32 sum from the window's first element, divided by ``div[r, c]`` (the
+  window size or its count of non-padding elements); args ``src, div, dst, geom`` with
+  ``geom`` ``[planes, rows, ow, band_h, wp, kh, kw, sh, sw, dh, dw]`` (int32).
+- ``("mean",)``: one chunk of each row's sequential fp32 sum, from +0.0 (``flags`` bit 0) or
+  from the partial ``part[r]`` the previous chunk's PE passed on; the row's last chunk (bit 1)
+  writes ``sum / fl(d)``, the others the partial; args ``x, part, y, rows, cols, flags, d``.
 """
 
 from __future__ import annotations
@@ -162,7 +182,121 @@ def _gemm_i8():
     return kernel
 
 
-_BUILDERS = {"binary": _binary, "relu": _relu_kernel, "gemm_f32": _gemm_f32, "gemm_i8": _gemm_i8}
+def _move():
+    @T.prim_func
+    def kernel(src: T.handle("uint8"), idx: T.handle("int32"), dst: T.handle("uint8"), fill: T.handle("uint8"),
+               n: T.int32, eb: T.int32):
+        T.func_attr({"tir.noalias": True, "calling_conv": 0})
+        S = T.decl_buffer((n * eb,), "uint8", data=src)
+        I = T.decl_buffer((n,), "int32", data=idx)
+        D = T.decl_buffer((n * eb,), "uint8", data=dst)
+        F = T.decl_buffer((eb,), "uint8", data=fill)
+        for i in range(n):
+            if I[i] >= 0:
+                for j in range(eb):
+                    D[i * eb + j] = S[I[i] * eb + j]
+            else:
+                for j in range(eb):
+                    D[i * eb + j] = F[j]
+    return kernel
+
+
+_TWO23 = T.float32(8388608.0)
+_LOWEST = T.float32(-3.4028234663852886e38)
+
+
+def _pool(op: str):
+    is_max = op == "max"
+
+    @T.prim_func
+    def kernel(src: T.handle("float32"), div: T.handle("float32"), dst: T.handle("float32"), geom: T.handle("int32")):
+        T.func_attr({"tir.noalias": True, "calling_conv": 0})
+        G = T.decl_buffer((11,), "int32", data=geom)
+        planes, rows, ow, bh, wp = G[0], G[1], G[2], G[3], G[4]
+        kh, kw, sh, sw, dh, dw = G[5], G[6], G[7], G[8], G[9], G[10]
+        S = T.decl_buffer((planes * bh * wp,), "float32", data=src)
+        DV = T.decl_buffer((rows * ow,), "float32", data=div)
+        D = T.decl_buffer((planes * rows * ow,), "float32", data=dst)
+        acc = T.decl_buffer((1,), "float32", scope="local")
+        for p in range(planes):
+            for r in range(rows):
+                for c in range(ow):
+                    if is_max:
+                        acc[0] = _LOWEST
+                    for i in range(kh):
+                        for j in range(kw):
+                            v = S[p * bh * wp + (r * sh + i * dh) * wp + c * sw + j * dw]
+                            if is_max:
+                                acc[0] = T.if_then_else(tvm.tirx.Or(acc[0] > v, T.isnan(acc[0])), acc[0], v)
+                            else:
+                                acc[0] = T.if_then_else(i == 0 and j == 0, v, acc[0] + v)
+                    if is_max:
+                        D[p * rows * ow + r * ow + c] = acc[0]
+                    else:
+                        D[p * rows * ow + r * ow + c] = acc[0] / DV[r * ow + c]
+    return kernel
+
+
+def _quantize(dtype: str):
+    from ..program.quant import QUANT_RANGES
+    lo, hi = (T.float32(v) for v in QUANT_RANGES[dtype])
+
+    @T.prim_func
+    def kernel(x: T.handle("float32"), s: T.handle("float32"), z: T.handle("int32"), y: T.handle(dtype), n: T.int32):
+        T.func_attr({"tir.noalias": True, "calling_conv": 0})
+        X = T.decl_buffer((n,), "float32", data=x)
+        S = T.decl_buffer((n,), "float32", data=s)
+        Z = T.decl_buffer((n,), "int32", data=z)
+        Y = T.decl_buffer((n,), dtype, data=y)
+        v = T.decl_buffer((1,), "float32", scope="local")
+        t = T.decl_buffer((1,), "float32", scope="local")
+        for i in range(n):
+            v[0] = X[i] / S[i]
+            # a stored intermediate: TVM's simplifier would fold (v + c) - c to v
+            t[0] = T.if_then_else(v[0] < _ZERO, v[0] - _TWO23, v[0] + _TWO23)
+            if v[0] < _TWO23 and v[0] > -_TWO23:
+                v[0] = T.if_then_else(v[0] < _ZERO, t[0] + _TWO23, t[0] - _TWO23)
+            v[0] = v[0] + T.Cast("float32", Z[i])
+            v[0] = T.if_then_else(v[0] < lo, lo, v[0])
+            v[0] = T.if_then_else(v[0] > hi, hi, v[0])
+            Y[i] = T.if_then_else(T.isnan(v[0]), T.Cast(dtype, 0), T.Cast(dtype, T.Cast("int32", v[0])))
+    return kernel
+
+
+def _dequantize(dtype: str):
+    @T.prim_func
+    def kernel(q: T.handle(dtype), s: T.handle("float32"), z: T.handle("int32"), y: T.handle("float32"), n: T.int32):
+        T.func_attr({"tir.noalias": True, "calling_conv": 0})
+        Q = T.decl_buffer((n,), dtype, data=q)
+        S = T.decl_buffer((n,), "float32", data=s)
+        Z = T.decl_buffer((n,), "int32", data=z)
+        Y = T.decl_buffer((n,), "float32", data=y)
+        for i in range(n):
+            Y[i] = T.Cast("float32", T.Cast("int32", Q[i]) - Z[i]) * S[i]
+    return kernel
+
+
+def _mean():
+    @T.prim_func
+    def kernel(x: T.handle("float32"), part: T.handle("float32"), y: T.handle("float32"),
+               rows: T.int32, cols: T.int32, flags: T.int32, d: T.int32):
+        T.func_attr({"tir.noalias": True, "calling_conv": 0})
+        X = T.decl_buffer((rows * cols,), "float32", data=x)
+        P = T.decl_buffer((rows,), "float32", data=part)
+        Y = T.decl_buffer((rows,), "float32", data=y)
+        acc = T.decl_buffer((1,), "float32", scope="local")
+        for r in range(rows):
+            acc[0] = T.if_then_else(flags & 1 != 0, _ZERO, P[r])
+            for j in range(cols):
+                acc[0] = acc[0] + X[r * cols + j]
+            if flags & 2 != 0:
+                Y[r] = acc[0] / T.Cast("float32", d)
+            else:
+                P[r] = acc[0]
+    return kernel
+
+
+_BUILDERS = {"mean": _mean, "pool": _pool, "quantize": _quantize, "dequantize": _dequantize, "move": _move, "binary": _binary, "relu": _relu_kernel, "gemm_f32": _gemm_f32, "gemm_i8": _gemm_i8}
 
 
 def kernel_func(spec: tuple) -> "tvm.tirx.PrimFunc":

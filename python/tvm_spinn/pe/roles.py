@@ -8,8 +8,10 @@ from . import view
 from .errors import PeCodegenError
 from .kernels import BINARY_OPS
 
-__all__ = ["GEMM_F32_KINDS", "layer_role", "role_name"]
+__all__ = ["MOVE_KINDS", "GEMM_F32_KINDS", "layer_role", "role_name"]
 
+#: data-movement kinds (any dtype): a gather of elements (kernel ``move``)
+MOVE_KINDS = ("reshape", "permute_dims", "broadcast_to", "strided_slice", "concat", "pad")
 #: fp32 GEMM kinds with generated code (the M4F's multiply-accumulate loop)
 GEMM_F32_KINDS = ("dense", "matmul", "conv2d")
 
@@ -33,6 +35,18 @@ def layer_role(program, index: int) -> tuple:
     """
     kind, mode, attrs = view.layer_kind(program, index), view.layer_mode(program, index), view.layer_attrs(program, index)
     relu = bool(attrs.get("relu"))
+    if kind in MOVE_KINDS:
+        return ("move",)
+    if kind in ("max_pool2d", "avg_pool2d") and mode == "fp32" and _float_operands(program, index):
+        return ("pool", kind[:3])
+    if kind == "mean" and mode == "fp32" and _float_operands(program, index):
+        if attrs.get("rounding") == "tflite":
+            _fail(program, index, "TFLite's integer mean (generated: fp32 mean)")
+        return ("mean",)
+    if kind == "quantize":
+        return ("quantize", view.tensor_dtype(program, view.layer_output(program, index)))
+    if kind == "dequantize":
+        return ("dequantize", view.tensor_dtype(program, view.layer_inputs(program, index)[0]))
     if mode == "fp32":
         if not _float_operands(program, index):
             _fail(program, index, "fp32 layer with operands that are not float32")
@@ -43,10 +57,10 @@ def layer_role(program, index: int) -> tuple:
         if kind in GEMM_F32_KINDS:
             return ("gemm_f32", relu)
         _fail(program, index, "no PE kernel for this fp32 kind yet (generated: add, subtract, multiply, "
-                              "divide, relu, dense, matmul, conv2d)")
+                              "divide, relu, dense, matmul, conv2d, data movement)")
     if mode == "int8":
         if kind != "dense":
-            _fail(program, index, "no PE kernel for this int8 kind yet (generated: dense)")
+            _fail(program, index, "no PE kernel for this int8 kind yet (generated: dense, data movement)")
         if attrs.get("out") not in ("int8", "uint8"):
             _fail(program, index, f"int8 dense with a {attrs.get('out')} output (generated: requantized int8/uint8)")
         if attrs.get("rounding", "half_up") != "half_up":

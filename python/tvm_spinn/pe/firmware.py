@@ -1,0 +1,301 @@
+"""Firmware: the PE images of a compiled model and a manifest a host loader can follow.
+
+:func:`export_firmware` writes a directory: one ELF image per PE role (``<role>.elf``), each
+region's spinn program (``r<i>.spinn``: tensor descriptors and constants, the data the host
+places), and ``manifest.json`` (which PE runs which image, the memory map, every tile's region
+and PE, the static job order, the boot order, the SHA-256 of every file). The format is
+documented in ``docs/design/pe-code.md``; the bytes are a pure function of the programs.
+
+Every file goes through :func:`tvm_spinn._files.atomic_write`; the manifest is written last,
+so a reader that finds a manifest finds every file it names complete. :func:`load_firmware`
+checks a directory (manifest fields, every file's presence, size and hash, every image's ELF
+header and segments) and raises one :class:`FirmwareError` naming the file at fault.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from dataclasses import dataclass
+
+from . import memory_map as mm
+from . import view
+from .images import build_images
+
+__all__ = ["FIRMWARE_FORMAT", "FIRMWARE_VERSION", "MANIFEST", "Firmware", "FirmwareError",
+           "build_firmware", "export_firmware", "write_firmware", "load_firmware", "programs_of"]
+
+FIRMWARE_FORMAT = "tvm-spinn-firmware"
+FIRMWARE_VERSION = 1
+MANIFEST = "manifest.json"
+#: ELF header fields every image must have: 32-bit, little-endian, ARM executable.
+_EM_ARM = "EM_ARM"
+
+
+class FirmwareError(ValueError):
+    """A firmware directory that cannot be loaded: the file at fault and what is wrong."""
+
+    def __init__(self, path: str, reason: str):
+        self.path, self.reason = path, reason
+        super().__init__(f"firmware file {path}: {reason}")
+
+
+@dataclass(frozen=True)
+class Firmware:
+    """A model's firmware: ``files`` (name -> bytes, the manifest excluded) and ``manifest``
+    (the parsed JSON)."""
+
+    files: dict
+    manifest: dict
+
+    def manifest_bytes(self) -> bytes:
+        return _dump(self.manifest)
+
+
+def _dump(obj) -> bytes:
+    return (json.dumps(obj, sort_keys=True, indent=1, separators=(",", ": ")) + "\n").encode()
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def memory_map_record() -> dict:
+    """The PE's address map as the images assume it (:mod:`.memory_map`)."""
+    return {
+        "sram_base": mm.SRAM_BASE, "sram_bytes": mm.SRAM_BYTES, "stack_top": mm.STACK_TOP,
+        "stack_bytes": mm.STACK_BYTES, "job_block": mm.JOB_ADDR, "job_words": mm.JOB_WORDS,
+        "arena_align": mm.ARENA_ALIGN, "arena_end": mm.ARENA_END,
+        "mac_array": {"base": mm.MAC_BASE, "bytes": mm.MAC_BYTES, "registers": dict(mm.MAC_REGS),
+                      "start": mm.MAC_START},
+    }
+
+
+def _image_record(image) -> dict:
+    from .iss import image_symbols
+    symbols = image_symbols(image.elf)
+    return {"file": f"{image.name}.elf", "kernel": [p if isinstance(p, (str, bool)) else int(p) for p in image.spec],
+            "entry": symbols["_start"], "halt": symbols["pe_halt"],
+            "arena": -(-symbols["_end"] // mm.ARENA_ALIGN) * mm.ARENA_ALIGN}
+
+
+def _region_record(index: int, program, images, files: dict) -> dict:
+    tables = view.placed_tiles(program)
+    layers, schedule, boot = [], [], []
+    loaded: dict[int, str] = {}  # PE -> the image it holds
+    for i in range(view.layer_count(program)):
+        table, image = tables[i], images.layers[i]
+        pe = [int(v) for v in table.pe]
+        layers.append({
+            "name": view.layer_name(program, i), "kind": view.layer_kind(program, i),
+            "mode": view.layer_mode(program, i), "image": image, "pes": list(images.pes[i]),
+            "tile_shape": view.layer_tile_shape(program, i),
+            # tile t: its PE and its region [lo, hi) in the layer's tile space (docs: tiles)
+            "tiles": [[pe[t], [int(v) for v in table.lo[t]], [int(v) for v in table.hi[t]]]
+                      for t in range(len(table))],
+        })
+        jobs: dict[int, list[int]] = {}
+        for t, p in enumerate(pe):
+            jobs.setdefault(p, []).append(t)
+        load = [[p, image] for p in sorted(jobs) if loaded.get(p) != image]
+        for p, _ in load:
+            loaded[p] = image
+        if load:
+            boot.append({"layer": i, "load": load})
+        schedule.append({"layer": i, "jobs": [[p, jobs[p]] for p in sorted(jobs)], "barrier": True})
+    name = f"r{index}.spinn"
+    files[name] = view.program_bytes(program)
+    return {"symbol": view.program_symbol(program), "program": name, "layers": layers,
+            "schedule": schedule, "boot": boot}
+
+
+def build_firmware(programs: list) -> Firmware:
+    """The firmware of ``programs`` (the spinn programs of a model, in symbol order), in memory.
+
+    Raises
+    ------
+    PeCodegenError
+        For the first layer (of any region) the generator cannot lower; nothing is built.
+    """
+    from .roles import layer_role
+    for program in programs:  # every layer of every region checked before anything is built
+        for i in range(view.layer_count(program)):
+            layer_role(program, i)
+    files: dict = {}
+    images: dict = {}
+    regions = []
+    for r, program in enumerate(programs):
+        built = build_images(program)
+        for name, image in built.images.items():
+            if name not in images:
+                images[name] = _image_record(image)
+                files[f"{name}.elf"] = image.elf
+        regions.append(_region_record(r, program, built, files))
+    manifest = {
+        "format": FIRMWARE_FORMAT, "version": FIRMWARE_VERSION,
+        "memory_map": memory_map_record(),
+        "images": dict(sorted(images.items())),
+        "regions": regions,
+        "files": {name: {"bytes": len(data), "sha256": _sha(data)} for name, data in sorted(files.items())},
+    }
+    return Firmware(files=dict(sorted(files.items())), manifest=manifest)
+
+
+def programs_of(ex) -> list:
+    """The spinn programs of an executable or loaded library (in symbol order), the model's
+    plan manifest excluded."""
+    from ..program.format import Program
+    from ..program.manifest import MANIFEST_MAGIC
+    from ..report.report import find_spinn_modules
+    out = []
+    for m in find_spinn_modules(ex):
+        data = bytes(m["get_program"]())
+        if not data.startswith(MANIFEST_MAGIC):
+            out.append(Program.from_bytes(data))
+    if not out:
+        raise ValueError("no spinn programs in this executable: was it built for a spinn target?")
+    return out
+
+
+def export_firmware(ex, directory: "str | os.PathLike") -> Firmware:
+    """Write the firmware of a compiled model to ``directory`` (created if missing).
+
+    Parameters
+    ----------
+    ex : tvm.relax.VMExecutable, tvm.runtime.Module or list of Program
+        What ``relax.build(mod, target="spinn")`` returned, a loaded library, or its programs.
+    directory : str or os.PathLike
+        The firmware directory. Files of the same names are replaced atomically; the manifest
+        is written last.
+
+    Returns
+    -------
+    Firmware
+        What was written.
+
+    Raises
+    ------
+    PeCodegenError
+        For a layer the generator cannot lower (before anything is written).
+    tvm_spinn._files.OutputPathError
+        For a destination that is not a directory, or a file that must not be replaced.
+    """
+    programs = list(ex) if isinstance(ex, (list, tuple)) else programs_of(ex)
+    firmware = build_firmware(programs)
+    write_firmware(firmware, directory)
+    return firmware
+
+
+def write_firmware(firmware: Firmware, directory: "str | os.PathLike") -> None:
+    """Write built firmware to ``directory`` (created if missing), the manifest last."""
+    from .._files import OutputPathError, atomic_write
+    directory = os.fspath(directory)
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise OutputPathError(f"firmware directory {directory!r} exists and is not a directory")
+    os.makedirs(directory, exist_ok=True)
+    for name, data in firmware.files.items():
+        atomic_write(os.path.join(directory, name), lambda f, d=data: f.write(d), what="firmware file")
+    atomic_write(os.path.join(directory, MANIFEST), lambda f: f.write(firmware.manifest_bytes()),
+                 what="firmware manifest")
+
+
+# -- loading -----------------------------------------------------------------------------------
+def _need(cond: bool, path: str, reason: str) -> None:
+    if not cond:
+        raise FirmwareError(path, reason)
+
+
+def _check_elf(path: str, data: bytes, record: dict) -> None:
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+    try:
+        elf = ELFFile(io.BytesIO(data))
+        _need(elf.elfclass == 32 and elf.little_endian, path, "not a 32-bit little-endian ELF")
+        _need(elf["e_machine"] == _EM_ARM and elf["e_type"] == "ET_EXEC", path, "not an ARM executable")
+        for seg in elf.iter_segments():
+            if seg["p_type"] != "PT_LOAD":
+                continue
+            lo, size = int(seg["p_paddr"]), int(seg["p_memsz"])
+            _need(mm.SRAM_BASE <= lo and lo + size <= mm.ARENA_END, path,
+                  f"segment [{lo:#x}, {lo + size:#x}) outside the image area of SRAM")
+            _need(int(seg["p_offset"]) + int(seg["p_filesz"]) <= len(data), path, "truncated segment")
+            seg.data()
+        _need(elf["e_entry"] & ~1 == record["entry"], path, "entry point differs from the manifest's")
+    except (ELFError, ValueError, KeyError, IndexError, OSError) as err:
+        if isinstance(err, FirmwareError):
+            raise
+        raise FirmwareError(path, f"not a valid ELF image ({err})") from None
+
+
+def _check_manifest(path: str, m) -> None:
+    _need(isinstance(m, dict), path, "not a JSON object")
+    _need(m.get("format") == FIRMWARE_FORMAT, path, f"field format: expected {FIRMWARE_FORMAT!r}, got {m.get('format')!r}")
+    _need(m.get("version") == FIRMWARE_VERSION, path, f"field version: expected {FIRMWARE_VERSION}, got {m.get('version')!r}")
+    _need(m.get("memory_map") == memory_map_record(), path, "field memory_map: differs from this package's PE memory map")
+    for key, kind in (("images", dict), ("regions", list), ("files", dict)):
+        _need(isinstance(m.get(key), kind), path, f"field {key}: missing or not a {kind.__name__}")
+    for name, rec in m["files"].items():
+        _need(isinstance(rec, dict) and isinstance(rec.get("bytes"), int) and isinstance(rec.get("sha256"), str),
+              path, f"field files.{name}: needs integer bytes and a sha256 string")
+        _need(os.path.basename(name) == name and name not in ("", ".", "..", MANIFEST), path,
+              f"field files.{name}: not a plain file name")
+    for name, rec in m["images"].items():
+        _need(isinstance(rec, dict) and rec.get("file") in m["files"], path,
+              f"field images.{name}: its file is not listed in files")
+        for key in ("entry", "halt", "arena"):
+            _need(isinstance(rec.get(key), int), path, f"field images.{name}.{key}: not an integer")
+    for r, region in enumerate(m["regions"]):
+        where = f"regions[{r}]"
+        _need(isinstance(region, dict) and region.get("program") in m["files"], path,
+              f"field {where}.program: not listed in files")
+        for key in ("layers", "schedule", "boot"):
+            _need(isinstance(region.get(key), list), path, f"field {where}.{key}: missing or not a list")
+        for i, layer in enumerate(region["layers"]):
+            _need(isinstance(layer, dict) and layer.get("image") in m["images"], path,
+                  f"field {where}.layers[{i}].image: not one of images")
+            tiles = layer.get("tiles")
+            _need(isinstance(tiles, list) and all(isinstance(t, list) and len(t) == 3 and isinstance(t[0], int)
+                                                  for t in tiles), path, f"field {where}.layers[{i}].tiles: malformed")
+        for step in region["schedule"]:
+            _need(isinstance(step, dict) and isinstance(step.get("layer"), int)
+                  and 0 <= step["layer"] < len(region["layers"]), path, f"field {where}.schedule: bad layer index")
+
+
+def load_firmware(directory: "str | os.PathLike") -> Firmware:
+    """Read and check a firmware directory written by :func:`export_firmware`.
+
+    Raises
+    ------
+    FirmwareError
+        Naming the file at fault: a missing or unreadable file, a manifest that is not valid
+        JSON or has a missing or wrong field, a file whose size or SHA-256 differs from the
+        manifest's, an image that is not a complete ARM ELF executable for the PE's SRAM.
+    """
+    directory = os.fspath(directory)
+    mpath = os.path.join(directory, MANIFEST)
+
+    def read(path: str) -> bytes:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError as err:
+            raise FirmwareError(path, f"cannot be read ({err.strerror or err})") from None
+
+    try:
+        manifest = json.loads(read(mpath).decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise FirmwareError(mpath, f"not valid JSON ({err})") from None
+    _check_manifest(mpath, manifest)
+    files = {}
+    for name, rec in sorted(manifest["files"].items()):
+        path = os.path.join(directory, name)
+        data = read(path)
+        _need(len(data) == rec["bytes"], path, f"{len(data)} bytes, the manifest says {rec['bytes']} (truncated?)")
+        _need(_sha(data) == rec["sha256"], path, "SHA-256 differs from the manifest's")
+        files[name] = data
+    for name, rec in sorted(manifest["images"].items()):
+        _check_elf(os.path.join(directory, rec["file"]), files[rec["file"]], rec)
+    return Firmware(files=files, manifest=manifest)
+

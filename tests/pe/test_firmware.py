@@ -1,0 +1,221 @@
+"""Firmware export: the images and manifest of a compiled model, written atomically with the same
+bytes in every process, read back and checked; a corrupted directory or an unlowerable layer
+gives one error naming the file or the layer."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from tvm import relax
+
+pytest.importorskip("unicorn")
+pytest.importorskip("elftools")
+pytest.importorskip("ziglang")
+
+import tvm_spinn  # noqa: E402
+from tvm_spinn.pe import FirmwareError, PeCodegenError, load_firmware  # noqa: E402
+from tvm_spinn.pe.firmware import MANIFEST, programs_of  # noqa: E402
+from tvm_spinn.pe.images import build_images  # noqa: E402
+from tvm_spinn.pe.iss import image_symbols  # noqa: E402
+
+
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 24)
+        self.fc2 = torch.nn.Linear(24, 8)
+
+    def forward(self, x):
+        h = torch.relu(self.fc(x))
+        return self.fc2(h) * 2.0 + 1.0
+
+
+def _ex():
+    torch.manual_seed(3)
+    return relax.build(tvm_spinn.frontend.from_pytorch(_Net().eval(), (torch.randn(4, 16),)), target="spinn")
+
+
+@pytest.fixture(scope="module")
+def ex():
+    return _ex()
+
+
+@pytest.fixture
+def firmware_dir(ex, tmp_path):
+    tvm_spinn.export_firmware(ex, tmp_path / "fw")
+    return tmp_path / "fw"
+
+
+def _read_dir(directory) -> dict:
+    return {name: (directory / name).read_bytes() for name in sorted(os.listdir(directory))}
+
+
+def test_manifest_describes_images_tiles_schedule_and_boot(ex, firmware_dir):
+    fw = load_firmware(firmware_dir)
+    m = fw.manifest
+    assert m["format"] == "tvm-spinn-firmware" and m["version"] == 1
+    assert sorted(os.listdir(firmware_dir)) == sorted([*m["files"], MANIFEST])  # nothing else written
+    for name, rec in m["files"].items():
+        data = (firmware_dir / name).read_bytes()
+        assert rec == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    programs = programs_of(ex)
+    assert [r["symbol"] for r in m["regions"]] == [p.symbol for p in programs]
+    for region, program in zip(m["regions"], programs):
+        # the region's program file is the program itself (the data the host places)
+        assert fw.files[region["program"]] == program.to_bytes()
+        built = build_images(program)
+        assert len(region["layers"]) == len(program.layers)
+        loaded = {}
+        boot = {step["layer"]: step["load"] for step in region["boot"]}
+        for i, (layer, rec) in enumerate(zip(program.layers, region["layers"])):
+            image = m["images"][rec["image"]]
+            assert rec["name"] == layer.name and rec["kind"] == layer.kind
+            assert fw.files[image["file"]] == built.images[rec["image"]].elf
+            symbols = image_symbols(fw.files[image["file"]])
+            assert image["entry"] == symbols["_start"] and image["halt"] == symbols["pe_halt"]
+            assert image["arena"] >= symbols["_end"] and image["arena"] % 64 == 0
+            # every tile on a PE of the layer; tiles cover the output exactly once per element
+            pes = sorted({t[0] for t in rec["tiles"]})
+            assert pes == rec["pes"] == list(built.pes[i])
+            step = region["schedule"][i]
+            assert step["layer"] == i and step["barrier"]
+            assert sorted(t for _, ts in step["jobs"] for t in ts) == list(range(len(rec["tiles"])))
+            assert all(rec["tiles"][t][0] == pe for pe, ts in step["jobs"] for t in ts)
+            # boot: a PE loads the layer's image unless it already holds it
+            for pe in pes:
+                if loaded.get(pe) != rec["image"]:
+                    assert [pe, rec["image"]] in boot[i]
+                    loaded[pe] = rec["image"]
+    assert m["memory_map"]["sram_bytes"] == 128 * 1024
+
+
+def test_tiles_cover_each_elementwise_output_once(firmware_dir, ex):
+    m = load_firmware(firmware_dir).manifest
+    (program,) = programs_of(ex)
+    for layer, rec in zip(program.layers, m["regions"][0]["layers"]):
+        if layer.kind in ("add", "multiply", "relu"):
+            size = int(np.prod(program.tensors[layer.output].shape))
+            spans = sorted((lo[0], hi[0]) for _, lo, hi in rec["tiles"])
+            assert spans[0][0] == 0 and spans[-1][1] == size
+            assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+
+
+def test_export_is_deterministic_in_process(ex, firmware_dir, tmp_path):
+    """The same model built again and exported again in this process: identical bytes."""
+    tvm_spinn.export_firmware(_ex(), tmp_path / "again")
+    assert _read_dir(tmp_path / "again") == _read_dir(firmware_dir)
+
+
+@pytest.mark.slow
+def test_export_is_deterministic_across_processes(ex, firmware_dir, tmp_path):
+    """The model's exported library loaded in a fresh process: identical firmware bytes."""
+    lib = tmp_path / "m.so"
+    tvm_spinn.export_library(ex, str(lib))
+    code = ("import sys, tvm, tvm_spinn; "
+            "tvm_spinn.export_firmware(tvm.runtime.load_module(sys.argv[1]), sys.argv[2])")
+    proc = subprocess.run([sys.executable, "-c", code, str(lib), str(tmp_path / "other")],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert _read_dir(tmp_path / "other") == _read_dir(firmware_dir)
+
+
+def _elf_name(directory) -> str:
+    return sorted(n for n in os.listdir(directory) if n.endswith(".elf"))[0]
+
+
+def _rewrite_manifest(directory, edit) -> None:
+    path = directory / MANIFEST
+    m = json.loads(path.read_text())
+    edit(m)
+    path.write_text(json.dumps(m))
+
+
+def test_missing_file_is_named(firmware_dir):
+    name = _elf_name(firmware_dir)
+    (firmware_dir / name).unlink()
+    with pytest.raises(FirmwareError, match=rf"firmware file .*{name}: cannot be read") as err:
+        load_firmware(firmware_dir)
+    assert err.value.path == str(firmware_dir / name)
+    (firmware_dir / MANIFEST).unlink()
+    with pytest.raises(FirmwareError, match=rf"{MANIFEST}: cannot be read"):
+        load_firmware(firmware_dir)
+
+
+def test_wrong_hash_is_named(firmware_dir):
+    name = _elf_name(firmware_dir)
+    data = bytearray((firmware_dir / name).read_bytes())
+    data[200] ^= 0x01
+    (firmware_dir / name).write_bytes(bytes(data))
+    with pytest.raises(FirmwareError, match=rf"{name}: SHA-256 differs"):
+        load_firmware(firmware_dir)
+
+
+def test_truncated_elf_is_named(firmware_dir):
+    """Truncated: the size check names it; with a manifest that agrees, the ELF check does."""
+    name = _elf_name(firmware_dir)
+    data = (firmware_dir / name).read_bytes()[:300]
+    (firmware_dir / name).write_bytes(data)
+    with pytest.raises(FirmwareError, match=rf"{name}: 300 bytes, the manifest says \d+ \(truncated\?\)"):
+        load_firmware(firmware_dir)
+
+    def agree(m):
+        m["files"][name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+    _rewrite_manifest(firmware_dir, agree)
+    with pytest.raises(FirmwareError, match=rf"{name}: (not a valid ELF image|truncated segment)"):
+        load_firmware(firmware_dir)
+
+
+@pytest.mark.parametrize("edit,field", [
+    (lambda m: m.update(version=99), "field version"),
+    (lambda m: m.update(format="other"), "field format"),
+    (lambda m: m.pop("regions"), "field regions"),
+    (lambda m: m["memory_map"].update(sram_bytes=1), "field memory_map"),
+    (lambda m: m["regions"][0]["layers"][0].update(image="nope"), r"field regions\[0\]\.layers\[0\]\.image"),
+    (lambda m: m["files"].update({"../x": {"bytes": 0, "sha256": ""}}), r"field files\.\.\./x: not a plain file name"),
+])
+def test_bad_manifest_field_is_named(firmware_dir, edit, field):
+    _rewrite_manifest(firmware_dir, edit)
+    with pytest.raises(FirmwareError, match=rf"{MANIFEST}: {field}"):
+        load_firmware(firmware_dir)
+
+
+def test_manifest_not_json_is_named(firmware_dir):
+    (firmware_dir / MANIFEST).write_bytes(b'{"format": ')
+    with pytest.raises(FirmwareError, match=rf"{MANIFEST}: not valid JSON"):
+        load_firmware(firmware_dir)
+
+
+def test_unlowerable_layer_named_at_export_and_nothing_written(tmp_path):
+    class Soft(torch.nn.Module):
+        def forward(self, x):
+            return torch.softmax(x + 1.0, dim=-1)
+
+    ex = relax.build(tvm_spinn.frontend.from_pytorch(Soft().eval(), (torch.randn(4, 8),)), target="spinn")
+    with pytest.raises(PeCodegenError, match=r"layer \S+ \(softmax\): cannot generate PE code"):
+        tvm_spinn.export_firmware(ex, tmp_path / "fw")
+    assert not (tmp_path / "fw").exists()
+
+
+def test_cli_compile_writes_firmware(tmp_path):
+    from tvm_spinn import cli
+
+    torch.manual_seed(3)
+    onnx_path = tmp_path / "mlp.onnx"
+    torch.onnx.export(_Net().eval(), (torch.randn(4, 16),), str(onnx_path), dynamo=False,
+                      input_names=["x"], output_names=["y"])
+    fw = tmp_path / "fw"
+    assert cli.main(["compile", str(onnx_path), "-o", str(tmp_path / "m.so"), "--firmware", str(fw)]) == 0
+    m = load_firmware(fw).manifest
+    assert {layer["kind"] for r in m["regions"] for layer in r["layers"]} >= {"dense"}
+    (tmp_path / "file").write_text("x")
+    assert cli.main(["compile", str(onnx_path), "-o", str(tmp_path / "m2.so"), "--firmware",
+                     str(tmp_path / "file")]) == 2
+    assert not (tmp_path / "m2.so").exists()
