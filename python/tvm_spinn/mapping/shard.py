@@ -63,6 +63,7 @@ import numpy as np
 
 from ..program import Program
 from ..program.ops import family_of
+from ..program.records import PlanCollective
 from ..program.ops.sharding import (REPLICATE, ROW_ALWAYS, Mesh, MeshAxis, Placement, RowAllReduce, ShardContext,
                                     ShardDecision, ShardingRule, part, shard)
 
@@ -99,25 +100,11 @@ def no_rule_reason(layer) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class Collective:
-    """A collective the shard plan needs before layer ``layer`` (``len(layers)``: at the end).
-
-    ``nbytes`` is the full tensor (the gathered result, or one chip's full-size partial sums);
-    ``exact``: integer partial sums (any reduction order gives the same bits).
-    """
-
-    layer: int
-    op: str  # "all_reduce" | "all_gather"
-    tensor: int
-    nbytes: int
-    exact: bool
-    #: the chips taking part: ``"tp"`` a tensor-parallel group (one per sequence block),
-    #: ``"sp"`` a sequence-parallel group (the chips holding the other row blocks), ``"all"``
-    #: all ``tp x sp`` chips
-    group: str = "tp"
-    #: shape one chip holds after an all-gather (None: the full tensor)
-    shape: tuple[int, ...] | None = None
+#: A collective the shard plan needs before layer ``layer`` (``len(layers)``: at the end):
+#: the record the mapped program stores (``nbytes``: the full tensor, the gathered result or one
+#: chip's full-size partial sums; ``exact``: integer partial sums; ``group``: ``"tp"``, ``"sp"``,
+#: ``"dp"`` or ``"all"``; ``shape``: what one chip holds after an all-gather).
+Collective = PlanCollective
 
 
 @dataclass(frozen=True)

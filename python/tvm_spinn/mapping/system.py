@@ -34,7 +34,7 @@ import numpy as np
 import tvm_ffi
 
 from ..program import Program
-from ..program.records import PlanCandidate, PlanCollective, SystemMapping, TimingSummary
+from ..program.records import PlanCandidate, SystemMapping, TimingSummary
 from ..program.ops import family_of
 from ..target.arch import SpinnArch
 from ..target.topology import ring_order, topology_of
@@ -487,7 +487,7 @@ def _install(program: Program, shard: Program, plan: ShardPlan, st, results, sta
         tp=summary["tp"], dp=summary["dp"], sp=summary["sp"], row=summary["row"], chips=summary["chips"],
         splits=tuple(summary["splits"].items()), stage=stage,
         candidates=tuple(PlanCandidate(**c) for c in results),
-        collectives=tuple(PlanCollective(**vars(c)) for c in plan.collectives),
+        collectives=tuple(plan.collectives),
         handoff_s=handoff.seconds if handoff is not None else 0.0,
         replicated=tuple(tuple(x) for x in summary.get("replicated", ())))
     program.mapping = replace(shard.mapping, system=system, chips_per_layer=(plan.chips,) * len(program.layers))
