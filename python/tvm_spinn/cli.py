@@ -404,11 +404,16 @@ def _cmd_plan(args) -> int:
     result = plan(args.config, target=args.target, batch=1 if args.batch is None else args.batch, seq=args.seq,
                   dtype=args.dtype or "int8", progress=not args.no_progress,
                   handover=args.handover)
+    return _show_and_write(result, args.json, write_json)
+
+
+def _show_and_write(result, path, write_json) -> int:
+    """Print a plan's table; write its JSON to ``path`` (atomically) unless Ctrl-C came first."""
     print(result.table())
-    if args.json:
+    if path:
         _INTERRUPTS.check()
-        write_json(result, args.json)
-        print(f"wrote {args.json}")
+        write_json(result, path)
+        print(f"wrote {path}")
     return 0
 
 
@@ -420,12 +425,7 @@ def _cmd_plan_train(args) -> int:
                            micro_batch=args.micro_batch, optimizer=args.optimizer or "adamw", tp=args.tp, pp=args.pp,
                            dp=args.dp, zero=args.zero, recompute=recompute,
                            sequence_parallel=not args.no_sequence_parallel, reproducible=not args.fastest)
-    print(result.table())
-    if args.json:
-        _INTERRUPTS.check()
-        write_json(result, args.json)
-        print(f"wrote {args.json}")
-    return 0
+    return _show_and_write(result, args.json, write_json)
 
 
 #: What Ctrl-C leaves behind, per command (one line on stderr).
