@@ -33,6 +33,18 @@ class InterruptGuard:
         self.interrupted = True
         raise KeyboardInterrupt
 
+    @staticmethod
+    def handled() -> None:
+        """Tell the interpreter that the ``KeyboardInterrupt`` just caught was handled.
+
+        CPython (3.11 to 3.13) marks a ``KeyboardInterrupt`` that leaves code run by ``exec`` of
+        a string (dataclasses and namedtuples build their methods that way, so a Ctrl-C during
+        an import can land there) as unhandled, even when a caller catches it, and at exit
+        kills the process with SIGINT instead of returning its exit status. Each completed
+        ``exec`` of a string clears that mark.
+        """
+        exec("pass")
+
     def check(self) -> None:
         """Raise ``KeyboardInterrupt`` if SIGINT arrived while the guard was active."""
         if self.interrupted:

@@ -566,6 +566,7 @@ def main(argv: list[str] | None = None) -> int:
                     raise KeyboardInterrupt from None
                 raise
         except KeyboardInterrupt:
+            _INTERRUPTS.handled()  # exit 130, not death by SIGINT (see handled())
             print(f"tvm-spinn: {note}", file=sys.stderr)
             import tvm_spinn
 

@@ -97,3 +97,26 @@ def test_swallowed_interrupt_still_exits_130_without_writing(mlp, tmp_path, monk
     err = capsys.readouterr().err
     assert err.strip() == "tvm-spinn: interrupted; no library written"
     assert os.listdir(tmp_path) == []
+
+
+#: a command whose Ctrl-C lands inside ``exec`` of a string, as it does when it interrupts an
+#: import that builds a dataclass; run with ``python -m``, as the test above runs the command
+#: (a script or ``-c`` exits through another path that the mark does not reach)
+_CTRL_C_IN_EXEC = """
+import os, signal, sys
+from tvm_spinn import cli
+
+def ctrl_c_inside_exec(args):
+    exec("import os, signal, time\\nos.kill(os.getpid(), signal.SIGINT)\\ntime.sleep(5)")
+
+cli._check_args = ctrl_c_inside_exec
+sys.exit(cli.main(["plan", "no-such-config.json"]))
+"""
+
+
+def test_ctrl_c_inside_exec_of_a_string_still_exits_130(tmp_path):
+    (tmp_path / "ctrl_c_in_exec.py").write_text(_CTRL_C_IN_EXEC)
+    proc = subprocess.run([sys.executable, "-m", "ctrl_c_in_exec"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 130, (proc.returncode, proc.stderr[-3000:])
+    assert proc.stderr == "tvm-spinn: interrupted; nothing written\n"
