@@ -18,7 +18,8 @@ __all__ = ["LayerTimingSummary", "CollectiveSummary", "SystemTimingSummary", "Ti
 
 @dataclass(frozen=True)
 class LayerTimingSummary:
-    """One layer's figures in a :class:`TimingSummary` (see :class:`tvm_spinn.timing.LayerTiming`)."""
+    """One layer's figures in a :class:`TimingSummary`; the timing model's rows are these records
+    (``tvm_spinn.timing.LayerTiming`` names this class)."""
 
     name: str
     kind: str

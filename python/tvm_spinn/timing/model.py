@@ -52,7 +52,7 @@ element-wise layers pays one barrier, not seven).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -69,22 +69,10 @@ __all__ = ["LayerTiming", "Timing", "evaluate", "roofline", "transfers", "noc_cy
            "software_completion", "scheduler_path_cycles", "shared_dram_run", "LOCAL", "NOC", "DRAM"]
 
 
-@dataclass
-class LayerTiming:
-    name: str
-    kind: str
-    tiles: int
-    pes: int
-    chips: int
-    cycles: int
-    compute_cycles: int
-    dram_bytes: int
-    noc_bytes: int
-    link_bytes: int
-    flops: int
-    sram_peak: int
-    utilization: float
-    start_cycle: int = 0
+#: One layer's figures: the program's own record (:class:`~tvm_spinn.program.records.LayerTimingSummary`),
+#: so :meth:`Timing.summary` stores the rows as they are. Rows are frozen: the model makes a new
+#: one (:func:`dataclasses.replace`) where a later layer changes an earlier one's cycles.
+LayerTiming = LayerTimingSummary
 
 
 @dataclass
@@ -107,7 +95,7 @@ class Timing:
         """The record a program stores (``Program.timing``): every figure but the per-tile
         ``trace`` (it is large; :func:`evaluate` re-derives it for timelines)."""
         out = {k: v for k, v in vars(self).items() if k not in ("layers", "trace")}
-        return TimingSummary(**out, layers=tuple(LayerTimingSummary(**vars(row)) for row in self.layers))
+        return TimingSummary(**out, layers=tuple(self.layers))
 
 
 def roofline(program: Program, arch: SpinnArch) -> float:
@@ -527,7 +515,7 @@ def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None"
         # (a software scheduler waits for every layer's completion packets)
         if not software and barriers.starts_free(i, layer, -1 if pipelined else prev):
             now -= charged[prev]
-            layers[prev].cycles -= charged[prev]
+            layers[prev] = replace(layers[prev], cycles=layers[prev].cycles - charged[prev])
         prev = i
         # Link all-gather of the layer's activation input when it spans or changes chips.
         if i < len(records):
@@ -618,7 +606,7 @@ def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None"
     if software and last_run >= 0:
         # the scheduler software's measured per-inference clean-up, after the last layer
         cleanup = int(np.ceil(costs.cleanup_s * cpc))
-        layers[last_run].cycles += cleanup
+        layers[last_run] = replace(layers[last_run], cycles=layers[last_run].cycles + cleanup)
         now += cleanup
     total_cycles = int(round(now))
     latency = total_cycles / cpc
