@@ -40,7 +40,8 @@ class LayerTimingSummary:
 @dataclass(frozen=True)
 class CollectiveSummary:
     """One collective of a system mapping: before layer ``layer``, ``nbytes`` per rank, its
-    algorithm's time and the link hops it crosses (on and between boards)."""
+    algorithm's time and the link hops it crosses (on and between boards); the system timing's
+    rows are these records (``tvm_spinn.timing.system.CollectiveTiming`` names this class)."""
 
     layer: int
     op: str

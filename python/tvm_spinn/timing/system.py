@@ -41,15 +41,9 @@ from .collectives import all_gather, all_reduce, chain_all_reduce
 __all__ = ["CollectiveTiming", "SystemTiming", "compose", "collective_cost"]
 
 
-@dataclass(frozen=True)
-class CollectiveTiming:
-    layer: int
-    op: str
-    algorithm: str
-    nbytes: int
-    seconds: float
-    hops: int
-    board_hops: int
+#: One collective's cost: the program's own record (:class:`~tvm_spinn.program.records.CollectiveSummary`),
+#: so :meth:`SystemTiming.summary` stores the rows as they are.
+CollectiveTiming = CollectiveSummary
 
 
 @dataclass(frozen=True)
@@ -73,7 +67,7 @@ class SystemTiming:
     def summary(self) -> SystemTimingSummary:
         """The record a system-mapped program stores (``Program.timing.system``)."""
         return SystemTimingSummary(**{**vars(self), "layer_s": tuple(self.layer_s), "bound_s": self.bound_s,
-                                      "collectives": tuple(CollectiveSummary(**vars(c)) for c in self.collectives)})
+                                      "collectives": tuple(self.collectives)})
 
 
 #: Collective costs kept per topology (:attr:`~tvm_spinn.target.topology.Topology.memo`)
