@@ -55,14 +55,12 @@ def test_board_groups_are_neighbouring_boards():
 
 
 @pytest.mark.slow  # ~20-40 s: torch.export of the slices, mapping on boards
-def test_plan_splits_blocks_over_boards_when_that_is_faster(monkeypatch):
+def test_plan_splits_blocks_over_boards_when_that_is_faster(monkeypatch, register_system):
     from tvm_spinn.runtime import simulator
 
     monkeypatch.setattr(simulator, "run_program", lambda *a, **k: (_ for _ in ()).throw(AssertionError("simulated")))
     cfg = dict(SMALL, hidden_size=2048, intermediate_size=8192, num_attention_heads=16, num_key_value_heads=4)
-    if "spinn/six-boards" not in tvm_spinn.known_targets():
-        tvm_spinn.register_system(tvm_spinn.make_system("spinn2-six-boards", boards=6), tag="spinn/six-boards")
-    system = "spinn/six-boards"
+    system = register_system(tvm_spinn.make_system("spinn2-six-boards", boards=6), tag="spinn/six-boards")
     result = plan(cfg, target=system, batch=1, seq=64, dtype="int8")
     alts = result.plan["alternatives"]
     tp = {k: v for k, v in alts.items() if k.startswith("board_tp")}

@@ -227,21 +227,19 @@ def test_decode_attention_reads_its_share_of_the_kv_cache(tp, split):
     assert not any(c.op == "all_gather" and c.tensor in caches for c in plan.collectives)
 
 
-def _two_boards() -> str:
-    if "spinn/two-boards" not in tvm_spinn.known_targets():
-        tvm_spinn.register_system(tvm_spinn.make_system("spinn2-two-boards", boards=2), tag="spinn/two-boards")
-    return "spinn/two-boards"
+def _two_boards(register_system) -> str:
+    return register_system(tvm_spinn.make_system("spinn2-two-boards", boards=2), tag="spinn/two-boards")
 
 
 @pytest.mark.slow  # ~5-9 s: torch.export of three parts and mapping on two boards
-def test_multi_board_system_pipelines_blocks_with_weights_in_sram(monkeypatch):
+def test_multi_board_system_pipelines_blocks_with_weights_in_sram(monkeypatch, register_system):
     """On two boards a block of ~63 MB (fp32) streams from DRAM in the shared placement, while
     the pipeline gives the block its own board, whose SRAM holds nearly all of it, and the head
     the other: the cost model picks the pipeline because it is faster, and its bound is the sum
     of the per-program bounds and the hand-overs."""
     _no_simulation(monkeypatch)
     cfg = dict(SMALL_LLAMA, hidden_size=1024, intermediate_size=4096, num_hidden_layers=1)
-    result = plan(cfg, target=_two_boards(), batch=1, seq=16, dtype="fp32")
+    result = plan(cfg, target=_two_boards(register_system), batch=1, seq=16, dtype="fp32")
     p, alts = result.plan, result.plan["alternatives"]
     assert set(alts) == {"pipeline:s1", "shared"}
     assert p["placement"] == "pipeline" and alts["pipeline:s1"]["period_s"] < alts["shared"]["period_s"]

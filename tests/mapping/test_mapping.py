@@ -33,14 +33,14 @@ def _run(mod, target, x, options=None):
 
 
 @pytest.mark.parametrize("name", ["cnn", "transformer"])
-def test_result_bits_do_not_depend_on_the_mapping(name):
+def test_result_bits_do_not_depend_on_the_mapping(name, register_system):
     model, x = make(name)
     mod = tvm_spinn.frontend.from_pytorch(model, (x,))
     results = {}
     for key, fields in SYSTEMS.items():
         if key == "1pe":
             fields = dict(pes_per_chip=4, chips=1)
-        tag = tvm_spinn.register_system(tvm_spinn.make_system(f"det-{key}", **fields))
+        tag = register_system(tvm_spinn.make_system(f"det-{key}", **fields))
         results[key], _ = _run(mod, tag, x.numpy())
     for options in (MappingOptions(naive=True), MappingOptions(mode="pipelined"), MappingOptions(weights="stream")):
         results[str(options)], _ = _run(mod, "spinn", x.numpy(), options)
@@ -60,10 +60,10 @@ def test_mapping_improves_on_naive_and_respects_roofline():
     assert naive.physical_bound_s == good.physical_bound_s  # the physical bound ignores the mapping
 
 
-def test_memory_plan_is_checked_and_fits():
+def test_memory_plan_is_checked_and_fits(register_system):
     model, x = make("transformer")
     mod = tvm_spinn.frontend.from_pytorch(model, (x,))
-    tag = tvm_spinn.register_system(tvm_spinn.make_system("mem-small", sram_bytes=24 * 1024, sram_reserved_bytes=4096))
+    tag = register_system(tvm_spinn.make_system("mem-small", sram_bytes=24 * 1024, sram_reserved_bytes=4096))
     _, rep = _run(mod, tag, x.numpy())
     arch = tvm_spinn.target.SYSTEMS["mem-small"]
     for program in rep.programs:

@@ -170,12 +170,12 @@ def test_chain_all_reduce_cost_on_the_graph():
     assert off.seconds > on.seconds and off.board_hops > 0
 
 
-def test_bits_do_not_depend_on_the_plan(bert):
+def test_bits_do_not_depend_on_the_plan(bert, register_system):
     """One chip, a board and a two-board system: different plans, the same bits."""
     model, x, mod = bert
     results, plans, seq = {}, {}, {}
     tags = {"chip": "spinn", "board": "spinn/board",
-            "2boards": tvm_spinn.register_system(tvm_spinn.make_system("scale-2b", boards=2))}
+            "2boards": register_system(tvm_spinn.make_system("scale-2b", boards=2))}
     for key, tag in tags.items():
         results[key], rep = _run(mod, tag, x.numpy())
         plans[key] = [m.get("system", {}).get("tp", 1) for m in rep.mapping]
@@ -217,7 +217,7 @@ def test_bounds_are_lower_bounds_and_report_names_the_binding_one(bert):
     assert streamed > 0  # weights="stream": each chip streams its shard
 
 
-def test_weights_resident_when_aggregate_sram_holds_them(bert):
+def test_weights_resident_when_aggregate_sram_holds_them(bert, register_system):
     """The small BERT's shards mostly fit the board's SRAM: far fewer bytes streamed per
     inference than when every weight streams; on chips with little SRAM they stream from each
     chip's DRAM."""
@@ -230,8 +230,7 @@ def test_weights_resident_when_aggregate_sram_holds_them(bert):
 
     resident, stream = streamed("spinn/board"), streamed("spinn/board", weights="stream")
     assert resident < 0.25 * stream
-    tiny = tvm_spinn.register_system(tvm_spinn.make_system("scale-tiny-sram", boards=1, pes_per_chip=4,
-                                                          sram_bytes=32 * 1024))
+    tiny = register_system(tvm_spinn.make_system("scale-tiny-sram", boards=1, pes_per_chip=4, sram_bytes=32 * 1024))
     assert streamed(tiny) > resident
 
 
@@ -248,13 +247,13 @@ class _Blocks(torch.nn.Module):
         return x
 
 
-def _capacity_system(boards: int, dram: int):
+def _capacity_system(register_system, boards: int, dram: int):
     arch = tvm_spinn.make_system(f"cap-{boards}-{dram}", boards=boards, pes_per_chip=2, pes_per_qpe=2,
                                   sram_bytes=32 * 1024, dram_bytes=dram)
-    return tvm_spinn.register_system(arch)
+    return register_system(arch)
 
 
-def test_capacity_boundary_names_bytes_and_smallest_system():
+def test_capacity_boundary_names_bytes_and_smallest_system(register_system):
     torch.manual_seed(0)
     width, blocks = 480, 4
     model, x = _Blocks(blocks, width).eval(), torch.randn(1, width)
@@ -263,17 +262,17 @@ def test_capacity_boundary_names_bytes_and_smallest_system():
     # per chip: a 48-way shard of one block is ~19 KB; a chip's SRAM (2 PEs) keeps a little of it
     dram = 24 * 1024
     with pytest.raises(MappingError) as err:
-        relax.build(mod, target=_capacity_system(1, dram))
+        relax.build(mod, target=_capacity_system(register_system, 1, dram))
     text = str(err.value)
     assert f"need {weight_bytes} bytes" in text and "make_system(boards=" in text
     boards = int(re.search(r"make_system\(boards=(\d+)\)", text).group(1))
     assert boards > 1
-    out, rep = _run(mod, _capacity_system(boards, dram), x.numpy())  # the named system holds it
+    out, rep = _run(mod, _capacity_system(register_system, boards, dram), x.numpy())  # the named system holds it
     assert max(m["system"]["stage"] for m in rep.mapping) == boards - 1  # one stage per board
     one_chip, _ = _run(mod, "spinn", x.numpy())  # the one-chip program (no capacity check)
     assert np.array_equal(out.view(np.uint32), one_chip.view(np.uint32))
     with pytest.raises(MappingError):
-        relax.build(mod, target=_capacity_system(boards - 1, dram))
+        relax.build(mod, target=_capacity_system(register_system, boards - 1, dram))
 
 
 def test_data_parallel_batch_same_bits():

@@ -57,7 +57,7 @@ def _probe(op: str) -> tuple[Program, int]:
 
 
 @pytest.mark.parametrize("op", sorted(CASES))
-def test_partition_offloads_exactly_what_tiles(op):
+def test_partition_offloads_exactly_what_tiles(op, register_system):
     model, x = CASES[op]
     program, index = _probe(op)
     base = tvm_spinn.SpinnArch()
@@ -68,7 +68,7 @@ def test_partition_offloads_exactly_what_tiles(op):
     for delta in (-1, 0, 1):
         arch = tvm_spinn.make_system(f"fits-{op}-{delta + 1}", sram_bytes=need + delta + base.sram_reserved_bytes)
         assert arch.tile_sram_bytes == need + delta
-        ex = relax.build(mod, target=tvm_spinn.register_system(arch))  # never a MappingError
+        ex = relax.build(mod, target=register_system(arch))  # never a MappingError
         offloaded = tvm_spinn.report(ex).offloaded_ops
         assert any(k.startswith(f"spinn.{op}") for k in offloaded) == (delta >= 0), (op, delta, offloaded)
         got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy())).numpy()

@@ -160,9 +160,9 @@ def test_impossible_system_names_the_field():
         tvm_spinn.make_system("tiny", sram_bytes=1024, sram_reserved_bytes=1000)
 
 
-def test_custom_system_builds(tmp_path):
+def test_custom_system_builds(tmp_path, register_system):
     arch = tvm_spinn.make_system("mini", pes_per_chip=8, sram_bytes=32 * 1024, sram_reserved_bytes=4096)
-    tag = tvm_spinn.register_system(arch)
+    tag = register_system(arch)
     model, x = make("mlp")
     ex = relax.build(tvm_spinn.frontend.from_pytorch(model, (x,)), target=tag)
     out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy())).numpy()

@@ -60,9 +60,9 @@ _MAPPINGS = {
 }
 
 
-def _target(spec):
+def _target(spec, register_system):
     if isinstance(spec, dict):
-        return tvm_spinn.register_system(tvm_spinn.make_system("simmodes-small-sram", **spec))
+        return register_system(tvm_spinn.make_system("simmodes-small-sram", **spec))
     return spec
 
 
@@ -73,11 +73,11 @@ def _target(spec):
     *(("transformer", m) if m in ("spinn", "small-sram") else pytest.param("transformer", m, marks=pytest.mark.slow)
       for m in sorted(_MAPPINGS)),
 ])
-def test_fp32_models_same_bits(monkeypatch, name, mapping):
+def test_fp32_models_same_bits(monkeypatch, register_system, name, mapping):
     model, x = models.make(name)
     mod = tvm_spinn.frontend.from_pytorch(model, (x,))
     target, options = _MAPPINGS[mapping]
-    ex = _build(mod, _target(target), options)
+    ex = _build(mod, _target(target, register_system), options)
     rng = np.random.default_rng(1)
     inputs = [x.numpy(), rng.normal(size=x.shape).astype("float32") * 100]
     _assert_same_bits(monkeypatch, ex, inputs)
@@ -90,7 +90,7 @@ def test_fp32_models_same_bits(monkeypatch, name, mapping):
     pytest.param("cnn", "spinn", marks=pytest.mark.slow), pytest.param("mlp", "acc18", marks=pytest.mark.slow),
     pytest.param("transformer", "spinn", marks=pytest.mark.slow),
 ])
-def test_int8_models_same_bits(monkeypatch, name, system):
+def test_int8_models_same_bits(monkeypatch, register_system, name, system):
     """PTQ models on the MAC path; "acc18" has an 18-bit accumulator (safe k-chunk 7), so every
     reduction is split and the per-layer path must keep the tiles' chunk boundaries."""
     model, x = models.make(name)
@@ -99,19 +99,19 @@ def test_int8_models_same_bits(monkeypatch, name, system):
     qmod = tvm_spinn.quantize(mod, [rng.normal(size=x.shape).astype("float32") for _ in range(4)])
     target = system
     if system == "acc18":
-        target = tvm_spinn.register_system(tvm_spinn.make_system("simmodes-acc18", acc_bits=18))
+        target = register_system(tvm_spinn.make_system("simmodes-acc18", acc_bits=18))
     ex = relax.build(qmod, target=target)
     assert any(r["mode"] == "int8" for r in tvm_spinn.report(ex).layers)
     _assert_same_bits(monkeypatch, ex, [rng.normal(size=x.shape).astype("float32") for _ in range(2)])
 
 
-def test_int8_wrapping_chunks_same_bits(monkeypatch):
+def test_int8_wrapping_chunks_same_bits(monkeypatch, register_system):
     """Saturated operands where the chunking matters (a single accumulator over K would wrap)."""
     model, x = models.make("mlp")
     mod = tvm_spinn.frontend.from_pytorch(model, (x,))
     rng = np.random.default_rng(0)
     qmod = tvm_spinn.quantize(mod, [rng.normal(size=x.shape).astype("float32") for _ in range(4)])
-    target = tvm_spinn.register_system(tvm_spinn.make_system("simmodes-acc18", acc_bits=18))
+    target = register_system(tvm_spinn.make_system("simmodes-acc18", acc_bits=18))
     ex = relax.build(qmod, target=target)
     _assert_same_bits(monkeypatch, ex, [np.full(x.shape, 1e4, np.float32), np.full(x.shape, -1e4, np.float32)])
 

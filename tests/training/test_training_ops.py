@@ -169,7 +169,7 @@ def test_bad_pad_and_select_layers_are_refused():
     check(edited(data, three_operands), r"inputs")
 
 
-def test_host_time_is_the_host_roofline_of_the_ops_left():
+def test_host_time_is_the_host_roofline_of_the_ops_left(register_system):
     """A step's host operators are timed by the host's roofline: per call ``host_op_s`` plus the
     bytes read and written over ``host_mem_bw_bytes_s`` (here log_softmax, which has no PE kind,
     of an (8, 10) float32 array: 320 bytes in, 320 out); a reshape moves no bytes; the PE ops
@@ -184,7 +184,7 @@ def test_host_time_is_the_host_roofline_of_the_ops_left():
     assert dict(ops) == {"relax.nn.log_softmax": 1}  # the multiply and the reshape run on the PEs
     assert seconds == pytest.approx(arch.host_op_s + 640 / arch.host_mem_bw_bytes_s, rel=1e-12)
     # the same ops on a slower host take longer
-    slow = tvm_spinn.register_system(arch.replace(name="slow-host", host_mem_bw_bytes_s=1e9))
+    slow = register_system(arch.replace(name="slow-host", host_mem_bw_bytes_s=1e9))
     assert host_time(mod, slow)[0] == pytest.approx(arch.host_op_s + 640 / 1e9, rel=1e-12)
 
 

@@ -126,9 +126,9 @@ def test_logs_tuned_for_another_cpu_apply_and_another_kind_is_refused(tuned):
         tvm_spinn.tune(mod, target="spinn/cuda", work_dir=tuned["work"])
 
 
-def test_host_mcpu_is_overridable_and_checked(monkeypatch):
+def test_host_mcpu_is_overridable_and_checked(monkeypatch, register_system):
     from tvm_spinn.target.arch import CHIPS
-    from tvm_spinn.target.registry import HOST_MCPU_ENV, host_mcpu, register_system
+    from tvm_spinn.target.registry import HOST_MCPU_ENV, host_mcpu
 
     monkeypatch.setenv(HOST_MCPU_ENV, "")
     assert host_mcpu() == "" and "mcpu" not in tvm_spinn.host_target().attrs

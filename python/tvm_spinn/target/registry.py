@@ -16,7 +16,7 @@ from .._env import env
 from .arch import CHIPS, ArchError, SpinnArch
 
 __all__ = [
-    "SYSTEMS", "TAGS", "register_system", "arch_of", "is_spinn_target", "get_target",
+    "SYSTEMS", "TAGS", "register_system", "unregister_system", "arch_of", "is_spinn_target", "get_target",
     "known_targets", "register_default_tags", "HOST_MCPU_ENV", "host_mcpu", "host_target",
 ]
 
@@ -122,6 +122,33 @@ def register_system(arch: SpinnArch, tag: str | None = None, fallback: str = "ll
         tvm.target.register_tag(tag, config, override=True)
     return tag
 
+
+
+def unregister_system(tag: str) -> None:
+    """Undo :func:`register_system`: ``tag`` no longer names a spinn target.
+
+    The system's entry in ``SYSTEMS`` goes with its last tag (``spinn`` and ``spinn/cuda``
+    share one system). TVM has no way to remove a tag, so ``tvm.target.Target(tag)`` still
+    parses; :func:`get_target` refuses the name like any unknown spinn target, and
+    :func:`arch_of` refuses a target whose system is gone. Registering the tag again replaces
+    TVM's entry.
+
+    Parameters
+    ----------
+    tag : str
+        A tag :func:`register_system` returned.
+
+    Raises
+    ------
+    ValueError
+        If ``tag`` is not a registered spinn target (the message lists those that are).
+    """
+    with _LOCK:
+        if tag not in TAGS:
+            raise ValueError(f"spinn target {tag!r} is not registered; known targets: {', '.join(sorted(TAGS))}")
+        name, _ = TAGS.pop(tag)
+        if all(other != name for other, _ in TAGS.values()):
+            del SYSTEMS[name]
 
 def register_default_tags() -> None:
     """Register the built-in tags.
