@@ -105,8 +105,10 @@ def test_update_is_torch_adamw_step_by_step(options):
     # the fused multiply-add's saved rounding in m (<= 2u (1 - b1) |g - m| after the weight),
     # divided by the denominator (>= sqrt(1 - b2) |g| / sqrt(bc2)) and scaled by lr / bc1: at most
     # 2u lr / sqrt(1 - b2). Errors in m and v decay with the betas, so N steps add linearly.
-    n, pmax = len(grads), max(float(np.abs(p).max()) for p in init) + 1.0
-    bound = n * U * (2 * pmax + 2 * full["lr"] / np.sqrt(1 - full["betas"][1]))
+    # |p| grows by at most lr max(1, (1 - b1) / sqrt(1 - b2)) a step (Kingma & Ba 2015, Sec. 2.1).
+    (b1, b2), lr, n = full["betas"], full["lr"], len(grads)
+    pmax = max(float(np.abs(p).max()) for p in init) + n * lr * max(1.0, (1 - b1) / np.sqrt(1 - b2))
+    bound = n * U * (2 * pmax + 2 * lr / np.sqrt(1 - b2))
     for i, tp in enumerate(tparams):
         assert np.abs(ref[i][0] - tp.detach().numpy()).max() <= bound, i
 
@@ -126,9 +128,9 @@ def mlp_trainer():
 # a parameter by at most lr (1 - b1) / sqrt(1 - b2) = 3.2 lr (Kingma & Ba 2015, Sec. 2.1): after
 # N = 20 steps at lr = 0.01, 20 * 0.032 * 1e-5 = 6.4e-6, plus the update's own rounding (a few
 # ulps of |p| <= 1 per step, 20 * 4 * 6e-8 = 5e-6): 1e-5 for the parameters and, through the
-# loss gradient (|dL/dp|_1 <= 10 on this model), 1e-4 for the losses. (A missing decoupled decay
+# loss gradient (|dL/dp|_1 <= 18 on this run), 2e-4 for the losses. (A missing decoupled decay
 # moves the weights by N lr wd |p| ~ 1e-2, a missing bias correction by ~N lr.)
-ATOL_PARAM, ATOL_LOSS = 1e-5, 1e-4
+ATOL_PARAM, ATOL_LOSS = 1e-5, 2e-4
 
 
 def test_mlp_adamw_matches_pytorch(mlp_trainer):
@@ -234,17 +236,18 @@ def test_bitwise_across_runs_systems_and_resume(mlp_trainer, tmp_path):
 
 
 def test_data_parallel_bits_do_not_depend_on_the_replica_count(tmp_path):
-    """1, 2 and 4 replicas (4 micro-batches, summed in ascending order), and a run resumed on 4
-    replicas from a checkpoint of 2: the same losses and parameter bits."""
+    """1, 2, 3 and 4 replicas (4 micro-batches, summed in ascending order; 3 replicas own blocks
+    of 2, 1 and 1), and a run resumed on 4 replicas from a checkpoint of 2: the same losses and
+    parameter bits."""
     dp = tvm_spinn.training.compile(mlp(seed=7), torch.zeros(8, 16), optimizer=ADAMW, target="spinn/board",
                                     data_parallel={"replicas": 1, "microbatches": 4})
     batches, split = _batches(seed=5, n=8), 3
     runs = {}
-    for r in (1, 2, 4):
+    for r in (1, 2, 3, 4):
         trainer = dp.with_replicas(r)
         runs[r] = [trainer.step(x, y) for x, y in batches], trainer.parameters()
     assert not _same_bits(runs[1][1], dict(zip(dp._graph.param_names, dp._graph.init_params)))
-    for r in (2, 4):
+    for r in (2, 3, 4):
         assert runs[r][0] == runs[1][0] and _same_bits(runs[r][1], runs[1][1]), r
     two = dp.with_replicas(2)
     for x, y in batches[:split]:
