@@ -28,8 +28,11 @@ def compile(model, example_inputs, loss: str = "cross_entropy", optimizer=("sgd"
     loss : {"cross_entropy", "mse"}
         Mean-reduced, as PyTorch's ``CrossEntropyLoss()`` / ``MSELoss()``.
     optimizer : (str, dict)
-        ``("sgd", {"lr", "momentum", "weight_decay", "nesterov"})`` or
-        ``("adam", {"lr", "betas", "eps", "weight_decay"})``.
+        ``("sgd", {"lr", "momentum", "weight_decay", "nesterov"})``,
+        ``("adam", {"lr", "betas", "eps", "weight_decay"})`` (``torch.optim.Adam``: L2 weight
+        decay added to the gradient) or ``("adamw", {"lr", "betas", "eps", "weight_decay",
+        "amsgrad"})`` (``torch.optim.AdamW``: decoupled weight decay, default 0.01;
+        ``amsgrad=False`` only).
     target : str or tvm.target.Target
         ``"spinn"``, ``"spinn/board"``, ... (GEMMs of forward, backward and update on the PEs)
         or ``"llvm"`` (all on the host).

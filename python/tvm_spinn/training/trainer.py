@@ -56,7 +56,9 @@ class Trainer:
         return {n: p.numpy() for n, p in zip(self._graph.param_names, self._params)}
 
     def optimizer_state(self) -> list[np.ndarray]:
-        """Current optimizer state (step count first, then TVM's per-parameter buffers), copies."""
+        """Current optimizer state, copies: the int64 step count first, then the optimizer's
+        buffers (SGD with momentum: one per parameter; Adam: the betas' running powers, then
+        the first and second moments; AdamW: the first moments, then the second moments)."""
         return [s.numpy() for s in self._state]
 
     @property
