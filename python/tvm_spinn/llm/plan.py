@@ -279,14 +279,16 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
     Parameters
     ----------
     config : str, dict, transformers config or model
-        A ``config.json`` path (``model_type`` ``llama`` or ``gpt2``), its dict, or a config object.
+        A ``config.json`` path (a ``model_type`` of :data:`~tvm_spinn.llm.spec.FAMILIES`), its dict,
+        or a config object.
     target : str or tvm.target.Target
         The spinn system (``spinn``, ``spinn/board``, ``spinn/cloud``, a registered system).
     batch : int
         Users decoding together.
     seq : int, optional
         Context length: the prompt prefilled for the time to first token, and the KV-cache
-        slots each decode step attends over. Default :data:`DEFAULT_SEQ`, or the model's
+        slots each decode step attends over (at most the model's sliding window, where it has
+        one: :meth:`ModelSpec.cache_slots`). Default :data:`DEFAULT_SEQ`, or the model's
         position limit where that is shorter (the table says so).
     dtype : {"int8", "fp32"}
         Arithmetic and storage of the weight GEMMs (attention and KV cache stay fp32).
