@@ -35,7 +35,8 @@ kept (all are in ``plan["alternatives"]``):
 
 The headline is ``efficiency``: the physical bound of a decode step
 (:func:`tvm_spinn.timing.bounds.physical_bound` of :func:`~tvm_spinn.timing.bounds.decode_workload`:
-every block and the LM head, the KV cache at ``seq`` slots, one embedding row per user; it reads
+every block and the LM head, the KV cache at ``seq`` slots (a sliding window's where that is
+shorter: :meth:`~tvm_spinn.llm.ModelSpec.cache_slots`), one embedding row per user; it reads
 the system's numbers only, so no plan moves it) over the per-user token period
 (``plan.physical_bound_s``, its parts and binding kind in ``plan.physical_bound``).
 

@@ -3,9 +3,9 @@
 One frozen record (:class:`ModelSpec`) holds what generation and planning need: the family
 (``gpt2``, or ``llama`` for the Llama architecture and its relatives ``mistral``, ``qwen2`` and
 ``phi3``: :data:`FAMILIES`), sizes, heads, the sliding attention window, and the derived
-parameter and KV-cache byte counts. It is
-read from a transformers ``PretrainedConfig``, a model carrying one, a dict or a JSON file,
-and every missing or invalid field is one :class:`LLMError` naming the field and its value.
+parameter and KV-cache byte counts. It is read from a transformers ``PretrainedConfig``, a
+model carrying one, a dict or a JSON file, and every missing or invalid field is one
+:class:`LLMError` naming the field and its value.
 
 Every field this package or transformers reads for these model types is type-checked
 (:data:`FIELDS`): sizes are integers in ``[1, MAX_DIM]``, flags booleans, epsilons finite and
@@ -19,8 +19,8 @@ field and its value. Other keys are ignored, and never passed on (:func:`transfo
 
 from __future__ import annotations
 
-import json
 import dataclasses
+import json
 import math
 import os
 from dataclasses import dataclass
