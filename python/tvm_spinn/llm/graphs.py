@@ -16,6 +16,18 @@ attention GEMMs read), passed in and returned:
   (0 up to the position, the dtype's minimum beyond it, as transformers' eager mask) added to
   the scores; masked slots get a probability of exactly 0.
 
+With a sliding attention window (Mistral, Phi-3) the cache holds ``slots = min(max_seq_len,
+window)`` positions (:meth:`ModelSpec.cache_slots`), a ring: position ``p`` lives in slot ``p %
+slots``, so once the window is full each step overwrites the key that just left it, and the
+mask admits every written slot. The prefill's causal mask admits only the last ``window`` keys
+of each query, and its cache output is the prompt's last ``slots`` keys/values placed in their
+ring slots. Attention does not depend on the order of the slots: rotary embeddings are applied
+before caching, so each key carries its own position.
+
+Grouped-query attention, biased q/k/v projections (Qwen2) and fused ``qkv_proj`` /
+``gate_up_proj`` weights (Phi-3, sliced where transformers splits them) use the model's own
+modules.
+
 The arithmetic follows transformers' eager attention (``softmax(q k^T * scaling + mask) v``),
 so greedy tokens match ``generate``. Rotary tables (Llama) are computed by the model's own
 ``rotary_emb`` on the host and passed in, the exact values transformers uses.
@@ -28,7 +40,7 @@ from torch import nn
 
 from .spec import ModelSpec
 
-__all__ = ["Prefill", "Decode", "LayerStep", "Head", "rotary_tables"]
+__all__ = ["Prefill", "Decode", "LayerStep", "Head", "causal_mask", "rotary_tables"]
 
 
 def _rotate_half(x):
@@ -39,6 +51,17 @@ def _rotate_half(x):
 def _rope(x, cos, sin):
     # cos/sin: (b, n, d) -> (b, 1, n, d), broadcast over heads (transformers' apply_rotary_pos_emb)
     return x * cos.unsqueeze(1) + _rotate_half(x) * sin.unsqueeze(1)
+
+
+def causal_mask(n: int, window: "int | None" = None) -> torch.Tensor:
+    """The (n, n) additive mask of a prompt: 0 where query ``i`` sees key ``j`` (``j <= i``, and
+    ``j > i - window`` with a sliding window), float32's minimum elsewhere (transformers' mask)."""
+    i = torch.arange(n)[:, None]
+    j = torch.arange(n)[None, :]
+    seen = j <= i
+    if window is not None:
+        seen = seen & (j > i - window)
+    return torch.where(seen, torch.tensor(0.0), torch.tensor(torch.finfo(torch.float32).min))
 
 
 def rotary_tables(model, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,7 +95,12 @@ class _Step(nn.Module):
             q, k, v = qkv[:, :, :s.hidden], qkv[:, :, s.hidden:2 * s.hidden], qkv[:, :, 2 * s.hidden:]
         else:
             attn = self.blocks[i].self_attn
-            q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+            if hasattr(attn, "qkv_proj"):  # Phi-3: one fused projection, sliced as transformers does
+                qkv = attn.qkv_proj(h)
+                qw, kw = s.heads * s.head_dim, s.kv_heads * s.head_dim
+                q, k, v = qkv[:, :, :qw], qkv[:, :, qw:qw + kw], qkv[:, :, qw + kw:]
+            else:
+                q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
         q = q.view(b, n, s.heads, s.head_dim).transpose(1, 2)
         k = k.view(b, n, s.kv_heads, s.head_dim).transpose(1, 2)
         v = v.view(b, n, s.kv_heads, s.head_dim).transpose(1, 2)
@@ -117,8 +145,17 @@ class _Step(nn.Module):
         if self.gpt2:
             x = x + block.mlp(block.ln_2(x))
         else:
-            x = x + block.mlp(block.post_attention_layernorm(x))
+            x = x + self._mlp(block.mlp, block.post_attention_layernorm(x))
         return x, k_out, v_out
+
+    def _mlp(self, mlp, h):
+        if not hasattr(mlp, "gate_up_proj"):
+            return mlp(h)
+        # Phi-3's fused gate/up projection: slices where its forward chunks (a split's tuple can
+        # end up inside an offloaded region)
+        gate_up = mlp.gate_up_proj(h)
+        i = self.spec.intermediate
+        return mlp.down_proj(gate_up[:, :, i:] * mlp.activation_fn(gate_up[:, :, :i]))
 
     def _run(self, ids, cache_fn, mask, pos_or_cos, sin):
         x = self.embed(ids)
@@ -142,16 +179,23 @@ class Prefill(_Step):
 
     def __init__(self, model, spec: ModelSpec, max_seq_len: int, prompt_len: int):
         super().__init__(model, spec, max_seq_len)
-        causal = torch.full((prompt_len, prompt_len), torch.finfo(torch.float32).min).triu(1)
-        self.register_buffer("causal", causal, persistent=False)
+        self.register_buffer("causal", causal_mask(prompt_len, spec.sliding_window), persistent=False)
         self.prompt_len = prompt_len
 
     def forward(self, ids, pos_or_cos, sin=None):
-        pad = self.max_seq_len - self.prompt_len
+        n, slots = self.prompt_len, self.spec.cache_slots(self.max_seq_len)
+        pad = slots - n
 
         def cache_fn(i, k_t, v):
             if pad == 0:
                 return k_t, v, k_t, v
+            if pad < 0:  # a prompt longer than the window: its last `slots` keys, in their ring slots
+                shift = n % slots  # position p -> slot p % slots
+                k_last, v_last = k_t[:, :, n - slots:], v[:, n - slots:, :]
+                if shift:
+                    k_last = torch.cat([k_last[:, :, slots - shift:], k_last[:, :, :slots - shift]], dim=2)
+                    v_last = torch.cat([v_last[:, slots - shift:, :], v_last[:, :slots - shift, :]], dim=1)
+                return k_t, v, k_last, v_last
             rows = k_t.shape[0]
             k_pad = torch.zeros((rows, k_t.shape[1], pad), dtype=k_t.dtype)
             v_pad = torch.zeros((rows, pad, v.shape[2]), dtype=v.dtype)

@@ -35,7 +35,8 @@ kept (all are in ``plan["alternatives"]``):
 
 The headline is ``efficiency``: the physical bound of a decode step
 (:func:`tvm_spinn.timing.bounds.physical_bound` of :func:`~tvm_spinn.timing.bounds.decode_workload`:
-every block and the LM head, the KV cache at ``seq`` slots, one embedding row per user; it reads
+every block and the LM head, the KV cache at ``seq`` slots (a sliding window's where that is
+shorter: :meth:`~tvm_spinn.llm.ModelSpec.cache_slots`), one embedding row per user; it reads
 the system's numbers only, so no plan moves it) over the per-user token period
 (``plan.physical_bound_s``, its parts and binding kind in ``plan.physical_bound``).
 
@@ -162,10 +163,10 @@ def _meta_model(cfg: dict, spec: ModelSpec):
     import torch
     import transformers
 
-    from .spec import transformers_kwargs
+    from .spec import CAUSAL_LM, transformers_kwargs
 
     kwargs = transformers_kwargs(cfg, spec, layers=1)  # the checked fields only
-    cls = transformers.LlamaForCausalLM if spec.family == "llama" else transformers.GPT2LMHeadModel
+    cls = getattr(transformers, CAUSAL_LM[cfg["model_type"]])
     try:
         config = transformers.AutoConfig.for_model(cfg["model_type"], **kwargs)
         config._attn_implementation = "eager"
@@ -176,16 +177,18 @@ def _meta_model(cfg: dict, spec: ModelSpec):
 
 
 def _parts(model, spec: ModelSpec, batch: int, seq: int):
-    """(name, module, example args) of the decode block, the prefill block and the head."""
+    """(name, module, example args) of the decode block (over the KV cache's
+    :meth:`~ModelSpec.cache_slots`), the prefill block and the head."""
     import torch
 
     from .graphs import Head, LayerStep
 
     b, s, h, d, kvh = batch, seq, spec.hidden, spec.head_dim, spec.kv_heads
+    c = spec.cache_slots(seq)
     rope = spec.family == "llama"
     with torch.device("meta"):
-        dec_args = [torch.zeros(b, 1, h), torch.zeros(b * kvh, d, s), torch.zeros(b * kvh, s, d),
-                    torch.zeros(s, dtype=torch.bool), torch.zeros(s)]
+        dec_args = [torch.zeros(b, 1, h), torch.zeros(b * kvh, d, c), torch.zeros(b * kvh, c, d),
+                    torch.zeros(c, dtype=torch.bool), torch.zeros(c)]
         pre_args = [torch.zeros(b, s, h), torch.zeros(s, s)]
         if rope:
             dec_args += [torch.zeros(b, 1, d), torch.zeros(b, 1, d)]
@@ -277,14 +280,16 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
     Parameters
     ----------
     config : str, dict, transformers config or model
-        A ``config.json`` path (``model_type`` ``llama`` or ``gpt2``), its dict, or a config object.
+        A ``config.json`` path (a ``model_type`` of :data:`~tvm_spinn.llm.spec.FAMILIES`), its dict,
+        or a config object.
     target : str or tvm.target.Target
         The spinn system (``spinn``, ``spinn/board``, ``spinn/cloud``, a registered system).
     batch : int
         Users decoding together.
     seq : int, optional
         Context length: the prompt prefilled for the time to first token, and the KV-cache
-        slots each decode step attends over. Default :data:`DEFAULT_SEQ`, or the model's
+        slots each decode step attends over (at most the model's sliding window, where it has
+        one: :meth:`ModelSpec.cache_slots`). Default :data:`DEFAULT_SEQ`, or the model's
         position limit where that is shorter (the table says so).
     dtype : {"int8", "fp32"}
         Arithmetic and storage of the weight GEMMs (attention and KV cache stay fp32).
@@ -333,7 +338,8 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
     target = get_target(target)
     arch = arch_of(target)
     weight_bytes = spec.params * DTYPES[dtype]
-    kv_bytes = batch * seq * spec.kv_bytes_per_token(4)
+    slots = spec.cache_slots(seq)  # a sliding window keeps only its last positions
+    kv_bytes = batch * slots * spec.kv_bytes_per_token(4)
     if weight_bytes + kv_bytes > arch.chips * arch.dram_bytes:
         raise LLMError(
             f"model too large for target {arch.name} ({arch.chips} chips, {arch.chips * arch.dram_bytes / 1e9:.1f} GB "
@@ -369,7 +375,7 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
     peak = arch.peak_int8_ops_s if dtype == "int8" else arch.peak_fp32_flops_s
     gemm_ops = 2 * batch * (spec.params - (spec.vocab * spec.hidden if not spec.tied_embeddings else 0)
                             - (spec.max_positions * spec.hidden if spec.family == "gpt2" else 0))
-    attn_flops = 2 * 2 * batch * L * spec.heads * spec.head_dim * seq
+    attn_flops = 2 * 2 * batch * L * spec.heads * spec.head_dim * slots
     for placement, group, groups, weights_mode in candidates:
         steps.set_postfix_str(f"map: {placement} on {group} chips")
         sub = arch if group == arch.chips else arch.replace(chips=group, name=f"{arch.name}[{group} chips]")
@@ -390,7 +396,7 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
         # weights resident before it), the rest in DRAM; each step writes one slot of it
         kv_share = dec.kv_sram_bytes / dec.kv_bytes if dec.kv_bytes else 0.0
         kv_sram = kv_bytes * kv_share
-        slot = kv_bytes / (L * seq)
+        slot = kv_bytes / (L * slots)
         write_sram, write_dram = (L * w for w in _kv_write_s(sub, slot, kv_share))
         decode_s = L * dec.latency_s + head.latency_s + handoff_dec + write_sram + write_dram
         used = group * groups
@@ -451,7 +457,7 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
     }
     from ..timing.bounds import decode_workload, physical_bound  # TVM: not for the CLI's checks
 
-    physical = physical_bound(decode_workload(spec, batch, seq, dtype), arch)
+    physical = physical_bound(decode_workload(spec, batch, slots, dtype), arch)
     return Plan(
         model=model_name, system=arch.name, chips=arch.chips, batch=batch, seq=seq, dtype=dtype,
         tokens_per_s_per_user=1.0 / best["period_s"], tokens_per_s=batch / best["period_s"], ttft_s=best["ttft_s"],
@@ -702,7 +708,8 @@ def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host
     for kind, n in options:
         steps.set_postfix_str(f"map: pipeline, {f'{n} stages per block' if kind == 's' else f'{n} blocks per stage'}")
         runs = _balanced(block_atoms, n) if kind == "s" else [block_atoms * n]
-        stages = [_map_stage([_slice(dec[i].program, a, b) for i, a, b in _merge(run)], board, host_shapes, seq)
+        stages = [_map_stage([_slice(dec[i].program, a, b) for i, a, b in _merge(run)], board, host_shapes,
+                             spec.cache_slots(seq))
                   for run in runs]
         if head_stages is None:
             head_stages = [_map_stage([_slice(head[i].program, a, b) for i, a, b in _merge(run)], board, host_shapes)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .spec import LLMError, ModelSpec, spec_of
+from .spec import CAUSAL_LM, LLMError, ModelSpec, spec_of
 
 __all__ = ["compile", "CompiledLLM", "GenerationReport"]
 
@@ -121,16 +121,19 @@ class CompiledLLM:
 
     def _decode_args(self, tok: np.ndarray, position: int) -> list[np.ndarray]:
         b = tok.shape[0]
-        S = self.max_seq_len
-        write = np.arange(S) == position
+        S = self.spec.cache_slots(self.max_seq_len)
+        # position p lives in slot p % S (a ring when a sliding window keeps fewer slots than
+        # positions); the slots written so far are the keys the query attends to
+        write = np.arange(S) == position % S
         mask = np.where(np.arange(S) <= position, np.float32(0), np.finfo(np.float32).min).astype(np.float32)
         return [tok, write, mask, *self._extra(np.full((b, 1), position, dtype=np.int64))]
 
     def _cache_shapes(self) -> tuple:
-        """K^T and V cache shapes (see :mod:`.graphs`)."""
+        """K^T and V cache shapes (see :mod:`.graphs`): ``max_seq_len`` slots, or the sliding window's."""
         s = self.spec
         rows = self.batch * s.kv_heads
-        return (s.layers, rows, s.head_dim, self.max_seq_len), (s.layers, rows, self.max_seq_len, s.head_dim)
+        slots = s.cache_slots(self.max_seq_len)
+        return (s.layers, rows, s.head_dim, slots), (s.layers, rows, slots, s.head_dim)
 
     def prefill_executable(self, prompt_len: int):
         """The (executable, VM) of the prefill for ``prompt_len`` tokens, built on first use."""
@@ -277,19 +280,22 @@ def _check_positive(name: str, value) -> int:
 
 def compile(model, target="spinn", max_seq_len: int = 128, batch: int = 1, quantize=None,
             calibration_prompt_len: int = 8, seed: int = 0, verbose: bool = False) -> CompiledLLM:
-    """Compile a transformers GPT-2 or Llama causal LM for greedy generation on a spinn target.
+    """Compile a transformers GPT-2, Llama, Mistral, Qwen2 or Phi-3 causal LM for greedy
+    generation on a spinn target.
 
     Parameters
     ----------
     model : transformers.PreTrainedModel
-        ``GPT2LMHeadModel`` or ``LlamaForCausalLM`` (``use_cache`` may be left at its default:
+        ``GPT2LMHeadModel``, ``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM``
+        or ``Phi3ForCausalLM`` (:data:`~tvm_spinn.llm.spec.CAUSAL_LM`; ``use_cache`` may be left at its default:
         the cache is this package's own). Its weights are used as they are (shared, not copied);
         the model and its config are left unchanged (training mode, attention implementation).
     target : str or tvm.target.Target
         A spinn target (``"spinn"``, ``"spinn/board"``, ...).
     max_seq_len : int
-        Positions of the KV cache: prompt plus generated tokens must fit
-        (and at most the model's ``max_position_embeddings`` / ``n_positions``).
+        Positions of a sequence: prompt plus generated tokens must fit (and at most the model's
+        ``max_position_embeddings`` / ``n_positions``). The KV cache holds as many slots, or
+        the model's sliding window where that is shorter.
     batch : int
         Sequences generated together (the cache's batch dimension).
     quantize : None, True or str
@@ -324,7 +330,7 @@ def compile(model, target="spinn", max_seq_len: int = 128, batch: int = 1, quant
                        f"(config max positions {spec.max_positions})")
     if not hasattr(model, "lm_head"):
         raise LLMError(f"model {type(model).__name__} has no lm_head: pass the causal-LM class "
-                       "(GPT2LMHeadModel, LlamaForCausalLM)")
+                       f"({', '.join(sorted(set(CAUSAL_LM.values())))})")
     model = _private_copy(model)
     if getattr(model.config, "_attn_implementation", "eager") != "eager":
         # the wrappers spell attention out themselves; eager keeps the copy's own forward the same

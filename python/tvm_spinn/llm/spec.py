@@ -1,30 +1,43 @@
 """The architecture of a decoder-only language model, read from a transformers config.
 
 One frozen record (:class:`ModelSpec`) holds what generation and planning need: the family
-(``gpt2`` or ``llama``), sizes, heads, and the derived parameter and KV-cache byte counts. It is
-read from a transformers ``PretrainedConfig``, a model carrying one, a dict or a JSON file,
-and every missing or invalid field is one :class:`LLMError` naming the field and its value.
+(``gpt2``, or ``llama`` for the Llama architecture and its relatives ``mistral``, ``qwen2`` and
+``phi3``: :data:`FAMILIES`), sizes, heads, the sliding attention window, and the derived
+parameter and KV-cache byte counts. It is read from a transformers ``PretrainedConfig``, a
+model carrying one, a dict or a JSON file, and every missing or invalid field is one
+:class:`LLMError` naming the field and its value.
 
-Every field this package or transformers reads for the two families is type-checked
+Every field this package or transformers reads for these model types is type-checked
 (:data:`FIELDS`): sizes are integers in ``[1, MAX_DIM]``, flags booleans, epsilons finite and
 positive, probabilities in ``[0, 1]``. Keys that belong to another architecture (experts,
 soft-capping, sliding windows, ALiBi, parallel attention, ...: :data:`FOREIGN_KEYS`) are refused
 by name when set, so a Mixtral or Gemma-2 config relabelled ``llama`` is never planned as a dense
-Llama. Other keys are ignored, and never passed on (:func:`transformers_kwargs`).
+Llama. A model type's own options that are not implemented (a rotary scaling other than the
+default one, Qwen2's sliding-window layers, a partial rotary embedding) are refused naming the
+field and its value. Other keys are ignored, and never passed on (:func:`transformers_kwargs`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 from dataclasses import dataclass
 
-__all__ = ["LLMError", "ModelSpec", "FAMILIES", "FIELDS", "FOREIGN_KEYS", "MAX_DIM", "spec_of",
+__all__ = ["LLMError", "ModelSpec", "FAMILIES", "CAUSAL_LM", "FIELDS", "FOREIGN_KEYS", "MAX_DIM", "spec_of",
            "load_config", "check_config", "transformers_kwargs"]
 
-#: model_type values this package knows, by family
-FAMILIES = {"gpt2": "gpt2", "llama": "llama"}
+#: model_type values this package knows -> their family. Mistral, Qwen2 and Phi-3 are the Llama
+#: architecture (rotary embeddings, RMSNorm, gated MLP, grouped-query attention) with the
+#: differences :class:`ModelSpec` records: a sliding attention window (Mistral, Phi-3), biases on
+#: the q/k/v projections (Qwen2), fused q/k/v and gate/up weights (Phi-3: the same bytes)
+FAMILIES = {"gpt2": "gpt2", "llama": "llama", "mistral": "llama", "qwen2": "llama", "phi3": "llama"}
+#: model_type -> the transformers causal-LM class of that type
+CAUSAL_LM = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+             "qwen2": "Qwen2ForCausalLM", "phi3": "Phi3ForCausalLM"}
+#: Mistral's attention window where its config does not say (transformers' ``MistralConfig`` default)
+MISTRAL_DEFAULT_WINDOW = 4096
 
 
 class LLMError(ValueError):
@@ -33,7 +46,7 @@ class LLMError(ValueError):
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Sizes of a decoder-only transformer (GPT-2 or Llama architecture)."""
+    """Sizes of a decoder-only transformer (GPT-2 or Llama architecture, :data:`FAMILIES`)."""
 
     family: str
     layers: int
@@ -47,6 +60,11 @@ class ModelSpec:
     tied_embeddings: bool
     attention_bias: bool = False  # Llama: biases on the q, k, v and o projections
     mlp_bias: bool = False  # Llama: biases on the gate, up and down projections
+    qkv_bias: bool = False  # Qwen2: biases on the q, k and v projections (not on o)
+    #: keys a query attends to: the last ``sliding_window`` positions, itself included (Mistral,
+    #: Phi-3); ``None``: every earlier position
+    sliding_window: "int | None" = None
+    model_type: str = ""  # the config's model_type (:data:`FAMILIES`)
 
     @property
     def params(self) -> int:
@@ -60,19 +78,24 @@ class ModelSpec:
         else:
             layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h
             layer += (q + 2 * kv + h) * self.attention_bias + (2 * i + h) * self.mlp_bias
+            layer += (q + 2 * kv) * self.qkv_bias
             extra = h
         head = 0 if self.tied_embeddings else v * h
         return self.layers * layer + v * h + head + extra
 
     def layer_params(self) -> int:
         """Parameters of one transformer layer."""
-        one = ModelSpec(self.family, 1, self.hidden, self.heads, self.kv_heads, self.head_dim,
-                        self.intermediate, 0, 0, True, self.attention_bias, self.mlp_bias)
+        one = dataclasses.replace(self, layers=1, vocab=0, max_positions=0, tied_embeddings=True)
         return one.params - (2 * self.hidden if self.family == "gpt2" else self.hidden)
 
     def kv_bytes_per_token(self, itemsize: int) -> int:
         """Bytes of K and V cached per token of one sequence (all layers)."""
         return 2 * self.layers * self.kv_heads * self.head_dim * itemsize
+
+    def cache_slots(self, context: int) -> int:
+        """KV-cache positions a sequence of ``context`` tokens keeps: all of them, or the last
+        ``sliding_window`` (the only keys a query still attends to) when the model has a window."""
+        return context if self.sliding_window is None else min(context, self.sliding_window)
 
 
 #: Largest value of a size field (hidden size, vocabulary, positions, ...): no model comes near,
@@ -133,6 +156,12 @@ FIELDS = {
         "attn_pdrop": _PROBABILITY, "summary_type": _TEXT, "summary_use_proj": _BOOL,
         "summary_activation": _TEXT_OR_NULL, "summary_proj_to_labels": _BOOL, "summary_first_dropout": _PROBABILITY,
     },
+    # a model type of the llama family: its own fields, read on top of the family's
+    "mistral": {"sliding_window": _DIM_OR_NULL},
+    "qwen2": {"use_sliding_window": _BOOL, "sliding_window": _DIM_OR_NULL, "max_window_layers": _COUNT,
+              "layer_types": _TEXTS_OR_NULL},
+    "phi3": {"sliding_window": _DIM_OR_NULL, "original_max_position_embeddings": _DIM,
+             "resid_pdrop": _PROBABILITY, "embd_pdrop": _PROBABILITY, "partial_rotary_factor": _PROBABILITY},
 }
 
 #: Keys of architectures (or options) the generation graphs and the planner do not implement,
@@ -169,6 +198,8 @@ def _active(cfg: dict, key: str) -> bool:
         return False  # Qwen2 writes a window size it does not use
     if key == "layer_types" and isinstance(value, list) and all(v == "full_attention" for v in value):
         return False
+    if key == "partial_rotary_factor" and cfg.get("model_type") == "phi3" and value == 1:
+        return False  # Phi-3 writes a full rotation as factor 1.0 (checked again by _check_rotary)
     return True
 
 
@@ -234,16 +265,52 @@ def check_config(cfg: dict) -> str:
     if not isinstance(model_type, str) or model_type not in FAMILIES:
         raise LLMError(f"config field 'model_type' is {_short(model_type)}; supported: {sorted(FAMILIES)}")
     family = FAMILIES[model_type]
-    foreign = sorted(k for k in cfg if isinstance(k, str) and k in FOREIGN_KEYS and _active(cfg, k))
+    own = FIELDS.get(model_type, {}) if model_type != family else {}
+    if model_type == "qwen2" and cfg.get("use_sliding_window") is True:
+        raise LLMError("config field 'use_sliding_window' is True: Qwen2's sliding-window layers (those from "
+                       "'max_window_layers' on) are not implemented; only use_sliding_window=false is supported")
+    # the model type's own options (the window of Mistral and Phi-3) are not another architecture's
+    foreign = sorted(k for k in cfg if isinstance(k, str) and k in FOREIGN_KEYS and _active(cfg, k)
+                     and not (k in own and k not in _OWN_BUT_CHECKED))
     if foreign:
         what = sorted({FOREIGN_KEYS[k] for k in foreign})
         raise LLMError(f"config of model_type {model_type!r} has keys of another architecture: "
                        f"{', '.join(f'{k}={_short(cfg[k])}' for k in foreign)} ({'; '.join(what)}); "
                        f"only dense {model_type} models are supported")
-    for key, (must, test) in {**FIELDS["common"], **FIELDS[family]}.items():
+    for key, (must, test) in {**FIELDS["common"], **FIELDS[family], **own}.items():
         if key in cfg and not (cfg[key] is None and must.startswith("null")) and not test(cfg[key]):
             raise LLMError(f"config field {key!r} must be {must}, got {_short(cfg[key])}")
+    if own:
+        _check_rotary(cfg, model_type)
     return family
+
+
+#: keys a model type reads (:data:`FIELDS`) that stay refused as another architecture's when
+#: active: Qwen2's per-layer attention kinds (a sliding layer is not implemented)
+_OWN_BUT_CHECKED = frozenset({"layer_types"})
+
+
+def _check_rotary(cfg: dict, model_type: str) -> None:
+    """Refuse the rotary-embedding options the Mistral, Qwen2 and Phi-3 steps do not implement:
+    a scaling other than the default rotation (YaRN, LongRoPE, dynamic NTK, ...: their tables
+    change with the context length), or a partial rotary embedding."""
+    for key in ("rope_scaling", "rope_parameters"):
+        value = cfg.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            raise LLMError(f"config field {key!r} must be null or an object, got {_short(value)}")
+        kind = value.get("rope_type", value.get("type", "default"))
+        if kind != "default":
+            raise LLMError(f"config field {key!r} is {_short(value)}: rotary scaling {kind!r} is not implemented "
+                           f"for {model_type} (only the default rotary embedding)")
+        factor = value.get("partial_rotary_factor", 1.0)
+        if factor != 1:
+            raise LLMError(f"config field {key!r} has partial_rotary_factor={_short(factor)}: a partial rotary "
+                           f"embedding is not implemented for {model_type}")
+    if cfg.get("partial_rotary_factor", 1.0) not in (None, 1, 1.0):
+        raise LLMError(f"config field 'partial_rotary_factor' is {_short(cfg['partial_rotary_factor'])}: a partial "
+                       f"rotary embedding is not implemented for {model_type}")
 
 
 def _int(cfg: dict, key: str, default=None) -> int:
@@ -275,7 +342,7 @@ def spec_of(config) -> ModelSpec:
         spec = dict(layers=_int(cfg, "n_layer"), hidden=hidden, heads=heads, kv_heads=heads,
                     intermediate=_int(cfg, "n_inner") if cfg.get("n_inner") is not None else 4 * hidden,
                     vocab=_int(cfg, "vocab_size"), max_positions=_int(cfg, "n_positions"),
-                    tied_embeddings=cfg.get("tie_word_embeddings", True))
+                    tied_embeddings=cfg.get("tie_word_embeddings", True), model_type="gpt2")
         if hidden % heads:
             raise LLMError(f"config field 'n_head' ({heads}) does not divide 'n_embd' ({hidden})")
         head_dim = hidden // heads
@@ -292,12 +359,26 @@ def spec_of(config) -> ModelSpec:
         if head_dim % 2:
             raise LLMError(f"config field 'head_dim' ({head_dim}, hidden_size // num_attention_heads if absent) "
                            "must be even: the rotary embedding rotates pairs of channels")
+        model_type = cfg["model_type"]
+        llama = model_type == "llama"  # the others' projections have fixed biases (transformers ignores the keys)
         spec = dict(layers=_int(cfg, "num_hidden_layers"), hidden=hidden, heads=heads, kv_heads=kv_heads,
                     intermediate=_int(cfg, "intermediate_size"), vocab=_int(cfg, "vocab_size"),
                     max_positions=_int(cfg, "max_position_embeddings"),
                     tied_embeddings=cfg.get("tie_word_embeddings", False),
-                    attention_bias=cfg.get("attention_bias", False), mlp_bias=cfg.get("mlp_bias", False))
+                    attention_bias=llama and cfg.get("attention_bias", False),
+                    mlp_bias=llama and cfg.get("mlp_bias", False), qkv_bias=model_type == "qwen2",
+                    sliding_window=_window(cfg, model_type), model_type=model_type)
     return ModelSpec(family=family, head_dim=head_dim, **spec)
+
+
+def _window(cfg: dict, model_type: str) -> "int | None":
+    """The sliding attention window of a Mistral or Phi-3 config (None: full attention), as
+    transformers reads it: Mistral's absent key is its 4096 default, an explicit null none."""
+    if model_type == "mistral":
+        return cfg["sliding_window"] if "sliding_window" in cfg else MISTRAL_DEFAULT_WINDOW
+    if model_type == "phi3":
+        return cfg.get("sliding_window")
+    return None
 
 
 def transformers_kwargs(cfg: dict, spec: ModelSpec, layers: "int | None" = None) -> dict:
@@ -325,8 +406,13 @@ def transformers_kwargs(cfg: dict, spec: ModelSpec, layers: "int | None" = None)
         out = dict(hidden_size=spec.hidden, num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads,
                    head_dim=spec.head_dim, num_hidden_layers=layers, intermediate_size=spec.intermediate,
                    max_position_embeddings=spec.max_positions, vocab_size=spec.vocab, hidden_act=act,
-                   tie_word_embeddings=spec.tied_embeddings, attention_bias=spec.attention_bias,
-                   mlp_bias=spec.mlp_bias)
+                   tie_word_embeddings=spec.tied_embeddings)
+        if spec.model_type in ("llama", ""):
+            out.update(attention_bias=spec.attention_bias, mlp_bias=spec.mlp_bias)
+        elif spec.model_type == "qwen2":
+            out.update(use_sliding_window=False)
+        else:  # mistral, phi3: the window (None: full attention) as spec_of read it
+            out.update(sliding_window=spec.sliding_window)
         keys = ("rms_norm_eps",)
     out.update({k: cfg[k] for k in keys if cfg.get(k) is not None})
     return out
@@ -360,8 +446,8 @@ def check_plan_sizes(spec: ModelSpec, batch: int, seq: int, itemsize: int, cfg: 
          batch * spec.heads * seq * seq * 4, [("batch", batch), ("seq", seq), (f"'{keys['heads']}'", spec.heads)]),
         ("the prefill's widest activation (batch x seq x width x 4 bytes)",
          batch * seq * widest * 4, [("batch", batch), ("seq", seq), (wide_key, widest)]),
-        ("one block's KV cache (2 x batch x kv heads x seq x head dim x 4 bytes)",
-         2 * batch * spec.kv_heads * seq * spec.head_dim * 4, [("batch", batch), ("seq", seq)]),
+        ("one block's KV cache (2 x batch x kv heads x cache slots x head dim x 4 bytes)",
+         2 * batch * spec.kv_heads * spec.cache_slots(seq) * spec.head_dim * 4, [("batch", batch), ("seq", seq)]),
         ("the logits (batch x vocab x 4 bytes)", batch * spec.vocab * 4,
          [("batch", batch), (f"'{keys['vocab']}'", spec.vocab)]),
         (f"the largest weight ({itemsize}-byte elements)", weight[0] * itemsize,
