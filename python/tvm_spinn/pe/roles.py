@@ -8,10 +8,12 @@ from . import view
 from .errors import PeCodegenError
 from .kernels import BINARY_OPS
 
-__all__ = ["MOVE_KINDS", "GEMM_F32_KINDS", "layer_role", "role_name"]
+__all__ = ["MOVE_KINDS", "ROW_KINDS", "GEMM_F32_KINDS", "layer_role", "role_name"]
 
 #: data-movement kinds (any dtype): a gather of elements (kernel ``move``)
 MOVE_KINDS = ("reshape", "permute_dims", "broadcast_to", "strided_slice", "concat", "pad")
+#: fp32 row kinds with generated code (rows whole on a PE, or chunks chained over PEs)
+ROW_KINDS = ("softmax", "layer_norm", "rms_norm")
 #: fp32 GEMM kinds with generated code (the M4F's multiply-accumulate loop)
 GEMM_F32_KINDS = ("dense", "matmul", "conv2d")
 
@@ -43,6 +45,10 @@ def layer_role(program, index: int) -> tuple:
         if attrs.get("rounding") == "tflite":
             _fail(program, index, "TFLite's integer mean (generated: fp32 mean)")
         return ("mean",)
+    if kind in ROW_KINDS and mode == "fp32" and _float_operands(program, index):
+        if attrs.get("rounding") == "tflite":
+            _fail(program, index, f"TFLite's integer {kind} (generated: fp32 {kind})")
+        return (kind,)
     if kind == "quantize":
         return ("quantize", view.tensor_dtype(program, view.layer_output(program, index)))
     if kind == "dequantize":
@@ -57,7 +63,8 @@ def layer_role(program, index: int) -> tuple:
         if kind in GEMM_F32_KINDS:
             return ("gemm_f32", relu)
         _fail(program, index, "no PE kernel for this fp32 kind yet (generated: add, subtract, multiply, "
-                              "divide, relu, dense, matmul, conv2d, data movement)")
+                              "divide, relu, dense, matmul, conv2d, softmax, layer_norm, rms_norm, "
+                              "data movement)")
     if mode == "int8":
         if kind != "dense":
             _fail(program, index, "no PE kernel for this int8 kind yet (generated: dense, data movement)")
