@@ -200,3 +200,92 @@ def test_program_iss_equals_simulator(kind, shape):
     _assert_bits(want, got[0])
     tiles = [r for r in record if r.layer == index]
     assert len(tiles) == len(table) and all(r.cycles > 0 for r in tiles)
+
+
+# -- the activations on the exp model -----------------------------------------------------------
+_UNARY = {"gelu": ("gelu", {}), "gelu_tanh": ("gelu_tanh", {}), "sigmoid": ("sigmoid", {}), "tanh": ("tanh", {}),
+          "negative": ("negative", {}), "sqrt": ("sqrt", {}), "rsqrt": ("rsqrt", {}),
+          "square": ("power", {"exponent": 2}), "cube": ("power", {"exponent": 3})}
+
+
+@pytest.mark.parametrize("act", sorted(_UNARY))
+def test_unary_kernels_equal_the_simulator(act):
+    """Each element-wise function on a dense sweep over the exp model's branches, random values
+    and the special values: the simulator's bits (NaN by position where the host's C++ kernel
+    produces one by an invalid operation or negates one: its sign and payload are x86's)."""
+    from tvm_spinn.program.ops.elementwise import unary
+
+    x = np.concatenate([np.linspace(-12, 12, 6001, dtype=_F32), np.linspace(-100, 100, 2001, dtype=_F32),
+                        (np.random.default_rng(5).normal(size=2000) * 5).astype(_F32),
+                        np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 3e-39, -3e-39, 0.625, -0.625, 44, -44,
+                                  np.nextafter(_F32(44), _F32(50)), 1e-20, -1e-20], _F32)])
+    image = role_image(("unary", act))
+    m = PeMachine(image.elf, image.name, 0, 24)
+    m.write(m.arena, x.tobytes())
+    m.run([[m.arena, m.arena + x.nbytes, x.size]])
+    got = np.frombuffer(m.read(m.arena + x.nbytes, x.nbytes), dtype=_F32)
+    kind, attrs = _UNARY[act]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        want = unary(kind, x, attrs)
+    _assert_bits(want, got, nan_loose=True)
+    assert np.array_equal(np.isnan(want), np.isnan(got))
+
+
+class _Activations(torch.nn.Module):
+    def forward(self, x):
+        h = torch.nn.functional.gelu(x * 2.0) + torch.sigmoid(x) * torch.tanh(x)
+        return torch.nn.functional.gelu(h, approximate="tanh") - torch.rsqrt(h * h + 1.0)
+
+
+def test_activations_program_iss_equals_simulator():
+    torch.manual_seed(0)
+    program = _program(_Activations(), (6, 40))
+    assert {"gelu", "gelu_tanh", "sigmoid", "tanh", "rsqrt"} <= {layer.kind for layer in program.layers}
+    x = (np.random.default_rng(4).normal(size=(6, 40)) * 3).astype(_F32)
+    (want,) = run_program(program, [x])
+    (got,) = run_program_iss(program, [x])
+    _assert_bits(want, got)
+
+
+# -- a transformer block ------------------------------------------------------------------------
+class _BertEmbeds(torch.nn.Module):
+    """BERT from its embeddings on (the token lookup stays out: ``take`` has no PE code)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return self.model(inputs_embeds=x).last_hidden_state
+
+
+@pytest.mark.slow  # ~25 s: the build and every tile of the model in the ISS
+def test_bert_block_iss_equals_simulator(monkeypatch):
+    """A BERT-tiny-shaped encoder layer (transformers' ``BertModel``, random weights) built for
+    spinn: with ``TVM_SPINN_SIM_MODE=iss`` every region runs as PE code (layer_norm, softmax,
+    gelu, dense, matmul, movement) and gives the default simulator's bits, which are PyTorch's
+    within fp32 error."""
+    import tvm
+    import transformers as tf
+
+    torch.manual_seed(0)
+    cfg = tf.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=16)
+    model = _BertEmbeds(tf.BertModel(cfg, add_pooling_layer=False)).eval()
+    x = torch.randn(1, 8, 32, generator=torch.Generator().manual_seed(1))
+    ex = relax.build(tvm_spinn.frontend.from_pytorch(model, (x,)), target="spinn")
+    kinds = {layer.kind for p in tvm_spinn.report(ex).programs for layer in p.layers}
+    assert {"layer_norm", "softmax", "gelu", "dense", "matmul"} <= kinds
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    want = vm["main"](tvm.runtime.tensor(x.numpy())).numpy()
+    calls = []
+    import tvm_spinn.pe as pe
+    real = pe.run_program_iss
+    monkeypatch.setattr(pe, "run_program_iss", lambda p, i: calls.append(p.symbol) or real(p, i))
+    monkeypatch.setenv("TVM_SPINN_SIM_MODE", "iss")
+    got = vm["main"](tvm.runtime.tensor(x.numpy())).numpy()
+    assert len(calls) == len(tvm_spinn.report(ex).programs)
+    _assert_bits(want, got)
+    with torch.no_grad():
+        ref = model(x).numpy()
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)

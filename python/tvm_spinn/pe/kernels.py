@@ -61,7 +61,9 @@ Kernels (the ``spec`` of :func:`kernel_object`):
   / fl(d) + eps)`` to ``st[4r + 2]``; phase 1 ``h = x * r``, times the weight (bit 2, as
   ``w * h``); args ``x, y, st, w, rows, cols, phase, flags, c0, d, eps``.
 - ``("unary", act)``: ``gelu`` (erf by Abramowitz-Stegun 7.1.26), ``gelu_tanh``, ``sigmoid``,
-  ``tanh`` on the same exp model, in the simulator's operation order; args ``x, y, n``.
+  ``tanh`` on the same exp model, in the simulator's operation order; ``negative`` (the sign
+  bit flipped), ``sqrt`` (VSQRT), ``rsqrt`` (VSQRT, VDIV), ``square`` and ``cube`` (``power``
+  by 2 or 3: ``x * x``, ``(x * x) * x``); args ``x, y, n``.
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ from tvm.tirx.build import codegen_build
 
 from ..program.ops.rows import LAYER_NORM_BLOCK
 
-__all__ = ["PE_TARGET", "BINARY_OPS", "kernel_func", "kernel_object"]
+__all__ = ["PE_TARGET", "BINARY_OPS", "ACTIVATIONS", "kernel_func", "kernel_object"]
 
 #: TVM's LLVM target for the SpiNNaker2 PE: Cortex-M4F, single-precision FPv4, hard-float ABI.
 PE_TARGET = {"kind": "llvm", "mtriple": "thumbv7em-none-eabihf", "mcpu": "cortex-m4",
@@ -494,7 +496,149 @@ def _rms_norm():
     return kernel
 
 
-_BUILDERS = {"softmax": _softmax, "layer_norm": _layer_norm, "rms_norm": _rms_norm, "mean": _mean, "pool": _pool, "quantize": _quantize, "dequantize": _dequantize, "move": _move, "binary": _binary, "relu": _relu_kernel, "gemm_f32": _gemm_f32, "gemm_i8": _gemm_i8}
+def _fabs(v):
+    """``|v|`` (VABS: clears the sign bit)."""
+    return T.call_llvm_pure_intrin("float32", "llvm.fabs.f32", v)
+
+
+def _neg(v):
+    """``-v`` as C++'s unary minus (the sign bit flipped; TIR's ``-v`` is ``v * -1.0``, which
+    keeps a NaN's sign)."""
+    return T.reinterpret("float32", T.bitwise_xor(T.reinterpret("int32", v), T.int32(-2147483648)))
+
+
+@T.macro
+def _tanh_into(t, x):
+    """``t[8] = tanh(x)`` (the C++ ``TanhModel``); uses ``t[0..9]``."""
+    t[9] = x
+    t[6] = _fabs(t[9])
+    if t[6] > _f(0.625):
+        if t[6] > _f(44.0):
+            t[8] = T.if_then_else(t[9] > _ZERO, _f(1.0), _f(-1.0))
+        else:
+            t[7] = t[6] + t[6]
+            _exp_into(t, t[7])
+            t[7] = _f(1.0) - _f(2.0) / (t[5] + _f(1.0))
+            t[8] = T.if_then_else(t[9] < _ZERO, _neg(t[7]), t[7])
+    elif t[9] == _ZERO:
+        t[8] = t[9]  # keeps the sign of zero
+    else:
+        t[6] = t[9] * t[9]
+        t[7] = _f("-5.70498872745e-3")
+        t[7] = t[7] * t[6] + _f("2.06390887954e-2")
+        t[7] = t[7] * t[6] - _f("5.37397155531e-2")
+        t[7] = t[7] * t[6] + _f("1.33314422036e-1")
+        t[7] = t[7] * t[6] - _f("3.33332819422e-1")
+        t[7] = t[7] * t[6]
+        t[7] = t[7] * t[9]
+        t[8] = t[7] + t[9]
+
+
+@T.macro
+def _gelu_into(t, x):
+    """``t[8] = gelu(x)`` with erf by Abramowitz-Stegun 7.1.26 (the C++ ``GeluModel``)."""
+    t[9] = x
+    t[10] = t[9] * _f("0.70710678118654752")
+    if t[10] > _ZERO:
+        t[11] = _f(1.0)
+    elif t[10] < _ZERO:
+        t[11] = _f(-1.0)
+    elif T.isnan(t[10]):
+        t[11] = t[10]
+    else:
+        t[11] = _ZERO
+    t[12] = _fabs(t[10])
+    t[13] = _f("0.3275911") * t[12]
+    t[13] = _f(1.0) / (_f(1.0) + t[13])
+    t[14] = t[13] * _f("1.061405429")
+    t[14] = _f("-1.453152027") + t[14]
+    t[14] = t[13] * t[14]
+    t[14] = _f("1.421413741") + t[14]
+    t[14] = t[13] * t[14]
+    t[14] = _f("-0.284496736") + t[14]
+    t[14] = t[13] * t[14]
+    t[14] = _f("0.254829592") + t[14]
+    t[14] = t[13] * t[14]
+    t[15] = _neg(t[12]) * t[12]
+    _exp_into(t, t[15])
+    t[14] = t[14] * t[5]
+    t[14] = t[11] * (_f(1.0) - t[14])
+    t[15] = _f(0.5) * t[9]
+    t[8] = t[15] * (_f(1.0) + t[14])
+
+
+@T.macro
+def _gelu_tanh_into(t, x):
+    """``t[8] = 0.5 x (1 + tanh(0.79788456 (x + 0.044715 x^3)))`` (the C++ ``GeluTanhModel``)."""
+    t[10] = x
+    t[11] = _f("0.044715") * t[10]
+    t[11] = t[11] * t[10]
+    t[11] = t[11] * t[10]
+    t[11] = _f("0.7978845608028654") * (t[10] + t[11])
+    t[12] = _f(0.5) * t[10]
+    _tanh_into(t, t[11])
+    t[8] = t[12] * (_f(1.0) + t[8])
+
+
+@T.macro
+def _sigmoid_into(t, x):
+    """``t[8] = 1 / (1 + exp(-x))`` (the C++ ``SigmoidModel``)."""
+    t[10] = _neg(x)
+    _exp_into(t, t[10])
+    t[8] = _f(1.0) / (_f(1.0) + t[5])
+
+
+@T.macro
+def _negative_into(t, x):
+    t[8] = _neg(x)
+
+
+@T.macro
+def _sqrt_into(t, x):
+    t[8] = _vsqrt(x)
+
+
+@T.macro
+def _rsqrt_into(t, x):
+    """``1 / sqrt(x)``: VSQRT then VDIV (two roundings, the simulator's and TVM's llvm build's)."""
+    t[9] = _vsqrt(x)
+    t[8] = _f(1.0) / t[9]
+
+
+@T.macro
+def _square_into(t, x):
+    t[8] = x * x
+
+
+@T.macro
+def _cube_into(t, x):
+    t[9] = x
+    t[10] = t[9] * t[9]
+    t[8] = t[10] * t[9]
+
+
+#: the functions of kernel ``("unary", act)``: act -> macro writing ``t[8]``
+ACTIVATIONS = {"gelu": _gelu_into, "gelu_tanh": _gelu_tanh_into, "sigmoid": _sigmoid_into, "tanh": _tanh_into,
+               "negative": _negative_into, "sqrt": _sqrt_into, "rsqrt": _rsqrt_into, "square": _square_into,
+               "cube": _cube_into}
+
+
+def _unary(act: str):
+    into = ACTIVATIONS[act]
+
+    @T.prim_func
+    def kernel(x: T.handle("float32"), y: T.handle("float32"), n: T.int32):
+        T.func_attr({"tir.noalias": True, "calling_conv": 0})
+        X = T.decl_buffer((n,), "float32", data=x)
+        Y = T.decl_buffer((n,), "float32", data=y)
+        t = T.decl_buffer((16,), "float32", scope="local")
+        for i in range(n):
+            into(t, X[i])
+            Y[i] = t[8]
+    return kernel
+
+
+_BUILDERS = {"unary": _unary, "softmax": _softmax, "layer_norm": _layer_norm, "rms_norm": _rms_norm, "mean": _mean, "pool": _pool, "quantize": _quantize, "dequantize": _dequantize, "move": _move, "binary": _binary, "relu": _relu_kernel, "gemm_f32": _gemm_f32, "gemm_i8": _gemm_i8}
 
 
 def kernel_func(spec: tuple) -> "tvm.tirx.PrimFunc":

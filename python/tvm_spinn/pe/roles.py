@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from . import view
 from .errors import PeCodegenError
-from .kernels import BINARY_OPS
+from .kernels import ACTIVATIONS, BINARY_OPS
 
 __all__ = ["MOVE_KINDS", "ROW_KINDS", "GEMM_F32_KINDS", "layer_role", "role_name"]
 
@@ -60,11 +60,16 @@ def layer_role(program, index: int) -> tuple:
             return ("binary", kind, relu)
         if kind == "relu":
             return ("relu",)
+        if kind == "power" and attrs.get("exponent") in (2, 3):
+            return ("unary", "square" if attrs["exponent"] == 2 else "cube")
+        if kind in ACTIVATIONS:
+            return ("unary", kind)
         if kind in GEMM_F32_KINDS:
             return ("gemm_f32", relu)
         _fail(program, index, "no PE kernel for this fp32 kind yet (generated: add, subtract, multiply, "
-                              "divide, relu, dense, matmul, conv2d, softmax, layer_norm, rms_norm, "
-                              "data movement)")
+                              "divide, relu, gelu, gelu_tanh, sigmoid, tanh, negative, sqrt, "
+                              "rsqrt, power 2 and 3, dense, matmul, conv2d, softmax, layer_norm, "
+                              "rms_norm, data movement)")
     if mode == "int8":
         if kind != "dense":
             _fail(program, index, "no PE kernel for this int8 kind yet (generated: dense, data movement)")
