@@ -331,3 +331,40 @@ def test_mean_bit_identical():
             rows[1, :] = 1.0
             rows[1, :2] = [np.inf, -np.inf]
         _assert_same_bits(program, x)
+
+
+def test_options_iss_field_runs_the_model_as_pe_code(monkeypatch):
+    """``SpinnOptions(iss=True)`` active around a call runs the spinn regions as PE code (the
+    same bits); outside it the default simulator runs; ``$TVM_SPINN_SIM_MODE`` decides where set."""
+    import tvm
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(16, 12)
+
+        def forward(self, x):
+            return torch.softmax(self.fc(x), dim=-1)
+
+    torch.manual_seed(4)
+    ex = relax.build(tvm_spinn.frontend.from_pytorch(Net().eval(), (torch.randn(4, 16),)), target="spinn")
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    feed = tvm.runtime.tensor(np.random.default_rng(8).normal(size=(4, 16)).astype(np.float32))
+    monkeypatch.delenv("TVM_SPINN_SIM_MODE", raising=False)
+    want = vm["main"](feed).numpy()
+    calls = []
+    import tvm_spinn.pe as pe
+    real = pe.run_program_iss
+    monkeypatch.setattr(pe, "run_program_iss", lambda p, i: calls.append(p.symbol) or real(p, i))
+    with tvm_spinn.SpinnOptions(iss=True):
+        got = vm["main"](feed).numpy()
+    assert calls and np.array_equal(want.view(np.uint32), got.view(np.uint32))
+    calls.clear()
+    vm["main"](feed)
+    assert not calls  # the options are no longer active
+    monkeypatch.setenv("TVM_SPINN_SIM_MODE", "layers")
+    with tvm_spinn.SpinnOptions(iss=True):
+        vm["main"](feed)
+    assert not calls
+    with pytest.raises(TypeError, match=r"SpinnOptions.*iss"):
+        tvm_spinn.SpinnOptions(iss="yes")
