@@ -248,35 +248,52 @@ def test_activations_program_iss_equals_simulator():
 
 
 # -- a transformer block ------------------------------------------------------------------------
-class _BertEmbeds(torch.nn.Module):
-    """BERT from its embeddings on (the token lookup stays out: ``take`` has no PE code)."""
+class _FromEmbeds(torch.nn.Module):
+    """A transformers model from its embeddings on (the token lookup stays out: ``take`` has no
+    PE code)."""
 
-    def __init__(self, model):
+    def __init__(self, model, **kwargs):
         super().__init__()
-        self.model = model
+        self.model, self.kwargs = model, kwargs
 
     def forward(self, x):
-        return self.model(inputs_embeds=x).last_hidden_state
+        return self.model(inputs_embeds=x, **self.kwargs).last_hidden_state
 
 
-@pytest.mark.slow  # ~25 s: the build and every tile of the model in the ISS
-def test_bert_block_iss_equals_simulator(monkeypatch):
-    """A BERT-tiny-shaped encoder layer (transformers' ``BertModel``, random weights) built for
-    spinn: with ``TVM_SPINN_SIM_MODE=iss`` every region runs as PE code (layer_norm, softmax,
-    gelu, dense, matmul, movement) and gives the default simulator's bits, which are PyTorch's
-    within fp32 error."""
-    import tvm
+def _bert():
     import transformers as tf
-
-    torch.manual_seed(0)
     cfg = tf.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=16)
-    model = _BertEmbeds(tf.BertModel(cfg, add_pooling_layer=False)).eval()
+    return _FromEmbeds(tf.BertModel(cfg, add_pooling_layer=False)), {"layer_norm", "softmax", "gelu", "dense", "matmul"}
+
+
+def _llama():
+    import transformers as tf
+    cfg = tf.LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16)
+    cfg._attn_implementation = "eager"
+    return _FromEmbeds(tf.LlamaModel(cfg), use_cache=False), {"rms_norm", "softmax", "sigmoid", "negative", "dense",
+                                                              "matmul"}
+
+
+@pytest.mark.slow  # ~25-40 s each: the build and every tile of the model in the ISS
+@pytest.mark.parametrize("make", [_bert, _llama], ids=["bert", "llama"])
+def test_transformer_block_iss_equals_simulator(make, monkeypatch):
+    """A one-layer BERT (layer_norm, gelu) and Llama (rms_norm, SiLU, rotary embedding) from
+    transformers configs with random weights, built for spinn: with ``TVM_SPINN_SIM_MODE=iss``
+    every region runs as PE code and gives the default simulator's bits, which are PyTorch's
+    within fp32 error."""
+    import tvm
+
+    torch.manual_seed(0)
+    model, must = make()
+    model = model.eval()
     x = torch.randn(1, 8, 32, generator=torch.Generator().manual_seed(1))
     ex = relax.build(tvm_spinn.frontend.from_pytorch(model, (x,)), target="spinn")
-    kinds = {layer.kind for p in tvm_spinn.report(ex).programs for layer in p.layers}
-    assert {"layer_norm", "softmax", "gelu", "dense", "matmul"} <= kinds
+    programs = tvm_spinn.report(ex).programs
+    assert must <= {layer.kind for p in programs for layer in p.layers}
     vm = relax.VirtualMachine(ex, tvm.cpu())
+    monkeypatch.delenv("TVM_SPINN_SIM_MODE", raising=False)
     want = vm["main"](tvm.runtime.tensor(x.numpy())).numpy()
     calls = []
     import tvm_spinn.pe as pe
@@ -284,7 +301,7 @@ def test_bert_block_iss_equals_simulator(monkeypatch):
     monkeypatch.setattr(pe, "run_program_iss", lambda p, i: calls.append(p.symbol) or real(p, i))
     monkeypatch.setenv("TVM_SPINN_SIM_MODE", "iss")
     got = vm["main"](tvm.runtime.tensor(x.numpy())).numpy()
-    assert len(calls) == len(tvm_spinn.report(ex).programs)
+    assert len(calls) == len(programs)
     _assert_bits(want, got)
     with torch.no_grad():
         ref = model(x).numpy()
