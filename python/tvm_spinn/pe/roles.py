@@ -46,8 +46,6 @@ def layer_role(program, index: int) -> tuple:
             _fail(program, index, "TFLite's integer mean (generated: fp32 mean)")
         return ("mean",)
     if kind in ROW_KINDS and mode == "fp32" and _float_operands(program, index):
-        if attrs.get("rounding") == "tflite":
-            _fail(program, index, f"TFLite's integer {kind} (generated: fp32 {kind})")
         return (kind,)
     if kind == "quantize":
         return ("quantize", view.tensor_dtype(program, view.layer_output(program, index)))
