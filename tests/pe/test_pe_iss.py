@@ -369,3 +369,31 @@ def test_options_iss_field_runs_the_model_as_pe_code(monkeypatch):
     assert not calls
     with pytest.raises(TypeError, match=r"SpinnOptions.*iss"):
         tvm_spinn.SpinnOptions(iss="yes")
+
+
+@pytest.mark.parametrize("mode", ["fast", "clip", "wrap"])
+def test_take_resolves_indices_on_the_pe(mode):
+    """``take`` (an embedding lookup) on either axis of the table: the PE resolves each index by
+    the layer's mode into the row the DMA copies; the simulator's output. In ``fast`` mode an
+    index out of range raises the simulator's IndexError (layer, index, extent)."""
+    rng = np.random.default_rng(0)
+    table = rng.normal(size=(5, 12, 3)).astype(np.float32)
+    for axis in (0, 1):
+        bb = relax.BlockBuilder()
+        idx = relax.Var("idx", relax.TensorType([4, 7], "int32"))
+        with bb.function("main", [idx]):
+            with bb.dataflow():
+                y = bb.emit(relax.op.take(relax.const(table), idx, axis=axis, mode=mode))
+                out = bb.emit_output(bb.emit(relax.op.multiply(y, relax.const(np.float32(2.0)))))
+            bb.emit_func_output(out)
+        (program,) = _programs(bb.get())
+        assert "take" in {layer.kind for layer in program.layers}
+        extent = table.shape[axis]
+        lo, hi = (0, extent) if mode == "fast" else (-extent - 3, 2 * extent + 3)
+        x = rng.integers(lo, hi, size=(4, 7)).astype(np.int32)
+        _assert_same_bits(program, [x])
+        if mode == "fast":
+            x[2, 3], x[3, 0] = extent + 1, -1
+            with pytest.raises(IndexError, match=rf"take index {extent + 1} is out of range for axis {axis} "
+                                                 rf"of extent {extent}"):
+                run_program_iss(program, [x])

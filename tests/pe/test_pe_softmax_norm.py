@@ -279,8 +279,23 @@ def _llama():
                                                               "matmul"}
 
 
+class _Tokens(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return self.model(x).last_hidden_state
+
+
+def _bert_tokens():
+    """BERT from token ids: the embedding lookups (``take``) run on the PEs too."""
+    model, must = _bert()
+    return _Tokens(model.model), must | {"take"}
+
+
 @pytest.mark.slow  # ~25-40 s each: the build and every tile of the model in the ISS
-@pytest.mark.parametrize("make", [_bert, _llama], ids=["bert", "llama"])
+@pytest.mark.parametrize("make", [_bert, _llama, _bert_tokens], ids=["bert", "llama", "bert_tokens"])
 def test_transformer_block_iss_equals_simulator(make, monkeypatch):
     """A one-layer BERT (layer_norm, gelu) and Llama (rms_norm, SiLU, rotary embedding) from
     transformers configs with random weights, built for spinn: with ``TVM_SPINN_SIM_MODE=iss``
@@ -291,7 +306,8 @@ def test_transformer_block_iss_equals_simulator(make, monkeypatch):
     torch.manual_seed(0)
     model, must = make()
     model = model.eval()
-    x = torch.randn(1, 8, 32, generator=torch.Generator().manual_seed(1))
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randint(0, 100, (1, 8), generator=gen) if make is _bert_tokens else torch.randn(1, 8, 32, generator=gen)
     ex = relax.build(tvm_spinn.frontend.from_pytorch(model, (x,)), target="spinn")
     programs = tvm_spinn.report(ex).programs
     assert must <= {layer.kind for p in programs for layer in p.layers}

@@ -452,7 +452,49 @@ def _run_rows(run: _Run, index: int, env, table) -> np.ndarray:
     return out
 
 
-_RUNNERS = {"unary": _run_elementwise, "softmax": _run_rows, "layer_norm": _run_rows, "rms_norm": _run_rows, "mean": _run_mean, "pool": _run_pool, "quantize": _run_qdq, "dequantize": _run_qdq, "move": _run_move, "binary": _run_elementwise, "relu": _run_elementwise, "gemm_f32": _run_gemm_f32,
+def _run_take(run: _Run, index: int, env, table) -> np.ndarray:
+    """``take`` (an embedding lookup): per tile, the PE resolves the indices its elements use
+    into table rows (the layer's index mode; ``fast`` reports an index out of range); the DMA
+    engine then copies those rows' elements from the table's home."""
+    from ..program.ops.gather import MODES
+    p = run.p
+    layer = p.layers[index]
+    attrs = view.layer_attrs(p, index)
+    tid = view.layer_const(p, index, "table")
+    tab = env[tid if tid is not None else view.layer_inputs(p, index)[0]]
+    idx = np.ascontiguousarray(env[view.layer_inputs(p, index)[-1]], dtype=np.int32).reshape(-1)
+    axis, mode = int(attrs["axis"]), MODES.index(attrs.get("mode", "fast"))
+    extent = tab.shape[axis]
+    inner = int(np.prod(tab.shape[axis + 1:], dtype=np.int64))
+    src = np.ascontiguousarray(tab).reshape(-1, extent, inner)
+    out = np.empty(view.tensor_shape(p, view.layer_output(p, index)), dtype=tab.dtype)
+    flat = out.reshape(-1)
+    for t in range(len(table)):
+        e0, e1 = int(table.lo[t, 0]), int(table.hi[t, 0])
+        m = run.machine(index, int(table.pe[t]))
+        e = np.arange(e0, e1, dtype=np.int64)
+        pos = (e // inner) % max(idx.size, 1)
+        used = np.unique(pos)
+        piece = max(16, (ARENA_END - m.arena - 3 * 64) // 8 // 16 * 16)
+        rows = np.empty(len(used), dtype=np.int32)
+        for s0 in range(0, len(used), piece):
+            chunk = idx[used[s0:s0 + piece]]
+            pi, pr, pe = _Arena(m, p, index).take(4 * len(chunk), 4 * len(chunk), 8)
+            m.write(pi, chunk.tobytes())
+            m.run([[pi, pr, pe, len(chunk), extent, mode]])
+            bad, value = np.frombuffer(m.read(pe, 8), dtype=np.int32)
+            if bad:
+                raise IndexError(f"{layer.name}: take index {int(value)} is out of range for axis {axis} "
+                                 f"of extent {extent}")
+            rows[s0:s0 + len(chunk)] = np.frombuffer(m.read(pr, 4 * len(chunk)), dtype=np.int32)
+        # the DMA: element e is table[outer, rows[pos], e % inner]
+        outer = e // (inner * max(idx.size, 1))
+        flat[e0:e1] = src[outer, rows[np.searchsorted(used, pos)], e % inner]
+        run.done(index, t, table, m)
+    return out
+
+
+_RUNNERS = {"take": _run_take, "unary": _run_elementwise, "softmax": _run_rows, "layer_norm": _run_rows, "rms_norm": _run_rows, "mean": _run_mean, "pool": _run_pool, "quantize": _run_qdq, "dequantize": _run_qdq, "move": _run_move, "binary": _run_elementwise, "relu": _run_elementwise, "gemm_f32": _run_gemm_f32,
             "gemm_i8": _run_gemm_i8}
 
 

@@ -60,6 +60,11 @@ Kernels (the ``spec`` of :func:`kernel_object`):
 - ``("rms_norm",)``: phase 0 the blocked sum of ``x * x``, the last chunk writing ``1 / sqrt(q
   / fl(d) + eps)`` to ``st[4r + 2]``; phase 1 ``h = x * r``, times the weight (bit 2, as
   ``w * h``); args ``x, y, st, w, rows, cols, phase, flags, c0, d, eps``.
+- ``("take",)``: the rows of an embedding lookup: each int32 index resolved by the layer's mode
+  (``mode`` 0 ``fast``: an index outside ``[0, extent)`` sets ``err[0]`` and gives its value
+  in ``err[1]``, the first one only; 1 ``clip``; 2 ``wrap``, the non-negative remainder) into
+  ``rows``, the DMA descriptors by which the DMA engine copies the table's rows; args ``idx,
+  rows, err, n, extent, mode``.
 - ``("unary", act)``: ``gelu`` (erf by Abramowitz-Stegun 7.1.26), ``gelu_tanh``, ``sigmoid``,
   ``tanh`` on the same exp model, in the simulator's operation order; ``negative`` (the sign
   bit flipped), ``sqrt`` (VSQRT), ``rsqrt`` (VSQRT, VDIV), ``square`` and ``cube`` (``power``
@@ -638,7 +643,33 @@ def _unary(act: str):
     return kernel
 
 
-_BUILDERS = {"unary": _unary, "softmax": _softmax, "layer_norm": _layer_norm, "rms_norm": _rms_norm, "mean": _mean, "pool": _pool, "quantize": _quantize, "dequantize": _dequantize, "move": _move, "binary": _binary, "relu": _relu_kernel, "gemm_f32": _gemm_f32, "gemm_i8": _gemm_i8}
+def _take():
+    @T.prim_func
+    def kernel(idx: T.handle("int32"), rows: T.handle("int32"), err: T.handle("int32"), n: T.int32,
+               extent: T.int32, mode: T.int32):
+        T.func_attr({"tir.noalias": True, "calling_conv": 0})
+        I = T.decl_buffer((n,), "int32", data=idx)
+        R = T.decl_buffer((n,), "int32", data=rows)
+        E = T.decl_buffer((2,), "int32", data=err)
+        v = T.decl_buffer((1,), "int32", scope="local")
+        E[0] = 0
+        for i in range(n):
+            v[0] = I[i]
+            if mode == 1:  # clip
+                v[0] = T.if_then_else(v[0] < 0, 0, T.if_then_else(v[0] >= extent, extent - 1, v[0]))
+            elif mode == 2:  # wrap: the non-negative remainder
+                v[0] = T.truncmod(v[0], extent)
+                v[0] = T.if_then_else(v[0] < 0, v[0] + extent, v[0])
+            elif v[0] < 0 or v[0] >= extent:  # fast: the first broken promise is reported
+                if E[0] == 0:
+                    E[0] = 1
+                    E[1] = v[0]
+                v[0] = 0
+            R[i] = v[0]
+    return kernel
+
+
+_BUILDERS = {"take": _take, "unary": _unary, "softmax": _softmax, "layer_norm": _layer_norm, "rms_norm": _rms_norm, "mean": _mean, "pool": _pool, "quantize": _quantize, "dequantize": _dequantize, "move": _move, "binary": _binary, "relu": _relu_kernel, "gemm_f32": _gemm_f32, "gemm_i8": _gemm_i8}
 
 
 def kernel_func(spec: tuple) -> "tvm.tirx.PrimFunc":

@@ -39,6 +39,10 @@ def layer_role(program, index: int) -> tuple:
     relu = bool(attrs.get("relu"))
     if kind in MOVE_KINDS:
         return ("move",)
+    if kind == "take":
+        if view.tensor_dtype(program, view.layer_inputs(program, index)[-1]) != "int32":
+            _fail(program, index, "take with indices that are not int32")
+        return ("take",)
     if kind in ("max_pool2d", "avg_pool2d") and mode == "fp32" and _float_operands(program, index):
         return ("pool", kind[:3])
     if kind == "mean" and mode == "fp32" and _float_operands(program, index):
