@@ -325,3 +325,23 @@ def test_transformer_block_iss_equals_simulator(make, monkeypatch):
     with torch.no_grad():
         ref = model(x).numpy()
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow  # ~15-30 s each
+@pytest.mark.parametrize("name", ["bert", "gpt2", "llama", "vit"])
+def test_zoo_transformer_under_iss_option_equals_simulator(name, monkeypatch):
+    """The zoo's two-layer transformers (token ids in, ``take`` included; ViT from an image)
+    called inside ``with SpinnOptions(iss=True)``: every region runs as PE code, with the
+    default simulator's bits."""
+    import tvm
+    from test_zoo import ZOO
+
+    monkeypatch.delenv("TVM_SPINN_SIM_MODE", raising=False)
+    torch.manual_seed(0)
+    model, x = ZOO[name]()
+    ex = relax.build(tvm_spinn.frontend.from_pytorch(model.eval(), (x,)), target="spinn")
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    want = vm["main"](tvm.runtime.tensor(x.numpy())).numpy()
+    with tvm_spinn.SpinnOptions(iss=True):
+        got = vm["main"](tvm.runtime.tensor(x.numpy())).numpy()
+    _assert_bits(want, got)
