@@ -54,6 +54,12 @@ def _cases():
     yield "dense 8x256x64", _torch_case(lambda m, x: m(x), torch.nn.Linear(256, 64, bias=False), (8, 256))
     yield "matmul 24x40x16", _torch_case(lambda m, a, b: a @ b, None, (24, 40), (40, 16))
     yield "conv2d 3->16 3x3", _torch_case(lambda m, x: m(x), torch.nn.Conv2d(3, 16, 3, padding=1, bias=False), (1, 3, 16, 16))
+    yield "softmax 64x96", _torch_case(lambda m, a: torch.softmax(a * 2.0, dim=-1), None, (64, 96))
+    yield "layer_norm 64x96", _torch_case(lambda m, a: m(a * 2.0), torch.nn.LayerNorm(96), (64, 96))
+    yield "rms_norm 64x96", _torch_case(
+        lambda m, a: m * (a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + 1e-6)), torch.nn.Parameter(torch.ones(96)),
+        (64, 96))
+    yield "gelu 64x96", _torch_case(lambda m, a: torch.nn.functional.gelu(a * 2.0), None, (64, 96))
     from test_int8 import qgemm_module
     rng = np.random.default_rng(0)
     x = rng.integers(-128, 128, size=(32, 256)).astype("int8")

@@ -20,7 +20,7 @@ def test_defaults_round_trip_through_dict():
     assert opts.to_dict() == {"mapping": {"mode": "auto", "objective": "latency", "weights": "auto",
                                           "activations": "auto", "naive": False, "double_buffer": True,
                                           "scheduler": "static", "split_k": True},
-                              "build": None}
+                              "build": None, "iss": False}
     assert SpinnOptions.from_dict(opts.to_dict()) == opts
     custom = SpinnOptions.from_dict({"mapping": {"mode": "pipelined", "split_k": False},
                                      "build": {"default_schedules": False}})
@@ -39,7 +39,7 @@ def test_program_form_of_mapping_options_leaves_out_later_defaults():
 
 
 @pytest.mark.parametrize("data, match", [
-    ({"mapings": {}}, r"SpinnOptions: unknown field 'mapings' \(fields: mapping, build\)"),
+    ({"mapings": {}}, r"SpinnOptions: unknown field 'mapings' \(fields: mapping, build, iss\)"),
     ({"mapping": {"nave": True}}, r"SpinnOptions\.mapping: unknown field 'nave'"),
     ({"build": {"tuning_log": "x"}}, r"SpinnOptions\.build: unknown field 'tuning_log'"),
 ])

@@ -291,6 +291,11 @@ class SpinnOptions(_Record, ScopedOptions):
         How the host fallback is compiled. None: spinn targets use ``BuildOptions()`` and plain
         ``llvm``/``cuda`` targets are compiled exactly as TVM does; a value applies the fallback
         treatment to those targets too (opt-in).
+    iss : bool
+        Run the spinn regions of a built module called while these options are active as
+        generated Cortex-M4F code in the instruction-set simulator (:mod:`tvm_spinn.pe`), the
+        same bits as the default simulator, slower. ``$TVM_SPINN_SIM_MODE``, where set, decides
+        instead.
 
     Examples
     --------
@@ -301,6 +306,7 @@ class SpinnOptions(_Record, ScopedOptions):
 
     mapping: MappingOptions = MappingOptions()
     build: BuildOptions | None = None
+    iss: bool = False
 
     def __post_init__(self) -> None:
         self._check_types()

@@ -365,7 +365,136 @@ def _run_mean(run: _Run, index: int, env, table) -> np.ndarray:
     return out
 
 
-_RUNNERS = {"mean": _run_mean, "pool": _run_pool, "quantize": _run_qdq, "dequantize": _run_qdq, "move": _run_move, "binary": _run_elementwise, "relu": _run_elementwise, "gemm_f32": _run_gemm_f32,
+#: phases of each row kernel (:mod:`.kernels`)
+_ROW_PHASES = {"softmax": 3, "layer_norm": 3, "rms_norm": 2}
+
+
+def _run_rows(run: _Run, index: int, env, table) -> np.ndarray:
+    """softmax, layer_norm, rms_norm: per group of rows (as many as fit a PE's SRAM), each
+    phase of the row kernel runs over the chunks of the rows in ascending column order; the
+    statistics a phase leaves (partial sums, max, mean, divisor) pass from chunk to chunk and
+    back to every chunk (the chain over the NoC, here the host). A whole-row tile runs its
+    phases as one job list, its data staying in the PE's SRAM."""
+    p = run.p
+    kind = view.layer_kind(p, index)
+    attrs = view.layer_attrs(p, index)
+    x = np.ascontiguousarray(env[view.layer_inputs(p, index)[0]], dtype=_F32)
+    row = x.shape[-1] if x.ndim else 1
+    x = x.reshape(-1, row)
+    out = np.empty(view.tensor_shape(p, view.layer_output(p, index)), dtype=_F32)
+    y_all = out.reshape(-1, row)
+    phases = _ROW_PHASES[kind]
+    # per-column constants (layer_norm's gamma and beta, rms_norm's weight) and flag bits
+    consts, bits = [], 0
+    if kind == "layer_norm":
+        for role, key, bit in (("gamma", "scale", 4), ("beta", "center", 8)):
+            tid = view.layer_const(p, index, role)
+            use = attrs.get(key, True) and tid is not None
+            consts.append(env[tid].reshape(-1).astype(_F32, copy=False) if use else None)
+            bits |= bit if use else 0
+    elif kind == "rms_norm":
+        tid = view.layer_const(p, index, "weight")
+        consts.append(env[tid].reshape(-1).astype(_F32, copy=False) if tid is not None else None)
+        bits |= 4 if tid is not None else 0
+    eps = int(np.asarray(attrs.get("epsilon", 0.0), dtype=_F32).view(np.uint32))
+    lo, hi = table.lo[:, :2], table.hi[:, :2]
+    groups: dict = {}
+    for t in range(len(table)):
+        groups.setdefault((int(lo[t, 0]), int(hi[t, 0])), []).append(t)
+    runs = {t: [0, {}] for t in range(len(table))}  # executed cycles and classes per tile
+
+    def job(t, ph, bufs, n, first, last):
+        c0, c1 = int(lo[t, 1]), int(hi[t, 1])
+        flags = (1 if first else 0) | (2 if last else 0) | bits
+        px, py, pst, *pc = bufs
+        if kind == "softmax":
+            return [px, py, pst, n, c1 - c0, ph, flags]
+        return [px, py, pst, *pc, n, c1 - c0, ph, flags, c0, row, eps]
+
+    for (r0, r1), tiles in sorted(groups.items()):
+        tiles.sort(key=lambda t: int(lo[t, 1]))
+        width = max(int(hi[t, 1] - lo[t, 1]) for t in tiles)
+        m0 = run.machine(index, int(table.pe[tiles[0]]))
+        per_row = 8 * width + 16
+        group = max(1, (ARENA_END - m0.arena - 4 * width * len(consts) - 8 * 64) // per_row)
+        for q0 in range(r0, r1, group):
+            q1 = min(q0 + group, r1)
+            n = q1 - q0
+            st = np.zeros(4 * n, dtype=_F32)  # the chained and broadcast statistics of the rows
+            for ph in range(phases):
+                for i, t in enumerate(tiles):
+                    c0, c1 = int(lo[t, 1]), int(hi[t, 1])
+                    m = run.machine(index, int(table.pe[t]))
+                    bufs = _Arena(m, p, index).take(4 * n * (c1 - c0), 4 * n * (c1 - c0), 16 * n,
+                                                    *([4 * (c1 - c0)] * len(consts)))
+                    m.write(bufs[0], np.ascontiguousarray(x[q0:q1, c0:c1]).tobytes())
+                    for buf, c in zip(bufs[3:], consts):
+                        if c is not None:
+                            m.write(buf, c[c0:c1].tobytes())
+                    if len(tiles) == 1:  # whole rows: every phase in one run
+                        m.run([job(t, f, bufs, n, True, True) for f in range(phases)])
+                    else:
+                        m.write(bufs[1], np.ascontiguousarray(y_all[q0:q1, c0:c1]).tobytes())
+                        m.write(bufs[2], st.tobytes())
+                        m.run([job(t, ph, bufs, n, i == 0, i == len(tiles) - 1)])
+                        st[:] = np.frombuffer(m.read(bufs[2], 16 * n), dtype=_F32)
+                    y_all[q0:q1, c0:c1] = np.frombuffer(m.read(bufs[1], 4 * n * (c1 - c0)), dtype=_F32).reshape(n, c1 - c0)
+                    cycles, classes = executed_cycles(m)
+                    runs[t][0] += cycles
+                    for key, v in classes.items():
+                        runs[t][1][key] = runs[t][1].get(key, 0) + v
+                if len(tiles) == 1:
+                    break
+    if run.record is not None:
+        for t in range(len(table)):
+            run.record.append(TileRun(index, t, int(table.pe[t]), float(table.cycles[t]), runs[t][0],
+                                      dict(sorted(runs[t][1].items()))))
+    return out
+
+
+def _run_take(run: _Run, index: int, env, table) -> np.ndarray:
+    """``take`` (an embedding lookup): per tile, the PE resolves the indices its elements use
+    into table rows (the layer's index mode; ``fast`` reports an index out of range); the DMA
+    engine then copies those rows' elements from the table's home."""
+    from ..program.ops.gather import MODES
+    p = run.p
+    layer = p.layers[index]
+    attrs = view.layer_attrs(p, index)
+    tid = view.layer_const(p, index, "table")
+    tab = env[tid if tid is not None else view.layer_inputs(p, index)[0]]
+    idx = np.ascontiguousarray(env[view.layer_inputs(p, index)[-1]], dtype=np.int32).reshape(-1)
+    axis, mode = int(attrs["axis"]), MODES.index(attrs.get("mode", "fast"))
+    extent = tab.shape[axis]
+    inner = int(np.prod(tab.shape[axis + 1:], dtype=np.int64))
+    src = np.ascontiguousarray(tab).reshape(-1, extent, inner)
+    out = np.empty(view.tensor_shape(p, view.layer_output(p, index)), dtype=tab.dtype)
+    flat = out.reshape(-1)
+    for t in range(len(table)):
+        e0, e1 = int(table.lo[t, 0]), int(table.hi[t, 0])
+        m = run.machine(index, int(table.pe[t]))
+        e = np.arange(e0, e1, dtype=np.int64)
+        pos = (e // inner) % max(idx.size, 1)
+        used = np.unique(pos)
+        piece = max(16, (ARENA_END - m.arena - 3 * 64) // 8 // 16 * 16)
+        rows = np.empty(len(used), dtype=np.int32)
+        for s0 in range(0, len(used), piece):
+            chunk = idx[used[s0:s0 + piece]]
+            pi, pr, pe = _Arena(m, p, index).take(4 * len(chunk), 4 * len(chunk), 8)
+            m.write(pi, chunk.tobytes())
+            m.run([[pi, pr, pe, len(chunk), extent, mode]])
+            bad, value = np.frombuffer(m.read(pe, 8), dtype=np.int32)
+            if bad:
+                raise IndexError(f"{layer.name}: take index {int(value)} is out of range for axis {axis} "
+                                 f"of extent {extent}")
+            rows[s0:s0 + len(chunk)] = np.frombuffer(m.read(pr, 4 * len(chunk)), dtype=np.int32)
+        # the DMA: element e is table[outer, rows[pos], e % inner]
+        outer = e // (inner * max(idx.size, 1))
+        flat[e0:e1] = src[outer, rows[np.searchsorted(used, pos)], e % inner]
+        run.done(index, t, table, m)
+    return out
+
+
+_RUNNERS = {"take": _run_take, "unary": _run_elementwise, "softmax": _run_rows, "layer_norm": _run_rows, "rms_norm": _run_rows, "mean": _run_mean, "pool": _run_pool, "quantize": _run_qdq, "dequantize": _run_qdq, "move": _run_move, "binary": _run_elementwise, "relu": _run_elementwise, "gemm_f32": _run_gemm_f32,
             "gemm_i8": _run_gemm_i8}
 
 

@@ -44,6 +44,31 @@ Kernels (the ``spec`` of :func:`kernel_object`):
 - ``("mean",)``: one chunk of each row's sequential fp32 sum, from +0.0 (``flags`` bit 0) or
   from the partial ``part[r]`` the previous chunk's PE passed on; the row's last chunk (bit 1)
   writes ``sum / fl(d)``, the others the partial; args ``x, part, y, rows, cols, flags, d``.
+- ``("softmax",)``: the row kernel ``e / sum(e)``, ``e = exp(x - max)`` in three phases
+  (argument ``phase``), so that a row split over PEs chains its statistics in the row's order:
+  0, the max (from -inf, or the chain's ``st[2r]`` when ``flags`` bit 0 is clear; the row's
+  first NaN wins); 1, ``y = exp(x - max)`` and the sequential sum of ``y`` into ``st[2r + 1]``
+  (from +0.0 on the first chunk); 2, ``y = y / sum``. ``exp`` is the exp/log unit's model as
+  single fp32 operations (:func:`_exp_into`); args ``x, y, st, rows, cols, phase, flags``.
+- ``("layer_norm",)``: the row's blocked sums (:data:`~tvm_spinn.program.ops.rows.LAYER_NORM_BLOCK`
+  elements per block, blocks aligned at the row's start, the chunk's first column ``c0``)
+  carried as ``(sum, block partial)`` in ``st[4r], st[4r + 1]``: phase 0 sums ``x``, the
+  last chunk (bit 1) writes ``mean = sum / fl(d)`` to ``st[4r + 2]``; phase 1 writes ``y = x -
+  mean`` and sums ``y * y``, the last chunk writes ``den = sqrt(sum / fl(d) + eps)`` (VSQRT) to
+  ``st[4r + 3]``; phase 2 writes ``y / den``, times ``gamma`` (bit 2), plus ``beta`` (bit 3);
+  args ``x, y, st, gamma, beta, rows, cols, phase, flags, c0, d, eps`` (``eps``: float32 bits).
+- ``("rms_norm",)``: phase 0 the blocked sum of ``x * x``, the last chunk writing ``1 / sqrt(q
+  / fl(d) + eps)`` to ``st[4r + 2]``; phase 1 ``h = x * r``, times the weight (bit 2, as
+  ``w * h``); args ``x, y, st, w, rows, cols, phase, flags, c0, d, eps``.
+- ``("take",)``: the rows of an embedding lookup: each int32 index resolved by the layer's mode
+  (``mode`` 0 ``fast``: an index outside ``[0, extent)`` sets ``err[0]`` and gives its value
+  in ``err[1]``, the first one only; 1 ``clip``; 2 ``wrap``, the non-negative remainder) into
+  ``rows``, the DMA descriptors by which the DMA engine copies the table's rows; args ``idx,
+  rows, err, n, extent, mode``.
+- ``("unary", act)``: ``gelu`` (erf by Abramowitz-Stegun 7.1.26), ``gelu_tanh``, ``sigmoid``,
+  ``tanh`` on the same exp model, in the simulator's operation order; ``negative`` (the sign
+  bit flipped), ``sqrt`` (VSQRT), ``rsqrt`` (VSQRT, VDIV), ``square`` and ``cube`` (``power``
+  by 2 or 3: ``x * x``, ``(x * x) * x``); args ``x, y, n``.
 """
 
 from __future__ import annotations
@@ -52,11 +77,14 @@ import functools
 import os
 import tempfile
 
+import numpy as np
 import tvm
 from tvm.script import tirx as T
 from tvm.tirx.build import codegen_build
 
-__all__ = ["PE_TARGET", "BINARY_OPS", "kernel_func", "kernel_object"]
+from ..program.ops.rows import LAYER_NORM_BLOCK
+
+__all__ = ["PE_TARGET", "BINARY_OPS", "ACTIVATIONS", "kernel_func", "kernel_object"]
 
 #: TVM's LLVM target for the SpiNNaker2 PE: Cortex-M4F, single-precision FPv4, hard-float ABI.
 PE_TARGET = {"kind": "llvm", "mtriple": "thumbv7em-none-eabihf", "mcpu": "cortex-m4",
@@ -70,6 +98,7 @@ BINARY_OPS = {
 }
 
 _ZERO = T.float32(0)
+_BLOCK = LAYER_NORM_BLOCK
 
 
 def _relu(v):
@@ -296,7 +325,351 @@ def _mean():
     return kernel
 
 
-_BUILDERS = {"mean": _mean, "pool": _pool, "quantize": _quantize, "dequantize": _dequantize, "move": _move, "binary": _binary, "relu": _relu_kernel, "gemm_f32": _gemm_f32, "gemm_i8": _gemm_i8}
+def _f(v) -> "tvm.tirx.FloatImm":
+    """A float32 constant, rounded once from its decimal text (as the C++ literal ``v``f is)."""
+    return T.float32(float(np.float32(v)))
+
+
+_INF = T.float32(float("inf"))
+_SHIFT = _f(12582912.0)  # 1.5 * 2^23: adding and subtracting it rounds to an integer
+
+
+def _vsqrt(v):
+    """``sqrt(v)`` as LLVM's intrinsic (VSQRT.F32, correctly rounded; no libm call)."""
+    return T.call_llvm_pure_intrin("float32", "llvm.sqrt.f32", v)
+
+
+@T.macro
+def _pow2_times(t, p, n):
+    """``t[5] = p * 2^n`` rounded once (the C++ ``Scale2``): split products by exact powers of
+    two, ``2^e`` as the bits ``(e + 127) << 23``."""
+    if n > 127:
+        t[5] = (p * T.reinterpret("float32", T.shift_left(T.int32(254), 23))) * T.reinterpret(
+            "float32", T.shift_left(n, 23))
+    elif n < -126:
+        t[5] = (p * T.reinterpret("float32", T.shift_left(n + 64 + 127, 23))) * T.reinterpret(
+            "float32", T.shift_left(T.int32(-64 + 127), 23))
+    else:
+        t[5] = p * T.reinterpret("float32", T.shift_left(n + 127, 23))
+
+
+@T.macro
+def _exp_into(t, x):
+    """``t[5] = exp(x)``: the exp/log unit's model (the C++ ``ExpModel``), one fp32 rounding per
+    operation, intermediates stored (TVM's simplifier would fold ``(v + c) - c``). Uses
+    ``t[0..5]``."""
+    if T.isnan(x):
+        t[5] = x
+    elif x > _f(88.72283905206835):
+        t[5] = _INF
+    elif x < _f(-103.97208):
+        t[5] = _ZERO
+    else:
+        t[0] = x * _f("1.44269504088896341") + _SHIFT
+        t[1] = t[0] - _SHIFT
+        t[2] = x - t[1] * _f(0.693359375)  # Cody-Waite: ln 2 = C1 + C2
+        t[2] = t[2] - t[1] * _f("-2.12194440e-4")
+        t[3] = t[2] * t[2]
+        t[4] = _f("1.9875691500e-4")
+        t[4] = t[4] * t[2] + _f("1.3981999507e-3")
+        t[4] = t[4] * t[2] + _f("8.3334519073e-3")
+        t[4] = t[4] * t[2] + _f("4.1665795894e-2")
+        t[4] = t[4] * t[2] + _f("1.6666665459e-1")
+        t[4] = t[4] * t[2] + _f("5.0000001201e-1")
+        t[4] = t[4] * t[3]
+        t[4] = t[4] + t[2]
+        t[4] = t[4] + _f(1.0)
+        _pow2_times(t, t[4], T.Cast("int32", t[1]))
+
+
+def _softmax():
+    @T.prim_func
+    def kernel(x: T.handle("float32"), y: T.handle("float32"), st: T.handle("float32"),
+               rows: T.int32, cols: T.int32, phase: T.int32, flags: T.int32):
+        T.func_attr({"tir.noalias": True, "calling_conv": 0})
+        X = T.decl_buffer((rows * cols,), "float32", data=x)
+        Y = T.decl_buffer((rows * cols,), "float32", data=y)
+        S = T.decl_buffer((2 * rows,), "float32", data=st)
+        acc = T.decl_buffer((1,), "float32", scope="local")
+        t = T.decl_buffer((8,), "float32", scope="local")
+        for r in range(rows):
+            if phase == 0:
+                acc[0] = T.if_then_else(flags & 1 != 0, -_INF, S[2 * r])
+                for j in range(cols):
+                    if T.Not(T.isnan(acc[0])):  # the row's first NaN is its max
+                        if T.isnan(X[r * cols + j]) or X[r * cols + j] > acc[0]:
+                            acc[0] = X[r * cols + j]
+                S[2 * r] = acc[0]
+            elif phase == 1:
+                acc[0] = T.if_then_else(flags & 1 != 0, _ZERO, S[2 * r + 1])
+                for j in range(cols):
+                    t[6] = X[r * cols + j] - S[2 * r]
+                    _exp_into(t, t[6])
+                    Y[r * cols + j] = t[5]
+                    acc[0] = acc[0] + t[5]
+                S[2 * r + 1] = acc[0]
+            else:
+                for j in range(cols):
+                    Y[r * cols + j] = Y[r * cols + j] / S[2 * r + 1]
+    return kernel
+
+
+@T.macro
+def _block_add(S, r, acc, v, c0, j, d):
+    """One term ``v`` of a blocked row sum carried as ``(sum, block partial)`` in ``acc``; a
+    block ends every LAYER_NORM_BLOCK columns of the row and at its end ``d``."""
+    acc[1] = acc[1] + v
+    if T.truncmod(c0 + j + 1, _BLOCK) == 0 or c0 + j + 1 == d:
+        acc[0] = acc[0] + acc[1]
+        acc[1] = _ZERO
+
+
+def _layer_norm():
+    @T.prim_func
+    def kernel(x: T.handle("float32"), y: T.handle("float32"), st: T.handle("float32"),
+               gamma: T.handle("float32"), beta: T.handle("float32"), rows: T.int32, cols: T.int32,
+               phase: T.int32, flags: T.int32, c0: T.int32, d: T.int32, eps: T.int32):
+        T.func_attr({"tir.noalias": True, "calling_conv": 0})
+        X = T.decl_buffer((rows * cols,), "float32", data=x)
+        Y = T.decl_buffer((rows * cols,), "float32", data=y)
+        S = T.decl_buffer((4 * rows,), "float32", data=st)
+        G = T.decl_buffer((cols,), "float32", data=gamma)
+        B = T.decl_buffer((cols,), "float32", data=beta)
+        acc = T.decl_buffer((2,), "float32", scope="local")
+        v = T.decl_buffer((1,), "float32", scope="local")
+        for r in range(rows):
+            if phase < 2:
+                acc[0] = T.if_then_else(flags & 1 != 0, _ZERO, S[4 * r])
+                acc[1] = T.if_then_else(flags & 1 != 0, _ZERO, S[4 * r + 1])
+                for j in range(cols):
+                    if phase == 0:
+                        _block_add(S, r, acc, X[r * cols + j], c0, j, d)
+                    else:
+                        Y[r * cols + j] = X[r * cols + j] - S[4 * r + 2]
+                        v[0] = Y[r * cols + j] * Y[r * cols + j]
+                        _block_add(S, r, acc, v[0], c0, j, d)
+                S[4 * r] = acc[0]
+                S[4 * r + 1] = acc[1]
+                if flags & 2 != 0:
+                    if phase == 0:
+                        S[4 * r + 2] = acc[0] / T.Cast("float32", d)
+                    else:
+                        v[0] = acc[0] / T.Cast("float32", d) + T.reinterpret("float32", eps)
+                        S[4 * r + 3] = _vsqrt(v[0])
+            else:
+                for j in range(cols):
+                    v[0] = Y[r * cols + j] / S[4 * r + 3]
+                    if flags & 4 != 0:
+                        v[0] = v[0] * G[j]
+                    if flags & 8 != 0:
+                        v[0] = v[0] + B[j]
+                    Y[r * cols + j] = v[0]
+    return kernel
+
+
+def _rms_norm():
+    @T.prim_func
+    def kernel(x: T.handle("float32"), y: T.handle("float32"), st: T.handle("float32"),
+               w: T.handle("float32"), rows: T.int32, cols: T.int32, phase: T.int32, flags: T.int32,
+               c0: T.int32, d: T.int32, eps: T.int32):
+        T.func_attr({"tir.noalias": True, "calling_conv": 0})
+        X = T.decl_buffer((rows * cols,), "float32", data=x)
+        Y = T.decl_buffer((rows * cols,), "float32", data=y)
+        S = T.decl_buffer((4 * rows,), "float32", data=st)
+        W = T.decl_buffer((cols,), "float32", data=w)
+        acc = T.decl_buffer((2,), "float32", scope="local")
+        v = T.decl_buffer((1,), "float32", scope="local")
+        for r in range(rows):
+            if phase == 0:
+                acc[0] = T.if_then_else(flags & 1 != 0, _ZERO, S[4 * r])
+                acc[1] = T.if_then_else(flags & 1 != 0, _ZERO, S[4 * r + 1])
+                for j in range(cols):
+                    v[0] = X[r * cols + j] * X[r * cols + j]
+                    _block_add(S, r, acc, v[0], c0, j, d)
+                S[4 * r] = acc[0]
+                S[4 * r + 1] = acc[1]
+                if flags & 2 != 0:
+                    v[0] = acc[0] / T.Cast("float32", d) + T.reinterpret("float32", eps)
+                    v[0] = _vsqrt(v[0])
+                    S[4 * r + 2] = _f(1.0) / v[0]
+            else:
+                for j in range(cols):
+                    v[0] = X[r * cols + j] * S[4 * r + 2]
+                    if flags & 4 != 0:
+                        v[0] = W[j] * v[0]
+                    Y[r * cols + j] = v[0]
+    return kernel
+
+
+def _fabs(v):
+    """``|v|`` (VABS: clears the sign bit)."""
+    return T.call_llvm_pure_intrin("float32", "llvm.fabs.f32", v)
+
+
+def _neg(v):
+    """``-v`` as C++'s unary minus (the sign bit flipped; TIR's ``-v`` is ``v * -1.0``, which
+    keeps a NaN's sign)."""
+    return T.reinterpret("float32", T.bitwise_xor(T.reinterpret("int32", v), T.int32(-2147483648)))
+
+
+@T.macro
+def _tanh_into(t, x):
+    """``t[8] = tanh(x)`` (the C++ ``TanhModel``); uses ``t[0..9]``."""
+    t[9] = x
+    t[6] = _fabs(t[9])
+    if t[6] > _f(0.625):
+        if t[6] > _f(44.0):
+            t[8] = T.if_then_else(t[9] > _ZERO, _f(1.0), _f(-1.0))
+        else:
+            t[7] = t[6] + t[6]
+            _exp_into(t, t[7])
+            t[7] = _f(1.0) - _f(2.0) / (t[5] + _f(1.0))
+            t[8] = T.if_then_else(t[9] < _ZERO, _neg(t[7]), t[7])
+    elif t[9] == _ZERO:
+        t[8] = t[9]  # keeps the sign of zero
+    else:
+        t[6] = t[9] * t[9]
+        t[7] = _f("-5.70498872745e-3")
+        t[7] = t[7] * t[6] + _f("2.06390887954e-2")
+        t[7] = t[7] * t[6] - _f("5.37397155531e-2")
+        t[7] = t[7] * t[6] + _f("1.33314422036e-1")
+        t[7] = t[7] * t[6] - _f("3.33332819422e-1")
+        t[7] = t[7] * t[6]
+        t[7] = t[7] * t[9]
+        t[8] = t[7] + t[9]
+
+
+@T.macro
+def _gelu_into(t, x):
+    """``t[8] = gelu(x)`` with erf by Abramowitz-Stegun 7.1.26 (the C++ ``GeluModel``)."""
+    t[9] = x
+    t[10] = t[9] * _f("0.70710678118654752")
+    if t[10] > _ZERO:
+        t[11] = _f(1.0)
+    elif t[10] < _ZERO:
+        t[11] = _f(-1.0)
+    elif T.isnan(t[10]):
+        t[11] = t[10]
+    else:
+        t[11] = _ZERO
+    t[12] = _fabs(t[10])
+    t[13] = _f("0.3275911") * t[12]
+    t[13] = _f(1.0) / (_f(1.0) + t[13])
+    t[14] = t[13] * _f("1.061405429")
+    t[14] = _f("-1.453152027") + t[14]
+    t[14] = t[13] * t[14]
+    t[14] = _f("1.421413741") + t[14]
+    t[14] = t[13] * t[14]
+    t[14] = _f("-0.284496736") + t[14]
+    t[14] = t[13] * t[14]
+    t[14] = _f("0.254829592") + t[14]
+    t[14] = t[13] * t[14]
+    t[15] = _neg(t[12]) * t[12]
+    _exp_into(t, t[15])
+    t[14] = t[14] * t[5]
+    t[14] = t[11] * (_f(1.0) - t[14])
+    t[15] = _f(0.5) * t[9]
+    t[8] = t[15] * (_f(1.0) + t[14])
+
+
+@T.macro
+def _gelu_tanh_into(t, x):
+    """``t[8] = 0.5 x (1 + tanh(0.79788456 (x + 0.044715 x^3)))`` (the C++ ``GeluTanhModel``)."""
+    t[10] = x
+    t[11] = _f("0.044715") * t[10]
+    t[11] = t[11] * t[10]
+    t[11] = t[11] * t[10]
+    t[11] = _f("0.7978845608028654") * (t[10] + t[11])
+    t[12] = _f(0.5) * t[10]
+    _tanh_into(t, t[11])
+    t[8] = t[12] * (_f(1.0) + t[8])
+
+
+@T.macro
+def _sigmoid_into(t, x):
+    """``t[8] = 1 / (1 + exp(-x))`` (the C++ ``SigmoidModel``)."""
+    t[10] = _neg(x)
+    _exp_into(t, t[10])
+    t[8] = _f(1.0) / (_f(1.0) + t[5])
+
+
+@T.macro
+def _negative_into(t, x):
+    t[8] = _neg(x)
+
+
+@T.macro
+def _sqrt_into(t, x):
+    t[8] = _vsqrt(x)
+
+
+@T.macro
+def _rsqrt_into(t, x):
+    """``1 / sqrt(x)``: VSQRT then VDIV (two roundings, the simulator's and TVM's llvm build's)."""
+    t[9] = _vsqrt(x)
+    t[8] = _f(1.0) / t[9]
+
+
+@T.macro
+def _square_into(t, x):
+    t[8] = x * x
+
+
+@T.macro
+def _cube_into(t, x):
+    t[9] = x
+    t[10] = t[9] * t[9]
+    t[8] = t[10] * t[9]
+
+
+#: the functions of kernel ``("unary", act)``: act -> macro writing ``t[8]``
+ACTIVATIONS = {"gelu": _gelu_into, "gelu_tanh": _gelu_tanh_into, "sigmoid": _sigmoid_into, "tanh": _tanh_into,
+               "negative": _negative_into, "sqrt": _sqrt_into, "rsqrt": _rsqrt_into, "square": _square_into,
+               "cube": _cube_into}
+
+
+def _unary(act: str):
+    into = ACTIVATIONS[act]
+
+    @T.prim_func
+    def kernel(x: T.handle("float32"), y: T.handle("float32"), n: T.int32):
+        T.func_attr({"tir.noalias": True, "calling_conv": 0})
+        X = T.decl_buffer((n,), "float32", data=x)
+        Y = T.decl_buffer((n,), "float32", data=y)
+        t = T.decl_buffer((16,), "float32", scope="local")
+        for i in range(n):
+            into(t, X[i])
+            Y[i] = t[8]
+    return kernel
+
+
+def _take():
+    @T.prim_func
+    def kernel(idx: T.handle("int32"), rows: T.handle("int32"), err: T.handle("int32"), n: T.int32,
+               extent: T.int32, mode: T.int32):
+        T.func_attr({"tir.noalias": True, "calling_conv": 0})
+        I = T.decl_buffer((n,), "int32", data=idx)
+        R = T.decl_buffer((n,), "int32", data=rows)
+        E = T.decl_buffer((2,), "int32", data=err)
+        v = T.decl_buffer((1,), "int32", scope="local")
+        E[0] = 0
+        for i in range(n):
+            v[0] = I[i]
+            if mode == 1:  # clip
+                v[0] = T.if_then_else(v[0] < 0, 0, T.if_then_else(v[0] >= extent, extent - 1, v[0]))
+            elif mode == 2:  # wrap: the non-negative remainder
+                v[0] = T.truncmod(v[0], extent)
+                v[0] = T.if_then_else(v[0] < 0, v[0] + extent, v[0])
+            elif v[0] < 0 or v[0] >= extent:  # fast: the first broken promise is reported
+                if E[0] == 0:
+                    E[0] = 1
+                    E[1] = v[0]
+                v[0] = 0
+            R[i] = v[0]
+    return kernel
+
+
+_BUILDERS = {"take": _take, "unary": _unary, "softmax": _softmax, "layer_norm": _layer_norm, "rms_norm": _rms_norm, "mean": _mean, "pool": _pool, "quantize": _quantize, "dequantize": _dequantize, "move": _move, "binary": _binary, "relu": _relu_kernel, "gemm_f32": _gemm_f32, "gemm_i8": _gemm_i8}
 
 
 def kernel_func(spec: tuple) -> "tvm.tirx.PrimFunc":

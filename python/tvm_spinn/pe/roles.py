@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from . import view
 from .errors import PeCodegenError
-from .kernels import BINARY_OPS
+from .kernels import ACTIVATIONS, BINARY_OPS
 
-__all__ = ["MOVE_KINDS", "GEMM_F32_KINDS", "layer_role", "role_name"]
+__all__ = ["MOVE_KINDS", "ROW_KINDS", "GEMM_F32_KINDS", "layer_role", "role_name"]
 
 #: data-movement kinds (any dtype): a gather of elements (kernel ``move``)
 MOVE_KINDS = ("reshape", "permute_dims", "broadcast_to", "strided_slice", "concat", "pad")
+#: fp32 row kinds with generated code (rows whole on a PE, or chunks chained over PEs)
+ROW_KINDS = ("softmax", "layer_norm", "rms_norm")
 #: fp32 GEMM kinds with generated code (the M4F's multiply-accumulate loop)
 GEMM_F32_KINDS = ("dense", "matmul", "conv2d")
 
@@ -37,12 +39,18 @@ def layer_role(program, index: int) -> tuple:
     relu = bool(attrs.get("relu"))
     if kind in MOVE_KINDS:
         return ("move",)
+    if kind == "take":
+        if view.tensor_dtype(program, view.layer_inputs(program, index)[-1]) != "int32":
+            _fail(program, index, "take with indices that are not int32")
+        return ("take",)
     if kind in ("max_pool2d", "avg_pool2d") and mode == "fp32" and _float_operands(program, index):
         return ("pool", kind[:3])
     if kind == "mean" and mode == "fp32" and _float_operands(program, index):
         if attrs.get("rounding") == "tflite":
             _fail(program, index, "TFLite's integer mean (generated: fp32 mean)")
         return ("mean",)
+    if kind in ROW_KINDS and mode == "fp32" and _float_operands(program, index):
+        return (kind,)
     if kind == "quantize":
         return ("quantize", view.tensor_dtype(program, view.layer_output(program, index)))
     if kind == "dequantize":
@@ -54,10 +62,16 @@ def layer_role(program, index: int) -> tuple:
             return ("binary", kind, relu)
         if kind == "relu":
             return ("relu",)
+        if kind == "power" and attrs.get("exponent") in (2, 3):
+            return ("unary", "square" if attrs["exponent"] == 2 else "cube")
+        if kind in ACTIVATIONS:
+            return ("unary", kind)
         if kind in GEMM_F32_KINDS:
             return ("gemm_f32", relu)
         _fail(program, index, "no PE kernel for this fp32 kind yet (generated: add, subtract, multiply, "
-                              "divide, relu, dense, matmul, conv2d, data movement)")
+                              "divide, relu, gelu, gelu_tanh, sigmoid, tanh, negative, sqrt, "
+                              "rsqrt, power 2 and 3, dense, matmul, conv2d, softmax, layer_norm, "
+                              "rms_norm, data movement)")
     if mode == "int8":
         if kind != "dense":
             _fail(program, index, "no PE kernel for this int8 kind yet (generated: dense, data movement)")

@@ -40,6 +40,7 @@ import numpy as np
 
 from ..program import Layer, Program, Tile
 from .. import _lib
+from .. import options as _options
 from .._env import env
 from ..program.ops import family_of
 from ..program.ops.gemm import GEMM_KINDS
@@ -68,8 +69,9 @@ def register_mode(name: str, runner) -> None:
 
 
 def sim_mode(mode: str | None = None) -> str:
-    """The execution mode: ``mode`` if given, else ``$TVM_SPINN_SIM_MODE``, else ``"layers"``."""
-    mode = mode or env("TVM_SPINN_SIM_MODE") or "layers"
+    """The execution mode: ``mode`` if given, else ``$TVM_SPINN_SIM_MODE``, else ``"iss"`` where
+    the active :class:`~tvm_spinn.options.SpinnOptions` ask for it, else ``"layers"``."""
+    mode = mode or env("TVM_SPINN_SIM_MODE") or ("iss" if _options.current().iss else "layers")
     if mode not in MODES:
         raise ValueError(f"simulator mode {mode!r}: expected one of {MODES} (TVM_SPINN_SIM_MODE)")
     return mode
