@@ -1475,4 +1475,71 @@ void RmsNormRowsF32(const float* x, const float* weight, float eps, float* out, 
   });
 }
 
+namespace {
+/*! \brief `acc + v` with the host's SSE NaN rule fixed in code (the compiler may commute the
+ *         operands): a NaN operand is returned quieted, `acc`'s if both are. */
+float AddFirstNaN(float acc, float v) {
+  const float r = acc + v;
+  if (r == r || (acc == acc && v == v)) return r;  // a number, or an invalid operation's NaN
+  const float nan = acc != acc ? acc : v;
+  uint32_t u;
+  std::memcpy(&u, &nan, sizeof u);
+  u |= 0x00400000u;
+  float q;
+  std::memcpy(&q, &u, sizeof q);
+  return q;
+}
+}  // namespace
+
+void MaxPool2dBackwardF32(const float* dy, const float* x, float* dx, const PoolGradShape& s,
+                          int threads) {
+  const int64_t h = s.h, w = s.w, oh = s.oh, ow = s.ow, kh = s.kh, kw = s.kw, sh = s.sh, sw = s.sw;
+  const float lowest = -3.4028234663852886e38f;
+  const int64_t rows_back = (kh + sh - 1) / sh, cols_back = (kw + sw - 1) / sw;
+  ParallelFor(s.planes, threads, [&](int64_t p) {
+    const float* xp = x + p * h * w;
+    const float* gp = dy + p * oh * ow;
+    float* op = dx + p * h * w;
+    std::vector<int64_t> tap(static_cast<size_t>(oh * ow));
+    for (int64_t oy = 0; oy < oh; ++oy) {
+      for (int64_t ox = 0; ox < ow; ++ox) {
+        float best = lowest;
+        int64_t t = -1;  // nothing taken yet (TVM's argmax identity)
+        for (int64_t i = 0; i < kh; ++i) {
+          const int64_t r = oy * sh + i - s.pt;
+          for (int64_t j = 0; j < kw; ++j) {
+            const int64_t c = ox * sw + j - s.pl;
+            const float v = (r >= 0 && r < h && c >= 0 && c < w) ? xp[r * w + c] : lowest;
+            if (!(best > v || best == v)) t = i * kw + j;
+            best = best > v ? best : v;
+          }
+        }
+        tap[oy * ow + ox] = t;
+      }
+    }
+    for (int64_t y = 0; y < h; ++y) {
+      const int64_t ih = y + s.pt;
+      const int64_t lo_h = ih < kh ? 0 : (ih - kh) / sh + 1;
+      for (int64_t xx = 0; xx < w; ++xx) {
+        const int64_t iw = xx + s.pl;
+        const int64_t lo_w = iw < kw ? 0 : (iw - kw) / sw + 1;
+        float acc = 0.0f;
+        for (int64_t a = 0; a < rows_back; ++a) {
+          const int64_t oi = ih / sh - a;
+          for (int64_t b = 0; b < cols_back; ++b) {
+            const int64_t oj = iw / sw - b;
+            float v = 0.0f;
+            if (oi >= lo_h && oj >= lo_w && oi < oh && oj < ow &&
+                tap[oi * ow + oj] == (ih - oi * sh) * kw + (iw - oj * sw)) {
+              v = gp[oi * ow + oj];
+            }
+            acc = AddFirstNaN(acc, v);
+          }
+        }
+        op[y * w + xx] = acc;
+      }
+    }
+  });
+}
+
 }  // namespace tvm_spinn

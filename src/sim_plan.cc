@@ -63,6 +63,9 @@ enum Op : int64_t {
   kDequantize = 14,  // x out n inner channels scale zero kind (1 int8, 2 uint8, 3 int32)
   kIm2Col8 = 15,     // as im2col, 1-byte elements, then the padding byte
   kRmsNorm = 16,     // x weight eps out rows cols
+  kFill = 17,        // dst elem_bytes n bits: n elements of the value `bits` (a constant pad's fill)
+  kWhereLess = 18,   // a b c d out ndim shape[ndim] a_strides b_strides c_strides d_strides: a < b ? c : d
+  kPoolGrad = 19,    // dy x out planes h w oh ow kh kw sh sw pt pl (max_pool2d_backward, float32)
 };
 
 // kQGemm's output kinds and requantization rules
@@ -78,6 +81,7 @@ enum Binary : int64_t { kAdd = 0, kSubtract = 1, kMultiply = 2, kDivide = 3 };
 // The im2col and depthwise instructions carry their geometry as these structs' 15 fields in order.
 static_assert(sizeof(Im2ColShape) == 15 * sizeof(int64_t), "Im2ColShape: 15 int64 fields");
 static_assert(sizeof(DepthwiseShape) == 15 * sizeof(int64_t), "DepthwiseShape: 15 int64 fields");
+static_assert(sizeof(PoolGradShape) == 11 * sizeof(int64_t), "PoolGradShape: 11 int64 fields");
 
 constexpr int kMaxDims = 8;
 constexpr int64_t kNone = -1;  // "no buffer" (bias, gamma, beta)
@@ -465,6 +469,42 @@ class Plan {
           Need(in[7], channels * 4);
           break;
         }
+        case kFill: {
+          in = take(5);
+          const int64_t eb = in[2];
+          if (eb != 1 && eb != 2 && eb != 4 && eb != 8) TVM_FFI_THROW(ValueError) << kFunc << ": element size " << eb;
+          Positive({in[3]});
+          Need(in[1], in[3] * eb);
+          break;
+        }
+        case kWhereLess: {  // four operands, each read through a broadcast view of the output's shape
+          if (p + 7 > words.size()) TVM_FFI_THROW(ValueError) << kFunc << ": truncated instruction";
+          const int64_t rank = words[p + 6];
+          if (rank < 0 || rank > kMaxDims) TVM_FFI_THROW(ValueError) << kFunc << ": rank " << rank;
+          const int ndim = static_cast<int>(rank);
+          in = take(7 + 5 * static_cast<size_t>(ndim));
+          int64_t numel = 1;
+          for (int d = 0; d < ndim; ++d) {
+            Positive({in.w[7 + d]});
+            for (int k = 1; k <= 4; ++k) Positive({in.w[7 + k * ndim + d]});  // broadcast strides: >= 0
+            numel *= in.w[7 + d];
+          }
+          Need(in[5], numel * 4);
+          for (int k = 0; k < 4; ++k) need_view(in[1 + k], in, ndim, k, 0, 4);
+          break;
+        }
+        case kPoolGrad: {
+          in = take(15);
+          const PoolGradShape g = Words<PoolGradShape>(in.w, 4);
+          Positive({g.planes, g.h, g.w, g.oh, g.ow, g.pt, g.pl});
+          if (g.kh < 1 || g.kw < 1 || g.sh < 1 || g.sw < 1) {
+            TVM_FFI_THROW(ValueError) << kFunc << ": bad max_pool2d_backward geometry";
+          }
+          Need(in[1], g.planes * g.oh * g.ow * 4);
+          Need(in[2], g.planes * g.h * g.w * 4);
+          Need(in[3], g.planes * g.h * g.w * 4);
+          break;
+        }
         default:
           TVM_FFI_THROW(ValueError) << kFunc << ": unknown instruction " << op;
       }
@@ -673,6 +713,58 @@ class Plan {
         if (mode == 1) k = std::min<int64_t>(std::max<int64_t>(k, 0), extent - 1);
         if (mode == 2) k = ((k % extent) + extent) % extent;
         std::memcpy(out + (o * count + i) * row, table + (o * extent + k) * row, row);
+      }
+    }
+  }
+
+  /*! \brief n elements of the value whose bits are the low bytes of `bits` (a float's bits as
+   *         they are: -0.0 stays -0.0). */
+  template <typename T>
+  static void FillTyped(char* dst, int64_t n, int64_t bits) {
+    const T v = static_cast<T>(static_cast<uint64_t>(bits));
+    std::fill(reinterpret_cast<T*>(dst), reinterpret_cast<T*>(dst) + n, v);
+  }
+
+  /*!
+   * \brief out = a < b ? c : d element by element over `shape`, each operand read through its
+   *        element strides (0 on broadcast axes): one VCMP.F32 and a conditional move, the
+   *        selected operand's bits copied (NaN payloads and -0.0 kept); a NaN a or b compares
+   *        false and selects d. `strides` holds the four operands' strides, ndim each.
+   */
+  static void WhereLess(const float* a, const float* b, const uint32_t* c, const uint32_t* d, uint32_t* out,
+                        int ndim, const int64_t* shape, const int64_t* strides) {
+    int64_t numel = 1;
+    for (int k = 0; k < ndim; ++k) numel *= shape[k];
+    if (numel == 0) return;
+    if (ndim == 0) {
+      out[0] = a[0] < b[0] ? c[0] : d[0];
+      return;
+    }
+    const int64_t* sa = strides;
+    const int64_t* sb = sa + ndim;
+    const int64_t* sc = sb + ndim;
+    const int64_t* sd = sc + ndim;
+    const int last = ndim - 1;
+    const int64_t inner = shape[last], ia = sa[last], ib = sb[last], ic = sc[last], id = sd[last];
+    int64_t idx[kMaxDims] = {0};
+    int64_t oa = 0, ob = 0, oc = 0, od = 0;
+    for (int64_t row = 0, rows = numel / inner; row < rows; ++row) {
+      uint32_t* o = out + row * inner;
+      for (int64_t i = 0; i < inner; ++i) {
+        o[i] = a[oa + i * ia] < b[ob + i * ib] ? c[oc + i * ic] : d[od + i * id];
+      }
+      for (int k = ndim - 2; k >= 0; --k) {  // advance the outer counter
+        ++idx[k];
+        oa += sa[k];
+        ob += sb[k];
+        oc += sc[k];
+        od += sd[k];
+        if (idx[k] < shape[k]) break;
+        oa -= sa[k] * shape[k];
+        ob -= sb[k] * shape[k];
+        oc -= sc[k] * shape[k];
+        od -= sd[k] * shape[k];
+        idx[k] = 0;
       }
     }
   }
@@ -1003,6 +1095,36 @@ class Plan {
         Im2Col(base[in[1]], base[in[2]], s, 1, &fill, SimThreads(count / 8));
         break;
       }
+      case kFill:
+        switch (in[2]) {
+          case 1:
+            FillTyped<uint8_t>(base[in[1]], in[3], in[4]);
+            break;
+          case 2:
+            FillTyped<uint16_t>(base[in[1]], in[3], in[4]);
+            break;
+          case 4:
+            FillTyped<uint32_t>(base[in[1]], in[3], in[4]);
+            break;
+          default:
+            FillTyped<uint64_t>(base[in[1]], in[3], in[4]);
+            break;
+        }
+        break;
+      case kWhereLess: {
+        const int ndim = static_cast<int>(in[6]);
+        const int64_t* shape = &in.w[7];
+        WhereLess(f32(in[1]), f32(in[2]), reinterpret_cast<const uint32_t*>(base[in[3]]),
+                  reinterpret_cast<const uint32_t*>(base[in[4]]), reinterpret_cast<uint32_t*>(base[in[5]]),
+                  ndim, shape, shape + ndim);
+        break;
+      }
+      case kPoolGrad: {
+        const PoolGradShape g = Words<PoolGradShape>(in.w, 4);
+        MaxPool2dBackwardF32(f32(in[1]), f32(in[2]), f32(in[3]), g,
+                             SimThreads(g.planes * (g.oh * g.ow * g.kh * g.kw + g.h * g.w * 4)));
+        break;
+      }
       default:
         break;  // unreachable: Decode rejected it
     }
@@ -1032,7 +1154,7 @@ ffi::Map<ffi::String, int64_t> PlanOps() {
       {"softmax", kSoftmax},   {"layer_norm", kLayerNorm}, {"mean", kMean}, {"rms_norm", kRmsNorm},
       {"unary", kUnary},       {"binary", kBinary}, {"copy", kCopy},        {"pool", kPool}, {"gather", kGather},
       {"qgemm", kQGemm},       {"flip8", kFlip8},   {"quantize", kQuantize}, {"dequantize", kDequantize},
-      {"im2col8", kIm2Col8},
+      {"im2col8", kIm2Col8},  {"fill", kFill},     {"where_less", kWhereLess}, {"pool_grad", kPoolGrad},
       {"unary.relu", kRelu},   {"unary.clip", kClip}, {"unary.negative", kNegative},
       {"unary.sqrt", kSqrt},   {"unary.rsqrt", kRsqrt}, {"unary.square", kSquare},
       {"unary.cube", kCube},   {"unary.tanh", kTanh}, {"unary.gelu", kGelu},
