@@ -1495,48 +1495,34 @@ void MaxPool2dBackwardF32(const float* dy, const float* x, float* dx, const Pool
                           int threads) {
   const int64_t h = s.h, w = s.w, oh = s.oh, ow = s.ow, kh = s.kh, kw = s.kw, sh = s.sh, sw = s.sw;
   const float lowest = -3.4028234663852886e38f;
-  const int64_t rows_back = (kh + sh - 1) / sh, cols_back = (kw + sw - 1) / sw;
+  // Each element's sum runs over the windows holding it from the nearest backwards (window
+  // row descending, then column descending) and adds +0.0 for the windows not taking it. Those
+  // +0.0 terms leave the sum's bits as they are (it starts at +0.0, never becomes -0.0, and a
+  // NaN sum is already quiet), so the windows are visited in that descending order and each
+  // adds its gradient to the one element it takes: the same additions in the same order.
   ParallelFor(s.planes, threads, [&](int64_t p) {
     const float* xp = x + p * h * w;
     const float* gp = dy + p * oh * ow;
     float* op = dx + p * h * w;
-    std::vector<int64_t> tap(static_cast<size_t>(oh * ow));
-    for (int64_t oy = 0; oy < oh; ++oy) {
-      for (int64_t ox = 0; ox < ow; ++ox) {
+    std::fill(op, op + h * w, 0.0f);
+    for (int64_t oy = oh - 1; oy >= 0; --oy) {
+      for (int64_t ox = ow - 1; ox >= 0; --ox) {
         float best = lowest;
-        int64_t t = -1;  // nothing taken yet (TVM's argmax identity)
+        int64_t ti = -1, tj = -1;  // nothing taken yet (TVM's argmax identity)
         for (int64_t i = 0; i < kh; ++i) {
           const int64_t r = oy * sh + i - s.pt;
           for (int64_t j = 0; j < kw; ++j) {
             const int64_t c = ox * sw + j - s.pl;
             const float v = (r >= 0 && r < h && c >= 0 && c < w) ? xp[r * w + c] : lowest;
-            if (!(best > v || best == v)) t = i * kw + j;
+            if (!(best > v || best == v)) ti = r, tj = c;
             best = best > v ? best : v;
           }
         }
-        tap[oy * ow + ox] = t;
-      }
-    }
-    for (int64_t y = 0; y < h; ++y) {
-      const int64_t ih = y + s.pt;
-      const int64_t lo_h = ih < kh ? 0 : (ih - kh) / sh + 1;
-      for (int64_t xx = 0; xx < w; ++xx) {
-        const int64_t iw = xx + s.pl;
-        const int64_t lo_w = iw < kw ? 0 : (iw - kw) / sw + 1;
-        float acc = 0.0f;
-        for (int64_t a = 0; a < rows_back; ++a) {
-          const int64_t oi = ih / sh - a;
-          for (int64_t b = 0; b < cols_back; ++b) {
-            const int64_t oj = iw / sw - b;
-            float v = 0.0f;
-            if (oi >= lo_h && oj >= lo_w && oi < oh && oj < ow &&
-                tap[oi * ow + oj] == (ih - oi * sh) * kw + (iw - oj * sw)) {
-              v = gp[oi * ow + oj];
-            }
-            acc = AddFirstNaN(acc, v);
-          }
+        // a tap in the padding (taken after a NaN) is no element's
+        if (ti >= 0 && ti < h && tj >= 0 && tj < w) {
+          float* e = op + ti * w + tj;
+          *e = AddFirstNaN(*e, gp[oy * ow + ox]);
         }
-        op[y * w + xx] = acc;
       }
     }
   });

@@ -20,6 +20,7 @@
 #include <tvm/ffi/reflection/registry.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -112,6 +113,25 @@ struct Instr {
   std::vector<int64_t> w;
   int64_t operator[](size_t i) const { return w[i]; }
 };
+
+/*! \brief One row of WhereLess: operand q read at [i] where bit q of M is set, else at [0]; both
+ *         candidates loaded and selected by a mask (vectorizable). */
+template <int M>
+void WhereRow(const float* a, const float* b, const uint32_t* c, const uint32_t* d, uint32_t* o,
+                     int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = a[(M & 1) ? i : 0], y = b[(M & 2) ? i : 0];
+    const uint32_t u = c[(M & 4) ? i : 0], v = d[(M & 8) ? i : 0];
+    const uint32_t m = 0u - static_cast<uint32_t>(x < y);
+    o[i] = (u & m) | (v & ~m);
+  }
+}
+using WhereRowFn = void (*)(const float*, const float*, const uint32_t*, const uint32_t*, uint32_t*, int64_t);
+template <int... M>
+constexpr std::array<WhereRowFn, sizeof...(M)> WhereRows(std::integer_sequence<int, M...>) {
+  return {&WhereRow<M>...};
+}
+constexpr std::array<WhereRowFn, 16> kWhereRows = WhereRows(std::make_integer_sequence<int, 16>{});
 
 class Plan {
  public:
@@ -732,38 +752,55 @@ class Plan {
    *        false and selects d. `strides` holds the four operands' strides, ndim each.
    */
   static void WhereLess(const float* a, const float* b, const uint32_t* c, const uint32_t* d, uint32_t* out,
-                        int ndim, const int64_t* shape, const int64_t* strides) {
+                        int ndim, const int64_t* shape_in, const int64_t* strides) {
+    // axes merged where every operand steps over them as over one (row-major runs, broadcasts)
+    int64_t shape[kMaxDims], st[4][kMaxDims];
+    int n = 0;
+    for (int k = 0; k < ndim; ++k) {
+      if (shape_in[k] == 1) continue;
+      bool merge = n > 0;
+      for (int q = 0; q < 4 && merge; ++q) merge = st[q][n - 1] == strides[q * ndim + k] * shape_in[k];
+      if (merge) {
+        shape[n - 1] *= shape_in[k];
+        for (int q = 0; q < 4; ++q) st[q][n - 1] = strides[q * ndim + k];
+        continue;
+      }
+      shape[n] = shape_in[k];
+      for (int q = 0; q < 4; ++q) st[q][n] = strides[q * ndim + k];
+      ++n;
+    }
     int64_t numel = 1;
-    for (int k = 0; k < ndim; ++k) numel *= shape[k];
+    for (int k = 0; k < n; ++k) numel *= shape[k];
     if (numel == 0) return;
-    if (ndim == 0) {
+    if (n == 0) {  // one element
       out[0] = a[0] < b[0] ? c[0] : d[0];
       return;
     }
-    const int64_t* sa = strides;
-    const int64_t* sb = sa + ndim;
-    const int64_t* sc = sb + ndim;
-    const int64_t* sd = sc + ndim;
-    const int last = ndim - 1;
-    const int64_t inner = shape[last], ia = sa[last], ib = sb[last], ic = sc[last], id = sd[last];
+    const int last = n - 1;
+    const int64_t inner = shape[last];
+    bool unit = true;  // the innermost axis steps by 1 or 0 (a broadcast) in every operand
+    int pattern = 0;
+    for (int q = 0; q < 4; ++q) {
+      unit &= st[q][last] == 0 || st[q][last] == 1;
+      pattern |= (st[q][last] == 1) << q;
+    }
     int64_t idx[kMaxDims] = {0};
-    int64_t oa = 0, ob = 0, oc = 0, od = 0;
+    int64_t off[4] = {0, 0, 0, 0};
     for (int64_t row = 0, rows = numel / inner; row < rows; ++row) {
       uint32_t* o = out + row * inner;
-      for (int64_t i = 0; i < inner; ++i) {
-        o[i] = a[oa + i * ia] < b[ob + i * ib] ? c[oc + i * ic] : d[od + i * id];
+      if (unit) {
+        kWhereRows[pattern](a + off[0], b + off[1], c + off[2], d + off[3], o, inner);
+      } else {
+        for (int64_t i = 0; i < inner; ++i) {
+          o[i] = a[off[0] + i * st[0][last]] < b[off[1] + i * st[1][last]] ? c[off[2] + i * st[2][last]]
+                                                                             : d[off[3] + i * st[3][last]];
+        }
       }
-      for (int k = ndim - 2; k >= 0; --k) {  // advance the outer counter
+      for (int k = last - 1; k >= 0; --k) {  // advance the outer counter
         ++idx[k];
-        oa += sa[k];
-        ob += sb[k];
-        oc += sc[k];
-        od += sd[k];
+        for (int q = 0; q < 4; ++q) off[q] += st[q][k];
         if (idx[k] < shape[k]) break;
-        oa -= sa[k] * shape[k];
-        ob -= sb[k] * shape[k];
-        oc -= sc[k] * shape[k];
-        od -= sd[k] * shape[k];
+        for (int q = 0; q < 4; ++q) off[q] -= st[q][k] * shape[k];
         idx[k] = 0;
       }
     }

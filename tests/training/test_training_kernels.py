@@ -156,7 +156,9 @@ def test_max_pool_backward_kernel_bits(geometry, data, monkeypatch):
     elif data == "specials":
         x = _specials(rng, shape, 0.15)
         x[0, 0, 0, :3] = [np.nan, np.inf, -np.inf][:shape[3]]
-        x[-1, -1] = -np.inf  # a plane of -inf: windows with nothing taken
+        x[0, 0, -1, -1] = np.nan  # a NaN before the right and bottom padding: a tap in the padding
+        if shape[0] * shape[1] > 1:
+            x[-1, -1] = -np.inf  # a plane of -inf: windows with nothing taken
     # one NaN payload in dy: numpy's float32 add of two NaNs keeps either one, by position
     dy = rng.standard_normal(g_shape).astype(_F32)
     dy.reshape(-1)[::5] = rng.choice(np.array([np.inf, -np.inf, -0.0, _QNAN], _F32), dy.reshape(-1)[::5].size)
