@@ -1475,4 +1475,57 @@ void RmsNormRowsF32(const float* x, const float* weight, float eps, float* out, 
   });
 }
 
+namespace {
+/*! \brief `acc + v` with the host's SSE NaN rule fixed in code (the compiler may commute the
+ *         operands): a NaN operand is returned quieted, `acc`'s if both are. */
+float AddFirstNaN(float acc, float v) {
+  const float r = acc + v;
+  if (r == r || (acc == acc && v == v)) return r;  // a number, or an invalid operation's NaN
+  const float nan = acc != acc ? acc : v;
+  uint32_t u;
+  std::memcpy(&u, &nan, sizeof u);
+  u |= 0x00400000u;
+  float q;
+  std::memcpy(&q, &u, sizeof q);
+  return q;
+}
+}  // namespace
+
+void MaxPool2dBackwardF32(const float* dy, const float* x, float* dx, const PoolGradShape& s,
+                          int threads) {
+  const int64_t h = s.h, w = s.w, oh = s.oh, ow = s.ow, kh = s.kh, kw = s.kw, sh = s.sh, sw = s.sw;
+  const float lowest = -3.4028234663852886e38f;
+  // Each element's sum runs over the windows holding it from the nearest backwards (window
+  // row descending, then column descending) and adds +0.0 for the windows not taking it. Those
+  // +0.0 terms leave the sum's bits as they are (it starts at +0.0, never becomes -0.0, and a
+  // NaN sum is already quiet), so the windows are visited in that descending order and each
+  // adds its gradient to the one element it takes: the same additions in the same order.
+  ParallelFor(s.planes, threads, [&](int64_t p) {
+    const float* xp = x + p * h * w;
+    const float* gp = dy + p * oh * ow;
+    float* op = dx + p * h * w;
+    std::fill(op, op + h * w, 0.0f);
+    for (int64_t oy = oh - 1; oy >= 0; --oy) {
+      for (int64_t ox = ow - 1; ox >= 0; --ox) {
+        float best = lowest;
+        int64_t ti = -1, tj = -1;  // nothing taken yet (TVM's argmax identity)
+        for (int64_t i = 0; i < kh; ++i) {
+          const int64_t r = oy * sh + i - s.pt;
+          for (int64_t j = 0; j < kw; ++j) {
+            const int64_t c = ox * sw + j - s.pl;
+            const float v = (r >= 0 && r < h && c >= 0 && c < w) ? xp[r * w + c] : lowest;
+            if (!(best > v || best == v)) ti = r, tj = c;
+            best = best > v ? best : v;
+          }
+        }
+        // a tap in the padding (taken after a NaN) is no element's
+        if (ti >= 0 && ti < h && tj >= 0 && tj < w) {
+          float* e = op + ti * w + tj;
+          *e = AddFirstNaN(*e, gp[oy * ow + ox]);
+        }
+      }
+    }
+  });
+}
+
 }  // namespace tvm_spinn

@@ -181,6 +181,27 @@ struct DepthwiseShape {
 void DepthwiseConvF32(const float* x, const float* w, float* out, const DepthwiseShape& s,
                       const EpilogueF32& e, int threads, bool zero_out = false);
 
+/*! \brief Geometry of MaxPool2dBackwardF32: `planes` NCHW planes of x [h, w] and dy [oh, ow],
+ *         the window kh x kw, strides sh, sw, padding pt (top) and pl (left). */
+struct PoolGradShape {
+  int64_t planes, h, w, oh, ow, kh, kw, sh, sw, pt, pl;
+};
+
+/*!
+ * \brief The input gradient of a max pooling (no dilation), TVM's topi.nn.pool_grad bit for
+ *        bit (program/ops/pool.py's max_pool2d_backward): each window's argmax over x padded
+ *        with the lowest float32, in window order, from "nothing taken" with the lowest float32
+ *        as the best value, taking a tap unless `best > v || best == v` (a NaN is taken, and
+ *        replaces a NaN best); then each input element's gradient is an fp32 sum from +0.0
+ *        over the windows that may hold it (window rows, then columns, nearest first), adding
+ *        dy where the window's argmax is this element and +0.0 where not. A NaN sum keeps the
+ *        NaN operand, the accumulated one first, quieted (the host's SSE rule, as numpy's
+ *        float32 add). Windows past the last output row or column hold nothing. Planes run on
+ *        up to `threads` threads (independent: same bits).
+ */
+void MaxPool2dBackwardF32(const float* dy, const float* x, float* dx, const PoolGradShape& s,
+                          int threads);
+
 }  // namespace tvm_spinn
 
 #endif  // TVM_SPINN_KERNELS_H_

@@ -20,6 +20,7 @@
 #include <tvm/ffi/reflection/registry.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -63,6 +64,9 @@ enum Op : int64_t {
   kDequantize = 14,  // x out n inner channels scale zero kind (1 int8, 2 uint8, 3 int32)
   kIm2Col8 = 15,     // as im2col, 1-byte elements, then the padding byte
   kRmsNorm = 16,     // x weight eps out rows cols
+  kFill = 17,        // dst elem_bytes n bits: n elements of the value `bits` (a constant pad's fill)
+  kWhereLess = 18,   // a b c d out ndim shape[ndim] a_strides b_strides c_strides d_strides: a < b ? c : d
+  kPoolGrad = 19,    // dy x out planes h w oh ow kh kw sh sw pt pl (max_pool2d_backward, float32)
 };
 
 // kQGemm's output kinds and requantization rules
@@ -78,6 +82,7 @@ enum Binary : int64_t { kAdd = 0, kSubtract = 1, kMultiply = 2, kDivide = 3 };
 // The im2col and depthwise instructions carry their geometry as these structs' 15 fields in order.
 static_assert(sizeof(Im2ColShape) == 15 * sizeof(int64_t), "Im2ColShape: 15 int64 fields");
 static_assert(sizeof(DepthwiseShape) == 15 * sizeof(int64_t), "DepthwiseShape: 15 int64 fields");
+static_assert(sizeof(PoolGradShape) == 11 * sizeof(int64_t), "PoolGradShape: 11 int64 fields");
 
 constexpr int kMaxDims = 8;
 constexpr int64_t kNone = -1;  // "no buffer" (bias, gamma, beta)
@@ -108,6 +113,25 @@ struct Instr {
   std::vector<int64_t> w;
   int64_t operator[](size_t i) const { return w[i]; }
 };
+
+/*! \brief One row of WhereLess: operand q read at [i] where bit q of M is set, else at [0]; both
+ *         candidates loaded and selected by a mask (vectorizable). */
+template <int M>
+void WhereRow(const float* a, const float* b, const uint32_t* c, const uint32_t* d, uint32_t* o,
+                     int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = a[(M & 1) ? i : 0], y = b[(M & 2) ? i : 0];
+    const uint32_t u = c[(M & 4) ? i : 0], v = d[(M & 8) ? i : 0];
+    const uint32_t m = 0u - static_cast<uint32_t>(x < y);
+    o[i] = (u & m) | (v & ~m);
+  }
+}
+using WhereRowFn = void (*)(const float*, const float*, const uint32_t*, const uint32_t*, uint32_t*, int64_t);
+template <int... M>
+constexpr std::array<WhereRowFn, sizeof...(M)> WhereRows(std::integer_sequence<int, M...>) {
+  return {&WhereRow<M>...};
+}
+constexpr std::array<WhereRowFn, 16> kWhereRows = WhereRows(std::make_integer_sequence<int, 16>{});
 
 class Plan {
  public:
@@ -465,6 +489,42 @@ class Plan {
           Need(in[7], channels * 4);
           break;
         }
+        case kFill: {
+          in = take(5);
+          const int64_t eb = in[2];
+          if (eb != 1 && eb != 2 && eb != 4 && eb != 8) TVM_FFI_THROW(ValueError) << kFunc << ": element size " << eb;
+          Positive({in[3]});
+          Need(in[1], in[3] * eb);
+          break;
+        }
+        case kWhereLess: {  // four operands, each read through a broadcast view of the output's shape
+          if (p + 7 > words.size()) TVM_FFI_THROW(ValueError) << kFunc << ": truncated instruction";
+          const int64_t rank = words[p + 6];
+          if (rank < 0 || rank > kMaxDims) TVM_FFI_THROW(ValueError) << kFunc << ": rank " << rank;
+          const int ndim = static_cast<int>(rank);
+          in = take(7 + 5 * static_cast<size_t>(ndim));
+          int64_t numel = 1;
+          for (int d = 0; d < ndim; ++d) {
+            Positive({in.w[7 + d]});
+            for (int k = 1; k <= 4; ++k) Positive({in.w[7 + k * ndim + d]});  // broadcast strides: >= 0
+            numel *= in.w[7 + d];
+          }
+          Need(in[5], numel * 4);
+          for (int k = 0; k < 4; ++k) need_view(in[1 + k], in, ndim, k, 0, 4);
+          break;
+        }
+        case kPoolGrad: {
+          in = take(15);
+          const PoolGradShape g = Words<PoolGradShape>(in.w, 4);
+          Positive({g.planes, g.h, g.w, g.oh, g.ow, g.pt, g.pl});
+          if (g.kh < 1 || g.kw < 1 || g.sh < 1 || g.sw < 1) {
+            TVM_FFI_THROW(ValueError) << kFunc << ": bad max_pool2d_backward geometry";
+          }
+          Need(in[1], g.planes * g.oh * g.ow * 4);
+          Need(in[2], g.planes * g.h * g.w * 4);
+          Need(in[3], g.planes * g.h * g.w * 4);
+          break;
+        }
         default:
           TVM_FFI_THROW(ValueError) << kFunc << ": unknown instruction " << op;
       }
@@ -673,6 +733,75 @@ class Plan {
         if (mode == 1) k = std::min<int64_t>(std::max<int64_t>(k, 0), extent - 1);
         if (mode == 2) k = ((k % extent) + extent) % extent;
         std::memcpy(out + (o * count + i) * row, table + (o * extent + k) * row, row);
+      }
+    }
+  }
+
+  /*! \brief n elements of the value whose bits are the low bytes of `bits` (a float's bits as
+   *         they are: -0.0 stays -0.0). */
+  template <typename T>
+  static void FillTyped(char* dst, int64_t n, int64_t bits) {
+    const T v = static_cast<T>(static_cast<uint64_t>(bits));
+    std::fill(reinterpret_cast<T*>(dst), reinterpret_cast<T*>(dst) + n, v);
+  }
+
+  /*!
+   * \brief out = a < b ? c : d element by element over `shape`, each operand read through its
+   *        element strides (0 on broadcast axes): one VCMP.F32 and a conditional move, the
+   *        selected operand's bits copied (NaN payloads and -0.0 kept); a NaN a or b compares
+   *        false and selects d. `strides` holds the four operands' strides, ndim each.
+   */
+  static void WhereLess(const float* a, const float* b, const uint32_t* c, const uint32_t* d, uint32_t* out,
+                        int ndim, const int64_t* shape_in, const int64_t* strides) {
+    // axes merged where every operand steps over them as over one (row-major runs, broadcasts)
+    int64_t shape[kMaxDims], st[4][kMaxDims];
+    int n = 0;
+    for (int k = 0; k < ndim; ++k) {
+      if (shape_in[k] == 1) continue;
+      bool merge = n > 0;
+      for (int q = 0; q < 4 && merge; ++q) merge = st[q][n - 1] == strides[q * ndim + k] * shape_in[k];
+      if (merge) {
+        shape[n - 1] *= shape_in[k];
+        for (int q = 0; q < 4; ++q) st[q][n - 1] = strides[q * ndim + k];
+        continue;
+      }
+      shape[n] = shape_in[k];
+      for (int q = 0; q < 4; ++q) st[q][n] = strides[q * ndim + k];
+      ++n;
+    }
+    int64_t numel = 1;
+    for (int k = 0; k < n; ++k) numel *= shape[k];
+    if (numel == 0) return;
+    if (n == 0) {  // one element
+      out[0] = a[0] < b[0] ? c[0] : d[0];
+      return;
+    }
+    const int last = n - 1;
+    const int64_t inner = shape[last];
+    bool unit = true;  // the innermost axis steps by 1 or 0 (a broadcast) in every operand
+    int pattern = 0;
+    for (int q = 0; q < 4; ++q) {
+      unit &= st[q][last] == 0 || st[q][last] == 1;
+      pattern |= (st[q][last] == 1) << q;
+    }
+    int64_t idx[kMaxDims] = {0};
+    int64_t off[4] = {0, 0, 0, 0};
+    for (int64_t row = 0, rows = numel / inner; row < rows; ++row) {
+      uint32_t* o = out + row * inner;
+      if (unit) {
+        kWhereRows[pattern](a + off[0], b + off[1], c + off[2], d + off[3], o, inner);
+      } else {
+        for (int64_t i = 0; i < inner; ++i) {
+          o[i] = a[off[0] + i * st[0][last]] < b[off[1] + i * st[1][last]] ? c[off[2] + i * st[2][last]]
+                                                                             : d[off[3] + i * st[3][last]];
+        }
+      }
+      for (int k = last - 1; k >= 0; --k) {  // advance the outer counter
+        ++idx[k];
+        for (int q = 0; q < 4; ++q) off[q] += st[q][k];
+        if (idx[k] < shape[k]) break;
+        for (int q = 0; q < 4; ++q) off[q] -= st[q][k] * shape[k];
+        idx[k] = 0;
       }
     }
   }
@@ -1003,6 +1132,36 @@ class Plan {
         Im2Col(base[in[1]], base[in[2]], s, 1, &fill, SimThreads(count / 8));
         break;
       }
+      case kFill:
+        switch (in[2]) {
+          case 1:
+            FillTyped<uint8_t>(base[in[1]], in[3], in[4]);
+            break;
+          case 2:
+            FillTyped<uint16_t>(base[in[1]], in[3], in[4]);
+            break;
+          case 4:
+            FillTyped<uint32_t>(base[in[1]], in[3], in[4]);
+            break;
+          default:
+            FillTyped<uint64_t>(base[in[1]], in[3], in[4]);
+            break;
+        }
+        break;
+      case kWhereLess: {
+        const int ndim = static_cast<int>(in[6]);
+        const int64_t* shape = &in.w[7];
+        WhereLess(f32(in[1]), f32(in[2]), reinterpret_cast<const uint32_t*>(base[in[3]]),
+                  reinterpret_cast<const uint32_t*>(base[in[4]]), reinterpret_cast<uint32_t*>(base[in[5]]),
+                  ndim, shape, shape + ndim);
+        break;
+      }
+      case kPoolGrad: {
+        const PoolGradShape g = Words<PoolGradShape>(in.w, 4);
+        MaxPool2dBackwardF32(f32(in[1]), f32(in[2]), f32(in[3]), g,
+                             SimThreads(g.planes * (g.oh * g.ow * g.kh * g.kw + g.h * g.w * 4)));
+        break;
+      }
       default:
         break;  // unreachable: Decode rejected it
     }
@@ -1032,7 +1191,7 @@ ffi::Map<ffi::String, int64_t> PlanOps() {
       {"softmax", kSoftmax},   {"layer_norm", kLayerNorm}, {"mean", kMean}, {"rms_norm", kRmsNorm},
       {"unary", kUnary},       {"binary", kBinary}, {"copy", kCopy},        {"pool", kPool}, {"gather", kGather},
       {"qgemm", kQGemm},       {"flip8", kFlip8},   {"quantize", kQuantize}, {"dequantize", kDequantize},
-      {"im2col8", kIm2Col8},
+      {"im2col8", kIm2Col8},  {"fill", kFill},     {"where_less", kWhereLess}, {"pool_grad", kPoolGrad},
       {"unary.relu", kRelu},   {"unary.clip", kClip}, {"unary.negative", kNegative},
       {"unary.sqrt", kSqrt},   {"unary.rsqrt", kRsqrt}, {"unary.square", kSquare},
       {"unary.cube", kCube},   {"unary.tanh", kTanh}, {"unary.gelu", kGelu},

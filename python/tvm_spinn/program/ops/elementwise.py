@@ -401,8 +401,7 @@ class Select(FlatFamily):
 
     One VCMP.F32 and a conditional move per element: the selected operand's bits are copied
     (NaN and -0.0 included), and a NaN ``a`` or ``b`` compares false, selecting ``d``, as the
-    llvm build's ``less`` does. No native instruction yet: :meth:`native` leaves it to the
-    Python step."""
+    llvm build's ``less`` does; natively one ``where_less`` instruction (:meth:`native`)."""
 
     kinds = ("where_less",)
     pointwise = True
@@ -468,6 +467,20 @@ class Select(FlatFamily):
             out[...] = self.select(*(env[t] for t in tids))
             return out
         return step
+
+    def native(self, program, layer, nb, clip=None):
+        """One ``where_less`` instruction: :meth:`select` with each operand read through its
+        broadcast strides (the selected operand's bits copied)."""
+        tensors = program.tensors
+        shape = [int(d) for d in tensors[layer.output].shape]
+        if len(shape) > native.codes()["max_dims"]:
+            return False
+        strides = [native.broadcast_strides([int(d) for d in tensors[t].shape], shape) for t in layer.inputs]
+        if len(layer.inputs) != 4 or any(s is None for s in strides):
+            return False
+        nb.emit("where_less", *(nb.read(t) for t in layer.inputs), nb.write(layer.output), len(shape), shape,
+                *strides)
+        return True
 
 
 def _exponent(call) -> int | None:

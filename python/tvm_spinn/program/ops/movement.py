@@ -11,7 +11,7 @@ float32 only, its fill value being a float).
   is the element count. ``concat`` joins its inputs along ``axis``. ``pad`` (``nn.pad`` in
   constant mode) holds ``pad_width`` (before and after, per axis, as Relax's) and ``value``:
   the DMA copies the input into the middle of the output and the PE writes the fill value
-  around it (the value's bits: -0.0 stays -0.0).
+  around it (the value's bits: -0.0 stays -0.0; natively a ``fill`` then a ``copy``).
 - Tiles: ``[elements]`` over the flattened output.
 """
 
@@ -384,15 +384,14 @@ class Movement(FlatFamily):
 
     def native(self, program, layer, nb, clip=None):
         """A reshape is the same bytes (an alias); every other kind is one strided ``copy`` per
-        input (what :func:`moved` selects), elements of any size."""
+        input (what :func:`moved` selects), elements of any size; a float32 ``pad`` is a
+        ``fill`` of the output with the value's bits, then a ``copy`` of the input into it."""
         tensors = program.tensors
         out_shape = [int(d) for d in tensors[layer.output].shape]
         item = np.dtype(tensors[layer.output].dtype).itemsize
         if layer.kind == "reshape":
             nb.alias(layer.output, layer.inputs[0])
             return True
-        if layer.kind == "pad":  # no native fill instruction yet: the Python step runs it
-            return False
         if len(out_shape) > 8 or item not in (1, 2, 4, 8):
             return False
         kind, attrs = layer.kind, layer.attrs
@@ -400,6 +399,16 @@ class Movement(FlatFamily):
         in_shape = [int(d) for d in tensors[x_tid].shape]
         in_strides = native.contiguous_strides(in_shape)
         out_strides = native.contiguous_strides(out_shape)
+        if kind == "pad":  # the fill value's bits everywhere, then the input copied into the middle
+            if item != 4:
+                return False
+            width = attrs["pad_width"]
+            dst = nb.write(layer.output)
+            nb.emit("fill", dst, item, native.numel(out_shape), native.f32_bits(attrs["value"]))
+            start = sum(width[2 * k] * out_strides[k] for k in range(len(out_shape)))
+            nb.emit("copy", nb.read(x_tid), dst, item, len(in_shape), 0, start, in_shape, in_strides,
+                    out_strides)
+            return True
         if kind == "concat":
             axis, start = attrs["axis"], 0
             dst = nb.write(layer.output)

@@ -21,7 +21,8 @@ uniform windows, lowered to ``avg_pool2d``.
   backwards), adding the window's output gradient where its argmax is this element and +0.0
   where not. Windows past the last output row or column hold no element (TVM reads there
   without a bound check; its flat argmax index never matches there). Tiles: ``[elements]``
-  of the flattened input gradient; no native instruction yet (the Python step runs it).
+  of the flattened input gradient; natively one ``pool_grad`` instruction (C++
+  ``MaxPool2dBackwardF32``, the same operations; a sum of two NaNs keeps the accumulated one).
 """
 
 from __future__ import annotations
@@ -404,6 +405,19 @@ class PoolGrad(ComputedFlat):
         (kh, kw), (sh, sw) = layer.attrs["pool_size"], layer.attrs["strides"]
         windows = -(-kh // sh) * -(-kw // sw)
         return arch.m4f_elementwise_cycles * (2 * kh * kw / (sh * sw) + 2 * windows)
+
+    def native(self, program, layer, nb, clip=None):
+        """One ``pool_grad`` instruction: :func:`max_pool2d_backward`'s argmax and sums."""
+        tensors = program.tensors
+        dy, x = layer.inputs
+        if any(tensors[t].dtype != "float32" for t in (dy, x, layer.output)):
+            return False
+        n, c, h, w = (int(d) for d in tensors[x].shape)
+        oh, ow = (int(d) for d in tensors[dy].shape[2:])
+        a = layer.attrs
+        nb.emit("pool_grad", nb.read(dy), nb.read(x), nb.write(layer.output), n * c, h, w, oh, ow,
+                *a["pool_size"], *a["strides"], a["padding"][0], a["padding"][1])
+        return True
 
     def values(self, layer, env):
         a = layer.attrs
