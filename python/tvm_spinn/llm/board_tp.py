@@ -104,10 +104,11 @@ def _ttft_s(parts, target, dtype, board, topo, grid, layers: int, hand_pre: list
 
 
 def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, handover_bytes: int,
-            described: dict, weight_bytes: int, kv_bytes: int, steps) -> dict:
+            described: dict, weight_bytes: int, kv_bytes: int, steps, memo: "dict | None" = None) -> dict:
     """The ``board_tp`` candidates as records of :func:`tvm_spinn.llm.plan.plan` (see the module
     docstring); ``handover_bytes``: a hand-over's bytes per user and hidden element;
-    ``described``: the whole model's described parts (the head runs as it is)."""
+    ``described``: the whole model's described parts (the head runs as it is); ``memo``: the
+    plan's stages already mapped (:func:`tvm_spinn.llm.plan._map_stage`)."""
     from ..mapping.planner import resident_capacity
     from ..target.topology import board_grid, ring_order, topology_of
     from ..timing.collectives import board_all_reduce, point_to_point
@@ -125,7 +126,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     host = P._parts(P._meta_model(cfg, spec), spec, batch, seq)[0][2][1:]
     head_atoms = [a for i, d in enumerate(described["head"]) for a in P._atoms(i, d.program)]
     head_stages = [P._map_stage([P._slice(described["head"][i].program, a, b) for i, a, b in P._merge(head_atoms)],
-                                board, {tuple(int(x) for x in a.shape) for a in host})]
+                                board, {tuple(int(x) for x in a.shape) for a in host}, memo=memo)]
     head_s = sum(st.latency_s for st in head_stages)
     L = spec.layers
     hidden = batch * spec.hidden
@@ -176,9 +177,9 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         options = sorted({least, max(least, min(L, fit))} | {math.ceil(L / k) for k in range(1, GROUP_COUNTS + 1)
                                                              if math.ceil(L / k) >= least})
         # a slice mapped alone (weights resident as far as they fit) and streaming its weights
-        resident = P._map_stage(list(dec), board, host_shapes, seq)
+        resident = P._map_stage(list(dec), board, host_shapes, seq, memo=memo)
         streamed = (resident if fit >= max(options) else
-                    P._map_stage(list(dec), board, host_shapes, seq, weights="stream"))
+                    P._map_stage(list(dec), board, host_shapes, seq, weights="stream", memo=memo))
         mapped += 1
         grid = [[int(c) + b * cpb for c in order] for b in groups[0]]
         reduce_s = board_all_reduce(topo, grid, hidden * 4).seconds  # int32 partial sums

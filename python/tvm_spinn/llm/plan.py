@@ -420,14 +420,15 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
                   "head_decode_s": head.latency_s, "handoff_decode_s": handoff_dec,
                   "kv_write_decode_s": write_sram + write_dram})
         steps.update()
+    stages: dict = {}  # this call's stages mapped on one board (see _map_stage)
     if boards >= 2:
         records.update(_pipeline_records(described, spec, arch, model, target, dtype, batch, seq, kv_bytes,
-                                         weight_bytes, steps, handover))
+                                         weight_bytes, steps, handover, stages))
     if boards >= 3:
         from . import board_tp
 
         records.update(board_tp.records(cfg, spec, arch, target, dtype, batch, seq, HANDOVER_BYTES[handover],
-                                        described, weight_bytes, kv_bytes, steps))
+                                        described, weight_bytes, kv_bytes, steps, stages))
     steps.close()
     placement = min(records, key=lambda k: (records[k]["period_s"], records[k]["used"], k))
     best = records[placement]
@@ -578,7 +579,8 @@ class _Stage:
     program_s: tuple = ()
 
 
-def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0, weights: str = "auto") -> _Stage:
+def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0, weights: str = "auto",
+               memo: "dict | None" = None) -> _Stage:
     """Map a stage's programs on one board, one after another with one SRAM ledger (each
     program's weights resident in what the earlier ones left, the rest streamed from DRAM).
     ``handoff_in_bytes``: the first program's inputs that the previous stage produced (not the
@@ -592,8 +594,30 @@ def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0, weights: s
     the ledger leaves room for it after the weights kept before it (the attention matmuls'
     operands resident: the regions' ``state_sram_bytes``), else in DRAM; each decode step writes one of its
     ``slots`` (:func:`_kv_write_s`), charged to the stage's latency and to the SRAM or DRAM
-    bound."""
+    bound.
+
+    ``memo``: one :func:`plan` call's stages already mapped, keyed by everything the mapping
+    reads (the pieces' structure, the board, the host's shapes, ``slots``, the options): the
+    pipeline's split counts share stages (a block's last GEMMs), and the ``board_tp`` placement
+    maps the pipeline's head stage again."""
     from ..mapping import MappingOptions, current_options
+    from ..mapping.schedule import _structure_key
+
+    options = MappingOptions(weights=weights, split_k=current_options().split_k)
+    key = None
+    if memo is not None:
+        key = (tuple(_structure_key(p, board, "stage", options) for p in pieces),
+               tuple(sorted(host_shapes)), int(slots))
+        if key in memo:
+            return memo[key]
+    stage = _map_stage_now(pieces, board, host_shapes, slots, options)
+    if key is not None:
+        memo[key] = stage
+    return stage
+
+
+def _map_stage_now(pieces: list, board, host_shapes: set, slots: int, options) -> _Stage:
+    """:func:`_map_stage` without its memo."""
     from ..mapping.planner import plan_system
 
     lat = energy = 0.0
@@ -610,8 +634,7 @@ def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0, weights: s
         program.arch = board
         programs.append(program)
     # in order: a stage is a chain of the model's programs whose SRAM the stage search sized
-    plan = plan_system(programs, board, MappingOptions(weights=weights, split_k=current_options().split_k),
-                       onchip_inputs=onchip, policy="in_order")
+    plan = plan_system(programs, board, options, onchip_inputs=onchip, policy="in_order")
     program_s = []
     for k, (program, region) in enumerate(zip(programs, plan.regions)):
         before = lat
@@ -646,7 +669,7 @@ def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0, weights: s
 
 
 def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host_shapes: set, steps,
-              handover: str = "fp32"):
+              handover: str = "fp32", memo: "dict | None" = None):
     """The ``pipeline`` placement: the blocks (and the head) as a chain of board stages, each
     tensor-parallel over its board's chips (the scale-out mapper's plan), keeping its weights
     resident in the board's SRAM where they fit; consecutive stages hand the live activations
@@ -654,7 +677,7 @@ def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host
     at weight-GEMM boundaries, balanced by bytes) or ``m`` blocks share one stage
     (:data:`BLOCKS_PER_STAGE`); the fewest boards that keep the weights resident bound the
     search (more stages only add hand-overs: a token crosses them one after another).
-    Returns ``({name: result}`` for each candidate mapped, the hand-over cost function)."""
+    ``memo``: the stages already mapped (see :func:`_map_stage`). Returns ``({name: result}`` for each candidate mapped, the hand-over cost function)."""
     from ..mapping.planner import resident_capacity
     from ..target.topology import ring_order, topology_of
     from ..timing.collectives import point_to_point
@@ -671,6 +694,7 @@ def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host
     head_parts = min(len(head_atoms), max(1, math.ceil(sum(a[3] for a in head_atoms) / budget)))
     topo, board_topo = topology_of(arch), topology_of(board)
     ring = ring_order(board_topo, board.chips)
+    costed: dict = {}  # (board, bytes, gathered bytes) -> seconds: the candidates share hand-overs
 
     def handoff_s(j: int, nbytes: int, gather_bytes: int | None = None) -> float:
         """Stage ``j`` -> ``j + 1``: each chip sends its 1/48 to its counterpart on the next
@@ -679,6 +703,12 @@ def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host
         if nbytes <= 0:
             return 0.0
         gather_bytes = nbytes if gather_bytes is None or gather_bytes < 0 else gather_bytes
+        key = (j % boards, nbytes, gather_bytes)
+        if key not in costed:
+            costed[key] = _handoff_now(j, nbytes, gather_bytes)
+        return costed[key]
+
+    def _handoff_now(j: int, nbytes: int, gather_bytes: int) -> float:
         # the handed-over activations are fp32 in the program; carried as ``handover`` elements
         nbytes, gather_bytes = (x * HANDOVER_BYTES[handover] // 4 for x in (nbytes, gather_bytes))
         src = np.arange(board.chips) + (j % boards) * board.chips
@@ -702,11 +732,11 @@ def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host
     for kind, n in options:
         steps.set_postfix_str(f"map: pipeline, {f'{n} stages per block' if kind == 's' else f'{n} blocks per stage'}")
         runs = _balanced(block_atoms, n) if kind == "s" else [block_atoms * n]
-        stages = [_map_stage([_slice(dec[i].program, a, b) for i, a, b in _merge(run)], board, host_shapes, seq)
-                  for run in runs]
+        stages = [_map_stage([_slice(dec[i].program, a, b) for i, a, b in _merge(run)], board, host_shapes, seq,
+                             memo=memo) for run in runs]
         if head_stages is None:
-            head_stages = [_map_stage([_slice(head[i].program, a, b) for i, a, b in _merge(run)], board, host_shapes)
-                           for run in head_runs]
+            head_stages = [_map_stage([_slice(head[i].program, a, b) for i, a, b in _merge(run)], board, host_shapes,
+                                      memo=memo) for run in head_runs]
         copies = L if kind == "s" else math.ceil(L / n)
         chain = [st for _ in range(copies) for st in stages] + head_stages
         results[f"pipeline:{kind}{n}"] = dict(stages=stages, head_stages=head_stages, chain=chain, kind=kind, n=n)
@@ -724,7 +754,8 @@ def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host
 
 
 def _pipeline_records(described: dict, spec: ModelSpec, arch, model, target, dtype: str, batch: int, seq: int,
-                      kv_bytes: int, weight_bytes: int, steps, handover: str = "fp32") -> dict:
+                      kv_bytes: int, weight_bytes: int, steps, handover: str = "fp32",
+                      memo: "dict | None" = None) -> dict:
     """The ``pipeline`` candidates (:func:`_pipeline`) as records of :func:`plan`.
 
     Users go through the chain of stages in micro-batches of ``ceil(batch / stages)`` (one user
@@ -743,7 +774,7 @@ def _pipeline_records(described: dict, spec: ModelSpec, arch, model, target, dty
                 described[name] = describe(module, args, target, dtype)
     host = _parts(model, spec, mb, seq)[0][2][1:]  # KV cache, write/attention masks, rotary tables
     host_shapes = {tuple(int(d) for d in a.shape) for a in host}
-    raw, handoff_s = _pipeline(described, spec, arch, mb, seq, host_shapes, steps, handover)
+    raw, handoff_s = _pipeline(described, spec, arch, mb, seq, host_shapes, steps, handover, memo)
     if not raw:
         return {}
     board = arch.replace(chips=arch.chips_per_board, name=f"{arch.name}[board]")
