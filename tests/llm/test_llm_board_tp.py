@@ -75,9 +75,12 @@ def test_plan_splits_blocks_over_boards_when_that_is_faster(monkeypatch, registe
     if result.plan["placement"] == "board_tp":
         p = result.plan
         assert p["boards_used"] * 48 == result.chips_used
-        # the parts add up: blocks, the all-reduces, the hand-overs and the head
+        # the parts add up: blocks, the all-reduces, the hand-overs, the head, the token back to
+        # the first group and to every chip of it, the token out to the host
         assert result.decode_latency_s == pytest.approx(p["block_decode_s"] * 4 + p["board_all_reduces_decode_s"]
-                                                        + p["handoff_decode_s"] + p["head_decode_s"])
+                                                        + p["handoff_decode_s"] + p["head_decode_s"] + p["token_return_s"]
+                                                        + p["step_sync_s"] + p["host_io_decode_s"])
+        assert p["token_return_s"] > 0 and p["step_sync_s"] > 0
         assert p["board_all_reduces_decode_s"] == pytest.approx(2 * 4 * p["board_all_reduce_s"])
     assert 0 < result.efficiency <= 1
     # fp32 models keep the chain's bits: never split over boards

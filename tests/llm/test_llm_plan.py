@@ -115,7 +115,11 @@ def test_plan_cli_writes_the_json_and_prints_a_table(tmp_path, monkeypatch, caps
     assert p["scaled_from_one_layer"] and p["layers"] == 4 and set(p["alternatives"]) == {"groups", "shared"}
     # the placement with the shortest token period is kept (shared since all-gathers multicast)
     assert p["placement"] == min(p["alternatives"], key=lambda k: p["alternatives"][k]["period_s"])
-    assert data["decode_latency_s"] == pytest.approx(4 * p["block_decode_s"] + p["head_decode_s"] + p["handoff_decode_s"])
+    # the step's parts: the blocks, the head, the hand-overs, the token back to the first group
+    # (none on one group) and to every chip of it, and the token out to the host
+    assert data["decode_latency_s"] == pytest.approx(4 * p["block_decode_s"] + p["head_decode_s"] + p["handoff_decode_s"]
+                                                     + p["token_return_s"] + p["step_sync_s"] + p["host_io_decode_s"])
+    assert p["host_io_decode_s"] > 0 and (p["token_return_s"] > 0) == (p["placement"] == "groups")
     assert data["tokens_per_s"] == pytest.approx(2 * data["tokens_per_s_per_user"])
     # the headline: the physical bound (the config, batch, context and system only) over the period
     assert 0 < data["efficiency"] <= 1
@@ -249,7 +253,8 @@ def test_multi_board_system_pipelines_blocks_with_weights_in_sram(monkeypatch, r
     assert head["weights_in"] == "sram" and block["resident_bytes"] >= 0.9 * block["weight_bytes"]
     assert p["resident_weight_bytes"] >= 0.9 * result.weight_bytes and p["weights_in"].startswith("sram")
     assert block["handoff_in_bytes"] == head["handoff_in_bytes"] == 1024 * 4  # the hidden state
-    assert result.decode_latency_s == pytest.approx(block["latency_s"] + head["latency_s"] + p["handoff_decode_s"])
+    assert result.decode_latency_s == pytest.approx(block["latency_s"] + head["latency_s"] + p["handoff_decode_s"]
+                                                    + p["token_return_s"] + p["step_sync_s"] + p["host_io_decode_s"])
     assert result.tokens_per_s_per_user == pytest.approx(1 / result.decode_latency_s)
     # the bound: per-program largest bounds plus hand-overs, summed by kind; binding the largest
     assert sum(result.bounds_s.values()) == pytest.approx(1 / result.bound_tokens_per_s)

@@ -18,10 +18,11 @@ The model's blocks are split into consecutive runs, one run per group; consecuti
 the hidden state over board to board (every board of a group holds all of it after the
 all-reduce, and sends it to its counterpart in the next group), the last group to the board
 that runs the LM head. A token's latency is the sum of the groups' runs, their all-reduces, the
-hand-overs and the head. A board's run of blocks is timed from its slice mapped twice on one
-board: alone with its weights resident (the first blocks, as many as the board's SRAM holds
-resident, :func:`tvm_spinn.mapping.planner.resident_capacity`) and streaming its weights from
-DRAM (the rest). The time to first token is planned for the fastest degree only.
+hand-overs and the head, with the token's way back from the head's board to the first group and
+the host's I/O (:func:`tvm_spinn.llm.plan._step_io`). A board's run of blocks is timed from its
+slice mapped twice on one board: alone with its weights resident (the first blocks, as many as
+the board's SRAM holds resident, :func:`tvm_spinn.mapping.planner.resident_capacity`) and
+streaming its weights from DRAM (the rest). The time to first token is planned for the fastest degree only.
 
 Groups are ``g`` neighbouring boards of the torus of boards
 (:func:`tvm_spinn.target.topology.board_grid`), in a cycle where ``g`` allows
@@ -104,10 +105,11 @@ def _ttft_s(parts, target, dtype, board, topo, grid, layers: int, hand_pre: list
 
 
 def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, handover_bytes: int,
-            described: dict, weight_bytes: int, kv_bytes: int, steps) -> dict:
+            described: dict, weight_bytes: int, kv_bytes: int, steps, memo: "dict | None" = None) -> dict:
     """The ``board_tp`` candidates as records of :func:`tvm_spinn.llm.plan.plan` (see the module
     docstring); ``handover_bytes``: a hand-over's bytes per user and hidden element;
-    ``described``: the whole model's described parts (the head runs as it is)."""
+    ``described``: the whole model's described parts (the head runs as it is); ``memo``: the
+    plan's stages already mapped (:func:`tvm_spinn.llm.plan._map_stage`)."""
     from ..mapping.planner import resident_capacity
     from ..target.topology import board_grid, ring_order, topology_of
     from ..timing.collectives import board_all_reduce, point_to_point
@@ -125,7 +127,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     host = P._parts(P._meta_model(cfg, spec), spec, batch, seq)[0][2][1:]
     head_atoms = [a for i, d in enumerate(described["head"]) for a in P._atoms(i, d.program)]
     head_stages = [P._map_stage([P._slice(described["head"][i].program, a, b) for i, a, b in P._merge(head_atoms)],
-                                board, {tuple(int(x) for x in a.shape) for a in host})]
+                                board, {tuple(int(x) for x in a.shape) for a in host}, memo=memo)]
     head_s = sum(st.latency_s for st in head_stages)
     L = spec.layers
     hidden = batch * spec.hidden
@@ -176,9 +178,9 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         options = sorted({least, max(least, min(L, fit))} | {math.ceil(L / k) for k in range(1, GROUP_COUNTS + 1)
                                                              if math.ceil(L / k) >= least})
         # a slice mapped alone (weights resident as far as they fit) and streaming its weights
-        resident = P._map_stage(list(dec), board, host_shapes, seq)
+        resident = P._map_stage(list(dec), board, host_shapes, spec.cache_slots(seq), memo=memo)
         streamed = (resident if fit >= max(options) else
-                    P._map_stage(list(dec), board, host_shapes, seq, weights="stream"))
+                    P._map_stage(list(dec), board, host_shapes, spec.cache_slots(seq), weights="stream", memo=memo))
         mapped += 1
         grid = [[int(c) + b * cpb for c in order] for b in groups[0]]
         reduce_s = board_all_reduce(topo, grid, hidden * 4).seconds  # int32 partial sums
@@ -190,7 +192,11 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
             head_board = free[0] if free else groups[n_groups][0]
             hand = [pair_s(j, hidden * handover_bytes) for j in range(n_groups - 1)]
             hand.append(handover_s(groups[n_groups - 1][:1], [head_board], hidden * handover_bytes))
-            decode_s = blocks_s + reduces_s + sum(hand) + head_s
+            # the token from the head's board back to the first group's boards, the host's I/O
+            io = P._step_io(arch, batch, seq, head_board * cpb,
+                            [c + b * cpb for b in groups[0] for c in range(cpb)])
+            loop_s = io["token_return_s"] + io["step_sync_s"] + io["host_io_decode_s"]
+            decode_s = blocks_s + reduces_s + sum(hand) + head_s + loop_s
             used = (g * n_groups + 1) * cpb
             kept = sum(min(n, fit) for n in sizes) * g * (resident.resident_bytes - resident.kv_sram_bytes)
             head_kept = sum(min(st.resident_bytes, st.weight_bytes) for st in head_stages)
@@ -200,7 +206,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
             # as mapped (resident or streaming), the board collectives on the links
             bounds = {k: sum(min(n, fit) * resident.bounds[k] + max(0, n - fit) * streamed.bounds[k] for n in sizes)
                       + sum(st.bounds[k] for st in head_stages) for k in resident.bounds}
-            bounds["links"] += reduces_s + sum(hand)
+            bounds["links"] += reduces_s + sum(hand) + loop_s
             out[f"board_tp:g{g}m{per_group}"] = dict(
                 decode_s=decode_s, period_s=decode_s, used=used, resident=kept,
                 streamed=max(0, weight_bytes - kept), kv_sram=kv_bytes * kv_share, ttft_s=None,
@@ -218,7 +224,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                       "chips_per_group": g * cpb, "micro_batch": batch, "micro_batches": 1,
                       "mapping_weights": "auto", "block_decode_s": blocks_s / L,
                       "board_all_reduce_s": reduce_s, "board_all_reduces_decode_s": reduces_s,
-                      "handoff_decode_s": sum(hand), "head_decode_s": head_s,
+                      "handoff_decode_s": sum(hand), "head_decode_s": head_s, **io,
                       "replicas": boards // (g * n_groups + 1)},
                 _ttft=(parts, grid, groups, n_groups, head_board))
         # the best number of groups of this degree is kept
@@ -238,7 +244,8 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         prompt = seq * hidden * handover_bytes
         hand_pre = ([handover_s(groups[j], groups[j + 1], prompt) for j in range(n_groups - 1)]
                     + [handover_s(groups[n_groups - 1][:1], [head_board], prompt)])
-        out[name]["ttft_s"] = _ttft_s(parts, target, dtype, board, topo, grid, L, hand_pre, head_s)
+        out[name]["ttft_s"] = (_ttft_s(parts, target, dtype, board, topo, grid, L, hand_pre, head_s)
+                               + out[name]["meta"]["host_io_prefill_s"])
     for record in out.values():
         record.pop("_ttft")
     return out

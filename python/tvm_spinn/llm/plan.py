@@ -33,6 +33,15 @@ kept (all are in ``plan["alternatives"]``):
   group of boards, its int32 partial sums all-reduced across them, the groups pipelined
   (:mod:`tvm_spinn.llm.board_tp`).
 
+Every placement's decode step is the whole token: besides its programs and hand-overs, the
+sampled token's way back from the last stage (the head's chips) to the first (its route's hop
+latencies, ``plan["token_return_s"]``; none for one stage), its arrival at every chip of the first
+stage, which starts the next step on it (``plan["step_sync_s"]``; within a stage the programs'
+barriers and collectives are in their timing), and the host's I/O: each token out over the host
+link (``plan["host_io_decode_s"]``, :attr:`~tvm_spinn.target.arch.SpinnArch.host_link_bw_bytes_s`
+and ``host_link_latency_s``), the prompt in and the first token out in the time to first token
+(``plan["host_io_prefill_s"]``). :func:`_step_io` costs them.
+
 The headline is ``efficiency``: the physical bound of a decode step
 (:func:`tvm_spinn.timing.bounds.physical_bound` of :func:`~tvm_spinn.timing.bounds.decode_workload`:
 every block and the LM head, the KV cache at ``seq`` slots (a sliding window's where that is
@@ -63,7 +72,7 @@ from dataclasses import dataclass
 
 from .spec import MAX_DIM, LLMError, ModelSpec, check_plan_sizes, spec_of
 
-__all__ = ["Plan", "plan", "DTYPES", "HANDOVER_BYTES"]
+__all__ = ["Plan", "plan", "DTYPES", "HANDOVER_BYTES", "TOKEN_BYTES"]
 
 DTYPES = {"fp32": 4, "int8": 1}
 #: Bytes per element of the activations a stage hands over to the next board, per ``handover``
@@ -71,6 +80,9 @@ DTYPES = {"fp32": 4, "int8": 1}
 #: the board links' bytes at an accuracy cost (the plan's timing only: the compiled model
 #: always hands over fp32)
 HANDOVER_BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
+#: Bytes of one user's sampled token (an int32 id): what a decode step sends back to the first
+#: stage and out to the host
+TOKEN_BYTES = 4
 #: Largest chip count a block is mapped over in the shared placement (24 boards)
 SHARED_MAX_CHIPS = 24 * 48
 
@@ -129,6 +141,12 @@ class Plan:
             ("tokens/s per user", f"{self.tokens_per_s_per_user:.3f}"),
             ("tokens/s (aggregate)", f"{self.tokens_per_s:.3f}"),
             ("decode latency", f"{self.decode_latency_s * 1e3:.3f} ms/token"),
+            ("  token return", f"{self.plan.get('token_return_s', 0.0) * 1e6:.2f} us (the sampled token, last stage "
+                               f"to first: {self.plan.get('token_return_hops', 0)} hop(s))"),
+            ("  step synchronisation", f"{self.plan.get('step_sync_s', 0.0) * 1e6:.2f} us (the token to every chip "
+                                       f"of the first stage)"),
+            ("  host I/O", f"{self.plan.get('host_io_decode_s', 0.0) * 1e6:.2f} us a token out (the prompt in and "
+                           f"the first token out: {self.plan.get('host_io_prefill_s', 0.0) * 1e6:.2f} us)"),
             ("time to first token", f"{self.ttft_s * 1e3:.3f} ms"),
             ("energy per token", f"{self.energy_per_token_j:.4g} J"),
             ("physical bound", f"{self.physical_bound_s * 1e3:.4g} ms/token ({1 / self.physical_bound_s:.3f} "
@@ -228,6 +246,41 @@ def _kv_write_s(arch, slot_bytes: float, sram_share: float) -> tuple[float, floa
         return 0.0, 0.0
     sram = (arch.dma_setup_cycles + slot_bytes / arch.dma_bw_bytes_per_cycle) / arch.clock_hz
     return sram_share * sram, (1 - sram_share) * slot_bytes / arch.dram_bw_bytes_s
+
+
+def _step_io(arch, batch: int, seq: int, last_chip: "int | None", first_chips) -> dict:
+    """The parts of a decode step beyond its programs and hand-overs (seconds), for a plan whose
+    head samples the token on ``last_chip`` (None: one stage, whose chips all hold the logits
+    and sample the token themselves) and whose first stage runs on ``first_chips``.
+
+    * ``token_return_s``: the token (:data:`TOKEN_BYTES` a user, one packet) from ``last_chip``
+      to the first stage's first chip: its route's hop latencies on the link graph
+      (``link_hop_s`` on a board, ``board_link_hop_s`` across board edges, each covering a
+      packet's serialisation); ``token_return_hops`` its hops;
+    * ``step_sync_s``: from there to every other chip of the first stage (a multicast along the
+      routes: the farthest one's hop latencies), which start the step on it;
+    * ``host_io_decode_s``: the token out to the host over the host link (a message's latency
+      and its bytes at the link's rate), which takes each token before the next step starts;
+    * ``host_io_prefill_s``: the prompt's ``seq`` tokens in and the first token out (part of
+      the time to first token).
+    """
+    from ..target.topology import topology_of
+
+    out = {"token_return_s": 0.0, "token_return_hops": 0, "step_sync_s": 0.0}
+    first = [int(c) for c in first_chips]
+    if last_chip is not None:
+        topo = topology_of(arch)
+        root = first[0]
+        if int(last_chip) != root:
+            cost = topo.transfer_cost([int(last_chip)], [root], batch * TOKEN_BYTES)
+            out.update(token_return_s=cost.latency_s, token_return_hops=cost.max_hops)
+        others = [c for c in first if c != root]
+        if others:
+            out["step_sync_s"] = topo.transfer_cost([root] * len(others), others, batch * TOKEN_BYTES).latency_s
+    out["host_io_decode_s"] = arch.host_link_latency_s + batch * TOKEN_BYTES / arch.host_link_bw_bytes_s
+    out["host_io_prefill_s"] = (2 * arch.host_link_latency_s
+                                + batch * (seq + 1) * TOKEN_BYTES / arch.host_link_bw_bytes_s)
+    return out
 
 
 def _map(described, arch, weights: str) -> _Timed:
@@ -398,7 +451,10 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
         kv_sram = kv_bytes * kv_share
         slot = kv_bytes / (L * slots)
         write_sram, write_dram = (L * w for w in _kv_write_s(sub, slot, kv_share))
-        decode_s = L * dec.latency_s + head.latency_s + handoff_dec + write_sram + write_dram
+        # the token back from the head's group to the first (the groups), the host's I/O
+        io = _step_io(arch, batch, seq, L * group if placement == "groups" else None, range(group))
+        loop_s = io["token_return_s"] + io["step_sync_s"] + io["host_io_decode_s"]
+        decode_s = L * dec.latency_s + head.latency_s + handoff_dec + write_sram + write_dram + loop_s
         used = group * groups
         resident = L * (dec.resident_bytes - dec.kv_sram_bytes) + head.resident_bytes  # weights only
         streamed = max(0, weight_bytes - resident) if placement == "groups" else weight_bytes
@@ -409,13 +465,14 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
             "dram": (streamed + kv_bytes - kv_sram) / (arch.dram_bw_bytes_s * share) + write_dram,
             "sram": (resident + kv_sram) / (share * arch.pes_per_chip * arch.dma_bw_bytes_per_cycle * arch.clock_hz)
                     + write_sram,
-            "links": handoff_dec,
+            "links": handoff_dec + loop_s,
         }
         described_groups = (f"{L} blocks + head on {groups} groups of {group} chips, a token passing through "
                             "them in order (hidden state handed over on the links)" if placement == "groups" else
                             f"all {L} blocks and the head on all {group} chips, one after another")
         records[placement] = dict(
-            decode_s=decode_s, period_s=decode_s, ttft_s=L * pre.latency_s + head.latency_s + handoff_pre,
+            decode_s=decode_s, period_s=decode_s,
+            ttft_s=L * pre.latency_s + head.latency_s + handoff_pre + io["host_io_prefill_s"],
             energy_j=(L * dec.energy_j + head.energy_j) / batch, used=used, resident=resident, streamed=streamed,
             kv_sram=kv_sram, sram_pe=max(dec.peak_pe_bytes, pre.peak_pe_bytes, head.peak_pe_bytes),
             dram_chip=int(math.ceil((streamed + kv_bytes - kv_sram) / used)), bounds=bounds,
@@ -424,16 +481,17 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
             meta={"chips_per_group": group, "groups": groups, "mapping_weights": weights_mode,
                   "block_decode_s": dec.latency_s + (write_sram + write_dram) / L, "block_prefill_s": pre.latency_s,
                   "head_decode_s": head.latency_s, "handoff_decode_s": handoff_dec,
-                  "kv_write_decode_s": write_sram + write_dram})
+                  "kv_write_decode_s": write_sram + write_dram, **io})
         steps.update()
+    stages: dict = {}  # this call's stages mapped on one board (see _map_stage)
     if boards >= 2:
         records.update(_pipeline_records(described, spec, arch, model, target, dtype, batch, seq, kv_bytes,
-                                         weight_bytes, steps, handover))
+                                         weight_bytes, steps, handover, stages))
     if boards >= 3:
         from . import board_tp
 
         records.update(board_tp.records(cfg, spec, arch, target, dtype, batch, seq, HANDOVER_BYTES[handover],
-                                        described, weight_bytes, kv_bytes, steps))
+                                        described, weight_bytes, kv_bytes, steps, stages))
     steps.close()
     placement = min(records, key=lambda k: (records[k]["period_s"], records[k]["used"], k))
     best = records[placement]
@@ -584,7 +642,8 @@ class _Stage:
     program_s: tuple = ()
 
 
-def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0, weights: str = "auto") -> _Stage:
+def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0, weights: str = "auto",
+               memo: "dict | None" = None) -> _Stage:
     """Map a stage's programs on one board, one after another with one SRAM ledger (each
     program's weights resident in what the earlier ones left, the rest streamed from DRAM).
     ``handoff_in_bytes``: the first program's inputs that the previous stage produced (not the
@@ -598,8 +657,30 @@ def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0, weights: s
     the ledger leaves room for it after the weights kept before it (the attention matmuls'
     operands resident: the regions' ``state_sram_bytes``), else in DRAM; each decode step writes one of its
     ``slots`` (:func:`_kv_write_s`), charged to the stage's latency and to the SRAM or DRAM
-    bound."""
+    bound.
+
+    ``memo``: one :func:`plan` call's stages already mapped, keyed by everything the mapping
+    reads (the pieces' structure, the board, the host's shapes, ``slots``, the options): the
+    pipeline's split counts share stages (a block's last GEMMs), and the ``board_tp`` placement
+    maps the pipeline's head stage again."""
     from ..mapping import MappingOptions, current_options
+    from ..mapping.schedule import _structure_key
+
+    options = MappingOptions(weights=weights, split_k=current_options().split_k)
+    key = None
+    if memo is not None:
+        key = (tuple(_structure_key(p, board, "stage", options) for p in pieces),
+               tuple(sorted(host_shapes)), int(slots))
+        if key in memo:
+            return memo[key]
+    stage = _map_stage_now(pieces, board, host_shapes, slots, options)
+    if key is not None:
+        memo[key] = stage
+    return stage
+
+
+def _map_stage_now(pieces: list, board, host_shapes: set, slots: int, options) -> _Stage:
+    """:func:`_map_stage` without its memo."""
     from ..mapping.planner import plan_system
 
     lat = energy = 0.0
@@ -616,8 +697,7 @@ def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0, weights: s
         program.arch = board
         programs.append(program)
     # in order: a stage is a chain of the model's programs whose SRAM the stage search sized
-    plan = plan_system(programs, board, MappingOptions(weights=weights, split_k=current_options().split_k),
-                       onchip_inputs=onchip, policy="in_order")
+    plan = plan_system(programs, board, options, onchip_inputs=onchip, policy="in_order")
     program_s = []
     for k, (program, region) in enumerate(zip(programs, plan.regions)):
         before = lat
@@ -652,7 +732,7 @@ def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0, weights: s
 
 
 def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host_shapes: set, steps,
-              handover: str = "fp32"):
+              handover: str = "fp32", memo: "dict | None" = None):
     """The ``pipeline`` placement: the blocks (and the head) as a chain of board stages, each
     tensor-parallel over its board's chips (the scale-out mapper's plan), keeping its weights
     resident in the board's SRAM where they fit; consecutive stages hand the live activations
@@ -660,7 +740,7 @@ def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host
     at weight-GEMM boundaries, balanced by bytes) or ``m`` blocks share one stage
     (:data:`BLOCKS_PER_STAGE`); the fewest boards that keep the weights resident bound the
     search (more stages only add hand-overs: a token crosses them one after another).
-    Returns ``({name: result}`` for each candidate mapped, the hand-over cost function)."""
+    ``memo``: the stages already mapped (see :func:`_map_stage`). Returns ``({name: result}`` for each candidate mapped, the hand-over cost function)."""
     from ..mapping.planner import resident_capacity
     from ..target.topology import ring_order, topology_of
     from ..timing.collectives import point_to_point
@@ -677,6 +757,7 @@ def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host
     head_parts = min(len(head_atoms), max(1, math.ceil(sum(a[3] for a in head_atoms) / budget)))
     topo, board_topo = topology_of(arch), topology_of(board)
     ring = ring_order(board_topo, board.chips)
+    costed: dict = {}  # (board, bytes, gathered bytes) -> seconds: the candidates share hand-overs
 
     def handoff_s(j: int, nbytes: int, gather_bytes: int | None = None) -> float:
         """Stage ``j`` -> ``j + 1``: each chip sends its 1/48 to its counterpart on the next
@@ -685,6 +766,12 @@ def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host
         if nbytes <= 0:
             return 0.0
         gather_bytes = nbytes if gather_bytes is None or gather_bytes < 0 else gather_bytes
+        key = (j % boards, nbytes, gather_bytes)
+        if key not in costed:
+            costed[key] = _handoff_now(j, nbytes, gather_bytes)
+        return costed[key]
+
+    def _handoff_now(j: int, nbytes: int, gather_bytes: int) -> float:
         # the handed-over activations are fp32 in the program; carried as ``handover`` elements
         nbytes, gather_bytes = (x * HANDOVER_BYTES[handover] // 4 for x in (nbytes, gather_bytes))
         src = np.arange(board.chips) + (j % boards) * board.chips
@@ -709,11 +796,10 @@ def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host
         steps.set_postfix_str(f"map: pipeline, {f'{n} stages per block' if kind == 's' else f'{n} blocks per stage'}")
         runs = _balanced(block_atoms, n) if kind == "s" else [block_atoms * n]
         stages = [_map_stage([_slice(dec[i].program, a, b) for i, a, b in _merge(run)], board, host_shapes,
-                             spec.cache_slots(seq))
-                  for run in runs]
+                             spec.cache_slots(seq), memo=memo) for run in runs]
         if head_stages is None:
-            head_stages = [_map_stage([_slice(head[i].program, a, b) for i, a, b in _merge(run)], board, host_shapes)
-                           for run in head_runs]
+            head_stages = [_map_stage([_slice(head[i].program, a, b) for i, a, b in _merge(run)], board, host_shapes,
+                                      memo=memo) for run in head_runs]
         copies = L if kind == "s" else math.ceil(L / n)
         chain = [st for _ in range(copies) for st in stages] + head_stages
         results[f"pipeline:{kind}{n}"] = dict(stages=stages, head_stages=head_stages, chain=chain, kind=kind, n=n)
@@ -731,7 +817,8 @@ def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host
 
 
 def _pipeline_records(described: dict, spec: ModelSpec, arch, model, target, dtype: str, batch: int, seq: int,
-                      kv_bytes: int, weight_bytes: int, steps, handover: str = "fp32") -> dict:
+                      kv_bytes: int, weight_bytes: int, steps, handover: str = "fp32",
+                      memo: "dict | None" = None) -> dict:
     """The ``pipeline`` candidates (:func:`_pipeline`) as records of :func:`plan`.
 
     Users go through the chain of stages in micro-batches of ``ceil(batch / stages)`` (one user
@@ -750,7 +837,7 @@ def _pipeline_records(described: dict, spec: ModelSpec, arch, model, target, dty
                 described[name] = describe(module, args, target, dtype)
     host = _parts(model, spec, mb, seq)[0][2][1:]  # KV cache, write/attention masks, rotary tables
     host_shapes = {tuple(int(d) for d in a.shape) for a in host}
-    raw, handoff_s = _pipeline(described, spec, arch, mb, seq, host_shapes, steps, handover)
+    raw, handoff_s = _pipeline(described, spec, arch, mb, seq, host_shapes, steps, handover, memo)
     if not raw:
         return {}
     board = arch.replace(chips=arch.chips_per_board, name=f"{arch.name}[board]")
@@ -762,7 +849,11 @@ def _pipeline_records(described: dict, spec: ModelSpec, arch, model, target, dty
         chain, kind, n = r["chain"], r["kind"], r["n"]
         hand_in = [0.0] + [handoff_s(j, chain[j + 1].handoff_in_bytes, chain[j + 1].handoff_gather_bytes)
                            for j in range(len(chain) - 1)]
-        decode_s = sum(st.latency_s for st in chain) + sum(hand_in)
+        # the token from the head's board (the chain's last) back to the first, the host's I/O
+        io = _step_io(arch, batch, seq, ((len(chain) - 1) % (arch.chips // board.chips)) * board.chips,
+                      range(board.chips))
+        loop_s = io["token_return_s"] + io["step_sync_s"] + io["host_io_decode_s"]
+        decode_s = sum(st.latency_s for st in chain) + sum(hand_in) + loop_s
         slowest = max(st.latency_s + h for st, h in zip(chain, hand_in))
         period = max(decode_s, micro * slowest)
         contrib = dict.fromkeys(("compute", "dram", "sram", "links"), 0.0)
@@ -773,6 +864,8 @@ def _pipeline_records(described: dict, spec: ModelSpec, arch, model, target, dty
                 alone[k] += st.alone[k]
             contrib["links"] += h
             alone["links"] += h
+        contrib["links"] += loop_s
+        alone["links"] += loop_s
         bound_s = max(sum(contrib.values()), micro * max(sum(st.bounds.values()) for st in chain))
         # replicated vectors (norm scales) count once per chip in a program's resident bytes;
         # the KV cache kept in SRAM is not a weight
@@ -785,7 +878,8 @@ def _pipeline_records(described: dict, spec: ModelSpec, arch, model, target, dty
                       else "one board per block" if kind == "s" else f"{n} blocks per board")
         out[name] = dict(
             decode_s=decode_s, period_s=period, ttft_s=L * pre.latency_s + sum(st.latency_s for st in r["head_stages"])
-            + hand_pre, energy_j=sum(st.energy_j for st in chain) / mb, used=used, resident=resident,
+            + hand_pre + io["host_io_prefill_s"], energy_j=sum(st.energy_j for st in chain) / mb, used=used,
+            resident=resident,
             streamed=max(0, weight_bytes - resident), kv_sram=kv_bytes * (kv_held / kv_all if kv_all else 0.0),
             sram_pe=max([pre.peak_pe_bytes] + [st.peak_pe_bytes for st in chain]),
             # a stage's streamed bytes include its KV cache where that is in DRAM
@@ -801,7 +895,7 @@ def _pipeline_records(described: dict, spec: ModelSpec, arch, model, target, dty
                   "mapping_weights": "auto", "bounds_alone_s": alone,
                   "block_decode_s": sum(st.latency_s for st in r["stages"]) * (1 if kind == "s" else 1 / n),
                   "block_prefill_s": pre.latency_s, "head_decode_s": sum(st.latency_s for st in r["head_stages"]),
-                  "handoff_decode_s": sum(hand_in),
+                  "handoff_decode_s": sum(hand_in), **io,
                   "stage_plan": [{"latency_s": st.latency_s, "weight_bytes": st.weight_bytes,
                                   "resident_bytes": st.resident_bytes, "weights_in":
                                   "sram" if st.resident_bytes - st.kv_sram_bytes >= st.weight_bytes else

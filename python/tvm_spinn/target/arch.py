@@ -26,7 +26,7 @@ marked as such. Sources:
   article 103489845, quoting the TRM).
 - [Systems-S] secondary sources on SpiNNaker2 systems (collected in the project notes, not read
   in a primary source): ~2 Gbit/s per board-to-board link; 48 chips a board; systems of 24
-  boards; SpiNNcloud ~720 boards (~34-35k chips).
+  boards; SpiNNcloud ~720 boards (~34-35k chips); one 1 GbE host port per board.
 - [spiNNlink] L. A. Plana et al., "spiNNlink: FPGA-Based Interconnect for the Million-Core
   SpiNNaker System", IEEE Access 8 (2020), and its HDL, SpiNNakerManchester/spio
   (``designs/spinnaker_fpgas/README.md``, ``modules/hss_multiplexer/README.md`` and
@@ -216,9 +216,18 @@ class SpinnArch:
         Assumption: memory bandwidth of the host running the fallback's operators (their
         roofline: bytes read and written over this), 10 GB/s, one core of a current x86 server
         streaming. Read only by reports that time host operators (``tvm_spinn.training.
-        step_time``'s host phase); transfers between the board and the host are not modelled.
+        step_time``'s host phase); transfers between the board and the host take the host's link
+        (:attr:`host_link_bw_bytes_s`, :attr:`host_link_latency_s`).
     host_op_s : float
         Assumption: fixed cost of one host operator call (VM dispatch, kernel entry), 2 us.
+    host_link_bw_bytes_s : float
+        Bit rate of the link between the host and a board, each direction: one 1 GbE port per
+        board = 125 MB/s [Systems-S]. Read by the LLM planner (:func:`tvm_spinn.llm.plan`) for
+        the host's I/O: the prompt in, each sampled token out.
+    host_link_latency_s : float
+        Assumption: one-way latency of a small message between the host and a board (a UDP
+        datagram through the host's network stack, its NIC and the board's Ethernet
+        interface): 20 us.
     """
 
     name: str = "spinn2-chip"
@@ -273,6 +282,10 @@ class SpinnArch:
     # fields, left out of to_dict() while at their defaults.
     host_mem_bw_bytes_s: float = 10e9  # assumption
     host_op_s: float = 2e-6  # assumption
+    # The host's link to the boards (read by the LLM planner's host I/O); left out of to_dict()
+    # at their defaults like the host's roofline.
+    host_link_bw_bytes_s: float = 1e9 / 8  # [Systems-S]
+    host_link_latency_s: float = 20e-6  # assumption
     # The M4F's register-resident sums (read by the row operators' costs); left out of
     # to_dict() at their defaults like the topology fields.
     m4f_chain_cycles: float = 1.0  # [M4-TRM]
@@ -292,7 +305,7 @@ class SpinnArch:
             "clock_hz", "m4f_flops_per_cycle", "m4f_elementwise_cycles", "exp_unit_cycles",
             "dram_bw_bytes_s", "dma_bw_bytes_per_cycle", "noc_bw_bytes_s", "link_bw_bytes_s",
             "board_link_bw_bytes_s", "host_mem_bw_bytes_s", "m4f_chain_cycles", "noc_link_bytes_per_cycle",
-            "sync_packet_cycles",
+            "sync_packet_cycles", "host_link_bw_bytes_s",
         )
         for name in positive_floats:
             value = getattr(self, name)
@@ -308,7 +321,7 @@ class SpinnArch:
         for name in ("mgmt_pes_per_chip", "sram_reserved_bytes", "mac_readout_cycles", "noc_hop_cycles",
                      "barrier_cycles", "irq_entry_cycles", "dma_setup_cycles", "e_mac_int8_j", "e_flop_fp32_j", "e_sram_byte_j", "e_dram_byte_j",
                      "e_noc_byte_j", "e_link_byte_j", "p_static_w_per_chip", "link_hop_s",
-                     "board_link_hop_s", "host_op_s"):
+                     "board_link_hop_s", "host_op_s", "host_link_latency_s"):
             value = getattr(self, name)
             if not isinstance(value, numbers.Real) or isinstance(value, bool) or not value >= 0:
                 raise ArchError(f"SpinnArch.{name} must be a number >= 0, got {value!r}")
@@ -491,8 +504,9 @@ class SpinnArch:
 #: Fields added with the link graph; omitted from :meth:`SpinnArch.to_dict` at their defaults.
 _TOPOLOGY_FIELDS = frozenset({"chips_per_board", "board_link_bw_bytes_s", "link_hop_s", "board_link_hop_s",
                               "link_payload_fraction", "board_serial_links"})
-#: Fields of the host's roofline; omitted from :meth:`SpinnArch.to_dict` at their defaults too.
-_HOST_FIELDS = frozenset({"host_mem_bw_bytes_s", "host_op_s"})
+#: Fields of the host (its roofline, its link to the boards); omitted from :meth:`SpinnArch.to_dict` at their
+#: defaults too.
+_HOST_FIELDS = frozenset({"host_mem_bw_bytes_s", "host_op_s", "host_link_bw_bytes_s", "host_link_latency_s"})
 #: The M4F's register-chain fields; omitted from :meth:`SpinnArch.to_dict` at their defaults.
 _CHAIN_FIELDS = frozenset({"m4f_chain_cycles", "m4f_chain_registers"})
 #: The timing model's interconnect, synchronisation and set-up fields; omitted at their defaults.
@@ -587,6 +601,14 @@ ASSUMPTION_RANGES: Mapping[str, AssumedRange] = types.MappingProxyType({
         "frame transport with credits)"),
     "host_mem_bw_bytes_s": AssumedRange(5e9, 20e9, "assumption: one server core streaming"),
     "host_op_s": AssumedRange(0.5e-6, 10e-6, "assumption: VM dispatch and kernel entry"),
+    "host_link_bw_bytes_s": AssumedRange(
+        100e6 / 8, 10e9 / 8,
+        "[Systems-S] one 1 GbE port per board from secondary sources only: from the 100 Mbit/s "
+        "Ethernet of a SpiNNaker1 (SpiNN-5) board up to a 10 GbE port (assumption)"),
+    "host_link_latency_s": AssumedRange(
+        5e-6, 100e-6,
+        "assumption: a small UDP datagram one way, a kernel-bypass host stack (5 us) up to a "
+        "loaded kernel stack and an FPGA or monitor-core bridge on the board (100 us)"),
     "m4f_chain_registers": AssumedRange(
         16, 28, "[M4-TRM] 32 single-precision registers, 4 to 16 of them kept for sums and addresses"),
     "link_payload_fraction": AssumedRange(
