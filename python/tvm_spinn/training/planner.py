@@ -94,10 +94,10 @@ DEFAULT_GLOBAL_BATCH = 512
 #: DRAM bytes per parameter of one optimizer update: read the weight, its gradient and the
 #: state, write the weight and the state.
 _UPDATE_BYTES = {name: F32 * (3 + 2 * k) for name, k in OPTIMIZERS.items()}
-#: Element-wise operations per parameter of one update on the M4F (AdamW: two moment updates of
-#: two operations each, a square, a square root, a division, weight decay and the step, with
-#: the bias corrections; SGD with momentum: velocity and step; SGD: the step)
-_UPDATE_OPS = {"adamw": 12, "momentum": 4, "sgd": 2}
+#: Element-wise operations per parameter of one update on the M4F (AdamW: the compiled update of
+#: :mod:`tvm_spinn.training.adamw`, 14: the decay 1, the first moment 3, the second moment 4,
+#: the denominator 3 and the step 3; SGD with momentum: velocity and step; SGD: the step)
+_UPDATE_OPS = {"adamw": 14, "momentum": 4, "sgd": 2}
 
 
 class TrainingPlanError(TrainingError):
@@ -275,7 +275,7 @@ def _layer_params(spec, tp: int) -> int:
         replicated = h + h + 4 * h  # the two row-parallel biases, two LayerNorms (scale, shift)
     else:
         split = h * (q + 2 * kv) + q * h + 3 * h * i
-        split += (q + 2 * kv) * spec.attention_bias + 2 * i * spec.mlp_bias
+        split += (q + 2 * kv) * (spec.attention_bias or spec.qkv_bias) + 2 * i * spec.mlp_bias
         replicated = 2 * h + h * spec.attention_bias + h * spec.mlp_bias  # two RMSNorms, row biases
     return split + replicated
 
