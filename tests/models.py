@@ -83,6 +83,29 @@ def make(name: str, seed: int = 0):
     return model.eval(), x
 
 
+def tiny_gpt2_lm(n_layer: int, seed: int = 0):
+    """A tiny GPT-2 language model from a transformers config (random weights, untied head, no
+    dropout): ``(config dict, module mapping ids to logits rows, example ids (2, 8))``."""
+    import transformers
+
+    cfg = dict(model_type="gpt2", n_embd=16, n_head=2, n_layer=n_layer, n_positions=8, vocab_size=24,
+               tie_word_embeddings=False, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    config = transformers.GPT2Config(**{k: v for k, v in cfg.items() if k != "model_type"}, use_cache=False)
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = transformers.GPT2LMHeadModel(config).eval()
+
+    class LM(nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, ids):
+            return self.m(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits.reshape(-1, 24)
+
+    return cfg, LM(model), torch.randint(0, 24, (2, 8))
+
+
 def save_sub_onnx(path, output: str = "out", opset: int = 17) -> None:
     """ONNX ``output = a - b`` with two (2, 3) float32 inputs (the order of the inputs matters
     for the result), saved at ``path`` with IR version 9 (onnxruntime's)."""

@@ -296,28 +296,13 @@ def test_planner_optimizer_bytes_are_the_buffers_a_build_allocates():
     """A tiny GPT-2 language model compiled with AdamW: the planner's optimizer state for one
     chip (2 fp32 words per parameter) equals the trainer's moment buffers; the only other state
     is the int64 step count."""
-    import transformers
+    from models import tiny_gpt2_lm
 
     from tvm_spinn.target import make_system
     from tvm_spinn.training import plan_training
 
-    cfg = dict(model_type="gpt2", n_embd=16, n_head=2, n_layer=1, n_positions=8, vocab_size=24,
-               tie_word_embeddings=False, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    config = transformers.GPT2Config(**{k: v for k, v in cfg.items() if k != "model_type"}, use_cache=False)
-    config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(config).eval()
-
-    class LM(torch.nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
-
-        def forward(self, ids):
-            return self.m(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits.reshape(-1, 24)
-
-    ids = torch.randint(0, 24, (2, 8))
-    trainer = tvm_spinn.training.compile(LM(model), (ids,), optimizer=("adamw", {"lr": 1e-3}), target="llvm")
+    cfg, lm, ids = tiny_gpt2_lm(n_layer=1)
+    trainer = tvm_spinn.training.compile(lm, (ids,), optimizer=("adamw", {"lr": 1e-3}), target="llvm")
     state = trainer.optimizer_state()
     param_bytes = sum(p.nbytes for p in trainer.parameters().values())
     assert [s.dtype for s in state if s.ndim == 0] == [np.int64]

@@ -288,29 +288,13 @@ def test_plan_matches_the_buffers_a_build_allocates():
     state for one chip (TP = PP = DP = 1) equal the bytes of the trainer's parameter buffers,
     the gradients the step's backward function returns and the optimizer-state buffers (TVM's
     Adam adds three scalars: the step count and the two betas' powers)."""
-    import torch
-    import transformers
+    from models import tiny_gpt2_lm
     from tvm import relax
 
     import tvm_spinn
 
-    cfg = dict(model_type="gpt2", n_embd=16, n_head=2, n_layer=2, n_positions=8, vocab_size=24,
-               tie_word_embeddings=False, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    config = transformers.GPT2Config(**{k: v for k, v in cfg.items() if k != "model_type"}, use_cache=False)
-    config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(config).eval()
-
-    class LM(torch.nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
-
-        def forward(self, ids):
-            return self.m(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits.reshape(-1, 24)
-
-    ids = torch.randint(0, 24, (2, 8))
-    trainer = tvm_spinn.training.compile(LM(model), (ids,), optimizer=("adam", {"lr": 1e-3, "weight_decay": 0.01}),
+    cfg, lm, ids = tiny_gpt2_lm(n_layer=2)
+    trainer = tvm_spinn.training.compile(lm, (ids,), optimizer=("adam", {"lr": 1e-3, "weight_decay": 0.01}),
                                          target="llvm")
     param_bytes = sum(p.numpy().nbytes for p in trainer._params)
     state = [s.numpy() for s in trainer._state]
