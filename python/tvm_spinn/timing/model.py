@@ -52,6 +52,7 @@ element-wise layers pays one barrier, not seven).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -170,24 +171,17 @@ def noc_cycles(table: TileTable, srcs, arch: SpinnArch) -> float:
     return noc_port_cycles(table.pe, table.chip, recv, send, arch)
 
 
-def _input_key(axis: int | None, table: TileTable) -> np.ndarray | None:
-    """Per tile, the index of its input block (tiles differing only along the weight axis
-    ``axis``, the family's :meth:`~tvm_spinn.program.ops.base.OpFamily.weight_region_axis`,
-    share one), or None for a layer whose tiles' inputs are not shared this way."""
-    if axis is None or len(table) < 2:
-        return None
-    keep = [a for a in range(table.lo.shape[1]) if a != axis]
-    _, inverse = np.unique(np.column_stack([table.lo[:, keep], table.hi[:, keep]]), axis=0, return_inverse=True)
-    return inverse.reshape(-1)
-
-
 def _input_shared(axis: int | None, table: TileTable) -> np.ndarray:
-    """Tiles whose input block an earlier tile (on any PE) reads: they receive it by multicast."""
-    key = _input_key(axis, table)
-    if key is None:
-        return np.zeros(len(table), dtype=bool)
-    _, first = np.unique(key, return_index=True)
-    return first[key] < np.arange(len(table))
+    """Tiles whose input block an earlier tile (on any PE) reads: they receive it by multicast.
+    Tiles differing only along the weight axis ``axis``, the family's
+    :meth:`~tvm_spinn.program.ops.base.OpFamily.weight_region_axis`, read one input block; a
+    layer without that axis shares none this way."""
+    n = len(table)
+    if axis is None or n < 2:
+        return np.zeros(n, dtype=bool)
+    keep = [a for a in range(table.lo.shape[1]) if a != axis]
+    first, inverse = _row_ids(np.column_stack([table.lo[:, keep], table.hi[:, keep]]))
+    return first[inverse] < np.arange(n)
 
 
 def _input_held(axis: int | None, table: TileTable, arch: SpinnArch) -> np.ndarray:
@@ -201,11 +195,30 @@ def _input_held(axis: int | None, table: TileTable, arch: SpinnArch) -> np.ndarr
         return held
     keep = [a for a in range(table.lo.shape[1]) if a != axis]
     fits = (table.in_bytes + table.sram_bytes <= arch.tile_sram_bytes) & (table.in_bytes > 0)
-    key = np.column_stack([table.pe, table.lo[:, keep], table.hi[:, keep]])
-    _, first, inverse = np.unique(key, axis=0, return_index=True, return_inverse=True)
-    inverse = inverse.reshape(-1)
+    first, inverse = _row_ids(np.column_stack([table.pe, table.lo[:, keep], table.hi[:, keep]]))
     later = first[inverse] < np.arange(n)
     return later & fits & fits[first[inverse]]
+
+
+def _row_ids(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(first, inverse)`` of the distinct rows of the integer matrix ``rows`` in lexicographic
+    order, as ``np.unique(rows, axis=0, return_index=True, return_inverse=True)`` gives them:
+    ``first[k]`` is the first row equal to distinct row ``k``, ``inverse[i]`` the distinct row of
+    row ``i``.
+
+    Tile rows are small integers, so each row packs into one int64 (mixed radix, first column
+    most significant, which keeps the lexicographic order): a 1-D unique of the packed keys is
+    far cheaper than the row-wise unique, which sorts a structured view."""
+    spans = [int(hi) - int(lo) + 1 for lo, hi in zip(rows.min(axis=0), rows.max(axis=0))] if len(rows) else []
+    if not spans or math.prod(spans) >= 2 ** 63:
+        _, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
+        return first, inverse.reshape(-1)
+    shifted = rows.astype(np.int64) - rows.min(axis=0).astype(np.int64)
+    key = np.zeros(len(rows), dtype=np.int64)
+    for column, span in zip(shifted.T, spans):
+        key = key * span + column
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    return first, inverse.reshape(-1)
 
 
 def _segments(pe: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
