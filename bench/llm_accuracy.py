@@ -3,17 +3,20 @@
 Each row is measured against the same model in float32 (transformers, PyTorch) on the same
 tokens (:mod:`tvm_spinn.llm.accuracy`):
 
-* ``int8 weights``: ``tvm_spinn.llm.compile(quantize=True)`` (int8 GEMMs, calibrated on seeded
-  random prompts) run on the simulator, every position scored by the compiled prefill / decode
-  steps (teacher forcing); ``fp32 compiled`` is the same path in float32, the measurement's floor.
+* ``int8 weights``: ``tvm_spinn.llm.compile(quantize=True)`` (int8 GEMMs: int8 weights and
+  int8 activation operands, calibrated on seeded random prompts) run on the simulator, every
+  scored position scored by the compiled prefill / decode steps (teacher forcing); ``fp32
+  compiled`` is the same path in float32, the measurement's floor.
 * ``hand-over fp16`` / ``hand-over int8``: the float32 model with the hidden state rounded at
   every block boundary (forward hooks), as a pipeline with one stage per block hands it over:
   fp16 round to nearest; int8 per-tensor symmetric, ``scale = max|x| / 127`` of the handed-over
-  tensor. Fewer stages hand over less often, so these bound any split.
+  tensor. That is the most hand-overs any split makes; fewer stages round less often.
 
 Columns: logit error ``max|d| / max|ref|`` and ``mean|d| / mean|ref|`` on a fixed random token
 sequence; top-1 agreement at the positions that predict float32's greedy continuation of a random
-prompt (teacher forcing: each position sees float32's tokens, so one miss does not carry over);
+prompt (teacher forcing: each position sees float32's tokens, so one miss does not carry over;
+random weights' greedy continuations repeat a few tokens) and at the scored positions of the
+random sequence;
 perplexity ratio (variant / float32) on the random sequence. The weights are seeded random (no
 downloads), so absolute perplexity means nothing (about the vocabulary size); the logit error and
 top-1 agreement are the headline, the ratio only a check that the likelihoods barely move.
@@ -55,8 +58,15 @@ def greedy(model, prompt: np.ndarray, new_tokens: int) -> np.ndarray:
     return ids
 
 
-def measure(family: str, batch: int, seq_len: int, prompt_len: int, new_tokens: int, seed: int) -> list:
-    """``[(configuration, Accuracy), ...]`` for one family."""
+def margin(logits: np.ndarray) -> float:
+    """Median gap between the top two logits, in units of the logits' standard deviation."""
+    top2 = np.sort(logits, axis=-1)[..., -2:]
+    return float(np.median(top2[..., 1] - top2[..., 0]) / logits.std())
+
+
+def measure(family: str, batch: int, seq_len: int, prompt_len: int, new_tokens: int, seed: int) -> tuple:
+    """``(rows, margin)`` for one family: a row per configuration (name, logit errors, top-1
+    agreements, perplexity ratio), and float32's top-1 margin on the scored positions."""
     from tvm_spinn import llm
     from tvm_spinn.llm.accuracy import compare, compiled_logits, handover_rounding, torch_logits
 
@@ -71,8 +81,9 @@ def measure(family: str, batch: int, seq_len: int, prompt_len: int, new_tokens: 
 
     def row(name, text_logits, greedy_logits):
         acc = compare(text_logits, ref_text[:, lo:], text[:, lo:])
-        top = compare(greedy_logits[:, :new_tokens], ref_greedy[:, lo:lo + new_tokens], greedy_ids[:, lo:lo + new_tokens])
-        return name, acc.max_rel_err, acc.mean_rel_err, top.top1, top.positions, acc.ppl_ratio
+        top = compare(greedy_logits[:, :new_tokens], ref_greedy[:, lo:lo + new_tokens],
+                      greedy_ids[:, lo:lo + new_tokens])
+        return name, acc.max_rel_err, acc.mean_rel_err, top.top1, top.positions, acc.top1, acc.positions, acc.ppl_ratio
 
     rows = []
     for name, quantize in (("fp32 compiled (simulator)", None), ("int8 weights (simulator)", True)):
@@ -84,7 +95,7 @@ def measure(family: str, batch: int, seq_len: int, prompt_len: int, new_tokens: 
         with handover_rounding(model, handover):
             rows.append(row(f"hand-over {handover}, every block", torch_logits(model, text)[:, lo:],
                             torch_logits(model, greedy_ids)[:, lo:]))
-    return rows
+    return rows, margin(ref_text[:, lo:])
 
 
 def main(argv=None) -> None:
@@ -99,12 +110,18 @@ def main(argv=None) -> None:
     print(f"vs float32 logits; batch {a.batch}, random sequence of {a.seq_len} tokens (positions "
           f"{a.prompt_len - 1}..{a.seq_len - 1} scored), top-1 over {a.new_tokens} greedy steps after a "
           f"{a.prompt_len}-token prompt; random weights: perplexity ratio only, not absolute")
-    print(f"| model | configuration | logit err max / mean (rel.) | top-1 agreement | perplexity ratio |")
-    print("|---|---|---|---|---|")
+    print("| model | configuration | logit err max / mean (rel.) | top-1, greedy steps | top-1, random text "
+          "| perplexity ratio |")
+    print("|---|---|---|---|---|---|")
+    margins = {}
     for family in a.families:
-        for name, mx, mean, top1, n, ppl in measure(family, a.batch, a.seq_len, a.prompt_len, a.new_tokens, a.seed):
-            print(f"| {family} | {name} | {mx:.2e} / {mean:.2e} | {top1:.3f} ({round(top1 * n)}/{n}) | {ppl:.5f} |",
-                  flush=True)
+        rows, margins[family] = measure(family, a.batch, a.seq_len, a.prompt_len, a.new_tokens, a.seed)
+        for name, mx, mean, top1, n, top1_text, n_text, ppl in rows:
+            print(f"| {family} | {name} | {mx:.2e} / {mean:.2e} | {round(top1 * n)}/{n} | "
+                  f"{round(top1_text * n_text)}/{n_text} | {ppl:.5f} |", flush=True)
+    # how far apart float32's two best tokens are: a small margin lets a small error flip the top-1
+    print("float32's median top-1 margin (best - second logit, in logit standard deviations): "
+          + ", ".join(f"{f} {m:.2f}" for f, m in margins.items()))
 
 
 if __name__ == "__main__":

@@ -4,17 +4,17 @@ Two effects are measured on a transformers causal LM, each against the same mode
 (PyTorch, no rounding) on the same token sequence:
 
 * **int8 weights**: the model compiled with ``tvm_spinn.llm.compile(quantize=True)`` (int8
-  GEMMs, calibrated on seeded random prompts) and run on the simulator. Its logits at every
-  position come from :func:`compiled_logits`: a one-token prefill, then the decode step fed the
-  sequence's tokens one by one (teacher forcing), so every position is scored by the program the
-  product runs.
+  GEMMs: int8 weights and int8 activation operands, calibrated on seeded random prompts) and run
+  on the simulator. Its logits come from :func:`compiled_logits`: a prefill of the first tokens,
+  then the decode step fed the sequence's further tokens one by one (teacher forcing), so every
+  scored position is scored by the programs the product runs.
 * **hand-over precision**: a pipeline passes the hidden state (the residual stream) from one
   stage to the next at a block boundary. :func:`handover_rounding` emulates a narrower hand-over
   by rounding each block's output with PyTorch forward hooks: ``fp16`` (round to nearest
   float16 and back) or ``int8`` (per-tensor symmetric: ``scale = max|x| / 127`` over the whole
   handed-over tensor, ``q = clip(round(x / scale), -127, 127)``, ``x' = q * scale``). By default
-  every block boundary is a hand-over (one stage per block), the most a pipeline can do, so the
-  figures bound the cost of any split with fewer stages.
+  every block boundary is a hand-over (one stage per block): the most hand-overs a pipeline
+  makes; a split with fewer stages rounds less often.
 
 Metrics (:class:`Accuracy`): the logits' relative error (``max|d| / max|ref|`` and
 ``mean|d| / mean|ref|`` over all positions and vocabulary entries), the share of positions whose
