@@ -1,0 +1,128 @@
+"""Accuracy cost of int8 weights and of fp16 / int8 hand-overs on small GPT-2 and Llama models.
+
+Each row is measured against the same model in float32 (transformers, PyTorch) on the same
+tokens (:mod:`tvm_spinn.llm.accuracy`):
+
+* ``int8 weights``: ``tvm_spinn.llm.compile(quantize=True)`` (int8 GEMMs: int8 weights and
+  int8 activation operands, calibrated on seeded random prompts) run on the simulator, every
+  scored position scored by the compiled prefill / decode steps (teacher forcing); ``fp32
+  compiled`` is the same path in float32, the measurement's floor.
+* ``hand-over fp16`` / ``hand-over int8``: the float32 model with the hidden state rounded at
+  every block boundary (forward hooks), as a pipeline with one stage per block hands it over:
+  fp16 round to nearest; int8 per-tensor symmetric, ``scale = max|x| / 127`` of the handed-over
+  tensor. That is the most hand-overs any split makes; fewer stages round less often.
+
+Columns: logit error ``max|d| / max|ref|`` and ``mean|d| / mean|ref|`` on a fixed random token
+sequence; top-1 agreement at the positions that predict float32's greedy continuation of a random
+prompt (teacher forcing: each position sees float32's tokens, so one miss does not carry over;
+random weights' greedy continuations repeat a few tokens) and at the scored positions of the
+random sequence;
+perplexity ratio (variant / float32) on the random sequence. The weights are seeded random (no
+downloads), so absolute perplexity means nothing (about the vocabulary size); the logit error and
+top-1 agreement are the headline, the ratio only a check that the likelihoods barely move.
+
+    python bench/llm_accuracy.py
+    python bench/llm_accuracy.py --families llama --new-tokens 32
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+
+def small_model(family: str):
+    """The small seeded random-weight models of ``bench/llm.py`` (4 blocks, 128 wide, vocab 512)."""
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(0)
+    if family == "gpt2":
+        model = tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=128, n_layer=4, n_head=4, vocab_size=512, n_positions=128))
+    else:
+        model = tf.LlamaForCausalLM(tf.LlamaConfig(hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
+                                                   num_key_value_heads=2, intermediate_size=256, vocab_size=512,
+                                                   max_position_embeddings=128))
+    model.config._attn_implementation = "eager"  # the attention the compiled steps spell out
+    return model.eval()
+
+
+def greedy(model, prompt: np.ndarray, new_tokens: int) -> np.ndarray:
+    """Float32 greedy continuation (full forward each step: no cache, so hooks see every position)."""
+    from tvm_spinn.llm.accuracy import torch_logits
+
+    ids = prompt
+    for _ in range(new_tokens):
+        ids = np.concatenate([ids, torch_logits(model, ids)[:, -1].argmax(-1)[:, None]], axis=1)
+    return ids
+
+
+def margin(logits: np.ndarray) -> float:
+    """Median gap between the top two logits, in units of the logits' standard deviation."""
+    top2 = np.sort(logits, axis=-1)[..., -2:]
+    return float(np.median(top2[..., 1] - top2[..., 0]) / logits.std())
+
+
+def measure(family: str, batch: int, seq_len: int, prompt_len: int, new_tokens: int, seed: int) -> tuple:
+    """``(rows, margin)`` for one family: a row per configuration (name, logit errors, top-1
+    agreements, perplexity ratio), and float32's top-1 margin on the scored positions."""
+    from tvm_spinn import llm
+    from tvm_spinn.llm.accuracy import compare, compiled_logits, handover_rounding, torch_logits
+
+    model = small_model(family)
+    vocab = model.config.vocab_size
+    rng = np.random.default_rng(seed)
+    text = rng.integers(0, vocab, (batch, seq_len))
+    greedy_ids = greedy(model, rng.integers(0, vocab, (batch, prompt_len)), new_tokens)
+    # the positions scored: from the last prompt token on (the compiled steps' prefill covers the rest)
+    lo = prompt_len - 1
+    ref_text, ref_greedy = torch_logits(model, text), torch_logits(model, greedy_ids)
+
+    def row(name, text_logits, greedy_logits):
+        acc = compare(text_logits, ref_text[:, lo:], text[:, lo:])
+        top = compare(greedy_logits[:, :new_tokens], ref_greedy[:, lo:lo + new_tokens],
+                      greedy_ids[:, lo:lo + new_tokens])
+        return name, acc.max_rel_err, acc.mean_rel_err, top.top1, top.positions, acc.top1, acc.positions, acc.ppl_ratio
+
+    rows = []
+    for name, quantize in (("fp32 compiled (simulator)", None), ("int8 weights (simulator)", True)):
+        compiled = llm.compile(model, target="spinn", max_seq_len=max(seq_len, prompt_len + new_tokens),
+                               batch=batch, quantize=quantize)
+        rows.append(row(name, compiled_logits(compiled, text, prompt_len),
+                        compiled_logits(compiled, greedy_ids, prompt_len)))
+    for handover in ("fp16", "int8"):
+        with handover_rounding(model, handover):
+            rows.append(row(f"hand-over {handover}, every block", torch_logits(model, text)[:, lo:],
+                            torch_logits(model, greedy_ids)[:, lo:]))
+    return rows, margin(ref_text[:, lo:])
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--families", nargs="+", default=["gpt2", "llama"], choices=["gpt2", "llama"])
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--seq-len", type=int, default=40, help="tokens of the random sequence scored")
+    ap.add_argument("--prompt-len", type=int, default=8, help="random prompt before the greedy tokens")
+    ap.add_argument("--new-tokens", type=int, default=32, help="greedy steps whose top-1 is compared")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    print(f"vs float32 logits; batch {a.batch}, random sequence of {a.seq_len} tokens (positions "
+          f"{a.prompt_len - 1}..{a.seq_len - 1} scored), top-1 over {a.new_tokens} greedy steps after a "
+          f"{a.prompt_len}-token prompt; random weights: perplexity ratio only, not absolute")
+    print("| model | configuration | logit err max / mean (rel.) | top-1, greedy steps | top-1, random text "
+          "| perplexity ratio |")
+    print("|---|---|---|---|---|---|")
+    margins = {}
+    for family in a.families:
+        rows, margins[family] = measure(family, a.batch, a.seq_len, a.prompt_len, a.new_tokens, a.seed)
+        for name, mx, mean, top1, n, top1_text, n_text, ppl in rows:
+            print(f"| {family} | {name} | {mx:.2e} / {mean:.2e} | {round(top1 * n)}/{n} | "
+                  f"{round(top1_text * n_text)}/{n_text} | {ppl:.5f} |", flush=True)
+    # how far apart float32's two best tokens are: a small margin lets a small error flip the top-1
+    print("float32's median top-1 margin (best - second logit, in logit standard deviations): "
+          + ", ".join(f"{f} {m:.2f}" for f, m in margins.items()))
+
+
+if __name__ == "__main__":
+    main()

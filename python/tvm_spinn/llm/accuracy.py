@@ -1,0 +1,194 @@
+"""Accuracy cost of int8 weights and of narrow hand-overs, measured against float32 logits.
+
+Two effects are measured on a transformers causal LM, each against the same model in float32
+(PyTorch, no rounding) on the same token sequence:
+
+* **int8 weights**: the model compiled with ``tvm_spinn.llm.compile(quantize=True)`` (int8
+  GEMMs: int8 weights and int8 activation operands, calibrated on seeded random prompts) and run
+  on the simulator. Its logits come from :func:`compiled_logits`: a prefill of the first tokens,
+  then the decode step fed the sequence's further tokens one by one (teacher forcing), so every
+  scored position is scored by the programs the product runs.
+* **hand-over precision**: a pipeline passes the hidden state (the residual stream) from one
+  stage to the next at a block boundary. :func:`handover_rounding` emulates a narrower hand-over
+  by rounding each block's output with PyTorch forward hooks: ``fp16`` (round to nearest
+  float16 and back) or ``int8`` (per-tensor symmetric: ``scale = max|x| / 127`` over the whole
+  handed-over tensor, ``q = clip(round(x / scale), -127, 127)``, ``x' = q * scale``). By default
+  every block boundary is a hand-over (one stage per block): the most hand-overs a pipeline
+  makes; a split with fewer stages rounds less often.
+
+Metrics (:class:`Accuracy`): the logits' relative error (``max|d| / max|ref|`` and
+``mean|d| / mean|ref|`` over all positions and vocabulary entries), the share of positions whose
+top-1 token equals float32's, and the perplexity ratio (variant / float32) on the same tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from .spec import LLMError
+
+__all__ = ["Accuracy", "HANDOVERS", "round_fp16", "round_int8", "handover_rounding", "blocks_of",
+           "torch_logits", "compiled_logits", "compare"]
+
+#: Hand-over precisions :func:`handover_rounding` emulates (``fp32`` is no rounding)
+HANDOVERS = ("fp32", "fp16", "int8")
+
+
+def round_fp16(x):
+    """``x`` (a torch tensor) rounded to the nearest float16 and back to its dtype."""
+    import torch
+
+    return x.to(dtype=torch.float16).to(dtype=x.dtype)
+
+
+def round_int8(x):
+    """``x`` (a torch tensor) through per-tensor symmetric int8 and back.
+
+    ``scale = max|x| / 127``; ``q = clip(round(x / scale), -127, 127)``; returns ``q * scale``
+    (so the error of each element is at most ``scale / 2``). An all-zero tensor is returned as is.
+    """
+    import torch
+
+    amax = x.detach().abs().max()
+    if amax == 0:
+        return x
+    scale = amax / 127
+    return torch.clamp(torch.round(x / scale), -127, 127) * scale
+
+
+_ROUND = {"fp16": round_fp16, "int8": round_int8}
+
+
+def blocks_of(model) -> list:
+    """The decoder blocks of a transformers GPT-2 / Llama-style causal LM, in order."""
+    for path in ("transformer.h", "model.layers"):
+        obj = model
+        try:
+            for name in path.split("."):
+                obj = getattr(obj, name)
+        except AttributeError:
+            continue
+        return list(obj)
+    raise LLMError(f"{type(model).__name__} has neither transformer.h nor model.layers: no decoder blocks to hook")
+
+
+@contextlib.contextmanager
+def handover_rounding(model, handover: str, boundaries=None):
+    """Within the ``with`` block, the hidden state after each block in ``boundaries`` is rounded.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+        GPT-2 / Llama-style causal LM (see :func:`blocks_of`).
+    handover : {"fp32", "fp16", "int8"}
+        Precision of the hand-over (``fp32``: no rounding).
+    boundaries : iterable of int, optional
+        Indices of the blocks whose output is handed over; default every block but the last
+        (whose output stays on the stage that holds the final norm and LM head).
+    """
+    if handover not in HANDOVERS:
+        raise LLMError(f"handover must be one of {list(HANDOVERS)}, got {handover!r}")
+    blocks = blocks_of(model)
+    idx = sorted(set(range(len(blocks) - 1) if boundaries is None else boundaries))
+    if any(not 0 <= i < len(blocks) for i in idx):
+        raise LLMError(f"boundaries {idx} outside the model's {len(blocks)} blocks")
+    handles = []
+    if handover != "fp32":
+        fn = _ROUND[handover]
+
+        def hook(_module, _args, out):
+            # a block returns its hidden state, alone or first in a tuple (transformers versions differ)
+            if isinstance(out, tuple):
+                return (fn(out[0]), *out[1:])
+            return fn(out)
+
+        handles = [blocks[i].register_forward_hook(hook) for i in idx]
+    try:
+        yield model
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def torch_logits(model, ids: np.ndarray) -> np.ndarray:
+    """Float32 logits ``(batch, n, vocab)`` of ``model`` on token ids ``(batch, n)`` (one forward)."""
+    import torch
+
+    with torch.no_grad():
+        out = model(torch.from_numpy(np.asarray(ids, dtype=np.int64)), use_cache=False)
+    return out.logits.float().numpy()
+
+
+def compiled_logits(compiled, ids: np.ndarray, prefill: int) -> np.ndarray:
+    """Logits of a :class:`~tvm_spinn.llm.CompiledLLM` at positions ``prefill - 1 .. n - 1`` of ``ids``.
+
+    A prefill of the first ``prefill`` tokens, then one decode step per further token of ``ids``
+    (teacher forcing: the given token, not the predicted one, is fed), the KV cache staying on
+    the device as in ``generate``. Returns ``(batch, n - prefill + 1, vocab)``. ``prefill`` is at
+    least 2: an int8 prefill of one token is not calibrated (its attention is a constant 1).
+    """
+    import tvm
+
+    ids = np.asarray(ids, dtype=np.int64)
+    n = ids.shape[1]
+    if not 2 <= prefill <= n:
+        raise LLMError(f"prefill must be in [2, {n}] (the sequence's length), got {prefill}")
+    compiled.check_prompt(ids[:, :prefill], n - prefill + 1)
+    dev = tvm.cpu()
+    _, pre = compiled.prefill_executable(prefill)
+    _, decode = compiled.decode_executable()
+    out = pre["main"](*(tvm.runtime.tensor(a, dev) for a in compiled._prefill_args(ids[:, :prefill])))
+    logits, k_cache, v_cache = out[0], out[1], out[2]
+    steps = [logits.numpy()]
+    for p in range(prefill, n):
+        args = compiled._decode_args(ids[:, p:p + 1], p)
+        out = decode["main"](tvm.runtime.tensor(args[0], dev), k_cache, v_cache,
+                             *(tvm.runtime.tensor(a, dev) for a in args[1:]))
+        logits, k_cache, v_cache = out[0], out[1], out[2]
+        steps.append(logits.numpy())
+    return np.stack(steps, axis=1).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    """One variant's logits against float32's on the same tokens.
+
+    ``max_rel_err`` = ``max|d| / max|ref|``; ``mean_rel_err`` = ``mean|d| / mean|ref|`` (all
+    positions and vocabulary entries); ``top1`` the share of scored positions whose argmax equals
+    float32's; ``ppl_ratio`` the variant's perplexity over float32's on the sequence's next tokens.
+    """
+
+    max_rel_err: float
+    mean_rel_err: float
+    top1: float
+    positions: int
+    ppl_ratio: float
+
+
+def _nll(logits: np.ndarray, targets: np.ndarray) -> float:
+    """Mean negative log-likelihood of ``targets`` under ``logits`` (float64, log-sum-exp)."""
+    z = logits.astype(np.float64)
+    z = z - z.max(axis=-1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+    return float(-np.take_along_axis(logp, targets[..., None], axis=-1).mean())
+
+
+def compare(logits: np.ndarray, ref: np.ndarray, ids: np.ndarray, top1_from: int = 0) -> Accuracy:
+    """Metrics of ``logits`` against ``ref`` (both ``(batch, n, vocab)``) on token ids ``ids``.
+
+    ``top1_from``: first position whose top-1 is counted (e.g. the prompt length minus one, to
+    count only the positions that predict generated tokens). The perplexity scores every
+    ``ids[:, p + 1]`` from the logits at ``p``.
+    """
+    logits, ref, ids = np.asarray(logits), np.asarray(ref), np.asarray(ids)
+    if logits.shape != ref.shape or logits.shape[:2] != ids.shape:
+        raise LLMError(f"logits {logits.shape}, reference {ref.shape} and ids {ids.shape} do not agree")
+    d = np.abs(logits.astype(np.float64) - ref)
+    top = logits[:, top1_from:].argmax(-1) == ref[:, top1_from:].argmax(-1)
+    targets = ids[:, 1:]
+    ppl_ratio = float(np.exp(_nll(logits[:, :-1], targets) - _nll(ref[:, :-1], targets)))
+    return Accuracy(max_rel_err=float(d.max() / np.abs(ref).max()), mean_rel_err=float(d.mean() / np.abs(ref).mean()),
+                    top1=float(top.mean()), positions=int(top.size), ppl_ratio=ppl_ratio)
