@@ -33,19 +33,17 @@ import numpy as np
 
 
 def small_model(family: str):
-    """The small seeded random-weight models of ``bench/llm.py`` (4 blocks, 128 wide, vocab 512)."""
-    import torch
-    import transformers as tf
+    """The small seeded random-weight models of ``bench/llm.py`` (4 blocks, 128 wide, vocab 512),
+    with the attention the compiled steps spell out."""
+    import importlib.util
+    import os
 
-    torch.manual_seed(0)
-    if family == "gpt2":
-        model = tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=128, n_layer=4, n_head=4, vocab_size=512, n_positions=128))
-    else:
-        model = tf.LlamaForCausalLM(tf.LlamaConfig(hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
-                                                   num_key_value_heads=2, intermediate_size=256, vocab_size=512,
-                                                   max_position_embeddings=128))
-    model.config._attn_implementation = "eager"  # the attention the compiled steps spell out
-    return model.eval()
+    spec = importlib.util.spec_from_file_location("bench_llm", os.path.join(os.path.dirname(__file__), "llm.py"))
+    bench_llm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_llm)
+    model = bench_llm._small(family)
+    model.config._attn_implementation = "eager"
+    return model
 
 
 def greedy(model, prompt: np.ndarray, new_tokens: int) -> np.ndarray:
