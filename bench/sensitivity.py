@@ -48,7 +48,8 @@ import tvm_spinn
 from tvm_spinn.target.arch import ASSUMPTION_RANGES, ArchError, SpinnArch
 
 #: Fields studied by default: every ranged number that moves a latency (energy and the host's
-#: roofline do not; its link moves the LLM plans' token), the issue's six first.
+#: roofline do not; its link moves the LLM plans' token), first the six that move the headlines
+#: most (link payload, board links, barrier, hop latency, DRAM rate, M4F cycles: QUICK_FIELDS).
 FIELDS = (
     "link_payload_fraction", "board_serial_links", "barrier_cycles", "link_hop_s", "dram_bw_bytes_s",
     "m4f_flops_per_cycle", "board_link_bw_bytes_s", "board_link_hop_s", "m4f_elementwise_cycles",
