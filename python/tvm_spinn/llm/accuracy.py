@@ -130,26 +130,10 @@ def compiled_logits(compiled, ids: np.ndarray, prefill: int) -> np.ndarray:
     the device as in ``generate``. Returns ``(batch, n - prefill + 1, vocab)``. ``prefill`` is at
     least 2: an int8 prefill of one token is not calibrated (its attention is a constant 1).
     """
-    import tvm
-
-    ids = np.asarray(ids, dtype=np.int64)
-    n = ids.shape[1]
+    n = np.shape(ids)[1]
     if not 2 <= prefill <= n:
         raise LLMError(f"prefill must be in [2, {n}] (the sequence's length), got {prefill}")
-    compiled.check_prompt(ids[:, :prefill], n - prefill + 1)
-    dev = tvm.cpu()
-    _, pre = compiled.prefill_executable(prefill)
-    _, decode = compiled.decode_executable()
-    out = pre["main"](*(tvm.runtime.tensor(a, dev) for a in compiled._prefill_args(ids[:, :prefill])))
-    logits, k_cache, v_cache = out[0], out[1], out[2]
-    steps = [logits.numpy()]
-    for p in range(prefill, n):
-        args = compiled._decode_args(ids[:, p:p + 1], p)
-        out = decode["main"](tvm.runtime.tensor(args[0], dev), k_cache, v_cache,
-                             *(tvm.runtime.tensor(a, dev) for a in args[1:]))
-        logits, k_cache, v_cache = out[0], out[1], out[2]
-        steps.append(logits.numpy())
-    return np.stack(steps, axis=1).astype(np.float32)
+    return compiled.score(np.asarray(ids, dtype=np.int64), prefill)
 
 
 @dataclass(frozen=True)

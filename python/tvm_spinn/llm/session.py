@@ -217,35 +217,62 @@ class CompiledLLM:
         numpy.ndarray or torch.Tensor
             ``(batch, n + max_new_tokens)`` int64, the type of ``input_ids``.
         """
-        import tvm
-
         is_torch = hasattr(input_ids, "detach")
         ids = _ids_array(input_ids)
         self.check_prompt(ids, max_new_tokens)
-        b, n = ids.shape
-        _, prefill = self.prefill_executable(n)
-        _, decode = self.decode_executable()
-        self._last_prompt_len = n
-        dev = tvm.cpu()
-        out = prefill["main"](*(tvm.runtime.tensor(a, dev) for a in self._prefill_args(ids)))
-        logits, k_cache, v_cache = out[0], out[1], out[2]
+        self._last_prompt_len = ids.shape[1]
         tokens = [ids]
-        for step in range(max_new_tokens):
-            tok = np.argmax(logits.numpy(), axis=-1).astype(np.int64)[:, None]
-            tokens.append(tok)
-            if step == max_new_tokens - 1:
-                break
-            args = self._decode_args(tok, n + step)
-            # the cache goes back in as the tensors the last step returned: it stays on the device
-            out = decode["main"](tvm.runtime.tensor(args[0], dev), k_cache, v_cache,
-                                 *(tvm.runtime.tensor(a, dev) for a in args[1:]))
-            logits, k_cache, v_cache = out[0], out[1], out[2]
+
+        def greedy(step, logits):
+            tokens.append(np.argmax(logits, axis=-1).astype(np.int64)[:, None])
+            return tokens[-1] if step < max_new_tokens - 1 else None
+
+        self._decode_loop(ids, greedy)
         result = np.concatenate(tokens, axis=1)
         if is_torch:
             import torch
 
             return torch.from_numpy(result)
         return result
+
+    def score(self, input_ids, prefill: int) -> np.ndarray:
+        """Logits at positions ``prefill - 1 .. n - 1`` of ``input_ids`` ``(batch, n)``: a prefill
+        of the first ``prefill`` tokens, then one decode step per further token, each fed the
+        given token (teacher forcing) rather than the predicted one; ``(batch, n - prefill + 1,
+        vocab)`` float32."""
+        ids = _ids_array(input_ids)
+        n = ids.shape[1]
+        if not 1 <= prefill <= n:
+            raise LLMError(f"prefill must be in [1, {n}] (the sequence's length), got {prefill}")
+        self.check_prompt(ids[:, :prefill], n - prefill + 1)
+        steps = []
+
+        def given(step, logits):
+            steps.append(logits)
+            return ids[:, prefill + step:prefill + step + 1] if prefill + step < n else None
+
+        self._decode_loop(ids[:, :prefill], given)
+        return np.stack(steps, axis=1).astype(np.float32)
+
+    def _decode_loop(self, prompt: np.ndarray, feed) -> None:
+        """Prefill ``prompt``, then decode while ``feed(step, logits)`` returns the next tokens
+        ``(batch, 1)`` (None ends). The cache goes back in as the tensors the last step
+        returned: it stays on the device."""
+        import tvm
+
+        n = prompt.shape[1]
+        _, prefill = self.prefill_executable(n)
+        _, decode = self.decode_executable()
+        dev = tvm.cpu()
+        out = prefill["main"](*(tvm.runtime.tensor(a, dev) for a in self._prefill_args(prompt)))
+        logits, k_cache, v_cache = out[0], out[1], out[2]
+        step = 0
+        while (tok := feed(step, logits.numpy())) is not None:
+            args = self._decode_args(tok, n + step)
+            out = decode["main"](tvm.runtime.tensor(args[0], dev), k_cache, v_cache,
+                                 *(tvm.runtime.tensor(a, dev) for a in args[1:]))
+            logits, k_cache, v_cache = out[0], out[1], out[2]
+            step += 1
 
     def report(self, prompt_len: "int | None" = None) -> GenerationReport:
         """Simulated timing: time to first token (prefill), decode latency, tokens/s, energy.
