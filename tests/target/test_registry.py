@@ -60,3 +60,35 @@ def test_the_fixture_left_nothing_behind():
     """Runs after the test above (pytest keeps a file's order): its system is gone, spinn stays."""
     assert "spinn/registry-fixture" not in known_targets() and "registry-fixture" not in SYSTEMS
     assert "spinn" in known_targets()
+
+
+def test_registered_system_is_undone_when_the_block_ends_even_on_an_error():
+    from tvm_spinn.target import registered_system
+
+    before = set(known_targets())
+    arch = tvm_spinn.make_system("registry-scoped", pes_per_chip=4)
+    with registered_system(arch) as tag:
+        assert tag == "spinn/registry-scoped" and arch_of(tag).pes_per_chip == 4
+        # a nested use of the same system shares the registration: the outer block keeps it
+        with registered_system(arch) as inner:
+            assert inner == tag
+        assert tag in known_targets()
+    assert set(known_targets()) == before and "registry-scoped" not in SYSTEMS
+    with pytest.raises(RuntimeError, match="inside"):
+        with registered_system(arch, tag="spinn/registry-scoped-err"):
+            raise RuntimeError("inside")
+    assert set(known_targets()) == before and "registry-scoped" not in SYSTEMS
+
+
+def test_registered_system_never_replaces_or_drops_a_tag_it_did_not_add():
+    from tvm_spinn.target import ArchError, registered_system
+
+    chip = arch_of("spinn")
+    with registered_system(chip, tag="spinn") as tag:  # a built-in tag, same system: left as it was
+        assert tag == "spinn"
+    assert arch_of("spinn") == chip and "spinn" in known_targets()
+    other = tvm_spinn.make_system("registry-other", pes_per_chip=4)
+    with pytest.raises(ArchError, match="'spinn' already names system"):
+        with registered_system(other, tag="spinn"):
+            pass
+    assert arch_of("spinn") == chip and "registry-other" not in SYSTEMS

@@ -7,6 +7,7 @@ The fallback (non-offloaded) part of a model is compiled for that llvm/cuda targ
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 
@@ -16,7 +17,7 @@ from .._env import env
 from .arch import CHIPS, ArchError, SpinnArch
 
 __all__ = [
-    "SYSTEMS", "TAGS", "register_system", "unregister_system", "arch_of", "is_spinn_target", "get_target",
+    "SYSTEMS", "TAGS", "register_system", "unregister_system", "registered_system", "arch_of", "is_spinn_target", "get_target",
     "known_targets", "register_default_tags", "HOST_MCPU_ENV", "host_mcpu", "host_target",
 ]
 
@@ -149,6 +150,47 @@ def unregister_system(tag: str) -> None:
         name, _ = TAGS.pop(tag)
         if all(other != name for other, _ in TAGS.values()):
             del SYSTEMS[name]
+
+
+@contextlib.contextmanager
+def registered_system(arch: SpinnArch, tag: str | None = None, fallback: str = "llvm",
+                      host_mcpu: str | None = None):
+    """:func:`register_system` for the duration of a ``with`` block, undone when it ends.
+
+    A tag that already names this system (same name and numbers) is left as it was, so nested
+    or repeated uses of one system share its registration and the outermost owner keeps it.
+
+    Parameters
+    ----------
+    arch, tag, fallback, host_mcpu
+        As :func:`register_system`.
+
+    Yields
+    ------
+    str
+        The tag name.
+
+    Raises
+    ------
+    ArchError
+        If ``tag`` already names another system (it is not replaced), or as :func:`register_system`.
+    """
+    tag = tag or f"spinn/{arch.name}"
+    with _LOCK:
+        owned = TAGS.get(tag)
+        if owned is not None and (owned[0] != arch.name or owned[1] != fallback
+                                  or SYSTEMS[owned[0]].replace(host_fallback=fallback) != arch.replace(host_fallback=fallback)):
+            raise ArchError(f"target tag {tag!r} already names system {owned[0]!r} ({owned[1]} fallback); "
+                            f"registered_system does not replace it")
+    if owned is not None:
+        yield tag
+        return
+    register_system(arch, tag, fallback=fallback, host_mcpu=host_mcpu)
+    try:
+        yield tag
+    finally:
+        if tag in TAGS:
+            unregister_system(tag)
 
 def register_default_tags() -> None:
     """Register the built-in tags.

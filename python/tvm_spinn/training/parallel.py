@@ -34,6 +34,7 @@ SyncBatchNorm does).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import numpy as np
@@ -109,18 +110,23 @@ def add_module(n: int) -> tvm.IRModule:
     return bb.get()
 
 
+@contextlib.contextmanager
 def _replica_target(target: tvm.target.Target):
-    """One chip of a spinn system (every replica's programs are built for it), or the target
-    itself (one chip already, or a host target)."""
-    from ..target.registry import arch_of, is_spinn_target, register_system
+    """``(replica target, system)``: one chip of a spinn system (every replica's programs are
+    built for it), registered as ``<system>-replica`` for the ``with`` block only, or the
+    target itself (one chip already, or a host target; system ``None`` for a host)."""
+    from ..target.registry import arch_of, is_spinn_target, registered_system
 
     if not is_spinn_target(target):
-        return target, None
+        yield target, None
+        return
     arch = arch_of(target)
     if arch.chips == 1:
-        return target, arch
+        yield target, arch
+        return
     chip = arch.replace(name=f"{arch.name}-replica", chips=1)
-    return _resolve_target(register_system(chip, fallback=arch.host_fallback)), arch
+    with registered_system(chip, fallback=arch.host_fallback) as tag:
+        yield _resolve_target(tag), arch
 
 
 def replica_blocks(microbatches: int, replicas: int) -> tuple[tuple[int, int], ...]:
@@ -243,7 +249,8 @@ class DataParallelTrainer(Trainer):
 
         if self._add_ex is None:
             n = sum(int(np.prod(s)) for s in self._graph.param_shapes) + 1
-            self._add_ex = relax.build(add_module(n), target=_replica_target(self._target)[0])
+            with _replica_target(self._target) as (replica, _):
+                self._add_ex = relax.build(add_module(n), target=replica)
         per = max(stop - start for start, stop in self._blocks)
         micro = executable_latency(self._grad_ex)
         add = executable_latency(self._add_ex)
@@ -263,9 +270,9 @@ class DataParallelTrainer(Trainer):
         if self._host is None:
             from .timing import host_time
 
-            replica = _replica_target(self._target)[0]
-            self._host = (host_time(grad_module(self._micro_graph), replica)[0],
-                          host_time(update_module(self._micro_graph, self.microbatches), replica)[0])
+            with _replica_target(self._target) as (replica, _):
+                self._host = (host_time(grad_module(self._micro_graph), replica)[0],
+                              host_time(update_module(self._micro_graph, self.microbatches), replica)[0])
         out = {"microbatch_s": micro, "compute_s": per * micro, "local_add_s": adds * add,
                "all_reduce_s": seconds if chips > 1 else 0.0,
                "all_reduce": algorithm if chips > 1 else "none", "update_s": update,
@@ -313,18 +320,18 @@ def build_data_parallel(graph_of, model, example_inputs, loss, optimizer, target
         raise TrainingError(f"data_parallel: batch {batch} does not split into microbatches={microbatches} "
                             "equal micro-batches")
     tgt = _resolve_target(target)
-    replica_tgt, system = _replica_target(tgt)
-    _check_replicas(replicas, microbatches, system, tgt)
-    size = batch // microbatches
-    micro = graph_of(model, tuple(x[:size] for x in example_inputs), loss, optimizer)
-    # the step takes the whole batch: the shapes its inputs and labels are checked against
-    full = dataclasses.replace(
-        micro,
-        input_shapes=tuple(((batch, *s[1:]), d) for s, d in micro.input_shapes),
-        output_shape=(batch, *micro.output_shape[1:]),
-        label_shape=(batch, *micro.label_shape[1:]))
-    grad_ex = relax.build(grad_module(micro), target=replica_tgt)
-    update_ex = relax.build(update_module(micro, microbatches), target=replica_tgt)
+    with _replica_target(tgt) as (replica_tgt, system):
+        _check_replicas(replicas, microbatches, system, tgt)
+        size = batch // microbatches
+        micro = graph_of(model, tuple(x[:size] for x in example_inputs), loss, optimizer)
+        # the step takes the whole batch: the shapes its inputs and labels are checked against
+        full = dataclasses.replace(
+            micro,
+            input_shapes=tuple(((batch, *s[1:]), d) for s, d in micro.input_shapes),
+            output_shape=(batch, *micro.output_shape[1:]),
+            label_shape=(batch, *micro.label_shape[1:]))
+        grad_ex = relax.build(grad_module(micro), target=replica_tgt)
+        update_ex = relax.build(update_module(micro, microbatches), target=replica_tgt)
     trainer = DataParallelTrainer(full, micro, grad_ex, update_ex, tgt, system, loss, optimizer, model_name,
                                   microbatches, replicas, bool(options.get("reproducible", True)))
     trainer._set_state(list(micro.init_params), list(micro.init_optim_state))
