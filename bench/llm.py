@@ -34,6 +34,8 @@ Timings on this shared 2-core machine vary between runs (up to 2x for sub-millis
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import importlib.resources
 import math
 import os
@@ -161,19 +163,28 @@ def part_generate(args) -> None:
                   f"{onnx * 1e3:>8.2f}{sim / onnx:>8.2f}{diff:>10.2g}{build:>9.1f}")
 
 
-def _register_boards24() -> None:
-    import tvm_spinn
+def _with_board_systems(fn):
+    """``fn`` with the ``boardsN`` systems registered as targets while it runs, and only then."""
 
-    for n in BOARD_COUNTS:
-        if f"spinn/boards{n}" not in tvm_spinn.known_targets():
-            tvm_spinn.register_system(tvm_spinn.make_system(f"spinn2-{n}-boards", boards=n), tag=f"spinn/boards{n}")
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        import tvm_spinn
+        from tvm_spinn.target import registered_system
+
+        with contextlib.ExitStack() as stack:
+            for n in BOARD_COUNTS:
+                stack.enter_context(registered_system(tvm_spinn.make_system(f"spinn2-{n}-boards", boards=n),
+                                                      tag=f"spinn/boards{n}"))
+            return fn(*args, **kwargs)
+
+    return run
 
 
+@_with_board_systems
 def part_plan(args) -> list[dict]:
     from tvm_spinn.llm import LLMError, spec_of
     from tvm_spinn.llm.plan import plan
 
-    _register_boards24()
     configs = importlib.resources.files("tvm_spinn.llm") / "configs"
     print(f"\n== plan: batch {args.batch}, seq {args.seq}, {args.handover} hand-overs between boards "
           "(config only: no weights, timing model)")

@@ -130,24 +130,14 @@ def _bert_base():
     return _Field(tf.BertModel(tf.BertConfig()), "last_hidden_state").eval(), torch.randint(0, 1000, (1, 128))
 
 
-_REGISTERED: dict = {}
-
-
-def _tag(arch: SpinnArch) -> str:
-    """A target tag for a variant system (registered once per distinct description)."""
-    key = tuple(sorted(arch.to_dict().items()))
-    if key not in _REGISTERED:
-        name = f"sensitivity-{len(_REGISTERED)}"
-        tvm_spinn.register_system(arch.replace(name=name), tag=f"spinn/{name}")
-        _REGISTERED[key] = f"spinn/{name}"
-    return _REGISTERED[key]
-
-
 def _planned(config, seq: int, dtype: str) -> Callable[[SpinnArch], Measure]:
     from tvm_spinn.llm.plan import plan
+    from tvm_spinn.target import registered_system
 
     def measure(arch: SpinnArch) -> Measure:
-        p = plan(config, target=_tag(arch), batch=1, seq=seq, dtype=dtype)
+        # the variant is a target only while it is planned (one at a time, so one name serves)
+        with registered_system(arch.replace(name="sensitivity-variant")) as tag:
+            p = plan(config, target=tag, batch=1, seq=seq, dtype=dtype)
         return Measure(1.0 / p.tokens_per_s_per_user, p.physical_bound_s, p.plan_seconds)
 
     return measure
