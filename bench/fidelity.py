@@ -15,7 +15,8 @@ Sources:
   inference with the operators "allocated entirely in the on-chip SRAM": 4.563 TOPS, 2.219 W
   at 300 MHz / 0.8 V (2.06 TOPS/W); 2.281 TOPS, 0.825 W at 150 MHz / 0.5 V (2.77 TOPS/W);
   4.563 of 5.837 TOPS = 78% for a transformer matmul tiled over the whole chip (Section 4.3).
-- [Octopus] OctopuScheduler on one production chip (arXiv 2507.13736; NICE 2025): fully-connected
+- [Octopus] OctopuScheduler on one production chip (IEEE NICE 2025, and its multi-layer
+  extension, arXiv 2507.13736): fully-connected
   layers at batch 1 reach 16-19% MAC utilisation ("1 of 4 MAC-array rows used"); an MLP layer
   streaming its weights from DRAM takes 323 us = weight fetch 192 us + MAC array 29 us + the
   rest serial (per-layer fetch -> compute -> write-back, one scheduler PE); ~13 us of scheduling
