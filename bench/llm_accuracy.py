@@ -3,8 +3,9 @@
 Each row is measured against the same model in float32 (transformers, PyTorch) on the same
 tokens (:mod:`tvm_spinn.llm.accuracy`):
 
-* ``int8 weights``: ``tvm_spinn.llm.compile(quantize=True)`` (int8 GEMMs: int8 weights and
-  int8 activation operands, calibrated on seeded random prompts) run on the simulator, every
+* ``int8 weights``: ``tvm_spinn.llm.compile(quantize=True)`` (int8 weight GEMMs: int8 weights
+  and int8 activation operands, calibrated on seeded random prompts; attention in float32, as the
+  KV cache) run on the simulator, every
   scored position scored by the compiled prefill / decode steps (teacher forcing); ``fp32
   compiled`` is the same path in float32, the measurement's floor.
 * ``hand-over fp16`` / ``hand-over int8``: the float32 model with the hidden state rounded at

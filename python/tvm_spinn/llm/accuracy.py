@@ -4,7 +4,8 @@ Two effects are measured on a transformers causal LM, each against the same mode
 (PyTorch, no rounding) on the same token sequence:
 
 * **int8 weights**: the model compiled with ``tvm_spinn.llm.compile(quantize=True)`` (int8
-  GEMMs: int8 weights and int8 activation operands, calibrated on seeded random prompts) and run
+  weight GEMMs: int8 weights and int8 activation operands, calibrated on seeded random prompts;
+  the attention matmuls float32, as the KV cache) and run
   on the simulator. Its logits come from :func:`compiled_logits`: a prefill of the first tokens,
   then the decode step fed the sequence's further tokens one by one (teacher forcing), so every
   scored position is scored by the programs the product runs.

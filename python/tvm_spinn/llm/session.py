@@ -108,9 +108,7 @@ class CompiledLLM:
         with quiet(self._verbose):  # torch's per-export warnings, per-op partition notes
             mod = frontend.from_pytorch(wrapper, tensors)
             if self._scheme:
-                from ..quant import quantize
-
-                mod = quantize(mod, calib, scheme=None if self._scheme is True else self._scheme)
+                mod = _quantize_weights(mod, calib, self._scheme)
             ex = relax.build(mod, target=self.target)
         return ex, relax.VirtualMachine(ex, tvm.cpu())
 
@@ -299,6 +297,23 @@ class CompiledLLM:
             energy_per_token_j=dec.energy_j / self.batch, prefill_energy_j=pre.energy_j)
 
 
+def _quantize_weights(mod, calib, scheme):
+    """int8 post-training quantization of a prefill or decode step's weight GEMMs.
+
+    The attention matmuls (query x K^T, probabilities x V) stay float32, as the KV cache they
+    read: the cache is a float32 tensor carried from step to step, so quantizing an attention
+    matmul's cache operand would quantize every slot of the cache again at every step (two
+    cache-sized quantize layers a block), where the weights are quantized once, at build time.
+    """
+    import dataclasses
+
+    from ..quant import quantize
+    from ..quant.scheme import as_scheme
+
+    scheme = as_scheme(None if scheme is True else scheme)
+    return quantize(mod, calib, scheme=dataclasses.replace(scheme, activation_matmuls=False))
+
+
 def _check_positive(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise LLMError(f"{name} must be an integer >= 1, got {value!r}")
@@ -326,8 +341,10 @@ def compile(model, target="spinn", max_seq_len: int = 128, batch: int = 1, quant
     batch : int
         Sequences generated together (the cache's batch dimension).
     quantize : None, True or str
-        ``None``: float32. ``True`` or a scheme string (:func:`tvm_spinn.quantize`): int8, each
-        step calibrated on seeded random prompts.
+        ``None``: float32. ``True`` or a scheme string (:func:`tvm_spinn.quantize`): int8 weight
+        GEMMs (the projections, MLPs and LM head), each step calibrated on seeded random prompts;
+        the attention matmuls stay float32, as the KV cache they read (the scheme's
+        ``activation_matmuls`` is not used).
     calibration_prompt_len, seed : int
         Prompt length and seed of the calibration prompts (int8 only).
     verbose : bool
