@@ -203,14 +203,15 @@ def _parts(model, spec: ModelSpec, batch: int, seq: int):
 
     b, s, h, d, kvh = batch, seq, spec.hidden, spec.head_dim, spec.kv_heads
     c = spec.cache_slots(seq)
-    rope = spec.family == "llama"
+    rope = spec.family != "gpt2"  # rotary tables: cos, sin of the rotated channels
+    r = spec.rotary_dim or d
     with torch.device("meta"):
         dec_args = [torch.zeros(b, 1, h), torch.zeros(b * kvh, d, c), torch.zeros(b * kvh, c, d),
                     torch.zeros(c, dtype=torch.bool), torch.zeros(c)]
         pre_args = [torch.zeros(b, s, h), torch.zeros(s, s)]
         if rope:
-            dec_args += [torch.zeros(b, 1, d), torch.zeros(b, 1, d)]
-            pre_args += [torch.zeros(b, s, d), torch.zeros(b, s, d)]
+            dec_args += [torch.zeros(b, 1, r), torch.zeros(b, 1, r)]
+            pre_args += [torch.zeros(b, s, r), torch.zeros(b, s, r)]
         head_args = [torch.zeros(b, 1, h)]
     return [("decode", LayerStep(model, spec, s).eval(), tuple(dec_args)),
             ("prefill", LayerStep(model, spec, s, prompt_len=s).eval(), tuple(pre_args)),
@@ -363,6 +364,7 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
         bad ``batch`` / ``dtype``, or a model (weights + KV cache) too large for the system's
         DRAM (the message names the smallest system that fits).
     """
+    from ..mapping import MappingError
     from ..target import arch_of, get_target
     from .describe import describe
 
@@ -425,6 +427,7 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
         candidates.append(("shared", shared, 1, "stream"))
     steps.total = 3 + len(candidates) + (len(STAGES_PER_BLOCK) if boards >= 2 else 0)
     records = {}
+    unmappable: list = []  # the mapping errors of the placements that do not fit
     peak = arch.peak_int8_ops_s if dtype == "int8" else arch.peak_fp32_flops_s
     gemm_ops = 2 * batch * (spec.params - (spec.vocab * spec.hidden if not spec.tied_embeddings else 0)
                             - (spec.max_positions * spec.hidden if spec.family == "gpt2" else 0))
@@ -432,7 +435,14 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
     for placement, group, groups, weights_mode in candidates:
         steps.set_postfix_str(f"map: {placement} on {group} chips")
         sub = arch if group == arch.chips else arch.replace(chips=group, name=f"{arch.name}[{group} chips]")
-        dec, pre, head = (_map(described[k], sub, weights_mode) for k in ("decode", "prefill", "head"))
+        try:
+            dec, pre, head = (_map(described[k], sub, weights_mode) for k in ("decode", "prefill", "head"))
+        except MappingError as err:
+            # a block that does not fit a group (e.g. the prefill's attention scores of many heads
+            # on one chip) rules out this placement only; raised when no placement fits
+            unmappable.append(err)
+            steps.update()
+            continue
         handoff_dec = handoff_pre = 0.0
         if placement == "groups":
             from ..target.topology import topology_of
@@ -493,6 +503,8 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
         records.update(board_tp.records(cfg, spec, arch, target, dtype, batch, seq, HANDOVER_BYTES[handover],
                                         described, weight_bytes, kv_bytes, steps, stages))
     steps.close()
+    if not records and unmappable:
+        raise unmappable[0]
     placement = min(records, key=lambda k: (records[k]["period_s"], records[k]["used"], k))
     best = records[placement]
     resident, streamed = best["resident"], best["streamed"]

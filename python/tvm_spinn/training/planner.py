@@ -253,9 +253,19 @@ class TrainingPlan:
 
 # --------------------------------------------------------------------------------- the model
 def _spec(config):
-    from ..llm.spec import spec_of  # the config reader (json only)
+    from ..llm.spec import LLMError, spec_of  # the config reader (json only)
 
-    return spec_of(config)
+    spec = spec_of(config)
+    if spec.model_type not in TRAINED_MODEL_TYPES:
+        # the counts below know GPT-2's and Llama's blocks only: another block is refused, not
+        # planned as one of them
+        raise LLMError(f"config field 'model_type' is {spec.model_type!r}: training plans model "
+                       f"{', '.join(TRAINED_MODEL_TYPES)}")
+    return spec
+
+
+#: model types whose blocks the training planner counts (GPT-2's and the Llama family's)
+TRAINED_MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "phi3")
 
 
 def _widths(spec, tp: int = 1):
