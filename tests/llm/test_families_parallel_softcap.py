@@ -1,7 +1,8 @@
 """tvm_spinn.llm for Gemma-2 (soft-capped attention and logits, alternating local/global layers,
 GeGLU, four RMSNorms of (1 + weight), scaled embeddings, query_pre_attn_scalar, a head size not
 hidden / heads), GPT-J (parallel attention and MLP, a partial pair-interleaved rotary embedding,
-a biased untied LM head) and Falcon (multi-query attention, parallel attention and MLP, rotary).
+a biased untied LM head), Falcon (multi-query attention, parallel attention and MLP, rotary) and
+Mixtral (a router's top-2 of its experts per token).
 
 Each family's greedy tokens are compared with transformers' own ``generate(do_sample=False)`` on
 seeded random weights: equal wherever transformers' top-2 logit margin exceeds the fp32 logit
@@ -222,6 +223,49 @@ def test_falcon_without_multi_query_and_with_biases():
     _generate_and_compare(model, compiled, prompt_len=5, seed=5)
 
 
+# ------------------------------------------------------------------------------------ Mixtral
+MIXTRAL_SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                     intermediate_size=96, max_position_embeddings=64, num_local_experts=4, num_experts_per_tok=2)
+
+
+@pytest.fixture(scope="module")
+def mixtral():
+    model = _model("MixtralForCausalLM", **MIXTRAL_SMALL)
+    _randomize(model, ("gate.weight",))  # a router that tells the experts apart
+    return model, llm.compile(model, target="spinn", max_seq_len=24, batch=2)
+
+
+@pytest.mark.slow  # four experts in each of two blocks (~80 s on a loaded host)
+def test_mixtral_tokens_and_logits_match_transformers(mixtral):
+    import tvm_spinn
+
+    model, compiled = mixtral
+    spec = compiled.spec
+    assert (spec.family, spec.experts, spec.experts_per_token) == ("llama", 4, 2)
+    _generate_and_compare(model, compiled, prompt_len=6, seed=6)
+    # not a vacuous check: the router picks different experts for different tokens
+    ids = torch.from_numpy(np.random.default_rng(6).integers(0, VOCAB, (2, 6)))
+    with torch.no_grad():
+        h = model.model.layers[0].post_attention_layernorm(model.model.embed_tokens(ids))
+        _, _, picked = model.model.layers[0].mlp.gate(h)
+    assert len({tuple(sorted(p)) for p in picked.tolist()}) > 1
+    ops = tvm_spinn.report(compiled.decode_executable()[0]).offloaded_ops
+    # q, k, v, o, the router and two GEMMs per expert in each block; the LM head
+    assert ops.get("spinn.dense") == 2 * (4 + 1 + 2 * 4) + 1 and ops.get("spinn.softmax") == 2 * 2
+
+
+def test_mixtral_bound_reads_the_experts_a_batch_picks():
+    from tvm_spinn.timing.bounds import decode_workload
+
+    spec = llm.spec_of(str(CONFIGS / "mixtral-8x7b.json"))
+    one, four = (decode_workload(spec, b, 2048, "int8") for b in (1, 4))
+    expert = 3 * spec.hidden * spec.intermediate  # int8: a byte per weight
+    kv = 2048 * spec.kv_bytes_per_token(4)
+    # four users pick up to all 8 experts of a block, one user 2: six more experts per block
+    assert (four.read_bytes - 4 * kv) - (one.read_bytes - kv) == spec.layers * 6 * expert + 3 * spec.hidden * 1
+    assert one.macs_int8 == spec.step_params(1) - spec.vocab * spec.hidden - spec.layers * 2 * spec.hidden - spec.hidden
+
+
 def test_families_run_their_projections_and_attention_on_the_pes(gemma2_compiled, gptj, falcon):
     import tvm_spinn
 
@@ -244,6 +288,7 @@ def test_families_run_their_projections_and_attention_on_the_pes(gemma2_compiled
     ("GPTJForCausalLM", GPTJ_SMALL), ("GPTJForCausalLM", {**GPTJ_SMALL, "tie_word_embeddings": True, "n_inner": 96}),
     ("FalconForCausalLM", FALCON_SMALL), ("FalconForCausalLM", {**FALCON_SMALL, "multi_query": False, "bias": True}),
     ("FalconForCausalLM", {**FALCON_SMALL, "tie_word_embeddings": False, "ffn_hidden_size": 96}),
+    ("MixtralForCausalLM", MIXTRAL_SMALL), ("MixtralForCausalLM", {**MIXTRAL_SMALL, "num_local_experts": 3}),
 ])
 def test_spec_counts_the_parameters_of_the_model(cls_name, kw):
     model = _model(cls_name, **kw)
@@ -252,7 +297,7 @@ def test_spec_counts_the_parameters_of_the_model(cls_name, kw):
 
 
 @pytest.mark.parametrize("name, cls_name", [("gemma-2-9b", "Gemma2ForCausalLM"), ("gpt-j-6b", "GPTJForCausalLM"),
-                                            ("falcon-7b", "FalconForCausalLM")])
+                                            ("falcon-7b", "FalconForCausalLM"), ("mixtral-8x7b", "MixtralForCausalLM")])
 def test_shipped_configs_count_as_transformers_does(name, cls_name):
     path = str(CONFIGS / f"{name}.json")
     config = tf.AutoConfig.from_pretrained(path)
@@ -273,6 +318,10 @@ def test_shipped_configs_read_as_published():
     assert falcon.params == 6_921_720_704  # Falcon-7B's published count
     assert (falcon.heads, falcon.kv_heads, falcon.head_dim) == (71, 1, 64)
     assert falcon.kv_bytes_per_token(4) == 2 * 32 * 1 * 64 * 4  # one key/value head per layer
+    mixtral = llm.spec_of(str(CONFIGS / "mixtral-8x7b.json"))
+    assert mixtral.params == 46_702_792_704  # Mixtral-8x7B's published count
+    assert mixtral.step_params(1) == 12_879_925_248  # the ~12.9B a token uses (2 of 8 experts)
+    assert mixtral.step_params(4) == mixtral.params
 
 
 @pytest.mark.parametrize("name, field, value, match", [
@@ -297,6 +346,11 @@ def test_shipped_configs_read_as_published():
     ("falcon-7b", "rope_scaling", {"rope_type": "dynamic", "factor": 2.0}, "'rope_scaling' .* 'dynamic'"),
     ("falcon-7b", "multi_query", "yes", "'multi_query' must be true or false"),
     ("falcon-7b", "attn_logit_softcapping", 50.0, "attn_logit_softcapping=50.0"),
+    ("mixtral-8x7b", "num_experts_per_tok", 9, "'num_experts_per_tok' \\(9\\) exceeds"),
+    ("mixtral-8x7b", "num_local_experts", 0, "'num_local_experts' must be"),
+    ("mixtral-8x7b", "shared_expert_intermediate_size", 1024, "shared_expert_intermediate_size=1024"),
+    ("mixtral-8x7b", "rope_scaling", {"rope_type": "yarn", "factor": 4.0}, "'rope_scaling' .* 'yarn'"),
+    ("llama-2-7b", "num_local_experts", 8, "num_local_experts=8"),  # experts outside mixtral
 ])
 def test_unsupported_fields_are_refused_by_name_and_value(name, field, value, match):
     cfg = json.loads((CONFIGS / f"{name}.json").read_text())
@@ -323,10 +377,15 @@ def test_soft_capping_is_accepted_for_gemma2_only():
     assert spec.attn_softcap is None and spec.final_softcap is None
 
 
+def test_mixtral_across_boards_is_refused_by_name():
+    with pytest.raises(llm.LLMError, match="'num_local_experts' is 8: .*expert parallelism across boards"):
+        llm.plan(str(CONFIGS / "mixtral-8x7b.json"), target="spinn/cloud", seq=512)
+
+
 def test_training_planner_refuses_the_families_it_does_not_count():
     from tvm_spinn.training.planner import _spec
 
-    for name in ("gemma-2-9b", "gpt-j-6b", "falcon-7b"):
+    for name in ("gemma-2-9b", "gpt-j-6b", "falcon-7b", "mixtral-8x7b"):
         with pytest.raises(llm.LLMError, match="'model_type' is"):
             _spec(str(CONFIGS / f"{name}.json"))
 
@@ -341,6 +400,9 @@ def test_training_planner_refuses_the_families_it_does_not_count():
      "n_positions": 256},
     {"model_type": "falcon", "hidden_size": 128, "num_attention_heads": 4, "num_hidden_layers": 2,
      "vocab_size": 256, "max_position_embeddings": 256},
+    {"model_type": "mixtral", "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4,
+     "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 256, "max_position_embeddings": 256,
+     "num_local_experts": 8, "num_experts_per_tok": 2},
 ])
 def test_plan_small_configs(config):
     plan = llm.plan(config, target="spinn", seq=128)
@@ -351,7 +413,7 @@ def test_plan_small_configs(config):
 
 
 @pytest.mark.slow  # the full-size blocks described and mapped (minutes each)
-@pytest.mark.parametrize("name", ["gemma-2-9b", "gpt-j-6b", "falcon-7b"])
+@pytest.mark.parametrize("name", ["gemma-2-9b", "gpt-j-6b", "falcon-7b", "mixtral-8x7b"])
 def test_plan_cli_plans_the_shipped_config(name, capsys):
     from tvm_spinn.cli import main
 

@@ -36,7 +36,9 @@ does), and each half of a block is normed again before it joins the residual. GP
 add attention and MLP, both fed by the one LayerNorm, to the residual; GPT-J rotates the first
 ``rotary_dim`` channels of each head in interleaved pairs (its tables passed in, each value
 repeated for its pair), Falcon's fused ``query_key_value`` is sliced as its ``_split_heads``
-splits it (multi-query: the queries, then one key and one value head).
+splits it (multi-query: the queries, then one key and one value head). Mixtral's router picks
+each token's top-k experts; with static shapes every expert is evaluated and weighted by its
+routing weight (0 where not picked), summed in expert order as transformers sums the picked ones.
 
 The arithmetic follows transformers' eager attention (``softmax(q k^T * scaling + mask) v``),
 so greedy tokens match ``generate``. Rotary tables (Llama) are computed by the model's own
@@ -111,6 +113,9 @@ class _Step(nn.Module):
         #: masks per layer kind (row 0: global layers, row 1: windowed ones), set by the steps
         #: of a model mixing both (Gemma-2)
         self.mask_per_kind = False
+        #: experts a step evaluates (None: all; a plan's block: those a step can read, see LayerStep)
+        self.evaluated_experts = None
+        self.expert_weights = None
 
     def _qkv(self, i: int, h):
         b, n, _ = h.shape
@@ -216,6 +221,8 @@ class _Step(nn.Module):
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def _mlp(self, mlp, h):
+        if self.spec.experts:
+            return self._experts(mlp, h)
         if not hasattr(mlp, "gate_up_proj"):
             return mlp(h)
         # Phi-3's fused gate/up projection: slices where its forward chunks (a split's tuple can
@@ -223,6 +230,34 @@ class _Step(nn.Module):
         gate_up = mlp.gate_up_proj(h)
         i = self.spec.intermediate
         return mlp.down_proj(gate_up[:, :, i:] * mlp.activation_fn(gate_up[:, :, :i]))
+
+    def _experts(self, moe, h):
+        """Mixtral's sparse MLP with static shapes: the router's top-k experts of each token,
+        their softmax probabilities renormalized over the k (transformers' router); every expert
+        is evaluated and weighted by its token's routing weight, 0 where the router did not pick
+        it, and the products summed in expert order (as transformers' index_add is: adding a
+        zero-weighted expert leaves the sum's bits as they were)."""
+        b, n, hd = h.shape
+        s = self.spec
+        x = h.reshape(b * n, hd)
+        probs = nn.functional.softmax(nn.functional.linear(x, moe.gate.weight), dim=-1)
+        top, index = torch.topk(probs, s.experts_per_token, dim=-1)
+        top = top / top.sum(dim=-1, keepdim=True)
+        zero = torch.zeros((), dtype=top.dtype)
+        experts, i = moe.experts, s.intermediate
+        out = torch.zeros_like(x)
+        for e in range(self.evaluated_experts or s.experts):
+            # the token's weight of expert e: its top-k entry for e (the k are distinct), else 0;
+            # element-wise over the k picks (a reduction here would be left to the host's scheduler)
+            weight = zero
+            for j in range(s.experts_per_token):
+                weight = weight + torch.where(index[:, j:j + 1] == e, top[:, j:j + 1], zero)
+            w_gate_up, w_down = ((self.expert_weights[2 * e], self.expert_weights[2 * e + 1]) if self.expert_weights
+                                 else (experts.gate_up_proj[e], experts.down_proj[e]))
+            gate_up = nn.functional.linear(x, w_gate_up)
+            y = nn.functional.linear(experts.act_fn(gate_up[:, :i]) * gate_up[:, i:], w_down)
+            out = out + y * weight
+        return out.reshape(b, n, hd)
 
     def _run(self, ids, cache_fn, mask, pos_or_cos, sin):
         x = self.embed(ids)
@@ -300,15 +335,27 @@ class Decode(_Step):
 class LayerStep(_Step):
     """One transformer block, for planning (the blocks of a model share its shapes).
 
+    A mixture-of-experts block evaluates ``experts`` of them (the router's picks weighting
+    them): the experts whose weights one step reads at most.
+
     ``prompt_len=None``: a decode step, ``forward(x (b, 1, hidden), k_cache (b * kv_heads, head_dim,
     S), v_cache (b * kv_heads, S, head_dim), write (S,), mask (S,)[, cos, sin])``; else a prefill of ``prompt_len`` tokens,
     ``forward(x (b, n, hidden), mask (n, n)[, cos, sin])`` (the causal mask an input, so that a
     model on the meta device holds no real tensor). Returns ``(x, k, v)``.
     """
 
-    def __init__(self, model, spec: ModelSpec, max_seq_len: int, prompt_len: "int | None" = None):
+    def __init__(self, model, spec: ModelSpec, max_seq_len: int, prompt_len: "int | None" = None,
+                 experts: "int | None" = None):
         super().__init__(model, spec, max_seq_len)
         self.prompt_len = prompt_len
+        if spec.experts:
+            # a mixture of experts: the ``experts`` (default all) a step reads, each weight its
+            # own 2-D parameter so that the planner sees every expert GEMM as a weight GEMM
+            self.evaluated_experts = min(experts or spec.experts, spec.experts)
+            moe = self.blocks[0].mlp.experts
+            self.expert_weights = nn.ParameterList(
+                [nn.Parameter(w[e].detach(), requires_grad=False) for e in range(self.evaluated_experts)
+                 for w in (moe.gate_up_proj, moe.down_proj)])
 
     def forward(self, x, *rest):
         if self.prompt_len is None:

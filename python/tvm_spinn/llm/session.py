@@ -312,14 +312,15 @@ def _check_positive(name: str, value) -> int:
 
 def compile(model, target="spinn", max_seq_len: int = 128, batch: int = 1, quantize=None,
             calibration_prompt_len: int = 8, seed: int = 0, verbose: bool = False) -> CompiledLLM:
-    """Compile a transformers GPT-2, Llama, Mistral, Qwen2, Phi-3, Gemma-2, GPT-J or Falcon
-    causal LM for greedy generation on a spinn target.
+    """Compile a transformers GPT-2, Llama, Mistral, Qwen2, Phi-3, Gemma-2, Mixtral, GPT-J or
+    Falcon causal LM for greedy generation on a spinn target.
 
     Parameters
     ----------
     model : transformers.PreTrainedModel
         ``GPT2LMHeadModel``, ``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM``,
-        ``Phi3ForCausalLM``, ``Gemma2ForCausalLM``, ``GPTJForCausalLM`` or ``FalconForCausalLM``
+        ``Phi3ForCausalLM``, ``Gemma2ForCausalLM``, ``MixtralForCausalLM``, ``GPTJForCausalLM`` or
+        ``FalconForCausalLM``
         (:data:`~tvm_spinn.llm.spec.CAUSAL_LM`; ``use_cache`` may be left at its default:
         the cache is this package's own). Its weights are used as they are (shared, not copied);
         the model and its config are left unchanged (training mode, attention implementation).

@@ -36,16 +36,17 @@ __all__ = ["LLMError", "ModelSpec", "FAMILIES", "CAUSAL_LM", "FIELDS", "FIXED_VA
 #: the differences :class:`ModelSpec` records: a sliding attention window (Mistral, Phi-3), biases on
 #: the q/k/v projections (Qwen2), fused q/k/v and gate/up weights (Phi-3: the same bytes), and
 #: Gemma-2's soft-capped attention and logits, alternating local/global layers, GeGLU MLP and
-#: four RMSNorms per block. GPT-J and Falcon are families of their own: one LayerNorm feeds
+#: four RMSNorms per block, Mixtral's mixture of experts (a router picks ``num_experts_per_tok``
+#: of ``num_local_experts`` gated MLPs per token). GPT-J and Falcon are families of their own: one LayerNorm feeds
 #: attention and a two-matrix MLP in parallel (both added to the residual), with rotary
 #: embeddings (GPT-J: on the first ``rotary_dim`` channels, pairs interleaved; Falcon: all, with
 #: one key/value head shared by every query head in its multi-query form)
 FAMILIES = {"gpt2": "gpt2", "llama": "llama", "mistral": "llama", "qwen2": "llama", "phi3": "llama",
-            "gemma2": "llama", "gptj": "gptj", "falcon": "falcon"}
+            "gemma2": "llama", "mixtral": "llama", "gptj": "gptj", "falcon": "falcon"}
 #: model_type -> the transformers causal-LM class of that type
 CAUSAL_LM = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
              "qwen2": "Qwen2ForCausalLM", "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
-             "gptj": "GPTJForCausalLM", "falcon": "FalconForCausalLM"}
+             "mixtral": "MixtralForCausalLM", "gptj": "GPTJForCausalLM", "falcon": "FalconForCausalLM"}
 #: Mistral's attention window where its config does not say (transformers' ``MistralConfig`` default)
 MISTRAL_DEFAULT_WINDOW = 4096
 
@@ -84,6 +85,10 @@ class ModelSpec:
     #: ``cap * tanh(x / cap)`` of the attention scores / of the logits (Gemma-2); ``None``: none
     attn_softcap: "float | None" = None
     final_softcap: "float | None" = None
+    #: Mixtral: gated MLPs (experts) per block and how many of them the router picks per token;
+    #: 0: a dense MLP
+    experts: int = 0
+    experts_per_token: int = 0
 
     def window_of(self, layer: int) -> "int | None":
         """The sliding window of block ``layer`` (``None``: it attends to every earlier position)."""
@@ -107,13 +112,20 @@ class ModelSpec:
             layer += (q + 2 * kv + h + i + h) * self.attention_bias
             extra = 2 * h
         else:
-            layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h
+            layer = h * (q + 2 * kv) + q * h + 3 * h * i * max(1, self.experts) + 2 * h
+            layer += self.experts * h  # the router
             layer += (q + 2 * kv + h) * self.attention_bias + (2 * i + h) * self.mlp_bias
             layer += (q + 2 * kv) * self.qkv_bias
             layer += 2 * h * (self.model_type == "gemma2")  # the norms after attention and after the MLP
             extra = h
         head = (0 if self.tied_embeddings else v * h) + head_bias  # GPT-J's bias stays when its weight is tied
         return self.layers * layer + v * h + head + extra
+
+    def step_params(self, batch: int = 1) -> int:
+        """Parameters one decoding step of ``batch`` tokens reads: all of them, less the experts
+        no token can pick (a mixture of experts: ``batch x experts_per_token`` at most)."""
+        unpicked = self.experts - min(self.experts, batch * self.experts_per_token)
+        return self.params - self.layers * 3 * self.hidden * self.intermediate * unpicked
 
     def layer_params(self) -> int:
         """Parameters of one transformer layer."""
@@ -203,6 +215,8 @@ FIELDS = {
     "gemma2": {"hidden_activation": _TEXT_OR_NULL, "query_pre_attn_scalar": _POSITIVE, "sliding_window": _DIM_OR_NULL,
                "layer_types": _TEXTS_OR_NULL, "attn_logit_softcapping": _POSITIVE_OR_NULL,
                "final_logit_softcapping": _POSITIVE_OR_NULL, "use_bidirectional_attention": _BOOL_OR_NULL},
+    "mixtral": {"sliding_window": _DIM_OR_NULL, "num_local_experts": _DIM, "num_experts_per_tok": _DIM,
+                "router_aux_loss_coef": _NONNEGATIVE, "output_router_logits": _BOOL, "router_jitter_noise": _NONNEGATIVE},
     # families of their own
     "gptj": {
         "n_embd": _DIM, "n_head": _DIM, "n_layer": _DIM, "n_positions": _DIM, "n_inner": _DIM_OR_NULL,
@@ -463,6 +477,8 @@ def spec_of(config) -> ModelSpec:
                     sliding_window=_window(cfg, model_type), model_type=model_type)
         if model_type == "gemma2":
             spec.update(_gemma2(cfg, spec["layers"]))
+        if model_type == "mixtral":
+            spec.update(_mixtral(cfg))
     return ModelSpec(family=family, head_dim=head_dim, **spec)
 
 
@@ -477,6 +493,15 @@ def _gemma2(cfg: dict, layers: int) -> dict:
     return dict(sliding_window=window, global_layers=tuple(i for i, k in enumerate(kinds) if k == "full_attention"),
                 attn_softcap=caps["attn_logit_softcapping"], final_softcap=caps["final_logit_softcapping"],
                 tied_embeddings=cfg.get("tie_word_embeddings", True))
+
+
+def _mixtral(cfg: dict) -> dict:
+    """Mixtral's experts (transformers' ``MixtralConfig`` defaults where absent: 8, 2 per token)."""
+    experts = _int(cfg, "num_local_experts", 8)
+    per_token = _int(cfg, "num_experts_per_tok", 2)
+    if per_token > experts:
+        raise LLMError(f"config field 'num_experts_per_tok' ({per_token}) exceeds 'num_local_experts' ({experts})")
+    return dict(experts=experts, experts_per_token=per_token)
 
 
 def _gptj(cfg: dict) -> tuple:
@@ -529,7 +554,7 @@ def _window(cfg: dict, model_type: str) -> "int | None":
     transformers reads it: Mistral's absent key is its 4096 default, an explicit null none."""
     if model_type == "mistral":
         return cfg["sliding_window"] if "sliding_window" in cfg else MISTRAL_DEFAULT_WINDOW
-    if model_type == "phi3":
+    if model_type in ("phi3", "mixtral"):
         return cfg.get("sliding_window")
     return None
 
@@ -584,8 +609,10 @@ def transformers_kwargs(cfg: dict, spec: ModelSpec, layers: "int | None" = None)
             out.update(sliding_window=spec.sliding_window, layer_types=kinds, hidden_activation=act,
                        attn_logit_softcapping=spec.attn_softcap, final_logit_softcapping=spec.final_softcap,
                        query_pre_attn_scalar=cfg.get("query_pre_attn_scalar", GEMMA2_DEFAULTS["query_pre_attn_scalar"]))
-        else:  # mistral, phi3: the window (None: full attention) as spec_of read it
+        else:  # mistral, phi3, mixtral: the window (None: full attention) as spec_of read it
             out.update(sliding_window=spec.sliding_window)
+            if spec.experts:
+                out.update(num_local_experts=spec.experts, num_experts_per_tok=spec.experts_per_token)
         keys = ("rms_norm_eps",)
     out.update({k: cfg[k] for k in keys if cfg.get(k) is not None})
     return out
