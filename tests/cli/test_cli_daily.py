@@ -150,7 +150,7 @@ def test_help_and_argument_errors_import_neither_torch_nor_tvm(tmp_path):
         (["plan", GPT2_XL, "--zero", "1"], 2, "--zero applies to training plans"),
         (["plan", "--train", GPT2_XL, "--tp", "0"], 2, "--tp must be a positive integer"),
     ]
-    (tmp_path / "bad.json").write_text('{"model_type": "mixtral"}')
+    (tmp_path / "bad.json").write_text('{"model_type": "mamba"}')
     for argv, rc, expect in cases:
         proc, imported = _command(tmp_path, *argv)
         assert proc.returncode == rc, (argv, proc.stderr[-2000:])

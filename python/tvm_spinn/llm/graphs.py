@@ -28,6 +28,18 @@ Grouped-query attention, biased q/k/v projections (Qwen2) and fused ``qkv_proj``
 ``gate_up_proj`` weights (Phi-3, sliced where transformers splits them) use the model's own
 modules.
 
+Gemma-2 mixes local (windowed) and global layers: its cache holds every position in every
+layer (slot = position), and its steps take one mask per layer kind (``(2, S)`` for a decode
+step, ``(2, n, n)`` inside the prefill; row 0 global, row 1 windowed). Its attention scores and
+logits are soft-capped (``cap * tanh(x / cap)``; the scores before the mask, as transformers
+does), and each half of a block is normed again before it joins the residual. GPT-J and Falcon
+add attention and MLP, both fed by the one LayerNorm, to the residual; GPT-J rotates the first
+``rotary_dim`` channels of each head in interleaved pairs (its tables passed in, each value
+repeated for its pair), Falcon's fused ``query_key_value`` is sliced as its ``_split_heads``
+splits it (multi-query: the queries, then one key and one value head). Mixtral's router picks
+each token's top-k experts; with static shapes every expert is evaluated and weighted by its
+routing weight (0 where not picked), summed in expert order as transformers sums the picked ones.
+
 The arithmetic follows transformers' eager attention (``softmax(q k^T * scaling + mask) v``),
 so greedy tokens match ``generate``. Rotary tables (Llama) are computed by the model's own
 ``rotary_emb`` on the host and passed in, the exact values transformers uses.
@@ -64,12 +76,22 @@ def causal_mask(n: int, window: "int | None" = None) -> torch.Tensor:
     return torch.where(seen, torch.tensor(0.0), torch.tensor(torch.finfo(torch.float32).min))
 
 
+def _rotate_every_two(x):
+    # GPT-J's rotation of interleaved pairs (channels 2j, 2j+1): (-x[2j+1], x[2j])
+    return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+
+
 def rotary_tables(model, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of shape (b, n, head_dim) for integer ``positions`` (b, n), from the model's rotary module."""
-    rotary = model.model.rotary_emb
+    """cos, sin of shape (b, n, rotated channels) for integer ``positions`` (b, n), from the
+    model's rotary module (GPT-J's: each value repeated for the pair it rotates, as transformers'
+    ``apply_rotary_pos_emb`` repeats it)."""
+    base = model.transformer if hasattr(model, "transformer") else model.model
     dummy = torch.zeros((), dtype=torch.float32)
     with torch.no_grad():
-        return rotary(dummy, positions)
+        if getattr(model.config, "model_type", "") == "gptj":
+            sin, cos = base.rotary_emb(dummy, positions)
+            return cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
+        return base.rotary_emb(dummy, positions)
 
 
 class _Step(nn.Module):
@@ -79,22 +101,42 @@ class _Step(nn.Module):
         self.spec = spec
         self.max_seq_len = max_seq_len
         self.gpt2 = spec.family == "gpt2"
-        base = model.transformer if self.gpt2 else model.model
-        self.blocks = base.h if self.gpt2 else base.layers
-        self.final_norm = base.ln_f if self.gpt2 else base.norm
-        self.embed = base.wte if self.gpt2 else base.embed_tokens
+        self.gemma2 = spec.model_type == "gemma2"
+        if hasattr(model, "transformer"):  # GPT-2, GPT-J, Falcon
+            base = model.transformer
+            self.blocks, self.final_norm = base.h, base.ln_f
+            self.embed = base.wte if hasattr(base, "wte") else base.word_embeddings
+        else:
+            base = model.model
+            self.blocks, self.final_norm, self.embed = base.layers, base.norm, base.embed_tokens
         self.pos_embed = base.wpe if self.gpt2 else None
+        #: masks per layer kind (row 0: global layers, row 1: windowed ones), set by the steps
+        #: of a model mixing both (Gemma-2)
+        self.mask_per_kind = False
+        #: experts a step evaluates (None: all; a plan's block: those a step can read, see LayerStep)
+        self.evaluated_experts = None
+        self.expert_weights = None
 
     def _qkv(self, i: int, h):
         b, n, _ = h.shape
         s = self.spec
+        block = self.blocks[i]
         if self.gpt2:
-            attn = self.blocks[i].attn
+            attn = block.attn
             qkv = attn.c_attn(h)
             # slices, not split: a split's tuple can end up inside an offloaded region (GPT-2-XL)
             q, k, v = qkv[:, :, :s.hidden], qkv[:, :, s.hidden:2 * s.hidden], qkv[:, :, 2 * s.hidden:]
+        elif s.family == "falcon":
+            attn = block.self_attention
+            qkv = attn.query_key_value(h)
+            if s.kv_heads == 1 and s.heads > 1:  # multi-query: the heads' queries, then one key, one value
+                qw = s.heads * s.head_dim
+                q, k, v = qkv[:, :, :qw], qkv[:, :, qw:qw + s.head_dim], qkv[:, :, qw + s.head_dim:]
+            else:  # per head: its query, key and value side by side (transformers' _split_heads)
+                qkv = qkv.view(b, n, s.heads, 3, s.head_dim)
+                q, k, v = (qkv[:, :, :, j, :].reshape(b, n, s.heads * s.head_dim) for j in range(3))
         else:
-            attn = self.blocks[i].self_attn
+            attn = block.attn if s.family == "gptj" else block.self_attn
             if hasattr(attn, "qkv_proj"):  # Phi-3: one fused projection, sliced as transformers does
                 qkv = attn.qkv_proj(h)
                 qw, kw = s.heads * s.head_dim, s.kv_heads * s.head_dim
@@ -124,7 +166,10 @@ class _Step(nn.Module):
         b, heads, n, d = q.shape
         kvh = self.spec.kv_heads
         groups = heads // kvh
-        scores = torch.bmm(q.reshape(b * kvh, groups * n, d), k_t) * attn.scaling
+        scaling = attn.scaling if hasattr(attn, "scaling") else attn.inv_norm_factor  # Falcon's name
+        scores = torch.bmm(q.reshape(b * kvh, groups * n, d), k_t) * scaling
+        if self.spec.attn_softcap is not None:  # Gemma-2: cap * tanh(scores / cap), before the mask
+            scores = torch.tanh(scores / self.spec.attn_softcap) * self.spec.attn_softcap
         if n > 1:
             scores = scores.reshape(b * kvh, groups, n, -1)
         probs = nn.functional.softmax(scores + mask, dim=-1)
@@ -133,22 +178,51 @@ class _Step(nn.Module):
         out = torch.bmm(probs, v).reshape(b, heads, n, d).transpose(1, 2)
         return out.reshape(b, n, heads * d)
 
+    def _rotate(self, x, cos, sin):
+        r = self.spec.rotary_dim
+        if r is None:
+            return _rope(x, cos, sin)
+        # GPT-J: the first r channels of each head, interleaved pairs; the rest pass unrotated
+        rot = x[..., :r] * cos.unsqueeze(1) + _rotate_every_two(x[..., :r]) * sin.unsqueeze(1)
+        return rot if r == x.shape[-1] else torch.cat([rot, x[..., r:]], dim=-1)
+
+    def _mask(self, i: int, mask):
+        if not self.mask_per_kind:
+            return mask
+        return mask[1] if self.spec.window_of(i) is not None else mask[0]
+
     def _layer(self, i: int, x, cache_fn, mask, cos, sin):
         block = self.blocks[i]
-        h = block.ln_1(x) if self.gpt2 else block.input_layernorm(x)
+        s = self.spec
+        h = (block.ln_1(x) if self.gpt2 or s.family == "gptj" else block.input_layernorm(x))
         attn, q, k, v = self._qkv(i, h)
         if not self.gpt2:
-            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
         k_att, v_att, k_out, v_out = cache_fn(i, *self._to_cache(k, v))
-        o = self._attend(attn, q, k_att, v_att, mask)
-        x = x + (attn.c_proj(o) if self.gpt2 else attn.o_proj(o))
+        o = self._attend(attn, q, k_att, v_att, self._mask(i, mask))
         if self.gpt2:
+            x = x + attn.c_proj(o)
             x = x + block.mlp(block.ln_2(x))
+        elif s.family == "gptj":  # attention and MLP in parallel on the same normed input
+            x = attn.out_proj(o) + block.mlp(h) + x
+        elif s.family == "falcon":
+            x = (block.mlp(h) + attn.dense(o)) + x
+        elif self.gemma2:  # each half normed again before it joins the residual
+            x = x + block.post_attention_layernorm(attn.o_proj(o))
+            x = x + block.post_feedforward_layernorm(block.mlp(block.pre_feedforward_layernorm(x)))
         else:
+            x = x + attn.o_proj(o)
             x = x + self._mlp(block.mlp, block.post_attention_layernorm(x))
         return x, k_out, v_out
 
+    def _logits(self, x):
+        logits = self.model.lm_head(self.final_norm(x))
+        cap = self.spec.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
     def _mlp(self, mlp, h):
+        if self.spec.experts:
+            return self._experts(mlp, h)
         if not hasattr(mlp, "gate_up_proj"):
             return mlp(h)
         # Phi-3's fused gate/up projection: slices where its forward chunks (a split's tuple can
@@ -156,6 +230,34 @@ class _Step(nn.Module):
         gate_up = mlp.gate_up_proj(h)
         i = self.spec.intermediate
         return mlp.down_proj(gate_up[:, :, i:] * mlp.activation_fn(gate_up[:, :, :i]))
+
+    def _experts(self, moe, h):
+        """Mixtral's sparse MLP with static shapes: the router's top-k experts of each token,
+        their softmax probabilities renormalized over the k (transformers' router); every expert
+        is evaluated and weighted by its token's routing weight, 0 where the router did not pick
+        it, and the products summed in expert order (as transformers' index_add is: adding a
+        zero-weighted expert leaves the sum's bits as they were)."""
+        b, n, hd = h.shape
+        s = self.spec
+        x = h.reshape(b * n, hd)
+        probs = nn.functional.softmax(nn.functional.linear(x, moe.gate.weight), dim=-1)
+        top, index = torch.topk(probs, s.experts_per_token, dim=-1)
+        top = top / top.sum(dim=-1, keepdim=True)
+        zero = torch.zeros((), dtype=top.dtype)
+        experts, i = moe.experts, s.intermediate
+        out = torch.zeros_like(x)
+        for e in range(self.evaluated_experts or s.experts):
+            # the token's weight of expert e: its top-k entry for e (the k are distinct), else 0;
+            # element-wise over the k picks (a reduction here would be left to the host's scheduler)
+            weight = zero
+            for j in range(s.experts_per_token):
+                weight = weight + torch.where(index[:, j:j + 1] == e, top[:, j:j + 1], zero)
+            w_gate_up, w_down = ((self.expert_weights[2 * e], self.expert_weights[2 * e + 1]) if self.expert_weights
+                                 else (experts.gate_up_proj[e], experts.down_proj[e]))
+            gate_up = nn.functional.linear(x, w_gate_up)
+            y = nn.functional.linear(experts.act_fn(gate_up[:, :i]) * gate_up[:, i:], w_down)
+            out = out + y * weight
+        return out.reshape(b, n, hd)
 
     def _run(self, ids, cache_fn, mask, pos_or_cos, sin):
         x = self.embed(ids)
@@ -169,8 +271,7 @@ class _Step(nn.Module):
             x, k, v = self._layer(i, x, cache_fn, mask, cos, sin)
             ks.append(k)
             vs.append(v)
-        last = self.final_norm(x[:, -1:, :])
-        logits = self.model.lm_head(last)[:, 0, :]
+        logits = self._logits(x[:, -1:, :])[:, 0, :]
         return logits, torch.stack(ks), torch.stack(vs)
 
 
@@ -179,7 +280,10 @@ class Prefill(_Step):
 
     def __init__(self, model, spec: ModelSpec, max_seq_len: int, prompt_len: int):
         super().__init__(model, spec, max_seq_len)
-        self.register_buffer("causal", causal_mask(prompt_len, spec.sliding_window), persistent=False)
+        self.mask_per_kind = _mixed(spec)
+        causal = (torch.stack([causal_mask(prompt_len), causal_mask(prompt_len, spec.sliding_window)])
+                  if self.mask_per_kind else causal_mask(prompt_len, spec.sliding_window))
+        self.register_buffer("causal", causal, persistent=False)
         self.prompt_len = prompt_len
 
     def forward(self, ids, pos_or_cos, sin=None):
@@ -204,8 +308,19 @@ class Prefill(_Step):
         return self._run(ids, cache_fn, self.causal, pos_or_cos, sin)
 
 
+def _mixed(spec: ModelSpec) -> bool:
+    """Whether the model has global and windowed layers (Gemma-2): its steps take a mask per kind."""
+    return spec.sliding_window is not None and bool(spec.global_layers)
+
+
 class Decode(_Step):
-    """One token: ``forward(ids, k_cache, v_cache, write, mask, pos_or_cos[, sin])`` -> (logits, K, V)."""
+    """One token: ``forward(ids, k_cache, v_cache, write, mask, pos_or_cos[, sin])`` -> (logits, K, V).
+
+    ``mask``: (S,), or (2, S) for a model of global and windowed layers (rows: global, windowed)."""
+
+    def __init__(self, model, spec: ModelSpec, max_seq_len: int):
+        super().__init__(model, spec, max_seq_len)
+        self.mask_per_kind = _mixed(spec)
 
     def forward(self, ids, k_cache, v_cache, write, mask, pos_or_cos, sin=None):
         def cache_fn(i, k_t, v):
@@ -220,15 +335,27 @@ class Decode(_Step):
 class LayerStep(_Step):
     """One transformer block, for planning (the blocks of a model share its shapes).
 
+    A mixture-of-experts block evaluates ``experts`` of them (the router's picks weighting
+    them): the experts whose weights one step reads at most.
+
     ``prompt_len=None``: a decode step, ``forward(x (b, 1, hidden), k_cache (b * kv_heads, head_dim,
     S), v_cache (b * kv_heads, S, head_dim), write (S,), mask (S,)[, cos, sin])``; else a prefill of ``prompt_len`` tokens,
     ``forward(x (b, n, hidden), mask (n, n)[, cos, sin])`` (the causal mask an input, so that a
     model on the meta device holds no real tensor). Returns ``(x, k, v)``.
     """
 
-    def __init__(self, model, spec: ModelSpec, max_seq_len: int, prompt_len: "int | None" = None):
+    def __init__(self, model, spec: ModelSpec, max_seq_len: int, prompt_len: "int | None" = None,
+                 experts: "int | None" = None):
         super().__init__(model, spec, max_seq_len)
         self.prompt_len = prompt_len
+        if spec.experts:
+            # a mixture of experts: the ``experts`` (default all) a step reads, each weight its
+            # own 2-D parameter so that the planner sees every expert GEMM as a weight GEMM
+            self.evaluated_experts = min(experts or spec.experts, spec.experts)
+            moe = self.blocks[0].mlp.experts
+            self.expert_weights = nn.ParameterList(
+                [nn.Parameter(w[e].detach(), requires_grad=False) for e in range(self.evaluated_experts)
+                 for w in (moe.gate_up_proj, moe.down_proj)])
 
     def forward(self, x, *rest):
         if self.prompt_len is None:
@@ -251,4 +378,4 @@ class Head(_Step):
     """The final norm and LM head: ``forward(x (b, 1, hidden))``, the last position's hidden state -> logits."""
 
     def forward(self, x):
-        return self.model.lm_head(self.final_norm(x))
+        return self._logits(x)

@@ -203,17 +203,20 @@ def _parts(model, spec: ModelSpec, batch: int, seq: int):
 
     b, s, h, d, kvh = batch, seq, spec.hidden, spec.head_dim, spec.kv_heads
     c = spec.cache_slots(seq)
-    rope = spec.family == "llama"
+    rope = spec.family != "gpt2"  # rotary tables: cos, sin of the rotated channels
+    r = spec.rotary_dim or d
     with torch.device("meta"):
         dec_args = [torch.zeros(b, 1, h), torch.zeros(b * kvh, d, c), torch.zeros(b * kvh, c, d),
                     torch.zeros(c, dtype=torch.bool), torch.zeros(c)]
         pre_args = [torch.zeros(b, s, h), torch.zeros(s, s)]
         if rope:
-            dec_args += [torch.zeros(b, 1, d), torch.zeros(b, 1, d)]
-            pre_args += [torch.zeros(b, s, d), torch.zeros(b, s, d)]
+            dec_args += [torch.zeros(b, 1, r), torch.zeros(b, 1, r)]
+            pre_args += [torch.zeros(b, s, r), torch.zeros(b, s, r)]
         head_args = [torch.zeros(b, 1, h)]
-    return [("decode", LayerStep(model, spec, s).eval(), tuple(dec_args)),
-            ("prefill", LayerStep(model, spec, s, prompt_len=s).eval(), tuple(pre_args)),
+    # a mixture of experts: a step reads the experts its tokens pick, at most k per token
+    k = spec.experts_per_token
+    return [("decode", LayerStep(model, spec, s, experts=b * k).eval(), tuple(dec_args)),
+            ("prefill", LayerStep(model, spec, s, prompt_len=s, experts=b * s * k).eval(), tuple(pre_args)),
             ("head", Head(model, spec, s).eval(), tuple(head_args))]
 
 
@@ -363,6 +366,7 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
         bad ``batch`` / ``dtype``, or a model (weights + KV cache) too large for the system's
         DRAM (the message names the smallest system that fits).
     """
+    from ..mapping import MappingError
     from ..target import arch_of, get_target
     from .describe import describe
 
@@ -390,6 +394,10 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
     check_plan_sizes(spec, batch, seq, DTYPES[dtype])
     target = get_target(target)
     arch = arch_of(target)
+    if spec.experts and arch.chips > arch.chips_per_board:
+        raise LLMError(f"config field 'num_local_experts' is {spec.experts}: a mixture of experts is planned on "
+                       f"one board at most (expert parallelism across boards is not implemented); target "
+                       f"{arch.name} has {arch.chips // arch.chips_per_board} boards")
     weight_bytes = spec.params * DTYPES[dtype]
     slots = spec.cache_slots(seq)  # a sliding window keeps only its last positions
     kv_bytes = batch * slots * spec.kv_bytes_per_token(4)
@@ -417,7 +425,8 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
         # one group of chips per block (and one for the head) inside a board: each group's SRAM
         # holds only its block, so the mapper may keep its weights resident (on two or more
         # boards the pipeline placement below is this with whole boards per stage)
-        candidates.append(("groups", arch.chips // (L + 1), L + 1, "auto"))
+        # (a mixture of experts streams its experts: the ones a token picks change every token)
+        candidates.append(("groups", arch.chips // (L + 1), L + 1, "stream" if spec.experts else "auto"))
     # every block on the same chips: their weights together exceed the SRAM, so they stream from
     # DRAM; at most SHARED_MAX_CHIPS chips (mapping one block over more is not practical yet)
     shared = min(arch.chips, SHARED_MAX_CHIPS)
@@ -425,14 +434,22 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
         candidates.append(("shared", shared, 1, "stream"))
     steps.total = 3 + len(candidates) + (len(STAGES_PER_BLOCK) if boards >= 2 else 0)
     records = {}
+    unmappable: list = []  # the mapping errors of the placements that do not fit
     peak = arch.peak_int8_ops_s if dtype == "int8" else arch.peak_fp32_flops_s
-    gemm_ops = 2 * batch * (spec.params - (spec.vocab * spec.hidden if not spec.tied_embeddings else 0)
+    gemm_ops = 2 * batch * (spec.step_params(1) - (spec.vocab * spec.hidden if not spec.tied_embeddings else 0)
                             - (spec.max_positions * spec.hidden if spec.family == "gpt2" else 0))
     attn_flops = 2 * 2 * batch * L * spec.heads * spec.head_dim * slots
     for placement, group, groups, weights_mode in candidates:
         steps.set_postfix_str(f"map: {placement} on {group} chips")
         sub = arch if group == arch.chips else arch.replace(chips=group, name=f"{arch.name}[{group} chips]")
-        dec, pre, head = (_map(described[k], sub, weights_mode) for k in ("decode", "prefill", "head"))
+        try:
+            dec, pre, head = (_map(described[k], sub, weights_mode) for k in ("decode", "prefill", "head"))
+        except MappingError as err:
+            # a block that does not fit a group (e.g. the prefill's attention scores of many heads
+            # on one chip) rules out this placement only; raised when no placement fits
+            unmappable.append(err)
+            steps.update()
+            continue
         handoff_dec = handoff_pre = 0.0
         if placement == "groups":
             from ..target.topology import topology_of
@@ -457,7 +474,8 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
         decode_s = L * dec.latency_s + head.latency_s + handoff_dec + write_sram + write_dram + loop_s
         used = group * groups
         resident = L * (dec.resident_bytes - dec.kv_sram_bytes) + head.resident_bytes  # weights only
-        streamed = max(0, weight_bytes - resident) if placement == "groups" else weight_bytes
+        step_bytes = spec.step_params(batch) * DTYPES[dtype]  # the weights a step reads (experts: the picked)
+        streamed = max(0, step_bytes - resident) if placement == "groups" else step_bytes
         # a token visits the groups one after another: each block has only its group's resources
         share = used if placement == "shared" else group
         bounds = {
@@ -493,6 +511,8 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
         records.update(board_tp.records(cfg, spec, arch, target, dtype, batch, seq, HANDOVER_BYTES[handover],
                                         described, weight_bytes, kv_bytes, steps, stages))
     steps.close()
+    if not records and unmappable:
+        raise unmappable[0]
     placement = min(records, key=lambda k: (records[k]["period_s"], records[k]["used"], k))
     best = records[placement]
     resident, streamed = best["resident"], best["streamed"]

@@ -123,7 +123,12 @@ class CompiledLLM:
         # position p lives in slot p % S (a ring when a sliding window keeps fewer slots than
         # positions); the slots written so far are the keys the query attends to
         write = np.arange(S) == position % S
-        mask = np.where(np.arange(S) <= position, np.float32(0), np.finfo(np.float32).min).astype(np.float32)
+        seen = np.arange(S) <= position
+        if self.spec.sliding_window is not None and self.spec.global_layers:
+            # global and windowed layers over one cache of every position (slot = position): a
+            # mask per kind, the windowed one admitting the last `sliding_window` positions
+            seen = np.stack([seen, seen & (np.arange(S) > position - self.spec.sliding_window)])
+        mask = np.where(seen, np.float32(0), np.finfo(np.float32).min).astype(np.float32)
         return [tok, write, mask, *self._extra(np.full((b, 1), position, dtype=np.int64))]
 
     def _cache_shapes(self) -> tuple:
@@ -322,14 +327,16 @@ def _check_positive(name: str, value) -> int:
 
 def compile(model, target="spinn", max_seq_len: int = 128, batch: int = 1, quantize=None,
             calibration_prompt_len: int = 8, seed: int = 0, verbose: bool = False) -> CompiledLLM:
-    """Compile a transformers GPT-2, Llama, Mistral, Qwen2 or Phi-3 causal LM for greedy
-    generation on a spinn target.
+    """Compile a transformers GPT-2, Llama, Mistral, Qwen2, Phi-3, Gemma-2, Mixtral, GPT-J or
+    Falcon causal LM for greedy generation on a spinn target.
 
     Parameters
     ----------
     model : transformers.PreTrainedModel
-        ``GPT2LMHeadModel``, ``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM``
-        or ``Phi3ForCausalLM`` (:data:`~tvm_spinn.llm.spec.CAUSAL_LM`; ``use_cache`` may be left at its default:
+        ``GPT2LMHeadModel``, ``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM``,
+        ``Phi3ForCausalLM``, ``Gemma2ForCausalLM``, ``MixtralForCausalLM``, ``GPTJForCausalLM`` or
+        ``FalconForCausalLM``
+        (:data:`~tvm_spinn.llm.spec.CAUSAL_LM`; ``use_cache`` may be left at its default:
         the cache is this package's own). Its weights are used as they are (shared, not copied);
         the model and its config are left unchanged (training mode, attention implementation).
     target : str or tvm.target.Target

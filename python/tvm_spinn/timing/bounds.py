@@ -458,7 +458,8 @@ def decode_workload(spec, batch: int, context: int, dtype: str, handover_itemsiz
     -------
     Workload
         MACs: the weight GEMMs (``dtype``) and the attention's two matmuls (fp32). Bytes read:
-        every GEMM weight, the vectors (norm scales, biases; fp32), the embedding rows the batch
+        every GEMM weight (of a mixture of experts, the experts the batch's tokens can pick:
+        ``min(experts, batch x experts_per_token)`` per block), the vectors (norm scales, biases; fp32), the embedding rows the batch
         gathers (a tied table is read whole as the LM head), and the KV cache. Hand-over: the
         batch's residual stream, a row per user. Sync points: the two norms of every block
         (each needs the whole residual row) and the final norm (``2 layers + 1``; the output's
@@ -470,18 +471,26 @@ def decode_workload(spec, batch: int, context: int, dtype: str, handover_itemsiz
     h, i, v = spec.hidden, spec.intermediate, spec.vocab
     q, kv = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
     mlp = 3 if spec.family == "llama" else 2
-    block = h * (q + 2 * kv) + q * h + mlp * h * i
-    gemm = spec.layers * block + v * h  # every block and the LM head
+    # a mixture of experts: each token runs its router and k experts, the batch reads the
+    # experts its tokens pick (at most batch x k of them)
+    n_experts = getattr(spec, "experts", 0)
+    experts, k = max(1, n_experts), max(1, getattr(spec, "experts_per_token", 0))
+    read_experts = min(experts, batch * k)
+    router = n_experts * h
+    block = h * (q + 2 * kv) + q * h + mlp * h * i * k + router
+    gemm = spec.layers * block + v * h  # every block and the LM head (a token's MACs)
+    stored = spec.layers * (h * (q + 2 * kv) + q * h + mlp * h * i * experts + router) + v * h
     tables = (0 if spec.tied_embeddings else v * h) + (spec.max_positions * h if spec.family == "gpt2" else 0)
-    vectors = spec.params - gemm - tables
+    vectors = spec.params - stored - tables
+    read_gemm = spec.layers * (h * (q + 2 * kv) + q * h + mlp * h * i * read_experts + router) + v * h
     rows = batch * h * ((0 if spec.tied_embeddings else 1) + (1 if spec.family == "gpt2" else 0))
     kv_cache = batch * context * 2 * spec.layers * kv * 4
     attention = batch * spec.layers * 2 * spec.heads * spec.head_dim * context
-    weights = gemm * itemsize + vectors * 4 + rows * itemsize
+    weights = read_gemm * itemsize + vectors * 4 + rows * itemsize
     # the stretches between norms: a block's attention half (its GEMMs and its layer's KV slots),
     # its MLP half, the LM head; every vector and gathered row added to the largest keeps it an
     # upper bound on what any one stretch reads
-    largest = (max(h * (q + 2 * kv) + q * h, mlp * h * i, v * h) * itemsize
+    largest = (max(h * (q + 2 * kv) + q * h, mlp * h * i * read_experts + router, v * h) * itemsize
                + (kv_cache // spec.layers if spec.layers else 0) + vectors * 4 + rows * itemsize)
     return Workload(macs_int8=batch * gemm if dtype == "int8" else 0,
                     macs_fp32=attention + (batch * gemm if dtype == "fp32" else 0),

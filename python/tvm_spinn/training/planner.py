@@ -253,9 +253,20 @@ class TrainingPlan:
 
 # --------------------------------------------------------------------------------- the model
 def _spec(config):
-    from ..llm.spec import spec_of  # the config reader (json only)
+    from ..llm.spec import FAMILIES, LLMError, _as_dict, spec_of  # the config reader (json only)
 
-    return spec_of(config)
+    cfg = _as_dict(config)
+    model_type = cfg.get("model_type")
+    if model_type in FAMILIES and model_type not in TRAINED_MODEL_TYPES:
+        # the counts below know GPT-2's and Llama's blocks only: another block is refused, not
+        # planned as one of them (an unknown type is spec_of's error)
+        raise LLMError(f"config field 'model_type' is {model_type!r}: training plans model types "
+                       f"{', '.join(TRAINED_MODEL_TYPES)}")
+    return spec_of(cfg)
+
+
+#: model types whose blocks the training planner counts (GPT-2's and the Llama family's)
+TRAINED_MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "phi3")
 
 
 def _widths(spec, tp: int = 1):
