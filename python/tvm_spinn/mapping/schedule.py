@@ -133,7 +133,7 @@ def _build(program: Program, arch: SpinnArch, mode: str, options: MappingOptions
         def map_one(shard, chip, reserved):
             for j in range(len(shard.layers)):
                 layer_work(shard, j, chip)
-            _map(shard, chip, "sequential", options, reserved)
+            return _map(shard, chip, "sequential", options, reserved)
 
         return map_on_system(program, arch, options, state, map_one, key, memo.system if memo is not None else None,
                              tuple(onchip))
@@ -146,9 +146,10 @@ def _build(program: Program, arch: SpinnArch, mode: str, options: MappingOptions
     return None
 
 
-def _map(program: Program, arch: SpinnArch, mode: str, options: MappingOptions, reserved=None) -> None:
+def _map(program: Program, arch: SpinnArch, mode: str, options: MappingOptions, reserved=None) -> dict[int, int]:
     """Map ``program`` (its layers' work already set); ``reserved``: SRAM bytes per PE held by
-    earlier programs' resident weights (:func:`~.memory.plan_memory`)."""
+    earlier programs' resident weights (:func:`~.memory.plan_memory`). Returns the resident
+    weight bytes per PE of this program's own (what a build's SRAM ledger adds for it)."""
     from ..timing import evaluate
 
     n = len(program.layers)
@@ -199,13 +200,13 @@ def _map(program: Program, arch: SpinnArch, mode: str, options: MappingOptions, 
             first_plan = plan
         program.mapping = replace(base, layers=tuple(recs), resident_layers=tuple(plan.resident_layers),
                                   onchip_tensors=tuple(plan.onchip_tensors))
-        timing = evaluate(program, arch, tabs).summary()
+        timing = evaluate(program, arch, tabs)
         if best is None or timing.cycles < best[2].cycles:
             best = (plan, program.mapping, timing, tabs)
     plan, program.mapping, program.timing, tabs = best
     program.tiles = ProgramTiles(tabs)
     program.memory = _memory_summary(plan)
-    program.resident_pe = dict(plan.resident_bytes)  # in memory only: the build's SRAM ledger
+    return dict(plan.resident_bytes)
 
 
 def _ledger_start(arch: SpinnArch, ranges, reserved):
