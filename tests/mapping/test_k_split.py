@@ -126,7 +126,7 @@ def test_fp32_never_splits_and_records_are_validated():
     fp32.layers[0].consts = {"weight": 1}
     fp32.tensors = copy.deepcopy(program.tensors)
     fp32.tensors[0].dtype = fp32.tensors[1].dtype = "float32"
-    fp32.constants = {1: program.constants[1].astype(np.float32)}
+    fp32.constants = {**program.constants, 1: program.constants[1].astype(np.float32)}
     assert len(tvm_spinn.mapping.choose_gemm_tile(tvm_spinn.mapping.gemm_shape(fp32, fp32.layers[0]), ARCH,
                                                   pes=32, mode="fp32", split_k=True)) == 3
     with pytest.raises(ProgramError, match=r"mapping\.layers\[0\]\.tile\[3\]: a reduction split .* int8"):

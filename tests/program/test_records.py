@@ -71,6 +71,18 @@ def test_records_round_trip_byte_identical(mapped):
     assert len(mapped.timing.layers) == len(mapped.layers)
 
 
+def test_writing_changes_nothing_in_the_program(mapped):
+    """to_bytes writes the constants' offsets into the header only: the descriptors, the header
+    the mapper keys structures by and the bytes of a second write are as before."""
+    before = [dataclasses.replace(t) for t in mapped.tensors]
+    header = mapped.header()
+    data = mapped.to_bytes()
+    assert mapped.tensors == before and mapped.header() == header
+    assert all(t.offset == -1 for t in mapped.tensors)
+    assert [t["offset"] for t in _header(data)["tensors"]] == [-1, 0, 4096, 4352, -1]
+    assert mapped.to_bytes() == data
+
+
 def test_system_figures_only_on_several_chips(mapped):
     chips = mapped.timing.system.chips if mapped.timing.system is not None else 1
     assert chips == mapped.arch.chips
