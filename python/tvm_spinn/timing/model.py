@@ -488,7 +488,7 @@ def _evaluate(program: Program, arch: SpinnArch, tables, trace: bool) -> tuple[T
     onchip = set(mapping.onchip_tensors) if mapping is not None else set()
     barriers = _Barriers(program, tables)
     prev = -1  # the last layer that ran (its barrier is charged until the next one drops it)
-    charged: dict[int, float] = {}  # barrier cycles charged at the end of each layer that ran
+    charged: dict[int, int] = {}  # barrier cycles (whole) charged at the end of each layer that ran
     # Per inference: the start packet's multicast from the middle of the mesh wakes every PE
     # (charged to the first layer that runs, so the layers' cycles add up to the total).
     # A software scheduler wakes each worker with its task descriptor instead, after its
@@ -566,11 +566,11 @@ def _evaluate(program: Program, arch: SpinnArch, tables, trace: bool) -> tuple[T
             end = max(software_completion(run["finish"], arch), end + packet)
             # and a layer takes at least its software's measured time per layer
             end = max(end, layer_start + costs.per_layer_s * cpc)
-            charged[i] = 0.0
+            charged[i] = 0
         else:
             # sequential: every PE of the chip waits for the layer (any may run the next one);
             # pipelined: the layer's PE group
-            charged[i] = float(np.ceil(arch.barrier_cost_cycles(len(run["pes"]) if pipelined else ppc)))
+            charged[i] = int(np.ceil(arch.barrier_cost_cycles(len(run["pes"]) if pipelined else ppc)))
         end = float(np.ceil(end)) + charged[i]  # layers end on whole cycles
         dram_b, noc_b = int(dram_t.sum()), int(noc_t.sum())
         compute = int(table.cycles.sum())
