@@ -42,8 +42,7 @@ class _Builder:
     def program(self, out):
         self.tensors[out].role = "output"
         program = Program("main", ARCH, self.tensors, [0], [out], self.layers)
-        map_program(program, ARCH)
-        return program
+        return map_program(program, ARCH)
 
 
 def _barriers(program) -> float:

@@ -470,9 +470,21 @@ def map_region(program: Program, arch: SpinnArch, options: MappingOptions, state
     return after
 
 
+def _graph_copy(program: Program) -> Program:
+    """A new Program of ``program``'s graph for the mapper to fill: its own tensor and layer
+    records (mapping sets each layer's work, :func:`~.tiling.layer_work`), the constants'
+    arrays shared (they are read, never written)."""
+    layers = [replace(layer, inputs=list(layer.inputs), consts=dict(layer.consts), attrs=dict(layer.attrs),
+                      gemm=None if layer.gemm is None else list(layer.gemm)) for layer in program.layers]
+    return replace(program, tensors=[replace(t, shape=list(t.shape)) for t in program.tensors],
+                   inputs=list(program.inputs), outputs=list(program.outputs), layers=layers,
+                   constants=dict(program.constants), tiles=None)
+
+
 def map_program(program: Program, arch: SpinnArch, options: MappingOptions | None = None,
                 budget: RegionBudget | None = None) -> Program:
-    """Tile, place, plan memory and time ``program`` in place; returns it.
+    """Tile, place, plan memory and time ``program``: returns the mapped program, a new one
+    (``program`` itself is left as it was).
 
     ``mode="auto"`` maps sequentially for the latency objective; for the throughput objective on
     one chip it maps both ways and keeps the one with the higher simulated throughput. On
@@ -486,6 +498,7 @@ def map_program(program: Program, arch: SpinnArch, options: MappingOptions | Non
     :class:`MappingError`.
     """
     options = options or current_options()
+    program = _graph_copy(program)
     if budget is None:
         map_region(program, arch, options)
         return program
