@@ -230,10 +230,10 @@ def test_moved_names_stay_importable():
 
     import tvm_spinn.runtime.timing as old_timing
     import tvm_spinn.timing as timing
-    from tvm_spinn.runtime import Timing, evaluate, roofline
+    from tvm_spinn.runtime import TimingSummary, evaluate, roofline
 
-    assert (Timing, evaluate, roofline) == (timing.Timing, timing.evaluate, timing.roofline)
-    assert old_timing.LayerTiming is timing.LayerTiming and old_timing.evaluate is timing.evaluate
+    assert (TimingSummary, evaluate, roofline) == (timing.TimingSummary, timing.evaluate, timing.roofline)
+    assert old_timing.evaluate is timing.evaluate and old_timing.evaluate_traced is timing.evaluate_traced
 
 
 def test_llm_is_a_top_layer():

@@ -9,6 +9,8 @@ function or method, the test records each write to state reached from such a nam
   (``_CACHE[key] = v``, ``_TLS.value = v``, ``tvm.tirx.build = f``, ``Options.stack = s``);
 * a call of a mutating method on it (``.append``, ``.update``, ``.setdefault``, ``.clear``,
   ``.pop``, ...), or ``setattr`` on it;
+* the same through a local alias of such state (``entries = _CACHE`` or
+  ``entries = _CACHE.get(key)``, then ``entries.append(v)``);
 * the same through ``cls`` in a class method or ``__init_subclass__`` (class-level state).
 
 A name the function binds itself (parameter, assignment, loop or ``with`` target, comprehension
@@ -147,6 +149,27 @@ def _root(expr) -> ast.Name | None:
     return expr if isinstance(expr, ast.Name) else None
 
 
+def _aliases(func, top: set[str], local: set[str]) -> dict[str, str]:
+    """Local names a function binds (``x = NAME``, ``x = NAME.get(k)``, ``x = NAME[k]``) to
+    module-level state ``NAME`` or a part of it: writes through them write that state."""
+    out: dict[str, str] = {}
+    stack = list(func.body) if isinstance(func.body, list) else [func.body]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            value = node.value
+            if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
+                    and value.func.attr in ("get", "setdefault"):
+                value = value.func.value
+            root = _root(value) if isinstance(value, (ast.Name, ast.Subscript)) else None
+            if root is not None and root.id in top and root.id not in local - {node.targets[0].id}:
+                out[node.targets[0].id] = root.id
+        stack.extend(ast.iter_child_nodes(node))
+    return out
+
+
 def _class_alias(func) -> str | None:
     """The first parameter of a class method / ``__init_subclass__``: it names the class."""
     is_cls = func.name == "__init_subclass__" or any(
@@ -167,6 +190,7 @@ def writes(module: str, tree: ast.Module) -> dict[tuple[str, str], int]:
     def scan(func, outer_locals: set[str], owner: str | None):
         local = _local_names(func) | outer_locals
         alias = _class_alias(func) if owner is not None and not isinstance(func, ast.Lambda) else None
+        aliases = _aliases(func, top, local)
 
         def target_name(expr) -> str | None:
             if not isinstance(expr, (ast.Attribute, ast.Subscript)):
@@ -178,7 +202,7 @@ def writes(module: str, tree: ast.Module) -> dict[tuple[str, str], int]:
                 return owner
             if root.id in top and root.id not in local:
                 return root.id
-            return None
+            return aliases.get(root.id)
 
         stack = list(func.body) if isinstance(func.body, list) else [func.body]
         while stack:
@@ -205,6 +229,7 @@ def writes(module: str, tree: ast.Module) -> dict[tuple[str, str], int]:
                     name = target_name(fn.value) or (
                         fn.value.id if isinstance(fn.value, ast.Name) and fn.value.id in top
                         and fn.value.id not in local else None) or (
+                        aliases.get(fn.value.id) if isinstance(fn.value, ast.Name) else None) or (
                         owner if isinstance(fn.value, ast.Name) and alias is not None and fn.value.id == alias else None)
                     if name:
                         note(name, node.lineno)
@@ -270,6 +295,9 @@ def test_allow_list_is_exact():
     ("_C = {}\nclass K:\n    def f(self, k):\n        return lambda: _C.setdefault(k, 1)\n", "_C"),
     ("_C = {}\ndef f(k):\n    setattr(_C, k, 1)\n", "_C"),
     ("import sys\ndef f(m):\n    sys.modules['m'] = m\n", "sys"),
+    ("_C = {}\ndef f(k, v):\n    entries = _C.get(k)\n    entries.append(v)\n", "_C"),
+    ("_C = {}\ndef f(k, v):\n    table = _C\n    table[k] = v\n", "_C"),
+    ("_C = {}\ndef f(k, v):\n    row = _C[k]\n    row[0] = v\n", "_C"),
 ])
 def test_scanner_catches(source, name):
     assert ("m", name) in writes("m", ast.parse(source))
@@ -282,6 +310,7 @@ def test_scanner_catches(source, name):
     "_C = {}\ndef f(k):\n    return _C.get(k)\n",         # read only
     "class K:\n    def f(self, v):\n        self.v = v\n",  # instance state
     "import numpy as np\ndef f(a, b):\n    return np.add(a, b)\n",  # a library function named add
+    "_C = {}\ndef f(k):\n    entries = list(_C.get(k, ()))\n    entries.append(1)\n    return entries\n",  # a copy
 ])
 def test_scanner_passes(source):
     assert not writes("m", ast.parse(source))

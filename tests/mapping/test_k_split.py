@@ -62,7 +62,7 @@ def _reference(program: Program, x: np.ndarray) -> np.ndarray:
 def test_split_reduction_is_chosen_and_keeps_the_bits(k, n):
     program = _gemv(k, n)
     with MappingOptions(weights="auto"):
-        map_program(program, ARCH)
+        program = map_program(program, ARCH)
     tile = program.mapping.layers[0].tile
     assert len(tile) == 4 and tile[3] > 1  # few column tiles on 32 PEs: the reduction splits
     table = program.tiles.tables[0]
@@ -110,7 +110,7 @@ def test_split_costs_the_reduction_of_partials():
 def test_fp32_never_splits_and_records_are_validated():
     program = _gemv(4096, 24)
     with MappingOptions(weights="auto"):
-        map_program(program, ARCH)
+        program = map_program(program, ARCH)
     assert len(program.mapping.layers[0].tile) == 4
     loaded = Program.from_bytes(program.to_bytes())  # the record round-trips
     assert loaded.mapping.layers[0].tile == program.mapping.layers[0].tile
@@ -126,7 +126,7 @@ def test_fp32_never_splits_and_records_are_validated():
     fp32.layers[0].consts = {"weight": 1}
     fp32.tensors = copy.deepcopy(program.tensors)
     fp32.tensors[0].dtype = fp32.tensors[1].dtype = "float32"
-    fp32.constants = {1: program.constants[1].astype(np.float32)}
+    fp32.constants = {**program.constants, 1: program.constants[1].astype(np.float32)}
     assert len(tvm_spinn.mapping.choose_gemm_tile(tvm_spinn.mapping.gemm_shape(fp32, fp32.layers[0]), ARCH,
                                                   pes=32, mode="fp32", split_k=True)) == 3
     with pytest.raises(ProgramError, match=r"mapping\.layers\[0\]\.tile\[3\]: a reduction split .* int8"):
@@ -157,7 +157,7 @@ def test_split_conv_and_dense_requantize_like_the_whole_layer(monkeypatch):
                                  c["bias_q"]: np.arange(shape["bias_q"][0], dtype=np.int32) * 37,
                                  c["multiplier"]: np.full(shape["multiplier"], 1 << 30, np.int32),
                                  c["shift"]: np.full(shape["shift"], 40, np.int32)}
-            map_program(program, arch, MappingOptions(split_k=split))
+            program = map_program(program, arch, MappingOptions(split_k=split))
             assert (len(program.mapping.layers[0].tile) == 4) == split
             if not outs:
                 x = rng.integers(-128, 128, program.tensors[0].shape).astype(np.int8)

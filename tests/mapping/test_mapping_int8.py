@@ -106,8 +106,8 @@ def test_int8_gemm_runs_on_the_mac_array(kind, shapes):
     array_vs_m4f = 16 * 4 / ARCH.m4f_flops_per_cycle
     assert 0.9 * array_vs_m4f < ratio <= array_vs_m4f
     # The whole layer (DMA, DRAM, barriers included) is faster too, never below its physical bound.
-    map_program(fp32, ARCH)
-    map_program(int8, ARCH)
+    fp32 = map_program(fp32, ARCH)
+    int8 = map_program(int8, ARCH)
     assert int8.timing.cycles * 4 < fp32.timing.cycles
     assert int8.timing.latency_s >= physical_bound(program_workload([int8]), ARCH).total_s > 0
     assert int8.timing.roofline_s < fp32.timing.roofline_s
@@ -167,8 +167,8 @@ def test_int8_moves_a_quarter_of_the_bytes(kind, shapes):
     # End to end, same tiles (inputs, weights and outputs all 1 byte): ~4x fewer DRAM bytes.
     p32, p8 = gemm_program(kind, "fp32", shapes), gemm_program(kind, "int8", shapes)
     with MappingOptions(naive=True):
-        map_program(p32, ARCH)
-        map_program(p8, ARCH)
+        p32 = map_program(p32, ARCH)
+        p8 = map_program(p8, ARCH)
     assert 3.5 < p32.timing.dram_bytes / p8.timing.dram_bytes <= 4
 
 
@@ -215,7 +215,7 @@ def test_int8_fits_an_sram_too_small_for_fp32():
     tm, tn, tk = choose_gemm_tile(g, tiny, mode="int8")
     assert tk == 16 and 2 * (tm * tk + tk * tn) + 4 * tm * tn <= 1500
     program = gemm_program("dense", "int8", (16, 64, 16), arch=tiny)
-    map_program(program, tiny)
+    program = map_program(program, tiny)
     assert all(t.sram_bytes <= 1500 and t.k_splits == 4 for t in program.tiles)
     assert program.memory.peak_bytes_max <= 1500
 
@@ -253,7 +253,7 @@ def test_int8_activations_and_weights_are_planned_with_one_byte():
     deq = Layer(name="dq", kind="dequantize", inputs=[dense.output], output=len(tensors) - 1,
                 consts={"scale": 1, "zero": 2}, attrs={"axis": 0})
     program = Program("main", arch, tensors, [0], [len(tensors) - 1], [quant, dense, deq])
-    map_program(program, arch)
+    program = map_program(program, arch)
     # Weights (256 KiB int8 + 3 x 2 KiB epilogue) stay resident; in fp32 (1 MiB) they could not.
     assert 1 in program.mapping.resident_layers
     assert 512 * 512 <= program.memory.resident_bytes_total < 2 * 512 * 512

@@ -66,9 +66,10 @@ def _decode_program(widths: list[int]) -> Program:
 
 
 def _mapped(widths, reserved):
+    """The mapped program and its resident weight bytes per PE."""
     program = _decode_program(widths)
-    _map(program, ARCH, "sequential", MappingOptions(weights="auto"), reserved)
-    return program
+    resident = _map(program, ARCH, "sequential", MappingOptions(weights="auto"), reserved)
+    return program, resident
 
 
 def test_unbalanced_decode_gemm_becomes_resident_and_keeps_its_bits(monkeypatch):
@@ -76,16 +77,16 @@ def test_unbalanced_decode_gemm_becomes_resident_and_keeps_its_bits(monkeypatch)
     monkeypatch.setattr(schedule, "_split_layout", lambda *args: None)
     pes = ARCH.pes_per_chip
     # 10 MAC-wide tiles of 32 KiB on 8 PEs: two PEs would hold 64 KiB, over the ledger's cap.
-    alone = _mapped([40], None)
+    alone, _ = _mapped([40], None)
     assert alone.mapping.layers[0].tile[1] == 4
     assert 2 * K * 4 > LEDGER_RESIDENT_SHARE * ARCH.tile_sram_bytes
-    ledger = _mapped([40], np.zeros(pes, dtype=np.int64))
+    ledger, ledger_resident = _mapped([40], np.zeros(pes, dtype=np.int64))
     assert ledger.mapping.resident_layers == (0,)
     assert ledger.mapping.layers[0].tile[1] == 5  # 8 balanced blocks of 5 columns
-    assert max(ledger.resident_pe.values()) <= LEDGER_RESIDENT_SHARE * ARCH.tile_sram_bytes
+    assert max(ledger_resident.values()) <= LEDGER_RESIDENT_SHARE * ARCH.tile_sram_bytes
     # without the layout the same ledger streams the weights, slower
     monkeypatch.setattr(schedule, "_resident_layout", lambda *args: None)
-    default = _mapped([40], np.zeros(pes, dtype=np.int64))
+    default, _ = _mapped([40], np.zeros(pes, dtype=np.int64))
     assert default.mapping.resident_layers == () and default.mapping.layers[0].tile[1] == 4
     assert ledger.timing.cycles < default.timing.cycles
     # bits: the tiles of either layout, executed tile by tile, equal the whole layer's
@@ -103,13 +104,13 @@ def test_resident_decode_gemm_splits_its_reduction_when_faster(monkeypatch):
     reduction through 5 passes: faster, still resident under the cap, and the same bits (int32
     partial sums are exact in any order)."""
     pes = ARCH.pes_per_chip
-    split = _mapped([40], np.zeros(pes, dtype=np.int64))
+    split, split_resident = _mapped([40], np.zeros(pes, dtype=np.int64))
     tile = split.mapping.layers[0].tile
     assert len(tile) == 4 and tile[3] > 1  # [tm, tn, tk, parts]
     assert split.mapping.resident_layers == (0,)
-    assert max(split.resident_pe.values()) <= LEDGER_RESIDENT_SHARE * ARCH.tile_sram_bytes
+    assert max(split_resident.values()) <= LEDGER_RESIDENT_SHARE * ARCH.tile_sram_bytes
     monkeypatch.setattr(schedule, "_split_layout", lambda *args: None)
-    whole = _mapped([40], np.zeros(pes, dtype=np.int64))
+    whole, _ = _mapped([40], np.zeros(pes, dtype=np.int64))
     assert whole.mapping.layers[0].tile == (ARCH.mac_rows, 5, 511) and whole.mapping.resident_layers == (0,)
     assert split.timing.cycles < whole.timing.cycles
     x = np.random.default_rng(2).integers(-128, 128, (1, K), dtype=np.int8)
@@ -170,7 +171,7 @@ def _layers_start_past_earlier_residents():
     pes = ARCH.pes_per_chip
     # Two 4-column layers: one 32 KiB tile each, both on PE 0 by default (64 KiB, over the cap);
     # laid out, one column per PE, the second starting where the first ends.
-    ledger = _mapped([4, 4], np.zeros(pes, dtype=np.int64))
+    ledger, _ = _mapped([4, 4], np.zeros(pes, dtype=np.int64))
     assert ledger.mapping.resident_layers == (0, 1)
     first, second = (set(t.pe.tolist()) for t in ledger.tiles.tables)
     assert not first & second
@@ -184,6 +185,6 @@ def _layers_start_past_earlier_residents():
     # earlier programs' residents (the reserved bytes) push the first layer past them too
     reserved = np.zeros(pes, dtype=np.int64)
     reserved[:4] = 40 * 1024
-    after = _mapped([4], reserved)
+    after, _ = _mapped([4], reserved)
     assert after.mapping.resident_layers == (0,)
     assert set(after.tiles.tables[0].pe.tolist()) == {4, 5, 6, 7}

@@ -107,7 +107,7 @@ def test_streaming_column_plan_gives_way_to_resident_rows(monkeypatch):
     x = np.random.default_rng(1).integers(-128, 128, (1, K), dtype=np.int8)
     one = _down_projection()
     with MappingOptions(weights="auto", split_k=False):
-        map_program(one, ARCH.replace(chips=1))
+        one = map_program(one, ARCH.replace(chips=1))
     (ref,) = run_program(one, [x], mode="layers")
     for program in (rows, cols):
         (got,) = run_program(program, [x], mode="layers")

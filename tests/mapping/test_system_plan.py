@@ -82,11 +82,11 @@ def test_region_remapped_with_its_budget_gives_the_same_bytes(functions, policy)
     plan = plan_system(programs, ARCH, policy=policy)
     again = _lowered(functions)
     for region, program, fresh in zip(plan.regions, programs, again):
-        map_program(fresh, ARCH, budget=region.budget)
+        fresh = map_program(fresh, ARCH, budget=region.budget)
         assert fresh.to_bytes() == program.to_bytes(), region.symbol
     # and without its budget (alone on the system) the last region keeps more weights resident
     alone = _lowered(functions)[-1]
-    map_program(alone, ARCH)
+    alone = map_program(alone, ARCH)
     assert alone.memory.resident_bytes_total >= programs[-1].memory.resident_bytes_total
 
 

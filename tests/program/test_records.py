@@ -71,6 +71,31 @@ def test_records_round_trip_byte_identical(mapped):
     assert len(mapped.timing.layers) == len(mapped.layers)
 
 
+def test_writing_changes_nothing_in_the_program(mapped):
+    """to_bytes writes the constants' offsets into the header only: the descriptors, the header
+    the mapper keys structures by and the bytes of a second write are as before."""
+    before = [dataclasses.replace(t) for t in mapped.tensors]
+    header = mapped.header()
+    data = mapped.to_bytes()
+    assert mapped.tensors == before and mapped.header() == header
+    assert all(t.offset == -1 for t in mapped.tensors)
+    assert [t["offset"] for t in _header(data)["tensors"]] == [-1, 0, 4096, 4352, -1]
+    assert mapped.to_bytes() == data
+
+
+def test_mapping_returns_a_new_program():
+    """map_program leaves the lowered program as it was (no records, no work, same bytes)."""
+    arch = make_system("records-1", chips=1, pes_per_chip=32)
+    program = _program(arch)
+    before = program.to_bytes()
+    mapped = map_program(program, arch)
+    assert mapped is not program and mapped.mapping is not None and mapped.layers[0].flops > 0
+    assert program.mapping is program.timing is program.memory is program.tiles is None
+    assert program.layers[0].flops == 0 and program.layers[0].gemm is None
+    assert program.to_bytes() == before
+    assert map_program(program, arch).to_bytes() == mapped.to_bytes()
+
+
 def test_system_figures_only_on_several_chips(mapped):
     chips = mapped.timing.system.chips if mapped.timing.system is not None else 1
     assert chips == mapped.arch.chips

@@ -169,7 +169,7 @@ def _one_layer(row: int, target: str, weighted: bool = True) -> Program:
         consts, constants = {"weight": 2}, {2: np.linspace(0.5, 1.5, row, dtype=F32)}
     program = Program("main", arch, t, [0], [1], [Layer("rms", "rms_norm", [0], 1, consts, {"epsilon": 1e-5})],
                       constants=constants)
-    map_program(program, arch)
+    program = map_program(program, arch)
     return Program.from_bytes(program.to_bytes())  # validated as a runtime reads it
 
 

@@ -30,9 +30,7 @@ LOG = logging.getLogger("tvm_spinn.codegen")
 
 
 def _lower_and_map(func, symbol: str, arch: SpinnArch):
-    program = lower_function(func, symbol, arch)
-    map_program(program, arch)
-    return program
+    return map_program(lower_function(func, symbol, arch), arch)
 
 
 def compile_function(func, symbol: str, arch: SpinnArch):

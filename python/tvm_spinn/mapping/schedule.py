@@ -133,7 +133,7 @@ def _build(program: Program, arch: SpinnArch, mode: str, options: MappingOptions
         def map_one(shard, chip, reserved):
             for j in range(len(shard.layers)):
                 layer_work(shard, j, chip)
-            _map(shard, chip, "sequential", options, reserved)
+            return _map(shard, chip, "sequential", options, reserved)
 
         return map_on_system(program, arch, options, state, map_one, key, memo.system if memo is not None else None,
                              tuple(onchip))
@@ -146,9 +146,10 @@ def _build(program: Program, arch: SpinnArch, mode: str, options: MappingOptions
     return None
 
 
-def _map(program: Program, arch: SpinnArch, mode: str, options: MappingOptions, reserved=None) -> None:
+def _map(program: Program, arch: SpinnArch, mode: str, options: MappingOptions, reserved=None) -> dict[int, int]:
     """Map ``program`` (its layers' work already set); ``reserved``: SRAM bytes per PE held by
-    earlier programs' resident weights (:func:`~.memory.plan_memory`)."""
+    earlier programs' resident weights (:func:`~.memory.plan_memory`). Returns the resident
+    weight bytes per PE of this program's own (what a build's SRAM ledger adds for it)."""
     from ..timing import evaluate
 
     n = len(program.layers)
@@ -199,13 +200,13 @@ def _map(program: Program, arch: SpinnArch, mode: str, options: MappingOptions, 
             first_plan = plan
         program.mapping = replace(base, layers=tuple(recs), resident_layers=tuple(plan.resident_layers),
                                   onchip_tensors=tuple(plan.onchip_tensors))
-        timing = evaluate(program, arch, tabs).summary()
+        timing = evaluate(program, arch, tabs)
         if best is None or timing.cycles < best[2].cycles:
             best = (plan, program.mapping, timing, tabs)
     plan, program.mapping, program.timing, tabs = best
     program.tiles = ProgramTiles(tabs)
     program.memory = _memory_summary(plan)
-    program.resident_pe = dict(plan.resident_bytes)  # in memory only: the build's SRAM ledger
+    return dict(plan.resident_bytes)
 
 
 def _ledger_start(arch: SpinnArch, ranges, reserved):
@@ -469,9 +470,21 @@ def map_region(program: Program, arch: SpinnArch, options: MappingOptions, state
     return after
 
 
+def _graph_copy(program: Program) -> Program:
+    """A new Program of ``program``'s graph for the mapper to fill: its own tensor and layer
+    records (mapping sets each layer's work, :func:`~.tiling.layer_work`), the constants'
+    arrays shared (they are read, never written)."""
+    layers = [replace(layer, inputs=list(layer.inputs), consts=dict(layer.consts), attrs=dict(layer.attrs),
+                      gemm=None if layer.gemm is None else list(layer.gemm)) for layer in program.layers]
+    return replace(program, tensors=[replace(t, shape=list(t.shape)) for t in program.tensors],
+                   inputs=list(program.inputs), outputs=list(program.outputs), layers=layers,
+                   constants=dict(program.constants), tiles=None)
+
+
 def map_program(program: Program, arch: SpinnArch, options: MappingOptions | None = None,
                 budget: RegionBudget | None = None) -> Program:
-    """Tile, place, plan memory and time ``program`` in place; returns it.
+    """Tile, place, plan memory and time ``program``: returns the mapped program, a new one
+    (``program`` itself is left as it was).
 
     ``mode="auto"`` maps sequentially for the latency objective; for the throughput objective on
     one chip it maps both ways and keeps the one with the higher simulated throughput. On
@@ -485,6 +498,7 @@ def map_program(program: Program, arch: SpinnArch, options: MappingOptions | Non
     :class:`MappingError`.
     """
     options = options or current_options()
+    program = _graph_copy(program)
     if budget is None:
         map_region(program, arch, options)
         return program

@@ -34,7 +34,7 @@ import numpy as np
 import tvm_ffi
 
 from ..program import Program
-from ..program.records import PlanCandidate, SystemMapping, TimingSummary
+from ..program.records import PlanCandidate, SystemMapping, SystemTimingSummary, TimingSummary
 from ..program.ops import family_of
 from ..target.arch import SpinnArch
 from ..target.topology import ring_order, topology_of
@@ -230,18 +230,33 @@ def _time_plan(program: Program, plan: ShardPlan, arch: SpinnArch, topo, map_one
     """Map ``plan``'s shard on one chip and compose its system timing."""
     chip = _chip_arch(arch)
     shard = shard_program(program, plan)
-    map_one(shard, chip, reserved)
-    st = _system_timing(program, plan, shard, shard.tiles.tables, chip, topo, onchip)
+    resident = map_one(shard, chip, reserved)
+    st, exec_cycles = _system_timing(program, plan, shard, shard.tiles.tables, chip, topo, onchip)
     dram_need = sum(shard.tensors[t].nbytes for t in range(len(program.tensors)) if shard.tensors[t].role == "const") \
         - int(shard.memory.resident_bytes_total)
-    return shard, st, max(0, dram_need)
+    return _TimedPlan(shard, st, max(0, dram_need), tuple(exec_cycles), resident)
+
+
+@dataclass(frozen=True)
+class _TimedPlan:
+    """A shard plan mapped and timed (:func:`_time_plan`): the mapped shard, its system timing,
+    the DRAM bytes a chip needs for it, the shard's per-layer PE-level cycles with its weights
+    on chip (the pre-scores of other plans) and the resident weight bytes per PE it adds to the
+    build's SRAM ledger."""
+
+    shard: Program
+    timing: SystemTimingSummary
+    dram_need: int
+    exec_cycles: tuple[int, ...]
+    resident_pe: dict
 
 
 def _system_timing(program: Program, plan: ShardPlan, shard: Program, tables, chip: SpinnArch, topo,
-                   onchip: tuple = ()):
+                   onchip: tuple = ()) -> tuple[SystemTimingSummary, list[int]]:
     """Compose the system timing of a mapped shard (its tiles ``tables``); ``onchip``: the
     program's inputs already in the chips' SRAM when it starts (see
-    :attr:`~.budget.RegionBudget.onchip_inputs`)."""
+    :attr:`~.budget.RegionBudget.onchip_inputs`). Returns it with the shard's per-layer cycles
+    with its weights on chip."""
     resident = set(shard.mapping.resident_layers)
     # A streamed layer's shard is prefetched into SRAM once (the share of the chip's SRAM that
     # residents leave, double-buffered) and its tiles then read it on chip; a shard larger than
@@ -281,14 +296,14 @@ def _system_timing(program: Program, plan: ShardPlan, shard: Program, tables, ch
     local = evaluate(shard, chip, tables)
     shard.mapping = saved
     exec_cycles = [row.cycles for row in local.layers]
-    shard.exec_cycles = exec_cycles  # in memory only: the pre-scores of other plans
     colls = _comm(topo, program, plan)
     row_fp32 = {i for i, s in enumerate(plan.splits) if s == "row" and program.layers[i].mode != "int8"}
     # I/O through DRAM: not the inputs already on chip, nor the state (held in SRAM, or
     # streamed above)
     held = set(arrived) | state
     io = sum(shard.tensors[t].nbytes for t in list(shard.inputs) + list(shard.outputs) if t not in held)
-    return compose(program, chip, exec_cycles, stream, colls, plan.chips, row_fp32, io, prefetch_bytes=2 * prefetch)
+    return compose(program, chip, exec_cycles, stream, colls, plan.chips, row_fp32, io,
+                   prefetch_bytes=2 * prefetch), exec_cycles
 
 
 def resident_state(program: Program, resident) -> set[int]:
@@ -315,8 +330,8 @@ def retime(program: Program, arch: SpinnArch, derive) -> TimingSummary:
     shard.mapping = replace(program.mapping, system=None)
     chip = _chip_arch(arch)
     tables = derive(shard, chip)
-    shard.timing = evaluate(shard, chip, tables).summary()
-    st = _system_timing(program, plan, shard, tables, chip, topology_of(arch))
+    shard.timing = evaluate(shard, chip, tables)
+    st, _ = _system_timing(program, plan, shard, tables, chip, topology_of(arch))
     return _timing_dict(program, shard, plan, st, float(info.handoff_s), arch)
 
 
@@ -383,26 +398,27 @@ def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState
         # times weigh the other plans' pre-scores.
         one = plan_shards(program, 1, 1)
         timed = {(1, 1, True, 1): _time_plan(program, one, arch, topo, map_one, reserved, onchip)}
-        work = [c / arch.clock_hz for c in timed[(1, 1, True, 1)][0].exec_cycles]
+        work = [c / arch.clock_hz for c in timed[(1, 1, True, 1)].exec_cycles]
         cands = _candidates(program, arch, topo, per_chip, work)
         chosen = [c for c in cands if c[1].chips > 1][:FULL_CANDIDATES] + [(0.0, one, 0)]
         results = []
 
-        def consider(plan, shard, st, need):
+        def consider(plan, timed_plan: _TimedPlan):
             nonlocal best
+            st, need = timed_plan.timing, timed_plan.dram_need
             fits = led.dram + need <= arch.dram_bytes
             results.append({"tp": plan.tp, "dp": plan.dp, "sp": plan.sp, "row": plan.row, "latency_s": st.latency_s,
                             "fits": fits})
             score = (st.latency_s * (plan.chips if per_chip else 1), plan.chips)
             if fits and (best is None or score < best[4]):
-                best = (plan, st, shard, need, score)
+                best = (plan, st, timed_plan.shard, need, score, timed_plan.resident_pe)
 
         for _, plan, _ in chosen:
             k = (plan.tp, plan.dp, plan.row, plan.sp)
-            consider(plan, *(timed.get(k) or _time_plan(program, plan, arch, topo, map_one, reserved, onchip)))
+            consider(plan, timed.get(k) or _time_plan(program, plan, arch, topo, map_one, reserved, onchip))
         sibling = _row_always_sibling(program, best, getattr(options, "weights", "auto"))
         if sibling is not None:
-            consider(sibling, *_time_plan(program, sibling, arch, topo, map_one, reserved, onchip))
+            consider(sibling, _time_plan(program, sibling, arch, topo, map_one, reserved, onchip))
         out = (best, results, min((c[2] for c in cands), default=0))
         if cache_key is not None:
             led.cache[cache_key] = out
@@ -439,9 +455,9 @@ def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState
         best, results, _ = attempt(led)
     if alone and ledger.overflow is not None:
         raise MappingError(overflow_message(ledger.frozen(), arch))
-    plan, st, shard, need, _ = best
+    plan, st, shard, need, _, resident = best
     ledger.dram += need
-    ledger.sram += _resident_per_pe(shard, arch.pes_per_chip)
+    ledger.sram += _resident_per_pe(resident, arch.pes_per_chip)
     _install(program, shard, plan, st, results, ledger.stage, handoff, arch)
     return ledger.frozen()
 
@@ -472,9 +488,10 @@ def system_tables(program: Program, arch: SpinnArch, derive):
     return derive(shard, _chip_arch(arch))
 
 
-def _resident_per_pe(shard: Program, pes: int) -> np.ndarray:
+def _resident_per_pe(resident: dict, pes: int) -> np.ndarray:
+    """Resident bytes per PE of one chip (``resident``: bytes by PE of a one-chip mapping)."""
     out = np.zeros(pes, dtype=np.int64)
-    for pe, b in getattr(shard, "resident_pe", {}).items():
+    for pe, b in resident.items():
         out[int(pe) % pes] += int(b)
     return out
 
@@ -515,5 +532,5 @@ def _timing_dict(program: Program, shard: Program, plan: ShardPlan, st, handoff_
     layers = tuple(replace(row, chips=plan.chips, link_bytes=int(coll_bytes.get(i, 0)),
                            cycles=int(round(st.layer_s[i] * clock))) for i, row in enumerate(shard.timing.layers))
     return replace(shard.timing, latency_s=latency, cycles=int(round(latency * clock)), roofline_s=st.bound_s,
-                   throughput_inf_s=1.0 / latency if latency else 0.0, energy_j=energy, system=st.summary(),
+                   throughput_inf_s=1.0 / latency if latency else 0.0, energy_j=energy, system=st,
                    layers=layers, link_bytes=int(sum(c.nbytes for c in plan.collectives)))

@@ -118,14 +118,19 @@ class Program:
     plans: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # ------------------------------------------------------------------ serialization
-    def header(self) -> dict:
+    def header(self, offsets: "dict[int, int] | None" = None) -> dict:
+        """The header's JSON fields as fresh dicts; ``offsets``: the constants' byte offsets in
+        the blob being written (:meth:`to_bytes`), else the descriptors' own."""
+        # vars() instead of asdict(): fields are flat JSON values, and asdict's deep copy is
+        # the slowest part of compiling a large model.
+        tensors = [dict(vars(t)) for t in self.tensors]
+        for tid, offset in (offsets or {}).items():
+            tensors[tid]["offset"] = offset
         return {
             "version": self.version,
             "symbol": self.symbol,
             "arch": self.arch.to_dict(),
-            # vars() instead of asdict(): fields are flat JSON values, and asdict's deep copy is
-            # the slowest part of compiling a large model.
-            "tensors": [dict(vars(t)) for t in self.tensors],
+            "tensors": tensors,
             "inputs": self.inputs,
             "outputs": self.outputs,
             "layers": [dict(vars(layer)) for layer in self.layers],
@@ -140,8 +145,10 @@ class Program:
 
     def _parts(self) -> list:
         """The serialized program less its digest, as buffers: the framed header, then each
-        constant (views, not copies) and its alignment padding. :func:`_finish` joins them."""
+        constant (views, not copies) and its alignment padding. :func:`_finish` joins them.
+        Writing changes nothing in the program: the constants' offsets go to the header only."""
         parts: list = []
+        offsets: dict[int, int] = {}
         size = 0
         for tid in sorted(self.constants):
             arr = np.asarray(self.constants[tid])  # ascontiguousarray would make 0-d arrays 1-d
@@ -152,11 +159,11 @@ class Program:
             if pad:
                 parts.append(b"\0" * pad)
                 size += pad
-            desc.offset = size
+            offsets[tid] = size
             data = memoryview(np.ascontiguousarray(arr).reshape(-1)).cast("B") if arr.ndim else arr.tobytes()
             parts.append(data)
             size += len(data)
-        text = json.dumps(self.header(), sort_keys=True, separators=(",", ":")).encode()
+        text = json.dumps(self.header(offsets), sort_keys=True, separators=(",", ":")).encode()
         head = PROGRAM_MAGIC + struct.pack("<IIQ", self.version, 0, len(text)) + text
         head += b"\0" * (-len(head) % _ALIGN) + struct.pack("<Q", size)
         return [head, *parts]

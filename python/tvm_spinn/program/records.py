@@ -18,8 +18,8 @@ __all__ = ["LayerTimingSummary", "CollectiveSummary", "SystemTimingSummary", "Ti
 
 @dataclass(frozen=True)
 class LayerTimingSummary:
-    """One layer's figures in a :class:`TimingSummary`; the timing model's rows are these records
-    (``tvm_spinn.timing.LayerTiming`` names this class)."""
+    """One layer's figures in a :class:`TimingSummary`, as the timing model
+    (:func:`tvm_spinn.timing.evaluate`) derives them."""
 
     name: str
     kind: str
@@ -40,8 +40,8 @@ class LayerTimingSummary:
 @dataclass(frozen=True)
 class CollectiveSummary:
     """One collective of a system mapping: before layer ``layer``, ``nbytes`` per rank, its
-    algorithm's time and the link hops it crosses (on and between boards); the system timing's
-    rows are these records (``tvm_spinn.timing.system.CollectiveTiming`` names this class)."""
+    algorithm's time and the link hops it crosses (on and between boards), as
+    :func:`tvm_spinn.timing.system.compose` costs it."""
 
     layer: int
     op: str
@@ -54,8 +54,9 @@ class CollectiveSummary:
 
 @dataclass(frozen=True)
 class SystemTimingSummary:
-    """A system mapping's timing on its chip group (see :mod:`tvm_spinn.timing.system`):
-    latency, the three bounds and the one that binds, per-layer seconds and the collectives."""
+    """A system mapping's timing on its chip group, as :func:`tvm_spinn.timing.system.compose`
+    derives it: latency, the three bounds, the largest of them (``bound_s``) and the one that
+    binds, per-layer seconds and the collectives."""
 
     latency_s: float
     compute_bound_s: float
@@ -71,9 +72,10 @@ class SystemTimingSummary:
 
 @dataclass(frozen=True)
 class TimingSummary:
-    """The timing model's result stored with a program (``Program.timing``): whole-program
-    figures, one :class:`LayerTimingSummary` per layer and, for a program mapped over several
-    chips, the :class:`SystemTimingSummary` (None on one chip)."""
+    """The timing model's result (:func:`tvm_spinn.timing.evaluate`), stored with a program
+    (``Program.timing``): whole-program figures, one :class:`LayerTimingSummary` per layer and,
+    for a program mapped over several chips, the :class:`SystemTimingSummary` (None on one
+    chip)."""
 
     cycles: int
     latency_s: float

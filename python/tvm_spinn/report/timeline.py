@@ -14,16 +14,16 @@ from .._files import atomic_output, atomic_write, output_destination
 from ..mapping import derive_tables
 from ..program import Program
 from ..program.tiles import ProgramTiles
-from ..timing import evaluate
+from ..timing import evaluate_traced
 from ..target.arch import SpinnArch
 
 __all__ = ["to_perfetto", "plot"]
 
 
 def _timeline(program: Program, arch: SpinnArch):
-    """The timing with its per-tile trace, and the program's tiles (derived if not in memory)."""
+    """The timing, its per-tile trace and the program's tiles (derived if not in memory)."""
     tiles = program.tiles if program.tiles is not None else ProgramTiles(derive_tables(program, arch))
-    return evaluate(program, arch, tiles.tables, trace=True), tiles
+    return (*evaluate_traced(program, arch, tiles.tables), tiles)
 
 
 def to_perfetto(programs: list[Program], path: str) -> str:
@@ -40,14 +40,14 @@ def to_perfetto(programs: list[Program], path: str) -> str:
     offset_us = 0.0
     for index, program in enumerate(programs):
         arch = program.arch
-        timing, tiles = _timeline(program, arch)
+        timing, trace, tiles = _timeline(program, arch)
         us = 1e6 / arch.clock_hz
         for row in timing.layers:
             events.append({"name": row.name, "cat": "layer", "ph": "X", "pid": index, "tid": -1,
                            "ts": offset_us + row.start_cycle * us, "dur": row.cycles * us,
                            "args": {"kind": row.kind, "tiles": row.tiles, "pes": row.pes,
                                     "dram_bytes": row.dram_bytes, "utilization": row.utilization}})
-        for pe, tile, start, end in timing.trace:
+        for pe, tile, start, end in trace:
             layer = program.layers[int(tiles.layer_of(tile))]
             events.append({"name": layer.name, "cat": layer.kind, "ph": "X", "pid": index, "tid": pe,
                            "ts": offset_us + start * us, "dur": (end - start) * us})
@@ -82,9 +82,9 @@ def plot(programs: list[Program], path: str) -> str:
     start = 0.0
     for program in programs:
         arch = program.arch
-        timing, tiles = _timeline(program, arch)
+        timing, trace, tiles = _timeline(program, arch)
         busy = np.zeros((len(program.layers), arch.total_pes))
-        for pe, tile, s, e in timing.trace:
+        for pe, tile, s, e in trace:
             busy[int(tiles.layer_of(tile)), pe] += e - s
         for i, row in enumerate(timing.layers):
             rows.append(busy[i] / max(row.cycles, 1))

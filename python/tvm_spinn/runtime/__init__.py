@@ -2,6 +2,6 @@
 
 from . import checked_take, executor  # noqa: F401  (register the runtime callbacks)
 from .simulator import run_program
-from .timing import Timing, evaluate, roofline
+from .timing import TimingSummary, evaluate, roofline
 
-__all__ = ["executor", "run_program", "Timing", "evaluate", "roofline"]
+__all__ = ["executor", "run_program", "TimingSummary", "evaluate", "roofline"]

@@ -1,4 +1,4 @@
-"""Re-export of :mod:`tvm_spinn.timing.model`, the timing model's former location."""
+"""Re-export of :mod:`tvm_spinn.timing`, the timing model's former location."""
 
-from ..timing.model import *  # noqa: F401,F403
-from ..timing.model import __all__  # noqa: F401
+from ..timing import *  # noqa: F401,F403
+from ..timing import __all__  # noqa: F401

@@ -3,6 +3,7 @@
 ``tvm_spinn.runtime.timing`` re-exports it under its former name.
 """
 
-from .model import LayerTiming, Timing, evaluate, roofline
+from ..program.records import LayerTimingSummary, TimingSummary
+from .model import evaluate, evaluate_traced, roofline
 
-__all__ = ["LayerTiming", "Timing", "evaluate", "roofline"]
+__all__ = ["LayerTimingSummary", "TimingSummary", "evaluate", "evaluate_traced", "roofline"]

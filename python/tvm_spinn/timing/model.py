@@ -53,7 +53,7 @@ element-wise layers pays one barrier, not seven).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 
@@ -66,37 +66,8 @@ from ..target.arch import SpinnArch
 from .bounds import gathered_bytes
 from .software import OCTOPUS_SCHEDULER
 
-__all__ = ["LayerTiming", "Timing", "evaluate", "roofline", "transfers", "noc_cycles", "noc_port_cycles", "software_dispatch",
+__all__ = ["evaluate", "evaluate_traced", "roofline", "transfers", "noc_cycles", "noc_port_cycles", "software_dispatch",
            "software_completion", "scheduler_path_cycles", "shared_dram_run", "LOCAL", "NOC", "DRAM"]
-
-
-#: One layer's figures: the program's own record (:class:`~tvm_spinn.program.records.LayerTimingSummary`),
-#: so :meth:`Timing.summary` stores the rows as they are. Rows are frozen: the model makes a new
-#: one (:func:`dataclasses.replace`) where a later layer changes an earlier one's cycles.
-LayerTiming = LayerTimingSummary
-
-
-@dataclass
-class Timing:
-    cycles: int
-    latency_s: float
-    roofline_s: float
-    throughput_inf_s: float
-    dram_bytes: int
-    noc_bytes: int
-    link_bytes: int
-    energy_j: float
-    pe_utilization: float
-    flops: int
-    layers: list[LayerTiming] = field(default_factory=list)
-    # (pe, layer, tile, start_cycle, end_cycle) of compute tasks, for timelines.
-    trace: list[list[int]] = field(default_factory=list)
-
-    def summary(self) -> TimingSummary:
-        """The record a program stores (``Program.timing``): every figure but the per-tile
-        ``trace`` (it is large; :func:`evaluate` re-derives it for timelines)."""
-        out = {k: v for k, v in vars(self).items() if k not in ("layers", "trace")}
-        return TimingSummary(**out, layers=tuple(self.layers))
 
 
 def roofline(program: Program, arch: SpinnArch) -> float:
@@ -474,15 +445,26 @@ def _layer_pes(program: Program, index: int, table: TileTable, arch: SpinnArch, 
     return {"order": order, "begin": begin, "end": end, "pes": pes, "finish": finish}
 
 
-def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None" = None,
-             trace: bool = False) -> Timing:
-    """Cycles, bytes, energy and utilization of ``program`` on ``arch``.
+def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None" = None) -> TimingSummary:
+    """Cycles, bytes, energy and utilization of ``program`` on ``arch``: the record a program
+    stores (``Program.timing``), one :class:`~tvm_spinn.program.records.LayerTimingSummary` per
+    layer.
 
     ``tables``: the placed tiles per layer (default ``program.tiles.tables`` of a mapped
-    program; a loaded program's come from :func:`tvm_spinn.mapping.derive_tables`). ``trace``
-    also records every tile's compute interval ``[pe, tile, start, end]`` (program-wide tile
-    index) for timelines.
+    program; a loaded program's come from :func:`tvm_spinn.mapping.derive_tables`).
     """
+    return _evaluate(program, arch, tables, False)[0]
+
+
+def evaluate_traced(program: Program, arch: SpinnArch,
+                    tables: "list[TileTable] | None" = None) -> tuple[TimingSummary, list[list[int]]]:
+    """:func:`evaluate` and, for timelines, every tile's compute interval
+    ``[pe, tile, start, end]`` (program-wide tile index, in order), which a program does not
+    store (it grows with the tiles)."""
+    return _evaluate(program, arch, tables, True)
+
+
+def _evaluate(program: Program, arch: SpinnArch, tables, trace: bool) -> tuple[TimingSummary, list[list[int]]]:
     if tables is None:
         if getattr(program, "tiles", None) is None:
             raise ValueError(f"{program.symbol}: the program has no tiles in memory; pass "
@@ -506,7 +488,7 @@ def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None"
     onchip = set(mapping.onchip_tensors) if mapping is not None else set()
     barriers = _Barriers(program, tables)
     prev = -1  # the last layer that ran (its barrier is charged until the next one drops it)
-    charged: dict[int, float] = {}  # barrier cycles charged at the end of each layer that ran
+    charged: dict[int, int] = {}  # barrier cycles (whole) charged at the end of each layer that ran
     # Per inference: the start packet's multicast from the middle of the mesh wakes every PE
     # (charged to the first layer that runs, so the layers' cycles add up to the total).
     # A software scheduler wakes each worker with its task descriptor instead, after its
@@ -520,7 +502,7 @@ def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None"
         if _free_view(program, layer, onchip):
             barriers.view(layer)
             offset += len(table)
-            layers.append(LayerTiming(name=layer.name, kind=layer.kind, tiles=len(table), pes=0, chips=0, cycles=0,
+            layers.append(LayerTimingSummary(name=layer.name, kind=layer.kind, tiles=len(table), pes=0, chips=0, cycles=0,
                                       compute_cycles=0, dram_bytes=0, noc_bytes=0, link_bytes=0, flops=0,
                                       sram_peak=0, utilization=0.0, start_cycle=int(round(now))))
             continue
@@ -584,11 +566,11 @@ def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None"
             end = max(software_completion(run["finish"], arch), end + packet)
             # and a layer takes at least its software's measured time per layer
             end = max(end, layer_start + costs.per_layer_s * cpc)
-            charged[i] = 0.0
+            charged[i] = 0
         else:
             # sequential: every PE of the chip waits for the layer (any may run the next one);
             # pipelined: the layer's PE group
-            charged[i] = float(np.ceil(arch.barrier_cost_cycles(len(run["pes"]) if pipelined else ppc)))
+            charged[i] = int(np.ceil(arch.barrier_cost_cycles(len(run["pes"]) if pipelined else ppc)))
         end = float(np.ceil(end)) + charged[i]  # layers end on whole cycles
         dram_b, noc_b = int(dram_t.sum()), int(noc_t.sum())
         compute = int(table.cycles.sum())
@@ -600,7 +582,7 @@ def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None"
                               np.rint(run["begin"]).astype(np.int64).tolist(),
                               np.rint(run["end"]).astype(np.int64).tolist()))
         offset += len(table)
-        layers.append(LayerTiming(
+        layers.append(LayerTimingSummary(
             name=layer.name, kind=layer.kind, tiles=len(table), pes=pes_used,
             chips=int(np.count_nonzero(np.bincount(table.chip - int(table.chip.min())))) if len(table) else 1,
             cycles=cycles, compute_cycles=compute,
@@ -635,10 +617,10 @@ def evaluate(program: Program, arch: SpinnArch, tables: "list[TileTable] | None"
     )
     throughput = (cpc / stage_max if pipelined else 1.0 / latency) if total_cycles else 0.0
     events.sort()
-    return Timing(
+    return TimingSummary(
         cycles=total_cycles, latency_s=latency, roofline_s=roofline(program, arch),
         throughput_inf_s=throughput, dram_bytes=totals["dram"], noc_bytes=totals["noc"],
         link_bytes=totals["link"], energy_j=energy,
         pe_utilization=totals["compute"] / (total_cycles * arch.total_pes) if total_cycles else 0.0,
-        flops=flops, layers=layers, trace=[list(e) for e in events],
-    )
+        flops=flops, layers=tuple(layers),
+    ), [list(e) for e in events]

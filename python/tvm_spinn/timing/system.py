@@ -29,8 +29,6 @@ plan's collectives on the topology). ``latency / max(bounds)`` is the headline r
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 
 from ..program import Program
@@ -38,36 +36,7 @@ from ..program.records import CollectiveSummary, SystemTimingSummary
 from ..target.arch import SpinnArch
 from .collectives import all_gather, all_reduce, chain_all_reduce
 
-__all__ = ["CollectiveTiming", "SystemTiming", "compose", "collective_cost"]
-
-
-#: One collective's cost: the program's own record (:class:`~tvm_spinn.program.records.CollectiveSummary`),
-#: so :meth:`SystemTiming.summary` stores the rows as they are.
-CollectiveTiming = CollectiveSummary
-
-
-@dataclass(frozen=True)
-class SystemTiming:
-    """A program's timing on its chip group (see the module docstring)."""
-
-    latency_s: float
-    compute_bound_s: float
-    memory_bound_s: float
-    comm_bound_s: float
-    binding: str
-    chips: int
-    streamed_bytes_per_chip: int
-    layer_s: tuple[float, ...]
-    collectives: tuple[CollectiveTiming, ...] = field(default_factory=tuple)
-
-    @property
-    def bound_s(self) -> float:
-        return max(self.compute_bound_s, self.memory_bound_s, self.comm_bound_s)
-
-    def summary(self) -> SystemTimingSummary:
-        """The record a system-mapped program stores (``Program.timing.system``)."""
-        return SystemTimingSummary(**{**vars(self), "layer_s": tuple(self.layer_s), "bound_s": self.bound_s,
-                                      "collectives": tuple(self.collectives)})
+__all__ = ["compose", "collective_cost"]
 
 
 #: Collective costs kept per topology (:attr:`~tvm_spinn.target.topology.Topology.memo`)
@@ -102,7 +71,7 @@ def collective_cost(topo, ranks, op: str, nbytes: int, exact: bool):
 
 def compose(program: Program, arch: SpinnArch, exec_cycles, stream_bytes, collectives,
             chips: int, row_fp32: "set[int] | frozenset" = frozenset(), io_bytes: int = 0,
-            prefetch_bytes: float = 0.0) -> SystemTiming:
+            prefetch_bytes: float = 0.0) -> SystemTimingSummary:
     """Latency and bounds of ``program`` on ``chips`` chips from its shard's per-layer figures.
 
     Parameters
@@ -146,7 +115,7 @@ def compose(program: Program, arch: SpinnArch, exec_cycles, stream_bytes, collec
             early.append((int(ready), float(cost.seconds)))
         else:
             blocking.setdefault(int(layer), []).append(float(cost.seconds))
-        timings.append(CollectiveTiming(int(layer), cost.op, cost.algorithm, int(cost.nbytes), float(cost.seconds),
+        timings.append(CollectiveSummary(int(layer), cost.op, cost.algorithm, int(cost.nbytes), float(cost.seconds),
                                         int(cost.hops), int(cost.board_hops)))
         if cost.algorithm == "chain" and cost.ranks > 1:
             fill[layer] = (cost.ranks - 1) / max(1, cost.segments)
@@ -214,6 +183,6 @@ def compose(program: Program, arch: SpinnArch, exec_cycles, stream_bytes, collec
     comm_total = float(comm.sum())
     bounds = {"compute": compute, "memory": memory, "communication": comm_total}
     binding = max(bounds, key=lambda k: (bounds[k], k))
-    return SystemTiming(latency_s=end, compute_bound_s=compute, memory_bound_s=memory, comm_bound_s=comm_total,
-                        binding=binding, chips=chips, streamed_bytes_per_chip=streamed, layer_s=tuple(layer_s),
-                        collectives=tuple(timings))
+    return SystemTimingSummary(latency_s=end, compute_bound_s=compute, memory_bound_s=memory, comm_bound_s=comm_total,
+                               binding=binding, chips=chips, streamed_bytes_per_chip=streamed, layer_s=tuple(layer_s),
+                               collectives=tuple(timings), bound_s=max(compute, memory, comm_total))
