@@ -194,12 +194,13 @@ def test_manifest_not_json_is_named(firmware_dir):
 
 
 def test_unlowerable_layer_named_at_export_and_nothing_written(tmp_path):
-    class Soft(torch.nn.Module):
-        def forward(self, x):
-            return torch.clamp(x + 1.0, -0.5, 0.5)
+    class Where(torch.nn.Module):
+        def forward(self, x, y):
+            return torch.where(x < y, x + 1.0, y * 2.0)
 
-    ex = relax.build(tvm_spinn.frontend.from_pytorch(Soft().eval(), (torch.randn(4, 8),)), target="spinn")
-    with pytest.raises(PeCodegenError, match=r"layer \S+ \(clip\): cannot generate PE code"):
+    ex = relax.build(tvm_spinn.frontend.from_pytorch(Where().eval(), (torch.randn(4, 8), torch.randn(4, 8))),
+                     target="spinn")
+    with pytest.raises(PeCodegenError, match=r"layer \S+ \(where_less\): cannot generate PE code"):
         tvm_spinn.export_firmware(ex, tmp_path / "fw")
     assert not (tmp_path / "fw").exists()
 

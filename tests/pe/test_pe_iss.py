@@ -136,14 +136,29 @@ def test_int8_dense_bit_identical(xdtype, k):
 
 
 def test_unlowerable_layer_is_named_before_running():
-    class Soft(torch.nn.Module):
-        def forward(self, x):
-            return torch.clamp(x + 1.0, -0.5, 0.5)
+    class Where(torch.nn.Module):
+        def forward(self, x, y):
+            return torch.where(x < y, x + 1.0, y * 2.0)
 
-    (program,) = _programs(tvm_spinn.frontend.from_pytorch(Soft().eval(), (torch.randn(4, 8),)))
-    (soft,) = [layer for layer in program.layers if layer.kind == "clip"]
-    with pytest.raises(PeCodegenError, match=rf"layer {soft.name} \(clip\): cannot generate PE code"):
-        run_program_iss(program, [np.zeros((4, 8), np.float32)])
+    (program,) = _programs(tvm_spinn.frontend.from_pytorch(Where().eval(), (torch.randn(4, 8), torch.randn(4, 8))))
+    (where,) = [layer for layer in program.layers if layer.kind == "where_less"]
+    with pytest.raises(PeCodegenError, match=rf"layer {where.name} \(where_less\): cannot generate PE code"):
+        run_program_iss(program, [np.zeros((4, 8), np.float32)] * 2)
+
+
+class _Clips(torch.nn.Module):
+    def forward(self, x):
+        return torch.clamp(x + 1.0, -0.5, 0.5), torch.clamp(x, 0.0, 1.5), torch.clamp(x * 2.0, -2.0, -0.0)
+
+
+def test_clip_bit_identical():
+    """clip as compare-and-select on the PE: NaN (payloads kept), infinities, signed zeros (a
+    +0.0 lower and a -0.0 upper bound too) and subnormals give the simulator's bits."""
+    programs = _programs(tvm_spinn.frontend.from_pytorch(_Clips().eval(), (torch.randn(6, 40),)))
+    clips = [layer for program in programs for layer in program.layers if layer.kind == "clip"]
+    assert {(c.attrs["min"], c.attrs["max"]) for c in clips} == {(-0.5, 0.5), (0.0, 1.5), (-2.0, -0.0)}
+    for program in programs:
+        _assert_same_bits(program, [_special(program.tensors[t].shape, 21) for t in program.inputs])
 
 
 def test_fault_names_pe_image_and_pc():

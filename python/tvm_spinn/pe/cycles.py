@@ -83,9 +83,10 @@ def _decode(machine, address: int, size: int) -> list:
 
 
 def executed_cycles(machine) -> tuple[int, dict]:
-    """Cycles of everything ``machine`` executed since its counters were cleared, and the
-    executed instructions per class (``{class: count}``, sorted)."""
-    total, classes = 0, {}
+    """Cycles of everything ``machine`` executed since its counters were cleared, plus the cycles
+    it waited on its peripherals (``machine.stall``, rounded up), and the executed instructions
+    per class (``{class: count}``, sorted)."""
+    total, classes = -int(-getattr(machine, "stall", 0) // 1), {}
     for key, count in machine.blocks.items():
         insns = _decode(machine, *key)
         taken = machine.taken.get(key, 0)

@@ -73,11 +73,11 @@ class _Run:
         reloaded for each tile: the PEs of a role run the same image on their own data)."""
         name = self.images.layers[index]
         if name not in self.machines:
-            self.machines[name] = PeMachine(self.images.images[name].elf, name, pe, self.acc_bits)
+            self.machines[name] = PeMachine(self.images.images[name].elf, name, pe, self.acc_bits,
+                                            view.arch_of(self.p))
         m = self.machines[name]
         m.load(pe)
-        m.blocks.clear()
-        m.taken.clear()
+        m.clear_counters()
         return m
 
     def done(self, index: int, t: int, table, m: PeMachine) -> None:
@@ -97,6 +97,10 @@ def _run_elementwise(run: _Run, index: int, env, table) -> np.ndarray:
     p = run.p
     args, out = _flat_operands(p, index, env)
     flat = out.reshape(-1)
+    extra = []  # clip's bounds, as float32 bits
+    if view.layer_kind(p, index) == "clip":
+        attrs = view.layer_attrs(p, index)
+        extra = [int(np.asarray(attrs[b], dtype=_F32).view(np.uint32)) for b in ("min", "max")]
     for t in range(len(table)):
         e0, e1 = int(table.lo[t, 0]), int(table.hi[t, 0])
         m = run.machine(index, int(table.pe[t]))
@@ -108,7 +112,7 @@ def _run_elementwise(run: _Run, index: int, env, table) -> np.ndarray:
             bufs = _Arena(m, p, index).take(*([4 * n] * (len(args) + 1)))
             for buf, a in zip(bufs, args):
                 m.write(buf, a[s0:s1].tobytes())
-            m.run([[*bufs, n]])
+            m.run([[*bufs, n, *extra]])
             flat[s0:s1] = np.frombuffer(m.read(bufs[-1], 4 * n), dtype=_F32)
         run.done(index, t, table, m)
     return out
@@ -494,7 +498,7 @@ def _run_take(run: _Run, index: int, env, table) -> np.ndarray:
     return out
 
 
-_RUNNERS = {"take": _run_take, "unary": _run_elementwise, "softmax": _run_rows, "layer_norm": _run_rows, "rms_norm": _run_rows, "mean": _run_mean, "pool": _run_pool, "quantize": _run_qdq, "dequantize": _run_qdq, "move": _run_move, "binary": _run_elementwise, "relu": _run_elementwise, "gemm_f32": _run_gemm_f32,
+_RUNNERS = {"take": _run_take, "unary": _run_elementwise, "softmax": _run_rows, "layer_norm": _run_rows, "rms_norm": _run_rows, "mean": _run_mean, "pool": _run_pool, "quantize": _run_qdq, "dequantize": _run_qdq, "move": _run_move, "binary": _run_elementwise, "relu": _run_elementwise, "clip": _run_elementwise, "gemm_f32": _run_gemm_f32,
             "gemm_i8": _run_gemm_i8}
 
 

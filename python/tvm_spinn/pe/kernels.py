@@ -12,6 +12,9 @@ Kernels (the ``spec`` of :func:`kernel_object`):
 - ``("binary", op, relu)``: ``c[i] = a[i] <op> b[i]`` (op ``add``/``subtract``/``multiply``/
   ``divide``), then ``x > 0 || x != x ? x : +0`` when ``relu``; args ``a, b, c, n``.
 - ``("relu",)``: args ``x, y, n``.
+- ``("clip",)``: ``y = x < hi || x != x ? x : hi``, then ``y > lo || y != y ? y : lo`` (TVM's
+  ``max(min(x, hi), lo)`` as compare-and-select, a NaN kept); args ``x, y, n, lo, hi`` (the
+  bounds as float32 bits).
 - ``("gemm_f32", relu)``: one k-chunk of ``C[m, n] += A[m, k] B[k, n]`` in ascending k into
   the fp32 accumulator ``C`` (``flags`` bit 0: first chunk, start from +0.0; bit 1: last
   chunk, add the bias when bit 2 is set -- ``bias[i]`` per row when bit 3 is set (conv2d's
@@ -47,9 +50,10 @@ Kernels (the ``spec`` of :func:`kernel_object`):
 - ``("softmax",)``: the row kernel ``e / sum(e)``, ``e = exp(x - max)`` in three phases
   (argument ``phase``), so that a row split over PEs chains its statistics in the row's order:
   0, the max (from -inf, or the chain's ``st[2r]`` when ``flags`` bit 0 is clear; the row's
-  first NaN wins); 1, ``y = exp(x - max)`` and the sequential sum of ``y`` into ``st[2r + 1]``
-  (from +0.0 on the first chunk); 2, ``y = y / sum``. ``exp`` is the exp/log unit's model as
-  single fp32 operations (:func:`_exp_into`); args ``x, y, st, rows, cols, phase, flags``.
+  first NaN wins); 1, ``y = x - max``, the chunk's ``y = exp(y)`` in one stream through the
+  exp/log unit (the runtime's ``pe_exp``, a modelled peripheral), then the sequential sum of
+  ``y`` into ``st[2r + 1]`` (from +0.0 on the first chunk); 2, ``y = y / sum``; args ``x, y,
+  st, rows, cols, phase, flags``.
 - ``("layer_norm",)``: the row's blocked sums (:data:`~tvm_spinn.program.ops.rows.LAYER_NORM_BLOCK`
   elements per block, blocks aligned at the row's start, the chunk's first column ``c0``)
   carried as ``(sum, block partial)`` in ``st[4r], st[4r + 1]``: phase 0 sums ``x``, the
@@ -66,7 +70,8 @@ Kernels (the ``spec`` of :func:`kernel_object`):
   ``rows``, the DMA descriptors by which the DMA engine copies the table's rows; args ``idx,
   rows, err, n, extent, mode``.
 - ``("unary", act)``: ``gelu`` (erf by Abramowitz-Stegun 7.1.26), ``gelu_tanh``, ``sigmoid``,
-  ``tanh`` on the same exp model, in the simulator's operation order; ``negative`` (the sign
+  ``tanh``, in the simulator's operation order, in two passes around one stream of exp
+  arguments through the exp/log unit (``y`` holds the arguments, then their exps); ``negative`` (the sign
   bit flipped), ``sqrt`` (VSQRT), ``rsqrt`` (VSQRT, VDIV), ``square`` and ``cube`` (``power``
   by 2 or 3: ``x * x``, ``(x * x) * x``); args ``x, y, n``.
 """
@@ -133,6 +138,21 @@ def _relu_kernel():
         Y = T.decl_buffer((n,), "float32", data=y)
         for i in range(n):
             Y[i] = _relu(X[i])
+    return kernel
+
+
+def _clip_kernel():
+    @T.prim_func
+    def kernel(x: T.handle("float32"), y: T.handle("float32"), n: T.int32, lo: T.int32, hi: T.int32):
+        T.func_attr({"tir.noalias": True, "calling_conv": 0})
+        X = T.decl_buffer((n,), "float32", data=x)
+        Y = T.decl_buffer((n,), "float32", data=y)
+        v = T.decl_buffer((1,), "float32", scope="local")
+        flo = T.reinterpret("float32", lo)
+        fhi = T.reinterpret("float32", hi)
+        for i in range(n):
+            v[0] = T.if_then_else(tvm.tirx.Or(X[i] < fhi, T.isnan(X[i])), X[i], fhi)
+            Y[i] = T.if_then_else(tvm.tirx.Or(v[0] > flo, T.isnan(v[0])), v[0], flo)
     return kernel
 
 
@@ -331,7 +351,6 @@ def _f(v) -> "tvm.tirx.FloatImm":
 
 
 _INF = T.float32(float("inf"))
-_SHIFT = _f(12582912.0)  # 1.5 * 2^23: adding and subtracting it rounds to an integer
 
 
 def _vsqrt(v):
@@ -340,46 +359,10 @@ def _vsqrt(v):
 
 
 @T.macro
-def _pow2_times(t, p, n):
-    """``t[5] = p * 2^n`` rounded once (the C++ ``Scale2``): split products by exact powers of
-    two, ``2^e`` as the bits ``(e + 127) << 23``."""
-    if n > 127:
-        t[5] = (p * T.reinterpret("float32", T.shift_left(T.int32(254), 23))) * T.reinterpret(
-            "float32", T.shift_left(n, 23))
-    elif n < -126:
-        t[5] = (p * T.reinterpret("float32", T.shift_left(n + 64 + 127, 23))) * T.reinterpret(
-            "float32", T.shift_left(T.int32(-64 + 127), 23))
-    else:
-        t[5] = p * T.reinterpret("float32", T.shift_left(n + 127, 23))
-
-
-@T.macro
-def _exp_into(t, x):
-    """``t[5] = exp(x)``: the exp/log unit's model (the C++ ``ExpModel``), one fp32 rounding per
-    operation, intermediates stored (TVM's simplifier would fold ``(v + c) - c``). Uses
-    ``t[0..5]``."""
-    if T.isnan(x):
-        t[5] = x
-    elif x > _f(88.72283905206835):
-        t[5] = _INF
-    elif x < _f(-103.97208):
-        t[5] = _ZERO
-    else:
-        t[0] = x * _f("1.44269504088896341") + _SHIFT
-        t[1] = t[0] - _SHIFT
-        t[2] = x - t[1] * _f(0.693359375)  # Cody-Waite: ln 2 = C1 + C2
-        t[2] = t[2] - t[1] * _f("-2.12194440e-4")
-        t[3] = t[2] * t[2]
-        t[4] = _f("1.9875691500e-4")
-        t[4] = t[4] * t[2] + _f("1.3981999507e-3")
-        t[4] = t[4] * t[2] + _f("8.3334519073e-3")
-        t[4] = t[4] * t[2] + _f("4.1665795894e-2")
-        t[4] = t[4] * t[2] + _f("1.6666665459e-1")
-        t[4] = t[4] * t[2] + _f("5.0000001201e-1")
-        t[4] = t[4] * t[3]
-        t[4] = t[4] + t[2]
-        t[4] = t[4] + _f(1.0)
-        _pow2_times(t, t[4], T.Cast("int32", t[1]))
+def _exp_unit(src, dst, n):
+    """``dst[0:n] = exp(src[0:n])`` on the exp/log unit (the runtime's driver ``pe_exp``; the
+    unit computes the simulator's exp model, see :mod:`.iss`). ``src`` may equal ``dst``."""
+    T.evaluate(T.call_extern("int32", "pe_exp", src, dst, n))
 
 
 def _softmax():
@@ -391,7 +374,6 @@ def _softmax():
         Y = T.decl_buffer((rows * cols,), "float32", data=y)
         S = T.decl_buffer((2 * rows,), "float32", data=st)
         acc = T.decl_buffer((1,), "float32", scope="local")
-        t = T.decl_buffer((8,), "float32", scope="local")
         for r in range(rows):
             if phase == 0:
                 acc[0] = T.if_then_else(flags & 1 != 0, -_INF, S[2 * r])
@@ -401,16 +383,18 @@ def _softmax():
                             acc[0] = X[r * cols + j]
                 S[2 * r] = acc[0]
             elif phase == 1:
-                acc[0] = T.if_then_else(flags & 1 != 0, _ZERO, S[2 * r + 1])
                 for j in range(cols):
-                    t[6] = X[r * cols + j] - S[2 * r]
-                    _exp_into(t, t[6])
-                    Y[r * cols + j] = t[5]
-                    acc[0] = acc[0] + t[5]
-                S[2 * r + 1] = acc[0]
+                    Y[r * cols + j] = X[r * cols + j] - S[2 * r]
             else:
                 for j in range(cols):
                     Y[r * cols + j] = Y[r * cols + j] / S[2 * r + 1]
+        if phase == 1:  # the exps of the whole chunk in one stream, then each row's sum
+            _exp_unit(T.address_of(Y[0]), T.address_of(Y[0]), rows * cols)
+            for r in range(rows):
+                acc[0] = T.if_then_else(flags & 1 != 0, _ZERO, S[2 * r + 1])
+                for j in range(cols):
+                    acc[0] = acc[0] + Y[r * cols + j]
+                S[2 * r + 1] = acc[0]
     return kernel
 
 
@@ -512,18 +496,30 @@ def _neg(v):
     return T.reinterpret("float32", T.bitwise_xor(T.reinterpret("int32", v), T.int32(-2147483648)))
 
 
+# The activations on exp run in two passes around one stream through the exp/log unit: the
+# first (``*_arg``) writes each element's exp argument to ``t[8]``, the second (``*_finish``)
+# recomputes what it needs from ``x`` (the same operations, so the same bits) and finishes
+# from ``e``, the argument's exp, into ``t[8]``. Elements whose result does not use the exp
+# (tanh's small or huge arguments) still stream an argument through the unit.
+
+
 @T.macro
-def _tanh_into(t, x):
-    """``t[8] = tanh(x)`` (the C++ ``TanhModel``); uses ``t[0..9]``."""
+def _tanh_arg(t, x):
+    """``2 |x|``, the exp argument of tanh's large branch (the C++ ``TanhModel``)."""
+    t[6] = _fabs(x)
+    t[8] = t[6] + t[6]
+
+
+@T.macro
+def _tanh_finish(t, x, e):
+    """``t[8] = tanh(x)`` from ``e = exp(2 |x|)`` (the C++ ``TanhModel``); uses ``t[6..9]``."""
     t[9] = x
     t[6] = _fabs(t[9])
     if t[6] > _f(0.625):
         if t[6] > _f(44.0):
             t[8] = T.if_then_else(t[9] > _ZERO, _f(1.0), _f(-1.0))
         else:
-            t[7] = t[6] + t[6]
-            _exp_into(t, t[7])
-            t[7] = _f(1.0) - _f(2.0) / (t[5] + _f(1.0))
+            t[7] = _f(1.0) - _f(2.0) / (e + _f(1.0))
             t[8] = T.if_then_else(t[9] < _ZERO, _neg(t[7]), t[7])
     elif t[9] == _ZERO:
         t[8] = t[9]  # keeps the sign of zero
@@ -540,8 +536,17 @@ def _tanh_into(t, x):
 
 
 @T.macro
-def _gelu_into(t, x):
-    """``t[8] = gelu(x)`` with erf by Abramowitz-Stegun 7.1.26 (the C++ ``GeluModel``)."""
+def _gelu_arg(t, x):
+    """``-a * a`` with ``a = |x / sqrt 2|``: the exp argument of erf (the C++ ``GeluModel``)."""
+    t[10] = x * _f("0.70710678118654752")
+    t[12] = _fabs(t[10])
+    t[8] = _neg(t[12]) * t[12]
+
+
+@T.macro
+def _gelu_finish(t, x, e):
+    """``t[8] = gelu(x)`` with erf by Abramowitz-Stegun 7.1.26 (the C++ ``GeluModel``), from
+    ``e = exp(-a * a)``."""
     t[9] = x
     t[10] = t[9] * _f("0.70710678118654752")
     if t[10] > _ZERO:
@@ -564,33 +569,46 @@ def _gelu_into(t, x):
     t[14] = t[13] * t[14]
     t[14] = _f("0.254829592") + t[14]
     t[14] = t[13] * t[14]
-    t[15] = _neg(t[12]) * t[12]
-    _exp_into(t, t[15])
-    t[14] = t[14] * t[5]
+    t[14] = t[14] * e
     t[14] = t[11] * (_f(1.0) - t[14])
     t[15] = _f(0.5) * t[9]
     t[8] = t[15] * (_f(1.0) + t[14])
 
 
 @T.macro
-def _gelu_tanh_into(t, x):
-    """``t[8] = 0.5 x (1 + tanh(0.79788456 (x + 0.044715 x^3)))`` (the C++ ``GeluTanhModel``)."""
+def _gelu_tanh_inner(t, x):
+    """``t[11] = 0.7978845608028654 (x + 0.044715 x^3)`` (the C++ ``GeluTanhModel``)."""
     t[10] = x
     t[11] = _f("0.044715") * t[10]
     t[11] = t[11] * t[10]
     t[11] = t[11] * t[10]
     t[11] = _f("0.7978845608028654") * (t[10] + t[11])
+
+
+@T.macro
+def _gelu_tanh_arg(t, x):
+    _gelu_tanh_inner(t, x)
+    _tanh_arg(t, t[11])
+
+
+@T.macro
+def _gelu_tanh_finish(t, x, e):
+    """``t[8] = 0.5 x (1 + tanh(inner))`` from ``e = exp(2 |inner|)``."""
+    _gelu_tanh_inner(t, x)
     t[12] = _f(0.5) * t[10]
-    _tanh_into(t, t[11])
+    _tanh_finish(t, t[11], e)
     t[8] = t[12] * (_f(1.0) + t[8])
 
 
 @T.macro
-def _sigmoid_into(t, x):
+def _sigmoid_arg(t, x):
+    t[8] = _neg(x)
+
+
+@T.macro
+def _sigmoid_finish(t, x, e):
     """``t[8] = 1 / (1 + exp(-x))`` (the C++ ``SigmoidModel``)."""
-    t[10] = _neg(x)
-    _exp_into(t, t[10])
-    t[8] = _f(1.0) / (_f(1.0) + t[5])
+    t[8] = _f(1.0) / (_f(1.0) + e)
 
 
 @T.macro
@@ -622,25 +640,46 @@ def _cube_into(t, x):
     t[8] = t[10] * t[9]
 
 
-#: the functions of kernel ``("unary", act)``: act -> macro writing ``t[8]``
-ACTIVATIONS = {"gelu": _gelu_into, "gelu_tanh": _gelu_tanh_into, "sigmoid": _sigmoid_into, "tanh": _tanh_into,
-               "negative": _negative_into, "sqrt": _sqrt_into, "rsqrt": _rsqrt_into, "square": _square_into,
-               "cube": _cube_into}
+#: the functions of kernel ``("unary", act)`` that need no exp: act -> macro writing ``t[8]``
+_PLAIN_ACTIVATIONS = {"negative": _negative_into, "sqrt": _sqrt_into, "rsqrt": _rsqrt_into, "square": _square_into,
+                      "cube": _cube_into}
+#: those on the exp/log unit: act -> (argument macro, finishing macro)
+_EXP_ACTIVATIONS = {"gelu": (_gelu_arg, _gelu_finish), "gelu_tanh": (_gelu_tanh_arg, _gelu_tanh_finish),
+                    "sigmoid": (_sigmoid_arg, _sigmoid_finish), "tanh": (_tanh_arg, _tanh_finish)}
+#: every activation of kernel ``("unary", act)``
+ACTIVATIONS = (*sorted(_EXP_ACTIVATIONS), *sorted(_PLAIN_ACTIVATIONS))
 
 
 def _unary(act: str):
-    into = ACTIVATIONS[act]
+    if act in _PLAIN_ACTIVATIONS:
+        into = _PLAIN_ACTIVATIONS[act]
+
+        @T.prim_func
+        def kernel(x: T.handle("float32"), y: T.handle("float32"), n: T.int32):
+            T.func_attr({"tir.noalias": True, "calling_conv": 0})
+            X = T.decl_buffer((n,), "float32", data=x)
+            Y = T.decl_buffer((n,), "float32", data=y)
+            t = T.decl_buffer((16,), "float32", scope="local")
+            for i in range(n):
+                into(t, X[i])
+                Y[i] = t[8]
+        return kernel
+    arg, finish = _EXP_ACTIVATIONS[act]
 
     @T.prim_func
-    def kernel(x: T.handle("float32"), y: T.handle("float32"), n: T.int32):
+    def kernel_exp(x: T.handle("float32"), y: T.handle("float32"), n: T.int32):
         T.func_attr({"tir.noalias": True, "calling_conv": 0})
         X = T.decl_buffer((n,), "float32", data=x)
         Y = T.decl_buffer((n,), "float32", data=y)
         t = T.decl_buffer((16,), "float32", scope="local")
-        for i in range(n):
-            into(t, X[i])
+        for i in range(n):  # the exp arguments, into y
+            arg(t, X[i])
             Y[i] = t[8]
-    return kernel
+        _exp_unit(T.address_of(Y[0]), T.address_of(Y[0]), n)
+        for i in range(n):
+            finish(t, X[i], Y[i])
+            Y[i] = t[8]
+    return kernel_exp
 
 
 def _take():
@@ -669,7 +708,7 @@ def _take():
     return kernel
 
 
-_BUILDERS = {"take": _take, "unary": _unary, "softmax": _softmax, "layer_norm": _layer_norm, "rms_norm": _rms_norm, "mean": _mean, "pool": _pool, "quantize": _quantize, "dequantize": _dequantize, "move": _move, "binary": _binary, "relu": _relu_kernel, "gemm_f32": _gemm_f32, "gemm_i8": _gemm_i8}
+_BUILDERS = {"take": _take, "unary": _unary, "softmax": _softmax, "layer_norm": _layer_norm, "rms_norm": _rms_norm, "mean": _mean, "pool": _pool, "quantize": _quantize, "dequantize": _dequantize, "move": _move, "binary": _binary, "relu": _relu_kernel, "clip": _clip_kernel, "gemm_f32": _gemm_f32, "gemm_i8": _gemm_i8}
 
 
 def kernel_func(spec: tuple) -> "tvm.tirx.PrimFunc":
