@@ -16,7 +16,8 @@ Kernels (the ``spec`` of :func:`kernel_object`):
   ``max(min(x, hi), lo)`` as compare-and-select, a NaN kept); args ``x, y, n, lo, hi`` (the
   bounds as float32 bits).
 - ``("gemm_f32", relu)``: one k-chunk of ``C[m, n] += A[m, k] B[k, n]`` in ascending k into
-  the fp32 accumulator ``C`` (``flags`` bit 0: first chunk, start from +0.0; bit 1: last
+  the fp32 accumulator ``C``, in 4 x 4 register blocks of outputs (4 x 1 at the right edge, one
+  at a time in the rows below; every output's products summed in ascending k, as one at a time) (``flags`` bit 0: first chunk, start from +0.0; bit 1: last
   chunk, add the bias when bit 2 is set -- ``bias[i]`` per row when bit 3 is set (conv2d's
   output channels), else ``bias[j]`` per column -- then the ReLU); args ``a, b, c, bias, m, n,
   k, flags``.
@@ -156,7 +157,23 @@ def _clip_kernel():
     return kernel
 
 
+#: the fp32 GEMM's register block: ``_MR x _NR`` accumulators live in FPU registers over k
+_MR, _NR = 4, 4
+
+
 def _gemm_f32(relu: bool):
+    @T.macro
+    def finish(C, BIAS, fin, v, i, j, n, flags):
+        """``C[i, j] = v``, after the last chunk with the bias and the ReLU (through the local
+        ``fin[0]``: a macro's reassigned argument would not leave its ``if``)."""
+        fin[0] = v
+        if flags & 2 != 0:
+            if flags & 4 != 0:
+                fin[0] = fin[0] + T.if_then_else(flags & 8 != 0, BIAS[i], BIAS[j])
+            if relu:
+                fin[0] = _relu(fin[0])
+        C[i * n + j] = fin[0]
+
     @T.prim_func
     def kernel(a: T.handle("float32"), b: T.handle("float32"), c: T.handle("float32"),
                bias: T.handle("float32"), m: T.int32, n: T.int32, k: T.int32, flags: T.int32):
@@ -165,18 +182,41 @@ def _gemm_f32(relu: bool):
         B = T.decl_buffer((k * n,), "float32", data=b)
         C = T.decl_buffer((m * n,), "float32", data=c)
         BIAS = T.decl_buffer((T.max(m, n),), "float32", data=bias)
-        acc = T.decl_buffer((1,), "float32", scope="local")
-        for i in range(m):
-            for j in range(n):
-                acc[0] = T.if_then_else(flags & 1 != 0, _ZERO, C[i * n + j])
+        acc = T.decl_buffer((_MR * _NR,), "float32", scope="local")
+        one = T.decl_buffer((1,), "float32", scope="local")
+        fin = T.decl_buffer((1,), "float32", scope="local")
+        # full MR x NR blocks: each accumulator sums its products in ascending k, as the
+        # one-at-a-time loop does, so blocking changes no bits
+        for i0 in range(T.truncdiv(m, _MR)):
+            for j0 in range(T.truncdiv(n, _NR)):
+                for ii in T.unroll(_MR):
+                    for jj in T.unroll(_NR):
+                        acc[ii * _NR + jj] = T.if_then_else(flags & 1 != 0, _ZERO,
+                                                            C[(i0 * _MR + ii) * n + j0 * _NR + jj])
                 for kk in range(k):
-                    acc[0] = acc[0] + A[i * k + kk] * B[kk * n + j]
-                if flags & 2 != 0:
-                    if flags & 4 != 0:
-                        acc[0] = acc[0] + T.if_then_else(flags & 8 != 0, BIAS[i], BIAS[j])
-                    if relu:
-                        acc[0] = _relu(acc[0])
-                C[i * n + j] = acc[0]
+                    for ii in T.unroll(_MR):
+                        for jj in T.unroll(_NR):
+                            acc[ii * _NR + jj] = acc[ii * _NR + jj] + A[(i0 * _MR + ii) * k + kk] * B[kk * n + j0 * _NR + jj]
+                for ii in T.unroll(_MR):
+                    for jj in T.unroll(_NR):
+                        finish(C, BIAS, fin, acc[ii * _NR + jj], i0 * _MR + ii, j0 * _NR + jj, n, flags)
+        # the columns right of the blocks (all of them in a tile narrower than _NR) in _MR x 1
+        # blocks, then the rows below the blocks one output at a time
+        for i0 in range(T.truncdiv(m, _MR)):
+            for j in range(T.truncdiv(n, _NR) * _NR, n):
+                for ii in T.unroll(_MR):
+                    acc[ii] = T.if_then_else(flags & 1 != 0, _ZERO, C[(i0 * _MR + ii) * n + j])
+                for kk in range(k):
+                    for ii in T.unroll(_MR):
+                        acc[ii] = acc[ii] + A[(i0 * _MR + ii) * k + kk] * B[kk * n + j]
+                for ii in T.unroll(_MR):
+                    finish(C, BIAS, fin, acc[ii], i0 * _MR + ii, j, n, flags)
+        for i in range(T.truncdiv(m, _MR) * _MR, m):
+            for j in range(n):
+                one[0] = T.if_then_else(flags & 1 != 0, _ZERO, C[i * n + j])
+                for kk in range(k):
+                    one[0] = one[0] + A[i * k + kk] * B[kk * n + j]
+                finish(C, BIAS, fin, one[0], i, j, n, flags)
     return kernel
 
 
