@@ -135,6 +135,48 @@ def test_int8_dense_bit_identical(xdtype, k):
         _assert_same_bits(program, inputs)
 
 
+@pytest.mark.parametrize("xdtype,groups,per_channel,cin", [("int8", 1, True, 3), ("uint8", 4, False, 8),
+                                                        ("int8", 1, False, 80)])
+def test_int8_conv2d_bit_identical(xdtype, groups, per_channel, cin):
+    """Requantized int8 conv2d on the MAC array (the tile transposed: pixels x channels):
+    padding (the zero point), stride, groups, per-channel and per-tensor weight zero points and
+    scales, a bias, a ReLU; cin = 80 (k = 720) reduces in two accumulator-safe chunks."""
+    rng = np.random.default_rng(11 + groups)
+    lo, hi = (-128, 128) if xdtype == "int8" else (0, 256)
+    o = 8
+    x = rng.integers(lo, hi, size=(1, cin, 7, 6)).astype(xdtype)
+    w = rng.integers(-127, 128, size=(o, cin // groups, 3, 3)).astype("int8")
+    sw = rng.uniform(0.002, 0.01, size=o if per_channel else 1).astype("float32")
+    zw = rng.integers(-3, 4, size=sw.shape).astype("int8")
+    mod = qgemm_module(x.shape, xdtype, w, sw, zw, 0.02, 7 if xdtype == "int8" else 131,
+                       bias=rng.normal(scale=0.5, size=o).astype("float32"), relu=groups == 1,
+                       out=(0.05, -5, "int8"), conv_attrs=dict(strides=2, padding=1, groups=groups))
+    progs = [p for p in _programs(mod) if any(layer.mode == "int8" for layer in p.layers)]
+    assert progs
+    for program in progs:
+        (conv,) = [layer for layer in program.layers if layer.kind == "conv2d"]
+        assert conv.mode == "int8"
+        _assert_same_bits(program, [x if program.tensors[t].dtype == xdtype
+                                    else rng.normal(size=program.tensors[t].shape).astype("float32")
+                                    for t in program.inputs])
+
+
+def test_int8_matmul_bit_identical():
+    """Requantized int8 matmul of two uint8 activations (both zero points nonzero), batched."""
+    rng = np.random.default_rng(5)
+    a = rng.integers(0, 256, size=(2, 3, 16, 20)).astype("uint8")
+    b = rng.integers(0, 256, size=(2, 3, 20, 12)).astype("uint8")
+    mod = qgemm_module(a.shape, "uint8", None, 0.02, 140, 0.05, 90, op="matmul", wdtype="uint8",
+                       b_shape=b.shape, out=(0.9, 128, "uint8"))
+    progs = [p for p in _programs(mod) if any(layer.mode == "int8" for layer in p.layers)]
+    assert progs
+    for program in progs:
+        (mm,) = [layer for layer in program.layers if layer.kind == "matmul"]
+        assert mm.mode == "int8"
+        feeds = {a.shape: a, b.shape: b}
+        _assert_same_bits(program, [feeds[tuple(program.tensors[t].shape)] for t in program.inputs])
+
+
 def test_unlowerable_layer_is_named_before_running():
     class Where(torch.nn.Module):
         def forward(self, x, y):

@@ -164,37 +164,56 @@ def _run_gemm_f32(run: _Run, index: int, env, table) -> np.ndarray:
 
 
 def _run_gemm_i8(run: _Run, index: int, env, table) -> np.ndarray:
-    from ..program.quant import to_signed
+    """int8 ``dense``, ``matmul`` and ``conv2d`` on the MAC array, requantized on the M4F. The
+    kernel's operand ``a`` is the activation (zero point ``x_zero``) and ``b`` the operand
+    whose zero point and requantization constants go per output column: a ``conv2d`` tile (the
+    mapper's ``[oc, pixels]``) runs transposed, ``a`` = its im2col columns ``[pixels, k]`` and
+    ``b`` = its weights ``[k, oc]`` (the DMA's layout), and its result is transposed back. The
+    sums are integers, each k-chunk's accumulated on the array at the program's chunk length,
+    so the bits are the simulator's."""
+    from ..program.ops.gemm.reference import _batched_operands, _int8_operands
     p = run.p
+    layer = p.layers[index]
+    kind = view.layer_kind(p, index)
     attrs = view.layer_attrs(p, index)
     spec = p.tensors[view.layer_output(p, index)]
     out = np.empty(view.tensor_shape(p, view.layer_output(p, index)), dtype=spec.dtype)
-    g = view.gemm_view(p, index)
-    x = env[view.layer_inputs(p, index)[0]]
-    a = (to_signed(x) if attrs["x_flip"] else x).reshape(g.m, g.k)
-    b = env[view.layer_const(p, index, "weight")].reshape(g.k, g.n)
-    c = out.reshape(g.m, g.n)
+    x, rhs, _ = _int8_operands(layer, env)
+    fill = np.asarray(attrs["x_zero"]).astype(x.dtype)  # padding holds the zero point
+    g, a, b, a_index, b_index = _batched_operands(p, layer, out, x, rhs, fill)
+    c = out.reshape(g.batch, g.m, g.n)
+    conv = kind == "conv2d"
+    channels = attrs["groups"] * g.m if conv else g.n
 
     def column(role, default=0):
         tid = view.layer_const(p, index, role)
-        v = env[tid].astype(np.int64) if tid is not None else np.int64(default)
-        return np.broadcast_to(v, (g.n,))
+        if tid is None and role == "w_zero" and kind == "matmul":
+            return np.broadcast_to(np.int64(attrs.get("b_zero", 0)), (channels,))
+        v = env[tid].astype(np.int64).reshape(-1) if tid is not None else np.int64(default)
+        return np.broadcast_to(v, (channels,))
 
     cols = np.stack([column("w_zero"), column("bias_q"), column("multiplier"), column("shift", 1)], axis=1)
-    head = np.array([attrs["x_zero"], g.k, attrs["y_zero"], attrs["y_min"], attrs["y_max"]], dtype=np.int64)
     kc = view.gemm_chunk(p, index)
     carry: dict = {}  # region -> the int32 sums a reduction part hands to the next (over the NoC)
     for t in range(len(table)):
-        (_, m0, n0), (_, m1, n1) = table.lo[t, :3].tolist(), table.hi[t, :3].tolist()
+        (b0, m0, n0), (_, m1, n1) = table.lo[t, :3].tolist(), table.hi[t, :3].tolist()
         # a region's reduction may be split over PEs (parts innermost, ascending k): each part
         # continues the int32 sums of the one before; the last one finishes
         k0, k1 = (int(table.lo[t, 3]), int(table.hi[t, 3])) if table.lo.shape[1] > 3 else (0, g.k)
-        tm, tn = m1 - m0, n1 - n0
+        if conv:  # transposed: the kernel's rows are the tile's pixels, its columns the channels
+            oc0 = (b0 % attrs["groups"]) * g.m
+            at, bt = b[int(b_index[b0]), :, n0:n1].T, a[int(a_index[b0]), m0:m1].T
+            ch = slice(oc0 + m0, oc0 + m1)
+        else:
+            at, bt = a[int(a_index[b0]), m0:m1], b[int(b_index[b0]), :, n0:n1]
+            ch = slice(n0, n1)
+        tm, tn = at.shape[0], bt.shape[1]
+        head = np.array([attrs["x_zero"], g.k, attrs["y_zero"], attrs["y_min"], attrs["y_max"]], dtype=np.int64)
         m = run.machine(index, int(table.pe[t]))
         pa, pb, pp, pacc, prs, pcs, pq, py = _Arena(m, p, index).take(
             tm * kc, kc * tn, 4 * tm * tn, 4 * tm * tn, 4 * tm, 4 * tn, 4 * (5 + 4 * tn), tm * tn)
-        m.write(pq, np.concatenate([head, cols[n0:n1].reshape(-1)]).astype(np.int32).tobytes())
-        key = (m0, m1, n0, n1)
+        m.write(pq, np.concatenate([head, cols[ch].reshape(-1)]).astype(np.int32).tobytes())
+        key = (b0, m0, m1, n0, n1)
         if k0 > 0:
             acc, rs, cs = carry.pop(key)
             m.write(pacc, acc)
@@ -202,14 +221,15 @@ def _run_gemm_i8(run: _Run, index: int, env, table) -> np.ndarray:
             m.write(pcs, cs)
         for c0 in range(k0, k1, kc):
             c1 = min(c0 + kc, k1)
-            m.write(pa, np.ascontiguousarray(a[m0:m1, c0:c1], dtype=np.int8).tobytes())
-            m.write(pb, np.ascontiguousarray(b[c0:c1, n0:n1], dtype=np.int8).tobytes())
+            m.write(pa, np.ascontiguousarray(at[:, c0:c1], dtype=np.int8).tobytes())
+            m.write(pb, np.ascontiguousarray(bt[c0:c1], dtype=np.int8).tobytes())
             flags = (1 if c0 == 0 else 0) | (2 if c1 == g.k else 0)
             m.run([[pa, pb, pp, pacc, prs, pcs, pq, py, tm, tn, c1 - c0, flags]])
         if k1 < g.k:
             carry[key] = (m.read(pacc, 4 * tm * tn), m.read(prs, 4 * tm), m.read(pcs, 4 * tn))
         else:
-            c[m0:m1, n0:n1] = np.frombuffer(m.read(py, tm * tn), dtype=spec.dtype).reshape(tm, tn)
+            y = np.frombuffer(m.read(py, tm * tn), dtype=spec.dtype).reshape(tm, tn)
+            c[b0, m0:m1, n0:n1] = y.T if conv else y
         run.done(index, t, table, m)
     return out
 

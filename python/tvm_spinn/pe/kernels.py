@@ -21,7 +21,8 @@ Kernels (the ``spec`` of :func:`kernel_object`):
   chunk, add the bias when bit 2 is set -- ``bias[i]`` per row when bit 3 is set (conv2d's
   output channels), else ``bias[j]`` per column -- then the ReLU); args ``a, b, c, bias, m, n,
   k, flags``.
-- ``("gemm_i8",)``: one k-chunk of an int8 GEMM: the MAC array's ``acc_bits`` sums into
+- ``("gemm_i8",)``: one k-chunk of an int8 GEMM (``dense``, ``matmul``, a ``conv2d`` tile
+  transposed by the host, see :mod:`.execute`): the MAC array's ``acc_bits`` sums into
   the int32 scratch ``p`` (driver ``pe_mac_gemm``), added in 32-bit to ``acc`` with the
   operands' row and column sums; on the last chunk the zero-point terms and the requantization
   (:func:`tvm_spinn.program.quant.requantize`; a ReLU is its clamp at the zero point) write
