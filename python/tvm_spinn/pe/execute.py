@@ -389,6 +389,44 @@ def _run_mean(run: _Run, index: int, env, table) -> np.ndarray:
     return out
 
 
+def _run_mean_tflite(run: _Run, index: int, env, table) -> np.ndarray:
+    """TFLite's integer mean: as :func:`_run_mean`, the chain passing each row's int32 sum."""
+    p = run.p
+    attrs = view.layer_attrs(p, index)
+    row = int(attrs["row"])
+    x = np.ascontiguousarray(env[view.layer_inputs(p, index)[0]]).reshape(-1, row)
+    out_id = view.layer_output(p, index)
+    out = np.empty(view.tensor_shape(p, out_id), dtype=view.tensor_dtype(p, out_id))
+    flat = out.reshape(-1)
+    from ..program.quant import QUANT_RANGES
+    lo, hi = QUANT_RANGES[out.dtype.name]
+    consts = np.array([attrs["x_zero"], row, attrs["multiplier"], attrs["shift"], attrs["y_zero"], lo, hi],
+                      dtype=np.int64).astype(np.int32)
+    partial = np.zeros(x.shape[0], dtype=np.int32)
+    order = sorted(range(len(table)), key=lambda t: (int(table.lo[t, 0]), int(table.lo[t, 1])))
+    for t in order:
+        (r0, c0), (r1, c1) = table.lo[t, :2].tolist(), table.hi[t, :2].tolist()
+        m = run.machine(index, int(table.pe[t]))
+        per_row = (c1 - c0) * x.itemsize + 8
+        group = max(1, (ARENA_END - m.arena - 4 * 64) // per_row)
+        for q0 in range(r0, r1, group):
+            q1 = min(q0 + group, r1)
+            n = q1 - q0
+            px, pp, py, pq = _Arena(m, p, index).take(n * (c1 - c0) * x.itemsize, 4 * n, n * out.itemsize, 28)
+            m.write(px, np.ascontiguousarray(x[q0:q1, c0:c1]).tobytes())
+            m.write(pq, consts.tobytes())
+            if c0 > 0:
+                m.write(pp, partial[q0:q1].tobytes())
+            flags = (1 if c0 == 0 else 0) | (2 if c1 == row else 0)
+            m.run([[px, pp, py, n, c1 - c0, flags, pq]])
+            if c1 == row:
+                flat[q0:q1] = np.frombuffer(m.read(py, n * out.itemsize), dtype=out.dtype)
+            else:
+                partial[q0:q1] = np.frombuffer(m.read(pp, 4 * n), dtype=np.int32)
+        run.done(index, t, table, m)
+    return out
+
+
 #: phases of each row kernel (:mod:`.kernels`)
 _ROW_PHASES = {"softmax": 3, "layer_norm": 3, "rms_norm": 2}
 
@@ -518,7 +556,7 @@ def _run_take(run: _Run, index: int, env, table) -> np.ndarray:
     return out
 
 
-_RUNNERS = {"take": _run_take, "unary": _run_elementwise, "softmax": _run_rows, "layer_norm": _run_rows, "rms_norm": _run_rows, "mean": _run_mean, "pool": _run_pool, "quantize": _run_qdq, "dequantize": _run_qdq, "move": _run_move, "binary": _run_elementwise, "relu": _run_elementwise, "clip": _run_elementwise, "gemm_f32": _run_gemm_f32,
+_RUNNERS = {"take": _run_take, "unary": _run_elementwise, "softmax": _run_rows, "layer_norm": _run_rows, "rms_norm": _run_rows, "mean": _run_mean, "mean_tflite": _run_mean_tflite, "pool": _run_pool, "quantize": _run_qdq, "dequantize": _run_qdq, "move": _run_move, "binary": _run_elementwise, "relu": _run_elementwise, "clip": _run_elementwise, "gemm_f32": _run_gemm_f32,
             "gemm_i8": _run_gemm_i8}
 
 

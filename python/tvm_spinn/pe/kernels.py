@@ -49,6 +49,13 @@ Kernels (the ``spec`` of :func:`kernel_object`):
 - ``("mean",)``: one chunk of each row's sequential fp32 sum, from +0.0 (``flags`` bit 0) or
   from the partial ``part[r]`` the previous chunk's PE passed on; the row's last chunk (bit 1)
   writes ``sum / fl(d)``, the others the partial; args ``x, part, y, rows, cols, flags, d``.
+- ``("mean_tflite", dtype)``: TFLite's integer mean (``QuantizedMeanOrSum``) of int8/uint8
+  rows: one chunk of each row's 32-bit wrapping sum, from 0 (``flags`` bit 0) or the partial
+  ``part[r]``; the row's last chunk (bit 1) writes ``clamp(y_zero +
+  MultiplyByQuantizedMultiplier(sum - x_zero * d, multiplier, 31 - shift))`` (TFLite's
+  rounding: :func:`tvm_spinn.program.quant.requantize_tflite`), the others the partial; args
+  ``x, part, y, rows, cols, flags, consts`` with ``consts`` ``[x_zero, d, multiplier, shift,
+  y_zero, y_min, y_max]`` (int32).
 - ``("softmax",)``: the row kernel ``e / sum(e)``, ``e = exp(x - max)`` in three phases
   (argument ``phase``), so that a row split over PEs chains its statistics in the row's order:
   0, the max (from -inf, or the chain's ``st[2r]`` when ``flags`` bit 0 is clear; the row's
@@ -381,6 +388,46 @@ def _mean():
                 acc[0] = acc[0] + X[r * cols + j]
             if flags & 2 != 0:
                 Y[r] = acc[0] / T.Cast("float32", d)
+            else:
+                P[r] = acc[0]
+    return kernel
+
+
+def _mean_tflite(dtype: str):
+    i64 = "int64"
+
+    @T.prim_func
+    def kernel(x: T.handle(dtype), part: T.handle("int32"), y: T.handle(dtype), rows: T.int32, cols: T.int32,
+               flags: T.int32, consts: T.handle("int32")):
+        T.func_attr({"tir.noalias": True, "calling_conv": 0})
+        X = T.decl_buffer((rows * cols,), dtype, data=x)
+        P = T.decl_buffer((rows,), "int32", data=part)
+        Y = T.decl_buffer((rows,), dtype, data=y)
+        Q = T.decl_buffer((7,), "int32", data=consts)
+        acc = T.decl_buffer((1,), "int32", scope="local")
+        w = T.decl_buffer((4,), i64, scope="local")
+        for r in range(rows):
+            acc[0] = T.if_then_else(flags & 1 != 0, 0, P[r])
+            for j in range(cols):
+                acc[0] = acc[0] + T.Cast("int32", X[r * cols + j])
+            if flags & 2 != 0:
+                acc[0] = acc[0] - Q[0] * Q[1]
+                # MultiplyByQuantizedMultiplier(acc, multiplier, 31 - shift): a left shift in a
+                # 32-bit register, SaturatingRoundingDoublingHighMul, RoundingDivideByPOT
+                w[3] = T.Cast(i64, 31 - Q[3])  # the exponent: > 0 shifts left
+                w[0] = T.Cast(i64, T.shift_left(acc[0], T.Cast("int32", T.max(w[3], T.int64(0)))))
+                w[0] = w[0] * T.Cast(i64, Q[2])
+                w[0] = w[0] + T.if_then_else(w[0] >= T.int64(0), T.int64(1 << 30), T.int64(1 - (1 << 30)))
+                w[0] = T.if_then_else(w[0] >= T.int64(0), T.shift_right(w[0], T.int64(31)),
+                                      T.int64(0) - T.shift_right(T.int64(0) - w[0], T.int64(31)))
+                w[3] = T.max(T.int64(0) - w[3], T.int64(0))  # the right shift
+                w[1] = T.shift_left(T.int64(1), w[3]) - T.int64(1)  # mask
+                w[2] = T.shift_right(w[1], T.int64(1)) + T.if_then_else(w[0] < T.int64(0), T.int64(1), T.int64(0))
+                w[0] = T.shift_right(w[0], w[3]) + T.if_then_else(
+                    T.bitwise_and(w[0], w[1]) > w[2], T.int64(1), T.int64(0)) + T.Cast(i64, Q[4])
+                w[0] = T.if_then_else(w[0] < T.Cast(i64, Q[5]), T.Cast(i64, Q[5]), w[0])
+                w[0] = T.if_then_else(w[0] > T.Cast(i64, Q[6]), T.Cast(i64, Q[6]), w[0])
+                Y[r] = T.Cast(dtype, w[0])
             else:
                 P[r] = acc[0]
     return kernel
@@ -749,7 +796,7 @@ def _take():
     return kernel
 
 
-_BUILDERS = {"take": _take, "unary": _unary, "softmax": _softmax, "layer_norm": _layer_norm, "rms_norm": _rms_norm, "mean": _mean, "pool": _pool, "quantize": _quantize, "dequantize": _dequantize, "move": _move, "binary": _binary, "relu": _relu_kernel, "clip": _clip_kernel, "gemm_f32": _gemm_f32, "gemm_i8": _gemm_i8}
+_BUILDERS = {"take": _take, "unary": _unary, "softmax": _softmax, "layer_norm": _layer_norm, "rms_norm": _rms_norm, "mean": _mean, "mean_tflite": _mean_tflite, "pool": _pool, "quantize": _quantize, "dequantize": _dequantize, "move": _move, "binary": _binary, "relu": _relu_kernel, "clip": _clip_kernel, "gemm_f32": _gemm_f32, "gemm_i8": _gemm_i8}
 
 
 def kernel_func(spec: tuple) -> "tvm.tirx.PrimFunc":

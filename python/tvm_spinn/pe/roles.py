@@ -45,9 +45,12 @@ def layer_role(program, index: int) -> tuple:
         return ("take",)
     if kind in ("max_pool2d", "avg_pool2d") and mode == "fp32" and _float_operands(program, index):
         return ("pool", kind[:3])
+    if kind == "mean" and attrs.get("rounding") == "tflite":
+        dtype = view.tensor_dtype(program, view.layer_inputs(program, index)[0])
+        if dtype not in ("int8", "uint8") or view.tensor_dtype(program, view.layer_output(program, index)) != dtype:
+            _fail(program, index, f"TFLite integer mean of {dtype} (generated: int8 and uint8 in and out)")
+        return ("mean_tflite", dtype)
     if kind == "mean" and mode == "fp32" and _float_operands(program, index):
-        if attrs.get("rounding") == "tflite":
-            _fail(program, index, "TFLite's integer mean (generated: fp32 mean)")
         return ("mean",)
     if kind in ROW_KINDS and mode == "fp32" and _float_operands(program, index):
         return (kind,)
