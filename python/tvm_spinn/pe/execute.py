@@ -427,6 +427,66 @@ def _run_mean_tflite(run: _Run, index: int, env, table) -> np.ndarray:
     return out
 
 
+def _run_softmax_tflite(run: _Run, index: int, env, table) -> np.ndarray:
+    """TFLite's integer softmax: per group of rows, each phase over the rows' chunks in column
+    order, the int32 statistics (max, sum) chained and sent back as :func:`_run_rows` does."""
+    from ..program.quant import QUANT_RANGES
+    p = run.p
+    attrs = view.layer_attrs(p, index)
+    x = np.ascontiguousarray(env[view.layer_inputs(p, index)[0]])
+    row = x.shape[-1]
+    x = x.reshape(-1, row)
+    out_id = view.layer_output(p, index)
+    out = np.empty(view.tensor_shape(p, out_id), dtype=view.tensor_dtype(p, out_id))
+    y_all = out.reshape(-1, row)
+    lo_q, hi_q = QUANT_RANGES[out.dtype.name]
+    consts = np.array([attrs["multiplier"], attrs["left_shift"], attrs["diff_min"], lo_q, hi_q],
+                      dtype=np.int64).astype(np.int32)
+    lo, hi = table.lo[:, :2], table.hi[:, :2]
+    groups: dict = {}
+    for t in range(len(table)):
+        groups.setdefault((int(lo[t, 0]), int(hi[t, 0])), []).append(t)
+    runs = {t: [0, {}] for t in range(len(table))}
+    for (r0, r1), tiles in sorted(groups.items()):
+        tiles.sort(key=lambda t: int(lo[t, 1]))
+        width = max(int(hi[t, 1] - lo[t, 1]) for t in tiles)
+        m0 = run.machine(index, int(table.pe[tiles[0]]))
+        group = max(1, (ARENA_END - m0.arena - 5 * 64) // (2 * width + 8))
+        for q0 in range(r0, r1, group):
+            q1 = min(q0 + group, r1)
+            n = q1 - q0
+            st = np.zeros(2 * n, dtype=np.int32)
+            for ph in range(3):
+                for i, t in enumerate(tiles):
+                    c0, c1 = int(lo[t, 1]), int(hi[t, 1])
+                    m = run.machine(index, int(table.pe[t]))
+                    px, py, pst, pq = _Arena(m, p, index).take(n * (c1 - c0), n * (c1 - c0), 8 * n, 20)
+                    m.write(px, np.ascontiguousarray(x[q0:q1, c0:c1]).tobytes())
+                    m.write(pq, consts.tobytes())
+
+                    def job(f, first, last):
+                        return [px, py, pst, n, c1 - c0, f, (1 if first else 0) | (2 if last else 0), pq]
+                    if len(tiles) == 1:
+                        m.run([job(f, True, True) for f in range(3)])
+                    else:
+                        m.write(pst, st.tobytes())
+                        m.run([job(ph, i == 0, i == len(tiles) - 1)])
+                        st[:] = np.frombuffer(m.read(pst, 8 * n), dtype=np.int32)
+                    if len(tiles) == 1 or ph == 2:
+                        y_all[q0:q1, c0:c1] = np.frombuffer(m.read(py, n * (c1 - c0)), dtype=out.dtype).reshape(n, c1 - c0)
+                    cycles, classes = executed_cycles(m)
+                    runs[t][0] += cycles
+                    for key, v in classes.items():
+                        runs[t][1][key] = runs[t][1].get(key, 0) + v
+                if len(tiles) == 1:
+                    break
+    if run.record is not None:
+        for t in range(len(table)):
+            run.record.append(TileRun(index, t, int(table.pe[t]), float(table.cycles[t]), runs[t][0],
+                                      dict(sorted(runs[t][1].items()))))
+    return out
+
+
 #: phases of each row kernel (:mod:`.kernels`)
 _ROW_PHASES = {"softmax": 3, "layer_norm": 3, "rms_norm": 2}
 
@@ -556,7 +616,7 @@ def _run_take(run: _Run, index: int, env, table) -> np.ndarray:
     return out
 
 
-_RUNNERS = {"take": _run_take, "unary": _run_elementwise, "softmax": _run_rows, "layer_norm": _run_rows, "rms_norm": _run_rows, "mean": _run_mean, "mean_tflite": _run_mean_tflite, "pool": _run_pool, "quantize": _run_qdq, "dequantize": _run_qdq, "move": _run_move, "binary": _run_elementwise, "relu": _run_elementwise, "clip": _run_elementwise, "gemm_f32": _run_gemm_f32,
+_RUNNERS = {"take": _run_take, "unary": _run_elementwise, "softmax": _run_rows, "layer_norm": _run_rows, "rms_norm": _run_rows, "mean": _run_mean, "mean_tflite": _run_mean_tflite, "softmax_tflite": _run_softmax_tflite, "pool": _run_pool, "quantize": _run_qdq, "dequantize": _run_qdq, "move": _run_move, "binary": _run_elementwise, "relu": _run_elementwise, "clip": _run_elementwise, "gemm_f32": _run_gemm_f32,
             "gemm_i8": _run_gemm_i8}
 
 

@@ -50,6 +50,11 @@ def layer_role(program, index: int) -> tuple:
         if dtype not in ("int8", "uint8") or view.tensor_dtype(program, view.layer_output(program, index)) != dtype:
             _fail(program, index, f"TFLite integer mean of {dtype} (generated: int8 and uint8 in and out)")
         return ("mean_tflite", dtype)
+    if kind == "softmax" and attrs.get("rounding") == "tflite":
+        dtype = view.tensor_dtype(program, view.layer_inputs(program, index)[0])
+        if dtype not in ("int8", "uint8") or view.tensor_dtype(program, view.layer_output(program, index)) != dtype:
+            _fail(program, index, f"TFLite integer softmax of {dtype} (generated: int8 and uint8 in and out)")
+        return ("softmax_tflite", dtype)
     if kind == "mean" and mode == "fp32" and _float_operands(program, index):
         return ("mean",)
     if kind in ROW_KINDS and mode == "fp32" and _float_operands(program, index):
