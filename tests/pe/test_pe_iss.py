@@ -177,15 +177,30 @@ def test_int8_matmul_bit_identical():
         _assert_same_bits(program, [feeds[tuple(program.tensors[t].shape)] for t in program.inputs])
 
 
-def test_unlowerable_layer_is_named_before_running():
-    class Where(torch.nn.Module):
-        def forward(self, x, y):
-            return torch.where(x < y, x + 1.0, y * 2.0)
+def fp32_out_dense():
+    """An int8 dense with a float32 (dequantizing) epilogue: a layer with no PE code."""
+    w = np.random.default_rng(0).integers(-127, 128, size=(16, 8)).astype("int8")
+    return qgemm_module((4, 16), "int8", w, np.float32(0.01), 0, 0.02, 3, op="dense")
 
-    (program,) = _programs(tvm_spinn.frontend.from_pytorch(Where().eval(), (torch.randn(4, 8), torch.randn(4, 8))))
-    (where,) = [layer for layer in program.layers if layer.kind == "where_less"]
-    with pytest.raises(PeCodegenError, match=rf"layer {where.name} \(where_less\): cannot generate PE code"):
-        run_program_iss(program, [np.zeros((4, 8), np.float32)] * 2)
+
+def test_unlowerable_layer_is_named_before_running():
+    programs = [p for p in _programs(fp32_out_dense()) if any(layer.mode == "int8" for layer in p.layers)]
+    (program,) = programs
+    (dense,) = [layer for layer in program.layers if layer.kind == "dense"]
+    with pytest.raises(PeCodegenError, match=rf"layer {dense.name} \(dense\): cannot generate PE code.*float32"):
+        run_program_iss(program, [np.zeros(program.tensors[t].shape, program.tensors[t].dtype) for t in program.inputs])
+
+
+class _Where(torch.nn.Module):
+    def forward(self, x, y):
+        return torch.where(x < y, x + 1.0, y * 2.0)
+
+
+def test_where_less_bit_identical():
+    programs = _programs(tvm_spinn.frontend.from_pytorch(_Where().eval(), (torch.randn(6, 40), torch.randn(6, 40))))
+    assert "where_less" in {layer.kind for p in programs for layer in p.layers}
+    for program in programs:
+        _assert_same_bits(program, [_special(program.tensors[t].shape, 31 + j) for j, t in enumerate(program.inputs)])
 
 
 class _Clips(torch.nn.Module):

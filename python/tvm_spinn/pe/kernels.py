@@ -15,6 +15,8 @@ Kernels (the ``spec`` of :func:`kernel_object`):
 - ``("clip",)``: ``y = x < hi || x != x ? x : hi``, then ``y > lo || y != y ? y : lo`` (TVM's
   ``max(min(x, hi), lo)`` as compare-and-select, a NaN kept); args ``x, y, n, lo, hi`` (the
   bounds as float32 bits).
+- ``("where_less",)``: ``y[i] = a[i] < b[i] ? c[i] : d[i]`` (a compare and a select: the
+  chosen operand's bits, a NaN compare false); args ``a, b, c, d, y, n``.
 - ``("gemm_f32", relu)``: one k-chunk of ``C[m, n] += A[m, k] B[k, n]`` in ascending k into
   the fp32 accumulator ``C``, in 4 x 4 register blocks of outputs (4 x 1 at the right edge, one
   at a time in the rows below; every output's products summed in ascending k, as one at a time) (``flags`` bit 0: first chunk, start from +0.0; bit 1: last
@@ -155,6 +157,21 @@ def _relu_kernel():
         Y = T.decl_buffer((n,), "float32", data=y)
         for i in range(n):
             Y[i] = _relu(X[i])
+    return kernel
+
+
+def _where_less():
+    @T.prim_func
+    def kernel(a: T.handle("float32"), b: T.handle("float32"), c: T.handle("float32"), d: T.handle("float32"),
+               y: T.handle("float32"), n: T.int32):
+        T.func_attr({"tir.noalias": True, "calling_conv": 0})
+        A = T.decl_buffer((n,), "float32", data=a)
+        B = T.decl_buffer((n,), "float32", data=b)
+        C = T.decl_buffer((n,), "float32", data=c)
+        D = T.decl_buffer((n,), "float32", data=d)
+        Y = T.decl_buffer((n,), "float32", data=y)
+        for i in range(n):
+            Y[i] = T.if_then_else(A[i] < B[i], C[i], D[i])
     return kernel
 
 
@@ -944,7 +961,7 @@ def _take():
     return kernel
 
 
-_BUILDERS = {"take": _take, "unary": _unary, "softmax": _softmax, "layer_norm": _layer_norm, "rms_norm": _rms_norm, "mean": _mean, "mean_tflite": _mean_tflite, "softmax_tflite": _softmax_tflite, "pool": _pool, "quantize": _quantize, "dequantize": _dequantize, "move": _move, "binary": _binary, "relu": _relu_kernel, "clip": _clip_kernel, "gemm_f32": _gemm_f32, "gemm_i8": _gemm_i8}
+_BUILDERS = {"take": _take, "unary": _unary, "softmax": _softmax, "layer_norm": _layer_norm, "rms_norm": _rms_norm, "mean": _mean, "mean_tflite": _mean_tflite, "softmax_tflite": _softmax_tflite, "pool": _pool, "quantize": _quantize, "dequantize": _dequantize, "move": _move, "binary": _binary, "relu": _relu_kernel, "clip": _clip_kernel, "where_less": _where_less, "gemm_f32": _gemm_f32, "gemm_i8": _gemm_i8}
 
 
 def kernel_func(spec: tuple) -> "tvm.tirx.PrimFunc":
