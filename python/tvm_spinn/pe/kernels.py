@@ -127,9 +127,9 @@ _BLOCK = LAYER_NORM_BLOCK
 
 def _relu(v):
     """``v > 0 ? v : +0`` with a NaN kept (the simulator's :func:`~tvm_spinn.program.ops.elementwise.relu`)."""
-    # T.isnan, not ``v != v``: TVM's arithmetic simplifier folds ``v != v`` to false (it
-    # assumes no NaN), which would turn relu(NaN) into +0.
-    return T.if_then_else(tvm.tirx.Or(v > _ZERO, T.isnan(v)), v, _ZERO)
+    # !(v <= 0) is v > 0 or unordered: one compare keeps a NaN (not ``v != v``, which TVM's
+    # arithmetic simplifier folds to false, assuming no NaN).
+    return T.if_then_else(T.Not(v <= _ZERO), v, _ZERO)
 
 
 def _binary(op: str, relu: bool):
@@ -185,8 +185,9 @@ def _clip_kernel():
         flo = T.reinterpret("float32", lo)
         fhi = T.reinterpret("float32", hi)
         for i in range(n):
-            v[0] = T.if_then_else(tvm.tirx.Or(X[i] < fhi, T.isnan(X[i])), X[i], fhi)
-            Y[i] = T.if_then_else(tvm.tirx.Or(v[0] > flo, T.isnan(v[0])), v[0], flo)
+            # !(x >= hi) is x < hi or unordered: one compare keeps a NaN
+            v[0] = T.if_then_else(T.Not(X[i] >= fhi), X[i], fhi)
+            Y[i] = T.if_then_else(T.Not(v[0] <= flo), v[0], flo)
     return kernel
 
 
