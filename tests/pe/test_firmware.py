@@ -194,12 +194,12 @@ def test_manifest_not_json_is_named(firmware_dir):
 
 
 def test_unlowerable_layer_named_at_export_and_nothing_written(tmp_path):
-    class Soft(torch.nn.Module):
-        def forward(self, x):
-            return torch.clamp(x + 1.0, -0.5, 0.5)
+    from test_int8 import qgemm_module
 
-    ex = relax.build(tvm_spinn.frontend.from_pytorch(Soft().eval(), (torch.randn(4, 8),)), target="spinn")
-    with pytest.raises(PeCodegenError, match=r"layer \S+ \(clip\): cannot generate PE code"):
+    # an int8 dense with a float32 (dequantizing) epilogue has no PE code
+    w = np.random.default_rng(0).integers(-127, 128, size=(16, 8)).astype("int8")
+    ex = relax.build(qgemm_module((4, 16), "int8", w, np.float32(0.01), 0, 0.02, 3, op="dense"), target="spinn")
+    with pytest.raises(PeCodegenError, match=r"layer \S+ \(dense\): cannot generate PE code"):
         tvm_spinn.export_firmware(ex, tmp_path / "fw")
     assert not (tmp_path / "fw").exists()
 

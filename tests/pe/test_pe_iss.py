@@ -135,15 +135,87 @@ def test_int8_dense_bit_identical(xdtype, k):
         _assert_same_bits(program, inputs)
 
 
-def test_unlowerable_layer_is_named_before_running():
-    class Soft(torch.nn.Module):
-        def forward(self, x):
-            return torch.clamp(x + 1.0, -0.5, 0.5)
+@pytest.mark.parametrize("xdtype,groups,per_channel,cin", [("int8", 1, True, 3), ("uint8", 4, False, 8),
+                                                        ("int8", 1, False, 80)])
+def test_int8_conv2d_bit_identical(xdtype, groups, per_channel, cin):
+    """Requantized int8 conv2d on the MAC array (the tile transposed: pixels x channels):
+    padding (the zero point), stride, groups, per-channel and per-tensor weight zero points and
+    scales, a bias, a ReLU; cin = 80 (k = 720) reduces in two accumulator-safe chunks."""
+    rng = np.random.default_rng(11 + groups)
+    lo, hi = (-128, 128) if xdtype == "int8" else (0, 256)
+    o = 8
+    x = rng.integers(lo, hi, size=(1, cin, 7, 6)).astype(xdtype)
+    w = rng.integers(-127, 128, size=(o, cin // groups, 3, 3)).astype("int8")
+    sw = rng.uniform(0.002, 0.01, size=o if per_channel else 1).astype("float32")
+    zw = rng.integers(-3, 4, size=sw.shape).astype("int8")
+    mod = qgemm_module(x.shape, xdtype, w, sw, zw, 0.02, 7 if xdtype == "int8" else 131,
+                       bias=rng.normal(scale=0.5, size=o).astype("float32"), relu=groups == 1,
+                       out=(0.05, -5, "int8"), conv_attrs=dict(strides=2, padding=1, groups=groups))
+    progs = [p for p in _programs(mod) if any(layer.mode == "int8" for layer in p.layers)]
+    assert progs
+    for program in progs:
+        (conv,) = [layer for layer in program.layers if layer.kind == "conv2d"]
+        assert conv.mode == "int8"
+        _assert_same_bits(program, [x if program.tensors[t].dtype == xdtype
+                                    else rng.normal(size=program.tensors[t].shape).astype("float32")
+                                    for t in program.inputs])
 
-    (program,) = _programs(tvm_spinn.frontend.from_pytorch(Soft().eval(), (torch.randn(4, 8),)))
-    (soft,) = [layer for layer in program.layers if layer.kind == "clip"]
-    with pytest.raises(PeCodegenError, match=rf"layer {soft.name} \(clip\): cannot generate PE code"):
-        run_program_iss(program, [np.zeros((4, 8), np.float32)])
+
+def test_int8_matmul_bit_identical():
+    """Requantized int8 matmul of two uint8 activations (both zero points nonzero), batched."""
+    rng = np.random.default_rng(5)
+    a = rng.integers(0, 256, size=(2, 3, 16, 20)).astype("uint8")
+    b = rng.integers(0, 256, size=(2, 3, 20, 12)).astype("uint8")
+    mod = qgemm_module(a.shape, "uint8", None, 0.02, 140, 0.05, 90, op="matmul", wdtype="uint8",
+                       b_shape=b.shape, out=(0.9, 128, "uint8"))
+    progs = [p for p in _programs(mod) if any(layer.mode == "int8" for layer in p.layers)]
+    assert progs
+    for program in progs:
+        (mm,) = [layer for layer in program.layers if layer.kind == "matmul"]
+        assert mm.mode == "int8"
+        feeds = {a.shape: a, b.shape: b}
+        _assert_same_bits(program, [feeds[tuple(program.tensors[t].shape)] for t in program.inputs])
+
+
+def fp32_out_dense():
+    """An int8 dense with a float32 (dequantizing) epilogue: a layer with no PE code."""
+    w = np.random.default_rng(0).integers(-127, 128, size=(16, 8)).astype("int8")
+    return qgemm_module((4, 16), "int8", w, np.float32(0.01), 0, 0.02, 3, op="dense")
+
+
+def test_unlowerable_layer_is_named_before_running():
+    programs = [p for p in _programs(fp32_out_dense()) if any(layer.mode == "int8" for layer in p.layers)]
+    (program,) = programs
+    (dense,) = [layer for layer in program.layers if layer.kind == "dense"]
+    with pytest.raises(PeCodegenError, match=rf"layer {dense.name} \(dense\): cannot generate PE code.*float32"):
+        run_program_iss(program, [np.zeros(program.tensors[t].shape, program.tensors[t].dtype) for t in program.inputs])
+
+
+class _Where(torch.nn.Module):
+    def forward(self, x, y):
+        return torch.where(x < y, x + 1.0, y * 2.0)
+
+
+def test_where_less_bit_identical():
+    programs = _programs(tvm_spinn.frontend.from_pytorch(_Where().eval(), (torch.randn(6, 40), torch.randn(6, 40))))
+    assert "where_less" in {layer.kind for p in programs for layer in p.layers}
+    for program in programs:
+        _assert_same_bits(program, [_special(program.tensors[t].shape, 31 + j) for j, t in enumerate(program.inputs)])
+
+
+class _Clips(torch.nn.Module):
+    def forward(self, x):
+        return torch.clamp(x + 1.0, -0.5, 0.5), torch.clamp(x, 0.0, 1.5), torch.clamp(x * 2.0, -2.0, -0.0)
+
+
+def test_clip_bit_identical():
+    """clip as compare-and-select on the PE: NaN (payloads kept), infinities, signed zeros (a
+    +0.0 lower and a -0.0 upper bound too) and subnormals give the simulator's bits."""
+    programs = _programs(tvm_spinn.frontend.from_pytorch(_Clips().eval(), (torch.randn(6, 40),)))
+    clips = [layer for program in programs for layer in program.layers if layer.kind == "clip"]
+    assert {(c.attrs["min"], c.attrs["max"]) for c in clips} == {(-0.5, 0.5), (0.0, 1.5), (-2.0, -0.0)}
+    for program in programs:
+        _assert_same_bits(program, [_special(program.tensors[t].shape, 21) for t in program.inputs])
 
 
 def test_fault_names_pe_image_and_pc():

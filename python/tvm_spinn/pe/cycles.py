@@ -8,8 +8,13 @@ pipeline refill of 1-3 cycles) and table 7-1 "FPU instruction set" (VADD/VSUB/VM
 VCVT/VMOV/VMRS/VMSR 1, VMLA/VMLS/VNMLA/VNMLS and the fused VFMA/VFMS/VFNMA/VFNMS 3, VDIV and
 VSQRT 14, VLDR/VSTR 2, VLDM/VSTM/VPUSH/VPOP 1 + N).
 
-Simplifications (named): a load or store single is 2 cycles even where the TRM lets neighbouring
-ones pipeline to 1; a taken branch to an immediate refills in P = 1 (2 cycles), one through a
+Load and store pipelining (TRM section 3.3.2, "Load/store timings"): neighbouring load and store
+single instructions (LDR/STR and their byte and halfword forms, VLDR/VSTR) pipeline their
+address and data phases, so one that directly follows another completes in 1 cycle instead of
+2 -- unless its address register is one the previous load wrote (the TRM's dependent case).
+
+Simplifications (named): the pipelining is applied within a basic block only (the first
+instruction of a block is never pipelined with the last of the one before); a taken branch to an immediate refills in P = 1 (2 cycles), one through a
 register or a POP into PC in P = 2 (the TRM's "normally" cases); a branch not taken is 1; IT is
 1 (not folded); SDIV/UDIV take their worst case, 12.
 """
@@ -35,6 +40,7 @@ CYCLES = {
 }
 _MULTI = {"ldm", "ldmia", "ldmdb", "stm", "stmia", "stmdb", "push", "pop", "ldrd", "strd",
           "vldm", "vldmia", "vldmdb", "vstm", "vstmia", "vstmdb", "vpush", "vpop"}
+_SINGLE = {"ldr", "ldrb", "ldrh", "ldrsb", "ldrsh", "str", "strb", "strh", "vldr", "vstr"}
 _BRANCH_IMM = {"b", "bl", "cbz", "cbnz"}
 _BRANCH_REG = {"bx", "blx"}
 _CONDS = ("eq", "ne", "cs", "hs", "cc", "lo", "mi", "pl", "vs", "vc", "hi", "ls", "ge", "lt", "gt", "le", "al")
@@ -73,30 +79,48 @@ def instruction_cycles(insn, taken: bool) -> tuple[str, int]:
     return base, CYCLES.get(base, 1)
 
 
+def _address_regs(insn) -> set:
+    return {r for op in insn.operands if op.type == capstone.arm.ARM_OP_MEM
+            for r in (op.mem.base, op.mem.index) if r}
+
+
+def _block_prices(insns) -> list[tuple[str, int, int]]:
+    """Per instruction of a basic block: ``(class, cycles if control falls through, cycles if
+    it is the block's taken exit)``, with neighbouring load/store singles pipelined."""
+    out, prev_single, prev_written = [], False, set()
+    for insn in insns:
+        name, c_not = instruction_cycles(insn, False)
+        _, c_taken = instruction_cycles(insn, True)
+        single = _base(insn.mnemonic) in _SINGLE
+        if single and prev_single and not (_address_regs(insn) & prev_written):
+            c_not, c_taken = c_not - 1, c_taken - 1
+        prev_written = set(insn.regs_access()[1]) if single else set()
+        prev_single = single
+        out.append((name, c_not, c_taken))
+    return out
+
+
 def _decode(machine, address: int, size: int) -> list:
     cache = machine.__dict__.setdefault("_decoded", {})
     key = (address, size)
     if key not in cache:
         code = machine.read(address, size)
-        cache[key] = list(_MD.disasm(code, address))
+        cache[key] = _block_prices(list(_MD.disasm(code, address)))
     return cache[key]
 
 
 def executed_cycles(machine) -> tuple[int, dict]:
-    """Cycles of everything ``machine`` executed since its counters were cleared, and the
-    executed instructions per class (``{class: count}``, sorted)."""
-    total, classes = 0, {}
+    """Cycles of everything ``machine`` executed since its counters were cleared, plus the cycles
+    it waited on its peripherals (``machine.stall``, rounded up), and the executed instructions
+    per class (``{class: count}``, sorted)."""
+    total, classes = -int(-getattr(machine, "stall", 0) // 1), {}
     for key, count in machine.blocks.items():
-        insns = _decode(machine, *key)
+        prices = _decode(machine, *key)
         taken = machine.taken.get(key, 0)
-        for n, insn in enumerate(insns):
-            last = n == len(insns) - 1
-            if last and taken:
-                name, c_taken = instruction_cycles(insn, True)
-                _, c_not = instruction_cycles(insn, False)
+        for n, (name, c_not, c_taken) in enumerate(prices):
+            if n == len(prices) - 1 and taken:
                 total += c_taken * taken + c_not * (count - taken)
             else:
-                name, c = instruction_cycles(insn, False)
-                total += c * count
+                total += c_not * count
             classes[name] = classes.get(name, 0) + count
     return total, dict(sorted(classes.items()))

@@ -73,11 +73,11 @@ class _Run:
         reloaded for each tile: the PEs of a role run the same image on their own data)."""
         name = self.images.layers[index]
         if name not in self.machines:
-            self.machines[name] = PeMachine(self.images.images[name].elf, name, pe, self.acc_bits)
+            self.machines[name] = PeMachine(self.images.images[name].elf, name, pe, self.acc_bits,
+                                            view.arch_of(self.p))
         m = self.machines[name]
         m.load(pe)
-        m.blocks.clear()
-        m.taken.clear()
+        m.clear_counters()
         return m
 
     def done(self, index: int, t: int, table, m: PeMachine) -> None:
@@ -97,6 +97,10 @@ def _run_elementwise(run: _Run, index: int, env, table) -> np.ndarray:
     p = run.p
     args, out = _flat_operands(p, index, env)
     flat = out.reshape(-1)
+    extra = []  # clip's bounds, as float32 bits
+    if view.layer_kind(p, index) == "clip":
+        attrs = view.layer_attrs(p, index)
+        extra = [int(np.asarray(attrs[b], dtype=_F32).view(np.uint32)) for b in ("min", "max")]
     for t in range(len(table)):
         e0, e1 = int(table.lo[t, 0]), int(table.hi[t, 0])
         m = run.machine(index, int(table.pe[t]))
@@ -108,7 +112,7 @@ def _run_elementwise(run: _Run, index: int, env, table) -> np.ndarray:
             bufs = _Arena(m, p, index).take(*([4 * n] * (len(args) + 1)))
             for buf, a in zip(bufs, args):
                 m.write(buf, a[s0:s1].tobytes())
-            m.run([[*bufs, n]])
+            m.run([[*bufs, n, *extra]])
             flat[s0:s1] = np.frombuffer(m.read(bufs[-1], 4 * n), dtype=_F32)
         run.done(index, t, table, m)
     return out
@@ -160,37 +164,56 @@ def _run_gemm_f32(run: _Run, index: int, env, table) -> np.ndarray:
 
 
 def _run_gemm_i8(run: _Run, index: int, env, table) -> np.ndarray:
-    from ..program.quant import to_signed
+    """int8 ``dense``, ``matmul`` and ``conv2d`` on the MAC array, requantized on the M4F. The
+    kernel's operand ``a`` is the activation (zero point ``x_zero``) and ``b`` the operand
+    whose zero point and requantization constants go per output column: a ``conv2d`` tile (the
+    mapper's ``[oc, pixels]``) runs transposed, ``a`` = its im2col columns ``[pixels, k]`` and
+    ``b`` = its weights ``[k, oc]`` (the DMA's layout), and its result is transposed back. The
+    sums are integers, each k-chunk's accumulated on the array at the program's chunk length,
+    so the bits are the simulator's."""
+    from ..program.ops.gemm.reference import _batched_operands, _int8_operands
     p = run.p
+    layer = p.layers[index]
+    kind = view.layer_kind(p, index)
     attrs = view.layer_attrs(p, index)
     spec = p.tensors[view.layer_output(p, index)]
     out = np.empty(view.tensor_shape(p, view.layer_output(p, index)), dtype=spec.dtype)
-    g = view.gemm_view(p, index)
-    x = env[view.layer_inputs(p, index)[0]]
-    a = (to_signed(x) if attrs["x_flip"] else x).reshape(g.m, g.k)
-    b = env[view.layer_const(p, index, "weight")].reshape(g.k, g.n)
-    c = out.reshape(g.m, g.n)
+    x, rhs, _ = _int8_operands(layer, env)
+    fill = np.asarray(attrs["x_zero"]).astype(x.dtype)  # padding holds the zero point
+    g, a, b, a_index, b_index = _batched_operands(p, layer, out, x, rhs, fill)
+    c = out.reshape(g.batch, g.m, g.n)
+    conv = kind == "conv2d"
+    channels = attrs["groups"] * g.m if conv else g.n
 
     def column(role, default=0):
         tid = view.layer_const(p, index, role)
-        v = env[tid].astype(np.int64) if tid is not None else np.int64(default)
-        return np.broadcast_to(v, (g.n,))
+        if tid is None and role == "w_zero" and kind == "matmul":
+            return np.broadcast_to(np.int64(attrs.get("b_zero", 0)), (channels,))
+        v = env[tid].astype(np.int64).reshape(-1) if tid is not None else np.int64(default)
+        return np.broadcast_to(v, (channels,))
 
     cols = np.stack([column("w_zero"), column("bias_q"), column("multiplier"), column("shift", 1)], axis=1)
-    head = np.array([attrs["x_zero"], g.k, attrs["y_zero"], attrs["y_min"], attrs["y_max"]], dtype=np.int64)
     kc = view.gemm_chunk(p, index)
     carry: dict = {}  # region -> the int32 sums a reduction part hands to the next (over the NoC)
     for t in range(len(table)):
-        (_, m0, n0), (_, m1, n1) = table.lo[t, :3].tolist(), table.hi[t, :3].tolist()
+        (b0, m0, n0), (_, m1, n1) = table.lo[t, :3].tolist(), table.hi[t, :3].tolist()
         # a region's reduction may be split over PEs (parts innermost, ascending k): each part
         # continues the int32 sums of the one before; the last one finishes
         k0, k1 = (int(table.lo[t, 3]), int(table.hi[t, 3])) if table.lo.shape[1] > 3 else (0, g.k)
-        tm, tn = m1 - m0, n1 - n0
+        if conv:  # transposed: the kernel's rows are the tile's pixels, its columns the channels
+            oc0 = (b0 % attrs["groups"]) * g.m
+            at, bt = b[int(b_index[b0]), :, n0:n1].T, a[int(a_index[b0]), m0:m1].T
+            ch = slice(oc0 + m0, oc0 + m1)
+        else:
+            at, bt = a[int(a_index[b0]), m0:m1], b[int(b_index[b0]), :, n0:n1]
+            ch = slice(n0, n1)
+        tm, tn = at.shape[0], bt.shape[1]
+        head = np.array([attrs["x_zero"], g.k, attrs["y_zero"], attrs["y_min"], attrs["y_max"]], dtype=np.int64)
         m = run.machine(index, int(table.pe[t]))
         pa, pb, pp, pacc, prs, pcs, pq, py = _Arena(m, p, index).take(
             tm * kc, kc * tn, 4 * tm * tn, 4 * tm * tn, 4 * tm, 4 * tn, 4 * (5 + 4 * tn), tm * tn)
-        m.write(pq, np.concatenate([head, cols[n0:n1].reshape(-1)]).astype(np.int32).tobytes())
-        key = (m0, m1, n0, n1)
+        m.write(pq, np.concatenate([head, cols[ch].reshape(-1)]).astype(np.int32).tobytes())
+        key = (b0, m0, m1, n0, n1)
         if k0 > 0:
             acc, rs, cs = carry.pop(key)
             m.write(pacc, acc)
@@ -198,14 +221,15 @@ def _run_gemm_i8(run: _Run, index: int, env, table) -> np.ndarray:
             m.write(pcs, cs)
         for c0 in range(k0, k1, kc):
             c1 = min(c0 + kc, k1)
-            m.write(pa, np.ascontiguousarray(a[m0:m1, c0:c1], dtype=np.int8).tobytes())
-            m.write(pb, np.ascontiguousarray(b[c0:c1, n0:n1], dtype=np.int8).tobytes())
+            m.write(pa, np.ascontiguousarray(at[:, c0:c1], dtype=np.int8).tobytes())
+            m.write(pb, np.ascontiguousarray(bt[c0:c1], dtype=np.int8).tobytes())
             flags = (1 if c0 == 0 else 0) | (2 if c1 == g.k else 0)
             m.run([[pa, pb, pp, pacc, prs, pcs, pq, py, tm, tn, c1 - c0, flags]])
         if k1 < g.k:
             carry[key] = (m.read(pacc, 4 * tm * tn), m.read(prs, 4 * tm), m.read(pcs, 4 * tn))
         else:
-            c[m0:m1, n0:n1] = np.frombuffer(m.read(py, tm * tn), dtype=spec.dtype).reshape(tm, tn)
+            y = np.frombuffer(m.read(py, tm * tn), dtype=spec.dtype).reshape(tm, tn)
+            c[b0, m0:m1, n0:n1] = y.T if conv else y
         run.done(index, t, table, m)
     return out
 
@@ -365,6 +389,104 @@ def _run_mean(run: _Run, index: int, env, table) -> np.ndarray:
     return out
 
 
+def _run_mean_tflite(run: _Run, index: int, env, table) -> np.ndarray:
+    """TFLite's integer mean: as :func:`_run_mean`, the chain passing each row's int32 sum."""
+    p = run.p
+    attrs = view.layer_attrs(p, index)
+    row = int(attrs["row"])
+    x = np.ascontiguousarray(env[view.layer_inputs(p, index)[0]]).reshape(-1, row)
+    out_id = view.layer_output(p, index)
+    out = np.empty(view.tensor_shape(p, out_id), dtype=view.tensor_dtype(p, out_id))
+    flat = out.reshape(-1)
+    from ..program.quant import QUANT_RANGES
+    lo, hi = QUANT_RANGES[out.dtype.name]
+    consts = np.array([attrs["x_zero"], row, attrs["multiplier"], attrs["shift"], attrs["y_zero"], lo, hi],
+                      dtype=np.int64).astype(np.int32)
+    partial = np.zeros(x.shape[0], dtype=np.int32)
+    order = sorted(range(len(table)), key=lambda t: (int(table.lo[t, 0]), int(table.lo[t, 1])))
+    for t in order:
+        (r0, c0), (r1, c1) = table.lo[t, :2].tolist(), table.hi[t, :2].tolist()
+        m = run.machine(index, int(table.pe[t]))
+        per_row = (c1 - c0) * x.itemsize + 8
+        group = max(1, (ARENA_END - m.arena - 4 * 64) // per_row)
+        for q0 in range(r0, r1, group):
+            q1 = min(q0 + group, r1)
+            n = q1 - q0
+            px, pp, py, pq = _Arena(m, p, index).take(n * (c1 - c0) * x.itemsize, 4 * n, n * out.itemsize, 28)
+            m.write(px, np.ascontiguousarray(x[q0:q1, c0:c1]).tobytes())
+            m.write(pq, consts.tobytes())
+            if c0 > 0:
+                m.write(pp, partial[q0:q1].tobytes())
+            flags = (1 if c0 == 0 else 0) | (2 if c1 == row else 0)
+            m.run([[px, pp, py, n, c1 - c0, flags, pq]])
+            if c1 == row:
+                flat[q0:q1] = np.frombuffer(m.read(py, n * out.itemsize), dtype=out.dtype)
+            else:
+                partial[q0:q1] = np.frombuffer(m.read(pp, 4 * n), dtype=np.int32)
+        run.done(index, t, table, m)
+    return out
+
+
+def _run_softmax_tflite(run: _Run, index: int, env, table) -> np.ndarray:
+    """TFLite's integer softmax: per group of rows, each phase over the rows' chunks in column
+    order, the int32 statistics (max, sum) chained and sent back as :func:`_run_rows` does."""
+    from ..program.quant import QUANT_RANGES
+    p = run.p
+    attrs = view.layer_attrs(p, index)
+    x = np.ascontiguousarray(env[view.layer_inputs(p, index)[0]])
+    row = x.shape[-1]
+    x = x.reshape(-1, row)
+    out_id = view.layer_output(p, index)
+    out = np.empty(view.tensor_shape(p, out_id), dtype=view.tensor_dtype(p, out_id))
+    y_all = out.reshape(-1, row)
+    lo_q, hi_q = QUANT_RANGES[out.dtype.name]
+    consts = np.array([attrs["multiplier"], attrs["left_shift"], attrs["diff_min"], lo_q, hi_q],
+                      dtype=np.int64).astype(np.int32)
+    lo, hi = table.lo[:, :2], table.hi[:, :2]
+    groups: dict = {}
+    for t in range(len(table)):
+        groups.setdefault((int(lo[t, 0]), int(hi[t, 0])), []).append(t)
+    runs = {t: [0, {}] for t in range(len(table))}
+    for (r0, r1), tiles in sorted(groups.items()):
+        tiles.sort(key=lambda t: int(lo[t, 1]))
+        width = max(int(hi[t, 1] - lo[t, 1]) for t in tiles)
+        m0 = run.machine(index, int(table.pe[tiles[0]]))
+        group = max(1, (ARENA_END - m0.arena - 5 * 64) // (2 * width + 8))
+        for q0 in range(r0, r1, group):
+            q1 = min(q0 + group, r1)
+            n = q1 - q0
+            st = np.zeros(2 * n, dtype=np.int32)
+            for ph in range(3):
+                for i, t in enumerate(tiles):
+                    c0, c1 = int(lo[t, 1]), int(hi[t, 1])
+                    m = run.machine(index, int(table.pe[t]))
+                    px, py, pst, pq = _Arena(m, p, index).take(n * (c1 - c0), n * (c1 - c0), 8 * n, 20)
+                    m.write(px, np.ascontiguousarray(x[q0:q1, c0:c1]).tobytes())
+                    m.write(pq, consts.tobytes())
+
+                    def job(f, first, last):
+                        return [px, py, pst, n, c1 - c0, f, (1 if first else 0) | (2 if last else 0), pq]
+                    if len(tiles) == 1:
+                        m.run([job(f, True, True) for f in range(3)])
+                    else:
+                        m.write(pst, st.tobytes())
+                        m.run([job(ph, i == 0, i == len(tiles) - 1)])
+                        st[:] = np.frombuffer(m.read(pst, 8 * n), dtype=np.int32)
+                    if len(tiles) == 1 or ph == 2:
+                        y_all[q0:q1, c0:c1] = np.frombuffer(m.read(py, n * (c1 - c0)), dtype=out.dtype).reshape(n, c1 - c0)
+                    cycles, classes = executed_cycles(m)
+                    runs[t][0] += cycles
+                    for key, v in classes.items():
+                        runs[t][1][key] = runs[t][1].get(key, 0) + v
+                if len(tiles) == 1:
+                    break
+    if run.record is not None:
+        for t in range(len(table)):
+            run.record.append(TileRun(index, t, int(table.pe[t]), float(table.cycles[t]), runs[t][0],
+                                      dict(sorted(runs[t][1].items()))))
+    return out
+
+
 #: phases of each row kernel (:mod:`.kernels`)
 _ROW_PHASES = {"softmax": 3, "layer_norm": 3, "rms_norm": 2}
 
@@ -494,7 +616,7 @@ def _run_take(run: _Run, index: int, env, table) -> np.ndarray:
     return out
 
 
-_RUNNERS = {"take": _run_take, "unary": _run_elementwise, "softmax": _run_rows, "layer_norm": _run_rows, "rms_norm": _run_rows, "mean": _run_mean, "pool": _run_pool, "quantize": _run_qdq, "dequantize": _run_qdq, "move": _run_move, "binary": _run_elementwise, "relu": _run_elementwise, "gemm_f32": _run_gemm_f32,
+_RUNNERS = {"take": _run_take, "unary": _run_elementwise, "softmax": _run_rows, "layer_norm": _run_rows, "rms_norm": _run_rows, "mean": _run_mean, "mean_tflite": _run_mean_tflite, "softmax_tflite": _run_softmax_tflite, "pool": _run_pool, "quantize": _run_qdq, "dequantize": _run_qdq, "move": _run_move, "binary": _run_elementwise, "relu": _run_elementwise, "clip": _run_elementwise, "where_less": _run_elementwise, "gemm_f32": _run_gemm_f32,
             "gemm_i8": _run_gemm_i8}
 
 

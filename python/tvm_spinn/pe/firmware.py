@@ -70,6 +70,8 @@ def memory_map_record() -> dict:
         "arena_align": mm.ARENA_ALIGN, "arena_end": mm.ARENA_END,
         "mac_array": {"base": mm.MAC_BASE, "bytes": mm.MAC_BYTES, "registers": dict(mm.MAC_REGS),
                       "start": mm.MAC_START},
+        "exp_unit": {"base": mm.EXP_BASE, "bytes": mm.EXP_BYTES, "registers": dict(mm.EXP_REGS),
+                     "start": mm.EXP_START, "functions": {"exp": mm.EXP_FUNC_EXP}},
     }
 
 

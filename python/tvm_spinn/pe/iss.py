@@ -1,5 +1,5 @@
 """The instruction-set simulator: one PE running one image in ``unicorn`` (Cortex-M, Thumb-2,
-FPv4-SP), its MAC array a modelled memory-mapped peripheral.
+FPv4-SP), its MAC array and exp/log unit modelled memory-mapped peripherals.
 
 A :class:`PeMachine` maps the PE's SRAM (:mod:`.memory_map`), loads the image's segments, and
 runs job blocks from the reset vector (initial SP and ``_start`` from the vector table) to
@@ -7,7 +7,13 @@ runs job blocks from the reset vector (initial SP and ``_start`` from the vector
 emulator error (unmapped or misaligned access, undefined instruction) or a run past its
 instruction budget is raised as :class:`~.errors.IssFault` naming the PE, the image and the
 program counter. Executed basic blocks are counted (with taken branches), so :mod:`.cycles`
-can price the executed instructions.
+can price the executed instructions; the cycles the M4F waits on the exp/log unit (its modelled
+latency and rate, ``SpinnArch.exp_unit_latency_cycles`` and ``exp_unit_cycles``) are counted in
+:attr:`PeMachine.stall`.
+
+The exp/log unit computes the simulator's exp model itself (C++ ``ExpModel`` through
+:func:`tvm_spinn.program.ops.elementwise.exp_f32`), so the PE code's exp is that model's bits by
+construction, as on the chip, where it is the unit's.
 """
 
 from __future__ import annotations
@@ -21,8 +27,8 @@ from unicorn import UC_ARCH_ARM, UC_HOOK_BLOCK, UC_MODE_MCLASS, UC_MODE_THUMB, U
 from unicorn.arm_const import UC_ARM_REG_PC, UC_ARM_REG_SP
 
 from .errors import IssFault
-from .memory_map import (ARENA_ALIGN, ARENA_END, JOB_ADDR, JOB_WORDS, MAC_BASE, MAC_BYTES, MAC_REGS,
-                         MAC_START, SRAM_BASE, SRAM_BYTES)
+from .memory_map import (ARENA_ALIGN, ARENA_END, EXP_BASE, EXP_BYTES, EXP_FUNC_EXP, EXP_REGS, EXP_START, JOB_ADDR,
+                         JOB_WORDS, MAC_BASE, MAC_BYTES, MAC_REGS, MAC_START, SRAM_BASE, SRAM_BYTES)
 
 __all__ = ["PeMachine", "image_symbols", "MAX_INSTRUCTIONS"]
 
@@ -50,10 +56,16 @@ class PeMachine:
         The PE's index (in fault messages).
     acc_bits : int
         Width of the MAC array's signed accumulators (``SpinnArch.acc_bits``).
+    arch : SpinnArch, optional
+        The exp/log unit's timing (``exp_unit_cycles``, ``exp_unit_latency_cycles``); the
+        production chip's when omitted.
     """
 
-    def __init__(self, image: bytes, name: str, pe: int, acc_bits: int):
+    def __init__(self, image: bytes, name: str, pe: int, acc_bits: int, arch=None):
+        from ..target.arch import SpinnArch
         self.name, self.pe, self.acc_bits = name, pe, int(acc_bits)
+        arch = arch if arch is not None else SpinnArch()
+        self.exp_rate, self.exp_latency = float(arch.exp_unit_cycles), int(arch.exp_unit_latency_cycles)
         self.uc = Uc(UC_ARCH_ARM, UC_MODE_THUMB | UC_MODE_MCLASS)
         self.uc.mem_map(SRAM_BASE, SRAM_BYTES)
         elf = ELFFile(io.BytesIO(image))
@@ -67,6 +79,10 @@ class PeMachine:
         self.sp0, self.entry = struct.unpack("<II", bytes(self.uc.mem_read(SRAM_BASE, 8)))
         self.mac = dict.fromkeys(MAC_REGS, 0)
         self.uc.mmio_map(MAC_BASE, MAC_BYTES, self._mac_read, None, self._mac_write, None)
+        self.exp = dict.fromkeys(EXP_REGS, 0)
+        self.uc.mmio_map(EXP_BASE, EXP_BYTES, self._exp_read, None, self._exp_write, None)
+        #: cycles the M4F waited on peripherals since the counters were cleared
+        self.stall = 0.0
         self.blocks: dict[tuple[int, int], int] = {}
         self.taken: dict[tuple[int, int], int] = {}
         self._prev = None
@@ -107,6 +123,38 @@ class PeMachine:
         s = ((s + half) & ((half << 1) - 1)) - half
         self.write(self.mac["C"], s.astype(np.int32).tobytes())
         self.mac_calls += 1
+
+    def _exp_read(self, uc, offset, size, data):
+        for reg, off in EXP_REGS.items():
+            if off == offset:
+                return self.exp[reg] if reg != "CTRL" else 0  # the M4F's wait is counted in stall
+        return 0
+
+    def _exp_write(self, uc, offset, size, value, data):
+        for reg, off in EXP_REGS.items():
+            if off == offset:
+                self.exp[reg] = value & 0xFFFFFFFF
+        if offset == EXP_REGS["CTRL"] and value == EXP_START:
+            self._exp_run()
+
+    def _exp_run(self) -> None:
+        """The exp/log unit: ``N`` float32 arguments at SRC to their exps at DST (the simulator's
+        exp model); the M4F, polling CTRL, waits the pipeline's fill and one result per
+        ``exp_unit_cycles``."""
+        from ..program.ops.elementwise import exp_f32
+        n = self.exp["N"]
+        if self.exp["FUNC"] != EXP_FUNC_EXP:
+            pc = self.uc.reg_read(UC_ARM_REG_PC)
+            raise IssFault(self.pe, self.name, pc, f"exp/log unit function {self.exp['FUNC']} is not modelled (exp: {EXP_FUNC_EXP})")
+        x = np.frombuffer(self.read(self.exp["SRC"], 4 * n), dtype=np.float32)
+        self.write(self.exp["DST"], exp_f32(x).tobytes())
+        self.stall += self.exp_latency + n * self.exp_rate
+
+    def clear_counters(self) -> None:
+        """Forget the executed blocks, taken branches and peripheral waits counted so far."""
+        self.blocks.clear()
+        self.taken.clear()
+        self.stall = 0.0
 
     # -- execution -----------------------------------------------------------------------------
     def _on_block(self, uc, address, size, data):

@@ -12,12 +12,19 @@ Kernels (the ``spec`` of :func:`kernel_object`):
 - ``("binary", op, relu)``: ``c[i] = a[i] <op> b[i]`` (op ``add``/``subtract``/``multiply``/
   ``divide``), then ``x > 0 || x != x ? x : +0`` when ``relu``; args ``a, b, c, n``.
 - ``("relu",)``: args ``x, y, n``.
+- ``("clip",)``: ``y = x < hi || x != x ? x : hi``, then ``y > lo || y != y ? y : lo`` (TVM's
+  ``max(min(x, hi), lo)`` as compare-and-select, a NaN kept); args ``x, y, n, lo, hi`` (the
+  bounds as float32 bits).
+- ``("where_less",)``: ``y[i] = a[i] < b[i] ? c[i] : d[i]`` (a compare and a select: the
+  chosen operand's bits, a NaN compare false); args ``a, b, c, d, y, n``.
 - ``("gemm_f32", relu)``: one k-chunk of ``C[m, n] += A[m, k] B[k, n]`` in ascending k into
-  the fp32 accumulator ``C`` (``flags`` bit 0: first chunk, start from +0.0; bit 1: last
+  the fp32 accumulator ``C``, in 4 x 4 register blocks of outputs (4 x 1 at the right edge, one
+  at a time in the rows below; every output's products summed in ascending k, as one at a time) (``flags`` bit 0: first chunk, start from +0.0; bit 1: last
   chunk, add the bias when bit 2 is set -- ``bias[i]`` per row when bit 3 is set (conv2d's
   output channels), else ``bias[j]`` per column -- then the ReLU); args ``a, b, c, bias, m, n,
   k, flags``.
-- ``("gemm_i8",)``: one k-chunk of an int8 GEMM: the MAC array's ``acc_bits`` sums into
+- ``("gemm_i8",)``: one k-chunk of an int8 GEMM (``dense``, ``matmul``, a ``conv2d`` tile
+  transposed by the host, see :mod:`.execute`): the MAC array's ``acc_bits`` sums into
   the int32 scratch ``p`` (driver ``pe_mac_gemm``), added in 32-bit to ``acc`` with the
   operands' row and column sums; on the last chunk the zero-point terms and the requantization
   (:func:`tvm_spinn.program.quant.requantize`; a ReLU is its clamp at the zero point) write
@@ -44,12 +51,28 @@ Kernels (the ``spec`` of :func:`kernel_object`):
 - ``("mean",)``: one chunk of each row's sequential fp32 sum, from +0.0 (``flags`` bit 0) or
   from the partial ``part[r]`` the previous chunk's PE passed on; the row's last chunk (bit 1)
   writes ``sum / fl(d)``, the others the partial; args ``x, part, y, rows, cols, flags, d``.
+- ``("mean_tflite", dtype)``: TFLite's integer mean (``QuantizedMeanOrSum``) of int8/uint8
+  rows: one chunk of each row's 32-bit wrapping sum, from 0 (``flags`` bit 0) or the partial
+  ``part[r]``; the row's last chunk (bit 1) writes ``clamp(y_zero +
+  MultiplyByQuantizedMultiplier(sum - x_zero * d, multiplier, 31 - shift))`` (TFLite's
+  rounding: :func:`tvm_spinn.program.quant.requantize_tflite`), the others the partial; args
+  ``x, part, y, rows, cols, flags, consts`` with ``consts`` ``[x_zero, d, multiplier, shift,
+  y_zero, y_min, y_max]`` (int32).
+- ``("softmax_tflite", dtype)``: TFLite's integer softmax (``Softmax<int8/uint8>``, gemmlowp's
+  fixed point, :func:`tvm_spinn.program.ops.rows.softmax_tflite`) in three phases, each row's
+  statistics chained in ``st`` (int32) like the fp32 softmax's: 0, the max; 1, the 32-bit sum of
+  ``RoundingDivideByPOT(exp(d), 12)`` over the elements with ``d >= diff_min``; 2, the output
+  from the sum's reciprocal (``one_over_one_plus_x``, count of leading zeros by CLZ). Phases 1
+  and 2 both compute each element's exp from ``x`` (the same operations, the same bits);
+  args ``x, y, st, rows, cols, phase, flags, consts`` with ``consts`` ``[multiplier,
+  left_shift, diff_min, y_min, y_max]`` (int32).
 - ``("softmax",)``: the row kernel ``e / sum(e)``, ``e = exp(x - max)`` in three phases
   (argument ``phase``), so that a row split over PEs chains its statistics in the row's order:
   0, the max (from -inf, or the chain's ``st[2r]`` when ``flags`` bit 0 is clear; the row's
-  first NaN wins); 1, ``y = exp(x - max)`` and the sequential sum of ``y`` into ``st[2r + 1]``
-  (from +0.0 on the first chunk); 2, ``y = y / sum``. ``exp`` is the exp/log unit's model as
-  single fp32 operations (:func:`_exp_into`); args ``x, y, st, rows, cols, phase, flags``.
+  first NaN wins); 1, ``y = x - max``, the chunk's ``y = exp(y)`` in one stream through the
+  exp/log unit (the runtime's ``pe_exp``, a modelled peripheral), then the sequential sum of
+  ``y`` into ``st[2r + 1]`` (from +0.0 on the first chunk); 2, ``y = y / sum``; args ``x, y,
+  st, rows, cols, phase, flags``.
 - ``("layer_norm",)``: the row's blocked sums (:data:`~tvm_spinn.program.ops.rows.LAYER_NORM_BLOCK`
   elements per block, blocks aligned at the row's start, the chunk's first column ``c0``)
   carried as ``(sum, block partial)`` in ``st[4r], st[4r + 1]``: phase 0 sums ``x``, the
@@ -66,7 +89,8 @@ Kernels (the ``spec`` of :func:`kernel_object`):
   ``rows``, the DMA descriptors by which the DMA engine copies the table's rows; args ``idx,
   rows, err, n, extent, mode``.
 - ``("unary", act)``: ``gelu`` (erf by Abramowitz-Stegun 7.1.26), ``gelu_tanh``, ``sigmoid``,
-  ``tanh`` on the same exp model, in the simulator's operation order; ``negative`` (the sign
+  ``tanh``, in the simulator's operation order, in two passes around one stream of exp
+  arguments through the exp/log unit (``y`` holds the arguments, then their exps); ``negative`` (the sign
   bit flipped), ``sqrt`` (VSQRT), ``rsqrt`` (VSQRT, VDIV), ``square`` and ``cube`` (``power``
   by 2 or 3: ``x * x``, ``(x * x) * x``); args ``x, y, n``.
 """
@@ -103,9 +127,9 @@ _BLOCK = LAYER_NORM_BLOCK
 
 def _relu(v):
     """``v > 0 ? v : +0`` with a NaN kept (the simulator's :func:`~tvm_spinn.program.ops.elementwise.relu`)."""
-    # T.isnan, not ``v != v``: TVM's arithmetic simplifier folds ``v != v`` to false (it
-    # assumes no NaN), which would turn relu(NaN) into +0.
-    return T.if_then_else(tvm.tirx.Or(v > _ZERO, T.isnan(v)), v, _ZERO)
+    # !(v <= 0) is v > 0 or unordered: one compare keeps a NaN (not ``v != v``, which TVM's
+    # arithmetic simplifier folds to false, assuming no NaN).
+    return T.if_then_else(T.Not(v <= _ZERO), v, _ZERO)
 
 
 def _binary(op: str, relu: bool):
@@ -136,7 +160,54 @@ def _relu_kernel():
     return kernel
 
 
+def _where_less():
+    @T.prim_func
+    def kernel(a: T.handle("float32"), b: T.handle("float32"), c: T.handle("float32"), d: T.handle("float32"),
+               y: T.handle("float32"), n: T.int32):
+        T.func_attr({"tir.noalias": True, "calling_conv": 0})
+        A = T.decl_buffer((n,), "float32", data=a)
+        B = T.decl_buffer((n,), "float32", data=b)
+        C = T.decl_buffer((n,), "float32", data=c)
+        D = T.decl_buffer((n,), "float32", data=d)
+        Y = T.decl_buffer((n,), "float32", data=y)
+        for i in range(n):
+            Y[i] = T.if_then_else(A[i] < B[i], C[i], D[i])
+    return kernel
+
+
+def _clip_kernel():
+    @T.prim_func
+    def kernel(x: T.handle("float32"), y: T.handle("float32"), n: T.int32, lo: T.int32, hi: T.int32):
+        T.func_attr({"tir.noalias": True, "calling_conv": 0})
+        X = T.decl_buffer((n,), "float32", data=x)
+        Y = T.decl_buffer((n,), "float32", data=y)
+        v = T.decl_buffer((1,), "float32", scope="local")
+        flo = T.reinterpret("float32", lo)
+        fhi = T.reinterpret("float32", hi)
+        for i in range(n):
+            # !(x >= hi) is x < hi or unordered: one compare keeps a NaN
+            v[0] = T.if_then_else(T.Not(X[i] >= fhi), X[i], fhi)
+            Y[i] = T.if_then_else(T.Not(v[0] <= flo), v[0], flo)
+    return kernel
+
+
+#: the fp32 GEMM's register block: ``_MR x _NR`` accumulators live in FPU registers over k
+_MR, _NR = 4, 4
+
+
 def _gemm_f32(relu: bool):
+    @T.macro
+    def finish(C, BIAS, fin, v, i, j, n, flags):
+        """``C[i, j] = v``, after the last chunk with the bias and the ReLU (through the local
+        ``fin[0]``: a macro's reassigned argument would not leave its ``if``)."""
+        fin[0] = v
+        if flags & 2 != 0:
+            if flags & 4 != 0:
+                fin[0] = fin[0] + T.if_then_else(flags & 8 != 0, BIAS[i], BIAS[j])
+            if relu:
+                fin[0] = _relu(fin[0])
+        C[i * n + j] = fin[0]
+
     @T.prim_func
     def kernel(a: T.handle("float32"), b: T.handle("float32"), c: T.handle("float32"),
                bias: T.handle("float32"), m: T.int32, n: T.int32, k: T.int32, flags: T.int32):
@@ -145,18 +216,41 @@ def _gemm_f32(relu: bool):
         B = T.decl_buffer((k * n,), "float32", data=b)
         C = T.decl_buffer((m * n,), "float32", data=c)
         BIAS = T.decl_buffer((T.max(m, n),), "float32", data=bias)
-        acc = T.decl_buffer((1,), "float32", scope="local")
-        for i in range(m):
-            for j in range(n):
-                acc[0] = T.if_then_else(flags & 1 != 0, _ZERO, C[i * n + j])
+        acc = T.decl_buffer((_MR * _NR,), "float32", scope="local")
+        one = T.decl_buffer((1,), "float32", scope="local")
+        fin = T.decl_buffer((1,), "float32", scope="local")
+        # full MR x NR blocks: each accumulator sums its products in ascending k, as the
+        # one-at-a-time loop does, so blocking changes no bits
+        for i0 in range(T.truncdiv(m, _MR)):
+            for j0 in range(T.truncdiv(n, _NR)):
+                for ii in T.unroll(_MR):
+                    for jj in T.unroll(_NR):
+                        acc[ii * _NR + jj] = T.if_then_else(flags & 1 != 0, _ZERO,
+                                                            C[(i0 * _MR + ii) * n + j0 * _NR + jj])
                 for kk in range(k):
-                    acc[0] = acc[0] + A[i * k + kk] * B[kk * n + j]
-                if flags & 2 != 0:
-                    if flags & 4 != 0:
-                        acc[0] = acc[0] + T.if_then_else(flags & 8 != 0, BIAS[i], BIAS[j])
-                    if relu:
-                        acc[0] = _relu(acc[0])
-                C[i * n + j] = acc[0]
+                    for ii in T.unroll(_MR):
+                        for jj in T.unroll(_NR):
+                            acc[ii * _NR + jj] = acc[ii * _NR + jj] + A[(i0 * _MR + ii) * k + kk] * B[kk * n + j0 * _NR + jj]
+                for ii in T.unroll(_MR):
+                    for jj in T.unroll(_NR):
+                        finish(C, BIAS, fin, acc[ii * _NR + jj], i0 * _MR + ii, j0 * _NR + jj, n, flags)
+        # the columns right of the blocks (all of them in a tile narrower than _NR) in _MR x 1
+        # blocks, then the rows below the blocks one output at a time
+        for i0 in range(T.truncdiv(m, _MR)):
+            for j in range(T.truncdiv(n, _NR) * _NR, n):
+                for ii in T.unroll(_MR):
+                    acc[ii] = T.if_then_else(flags & 1 != 0, _ZERO, C[(i0 * _MR + ii) * n + j])
+                for kk in range(k):
+                    for ii in T.unroll(_MR):
+                        acc[ii] = acc[ii] + A[(i0 * _MR + ii) * k + kk] * B[kk * n + j]
+                for ii in T.unroll(_MR):
+                    finish(C, BIAS, fin, acc[ii], i0 * _MR + ii, j, n, flags)
+        for i in range(T.truncdiv(m, _MR) * _MR, m):
+            for j in range(n):
+                one[0] = T.if_then_else(flags & 1 != 0, _ZERO, C[i * n + j])
+                for kk in range(k):
+                    one[0] = one[0] + A[i * k + kk] * B[kk * n + j]
+                finish(C, BIAS, fin, one[0], i, j, n, flags)
     return kernel
 
 
@@ -325,13 +419,192 @@ def _mean():
     return kernel
 
 
+def _mean_tflite(dtype: str):
+    i64 = "int64"
+
+    @T.prim_func
+    def kernel(x: T.handle(dtype), part: T.handle("int32"), y: T.handle(dtype), rows: T.int32, cols: T.int32,
+               flags: T.int32, consts: T.handle("int32")):
+        T.func_attr({"tir.noalias": True, "calling_conv": 0})
+        X = T.decl_buffer((rows * cols,), dtype, data=x)
+        P = T.decl_buffer((rows,), "int32", data=part)
+        Y = T.decl_buffer((rows,), dtype, data=y)
+        Q = T.decl_buffer((7,), "int32", data=consts)
+        acc = T.decl_buffer((1,), "int32", scope="local")
+        w = T.decl_buffer((4,), i64, scope="local")
+        for r in range(rows):
+            acc[0] = T.if_then_else(flags & 1 != 0, 0, P[r])
+            for j in range(cols):
+                acc[0] = acc[0] + T.Cast("int32", X[r * cols + j])
+            if flags & 2 != 0:
+                acc[0] = acc[0] - Q[0] * Q[1]
+                # MultiplyByQuantizedMultiplier(acc, multiplier, 31 - shift): a left shift in a
+                # 32-bit register, SaturatingRoundingDoublingHighMul, RoundingDivideByPOT
+                w[3] = T.Cast(i64, 31 - Q[3])  # the exponent: > 0 shifts left
+                w[0] = T.Cast(i64, T.shift_left(acc[0], T.Cast("int32", T.max(w[3], T.int64(0)))))
+                w[0] = w[0] * T.Cast(i64, Q[2])
+                w[0] = w[0] + T.if_then_else(w[0] >= T.int64(0), T.int64(1 << 30), T.int64(1 - (1 << 30)))
+                w[0] = T.if_then_else(w[0] >= T.int64(0), T.shift_right(w[0], T.int64(31)),
+                                      T.int64(0) - T.shift_right(T.int64(0) - w[0], T.int64(31)))
+                w[3] = T.max(T.int64(0) - w[3], T.int64(0))  # the right shift
+                w[1] = T.shift_left(T.int64(1), w[3]) - T.int64(1)  # mask
+                w[2] = T.shift_right(w[1], T.int64(1)) + T.if_then_else(w[0] < T.int64(0), T.int64(1), T.int64(0))
+                w[0] = T.shift_right(w[0], w[3]) + T.if_then_else(
+                    T.bitwise_and(w[0], w[1]) > w[2], T.int64(1), T.int64(0)) + T.Cast(i64, Q[4])
+                w[0] = T.if_then_else(w[0] < T.Cast(i64, Q[5]), T.Cast(i64, Q[5]), w[0])
+                w[0] = T.if_then_else(w[0] > T.Cast(i64, Q[6]), T.Cast(i64, Q[6]), w[0])
+                Y[r] = T.Cast(dtype, w[0])
+            else:
+                P[r] = acc[0]
+    return kernel
+
+
+# -- gemmlowp's fixed point (TFLite's integer softmax), on int64 slots of a local buffer ``w``
+#    holding int32 values; each macro writes its result to slot ``dst``
+_I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+def _i64(v):
+    return T.int64(v)
+
+
+def _wrap32(v):
+    """``v`` (int64) reduced to int32 and widened again: the 32-bit register's wrap."""
+    return T.Cast("int64", T.Cast("int32", v))
+
+
+@T.macro
+def _srdhm(w, dst, a, b):
+    """SaturatingRoundingDoublingHighMul; uses slots 20-22."""
+    w[20] = a
+    w[21] = b
+    w[22] = w[20] * w[21]
+    w[22] = w[22] + T.if_then_else(w[22] >= _i64(0), _i64(1 << 30), _i64(1 - (1 << 30)))
+    w[22] = T.if_then_else(w[22] >= _i64(0), T.shift_right(w[22], _i64(31)),
+                           _i64(0) - T.shift_right(_i64(0) - w[22], _i64(31)))
+    w[dst] = T.if_then_else(tvm.tirx.And(w[20] == w[21], w[20] == _i64(_I32_MIN)), _i64(_I32_MAX), w[22])
+
+
+@T.macro
+def _rdpot(w, dst, x, e):
+    """RoundingDivideByPOT(x, e), ties away from zero; uses slots 23-24."""
+    w[23] = x
+    w[24] = T.shift_left(_i64(1), e) - _i64(1)
+    w[dst] = T.shift_right(w[23], e) + T.if_then_else(
+        T.bitwise_and(w[23], w[24]) > T.shift_right(w[24], _i64(1)) + T.if_then_else(w[23] < _i64(0), _i64(1), _i64(0)),
+        _i64(1), _i64(0))
+
+
+@T.macro
+def _shl_sat(w, dst, x, e: int):
+    """SaturatingRoundingMultiplyByPOT<e> for e > 0: a saturating left shift; uses slot 23."""
+    w[23] = x
+    w[dst] = T.if_then_else(w[23] > _i64((1 << (31 - e)) - 1), _i64(_I32_MAX),
+                            T.if_then_else(w[23] < _i64(-((1 << (31 - e)) - 1)), _i64(_I32_MIN),
+                                           _wrap32(T.shift_left(w[23], _i64(e)))))
+
+
+@T.macro
+def _barrel(w, exponent: int, multiplier: int):
+    if T.bitwise_and(w[10], _i64(1 << (31 - 5 + exponent))) != _i64(0):
+        _srdhm(w, 3, w[3], _i64(multiplier))
+
+
+@T.macro
+def _exp_on_negative_values(w):
+    """``w[3] = exp_on_negative_values(w[0])`` for Q5.26 (5 integer bits), Q0.31 out."""
+    w[1] = _wrap32(T.bitwise_and(w[0], _i64((1 << 24) - 1)) - _i64(1 << 24))
+    _shl_sat(w, 2, w[1], 5)
+    # exp on [-1/4, 0): the Taylor expansion around -1/8
+    w[4] = _wrap32(w[2] + _i64(1 << 28))
+    _srdhm(w, 5, w[4], w[4])
+    _srdhm(w, 6, w[5], w[4])
+    _srdhm(w, 7, w[5], w[5])
+    _rdpot(w, 7, w[7], _i64(2))
+    _srdhm(w, 8, _wrap32(w[7] + w[6]), _i64(715827883))
+    _rdpot(w, 8, _wrap32(w[8] + w[5]), _i64(1))
+    _srdhm(w, 9, _i64(1895147668), _wrap32(w[4] + w[8]))
+    w[3] = _wrap32(_i64(1895147668) + w[9])
+    w[10] = _wrap32(w[1] - w[0])
+    _barrel(w, -2, 1672461947)
+    _barrel(w, -1, 1302514674)
+    _barrel(w, 0, 790015084)
+    _barrel(w, 1, 290630308)
+    _barrel(w, 2, 39332535)
+    _barrel(w, 3, 720401)
+    _barrel(w, 4, 242)
+    if w[0] == _i64(0):
+        w[3] = _i64(_I32_MAX)
+
+
+@T.macro
+def _softmax_tflite_exp(w, xv, mx, Q):
+    """``w[3]`` = the element's exp and ``w[11]`` = 1 where ``d = x - max >= diff_min`` (else 0)."""
+    w[11] = T.if_then_else(T.Cast("int64", xv) - T.Cast("int64", mx) >= T.Cast("int64", Q[2]), _i64(1), _i64(0))
+    w[0] = T.if_then_else(w[11] != _i64(0), T.Cast("int64", xv) - T.Cast("int64", mx), _i64(0))
+    _srdhm(w, 0, _wrap32(T.shift_left(w[0], T.Cast("int64", Q[1]))), T.Cast("int64", Q[0]))
+    _exp_on_negative_values(w)
+
+
+def _softmax_tflite(dtype: str):
+    @T.prim_func
+    def kernel(x: T.handle(dtype), y: T.handle(dtype), st: T.handle("int32"), rows: T.int32, cols: T.int32,
+               phase: T.int32, flags: T.int32, consts: T.handle("int32")):
+        T.func_attr({"tir.noalias": True, "calling_conv": 0})
+        X = T.decl_buffer((rows * cols,), dtype, data=x)
+        Y = T.decl_buffer((rows * cols,), dtype, data=y)
+        S = T.decl_buffer((2 * rows,), "int32", data=st)
+        Q = T.decl_buffer((5,), "int32", data=consts)
+        acc = T.decl_buffer((1,), "int32", scope="local")
+        w = T.decl_buffer((25,), "int64", scope="local")
+        for r in range(rows):
+            if phase == 0:
+                acc[0] = T.if_then_else(flags & 1 != 0, _I32_MIN, S[2 * r])
+                for j in range(cols):
+                    acc[0] = T.max(acc[0], T.Cast("int32", X[r * cols + j]))
+                S[2 * r] = acc[0]
+            elif phase == 1:  # Rescale<12> of each exp, summed in 32-bit
+                acc[0] = T.if_then_else(flags & 1 != 0, 0, S[2 * r + 1])
+                for j in range(cols):
+                    _softmax_tflite_exp(w, X[r * cols + j], S[2 * r], Q)
+                    if w[11] != _i64(0):
+                        _rdpot(w, 12, w[3], _i64(12))
+                        acc[0] = acc[0] + T.Cast("int32", w[12])
+                S[2 * r + 1] = acc[0]
+            else:
+                # the reciprocal of the sum: k = 12 - clz(sum) bits above one, the normalized
+                # sum's 1 / (1 + x) by three Newton-Raphson steps
+                w[13] = T.Cast("int64", T.call_llvm_pure_intrin("int32", "llvm.ctlz.i32", S[2 * r + 1], T.bool(False)))
+                w[14] = _wrap32(T.shift_left(T.bitwise_and(T.Cast("int64", S[2 * r + 1]), _i64(0xFFFFFFFF)), w[13])
+                                - _i64(1 << 31))
+                w[15] = w[14] + _i64(_I32_MAX)
+                w[15] = T.if_then_else(w[15] >= _i64(0), T.shift_right(w[15] + _i64(1), _i64(1)),
+                                       _i64(0) - T.shift_right(_i64(1) - w[15], _i64(1)))
+                _srdhm(w, 16, w[15], _i64(-1010580540))
+                w[16] = _wrap32(_i64(1515870810) + w[16])
+                for _it in range(3):
+                    _srdhm(w, 17, w[15], w[16])
+                    w[17] = _wrap32(_i64(1 << 29) - w[17])
+                    _srdhm(w, 18, w[16], w[17])
+                    _shl_sat(w, 18, w[18], 2)
+                    w[16] = _wrap32(w[16] + w[18])
+                _shl_sat(w, 16, w[16], 1)
+                for j in range(cols):
+                    _softmax_tflite_exp(w, X[r * cols + j], S[2 * r], Q)
+                    _srdhm(w, 19, w[16], w[3])
+                    _rdpot(w, 19, w[19], _i64(12) - w[13] + _i64(31 - 8))
+                    w[19] = w[19] + T.Cast("int64", Q[3])
+                    w[19] = T.max(T.min(w[19], T.Cast("int64", Q[4])), T.Cast("int64", Q[3]))
+                    Y[r * cols + j] = T.Cast(dtype, T.if_then_else(w[11] != _i64(0), w[19], T.Cast("int64", Q[3])))
+    return kernel
+
+
 def _f(v) -> "tvm.tirx.FloatImm":
     """A float32 constant, rounded once from its decimal text (as the C++ literal ``v``f is)."""
     return T.float32(float(np.float32(v)))
 
 
 _INF = T.float32(float("inf"))
-_SHIFT = _f(12582912.0)  # 1.5 * 2^23: adding and subtracting it rounds to an integer
 
 
 def _vsqrt(v):
@@ -340,46 +613,10 @@ def _vsqrt(v):
 
 
 @T.macro
-def _pow2_times(t, p, n):
-    """``t[5] = p * 2^n`` rounded once (the C++ ``Scale2``): split products by exact powers of
-    two, ``2^e`` as the bits ``(e + 127) << 23``."""
-    if n > 127:
-        t[5] = (p * T.reinterpret("float32", T.shift_left(T.int32(254), 23))) * T.reinterpret(
-            "float32", T.shift_left(n, 23))
-    elif n < -126:
-        t[5] = (p * T.reinterpret("float32", T.shift_left(n + 64 + 127, 23))) * T.reinterpret(
-            "float32", T.shift_left(T.int32(-64 + 127), 23))
-    else:
-        t[5] = p * T.reinterpret("float32", T.shift_left(n + 127, 23))
-
-
-@T.macro
-def _exp_into(t, x):
-    """``t[5] = exp(x)``: the exp/log unit's model (the C++ ``ExpModel``), one fp32 rounding per
-    operation, intermediates stored (TVM's simplifier would fold ``(v + c) - c``). Uses
-    ``t[0..5]``."""
-    if T.isnan(x):
-        t[5] = x
-    elif x > _f(88.72283905206835):
-        t[5] = _INF
-    elif x < _f(-103.97208):
-        t[5] = _ZERO
-    else:
-        t[0] = x * _f("1.44269504088896341") + _SHIFT
-        t[1] = t[0] - _SHIFT
-        t[2] = x - t[1] * _f(0.693359375)  # Cody-Waite: ln 2 = C1 + C2
-        t[2] = t[2] - t[1] * _f("-2.12194440e-4")
-        t[3] = t[2] * t[2]
-        t[4] = _f("1.9875691500e-4")
-        t[4] = t[4] * t[2] + _f("1.3981999507e-3")
-        t[4] = t[4] * t[2] + _f("8.3334519073e-3")
-        t[4] = t[4] * t[2] + _f("4.1665795894e-2")
-        t[4] = t[4] * t[2] + _f("1.6666665459e-1")
-        t[4] = t[4] * t[2] + _f("5.0000001201e-1")
-        t[4] = t[4] * t[3]
-        t[4] = t[4] + t[2]
-        t[4] = t[4] + _f(1.0)
-        _pow2_times(t, t[4], T.Cast("int32", t[1]))
+def _exp_unit(src, dst, n):
+    """``dst[0:n] = exp(src[0:n])`` on the exp/log unit (the runtime's driver ``pe_exp``; the
+    unit computes the simulator's exp model, see :mod:`.iss`). ``src`` may equal ``dst``."""
+    T.evaluate(T.call_extern("int32", "pe_exp", src, dst, n))
 
 
 def _softmax():
@@ -391,7 +628,6 @@ def _softmax():
         Y = T.decl_buffer((rows * cols,), "float32", data=y)
         S = T.decl_buffer((2 * rows,), "float32", data=st)
         acc = T.decl_buffer((1,), "float32", scope="local")
-        t = T.decl_buffer((8,), "float32", scope="local")
         for r in range(rows):
             if phase == 0:
                 acc[0] = T.if_then_else(flags & 1 != 0, -_INF, S[2 * r])
@@ -401,16 +637,18 @@ def _softmax():
                             acc[0] = X[r * cols + j]
                 S[2 * r] = acc[0]
             elif phase == 1:
-                acc[0] = T.if_then_else(flags & 1 != 0, _ZERO, S[2 * r + 1])
                 for j in range(cols):
-                    t[6] = X[r * cols + j] - S[2 * r]
-                    _exp_into(t, t[6])
-                    Y[r * cols + j] = t[5]
-                    acc[0] = acc[0] + t[5]
-                S[2 * r + 1] = acc[0]
+                    Y[r * cols + j] = X[r * cols + j] - S[2 * r]
             else:
                 for j in range(cols):
                     Y[r * cols + j] = Y[r * cols + j] / S[2 * r + 1]
+        if phase == 1:  # the exps of the whole chunk in one stream, then each row's sum
+            _exp_unit(T.address_of(Y[0]), T.address_of(Y[0]), rows * cols)
+            for r in range(rows):
+                acc[0] = T.if_then_else(flags & 1 != 0, _ZERO, S[2 * r + 1])
+                for j in range(cols):
+                    acc[0] = acc[0] + Y[r * cols + j]
+                S[2 * r + 1] = acc[0]
     return kernel
 
 
@@ -512,18 +750,30 @@ def _neg(v):
     return T.reinterpret("float32", T.bitwise_xor(T.reinterpret("int32", v), T.int32(-2147483648)))
 
 
+# The activations on exp run in two passes around one stream through the exp/log unit: the
+# first (``*_arg``) writes each element's exp argument to ``t[8]``, the second (``*_finish``)
+# recomputes what it needs from ``x`` (the same operations, so the same bits) and finishes
+# from ``e``, the argument's exp, into ``t[8]``. Elements whose result does not use the exp
+# (tanh's small or huge arguments) still stream an argument through the unit.
+
+
 @T.macro
-def _tanh_into(t, x):
-    """``t[8] = tanh(x)`` (the C++ ``TanhModel``); uses ``t[0..9]``."""
+def _tanh_arg(t, x):
+    """``2 |x|``, the exp argument of tanh's large branch (the C++ ``TanhModel``)."""
+    t[6] = _fabs(x)
+    t[8] = t[6] + t[6]
+
+
+@T.macro
+def _tanh_finish(t, x, e):
+    """``t[8] = tanh(x)`` from ``e = exp(2 |x|)`` (the C++ ``TanhModel``); uses ``t[6..9]``."""
     t[9] = x
     t[6] = _fabs(t[9])
     if t[6] > _f(0.625):
         if t[6] > _f(44.0):
             t[8] = T.if_then_else(t[9] > _ZERO, _f(1.0), _f(-1.0))
         else:
-            t[7] = t[6] + t[6]
-            _exp_into(t, t[7])
-            t[7] = _f(1.0) - _f(2.0) / (t[5] + _f(1.0))
+            t[7] = _f(1.0) - _f(2.0) / (e + _f(1.0))
             t[8] = T.if_then_else(t[9] < _ZERO, _neg(t[7]), t[7])
     elif t[9] == _ZERO:
         t[8] = t[9]  # keeps the sign of zero
@@ -540,8 +790,17 @@ def _tanh_into(t, x):
 
 
 @T.macro
-def _gelu_into(t, x):
-    """``t[8] = gelu(x)`` with erf by Abramowitz-Stegun 7.1.26 (the C++ ``GeluModel``)."""
+def _gelu_arg(t, x):
+    """``-a * a`` with ``a = |x / sqrt 2|``: the exp argument of erf (the C++ ``GeluModel``)."""
+    t[10] = x * _f("0.70710678118654752")
+    t[12] = _fabs(t[10])
+    t[8] = _neg(t[12]) * t[12]
+
+
+@T.macro
+def _gelu_finish(t, x, e):
+    """``t[8] = gelu(x)`` with erf by Abramowitz-Stegun 7.1.26 (the C++ ``GeluModel``), from
+    ``e = exp(-a * a)``."""
     t[9] = x
     t[10] = t[9] * _f("0.70710678118654752")
     if t[10] > _ZERO:
@@ -564,33 +823,46 @@ def _gelu_into(t, x):
     t[14] = t[13] * t[14]
     t[14] = _f("0.254829592") + t[14]
     t[14] = t[13] * t[14]
-    t[15] = _neg(t[12]) * t[12]
-    _exp_into(t, t[15])
-    t[14] = t[14] * t[5]
+    t[14] = t[14] * e
     t[14] = t[11] * (_f(1.0) - t[14])
     t[15] = _f(0.5) * t[9]
     t[8] = t[15] * (_f(1.0) + t[14])
 
 
 @T.macro
-def _gelu_tanh_into(t, x):
-    """``t[8] = 0.5 x (1 + tanh(0.79788456 (x + 0.044715 x^3)))`` (the C++ ``GeluTanhModel``)."""
+def _gelu_tanh_inner(t, x):
+    """``t[11] = 0.7978845608028654 (x + 0.044715 x^3)`` (the C++ ``GeluTanhModel``)."""
     t[10] = x
     t[11] = _f("0.044715") * t[10]
     t[11] = t[11] * t[10]
     t[11] = t[11] * t[10]
     t[11] = _f("0.7978845608028654") * (t[10] + t[11])
+
+
+@T.macro
+def _gelu_tanh_arg(t, x):
+    _gelu_tanh_inner(t, x)
+    _tanh_arg(t, t[11])
+
+
+@T.macro
+def _gelu_tanh_finish(t, x, e):
+    """``t[8] = 0.5 x (1 + tanh(inner))`` from ``e = exp(2 |inner|)``."""
+    _gelu_tanh_inner(t, x)
     t[12] = _f(0.5) * t[10]
-    _tanh_into(t, t[11])
+    _tanh_finish(t, t[11], e)
     t[8] = t[12] * (_f(1.0) + t[8])
 
 
 @T.macro
-def _sigmoid_into(t, x):
+def _sigmoid_arg(t, x):
+    t[8] = _neg(x)
+
+
+@T.macro
+def _sigmoid_finish(t, x, e):
     """``t[8] = 1 / (1 + exp(-x))`` (the C++ ``SigmoidModel``)."""
-    t[10] = _neg(x)
-    _exp_into(t, t[10])
-    t[8] = _f(1.0) / (_f(1.0) + t[5])
+    t[8] = _f(1.0) / (_f(1.0) + e)
 
 
 @T.macro
@@ -622,25 +894,46 @@ def _cube_into(t, x):
     t[8] = t[10] * t[9]
 
 
-#: the functions of kernel ``("unary", act)``: act -> macro writing ``t[8]``
-ACTIVATIONS = {"gelu": _gelu_into, "gelu_tanh": _gelu_tanh_into, "sigmoid": _sigmoid_into, "tanh": _tanh_into,
-               "negative": _negative_into, "sqrt": _sqrt_into, "rsqrt": _rsqrt_into, "square": _square_into,
-               "cube": _cube_into}
+#: the functions of kernel ``("unary", act)`` that need no exp: act -> macro writing ``t[8]``
+_PLAIN_ACTIVATIONS = {"negative": _negative_into, "sqrt": _sqrt_into, "rsqrt": _rsqrt_into, "square": _square_into,
+                      "cube": _cube_into}
+#: those on the exp/log unit: act -> (argument macro, finishing macro)
+_EXP_ACTIVATIONS = {"gelu": (_gelu_arg, _gelu_finish), "gelu_tanh": (_gelu_tanh_arg, _gelu_tanh_finish),
+                    "sigmoid": (_sigmoid_arg, _sigmoid_finish), "tanh": (_tanh_arg, _tanh_finish)}
+#: every activation of kernel ``("unary", act)``
+ACTIVATIONS = (*sorted(_EXP_ACTIVATIONS), *sorted(_PLAIN_ACTIVATIONS))
 
 
 def _unary(act: str):
-    into = ACTIVATIONS[act]
+    if act in _PLAIN_ACTIVATIONS:
+        into = _PLAIN_ACTIVATIONS[act]
+
+        @T.prim_func
+        def kernel(x: T.handle("float32"), y: T.handle("float32"), n: T.int32):
+            T.func_attr({"tir.noalias": True, "calling_conv": 0})
+            X = T.decl_buffer((n,), "float32", data=x)
+            Y = T.decl_buffer((n,), "float32", data=y)
+            t = T.decl_buffer((16,), "float32", scope="local")
+            for i in range(n):
+                into(t, X[i])
+                Y[i] = t[8]
+        return kernel
+    arg, finish = _EXP_ACTIVATIONS[act]
 
     @T.prim_func
-    def kernel(x: T.handle("float32"), y: T.handle("float32"), n: T.int32):
+    def kernel_exp(x: T.handle("float32"), y: T.handle("float32"), n: T.int32):
         T.func_attr({"tir.noalias": True, "calling_conv": 0})
         X = T.decl_buffer((n,), "float32", data=x)
         Y = T.decl_buffer((n,), "float32", data=y)
         t = T.decl_buffer((16,), "float32", scope="local")
-        for i in range(n):
-            into(t, X[i])
+        for i in range(n):  # the exp arguments, into y
+            arg(t, X[i])
             Y[i] = t[8]
-    return kernel
+        _exp_unit(T.address_of(Y[0]), T.address_of(Y[0]), n)
+        for i in range(n):
+            finish(t, X[i], Y[i])
+            Y[i] = t[8]
+    return kernel_exp
 
 
 def _take():
@@ -669,7 +962,7 @@ def _take():
     return kernel
 
 
-_BUILDERS = {"take": _take, "unary": _unary, "softmax": _softmax, "layer_norm": _layer_norm, "rms_norm": _rms_norm, "mean": _mean, "pool": _pool, "quantize": _quantize, "dequantize": _dequantize, "move": _move, "binary": _binary, "relu": _relu_kernel, "gemm_f32": _gemm_f32, "gemm_i8": _gemm_i8}
+_BUILDERS = {"take": _take, "unary": _unary, "softmax": _softmax, "layer_norm": _layer_norm, "rms_norm": _rms_norm, "mean": _mean, "mean_tflite": _mean_tflite, "softmax_tflite": _softmax_tflite, "pool": _pool, "quantize": _quantize, "dequantize": _dequantize, "move": _move, "binary": _binary, "relu": _relu_kernel, "clip": _clip_kernel, "where_less": _where_less, "gemm_f32": _gemm_f32, "gemm_i8": _gemm_i8}
 
 
 def kernel_func(spec: tuple) -> "tvm.tirx.PrimFunc":

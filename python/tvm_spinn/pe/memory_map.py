@@ -2,9 +2,9 @@
 
 One place for every address the PE code relies on. The SRAM size is SpiNNaker2's (128 KiB per
 PE, :attr:`tvm_spinn.target.arch.SpinnArch.sram_bytes`); the peripherals' register interface is
-not published in a form this package could cite, so the MAC array's registers below are a named
-**assumption** (a memory-mapped block with operand addresses, extents and a start/status word),
-kept here so a published map replaces them in one edit.
+not published in a form this package could cite, so the MAC array's and the exp/log unit's
+registers below are named **assumptions** (memory-mapped blocks with operand addresses, extents
+and a start/status word), kept here so a published map replaces them in one edit.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 __all__ = [
     "SRAM_BASE", "SRAM_BYTES", "STACK_BYTES", "STACK_TOP", "JOB_ADDR", "JOB_WORDS", "ARENA_END",
     "MAC_BASE", "MAC_REGS", "MAC_BYTES", "MAC_START", "ARENA_ALIGN",
+    "EXP_BASE", "EXP_REGS", "EXP_BYTES", "EXP_START", "EXP_FUNC_EXP",
 ]
 
 #: The PE's local SRAM: code, data and stack (SpiNNaker2: 128 KiB per PE at address 0).
@@ -36,3 +37,18 @@ MAC_BYTES = 0x1000
 #: sign-extended ``acc_bits``-bit sums), the extents, and CTRL (write 1: run; reads 0 when done).
 MAC_REGS = {"A": 0x00, "B": 0x04, "C": 0x08, "M": 0x0C, "N": 0x10, "K": 0x14, "CTRL": 0x18}
 MAC_START = 1
+
+#: The exp/log unit's register block (assumption: address and layout are this package's). Every
+#: SpiNNaker2 PE has the unit, attached to the M4F as a memory-mapped processor extension
+#: (Partzsch et al., ISCAS 2017; Mikaitis et al., ARITH 2018), whose published use is one
+#: argument written and its result read back per element; the streaming interface assumed here
+#: (as the MAC array's: the unit reads ``N`` float32 arguments from SRAM at SRC and writes their
+#: results to DST, which may equal SRC) keeps its pipeline full, the rate the timing model
+#: charges (``SpinnArch.exp_unit_cycles`` an element after ``exp_unit_latency_cycles``).
+EXP_BASE = 0x4000_1000
+EXP_BYTES = 0x1000
+#: Word offsets (assumption): SRC, DST, N, FUNC (:data:`EXP_FUNC_EXP`; the unit's log is used by
+#: no layer kind, so it is not modelled), CTRL (write 1: run; reads 0 when done).
+EXP_REGS = {"SRC": 0x00, "DST": 0x04, "N": 0x08, "FUNC": 0x0C, "CTRL": 0x10}
+EXP_START = 1
+EXP_FUNC_EXP = 0

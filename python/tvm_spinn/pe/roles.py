@@ -45,9 +45,17 @@ def layer_role(program, index: int) -> tuple:
         return ("take",)
     if kind in ("max_pool2d", "avg_pool2d") and mode == "fp32" and _float_operands(program, index):
         return ("pool", kind[:3])
+    if kind == "mean" and attrs.get("rounding") == "tflite":
+        dtype = view.tensor_dtype(program, view.layer_inputs(program, index)[0])
+        if dtype not in ("int8", "uint8") or view.tensor_dtype(program, view.layer_output(program, index)) != dtype:
+            _fail(program, index, f"TFLite integer mean of {dtype} (generated: int8 and uint8 in and out)")
+        return ("mean_tflite", dtype)
+    if kind == "softmax" and attrs.get("rounding") == "tflite":
+        dtype = view.tensor_dtype(program, view.layer_inputs(program, index)[0])
+        if dtype not in ("int8", "uint8") or view.tensor_dtype(program, view.layer_output(program, index)) != dtype:
+            _fail(program, index, f"TFLite integer softmax of {dtype} (generated: int8 and uint8 in and out)")
+        return ("softmax_tflite", dtype)
     if kind == "mean" and mode == "fp32" and _float_operands(program, index):
-        if attrs.get("rounding") == "tflite":
-            _fail(program, index, "TFLite's integer mean (generated: fp32 mean)")
         return ("mean",)
     if kind in ROW_KINDS and mode == "fp32" and _float_operands(program, index):
         return (kind,)
@@ -62,6 +70,10 @@ def layer_role(program, index: int) -> tuple:
             return ("binary", kind, relu)
         if kind == "relu":
             return ("relu",)
+        if kind == "clip":
+            return ("clip",)
+        if kind == "where_less":
+            return ("where_less",)
         if kind == "power" and attrs.get("exponent") in (2, 3):
             return ("unary", "square" if attrs["exponent"] == 2 else "cube")
         if kind in ACTIVATIONS:
@@ -69,14 +81,15 @@ def layer_role(program, index: int) -> tuple:
         if kind in GEMM_F32_KINDS:
             return ("gemm_f32", relu)
         _fail(program, index, "no PE kernel for this fp32 kind yet (generated: add, subtract, multiply, "
-                              "divide, relu, gelu, gelu_tanh, sigmoid, tanh, negative, sqrt, "
+                              "divide, relu, clip, where_less, gelu, gelu_tanh, sigmoid, tanh, negative, sqrt, "
                               "rsqrt, power 2 and 3, dense, matmul, conv2d, softmax, layer_norm, "
                               "rms_norm, data movement)")
     if mode == "int8":
-        if kind != "dense":
-            _fail(program, index, "no PE kernel for this int8 kind yet (generated: dense, data movement)")
+        if kind not in GEMM_F32_KINDS:
+            _fail(program, index, "no PE kernel for this int8 kind yet (generated: dense, matmul, conv2d, "
+                                  "data movement)")
         if attrs.get("out") not in ("int8", "uint8"):
-            _fail(program, index, f"int8 dense with a {attrs.get('out')} output (generated: requantized int8/uint8)")
+            _fail(program, index, f"int8 {kind} with a {attrs.get('out')} output (generated: requantized int8/uint8)")
         if attrs.get("rounding", "half_up") != "half_up":
             _fail(program, index, f"requantization rounding {attrs.get('rounding')!r} (generated: half_up)")
         return ("gemm_i8",)

@@ -1,4 +1,5 @@
-"""The PE runtime linked into every image: start-up, the job loop, the MAC array's driver and the
+"""The PE runtime linked into every image: start-up, the job loop, the MAC array's and the exp/log
+unit's drivers and the
 C library routines LLVM's code may call (``memset``, ``memcpy``).
 
 Written in C and compiled for the Cortex-M4F by the clang that the ``ziglang`` wheel ships
@@ -18,7 +19,8 @@ import subprocess
 import sys
 import tempfile
 
-from .memory_map import JOB_ADDR, JOB_WORDS, MAC_BASE, MAC_REGS, MAC_START, STACK_TOP
+from .memory_map import (EXP_BASE, EXP_FUNC_EXP, EXP_REGS, EXP_START, JOB_ADDR, JOB_WORDS, MAC_BASE, MAC_REGS,
+                         MAC_START, STACK_TOP)
 
 __all__ = ["RUNTIME_C", "CC_FLAGS", "runtime_object", "zig"]
 
@@ -60,6 +62,18 @@ i32 pe_mac_gemm(const i8 *a, const i8 *b, i32 *c, i32 m, i32 n, i32 k) {{
     MAC({MAC_REGS["K"]:#x}) = (u32)k;
     MAC({MAC_REGS["CTRL"]:#x}) = {MAC_START}u;
     while (MAC({MAC_REGS["CTRL"]:#x}) != 0u) {{ }}
+    return 0;
+}}
+
+/* exp/log unit driver: y[i] = exp(x[i]) for n float32 (y may be x). */
+#define EXPU(reg) (*(volatile u32 *)({EXP_BASE:#x}u + (reg)))
+i32 pe_exp(const float *x, float *y, i32 n) {{
+    EXPU({EXP_REGS["SRC"]:#x}) = (u32)x;
+    EXPU({EXP_REGS["DST"]:#x}) = (u32)y;
+    EXPU({EXP_REGS["N"]:#x}) = (u32)n;
+    EXPU({EXP_REGS["FUNC"]:#x}) = {EXP_FUNC_EXP}u;
+    EXPU({EXP_REGS["CTRL"]:#x}) = {EXP_START}u;
+    while (EXPU({EXP_REGS["CTRL"]:#x}) != 0u) {{ }}
     return 0;
 }}
 

@@ -127,6 +127,10 @@ class SpinnArch:
     exp_unit_cycles : float
         Assumption: cycles per element through the exp/log accelerator (a pipelined unit;
         [OJCAS26] gives 7-22 cycles latency).
+    exp_unit_latency_cycles : int
+        Assumption: cycles from starting the exp/log unit on a stream of arguments to its first
+        result, the low end of [OJCAS26]'s 7-22 cycles latency; the PE code's executed cycles
+        (:mod:`tvm_spinn.pe`) pay it once per stream, the timing model not at all.
     dram_bytes : int
         LPDDR4 capacity per chip: 2 GB [DS003].
     dram_bw_bytes_s : float
@@ -290,6 +294,9 @@ class SpinnArch:
     # to_dict() at their defaults like the topology fields.
     m4f_chain_cycles: float = 1.0  # [M4-TRM]
     m4f_chain_registers: int = 24  # [M4-TRM], assumption (see the docstring)
+    # The exp/log unit's pipeline fill (read by the instruction-set simulator only); left out of
+    # to_dict() at its default like the timing fields.
+    exp_unit_latency_cycles: int = 7  # [OJCAS26], assumption (see the docstring)
 
     def __post_init__(self) -> None:
         positive_ints = (
@@ -316,6 +323,10 @@ class SpinnArch:
             raise ArchError(f"SpinnArch.link_payload_fraction must be in (0, 1], got {self.link_payload_fraction!r}")
         if not isinstance(self.mgmt_pes_per_chip, int) or isinstance(self.mgmt_pes_per_chip, bool):
             raise ArchError(f"SpinnArch.mgmt_pes_per_chip must be an integer, got {self.mgmt_pes_per_chip!r}")
+        if not isinstance(self.exp_unit_latency_cycles, int) or isinstance(self.exp_unit_latency_cycles, bool) \
+                or self.exp_unit_latency_cycles < 0:
+            raise ArchError(f"SpinnArch.exp_unit_latency_cycles must be a non-negative integer, "
+                            f"got {self.exp_unit_latency_cycles!r}")
         if not isinstance(self.acc_bits, int) or isinstance(self.acc_bits, bool):
             raise ArchError(f"SpinnArch.acc_bits must be an integer, got {self.acc_bits!r}")
         for name in ("mgmt_pes_per_chip", "sram_reserved_bytes", "mac_readout_cycles", "noc_hop_cycles",
@@ -511,7 +522,7 @@ _HOST_FIELDS = frozenset({"host_mem_bw_bytes_s", "host_op_s", "host_link_bw_byte
 _CHAIN_FIELDS = frozenset({"m4f_chain_cycles", "m4f_chain_registers"})
 #: The timing model's interconnect, synchronisation and set-up fields; omitted at their defaults.
 _TIMING_FIELDS = frozenset({"noc_link_bytes_per_cycle", "sync_packet_cycles", "irq_entry_cycles",
-                            "task_descriptor_words"})
+                            "task_descriptor_words", "exp_unit_latency_cycles"})
 _DEFAULTED_FIELDS = _TOPOLOGY_FIELDS | _HOST_FIELDS | _CHAIN_FIELDS | _TIMING_FIELDS
 
 
@@ -571,6 +582,8 @@ ASSUMPTION_RANGES: Mapping[str, AssumedRange] = types.MappingProxyType({
         1.0, 22.0,
         "[OJCAS26] gives 7-22 cycles latency for the exp/log unit: 1 per element fully pipelined, "
         "22 if not pipelined at all"),
+    "exp_unit_latency_cycles": AssumedRange(
+        7, 22, "[OJCAS26] gives 7-22 cycles latency for the exp/log unit"),
     "dma_bw_bytes_per_cycle": AssumedRange(
         4.0, 16.0,
         "assumption: a 32-bit to a 128-bit path between a PE's DMA and its NoC port"),

@@ -1,0 +1,53 @@
+"""Executed cycles: the Cortex-M4 TRM's prices of decoded instructions (load/store pipelining
+included) and the exp/log unit's modelled wait."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("unicorn")
+pytest.importorskip("capstone")
+pytest.importorskip("ziglang")
+
+from tvm_spinn.pe.cycles import _MD, _block_prices  # noqa: E402
+from tvm_spinn.pe.images import role_image  # noqa: E402
+from tvm_spinn.pe.iss import PeMachine  # noqa: E402
+from tvm_spinn.target.arch import SpinnArch  # noqa: E402
+
+# Thumb encodings (ARMv7-M ARM, A7.7.43 LDR (immediate) T1, A7.7.158 STR (immediate) T1,
+# A7.7.3 ADD (immediate) T1)
+LDR_R0_R1 = bytes.fromhex("0868")   # ldr r0, [r1]
+LDR_R2_R3 = bytes.fromhex("1a68")   # ldr r2, [r3]
+LDR_R1_R0 = bytes.fromhex("0168")   # ldr r1, [r0]: its address is the previous load's result
+STR_R2_R3 = bytes.fromhex("1a60")   # str r2, [r3]
+ADDS_R4 = bytes.fromhex("241d")     # adds r4, r4, #4
+
+
+def _cycles(code: bytes) -> list[int]:
+    return [c for _, c, _ in _block_prices(list(_MD.disasm(code, 0)))]
+
+
+@pytest.mark.parametrize("code,want", [
+    (LDR_R0_R1, [2]),
+    (LDR_R0_R1 + LDR_R2_R3, [2, 1]),             # neighbouring loads pipeline (TRM 3.3.2)
+    (LDR_R0_R1 + LDR_R2_R3 + STR_R2_R3, [2, 1, 1]),
+    (LDR_R0_R1 + LDR_R1_R0, [2, 2]),             # the address depends on the load before
+    (LDR_R0_R1 + ADDS_R4 + LDR_R2_R3, [2, 1, 2]),  # not neighbours
+])
+def test_load_store_pipelining(code, want):
+    assert _cycles(code) == want
+
+
+@pytest.mark.parametrize("act", ["sigmoid", "gelu"])
+def test_exp_unit_wait_is_its_latency_and_rate(act):
+    """One stream of ``n`` arguments through the exp/log unit: the M4F waits the unit's pipeline
+    fill plus ``exp_unit_cycles`` per element, from the arch the machine was given."""
+    arch = SpinnArch().replace(exp_unit_cycles=3.0, exp_unit_latency_cycles=11)
+    image = role_image(("unary", act))
+    m = PeMachine(image.elf, image.name, 0, 24, arch)
+    x = np.linspace(-4, 4, 37, dtype=np.float32)
+    m.write(m.arena, x.tobytes())
+    m.clear_counters()
+    m.run([[m.arena, m.arena + x.nbytes, x.size]])
+    assert m.stall == 11 + 3.0 * x.size
