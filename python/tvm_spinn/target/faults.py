@@ -31,7 +31,7 @@ import numpy as np
 from .arch import FAULT_FIELDS, ArchError, SpinnArch
 from .topology import topology_of
 
-__all__ = ["usable_boards", "whole_boards", "live_chips", "board_view", "health", "load_system",
+__all__ = ["usable_boards", "whole_boards", "live_chips", "board_view", "chain_boards", "health", "load_system",
            "parse_ids", "FAULT_FIELDS"]
 
 
@@ -100,6 +100,24 @@ def whole_boards(arch: SpinnArch) -> tuple[int, ...]:
     return tuple(b for b in usable_boards(arch) if live_chips(arch, b).size == per and not _board_links(arch, b))
 
 
+def chain_boards(arch: SpinnArch) -> tuple[int, ...]:
+    """The usable boards in the order a pipeline of board stages takes them: the whole boards
+    (:func:`whole_boards`) in id order, then those with dead chips or links, so a chain shorter
+    than the whole boards uses only whole ones.
+
+    Parameters
+    ----------
+    arch : SpinnArch
+
+    Returns
+    -------
+    tuple of int
+        ``0 .. boards - 1`` on a healthy system.
+    """
+    whole = whole_boards(arch)
+    return whole + tuple(b for b in usable_boards(arch) if b not in set(whole))
+
+
 def board_view(arch: SpinnArch, board: int) -> SpinnArch:
     """One board of the system as a system of its own: its dead chips and on-board links, ids
     relative to the board (chip ``c`` of the system is chip ``c - 48 board`` of the view).
@@ -132,7 +150,7 @@ def board_view(arch: SpinnArch, board: int) -> SpinnArch:
     links = _board_links(arch, board) if arch.dead_links else ()
     if not dead and not links:
         return template
-    return template.replace(name=f"{arch.name}[board {board}]", dead_chips=dead, dead_links=links)
+    return template.replace(dead_chips=dead, dead_links=links)  # boards faulty alike share mappings
 
 
 def health(arch: SpinnArch) -> dict:
