@@ -74,3 +74,27 @@ def test_one_board_with_dead_chips_plans_on_its_live_chips(register_system):
     cfg = dict(CFG, hidden_size=256, intermediate_size=512, num_hidden_layers=1)
     result = plan(cfg, target=tag, batch=1, seq=16, dtype="int8")
     assert result.chips_used <= 46 and result.plan["health"]["live_chips"] == 46
+
+
+def test_plan_cli_refuses_bad_machine_descriptions(tmp_path, capsys):
+    """One line and exit status 2, before any planning, naming the option or field."""
+    import importlib.resources
+
+    from tvm_spinn.cli import main
+
+    config = str(importlib.resources.files("tvm_spinn.llm") / "configs" / "llama-2-7b.json")
+    before = set(tvm_spinn.known_targets())
+    for args, named in ((["--dead-boards", "99"], "dead_boards: a board id must be an integer in [0, 1), got 99"),
+                        (["--dead-links", "3"], "--dead-links: expected comma-separated chip:direction"),
+                        (["--dead-chips", "0-47"], "leave no chip to use"),
+                        (["--target", "spinn/board", "--dead-links", "0:3"], "chip 0's link 3 (W) leads nowhere"),
+                        (["--system", str(tmp_path / "none.json")], "does not exist"),
+                        (["--train", "--dead-boards", "1"], "--dead-boards applies to inference plans")):
+        assert main(["plan", config, "--no-progress", *args]) == 2, args
+        err = capsys.readouterr().err
+        assert named in err and len(err.strip().splitlines()) == 1, (args, err)
+    bad = tmp_path / "m.json"
+    bad.write_text('{"boards": 2, "dead_boards": [0, 1]}')
+    assert main(["plan", config, "--no-progress", "--system", str(bad)]) == 2
+    assert "m.json" in capsys.readouterr().err
+    assert set(tvm_spinn.known_targets()) == before  # nothing left registered

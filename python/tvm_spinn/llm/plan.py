@@ -158,6 +158,7 @@ class Plan:
             ("efficiency", f"{self.efficiency:.4f} (physical bound / token period)"),
             ("plan's own bound", f"{self.bound_tokens_per_s:.3f} tokens/s, {self.binding}-bound "
                                  f"({self.bound_ratio:.2f} of it reached; diagnostic, moves with the plan)"),
+            *self._machine_rows(),
             ("SRAM per chip", f"{self.sram_bytes_per_chip / 2**20:.2f} MiB"),
             ("DRAM per chip", f"{self.dram_bytes_per_chip / 2**30:.3f} GiB"),
             ("weights / KV cache", f"{self.weight_bytes / 1e9:.3f} GB / {self.kv_cache_bytes / 1e9:.3f} GB"),
@@ -168,6 +169,30 @@ class Plan:
 
     def __str__(self) -> str:
         return self.table()
+
+    def _machine_rows(self) -> list:
+        """Table rows of a machine with faults (what is usable, the boards used) and of a batch
+        (where each user's KV cache lives, the largest batch the stages hold)."""
+        rows = []
+        health = self.plan.get("health")
+        if health:
+            dead = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in health.items() if k.startswith("dead") and v)
+            alloc = f"boards {health['allocated_boards']} allocated; " if health["allocated_boards"] else ""
+            rows.append(("machine", f"{alloc}{health['usable_boards']} of {health['boards']} boards usable "
+                                    f"({health['whole_boards']} whole), {health['live_chips']} live chips; "
+                                    f"{dead or 'nothing dead'}"))
+            if "boards" in self.plan:
+                rows.append(("boards used", ", ".join(str(b) for b in self.plan["boards"])))
+        users = self.plan.get("kv_cache_users")
+        if users:
+            groups: dict = {}
+            for u in users:
+                groups.setdefault((u["sram_bytes"], u["dram_bytes"]), []).append(u["users"])
+            parts = [f"users {r[0][0]}-{r[-1][1]}: {a / 1e9:.3f} GB in SRAM, {b / 1e9:.3f} GB in DRAM"
+                     for (a, b), r in groups.items()]
+            rows.append(("KV cache per user", "; ".join(parts) + f" (over {len(users[0]['boards'])} board(s))"))
+            rows.append(("largest batch", f"{self.plan['largest_batch']} users (every stage's SRAM room and DRAM)"))
+        return rows
 
 
 def _config_dict(config) -> dict:

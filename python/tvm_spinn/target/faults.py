@@ -32,7 +32,7 @@ from .arch import FAULT_FIELDS, ArchError, SpinnArch
 from .topology import topology_of
 
 __all__ = ["usable_boards", "whole_boards", "live_chips", "board_view", "chain_boards", "health", "load_system",
-           "parse_ids", "FAULT_FIELDS"]
+           "parse_ids"]
 
 
 def usable_boards(arch: SpinnArch) -> tuple[int, ...]:
