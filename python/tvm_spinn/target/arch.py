@@ -244,11 +244,10 @@ class SpinnArch:
     allocated_boards : tuple of int
         The boards of this machine the system may use (a partial allocation of a larger
         machine, e.g. ``tuple(range(24))`` of ``spinn/cloud``); the others are someone else's:
-        nothing is placed on them and no route crosses them. Empty: every board.
-
-    The five fault fields are kept sorted and free of duplicates (any sequence is accepted);
-    :mod:`tvm_spinn.target.faults` derives the live hardware from them, and the link graph
-    (:func:`tvm_spinn.target.topology.topology_of`) routes around what they name.
+        nothing is placed on them and no route crosses them. Empty: every board. The five
+        fault fields are kept sorted and free of duplicates (any sequence is accepted);
+        :mod:`tvm_spinn.target.faults` derives the live hardware from them, and the link graph
+        (:func:`tvm_spinn.target.topology.topology_of`) routes around what they name.
     """
 
     name: str = "spinn2-chip"
