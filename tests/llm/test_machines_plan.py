@@ -3,6 +3,8 @@ allocation, a dead chip, and a batch whose micro-batches fill the pipeline."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -62,6 +64,12 @@ def test_partial_allocation_batch_and_dead_chip(register_system):
         assert sum(u["sram_bytes"] + u["dram_bytes"] for u in users) == result.kv_cache_bytes
         assert all(set(u["boards"]) <= {1, 2, 3} for u in users) and p["largest_batch"] >= 3
     assert "pipeline:s1" in p["alternatives"] and p["alternatives"]["pipeline:s1"]["chips"] == 3 * 48 - 1
+    table = result.table()
+    assert "3 of 4 boards usable (2 whole), 143 live chips" in table and "dead chips [100]" in table
+    if p["placement"] == "pipeline":
+        assert re.search(r"boards used\s+1, 2, 3\n", table)
+        assert re.search(r"KV cache per user\s+users 0-\d: [0-9.]+ GB in SRAM", table)
+        assert re.search(rf"largest batch\s+{p['largest_batch']} users", table)
     # aggregate tokens/s is the batch's: three users, each at the per-user rate
     assert result.tokens_per_s == pytest.approx(3 * result.tokens_per_s_per_user)
     assert result.chips_used <= 3 * 48 - 1
