@@ -42,6 +42,14 @@ link (``plan["host_io_decode_s"]``, :attr:`~tvm_spinn.target.arch.SpinnArch.host
 and ``host_link_latency_s``), the prompt in and the first token out in the time to first token
 (``plan["host_io_prefill_s"]``). :func:`_step_io` costs them.
 
+A batch of users in the ``pipeline`` placement keeps every user's KV cache on every stage, in
+SRAM as far as the stage's board has room and in DRAM beyond it, checked per stage
+(:mod:`tvm_spinn.llm.batching`: ``plan["kv_cache_users"]``, ``plan["largest_batch"]``); a
+placement that cannot hold the batch is left out (``plan["refused"]`` says why). On a system
+with faults or a partial allocation (:mod:`tvm_spinn.target.faults`) every placement uses the
+live hardware only: its chips and boards (``plan["boards"]``, ``plan["health"]``), its routes
+around dead links (:mod:`tvm_spinn.llm.machine`).
+
 The headline is ``efficiency``: the physical bound of a decode step
 (:func:`tvm_spinn.timing.bounds.physical_bound` of :func:`~tvm_spinn.timing.bounds.decode_workload`:
 every block and the LM head, the KV cache at ``seq`` slots (a sliding window's where that is
