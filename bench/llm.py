@@ -27,6 +27,7 @@ Two parts, each printed as one table from one run:
     python bench/llm.py --part plan --models llama-2-70b --systems board boards24 cloud
     python bench/llm.py --part plan --models llama-2-70b --systems scaling --plot scaling.png
     python bench/llm.py --part generate --new-tokens 32
+    python bench/llm.py --part plan --models llama-2-70b --systems boards24 --dead-boards 5   # healthy and as is
 
 Timings on this shared 2-core machine vary between runs (up to 2x for sub-millisecond steps).
 """
@@ -190,7 +191,7 @@ def part_plan(args) -> list[dict]:
           "(config only: no weights, timing model)")
     head = (f"{'model':<13}{'system':<10}{'dtype':<6}{'ms/token':>10}{'bound ms':>10}{'binding':>14}{'eff.':>8}"
             f"{'tok/s/user':>11}{'tok/s':>10}{'TTFT s':>9}{'J/token':>10}{'own ms':>8}{'own ratio':>10}{'chips':>7}"
-            f"{'boards':>7}{'placement':>24}{'weights in':>28}{'plan s':>8}")
+            f"{'boards':>7}{'placement':>24}{'weights in':>28}{'plan s':>8}{'KV cache in':>28}")
     print(head + "\n" + "-" * len(head))
     rows = []
     for name in args.models:
@@ -198,13 +199,14 @@ def part_plan(args) -> list[dict]:
         seq = min(args.seq, spec.max_positions)  # GPT-2-XL has 1024 positions
         if seq != args.seq:
             print(f"{name}: seq {seq} (its position table)")
-        for system in args.systems:
-            target, boards = SYSTEMS[system]
+        for system in [x for s in args.systems for x in ((s, s + "*") if _faults(args) else (s,))]:
+            target, boards = SYSTEMS[system] if system in SYSTEMS else (_as_is(SYSTEMS[system[:-1]][0], args),
+                                                                         SYSTEMS[system[:-1]][1])
             for dtype in args.dtypes:
                 try:
                     p = plan(str(configs / f"{name}.json"), target=target, batch=args.batch, seq=seq, dtype=dtype,
                              handover=args.handover)
-                except LLMError as err:
+                except (LLMError, ValueError) as err:
                     print(f"{name:<13}{system:<10}{dtype:<6}  {err}")
                     continue
                 rows.append(dict(model=name, system=system, boards=boards, dtype=dtype, plan=p))
@@ -215,7 +217,11 @@ def part_plan(args) -> list[dict]:
                       f"{1e3 / p.bound_tokens_per_s:>8.1f}{p.bound_ratio:>10.2f}"
                       f"{p.chips_used:>7}{math.ceil(p.chips_used / 48):>7}{_placement(p):>24}"
                       f"{p.plan['weights_in'][:27]:>28}"
-                      f"{p.plan_seconds:>8.1f}")
+                      f"{p.plan_seconds:>8.1f}{p.plan['kv_cache_in'][:27]:>28}")
+    if _faults(args):
+        print(f"*: the system as it is ({', '.join(f'{k} {v}' for k, v in _faults(args).items())}); boards used: "
+              + "; ".join(f"{r['model']} {r['system']}: {r['plan'].plan.get('boards', '-')}" for r in rows
+                          if r["system"].endswith("*")))
     if rows:
         print("ms/token: the per-user token period; bound ms: the physical bound (binding: its largest part);"
               " eff.: bound / period; own ms, own ratio: the plan's own bound and tokens/s over it (diagnostic)")
@@ -227,13 +233,34 @@ def part_plan(args) -> list[dict]:
                   f"on a token's path, "
                   f"{b['details']['read_bytes'] / 1e9:.2f} GB read once (KV cache at {r['plan'].seq} slots)")
     for key in sorted({(r["model"], r["dtype"]) for r in rows}):
-        pts = sorted((r["boards"], r["plan"].tokens_per_s_per_user) for r in rows if (r["model"], r["dtype"]) == key)
+        pts = sorted((r["boards"], r["plan"].tokens_per_s_per_user) for r in rows if (r["model"], r["dtype"]) == key
+                     and not r["system"].endswith("*"))
         if len(pts) > 1:
             falls = [(a[0], b[0]) for a, b in zip(pts, pts[1:]) if b[1] < a[1]]
             print(f"  {key[0]} {key[1]} tokens/s per user over boards: " + ", ".join(f"{b:g}: {t:.2f}" for b, t in pts)
                   + ("; never falls" if not falls else f"; falls from {falls[0][0]:g} to {falls[0][1]:g} boards"))
     _anchors(rows)
     return rows
+
+
+def _faults(args) -> dict:
+    """The fault fields ``--dead-*`` / ``--allocated-boards`` give (empty: healthy systems only)."""
+    from tvm_spinn.target.faults import parse_ids
+
+    given = {"dead_boards": args.dead_boards, "dead_chips": args.dead_chips, "dead_links": args.dead_links,
+             "dead_board_links": args.dead_board_links, "allocated_boards": args.allocated_boards}
+    return {k: parse_ids(v, "--" + k.replace("_", "-")) for k, v in given.items() if v}
+
+
+def _as_is(target: str, args) -> str:
+    """``target`` with the faults of ``args``, registered (a system of its own name)."""
+    import tvm_spinn
+
+    arch = tvm_spinn.target.arch_of(target)
+    tag = f"{target}*"
+    if tag not in tvm_spinn.known_targets():
+        tvm_spinn.register_system(arch.replace(name=f"{arch.name}-as-is", **_faults(args)), tag=tag)
+    return tag
 
 
 def _placement(p) -> str:
@@ -307,6 +334,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--plot", help="save tokens/s per user against boards here (.png)")
+    for flag, what in (("--dead-boards", "board ids, e.g. 5 or 3,7"), ("--dead-chips", "chip ids"),
+                       ("--dead-links", "chip:direction pairs"), ("--dead-board-links", "board:edge pairs"),
+                       ("--allocated-boards", "board ids, e.g. 0-23")):
+        ap.add_argument(flag, default=None, help=f"plan each system also as it is (rows marked *): {what}")
     args = ap.parse_args()
     args.systems = [x for s in args.systems for x in (SCALING if s == "scaling" else (s,))]
     if args.part in ("generate", "all"):

@@ -140,6 +140,10 @@ def _check_args(args) -> None:
 
         spec_of(args.config)  # a bad config is refused before TVM loads (LLMError: a ValueError)
         _check_plan_options(args)
+        if args.system is not None and not os.path.exists(args.system):
+            raise _fail(f"system description {args.system!r} does not exist")
+        if args.system is not None and args.target != "spinn/board":
+            raise _fail("--system names the system: leave out --target")
         if args.json:
             _check_output(args.json, "JSON output", (args.config,), "leave out --json to print the plan only")
 
@@ -147,7 +151,9 @@ def _check_args(args) -> None:
 #: ``plan`` options of training plans only, and of inference plans only (flag -> option name)
 _TRAIN_ONLY = {"optimizer": "--optimizer", "micro_batch": "--micro-batch", "tp": "--tp", "pp": "--pp",
                "dp": "--dp", "zero": "--zero", "recompute": "--recompute"}
-_INFERENCE_ONLY = {"dtype": "--dtype"}
+_INFERENCE_ONLY = {"dtype": "--dtype", "system": "--system", "dead_boards": "--dead-boards",
+                   "dead_chips": "--dead-chips", "dead_links": "--dead-links",
+                   "dead_board_links": "--dead-board-links", "boards": "--boards"}
 
 
 def _check_plan_options(args) -> None:
@@ -159,7 +165,8 @@ def _check_plan_options(args) -> None:
     if args.train:
         given = [flag for key, flag in _INFERENCE_ONLY.items() if getattr(args, key) is not None]
         if given:
-            raise _fail(f"{given[0]} applies to inference plans: training is planned in fp32")
+            raise _fail(f"{given[0]} applies to inference plans"
+                        + (": training is planned in fp32" if given[0] == "--dtype" else ""))
     else:
         given = [flag for key, flag in _TRAIN_ONLY.items() if getattr(args, key) is not None]
         given += ["--no-sequence-parallel"] if args.no_sequence_parallel else []
@@ -401,10 +408,43 @@ def _cmd_plan(args) -> int:
         return _cmd_plan_train(args)
     from .llm.plan import plan, write_json
 
-    result = plan(args.config, target=args.target, batch=1 if args.batch is None else args.batch, seq=args.seq,
-                  dtype=args.dtype or "int8", progress=not args.no_progress,
-                  handover=args.handover)
+    target, registered = _described_system(args)
+    try:
+        result = plan(args.config, target=target, batch=1 if args.batch is None else args.batch, seq=args.seq,
+                      dtype=args.dtype or "int8", progress=not args.no_progress,
+                      handover=args.handover)
+    finally:
+        if registered:
+            from .target import unregister_system
+
+            unregister_system(target)
     return _show_and_write(result, args.json, write_json)
+
+
+#: ``plan``'s options describing a machine as it is (flag -> SpinnArch field)
+_FAULT_OPTIONS = {"dead_chips": "--dead-chips", "dead_links": "--dead-links", "dead_board_links": "--dead-board-links",
+                  "dead_boards": "--dead-boards", "boards": "--boards"}
+
+
+def _described_system(args) -> tuple[str, bool]:
+    """The target ``plan`` plans on: ``--target``, or the system of ``--system FILE``, with the
+    fault options applied (registered for the call under a name derived from its faults:
+    ``(tag, True)``); ``(args.target, False)`` when none is given."""
+    import hashlib
+    import json
+
+    from .target import arch_of, register_system
+    from .target.faults import FAULT_FIELDS, load_system, parse_ids
+
+    given = {field: getattr(args, field) for field in _FAULT_OPTIONS if getattr(args, field) is not None}
+    if args.system is None and not given:
+        return args.target, False
+    arch = load_system(args.system)[0] if args.system is not None else arch_of(args.target)
+    arch = arch.replace(**{"allocated_boards" if field == "boards" else field: parse_ids(value, _FAULT_OPTIONS[field])
+                           for field, value in given.items()})
+    faults = json.dumps({f: getattr(arch, f) for f in FAULT_FIELDS}, sort_keys=True)
+    name = f"{arch.name}-as-is-{hashlib.sha256(faults.encode()).hexdigest()[:8]}"
+    return register_system(arch.replace(name=name), tag=f"spinn/{name}", fallback=arch.host_fallback), True
 
 
 def _show_and_write(result, path, write_json) -> int:
@@ -532,6 +572,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --train: tensor parallelism without Megatron's sequence parallelism")
     p.add_argument("--fastest", action="store_true",
                    help="with --train: let reductions take the fastest order (bits then depend on the split)")
+    p.add_argument("--system", default=None, metavar="FILE",
+                   help="inference plans: a system description (JSON: 'base' target or 'boards', and the fault "
+                        "fields below; see docs/guide) planned instead of --target")
+    p.add_argument("--dead-boards", default=None, metavar="IDS", help="inference plans: boards that do not work "
+                                                                     "(e.g. 3,7 or 10-12)")
+    p.add_argument("--dead-chips", default=None, metavar="IDS", help="inference plans: chips that do not work")
+    p.add_argument("--dead-links", default=None, metavar="PAIRS",
+                   help="inference plans: chip links that do not work, chip:direction (0 E 1 NE 2 N 3 W 4 SW 5 S)")
+    p.add_argument("--dead-board-links", default=None, metavar="PAIRS",
+                   help="inference plans: board edges whose serial link does not work, board:edge (0-5)")
+    p.add_argument("--boards", default=None, metavar="IDS",
+                   help="inference plans: the boards allocated to this job (e.g. 0-23 of spinn/cloud); default all")
     p.add_argument("--json", help="write the plan as JSON here (atomically)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--verbose", action="store_true", help="show library warnings")

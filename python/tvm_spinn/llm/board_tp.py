@@ -26,7 +26,9 @@ streaming its weights from DRAM (the rest). The time to first token is planned f
 
 Groups are ``g`` neighbouring boards of the torus of boards
 (:func:`tvm_spinn.target.topology.board_grid`), in a cycle where ``g`` allows
-(:func:`board_groups`).
+(:func:`board_groups`). On a system with faults only groups of whole boards
+(:func:`tvm_spinn.target.faults.whole_boards`: usable, every chip working) are formed, and the
+head runs on a whole board.
 """
 
 from __future__ import annotations
@@ -116,7 +118,10 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     P = importlib.import_module(".plan", __package__)
     from .describe import describe
 
-    boards = arch.chips // arch.chips_per_board
+    from ..target.faults import whole_boards
+
+    whole = whole_boards(arch)  # a group's boards run the same slice: boards with every chip working
+    boards = len(whole)
     if dtype != "int8" or boards < 3 or spec.family != "llama":
         return {}
     cpb = arch.chips_per_board
@@ -155,8 +160,8 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         sliced = slice_config(cfg, spec, g)
         if sliced is None:
             continue
-        groups = board_groups(board_grid(boards), g)
-        free = [b for b in range(boards) if all(b not in grp for grp in groups)]
+        groups = [grp for grp in board_groups(board_grid(arch.chips // cpb), g) if set(grp) <= set(whole)]
+        free = [b for b in whole if all(b not in grp for grp in groups)]
         usable = len(groups) - (0 if free else 1)  # the head needs a board of its own
         if usable < 1:
             continue
@@ -221,6 +226,8 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                              f"hidden state handed over group to group, the head on one board"),
                 meta={"stages": n_groups + 1, "boards_per_stage": g, "blocks_per_stage": per_group,
                       "boards_used": g * n_groups + 1, "tp_boards": g, "groups": n_groups,
+                      **({"boards": sorted({b for grp in groups[:n_groups] for b in grp} | {head_board})}
+                         if arch.has_faults else {}),
                       "chips_per_group": g * cpb, "micro_batch": batch, "micro_batches": 1,
                       "mapping_weights": "auto", "block_decode_s": blocks_s / L,
                       "board_all_reduce_s": reduce_s, "board_all_reduces_decode_s": reduces_s,

@@ -42,6 +42,14 @@ link (``plan["host_io_decode_s"]``, :attr:`~tvm_spinn.target.arch.SpinnArch.host
 and ``host_link_latency_s``), the prompt in and the first token out in the time to first token
 (``plan["host_io_prefill_s"]``). :func:`_step_io` costs them.
 
+A batch of users in the ``pipeline`` placement keeps every user's KV cache on every stage, in
+SRAM as far as the stage's board has room and in DRAM beyond it, checked per stage
+(:mod:`tvm_spinn.llm.batching`: ``plan["kv_cache_users"]``, ``plan["largest_batch"]``); a
+placement that cannot hold the batch is left out (``plan["refused"]`` says why). On a system
+with faults or a partial allocation (:mod:`tvm_spinn.target.faults`) every placement uses the
+live hardware only: its chips and boards (``plan["boards"]``, ``plan["health"]``), its routes
+around dead links (:mod:`tvm_spinn.llm.machine`).
+
 The headline is ``efficiency``: the physical bound of a decode step
 (:func:`tvm_spinn.timing.bounds.physical_bound` of :func:`~tvm_spinn.timing.bounds.decode_workload`:
 every block and the LM head, the KV cache at ``seq`` slots (a sliding window's where that is
@@ -158,6 +166,7 @@ class Plan:
             ("efficiency", f"{self.efficiency:.4f} (physical bound / token period)"),
             ("plan's own bound", f"{self.bound_tokens_per_s:.3f} tokens/s, {self.binding}-bound "
                                  f"({self.bound_ratio:.2f} of it reached; diagnostic, moves with the plan)"),
+            *self._machine_rows(),
             ("SRAM per chip", f"{self.sram_bytes_per_chip / 2**20:.2f} MiB"),
             ("DRAM per chip", f"{self.dram_bytes_per_chip / 2**30:.3f} GiB"),
             ("weights / KV cache", f"{self.weight_bytes / 1e9:.3f} GB / {self.kv_cache_bytes / 1e9:.3f} GB"),
@@ -168,6 +177,30 @@ class Plan:
 
     def __str__(self) -> str:
         return self.table()
+
+    def _machine_rows(self) -> list:
+        """Table rows of a machine with faults (what is usable, the boards used) and of a batch
+        (where each user's KV cache lives, the largest batch the stages hold)."""
+        rows = []
+        health = self.plan.get("health")
+        if health:
+            dead = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in health.items() if k.startswith("dead") and v)
+            alloc = f"boards {health['allocated_boards']} allocated; " if health["allocated_boards"] else ""
+            rows.append(("machine", f"{alloc}{health['usable_boards']} of {health['boards']} boards usable "
+                                    f"({health['whole_boards']} whole), {health['live_chips']} live chips; "
+                                    f"{dead or 'nothing dead'}"))
+            if "boards" in self.plan:
+                rows.append(("boards used", ", ".join(str(b) for b in self.plan["boards"])))
+        users = self.plan.get("kv_cache_users")
+        if users:
+            groups: dict = {}
+            for u in users:
+                groups.setdefault((u["sram_bytes"], u["dram_bytes"]), []).append(u["users"])
+            parts = [f"users {r[0][0]}-{r[-1][1]}: {a / 1e9:.3f} GB in SRAM, {b / 1e9:.3f} GB in DRAM"
+                     for (a, b), r in groups.items()]
+            rows.append(("KV cache per user", "; ".join(parts) + f" (over {len(users[0]['boards'])} board(s))"))
+            rows.append(("largest batch", f"{self.plan['largest_batch']} users (every stage's SRAM room and DRAM)"))
+        return rows
 
 
 def _config_dict(config) -> dict:
@@ -401,9 +434,13 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
     weight_bytes = spec.params * DTYPES[dtype]
     slots = spec.cache_slots(seq)  # a sliding window keeps only its last positions
     kv_bytes = batch * slots * spec.kv_bytes_per_token(4)
-    if weight_bytes + kv_bytes > arch.chips * arch.dram_bytes:
+    from ..mapping.tiling import MappingError
+    from ..target.faults import health, live_chips, usable_boards
+
+    live = live_chips(arch)  # the chips that work (all of them on a healthy system)
+    if weight_bytes + kv_bytes > live.size * arch.dram_bytes:
         raise LLMError(
-            f"model too large for target {arch.name} ({arch.chips} chips, {arch.chips * arch.dram_bytes / 1e9:.1f} GB "
+            f"model too large for target {arch.name} ({live.size} chips, {live.size * arch.dram_bytes / 1e9:.1f} GB "
             f"DRAM): {dtype} weights {weight_bytes / 1e9:.1f} GB + KV cache {kv_bytes / 1e9:.2f} GB (batch={batch}, "
             f"seq={seq}); {_smallest_fitting(weight_bytes + kv_bytes, arch)}")
 
@@ -419,35 +456,39 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
         steps.update()
 
     L = spec.layers
-    boards = arch.chips // arch.chips_per_board
+    boards = len(usable_boards(arch)) if arch.chips >= arch.chips_per_board else 0
     candidates = []
-    if arch.chips >= L + 1 and (boards < 2 or arch.chips // (L + 1) < arch.chips_per_board):
+    if live.size >= L + 1 and (boards < 2 or live.size // (L + 1) < arch.chips_per_board):
         # one group of chips per block (and one for the head) inside a board: each group's SRAM
         # holds only its block, so the mapper may keep its weights resident (on two or more
         # boards the pipeline placement below is this with whole boards per stage)
         # (a mixture of experts streams its experts: the ones a token picks change every token)
-        candidates.append(("groups", arch.chips // (L + 1), L + 1, "stream" if spec.experts else "auto"))
+        candidates.append(("groups", live.size // (L + 1), L + 1, "stream" if spec.experts else "auto"))
     # every block on the same chips: their weights together exceed the SRAM, so they stream from
     # DRAM; at most SHARED_MAX_CHIPS chips (mapping one block over more is not practical yet)
-    shared = min(arch.chips, SHARED_MAX_CHIPS)
+    shared = min(live.size, SHARED_MAX_CHIPS)
+    if arch.has_faults and shared > arch.chips_per_board:
+        shared -= shared % arch.chips_per_board  # timed as whole boards (their chips all work)
     if shared * arch.dram_bytes >= weight_bytes + kv_bytes:
         candidates.append(("shared", shared, 1, "stream"))
     steps.total = 3 + len(candidates) + (len(STAGES_PER_BLOCK) if boards >= 2 else 0)
     records = {}
-    unmappable: list = []  # the mapping errors of the placements that do not fit
     peak = arch.peak_int8_ops_s if dtype == "int8" else arch.peak_fp32_flops_s
     gemm_ops = 2 * batch * (spec.step_params(1) - (spec.vocab * spec.hidden if not spec.tied_embeddings else 0)
                             - (spec.max_positions * spec.hidden if spec.family == "gpt2" else 0))
     attn_flops = 2 * 2 * batch * L * spec.heads * spec.head_dim * slots
+    refused: dict = {}  # placement -> why it cannot hold this batch
     for placement, group, groups, weights_mode in candidates:
         steps.set_postfix_str(f"map: {placement} on {group} chips")
-        sub = arch if group == arch.chips else arch.replace(chips=group, name=f"{arch.name}[{group} chips]")
+        # (one board with dead chips: the system itself, its live chips; see target.faults)
+        sub = (arch if group == arch.chips or (placement == "shared" and boards <= 1 and group == live.size)
+               else arch.replace(chips=group, name=f"{arch.name}[{group} chips]"))
         try:
             dec, pre, head = (_map(described[k], sub, weights_mode) for k in ("decode", "prefill", "head"))
         except MappingError as err:
-            # a block that does not fit a group (e.g. the prefill's attention scores of many heads
-            # on one chip) rules out this placement only; raised when no placement fits
-            unmappable.append(err)
+            # a block that does not fit a group (e.g. a large batch's prompt, or the prefill's
+            # attention scores of many heads on one chip) rules out this placement only
+            refused[placement] = str(err)
             steps.update()
             continue
         handoff_dec = handoff_pre = 0.0
@@ -458,7 +499,8 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
             topo = topology_of(arch)
 
             def handoff(nbytes):  # the hidden state from each group to the next, one after another
-                return sum(point_to_point(topo, [i * group], [(i + 1) * group], nbytes).seconds for i in range(L))
+                return sum(point_to_point(topo, [live[i * group]], [live[(i + 1) * group]], nbytes).seconds
+                           for i in range(L))
 
             handoff_dec = handoff(batch * spec.hidden * HANDOVER_BYTES[handover])
             handoff_pre = handoff(batch * seq * spec.hidden * HANDOVER_BYTES[handover])
@@ -469,7 +511,7 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
         slot = kv_bytes / (L * slots)
         write_sram, write_dram = (L * w for w in _kv_write_s(sub, slot, kv_share))
         # the token back from the head's group to the first (the groups), the host's I/O
-        io = _step_io(arch, batch, seq, L * group if placement == "groups" else None, range(group))
+        io = _step_io(arch, batch, seq, live[L * group] if placement == "groups" else None, live[:group])
         loop_s = io["token_return_s"] + io["step_sync_s"] + io["host_io_decode_s"]
         decode_s = L * dec.latency_s + head.latency_s + handoff_dec + write_sram + write_dram + loop_s
         used = group * groups
@@ -504,15 +546,16 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
     stages: dict = {}  # this call's stages mapped on one board (see _map_stage)
     if boards >= 2:
         records.update(_pipeline_records(described, spec, arch, model, target, dtype, batch, seq, kv_bytes,
-                                         weight_bytes, steps, handover, stages))
+                                         weight_bytes, steps, handover, stages, refused))
     if boards >= 3:
         from . import board_tp
 
         records.update(board_tp.records(cfg, spec, arch, target, dtype, batch, seq, HANDOVER_BYTES[handover],
                                         described, weight_bytes, kv_bytes, steps, stages))
     steps.close()
-    if not records and unmappable:
-        raise unmappable[0]
+    if not records:
+        raise LLMError(f"no placement of {model_name} on {arch.name} holds batch={batch}, seq={seq}: "
+                       + "; ".join(f"{k}: {v}" for k, v in sorted(refused.items())))
     placement = min(records, key=lambda k: (records[k]["period_s"], records[k]["used"], k))
     best = records[placement]
     resident, streamed = best["resident"], best["streamed"]
@@ -531,6 +574,8 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
                              "chips": v["used"], "weights_resident": v["resident"] / weight_bytes}
                          for k, v in sorted(records.items())},
         "timing": "tvm_spinn timing model of the mapped programs (no simulation, no weights)",
+        **({"refused": dict(sorted(refused.items()))} if refused else {}),
+        **({"health": health(arch)} if arch.has_faults else {}),
         **best["meta"],
     }
     from ..timing.bounds import decode_workload, physical_bound  # TVM: not for the CLI's checks
@@ -762,11 +807,13 @@ def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host
     search (more stages only add hand-overs: a token crosses them one after another).
     ``memo``: the stages already mapped (see :func:`_map_stage`). Returns ``({name: result}`` for each candidate mapped, the hand-over cost function)."""
     from ..mapping.planner import resident_capacity
+    from ..target.faults import board_view, chain_boards, live_chips
     from ..target.topology import ring_order, topology_of
     from ..timing.collectives import point_to_point
     from ..timing.system import collective_cost
 
-    boards = arch.chips // arch.chips_per_board
+    order = chain_boards(arch)  # stage j on board order[j % boards]: the live boards, whole ones first
+    boards = len(order)
     board = arch.replace(chips=arch.chips_per_board, name=f"{arch.name}[board]")
     budget = resident_capacity(board)
     L = spec.layers
@@ -794,10 +841,14 @@ def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host
     def _handoff_now(j: int, nbytes: int, gather_bytes: int) -> float:
         # the handed-over activations are fp32 in the program; carried as ``handover`` elements
         nbytes, gather_bytes = (x * HANDOVER_BYTES[handover] // 4 for x in (nbytes, gather_bytes))
-        src = np.arange(board.chips) + (j % boards) * board.chips
-        dst = np.arange(board.chips) + ((j + 1) % boards) * board.chips
-        return (point_to_point(topo, src, dst, nbytes / board.chips).seconds
-                + (collective_cost(board_topo, ring, "all_gather", gather_bytes, False).seconds if gather_bytes else 0.0))
+        src, dst = live_chips(arch, order[j % boards]), live_chips(arch, order[(j + 1) % boards])
+        n = min(src.size, dst.size)  # a board with dead chips: its live ones, pairwise
+        there = board_view(arch, order[(j + 1) % boards])
+        there_topo = topology_of(there) if there != board else board_topo
+        there_ring = ring_order(there_topo, there_topo.live_chips().size) if there != board else ring
+        return (point_to_point(topo, src[:n], dst[:n], nbytes / n).seconds
+                + (collective_cost(there_topo, there_ring, "all_gather", gather_bytes, False).seconds
+                   if gather_bytes else 0.0))
 
     results = {}
     head_runs = _balanced(head_atoms, head_parts)
@@ -815,13 +866,20 @@ def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host
     for kind, n in options:
         steps.set_postfix_str(f"map: pipeline, {f'{n} stages per block' if kind == 's' else f'{n} blocks per stage'}")
         runs = _balanced(block_atoms, n) if kind == "s" else [block_atoms * n]
-        stages = [_map_stage([_slice(dec[i].program, a, b) for i, a, b in _merge(run)], board, host_shapes,
-                             spec.cache_slots(seq), memo=memo) for run in runs]
+        pieces = [[_slice(dec[i].program, a, b) for i, a, b in _merge(run)] for run in runs]
+        stages = [_map_stage(p, board, host_shapes, spec.cache_slots(seq), memo=memo) for p in pieces]
+        head_pieces = [[_slice(head[i].program, a, b) for i, a, b in _merge(run)] for run in head_runs]
         if head_stages is None:
-            head_stages = [_map_stage([_slice(head[i].program, a, b) for i, a, b in _merge(run)], board, host_shapes,
-                                      memo=memo) for run in head_runs]
+            head_stages = [_map_stage(p, board, host_shapes, memo=memo) for p in head_pieces]
         copies = L if kind == "s" else math.ceil(L / n)
         chain = [st for _ in range(copies) for st in stages] + head_stages
+        if arch.has_faults:  # a stage on a board with dead chips or links: mapped on that board as it is
+            from .machine import remap_on_boards
+
+            chain = remap_on_boards(chain, [p for _ in range(copies) for p in pieces] + head_pieces, arch, order,
+                                    board, lambda p, view, last: _map_stage(
+                                        p, view, host_shapes, 0 if last else spec.cache_slots(seq), memo=memo),
+                                    len(head_stages))
         results[f"pipeline:{kind}{n}"] = dict(stages=stages, head_stages=head_stages, chain=chain, kind=kind, n=n)
         steps.update()
         if kind == "s" and all(st.streamed_bytes_per_chip == 0 for st in stages + head_stages):
@@ -838,8 +896,10 @@ def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host
 
 def _pipeline_records(described: dict, spec: ModelSpec, arch, model, target, dtype: str, batch: int, seq: int,
                       kv_bytes: int, weight_bytes: int, steps, handover: str = "fp32",
-                      memo: "dict | None" = None) -> dict:
-    """The ``pipeline`` candidates (:func:`_pipeline`) as records of :func:`plan`.
+                      memo: "dict | None" = None, refused: "dict | None" = None) -> dict:
+    """The ``pipeline`` candidates (:func:`_pipeline`) as records of :func:`plan`; a candidate
+    whose stages do not hold every user's KV cache (:func:`tvm_spinn.llm.batching.stage_caches`)
+    is left out, its reason in ``refused``.
 
     Users go through the chain of stages in micro-batches of ``ceil(batch / stages)`` (one user
     each up to as many users as stages), so a batch fills the pipeline: a user's next token
@@ -860,6 +920,11 @@ def _pipeline_records(described: dict, spec: ModelSpec, arch, model, target, dty
     raw, handoff_s = _pipeline(described, spec, arch, mb, seq, host_shapes, steps, handover, memo)
     if not raw:
         return {}
+    from ..target.faults import board_view, chain_boards, live_chips
+    from .batching import stage_caches
+    from .machine import boards_used
+
+    order = chain_boards(arch)
     board = arch.replace(chips=arch.chips_per_board, name=f"{arch.name}[board]")
     pre = _map(described["prefill"], board, "auto")
     hand_pre = L * handoff_s(0, batch * seq * spec.hidden * 4)
@@ -870,12 +935,19 @@ def _pipeline_records(described: dict, spec: ModelSpec, arch, model, target, dty
         hand_in = [0.0] + [handoff_s(j, chain[j + 1].handoff_in_bytes, chain[j + 1].handoff_gather_bytes)
                            for j in range(len(chain) - 1)]
         # the token from the head's board (the chain's last) back to the first, the host's I/O
-        io = _step_io(arch, batch, seq, ((len(chain) - 1) % (arch.chips // board.chips)) * board.chips,
-                      range(board.chips))
+        first, last = (live_chips(arch, order[j % len(order)]) for j in (0, len(chain) - 1))
+        io = _step_io(arch, batch, seq, last[0], first)
         loop_s = io["token_return_s"] + io["step_sync_s"] + io["host_io_decode_s"]
-        decode_s = sum(st.latency_s for st in chain) + sum(hand_in) + loop_s
-        slowest = max(st.latency_s + h for st, h in zip(chain, hand_in))
-        period = max(decode_s, micro * slowest)
+        # every user's KV cache on every stage (micro-batches beyond the SRAM's room in DRAM)
+        stage_boards = [order[j % len(order)] for j in range(len(chain))]
+        views = {b: board_view(arch, b) if arch.has_faults else board for b in set(stage_boards)}
+        caches = stage_caches(chain, hand_in, batch, mb, [views[b] for b in stage_boards], stage_boards, arch)
+        if not caches.fits:
+            if refused is not None:
+                refused[name] = caches.message(arch.name)
+            continue
+        decode_s = sum(st.latency_s for st in chain) + sum(hand_in) + loop_s + caches.spill_decode_s
+        period = max(decode_s, caches.round_s)
         contrib = dict.fromkeys(("compute", "dram", "sram", "links"), 0.0)
         alone = dict(contrib)
         for st, h in zip(chain, hand_in):
@@ -890,10 +962,11 @@ def _pipeline_records(described: dict, spec: ModelSpec, arch, model, target, dty
         # replicated vectors (norm scales) count once per chip in a program's resident bytes;
         # the KV cache kept in SRAM is not a weight
         resident = sum(min(st.resident_bytes - st.kv_sram_bytes, st.weight_bytes) for st in chain)
-        kv_all, kv_held = sum(st.kv_bytes for st in chain), sum(st.kv_sram_bytes for st in chain)
+        kv_all, kv_held = caches.bytes, caches.sram_bytes  # every user's
         blocks = n if kind == "m" else 1
         per_block = len(r["stages"])
-        used = len(chain) * arch.chips_per_board
+        on = boards_used(arch, len(chain))
+        used = sum(live_chips(arch, b).size for b in on)
         stage_desc = (f"each of the {L} blocks split into {per_block} board stages" if kind == "s" and per_block > 1
                       else "one board per block" if kind == "s" else f"{n} blocks per board")
         out[name] = dict(
@@ -910,12 +983,15 @@ def _pipeline_records(described: dict, spec: ModelSpec, arch, model, target, dty
                          f"stage to stage on the board-to-board links; micro-batches of {mb} user(s)"),
             meta={"stages": len(chain), "boards_per_stage": 1, "stages_per_block": per_block if kind == "s" else None,
                   "blocks_per_stage": blocks, "boards_used": len(chain),
-                  "replicas": (arch.chips // arch.chips_per_board) // len(chain), "micro_batch": mb,
+                  "replicas": len(order) // len(chain), "micro_batch": mb,
+                  **({"boards": list(on)} if arch.has_faults else {}),
                   "micro_batches": micro, "chips_per_group": board.chips, "groups": len(chain),
                   "mapping_weights": "auto", "bounds_alone_s": alone,
                   "block_decode_s": sum(st.latency_s for st in r["stages"]) * (1 if kind == "s" else 1 / n),
                   "block_prefill_s": pre.latency_s, "head_decode_s": sum(st.latency_s for st in r["head_stages"]),
                   "handoff_decode_s": sum(hand_in), **io,
+                  **({"kv_cache_users": caches.users(), "largest_batch": caches.largest_batch,
+                      "kv_spill_decode_s": caches.spill_decode_s} if batch > 1 else {}),
                   "stage_plan": [{"latency_s": st.latency_s, "weight_bytes": st.weight_bytes,
                                   "resident_bytes": st.resident_bytes, "weights_in":
                                   "sram" if st.resident_bytes - st.kv_sram_bytes >= st.weight_bytes else

@@ -37,6 +37,7 @@ from ..program import Program
 from ..program.records import PlanCandidate, SystemMapping, SystemTimingSummary, TimingSummary
 from ..program.ops import family_of
 from ..target.arch import SpinnArch
+from ..target.faults import live_chips, usable_boards
 from ..target.topology import ring_order, topology_of
 from ..timing.collectives import point_to_point
 from ..timing.model import DRAM, evaluate, transfers
@@ -97,12 +98,27 @@ class _Ledger:
 
 
 def stages_of(arch: SpinnArch) -> int:
-    """Pipeline stages a system offers: its boards (one stage on part of a board)."""
+    """Pipeline stages a system offers: its boards (one stage on part of a board); with faults,
+    the boards it may use (:func:`tvm_spinn.target.faults.usable_boards`)."""
+    if arch.has_faults:
+        return len(usable_boards(arch))
     return arch.chips // arch.chips_per_board if arch.chips >= arch.chips_per_board else 1
 
 
 def stage_chips(arch: SpinnArch) -> int:
+    """Chips of a stage a shard plan may use: a board's (its live ones on a system with faults:
+    the first usable board's, which :func:`~tvm_spinn.target.topology.ring_order` groups)."""
+    if arch.has_faults:
+        return int(live_chips(arch, usable_boards(arch)[0]).size)
     return min(arch.chips, arch.chips_per_board)
+
+
+def _stage_ranks(arch: SpinnArch, stage: int, count: int) -> np.ndarray:
+    """The first ``count`` chips of pipeline stage ``stage`` (its board's live chips)."""
+    if not arch.has_faults:
+        return np.arange(count) % arch.chips + (stage * arch.chips_per_board) % arch.chips
+    boards = usable_boards(arch)
+    return live_chips(arch, boards[stage % len(boards)])[:count]
 
 
 def _chip_arch(arch: SpinnArch) -> SpinnArch:
@@ -440,8 +456,10 @@ def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState
             ledger.stage += 1
             ledger.sram[:] = 0
             ledger.dram = 0
-            src = np.arange(best[0].tp * best[0].sp) % arch.chips + ((ledger.stage - 1) * arch.chips_per_board) % arch.chips
-            dst = (src + arch.chips_per_board) % arch.chips
+            src = _stage_ranks(arch, ledger.stage - 1, best[0].tp * best[0].sp)
+            dst = (src + arch.chips_per_board) % arch.chips if not arch.has_faults else \
+                _stage_ranks(arch, ledger.stage, src.size)
+            src = src[:dst.size]
             in_bytes = sum(program.tensors[t].nbytes for t in program.inputs) / max(1, best[0].tp * best[0].sp)
             handoff = point_to_point(topo, src, dst, in_bytes) if not np.array_equal(src, dst) else None
     if best is None:

@@ -57,7 +57,7 @@ import types
 from dataclasses import dataclass, field, fields
 from typing import Mapping
 
-__all__ = ["SpinnArch", "ArchError", "make_system", "CHIPS", "AssumedRange", "ASSUMPTION_RANGES"]
+__all__ = ["SpinnArch", "ArchError", "make_system", "CHIPS", "AssumedRange", "ASSUMPTION_RANGES", "FAULT_FIELDS"]
 
 
 class ArchError(ValueError):
@@ -232,6 +232,26 @@ class SpinnArch:
         Assumption: one-way latency of a small message between the host and a board (a UDP
         datagram through the host's network stack, its NIC and the board's Ethernet
         interface): 20 us.
+    dead_chips : tuple of int
+        Chips (ids ``0 .. chips - 1``) that do not work: they hold no work and their routers
+        forward nothing. Empty for a healthy system.
+    dead_links : tuple of (int, int)
+        Chip-to-chip links that do not work, each as ``(chip, direction)``: the link leaving
+        ``chip`` in ``direction`` (0 E, 1 NE, 2 N, 3 W, 4 SW, 5 S, the numbering of
+        :mod:`tvm_spinn.target.topology`); dead both ways.
+    dead_board_links : tuple of (int, int)
+        Board edges whose serial link(s) do not work, each as ``(board, edge)`` (edges 0-5 in
+        the order of :mod:`tvm_spinn.target.topology`'s edge groups): every chip-to-chip link
+        that crosses that edge is dead both ways.
+    dead_boards : tuple of int
+        Boards (ids ``0 .. boards - 1``) that do not work: all their chips are dead.
+    allocated_boards : tuple of int
+        The boards of this machine the system may use (a partial allocation of a larger
+        machine, e.g. ``tuple(range(24))`` of ``spinn/cloud``); the others are someone else's:
+        nothing is placed on them and no route crosses them. Empty: every board. The five
+        fault fields are kept sorted and free of duplicates (any sequence is accepted);
+        :mod:`tvm_spinn.target.faults` derives the live hardware from them, and the link graph
+        (:func:`tvm_spinn.target.topology.topology_of`) routes around what they name.
     """
 
     name: str = "spinn2-chip"
@@ -297,6 +317,13 @@ class SpinnArch:
     # The exp/log unit's pipeline fill (read by the instruction-set simulator only); left out of
     # to_dict() at its default like the timing fields.
     exp_unit_latency_cycles: int = 7  # [OJCAS26], assumption (see the docstring)
+    # Faults and the allocation (read by tvm_spinn.target.faults and the link graph); left out
+    # of to_dict() while empty, like the topology fields.
+    dead_chips: tuple = ()
+    dead_links: tuple = ()
+    dead_board_links: tuple = ()
+    dead_boards: tuple = ()
+    allocated_boards: tuple = ()
 
     def __post_init__(self) -> None:
         positive_ints = (
@@ -361,6 +388,49 @@ class SpinnArch:
                 f"SpinnArch.chips ({self.chips}) must be at most chips_per_board "
                 f"({self.chips_per_board}) or a whole number of boards (a multiple of it)"
             )
+        self._check_faults()
+
+    def _check_faults(self) -> None:
+        """Normalize the fault fields (sorted tuples, no duplicates) and refuse ids out of range
+        or a description that leaves no chip to use (the message names the field)."""
+
+        def index(name: str, value, limit: int, what: str) -> int:
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or not 0 <= value < limit:
+                raise ArchError(f"SpinnArch.{name}: {what} must be an integer in [0, {limit}), got {value!r}")
+            return int(value)
+
+        if not any(getattr(self, name) for name in FAULT_FIELDS):
+            return  # a healthy, whole system (the default)
+        boards = self.boards
+        for name, limit, what in (("dead_chips", self.chips, "a chip id"), ("dead_boards", boards, "a board id"),
+                                  ("allocated_boards", boards, "a board id")):
+            value = getattr(self, name)
+            if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+                raise ArchError(f"SpinnArch.{name} must be a sequence of ids, got {value!r}")
+            object.__setattr__(self, name, tuple(sorted({index(name, v, limit, what) for v in value})))
+        for name, limit, second, what in (("dead_links", self.chips, self.links_per_chip, "(chip, direction)"),
+                                          ("dead_board_links", boards, 6, "(board, edge)")):
+            value = getattr(self, name)
+            if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+                raise ArchError(f"SpinnArch.{name} must be a sequence of {what} pairs, got {value!r}")
+            pairs = set()
+            for pair in value:
+                if isinstance(pair, (str, bytes)) or not hasattr(pair, "__len__") or len(pair) != 2:
+                    raise ArchError(f"SpinnArch.{name}: each entry must be a {what} pair, got {pair!r}")
+                pairs.add((index(name, pair[0], limit, what.strip("()").split(", ")[0]),
+                           index(name, pair[1], second, what.strip("()").split(", ")[1])))
+            object.__setattr__(self, name, tuple(sorted(pairs)))
+        if self.dead_board_links and boards < 2:
+            raise ArchError(f"SpinnArch.dead_board_links: a system of one board has no board-to-board links, "
+                            f"got {self.dead_board_links}")
+        usable = set(self.allocated_boards or range(boards)) - set(self.dead_boards)
+        per_board = min(self.chips, self.chips_per_board)
+        live = len(usable) * per_board - sum(1 for c in self.dead_chips if c // self.chips_per_board in usable)
+        if not live:
+            raise ArchError(
+                f"SpinnArch.dead_chips / dead_boards / allocated_boards leave no chip to use (allocated boards "
+                f"{list(self.allocated_boards) or 'all'}, dead boards {list(self.dead_boards)}, "
+                f"{len(self.dead_chips)} dead chip(s))")
 
     def _check_consistency(self) -> None:
         """Numbers that are each valid but contradict one another (the message names both)."""
@@ -481,11 +551,25 @@ class SpinnArch:
         raise ArchError(f"payload_bw: link must be 'chip', 'board_chip' or 'board_pair', got {link!r}")
 
     def replace(self, **changes) -> "SpinnArch":
-        """Return a copy with some fields changed (validated)."""
+        """Return a copy with some fields changed (validated).
+
+        A different ``chips`` describes another system (e.g. one board of this one, or one chip
+        as a template): the fault fields, whose ids are this system's, are then left empty
+        unless given too (see :func:`tvm_spinn.target.faults.board_view` for one board of a
+        faulty system with its own faults).
+        """
         unknown = sorted(set(changes) - {f.name for f in fields(self)})
         if unknown:
             raise ArchError(f"unknown SpinnArch field(s) {unknown}")
+        if "chips" in changes and changes["chips"] != self.chips:
+            for name in FAULT_FIELDS:
+                changes.setdefault(name, ())
         return dataclasses.replace(self, **changes)
+
+    @property
+    def has_faults(self) -> bool:
+        """Whether any fault field is set (dead hardware, or a partial allocation)."""
+        return any(getattr(self, name) for name in FAULT_FIELDS)
 
     def to_dict(self) -> dict:
         """Plain-dict form, stable key order (serialized into every spinn program).
@@ -523,7 +607,9 @@ _CHAIN_FIELDS = frozenset({"m4f_chain_cycles", "m4f_chain_registers"})
 #: The timing model's interconnect, synchronisation and set-up fields; omitted at their defaults.
 _TIMING_FIELDS = frozenset({"noc_link_bytes_per_cycle", "sync_packet_cycles", "irq_entry_cycles",
                             "task_descriptor_words", "exp_unit_latency_cycles"})
-_DEFAULTED_FIELDS = _TOPOLOGY_FIELDS | _HOST_FIELDS | _CHAIN_FIELDS | _TIMING_FIELDS
+#: The faults and the allocation (:attr:`SpinnArch.dead_chips` ...); omitted while empty.
+FAULT_FIELDS = ("dead_chips", "dead_links", "dead_board_links", "dead_boards", "allocated_boards")
+_DEFAULTED_FIELDS = _TOPOLOGY_FIELDS | _HOST_FIELDS | _CHAIN_FIELDS | _TIMING_FIELDS | frozenset(FAULT_FIELDS)
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,9 @@ def register_system(arch: SpinnArch, tag: str | None = None, fallback: str = "ll
     Parameters
     ----------
     arch : SpinnArch
-        The system description (see :func:`tvm_spinn.make_system`).
+        The system description (see :func:`tvm_spinn.make_system`); its fault fields
+        (``dead_boards``, ``allocated_boards``...) describe a machine as it is, e.g.
+        ``arch_of("spinn/cloud").replace(name="cloud-part", allocated_boards=range(24), dead_boards=(3,))``.
     tag : str, optional
         Target tag to register; defaults to ``"spinn/<arch.name>"``.
     fallback : {"llvm", "cuda"}
@@ -101,6 +103,10 @@ def register_system(arch: SpinnArch, tag: str | None = None, fallback: str = "ll
         raise ArchError(f"fallback must be 'llvm' or 'cuda', got {fallback!r}")
     tag = tag or f"spinn/{arch.name}"
     arch = arch.replace(host_fallback=fallback)
+    if arch.has_faults:  # dead links that lead nowhere, live chips cut apart: refused here
+        from .topology import topology_of
+
+        topology_of(arch)
     host = _host_config(host_mcpu)
     if fallback == "llvm":
         config = dict(host, keys=["spinn", "cpu"], model=arch.name)

@@ -33,6 +33,14 @@ j by V``, ``i, j in {-1, 0, 1}``, ties to the first in a fixed order), then dime
 diagonal (NE/SW) hops first when both components share a sign, then E/W, then N/S. On the
 triangular lattice that path is a shortest one, and inside a convex hexagon it never leaves it.
 
+Faults (:attr:`~SpinnArch.dead_chips`, ``dead_links``, ``dead_board_links``, ``dead_boards`` and
+``allocated_boards``): a dead link, every link of a dead board edge, and every link of a dead chip
+or of a board outside the allocation are taken out of the graph (``neighbors`` -1 both ways). A
+route that the rule above sends over one of them takes instead a shortest path on the live links
+(breadth-first, the first shortest path in link-id order, so routes stay deterministic); every
+other route is the healthy one. Live chips that the faults cut apart are refused
+(:class:`~tvm_spinn.target.arch.ArchError` naming the fields); so is a transfer from or to a dead chip.
+
 Costs: a *set of concurrent transfers* loads each directed link with the bytes of the routes
 through it (links are full duplex: each direction is its own link); its time is
 ``max over links and edge groups (bytes / bandwidth) + max over transfers (sum of the hop
@@ -49,7 +57,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .arch import ArchError, SpinnArch
+from .arch import FAULT_FIELDS, ArchError, SpinnArch
 
 __all__ = [
     "BOARD_CHIPS", "DIRECTIONS", "DIRECTION_NAMES", "Topology", "TransferCost", "board_grid",
@@ -61,6 +69,8 @@ DIRECTIONS = np.array([(1, 0), (1, 1), (0, 1), (-1, 0), (-1, -1), (0, -1)], dtyp
 DIRECTION_NAMES = ("E", "NE", "N", "W", "SW", "S")
 #: Chips on a board in the SpiNN-5 layout [SpiNNMachine-248].
 BOARD_CHIPS = 48
+#: Breadth-first trees (one per source of a detoured route) a faulty graph keeps at most
+DETOUR_TREES = 512
 _U = np.array([8, 4], dtype=np.int64)
 _V = np.array([4, 8], dtype=np.int64)
 _E, _NE, _N, _W, _SW, _S = range(6)
@@ -190,6 +200,9 @@ class Topology:
         the serial links its board edge shares), -1 for an on-board link.
     group_bw : numpy.ndarray
         ``(boards * 6,)`` bytes/s of each edge group's serial links together.
+    live : numpy.ndarray or None
+        ``(nodes,)`` bool: the routers that work and may be used (None: all of them, a healthy
+        system). Dead links are -1 in ``neighbors``.
     """
 
     chips: int
@@ -207,6 +220,17 @@ class Topology:
     #: Costs computed on this graph (:mod:`tvm_spinn.timing`: collectives, multicast trees),
     #: keyed by the values they depend on; they live and die with the graph.
     memo: dict = field(default_factory=dict, repr=False, compare=False)
+    live: "np.ndarray | None" = field(default=None, repr=False, compare=False)
+
+    @property
+    def faulty(self) -> bool:
+        """Whether some chip or link of the graph is out (see the module docstring)."""
+        return self.live is not None
+
+    def live_chips(self) -> np.ndarray:
+        """Ids of the chips that work (all ``0 .. chips - 1`` on a healthy system)."""
+        ids = np.arange(self.chips, dtype=np.int64)
+        return ids if self.live is None else ids[self.live[:self.chips]]
 
     # Lookups --------------------------------------------------------------------------------
     def node_at(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -254,6 +278,9 @@ class Topology:
         chips = np.asarray(chips, dtype=np.int64).reshape(-1)
         if chips.size and (chips.min() < 0 or chips.max() >= self.chips):
             raise ArchError(f"{what}: chip ids must be in [0, {self.chips}), got {chips.min()}..{chips.max()}")
+        if self.live is not None and chips.size and not self.live[chips].all():
+            dead = sorted(set(chips[~self.live[chips]].tolist()))
+            raise ArchError(f"{what}: chip(s) {dead[:8]} are dead or outside the allocation")
         return chips
 
     def link_seconds(self, load: np.ndarray, links: "np.ndarray | None" = None) -> float:
@@ -326,6 +353,9 @@ class Topology:
         numpy.ndarray
             Hops per transfer, from the closed form on the triangular lattice (no search).
         """
+        if self.live is not None:  # routes around dead links may be longer than the closed form
+            transfer, _ = self.route_links(src, dst)
+            return np.bincount(transfer, minlength=np.asarray(src).size).astype(np.int64)
         vx, vy = self.displacement(src, dst)
         return _hex_norm(vx, vy)
 
@@ -356,17 +386,62 @@ class Topology:
         cur = src.copy()
         out_t, out_l = [], []
         index = np.arange(len(src))
+        blocked = np.zeros(len(src), dtype=bool)
         for step in range(int(hops.max()) if len(hops) else 0):
-            act = index[step < hops]
+            act = index[(step < hops) & ~blocked]
             direction = np.where(step < ends1[act], d1[act], np.where(step < ends2[act], d2[act], d3[act]))
             out_t.append(act)
             out_l.append(cur[act] * 6 + direction)
-            cur[act] = self.neighbors[cur[act], direction]
+            nxt = self.neighbors[cur[act], direction]
+            if self.live is not None:  # a dead link on the way: that transfer takes a detour
+                cut = nxt < 0
+                blocked[act[cut]] = True
+                nxt = np.where(cut, cur[act], nxt)
+            cur[act] = nxt
+        if blocked.any():
+            keep = [~blocked[t] for t in out_t]
+            out_t = [t[k] for t, k in zip(out_t, keep)]
+            out_l = [link[k] for link, k in zip(out_l, keep)]
+            for t in np.flatnonzero(blocked):
+                links = self._detour(int(src[t]), int(dst[t]))
+                out_t.append(np.full(links.size, t, dtype=np.int64))
+                out_l.append(links)
+                cur[t] = dst[t]
         if not np.array_equal(cur, dst):  # an invariant of the wiring, not an input error
             raise AssertionError("a route left the link graph")
         if not out_t:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         return np.concatenate(out_t), np.concatenate(out_l)
+
+    def _detour(self, src: int, dst: int) -> np.ndarray:
+        """Link ids of a shortest path from ``src`` to ``dst`` on the live links (a breadth-first
+        tree from ``src`` over the live graph in link order), the trees memoized per source."""
+        from scipy.sparse import csr_matrix
+        from scipy.sparse.csgraph import breadth_first_order
+
+        if ("live_graph",) not in self.memo:
+            flat = self.neighbors.reshape(-1)
+            ok = flat >= 0
+            rows = np.repeat(np.arange(self.nodes), 6)[ok]
+            self.memo[("live_graph",)] = csr_matrix((np.ones(rows.size), (rows, flat[ok])),
+                                                    shape=(self.nodes, self.nodes))
+        key = ("detour_tree", src)
+        if key not in self.memo:
+            trees = [k for k in self.memo if k[0] == "detour_tree"]
+            for old in trees[:max(0, len(trees) - DETOUR_TREES + 1)]:  # bounded: oldest go first
+                del self.memo[old]
+            _, pred = breadth_first_order(self.memo[("live_graph",)], src, directed=True, return_predecessors=True)
+            self.memo[key] = pred
+        pred = self.memo[key]
+        path = []
+        node = dst
+        while node != src:
+            p = int(pred[node])
+            if p < 0:
+                raise ArchError(f"no live route from chip {src} to chip {dst}: the faults cut them apart")
+            path.append(p * 6 + int(np.flatnonzero(self.neighbors[p] == node)[0]))
+            node = p
+        return np.array(path[::-1], dtype=np.int64)
 
     def route(self, src: int, dst: int) -> list[tuple[int, str]]:
         """The route of one transfer as ``(node, direction name)`` hops (for reports and tests)."""
@@ -432,7 +507,7 @@ _EDGES = ((1, 0), (0, 1), (-1, 1), (-1, 0), (0, -1), (1, -1))
 
 
 def _build(chips: int, link_bw: float, board_bw: float, group_bw: float, hop_s: float,
-           board_hop_s: float) -> Topology:
+           board_hop_s: float, faults: tuple = ((), (), (), (), ())) -> Topology:
     boards = max(1, chips // BOARD_CHIPS)
     grid = board_grid(boards)
     wrap = boards > 1
@@ -467,18 +542,62 @@ def _build(chips: int, link_bw: float, board_bw: float, group_bw: float, hop_s: 
                     dtype=np.int64)
     node_of_link = np.nonzero(topo.board_link)[0]
     topo.link_group.reshape(nodes, 6)[topo.board_link] = board[node_of_link] * 6 + edge
+    if any(faults):
+        object.__setattr__(topo, "live", _take_out(topo, *faults))
     for array in (topo.pos, topo.neighbors, topo.board_link, topo.link_bw, topo.link_hop_s, topo.link_group,
-                  topo.group_bw):
+                  topo.group_bw) + ((topo.live,) if topo.live is not None else ()):
         array.flags.writeable = False  # shared through the cache
     return topo
+
+
+def _take_out(topo: Topology, dead_chips, dead_links, dead_board_links, dead_boards, allocated) -> np.ndarray:
+    """Take the faults out of ``topo``'s links (``neighbors`` -1 both ways) and return its live
+    routers; refuses a dead link that leads nowhere and live chips cut apart."""
+    nodes, nb = topo.nodes, topo.neighbors
+    board = np.arange(nodes) // BOARD_CHIPS
+    live = np.ones(nodes, dtype=bool)
+    live[list(dead_chips)] = False
+    live[np.isin(board, list(dead_boards))] = False
+    if allocated:
+        live[~np.isin(board, list(allocated))] = False
+    dead = np.zeros((nodes, 6), dtype=bool)
+    for chip, direction in dead_links:
+        if nb[chip, direction] < 0:
+            raise ArchError(f"SpinnArch.dead_links: chip {chip}'s link {direction} ({DIRECTION_NAMES[direction]}) "
+                            f"leads nowhere on this system")
+        dead[chip, direction] = True
+    for b, e in dead_board_links:
+        dead.reshape(-1)[topo.link_group == b * 6 + e] = True
+    # both ways: the link arriving over a dead one's wire
+    src, d = np.nonzero(dead)
+    dead[nb[src, d], (d + 3) % 6] = True
+    connected = nb >= 0
+    dead |= connected & (~live[:, None] | ~live[np.where(connected, nb, 0)])
+    nb[dead] = -1
+    # every live chip must reach every other one over live links
+    chips = np.flatnonzero(live[:topo.chips])
+    rows = np.repeat(np.arange(nodes), 6)[nb.reshape(-1) >= 0]
+    cols = nb.reshape(-1)[nb.reshape(-1) >= 0]
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    _, label = connected_components(coo_matrix((np.ones(rows.size), (rows, cols)), shape=(nodes, nodes)),
+                                    directed=False)
+    parts = np.unique(label[chips])
+    if parts.size > 1:
+        cut = chips[label[chips] != label[chips[0]]]
+        raise ArchError(
+            f"SpinnArch.dead_links / dead_board_links / dead_chips / dead_boards / allocated_boards cut the live "
+            f"chips into {parts.size} parts: chip {int(cut[0])} cannot reach chip {int(chips[0])}")
+    return live
 
 
 # A pure memo (the graph is a function of these numbers; its own memo holds only values derived
 # from it): state-free in effect.
 @functools.lru_cache(maxsize=8)
 def _cached(chips: int, link_bw: float, board_bw: float, group_bw: float, hop_s: float,
-            board_hop_s: float) -> Topology:
-    return _build(chips, link_bw, board_bw, group_bw, hop_s, board_hop_s)
+            board_hop_s: float, faults: tuple = ((), (), (), (), ())) -> Topology:
+    return _build(chips, link_bw, board_bw, group_bw, hop_s, board_hop_s, faults)
 
 
 def topology_of(arch: SpinnArch) -> Topology:
@@ -497,7 +616,8 @@ def topology_of(arch: SpinnArch) -> Topology:
     Raises
     ------
     ArchError
-        If the board is not the 48-chip, 6-link layout this wiring describes (naming the field).
+        If the board is not the 48-chip, 6-link layout this wiring describes, a dead link leads
+        nowhere, or the faults cut the live chips apart (naming the field).
     """
     if arch.chips_per_board != BOARD_CHIPS:
         raise ArchError(
@@ -506,10 +626,11 @@ def topology_of(arch: SpinnArch) -> Topology:
         )
     if arch.links_per_chip != 6:
         raise ArchError(f"SpinnArch.links_per_chip must be 6 for the link graph, got {arch.links_per_chip}")
-    return _cached(
-        arch.chips, float(arch.payload_bw("chip")), float(arch.payload_bw("board_chip")),
-        float(arch.payload_bw("board_pair")), float(arch.link_hop_s), float(arch.board_link_hop_s),
-    )
+    numbers = (arch.chips, float(arch.payload_bw("chip")), float(arch.payload_bw("board_chip")),
+               float(arch.payload_bw("board_pair")), float(arch.link_hop_s), float(arch.board_link_hop_s))
+    if arch.has_faults:
+        return _cached(*numbers, tuple(getattr(arch, name) for name in FAULT_FIELDS))
+    return _cached(*numbers)
 
 
 def _adjacent(topo: Topology, a: int, b: int) -> bool:
@@ -580,7 +701,7 @@ def _ring(topo: Topology, count: int) -> tuple:
 
 
 def _find_ring(topo: Topology, count: int) -> tuple:
-    chips = np.arange(count, dtype=np.int64)
+    chips = np.arange(count, dtype=np.int64) if topo.live is None else topo.live_chips()[:count]
     if count <= 2:
         return tuple(chips.tolist())
     for order in (_comb(topo, chips), _search(topo, chips)):
@@ -593,7 +714,7 @@ def ring_order(topo: Topology, count: int) -> np.ndarray:
     """Chips ``0 .. count - 1`` (a tensor-parallel group on one board) in the order of a cycle
     of one-hop links when one exists (a whole board has one), else in id order (which is a
     path of one-hop links on a board: the layout numbers its chips row by row, alternating
-    direction).
+    direction). On a system with faults: the first ``count`` live chips instead.
 
     A ring collective over the group sends each step to the neighbours in this order, so each
     step crosses one link; the chain all-reduce follows the same order (a path). The ranks'
@@ -611,6 +732,7 @@ def ring_order(topo: Topology, count: int) -> np.ndarray:
         ``count`` distinct chip ids.
     """
     count = int(count)
-    if count < 1 or count > topo.chips:
-        raise ValueError(f"count must be in [1, {topo.chips}], got {count}")
+    usable = topo.chips if topo.live is None else int(topo.live[:topo.chips].sum())
+    if count < 1 or count > usable:
+        raise ValueError(f"count must be in [1, {usable}] (the live chips), got {count}")
     return np.asarray(_ring(topo, count), dtype=np.int64)
