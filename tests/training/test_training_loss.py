@@ -117,6 +117,33 @@ def test_layer_tiles_give_the_kernels_bits(kind, out, attrs):
             assert np.asarray(got).tobytes() == want.tobytes(), (system, mode)
 
 
+@pytest.mark.parametrize("kind,out,attrs", [("cross_entropy", lambda r, c: (r,), {"ignore_index": 2}),
+                                            ("cross_entropy_backward", lambda r, c: (r, c), {"divisor": 3.0})])
+def test_native_plan_gives_the_python_steps_bits(kind, out, attrs, monkeypatch):
+    """The layer as one instruction of the simulator's native plan (src/sim_plan.cc) and as the
+    Python step (``TVM_SPINN_SIM_NATIVE=0``): the same bits; a bad label is a ValueError there too."""
+    from tvm_spinn.runtime import simulator
+
+    rng = np.random.default_rng(4)
+    z = _logits(rng, 9, 17)
+    z[3, 5] = np.nan
+    t = rng.integers(0, 17, 9).astype(np.int32)
+    t[1] = 2
+    program = _one_layer(kind, z.shape, out(9, 17), attrs)
+    outs = []
+    for flag in ("1", "0"):
+        monkeypatch.setenv("TVM_SPINN_SIM_NATIVE", flag)
+        program.plans.clear()
+        plan = simulator.program_plan(program)
+        assert plan.native_layers == (1 if flag == "1" else 0)
+        outs.append(plan.run(program, [z, t])[0])
+        bad = t.copy()
+        bad[4] = 17
+        with pytest.raises(ValueError, match="label 17 of row 4 is out of range for 17 classes"):
+            plan.run(program, [z, bad])
+    assert outs[0].tobytes() == outs[1].tobytes()
+
+
 @pytest.mark.parametrize("kind,out,attrs,message", [
     ("cross_entropy", (4, 5), {"ignore_index": -100}, r"layers\[0\]\.output.*shape \[4, 5\], expected \[4\]"),
     ("cross_entropy_backward", (4, 5), {"divisor": 0.0}, r"layers\[0\]\.attrs\.divisor"),

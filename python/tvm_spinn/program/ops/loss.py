@@ -37,6 +37,7 @@ import numpy as np
 from ... import _lib
 from ..checks import check_int, check_num, fail
 from ..model import Layer
+from . import native
 from .base import ComputedFlat, ceil_div, register, working_budget
 from .sharding import REPLICATE, ShardDecision, ShardingRule, shard
 
@@ -204,6 +205,19 @@ class CrossEntropy(ComputedFlat):
         return _row_bytes(classes) * rows, in_bytes, 0, out_bytes, cycles
 
     # -- functional simulator -----------------------------------------------------------------
+    def native(self, program, layer, nb, clip=None):
+        """One ``cross_entropy`` / ``cross_entropy_grad`` instruction: the kernels of
+        :meth:`values` (labels range-checked when the plan runs)."""
+        z, t = layer.inputs
+        rows, classes = (int(d) for d in program.tensors[z].shape)
+        if layer.kind == "cross_entropy":
+            nb.emit("cross_entropy", nb.read(z), nb.read(t), nb.write(layer.output), rows, classes,
+                    int(layer.attrs["ignore_index"]))
+        else:
+            nb.emit("cross_entropy_grad", nb.read(z), nb.read(t), nb.write(layer.output), rows, classes,
+                    native.f32_bits(_F32(layer.attrs["divisor"])))
+        return True
+
     def values(self, layer: Layer, env) -> np.ndarray:
         z, t = (env[tid] for tid in layer.inputs)
         if layer.kind == "cross_entropy":
