@@ -117,6 +117,45 @@ def test_layer_tiles_give_the_kernels_bits(kind, out, attrs):
             assert np.asarray(got).tobytes() == want.tobytes(), (system, mode)
 
 
+@pytest.mark.parametrize("kind,out,attrs", [("cross_entropy", lambda r, c: (r,), {"ignore_index": -100}),
+                                            ("cross_entropy_backward", lambda r, c: (r, c), {"divisor": 6.0})])
+def test_a_vocabulary_row_streams_through_one_pe(kind, out, attrs):
+    """A row too long for a PE's working SRAM (GPT-2's 50,257 logits) is one streamed row per
+    tile: its SRAM is one chunk, its logits read in 2 (forward) or 3 (backward) passes; the
+    mapped layer gives the kernel's bits."""
+    from tvm_spinn.mapping import map_program
+    from tvm_spinn.program.ops import family_of
+    from tvm_spinn.program.ops.base import working_budget
+    from tvm_spinn.program.ops.loss import STREAM_CHUNK
+    from tvm_spinn.program.tiles import layer_tiles
+
+    rows, classes = 6, 50257
+    arch = make_system()
+    program = map_program(_one_layer(kind, (rows, classes), out(rows, classes), attrs, arch), arch)
+    layer = program.layers[0]
+    family = family_of(kind)
+    assert 8 * classes > working_budget(arch) >= family.smallest_tile_bytes(program, layer, arch)
+    tiles = list(layer_tiles(program, 0))
+    assert len(tiles) == rows  # one row per tile
+    lo = np.array([t.region[0][0] for t in tiles])[:, None]
+    hi = np.array([t.region[0][1] for t in tiles])[:, None]
+    sram, in_bytes, _, _, _ = family.tile_costs(program, layer, arch, layer_tiles_shape(program), lo, hi)
+    assert np.all(np.asarray(sram) <= working_budget(arch))
+    passes = 2 if kind == "cross_entropy" else 3
+    assert np.all(np.asarray(in_bytes) == passes * 4 * classes + 4)
+    rng = np.random.default_rng(6)
+    z = _logits(rng, rows, classes)
+    t = rng.integers(0, classes, rows).astype(np.int32)
+    want = cross_entropy_rows(z, t) if kind == "cross_entropy" else cross_entropy_grad(z, t, 6.0)
+    (got,) = run_program(program, [z, t], mode="tiles")
+    assert np.asarray(got).tobytes() == want.tobytes()
+    assert STREAM_CHUNK < classes
+
+
+def layer_tiles_shape(program):
+    return list(program.mapping.layers[0].tile)
+
+
 @pytest.mark.parametrize("kind,out,attrs", [("cross_entropy", lambda r, c: (r,), {"ignore_index": 2}),
                                             ("cross_entropy_backward", lambda r, c: (r, c), {"divisor": 3.0})])
 def test_native_plan_gives_the_python_steps_bits(kind, out, attrs, monkeypatch):
@@ -215,3 +254,32 @@ def test_mse_forward_mean_runs_on_the_pes_and_matches_pytorch():
     assert [board.step(a, b) for a, b in batches] == losses
     for name, value in chip.parameters().items():
         assert board.parameters()[name].tobytes() == value.tobytes(), name
+
+
+def test_a_vocabulary_sized_loss_partitions_onto_the_pes():
+    """The graph form of a language model's loss (GPT-2's 50,257 classes): both loss layers are
+    offloaded (a row streams through a PE), only the labels' cast and the 0-d reshape stay."""
+    import tvm
+    from tvm import relax
+
+    from tvm_spinn.training.graph import loss_on_pes
+
+    rows, classes = 4, 50257
+    bb = relax.BlockBuilder()
+    z = relax.Var("z", relax.TensorType((rows, classes), "float32"))
+    t = relax.Var("t", relax.TensorType((rows,), "int64"))
+    with bb.function("main", [z, t]):
+        with bb.dataflow():
+            loss = bb.emit(relax.op.nn.nll_loss(relax.op.nn.log_softmax(z), t))
+            out = bb.emit_output(loss)
+        bb.emit_func_output(out)
+    mod = loss_on_pes(bb.get())
+    summary = tvm_spinn.summarize_partition(tvm_spinn.partition_for_spinn(mod, "spinn"))
+    assert summary.offloaded_ops == {"spinn.cross_entropy": 1, "spinn.mean": 1}
+    assert dict(summary.fallback_ops) == {"relax.astype": 1, "relax.reshape": 1}
+    x = np.random.default_rng(7).standard_normal((rows, classes)).astype(_F32)
+    y = np.array([0, 50256, 17, 300], np.int64)
+    vm = relax.VirtualMachine(relax.build(mod, target="spinn"), tvm.cpu())
+    got = float(vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(y)).numpy())
+    ref = torch.nn.functional.cross_entropy(torch.from_numpy(x).double(), torch.from_numpy(y)).item()
+    assert abs(got - ref) < 1e-5

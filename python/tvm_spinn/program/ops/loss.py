@@ -24,8 +24,11 @@ in the forward): anything else is a ValueError naming the label and the row.
 
 The cost: per element of the logits a subtract, the exp model, a compare (the max) and an add
 (the sum), plus the log per row (forward) or a divide, a subtract and a divide per element
-(backward); a row is whole on one PE, so its SRAM is the row of logits in and out,
-double-buffered.
+(backward). A row is whole on one PE: rows that fit the working SRAM stay resident (the row of
+logits in, and out for the backward, double-buffered), each read once; a longer row (a
+language model's vocabulary: GPT-2's 50,257 logits are 201 KB) is streamed through the PE in
+chunks of :data:`STREAM_CHUNK` logits, once for the max and once for the sum (and once more
+for the backward's output), so its DRAM reads are two (three) passes over the row.
 """
 
 from __future__ import annotations
@@ -45,11 +48,16 @@ __all__ = ["CrossEntropy", "cross_entropy_rows", "cross_entropy_grad", "LossShar
 
 _F32 = np.float32
 #: M4F operations per logit of the forward (subtract, exp model ~12 operations, compare, add)
-#: and of the backward (the same plus a divide, a subtract and a divide): an assumption counted
-#: from the kernel's operations (Cephes expf: a reduction, a degree-6 polynomial and a scale).
-_FORWARD_OPS, _BACKWARD_OPS = 15.0, 18.0
+#: and of the backward (the same, then the subtract and the exp model again for the output, a
+#: divide, a subtract and a divide): an assumption counted from the kernel's operations
+#: (Cephes expf: a reduction, a degree-6 polynomial and a scale).
+_FORWARD_OPS, _BACKWARD_OPS = 15.0, 31.0
 #: M4F operations of the log model (a frexp, a degree-8 polynomial, the ln 2 terms), per row.
 _LOG_OPS = 25.0
+#: Logits per DMA chunk of a row streamed through a PE (a row too long for the working SRAM):
+#: 4 KB of fp32, double-buffered in and out (an assumption: the DMA's block size, the same
+#: order as the GEMM tiles' k chunks).
+STREAM_CHUNK = 1024
 
 
 def _labels(labels: np.ndarray) -> np.ndarray:
@@ -113,7 +121,7 @@ class CrossEntropy(ComputedFlat):
             return kit.refuse(op, root, f"logits {z} and labels {t} (need [rows, classes] and [rows])")
         if int(softmax_call.attrs.axis) not in (-1, 1):
             return kit.refuse(op, root, f"softmax over axis {int(softmax_call.attrs.axis)} (need the classes)")
-        return kit.check_fits(op, root, _row_bytes(z[1]), f"a row of {z[1]} classes")
+        return kit.check_fits(op, root, _row_bytes(min(z[1], STREAM_CHUNK)), f"a chunk of a row of {z[1]} classes")
 
     def _check_forward(self, kit, op: str, ctx) -> bool:
         root = ctx.annotated_expr["root"]
@@ -175,16 +183,25 @@ class CrossEntropy(ComputedFlat):
         return int(program.tensors[layer.inputs[0]].shape[1])
 
     def smallest_tile_bytes(self, program, layer, arch):
-        return _row_bytes(self._classes(program, layer))
+        return _row_bytes(min(self._classes(program, layer), STREAM_CHUNK))
 
     def choose_tile(self, program, layer, arch, pes, naive):
         """Whole rows per tile (the forward's output elements are rows; the backward's tiles
-        are runs of whole rows of its output), spread over the PEs within the working SRAM."""
+        are runs of whole rows of its output), spread over the PEs within the working SRAM (one
+        streamed row per tile where a row does not fit it)."""
         classes = self._classes(program, layer)
         rows = int(program.tensors[layer.inputs[0]].shape[0])
         cap = max(1, working_budget(arch) // _row_bytes(classes))
         per = max(1, min(cap, ceil_div(rows, pes)))
         return [per if layer.kind == "cross_entropy" else per * classes]
+
+    @staticmethod
+    def _passes(layer, classes: int, arch) -> tuple[int, int]:
+        """(reads of each logit, SRAM bytes per row): 1 and the row where it fits the working
+        SRAM, else the streamed passes and one chunk."""
+        if _row_bytes(classes) <= working_budget(arch):
+            return 1, _row_bytes(classes)
+        return (2 if layer.kind == "cross_entropy" else 3), 0
 
     def cycles_per_element(self, layer, arch):
         raise NotImplementedError  # tile_costs below prices whole rows
@@ -201,8 +218,10 @@ class CrossEntropy(ComputedFlat):
         else:
             cycles = np.ceil(c * logits * _BACKWARD_OPS)
             out_bytes = 4 * logits
-        in_bytes = 4 * logits + 4 * rows
-        return _row_bytes(classes) * rows, in_bytes, 0, out_bytes, cycles
+        passes, row_sram = self._passes(layer, classes, arch)
+        in_bytes = passes * 4 * logits + 4 * rows
+        sram = row_sram * rows if row_sram else np.full(np.shape(rows), _row_bytes(STREAM_CHUNK))
+        return sram, in_bytes, 0, out_bytes, cycles
 
     # -- functional simulator -----------------------------------------------------------------
     def native(self, program, layer, nb, clip=None):
