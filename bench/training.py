@@ -11,7 +11,19 @@ Models are `transformers` configs with random weights (no download):
   vocabulary (the 30,522 rows of the real one only add an embedding-gradient on the host),
   dropout 0, sequence classification with 2 labels.
 
-``--quick`` shrinks both (ResNet-18 on 32x32, BERT with 2 layers at sequence 32). Per model:
+- ``gpt2-small``: GPT-2 small (``GPT2Config()`` defaults: 124M parameters, 12 layers, hidden
+  768, vocabulary 50,257) at sequence 256, 8 sequences a step, AdamW, recomputation off,
+  planned by :func:`tvm_spinn.training.plan_training` (a compiled build of the full model is
+  too slow here) on the smallest system that holds its step (its AdamW state alone is ~1.5 GB),
+  a board and 24 boards: time per step, tokens/s, efficiency against the plan-independent
+  physical bound, speed-up over the smallest system and its fraction of linear scaling (chips
+  of the system over the smallest one's), and the reproducible mode's cost over the fastest
+  (non-reproducible) plan; then the issue's targets, met or not. The planner's per-chip
+  weights, gradients and optimizer state are checked against the buffers an actual build of a
+  small GPT-2 allocates by ``tests/training/test_training_plan.py::
+  test_plan_matches_the_buffers_a_build_allocates``.
+
+``--quick`` shrinks the compiled models (ResNet-18 on 32x32, BERT with 2 layers at sequence 32). Per compiled model:
 
 1. one training step (SGD with momentum for ResNet, Adam for BERT) compiled for ``spinn`` and
    for ``spinn/board``: simulated seconds of the step, and of its forward, backward and update
@@ -84,6 +96,10 @@ def bert(quick: bool, batch: int):
 
 
 MODELS = {"resnet18": resnet18, "bert": bert}
+#: models planned by the training planner instead of compiled
+PLANNED = ("gpt2-small",)
+#: the issue's targets for GPT-2 small on 24 boards
+TARGET_EFFICIENCY, TARGET_SCALING = 0.3, 0.5
 
 
 def _ms(s: float) -> str:
@@ -152,6 +168,56 @@ def _one(name: str, args) -> dict:
     return {"label": label, "scaling": scaling}
 
 
+def gpt2_small_plans(seq: int = 256, batch: int = 8) -> dict:
+    """GPT-2 small's training step planned on the smallest system that holds it, a board and 24
+    boards, reproducible and fastest; prints the table and the targets, returns the rows."""
+    import transformers as tf
+
+    from tvm_spinn.target.arch import make_system
+    from tvm_spinn.target.registry import arch_of
+    from tvm_spinn.training.planner import _spec, smallest_system
+
+    cfg = tf.GPT2Config()
+    spec = _spec(cfg)
+    board = arch_of("spinn/board")
+    found = smallest_system(spec, board, batch, seq, "adamw", recompute=False)
+    if found is None:
+        print("  GPT-2 small fits no system")
+        return {}
+    systems = (("smallest", make_system("gpt2-small-smallest", chips=found[0])), ("board", board),
+               ("24 boards", make_system("gpt2-small-24-boards", boards=24)))
+    print(f"\n== GPT-2 small ({spec.params / 1e6:.1f}M parameters, vocabulary {spec.vocab}), seq {seq}, "
+          f"batch {batch}, AdamW, recomputation off (planned)")
+    print(f"  {'system':<10}{'chips':>6}  {'split (reproducible)':<44}{'step s':>9}{'tokens/s':>10}{'bound s':>9}"
+          f"{'effic.':>8}{'speedup':>9}{'of lin.':>8}{'repro/fast':>11}")
+    rows = {}
+    for name, arch in systems:
+        t0 = time.perf_counter()
+        fixed = tvm_spinn.training.plan_training(cfg, arch, seq=seq, global_batch=batch, optimizer="adamw",
+                                                 recompute=False, reproducible=True)
+        fast = tvm_spinn.training.plan_training(cfg, arch, seq=seq, global_batch=batch, optimizer="adamw",
+                                                recompute=False, reproducible=False)
+        rows[name] = (arch.chips, fixed, fast, time.perf_counter() - t0)
+    base_chips, base = rows["smallest"][0], rows["smallest"][1]
+    for name, (chips, fixed, fast, secs) in rows.items():
+        speedup = base.time_per_step_s / fixed.time_per_step_s
+        linear = chips / base_chips
+        split = (f"TP{fixed.split.tp} PP{fixed.split.pp} DP{fixed.split.dp} ZeRO-{fixed.split.zero} "
+                 f"mb{fixed.split.micro_batch}x{fixed.split.micro_batches}")
+        print(f"  {name:<10}{chips:>6}  {split:<44}{fixed.time_per_step_s:>9.3f}{fixed.tokens_per_s:>10.0f}"
+              f"{fixed.bound_s:>9.4f}{fixed.efficiency:>8.3f}{speedup:>8.2f}x{speedup / linear:>8.3f}"
+              f"{fixed.time_per_step_s / fast.time_per_step_s:>10.2f}x")
+    chips24, plan24 = rows["24 boards"][0], rows["24 boards"][1]
+    scaling = base.time_per_step_s / plan24.time_per_step_s / (chips24 / base_chips)
+    eff_ok, scale_ok = plan24.efficiency >= TARGET_EFFICIENCY, scaling >= TARGET_SCALING
+    print(f"  24 boards use {plan24.split.chips} of their {chips24} chips; bound binding: {plan24.bound_binding}")
+    print(f"  target efficiency >= {TARGET_EFFICIENCY} on 24 boards (reproducible): {plan24.efficiency:.3f} "
+          f"-> {'MET' if eff_ok else 'NOT MET'}")
+    print(f"  target 24 boards vs smallest >= {TARGET_SCALING} of linear: {scaling:.4f} "
+          f"-> {'MET' if scale_ok else 'NOT MET'}")
+    return rows
+
+
 def _plot(results: dict, path: str) -> None:
     import matplotlib
 
@@ -180,7 +246,8 @@ def _plot(results: dict, path: str) -> None:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", choices=sorted(MODELS), action="append", help="models to run (default: all)")
+    parser.add_argument("--only", choices=sorted(MODELS) + list(PLANNED), action="append",
+                        help="models to run (default: all)")
     parser.add_argument("--quick", action="store_true", help="smaller configs")
     parser.add_argument("--batch", type=int, default=8, help="samples per step (default 8)")
     parser.add_argument("--microbatches", type=int, default=8, help="micro-batches of the data-parallel step")
@@ -193,8 +260,11 @@ def main(argv=None) -> None:
     parser.add_argument("--board-phases", action="store_true", help="time the phases on the board too (3 more builds)")
     parser.add_argument("--plot", default="training_scaling.png", help="where to write the scaling plot")
     args = parser.parse_args(argv)
-    results = {name: _one(name, args) for name in (args.only or list(MODELS))}
-    if args.plot:
+    names = args.only or list(MODELS) + list(PLANNED)
+    if "gpt2-small" in names:
+        gpt2_small_plans()
+    results = {name: _one(name, args) for name in names if name in MODELS}
+    if args.plot and results:
         _plot(results, args.plot)
 
 

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <cstddef>
 #include <cstdlib>
@@ -1415,6 +1416,95 @@ void SoftmaxRowsF32(const float* x, float* out, int64_t rows, int64_t cols, int 
       sum = sum + o[j];
     }
     for (int64_t j = 0; j < cols; ++j) o[j] = o[j] / sum;
+  });
+}
+
+namespace {
+
+// Cephes logf, operations in its order, each rounded once (no contraction, CMakeLists.txt).
+inline float LogModel(float x) {
+  if (!(x == x)) return x;                     // NaN
+  if (x < 0.0f) return std::numeric_limits<float>::quiet_NaN();
+  if (x == 0.0f) return -INFINITY;
+  if (x == INFINITY) return x;
+  int e = 0;
+  float m = std::frexp(x, &e);                 // x = m 2^e, m in [0.5, 1): exact
+  if (m < 0.707106781186547524f) {
+    e -= 1;
+    m = m + m - 1.0f;                          // m + m exact; the subtract is exact (Sterbenz)
+  } else {
+    m = m - 1.0f;
+  }
+  const float z = m * m;
+  float y = 7.0376836292e-2f;
+  y = y * m - 1.1514610310e-1f;
+  y = y * m + 1.1676998740e-1f;
+  y = y * m - 1.2420140846e-1f;
+  y = y * m + 1.4249322787e-1f;
+  y = y * m - 1.6668057665e-1f;
+  y = y * m + 2.0000714765e-1f;
+  y = y * m - 2.4999993993e-1f;
+  y = y * m + 3.3333331174e-1f;
+  y = y * m;
+  y = y * z;
+  const float fe = static_cast<float>(e);
+  y = y + -2.12194440e-4f * fe;
+  y = y + -0.5f * z;
+  float r = m + y;
+  r = r + 0.693359375f * fe;
+  return r;
+}
+
+// The row's max (its first NaN if it has one) and the sequential fp32 sum of exp(x - max): the
+// softmax's statistics (SoftmaxRowsF32), shared by the cross-entropy kernels.
+inline void SoftmaxStats(const float* xr, int64_t cols, float* m_out, float* s_out) {
+  float m = -INFINITY;
+  for (int64_t j = 0; j < cols; ++j) {
+    const float v = xr[j];
+    if (!(v == v)) {
+      m = v;
+      break;
+    }
+    if (v > m) m = v;
+  }
+  float sum = 0.0f;
+  for (int64_t j = 0; j < cols; ++j) sum = sum + ExpModel(xr[j] - m);
+  *m_out = m;
+  *s_out = sum;
+}
+
+}  // namespace
+
+void LogF32(const float* x, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = LogModel(x[i]);
+}
+
+void CrossEntropyRowsF32(const float* z, const int32_t* labels, float* out, int64_t rows,
+                         int64_t cols, int64_t ignore_index, int threads) {
+  ParallelFor(rows, threads, [&](int64_t r) {
+    if (labels[r] == ignore_index) {
+      out[r] = 0.0f;
+      return;
+    }
+    const float* zr = z + r * cols;
+    float m, s;
+    SoftmaxStats(zr, cols, &m, &s);
+    out[r] = LogModel(s) - (zr[labels[r]] - m);
+  });
+}
+
+void CrossEntropyGradRowsF32(const float* z, const int32_t* labels, float* out, int64_t rows,
+                             int64_t cols, float divisor, int threads) {
+  ParallelFor(rows, threads, [&](int64_t r) {
+    const float* zr = z + r * cols;
+    float* o = out + r * cols;
+    float m, s;
+    SoftmaxStats(zr, cols, &m, &s);
+    const int64_t t = labels[r];
+    for (int64_t j = 0; j < cols; ++j) {
+      const float p = ExpModel(zr[j] - m) / s;
+      o[j] = (p - (j == t ? 1.0f : 0.0f)) / divisor;
+    }
   });
 }
 

@@ -126,6 +126,32 @@ void ActivationF32(const float* x, float* out, int64_t n, Activation act);
 void SoftmaxRowsF32(const float* x, float* out, int64_t rows, int64_t cols, int threads);
 
 /*!
+ * \brief The exp/log unit's natural log, modelled by one fixed float32 algorithm (Cephes logf:
+ *        x = m 2^e with m in [sqrt(1/2), sqrt 2), a degree-8 polynomial in m - 1, ln 2 split in
+ *        two), as ExpF32 is. NaN stays NaN, log(+0) = -inf, log(+inf) = +inf, x < 0 gives NaN.
+ */
+void LogF32(const float* x, float* out, int64_t n);
+
+/*!
+ * \brief Per-row cross-entropy of logits z [rows, cols] with class labels [rows]: m = the row's
+ *        max (its first NaN if any), s = the sequential fp32 sum of ExpF32(z - m) (left to
+ *        right from 0, the softmax's), out[r] = LogF32(s) - (z[r, label] - m) (the negated
+ *        log-softmax at the label); a row whose label equals `ignore_index` gives +0. Labels
+ *        must lie in [0, cols) or equal ignore_index (checked by the caller). Rows run on up
+ *        to `threads` threads (independent: same bits).
+ */
+void CrossEntropyRowsF32(const float* z, const int32_t* labels, float* out, int64_t rows,
+                         int64_t cols, int64_t ignore_index, int threads);
+
+/*!
+ * \brief The gradient of the mean cross-entropy with respect to the logits: out[r, j] =
+ *        (p[r, j] - (j == label[r] ? 1 : 0)) / divisor, p the softmax of the row
+ *        (SoftmaxRowsF32's bits), each operation one fp32 rounding. Labels in [0, cols).
+ */
+void CrossEntropyGradRowsF32(const float* z, const int32_t* labels, float* out, int64_t rows,
+                             int64_t cols, float divisor, int threads);
+
+/*!
  * \brief Elements per block of a layer norm's row sums (python: rows.LAYER_NORM_BLOCK).
  */
 constexpr int64_t kLayerNormBlock = 32;

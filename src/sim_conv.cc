@@ -172,6 +172,48 @@ void SimRmsNormF32(TensorView x, TensorView weight, double eps, TensorView out, 
                  ThreadsArg(func, threads, x.numel() * 4));
 }
 
+void SimLogF32(TensorView x, TensorView out) { SimUnaryF32<LogF32>("tvm_spinn.sim.log_f32", x, out); }
+
+// The checks of a cross-entropy kernel's logits Z [rows, cols] float32 and labels [rows] int32:
+// every label in [0, cols), or equal to `ignore` where `allow_ignore`.
+void CheckCrossEntropy(const char* func, const TensorView& z, const TensorView& labels, bool allow_ignore,
+                       int64_t ignore) {
+  CheckTensor(func, "Z", z, 2, kF32);
+  CheckTensor(func, "labels", labels, 1, DLDataType{kDLInt, 32, 1});
+  CheckDim(func, "labels.shape[0]", labels.shape()[0], z.shape()[0],
+           "Z " + ShapeStr(z) + ", labels " + ShapeStr(labels));
+  const int32_t* t = DataPtr<const int32_t>(labels);
+  const int64_t cols = z.shape()[1];
+  for (int64_t r = 0; r < labels.shape()[0]; ++r) {
+    if (allow_ignore && t[r] == ignore) continue;
+    if (t[r] < 0 || t[r] >= cols) {
+      TVM_FFI_THROW(ValueError) << func << ": label " << t[r] << " of row " << r
+                                << " is out of range for " << cols << " classes";
+    }
+  }
+}
+
+void SimCrossEntropyF32(TensorView z, TensorView labels, int64_t ignore_index, TensorView out,
+                        int64_t threads) {
+  const char* func = "tvm_spinn.sim.cross_entropy_f32";
+  CheckCrossEntropy(func, z, labels, true, ignore_index);
+  CheckTensor(func, "out", out, 1, kF32);
+  CheckDim(func, "out.shape[0]", out.shape()[0], z.shape()[0], "Z " + ShapeStr(z) + ", out " + ShapeStr(out));
+  CheckNoOverlap(func, "out", out, "Z", z);
+  CrossEntropyRowsF32(DataPtr<const float>(z), DataPtr<const int32_t>(labels), DataPtr<float>(out),
+                      z.shape()[0], z.shape()[1], ignore_index, ThreadsArg(func, threads, z.numel() * 8));
+}
+
+void SimCrossEntropyGradF32(TensorView z, TensorView labels, double divisor, TensorView out,
+                            int64_t threads) {
+  const char* func = "tvm_spinn.sim.cross_entropy_grad_f32";
+  CheckCrossEntropy(func, z, labels, false, 0);
+  CheckRows(func, z, out);
+  CrossEntropyGradRowsF32(DataPtr<const float>(z), DataPtr<const int32_t>(labels), DataPtr<float>(out),
+                          z.shape()[0], z.shape()[1], static_cast<float>(divisor),
+                          ThreadsArg(func, threads, z.numel() * 8));
+}
+
 }  // namespace
 
 TVM_FFI_STATIC_INIT_BLOCK() {
@@ -187,6 +229,11 @@ TVM_FFI_STATIC_INIT_BLOCK() {
            "out = tanh(X) element-wise from the same exp model (Cephes tanhf).")
       .def("tvm_spinn.sim.activation_f32", SimActivationF32,
            "out = GELU (kind 0), GELU-tanh (1) or sigmoid (2) of X on the exp model.")
+      .def("tvm_spinn.sim.log_f32", SimLogF32, "The exp/log unit's natural log model (Cephes logf).")
+      .def("tvm_spinn.sim.cross_entropy_f32", SimCrossEntropyF32,
+           "Per-row cross-entropy of logits Z [rows, cols] with int32 labels, the exp/log models.")
+      .def("tvm_spinn.sim.cross_entropy_grad_f32", SimCrossEntropyGradF32,
+           "(softmax(Z) - one_hot(labels)) / divisor, row by row.")
       .def("tvm_spinn.sim.softmax_f32", SimSoftmaxF32,
            "Softmax of each row of X [rows, cols] with the exp model, sums sequential fp32.")
       .def("tvm_spinn.sim.layer_norm_f32", SimLayerNormF32,

@@ -67,6 +67,8 @@ enum Op : int64_t {
   kFill = 17,        // dst elem_bytes n bits: n elements of the value `bits` (a constant pad's fill)
   kWhereLess = 18,   // a b c d out ndim shape[ndim] a_strides b_strides c_strides d_strides: a < b ? c : d
   kPoolGrad = 19,    // dy x out planes h w oh ow kh kw sh sw pt pl (max_pool2d_backward, float32)
+  kCrossEntropy = 20,      // z labels out rows cols ignore_index (per-row losses; int32 labels)
+  kCrossEntropyGrad = 21,  // z labels out rows cols divisor_bits ((softmax - onehot) / divisor)
 };
 
 // kQGemm's output kinds and requantization rules
@@ -511,6 +513,17 @@ class Plan {
           }
           Need(in[5], numel * 4);
           for (int k = 0; k < 4; ++k) need_view(in[1 + k], in, ndim, k, 0, 4);
+          break;
+        }
+        case kCrossEntropy:
+        case kCrossEntropyGrad: {
+          in = take(7);
+          const int64_t rows = in[4], cols = in[5];
+          Positive({rows, cols});
+          if (rows < 1 || cols < 1) TVM_FFI_THROW(ValueError) << kFunc << ": cross-entropy extents must be >= 1";
+          Need(in[1], rows * cols * 4);
+          Need(in[2], rows * 4);
+          Need(in[3], (op == kCrossEntropy ? rows : rows * cols) * 4);
           break;
         }
         case kPoolGrad: {
@@ -1156,6 +1169,27 @@ class Plan {
                   ndim, shape, shape + ndim);
         break;
       }
+      case kCrossEntropy:
+      case kCrossEntropyGrad: {
+        const int64_t rows = in[4], cols = in[5];
+        const int32_t* labels = reinterpret_cast<const int32_t*>(base[in[2]]);
+        const bool forward = in[0] == kCrossEntropy;
+        for (int64_t r = 0; r < rows; ++r) {  // a label outside the row would read past it
+          if (forward && labels[r] == in[6]) continue;
+          if (labels[r] < 0 || labels[r] >= cols) {
+            TVM_FFI_THROW(ValueError) << "tvm_spinn.sim.cross_entropy" << (forward ? "" : "_grad")
+                                      << ": label " << labels[r] << " of row " << r << " is out of range for "
+                                      << cols << " classes";
+          }
+        }
+        if (forward) {
+          CrossEntropyRowsF32(f32(in[1]), labels, f32(in[3]), rows, cols, in[6], SimThreads(rows * cols * 8));
+        } else {
+          CrossEntropyGradRowsF32(f32(in[1]), labels, f32(in[3]), rows, cols, BitsToFloat(in[6]),
+                                  SimThreads(rows * cols * 8));
+        }
+        break;
+      }
       case kPoolGrad: {
         const PoolGradShape g = Words<PoolGradShape>(in.w, 4);
         MaxPool2dBackwardF32(f32(in[1]), f32(in[2]), f32(in[3]), g,
@@ -1192,6 +1226,7 @@ ffi::Map<ffi::String, int64_t> PlanOps() {
       {"unary", kUnary},       {"binary", kBinary}, {"copy", kCopy},        {"pool", kPool}, {"gather", kGather},
       {"qgemm", kQGemm},       {"flip8", kFlip8},   {"quantize", kQuantize}, {"dequantize", kDequantize},
       {"im2col8", kIm2Col8},  {"fill", kFill},     {"where_less", kWhereLess}, {"pool_grad", kPoolGrad},
+      {"cross_entropy", kCrossEntropy}, {"cross_entropy_grad", kCrossEntropyGrad},
       {"unary.relu", kRelu},   {"unary.clip", kClip}, {"unary.negative", kNegative},
       {"unary.sqrt", kSqrt},   {"unary.rsqrt", kRsqrt}, {"unary.square", kSquare},
       {"unary.cube", kCube},   {"unary.tanh", kTanh}, {"unary.gelu", kGelu},

@@ -306,11 +306,26 @@ CASES = [
     ("pool_grad sp replicated", lambda: _program("max_pool2d_backward", [((1, 2, 4, 2), "float32"),
                                                                         ((1, 2, 8, 4), "float32")], (1, 2, 8, 4), (),
                                                  POOL), [R, R], SP, R, "rep", (), True),
+    ("cross_entropy rows", lambda: _program("cross_entropy", [((4, 6), "float32"), ((4,), "int32")], (4,), (),
+                                            {"ignore_index": -100}), [shard(0), shard(0)], DP, shard(0), "split", (),
+     False),
+    ("cross_entropy rows, labels sliced", lambda: _program("cross_entropy", [((4, 6), "float32"), ((4,), "int32")],
+                                                           (4,), (), {"ignore_index": -100}), [shard(0), R], SP,
+     shard(0), "split", (), False),
+    ("cross_entropy classes gathered", lambda: _program("cross_entropy", [((4, 6), "float32"), ((4,), "int32")], (4,),
+                                                        (), {"ignore_index": -100}), [shard(1), R], TP, R, "rep", (),
+     True),
+    ("cross_entropy_backward rows", lambda: _program("cross_entropy_backward", [((4, 6), "float32"), ((4,), "int32")],
+                                                     (4, 6), (), {"divisor": 4.0}), [shard(0), shard(0)], DP,
+     shard(0), "split", (), False),
+    ("cross_entropy_backward rows, labels sliced", lambda: _program(
+        "cross_entropy_backward", [((4, 6), "float32"), ((4,), "int32")], (4, 6), (), {"divisor": 4.0}), [shard(0), R],
+     TP, shard(0), "split", (), False),
 ]
 
 #: the axis of a replicated operand a chip slices for its output block, where it is not the
 #: output's split axis counted from the end (a gather's indices lead its output)
-R_AXES = {"take rows sp": {0: 0}, "take index rows sp": {0: 0}}
+R_AXES = {"take rows sp": {0: 0}, "take index rows sp": {0: 0}, "cross_entropy_backward rows, labels sliced": {1: 0}}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])

@@ -45,7 +45,7 @@ from ..frontend.fixups import FixupImported
 from .adamw import AdamW
 from .errors import TrainingError
 
-__all__ = ["TrainGraph", "build_train_graph", "make_loss", "make_optimizer", "LOSSES", "OPTIMIZERS"]
+__all__ = ["TrainGraph", "build_train_graph", "loss_on_pes", "make_loss", "make_optimizer", "LOSSES", "OPTIMIZERS"]
 
 LOSSES = ("cross_entropy", "mse")
 OPTIMIZERS = {"sgd": ("lr", "momentum", "weight_decay", "nesterov", "dampening"),
@@ -549,6 +549,91 @@ def _batch_stats_on_rows(mod: tvm.IRModule) -> tvm.IRModule:
     return out
 
 
+def loss_on_pes(mod: tvm.IRModule) -> tvm.IRModule:
+    """The loss and its gradient in the forms the PEs run (:mod:`tvm_spinn.program.ops.loss`,
+    the rows family's ``mean``), each reduction in a fixed order that no mapping changes.
+
+    - Cross-entropy: ``nll_loss(log_softmax(z), t)`` (mean) becomes the mean over the rows of
+      ``nll_loss(log_softmax(z), int32(t), reduction="none")`` (a ``cross_entropy`` layer, then
+      a ``mean`` layer whose (1,) result is reshaped to the 0-d loss), and the gradient
+      ``Gradient`` emits, ``nll_loss_backward(1, logp, t) - sum(...) * exp(logp)``, becomes
+      ``(softmax(z) - one_hot(t)) / rows`` (a ``cross_entropy_backward`` layer): the same
+      mathematics without the log-softmax the forward no longer keeps. The mean divides by the
+      rows where PyTorch divides by the rows whose label is not ``ignore_index``: the same,
+      since the trainer refuses labels outside ``[0, classes)``.
+    - MSE (and any mean to a 0-d scalar): ``mean(x)`` becomes ``mean(x, keepdims=True)``
+      reshaped to 0-d, a rows ``mean`` (a sequential fp32 sum over the flattened elements) on
+      the PEs; the partition leaves 0-d results to the host.
+    """
+    from tvm.ir.prim.expr import FloatImm
+    from tvm.relax.dpl import is_op, rewrite_call, wildcard
+
+    op = relax.op
+    z, t = wildcard(), wildcard()
+    fwd = is_op("relax.nn.nll_loss")(is_op("relax.nn.log_softmax")(z), t)
+    g, z2, t2 = wildcard(), wildcard(), wildcard()
+    lsm = is_op("relax.nn.log_softmax")(z2)
+    bwd = is_op("relax.subtract")(is_op("relax.grad.nll_loss_backward")(g, lsm, t2),
+                                  is_op("relax.multiply")(wildcard(), is_op("relax.exp")(lsm)))
+    x = wildcard()
+    scalar_mean = is_op("relax.mean")(x)
+
+    def logits(expr):
+        try:
+            shape = [int(d) for d in expr.ty.shape]
+        except (TypeError, ValueError, AttributeError):
+            return None
+        return shape if len(shape) == 2 and str(expr.ty.dtype) == "float32" else None
+
+    var2val: dict = {}
+
+    def value(expr):
+        """The call bound to ``expr`` (the rewriter sees variables where the pattern matched
+        through a binding)."""
+        return var2val.get(expr, expr) if isinstance(expr, relax.Var) else expr
+
+    def rewrite_fwd(expr, matches):
+        a = expr.attrs
+        shape = logits(matches[z])
+        if shape is None or a.reduction != "mean" or int(value(expr.args[0]).attrs.axis) not in (-1, 1):
+            return expr
+        rows = op.nn.nll_loss(op.nn.log_softmax(matches[z], -1), op.astype(matches[t], "int32"),
+                              reduction="none", ignore_index=int(a.ignore_index))
+        return op.reshape(op.mean(rows, axis=[0], keepdims=True), [])
+
+    def rewrite_bwd(expr, matches):
+        nll_back, seed, shape = value(expr.args[0]), value(matches[g]), logits(matches[z2])
+        if (shape is None or not isinstance(nll_back, relax.Call) or nll_back.attrs.reduction != "mean"
+                or int(value(nll_back.args[1]).attrs.axis) not in (-1, 1)
+                or not (isinstance(seed, relax.Call) and seed.op.name == "relax.ones")):
+            return expr
+        one, zero = (FloatImm("float32", v) for v in (1.0, 0.0))  # float32 one-hot (a Python float is float64)
+        hot = op.one_hot(op.astype(matches[t2], "int32"), one, zero, shape[1], -1)
+        diff = op.subtract(op.nn.softmax(matches[z2], -1), hot)
+        return op.divide(diff, relax.const(np.float32(shape[0])))
+
+    def rewrite_mean(expr, matches):
+        try:
+            rank = len(matches[x].ty.shape)
+            zero_d = len(expr.ty.shape) == 0
+        except (TypeError, AttributeError):
+            return expr
+        if not zero_d or rank == 0 or str(expr.ty.dtype) != "float32":
+            return expr
+        return op.reshape(op.mean(matches[x], axis=list(range(rank)), keepdims=True), [])
+
+    out = tvm.IRModule({}, attrs=mod.attrs)
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            var2val.clear()
+            var2val.update(relax.analysis.get_var2val(func))
+            func = rewrite_call(bwd, rewrite_bwd, func)
+            func = rewrite_call(scalar_mean, rewrite_mean, rewrite_call(fwd, rewrite_fwd, func))
+            func = relax.analysis.remove_all_unused(func)
+        out[gv] = func
+    return out
+
+
 def build_train_graph(model, example_inputs, loss: str, optimizer) -> TrainGraph:
     """Build the training-step module of ``model`` (see :class:`TrainGraph`)."""
     import torch
@@ -590,7 +675,7 @@ def build_train_graph(model, example_inputs, loss: str, optimizer) -> TrainGraph
         if ours:
             raise TrainingError(ours.group(1)) from None
         raise
-    trainer = _batch_stats_on_rows(_sums_as_gemms(trainer))
+    trainer = _batch_stats_on_rows(_sums_as_gemms(loss_on_pes(trainer)))
     step = _fuse_step(trainer, len(names))
     step = FixupImported(step)
     init_state = tuple(np.array(s.numpy()) for s in trainer.attrs["optim_state"])

@@ -324,12 +324,14 @@ def build_data_parallel(graph_of, model, example_inputs, loss, optimizer, target
         _check_replicas(replicas, microbatches, system, tgt)
         size = batch // microbatches
         micro = graph_of(model, tuple(x[:size] for x in example_inputs), loss, optimizer)
-        # the step takes the whole batch: the shapes its inputs and labels are checked against
+        # the step takes the whole batch: the shapes its inputs and labels are checked against. The
+        # output's and the labels' leading axis is the micro-batch's times the micro-batch count (a
+        # language model's (batch * seq, vocab) logits grow by whole sequences)
         full = dataclasses.replace(
             micro,
             input_shapes=tuple(((batch, *s[1:]), d) for s, d in micro.input_shapes),
-            output_shape=(batch, *micro.output_shape[1:]),
-            label_shape=(batch, *micro.label_shape[1:]))
+            output_shape=(micro.output_shape[0] * microbatches, *micro.output_shape[1:]),
+            label_shape=(micro.label_shape[0] * microbatches, *micro.label_shape[1:]))
         grad_ex = relax.build(grad_module(micro), target=replica_tgt)
         update_ex = relax.build(update_module(micro, microbatches), target=replica_tgt)
     trainer = DataParallelTrainer(full, micro, grad_ex, update_ex, tgt, system, loss, optimizer, model_name,

@@ -1,0 +1,285 @@
+"""Training losses on the PEs: ``cross_entropy`` (log-softmax and NLL of each row) and its
+gradient ``cross_entropy_backward``.
+
+A training step's mean cross-entropy is reduced on the PEs in two layers (the graph form
+:mod:`tvm_spinn.training.graph` gives it, see :func:`~tvm_spinn.training.graph.loss_on_pes`):
+
+- ``cross_entropy`` (composite ``spinn.cross_entropy``: ``nll_loss(log_softmax(z), t,
+  reduction="none")``): logits ``z`` [rows, classes] float32 and int32 labels ``t`` [rows] ->
+  the per-row loss [rows]: ``m`` = the row's max (its first NaN if it has one), ``s`` = the
+  sequential fp32 sum of ``exp(z - m)`` left to right from 0 (the ``softmax`` kind's
+  statistics), ``loss = log(s) - (z[t] - m)`` (the negated log-softmax at the label; exp and
+  log from the exp/log unit's models, C++ ``cross_entropy_f32``); a row whose label is
+  ``ignore_index`` gives +0. The batch mean that follows is the rows family's ``mean`` over the
+  per-row losses: a sequential fp32 sum in ascending row order, then one divide.
+- ``cross_entropy_backward`` (composite ``spinn.cross_entropy_backward``: ``divide(subtract(
+  softmax(z), one_hot(t)), n)``): ``(p - onehot) / n`` per element with ``p`` the softmax's
+  bits, ``n`` a float32 constant (the mean's divisor; C++ ``cross_entropy_grad_f32``).
+
+Every reduction is inside one row (in a fixed order) or the mean's ascending chain, so the
+bits do not depend on the mapping: the layers are computed whole by the kernel and each tile
+copies its run of the result (:class:`~.base.ComputedFlat`), and a split over chips keeps rows
+whole (:class:`LossSharding`). Labels must lie in ``[0, classes)`` (or equal ``ignore_index``
+in the forward): anything else is a ValueError naming the label and the row.
+
+The cost: per element of the logits a subtract, the exp model, a compare (the max) and an add
+(the sum), plus the log per row (forward) or a divide, a subtract and a divide per element
+(backward). A row is whole on one PE: rows that fit the working SRAM stay resident (the row of
+logits in, and out for the backward, double-buffered), each read once; a longer row (a
+language model's vocabulary: GPT-2's 50,257 logits are 201 KB) is streamed through the PE in
+chunks of :data:`STREAM_CHUNK` logits, once for the max and once for the sum (and once more
+for the backward's output), so its DRAM reads are two (three) passes over the row.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ... import _lib
+from ..checks import check_int, check_num, fail
+from ..model import Layer
+from . import native
+from .base import ComputedFlat, ceil_div, register, working_budget
+from .sharding import REPLICATE, ShardDecision, ShardingRule, shard
+
+__all__ = ["CrossEntropy", "cross_entropy_rows", "cross_entropy_grad", "LossSharding"]
+
+_F32 = np.float32
+#: M4F operations per logit of the forward (subtract, exp model ~12 operations, compare, add)
+#: and of the backward (the same, then the subtract and the exp model again for the output, a
+#: divide, a subtract and a divide): an assumption counted from the kernel's operations
+#: (Cephes expf: a reduction, a degree-6 polynomial and a scale).
+_FORWARD_OPS, _BACKWARD_OPS = 15.0, 31.0
+#: M4F operations of the log model (a frexp, a degree-8 polynomial, the ln 2 terms), per row.
+_LOG_OPS = 25.0
+#: Logits per DMA chunk of a row streamed through a PE (a row too long for the working SRAM):
+#: 4 KB of fp32, double-buffered in and out (an assumption: the DMA's block size, the same
+#: order as the GEMM tiles' k chunks).
+STREAM_CHUNK = 1024
+
+
+def _labels(labels: np.ndarray) -> np.ndarray:
+    return _lib._input(np.ascontiguousarray(labels, dtype=np.int32))
+
+
+def cross_entropy_rows(z: np.ndarray, labels: np.ndarray, ignore_index: int = -100) -> np.ndarray:
+    """Per-row cross-entropy of logits ``z`` [rows, classes] (C++ ``cross_entropy_f32``)."""
+    out = np.empty(z.shape[0], dtype=_F32)
+    _lib._func("tvm_spinn.sim.cross_entropy_f32")(_lib._input(np.ascontiguousarray(z, dtype=_F32)),
+                                                   _labels(labels), int(ignore_index), out, 0)
+    return out
+
+
+def cross_entropy_grad(z: np.ndarray, labels: np.ndarray, divisor: float) -> np.ndarray:
+    """``(softmax(z) - one_hot(labels)) / divisor`` (C++ ``cross_entropy_grad_f32``)."""
+    out = np.empty(z.shape, dtype=_F32)
+    _lib._func("tvm_spinn.sim.cross_entropy_grad_f32")(_lib._input(np.ascontiguousarray(z, dtype=_F32)),
+                                                        _labels(labels), float(divisor), out, 0)
+    return out
+
+
+class CrossEntropy(ComputedFlat):
+    """``cross_entropy`` and ``cross_entropy_backward`` (see the module docstring)."""
+
+    kinds = ("cross_entropy", "cross_entropy_backward")
+    # before the rows family (15): the patterns contain its softmax and mean operators
+    priority = 12
+
+    # -- partition and codegen ---------------------------------------------------------------
+    def patterns(self, kit) -> list[tuple]:
+        from tvm.relax.dpl import is_const, is_op, wildcard
+
+        z, t = wildcard(), wildcard()
+        lsm = is_op("relax.nn.log_softmax")(z)
+        fwd = is_op("relax.nn.nll_loss")(lsm, t)
+        z2, t2, n = wildcard(), wildcard(), is_const()
+        sm = is_op("relax.nn.softmax")(z2)
+        hot = is_op("relax.one_hot")(t2, wildcard(), wildcard())
+        diff = is_op("relax.subtract")(sm, hot)
+        bwd = is_op("relax.divide")(diff, n)
+        return [
+            kit.entry("spinn.cross_entropy", fwd, {"z": z, "t": t, "lsm": lsm, "root": fwd}, self._check_forward),
+            kit.entry("spinn.cross_entropy_backward", bwd,
+                      {"z": z2, "t": t2, "sm": sm, "hot": hot, "n": n, "root": bwd}, self._check_backward),
+        ]
+
+    @staticmethod
+    def _check_operands(kit, op: str, ctx, softmax_call) -> bool:
+        from tvm import relax
+
+        root = ctx.annotated_expr["root"]
+        if not kit.check_tensors(op, ctx, ("z",)):
+            return False
+        labels = ctx.annotated_expr["t"]
+        if not isinstance(labels.ty, relax.TensorType) or kit.static_shape(labels) is None \
+                or kit.dtype(labels) != "int32":
+            return kit.refuse(op, root, "labels are not int32 with a static shape")
+        z, t = (kit.static_shape(ctx.annotated_expr[k]) for k in ("z", "t"))
+        if len(z) != 2 or t != (z[0],):
+            return kit.refuse(op, root, f"logits {z} and labels {t} (need [rows, classes] and [rows])")
+        if int(softmax_call.attrs.axis) not in (-1, 1):
+            return kit.refuse(op, root, f"softmax over axis {int(softmax_call.attrs.axis)} (need the classes)")
+        return kit.check_fits(op, root, _row_bytes(min(z[1], STREAM_CHUNK)), f"a chunk of a row of {z[1]} classes")
+
+    def _check_forward(self, kit, op: str, ctx) -> bool:
+        root = ctx.annotated_expr["root"]
+        if root.attrs.reduction != "none" or len(root.args) != 2:
+            return kit.refuse(op, root, f"nll_loss with reduction {root.attrs.reduction!r} or class weights "
+                                        "(the per-row losses are the layer; the mean is a rows layer)")
+        return self._check_operands(kit, op, ctx, ctx.annotated_expr["lsm"])
+
+    def _check_backward(self, kit, op: str, ctx) -> bool:
+        root, hot, n = (ctx.annotated_expr[k] for k in ("root", "hot", "n"))
+        a = hot.attrs
+        if int(a.axis) not in (-1, 1) or _prim(hot.args[1]) != 1.0 or _prim(hot.args[2]) != 0.0:
+            return kit.refuse(op, root, "one_hot other than on 1, off 0 along the classes")
+        value = n.value.numpy()
+        if value.dtype != np.float32 or value.size != 1 or not np.isfinite(value).all():
+            return kit.refuse(op, root, "divisor is not one finite float32 constant")
+        if not self._check_operands(kit, op, ctx, ctx.annotated_expr["sm"]):
+            return False
+        if int(a.depth) != kit.static_shape(ctx.annotated_expr["z"])[1]:
+            return kit.refuse(op, root, f"one_hot depth {int(a.depth)} is not the number of classes")
+        return True
+
+    def lower(self, lowerer, name, kind, calls, env, layer) -> None:
+        by_op = {call.op.name: call for _, call in calls}
+        if kind == "cross_entropy":
+            nll = by_op["relax.nn.nll_loss"]
+            layer.inputs = [lowerer.operand(by_op["relax.nn.log_softmax"].args[0], env),
+                            lowerer.operand(nll.args[1], env)]
+            layer.attrs["ignore_index"] = int(nll.attrs.ignore_index)
+        else:
+            layer.inputs = [lowerer.operand(by_op["relax.nn.softmax"].args[0], env),
+                            lowerer.operand(by_op["relax.one_hot"].args[0], env)]
+            layer.attrs["divisor"] = float(by_op["relax.divide"].args[1].value.numpy().reshape(-1)[0])
+
+    # -- program validation -----------------------------------------------------------------
+    def attr_schema(self, kind: str, mode: str):
+        if kind == "cross_entropy":
+            return {"ignore_index": lambda v, f: check_int(v, f)}, {}
+        return {"divisor": _divisor}, {}
+
+    def check(self, v, f, kind, mode, ins, consts, out, attrs):
+        v.need(f"{f}.inputs", kind, ins, 2)
+        v.consts(f, consts, set())
+        v.dtype(f"{f}.inputs[0]", ins[0], ("float32",))
+        v.dtype(f"{f}.inputs[1]", ins[1], ("int32",))
+        v.dtype(f"{f}.output", out, ("float32",))
+        rows, classes = v.rank(f"{f}.inputs[0]", ins[0], 2, 2)
+        v.shape(f"{f}.inputs[1]", ins[1], [rows])
+        v.shape(f"{f}.output", out, [rows] if kind == "cross_entropy" else [rows, classes])
+        return (math.prod(v.shapes[out]),), None
+
+    # -- mapping ------------------------------------------------------------------------------
+    def work(self, program, layer, arch):
+        rows, classes = (int(d) for d in program.tensors[layer.inputs[0]].shape)
+        ops = _FORWARD_OPS if layer.kind == "cross_entropy" else _BACKWARD_OPS
+        return int(rows * classes * ops + (rows * _LOG_OPS if layer.kind == "cross_entropy" else 0)), None
+
+    def _classes(self, program, layer) -> int:
+        return int(program.tensors[layer.inputs[0]].shape[1])
+
+    def smallest_tile_bytes(self, program, layer, arch):
+        return _row_bytes(min(self._classes(program, layer), STREAM_CHUNK))
+
+    def choose_tile(self, program, layer, arch, pes, naive):
+        """Whole rows per tile (the forward's output elements are rows; the backward's tiles
+        are runs of whole rows of its output), spread over the PEs within the working SRAM (one
+        streamed row per tile where a row does not fit it)."""
+        classes = self._classes(program, layer)
+        rows = int(program.tensors[layer.inputs[0]].shape[0])
+        cap = max(1, working_budget(arch) // _row_bytes(classes))
+        per = max(1, min(cap, ceil_div(rows, pes)))
+        return [per if layer.kind == "cross_entropy" else per * classes]
+
+    @staticmethod
+    def _passes(layer, classes: int, arch) -> tuple[int, int]:
+        """(reads of each logit, SRAM bytes per row): 1 and the row where it fits the working
+        SRAM, else the streamed passes and one chunk."""
+        if _row_bytes(classes) <= working_budget(arch):
+            return 1, _row_bytes(classes)
+        return (2 if layer.kind == "cross_entropy" else 3), 0
+
+    def cycles_per_element(self, layer, arch):
+        raise NotImplementedError  # tile_costs below prices whole rows
+
+    def tile_costs(self, program, layer, arch, tile, lo, hi):
+        classes = self._classes(program, layer)
+        e = (hi - lo)[:, 0]
+        rows = e if layer.kind == "cross_entropy" else np.ceil(e / classes)
+        logits = rows * classes
+        c = arch.m4f_elementwise_cycles
+        if layer.kind == "cross_entropy":
+            cycles = np.ceil(c * (logits * _FORWARD_OPS + rows * _LOG_OPS))
+            out_bytes = 4 * rows
+        else:
+            cycles = np.ceil(c * logits * _BACKWARD_OPS)
+            out_bytes = 4 * logits
+        passes, row_sram = self._passes(layer, classes, arch)
+        in_bytes = passes * 4 * logits + 4 * rows
+        sram = row_sram * rows if row_sram else np.full(np.shape(rows), _row_bytes(STREAM_CHUNK))
+        return sram, in_bytes, 0, out_bytes, cycles
+
+    # -- functional simulator -----------------------------------------------------------------
+    def native(self, program, layer, nb, clip=None):
+        """One ``cross_entropy`` / ``cross_entropy_grad`` instruction: the kernels of
+        :meth:`values` (labels range-checked when the plan runs)."""
+        z, t = layer.inputs
+        rows, classes = (int(d) for d in program.tensors[z].shape)
+        if layer.kind == "cross_entropy":
+            nb.emit("cross_entropy", nb.read(z), nb.read(t), nb.write(layer.output), rows, classes,
+                    int(layer.attrs["ignore_index"]))
+        else:
+            nb.emit("cross_entropy_grad", nb.read(z), nb.read(t), nb.write(layer.output), rows, classes,
+                    native.f32_bits(_F32(layer.attrs["divisor"])))
+        return True
+
+    def values(self, layer: Layer, env) -> np.ndarray:
+        z, t = (env[tid] for tid in layer.inputs)
+        if layer.kind == "cross_entropy":
+            return cross_entropy_rows(z, t, layer.attrs["ignore_index"])
+        return cross_entropy_grad(z, t, layer.attrs["divisor"])
+
+
+def _prim(expr) -> float | None:
+    """The number a one_hot's on/off value (a ``FloatImm``/``IntImm``, or a ``PrimValue`` of
+    one) holds, or None."""
+    for _ in range(2):
+        expr = getattr(expr, "value", None)
+        if isinstance(expr, int | float):
+            return float(expr)
+    return None
+
+
+def _row_bytes(classes: int) -> int:
+    """SRAM of one row: its logits in (and out, for the backward) double-buffered, the label."""
+    return 2 * (4 * classes + 4 * classes + 4)
+
+
+def _divisor(v, f) -> float:
+    value = check_num(v, f)
+    if not math.isfinite(value) or value == 0:
+        fail(f, f"{v} must be a finite non-zero number")
+    return float(value)
+
+
+class LossSharding(ShardingRule):
+    """Rows are independent (each reads its logits and its label): a split of the rows (axis 0)
+    that the split operands share is kept, on any mesh axis; a split of the classes would cut
+    a row's max and sum, so it is gathered first (a vocabulary-parallel loss would all-reduce
+    them instead, which this rule does not do)."""
+
+    def propagate(self, ctx, layer, ins):
+        axes = {s.axis for s in ins if s.split}
+        if axes == {0}:
+            return ShardDecision(shard(0), "split")
+        if axes:
+            return ShardDecision(REPLICATE, "rep", gather_all=True)
+        return ShardDecision(REPLICATE, "rep")
+
+
+CrossEntropy.sharding = LossSharding()
+register(CrossEntropy())
