@@ -136,3 +136,16 @@ def test_llama_3_1_70b_config_ships_with_its_rope_scaling():
                                    "original_max_position_embeddings": 8192, "rope_type": "llama3"}
     assert cfg["rope_theta"] == 500000.0
     assert math.isclose(spec.params / 1e9, 70.55, rel_tol=1e-3)
+
+
+@pytest.mark.slow
+def test_plan_reports_the_prefill_plans_ttft(monkeypatch):
+    from tvm_spinn.llm.plan import plan
+
+    _no_simulation(monkeypatch)
+    result = plan(TINY, target="spinn/board", seq=32)
+    pre = result.plan["prefill"]
+    assert result.ttft_s == pre["ttft_s"] > 0
+    assert pre["prompt"] == 32 and pre["bound_s"] <= pre["ttft_s"]
+    assert result.ttft_s == min(c["ttft_s"] for c in pre["candidates"])
+    assert f"{pre['chunks']} chunk(s) of {pre['chunk']} tokens" in result.table()

@@ -30,8 +30,12 @@ hidden state goes to the board of the LM head, which produces the first token; t
 carries the prompt in and the token out (:func:`tvm_spinn.llm.plan._step_io`).
 
 Searched: the chunk size (powers of two from :data:`MIN_CHUNK` that divide the prompt, and the
-whole prompt), the boards a block is tensor-parallel over (:data:`TP_BOARDS`) and the blocks a
-stage runs (every stage used, or fewer stages). One board runs every block as one stage.
+whole prompt: all of them up to :data:`EXHAUSTIVE` sizes, else a climb from the smallest while
+the next is faster), the boards a block is tensor-parallel over (:data:`TP_BOARDS`, at the best
+chunk size of one board per block) and the blocks a stage runs (every stage used, two or four
+times fewer stages, or one). One board runs every block as one stage. One prompt is planned
+(a batch's prompts would follow it through the pipeline); data-parallel replicas do not shorten
+it, so the boards beyond the stages stay idle.
 
 The bound next to it (:func:`prefill_bound`) is the project's physical bound
 (:func:`tvm_spinn.timing.bounds.physical_bound`) of the prompt's work (:func:`prefill_workload`):
@@ -236,10 +240,11 @@ def _cfg_key(cfg: dict) -> str:
 
 
 def _describe_chunk(cfg: dict, spec: ModelSpec, target, dtype: str, chunk: int, context: int, memo: dict):
-    """The chunk block's programs (described once per config, target, dtype, chunk and context)."""
+    """The chunk block's programs (described once per config, chip, dtype, chunk and context)."""
+    from ..target import arch_of
     from .describe import describe
 
-    key = ("chunk", _cfg_key(cfg), str(target), dtype, chunk, context)
+    key = ("chunk", _cfg_key(cfg), repr(arch_of(target).replace(chips=1, name="")), dtype, chunk, context)
     if key not in memo:
         P = _plan_module()
         model_key = ("model", _cfg_key(cfg))
@@ -327,7 +332,9 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
     memo = {} if memo is None else memo
     cpb = min(arch.chips, arch.chips_per_board)
     boards = max(1, arch.chips // arch.chips_per_board)
-    board = arch if arch.chips <= cpb else arch.replace(chips=cpb, name=f"{arch.name}[board]")
+    # one board of any system of these chips maps alike: the name is not the system's, so a memo
+    # shared between systems reuses the board's mappings
+    board = arch if arch.chips < arch.chips_per_board else arch.replace(chips=cpb, name="spinn board (prefill)")
     budget = resident_capacity(board)
     topo, board_topo = topology_of(arch), topology_of(board)
     ring = ring_order(board_topo, cpb)
@@ -337,7 +344,7 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
     stages_memo = memo.setdefault("stages", {})
 
     # the head: the final norm and LM head of the last token, on one board (as the decode plan)
-    head_key = ("head", _cfg_key(cfg), str(target), dtype, arch.name)
+    head_key = ("head", _cfg_key(cfg), repr(board), dtype, min(prompt, slots))
     if head_key not in memo:
         from .describe import describe
 
