@@ -243,7 +243,7 @@ def part_prefill(args) -> list:
     configs = importlib.resources.files("tvm_spinn.llm") / "configs"
     print(f"\n== prefill: one prompt, {args.handover} hand-overs between boards (config only: no weights, "
           "timing model)")
-    head = (f"{'model':<15}{'system':<10}{'prompt':>7}{'TTFT ms':>11}{'bound ms':>10}{'binding':>13}{'eff.':>8}"
+    head = (f"{'model':<15}{'system':<10}{'prompt':>7}{'TTFT ms':>11}{'bound ms':>10}{'binding':>15}{'eff.':>8}"
             f"{'chunk':>7}{'chunks':>7}{'stages':>7}{'blocks':>7}{'TP':>4}{'boards':>7}{'waits on':>10}"
             f"{'plan s':>8}")
     print(head + "\n" + "-" * len(head))
@@ -262,7 +262,7 @@ def part_prefill(args) -> list:
                     continue
                 rows.append(p)
                 print(f"{name:<15}{system:<10}{p.prompt:>7}{p.ttft_s * 1e3:>11.1f}{p.bound_s * 1e3:>10.4g}"
-                      f"{p.bound['binding']:>13}{p.efficiency:>8.4f}{p.chunk:>7}{p.chunks:>7}{p.stages:>7}"
+                      f"{p.bound['binding']:>15}{p.efficiency:>8.4f}{p.chunk:>7}{p.chunks:>7}{p.stages:>7}"
                       f"{p.blocks_per_stage:>7}{p.tp_boards:>4}{p.boards_used:>7}{p.busiest['kind']:>10}"
                       f"{time.perf_counter() - start:>8.1f}")
     if rows:

@@ -120,6 +120,7 @@ def test_chunk_search_picks_the_minimum(monkeypatch):
     (dict(prompt=32, chunk=12), r"chunk must be .* dividing the prompt"),
     (dict(prompt=32, dtype="fp16"), r"dtype must be one of"),
     (dict(prompt=32, handover="bf16"), r"handover must be one of"),
+    (dict(prompt=32, search="best"), r"search must be 'climb' or 'all'"),
 ])
 def test_bad_input_names_the_field(kwargs, match):
     with pytest.raises(LLMError, match=match):
@@ -149,3 +150,13 @@ def test_plan_reports_the_prefill_plans_ttft(monkeypatch):
     assert pre["prompt"] == 32 and pre["bound_s"] <= pre["ttft_s"]
     assert result.ttft_s == min(c["ttft_s"] for c in pre["candidates"])
     assert f"{pre['chunks']} chunk(s) of {pre['chunk']} tokens" in result.table()
+
+
+def test_a_system_smaller_than_a_board_runs_one_stage(monkeypatch):
+    _no_simulation(monkeypatch)
+    p = plan_prefill({**TINY, "num_hidden_layers": 2}, "spinn", prompt=32, chunk=16, dtype="fp32")
+    assert (p.stages, p.blocks_per_stage, p.tp_boards, p.chunks) == (1, 2, 1, 2)
+    assert p.handover_chunk_s == 0 and p.parts_s["head_handover_s"] == 0
+    t0, t1 = p.stage_chunk_s
+    assert p.parts_s["pipeline_s"] == pytest.approx(t0 + t1)  # one stage: the chunks one after another
+    assert p.bound_s <= p.ttft_s

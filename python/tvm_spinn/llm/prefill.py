@@ -30,8 +30,8 @@ hidden state goes to the board of the LM head, which produces the first token; t
 carries the prompt in and the token out (:func:`tvm_spinn.llm.plan._step_io`).
 
 Searched: the chunk size (powers of two from :data:`MIN_CHUNK` that divide the prompt, and the
-whole prompt: all of them up to :data:`EXHAUSTIVE` sizes, else a climb from the smallest while
-the next is faster), the boards a block is tensor-parallel over (:data:`TP_BOARDS`, at the best
+whole prompt: all of them up to :data:`EXHAUSTIVE` sizes, else a climb from the size that
+makes as many chunks as stages towards the faster neighbour), the boards a block is tensor-parallel over (:data:`TP_BOARDS`, at the best
 chunk size of one board per block) and the blocks a stage runs (every stage used, two or four
 times fewer stages, or one). One board runs every block as one stage. One prompt is planned
 (a batch's prompts would follow it through the pipeline); data-parallel replicas do not shorten
@@ -61,8 +61,8 @@ __all__ = ["PrefillPlan", "ChunkStep", "plan_prefill", "prefill_workload", "pref
 MIN_CHUNK = 16
 #: Boards a block is tensor-parallel over in the prefill search (1: a block on one board)
 TP_BOARDS = (1, 2, 4)
-#: Chunk-size ladders this short are searched whole; longer ones by a climb from their middle
-EXHAUSTIVE = 4
+#: Chunk-size ladders this short are searched whole; longer ones by a climb (see :func:`plan_prefill`)
+EXHAUSTIVE = 2
 
 
 def _plan_module():
@@ -257,6 +257,18 @@ def _describe_chunk(cfg: dict, spec: ModelSpec, target, dtype: str, chunk: int, 
     return memo[key]
 
 
+@dataclass(frozen=True)
+class _Alone:
+    latency_s: float
+    handoff_gather_bytes: int = 0
+
+
+def _map_alone(described: list, arch, weights: str) -> _Alone:
+    """Programs on the whole of a system smaller than a board, one after another
+    (:func:`tvm_spinn.llm.plan._map`: no board ledger, no hand-over)."""
+    return _Alone(_plan_module()._map(described, arch, weights).latency_s)
+
+
 def _check(spec: ModelSpec, prompt, chunk) -> None:
     if isinstance(prompt, bool) or not isinstance(prompt, int) or not 1 <= prompt <= MAX_DIM:
         raise LLMError(f"prompt must be an integer in [1, {MAX_DIM}] (tokens), got {prompt!r}")
@@ -270,7 +282,7 @@ def _check(spec: ModelSpec, prompt, chunk) -> None:
 
 def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = "int8", handover: str = "fp32",
                  chunk: "int | None" = None, tp_boards: "tuple | None" = None, memo: "dict | None" = None,
-                 model_name: "str | None" = None) -> PrefillPlan:
+                 model_name: "str | None" = None, search: str = "climb") -> PrefillPlan:
     """Plan the prefill of one ``prompt``-token prompt (the time to first token) on a spinn system.
 
     Parameters
@@ -295,6 +307,9 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
         Described and mapped programs to share between calls of one process (planning time).
     model_name : str, optional
         Name shown in the plan (default: the config's file name or family).
+    search : {"climb", "all"}
+        How chunk sizes are searched: a climb to a local minimum (few mappings), or every size
+        (the mapper's costs are not always unimodal in the chunk size).
 
     Returns
     -------
@@ -324,6 +339,8 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
         raise LLMError(f"dtype must be one of {sorted(P.DTYPES)}, got {dtype!r}")
     if handover not in P.HANDOVER_BYTES:
         raise LLMError(f"handover must be one of {sorted(P.HANDOVER_BYTES)}, got {handover!r}")
+    if search not in ("climb", "all"):
+        raise LLMError(f"search must be 'climb' or 'all', got {search!r}")
     if model_name is None:
         model_name = (os.path.splitext(os.path.basename(os.fspath(config)))[0]
                       if isinstance(config, (str, os.PathLike)) else str(cfg.get("_name_or_path") or spec.family))
@@ -335,6 +352,8 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
     # one board of any system of these chips maps alike: the name is not the system's, so a memo
     # shared between systems reuses the board's mappings
     board = arch if arch.chips < arch.chips_per_board else arch.replace(chips=cpb, name="spinn board (prefill)")
+    # less than a board: one stage on every chip, mapped as the plan's one-group placements are
+    small = arch.chips < arch.chips_per_board
     budget = resident_capacity(board)
     topo, board_topo = topology_of(arch), topology_of(board)
     ring = ring_order(board_topo, cpb)
@@ -352,8 +371,9 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
         _, module, args = P._parts(model, spec, 1, min(prompt, slots))[2]
         head = describe(module, args, target, dtype)
         atoms = [a for i, d in enumerate(head) for a in P._atoms(i, d.program)]
-        memo[head_key] = P._map_stage([P._slice(head[i].program, a, b) for i, a, b in P._merge(atoms)], board,
-                                      {tuple(int(x) for x in args[0].shape)}, memo=stages_memo).latency_s
+        memo[head_key] = (_map_alone(list(head), board, "auto").latency_s if small else P._map_stage(
+            [P._slice(head[i].program, a, b) for i, a, b in P._merge(atoms)], board,
+            {tuple(int(x) for x in args[0].shape)}, memo=stages_memo).latency_s)
     head_s = memo[head_key]
 
     def contexts(c: int) -> list[int]:
@@ -374,7 +394,13 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
         for mode in ("auto", "stream") if stream else ("auto",):
             for end in ends:
                 programs, host = _describe_chunk(sliced, sub, target, dtype, c, end, memo)
-                mapped[(mode, end)] = P._map_stage(list(programs), board, host, 0, weights=mode, memo=stages_memo)
+                if small:
+                    from .describe import DescribedProgram
+
+                    mapped[(mode, end)] = _map_alone([DescribedProgram(p, 0) for p in programs], board, mode)
+                else:
+                    mapped[(mode, end)] = P._map_stage(list(programs), board, host, 0, weights=mode,
+                                                       memo=stages_memo)
         first = mapped[("auto", ends[0])]
 
         def line(mode):
@@ -384,8 +410,7 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
 
         auto = line("auto")
         return dict(auto=auto, stream=line("stream") if stream else auto,
-                    fit=int(budget // max(1, first.weight_bytes)), handoff=first.handoff_in_bytes,
-                    gather=max(0, first.handoff_gather_bytes), weight=first.weight_bytes)
+                    fit=int(budget // max(1, _block_weight(g))), gather=max(0, first.handoff_gather_bytes))
 
     def _block_weight(g: int) -> int:
         """Weight bytes of one board's share of a block (its slice's GEMM weights and vectors)."""
@@ -480,18 +505,22 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
             return c_best
 
         # the chunk sizes' TTFT falls and then rises (the pipeline's fill, which small chunks
-        # shorten, against each chunk's fixed costs and weight reads): climb from the smallest
-        # size while the next is faster; a wider block (g > 1) at the best size found so far
+        # shorten, against each chunk's fixed costs and weight reads): start where the chunks
+        # about match the stages (whose fill they then halve), go to the better neighbour while
+        # it is faster; a wider block (g > 1) at the best size found so far
         ladder = sizes if best is None else [best["chunk"]]
-        if len(ladder) <= EXHAUSTIVE:
+        if len(ladder) <= EXHAUSTIVE or search == "all":
             for c in ladder:
                 evaluate(c)
             continue
-        here = evaluate(ladder[0])
-        for c in ladder[1:]:
-            if evaluate(c) >= here:
+        at = min(range(len(ladder)), key=lambda k: (abs(math.log2(prompt / ladder[k] / math.ceil(L / least))), k))
+        here = evaluate(ladder[at])
+        while True:
+            near = [k for k in (at - 1, at + 1) if 0 <= k < len(ladder)]
+            k = min(near, key=lambda k: (evaluate(ladder[k]), k))
+            if evaluated[ladder[k]] >= here:
                 break
-            here = evaluated[c]
+            at, here = k, evaluated[ladder[k]]
     if best is None:
         raise LLMError(f"no prefill layout of {model_name} fits {arch.name}")
     bound = prefill_bound(spec, prompt, dtype, arch, item)
