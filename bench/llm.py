@@ -1,6 +1,6 @@
 """LLM inference on spinn systems: generated tokens on the simulator, and plans from configs.
 
-Two parts, each printed as one table from one run:
+Three parts, each printed as one table from one run:
 
 * ``generate``: small GPT-2 and Llama configs (seeded random weights) compiled with
   ``tvm_spinn.llm.compile`` in fp32 and int8 (``tvm_spinn.quantize``, calibrated on seeded random
@@ -22,12 +22,16 @@ Two parts, each printed as one table from one run:
   efficiency (bound / period, at most 1); then tokens/s, TTFT, energy per token, the plan's own
   bound's ratio (a diagnostic: it moves with the plan) and the planning time; a plot of tokens/s
   per user against boards, the physical bound dotted (``--plot``).
+* ``prefill`` (run alone): the prompt's own plan (``tvm_spinn.llm.prefill``) for 128 / 2,048 /
+  4,096-token prompts on Llama-2-70B and 8,192 on Llama-3.1-70B per system: time to first token,
+  its plan-independent bound and efficiency, the chunk size, stages and boards the search chose.
 
     python bench/llm.py                                   # both parts, the default subset
     python bench/llm.py --part plan --models llama-2-70b --systems board boards24 cloud
     python bench/llm.py --part plan --models llama-2-70b --systems scaling --plot scaling.png
     python bench/llm.py --part generate --new-tokens 32
     python bench/llm.py --part plan --models llama-2-70b --systems boards24 --dead-boards 5   # healthy and as is
+    python bench/llm.py --part prefill --systems board boards24 cloud   # TTFT: 128-8192-token prompts
 
 Timings on this shared 2-core machine vary between runs (up to 2x for sub-millisecond steps).
 """
@@ -263,6 +267,50 @@ def _as_is(target: str, args) -> str:
     return tag
 
 
+#: ``--part prefill``: (model, prompt tokens) planned by default
+PREFILL_CASES = ("llama-2-70b:128", "llama-2-70b:2048", "llama-2-70b:4096", "llama-3.1-70b:8192")
+
+
+@_with_board_systems
+def part_prefill(args) -> list:
+    """The prompt's own plan (``tvm_spinn.llm.prefill``): time to first token per model, prompt and
+    system, next to its plan-independent bound (efficiency = bound / TTFT)."""
+    from tvm_spinn.llm import LLMError
+    from tvm_spinn.llm.prefill import plan_prefill
+
+    configs = importlib.resources.files("tvm_spinn.llm") / "configs"
+    print(f"\n== prefill: one prompt, {args.handover} hand-overs between boards (config only: no weights, "
+          "timing model)")
+    head = (f"{'model':<15}{'system':<10}{'prompt':>7}{'TTFT ms':>11}{'bound ms':>10}{'binding':>15}{'eff.':>8}"
+            f"{'chunk':>7}{'chunks':>7}{'stages':>7}{'blocks':>7}{'TP':>4}{'boards':>7}{'waits on':>10}"
+            f"{'plan s':>8}")
+    print(head + "\n" + "-" * len(head))
+    rows, memo = [], {}
+    for case in args.prefill:
+        name, prompt = case.split(":")
+        for system in args.systems:
+            target = SYSTEMS[system][0]
+            for dtype in args.dtypes:
+                start = time.perf_counter()
+                try:
+                    p = plan_prefill(str(configs / f"{name}.json"), target, prompt=int(prompt), dtype=dtype,
+                                     handover=args.handover, memo=memo)
+                except LLMError as err:
+                    print(f"{name:<15}{system:<10}{prompt:>7}  {err}")
+                    continue
+                rows.append(p)
+                print(f"{name:<15}{system:<10}{p.prompt:>7}{p.ttft_s * 1e3:>11.1f}{p.bound_s * 1e3:>10.4g}"
+                      f"{p.bound['binding']:>15}{p.efficiency:>8.4f}{p.chunk:>7}{p.chunks:>7}{p.stages:>7}"
+                      f"{p.blocks_per_stage:>7}{p.tp_boards:>4}{p.boards_used:>7}{p.busiest['kind']:>10}"
+                      f"{time.perf_counter() - start:>8.1f}")
+    if rows:
+        print("TTFT: the prompt in chunks through board stages (each `blocks` blocks, tensor-parallel over `TP` "
+              "boards), the head's first token and the host's I/O; bound: compute at the system's peak, every "
+              "weight read once, the least crossings; eff. = bound / TTFT; waits on: what the pipeline's "
+              "busiest machine is (a stage's programs or a hand-over between stages)")
+    return rows
+
+
 def _placement(p) -> str:
     """``shared``, ``groups`` or ``pipeline: stages x boards (per block)``."""
     meta = p.plan
@@ -317,7 +365,7 @@ def plot(rows: list[dict], path: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--part", choices=("generate", "plan", "all"), default="all")
+    ap.add_argument("--part", choices=("generate", "plan", "prefill", "all"), default="all")
     ap.add_argument("--families", nargs="+", default=["gpt2", "llama"], choices=("gpt2", "llama"))
     ap.add_argument("--dtypes", nargs="+", default=["fp32", "int8"], choices=("fp32", "int8"))
     ap.add_argument("--prompts", type=int, default=2, help="batch of prompts generated together")
@@ -338,6 +386,8 @@ def main() -> None:
                        ("--dead-links", "chip:direction pairs"), ("--dead-board-links", "board:edge pairs"),
                        ("--allocated-boards", "board ids, e.g. 0-23")):
         ap.add_argument(flag, default=None, help=f"plan each system also as it is (rows marked *): {what}")
+    ap.add_argument("--prefill", nargs="+", default=list(PREFILL_CASES),
+                    help="--part prefill: model:prompt-tokens cases (a shipped config's name)")
     args = ap.parse_args()
     args.systems = [x for s in args.systems for x in (SCALING if s == "scaling" else (s,))]
     if args.part in ("generate", "all"):
@@ -346,6 +396,8 @@ def main() -> None:
         rows = part_plan(argparse.Namespace(**{**vars(args), "dtypes": args.plan_dtypes}))
         if args.plot and rows:
             plot(rows, args.plot)
+    if args.part == "prefill":
+        part_prefill(argparse.Namespace(**{**vars(args), "dtypes": args.plan_dtypes}))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ No weight is materialized and the functional simulator never runs: the model is 
 ``seq``-token prompt) and the head are described with shape/dtype-only weights
 (:mod:`.describe`), mapped by the normal mapping compiler and timed by its timing model. The
 blocks of a model are identical, so the block is planned once and scaled by the layer count
-(``plan["scaled_from_one_layer"]``).
+(``plan["scaled_from_one_layer"]``). The time to first token is the ``seq``-token prompt's own
+plan, chunked over board stages (:mod:`tvm_spinn.llm.prefill`, ``plan["prefill"]``).
 
 Up to four placements are compared and the one with the shortest per-user token period is
 kept (all are in ``plan["alternatives"]``):
@@ -155,7 +156,11 @@ class Plan:
                                        f"of the first stage)"),
             ("  host I/O", f"{self.plan.get('host_io_decode_s', 0.0) * 1e6:.2f} us a token out (the prompt in and "
                            f"the first token out: {self.plan.get('host_io_prefill_s', 0.0) * 1e6:.2f} us)"),
-            ("time to first token", f"{self.ttft_s * 1e3:.3f} ms"),
+            ("time to first token", f"{self.ttft_s * 1e3:.3f} ms" + (
+                f" (prefill: {self.plan['prefill']['chunks']} chunk(s) of {self.plan['prefill']['chunk']} tokens "
+                f"through {self.plan['prefill']['stages']} stage(s) on {self.plan['prefill']['boards_used']} "
+                f"board(s); bound {self.plan['prefill']['bound_s'] * 1e3:.4g} ms, efficiency "
+                f"{self.plan['prefill']['efficiency']:.4f})" if "prefill" in self.plan else "")),
             ("energy per token", f"{self.energy_per_token_j:.4g} J"),
             ("physical bound", f"{self.physical_bound_s * 1e3:.4g} ms/token ({1 / self.physical_bound_s:.3f} "
                                f"tokens/s per user), {self.physical_bound['binding']}-bound: " + ", ".join(
@@ -579,11 +584,16 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
         **best["meta"],
     }
     from ..timing.bounds import decode_workload, physical_bound  # TVM: not for the CLI's checks
+    from .prefill import plan_prefill
 
+    # the time to first token: a ``seq``-token prompt's own plan (chunked over board stages)
+    prefill = plan_prefill(cfg, target, prompt=seq, dtype=dtype, handover=handover, memo={"stages": stages},
+                           model_name=model_name)
+    meta["prefill"] = prefill.to_dict()
     physical = physical_bound(decode_workload(spec, batch, slots, dtype), arch)
     return Plan(
         model=model_name, system=arch.name, chips=arch.chips, batch=batch, seq=seq, dtype=dtype,
-        tokens_per_s_per_user=1.0 / best["period_s"], tokens_per_s=batch / best["period_s"], ttft_s=best["ttft_s"],
+        tokens_per_s_per_user=1.0 / best["period_s"], tokens_per_s=batch / best["period_s"], ttft_s=prefill.ttft_s,
         decode_latency_s=best["decode_s"], energy_per_token_j=best["energy_j"],
         chips_used=best["used"], sram_bytes_per_chip=int(best["sram_pe"] * arch.pes_per_chip),
         dram_bytes_per_chip=best["dram_chip"], weight_bytes=weight_bytes,

@@ -1,0 +1,536 @@
+"""The prompt as its own plan: chunked prefill pipelined over boards (time to first token).
+
+A prompt of ``n`` tokens is cut into chunks of ``C`` tokens that flow through a pipeline of
+*stages*, so the stages work on different chunks at once. A stage is a group of ``g``
+neighbouring boards (:func:`tvm_spinn.llm.board_tp.board_groups`) running ``m`` consecutive
+blocks, each block tensor-parallel over the group (for ``g >= 2`` each board runs the block's
+slice, :func:`tvm_spinn.llm.board_tp.slice_config`, whose int32 partial sums are all-reduced
+across the boards twice a block: :func:`tvm_spinn.timing.collectives.board_all_reduce`) and,
+inside a board, over its chips as the mapper plans it (the int8 weight GEMMs at ``M = C`` on the
+MAC arrays). Between stages each chunk's hidden state (``C x hidden`` elements of the plan's
+``handover`` type) crosses the board links, each chip sending its share to its counterpart on
+the next group (:func:`tvm_spinn.timing.collectives.point_to_point`), then all-gathered on the
+receiving board where its first program reads it whole.
+
+Chunk ``k`` attends over the ``(k + 1) C`` keys written so far (its own included: a
+sliding window keeps at most the window's); its keys and values are the program's outputs,
+written into the KV cache of the stage's chips, where that stage's blocks keep them. A block's
+chunk is one program (:class:`ChunkStep`, described with descriptor weights by
+:mod:`.describe`) mapped on one board by the normal mapper with the board's SRAM ledger
+(:func:`tvm_spinn.llm.plan._map_stage`) at the first chunk's context and at the last's; the
+chunks between are timed on the straight line between the two (attention's work is linear in
+the context, the weight GEMMs' constant). A stage of ``m`` blocks runs the first blocks its SRAM
+keeps resident at the time of the block mapped with ``weights="auto"`` and the rest at the time
+of the block streaming its weights (as :func:`tvm_spinn.llm.board_tp._run_s`).
+
+The pipeline is timed as a flow shop (:func:`flow_shop_s`): the machines are the stages and the
+board links between them, in order, each taking the chunks in order; on identical machines of
+time ``t`` per chunk that is ``(machines + chunks - 1) t``. After the last chunk the last token's
+hidden state goes to the board of the LM head, which produces the first token; the host link
+carries the prompt in and the token out (:func:`tvm_spinn.llm.plan._step_io`).
+
+Searched: the chunk size (powers of two from :data:`MIN_CHUNK` that divide the prompt, and the
+whole prompt: all of them up to :data:`EXHAUSTIVE` sizes, else a climb from the size that
+makes as many chunks as stages towards the faster neighbour), the boards a block is tensor-parallel over (:data:`TP_BOARDS`, at the best
+chunk size of one board per block) and the blocks a stage runs (every stage used, two or four
+times fewer stages, or one). One board runs every block as one stage. One prompt is planned
+(a batch's prompts would follow it through the pipeline); data-parallel replicas do not shorten
+it, so the boards beyond the stages stay idle.
+
+The bound next to it (:func:`prefill_bound`) is the project's physical bound
+(:func:`tvm_spinn.timing.bounds.physical_bound`) of the prompt's work (:func:`prefill_workload`):
+its MACs at the system's peak, every weight read once, and the least crossings a placement needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .spec import MAX_DIM, LLMError, ModelSpec
+
+__all__ = ["PrefillPlan", "ChunkStep", "plan_prefill", "prefill_workload", "prefill_bound", "flow_shop_s",
+           "chunk_sizes", "TP_BOARDS", "MIN_CHUNK"]
+
+#: Smallest chunk: the MAC array's 16-wide side takes the chunk's tokens (M), and smaller chunks
+#: only add per-chunk fixed costs
+MIN_CHUNK = 16
+#: Boards a block is tensor-parallel over in the prefill search (1: a block on one board)
+TP_BOARDS = (1, 2, 4)
+#: Chunk-size ladders this short are searched whole; longer ones by a climb (see :func:`plan_prefill`)
+EXHAUSTIVE = 2
+
+
+def _plan_module():
+    # ``tvm_spinn.llm.plan`` is the function the package exports; the module by its full name
+    return importlib.import_module(".plan", __package__)
+
+
+def chunk_sizes(prompt: int) -> list[int]:
+    """Chunk sizes searched for a prompt of ``prompt`` tokens: the powers of two from
+    :data:`MIN_CHUNK` that divide it (every chunk full), and the whole prompt."""
+    out = []
+    c = MIN_CHUNK
+    while c < prompt:
+        if prompt % c == 0:
+            out.append(c)
+        c *= 2
+    return out + [prompt]
+
+
+def flow_shop_s(times) -> float:
+    """Makespan of chunks flowing through machines in order, each machine taking the chunks in
+    order and one at a time: ``times[m][k]`` seconds of chunk ``k`` on machine ``m``.
+
+    ``finish[m][k] = max(finish[m - 1][k], finish[m][k - 1]) + times[m][k]``; equal times ``t``
+    give ``(machines + chunks - 1) t``."""
+    times = np.asarray(times, dtype=np.float64)
+    if times.ndim != 2 or times.size == 0:
+        raise ValueError(f"times must be machines x chunks (non-empty), got shape {times.shape}")
+    finish = np.zeros(times.shape[1])
+    for row in times:
+        # finish[k] = max(previous machine's finish[k], this machine's finish[k - 1]) + row[k]
+        done = 0.0
+        for k in range(row.size):
+            done = max(done, finish[k]) + row[k]
+            finish[k] = done
+    return float(finish[-1])
+
+
+def prefill_workload(spec: ModelSpec, prompt: int, dtype: str, handover_itemsize: int = 4):
+    """The :class:`~tvm_spinn.timing.bounds.Workload` of a prompt's prefill up to the first token.
+
+    MACs: every block's weight GEMMs for each of the ``prompt`` tokens (``dtype``), the causal
+    attention's two matmuls (fp32: query ``i`` against ``i + 1`` keys, at most a sliding
+    window's), and the LM head for the last token. Bytes read: every weight once, the vectors and
+    the prompt's embedding rows. Hand-over: the prompt's residual stream (``prompt`` rows of
+    ``hidden`` elements of ``handover_itemsize`` bytes); sync points: two norms a block and the
+    final norm. Largest stretch: as :func:`tvm_spinn.timing.bounds.decode_workload` without a
+    cache (the prompt's keys are computed, not read)."""
+    from ..timing.bounds import Workload
+
+    itemsize = {"int8": 1, "fp32": 4}[dtype]
+    h, i, v = spec.hidden, spec.intermediate, spec.vocab
+    q, kv = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
+    mlp = 3 if spec.family == "llama" else 2
+    block = h * (q + 2 * kv) + q * h + mlp * h * i
+    tables = (0 if spec.tied_embeddings else v * h) + (spec.max_positions * h if spec.family == "gpt2" else 0)
+    vectors = spec.params - spec.layers * block - v * h - tables
+    rows = prompt * h * ((0 if spec.tied_embeddings else 1) + (1 if spec.family == "gpt2" else 0))
+    window = spec.sliding_window or prompt
+    # query i sees min(i + 1, window) keys
+    keys = sum(min(j + 1, window) for j in range(prompt)) if window < prompt else prompt * (prompt + 1) // 2
+    attention = spec.layers * 2 * spec.heads * spec.head_dim * keys
+    gemm = prompt * spec.layers * block + v * h
+    weights = (spec.layers * block + v * h) * itemsize + vectors * 4 + rows * itemsize
+    largest = max(h * (q + 2 * kv) + q * h, mlp * h * i, v * h) * itemsize + vectors * 4 + rows * itemsize
+    return Workload(macs_int8=gemm if dtype == "int8" else 0,
+                    macs_fp32=attention + (gemm if dtype == "fp32" else 0),
+                    read_bytes=int(weights), handover_bytes=prompt * h * handover_itemsize, handover_rows=prompt,
+                    sync_points=2 * spec.layers + 1, largest_phase_bytes=int(min(largest, weights)),
+                    description={"prompt": prompt, "dtype": dtype, "weight_bytes_read": int(weights),
+                                 "attention_macs": attention, "gemm_macs": gemm})
+
+
+def prefill_bound(spec: ModelSpec, prompt: int, dtype: str, arch, handover_itemsize: int = 4):
+    """Plan-independent lower bound on the time to first token (a
+    :class:`~tvm_spinn.timing.bounds.PhysicalBound` of :func:`prefill_workload` on ``arch``)."""
+    from ..timing.bounds import physical_bound
+
+    return physical_bound(prefill_workload(spec, prompt, dtype, handover_itemsize), arch)
+
+
+def _chunk_step_class():
+    from .graphs import LayerStep
+
+    class _Chunk(LayerStep):
+        """One block on a chunk of ``C`` prompt tokens after ``P`` earlier ones:
+        ``forward(x (b, C, hidden), k_cache (b * kv_heads, head_dim, P + C), v_cache (b *
+        kv_heads, P + C, head_dim), mask (C, P + C)[, cos, sin])`` -> ``(x, k, v)``; the chunk's
+        keys and values (``k``, ``v``) are written into the cache's last ``C`` slots, which the
+        attention reads with the earlier ones (planning only: shapes, not values, matter)."""
+
+        def forward(self, x, k_cache, v_cache, mask, *rope):
+            def cache_fn(i, k_t, v):
+                return k_cache, v_cache, k_t, v
+
+            cos, sin = (list(rope) + [None, None])[:2]
+            return self._layer(0, x, cache_fn, mask, cos, sin)
+
+    return _Chunk
+
+
+def ChunkStep(model, spec: ModelSpec, context: int):
+    """The block of ``model`` (a one-block model) on a chunk attending over ``context`` keys
+    (see the returned module's docstring)."""
+    return _chunk_step_class()(model, spec, context).eval()
+
+
+def _chunk_args(spec: ModelSpec, chunk: int, context: int) -> tuple:
+    import torch
+
+    d, kvh = spec.head_dim, spec.kv_heads
+    with torch.device("meta"):
+        args = [torch.zeros(1, chunk, spec.hidden), torch.zeros(kvh, d, context), torch.zeros(kvh, context, d),
+                torch.zeros(chunk, context)]
+        if spec.family == "llama":
+            args += [torch.zeros(1, chunk, d), torch.zeros(1, chunk, d)]
+    return tuple(args)
+
+
+@dataclass(frozen=True)
+class PrefillPlan:
+    """A prompt's prefill planned on a spinn system (timing model; no weights, no simulation).
+
+    ``ttft_s``: time to first token; ``bound_s``: the plan-independent bound
+    (:func:`prefill_bound`), ``efficiency = bound_s / ttft_s``; ``parts_s``: the pipeline
+    (``pipeline_s``, the flow shop of stages and hand-overs), the last token to the head's
+    board, the head, the host's I/O; ``busiest``: the resource the pipeline waits on
+    (``stage``: a stage's programs, ``links``: a hand-over between stages) and its seconds
+    summed over the chunks; ``candidates``: every layout and chunk size timed."""
+
+    model: str
+    system: str
+    prompt: int
+    dtype: str
+    handover: str
+    chunk: int
+    chunks: int
+    tp_boards: int
+    blocks_per_stage: int
+    stages: int
+    boards_used: int
+    ttft_s: float
+    bound_s: float
+    bound: dict
+    parts_s: dict
+    busiest: dict
+    stage_chunk_s: tuple  # a stage's blocks on the first chunk and on the last
+    handover_chunk_s: float
+    candidates: tuple
+
+    @property
+    def efficiency(self) -> float:
+        """The bound over the time to first token (at most 1)."""
+        return self.bound_s / self.ttft_s if self.ttft_s > 0 else float("nan")
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["efficiency"] = self.efficiency
+        out["candidates"] = [dict(c) for c in self.candidates]
+        return out
+
+    def line(self) -> str:
+        """One line: TTFT, layout, bound and efficiency."""
+        return (f"{self.ttft_s * 1e3:.4g} ms for {self.prompt} tokens: {self.chunks} chunk(s) of {self.chunk} through "
+                f"{self.stages} stage(s) of {self.blocks_per_stage} block(s) on {self.tp_boards} board(s) "
+                f"({self.boards_used} boards); bound {self.bound_s * 1e3:.4g} ms ({self.bound['binding']}), "
+                f"efficiency {self.efficiency:.4f}; waits on {self.busiest['kind']} "
+                f"({self.busiest['seconds'] * 1e3:.4g} ms over the chunks)")
+
+
+def _cfg_key(cfg: dict) -> str:
+    import json
+
+    return json.dumps(cfg, sort_keys=True, default=str)
+
+
+def _describe_chunk(cfg: dict, spec: ModelSpec, target, dtype: str, chunk: int, context: int, memo: dict):
+    """The chunk block's programs (described once per config, chip, dtype, chunk and context)."""
+    from ..target import arch_of
+    from .describe import describe
+
+    key = ("chunk", _cfg_key(cfg), repr(arch_of(target).replace(chips=1, name="")), dtype, chunk, context)
+    if key not in memo:
+        P = _plan_module()
+        model_key = ("model", _cfg_key(cfg))
+        if model_key not in memo:
+            memo[model_key] = P._meta_model(cfg, spec)
+        model = memo[model_key]
+        args = _chunk_args(spec, chunk, context)
+        programs = [d.program for d in describe(ChunkStep(model, spec, context), args, target, dtype)]
+        memo[key] = (programs, {tuple(int(x) for x in a.shape) for a in args[1:]})
+    return memo[key]
+
+
+@dataclass(frozen=True)
+class _Alone:
+    latency_s: float
+    handoff_gather_bytes: int = 0
+
+
+def _map_alone(described: list, arch, weights: str) -> _Alone:
+    """Programs on the whole of a system smaller than a board, one after another
+    (:func:`tvm_spinn.llm.plan._map`: no board ledger, no hand-over)."""
+    return _Alone(_plan_module()._map(described, arch, weights).latency_s)
+
+
+def _check(spec: ModelSpec, prompt, chunk) -> None:
+    if isinstance(prompt, bool) or not isinstance(prompt, int) or not 1 <= prompt <= MAX_DIM:
+        raise LLMError(f"prompt must be an integer in [1, {MAX_DIM}] (tokens), got {prompt!r}")
+    if prompt > spec.max_positions:
+        raise LLMError(f"prompt={prompt} is longer than the model's position table (config max positions "
+                       f"{spec.max_positions})")
+    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= prompt
+                              or prompt % chunk):
+        raise LLMError(f"chunk must be an integer in [1, prompt={prompt}] dividing the prompt, got {chunk!r}")
+
+
+def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = "int8", handover: str = "fp32",
+                 chunk: "int | None" = None, tp_boards: "tuple | None" = None, memo: "dict | None" = None,
+                 model_name: "str | None" = None, search: str = "climb") -> PrefillPlan:
+    """Plan the prefill of one ``prompt``-token prompt (the time to first token) on a spinn system.
+
+    Parameters
+    ----------
+    config : str, dict, transformers config or model
+        As :func:`tvm_spinn.llm.plan`.
+    target : str or tvm.target.Target
+        The spinn system.
+    prompt : int
+        Prompt tokens (at most the model's positions).
+    dtype : {"int8", "fp32"}
+        Arithmetic and storage of the weight GEMMs (attention stays fp32).
+    handover : {"fp32", "fp16", "int8"}
+        Element type of the hidden states crossing between stages
+        (:data:`tvm_spinn.llm.plan.HANDOVER_BYTES`).
+    chunk : int, optional
+        Plan this chunk size only (it must divide the prompt); default: searched
+        (:func:`chunk_sizes`).
+    tp_boards : tuple of int, optional
+        Boards a block may be tensor-parallel over (default :data:`TP_BOARDS`).
+    memo : dict, optional
+        Described and mapped programs to share between calls of one process (planning time).
+    model_name : str, optional
+        Name shown in the plan (default: the config's file name or family).
+    search : {"climb", "all"}
+        How chunk sizes are searched: a climb to a local minimum (few mappings), or every size
+        (the mapper's costs are not always unimodal in the chunk size).
+
+    Returns
+    -------
+    PrefillPlan
+
+    Raises
+    ------
+    LLMError
+        A bad config field, ``prompt`` not a positive integer or beyond the model's positions,
+        a bad ``chunk``, ``dtype`` or ``handover``.
+    """
+    import os
+
+    from ..target import arch_of, get_target
+    from ..target.topology import board_grid, ring_order, topology_of
+    from ..timing.collectives import board_all_reduce, point_to_point
+    from ..timing.system import collective_cost
+    from ..mapping.planner import resident_capacity
+    from . import board_tp
+    from .spec import spec_of
+
+    P = _plan_module()
+    cfg = P._config_dict(config)
+    spec = spec_of(cfg)
+    _check(spec, prompt, chunk)
+    if dtype not in P.DTYPES:
+        raise LLMError(f"dtype must be one of {sorted(P.DTYPES)}, got {dtype!r}")
+    if handover not in P.HANDOVER_BYTES:
+        raise LLMError(f"handover must be one of {sorted(P.HANDOVER_BYTES)}, got {handover!r}")
+    if search not in ("climb", "all"):
+        raise LLMError(f"search must be 'climb' or 'all', got {search!r}")
+    if model_name is None:
+        model_name = (os.path.splitext(os.path.basename(os.fspath(config)))[0]
+                      if isinstance(config, (str, os.PathLike)) else str(cfg.get("_name_or_path") or spec.family))
+    target = get_target(target)
+    arch = arch_of(target)
+    memo = {} if memo is None else memo
+    cpb = min(arch.chips, arch.chips_per_board)
+    boards = max(1, arch.chips // arch.chips_per_board)
+    # one board of any system of these chips maps alike: the name is not the system's, so a memo
+    # shared between systems reuses the board's mappings
+    board = arch if arch.chips < arch.chips_per_board else arch.replace(chips=cpb, name="spinn board (prefill)")
+    # less than a board: one stage on every chip, mapped as the plan's one-group placements are
+    small = arch.chips < arch.chips_per_board
+    budget = resident_capacity(board)
+    topo, board_topo = topology_of(arch), topology_of(board)
+    ring = ring_order(board_topo, cpb)
+    item = P.HANDOVER_BYTES[handover]
+    L = spec.layers
+    slots = spec.cache_slots(prompt)
+    stages_memo = memo.setdefault("stages", {})
+
+    # the head: the final norm and LM head of the last token, on one board (as the decode plan)
+    head_key = ("head", _cfg_key(cfg), repr(board), dtype, min(prompt, slots))
+    if head_key not in memo:
+        from .describe import describe
+
+        model = P._meta_model(cfg, spec)
+        _, module, args = P._parts(model, spec, 1, min(prompt, slots))[2]
+        head = describe(module, args, target, dtype)
+        atoms = [a for i, d in enumerate(head) for a in P._atoms(i, d.program)]
+        memo[head_key] = (_map_alone(list(head), board, "auto").latency_s if small else P._map_stage(
+            [P._slice(head[i].program, a, b) for i, a, b in P._merge(atoms)], board,
+            {tuple(int(x) for x in args[0].shape)}, memo=stages_memo).latency_s)
+    head_s = memo[head_key]
+
+    def contexts(c: int) -> list[int]:
+        # chunk k attends over (k + 1) c keys, at most the window's slots and its own
+        return [min((k + 1) * c, slots + c if slots < prompt else (k + 1) * c) for k in range(prompt // c)]
+
+    def block_times(g: int, c: int, stream: bool) -> "dict | None":
+        """A block's (slice's) chunk on one board at each chunk's context: weights as the mapper
+        keeps them (``auto``) and, where ``stream``, streamed from DRAM; the hand-over's bytes
+        and the weights."""
+        sliced = cfg if g == 1 else board_tp.slice_config(cfg, spec, g)
+        if sliced is None:
+            return None
+        sub = spec if g == 1 else spec_of(sliced)
+        ctx = contexts(c)
+        ends = sorted({ctx[0], ctx[-1]})
+        mapped = {}
+        for mode in ("auto", "stream") if stream else ("auto",):
+            for end in ends:
+                programs, host = _describe_chunk(sliced, sub, target, dtype, c, end, memo)
+                if small:
+                    from .describe import DescribedProgram
+
+                    mapped[(mode, end)] = _map_alone([DescribedProgram(p, 0) for p in programs], board, mode)
+                else:
+                    mapped[(mode, end)] = P._map_stage(list(programs), board, host, 0, weights=mode,
+                                                       memo=stages_memo)
+        first = mapped[("auto", ends[0])]
+
+        def line(mode):
+            a, b = mapped[(mode, ends[0])].latency_s, mapped[(mode, ends[-1])].latency_s
+            span = ends[-1] - ends[0]
+            return np.array([a + (b - a) * (x - ends[0]) / span if span else a for x in ctx])
+
+        auto = line("auto")
+        return dict(auto=auto, stream=line("stream") if stream else auto,
+                    fit=int(budget // max(1, _block_weight(g))), gather=max(0, first.handoff_gather_bytes))
+
+    def _block_weight(g: int) -> int:
+        """Weight bytes of one board's share of a block (its slice's GEMM weights and vectors)."""
+        sub = spec if g == 1 else spec_of(board_tp.slice_config(cfg, spec, g))
+        q, kv = sub.heads * sub.head_dim, sub.kv_heads * sub.head_dim
+        mlp = 3 if sub.family == "llama" else 2
+        return (sub.hidden * (q + 2 * kv) + q * sub.hidden + mlp * sub.hidden * sub.intermediate) * P.DTYPES[dtype]
+
+    grid = board_grid(boards)
+    pair_memo: dict = {}
+
+    def handover_s(groups, j: int, nbytes: float, gather: float) -> float:
+        """Group ``j`` to group ``j + 1`` on the link graph, each chip its share, and the
+        receiving board's all-gather of what its first program reads whole."""
+        key = (len(groups[j]), j, nbytes, gather)
+        if key not in pair_memo:
+            src = np.concatenate([np.arange(cpb) + b * cpb for b in groups[j]])
+            dst = np.concatenate([np.arange(cpb) + b * cpb for b in groups[j + 1]])
+            s = point_to_point(topo, src, dst, nbytes / cpb).seconds
+            if gather:
+                s += collective_cost(board_topo, ring, "all_gather", int(gather), False).seconds
+            pair_memo[key] = s
+        return pair_memo[key]
+
+    host_io = P._step_io(arch, 1, prompt, None, [0])["host_io_prefill_s"]
+    candidates = []
+    best = None
+    widths = [g for g in (tp_boards or TP_BOARDS) if g == 1 or (boards >= g + 1 and dtype == "int8")]
+    sizes = [chunk] if chunk is not None else chunk_sizes(prompt)
+    for g in widths:
+        groups = board_tp.board_groups(grid, g) if boards > 1 else [[0]]
+        # the head needs a board of its own when the blocks run on several boards
+        free = [b for b in range(boards) if all(b not in grp for grp in groups)]
+        usable = 1 if boards == 1 else min(L, len(groups) if free else len(groups) - 1)
+        if usable < 1:
+            continue
+        least = math.ceil(L / usable)
+        per_stage = sorted({least} | {m for m in (2 * least, 4 * least, L) if m <= L})
+        evaluated: dict = {}
+
+        def evaluate(c: int) -> float:
+            """The best TTFT of chunk size ``c`` over the stage sizes (records every layout)."""
+            nonlocal best
+            if c in evaluated:
+                return evaluated[c]
+            # a stage of more blocks than its board keeps resident streams the rest
+            block_w = _block_weight(g)
+            fit = max(1, int(budget // max(1, block_w)))
+            times = block_times(g, c, any(m > fit for m in per_stage))
+            if times is None:
+                evaluated[c] = math.inf
+                return math.inf
+            n = prompt // c
+            reduce_s = 0.0
+            if g > 1:
+                ranks = [[int(x) + b * cpb for x in ring] for b in groups[0]]
+                reduce_s = 2 * board_all_reduce(topo, ranks, c * spec.hidden * 4).seconds  # int32 partial sums
+            c_best = math.inf
+            for m in per_stage:
+                stages = math.ceil(L / m)
+                sizes_m = [m] * (stages - 1) + [L - m * (stages - 1)]
+                rows, links = [], []
+                hand = (handover_s(groups, 0, c * spec.hidden * item, times["gather"] * item // 4)
+                        if stages > 1 else 0.0)
+                for j, blocks in enumerate(sizes_m):
+                    k = min(blocks, fit)
+                    rows.append(k * times["auto"] + (blocks - k) * times["stream"] + blocks * reduce_s)
+                    if j < stages - 1:
+                        rows.append(np.full(n, hand))
+                        links.append(hand)
+                pipeline = flow_shop_s(rows)
+                # the last token's hidden state to the head's board (its own board beyond the stages)
+                last = 0.0
+                if boards > 1:
+                    head_board = groups[stages][0] if stages < len(groups) else free[0]
+                    src = groups[stages - 1][0]
+                    if head_board != src:
+                        last = point_to_point(topo, [src * cpb], [head_board * cpb], spec.hidden * item).seconds
+                ttft = pipeline + last + head_s + host_io
+                stage_total = max(float(np.sum(r)) for r in rows[::2])
+                link_total = n * hand
+                record = dict(tp_boards=g, chunk=c, chunks=n, blocks_per_stage=m, stages=stages,
+                              boards_used=stages * g + (1 if boards > 1 else 0), ttft_s=ttft, pipeline_s=pipeline,
+                              head_handover_s=last, handover_chunk_s=hand, all_reduces_chunk_s=reduce_s,
+                              stage_total_s=stage_total, links_total_s=link_total,
+                              stage_chunk_s=(float(rows[0][0]), float(rows[0][-1])))
+                candidates.append(record)
+                c_best = min(c_best, ttft)
+                if best is None or (ttft, record["boards_used"]) < (best["ttft_s"], best["boards_used"]):
+                    best = record
+            evaluated[c] = c_best
+            return c_best
+
+        # the chunk sizes' TTFT falls and then rises (the pipeline's fill, which small chunks
+        # shorten, against each chunk's fixed costs and weight reads): start where the chunks
+        # about match the stages (whose fill they then halve), go to the better neighbour while
+        # it is faster; a wider block (g > 1) at the best size found so far
+        ladder = sizes if best is None else [best["chunk"]]
+        if len(ladder) <= EXHAUSTIVE or search == "all":
+            for c in ladder:
+                evaluate(c)
+            continue
+        at = min(range(len(ladder)), key=lambda k: (abs(math.log2(prompt / ladder[k] / math.ceil(L / least))), k))
+        here = evaluate(ladder[at])
+        while True:
+            near = [k for k in (at - 1, at + 1) if 0 <= k < len(ladder)]
+            k = min(near, key=lambda k: (evaluate(ladder[k]), k))
+            if evaluated[ladder[k]] >= here:
+                break
+            at, here = k, evaluated[ladder[k]]
+    if best is None:
+        raise LLMError(f"no prefill layout of {model_name} fits {arch.name}")
+    bound = prefill_bound(spec, prompt, dtype, arch, item)
+    busiest = ({"kind": "links", "seconds": best["links_total_s"]} if best["links_total_s"] > best["stage_total_s"]
+               else {"kind": "stage", "seconds": best["stage_total_s"]})
+    return PrefillPlan(
+        model=model_name, system=arch.name, prompt=prompt, dtype=dtype, handover=handover, chunk=best["chunk"],
+        chunks=best["chunks"], tp_boards=best["tp_boards"], blocks_per_stage=best["blocks_per_stage"],
+        stages=best["stages"], boards_used=best["boards_used"], ttft_s=best["ttft_s"], bound_s=bound.total_s,
+        bound=bound.to_dict(), parts_s={"pipeline_s": best["pipeline_s"], "head_handover_s": best["head_handover_s"],
+                                        "head_s": head_s, "host_io_s": host_io},
+        busiest=busiest, stage_chunk_s=best["stage_chunk_s"], handover_chunk_s=best["handover_chunk_s"],
+        candidates=tuple(sorted(candidates, key=lambda r: (r["ttft_s"], r["boards_used"]))))

@@ -1,0 +1,162 @@
+"""The prompt's own plan (``tvm_spinn.llm.prefill``): chunked prefill pipelined over boards."""
+
+import importlib.resources
+import json
+import math
+
+import numpy as np
+import pytest
+
+import tvm_spinn
+from tvm_spinn.llm import LLMError
+from tvm_spinn.llm.prefill import chunk_sizes, flow_shop_s, plan_prefill, prefill_bound, prefill_workload
+from tvm_spinn.llm.spec import spec_of
+
+TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "num_hidden_layers": 4, "vocab_size": 256, "max_position_embeddings": 64}
+
+
+def _no_simulation(monkeypatch):
+    from tvm_spinn.runtime import simulator
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("planning ran the functional simulator")
+
+    monkeypatch.setattr(simulator, "run_program", refuse)
+
+
+def test_flow_shop_equal_times_is_machines_plus_chunks_minus_one():
+    t = 0.25
+    for machines, chunks in ((1, 1), (1, 5), (3, 1), (4, 6), (7, 3)):
+        assert flow_shop_s(np.full((machines, chunks), t)) == pytest.approx((machines + chunks - 1) * t)
+
+
+def test_flow_shop_against_a_hand_count():
+    # machine 0: chunks take 1, 3; machine 1: 2, 1. Chunk 0 leaves m0 at 1, m1 at 3; chunk 1
+    # leaves m0 at 4, waits for nothing on m1 (free since 3): 4 + 1 = 5
+    assert flow_shop_s([[1.0, 3.0], [2.0, 1.0]]) == pytest.approx(5.0)
+    # a slow second machine: chunk 1 waits for it: 1 + 5 = 6, then 6 + 5 = 11
+    assert flow_shop_s([[1.0, 1.0], [5.0, 5.0]]) == pytest.approx(11.0)
+    with pytest.raises(ValueError, match="machines x chunks"):
+        flow_shop_s([])
+
+
+def test_chunk_sizes_divide_the_prompt():
+    assert chunk_sizes(128) == [16, 32, 64, 128]
+    assert chunk_sizes(48) == [16, 48]
+    assert chunk_sizes(7) == [7]
+    for n in (16, 100, 2048):
+        assert all(n % c == 0 for c in chunk_sizes(n))
+
+
+def test_prefill_workload_counts_the_causal_attention_and_the_gemms():
+    spec = spec_of(TINY)
+    work = prefill_workload(spec, 32, "int8")
+    h, q, kv, i = 64, 64, 32, 128
+    block = h * (q + 2 * kv) + q * h + 3 * h * i
+    assert work.macs_int8 == 32 * 4 * block + 256 * h  # every token's blocks, the last token's head
+    assert work.macs_fp32 == 4 * 2 * 4 * 16 * (32 * 33 // 2)  # layers x (QK, PV) x heads x head_dim x keys
+    assert work.handover_bytes == 32 * h * 4 and work.handover_rows == 32
+
+
+@pytest.fixture(scope="module")
+def four_boards():
+    from tvm_spinn.target import register_system, unregister_system
+
+    tag = register_system(tvm_spinn.make_system("prefill-four-boards", boards=4), tag="spinn/prefill-four-boards")
+    yield tag
+    unregister_system(tag)
+
+
+@pytest.fixture(scope="module")
+def two_chunks(four_boards):
+    """A 32-token prompt in two chunks of 16 on four boards (one board per block stage)."""
+    return plan_prefill(TINY, four_boards, prompt=32, chunk=16, tp_boards=(1,))
+
+
+def test_chunked_pipeline_ttft_is_the_hand_count(two_chunks):
+    p = two_chunks
+    assert p.chunks == 2 and p.chunk == 16 and p.tp_boards == 1
+    # 4 blocks, 4 boards of which one runs the head: 3 stage boards, so 2 blocks a stage
+    assert (p.blocks_per_stage, p.stages, p.boards_used) == (2, 2, 3)
+    t0, t1 = p.stage_chunk_s  # a stage's blocks on the first chunk and on the second (more keys)
+    h = p.handover_chunk_s
+    assert 0 < h <= t0 <= t1
+    # chunk 0 through stage 0, then chunk 1 (t0 + t1); chunk 1 then crosses and runs stage 1,
+    # never waiting: chunk 0 is ahead and no slower
+    assert p.parts_s["pipeline_s"] == pytest.approx(t0 + t1 + (p.stages - 1) * (h + t1))
+    assert p.ttft_s == pytest.approx(sum(p.parts_s.values()))
+    assert p.parts_s["head_s"] > 0 and p.parts_s["host_io_s"] > 0
+
+
+def test_ttft_never_below_the_bound(two_chunks, four_boards):
+    p = two_chunks
+    assert 0 < p.bound_s <= p.ttft_s
+    assert 0 < p.efficiency <= 1
+    for record in p.candidates:
+        assert record["ttft_s"] >= p.bound_s
+    spec = spec_of(TINY)
+    assert prefill_bound(spec, 32, "int8", tvm_spinn.target.arch_of(four_boards)).total_s == pytest.approx(p.bound_s)
+
+
+def test_chunk_search_picks_the_minimum(monkeypatch):
+    _no_simulation(monkeypatch)
+    memo = {}
+    searched = plan_prefill(TINY, "spinn/board", prompt=32, memo=memo)
+    each = {c: plan_prefill(TINY, "spinn/board", prompt=32, chunk=c, memo=memo).ttft_s for c in chunk_sizes(32)}
+    assert searched.ttft_s == pytest.approx(min(each.values()))
+    assert searched.chunk == min(each, key=each.get)
+    assert searched.ttft_s == min(r["ttft_s"] for r in searched.candidates)
+    # one board: every block one stage, the chunks one after another
+    assert searched.stages == 1 and searched.blocks_per_stage == 4 and searched.boards_used == 1
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(prompt=65), r"prompt=65 is longer than the model's position table"),
+    (dict(prompt=0), r"prompt must be an integer"),
+    (dict(prompt=-3), r"prompt must be an integer"),
+    (dict(prompt=2.5), r"prompt must be an integer"),
+    (dict(prompt=32, chunk=0), r"chunk must be"),
+    (dict(prompt=32, chunk=12), r"chunk must be .* dividing the prompt"),
+    (dict(prompt=32, dtype="fp16"), r"dtype must be one of"),
+    (dict(prompt=32, handover="bf16"), r"handover must be one of"),
+    (dict(prompt=32, search="best"), r"search must be 'climb' or 'all'"),
+])
+def test_bad_input_names_the_field(kwargs, match):
+    with pytest.raises(LLMError, match=match):
+        plan_prefill(TINY, "spinn/board", **kwargs)
+
+
+def test_llama_3_1_70b_config_ships_with_its_rope_scaling():
+    path = importlib.resources.files("tvm_spinn.llm") / "configs" / "llama-3.1-70b.json"
+    cfg = json.loads(path.read_text())
+    spec = spec_of(cfg)
+    assert (spec.layers, spec.hidden, spec.heads, spec.kv_heads, spec.intermediate, spec.vocab,
+            spec.max_positions) == (80, 8192, 64, 8, 28672, 128256, 131072)
+    assert cfg["rope_scaling"] == {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                   "original_max_position_embeddings": 8192, "rope_type": "llama3"}
+    assert cfg["rope_theta"] == 500000.0
+    assert math.isclose(spec.params / 1e9, 70.55, rel_tol=1e-3)
+
+
+@pytest.mark.slow
+def test_plan_reports_the_prefill_plans_ttft(monkeypatch):
+    from tvm_spinn.llm.plan import plan
+
+    _no_simulation(monkeypatch)
+    result = plan(TINY, target="spinn/board", seq=32)
+    pre = result.plan["prefill"]
+    assert result.ttft_s == pre["ttft_s"] > 0
+    assert pre["prompt"] == 32 and pre["bound_s"] <= pre["ttft_s"]
+    assert result.ttft_s == min(c["ttft_s"] for c in pre["candidates"])
+    assert f"{pre['chunks']} chunk(s) of {pre['chunk']} tokens" in result.table()
+
+
+def test_a_system_smaller_than_a_board_runs_one_stage(monkeypatch):
+    _no_simulation(monkeypatch)
+    p = plan_prefill({**TINY, "num_hidden_layers": 2}, "spinn", prompt=32, chunk=16, dtype="fp32")
+    assert (p.stages, p.blocks_per_stage, p.tp_boards, p.chunks) == (1, 2, 1, 2)
+    assert p.handover_chunk_s == 0 and p.parts_s["head_handover_s"] == 0
+    t0, t1 = p.stage_chunk_s
+    assert p.parts_s["pipeline_s"] == pytest.approx(t0 + t1)  # one stage: the chunks one after another
+    assert p.bound_s <= p.ttft_s
