@@ -9,7 +9,9 @@ size (its *slice*: :func:`slice_config`), mapped on one board by the normal plan
 board's SRAM ledger (:func:`tvm_spinn.llm.plan._map_stage`), except that the outputs of the
 attention's output projection and of the MLP's down projection are partial sums over the
 boards: each is all-reduced across the group's boards
-(:func:`tvm_spinn.timing.collectives.board_all_reduce`, two a block) before the residual add.
+(:func:`tvm_spinn.timing.collectives.board_group_all_reduce`, two a block: a reduce and a
+multicast over every board edge between the group's boards, or a ring or tree where cheaper)
+before the residual add.
 They are the int8 GEMMs' int32 accumulators, whose sum is exact in any order, so the tokens do
 not depend on ``g``; an fp32 model (``dtype="fp32"``) is not planned this way (its sums would
 need the bit-exact chain across boards).
@@ -94,14 +96,14 @@ def _ttft_s(parts, target, dtype, board, topo, grid, layers: int, hand_pre: list
     """Time to first token: the prompt through every block's slice on its board (the slice's
     prefill mapped on one board), its two all-reduces a block of the prompt's int32 partial
     sums across the group, the hand-overs of the prompt's hidden states, and the head."""
-    from ..timing.collectives import board_all_reduce
+    from ..timing.collectives import board_group_all_reduce
     P = importlib.import_module(".plan", __package__)
     from .describe import describe
 
     _, module, args = parts[1]
     pre = P._map(describe(module, args, target, dtype), board, "auto")
     prompt = int(np.prod(args[0].shape))  # batch x seq x hidden
-    return layers * (pre.latency_s + 2 * board_all_reduce(topo, grid, prompt * 4).seconds) + sum(hand_pre) + head_s
+    return layers * (pre.latency_s + 2 * board_group_all_reduce(topo, grid, prompt * 4).seconds) + sum(hand_pre) + head_s
 
 
 def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, handover_bytes: int,
@@ -112,7 +114,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     plan's stages already mapped (:func:`tvm_spinn.llm.plan._map_stage`)."""
     from ..mapping.planner import resident_capacity
     from ..target.topology import board_grid, ring_order, topology_of
-    from ..timing.collectives import board_all_reduce, point_to_point
+    from ..timing.collectives import board_group_all_reduce, multipath_point_to_point, point_to_point
     P = importlib.import_module(".plan", __package__)
     from .describe import describe
 
@@ -135,10 +137,14 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
 
     def handover_s(src_boards, dst_boards, nbytes) -> float:
         """Every board of one group to its counterpart in the next (or all to the head's board),
-        each chip its share, at once on the link graph."""
+        each chip its share, at once on the link graph; one board to another also over every
+        edge-disjoint path between them (one token in flight: the links are free), the cheaper."""
         src = np.concatenate([np.arange(cpb) + b * cpb for b in src_boards])
         dst = np.concatenate([np.arange(cpb) + b * cpb for b in dst_boards])
-        return point_to_point(topo, src, dst, nbytes / cpb).seconds
+        direct = point_to_point(topo, src, dst, nbytes / cpb).seconds
+        if batch == 1 and len(src_boards) == 1 and len(dst_boards) == 1 and src_boards[0] != dst_boards[0]:
+            return min(direct, multipath_point_to_point(topo, src_boards[0], dst_boards[0], nbytes).seconds)
+        return direct
 
     pairs: dict = {}
 
@@ -169,7 +175,9 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         dec = [d.program for d in describe(parts[0][1], parts[0][2], target, dtype)]
         host_shapes = {tuple(int(x) for x in a.shape) for a in parts[0][2][1:]}
         block_w = sum(t.nbytes for p in dec for t in p.tensors if t.role == "const")
-        fit = int(budget // max(1, block_w))
+        # blocks a board keeps resident; the first block on a board always runs as mapped alone
+        # (resident as far as the board's SRAM holds it, the rest streamed)
+        fit = max(1, int(budget // max(1, block_w)))
         least = math.ceil(L / usable)  # blocks per group with every group used
         # the fewest groups whose SRAM keeps every block resident, and every group used
         # blocks per group: every group used, the fewest groups that keep every block resident,
@@ -183,7 +191,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                     P._map_stage(list(dec), board, host_shapes, spec.cache_slots(seq), weights="stream", memo=memo))
         mapped += 1
         grid = [[int(c) + b * cpb for c in order] for b in groups[0]]
-        reduce_s = board_all_reduce(topo, grid, hidden * 4).seconds  # int32 partial sums
+        reduce_s = board_group_all_reduce(topo, grid, hidden * 4).seconds  # int32 partial sums
         for per_group in options:
             n_groups = math.ceil(L / per_group)
             sizes = [per_group] * (n_groups - 1) + [L - per_group * (n_groups - 1)]

@@ -732,7 +732,7 @@ def _map_stage_now(pieces: list, board, host_shapes: set, slots: int, options) -
 
 
 def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host_shapes: set, steps,
-              handover: str = "fp32", memo: "dict | None" = None):
+              handover: str = "fp32", memo: "dict | None" = None, alone: bool = False):
     """The ``pipeline`` placement: the blocks (and the head) as a chain of board stages, each
     tensor-parallel over its board's chips (the scale-out mapper's plan), keeping its weights
     resident in the board's SRAM where they fit; consecutive stages hand the live activations
@@ -740,10 +740,15 @@ def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host
     at weight-GEMM boundaries, balanced by bytes) or ``m`` blocks share one stage
     (:data:`BLOCKS_PER_STAGE`); the fewest boards that keep the weights resident bound the
     search (more stages only add hand-overs: a token crosses them one after another).
-    ``memo``: the stages already mapped (see :func:`_map_stage`). Returns ``({name: result}`` for each candidate mapped, the hand-over cost function)."""
+    ``memo``: the stages already mapped (see :func:`_map_stage`). ``alone``: one hand-over
+    crosses the board links at a time (one micro-batch in the pipeline), so a hand-over may
+    take every edge-disjoint path between the two boards at once
+    (:func:`~tvm_spinn.timing.collectives.multipath_point_to_point`), not only the chips'
+    direct routes; the cheaper is taken. Returns ``({name: result}`` for each candidate
+    mapped, the hand-over cost function)."""
     from ..mapping.planner import resident_capacity
     from ..target.topology import ring_order, topology_of
-    from ..timing.collectives import point_to_point
+    from ..timing.collectives import multipath_point_to_point, point_to_point
     from ..timing.system import collective_cost
 
     boards = arch.chips // arch.chips_per_board
@@ -766,7 +771,7 @@ def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host
         if nbytes <= 0:
             return 0.0
         gather_bytes = nbytes if gather_bytes is None or gather_bytes < 0 else gather_bytes
-        key = (j % boards, nbytes, gather_bytes)
+        key = (j % boards, nbytes, gather_bytes, alone)
         if key not in costed:
             costed[key] = _handoff_now(j, nbytes, gather_bytes)
         return costed[key]
@@ -776,8 +781,11 @@ def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host
         nbytes, gather_bytes = (x * HANDOVER_BYTES[handover] // 4 for x in (nbytes, gather_bytes))
         src = np.arange(board.chips) + (j % boards) * board.chips
         dst = np.arange(board.chips) + ((j + 1) % boards) * board.chips
-        return (point_to_point(topo, src, dst, nbytes / board.chips).seconds
-                + (collective_cost(board_topo, ring, "all_gather", gather_bytes, False).seconds if gather_bytes else 0.0))
+        move = point_to_point(topo, src, dst, nbytes / board.chips).seconds
+        if alone and j % boards != (j + 1) % boards:
+            move = min(move, multipath_point_to_point(topo, j % boards, (j + 1) % boards, nbytes).seconds)
+        return move + (collective_cost(board_topo, ring, "all_gather", gather_bytes, False).seconds
+                       if gather_bytes else 0.0)
 
     results = {}
     head_runs = _balanced(head_atoms, head_parts)
@@ -837,13 +845,13 @@ def _pipeline_records(described: dict, spec: ModelSpec, arch, model, target, dty
                 described[name] = describe(module, args, target, dtype)
     host = _parts(model, spec, mb, seq)[0][2][1:]  # KV cache, write/attention masks, rotary tables
     host_shapes = {tuple(int(d) for d in a.shape) for a in host}
-    raw, handoff_s = _pipeline(described, spec, arch, mb, seq, host_shapes, steps, handover, memo)
+    micro = math.ceil(batch / mb)
+    raw, handoff_s = _pipeline(described, spec, arch, mb, seq, host_shapes, steps, handover, memo, alone=micro == 1)
     if not raw:
         return {}
     board = arch.replace(chips=arch.chips_per_board, name=f"{arch.name}[board]")
     pre = _map(described["prefill"], board, "auto")
     hand_pre = L * handoff_s(0, batch * seq * spec.hidden * 4)
-    micro = math.ceil(batch / mb)
     out = {}
     for name, r in raw.items():
         chain, kind, n = r["chain"], r["kind"], r["n"]

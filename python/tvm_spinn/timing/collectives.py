@@ -65,6 +65,7 @@ import numpy as np
 __all__ = [
     "CollectiveCost", "all_gather", "all_reduce", "chain_all_reduce", "fixed_order_sum", "point_to_point",
     "reduce_scatter", "reduction_order", "chip_blocks", "MULTICAST_MAX_RANKS", "board_all_reduce",
+    "board_group_all_reduce", "multipath_point_to_point", "water_fill",
 ]
 
 _ALGORITHMS = ("ring", "tree")
@@ -464,6 +465,127 @@ def board_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbytes: fl
     return dataclasses.replace(best, seconds=best.seconds + gather.seconds, hops=best.hops + gather.hops,
                                steps=best.steps + gather.steps,
                                bytes_per_link=max(best.bytes_per_link, gather.bytes_per_link))
+
+
+def water_fill(rates: Sequence[float], latencies: Sequence[float], nbytes: float) -> tuple[float, np.ndarray]:
+    """Split ``nbytes`` over paths of the given rates and latencies so that all finish together.
+
+    Path ``p`` carries ``rates[p] (T - latencies[p])`` bytes where that is positive; ``T`` is the
+    smallest time at which the paths together carry ``nbytes`` (a path slower to start than
+    ``T`` carries nothing).
+
+    Returns
+    -------
+    tuple
+        ``(T, bytes per path)``.
+    """
+    r = np.asarray(rates, dtype=np.float64)
+    lat = np.asarray(latencies, dtype=np.float64)
+    if r.shape != lat.shape or r.size == 0 or (r <= 0).any():
+        raise ValueError("water_fill needs one positive rate per path and at least one path")
+    if nbytes <= 0:
+        return 0.0, np.zeros(r.size)
+    order = np.argsort(lat, kind="stable")
+    best = np.inf
+    for m in range(1, r.size + 1):
+        use = order[:m]
+        t = (nbytes + float((r[use] * lat[use]).sum())) / float(r[use].sum())
+        if t >= lat[use].max() and (m == r.size or t <= lat[order[m]]):
+            best = t
+            break
+        best = min(best, t) if t >= lat[use].max() else best
+    share = np.maximum(0.0, r * (best - lat))
+    return float(best), share
+
+
+def multipath_point_to_point(topo: "Topology", src_board: int, dst_board: int, nbytes: float) -> CollectiveCost:
+    """Cost of one board's ``nbytes`` sent to another board over every edge-disjoint path at once.
+
+    When one transfer is alone on the links (a batch-1 token crossing from one pipeline stage
+    to the next), it need not take the one board edge between the two boards: the paths of
+    :meth:`~tvm_spinn.target.topology.Topology.board_paths` share no board edge, so their serial
+    links run in parallel. Each path's rate and hop latency come from the link graph
+    (:meth:`~tvm_spinn.target.topology.Topology.path_cost`), and the bytes are split so that
+    the paths finish together (:func:`water_fill`). The chips at either end move the shares
+    between the board's chips and its edges on on-board links, each several times an edge's
+    rate, so the edges bind (their hops are in the paths' latencies).
+
+    Parameters
+    ----------
+    topo : Topology
+        The system's link graph.
+    src_board, dst_board : int
+        Distinct boards.
+    nbytes : float
+        Bytes to move.
+
+    Returns
+    -------
+    CollectiveCost
+        ``algorithm="multipath"``, one step; ``bytes_per_link`` the busiest path's bytes,
+        ``hops`` the longest used path's board hops.
+    """
+    if not np.isfinite(nbytes) or nbytes < 0:
+        raise ValueError(f"nbytes must be a finite number >= 0, got {nbytes!r}")
+    paths = topo.board_paths(int(src_board), int(dst_board))
+    if not paths:
+        raise ValueError(f"no path of board edges from board {src_board} to board {dst_board}")
+    costs = [topo.path_cost(p) for p in paths]
+    seconds, share = water_fill([c[0] for c in costs], [c[1] for c in costs], float(nbytes))
+    used = [len(p) for p, b in zip(paths, share) if b > 0] or [len(paths[0])]
+    return CollectiveCost("point_to_point", "multipath", seconds, float(share.max(initial=0.0)), max(used),
+                          max(used), 1, 2, float(nbytes))
+
+
+def board_group_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbytes: float) -> CollectiveCost:
+    """Cost of an all-reduce of integer partial sums across boards, each board one rank of the
+    multicast reduce on the graph of boards.
+
+    ``grid[b]``: the chips of the ``b``-th board of the group (every chip holds the board's
+    ``nbytes`` of partial sums, as in :func:`board_all_reduce`). The boards are the ranks of the
+    multicast reduce-scatter and all-gather (see the module docstring) on
+    :meth:`~tvm_spinn.target.topology.Topology.board_graph`: one link per board edge at its
+    serial links' rate, so each board's share is reduced and multicast along trees that use
+    every edge between the group's boards, not the one or two edges of a ring. Then every chip
+    of a board receives the result from the board's edges (the board's all-gather, as in
+    :func:`board_all_reduce`). Integer sums only (any order). Falls back to
+    :func:`board_all_reduce` where the trees are not built (more than
+    :data:`MULTICAST_MAX_RANKS` boards) or where that is cheaper.
+
+    Two boards exchange halves over every edge-disjoint path between them
+    (:func:`multipath_point_to_point`, both directions at once) instead.
+
+    Returns
+    -------
+    CollectiveCost
+        ``algorithm="board-multicast"`` (``"board-multipath"`` for two boards) when that is the
+        cheaper.
+    """
+    grid = np.asarray(grid, dtype=np.int64)
+    ring = board_all_reduce(topo, grid, nbytes)
+    g, k = grid.shape
+    if g == 1 or nbytes == 0:
+        return ring
+    boards = np.unique(grid // 48, axis=0)
+    if (grid // 48 != grid[:, :1] // 48).any() or boards.shape[0] != g:
+        raise ValueError("board_group_all_reduce: each row of grid must be the chips of one board, boards distinct")
+    gather = all_gather(topo, grid[0], nbytes) if k > 1 else None
+    if g == 2:
+        # two boards: each sends the other the half it does not reduce, over every edge-disjoint
+        # path (the two directions use opposite directed links), then the reduced halves back
+        a, b = (int(x) for x in grid[:, 0] // 48)
+        half = max(multipath_point_to_point(topo, a, b, nbytes / 2).seconds,
+                   multipath_point_to_point(topo, b, a, nbytes / 2).seconds)
+        cost = CollectiveCost("all_reduce", "board-multipath", 2 * half, nbytes / 2, 0, 0, 2, 2, float(nbytes))
+    else:
+        cost = _multicast_reduce("all_reduce", topo.board_graph(), grid[:, 0] // 48, float(nbytes))
+    if cost is None:
+        return ring
+    seconds = cost.seconds + (gather.seconds if gather else 0.0)
+    if seconds >= ring.seconds:
+        return ring
+    return CollectiveCost("all_reduce", cost.algorithm if g == 2 else "board-multicast", seconds, cost.bytes_per_link, cost.hops + (gather.hops if gather else 0),
+                          cost.board_hops, cost.steps + (gather.steps if gather else 0), int(grid.size), float(nbytes))
 
 
 def point_to_point(topo: "Topology", src: Sequence[int], dst: Sequence[int],
