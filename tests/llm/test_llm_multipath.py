@@ -118,3 +118,33 @@ def test_int32_partial_sums_do_not_depend_on_the_boards_or_the_order():
             for k in order:
                 acc += parts[k]
             assert np.array_equal(acc, full)
+
+
+def test_group_all_reduce_relays_and_spread_trees_never_cost_more(four):
+    """Groups of boards on a larger torus: the trees over the group's own edges, with the
+    neighbouring boards relaying, or spread off the shortest paths, whichever is cheapest; each
+    is a valid schedule, so the result is never dearer than the ring or tree over the boards,
+    and a relay carries a share only on a route to a board that needs it."""
+    from tvm_spinn.timing import collectives as C
+
+    arch = tvm_spinn.make_system("spinn2-twelve-boards", boards=12)
+    topo = topology_of(arch)
+    order = ring_order(topology_of(arch.replace(chips=48)), 48)
+    graph = topo.board_graph()
+    for group in ([0, 1, 4, 5], [0, 1, 2, 5, 4, 3]):
+        grid = [[int(c) + b * 48 for c in order] for b in group]
+        cost = board_group_all_reduce(topo, grid, 32768.0)
+        assert cost.seconds <= board_all_reduce(topo, grid, 32768.0).seconds
+        members = np.array(group)
+        halo = np.setdiff1d(np.unique(graph.neighbors[members]), members)
+        ranks = np.concatenate([members, halo])
+        shares = C._multicast_trees(graph, ranks, sources=len(group))[0]
+        spread = C._spread_trees(graph, ranks, len(group), 32768.0 / len(group))[0]
+        for trees in (shares, spread):
+            # every member receives every other member's share: at least g - 1 shares arrive
+            into = np.zeros(topo.boards)
+            for link in np.flatnonzero(trees):
+                into[graph.neighbors.reshape(-1)[link]] += trees[link]
+            assert all(into[b] >= len(group) - 1 for b in group)
+            # a share crosses a link at most once per tree: at most g shares on any link
+            assert trees.max() <= len(group)

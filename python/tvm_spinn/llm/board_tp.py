@@ -40,8 +40,10 @@ import numpy as np
 
 __all__ = ["TP_BOARDS", "slice_config", "board_groups", "records"]
 
-#: Boards one block is tensor-parallel over, tried in increasing order (each must divide the
-#: heads and the intermediate size; up to :data:`MAX_MAPPED` degrees are mapped).
+#: Boards one block is tensor-parallel over, tried from the largest that leaves a board for the
+#: head down (each must divide the heads and the intermediate size; up to :data:`MAX_MAPPED`
+#: degrees are mapped): more boards stream a block's weights from more DRAM at once, and the
+#: all-reduces over the graph of boards grow slowly with the group.
 TP_BOARDS = (2, 4, 8, 16, 32)
 #: Degrees mapped with the PE-level model at most (planning time: each maps a block once more);
 #: the search stops earlier after two degrees slower than the best.
@@ -155,8 +157,8 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
             pairs[key] = handover_s(groups[j], groups[j + 1], nbytes)
         return pairs[key]
 
-    for g in TP_BOARDS:
-        if mapped >= MAX_MAPPED or g + 1 > boards:
+    for g in sorted((g for g in TP_BOARDS if g + 1 <= boards), reverse=True):
+        if mapped >= MAX_MAPPED:
             break
         sliced = slice_config(cfg, spec, g)
         if sliced is None:

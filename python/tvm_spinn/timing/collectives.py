@@ -201,21 +201,26 @@ def _forget(memo: dict, kind: str) -> None:
         del memo[key]
 
 
-def _multicast_trees(topo: "Topology", ranks: np.ndarray):
+def _multicast_trees(topo: "Topology", ranks: np.ndarray, sources: "int | None" = None):
     """Per-link share counts, deepest route latency, hops and board hops of the multicast
     all-gather's trees over ``ranks`` (see the module docstring), or None when the ranks'
-    links do not connect them. Independent of the message size, so cached per rank set."""
-    key = ("multicast_trees", ranks.tobytes())
+    links do not connect them. Independent of the message size, so cached per rank set.
+
+    ``sources``: only the first ``sources`` ranks hold shares (default all); the others are
+    relays, which forward along the trees but neither send nor need the shares: a relay is
+    kept in a tree only where a route to a rank that needs it passes through it."""
+    c = ranks.size
+    sources = c if sources is None else int(sources)
+    key = ("multicast_trees", ranks.tobytes(), sources)
     memo = topo.memo
     if key in memo:
         return memo[key]
-    c = ranks.size
     member = {int(r): i for i, r in enumerate(ranks)}
     # (rank, direction) -> neighbour rank index, -1 off the group
     nb = np.array([[member.get(int(v), -1) for v in topo.neighbors[r]] for r in ranks], dtype=np.int64)
     dist = np.full((c, c), -1, dtype=np.int64)
     order = []  # per source: ranks in BFS order (parents before children)
-    for s in range(c):
+    for s in range(sources):
         dist[s, s], frontier, seen = 0, [s], [s]
         while frontier:
             nxt = []
@@ -233,7 +238,7 @@ def _multicast_trees(topo: "Topology", ranks: np.ndarray):
     else:
         # candidate incoming links of rank v for source s: from each neighbour one hop closer
         cand = {}
-        for s in range(c):
+        for s in range(sources):
             for v in order[s]:
                 cand[s, v] = [int(ranks[u]) * 6 + (d + 3) % 6 for d, u in enumerate(nb[v])
                               if u >= 0 and dist[s, u] == dist[s, v] - 1]
@@ -241,7 +246,7 @@ def _multicast_trees(topo: "Topology", ranks: np.ndarray):
         inv_bw = 1.0 / topo.link_bw
         choice: dict = {}
         for _ in range(_MULTICAST_PASSES):  # re-choose each with the others fixed
-            for s in range(c):
+            for s in range(sources):
                 for v in order[s]:
                     old = choice.get((s, v))
                     if old is not None:
@@ -249,11 +254,21 @@ def _multicast_trees(topo: "Topology", ranks: np.ndarray):
                     best = min(cand[s, v], key=lambda link: (load[link] * inv_bw[link], link))
                     choice[s, v] = best
                     load[best] += 1.0
+        if sources < c:  # relays on no route to a rank that needs the share carry nothing
+            load[:] = 0.0
+            for s in range(sources):
+                needed = set(range(sources))
+                for v in reversed(order[s]):
+                    if v in needed:
+                        needed.add(member[int(choice[s, v] // 6)])
+                order[s] = [v for v in order[s] if v in needed]
+                for v in order[s]:
+                    load[choice[s, v]] += 1.0
         latency, board = np.zeros((c, c)), np.zeros((c, c), dtype=np.int64)
         back = np.zeros((c, c))  # the reversed route's latency (the reduce's way to the root)
         rev_load = np.zeros_like(load)
         on_board = topo.board_link.reshape(-1)
-        for s in range(c):
+        for s in range(sources):
             for v in order[s]:
                 link = choice[s, v]
                 u = member[int(link // 6)]
@@ -263,10 +278,87 @@ def _multicast_trees(topo: "Topology", ranks: np.ndarray):
                 latency[s, v] = latency[s, u] + topo.link_hop_s[link]
                 back[s, v] = back[s, u] + topo.link_hop_s[rev]
                 board[s, v] = board[s, u] + int(on_board[link])
-        result = (load, float(latency.max()), int(dist.max()), int(board.max()), rev_load, float(back.max()))
+        result = (load, float(latency.max()), int(dist[:sources].max()), int(board.max()), rev_load,
+                  float(back.max()))
     if len(memo) > _TREES_KEPT:
         _forget(memo, "multicast_trees")
     memo[key] = result
+    return result
+
+
+def _spread_trees(graph, ranks: np.ndarray, sources: int, share_bytes: float):
+    """Multicast trees like :func:`_multicast_trees`' but not only along shortest paths: a rank
+    may hang from any neighbour the source's breadth-first order reaches before it (so the
+    trees stay trees), chosen to least delay the share's arrival, ``share_bytes`` queued behind
+    the shares the link already carries plus the parent's depth and the hop. Around a group of
+    boards whose shortest paths crowd onto a few edges, the trees then take the relays' and the
+    border's edges too. Same result tuple as :func:`_multicast_trees` (None where the ranks'
+    links do not connect them); for the graph of boards only (memoized on it per size)."""
+    key = ("spread_trees", ranks.tobytes(), int(sources), float(share_bytes))
+    if key in graph.memo:
+        return graph.memo[key]
+    base = _multicast_trees(graph, ranks, sources)  # connectivity, the BFS orders' distances
+    if base is None:
+        graph.memo[key] = None
+        return None
+    c = ranks.size
+    member = {int(r): i for i, r in enumerate(ranks)}
+    nb = np.array([[member.get(int(v), -1) for v in graph.neighbors[r]] for r in ranks], dtype=np.int64)
+    order = []
+    for s in range(sources):
+        seen, frontier, mark = [s], [s], {s}
+        while frontier:
+            nxt = []
+            for u in frontier:
+                for v in nb[u]:
+                    if v >= 0 and int(v) not in mark:
+                        mark.add(int(v))
+                        nxt.append(int(v))
+            seen += nxt
+            frontier = nxt
+        order.append(seen)
+    load = np.zeros(graph.nodes * 6)
+    wait = share_bytes / graph.link_bw
+    choice: dict = {}
+    for _ in range(_MULTICAST_PASSES):
+        for s in range(sources):
+            rank_of = {v: k for k, v in enumerate(order[s])}
+            depth = {s: 0.0}
+            for v in order[s][1:]:
+                old = choice.get((s, v))
+                if old is not None:
+                    load[old] -= 1.0
+                cands = [int(ranks[u]) * 6 + (d + 3) % 6 for d, u in enumerate(nb[v])
+                         if u >= 0 and rank_of[int(u)] < rank_of[v]]
+                best = min(cands, key=lambda link: ((load[link] + 1.0) * wait[link] + depth[member[link // 6]]
+                                                    + graph.link_hop_s[link], link))
+                choice[s, v] = best
+                load[best] += 1.0
+                depth[v] = depth[member[best // 6]] + float(graph.link_hop_s[best])
+    # relays on no route to a rank that needs the share carry nothing
+    load[:] = 0.0
+    kept = []
+    for s in range(sources):
+        needed = set(range(sources))
+        for v in reversed(order[s][1:]):
+            if v in needed:
+                needed.add(member[int(choice[s, v] // 6)])
+        kept.append([v for v in order[s][1:] if v in needed])
+        for v in kept[-1]:
+            load[choice[s, v]] += 1.0
+    latency, back, hops = np.zeros((c, c)), np.zeros((c, c)), np.zeros((c, c), dtype=np.int64)
+    rev_load = np.zeros_like(load)
+    for s in range(sources):
+        for v in kept[s]:
+            link = choice[s, v]
+            u = member[int(link // 6)]
+            rev = int(ranks[v]) * 6 + (int(link % 6) + 3) % 6
+            rev_load[rev] += 1.0
+            latency[s, v] = latency[s, u] + graph.link_hop_s[link]
+            back[s, v] = back[s, u] + graph.link_hop_s[rev]
+            hops[s, v] = hops[s, u] + 1
+    result = (load, float(latency.max()), int(hops.max()), int(hops.max()), rev_load, float(back.max()))
+    graph.memo[key] = result
     return result
 
 
@@ -287,7 +379,8 @@ def _multicast(topo: "Topology", ranks: np.ndarray, nbytes: float) -> "Collectiv
                           float(nbytes))
 
 
-def _multicast_reduce(op: str, topo: "Topology", ranks: np.ndarray, nbytes: float) -> "CollectiveCost | None":
+def _multicast_reduce(op: str, topo: "Topology", ranks: np.ndarray, nbytes: float,
+                      sources: "int | None" = None) -> "CollectiveCost | None":
     """Reduce-scatter over the multicast trees run backwards (and, for ``op="all_reduce"``, the
     multicast all-gather after it), or None where the trees are not built.
 
@@ -298,17 +391,19 @@ def _multicast_reduce(op: str, topo: "Topology", ranks: np.ndarray, nbytes: floa
     one step of ``max link bytes / bandwidth + the deepest reversed route's hop latencies``
     (the additions ride on the words as they arrive, like the routers' copies of a multicast;
     they are not charged). The order of the additions follows the trees, so this is for
-    integer partial sums (any order) only: floating-point sums use :func:`chain_all_reduce`."""
+    integer partial sums (any order) only: floating-point sums use :func:`chain_all_reduce`.
+    ``sources``: the first ``sources`` ranks take part, the others relay (see
+    :func:`_multicast_trees`)."""
     c = ranks.size
     if c == 1 or nbytes == 0:
         return CollectiveCost(op, "multicast", 0.0, 0.0, 0, 0, int(c > 1), c, float(nbytes))
     if c > MULTICAST_MAX_RANKS:
         return None
-    trees = _multicast_trees(topo, ranks)
+    trees = _multicast_trees(topo, ranks, sources)
     if trees is None:
         return None
     shares, latency, hops, board_hops, rev_shares, back = trees
-    share = float(nbytes) / c
+    share = float(nbytes) / (c if sources is None else sources)
     rev = rev_shares * share
     seconds = topo.link_seconds(rev) + back
     if op == "reduce_scatter":
@@ -546,7 +641,10 @@ def board_group_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbyt
     multicast reduce-scatter and all-gather (see the module docstring) on
     :meth:`~tvm_spinn.target.topology.Topology.board_graph`: one link per board edge at its
     serial links' rate, so each board's share is reduced and multicast along trees that use
-    every edge between the group's boards, not the one or two edges of a ring. Then every chip
+    every edge between the group's boards, not the one or two edges of a ring; the boards next
+    to the group may relay (their edges are free while one token is in flight), and the trees
+    may leave the shortest paths to spread the shares over more edges (:func:`_spread_trees`),
+    the cheapest trees taken. Then every chip
     of a board receives the result from the board's edges (the board's all-gather, as in
     :func:`board_all_reduce`). Integer sums only (any order). Falls back to
     :func:`board_all_reduce` where the trees are not built (more than
@@ -578,7 +676,27 @@ def board_group_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbyt
                    multipath_point_to_point(topo, b, a, nbytes / 2).seconds)
         cost = CollectiveCost("all_reduce", "board-multipath", 2 * half, nbytes / 2, 0, 0, 2, 2, float(nbytes))
     else:
-        cost = _multicast_reduce("all_reduce", topo.board_graph(), grid[:, 0] // 48, float(nbytes))
+        graph = topo.board_graph()
+        members = grid[:, 0] // 48
+        cost = _multicast_reduce("all_reduce", graph, members, float(nbytes))
+        # the boards next to the group relay too: at batch 1 their edges are free, and a board
+        # on the group's border then reduces and receives over all six of its edges
+        halo = np.setdiff1d(np.unique(graph.neighbors[members]), members)
+        halo = halo[halo >= 0]
+        if halo.size and g + halo.size <= MULTICAST_MAX_RANKS:
+            ranks = np.concatenate([members, halo])
+            relayed = _multicast_reduce("all_reduce", graph, ranks, float(nbytes), sources=g)
+            if relayed is not None and (cost is None or relayed.seconds < cost.seconds):
+                cost = relayed
+            spread = _spread_trees(graph, ranks, g, float(nbytes) / g)
+            if spread is not None:
+                shares, latency, hops, _, rev_shares, back = spread
+                seconds = (graph.link_seconds(rev_shares * (float(nbytes) / g)) + back
+                           + graph.link_seconds(shares * (float(nbytes) / g)) + latency)
+                if cost is None or seconds < cost.seconds:
+                    cost = CollectiveCost("all_reduce", "multicast", seconds,
+                                          float(((shares + rev_shares) * (float(nbytes) / g)).max()), 2 * hops,
+                                          2 * hops, 2, g, float(nbytes))
     if cost is None:
         return ring
     seconds = cost.seconds + (gather.seconds if gather else 0.0)
