@@ -148,3 +148,16 @@ def test_group_all_reduce_relays_and_spread_trees_never_cost_more(four):
             assert all(into[b] >= len(group) - 1 for b in group)
             # a share crosses a link at most once per tree: at most g shares on any link
             assert trees.max() <= len(group)
+
+
+def test_board_patches_tile_the_grid_with_compact_groups():
+    from tvm_spinn.llm.board_tp import board_patches
+
+    # 24 boards (4 x 6): one 4 x 4 patch of 16; 2 x 4 patches of 8 side by side
+    assert board_patches((4, 6), 16) == [list(range(16))]
+    assert board_patches((4, 6), 8, (2, 4)) == [[0, 1, 4, 5, 8, 9, 12, 13], [2, 3, 6, 7, 10, 11, 14, 15]]
+    # the cloud (24 x 30): 4 x 4 patches in a snake, consecutive patches side by side
+    cloud = board_patches((24, 30), 16)
+    assert len(cloud) == 6 * 7 and cloud[0][:5] == [0, 1, 2, 3, 24] and cloud[6][0] == 20 + 24 * 4
+    assert all(len(set(p)) == 16 for p in cloud) and len({b for p in cloud for b in p}) == 16 * len(cloud)
+    assert board_patches((2, 2), 8) == [] and board_patches((4, 6), 8, (3, 3)) == []

@@ -28,7 +28,11 @@ streaming its weights from DRAM (the rest). The time to first token is planned f
 
 Groups are ``g`` neighbouring boards of the torus of boards
 (:func:`tvm_spinn.target.topology.board_grid`), in a cycle where ``g`` allows
-(:func:`board_groups`).
+(:func:`board_groups`) or a patch of any shape (:func:`board_patches`), whichever all-reduces
+fastest.
+While one token is in flight the links are otherwise idle, so an all-reduce's trees may pass
+through the boards around the group and a single board's hand-over takes every edge-disjoint
+path to the next board (:mod:`tvm_spinn.timing.collectives`).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import math
 
 import numpy as np
 
-__all__ = ["TP_BOARDS", "slice_config", "board_groups", "records"]
+__all__ = ["TP_BOARDS", "slice_config", "board_groups", "board_patches", "records"]
 
 #: Boards one block is tensor-parallel over, tried from the largest that leaves a board for the
 #: head down (each must divide the heads and the intermediate size; up to :data:`MAX_MAPPED`
@@ -85,6 +89,31 @@ def board_groups(grid: tuple[int, int], g: int) -> list[list[int]]:
         return out
     snake = [a + bx * b for b in range(by) for a in (range(bx) if b % 2 == 0 else reversed(range(bx)))]
     return [snake[i:i + g] for i in range(0, len(snake) - g + 1, g)]
+
+
+def board_patches(grid: tuple[int, int], g: int, shape: "tuple[int, int] | None" = None) -> list[list[int]]:
+    """Board ids in groups of ``g`` boards, each a ``p x q`` patch of the ``grid`` of boards
+    (``shape``; default the most nearly square that fits), the patches in a snake over the grid
+    (consecutive patches side by side). A compact patch has more board edges inside it and
+    around it than a band of two rows, and a patch as wide (or tall) as the grid closes into a
+    ring of the torus: the all-reduces' trees spread over more edges. Empty where the shape
+    does not fit."""
+    bx, by = grid
+    if shape is None:
+        shapes = sorted((abs(p - g // p), p, g // p) for p in range(1, g + 1)
+                        if g % p == 0 and p <= bx and g // p <= by)
+        if not shapes:
+            return []
+        shape = shapes[0][1:]
+    p, q = shape
+    if p * q != g or p > bx or q > by:
+        return []
+    out = []
+    for row in range(by // q):
+        cols = range(bx // p) if row % 2 == 0 else reversed(range(bx // p))
+        for col in cols:
+            out.append([(col * p + a) + bx * (row * q + b) for b in range(q) for a in range(p)])
+    return out
 
 
 def _run_s(resident, streamed, blocks: int, fit: int) -> float:
@@ -163,7 +192,13 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         sliced = slice_config(cfg, spec, g)
         if sliced is None:
             continue
-        groups = board_groups(board_grid(boards), g)
+        # the layout whose all-reduce is the cheaper: bands of two rows, or compact patches
+        # (patches at most 4:1, the rest are bands with fewer edges inside: planning time)
+        layouts = [lay for lay in [board_groups(board_grid(boards), g)]
+                   + [board_patches(board_grid(boards), g, (p, g // p)) for p in range(1, g + 1)
+                      if g % p == 0 and max(p, g // p) <= 4 * min(p, g // p)] if lay]
+        groups = min(layouts, key=lambda lay: (board_group_all_reduce(
+            topo, [[int(c) + b * cpb for c in order] for b in lay[0]], hidden * 4).seconds, -len(lay)))
         free = [b for b in range(boards) if all(b not in grp for grp in groups)]
         usable = len(groups) - (0 if free else 1)  # the head needs a board of its own
         if usable < 1:
