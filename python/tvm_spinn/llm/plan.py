@@ -429,10 +429,16 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
     gemm_ops = 2 * batch * (spec.params - (spec.vocab * spec.hidden if not spec.tied_embeddings else 0)
                             - (spec.max_positions * spec.hidden if spec.family == "gpt2" else 0))
     attn_flops = 2 * 2 * batch * L * spec.heads * spec.head_dim * slots
+    from ..program.ops.base import MappingError
+
     for placement, group, groups, weights_mode in candidates:
         steps.set_postfix_str(f"map: {placement} on {group} chips")
         sub = arch if group == arch.chips else arch.replace(chips=group, name=f"{arch.name}[{group} chips]")
-        dec, pre, head = (_map(described[k], sub, weights_mode) for k in ("decode", "prefill", "head"))
+        try:
+            dec, pre, head = (_map(described[k], sub, weights_mode) for k in ("decode", "prefill", "head"))
+        except MappingError:  # a part does not fit this placement's chips (a prompt on one chip): not a candidate
+            steps.update()
+            continue
         handoff_dec = handoff_pre = 0.0
         if placement == "groups":
             from ..target.topology import topology_of
