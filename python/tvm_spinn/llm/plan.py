@@ -418,6 +418,10 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
         # holds only its block, so the mapper may keep its weights resident (on two or more
         # boards the pipeline placement below is this with whole boards per stage)
         candidates.append(("groups", arch.chips // (L + 1), L + 1, "auto"))
+    if boards >= 2 and arch.chips_per_board >= L + 1:
+        # the same on one board of the system: what a one-board system plans stays a candidate,
+        # so more boards never plan a slower token (the groups' hand-overs stay on the board)
+        candidates.append(("groups:one-board", arch.chips_per_board // (L + 1), L + 1, "auto"))
     # every block on the same chips: their weights together exceed the SRAM, so they stream from
     # DRAM; at most SHARED_MAX_CHIPS chips (mapping one block over more is not practical yet)
     shared = min(arch.chips, SHARED_MAX_CHIPS)
@@ -431,6 +435,7 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
     attn_flops = 2 * 2 * batch * L * spec.heads * spec.head_dim * slots
     from ..program.ops.base import MappingError
 
+    sub_board = arch.replace(chips=arch.chips_per_board, name=f"{arch.name}[board]") if boards >= 2 else arch
     for placement, group, groups, weights_mode in candidates:
         steps.set_postfix_str(f"map: {placement} on {group} chips")
         sub = arch if group == arch.chips else arch.replace(chips=group, name=f"{arch.name}[{group} chips]")
@@ -440,11 +445,13 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
             steps.update()
             continue
         handoff_dec = handoff_pre = 0.0
-        if placement == "groups":
+        if placement.startswith("groups"):
             from ..target.topology import topology_of
             from ..timing.collectives import point_to_point
 
-            topo = topology_of(arch)
+            # one board of the system: its routes kept on the board (the routing tables are the
+            # plan's), as on a one-board system
+            topo = topology_of(sub_board if placement == "groups:one-board" else arch)
 
             def handoff(nbytes):  # the hidden state from each group to the next, one after another
                 return sum(point_to_point(topo, [i * group], [(i + 1) * group], nbytes).seconds for i in range(L))
@@ -458,12 +465,13 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
         slot = kv_bytes / (L * slots)
         write_sram, write_dram = (L * w for w in _kv_write_s(sub, slot, kv_share))
         # the token back from the head's group to the first (the groups), the host's I/O
-        io = _step_io(arch, batch, seq, L * group if placement == "groups" else None, range(group))
+        io = _step_io(sub_board if placement == "groups:one-board" else arch, batch, seq,
+                      L * group if placement.startswith("groups") else None, range(group))
         loop_s = io["token_return_s"] + io["step_sync_s"] + io["host_io_decode_s"]
         decode_s = L * dec.latency_s + head.latency_s + handoff_dec + write_sram + write_dram + loop_s
         used = group * groups
         resident = L * (dec.resident_bytes - dec.kv_sram_bytes) + head.resident_bytes  # weights only
-        streamed = max(0, weight_bytes - resident) if placement == "groups" else weight_bytes
+        streamed = max(0, weight_bytes - resident) if placement.startswith("groups") else weight_bytes
         # a token visits the groups one after another: each block has only its group's resources
         share = used if placement == "shared" else group
         bounds = {
@@ -474,7 +482,7 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
             "links": handoff_dec + loop_s,
         }
         described_groups = (f"{L} blocks + head on {groups} groups of {group} chips, a token passing through "
-                            "them in order (hidden state handed over on the links)" if placement == "groups" else
+                            "them in order (hidden state handed over on the links)" if placement.startswith("groups") else
                             f"all {L} blocks and the head on all {group} chips, one after another")
         records[placement] = dict(
             decode_s=decode_s, period_s=decode_s,

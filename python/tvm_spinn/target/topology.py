@@ -851,13 +851,18 @@ def path_cost(topo: Topology, path) -> tuple[float, float]:
     path = [int(e) for e in path]
     if not path:
         raise ArchError("path_cost: a path needs at least one board edge")
-    groups = topo.link_group
+    key = ("edge_hops",)
+    if key not in topo.memo:  # each edge group's slowest hop, and an on-board hop (once per graph)
+        groups = topo.link_group
+        edge_hop = np.zeros(topo.boards * 6)
+        np.maximum.at(edge_hop, groups[groups >= 0], topo.link_hop_s[groups >= 0])
+        topo.memo[key] = (edge_hop, float(topo.link_hop_s[groups < 0].max()))
+    edge_hop, chip_hop = topo.memo[key]
     rate = float(min(edge_rate(topo)[e] for e in path))
-    chip_hop = float(topo.link_hop_s[groups < 0].max())
     hops = int(edge_reach_hops()[path[0] % 6])
     latency = 0.0
     for k, e in enumerate(path):
-        latency += float(topo.link_hop_s[groups == e].max())
+        latency += float(edge_hop[e])
         if k:
             hops += int(crossing_hops()[(path[k - 1] % 6 + 3) % 6, e % 6])
     hops += int(edge_reach_hops()[(path[-1] % 6 + 3) % 6])  # from the edge it arrives by to every chip
