@@ -28,8 +28,8 @@ streaming its weights from DRAM (the rest). The time to first token is planned f
 
 Groups are ``g`` neighbouring boards of the torus of boards
 (:func:`tvm_spinn.target.topology.board_grid`), in a cycle where ``g`` allows
-(:func:`board_groups`) or a patch of any shape (:func:`board_patches`), whichever all-reduces
-fastest.
+(:func:`board_groups`) or the most nearly square patch (:func:`board_patches`), whichever
+all-reduces faster.
 While one token is in flight the links are otherwise idle, so an all-reduce's trees may pass
 through the boards around the group and a single board's hand-over takes every edge-disjoint
 path to the next board (:mod:`tvm_spinn.timing.collectives`).
@@ -193,10 +193,8 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         if sliced is None:
             continue
         # the layout whose all-reduce is the cheaper: bands of two rows, or compact patches
-        # (patches at most 4:1, the rest are bands with fewer edges inside: planning time)
-        layouts = [lay for lay in [board_groups(board_grid(boards), g)]
-                   + [board_patches(board_grid(boards), g, (p, g // p)) for p in range(1, g + 1)
-                      if g % p == 0 and max(p, g // p) <= 4 * min(p, g // p)] if lay]
+        # (the most nearly square patch only: planning time)
+        layouts = [lay for lay in (board_groups(board_grid(boards), g), board_patches(board_grid(boards), g)) if lay]
         groups = min(layouts, key=lambda lay: (board_group_all_reduce(
             topo, [[int(c) + b * cpb for c in order] for b in lay[0]], hidden * 4).seconds, -len(lay)))
         free = [b for b in range(boards) if all(b not in grp for grp in groups)]
