@@ -20,8 +20,11 @@ Three parts, each printed as one table from one run:
   step must read once, one embedding row per user, never the table, at the best bandwidth any
   placement gets, and the board and chip crossings any placement needs), what binds it and the
   efficiency (bound / period, at most 1); then tokens/s, TTFT, energy per token, the plan's own
-  bound's ratio (a diagnostic: it moves with the plan) and the planning time; a plot of tokens/s
-  per user against boards, the physical bound dotted (``--plot``).
+  bound's ratio (a diagnostic: it moves with the plan) and the planning time; with
+  ``--int8-handover`` each multi-board row planned again with int8 hand-overs, printed below it;
+  over several board counts, tokens/s per user with the boards each plan uses and its
+  efficiency; a plot of tokens/s per user against boards, the physical bound dotted (``--plot``,
+  written atomically).
 * ``prefill`` (run alone): the prompt's own plan (``tvm_spinn.llm.prefill``) for 128 / 2,048 /
   4,096-token prompts on Llama-2-70B and 8,192 on Llama-3.1-70B per system: time to first token,
   its plan-independent bound and efficiency, the chunk size, stages and boards the search chose.
@@ -29,6 +32,7 @@ Three parts, each printed as one table from one run:
     python bench/llm.py                                   # both parts, the default subset
     python bench/llm.py --part plan --models llama-2-70b --systems board boards24 cloud
     python bench/llm.py --part plan --models llama-2-70b --systems scaling --plot scaling.png
+    python bench/llm.py --part plan --models llama-2-70b --systems board boards24 cloud --int8-handover
     python bench/llm.py --part generate --new-tokens 32
     python bench/llm.py --part plan --models llama-2-70b --systems boards24 --dead-boards 5   # healthy and as is
     python bench/llm.py --part prefill --systems board boards24 cloud   # TTFT: 128-8192-token prompts
@@ -213,7 +217,11 @@ def part_plan(args) -> list[dict]:
                 except (LLMError, ValueError) as err:
                     print(f"{name:<13}{system:<10}{dtype:<6}  {err}")
                     continue
-                rows.append(dict(model=name, system=system, boards=boards, dtype=dtype, plan=p))
+                row = dict(model=name, system=system, boards=boards, dtype=dtype, plan=p)
+                if args.int8_handover and args.handover != "int8" and boards > 1:
+                    row["int8_handover"] = plan(str(configs / f"{name}.json"), target=target, batch=args.batch,
+                                                seq=seq, dtype=dtype, handover="int8")
+                rows.append(row)
                 print(f"{name:<13}{system:<10}{dtype:<6}{1e3 / p.tokens_per_s_per_user:>10.3f}"
                       f"{p.physical_bound_s * 1e3:>10.4g}{p.physical_bound['binding']:>14}{p.efficiency:>8.4f}"
                       f"{p.tokens_per_s_per_user:>11.3f}{p.tokens_per_s:>10.3f}"
@@ -222,6 +230,11 @@ def part_plan(args) -> list[dict]:
                       f"{p.chips_used:>7}{math.ceil(p.chips_used / 48):>7}{_placement(p):>24}"
                       f"{p.plan['weights_in'][:27]:>28}"
                       f"{p.plan_seconds:>8.1f}{p.plan['kv_cache_in'][:27]:>28}")
+                if "int8_handover" in row:
+                    q = row["int8_handover"]
+                    print(f"{'':<13}{'':<10}{'':<6}{1e3 / q.tokens_per_s_per_user:>10.3f}{'':>10}{'':>14}"
+                          f"{q.efficiency:>8.4f}{q.tokens_per_s_per_user:>11.3f}  (int8 hand-overs: "
+                          f"{_placement(q)}, {math.ceil(q.chips_used / 48)} boards)")
     if _faults(args):
         print(f"*: the system as it is ({', '.join(f'{k} {v}' for k, v in _faults(args).items())}); boards used: "
               + "; ".join(f"{r['model']} {r['system']}: {r['plan'].plan.get('boards', '-')}" for r in rows
@@ -237,11 +250,15 @@ def part_plan(args) -> list[dict]:
                   f"on a token's path, "
                   f"{b['details']['read_bytes'] / 1e9:.2f} GB read once (KV cache at {r['plan'].seq} slots)")
     for key in sorted({(r["model"], r["dtype"]) for r in rows}):
-        pts = sorted((r["boards"], r["plan"].tokens_per_s_per_user) for r in rows if (r["model"], r["dtype"]) == key
+        pts = sorted((r["boards"], r["plan"].tokens_per_s_per_user, math.ceil(r["plan"].chips_used / 48),
+                      r["plan"].efficiency, r.get("int8_handover")) for r in rows if (r["model"], r["dtype"]) == key
                      and not r["system"].endswith("*"))
         if len(pts) > 1:
             falls = [(a[0], b[0]) for a, b in zip(pts, pts[1:]) if b[1] < a[1]]
-            print(f"  {key[0]} {key[1]} tokens/s per user over boards: " + ", ".join(f"{b:g}: {t:.2f}" for b, t in pts)
+            print(f"  {key[0]} {key[1]} tokens/s per user over boards (boards used, efficiency"
+                  + (", int8 hand-overs" if args.int8_handover else "") + "): "
+                  + ", ".join(f"{b:g}: {t:.2f} ({u}, {e:.3f}" + (f", {h.tokens_per_s_per_user:.2f}" if h else "") + ")"
+                              for b, t, u, e, h in pts)
                   + ("; never falls" if not falls else f"; falls from {falls[0][0]:g} to {falls[0][1]:g} boards"))
     _anchors(rows)
     return rows
@@ -359,7 +376,9 @@ def plot(rows: list[dict], path: str) -> None:
     ax.set_ylabel("tokens/s per user (dotted: physical bound)")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    from tvm_spinn._files import atomic_write
+
+    atomic_write(path, lambda f: fig.savefig(f, format=os.path.splitext(path)[1][1:] or "png", dpi=120))
     print(f"wrote {path}")
 
 
@@ -378,6 +397,9 @@ def main() -> None:
                     choices=sorted(SYSTEMS) + ["scaling"], help="'scaling': 1, 2, 4, 8, 24, 72, 240 and 720 boards")
     ap.add_argument("--handover", default="fp32", choices=("fp32", "fp16", "int8"),
                     help="activations handed over between boards (fp32 keeps the model's bits)")
+    ap.add_argument("--int8-handover", action="store_true",
+                    help="also plan each multi-board row with int8 hand-overs and print it below (accuracy cost: "
+                         "bench/llm_accuracy.py)")
     ap.add_argument("--plan-dtypes", nargs="+", default=["int8"], choices=("fp32", "int8"))
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--seq", type=int, default=2048)

@@ -9,7 +9,9 @@ size (its *slice*: :func:`slice_config`), mapped on one board by the normal plan
 board's SRAM ledger (:func:`tvm_spinn.llm.plan._map_stage`), except that the outputs of the
 attention's output projection and of the MLP's down projection are partial sums over the
 boards: each is all-reduced across the group's boards
-(:func:`tvm_spinn.timing.collectives.board_all_reduce`, two a block) before the residual add.
+(:func:`tvm_spinn.timing.collectives.board_group_all_reduce`, two a block: a reduce and a
+multicast over every board edge between the group's boards, or a ring or tree where cheaper)
+before the residual add.
 They are the int8 GEMMs' int32 accumulators, whose sum is exact in any order, so the tokens do
 not depend on ``g``; an fp32 model (``dtype="fp32"``) is not planned this way (its sums would
 need the bit-exact chain across boards).
@@ -26,9 +28,13 @@ streaming its weights from DRAM (the rest). The time to first token is planned f
 
 Groups are ``g`` neighbouring boards of the torus of boards
 (:func:`tvm_spinn.target.topology.board_grid`), in a cycle where ``g`` allows
-(:func:`board_groups`). On a system with faults only groups of whole boards
+(:func:`board_groups`) or the most nearly square patch (:func:`board_patches`), whichever
+all-reduces faster. On a system with faults only groups of whole boards
 (:func:`tvm_spinn.target.faults.whole_boards`: usable, every chip working) are formed, and the
 head runs on a whole board.
+While one token is in flight the links are otherwise idle, so an all-reduce's trees may pass
+through the boards around the group and a single board's hand-over takes every edge-disjoint
+path to the next board (:mod:`tvm_spinn.timing.collectives`).
 """
 
 from __future__ import annotations
@@ -38,10 +44,12 @@ import math
 
 import numpy as np
 
-__all__ = ["TP_BOARDS", "slice_config", "board_groups", "records"]
+__all__ = ["TP_BOARDS", "slice_config", "board_groups", "board_patches", "records"]
 
-#: Boards one block is tensor-parallel over, tried in increasing order (each must divide the
-#: heads and the intermediate size; up to :data:`MAX_MAPPED` degrees are mapped).
+#: Boards one block is tensor-parallel over, tried from the largest that leaves a board for the
+#: head down (each must divide the heads and the intermediate size; up to :data:`MAX_MAPPED`
+#: degrees are mapped): more boards stream a block's weights from more DRAM at once, and the
+#: all-reduces over the graph of boards grow slowly with the group.
 TP_BOARDS = (2, 4, 8, 16, 32)
 #: Degrees mapped with the PE-level model at most (planning time: each maps a block once more);
 #: the search stops earlier after two degrees slower than the best.
@@ -85,6 +93,31 @@ def board_groups(grid: tuple[int, int], g: int) -> list[list[int]]:
     return [snake[i:i + g] for i in range(0, len(snake) - g + 1, g)]
 
 
+def board_patches(grid: tuple[int, int], g: int, shape: "tuple[int, int] | None" = None) -> list[list[int]]:
+    """Board ids in groups of ``g`` boards, each a ``p x q`` patch of the ``grid`` of boards
+    (``shape``; default the most nearly square that fits), the patches in a snake over the grid
+    (consecutive patches side by side). A compact patch has more board edges inside it and
+    around it than a band of two rows, and a patch as wide (or tall) as the grid closes into a
+    ring of the torus: the all-reduces' trees spread over more edges. Empty where the shape
+    does not fit."""
+    bx, by = grid
+    if shape is None:
+        shapes = sorted((abs(p - g // p), p, g // p) for p in range(1, g + 1)
+                        if g % p == 0 and p <= bx and g // p <= by)
+        if not shapes:
+            return []
+        shape = shapes[0][1:]
+    p, q = shape
+    if p * q != g or p > bx or q > by:
+        return []
+    out = []
+    for row in range(by // q):
+        cols = range(bx // p) if row % 2 == 0 else reversed(range(bx // p))
+        for col in cols:
+            out.append([(col * p + a) + bx * (row * q + b) for b in range(q) for a in range(p)])
+    return out
+
+
 def _run_s(resident, streamed, blocks: int, fit: int) -> float:
     """Latency of ``blocks`` consecutive blocks on one board: the first ``fit`` (what the board's
     SRAM keeps resident) at the time of a block mapped alone with its weights resident, the
@@ -96,14 +129,14 @@ def _ttft_s(parts, target, dtype, board, topo, grid, layers: int, hand_pre: list
     """Time to first token: the prompt through every block's slice on its board (the slice's
     prefill mapped on one board), its two all-reduces a block of the prompt's int32 partial
     sums across the group, the hand-overs of the prompt's hidden states, and the head."""
-    from ..timing.collectives import board_all_reduce
+    from ..timing.collectives import board_group_all_reduce
     P = importlib.import_module(".plan", __package__)
     from .describe import describe
 
     _, module, args = parts[1]
     pre = P._map(describe(module, args, target, dtype), board, "auto")
     prompt = int(np.prod(args[0].shape))  # batch x seq x hidden
-    return layers * (pre.latency_s + 2 * board_all_reduce(topo, grid, prompt * 4).seconds) + sum(hand_pre) + head_s
+    return layers * (pre.latency_s + 2 * board_group_all_reduce(topo, grid, prompt * 4).seconds) + sum(hand_pre) + head_s
 
 
 def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, handover_bytes: int,
@@ -114,13 +147,14 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     plan's stages already mapped (:func:`tvm_spinn.llm.plan._map_stage`)."""
     from ..mapping.planner import resident_capacity
     from ..target.topology import board_grid, ring_order, topology_of
-    from ..timing.collectives import board_all_reduce, point_to_point
+    from ..timing.collectives import board_group_all_reduce, multipath_point_to_point, point_to_point
     P = importlib.import_module(".plan", __package__)
     from .describe import describe
 
     from ..target.faults import whole_boards
 
     whole = whole_boards(arch)  # a group's boards run the same slice: boards with every chip working
+    grid = board_grid(arch.chips // arch.chips_per_board)  # the torus of all the system's boards
     boards = len(whole)
     if dtype != "int8" or boards < 3 or spec.family != "llama":
         return {}
@@ -140,10 +174,14 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
 
     def handover_s(src_boards, dst_boards, nbytes) -> float:
         """Every board of one group to its counterpart in the next (or all to the head's board),
-        each chip its share, at once on the link graph."""
+        each chip its share, at once on the link graph; one board to another also over every
+        edge-disjoint path between them (one token in flight: the links are free), the cheaper."""
         src = np.concatenate([np.arange(cpb) + b * cpb for b in src_boards])
         dst = np.concatenate([np.arange(cpb) + b * cpb for b in dst_boards])
-        return point_to_point(topo, src, dst, nbytes / cpb).seconds
+        direct = point_to_point(topo, src, dst, nbytes / cpb).seconds
+        if batch == 1 and len(src_boards) == 1 and len(dst_boards) == 1 and src_boards[0] != dst_boards[0]:
+            return min(direct, multipath_point_to_point(topo, src_boards[0], dst_boards[0], nbytes).seconds)
+        return direct
 
     pairs: dict = {}
 
@@ -154,13 +192,22 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
             pairs[key] = handover_s(groups[j], groups[j + 1], nbytes)
         return pairs[key]
 
-    for g in TP_BOARDS:
-        if mapped >= MAX_MAPPED or g + 1 > boards:
+    for g in sorted((g for g in TP_BOARDS if g + 1 <= boards), reverse=True):
+        if mapped >= MAX_MAPPED:
             break
         sliced = slice_config(cfg, spec, g)
         if sliced is None:
             continue
-        groups = [grp for grp in board_groups(board_grid(arch.chips // cpb), g) if set(grp) <= set(whole)]
+        # the layout whose all-reduce is the cheaper: bands of two rows, or compact patches
+        # (the most nearly square patch only: planning time); on a system with faults, groups
+        # of whole boards only
+        layouts = [[grp for grp in lay if set(grp) <= set(whole)]
+                   for lay in (board_groups(grid, g), board_patches(grid, g))]
+        layouts = [lay for lay in layouts if lay]
+        if not layouts:
+            continue
+        groups = min(layouts, key=lambda lay: (board_group_all_reduce(
+            topo, [[int(c) + b * cpb for c in order] for b in lay[0]], hidden * 4).seconds, -len(lay)))
         free = [b for b in whole if all(b not in grp for grp in groups)]
         usable = len(groups) - (0 if free else 1)  # the head needs a board of its own
         if usable < 1:
@@ -174,7 +221,9 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         dec = [d.program for d in describe(parts[0][1], parts[0][2], target, dtype)]
         host_shapes = {tuple(int(x) for x in a.shape) for a in parts[0][2][1:]}
         block_w = sum(t.nbytes for p in dec for t in p.tensors if t.role == "const")
-        fit = int(budget // max(1, block_w))
+        # blocks a board keeps resident; the first block on a board always runs as mapped alone
+        # (resident as far as the board's SRAM holds it, the rest streamed)
+        fit = max(1, int(budget // max(1, block_w)))
         least = math.ceil(L / usable)  # blocks per group with every group used
         # the fewest groups whose SRAM keeps every block resident, and every group used
         # blocks per group: every group used, the fewest groups that keep every block resident,
@@ -188,7 +237,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                     P._map_stage(list(dec), board, host_shapes, spec.cache_slots(seq), weights="stream", memo=memo))
         mapped += 1
         grid = [[int(c) + b * cpb for c in order] for b in groups[0]]
-        reduce_s = board_all_reduce(topo, grid, hidden * 4).seconds  # int32 partial sums
+        reduce_s = board_group_all_reduce(topo, grid, hidden * 4).seconds  # int32 partial sums
         for per_group in options:
             n_groups = math.ceil(L / per_group)
             sizes = [per_group] * (n_groups - 1) + [L - per_group * (n_groups - 1)]

@@ -439,7 +439,6 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
     weight_bytes = spec.params * DTYPES[dtype]
     slots = spec.cache_slots(seq)  # a sliding window keeps only its last positions
     kv_bytes = batch * slots * spec.kv_bytes_per_token(4)
-    from ..mapping.tiling import MappingError
     from ..target.faults import health, live_chips, usable_boards
 
     live = live_chips(arch)  # the chips that work (all of them on a healthy system)
@@ -469,6 +468,11 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
         # boards the pipeline placement below is this with whole boards per stage)
         # (a mixture of experts streams its experts: the ones a token picks change every token)
         candidates.append(("groups", live.size // (L + 1), L + 1, "stream" if spec.experts else "auto"))
+    if boards >= 2 and arch.chips_per_board >= L + 1 and not arch.has_faults:
+        # the same on one board of the system: what a one-board system plans stays a candidate,
+        # so more boards never plan a slower token (the groups' hand-overs stay on the board)
+        candidates.append(("groups:one-board", arch.chips_per_board // (L + 1), L + 1,
+                           "stream" if spec.experts else "auto"))
     # every block on the same chips: their weights together exceed the SRAM, so they stream from
     # DRAM; at most SHARED_MAX_CHIPS chips (mapping one block over more is not practical yet)
     shared = min(live.size, SHARED_MAX_CHIPS)
@@ -483,6 +487,7 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
                             - (spec.max_positions * spec.hidden if spec.family == "gpt2" else 0))
     attn_flops = 2 * 2 * batch * L * spec.heads * spec.head_dim * slots
     refused: dict = {}  # placement -> why it cannot hold this batch
+    sub_board = arch.replace(chips=arch.chips_per_board, name=f"{arch.name}[board]") if boards >= 2 else arch
     for placement, group, groups, weights_mode in candidates:
         steps.set_postfix_str(f"map: {placement} on {group} chips")
         # (one board with dead chips: the system itself, its live chips; see target.faults)
@@ -497,11 +502,13 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
             steps.update()
             continue
         handoff_dec = handoff_pre = 0.0
-        if placement == "groups":
+        if placement.startswith("groups"):
             from ..target.topology import topology_of
             from ..timing.collectives import point_to_point
 
-            topo = topology_of(arch)
+            # one board of the system: its routes kept on the board (the routing tables are the
+            # plan's), as on a one-board system
+            topo = topology_of(sub_board if placement == "groups:one-board" else arch)
 
             def handoff(nbytes):  # the hidden state from each group to the next, one after another
                 return sum(point_to_point(topo, [live[i * group]], [live[(i + 1) * group]], nbytes).seconds
@@ -516,13 +523,14 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
         slot = kv_bytes / (L * slots)
         write_sram, write_dram = (L * w for w in _kv_write_s(sub, slot, kv_share))
         # the token back from the head's group to the first (the groups), the host's I/O
-        io = _step_io(arch, batch, seq, live[L * group] if placement == "groups" else None, live[:group])
+        io = _step_io(sub_board if placement == "groups:one-board" else arch, batch, seq,
+                      live[L * group] if placement.startswith("groups") else None, live[:group])
         loop_s = io["token_return_s"] + io["step_sync_s"] + io["host_io_decode_s"]
         decode_s = L * dec.latency_s + head.latency_s + handoff_dec + write_sram + write_dram + loop_s
         used = group * groups
         resident = L * (dec.resident_bytes - dec.kv_sram_bytes) + head.resident_bytes  # weights only
         step_bytes = spec.step_params(batch) * DTYPES[dtype]  # the weights a step reads (experts: the picked)
-        streamed = max(0, step_bytes - resident) if placement == "groups" else step_bytes
+        streamed = max(0, step_bytes - resident) if placement.startswith("groups") else step_bytes
         # a token visits the groups one after another: each block has only its group's resources
         share = used if placement == "shared" else group
         bounds = {
@@ -533,7 +541,7 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
             "links": handoff_dec + loop_s,
         }
         described_groups = (f"{L} blocks + head on {groups} groups of {group} chips, a token passing through "
-                            "them in order (hidden state handed over on the links)" if placement == "groups" else
+                            "them in order (hidden state handed over on the links)" if placement.startswith("groups") else
                             f"all {L} blocks and the head on all {group} chips, one after another")
         records[placement] = dict(
             decode_s=decode_s, period_s=decode_s,
@@ -807,7 +815,7 @@ def _map_stage_now(pieces: list, board, host_shapes: set, slots: int, options) -
 
 
 def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host_shapes: set, steps,
-              handover: str = "fp32", memo: "dict | None" = None):
+              handover: str = "fp32", memo: "dict | None" = None, alone: bool = False):
     """The ``pipeline`` placement: the blocks (and the head) as a chain of board stages, each
     tensor-parallel over its board's chips (the scale-out mapper's plan), keeping its weights
     resident in the board's SRAM where they fit; consecutive stages hand the live activations
@@ -815,11 +823,16 @@ def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host
     at weight-GEMM boundaries, balanced by bytes) or ``m`` blocks share one stage
     (:data:`BLOCKS_PER_STAGE`); the fewest boards that keep the weights resident bound the
     search (more stages only add hand-overs: a token crosses them one after another).
-    ``memo``: the stages already mapped (see :func:`_map_stage`). Returns ``({name: result}`` for each candidate mapped, the hand-over cost function)."""
+    ``memo``: the stages already mapped (see :func:`_map_stage`). ``alone``: one hand-over
+    crosses the board links at a time (one micro-batch in the pipeline), so a hand-over may
+    take every edge-disjoint path between the two boards at once
+    (:func:`~tvm_spinn.timing.collectives.multipath_point_to_point`), not only the chips'
+    direct routes; the cheaper is taken. Returns ``({name: result}`` for each candidate
+    mapped, the hand-over cost function)."""
     from ..mapping.planner import resident_capacity
     from ..target.faults import board_view, chain_boards, live_chips
     from ..target.topology import ring_order, topology_of
-    from ..timing.collectives import point_to_point
+    from ..timing.collectives import multipath_point_to_point, point_to_point
     from ..timing.system import collective_cost
 
     order = chain_boards(arch)  # stage j on board order[j % boards]: the live boards, whole ones first
@@ -843,7 +856,7 @@ def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host
         if nbytes <= 0:
             return 0.0
         gather_bytes = nbytes if gather_bytes is None or gather_bytes < 0 else gather_bytes
-        key = (j % boards, nbytes, gather_bytes)
+        key = (j % boards, nbytes, gather_bytes, alone)
         if key not in costed:
             costed[key] = _handoff_now(j, nbytes, gather_bytes)
         return costed[key]
@@ -856,9 +869,12 @@ def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host
         there = board_view(arch, order[(j + 1) % boards])
         there_topo = topology_of(there) if there != board else board_topo
         there_ring = ring_order(there_topo, there_topo.live_chips().size) if there != board else ring
-        return (point_to_point(topo, src[:n], dst[:n], nbytes / n).seconds
-                + (collective_cost(there_topo, there_ring, "all_gather", gather_bytes, False).seconds
-                   if gather_bytes else 0.0))
+        move = point_to_point(topo, src[:n], dst[:n], nbytes / n).seconds
+        if alone and order[j % boards] != order[(j + 1) % boards]:
+            move = min(move, multipath_point_to_point(topo, order[j % boards], order[(j + 1) % boards],
+                                                      nbytes).seconds)
+        return move + (collective_cost(there_topo, there_ring, "all_gather", gather_bytes, False).seconds
+                       if gather_bytes else 0.0)
 
     results = {}
     head_runs = _balanced(head_atoms, head_parts)
@@ -927,7 +943,8 @@ def _pipeline_records(described: dict, spec: ModelSpec, arch, model, target, dty
                 described[name] = describe(module, args, target, dtype)
     host = _parts(model, spec, mb, seq)[0][2][1:]  # KV cache, write/attention masks, rotary tables
     host_shapes = {tuple(int(d) for d in a.shape) for a in host}
-    raw, handoff_s = _pipeline(described, spec, arch, mb, seq, host_shapes, steps, handover, memo)
+    micro = math.ceil(batch / mb)
+    raw, handoff_s = _pipeline(described, spec, arch, mb, seq, host_shapes, steps, handover, memo, alone=micro == 1)
     if not raw:
         return {}
     from ..target.faults import board_view, chain_boards, live_chips
@@ -938,7 +955,6 @@ def _pipeline_records(described: dict, spec: ModelSpec, arch, model, target, dty
     board = arch.replace(chips=arch.chips_per_board, name=f"{arch.name}[board]")
     pre = _map(described["prefill"], board, "auto")
     hand_pre = L * handoff_s(0, batch * seq * spec.hidden * 4)
-    micro = math.ceil(batch / mb)
     out = {}
     for name, r in raw.items():
         chain, kind, n = r["chain"], r["kind"], r["n"]

@@ -61,7 +61,8 @@ from .arch import FAULT_FIELDS, ArchError, SpinnArch
 
 __all__ = [
     "BOARD_CHIPS", "DIRECTIONS", "DIRECTION_NAMES", "Topology", "TransferCost", "board_grid",
-    "board_layout", "ring_order", "topology_of",
+    "board_layout", "ring_order", "topology_of", "BoardGraph", "board_edges", "board_graph", "board_paths",
+    "crossing_hops", "edge_rate", "edge_reach_hops", "path_cost",
 ]
 
 #: Link directions in SpiNNaker's numbering: E, NE, N, W, SW, S.
@@ -311,6 +312,19 @@ class Topology:
             grouped = np.bincount(groups[board], weights=used[board], minlength=self.group_bw.size)
             seconds = max(seconds, float((grouped / self.group_bw).max()))
         return seconds
+
+    # The boards' graph (see :func:`board_paths`, :func:`board_graph`) ---------------------
+    def board_paths(self, src: int, dst: int) -> tuple[tuple[int, ...], ...]:
+        """Edge-disjoint paths of boards from board ``src`` to ``dst`` (:func:`board_paths`)."""
+        return board_paths(self, src, dst)
+
+    def path_cost(self, path) -> tuple[float, float]:
+        """``(bytes/s, hop latency in seconds)`` of a path of edge groups (:func:`path_cost`)."""
+        return path_cost(self, path)
+
+    def board_graph(self) -> "BoardGraph":
+        """The graph of boards (:func:`board_graph`)."""
+        return board_graph(self)
 
     # Routing --------------------------------------------------------------------------------
     def displacement(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -736,3 +750,242 @@ def ring_order(topo: Topology, count: int) -> np.ndarray:
     if count < 1 or count > usable:
         raise ValueError(f"count must be in [1, {usable}] (the live chips), got {count}")
     return np.asarray(_ring(topo, count), dtype=np.int64)
+
+
+# ---------------------------------------------------------------------------------- the boards' graph
+def board_edges(topo: Topology) -> np.ndarray:
+    """The board across each edge of every board (the graph of boards).
+
+    Parameters
+    ----------
+    topo : Topology
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(boards, 6)`` int64: the board at the far end of edge group ``board * 6 + edge`` (its
+        chip links all end on one board), -1 where the edge has no links (a standalone board).
+    """
+    key = ("board_edges",)
+    if key not in topo.memo:
+        out = np.full(topo.boards * 6, -1, dtype=np.int64)
+        links = np.flatnonzero(topo.link_group >= 0)
+        far = topo.neighbors.reshape(-1)[links] // BOARD_CHIPS
+        out[topo.link_group[links]] = far
+        out.flags.writeable = False
+        topo.memo[key] = out.reshape(topo.boards, 6)
+    return topo.memo[key]
+
+
+def edge_rate(topo: Topology) -> np.ndarray:
+    """Payload bytes/s each edge group carries in one direction: its serial links together, or
+    its chip links' own rates summed where those are slower (``(boards * 6,)``, 0 without links)."""
+    key = ("edge_rate",)
+    if key not in topo.memo:
+        links = np.flatnonzero(topo.link_group >= 0)
+        lanes = np.bincount(topo.link_group[links], weights=topo.link_bw[links], minlength=topo.boards * 6)
+        rate = np.minimum(topo.group_bw, lanes)
+        rate.flags.writeable = False
+        topo.memo[key] = rate
+    return topo.memo[key]
+
+
+@functools.lru_cache(maxsize=1)
+def crossing_hops() -> np.ndarray:
+    """On-board hops from the chips of one board edge to those of another (``(6, 6)`` int64):
+    the fewest over the pairs of the two edges' chips, 0 on the diagonal. A packet crossing a
+    board from the edge it came in by to the edge it leaves by takes at least these hops (the
+    same on every board: boards are translations of one hexagon)."""
+    topo = _build(BOARD_CHIPS * 4, 1.0, 1.0, 1.0, 1.0, 1.0)  # a 2 x 2 torus: every edge of board 0 has links
+    chips = []
+    for edge in range(6):
+        links = np.flatnonzero(topo.link_group == edge)
+        chips.append(np.unique(links // 6))
+    out = np.zeros((6, 6), dtype=np.int64)
+    for a in range(6):
+        for b in range(6):
+            if a != b:
+                d = topo.pos[chips[b]][None, :, :] - topo.pos[chips[a]][:, None, :]
+                out[a, b] = int(_hex_norm(d[..., 0], d[..., 1]).min())
+    out.flags.writeable = False
+    return out
+
+
+def board_paths(topo: Topology, src: int, dst: int) -> tuple[tuple[int, ...], ...]:
+    """Edge-disjoint paths of boards from board ``src`` to board ``dst``, as many as exist.
+
+    A maximum flow of one unit per directed board edge (Edmonds-Karp: shortest augmenting paths
+    on the residual graph, ties to the lower edge id), decomposed into paths. No two paths use
+    the same directed edge group, so transfers along them do not share a serial link.
+
+    Parameters
+    ----------
+    topo : Topology
+    src, dst : int
+        Distinct boards.
+
+    Returns
+    -------
+    tuple of tuple of int
+        Each path's edge groups (``board * 6 + edge``) in order, shortest first.
+    """
+    boards = topo.boards
+    for name, b in (("src", src), ("dst", dst)):
+        if not 0 <= int(b) < boards:
+            raise ArchError(f"board_paths: {name} must be a board in [0, {boards}), got {b!r}")
+    if src == dst:
+        raise ArchError(f"board_paths: src and dst are the same board ({src})")
+    # the torus of boards is the same seen from every board: paths are found from board 0 to
+    # the displacement and moved back (one search per displacement, not per pair)
+    bx, by = topo.grid
+    dx, dy = (int(dst) % bx - int(src) % bx) % bx, (int(dst) // bx - int(src) // bx) % by
+    key = ("board_paths", dx, dy)
+    if key not in topo.memo:
+        topo.memo[key] = _board_paths_from_origin(topo, dx + bx * dy)
+    sx, sy = int(src) % bx, int(src) // bx
+
+    def moved(e: int) -> int:
+        b, k = divmod(e, 6)
+        return (((b % bx) + sx) % bx + bx * (((b // bx) + sy) % by)) * 6 + k
+
+    return tuple(tuple(moved(e) for e in path) for path in topo.memo[key])
+
+
+def _board_paths_from_origin(topo: Topology, dst: int) -> tuple[tuple[int, ...], ...]:
+    """:func:`board_paths` from board 0 to ``dst``."""
+    src = 0
+    boards = topo.boards
+    far = board_edges(topo).reshape(-1)
+    usable = (far >= 0) & (edge_rate(topo) > 0)
+    flow = np.zeros(boards * 6, dtype=np.int64)  # 1 where a unit goes along the edge group
+    into: dict = {}
+    for e in np.flatnonzero(usable):
+        into.setdefault(int(far[e]), []).append(int(e))
+    while True:
+        # BFS on the residual graph: forward along a free edge, backward against a used one
+        prev = {int(src): None}
+        frontier = [int(src)]
+        while frontier and dst not in prev:
+            nxt = []
+            for u in frontier:
+                steps = [(int(far[u * 6 + k]), u * 6 + k, 1) for k in range(6)
+                         if usable[u * 6 + k] and not flow[u * 6 + k]]
+                steps += [(e // 6, e, -1) for e in into.get(u, ()) if flow[e]]
+                for v, e, sign in steps:
+                    if v not in prev:
+                        prev[v] = (u, e, sign)
+                        nxt.append(v)
+            frontier = nxt
+        if dst not in prev:
+            break
+        v = int(dst)
+        while prev[v] is not None:
+            u, e, sign = prev[v]
+            flow[e] += sign
+            v = u
+    paths = []
+    used = flow.copy()
+    for e0 in range(int(src) * 6, int(src) * 6 + 6):
+        if not used[e0]:
+            continue
+        path, e = [e0], e0
+        used[e0] = 0
+        while far[e] != dst:
+            here = int(far[e])
+            e = next(x for x in range(here * 6, here * 6 + 6) if used[x])
+            used[e] = 0
+            path.append(e)
+        paths.append(tuple(path))
+    return tuple(sorted(paths, key=lambda p: (len(p), p)))
+
+
+@dataclass(frozen=True, eq=False)
+class BoardGraph:
+    """The graph of boards as a link graph of its own: one node per board, one directed link
+    per board edge (its edge group), for the collectives that treat a board as one rank
+    (:func:`tvm_spinn.timing.collectives.board_group_all_reduce`). Only what those read:
+    ``neighbors``, ``link_bw``, ``link_hop_s``, ``board_link``, ``nodes``, ``memo`` and
+    :meth:`link_seconds`; build it with :func:`board_graph`.
+
+    A link's rate is its edge group's (:func:`edge_rate`); its hop latency is a board-to-board
+    hop plus the most on-board hops any crossing of a board between two of its edges takes
+    (:func:`crossing_hops`): a route through a board enters by one edge and leaves by another,
+    and which two the per-link latency cannot know, so it charges the longest crossing."""
+
+    nodes: int
+    neighbors: np.ndarray
+    link_bw: np.ndarray
+    link_hop_s: np.ndarray
+    board_link: np.ndarray
+    memo: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def link_seconds(self, load: np.ndarray, links: "np.ndarray | None" = None) -> float:
+        """The busiest board edge's time: ``max(load / link_bw)``."""
+        load = np.asarray(load, dtype=np.float64)
+        used = np.flatnonzero(load) if links is None else np.asarray(links, dtype=np.int64)
+        return float((load[used] / self.link_bw[used]).max()) if used.size else 0.0
+
+
+def board_graph(topo: Topology) -> BoardGraph:
+    """The :class:`BoardGraph` of a system's link graph (memoized on it)."""
+    key = ("board_graph",)
+    if key not in topo.memo:
+        far = board_edges(topo)
+        rate = edge_rate(topo)
+        board_hop = float(topo.link_hop_s[topo.link_group >= 0].max()) if (topo.link_group >= 0).any() else 0.0
+        chip_hop = float(topo.link_hop_s[topo.link_group < 0].max())
+        hop = np.full(topo.boards * 6, board_hop + int(crossing_hops().max()) * chip_hop)
+        topo.memo[key] = BoardGraph(nodes=topo.boards, neighbors=far, link_bw=np.where(rate > 0, rate, np.inf),
+                                    link_hop_s=hop, board_link=np.ones((topo.boards, 6), dtype=bool))
+    return topo.memo[key]
+
+
+@functools.lru_cache(maxsize=1)
+def edge_reach_hops() -> np.ndarray:
+    """On-board hops from the farthest chip of a board to the nearest chip of each of its edges
+    (``(6,)`` int64): what a share held anywhere on the board travels to leave by that edge."""
+    topo = _build(BOARD_CHIPS * 4, 1.0, 1.0, 1.0, 1.0, 1.0)
+    out = np.zeros(6, dtype=np.int64)
+    everyone = topo.pos[:BOARD_CHIPS]
+    for edge in range(6):
+        chips = np.unique(np.flatnonzero(topo.link_group == edge) // 6)
+        d = topo.pos[chips][None, :, :] - everyone[:, None, :]
+        out[edge] = int(_hex_norm(d[..., 0], d[..., 1]).min(axis=1).max())
+    out.flags.writeable = False
+    return out
+
+
+def path_cost(topo: Topology, path) -> tuple[float, float]:
+    """Rate and latency of one path of boards (edge groups in order, :func:`board_paths`).
+
+    The rate is the slowest of its edges' (:func:`edge_rate`: a board edge's serial links,
+    which the chip links on either side outrun). The latency is the share's way from the chips
+    of the first board to its first edge (:func:`edge_reach_hops`), each board-to-board hop,
+    each board crossed from the edge it came in by to the edge it leaves by
+    (:func:`crossing_hops`), and from the last edge to the farthest chip of the last board, at
+    the links' hop latencies.
+
+    Returns
+    -------
+    tuple of float
+        ``(bytes per second, seconds)``.
+    """
+    path = [int(e) for e in path]
+    if not path:
+        raise ArchError("path_cost: a path needs at least one board edge")
+    key = ("edge_hops",)
+    if key not in topo.memo:  # each edge group's slowest hop, and an on-board hop (once per graph)
+        groups = topo.link_group
+        edge_hop = np.zeros(topo.boards * 6)
+        np.maximum.at(edge_hop, groups[groups >= 0], topo.link_hop_s[groups >= 0])
+        topo.memo[key] = (edge_hop, float(topo.link_hop_s[groups < 0].max()))
+    edge_hop, chip_hop = topo.memo[key]
+    rate = float(min(edge_rate(topo)[e] for e in path))
+    hops = int(edge_reach_hops()[path[0] % 6])
+    latency = 0.0
+    for k, e in enumerate(path):
+        latency += float(edge_hop[e])
+        if k:
+            hops += int(crossing_hops()[(path[k - 1] % 6 + 3) % 6, e % 6])
+    hops += int(edge_reach_hops()[(path[-1] % 6 + 3) % 6])  # from the edge it arrives by to every chip
+    return rate, latency + hops * chip_hop

@@ -65,6 +65,7 @@ import numpy as np
 __all__ = [
     "CollectiveCost", "all_gather", "all_reduce", "chain_all_reduce", "fixed_order_sum", "point_to_point",
     "reduce_scatter", "reduction_order", "chip_blocks", "MULTICAST_MAX_RANKS", "board_all_reduce",
+    "board_group_all_reduce", "multipath_point_to_point", "water_fill",
 ]
 
 _ALGORITHMS = ("ring", "tree")
@@ -200,21 +201,26 @@ def _forget(memo: dict, kind: str) -> None:
         del memo[key]
 
 
-def _multicast_trees(topo: "Topology", ranks: np.ndarray):
+def _multicast_trees(topo: "Topology", ranks: np.ndarray, sources: "int | None" = None):
     """Per-link share counts, deepest route latency, hops and board hops of the multicast
     all-gather's trees over ``ranks`` (see the module docstring), or None when the ranks'
-    links do not connect them. Independent of the message size, so cached per rank set."""
-    key = ("multicast_trees", ranks.tobytes())
+    links do not connect them. Independent of the message size, so cached per rank set.
+
+    ``sources``: only the first ``sources`` ranks hold shares (default all); the others are
+    relays, which forward along the trees but neither send nor need the shares: a relay is
+    kept in a tree only where a route to a rank that needs it passes through it."""
+    c = ranks.size
+    sources = c if sources is None else int(sources)
+    key = ("multicast_trees", ranks.tobytes(), sources)
     memo = topo.memo
     if key in memo:
         return memo[key]
-    c = ranks.size
     member = {int(r): i for i, r in enumerate(ranks)}
     # (rank, direction) -> neighbour rank index, -1 off the group
     nb = np.array([[member.get(int(v), -1) for v in topo.neighbors[r]] for r in ranks], dtype=np.int64)
     dist = np.full((c, c), -1, dtype=np.int64)
     order = []  # per source: ranks in BFS order (parents before children)
-    for s in range(c):
+    for s in range(sources):
         dist[s, s], frontier, seen = 0, [s], [s]
         while frontier:
             nxt = []
@@ -232,7 +238,7 @@ def _multicast_trees(topo: "Topology", ranks: np.ndarray):
     else:
         # candidate incoming links of rank v for source s: from each neighbour one hop closer
         cand = {}
-        for s in range(c):
+        for s in range(sources):
             for v in order[s]:
                 cand[s, v] = [int(ranks[u]) * 6 + (d + 3) % 6 for d, u in enumerate(nb[v])
                               if u >= 0 and dist[s, u] == dist[s, v] - 1]
@@ -240,7 +246,7 @@ def _multicast_trees(topo: "Topology", ranks: np.ndarray):
         inv_bw = 1.0 / topo.link_bw
         choice: dict = {}
         for _ in range(_MULTICAST_PASSES):  # re-choose each with the others fixed
-            for s in range(c):
+            for s in range(sources):
                 for v in order[s]:
                     old = choice.get((s, v))
                     if old is not None:
@@ -248,11 +254,21 @@ def _multicast_trees(topo: "Topology", ranks: np.ndarray):
                     best = min(cand[s, v], key=lambda link: (load[link] * inv_bw[link], link))
                     choice[s, v] = best
                     load[best] += 1.0
+        if sources < c:  # relays on no route to a rank that needs the share carry nothing
+            load[:] = 0.0
+            for s in range(sources):
+                needed = set(range(sources))
+                for v in reversed(order[s]):
+                    if v in needed:
+                        needed.add(member[int(choice[s, v] // 6)])
+                order[s] = [v for v in order[s] if v in needed]
+                for v in order[s]:
+                    load[choice[s, v]] += 1.0
         latency, board = np.zeros((c, c)), np.zeros((c, c), dtype=np.int64)
         back = np.zeros((c, c))  # the reversed route's latency (the reduce's way to the root)
         rev_load = np.zeros_like(load)
         on_board = topo.board_link.reshape(-1)
-        for s in range(c):
+        for s in range(sources):
             for v in order[s]:
                 link = choice[s, v]
                 u = member[int(link // 6)]
@@ -262,10 +278,87 @@ def _multicast_trees(topo: "Topology", ranks: np.ndarray):
                 latency[s, v] = latency[s, u] + topo.link_hop_s[link]
                 back[s, v] = back[s, u] + topo.link_hop_s[rev]
                 board[s, v] = board[s, u] + int(on_board[link])
-        result = (load, float(latency.max()), int(dist.max()), int(board.max()), rev_load, float(back.max()))
+        result = (load, float(latency.max()), int(dist[:sources].max()), int(board.max()), rev_load,
+                  float(back.max()))
     if len(memo) > _TREES_KEPT:
         _forget(memo, "multicast_trees")
     memo[key] = result
+    return result
+
+
+def _spread_trees(graph, ranks: np.ndarray, sources: int, share_bytes: float):
+    """Multicast trees like :func:`_multicast_trees`' but not only along shortest paths: a rank
+    may hang from any neighbour the source's breadth-first order reaches before it (so the
+    trees stay trees), chosen to least delay the share's arrival, ``share_bytes`` queued behind
+    the shares the link already carries plus the parent's depth and the hop. Around a group of
+    boards whose shortest paths crowd onto a few edges, the trees then take the relays' and the
+    border's edges too. Same result tuple as :func:`_multicast_trees` (None where the ranks'
+    links do not connect them); for the graph of boards only (memoized on it per size)."""
+    key = ("spread_trees", ranks.tobytes(), int(sources), float(share_bytes))
+    if key in graph.memo:
+        return graph.memo[key]
+    base = _multicast_trees(graph, ranks, sources)  # connectivity, the BFS orders' distances
+    if base is None:
+        graph.memo[key] = None
+        return None
+    c = ranks.size
+    member = {int(r): i for i, r in enumerate(ranks)}
+    nb = np.array([[member.get(int(v), -1) for v in graph.neighbors[r]] for r in ranks], dtype=np.int64)
+    order = []
+    for s in range(sources):
+        seen, frontier, mark = [s], [s], {s}
+        while frontier:
+            nxt = []
+            for u in frontier:
+                for v in nb[u]:
+                    if v >= 0 and int(v) not in mark:
+                        mark.add(int(v))
+                        nxt.append(int(v))
+            seen += nxt
+            frontier = nxt
+        order.append(seen)
+    load = np.zeros(graph.nodes * 6)
+    wait = share_bytes / graph.link_bw
+    choice: dict = {}
+    for _ in range(_MULTICAST_PASSES):
+        for s in range(sources):
+            rank_of = {v: k for k, v in enumerate(order[s])}
+            depth = {s: 0.0}
+            for v in order[s][1:]:
+                old = choice.get((s, v))
+                if old is not None:
+                    load[old] -= 1.0
+                cands = [int(ranks[u]) * 6 + (d + 3) % 6 for d, u in enumerate(nb[v])
+                         if u >= 0 and rank_of[int(u)] < rank_of[v]]
+                best = min(cands, key=lambda link: ((load[link] + 1.0) * wait[link] + depth[member[link // 6]]
+                                                    + graph.link_hop_s[link], link))
+                choice[s, v] = best
+                load[best] += 1.0
+                depth[v] = depth[member[best // 6]] + float(graph.link_hop_s[best])
+    # relays on no route to a rank that needs the share carry nothing
+    load[:] = 0.0
+    kept = []
+    for s in range(sources):
+        needed = set(range(sources))
+        for v in reversed(order[s][1:]):
+            if v in needed:
+                needed.add(member[int(choice[s, v] // 6)])
+        kept.append([v for v in order[s][1:] if v in needed])
+        for v in kept[-1]:
+            load[choice[s, v]] += 1.0
+    latency, back, hops = np.zeros((c, c)), np.zeros((c, c)), np.zeros((c, c), dtype=np.int64)
+    rev_load = np.zeros_like(load)
+    for s in range(sources):
+        for v in kept[s]:
+            link = choice[s, v]
+            u = member[int(link // 6)]
+            rev = int(ranks[v]) * 6 + (int(link % 6) + 3) % 6
+            rev_load[rev] += 1.0
+            latency[s, v] = latency[s, u] + graph.link_hop_s[link]
+            back[s, v] = back[s, u] + graph.link_hop_s[rev]
+            hops[s, v] = hops[s, u] + 1
+    result = (load, float(latency.max()), int(hops.max()), int(hops.max()), rev_load, float(back.max()))
+    graph.memo[key] = result
     return result
 
 
@@ -286,7 +379,8 @@ def _multicast(topo: "Topology", ranks: np.ndarray, nbytes: float) -> "Collectiv
                           float(nbytes))
 
 
-def _multicast_reduce(op: str, topo: "Topology", ranks: np.ndarray, nbytes: float) -> "CollectiveCost | None":
+def _multicast_reduce(op: str, topo: "Topology", ranks: np.ndarray, nbytes: float,
+                      sources: "int | None" = None) -> "CollectiveCost | None":
     """Reduce-scatter over the multicast trees run backwards (and, for ``op="all_reduce"``, the
     multicast all-gather after it), or None where the trees are not built.
 
@@ -297,17 +391,19 @@ def _multicast_reduce(op: str, topo: "Topology", ranks: np.ndarray, nbytes: floa
     one step of ``max link bytes / bandwidth + the deepest reversed route's hop latencies``
     (the additions ride on the words as they arrive, like the routers' copies of a multicast;
     they are not charged). The order of the additions follows the trees, so this is for
-    integer partial sums (any order) only: floating-point sums use :func:`chain_all_reduce`."""
+    integer partial sums (any order) only: floating-point sums use :func:`chain_all_reduce`.
+    ``sources``: the first ``sources`` ranks take part, the others relay (see
+    :func:`_multicast_trees`)."""
     c = ranks.size
     if c == 1 or nbytes == 0:
         return CollectiveCost(op, "multicast", 0.0, 0.0, 0, 0, int(c > 1), c, float(nbytes))
     if c > MULTICAST_MAX_RANKS:
         return None
-    trees = _multicast_trees(topo, ranks)
+    trees = _multicast_trees(topo, ranks, sources)
     if trees is None:
         return None
     shares, latency, hops, board_hops, rev_shares, back = trees
-    share = float(nbytes) / c
+    share = float(nbytes) / (c if sources is None else sources)
     rev = rev_shares * share
     seconds = topo.link_seconds(rev) + back
     if op == "reduce_scatter":
@@ -464,6 +560,150 @@ def board_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbytes: fl
     return dataclasses.replace(best, seconds=best.seconds + gather.seconds, hops=best.hops + gather.hops,
                                steps=best.steps + gather.steps,
                                bytes_per_link=max(best.bytes_per_link, gather.bytes_per_link))
+
+
+def water_fill(rates: Sequence[float], latencies: Sequence[float], nbytes: float) -> tuple[float, np.ndarray]:
+    """Split ``nbytes`` over paths of the given rates and latencies so that all finish together.
+
+    Path ``p`` carries ``rates[p] (T - latencies[p])`` bytes where that is positive; ``T`` is the
+    smallest time at which the paths together carry ``nbytes`` (a path slower to start than
+    ``T`` carries nothing).
+
+    Returns
+    -------
+    tuple
+        ``(T, bytes per path)``.
+    """
+    r = np.asarray(rates, dtype=np.float64)
+    lat = np.asarray(latencies, dtype=np.float64)
+    if r.shape != lat.shape or r.size == 0 or (r <= 0).any():
+        raise ValueError("water_fill needs one positive rate per path and at least one path")
+    if nbytes <= 0:
+        return 0.0, np.zeros(r.size)
+    order = np.argsort(lat, kind="stable")
+    best = np.inf
+    for m in range(1, r.size + 1):
+        use = order[:m]
+        t = (nbytes + float((r[use] * lat[use]).sum())) / float(r[use].sum())
+        if t >= lat[use].max() and (m == r.size or t <= lat[order[m]]):
+            best = t
+            break
+        best = min(best, t) if t >= lat[use].max() else best
+    share = np.maximum(0.0, r * (best - lat))
+    return float(best), share
+
+
+def multipath_point_to_point(topo: "Topology", src_board: int, dst_board: int, nbytes: float) -> CollectiveCost:
+    """Cost of one board's ``nbytes`` sent to another board over every edge-disjoint path at once.
+
+    When one transfer is alone on the links (a batch-1 token crossing from one pipeline stage
+    to the next), it need not take the one board edge between the two boards: the paths of
+    :meth:`~tvm_spinn.target.topology.Topology.board_paths` share no board edge, so their serial
+    links run in parallel. Each path's rate and hop latency come from the link graph
+    (:meth:`~tvm_spinn.target.topology.Topology.path_cost`), and the bytes are split so that
+    the paths finish together (:func:`water_fill`). The chips at either end move the shares
+    between the board's chips and its edges on on-board links, each several times an edge's
+    rate, so the edges bind (their hops are in the paths' latencies).
+
+    Parameters
+    ----------
+    topo : Topology
+        The system's link graph.
+    src_board, dst_board : int
+        Distinct boards.
+    nbytes : float
+        Bytes to move.
+
+    Returns
+    -------
+    CollectiveCost
+        ``algorithm="multipath"``, one step; ``bytes_per_link`` the busiest path's bytes,
+        ``hops`` the longest used path's board hops.
+    """
+    if not np.isfinite(nbytes) or nbytes < 0:
+        raise ValueError(f"nbytes must be a finite number >= 0, got {nbytes!r}")
+    paths = topo.board_paths(int(src_board), int(dst_board))
+    if not paths:
+        raise ValueError(f"no path of board edges from board {src_board} to board {dst_board}")
+    costs = [topo.path_cost(p) for p in paths]
+    seconds, share = water_fill([c[0] for c in costs], [c[1] for c in costs], float(nbytes))
+    used = [len(p) for p, b in zip(paths, share) if b > 0] or [len(paths[0])]
+    return CollectiveCost("point_to_point", "multipath", seconds, float(share.max(initial=0.0)), max(used),
+                          max(used), 1, 2, float(nbytes))
+
+
+def board_group_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbytes: float) -> CollectiveCost:
+    """Cost of an all-reduce of integer partial sums across boards, each board one rank of the
+    multicast reduce on the graph of boards.
+
+    ``grid[b]``: the chips of the ``b``-th board of the group (every chip holds the board's
+    ``nbytes`` of partial sums, as in :func:`board_all_reduce`). The boards are the ranks of the
+    multicast reduce-scatter and all-gather (see the module docstring) on
+    :meth:`~tvm_spinn.target.topology.Topology.board_graph`: one link per board edge at its
+    serial links' rate, so each board's share is reduced and multicast along trees that use
+    every edge between the group's boards, not the one or two edges of a ring; the boards next
+    to the group may relay (their edges are free while one token is in flight), and the trees
+    may leave the shortest paths to spread the shares over more edges (:func:`_spread_trees`),
+    the cheapest trees taken. Then every chip
+    of a board receives the result from the board's edges (the board's all-gather, as in
+    :func:`board_all_reduce`). Integer sums only (any order). Falls back to
+    :func:`board_all_reduce` where the trees are not built (more than
+    :data:`MULTICAST_MAX_RANKS` boards) or where that is cheaper.
+
+    Two boards exchange halves over every edge-disjoint path between them
+    (:func:`multipath_point_to_point`, both directions at once) instead.
+
+    Returns
+    -------
+    CollectiveCost
+        ``algorithm="board-multicast"`` (``"board-multipath"`` for two boards) when that is the
+        cheaper.
+    """
+    grid = np.asarray(grid, dtype=np.int64)
+    ring = board_all_reduce(topo, grid, nbytes)
+    g, k = grid.shape
+    if g == 1 or nbytes == 0:
+        return ring
+    boards = np.unique(grid // 48, axis=0)
+    if (grid // 48 != grid[:, :1] // 48).any() or boards.shape[0] != g:
+        raise ValueError("board_group_all_reduce: each row of grid must be the chips of one board, boards distinct")
+    gather = all_gather(topo, grid[0], nbytes) if k > 1 else None
+    if g == 2:
+        # two boards: each sends the other the half it does not reduce, over every edge-disjoint
+        # path (the two directions use opposite directed links), then the reduced halves back
+        a, b = (int(x) for x in grid[:, 0] // 48)
+        half = max(multipath_point_to_point(topo, a, b, nbytes / 2).seconds,
+                   multipath_point_to_point(topo, b, a, nbytes / 2).seconds)
+        cost = CollectiveCost("all_reduce", "board-multipath", 2 * half, nbytes / 2, 0, 0, 2, 2, float(nbytes))
+    else:
+        graph = topo.board_graph()
+        members = grid[:, 0] // 48
+        cost = _multicast_reduce("all_reduce", graph, members, float(nbytes))
+        # the boards next to the group relay too: at batch 1 their edges are free, and a board
+        # on the group's border then reduces and receives over all six of its edges
+        halo = np.setdiff1d(np.unique(graph.neighbors[members]), members)
+        halo = halo[halo >= 0]
+        if halo.size and g + halo.size <= MULTICAST_MAX_RANKS:
+            ranks = np.concatenate([members, halo])
+            relayed = _multicast_reduce("all_reduce", graph, ranks, float(nbytes), sources=g)
+            if relayed is not None and (cost is None or relayed.seconds < cost.seconds):
+                cost = relayed
+            spread = _spread_trees(graph, ranks, g, float(nbytes) / g)
+            if spread is not None:
+                shares, latency, hops, _, rev_shares, back = spread
+                seconds = (graph.link_seconds(rev_shares * (float(nbytes) / g)) + back
+                           + graph.link_seconds(shares * (float(nbytes) / g)) + latency)
+                if cost is None or seconds < cost.seconds:
+                    cost = CollectiveCost("all_reduce", "multicast", seconds,
+                                          float(((shares + rev_shares) * (float(nbytes) / g)).max()), 2 * hops,
+                                          2 * hops, 2, g, float(nbytes))
+    if cost is None:
+        return ring
+    seconds = cost.seconds + (gather.seconds if gather else 0.0)
+    if seconds >= ring.seconds:
+        return ring
+    return CollectiveCost("all_reduce", cost.algorithm if g == 2 else "board-multicast", seconds, cost.bytes_per_link, cost.hops + (gather.hops if gather else 0),
+                          cost.board_hops, cost.steps + (gather.steps if gather else 0), int(grid.size), float(nbytes))
 
 
 def point_to_point(topo: "Topology", src: Sequence[int], dst: Sequence[int],

@@ -1,0 +1,32 @@
+"""Tokens/s per user never falls as boards are added, and the planner keeps its fastest
+candidate (a small Llama config: no weights, no simulation)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import tvm_spinn  # noqa: E402
+from tvm_spinn.llm.plan import plan  # noqa: E402
+
+TINY = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 256, "max_position_embeddings": 64}
+
+
+@pytest.mark.slow  # ~30-60 s: three plans, each mapping the block on its candidates
+def test_tokens_per_s_never_fall_over_boards_and_the_fastest_plan_is_kept(register_system):
+    rates = []
+    for boards in (1, 2, 4):
+        target = "spinn/board" if boards == 1 else register_system(
+            tvm_spinn.make_system(f"spinn2-tiny-{boards}", boards=boards), tag=f"spinn/tiny-{boards}")
+        result = plan(TINY, target=target, batch=1, seq=16, dtype="int8")
+        alts = result.plan["alternatives"]
+        # the kept plan is the fastest of every candidate costed
+        assert 1 / result.tokens_per_s_per_user == pytest.approx(min(a["period_s"] for a in alts.values()))
+        if boards > 1:
+            # what one board plans is a candidate on more boards too
+            assert "groups:one-board" in alts
+        rates.append(result.tokens_per_s_per_user)
+    assert rates == sorted(rates), rates
