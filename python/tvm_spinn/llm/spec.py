@@ -572,7 +572,11 @@ def transformers_kwargs(cfg: dict, spec: ModelSpec, layers: "int | None" = None)
 
     layers = spec.layers if layers is None else layers
     act_key, default = {"gpt2": ("activation_function", "gelu_new"), "gptj": ("activation_function", "gelu_new"),
-                        "falcon": ("activation", "gelu")}.get(spec.family, ("hidden_act", "silu"))
+                        "falcon": ("activation", None)}.get(spec.family, ("hidden_act", "silu"))
+    if default is None:  # Falcon's default is its transformers config class's
+        from transformers import FalconConfig
+
+        default = FalconConfig().activation
     if spec.model_type == "gemma2":
         act_key, default = "hidden_activation", "gelu_pytorch_tanh"
     act = cfg.get(act_key) if cfg.get(act_key) is not None else default
