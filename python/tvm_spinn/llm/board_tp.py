@@ -154,7 +154,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     from ..target.faults import whole_boards
 
     whole = whole_boards(arch)  # a group's boards run the same slice: boards with every chip working
-    grid = board_grid(arch.chips // arch.chips_per_board)  # the torus of all the system's boards
+    torus = board_grid(arch.chips // arch.chips_per_board)  # the torus of all the system's boards
     boards = len(whole)
     if dtype != "int8" or boards < 3 or spec.family != "llama":
         return {}
@@ -202,7 +202,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         # (the most nearly square patch only: planning time); on a system with faults, groups
         # of whole boards only
         layouts = [[grp for grp in lay if set(grp) <= set(whole)]
-                   for lay in (board_groups(grid, g), board_patches(grid, g))]
+                   for lay in (board_groups(torus, g), board_patches(torus, g))]
         layouts = [lay for lay in layouts if lay]
         if not layouts:
             continue

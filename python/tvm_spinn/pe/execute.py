@@ -427,6 +427,22 @@ def _run_mean_tflite(run: _Run, index: int, env, table) -> np.ndarray:
     return out
 
 
+def _tally(entry: list, m) -> None:
+    """Add the machine's executed cycles and instruction classes to a tile's ``[cycles, classes]``."""
+    cycles, classes = executed_cycles(m)
+    entry[0] += cycles
+    for key, v in classes.items():
+        entry[1][key] = entry[1].get(key, 0) + v
+
+
+def _record_runs(run, index: int, table, runs: list) -> None:
+    """One :class:`TileRun` per tile of layer ``index`` where the run records them."""
+    if run.record is not None:
+        for t in range(len(table)):
+            run.record.append(TileRun(index, t, int(table.pe[t]), float(table.cycles[t]), runs[t][0],
+                                      dict(sorted(runs[t][1].items()))))
+
+
 def _run_softmax_tflite(run: _Run, index: int, env, table) -> np.ndarray:
     """TFLite's integer softmax: per group of rows, each phase over the rows' chunks in column
     order, the int32 statistics (max, sum) chained and sent back as :func:`_run_rows` does."""
@@ -474,16 +490,10 @@ def _run_softmax_tflite(run: _Run, index: int, env, table) -> np.ndarray:
                         st[:] = np.frombuffer(m.read(pst, 8 * n), dtype=np.int32)
                     if len(tiles) == 1 or ph == 2:
                         y_all[q0:q1, c0:c1] = np.frombuffer(m.read(py, n * (c1 - c0)), dtype=out.dtype).reshape(n, c1 - c0)
-                    cycles, classes = executed_cycles(m)
-                    runs[t][0] += cycles
-                    for key, v in classes.items():
-                        runs[t][1][key] = runs[t][1].get(key, 0) + v
+                    _tally(runs[t], m)
                 if len(tiles) == 1:
                     break
-    if run.record is not None:
-        for t in range(len(table)):
-            run.record.append(TileRun(index, t, int(table.pe[t]), float(table.cycles[t]), runs[t][0],
-                                      dict(sorted(runs[t][1].items()))))
+    _record_runs(run, index, table, runs)
     return out
 
 
@@ -561,16 +571,10 @@ def _run_rows(run: _Run, index: int, env, table) -> np.ndarray:
                         m.run([job(t, ph, bufs, n, i == 0, i == len(tiles) - 1)])
                         st[:] = np.frombuffer(m.read(bufs[2], 16 * n), dtype=_F32)
                     y_all[q0:q1, c0:c1] = np.frombuffer(m.read(bufs[1], 4 * n * (c1 - c0)), dtype=_F32).reshape(n, c1 - c0)
-                    cycles, classes = executed_cycles(m)
-                    runs[t][0] += cycles
-                    for key, v in classes.items():
-                        runs[t][1][key] = runs[t][1].get(key, 0) + v
+                    _tally(runs[t], m)
                 if len(tiles) == 1:
                     break
-    if run.record is not None:
-        for t in range(len(table)):
-            run.record.append(TileRun(index, t, int(table.pe[t]), float(table.cycles[t]), runs[t][0],
-                                      dict(sorted(runs[t][1].items()))))
+    _record_runs(run, index, table, runs)
     return out
 
 
