@@ -24,7 +24,7 @@ def torch_reference(model, batches, loss: str, optimizer) -> tuple[list[float], 
     """Train a copy of ``model`` with PyTorch on ``batches`` [(x, y)]; (losses, final params)."""
     model = copy.deepcopy(model).train()
     name, opts = optimizer
-    opt = (torch.optim.SGD if name == "sgd" else torch.optim.Adam)(model.parameters(), **opts)
+    opt = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[name](model.parameters(), **opts)
     loss_fn = torch.nn.CrossEntropyLoss() if loss == "cross_entropy" else torch.nn.MSELoss()
     losses = []
     for x, y in batches:
@@ -34,6 +34,23 @@ def torch_reference(model, batches, loss: str, optimizer) -> tuple[list[float], 
         opt.step()
         losses.append(out.item())
     return losses, {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
+
+
+def torch_adamw(model, batches, opts) -> tuple[list[float], dict[str, np.ndarray]]:
+    """Train a copy of ``model`` with torch.optim.AdamW (cross entropy); (losses, final params)."""
+    return torch_reference(model, batches, "cross_entropy", ("adamw", opts))
+
+
+class LM(torch.nn.Module):
+    """A causal LM's logits as (batch * seq, vocab), the shape cross-entropy trains."""
+
+    def __init__(self, lm):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, ids):
+        logits = self.lm(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
+        return logits.reshape(-1, logits.shape[-1])
 
 
 def small_cnn(seed: int = 0) -> torch.nn.Module:

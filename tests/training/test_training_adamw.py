@@ -6,8 +6,6 @@ are the planner's count, and bad options get one clear error."""
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pytest
 import torch
@@ -18,26 +16,12 @@ import tvm_spinn
 from tvm_spinn.training import TrainingError
 from tvm_spinn.training.graph import make_optimizer
 from tvm_spinn.training.trainer import _resolve_target
-from training_models import classification_data, mlp, small_cnn
+from training_models import classification_data, mlp, small_cnn, torch_adamw
 
 ADAMW = ("adamw", {"lr": 0.01, "weight_decay": 0.1})
 STEPS = 20
 F32 = np.float32
 U = 2.0 ** -24  # unit roundoff of float32
-
-
-def torch_adamw(model, batches, opts) -> tuple[list[float], dict[str, np.ndarray]]:
-    """Train a copy of ``model`` with torch.optim.AdamW (cross entropy); (losses, final params)."""
-    model = copy.deepcopy(model).train()
-    opt = torch.optim.AdamW(model.parameters(), **opts)
-    losses = []
-    for x, y in batches:
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y))
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses, {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
 
 
 def numpy_adamw(p, m, v, g, t, lr, betas, eps, weight_decay):

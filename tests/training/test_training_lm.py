@@ -8,13 +8,13 @@ The default run takes a few steps of a smaller GPT-2; the 50-step runs are ``slo
 
 from __future__ import annotations
 
-import copy
 
 import numpy as np
 import pytest
 import torch
 
 import tvm_spinn
+from training_models import LM, torch_adamw
 
 transformers = pytest.importorskip("transformers")
 
@@ -24,18 +24,6 @@ ADAMW = ("adamw", {"lr": 1e-3, "weight_decay": 0.01})
 # of relative error e moves a parameter by ~lr * e per step, so after 50 steps at lr 1e-3 the
 # parameters stay within ~50 * 1e-3 * 1e-2 = 5e-4 even for e ~ 1e-2 on tiny gradients (measured far less).
 RTOL, ATOL_PARAM, ATOL_LOSS = 1e-3, 5e-4, 1e-4
-
-
-class LM(torch.nn.Module):
-    """A causal LM's logits as (batch * seq, vocab), the shape cross-entropy trains."""
-
-    def __init__(self, lm):
-        super().__init__()
-        self.lm = lm
-
-    def forward(self, ids):
-        logits = self.lm(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
-        return logits.reshape(-1, logits.shape[-1])
 
 
 def gpt2(layers: int = 2, hidden: int = 64, vocab: int = 256) -> torch.nn.Module:
@@ -59,20 +47,6 @@ def tokens(vocab: int = 256, batch: int = 4, seq: int = 8):
     """One batch of token ids and its next-token labels (the sequence shifted by one)."""
     ids = np.random.default_rng(0).integers(0, vocab, (batch, seq)).astype(np.int64)
     return ids, np.roll(ids, -1, axis=1).reshape(-1)
-
-
-def torch_adamw(model, batches, opts):
-    """Train a copy of ``model`` with ``torch.optim.AdamW``; (losses, final parameters)."""
-    model = copy.deepcopy(model).train()
-    opt = torch.optim.AdamW(model.parameters(), **opts)
-    losses = []
-    for x, y in batches:
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y))
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses, {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
 
 
 def _run(trainer, batches):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import tvm_spinn
-from training_models import torch_reference
+from training_models import LM, torch_reference
 
 SGD = ("sgd", {"lr": 0.1, "momentum": 0.9})
 ADAM = ("adam", {"lr": 0.01})
@@ -129,18 +129,6 @@ def test_tied_weight_is_one_parameter_with_both_gradients():
 
 # -- transformers language models -------------------------------------------------------------------
 
-class _LM(torch.nn.Module):
-    """A causal LM's logits as (batch * seq, vocab), the shape cross-entropy trains."""
-
-    def __init__(self, lm):
-        super().__init__()
-        self.lm = lm
-
-    def forward(self, ids):
-        logits = self.lm(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
-        return logits.reshape(-1, logits.shape[-1])
-
-
 def _tokens(vocab: int = 100, batch: int = 2, seq: int = 8):
     """One batch of token ids and its next-token labels (the sequence shifted by one)."""
     ids = np.random.default_rng(0).integers(0, vocab, (batch, seq)).astype(np.int64)
@@ -153,7 +141,7 @@ def tiny_llama() -> torch.nn.Module:
     cfg = transformers.LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                    num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=16,
                                    use_cache=False, attn_implementation="eager")
-    return _LM(transformers.LlamaForCausalLM(cfg))
+    return LM(transformers.LlamaForCausalLM(cfg))
 
 
 def tiny_gpt2(tied: bool = True) -> torch.nn.Module:
@@ -162,7 +150,7 @@ def tiny_gpt2(tied: bool = True) -> torch.nn.Module:
     cfg = transformers.GPT2Config(vocab_size=100, n_positions=16, n_embd=32, n_layer=2, n_head=2,
                                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
                                   tie_word_embeddings=tied, attn_implementation="eager")
-    return _LM(transformers.GPT2LMHeadModel(cfg))
+    return LM(transformers.GPT2LMHeadModel(cfg))
 
 
 @pytest.mark.slow
