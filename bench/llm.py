@@ -184,6 +184,11 @@ def _with_board_systems(fn):
             for n in BOARD_COUNTS:
                 stack.enter_context(registered_system(tvm_spinn.make_system(f"spinn2-{n}-boards", boards=n),
                                                       tag=f"spinn/boards{n}"))
+            faults = _faults(args[0]) if args and hasattr(args[0], "dead_boards") else {}
+            for system in (args[0].systems if faults else ()):  # each system as it is: ``_as_is``
+                arch = tvm_spinn.target.arch_of(SYSTEMS[system][0])
+                stack.enter_context(registered_system(arch.replace(name=f"{arch.name}-as-is", **faults),
+                                                      tag=_as_is(SYSTEMS[system][0])))
             return fn(*args, **kwargs)
 
     return run
@@ -273,15 +278,10 @@ def _faults(args) -> dict:
     return {k: parse_ids(v, "--" + k.replace("_", "-")) for k, v in given.items() if v}
 
 
-def _as_is(target: str, args) -> str:
-    """``target`` with the faults of ``args``, registered (a system of its own name)."""
-    import tvm_spinn
-
-    arch = tvm_spinn.target.arch_of(target)
-    tag = f"{target}*"
-    if tag not in tvm_spinn.known_targets():
-        tvm_spinn.register_system(arch.replace(name=f"{arch.name}-as-is", **_faults(args)), tag=tag)
-    return tag
+def _as_is(target: str, args=None) -> str:
+    """The tag of ``target`` with the faults of ``--dead-*`` / ``--allocated-boards``: a system of
+    its own name, registered while a part runs (:func:`_with_board_systems`)."""
+    return f"{target}*"
 
 
 #: ``--part prefill``: (model, prompt tokens) planned by default
