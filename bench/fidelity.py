@@ -101,7 +101,7 @@ def dense_chain(m: int, k: int, n: int, layers: int, arch: SpinnArch) -> Program
         layer = _dense(tensors, x, k if i == 0 else n, n, i)
         body.append(layer)
         x = layer.output
-    tensors[x].role = "output"
+    tensors[x] = replace(tensors[x], role="output")
     return Program("main", arch, tensors, [0], [x], body)
 
 

@@ -318,7 +318,8 @@ def test_kv_cache_in_sram_when_it_fits_else_dram():
     for weights in ("auto", "stream"):
         mapped = dataclasses.replace(program, timing=None, mapping=None, memory=None, tiles=None)
         mapped.arch = fits
-        (region,) = plan_system([mapped], fits, MappingOptions(weights=weights)).regions
+        plan = plan_system([mapped], fits, MappingOptions(weights=weights))
+        (region,), (mapped,) = plan.regions, plan.programs
         timed[weights], state[weights] = mapped, (region.state_bytes, region.state_sram_bytes)
     assert resident_state(timed["auto"], timed["auto"].mapping.resident_layers) == caches
     assert state["auto"] == (kv, kv) and state["stream"] == (kv, 0)

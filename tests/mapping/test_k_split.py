@@ -121,11 +121,9 @@ def test_fp32_never_splits_and_records_are_validated():
     (got,) = run_program(loaded, [x], mode="tiles")
     np.testing.assert_array_equal(got, _reference(program, x))
     fp32 = copy.copy(program)
-    fp32.layers = [copy.copy(program.layers[0])]
-    fp32.layers[0].mode, fp32.layers[0].attrs = "fp32", {}
-    fp32.layers[0].consts = {"weight": 1}
-    fp32.tensors = copy.deepcopy(program.tensors)
-    fp32.tensors[0].dtype = fp32.tensors[1].dtype = "float32"
+    fp32.layers = [dataclasses.replace(program.layers[0], mode="fp32", attrs={}, consts={"weight": 1})]
+    fp32.tensors = [dataclasses.replace(t, dtype="float32") if tid in (0, 1) else t
+                    for tid, t in enumerate(program.tensors)]
     fp32.constants = {**program.constants, 1: program.constants[1].astype(np.float32)}
     assert len(tvm_spinn.mapping.choose_gemm_tile(tvm_spinn.mapping.gemm_shape(fp32, fp32.layers[0]), ARCH,
                                                   pes=32, mode="fp32", split_k=True)) == 3

@@ -164,7 +164,7 @@ def test_loaded_program_rederives_the_compile_time_tiles_and_timing(monkeypatch,
 
     def keep(programs, arch, *args, **kwargs):  # the compiler's own Program objects
         plan = original(programs, arch, *args, **kwargs)
-        for program in programs:
+        for program in plan.programs:
             compiled[program.symbol] = (program, arch)
         return plan
 

@@ -9,6 +9,7 @@ k-chunk; the M4F does ``m4f_flops_per_cycle`` (16 / 42) fp32 MACs per cycle.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -69,7 +70,7 @@ def gemm_program(kind: str, mode: str, shapes, arch=ARCH, out_dtype: str | None 
         xshape = [1, shapes[0], shapes[1], shapes[2]]
     tensors = [TensorDesc("x", xshape, act_dtype, "input")]
     layer = _gemm_layer(tensors, kind, mode, 0, shapes, out_dtype)
-    tensors[layer.output].role = "output"
+    tensors[layer.output] = dataclasses.replace(tensors[layer.output], role="output")
     return Program("main", arch, tensors, [0], [layer.output], [layer])
 
 

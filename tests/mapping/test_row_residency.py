@@ -67,8 +67,8 @@ def _mapped(monkeypatch=None):
     program = _down_projection()
     if monkeypatch is not None:
         monkeypatch.setattr(system, "_row_always_sibling", lambda *args: None)
-    plan_system([program], ARCH, MappingOptions(weights="auto", split_k=False))
-    return program
+    (mapped,) = plan_system([program], ARCH, MappingOptions(weights="auto", split_k=False)).programs
+    return mapped
 
 
 def test_row_always_plan_splits_the_input_and_the_weight_rows():

@@ -33,7 +33,6 @@ def test_shared_mappings_same_bytes_and_reused(monkeypatch):
     real = schedule._map
     monkeypatch.setattr(schedule, "_map", lambda *a: mapped.append(1) or real(*a))
     programs = [lower_function(f, name, arch) for name, f in regions]
-    plan_system(programs, arch)
-    shared = [p.to_bytes() for p in programs]
+    shared = [p.to_bytes() for p in plan_system(programs, arch).programs]
     assert shared == alone
     assert len(mapped) < len(regions)  # the encoder layers share one mapping

@@ -58,8 +58,15 @@ def functions():
 def test_plan_is_frozen_and_threads_the_budgets_in_order(functions):
     programs = _lowered(functions)
     assert len(programs) == 3
+    given = [p.to_bytes() for p in programs]
     plan = plan_system(programs, ARCH, policy="in_order")
-    assert [r.symbol for r in plan.regions] == [p.symbol for p in programs]
+    assert [r.symbol for r in plan.regions] == [p.symbol for p in programs] == [p.symbol for p in plan.programs]
+    # the plan holds new mapped programs; the regions given are left as they were
+    assert [p.to_bytes() for p in programs] == given
+    assert all(p.mapping is None and q.mapping is not None for p, q in zip(programs, plan.programs))
+    assert all(p is not q for p, q in zip(programs, plan.programs))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.programs[0].layers[0].flops = 0
     for record in (plan, plan.regions[0], plan.regions[0].budget, plan.final):
         with pytest.raises(dataclasses.FrozenInstanceError):
             record.stage = 5
@@ -80,6 +87,7 @@ def test_plan_is_frozen_and_threads_the_budgets_in_order(functions):
 def test_region_remapped_with_its_budget_gives_the_same_bytes(functions, policy):
     programs = _lowered(functions)
     plan = plan_system(programs, ARCH, policy=policy)
+    programs = plan.programs
     again = _lowered(functions)
     for region, program, fresh in zip(plan.regions, programs, again):
         fresh = map_program(fresh, ARCH, budget=region.budget)
@@ -90,27 +98,25 @@ def test_region_remapped_with_its_budget_gives_the_same_bytes(functions, policy)
     assert alone.memory.resident_bytes_total >= programs[-1].memory.resident_bytes_total
 
 
-def _decisions(plan, programs):
+def _decisions(plan):
     """Per symbol, what the plan decided for the region and the region's bytes (not the running
     DRAM total, which only checks capacity)."""
     out = {}
-    for region, program in zip(plan.regions, programs):
+    for region, program in zip(plan.regions, plan.programs):
         out[region.symbol] = (region.budget.held.sram, region.stage, region.chips, region.sram_bytes,
                               region.dram_bytes, program.to_bytes())
     return out
 
 
 def test_benefit_plan_does_not_depend_on_the_order_of_the_regions(functions):
-    forward = _lowered(functions)
-    backward = _lowered(functions)[::-1]
-    plans = plan_system(forward, ARCH), plan_system(backward, ARCH)
+    plans = plan_system(_lowered(functions), ARCH), plan_system(_lowered(functions)[::-1], ARCH)
     assert [p.policy for p in plans] == ["benefit", "benefit"]  # no fallback to in_order
-    a, b = _decisions(plans[0], forward), _decisions(plans[1], backward)
+    a, b = _decisions(plans[0]), _decisions(plans[1])
     assert a == b
     # in order, the first region given takes the SRAM: the plans differ with the order
     forward, backward = _lowered(functions), _lowered(functions)[::-1]
-    c = _decisions(plan_system(forward, ARCH, policy="in_order"), forward)
-    d = _decisions(plan_system(backward, ARCH, policy="in_order"), backward)
+    c = _decisions(plan_system(forward, ARCH, policy="in_order"))
+    d = _decisions(plan_system(backward, ARCH, policy="in_order"))
     assert c != d
     # the regions' resident weights together stay within the memory plans' cap on every PE
     plan = plan_system(_lowered(functions), ARCH)

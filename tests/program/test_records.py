@@ -12,6 +12,7 @@ import pytest
 
 from tvm_spinn.mapping import MappingOptions, map_program
 from tvm_spinn.program import Layer, Program, ProgramError, TensorDesc
+from tvm_spinn.program.model import LayerDraft
 from tvm_spinn.program.format import (
     mapping_from_json, mapping_to_json, memory_from_json, memory_to_json, program_digest, timing_from_json,
     timing_to_json,
@@ -117,6 +118,34 @@ def test_records_are_frozen(mapped):
     with pytest.raises(dataclasses.FrozenInstanceError):
         mapped.mapping.layers[0].tile = (1, 1, 1)
     assert isinstance(mapped.mapping.layers, tuple) and isinstance(mapped.mapping.resident_layers, tuple)
+
+
+def test_tensors_and_layers_are_frozen(mapped):
+    """Stages build new tensor and layer records (``dataclasses.replace``), never edit one: the
+    mapped program's records and those of the program read back refuse assignment."""
+    loaded = Program.from_bytes(mapped.to_bytes())
+    for program in (mapped, loaded):
+        for record, name, value in [(program.tensors[0], "shape", [1]), (program.tensors[0], "role", "output"),
+                                    (program.tensors[1], "offset", 0), (program.layers[0], "flops", 0),
+                                    (program.layers[0], "gemm", None), (program.layers[0], "inputs", [])]:
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                setattr(record, name, value)
+    assert loaded.layers == mapped.layers
+    assert [dataclasses.replace(t, offset=-1) for t in loaded.tensors] == mapped.tensors
+
+
+def test_layer_draft_freezes_to_the_layer_it_describes():
+    """An operator family fills a draft in place while lowering; the program gets it frozen."""
+    draft = LayerDraft(name="proj", kind="dense", inputs=[], output=4)
+    draft.inputs.append(0)
+    draft.consts["weight"] = 1
+    draft.attrs.update(relu=False)
+    draft.mode = "int8"
+    layer = draft.freeze()
+    assert type(layer) is Layer
+    assert layer == Layer("proj", "dense", [0], 4, {"weight": 1}, {"relu": False}, mode="int8")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        layer.mode = "fp32"
 
 
 def test_unmapped_program_has_no_records():

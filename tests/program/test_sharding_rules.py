@@ -13,6 +13,8 @@ must equal the unsplit layer's bit for bit.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -108,20 +110,20 @@ def _run_sharded(program, inputs, ins, decision, axis, r_axes):
                        list(program.inputs), list(program.outputs), [Layer(**vars(layer))])
         attrs = None if axis.strict else rule.local_attrs(layer, decision.split, N)  # tensor axis only
         if attrs is not None:
-            chip.layers[0].attrs = attrs
+            chip.layers[0] = dataclasses.replace(chip.layers[0], attrs=attrs)
         chip.constants = {}
         for tid, value in program.constants.items():
             for a, (n_full, n_local) in enumerate(zip(full[tid], local[tid])):
                 if n_local != n_full:
                     value = _block(value, a, c)
             chip.constants[tid] = np.ascontiguousarray(value)
-            chip.tensors[tid].shape = list(value.shape)
+            chip.tensors[tid] = dataclasses.replace(chip.tensors[tid], shape=list(value.shape))
         for tid, x in zip(program.inputs, args):
-            chip.tensors[tid].shape = list(x.shape)
+            chip.tensors[tid] = dataclasses.replace(chip.tensors[tid], shape=list(x.shape))
         out_shape = list(full[layer.output])
         if decision.output.split:
             out_shape = list(_block(np.empty(out_shape), decision.output.axis, c).shape)
-        chip.tensors[layer.output].shape = out_shape
+        chip.tensors[layer.output] = dataclasses.replace(chip.tensors[layer.output], shape=out_shape)
         (y,) = run_program(chip, args, mode="layers")
         outs.append(np.asarray(y))
     return outs

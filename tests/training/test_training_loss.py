@@ -7,6 +7,8 @@ labels' int32 cast), chip vs board bit for bit, and bad labels refused."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -195,8 +197,8 @@ def test_a_bad_loss_layer_is_named_by_the_validator(kind, out, attrs, message):
     good = {"cross_entropy": (4,), "cross_entropy_backward": (4, 5)}[kind]
     program = map_program(_one_layer(kind, (4, 5), good, {"ignore_index": -100} if kind == "cross_entropy"
                                      else {"divisor": 4.0}), make_system())
-    program.tensors[2].shape = list(out)
-    program.layers[0].attrs = dict(attrs)
+    program.tensors[2] = dataclasses.replace(program.tensors[2], shape=list(out))
+    program.layers[0] = dataclasses.replace(program.layers[0], attrs=dict(attrs))
     with pytest.raises(ProgramError, match=message):
         Program.from_bytes(program.to_bytes())
 

@@ -6,11 +6,14 @@ the mapping compiler (:mod:`tvm_spinn.mapping`) adds tiles, placement, schedule 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 from tvm import relax
 from tvm.ir.expr import Constant
 
-from ..program import Layer, Program, TensorDesc
+from ..program import Program, TensorDesc
+from ..program.model import LayerDraft
 from ..program.ops import LoweringError, family_for_composite
 from ..target.arch import SpinnArch
 
@@ -104,7 +107,7 @@ class _Lowerer:
             desc = self.program.tensors[tid]
             if desc.role != "temp":
                 raise LoweringError(f"region output {desc.name} must be computed in the region")
-            desc.role = "output"
+            self.program.tensors[tid] = replace(desc, role="output")
             self.program.outputs.append(tid)
         return self.program
 
@@ -118,12 +121,12 @@ class _Lowerer:
                     raise LoweringError(f"{name}: unexpected binding {type(binding.value).__name__}")
                 calls.append((binding.var, binding.value))
         kind = name.split(".", 1)[1]
-        layer = Layer(name=f"{kind}_{len(self.program.layers)}", kind=kind, inputs=[], output=out)
+        layer = LayerDraft(name=f"{kind}_{len(self.program.layers)}", kind=kind, inputs=[], output=out)
         family = family_for_composite(kind)
         if family is None:
             raise LoweringError(f"composite {name} has no spinn layer lowering")
         family.lower(self, name, kind, calls, env, layer)
-        self.program.layers.append(layer)
+        self.program.layers.append(layer.freeze())
 
     def add_const(self, name: str, value: np.ndarray) -> int:
         """A new constant tensor holding ``value`` (made contiguous); returns its id."""

@@ -21,7 +21,7 @@ never serialized or run (the functional simulator would compute with zeros).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -89,7 +89,7 @@ def _rewrite(program, weight_inputs: set, dtype: str) -> None:
         return tid
 
     for tid in weight_inputs:
-        tensors[tid].role = "const"
+        tensors[tid] = replace(tensors[tid], role="const")
         program.constants[tid] = _descriptor(tensors[tid].shape, tensors[tid].dtype)
     program.inputs = [t for t in program.inputs if t not in weight_inputs]
 

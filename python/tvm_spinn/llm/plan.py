@@ -340,7 +340,7 @@ def _map(described, arch, weights: str) -> _Timed:
         programs.append(program)
     plan = plan_system(programs, arch, MappingOptions(weights=weights, split_k=current_options().split_k),
                        policy="alone")
-    for d, program, region in zip(described, programs, plan.regions):
+    for d, program, region in zip(described, plan.programs, plan.regions):
         t = program.timing
         lat += t.latency_s
         energy += t.energy_j
@@ -637,9 +637,9 @@ def _slice(program, a: int, b: int):
     remap = {t: i for i, t in enumerate(used)}
     tensors = []
     for t in used:
-        d = dataclasses.replace(program.tensors[t])
+        d = program.tensors[t]
         if d.role != "const":
-            d.role = ("output" if t in later else "temp") if t in produced else "input"
+            d = dataclasses.replace(d, role=("output" if t in later else "temp") if t in produced else "input")
         tensors.append(d)
     first = [t for t in program.inputs if t in remap and t not in produced]
     inputs = first + [t for t in used if tensors[remap[t]].role == "input" and t not in first]
@@ -782,7 +782,7 @@ def _map_stage_now(pieces: list, board, host_shapes: set, slots: int, options) -
     # in order: a stage is a chain of the model's programs whose SRAM the stage search sized
     plan = plan_system(programs, board, options, onchip_inputs=onchip, policy="in_order")
     program_s = []
-    for k, (program, region) in enumerate(zip(programs, plan.regions)):
+    for k, (program, region) in enumerate(zip(plan.programs, plan.regions)):
         before = lat
         handed = onchip[k] if k == 0 else []
         handoff = handoff if k else sum(program.tensors[t].nbytes for t in handed)

@@ -5,9 +5,10 @@ use, the streamed weight shards of all of them fill the chips' DRAM, and a regio
 no longer fits opens the next pipeline stage (board). :func:`plan_system` decides that for the
 whole list of regions and returns it as a :class:`SystemPlan`, a frozen record: per region its
 :class:`~.budget.RegionBudget` (what the others hold when it is placed, which inputs are already
-on chip), the stage it runs in, its chip group and the SRAM and DRAM bytes it takes. Each region
-is mapped with its budget passed explicitly (:func:`~.schedule.map_program`), so remapping one
-region with its budget reproduces its mapping.
+on chip), the stage it runs in, its chip group and the SRAM and DRAM bytes it takes, and the
+mapped programs (new ones: the regions given are left as they were). Each region is mapped with
+its budget passed explicitly (:func:`~.schedule.map_program`), so remapping one region with its
+budget reproduces its mapping.
 
 Policies: ``"benefit"`` (the default) places the regions in the order of what keeping their
 weights in SRAM saves, decided from the whole set before any is mapped: the regions with the
@@ -25,7 +26,7 @@ comparing placements region by region); a region that does not fit by itself is 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from ..program import Program
@@ -33,7 +34,7 @@ from ..target.arch import SpinnArch
 from .budget import RegionBudget, SystemState
 from .memory import LEDGER_RESIDENT_SHARE
 from .options import MappingOptions, current_options
-from .schedule import MappingMemo, map_region
+from .schedule import MappingMemo, _graph_copy, map_region
 from .system import overflow_message, recorded_plan, resident_state
 from .tiling import MappingError, layer_work
 
@@ -103,12 +104,15 @@ class SystemPlan:
     final : SystemState
         What the regions hold after the last one (its ``overflow`` names the first region that
         did not fit; ``weights`` the model's weight bytes).
+    programs : tuple of Program
+        The mapped regions, one per region in the order given (new programs).
     """
 
     arch: SpinnArch
     policy: str
     regions: tuple[RegionPlan, ...]
     final: SystemState
+    programs: tuple[Program, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def stages(self) -> int:
@@ -158,7 +162,8 @@ def plan_system(programs: Sequence[Program], arch: SpinnArch, options: MappingOp
     Parameters
     ----------
     programs : sequence of Program
-        The build's lowered regions; each is mapped in place.
+        The build's lowered regions; they are left as they were (the plan holds the mapped
+        ones).
     arch : SpinnArch
         The system.
     options : MappingOptions, optional
@@ -168,7 +173,7 @@ def plan_system(programs: Sequence[Program], arch: SpinnArch, options: MappingOp
     policy : str
         How the regions share the system (see :data:`POLICIES`).
     on_mapped : callable, optional
-        Called with ``(index, program)`` once each region is mapped (e.g. to serialize it while
+        Called with ``(index, mapped program)`` once each region is mapped (e.g. to serialize it while
         the next one is mapped); called again for a region mapped again (when ``"benefit"``
         falls back to ``"in_order"``): the last call holds. Under ``"benefit"`` the calls
         come in the planner's order, not the index order.
@@ -176,7 +181,8 @@ def plan_system(programs: Sequence[Program], arch: SpinnArch, options: MappingOp
     Returns
     -------
     SystemPlan
-        The plan; programs of the same structure under the same budget share one mapping.
+        The plan and the mapped programs (``programs``); programs of the same structure under
+        the same budget share one mapping.
 
     Raises
     ------
@@ -186,9 +192,16 @@ def plan_system(programs: Sequence[Program], arch: SpinnArch, options: MappingOp
     """
     if policy not in POLICIES:
         raise ValueError(f"plan_system: unknown policy {policy!r}; known: {', '.join(POLICIES)}")
-    options = options or current_options()
     if onchip_inputs is not None and len(onchip_inputs) != len(programs):
         raise ValueError(f"plan_system: {len(onchip_inputs)} onchip_inputs lists for {len(programs)} programs")
+    return _plan_system([_graph_copy(p) for p in programs], arch, options, onchip_inputs, policy, on_mapped)
+
+
+def _plan_system(programs: list[Program], arch: SpinnArch, options: MappingOptions | None,
+                 onchip_inputs: Sequence[Sequence[int]] | None, policy: str,
+                 on_mapped: Callable[[int, Program], None] | None) -> SystemPlan:
+    """:func:`plan_system` over ``programs``, copies it owns and maps in place."""
+    options = options or current_options()
     memo = MappingMemo() if policy != "alone" else None
     # the regions share the chips only on the multi-chip path (see .schedule.map_region)
     shared = arch.chips > 1 and not options.naive and options.mode in ("auto", "sequential")
@@ -206,8 +219,7 @@ def plan_system(programs: Sequence[Program], arch: SpinnArch, options: MappingOp
             except MappingError:
                 after = None
             if after is None or after.stage != state.stage or after.overflow is not None:
-                return plan_system(programs, arch, options, onchip_inputs=onchip_inputs, policy="in_order",
-                                   on_mapped=on_mapped)
+                return _plan_system(programs, arch, options, onchip_inputs, "in_order", on_mapped)
         else:
             after = map_region(program, arch, options, held, memo, onchip)
         if after is None:  # off the multi-chip path: the region shares nothing
@@ -223,4 +235,4 @@ def plan_system(programs: Sequence[Program], arch: SpinnArch, options: MappingOp
             on_mapped(index, program)
     if state.overflow is not None:
         raise MappingError(overflow_message(state, arch))
-    return SystemPlan(arch, policy, tuple(regions[i] for i in range(len(programs))), state)
+    return SystemPlan(arch, policy, tuple(regions[i] for i in range(len(programs))), state, tuple(programs))

@@ -57,7 +57,7 @@ that the one-chip mapper tiles, places and times.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -514,28 +514,27 @@ def shard_program(program: Program, plan: ShardPlan) -> Program:
     reads shapes, never values).
     """
     shard = copy.copy(program)
-    shard.tensors = [copy.copy(x) for x in program.tensors]
-    for x, shape in zip(shard.tensors, plan.shapes):
-        x.shape = list(shape)
-    shard.layers = [copy.copy(layer) for layer in program.layers]
-    for layer, split in zip(shard.layers, plan.splits):
-        attrs = rule_of(layer).local_attrs(layer, split, plan.tp)
+    shard.tensors = list(program.tensors)
+    for tid, shape in zip(range(len(shard.tensors)), plan.shapes):
+        shard.tensors[tid] = replace(shard.tensors[tid], shape=list(shape))
+    shard.layers = list(program.layers)
+    for i, split in zip(range(len(shard.layers)), plan.splits):
+        attrs = rule_of(shard.layers[i]).local_attrs(shard.layers[i], split, plan.tp)
         if attrs is not None:  # a grouped convolution: each chip has its groups
-            layer.attrs = attrs
+            shard.layers[i] = replace(shard.layers[i], attrs=attrs)
     current: dict[int, int] = {}  # a tensor gathered twice (tp, then sp): its latest copy
     for c in plan.collectives:
         if c.op != "all_gather" or c.layer >= len(shard.layers):
             continue
-        new = copy.copy(program.tensors[c.tensor])
+        new = program.tensors[c.tensor]
         shape = c.shape if c.shape is not None else program.tensors[c.tensor].shape
-        new.shape, new.role = list(shape), "temp"
-        new.name = f"{new.name}.gathered"
+        new = replace(new, shape=list(shape), role="temp", name=f"{new.name}.gathered")
         shard.tensors.append(new)
         nid = len(shard.tensors) - 1
         old = current.get(c.tensor, c.tensor)
-        for layer in shard.layers[c.layer:]:
-            if old in layer.inputs:
-                layer.inputs = [nid if tid == old else tid for tid in layer.inputs]
+        for i in range(c.layer, len(shard.layers)):
+            if old in shard.layers[i].inputs:
+                shard.layers[i] = replace(shard.layers[i], inputs=[nid if tid == old else tid for tid in shard.layers[i].inputs])
         current[c.tensor] = nid
     shard.timing, shard.mapping, shard.memory, shard.tiles = None, None, None, None
     return shard

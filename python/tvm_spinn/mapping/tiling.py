@@ -14,6 +14,8 @@ layer's ``mode`` (fp32 on the Cortex-M4F, int8 on the MAC array: see
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from ..program import Program
@@ -72,12 +74,11 @@ def _check_nonempty(program: Program, index: int) -> None:
 
 
 def layer_work(program: Program, index: int, arch: SpinnArch) -> None:
-    """Set ``layer.gemm`` and ``layer.flops`` (operations of the layer, the cost model's work)."""
+    """Replace layer ``index`` of ``program`` (one the mapper owns) by a new record with its
+    ``gemm`` and ``flops`` (operations of the layer, the cost model's work) set."""
     layer, family = _family(program, index)
     flops, gemm = family.work(program, layer, arch)
-    layer.flops = int(flops)
-    if gemm is not None:
-        layer.gemm = list(gemm)
+    program.layers[index] = replace(layer, flops=int(flops), gemm=layer.gemm if gemm is None else list(gemm))
 
 
 def choose_tile(program: Program, index: int, arch: SpinnArch, pes: int | None = None,

@@ -1,5 +1,8 @@
 """The records of a spinn program (tensors, layers, tiles) and its error type.
 
+Tensors and layers are frozen: a stage that changes one builds a new record
+(``dataclasses.replace``); codegen fills a :class:`LayerDraft` and freezes it.
+
 A leaf of :mod:`tvm_spinn.program`: :mod:`.format` (the container and its serialization) and
 :mod:`.validate` both build on it; :mod:`.format` re-exports every name.
 """
@@ -10,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["ProgramError", "TensorDesc", "Layer", "Tile"]
+__all__ = ["ProgramError", "TensorDesc", "Layer", "LayerDraft", "Tile"]
 
 
 class ProgramError(ValueError):
@@ -20,7 +23,7 @@ class ProgramError(ValueError):
     ``layers[3].inputs[0]``...)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class TensorDesc:
     name: str
     shape: list[int]
@@ -33,7 +36,7 @@ class TensorDesc:
         return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
 
 
-@dataclass
+@dataclass(frozen=True)
 class Layer:
     name: str
     kind: str
@@ -44,6 +47,26 @@ class Layer:
     gemm: list[int] | None = None
     flops: int = 0
     mode: str = "fp32"
+
+
+@dataclass
+class LayerDraft:
+    """A :class:`Layer` being lowered: an operator family's ``lower`` fills it in place,
+    :meth:`freeze` makes the layer."""
+
+    name: str
+    kind: str
+    inputs: list[int]
+    output: int
+    consts: dict[str, int] = field(default_factory=dict)
+    attrs: dict = field(default_factory=dict)
+    gemm: list[int] | None = None
+    flops: int = 0
+    mode: str = "fp32"
+
+    def freeze(self) -> Layer:
+        """The layer, a frozen record."""
+        return Layer(**vars(self))
 
 
 @dataclass

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from ..model import Layer
+from ..model import Layer, LayerDraft
 
 if TYPE_CHECKING:  # the target package imports tvm: only annotations here
     from ...target.arch import SpinnArch
@@ -136,8 +136,8 @@ class OpFamily:
         :attr:`composites`, else its kinds)."""
         return composite in (self.composites or self.kinds)
 
-    def lower(self, lowerer: Any, name: str, kind: str, calls: list, env: dict, layer: Layer) -> None:
-        """Fill ``layer`` (kind, inputs, consts, attrs) from the composite ``name`` (``kind``:
+    def lower(self, lowerer: Any, name: str, kind: str, calls: list, env: dict, layer: LayerDraft) -> None:
+        """Fill the draft ``layer`` (kind, inputs, consts, attrs) from the composite ``name`` (``kind``:
         its name without ``spinn.``) whose ``calls`` are ``(var, call)`` in order, the main call
         first; ``lowerer`` is the codegen's (``operand(expr, env)``, ``add_const(name, value)``,
         ``program``). Raises :class:`LoweringError` for what the layer cannot express."""

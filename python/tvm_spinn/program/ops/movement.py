@@ -18,6 +18,7 @@ float32 only, its fill value being a float).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -443,7 +444,7 @@ def dedupe_movement(program, layers: list) -> list:
 
     seen, alias, out = {}, {}, []
     for layer in layers:
-        layer.inputs = [alias.get(t, t) for t in layer.inputs]
+        layer = replace(layer, inputs=[alias.get(t, t) for t in layer.inputs])
         if layer.kind in ("reshape", "permute_dims", "broadcast_to") and layer.output not in program.outputs:
             key = (layer.kind, tuple(layer.inputs), tuple(program.tensors[layer.output].shape),
                    json.dumps(layer.attrs, sort_keys=True, default=str))

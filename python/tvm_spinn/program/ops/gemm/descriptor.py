@@ -3,6 +3,8 @@ biases fused."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ...model import Layer
 
 
@@ -39,7 +41,7 @@ def weight_matmuls_to_dense(program, weight_inputs: set, dtype: str, new_tensor,
             w_dtype = "int8" if dtype == "int8" else "float32"
             # the weight tensor itself becomes the dense layer's (K, N) constant: no orphan left
             weight = transposed.get(b, b)
-            tensors[weight].shape, tensors[weight].dtype = [int(k), int(n)], w_dtype
+            tensors[weight] = replace(tensors[weight], shape=[int(k), int(n)], dtype=w_dtype)
             set_const(weight, (k, n), w_dtype)
             if dtype == "int8":
                 xq = new_tensor(f"{layer.name}.xq", tensors[x].shape, "int8", "temp")
@@ -64,12 +66,13 @@ def fuse_bias(program, layers: list) -> list:
     """``dense`` then ``add`` of a constant vector (directly or after a reshape) -> ``dense`` with ``bias``,
     the form the compiler gives a GEMM with a bound bias."""
     tensors = program.tensors
+    layers = list(layers)  # the fused layers replace their records here
     users: dict[int, list[int]] = {}
     for i, layer in enumerate(layers):
         for t in layer.inputs:
             users.setdefault(t, []).append(i)
     drop = set()
-    for layer in layers:
+    for j, layer in enumerate(layers):
         if layer.kind != "dense" or "bias" in layer.consts or layer.output in program.outputs:
             continue
         n = tensors[layer.output].shape[-1]
@@ -85,10 +88,10 @@ def fuse_bias(program, layers: list) -> list:
         if len(others) != 1 or tensors[others[0]].role != "const" or tensors[others[0]].shape != [n] \
                 or tensors[add.output].shape != tensors[out].shape:
             continue
-        layer.consts["bias"] = others[0]
+        layers[j] = replace(layer, consts={**layer.consts, "bias": others[0]})
         if chain:
-            layers[chain[-1]].output = add.output
+            layers[chain[-1]] = replace(layers[chain[-1]], output=add.output)
         else:
-            layer.output = add.output
+            layers[j] = replace(layers[j], output=add.output)
         drop.add(nxt[0])
     return [layer for i, layer in enumerate(layers) if i not in drop]
