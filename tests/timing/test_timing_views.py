@@ -40,7 +40,7 @@ class _Builder:
         return len(self.tensors) - 1, np.full(shape, value, dtype=np.float32)
 
     def program(self, out):
-        self.tensors[out].role = "output"
+        self.tensors[out] = dataclasses.replace(self.tensors[out], role="output")
         program = Program("main", ARCH, self.tensors, [0], [out], self.layers)
         return map_program(program, ARCH)
 
