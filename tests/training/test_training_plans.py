@@ -185,3 +185,19 @@ def test_checkpoint_of_another_granule_or_model_is_refused(tiny, tmp_path):
     with pytest.raises(CheckpointError, match=f"parameter {name} has shape"):
         plan.load(tmp_path / "other.npz")
     assert _same_bits(([], plan.parameters()), ([], before)) and plan.steps == 1
+
+
+def test_simulated_step_of_plans(tiny):
+    """The same bits at other costs: compute splits over the replicas (a granule's program per
+    sample), ZeRO updates a shard and gathers the parameters; the parts add up."""
+    _, trainer, _ = tiny
+    parts = {name: trainer.with_plan(**options).simulated_step() for name, options in (
+        ("dp1", {"replicas": 1, "microbatches": 4}), ("dp4", {"replicas": 4, "microbatches": 4}),
+        ("zero1 dp4", {"replicas": 4, "microbatches": 4, "zero": 1}))}
+    for p in parts.values():
+        assert p["total_s"] == pytest.approx(p["compute_s"] + p["local_add_s"] + p["all_reduce_s"] + p["update_s"]
+                                             + p["all_gather_s"] + p["host_s"])
+    assert parts["dp1"]["compute_s"] == pytest.approx(4 * parts["dp4"]["compute_s"])
+    assert parts["dp4"]["all_gather_s"] == 0 < parts["zero1 dp4"]["all_gather_s"]
+    assert parts["zero1 dp4"]["update_s"] < parts["dp4"]["update_s"]
+    assert parts["zero1 dp4"]["all_reduce"] == "chain"
