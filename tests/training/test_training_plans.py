@@ -108,7 +108,16 @@ def test_microbatch_count_changes_bits_of_data_parallel_granules():
     assert not _same_bits(old[0], old[1])
     new = tvm_spinn.training.compile(mlp(seed=5), torch.zeros(4, 16), optimizer=sgd, target="spinn",
                                      parallel={"microbatches": 1})
-    assert _same_bits(_run(new.with_plan(microbatches=2), batches), _run(new.with_plan(microbatches=4), batches))
+    sample = _run(new.with_plan(microbatches=2), batches)
+    assert _same_bits(sample, _run(new.with_plan(microbatches=4), batches))
+    # a granule of 2 samples: its own bits, the same for 1 and 2 micro-batches (and 2's bits are
+    # data_parallel's at 2 micro-batches: the same granule, the same sums)
+    pairs = tvm_spinn.training.compile(mlp(seed=5), torch.zeros(4, 16), optimizer=sgd, target="spinn",
+                                       parallel={"microbatches": 1, "granule": 2})
+    assert pairs.granule == 2 and new.granule == 1
+    by_pairs = _run(pairs.with_plan(), batches)  # with_plan: a copy (pairs itself is not stepped)
+    assert _same_bits(by_pairs, _run(pairs.with_plan(microbatches=2), batches))
+    assert _same_bits(by_pairs, old[1]) and not _same_bits(by_pairs, sample)
 
 
 @pytest.mark.slow
@@ -139,6 +148,10 @@ def test_lm_plans_match_the_chip(make):
     ({"dp": 0}, "dp must be a positive integer"),
     ({"replicas": 2}, "unknown option 'replicas'"),
     ({"tp": 2}, "tensor and pipeline parallelism of the compiled step are not available"),
+    ({"granule": 3}, r"granule=3 does not divide the batch \(4\); granule may be 1, 2, 4"),
+    ({"granule": 2, "microbatches": 4},
+     r"microbatches=4 does not divide the batch's granules \(2: batch 4 in granules of 2 samples\); "
+     "microbatches may be 1, 2"),
 ])
 def test_bad_splits_name_the_axis_and_the_sizes_that_work(options, message):
     """Checked before anything is compiled (each case takes milliseconds)."""
@@ -146,6 +159,14 @@ def test_bad_splits_name_the_axis_and_the_sizes_that_work(options, message):
     with pytest.raises(TrainingError, match=message):
         tvm_spinn.training.compile(gpt2(layers=2, hidden=32, vocab=64), torch.from_numpy(ids), optimizer=ADAMW,
                                    target="spinn/board", parallel=options)
+
+
+def test_batch_norm_is_refused_under_a_granule_smaller_than_the_batch():
+    from training_models import batchnorm_cnn
+
+    with pytest.raises(TrainingError, match=r"layer 1 \(BatchNorm2d\) normalizes with the statistics of its batch"):
+        tvm_spinn.training.compile(batchnorm_cnn(), torch.zeros(4, 3, 8, 8), target="spinn",
+                                   parallel={"microbatches": 2})
 
 
 def test_bad_plan_for_the_system_and_for_with_plan(tiny):

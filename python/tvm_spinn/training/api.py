@@ -51,7 +51,9 @@ def compile(model, example_inputs, loss: str = "cross_entropy", optimizer=("sgd"
         (:mod:`.parallel`). ``Z = 1`` shards the optimizer state over the replicas (ZeRO-1,
         :mod:`.zero`), ``Z = 2`` the reduced gradient too. ``"tp"`` and ``"pp"`` are checked
         against the model's attention heads and layers and must be 1 (tensor and pipeline
-        parallelism of the step are not available). A PyTorch model only.
+        parallelism of the step are not available). ``"granule": g`` sums granules of ``g``
+        samples instead (default 1; ``M`` must cut the batch into whole granules). A model with
+        BatchNorm is refused (a granule would change its batch statistics). A PyTorch model only.
 
     Returns
     -------

@@ -474,15 +474,16 @@ def build_data_parallel(graph_of, model, example_inputs, loss, optimizer, target
 
 
 #: the options of ``parallel=`` (:func:`build_parallel`)
-PARALLEL_OPTIONS = ("dp", "tp", "pp", "microbatches", "zero")
+PARALLEL_OPTIONS = ("dp", "tp", "pp", "microbatches", "zero", "granule")
 
 
 def build_parallel(graph_of, model, example_inputs, loss, optimizer, target, options: dict,
                    model_name: str) -> DataParallelTrainer:
     """Build a :class:`DataParallelTrainer` of a user-given plan ``parallel={"dp", "tp", "pp",
-    "microbatches", "zero"}`` whose bits depend on none of them: the gradient program is
-    compiled for one sample (the granule) and the step sums the samples' gradients in ascending
-    sample order, whatever the micro-batch count, replica count and sharding."""
+    "microbatches", "zero", "granule"}`` whose bits depend on none of the first five: the
+    gradient program is compiled for one granule (``granule`` samples, default 1) and the step
+    sums the granules' gradients in ascending order, whatever the micro-batch count, replica
+    count and sharding (a micro-batch must hold whole granules)."""
     if not isinstance(options, dict):
         raise TrainingError(f"parallel must be a dict with keys among {', '.join(PARALLEL_OPTIONS)}, got {options!r}")
     unknown = sorted((k for k in options if k not in PARALLEL_OPTIONS), key=repr)
@@ -494,14 +495,26 @@ def build_parallel(graph_of, model, example_inputs, loss, optimizer, target, opt
     microbatches = _positive("parallel: microbatches", options.get("microbatches", dp))
     zero = options.get("zero", 0)
     _check_zero(zero)
+    granule = _positive("parallel: granule", options.get("granule", 1))
     if not isinstance(example_inputs, tuple | list):
         example_inputs = (example_inputs,)
     batch = _batch_of(example_inputs, "parallel")
-    _check_axis("microbatches", microbatches, "the batch", batch)
+    _check_axis("granule", granule, "the batch", batch)
+    if granule == 1:
+        _check_axis("microbatches", microbatches, "the batch", batch)
+    else:
+        _check_axis("microbatches", microbatches, "the batch's granules", batch // granule,
+                    f"batch {batch} in granules of {granule} samples")
+    norms = [f"{n} ({type(m).__name__})" for n, m in model.named_modules()
+             if type(m).__name__.startswith("BatchNorm")]
+    if norms and granule < batch:
+        raise TrainingError(f"parallel: layer {norms[0]} normalizes with the statistics of its batch, which a "
+                            "granule smaller than the batch would change; train it without parallel= (or with "
+                            "data_parallel=, whose micro-batches normalize on their own)")
     if dp > microbatches:
         raise TrainingError(f"parallel: dp={dp} > microbatches={microbatches}: every data-parallel replica needs "
                             f"at least one micro-batch; microbatches may be "
-                            f"{', '.join(str(m) for m in _divisors(batch) if m >= dp) or 'none (batch < dp)'}")
+                            f"{', '.join(str(m) for m in _divisors(batch // granule) if m >= dp) or 'none (too few granules)'}")
     if tp > 1 or pp > 1:
         from .model_axes import model_axes
 
@@ -513,7 +526,7 @@ def build_parallel(graph_of, model, example_inputs, loss, optimizer, target, opt
         raise TrainingError(f"parallel: tp={tp}, pp={pp}: tensor and pipeline parallelism of the compiled step "
                             "are not available (tp and pp must be 1)")
     return _build(graph_of, model, example_inputs, loss, optimizer, target, model_name, batch, dp,
-                  microbatches, batch, zero, True)
+                  microbatches, batch // granule, zero, True)
 
 
 def _build(graph_of, model, example_inputs, loss, optimizer, target, model_name, batch: int, replicas: int,
