@@ -30,6 +30,12 @@ additions run chunk by chunk starting at a different rank per chunk, so its bits
 
 BatchNorm normalizes each micro-batch with its own statistics (as PyTorch's DDP without
 SyncBatchNorm does).
+
+Plans of ``parallel=`` (:func:`build_parallel`) take the chain's unit from the micro-batch down
+to a *granule* of ``g`` samples (default one): the gradient program is compiled for a granule,
+a micro-batch runs it once per granule, and the chain adds the granules' gradients in ascending
+order, so the micro-batch count (any that cuts the batch into whole granules) joins the replica
+count among the things the bits do not depend on. ZeRO-1/2 (:mod:`.zero`) shards the update.
 """
 
 from __future__ import annotations
