@@ -12,7 +12,9 @@ pass's reductions as GEMMs with a ones column) and element-wise ops, forward and
 the optimizer update, to the PEs; the rest runs on the fallback target
 (:func:`op_placement` lists both per phase, :func:`step_time` gives the simulated time per phase).
 ``data_parallel={"replicas": R, "microbatches": M}`` splits a step over chips
-(:mod:`.parallel`; its bits do not depend on ``R``).
+(:mod:`.parallel`; its bits do not depend on ``R``); ``parallel={"dp": R, "microbatches": M,
+"zero": Z}`` sums per-sample gradients in ascending sample order, so its bits depend on neither
+``M``, ``R`` nor the optimizer-state sharding ``Z`` (:mod:`.zero`).
 
 Limits: ``BatchNorm`` trains with the batch's statistics like PyTorch's
 train mode, but its running statistics are not updated (TVM's importer drops those outputs;

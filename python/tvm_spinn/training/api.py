@@ -13,7 +13,7 @@ __all__ = ["compile", "Trainer"]
 
 
 def compile(model, example_inputs, loss: str = "cross_entropy", optimizer=("sgd", {"lr": 0.1}),
-            target="spinn", data_parallel: dict | None = None) -> Trainer:  # noqa: A001  (the public name asked for: tvm_spinn.training.compile)
+            target="spinn", data_parallel: dict | None = None, parallel: dict | None = None) -> Trainer:  # noqa: A001  (the public name asked for: tvm_spinn.training.compile)
     """Compile a training step of a PyTorch model for a target.
 
     Parameters
@@ -42,13 +42,33 @@ def compile(model, example_inputs, loss: str = "cross_entropy", optimizer=("sgd"
         gradients summed in ascending micro-batch order (a chain over the replicas), so the bits
         depend on ``M`` but not on ``R`` (:mod:`.parallel`); ``reproducible=False`` sums as a
         ring would (bits depend on ``R``). A PyTorch model only.
+    parallel : dict, optional
+        A parallel plan whose bits depend on none of its numbers: ``{"dp": R, "microbatches":
+        M, "zero": Z}``: ``M`` micro-batches (default ``R``; ``M`` must divide the batch) on
+        ``R`` data-parallel chips; every sample's gradient is computed on its own and the
+        samples' gradients are summed in ascending sample order (a chain over the replicas),
+        so the parameters are bitwise identical for every ``M``, ``R`` and ``Z``
+        (:mod:`.parallel`). ``Z = 1`` shards the optimizer state over the replicas (ZeRO-1,
+        :mod:`.zero`), ``Z = 2`` the reduced gradient too. ``"tp"`` and ``"pp"`` are checked
+        against the model's attention heads and layers and must be 1 (tensor and pipeline
+        parallelism of the step are not available). ``"granule": g`` sums granules of ``g``
+        samples instead (default 1; ``M`` must cut the batch into whole granules). A model with
+        BatchNorm is refused (a granule would change its batch statistics). A PyTorch model only.
 
     Returns
     -------
     Trainer
-        A :class:`~.parallel.DataParallelTrainer` with ``data_parallel``.
+        A :class:`~.parallel.DataParallelTrainer` with ``data_parallel`` or ``parallel``.
     """
     name = type(model).__name__ if not isinstance(model, tvm.IRModule) else "IRModule"
+    if parallel is not None:
+        from .parallel import build_parallel
+
+        if data_parallel is not None:
+            raise TrainingError("give data_parallel= or parallel=, not both")
+        if isinstance(model, tvm.IRModule):
+            raise TrainingError("parallel needs a PyTorch model (an imported Relax module has a fixed batch)")
+        return build_parallel(build_train_graph, model, example_inputs, loss, optimizer, target, parallel, name)
     if data_parallel is not None:
         from .parallel import build_data_parallel
 

@@ -30,6 +30,12 @@ additions run chunk by chunk starting at a different rank per chunk, so its bits
 
 BatchNorm normalizes each micro-batch with its own statistics (as PyTorch's DDP without
 SyncBatchNorm does).
+
+Plans of ``parallel=`` (:func:`build_parallel`) take the chain's unit from the micro-batch down
+to a *granule* of ``g`` samples (default one): the gradient program is compiled for a granule,
+a micro-batch runs it once per granule, and the chain adds the granules' gradients in ascending
+order, so the micro-batch count (any that cuts the batch into whole granules) joins the replica
+count among the things the bits do not depend on. ZeRO-1/2 (:mod:`.zero`) shards the update.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ import tvm
 from tvm import relax
 
 from ..frontend.fixups import FixupImported
-from ..timing.collectives import all_reduce, chain_all_reduce
+from ..timing.collectives import all_gather, all_reduce, chain_all_reduce
 from .trainer import Trainer, _resolve_target
 from .errors import TrainingError
 from .graph import TrainGraph
@@ -169,13 +175,21 @@ def ring_sum(partials: list[np.ndarray], blocks) -> np.ndarray:
 class DataParallelTrainer(Trainer):
     """A training step split over ``microbatches`` micro-batches on ``replicas`` chips.
 
-    Built by :func:`tvm_spinn.training.compile` with ``data_parallel=``. :meth:`step`,
-    :meth:`parameters`, :meth:`save` and :meth:`load` behave as :class:`Trainer`'s (a
-    checkpoint holds the same state, so a run may resume with another replica count).
+    Built by :func:`tvm_spinn.training.compile` with ``data_parallel=`` or ``parallel=``.
+    :meth:`step`, :meth:`parameters`, :meth:`save` and :meth:`load` behave as
+    :class:`Trainer`'s (a checkpoint holds the same, unsharded state, so a run may resume with
+    another replica count, micro-batch count or sharding).
+
+    A micro-batch is a whole number of *granules* (``granule`` samples each; the gradient
+    program is compiled for one granule): the step's gradient is the sum of the granule
+    gradients in ascending granule order, which neither the micro-batch count nor the replica
+    count changes. ``data_parallel=`` takes a granule of one micro-batch (bits depend on the
+    micro-batch count), ``parallel=`` one sample (bits depend on neither).
     """
 
     def __init__(self, graph, micro_graph, grad_ex, update_ex, target, system_arch, loss, optimizer,
-                 model_name, microbatches: int, replicas: int, reproducible: bool):
+                 model_name, microbatches: int, replicas: int, reproducible: bool, granules: int | None = None,
+                 zero: int = 0, shared: dict | None = None):
         super().__init__(graph, update_ex, target, loss, optimizer, model_name)
         self._micro_graph = micro_graph
         self._grad_ex = grad_ex
@@ -184,42 +198,127 @@ class DataParallelTrainer(Trainer):
         self.microbatches = microbatches
         self.replicas = replicas
         self.reproducible = reproducible
+        #: granules per step (the batch / the granule's samples); a micro-batch holds granules / microbatches
+        self.granules = microbatches if granules is None else granules
+        self._granule_is_microbatch = granules is None
+        self.zero = zero
         self._blocks = replica_blocks(microbatches, replicas)
-        self._add_ex = None
-        self._host = None  # (micro-batch, update) host seconds, computed once
+        # compiled programs shared by every trainer derived with with_plan (shard updates by size)
+        self._shared = {"add": None, "host": None, "shard_update": {}} if shared is None else shared
+        self._layout = None
+        self._shard_vms: list = []
+        if zero:
+            self._setup_shards()
+
+    @property
+    def granule(self) -> int:
+        """Samples per granule (the unit whose gradients the step sums in a fixed order)."""
+        return self._graph.input_shapes[0][0][0] // self.granules
+
+    def plan(self) -> dict:
+        """This trainer's parallel plan: ``{"dp", "tp", "pp", "microbatches", "zero", "granule"}``."""
+        return {"dp": self.replicas, "tp": 1, "pp": 1, "microbatches": self.microbatches, "zero": self.zero,
+                "granule": self.granule}
+
+    # -- ZeRO: the optimizer state sharded over the replicas ------------------------------------
+    def _setup_shards(self) -> None:
+        from .zero import ShardLayout, shard_bounds, shard_update_module
+
+        total = sum(int(np.prod(s)) for s in self._graph.param_shapes)
+        cache = self._shared["shard_update"]
+        vms, init = [], None
+        with _replica_target(self._target) as (replica, _):
+            for a, b in shard_bounds(total, self.replicas):
+                if (b - a, self.granules) not in cache:
+                    mod, state = shard_update_module(self._optimizer_spec, b - a, self.granules)
+                    cache[(b - a, self.granules)] = (relax.build(mod, target=replica), state)
+                ex, init = cache[(b - a, self.granules)]
+                vms.append(relax.VirtualMachine(ex, tvm.cpu()))
+        self._shard_vms = vms
+        self._layout = ShardLayout.of(self._graph.param_shapes, self.replicas, init)
+
+    def _set_state(self, params, optim) -> None:
+        if not self.zero:
+            super()._set_state(params, optim)
+            return
+        self._params = [tvm.runtime.tensor(np.array(p, order="C")) for p in params]
+        self._state = [[tvm.runtime.tensor(np.array(s, order="C")) for s in shard]
+                       for shard in self._layout.scatter_state([np.asarray(s) for s in optim])]
+
+    def optimizer_state(self) -> list[np.ndarray]:
+        if not self.zero:
+            return super().optimizer_state()
+        return self._layout.gather_state([[s.numpy() for s in shard] for shard in self._state])
+
+    def optimizer_state_shards(self) -> list[list[np.ndarray]]:
+        """Each replica's optimizer state (ZeRO): the scalars, then one flat buffer per kind
+        (momentum; first and second moments) of its shard of the parameters. Without
+        sharding: one shard, the canonical state."""
+        if not self.zero:
+            return [self.optimizer_state()]
+        return [[s.numpy() for s in shard] for shard in self._state]
+
+    @property
+    def steps(self) -> int:
+        return int((self._state[0][0] if self.zero else self._state[0]).numpy())
+
+    # -- plans sharing the compiled programs -------------------------------------------------------
+    def with_plan(self, replicas: int | None = None, microbatches: int | None = None, zero: int | None = None,
+                  reproducible: bool | None = None) -> "DataParallelTrainer":
+        """The same compiled gradient program under another plan (replica count, micro-batch
+        count, optimizer-state sharding, mode), from this trainer's current parameters and
+        optimizer state. A micro-batch count must split the step's granules evenly."""
+        replicas = self.replicas if replicas is None else replicas
+        microbatches = self.microbatches if microbatches is None else microbatches
+        zero = self.zero if zero is None else zero
+        if microbatches != self.microbatches and self._granule_is_microbatch:
+            raise TrainingError("with_plan: this trainer's granule is its micro-batch (data_parallel=), so its "
+                                "micro-batch count is fixed; compile with parallel= to vary it")
+        batch = self._graph.input_shapes[0][0][0]
+        _check_axis("microbatches", microbatches, "the batch's granules", self.granules,
+                    f"batch {batch} in granules of {self.granule} sample(s)")
+        _check_replicas(replicas, microbatches, self._system, self._target,
+                        "data_parallel: replicas" if self._granule_is_microbatch else "parallel: dp")
+        _check_zero(zero)
+        other = DataParallelTrainer(self._graph, self._micro_graph, self._grad_ex, self.executable, self._target,
+                                    self._system, self._loss, self._optimizer_spec, self._model_name,
+                                    microbatches, replicas,
+                                    self.reproducible if reproducible is None else reproducible,
+                                    None if self._granule_is_microbatch else self.granules, zero,
+                                    self._shared)
+        other._set_state([p.numpy() for p in self._params], self.optimizer_state())
+        return other
 
     def with_replicas(self, replicas: int, reproducible: bool | None = None) -> "DataParallelTrainer":
         """The same compiled programs on another replica count (and mode), from this trainer's
         current parameters and optimizer state."""
-        _check_replicas(replicas, self.microbatches, self._system, self._target)
-        other = DataParallelTrainer(self._graph, self._micro_graph, self._grad_ex, self.executable, self._target,
-                                    self._system, self._loss, self._optimizer_spec, self._model_name,
-                                    self.microbatches, replicas,
-                                    self.reproducible if reproducible is None else reproducible)
-        other._add_ex, other._host = self._add_ex, self._host
-        other._set_state([p.numpy() for p in self._params], [s.numpy() for s in self._state])
-        return other
+        return self.with_plan(replicas=replicas, reproducible=reproducible)
 
     def build_for(self, target) -> "Trainer":
         raise TrainingError("build_for is not available on a data-parallel trainer: compile with "
                             "data_parallel= for the other target (the replicas' programs are per system)")
 
+    # -- one step ---------------------------------------------------------------------------------
     def step(self, inputs, labels) -> float:
-        """One step: every replica's micro-batch gradients, the reduction, the update; returns
+        """One step: every replica's granule gradients, the reduction, the update; returns
         the batch's mean loss (reduced like the gradients)."""
         xs = self._check_inputs(inputs)
         y = self._check_labels(labels)
-        m = self.microbatches
-        xs = [np.split(x, m) for x in xs]
-        ys = np.split(y, m)
+        n = self.granules
+        xs = [np.split(x, n) for x in xs]
+        ys = np.split(y, n)
+        per = n // self.microbatches  # granules per micro-batch
         flats = []
         for start, stop in self._blocks:  # replica r runs its block of micro-batches
-            for k in range(start, stop):
+            for k in range(start * per, stop * per):  # their granules, in order
                 args = [tvm.runtime.tensor(np.ascontiguousarray(x[k])) for x in xs]
                 args += self._params + [tvm.runtime.tensor(np.ascontiguousarray(ys[k]))]
                 loss, grads = self._grad_vm["main"](*args)
                 flats.append(np.concatenate([loss.numpy().reshape(1)] + [g.numpy().reshape(-1) for g in grads]))
-        total = chain_sum(flats) if self.reproducible else ring_sum(flats, self._blocks)
+        blocks = tuple((a * per, b * per) for a, b in self._blocks)
+        total = chain_sum(flats) if self.reproducible else ring_sum(flats, blocks)
+        if self.zero:
+            return self._sharded_update(total)
         parts = np.split(total, np.cumsum([1] + [int(np.prod(s)) for s in self._graph.param_shapes])[:-1])
         sums = [tvm.runtime.tensor(np.array(p.reshape(s), order="C"))  # not ascontiguousarray: 0-d -> 1-d
                 for p, s in zip(parts, ((),) + tuple(self._graph.param_shapes))]
@@ -227,6 +326,22 @@ class DataParallelTrainer(Trainer):
         self._params = list(params)
         self._state = list(state)
         return float(loss.numpy())
+
+    def _sharded_update(self, total: np.ndarray) -> float:
+        """Replica ``r`` updates shard ``r`` of the parameters with shard ``r`` of the gradient
+        sum and its own optimizer state; the shards are gathered into the parameters."""
+        layout = self._layout
+        flat = layout.flatten([p.numpy() for p in self._params])
+        new_shards, new_state = [], []
+        for vm, (a, b), state in zip(self._shard_vms, layout.bounds, self._state):
+            p, st = vm["main"](tvm.runtime.tensor(np.ascontiguousarray(flat[a:b])),
+                               tvm.runtime.tensor(np.ascontiguousarray(total[1 + a:1 + b])), state)
+            new_shards.append(p.numpy())
+            new_state.append(list(st))
+        self._params = [tvm.runtime.tensor(p) for p in layout.unflatten(np.concatenate(new_shards))]
+        self._state = new_state
+        # the loss: the mean over the granules, one IEEE float32 division as the update's
+        return float(np.float32(total[0]) / np.float32(self.granules))
 
     def simulated_step(self) -> dict:
         """Simulated time of one step on the system, in seconds, by part.
@@ -236,7 +351,8 @@ class DataParallelTrainer(Trainer):
         dict
             ``microbatch_s`` (one micro-batch's forward + backward on a chip), ``compute_s``
             (the busiest replica's micro-batches), ``local_add_s`` (its in-block additions),
-            ``all_reduce_s`` and ``all_reduce`` (algorithm), ``update_s``, ``host_s`` (the host
+            ``all_reduce_s`` and ``all_reduce`` (algorithm), ``update_s`` (with ZeRO: the
+            largest shard's), ``all_gather_s`` (ZeRO: the updated shards to every replica; else 0), ``host_s`` (the host
             ops left, the loss: the busiest replica's micro-batches and the update, by the
             host's roofline, :func:`~tvm_spinn.training.timing.host_time`; each replica's host
             ops are assumed to run on a host core of their own) and ``total_s``, for this
@@ -247,55 +363,99 @@ class DataParallelTrainer(Trainer):
         from ..target.topology import topology_of
         from .timing import executable_latency
 
-        if self._add_ex is None:
+        shared = self._shared
+        if shared["add"] is None:
             n = sum(int(np.prod(s)) for s in self._graph.param_shapes) + 1
             with _replica_target(self._target) as (replica, _):
-                self._add_ex = relax.build(add_module(n), target=replica)
-        per = max(stop - start for start, stop in self._blocks)
-        micro = executable_latency(self._grad_ex)
-        add = executable_latency(self._add_ex)
+                shared["add"] = relax.build(add_module(n), target=replica)
+        gpm = self.granules // self.microbatches  # granules per micro-batch
+        per = max(stop - start for start, stop in self._blocks) * gpm  # the busiest replica's granules
+        granule = executable_latency(self._grad_ex)
+        add = executable_latency(shared["add"])
         nbytes = 4 * (sum(int(np.prod(s)) for s in self._graph.param_shapes) + 1)
         chips = len(self._blocks)
         topo = topology_of(self._system)
         if self.reproducible:
             coll = chain_all_reduce(topo, list(range(chips)), nbytes)
-            # the chain adds every micro-batch's gradient into the running sum: a replica does
-            # as many additions as it has micro-batches (the first one less)
+            # the chain adds every granule's gradient into the running sum: a replica does as
+            # many additions as it has granules (the first one less)
             adds = per if chips > 1 else per - 1
         else:
             coll = all_reduce(topo, list(range(chips)), nbytes)
             adds = per - 1  # its own block's sum; the ring's additions are inside the collective
         algorithm, seconds = coll.algorithm, coll.seconds
-        update = executable_latency(self.executable)
-        if self._host is None:
+        if self.zero:
+            # each replica updates its shard; the updated shards are gathered onto every replica
+            update = max(executable_latency(self._shared["shard_update"][(b - a, self.granules)][0])
+                         for a, b in self._layout.bounds)
+            gather = all_gather(topo, list(range(chips)), nbytes - 4).seconds if chips > 1 else 0.0
+        else:
+            update, gather = executable_latency(self.executable), 0.0
+        if shared["host"] is None:
             from .timing import host_time
 
             with _replica_target(self._target) as (replica, _):
-                self._host = (host_time(grad_module(self._micro_graph), replica)[0],
-                              host_time(update_module(self._micro_graph, self.microbatches), replica)[0])
-        out = {"microbatch_s": micro, "compute_s": per * micro, "local_add_s": adds * add,
+                shared["host"] = (host_time(grad_module(self._micro_graph), replica)[0],
+                                  host_time(update_module(self._micro_graph, self.granules), replica)[0])
+        out = {"microbatch_s": gpm * granule, "compute_s": per * granule, "local_add_s": adds * add,
                "all_reduce_s": seconds if chips > 1 else 0.0,
-               "all_reduce": algorithm if chips > 1 else "none", "update_s": update,
-               "host_s": per * self._host[0] + self._host[1]}
-        out["total_s"] = out["compute_s"] + out["local_add_s"] + out["all_reduce_s"] + update + out["host_s"]
+               "all_reduce": algorithm if chips > 1 else "none", "update_s": update, "all_gather_s": gather,
+               "host_s": per * shared["host"][0] + shared["host"][1]}
+        out["total_s"] = (out["compute_s"] + out["local_add_s"] + out["all_reduce_s"] + update + gather
+                          + out["host_s"])
         return out
 
 
-def _check_replicas(replicas, microbatches, system, target) -> None:
+def _check_replicas(replicas, microbatches, system, target, name: str = "data_parallel: replicas") -> None:
+    option, key = name.split(": ")
     if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
-        raise TrainingError(f"data_parallel: replicas must be a positive integer, got {replicas!r}")
+        raise TrainingError(f"{name} must be a positive integer, got {replicas!r}")
     if replicas > microbatches:
-        raise TrainingError(f"data_parallel: replicas={replicas} > microbatches={microbatches}: "
+        raise TrainingError(f"{option}: {key}={replicas} > microbatches={microbatches}: "
                             "every replica needs at least one micro-batch")
     if system is not None and replicas > system.chips:
-        raise TrainingError(f"data_parallel: replicas={replicas} needs {replicas} chips, target "
+        raise TrainingError(f"{option}: {key}={replicas} needs {replicas} chips, target "
                             f"{target} has {system.chips} (one replica per chip)")
+
+
+def _positive(what: str, value) -> int:
+    if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < 1:
+        raise TrainingError(f"{what} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _check_axis(option: str, value: int, axis: str, size: int, context: str = "") -> None:
+    """``value`` must divide ``size`` (the extent of ``axis``): else an error naming the
+    option, the axis, its size and the values that would work."""
+    if size % value:
+        raise TrainingError(f"parallel: {option}={value} does not divide {axis} ({size}"
+                            f"{': ' + context if context else ''}); {option} may be "
+                            f"{', '.join(map(str, _divisors(size)))}")
+
+
+def _check_zero(zero) -> None:
+    if zero not in (0, 1, 2) or isinstance(zero, bool):
+        raise TrainingError(f"parallel: zero must be 0 (no sharding), 1 (optimizer state) or 2 (optimizer state "
+                            f"and gradients), got {zero!r}")
+
+
+def _batch_of(example_inputs, option: str) -> int:
+    batch = {int(x.shape[0]) if getattr(x, "ndim", 0) else None for x in example_inputs}
+    if len(batch) != 1 or None in batch:
+        raise TrainingError(f"{option}: every example input needs the same leading (batch) axis, got shapes "
+                            f"{[tuple(x.shape) for x in example_inputs]}")
+    (batch,) = batch
+    return batch
 
 
 def build_data_parallel(graph_of, model, example_inputs, loss, optimizer, target, options: dict,
                         model_name: str) -> DataParallelTrainer:
-    """Build a :class:`DataParallelTrainer` (``graph_of(model, inputs, loss, optimizer)`` builds
-    the :class:`TrainGraph` of a micro-batch)."""
+    """Build a :class:`DataParallelTrainer` of ``data_parallel=`` options (``graph_of(model,
+    inputs, loss, optimizer)`` builds the :class:`TrainGraph` of a micro-batch, the granule)."""
     if not isinstance(options, dict):
         raise TrainingError(f"data_parallel must be a dict {{'replicas', 'microbatches', 'reproducible'}}, "
                             f"got {options!r}")
@@ -311,30 +471,92 @@ def build_data_parallel(graph_of, model, example_inputs, loss, optimizer, target
         raise TrainingError(f"data_parallel: microbatches must be a positive integer, got {microbatches!r}")
     if not isinstance(example_inputs, tuple | list):
         example_inputs = (example_inputs,)
-    batch = {int(x.shape[0]) if getattr(x, "ndim", 0) else None for x in example_inputs}
-    if len(batch) != 1 or None in batch:
-        raise TrainingError("data_parallel: every example input needs the same leading (batch) axis, got shapes "
-                            f"{[tuple(x.shape) for x in example_inputs]}")
-    (batch,) = batch
+    batch = _batch_of(example_inputs, "data_parallel")
     if batch % microbatches:
         raise TrainingError(f"data_parallel: batch {batch} does not split into microbatches={microbatches} "
                             "equal micro-batches")
+    return _build(graph_of, model, example_inputs, loss, optimizer, target, model_name, batch, replicas,
+                  microbatches, None, 0, bool(options.get("reproducible", True)))
+
+
+#: the options of ``parallel=`` (:func:`build_parallel`)
+PARALLEL_OPTIONS = ("dp", "tp", "pp", "microbatches", "zero", "granule")
+
+
+def build_parallel(graph_of, model, example_inputs, loss, optimizer, target, options: dict,
+                   model_name: str) -> DataParallelTrainer:
+    """Build a :class:`DataParallelTrainer` of a user-given plan ``parallel={"dp", "tp", "pp",
+    "microbatches", "zero", "granule"}`` whose bits depend on none of the first five: the
+    gradient program is compiled for one granule (``granule`` samples, default 1) and the step
+    sums the granules' gradients in ascending order, whatever the micro-batch count, replica
+    count and sharding (a micro-batch must hold whole granules)."""
+    if not isinstance(options, dict):
+        raise TrainingError(f"parallel must be a dict with keys among {', '.join(PARALLEL_OPTIONS)}, got {options!r}")
+    unknown = sorted((k for k in options if k not in PARALLEL_OPTIONS), key=repr)
+    if unknown:
+        raise TrainingError(f"parallel: unknown option {unknown[0]!r} (expected {', '.join(PARALLEL_OPTIONS)})")
+    dp = _positive("parallel: dp", options.get("dp", 1))
+    tp = _positive("parallel: tp", options.get("tp", 1))
+    pp = _positive("parallel: pp", options.get("pp", 1))
+    microbatches = _positive("parallel: microbatches", options.get("microbatches", dp))
+    zero = options.get("zero", 0)
+    _check_zero(zero)
+    granule = _positive("parallel: granule", options.get("granule", 1))
+    if not isinstance(example_inputs, tuple | list):
+        example_inputs = (example_inputs,)
+    batch = _batch_of(example_inputs, "parallel")
+    _check_axis("granule", granule, "the batch", batch)
+    if granule == 1:
+        _check_axis("microbatches", microbatches, "the batch", batch)
+    else:
+        _check_axis("microbatches", microbatches, "the batch's granules", batch // granule,
+                    f"batch {batch} in granules of {granule} samples")
+    norms = [f"{n} ({type(m).__name__})" for n, m in model.named_modules()
+             if type(m).__name__.startswith("BatchNorm")]
+    if norms and granule < batch:
+        raise TrainingError(f"parallel: layer {norms[0]} normalizes with the statistics of its batch, which a "
+                            "granule smaller than the batch would change; train it without parallel= (or with "
+                            "data_parallel=, whose micro-batches normalize on their own)")
+    if dp > microbatches:
+        raise TrainingError(f"parallel: dp={dp} > microbatches={microbatches}: every data-parallel replica needs "
+                            f"at least one micro-batch; microbatches may be "
+                            f"{', '.join(str(m) for m in _divisors(batch // granule) if m >= dp) or 'none (too few granules)'}")
+    if tp > 1 or pp > 1:
+        from .model_axes import model_axes
+
+        axes = model_axes(model)
+        if tp > 1:
+            _check_axis("tp", tp, "the attention heads", axes.heads)
+        if pp > 1:
+            _check_axis("pp", pp, "the layers", axes.layers)
+        raise TrainingError(f"parallel: tp={tp}, pp={pp}: tensor and pipeline parallelism of the compiled step "
+                            "are not available (tp and pp must be 1)")
+    return _build(graph_of, model, example_inputs, loss, optimizer, target, model_name, batch, dp,
+                  microbatches, batch // granule, zero, True)
+
+
+def _build(graph_of, model, example_inputs, loss, optimizer, target, model_name, batch: int, replicas: int,
+           microbatches: int, granules: int | None, zero: int, reproducible: bool) -> DataParallelTrainer:
+    """The trainer: the gradient program compiled for one granule (``batch / granules``
+    samples; ``granules=None``: one micro-batch) and the update for the granule count."""
+    count = microbatches if granules is None else granules
     tgt = _resolve_target(target)
     with _replica_target(tgt) as (replica_tgt, system):
-        _check_replicas(replicas, microbatches, system, tgt)
-        size = batch // microbatches
+        _check_replicas(replicas, microbatches, system, tgt,
+                        "data_parallel: replicas" if granules is None else "parallel: dp")
+        size = batch // count
         micro = graph_of(model, tuple(x[:size] for x in example_inputs), loss, optimizer)
         # the step takes the whole batch: the shapes its inputs and labels are checked against. The
-        # output's and the labels' leading axis is the micro-batch's times the micro-batch count (a
+        # output's and the labels' leading axis is the granule's times the granule count (a
         # language model's (batch * seq, vocab) logits grow by whole sequences)
         full = dataclasses.replace(
             micro,
             input_shapes=tuple(((batch, *s[1:]), d) for s, d in micro.input_shapes),
-            output_shape=(micro.output_shape[0] * microbatches, *micro.output_shape[1:]),
-            label_shape=(micro.label_shape[0] * microbatches, *micro.label_shape[1:]))
+            output_shape=(micro.output_shape[0] * count, *micro.output_shape[1:]),
+            label_shape=(micro.label_shape[0] * count, *micro.label_shape[1:]))
         grad_ex = relax.build(grad_module(micro), target=replica_tgt)
-        update_ex = relax.build(update_module(micro, microbatches), target=replica_tgt)
+        update_ex = relax.build(update_module(micro, count), target=replica_tgt)
     trainer = DataParallelTrainer(full, micro, grad_ex, update_ex, tgt, system, loss, optimizer, model_name,
-                                  microbatches, replicas, bool(options.get("reproducible", True)))
+                                  microbatches, replicas, reproducible, granules, zero)
     trainer._set_state(list(micro.init_params), list(micro.init_optim_state))
     return trainer

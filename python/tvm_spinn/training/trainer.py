@@ -133,8 +133,17 @@ class Trainer:
         return float(loss.numpy())
 
     # -- checkpoints ------------------------------------------------------------------------
+    @property
+    def granule(self) -> int:
+        """Samples whose gradient one program computes before the gradients are summed (the
+        fused step: the whole batch). It fixes the order of the batch's gradient sum, so two
+        trainers of the same granule give the same bits."""
+        shape = self._graph.input_shapes[0][0]
+        return int(shape[0]) if shape else 1
+
     def _meta(self) -> dict:
-        return {"loss": self._loss, "optimizer": self._optimizer, "model": self._model_name}
+        return {"loss": self._loss, "optimizer": self._optimizer, "model": self._model_name,
+                "granule": str(self.granule)}
 
     def save(self, path) -> None:
         """Save parameters and optimizer state to ``path`` (an ``.npz``), atomically."""
@@ -157,6 +166,13 @@ class Trainer:
         if meta.get("optimizer") != self._optimizer or meta.get("loss") != self._loss:
             raise CheckpointError(f"checkpoint {path}: saved with loss {meta.get('loss')!r} and optimizer "
                                   f"{meta.get('optimizer')}, this trainer uses {self._loss!r} and {self._optimizer}")
+        saved = meta.get("granule")
+        if saved is not None and saved != str(self.granule):
+            raise CheckpointError(
+                f"checkpoint {path}: saved by a plan summing gradients in granules of {saved} sample(s), this "
+                f"trainer's granule is {self.granule} sample(s), so the resumed run would have the bits of "
+                "neither; resume under a plan of the same granule (parallel= plans: 1 sample; data_parallel=: "
+                "one micro-batch; the fused step: the batch)")
         ref = self.optimizer_state()
         if len(optim) != len(ref) or any(a.shape != b.shape or a.dtype != b.dtype for a, b in zip(optim, ref)):
             raise CheckpointError(f"checkpoint {path}: optimizer state does not match this trainer's")
