@@ -231,6 +231,7 @@ class SpinnModuleObj final : public ffi::ModuleObj {
     }
     std::vector<ffi::TensorView> views;
     views.reserve(n);
+    native.CheckBlob();  // before the first run: the weights the plan reads are the compiled ones
     for (size_t i = 0; i < n; ++i) {
       const NativeArgSpec& spec = native.args[i];
       std::optional<ffi::TensorView> t = args[static_cast<int>(i)].try_cast<ffi::TensorView>();

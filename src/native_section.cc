@@ -109,6 +109,15 @@ uint32_t Crc32(const void* data, size_t size) {
   return crc ^ 0xFFFFFFFFu;
 }
 
+void NativeProgram::CheckBlob() const {
+  if (blob_checked->load(std::memory_order_acquire)) return;
+  if (Crc32(blob, static_cast<size_t>(blob_len)) != blob_crc) {
+    TVM_FFI_THROW(ValueError) << "native section: blob_crc: the program's constant blob is damaged "
+                                 "(CRC-32 mismatch)";
+  }
+  blob_checked->store(true, std::memory_order_release);
+}
+
 NativeProgram DecodeNativeProgram(const char* data, size_t size, ffi::Any keep) {
   NativeProgram out;
   // The program's framing (version 5's checks are the Python validator's; only what the section
@@ -161,6 +170,12 @@ NativeProgram DecodeNativeProgram(const char* data, size_t size, ffi::Any keep) 
   if (w.Next("blob_bytes") != static_cast<int64_t>(blob_len)) {
     Fail("blob_bytes", "does not match the program's constant blob");
   }
+  const int64_t blob_crc = w.Next("blob_crc");
+  if (blob_crc < 0 || blob_crc > 0xffffffffLL) Fail("blob_crc", "not a CRC-32");
+  out.blob = blob;
+  out.blob_len = blob_len;
+  out.blob_crc = static_cast<uint32_t>(blob_crc);
+  out.keep = keep;
   const int64_t n_inputs = w.Count("n_inputs", max_words);
   const int64_t n_outputs = w.Count("n_outputs", max_words);
   const int64_t n_consts = w.Count("n_consts", max_words);

@@ -14,7 +14,9 @@
 //   status kStatusPython: i64 layer index (-1: the program as a whole), i64 name bytes N,
 //     i64 reason bytes R, name, reason (UTF-8), zero padding to 8
 //   status kStatusPlan: i64 words
-//     blob_bytes n_inputs n_outputs n_consts n_run_args n_temps n_code inline_bytes
+//     blob_bytes blob_crc n_inputs n_outputs n_consts n_run_args n_temps n_code inline_bytes
+//     (blob_crc: CRC-32 of the constant blob, checked before the first run: the package checks
+//     the program's digest, a process without it this)
 //     per DPS argument (inputs, then outputs): dtype_code dtype_bits ndim shape[kMaxDims]
 //     per constant: kind (kConstProgram: offset into the blob; kConstInline: offset into the
 //       inline data) dtype_code dtype_bits numel offset
@@ -33,7 +35,9 @@
 #include <tvm/ffi/function.h>
 
 #include <cstddef>
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -57,6 +61,14 @@ struct NativeProgram {
   std::vector<NativeArgSpec> args;   // DPS arguments: inputs, then outputs
   std::vector<int64_t> plan_args;    // per argument of the plan: its DPS argument index
   tvm::ffi::Function plan;           // f(*plan arguments)
+  const char* blob = nullptr;        // the program's constant blob (held by `keep`)
+  uint64_t blob_len = 0;
+  uint32_t blob_crc = 0;
+  tvm::ffi::Any keep;
+  std::shared_ptr<std::atomic<bool>> blob_checked = std::make_shared<std::atomic<bool>>(false);
+
+  /*! \brief Check the blob's CRC-32 once (throws ValueError if it does not match). */
+  void CheckBlob() const;
 };
 
 /*!

@@ -28,6 +28,7 @@ from tvm import relax
 import tvm_spinn
 from tvm_spinn import _lib
 from tvm_spinn.program import Program, ProgramError
+from tvm_spinn.program import format as fmt
 from tvm_spinn.program.native_section import section_status
 from tvm_spinn.program.ops import family_of
 from tvm_spinn.runtime.simulator import run_program
@@ -166,6 +167,23 @@ def test_damaged_section_is_refused():
             create(program.symbol, bytes(bad))
     with pytest.raises(ProgramError):
         Program.from_bytes(bytes(bad))
+
+
+def test_damaged_blob_is_refused_before_the_native_run():
+    """A blob whose bytes differ from those the plan was compiled with (the program's digest made
+    to match again, so the package accepts it) is refused by the native runner, not used."""
+    model, x = models.make("mlp")
+    (module,) = _regions(_build(model, x))
+    data = bytearray(bytes(module["get_program"]()))
+    program = Program.from_bytes(bytes(data))
+    hlen = int.from_bytes(data[16:24], "little")
+    blob_at = 24 + hlen + (-(24 + hlen) % 64) + 8
+    data[blob_at + 5] ^= 0x01  # one bit of the first constant
+    data[-32:] = fmt.program_digest(bytes(data[:-32]), 6)
+    bad = _lib._func("tvm_spinn.runtime.create_module")(program.symbol, bytes(data))
+    out = np.empty(program.tensors[program.outputs[0]].shape, "float32")
+    with pytest.raises(ValueError, match="constant blob is damaged"):
+        _call_native(bad, [x.numpy()], [out])
 
 
 _CHILD = textwrap.dedent("""

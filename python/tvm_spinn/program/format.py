@@ -14,8 +14,11 @@ schedule; int8 layers as in version 3, see :mod:`.quant` -- is still read)::
     24+H    pad   zero bytes up to a multiple of 64
     ...     8     u64 constant blob length B
     ...     B     constant blob: every constant tensor, C-contiguous, each 64-byte aligned
+    (version 6 only: zero bytes up to a multiple of 64, then the native section, whose own
+    framing gives its length: the program's execution plan for the C++ module, see
+    :mod:`.native_section`)
     ...     32    checksum of all preceding bytes (also the program's name for the runtime):
-                  version 5: SHA-256 over the XXH3-128 digests of consecutive 32 MiB segments
+                  versions 5 and 6: SHA-256 over the XXH3-128 digests of consecutive 32 MiB segments
                   and the byte count (:func:`program_digest`); version 4: BLAKE2b-256
 
 Header JSON fields (all lists in execution order; all ids are indices):

@@ -76,6 +76,20 @@ def _locate(array: np.ndarray, ranges) -> int | None:
     return None
 
 
+def _blob_crc(program, offsets: dict[int, int]) -> int:
+    """CRC-32 of the constant blob :meth:`Program.to_bytes` writes (constants at ``offsets``,
+    zero padding between them), without joining it."""
+    crc, size = 0, 0
+    for tid in sorted(program.constants):
+        pad = offsets[tid] - size
+        if pad:
+            crc = zlib.crc32(b"\0" * pad, crc)
+        arr = np.ascontiguousarray(program.constants[tid])
+        crc = zlib.crc32(memoryview(arr.reshape(-1)).cast("B") if arr.ndim else arr.tobytes(), crc)
+        size = offsets[tid] + arr.nbytes
+    return crc
+
+
 def encode_plan(program, run, offsets: dict[int, int], blob_bytes: int) -> bytes | None:
     """The section of ``program`` run as the one native run ``run`` (a
     :class:`~tvm_spinn.program.ops.native.NativeRun`); ``offsets``: each constant's byte offset
@@ -116,7 +130,7 @@ def encode_plan(program, run, offsets: dict[int, int], blob_bytes: int) -> bytes
         inline += b"\0" * (-len(inline) % _ALIGN)
         consts += [SECTION["const_inline"], code, bits, array.size, len(inline)]
         inline += array.tobytes()
-    words = [blob_bytes, n_in, len(program.outputs), len(run.consts), len(plan_args), len(run.temps),
+    words = [blob_bytes, _blob_crc(program, offsets), n_in, len(program.outputs), len(run.consts), len(plan_args), len(run.temps),
              len(run.code), len(inline), *args, *consts, *plan_args, *run.temps, *run.code]
     body = np.asarray(words, dtype="<i8").tobytes()
     body += b"\0" * (-(24 + len(body)) % _ALIGN)
