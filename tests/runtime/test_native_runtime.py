@@ -62,6 +62,22 @@ def _softmax_not_native(monkeypatch):
     monkeypatch.setattr(type(family), "native", without_softmax)
 
 
+class _Movement(torch.nn.Module):
+    """Gather (an embedding), concat, pad, strided slice, broadcast, RMS norm."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 8)
+        self.fc = torch.nn.Linear(16, 8)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        y = torch.cat([x, x * 2.0], dim=-1)
+        y = torch.nn.functional.pad(self.fc(y), (1, 2))[:, 1:, 2:]
+        y = y + torch.ones(1, 1, 9).expand(2, 4, 9)
+        return torch.nn.functional.rms_norm(y, (9,), eps=1e-6)
+
+
 def _build(model, x, quantize=False):
     mod = tvm_spinn.frontend.from_pytorch(model, (x,))
     if quantize:
@@ -97,6 +113,8 @@ def _native_same_bits(ex, seed=0):
                 flat[::17] = np.nan
                 flat[3::29] = np.inf
                 flat[5::31] = -0.0
+            elif desc.dtype == "int32":  # indices of a gather (tables of >= 10 rows here)
+                x = rng.integers(0, 10, size=desc.shape).astype(desc.dtype)
             else:
                 info = np.iinfo(desc.dtype)
                 x = rng.integers(info.min, info.max, size=desc.shape, endpoint=True).astype(desc.dtype)
@@ -133,6 +151,12 @@ def test_rows_native_same_bits():
     torch.manual_seed(0)
     model, x = _Rows().eval(), torch.randn(3, 5, 12)
     assert _native_same_bits(_build(model, x)) > 0
+
+
+def test_movement_native_same_bits():
+    torch.manual_seed(0)
+    ex = _build(_Movement().eval(), torch.randint(0, 10, (2, 5), dtype=torch.int32))
+    assert _native_same_bits(ex) > 0
 
 
 def test_non_native_layer_is_named(monkeypatch):
