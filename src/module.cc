@@ -212,8 +212,11 @@ class SpinnModuleObj final : public ffi::ModuleObj {
     if (native == nullptr || !native->present) {
       os << "global function " << kExecuteFunc
          << " is not registered and the program has no native section; import tvm_spinn to run spinn modules";
-    } else if (!native->runnable) {
+    } else if (!native->runnable && native->layer_index >= 0) {
       os << "layer `" << native->layer << "` needs the Python runtime (" << native->reason
+         << "); import tvm_spinn to run spinn modules";
+    } else if (!native->runnable) {
+      os << "the program needs the Python runtime (" << native->reason
          << "); import tvm_spinn to run spinn modules";
     } else {
       return "";

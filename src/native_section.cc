@@ -172,6 +172,12 @@ NativeProgram DecodeNativeProgram(const char* data, size_t size, ffi::Any keep) 
   }
   const int64_t blob_crc = w.Next("blob_crc");
   if (blob_crc < 0 || blob_crc > 0xffffffffLL) Fail("blob_crc", "not a CRC-32");
+  const int64_t header_crc = w.Next("header_crc");
+  if (header_crc < 0 || header_crc > 0xffffffffLL) Fail("header_crc", "not a CRC-32");
+  if (Crc32(data + 24, static_cast<size_t>(hlen)) != static_cast<uint32_t>(header_crc)) {
+    out.reason = "the program was changed after its plan was compiled: its header differs";
+    return out;  // present, not runnable: the package runs it; without it, one error saying why
+  }
   out.blob = blob;
   out.blob_len = blob_len;
   out.blob_crc = static_cast<uint32_t>(blob_crc);

@@ -14,9 +14,10 @@
 //   status kStatusPython: i64 layer index (-1: the program as a whole), i64 name bytes N,
 //     i64 reason bytes R, name, reason (UTF-8), zero padding to 8
 //   status kStatusPlan: i64 words
-//     blob_bytes blob_crc n_inputs n_outputs n_consts n_run_args n_temps n_code inline_bytes
+//     blob_bytes blob_crc header_crc n_inputs n_outputs n_consts n_run_args n_temps n_code inline_bytes
 //     (blob_crc: CRC-32 of the constant blob, checked before the first run: the package checks
-//     the program's digest, a process without it this)
+//     the program's digest, a process without it this; header_crc: CRC-32 of the header text the
+//     plan was compiled for: a program whose header was changed since has no runnable plan)
 //     per DPS argument (inputs, then outputs): dtype_code dtype_bits ndim shape[kMaxDims]
 //     per constant: kind (kConstProgram: offset into the blob; kConstInline: offset into the
 //       inline data) dtype_code dtype_bits numel offset

@@ -12,6 +12,7 @@ format version 6), which the C++ ``spinn`` module runs itself when the package i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -208,6 +209,19 @@ def test_damaged_blob_is_refused_before_the_native_run():
     out = np.empty(program.tensors[program.outputs[0]].shape, "float32")
     with pytest.raises(ValueError, match="constant blob is damaged"):
         _call_native(bad, [x.numpy()], [out])
+
+
+def test_program_changed_after_compiling_has_no_runnable_plan():
+    """A program edited and written again keeps its section, which no longer matches its header:
+    the module reports that instead of running a stale plan (the package still runs it)."""
+    model, x = models.make("mlp")
+    (module,) = _regions(_build(model, x))
+    program = Program.from_bytes(bytes(module["get_program"]()))
+    program.layers[-1] = dataclasses.replace(program.layers[-1], name="renamed")
+    edited = _lib._func("tvm_spinn.runtime.create_module")(program.symbol, program.to_bytes())
+    assert "changed after its plan was compiled" in edited["native_status"]()
+    with pytest.raises(AttributeError):
+        edited["native_run"]
 
 
 _CHILD = textwrap.dedent("""

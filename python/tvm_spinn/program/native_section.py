@@ -90,10 +90,11 @@ def _blob_crc(program, offsets: dict[int, int]) -> int:
     return crc
 
 
-def encode_plan(program, run, offsets: dict[int, int], blob_bytes: int) -> bytes | None:
+def encode_plan(program, run, offsets: dict[int, int], blob_bytes: int, header: bytes) -> bytes | None:
     """The section of ``program`` run as the one native run ``run`` (a
     :class:`~tvm_spinn.program.ops.native.NativeRun`); ``offsets``: each constant's byte offset
-    in the blob :meth:`Program.to_bytes` writes (of ``blob_bytes``). None if the run's arguments
+    in the blob :meth:`Program.to_bytes` writes (of ``blob_bytes``); ``header``: the header text
+    it writes (the plan holds for that header only). None if the run's arguments
     are not the program's DPS arguments one for one (an output that is an input or repeated)."""
     n_in = len(program.inputs)
     if len(set(program.outputs)) != len(program.outputs):
@@ -130,7 +131,7 @@ def encode_plan(program, run, offsets: dict[int, int], blob_bytes: int) -> bytes
         inline += b"\0" * (-len(inline) % _ALIGN)
         consts += [SECTION["const_inline"], code, bits, array.size, len(inline)]
         inline += array.tobytes()
-    words = [blob_bytes, _blob_crc(program, offsets), n_in, len(program.outputs), len(run.consts), len(plan_args), len(run.temps),
+    words = [blob_bytes, _blob_crc(program, offsets), zlib.crc32(header), n_in, len(program.outputs), len(run.consts), len(plan_args), len(run.temps),
              len(run.code), len(inline), *args, *consts, *plan_args, *run.temps, *run.code]
     body = np.asarray(words, dtype="<i8").tobytes()
     body += b"\0" * (-(24 + len(body)) % _ALIGN)

@@ -3,7 +3,10 @@ simulator's execution plan of the program, so the C++ ``spinn`` module runs it w
 
 from __future__ import annotations
 
+import json
+
 from ..program import Program
+from ..program.format import NATIVE_PROGRAM_VERSION
 from ..program.native_section import encode_plan, encode_python
 from .simulator import _Plan
 
@@ -21,7 +24,10 @@ def native_section(program: Program) -> bytes:
     if len(plan.native_runs) != 1:
         return encode_python(-1, program.symbol, "the program has no layer to run")
     offsets, blob_bytes = program.blob_offsets()
-    data = encode_plan(program, plan.native_runs[0], offsets, blob_bytes)
+    # the header text to_bytes writes for the program with its section
+    header = json.dumps({**program.header(offsets), "version": NATIVE_PROGRAM_VERSION},
+                        sort_keys=True, separators=(",", ":")).encode()
+    data = encode_plan(program, plan.native_runs[0], offsets, blob_bytes, header)
     if data is None:
         return encode_python(-1, program.symbol, "an output is also an input, or is repeated")
     return data
