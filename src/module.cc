@@ -13,6 +13,12 @@
 // package's resolver, kResolveFunc, hands out the view). While the package exports a sealed
 // library (BeginExternalExport .. EndExternalExport), SaveToBytes writes version-3 containers and
 // collects the programs for the package to append to the file.
+//
+// A program of format version 6 carries a native section (native_section.h): its execution plan
+// as instructions of the native interpreter. Without the package (no executor registered), the
+// module runs that plan itself, checking every argument's dtype and shape; a program whose
+// section names a layer that needs Python raises one error naming it. The section is decoded and
+// validated (every count, offset and slot) when the module is created or loaded.
 #include <tvm/ffi/any.h>
 #include <tvm/ffi/container/array.h>
 #include <tvm/ffi/container/tensor.h>
@@ -25,12 +31,15 @@
 
 #include <atomic>
 #include <cstring>
+#include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "container.h"
+#include "native_section.h"
 
 namespace tvm_spinn {
 
@@ -117,6 +126,18 @@ class SpinnModuleObj final : public ffi::ModuleObj {
       ffi::String symbol = symbol_;
       return ffi::Function::FromTyped([symbol]() -> ffi::String { return symbol; });
     }
+    if (name == "native_run") {  // the program's native plan, whichever executor is registered
+      if (!native_ || !native_->runnable) return std::nullopt;
+      std::shared_ptr<const NativeProgram> native = native_;
+      ffi::String symbol = symbol_;
+      return ffi::Function::FromPacked([native, symbol](ffi::PackedArgs args, ffi::Any* rv) {
+        RunNative(*native, symbol, args);
+      });
+    }
+    if (name == "native_status") {  // "" when the program runs natively, else why not
+      std::string status = NativeStatus(native_.get(), symbol_);
+      return ffi::Function::FromTyped([status]() -> ffi::String { return status; });
+    }
     if (name == "get_key") {
       ffi::String key = key_;
       return ffi::Function::FromTyped([key]() -> ffi::String { return key; });
@@ -132,6 +153,13 @@ class SpinnModuleObj final : public ffi::ModuleObj {
           EncodeExternalContainer(symbol, size_, data_ + size_ - kProgramDigestBytes));
     }
     return ffi::Bytes(EncodeContainer(symbol, data_, size_));
+  }
+
+  /*! \brief Decode and validate the program's native section, if it has one (throws if bad). */
+  void LoadNative() {
+    if (!IsSpinnProgram(data_, size_)) return;
+    ffi::Any keep = Program();
+    native_ = std::make_shared<const NativeProgram>(DecodeNativeProgram(data_, size_, keep));
   }
 
   /*! \brief Run the Python validator on this module's program, if one is registered. */
@@ -155,12 +183,12 @@ class SpinnModuleObj final : public ffi::ModuleObj {
     ffi::String key = key_;
     ffi::String symbol = symbol_;
     ffi::Function getter = program_getter_;
-    return ffi::Function::FromPacked([key, symbol, getter](ffi::PackedArgs args, ffi::Any* rv) {
+    std::shared_ptr<const NativeProgram> native = native_;
+    return ffi::Function::FromPacked([key, symbol, getter, native](ffi::PackedArgs args, ffi::Any* rv) {
       std::optional<ffi::Function> execute = ffi::Function::GetGlobal(kExecuteFunc);
-      if (!execute.has_value()) {
-        TVM_FFI_THROW(RuntimeError) << "spinn module `" << symbol << "`: global function "
-                                    << kExecuteFunc
-                                    << " is not registered; import tvm_spinn to run spinn modules";
+      if (!execute.has_value()) {  // no package: the program's own native plan, or one clear error
+        if (native && native->runnable) return RunNative(*native, symbol, args);
+        TVM_FFI_THROW(RuntimeError) << NativeStatus(native.get(), symbol);
       }
       std::vector<ffi::AnyView> packed(static_cast<size_t>(args.size()) + 3);
       packed[0] = key;
@@ -177,7 +205,62 @@ class SpinnModuleObj final : public ffi::ModuleObj {
     return program_;
   }
 
+  /*! \brief Why the program cannot run without the package ("" if it can). */
+  static std::string NativeStatus(const NativeProgram* native, const ffi::String& symbol) {
+    std::ostringstream os;
+    os << "spinn module `" << std::string(symbol) << "`: ";
+    if (native == nullptr || !native->present) {
+      os << "global function " << kExecuteFunc
+         << " is not registered and the program has no native section; import tvm_spinn to run spinn modules";
+    } else if (!native->runnable && native->layer_index >= 0) {
+      os << "layer `" << native->layer << "` needs the Python runtime (" << native->reason
+         << "); import tvm_spinn to run spinn modules";
+    } else if (!native->runnable) {
+      os << "the program needs the Python runtime (" << native->reason
+         << "); import tvm_spinn to run spinn modules";
+    } else {
+      return "";
+    }
+    return os.str();
+  }
+
+  /*! \brief Run the native plan on DPS arguments (inputs, then outputs), each checked. */
+  static void RunNative(const NativeProgram& native, const ffi::String& symbol, ffi::PackedArgs args) {
+    const size_t n = native.args.size();
+    if (static_cast<size_t>(args.size()) != n) {
+      TVM_FFI_THROW(ValueError) << "spinn module `" << std::string(symbol) << "`: expected " << native.n_inputs
+                                << " inputs and " << n - static_cast<size_t>(native.n_inputs)
+                                << " outputs, got " << args.size() << " arguments";
+    }
+    std::vector<ffi::TensorView> views;
+    views.reserve(n);
+    native.CheckBlob();  // before the first run: the weights the plan reads are the compiled ones
+    for (size_t i = 0; i < n; ++i) {
+      const NativeArgSpec& spec = native.args[i];
+      std::optional<ffi::TensorView> t = args[static_cast<int>(i)].try_cast<ffi::TensorView>();
+      bool ok = t.has_value() && t->device().device_type == kDLCPU && t->IsContiguous() &&
+                t->dtype().code == spec.code && t->dtype().bits == spec.bits && t->dtype().lanes == 1 &&
+                t->ndim() == static_cast<int>(spec.shape.size());
+      for (size_t d = 0; ok && d < spec.shape.size(); ++d) ok = t->shape()[d] == spec.shape[d];
+      if (!ok) {
+        std::ostringstream shape;
+        for (size_t d = 0; d < spec.shape.size(); ++d) shape << (d ? ", " : "") << spec.shape[d];
+        TVM_FFI_THROW(ValueError) << "spinn module `" << std::string(symbol) << "`: "
+                                  << (i < static_cast<size_t>(native.n_inputs) ? "input" : "output")
+                                  << " (argument " << i << ") must be a contiguous host tensor of shape ("
+                                  << shape.str() << ") and dtype code " << int(spec.code) << " bits "
+                                  << int(spec.bits);
+      }
+      views.push_back(*t);
+    }
+    std::vector<ffi::AnyView> packed(native.plan_args.size());
+    for (size_t i = 0; i < packed.size(); ++i) packed[i] = views[static_cast<size_t>(native.plan_args[i])];
+    ffi::Any rv;
+    native.plan.CallPacked(packed.data(), static_cast<int32_t>(packed.size()), &rv);
+  }
+
   ffi::String symbol_;
+  std::shared_ptr<const NativeProgram> native_;  // the program's native section, decoded
   ffi::Bytes program_;                   // inline programs
   ffi::Optional<ffi::Tensor> mapped_;    // external or compiler-owned programs (program_ empty)
   const char* data_;
@@ -191,6 +274,7 @@ ffi::Module CreateSpinnModule(const ffi::String& symbol, const ffi::Bytes& progr
     TVM_FFI_THROW(ValueError) << "spinn module: symbol must be a non-empty string";
   }
   auto obj = ffi::make_object<SpinnModuleObj>(symbol, program);
+  obj->LoadNative();  // throws on a damaged native section
   obj->Validate();  // throws (nothing is returned) on an invalid program
   return ffi::Module(obj);
 }
@@ -212,6 +296,7 @@ ffi::Module CreateSpinnModuleView(const ffi::String& symbol, const ffi::Tensor& 
                               << "`: a program view must be a 1-D contiguous uint8 host tensor";
   }
   auto obj = ffi::make_object<SpinnModuleObj>(symbol, program);
+  obj->LoadNative();  // throws on a damaged native section
   obj->Validate();  // throws (nothing is returned) on an invalid program
   return ffi::Module(obj);
 }
@@ -242,6 +327,7 @@ ffi::Module LoadExternalModule(const ModuleContents& contents) {
                               << contents.program_size << " and digest)";
   }
   auto obj = ffi::make_object<SpinnModuleObj>(ffi::String(contents.symbol), std::move(mapped));
+  obj->LoadNative();
   obj->Validate();
   return ffi::Module(obj);
 }

@@ -33,6 +33,8 @@
 #include <vector>
 
 #include "kernels.h"
+#include "native_schema.h"
+#include "sim_plan.h"
 #include "tensor_check.h"
 
 namespace tvm_spinn {
@@ -42,52 +44,15 @@ namespace ffi = tvm::ffi;
 
 constexpr const char* kFunc = "tvm_spinn.sim.plan_create";
 
-// Instruction codes; Python reads them from tvm_spinn.sim.plan_ops (no second copy to drift).
-enum Op : int64_t {
-  kGemm = 0,       // a b c batch m k n a_index b_index | epilogue: bias on_rows relu clip lo hi outer rows cols
-  kIm2Col = 1,     // x out n groups cg h w kh kw oh ow sh sw dh dw pt pl (float32, padding +0.0)
-  kDepthwise = 2,  // x w out n groups mult h w kh kw oh ow sh sw dh dw pt pl bias relu clip lo hi
-  kSoftmax = 3,    // x out rows cols
-  kLayerNorm = 4,  // x gamma beta eps out rows cols
-  kMean = 5,       // x out rows cols
-  kUnary = 6,      // x out n kind lo hi relu
-  kBinary = 7,     // a b out kind relu ndim shape[ndim] a_strides[ndim] b_strides[ndim]
-  kCopy = 8,       // src dst elem_bytes ndim src_off dst_off shape[ndim] src_strides[ndim] dst_strides[ndim]
-  kPool = 9,       // x out planes h w oh ow kh kw sh sw dh dw pt pl is_max include_pad
-  kGather = 10,    // table indices out elem_bytes outer extent inner count mode layer axis
-  // int8 GEMM on the MAC array with the M4F's zero-point terms and epilogue (program/quant.py):
-  // a b out acc batch m k n a_index b_index chunk acc_bits za za_vec zb zb_vec a_sum b_sum groups
-  // on_rows out_kind scale bias bias_q multiplier shift relu rounding y_zero y_min y_max
-  kQGemm = 11,
-  kFlip8 = 12,       // src dst n: uint8 -> int8 with the top bit flipped (u - 128)
-  kQuantize = 13,    // x out n inner channels scale zero kind (1 int8, 2 uint8)
-  kDequantize = 14,  // x out n inner channels scale zero kind (1 int8, 2 uint8, 3 int32)
-  kIm2Col8 = 15,     // as im2col, 1-byte elements, then the padding byte
-  kRmsNorm = 16,     // x weight eps out rows cols
-  kFill = 17,        // dst elem_bytes n bits: n elements of the value `bits` (a constant pad's fill)
-  kWhereLess = 18,   // a b c d out ndim shape[ndim] a_strides b_strides c_strides d_strides: a < b ? c : d
-  kPoolGrad = 19,    // dy x out planes h w oh ow kh kw sh sw pt pl (max_pool2d_backward, float32)
-  kCrossEntropy = 20,      // z labels out rows cols ignore_index (per-row losses; int32 labels)
-  kCrossEntropyGrad = 21,  // z labels out rows cols divisor_bits ((softmax - onehot) / divisor)
-};
-
-// kQGemm's output kinds and requantization rules
-enum QOut : int64_t { kQF32 = 0, kQI8 = 1, kQU8 = 2 };
-enum QKind : int64_t { kKindI8 = 1, kKindU8 = 2, kKindI32 = 3 };
-
-enum Unary : int64_t {
-  kRelu = 0, kClip = 1, kNegative = 2, kSqrt = 3, kRsqrt = 4, kSquare = 5, kCube = 6,
-  kTanh = 7, kGelu = 8, kGeluTanh = 9, kSigmoid = 10,
-};
-enum Binary : int64_t { kAdd = 0, kSubtract = 1, kMultiply = 2, kDivide = 3 };
+// Instruction codes, word counts and kinds: src/native_schema.h, generated from the one schema
+// (python/tvm_spinn/program/native_schema.py) that the Python writers use too.
+using namespace schema;  // NOLINT: the schema's names are this interpreter's vocabulary
 
 // The im2col and depthwise instructions carry their geometry as these structs' 15 fields in order.
 static_assert(sizeof(Im2ColShape) == 15 * sizeof(int64_t), "Im2ColShape: 15 int64 fields");
 static_assert(sizeof(DepthwiseShape) == 15 * sizeof(int64_t), "DepthwiseShape: 15 int64 fields");
 static_assert(sizeof(PoolGradShape) == 11 * sizeof(int64_t), "PoolGradShape: 11 int64 fields");
 
-constexpr int kMaxDims = 8;
-constexpr int64_t kNone = -1;  // "no buffer" (bias, gamma, beta)
 constexpr size_t kAlign = 64;
 constexpr size_t kKeepArena = size_t{64} << 20;  // larger temporaries are not kept between calls
 
@@ -279,6 +244,9 @@ class Plan {
     }
   }
 
+  /*! \brief Words of instruction `op` (a valid code) without its ranked arrays. */
+  static size_t Fixed(int64_t op) { return static_cast<size_t>(kWords[op]); }
+
   void Decode(const ffi::Array<int64_t>& code) {
     std::vector<int64_t> words(code.begin(), code.end());
     size_t p = 0;
@@ -290,11 +258,11 @@ class Plan {
       return in;
     };
     // binary and copy: the rank at word `rank_at`, then shape, and two strides, of `rank` words each
-    auto take_ranked = [&](size_t rank_at) {
-      if (p + 7 > words.size()) TVM_FFI_THROW(ValueError) << kFunc << ": truncated instruction";
-      const int64_t ndim = words[p + rank_at];
+    auto take_ranked = [&](int64_t op) {
+      if (p + Fixed(op) > words.size()) TVM_FFI_THROW(ValueError) << kFunc << ": truncated instruction";
+      const int64_t ndim = words[p + static_cast<size_t>(kRankAt[op])];
       if (ndim < 0 || ndim > kMaxDims) TVM_FFI_THROW(ValueError) << kFunc << ": rank " << ndim;
-      Instr in = take(7 + 3 * static_cast<size_t>(ndim));
+      Instr in = take(Fixed(op) + static_cast<size_t>(kPerDim[op] * ndim));
       for (int64_t d = 0; d < ndim; ++d) Positive({in.w[7 + d]});
       return std::make_pair(in, static_cast<int>(ndim));
     };
@@ -309,10 +277,11 @@ class Plan {
     };
     while (p < words.size()) {
       const int64_t op = words[p];
+      if (op < 0 || op >= kNumOps) TVM_FFI_THROW(ValueError) << kFunc << ": unknown instruction " << op;
       Instr in;
       switch (op) {
         case kGemm: {
-          in = take(19);
+          in = take(Fixed(op));
           const int64_t a = in[1], b = in[2], c = in[3], batch = in[4], m = in[5], k = in[6], n = in[7];
           if (batch < 1 || m < 1 || k < 1 || n < 1) {
             TVM_FFI_THROW(ValueError) << kFunc << ": GEMM extents must be >= 1";
@@ -330,11 +299,11 @@ class Plan {
           Need(in[10], (in[11] ? rows : cols) * 4, true);
           break;
         }
-        case kIm2Col:
-        case kIm2Col8: {  // fp32 or int8 elements (the int8 one carries its zero point too)
-          in = take(op == kIm2Col ? 18 : 19);
+        case kIm2col:
+        case kIm2col8: {  // fp32 or int8 elements (the int8 one carries its zero point too)
+          in = take(Fixed(op));
           CheckIm2Col(in);
-          const int64_t e = op == kIm2Col ? 4 : 1;
+          const int64_t e = op == kIm2col ? 4 : 1;
           const int64_t n = in[3], groups = in[4], cg = in[5], h = in[6], w = in[7], kh = in[8],
                         kw = in[9], oh = in[10], ow = in[11];
           Need(in[1], n * groups * cg * h * w * e);
@@ -342,7 +311,7 @@ class Plan {
           break;
         }
         case kDepthwise: {
-          in = take(24);
+          in = take(Fixed(op));
           const int64_t n = in[4], groups = in[5], mult = in[6], h = in[7], w = in[8], kh = in[9],
                         kw = in[10], oh = in[11], ow = in[12];
           Positive({n, h, w, oh, ow, in[17], in[18]});
@@ -358,14 +327,14 @@ class Plan {
         }
         case kSoftmax:
         case kMean: {
-          in = take(5);
+          in = take(Fixed(op));
           Positive({in[3], in[4]});
           Need(in[1], in[3] * in[4] * 4);
           Need(in[2], (op == kMean ? in[3] : in[3] * in[4]) * 4);
           break;
         }
         case kLayerNorm: {
-          in = take(8);
+          in = take(Fixed(op));
           Positive({in[6], in[7]});
           Need(in[1], in[6] * in[7] * 4);
           Need(in[2], in[7] * 4, true);
@@ -374,7 +343,7 @@ class Plan {
           break;
         }
         case kRmsNorm: {
-          in = take(7);
+          in = take(Fixed(op));
           Positive({in[5], in[6]});
           Need(in[1], in[5] * in[6] * 4);
           Need(in[2], in[6] * 4, true);
@@ -382,17 +351,17 @@ class Plan {
           break;
         }
         case kUnary: {
-          in = take(8);
+          in = take(Fixed(op));
           Positive({in[3]});
-          if (in[4] < kRelu || in[4] > kSigmoid) TVM_FFI_THROW(ValueError) << kFunc << ": unary kind " << in[4];
+          if (in[4] < kUnaryRelu || in[4] > kUnarySigmoid) TVM_FFI_THROW(ValueError) << kFunc << ": unary kind " << in[4];
           Need(in[1], in[3] * 4);
           Need(in[2], in[3] * 4);
           break;
         }
         case kBinary: {
           int ndim;
-          std::tie(in, ndim) = take_ranked(6);
-          if (in[4] < kAdd || in[4] > kDivide) TVM_FFI_THROW(ValueError) << kFunc << ": binary kind " << in[4];
+          std::tie(in, ndim) = take_ranked(op);
+          if (in[4] < kBinaryAdd || in[4] > kBinaryDivide) TVM_FFI_THROW(ValueError) << kFunc << ": binary kind " << in[4];
           int64_t numel = 1;
           for (int d = 0; d < ndim; ++d) {
             Positive({in.w[7 + ndim + d], in.w[7 + 2 * ndim + d]});  // broadcast strides: >= 0
@@ -405,7 +374,7 @@ class Plan {
         }
         case kCopy: {
           int ndim;
-          std::tie(in, ndim) = take_ranked(4);
+          std::tie(in, ndim) = take_ranked(op);
           const int64_t eb = in[3];
           if (eb != 1 && eb != 2 && eb != 4 && eb != 8) TVM_FFI_THROW(ValueError) << kFunc << ": element size " << eb;
           need_view(in[1], in, ndim, 0, in[5], eb);
@@ -413,7 +382,7 @@ class Plan {
           break;
         }
         case kPool: {
-          in = take(18);
+          in = take(Fixed(op));
           const int64_t planes = in[3], h = in[4], w = in[5], oh = in[6], ow = in[7];
           Positive({planes, h, w, oh, ow, in[14], in[15]});
           if (in[8] < 1 || in[9] < 1 || in[10] < 1 || in[11] < 1 || in[12] < 1 || in[13] < 1) {
@@ -424,7 +393,7 @@ class Plan {
           break;
         }
         case kGather: {
-          in = take(12);
+          in = take(Fixed(op));
           const int64_t eb = in[4], outer = in[5], extent = in[6], inner = in[7], count = in[8];
           if (eb != 1 && eb != 2 && eb != 4 && eb != 8) TVM_FFI_THROW(ValueError) << kFunc << ": element size " << eb;
           Positive({outer, extent, inner, count});
@@ -434,8 +403,8 @@ class Plan {
           Need(in[3], outer * count * inner * eb);
           break;
         }
-        case kQGemm: {
-          in = take(32);
+        case kQgemm: {
+          in = take(Fixed(op));
           const int64_t a = in[1], b = in[2], batch = in[5], m = in[6], k = in[7], n = in[8];
           if (batch < 1 || m < 1 || k < 1 || n < 1) {
             TVM_FFI_THROW(ValueError) << kFunc << ": GEMM extents must be >= 1";
@@ -444,12 +413,12 @@ class Plan {
             TVM_FFI_THROW(ValueError) << kFunc << ": bad k-chunk " << in[11] << " or acc_bits " << in[12];
           }
           const int64_t groups = in[19], kind = in[21];
-          if (groups < 1 || kind < kQF32 || kind > kQU8 || in[28] < 0 || in[28] > 1) {
+          if (groups < 1 || kind < kQoutF32 || kind > kQoutU8 || in[28] < 0 || in[28] > 1) {
             TVM_FFI_THROW(ValueError) << kFunc << ": bad int8 GEMM epilogue";
           }
           Need(a, m * k);
           Need(b, k * n);
-          Need(in[3], batch * m * n * (kind == kQF32 ? 4 : 1));
+          Need(in[3], batch * m * n * (kind == kQoutF32 ? 4 : 1));
           Need(in[4], batch * m * n * 4);
           const int64_t a_count = bytes_[a] / (m * k), b_count = bytes_[b] / (k * n);
           CheckIndex(in[9], batch, a_count);
@@ -459,7 +428,7 @@ class Plan {
           Need(in[16], n * 4, true);
           Need(in[17], a_count * m * 8, true);
           Need(in[18], b_count * n * 8, true);
-          if (kind == kQF32) {
+          if (kind == kQoutF32) {
             Need(in[22], channels * 4);
             Need(in[23], channels * 4, true);
           } else {
@@ -470,7 +439,7 @@ class Plan {
           break;
         }
         case kFlip8: {
-          in = take(4);
+          in = take(Fixed(op));
           Positive({in[3]});
           Need(in[1], in[3]);
           Need(in[2], in[3]);
@@ -478,13 +447,13 @@ class Plan {
         }
         case kQuantize:
         case kDequantize: {
-          in = take(9);
+          in = take(Fixed(op));
           const int64_t n = in[3], inner = in[4], channels = in[5], kind = in[8];
           Positive({n});
-          if (inner < 1 || channels < 1 || kind < kKindI8 || kind > (op == kQuantize ? kKindU8 : kKindI32)) {
+          if (inner < 1 || channels < 1 || kind < kQuantI8 || kind > (op == kQuantize ? kQuantU8 : kQuantI32)) {
             TVM_FFI_THROW(ValueError) << kFunc << ": bad quantize/dequantize geometry";
           }
-          const int64_t qb = kind == kKindI32 ? 4 : 1;
+          const int64_t qb = kind == kQuantI32 ? 4 : 1;
           Need(in[1], n * (op == kQuantize ? 4 : qb));
           Need(in[2], n * (op == kQuantize ? qb : 4));
           Need(in[6], channels * 4);
@@ -492,7 +461,7 @@ class Plan {
           break;
         }
         case kFill: {
-          in = take(5);
+          in = take(Fixed(op));
           const int64_t eb = in[2];
           if (eb != 1 && eb != 2 && eb != 4 && eb != 8) TVM_FFI_THROW(ValueError) << kFunc << ": element size " << eb;
           Positive({in[3]});
@@ -500,11 +469,11 @@ class Plan {
           break;
         }
         case kWhereLess: {  // four operands, each read through a broadcast view of the output's shape
-          if (p + 7 > words.size()) TVM_FFI_THROW(ValueError) << kFunc << ": truncated instruction";
-          const int64_t rank = words[p + 6];
+          if (p + Fixed(op) > words.size()) TVM_FFI_THROW(ValueError) << kFunc << ": truncated instruction";
+          const int64_t rank = words[p + static_cast<size_t>(kRankAt[op])];
           if (rank < 0 || rank > kMaxDims) TVM_FFI_THROW(ValueError) << kFunc << ": rank " << rank;
           const int ndim = static_cast<int>(rank);
-          in = take(7 + 5 * static_cast<size_t>(ndim));
+          in = take(Fixed(op) + static_cast<size_t>(kPerDim[op]) * static_cast<size_t>(ndim));
           int64_t numel = 1;
           for (int d = 0; d < ndim; ++d) {
             Positive({in.w[7 + d]});
@@ -517,7 +486,7 @@ class Plan {
         }
         case kCrossEntropy:
         case kCrossEntropyGrad: {
-          in = take(7);
+          in = take(Fixed(op));
           const int64_t rows = in[4], cols = in[5];
           Positive({rows, cols});
           if (rows < 1 || cols < 1) TVM_FFI_THROW(ValueError) << kFunc << ": cross-entropy extents must be >= 1";
@@ -527,7 +496,7 @@ class Plan {
           break;
         }
         case kPoolGrad: {
-          in = take(15);
+          in = take(Fixed(op));
           const PoolGradShape g = Words<PoolGradShape>(in.w, 4);
           Positive({g.planes, g.h, g.w, g.oh, g.ow, g.pt, g.pl});
           if (g.kh < 1 || g.kw < 1 || g.sh < 1 || g.sw < 1) {
@@ -559,40 +528,40 @@ class Plan {
 
   static void RunUnary(const float* x, float* out, int64_t n, int64_t kind, float lo, float hi, bool relu) {
     switch (kind) {
-      case kRelu:
+      case kUnaryRelu:
         for (int64_t i = 0; i < n; ++i) out[i] = (x[i] > 0.0f || x[i] != x[i]) ? x[i] : 0.0f;
         break;
-      case kClip:  // TVM's max(min(x, hi), lo) as compare-and-select, NaN kept: clip(NaN) = NaN
+      case kUnaryClip:  // TVM's max(min(x, hi), lo) as compare-and-select, NaN kept: clip(NaN) = NaN
         for (int64_t i = 0; i < n; ++i) {
           const float y = (x[i] < hi || x[i] != x[i]) ? x[i] : hi;
           out[i] = (y > lo || y != y) ? y : lo;
         }
         break;
-      case kNegative:
+      case kUnaryNegative:
         for (int64_t i = 0; i < n; ++i) out[i] = -x[i];
         break;
-      case kSqrt:
+      case kUnarySqrt:
         for (int64_t i = 0; i < n; ++i) out[i] = std::sqrt(x[i]);
         break;
-      case kRsqrt:
+      case kUnaryRsqrt:
         for (int64_t i = 0; i < n; ++i) out[i] = 1.0f / std::sqrt(x[i]);
         break;
-      case kSquare:
+      case kUnarySquare:
         for (int64_t i = 0; i < n; ++i) out[i] = x[i] * x[i];
         break;
-      case kCube:
+      case kUnaryCube:
         for (int64_t i = 0; i < n; ++i) {
           const float s = x[i] * x[i];
           out[i] = s * x[i];
         }
         break;
-      case kTanh:
+      case kUnaryTanh:
         TanhF32(x, out, n);
         break;
-      case kGelu:
+      case kUnaryGelu:
         ActivationF32(x, out, n, Activation::kGelu);
         break;
-      case kGeluTanh:
+      case kUnaryGeluTanh:
         ActivationF32(x, out, n, Activation::kGeluTanh);
         break;
       default:
@@ -939,7 +908,7 @@ class Plan {
           v += k * zar * zbc;
           v = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(v)));  // 32-bit registers
           const int64_t ch = on_rows ? row_ch : c;
-          if (kind == kQF32) {
+          if (kind == kQoutF32) {
             float y = static_cast<float>(v) * scale[ch];
             if (bias) y = y + bias[ch];
             if (relu) y = (y > 0.0f || y != y) ? y : 0.0f;
@@ -984,7 +953,7 @@ class Plan {
     const int64_t n = in[3], inner = in[4], channels = in[5], kind = in[8];
     const float* scale = reinterpret_cast<const float*>(base[in[6]]);
     const int32_t* zero = reinterpret_cast<const int32_t*>(base[in[7]]);
-    const float lo = kind == kKindU8 ? 0.0f : -128.0f, hi = kind == kKindU8 ? 255.0f : 127.0f;
+    const float lo = kind == kQuantU8 ? 0.0f : -128.0f, hi = kind == kQuantU8 ? 255.0f : 127.0f;
     uint8_t* out = reinterpret_cast<uint8_t*>(base[in[2]]);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t c = channels == 1 ? 0 : (i / inner) % channels;
@@ -1004,9 +973,9 @@ class Plan {
     for (int64_t i = 0; i < n; ++i) {
       const int64_t c = channels == 1 ? 0 : (i / inner) % channels;
       uint32_t q;
-      if (kind == kKindI8) {
+      if (kind == kQuantI8) {
         q = static_cast<uint32_t>(static_cast<int32_t>(reinterpret_cast<const int8_t*>(x)[i]));
-      } else if (kind == kKindU8) {
+      } else if (kind == kQuantU8) {
         q = reinterpret_cast<const uint8_t*>(x)[i];
       } else {
         q = static_cast<uint32_t>(reinterpret_cast<const int32_t*>(x)[i]);
@@ -1034,7 +1003,7 @@ class Plan {
         if (has_epilogue && !fused) ApplyEpilogueF32(c, in[16], in[17], in[18], e, SimThreads(count * 4));
         break;
       }
-      case kIm2Col: {
+      case kIm2col: {
         const Im2ColShape s = Words<Im2ColShape>(in.w, 3);
         const float zero = 0.0f;
         const int64_t count = s.n * s.groups * s.cg * s.kh * s.kw * s.oh * s.ow;
@@ -1081,13 +1050,13 @@ class Plan {
         const float* b = f32(in[2]);
         float* o = f32(in[3]);
         switch (in[4]) {
-          case kAdd:
+          case kBinaryAdd:
             Broadcast(a, b, o, shape, sa, sb, ndim, relu, [](float x, float y) { return FirstNaN(x + y, x, y); });
             break;
-          case kSubtract:
+          case kBinarySubtract:
             Broadcast(a, b, o, shape, sa, sb, ndim, relu, [](float x, float y) { return FirstNaN(x - y, x, y); });
             break;
-          case kMultiply:
+          case kBinaryMultiply:
             Broadcast(a, b, o, shape, sa, sb, ndim, relu, [](float x, float y) { return FirstNaN(x * y, x, y); });
             break;
           default:
@@ -1123,7 +1092,7 @@ class Plan {
       case kGather:
         Gather(base[in[1]], reinterpret_cast<const int32_t*>(base[in[2]]), base[in[3]], in);
         break;
-      case kQGemm:
+      case kQgemm:
         QGemm(in, base);
         break;
       case kFlip8: {
@@ -1138,7 +1107,7 @@ class Plan {
       case kDequantize:
         DequantizeRun(in, base);
         break;
-      case kIm2Col8: {
+      case kIm2col8: {
         const Im2ColShape s = Words<Im2ColShape>(in.w, 3);
         const uint8_t fill = static_cast<uint8_t>(in[18]);
         const int64_t count = s.n * s.groups * s.cg * s.kh * s.kw * s.oh * s.ow;
@@ -1209,6 +1178,23 @@ class Plan {
   std::vector<Instr> code_;
 };
 
+ffi::Map<ffi::String, int64_t> PlanOps() {
+  ffi::Map<ffi::String, int64_t> out;
+  for (int op = 0; op < kNumOps; ++op) out.Set(kNames[op], op);
+  const std::pair<const char*, int64_t> kinds[] = {
+      {"unary.relu", kUnaryRelu},   {"unary.clip", kUnaryClip}, {"unary.negative", kUnaryNegative},
+      {"unary.sqrt", kUnarySqrt},   {"unary.rsqrt", kUnaryRsqrt}, {"unary.square", kUnarySquare},
+      {"unary.cube", kUnaryCube},   {"unary.tanh", kUnaryTanh}, {"unary.gelu", kUnaryGelu},
+      {"unary.gelu_tanh", kUnaryGeluTanh}, {"unary.sigmoid", kUnarySigmoid},
+      {"binary.add", kBinaryAdd},    {"binary.subtract", kBinarySubtract}, {"binary.multiply", kBinaryMultiply},
+      {"binary.divide", kBinaryDivide}, {"max_dims", kMaxDims}, {"none", kNone},
+  };
+  for (const auto& kv : kinds) out.Set(kv.first, kv.second);
+  return out;
+}
+
+}  // namespace
+
 /*!
  * \brief A plan over `consts` (captured), `arg_bytes.size()` call arguments and temporaries of
  *        `temp_bytes`; returns the function running it: f(*args).
@@ -1218,25 +1204,6 @@ ffi::Function PlanCreate(ffi::Array<int64_t> code, ffi::Array<ffi::Tensor> const
   auto plan = std::make_shared<const Plan>(code, consts, arg_bytes, temp_bytes);
   return ffi::Function::FromPacked([plan](ffi::PackedArgs args, ffi::Any* rv) { plan->Run(args); });
 }
-
-ffi::Map<ffi::String, int64_t> PlanOps() {
-  return ffi::Map<ffi::String, int64_t>{
-      {"gemm", kGemm},         {"im2col", kIm2Col}, {"depthwise", kDepthwise},
-      {"softmax", kSoftmax},   {"layer_norm", kLayerNorm}, {"mean", kMean}, {"rms_norm", kRmsNorm},
-      {"unary", kUnary},       {"binary", kBinary}, {"copy", kCopy},        {"pool", kPool}, {"gather", kGather},
-      {"qgemm", kQGemm},       {"flip8", kFlip8},   {"quantize", kQuantize}, {"dequantize", kDequantize},
-      {"im2col8", kIm2Col8},  {"fill", kFill},     {"where_less", kWhereLess}, {"pool_grad", kPoolGrad},
-      {"cross_entropy", kCrossEntropy}, {"cross_entropy_grad", kCrossEntropyGrad},
-      {"unary.relu", kRelu},   {"unary.clip", kClip}, {"unary.negative", kNegative},
-      {"unary.sqrt", kSqrt},   {"unary.rsqrt", kRsqrt}, {"unary.square", kSquare},
-      {"unary.cube", kCube},   {"unary.tanh", kTanh}, {"unary.gelu", kGelu},
-      {"unary.gelu_tanh", kGeluTanh}, {"unary.sigmoid", kSigmoid},
-      {"binary.add", kAdd},    {"binary.subtract", kSubtract}, {"binary.multiply", kMultiply},
-      {"binary.divide", kDivide}, {"max_dims", kMaxDims}, {"none", kNone},
-  };
-}
-
-}  // namespace
 
 TVM_FFI_STATIC_INIT_BLOCK() {
   namespace refl = tvm::ffi::reflection;

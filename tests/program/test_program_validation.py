@@ -15,6 +15,7 @@ import json
 import random
 import re
 import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -72,8 +73,40 @@ def _digest(data: bytes, version: int) -> bytes:
 
 
 def programs_of(ex) -> list[bytes]:
+    """The programs of ``ex`` as version 5 (without their native sections: the cases below edit
+    headers and blobs; the section's layout is checked by test_native_section_layout, its
+    contents by tests/runtime/test_native_runtime.py)."""
+    out = []
+    for data in native_programs_of(ex):
+        program = Program.from_bytes(data)
+        program.native_section = None
+        out.append(program.to_bytes())
+    return out
+
+
+def native_programs_of(ex) -> list[bytes]:
     return [bytes(m["get_program"]()) for m in tvm_spinn.report_modules(ex)
             if m["get_symbol"]() != "__spinn_manifest__"]
+
+
+def test_native_section_layout():
+    """Version 6: version 5's layout with the native section, 64-byte aligned, between the blob
+    and the digest; its framing: magic, version, status, its own length, CRC-32 at the end."""
+    torch.manual_seed(0)
+    model, x = make("mlp")
+    (data,) = native_programs_of(relax.build(tvm_spinn.frontend.from_pytorch(model, (x,)), target="spinn"))
+    version, header, blob = split(data)
+    assert version == header["version"] == 6
+    hlen = struct.unpack_from("<Q", data, 16)[0]
+    start = 24 + hlen + (-(24 + hlen) % 64) + 8 + len(blob)
+    start += -start % 64
+    section = data[start:-32]
+    assert section[:8] == b"SPINNPLN" and struct.unpack_from("<IIQ", section, 8) == (1, 0, len(section))
+    assert struct.unpack_from("<II", section, len(section) - 8) == (zlib.crc32(section[:-8]), 0)
+    assert data[-32:] == _digest(data[:-32], 6)
+    v5 = Program.from_bytes(data)
+    v5.native_section = None
+    assert split(v5.to_bytes()) == (5, {**header, "version": 5}, blob)
 
 
 @pytest.fixture(scope="module")

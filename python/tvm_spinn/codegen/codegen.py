@@ -21,6 +21,7 @@ from ..mapping.planner import plan_system
 from ..program.format import _finish_array
 from ..program.manifest import MANIFEST_MAGIC, MANIFEST_SYMBOL
 from ..runtime.executor import compiled
+from ..runtime.native_export import native_section
 from ..target.arch import SpinnArch
 from .lower import lower_function
 
@@ -35,8 +36,15 @@ def _lower_and_map(func, symbol: str, arch: SpinnArch):
 
 def compile_function(func, symbol: str, arch: SpinnArch):
     """Lower, map and serialize one region; returns ``(program, bytes)``."""
-    program = _lower_and_map(func, symbol, arch)
+    program = _with_native_section(_lower_and_map(func, symbol, arch))
     return program, program.to_bytes()
+
+
+def _with_native_section(program):
+    """``program`` with its native section (its plan for the C++ module, see
+    :mod:`tvm_spinn.program.native_section`) set."""
+    program.native_section = native_section(program)
+    return program
 
 
 def _module_over(symbol: str, data: np.ndarray) -> tvm.runtime.Module:
@@ -64,7 +72,8 @@ def codegen_spinn(functions, options, constant_names):  # noqa: ARG001 - constan
     pending = {}  # index -> (symbol, future); a region mapped again replaces its entry
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="spinn-serialize") as pool:
         plan_system(programs, arch,
-                    on_mapped=lambda i, program: pending.__setitem__(i, (program.symbol, pool.submit(_finish_array, program._parts()))))
+                    on_mapped=lambda i, program: pending.__setitem__(
+                        i, (program.symbol, pool.submit(_finish_array, _with_native_section(program)._parts()))))
         modules = []
         for _, (symbol, future) in sorted(pending.items()):
             data = future.result()

@@ -14,8 +14,11 @@ schedule; int8 layers as in version 3, see :mod:`.quant` -- is still read)::
     24+H    pad   zero bytes up to a multiple of 64
     ...     8     u64 constant blob length B
     ...     B     constant blob: every constant tensor, C-contiguous, each 64-byte aligned
+    (version 6 only: zero bytes up to a multiple of 64, then the native section, whose own
+    framing gives its length: the program's execution plan for the C++ module, see
+    :mod:`.native_section`)
     ...     32    checksum of all preceding bytes (also the program's name for the runtime):
-                  version 5: SHA-256 over the XXH3-128 digests of consecutive 32 MiB segments
+                  versions 5 and 6: SHA-256 over the XXH3-128 digests of consecutive 32 MiB segments
                   and the byte count (:func:`program_digest`); version 4: BLAKE2b-256
 
 Header JSON fields (all lists in execution order; all ids are indices):
@@ -69,6 +72,7 @@ if TYPE_CHECKING:
     from ..target.arch import SpinnArch
 
 from .model import Layer, ProgramError, TensorDesc, Tile
+from .native_section import section_status
 from .ops import layer_kinds
 from .records import (
     AddressRange, CollectiveSummary, LayerMapping, LayerTimingSummary, MemorySummary, PlanCandidate, PlanCollective,
@@ -83,7 +87,10 @@ __all__ = [
 
 PROGRAM_MAGIC = b"SPINNPRG"
 PROGRAM_VERSION = 5
-_READABLE_VERSIONS = (4, 5)
+#: The format of a program that carries a native section (:mod:`.native_section`): version 5's
+#: layout with the section between the constant blob and the digest.
+NATIVE_PROGRAM_VERSION = 6
+_READABLE_VERSIONS = (4, 5, 6)
 _ALIGN = 64
 #: Bytes of the trailing BLAKE2b digest (the spinn module's cache key, src/module.cc).
 CHECKSUM_BYTES = 32
@@ -116,6 +123,9 @@ class Program:
     #: The simulator's execution plans of this object (:func:`tvm_spinn.runtime.simulator.program_plan`),
     #: in memory only: they live and die with it, and a copy builds its own.
     plans: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    #: The native section (:mod:`.native_section`): the bytes written after the constant blob,
+    #: which make the program format version 6 (None: no section, the program's own version).
+    native_section: "bytes | None" = field(default=None, repr=False, compare=False)
 
     # ------------------------------------------------------------------ serialization
     def header(self, offsets: "dict[int, int] | None" = None) -> dict:
@@ -127,7 +137,7 @@ class Program:
         for tid, offset in (offsets or {}).items():
             tensors[tid]["offset"] = offset
         return {
-            "version": self.version,
+            "version": self.written_version,
             "symbol": self.symbol,
             "arch": self.arch.to_dict(),
             "tensors": tensors,
@@ -138,6 +148,25 @@ class Program:
             "mapping": mapping_to_json(self.mapping),
             "memory": memory_to_json(self.memory),
         }
+
+    @property
+    def written_version(self) -> int:
+        """The format version :meth:`to_bytes` writes: 6 with a native section, else the
+        program's own (5 for a program read as version 6 whose section was removed)."""
+        if self.native_section is not None:
+            return NATIVE_PROGRAM_VERSION
+        return PROGRAM_VERSION if self.version == NATIVE_PROGRAM_VERSION else self.version
+
+    def blob_offsets(self) -> "tuple[dict[int, int], int]":
+        """Each constant's byte offset in the constant blob :meth:`to_bytes` writes, and the
+        blob's length (constants in tensor id order, each 64-byte aligned)."""
+        offsets: dict[int, int] = {}
+        size = 0
+        for tid in sorted(self.constants):
+            size += -size % _ALIGN
+            offsets[tid] = size
+            size += np.asarray(self.constants[tid]).nbytes
+        return offsets, size
 
     def to_bytes(self) -> bytes:
         """Serialize deterministically (same program -> same bytes); one copy, one hash pass."""
@@ -164,8 +193,10 @@ class Program:
             parts.append(data)
             size += len(data)
         text = json.dumps(self.header(offsets), sort_keys=True, separators=(",", ":")).encode()
-        head = PROGRAM_MAGIC + struct.pack("<IIQ", self.version, 0, len(text)) + text
+        head = PROGRAM_MAGIC + struct.pack("<IIQ", self.written_version, 0, len(text)) + text
         head += b"\0" * (-len(head) % _ALIGN) + struct.pack("<Q", size)
+        if self.native_section is not None:  # 64-byte aligned after the blob
+            parts += [b"\0" * (-(len(head) + size) % _ALIGN), bytes(self.native_section)]
         return [head, *parts]
 
     @classmethod
@@ -215,7 +246,23 @@ class Program:
         if pos + 8 + CHECKSUM_BYTES > len(data):
             raise ProgramError("blob length: program truncated before the constant blob")
         (blen,) = struct.unpack_from("<Q", data, pos)
-        if pos + 8 + blen + CHECKSUM_BYTES != len(data):
+        section = None
+        if version == NATIVE_PROGRAM_VERSION:
+            start = pos + 8 + blen
+            start += -start % _ALIGN
+            if start + 24 + CHECKSUM_BYTES > len(data):
+                raise ProgramError("native section: the program ends before it")
+            (slen,) = struct.unpack_from("<Q", data, start + 16)
+            if start + slen + CHECKSUM_BYTES != len(data):
+                raise ProgramError(f"native section: length {slen} does not end where the checksum starts")
+            section = bytes(data[start:start + slen])
+            section_status(section)  # framing and CRC; the plan is validated by the C++ module
+            blen_end = start - pos - 8  # the blob, then zero padding up to the section
+            if any(bytes(data[pos + 8 + blen:start])):
+                raise ProgramError("native section: non-zero padding before it")
+        else:
+            blen_end = blen
+        if pos + 8 + blen_end + CHECKSUM_BYTES != len(data) - (0 if section is None else len(section)):
             raise ProgramError(f"blob length: {blen} bytes of constants do not end where the "
                                f"checksum starts ({len(data) - pos - 8 - CHECKSUM_BYTES} bytes there)")
         blob = memoryview(data)[pos + 8: pos + 8 + blen]
@@ -232,7 +279,7 @@ class Program:
             inputs=header["inputs"], outputs=header["outputs"],
             layers=[Layer(**layer) for layer in header["layers"]],
             timing=timing_from_json(header["timing"]), mapping=mapping_from_json(header["mapping"]), memory=memory_from_json(header["memory"]),
-            constants=constants, version=version,
+            constants=constants, version=version, native_section=section,
         )
 
 

@@ -138,7 +138,8 @@ def native_enabled() -> bool:
 
 
 class _Plan:
-    __slots__ = ("owner", "template", "steps", "args", "outputs", "native_layers", "__weakref__")
+    __slots__ = ("owner", "template", "steps", "args", "outputs", "native_layers", "native_runs", "python_layers",
+                 "__weakref__")
 
     # Read-only once built: a copied Program shares it, and program_plan builds the copy its own
     def __copy__(self):
@@ -170,12 +171,18 @@ class _Plan:
         steps = []
         run, run_end = None, -1  # the open native run (a NativeBuilder) and its last layer
         self.native_layers = 0
+        #: the native runs, in order (what a program's native section stores)
+        self.native_runs: list[NativeRun] = []
+        #: (layer index, why) of each layer run from Python, in order
+        self.python_layers: list[tuple[int, str]] = []
 
         def close():
             nonlocal run
             if run is not None:
                 exported = {t for t in run.values if t in self.outputs or last_read.get(t, -1) > run_end}
-                steps.append((None, _native_step(program, run.finish(exported)), None))
+                finished = run.finish(exported)
+                self.native_runs.append(finished)
+                steps.append((None, _native_step(program, finished), None))
                 self.native_layers += run.layers
                 run = None
 
@@ -190,19 +197,22 @@ class _Plan:
                 close()
                 steps.append((layer.output, lambda program, env, source=source: env[source], None))
                 continue
-            if native and _native_ok(program, layer):
+            why = _native_refusal(program, layer) if native else "native runs are off (TVM_SPINN_SIM_NATIVE=0)"
+            if why is None:
                 if run is None:
                     run = NativeBuilder(program)
                 state = run.checkpoint()
                 try:
                     done = family_of(layer.kind).native(program, layer, run, clip_of.get(index))
-                except Exception:  # a malformed layer fails in Python, where _run_whole fails
-                    done = False
+                    why = None if done else f"the {layer.kind} family has no native description of these attributes"
+                except Exception as err:  # a malformed layer fails in Python, where _run_whole fails
+                    done, why = False, f"{type(err).__name__}: {err}"
                 if done:
                     run.layers += 1
                     run_end = index
                     continue
                 run.rollback(state)
+            self.python_layers.append((index, why))
             close()
             step = _build_step(program, index, layer, clip_of.get(index))
             # step.into(program, env, out): the same values written into ``out`` (None: a new
@@ -248,12 +258,22 @@ class _Plan:
 def _native_ok(program: Program, layer: Layer) -> bool:
     """Layers a native run may take: fp32 arithmetic, data movement or int8 GEMMs, every extent
     > 0, every constant present (the conditions of a prepared Python step)."""
+    return _native_refusal(program, layer) is None
+
+
+def _native_refusal(program: Program, layer: Layer) -> str | None:
+    """Why a native run may not take ``layer`` (see :func:`_native_ok`), or None."""
     family = family_of(layer.kind)
-    if family is None or not (layer.mode == "fp32" or (layer.mode == "int8" and (
+    if family is None:
+        return f"kind {layer.kind} has no operator family"
+    if not (layer.mode == "fp32" or (layer.mode == "int8" and (
             isinstance(family, Movement) or layer.kind in GEMM_KINDS))):
-        return False
-    return (all(int(d) > 0 for d in program.tensors[layer.output].shape)
-            and all(tid in program.constants for tid in layer.consts.values()))
+        return f"{layer.kind} in mode {layer.mode} has no native description"
+    if not all(int(d) > 0 for d in program.tensors[layer.output].shape):
+        return "an empty output"
+    if not all(tid in program.constants for tid in layer.consts.values()):
+        return "a constant operand is not in the program"
+    return None
 
 
 def _layer_named(names: tuple, message: str) -> str:

@@ -23,15 +23,17 @@ from typing import Callable
 import numpy as np
 
 from ... import _lib
+from .. import native_schema
 
 __all__ = ["NativeBuilder", "NativeRun", "Ref", "broadcast_strides", "codes", "contiguous_strides", "f32_bits", "numel"]
 
 
-# Pure memo: the loaded library's constants, fixed for the process.
+# Pure memo: the schema's constants, fixed for the process.
 @functools.lru_cache(maxsize=None)
 def codes() -> dict[str, int]:
-    """Instruction and kind codes, as the C++ interpreter defines them (one source of truth)."""
-    return {str(k): int(v) for k, v in dict(_lib._func("tvm_spinn.sim.plan_ops")()).items()}
+    """Instruction and kind codes, from the one schema the C++ interpreter's header is generated
+    from (:mod:`tvm_spinn.program.native_schema`)."""
+    return native_schema.codes()
 
 
 def f32_bits(value) -> int:
@@ -66,6 +68,10 @@ class NativeRun:
     inputs: tuple[int, ...]
     exported: tuple[tuple[int, tuple[int, ...], np.dtype], ...]
     layers: int
+    #: the plan as :func:`tvm_spinn.sim.plan_create` took it (what a native section stores)
+    code: tuple[int, ...] = ()
+    consts: tuple[np.ndarray, ...] = ()
+    temps: tuple[int, ...] = ()
 
 
 class NativeBuilder:
@@ -120,13 +126,22 @@ class NativeBuilder:
         return Ref("temp", len(self.temps) - 1)
 
     def emit(self, op: str, *words) -> None:
-        """Append instruction ``op`` with its words (ints, float32 bits, Refs, or lists of them)."""
-        self.code.append(codes()[op])
+        """Append instruction ``op`` with its words (ints, float32 bits, Refs, or lists of them),
+        as many as the schema gives it (:mod:`tvm_spinn.program.native_schema`)."""
+        spec = native_schema.instruction(op)
+        flat: list = []
         for w in words:
             if isinstance(w, (list, tuple)):
-                self.code.extend(int(v) for v in w)
+                flat.extend(int(v) for v in w)
             else:
-                self.code.append(w if isinstance(w, Ref) else int(w))
+                flat.append(w if isinstance(w, Ref) else int(w))
+        want = len(spec.fields)
+        if spec.rank_field is not None:
+            want += spec.per_dim * int(flat[spec.rank_at - 1])
+        if len(flat) != want:
+            raise ValueError(f"native instruction {op}: {len(flat)} words, the schema gives it {want}")
+        self.code.append(spec.code)
+        self.code.extend(flat)
 
     # -- what the plan calls ------------------------------------------------------------------
     def checkpoint(self):
@@ -182,7 +197,8 @@ class NativeBuilder:
         run = _lib._func("tvm_spinn.sim.plan_create")(code, consts, arg_bytes, temps)
         exported_specs = tuple((t, tuple(int(d) for d in tensors[t].shape), np.dtype(tensors[t].dtype))
                                for t in out_ids)
-        return NativeRun(run, tuple(arg_of), exported_specs, self.layers)
+        return NativeRun(run, tuple(arg_of), exported_specs, self.layers, tuple(int(w) for w in code),
+                         tuple(self.consts), tuple(int(t) for t in temps))
 
 
 def broadcast_strides(shape, out_shape) -> list[int] | None:
