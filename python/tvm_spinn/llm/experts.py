@@ -150,10 +150,18 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         """A stage's seconds with its weights resident (``full`` share of them) or streamed."""
         return full * stage_["auto"].latency_s + (1 - full) * stage_["stream"].latency_s
 
+    pairs: dict = {}
+
     def board_to_board(a: int, b: int, nbytes: float) -> float:
-        src, dst = np.arange(cpb) + a * cpb, np.arange(cpb) + b * cpb
-        direct = point_to_point(topo, src, dst, nbytes / cpb).seconds
-        return min(direct, multipath_point_to_point(topo, a, b, nbytes).seconds) if batch == 1 else direct
+        """The hidden state from board ``a`` to board ``b``: each chip its share to its
+        counterpart, or (one token in flight: the links are free) over every edge-disjoint path
+        between the boards, the cheaper; each pair costed once."""
+        if (a, b, nbytes) not in pairs:
+            src, dst = np.arange(cpb) + a * cpb, np.arange(cpb) + b * cpb
+            direct = point_to_point(topo, src, dst, nbytes / cpb).seconds
+            pairs[(a, b, nbytes)] = (min(direct, multipath_point_to_point(topo, a, b, nbytes).seconds)
+                                     if batch == 1 and a != b else direct)
+        return pairs[(a, b, nbytes)]
 
     hidden = batch * h
     gather_in = collective_cost(board_topo, ring, "all_gather", int(hidden * handover_bytes), False).seconds
@@ -190,6 +198,8 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         worst = min(s, evaluated)
         for m in options:
             n_groups = math.ceil(L / m)
+            if m * (s * expert_w + home_w) > cpb * arch.dram_bytes:
+                continue  # the home board's blocks and experts exceed its DRAM
             # SRAM: the home board keeps its blocks' attention first (every token reads it),
             # then as many of its experts as fit; the other boards their experts
             home_fit = min(m, int(budget // max(1, home_w)))
