@@ -88,3 +88,15 @@ def test_experts_placed_across_four_boards(tiny_described):
         assert r["used"] == (2 * meta["groups"] + 1) * 48
         # a step's experts: the busiest board's picks, each an expert's time
         assert meta["block_decode_s"] > meta["busiest_board_experts"] * meta["expert_decode_s"]
+
+
+def test_plan_table_names_the_experts_assumption():
+    from types import SimpleNamespace
+
+    from tvm_spinn.llm.plan import Plan
+
+    meta = {"ep_boards": 8, "experts_per_board": 1, "experts_active": 2, "busiest_board_experts": 1.0,
+            "expert_resident_share": 0.25, "worst_busiest_board_experts": 1, "worst_decode_s": 0.05}
+    (row,) = Plan._machine_rows(SimpleNamespace(plan=meta))
+    assert row[0] == "experts" and "2 active a step" in row[1] and "25.0% of experts resident" in row[1]
+    assert "20.000 tokens/s per user" in row[1]

@@ -190,6 +190,13 @@ class Plan:
         """Table rows of a machine with faults (what is usable, the boards used) and of a batch
         (where each user's KV cache lives, the largest batch the stages hold)."""
         rows = []
+        if "ep_boards" in self.plan:  # the experts placement: what the timing assumes active
+            p = self.plan
+            rows.append(("experts", f"{p['experts_active']} active a step, {p['experts_per_board']} a board over "
+                                    f"{p['ep_boards']} boards; the busiest board runs {p['busiest_board_experts']:.3f} "
+                                    f"of them (expected), {p['expert_resident_share']:.1%} of experts resident; "
+                                    f"worst case {p['worst_busiest_board_experts']} on one board, streamed: "
+                                    f"{1 / p['worst_decode_s']:.3f} tokens/s per user"))
         health = self.plan.get("health")
         if health:
             dead = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in health.items() if k.startswith("dead") and v)
