@@ -66,8 +66,13 @@ def test_experts_placed_across_four_boards(tiny_described):
     spec, described = tiny_described
     arch = tvm_spinn.make_system("moe-four-boards", boards=4)
     out = X.records(TINY, spec, arch, "spinn/board", "int8", 1, 64, 4, described, spec.params, 0, _Steps(), {})
-    assert out and all(name.startswith("experts:ep2") for name in out)
-    for r in out.values():
+    assert {name.split("m")[0] for name in out} == {"experts:ep2", "experts:tp2"}
+    # every expert split over the two boards of a group: each board 1/2 of every expert
+    for r in (r for name, r in out.items() if name.startswith("experts:tp2")):
+        meta = r["meta"]
+        assert meta["tp_boards"] == 2 and meta["board_all_reduces_decode_s"] == 2 * 2 * meta["board_all_reduce_s"]
+        assert meta["worst_decode_s"] >= r["decode_s"] > meta["board_all_reduces_decode_s"]
+    for r in (r for name, r in out.items() if name.startswith("experts:ep")):
         meta = r["meta"]
         assert (meta["ep_boards"], meta["experts_per_board"], meta["experts_active"]) == (2, 2, 2)
         # two picks of four experts, two a board: both on one board with probability 2 / C(4, 2)

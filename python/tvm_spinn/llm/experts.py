@@ -28,6 +28,12 @@ DRAM. A batch larger than one is timed at the worst case (the tokens' picks toge
 fill a board). The step reads only the picked experts' weights, which is what the plan's
 physical bound counts (:func:`tvm_spinn.timing.bounds.decode_workload`).
 
+The ``experts:tp`` candidates split every expert instead (:func:`_sliced`): each board of a
+group holds ``1 / g`` of the heads and of every expert's columns, so at batch 1 all ``g``
+boards read their share of the ``k`` picked experts at once (with whole experts on boards only
+the boards holding a pick work); the partial sums are all-reduced across the group twice a
+block. The plan keeps whichever is faster.
+
 The block's programs are the planner's decode block (:mod:`tvm_spinn.llm.describe`), which
 evaluates the ``min(E, k batch)`` experts a step can read after the attention and the router
 (:class:`tvm_spinn.llm.graphs.LayerStep`): its weight GEMMs' runs (:func:`tvm_spinn.llm.plan._atoms`)
@@ -253,4 +259,122 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                          if arch.has_faults else {}),
                       "replicas": len(whole) // (ep * n_groups + 1)})
     steps.update()
+    out.update(_sliced(cfg, spec, arch, target, dtype, batch, seq, handover_bytes, weight_bytes, kv_bytes, steps,
+                       memo, head))
+    return out
+
+
+def _sliced(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, handover_bytes: int,
+            weight_bytes: int, kv_bytes: int, steps, memo, head) -> dict:
+    """The ``experts:tp`` candidates: every block split over a group of ``g`` boards by heads and
+    by every expert's columns (:func:`tvm_spinn.llm.board_tp.slice_config`: each board holds
+    ``1 / g`` of the attention and of each of the ``E`` experts, the router whole), so every
+    board of the group reads its share of the picked experts at once instead of one board
+    reading a whole expert; the partial sums of the attention's output projection and of the
+    experts' weighted outputs are all-reduced across the group twice a block
+    (:func:`tvm_spinn.timing.collectives.board_group_all_reduce`, costed as int32 partial sums of
+    the same bytes; the experts' weighted outputs are fp32 sums whose bits depend on ``g``: a
+    plan's timing, not a build). A board keeps resident the share of its blocks' slices (all
+    ``E`` experts counted) its SRAM holds; a block is timed between its slice mapped resident and
+    streaming its weights, weighted by that share (a token's picks are resident with it)."""
+    from ..mapping.planner import resident_capacity
+    from ..target.faults import whole_boards
+    from ..target.topology import board_grid, ring_order, topology_of
+    from ..timing.collectives import board_group_all_reduce, point_to_point
+    from .board_tp import board_groups, board_patches, slice_config
+    from .describe import describe
+    from .spec import spec_of
+
+    P = importlib.import_module(".plan", __package__)
+    if dtype != "int8":
+        return {}
+    whole = whole_boards(arch)
+    cpb = arch.chips_per_board
+    board = arch.replace(chips=cpb, name=f"{arch.name}[board]")
+    topo = topology_of(arch)
+    order = ring_order(topology_of(board), cpb)
+    budget = resident_capacity(board)
+    torus = board_grid(arch.chips // cpb)
+    L, E, k = spec.layers, spec.experts, spec.experts_per_token
+    evaluated = min(E, batch * k)
+    hidden = batch * spec.hidden
+    out = {}
+    for g in (2, 4, 8):
+        sliced = slice_config(cfg, spec, g)
+        if sliced is None or g + 1 > len(whole):
+            continue
+        layouts = [[grp for grp in lay if set(grp) <= set(whole)]
+                   for lay in (board_groups(torus, g), board_patches(torus, g))]
+        layouts = [lay for lay in layouts if lay]
+        if not layouts:
+            continue
+        groups = min(layouts, key=lambda lay: (board_group_all_reduce(
+            topo, [[int(c) + b * cpb for c in order] for b in lay[0]], hidden * 4).seconds, -len(lay)))
+        free = [b for b in whole if all(b not in grp for grp in groups)]
+        usable = len(groups) - (0 if free else 1)
+        if usable < 1:
+            continue
+        steps.set_postfix_str(f"map: experts split over {g} boards")
+        sub = spec_of(sliced)
+        parts = P._parts(P._meta_model(sliced, sub), sub, batch, seq)
+        dec = [d.program for d in describe(parts[0][1], parts[0][2], target, dtype)]
+        host_shapes = {tuple(int(x) for x in a.shape) for a in parts[0][2][1:]}
+        _, expert, _ = split_block(dec, sub, evaluated)
+        expert_w = sum(a[3] for a in expert)
+        mapped = {w: P._map_stage(list(dec), board, host_shapes, sub.cache_slots(seq), weights=w, memo=memo)
+                  for w in ("auto", "stream")}
+        block_w = mapped["auto"].weight_bytes
+        stored = block_w + (E - evaluated) * expert_w  # a board's share of a block, every expert
+        grid = [[int(c) + b * cpb for c in order] for b in groups[0]]
+        reduce_s = board_group_all_reduce(topo, grid, hidden * 4).seconds
+        least = math.ceil(L / usable)
+        options = sorted({least} | {math.ceil(L / n) for n in range(1, GROUP_COUNTS + 1) if math.ceil(L / n) >= least})
+        for m in options:
+            if m * stored > cpb * arch.dram_bytes:
+                continue
+            n_groups = math.ceil(L / m)
+            kept = min(1.0, budget / (m * stored))
+            block_s = kept * mapped["auto"].latency_s + (1 - kept) * mapped["stream"].latency_s + 2 * reduce_s
+            head_board = free[0] if free else groups[n_groups][0]
+
+            def hand(src_boards, dst_boards):
+                src = np.concatenate([np.arange(cpb) + b * cpb for b in src_boards])
+                dst = np.concatenate([np.arange(cpb) + b * cpb for b in dst_boards])
+                return point_to_point(topo, src, dst, hidden * handover_bytes / cpb).seconds
+
+            hands = [hand(groups[j], groups[j + 1]) for j in range(n_groups - 1)]
+            hands.append(hand(groups[n_groups - 1][:1], [head_board]))
+            io = P._step_io(arch, batch, seq, head_board * cpb, [c + b * cpb for b in groups[0] for c in range(cpb)])
+            loop_s = io["token_return_s"] + io["step_sync_s"] + io["host_io_decode_s"]
+            decode_s = L * block_s + sum(hands) + head.latency_s + loop_s
+            resident = int(min(weight_bytes, n_groups * g * min(budget, m * stored)
+                               + min(head.resident_bytes, head.weight_bytes)))
+            a, b = mapped["auto"], mapped["stream"]
+            bounds = {key: L * (kept * a.bounds[key] + (1 - kept) * b.bounds[key]) + head.bounds[key] for key in a.bounds}
+            bounds["links"] += L * 2 * reduce_s + sum(hands) + loop_s
+            kv_share = a.kv_sram_bytes / a.kv_bytes if a.kv_bytes else 0.0
+            out[f"experts:tp{g}m{m}"] = dict(
+                decode_s=decode_s, period_s=decode_s, used=(g * n_groups + 1) * cpb, resident=resident,
+                streamed=max(0, weight_bytes - resident), kv_sram=kv_bytes * kv_share, ttft_s=None,
+                energy_j=(g * L * a.energy_j + head.energy_j) / batch,
+                sram_pe=max(a.peak_pe_bytes, b.peak_pe_bytes, head.peak_pe_bytes),
+                dram_chip=int(math.ceil(m * stored / cpb)), bounds=bounds, bound_s=sum(bounds.values()),
+                binding=max(bounds, key=bounds.get),
+                description=(f"experts split across boards: {n_groups} group(s) of {g} boards, each running {m} "
+                             f"block(s) with every board holding 1/{g} of the heads and of each of the {E} "
+                             f"experts' columns (the router whole), two all-reduces of partial sums a block on "
+                             f"the board links; the groups pipelined, the head on one board"),
+                meta={"stages": n_groups + 1, "boards_per_stage": g, "blocks_per_stage": m,
+                      "boards_used": g * n_groups + 1, "tp_boards": g, "groups": n_groups,
+                      "chips_per_group": g * cpb, "micro_batch": batch, "micro_batches": 1,
+                      "mapping_weights": "auto", "block_decode_s": block_s, "experts_active": k * batch,
+                      "expert_resident_share": kept, "board_all_reduce_s": reduce_s,
+                      # worst case: the picks streamed (not among the experts a board keeps)
+                      "worst_decode_s": L * (b.latency_s + 2 * reduce_s) + sum(hands) + head.latency_s + loop_s,
+                      "board_all_reduces_decode_s": 2 * L * reduce_s, "handoff_decode_s": sum(hands),
+                      "head_decode_s": head.latency_s, **io,
+                      **({"boards": sorted({x for grp in groups[:n_groups] for x in grp} | {head_board})}
+                         if arch.has_faults else {}),
+                      "replicas": len(whole) // (g * n_groups + 1)})
+        steps.update()
     return out
