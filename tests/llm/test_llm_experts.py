@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import importlib
 import itertools
-import math
 
 import numpy as np
 import pytest
 
 import tvm_spinn
-from tvm_spinn import llm
 from tvm_spinn.llm import experts as X
 
 TINY = {"model_type": "mixtral", "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4,
