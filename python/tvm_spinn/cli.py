@@ -544,7 +544,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="plan LLM decoding (or, with --train, training) from a transformers config "
                                     "alone (no weights, timing model)")
     p.add_argument("config", help="transformers config.json (model_type gpt2, llama, mistral, qwen2, phi3, gemma2, "
-                                  "mixtral (one board at most), gptj or falcon; --train: gpt2, llama, mistral, "
+                                  "mixtral, gptj or falcon; --train: gpt2, llama, mistral, "
                                   "qwen2 or phi3), "
                                   "e.g. the shipped python/tvm_spinn/llm/configs/llama-2-70b.json")
     p.add_argument("--target", default="spinn/board", help=f"spinn system ({targets}; default spinn/board)")

@@ -377,9 +377,22 @@ def test_soft_capping_is_accepted_for_gemma2_only():
     assert spec.attn_softcap is None and spec.final_softcap is None
 
 
-def test_mixtral_across_boards_is_refused_by_name():
-    with pytest.raises(llm.LLMError, match="'num_local_experts' is 8: .*expert parallelism across boards"):
-        llm.plan(str(CONFIGS / "mixtral-8x7b.json"), target="spinn/cloud", seq=512)
+@pytest.mark.slow  # a whole plan (prefill included) of a small mixture of experts on four boards (~1-3 min)
+def test_mixtral_is_planned_across_boards(register_system):
+    """A mixture of experts on several boards has its experts placed across them (the
+    ``experts`` placement, :mod:`tvm_spinn.llm.experts`); never the pipeline or ``board_tp``
+    placements, whose stages would keep only the experts one step reads."""
+    import tvm_spinn
+
+    tag = register_system(tvm_spinn.make_system("spinn2-moe-four", boards=4), tag="spinn/moe-four")
+    config = {"model_type": "mixtral", "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 256, "max_position_embeddings": 256,
+              "num_local_experts": 4, "num_experts_per_tok": 2}
+    plan = llm.plan(config, target=tag, seq=64)
+    names = set(plan.plan["alternatives"])
+    assert any(n.startswith("experts:ep2") for n in names)
+    assert not any(n.startswith(("pipeline", "board_tp")) for n in names)
+    assert plan.tokens_per_s_per_user > 0 and 0 < plan.efficiency <= 1
 
 
 def test_training_planner_refuses_the_families_it_does_not_count():

@@ -8,7 +8,7 @@ blocks of a model are identical, so the block is planned once and scaled by the 
 (``plan["scaled_from_one_layer"]``). The time to first token is the ``seq``-token prompt's own
 plan, chunked over board stages (:mod:`tvm_spinn.llm.prefill`, ``plan["prefill"]``).
 
-Up to four placements are compared and the one with the shortest per-user token period is
+Up to five placements are compared and the one with the shortest per-user token period is
 kept (all are in ``plan["alternatives"]``):
 
 * ``shared``: every block on the same chips (the whole system, at most :data:`SHARED_MAX_CHIPS`),
@@ -32,7 +32,10 @@ kept (all are in ``plan["alternatives"]``):
   (``plan["replicas"]``);
 * ``board_tp`` (three boards or more, int8 Llama models): every block tensor-parallel over a
   group of boards, its int32 partial sums all-reduced across them, the groups pipelined
-  (:mod:`tvm_spinn.llm.board_tp`).
+  (:mod:`tvm_spinn.llm.board_tp`);
+* ``experts`` (three boards or more, a mixture of experts, in place of ``pipeline`` and
+  ``board_tp``): the experts spread over groups of boards, the router's dispatch and combine as
+  all-to-alls on the board links, the groups pipelined (:mod:`tvm_spinn.llm.experts`).
 
 Every placement's decode step is the whole token: besides its programs and hand-overs, the
 sampled token's way back from the last stage (the head's chips) to the first (its route's hop
@@ -187,6 +190,13 @@ class Plan:
         """Table rows of a machine with faults (what is usable, the boards used) and of a batch
         (where each user's KV cache lives, the largest batch the stages hold)."""
         rows = []
+        if "ep_boards" in self.plan:  # the experts placement: what the timing assumes active
+            p = self.plan
+            rows.append(("experts", f"{p['experts_active']} active a step, {p['experts_per_board']} a board over "
+                                    f"{p['ep_boards']} boards; the busiest board runs {p['busiest_board_experts']:.3f} "
+                                    f"of them (expected), {p['expert_resident_share']:.1%} of experts resident; "
+                                    f"worst case {p['worst_busiest_board_experts']} on one board, streamed: "
+                                    f"{1 / p['worst_decode_s']:.3f} tokens/s per user"))
         health = self.plan.get("health")
         if health:
             dead = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in health.items() if k.startswith("dead") and v)
@@ -432,10 +442,6 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
     check_plan_sizes(spec, batch, seq, DTYPES[dtype])
     target = get_target(target)
     arch = arch_of(target)
-    if spec.experts and arch.chips > arch.chips_per_board:
-        raise LLMError(f"config field 'num_local_experts' is {spec.experts}: a mixture of experts is planned on "
-                       f"one board at most (expert parallelism across boards is not implemented); target "
-                       f"{arch.name} has {arch.chips // arch.chips_per_board} boards")
     weight_bytes = spec.params * DTYPES[dtype]
     slots = spec.cache_slots(seq)  # a sliding window keeps only its last positions
     kv_bytes = batch * slots * spec.kv_bytes_per_token(4)
@@ -557,14 +563,17 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
                   "kv_write_decode_s": write_sram + write_dram, **io})
         steps.update()
     stages: dict = {}  # this call's stages mapped on one board (see _map_stage)
-    if boards >= 2:
+    # a mixture of experts across boards: its experts spread over boards (the block's stages
+    # of the other placements would keep only the experts one step reads)
+    if boards >= 2 and not spec.experts:
         records.update(_pipeline_records(described, spec, arch, model, target, dtype, batch, seq, kv_bytes,
                                          weight_bytes, steps, handover, stages, refused))
     if boards >= 3:
-        from . import board_tp
+        from . import board_tp, experts
 
-        records.update(board_tp.records(cfg, spec, arch, target, dtype, batch, seq, HANDOVER_BYTES[handover],
-                                        described, weight_bytes, kv_bytes, steps, stages))
+        placement_records = experts.records if spec.experts else board_tp.records
+        records.update(placement_records(cfg, spec, arch, target, dtype, batch, seq, HANDOVER_BYTES[handover],
+                                         described, weight_bytes, kv_bytes, steps, stages))
     steps.close()
     if not records:
         raise LLMError(f"no placement of {model_name} on {arch.name} holds batch={batch}, seq={seq}: "

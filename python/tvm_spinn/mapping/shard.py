@@ -3,8 +3,8 @@
 A *shard plan* splits every layer of a program over the chips of a mesh that all run the same
 shard (which is what lets the timing model simulate one chip and multiply, see
 :mod:`tvm_spinn.timing.system`). The mesh is data
-(:class:`~tvm_spinn.program.ops.sharding.Mesh`: named axes with sizes, ``tp x sp x dp``; expert
-and pipeline axes are representable but not propagated here). Over each axis every tensor has a
+(:class:`~tvm_spinn.program.ops.sharding.Mesh`: named axes with sizes, ``tp x sp x dp`` or
+``tp x ep``; the pipeline axis is representable but not propagated here). Over each axis every tensor has a
 placement, found by one pass through the layers in order (:func:`_propagate`) that asks each
 layer's family rule once per axis:
 
@@ -34,6 +34,13 @@ layer's family rule once per axis:
   batch start split along it and every family carries the batch split (weights replicated); a
   layer that cannot keep it gathers over the ``dp`` group. The program's outputs stay split
   (each replica returns its share of the batch).
+- **Expert parallelism** (``ep``): the tokens start split over the group as the batch does on
+  ``dp``, and each layer takes its family's expert rule
+  (:meth:`~tvm_spinn.program.ops.sharding.ShardingRule.experts`,
+  :data:`~tvm_spinn.program.ops.sharding.EXPERT_RULE`): a GEMM over experts stacked along a
+  leading axis runs split along it (each chip its experts' weights), its input re-split from
+  the tokens to the experts by an *all-to-all* (the dispatch; the combine is the all-to-all
+  back where a later layer needs the tokens split again); every other layer is data-parallel.
 
 The program's outputs are made ``R`` over the tensor and sequence axes. A layer whose family
 states no rule runs replicated (its inputs gathered), which is right for any operator; the plan
@@ -64,8 +71,8 @@ import numpy as np
 from ..program import Program
 from ..program.ops import family_of
 from ..program.records import PlanCollective
-from ..program.ops.sharding import (REPLICATE, ROW_ALWAYS, Mesh, MeshAxis, Placement, RowAllReduce, ShardContext,
-                                    ShardDecision, ShardingRule, part, shard)
+from ..program.ops.sharding import (REPLICATE, ROW_ALWAYS, AllToAll, Mesh, MeshAxis, Placement, RowAllReduce,
+                                    ShardContext, ShardDecision, ShardingRule, part, shard)
 
 __all__ = ["Collective", "ShardPlan", "plan_shards", "plan_mesh", "Mesh", "shard_program", "ROW_ALWAYS", "part", "rule_of",
            "no_rule_reason"]
@@ -127,10 +134,12 @@ class ShardPlan:
     mesh: Mesh | None = None
     #: per tensor, its placement on each axis of ``mesh.axes`` as produced (before any gather)
     placements: tuple[tuple[Placement, ...], ...] = ()
+    #: expert-parallel degree (the tokens spread over the group, stacked experts split)
+    ep: int = 1
 
     @property
     def chips(self) -> int:
-        return self.tp * self.dp * self.sp
+        return self.tp * self.dp * self.sp * self.ep
 
     def summary(self) -> dict:
         """JSON-ready summary (what the program's mapping records)."""
@@ -140,7 +149,8 @@ class ShardPlan:
         ops: dict[str, int] = {}
         for c in self.collectives:
             ops[c.op] = ops.get(c.op, 0) + 1
-        out = {"tp": self.tp, "dp": self.dp, "sp": self.sp, "row": self.row, "chips": self.chips,
+        out = {"tp": self.tp, "dp": self.dp, "sp": self.sp, **({"ep": self.ep} if self.ep > 1 else {}),
+               "row": self.row, "chips": self.chips,
                "splits": counts, "collectives": ops}
         if self.replicated:
             out["replicated"] = [list(x) for x in self.replicated]
@@ -271,9 +281,9 @@ def _propagate(program: Program, passes: list[_AxisPass], full, local) -> list[t
         numel = int(np.prod(full[tid], dtype=np.int64))
         return numel * max(1, t[tid].nbytes // max(1, numel))
 
-    def record(i, k, op, tid, n, exact):
+    def record(i, k, op, tid, n, exact, target=None):
         others = tuple(p.at(tid) if j != k else REPLICATE for j, p in enumerate(passes))
-        events.append((i, k, op, tid, n, exact, others))
+        events.append((i, k, op, tid, n, exact, others, target))
 
     def gather(i, k, tid):
         ax = passes[k]
@@ -295,10 +305,19 @@ def _propagate(program: Program, passes: list[_AxisPass], full, local) -> list[t
                 for tid in acts:
                     if ax.at(tid).partial:
                         gather(i, k, tid)
-            d = rule.propagate(ax.ctx, layer, [ax.at(tid) for tid in acts])
+            placed = [ax.at(tid) for tid in acts]
+            # the expert axis asks each family's expert rule (its data-parallel rule but for
+            # GEMMs over stacked experts); every other axis the family's rule
+            d = rule.experts(ax.ctx, layer, placed) if axis.name == "ep" else rule.propagate(ax.ctx, layer, placed)
             for action in d.before:
                 if isinstance(action, RowAllReduce):
                     record(i, k, "all_reduce", acts[action.pos], action.nbytes, action.exact)
+                elif isinstance(action, AllToAll):
+                    # one chip's share moves to the chips whose block of the new axis it holds
+                    tid = acts[action.pos]
+                    if ax.at(tid) != shard(action.axis):
+                        record(i, k, "all_to_all", tid, -(-nbytes(tid) // n), True, shard(action.axis))
+                        ax.state[tid] = shard(action.axis)
                 else:
                     gather(i, k, acts[action.pos])
             if d.gather_all:
@@ -357,8 +376,10 @@ def _collectives(program: Program, passes: list[_AxisPass], events: list[tuple],
     # tensor axis alone it is the full tensor)
     shaped = any(p.axis.strict for p in passes)
     out: list[Collective] = []
-    for i, k, op, tid, n, exact, others in events:
+    for i, k, op, tid, n, exact, others, target in events:
         shape = list(full[tid])
+        if target is not None:  # an all-to-all: the shape one chip holds after it
+            shape[target.axis] = part(shape[target.axis], passes[k].axis.size)
         cut = False
         for j, p in enumerate(others):
             if not p.split:
@@ -372,7 +393,7 @@ def _collectives(program: Program, passes: list[_AxisPass], events: list[tuple],
         if cut and op == "all_gather":
             n = int(np.prod(shape, dtype=np.int64)) * elem(tid)
         out.append(Collective(i, op, tid, n, exact, passes[k].axis.name,
-                              tuple(shape) if op == "all_gather" and shaped else None))
+                              tuple(shape) if (op == "all_gather" and shaped) or target is not None else None))
     if any(p.axis.strict and p.axis.gather_outputs for p in passes):
         final = list(dict.fromkeys(c.tensor for c in out if c.layer >= end and c.op == "all_gather"))
         out = [c for c in out if not (c.layer >= end and c.tensor in final)]
@@ -404,15 +425,18 @@ def plan_mesh(program: Program, mesh: Mesh) -> ShardPlan | None:
     SRAM (the mapper tries it when the chosen plan streams a weight GEMM). ``sp > 1``: each
     tensor-parallel group of ``tp`` chips holds one of ``sp`` blocks of rows; ``dp`` must then
     be 1. ``dp > 1``: the activation inputs whose leading extent is the program's batch start
-    split along it. Expert and pipeline axes are not propagated here (no family states an
-    expert rule; pipeline stages are cut by :mod:`.system`): a mesh of more than one chip along
-    them is refused.
+    split along it. ``ep > 1`` (with ``sp = dp = 1``): the same inputs (the tokens) start split,
+    and each layer takes its family's expert rule (None when the tokens are fewer than ``ep``).
+    The pipeline axis is not propagated here (stages are cut by :mod:`.system`): a mesh of
+    more than one chip along it is refused.
     """
-    tp, sp, dp = mesh.size("tp"), mesh.size("sp"), mesh.size("dp")
-    for name in ("ep", "pp"):
-        if mesh.size(name) > 1:
-            raise ValueError(f"plan_mesh: the {name!r} axis ({mesh.size(name)} chips) is not propagated by the "
-                             f"shard planner (expert rules are not stated; pipeline stages are cut by mapping.system)")
+    tp, sp, dp, ep = mesh.size("tp"), mesh.size("sp"), mesh.size("dp"), mesh.size("ep")
+    if mesh.size("pp") > 1:
+        raise ValueError(f"plan_mesh: the 'pp' axis ({mesh.size('pp')} chips) is not propagated by the shard "
+                         f"planner (pipeline stages are cut by mapping.system)")
+    if ep > 1 and (sp > 1 or dp > 1):
+        raise ValueError(f"plan_mesh: the expert axis (ep={ep}) with sequence or data parallelism (sp={sp}, "
+                         f"dp={dp}) is not supported")
     row = mesh.axis("tp").row if mesh.axis("tp") is not None else True
     if sp > 1 and dp > 1:
         raise ValueError(f"plan_shards: sequence parallelism (sp={sp}) with data parallelism (dp={dp}) is not supported")
@@ -421,6 +445,8 @@ def plan_mesh(program: Program, mesh: Mesh) -> ShardPlan | None:
     leads = {t[tid].shape[0] for tid in program.inputs if t[tid].role != "const" and len(t[tid].shape) >= 2}
     batch = leads.pop() if len(leads) == 1 else None
     if dp > 1 and (not batch or batch % dp):
+        return None
+    if ep > 1 and (not batch or batch < ep):
         return None
     full = [list(x.shape) for x in t]
     local = [list(x.shape) for x in t]
@@ -434,7 +460,7 @@ def plan_mesh(program: Program, mesh: Mesh) -> ShardPlan | None:
                 for tid, ax in _reduction_inputs(program).items():
                     if tid not in state and full[tid][ax] >= tp:
                         state[tid] = shard(ax)
-        elif axis.name == "dp":
+        elif axis.name in ("dp", "ep"):  # the tokens spread over the group (as the batch over replicas)
             for tid in program.inputs:
                 if t[tid].role != "const" and full[tid] and full[tid][0] == batch:
                     state[tid] = shard(0)
@@ -448,6 +474,9 @@ def plan_mesh(program: Program, mesh: Mesh) -> ShardPlan | None:
             if not ax.axis.strict:
                 if split in ("col", "row", "split"):
                     _shard_consts(program, layer, rule, split, ax.axis.size, full, local, res)
+            elif ax.axis.name == "ep" and res == shard(0) and _expert_split(program, layer, rule, ax.axis.size, full):
+                tid = rule.expert_weight(program, layer)  # each chip its experts' weights
+                local[tid][0] = part(full[tid][0], ax.axis.size)
             elif res.split and rule.shrinks_row_consts(layer):
                 _seq_consts(program, layer, res.axis, ax.axis.size, full, local)
     by_name = {ax.axis.name: ax for ax in passes}
@@ -463,10 +492,17 @@ def plan_mesh(program: Program, mesh: Mesh) -> ShardPlan | None:
                            if (reason := no_rule_reason(layer)) is not None)
     placements = tuple(tuple(by_name[a.name].produced.get(tid, REPLICATE) if a.name in by_name else REPLICATE
                              for a in mesh.axes) for tid in range(len(t)))
-    return ShardPlan(tp=tp, dp=dp, row=row, batch=int(batch or 1), splits=splits,
+    return ShardPlan(tp=tp, dp=dp, ep=ep, row=row, batch=int(batch or 1), splits=splits,
                      collectives=tuple(_collectives(program, passes, events, full)),
                      shapes=tuple(tuple(s) for s in local), sp=sp, seq=seq, replicated=replicated,
                      mesh=mesh, placements=placements)
+
+
+def _expert_split(program: Program, layer, rule: ShardingRule, ep: int, full) -> bool:
+    """Whether ``layer`` is a GEMM over stacked experts that ``ep`` chips split (its family's
+    :meth:`~ShardingRule.expert_weight`, the experts dividing evenly)."""
+    tid = rule.expert_weight(program, layer)
+    return tid is not None and full[tid][0] % ep == 0 and full[layer.output][0] == full[tid][0]
 
 
 def _seq_consts(program: Program, layer, axis: int, sp: int, full, local) -> None:
@@ -524,11 +560,12 @@ def shard_program(program: Program, plan: ShardPlan) -> Program:
             shard.layers[i] = replace(shard.layers[i], attrs=attrs)
     current: dict[int, int] = {}  # a tensor gathered twice (tp, then sp): its latest copy
     for c in plan.collectives:
-        if c.op != "all_gather" or c.layer >= len(shard.layers):
+        if c.op not in ("all_gather", "all_to_all") or c.layer >= len(shard.layers):
             continue
         new = program.tensors[c.tensor]
         shape = c.shape if c.shape is not None else program.tensors[c.tensor].shape
-        new = replace(new, shape=list(shape), role="temp", name=f"{new.name}.gathered")
+        suffix = "gathered" if c.op == "all_gather" else "resplit"
+        new = replace(new, shape=list(shape), role="temp", name=f"{new.name}.{suffix}")
         shard.tensors.append(new)
         nid = len(shard.tensors) - 1
         old = current.get(c.tensor, c.tensor)

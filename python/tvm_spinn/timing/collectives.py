@@ -1,4 +1,4 @@
-"""Collectives costed on the link graph: all-reduce, all-gather, reduce-scatter, point-to-point.
+"""Collectives costed on the link graph: all-reduce, all-gather, reduce-scatter, all-to-all, point-to-point.
 
 Every collective is a sequence of *steps*; a step is a set of concurrent transfers costed by
 :meth:`tvm_spinn.target.topology.Topology.evaluate` (routes on the graph, bytes summed per link,
@@ -65,7 +65,7 @@ import numpy as np
 __all__ = [
     "CollectiveCost", "all_gather", "all_reduce", "chain_all_reduce", "fixed_order_sum", "point_to_point",
     "reduce_scatter", "reduction_order", "chip_blocks", "MULTICAST_MAX_RANKS", "board_all_reduce",
-    "board_group_all_reduce", "multipath_point_to_point", "water_fill",
+    "board_group_all_reduce", "multipath_point_to_point", "water_fill", "all_to_all", "board_all_to_all",
 ]
 
 _ALGORITHMS = ("ring", "tree")
@@ -85,7 +85,7 @@ class CollectiveCost:
     Attributes
     ----------
     op : str
-        ``"all_reduce"``, ``"all_gather"``, ``"reduce_scatter"`` or ``"point_to_point"``.
+        ``"all_reduce"``, ``"all_gather"``, ``"reduce_scatter"``, ``"point_to_point"`` or ``"all_to_all"``.
     algorithm : str
         ``"ring"``, ``"tree"``, ``"multicast"``, ``"chain"`` or ``"direct"``.
     seconds : float
@@ -733,6 +733,105 @@ def point_to_point(topo: "Topology", src: Sequence[int], dst: Sequence[int],
     index = np.searchsorted(chips, np.concatenate([src, dst]))
     step = (index[: src.size], index[src.size:], np.full(src.size, float(nbytes)), 1)
     return _evaluate(topo, chips, "point_to_point", "direct", [step], nbytes)
+
+
+def _pairwise_steps(c: int, n: float) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, int]]:
+    """The pairwise exchange: step ``s`` (``1..c-1``) rank ``i`` sends its chunk for rank
+    ``(i + s) mod c`` (``n / c`` bytes)."""
+    i = np.arange(c)
+    return [(i, (i + s) % c, np.full(c, n / c), 1) for s in range(1, c)]
+
+
+def all_to_all(topo: "Topology", ranks: Sequence[int], nbytes: float, algorithm: str = "auto") -> CollectiveCost:
+    """Cost of an all-to-all: every rank holds ``nbytes`` cut into ``c`` equal chunks and sends
+    chunk ``j`` to rank ``j`` (a mixture of experts' token dispatch and combine).
+
+    Algorithms over ``c`` ranks:
+
+    - **direct**: one step, all ``c (c - 1)`` chunks at once on the link graph: ``max link bytes /
+      bandwidth + the longest route's hop latencies``;
+    - **pairwise**: ``c - 1`` steps, step ``s`` every rank sends to the rank ``s`` places on: each
+      step's links carry less, but the hop latencies are paid ``c - 1`` times.
+
+    Parameters
+    ----------
+    topo : Topology
+        The system's link graph.
+    ranks : sequence of int
+        Distinct chip ids.
+    nbytes : float
+        Bytes each rank holds (its ``c`` chunks together, its own included).
+    algorithm : {"auto", "direct", "pairwise"}
+        ``"auto"`` returns the cheaper (direct on a tie).
+
+    Returns
+    -------
+    CollectiveCost
+        ``op="all_to_all"``.
+    """
+    topo, ranks = _prepare(topo, ranks, nbytes)
+    choices = ("direct", "pairwise")
+    if algorithm != "auto" and algorithm not in choices:
+        raise ValueError(f"algorithm must be 'auto' or one of {choices}, got {algorithm!r}")
+    c = ranks.size
+    if c == 1 or nbytes == 0:
+        return CollectiveCost("all_to_all", "direct", 0.0, 0.0, 0, 0, 0, int(c), float(nbytes))
+    best = None
+    for name in (choices if algorithm == "auto" else (algorithm,)):
+        if name == "direct":
+            src, dst = (x.reshape(-1) for x in np.meshgrid(np.arange(c), np.arange(c), indexing="ij"))
+            keep = src != dst
+            steps = [(src[keep], dst[keep], np.full(int(keep.sum()), float(nbytes) / c), 1)]
+        else:
+            steps = _pairwise_steps(c, float(nbytes))
+        cost = _evaluate(topo, ranks, "all_to_all", name, steps, nbytes)
+        if best is None or cost.seconds < best.seconds:
+            best = cost
+    return best
+
+
+def board_all_to_all(topo: "Topology", grid: Sequence[Sequence[int]], send: "np.ndarray") -> CollectiveCost:
+    """Cost of an all-to-all between boards with per-pair sizes (an all-to-all-v): board ``a``
+    sends ``send[a, b]`` bytes to board ``b``, each of its ``k`` chips its ``1 / k`` share to
+    its counterpart chip on board ``b``, every pair at once on the link graph (one step).
+
+    A mixture of experts' dispatch (the tokens' hidden states from the boards that ran the
+    router to the boards holding the experts they picked) and combine (the experts' outputs
+    back) are such exchanges: the pairs that carry nothing (``send[a, b] == 0``, and ``a ==
+    b``: the board's own experts) move nothing.
+
+    Parameters
+    ----------
+    topo : Topology
+        The system's link graph.
+    grid : sequence of sequence of int
+        ``g`` boards by ``k`` distinct chip ids (the same ``k`` on every board).
+    send : array_like
+        ``(g, g)`` bytes, sender by receiver.
+
+    Returns
+    -------
+    CollectiveCost
+        ``op="all_to_all"``, ``algorithm="board-direct"``; ``nbytes`` the bytes sent in all.
+    """
+    grid = np.asarray(grid, dtype=np.int64)
+    send = np.asarray(send, dtype=np.float64)
+    if grid.ndim != 2 or grid.size == 0:
+        raise ValueError(f"grid must be boards x chips (a 2-D array of chip ids), got shape {grid.shape}")
+    g, k = grid.shape
+    if send.shape != (g, g):
+        raise ValueError(f"send must be {g} x {g} bytes (sender by receiver), got shape {send.shape}")
+    if not np.isfinite(send).all() or (send < 0).any():
+        raise ValueError("send must hold finite byte counts >= 0")
+    topo, ranks = _prepare(topo, grid.reshape(-1), float(send.sum()))
+    a, b = np.nonzero((send > 0) & ~np.eye(g, dtype=bool))
+    if not a.size:
+        return CollectiveCost("all_to_all", "board-direct", 0.0, 0.0, 0, 0, 0, int(ranks.size), float(send.sum()))
+    column = np.arange(k)
+    src = (a[:, None] * k + column).reshape(-1)
+    dst = (b[:, None] * k + column).reshape(-1)
+    size = np.repeat(send[a, b] / k, k)
+    return _evaluate(topo, ranks, "all_to_all", "board-direct", [(src, dst, size, 1)], float(send.sum()))
 
 
 # ----------------------------------------------------------------------------------------------

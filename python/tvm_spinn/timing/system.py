@@ -34,7 +34,7 @@ import numpy as np
 from ..program import Program
 from ..program.records import CollectiveSummary, SystemTimingSummary
 from ..target.arch import SpinnArch
-from .collectives import all_gather, all_reduce, chain_all_reduce
+from .collectives import all_gather, all_reduce, all_to_all, chain_all_reduce
 
 __all__ = ["compose", "collective_cost"]
 
@@ -58,6 +58,8 @@ def collective_cost(topo, ranks, op: str, nbytes: int, exact: bool):
         return hit
     if op == "all_gather":
         cost = all_gather(topo, ranks, nbytes)
+    elif op == "all_to_all":  # a re-split (the expert axis's dispatch and combine): moves data, sums nothing
+        cost = all_to_all(topo, ranks, nbytes)
     elif exact:  # integer partial sums: any order, the cheaper of ring and tree
         cost = all_reduce(topo, ranks, nbytes)
     else:

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import numpy as np
 
 __all__ = ["Placement", "REPLICATE", "PARTIAL", "shard", "MeshAxis", "Mesh", "AXIS_NAMES", "ROW_ALWAYS", "GatherInput",
-           "RowAllReduce", "ShardDecision", "ShardContext", "ShardingRule", "PointwiseRule",
+           "RowAllReduce", "AllToAll", "EXPERT_RULE", "ShardDecision", "ShardContext", "ShardingRule", "PointwiseRule",
            "part", "reshape_axis"]
 
 
@@ -120,7 +120,8 @@ class Mesh:
         """The mesh ``tp x sp x dp x ep x pp`` with each axis's standard semantics (``row``:
         the tensor axis's row-parallel GEMMs)."""
         return cls((MeshAxis("tp", tp, row=row), MeshAxis("sp", sp, strict=True),
-                    MeshAxis("dp", dp, strict=True, gather_outputs=False), MeshAxis("ep", ep, strict=True),
+                    MeshAxis("dp", dp, strict=True, gather_outputs=False),
+                    MeshAxis("ep", ep, strict=True, gather_outputs=False),
                     MeshAxis("pp", pp, strict=True)))
 
     def size(self, name: str) -> int:
@@ -156,6 +157,33 @@ class RowAllReduce:
     pos: int
     nbytes: int
     exact: bool
+
+
+@dataclass(frozen=True)
+class AllToAll:
+    """Re-split activation input ``pos`` from its split onto tensor axis ``axis`` before the
+    layer: an all-to-all over the mesh axis's group (each chip keeps the block it needs of its
+    own share and sends every other chip the part of its share in that chip's block). A mixture
+    of experts' *dispatch* (tokens split over the chips, then each expert's rows on the chip
+    holding the expert) and *combine* (the way back) are such re-splits."""
+
+    pos: int
+    axis: int
+
+
+#: The expert axis (``ep``) as data: what a layer does with its inputs' placements over the
+#: chips of an expert group. ``expert_gemm``: a GEMM whose constant weight is stacked over a
+#: leading *expert* axis (``[E, k, n]``, the output ``[E, rows, n]``) runs split along that axis,
+#: each chip its ``E / ep`` experts' weights; its activation arrives split along the experts
+#: (kept), split otherwise (re-split: :class:`AllToAll`, the dispatch) or replicated (sliced
+#: for free). ``otherwise``: every other layer follows the data-parallel rule of its family (the
+#: tokens are independent: a split of the batch or rows is kept). A split the next layer cannot
+#: take is gathered, as on every strict axis.
+EXPERT_RULE = {
+    "expert_gemm": {"S(experts)": ("S(experts)", None), "S(other)": ("S(experts)", "all_to_all"),
+                    "R": ("S(experts)", None)},
+    "otherwise": "dp",
+}
 
 
 @dataclass(frozen=True)
@@ -273,6 +301,32 @@ class ShardingRule:
     def local_attrs(self, layer, split: str, parts: int) -> dict | None:
         """The layer's attributes on one chip of a ``split`` layer, or None (unchanged)."""
         return None
+
+    def expert_weight(self, program, layer) -> "int | None":
+        """The constant of ``layer`` stacked over a leading expert axis (an expert GEMM of
+        :data:`EXPERT_RULE`), or None: only GEMM families have one."""
+        return None
+
+    def experts(self, ctx: ShardContext, layer, ins: list[Placement]) -> ShardDecision:
+        """The decision on the expert axis (``ep``, :data:`EXPERT_RULE`): an expert GEMM runs
+        split along its experts (:meth:`expert_weight`), its activation re-split there by an
+        all-to-all where it is split along another axis; every other layer takes its family's
+        data-parallel decision (:meth:`propagate` on the axis as ``dp``)."""
+        tid = self.expert_weight(ctx.program, layer)
+        acts = ctx.acts(layer)
+        full = ctx.full
+        if tid is not None and acts:
+            experts = full[tid][0]
+            out = full[layer.output]
+            if len(out) >= 3 and out[0] == experts and experts % ctx.size == 0 and full[acts[0]][0] == experts:
+                first = ins[0]
+                key = "S(experts)" if first.split and first.axis == 0 else "S(other)" if first.split else "R"
+                placed, action = EXPERT_RULE["expert_gemm"][key]
+                before = (AllToAll(0, 0),) if action == "all_to_all" else ()
+                return ShardDecision(shard(0) if placed == "S(experts)" else REPLICATE, "split", before)
+        dp = ShardContext(ctx.program, full, MeshAxis(EXPERT_RULE["otherwise"], ctx.size, strict=True,
+                                                      gather_outputs=False), ctx.row_pays)
+        return self.propagate(dp, layer, ins)
 
 
 class PointwiseRule(ShardingRule):

@@ -39,6 +39,14 @@ class GemmSharding(ShardingRule):
             return self._batch(ctx, layer, ins)
         return self._tensor(ctx, layer, ins)
 
+    def expert_weight(self, program, layer):
+        """A matmul's constant second operand stacked over a leading expert axis (rank 3 or more)."""
+        t = program.tensors
+        if layer.kind != "matmul" or len(layer.inputs) != 2:
+            return None
+        tid = layer.inputs[1]
+        return tid if t[tid].role == "const" and len(t[tid].shape) >= 3 else None
+
     @staticmethod
     def _batch(ctx, layer, st):
         full, acts = ctx.full, ctx.acts(layer)
