@@ -70,12 +70,11 @@ def test_expert_rule_table(name, factory, placed, expected, before):
     for c in range(N):
         xs = _block(x, now.axis, c) if now.split else (_block(x, 0, c) if expert_split else x)
         w = _block(program.constants[1], 0, c) if expert_split else program.constants[1]
-        chip = Program("main", {}, [TensorDesc(t.name, list(t.shape), t.dtype, t.role) for t in program.tensors],
-                       [0], [2], [Layer(**vars(layer))])
-        chip.tensors[0].shape, chip.tensors[1].shape = list(xs.shape), list(w.shape)
         out = list(full[2])
         out[expected.axis] = part(out[expected.axis], N)
-        chip.tensors[2].shape = out
+        shapes = [list(xs.shape), list(w.shape), out] + [list(t.shape) for t in program.tensors[3:]]
+        chip = Program("main", {}, [TensorDesc(t.name, s, t.dtype, t.role) for t, s in zip(program.tensors, shapes)],
+                       [0], [2], [Layer(**vars(layer))])
         chip.constants = {1: np.ascontiguousarray(w)}
         outs.append(np.asarray(run_program(chip, [np.ascontiguousarray(xs)], mode="layers")[0]))
     whole = np.asarray(run_program(program, [x], mode="layers")[0])
