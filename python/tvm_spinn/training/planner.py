@@ -76,7 +76,7 @@ What is not modelled: overlap of communication with computation, and the host's 
 step.
 
 Search: every split that fits is ordered by its GEMM time alone; a split's step with each
-collective costed for one group alone is a lower bound of its full cost, and splits are costed
+collective costed for its first few groups only is a lower bound of its full cost, and splits are costed
 in full in the order of that bound until no other can be faster (branch and bound: the result
 is the fastest split, as costing them all would find).
 
@@ -432,6 +432,8 @@ def model_flops(spec, tokens: int, seq: int, recompute: bool = False) -> int:
 # ----------------------------------------------------------------------------- communication
 #: segment counts a pipelined chain reduction chooses from (as chain_all_reduce)
 _CHAIN_SEGMENTS = (1, 2, 4, 8, 16, 32, 64, 128)
+#: groups costed together for a lower bound of all of them at once (a subset shares fewer links)
+_BOUND_GROUPS = 8
 #: message size at which a collective's affine cost is sampled (any size > 0 gives the same line)
 _PROBE_BYTES = float(2**20)
 
@@ -459,13 +461,14 @@ class _Comms:
     """
 
     def __init__(self, arch, reproducible: bool, alone: bool = False):
-        from ..target.topology import topology_of
+        from ..target.topology import board_grid, topology_of
 
-        self.alone = alone  # cost each collective for its first group alone (a lower bound)
+        self.alone = alone  # cost each collective for its first few groups only (a lower bound)
 
         self.topo = topology_of(arch)
         self.per_board = arch.chips_per_board
         self.boards = max(1, -(-arch.chips // arch.chips_per_board))
+        self.row = board_grid(self.boards)[0] if self.boards > 1 else 1  # boards along a torus row
         self.reproducible = reproducible
         self.cache: dict = {}
 
@@ -476,12 +479,37 @@ class _Comms:
         return hit
 
     def collective(self, op: str, groups: np.ndarray, nbytes: float) -> float:
-        """Seconds of collective ``op`` run by every group of ``groups`` at once."""
+        """Seconds of collective ``op`` run by every group of ``groups`` at once: the cheapest
+        algorithm. An algorithm is costed over all the groups only when its cost for the first
+        few groups (a subset of the transfers: a lower bound of it) is below the cheapest found
+        so far."""
         groups = np.ascontiguousarray(groups, dtype=np.int64)
         if groups.ndim != 2 or groups.shape[1] < 2 or nbytes <= 0:
             return 0.0
-        lines = self._get((op, groups.shape, groups.tobytes()), lambda: self._lines(op, groups))
-        return min(a * float(nbytes) + b for a, b in lines)
+        groups = groups[:_BOUND_GROUPS] if self.alone else self._window(groups)
+        n = float(nbytes)
+        names = self._algorithms(op, groups.shape[0])
+        if groups.shape[0] == 1:
+            return min(self._at(op, groups, a, n) for a in names)
+        few = groups[:_BOUND_GROUPS] if groups.shape[0] > _BOUND_GROUPS else groups[:1]
+        floors = {a: self._at(op, few, a, n) for a in names}
+        best = math.inf
+        for a in sorted(names, key=lambda a: (floors[a], a)):
+            if floors[a] >= best:
+                break
+            best = min(best, self._at(op, groups, a, n))
+        return best
+
+    def _algorithms(self, op: str, g: int) -> tuple:
+        if self.reproducible and op != "all_gather":
+            return ("chain",)
+        return ("ring", "tree", "multicast") if g == 1 else ("ring", "tree")
+
+    def _at(self, op: str, groups: np.ndarray, algorithm: str, n: float) -> float:
+        """Seconds of one algorithm for ``n`` bytes (its affine lines cached per group pattern)."""
+        lines = self._get((op, algorithm, groups.shape, groups.tobytes()),
+                          lambda: self._lines(op, groups, algorithm))
+        return min((a * n + b for a, b in lines), default=math.inf)
 
     @staticmethod
     def _affine(cost) -> tuple:
@@ -496,47 +524,46 @@ class _Comms:
 
         Chip ids number the boards one after another and a split's layout repeats along them,
         so the groups on ``4 x`` the boards one group spans (at least two periods of any
-        pattern that repeats within that span) load their boards' links as every other stretch
-        of boards is loaded: their concurrent cost is every group's. Groups that span more than
-        a quarter of the system are all costed."""
+        pattern that repeats within that span), and for groups on several boards a row of the
+        torus of boards more (so a stretch that wraps to the next row is among them), load
+        their boards' links as every other stretch of boards is loaded: their concurrent cost
+        is every group's. Where that window is the whole system, all groups are costed."""
         per_board = self.per_board
         span = int((groups.max(axis=1) // per_board - groups.min(axis=1) // per_board).max()) + 1
-        window = 4 * span * per_board
-        if 4 * span >= self.boards:
+        # the window also holds a row of the torus of boards and the next board: board ids run
+        # along rows, so groups that straddle the end of a row (longer routes) are among it
+        boards = 4 * span + (self.row + 1 if span > 1 else 0)
+        if boards >= self.boards:
             return groups
+        window = boards * per_board
         inside = groups[groups.max(axis=1) < window]
         return inside if inside.size else groups
 
-    def _lines(self, op: str, groups: np.ndarray) -> list:
-        """The candidate algorithms of ``op`` over ``groups`` as affine costs (class docstring)."""
+    def _lines(self, op: str, groups: np.ndarray, algorithm: str) -> list:
+        """One algorithm of ``op`` over ``groups`` as affine costs (class docstring); none where
+        it is not built for these ranks."""
         from ..timing import collectives as co
 
-        groups = groups[:1] if self.alone else self._window(groups)
         g, c = groups.shape
+        if algorithm == "chain":
+            return self._chain(op, groups)
         ranks = groups.reshape(-1)
-        offset = (np.arange(g) * c)[:, None]
-        chained = self.reproducible and op != "all_gather"
-        if chained:
-            lines = self._chain(op, groups)
-        else:
-            lines = []
-            for algorithm in ("ring", "tree"):
-                # the algorithm's steps over every group at once, each step's bandwidth term per
-                # byte and its latency (collectives._evaluate sums the steps the same way)
-                per_byte, fixed = 0.0, 0.0
-                for src, dst, size, repeats in co._steps(op, algorithm, c, _PROBE_BYTES):
-                    step, _ = self.topo.evaluate(ranks[(offset + src[None, :]).reshape(-1)],
-                                                 ranks[(offset + dst[None, :]).reshape(-1)], np.tile(size, g))
-                    per_byte += repeats * step.bandwidth_s / _PROBE_BYTES
-                    fixed += repeats * step.latency_s
-                lines.append((per_byte, fixed))
-        if g == 1 and not chained:  # one group: the multicast trees are candidates too
+        if algorithm == "multicast":  # one group: the multicast trees
             fn = {"all_reduce": co.all_reduce, "all_gather": co.all_gather, "reduce_scatter": co.reduce_scatter}[op]
             try:
-                lines.append(self._affine(lambda n: fn(self.topo, ranks, n, algorithm="multicast").seconds))
+                return [self._affine(lambda n: fn(self.topo, ranks, n, algorithm="multicast").seconds)]
             except ValueError:  # no multicast trees over these ranks
-                pass
-        return lines
+                return []
+        # the algorithm's steps over every group at once, each step's bandwidth term per byte and
+        # its latency (collectives._evaluate sums the steps the same way)
+        offset = (np.arange(g) * c)[:, None]
+        per_byte, fixed = 0.0, 0.0
+        for src, dst, size, repeats in co._steps(op, algorithm, c, _PROBE_BYTES):
+            step, _ = self.topo.evaluate(ranks[(offset + src[None, :]).reshape(-1)],
+                                         ranks[(offset + dst[None, :]).reshape(-1)], np.tile(size, g))
+            per_byte += repeats * step.bandwidth_s / _PROBE_BYTES
+            fixed += repeats * step.latency_s
+        return [(per_byte, fixed)]
 
     def _chain(self, op: str, groups: np.ndarray) -> list:
         """The pipelined chain of every group at once, one affine cost per segment count."""
@@ -564,7 +591,7 @@ class _Comms:
         if nbytes <= 0 or src.size == 0:
             return 0.0
         pairs = np.stack([src, dst], axis=1)
-        pairs = pairs[:1] if self.alone else self._window(pairs)
+        pairs = pairs[:_BOUND_GROUPS] if self.alone else self._window(pairs)
         src, dst = np.ascontiguousarray(pairs[:, 0]), np.ascontiguousarray(pairs[:, 1])
         return self._get(("p2p", src.tobytes(), dst.tobytes(), float(nbytes)),
                          lambda: point_to_point(self.topo, src, dst, nbytes).seconds)
