@@ -98,7 +98,7 @@ import numpy as np
 
 from .errors import TrainingError
 
-__all__ = ["TrainingPlan", "MemoryPerChip", "Split", "StepTime", "TrainingPlanError", "plan_training",
+__all__ = ["TrainingPlan", "MemoryPerChip", "Split", "StepTime", "TrainingPlanError", "plan_training", "LAYOUTS",
            "memory_per_chip", "model_flops", "smallest_system", "write_json", "OPTIMIZERS", "DEFAULT_SEQ",
            "DEFAULT_GLOBAL_BATCH"]
 
