@@ -203,10 +203,19 @@ def gpt2_small_plans(seq: int = 256, batch: int = 8) -> dict:
         speedup = base.time_per_step_s / fixed.time_per_step_s
         linear = chips / base_chips
         split = (f"TP{fixed.split.tp} PP{fixed.split.pp} DP{fixed.split.dp} ZeRO-{fixed.split.zero} "
-                 f"mb{fixed.split.micro_batch}x{fixed.split.micro_batches}")
+                 f"mb{fixed.split.micro_batch}x{fixed.split.micro_batches}"
+                 + (f" c{fixed.split.chunks}" if fixed.split.chunks > 1 else ""))
         print(f"  {name:<10}{chips:>6}  {split:<44}{fixed.time_per_step_s:>9.3f}{fixed.tokens_per_s:>10.0f}"
               f"{fixed.bound_s:>9.4f}{fixed.efficiency:>8.3f}{speedup:>8.2f}x{speedup / linear:>8.3f}"
               f"{fixed.time_per_step_s / fast.time_per_step_s:>10.2f}x")
+    print("  where each step's time goes (reproducible, seconds; pipeline = slots x the slowest stage's slot):")
+    print(f"  {'system':<10}{'compute':>9}{'TP coll.':>9}{'PP hand':>9}{'bubble':>9}{'DP sync':>9}{'update':>9}"
+          f"{'DRAM-bound':>11}  split")
+    for name, (chips, fixed, fast, secs) in rows.items():
+        st = fixed.step
+        print(f"  {name:<10}{st.compute_s:>9.4f}{st.tp_comm_s:>9.4f}{st.pp_comm_s:>9.4f}{st.bubble_s:>9.4f}"
+              f"{st.dp_comm_s:>9.4f}{st.optimizer_s:>9.4f}{'yes' if st.dram_bound else 'no':>11}  "
+              f"{fixed.split.line()}")
     chips24, plan24 = rows["24 boards"][0], rows["24 boards"][1]
     scaling = base.time_per_step_s / plan24.time_per_step_s / (chips24 / base_chips)
     eff_ok, scale_ok = plan24.efficiency >= TARGET_EFFICIENCY, scaling >= TARGET_SCALING
@@ -244,6 +253,38 @@ def _plot(results: dict, path: str) -> None:
     print(f"\nplot written to {path}")
 
 
+def _plot_search(rows: dict, path: str) -> None:
+    """The split search of each GPT-2 small plan: every split whose lower bound the planner took
+    (chips used vs seconds a step), costed in full or pruned by its bound, and the one chosen."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(rows), figsize=(5 * len(rows), 4), squeeze=False)
+    for ax, (name, (chips, fixed, _, _)) in zip(axes[0], rows.items()):
+        costed = [(s.chips, t) for s, _, t in fixed.search if t is not None]
+        pruned = [(s.chips, b) for s, b, t in fixed.search if t is None]
+        if pruned:
+            ax.scatter(*zip(*pruned), marker=".", s=6, color="0.7", label=f"pruned: lower bound ({len(pruned)})")
+        if costed:
+            ax.scatter(*zip(*costed), marker="o", s=12, color="tab:blue", label=f"costed in full ({len(costed)})")
+        ax.scatter([fixed.split.chips], [fixed.time_per_step_s], marker="*", s=160, color="tab:red", zorder=3,
+                   label=f"chosen: {fixed.time_per_step_s:.3g} s")
+        ax.axhline(fixed.bound_s, color="k", ls=":", label=f"physical bound {fixed.bound_s:.3g} s")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("chips used by the split")
+        ax.set_ylabel("seconds per step (reproducible)")
+        ax.set_title(f"GPT-2 small, {name} ({chips} chips)", fontsize=9)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    atomic_write(path, lambda f: fig.savefig(f, format=os.path.splitext(path)[1][1:] or "png", dpi=120))
+    plt.close(fig)
+    print(f"\nsplit-search plot written to {path}")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", choices=sorted(MODELS) + list(PLANNED), action="append",
@@ -259,10 +300,14 @@ def main(argv=None) -> None:
     parser.add_argument("--no-phases", action="store_true", help="skip the per-phase builds")
     parser.add_argument("--board-phases", action="store_true", help="time the phases on the board too (3 more builds)")
     parser.add_argument("--plot", default="training_scaling.png", help="where to write the scaling plot")
+    parser.add_argument("--search-plot", default=os.path.join("results", "training_split_search.png"),
+                        help="where to write the GPT-2 small split-search plot ('' for none)")
     args = parser.parse_args(argv)
     names = args.only or list(MODELS) + list(PLANNED)
     if "gpt2-small" in names:
-        gpt2_small_plans()
+        planned = gpt2_small_plans()
+        if args.search_plot and planned:
+            _plot_search(planned, args.search_plot)
     results = {name: _one(name, args) for name in names if name in MODELS}
     if args.plot and results:
         _plot(results, args.plot)

@@ -193,6 +193,49 @@ def test_reproducible_reductions_cost_no_less():
     assert fast.step.tp_comm_s < exact.step.tp_comm_s
 
 
+def test_search_finds_what_costing_every_split_finds():
+    """The branch and bound returns the split that costing every fitting split in full finds."""
+    import itertools
+
+    from tvm_spinn.training.planner import LAYOUTS, _Comms, _chunk_counts, _step_time
+
+    cfg = {**_config("gpt2-xl"), "n_layer": 4, "n_embd": 128, "n_head": 4, "vocab_size": 1000, "n_positions": 128}
+    system, seq, batch = make_system("twelve", chips=12), 64, 8
+    plan = plan_training(cfg, system, seq=seq, global_batch=batch, recompute=False)
+    spec, comms = spec_of(cfg), _Comms(system, True)
+    divisors = lambda n: [d for d in range(1, n + 1) if n % d == 0]  # noqa: E731
+    best = math.inf
+    for tp, pp, dp in itertools.product((1, 2, 4), divisors(4), divisors(batch)):
+        if tp * pp * dp > 12:
+            continue
+        for mb, zero, chunks, layout in itertools.product(divisors(batch // dp), (0, 1, 2), _chunk_counts(seq),
+                                                          LAYOUTS):
+            split = Split(tp, pp, dp, zero, mb, batch // dp // mb, False, True, chunks, layout)
+            if memory_per_chip(spec, split, seq, "adamw", system.dram_bytes).fits:
+                best = min(best, _step_time(spec, split, seq, "adamw", system, comms).total_s)
+    assert plan.time_per_step_s == pytest.approx(best, rel=1e-12)
+    costed = [t for _, _, t in plan.search if t is not None]
+    assert len(costed) == plan.candidates and min(costed) == plan.time_per_step_s
+    # every pruned bound is a lower bound no smaller than the chosen step
+    assert all(b >= plan.time_per_step_s * (1 - 1e-12) for _, b, t in plan.search if t is None)
+
+
+def test_concurrent_groups_share_the_board_edges():
+    """Groups that cross the same board edge at once cost more than one alone, and the first
+    few groups' cost (the search's pruning bound) lies between."""
+    from tvm_spinn.training.planner import _Comms
+
+    system = make_system("two", boards=2)
+    groups = np.array([[i, 48 + i] for i in range(16)])
+    for reproducible in (True, False):
+        together, few = _Comms(system, reproducible), _Comms(system, reproducible, alone=True)
+        for op in ("all_reduce", "reduce_scatter", "all_gather"):
+            one = together.collective(op, groups[:1], 2**22)
+            bound, full = few.collective(op, groups, 2**22), together.collective(op, groups, 2**22)
+            assert one <= bound * (1 + 1e-12) and bound <= full * (1 + 1e-12), (op, reproducible)
+            assert full > 2 * one, (op, reproducible)
+
+
 def test_model_too_large_names_the_smallest_system():
     with pytest.raises(TrainingPlanError, match="does not fit spinn/board") as err:
         plan_training(CONFIGS / "llama-2-7b.json", "spinn/board", seq=1024, global_batch=64)
@@ -205,6 +248,7 @@ def test_model_too_large_names_the_smallest_system():
         plan_training(CONFIGS / "llama-2-7b.json", make_system("t", boards=boards - 1), seq=1024, global_batch=64)
 
 
+@pytest.mark.slow  # ~60 s of CPU: every collective of the splits it costs is costed on the cloud's links
 def test_seventy_b_on_the_cloud():
     start = time.perf_counter()
     plan = plan_training(CONFIGS / "llama-2-70b.json", "spinn/cloud")

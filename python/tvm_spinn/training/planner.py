@@ -8,9 +8,13 @@ frozen :class:`TrainingPlan`.
 
 Layout
 ------
-Chip ``c`` of the ``tp x pp x dp`` chips used holds TP rank ``c % tp`` of pipeline stage
-``(c // tp) % pp`` of replica ``c // (tp pp)``: a TP group is ``tp`` consecutive chips (one
-hop apart on a board, :mod:`tvm_spinn.target.topology`), a stage's successor the next ``tp``.
+The ``tp x pp x dp`` chips used are numbered in one of three orders (:attr:`Split.layout`,
+innermost axis first, :data:`LAYOUTS`): ``tp,pp,dp`` (chip ``c`` holds TP rank ``c % tp`` of
+stage ``(c // tp) % pp`` of replica ``c // (tp pp)``: a TP group is ``tp`` consecutive chips,
+one hop apart on a board, :mod:`tvm_spinn.target.topology`, a stage's successor the next
+``tp``), ``tp,dp,pp`` (the replicas of a stage side by side: its data-parallel groups stay on
+its board where ``tp dp`` divides it) or ``dp,tp,pp`` (each data-parallel group on consecutive
+chips). The search takes the fastest.
 
 Memory per chip (bytes, fp32: everything 4 bytes an element)
 ------------------------------------------------------------
@@ -50,17 +54,31 @@ back) at :attr:`~tvm_spinn.target.arch.SpinnArch.dram_bw_bytes_s`, whichever is 
 TP all-reduces of the activations (two a layer forward, two backward, two more when
 recomputing; with sequence parallelism each is an all-gather and a reduce-scatter), the
 vocab-parallel embedding's and cross-entropy's, and the hand-over to the next
-stage, each costed by :mod:`tvm_spinn.timing.collectives` on the system's link graph. The 1F1B
-step takes ``(m + pp - 1)`` times the slowest stage's forward and backward (the bubble,
-``(pp - 1) / m``), then the gradient synchronisation over the ``dp`` replicas (ZeRO-0: an
-all-reduce; ZeRO-1: a reduce-scatter and an all-gather of the updated weights; ZeRO-2: a
-reduce-scatter per micro-batch and the all-gather) and the
+stage, each costed with the step patterns of :mod:`tvm_spinn.timing.collectives` on the
+system's link graph for *every group at once* (all TP groups of a slot, every stage boundary of
+every replica, all data-parallel groups: they share the links and board edges they meet; see
+:class:`_Comms`). A micro-batch may enter the pipeline as :attr:`Split.chunks` chunks of
+consecutive tokens of its sequences (token-level pipelining, TeraPipe, Li et al. 2021: a
+causal chunk attends over its sequences' earlier chunks, whose keys and values the stage keeps),
+so the step takes ``(m c + pp - 1)`` slots of the slowest stage's forward and backward of one
+chunk (the bubble, ``(pp - 1) / (m c)``), then the gradient synchronisation over the ``dp``
+replicas (ZeRO-0: an all-reduce; ZeRO-1: a reduce-scatter and an all-gather of the updated
+weights; ZeRO-2: a reduce-scatter per micro-batch and the all-gather), a tied embedding's
+(Megatron's all-reduce of its two copies' gradients, or the last stage's copy handing the
+replica's token rows to the first stage and their gradients back, the cheaper) and the
 optimizer update (its DRAM traffic or its element-wise work on the M4F cores, whichever is
-longer). In the reproducible mode (the default) every reduction follows the fixed order of
-:func:`~tvm_spinn.timing.collectives.reduction_order` (tree collectives), so the result's bits
-do not depend on the split. What is not modelled: the concurrent TP and DP groups sharing links
-(each collective is costed alone), overlap of communication with computation, and the
-host's share of the step.
+longer). In the reproducible mode (the default) every floating-point reduction is a pipelined
+chain in ascending rank order (:class:`_Comms`; the order of
+:func:`~tvm_spinn.timing.collectives.chain_all_reduce` that the compiled data-parallel step
+and the bit-exact tensor-parallel collectives run): ranks hold consecutive blocks of the
+reduced axis (micro-batches, or a GEMM's ``k``), so the additions do not depend on the split.
+What is not modelled: overlap of communication with computation, and the host's share of the
+step.
+
+Search: every split that fits is ordered by its GEMM time alone; a split's step with each
+collective costed for its first few groups only is a lower bound of its full cost, and splits are costed
+in full in the order of that bound until no other can be faster (branch and bound: the result
+is the fastest split, as costing them all would find).
 
 The physical bound (:mod:`tvm_spinn.timing.training_bound`) does not depend on the plan;
 ``efficiency = bound / time``.
@@ -69,6 +87,7 @@ The physical bound (:mod:`tvm_spinn.timing.training_bound`) does not depend on t
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import json
 import math
 import os
@@ -79,10 +98,15 @@ import numpy as np
 
 from .errors import TrainingError
 
-__all__ = ["TrainingPlan", "MemoryPerChip", "Split", "StepTime", "TrainingPlanError", "plan_training",
+__all__ = ["TrainingPlan", "MemoryPerChip", "Split", "StepTime", "TrainingPlanError", "plan_training", "LAYOUTS",
            "memory_per_chip", "model_flops", "smallest_system", "write_json", "OPTIMIZERS", "DEFAULT_SEQ",
            "DEFAULT_GLOBAL_BATCH"]
 
+#: chip orders a split may take, innermost axis first: each replica's stages side by side (the
+#: TP groups of a stage next to those of the next), the replicas of a stage side by side (a
+#: stage's data-parallel groups on one board where they fit), or the replicas of a TP rank
+#: side by side (each data-parallel group on consecutive chips)
+LAYOUTS = ("tp,pp,dp", "tp,dp,pp", "dp,tp,pp")
 #: fp32 optimizer-state elements per parameter
 OPTIMIZERS = {"adamw": 2, "momentum": 1, "sgd": 0}
 #: bytes per fp32 element
@@ -123,15 +147,38 @@ class Split:
     micro_batches: int
     recompute: bool
     sequence_parallel: bool = True
+    #: pipeline slots per micro-batch: its sequences cut into this many chunks of consecutive
+    #: tokens that enter the pipeline one after another (1: the whole micro-batch)
+    chunks: int = 1
+    #: chip order, innermost axis first (see the module docstring's Layout): one of :data:`LAYOUTS`
+    layout: str = "tp,pp,dp"
 
     @property
     def chips(self) -> int:
         return self.tp * self.pp * self.dp
 
+    @property
+    def slots(self) -> int:
+        """Pipeline inputs per replica and step: micro-batches times chunks."""
+        return self.micro_batches * self.chunks
+
+    def grid(self) -> np.ndarray:
+        """``(tp, pp, dp)`` chip ids: the chip of TP rank ``t`` of stage ``p`` of replica ``d``."""
+        sizes = {"tp": self.tp, "pp": self.pp, "dp": self.dp}
+        index = {"tp": np.arange(self.tp)[:, None, None], "pp": np.arange(self.pp)[None, :, None],
+                 "dp": np.arange(self.dp)[None, None, :]}
+        chip, stride = 0, 1
+        for axis in self.layout.split(","):
+            chip = chip + stride * index[axis]
+            stride *= sizes[axis]
+        return chip
+
     def line(self) -> str:
-        return (f"TP {self.tp} x PP {self.pp} x DP {self.dp} = {self.chips} chips, ZeRO-{self.zero}, "
-                f"{self.micro_batches} micro-batch(es) of {self.micro_batch}, recomputation "
-                f"{'on' if self.recompute else 'off'}"
+        return (f"TP {self.tp} x PP {self.pp} x DP {self.dp} = {self.chips} chips"
+                + (f" (chips in {self.layout.replace(',', ', ')} order)" if self.layout != LAYOUTS[0] else "")
+                + f", ZeRO-{self.zero}, {self.micro_batches} micro-batch(es) of {self.micro_batch}"
+                + (f" in {self.chunks} sequence chunks each" if self.chunks > 1 else "")
+                + f", recomputation {'on' if self.recompute else 'off'}"
                 + (", sequence parallel" if self.sequence_parallel and self.tp > 1 else ""))
 
 
@@ -168,6 +215,7 @@ class StepTime:
     pp_comm_s: float  # of it, stage hand-overs
     dp_comm_s: float  # gradient synchronisation (and ZeRO's all-gather)
     optimizer_s: float  # the update
+    dram_bound: bool = False  # the slowest stage's passes wait on DRAM rather than on the GEMMs
 
     @property
     def total_s(self) -> float:
@@ -198,6 +246,9 @@ class TrainingPlan:
     bound_parts_s: tuple  # ((kind, seconds), ...)
     candidates: int  # splits costed by the search
     plan_seconds: float = dataclasses.field(default=0.0, compare=False)
+    #: the search: ``(split, lower bound s, step s or None where the bound pruned it)`` for every
+    #: split whose bound was taken, in the order taken (for plots; not in :meth:`to_dict`)
+    search: tuple = dataclasses.field(default=(), compare=False, repr=False)
 
     @property
     def time_per_step_s(self) -> float:
@@ -210,8 +261,9 @@ class TrainingPlan:
 
     def to_dict(self) -> dict:
         """Plain dict (JSON-ready, deterministic: the planning time is left out)."""
-        out = dataclasses.asdict(self)
+        out = dataclasses.asdict(dataclasses.replace(self, search=()))
         out.pop("plan_seconds")
+        out.pop("search")
         out["bound_parts_s"] = dict(self.bound_parts_s)
         out["memory"]["total"] = self.memory.total
         out["step"]["total_s"] = self.step.total_s
@@ -323,15 +375,21 @@ def _layer_input(spec, tp: int, tokens: int, sequence_parallel: bool) -> int:
 
 def _stage_activations(spec, split: "Split", seq: int, stage: int, recompute: bool) -> int:
     tp, pp, mb = split.tp, split.pp, split.micro_batch
-    tokens = mb * seq
+    tokens = mb * seq // split.chunks  # one pipeline slot's tokens
     layers = spec.layers // pp
-    inflight = min(pp - stage, split.micro_batches)
+    inflight = min(pp - stage, split.slots)
     sp = split.sequence_parallel and tp > 1
     layer = _layer_activations(spec, tp, tokens, seq, sp)
     if recompute:
         total = layers * inflight * _layer_input(spec, tp, tokens, sp) + layer
     else:
         total = layers * inflight * layer
+    if split.chunks > 1:
+        # a chunk attends over the keys and values of its sequences' earlier chunks: each
+        # micro-batch with a chunk in flight keeps its whole sequences' keys and values
+        _, _, _, kv = _widths(spec, tp)
+        sequences = min(split.micro_batches, -(-inflight // split.chunks) + 1)
+        total += layers * sequences * F32 * mb * seq * 2 * kv
     if stage == pp - 1:  # the final norm's input and output, the logits
         total += 2 * _layer_input(spec, tp, tokens, sp) + F32 * tokens * -(-spec.vocab // tp)
     return total
@@ -372,13 +430,45 @@ def model_flops(spec, tokens: int, seq: int, recompute: bool = False) -> int:
 
 
 # ----------------------------------------------------------------------------- communication
-class _Comms:
-    """Collective costs on the system's link graph, cached by (op, group shape, bytes)."""
+#: segment counts a pipelined chain reduction chooses from (as chain_all_reduce)
+_CHAIN_SEGMENTS = (1, 2, 4, 8, 16, 32, 64, 128)
+#: groups costed together for a lower bound of all of them at once (a subset shares fewer links)
+_BOUND_GROUPS = 8
+#: message size at which a collective's affine cost is sampled (any size > 0 gives the same line)
+_PROBE_BYTES = float(2**20)
 
-    def __init__(self, arch, reproducible: bool):
-        from ..target.topology import topology_of
+
+class _Comms:
+    """Collectives of concurrent groups on the system's link graph, cached by (op, groups, bytes).
+
+    ``groups`` is a ``(g, c)`` array of chip ids: ``g`` groups of ``c`` ranks that run the same
+    collective at the same time (every TP group of a stage slot, every DP group of the step),
+    so their transfers share the links they meet (:meth:`Topology.evaluate` sums the bytes per
+    link and per board edge). The algorithms are the step patterns of
+    :mod:`tvm_spinn.timing.collectives` repeated over the groups:
+
+    * fastest mode: the cheaper of the ring and the binomial tree, and for a single group also
+      the multicast algorithms (:func:`~tvm_spinn.timing.collectives.all_reduce` ``"auto"``);
+    * reproducible mode: floating-point additions in one fixed order, a *pipelined chain*: the
+      buffer cut into segments that flow from rank 0 to rank ``c - 1``, each rank adding its
+      partial sums into the running sum (the ascending order of
+      :func:`~tvm_spinn.timing.collectives.chain_all_reduce`, the order the compiled data-parallel
+      step and the bit-exact tensor-parallel collectives use); an all-reduce sends each finished
+      segment back down the chain on the reverse links at the same time (``m + 2c - 3`` steps of
+      one segment), a reduce-scatter ends with the finished shards sent to their owners. A single
+      group may also use :func:`~tvm_spinn.timing.collectives.chain_all_reduce` (the multicast
+      broadcast). All-gathers add nothing: any algorithm is exact.
+    """
+
+    def __init__(self, arch, reproducible: bool, alone: bool = False):
+        from ..target.topology import board_grid, topology_of
+
+        self.alone = alone  # cost each collective for its first few groups only (a lower bound)
 
         self.topo = topology_of(arch)
+        self.per_board = arch.chips_per_board
+        self.boards = max(1, -(-arch.chips // arch.chips_per_board))
+        self.row = board_grid(self.boards)[0] if self.boards > 1 else 1  # boards along a torus row
         self.reproducible = reproducible
         self.cache: dict = {}
 
@@ -388,61 +478,154 @@ class _Comms:
             hit = self.cache[key] = make()
         return hit
 
-    def all_reduce(self, ranks: np.ndarray, nbytes: float) -> float:
-        from ..timing.collectives import all_reduce
-
-        if ranks.size < 2 or nbytes <= 0:
+    def collective(self, op: str, groups: np.ndarray, nbytes: float) -> float:
+        """Seconds of collective ``op`` run by every group of ``groups`` at once: the cheapest
+        algorithm. An algorithm is costed over all the groups only when its cost for the first
+        few groups (a subset of the transfers: a lower bound of it) is below the cheapest found
+        so far."""
+        groups = np.ascontiguousarray(groups, dtype=np.int64)
+        if groups.ndim != 2 or groups.shape[1] < 2 or nbytes <= 0:
             return 0.0
-        return self._get(("ar", ranks.tobytes(), float(nbytes)), lambda: all_reduce(
-            self.topo, ranks, nbytes, reproducible=self.reproducible).seconds)
+        groups = groups[:_BOUND_GROUPS] if self.alone else self._window(groups)
+        n = float(nbytes)
+        names = self._algorithms(op, groups.shape[0])
+        if groups.shape[0] == 1:
+            return min(self._at(op, groups, a, n) for a in names)
+        few = groups[:_BOUND_GROUPS] if groups.shape[0] > _BOUND_GROUPS else groups[:1]
+        floors = {a: self._at(op, few, a, n) for a in names}
+        best = math.inf
+        for a in sorted(names, key=lambda a: (floors[a], a)):
+            if floors[a] >= best:
+                break
+            best = min(best, self._at(op, groups, a, n))
+        return best
 
-    def reduce_scatter(self, ranks: np.ndarray, nbytes: float) -> float:
-        from ..timing.collectives import reduce_scatter
+    def _algorithms(self, op: str, g: int) -> tuple:
+        if self.reproducible and op != "all_gather":
+            return ("chain",)
+        return ("ring", "tree", "multicast") if g == 1 else ("ring", "tree")
 
-        if ranks.size < 2 or nbytes <= 0:
-            return 0.0
-        # the tree reduces in reduction_order (reproducible); the ring's order depends on the ranks
-        algorithm = "tree" if self.reproducible else "auto"
-        return self._get(("rs", ranks.tobytes(), float(nbytes)), lambda: reduce_scatter(
-            self.topo, ranks, nbytes, algorithm=algorithm).seconds)
+    def _at(self, op: str, groups: np.ndarray, algorithm: str, n: float) -> float:
+        """Seconds of one algorithm for ``n`` bytes (its affine lines cached per group pattern)."""
+        lines = self._get((op, algorithm, groups.shape, groups.tobytes()),
+                          lambda: self._lines(op, groups, algorithm))
+        return min((a * n + b for a, b in lines), default=math.inf)
 
-    def all_gather(self, ranks: np.ndarray, nbytes: float) -> float:
-        from ..timing.collectives import all_gather
+    @staticmethod
+    def _affine(cost) -> tuple:
+        """``(seconds per byte, seconds)`` of a cost function of the message size: every
+        candidate is a fixed set of routes whose link loads scale with the bytes, so its time is
+        affine in them (:meth:`Topology.link_seconds` is a maximum of loads over rates)."""
+        one, two = cost(_PROBE_BYTES), cost(2 * _PROBE_BYTES)
+        return (two - one) / _PROBE_BYTES, 2 * one - two
 
-        if ranks.size < 2 or nbytes <= 0:
-            return 0.0
-        return self._get(("ag", ranks.tobytes(), float(nbytes)), lambda: all_gather(self.topo, ranks, nbytes).seconds)
+    def _window(self, groups: np.ndarray) -> np.ndarray:
+        """The groups that lie on the system's first boards, when the rest repeat them.
 
-    def handover(self, tp: int, nbytes: float) -> float:
+        Chip ids number the boards one after another and a split's layout repeats along them,
+        so the groups on ``4 x`` the boards one group spans (at least two periods of any
+        pattern that repeats within that span), and for groups on several boards a row of the
+        torus of boards more (so a stretch that wraps to the next row is among them), load
+        their boards' links as every other stretch of boards is loaded: their concurrent cost
+        is every group's. Where that window is the whole system, all groups are costed."""
+        per_board = self.per_board
+        span = int((groups.max(axis=1) // per_board - groups.min(axis=1) // per_board).max()) + 1
+        # the window also holds a row of the torus of boards and the next board: board ids run
+        # along rows, so groups that straddle the end of a row (longer routes) are among it
+        boards = 4 * span + (self.row + 1 if span > 1 else 0)
+        if boards >= self.boards:
+            return groups
+        window = boards * per_board
+        inside = groups[groups.max(axis=1) < window]
+        return inside if inside.size else groups
+
+    def _lines(self, op: str, groups: np.ndarray, algorithm: str) -> list:
+        """One algorithm of ``op`` over ``groups`` as affine costs (class docstring); none where
+        it is not built for these ranks."""
+        from ..timing import collectives as co
+
+        g, c = groups.shape
+        if algorithm == "chain":
+            return self._chain(op, groups)
+        ranks = groups.reshape(-1)
+        if algorithm == "multicast":  # one group: the multicast trees
+            fn = {"all_reduce": co.all_reduce, "all_gather": co.all_gather, "reduce_scatter": co.reduce_scatter}[op]
+            try:
+                return [self._affine(lambda n: fn(self.topo, ranks, n, algorithm="multicast").seconds)]
+            except ValueError:  # no multicast trees over these ranks
+                return []
+        # the algorithm's steps over every group at once, each step's bandwidth term per byte and
+        # its latency (collectives._evaluate sums the steps the same way)
+        offset = (np.arange(g) * c)[:, None]
+        per_byte, fixed = 0.0, 0.0
+        for src, dst, size, repeats in co._steps(op, algorithm, c, _PROBE_BYTES):
+            step, _ = self.topo.evaluate(ranks[(offset + src[None, :]).reshape(-1)],
+                                         ranks[(offset + dst[None, :]).reshape(-1)], np.tile(size, g))
+            per_byte += repeats * step.bandwidth_s / _PROBE_BYTES
+            fixed += repeats * step.latency_s
+        return [(per_byte, fixed)]
+
+    def _chain(self, op: str, groups: np.ndarray) -> list:
+        """The pipelined chain of every group at once, one affine cost per segment count."""
+        g, c = groups.shape
+        src, dst = groups[:, :-1].reshape(-1), groups[:, 1:].reshape(-1)
+        if op == "all_reduce":  # the reduce forward and the finished segments back, concurrently
+            pairs, steps = (np.concatenate([src, dst]), np.concatenate([dst, src])), 2 * c - 3
+        else:
+            pairs, steps = (src, dst), c - 2
+        step, _ = self.topo.evaluate(pairs[0], pairs[1], _PROBE_BYTES)
+        per_byte, fixed = step.bandwidth_s / _PROBE_BYTES, step.latency_s
+        tail = (0.0, 0.0)
+        if op == "reduce_scatter":  # the last rank sends every other rank its shard
+            last, owners = np.repeat(groups[:, -1], c - 1), groups[:, :-1].reshape(-1)
+            scatter, _ = self.topo.evaluate(last, owners, _PROBE_BYTES / c)
+            tail = (scatter.bandwidth_s / _PROBE_BYTES, scatter.latency_s)
+        # m segments: (m + steps) steps of nbytes / m each
+        return [((m + steps) * per_byte / m + tail[0], (m + steps) * fixed + tail[1]) for m in _CHAIN_SEGMENTS]
+
+    def handover(self, src: np.ndarray, dst: np.ndarray, nbytes: float) -> float:
+        """Seconds of the concurrent point-to-point transfers ``src[i] -> dst[i]``."""
         from ..timing.collectives import point_to_point
 
-        if nbytes <= 0:
+        src, dst = np.ascontiguousarray(src.reshape(-1)), np.ascontiguousarray(dst.reshape(-1))
+        if nbytes <= 0 or src.size == 0:
             return 0.0
-        src = np.arange(tp)
-        return self._get(("p2p", tp, float(nbytes)), lambda: point_to_point(self.topo, src, src + tp, nbytes).seconds)
+        pairs = np.stack([src, dst], axis=1)
+        pairs = pairs[:_BOUND_GROUPS] if self.alone else self._window(pairs)
+        src, dst = np.ascontiguousarray(pairs[:, 0]), np.ascontiguousarray(pairs[:, 1])
+        return self._get(("p2p", src.tobytes(), dst.tobytes(), float(nbytes)),
+                         lambda: point_to_point(self.topo, src, dst, nbytes).seconds)
 
 
 def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms) -> StepTime:
-    tp, pp, dp, mb, m = split.tp, split.pp, split.dp, split.micro_batch, split.micro_batches
-    tokens = mb * seq
+    tp, pp, dp = split.tp, split.pp, split.dp
+    m, slots = split.micro_batches, split.slots
+    tokens = split.micro_batch * seq // split.chunks  # one pipeline slot's
     peak = 2.0 * arch.m4f_flops_per_cycle * arch.clock_hz * arch.pes_per_chip  # one chip, fp32
     dram = arch.dram_bw_bytes_s
     block, _ = _block_flops(spec, tokens, seq, tp)
     layers = spec.layers // pp
     act = F32 * tokens * spec.hidden  # the residual stream
-    tp_ranks = np.arange(tp)
+    grid = split.grid()
+    # every TP group of every stage and replica runs its collective of a slot at once
+    tp_groups = grid.reshape(tp, -1).T
     sp = split.sequence_parallel and tp > 1
     # Megatron's all-reduce of a block's output; with sequence parallelism an all-gather before
     # the block and a reduce-scatter after it (the same bytes on the links)
     if sp:
-        ar = comms.all_gather(tp_ranks, act) + comms.reduce_scatter(tp_ranks, act)
+        ar = comms.collective("all_gather", tp_groups, act) + comms.collective("reduce_scatter", tp_groups, act)
     else:
-        ar = comms.all_reduce(tp_ranks, act)
-    hand = comms.handover(tp, act / tp if sp else act) if pp > 1 else 0.0
+        ar = comms.collective("all_reduce", tp_groups, act)
+    # every stage boundary of every replica hands over at once (forward one way, backward back)
+    hand = 0.0
+    if pp > 1:
+        src, dst = grid[:, :-1, :], grid[:, 1:, :]
+        hand = comms.handover(np.concatenate([src.reshape(-1), dst.reshape(-1)]),
+                              np.concatenate([dst.reshape(-1), src.reshape(-1)]), act / tp if sp else act)
     slowest = None
     for stage in sorted({0, pp - 1}):
         params = _stage_params(spec, tp, pp, stage)
-        stored = _stage_activations(spec, split, seq, stage, split.recompute) // max(1, min(pp - stage, m))
+        stored = _stage_activations(spec, split, seq, stage, split.recompute) // max(1, min(pp - stage, slots))
         fwd = layers * block
         head = 2 * tokens * spec.hidden * -(-spec.vocab // tp) if stage == pp - 1 else 0
         bwd = 2 * (fwd + head) + (fwd if split.recompute else 0)
@@ -453,35 +636,43 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         dram_f = (F32 * params + stored) / dram
         dram_b = (F32 * params * (passes - 1) + 2 * F32 * params + stored) / dram
         comp = max(fwd / peak, dram_f) + max(bwd / peak, dram_b)
+        waits = dram_f > fwd / peak or dram_b > bwd / peak
         n_ar = (2 + 2 + (2 if split.recompute else 0)) * layers
         if stage == 0:
             n_ar += 1  # the vocab-parallel embedding's forward all-reduce
         tp_s = n_ar * ar
         if stage == pp - 1 and tp > 1:  # vocab-parallel head: its input gradient, the loss' 3 scalars
-            tp_s += ar + comms.all_reduce(tp_ranks, 3 * F32 * tokens)
-        pp_s = 2 * hand
+            tp_s += ar + comms.collective("all_reduce", tp_groups, 3 * F32 * tokens)
+        pp_s = hand  # the forward's hand-over and the backward's, both ways at once
         total = comp + tp_s + pp_s
         if slowest is None or total > slowest[0]:
-            slowest = (total, comp, tp_s, pp_s)
-    per, comp, tp_s, pp_s = slowest
-    slots = m + pp - 1
-    pipeline = slots * per
-    # gradient synchronisation over the replicas, one per chip of the first stage (the most params)
+            slowest = (total, comp, tp_s, pp_s, waits)
+    per, comp, tp_s, pp_s, waits = slowest
+    n_slots = slots + pp - 1
+    pipeline = n_slots * per
+    # gradient synchronisation over the replicas: every (TP rank, stage) group at once
     params = max(_stage_params(spec, tp, pp, s) for s in {0, pp - 1})
-    dp_ranks = np.arange(dp) * (tp * pp)
+    dp_groups = grid.reshape(-1, dp)
     if split.zero == 0:
-        dp_s = comms.all_reduce(dp_ranks, F32 * params)
+        dp_s = comms.collective("all_reduce", dp_groups, F32 * params)
     else:  # ZeRO-2 keeps only its shard of the gradients: reduce-scattered after every micro-batch
         scatters = m if split.zero == 2 else 1
-        dp_s = scatters * comms.reduce_scatter(dp_ranks, F32 * params) + comms.all_gather(dp_ranks, F32 * params)
-    if spec.tied_embeddings and pp > 1:  # the embedding's copies on the first and last stage
+        dp_s = (scatters * comms.collective("reduce_scatter", dp_groups, F32 * params)
+                + comms.collective("all_gather", dp_groups, F32 * params))
+    if spec.tied_embeddings and pp > 1:
+        # the tied table on the first and last stage: Megatron all-reduces its two gradients, or
+        # the last stage keeps the only copy and hands the rows of the replica's tokens to the
+        # first (a stage hand-over of the step's inputs) and their gradients back; the cheaper
         table = F32 * -(-spec.vocab // tp) * spec.hidden
-        dp_s += comms.all_reduce(np.array([0, (pp - 1) * tp]), table)
+        first, last = grid[:, 0, :].reshape(-1), grid[:, pp - 1, :].reshape(-1)
+        rows = F32 * (split.micro_batch * m * seq) * spec.hidden / (tp if sp else 1)
+        dp_s += min(comms.collective("all_reduce", np.stack([first, last], axis=1), table),
+                    2 * comms.handover(last, first, rows))
     shard = -(-params // dp) if split.zero >= 1 else params
     opt_s = max(_UPDATE_BYTES[optimizer] * shard / dram,
                 _UPDATE_OPS[optimizer] * shard * arch.m4f_elementwise_cycles / (arch.pes_per_chip * arch.clock_hz))
-    return StepTime(pipeline_s=pipeline, bubble_s=(pp - 1) * per, compute_s=slots * comp, tp_comm_s=slots * tp_s,
-                    pp_comm_s=slots * pp_s, dp_comm_s=dp_s, optimizer_s=opt_s)
+    return StepTime(pipeline_s=pipeline, bubble_s=(pp - 1) * per, compute_s=n_slots * comp, tp_comm_s=n_slots * tp_s,
+                    pp_comm_s=n_slots * pp_s, dp_comm_s=dp_s, optimizer_s=opt_s, dram_bound=waits)
 
 
 # ------------------------------------------------------------------------------------ search
@@ -687,10 +878,13 @@ def plan_training(config, system="spinn/board", *, seq: "int | None" = None, glo
                         continue
                     for z in (zeros if d > 1 else [zeros[0] if zero is not None else 0]):
                         for r in recomputes:
-                            split = Split(t, p, d, z, mb, per_replica // mb, r, sequence_parallel)
-                            mem = memory_per_chip(spec, split, seq, optimizer, capacity)
-                            if mem.fits:
-                                candidates.append((_compute_floor(spec, split, seq, arch), split.chips, split, mem))
+                            for k in (_chunk_counts(seq) if p > 1 else (1,)):
+                                for order in (LAYOUTS[:1] if d == 1 else LAYOUTS if p > 1 else LAYOUTS[::2]):
+                                    split = Split(t, p, d, z, mb, per_replica // mb, r, sequence_parallel, k, order)
+                                    mem = memory_per_chip(spec, split, seq, optimizer, capacity)
+                                    if mem.fits:
+                                        candidates.append((_compute_floor(spec, split, seq, arch), split.chips,
+                                                           split, mem))
     if not candidates:
         found = smallest_system(spec, arch, global_batch, seq, optimizer, tp=tp, pp=pp, dp=dp, zero=zero,
                                 micro_batch=micro_batch, recompute=recompute, sequence_parallel=sequence_parallel)
@@ -698,19 +892,34 @@ def plan_training(config, system="spinn/board", *, seq: "int | None" = None, glo
                                                   ("micro_batch", micro_batch), ("recompute", recompute))
                           if v is not None)
         raise _does_not_fit(model, system_name, arch, found, f" with {fixed}" if fixed else "")
-    candidates.sort(key=lambda c: (c[0], c[1], dataclasses.astuple(c[2])))
-    comms = _Comms(arch, reproducible)
-    best = None
-    costed = 0
+    candidates.sort(key=lambda c: (c[0], c[1], _split_key(c[2])))
+    # branch and bound: a split's step with every collective costed for one group alone (no
+    # other group on its links) is a lower bound of its step with all groups at once, and far
+    # cheaper; splits are costed in full in the order of that bound until none can be faster
+    comms, alone = _Comms(arch, reproducible), _Comms(arch, reproducible, alone=True)
+    best, costed, queue, search = None, 0, [], {}
+
+    def settle(limit: float):
+        nonlocal best, costed
+        while queue and queue[0][0] < limit and (best is None or queue[0][0] < best[0]):
+            bound, _, _, split, mem = heapq.heappop(queue)
+            step = _step_time(spec, split, seq, optimizer, arch, comms)
+            search[split] = (split, bound, step.total_s)
+            costed += 1
+            key = (step.total_s, split.chips, _split_key(split))
+            if best is None or key < best:
+                best = (*key, step, split, mem)
+
     for floor, chips, split, mem in candidates:
-        if best is not None and floor >= best[0].total_s:
+        settle(floor)
+        if best is not None and floor >= best[0]:
             break  # sorted by floor: nothing later can be faster
-        step = _step_time(spec, split, seq, optimizer, arch, comms)
-        costed += 1
-        key = (step.total_s, split.chips)
-        if best is None or key < (best[0].total_s, best[1].chips):
-            best = (step, split, mem)
-    step, split, mem = best
+        bound = _step_time(spec, split, seq, optimizer, arch, alone).total_s
+        search[split] = (split, bound, None)
+        if best is None or bound < best[0]:
+            heapq.heappush(queue, (bound, chips, _split_key(split), split, mem))
+    settle(math.inf)
+    step, split, mem = best[3:]
     from ..timing.training_bound import training_bound
 
     tokens = global_batch * seq
@@ -724,16 +933,37 @@ def plan_training(config, system="spinn/board", *, seq: "int | None" = None, glo
         tokens_per_s=tokens / step.total_s, utilisation=flops / (step.total_s * peak_used),
         bound_s=bound.total_s, bound_binding=bound.binding,
         bound_parts_s=tuple(sorted(bound.parts().items())), candidates=costed,
-        plan_seconds=time.perf_counter() - start)
+        plan_seconds=time.perf_counter() - start, search=tuple(search.values()))
+
+
+#: fewest tokens of one sequence in a pipeline chunk (below it the hand-overs' hop latencies
+#: and the per-slot weight reads dominate any pipeline)
+MIN_CHUNK_TOKENS = 16
+
+
+def _chunk_counts(seq: int) -> list:
+    """Chunk counts a pipeline may cut its sequences into: powers of two dividing ``seq`` with
+    at least :data:`MIN_CHUNK_TOKENS` tokens a chunk (1: whole sequences)."""
+    out, k = [1], 2
+    while seq % k == 0 and seq // k >= MIN_CHUNK_TOKENS:
+        out.append(k)
+        k *= 2
+    return out
+
+
+def _split_key(split: Split) -> tuple:
+    """A total order of splits (ties of the search go to the first)."""
+    return (split.tp, split.pp, split.dp, split.zero, split.micro_batch, split.micro_batches, split.recompute,
+            split.sequence_parallel, split.chunks, split.layout)
 
 
 def _compute_floor(spec, split: Split, seq: int, arch) -> float:
     """The GEMM time of the pipeline alone: a lower bound of the split's step."""
     peak = 2.0 * arch.m4f_flops_per_cycle * arch.clock_hz * arch.pes_per_chip
-    tokens = split.micro_batch * seq
+    tokens = split.micro_batch * seq // split.chunks
     block, _ = _block_flops(spec, tokens, seq, split.tp)
     per = (3 + split.recompute) * spec.layers // split.pp * block
-    return (split.micro_batches + split.pp - 1) * per / peak
+    return (split.slots + split.pp - 1) * per / peak
 
 
 def _does_not_fit(model: str, system: str, arch, found, given: str = "") -> TrainingPlanError:
