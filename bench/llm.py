@@ -283,6 +283,7 @@ def part_scaling(args) -> list[dict]:
     plot (``--plot``, default ``bench/results/scaling.png``)."""
     from tvm_spinn.llm import LLMError
     from tvm_spinn.llm.plan import plan
+    from tvm_spinn.target.topology import board_grid
 
     configs = importlib.resources.files("tvm_spinn.llm") / "configs"
     rows = []
@@ -290,8 +291,8 @@ def part_scaling(args) -> list[dict]:
         for dtype in args.dtypes:
             print(f"\n== scaling: {name} {dtype}, batch {args.batch}, seq {args.seq}, {args.handover} hand-overs "
                   "(config only: no weights, timing model)")
-            head = (f"{'system':<10}{'boards':>7}{'used':>6}{'placement':>26}{'tok/s/user':>12}{'eff.':>8}"
-                    f"{'ms/token':>10}{'bound ms':>10}{'plan s':>8}")
+            head = (f"{'system':<10}{'boards':>7}{'torus':>8}{'used':>6}{'placement':>26}{'tok/s/user':>12}"
+                    f"{'eff.':>8}{'ms/token':>10}{'bound ms':>10}{'plan s':>8}")
             print(head + "\n" + "-" * len(head))
             mine = []
             for system in SCALING:
@@ -305,14 +306,17 @@ def part_scaling(args) -> list[dict]:
                     continue
                 used = math.ceil(p.chips_used / 48)
                 mine.append(dict(model=name, system=system, boards=boards, dtype=dtype, plan=p, used=used))
-                print(f"{system:<10}{boards:>7g}{used:>6}{_placement(p):>26}{p.tokens_per_s_per_user:>12.3f}"
+                torus = "x".join(map(str, board_grid(boards))) if boards > 1 else "-"
+                print(f"{system:<10}{boards:>7g}{torus:>8}{used:>6}{_placement(p):>26}{p.tokens_per_s_per_user:>12.3f}"
                       f"{p.efficiency:>8.4f}{1e3 / p.tokens_per_s_per_user:>10.3f}{p.physical_bound_s * 1e3:>10.4g}"
                       f"{time.perf_counter() - start:>8.1f}")
             falls = [(a["boards"], b["boards"]) for a, b in zip(mine, mine[1:])
                      if b["plan"].tokens_per_s_per_user < a["plan"].tokens_per_s_per_user]
             print("tokens/s per user " + ("never falls" if not falls else
                                           "falls " + ", ".join(f"from {a:g} to {b:g} boards" for a, b in falls))
-                  + "; used: the boards the plan runs on (the rest idle); eff.: physical bound / token period")
+                  + "; torus: the system's torus of boards (its rows and columns close into rings of that many "
+                  "boards; no larger torus holds a smaller one's short rings); used: the boards the plan runs on "
+                  "(the rest idle); eff.: physical bound / token period")
             rows += mine
     return rows
 
