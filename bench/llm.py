@@ -25,6 +25,11 @@ Three parts, each printed as one table from one run:
   over several board counts, tokens/s per user with the boards each plan uses and its
   efficiency; a plot of tokens/s per user against boards, the physical bound dotted (``--plot``,
   written atomically).
+* ``scaling`` (run alone): one model (Llama-2-70B by default) over 1, 2, 4, 8, 24, 72, 240 and
+  720 boards: one table of the boards in each system and the boards its plan uses (a plan may
+  leave boards idle), the placement, tokens/s per user, the efficiency against the physical
+  bound and the token period, whether tokens/s per user ever falls, and the plot (``--plot``;
+  by default ``bench/results/scaling.png``, a git-ignored folder).
 * ``prefill`` (run alone): the prompt's own plan (``tvm_spinn.llm.prefill``) for 128 / 2,048 /
   4,096-token prompts on Llama-2-70B and 8,192 on Llama-3.1-70B per system: time to first token,
   its plan-independent bound and efficiency, the chunk size, stages and boards the search chose.
@@ -36,6 +41,7 @@ Three parts, each printed as one table from one run:
     python bench/llm.py --part generate --new-tokens 32
     python bench/llm.py --part plan --models llama-2-70b --systems boards24 --dead-boards 5   # healthy and as is
     python bench/llm.py --part prefill --systems board boards24 cloud   # TTFT: 128-8192-token prompts
+    python bench/llm.py --part scaling --plot scaling.png   # Llama-2-70B over 1, 2, ... 720 boards
 
 Timings on this shared 2-core machine vary between runs (up to 2x for sub-millisecond steps).
 """
@@ -269,6 +275,52 @@ def part_plan(args) -> list[dict]:
     return rows
 
 
+@_with_board_systems
+def part_scaling(args) -> list[dict]:
+    """One model over the systems of :data:`SCALING` (1 to 720 boards): one table of the boards
+    in the system and the boards the plan uses, its placement, tokens/s per user, the efficiency
+    against the physical bound and the token period; whether tokens/s per user ever falls; the
+    plot (``--plot``, default ``bench/results/scaling.png``)."""
+    from tvm_spinn.llm import LLMError
+    from tvm_spinn.llm.plan import plan
+    from tvm_spinn.target.topology import board_grid
+
+    configs = importlib.resources.files("tvm_spinn.llm") / "configs"
+    rows = []
+    for name in args.models:
+        for dtype in args.dtypes:
+            print(f"\n== scaling: {name} {dtype}, batch {args.batch}, seq {args.seq}, {args.handover} hand-overs "
+                  "(config only: no weights, timing model)")
+            head = (f"{'system':<10}{'boards':>7}{'torus':>8}{'used':>6}{'placement':>26}{'tok/s/user':>12}"
+                    f"{'eff.':>8}{'ms/token':>10}{'bound ms':>10}{'plan s':>8}")
+            print(head + "\n" + "-" * len(head))
+            mine = []
+            for system in SCALING:
+                target, boards = SYSTEMS[system]
+                start = time.perf_counter()
+                try:
+                    p = plan(str(configs / f"{name}.json"), target=target, batch=args.batch, seq=args.seq,
+                             dtype=dtype, handover=args.handover)
+                except (LLMError, ValueError) as err:
+                    print(f"{system:<10}{boards:>7g}  {err}")
+                    continue
+                used = math.ceil(p.chips_used / 48)
+                mine.append(dict(model=name, system=system, boards=boards, dtype=dtype, plan=p, used=used))
+                torus = "x".join(map(str, board_grid(boards))) if boards > 1 else "-"
+                print(f"{system:<10}{boards:>7g}{torus:>8}{used:>6}{_placement(p):>26}{p.tokens_per_s_per_user:>12.3f}"
+                      f"{p.efficiency:>8.4f}{1e3 / p.tokens_per_s_per_user:>10.3f}{p.physical_bound_s * 1e3:>10.4g}"
+                      f"{time.perf_counter() - start:>8.1f}")
+            falls = [(a["boards"], b["boards"]) for a, b in zip(mine, mine[1:])
+                     if b["plan"].tokens_per_s_per_user < a["plan"].tokens_per_s_per_user]
+            print("tokens/s per user " + ("never falls" if not falls else
+                                          "falls " + ", ".join(f"from {a:g} to {b:g} boards" for a, b in falls))
+                  + "; torus: the system's torus of boards (its rows and columns close into rings of that many "
+                  "boards; no larger torus holds a smaller one's short rings); used: the boards the plan runs on "
+                  "(the rest idle); eff.: physical bound / token period")
+            rows += mine
+    return rows
+
+
 def _faults(args) -> dict:
     """The fault fields ``--dead-*`` / ``--allocated-boards`` give (empty: healthy systems only)."""
     from tvm_spinn.target.faults import parse_ids
@@ -370,10 +422,16 @@ def plot(rows: list[dict], path: str) -> None:
                      for r in rows if (r["model"], r["dtype"]) == key)
         line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{key[0]} {key[1]}")
         ax.plot([p[0] for p in pts], [p[2] for p in pts], ":", color=line.get_color())
+        for r in rows:  # the boards each plan runs on, where the table has them
+            if (r["model"], r["dtype"]) == key and "used" in r:
+                ax.annotate(f"{r['used']}", (r["boards"], r["plan"].tokens_per_s_per_user), fontsize=6,
+                            textcoords="offset points", xytext=(0, 4), ha="center", color=line.get_color())
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("boards (48 chips each)")
     ax.set_ylabel("tokens/s per user (dotted: physical bound)")
+    if any("used" in r for r in rows):
+        ax.set_title("labels: boards the plan uses", fontsize=8)
     ax.legend(fontsize=7)
     fig.tight_layout()
     from tvm_spinn._files import atomic_write
@@ -384,14 +442,15 @@ def plot(rows: list[dict], path: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--part", choices=("generate", "plan", "prefill", "all"), default="all")
+    ap.add_argument("--part", choices=("generate", "plan", "prefill", "scaling", "all"), default="all")
     ap.add_argument("--families", nargs="+", default=["gpt2", "llama"], choices=("gpt2", "llama"))
     ap.add_argument("--dtypes", nargs="+", default=["fp32", "int8"], choices=("fp32", "int8"))
     ap.add_argument("--prompts", type=int, default=2, help="batch of prompts generated together")
     ap.add_argument("--prompt-len", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--models", nargs="+", default=["llama-2-7b", "llama-2-70b"],
+    ap.add_argument("--models", nargs="+", default=None, help="default: llama-2-7b and llama-2-70b "
+                    "(--part scaling: llama-2-70b)",
                     choices=("llama-2-7b", "llama-2-13b", "llama-2-70b", "gpt2-xl"))
     ap.add_argument("--systems", nargs="+", default=["chip", "board", "boards24", "cloud"],
                     choices=sorted(SYSTEMS) + ["scaling"], help="'scaling': 1, 2, 4, 8, 24, 72, 240 and 720 boards")
@@ -411,6 +470,7 @@ def main() -> None:
     ap.add_argument("--prefill", nargs="+", default=list(PREFILL_CASES),
                     help="--part prefill: model:prompt-tokens cases (a shipped config's name)")
     args = ap.parse_args()
+    args.models = args.models or (["llama-2-70b"] if args.part == "scaling" else ["llama-2-7b", "llama-2-70b"])
     args.systems = [x for s in args.systems for x in (SCALING if s == "scaling" else (s,))]
     if args.part in ("generate", "all"):
         part_generate(args)
@@ -420,6 +480,14 @@ def main() -> None:
             plot(rows, args.plot)
     if args.part == "prefill":
         part_prefill(argparse.Namespace(**{**vars(args), "dtypes": args.plan_dtypes}))
+    if args.part == "scaling":
+        rows = part_scaling(argparse.Namespace(**{**vars(args), "dtypes": args.plan_dtypes}))
+        if rows:
+            path = args.plot
+            if path is None:  # the default lies in bench/results/ (git-ignored)
+                path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "scaling.png")
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+            plot(rows, path)
 
 
 if __name__ == "__main__":

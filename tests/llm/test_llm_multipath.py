@@ -161,3 +161,69 @@ def test_board_patches_tile_the_grid_with_compact_groups():
     assert len(cloud) == 6 * 7 and cloud[0][:5] == [0, 1, 2, 3, 24] and cloud[6][0] == 20 + 24 * 4
     assert all(len(set(p)) == 16 for p in cloud) and len({b for p in cloud for b in p}) == 16 * len(cloud)
     assert board_patches((2, 2), 8) == [] and board_patches((4, 6), 8, (3, 3)) == []
+
+
+@pytest.fixture(scope="module")
+def sixty_four():
+    arch = tvm_spinn.make_system("spinn2-64-boards", boards=64)  # an 8 x 8 torus: a 2 x 4 patch does not close
+    return arch, topology_of(arch)
+
+
+def test_negotiated_trees_are_multicast_trees_and_beat_the_breadth_first_ones_on_an_open_patch(sixty_four):
+    """On a patch of a larger torus the shortest paths crowd onto a few edges; the negotiated
+    trees route round them. Each is still a multicast tree per share: every member receives
+    every other member's share exactly once, no link carries a share twice."""
+    from tvm_spinn.timing import collectives as C
+
+    arch, topo = sixty_four
+    graph = topo.board_graph()
+    members = np.array([0, 1, 2, 3, 8, 9, 10, 11])
+    halo = np.setdiff1d(np.unique(graph.neighbors[members]), members)
+    ranks = np.concatenate([members, halo[halo >= 0]])
+    g, n = members.size, 32768.0
+
+    def seconds(trees):  # the all-reduce's two steps over the graph of boards: busiest link, deepest route
+        shares, latency, _, _, rev_shares, back = trees
+        return graph.link_seconds(rev_shares * n / g) + back + graph.link_seconds(shares * n / g) + latency
+
+    spread = C._spread_trees(graph, ranks, g, n / g)
+    negotiated = C._negotiated_trees(graph, ranks, g, n / g)
+    for trees in (spread, negotiated):
+        shares, rev_shares = trees[0], trees[4]
+        used, back = np.flatnonzero(shares), np.flatnonzero(rev_shares)
+        # the multicast: every member receives each other share once; the reduce (the same
+        # links reversed): every member sends each other share's sum on once
+        into = np.bincount(graph.neighbors.reshape(-1)[used], weights=shares[used], minlength=topo.boards)
+        out = np.bincount(back // 6, weights=rev_shares[back], minlength=topo.boards)
+        assert (into[members] == g - 1).all() and (out[members] == g - 1).all()
+        assert shares.max() <= g and shares.sum() == rev_shares.sum()
+    # a share on each of a board's six edges at the least: (g - 1) shares over 6 edges each way
+    assert seconds(negotiated) >= 2 * np.ceil((g - 1) / 6) * (n / g) / graph.link_bw.min()
+    assert seconds(negotiated) < 0.8 * seconds(spread)
+    order = ring_order(topology_of(arch.replace(chips=48)), 48)
+    grid = [[int(c) + b * 48 for c in order] for b in members]
+    assert board_group_all_reduce(topo, grid, n).seconds == pytest.approx(
+        seconds(negotiated) + all_gather(topo, grid[0], n).seconds)
+
+
+def test_sliced_hand_over_sends_a_slice_a_board(sixty_four):
+    from tvm_spinn.timing.collectives import sliced_hand_over
+
+    arch, topo = sixty_four
+    src, dst, n = [0, 1, 8, 9], [2, 3, 10, 11], 32768.0
+    chips = np.arange(48)
+    whole = point_to_point(topo, np.concatenate([chips + b * 48 for b in src]),
+                           np.concatenate([chips + b * 48 for b in dst]), n / 48)
+    cost = sliced_hand_over(topo, src, dst, n)
+    assert cost.algorithm == "sliced" and cost.nbytes == n
+    # a quarter of the bytes a board: at least a slice over one board edge, well under the whole
+    rate = edge_rate(topo).max()
+    assert n / 4 / rate <= cost.seconds < whole.seconds / 2
+    # each board sends to the nearest free board on the graph of boards: board (a, b) to
+    # (a + 2, b), two board edges (board 1 is as near to 3 as to 10, and 3 comes first)
+    assert cost.seconds == pytest.approx(point_to_point(
+        topo, np.concatenate([chips + b * 48 for b in src]), np.concatenate([chips + b * 48 for b in dst]),
+        n / 4 / 48).seconds)
+    for bad in (([0, 1], [1, 2]), ([0, 1], [2]), ([0, 0], [2, 3])):
+        with pytest.raises(ValueError, match="sliced_hand_over"):
+            sliced_hand_over(topo, *bad, n)

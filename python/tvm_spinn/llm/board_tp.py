@@ -17,9 +17,11 @@ not depend on ``g``; an fp32 model (``dtype="fp32"``) is not planned this way (i
 need the bit-exact chain across boards).
 
 The model's blocks are split into consecutive runs, one run per group; consecutive groups hand
-the hidden state over board to board (every board of a group holds all of it after the
-all-reduce, and sends it to its counterpart in the next group), the last group to the board
-that runs the LM head. A token's latency is the sum of the groups' runs, their all-reduces, the
+the hidden state over in slices: the group's last all-reduce stops after its reduce-scatter,
+each board sends its slice to a board of the next group, and the next group's all-gather
+completes it (:func:`tvm_spinn.timing.collectives.sliced_hand_over`; or every board the whole
+state to its counterpart, where that is cheaper); the last group hands it to the board that
+runs the LM head. A token's latency is the sum of the groups' runs, their all-reduces, the
 hand-overs and the head, with the token's way back from the head's board to the first group and
 the host's I/O (:func:`tvm_spinn.llm.plan._step_io`). A board's run of blocks is timed from its
 slice mapped twice on one board: alone with its weights resident (the first blocks, as many as
@@ -29,7 +31,10 @@ streaming its weights from DRAM (the rest). The time to first token is planned f
 Groups are ``g`` neighbouring boards of the torus of boards
 (:func:`tvm_spinn.target.topology.board_grid`), in a cycle where ``g`` allows
 (:func:`board_groups`) or the most nearly square patch (:func:`board_patches`), whichever
-all-reduces faster. On a system with faults only groups of whole boards
+all-reduces faster. The degrees are mapped in the order of what their all-reduces alone cost
+a token: on a torus whose rows close into rings of a few boards a wide group all-reduces
+fastest, on a larger one (whose patches do not close) a narrow group, which leaves room for
+more groups and so for more blocks resident in SRAM, may be the faster. On a system with faults only groups of whole boards
 (:func:`tvm_spinn.target.faults.whole_boards`: usable, every chip working) are formed, and the
 head runs on a whole board.
 While one token is in flight the links are otherwise idle, so an all-reduce's trees may pass
@@ -46,13 +51,14 @@ import numpy as np
 
 __all__ = ["TP_BOARDS", "slice_config", "board_groups", "board_patches", "records"]
 
-#: Boards one block is tensor-parallel over, tried from the largest that leaves a board for the
-#: head down (each must divide the heads and the intermediate size; up to :data:`MAX_MAPPED`
-#: degrees are mapped): more boards stream a block's weights from more DRAM at once, and the
-#: all-reduces over the graph of boards grow slowly with the group.
+#: Boards one block is tensor-parallel over (each must divide the heads and the intermediate
+#: size, and leave a board for the head), tried in the order of what their all-reduces alone
+#: cost a token, up to :data:`MAX_MAPPED` of them: more boards stream a block's weights from
+#: more DRAM at once, fewer leave room for more groups (more blocks resident in SRAM).
 TP_BOARDS = (2, 4, 8, 16, 32)
 #: Degrees mapped with the PE-level model at most (planning time: each maps a block once more);
-#: the search stops earlier after two degrees slower than the best.
+#: the search stops earlier at a degree whose all-reduces alone take longer than the fastest
+#: token found.
 MAX_MAPPED = 3
 #: Group counts tried besides every group used and the fewest that keep the blocks resident
 GROUP_COUNTS = 8
@@ -147,7 +153,8 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     plan's stages already mapped (:func:`tvm_spinn.llm.plan._map_stage`)."""
     from ..mapping.planner import resident_capacity
     from ..target.topology import board_grid, ring_order, topology_of
-    from ..timing.collectives import board_group_all_reduce, multipath_point_to_point, point_to_point
+    from ..timing.collectives import (board_group_all_reduce, multipath_point_to_point, point_to_point,
+                                      sliced_hand_over)
     P = importlib.import_module(".plan", __package__)
     from .describe import describe
 
@@ -170,17 +177,23 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     head_s = sum(st.latency_s for st in head_stages)
     L = spec.layers
     hidden = batch * spec.hidden
-    out, best, slower, mapped = {}, math.inf, 0, 0
+    out, best, mapped = {}, math.inf, 0
 
     def handover_s(src_boards, dst_boards, nbytes) -> float:
         """Every board of one group to its counterpart in the next (or all to the head's board),
         each chip its share, at once on the link graph; one board to another also over every
-        edge-disjoint path between them (one token in flight: the links are free), the cheaper."""
+        edge-disjoint path between them (one token in flight: the links are free); a group to
+        the next also in slices (the last all-reduce's reduce-scatter on the one group, its
+        all-gather on the next), the cheapest."""
         src = np.concatenate([np.arange(cpb) + b * cpb for b in src_boards])
         dst = np.concatenate([np.arange(cpb) + b * cpb for b in dst_boards])
         direct = point_to_point(topo, src, dst, nbytes / cpb).seconds
         if batch == 1 and len(src_boards) == 1 and len(dst_boards) == 1 and src_boards[0] != dst_boards[0]:
             return min(direct, multipath_point_to_point(topo, src_boards[0], dst_boards[0], nbytes).seconds)
+        if len(src_boards) == len(dst_boards) > 1 and handover_bytes <= 4:
+            # the next group's all-gather is the one the all-reduce (int32 sums, 4 bytes an
+            # element) ran on this group: no narrower a hand-over makes it dearer
+            return min(direct, sliced_hand_over(topo, src_boards, dst_boards, nbytes, cpb).seconds)
         return direct
 
     pairs: dict = {}
@@ -192,26 +205,44 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
             pairs[key] = handover_s(groups[j], groups[j + 1], nbytes)
         return pairs[key]
 
-    for g in sorted((g for g in TP_BOARDS if g + 1 <= boards), reverse=True):
-        if mapped >= MAX_MAPPED:
-            break
-        sliced = slice_config(cfg, spec, g)
-        if sliced is None:
+    reduces: dict = {}
+
+    def reduce_of(lay) -> float:
+        """The int32 partial sums' all-reduce over a layout's first group (every group of a
+        layout is a translate of it on the torus of boards), costed once per group."""
+        key = tuple(lay[0])
+        if key not in reduces:
+            reduces[key] = board_group_all_reduce(topo, [[int(c) + b * cpb for c in order] for b in lay[0]],
+                                                  hidden * 4).seconds
+        return reduces[key]
+
+    # each degree's layout: the one whose all-reduce is the cheaper of bands of two rows and
+    # compact patches (the most nearly square patch only: planning time); on a system with
+    # faults, groups of whole boards only
+    degrees = []
+    for g in (g for g in TP_BOARDS if g + 1 <= boards):
+        if slice_config(cfg, spec, g) is None:
             continue
-        # the layout whose all-reduce is the cheaper: bands of two rows, or compact patches
-        # (the most nearly square patch only: planning time); on a system with faults, groups
-        # of whole boards only
         layouts = [[grp for grp in lay if set(grp) <= set(whole)]
                    for lay in (board_groups(torus, g), board_patches(torus, g))]
         layouts = [lay for lay in layouts if lay]
         if not layouts:
             continue
-        groups = min(layouts, key=lambda lay: (board_group_all_reduce(
-            topo, [[int(c) + b * cpb for c in order] for b in lay[0]], hidden * 4).seconds, -len(lay)))
+        groups = min(layouts, key=lambda lay: (reduce_of(lay), -len(lay)))
         free = [b for b in whole if all(b not in grp for grp in groups)]
-        usable = len(groups) - (0 if free else 1)  # the head needs a board of its own
-        if usable < 1:
-            continue
+        if len(groups) - (0 if free else 1) >= 1:  # the head needs a board of its own
+            degrees.append((2 * L * reduce_of(groups) + head_s, -g, groups, free))
+    # the degrees in the order of what their all-reduces alone cost a token (a bound on each
+    # degree's token: its blocks, hand-overs and loop come on top), mapped while that bound
+    # is below the fastest token found: on a small torus whose rows close into rings the
+    # widest group all-reduces fastest, on a large one a narrow group that leaves room for
+    # more groups (every block resident) may be the faster
+    for floor_s, g, groups, free in sorted(degrees, key=lambda d: d[:2]):
+        g = -g
+        if mapped >= MAX_MAPPED or floor_s >= best:
+            break
+        sliced = slice_config(cfg, spec, g)
+        usable = len(groups) - (0 if free else 1)
         steps.set_postfix_str(f"map: blocks tensor-parallel over {g} boards")
         from .spec import spec_of
 
@@ -237,7 +268,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                     P._map_stage(list(dec), board, host_shapes, spec.cache_slots(seq), weights="stream", memo=memo))
         mapped += 1
         grid = [[int(c) + b * cpb for c in order] for b in groups[0]]
-        reduce_s = board_group_all_reduce(topo, grid, hidden * 4).seconds  # int32 partial sums
+        reduce_s = reduce_of(groups)  # int32 partial sums
         for per_group in options:
             n_groups = math.ceil(L / per_group)
             sizes = [per_group] * (n_groups - 1) + [L - per_group * (n_groups - 1)]
@@ -272,7 +303,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                 description=(f"each block tensor-parallel over a group of {g} boards ({g * cpb} chips: heads and "
                              f"MLP columns split across the boards, two all-reduces of int32 partial sums a block "
                              f"on the board links), {n_groups} group(s) of {per_group} block(s) pipelined, the "
-                             f"hidden state handed over group to group, the head on one board"),
+                             f"hidden state handed over group to group in slices, the head on one board"),
                 meta={"stages": n_groups + 1, "boards_per_stage": g, "blocks_per_stage": per_group,
                       "boards_used": g * n_groups + 1, "tp_boards": g, "groups": n_groups,
                       **({"boards": sorted({b for grp in groups[:n_groups] for b in grp} | {head_board})}
@@ -290,10 +321,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
             if k != keep:
                 del out[k]
         steps.update()
-        slower = slower + 1 if out[keep]["period_s"] >= best else 0
         best = min(best, out[keep]["period_s"])
-        if slower >= 2:
-            break
     if out:  # the time to first token of the fastest (mapping a slice's prefill costs planning time)
         name = min(out, key=lambda k: (out[k]["period_s"], out[k]["used"], k))
         parts, grid, groups, n_groups, head_board = out[name]["_ttft"]

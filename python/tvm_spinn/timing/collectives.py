@@ -53,6 +53,7 @@ message per step, the ring ``n / c`` but ``2 (c - 1)`` latencies, so tiny messag
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -65,7 +66,8 @@ import numpy as np
 __all__ = [
     "CollectiveCost", "all_gather", "all_reduce", "chain_all_reduce", "fixed_order_sum", "point_to_point",
     "reduce_scatter", "reduction_order", "chip_blocks", "MULTICAST_MAX_RANKS", "board_all_reduce",
-    "board_group_all_reduce", "multipath_point_to_point", "water_fill", "all_to_all", "board_all_to_all",
+    "board_group_all_reduce", "multipath_point_to_point", "sliced_hand_over", "water_fill", "all_to_all",
+    "board_all_to_all",
 ]
 
 _ALGORITHMS = ("ring", "tree")
@@ -362,6 +364,96 @@ def _spread_trees(graph, ranks: np.ndarray, sources: int, share_bytes: float):
     return result
 
 
+#: Rounds of :func:`_negotiated_trees` at most; it stops earlier after
+#: :data:`_NEGOTIATE_PATIENCE` rounds without a cheaper set of trees
+_NEGOTIATE_ROUNDS = 32
+_NEGOTIATE_PATIENCE = 10
+
+
+def _negotiated_trees(graph, ranks: np.ndarray, sources: int, share_bytes: float):
+    """Multicast trees for the graph of boards found by negotiated congestion: every round,
+    each source's tree is rebuilt as the cheapest-path tree (Dijkstra, ties to the lower rank)
+    under link costs of a hop's latency plus a share's time on the link, that time scaled up
+    by the shares the other trees already put on it (a factor growing each round) and by a
+    history charge on the links that were the busiest in earlier rounds; the relays a tree
+    reaches no member through are pruned. The rounds' cheapest result (the all-reduce's two
+    steps: busiest link and deepest route, each way) is kept. Unlike :func:`_spread_trees`,
+    whose trees follow one breadth-first order per source, a tree here may take any route, so
+    on a group whose own edges do not close into rings (a patch of a larger torus) the shares
+    go round the group's border and through the relays around it rather than queueing on the
+    few edges of the shortest paths. Same result tuple as :func:`_multicast_trees` (None where
+    the ranks' links do not connect them); memoized on the graph per size."""
+    import heapq
+
+    key = ("negotiated_trees", ranks.tobytes(), int(sources), float(share_bytes))
+    if key in graph.memo:
+        return graph.memo[key]
+    if _multicast_trees(graph, ranks, sources) is None:  # the ranks' links do not connect them
+        graph.memo[key] = None
+        return None
+    c = ranks.size
+    member = {int(r): i for i, r in enumerate(ranks)}
+    nb = np.array([[member.get(int(v), -1) for v in graph.neighbors[r]] for r in ranks], dtype=np.int64)
+    wait = share_bytes / graph.link_bw
+    hop = graph.link_hop_s
+    load, history = np.zeros(graph.nodes * 6), np.zeros(graph.nodes * 6)
+    trees: list = [{} for _ in range(sources)]
+    best, stale = None, 0
+    for round_ in range(_NEGOTIATE_ROUNDS):
+        present = 0.5 * 1.5 ** round_
+        for s in range(sources):
+            for link in trees[s].values():
+                load[link] -= 1.0
+            dist, parent, done, heap = {s: 0.0}, {}, set(), [(0.0, s)]
+            while heap:
+                d, u = heapq.heappop(heap)
+                if u in done:
+                    continue
+                done.add(u)
+                for k in range(6):
+                    v = int(nb[u, k])
+                    if v < 0 or v in done:
+                        continue
+                    link = int(ranks[u]) * 6 + k
+                    cost = d + hop[link] + wait[link] * (1.0 + history[link] + present * load[link])
+                    if cost < dist.get(v, math.inf):
+                        dist[v], parent[v] = cost, link
+                        heapq.heappush(heap, (cost, v))
+            tree, needed = {}, set(range(sources))
+            for v in sorted(parent, key=lambda v: (-dist[v], v)):  # children before parents
+                if v in needed:
+                    tree[v] = parent[v]
+                    needed.add(member[int(parent[v] // 6)])
+            trees[s] = tree
+            for link in tree.values():
+                load[link] += 1.0
+        rev_load = np.zeros_like(load)
+        latency = back = 0.0
+        hops = 0
+        for s in range(sources):
+            for v, link in trees[s].items():
+                rev_load[int(ranks[v]) * 6 + (int(link % 6) + 3) % 6] += 1.0
+                out, ret, n, u = 0.0, 0.0, 0, v
+                while u != s:  # up to the source: the route's latency each way
+                    up = trees[s][u]
+                    out += hop[up]
+                    ret += hop[int(ranks[u]) * 6 + (int(up % 6) + 3) % 6]
+                    n += 1
+                    u = member[int(up // 6)]
+                latency, back, hops = max(latency, out), max(back, ret), max(hops, n)
+        seconds = (graph.link_seconds(rev_load * share_bytes) + back + graph.link_seconds(load * share_bytes)
+                   + latency)
+        if best is None or seconds < best[0]:
+            best, stale = (seconds, (load.copy(), float(latency), hops, hops, rev_load, float(back))), 0
+        else:
+            stale += 1
+            if stale >= _NEGOTIATE_PATIENCE:
+                break
+        history += 0.5 * (load >= load.max())
+    graph.memo[key] = best[1]
+    return best[1]
+
+
 def _multicast(topo: "Topology", ranks: np.ndarray, nbytes: float) -> "CollectiveCost | None":
     """The multicast all-gather's cost, or None where it is not built (see the module docstring)."""
     c = ranks.size
@@ -643,8 +735,8 @@ def board_group_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbyt
     serial links' rate, so each board's share is reduced and multicast along trees that use
     every edge between the group's boards, not the one or two edges of a ring; the boards next
     to the group may relay (their edges are free while one token is in flight), and the trees
-    may leave the shortest paths to spread the shares over more edges (:func:`_spread_trees`),
-    the cheapest trees taken. Then every chip
+    may leave the shortest paths to spread the shares over more edges (:func:`_spread_trees`,
+    :func:`_negotiated_trees`), the cheapest trees taken. Then every chip
     of a board receives the result from the board's edges (the board's all-gather, as in
     :func:`board_all_reduce`). Integer sums only (any order). Falls back to
     :func:`board_all_reduce` where the trees are not built (more than
@@ -688,9 +780,11 @@ def board_group_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbyt
             relayed = _multicast_reduce("all_reduce", graph, ranks, float(nbytes), sources=g)
             if relayed is not None and (cost is None or relayed.seconds < cost.seconds):
                 cost = relayed
-            spread = _spread_trees(graph, ranks, g, float(nbytes) / g)
-            if spread is not None:
-                shares, latency, hops, _, rev_shares, back = spread
+            for trees in (_spread_trees(graph, ranks, g, float(nbytes) / g),
+                          _negotiated_trees(graph, ranks, g, float(nbytes) / g)):
+                if trees is None:
+                    continue
+                shares, latency, hops, _, rev_shares, back = trees
                 seconds = (graph.link_seconds(rev_shares * (float(nbytes) / g)) + back
                            + graph.link_seconds(shares * (float(nbytes) / g)) + latency)
                 if cost is None or seconds < cost.seconds:
@@ -704,6 +798,61 @@ def board_group_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbyt
         return ring
     return CollectiveCost("all_reduce", cost.algorithm if g == 2 else "board-multicast", seconds, cost.bytes_per_link, cost.hops + (gather.hops if gather else 0),
                           cost.board_hops, cost.steps + (gather.steps if gather else 0), int(grid.size), float(nbytes))
+
+
+def sliced_hand_over(topo: "Topology", src_boards: Sequence[int], dst_boards: Sequence[int], nbytes: float,
+                     chips_per_board: int = 48) -> CollectiveCost:
+    """Cost of handing a vector over from one group of ``g`` boards to another in slices.
+
+    The vector is the result of an all-reduce over the first group. Stopping that all-reduce
+    after its reduce-scatter leaves board ``k`` of the group with slice ``k`` (``nbytes / g``);
+    each board sends its slice to one board of the other group, and the other group's
+    all-gather (the all-reduce's second half, as it would have run on the first group) gives
+    each of its boards the whole vector. The hand-over itself is then the ``g`` slices at
+    once, each split over its board's chips, chip ``i`` to chip ``i`` of the receiving board,
+    on the link graph (routes, bytes per link and board edge): ``nbytes / g`` a board instead
+    of every board sending the whole vector to its counterpart. A board of the first group
+    sends to the receiving board fewest board edges away that is still free (in the order
+    given, ties to the first given), so the slices take short, mostly disjoint routes.
+
+    Parameters
+    ----------
+    topo : Topology
+        The system's link graph.
+    src_boards, dst_boards : sequence of int
+        The two groups' boards (the same number, no board in both).
+    nbytes : float
+        Bytes of the whole vector.
+    chips_per_board : int
+        Chips of a board (board ``b`` holds chips ``b * chips_per_board ..``).
+
+    Returns
+    -------
+    CollectiveCost
+        ``op="point_to_point"``, ``algorithm="sliced"``, one step.
+    """
+    src = [int(b) for b in src_boards]
+    dst = [int(b) for b in dst_boards]
+    if len(src) != len(dst) or not src or len(set(src)) != len(src) or len(set(dst)) != len(dst) or set(src) & set(dst):
+        raise ValueError(f"sliced_hand_over: two groups of as many distinct boards, none in both, got {src} and {dst}")
+    if not np.isfinite(nbytes) or nbytes < 0:
+        raise ValueError(f"nbytes must be a finite number >= 0, got {nbytes!r}")
+    cpb = int(chips_per_board)
+    far = topo.board_graph().neighbors
+    free, pairs = list(dst), []
+    for a in src:
+        # board edges from board a (breadth-first on the graph of boards) to the free boards
+        seen, frontier = {a}, [a]
+        while frontier and not seen & set(free):
+            frontier = sorted({int(v) for u in frontier for v in far[u] if v >= 0} - seen)
+            seen |= set(frontier)
+        pick = next(b for b in free if b in seen)  # the nearest; ties: the first given
+        free.remove(pick)
+        pairs.append((a, pick))
+    chips = np.arange(cpb, dtype=np.int64)
+    cost = point_to_point(topo, np.concatenate([chips + a * cpb for a, _ in pairs]),
+                          np.concatenate([chips + b * cpb for _, b in pairs]), float(nbytes) / len(src) / cpb)
+    return dataclasses.replace(cost, algorithm="sliced", nbytes=float(nbytes))
 
 
 def point_to_point(topo: "Topology", src: Sequence[int], dst: Sequence[int],
