@@ -4,7 +4,7 @@ import torch
 from tvm import relax
 
 import tvm_spinn
-from tvm_spinn.codegen.codegen import compile_function
+from tvm_spinn.codegen.codegen import _with_native_section, compile_function
 from tvm_spinn.codegen.lower import lower_function
 from tvm_spinn.mapping.planner import plan_system
 from tvm_spinn.mapping import schedule
@@ -33,6 +33,7 @@ def test_shared_mappings_same_bytes_and_reused(monkeypatch):
     real = schedule._map
     monkeypatch.setattr(schedule, "_map", lambda *a: mapped.append(1) or real(*a))
     programs = [lower_function(f, name, arch) for name, f in regions]
-    shared = [p.to_bytes() for p in plan_system(programs, arch).programs]
+    # codegen adds each mapped program's native section (its plan for the C++ module) before writing it
+    shared = [_with_native_section(p).to_bytes() for p in plan_system(programs, arch).programs]
     assert shared == alone
     assert len(mapped) < len(regions)  # the encoder layers share one mapping
