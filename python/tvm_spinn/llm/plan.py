@@ -564,7 +564,7 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
         from . import board_tp
 
         records.update(board_tp.records(cfg, spec, arch, target, dtype, batch, seq, HANDOVER_BYTES[handover],
-                                        described, weight_bytes, kv_bytes, steps, stages))
+                                        described, weight_bytes, kv_bytes, steps, stages, refused))
     steps.close()
     if not records:
         raise LLMError(f"no placement of {model_name} on {arch.name} holds batch={batch}, seq={seq}: "
