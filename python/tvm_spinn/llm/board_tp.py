@@ -24,7 +24,8 @@ hand-overs and the head, with the token's way back from the head's board to the 
 the host's I/O (:func:`tvm_spinn.llm.plan._step_io`). A board's run of blocks is timed from its
 slice mapped twice on one board: alone with its weights resident (the first blocks, as many as
 the board's SRAM holds resident, :func:`tvm_spinn.mapping.planner.resident_capacity`) and
-streaming its weights from DRAM (the rest). The time to first token is planned for the fastest degree only.
+streaming its weights from DRAM (the rest). The time to first token is the system's prompt plan
+(:mod:`tvm_spinn.llm.prefill`), the same for every placement.
 
 Groups are ``g`` neighbouring boards of the torus of boards
 (:func:`tvm_spinn.target.topology.board_grid`), in a cycle where ``g`` allows
@@ -201,20 +202,6 @@ def group_caches(resident, streamed, sizes, fit: int, batch: int, board, capacit
     return GroupCaches(batch, tuple(need), tuple(sram), tuple(dram), int(largest) if largest != math.inf else batch)
 
 
-def _ttft_s(parts, target, dtype, board, topo, grid, layers: int, hand_pre: list, head_s: float) -> float:
-    """Time to first token: the prompt through every block's slice on its board (the slice's
-    prefill mapped on one board), its two all-reduces a block of the prompt's int32 partial
-    sums across the group, the hand-overs of the prompt's hidden states, and the head."""
-    from ..timing.collectives import board_group_all_reduce
-    P = importlib.import_module(".plan", __package__)
-    from .describe import describe
-
-    _, module, args = parts[1]
-    pre = P._map(describe(module, args, target, dtype), board, "auto")
-    prompt = int(np.prod(args[0].shape))  # batch x seq x hidden
-    return layers * (pre.latency_s + 2 * board_group_all_reduce(topo, grid, prompt * 4).seconds) + sum(hand_pre) + head_s
-
-
 def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, handover_bytes: int,
             described: dict, weight_bytes: int, kv_bytes: int, steps, memo: "dict | None" = None,
             refused: "dict | None" = None) -> dict:
@@ -348,7 +335,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
             bounds["links"] += reduces_s + sum(hand) + loop_s
             out[f"board_tp:g{g}m{per_group}"] = dict(
                 decode_s=decode_s, period_s=decode_s, used=used, resident=kept,
-                streamed=max(0, weight_bytes - kept), kv_sram=kv_bytes * kv_share, ttft_s=None,
+                streamed=max(0, weight_bytes - kept), kv_sram=kv_bytes * kv_share,
                 energy_j=(g * sum(min(n, fit) * resident.energy_j + max(0, n - fit) * streamed.energy_j for n in sizes)
                           + sum(st.energy_j for st in head_stages)) / batch,
                 sram_pe=max([resident.peak_pe_bytes, streamed.peak_pe_bytes] + [st.peak_pe_bytes for st in head_stages]),
@@ -367,8 +354,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                       "board_all_reduce_s": reduce_s, "board_all_reduces_decode_s": reduces_s,
                       "handoff_decode_s": sum(hand), "head_decode_s": head_s, **io,
                       **({"largest_batch": caches.largest_batch} if batch > 1 else {}),
-                      "replicas": boards // (g * n_groups + 1)},
-                _ttft=(parts, grid, groups, n_groups, head_board))
+                      "replicas": boards // (g * n_groups + 1)})
         # the best number of groups of this degree is kept
         mine = [k for k in out if k.startswith(f"board_tp:g{g}m")]
         steps.update()
@@ -382,14 +368,4 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         best = min(best, out[keep]["period_s"])
         if slower >= 2:
             break
-    if out:  # the time to first token of the fastest (mapping a slice's prefill costs planning time)
-        name = min(out, key=lambda k: (out[k]["period_s"], out[k]["used"], k))
-        parts, grid, groups, n_groups, head_board = out[name]["_ttft"]
-        prompt = seq * hidden * handover_bytes
-        hand_pre = ([handover_s(groups[j], groups[j + 1], prompt) for j in range(n_groups - 1)]
-                    + [handover_s(groups[n_groups - 1][:1], [head_board], prompt)])
-        out[name]["ttft_s"] = (_ttft_s(parts, target, dtype, board, topo, grid, L, hand_pre, head_s)
-                               + out[name]["meta"]["host_io_prefill_s"])
-    for record in out.values():
-        record.pop("_ttft")
     return out
