@@ -31,11 +31,21 @@ carries the prompt in and the token out (:func:`tvm_spinn.llm.plan._step_io`).
 
 Searched: the chunk size (powers of two from :data:`MIN_CHUNK` that divide the prompt, and the
 whole prompt: all of them up to :data:`EXHAUSTIVE` sizes, else a climb from the size that
-makes as many chunks as stages towards the faster neighbour), the boards a block is tensor-parallel over (:data:`TP_BOARDS`, at the best
+makes as many chunks as stages, taking the first faster neighbour, the smaller first), the boards a block is tensor-parallel over (:data:`TP_BOARDS`, at the best
 chunk size of one board per block) and the blocks a stage runs (every stage used, two or four
-times fewer stages, or one). One board runs every block as one stage. One prompt is planned
+times fewer stages, or one). One board runs every block as one stage. A layout whose stages
+stream some of their blocks' weights is mapped with them streamed only when, timed with those
+blocks at the mapper's own choice (``auto``, never slower than streaming), it could beat the
+best layout found. One prompt is planned
 (a batch's prompts would follow it through the pipeline); data-parallel replicas do not shorten
-it, so the boards beyond the stages stay idle.
+it, so the boards beyond the stages stay idle. The prompt's plan is the system's, whatever the
+decode placement: every decode alternative's time to first token is this plan's.
+
+On a system with faults or a partial allocation (:mod:`tvm_spinn.target.faults`) the prompt
+runs on the live hardware only: stages of one board on the usable boards (the whole ones first),
+a block tensor-parallel over whole boards only, and a stage or the head on a board with dead
+chips or links mapped on that board as it is (:func:`~tvm_spinn.target.faults.board_view`);
+``PrefillPlan.boards`` names the boards used.
 
 The bound next to it (:func:`prefill_bound`) is the project's physical bound
 (:func:`tvm_spinn.timing.bounds.physical_bound`) of the prompt's work (:func:`prefill_workload`):

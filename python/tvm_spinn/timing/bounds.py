@@ -6,6 +6,9 @@ cross between two layers) and of the system's :class:`~tvm_spinn.target.arch.Spi
 fields. Nothing here reads a mapping, a plan, a tile or the timing model: a worse plan of the
 same work has the same bound, so ``efficiency = bound / latency`` (at most 1) ranks plans.
 
+Only the live hardware counts (:mod:`tvm_spinn.target.faults`: a system with dead chips or boards,
+or a partial allocation): its chips compute and hold bytes, on the usable boards.
+
 Three kinds, each a lower bound on the latency of *any* placement:
 
 * **compute**: the MACs of each mode at the peak of every application PE of the system
