@@ -373,7 +373,7 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
     small = arch.chips < arch.chips_per_board
     budget = resident_capacity(board)
     topo, board_topo = topology_of(arch), topology_of(board)
-    ring = ring_order(board_topo, cpb)
+    ring = ring_order(board_topo, board_topo.live_chips().size if board.has_faults else cpb)
     # the live hardware only (:mod:`tvm_spinn.target.faults`): stages on usable boards, a block
     # tensor-parallel over whole boards only, a stage on a board with dead chips or links mapped
     # on that board as it is (:func:`~tvm_spinn.target.faults.board_view`)
