@@ -160,3 +160,43 @@ def test_a_system_smaller_than_a_board_runs_one_stage(monkeypatch):
     t0, t1 = p.stage_chunk_s
     assert p.parts_s["pipeline_s"] == pytest.approx(t0 + t1)  # one stage: the chunks one after another
     assert p.bound_s <= p.ttft_s
+
+
+@pytest.mark.parametrize("boards, faults", [(4, dict(dead_boards=(1,))), (4, dict(allocated_boards=(0, 2, 3))),
+                                            (3, dict(dead_chips=(50,))), (1, dict(dead_chips=(0, 30)))])
+def test_prefill_runs_on_the_live_hardware_only(monkeypatch, register_system, boards, faults):
+    """The prompt's stages and head on usable boards only: never a dead board or one outside the
+    allocation, a board with a dead chip mapped as it is (three boards, chip 50 dead: board 1
+    runs the head on its live chips; one board with two dead chips, its 46 live ones); the time to
+    first token is never below the healthy one's."""
+    from tvm_spinn.target.faults import usable_boards, whole_boards
+
+    _no_simulation(monkeypatch)
+    healthy = tvm_spinn.make_system(f"prefill-{boards}-boards", boards=boards)
+    arch = healthy.replace(name=f"prefill-{boards}-boards-faulty", **faults)
+    tags = [register_system(a, tag=f"spinn/{a.name}") for a in (healthy, arch)]
+    memo = {}
+    well, faulty = (plan_prefill(TINY, tag, prompt=32, chunk=16, tp_boards=(1,), memo=memo) for tag in tags)
+    dead = set(range(boards)) - set(usable_boards(arch))
+    assert faulty.ttft_s >= well.ttft_s
+    assert faulty.boards and not set(faulty.boards) & dead
+    assert all(not set(r["boards"]) & dead for r in faulty.candidates)
+    assert len(faulty.boards) == faulty.boards_used
+    if boards == 3:
+        # two stages on the whole boards, the head on the board with the dead chip, on its live chips
+        assert set(whole_boards(arch)) == {0, 2} and faulty.boards == (0, 1, 2) and faulty.stages == 2
+        assert faulty.parts_s["head_s"] >= well.parts_s["head_s"]
+
+
+@pytest.mark.slow  # ~20-40 s: a plan on four boards
+def test_every_alternatives_ttft_is_the_prompts_plan(monkeypatch, register_system):
+    """The prompt is planned once for the system: every decode placement's time to first token is
+    that plan's (no placement keeps an estimate of its own)."""
+    from tvm_spinn.llm.plan import plan
+
+    _no_simulation(monkeypatch)
+    tag = register_system(tvm_spinn.make_system("prefill-alt-four", boards=4), tag="spinn/prefill-alt-four")
+    result = plan(TINY, target=tag, seq=32)
+    alts = result.plan["alternatives"]
+    assert len(alts) >= 2 and any(k.startswith("board_tp") for k in alts)
+    assert all(a["ttft_s"] == result.ttft_s == result.plan["prefill"]["ttft_s"] for a in alts.values())

@@ -23,7 +23,9 @@ def test_the_module_imports_nothing_from_the_mapper_the_planner_or_the_timing_mo
     tree = ast.parse(inspect.getsource(B))
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     imported |= {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
-    assert imported <= {"__future__", "math", "dataclasses", "numpy", "target.arch", "program.ops"}, imported
+    # target.faults: the live chips and boards the system's fault fields leave
+    assert imported <= {"__future__", "math", "dataclasses", "numpy", "target.arch", "target.faults",
+                        "program.ops"}, imported
 
 
 # ----------------------------------------------------------------------------- enumeration
@@ -418,6 +420,35 @@ def test_bad_workload_and_too_large_for_the_system():
         Workload(read_bytes=-1)
     with pytest.raises(ValueError, match="more than the 1 board"):
         physical_bound(Workload(read_bytes=10**12), tvm_spinn.arch_of(tvm_spinn.get_target("spinn/board")))
+
+
+def test_the_bound_counts_live_hardware_only():
+    """A dead chip neither computes nor holds bytes: the bound of a two-board system with chip 3
+    dead counts 95 chips (its compute part 96/95 of the healthy one's), one with a dead board
+    counts that board's 48 chips, and neither is below the healthy system's bound."""
+    spec = tvm_spinn.llm.spec_of(str(CONFIGS / "llama-2-7b.json"))
+    work = decode_workload(spec, 1, 2048, "int8")
+    healthy = tvm_spinn.make_system("spinn2-two-bound", boards=2)
+    rate = healthy.pes_per_chip * healthy.mac_rows * healthy.mac_cols * healthy.clock_hz  # int8 MACs/s a chip
+    fp32 = healthy.pes_per_chip * healthy.m4f_flops_per_cycle * healthy.clock_hz
+    for arch, chips, boards in ((healthy, 96, 2), (healthy.replace(dead_chips=(3,)), 95, 2),
+                                (healthy.replace(dead_boards=(1,)), 48, 1),
+                                (healthy.replace(allocated_boards=(0,)), 48, 1)):
+        bound = physical_bound(work, arch)
+        assert bound.compute_s == pytest.approx(work.macs_int8 / (chips * rate) + work.macs_fp32 / (chips * fp32))
+        d = bound.details
+        assert d["chips_on_path"] <= chips and d["split"]["chips"] <= chips and d["chain"]["chips"] <= chips
+        assert d["boards_on_path"] <= boards and d["split"]["boards"] <= boards
+        assert d.get("live_chips", 96) == chips and d.get("usable_boards", 2) == boards
+        assert bound.total_s >= physical_bound(work, healthy).total_s
+    # the 7B model's bytes fill the path: 95 live chips, so the path has 95
+    assert physical_bound(work, healthy.replace(dead_chips=(3,))).details["chips_on_path"] == 95
+    # what one board holds: more than its live chips hold is refused
+    one = tvm_spinn.make_system("spinn2-one-bound", boards=1)
+    full = Workload(read_bytes=48 * B.chip_capacity_bytes(one))
+    physical_bound(full, one)
+    with pytest.raises(ValueError, match="more than the 1 board"):
+        physical_bound(full, one.replace(dead_chips=(5,)))
 
 
 # ----------------------------------------------------------------------------- reports and plans

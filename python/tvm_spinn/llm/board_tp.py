@@ -26,7 +26,8 @@ hand-overs and the head, with the token's way back from the head's board to the 
 the host's I/O (:func:`tvm_spinn.llm.plan._step_io`). A board's run of blocks is timed from its
 slice mapped twice on one board: alone with its weights resident (the first blocks, as many as
 the board's SRAM holds resident, :func:`tvm_spinn.mapping.planner.resident_capacity`) and
-streaming its weights from DRAM (the rest). The time to first token is planned for the fastest degree only.
+streaming its weights from DRAM (the rest). The time to first token is the system's prompt plan
+(:mod:`tvm_spinn.llm.prefill`), the same for every placement.
 
 Groups are ``g`` neighbouring boards of the torus of boards
 (:func:`tvm_spinn.target.topology.board_grid`), in a cycle where ``g`` allows
@@ -46,10 +47,11 @@ from __future__ import annotations
 
 import importlib
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["TP_BOARDS", "slice_config", "board_groups", "board_patches", "records"]
+__all__ = ["TP_BOARDS", "slice_config", "board_groups", "board_patches", "group_caches", "GroupCaches", "records"]
 
 #: Boards one block is tensor-parallel over (each must divide the heads and the intermediate
 #: size, and leave a board for the head), tried in the order of what their all-reduces alone
@@ -131,26 +133,90 @@ def _run_s(resident, streamed, blocks: int, fit: int) -> float:
     return min(blocks, fit) * resident.latency_s + max(0, blocks - fit) * streamed.latency_s
 
 
-def _ttft_s(parts, target, dtype, board, topo, grid, layers: int, hand_pre: list, head_s: float) -> float:
-    """Time to first token: the prompt through every block's slice on its board (the slice's
-    prefill mapped on one board), its two all-reduces a block of the prompt's int32 partial
-    sums across the group, the hand-overs of the prompt's hidden states, and the head."""
-    from ..timing.collectives import board_group_all_reduce
-    P = importlib.import_module(".plan", __package__)
-    from .describe import describe
+@dataclass(frozen=True)
+class GroupCaches:
+    """Every user's KV cache on the boards of each group (see :func:`group_caches`).
 
-    _, module, args = parts[1]
-    pre = P._map(describe(module, args, target, dtype), board, "auto")
-    prompt = int(np.prod(args[0].shape))  # batch x seq x hidden
-    return layers * (pre.latency_s + 2 * board_group_all_reduce(topo, grid, prompt * 4).seconds) + sum(hand_pre) + head_s
+    ``need``, ``sram_room``, ``dram_room``: per group, one board's bytes of the batch's cache of
+    the group's blocks, and the room its SRAM (beside the resident weights) and its DRAM (beside
+    the streamed weights) leave for it; ``largest_batch``: the most users every group holds."""
+
+    batch: int
+    need: tuple
+    sram_room: tuple
+    dram_room: tuple
+    largest_batch: int
+
+    @property
+    def fits(self) -> bool:
+        return all(n <= s + d for n, s, d in zip(self.need, self.sram_room, self.dram_room))
+
+    def message(self, arch_name: str, groups, g: int) -> str:
+        """Why the batch does not fit (the first group over), or ``""``."""
+        over = next((j for j, (n, s, d) in enumerate(zip(self.need, self.sram_room, self.dram_room)) if n > s + d),
+                    None)
+        if over is None:
+            return ""
+        return (f"the KV cache of {self.batch} users does not fit stage {over} (boards {list(groups[over])} of "
+                f"{arch_name}, each block tensor-parallel over {g} boards): {self.need[over]} bytes needed per board, "
+                f"{self.sram_room[over] + self.dram_room[over]} available ({self.sram_room[over]} in SRAM beside its "
+                f"resident weights, {self.dram_room[over]} in DRAM beside its streamed weights); the largest batch "
+                f"that fits every stage is {self.largest_batch}")
+
+
+def group_caches(resident, streamed, sizes, fit: int, batch: int, board, capacity: int) -> GroupCaches:
+    """Place the cache of ``batch`` users on the boards of each group.
+
+    A board of a group running ``n`` blocks (``sizes``) holds its slice's cache of them for
+    every user: ``n`` times the cache the slice's mapping read (``resident.kv_bytes``, mapped for
+    the whole batch). It lives in the board's SRAM as far as ``capacity`` (the board's resident
+    share, :func:`tvm_spinn.mapping.planner.resident_capacity`) has room beside the weights of
+    the ``min(n, fit)`` blocks kept resident (and only where the mapping held the cache in SRAM),
+    the rest in the DRAM of the board's chips beside the weights streamed from it (the resident
+    blocks' share that did not fit, and every streamed block's).
+
+    Parameters
+    ----------
+    resident, streamed : tvm_spinn.llm.plan._Stage
+        The slice mapped with its weights resident and streaming them.
+    sizes : sequence of int
+        Blocks per group.
+    fit : int
+        Blocks a board keeps resident.
+    batch : int
+        Users.
+    board : SpinnArch
+        One board.
+    capacity : int
+        SRAM bytes of the board's resident share.
+
+    Returns
+    -------
+    GroupCaches
+    """
+    kept = max(0, resident.resident_bytes - resident.kv_sram_bytes)  # a resident block's weights in SRAM
+    rest = max(0, resident.weight_bytes - min(kept, resident.weight_bytes))  # and what it streams
+    need, sram, dram = [], [], []
+    largest = math.inf
+    for n in sizes:
+        k = min(n, fit)
+        need.append(int(n * resident.kv_bytes))
+        sram.append(int(max(0, capacity - k * kept)) if resident.kv_sram_bytes else 0)
+        dram.append(int(max(0, board.chips * board.dram_bytes - k * rest - (n - k) * streamed.weight_bytes)))
+        if resident.kv_bytes:
+            largest = min(largest, (sram[-1] + dram[-1]) * batch // need[-1])
+    return GroupCaches(batch, tuple(need), tuple(sram), tuple(dram), int(largest) if largest != math.inf else batch)
 
 
 def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, handover_bytes: int,
-            described: dict, weight_bytes: int, kv_bytes: int, steps, memo: "dict | None" = None) -> dict:
+            described: dict, weight_bytes: int, kv_bytes: int, steps, memo: "dict | None" = None,
+            refused: "dict | None" = None) -> dict:
     """The ``board_tp`` candidates as records of :func:`tvm_spinn.llm.plan.plan` (see the module
     docstring); ``handover_bytes``: a hand-over's bytes per user and hidden element;
     ``described``: the whole model's described parts (the head runs as it is); ``memo``: the
-    plan's stages already mapped (:func:`tvm_spinn.llm.plan._map_stage`)."""
+    plan's stages already mapped (:func:`tvm_spinn.llm.plan._map_stage`). A candidate whose
+    groups' boards do not hold every user's KV cache (:func:`group_caches`) is left out, its
+    reason in ``refused``."""
     from ..mapping.planner import resident_capacity
     from ..target.topology import board_grid, ring_order, topology_of
     from ..timing.collectives import (board_group_all_reduce, multipath_point_to_point, point_to_point,
@@ -267,11 +333,16 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         streamed = (resident if fit >= max(options) else
                     P._map_stage(list(dec), board, host_shapes, spec.cache_slots(seq), weights="stream", memo=memo))
         mapped += 1
-        grid = [[int(c) + b * cpb for c in order] for b in groups[0]]
         reduce_s = reduce_of(groups)  # int32 partial sums
         for per_group in options:
             n_groups = math.ceil(L / per_group)
             sizes = [per_group] * (n_groups - 1) + [L - per_group * (n_groups - 1)]
+            # every user's cache of a group's blocks on each of its boards
+            caches = group_caches(resident, streamed, sizes, fit, batch, board, budget)
+            if not caches.fits:
+                if refused is not None:
+                    refused[f"board_tp:g{g}m{per_group}"] = caches.message(arch.name, groups, g)
+                continue
             blocks_s = sum(_run_s(resident, streamed, n, fit) for n in sizes)
             reduces_s = 2 * L * reduce_s
             head_board = free[0] if free else groups[n_groups][0]
@@ -294,7 +365,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
             bounds["links"] += reduces_s + sum(hand) + loop_s
             out[f"board_tp:g{g}m{per_group}"] = dict(
                 decode_s=decode_s, period_s=decode_s, used=used, resident=kept,
-                streamed=max(0, weight_bytes - kept), kv_sram=kv_bytes * kv_share, ttft_s=None,
+                streamed=max(0, weight_bytes - kept), kv_sram=kv_bytes * kv_share,
                 energy_j=(g * sum(min(n, fit) * resident.energy_j + max(0, n - fit) * streamed.energy_j for n in sizes)
                           + sum(st.energy_j for st in head_stages)) / batch,
                 sram_pe=max([resident.peak_pe_bytes, streamed.peak_pe_bytes] + [st.peak_pe_bytes for st in head_stages]),
@@ -312,24 +383,16 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                       "mapping_weights": "auto", "block_decode_s": blocks_s / L,
                       "board_all_reduce_s": reduce_s, "board_all_reduces_decode_s": reduces_s,
                       "handoff_decode_s": sum(hand), "head_decode_s": head_s, **io,
-                      "replicas": boards // (g * n_groups + 1)},
-                _ttft=(parts, grid, groups, n_groups, head_board))
+                      **({"largest_batch": caches.largest_batch} if batch > 1 else {}),
+                      "replicas": boards // (g * n_groups + 1)})
         # the best number of groups of this degree is kept
         mine = [k for k in out if k.startswith(f"board_tp:g{g}m")]
+        steps.update()
+        if not mine:
+            continue
         keep = min(mine, key=lambda k: (out[k]["period_s"], out[k]["used"], k))
         for k in mine:
             if k != keep:
                 del out[k]
-        steps.update()
         best = min(best, out[keep]["period_s"])
-    if out:  # the time to first token of the fastest (mapping a slice's prefill costs planning time)
-        name = min(out, key=lambda k: (out[k]["period_s"], out[k]["used"], k))
-        parts, grid, groups, n_groups, head_board = out[name]["_ttft"]
-        prompt = seq * hidden * handover_bytes
-        hand_pre = ([handover_s(groups[j], groups[j + 1], prompt) for j in range(n_groups - 1)]
-                    + [handover_s(groups[n_groups - 1][:1], [head_board], prompt)])
-        out[name]["ttft_s"] = (_ttft_s(parts, target, dtype, board, topo, grid, L, hand_pre, head_s)
-                               + out[name]["meta"]["host_io_prefill_s"])
-    for record in out.values():
-        record.pop("_ttft")
     return out

@@ -507,7 +507,7 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
             refused[placement] = str(err)
             steps.update()
             continue
-        handoff_dec = handoff_pre = 0.0
+        handoff_dec = 0.0
         if placement.startswith("groups"):
             from ..target.topology import topology_of
             from ..timing.collectives import point_to_point
@@ -521,7 +521,6 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
                            for i in range(L))
 
             handoff_dec = handoff(batch * spec.hidden * HANDOVER_BYTES[handover])
-            handoff_pre = handoff(batch * seq * spec.hidden * HANDOVER_BYTES[handover])
         # the KV cache: in SRAM as far as the block's memory plan kept it there (next to the
         # weights resident before it), the rest in DRAM; each step writes one slot of it
         kv_share = dec.kv_sram_bytes / dec.kv_bytes if dec.kv_bytes else 0.0
@@ -551,7 +550,6 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
                             f"all {L} blocks and the head on all {group} chips, one after another")
         records[placement] = dict(
             decode_s=decode_s, period_s=decode_s,
-            ttft_s=L * pre.latency_s + head.latency_s + handoff_pre + io["host_io_prefill_s"],
             energy_j=(L * dec.energy_j + head.energy_j) / batch, used=used, resident=resident, streamed=streamed,
             kv_sram=kv_sram, sram_pe=max(dec.peak_pe_bytes, pre.peak_pe_bytes, head.peak_pe_bytes),
             dram_chip=int(math.ceil((streamed + kv_bytes - kv_sram) / used)), bounds=bounds,
@@ -571,9 +569,9 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
     if boards >= 3:
         from . import board_tp, experts
 
-        placement_records = experts.records if spec.experts else board_tp.records
-        records.update(placement_records(cfg, spec, arch, target, dtype, batch, seq, HANDOVER_BYTES[handover],
-                                         described, weight_bytes, kv_bytes, steps, stages))
+        args = (cfg, spec, arch, target, dtype, batch, seq, HANDOVER_BYTES[handover], described, weight_bytes,
+                kv_bytes, steps, stages)
+        records.update(experts.records(*args) if spec.experts else board_tp.records(*args, refused))
     steps.close()
     if not records:
         raise LLMError(f"no placement of {model_name} on {arch.name} holds batch={batch}, seq={seq}: "
@@ -592,7 +590,7 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
                                                             f"KV cache in {kv_in}",
         "layers": L, "scaled_from_one_layer": True, "seq_note": seq_note, "weights_in": weights_in, "resident_weight_bytes": resident,
         "kv_cache_in": kv_in, "kv_cache_sram_bytes": kv_sram, "attention_dtype": "fp32",
-        "alternatives": {k: {"decode_s": v["decode_s"], "period_s": v["period_s"], "ttft_s": v["ttft_s"],
+        "alternatives": {k: {"decode_s": v["decode_s"], "period_s": v["period_s"],
                              "chips": v["used"], "weights_resident": v["resident"] / weight_bytes}
                          for k, v in sorted(records.items())},
         "timing": "tvm_spinn timing model of the mapped programs (no simulation, no weights)",
@@ -607,6 +605,10 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
     prefill = plan_prefill(cfg, target, prompt=seq, dtype=dtype, handover=handover, memo={"stages": stages},
                            model_name=model_name)
     meta["prefill"] = prefill.to_dict()
+    # the prompt is planned once for the system, whatever the decode placement: every
+    # alternative's time to first token is that plan's
+    for alternative in meta["alternatives"].values():
+        alternative["ttft_s"] = prefill.ttft_s
     physical = physical_bound(decode_workload(spec, batch, slots, dtype), arch)
     return Plan(
         model=model_name, system=arch.name, chips=arch.chips, batch=batch, seq=seq, dtype=dtype,
@@ -963,7 +965,6 @@ def _pipeline_records(described: dict, spec: ModelSpec, arch, model, target, dty
     order = chain_boards(arch)
     board = arch.replace(chips=arch.chips_per_board, name=f"{arch.name}[board]")
     pre = _map(described["prefill"], board, "auto")
-    hand_pre = L * handoff_s(0, batch * seq * spec.hidden * 4)
     out = {}
     for name, r in raw.items():
         chain, kind, n = r["chain"], r["kind"], r["n"]
@@ -1005,8 +1006,7 @@ def _pipeline_records(described: dict, spec: ModelSpec, arch, model, target, dty
         stage_desc = (f"each of the {L} blocks split into {per_block} board stages" if kind == "s" and per_block > 1
                       else "one board per block" if kind == "s" else f"{n} blocks per board")
         out[name] = dict(
-            decode_s=decode_s, period_s=period, ttft_s=L * pre.latency_s + sum(st.latency_s for st in r["head_stages"])
-            + hand_pre + io["host_io_prefill_s"], energy_j=sum(st.energy_j for st in chain) / mb, used=used,
+            decode_s=decode_s, period_s=period, energy_j=sum(st.energy_j for st in chain) / mb, used=used,
             resident=resident,
             streamed=max(0, weight_bytes - resident), kv_sram=kv_bytes * (kv_held / kv_all if kv_all else 0.0),
             sram_pe=max([pre.peak_pe_bytes] + [st.peak_pe_bytes for st in chain]),

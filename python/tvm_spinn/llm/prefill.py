@@ -31,11 +31,21 @@ carries the prompt in and the token out (:func:`tvm_spinn.llm.plan._step_io`).
 
 Searched: the chunk size (powers of two from :data:`MIN_CHUNK` that divide the prompt, and the
 whole prompt: all of them up to :data:`EXHAUSTIVE` sizes, else a climb from the size that
-makes as many chunks as stages towards the faster neighbour), the boards a block is tensor-parallel over (:data:`TP_BOARDS`, at the best
+makes as many chunks as stages, taking the first faster neighbour, the smaller first), the boards a block is tensor-parallel over (:data:`TP_BOARDS`, at the best
 chunk size of one board per block) and the blocks a stage runs (every stage used, two or four
-times fewer stages, or one). One board runs every block as one stage. One prompt is planned
+times fewer stages, or one). One board runs every block as one stage. A layout whose stages
+stream some of their blocks' weights is mapped with them streamed only when, timed with those
+blocks at the mapper's own choice (``auto``, never slower than streaming), it could beat the
+best layout found. One prompt is planned
 (a batch's prompts would follow it through the pipeline); data-parallel replicas do not shorten
-it, so the boards beyond the stages stay idle.
+it, so the boards beyond the stages stay idle. The prompt's plan is the system's, whatever the
+decode placement: every decode alternative's time to first token is this plan's.
+
+On a system with faults or a partial allocation (:mod:`tvm_spinn.target.faults`) the prompt
+runs on the live hardware only: stages of one board on the usable boards (the whole ones first),
+a block tensor-parallel over whole boards only, and a stage or the head on a board with dead
+chips or links mapped on that board as it is (:func:`~tvm_spinn.target.faults.board_view`);
+``PrefillPlan.boards`` names the boards used.
 
 The bound next to it (:func:`prefill_bound`) is the project's physical bound
 (:func:`tvm_spinn.timing.bounds.physical_bound`) of the prompt's work (:func:`prefill_workload`):
@@ -212,6 +222,8 @@ class PrefillPlan:
     stage_chunk_s: tuple  # a stage's blocks on the first chunk and on the last
     handover_chunk_s: float
     candidates: tuple
+    #: the boards the prompt runs on (its stages' and the head's; never a dead one)
+    boards: tuple = ()
 
     @property
     def efficiency(self) -> float:
@@ -324,6 +336,8 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
     import os
 
     from ..target import arch_of, get_target
+    from ..target.arch import FAULT_FIELDS
+    from ..target.faults import board_view, live_chips, usable_boards, whole_boards
     from ..target.topology import board_grid, ring_order, topology_of
     from ..timing.collectives import board_all_reduce, point_to_point
     from ..timing.system import collective_cost
@@ -348,42 +362,75 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
     arch = arch_of(target)
     memo = {} if memo is None else memo
     cpb = min(arch.chips, arch.chips_per_board)
-    boards = max(1, arch.chips // arch.chips_per_board)
+    total_boards = max(1, arch.chips // arch.chips_per_board)
     # one board of any system of these chips maps alike: the name is not the system's, so a memo
-    # shared between systems reuses the board's mappings
-    board = arch if arch.chips < arch.chips_per_board else arch.replace(chips=cpb, name="spinn board (prefill)")
+    # shared between systems reuses the board's mappings (a whole board: no fault of the
+    # system's; a one-board system keeps its dead chips and links, which are the board's)
+    board = (arch if arch.chips < arch.chips_per_board else
+             arch.replace(chips=cpb, name="spinn board (prefill)") if total_boards == 1 else
+             arch.replace(chips=cpb, name="spinn board (prefill)", **dict.fromkeys(FAULT_FIELDS, ())))
     # less than a board: one stage on every chip, mapped as the plan's one-group placements are
     small = arch.chips < arch.chips_per_board
     budget = resident_capacity(board)
     topo, board_topo = topology_of(arch), topology_of(board)
-    ring = ring_order(board_topo, cpb)
+    ring = ring_order(board_topo, board_topo.live_chips().size if board.has_faults else cpb)
+    # the live hardware only (:mod:`tvm_spinn.target.faults`): stages on usable boards, a block
+    # tensor-parallel over whole boards only, a stage on a board with dead chips or links mapped
+    # on that board as it is (:func:`~tvm_spinn.target.faults.board_view`)
+    live_boards = usable_boards(arch) if total_boards > 1 else (0,)
+    whole = set(whole_boards(arch)) if total_boards > 1 else {0}
+    boards = len(live_boards)
+    views = {}
+
+    def view_of(b: int):
+        if total_boards == 1 or b in whole:
+            return board
+        if b not in views:
+            views[b] = board_view(arch, b)
+        return views[b]
     item = P.HANDOVER_BYTES[handover]
     L = spec.layers
     slots = spec.cache_slots(prompt)
     stages_memo = memo.setdefault("stages", {})
 
-    # the head: the final norm and LM head of the last token, on one board (as the decode plan)
-    head_key = ("head", _cfg_key(cfg), repr(board), dtype, min(prompt, slots))
-    if head_key not in memo:
-        from .describe import describe
+    def head_on(on) -> float:
+        """The head: the final norm and LM head of the last token, on one board (as the decode plan)."""
+        head_key = ("head", _cfg_key(cfg), repr(on), dtype, min(prompt, slots))
+        if head_key not in memo:
+            from .describe import describe
 
-        model = P._meta_model(cfg, spec)
-        _, module, args = P._parts(model, spec, 1, min(prompt, slots))[2]
-        head = describe(module, args, target, dtype)
-        atoms = [a for i, d in enumerate(head) for a in P._atoms(i, d.program)]
-        memo[head_key] = (_map_alone(list(head), board, "auto").latency_s if small else P._map_stage(
-            [P._slice(head[i].program, a, b) for i, a, b in P._merge(atoms)], board,
-            {tuple(int(x) for x in args[0].shape)}, memo=stages_memo).latency_s)
-    head_s = memo[head_key]
+            described_key = ("head-described", _cfg_key(cfg), repr(arch.replace(chips=1, name="")), dtype,
+                             min(prompt, slots))
+            if described_key not in memo:
+                model = P._meta_model(cfg, spec)
+                _, module, args = P._parts(model, spec, 1, min(prompt, slots))[2]
+                memo[described_key] = (describe(module, args, target, dtype), {tuple(int(x) for x in args[0].shape)})
+            head, host = memo[described_key]
+            atoms = [a for i, d in enumerate(head) for a in P._atoms(i, d.program)]
+            memo[head_key] = (_map_alone(list(head), on, "auto").latency_s if small else P._map_stage(
+                [P._slice(head[i].program, a, b) for i, a, b in P._merge(atoms)], on, host,
+                memo=stages_memo).latency_s)
+        return memo[head_key]
+
+    head_s = head_on(board)
 
     def contexts(c: int) -> list[int]:
         # chunk k attends over (k + 1) c keys, at most the window's slots and its own
         return [min((k + 1) * c, slots + c if slots < prompt else (k + 1) * c) for k in range(prompt // c)]
 
-    def block_times(g: int, c: int, stream: bool) -> "dict | None":
-        """A block's (slice's) chunk on one board at each chunk's context: weights as the mapper
-        keeps them (``auto``) and, where ``stream``, streamed from DRAM; the hand-over's bytes
-        and the weights."""
+    def block_times(g: int, c: int, stream: bool, on=None) -> "dict | None":
+        """A block's (slice's) chunk on one board (``on``, default a whole one) at each chunk's
+        context: weights as the mapper keeps them (``auto``) and, where ``stream``, streamed from
+        DRAM; the blocks the board keeps resident and the bytes its first program gathers."""
+        on = board if on is None else on
+        key = (g, c, stream, id(on))
+        if key not in timed:
+            timed[key] = _block_times(g, c, stream, on)
+        return timed[key]
+
+    timed: dict = {}
+
+    def _block_times(g: int, c: int, stream: bool, on) -> "dict | None":
         sliced = cfg if g == 1 else board_tp.slice_config(cfg, spec, g)
         if sliced is None:
             return None
@@ -397,9 +444,9 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
                 if small:
                     from .describe import DescribedProgram
 
-                    mapped[(mode, end)] = _map_alone([DescribedProgram(p, 0) for p in programs], board, mode)
+                    mapped[(mode, end)] = _map_alone([DescribedProgram(p, 0) for p in programs], on, mode)
                 else:
-                    mapped[(mode, end)] = P._map_stage(list(programs), board, host, 0, weights=mode,
+                    mapped[(mode, end)] = P._map_stage(list(programs), on, host, 0, weights=mode,
                                                        memo=stages_memo)
         first = mapped[("auto", ends[0])]
 
@@ -409,8 +456,9 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
             return np.array([a + (b - a) * (x - ends[0]) / span if span else a for x in ctx])
 
         auto = line("auto")
+        room = budget if on is board else resident_capacity(on)
         return dict(auto=auto, stream=line("stream") if stream else auto,
-                    fit=int(budget // max(1, _block_weight(g))), gather=max(0, first.handoff_gather_bytes))
+                    fit=max(1, int(room // max(1, _block_weight(g)))), gather=max(0, first.handoff_gather_bytes))
 
     def _block_weight(g: int) -> int:
         """Weight bytes of one board's share of a block (its slice's GEMM weights and vectors)."""
@@ -419,19 +467,40 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
         mlp = 3 if sub.family == "llama" else 2
         return (sub.hidden * (q + 2 * kv) + q * sub.hidden + mlp * sub.hidden * sub.intermediate) * P.DTYPES[dtype]
 
-    grid = board_grid(boards)
+    grid = board_grid(total_boards)
     pair_memo: dict = {}
+
+    def layout(g: int) -> list:
+        """Groups of ``g`` boards in stage order: neighbouring boards (:func:`board_tp.board_groups`),
+        usable ones only; with faults one board a stage takes the whole boards first, a group of
+        several boards whole ones only."""
+        if total_boards == 1:
+            return [[0]]
+        groups = board_tp.board_groups(grid, g)
+        if not arch.has_faults:
+            return groups
+        if g == 1:
+            snake = [grp[0] for grp in groups if grp[0] in live_boards]
+            return [[b] for b in snake if b in whole] + [[b] for b in snake if b not in whole]
+        return [grp for grp in groups if set(grp) <= whole]
+
+    def chips_of(grp) -> np.ndarray:
+        return np.concatenate([live_chips(arch, b) for b in grp])
 
     def handover_s(groups, j: int, nbytes: float, gather: float) -> float:
         """Group ``j`` to group ``j + 1`` on the link graph, each chip its share, and the
         receiving board's all-gather of what its first program reads whole."""
         key = (len(groups[j]), j, nbytes, gather)
         if key not in pair_memo:
-            src = np.concatenate([np.arange(cpb) + b * cpb for b in groups[j]])
-            dst = np.concatenate([np.arange(cpb) + b * cpb for b in groups[j + 1]])
-            s = point_to_point(topo, src, dst, nbytes / cpb).seconds
+            src, dst = chips_of(groups[j]), chips_of(groups[j + 1])
+            n = min(src.size, dst.size)  # a board with dead chips: its live ones, pairwise
+            share = nbytes / cpb if n == len(groups[j]) * cpb else nbytes * len(groups[j]) / n
+            s = point_to_point(topo, src[:n], dst[:n], share).seconds
             if gather:
-                s += collective_cost(board_topo, ring, "all_gather", int(gather), False).seconds
+                there = view_of(groups[j + 1][0])
+                there_topo = board_topo if there is board else topology_of(there)
+                there_ring = ring if there is board else ring_order(there_topo, there_topo.live_chips().size)
+                s += collective_cost(there_topo, there_ring, "all_gather", int(gather), False).seconds
             pair_memo[key] = s
         return pair_memo[key]
 
@@ -441,9 +510,9 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
     widths = [g for g in (tp_boards or TP_BOARDS) if g == 1 or (boards >= g + 1 and dtype == "int8")]
     sizes = [chunk] if chunk is not None else chunk_sizes(prompt)
     for g in widths:
-        groups = board_tp.board_groups(grid, g) if boards > 1 else [[0]]
-        # the head needs a board of its own when the blocks run on several boards
-        free = [b for b in range(boards) if all(b not in grp for grp in groups)]
+        groups = layout(g)
+        # the head needs a board of its own when the blocks run on several boards (a whole one first)
+        free = sorted((b for b in live_boards if all(b not in grp for grp in groups)), key=lambda b: (b not in whole, b))
         usable = 1 if boards == 1 else min(L, len(groups) if free else len(groups) - 1)
         if usable < 1:
             continue
@@ -459,7 +528,7 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
             # a stage of more blocks than its board keeps resident streams the rest
             block_w = _block_weight(g)
             fit = max(1, int(budget // max(1, block_w)))
-            times = block_times(g, c, any(m > fit for m in per_stage))
+            times = block_times(g, c, False)
             if times is None:
                 evaluated[c] = math.inf
                 return math.inf
@@ -469,34 +538,63 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
                 ranks = [[int(x) + b * cpb for x in ring] for b in groups[0]]
                 reduce_s = 2 * board_all_reduce(topo, ranks, c * spec.hidden * 4).seconds  # int32 partial sums
             c_best = math.inf
-            for m in per_stage:
+
+            def timed_layout(m: int, times: dict) -> dict:
+                """The layout of ``m`` blocks a stage at chunk size ``c`` (``times``: a whole
+                board's block times)."""
+
+                def times_on(j: int) -> dict:
+                    """The block times of stage ``j`` on its board as it is (a group: whole boards)."""
+                    view = view_of(groups[j][0]) if g == 1 else board
+                    return times if view is board else block_times(g, c, True, view)
+
                 stages = math.ceil(L / m)
                 sizes_m = [m] * (stages - 1) + [L - m * (stages - 1)]
                 rows, links = [], []
                 hand = (handover_s(groups, 0, c * spec.hidden * item, times["gather"] * item // 4)
                         if stages > 1 else 0.0)
                 for j, blocks in enumerate(sizes_m):
-                    k = min(blocks, fit)
-                    rows.append(k * times["auto"] + (blocks - k) * times["stream"] + blocks * reduce_s)
+                    t = times_on(j)
+                    k = min(blocks, fit if t is times else t["fit"])
+                    rows.append(k * t["auto"] + (blocks - k) * t["stream"] + blocks * reduce_s)
                     if j < stages - 1:
                         rows.append(np.full(n, hand))
                         links.append(hand)
                 pipeline = flow_shop_s(rows)
                 # the last token's hidden state to the head's board (its own board beyond the stages)
-                last = 0.0
+                last, head_here, head_board = 0.0, head_s, None
                 if boards > 1:
                     head_board = groups[stages][0] if stages < len(groups) else free[0]
                     src = groups[stages - 1][0]
                     if head_board != src:
-                        last = point_to_point(topo, [src * cpb], [head_board * cpb], spec.hidden * item).seconds
-                ttft = pipeline + last + head_s + host_io
+                        last = point_to_point(topo, [int(live_chips(arch, src)[0])], [int(live_chips(arch, head_board)[0])],
+                                              spec.hidden * item).seconds
+                    if view_of(head_board) is not board:
+                        head_here = head_on(view_of(head_board))
+                ttft = pipeline + last + head_here + host_io
                 stage_total = max(float(np.sum(r)) for r in rows[::2])
                 link_total = n * hand
+                on = sorted({b for grp in groups[:stages] for b in grp} | ({head_board} if head_board is not None else set()))
                 record = dict(tp_boards=g, chunk=c, chunks=n, blocks_per_stage=m, stages=stages,
                               boards_used=stages * g + (1 if boards > 1 else 0), ttft_s=ttft, pipeline_s=pipeline,
+                              head_s=head_here, boards=on,
                               head_handover_s=last, handover_chunk_s=hand, all_reduces_chunk_s=reduce_s,
                               stage_total_s=stage_total, links_total_s=link_total,
                               stage_chunk_s=(float(rows[0][0]), float(rows[0][-1])))
+                return record
+
+            for m in per_stage:
+                full = times
+                if m > fit:  # its stages stream the blocks beyond the resident ones
+                    # streaming a block's weights is never faster than the mapper's choice
+                    # (``auto`` takes the faster of keeping and streaming them), so a layout timed
+                    # with its streamed blocks at the ``auto`` times bounds it from below: one no
+                    # better than the best so far is left unmapped (planning time)
+                    if best is not None and timed_layout(m, times)["ttft_s"] > best["ttft_s"]:
+                        continue
+                    full = block_times(g, c, True)
+                record = timed_layout(m, full)
+                ttft = record["ttft_s"]
                 candidates.append(record)
                 c_best = min(c_best, ttft)
                 if best is None or (ttft, record["boards_used"]) < (best["ttft_s"], best["boards_used"]):
@@ -516,11 +614,11 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
         at = min(range(len(ladder)), key=lambda k: (abs(math.log2(prompt / ladder[k] / math.ceil(L / least))), k))
         here = evaluate(ladder[at])
         while True:
-            near = [k for k in (at - 1, at + 1) if 0 <= k < len(ladder)]
-            k = min(near, key=lambda k: (evaluate(ladder[k]), k))
-            if evaluated[ladder[k]] >= here:
+            # the smaller neighbour first (smaller chunks shorten the fill); the first faster one is taken
+            step = next((k for k in (at - 1, at + 1) if 0 <= k < len(ladder) and evaluate(ladder[k]) < here), None)
+            if step is None:
                 break
-            at, here = k, evaluated[ladder[k]]
+            at, here = step, evaluated[ladder[step]]
     if best is None:
         raise LLMError(f"no prefill layout of {model_name} fits {arch.name}")
     bound = prefill_bound(spec, prompt, dtype, arch, item)
@@ -531,6 +629,6 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
         chunks=best["chunks"], tp_boards=best["tp_boards"], blocks_per_stage=best["blocks_per_stage"],
         stages=best["stages"], boards_used=best["boards_used"], ttft_s=best["ttft_s"], bound_s=bound.total_s,
         bound=bound.to_dict(), parts_s={"pipeline_s": best["pipeline_s"], "head_handover_s": best["head_handover_s"],
-                                        "head_s": head_s, "host_io_s": host_io},
+                                        "head_s": best["head_s"], "host_io_s": host_io},
         busiest=busiest, stage_chunk_s=best["stage_chunk_s"], handover_chunk_s=best["handover_chunk_s"],
-        candidates=tuple(sorted(candidates, key=lambda r: (r["ttft_s"], r["boards_used"]))))
+        candidates=tuple(sorted(candidates, key=lambda r: (r["ttft_s"], r["boards_used"]))), boards=tuple(best["boards"]))

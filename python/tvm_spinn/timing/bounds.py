@@ -6,6 +6,9 @@ cross between two layers) and of the system's :class:`~tvm_spinn.target.arch.Spi
 fields. Nothing here reads a mapping, a plan, a tile or the timing model: a worse plan of the
 same work has the same bound, so ``efficiency = bound / latency`` (at most 1) ranks plans.
 
+Only the live hardware counts (:mod:`tvm_spinn.target.faults`: a system with dead chips or boards,
+or a partial allocation): its chips compute and hold bytes, on the usable boards.
+
 Three kinds, each a lower bound on the latency of *any* placement:
 
 * **compute**: the MACs of each mode at the peak of every application PE of the system
@@ -221,6 +224,24 @@ def board_capacity_bytes(arch: SpinnArch) -> int:
 
 
 # ----------------------------------------------------------------------------- the bound
+def _live_per_board(arch: SpinnArch) -> np.ndarray:
+    """Cumulative live chips of the usable boards, the boards with the most live chips first:
+    entry ``k - 1`` is the most chips ``k`` boards have (a system with faults or a partial
+    allocation counts its live hardware only: :mod:`tvm_spinn.target.faults`)."""
+    cpb = min(arch.chips, arch.chips_per_board)
+    if not arch.has_faults:
+        return cpb * np.arange(1, arch.boards + 1, dtype=np.int64)
+    from ..target.faults import live_chips
+
+    counts = np.bincount(live_chips(arch) // arch.chips_per_board)
+    return np.cumsum(np.sort(counts[counts > 0])[::-1])
+
+
+def _boards_holding(live: np.ndarray, chips: int) -> int:
+    """The fewest boards with ``chips`` live chips (``live`` from :func:`_live_per_board`)."""
+    return int(np.searchsorted(live, chips, side="left")) + 1
+
+
 def _memory_s(nbytes: float, sram_bytes: float, sram_bw: float, dram_bw: float) -> float:
     """Least time to read ``nbytes`` placed in SRAM (at most ``sram_bytes``, at ``sram_bw``) and
     DRAM (at ``dram_bw``), both read at once: the best split puts ``nbytes * sram_bw / (sram_bw
@@ -243,22 +264,23 @@ def _split_bound(work: Workload, arch: SpinnArch, compute: float, memory_on, lea
     boards, ``c(n) = max(min(n - 1, 1), min(n - 2, S' - 1))``, ``S' = min(S, floor(R / rho))``."""
     rho = work.largest_phase_bytes or work.read_bytes
     syncs = min(work.sync_points, work.read_bytes // rho) if rho else work.sync_points
-    cpb = min(arch.chips, arch.chips_per_board)
+    live = _live_per_board(arch)
     half = row / 2 / chip_in_bytes_s(arch)  # half a row into a chip: every byte enters by its links
     levels = {
         # chips: hops between chips of a board (the cheapest crossing); boards: the board edge's hop
-        "chip": (arch.chips, 1, least_chips if rho <= chip_capacity_bytes(arch) else 1, arch.link_hop_s),
-        "board": (arch.boards, cpb, least_boards if rho <= board_capacity_bytes(arch) else 1, arch.board_link_hop_s),
+        "chip": (int(live[-1]), lambda u: u, least_chips if rho <= chip_capacity_bytes(arch) else 1, arch.link_hop_s),
+        "board": (live.size, lambda u: int(live[u - 1]),
+                  least_boards if rho <= int(live[0]) * chip_capacity_bytes(arch) else 1, arch.board_link_hop_s),
     }
     out = {}
-    for level, (units, chips_per_unit, first, hop) in levels.items():
+    for level, (units, chips_of, first, hop) in levels.items():
         best = None
         # past S' + 1 units the crossings stay at S' and the memory only falls: try the last too
         candidates = list(range(first, min(units, syncs + 1) + 1)) + [units]
         for u in candidates:
             if u < first:
                 continue
-            memory = memory_on(min(arch.chips, u * chips_per_unit))
+            memory = memory_on(chips_of(u))
             c = max(min(u - 1, 1), min(u - 2, syncs - 1)) if work.handover_bytes else 0
             comm = _alternating_s(c, hop + half, hop)
             if best is None or max(memory, comm) < best[0]:
@@ -266,8 +288,9 @@ def _split_bound(work: Workload, arch: SpinnArch, compute: float, memory_on, lea
         out[level] = best
     level = max(out, key=lambda key: out[key][0])
     value, u, memory, comm, c = out[level]
-    chips = min(arch.chips, u * (cpb if level == "board" else 1))
-    return {"total": max(compute, value), "binding_level": level, "chips": chips, "boards": -(-chips // cpb),
+    chips = int(live[u - 1]) if level == "board" else u
+    return {"total": max(compute, value), "binding_level": level, "chips": chips,
+            "boards": _boards_holding(live, chips),
             "memory": memory, "communication": comm, "sync_points_counted": syncs,
             "chip_crossings": out["chip"][4], "board_crossings": out["board"][4],
             "chip_level_s": out["chip"][0], "board_level_s": out["board"][0]}
@@ -287,17 +310,19 @@ def physical_bound(work: Workload, arch: SpinnArch) -> PhysicalBound:
     -------
     PhysicalBound
     """
-    pes = arch.total_pes
+    live = _live_per_board(arch)  # the live hardware only: a dead chip neither computes nor holds bytes
+    chips_live = int(live[-1])
+    pes = chips_live * arch.pes_per_chip
     compute = (work.macs_int8 / (pes * arch.macs_per_cycle * arch.clock_hz)
                + work.macs_fp32 / (pes * arch.m4f_flops_per_cycle * arch.clock_hz))
     sram_c = arch.pes_per_chip * arch.tile_sram_bytes
     sram_bw_c = arch.pes_per_chip * sram_read_bytes_s(arch)
     dram_bw_c = arch.dram_bw_bytes_s
-    cpb = min(arch.chips, arch.chips_per_board)
-    least = max(1, math.ceil(work.read_bytes / board_capacity_bytes(arch)))
-    if least > arch.boards:
-        raise ValueError(f"the step reads {work.read_bytes} bytes, more than the {arch.boards} board(s) of "
-                         f"{arch.name} can hold ({arch.boards * board_capacity_bytes(arch)} bytes)")
+    # the fewest boards whose live chips hold the bytes (the boards with the most live chips first)
+    least = max(1, _boards_holding(live, math.ceil(work.read_bytes / chip_capacity_bytes(arch))))
+    if least > live.size:
+        raise ValueError(f"the step reads {work.read_bytes} bytes, more than the {live.size} board(s) of "
+                         f"{arch.name} can hold ({chips_live * chip_capacity_bytes(arch)} bytes)")
     least_chips = max(1, math.ceil(work.read_bytes / chip_capacity_bytes(arch)))
     pair_bw, chip_bw = board_pair_bytes_s(arch), chip_in_bytes_s(arch)
     row = -(-work.handover_bytes // work.handover_rows)  # the part every crossing waits for
@@ -315,8 +340,8 @@ def physical_bound(work: Workload, arch: SpinnArch) -> PhysicalBound:
         return _memory_s(work.read_bytes, n * sram_c, n * sram_bw_c, n * dram_bw_c)
 
     best = None  # the chain placements
-    for n in range(least_chips, arch.chips + 1):
-        k = -(-n // cpb)
+    for n in range(least_chips, chips_live + 1):
+        k = _boards_holding(live, n)
         memory = memory_on(n)
         comm = communication(n, k)
         total = max(compute, memory, comm)
@@ -348,6 +373,7 @@ def physical_bound(work: Workload, arch: SpinnArch) -> PhysicalBound:
         "board_pair_bytes_s": pair_bw, "chip_in_bytes_s": chip_bw,
         "macs_int8": work.macs_int8, "macs_fp32": work.macs_fp32,
         **({"workload": dict(work.description)} if work.description else {}),
+        **({"live_chips": chips_live, "usable_boards": int(live.size)} if arch.has_faults else {}),
     }
     return PhysicalBound(compute, memory, comm, total, binding, details)
 
