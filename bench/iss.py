@@ -13,12 +13,13 @@ Calibration and hold-out: the timing model's M4F costs are structural (each fami
 the data and instructions per element, priced by the TRM's cycles: :mod:`tvm_spinn.program.ops.m4f`,
 :func:`tvm_spinn.program.ops.gemm.geometry.fp32_tile_cycles`); only the overheads of the code
 LLVM emits are calibrated: ``m4f_loop_cycles`` and ``m4f_job_cycles`` on the element-wise
-``add`` at two shapes, ``m4f_gemm_step_cycles`` and ``m4f_gemm_output_cycles`` on two fp32
-``dense`` shapes. Those four rows are marked ``calib``; every other row is ``held-out``. The
-bench solves the calibration rows for the four constants (the model is linear in them on fixed
-tiles) and prints them beside the values :class:`~tvm_spinn.target.arch.SpinnArch` holds, and
-per row the model's error at the SpinnArch values and at the solved ones; the held-out target is
-+-10%. For int8 layers the executed cycles are the M4F's share only (driving the array, the
+``add`` at two shapes (those two rows are marked ``calib``; every other row is ``held-out``),
+and ``m4f_gemm_step_cycles``, ``m4f_gemm_block_cycles`` and ``m4f_gemm_output_cycles`` on 5 of
+18 tile shapes of the fp32 GEMM kernel run directly (a second table: the small cases' GEMM tiles
+are one or two columns wide, a model's get full 4 x 4 register blocks). The bench solves the
+calibration rows for the constants (the model is linear in them on fixed tiles) and prints them
+beside the values :class:`~tvm_spinn.target.arch.SpinnArch` holds, and per row the model's error
+at the SpinnArch values and at the solved ones; the held-out target is +-10%. For int8 layers the executed cycles are the M4F's share only (driving the array, the
 32-bit chunk adds, the operands' row and column sums, the zero-point terms and the
 requantization): the MAC array is a modelled peripheral that completes at once, while the
 timing model's figure is mostly the array's time (not compared). Usage: ``python bench/iss.py``.
@@ -90,11 +91,18 @@ def _cases():
     yield "int8 conv2d 16->32 3x3", (mod, [xc])
 
 
-#: the calibration rows ``(case, layer kind)`` and the constants they set (see the module docstring)
-CALIBRATION = {("add", "add"): "loop, job", ("add 150x200", "add"): "loop, job",
-               ("dense 8x256x64", "dense"): "GEMM step, output", ("dense 32x64x48", "dense"): "GEMM step, output"}
-#: the calibrated SpinnArch constants
-CONSTANTS = ("m4f_loop_cycles", "m4f_job_cycles", "m4f_gemm_step_cycles", "m4f_gemm_output_cycles")
+#: the calibration rows ``(case, layer kind)`` of the element-wise constants (see the module docstring)
+CALIBRATION = {("add", "add"): "loop, job", ("add 150x200", "add"): "loop, job"}
+#: the fp32 GEMM kernel's tile shapes ``(m, n, k)`` run directly (the small cases' tiles are all
+#: one or two columns wide; a model's GEMMs get full 4 x 4 blocks), those marked True calibrate
+KERNEL_SHAPES = {(16, 1, 64): True, (8, 1, 256): False, (4, 4, 64): False, (16, 16, 64): True,
+                 (16, 4, 128): False, (32, 32, 32): False, (5, 7, 40): True, (1, 64, 64): True,
+                 (64, 4, 64): False, (12, 8, 96): False, (3, 3, 50): False, (8, 8, 16): False,
+                 (20, 9, 30): False, (4, 4, 8): True, (2, 16, 128): False, (16, 1, 27): False,
+                 (16, 2, 27): False, (8, 3, 100): False}
+#: the calibrated SpinnArch constants: the element-wise ones, then the GEMM kernel's
+CONSTANTS = ("m4f_loop_cycles", "m4f_job_cycles")
+GEMM_CONSTANTS = ("m4f_gemm_step_cycles", "m4f_gemm_block_cycles", "m4f_gemm_output_cycles")
 #: the target of the model's error on held-out rows
 TARGET = 0.10
 
@@ -123,20 +131,70 @@ def _modelled(program, index: int, rows, arch) -> float:
     return float(sum(cycles[r.tile] for r in rows))
 
 
-def _solve(results, arch):
-    """The calibrated constants that zero the calibration rows' error: the model on their
-    (fixed) tiles is linear in them, so one model run per constant gives the system."""
-    calib = [(program, index, rows) for name, program, index, rows in results
-             if (name, layer_kind(program, index)) in CALIBRATION]
-    zero = arch.replace(**dict.fromkeys(CONSTANTS, 0.0))
+def _lstsq(rows, constants, arch, model):
+    """The ``constants`` that zero the relative error of ``rows`` (``(key, executed)``) of the
+    linear ``model(key, arch)``: one model run per constant gives the system."""
+    zero = arch.replace(**dict.fromkeys(constants, 0.0))
     unit = 1000.0  # large, so the model's rounding up of each tile is negligible
-    base = np.array([_modelled(p, i, rows, zero) for p, i, rows in calib])
-    coef = np.array([[(_modelled(p, i, rows, zero.replace(**{c: unit})) - b) / unit for c in CONSTANTS]
-                     for (p, i, rows), b in zip(calib, base)])
-    executed = np.array([sum(r.cycles for r in rows) for _, _, rows in calib], dtype=np.float64)
-    # relative errors weigh the rows alike
+    base = np.array([model(key, zero) for key, _ in rows])
+    coef = np.array([[(model(key, zero.replace(**{c: unit})) - b) / unit for c in constants]
+                     for (key, _), b in zip(rows, base)])
+    executed = np.array([e for _, e in rows], dtype=np.float64)
     solved, *_ = np.linalg.lstsq(coef / executed[:, None], (executed - base) / executed, rcond=None)
-    return dict(zip(CONSTANTS, (float(v) for v in solved)))
+    return dict(zip(constants, (float(v) for v in solved)))
+
+
+def _solve(results, arch):
+    """The element-wise constants from the calibration rows (their fixed tiles)."""
+    rows = [((program, index, rows), sum(r.cycles for r in rows)) for name, program, index, rows in results
+            if (name, layer_kind(program, index)) in CALIBRATION]
+    return _lstsq(rows, CONSTANTS, arch, lambda key, a: _modelled(*key, a))
+
+
+def _kernel_runs(arch):
+    """``(m, n, k) -> executed cycles`` of one job of the fp32 GEMM kernel (first and last chunk)."""
+    from tvm_spinn.pe.cycles import executed_cycles
+    from tvm_spinn.pe.images import role_image
+    from tvm_spinn.pe.iss import PeMachine
+    image = role_image(("gemm_f32", False))
+    machine = PeMachine(image.elf, image.name, 0, arch.acc_bits, arch)
+    rng, out = np.random.default_rng(0), {}
+    for m, n, k in KERNEL_SHAPES:
+        a, b = rng.standard_normal(m * k).astype(np.float32), rng.standard_normal(k * n).astype(np.float32)
+        pa = machine.arena
+        pb, pc = pa + a.nbytes, pa + a.nbytes + b.nbytes
+        machine.write(pa, a.tobytes())
+        machine.write(pb, b.tobytes())
+        machine.clear_counters()
+        machine.run([[pa, pb, pc, pc + 4 * m * n, m, n, k, 3]])
+        out[(m, n, k)] = executed_cycles(machine)[0]
+    return out
+
+
+def _kernel_table(arch) -> None:
+    from tvm_spinn.program.ops.gemm.geometry import fp32_tile_cycles
+    runs = _kernel_runs(arch)
+
+    def model(key, a):
+        return float(fp32_tile_cycles(*key, 1, a))
+
+    solved = _lstsq([(key, runs[key]) for key in KERNEL_SHAPES if KERNEL_SHAPES[key]], GEMM_CONSTANTS, arch, model)
+    at_solved = arch.replace(**{k: max(v, 0.0) for k, v in solved.items()})
+    print(f"\nfp32 GEMM kernel, one job per tile shape\n{'m x n x k':14s} {'set':8s} {'modelled':>10s} "
+          f"{'executed':>10s} {'model err':>9s} {'solved':>8s} {'+-10%':>5s} {'exec/MAC':>8s}")
+    held = within = 0
+    for key, calib in KERNEL_SHAPES.items():
+        modelled, executed = model(key, arch), runs[key]
+        err, err_cal = (modelled - executed) / executed, (model(key, at_solved) - executed) / executed
+        ok = "" if calib else ("yes" if abs(err) <= TARGET else "no")
+        held += not calib
+        within += (not calib) and abs(err) <= TARGET
+        print(f"{'x'.join(map(str, key)):14s} {'calib' if calib else 'held-out':8s} {modelled:10.0f} {executed:10d} "
+              f"{err:+9.1%} {err_cal:+8.1%} {ok:>5s} {executed / np.prod(key):8.2f}")
+    for field in GEMM_CONSTANTS:
+        print(f"calibration: {field} = {getattr(arch, field):.2f} in SpinnArch; the calibration shapes solve to "
+              f"{solved[field]:.2f}")
+    print(f"held-out kernel shapes within +-{TARGET:.0%}: {within} of {held}")
 
 
 def main() -> None:
@@ -177,6 +235,7 @@ def main() -> None:
     print(f"held-out fp32 rows within +-{TARGET:.0%} of the executed cycles at SpinnArch's constants: "
           f"{within} of {held}; op kinds all within: {sum(all(v) for v in kinds.values())} of {len(kinds)} "
           "(int8 rows: the M4F's share only, not compared)")
+    _kernel_table(arch)
 
 
 if __name__ == "__main__":

@@ -87,16 +87,19 @@ def _fp32_cycles(vm: int, vn: int, k: int, k_splits: int = 1, arch=ARCH) -> floa
     """The fp32 GEMM kernel's loop nest walked (``tvm_spinn.pe.kernels``: 4 x 4 register blocks,
     4 x 1 blocks right of them, single outputs below): per k step of a block one load per
     operand row and column (VLDR, 2 cycles, TRM table 7-1), a VMUL and a VADD per product (1
-    each) and the block's step overhead; per job (reduction chunk) the job and every output's
-    start and store."""
+    each) and the block's step overhead; per job (reduction chunk) the job and every block's
+    (and every single output's) set-up, start and store."""
     def block(rows: int, cols: int) -> float:
         return k * ((rows + cols) * 2 + 2 * rows * cols + arch.m4f_gemm_step_cycles)
 
-    cycles = 0.0
+    cycles, blocks, alone = 0.0, 0, 0
     for _ in range(vm // 4):
         cycles += sum(block(4, 4) for _ in range(vn // 4)) + sum(block(4, 1) for _ in range(vn % 4))
+        blocks += vn // 4 + vn % 4
     cycles += sum(block(1, 1) for _ in range((vm % 4) * vn))
-    return cycles + k_splits * (vm * vn * arch.m4f_gemm_output_cycles + arch.m4f_job_cycles)
+    alone += (vm % 4) * vn
+    return cycles + k_splits * (blocks * arch.m4f_gemm_block_cycles + alone * arch.m4f_gemm_output_cycles
+                                + arch.m4f_job_cycles)
 
 
 #: fp32 multiply-accumulates per cycle of the kernel's 4 x 4 block (8 loads, 16 VMUL + VADD)

@@ -139,8 +139,9 @@ def fp32_tile_cycles(vm, vn, k, k_splits, arch: "SpinnArch"):
     the blocks run in ``4 x 1`` blocks (5 loads for 4 products); the rows below them one output
     at a time (2 loads for 1 product). Each load is interleaved with the arithmetic (not
     pipelined: ``m4f_mem_cycles``); each block's k step adds ``m4f_gemm_step_cycles``; each job
-    (one reduction chunk) ``m4f_job_cycles`` and per output ``m4f_gemm_output_cycles`` (the
-    accumulator started from the partial sum and stored back). ``vm``, ``vn`` may be int64 arrays."""
+    (one reduction chunk) ``m4f_job_cycles``, per register block ``m4f_gemm_block_cycles`` and per
+    output computed alone ``m4f_gemm_output_cycles`` (set-up, the accumulators started from the
+    partial sums and stored back). ``vm``, ``vn`` may be int64 arrays."""
     mr, nr = M4F_BLOCK
     bm, bn = vm // mr, vn // nr
     full, edge, tail = bm * bn, bm * (vn - bn * nr), (vm - bm * mr) * vn
@@ -149,7 +150,8 @@ def fp32_tile_cycles(vm, vn, k, k_splits, arch: "SpinnArch"):
         return (loads * arch.m4f_mem_cycles + 2 * products * arch.m4f_fpu_cycles + arch.m4f_gemm_step_cycles)
 
     per_k = full * step(mr + nr, mr * nr) + edge * step(mr + 1, mr) + tail * step(2, 1)
-    return k * per_k + k_splits * (vm * vn * arch.m4f_gemm_output_cycles + arch.m4f_job_cycles)
+    return k * per_k + k_splits * ((full + edge) * arch.m4f_gemm_block_cycles + tail * arch.m4f_gemm_output_cycles
+                                   + arch.m4f_job_cycles)
 
 
 def gemm_tile_cycles(vm: int, vn: int, k: int, k_splits: int, arch: "SpinnArch", mode: str = "fp32",
