@@ -9,15 +9,20 @@ rate), the executed cycles (the cycles the M4F waits on the exp/log unit include
 latency and rate), their ratio and the error of the model, and the executed cycles per element
 (element-wise) or per multiply-accumulate (GEMMs).
 
-Calibration and hold-out: the M4F constants a calibration would set are
-``m4f_elementwise_cycles`` (from the element-wise ``add``) and ``m4f_flops_per_cycle`` (from
-``dense 8x256x64``): those rows are marked ``calib``, every other row ``held-out``. The bench
-prints the values the calibration rows imply (the constant that would zero their error) and,
-per held-out row, whether the model is within the target of +-10%. The timing model's constants
-are not changed here. For int8 layers the executed cycles are the M4F's share only (driving the
-array, the 32-bit chunk adds, the operands' row and column sums, the zero-point terms and the
+Calibration and hold-out: the timing model's M4F costs are structural (each family's passes over
+the data and instructions per element, priced by the TRM's cycles: :mod:`tvm_spinn.program.ops.m4f`,
+:func:`tvm_spinn.program.ops.gemm.geometry.fp32_tile_cycles`); only the overheads of the code
+LLVM emits are calibrated: ``m4f_loop_cycles`` and ``m4f_job_cycles`` on the element-wise
+``add`` at two shapes (those two rows are marked ``calib``; every other row is ``held-out``),
+and ``m4f_gemm_step_cycles``, ``m4f_gemm_block_cycles`` and ``m4f_gemm_output_cycles`` on 5 of
+18 tile shapes of the fp32 GEMM kernel run directly (a second table: the small cases' GEMM tiles
+are one or two columns wide, a model's get full 4 x 4 register blocks). The bench solves the
+calibration rows for the constants (the model is linear in them on fixed tiles) and prints them
+beside the values :class:`~tvm_spinn.target.arch.SpinnArch` holds, and per row the model's error
+at the SpinnArch values and at the solved ones; the held-out target is +-10%. For int8 layers the executed cycles are the M4F's share only (driving the array, the
+32-bit chunk adds, the operands' row and column sums, the zero-point terms and the
 requantization): the MAC array is a modelled peripheral that completes at once, while the
-timing model's figure is mostly the array's time. Usage: ``python bench/iss.py``.
+timing model's figure is mostly the array's time (not compared). Usage: ``python bench/iss.py``.
 """
 
 from __future__ import annotations
@@ -57,8 +62,11 @@ def _cases():
     yield "add", _torch_case(lambda m, a, b: a + b, None, (64, 96), (64, 96))
     yield "multiply", _torch_case(lambda m, a, b: a * b, None, (64, 96), (64, 96))
     yield "relu", _torch_case(lambda m, a: torch.relu(a + 1.0), None, (64, 96))
+    yield "add 150x200", _torch_case(lambda m, a, b: a + b, None, (150, 200), (150, 200))
+    yield "add 31x77", _torch_case(lambda m, a, b: a + b, None, (31, 77), (31, 77))
     yield "dense 32x64x48", _torch_case(lambda m, x: m(x), torch.nn.Linear(64, 48, bias=False), (32, 64))
     yield "dense 8x256x64", _torch_case(lambda m, x: m(x), torch.nn.Linear(256, 64, bias=False), (8, 256))
+    yield "dense 20x100x36", _torch_case(lambda m, x: m(x), torch.nn.Linear(100, 36, bias=False), (20, 100))
     yield "matmul 24x40x16", _torch_case(lambda m, a, b: a @ b, None, (24, 40), (40, 16))
     yield "conv2d 3->16 3x3", _torch_case(lambda m, x: m(x), torch.nn.Conv2d(3, 16, 3, padding=1, bias=False), (1, 3, 16, 16))
     yield "softmax 64x96", _torch_case(lambda m, a: torch.softmax(a * 2.0, dim=-1), None, (64, 96))
@@ -83,8 +91,18 @@ def _cases():
     yield "int8 conv2d 16->32 3x3", (mod, [xc])
 
 
-#: the rows a calibration of the M4F constants would use (see the module docstring)
-CALIBRATION = {("add", "add"): "m4f_elementwise_cycles", ("dense 8x256x64", "dense"): "m4f_flops_per_cycle"}
+#: the calibration rows ``(case, layer kind)`` of the element-wise constants (see the module docstring)
+CALIBRATION = {("add", "add"): "loop, job", ("add 150x200", "add"): "loop, job"}
+#: the fp32 GEMM kernel's tile shapes ``(m, n, k)`` run directly (the small cases' tiles are all
+#: one or two columns wide; a model's GEMMs get full 4 x 4 blocks), those marked True calibrate
+KERNEL_SHAPES = {(16, 1, 64): True, (8, 1, 256): False, (4, 4, 64): False, (16, 16, 64): True,
+                 (16, 4, 128): False, (32, 32, 32): False, (5, 7, 40): True, (1, 64, 64): True,
+                 (64, 4, 64): False, (12, 8, 96): False, (3, 3, 50): False, (8, 8, 16): False,
+                 (20, 9, 30): False, (4, 4, 8): True, (2, 16, 128): False, (16, 1, 27): False,
+                 (16, 2, 27): False, (8, 3, 100): False}
+#: the calibrated SpinnArch constants: the element-wise ones, then the GEMM kernel's
+CONSTANTS = ("m4f_loop_cycles", "m4f_job_cycles")
+GEMM_CONSTANTS = ("m4f_gemm_step_cycles", "m4f_gemm_block_cycles", "m4f_gemm_output_cycles")
 #: the target of the model's error on held-out rows
 TARGET = 0.10
 
@@ -107,31 +125,94 @@ def _measure():
                 yield name, program, index, [r for r in record if r.layer == index]
 
 
-def main() -> None:
+def _modelled(program, index: int, rows, arch) -> float:
     from tvm_spinn.mapping.schedule import derive_tables
+    cycles = derive_tables(program, arch)[index].cycles
+    return float(sum(cycles[r.tile] for r in rows))
+
+
+def _lstsq(rows, constants, arch, model):
+    """The ``constants`` that zero the relative error of ``rows`` (``(key, executed)``) of the
+    linear ``model(key, arch)``: one model run per constant gives the system."""
+    zero = arch.replace(**dict.fromkeys(constants, 0.0))
+    unit = 1000.0  # large, so the model's rounding up of each tile is negligible
+    base = np.array([model(key, zero) for key, _ in rows])
+    coef = np.array([[(model(key, zero.replace(**{c: unit})) - b) / unit for c in constants]
+                     for (key, _), b in zip(rows, base)])
+    executed = np.array([e for _, e in rows], dtype=np.float64)
+    solved, *_ = np.linalg.lstsq(coef / executed[:, None], (executed - base) / executed, rcond=None)
+    return dict(zip(constants, (float(v) for v in solved)))
+
+
+def _solve(results, arch):
+    """The element-wise constants from the calibration rows (their fixed tiles)."""
+    rows = [((program, index, rows), sum(r.cycles for r in rows)) for name, program, index, rows in results
+            if (name, layer_kind(program, index)) in CALIBRATION]
+    return _lstsq(rows, CONSTANTS, arch, lambda key, a: _modelled(*key, a))
+
+
+def _kernel_runs(arch):
+    """``(m, n, k) -> executed cycles`` of one job of the fp32 GEMM kernel (first and last chunk)."""
+    from tvm_spinn.pe.cycles import executed_cycles
+    from tvm_spinn.pe.images import role_image
+    from tvm_spinn.pe.iss import PeMachine
+    image = role_image(("gemm_f32", False))
+    machine = PeMachine(image.elf, image.name, 0, arch.acc_bits, arch)
+    rng, out = np.random.default_rng(0), {}
+    for m, n, k in KERNEL_SHAPES:
+        a, b = rng.standard_normal(m * k).astype(np.float32), rng.standard_normal(k * n).astype(np.float32)
+        pa = machine.arena
+        pb, pc = pa + a.nbytes, pa + a.nbytes + b.nbytes
+        machine.write(pa, a.tobytes())
+        machine.write(pb, b.tobytes())
+        machine.clear_counters()
+        machine.run([[pa, pb, pc, pc + 4 * m * n, m, n, k, 3]])
+        out[(m, n, k)] = executed_cycles(machine)[0]
+    return out
+
+
+def _kernel_table(arch) -> None:
+    from tvm_spinn.program.ops.gemm.geometry import fp32_tile_cycles
+    runs = _kernel_runs(arch)
+
+    def model(key, a):
+        return float(fp32_tile_cycles(*key, 1, a))
+
+    solved = _lstsq([(key, runs[key]) for key in KERNEL_SHAPES if KERNEL_SHAPES[key]], GEMM_CONSTANTS, arch, model)
+    at_solved = arch.replace(**{k: max(v, 0.0) for k, v in solved.items()})
+    print(f"\nfp32 GEMM kernel, one job per tile shape\n{'m x n x k':14s} {'set':8s} {'modelled':>10s} "
+          f"{'executed':>10s} {'model err':>9s} {'solved':>8s} {'+-10%':>5s} {'exec/MAC':>8s}")
+    held = within = 0
+    for key, calib in KERNEL_SHAPES.items():
+        modelled, executed = model(key, arch), runs[key]
+        err, err_cal = (modelled - executed) / executed, (model(key, at_solved) - executed) / executed
+        ok = "" if calib else ("yes" if abs(err) <= TARGET else "no")
+        held += not calib
+        within += (not calib) and abs(err) <= TARGET
+        print(f"{'x'.join(map(str, key)):14s} {'calib' if calib else 'held-out':8s} {modelled:10.0f} {executed:10d} "
+              f"{err:+9.1%} {err_cal:+8.1%} {ok:>5s} {executed / np.prod(key):8.2f}")
+    for field in GEMM_CONSTANTS:
+        print(f"calibration: {field} = {getattr(arch, field):.2f} in SpinnArch; the calibration shapes solve to "
+              f"{solved[field]:.2f}")
+    print(f"held-out kernel shapes within +-{TARGET:.0%}: {within} of {held}")
+
+
+def main() -> None:
     from tvm_spinn.target.arch import SpinnArch
     arch = SpinnArch()
     results = list(_measure())
-    # the calibration rows' implied constants, then the model at them on the very same tiles
-    implied = {}
-    for name, program, index, rows in results:
-        calib = CALIBRATION.get((name, layer_kind(program, index)))
-        modelled, executed = sum(r.modelled for r in rows), sum(r.cycles for r in rows)
-        if calib == "m4f_elementwise_cycles":
-            implied[calib] = arch.m4f_elementwise_cycles * executed / modelled
-        elif calib == "m4f_flops_per_cycle":
-            implied[calib] = arch.m4f_flops_per_cycle * modelled / executed
-    calibrated = arch.replace(**implied)
+    implied = _solve(results, arch)
+    calibrated = arch.replace(**{k: max(v, 0.0) for k, v in implied.items()})
     print(f"{'case':24s} {'layer kind':16s} {'set':8s} {'tiles':>6s} {'modelled':>10s} {'executed':>10s} "
-          f"{'model err':>9s} {'calibrated':>10s} {'+-10%':>5s} {'exec/unit':>10s}")
-    held, within, seen = 0, 0, set()
+          f"{'model err':>9s} {'solved':>8s} {'+-10%':>5s} {'exec/unit':>10s}")
+    held, within, seen, kinds = 0, 0, set(), {}
     for name, program, index, rows in results:
         kind, mode = layer_kind(program, index), layer_mode(program, index)
         modelled, executed = sum(r.modelled for r in rows), sum(r.cycles for r in rows)
         if (kind, mode, modelled, executed) in seen:  # a case's leading op, measured before
             continue
         seen.add((kind, mode, modelled, executed))
-        recal = float(sum(derive_tables(program, calibrated)[index].cycles[r.tile] for r in rows))
+        recal = _modelled(program, index, rows, calibrated)
         if kind in ("dense", "matmul", "conv2d"):
             g = gemm_view(program, index)
             units, unit = g.batch * g.m * g.n * g.k, "MAC"
@@ -142,16 +223,19 @@ def main() -> None:
         ok = ""
         if not calib and mode == "fp32":
             held += 1
-            within += abs(err_cal) <= TARGET
-            ok = "yes" if abs(err_cal) <= TARGET else "no"
+            within += abs(err) <= TARGET
+            ok = "yes" if abs(err) <= TARGET else "no"
+            kinds.setdefault(kind, []).append(abs(err) <= TARGET)
         print(f"{name:24s} {mode + ' ' + kind:16s} {'calib' if calib else 'held-out':8s} {len(rows):6d} "
-              f"{modelled:10.0f} {executed:10d} {err:+9.0%} {err_cal:+10.0%} {ok:>5s} {executed / units:6.2f}/{unit}")
+              f"{modelled:10.0f} {executed:10d} {err:+9.1%} {err_cal:+8.1%} {ok:>5s} {executed / units:6.2f}/{unit}")
     print()
-    for field, value in sorted(implied.items()):
-        print(f"calibration: {field} {getattr(arch, field):.3f} -> {value:.3f} zeroes its row's error "
-              "(column 'calibrated': the model at these values, same tiles)")
-    print(f"held-out fp32 rows within +-{TARGET:.0%} of the executed cycles at the calibrated constants: "
-          f"{within} of {held} (int8 rows: the M4F's share only, not compared)")
+    for field in CONSTANTS:
+        print(f"calibration: {field} = {getattr(arch, field):.2f} in SpinnArch; the calibration rows solve to "
+              f"{implied[field]:.2f} (column 'solved': the model at the solved values, same tiles)")
+    print(f"held-out fp32 rows within +-{TARGET:.0%} of the executed cycles at SpinnArch's constants: "
+          f"{within} of {held}; op kinds all within: {sum(all(v) for v in kinds.values())} of {len(kinds)} "
+          "(int8 rows: the M4F's share only, not compared)")
+    _kernel_table(arch)
 
 
 if __name__ == "__main__":

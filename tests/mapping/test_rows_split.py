@@ -96,7 +96,8 @@ def test_split_lowers_the_modelled_cost(board_rows):
         # load and an add): softmax's sum adds every element, layer_norm's two sums their
         # blocks' sums (blocked order)
         held = -(-tile[1] // LAYER_NORM_BLOCK) if kind == "layer_norm" else tile[1]
-        step = arch.m4f_chain_cycles if held <= arch.m4f_chain_registers else arch.m4f_elementwise_cycles / 2
+        step = (arch.m4f_chain_cycles if held <= arch.m4f_chain_registers
+                else arch.m4f_mem_cycles + arch.m4f_fpu_cycles + arch.m4f_loop_cycles)
         serial = {"layer_norm": 2 * -(-1024 // LAYER_NORM_BLOCK), "softmax": 1024}[kind] * step
         assert chunked.cycles.min() > serial
         # each chunk moves only its part of the row (and of gamma/beta)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("unicorn")
 pytest.importorskip("capstone")
@@ -51,3 +52,39 @@ def test_exp_unit_wait_is_its_latency_and_rate(act):
     m.clear_counters()
     m.run([[m.arena, m.arena + x.nbytes, x.size]])
     assert m.stall == 11 + 3.0 * x.size
+
+
+class _Op(torch.nn.Module):
+    def __init__(self, fn, module=None):
+        super().__init__()
+        self.fn, self.module = fn, module
+
+    def forward(self, *xs):
+        return self.fn(self.module, *xs)
+
+
+@pytest.mark.parametrize("name,fn,module,shapes", [
+    # held-out shapes and kinds (bench/iss.py calibrates on add and dense only)
+    pytest.param("softmax", lambda m, a: torch.softmax(a * 2.0, dim=-1), None, [(16, 80)], marks=pytest.mark.slow),
+    ("matmul", lambda m, a, b: a @ b, None, [(12, 40), (40, 20)]),
+])
+def test_timing_model_within_ten_percent_of_executed_code(name, fn, module, shapes):
+    """The timing model's M4F cost of every tile (its structural instruction mix priced by the
+    TRM) against the cycles of the generated code as executed, summed over the layer."""
+    from tvm import relax
+
+    import tvm_spinn
+    from tvm_spinn.pe import run_program_iss
+    from tvm_spinn.pe.view import layer_kind
+
+    torch.manual_seed(0)
+    xs = tuple(torch.randn(*s) for s in shapes)
+    mod = tvm_spinn.frontend.from_pytorch(_Op(fn, module).eval(), xs)
+    (program,) = tvm_spinn.report(relax.build(mod, target="spinn")).programs
+    record: list = []
+    run_program_iss(program, [x.numpy() for x in xs], record)
+    index = max(r.layer for r in record)  # the op itself (softmax's input scaling comes first)
+    assert layer_kind(program, index) == name
+    rows = [r for r in record if r.layer == index]
+    modelled, executed = sum(r.modelled for r in rows), sum(r.cycles for r in rows)
+    assert abs(modelled - executed) <= 0.10 * executed, (modelled, executed)

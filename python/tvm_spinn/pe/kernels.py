@@ -106,6 +106,7 @@ import tvm
 from tvm.script import tirx as T
 from tvm.tirx.build import codegen_build
 
+from ..program.ops.gemm.geometry import M4F_BLOCK
 from ..program.ops.rows import LAYER_NORM_BLOCK
 
 __all__ = ["PE_TARGET", "BINARY_OPS", "ACTIVATIONS", "kernel_func", "kernel_object"]
@@ -192,7 +193,7 @@ def _clip_kernel():
 
 
 #: the fp32 GEMM's register block: ``_MR x _NR`` accumulators live in FPU registers over k
-_MR, _NR = 4, 4
+_MR, _NR = M4F_BLOCK
 
 
 def _gemm_f32(relu: bool):

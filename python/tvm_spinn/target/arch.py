@@ -60,6 +60,15 @@ from typing import Mapping
 __all__ = ["SpinnArch", "ArchError", "make_system", "CHIPS", "AssumedRange", "ASSUMPTION_RANGES", "FAULT_FIELDS"]
 
 
+#: The PE code's overheads as calibrated on the executed cycles of the generated code
+#: (``bench/iss.py``, which prints the values its calibration rows imply): per element and pass
+#: of a loop, per job, and the fp32 GEMM's per register-block step, per block and per output
+#: computed alone. Assumptions:
+#: they describe what LLVM emits for the PE kernels, not the silicon.
+LOOP_CYCLES, JOB_CYCLES = 0.5, 93.0
+GEMM_STEP_CYCLES, GEMM_BLOCK_CYCLES, GEMM_OUTPUT_CYCLES = 1.0, 233.1, 80.2
+
+
 class ArchError(ValueError):
     """A system description with impossible numbers (names the offending field)."""
 
@@ -124,6 +133,43 @@ class SpinnArch:
         Values of a chunk a PE can hold in FPU registers while it waits for the running sum: 24
         of the 32 single-precision registers [M4-TRM] (assumption: 8 kept for the sum, the
         statistic and addresses).
+    m4f_mem_cycles, m4f_mem_pipelined_cycles : int
+        Cycles of a single load or store (LDR/STR, VLDR.F32/VSTR.F32): 2, and 1 for one that
+        directly follows another load or store (the address and data phases pipeline)
+        [M4-TRM] (table 3-1, table 7-1, section 3.3.2). The M4F costs of the element-wise, row
+        and fp32 GEMM kernels (:mod:`tvm_spinn.program.ops.m4f`) price their loads and stores
+        with these.
+    m4f_fpu_cycles : int
+        Cycles of a single-cycle FPU instruction (VADD/VSUB/VMUL/VNMUL/VABS/VNEG/VCMP/VMOV/VMRS/
+        VCVT.F32): 1 [M4-TRM] (table 7-1).
+    m4f_divide_cycles : int
+        Cycles of VDIV.F32 and of VSQRT.F32: 14 [M4-TRM] (table 7-1).
+    m4f_alu_cycles : int
+        Cycles of an integer data-processing instruction (and of IT): 1 [M4-TRM] (table 3-1).
+    m4f_branch_cycles : int
+        Cycles of a taken branch: 1 + P with the pipeline refill P = 1 for a branch to an
+        immediate: 2 [M4-TRM] (table 3-1).
+    m4f_loop_cycles : float
+        Assumption, calibrated on the executed cycles of the generated PE code
+        (``bench/iss.py``'s calibration rows: the element-wise ``add`` at two shapes): cycles per
+        element and pass over the data that a kernel's loop spends beyond its body (index and
+        address increments, the loop's compare and branch, less what LLVM's unrolling saves).
+        It depends on the code LLVM emits, not on the silicon.
+    m4f_job_cycles : float
+        Assumption, calibrated like :attr:`m4f_loop_cycles` (same rows): cycles of one job of a
+        PE's job loop beyond the kernel's loops (reading the job's arguments, the call and
+        return, the kernel's prologue, epilogue and per-call set-up).
+    m4f_gemm_step_cycles : float
+        Assumption, calibrated on the fp32 GEMM kernel's executed cycles at 5 of ``bench/iss.py``'s
+        18 kernel tile shapes: cycles per reduction step of one register block beyond its loads
+        and arithmetic (the block's address increments and loop branch).
+    m4f_gemm_block_cycles : float
+        Assumption, calibrated like :attr:`m4f_gemm_step_cycles`: cycles per ``4 x 4`` or ``4 x 1``
+        register block and job besides its k loop (its addresses, its accumulators started from
+        zero or from the partial sums, the last chunk's flag tests, bias and stores).
+    m4f_gemm_output_cycles : float
+        Assumption, calibrated like :attr:`m4f_gemm_step_cycles`: the same for an output computed
+        alone (the rows below the blocks).
     exp_unit_cycles : float
         Assumption: cycles per element through the exp/log accelerator (a pipelined unit;
         [OJCAS26] gives 7-22 cycles latency).
@@ -317,6 +363,19 @@ class SpinnArch:
     # The exp/log unit's pipeline fill (read by the instruction-set simulator only); left out of
     # to_dict() at its default like the timing fields.
     exp_unit_latency_cycles: int = 7  # [OJCAS26], assumption (see the docstring)
+    # The M4F's instruction cycles and the PE code's overheads (read by the M4F costs of
+    # tvm_spinn.program.ops.m4f); left out of to_dict() at their defaults like the timing fields.
+    m4f_mem_cycles: int = 2  # [M4-TRM]
+    m4f_mem_pipelined_cycles: int = 1  # [M4-TRM]
+    m4f_fpu_cycles: int = 1  # [M4-TRM]
+    m4f_divide_cycles: int = 14  # [M4-TRM]
+    m4f_alu_cycles: int = 1  # [M4-TRM]
+    m4f_branch_cycles: int = 2  # [M4-TRM]
+    m4f_loop_cycles: float = LOOP_CYCLES  # assumption, calibrated (see the docstring)
+    m4f_job_cycles: float = JOB_CYCLES  # assumption, calibrated (see the docstring)
+    m4f_gemm_step_cycles: float = GEMM_STEP_CYCLES  # assumption, calibrated (see the docstring)
+    m4f_gemm_block_cycles: float = GEMM_BLOCK_CYCLES  # assumption, calibrated (see the docstring)
+    m4f_gemm_output_cycles: float = GEMM_OUTPUT_CYCLES  # assumption, calibrated (see the docstring)
     # Faults and the allocation (read by tvm_spinn.target.faults and the link graph); left out
     # of to_dict() while empty, like the topology fields.
     dead_chips: tuple = ()
@@ -354,6 +413,19 @@ class SpinnArch:
                 or self.exp_unit_latency_cycles < 0:
             raise ArchError(f"SpinnArch.exp_unit_latency_cycles must be a non-negative integer, "
                             f"got {self.exp_unit_latency_cycles!r}")
+        for name in ("m4f_mem_cycles", "m4f_mem_pipelined_cycles", "m4f_fpu_cycles", "m4f_divide_cycles",
+                     "m4f_alu_cycles", "m4f_branch_cycles"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ArchError(f"SpinnArch.{name} must be a positive integer, got {value!r}")
+        for name in ("m4f_loop_cycles", "m4f_job_cycles", "m4f_gemm_step_cycles", "m4f_gemm_block_cycles",
+                     "m4f_gemm_output_cycles"):
+            value = getattr(self, name)
+            if not isinstance(value, numbers.Real) or isinstance(value, bool) or not 0 <= value < math.inf:
+                raise ArchError(f"SpinnArch.{name} must be a finite non-negative number, got {value!r}")
+        if self.m4f_mem_pipelined_cycles > self.m4f_mem_cycles:
+            raise ArchError(f"SpinnArch.m4f_mem_pipelined_cycles ({self.m4f_mem_pipelined_cycles}) exceeds "
+                            f"m4f_mem_cycles ({self.m4f_mem_cycles}): a pipelined load cannot be slower")
         if not isinstance(self.acc_bits, int) or isinstance(self.acc_bits, bool):
             raise ArchError(f"SpinnArch.acc_bits must be an integer, got {self.acc_bits!r}")
         for name in ("mgmt_pes_per_chip", "sram_reserved_bytes", "mac_readout_cycles", "noc_hop_cycles",
@@ -607,9 +679,14 @@ _CHAIN_FIELDS = frozenset({"m4f_chain_cycles", "m4f_chain_registers"})
 #: The timing model's interconnect, synchronisation and set-up fields; omitted at their defaults.
 _TIMING_FIELDS = frozenset({"noc_link_bytes_per_cycle", "sync_packet_cycles", "irq_entry_cycles",
                             "task_descriptor_words", "exp_unit_latency_cycles"})
+#: The M4F's instruction cycles and the PE code's overheads; omitted at their defaults.
+_M4F_FIELDS = frozenset({"m4f_mem_cycles", "m4f_mem_pipelined_cycles", "m4f_fpu_cycles", "m4f_divide_cycles",
+                         "m4f_alu_cycles", "m4f_branch_cycles", "m4f_loop_cycles", "m4f_job_cycles",
+                         "m4f_gemm_step_cycles", "m4f_gemm_block_cycles", "m4f_gemm_output_cycles"})
 #: The faults and the allocation (:attr:`SpinnArch.dead_chips` ...); omitted while empty.
 FAULT_FIELDS = ("dead_chips", "dead_links", "dead_board_links", "dead_boards", "allocated_boards")
-_DEFAULTED_FIELDS = _TOPOLOGY_FIELDS | _HOST_FIELDS | _CHAIN_FIELDS | _TIMING_FIELDS | frozenset(FAULT_FIELDS)
+_DEFAULTED_FIELDS = (_TOPOLOGY_FIELDS | _HOST_FIELDS | _CHAIN_FIELDS | _TIMING_FIELDS | _M4F_FIELDS
+                     | frozenset(FAULT_FIELDS))
 
 
 @dataclass(frozen=True)
@@ -708,6 +785,25 @@ ASSUMPTION_RANGES: Mapping[str, AssumedRange] = types.MappingProxyType({
         5e-6, 100e-6,
         "assumption: a small UDP datagram one way, a kernel-bypass host stack (5 us) up to a "
         "loaded kernel stack and an FPGA or monitor-core bridge on the board (100 us)"),
+    "m4f_loop_cycles": AssumedRange(
+        0.0, 4.0,
+        "calibrated on the executed PE code (bench/iss.py): none when LLVM unrolls the loop fully; "
+        "an index add, a compare and a taken branch (1 + 1 + 2 cycles [M4-TRM]) per element when it "
+        "does not unroll at all"),
+    "m4f_job_cycles": AssumedRange(
+        JOB_CYCLES / 2, 2 * JOB_CYCLES,
+        "calibrated on the executed PE code (bench/iss.py): a factor of two either way for another "
+        "compiler or runtime"),
+    "m4f_gemm_step_cycles": AssumedRange(
+        GEMM_STEP_CYCLES / 2, 2 * GEMM_STEP_CYCLES,
+        "calibrated on the executed PE code (bench/iss.py): a factor of two either way for another "
+        "compiler's addressing"),
+    "m4f_gemm_block_cycles": AssumedRange(
+        GEMM_BLOCK_CYCLES / 2, 2 * GEMM_BLOCK_CYCLES,
+        "calibrated on the executed PE code (bench/iss.py): a factor of two either way"),
+    "m4f_gemm_output_cycles": AssumedRange(
+        GEMM_OUTPUT_CYCLES / 2, 2 * GEMM_OUTPUT_CYCLES,
+        "calibrated on the executed PE code (bench/iss.py): a factor of two either way"),
     "m4f_chain_registers": AssumedRange(
         16, 28, "[M4-TRM] 32 single-precision registers, 4 to 16 of them kept for sums and addresses"),
     "link_payload_fraction": AssumedRange(

@@ -317,6 +317,10 @@ class FlatFamily(OpFamily):
         """Cycles per output element."""
         return arch.m4f_elementwise_cycles
 
+    def fixed_cycles(self, layer: Layer, arch: "SpinnArch") -> float:
+        """Cycles of a tile besides its elements: one job of the PE's job loop."""
+        return arch.m4f_job_cycles
+
     def choose_tile(self, program, layer, arch, pes, naive):
         return [flat_tile(program, layer, arch, pes)]
 
@@ -324,7 +328,8 @@ class FlatFamily(OpFamily):
         ie = sum(itemsize(program, tid) for tid in layer.inputs)
         oe = itemsize(program, layer.output)
         e = (hi - lo)[:, 0]
-        return 2 * (ie + oe) * e, ie * e, 0, oe * e, np.ceil(e * self.cycles_per_element(layer, arch))
+        cycles = np.ceil(e * self.cycles_per_element(layer, arch) + self.fixed_cycles(layer, arch))
+        return 2 * (ie + oe) * e, ie * e, 0, oe * e, cycles
 
     @staticmethod
     def broadcast_inputs(runner) -> None:

@@ -32,6 +32,7 @@ from ..checks import RELU, check_int, check_num, fail
 from ..model import Layer
 from . import native
 from .base import FlatFamily, register
+from .m4f import Mix, pass_cycles
 from .sharding import PointwiseRule
 
 __all__ = ["Elementwise", "Select", "binary", "relu", "relu_owned", "unary", "clip_fast", "exp_f32", "tanh_f32", "BINARY", "UNARY", "TRANSCENDENTAL"]
@@ -46,10 +47,49 @@ UNARY = ("relu", "gelu", "gelu_tanh", "sigmoid", "tanh", "negative", "sqrt", "rs
 _PLAIN = {"negative": "relax.negative", "sqrt": "relax.sqrt", "rsqrt": "relax.rsqrt"}
 #: ``power`` exponents computed by repeated multiplication
 POWER_EXPONENTS = (2, 3)
-#: Cortex-M4F VSQRT.F32 and VDIV.F32 take 14 cycles each (Cortex-M4 TRM r0p1, table 7-1).
-M4F_SQRT_DIV_CYCLES = 14
 #: kinds whose elements go through the exp/log unit
 TRANSCENDENTAL = ("gelu", "gelu_tanh", "sigmoid", "tanh")
+
+
+#: Per element, the instructions of the PE kernels (:mod:`tvm_spinn.pe.kernels`) of the
+#: element-wise kinds, one :class:`~.m4f.Mix` per pass over the data: a binary operation loads
+#: both operands back to back (the second pipelined), computes and stores; a ReLU is a compare
+#: and a select; ``clip`` two of each; ``negative`` flips the sign bit in an integer register.
+#: The kinds on the exp/log unit run two passes around one stream of exp arguments: the first
+#: writes each argument, the second reloads the input and the exp and finishes (tanh: the
+#: common ``|x| > 0.625`` branch, ``1 - 2 / (e + 1)`` with its sign; gelu: erf by
+#: Abramowitz-Stegun 7.1.26, a divide and a degree-5 polynomial).
+_UNARY_MIX = {
+    "relu": (Mix(loads=2.0, compares=1.0, selects=1.0),),
+    "clip": (Mix(loads=2.0, compares=2.0, selects=2.0),),
+    "negative": (Mix(loads=2.0, alu=1.0),),
+    "sqrt": (Mix(loads=2.0, divides=1.0),),
+    "rsqrt": (Mix(loads=2.0, divides=2.0),),
+    "sigmoid": (Mix(loads=2.0, alu=1.0), Mix(loads=2.0, fpu=1.0, divides=1.0, exp=1.0)),
+    "tanh": (Mix(loads=2.0, fpu=2.0),
+             Mix(loads=2.0, paired=1.0, fpu=4.0, compares=3.0, selects=1.0, divides=1.0, branches=2.0, exp=1.0)),
+    "gelu": (Mix(loads=2.0, fpu=3.0),
+             Mix(loads=2.0, paired=1.0, fpu=18.0, compares=2.0, selects=1.0, divides=1.0, branches=1.0, exp=1.0)),
+    "gelu_tanh": (Mix(loads=2.0, fpu=7.0),
+                  Mix(loads=2.0, paired=1.0, fpu=12.0, compares=3.0, selects=1.0, divides=1.0, branches=2.0,
+                      exp=1.0)),
+}
+
+
+def m4f_passes(layer: Layer) -> tuple:
+    """The :class:`~.m4f.Mix` of each pass over the data of ``layer``'s PE kernel."""
+    kind = layer.kind
+    if kind in BINARY:
+        op = dict(divides=1.0) if kind == "divide" else dict(fpu=1.0)
+        relu_ = dict(compares=1.0, selects=1.0) if layer.attrs.get("relu") else {}
+        return (Mix(loads=2.0, paired=1.0, **op, **relu_),)
+    if kind == "power":  # x * x, then times x for a cube
+        return (Mix(loads=2.0, fpu=float(layer.attrs.get("exponent", 2)) - 1.0),)
+    passes = _UNARY_MIX[kind]
+    if layer.attrs.get("relu") and kind != "relu":
+        last = passes[-1]
+        passes = (*passes[:-1], Mix(**{**last.__dict__, "compares": last.compares + 1, "selects": last.selects + 1}))
+    return passes
 
 
 _QUIET = np.uint32(0x00400000)
@@ -286,12 +326,13 @@ class Elementwise(FlatFamily):
         return n_out * (8 if layer.kind in TRANSCENDENTAL else 1), None
 
     def cycles_per_element(self, layer, arch):
-        """One M4F operation, plus the exp/log unit and its argument reduction for the
-        transcendental kinds."""
-        extra = {"sqrt": M4F_SQRT_DIV_CYCLES, "rsqrt": 2 * M4F_SQRT_DIV_CYCLES,
-                 "power": layer.attrs.get("exponent", 2) - 2}.get(layer.kind, 0)
-        return arch.m4f_elementwise_cycles + extra + (
-            arch.exp_unit_cycles + 6 if layer.kind in TRANSCENDENTAL else 0)
+        """The PE kernel's passes over the data (:func:`m4f_passes`) priced by the TRM."""
+        return pass_cycles(m4f_passes(layer), arch)
+
+    def fixed_cycles(self, layer, arch):
+        """One job, and for the kinds on the exp/log unit the unit's latency to the first
+        result of the tile's one stream of arguments."""
+        return arch.m4f_job_cycles + (arch.exp_unit_latency_cycles if layer.kind in TRANSCENDENTAL else 0)
 
     # -- functional simulator -----------------------------------------------------------------
     def prepare_tiles(self, runner) -> None:
@@ -439,8 +480,9 @@ class Select(FlatFamily):
         return int(np.prod(program.tensors[layer.output].shape, dtype=np.int64)), None
 
     def cycles_per_element(self, layer, arch):
-        """A compare and a select: two M4F operations."""
-        return 2 * arch.m4f_elementwise_cycles
+        """The PE kernel's one pass: four loads (the operands back to back: the first of them
+        2 cycles, the rest pipelined), a compare, a select and a store."""
+        return pass_cycles((Mix(loads=2.0, paired=3.0, compares=1.0, selects=1.0),), arch)
 
     @staticmethod
     def select(a, b, c, d) -> np.ndarray:

@@ -84,6 +84,7 @@ from ..quant import (QUANT_RANGES, count_leading_zeros32, exp_on_negative_values
                      requantize_tflite, rounding_divide_by_pot, srdhm, tflite_quantize_multiplier, wrap32)
 from . import native
 from .base import OpFamily, ceil_div, itemsize, register, starts, working_budget
+from .m4f import Mix, mix_cycles, pass_cycles
 from .sharding import REPLICATE, GatherInput, RowAllReduce, ShardDecision, ShardingRule
 
 if TYPE_CHECKING:
@@ -135,18 +136,6 @@ def _rows(program, layer: Layer) -> int:
     return n_out if layer.kind == "mean" else n_out // _row(program, layer)
 
 
-def _serial_per_elem(layer: Layer) -> float:
-    """Of :func:`_per_elem`, the operations per element that are steps of a sequential fp32
-    row sum (softmax: the sum of exps; mean: its sum): they cannot run in parallel on a split
-    row. layer_norm's sums are blocked (each chunk sums its blocks; only the block sums are
-    serial: :func:`_chain_terms`) and TFLite's integer sums are 32-bit wrapping adds,
-    associative (each chunk sums its part, the partials are added along the chain), so none of
-    their per-element work is serial."""
-    if _tflite(layer) or layer.kind in BLOCKED:
-        return 0.0
-    return {"softmax": 1.0, "mean": 1.0}[layer.kind]
-
-
 def _chain_terms(layer: Layer, row: int, chunk: int) -> tuple[int, int]:
     """``(terms, most per chunk)`` of a split row's chain per statistic: the fp32 terms added one
     after another along the chunks -- a softmax's or mean's elements, a layer_norm's block sums
@@ -178,6 +167,57 @@ def _per_elem(layer: Layer, arch: "SpinnArch") -> float:
     if layer.kind == "rms_norm":
         return 4.0 if _weight(layer) is not None else 3.0
     return {"softmax": 3.0 + arch.exp_unit_cycles, "layer_norm": 6.0, "mean": 1.0}[layer.kind]
+
+
+#: Per element, the instructions of the fp32 row kernels (:mod:`tvm_spinn.pe.kernels`), one
+#: :class:`~.m4f.Mix` per pass over the data. A blocked sum's element adds to the block's
+#: partial and tests the block's end (``(c0 + j + 1) % 32 == 0 or c0 + j + 1 == d``: integer
+#: compares made booleans by CLZ and shifts, then a conditional add of the partial to the sum
+#: and its reset, under IT): :data:`_BLOCK_END`.
+_BLOCK_END = dict(fpu=1.0, selects=2.0, alu=9.0)
+_ROW_PASSES = {
+    # the max (the row's first NaN wins: three compares, two selects), x - max (a load and a
+    # store), the exps (one stream through the exp/log unit), their sequential sum, e / sum
+    "softmax": (Mix(loads=1.0, compares=3.0, selects=2.0, branches=1.0), Mix(loads=2.0, fpu=1.0, exp=1.0),
+                Mix(loads=1.0, fpu=1.0), Mix(loads=2.0, divides=1.0)),
+    # the blocked sum of x; y = x - mean stored and reloaded, its square summed; y / den, times
+    # gamma plus beta (loaded), stored
+    "layer_norm": (Mix(loads=1.0, fpu=1.0 + _BLOCK_END["fpu"], selects=_BLOCK_END["selects"], alu=_BLOCK_END["alu"]),
+                   Mix(loads=3.0, fpu=3.0 + _BLOCK_END["fpu"], selects=_BLOCK_END["selects"], alu=_BLOCK_END["alu"]),
+                   Mix(loads=4.0, fpu=2.0, divides=1.0)),
+    # the blocked sum of x * x; x * r, times the weight (loaded), stored
+    "rms_norm": (Mix(loads=1.0, fpu=2.0 + _BLOCK_END["fpu"], selects=_BLOCK_END["selects"], alu=_BLOCK_END["alu"]),
+                 Mix(loads=3.0, fpu=2.0)),
+    # the sequential sum
+    "mean": (Mix(loads=1.0, fpu=1.0),),
+}
+#: a term of a split row's chain that does not wait in an FPU register: loaded and added in a loop
+_CHAIN_STEP = Mix(loads=1.0, fpu=1.0)
+#: per row, what the row's last chunk computes once: mean and variance divided by ``d``, the
+#: variance's VSQRT (layer_norm); the mean of squares, VSQRT and the reciprocal (rms_norm);
+#: the sum over ``d`` (mean)
+_ROW_ONCE = {"softmax": Mix(), "layer_norm": Mix(divides=3.0), "rms_norm": Mix(divides=3.0), "mean": Mix(divides=1.0)}
+#: jobs (kernel calls) per tile: the phases of each kind's PE kernel
+_PHASES = {"softmax": 3, "layer_norm": 3, "rms_norm": 2, "mean": 1}
+
+
+def _m4f_costs(layer: Layer, arch: "SpinnArch") -> tuple[float, float, float, float]:
+    """``(per element, serial per element, per row, per tile)`` M4F cycles of a row kernel: its
+    passes over the data (:data:`_ROW_PASSES`), of which the sequential fp32 sum's (softmax's
+    sum of exps, mean's sum: a split row chains it; layer_norm's sums are blocked, each chunk
+    sums its own blocks and only the block sums chain), what each row computes once, and the tile's jobs (one per phase)
+    plus the exp/log unit's latency to its stream's first result. TFLite's integer kernels:
+    :data:`_TFLITE_SOFTMAX_OPS` (or one add) integer operations per element at half
+    ``m4f_elementwise_cycles`` each."""
+    if _tflite(layer):
+        op = arch.m4f_elementwise_cycles / 2
+        return _per_elem(layer, arch) * op, 0.0, 0.0, _PHASES[layer.kind] * arch.m4f_job_cycles
+    passes = _ROW_PASSES[layer.kind]
+    serial = pass_cycles(passes[2:3], arch) if layer.kind == "softmax" else (
+        pass_cycles(passes, arch) if layer.kind == "mean" else 0.0)
+    stream = arch.exp_unit_latency_cycles if layer.kind == "softmax" else 0
+    return (pass_cycles(passes, arch), serial, mix_cycles(_ROW_ONCE[layer.kind], arch),
+            _PHASES[layer.kind] * arch.m4f_job_cycles + stream)
 
 
 def _tflite(layer: Layer) -> bool:
@@ -637,11 +677,11 @@ class Rows(OpFamily):
         # a mean's output row is written by the tile holding the row's last chunk
         n_res = np.where(hi[:, 1] == row, r, 0) if layer.kind == "mean" else n
         w_b = c * sum(itemsize(program, tid) for tid in layer.consts.values())
-        op = arch.m4f_elementwise_cycles / 2  # cycles per M4F operation of the row kernels
-        per, serial = _per_elem(layer, arch), _serial_per_elem(layer)
+        op = arch.m4f_elementwise_cycles / 2  # cycles per integer operation of TFLite's kernels
+        per, serial, once, fixed = _m4f_costs(layer, arch)
         chunks = ceil_div(row, int(tile[1]))
         if chunks == 1:
-            cycles = np.ceil(n * per * op)
+            cycles = np.ceil(n * per + r * once + fixed)
         else:
             # parallel element-wise work of the chunk, then per row the chain: the serial sums
             # over the whole row (every chunk waits for it) with one NoC hop per chunk boundary
@@ -654,9 +694,10 @@ class Rows(OpFamily):
             # a chunk whose terms fit the FPU registers computes them (loads, squares, block
             # sums) while the running sum travels: the chain then costs one dependent add per
             # term, not a load and an add
-            step = arch.m4f_chain_cycles if held <= arch.m4f_chain_registers else op
-            chained = 0.0 if integer else terms * (serial if serial else gathers) * step
-            cycles = np.ceil(n * (per - serial) * op + r * (chained + chain_adds * op + hops))
+            step = (arch.m4f_chain_cycles if held <= arch.m4f_chain_registers
+                    else pass_cycles((_CHAIN_STEP,), arch))
+            chained = 0.0 if integer else terms * (1 if serial else gathers) * step
+            cycles = np.ceil(n * (per - serial) + r * (once + chained + chain_adds * op + hops) + fixed)
         return 2 * (ie * n + oe * n_res), ie * n, w_b, oe * n_res, cycles
 
     # -- functional simulator -----------------------------------------------------------------

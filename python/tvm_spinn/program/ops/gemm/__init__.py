@@ -29,8 +29,9 @@ weight``/rhs (matmul's batches broadcast).
   bytes are costed there, in its DMA time, not in the chip's NoC traffic), with one more
   accumulator block of SRAM to receive them. fp32 tiles never split (their k order is the
   result).
-- Compute cycles of a tile (:func:`gemm_tile_cycles`): fp32 ``vm * vn * K /
-  m4f_flops_per_cycle``; int8: the tile padded to ``mac_rows x mac_cols`` blocks in the orientation
+- Compute cycles of a tile (:func:`gemm_tile_cycles`): fp32 the PE kernel's register blocks
+  (:func:`~.geometry.fp32_tile_cycles`: ``4 x 4`` blocks, ``4 x 1`` right edges, single outputs
+  below, priced by the M4F's load and FPU cycles); int8: the tile padded to ``mac_rows x mac_cols`` blocks in the orientation
   that pads least (:func:`mac_passes`), each streaming
   its reduction one k-chunk at a time (1 cycle per k) then reading out its sums, overlapped with
   the M4F's share (:class:`Int8Side`: partial-sum adds, a dequantizing epilogue, zero-point sums

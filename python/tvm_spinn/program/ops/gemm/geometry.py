@@ -127,13 +127,40 @@ def mac_passes(vm, vn, arch: "SpinnArch"):
     return np.minimum(ceil_div(vm, r) * ceil_div(vn, c), ceil_div(vm, c) * ceil_div(vn, r))
 
 
+#: The fp32 GEMM kernel's register block (:mod:`tvm_spinn.pe.kernels`): ``4 x 4`` accumulators
+#: (16 of the M4F's 32 single-precision registers, 8 more for one k's operands).
+M4F_BLOCK = (4, 4)
+
+
+def fp32_tile_cycles(vm, vn, k, k_splits, arch: "SpinnArch"):
+    """M4F cycles of a ``vm x vn`` fp32 GEMM tile with reduction ``k`` in ``k_splits`` jobs, as the
+    PE kernel runs it: full :data:`M4F_BLOCK` blocks of outputs load ``4 + 4`` operands per k
+    for 16 products (VMUL + VADD each: the unfused VMLA's two roundings); the columns right of
+    the blocks run in ``4 x 1`` blocks (5 loads for 4 products); the rows below them one output
+    at a time (2 loads for 1 product). Each load is interleaved with the arithmetic (not
+    pipelined: ``m4f_mem_cycles``); each block's k step adds ``m4f_gemm_step_cycles``; each job
+    (one reduction chunk) ``m4f_job_cycles``, per register block ``m4f_gemm_block_cycles`` and per
+    output computed alone ``m4f_gemm_output_cycles`` (set-up, the accumulators started from the
+    partial sums and stored back). ``vm``, ``vn`` may be int64 arrays."""
+    mr, nr = M4F_BLOCK
+    bm, bn = vm // mr, vn // nr
+    full, edge, tail = bm * bn, bm * (vn - bn * nr), (vm - bm * mr) * vn
+
+    def step(loads, products):
+        return (loads * arch.m4f_mem_cycles + 2 * products * arch.m4f_fpu_cycles + arch.m4f_gemm_step_cycles)
+
+    per_k = full * step(mr + nr, mr * nr) + edge * step(mr + 1, mr) + tail * step(2, 1)
+    return k * per_k + k_splits * ((full + edge) * arch.m4f_gemm_block_cycles + tail * arch.m4f_gemm_output_cycles
+                                   + arch.m4f_job_cycles)
+
+
 def gemm_tile_cycles(vm: int, vn: int, k: int, k_splits: int, arch: "SpinnArch", mode: str = "fp32",
                      side: Int8Side | None = None) -> float:
     """Compute cycles of a ``vm x vn`` GEMM tile with reduction ``k`` in ``k_splits`` chunks
     (see the module docstring); a float, callers round up. ``vm`` and ``vn`` may be int64
     arrays (one entry per tile): the result is then a float64 array."""
     if mode != "int8":
-        return vm * vn * k / arch.m4f_flops_per_cycle
+        return fp32_tile_cycles(vm, vn, k, k_splits, arch)
     side = side or Int8Side()
     passes = mac_passes(vm, vn, arch)
     array = passes * (k + k_splits * arch.mac_readout_cycles)
