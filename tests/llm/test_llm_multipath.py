@@ -58,6 +58,25 @@ def test_board_paths_are_edge_disjoint_and_as_many_as_the_edges(four):
         board_paths(topo, 2, 2)
 
 
+def test_board_paths_around_a_dead_board(four):
+    """Board 1 dead: the torus is no longer the same from every board, so 2 -> 3 is searched from
+    board 2 itself: its two direct edges, then through board 0 twice (by hand; board 1 relays
+    nothing)."""
+    arch, _ = four
+    topo = topology_of(arch.replace(dead_boards=(1,)))
+    far = board_edges(topo).reshape(-1)
+    for src, dst in ((2, 3), (3, 0), (0, 2)):
+        paths = board_paths(topo, src, dst)
+        assert sorted(len(p) for p in paths) == [1, 1, 2, 2]
+        for p in paths:
+            board = src
+            for e in p:
+                assert e // 6 == board and board != 1
+                board = int(far[e])
+            assert board == dst
+    assert multipath_point_to_point(topo, 2, 3, 32768).seconds > 0
+
+
 def test_multipath_hand_over_is_the_hand_count(four):
     arch, topo = four
     paths = board_paths(topo, 0, 1)

@@ -835,6 +835,11 @@ def board_paths(topo: Topology, src: int, dst: int) -> tuple[tuple[int, ...], ..
             raise ArchError(f"board_paths: {name} must be a board in [0, {boards}), got {b!r}")
     if src == dst:
         raise ArchError(f"board_paths: src and dst are the same board ({src})")
+    if topo.faulty:  # faults break the symmetry below: search from src itself
+        key = ("board_paths_faulty", int(src), int(dst))
+        if key not in topo.memo:
+            topo.memo[key] = _board_paths_from_origin(topo, int(dst), int(src))
+        return topo.memo[key]
     # the torus of boards is the same seen from every board: paths are found from board 0 to
     # the displacement and moved back (one search per displacement, not per pair)
     bx, by = topo.grid
@@ -851,9 +856,8 @@ def board_paths(topo: Topology, src: int, dst: int) -> tuple[tuple[int, ...], ..
     return tuple(tuple(moved(e) for e in path) for path in topo.memo[key])
 
 
-def _board_paths_from_origin(topo: Topology, dst: int) -> tuple[tuple[int, ...], ...]:
-    """:func:`board_paths` from board 0 to ``dst``."""
-    src = 0
+def _board_paths_from_origin(topo: Topology, dst: int, src: int = 0) -> tuple[tuple[int, ...], ...]:
+    """:func:`board_paths` from board ``src`` (0 unless the graph has faults) to ``dst``."""
     boards = topo.boards
     far = board_edges(topo).reshape(-1)
     usable = (far >= 0) & (edge_rate(topo) > 0)
