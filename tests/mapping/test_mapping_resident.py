@@ -122,9 +122,10 @@ def test_resident_decode_gemm_splits_its_reduction_when_faster(monkeypatch):
 
 def test_attention_matmul_tiles_run_in_one_round_when_faster(monkeypatch):
     """A slot-split decode score matmul on one chip of a Llama-2-70B board (8 KV heads x 8
-    query rows x 128, 43 slots). The tile chooser, costing the NoC as the timing model does,
-    cuts 344 tiles of 1 slot (three rounds), faster than 2-slot tiles or one round of 3-slot
-    ones. Where the chosen tiles are 176 of 2 slots for 148 PEs (28 PEs run two), under a
+    query rows x 128, 43 slots). The tile chooser, costing the M4F's 4 x 4 register blocks and
+    the NoC as the timing model does, cuts 88 tiles of 4 slots (one round), faster than 344
+    tiles of 1 slot (three rounds) or one round of 3-slot tiles. Where the chosen tiles are 176
+    of 2 slots for 148 PEs (28 PEs run two), under a
     ledger the mapper also times 120 tiles of 3 slots (one round) and keeps them, faster, with
     the same bits (each output sums its reduction on one PE, ascending k)."""
     from tvm_spinn.program.ops.gemm import family as gemm_family  # where the family looks the chooser up
@@ -143,7 +144,10 @@ def test_attention_matmul_tiles_run_in_one_round_when_faster(monkeypatch):
         return program
 
     best = mapped()
-    assert best.mapping.layers[0].tile[1] == 1 and np.bincount(best.tiles.tables[0].pe).max() == 3
+    assert best.mapping.layers[0].tile[1] == 4 and np.bincount(best.tiles.tables[0].pe).max() == 1
+    monkeypatch.setattr(gemm_family, "choose_gemm_tile", lambda *args, **kwargs: (16, 1, 128))
+    slot = mapped()
+    assert np.bincount(slot.tiles.tables[0].pe).max() == 3 and best.timing.cycles < slot.timing.cycles
     monkeypatch.setattr(gemm_family, "choose_gemm_tile", lambda *args, **kwargs: (16, 2, 128))
     one = mapped()
     monkeypatch.setattr(schedule, "_one_round_layout", lambda *args: None)
