@@ -203,6 +203,26 @@ def _forget(memo: dict, kind: str) -> None:
         del memo[key]
 
 
+def _tree_walk(topo, ranks, member, choice, orders, c: int, step) -> tuple:
+    """Walk the multicast trees ``choice[s, v]`` (the link into rank ``v`` of source ``s``'s
+    tree) in each source's ``orders[s]`` (parents first): per (source, rank) the latency from the
+    root, the latency back to it over the reversed links (the reduce's way), the sum of
+    ``step[link]`` along the route (board crossings, or hops), and the reversed links' loads."""
+    latency, back, count = np.zeros((c, c)), np.zeros((c, c)), np.zeros((c, c), dtype=np.int64)
+    rev_load = np.zeros(topo.nodes * 6)
+    for s, order in enumerate(orders):
+        for v in order:
+            link = choice[s, v]
+            u = member[int(link // 6)]
+            # the same link run the other way: from v back to its parent u
+            rev = int(ranks[v]) * 6 + (int(link % 6) + 3) % 6
+            rev_load[rev] += 1.0
+            latency[s, v] = latency[s, u] + topo.link_hop_s[link]
+            back[s, v] = back[s, u] + topo.link_hop_s[rev]
+            count[s, v] = count[s, u] + int(step[link])
+    return latency, back, count, rev_load
+
+
 def _multicast_trees(topo: "Topology", ranks: np.ndarray, sources: "int | None" = None):
     """Per-link share counts, deepest route latency, hops and board hops of the multicast
     all-gather's trees over ``ranks`` (see the module docstring), or None when the ranks'
@@ -266,20 +286,8 @@ def _multicast_trees(topo: "Topology", ranks: np.ndarray, sources: "int | None" 
                 order[s] = [v for v in order[s] if v in needed]
                 for v in order[s]:
                     load[choice[s, v]] += 1.0
-        latency, board = np.zeros((c, c)), np.zeros((c, c), dtype=np.int64)
-        back = np.zeros((c, c))  # the reversed route's latency (the reduce's way to the root)
-        rev_load = np.zeros_like(load)
-        on_board = topo.board_link.reshape(-1)
-        for s in range(sources):
-            for v in order[s]:
-                link = choice[s, v]
-                u = member[int(link // 6)]
-                # the same link run the other way: from v back to its parent u
-                rev = int(ranks[v]) * 6 + (int(link % 6) + 3) % 6
-                rev_load[rev] += 1.0
-                latency[s, v] = latency[s, u] + topo.link_hop_s[link]
-                back[s, v] = back[s, u] + topo.link_hop_s[rev]
-                board[s, v] = board[s, u] + int(on_board[link])
+        latency, back, board, rev_load = _tree_walk(topo, ranks, member, choice, order, c,
+                                                    topo.board_link.reshape(-1))
         result = (load, float(latency.max()), int(dist[:sources].max()), int(board.max()), rev_load,
                   float(back.max()))
     if len(memo) > _TREES_KEPT:
@@ -348,17 +356,8 @@ def _spread_trees(graph, ranks: np.ndarray, sources: int, share_bytes: float):
         kept.append([v for v in order[s][1:] if v in needed])
         for v in kept[-1]:
             load[choice[s, v]] += 1.0
-    latency, back, hops = np.zeros((c, c)), np.zeros((c, c)), np.zeros((c, c), dtype=np.int64)
-    rev_load = np.zeros_like(load)
-    for s in range(sources):
-        for v in kept[s]:
-            link = choice[s, v]
-            u = member[int(link // 6)]
-            rev = int(ranks[v]) * 6 + (int(link % 6) + 3) % 6
-            rev_load[rev] += 1.0
-            latency[s, v] = latency[s, u] + graph.link_hop_s[link]
-            back[s, v] = back[s, u] + graph.link_hop_s[rev]
-            hops[s, v] = hops[s, u] + 1
+    latency, back, hops, rev_load = _tree_walk(graph, ranks, member, choice, kept, c,
+                                               np.ones(graph.nodes * 6, dtype=np.int64))
     result = (load, float(latency.max()), int(hops.max()), int(hops.max()), rev_load, float(back.max()))
     graph.memo[key] = result
     return result
