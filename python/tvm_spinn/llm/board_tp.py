@@ -51,7 +51,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["TP_BOARDS", "slice_config", "board_groups", "board_patches", "group_caches", "GroupCaches", "records"]
+__all__ = ["TP_BOARDS", "slice_config", "board_groups", "board_patches", "board_setting", "group_caches", "GroupCaches", "records"]
 
 #: Boards one block is tensor-parallel over (each must divide the heads and the intermediate
 #: size, and leave a board for the head), tried in the order of what their all-reduces alone
@@ -208,6 +208,25 @@ def group_caches(resident, streamed, sizes, fit: int, batch: int, board, capacit
     return GroupCaches(batch, tuple(need), tuple(sram), tuple(dram), int(largest) if largest != math.inf else batch)
 
 
+def board_setting(arch):
+    """What a placement over whole boards of ``arch`` starts from.
+
+    Returns
+    -------
+    tuple
+        ``(chips per board, one board as a system, the system's link graph, the board's link
+        graph, the board's ring of chips, the board's resident SRAM share, the torus of boards)``.
+    """
+    from ..mapping.planner import resident_capacity
+    from ..target.topology import board_grid, ring_order, topology_of
+
+    cpb = arch.chips_per_board
+    board = arch.replace(chips=cpb, name=f"{arch.name}[board]")
+    board_topo = topology_of(board)
+    return (cpb, board, topology_of(arch), board_topo, ring_order(board_topo, cpb), resident_capacity(board),
+            board_grid(arch.chips // cpb))
+
+
 def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, handover_bytes: int,
             described: dict, weight_bytes: int, kv_bytes: int, steps, memo: "dict | None" = None,
             refused: "dict | None" = None) -> dict:
@@ -217,8 +236,6 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     plan's stages already mapped (:func:`tvm_spinn.llm.plan._map_stage`). A candidate whose
     groups' boards do not hold every user's KV cache (:func:`group_caches`) is left out, its
     reason in ``refused``."""
-    from ..mapping.planner import resident_capacity
-    from ..target.topology import board_grid, ring_order, topology_of
     from ..timing.collectives import (board_group_all_reduce, multipath_point_to_point, point_to_point,
                                       sliced_hand_over)
     P = importlib.import_module(".plan", __package__)
@@ -227,15 +244,10 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     from ..target.faults import whole_boards
 
     whole = whole_boards(arch)  # a group's boards run the same slice: boards with every chip working
-    torus = board_grid(arch.chips // arch.chips_per_board)  # the torus of all the system's boards
     boards = len(whole)
     if dtype != "int8" or boards < 3 or spec.family != "llama":
         return {}
-    cpb = arch.chips_per_board
-    board = arch.replace(chips=cpb, name=f"{arch.name}[board]")
-    topo, board_topo = topology_of(arch), topology_of(board)
-    order = ring_order(board_topo, cpb)
-    budget = resident_capacity(board)
+    cpb, board, topo, board_topo, order, budget, torus = board_setting(arch)
     host = P._parts(P._meta_model(cfg, spec), spec, batch, seq)[0][2][1:]
     head_atoms = [a for i, d in enumerate(described["head"]) for a in P._atoms(i, d.program)]
     head_stages = [P._map_stage([P._slice(described["head"][i].program, a, b) for i, a, b in P._merge(head_atoms)],

@@ -113,24 +113,17 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
             described: dict, weight_bytes: int, kv_bytes: int, steps, memo: "dict | None" = None) -> dict:
     """The ``experts`` candidates as records of :func:`tvm_spinn.llm.plan.plan` (see the module
     docstring); arguments as :func:`tvm_spinn.llm.board_tp.records`."""
-    from ..mapping.planner import resident_capacity
     from ..target.faults import whole_boards
-    from ..target.topology import board_grid, ring_order, topology_of
     from ..timing.collectives import board_all_to_all, multipath_point_to_point, point_to_point
     from ..timing.system import collective_cost
-    from .board_tp import board_groups, board_patches
+    from .board_tp import board_groups, board_patches, board_setting
 
     P = importlib.import_module(".plan", __package__)
     E, k = spec.experts, spec.experts_per_token
     whole = whole_boards(arch)
     if not E or len(whole) < 3:
         return {}
-    cpb = arch.chips_per_board
-    board = arch.replace(chips=cpb, name=f"{arch.name}[board]")
-    topo, board_topo = topology_of(arch), topology_of(board)
-    ring = ring_order(board_topo, cpb)
-    budget = resident_capacity(board)
-    torus = board_grid(arch.chips // cpb)
+    cpb, board, topo, board_topo, ring, budget, torus = board_setting(arch)
     L, h = spec.layers, spec.hidden
     evaluated = min(E, batch * k)
     dec = [d.program for d in described["decode"]]
@@ -277,11 +270,9 @@ def _sliced(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     plan's timing, not a build). A board keeps resident the share of its blocks' slices (all
     ``E`` experts counted) its SRAM holds; a block is timed between its slice mapped resident and
     streaming its weights, weighted by that share (a token's picks are resident with it)."""
-    from ..mapping.planner import resident_capacity
     from ..target.faults import whole_boards
-    from ..target.topology import board_grid, ring_order, topology_of
     from ..timing.collectives import board_group_all_reduce, point_to_point
-    from .board_tp import board_groups, board_patches, slice_config
+    from .board_tp import board_groups, board_patches, board_setting, slice_config
     from .describe import describe
     from .spec import spec_of
 
@@ -289,12 +280,7 @@ def _sliced(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     if dtype != "int8":
         return {}
     whole = whole_boards(arch)
-    cpb = arch.chips_per_board
-    board = arch.replace(chips=cpb, name=f"{arch.name}[board]")
-    topo = topology_of(arch)
-    order = ring_order(topology_of(board), cpb)
-    budget = resident_capacity(board)
-    torus = board_grid(arch.chips // cpb)
+    cpb, board, topo, _, order, budget, torus = board_setting(arch)
     L, E, k = spec.layers, spec.experts, spec.experts_per_token
     evaluated = min(E, batch * k)
     hidden = batch * spec.hidden
