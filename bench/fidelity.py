@@ -136,8 +136,8 @@ def sram_tops_w(m: int, k: int, chip: str) -> Callable[[], Result]:
     def run() -> Result:
         arch = CHIPS[chip]
         p, _ = _middle(m, k, arch)
-        p.mapping = replace(p.mapping, onchip_tensors=tuple(sorted(set(p.mapping.onchip_tensors) | set(p.inputs)
-                                                                   | set(p.outputs))))
+        p = replace(p, mapping=replace(p.mapping, onchip_tensors=tuple(sorted(set(p.mapping.onchip_tensors)
+                                                                              | set(p.inputs) | set(p.outputs)))))
         t = evaluate(p, arch)
         return Result(t.flops / t.energy_j / 1e12,
                       f"{t.flops / t.latency_s / 1e12:.3f} TOPS at {t.energy_j / t.latency_s:.3f} W "

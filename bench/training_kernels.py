@@ -41,8 +41,7 @@ def small_cnn(side: int) -> torch.nn.Module:
 
 
 def _forget_plans() -> None:
-    for program in executor._CACHE.values():
-        program.plans.clear()
+    simulator.forget_plans()
 
 
 @contextlib.contextmanager

@@ -68,6 +68,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("tvm_spinn.runtime.executor", "_CACHE"): "parsed programs by module key (unique per C++ module object, never reused), "
                                               "bounded by bytes; the C++ module gives Python no handle to own them",
     ("tvm_spinn.runtime.executor", "_SIZES"): "byte sizes of those entries",
+    ("tvm_spinn.runtime.simulator", "_PLANS"): "execution plans by program digest and native setting (equal programs "
+                                               "share one), bounded by count and constant bytes; frozen programs hold none",
     ("tvm_spinn.runtime.loader", "_FOUND"): "the one library a plain tvm.runtime.load_module last resolved programs from, "
                                             "keyed by the file's identity (device, inode, size, mtime)",
 }

@@ -316,8 +316,7 @@ def test_kv_cache_in_sram_when_it_fits_else_dram():
     # the same system, the cache held (weights="auto") or streamed (weights="stream")
     timed, state = {}, {}
     for weights in ("auto", "stream"):
-        mapped = dataclasses.replace(program, timing=None, mapping=None, memory=None, tiles=None)
-        mapped.arch = fits
+        mapped = dataclasses.replace(program, timing=None, mapping=None, memory=None, tiles=None, arch=fits)
         plan = plan_system([mapped], fits, MappingOptions(weights=weights))
         (region,), (mapped,) = plan.regions, plan.programs
         timed[weights], state[weights] = mapped, (region.state_bytes, region.state_sram_bytes)

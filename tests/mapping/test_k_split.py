@@ -10,7 +10,6 @@ batched C++ call per layer) and the same program with the split forced off.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 
 import numpy as np
@@ -36,12 +35,11 @@ def _gemv(k: int, n: int, x_zero: int = 3, rows: int = 1, seed: int = 0) -> Prog
                TensorDesc("y", [rows, n], "float32", "output")]
     layer = Layer(name="proj", kind="dense", inputs=[0], output=4, consts={"weight": 1, "scale": 2, "w_zero": 3},
                   attrs=dict(x_zero=x_zero, x_flip=False, relu=False, out="float32"), mode="int8")
-    program = Program("main", ARCH, tensors, [0], [4], [layer])
     rng = np.random.default_rng(seed)
-    program.constants = {1: rng.integers(-128, 128, (k, n), dtype=np.int8), 2: np.ones(n, dtype=np.float32),
-                         3: rng.integers(-5, 6, n, dtype=np.int32)}
-    layer_work(program, 0, ARCH)
-    return program
+    program = Program("main", ARCH, tensors, [0], [4], [layer],
+                      constants={1: rng.integers(-128, 128, (k, n), dtype=np.int8), 2: np.ones(n, dtype=np.float32),
+                                 3: rng.integers(-5, 6, n, dtype=np.int32)})
+    return layer_work(program, 0, ARCH)
 
 
 def _retiled(mapping, tile):
@@ -82,8 +80,7 @@ def test_split_reduction_is_chosen_and_keeps_the_bits(k, n):
         (got,) = run_program(program, [x], mode=mode)
         np.testing.assert_array_equal(got, ref)
     # the split is faster than the same tiles unsplit, as timed by the model
-    whole = copy.copy(program)
-    whole.mapping = _retiled(program.mapping, tile[:3])
+    whole = dataclasses.replace(program, mapping=_retiled(program.mapping, tile[:3]))
     unsplit = evaluate(whole, ARCH, derive_tables(whole, ARCH)).cycles
     assert evaluate(program, ARCH).cycles < unsplit
     (got,) = run_program(whole, [x], mode="tiles")
@@ -120,19 +117,17 @@ def test_fp32_never_splits_and_records_are_validated():
     x = np.random.default_rng(2).integers(-128, 128, (1, 4096), dtype=np.int8)
     (got,) = run_program(loaded, [x], mode="tiles")
     np.testing.assert_array_equal(got, _reference(program, x))
-    fp32 = copy.copy(program)
-    fp32.layers = [dataclasses.replace(program.layers[0], mode="fp32", attrs={}, consts={"weight": 1})]
-    fp32.tensors = [dataclasses.replace(t, dtype="float32") if tid in (0, 1) else t
-                    for tid, t in enumerate(program.tensors)]
-    fp32.constants = {**program.constants, 1: program.constants[1].astype(np.float32)}
+    fp32 = dataclasses.replace(
+        program, layers=[dataclasses.replace(program.layers[0], mode="fp32", attrs={}, consts={"weight": 1})],
+        tensors=[dataclasses.replace(t, dtype="float32") if tid in (0, 1) else t for tid, t in enumerate(program.tensors)],
+        constants={**program.constants, 1: program.constants[1].astype(np.float32)})
     assert len(tvm_spinn.mapping.choose_gemm_tile(tvm_spinn.mapping.gemm_shape(fp32, fp32.layers[0]), ARCH,
                                                   pes=32, mode="fp32", split_k=True)) == 3
     with pytest.raises(ProgramError, match=r"mapping\.layers\[0\]\.tile\[3\]: a reduction split .* int8"):
         Program.from_bytes(fp32.to_bytes())
     for parts, match in [(10, r"mapping\.layers\[0\]\.tile\[3\]: 10 reduction parts exceed"),
                          (0, r"mapping\.layers\[0\]\.tile\[3\]")]:
-        bad = copy.copy(program)
-        bad.mapping = _retiled(program.mapping, program.mapping.layers[0].tile[:3] + (parts,))
+        bad = dataclasses.replace(program, mapping=_retiled(program.mapping, program.mapping.layers[0].tile[:3] + (parts,)))
         with pytest.raises(ProgramError, match=match):
             Program.from_bytes(bad.to_bytes())
 
@@ -151,10 +146,11 @@ def test_split_conv_and_dense_requantize_like_the_whole_layer(monkeypatch):
             program.layers[0].attrs.update(y_zero=0, y_min=-128, y_max=127)
             c = program.layers[0].consts
             shape = {role: program.tensors[tid].shape for role, tid in c.items()}
-            program.constants = {c["weight"]: np.random.default_rng(1).integers(-128, 128, shape["weight"]).astype(np.int8),
-                                 c["bias_q"]: np.arange(shape["bias_q"][0], dtype=np.int32) * 37,
-                                 c["multiplier"]: np.full(shape["multiplier"], 1 << 30, np.int32),
-                                 c["shift"]: np.full(shape["shift"], 40, np.int32)}
+            program = dataclasses.replace(program, constants={
+                c["weight"]: np.random.default_rng(1).integers(-128, 128, shape["weight"]).astype(np.int8),
+                c["bias_q"]: np.arange(shape["bias_q"][0], dtype=np.int32) * 37,
+                c["multiplier"]: np.full(shape["multiplier"], 1 << 30, np.int32),
+                c["shift"]: np.full(shape["shift"], 40, np.int32)})
             program = map_program(program, arch, MappingOptions(split_k=split))
             assert (len(program.mapping.layers[0].tile) == 4) == split
             if not outs:

@@ -1,5 +1,6 @@
 """The mapping compiler: bitwise-identical results under any mapping, memory plan, timing, traces."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -175,8 +176,9 @@ def test_loaded_program_rederives_the_compile_time_tiles_and_timing(monkeypatch,
     data = {m["get_symbol"](): bytes(m["get_program"]()) for m in tvm_spinn.report_modules(ex)}
     assert compiled
     for symbol, (program, arch) in compiled.items():
-        assert data[symbol] == program.to_bytes()  # the module holds exactly the serialized program
         loaded = Program.from_bytes(data[symbol])
+        # the module holds exactly the serialized program, with the native section codegen adds
+        assert dataclasses.replace(loaded, native_section=None).to_bytes() == program.to_bytes()
         assert loaded.tiles is None
         tables = derive_tables(loaded, arch)
         for a, b in zip(program.tiles.tables, tables):

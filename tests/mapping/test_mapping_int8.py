@@ -17,6 +17,7 @@ import pytest
 
 import tvm_spinn
 from tvm_spinn.mapping import MappingError, MappingOptions, choose_gemm_tile, map_program, plan_memory, tile_layer
+from tvm_spinn.mapping.tiling import layer_work
 from tvm_spinn.mapping.tiling import GemmShape
 from tvm_spinn.program import Layer, Program, TensorDesc
 from tvm_spinn.timing.bounds import physical_bound, program_workload
@@ -117,8 +118,8 @@ def _k(kind: str, shapes) -> int:
 @pytest.mark.parametrize("kind,shapes", [("dense", DENSE), ("conv2d", CONV)])
 def test_int8_gemm_runs_on_the_mac_array(kind, shapes):
     k = _k(kind, shapes)
-    fp32 = gemm_program(kind, "fp32", shapes)
-    int8 = gemm_program(kind, "int8", shapes)
+    fp32 = layer_work(gemm_program(kind, "fp32", shapes), 0, ARCH)
+    int8 = layer_work(gemm_program(kind, "int8", shapes), 0, ARCH)
     t32, t8 = tile_layer(fp32, 0, ARCH), tile_layer(int8, 0, ARCH)
     m, n = (shapes[0], shapes[2]) if kind == "dense" else (shapes[3], shapes[1] * shapes[2])
     # Same operation count: flops are 2 M N K in both modes.
@@ -205,7 +206,7 @@ def test_quantize_dequantize_bytes(kind, act):
     tensors = [TensorDesc("x", [8, 1000], act, "input"), TensorDesc("scale", [1], "float32", "const"),
                TensorDesc("zero", [1], "int32", "const"), TensorDesc("y", [8, 1000], out, "output")]
     layer = Layer(name=kind, kind=kind, inputs=[0], output=3, consts={"scale": 1, "zero": 2}, attrs={"axis": 0})
-    program = Program("main", ARCH, tensors, [0], [3], [layer])
+    program = layer_work(Program("main", ARCH, tensors, [0], [3], [layer]), 0, ARCH)
     tiles = tile_layer(program, 0, ARCH)
     i, o = (4, 1) if kind == "quantize" else (1, 4)
     assert sum(t.region[0][1] - t.region[0][0] for t in tiles) == n

@@ -18,7 +18,7 @@ from tvm_spinn.mapping import MappingOptions, derive_tables
 from tvm_spinn.mapping.memory import LEDGER_RESIDENT_SHARE
 from tvm_spinn.mapping import schedule
 from tvm_spinn.mapping.schedule import _map
-from tvm_spinn.mapping.tiling import layer_work
+from tvm_spinn.mapping.tiling import layer_work, program_work
 from tvm_spinn.program import Layer, Program, TensorDesc
 from tvm_spinn.runtime.simulator import run_program
 
@@ -45,7 +45,6 @@ def _decode_program(widths: list[int]) -> Program:
         layers.append(Layer(name=f"dense{j}", kind="dense", inputs=[0], output=len(tensors) - 1, consts=consts,
                             attrs=dict(x_zero=0, x_flip=False, relu=False, out="int8", y_zero=0,
                                                                  y_min=-128, y_max=127), mode="int8"))
-    program = Program("main", ARCH, tensors, [0], outputs, layers)
     rng = np.random.default_rng(0)
     consts = {}
     for tid, t in enumerate(tensors):
@@ -59,17 +58,12 @@ def _decode_program(widths: list[int]) -> Program:
             consts[tid] = rng.integers(1 << 29, 1 << 30, t.shape, dtype=np.int32)
         else:
             consts[tid] = np.full(t.shape, 14, dtype=np.int32)
-    program.constants = consts
-    for i in range(len(layers)):
-        layer_work(program, i, ARCH)
-    return program
+    return program_work(Program("main", ARCH, tensors, [0], outputs, layers, constants=consts), ARCH)
 
 
 def _mapped(widths, reserved):
     """The mapped program and its resident weight bytes per PE."""
-    program = _decode_program(widths)
-    resident = _map(program, ARCH, "sequential", MappingOptions(weights="auto"), reserved)
-    return program, resident
+    return _map(_decode_program(widths), ARCH, "sequential", MappingOptions(weights="auto"), reserved)
 
 
 def test_unbalanced_decode_gemm_becomes_resident_and_keeps_its_bits(monkeypatch):
@@ -138,10 +132,9 @@ def test_attention_matmul_tiles_run_in_one_round_when_faster(monkeypatch):
     def mapped():
         program = Program("main", chip, [TensorDesc(t.name, list(t.shape), t.dtype, t.role) for t in tensors],
                           [0, 1], [2], [Layer(name="scores", kind="matmul", inputs=[0, 1], output=2)])
-        program.constants = {}
-        layer_work(program, 0, chip)
-        _map(program, chip, "sequential", MappingOptions(weights="auto"), np.zeros(chip.pes_per_chip, dtype=np.int64))
-        return program
+        program = layer_work(program, 0, chip)
+        return _map(program, chip, "sequential", MappingOptions(weights="auto"),
+                    np.zeros(chip.pes_per_chip, dtype=np.int64))[0]
 
     best = mapped()
     assert best.mapping.layers[0].tile[1] == 4 and np.bincount(best.tiles.tables[0].pe).max() == 1

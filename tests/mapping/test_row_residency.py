@@ -54,13 +54,12 @@ def _down_projection(k: int = K, n: int = N) -> Program:
     layer = Layer(name="down", kind="dense", inputs=[0], output=len(tensors) - 1, consts=consts,
                   attrs=dict(x_zero=0, x_flip=False, relu=False, out="int8", y_zero=0, y_min=-128, y_max=127),
                   mode="int8")
-    program = Program("main", ARCH, tensors, [0], [len(tensors) - 1], [layer])
     rng = np.random.default_rng(0)
-    program.constants = {1: rng.integers(-128, 128, (k, n), dtype=np.int8),
-                         2: rng.integers(-1000, 1000, n, dtype=np.int32),
-                         3: rng.integers(1 << 29, 1 << 30, n, dtype=np.int32), 4: np.full(n, 20, dtype=np.int32)}
-    layer_work(program, 0, ARCH)
-    return program
+    program = Program("main", ARCH, tensors, [0], [len(tensors) - 1], [layer],
+                      constants={1: rng.integers(-128, 128, (k, n), dtype=np.int8),
+                                 2: rng.integers(-1000, 1000, n, dtype=np.int32),
+                                 3: rng.integers(1 << 29, 1 << 30, n, dtype=np.int32), 4: np.full(n, 20, dtype=np.int32)})
+    return layer_work(program, 0, ARCH)
 
 
 def _mapped(monkeypatch=None):

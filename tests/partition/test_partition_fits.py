@@ -9,6 +9,8 @@ naming the layer and the smallest SRAM that fits.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -73,7 +75,7 @@ def test_partition_offloads_exactly_what_tiles(op, register_system):
         assert any(k.startswith(f"spinn.{op}") for k in offloaded) == (delta >= 0), (op, delta, offloaded)
         got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy())).numpy()
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
-        program.arch = arch
+        program = dataclasses.replace(program, arch=arch)
         if delta < 0:
             with pytest.raises(MappingError, match=rf"layer {program.layers[0].name}: its smallest tile needs {need} bytes.*sram_bytes >= {need + base.sram_reserved_bytes}"):
                 map_program(program, arch)

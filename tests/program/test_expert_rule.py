@@ -18,6 +18,7 @@ from tvm_spinn.program import Layer, Program, TensorDesc
 from tvm_spinn.program.ops.sharding import (EXPERT_RULE, REPLICATE, AllToAll, Mesh, MeshAxis, ShardContext, part,
                                             shard)
 from tvm_spinn.runtime.simulator import run_program
+from tvm_spinn.target.arch import SpinnArch
 
 N = 2
 EP = MeshAxis("ep", N, strict=True, gather_outputs=False)
@@ -30,9 +31,8 @@ def _program(kind, x_shape, w_shape, out_shape, attrs=None):
                TensorDesc("y", list(out_shape), "float32", "output")]
     inputs, consts = ([0, 1], {}) if kind == "matmul" else ([0], {"weight": 1})
     layer = Layer(name="l", kind=kind, inputs=inputs, output=2, consts=consts, attrs=attrs or {}, mode="fp32")
-    program = Program("main", {}, tensors, [0], [2], [layer])
-    program.constants = {1: np.random.default_rng(1).integers(-3, 4, w_shape).astype(np.float32)}
-    return program
+    return Program("main", SpinnArch(), tensors, [0], [2], [layer],
+                   constants={1: np.random.default_rng(1).integers(-3, 4, w_shape).astype(np.float32)})
 
 
 def _block(x, axis, c):
@@ -73,9 +73,8 @@ def test_expert_rule_table(name, factory, placed, expected, before):
         out = list(full[2])
         out[expected.axis] = part(out[expected.axis], N)
         shapes = [list(xs.shape), list(w.shape), out] + [list(t.shape) for t in program.tensors[3:]]
-        chip = Program("main", {}, [TensorDesc(t.name, s, t.dtype, t.role) for t, s in zip(program.tensors, shapes)],
-                       [0], [2], [Layer(**vars(layer))])
-        chip.constants = {1: np.ascontiguousarray(w)}
+        chip = Program("main", SpinnArch(), [TensorDesc(t.name, s, t.dtype, t.role) for t, s in zip(program.tensors, shapes)],
+                       [0], [2], [Layer(**vars(layer))], constants={1: np.ascontiguousarray(w)})
         outs.append(np.asarray(run_program(chip, [np.ascontiguousarray(xs)], mode="layers")[0]))
     whole = np.asarray(run_program(program, [x], mode="layers")[0])
     assert np.concatenate(outs, axis=expected.axis).tobytes() == whole.tobytes()
@@ -95,9 +94,7 @@ def _moe_program():
     layers = [Layer(name="dispatch", kind="permute_dims", inputs=[0], output=1, consts={}, attrs={"axes": [1, 0, 2]}),
               Layer(name="experts", kind="matmul", inputs=[1, 2], output=3, consts={}, attrs={}),
               Layer(name="combine", kind="permute_dims", inputs=[3], output=4, consts={}, attrs={"axes": [1, 0, 2]})]
-    program = Program("moe", {}, t, [0], [4], layers)
-    program.constants = {2: np.zeros((2, 3, 5), np.float32)}
-    return program
+    return Program("moe", SpinnArch(), t, [0], [4], layers, constants={2: np.zeros((2, 3, 5), np.float32)})
 
 
 def test_propagator_dispatches_by_all_to_all():

@@ -618,6 +618,8 @@ def test_tiler_names_a_zero_size_tensor():
     mod = case.make(case.consts)
     (prog,) = tvm_spinn.report(relax.build(mod, target="spinn")).programs
     layer = prog.layers[0]
-    prog.tensors[layer.output] = dataclasses.replace(prog.tensors[layer.output], shape=[0, 10])
+    tensors = list(prog.tensors)
+    tensors[layer.output] = dataclasses.replace(tensors[layer.output], shape=[0, 10])
+    prog = dataclasses.replace(prog, tensors=tensors)
     with pytest.raises(tvm_spinn.MappingError, match=rf"layer {layer.name}: tensor \d+ has a zero-size shape \(0, 10\) \(dim 0\)"):
         tile_layer(prog, 0, tvm_spinn.SpinnArch())

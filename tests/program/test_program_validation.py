@@ -10,6 +10,7 @@ are compared with the same Relax module built for llvm.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import random
@@ -78,8 +79,7 @@ def programs_of(ex) -> list[bytes]:
     contents by tests/runtime/test_native_runtime.py)."""
     out = []
     for data in native_programs_of(ex):
-        program = Program.from_bytes(data)
-        program.native_section = None
+        program = dataclasses.replace(Program.from_bytes(data), native_section=None)
         out.append(program.to_bytes())
     return out
 
@@ -104,8 +104,7 @@ def test_native_section_layout():
     assert section[:8] == b"SPINNPLN" and struct.unpack_from("<IIQ", section, 8) == (1, 0, len(section))
     assert struct.unpack_from("<II", section, len(section) - 8) == (zlib.crc32(section[:-8]), 0)
     assert data[-32:] == _digest(data[:-32], 6)
-    v5 = Program.from_bytes(data)
-    v5.native_section = None
+    v5 = dataclasses.replace(Program.from_bytes(data), native_section=None)
     assert split(v5.to_bytes()) == (5, {**header, "version": 5}, blob)
 
 

@@ -27,11 +27,10 @@ def _program(arch, k: int = 64, n: int = 64, rows: int = 4) -> Program:
                TensorDesc("y", [rows, n], "float32", "output")]
     layer = Layer(name="proj", kind="dense", inputs=[0], output=4, consts={"weight": 1, "scale": 2, "w_zero": 3},
                   attrs=dict(x_zero=0, x_flip=False, relu=False, out="float32"), mode="int8")
-    program = Program("main", arch, tensors, [0], [4], [layer])
     rng = np.random.default_rng(0)
-    program.constants = {1: rng.integers(-128, 128, (k, n), dtype=np.int8), 2: np.ones(n, dtype=np.float32),
-                         3: rng.integers(-5, 6, n, dtype=np.int32)}
-    return program
+    return Program("main", arch, tensors, [0], [4], [layer],
+                   constants={1: rng.integers(-128, 128, (k, n), dtype=np.int8), 2: np.ones(n, dtype=np.float32),
+                              3: rng.integers(-5, 6, n, dtype=np.int32)})
 
 
 def _mapped(arch):
@@ -75,7 +74,7 @@ def test_records_round_trip_byte_identical(mapped):
 def test_writing_changes_nothing_in_the_program(mapped):
     """to_bytes writes the constants' offsets into the header only: the descriptors, the header
     the mapper keys structures by and the bytes of a second write are as before."""
-    before = [dataclasses.replace(t) for t in mapped.tensors]
+    before = tuple(dataclasses.replace(t) for t in mapped.tensors)
     header = mapped.header()
     data = mapped.to_bytes()
     assert mapped.tensors == before and mapped.header() == header
@@ -131,7 +130,42 @@ def test_tensors_and_layers_are_frozen(mapped):
             with pytest.raises(dataclasses.FrozenInstanceError):
                 setattr(record, name, value)
     assert loaded.layers == mapped.layers
-    assert [dataclasses.replace(t, offset=-1) for t in loaded.tensors] == mapped.tensors
+    assert tuple(dataclasses.replace(t, offset=-1) for t in loaded.tensors) == mapped.tensors
+
+
+def test_program_is_frozen(mapped):
+    """A Program refuses assignment to any field and holds tuples and a read-only constant map;
+    a stage that changes it returns a new one (``dataclasses.replace``)."""
+    loaded = Program.from_bytes(mapped.to_bytes())
+    for program in (mapped, loaded):
+        for name, value in [("mapping", None), ("timing", None), ("memory", None), ("tiles", None),
+                            ("layers", ()), ("tensors", ()), ("inputs", (1,)), ("arch", None),
+                            ("native_section", b""), ("constants", {})]:
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                setattr(program, name, value)
+        assert all(type(getattr(program, name)) is tuple for name in ("tensors", "inputs", "outputs", "layers"))
+        with pytest.raises(TypeError):
+            program.constants[1] = np.zeros(1)
+        with pytest.raises(TypeError):
+            program.layers[0] = program.layers[0]
+        with pytest.raises(AttributeError):
+            program.tensors.append(program.tensors[0])
+        with pytest.raises(TypeError):  # unhashable: equal programs may hold distinct arrays
+            hash(program)
+    bare = dataclasses.replace(mapped, timing=None)
+    assert bare.timing is None and mapped.timing is not None
+    assert mapped.header()["inputs"] == [0] and type(mapped.header()["outputs"]) is list
+
+
+def test_digest_is_the_checksum_of_the_bytes(mapped):
+    """A program's digest is the checksum its bytes end with; one read back carries it; a
+    program changed by ``replace`` has its own."""
+    data = mapped.to_bytes()
+    assert mapped.digest == data[-32:]
+    loaded = Program.from_bytes(data)
+    assert loaded.digest == data[-32:] == Program.from_bytes(loaded.to_bytes()).digest
+    other = dataclasses.replace(mapped, symbol="other")
+    assert other.digest == other.to_bytes()[-32:] != mapped.digest
 
 
 def test_layer_draft_freezes_to_the_layer_it_describes():

@@ -24,6 +24,7 @@ from tvm_spinn.program.ops import family_of
 from tvm_spinn.program.ops.sharding import (PARTIAL, REPLICATE, ROW_ALWAYS, GatherInput, Mesh, MeshAxis, RowAllReduce,
                                             ShardContext, part, shard)
 from tvm_spinn.runtime.simulator import run_program
+from tvm_spinn.target.arch import SpinnArch
 
 N = 2  # chips along the axis
 
@@ -39,15 +40,14 @@ def _program(kind, ins, out_shape, consts=(), attrs=None, dtype="float32", out_d
     out = len(tensors) - 1
     layer = Layer(name="l", kind=kind, inputs=list(range(len(ins))), output=out, consts=cmap, attrs=attrs or {},
                   mode=mode)
-    program = Program("main", {}, tensors, list(range(len(ins))), [out], [layer])
     rng = np.random.default_rng(0)
-    program.constants = {tid: _values(rng, tensors[tid].shape, tensors[tid].dtype) for tid in cmap.values()}
+    constants = {tid: _values(rng, tensors[tid].shape, tensors[tid].dtype) for tid in cmap.values()}
     if kind == "layer_norm":
-        program.constants[cmap["gamma"]] = np.ones(tensors[cmap["gamma"]].shape, np.float32)
+        constants[cmap["gamma"]] = np.ones(tensors[cmap["gamma"]].shape, np.float32)
     if kind == "quantize":  # a valid scale and zero point
-        program.constants[cmap["scale"]] = np.full(tensors[cmap["scale"]].shape, 0.5, np.float32)
-        program.constants[cmap["zero"]] = np.zeros(tensors[cmap["zero"]].shape, np.int32)
-    return program
+        constants[cmap["scale"]] = np.full(tensors[cmap["scale"]].shape, 0.5, np.float32)
+        constants[cmap["zero"]] = np.zeros(tensors[cmap["zero"]].shape, np.int32)
+    return Program("main", SpinnArch(), tensors, list(range(len(ins))), [out], [layer], constants=constants)
 
 
 def _values(rng, shape, dtype):
@@ -106,24 +106,26 @@ def _run_sharded(program, inputs, ins, decision, axis, r_axes):
             elif p.partial:
                 x = x if c == 0 else np.zeros_like(x)
             args.append(np.ascontiguousarray(x))
-        chip = Program("main", {}, [TensorDesc(t.name, list(t.shape), t.dtype, t.role) for t in program.tensors],
-                       list(program.inputs), list(program.outputs), [Layer(**vars(layer))])
+        tensors = [TensorDesc(t.name, list(t.shape), t.dtype, t.role) for t in program.tensors]
+        chip_layer = Layer(**vars(layer))
         attrs = None if axis.strict else rule.local_attrs(layer, decision.split, N)  # tensor axis only
         if attrs is not None:
-            chip.layers[0] = dataclasses.replace(chip.layers[0], attrs=attrs)
-        chip.constants = {}
+            chip_layer = dataclasses.replace(chip_layer, attrs=attrs)
+        constants = {}
         for tid, value in program.constants.items():
             for a, (n_full, n_local) in enumerate(zip(full[tid], local[tid])):
                 if n_local != n_full:
                     value = _block(value, a, c)
-            chip.constants[tid] = np.ascontiguousarray(value)
-            chip.tensors[tid] = dataclasses.replace(chip.tensors[tid], shape=list(value.shape))
+            constants[tid] = np.ascontiguousarray(value)
+            tensors[tid] = dataclasses.replace(tensors[tid], shape=list(value.shape))
         for tid, x in zip(program.inputs, args):
-            chip.tensors[tid] = dataclasses.replace(chip.tensors[tid], shape=list(x.shape))
+            tensors[tid] = dataclasses.replace(tensors[tid], shape=list(x.shape))
         out_shape = list(full[layer.output])
         if decision.output.split:
             out_shape = list(_block(np.empty(out_shape), decision.output.axis, c).shape)
-        chip.tensors[layer.output] = dataclasses.replace(chip.tensors[layer.output], shape=out_shape)
+        tensors[layer.output] = dataclasses.replace(tensors[layer.output], shape=out_shape)
+        chip = Program("main", SpinnArch(), tensors, list(program.inputs), list(program.outputs), [chip_layer],
+                       constants=constants)
         (y,) = run_program(chip, args, mode="layers")
         outs.append(np.asarray(y))
     return outs
@@ -412,7 +414,7 @@ def _chain(batch=4):
     layers = [Layer(name="fc", kind="dense", inputs=[0], output=2, consts={"weight": 1}, attrs={"relu": False}),
               Layer(name="sm", kind="softmax", inputs=[2], output=3),
               Layer(name="cat", kind="concat", inputs=[2, 3], output=4, attrs={"axis": 0})]
-    return Program("main", {}, tensors, [0], [4], layers)
+    return Program("main", SpinnArch(), tensors, [0], [4], layers)
 
 
 def test_one_pass_places_every_tensor_on_every_axis():
@@ -438,8 +440,7 @@ def test_one_pass_places_every_tensor_on_every_axis():
 
 def test_the_data_axis_keeps_the_batch_and_leaves_outputs_split():
     program = _chain()
-    program.layers = program.layers[:2]
-    program.outputs = [3]
+    program = dataclasses.replace(program, layers=program.layers[:2], outputs=[3])
     plan = S.plan_shards(program, 1, 2)
     assert plan.collectives == () and plan.shapes[3] == (2, 8) and plan.shapes[1] == (6, 8)
     assert S.plan_shards(_chain(3), 1, 2) is None  # 2 does not divide a batch of 3

@@ -217,7 +217,8 @@ def test_program_changed_after_compiling_has_no_runnable_plan():
     model, x = models.make("mlp")
     (module,) = _regions(_build(model, x))
     program = Program.from_bytes(bytes(module["get_program"]()))
-    program.layers[-1] = dataclasses.replace(program.layers[-1], name="renamed")
+    program = dataclasses.replace(program, layers=(*program.layers[:-1],
+                                                   dataclasses.replace(program.layers[-1], name="renamed")))
     edited = _lib._func("tvm_spinn.runtime.create_module")(program.symbol, program.to_bytes())
     assert "changed after its plan was compiled" in edited["native_status"]()
     with pytest.raises(AttributeError):

@@ -1,10 +1,11 @@
-"""The simulator's per-program execution plans ("layers" mode): prepared once per Program, the
+"""The simulator's per-program execution plans ("layers" mode): prepared once per program digest, the
 same bits as the unprepared per-layer path, no state shared between calls (results a caller holds
 are never overwritten; concurrent calls of one program are independent)."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import gc
 import threading
 import weakref
@@ -18,7 +19,7 @@ from tvm import relax
 import tvm_spinn
 from tvm_spinn.program import Program
 from tvm_spinn.program.ops import elementwise
-from tvm_spinn.runtime import executor, simulator
+from tvm_spinn.runtime import simulator
 from tvm_spinn.runtime.simulator import program_plan, run_program
 
 import models
@@ -31,9 +32,8 @@ def _programs(ex) -> list[Program]:
 
 
 def _forget_plans():
-    """Drop the plans of the programs the runtime has loaded (they are rebuilt on the next call)."""
-    for program in executor._CACHE.values():
-        program.plans.clear()
+    """Drop the cached plans (they are rebuilt on the next call)."""
+    simulator.forget_plans()
 
 
 def _unprepared(monkeypatch):
@@ -109,20 +109,45 @@ def _cnn_program():
     return program, x.numpy()
 
 
-def test_plan_is_built_once_per_program_object():
+def test_equal_programs_share_one_plan():
+    """Plans are cached by the program's digest: a copy, the same bytes read again and the
+    in-memory program all run one plan; a different program gets its own, and nothing is
+    kept on the program."""
     program, x = _cnn_program()
+    simulator.forget_plans()
     plan = program_plan(program)
     assert program_plan(program) is plan
     twin = copy.deepcopy(program)
-    assert program_plan(twin) is not plan
+    again = Program.from_bytes(program.to_bytes())
+    assert again is not program and program_plan(twin) is plan and program_plan(again) is plan
     (a,) = run_program(program, [x], mode="layers")
-    (b,) = run_program(twin, [x], mode="layers")
+    (b,) = run_program(again, [x], mode="layers")
     assert np.array_equal(a, b)
-    assert twin.plans[simulator.native_enabled()] is not plan
-    ref = weakref.ref(program_plan(twin))
-    del twin
+    renamed = dataclasses.replace(program, symbol="renamed")
+    assert program_plan(renamed) is not plan
+    assert not any(isinstance(v, simulator._Plan) for v in vars(program).values())
+
+
+def test_plan_cache_is_bounded(monkeypatch):
+    """Least recently used plans are dropped past the cache's bound; a dropped plan is rebuilt
+    (the same steps) on next use."""
+    program, x = _cnn_program()
+    simulator.forget_plans()
+    monkeypatch.setattr(simulator, "PLAN_CACHE_ENTRIES", 2)
+    first = program_plan(program)
+    ref = weakref.ref(first)
+    others = [dataclasses.replace(program, symbol=f"p{i}") for i in range(2)]
+    for other in others:
+        program_plan(other)
+    assert len(simulator._PLANS) == 2
+    del first
     gc.collect()
-    assert ref() is None  # the plan went with its program
+    assert ref() is None  # evicted: nothing else held it
+    rebuilt = program_plan(program)
+    assert len(rebuilt.steps) == len(program_plan(others[1]).steps)
+    (a,) = run_program(program, [x], mode="layers")
+    (b,) = run_program(others[0], [x], mode="layers")
+    assert np.array_equal(a, b)
 
 
 def test_results_are_not_overwritten_by_later_calls():

@@ -109,7 +109,7 @@ def test_reads_from_other_pes_keep_their_barriers():
     z = b.add("tanh", [y], [1, N])
     w = b.add("tanh", [z], [1, N])
     dead = b.program(w)
-    dead.constants = {g: gv, be: bv}
+    dead = dataclasses.replace(dead, constants={g: gv, be: bv})
     # ... and the second tanh too: the row it read from other PEs is dead once the first has
     # run, so its buffer may be reused while a slower PE still reads it
     assert _barriers(dead) == 3
@@ -120,7 +120,7 @@ def test_reads_from_other_pes_keep_their_barriers():
     z = b.add("tanh", [y], [1, N])
     w = b.add("add", [z, y], [1, N])  # the row stays live until the add: no barrier before it
     live = b.program(w)
-    live.constants = {g: gv, be: bv}
+    live = dataclasses.replace(live, constants={g: gv, be: bv})
     assert _barriers(live) == 2
     xs = np.random.default_rng(1).standard_normal((1, N)).astype(np.float32)
     (got,) = run_program(live, [xs])

@@ -44,7 +44,7 @@ def _native_and_python(program: Program, inputs, monkeypatch) -> tuple[np.ndarra
     outs = []
     for flag in ("1", "0"):
         monkeypatch.setenv("TVM_SPINN_SIM_NATIVE", flag)
-        program.plans.clear()
+        simulator.forget_plans()
         plan = simulator.program_plan(program)
         assert plan.native_layers == (1 if flag == "1" else 0)
         outs.append(plan.run(program, [np.ascontiguousarray(x) for x in inputs])[0])

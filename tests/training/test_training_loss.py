@@ -174,7 +174,7 @@ def test_native_plan_gives_the_python_steps_bits(kind, out, attrs, monkeypatch):
     outs = []
     for flag in ("1", "0"):
         monkeypatch.setenv("TVM_SPINN_SIM_NATIVE", flag)
-        program.plans.clear()
+        simulator.forget_plans()
         plan = simulator.program_plan(program)
         assert plan.native_layers == (1 if flag == "1" else 0)
         outs.append(plan.run(program, [z, t])[0])
@@ -197,8 +197,9 @@ def test_a_bad_loss_layer_is_named_by_the_validator(kind, out, attrs, message):
     good = {"cross_entropy": (4,), "cross_entropy_backward": (4, 5)}[kind]
     program = map_program(_one_layer(kind, (4, 5), good, {"ignore_index": -100} if kind == "cross_entropy"
                                      else {"divisor": 4.0}), make_system())
-    program.tensors[2] = dataclasses.replace(program.tensors[2], shape=list(out))
-    program.layers[0] = dataclasses.replace(program.layers[0], attrs=dict(attrs))
+    tensors = (*program.tensors[:2], dataclasses.replace(program.tensors[2], shape=list(out)), *program.tensors[3:])
+    program = dataclasses.replace(program, tensors=tensors,
+                                  layers=(dataclasses.replace(program.layers[0], attrs=dict(attrs)), *program.layers[1:]))
     with pytest.raises(ProgramError, match=message):
         Program.from_bytes(program.to_bytes())
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -43,8 +44,7 @@ def compile_function(func, symbol: str, arch: SpinnArch):
 def _with_native_section(program):
     """``program`` with its native section (its plan for the C++ module, see
     :mod:`tvm_spinn.program.native_section`) set."""
-    program.native_section = native_section(program)
-    return program
+    return replace(program, native_section=native_section(program))
 
 
 def _module_over(symbol: str, data: np.ndarray) -> tvm.runtime.Module:

@@ -41,8 +41,16 @@ def _shape(expr: relax.Expr) -> list[int]:
 
 
 class _Lowerer:
+    """Collects one region's tensors, constants and layers; :meth:`lower` returns them as a
+    (frozen) :class:`Program`."""
+
     def __init__(self, symbol: str, arch: SpinnArch):
-        self.program = Program(symbol=symbol, arch=arch, tensors=[], inputs=[], outputs=[], layers=[])
+        self.symbol, self.arch = symbol, arch
+        self.tensors: list[TensorDesc] = []
+        self.inputs: list[int] = []
+        self.outputs: list[int] = []
+        self.layers: list = []
+        self.constants: dict[int, np.ndarray] = {}
         self.var_ids: dict[relax.Var, int] = {}
         self.const_ids: dict[Constant, int] = {}
 
@@ -51,14 +59,14 @@ class _Lowerer:
         ty = expr.ty
         if not isinstance(ty, relax.TensorType):
             raise LoweringError(f"{name}: only tensors can cross a spinn region, got {ty}")
-        self.program.tensors.append(TensorDesc(name=name, shape=_shape(expr), dtype=str(ty.dtype), role=role))
-        return len(self.program.tensors) - 1
+        self.tensors.append(TensorDesc(name=name, shape=_shape(expr), dtype=str(ty.dtype), role=role))
+        return len(self.tensors) - 1
 
     def const(self, expr: Constant) -> int:
         if expr not in self.const_ids:
             tid = self._new_tensor(f"const{len(self.const_ids)}", expr, "const")
             value = _host_view(expr.value)
-            self.program.constants[tid] = value.reshape(self.program.tensors[tid].shape)
+            self.constants[tid] = value.reshape(self.tensors[tid].shape)
             self.const_ids[expr] = tid
         return self.const_ids[expr]
 
@@ -74,7 +82,7 @@ class _Lowerer:
         for param in func.params:
             tid = self._new_tensor(param.name, param, "input")
             self.var_ids[param] = tid
-            self.program.inputs.append(tid)
+            self.inputs.append(tid)
         body = func.body
         local_funcs: dict[relax.Var, relax.Function] = {}
         for block in body.blocks:
@@ -87,7 +95,7 @@ class _Lowerer:
                     callee = value.op
                     comp = local_funcs.get(callee) if isinstance(callee, relax.Var) else None
                     if comp is None:
-                        raise LoweringError(f"unexpected call {callee} in spinn region {self.program.symbol}")
+                        raise LoweringError(f"unexpected call {callee} in spinn region {self.symbol}")
                     args = [self.operand(a, self.var_ids) for a in value.args]
                     out = self._new_tensor(binding.var.name, binding.var, "temp")
                     self._lower_composite(comp, args, out)
@@ -104,12 +112,13 @@ class _Lowerer:
             tid = self.operand(out, self.var_ids)
             if isinstance(tid, list):
                 raise LoweringError("nested tuple outputs are not supported")
-            desc = self.program.tensors[tid]
+            desc = self.tensors[tid]
             if desc.role != "temp":
                 raise LoweringError(f"region output {desc.name} must be computed in the region")
-            self.program.tensors[tid] = replace(desc, role="output")
-            self.program.outputs.append(tid)
-        return self.program
+            self.tensors[tid] = replace(desc, role="output")
+            self.outputs.append(tid)
+        return Program(symbol=self.symbol, arch=self.arch, tensors=self.tensors, inputs=self.inputs,
+                       outputs=self.outputs, layers=self.layers, constants=self.constants)
 
     def _lower_composite(self, comp: relax.Function, args: list[int], out: int) -> None:
         name = str(comp.attrs["Composite"])
@@ -121,20 +130,20 @@ class _Lowerer:
                     raise LoweringError(f"{name}: unexpected binding {type(binding.value).__name__}")
                 calls.append((binding.var, binding.value))
         kind = name.split(".", 1)[1]
-        layer = LayerDraft(name=f"{kind}_{len(self.program.layers)}", kind=kind, inputs=[], output=out)
+        layer = LayerDraft(name=f"{kind}_{len(self.layers)}", kind=kind, inputs=[], output=out)
         family = family_for_composite(kind)
         if family is None:
             raise LoweringError(f"composite {name} has no spinn layer lowering")
         family.lower(self, name, kind, calls, env, layer)
-        self.program.layers.append(layer.freeze())
+        self.layers.append(layer.freeze())
 
     def add_const(self, name: str, value: np.ndarray) -> int:
         """A new constant tensor holding ``value`` (made contiguous); returns its id."""
-        tid = len(self.program.tensors)
+        tid = len(self.tensors)
         value = np.ascontiguousarray(value)
-        self.program.tensors.append(TensorDesc(name=f"{name}{tid}", shape=list(value.shape),
+        self.tensors.append(TensorDesc(name=f"{name}{tid}", shape=list(value.shape),
                                                dtype=str(value.dtype), role="const"))
-        self.program.constants[tid] = value
+        self.constants[tid] = value
         return tid
 
 

@@ -73,29 +73,30 @@ def _region_weights(main, weights: set) -> dict:
     return out
 
 
-def _rewrite(program, weight_inputs: set, dtype: str) -> None:
-    """Turn weight inputs into descriptor constants and weight GEMMs into dense layers (in place)."""
+def _rewrite(program, weight_inputs: set, dtype: str):
+    """``program`` with its weight inputs as descriptor constants and its weight GEMMs as dense
+    layers."""
     from ..program.model import TensorDesc
     from ..program.ops.gemm import fuse_bias, weight_matmuls_to_dense
     from ..program.ops.movement import dedupe_movement
 
-    tensors = program.tensors
+    tensors, constants = list(program.tensors), dict(program.constants)
 
     def new_tensor(name, shape, dt, role):
         tensors.append(TensorDesc(name=name, shape=[int(d) for d in shape], dtype=dt, role=role))
         tid = len(tensors) - 1
         if role == "const":
-            program.constants[tid] = _descriptor(shape, dt)
+            constants[tid] = _descriptor(shape, dt)
         return tid
 
     for tid in weight_inputs:
         tensors[tid] = replace(tensors[tid], role="const")
-        program.constants[tid] = _descriptor(tensors[tid].shape, tensors[tid].dtype)
-    program.inputs = [t for t in program.inputs if t not in weight_inputs]
-
+        constants[tid] = _descriptor(tensors[tid].shape, tensors[tid].dtype)
+    inputs = [t for t in program.inputs if t not in weight_inputs]
     layers = weight_matmuls_to_dense(program, weight_inputs, dtype, new_tensor,
-                                     lambda tid, shape, dt: program.constants.__setitem__(tid, _descriptor(shape, dt)))
-    program.layers = fuse_bias(program, dedupe_movement(program, layers))
+                                     lambda tid, shape, dt: constants.__setitem__(tid, _descriptor(shape, dt)), tensors)
+    draft = replace(program, tensors=tensors, constants=constants, inputs=inputs)
+    return replace(draft, layers=fuse_bias(draft, dedupe_movement(draft, layers)))
 
 
 def describe(module, args: tuple, target, dtype: str = "fp32") -> list[DescribedProgram]:
@@ -153,7 +154,7 @@ def describe(module, args: tuple, target, dtype: str = "fp32") -> list[Described
         if [program.tensors[i].name for i in program.inputs] != [p.name for p in func.params]:
             raise RuntimeError(f"{name}: the lowered program's inputs are not the region's parameters")
         weight_inputs = {program.inputs[i] for i in positions}
-        _rewrite(program, weight_inputs, dtype)
+        program = _rewrite(program, weight_inputs, dtype)
         used = sorted({t for layer in program.layers for t in [*layer.inputs, *layer.consts.values()]
                        if program.tensors[t].role == "const"})
         out.append(DescribedProgram(program, sum(program.tensors[t].nbytes for t in used)))

@@ -346,7 +346,7 @@ def _map(described, arch, weights: str) -> _Timed:
     programs = []
     for d in described:
         program = _clone(d.program)
-        program.arch = arch
+        program = dataclasses.replace(program, arch=arch)
         programs.append(program)
     plan = plan_system(programs, arch, MappingOptions(weights=weights, split_k=current_options().split_k),
                        policy="alone")
@@ -788,7 +788,7 @@ def _map_stage_now(pieces: list, board, host_shapes: set, slots: int, options) -
     programs = []
     for program in pieces:
         program = _clone(program)
-        program.arch = board
+        program = dataclasses.replace(program, arch=board)
         programs.append(program)
     # in order: a stage is a chain of the model's programs whose SRAM the stage search sized
     plan = plan_system(programs, board, options, onchip_inputs=onchip, policy="in_order")

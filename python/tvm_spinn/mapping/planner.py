@@ -36,7 +36,7 @@ from .memory import LEDGER_RESIDENT_SHARE
 from .options import MappingOptions, current_options
 from .schedule import MappingMemo, _graph_copy, map_region
 from .system import overflow_message, recorded_plan, resident_state
-from .tiling import MappingError, layer_work
+from .tiling import MappingError, program_work
 
 __all__ = ["RegionPlan", "SystemPlan", "plan_system", "resident_capacity", "POLICIES"]
 
@@ -146,8 +146,7 @@ def _benefit_order(programs: Sequence[Program], arch: SpinnArch) -> list[int]:
     operations per weight byte (a region with few is bound by its weight stream), then symbol."""
     keys = []
     for index, program in enumerate(programs):
-        for i in range(len(program.layers)):
-            layer_work(program, i, arch)
+        program = program_work(program, arch)
         weights = sum(t.nbytes for t in program.tensors if t.role == "const")
         flops = sum(int(layer.flops) for layer in program.layers)
         keys.append((flops / weights if weights else math.inf, program.symbol, index))
@@ -200,28 +199,31 @@ def plan_system(programs: Sequence[Program], arch: SpinnArch, options: MappingOp
 def _plan_system(programs: list[Program], arch: SpinnArch, options: MappingOptions | None,
                  onchip_inputs: Sequence[Sequence[int]] | None, policy: str,
                  on_mapped: Callable[[int, Program], None] | None) -> SystemPlan:
-    """:func:`plan_system` over ``programs``, copies it owns and maps in place."""
+    """:func:`plan_system` over ``programs`` (unmapped)."""
     options = options or current_options()
     memo = MappingMemo() if policy != "alone" else None
     # the regions share the chips only on the multi-chip path (see .schedule.map_region)
     shared = arch.chips > 1 and not options.naive and options.mode in ("auto", "sequential")
     by_benefit = policy == "benefit" and shared
+    if by_benefit:  # the mapper keys structures by the layers with their work (see _benefit_order)
+        programs = [program_work(p, arch) for p in programs]
     order = _benefit_order(programs, arch) if by_benefit else range(len(programs))
     state = SystemState()
     regions = {}
+    mapped = list(programs)
     for index in order:
         program = programs[index]
         onchip = tuple(int(t) for t in onchip_inputs[index]) if onchip_inputs is not None else ()
         held = state if policy != "alone" else None
         if by_benefit:
             try:
-                after = map_region(program, arch, options, held, memo, onchip)
+                program, after = map_region(program, arch, options, held, memo, onchip)
             except MappingError:
                 after = None
             if after is None or after.stage != state.stage or after.overflow is not None:
                 return _plan_system(programs, arch, options, onchip_inputs, "in_order", on_mapped)
         else:
-            after = map_region(program, arch, options, held, memo, onchip)
+            program, after = map_region(program, arch, options, held, memo, onchip)
         if after is None:  # off the multi-chip path: the region shares nothing
             regions[index] = _region(program, RegionBudget(onchip_inputs=onchip), onchip)
         else:
@@ -231,8 +233,9 @@ def _plan_system(programs: list[Program], arch: SpinnArch, options: MappingOptio
                                      max(after.stage, 0), sram, dram)
             if held is not None:
                 state = after
+        mapped[index] = program
         if on_mapped is not None:
             on_mapped(index, program)
     if state.overflow is not None:
         raise MappingError(overflow_message(state, arch))
-    return SystemPlan(arch, policy, tuple(regions[i] for i in range(len(programs))), state, tuple(programs))
+    return SystemPlan(arch, policy, tuple(regions[i] for i in range(len(programs))), state, tuple(mapped))

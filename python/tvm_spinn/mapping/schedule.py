@@ -29,7 +29,7 @@ from .options import MappingOptions, current_options
 from .placement import choose_chips, pipeline_groups, place_tiles
 from .budget import RegionBudget, SystemState
 from .system import map_on_system, overflow_message, system_tables
-from .tiling import MappingError, choose_tile, layer_work, tile_costs
+from .tiling import MappingError, choose_tile, program_work, tile_costs
 
 __all__ = ["map_program", "map_region", "derive_tables", "MappingMemo"]
 
@@ -60,9 +60,9 @@ def derive_tables(program: Program, arch: SpinnArch) -> list[TileTable]:
     if program.mapping.system is not None:  # the tiles of one chip's shard (see .system)
         return system_tables(program, arch, derive_tables)
     naive = bool(program.mapping.options.get("naive", False))
+    program = program_work(program, arch)
     tables = []
     for i, record in enumerate(program.mapping.layers):
-        layer_work(program, i, arch)
         first, count = record.pes
         tables.append(_place(program, i, arch, list(record.tile), first, count, naive, int(record.rotate)))
     return tables
@@ -96,17 +96,16 @@ def _structure_key(program: Program, arch: SpinnArch, mode: str, options: Mappin
     return json.dumps([header, arch.to_dict(), mode, options.to_dict()] + ([onchip] if onchip else []), sort_keys=True)
 
 
-def _replay(program: Program, entry: tuple) -> None:
-    """Give ``program`` the mapping of a program of the same structure (see
+def _replay(program: Program, entry: tuple) -> Program:
+    """``program`` with the mapping of a program of the same structure (see
     :class:`MappingMemo`), its activations' address ranges labelled with its own names."""
     tables, mapping, timing, memory, activation_ranges = entry
-    program.tiles = ProgramTiles(tables)
-    program.mapping = mapping  # frozen records: shared, never edited
-    program.timing = timing
     ranges = list(memory.ranges)
     for k in activation_ranges:
         ranges[k] = replace(ranges[k], what=activation_label(program, ranges[k].first_layer))
-    program.memory = replace(memory, ranges=tuple(ranges))
+    # frozen records: shared, never edited
+    return replace(program, tiles=ProgramTiles(tables), mapping=mapping, timing=timing,
+                   memory=replace(memory, ranges=tuple(ranges)))
 
 
 def _entry(program: Program) -> tuple:
@@ -118,38 +117,35 @@ def _entry(program: Program) -> tuple:
 
 
 def _build(program: Program, arch: SpinnArch, mode: str, options: MappingOptions, state: SystemState | None = None,
-           memo: MappingMemo | None = None, onchip: tuple = ()) -> SystemState | None:
-    """Map ``program`` in place; on a multi-chip system (sequential, not naive) returns the
-    system's state after it (``state``: what the build's earlier programs hold, None: the
-    program alone), else None."""
+           memo: MappingMemo | None = None, onchip: tuple = ()) -> tuple[Program, SystemState | None]:
+    """``(mapped program, state)``: on a multi-chip system (sequential, not naive) the system's
+    state after it (``state``: what the build's earlier programs hold, None: the program
+    alone), else None."""
     table = memo.structures if memo is not None else None
     key = _structure_key(program, arch, mode, options, onchip) if table is not None else None
-    n = len(program.layers)
     check_capacity(program, arch)  # before any tile array (they grow with the tensors) is built
-    for i in range(n):
-        layer_work(program, i, arch)
+    program = program_work(program, arch)
     if arch.chips > 1 and mode == "sequential" and not options.naive:
 
         def map_one(shard, chip, reserved):
-            for j in range(len(shard.layers)):
-                layer_work(shard, j, chip)
-            return _map(shard, chip, "sequential", options, reserved)
+            return _map(program_work(shard, chip), chip, "sequential", options, reserved)
 
         return map_on_system(program, arch, options, state, map_one, key, memo.system if memo is not None else None,
                              tuple(onchip))
     if key is not None and key in table:
-        _replay(program, table[key])
-        return None
-    _map(program, arch, mode, options)
+        return _replay(program, table[key]), None
+    program, _ = _map(program, arch, mode, options)
     if key is not None:
         table[key] = _entry(program)
-    return None
+    return program, None
 
 
-def _map(program: Program, arch: SpinnArch, mode: str, options: MappingOptions, reserved=None) -> dict[int, int]:
+def _map(program: Program, arch: SpinnArch, mode: str, options: MappingOptions,
+         reserved=None) -> tuple[Program, dict[int, int]]:
     """Map ``program`` (its layers' work already set); ``reserved``: SRAM bytes per PE held by
-    earlier programs' resident weights (:func:`~.memory.plan_memory`). Returns the resident
-    weight bytes per PE of this program's own (what a build's SRAM ledger adds for it)."""
+    earlier programs' resident weights (:func:`~.memory.plan_memory`). Returns the mapped
+    program and the resident weight bytes per PE of its own (what a build's SRAM ledger adds
+    for it)."""
     from ..timing import evaluate
 
     n = len(program.layers)
@@ -194,19 +190,18 @@ def _map(program: Program, arch: SpinnArch, mode: str, options: MappingOptions, 
                 break
             if _keeps_every_activation(program, first_plan, activations):
                 break  # streaming cannot win: see _keeps_every_activation
-        program.tiles = ProgramTiles(tabs)
+        program = replace(program, tiles=ProgramTiles(tabs))
         plan = _plan(program, arch, choice, activations, tabs, reserved)
         if first_plan is None:
             first_plan = plan
-        program.mapping = replace(base, layers=tuple(recs), resident_layers=tuple(plan.resident_layers),
-                                  onchip_tensors=tuple(plan.onchip_tensors))
+        program = replace(program, mapping=replace(base, layers=tuple(recs), resident_layers=tuple(plan.resident_layers),
+                                                   onchip_tensors=tuple(plan.onchip_tensors)))
         timing = evaluate(program, arch, tabs)
         if best is None or timing.cycles < best[2].cycles:
             best = (plan, program.mapping, timing, tabs)
-    plan, program.mapping, program.timing, tabs = best
-    program.tiles = ProgramTiles(tabs)
-    program.memory = _memory_summary(plan)
-    return dict(plan.resident_bytes)
+    plan, mapping, timing, tabs = best
+    program = replace(program, mapping=mapping, timing=timing, tiles=ProgramTiles(tabs), memory=_memory_summary(plan))
+    return program, dict(plan.resident_bytes)
 
 
 def _ledger_start(arch: SpinnArch, ranges, reserved):
@@ -450,9 +445,10 @@ def _plan(program: Program, arch: SpinnArch, weights: str, activations: str, tab
 
 
 def map_region(program: Program, arch: SpinnArch, options: MappingOptions, state: SystemState | None = None,
-               memo: MappingMemo | None = None, onchip: tuple = ()) -> SystemState | None:
-    """Map ``program`` in place under ``state`` (see :func:`map_program`); returns the system's
-    state after it (None off the multi-chip path, where programs share nothing)."""
+               memo: MappingMemo | None = None, onchip: tuple = ()) -> tuple[Program, SystemState | None]:
+    """Map ``program`` under ``state`` (see :func:`map_program`); returns the mapped program
+    and the system's state after it (None off the multi-chip path, where programs share
+    nothing)."""
     if options.scheduler == "software" and arch.chips > 1:
         # the setup models one chip's scheduler PE: its packets' chip-to-chip hops are not costed
         raise ValueError(f"MappingOptions.scheduler='software' models a scheduler PE on one chip; "
@@ -461,24 +457,20 @@ def map_region(program: Program, arch: SpinnArch, options: MappingOptions, state
         if options.naive or options.mode != "auto":
             return _build(program, arch, "sequential" if options.mode == "auto" else options.mode, options, state,
                           memo, onchip)
-        after = _build(program, arch, "sequential", options, state, memo, onchip)
+        program, after = _build(program, arch, "sequential", options, state, memo, onchip)
         if options.objective == "throughput" and arch.chips == 1:  # several chips: replicas (see .system)
-            seq = (program.timing.throughput_inf_s, program.tiles, program.mapping, program.memory, program.timing)
-            _build(program, arch, "pipelined", options, state, memo, onchip)
-            if seq[0] >= program.timing.throughput_inf_s:
-                (_, program.tiles, program.mapping, program.memory, program.timing) = seq
-    return after
+            piped, _ = _build(program, arch, "pipelined", options, state, memo, onchip)
+            if program.timing.throughput_inf_s < piped.timing.throughput_inf_s:
+                program = replace(program, tiles=piped.tiles, mapping=piped.mapping, memory=piped.memory,
+                                  timing=piped.timing)
+    return program, after
 
 
 def _graph_copy(program: Program) -> Program:
-    """A new Program of ``program``'s graph for the mapper to fill: its own tensor and layer
-    records (mapping sets each layer's work, :func:`~.tiling.layer_work`), the constants'
-    arrays shared (they are read, never written)."""
-    layers = [replace(layer, inputs=list(layer.inputs), consts=dict(layer.consts), attrs=dict(layer.attrs),
-                      gemm=None if layer.gemm is None else list(layer.gemm)) for layer in program.layers]
-    return replace(program, tensors=[replace(t, shape=list(t.shape)) for t in program.tensors],
-                   inputs=list(program.inputs), outputs=list(program.outputs), layers=layers,
-                   constants=dict(program.constants), tiles=None)
+    """``program``'s graph as the mapper starts from it: without the tiles of an earlier
+    mapping (records and constants' arrays shared: they are frozen, or read and never
+    written)."""
+    return replace(program, tiles=None)
 
 
 def map_program(program: Program, arch: SpinnArch, options: MappingOptions | None = None,
@@ -500,9 +492,8 @@ def map_program(program: Program, arch: SpinnArch, options: MappingOptions | Non
     options = options or current_options()
     program = _graph_copy(program)
     if budget is None:
-        map_region(program, arch, options)
-        return program
-    after = map_region(program, arch, options, budget.held, None, budget.onchip_inputs)
+        return map_region(program, arch, options)[0]
+    program, after = map_region(program, arch, options, budget.held, None, budget.onchip_inputs)
     if after is not None and after.overflow is not None:
         raise MappingError(overflow_message(after, arch))
     return program

@@ -63,7 +63,6 @@ that the one-chip mapper tiles, places and times.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -549,29 +548,27 @@ def shard_program(program: Program, plan: ShardPlan) -> Program:
     over the other mesh axes. Timing-only: constants are not sliced (the one-chip mapper
     reads shapes, never values).
     """
-    shard = copy.copy(program)
-    shard.tensors = list(program.tensors)
-    for tid, shape in zip(range(len(shard.tensors)), plan.shapes):
-        shard.tensors[tid] = replace(shard.tensors[tid], shape=list(shape))
-    shard.layers = list(program.layers)
-    for i, split in zip(range(len(shard.layers)), plan.splits):
-        attrs = rule_of(shard.layers[i]).local_attrs(shard.layers[i], split, plan.tp)
+    tensors = list(program.tensors)
+    for tid, shape in zip(range(len(tensors)), plan.shapes):
+        tensors[tid] = replace(tensors[tid], shape=list(shape))
+    layers = list(program.layers)
+    for i, split in zip(range(len(layers)), plan.splits):
+        attrs = rule_of(layers[i]).local_attrs(layers[i], split, plan.tp)
         if attrs is not None:  # a grouped convolution: each chip has its groups
-            shard.layers[i] = replace(shard.layers[i], attrs=attrs)
+            layers[i] = replace(layers[i], attrs=attrs)
     current: dict[int, int] = {}  # a tensor gathered twice (tp, then sp): its latest copy
     for c in plan.collectives:
-        if c.op not in ("all_gather", "all_to_all") or c.layer >= len(shard.layers):
+        if c.op not in ("all_gather", "all_to_all") or c.layer >= len(layers):
             continue
         new = program.tensors[c.tensor]
         shape = c.shape if c.shape is not None else program.tensors[c.tensor].shape
         suffix = "gathered" if c.op == "all_gather" else "resplit"
         new = replace(new, shape=list(shape), role="temp", name=f"{new.name}.{suffix}")
-        shard.tensors.append(new)
-        nid = len(shard.tensors) - 1
+        tensors.append(new)
+        nid = len(tensors) - 1
         old = current.get(c.tensor, c.tensor)
-        for i in range(c.layer, len(shard.layers)):
-            if old in shard.layers[i].inputs:
-                shard.layers[i] = replace(shard.layers[i], inputs=[nid if tid == old else tid for tid in shard.layers[i].inputs])
+        for i in range(c.layer, len(layers)):
+            if old in layers[i].inputs:
+                layers[i] = replace(layers[i], inputs=[nid if tid == old else tid for tid in layers[i].inputs])
         current[c.tensor] = nid
-    shard.timing, shard.mapping, shard.memory, shard.tiles = None, None, None, None
-    return shard
+    return replace(program, tensors=tensors, layers=layers, timing=None, mapping=None, memory=None, tiles=None)

@@ -45,7 +45,7 @@ from ..timing.system import collective_cost, compose
 from .budget import SystemState
 from .memory import LEDGER_RESIDENT_SHARE, activation_label
 from .shard import ROW_ALWAYS, ShardPlan, plan_shards, rule_of, shard_program
-from .tiling import MappingError
+from .tiling import MappingError, program_work
 
 __all__ = ["map_on_system", "resident_state", "TP_DEGREES", "SP_DEGREES", "overflow_message", "system_tables", "retime", "issued",
            "group_ranks", "recorded_plan"]
@@ -245,8 +245,7 @@ def _time_plan(program: Program, plan: ShardPlan, arch: SpinnArch, topo, map_one
                onchip: tuple = ()):
     """Map ``plan``'s shard on one chip and compose its system timing."""
     chip = _chip_arch(arch)
-    shard = shard_program(program, plan)
-    resident = map_one(shard, chip, reserved)
+    shard, resident = map_one(shard_program(program, plan), chip, reserved)
     st, exec_cycles = _system_timing(program, plan, shard, shard.tiles.tables, chip, topo, onchip)
     dram_need = sum(shard.tensors[t].nbytes for t in range(len(program.tensors)) if shard.tensors[t].role == "const") \
         - int(shard.memory.resident_bytes_total)
@@ -307,10 +306,9 @@ def _system_timing(program: Program, plan: ShardPlan, shard: Program, tables, ch
     # read over the NoC too, and cross no DRAM.
     arrived = [t for t in onchip if t in shard.inputs and shard.tensors[t].nbytes <= room]
     gathered += arrived
-    shard.mapping = replace(saved, resident_layers=tuple(range(len(shard.layers))),
-                            onchip_tensors=tuple(sorted(set(saved.onchip_tensors) | set(gathered))))
-    local = evaluate(shard, chip, tables)
-    shard.mapping = saved
+    local = evaluate(replace(shard, mapping=replace(saved, resident_layers=tuple(range(len(shard.layers))),
+                                                    onchip_tensors=tuple(sorted(set(saved.onchip_tensors) | set(gathered))))),
+                     chip, tables)
     exec_cycles = [row.cycles for row in local.layers]
     colls = _comm(topo, program, plan)
     row_fp32 = {i for i, s in enumerate(plan.splits) if s == "row" and program.layers[i].mode != "int8"}
@@ -342,11 +340,11 @@ def retime(program: Program, arch: SpinnArch, derive) -> TimingSummary:
     :func:`tvm_spinn.mapping.derive_tables`)."""
     info = program.mapping.system
     plan = recorded_plan(program)
-    shard = shard_program(program, plan)
-    shard.mapping = replace(program.mapping, system=None)
     chip = _chip_arch(arch)
+    # the shard's layers with their work on the chip (the compiler timed the shard so)
+    shard = program_work(replace(shard_program(program, plan), mapping=replace(program.mapping, system=None)), chip)
     tables = derive(shard, chip)
-    shard.timing = evaluate(shard, chip, tables)
+    shard = replace(shard, timing=evaluate(shard, chip, tables))
     st, _ = _system_timing(program, plan, shard, tables, chip, topology_of(arch))
     return _timing_dict(program, shard, plan, st, float(info.handoff_s), arch)
 
@@ -386,11 +384,12 @@ def recorded_plan(program: Program) -> ShardPlan:
 
 
 def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState | None, map_one, key: str | None,
-                  cache: dict | None = None, onchip: tuple = ()) -> SystemState:
-    """Map ``program`` on the multi-chip ``arch`` (see the module docstring), in place; returns
-    the system's state after it.
+                  cache: dict | None = None, onchip: tuple = ()) -> tuple[Program, SystemState]:
+    """Map ``program`` on the multi-chip ``arch`` (see the module docstring); returns the mapped
+    program and the system's state after it.
 
-    ``map_one(shard, chip_arch, reserved)`` maps a shard on one chip; ``state`` is what the
+    ``map_one(shard, chip_arch, reserved)`` maps a shard on one chip (returns the mapped shard
+    and its resident bytes per PE); ``state`` is what the
     build's earlier programs hold (None: a program alone, which must fit by itself); ``key`` the
     program's structure key for reusing, through ``cache``, a mapping already made under the
     same state; ``onchip`` the inputs already in the chips' SRAM.
@@ -476,8 +475,7 @@ def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState
     plan, st, shard, need, _, resident = best
     ledger.dram += need
     ledger.sram += _resident_per_pe(resident, arch.pes_per_chip)
-    _install(program, shard, plan, st, results, ledger.stage, handoff, arch)
-    return ledger.frozen()
+    return _install(program, shard, plan, st, results, ledger.stage, handoff, arch), ledger.frozen()
 
 
 def overflow_message(ledger: SystemState, arch: SpinnArch) -> str:
@@ -501,8 +499,7 @@ def system_tables(program: Program, arch: SpinnArch, derive):
     """The tiles of a system-mapped program: its shard's, on one chip (``derive`` is
     :func:`tvm_spinn.mapping.derive_tables`)."""
     plan = recorded_plan(program)
-    shard = shard_program(program, plan)
-    shard.mapping = replace(program.mapping, system=None)
+    shard = replace(shard_program(program, plan), mapping=replace(program.mapping, system=None))
     return derive(shard, _chip_arch(arch))
 
 
@@ -514,9 +511,9 @@ def _resident_per_pe(resident: dict, pes: int) -> np.ndarray:
     return out
 
 
-def _install(program: Program, shard: Program, plan: ShardPlan, st, results, stage: int, handoff, arch: SpinnArch) -> None:
-    """Give ``program`` the shard's mapping and the system timing."""
-    program.tiles = shard.tiles
+def _install(program: Program, shard: Program, plan: ShardPlan, st, results, stage: int, handoff,
+             arch: SpinnArch) -> Program:
+    """``program`` with the shard's mapping and the system timing."""
     summary = plan.summary()
     system = SystemMapping(
         tp=summary["tp"], dp=summary["dp"], sp=summary["sp"], row=summary["row"], chips=summary["chips"],
@@ -525,13 +522,14 @@ def _install(program: Program, shard: Program, plan: ShardPlan, st, results, sta
         collectives=tuple(plan.collectives),
         handoff_s=handoff.seconds if handoff is not None else 0.0,
         replicated=tuple(tuple(x) for x in summary.get("replicated", ())))
-    program.mapping = replace(shard.mapping, system=system, chips_per_layer=(plan.chips,) * len(program.layers))
-    program.timing = _timing_dict(program, shard, plan, st, system.handoff_s, arch)
+    program = replace(program, tiles=shard.tiles,
+                      mapping=replace(shard.mapping, system=system, chips_per_layer=(plan.chips,) * len(program.layers)))
+    program = replace(program, timing=_timing_dict(program, shard, plan, st, system.handoff_s, arch))
     # the whole group's resident bytes (each chip holds its shard's); labels in this program's names
     ranges = tuple(replace(rng, what=activation_label(program, rng.first_layer))
                    if str(rng.what).startswith("activation ") else rng for rng in shard.memory.ranges)
-    program.memory = replace(shard.memory, resident_bytes_total=int(shard.memory.resident_bytes_total) * plan.chips,
-                             ranges=ranges)
+    return replace(program, memory=replace(shard.memory, ranges=ranges,
+                                           resident_bytes_total=int(shard.memory.resident_bytes_total) * plan.chips))
 
 
 def _timing_dict(program: Program, shard: Program, plan: ShardPlan, st, handoff_s: float, arch: SpinnArch) -> TimingSummary:

@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..program import Program
+from ..program import Layer, Program
 from ..program.ops import MappingError, family_of
 from ..program.ops.base import ACC_BYTES
 from ..program.ops.gemm import (Gemm, GemmShape, Int8Side, choose_gemm_tile, gemm_shape, gemm_tile_cycles, int8_side,
@@ -30,7 +30,7 @@ from ..target.arch import SpinnArch
 
 __all__ = [
     "GemmShape", "gemm_shape", "choose_gemm_tile", "gemm_tile_cycles", "Int8Side", "int8_side",
-    "safe_k_chunk", "tile_layer", "MappingError", "ACC_BYTES", "layer_work", "choose_tile", "tile_costs", "smallest_tile_bytes",
+    "safe_k_chunk", "tile_layer", "MappingError", "ACC_BYTES", "layer_work", "program_work", "choose_tile", "tile_costs", "smallest_tile_bytes",
     "smallest_gemm_tile_bytes", "smallest_row_tile_bytes", "smallest_pool_tile_bytes",
 ]
 
@@ -73,12 +73,24 @@ def _check_nonempty(program: Program, index: int) -> None:
                                "zero-size ops run on the host")
 
 
-def layer_work(program: Program, index: int, arch: SpinnArch) -> None:
-    """Replace layer ``index`` of ``program`` (one the mapper owns) by a new record with its
-    ``gemm`` and ``flops`` (operations of the layer, the cost model's work) set."""
+def _worked(program: Program, index: int, arch: SpinnArch) -> Layer:
     layer, family = _family(program, index)
     flops, gemm = family.work(program, layer, arch)
-    program.layers[index] = replace(layer, flops=int(flops), gemm=layer.gemm if gemm is None else list(gemm))
+    return replace(layer, flops=int(flops), gemm=layer.gemm if gemm is None else list(gemm))
+
+
+def layer_work(program: Program, index: int, arch: SpinnArch) -> Program:
+    """``program`` with layer ``index`` replaced by a new record with its ``gemm`` and ``flops``
+    (operations of the layer, the cost model's work) set."""
+    layers = list(program.layers)
+    layers[index] = _worked(program, index, arch)
+    return replace(program, layers=layers)
+
+
+def program_work(program: Program, arch: SpinnArch) -> Program:
+    """``program`` with every layer's work set (:func:`layer_work`; a layer's work depends on
+    the layer and the tensors, never on the other layers)."""
+    return replace(program, layers=[_worked(program, index, arch) for index in range(len(program.layers))])
 
 
 def choose_tile(program: Program, index: int, arch: SpinnArch, pes: int | None = None,
@@ -115,6 +127,6 @@ def tile_layer(program: Program, index: int, arch: SpinnArch, pes: int | None = 
                naive: bool = False) -> TileTable:
     """Tiles (without PE assignment) of ``program.layers[index]`` for ``pes`` PEs: the tile
     shape :func:`choose_tile` picks, expanded with its costs (:func:`tile_costs`). Sets the
-    layer's ``gemm`` and ``flops``."""
-    layer_work(program, index, arch)
+    layer's ``gemm`` and ``flops`` first (in a copy: ``program`` is left as it is)."""
+    program = layer_work(program, index, arch)
     return tile_costs(program, index, arch, choose_tile(program, index, arch, pes, naive))

@@ -64,6 +64,7 @@ import json
 import struct
 from typing import TYPE_CHECKING
 from dataclasses import MISSING, dataclass, field, fields
+from functools import cached_property
 
 import numpy as np
 import xxhash
@@ -71,7 +72,7 @@ import xxhash
 if TYPE_CHECKING:
     from ..target.arch import SpinnArch
 
-from .model import Layer, ProgramError, TensorDesc, Tile
+from .model import ConstantMap, Layer, ProgramError, TensorDesc, Tile
 from .native_section import section_status
 from .ops import layer_kinds
 from .records import (
@@ -92,7 +93,7 @@ PROGRAM_VERSION = 5
 NATIVE_PROGRAM_VERSION = 6
 _READABLE_VERSIONS = (4, 5, 6)
 _ALIGN = 64
-#: Bytes of the trailing BLAKE2b digest (the spinn module's cache key, src/module.cc).
+#: Bytes of the trailing digest (:func:`program_digest`; :attr:`Program.digest`).
 CHECKSUM_BYTES = 32
 #: Largest JSON header a program may carry (O(layers): a BERT-base program's is about 1 MB).
 MAX_HEADER_BYTES = 1 << 30
@@ -102,30 +103,50 @@ MAX_HEADER_BYTES = 1 << 30
 LAYER_KINDS = layer_kinds()
 
 
-@dataclass
+@dataclass(frozen=True)
 class Program:
-    """A compiled spinn program (one offloaded Relax function)."""
+    """A compiled spinn program (one offloaded Relax function), a frozen record.
+
+    Every stage that changes a program returns a new one (``dataclasses.replace``); the
+    sequences are tuples and the constants a read-only :class:`~.model.ConstantMap` (lists and
+    dicts given to the constructor are converted). Unhashable (its constants are arrays): the
+    simulator's plan cache keys a program by its :attr:`digest`.
+    """
 
     symbol: str
     arch: SpinnArch
-    tensors: list[TensorDesc]
-    inputs: list[int]
-    outputs: list[int]
-    layers: list[Layer]
+    tensors: tuple[TensorDesc, ...]
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    layers: tuple[Layer, ...]
     timing: TimingSummary | None = None
     mapping: ProgramMapping | None = None
     memory: MemorySummary | None = None
-    constants: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
+    constants: ConstantMap = field(default_factory=ConstantMap, repr=False)
     version: int = PROGRAM_VERSION
     #: The mapper's tiles (:class:`~.tiles.ProgramTiles`), kept in memory only: derived data,
     #: never serialized (``tvm_spinn.mapping.derive_tables`` rebuilds them from ``mapping``).
     tiles: "object | None" = field(default=None, repr=False, compare=False)
-    #: The simulator's execution plans of this object (:func:`tvm_spinn.runtime.simulator.program_plan`),
-    #: in memory only: they live and die with it, and a copy builds its own.
-    plans: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     #: The native section (:mod:`.native_section`): the bytes written after the constant blob,
     #: which make the program format version 6 (None: no section, the program's own version).
     native_section: "bytes | None" = field(default=None, repr=False, compare=False)
+
+    __hash__ = None  # type: ignore[assignment] - equal programs may hold distinct arrays
+
+    def __post_init__(self):
+        for name in ("tensors", "inputs", "outputs", "layers"):
+            value = getattr(self, name)
+            if type(value) is not tuple:
+                object.__setattr__(self, name, tuple(value))
+        if type(self.constants) is not ConstantMap:
+            object.__setattr__(self, "constants", ConstantMap(self.constants))
+
+    @cached_property
+    def digest(self) -> bytes:
+        """The checksum :meth:`to_bytes` ends with (:func:`program_digest` of every byte before
+        it), computed once per record: the program's name for the runtime's caches. A program
+        read by :meth:`from_bytes` carries the checksum it was read with."""
+        return _digest(self._parts())
 
     # ------------------------------------------------------------------ serialization
     def header(self, offsets: "dict[int, int] | None" = None) -> dict:
@@ -141,8 +162,8 @@ class Program:
             "symbol": self.symbol,
             "arch": self.arch.to_dict(),
             "tensors": tensors,
-            "inputs": self.inputs,
-            "outputs": self.outputs,
+            "inputs": list(self.inputs),
+            "outputs": list(self.outputs),
             "layers": [dict(vars(layer)) for layer in self.layers],
             "timing": timing_to_json(self.timing),
             "mapping": mapping_to_json(self.mapping),
@@ -274,13 +295,16 @@ class Program:
         for tid, t in enumerate(tensors):
             if t.role == "const":  # offsets checked against the blob by validate_header
                 constants[tid] = np.frombuffer(blob[t.offset:t.offset + t.nbytes], dtype=t.dtype).reshape(t.shape)
-        return cls(
+        program = cls(
             symbol=header["symbol"], arch=SpinnArch.from_dict(header["arch"]), tensors=tensors,
             inputs=header["inputs"], outputs=header["outputs"],
             layers=[Layer(**layer) for layer in header["layers"]],
             timing=timing_from_json(header["timing"]), mapping=mapping_from_json(header["mapping"]), memory=memory_from_json(header["memory"]),
             constants=constants, version=version, native_section=section,
         )
+        # the checksum it was read with: verified above, or by the caller over exactly these bytes
+        program.__dict__["digest"] = bytes(data[-CHECKSUM_BYTES:])
+        return program
 
 
 # ---------------------------------------------------------------------- records <-> header JSON

@@ -9,11 +9,12 @@ A leaf of :mod:`tvm_spinn.program`: :mod:`.format` (the container and its serial
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["ProgramError", "TensorDesc", "Layer", "LayerDraft", "Tile"]
+__all__ = ["ProgramError", "TensorDesc", "Layer", "LayerDraft", "Tile", "ConstantMap"]
 
 
 class ProgramError(ValueError):
@@ -67,6 +68,35 @@ class LayerDraft:
     def freeze(self) -> Layer:
         """The layer, a frozen record."""
         return Layer(**vars(self))
+
+
+class ConstantMap(Mapping):
+    """A program's constants, read-only: tensor id -> array.
+
+    A :class:`~.format.Program` holds its constants in one, so no stage adds or replaces a
+    constant of a program it was handed (a stage that needs other constants builds a new
+    program). Unlike ``types.MappingProxyType`` it can be copied and pickled with the program.
+    """
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data=()):
+        self._data = dict(data)
+
+    def __getitem__(self, tid):
+        return self._data[tid]
+
+    def __iter__(self):
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"ConstantMap({sorted(self._data)})"
+
+    def __reduce__(self):
+        return ConstantMap, (self._data,)
 
 
 @dataclass

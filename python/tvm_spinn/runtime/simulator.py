@@ -34,7 +34,8 @@ Numerics are those of the hardware path each layer runs on:
 
 from __future__ import annotations
 
-import weakref
+import threading
+from collections import OrderedDict
 
 import numpy as np
 
@@ -49,7 +50,7 @@ from ..program.ops.native import NativeBuilder, NativeRun
 from ..program.ops.elementwise import unary
 from ..program.tiles import layer_tiles
 
-__all__ = ["MODES", "native_enabled", "register_mode", "run_program", "sim_mode"]
+__all__ = ["MODES", "forget_plans", "native_enabled", "program_plan", "register_mode", "run_program", "sim_mode"]
 
 #: Simulator execution modes; ``TVM_SPINN_SIM_MODE`` picks one (default ``"layers"``). ``"iss"``
 #: runs generated Cortex-M4F code in an instruction-set simulator (:mod:`tvm_spinn.pe`).
@@ -138,10 +139,10 @@ def native_enabled() -> bool:
 
 
 class _Plan:
-    __slots__ = ("owner", "template", "steps", "args", "outputs", "native_layers", "native_runs", "python_layers",
-                 "__weakref__")
+    __slots__ = ("template", "steps", "args", "outputs", "native_layers", "native_runs", "python_layers",
+                 "nbytes", "__weakref__")
 
-    # Read-only once built: a copied Program shares it, and program_plan builds the copy its own
+    # Read-only once built: every program with the same digest runs it
     def __copy__(self):
         return self
 
@@ -149,9 +150,8 @@ class _Plan:
         return self
 
     def __init__(self, program: Program, native: bool = True):
-        # the Program it was built for (a copy of that object also copies its plans: they are
-        # not its own, see program_plan); weak, as the Program holds its plans
-        self.owner = weakref.ref(program)
+        #: the bytes of the constants it holds (what the plan cache weighs it by)
+        self.nbytes = sum(int(np.asarray(v).nbytes) for v in program.constants.values())
         tensors = program.tensors
         template: list = [None] * len(tensors)
         for tid, value in program.constants.items():
@@ -314,17 +314,44 @@ def _native_step(program: Program, run: NativeRun):
     return step
 
 
+#: The plan cache's bounds: plans are dropped least recently used first once there are more
+#: than PLAN_CACHE_ENTRIES of them or their constants exceed PLAN_CACHE_BYTES (the newest one is
+#: always kept). A model's regions run in turn at every inference, so the count bound leaves room
+#: for a model of many regions; the byte bound is the runtime's parsed-program cache's
+#: (``executor._CACHE_BYTES``), so a plan outlives its program by at most that much memory.
+PLAN_CACHE_ENTRIES = 64
+PLAN_CACHE_BYTES = 4 << 30
+_PLANS: OrderedDict = OrderedDict()  # (program digest, native) -> _Plan
+_PLANS_LOCK = threading.Lock()
+
+
 def program_plan(program: Program) -> _Plan:
     """The execution plan of ``program`` (built on first use, per :func:`native_enabled`
-    setting). The plans are kept on the Program object (:attr:`Program.plans`) and go with it;
-    a copy of it builds its own. A Program must not be edited after it has run."""
-    native = native_enabled()
-    plan = program.plans.get(native)
-    if plan is not None and plan.owner() is program:
-        return plan
-    plan = _Plan(program, native)  # concurrent first calls may both build: equal plans, one is kept
-    program.plans[native] = plan
+    setting), from a bounded cache keyed by the program's digest (:attr:`Program.digest`): equal
+    programs -- the same bytes, such as one program loaded by two modules -- share one plan, and
+    nothing is kept on the program. A plan only reads the program it was built from."""
+    key = (program.digest, native_enabled())
+    with _PLANS_LOCK:
+        plan = _PLANS.get(key)
+        if plan is not None:
+            _PLANS.move_to_end(key)
+            return plan
+    plan = _Plan(program, key[1])  # concurrent first calls may both build: equal plans, one is kept
+    with _PLANS_LOCK:
+        plan = _PLANS.setdefault(key, plan)
+        _PLANS.move_to_end(key)
+        total = sum(p.nbytes for p in _PLANS.values())
+        while len(_PLANS) > 1 and (len(_PLANS) > PLAN_CACHE_ENTRIES or total > PLAN_CACHE_BYTES):
+            _, old = _PLANS.popitem(last=False)
+            total -= old.nbytes
     return plan
+
+
+def forget_plans() -> None:
+    """Drop every cached execution plan (they are rebuilt on next use): for tests and benchmarks
+    that change how plans are built."""
+    with _PLANS_LOCK:
+        _PLANS.clear()
 
 
 def _generic_step(index: int, layer: Layer):

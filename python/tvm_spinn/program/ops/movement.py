@@ -201,12 +201,12 @@ class Movement(FlatFamily):
         if kind == "concat":
             fields = call.args[0].fields
             layer.inputs = [lowerer.operand(x, env) for x in fields]
-            rank = len(lowerer.program.tensors[layer.inputs[0]].shape)
+            rank = len(lowerer.tensors[layer.inputs[0]].shape)
             axis = int(call.attrs.axis)
             layer.attrs["axis"] = axis + rank if axis < 0 else axis
             return
         layer.inputs = [lowerer.operand(call.args[0], env)]
-        shape = tuple(lowerer.program.tensors[layer.inputs[0]].shape)
+        shape = tuple(lowerer.tensors[layer.inputs[0]].shape)
         if kind in ("expand_dims", "squeeze"):  # a relabelling of the same elements
             layer.kind = "reshape"
         elif kind == "permute_dims":

@@ -96,8 +96,8 @@ class Pool(OpFamily):
         call = calls[0][1]
         layer.inputs = [lowerer.operand(call.args[0], env)]
         if kind == "adaptive_avg_pool2d":  # uniform windows: an average pool with stride = window
-            in_shape = lowerer.program.tensors[layer.inputs[0]].shape
-            out_shape = lowerer.program.tensors[layer.output].shape
+            in_shape = lowerer.tensors[layer.inputs[0]].shape
+            out_shape = lowerer.tensors[layer.output].shape
             kh, kw = in_shape[2] // out_shape[2], in_shape[3] // out_shape[3]
             layer.kind = "avg_pool2d"
             layer.attrs.update(pool_size=[kh, kw], strides=[kh, kw], padding=[0, 0, 0, 0],

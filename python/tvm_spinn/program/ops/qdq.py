@@ -69,7 +69,7 @@ class QuantizeDequantize(FlatFamily):
     def lower(self, lowerer, name: str, kind: str, calls: list, env: dict, layer: Layer) -> None:
         call = calls[0][1]
         layer.inputs = [lowerer.operand(call.args[0], env)]
-        rank = len(lowerer.program.tensors[layer.inputs[0]].shape)
+        rank = len(lowerer.tensors[layer.inputs[0]].shape)
         scale = call.args[1].value.numpy().astype(np.float32).reshape(-1)
         zero = call.args[2].value.numpy().astype(np.int32).reshape(-1)
         layer.attrs["axis"] = int(call.attrs.axis) % rank if rank else 0

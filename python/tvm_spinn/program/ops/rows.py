@@ -494,7 +494,7 @@ class Rows(OpFamily):
             layer.attrs["center"] = bool(call.attrs.center)
             layer.attrs["scale"] = bool(call.attrs.scale)
         elif kind == "mean":
-            in_shape = lowerer.program.tensors[layer.inputs[0]].shape
+            in_shape = lowerer.tensors[layer.inputs[0]].shape
             axes = call.attrs.axis
             n_axes = len(axes) if axes is not None else len(in_shape)
             layer.attrs["row"] = int(np.prod(in_shape[len(in_shape) - n_axes:], dtype=np.int64))
@@ -538,7 +538,7 @@ class Rows(OpFamily):
             layer.attrs.update(multiplier=m, left_shift=left_shift, diff_min=diff_min)
             return
         mean = by_op["relax.mean"]
-        in_shape = lowerer.program.tensors[layer.inputs[0]].shape
+        in_shape = lowerer.tensors[layer.inputs[0]].shape
         n_axes = len(mean.attrs.axis) if mean.attrs.axis is not None else len(in_shape)
         row = int(np.prod(in_shape[len(in_shape) - n_axes:], dtype=np.int64))
         m, shift = mean_tflite_params(x_scale, float(scalar(q.args[1], np.float32)), row)

@@ -9,14 +9,15 @@ from ...model import Layer
 
 
 # -- descriptor programs (weights passed as inputs) -------------------------------------------------
-def weight_matmuls_to_dense(program, weight_inputs: set, dtype: str, new_tensor, set_const) -> list:
+def weight_matmuls_to_dense(program, weight_inputs: set, dtype: str, new_tensor, set_const, tensors: list) -> list:
     """The layers of ``program`` with every ``matmul`` of a 2-D activation by a weight input
     ``(K, N)``, or by the ``permute_dims`` of a weight ``(N, K)`` (``nn.Linear``), made a
     ``dense`` layer with that weight as its ``(K, N)`` constant (``int8``: a ``quantize`` of the
     activation, an int8 weight and per-channel scales): what the compiler makes of a GEMM with
     a bound weight. ``new_tensor(name, shape, dtype, role)`` adds a tensor; ``set_const(tid,
-    shape, dtype)`` records a constant's value."""
-    tensors = program.tensors
+    shape, dtype)`` records a constant's value; ``tensors``: the tensor records being rewritten
+    (those of ``program``, which stays as it is), a list whose weights' records are replaced
+    and to which ``new_tensor`` appends."""
     users: dict[int, list[int]] = {}
     for i, layer in enumerate(program.layers):
         for t in layer.inputs:

@@ -199,7 +199,7 @@ def _lower_bias(lowerer, bias, out: int, base: str, name: str) -> int:
 
     if not isinstance(bias, Constant):
         raise LoweringError(f"{name}: bias must be a constant")
-    channels = lowerer.program.tensors[out].shape[1 if base == "conv2d" else -1]
+    channels = lowerer.tensors[out].shape[1 if base == "conv2d" else -1]
     value = np.broadcast_to(bias.value.numpy().reshape(-1), (channels,)).astype(np.float32)
     return lowerer.add_const("bias", value)
 
@@ -214,7 +214,7 @@ def _lower_qgemm(lowerer, layer: Layer, name: str, calls: list, env: dict) -> No
     xdq, wdq = by_var[main.args[0]], by_var[main.args[1]]
     base = "conv2d" if main.op.name == "relax.nn.conv2d" else ("dense" if layer.kind.startswith("qdense") else "matmul")
     layer.kind, layer.mode = base, "int8"
-    layer.name = f"q{base}_{len(lowerer.program.layers)}"  # e.g. qconv2d_4 (fused epilogue in attrs)
+    layer.name = f"q{base}_{len(lowerer.layers)}"  # e.g. qconv2d_4 (fused epilogue in attrs)
     out_shape = [int(d.value) for d in main.ty.shape.values]
     channels = out_shape[1] if base == "conv2d" else out_shape[-1]
 
