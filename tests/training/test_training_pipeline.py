@@ -81,7 +81,8 @@ def test_pipeline_stages_hold_their_layers(tiny):
     assert cut.loss in cut.forward[1].outputs
     # the stages are cut from the differentiated program, whose LayerNorm is decomposed (two-pass
     # mean and variance on rows): a stage built from the forward graph would keep layer_norm as one
-    # op, whose legalization sums x and x*x in one pass (other bits: 1e-9..1e-7 in the gradients)
+    # op (TOPI: one pass of x and x*x sums on the host; the PE layer_norm kind on spinn): other bits,
+    # 1e-9..1e-7 in the gradients
     for prog in cut.forward + cut.backward:
         assert "relax.nn.layer_norm" not in prog.mod.script()
     tokens_x_hidden = 8 * 32 * 4  # one sample's residual stream, float32
