@@ -110,7 +110,7 @@ def _nbytes(var) -> int:
         return 0
 
 
-def _make_program(bindings, inputs_of, key_of, outputs, name: str) -> StageProgram:
+def _make_program(bindings, inputs_of, key_of, outputs) -> StageProgram:
     """A function of ``bindings`` reading the free variables ``inputs_of`` (in order) and
     returning ``outputs`` (variables of the bindings or inputs)."""
     mapping = {}
@@ -261,8 +261,7 @@ def cut_stages(grad_mod: tvm.IRModule, param_names, n_inputs: int, layers: int, 
 
     def program(k):
         ins = sorted(needed[k], key=order.__getitem__)
-        return _make_program(progs_bindings[k], ins, key.__getitem__, sorted(outs[k], key=order.__getitem__),
-                             f"{k[1]}{k[0]}")
+        return _make_program(progs_bindings[k], ins, key.__getitem__, sorted(outs[k], key=order.__getitem__))
 
     fwd = tuple(program((s, "f")) for s in range(pp))
     bwd = tuple(program((s, "b")) for s in range(pp))
