@@ -217,3 +217,16 @@ def test_lm_pipeline_50_steps_match_pytorch(make):
     ref = torch_adamw(model, batches, ADAMW[1])
     _assert_close(run, ref)
     assert ref[0][-1] < 0.9 * ref[0][0]  # it learned
+
+
+def test_cut_needs_layer_named_parameters():
+    """A model whose parameter names carry no layer index cannot be cut by layers: one error
+    naming the stage left empty."""
+    from tvm_spinn.training.graph import build_train_graph
+    from tvm_spinn.training.parallel import grad_module
+    from tvm_spinn.training.pipeline import cut_stages
+    from training_models import mlp
+
+    graph = build_train_graph(mlp(), (torch.zeros(1, 16),), "cross_entropy", ("sgd", {"lr": 0.1}))
+    with pytest.raises(TrainingError, match=r"no parameter names a layer of stage 0 \(layers 0..0"):
+        cut_stages(grad_module(graph), graph.param_names, 1, 2, 2)

@@ -195,6 +195,11 @@ def cut_stages(grad_mod: tvm.IRModule, param_names, n_inputs: int, layers: int, 
             if layer >= layers:
                 raise TrainingError(f"pipeline: parameter {name} names layer {layer}, the model has {layers}")
             layer_stage[p] = layer // per
+    empty = sorted(set(range(pp)) - set(layer_stage.values()))
+    if empty:
+        raise TrainingError(f"pipeline: no parameter names a layer of stage {empty[0]} (layers "
+                            f"{empty[0] * per}..{empty[0] * per + per - 1}; parameter names with a layer index look "
+                            "like '...h.3...' or '...layers.3...')")
     stage = {}
     for b in bindings:
         if b.var in forward:
