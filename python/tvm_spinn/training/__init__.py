@@ -14,7 +14,9 @@ the optimizer update, to the PEs; the rest runs on the fallback target
 ``data_parallel={"replicas": R, "microbatches": M}`` splits a step over chips
 (:mod:`.parallel`; its bits do not depend on ``R``); ``parallel={"dp": R, "microbatches": M,
 "zero": Z}`` sums per-sample gradients in ascending sample order, so its bits depend on neither
-``M``, ``R`` nor the optimizer-state sharding ``Z`` (:mod:`.zero`).
+``M``, ``R`` nor the optimizer-state sharding ``Z`` (:mod:`.zero`); ``"pp": S`` runs each
+replica's gradient program as ``S`` pipeline stages in 1F1B order, with the same bits
+(:mod:`.pipeline`).
 
 Limits: ``BatchNorm`` trains with the batch's statistics like PyTorch's
 train mode, but its running statistics are not updated (TVM's importer drops those outputs;

@@ -49,9 +49,11 @@ def compile(model, example_inputs, loss: str = "cross_entropy", optimizer=("sgd"
         samples' gradients are summed in ascending sample order (a chain over the replicas),
         so the parameters are bitwise identical for every ``M``, ``R`` and ``Z``
         (:mod:`.parallel`). ``Z = 1`` shards the optimizer state over the replicas (ZeRO-1,
-        :mod:`.zero`), ``Z = 2`` the reduced gradient too. ``"tp"`` and ``"pp"`` are checked
-        against the model's attention heads and layers and must be 1 (tensor and pipeline
-        parallelism of the step are not available). ``"granule": g`` sums granules of ``g``
+        :mod:`.zero`), ``Z = 2`` the reduced gradient too. ``"pp": S`` cuts each replica's
+        gradient program into ``S`` pipeline stages by layers (``S`` must divide the layers of the
+        model's ``transformers`` configuration; ``R * S`` chips), run in 1F1B micro-batch order,
+        with the same bits (:mod:`.pipeline`). ``"tp"`` is checked against the attention heads
+        and must be 1 (tensor parallelism of the step is not available). ``"granule": g`` sums granules of ``g``
         samples instead (default 1; ``M`` must cut the batch into whole granules). A model with
         BatchNorm is refused (a granule would change its batch statistics). A PyTorch model only.
 

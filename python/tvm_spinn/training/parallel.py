@@ -189,7 +189,7 @@ class DataParallelTrainer(Trainer):
 
     def __init__(self, graph, micro_graph, grad_ex, update_ex, target, system_arch, loss, optimizer,
                  model_name, microbatches: int, replicas: int, reproducible: bool, granules: int | None = None,
-                 zero: int = 0, shared: dict | None = None):
+                 zero: int = 0, shared: dict | None = None, pp: int = 1, layers: int | None = None):
         super().__init__(graph, update_ex, target, loss, optimizer, model_name)
         self._micro_graph = micro_graph
         self._grad_ex = grad_ex
@@ -202,9 +202,15 @@ class DataParallelTrainer(Trainer):
         self.granules = microbatches if granules is None else granules
         self._granule_is_microbatch = granules is None
         self.zero = zero
+        #: pipeline stages (chips per replica); ``layers``: the model's layers (None: not a transformer)
+        self.pp = pp
+        self._layers = layers
         self._blocks = replica_blocks(microbatches, replicas)
-        # compiled programs shared by every trainer derived with with_plan (shard updates by size)
-        self._shared = {"add": None, "host": None, "shard_update": {}} if shared is None else shared
+        # compiled programs shared by every trainer derived with with_plan (shard updates by size,
+        # stage programs by stage count)
+        self._shared = ({"add": None, "host": None, "shard_update": {}, "pipeline": {}} if shared is None
+                        else shared)
+        self._stages = self._pipeline() if pp > 1 else None
         self._layout = None
         self._shard_vms: list = []
         if zero:
@@ -217,8 +223,50 @@ class DataParallelTrainer(Trainer):
 
     def plan(self) -> dict:
         """This trainer's parallel plan: ``{"dp", "tp", "pp", "microbatches", "zero", "granule"}``."""
-        return {"dp": self.replicas, "tp": 1, "pp": 1, "microbatches": self.microbatches, "zero": self.zero,
+        return {"dp": self.replicas, "tp": 1, "pp": self.pp, "microbatches": self.microbatches, "zero": self.zero,
                 "granule": self.granule}
+
+    # -- pipeline stages ---------------------------------------------------------------------------
+    def _pipeline(self):
+        """``(cut, VMs of the forward programs, VMs of the backward programs, executables)`` of
+        this trainer's stage count, compiled once per count (:mod:`.pipeline`)."""
+        from .pipeline import cut_stages
+
+        cache = self._shared["pipeline"]
+        if self.pp not in cache:
+            micro = self._micro_graph
+            cut = cut_stages(grad_module(micro), micro.param_names, len(micro.input_shapes), self._layers, self.pp)
+            with _replica_target(self._target) as (replica, _):
+                exes = ([relax.build(p.mod, target=replica) for p in cut.forward],
+                        [relax.build(p.mod, target=replica) for p in cut.backward])
+            cache[self.pp] = (cut, exes)
+        cut, (fwd, bwd) = cache[self.pp]
+        return (cut, [relax.VirtualMachine(e, tvm.cpu()) for e in fwd],
+                [relax.VirtualMachine(e, tvm.cpu()) for e in bwd], (fwd, bwd))
+
+    def _pipelined_grads(self, granule_args: list[list]) -> list[np.ndarray]:
+        """One replica's micro-batches through the stages in 1F1B order (:func:`.pipeline.one_f_one_b`):
+        ``granule_args[m]`` holds the (inputs, targets) of micro-batch ``m``'s granules. Returns each
+        granule's flat (loss, gradients) vector in granule order. Every granule keeps its own values;
+        the order of the events moves no bits (each event's programs read only its granule's values)."""
+        from .pipeline import one_f_one_b
+
+        cut, fwd, bwd, _ = self._stages
+        values = []
+        for mb in granule_args:
+            for inputs, targets in mb:
+                v = {f"input:{k}": x for k, x in enumerate(inputs)}
+                v.update({f"param:{k}": p for k, p in enumerate(self._params)})
+                v["targets"] = targets
+                values.append(v)
+        starts = np.cumsum([0] + [len(mb) for mb in granule_args])
+        for kind, stage, m in one_f_one_b(self.pp, len(granule_args)):
+            prog, vm = (cut.forward[stage], fwd[stage]) if kind == "f" else (cut.backward[stage], bwd[stage])
+            for v in values[starts[m]:starts[m + 1]]:
+                out = vm["main"](*[v[k] for k in prog.inputs])
+                v.update(zip(prog.outputs, out))
+        return [np.concatenate([v[cut.loss].numpy().reshape(1)] + [v[k].numpy().reshape(-1) for k in cut.grads])
+                for v in values]
 
     # -- ZeRO: the optimizer state sharded over the replicas ------------------------------------
     def _setup_shards(self) -> None:
@@ -264,13 +312,20 @@ class DataParallelTrainer(Trainer):
 
     # -- plans sharing the compiled programs -------------------------------------------------------
     def with_plan(self, replicas: int | None = None, microbatches: int | None = None, zero: int | None = None,
-                  reproducible: bool | None = None) -> "DataParallelTrainer":
+                  reproducible: bool | None = None, pp: int | None = None) -> "DataParallelTrainer":
         """The same compiled gradient program under another plan (replica count, micro-batch
-        count, optimizer-state sharding, mode), from this trainer's current parameters and
-        optimizer state. A micro-batch count must split the step's granules evenly."""
+        count, optimizer-state sharding, mode, pipeline stages: a new stage count compiles its
+        stage programs once), from this trainer's current parameters and optimizer state. A
+        micro-batch count must split the step's granules evenly."""
         replicas = self.replicas if replicas is None else replicas
         microbatches = self.microbatches if microbatches is None else microbatches
         zero = self.zero if zero is None else zero
+        pp = self.pp if pp is None else _positive("parallel: pp", pp)
+        if pp > 1:
+            if self._layers is None:
+                raise TrainingError("with_plan: pp > 1 needs a transformer compiled with parallel= (its layers "
+                                    "are what the stages cut)")
+            _check_axis("pp", pp, "the layers", self._layers)
         if microbatches != self.microbatches and self._granule_is_microbatch:
             raise TrainingError("with_plan: this trainer's granule is its micro-batch (data_parallel=), so its "
                                 "micro-batch count is fixed; compile with parallel= to vary it")
@@ -278,14 +333,14 @@ class DataParallelTrainer(Trainer):
         _check_axis("microbatches", microbatches, "the batch's granules", self.granules,
                     f"batch {batch} in granules of {self.granule} sample(s)")
         _check_replicas(replicas, microbatches, self._system, self._target,
-                        "data_parallel: replicas" if self._granule_is_microbatch else "parallel: dp")
+                        "data_parallel: replicas" if self._granule_is_microbatch else "parallel: dp", pp)
         _check_zero(zero)
         other = DataParallelTrainer(self._graph, self._micro_graph, self._grad_ex, self.executable, self._target,
                                     self._system, self._loss, self._optimizer_spec, self._model_name,
                                     microbatches, replicas,
                                     self.reproducible if reproducible is None else reproducible,
                                     None if self._granule_is_microbatch else self.granules, zero,
-                                    self._shared)
+                                    self._shared, pp, self._layers)
         other._set_state([p.numpy() for p in self._params], self.optimizer_state())
         return other
 
@@ -310,6 +365,12 @@ class DataParallelTrainer(Trainer):
         per = n // self.microbatches  # granules per micro-batch
         flats = []
         for start, stop in self._blocks:  # replica r runs its block of micro-batches
+            if self._stages is not None:  # through its pipeline stages, micro-batch by micro-batch
+                flats += self._pipelined_grads([[([tvm.runtime.tensor(np.ascontiguousarray(x[k])) for x in xs],
+                                                  tvm.runtime.tensor(np.ascontiguousarray(ys[k])))
+                                                 for k in range(m * per, (m + 1) * per)]
+                                                for m in range(start, stop)])
+                continue
             for k in range(start * per, stop * per):  # their granules, in order
                 args = [tvm.runtime.tensor(np.ascontiguousarray(x[k])) for x in xs]
                 args += self._params + [tvm.runtime.tensor(np.ascontiguousarray(ys[k]))]
@@ -357,6 +418,16 @@ class DataParallelTrainer(Trainer):
             host's roofline, :func:`~tvm_spinn.training.timing.host_time`; each replica's host
             ops are assumed to run on a host core of their own) and ``total_s``, for this
             trainer's mode.
+
+            With pipeline stages (``pp > 1``; replica ``r``'s stage ``s`` on chip ``r * pp + s``):
+            ``compute_s`` is the 1F1B schedule's makespan of the busiest replica's micro-batches
+            (:func:`~tvm_spinn.training.pipeline.pipeline_makespan`) from each stage program's
+            latency, plus ``stage_forward_s``, ``stage_backward_s`` (per stage, one micro-batch)
+            and ``hand_over_s`` (a micro-batch's activations across one cut, point to point);
+            ``all_reduce_s`` is the slowest stage's chain over the replicas' chips of that stage
+            (each reduces its own parameters' gradients); the in-block additions and the update
+            are costed as for the whole gradient buffer (the stages' shares would be smaller:
+            not modelled).
         """
         if self._system is None:
             raise TrainingError("simulated_step needs a spinn target (this trainer runs on the host)")
@@ -375,7 +446,31 @@ class DataParallelTrainer(Trainer):
         nbytes = 4 * (sum(int(np.prod(s)) for s in self._graph.param_shapes) + 1)
         chips = len(self._blocks)
         topo = topology_of(self._system)
-        if self.reproducible:
+        pipe = {}
+        if self.pp > 1:
+            from ..timing.collectives import point_to_point
+            from .pipeline import pipeline_makespan
+
+            cut, _, _, (fwd_ex, bwd_ex) = self._stages
+            f_s = [gpm * executable_latency(e) for e in fwd_ex]
+            b_s = [gpm * executable_latency(e) for e in bwd_ex]
+            hand = max(cut.boundary_bytes) * gpm
+            p2p = point_to_point(topo, [0], [1], hand).seconds if hand else 0.0
+            busiest = max(stop - start for start, stop in self._blocks)
+            pipe = {"stage_forward_s": f_s, "stage_backward_s": b_s, "hand_over_s": p2p,
+                    "compute_s": pipeline_makespan(self.pp, busiest, f_s, b_s, p2p)}
+            stage_bytes = [4 * sum(int(np.prod(shape)) for shape, st in zip(self._graph.param_shapes,
+                                                                           cut.param_stage) if st == s)
+                           + (4 if s == self.pp - 1 else 0) for s in range(self.pp)]
+            if chips > 1:
+                colls = [(chain_all_reduce if self.reproducible else all_reduce)(
+                    topo, [r * self.pp + s for r in range(chips)], stage_bytes[s]) for s in range(self.pp)]
+                coll = max(colls, key=lambda c: c.seconds)
+        if self.pp > 1 and chips > 1:
+            adds = per if self.reproducible else per - 1
+        elif self.pp > 1:
+            adds = per - 1
+        elif self.reproducible:
             coll = chain_all_reduce(topo, list(range(chips)), nbytes)
             # the chain adds every granule's gradient into the running sum: a replica does as
             # many additions as it has granules (the first one less)
@@ -383,7 +478,7 @@ class DataParallelTrainer(Trainer):
         else:
             coll = all_reduce(topo, list(range(chips)), nbytes)
             adds = per - 1  # its own block's sum; the ring's additions are inside the collective
-        algorithm, seconds = coll.algorithm, coll.seconds
+        algorithm, seconds = (coll.algorithm, coll.seconds) if chips > 1 else ("none", 0.0)
         if self.zero:
             # each replica updates its shard; the updated shards are gathered onto every replica
             update = max(executable_latency(self._shared["shard_update"][(b - a, self.granules)][0])
@@ -401,19 +496,24 @@ class DataParallelTrainer(Trainer):
                "all_reduce_s": seconds if chips > 1 else 0.0,
                "all_reduce": algorithm if chips > 1 else "none", "update_s": update, "all_gather_s": gather,
                "host_s": per * shared["host"][0] + shared["host"][1]}
+        out.update(pipe)
         out["total_s"] = (out["compute_s"] + out["local_add_s"] + out["all_reduce_s"] + update + gather
                           + out["host_s"])
         return out
 
 
-def _check_replicas(replicas, microbatches, system, target, name: str = "data_parallel: replicas") -> None:
+def _check_replicas(replicas, microbatches, system, target, name: str = "data_parallel: replicas",
+                    pp: int = 1) -> None:
     option, key = name.split(": ")
     if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
         raise TrainingError(f"{name} must be a positive integer, got {replicas!r}")
     if replicas > microbatches:
         raise TrainingError(f"{option}: {key}={replicas} > microbatches={microbatches}: "
                             "every replica needs at least one micro-batch")
-    if system is not None and replicas > system.chips:
+    if system is not None and replicas * pp > system.chips:
+        if pp > 1:
+            raise TrainingError(f"{option}: {key}={replicas} x pp={pp} needs {replicas * pp} chips, target "
+                                f"{target} has {system.chips} (one chip per stage of each replica)")
         raise TrainingError(f"{option}: {key}={replicas} needs {replicas} chips, target "
                             f"{target} has {system.chips} (one replica per chip)")
 
@@ -521,29 +621,38 @@ def build_parallel(graph_of, model, example_inputs, loss, optimizer, target, opt
         raise TrainingError(f"parallel: dp={dp} > microbatches={microbatches}: every data-parallel replica needs "
                             f"at least one micro-batch; microbatches may be "
                             f"{', '.join(str(m) for m in _divisors(batch // granule) if m >= dp) or 'none (too few granules)'}")
+    layers = None
     if tp > 1 or pp > 1:
         from .model_axes import model_axes
 
         axes = model_axes(model)
+        layers = axes.layers
         if tp > 1:
             _check_axis("tp", tp, "the attention heads", axes.heads)
         if pp > 1:
             _check_axis("pp", pp, "the layers", axes.layers)
-        raise TrainingError(f"parallel: tp={tp}, pp={pp}: tensor and pipeline parallelism of the compiled step "
-                            "are not available (tp and pp must be 1)")
+        if tp > 1:
+            raise TrainingError(f"parallel: tp={tp}: tensor parallelism of the compiled step is not available "
+                                "(tp must be 1; pp and dp are)")
+    else:
+        with contextlib.suppress(TrainingError):  # not a transformer: no pipeline stages later either
+            from .model_axes import model_axes
+
+            layers = model_axes(model).layers
     return _build(graph_of, model, example_inputs, loss, optimizer, target, model_name, batch, dp,
-                  microbatches, batch // granule, zero, True)
+                  microbatches, batch // granule, zero, True, pp, layers)
 
 
 def _build(graph_of, model, example_inputs, loss, optimizer, target, model_name, batch: int, replicas: int,
-           microbatches: int, granules: int | None, zero: int, reproducible: bool) -> DataParallelTrainer:
+           microbatches: int, granules: int | None, zero: int, reproducible: bool, pp: int = 1,
+           layers: int | None = None) -> DataParallelTrainer:
     """The trainer: the gradient program compiled for one granule (``batch / granules``
     samples; ``granules=None``: one micro-batch) and the update for the granule count."""
     count = microbatches if granules is None else granules
     tgt = _resolve_target(target)
     with _replica_target(tgt) as (replica_tgt, system):
         _check_replicas(replicas, microbatches, system, tgt,
-                        "data_parallel: replicas" if granules is None else "parallel: dp")
+                        "data_parallel: replicas" if granules is None else "parallel: dp", pp)
         size = batch // count
         micro = graph_of(model, tuple(x[:size] for x in example_inputs), loss, optimizer)
         # the step takes the whole batch: the shapes its inputs and labels are checked against. The
@@ -557,6 +666,6 @@ def _build(graph_of, model, example_inputs, loss, optimizer, target, model_name,
         grad_ex = relax.build(grad_module(micro), target=replica_tgt)
         update_ex = relax.build(update_module(micro, count), target=replica_tgt)
     trainer = DataParallelTrainer(full, micro, grad_ex, update_ex, tgt, system, loss, optimizer, model_name,
-                                  microbatches, replicas, reproducible, granules, zero)
+                                  microbatches, replicas, reproducible, granules, zero, pp=pp, layers=layers)
     trainer._set_state(list(micro.init_params), list(micro.init_optim_state))
     return trainer

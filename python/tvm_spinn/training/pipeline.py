@@ -1,0 +1,343 @@
+"""Pipeline parallelism: a granule's gradient program cut into stages by layers.
+
+The cut is made on the *differentiated* program (the adjoint function of
+:func:`~tvm_spinn.training.parallel.grad_module`), not on the model: every binding of the
+uncut program goes to exactly one stage program, unchanged, so a stage computes the same ops on
+the same operands as the uncut program does and the gradients are the uncut program's bit for
+bit, provided each op's result does not depend on the program it is compiled in (the spinn
+kernels are simulated bit-exactly and map every reduction in a fixed order on one PE; the host
+ops are the same llvm code; ``tests/training/test_training_pipeline.py`` checks the bits).
+
+Stages (``pp`` of them, ``layers / pp`` consecutive layers each):
+
+- a parameter whose name holds a layer index (``...h.3...``, ``...layers.3...``) belongs to
+  its layer's stage; the others (embeddings, final norm) to the first stage that uses them;
+- a forward binding (an ancestor of the loss) runs in the latest stage among its operands
+  (inputs and constants: stage 0), so forward values flow from lower to higher stages and the
+  loss is in the last stage;
+- a backward binding runs in the lowest stage that every one of its consumers allows and that
+  holds its forward operands (it needs them: saved activations, parameters), and a parameter's
+  gradient in the parameter's stage: backward values flow from higher to lower stages.
+
+Each stage ``s`` is then two programs: ``forward[s]`` (its forward bindings; outputs: the
+values later stages and the backward programs read, the activations a stage saves) and
+``backward[s]`` (its backward bindings; outputs: the values lower stages read and its
+parameters' gradients). A micro-batch runs ``forward[0..pp-1]`` then ``backward[pp-1..0]``;
+:func:`one_f_one_b` orders the micro-batches of a step as Megatron's 1F1B schedule does.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import tvm
+from tvm import relax
+
+from .errors import TrainingError
+
+__all__ = ["StageProgram", "PipelineCut", "cut_stages", "layer_of", "one_f_one_b", "pipeline_makespan"]
+
+#: the layer index in a parameter name (transformers' GPT-2 ``h.<i>``, Llama/BERT
+#: ``layers.<i>`` / ``layer.<i>``, a ``blocks.<i>`` sequence), as torch.export names it (dots
+#: become underscores in Relax parameter names)
+_LAYER = re.compile(r"(?:^|[._])(?:h|layers|layer|blocks)[._](\d+)(?:[._]|$)")
+
+
+def layer_of(name: str) -> int | None:
+    """The layer index in a parameter name, or None (embeddings, final norm, head)."""
+    m = _LAYER.search(name)
+    return int(m.group(1)) if m else None
+
+
+@dataclass(frozen=True)
+class StageProgram:
+    """One stage program: ``main(*inputs) -> tuple(outputs)``.
+
+    Attributes
+    ----------
+    mod : tvm.IRModule
+    inputs, outputs : tuple of str
+        Keys of the values it reads and writes (the uncut program's variables; its own
+        parameters are ``param:<k>``, ``input:<k>``, ``targets``).
+    """
+
+    mod: tvm.IRModule
+    inputs: tuple
+    outputs: tuple
+
+
+@dataclass(frozen=True)
+class PipelineCut:
+    """The stage programs of a gradient program.
+
+    Attributes
+    ----------
+    forward, backward : tuple of StageProgram
+        Per stage, in stage order.
+    loss : str
+        Key of the loss value; ``grads``: keys of the parameters' gradients, in parameter order.
+    param_stage : tuple of int
+        Each parameter's stage.
+    boundary_bytes : tuple of int
+        Bytes stage ``s`` sends to stage ``s + 1`` in a forward pass (and ``s + 1`` to ``s``
+        in a backward pass, the same shapes' adjoints are of the same size or smaller): the
+        activations crossing each cut, for the timing model.
+    """
+
+    forward: tuple
+    backward: tuple
+    loss: str
+    grads: tuple
+    param_stage: tuple
+    boundary_bytes: tuple
+
+
+def _operands(expr) -> list:
+    out = []
+    relax.analysis.post_order_visit(expr, lambda e: out.append(e) if isinstance(e, relax.Var) else None)
+    return out
+
+
+def _nbytes(var) -> int:
+    ty = var.ty
+    try:
+        n = 1
+        for d in ty.shape:
+            n *= int(d)
+        return n * tvm.DataType(ty.dtype).bits // 8
+    except (TypeError, AttributeError, ValueError):
+        return 0
+
+
+def _make_program(bindings, inputs_of, key_of, outputs) -> StageProgram:
+    """A function of ``bindings`` reading the free variables ``inputs_of`` (in order) and
+    returning ``outputs`` (variables of the bindings or inputs)."""
+    mapping = {}
+    params = []
+    for var in inputs_of:
+        p = relax.Var(f"in_{len(params)}", var.ty)
+        mapping[var] = p
+        params.append(p)
+
+    @relax.expr_functor.mutator
+    class Remap(relax.PyExprMutator):
+        def visit_var_(self, op):
+            return mapping.get(op, op)
+
+        def visit_dataflow_var_(self, op):
+            return mapping.get(op, op)
+
+    remap = Remap()
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            for b in bindings:
+                mapping[b.var] = bb.emit(remap.visit_expr(b.value), name_hint=b.var.name)
+            out = bb.emit_output(relax.Tuple([mapping[v] for v in outputs]))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    mod = relax.transform.DeadCodeElimination(["main"])(mod)
+    from ..frontend.fixups import FixupImported
+
+    return StageProgram(FixupImported(mod), tuple(key_of(v) for v in inputs_of), tuple(key_of(v) for v in outputs))
+
+
+def cut_stages(grad_mod: tvm.IRModule, param_names, n_inputs: int, layers: int, pp: int) -> PipelineCut:
+    """Cut ``main(inputs..., params..., targets) -> (loss, grads)`` into ``pp`` stages of
+    ``layers / pp`` layers (see the module docstring)."""
+    func = grad_mod["main"]
+    fparams = list(func.params)
+    n_params = len(param_names)
+    if len(fparams) != n_inputs + n_params + 1:
+        raise TrainingError(f"pipeline: the gradient program takes {len(fparams)} arguments, expected "
+                            f"{n_inputs} inputs, {n_params} parameters and the targets")
+    per = layers // pp
+    key = {}
+    for k, v in enumerate(fparams[:n_inputs]):
+        key[v] = f"input:{k}"
+    for k, v in enumerate(fparams[n_inputs:n_inputs + n_params]):
+        key[v] = f"param:{k}"
+    key[fparams[-1]] = "targets"
+    bindings = [b for block in func.body.blocks for b in block.bindings]
+    for k, b in enumerate(bindings):
+        key[b.var] = f"v{k}"
+    defined = {b.var: b for b in bindings}
+    ret = func.body.body
+    skip = set()
+    while isinstance(ret, relax.Var) and ret in defined:
+        skip.add(ret)
+        ret = defined[ret].value
+    if not (isinstance(ret, relax.Tuple) and len(ret.fields) == 2):
+        raise TrainingError("pipeline: the gradient program must return (loss, grads)")
+    loss_var, grads_expr = ret.fields
+    # the gradient tuple: a variable bound to a Tuple, or the Tuple itself
+    while isinstance(grads_expr, relax.Var) and grads_expr in defined:
+        skip.add(grads_expr)
+        grads_expr = defined[grads_expr].value
+    grad_vars = list(grads_expr.fields)
+    # the binding of the gradient tuple itself is the program's return, not a stage's work
+    bindings = [b for b in bindings if b.var not in skip]
+    param_vars = fparams[n_inputs:n_inputs + n_params]
+
+    # forward: the ancestors of the loss
+    forward = set()
+    todo = [loss_var]
+    while todo:
+        v = todo.pop()
+        if v in defined and v not in forward:
+            forward.add(v)
+            todo.extend(_operands(defined[v].value))
+    layer_stage = {}
+    for name, p in zip(param_names, param_vars):
+        layer = layer_of(name)
+        if layer is not None:
+            if layer >= layers:
+                raise TrainingError(f"pipeline: parameter {name} names layer {layer}, the model has {layers}")
+            layer_stage[p] = layer // per
+    empty = sorted(set(range(pp)) - set(layer_stage.values()))
+    if empty:
+        raise TrainingError(f"pipeline: no parameter names a layer of stage {empty[0]} (layers "
+                            f"{empty[0] * per}..{empty[0] * per + per - 1}; parameter names with a layer index look "
+                            "like '...h.3...' or '...layers.3...')")
+    stage = {}
+    for b in bindings:
+        if b.var in forward:
+            stage[b.var] = max([stage.get(o, layer_stage.get(o, 0)) for o in _operands(b.value)] + [0])
+    home = dict(layer_stage)
+    for b in bindings:
+        if b.var in forward:
+            for o in _operands(b.value):
+                if o in param_vars and o not in layer_stage:
+                    home[o] = min(home.get(o, pp), stage[b.var])
+    for p in param_vars:
+        home.setdefault(p, 0)
+    # backward: consumers first
+    consumers: dict = {}
+    for b in bindings:
+        for o in set(_operands(b.value)):
+            consumers.setdefault(o, []).append(b.var)
+    grad_home = {}
+    for p, g in zip(param_vars, grad_vars):
+        if isinstance(g, relax.Var):
+            grad_home[g] = max(grad_home.get(g, 0), home[p])
+    for b in reversed(bindings):
+        v = b.var
+        if v in forward:
+            continue
+        lb = [stage[o] if o in forward else home.get(o, 0) for o in _operands(b.value)
+              if o in forward or o in home]
+        after = [stage[c] for c in consumers.get(v, []) if c not in forward]
+        stage[v] = max(lb + after + [grad_home.get(v, 0)])
+        if v == loss_var:
+            stage[v] = pp - 1
+    # a value each stage program reads or writes
+    progs_bindings = {(s, ph): [] for s in range(pp) for ph in ("f", "b")}
+    for b in bindings:
+        progs_bindings[(stage[b.var], "f" if b.var in forward else "b")].append(b)
+    where = {b.var: (stage[b.var], "f" if b.var in forward else "b") for b in bindings}
+    needed: dict = {k: [] for k in progs_bindings}
+    for k, bs in progs_bindings.items():
+        own = {b.var for b in bs}
+        seen = set()
+        for b in bs:
+            for o in _operands(b.value):
+                if o not in own and o not in seen and (o in defined or o in key):
+                    seen.add(o)
+                    needed[k].append(o)
+    # outputs: values read by other programs, the loss, the gradients
+    final = [loss_var] + [g for g in grad_vars if isinstance(g, relax.Var)]
+    outs: dict = {k: [] for k in progs_bindings}
+    for k, ins in needed.items():
+        for o in ins:
+            if o in where and o not in outs[where[o]]:
+                outs[where[o]].append(o)
+    for v in final:
+        if v in where and v not in outs[where[v]]:
+            outs[where[v]].append(v)
+    for v in list(defined):
+        t = defined[v].value
+        if isinstance(v.ty, relax.TupleType) and any(
+                where[v] != where.get(c, where[v]) for c in consumers.get(v, [])):
+            raise TrainingError(f"pipeline: a tuple value ({t.op.name if hasattr(t, 'op') else type(t).__name__}) "
+                                "crosses a stage cut")
+    order = {v: k for k, v in enumerate(fparams)}
+    order.update({b.var: len(fparams) + k for k, b in enumerate(bindings)})
+
+    def program(k):
+        ins = sorted(needed[k], key=order.__getitem__)
+        return _make_program(progs_bindings[k], ins, key.__getitem__, sorted(outs[k], key=order.__getitem__))
+
+    fwd = tuple(program((s, "f")) for s in range(pp))
+    bwd = tuple(program((s, "b")) for s in range(pp))
+    # activations crossing cut s -> s + 1 in the forward pass
+    crossing = []
+    for s in range(pp - 1):
+        crossing.append(sum(_nbytes(o) for k, ins in needed.items() if k[0] > s for o in ins
+                            if o in forward and stage[o] <= s and (k[1] == "f")))
+    grads = tuple(key[g] if isinstance(g, relax.Var) else "" for g in grad_vars)
+    return PipelineCut(fwd, bwd, key[loss_var], grads, tuple(home[p] for p in param_vars), tuple(crossing))
+
+
+def one_f_one_b(pp: int, microbatches: int) -> tuple[tuple[str, int, int], ...]:
+    """Megatron's 1F1B schedule as one sequence of ``(kind, stage, micro-batch)`` events
+    (``kind`` ``"f"`` or ``"b"``), each stage's own order being: ``pp - 1 - s`` warm-up
+    forwards, then alternating one forward and one backward, then the remaining backwards. The
+    sequence is the events sorted by the earliest step each can start at with unit-time
+    events (ties by stage), which respects every dependency."""
+    per_stage = []
+    for s in range(pp):
+        warm = min(pp - 1 - s, microbatches)
+        seq = [("f", m) for m in range(warm)]
+        f, b = warm, 0
+        while b < microbatches:
+            if f < microbatches:
+                seq.append(("f", f))
+                f += 1
+            seq.append(("b", b))
+            b += 1
+        per_stage.append(seq)
+    done: dict = {}
+    pos = [0] * pp
+    free = [0] * pp
+    out = []
+    while any(pos[s] < len(per_stage[s]) for s in range(pp)):
+        best = None
+        for s in range(pp):
+            if pos[s] == len(per_stage[s]):
+                continue
+            kind, m = per_stage[s][pos[s]]
+            dep = ("f", s - 1, m) if kind == "f" and s > 0 else (("b", s + 1, m) if kind == "b" and s < pp - 1
+                                                                  else ("f", s, m) if kind == "b" else None)
+            if dep is not None and dep not in done:
+                continue
+            start = max(free[s], done[dep] if dep is not None else 0)
+            if best is None or (start, s) < best[:2]:
+                best = (start, s, kind, m)
+        if best is None:
+            raise TrainingError("pipeline: the 1F1B schedule deadlocked (an internal error)")
+        start, s, kind, m = best
+        done[(kind, s, m)] = start + 1
+        free[s] = start + 1
+        pos[s] += 1
+        out.append((kind, s, m))
+    return tuple(out)
+
+
+def pipeline_makespan(pp: int, microbatches: int, forward_s, backward_s, transfer_s: float) -> float:
+    """Simulated time of the 1F1B schedule: stage ``s``'s forward of one micro-batch takes
+    ``forward_s[s]``, its backward ``backward_s[s]``; a hand-over between neighbouring stages
+    ``transfer_s``. Each stage runs its events one at a time in its 1F1B order."""
+    events = one_f_one_b(pp, microbatches)
+    done: dict = {}
+    free = [0.0] * pp
+    for kind, s, m in events:
+        if kind == "f":
+            ready = done[("f", s - 1, m)] + transfer_s if s > 0 else 0.0
+            dur = forward_s[s]
+        else:
+            ready = done[("b", s + 1, m)] + transfer_s if s < pp - 1 else done[("f", s, m)]
+            dur = backward_s[s]
+        start = max(free[s], ready)
+        done[(kind, s, m)] = free[s] = start + dur
+    return max(free)

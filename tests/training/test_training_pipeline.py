@@ -1,0 +1,232 @@
+"""Pipeline parallelism of the compiled step (``parallel={"pp": ...}``): the granule's gradient
+program cut into stage programs by layers, run in 1F1B micro-batch order; parameters bitwise
+identical to the uncut plans (any dp, micro-batch count, ZeRO), within float32 error of PyTorch;
+the stage cut, the schedule and its costing; bad splits named."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tvm_spinn
+from tvm_spinn.training import TrainingError
+from tvm_spinn.training.pipeline import layer_of, one_f_one_b, pipeline_makespan
+from test_training_lm import ADAMW, _assert_close, gpt2, llama, tokens
+from training_models import torch_adamw
+
+STEPS = 3
+#: (name, with_plan options): pipeline plans against the one-chip, one-micro-batch reference
+PIPELINE_PLANS = {
+    "pp2 mb1": {"pp": 2, "microbatches": 1},
+    "pp2 mb4": {"pp": 2, "microbatches": 4},
+    "pp2 dp2 mb4": {"pp": 2, "replicas": 2, "microbatches": 4},
+    "pp2 dp2 mb2 zero1": {"pp": 2, "replicas": 2, "microbatches": 2, "zero": 1},
+}
+
+
+def _run(trainer, batches):
+    return [trainer.step(x, y) for x, y in batches], trainer.parameters()
+
+
+def _same_bits(run, ref) -> bool:
+    return run[0] == ref[0] and sorted(run[1]) == sorted(ref[1]) and all(
+        run[1][n].tobytes() == ref[1][n].tobytes() for n in ref[1])
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """A 2-layer GPT-2 (hidden 32, vocabulary 64; batch 4 of 8 tokens) for a board, one stage."""
+    model = gpt2(layers=2, hidden=32, vocab=64)
+    ids, labels = tokens(64)
+    trainer = tvm_spinn.training.compile(model, torch.from_numpy(ids), optimizer=ADAMW, target="spinn/board",
+                                         parallel={"microbatches": 1})
+    return model, trainer, [(ids, labels)] * STEPS
+
+
+@pytest.mark.slow
+def test_pipeline_plans_bitwise_identical_and_close_to_pytorch(tiny):
+    """pp = 2 with 1 and 4 micro-batches, with 2 data-parallel replicas and with ZeRO-1: the
+    one-stage run's loss curve and parameters bit for bit (5 plans with pp = 1 included), and
+    PyTorch's values within float32 error."""
+    model, trainer, batches = tiny
+    ref = _run(trainer.with_plan(), batches)
+    for name, options in PIPELINE_PLANS.items():
+        plan = trainer.with_plan(**options)
+        assert plan.plan()["pp"] == 2 and plan.pp == 2
+        assert _same_bits(_run(plan, batches), ref), name
+    assert _same_bits(_run(trainer.with_plan(replicas=2, microbatches=4), batches), ref)
+    _assert_close(ref, torch_adamw(model, batches, ADAMW[1]))
+
+
+@pytest.mark.slow
+def test_pipeline_stages_hold_their_layers(tiny):
+    """Each stage's backward program returns the gradients of its own layers' parameters; the
+    embeddings are the first stage's, the final norm the last's; a stage's forward hands its
+    activations to the next (a micro-batch's residual stream at least)."""
+    _, trainer, _ = tiny
+    plan = trainer.with_plan(pp=2)
+    cut = plan._stages[0]
+    names = trainer._graph.param_names
+    for name, stage in zip(names, cut.param_stage):
+        layer = layer_of(name.replace(".", "_"))
+        expected = layer // 1 if layer is not None else (1 if "ln_f" in name else 0)
+        assert stage == expected, name
+    for s, prog in enumerate(cut.backward):
+        own = {f"param:{k}" for k, st in enumerate(cut.param_stage) if st == s}
+        grads = {cut.grads[k] for k, st in enumerate(cut.param_stage) if st == s}
+        assert grads <= set(prog.outputs), s
+        assert not ({cut.grads[k] for k in range(len(names))} - grads) & set(prog.outputs), s
+        assert own & set(prog.inputs)
+    assert cut.loss in cut.forward[1].outputs
+    # the stages are cut from the differentiated program, whose LayerNorm is decomposed (two-pass
+    # mean and variance on rows): a stage built from the forward graph would keep layer_norm as one
+    # op (TOPI: one pass of x and x*x sums on the host; the PE layer_norm kind on spinn): other bits,
+    # 1e-9..1e-7 in the gradients
+    for prog in cut.forward + cut.backward:
+        assert "relax.nn.layer_norm" not in prog.mod.script()
+    tokens_x_hidden = 8 * 32 * 4  # one sample's residual stream, float32
+    assert cut.boundary_bytes[0] >= tokens_x_hidden
+
+
+@pytest.mark.slow
+def test_resume_across_stage_counts(tiny, tmp_path):
+    """Saved after a step with 2 stages and 2 replicas, resumed with one stage: the
+    uninterrupted run's bits (a checkpoint holds the unsharded, unstaged state)."""
+    _, trainer, batches = tiny
+    whole = _run(trainer.with_plan(microbatches=2), batches)
+    first = trainer.with_plan(pp=2, replicas=2, microbatches=2)
+    first.step(*batches[0])
+    first.save(tmp_path / "pp2.npz")
+    second = trainer.with_plan(microbatches=4)
+    second.load(tmp_path / "pp2.npz")
+    losses = [second.step(x, y) for x, y in batches[1:]]
+    assert losses == whole[0][1:]
+    assert _same_bits((whole[0], second.parameters()), whole)
+
+
+@pytest.mark.slow
+def test_pipeline_simulated_step(tiny):
+    """The pipelined step's time is the 1F1B makespan of the stage programs' latencies; the
+    stages' gradients reduce per stage over the replicas."""
+    _, trainer, _ = tiny
+    one = trainer.with_plan(microbatches=4).simulated_step()
+    two = trainer.with_plan(pp=2, microbatches=4).simulated_step()
+    assert len(two["stage_forward_s"]) == 2 and min(two["stage_backward_s"]) > 0
+    assert two["compute_s"] == pytest.approx(pipeline_makespan(2, 4, two["stage_forward_s"],
+                                                               two["stage_backward_s"], two["hand_over_s"]))
+    assert two["hand_over_s"] > 0
+    assert two["total_s"] == pytest.approx(two["compute_s"] + two["local_add_s"] + two["all_reduce_s"]
+                                           + two["update_s"] + two["all_gather_s"] + two["host_s"])
+    # the stages of one micro-batch together do the uncut program's work
+    assert sum(two["stage_forward_s"]) + sum(two["stage_backward_s"]) == pytest.approx(one["microbatch_s"],
+                                                                                       rel=0.25)
+    dp = trainer.with_plan(pp=2, replicas=2, microbatches=4).simulated_step()
+    assert dp["all_reduce"] == "chain" and dp["all_reduce_s"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("make", [gpt2, llama], ids=["gpt2", "llama"])
+def test_lm_pipeline_matches_the_chip(make):
+    """A 2-layer, hidden-64 LM, 3 AdamW steps: one micro-batch on a chip vs 2 stages x 2
+    replicas x 4 micro-batches on a board, bit for bit; and PyTorch's values."""
+    model = make()
+    ids, labels = tokens()
+    batches = [(ids, labels)] * STEPS
+    chip = tvm_spinn.training.compile(model, torch.from_numpy(ids), optimizer=ADAMW, target="spinn",
+                                      parallel={"microbatches": 1})
+    ref = _run(chip, batches)
+    _assert_close(ref, torch_adamw(model, batches, ADAMW[1]))
+    board = tvm_spinn.training.compile(model, torch.from_numpy(ids), optimizer=ADAMW, target="spinn/board",
+                                       parallel={"pp": 2, "dp": 2, "microbatches": 4})
+    assert board.plan() == {"dp": 2, "tp": 1, "pp": 2, "microbatches": 4, "zero": 0, "granule": 1}
+    assert _same_bits(_run(board, batches), ref)
+
+
+# -- the schedule (fast) ---------------------------------------------------------------------------
+def test_one_f_one_b_order():
+    """Each stage warms up with pp - 1 - s forwards, then alternates; every event after the
+    ones it needs; every (stage, micro-batch) forward and backward exactly once."""
+    events = one_f_one_b(3, 5)
+    assert sorted(events) == sorted((k, s, m) for k in "fb" for s in range(3) for m in range(5))
+    seen = set()
+    for kind, s, m in events:
+        if kind == "f" and s > 0:
+            assert ("f", s - 1, m) in seen
+        if kind == "b":
+            assert ("f", s, m) in seen and (s == 2 or ("b", s + 1, m) in seen)
+        seen.add((kind, s, m))
+    stage0 = [(k, m) for k, s, m in events if s == 0]
+    assert stage0[:4] == [("f", 0), ("f", 1), ("f", 2), ("b", 0)]  # 2 warm-up forwards, then 1F1B
+    stage2 = [(k, m) for k, s, m in events if s == 2]
+    assert stage2[:4] == [("f", 0), ("b", 0), ("f", 1), ("b", 1)]
+
+
+def test_pipeline_makespan_bubble():
+    """Equal stages of forward f and backward b: (m + pp - 1) (f + b) (Megatron's bubble
+    fraction (pp - 1) / m), plus the hand-overs on the critical path."""
+    assert pipeline_makespan(4, 8, [1.0] * 4, [2.0] * 4, 0.0) == pytest.approx((8 + 3) * 3.0)
+    assert pipeline_makespan(1, 8, [1.0], [2.0], 0.5) == pytest.approx(8 * 3.0)
+    assert pipeline_makespan(2, 1, [1.0, 1.0], [2.0, 2.0], 0.5) == pytest.approx(1 + 0.5 + 1 + 2 + 0.5 + 2)
+
+
+def test_layer_of_parameter_names():
+    assert layer_of("p_lm_transformer_h_3_attn_c_attn_weight") == 3
+    assert layer_of("lm.model.layers.12.mlp.up_proj.weight") == 12
+    assert layer_of("p_lm_transformer_wte_weight") is None
+    assert layer_of("p_lm_transformer_ln_f_bias") is None
+
+
+# -- bad input (fast: checked before anything is compiled) -----------------------------------------
+@pytest.mark.parametrize("options, message", [
+    ({"pp": 3}, r"pp=3 does not divide the layers \(2\); pp may be 1, 2"),
+    ({"pp": 4}, r"pp=4 does not divide the layers \(2\); pp may be 1, 2"),
+    ({"tp": 2}, "tensor parallelism of the compiled step is not available"),
+])
+def test_bad_pipeline_splits(options, message):
+    ids, _ = tokens(64)
+    with pytest.raises(TrainingError, match=message):
+        tvm_spinn.training.compile(gpt2(layers=2, hidden=32, vocab=64), torch.from_numpy(ids), optimizer=ADAMW,
+                                   target="spinn/board", parallel=options)
+
+
+def test_pipeline_needs_a_chip_per_stage():
+    ids, _ = tokens(64)
+    with pytest.raises(TrainingError, match=r"parallel: dp=1 x pp=2 needs 2 chips, target .* has 1"):
+        tvm_spinn.training.compile(gpt2(layers=2, hidden=32, vocab=64), torch.from_numpy(ids), optimizer=ADAMW,
+                                   target="spinn", parallel={"pp": 2})
+
+
+def test_pipeline_needs_a_transformer():
+    from training_models import mlp
+
+    with pytest.raises(TrainingError, match="has no transformers configuration"):
+        tvm_spinn.training.compile(mlp(), torch.zeros(4, 16), target="spinn/board", parallel={"pp": 2})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("make", [gpt2, llama], ids=["gpt2", "llama"])
+def test_lm_pipeline_50_steps_match_pytorch(make):
+    """50 AdamW steps of a 2-layer LM in 2 stages x 2 replicas x 4 micro-batches on a board:
+    loss curve and parameters within float32 error of torch.optim.AdamW."""
+    model = make(layers=2, hidden=32, vocab=64)
+    ids, labels = tokens(64)
+    batches = [(ids, labels)] * 50
+    board = tvm_spinn.training.compile(model, torch.from_numpy(ids), optimizer=ADAMW, target="spinn/board",
+                                       parallel={"pp": 2, "dp": 2, "microbatches": 4})
+    run = _run(board, batches)
+    ref = torch_adamw(model, batches, ADAMW[1])
+    _assert_close(run, ref)
+    assert ref[0][-1] < 0.9 * ref[0][0]  # it learned
+
+
+def test_cut_needs_layer_named_parameters():
+    """A model whose parameter names carry no layer index cannot be cut by layers: one error
+    naming the stage left empty."""
+    from tvm_spinn.training.graph import build_train_graph
+    from tvm_spinn.training.parallel import grad_module
+    from tvm_spinn.training.pipeline import cut_stages
+    from training_models import mlp
+
+    graph = build_train_graph(mlp(), (torch.zeros(1, 16),), "cross_entropy", ("sgd", {"lr": 0.1}))
+    with pytest.raises(TrainingError, match=r"no parameter names a layer of stage 0 \(layers 0..0"):
+        cut_stages(grad_module(graph), graph.param_names, 1, 2, 2)
