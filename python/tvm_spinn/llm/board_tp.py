@@ -11,7 +11,10 @@ attention's output projection and of the MLP's down projection are partial sums 
 boards: each is all-reduced across the group's boards
 (:func:`tvm_spinn.timing.collectives.board_group_all_reduce`, two a block: a reduce and a
 multicast over every board edge between the group's boards, or a ring or tree where cheaper)
-before the residual add.
+before the residual add. The all-reduce works in the layout the projection left its sums in
+(each chip of a board its slice, reduced with its counterparts on the other boards) and ends
+there: the slice's program all-gathers the row on the board itself where its norm (or the next
+block) needs it whole, so the all-reduce carries no on-board all-gather of its own.
 They are the int8 GEMMs' int32 accumulators, whose sum is exact in any order, so the tokens do
 not depend on ``g``; an fp32 model (``dtype="fp32"``) is not planned this way (its sums would
 need the bit-exact chain across boards).
@@ -290,8 +293,9 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         layout is a translate of it on the torus of boards), costed once per group."""
         key = tuple(lay[0])
         if key not in reduces:
+            # no on-board all-gather: the slice's program gathers the reduced row itself
             reduces[key] = board_group_all_reduce(topo, [[int(c) + b * cpb for c in order] for b in lay[0]],
-                                                  hidden * 4).seconds
+                                                  hidden * 4, board_gather=False).seconds
         return reduces[key]
 
     # each degree's layout: the one whose all-reduce is the cheaper of bands of two rows and
