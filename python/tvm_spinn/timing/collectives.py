@@ -802,8 +802,11 @@ def board_group_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbyt
             relayed = _multicast_reduce("all_reduce", graph, ranks, float(nbytes), sources=g)
             if relayed is not None and (cost is None or relayed.seconds < cost.seconds):
                 cost = relayed
-            options = [(1, _spread_trees(graph, ranks, g, float(nbytes) / g)),
-                       (1, _negotiated_trees(graph, ranks, g, float(nbytes) / g))]
+            # each board's share whole along one tree, or cut into parts along trees of their own
+            # (as many trees as _SPLIT_TREES at most: planning time)
+            options = [(1, _spread_trees(graph, ranks, g, float(nbytes) / g))]
+            options += [(m, _negotiated_trees(graph, ranks, g, float(nbytes) / (g * m), m))
+                        for m in range(1, _SPLIT_PARTS + 1) if m == 1 or g * m <= _SPLIT_TREES]
             for m, trees in options:
                 if trees is None:
                     continue
