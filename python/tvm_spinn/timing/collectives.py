@@ -371,7 +371,7 @@ _NEGOTIATE_PATIENCE = 10
 #: tree: a board's share then leaves over several of its six board edges), and the trees of
 #: all the boards' parts together at most (planning time: each round rebuilds every tree)
 _SPLIT_PARTS = 4
-_SPLIT_TREES = 48
+_SPLIT_TREES = 32
 
 
 def _negotiated_trees(graph, ranks: np.ndarray, sources: int, share_bytes: float, parts: int = 1):
