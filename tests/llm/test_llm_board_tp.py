@@ -121,3 +121,39 @@ def test_group_caches_hold_every_users_cache_or_name_the_stage_and_the_largest_b
     assert f"the largest batch that fits every stage is {caches.largest_batch}" in msg
     # a mapping that kept no cache in SRAM leaves it all to DRAM
     assert board_tp.group_caches(stm, stm, [1], 1, 4, board, capacity).sram_room == (0,)
+
+
+def test_prefetch_fetches_during_the_all_reduces_what_the_dram_channel_has_time_for():
+    """During an all-reduce the chips' DRAM channels are idle: each program of a streamed block
+    fetches up to (all-reduce time x DRAM bandwidth) of its streamed bytes ahead, saving their
+    DRAM time, never more than streaming costs it over running with its weights resident, and
+    the block's programs together never more than its two all-reduces."""
+    from tvm_spinn.llm.plan import _Stage
+
+    zero = dict.fromkeys(("compute", "dram", "sram", "links"), 0.0)
+    bw = 6.4e9
+
+    def stage(program_s, streamed=()):
+        return _Stage(sum(program_s), 0.0, 0, 0, sum(streamed), 0, 0, zero, zero, program_s=tuple(program_s),
+                      program_streamed=tuple(streamed))
+
+    resident = stage([60e-6, 250e-6])
+    # program 0 streams 0.2 MB a chip (31 us of DRAM) and is 10 us slower streaming: saves 10 us;
+    # program 1 streams 2 MB (312 us), 100 us slower: a 50 us all-reduce fetches 320 KB ahead (50 us)
+    streamed = stage([70e-6, 350e-6], [200_000, 2_000_000])
+    saved, buffer = board_tp.prefetch(resident, streamed, 50e-6, bw)
+    assert saved == pytest.approx(10e-6 + 50e-6)
+    assert buffer == int(round(50e-6 * bw))  # the larger of the two programs' fetches ahead
+    # a long all-reduce: program 1 saves its whole excess over the resident mapping (100 us)
+    saved, buffer = board_tp.prefetch(resident, streamed, 400e-6, bw)
+    assert saved == pytest.approx(10e-6 + 100e-6) and buffer == 2_000_000
+    # never more than the block's two all-reduces
+    fast = stage([1e-6, 1e-6])
+    slow = stage([900e-6, 900e-6], [10_000_000, 10_000_000])
+    assert board_tp.prefetch(fast, slow, 100e-6, bw)[0] == pytest.approx(200e-6)
+    # no all-reduce or no per-program figures: nothing gained
+    assert board_tp.prefetch(resident, streamed, 0.0, bw) == (0.0, 0)
+    assert board_tp.prefetch(resident, stage([70e-6, 350e-6]), 50e-6, bw) == (0.0, 0)
+    # the run: the streamed blocks (past the resident ones) each run the saving faster
+    assert board_tp._run_s(resident, streamed, 5, 2, 60e-6) == pytest.approx(
+        2 * resident.latency_s + 3 * (streamed.latency_s - 60e-6))

@@ -114,6 +114,8 @@ def test_two_board_all_reduce_exchanges_halves_over_every_path(four):
     half = max(multipath_point_to_point(topo, 0, 1, n / 2).seconds, multipath_point_to_point(topo, 1, 0, n / 2).seconds)
     assert cost.algorithm == "board-multipath"
     assert cost.seconds == pytest.approx(2 * half + all_gather(topo, grid[0], n).seconds)
+    # without the on-board all-gather (the consumer gathers the row itself): the exchange alone
+    assert board_group_all_reduce(topo, grid, n, board_gather=False).seconds == pytest.approx(2 * half)
     assert cost.seconds < board_all_reduce(topo, grid, n).seconds / 1.5
     # more boards: the multicast over the graph of boards, never dearer than the ring or tree
     four_grid = [[int(c) + b * 48 for c in order] for b in range(4)]
@@ -221,8 +223,48 @@ def test_negotiated_trees_are_multicast_trees_and_beat_the_breadth_first_ones_on
     assert seconds(negotiated) < 0.8 * seconds(spread)
     order = ring_order(topology_of(arch.replace(chips=48)), 48)
     grid = [[int(c) + b * 48 for c in order] for b in members]
-    assert board_group_all_reduce(topo, grid, n).seconds == pytest.approx(
-        seconds(negotiated) + all_gather(topo, grid[0], n).seconds)
+    # each share cut into m parts, each part its own tree: still a multicast tree per part
+    # (every member receives and sends on each other member's m parts exactly once)
+    options = [seconds(spread), seconds(negotiated)]
+    for m in range(2, C._SPLIT_PARTS + 1):
+        if g * m > C._SPLIT_TREES:
+            continue
+        split = C._negotiated_trees(graph, ranks, g, n / (g * m), m)
+        shares, rev_shares = split[0], split[4]
+        used, back = np.flatnonzero(shares), np.flatnonzero(rev_shares)
+        into = np.bincount(graph.neighbors.reshape(-1)[used], weights=shares[used], minlength=topo.boards)
+        out = np.bincount(back // 6, weights=rev_shares[back], minlength=topo.boards)
+        assert (into[members] == m * (g - 1)).all() and (out[members] == m * (g - 1)).all()
+        assert shares.max() <= g * m
+        part = n / (g * m)
+        options.append(graph.link_seconds(rev_shares * part) + split[5] + graph.link_seconds(shares * part) + split[1])
+    gather = all_gather(topo, grid[0], n).seconds
+    assert board_group_all_reduce(topo, grid, n).seconds == pytest.approx(min(options) + gather)
+    assert board_group_all_reduce(topo, grid, n, board_gather=False).seconds == pytest.approx(min(options))
+
+
+def test_a_few_boards_cut_their_shares_into_parts_to_use_more_of_their_edges(sixty_four):
+    """Four boards: one tree per share sends a board's three other shares over three of its six
+    edges; cut into two parts each, the six parts leave over up to six edges, and the
+    all-reduce is cheaper by far (each way the busiest link carries one part, not one share)."""
+    from tvm_spinn.timing import collectives as C
+
+    arch, topo = sixty_four
+    graph = topo.board_graph()
+    members = np.array([0, 1, 8, 9])
+    halo = np.setdiff1d(np.unique(graph.neighbors[members]), members)
+    ranks = np.concatenate([members, halo[halo >= 0]])
+    g, n = members.size, 32768.0
+
+    def seconds(m):
+        shares, latency, _, _, rev_shares, back = C._negotiated_trees(graph, ranks, g, n / (g * m), m)
+        return graph.link_seconds(rev_shares * n / (g * m)) + back + graph.link_seconds(shares * n / (g * m)) + latency
+
+    one, two = seconds(1), seconds(2)
+    assert two < 0.8 * one
+    order = ring_order(topology_of(arch.replace(chips=48)), 48)
+    grid = [[int(c) + b * 48 for c in order] for b in members]
+    assert board_group_all_reduce(topo, grid, n, board_gather=False).seconds <= two
 
 
 def test_sliced_hand_over_sends_a_slice_a_board(sixty_four):

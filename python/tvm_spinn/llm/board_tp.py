@@ -11,7 +11,10 @@ attention's output projection and of the MLP's down projection are partial sums 
 boards: each is all-reduced across the group's boards
 (:func:`tvm_spinn.timing.collectives.board_group_all_reduce`, two a block: a reduce and a
 multicast over every board edge between the group's boards, or a ring or tree where cheaper)
-before the residual add.
+before the residual add. The all-reduce works in the layout the projection left its sums in
+(each chip of a board its slice, reduced with its counterparts on the other boards) and ends
+there: the slice's program all-gathers the row on the board itself where its norm (or the next
+block) needs it whole, so the all-reduce carries no on-board all-gather of its own.
 They are the int8 GEMMs' int32 accumulators, whose sum is exact in any order, so the tokens do
 not depend on ``g``; an fp32 model (``dtype="fp32"``) is not planned this way (its sums would
 need the bit-exact chain across boards).
@@ -26,7 +29,9 @@ hand-overs and the head, with the token's way back from the head's board to the 
 the host's I/O (:func:`tvm_spinn.llm.plan._step_io`). A board's run of blocks is timed from its
 slice mapped twice on one board: alone with its weights resident (the first blocks, as many as
 the board's SRAM holds resident, :func:`tvm_spinn.mapping.planner.resident_capacity`) and
-streaming its weights from DRAM (the rest). The time to first token is the system's prompt plan
+streaming its weights from DRAM (the rest); a streamed block may fetch part of its weights into
+an SRAM buffer during the all-reduces, while the DRAM channels are otherwise idle
+(:func:`prefetch`: a candidate of its own, the buffer taken from the resident blocks' SRAM). The time to first token is the system's prompt plan
 (:mod:`tvm_spinn.llm.prefill`), the same for every placement.
 
 Groups are ``g`` neighbouring boards of the torus of boards
@@ -51,7 +56,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["TP_BOARDS", "slice_config", "board_groups", "board_patches", "board_setting", "group_caches", "GroupCaches", "records"]
+__all__ = ["TP_BOARDS", "slice_config", "board_groups", "board_patches", "board_setting", "group_caches", "GroupCaches",
+           "prefetch", "records"]
 
 #: Boards one block is tensor-parallel over (each must divide the heads and the intermediate
 #: size, and leave a board for the head), tried in the order of what their all-reduces alone
@@ -126,11 +132,52 @@ def board_patches(grid: tuple[int, int], g: int, shape: "tuple[int, int] | None"
     return out
 
 
-def _run_s(resident, streamed, blocks: int, fit: int) -> float:
+def _run_s(resident, streamed, blocks: int, fit: int, saved_s: float = 0.0) -> float:
     """Latency of ``blocks`` consecutive blocks on one board: the first ``fit`` (what the board's
     SRAM keeps resident) at the time of a block mapped alone with its weights resident, the
-    rest at the time of a block streaming its weights from DRAM."""
-    return min(blocks, fit) * resident.latency_s + max(0, blocks - fit) * streamed.latency_s
+    rest at the time of a block streaming its weights from DRAM, less ``saved_s`` where part of
+    each streamed block's weights was fetched ahead (:func:`prefetch`)."""
+    return min(blocks, fit) * resident.latency_s + max(0, blocks - fit) * (streamed.latency_s - saved_s)
+
+
+def prefetch(resident, streamed, reduce_s: float, dram_bw: float) -> tuple[float, int]:
+    """What a streamed block gains by fetching weights during the all-reduces.
+
+    A block's two all-reduces move its partial sums over the board links; the chips' DRAM
+    channels are idle meanwhile, and the weights do not depend on the token. So during the
+    all-reduce before each of the block's programs (the previous block's second before the
+    first program, the block's first before the MLP's GEMMs), each chip of the program fetches
+    up to ``reduce_s x dram_bw`` of the program's streamed bytes into an SRAM buffer, which the
+    program then does not read from DRAM while it runs: it saves those bytes' DRAM time, and
+    never more than its time streaming less its time with its weights resident (the two
+    mappings' ``program_s``). The block has two all-reduces: the programs together save at
+    most ``2 reduce_s``.
+
+    Parameters
+    ----------
+    resident, streamed : tvm_spinn.llm.plan._Stage
+        The slice mapped with its weights resident and streaming them.
+    reduce_s : float
+        One all-reduce's time.
+    dram_bw : float
+        One chip's DRAM bandwidth (bytes/s).
+
+    Returns
+    -------
+    tuple
+        ``(seconds saved per streamed block, the SRAM buffer's bytes per chip)``; ``(0, 0)``
+        where the mappings do not say what each program streams.
+    """
+    if len(streamed.program_streamed) != len(streamed.program_s) or len(resident.program_s) != len(streamed.program_s):
+        return 0.0, 0
+    saved, buffer = 0.0, 0
+    for fast, slow, nbytes in zip(resident.program_s, streamed.program_s, streamed.program_streamed):
+        ahead = min(float(nbytes), reduce_s * dram_bw)  # bytes per chip fetched during the all-reduce
+        gain = min(ahead / dram_bw, max(0.0, slow - fast))
+        if gain > 0:
+            saved += gain
+            buffer = max(buffer, int(math.ceil(ahead)))
+    return min(saved, 2 * reduce_s), buffer
 
 
 @dataclass(frozen=True)
@@ -290,8 +337,9 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         layout is a translate of it on the torus of boards), costed once per group."""
         key = tuple(lay[0])
         if key not in reduces:
+            # no on-board all-gather: the slice's program gathers the reduced row itself
             reduces[key] = board_group_all_reduce(topo, [[int(c) + b * cpb for c in order] for b in lay[0]],
-                                                  hidden * 4).seconds
+                                                  hidden * 4, board_gather=False).seconds
         return reduces[key]
 
     # each degree's layout: the one whose all-reduce is the cheaper of bands of two rows and
@@ -346,16 +394,22 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                     P._map_stage(list(dec), board, host_shapes, spec.cache_slots(seq), weights="stream", memo=memo))
         mapped += 1
         reduce_s = reduce_of(groups)  # int32 partial sums
-        for per_group in options:
+        # the streamed blocks' weights fetched partly during the all-reduces: a buffer per chip
+        # out of the SRAM the resident blocks would take (one fewer may stay resident)
+        saved, buffer = prefetch(resident, streamed, reduce_s, board.dram_bw_bytes_s)
+        fit_ahead = max(1, int((budget - buffer * cpb) // max(1, block_w)))
+        variants = [(fit, 0.0, 0, "")] + ([(fit_ahead, saved, buffer, "p")] if saved > 0 else [])
+        for per_group, (fit, saved_s, buffer_b, tag) in ((n, v) for n in options for v in variants):
             n_groups = math.ceil(L / per_group)
             sizes = [per_group] * (n_groups - 1) + [L - per_group * (n_groups - 1)]
             # every user's cache of a group's blocks on each of its boards
-            caches = group_caches(resident, streamed, sizes, fit, batch, board, budget)
+            caches = group_caches(resident, streamed, sizes, fit, batch, board, budget - buffer_b * cpb)
             if not caches.fits:
                 if refused is not None:
-                    refused[f"board_tp:g{g}m{per_group}"] = caches.message(arch.name, groups, g)
+                    refused[f"board_tp:g{g}m{per_group}{tag}"] = caches.message(arch.name, groups, g)
                 continue
-            blocks_s = sum(_run_s(resident, streamed, n, fit) for n in sizes)
+            blocks_s = sum(_run_s(resident, streamed, n, fit, saved_s) for n in sizes)
+            ahead_s = sum(max(0, n - fit) for n in sizes) * saved_s
             reduces_s = 2 * L * reduce_s
             head_board = free[0] if free else groups[n_groups][0]
             hand = [pair_s(j, hidden * handover_bytes) for j in range(n_groups - 1)]
@@ -375,7 +429,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
             bounds = {k: sum(min(n, fit) * resident.bounds[k] + max(0, n - fit) * streamed.bounds[k] for n in sizes)
                       + sum(st.bounds[k] for st in head_stages) for k in resident.bounds}
             bounds["links"] += reduces_s + sum(hand) + loop_s
-            out[f"board_tp:g{g}m{per_group}"] = dict(
+            out[f"board_tp:g{g}m{per_group}{tag}"] = dict(
                 decode_s=decode_s, period_s=decode_s, used=used, resident=kept,
                 streamed=max(0, weight_bytes - kept), kv_sram=kv_bytes * kv_share,
                 energy_j=(g * sum(min(n, fit) * resident.energy_j + max(0, n - fit) * streamed.energy_j for n in sizes)
@@ -386,7 +440,9 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                 description=(f"each block tensor-parallel over a group of {g} boards ({g * cpb} chips: heads and "
                              f"MLP columns split across the boards, two all-reduces of int32 partial sums a block "
                              f"on the board links), {n_groups} group(s) of {per_group} block(s) pipelined, the "
-                             f"hidden state handed over group to group in slices, the head on one board"),
+                             f"hidden state handed over group to group in slices, the head on one board"
+                             + (f"; the streamed blocks' weights fetched {buffer_b / 1e6:.2f} MB a chip ahead "
+                                f"during the all-reduces" if tag else "")),
                 meta={"stages": n_groups + 1, "boards_per_stage": g, "blocks_per_stage": per_group,
                       "boards_used": g * n_groups + 1, "tp_boards": g, "groups": n_groups,
                       **({"boards": sorted({b for grp in groups[:n_groups] for b in grp} | {head_board})}
@@ -394,6 +450,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                       "chips_per_group": g * cpb, "micro_batch": batch, "micro_batches": 1,
                       "mapping_weights": "auto", "block_decode_s": blocks_s / L,
                       "board_all_reduce_s": reduce_s, "board_all_reduces_decode_s": reduces_s,
+                      "prefetch_bytes_per_chip": buffer_b, "prefetch_saved_decode_s": ahead_s,
                       "handoff_decode_s": sum(hand), "head_decode_s": head_s, **io,
                       **({"largest_batch": caches.largest_batch} if batch > 1 else {}),
                       "replicas": boards // (g * n_groups + 1)})

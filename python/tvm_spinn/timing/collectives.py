@@ -367,9 +367,14 @@ def _spread_trees(graph, ranks: np.ndarray, sources: int, share_bytes: float):
 #: :data:`_NEGOTIATE_PATIENCE` rounds without a cheaper set of trees
 _NEGOTIATE_ROUNDS = 32
 _NEGOTIATE_PATIENCE = 10
+#: Parts a board's share of :func:`board_group_all_reduce` is cut into at most (each part its own
+#: tree: a board's share then leaves over several of its six board edges), and the trees of
+#: all the boards' parts together at most (planning time: each round rebuilds every tree)
+_SPLIT_PARTS = 4
+_SPLIT_TREES = 32
 
 
-def _negotiated_trees(graph, ranks: np.ndarray, sources: int, share_bytes: float):
+def _negotiated_trees(graph, ranks: np.ndarray, sources: int, share_bytes: float, parts: int = 1):
     """Multicast trees for the graph of boards found by negotiated congestion: every round,
     each source's tree is rebuilt as the cheapest-path tree (Dijkstra, ties to the lower rank)
     under link costs of a hop's latency plus a share's time on the link, that time scaled up
@@ -381,10 +386,16 @@ def _negotiated_trees(graph, ranks: np.ndarray, sources: int, share_bytes: float
     on a group whose own edges do not close into rings (a patch of a larger torus) the shares
     go round the group's border and through the relays around it rather than queueing on the
     few edges of the shortest paths. Same result tuple as :func:`_multicast_trees` (None where
-    the ranks' links do not connect them); memoized on the graph per size."""
+    the ranks' links do not connect them); memoized on the graph per size.
+
+    ``parts``: each source's share is cut into this many parts of ``share_bytes``, each part
+    reduced and multicast along a tree of its own (tree ``j`` rooted at source ``j // parts``):
+    one tree sends a rank's whole share out over one of its links, ``parts`` trees over up to
+    ``parts`` of them, so a group of few boards, each with six board edges, keeps more of its
+    edges busy. The counts in the result are of parts."""
     import heapq
 
-    key = ("negotiated_trees", ranks.tobytes(), int(sources), float(share_bytes))
+    key = ("negotiated_trees", ranks.tobytes(), int(sources), float(share_bytes), int(parts))
     if key in graph.memo:
         return graph.memo[key]
     if _multicast_trees(graph, ranks, sources) is None:  # the ranks' links do not connect them
@@ -396,12 +407,13 @@ def _negotiated_trees(graph, ranks: np.ndarray, sources: int, share_bytes: float
     wait = share_bytes / graph.link_bw
     hop = graph.link_hop_s
     load, history = np.zeros(graph.nodes * 6), np.zeros(graph.nodes * 6)
-    trees: list = [{} for _ in range(sources)]
+    trees: list = [{} for _ in range(sources * parts)]
     best, stale = None, 0
     for round_ in range(_NEGOTIATE_ROUNDS):
         present = 0.5 * 1.5 ** round_
-        for s in range(sources):
-            for link in trees[s].values():
+        for j in range(sources * parts):
+            s = j // parts  # the tree's root
+            for link in trees[j].values():
                 load[link] -= 1.0
             dist, parent, done, heap = {s: 0.0}, {}, set(), [(0.0, s)]
             while heap:
@@ -423,18 +435,19 @@ def _negotiated_trees(graph, ranks: np.ndarray, sources: int, share_bytes: float
                 if v in needed:
                     tree[v] = parent[v]
                     needed.add(member[int(parent[v] // 6)])
-            trees[s] = tree
+            trees[j] = tree
             for link in tree.values():
                 load[link] += 1.0
         rev_load = np.zeros_like(load)
         latency = back = 0.0
         hops = 0
-        for s in range(sources):
-            for v, link in trees[s].items():
+        for j in range(sources * parts):
+            s = j // parts
+            for v, link in trees[j].items():
                 rev_load[int(ranks[v]) * 6 + (int(link % 6) + 3) % 6] += 1.0
                 out, ret, n, u = 0.0, 0.0, 0, v
                 while u != s:  # up to the source: the route's latency each way
-                    up = trees[s][u]
+                    up = trees[j][u]
                     out += hop[up]
                     ret += hop[int(ranks[u]) * 6 + (int(up % 6) + 3) % 6]
                     n += 1
@@ -598,7 +611,7 @@ def reduce_scatter(topo: "Topology", ranks: Sequence[int], nbytes: float,
 
 
 def board_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbytes: float,
-                     algorithm: str = "auto") -> CollectiveCost:
+                     algorithm: str = "auto", board_gather: bool = True) -> CollectiveCost:
     """Cost of an all-reduce of integer partial sums across boards, every chip of each board taking part.
 
     ``grid[b][i]`` is chip ``i`` of board ``b``; every chip holds the board's ``nbytes`` of
@@ -618,6 +631,10 @@ def board_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbytes: fl
         Bytes of the buffer each board contributes and every chip receives back reduced.
     algorithm : {"auto", "ring", "tree"}
         The collective across the boards; ``"auto"`` returns the cheaper.
+    board_gather : bool
+        Whether the on-board all-gather is part of it. Without it, chip ``i`` of every board
+        ends with the ``i``-th reduced slice: the layout in which the layer that produced the
+        partial sums left them, for a caller whose consumer gathers what it needs itself.
 
     Returns
     -------
@@ -645,7 +662,7 @@ def board_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbytes: fl
         cost = _evaluate(topo, ranks, "all_reduce", f"board-{name}", steps, nbytes)
         if best is None or cost.seconds < best.seconds:
             best = cost
-    gather = all_gather(topo, grid[0], nbytes) if k > 1 else None
+    gather = all_gather(topo, grid[0], nbytes) if k > 1 and board_gather else None
     if gather is None:
         return best
     return dataclasses.replace(best, seconds=best.seconds + gather.seconds, hops=best.hops + gather.hops,
@@ -723,7 +740,8 @@ def multipath_point_to_point(topo: "Topology", src_board: int, dst_board: int, n
                           max(used), 1, 2, float(nbytes))
 
 
-def board_group_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbytes: float) -> CollectiveCost:
+def board_group_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbytes: float,
+                           board_gather: bool = True) -> CollectiveCost:
     """Cost of an all-reduce of integer partial sums across boards, each board one rank of the
     multicast reduce on the graph of boards.
 
@@ -744,6 +762,11 @@ def board_group_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbyt
     Two boards exchange halves over every edge-disjoint path between them
     (:func:`multipath_point_to_point`, both directions at once) instead.
 
+    ``board_gather=False`` leaves out the on-board all-gather (as in :func:`board_all_reduce`):
+    each chip then receives only its own slice of the reduced sums from the board's edges, the
+    layout the producing layer left, where the program that consumes them gathers the whole
+    vector itself (a board's program whose norm needs the whole row all-gathers it anyway).
+
     Returns
     -------
     CollectiveCost
@@ -751,14 +774,14 @@ def board_group_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbyt
         cheaper.
     """
     grid = np.asarray(grid, dtype=np.int64)
-    ring = board_all_reduce(topo, grid, nbytes)
+    ring = board_all_reduce(topo, grid, nbytes, board_gather=board_gather)
     g, k = grid.shape
     if g == 1 or nbytes == 0:
         return ring
     boards = np.unique(grid // 48, axis=0)
     if (grid // 48 != grid[:, :1] // 48).any() or boards.shape[0] != g:
         raise ValueError("board_group_all_reduce: each row of grid must be the chips of one board, boards distinct")
-    gather = all_gather(topo, grid[0], nbytes) if k > 1 else None
+    gather = all_gather(topo, grid[0], nbytes) if k > 1 and board_gather else None
     if g == 2:
         # two boards: each sends the other the half it does not reduce, over every edge-disjoint
         # path (the two directions use opposite directed links), then the reduced halves back
@@ -779,16 +802,21 @@ def board_group_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbyt
             relayed = _multicast_reduce("all_reduce", graph, ranks, float(nbytes), sources=g)
             if relayed is not None and (cost is None or relayed.seconds < cost.seconds):
                 cost = relayed
-            for trees in (_spread_trees(graph, ranks, g, float(nbytes) / g),
-                          _negotiated_trees(graph, ranks, g, float(nbytes) / g)):
+            # each board's share whole along one tree, or cut into parts along trees of their own
+            # (as many trees as _SPLIT_TREES at most: planning time)
+            options = [(1, _spread_trees(graph, ranks, g, float(nbytes) / g))]
+            options += [(m, _negotiated_trees(graph, ranks, g, float(nbytes) / (g * m), m))
+                        for m in range(1, _SPLIT_PARTS + 1) if m == 1 or g * m <= _SPLIT_TREES]
+            for m, trees in options:
                 if trees is None:
                     continue
                 shares, latency, hops, _, rev_shares, back = trees
-                seconds = (graph.link_seconds(rev_shares * (float(nbytes) / g)) + back
-                           + graph.link_seconds(shares * (float(nbytes) / g)) + latency)
+                part = float(nbytes) / (g * m)
+                seconds = (graph.link_seconds(rev_shares * part) + back
+                           + graph.link_seconds(shares * part) + latency)
                 if cost is None or seconds < cost.seconds:
                     cost = CollectiveCost("all_reduce", "multicast", seconds,
-                                          float(((shares + rev_shares) * (float(nbytes) / g)).max()), 2 * hops,
+                                          float(((shares + rev_shares) * part).max()), 2 * hops,
                                           2 * hops, 2, g, float(nbytes))
     if cost is None:
         return ring
