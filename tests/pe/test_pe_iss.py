@@ -112,18 +112,20 @@ def test_fp32_conv2d_and_matmul_bit_identical():
         _assert_same_bits(program, [feeds[tuple(program.tensors[t].shape)] for t in program.inputs])
 
 
-@pytest.mark.parametrize("xdtype,k", [("int8", 40), ("uint8", 600)])
-def test_int8_dense_bit_identical(xdtype, k):
+@pytest.mark.parametrize("xdtype,k,symmetric", [("int8", 40, False), ("uint8", 600, False), ("int8", 40, True)])
+def test_int8_dense_bit_identical(xdtype, k, symmetric):
     """Requantized int8 dense on the MAC array: per-channel weight zero points, a bias, and (k =
-    600 on the 24-bit production chip) a reduction in two accumulator-safe chunks."""
+    600 on the 24-bit production chip) a reduction in two accumulator-safe chunks; symmetric:
+    both zero points 0, so the kernel forms no operand sums."""
     rng = np.random.default_rng(7)
     m, n = 10, 12
     lo, hi = (-128, 128) if xdtype == "int8" else (0, 256)
     x = rng.integers(lo, hi, size=(m, k)).astype(xdtype)
     w = rng.integers(-127, 128, size=(k, n)).astype("int8")
     sw = rng.uniform(0.001, 0.005, size=n).astype("float32")
-    zw = rng.integers(-3, 4, size=n).astype("int8")
-    mod = qgemm_module(x.shape, xdtype, w, sw, zw, 0.01, 5 if xdtype == "int8" else 131, op="dense",
+    zw = rng.integers(-3, 4, size=n).astype("int8") * (not symmetric)
+    zx = 0 if symmetric else 5 if xdtype == "int8" else 131
+    mod = qgemm_module(x.shape, xdtype, w, sw, zw, 0.01, zx, op="dense",
                        bias=rng.normal(size=n).astype("float32"), out=(0.3, -4, "int8"), w_axis=1)
     progs = [p for p in _programs(mod) if any(layer.mode == "int8" for layer in p.layers)]
     assert progs
