@@ -83,6 +83,14 @@ def _cases():
     yield "sigmoid 64x96", _torch_case(lambda m, a: torch.sigmoid(a * 2.0), None, (64, 96))
     yield "tanh 64x96", _torch_case(lambda m, a: torch.tanh(a * 2.0), None, (64, 96))
     yield "clip 64x96", _torch_case(lambda m, a: torch.clamp(a * 2.0, -0.5, 0.5), None, (64, 96))
+    yield "max_pool2d 3x3/2", _torch_case(lambda m, a: torch.nn.functional.max_pool2d(a * 2.0, 3, 2, 1), None,
+                                          (1, 8, 24, 24))
+    yield "max_pool2d 2x2/2", _torch_case(lambda m, a: torch.nn.functional.max_pool2d(a * 2.0, 2, 2), None,
+                                          (1, 16, 20, 20))
+    yield "avg_pool2d 2x2/2", _torch_case(lambda m, a: torch.nn.functional.avg_pool2d(a * 2.0, 2, 2), None,
+                                          (1, 16, 20, 20))
+    yield "avg_pool2d 3x3/1", _torch_case(lambda m, a: torch.nn.functional.avg_pool2d(a * 2.0, 3, 1, 1), None,
+                                          (1, 8, 16, 16))
     from test_int8 import qgemm_module
     rng = np.random.default_rng(0)
     x = rng.integers(-128, 128, size=(32, 256)).astype("int8")
