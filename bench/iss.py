@@ -63,6 +63,34 @@ def _torch_case(fn, module, *shapes):
     return mod, [x.numpy() for x in xs]
 
 
+def rng_inputs(shape, dtype):
+    rng = np.random.default_rng(1)
+    if dtype == "float32":
+        return (rng.standard_normal(shape) * 3.0).astype(np.float32)
+    return rng.integers(-128, 128, size=shape).astype(dtype)
+
+
+def _qdq_module(op: str, shape):
+    """``quantize`` (fp32 -> int8) or ``dequantize`` (int8 -> fp32) with a per-channel scale and
+    zero point over the last axis, between two fp32 element-wise layers."""
+    bb = relax.BlockBuilder()
+    dtype = "float32" if op == "quantize" else "int8"
+    x = relax.Var("x", relax.TensorType(list(shape), dtype))
+    scale = relax.const(np.linspace(0.01, 0.05, shape[-1]).astype(np.float32))
+    zero = relax.const(np.arange(shape[-1]).astype(np.int8) % 7 - 3)
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            if op == "quantize":
+                y = bb.emit(relax.op.quantize(bb.emit(relax.op.multiply(x, relax.const(np.float32(2.0)))),
+                                              scale, zero, axis=-1, out_dtype="int8"))
+            else:
+                y = bb.emit(relax.op.multiply(bb.emit(relax.op.dequantize(x, scale, zero, axis=-1)),
+                                              relax.const(np.float32(2.0))))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
 def _cases():
     yield "add", _torch_case(lambda m, a, b: a + b, None, (64, 96), (64, 96))
     yield "multiply", _torch_case(lambda m, a, b: a * b, None, (64, 96), (64, 96))
@@ -91,6 +119,8 @@ def _cases():
                                           (1, 16, 20, 20))
     yield "avg_pool2d 3x3/1", _torch_case(lambda m, a: torch.nn.functional.avg_pool2d(a * 2.0, 3, 1, 1), None,
                                           (1, 8, 16, 16))
+    yield "quantize 64x96", (_qdq_module("quantize", (64, 96)), [rng_inputs((64, 96), "float32")])
+    yield "dequantize 64x96", (_qdq_module("dequantize", (64, 96)), [rng_inputs((64, 96), "int8")])
     from test_int8 import qgemm_module
     rng = np.random.default_rng(0)
     x = rng.integers(-128, 128, size=(32, 256)).astype("int8")

@@ -67,6 +67,8 @@ class _Op(torch.nn.Module):
     # held-out shapes and kinds (bench/iss.py calibrates on add and dense only)
     pytest.param("softmax", lambda m, a: torch.softmax(a * 2.0, dim=-1), None, [(16, 80)], marks=pytest.mark.slow),
     ("matmul", lambda m, a, b: a @ b, None, [(12, 40), (40, 20)]),
+    ("max_pool2d", lambda m, a: torch.nn.functional.max_pool2d(a * 2.0, 3, 2, 1), None, [(1, 4, 12, 12)]),
+    ("avg_pool2d", lambda m, a: torch.nn.functional.avg_pool2d(a * 2.0, 2, 2), None, [(1, 6, 10, 10)]),
 ])
 def test_timing_model_within_ten_percent_of_executed_code(name, fn, module, shapes):
     """The timing model's M4F cost of every tile (its structural instruction mix priced by the
