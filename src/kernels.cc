@@ -1513,6 +1513,22 @@ void ActivationF32(const float* x, float* out, int64_t n, Activation act) {
   }
 }
 
+namespace {
+/*!
+ * \brief A row kernel's NaN outputs where its operands hold no NaN, as the M4F has them: such a
+ *        NaN starts at an invalid operation (inf - inf, 0 * inf, the square root of a negative
+ *        number), whose result is the M4F's default NaN 0x7FC00000 (x86's is 0xFFC00000), and
+ *        the row kernels' later operations pass it on unchanged (no negation among them).
+ */
+void M4fDefaultNaNRow(const float* x, const float* w1, const float* w2, float* o, int64_t cols) {
+  if (!AnyNaN(o, cols) || AnyNaN(x, cols) || (w1 && AnyNaN(w1, cols)) || (w2 && AnyNaN(w2, cols))) return;
+  const uint32_t d = 0x7FC00000u;
+  for (int64_t j = 0; j < cols; ++j) {
+    if (o[j] != o[j]) std::memcpy(o + j, &d, sizeof d);
+  }
+}
+}  // namespace
+
 void SoftmaxRowsF32(const float* x, float* out, int64_t rows, int64_t cols, int threads) {
   ParallelFor(rows, threads, [&](int64_t r) {
     const float* xr = x + r * cols;
@@ -1532,6 +1548,7 @@ void SoftmaxRowsF32(const float* x, float* out, int64_t rows, int64_t cols, int 
       sum = sum + o[j];
     }
     for (int64_t j = 0; j < cols; ++j) o[j] = o[j] / sum;
+    M4fDefaultNaNRow(xr, nullptr, nullptr, o, cols);
   });
 }
 
@@ -1661,6 +1678,7 @@ void LayerNormRowsF32(const float* x, const float* gamma, const float* beta, flo
       if (beta) y = y + beta[j];
       o[j] = y;
     }
+    M4fDefaultNaNRow(xr, gamma, beta, o, cols);
   });
 }
 
@@ -1678,6 +1696,7 @@ void RmsNormRowsF32(const float* x, const float* weight, float eps, float* out, 
       const float h = xr[j] * inv;
       o[j] = weight ? weight[j] * h : h;
     }
+    M4fDefaultNaNRow(xr, weight, nullptr, o, cols);
   });
 }
 
