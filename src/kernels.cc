@@ -29,6 +29,72 @@
 namespace tvm_spinn {
 namespace {
 
+/*!
+ * \brief The M4F's NaN result of a two-operand VADD/VSUB/VMUL/VDIV with FPSCR.DN = 0, as the PE
+ *        runtime sets it (FPProcessNaNs, ARMv7-M ARM A2.5.5): a signalling operand quieted (the
+ *        first's if both are), else a quiet operand (the first's if both are); an invalid
+ *        operation on numbers (inf - inf, 0 * inf) gives the default NaN 0x7FC00000. x86 takes
+ *        the first NaN operand whatever its kind, and gives 0xFFC00000 for an invalid operation.
+ */
+TVM_SPINN_INLINE float M4fNaN(float a, float b) {
+  uint32_t ua, ub;
+  std::memcpy(&ua, &a, sizeof ua);
+  std::memcpy(&ub, &b, sizeof ub);
+  const bool na = a != a, nb = b != b;
+  uint32_t u = 0x7FC00000u;
+  if (na && (ua & 0x00400000u) == 0) {
+    u = ua | 0x00400000u;
+  } else if (nb && (ub & 0x00400000u) == 0) {
+    u = ub | 0x00400000u;
+  } else if (na) {
+    u = ua;
+  } else if (nb) {
+    u = ub;
+  }
+  float q;
+  std::memcpy(&q, &u, sizeof q);
+  return q;
+}
+
+/*! \brief `a * b` and `a + b` as the M4F's VMUL.F32 and VADD.F32 (operand order kept). */
+TVM_SPINN_INLINE float M4fMul(float a, float b) {
+  const float r = a * b;
+  return r == r ? r : M4fNaN(a, b);
+}
+TVM_SPINN_INLINE float M4fAdd(float a, float b) {
+  const float r = a + b;
+  return r == r ? r : M4fNaN(a, b);
+}
+
+/*!
+ * \brief The outputs of C [m, n] the host's arithmetic left NaN, recomputed with the M4F's NaN
+ *        rules: from `start` (+0.0 where null), k ascending, each product as the PE's GEMM kernel
+ *        issues it (VMUL of B's element by A's, then VADD of the accumulator and the product:
+ *        the operand order of the code LLVM emits for it, checked by tests/pe), then `e`'s bias
+ *        (VADD of the sum and the bias); a NaN passes the ReLU and the clip unchanged. NaN-ness
+ *        does not depend on the rules, only the payload and sign do, so no other output moves.
+ */
+void M4fNaNOutputs(const float* a, const float* b, float* c, const float* start, int64_t m, int64_t k,
+                   int64_t n, const EpilogueF32* e) {
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      const float v = c[i * n + j];
+      if (v == v) continue;
+      float acc = start ? start[i * n + j] : 0.0f;
+      for (int64_t kk = 0; kk < k; ++kk) acc = M4fAdd(acc, M4fMul(b[kk * n + j], a[i * k + kk]));
+      if (e && e->bias) acc = M4fAdd(acc, e->bias[e->bias_on_rows ? i : j]);
+      c[i * n + j] = acc;
+    }
+  }
+}
+
+/*! \brief Whether any of `n` floats is a NaN. */
+TVM_SPINN_INLINE bool AnyNaN(const float* x, int64_t n) {
+  bool any = false;
+  for (int64_t i = 0; i < n; ++i) any |= x[i] != x[i];
+  return any;
+}
+
 // Blocking keeps a C row tile and the touched B rows in L1/L2; it only changes the order in
 // which *different* outputs are visited, never the k order of any single output.
 constexpr int64_t kTileN = 512;
@@ -102,6 +168,8 @@ TVM_SPINN_INLINE int64_t GemmInt(const T* a, const T* b, int32_t* c, int64_t m, 
 
 TVM_SPINN_MULTIVERSION
 void GemmF32(const float* a, const float* b, float* c, int64_t m, int64_t k, int64_t n) {
+  thread_local std::vector<float> start;
+  start.assign(c, c + std::max<int64_t>(m * n, 0));  // for the outputs that end NaN
   for (int64_t i0 = 0; i0 < m; i0 += kTileM) {
     const int64_t mi = std::min(kTileM, m - i0);
     for (int64_t j0 = 0; j0 < n; j0 += kTileN) {
@@ -119,6 +187,7 @@ void GemmF32(const float* a, const float* b, float* c, int64_t m, int64_t k, int
       }
     }
   }
+  if (AnyNaN(c, m * n)) M4fNaNOutputs(a, b, c, start.data(), m, k, n, nullptr);
 }
 
 TVM_SPINN_MULTIVERSION
@@ -796,18 +865,27 @@ void Im2ColImpl(const T* x, T* out, const Im2ColShape& s, T fill, int threads) {
 // GEMM micro-kernel: when both operands are NaN, x86 returns the first operand's payload, and
 // explicit vector operations keep the operand order the reference (numpy: `acc + x`) has.
 // `n8` is a multiple of 8: callers pad rows to it (the padding lanes are never stored back).
+// A NaN lane takes the M4F's NaN (M4fAdd) instead.
 TVM_SPINN_INLINE void AddRow(float* __restrict acc, const float* __restrict x, int64_t n8) {
   for (int64_t v = 0; v < n8; v += 8) {
     const V8 a = *reinterpret_cast<const V8u*>(acc + v);
     const V8 b = *reinterpret_cast<const V8u*>(x + v);
-    *reinterpret_cast<V8u*>(acc + v) = a + b;
+    V8 r = a + b;
+    if (AnyNaN(reinterpret_cast<const float*>(&r), 8)) {
+      for (int l = 0; l < 8; ++l) r[l] = M4fAdd(a[l], b[l]);
+    }
+    *reinterpret_cast<V8u*>(acc + v) = r;
   }
 }
 
 TVM_SPINN_INLINE void AddScalarRow(float* __restrict acc, float x, int64_t n8) {
   for (int64_t v = 0; v < n8; v += 8) {
     const V8 a = *reinterpret_cast<const V8u*>(acc + v);
-    *reinterpret_cast<V8u*>(acc + v) = a + x;
+    V8 r = a + x;
+    if (AnyNaN(reinterpret_cast<const float*>(&r), 8)) {
+      for (int l = 0; l < 8; ++l) r[l] = M4fAdd(a[l], x);
+    }
+    *reinterpret_cast<V8u*>(acc + v) = r;
   }
 }
 
@@ -1011,6 +1089,8 @@ void GemmF32Batched(const float* a, const float* b, float* c, const BatchedGemm&
     return;
   }
   const EpilogueF32* e = s.epilogue;
+  thread_local std::vector<float> start;  // C's values before, for the outputs that end NaN
+  if (!s.zero_c) start.assign(c, c + s.batch * s.m * s.n);
   const bool on_rows = e && e->bias && e->bias_on_rows;
   const bool on_cols = e && e->bias && !e->bias_on_rows;
   PackedBlocks<float>(a, b, c, s, threads,
@@ -1023,6 +1103,13 @@ void GemmF32Batched(const float* a, const float* b, float* c, const BatchedGemm&
                         block.col_bias = on_cols ? e->bias + j0 : nullptr;
                         GemmF32Block(ab, bb, cb, k, n, i0, i1, j0, j1, ap, bp, block);
                       });
+  // NaN payloads and signs by the M4F's rules: the host's vector arithmetic gives x86's
+  ParallelFor(s.batch, threads, [&](int64_t t) {
+    float* ct = c + t * s.m * s.n;
+    if (!AnyNaN(ct, s.m * s.n)) return;
+    M4fNaNOutputs(a + s.a_index[t] * s.m * s.k, b + s.b_index[t] * s.k * s.n, ct,
+                  s.zero_c ? nullptr : start.data() + t * s.m * s.n, s.m, s.k, s.n, e);
+  });
 }
 
 int64_t GemmI8Batched(const int8_t* a, const int8_t* b, int32_t* c, const BatchedGemm& s,
@@ -1096,25 +1183,7 @@ namespace {
  *        both are), quieted; inf + -inf gives the default NaN 0x7FC00000 (x86 keeps the first
  *        operand and gives 0xFFC00000).
  */
-float M4fAddNaN(float a, float b) {
-  uint32_t ua, ub;
-  std::memcpy(&ua, &a, sizeof ua);
-  std::memcpy(&ub, &b, sizeof ub);
-  const bool na = a != a, nb = b != b;
-  uint32_t u = 0x7FC00000u;
-  if (na && (ua & 0x00400000u) == 0) {
-    u = ua | 0x00400000u;
-  } else if (nb && (ub & 0x00400000u) == 0) {
-    u = ub | 0x00400000u;
-  } else if (na) {
-    u = ua;
-  } else if (nb) {
-    u = ub;
-  }
-  float q;
-  std::memcpy(&q, &u, sizeof q);
-  return q;
-}
+float M4fAddNaN(float a, float b) { return M4fNaN(a, b); }
 }  // namespace
 
 void RowSumF32(const float* x, float* out, int64_t rows, int64_t cols) {
@@ -1232,9 +1301,56 @@ void DepthwiseChannels(const float* x, const float* w, float* out, const Depthwi
   }
 }
 
+void DepthwiseConvHost(const float* x, const float* w, float* out, const DepthwiseShape& s,
+                       const EpilogueF32& e, int threads, bool zero_out);
+
+namespace {
+/*!
+ * \brief The outputs of a depthwise conv the host's arithmetic left NaN, recomputed with the
+ *        M4F's NaN rules as M4fNaNOutputs does for im2col + the batched GEMM (VMUL of the input
+ *        by the tap's weight, VADD of the accumulator and the product, then of the bias).
+ */
+void DepthwiseNaNOutputs(const float* x, const float* w, float* out, const float* start,
+                         const DepthwiseShape& s, const EpilogueF32& e) {
+  const int64_t planes = s.n * s.groups * s.mult, size = s.oh * s.ow;
+  for (int64_t p = 0; p < planes; ++p) {
+    float* o = out + p * size;
+    if (!AnyNaN(o, size)) continue;
+    const int64_t oc = p % (s.groups * s.mult), img = p / (s.groups * s.mult), g = oc / s.mult;
+    const float* xp = x + (img * s.groups + g) * s.h * s.w;
+    const float* wp = w + oc * s.kh * s.kw;
+    for (int64_t oy = 0; oy < s.oh; ++oy) {
+      for (int64_t ox = 0; ox < s.ow; ++ox) {
+        const float v = o[oy * s.ow + ox];
+        if (v == v) continue;
+        float acc = start ? start[p * size + oy * s.ow + ox] : 0.0f;
+        for (int64_t i = 0; i < s.kh; ++i) {
+          for (int64_t j = 0; j < s.kw; ++j) {
+            const int64_t iy = oy * s.stride_h + i * s.dil_h - s.pad_top;
+            const int64_t ix = ox * s.stride_w + j * s.dil_w - s.pad_left;
+            const float xv = (iy >= 0 && iy < s.h && ix >= 0 && ix < s.w) ? xp[iy * s.w + ix] : 0.0f;
+            acc = M4fAdd(acc, M4fMul(xv, wp[i * s.kw + j]));
+          }
+        }
+        if (e.bias) acc = M4fAdd(acc, e.bias[oc]);
+        o[oy * s.ow + ox] = acc;
+      }
+    }
+  }
+}
+}  // namespace
+
 void DepthwiseConvF32(const float* x, const float* w, float* out, const DepthwiseShape& s,
                       const EpilogueF32& e, int threads, bool zero_out) {
   if (s.n <= 0 || s.groups <= 0 || s.mult <= 0 || s.oh <= 0 || s.ow <= 0) return;
+  thread_local std::vector<float> start;  // out's values before, for the outputs that end NaN
+  if (!zero_out) start.assign(out, out + s.n * s.groups * s.mult * s.oh * s.ow);
+  DepthwiseConvHost(x, w, out, s, e, threads, zero_out);
+  DepthwiseNaNOutputs(x, w, out, zero_out ? nullptr : start.data(), s, e);
+}
+
+void DepthwiseConvHost(const float* x, const float* w, float* out, const DepthwiseShape& s,
+                       const EpilogueF32& e, int threads, bool zero_out) {
   if (s.mult == 1 && s.ow <= 8 && s.groups >= 8) {
     const int64_t hp = (s.oh - 1) * s.stride_h + (s.kh - 1) * s.dil_h + 1;
     const int64_t wp = (s.ow - 1) * s.stride_w + (s.kw - 1) * s.dil_w + 1;
@@ -1397,6 +1513,22 @@ void ActivationF32(const float* x, float* out, int64_t n, Activation act) {
   }
 }
 
+namespace {
+/*!
+ * \brief A row kernel's NaN outputs where its operands hold no NaN, as the M4F has them: such a
+ *        NaN starts at an invalid operation (inf - inf, 0 * inf, the square root of a negative
+ *        number), whose result is the M4F's default NaN 0x7FC00000 (x86's is 0xFFC00000), and
+ *        the row kernels' later operations pass it on unchanged (no negation among them).
+ */
+void M4fDefaultNaNRow(const float* x, const float* w1, const float* w2, float* o, int64_t cols) {
+  if (!AnyNaN(o, cols) || AnyNaN(x, cols) || (w1 && AnyNaN(w1, cols)) || (w2 && AnyNaN(w2, cols))) return;
+  const uint32_t d = 0x7FC00000u;
+  for (int64_t j = 0; j < cols; ++j) {
+    if (o[j] != o[j]) std::memcpy(o + j, &d, sizeof d);
+  }
+}
+}  // namespace
+
 void SoftmaxRowsF32(const float* x, float* out, int64_t rows, int64_t cols, int threads) {
   ParallelFor(rows, threads, [&](int64_t r) {
     const float* xr = x + r * cols;
@@ -1416,6 +1548,7 @@ void SoftmaxRowsF32(const float* x, float* out, int64_t rows, int64_t cols, int 
       sum = sum + o[j];
     }
     for (int64_t j = 0; j < cols; ++j) o[j] = o[j] / sum;
+    M4fDefaultNaNRow(xr, nullptr, nullptr, o, cols);
   });
 }
 
@@ -1545,6 +1678,7 @@ void LayerNormRowsF32(const float* x, const float* gamma, const float* beta, flo
       if (beta) y = y + beta[j];
       o[j] = y;
     }
+    M4fDefaultNaNRow(xr, gamma, beta, o, cols);
   });
 }
 
@@ -1562,6 +1696,7 @@ void RmsNormRowsF32(const float* x, const float* weight, float eps, float* out, 
       const float h = xr[j] * inv;
       o[j] = weight ? weight[j] * h : h;
     }
+    M4fDefaultNaNRow(xr, weight, nullptr, o, cols);
   });
 }
 

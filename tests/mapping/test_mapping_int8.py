@@ -201,6 +201,9 @@ def test_int8_moves_a_quarter_of_the_bytes(kind, shapes):
 
 @pytest.mark.parametrize("kind,act", [("quantize", "float32"), ("dequantize", "int8"), ("dequantize", "uint8")])
 def test_quantize_dequantize_bytes(kind, act):
+    from tvm_spinn.program.ops.m4f import pass_cycles
+    from tvm_spinn.program.ops.qdq import QDQ_MIXES
+
     out = "int8" if kind == "quantize" else "float32"
     n = 8 * 1000
     tensors = [TensorDesc("x", [8, 1000], act, "input"), TensorDesc("scale", [1], "float32", "const"),
@@ -214,7 +217,10 @@ def test_quantize_dequantize_bytes(kind, act):
     for t in tiles:
         e = t.region[0][1] - t.region[0][0]
         assert t.sram_bytes == 2 * (1 + 4) * e  # double-buffered in and out
-        assert t.cycles == math.ceil(e * ARCH.m4f_elementwise_cycles + ARCH.m4f_job_cycles)  # one job each
+        # one job each, the PE kernel's instruction mix per element (quantize's VDIV among them)
+        per = pass_cycles((QDQ_MIXES[kind],), ARCH)
+        assert per > (ARCH.m4f_divide_cycles if kind == "quantize" else 4 * ARCH.m4f_fpu_cycles)
+        assert t.cycles == math.ceil(e * per + ARCH.m4f_job_cycles)
     assert program.layers[0].flops == n
 
 

@@ -112,10 +112,32 @@ def _process_nans(op1: int, op2: int) -> int:
 
 @pytest.mark.parametrize("op1,op2", [(QNAN1, QNAN2), (QNAN2, QNAN1), (SNAN1, QNAN2), (QNAN1, SNAN2),
                                      (SNAN1, SNAN2), (QNAN1, 0x3F800000), (0x3F800000, SNAN2)])
-@pytest.mark.parametrize("name", ["vadd", "vmul", "vsub"])
+@pytest.mark.parametrize("name", ["vadd", "vmul", "vsub", "vdiv"])
 def test_nan_propagation_and_default_nan(code, name, op1, op2):
     assert run(code, name, 0, op1, op2) == _process_nans(op1, op2)
     assert run(code, name, 0, op1, op2, fpscr=DN) == 0x7FC00000  # default NaN
+
+
+INF, NINF = 0x7F800000, 0xFF800000
+
+
+@pytest.mark.parametrize("name,op1,op2", [("vmul", 0x00000000, INF), ("vmul", NINF, 0x80000000),
+                                          ("vadd", INF, NINF), ("vsub", INF, INF), ("vsub", NINF, NINF),
+                                          ("vdiv", 0x00000000, 0x80000000), ("vdiv", INF, NINF)])
+@pytest.mark.parametrize("fpscr", [0, DN])
+def test_invalid_operation_gives_the_default_nan(code, name, op1, op2, fpscr):
+    """An invalid operation on numbers (0 * inf, inf - inf, 0 / 0, inf / inf) returns the
+    default NaN 0x7FC00000 (positive, payload 0: FPDefaultNaN in the v7-M ARM) whether
+    FPSCR.DN is set or not; x86 returns 0xFFC00000 for the same operations."""
+    assert run(code, name, 0, op1, op2, fpscr=fpscr) == 0x7FC00000
+
+
+def test_vmla_invalid_product_and_sum(code):
+    """VMLA: an invalid product (0 * inf) gives the default NaN, which the addition then propagates
+    as a quiet NaN; inf + (-inf) from a valid product is invalid too."""
+    assert run(code, "vmla", 1.0, 0.0, np.inf) == 0x7FC00000
+    assert run(code, "vmla", np.inf, -1.0, np.inf) == 0x7FC00000
+    assert run(code, "vmla", QNAN2, 0.0, np.inf) == QNAN2  # Sd's quiet NaN before the product's
 
 
 def test_vmla_nan_operands_order(code):

@@ -67,6 +67,8 @@ class _Op(torch.nn.Module):
     # held-out shapes and kinds (bench/iss.py calibrates on add and dense only)
     pytest.param("softmax", lambda m, a: torch.softmax(a * 2.0, dim=-1), None, [(16, 80)], marks=pytest.mark.slow),
     ("matmul", lambda m, a, b: a @ b, None, [(12, 40), (40, 20)]),
+    ("max_pool2d", lambda m, a: torch.nn.functional.max_pool2d(a * 2.0, 3, 2, 1), None, [(1, 4, 12, 12)]),
+    ("avg_pool2d", lambda m, a: torch.nn.functional.avg_pool2d(a * 2.0, 2, 2), None, [(1, 6, 10, 10)]),
 ])
 def test_timing_model_within_ten_percent_of_executed_code(name, fn, module, shapes):
     """The timing model's M4F cost of every tile (its structural instruction mix priced by the
@@ -87,4 +89,56 @@ def test_timing_model_within_ten_percent_of_executed_code(name, fn, module, shap
     assert layer_kind(program, index) == name
     rows = [r for r in record if r.layer == index]
     modelled, executed = sum(r.modelled for r in rows), sum(r.cycles for r in rows)
+    assert abs(modelled - executed) <= 0.10 * executed, (modelled, executed)
+
+
+@pytest.mark.parametrize("op", ["matmul", "dense"])
+def test_int8_m4f_model_within_ten_percent_of_executed_code(op):
+    """The int8 GEMM kernel's M4F cost model (its instruction mixes priced by the TRM) against the
+    executed cycles of every tile: a matmul of two activations with both zero points nonzero
+    (both operands' sums at run time), a dense layer with per-channel weight zero points (the
+    activation's row sums) and the requantization."""
+    import sys
+    from pathlib import Path
+
+    from tvm import relax
+
+    import tvm_spinn
+    from tvm_spinn.mapping.schedule import derive_tables
+    from tvm_spinn.pe import run_program_iss
+    from tvm_spinn.pe.view import gemm_chunk, gemm_view
+    from tvm_spinn.program.ops.gemm.geometry import int8_m4f_cycles, int8_side, splits_of
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "quant"))
+    from test_int8 import qgemm_module
+
+    rng = np.random.default_rng(3)
+    if op == "matmul":
+        a = rng.integers(0, 256, size=(12, 36)).astype("uint8")
+        b = rng.integers(0, 256, size=(36, 10)).astype("uint8")
+        mod = qgemm_module(a.shape, "uint8", None, 0.02, 140, 0.05, 90, op="matmul", wdtype="uint8",
+                           b_shape=b.shape, out=(0.9, 128, "uint8"))
+        feeds = [a, b]
+    else:
+        x = rng.integers(-128, 128, size=(9, 50)).astype("int8")
+        w = rng.integers(-127, 128, size=(50, 14)).astype("int8")
+        zw = rng.integers(1, 4, size=14).astype("int8")
+        mod = qgemm_module(x.shape, "int8", w, rng.uniform(0.001, 0.005, size=14).astype("float32"), zw, 0.01, 3,
+                           op="dense", out=(0.3, -4, "int8"), w_axis=1)
+        feeds = [x]
+    (program,) = [p for p in tvm_spinn.report(relax.build(mod, target="spinn")).programs
+                  if any(layer.mode == "int8" for layer in p.layers)]
+    record: list = []
+    run_program_iss(program, feeds, record)
+    (index,) = {r.layer for r in record}
+    arch = program.arch
+    table = derive_tables(program, arch)[index]
+    side = int8_side(program, program.layers[index])
+    g = gemm_view(program, index)
+    assert (side.row_sums, side.col_sums) == ((True, True) if op == "matmul" else (True, False))
+    modelled = 0.0
+    for r in record:
+        vm, vn = (int(v) for v in table.hi[r.tile, 1:3] - table.lo[r.tile, 1:3])
+        modelled += float(int8_m4f_cycles(vm, vn, g.k, splits_of(g.k, gemm_chunk(program, index)), arch, side))
+    executed = sum(r.cycles for r in record)
     assert abs(modelled - executed) <= 0.10 * executed, (modelled, executed)

@@ -44,28 +44,15 @@ def _special(shape, seed: int) -> np.ndarray:
     return x
 
 
-GEMM_KINDS = ("dense", "matmul", "conv2d")
-
-
 def _assert_same_bits(program, inputs):
-    """Outputs of the default simulator and of ``iss`` mode are bitwise equal. Outputs of fp32
-    GEMM layers compare NaN payloads loosely (NaN in the same places, every other bit exact): the
-    default simulator's C++ GEMM kernels take a reduction's NaN payload and sign from the host's
-    arithmetic (x86), not from the M4F's rules (:func:`test_gemm_nan_payloads_follow_the_m4f`)."""
+    """Outputs of the default simulator and of ``iss`` mode are bitwise equal, NaN payloads and
+    signs included."""
     want = run_program(program, inputs)
     got = run_program_iss(program, inputs)
-    producer = {layer.output: layer for layer in program.layers}
-    for tid, w, g in zip(program.outputs, want, got):
+    for w, g in zip(want, got):
         assert w.dtype == g.dtype and w.shape == g.shape
         w, g = w.reshape(-1), g.reshape(-1)
-        if w.dtype == np.float32:
-            loose = producer[tid].kind in GEMM_KINDS and producer[tid].mode == "fp32"
-            wb, gb = w.view(np.uint32).copy(), g.view(np.uint32).copy()
-            if loose:
-                wb[np.isnan(w)] = 0x7FC00000
-                gb[np.isnan(g)] = 0x7FC00000
-        else:
-            wb, gb = w.view(np.uint8), g.view(np.uint8)
+        wb, gb = (w.view(np.uint32), g.view(np.uint32)) if w.dtype == np.float32 else (w.view(np.uint8), g.view(np.uint8))
         diff = np.flatnonzero(wb != gb)
         assert diff.size == 0, (f"{diff.size} elements differ, first at {diff[:5]}: default "
                                 f"{[hex(v) for v in wb[diff[:5]]]} iss {[hex(v) for v in gb[diff[:5]]]}")
@@ -112,18 +99,20 @@ def test_fp32_conv2d_and_matmul_bit_identical():
         _assert_same_bits(program, [feeds[tuple(program.tensors[t].shape)] for t in program.inputs])
 
 
-@pytest.mark.parametrize("xdtype,k", [("int8", 40), ("uint8", 600)])
-def test_int8_dense_bit_identical(xdtype, k):
+@pytest.mark.parametrize("xdtype,k,symmetric", [("int8", 40, False), ("uint8", 600, False), ("int8", 40, True)])
+def test_int8_dense_bit_identical(xdtype, k, symmetric):
     """Requantized int8 dense on the MAC array: per-channel weight zero points, a bias, and (k =
-    600 on the 24-bit production chip) a reduction in two accumulator-safe chunks."""
+    600 on the 24-bit production chip) a reduction in two accumulator-safe chunks; symmetric:
+    both zero points 0, so the kernel forms no operand sums."""
     rng = np.random.default_rng(7)
     m, n = 10, 12
     lo, hi = (-128, 128) if xdtype == "int8" else (0, 256)
     x = rng.integers(lo, hi, size=(m, k)).astype(xdtype)
     w = rng.integers(-127, 128, size=(k, n)).astype("int8")
     sw = rng.uniform(0.001, 0.005, size=n).astype("float32")
-    zw = rng.integers(-3, 4, size=n).astype("int8")
-    mod = qgemm_module(x.shape, xdtype, w, sw, zw, 0.01, 5 if xdtype == "int8" else 131, op="dense",
+    zw = rng.integers(-3, 4, size=n).astype("int8") * (not symmetric)
+    zx = 0 if symmetric else 5 if xdtype == "int8" else 131
+    mod = qgemm_module(x.shape, xdtype, w, sw, zw, 0.01, zx, op="dense",
                        bias=rng.normal(size=n).astype("float32"), out=(0.3, -4, "int8"), w_axis=1)
     progs = [p for p in _programs(mod) if any(layer.mode == "int8" for layer in p.layers)]
     assert progs
@@ -276,10 +265,68 @@ def test_image_bytes_identical_across_processes():
     assert proc.stdout.split()[-len(here):] == here
 
 
-@pytest.mark.xfail(strict=True, reason="the default simulator's fp32 GEMM kernels (C++) produce NaN "
-                   "payloads and signs by the host's rules (x86: -NaN for invalid operations, the "
-                   "first operand over a signalling second), not the M4F's")
+def _bits(x) -> int:
+    return int(np.float32(x).view(np.uint32))
+
+
+def _m4f_nan(x, y) -> int:
+    """FPProcessNaNs (ARMv7-M ARM A2.5.5, FPSCR.DN = 0) of two operands, at least one a NaN: a
+    signalling NaN quieted (the first operand's if both are), else the first quiet NaN."""
+    for v in (x, y):
+        if np.isnan(v) and not _bits(v) & 0x00400000:
+            return _bits(v) | 0x00400000
+    return _bits(x) if np.isnan(x) else _bits(y)
+
+
+def _put(x, index, bits):
+    x.reshape(-1).view(np.uint32)[index] = bits
+
+
 def test_gemm_nan_payloads_follow_the_m4f():
+    """NaN payloads and signs of fp32 GEMM outputs are the M4F's (the PE kernel's VMUL of B's element
+    by A's, VADD of the accumulator and the product, then of the bias), in the default simulator
+    and in ``iss`` mode alike: a quiet NaN against a signalling one, two quiet ones, a signalling
+    one first, ``0 * inf`` and ``inf - inf`` (the default NaN 0x7FC00000; x86 gives 0xFFC00000),
+    and a NaN bias."""
+    qn1, qn2, sn1, sn2 = 0x7FC01234, 0xFFC00777, 0x7F800055, 0xFF800066
+
+    class Lin(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(5, 7)
+
+        def forward(self, a):
+            return self.fc(a)
+
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(6, 5)).astype(np.float32)
+    net = Lin().eval()
+    w = net.fc.weight.detach().numpy().T.copy()  # [k, n]: the GEMM's B
+    bias = net.fc.bias.detach().numpy().copy()
+    _put(a, 0 * 5 + 1, qn1)
+    _put(w, 1 * 7 + 0, sn2)  # row 0, column 0: quiet A, signalling B -> B's, quieted
+    _put(a, 1 * 5 + 2, qn1)
+    _put(w, 2 * 7 + 1, qn2)  # row 1, column 1: both quiet -> B's (VMUL's first operand)
+    _put(a, 2 * 5 + 3, sn1)  # row 2: signalling A
+    a[3, 0], w[0, 3] = 0.0, np.inf  # row 3, column 3: 0 * inf
+    a[5, 1], a[5, 2] = np.inf, -np.inf  # row 5: inf - inf wherever B's signs agree
+    _put(bias, 6, sn1)  # column 6: a signalling bias
+    with torch.no_grad():
+        net.fc.weight.copy_(torch.from_numpy(w.T.copy()))
+        net.fc.bias.copy_(torch.from_numpy(bias))
+    (program,) = _programs(tvm_spinn.frontend.from_pytorch(net, (torch.zeros(6, 5),)))
+    want, got = run_program(program, [a])[0], run_program_iss(program, [a])[0]
+    g = got.view(np.uint32)
+    assert g[0, 0] == sn2 | 0x00400000
+    assert g[1, 1] == qn2
+    assert g[2, 2] == sn1 | 0x00400000
+    assert g[3, 3] == 0x7FC00000
+    assert g[0, 6] == _m4f_nan(np.float32(a[0] @ w[:, 6]), bias[6]) == sn1 | 0x00400000
+    assert np.any(g[5] == 0x7FC00000)
+    assert np.array_equal(want.view(np.uint32), g)
+
+
+def test_matmul_nan_payloads_follow_the_m4f():
     class Mm(torch.nn.Module):
         def forward(self, a, b):
             return torch.matmul(a, b)

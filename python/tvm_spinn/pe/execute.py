@@ -193,6 +193,12 @@ def _run_gemm_i8(run: _Run, index: int, env, table) -> np.ndarray:
         return np.broadcast_to(v, (channels,))
 
     cols = np.stack([column("w_zero"), column("bias_q"), column("multiplier"), column("shift", 1)], axis=1)
+    # the zero-point terms need a's row sums where b's zero points are not all 0, and b's column
+    # sums where x_zero is not 0: a constant b's (the weights of dense and conv2d) are the
+    # compiler's, written with the requantization constants; an activation's the PE's
+    row_sums, col_sums = bool(np.any(cols[:, 0] != 0)), int(attrs["x_zero"]) != 0
+    const_b = kind != "matmul"
+    sum_flags = (4 if row_sums else 0) | (8 if col_sums and not const_b else 0)
     kc = view.gemm_chunk(p, index)
     carry: dict = {}  # region -> the int32 sums a reduction part hands to the next (over the NoC)
     for t in range(len(table)):
@@ -219,11 +225,15 @@ def _run_gemm_i8(run: _Run, index: int, env, table) -> np.ndarray:
             m.write(pacc, acc)
             m.write(prs, rs)
             m.write(pcs, cs)
+        else:  # sums the kernel does not form are zero, or the constant operand's
+            m.write(prs, bytes(4 * tm))
+            cs = (bt.astype(np.int64).sum(axis=0) if col_sums and const_b else np.zeros(tn, np.int64))
+            m.write(pcs, cs.astype(np.int32).tobytes())
         for c0 in range(k0, k1, kc):
             c1 = min(c0 + kc, k1)
             m.write(pa, np.ascontiguousarray(at[:, c0:c1], dtype=np.int8).tobytes())
             m.write(pb, np.ascontiguousarray(bt[c0:c1], dtype=np.int8).tobytes())
-            flags = (1 if c0 == 0 else 0) | (2 if c1 == g.k else 0)
+            flags = (1 if c0 == 0 else 0) | (2 if c1 == g.k else 0) | sum_flags
             m.run([[pa, pb, pp, pacc, prs, pcs, pq, py, tm, tn, c1 - c0, flags]])
         if k1 < g.k:
             carry[key] = (m.read(pacc, 4 * tm * tn), m.read(prs, 4 * tm), m.read(pcs, 4 * tn))

@@ -25,8 +25,9 @@ Kernels (the ``spec`` of :func:`kernel_object`):
   k, flags``.
 - ``("gemm_i8",)``: one k-chunk of an int8 GEMM (``dense``, ``matmul``, a ``conv2d`` tile
   transposed by the host, see :mod:`.execute`): the MAC array's ``acc_bits`` sums into
-  the int32 scratch ``p`` (driver ``pe_mac_gemm``), added in 32-bit to ``acc`` with the
-  operands' row and column sums; on the last chunk the zero-point terms and the requantization
+  the int32 scratch ``p`` (driver ``pe_mac_gemm``), added in 32-bit to ``acc``, with the
+  row sums of ``a`` (``flags`` bit 2) and the column sums of ``b`` (bit 3) where the zero-point
+  terms need them at run time; on the last chunk the zero-point terms and the requantization
   (:func:`tvm_spinn.program.quant.requantize`; a ReLU is its clamp at the zero point) write
   int8 ``y``. Args ``a, b, p, acc, rowsum,
   colsum, consts, y, m, n, k, flags``; ``consts`` points at ``[zx, K, y_zero, y_min, y_max]``
@@ -271,18 +272,22 @@ def _gemm_i8():
         Y = T.decl_buffer((m * n,), "int8", data=y)
         T.evaluate(T.call_extern("int32", "pe_mac_gemm", a, b, p, m, n, k))
         first = flags & 1 != 0
-        for i in range(m):
-            s = T.decl_buffer((1,), "int32", scope="local")
-            s[0] = T.if_then_else(first, 0, RS[i])
-            for kk in range(k):
-                s[0] = s[0] + T.Cast("int32", A[i * k + kk])
-            RS[i] = s[0]
-        for j in range(n):
-            s = T.decl_buffer((1,), "int32", scope="local")
-            s[0] = T.if_then_else(first, 0, CS[j])
-            for kk in range(k):
-                s[0] = s[0] + T.Cast("int32", B[kk * n + j])
-            CS[j] = s[0]
+        # an operand's sums are needed only where the other's zero point is nonzero (bit 2: the
+        # rows of a, bit 3: the columns of b); the host gives a constant operand's sums
+        if flags & 4 != 0:
+            for i in range(m):
+                s = T.decl_buffer((1,), "int32", scope="local")
+                s[0] = T.if_then_else(first, 0, RS[i])
+                for kk in range(k):
+                    s[0] = s[0] + T.Cast("int32", A[i * k + kk])
+                RS[i] = s[0]
+        if flags & 8 != 0:
+            for j in range(n):
+                s = T.decl_buffer((1,), "int32", scope="local")
+                s[0] = T.if_then_else(first, 0, CS[j])
+                for kk in range(k):
+                    s[0] = s[0] + T.Cast("int32", B[kk * n + j])
+                CS[j] = s[0]
         for i in range(m):
             for j in range(n):
                 ACC[i * n + j] = T.if_then_else(first, P[i * n + j], ACC[i * n + j] + P[i * n + j])

@@ -53,6 +53,9 @@ class Mix:
         Taken branches of the element's own control flow (not the loop's).
     exp : float
         Elements the pass streams through the exp/log unit (``exp_unit_cycles`` each).
+    mla : float
+        Integer multiply-accumulates (MLA, MLS: 2 cycles each, TRM table 3-1, priced as two
+        ``m4f_alu_cycles``).
     """
 
     loads: float = 0.0
@@ -64,6 +67,7 @@ class Mix:
     alu: float = 0.0
     branches: float = 0.0
     exp: float = 0.0
+    mla: float = 0.0
 
 
 def mix_cycles(mix: Mix, arch: "SpinnArch") -> float:
@@ -72,7 +76,7 @@ def mix_cycles(mix: Mix, arch: "SpinnArch") -> float:
     return (mix.loads * arch.m4f_mem_cycles + mix.paired * arch.m4f_mem_pipelined_cycles
             + mix.fpu * fpu + mix.compares * 2 * fpu + mix.selects * (alu + fpu)
             + mix.divides * arch.m4f_divide_cycles + mix.alu * alu + mix.branches * arch.m4f_branch_cycles
-            + mix.exp * arch.exp_unit_cycles)
+            + mix.exp * arch.exp_unit_cycles + mix.mla * 2 * alu)
 
 
 def pass_cycles(passes: Sequence[Mix], arch: "SpinnArch") -> float:

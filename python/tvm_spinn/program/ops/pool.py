@@ -33,9 +33,38 @@ from ..checks import PAD4, POS2, check_bool, fail
 from ..model import Layer
 from .elementwise import binary
 from .sharding import REPLICATE, GatherInput, ShardDecision, ShardingRule, shard
+from .m4f import Mix, mix_cycles
 from .base import ComputedFlat, MappingError, OpFamily, ceil_div, itemsize, register, starts, working_budget
 
-__all__ = ["Pool", "PoolGrad", "smallest_pool_tile_bytes", "max_pool2d_backward"]
+__all__ = ["Pool", "PoolGrad", "smallest_pool_tile_bytes", "max_pool2d_backward", "pool_tile_cycles"]
+
+#: The PE's pool kernel (:mod:`tvm_spinn.pe.kernels` ``pool``) as the generated code executes it,
+#: per kind: one :class:`~.m4f.Mix` per window element, per window row, per output and per row
+#: of outputs (instruction classes counted in its executed blocks). A window element is a load
+#: at an address computed from its row and column (a multiply and adds), then for ``max`` the
+#: compare-and-select and the NaN test's compare-and-select, for ``avg`` one VADD (the first
+#: element selected instead); a window row sets up its address; an output starts its
+#: accumulator, stores it (``avg``: after one VDIV by its divisor) and advances the addresses
+#: the code keeps on the stack.
+POOL_MIXES = {
+    "max_pool2d": (Mix(loads=1.0, compares=2.0, selects=2.0, alu=5.0),
+                   Mix(loads=2.0, alu=13.0, branches=2.0),
+                   Mix(loads=8.0, paired=8.0, fpu=1.0, alu=14.0, branches=1.0),
+                   Mix(loads=8.0, paired=10.0, alu=13.0, branches=2.0)),
+    "avg_pool2d": (Mix(loads=2.0, fpu=1.0, alu=5.0),
+                   Mix(loads=7.0, paired=4.0, alu=16.0, branches=2.0),
+                   Mix(loads=14.0, paired=12.0, alu=26.0, divides=1.0, branches=1.0),
+                   Mix(loads=8.0, paired=10.0, alu=13.0, branches=2.0)),
+}
+
+
+def pool_tile_cycles(kind: str, planes, rows, ow: int, kh: int, kw: int, arch) -> np.ndarray:
+    """M4F cycles of a pool tile of ``planes`` planes of ``rows`` output rows of ``ow`` outputs
+    (``planes``, ``rows`` int64 arrays), ``kh x kw`` windows: :data:`POOL_MIXES` priced by
+    :func:`~.m4f.mix_cycles`, plus one job (``m4f_job_cycles``)."""
+    elem, wrow, out, orow = (mix_cycles(m, arch) for m in POOL_MIXES[kind])
+    per_output = out + kh * wrow + kh * kw * elem
+    return arch.m4f_job_cycles + planes * rows * (orow + ow * per_output)
 
 _F32 = np.float32
 _F32_LOWEST = np.finfo(np.float32).min
@@ -187,7 +216,7 @@ class Pool(OpFamily):
         ext = hi - lo
         k, rows = ext[:, 0], ext[:, 1]
         band = ie * ((rows - 1) * sh + khe) * wp + oe * rows * ow
-        cycles = np.floor(k * rows * ow * kh * kw * arch.m4f_elementwise_cycles / 2)
+        cycles = np.ceil(pool_tile_cycles(layer.kind, k, rows, ow, kh, kw, arch))
         return (2 * band * k, ie * k * np.minimum(h, (rows - 1) * sh + khe) * w, 0,
                 oe * k * rows * ow, cycles)
 

@@ -6,7 +6,8 @@ float32) on the M4F, per tensor or per channel along ``axis``.
   ``fl(q - z) * s`` with ``q - z`` in 32-bit arithmetic.
 - Native runs (``src/sim_plan.cc``, :meth:`QuantizeDequantize.native`): the same operations per
   element, channel ``(i // inner) % channels`` of the flattened tensor.
-- Tiles: ``[elements]`` over the flattened output.
+- Tiles: ``[elements]`` over the flattened output; cycles per element from the PE kernel's
+  instruction mix (:data:`QDQ_MIXES`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ..model import Layer
 from ..quant import QUANT_RANGES
 from . import native
 from .base import FlatFamily, register
+from .m4f import Mix, pass_cycles
 from .sharding import PointwiseRule
 
 __all__ = ["QuantizeDequantize"]
@@ -27,8 +29,24 @@ __all__ = ["QuantizeDequantize"]
 _F32 = np.float32
 
 
+#: One element of the PE kernels (:mod:`tvm_spinn.pe.kernels` ``quantize`` and ``dequantize``)
+#: as the generated code executes it (instruction classes counted in its executed blocks).
+#: quantize: the loads of x, the scale and the zero point and the byte store, one VDIV, the
+#: rounding ``(v + 2^23) - 2^23`` with its sign and magnitude tests, the zero point's VCVT and
+#: add, both clamps, the NaN test, the conversion and its move to the core. dequantize: the
+#: loads of q, the zero point and the scale and the store, the 32-bit subtraction, its move to
+#: the FPU, VCVT and VMUL.
+QDQ_MIXES = {
+    "quantize": Mix(loads=3.0, paired=1.0, divides=1.0, fpu=9.0, compares=5.0, selects=5.0, alu=2.0),
+    "dequantize": Mix(loads=2.0, paired=2.0, fpu=3.0, alu=2.0),
+}
+
+
 class QuantizeDequantize(FlatFamily):
     """quantize and dequantize layers (those not folded into an int8 GEMM)."""
+
+    def cycles_per_element(self, layer, arch):
+        return pass_cycles((QDQ_MIXES[layer.kind],), arch)
 
     kinds = ("quantize", "dequantize")
     pointwise = True

@@ -10,6 +10,7 @@ import numpy as np
 from ...checks import PAD4, POS2, POSINT, ZERO, check_bool, check_str
 from ...model import Layer
 from ...noc import noc_port_cycles
+from ..m4f import Mix, mix_cycles
 from ..base import ACC_BYTES, MappingError, ceil_div, gemm_tile_bytes, itemsize, working_budget
 
 if TYPE_CHECKING:
@@ -93,16 +94,23 @@ def _operand_elems(kind: str, mode: str, elem_bytes) -> tuple[int, int, int, int
 
 @dataclass(frozen=True)
 class Int8Side:
-    """The M4F's share of an int8 GEMM tile (it overlaps the MAC array's passes).
+    """The M4F's share of an int8 GEMM tile (run by the PE kernel after each of the MAC array's
+    reduction chunks, :mod:`tvm_spinn.pe.kernels` ``gemm_i8``).
 
-    ``fp32_out``: dequantizing epilogue (``fl(acc) * scale [+ bias]``) on the M4F;
-    ``row_sums`` / ``col_sums``: ``sum_k`` of the A rows / B columns is needed at run time (that
-    operand is an activation and the other operand has a nonzero zero point).
+    ``fp32_out``: dequantizing epilogue (``fl(acc) * scale [+ bias]``) on the M4F, else the
+    requantization to int8/uint8; ``row_sums`` / ``col_sums``: ``sum_k`` of the A rows / B
+    columns is needed at run time (that operand is an activation and the other operand has a
+    nonzero zero point; a constant operand's sums are the compiler's); ``epilogue``: the tile
+    finishes its outputs (False for a part of a reduction split over PEs, whose reducing part
+    does); ``transposed``: the kernel's rows are the tile's columns (``conv2d``: the kernel runs
+    pixels x output channels).
     """
 
     fp32_out: bool = False
     row_sums: bool = False
     col_sums: bool = False
+    epilogue: bool = True
+    transposed: bool = False
 
 
 def int8_side(program, layer: Layer) -> Int8Side:
@@ -111,7 +119,7 @@ def int8_side(program, layer: Layer) -> Int8Side:
     a = layer.attrs
     w_zero = "w_zero" in layer.consts
     if layer.kind == "conv2d":  # A = weight, B = im2col(x): x sums needed when zw != 0
-        return Int8Side(fp32_out, False, w_zero)
+        return Int8Side(fp32_out, False, w_zero, transposed=True)
     if layer.kind == "dense":  # A = x, B = weight
         return Int8Side(fp32_out, w_zero, False)
     return Int8Side(fp32_out, a.get("b_zero", 0) != 0, a.get("x_zero", 0) != 0)
@@ -154,11 +162,62 @@ def fp32_tile_cycles(vm, vn, k, k_splits, arch: "SpinnArch"):
                                    + arch.m4f_job_cycles)
 
 
+#: The int8 GEMM kernel's M4F work as the generated code executes it, one :class:`~..m4f.Mix`
+#: per unit (instruction classes counted in the executed basic blocks of ``gemm_i8``):
+#: an operand's sums, per element (LDRSB + ADD, unrolled by 4 with one SUBS, CMP and BNE per 4
+#: elements) and per row (the running sum loaded or started at 0, stored, the loop set-up);
+#: the 32-bit add of a chunk's array sums, per output (LDRD pairs of the scratch and the
+#: accumulator, ADD, STRD) and per row; the requantization, per output (the zero-point terms
+#: by MUL and MLA, the 64-bit product by UMULL and MLA, the variable rounding shift with its
+#: IT-selected halves, both clamps as 64-bit SUBS/SBCS compares and IT selects, the per-column
+#: constants and spilled registers reloaded) and per row; the MAC array's driver per job (7
+#: register writes, the CTRL poll).
+I8_SUM = Mix(loads=1.0, alu=1.5, branches=0.25)
+I8_SUM_ROW = Mix(loads=2.0, paired=1.0, alu=8.0, branches=1.5)
+I8_ACC = Mix(loads=1.0, paired=1.0, alu=1.5)
+I8_ACC_ROW = Mix(loads=2.0, paired=1.0, alu=5.0, branches=1.5)
+I8_REQUANT = Mix(loads=12.7, paired=5.0, alu=43.7, mla=4.0, branches=0.5)
+I8_REQUANT_ROW = Mix(loads=9.0, paired=5.0, alu=11.0, branches=1.5)
+I8_DRIVER = Mix(loads=8.0, alu=8.0, branches=1.0)
+#: the dequantizing epilogue of an fp32 output per output (VCVT of the sum, VMUL by the scale,
+#: VADD of the bias, the loads and store): not generated for the PE yet, so not checked
+I8_DEQUANT = Mix(loads=3.0, paired=1.0, fpu=3.0, alu=1.0)
+
+
+def int8_m4f_cycles(vm, vn, k, k_splits, arch: "SpinnArch", side: Int8Side | None = None):
+    """M4F cycles of a ``vm x vn`` int8 GEMM tile with reduction ``k`` in ``k_splits`` chunks, as
+    the PE kernel runs it (:data:`I8_SUM` and the other mixes, priced by
+    :func:`~..m4f.mix_cycles`): per chunk (job) ``m4f_job_cycles``, the array's driver and the
+    32-bit add of the array's sums into the accumulator; the activation's sums over all of
+    ``k`` where the other operand's zero point needs them; after the last chunk the
+    requantization (or the dequantizing epilogue). ``vm``, ``vn`` may be int64 arrays."""
+    side = side or Int8Side()
+    rows = vn if side.transposed else vm  # the kernel's rows
+
+    def c(mix):
+        return mix_cycles(mix, arch)
+
+    outs = vm * vn
+    per_job = arch.m4f_job_cycles + c(I8_DRIVER) + outs * c(I8_ACC) + rows * c(I8_ACC_ROW)
+    summed = vm * side.row_sums + vn * side.col_sums  # rows of a sum each
+    sums = summed * (k * c(I8_SUM) + k_splits * c(I8_SUM_ROW))
+    finish = 0.0
+    if side.epilogue:
+        finish = (outs * c(I8_DEQUANT) if side.fp32_out
+                  else outs * c(I8_REQUANT) + rows * c(I8_REQUANT_ROW))
+    return k_splits * per_job + sums + finish
+
+
 def gemm_tile_cycles(vm: int, vn: int, k: int, k_splits: int, arch: "SpinnArch", mode: str = "fp32",
                      side: Int8Side | None = None) -> float:
     """Compute cycles of a ``vm x vn`` GEMM tile with reduction ``k`` in ``k_splits`` chunks
     (see the module docstring); a float, callers round up. ``vm`` and ``vn`` may be int64
-    arrays (one entry per tile): the result is then a float64 array."""
+    arrays (one entry per tile): the result is then a float64 array. int8: the longer of the
+    MAC array's passes and the M4F's adds of the chunks' sums and of the activation's sums at
+    ``m4f_elementwise_cycles`` each. The generated kernel's M4F work (:func:`int8_m4f_cycles`,
+    its requantization included) is not charged here: the production chip's published int8
+    matmul rate (``bench/fidelity.py``) leaves no room for it, so that measurement's program
+    would not be the one this layer models."""
     if mode != "int8":
         return fp32_tile_cycles(vm, vn, k, k_splits, arch)
     side = side or Int8Side()
@@ -194,9 +253,9 @@ def k_part_tail_cycles(vm, vn, parts: int, arch: "SpinnArch", side: Int8Side | N
 
 def _part_side(side: Int8Side | None) -> Int8Side:
     """What one part of a split int8 reduction computes besides its MAC-array sums: its zero-point
-    sums, not the dequantizing epilogue (the reducing part runs that, :func:`k_part_tail_cycles`)."""
+    sums, not the epilogue (the reducing part runs that, :func:`k_part_tail_cycles`)."""
     side = side or Int8Side()
-    return Int8Side(row_sums=side.row_sums, col_sums=side.col_sums)
+    return Int8Side(row_sums=side.row_sums, col_sums=side.col_sums, epilogue=False, transposed=side.transposed)
 
 
 def _round_up(a: int, b: int) -> int:
