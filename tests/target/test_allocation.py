@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from tvm_spinn.target import ArchError, arch_of, make_system
-from tvm_spinn.target.allocation import (ALLOCATION_LADDER, allocation, allocation_shape, patch_boards, patch_shape,
-                                         sub_allocations)
+from tvm_spinn.target.allocation import (ALLOCATION_LADDER, allocation, allocation_shape, board_name, patch_boards,
+                                         patch_shape, sub_allocations)
 from tvm_spinn.target.faults import usable_boards
 from tvm_spinn.target.topology import topology_of
 
@@ -60,9 +60,9 @@ def test_sub_allocations_are_the_ladders_smaller_patches_inside_the_allocation()
         inner = sub_allocations(allocation(cloud, n))
         assert [allocation_shape(s) for _, s in inner] == [allocation_shape(allocation(cloud, m))
                                                             for m in ALLOCATION_LADDER if m < n]
-        for _, s in inner:  # inside the allocation, named as it is (mappings shared)
+        for m, s in inner:  # inside the allocation, named as the allocation of its size
             assert set(s.allocated_boards) <= set(allocation(cloud, n).allocated_boards)
-            assert s.name == allocation(cloud, n).name
+            assert s.name == allocation(cloud, m).name and board_name(s) == "spinn2-cloud[board]"
     # a patch away from the corner: its sub-patches at its own corner
     machine = make_system("m16", boards=16)
     moved = machine.replace(allocated_boards=patch_boards((4, 4), (2, 2), origin=(2, 1)))

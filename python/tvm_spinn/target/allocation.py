@@ -24,7 +24,8 @@ from __future__ import annotations
 from .arch import ArchError, SpinnArch
 from .topology import board_grid
 
-__all__ = ["ALLOCATION_LADDER", "patch_shape", "patch_boards", "allocation", "allocation_shape", "sub_allocations"]
+__all__ = ["ALLOCATION_LADDER", "patch_shape", "patch_boards", "allocation", "allocation_shape", "sub_allocations",
+           "machine_name", "board_name"]
 
 #: Board counts of the allocations a planner also tries inside the one it is given: one board,
 #: the powers of two up to a frame of 8, then about three times larger each step (a 24-board
@@ -80,6 +81,19 @@ def patch_boards(grid: "tuple[int, int]", shape: "tuple[int, int]", origin: "tup
     return tuple(sorted(((a0 + a) % bx) + bx * ((b0 + b) % by) for b in range(q) for a in range(p)))
 
 
+def machine_name(arch: SpinnArch) -> str:
+    """The name of the machine ``arch`` is an allocation of: its name without the ``[p x q]`` an
+    allocation's name ends with (:func:`allocation`)."""
+    return arch.name.split("[")[0] if arch.name.endswith("]") else arch.name
+
+
+def board_name(arch: SpinnArch) -> str:
+    """The name of one board of ``arch`` as a system of its own: the machine's
+    (:func:`machine_name`), so every allocation of a machine maps its boards alike (the
+    mappings' memo keys read the name)."""
+    return f"{machine_name(arch)}[board]"
+
+
 def _machine(arch: SpinnArch) -> tuple:
     """``(torus of boards, board count)`` of the whole machine ``arch`` is part of."""
     boards = arch.chips // arch.chips_per_board
@@ -112,7 +126,7 @@ def allocation(arch: SpinnArch, boards: int, name: "str | None" = None) -> Spinn
     if boards == total:
         return arch if name is None else arch.replace(name=name)
     shape = patch_shape(boards, grid)
-    return arch.replace(name=name or f"{arch.name}[{shape[0]}x{shape[1]}]",
+    return arch.replace(name=name or f"{machine_name(arch)}[{shape[0]}x{shape[1]}]",
                         allocated_boards=patch_boards(grid, shape))
 
 
@@ -141,9 +155,10 @@ def sub_allocations(arch: SpinnArch) -> "list[tuple[int, SpinnArch]]":
     Each is the patch the machine allocates for that size (:func:`allocation`'s shape, or the
     most nearly square that fits inside ``arch`` where that one does not), at the corner of
     ``arch``. A patch that spans no dimension of the machine plans the same wherever it lies
-    (see the module docstring), so one system per shape stands for every position. The
-    systems keep the name of ``arch`` (mappings on their boards are shared with its own). A
-    system that is not a patch (faults, or scattered boards) has none.
+    (see the module docstring), so one system per shape stands for every position; each is
+    named as :func:`allocation` names its shape, so a process plans each patch once (see
+    :data:`tvm_spinn.llm.plan.SEARCHED_MAX`). A system that is not a patch (faults, or
+    scattered boards) has none.
 
     Returns
     -------
@@ -169,5 +184,6 @@ def sub_allocations(arch: SpinnArch) -> "list[tuple[int, SpinnArch]]":
         if (p, q) in seen:
             continue
         seen.add((p, q))
-        out.append((n, arch.replace(allocated_boards=patch_boards(grid, (p, q), origin))))
+        out.append((n, arch.replace(name=f"{machine_name(arch)}[{p}x{q}]",
+                                    allocated_boards=patch_boards(grid, (p, q), origin))))
     return out
