@@ -589,8 +589,11 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
 
     def searched(arch) -> tuple:
         """``search`` on ``arch``, remembered for the process (:data:`_SEARCHED`): the records
-        are a function of the config, the request and the system only."""
-        key = (json.dumps(cfg, sort_keys=True, default=str), batch, seq, dtype, handover, arch)
+        are a function of the config, the request, the system and the mapping options only."""
+        from ..mapping import current_options
+
+        key = (json.dumps(cfg, sort_keys=True, default=str), batch, seq, dtype, handover, arch,
+               json.dumps(current_options().to_dict(), sort_keys=True, default=str))
         if key not in _SEARCHED:
             found: dict = {}
             _SEARCHED[key] = (search(arch, found), found)

@@ -5,15 +5,16 @@ A machine of ``bx x by`` boards (:func:`tvm_spinn.target.topology.board_grid`; `
 (``SpinnArch.allocated_boards``), whose links to the boards around it are someone else's (the
 link graph takes them out, :func:`tvm_spinn.target.topology.topology_of`). A patch as wide (or
 tall) as the machine keeps that dimension's wrap-around links; a smaller one has none. Every
-allocation of a machine therefore shares the machine's wiring: what differs between two
-allocations of ``n`` boards is their shape only, and two patches of the same shape that do not
-span a dimension of the machine are the same system up to a translation (the planners' costs
-read routes and loads on the live links, which a translation preserves).
+allocation of a machine therefore shares the machine's wiring. Two patches of the same shape
+that span no dimension have the same links up to a translation, but the planners lay their
+groups of boards on the machine's torus (:func:`tvm_spinn.llm.board_tp.board_groups`), so a
+plan may depend on where the patch lies: the allocations here start at the torus' origin, and
+so do the patches inside them, so a larger one holds the smaller ones' very patches.
 
 * :func:`patch_shape`: the most nearly square ``p x q`` patch of ``n`` boards that fits;
 * :func:`patch_boards`: the board ids of a patch at an origin;
 * :func:`allocation`: a machine's allocation of ``n`` boards as a system (the machine itself
-  for all of its boards);
+  for all of its boards), at the torus' origin;
 * :func:`allocation_shape`: the patch an allocation is, where it is one;
 * :func:`sub_allocations`: the allocations of the ladder's smaller sizes inside an allocation,
   one per shape (what a planner may run on, leaving the rest of its boards idle).
@@ -154,16 +155,18 @@ def sub_allocations(arch: SpinnArch) -> "list[tuple[int, SpinnArch]]":
 
     Each is the patch the machine allocates for that size (:func:`allocation`'s shape, or the
     most nearly square that fits inside ``arch`` where that one does not), at the corner of
-    ``arch``. A patch that spans no dimension of the machine plans the same wherever it lies
-    (see the module docstring), so one system per shape stands for every position; each is
-    named as :func:`allocation` names its shape, so a process plans each patch once (see
-    :data:`tvm_spinn.llm.plan.SEARCHED_MAX`). A system that is not a patch (faults, or
-    scattered boards) has none.
+    ``arch`` (for an allocation at the torus' origin: :func:`allocation`'s own patch), named as
+    :func:`allocation` names its shape, so a process plans each patch once (see
+    :data:`tvm_spinn.llm.plan.SEARCHED_MAX`). Patches are not enumerated: one per size of the
+    ladder stands for the positions inside ``arch``. A system smaller than a board, or not a
+    patch (faults, or scattered boards), has none.
 
     Returns
     -------
     list of (int, SpinnArch)
     """
+    if arch.chips < arch.chips_per_board or arch.chips % arch.chips_per_board:
+        return []  # part of a board: no patch of boards
     shape = allocation_shape(arch)
     if shape is None or shape[0] * shape[1] < 2:
         return []
