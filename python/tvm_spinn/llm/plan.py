@@ -54,6 +54,15 @@ with faults or a partial allocation (:mod:`tvm_spinn.target.faults`) every place
 live hardware only: its chips and boards (``plan["boards"]``, ``plan["health"]``), its routes
 around dead links (:mod:`tvm_spinn.llm.machine`).
 
+On a patch of a machine's torus of boards (the whole machine, or an allocation of it:
+:mod:`tvm_spinn.target.allocation`) the placements are searched on the patch and on every
+smaller patch of :data:`~tvm_spinn.target.allocation.ALLOCATION_LADDER` inside it, and the fastest
+token is kept: a plan may leave boards idle, so a larger allocation never plans a slower token
+than the ladder's smaller ones (``plan["allocated_boards"]``, ``plan["patch"]``: the patch whose
+search found the plan, ``plan["boards_used"]``; the other patches' candidates are in
+``alternatives`` as ``name@boards``). Each patch's search is remembered for the process
+(:data:`SEARCHED_MAX`).
+
 The headline is ``efficiency``: the physical bound of a decode step
 (:func:`tvm_spinn.timing.bounds.physical_bound` of :func:`~tvm_spinn.timing.bounds.decode_workload`:
 every block and the LM head, the KV cache at ``seq`` slots (a sliding window's where that is
