@@ -25,11 +25,20 @@ Three parts, each printed as one table from one run:
   over several board counts, tokens/s per user with the boards each plan uses and its
   efficiency; a plot of tokens/s per user against boards, the physical bound dotted (``--plot``,
   written atomically).
-* ``scaling`` (run alone): one model (Llama-2-70B by default) over 1, 2, 4, 8, 24, 72, 240 and
-  720 boards: one table of the boards in each system and the boards its plan uses (a plan may
-  leave boards idle), the placement, tokens/s per user, the efficiency against the physical
-  bound and the token period, whether tokens/s per user ever falls, and the plot (``--plot``;
-  by default ``bench/results/scaling.png``, a git-ignored folder).
+* ``scaling`` (run alone): one model (Llama-2-70B by default) over allocations of 1, 2, 4, 8,
+  24, 72, 240 and 720 boards of one machine, ``spinn/cloud``. The wiring model: an N-board point
+  is the most nearly square N-board patch of the cloud's 24 x 30 torus of boards
+  (:func:`tvm_spinn.target.allocation.allocation`, ``SpinnArch.allocated_boards``), so every
+  point shares the cloud's wiring: a patch has no wrap-around links unless it spans a dimension
+  of the torus (the whole cloud). The planner also plans every smaller patch of its ladder
+  inside the allocation it is given and keeps the fastest (a plan may leave boards idle), so
+  tokens/s per user cannot fall from one point to the next by construction of the search. One
+  table: the boards allocated, their patch, the patch the kept plan runs on and the boards it
+  uses, the placement, tokens/s per user, the efficiency against the physical bound, the token
+  period and the time to first token; whether tokens/s per user ever falls, and the plot
+  (``--plot``; by default ``bench/results/scaling.png``, a git-ignored folder). A standalone
+  24-board system (``spinn/boards24``: its own 4 x 6 torus, whose wrap-around links make rings
+  of four boards) is another machine: ``--part plan --systems boards24``.
 * ``prefill`` (run alone): the prompt's own plan (``tvm_spinn.llm.prefill``) for 128 / 2,048 /
   4,096-token prompts on Llama-2-70B and 8,192 on Llama-3.1-70B per system: time to first token,
   its plan-independent bound and efficiency, the chunk size, stages and boards the search chose.
@@ -63,8 +72,11 @@ SYSTEMS = {"chip": ("spinn", 1 / 48), "board": ("spinn/board", 1), "boards24": (
 #: Systems of whole boards registered by the bench (``boardsN``: ``make_system(boards=N)``)
 BOARD_COUNTS = (2, 4, 8, 24, 72, 240)
 SYSTEMS.update({f"boards{n}": (f"spinn/boards{n}", n) for n in BOARD_COUNTS})
-#: ``--systems scaling``: the board counts whose tokens/s per user must never fall
+#: ``--systems scaling``: standalone systems of these board counts (each its own torus of boards)
 SCALING = ("board", "boards2", "boards4", "boards8", "boards24", "boards72", "boards240", "cloud")
+#: ``--part scaling``: allocations of ``spinn/cloud`` of these many boards, whose tokens/s per
+#: user must never fall (the planner's ladder of patches, and the whole cloud)
+SCALING_BOARDS = (1, 2, 4, 8, 24, 72, 240, 720)
 
 
 def _small(family: str):
@@ -275,48 +287,55 @@ def part_plan(args) -> list[dict]:
     return rows
 
 
-@_with_board_systems
 def part_scaling(args) -> list[dict]:
-    """One model over the systems of :data:`SCALING` (1 to 720 boards): one table of the boards
-    in the system and the boards the plan uses, its placement, tokens/s per user, the efficiency
-    against the physical bound and the token period; whether tokens/s per user ever falls; the
-    plot (``--plot``, default ``bench/results/scaling.png``)."""
+    """One model over the allocations of :data:`SCALING_BOARDS` boards of ``spinn/cloud`` (each
+    its most nearly square patch of the cloud's torus of boards,
+    :func:`tvm_spinn.target.allocation.allocation`; 720: the whole cloud): one table of the
+    boards allocated, the patch, the patch of it the plan runs on and the boards it uses, its
+    placement, tokens/s per user, the efficiency against the physical bound and the token period;
+    whether tokens/s per user ever falls; the plot (``--plot``, default
+    ``bench/results/scaling.png``)."""
     from tvm_spinn.llm import LLMError
     from tvm_spinn.llm.plan import plan
+    from tvm_spinn.target import arch_of, registered_system
+    from tvm_spinn.target.allocation import allocation, patch_shape
     from tvm_spinn.target.topology import board_grid
 
     configs = importlib.resources.files("tvm_spinn.llm") / "configs"
+    cloud = arch_of(SYSTEMS["cloud"][0])
     rows = []
     for name in args.models:
         for dtype in args.dtypes:
-            print(f"\n== scaling: {name} {dtype}, batch {args.batch}, seq {args.seq}, {args.handover} hand-overs "
-                  "(config only: no weights, timing model)")
-            head = (f"{'system':<10}{'boards':>7}{'torus':>8}{'used':>6}{'placement':>26}{'tok/s/user':>12}"
-                    f"{'eff.':>8}{'ms/token':>10}{'bound ms':>10}{'plan s':>8}")
+            print(f"\n== scaling: {name} {dtype} on allocations of {cloud.name}, batch {args.batch}, seq {args.seq}, "
+                  f"{args.handover} hand-overs (config only: no weights, timing model)")
+            head = (f"{'boards':>7}{'patch':>8}{'runs on':>9}{'used':>6}{'placement':>26}{'tok/s/user':>12}"
+                    f"{'eff.':>8}{'ms/token':>10}{'bound ms':>10}{'TTFT s':>8}{'plan s':>8}")
             print(head + "\n" + "-" * len(head))
             mine = []
-            for system in SCALING:
-                target, boards = SYSTEMS[system]
+            for boards in SCALING_BOARDS:
+                arch = allocation(cloud, boards)
                 start = time.perf_counter()
                 try:
-                    p = plan(str(configs / f"{name}.json"), target=target, batch=args.batch, seq=args.seq,
-                             dtype=dtype, handover=args.handover)
+                    with registered_system(arch, tag=f"spinn/cloud-{boards}"):
+                        p = plan(str(configs / f"{name}.json"), target=f"spinn/cloud-{boards}", batch=args.batch,
+                                 seq=args.seq, dtype=dtype, handover=args.handover)
                 except (LLMError, ValueError) as err:
-                    print(f"{system:<10}{boards:>7g}  {err}")
+                    print(f"{boards:>7}  {err}")
                     continue
-                used = math.ceil(p.chips_used / 48)
-                mine.append(dict(model=name, system=system, boards=boards, dtype=dtype, plan=p, used=used))
-                torus = "x".join(map(str, board_grid(boards))) if boards > 1 else "-"
-                print(f"{system:<10}{boards:>7g}{torus:>8}{used:>6}{_placement(p):>26}{p.tokens_per_s_per_user:>12.3f}"
-                      f"{p.efficiency:>8.4f}{1e3 / p.tokens_per_s_per_user:>10.3f}{p.physical_bound_s * 1e3:>10.4g}"
-                      f"{time.perf_counter() - start:>8.1f}")
+                used = p.plan["boards_used"]
+                mine.append(dict(model=name, system=arch.name, boards=boards, dtype=dtype, plan=p, used=used))
+                patch = "x".join(map(str, patch_shape(boards, board_grid(cloud.boards))))
+                print(f"{boards:>7}{patch:>8}{p.plan['patch'] or '-':>9}{used:>6}{_placement(p):>26}"
+                      f"{p.tokens_per_s_per_user:>12.3f}{p.efficiency:>8.4f}{1e3 / p.tokens_per_s_per_user:>10.3f}"
+                      f"{p.physical_bound_s * 1e3:>10.4g}{p.ttft_s:>8.3f}{time.perf_counter() - start:>8.1f}")
             falls = [(a["boards"], b["boards"]) for a, b in zip(mine, mine[1:])
                      if b["plan"].tokens_per_s_per_user < a["plan"].tokens_per_s_per_user]
             print("tokens/s per user " + ("never falls" if not falls else
                                           "falls " + ", ".join(f"from {a:g} to {b:g} boards" for a, b in falls))
-                  + "; torus: the system's torus of boards (its rows and columns close into rings of that many "
-                  "boards; no larger torus holds a smaller one's short rings); used: the boards the plan runs on "
-                  "(the rest idle); eff.: physical bound / token period")
+                  + "; boards: allocated (patch: their rectangle of the cloud's torus of boards; the whole cloud "
+                  "keeps its wrap-around links, a smaller patch has none); runs on: the patch whose plan is kept "
+                  "(the allocation's own or a smaller one of the ladder inside it); used: the boards the plan runs "
+                  "on (the rest idle); eff.: physical bound / token period")
             rows += mine
     return rows
 

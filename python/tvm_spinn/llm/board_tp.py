@@ -265,10 +265,11 @@ def board_setting(arch):
         graph, the board's ring of chips, the board's resident SRAM share, the torus of boards)``.
     """
     from ..mapping.planner import resident_capacity
+    from ..target.allocation import board_name
     from ..target.topology import board_grid, ring_order, topology_of
 
     cpb = arch.chips_per_board
-    board = arch.replace(chips=cpb, name=f"{arch.name}[board]")
+    board = arch.replace(chips=cpb, name=board_name(arch))  # every allocation of a machine alike
     board_topo = topology_of(board)
     return (cpb, board, topology_of(arch), board_topo, ring_order(board_topo, cpb), resident_capacity(board),
             board_grid(arch.chips // cpb))
@@ -375,7 +376,12 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         sub = spec_of(sliced)
         model = P._meta_model(sliced, sub)
         parts = P._parts(model, sub, batch, seq)
-        dec = [d.program for d in describe(parts[0][1], parts[0][2], target, dtype)]
+        key = ("board_tp_slice", g, batch, seq, dtype)  # described once a plan (every patch of it)
+        if memo is None or key not in memo:
+            dec = [d.program for d in describe(parts[0][1], parts[0][2], target, dtype)]
+            if memo is not None:
+                memo[key] = dec
+        dec = memo[key] if memo is not None else dec
         host_shapes = {tuple(int(x) for x in a.shape) for a in parts[0][2][1:]}
         block_w = sum(t.nbytes for p in dec for t in p.tensors if t.role == "const")
         # blocks a board keeps resident; the first block on a board always runs as mapped alone

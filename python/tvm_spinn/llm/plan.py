@@ -54,6 +54,15 @@ with faults or a partial allocation (:mod:`tvm_spinn.target.faults`) every place
 live hardware only: its chips and boards (``plan["boards"]``, ``plan["health"]``), its routes
 around dead links (:mod:`tvm_spinn.llm.machine`).
 
+On a patch of a machine's torus of boards (the whole machine, or an allocation of it:
+:mod:`tvm_spinn.target.allocation`) the placements are searched on the patch and on every
+smaller patch of :data:`~tvm_spinn.target.allocation.ALLOCATION_LADDER` inside it, and the fastest
+token is kept: a plan may leave boards idle, so a larger allocation never plans a slower token
+than the ladder's smaller ones (``plan["allocated_boards"]``, ``plan["patch"]``: the patch whose
+search found the plan, ``plan["boards_used"]``; the other patches' candidates are in
+``alternatives`` as ``name@boards``). Each patch's search is remembered for the process
+(:data:`SEARCHED_MAX`).
+
 The headline is ``efficiency``: the physical bound of a decode step
 (:func:`tvm_spinn.timing.bounds.physical_bound` of :func:`~tvm_spinn.timing.bounds.decode_workload`:
 every block and the LM head, the KV cache at ``seq`` slots (a sliding window's where that is
@@ -73,6 +82,7 @@ the hand-overs go to links, ``bounds_s`` holds the sums per kind (their total is
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import json
@@ -373,6 +383,14 @@ def _smallest_fitting(need: int, arch) -> str:
     return f"it needs at least {boards} board(s) (tvm_spinn.make_system(boards={boards})){named}"
 
 
+#: The decode placements searched on a system (or a patch of one), per config, request and
+#: system, kept for the process: an allocation's plan searches every patch of the ladder inside
+#: it (:func:`tvm_spinn.target.allocation.sub_allocations`), which a sweep over allocations
+#: plans again and again. A pure memo (the records are a function of the key), at most
+#: :data:`SEARCHED_MAX` entries, the oldest dropped first.
+_SEARCHED: dict = {}
+SEARCHED_MAX = 32
+
 #: Context length planned when none is given (or the model's position limit where that is shorter)
 DEFAULT_SEQ = 2048
 
@@ -445,6 +463,7 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
     weight_bytes = spec.params * DTYPES[dtype]
     slots = spec.cache_slots(seq)  # a sliding window keeps only its last positions
     kv_bytes = batch * slots * spec.kv_bytes_per_token(4)
+    from ..target.allocation import allocation_shape, board_name, sub_allocations
     from ..target.faults import health, live_chips, usable_boards
 
     live = live_chips(arch)  # the chips that work (all of them on a healthy system)
@@ -466,112 +485,141 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
         steps.update()
 
     L = spec.layers
-    boards = len(usable_boards(arch)) if arch.chips >= arch.chips_per_board else 0
-    candidates = []
-    if live.size >= L + 1 and (boards < 2 or live.size // (L + 1) < arch.chips_per_board):
-        # one group of chips per block (and one for the head) inside a board: each group's SRAM
-        # holds only its block, so the mapper may keep its weights resident (on two or more
-        # boards the pipeline placement below is this with whole boards per stage)
-        # (a mixture of experts streams its experts: the ones a token picks change every token)
-        candidates.append(("groups", live.size // (L + 1), L + 1, "stream" if spec.experts else "auto"))
-    if boards >= 2 and arch.chips_per_board >= L + 1 and not arch.has_faults:
-        # the same on one board of the system: what a one-board system plans stays a candidate,
-        # so more boards never plan a slower token (the groups' hand-overs stay on the board)
-        candidates.append(("groups:one-board", arch.chips_per_board // (L + 1), L + 1,
-                           "stream" if spec.experts else "auto"))
-    # every block on the same chips: their weights together exceed the SRAM, so they stream from
-    # DRAM; at most SHARED_MAX_CHIPS chips (mapping one block over more is not practical yet)
-    shared = min(live.size, SHARED_MAX_CHIPS)
-    if arch.has_faults and shared > arch.chips_per_board:
-        shared -= shared % arch.chips_per_board  # timed as whole boards (their chips all work)
-    if shared * arch.dram_bytes >= weight_bytes + kv_bytes:
-        candidates.append(("shared", shared, 1, "stream"))
-    steps.total = 3 + len(candidates) + (len(STAGES_PER_BLOCK) if boards >= 2 else 0)
-    records = {}
-    peak = arch.peak_int8_ops_s if dtype == "int8" else arch.peak_fp32_flops_s
-    gemm_ops = 2 * batch * (spec.step_params(1) - (spec.vocab * spec.hidden if not spec.tied_embeddings else 0)
-                            - (spec.max_positions * spec.hidden if spec.family == "gpt2" else 0))
-    attn_flops = 2 * 2 * batch * L * spec.heads * spec.head_dim * slots
-    refused: dict = {}  # placement -> why it cannot hold this batch
-    sub_board = arch.replace(chips=arch.chips_per_board, name=f"{arch.name}[board]") if boards >= 2 else arch
-    for placement, group, groups, weights_mode in candidates:
-        steps.set_postfix_str(f"map: {placement} on {group} chips")
-        # (one board with dead chips: the system itself, its live chips; see target.faults)
-        sub = (arch if group == arch.chips or (placement == "shared" and boards <= 1 and group == live.size)
-               else arch.replace(chips=group, name=f"{arch.name}[{group} chips]"))
-        try:
-            dec, pre, head = (_map(described[k], sub, weights_mode) for k in ("decode", "prefill", "head"))
-        except MappingError as err:
-            # a block that does not fit a group (e.g. a large batch's prompt, or the prefill's
-            # attention scores of many heads on one chip) rules out this placement only
-            refused[placement] = str(err)
+    stages: dict = {}  # this call's stages mapped on one board (see _map_stage), shared by the patches
+
+    def search(arch, refused: dict) -> dict:
+        """The decode placements' records on ``arch`` (the system, or a patch of it)."""
+        live = live_chips(arch)
+        boards = len(usable_boards(arch)) if arch.chips >= arch.chips_per_board else 0
+        candidates = []
+        if live.size >= L + 1 and (boards < 2 or live.size // (L + 1) < arch.chips_per_board):
+            # one group of chips per block (and one for the head) inside a board: each group's SRAM
+            # holds only its block, so the mapper may keep its weights resident (on two or more
+            # boards the pipeline placement below is this with whole boards per stage)
+            # (a mixture of experts streams its experts: the ones a token picks change every token)
+            candidates.append(("groups", live.size // (L + 1), L + 1, "stream" if spec.experts else "auto"))
+        if boards >= 2 and arch.chips_per_board >= L + 1 and not arch.has_faults:
+            # the same on one board of the system: what a one-board system plans stays a candidate,
+            # so more boards never plan a slower token (the groups' hand-overs stay on the board)
+            candidates.append(("groups:one-board", arch.chips_per_board // (L + 1), L + 1,
+                               "stream" if spec.experts else "auto"))
+        # every block on the same chips: their weights together exceed the SRAM, so they stream from
+        # DRAM; at most SHARED_MAX_CHIPS chips (mapping one block over more is not practical yet)
+        shared = min(live.size, SHARED_MAX_CHIPS)
+        if arch.has_faults and shared > arch.chips_per_board:
+            shared -= shared % arch.chips_per_board  # timed as whole boards (their chips all work)
+        if shared * arch.dram_bytes >= weight_bytes + kv_bytes:
+            candidates.append(("shared", shared, 1, "stream"))
+        steps.total = 3 + len(candidates) + (len(STAGES_PER_BLOCK) if boards >= 2 else 0)
+        records = {}
+        peak = arch.peak_int8_ops_s if dtype == "int8" else arch.peak_fp32_flops_s
+        gemm_ops = 2 * batch * (spec.step_params(1) - (spec.vocab * spec.hidden if not spec.tied_embeddings else 0)
+                                - (spec.max_positions * spec.hidden if spec.family == "gpt2" else 0))
+        attn_flops = 2 * 2 * batch * L * spec.heads * spec.head_dim * slots
+        sub_board = arch.replace(chips=arch.chips_per_board, name=board_name(arch)) if boards >= 2 else arch
+        for placement, group, groups, weights_mode in candidates:
+            steps.set_postfix_str(f"map: {placement} on {group} chips")
+            # (one board with dead chips: the system itself, its live chips; see target.faults)
+            sub = (arch if group == arch.chips or (placement == "shared" and boards <= 1 and group == live.size)
+                   else arch.replace(chips=group, name=f"{arch.name}[{group} chips]"))
+            try:
+                dec, pre, head = (_map(described[k], sub, weights_mode) for k in ("decode", "prefill", "head"))
+            except MappingError as err:
+                # a block that does not fit a group (e.g. a large batch's prompt, or the prefill's
+                # attention scores of many heads on one chip) rules out this placement only
+                refused[placement] = str(err)
+                steps.update()
+                continue
+            handoff_dec = 0.0
+            if placement.startswith("groups"):
+                from ..target.topology import topology_of
+                from ..timing.collectives import point_to_point
+
+                # one board of the system: its routes kept on the board (the routing tables are the
+                # plan's), as on a one-board system
+                topo = topology_of(sub_board if placement == "groups:one-board" else arch)
+
+                def handoff(nbytes):  # the hidden state from each group to the next, one after another
+                    return sum(point_to_point(topo, [live[i * group]], [live[(i + 1) * group]], nbytes).seconds
+                               for i in range(L))
+
+                handoff_dec = handoff(batch * spec.hidden * HANDOVER_BYTES[handover])
+            # the KV cache: in SRAM as far as the block's memory plan kept it there (next to the
+            # weights resident before it), the rest in DRAM; each step writes one slot of it
+            kv_share = dec.kv_sram_bytes / dec.kv_bytes if dec.kv_bytes else 0.0
+            kv_sram = kv_bytes * kv_share
+            slot = kv_bytes / (L * slots)
+            write_sram, write_dram = (L * w for w in _kv_write_s(sub, slot, kv_share))
+            # the token back from the head's group to the first (the groups), the host's I/O
+            io = _step_io(sub_board if placement == "groups:one-board" else arch, batch, seq,
+                          live[L * group] if placement.startswith("groups") else None, live[:group])
+            loop_s = io["token_return_s"] + io["step_sync_s"] + io["host_io_decode_s"]
+            decode_s = L * dec.latency_s + head.latency_s + handoff_dec + write_sram + write_dram + loop_s
+            used = group * groups
+            resident = L * (dec.resident_bytes - dec.kv_sram_bytes) + head.resident_bytes  # weights only
+            step_bytes = spec.step_params(batch) * DTYPES[dtype]  # the weights a step reads (experts: the picked)
+            streamed = max(0, step_bytes - resident) if placement.startswith("groups") else step_bytes
+            # a token visits the groups one after another: each block has only its group's resources
+            share = used if placement == "shared" else group
+            bounds = {
+                "compute": (gemm_ops / peak + attn_flops / arch.peak_fp32_flops_s) * arch.chips / share,
+                "dram": (streamed + kv_bytes - kv_sram) / (arch.dram_bw_bytes_s * share) + write_dram,
+                "sram": (resident + kv_sram) / (share * arch.pes_per_chip * arch.dma_bw_bytes_per_cycle * arch.clock_hz)
+                        + write_sram,
+                "links": handoff_dec + loop_s,
+            }
+            described_groups = (f"{L} blocks + head on {groups} groups of {group} chips, a token passing through "
+                                "them in order (hidden state handed over on the links)" if placement.startswith("groups") else
+                                f"all {L} blocks and the head on all {group} chips, one after another")
+            records[placement] = dict(
+                decode_s=decode_s, period_s=decode_s,
+                energy_j=(L * dec.energy_j + head.energy_j) / batch, used=used, resident=resident, streamed=streamed,
+                kv_sram=kv_sram, sram_pe=max(dec.peak_pe_bytes, pre.peak_pe_bytes, head.peak_pe_bytes),
+                dram_chip=int(math.ceil((streamed + kv_bytes - kv_sram) / used)), bounds=bounds,
+                bound_s=max(bounds["compute"], bounds["dram"], bounds["sram"]) + bounds["links"],
+                binding=max(bounds, key=bounds.get), description=described_groups,
+                meta={"chips_per_group": group, "groups": groups, "mapping_weights": weights_mode,
+                      "block_decode_s": dec.latency_s + (write_sram + write_dram) / L, "block_prefill_s": pre.latency_s,
+                      "head_decode_s": head.latency_s, "handoff_decode_s": handoff_dec,
+                      "kv_write_decode_s": write_sram + write_dram, **io})
             steps.update()
-            continue
-        handoff_dec = 0.0
-        if placement.startswith("groups"):
-            from ..target.topology import topology_of
-            from ..timing.collectives import point_to_point
+        # a mixture of experts across boards: its experts spread over boards (the block's stages
+        # of the other placements would keep only the experts one step reads)
+        if boards >= 2 and not spec.experts:
+            records.update(_pipeline_records(described, spec, arch, model, target, dtype, batch, seq, kv_bytes,
+                                             weight_bytes, steps, handover, stages, refused))
+        if boards >= 3:
+            from . import board_tp, experts
 
-            # one board of the system: its routes kept on the board (the routing tables are the
-            # plan's), as on a one-board system
-            topo = topology_of(sub_board if placement == "groups:one-board" else arch)
+            args = (cfg, spec, arch, target, dtype, batch, seq, HANDOVER_BYTES[handover], described, weight_bytes,
+                    kv_bytes, steps, stages)
+            records.update(experts.records(*args) if spec.experts else board_tp.records(*args, refused))
+        return records
 
-            def handoff(nbytes):  # the hidden state from each group to the next, one after another
-                return sum(point_to_point(topo, [live[i * group]], [live[(i + 1) * group]], nbytes).seconds
-                           for i in range(L))
+    def searched(arch) -> tuple:
+        """``search`` on ``arch``, remembered for the process (:data:`_SEARCHED`): the records
+        are a function of the config, the request, the system and the mapping options only."""
+        from ..mapping import current_options
 
-            handoff_dec = handoff(batch * spec.hidden * HANDOVER_BYTES[handover])
-        # the KV cache: in SRAM as far as the block's memory plan kept it there (next to the
-        # weights resident before it), the rest in DRAM; each step writes one slot of it
-        kv_share = dec.kv_sram_bytes / dec.kv_bytes if dec.kv_bytes else 0.0
-        kv_sram = kv_bytes * kv_share
-        slot = kv_bytes / (L * slots)
-        write_sram, write_dram = (L * w for w in _kv_write_s(sub, slot, kv_share))
-        # the token back from the head's group to the first (the groups), the host's I/O
-        io = _step_io(sub_board if placement == "groups:one-board" else arch, batch, seq,
-                      live[L * group] if placement.startswith("groups") else None, live[:group])
-        loop_s = io["token_return_s"] + io["step_sync_s"] + io["host_io_decode_s"]
-        decode_s = L * dec.latency_s + head.latency_s + handoff_dec + write_sram + write_dram + loop_s
-        used = group * groups
-        resident = L * (dec.resident_bytes - dec.kv_sram_bytes) + head.resident_bytes  # weights only
-        step_bytes = spec.step_params(batch) * DTYPES[dtype]  # the weights a step reads (experts: the picked)
-        streamed = max(0, step_bytes - resident) if placement.startswith("groups") else step_bytes
-        # a token visits the groups one after another: each block has only its group's resources
-        share = used if placement == "shared" else group
-        bounds = {
-            "compute": (gemm_ops / peak + attn_flops / arch.peak_fp32_flops_s) * arch.chips / share,
-            "dram": (streamed + kv_bytes - kv_sram) / (arch.dram_bw_bytes_s * share) + write_dram,
-            "sram": (resident + kv_sram) / (share * arch.pes_per_chip * arch.dma_bw_bytes_per_cycle * arch.clock_hz)
-                    + write_sram,
-            "links": handoff_dec + loop_s,
-        }
-        described_groups = (f"{L} blocks + head on {groups} groups of {group} chips, a token passing through "
-                            "them in order (hidden state handed over on the links)" if placement.startswith("groups") else
-                            f"all {L} blocks and the head on all {group} chips, one after another")
-        records[placement] = dict(
-            decode_s=decode_s, period_s=decode_s,
-            energy_j=(L * dec.energy_j + head.energy_j) / batch, used=used, resident=resident, streamed=streamed,
-            kv_sram=kv_sram, sram_pe=max(dec.peak_pe_bytes, pre.peak_pe_bytes, head.peak_pe_bytes),
-            dram_chip=int(math.ceil((streamed + kv_bytes - kv_sram) / used)), bounds=bounds,
-            bound_s=max(bounds["compute"], bounds["dram"], bounds["sram"]) + bounds["links"],
-            binding=max(bounds, key=bounds.get), description=described_groups,
-            meta={"chips_per_group": group, "groups": groups, "mapping_weights": weights_mode,
-                  "block_decode_s": dec.latency_s + (write_sram + write_dram) / L, "block_prefill_s": pre.latency_s,
-                  "head_decode_s": head.latency_s, "handoff_decode_s": handoff_dec,
-                  "kv_write_decode_s": write_sram + write_dram, **io})
-        steps.update()
-    stages: dict = {}  # this call's stages mapped on one board (see _map_stage)
-    # a mixture of experts across boards: its experts spread over boards (the block's stages
-    # of the other placements would keep only the experts one step reads)
-    if boards >= 2 and not spec.experts:
-        records.update(_pipeline_records(described, spec, arch, model, target, dtype, batch, seq, kv_bytes,
-                                         weight_bytes, steps, handover, stages, refused))
-    if boards >= 3:
-        from . import board_tp, experts
+        key = (json.dumps(cfg, sort_keys=True, default=str), batch, seq, dtype, handover, arch,
+               json.dumps(current_options().to_dict(), sort_keys=True, default=str))
+        if key not in _SEARCHED:
+            found: dict = {}
+            _SEARCHED[key] = (search(arch, found), found)
+            while len(_SEARCHED) > SEARCHED_MAX:
+                _SEARCHED.pop(next(iter(_SEARCHED)))
+        records, found = copy.deepcopy(_SEARCHED[key])
+        return records, found
 
-        args = (cfg, spec, arch, target, dtype, batch, seq, HANDOVER_BYTES[handover], described, weight_bytes,
-                kv_bytes, steps, stages)
-        records.update(experts.records(*args) if spec.experts else board_tp.records(*args, refused))
+    records, refused = searched(arch)  # refused: placement -> why it cannot hold this batch
+    # every smaller allocation of the ladder inside this one (one per shape): a plan may
+    # leave boards idle, so a larger allocation never plans a slower token than a patch of it
+    for n, sub in sub_allocations(arch):
+        found_records, found = searched(sub)
+        for k, r in found_records.items():
+            r["patch"] = sub
+            records[f"{k}@{n}"] = r
+        refused.update({f"{k}@{n}": v for k, v in found.items()})
     steps.close()
     if not records:
         raise LLMError(f"no placement of {model_name} on {arch.name} holds batch={batch}, seq={seq}: "
@@ -586,7 +634,7 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
              f"sram+dram ({kv_sram / kv_bytes:.1%} in SRAM)")
     bounds, bound_s = best["bounds"], best["bound_s"]
     meta = {
-        "placement": placement.split(":")[0], "description": f"{best['description']}; weights in {weights_in}, "
+        "placement": placement.split("@")[0].split(":")[0], "description": f"{best['description']}; weights in {weights_in}, "
                                                             f"KV cache in {kv_in}",
         "layers": L, "scaled_from_one_layer": True, "seq_note": seq_note, "weights_in": weights_in, "resident_weight_bytes": resident,
         "kv_cache_in": kv_in, "kv_cache_sram_bytes": kv_sram, "attention_dtype": "fp32",
@@ -598,6 +646,12 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
         **({"health": health(arch)} if arch.has_faults else {}),
         **best["meta"],
     }
+    # the boards allocated and the patch of them the plan runs on (the rest idle)
+    ran_on = best.get("patch", arch)
+    shape = allocation_shape(ran_on) if ran_on.chips >= ran_on.chips_per_board else None
+    meta.update(allocated_boards=len(usable_boards(arch)) if arch.chips >= arch.chips_per_board else 0,
+                patch=f"{shape[0]}x{shape[1]}" if shape else None,
+                boards_used=meta.get("boards_used") or math.ceil(best["used"] / arch.chips_per_board))
     from ..timing.bounds import decode_workload, physical_bound  # TVM: not for the CLI's checks
     from .prefill import plan_prefill
 
@@ -844,6 +898,7 @@ def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host
     direct routes; the cheaper is taken. Returns ``({name: result}`` for each candidate
     mapped, the hand-over cost function)."""
     from ..mapping.planner import resident_capacity
+    from ..target.allocation import board_name
     from ..target.faults import board_view, chain_boards, live_chips
     from ..target.topology import ring_order, topology_of
     from ..timing.collectives import multipath_point_to_point, point_to_point
@@ -851,7 +906,7 @@ def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host
 
     order = chain_boards(arch)  # stage j on board order[j % boards]: the live boards, whole ones first
     boards = len(order)
-    board = arch.replace(chips=arch.chips_per_board, name=f"{arch.name}[board]")
+    board = arch.replace(chips=arch.chips_per_board, name=board_name(arch))
     budget = resident_capacity(board)
     L = spec.layers
     dec, head = described["decode"], described["head"]
@@ -961,13 +1016,19 @@ def _pipeline_records(described: dict, spec: ModelSpec, arch, model, target, dty
     raw, handoff_s = _pipeline(described, spec, arch, mb, seq, host_shapes, steps, handover, memo, alone=micro == 1)
     if not raw:
         return {}
+    from ..target.allocation import board_name
     from ..target.faults import board_view, chain_boards, live_chips
     from .batching import stage_caches
     from .machine import boards_used
 
     order = chain_boards(arch)
-    board = arch.replace(chips=arch.chips_per_board, name=f"{arch.name}[board]")
-    pre = _map(described["prefill"], board, "auto")
+    board = arch.replace(chips=arch.chips_per_board, name=board_name(arch))
+    key = ("block_prefill", board)  # the same board in every patch of the system
+    if memo is None or key not in memo:
+        pre = _map(described["prefill"], board, "auto")
+        if memo is not None:
+            memo[key] = pre
+    pre = memo[key] if memo is not None else pre
     out = {}
     for name, r in raw.items():
         chain, kind, n = r["chain"], r["kind"], r["n"]

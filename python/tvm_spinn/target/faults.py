@@ -123,7 +123,8 @@ def board_view(arch: SpinnArch, board: int) -> SpinnArch:
     relative to the board (chip ``c`` of the system is chip ``c - 48 board`` of the view).
 
     A whole board gives the same description as ``arch.replace(chips=chips_per_board,
-    name=f"{arch.name}[board]")``, so its mappings are shared with every other whole board's.
+    name=board_name(arch))`` (:func:`tvm_spinn.target.allocation.board_name`: the machine's
+    name, the same for every allocation of it), so its mappings are shared with every other whole board's.
 
     Parameters
     ----------
@@ -145,7 +146,9 @@ def board_view(arch: SpinnArch, board: int) -> SpinnArch:
                         f"(usable boards: {list(usable_boards(arch))[:16]})")
     per = arch.chips_per_board
     chips = min(arch.chips, per)
-    template = arch.replace(chips=chips, name=f"{arch.name}[board]", **dict.fromkeys(FAULT_FIELDS, ()))
+    from .allocation import board_name
+
+    template = arch.replace(chips=chips, name=board_name(arch), **dict.fromkeys(FAULT_FIELDS, ()))
     dead = tuple(int(c) - board * per for c in arch.dead_chips if int(c) // per == board)
     links = _board_links(arch, board) if arch.dead_links else ()
     if not dead and not links:
