@@ -318,7 +318,7 @@ def part_scaling(args) -> list[dict]:
                 try:
                     with registered_system(arch, tag=f"spinn/cloud-{boards}"):
                         p = plan(str(configs / f"{name}.json"), target=f"spinn/cloud-{boards}", batch=args.batch,
-                                 seq=args.seq, dtype=dtype, handover=args.handover)
+                                 seq=args.seq, dtype=dtype, handover=args.handover, patches=True)
                 except (LLMError, ValueError) as err:
                     print(f"{boards:>7}  {err}")
                     continue

@@ -29,7 +29,12 @@ def test_a_larger_allocation_contains_the_smaller_patches_plans(register_system)
     for boards in (4, 16):
         tag = register_system(allocation(machine, boards), tag=f"spinn/five-by-five-{boards}")
         plan_module._SEARCHED.clear()  # the 4 x 4's search of its 2 x 2 patch runs afresh
-        results[boards] = plan(TINY, target=tag, batch=1, seq=16, dtype="int8")
+        results[boards] = plan(TINY, target=tag, batch=1, seq=16, dtype="int8", patches=True)
+        # without patches=True the plan searches the allocation alone (its search remembered)
+        alone = plan(TINY, target=tag, batch=1, seq=16, dtype="int8")
+        assert not [k for k in alone.plan["alternatives"] if "@" in k]
+        assert alone.plan["patch"] == {4: "2x2", 16: "4x4"}[boards]
+        assert alone.tokens_per_s_per_user <= results[boards].tokens_per_s_per_user
     small, large = results[4], results[16]
     for boards, result in results.items():
         meta = result.plan

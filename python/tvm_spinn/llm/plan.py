@@ -55,8 +55,8 @@ live hardware only: its chips and boards (``plan["boards"]``, ``plan["health"]``
 around dead links (:mod:`tvm_spinn.llm.machine`).
 
 On a patch of a machine's torus of boards (the whole machine, or an allocation of it:
-:mod:`tvm_spinn.target.allocation`) the placements are searched on the patch and on every
-smaller patch of :data:`~tvm_spinn.target.allocation.ALLOCATION_LADDER` inside it, and the fastest
+:mod:`tvm_spinn.target.allocation`) ``plan(..., patches=True)`` searches the placements on the
+patch and on every smaller patch of :data:`~tvm_spinn.target.allocation.ALLOCATION_LADDER` inside it, and the fastest
 token is kept: a plan may leave boards idle, so a larger allocation never plans a slower token
 than the ladder's smaller ones (``plan["allocated_boards"]``, ``plan["patch"]``: the patch whose
 search found the plan, ``plan["boards_used"]``; the other patches' candidates are in
@@ -396,7 +396,7 @@ DEFAULT_SEQ = 2048
 
 
 def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None, dtype: str = "int8",
-         progress: bool = False, handover: str = "fp32") -> Plan:
+         progress: bool = False, handover: str = "fp32", patches: bool = False) -> Plan:
     """Plan greedy decoding of a transformers model (config only) on a spinn system.
 
     Parameters
@@ -420,6 +420,13 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
     handover : {"fp32", "fp16", "int8"}
         Element type of the activations handed over from board to board between pipeline
         stages (:data:`HANDOVER_BYTES`); ``fp32`` keeps the compiled model's bits.
+    patches : bool
+        Also search every smaller patch of :data:`~tvm_spinn.target.allocation.ALLOCATION_LADDER`
+        inside the system and keep the fastest token, so the plan may leave boards idle and a
+        larger allocation never plans slower than its patches. Off by default: on the cloud it
+        searches seven more systems (several minutes from scratch); a sweep over the ladder
+        (``bench/llm.py --part scaling``) has planned them anyway, and each patch's search is
+        remembered for the process.
 
     Returns
     -------
@@ -614,7 +621,7 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
     records, refused = searched(arch)  # refused: placement -> why it cannot hold this batch
     # every smaller allocation of the ladder inside this one (one per shape): a plan may
     # leave boards idle, so a larger allocation never plans a slower token than a patch of it
-    for n, sub in sub_allocations(arch):
+    for n, sub in (sub_allocations(arch) if patches else ()):
         found_records, found = searched(sub)
         for k, r in found_records.items():
             r["patch"] = sub
