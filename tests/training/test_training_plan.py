@@ -197,7 +197,7 @@ def test_search_finds_what_costing_every_split_finds():
     """The branch and bound returns the split that costing every fitting split in full finds."""
     import itertools
 
-    from tvm_spinn.training.planner import LAYOUTS, _Comms, _chunk_counts, _step_time
+    from tvm_spinn.training.planner import LAYOUTS, _Comms, _chunk_counts, _head_widths, _step_time
 
     cfg = {**_config("gpt2-xl"), "n_layer": 4, "n_embd": 128, "n_head": 4, "vocab_size": 1000, "n_positions": 128}
     system, seq, batch = make_system("twelve", chips=12), 64, 8
@@ -208,10 +208,10 @@ def test_search_finds_what_costing_every_split_finds():
     for tp, pp, dp in itertools.product((1, 2, 4), divisors(4), divisors(batch)):
         if tp * pp * dp > 12:
             continue
-        for mb, zero, chunks, layout in itertools.product(divisors(batch // dp), (0, 1, 2), _chunk_counts(seq),
-                                                          LAYOUTS):
-            split = Split(tp, pp, dp, zero, mb, batch // dp // mb, False, True, chunks, layout)
-            if memory_per_chip(spec, split, seq, "adamw", system.dram_bytes).fits:
+        for mb, zero, chunks, layout, head in itertools.product(divisors(batch // dp), (0, 1, 2), _chunk_counts(seq),
+                                                                LAYOUTS, _head_widths(spec, tp, pp, dp, 12)):
+            split = Split(tp, pp, dp, zero, mb, batch // dp // mb, False, True, chunks, layout, head)
+            if split.chips <= 12 and memory_per_chip(spec, split, seq, "adamw", system.dram_bytes).fits:
                 best = min(best, _step_time(spec, split, seq, "adamw", system, comms).total_s)
     assert plan.time_per_step_s == pytest.approx(best, rel=1e-12)
     costed = [t for _, _, t in plan.search if t is not None]
@@ -358,3 +358,12 @@ def test_plan_matches_the_buffers_a_build_allocates():
     assert plan.memory.weights == param_bytes
     assert plan.memory.gradients == grad_bytes == param_bytes
     assert plan.memory.optimizer == state_bytes == 2 * param_bytes
+
+
+def test_resident_share_is_the_mapping_ledgers():
+    """The planner keeps a stage's weights and gradients in SRAM within the share the mapping's
+    memory plans leave to resident weights (a copy: the training layer may not import mapping)."""
+    from tvm_spinn.mapping.memory import LEDGER_RESIDENT_SHARE
+    from tvm_spinn.training.planner import RESIDENT_SHARE
+
+    assert RESIDENT_SHARE == LEDGER_RESIDENT_SHARE
