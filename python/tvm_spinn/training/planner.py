@@ -80,10 +80,11 @@ table then lives on the head's stage only (the first stage gets the rows of its 
 
 Then the gradient synchronisation over the ``dp`` replicas (ZeRO-0: an all-reduce; ZeRO-1: a
 reduce-scatter and an all-gather of the updated weights; ZeRO-2: a reduce-scatter per
-micro-batch and the all-gather), stage by stage: in 1F1B's drain stage ``j`` runs its last
-backward ``j`` backward passes before the first stage (each at least the slowest stage's
-backward compute), so its synchronisation and update start that much earlier (hidden behind
-the drain; :attr:`StepTime.dp_hidden_s`); a tied embedding's
+micro-batch and the all-gather): the block stages' groups all at once as the first stage
+ends; a head stage's on their own, earlier: in 1F1B's drain the head's stage runs its last
+backward ``pp`` backward passes before the first stage (each at least the slowest stage's
+backward compute), so its synchronisation starts that much earlier (hidden behind the drain;
+:attr:`StepTime.dp_hidden_s`); a tied embedding's
 (Megatron's all-reduce of its two copies' gradients, or the last stage's copy handing the
 replica's token rows to the first stage and their gradients back, the cheaper) and the
 optimizer update (its DRAM traffic or its element-wise work on the M4F cores, whichever is
@@ -94,7 +95,7 @@ and the bit-exact tensor-parallel collectives run), or a *direct* reduce-scatter
 sends each shard's owner its piece and the owner adds the pieces in ascending rank order (the
 same order); ranks hold consecutive blocks of the reduced axis (micro-batches, or a GEMM's
 ``k``), so the additions do not depend on the split. What is not modelled: overlap of the TP
-collectives with computation, link sharing between one stage's gradient synchronisation and
+collectives with computation, link sharing between the head stage's gradient synchronisation and
 the other stages' drain, and the host's share of the step.
 
 Search: every split that fits is ordered by its GEMM time alone; a split's step with each
@@ -263,7 +264,7 @@ class StepTime:
     dp_comm_s: float  # gradient synchronisation (and ZeRO's all-gather)
     optimizer_s: float  # the update
     dram_bound: bool = False  # the slowest stage's passes wait on DRAM rather than on the GEMMs
-    #: gradient synchronisation run during the pipeline's drain (not in the step's sum)
+    #: the head stage's gradient synchronisation run during the pipeline's drain (not in the sum)
     dp_hidden_s: float = 0.0
     #: one slot of each costed stage: ``((stage, compute s, TP s, hand-over s), ...)``; stage
     #: ``pp`` is the head's own stage
@@ -486,6 +487,19 @@ def memory_per_chip(spec, split: Split, seq: int, optimizer: str, capacity: int)
     return best
 
 
+def _peak_bytes(spec, split: Split, seq: int, optimizer: str) -> int:
+    """:attr:`MemoryPerChip.total` of ``split`` (its recomputation mode only: the search's fit
+    test, cheaper than :func:`memory_per_chip`)."""
+    most = 0
+    for stage in _costed_stages(split):
+        p = _stage_params(spec, split.tp, split.pp, stage, split.head_tp)
+        shard = -(-p // split.dp)
+        grads = shard if split.zero >= 2 else p
+        state = OPTIMIZERS[optimizer] * (shard if split.zero >= 1 else p)
+        most = max(most, F32 * (p + grads + state) + _stage_activations(spec, split, seq, stage, split.recompute))
+    return most
+
+
 def _costed_stages(split: Split) -> list:
     """The stages whose memory and time differ: the first and last block stage (the others are
     the last's but for its head) and the head's own stage (``pp``) where there is one."""
@@ -515,6 +529,9 @@ def model_flops(spec, tokens: int, seq: int, recompute: bool = False) -> int:
 _CHAIN_SEGMENTS = (1, 2, 4, 8, 16, 32, 64, 128)
 #: groups costed together for a lower bound of all of them at once (a subset shares fewer links)
 _BOUND_GROUPS = 8
+#: most ranks a direct reduce-scatter is costed for (a board's chips): its ``c (c - 1)`` pieces
+#: shrink with ``c``, so wider groups take the chain or the ring (and costing it grows as ``c**2``)
+_DIRECT_RANKS = 48
 #: message size at which a collective's affine cost is sampled (any size > 0 gives the same line)
 _PROBE_BYTES = float(2**20)
 
@@ -530,9 +547,9 @@ class _Comms:
 
     * fastest mode: the cheaper of the ring and the binomial tree, and for a single group also
       the multicast algorithms (:func:`~tvm_spinn.timing.collectives.all_reduce` ``"auto"``);
-    * both modes: the *direct* reduce-scatter (each rank sends every shard's owner its piece
-      at once; the owner adds them in ascending rank order), and for an all-reduce the finished
-      shards sent to every rank the same way;
+    * both modes, for groups of up to :data:`_DIRECT_RANKS` ranks: the *direct* reduce-scatter
+      (each rank sends every shard's owner its piece at once; the owner adds them in ascending
+      rank order), and for an all-reduce the finished shards sent to every rank the same way;
     * reproducible mode: floating-point additions in one fixed order, a *pipelined chain*: the
       buffer cut into segments that flow from rank 0 to rank ``c - 1``, each rank adding its
       partial sums into the running sum (the ascending order of
@@ -572,7 +589,7 @@ class _Comms:
             return 0.0
         groups = groups[:_BOUND_GROUPS] if self.alone else self._window(groups)
         n = float(nbytes)
-        names = self._algorithms(op, groups.shape[0])
+        names = self._algorithms(op, groups.shape[0], groups.shape[1])
         if groups.shape[0] == 1:
             return min(self._at(op, groups, a, n) for a in names)
         few = groups[:_BOUND_GROUPS] if groups.shape[0] > _BOUND_GROUPS else groups[:1]
@@ -584,10 +601,11 @@ class _Comms:
             best = min(best, self._at(op, groups, a, n))
         return best
 
-    def _algorithms(self, op: str, g: int) -> tuple:
+    def _algorithms(self, op: str, g: int, c: int) -> tuple:
+        direct = ("direct",) if c <= _DIRECT_RANKS else ()
         if self.reproducible and op != "all_gather":
-            return ("chain", "direct")
-        return ("ring", "tree", "direct", "multicast") if g == 1 else ("ring", "tree", "direct")
+            return ("chain", *direct)
+        return ("ring", "tree", *direct, "multicast") if g == 1 else ("ring", "tree", *direct)
 
     def _at(self, op: str, groups: np.ndarray, algorithm: str, n: float) -> float:
         """Seconds of one algorithm for ``n`` bytes (its affine lines cached per group pattern)."""
@@ -705,6 +723,13 @@ def _resident_share(arch) -> float:
     return RESIDENT_SHARE * arch.pes_per_chip * arch.tile_sram_bytes
 
 
+def _landing(tp: int, heads: int) -> np.ndarray:
+    """The head rank each of ``tp`` block ranks hands its share to: spread evenly over the
+    head's ranks (so over its boards), round robin where there are fewer of them."""
+    t = np.arange(tp)
+    return t * heads // tp if heads >= tp else t % heads
+
+
 def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms) -> StepTime:
     tp, pp, dp, heads = split.tp, split.pp, split.dp, split.head_tp
     m, slots, stages = split.micro_batches, split.slots, split.stages
@@ -731,7 +756,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         hand = comms.handover(np.concatenate([src.reshape(-1), dst.reshape(-1)]),
                               np.concatenate([dst.reshape(-1), src.reshape(-1)]), act / tp if sp else act)
     head_grid = split.head_grid()
-    head_fwd = head_bwd = head_rs = 0.0
+    head_fwd = head_bwd = head_rs = head_ag = 0.0
     if heads:
         # the head's stage: every rank reads the slot's hidden states whole: each rank of the
         # last block stage hands its share to one head rank, which all-gather them (forward);
@@ -739,8 +764,9 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         # reduce-scattered in rank order and the shares handed back (backward); the loss'
         # three scalars a token all-reduced over the ranks
         last = np.ascontiguousarray(grid[:, pp - 1, :].T).reshape(-1)  # replica-major
-        mine = head_grid[:, np.arange(tp) % heads].reshape(-1)
-        head_fwd = comms.handover(last, mine, act / tp) + comms.collective("all_gather", head_grid, act)
+        mine = head_grid[:, _landing(tp, heads)].reshape(-1)
+        head_fwd = comms.handover(last, mine, act / tp)
+        head_ag = comms.collective("all_gather", head_grid, act)
         head_rs = comms.collective("reduce_scatter", head_grid, act)
         head_bwd = comms.handover(mine, last, act / tp)
         head_loss = comms.collective("all_reduce", head_grid, 3 * F32 * tokens)
@@ -772,7 +798,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         f_s, b_s = max(fwd / peak, dram_f), max(bwd / peak, dram_b)
         waits = dram_f > fwd / peak or dram_b > bwd / peak
         if heads and stage == pp:
-            tp_f, tp_b, pp_s = head_loss, head_rs, head_fwd + head_bwd
+            tp_f, tp_b, pp_s = head_ag + head_loss, head_rs, head_fwd + head_bwd
         else:
             n_f = (2 + (2 if split.recompute else 0)) * layers + (stage == 0)  # + the embedding's
             tp_f, tp_b = n_f * ar, 2 * layers * ar
@@ -800,7 +826,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         if heads:
             # the head's stage keeps the only copy: it hands the rows of the replica's tokens to
             # the first stage and takes their gradients back
-            tied = 2 * comms.handover(head_grid[:, np.arange(tp) % heads].reshape(-1),
+            tied = 2 * comms.handover(head_grid[:, _landing(tp, heads)].reshape(-1),
                                       np.ascontiguousarray(grid[:, 0, :].T).reshape(-1), rows)
         else:
             # the tied table on the first and last stage: Megatron all-reduces its two
@@ -810,42 +836,42 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
             last = grid[:, pp - 1, :].reshape(-1)
             tied = min(comms.collective("all_reduce", np.stack([first, last], axis=1), table),
                        2 * comms.handover(last, first, rows))
-    # gradient synchronisation over the replicas, stage by stage: every (TP rank) group of the
-    # stage at once; ZeRO-2 keeps only its shard of the gradients: reduce-scattered after every
-    # micro-batch
-    classes = {0: 0}  # stage -> its position from the first
-    if pp > 2:
-        classes[1] = 1  # a middle stage (the block stages between the first and the last)
-    classes[pp - 1] = pp - 1
-    if heads:
-        classes[pp] = pp
-    tail = dp_total = None
-    for stage, position in sorted(classes.items()):
-        costed = stage if stage in per_stage else pp - 1
-        params = _stage_params(spec, tp, pp, stage, heads)
-        groups = (np.ascontiguousarray(head_grid.T) if heads and stage == pp
-                  else np.ascontiguousarray(grid[:, stage, :]))
-        if split.zero == 0:
-            dp_s = comms.collective("all_reduce", groups, F32 * params)
-        else:
-            scatters = m if split.zero == 2 else 1
-            dp_s = (scatters * comms.collective("reduce_scatter", groups, F32 * params)
-                    + comms.collective("all_gather", groups, F32 * params))
+    # gradient synchronisation over the replicas (ZeRO-2 keeps only its shard of the gradients:
+    # reduce-scattered after every micro-batch) and the update
+    def update(params: int, stage: int) -> float:
         shard = -(-params // dp) if split.zero >= 1 else params
-        opt_s = max(_UPDATE_BYTES[optimizer] * shard / dram,
-                    _UPDATE_OPS[optimizer] * shard * arch.m4f_elementwise_cycles / (arch.pes_per_chip * arch.clock_hz))
+        seconds = max(_UPDATE_BYTES[optimizer] * shard / dram, _UPDATE_OPS[optimizer] * shard
+                      * arch.m4f_elementwise_cycles / (arch.pes_per_chip * arch.clock_hz))
         streamed = params - _gathered_params(spec, split, stage)
         if 2 * F32 * streamed <= resident:
-            opt_s += 2 * F32 * streamed / dram  # the resident weights loaded, their gradients written back
-        # the tied table's synchronisation ends the first stage's and the head's tail
-        sync = max(0.0, dp_s - position * drain, tied if stage in (0, stages - 1) else 0.0)
-        if tail is None or sync + opt_s > tail[0] + tail[1]:
-            tail = (sync, opt_s)
-        dp_total = dp_s if dp_total is None else max(dp_total, dp_s)
+            seconds += 2 * F32 * streamed / dram  # the resident weights loaded, their gradients written back
+        return seconds
+
+    def sync(groups: np.ndarray, params: int) -> float:
+        if split.zero == 0:
+            return comms.collective("all_reduce", groups, F32 * params)
+        scatters = m if split.zero == 2 else 1
+        return (scatters * comms.collective("reduce_scatter", groups, F32 * params)
+                + comms.collective("all_gather", groups, F32 * params))
+
+    # the block stages end within the drain of each other: their groups synchronise at once (the
+    # largest stage's bytes), as the first stage ends; the tied table's synchronisation too
+    block = [(_stage_params(spec, tp, pp, j, heads), j) for j in sorted({0, pp - 1})]
+    dp_blocks = sync(grid.reshape(-1, dp), max(n for n, _ in block))
+    tail = (max(dp_blocks, tied), max(update(n, j) for n, j in block))
+    hidden = 0.0
+    if heads:
+        # the head's stage, last of the pipeline, ends ``pp`` backward passes before the first
+        params = _stage_params(spec, tp, pp, pp, heads)
+        dp_head = sync(np.ascontiguousarray(head_grid.T), params)
+        head_tail = (max(0.0, dp_head - pp * drain, tied), update(params, pp))
+        if sum(head_tail) > sum(tail):
+            tail = head_tail
+        hidden = min(dp_head, pp * drain)
     dp_exposed, opt_s = tail
     return StepTime(pipeline_s=pipeline, bubble_s=(stages - 1) * per, compute_s=n_slots * slowest["comp"],
                     tp_comm_s=n_slots * slowest["tp"], pp_comm_s=n_slots * slowest["pp"], dp_comm_s=dp_exposed,
-                    optimizer_s=opt_s, dram_bound=slowest["waits"], dp_hidden_s=max(0.0, dp_total + tied - dp_exposed),
+                    optimizer_s=opt_s, dram_bound=slowest["waits"], dp_hidden_s=hidden,
                     stages_s=tuple((j, st["comp"], st["tp"], st["pp"]) for j, st in sorted(per_stage.items())))
 
 
@@ -1057,13 +1083,12 @@ def plan_training(config, system="spinn/board", *, seq: "int | None" = None, glo
                                     split = Split(t, p, d, z, mb, per_replica // mb, r, sequence_parallel, k,
                                                   LAYOUTS[0], h)
                                     # memory and the compute floor do not depend on the chip order
-                                    mem = memory_per_chip(spec, split, seq, optimizer, capacity)
-                                    if not mem.fits:
+                                    if _peak_bytes(spec, split, seq, optimizer) > capacity:
                                         continue
                                     floor = _compute_floor(spec, split, seq, arch)
                                     for order in (LAYOUTS[:1] if d == 1 else LAYOUTS if p > 1 or h else LAYOUTS[::2]):
                                         candidates.append((floor, split.chips, dataclasses.replace(split, layout=order),
-                                                           mem))
+                                                           None))
     if not candidates:
         found = smallest_system(spec, arch, global_batch, seq, optimizer, tp=tp, pp=pp, dp=dp, zero=zero,
                                 micro_batch=micro_batch, recompute=recompute, sequence_parallel=sequence_parallel)
@@ -1098,7 +1123,8 @@ def plan_training(config, system="spinn/board", *, seq: "int | None" = None, glo
         if best is None or bound < best[0]:
             heapq.heappush(queue, (bound, chips, _split_key(split), split, mem))
     settle(math.inf)
-    step, split, mem = best[3:]
+    step, split, _ = best[3:]
+    mem = memory_per_chip(spec, split, seq, optimizer, capacity)
     from ..timing.training_bound import training_bound
 
     tokens = global_batch * seq
