@@ -367,3 +367,37 @@ def test_resident_share_is_the_mapping_ledgers():
     from tvm_spinn.training.planner import RESIDENT_SHARE
 
     assert RESIDENT_SHARE == LEDGER_RESIDENT_SHARE
+
+
+@pytest.mark.parametrize("layout", ["tp,pp,dp", "tp,dp,pp", "dp,tp,pp"])
+def test_head_stage_chips_are_distinct_and_hold_the_head(layout):
+    """A split with the LM head on a stage of its own numbers every chip once, and the head's
+    ranks hold the vocab-parallel head (a tied table's only copy: the first stage holds none)."""
+    from tvm_spinn.training.planner import _stage_params
+
+    split = Split(2, 3, 2, 0, 1, 4, False, True, 1, layout, 4)
+    ids = np.concatenate([split.grid().reshape(-1), split.head_grid().reshape(-1)])
+    assert sorted(ids.tolist()) == list(range(split.chips)) and split.chips == (2 * 3 + 4) * 2
+    spec = spec_of({**_config("gpt2-xl"), "n_layer": 6, "n_embd": 64, "n_head": 4, "vocab_size": 1000,
+                    "n_positions": 64})
+    h, v = spec.hidden, spec.vocab
+    assert _stage_params(spec, 2, 3, 3, 4) == 2 * h + -(-v // 4) * h  # the final norm and a quarter of the head
+    no_head = _stage_params(spec, 2, 3, 0, 0) - _stage_params(spec, 2, 3, 0, 4)
+    assert no_head == -(-v // 2) * h  # the first stage's copy of the tied table is gone
+
+
+def test_a_large_vocabulary_gets_a_head_stage():
+    """GPT-2 small's proportions (the head ~5 blocks' GEMMs): the plan gives the head a stage of
+    its own, faster than the same split with the head on the last block stage."""
+    import dataclasses
+
+    from tvm_spinn.training.planner import _Comms, _step_time
+
+    cfg = {**_config("gpt2-xl"), "n_layer": 6, "n_embd": 64, "n_head": 4, "vocab_size": 20000, "n_positions": 64}
+    system = make_system("forty-eight", chips=48)
+    plan = plan_training(cfg, system, seq=64, global_batch=8, recompute=False)
+    assert plan.split.head_tp > 0, plan.split.line()
+    on_last = dataclasses.replace(plan.split, head_tp=0)
+    alone = _step_time(spec_of(cfg), on_last, 64, "adamw", system, _Comms(system, True))
+    assert plan.time_per_step_s < alone.total_s
+    assert plan.step.stages_s[-1][0] == plan.split.pp  # the head's stage is costed
