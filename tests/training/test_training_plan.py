@@ -248,7 +248,7 @@ def test_model_too_large_names_the_smallest_system():
         plan_training(CONFIGS / "llama-2-7b.json", make_system("t", boards=boards - 1), seq=1024, global_batch=64)
 
 
-@pytest.mark.slow  # ~60 s of CPU: every collective of the splits it costs is costed on the cloud's links
+@pytest.mark.slow  # ~21 s of CPU (more on a loaded machine): its collectives are costed on the cloud's links
 def test_seventy_b_on_the_cloud():
     start = time.perf_counter()
     plan = plan_training(CONFIGS / "llama-2-70b.json", "spinn/cloud")

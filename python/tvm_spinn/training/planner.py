@@ -529,9 +529,10 @@ def model_flops(spec, tokens: int, seq: int, recompute: bool = False) -> int:
 _CHAIN_SEGMENTS = (1, 2, 4, 8, 16, 32, 64, 128)
 #: groups costed together for a lower bound of all of them at once (a subset shares fewer links)
 _BOUND_GROUPS = 8
-#: most ranks a direct reduce-scatter is costed for (a board's chips): its ``c (c - 1)`` pieces
-#: shrink with ``c``, so wider groups take the chain or the ring (and costing it grows as ``c**2``)
-_DIRECT_RANKS = 48
+#: most ranks a direct reduce-scatter is costed for: its ``c (c - 1)`` pieces shrink with ``c``,
+#: so wider groups take the chain or the ring (and costing it on the link graph grows as ``c**2``:
+#: Llama-2-70B's cloud plan takes 21 s of CPU with 16, several times that with 48, same plan)
+_DIRECT_RANKS = 16
 #: message size at which a collective's affine cost is sampled (any size > 0 gives the same line)
 _PROBE_BYTES = float(2**20)
 
