@@ -208,14 +208,23 @@ def gpt2_small_plans(seq: int = 256, batch: int = 8) -> dict:
         print(f"  {name:<10}{chips:>6}  {split:<44}{fixed.time_per_step_s:>9.3f}{fixed.tokens_per_s:>10.0f}"
               f"{fixed.bound_s:>9.4f}{fixed.efficiency:>8.3f}{speedup:>8.2f}x{speedup / linear:>8.3f}"
               f"{fixed.time_per_step_s / fast.time_per_step_s:>10.2f}x")
-    print("  where each step's time goes (reproducible, seconds; pipeline = slots x the slowest stage's slot):")
-    print(f"  {'system':<10}{'compute':>9}{'TP coll.':>9}{'PP hand':>9}{'bubble':>9}{'DP sync':>9}{'update':>9}"
-          f"{'DRAM-bound':>11}  split")
+    print("  where each step's time goes (reproducible, seconds; pipeline = slots x the slowest stage's slot, "
+          "of it compute, TP collectives and hand-overs (overlapping the compute) of that stage; DP sync: "
+          "exposed, and hidden in the pipeline's drain):")
+    print(f"  {'system':<10}{'pipeline':>9}{'compute':>9}{'TP coll.':>9}{'PP hand':>9}{'bubble':>9}{'DP sync':>9}"
+          f"{'hidden':>9}{'update':>9}{'DRAM-bound':>11}  split")
     for name, (chips, fixed, fast, secs) in rows.items():
         st = fixed.step
-        print(f"  {name:<10}{st.compute_s:>9.4f}{st.tp_comm_s:>9.4f}{st.pp_comm_s:>9.4f}{st.bubble_s:>9.4f}"
-              f"{st.dp_comm_s:>9.4f}{st.optimizer_s:>9.4f}{'yes' if st.dram_bound else 'no':>11}  "
-              f"{fixed.split.line()}")
+        print(f"  {name:<10}{st.pipeline_s:>9.4f}{st.compute_s:>9.4f}{st.tp_comm_s:>9.4f}{st.pp_comm_s:>9.4f}"
+              f"{st.bubble_s:>9.4f}{st.dp_comm_s:>9.4f}{st.dp_hidden_s:>9.4f}{st.optimizer_s:>9.4f}"
+              f"{'yes' if st.dram_bound else 'no':>11}  {fixed.split.line()}")
+    print("  one pipeline slot by stage (ms; stage = pp: the LM head's own stage):")
+    for name, (chips, fixed, fast, secs) in rows.items():
+        print(f"  {name:<10}" + "; ".join(f"stage {j}: compute {c * 1e3:.2f}, TP {t * 1e3:.2f}, hand-over {h * 1e3:.2f}"
+                                         for j, c, t, h in fixed.step.stages_s))
+    print("  the physical bound (plan-independent, seconds): "
+          + "; ".join(f"{name}: " + ", ".join(f"{k} {v:.4g}" for k, v in fixed.bound_parts_s)
+                      for name, (chips, fixed, fast, secs) in rows.items()))
     chips24, plan24 = rows["24 boards"][0], rows["24 boards"][1]
     scaling = base.time_per_step_s / plan24.time_per_step_s / (chips24 / base_chips)
     eff_ok, scale_ok = plan24.efficiency >= TARGET_EFFICIENCY, scaling >= TARGET_SCALING

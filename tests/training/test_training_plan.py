@@ -197,7 +197,7 @@ def test_search_finds_what_costing_every_split_finds():
     """The branch and bound returns the split that costing every fitting split in full finds."""
     import itertools
 
-    from tvm_spinn.training.planner import LAYOUTS, _Comms, _chunk_counts, _step_time
+    from tvm_spinn.training.planner import LAYOUTS, _Comms, _chunk_counts, _head_widths, _step_time
 
     cfg = {**_config("gpt2-xl"), "n_layer": 4, "n_embd": 128, "n_head": 4, "vocab_size": 1000, "n_positions": 128}
     system, seq, batch = make_system("twelve", chips=12), 64, 8
@@ -208,10 +208,10 @@ def test_search_finds_what_costing_every_split_finds():
     for tp, pp, dp in itertools.product((1, 2, 4), divisors(4), divisors(batch)):
         if tp * pp * dp > 12:
             continue
-        for mb, zero, chunks, layout in itertools.product(divisors(batch // dp), (0, 1, 2), _chunk_counts(seq),
-                                                          LAYOUTS):
-            split = Split(tp, pp, dp, zero, mb, batch // dp // mb, False, True, chunks, layout)
-            if memory_per_chip(spec, split, seq, "adamw", system.dram_bytes).fits:
+        for mb, zero, chunks, layout, head in itertools.product(divisors(batch // dp), (0, 1, 2), _chunk_counts(seq),
+                                                                LAYOUTS, _head_widths(spec, tp, pp, dp, 12)):
+            split = Split(tp, pp, dp, zero, mb, batch // dp // mb, False, True, chunks, layout, head)
+            if split.chips <= 12 and memory_per_chip(spec, split, seq, "adamw", system.dram_bytes).fits:
                 best = min(best, _step_time(spec, split, seq, "adamw", system, comms).total_s)
     assert plan.time_per_step_s == pytest.approx(best, rel=1e-12)
     costed = [t for _, _, t in plan.search if t is not None]
@@ -248,7 +248,7 @@ def test_model_too_large_names_the_smallest_system():
         plan_training(CONFIGS / "llama-2-7b.json", make_system("t", boards=boards - 1), seq=1024, global_batch=64)
 
 
-@pytest.mark.slow  # ~60 s of CPU: every collective of the splits it costs is costed on the cloud's links
+@pytest.mark.slow  # ~21 s of CPU (more on a loaded machine): its collectives are costed on the cloud's links
 def test_seventy_b_on_the_cloud():
     start = time.perf_counter()
     plan = plan_training(CONFIGS / "llama-2-70b.json", "spinn/cloud")
@@ -358,3 +358,46 @@ def test_plan_matches_the_buffers_a_build_allocates():
     assert plan.memory.weights == param_bytes
     assert plan.memory.gradients == grad_bytes == param_bytes
     assert plan.memory.optimizer == state_bytes == 2 * param_bytes
+
+
+def test_resident_share_is_the_mapping_ledgers():
+    """The planner keeps a stage's weights and gradients in SRAM within the share the mapping's
+    memory plans leave to resident weights (a copy: the training layer may not import mapping)."""
+    from tvm_spinn.mapping.memory import LEDGER_RESIDENT_SHARE
+    from tvm_spinn.training.planner import RESIDENT_SHARE
+
+    assert RESIDENT_SHARE == LEDGER_RESIDENT_SHARE
+
+
+@pytest.mark.parametrize("layout", ["tp,pp,dp", "tp,dp,pp", "dp,tp,pp"])
+def test_head_stage_chips_are_distinct_and_hold_the_head(layout):
+    """A split with the LM head on a stage of its own numbers every chip once, and the head's
+    ranks hold the vocab-parallel head (a tied table's only copy: the first stage holds none)."""
+    from tvm_spinn.training.planner import _stage_params
+
+    split = Split(2, 3, 2, 0, 1, 4, False, True, 1, layout, 4)
+    ids = np.concatenate([split.grid().reshape(-1), split.head_grid().reshape(-1)])
+    assert sorted(ids.tolist()) == list(range(split.chips)) and split.chips == (2 * 3 + 4) * 2
+    spec = spec_of({**_config("gpt2-xl"), "n_layer": 6, "n_embd": 64, "n_head": 4, "vocab_size": 1000,
+                    "n_positions": 64})
+    h, v = spec.hidden, spec.vocab
+    assert _stage_params(spec, 2, 3, 3, 4) == 2 * h + -(-v // 4) * h  # the final norm and a quarter of the head
+    no_head = _stage_params(spec, 2, 3, 0, 0) - _stage_params(spec, 2, 3, 0, 4)
+    assert no_head == -(-v // 2) * h  # the first stage's copy of the tied table is gone
+
+
+def test_a_large_vocabulary_gets_a_head_stage():
+    """GPT-2 small's proportions (the head ~5 blocks' GEMMs): the plan gives the head a stage of
+    its own, faster than the same split with the head on the last block stage."""
+    import dataclasses
+
+    from tvm_spinn.training.planner import _Comms, _step_time
+
+    cfg = {**_config("gpt2-xl"), "n_layer": 6, "n_embd": 64, "n_head": 4, "vocab_size": 20000, "n_positions": 64}
+    system = make_system("forty-eight", chips=48)
+    plan = plan_training(cfg, system, seq=64, global_batch=8, recompute=False)
+    assert plan.split.head_tp > 0, plan.split.line()
+    on_last = dataclasses.replace(plan.split, head_tp=0)
+    alone = _step_time(spec_of(cfg), on_last, 64, "adamw", system, _Comms(system, True))
+    assert plan.time_per_step_s < alone.total_s
+    assert plan.step.stages_s[-1][0] == plan.split.pp  # the head's stage is costed

@@ -14,7 +14,9 @@ stage ``(c // tp) % pp`` of replica ``c // (tp pp)``: a TP group is ``tp`` conse
 one hop apart on a board, :mod:`tvm_spinn.target.topology`, a stage's successor the next
 ``tp``), ``tp,dp,pp`` (the replicas of a stage side by side: its data-parallel groups stay on
 its board where ``tp dp`` divides it) or ``dp,tp,pp`` (each data-parallel group on consecutive
-chips). The search takes the fastest.
+chips). A head stage's chips follow each replica's block stages in the first order, and all
+block stages in the others, its data-parallel groups on consecutive chips
+(:meth:`Split.head_grid`). The search takes the fastest.
 
 Memory per chip (bytes, fp32: everything 4 bytes an element)
 ------------------------------------------------------------
@@ -50,30 +52,51 @@ Per micro-batch and stage: GEMM FLOPs (forward ``2 tokens W / tp`` plus the atte
 ``s x s`` matmuls; backward twice that; recomputation one more forward of the blocks) at the
 chips' fp32 peak (:attr:`~tvm_spinn.target.arch.SpinnArch.peak_fp32_flops_s`), or the DRAM
 traffic (weights read in each pass, gradients accumulated, stored activations written and read
-back) at :attr:`~tvm_spinn.target.arch.SpinnArch.dram_bw_bytes_s`, whichever is longer; plus the
+back; the embedding tables' rows of the slot's tokens only, they are gathered from) at
+:attr:`~tvm_spinn.target.arch.SpinnArch.dram_bw_bytes_s`, whichever is longer. A stage whose
+GEMM weights and their gradients fit the chip's resident SRAM share (:data:`RESIDENT_SHARE` of
+every PE's tile SRAM, as the mapping keeps resident weights) keeps them there from the first
+slot to the update: loaded and written back once a step (with the update), not per pass. Plus the
 TP all-reduces of the activations (two a layer forward, two backward, two more when
 recomputing; with sequence parallelism each is an all-gather and a reduce-scatter), the
 vocab-parallel embedding's and cross-entropy's, and the hand-over to the next
-stage, each costed with the step patterns of :mod:`tvm_spinn.timing.collectives` on the
+stage (which runs by DMA during the slot's compute: a slot takes its TP collectives plus the
+longer of its compute and its hand-overs), each costed with the step patterns of
+:mod:`tvm_spinn.timing.collectives` on the
 system's link graph for *every group at once* (all TP groups of a slot, every stage boundary of
 every replica, all data-parallel groups: they share the links and board edges they meet; see
 :class:`_Comms`). A micro-batch may enter the pipeline as :attr:`Split.chunks` chunks of
 consecutive tokens of its sequences (token-level pipelining, TeraPipe, Li et al. 2021: a
 causal chunk attends over its sequences' earlier chunks, whose keys and values the stage keeps),
-so the step takes ``(m c + pp - 1)`` slots of the slowest stage's forward and backward of one
-chunk (the bubble, ``(pp - 1) / (m c)``), then the gradient synchronisation over the ``dp``
-replicas (ZeRO-0: an all-reduce; ZeRO-1: a reduce-scatter and an all-gather of the updated
-weights; ZeRO-2: a reduce-scatter per micro-batch and the all-gather), a tied embedding's
+so the step takes ``(m c + S - 1)`` slots of the slowest of its ``S`` stages' forward and
+backward of one chunk (the bubble, ``(S - 1) / (m c)``).
+
+The LM head may take a pipeline stage of its own (:attr:`Split.head_tp` chips a replica,
+vocab-parallel, a width of its own: the blocks' ``tp`` divides the attention heads, the head's
+GEMM only the vocabulary, and GPT-2 small's head is 31% of its FLOPs): the last block stage's
+ranks hand their shares of the slot's hidden states to the head's ranks, which all-gather them;
+the head's partial input gradients are reduce-scattered over its ranks and handed back. A tied
+table then lives on the head's stage only (the first stage gets the rows of its tokens).
+
+Then the gradient synchronisation over the ``dp`` replicas (ZeRO-0: an all-reduce; ZeRO-1: a
+reduce-scatter and an all-gather of the updated weights; ZeRO-2: a reduce-scatter per
+micro-batch and the all-gather): the block stages' groups all at once as the first stage
+ends; a head stage's on their own, earlier: in 1F1B's drain the head's stage runs its last
+backward ``pp`` backward passes before the first stage (each at least the slowest stage's
+backward compute), so its synchronisation starts that much earlier (hidden behind the drain;
+:attr:`StepTime.dp_hidden_s`); a tied embedding's
 (Megatron's all-reduce of its two copies' gradients, or the last stage's copy handing the
 replica's token rows to the first stage and their gradients back, the cheaper) and the
 optimizer update (its DRAM traffic or its element-wise work on the M4F cores, whichever is
 longer). In the reproducible mode (the default) every floating-point reduction is a pipelined
 chain in ascending rank order (:class:`_Comms`; the order of
 :func:`~tvm_spinn.timing.collectives.chain_all_reduce` that the compiled data-parallel step
-and the bit-exact tensor-parallel collectives run): ranks hold consecutive blocks of the
-reduced axis (micro-batches, or a GEMM's ``k``), so the additions do not depend on the split.
-What is not modelled: overlap of communication with computation, and the host's share of the
-step.
+and the bit-exact tensor-parallel collectives run), or a *direct* reduce-scatter: every rank
+sends each shard's owner its piece and the owner adds the pieces in ascending rank order (the
+same order); ranks hold consecutive blocks of the reduced axis (micro-batches, or a GEMM's
+``k``), so the additions do not depend on the split. What is not modelled: overlap of the TP
+collectives with computation, link sharing between the head stage's gradient synchronisation and
+the other stages' drain, and the host's share of the step.
 
 Search: every split that fits is ordered by its GEMM time alone; a split's step with each
 collective costed for its first few groups only is a lower bound of its full cost, and splits are costed
@@ -152,10 +175,19 @@ class Split:
     chunks: int = 1
     #: chip order, innermost axis first (see the module docstring's Layout): one of :data:`LAYOUTS`
     layout: str = "tp,pp,dp"
+    #: chips of a pipeline stage of its own for the final norm, the LM head and the loss in each
+    #: replica (vocab-parallel over them, a width of its own: the head's GEMM is not bounded by
+    #: the heads as the blocks' is); 0: the head on the last block stage at the blocks' ``tp``
+    head_tp: int = 0
 
     @property
     def chips(self) -> int:
-        return self.tp * self.pp * self.dp
+        return (self.tp * self.pp + self.head_tp) * self.dp
+
+    @property
+    def stages(self) -> int:
+        """Pipeline stages: the block stages and the head's stage where it has one."""
+        return self.pp + (self.head_tp > 0)
 
     @property
     def slots(self) -> int:
@@ -163,7 +195,10 @@ class Split:
         return self.micro_batches * self.chunks
 
     def grid(self) -> np.ndarray:
-        """``(tp, pp, dp)`` chip ids: the chip of TP rank ``t`` of stage ``p`` of replica ``d``."""
+        """``(tp, pp, dp)`` chip ids: the chip of TP rank ``t`` of block stage ``p`` of replica
+        ``d``. A head stage's chips (:meth:`head_grid`) follow each replica's last block stage
+        in the ``tp,pp,dp`` order, and all block stages in the others (one more stage after
+        the last, its replicas side by side)."""
         sizes = {"tp": self.tp, "pp": self.pp, "dp": self.dp}
         index = {"tp": np.arange(self.tp)[:, None, None], "pp": np.arange(self.pp)[None, :, None],
                  "dp": np.arange(self.dp)[None, None, :]}
@@ -171,13 +206,26 @@ class Split:
         for axis in self.layout.split(","):
             chip = chip + stride * index[axis]
             stride *= sizes[axis]
+            if axis == "pp" and self.layout == LAYOUTS[0]:
+                stride += self.head_tp  # each replica's head chips after its block stages
         return chip
 
+    def head_grid(self) -> np.ndarray:
+        """``(dp, head_tp)`` chip ids of the head stage's ranks (empty without one)."""
+        d, r = np.arange(self.dp)[:, None], np.arange(self.head_tp)[None, :]
+        if self.layout == LAYOUTS[0]:
+            return d * (self.tp * self.pp + self.head_tp) + self.tp * self.pp + r
+        # after the block stages, each of its data-parallel groups on consecutive chips (its
+        # gradients, the largest of a stage, synchronise on a board where the replicas fit it)
+        return self.tp * self.pp * self.dp + d + self.dp * r
+
     def line(self) -> str:
-        return (f"TP {self.tp} x PP {self.pp} x DP {self.dp} = {self.chips} chips"
+        head = f" + {self.head_tp} x {self.dp} head" if self.head_tp else ""
+        return (f"TP {self.tp} x PP {self.pp} x DP {self.dp}{head} = {self.chips} chips"
                 + (f" (chips in {self.layout.replace(',', ', ')} order)" if self.layout != LAYOUTS[0] else "")
                 + f", ZeRO-{self.zero}, {self.micro_batches} micro-batch(es) of {self.micro_batch}"
                 + (f" in {self.chunks} sequence chunks each" if self.chunks > 1 else "")
+                + (f", LM head on a stage of its own of {self.head_tp} chip(s) a replica" if self.head_tp else "")
                 + f", recomputation {'on' if self.recompute else 'off'}"
                 + (", sequence parallel" if self.sequence_parallel and self.tp > 1 else ""))
 
@@ -216,6 +264,11 @@ class StepTime:
     dp_comm_s: float  # gradient synchronisation (and ZeRO's all-gather)
     optimizer_s: float  # the update
     dram_bound: bool = False  # the slowest stage's passes wait on DRAM rather than on the GEMMs
+    #: the head stage's gradient synchronisation run during the pipeline's drain (not in the sum)
+    dp_hidden_s: float = 0.0
+    #: one slot of each costed stage: ``((stage, compute s, TP s, hand-over s), ...)``; stage
+    #: ``pp`` is the head's own stage
+    stages_s: tuple = ()
 
     @property
     def total_s(self) -> float:
@@ -343,18 +396,35 @@ def _layer_params(spec, tp: int) -> int:
     return split + replicated
 
 
-def _stage_params(spec, tp: int, pp: int, stage: int) -> int:
-    """Parameters on one TP rank of pipeline stage ``stage``."""
+def _stage_params(spec, tp: int, pp: int, stage: int, head_tp: int = 0) -> int:
+    """Parameters on one TP rank of pipeline stage ``stage`` (``stage == pp``: a rank of the
+    head's stage of ``head_tp`` chips)."""
     h, v = spec.hidden, spec.vocab
+    norm = 2 * h if spec.family == "gpt2" else h  # the final norm
+    if head_tp and stage == pp:  # the final norm and the LM head (a tied one: the only copy)
+        return norm + -(-v // head_tp) * h
     table = -(-v // tp) * h  # vocab-parallel, padded to a multiple of tp
     n = spec.layers // pp * _layer_params(spec, tp)
     if stage == 0:
-        n += table + (spec.max_positions * h if spec.family == "gpt2" else 0)
+        # a tied table on a head stage hands the token rows to the first stage instead
+        n += (0 if head_tp and spec.tied_embeddings else table) + (spec.max_positions * h if spec.family == "gpt2" else 0)
+    if head_tp:
+        return n
     if stage == pp - 1:
         n += 2 * h if spec.family == "gpt2" else h  # the final norm
         if not spec.tied_embeddings or pp > 1:
             n += table  # the LM head (a tied one is the embedding's copy on the last stage)
     return n
+
+
+def _gathered_params(spec, split: "Split", stage: int) -> int:
+    """Of a stage's parameters on one rank, the tables only gathered from (the token embedding
+    on the first stage, GPT-2's position table): a pass reads the rows of its tokens only."""
+    if stage != 0:
+        return 0
+    h = spec.hidden
+    table = 0 if split.head_tp and spec.tied_embeddings else -(-spec.vocab // split.tp) * h
+    return table + (spec.max_positions * h if spec.family == "gpt2" else 0)
 
 
 def _layer_activations(spec, tp: int, tokens: int, seq: int, sequence_parallel: bool) -> int:
@@ -376,6 +446,12 @@ def _layer_input(spec, tp: int, tokens: int, sequence_parallel: bool) -> int:
 def _stage_activations(spec, split: "Split", seq: int, stage: int, recompute: bool) -> int:
     tp, pp, mb = split.tp, split.pp, split.micro_batch
     tokens = mb * seq // split.chunks  # one pipeline slot's tokens
+    if split.head_tp and stage == pp:
+        # the head's stage, last of the pipeline (one slot in flight): the final norm's input
+        # and output on every rank (the head reads all of the slot's hidden states) and its
+        # share of the logits
+        return 2 * F32 * tokens * spec.hidden + F32 * tokens * -(-spec.vocab // split.head_tp)
+    pp = split.stages  # slots in flight count the head's stage among the later ones
     layers = spec.layers // pp
     inflight = min(pp - stage, split.slots)
     sp = split.sequence_parallel and tp > 1
@@ -390,7 +466,7 @@ def _stage_activations(spec, split: "Split", seq: int, stage: int, recompute: bo
         _, _, _, kv = _widths(spec, tp)
         sequences = min(split.micro_batches, -(-inflight // split.chunks) + 1)
         total += layers * sequences * F32 * mb * seq * 2 * kv
-    if stage == pp - 1:  # the final norm's input and output, the logits
+    if stage == pp - 1 and not split.head_tp:  # the final norm's input and output, the logits
         total += 2 * _layer_input(spec, tp, tokens, sp) + F32 * tokens * -(-spec.vocab // tp)
     return total
 
@@ -398,8 +474,8 @@ def _stage_activations(spec, split: "Split", seq: int, stage: int, recompute: bo
 def memory_per_chip(spec, split: Split, seq: int, optimizer: str, capacity: int) -> MemoryPerChip:
     """Bytes per chip of ``split`` (the most loaded pipeline stage), see the module docstring."""
     best = None
-    for stage in sorted({0, split.pp - 1}):
-        p = _stage_params(spec, split.tp, split.pp, stage)
+    for stage in _costed_stages(split):
+        p = _stage_params(spec, split.tp, split.pp, stage, split.head_tp)
         shard = -(-p // split.dp)
         grads = shard if split.zero >= 2 else p
         state = OPTIMIZERS[optimizer] * (shard if split.zero >= 1 else p)
@@ -409,6 +485,25 @@ def memory_per_chip(spec, split: Split, seq: int, optimizer: str, capacity: int)
         if best is None or mem.total > best.total:
             best = mem
     return best
+
+
+def _peak_bytes(spec, split: Split, seq: int, optimizer: str) -> int:
+    """:attr:`MemoryPerChip.total` of ``split`` (its recomputation mode only: the search's fit
+    test, cheaper than :func:`memory_per_chip`)."""
+    most = 0
+    for stage in _costed_stages(split):
+        p = _stage_params(spec, split.tp, split.pp, stage, split.head_tp)
+        shard = -(-p // split.dp)
+        grads = shard if split.zero >= 2 else p
+        state = OPTIMIZERS[optimizer] * (shard if split.zero >= 1 else p)
+        most = max(most, F32 * (p + grads + state) + _stage_activations(spec, split, seq, stage, split.recompute))
+    return most
+
+
+def _costed_stages(split: Split) -> list:
+    """The stages whose memory and time differ: the first and last block stage (the others are
+    the last's but for its head) and the head's own stage (``pp``) where there is one."""
+    return sorted({0, split.pp - 1} | ({split.pp} if split.head_tp else set()))
 
 
 def _block_flops(spec, tokens: int, seq: int, tp: int = 1) -> tuple[int, int]:
@@ -434,6 +529,10 @@ def model_flops(spec, tokens: int, seq: int, recompute: bool = False) -> int:
 _CHAIN_SEGMENTS = (1, 2, 4, 8, 16, 32, 64, 128)
 #: groups costed together for a lower bound of all of them at once (a subset shares fewer links)
 _BOUND_GROUPS = 8
+#: most ranks a direct reduce-scatter is costed for: its ``c (c - 1)`` pieces shrink with ``c``,
+#: so wider groups take the chain or the ring (and costing it on the link graph grows as ``c**2``:
+#: Llama-2-70B's cloud plan takes 21 s of CPU with 16, several times that with 48, same plan)
+_DIRECT_RANKS = 16
 #: message size at which a collective's affine cost is sampled (any size > 0 gives the same line)
 _PROBE_BYTES = float(2**20)
 
@@ -449,6 +548,9 @@ class _Comms:
 
     * fastest mode: the cheaper of the ring and the binomial tree, and for a single group also
       the multicast algorithms (:func:`~tvm_spinn.timing.collectives.all_reduce` ``"auto"``);
+    * both modes, for groups of up to :data:`_DIRECT_RANKS` ranks: the *direct* reduce-scatter
+      (each rank sends every shard's owner its piece at once; the owner adds them in ascending
+      rank order), and for an all-reduce the finished shards sent to every rank the same way;
     * reproducible mode: floating-point additions in one fixed order, a *pipelined chain*: the
       buffer cut into segments that flow from rank 0 to rank ``c - 1``, each rank adding its
       partial sums into the running sum (the ascending order of
@@ -488,7 +590,7 @@ class _Comms:
             return 0.0
         groups = groups[:_BOUND_GROUPS] if self.alone else self._window(groups)
         n = float(nbytes)
-        names = self._algorithms(op, groups.shape[0])
+        names = self._algorithms(op, groups.shape[0], groups.shape[1])
         if groups.shape[0] == 1:
             return min(self._at(op, groups, a, n) for a in names)
         few = groups[:_BOUND_GROUPS] if groups.shape[0] > _BOUND_GROUPS else groups[:1]
@@ -500,10 +602,11 @@ class _Comms:
             best = min(best, self._at(op, groups, a, n))
         return best
 
-    def _algorithms(self, op: str, g: int) -> tuple:
+    def _algorithms(self, op: str, g: int, c: int) -> tuple:
+        direct = ("direct",) if c <= _DIRECT_RANKS else ()
         if self.reproducible and op != "all_gather":
-            return ("chain",)
-        return ("ring", "tree", "multicast") if g == 1 else ("ring", "tree")
+            return ("chain", *direct)
+        return ("ring", "tree", *direct, "multicast") if g == 1 else ("ring", "tree", *direct)
 
     def _at(self, op: str, groups: np.ndarray, algorithm: str, n: float) -> float:
         """Seconds of one algorithm for ``n`` bytes (its affine lines cached per group pattern)."""
@@ -548,6 +651,18 @@ class _Comms:
         if algorithm == "chain":
             return self._chain(op, groups)
         ranks = groups.reshape(-1)
+        if algorithm == "direct":
+            # every rank sends each other rank its piece (``n / c``) of that rank's shard at
+            # once; the owner adds the pieces in ascending rank order (a fixed order: the
+            # chain's); an all-reduce then sends each finished shard to every other rank the
+            # same way; an all-gather is that second step alone
+            src, dst = (x.reshape(-1) for x in np.meshgrid(np.arange(c), np.arange(c), indexing="ij"))
+            keep = src != dst
+            offset = (np.arange(g) * c)[:, None]
+            step, _ = self.topo.evaluate(ranks[(offset + src[keep][None, :]).reshape(-1)],
+                                         ranks[(offset + dst[keep][None, :]).reshape(-1)], _PROBE_BYTES / c)
+            repeats = 2 if op == "all_reduce" else 1
+            return [(repeats * step.bandwidth_s / _PROBE_BYTES, repeats * step.latency_s)]
         if algorithm == "multicast":  # one group: the multicast trees
             fn = {"all_reduce": co.all_reduce, "all_gather": co.all_gather, "reduce_scatter": co.reduce_scatter}[op]
             try:
@@ -597,9 +712,28 @@ class _Comms:
                          lambda: point_to_point(self.topo, src, dst, nbytes).seconds)
 
 
+#: Share of every PE's tile SRAM that may hold resident weights: the mapping's memory ledger
+#: share (``tvm_spinn.mapping.memory.LEDGER_RESIDENT_SHARE``, which the training layer may not
+#: import; a test keeps the two equal)
+RESIDENT_SHARE = 0.5
+
+
+def _resident_share(arch) -> float:
+    """SRAM bytes a chip keeps for resident weights (:data:`RESIDENT_SHARE` of every PE's tile
+    SRAM, as the mapping's memory plans leave it)."""
+    return RESIDENT_SHARE * arch.pes_per_chip * arch.tile_sram_bytes
+
+
+def _landing(tp: int, heads: int) -> np.ndarray:
+    """The head rank each of ``tp`` block ranks hands its share to: spread evenly over the
+    head's ranks (so over its boards), round robin where there are fewer of them."""
+    t = np.arange(tp)
+    return t * heads // tp if heads >= tp else t % heads
+
+
 def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms) -> StepTime:
-    tp, pp, dp = split.tp, split.pp, split.dp
-    m, slots = split.micro_batches, split.slots
+    tp, pp, dp, heads = split.tp, split.pp, split.dp, split.head_tp
+    m, slots, stages = split.micro_batches, split.slots, split.stages
     tokens = split.micro_batch * seq // split.chunks  # one pipeline slot's
     peak = 2.0 * arch.m4f_flops_per_cycle * arch.clock_hz * arch.pes_per_chip  # one chip, fp32
     dram = arch.dram_bw_bytes_s
@@ -622,57 +756,124 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         src, dst = grid[:, :-1, :], grid[:, 1:, :]
         hand = comms.handover(np.concatenate([src.reshape(-1), dst.reshape(-1)]),
                               np.concatenate([dst.reshape(-1), src.reshape(-1)]), act / tp if sp else act)
-    slowest = None
-    for stage in sorted({0, pp - 1}):
-        params = _stage_params(spec, tp, pp, stage)
-        stored = _stage_activations(spec, split, seq, stage, split.recompute) // max(1, min(pp - stage, slots))
-        fwd = layers * block
-        head = 2 * tokens * spec.hidden * -(-spec.vocab // tp) if stage == pp - 1 else 0
-        bwd = 2 * (fwd + head) + (fwd if split.recompute else 0)
+    head_grid = split.head_grid()
+    head_fwd = head_bwd = head_rs = head_ag = 0.0
+    if heads:
+        # the head's stage: every rank reads the slot's hidden states whole: each rank of the
+        # last block stage hands its share to one head rank, which all-gather them (forward);
+        # the ranks' partial input gradients (each rank's share of the vocabulary) are
+        # reduce-scattered in rank order and the shares handed back (backward); the loss'
+        # three scalars a token all-reduced over the ranks
+        last = np.ascontiguousarray(grid[:, pp - 1, :].T).reshape(-1)  # replica-major
+        mine = head_grid[:, _landing(tp, heads)].reshape(-1)
+        head_fwd = comms.handover(last, mine, act / tp)
+        head_ag = comms.collective("all_gather", head_grid, act)
+        head_rs = comms.collective("reduce_scatter", head_grid, act)
+        head_bwd = comms.handover(mine, last, act / tp)
+        head_loss = comms.collective("all_reduce", head_grid, 3 * F32 * tokens)
+    resident = _resident_share(arch)
+    per_stage = {}
+    for stage in _costed_stages(split):
+        params = _stage_params(spec, tp, pp, stage, heads)
+        # the GEMMs' weights, read in every pass; the gathered tables' rows of the slot's tokens
+        streamed = params - _gathered_params(spec, split, stage)
+        rows = F32 * tokens * spec.hidden * (2 if spec.family == "gpt2" else 1) if stage == 0 else 0
+        held = _stage_activations(spec, split, seq, stage, split.recompute)
+        stored = held // max(1, min(stages - stage, slots))
+        if heads and stage == pp:
+            fwd, bwd, width = 0, 0, heads
+        else:
+            fwd, width = layers * block, tp
+            bwd = 2 * fwd + (fwd if split.recompute else 0)
+        head = 2 * tokens * spec.hidden * -(-spec.vocab // width) if stage == stages - 1 else 0
+        bwd += 2 * head
         fwd += head
-        # DRAM: weights read each pass, gradients accumulated (read and write), activations
-        # written in the forward and read back in the backward
+        # DRAM: activations written in the forward and read back in the backward; the weights
+        # read in each pass and the gradients accumulated (read and written), unless they and
+        # the gradients fit the chip's resident SRAM share: then they stay there from the
+        # first slot to the update (loaded and written back once a step, with the update)
         passes = 2 + split.recompute
-        dram_f = (F32 * params + stored) / dram
-        dram_b = (F32 * params * (passes - 1) + 2 * F32 * params + stored) / dram
-        comp = max(fwd / peak, dram_f) + max(bwd / peak, dram_b)
+        fits = 2 * F32 * streamed <= resident
+        dram_f = (stored + rows + (0 if fits else F32 * streamed)) / dram
+        dram_b = (stored + 2 * rows + (0 if fits else F32 * streamed * (passes - 1) + 2 * F32 * streamed)) / dram
+        f_s, b_s = max(fwd / peak, dram_f), max(bwd / peak, dram_b)
         waits = dram_f > fwd / peak or dram_b > bwd / peak
-        n_ar = (2 + 2 + (2 if split.recompute else 0)) * layers
-        if stage == 0:
-            n_ar += 1  # the vocab-parallel embedding's forward all-reduce
-        tp_s = n_ar * ar
-        if stage == pp - 1 and tp > 1:  # vocab-parallel head: its input gradient, the loss' 3 scalars
-            tp_s += ar + comms.collective("all_reduce", tp_groups, 3 * F32 * tokens)
-        pp_s = hand  # the forward's hand-over and the backward's, both ways at once
-        total = comp + tp_s + pp_s
-        if slowest is None or total > slowest[0]:
-            slowest = (total, comp, tp_s, pp_s, waits)
-    per, comp, tp_s, pp_s, waits = slowest
-    n_slots = slots + pp - 1
+        if heads and stage == pp:
+            tp_f, tp_b, pp_s = head_ag + head_loss, head_rs, head_fwd + head_bwd
+        else:
+            n_f = (2 + (2 if split.recompute else 0)) * layers + (stage == 0)  # + the embedding's
+            tp_f, tp_b = n_f * ar, 2 * layers * ar
+            if stage == pp - 1 and tp > 1 and not heads:  # vocab-parallel head: its input gradient, the loss' scalars
+                tp_b += ar + comms.collective("all_reduce", tp_groups, 3 * F32 * tokens)
+            pp_s = hand + (head_fwd + head_bwd if stage == pp - 1 else 0.0)
+        # a slot's hand-overs run by DMA during its compute (1F1B sends one micro-batch's
+        # activations while it computes the next), not during its TP collectives (they meet
+        # on the stage's links)
+        total = tp_f + tp_b + max(f_s + b_s, pp_s)
+        per_stage[stage] = dict(total=total, comp=f_s + b_s, tp=tp_f + tp_b, pp=pp_s, waits=waits,
+                                drain=b_s, params=streamed, fits=fits)
+    slowest = max(per_stage.values(), key=lambda st: st["total"])
+    per = slowest["total"]
+    n_slots = slots + stages - 1
     pipeline = n_slots * per
-    # gradient synchronisation over the replicas: every (TP rank, stage) group at once
-    params = max(_stage_params(spec, tp, pp, s) for s in {0, pp - 1})
-    dp_groups = grid.reshape(-1, dp)
-    if split.zero == 0:
-        dp_s = comms.collective("all_reduce", dp_groups, F32 * params)
-    else:  # ZeRO-2 keeps only its shard of the gradients: reduce-scattered after every micro-batch
-        scatters = m if split.zero == 2 else 1
-        dp_s = (scatters * comms.collective("reduce_scatter", dp_groups, F32 * params)
-                + comms.collective("all_gather", dp_groups, F32 * params))
-    if spec.tied_embeddings and pp > 1:
-        # the tied table on the first and last stage: Megatron all-reduces its two gradients, or
-        # the last stage keeps the only copy and hands the rows of the replica's tokens to the
-        # first (a stage hand-over of the step's inputs) and their gradients back; the cheaper
-        table = F32 * -(-spec.vocab // tp) * spec.hidden
-        first, last = grid[:, 0, :].reshape(-1), grid[:, pp - 1, :].reshape(-1)
+    # the drain of 1F1B: stage j runs its last backward j backward passes before the first
+    # stage ends (each at least the slowest stage's backward compute: the drain's pace), so
+    # its gradient synchronisation and update start that much earlier
+    drain = max(st["drain"] for st in per_stage.values())
+    tied = 0.0
+    if spec.tied_embeddings and (pp > 1 or heads):
         rows = F32 * (split.micro_batch * m * seq) * spec.hidden / (tp if sp else 1)
-        dp_s += min(comms.collective("all_reduce", np.stack([first, last], axis=1), table),
-                    2 * comms.handover(last, first, rows))
-    shard = -(-params // dp) if split.zero >= 1 else params
-    opt_s = max(_UPDATE_BYTES[optimizer] * shard / dram,
-                _UPDATE_OPS[optimizer] * shard * arch.m4f_elementwise_cycles / (arch.pes_per_chip * arch.clock_hz))
-    return StepTime(pipeline_s=pipeline, bubble_s=(pp - 1) * per, compute_s=n_slots * comp, tp_comm_s=n_slots * tp_s,
-                    pp_comm_s=n_slots * pp_s, dp_comm_s=dp_s, optimizer_s=opt_s, dram_bound=waits)
+        first = grid[:, 0, :].reshape(-1)
+        if heads:
+            # the head's stage keeps the only copy: it hands the rows of the replica's tokens to
+            # the first stage and takes their gradients back
+            tied = 2 * comms.handover(head_grid[:, _landing(tp, heads)].reshape(-1),
+                                      np.ascontiguousarray(grid[:, 0, :].T).reshape(-1), rows)
+        else:
+            # the tied table on the first and last stage: Megatron all-reduces its two
+            # gradients, or the last stage keeps the only copy and hands the rows of the
+            # replica's tokens to the first and their gradients back; the cheaper
+            table = F32 * -(-spec.vocab // tp) * spec.hidden
+            last = grid[:, pp - 1, :].reshape(-1)
+            tied = min(comms.collective("all_reduce", np.stack([first, last], axis=1), table),
+                       2 * comms.handover(last, first, rows))
+    # gradient synchronisation over the replicas (ZeRO-2 keeps only its shard of the gradients:
+    # reduce-scattered after every micro-batch) and the update
+    def update(params: int, stage: int) -> float:
+        shard = -(-params // dp) if split.zero >= 1 else params
+        seconds = max(_UPDATE_BYTES[optimizer] * shard / dram, _UPDATE_OPS[optimizer] * shard
+                      * arch.m4f_elementwise_cycles / (arch.pes_per_chip * arch.clock_hz))
+        streamed = params - _gathered_params(spec, split, stage)
+        if 2 * F32 * streamed <= resident:
+            seconds += 2 * F32 * streamed / dram  # the resident weights loaded, their gradients written back
+        return seconds
+
+    def sync(groups: np.ndarray, params: int) -> float:
+        if split.zero == 0:
+            return comms.collective("all_reduce", groups, F32 * params)
+        scatters = m if split.zero == 2 else 1
+        return (scatters * comms.collective("reduce_scatter", groups, F32 * params)
+                + comms.collective("all_gather", groups, F32 * params))
+
+    # the block stages end within the drain of each other: their groups synchronise at once (the
+    # largest stage's bytes), as the first stage ends; the tied table's synchronisation too
+    block = [(_stage_params(spec, tp, pp, j, heads), j) for j in sorted({0, pp - 1})]
+    dp_blocks = sync(grid.reshape(-1, dp), max(n for n, _ in block))
+    tail = (max(dp_blocks, tied), max(update(n, j) for n, j in block))
+    hidden = 0.0
+    if heads:
+        # the head's stage, last of the pipeline, ends ``pp`` backward passes before the first
+        params = _stage_params(spec, tp, pp, pp, heads)
+        dp_head = sync(np.ascontiguousarray(head_grid.T), params)
+        head_tail = (max(0.0, dp_head - pp * drain, tied), update(params, pp))
+        if sum(head_tail) > sum(tail):
+            tail = head_tail
+        hidden = min(dp_head, pp * drain)
+    dp_exposed, opt_s = tail
+    return StepTime(pipeline_s=pipeline, bubble_s=(stages - 1) * per, compute_s=n_slots * slowest["comp"],
+                    tp_comm_s=n_slots * slowest["tp"], pp_comm_s=n_slots * slowest["pp"], dp_comm_s=dp_exposed,
+                    optimizer_s=opt_s, dram_bound=slowest["waits"], dp_hidden_s=hidden,
+                    stages_s=tuple((j, st["comp"], st["tp"], st["pp"]) for j, st in sorted(per_stage.items())))
 
 
 # ------------------------------------------------------------------------------------ search
@@ -879,12 +1080,16 @@ def plan_training(config, system="spinn/board", *, seq: "int | None" = None, glo
                     for z in (zeros if d > 1 else [zeros[0] if zero is not None else 0]):
                         for r in recomputes:
                             for k in (_chunk_counts(seq) if p > 1 else (1,)):
-                                for order in (LAYOUTS[:1] if d == 1 else LAYOUTS if p > 1 else LAYOUTS[::2]):
-                                    split = Split(t, p, d, z, mb, per_replica // mb, r, sequence_parallel, k, order)
-                                    mem = memory_per_chip(spec, split, seq, optimizer, capacity)
-                                    if mem.fits:
-                                        candidates.append((_compute_floor(spec, split, seq, arch), split.chips,
-                                                           split, mem))
+                                for h in _head_widths(spec, t, p, d, arch.chips):
+                                    split = Split(t, p, d, z, mb, per_replica // mb, r, sequence_parallel, k,
+                                                  LAYOUTS[0], h)
+                                    # memory and the compute floor do not depend on the chip order
+                                    if _peak_bytes(spec, split, seq, optimizer) > capacity:
+                                        continue
+                                    floor = _compute_floor(spec, split, seq, arch)
+                                    for order in (LAYOUTS[:1] if d == 1 else LAYOUTS if p > 1 or h else LAYOUTS[::2]):
+                                        candidates.append((floor, split.chips, dataclasses.replace(split, layout=order),
+                                                           None))
     if not candidates:
         found = smallest_system(spec, arch, global_batch, seq, optimizer, tp=tp, pp=pp, dp=dp, zero=zero,
                                 micro_batch=micro_batch, recompute=recompute, sequence_parallel=sequence_parallel)
@@ -919,7 +1124,8 @@ def plan_training(config, system="spinn/board", *, seq: "int | None" = None, glo
         if best is None or bound < best[0]:
             heapq.heappush(queue, (bound, chips, _split_key(split), split, mem))
     settle(math.inf)
-    step, split, mem = best[3:]
+    step, split, _ = best[3:]
+    mem = memory_per_chip(spec, split, seq, optimizer, capacity)
     from ..timing.training_bound import training_bound
 
     tokens = global_batch * seq
@@ -951,10 +1157,25 @@ def _chunk_counts(seq: int) -> list:
     return out
 
 
+def _head_widths(spec, tp: int, pp: int, dp: int, chips: int) -> list:
+    """Head-stage widths a split may take: 0 (the head on the last block stage) and, where the
+    LM head's GEMM outweighs a block stage's (it would be the pipeline's slowest part), ``tp``
+    times a power of two, as far as the chips go."""
+    h, i, q, kv = _widths(spec)
+    block = (h * (q + 2 * kv) + q * h + (3 if spec.family == "llama" else 2) * h * i) * (spec.layers // pp)
+    out, width = [0], tp
+    if spec.vocab * spec.hidden <= block:
+        return out
+    while (tp * pp + width) * dp <= chips:
+        out.append(width)
+        width *= 2
+    return out
+
+
 def _split_key(split: Split) -> tuple:
     """A total order of splits (ties of the search go to the first)."""
     return (split.tp, split.pp, split.dp, split.zero, split.micro_batch, split.micro_batches, split.recompute,
-            split.sequence_parallel, split.chunks, split.layout)
+            split.sequence_parallel, split.chunks, split.layout, split.head_tp)
 
 
 def _compute_floor(spec, split: Split, seq: int, arch) -> float:
