@@ -187,8 +187,9 @@ def _chunk_args(spec: ModelSpec, chunk: int, context: int) -> tuple:
     with torch.device("meta"):
         args = [torch.zeros(1, chunk, spec.hidden), torch.zeros(kvh, d, context), torch.zeros(kvh, context, d),
                 torch.zeros(chunk, context)]
-        if spec.family == "llama":
-            args += [torch.zeros(1, chunk, d), torch.zeros(1, chunk, d)]
+        if spec.family != "gpt2":  # rotary tables of the rotated channels (GPT-J: the first rotary_dim)
+            r = spec.rotary_dim or d
+            args += [torch.zeros(1, chunk, r), torch.zeros(1, chunk, r)]
     return tuple(args)
 
 
@@ -251,17 +252,22 @@ def _cfg_key(cfg: dict) -> str:
     return json.dumps(cfg, sort_keys=True, default=str)
 
 
-def _describe_chunk(cfg: dict, spec: ModelSpec, target, dtype: str, chunk: int, context: int, memo: dict):
-    """The chunk block's programs (described once per config, chip, dtype, chunk and context)."""
+def _describe_chunk(cfg: dict, spec: ModelSpec, target, dtype: str, chunk: int, context: int, memo: dict,
+                    g: int = 1):
+    """The chunk block's programs (described once per config, slice over ``g`` boards, chip,
+    dtype, chunk and context); ``spec``: the slice's (:func:`tvm_spinn.llm.board_tp.slice_block`)."""
     from ..target import arch_of
+    from . import board_tp
     from .describe import describe
+    from .spec import spec_of
 
-    key = ("chunk", _cfg_key(cfg), repr(arch_of(target).replace(chips=1, name="")), dtype, chunk, context)
+    key = ("chunk", _cfg_key(cfg), g, repr(arch_of(target).replace(chips=1, name="")), dtype, chunk, context)
     if key not in memo:
         P = _plan_module()
-        model_key = ("model", _cfg_key(cfg))
+        model_key = ("model", _cfg_key(cfg), g)
         if model_key not in memo:
-            memo[model_key] = P._meta_model(cfg, spec)
+            memo[model_key] = (P._meta_model(cfg, spec) if g == 1 else
+                               board_tp.slice_block(cfg, spec_of(cfg), g)[1])
         model = memo[model_key]
         args = _chunk_args(spec, chunk, context)
         programs = [d.program for d in describe(ChunkStep(model, spec, context), args, target, dtype)]
@@ -431,16 +437,15 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
     timed: dict = {}
 
     def _block_times(g: int, c: int, stream: bool, on) -> "dict | None":
-        sliced = cfg if g == 1 else board_tp.slice_config(cfg, spec, g)
-        if sliced is None:
+        sub = _slice_spec(g)
+        if sub is None:
             return None
-        sub = spec if g == 1 else spec_of(sliced)
         ctx = contexts(c)
         ends = sorted({ctx[0], ctx[-1]})
         mapped = {}
         for mode in ("auto", "stream") if stream else ("auto",):
             for end in ends:
-                programs, host = _describe_chunk(sliced, sub, target, dtype, c, end, memo)
+                programs, host = _describe_chunk(cfg, sub, target, dtype, c, end, memo, g)
                 if small:
                     from .describe import DescribedProgram
 
@@ -460,9 +465,18 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
         return dict(auto=auto, stream=line("stream") if stream else auto,
                     fit=max(1, int(room // max(1, _block_weight(g)))), gather=max(0, first.handoff_gather_bytes))
 
+    slice_specs: dict = {}
+
+    def _slice_spec(g: int) -> "ModelSpec | None":
+        """The spec of one board's slice of a block over ``g`` boards (None: not split that way)."""
+        if g not in slice_specs:
+            got = (spec, None) if g == 1 else board_tp.slice_block(cfg, spec, g)
+            slice_specs[g] = None if got is None else got[0]
+        return slice_specs[g]
+
     def _block_weight(g: int) -> int:
         """Weight bytes of one board's share of a block (its slice's GEMM weights and vectors)."""
-        sub = spec if g == 1 else spec_of(board_tp.slice_config(cfg, spec, g))
+        sub = _slice_spec(g)
         q, kv = sub.heads * sub.head_dim, sub.kv_heads * sub.head_dim
         mlp = 3 if sub.family == "llama" else 2
         return (sub.hidden * (q + 2 * kv) + q * sub.hidden + mlp * sub.hidden * sub.intermediate) * P.DTYPES[dtype]
@@ -526,6 +540,9 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
             if c in evaluated:
                 return evaluated[c]
             # a stage of more blocks than its board keeps resident streams the rest
+            if _slice_spec(g) is None:
+                evaluated[c] = math.inf
+                return math.inf
             block_w = _block_weight(g)
             fit = max(1, int(budget // max(1, block_w)))
             times = block_times(g, c, False)
@@ -536,7 +553,8 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
             reduce_s = 0.0
             if g > 1:
                 ranks = [[int(x) + b * cpb for x in ring] for b in groups[0]]
-                reduce_s = 2 * board_all_reduce(topo, ranks, c * spec.hidden * 4).seconds  # int32 partial sums
+                reduce_s = board_tp.block_all_reduces(spec) * board_all_reduce(
+                    topo, ranks, c * spec.hidden * 4).seconds  # int32 partial sums
             c_best = math.inf
 
             def timed_layout(m: int, times: dict) -> dict:
