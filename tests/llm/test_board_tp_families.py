@@ -124,3 +124,23 @@ def test_narrowed_slice_describes_with_the_boards_weights(name):
     dense = sum(t.nbytes for d in programs for t in d.program.tensors if t.role == "const" and t.dtype == "int8")
     h, d = spec.hidden, spec.head_dim
     assert dense == h * (sub.heads + 2 * sub.kv_heads) * d + sub.heads * d * h + 2 * h * sub.intermediate
+
+
+@pytest.mark.slow  # ~60-300 s: torch.export and mapping of the slices and the prompt's plan
+def test_falcon_plans_blocks_over_boards(register_system):
+    """A multi-query Falcon on five boards: its blocks split over 2 and 4 boards are candidates
+    (one all-reduce a block), and the kept plan is the fastest of all."""
+    import tvm_spinn
+    from tvm_spinn.llm.plan import plan
+
+    cfg = {"model_type": "falcon", "hidden_size": 1024, "num_attention_heads": 16, "num_hidden_layers": 4,
+           "vocab_size": 1000, "max_position_embeddings": 256, "multi_query": True}
+    system = register_system(tvm_spinn.make_system("spinn2-five-boards", boards=5), tag="spinn/five-boards")
+    result = plan(cfg, target=system, seq=64)
+    alts = result.plan["alternatives"]
+    assert {k.split("m")[0] for k in alts if k.startswith("board_tp")} == {"board_tp:g2", "board_tp:g4"}, alts
+    assert result.decode_latency_s == min(v["decode_s"] for v in alts.values())
+    if result.plan["placement"] == "board_tp":
+        g = result.plan["tp_boards"]
+        assert result.plan["board_all_reduces_decode_s"] == pytest.approx(4 * result.plan["board_all_reduce_s"])
+        assert g in (2, 4)

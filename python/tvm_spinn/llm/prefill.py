@@ -114,10 +114,13 @@ def flow_shop_s(times) -> float:
 def prefill_workload(spec: ModelSpec, prompt: int, dtype: str, handover_itemsize: int = 4):
     """The :class:`~tvm_spinn.timing.bounds.Workload` of a prompt's prefill up to the first token.
 
-    MACs: every block's weight GEMMs for each of the ``prompt`` tokens (``dtype``), the causal
+    MACs: every block's weight GEMMs for each of the ``prompt`` tokens (``dtype``; a mixture of
+    experts: the router and the ``experts_per_token`` experts each token picks), the causal
     attention's two matmuls (fp32: query ``i`` against ``i + 1`` keys, at most a sliding
-    window's), and the LM head for the last token. Bytes read: every weight once, the vectors and
-    the prompt's embedding rows. Hand-over: the prompt's residual stream (``prompt`` rows of
+    window's), and the LM head for the last token. Bytes read: every weight once (a mixture of
+    experts: the experts the prompt's tokens can pick, ``min(experts, prompt x experts_per_token)``
+    a block, every one of them for a prompt of a few tokens), the vectors and the prompt's
+    embedding rows. Hand-over: the prompt's residual stream (``prompt`` rows of
     ``hidden`` elements of ``handover_itemsize`` bytes); sync points: two norms a block and the
     final norm. Largest stretch: as :func:`tvm_spinn.timing.bounds.decode_workload` without a
     cache (the prompt's keys are computed, not read)."""
@@ -127,7 +130,13 @@ def prefill_workload(spec: ModelSpec, prompt: int, dtype: str, handover_itemsize
     h, i, v = spec.hidden, spec.intermediate, spec.vocab
     q, kv = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
     mlp = 3 if spec.family == "llama" else 2
-    block = h * (q + 2 * kv) + q * h + mlp * h * i
+    # a mixture of experts stores every expert and a router; a token runs k of them, the prompt
+    # reads those its tokens pick
+    stored_experts, per_token = max(1, spec.experts), max(1, spec.experts_per_token)
+    read_experts = min(stored_experts, prompt * per_token)
+    attn, router = h * (q + 2 * kv) + q * h, spec.experts * h
+    block = attn + mlp * h * i * stored_experts + router
+    read_block = attn + mlp * h * i * read_experts + router
     tables = (0 if spec.tied_embeddings else v * h) + (spec.max_positions * h if spec.family == "gpt2" else 0)
     vectors = spec.params - spec.layers * block - v * h - tables
     rows = prompt * h * ((0 if spec.tied_embeddings else 1) + (1 if spec.family == "gpt2" else 0))
@@ -135,9 +144,9 @@ def prefill_workload(spec: ModelSpec, prompt: int, dtype: str, handover_itemsize
     # query i sees min(i + 1, window) keys
     keys = sum(min(j + 1, window) for j in range(prompt)) if window < prompt else prompt * (prompt + 1) // 2
     attention = spec.layers * 2 * spec.heads * spec.head_dim * keys
-    gemm = prompt * spec.layers * block + v * h
-    weights = (spec.layers * block + v * h) * itemsize + vectors * 4 + rows * itemsize
-    largest = max(h * (q + 2 * kv) + q * h, mlp * h * i, v * h) * itemsize + vectors * 4 + rows * itemsize
+    gemm = prompt * spec.layers * (attn + mlp * h * i * min(per_token, stored_experts) + router) + v * h
+    weights = (spec.layers * read_block + v * h) * itemsize + vectors * 4 + rows * itemsize
+    largest = max(attn, mlp * h * i * read_experts, v * h) * itemsize + vectors * 4 + rows * itemsize
     return Workload(macs_int8=gemm if dtype == "int8" else 0,
                     macs_fp32=attention + (gemm if dtype == "fp32" else 0),
                     read_bytes=int(weights), handover_bytes=prompt * h * handover_itemsize, handover_rows=prompt,
@@ -463,7 +472,7 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
         auto = line("auto")
         room = budget if on is board else resident_capacity(on)
         return dict(auto=auto, stream=line("stream") if stream else auto,
-                    fit=max(1, int(room // max(1, _block_weight(g)))), gather=max(0, first.handoff_gather_bytes))
+                    fit=max(1, int(room // max(1, _block_weight(g, c)))), gather=max(0, first.handoff_gather_bytes))
 
     slice_specs: dict = {}
 
@@ -474,12 +483,16 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
             slice_specs[g] = None if got is None else got[0]
         return slice_specs[g]
 
-    def _block_weight(g: int) -> int:
-        """Weight bytes of one board's share of a block (its slice's GEMM weights and vectors)."""
+    def _block_weight(g: int, c: int) -> int:
+        """Weight bytes of one board's share of a block (its slice's GEMM weights and vectors);
+        of a mixture of experts, the router and the experts a chunk of ``c`` tokens can pick
+        (``min(experts, c x experts_per_token)``: the chunk's block evaluates them)."""
         sub = _slice_spec(g)
         q, kv = sub.heads * sub.head_dim, sub.kv_heads * sub.head_dim
         mlp = 3 if sub.family == "llama" else 2
-        return (sub.hidden * (q + 2 * kv) + q * sub.hidden + mlp * sub.hidden * sub.intermediate) * P.DTYPES[dtype]
+        experts = min(sub.experts, c * sub.experts_per_token) if sub.experts else 1
+        return (sub.hidden * (q + 2 * kv) + q * sub.hidden + mlp * sub.hidden * sub.intermediate * experts
+                + sub.experts * sub.hidden) * P.DTYPES[dtype]
 
     grid = board_grid(total_boards)
     pair_memo: dict = {}
@@ -543,7 +556,7 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
             if _slice_spec(g) is None:
                 evaluated[c] = math.inf
                 return math.inf
-            block_w = _block_weight(g)
+            block_w = _block_weight(g, c)
             fit = max(1, int(budget // max(1, block_w)))
             times = block_times(g, c, False)
             if times is None:
