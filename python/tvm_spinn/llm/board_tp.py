@@ -330,6 +330,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                                                  for g in TP_BOARDS):
         return {}
     reduces_per_block = block_all_reduces(spec)
+    reduces_text = "one all-reduce" if reduces_per_block == 1 else "two all-reduces"
     cpb, board, topo, board_topo, order, budget, torus = board_setting(arch)
     host = P._parts(P._meta_model(cfg, spec), spec, batch, seq)[0][2][1:]
     head_atoms = [a for i, d in enumerate(described["head"]) for a in P._atoms(i, d.program)]
@@ -463,7 +464,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                 dram_chip=int(math.ceil(max(0, per_group - fit) * streamed.streamed_bytes_per_chip)),
                 bounds=bounds, bound_s=sum(bounds.values()), binding=max(bounds, key=bounds.get),
                 description=(f"each block tensor-parallel over a group of {g} boards ({g * cpb} chips: heads and "
-                             f"MLP columns split across the boards, {reduces_per_block} all-reduce(s) of int32 partial sums a block "
+                             f"MLP columns split across the boards, {reduces_text} of int32 partial sums a block "
                              f"on the board links), {n_groups} group(s) of {per_group} block(s) pipelined, the "
                              f"hidden state handed over group to group in slices, the head on one board"),
                 meta={"stages": n_groups + 1, "boards_per_stage": g, "blocks_per_stage": per_group,
