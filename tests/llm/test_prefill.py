@@ -59,6 +59,23 @@ def test_prefill_workload_counts_the_causal_attention_and_the_gemms():
     assert work.handover_bytes == 32 * h * 4 and work.handover_rows == 32
 
 
+def test_moe_prefill_reads_the_experts_its_tokens_pick():
+    moe = dict(TINY, model_type="mixtral", num_local_experts=8, num_experts_per_tok=2)
+    spec = spec_of(moe)
+    h, q, kv, i, L = 64, 64, 32, 128, 4
+    attn, expert, router = h * (q + 2 * kv) + q * h, 3 * h * i, 8 * h
+    one, two, long = (prefill_workload(spec, n, "int8") for n in (1, 2, 64))
+    # a token runs its router and 2 of the 8 experts
+    assert two.macs_int8 - one.macs_int8 == L * (attn + 2 * expert + router)
+    # one token reads its 2 experts a block, two tokens up to 4, a long prompt all 8 (and each
+    # token its embedding row)
+    read = [w.description["weight_bytes_read"] for w in (one, two, long)]
+    assert read[1] - read[0] == L * 2 * expert + h and read[2] - read[1] == L * 4 * expert + 62 * h
+    # every stored weight read once by the long prompt: int8 matrices, fp32 vectors
+    dense = prefill_workload(spec_of(TINY), 64, "int8").description["weight_bytes_read"]
+    assert read[2] - dense == L * (7 * expert + router)
+
+
 @pytest.fixture(scope="module")
 def four_boards():
     from tvm_spinn.target import register_system, unregister_system

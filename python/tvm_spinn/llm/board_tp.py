@@ -11,7 +11,12 @@ attention's output projection and of the MLP's down projection are partial sums 
 boards: each is all-reduced across the group's boards
 (:func:`tvm_spinn.timing.collectives.board_group_all_reduce`, two a block: a reduce and a
 multicast over every board edge between the group's boards, or a ring or tree where cheaper)
-before the residual add. The all-reduce works in the layout the projection left its sums in
+before the residual add (one all-reduce of their sum where attention and MLP join the residual
+together: GPT-J, Falcon; :class:`tvm_spinn.llm.spec.BlockSplit`). GPT-2, GPT-J and Falcon, whose
+head size follows from the hidden size, are sliced by narrowing their block's parameters
+(:func:`slice_block`), heads that ``g`` does not divide shared as evenly as they go (the largest
+share timed), Falcon's single key/value head (multi-query attention) replicated on every board.
+The all-reduce works in the layout the projection left its sums in
 (each chip of a board its slice, reduced with its counterparts on the other boards) and ends
 there: the slice's program all-gathers the row on the board itself where its norm (or the next
 block) needs it whole, so the all-reduce carries no on-board all-gather of its own.
@@ -56,8 +61,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["TP_BOARDS", "slice_config", "board_groups", "board_patches", "board_setting", "group_caches", "GroupCaches",
-           "prefetch", "records"]
+__all__ = ["TP_BOARDS", "slice_config", "slice_shares", "slice_block", "block_all_reduces", "board_groups",
+           "board_patches", "board_setting", "group_caches", "GroupCaches", "prefetch", "records"]
 
 #: Boards one block is tensor-parallel over (each must divide the heads and the intermediate
 #: size, and leave a board for the head), tried in the order of what their all-reduces alone
@@ -84,6 +89,83 @@ def slice_config(cfg: dict, spec, g: int) -> "dict | None":
     out.update(num_attention_heads=spec.heads // g, num_key_value_heads=max(1, spec.kv_heads // g),
                head_dim=spec.head_dim, intermediate_size=spec.intermediate // g)
     return out
+
+
+def slice_shares(spec, g: int) -> "tuple[int, int, int] | None":
+    """``(query heads, key/value heads, intermediate columns)`` of the largest of ``g`` boards'
+    shares of a block of a family split by :data:`tvm_spinn.llm.spec.BLOCK_SPLITS`, or None
+    where ``g`` boards cannot split it.
+
+    Heads and columns go to the boards as evenly as they divide (board ``j`` of ``g`` takes
+    heads ``j H // g .. (j + 1) H // g - 1``): the group waits for its largest share, which is
+    what is timed. A key/value head belongs to its query head (every head its own: each board
+    caches its heads' keys and values) or to all of them (multi-query attention: the one
+    key/value head is replicated, its projection and cache on every board); grouped-query
+    attention splits only where its groups do, evenly."""
+    from .spec import BLOCK_SPLITS
+
+    H, kv, inter = spec.heads, spec.kv_heads, spec.intermediate
+    if spec.family not in BLOCK_SPLITS or spec.experts or g > H or g > inter:
+        return None
+    if kv == H:
+        return -(-H // g), -(-H // g), -(-inter // g)
+    if kv == 1:
+        return -(-H // g), 1, -(-inter // g)
+    if H % g or inter % g or (kv % g and g % kv):
+        return None
+    return H // g, max(1, kv // g), inter // g
+
+
+def slice_block(cfg: dict, spec, g: int):
+    """``(spec, model)`` of the largest of ``g`` boards' slices of a block (see the module
+    docstring): the one-block model on the meta device whose parameters are one board's share,
+    or None where ``g`` does not split the block.
+
+    The Llama family is sliced through its config (:func:`slice_config`); the families of
+    :data:`tvm_spinn.llm.spec.BLOCK_SPLITS` (whose head size follows from the hidden size) by
+    narrowing the parameters their description names to the board's share (:func:`slice_shares`)."""
+    import dataclasses
+
+    import torch
+
+    from .spec import BLOCK_SPLITS, spec_of
+
+    P = importlib.import_module(".plan", __package__)
+    sliced = slice_config(cfg, spec, g)
+    if sliced is not None:
+        sub = spec_of(sliced)
+        return sub, P._meta_model(sliced, sub)
+    shares = slice_shares(spec, g)
+    if shares is None:
+        return None
+    heads, kv, inter = shares
+    sub = dataclasses.replace(spec, heads=heads, kv_heads=kv, intermediate=inter)
+    d = spec.head_dim
+    width = {"q": heads * d, "kv": kv * d, "qkv": (heads + 2 * kv) * d, "mlp": inter}
+    model = P._meta_model(cfg, spec)
+    block = model.transformer.h[0] if hasattr(model, "transformer") else model.model.layers[0]
+    for path, axis, what in BLOCK_SPLITS[spec.family].parameters:
+        owner_path, _, leaf = path.rpartition(".")
+        owner = block.get_submodule(owner_path)
+        param = getattr(owner, leaf, None)
+        if param is None:  # a bias the config leaves out
+            continue
+        shape = list(param.shape)
+        shape[axis] = width[what]
+        setattr(owner, leaf, torch.nn.Parameter(torch.empty(shape, dtype=param.dtype, device="meta"),
+                                                requires_grad=False))
+        if hasattr(owner, "nf"):  # transformers' Conv1D (weight: in x out) keeps its output width
+            owner.nf = owner.weight.shape[-1]
+    return sub, model
+
+
+def block_all_reduces(spec) -> int:
+    """All-reduces a block tensor-parallel over boards makes (:class:`tvm_spinn.llm.spec.BlockSplit`):
+    two (after attention, after the MLP), one where the family adds both to the residual together."""
+    from .spec import BLOCK_SPLITS
+
+    split = BLOCK_SPLITS.get(spec.family)
+    return split.all_reduces if split is not None else 2
 
 
 def board_groups(grid: tuple[int, int], g: int) -> list[list[int]]:
@@ -140,7 +222,7 @@ def _run_s(resident, streamed, blocks: int, fit: int, saved_s: float = 0.0) -> f
     return min(blocks, fit) * resident.latency_s + max(0, blocks - fit) * (streamed.latency_s - saved_s)
 
 
-def prefetch(resident, streamed, reduce_s: float, dram_bw: float) -> tuple[float, int]:
+def prefetch(resident, streamed, reduce_s: float, dram_bw: float, reduces: int = 2) -> tuple[float, int]:
     """What a streamed block gains by fetching weights during the all-reduces.
 
     A block's two all-reduces move its partial sums over the board links; the chips' DRAM
@@ -150,8 +232,8 @@ def prefetch(resident, streamed, reduce_s: float, dram_bw: float) -> tuple[float
     up to ``reduce_s x dram_bw`` of the program's streamed bytes into an SRAM buffer, which the
     program then does not read from DRAM while it runs: it saves those bytes' DRAM time, and
     never more than its time streaming less its time with its weights resident (the two
-    mappings' ``program_s``). The block has two all-reduces: the programs together save at
-    most ``2 reduce_s``.
+    mappings' ``program_s``). The programs together save at most ``reduces x reduce_s``: the
+    block's all-reduces (two; one where attention and MLP join the residual together).
 
     Parameters
     ----------
@@ -161,6 +243,8 @@ def prefetch(resident, streamed, reduce_s: float, dram_bw: float) -> tuple[float
         One all-reduce's time.
     dram_bw : float
         One chip's DRAM bandwidth (bytes/s).
+    reduces : int
+        The block's all-reduces (:func:`block_all_reduces`).
 
     Returns
     -------
@@ -177,7 +261,7 @@ def prefetch(resident, streamed, reduce_s: float, dram_bw: float) -> tuple[float
         if gain > 0:
             saved += gain
             buffer = max(buffer, int(math.ceil(ahead)))
-    return min(saved, 2 * reduce_s), buffer
+    return min(saved, reduces * reduce_s), buffer
 
 
 @dataclass(frozen=True)
@@ -293,8 +377,11 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
 
     whole = whole_boards(arch)  # a group's boards run the same slice: boards with every chip working
     boards = len(whole)
-    if dtype != "int8" or boards < 3 or spec.family != "llama":
+    if dtype != "int8" or boards < 3 or not any(slice_config(cfg, spec, g) is not None or slice_shares(spec, g)
+                                                 for g in TP_BOARDS):
         return {}
+    reduces_per_block = block_all_reduces(spec)
+    reduces_text = "one all-reduce" if reduces_per_block == 1 else "two all-reduces"
     cpb, board, topo, board_topo, order, budget, torus = board_setting(arch)
     host = P._parts(P._meta_model(cfg, spec), spec, batch, seq)[0][2][1:]
     head_atoms = [a for i, d in enumerate(described["head"]) for a in P._atoms(i, d.program)]
@@ -348,7 +435,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     # faults, groups of whole boards only
     degrees = []
     for g in (g for g in TP_BOARDS if g + 1 <= boards):
-        if slice_config(cfg, spec, g) is None:
+        if slice_config(cfg, spec, g) is None and slice_shares(spec, g) is None:
             continue
         layouts = [[grp for grp in lay if set(grp) <= set(whole)]
                    for lay in (board_groups(torus, g), board_patches(torus, g))]
@@ -358,7 +445,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         groups = min(layouts, key=lambda lay: (reduce_of(lay), -len(lay)))
         free = [b for b in whole if all(b not in grp for grp in groups)]
         if len(groups) - (0 if free else 1) >= 1:  # the head needs a board of its own
-            degrees.append((2 * L * reduce_of(groups) + head_s, -g, groups, free))
+            degrees.append((reduces_per_block * L * reduce_of(groups) + head_s, -g, groups, free))
     # the degrees in the order of what their all-reduces alone cost a token (a bound on each
     # degree's token: its blocks, hand-overs and loop come on top), mapped while that bound
     # is below the fastest token found: on a small torus whose rows close into rings the
@@ -368,13 +455,9 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         g = -g
         if mapped >= MAX_MAPPED or floor_s >= best:
             break
-        sliced = slice_config(cfg, spec, g)
         usable = len(groups) - (0 if free else 1)
         steps.set_postfix_str(f"map: blocks tensor-parallel over {g} boards")
-        from .spec import spec_of
-
-        sub = spec_of(sliced)
-        model = P._meta_model(sliced, sub)
+        sub, model = slice_block(cfg, spec, g)
         parts = P._parts(model, sub, batch, seq)
         key = ("board_tp_slice", g, batch, seq, dtype)  # described once a plan (every patch of it)
         if memo is None or key not in memo:
@@ -402,7 +485,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         reduce_s = reduce_of(groups)  # int32 partial sums
         # the streamed blocks' weights fetched partly during the all-reduces: a buffer per chip
         # out of the SRAM the resident blocks would take (one fewer may stay resident)
-        saved, buffer = prefetch(resident, streamed, reduce_s, board.dram_bw_bytes_s)
+        saved, buffer = prefetch(resident, streamed, reduce_s, board.dram_bw_bytes_s, reduces_per_block)
         fit_ahead = max(1, int((budget - buffer * cpb) // max(1, block_w)))
         variants = [(fit, 0.0, 0, "")] + ([(fit_ahead, saved, buffer, "p")] if saved > 0 else [])
         for per_group, (fit, saved_s, buffer_b, tag) in ((n, v) for n in options for v in variants):
@@ -416,7 +499,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                 continue
             blocks_s = sum(_run_s(resident, streamed, n, fit, saved_s) for n in sizes)
             ahead_s = sum(max(0, n - fit) for n in sizes) * saved_s
-            reduces_s = 2 * L * reduce_s
+            reduces_s = reduces_per_block * L * reduce_s
             head_board = free[0] if free else groups[n_groups][0]
             hand = [pair_s(j, hidden * handover_bytes) for j in range(n_groups - 1)]
             hand.append(handover_s(groups[n_groups - 1][:1], [head_board], hidden * handover_bytes))
@@ -444,7 +527,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                 dram_chip=int(math.ceil(max(0, per_group - fit) * streamed.streamed_bytes_per_chip)),
                 bounds=bounds, bound_s=sum(bounds.values()), binding=max(bounds, key=bounds.get),
                 description=(f"each block tensor-parallel over a group of {g} boards ({g * cpb} chips: heads and "
-                             f"MLP columns split across the boards, two all-reduces of int32 partial sums a block "
+                             f"MLP columns split across the boards, {reduces_text} of int32 partial sums a block "
                              f"on the board links), {n_groups} group(s) of {per_group} block(s) pipelined, the "
                              f"hidden state handed over group to group in slices, the head on one board"
                              + (f"; the streamed blocks' weights fetched {buffer_b / 1e6:.2f} MB a chip ahead "

@@ -125,7 +125,9 @@ class _Step(nn.Module):
             attn = block.attn
             qkv = attn.c_attn(h)
             # slices, not split: a split's tuple can end up inside an offloaded region (GPT-2-XL)
-            q, k, v = qkv[:, :, :s.hidden], qkv[:, :, s.hidden:2 * s.hidden], qkv[:, :, 2 * s.hidden:]
+            # (the heads' width: the hidden size, or one board's share of the heads when planned)
+            qw = s.heads * s.head_dim
+            q, k, v = qkv[:, :, :qw], qkv[:, :, qw:2 * qw], qkv[:, :, 2 * qw:]
         elif s.family == "falcon":
             attn = block.self_attention
             qkv = attn.query_key_value(h)

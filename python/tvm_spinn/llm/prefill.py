@@ -114,10 +114,13 @@ def flow_shop_s(times) -> float:
 def prefill_workload(spec: ModelSpec, prompt: int, dtype: str, handover_itemsize: int = 4):
     """The :class:`~tvm_spinn.timing.bounds.Workload` of a prompt's prefill up to the first token.
 
-    MACs: every block's weight GEMMs for each of the ``prompt`` tokens (``dtype``), the causal
+    MACs: every block's weight GEMMs for each of the ``prompt`` tokens (``dtype``; a mixture of
+    experts: the router and the ``experts_per_token`` experts each token picks), the causal
     attention's two matmuls (fp32: query ``i`` against ``i + 1`` keys, at most a sliding
-    window's), and the LM head for the last token. Bytes read: every weight once, the vectors and
-    the prompt's embedding rows. Hand-over: the prompt's residual stream (``prompt`` rows of
+    window's), and the LM head for the last token. Bytes read: every weight once (a mixture of
+    experts: the experts the prompt's tokens can pick, ``min(experts, prompt x experts_per_token)``
+    a block, every one of them for a prompt of a few tokens), the vectors and the prompt's
+    embedding rows. Hand-over: the prompt's residual stream (``prompt`` rows of
     ``hidden`` elements of ``handover_itemsize`` bytes); sync points: two norms a block and the
     final norm. Largest stretch: as :func:`tvm_spinn.timing.bounds.decode_workload` without a
     cache (the prompt's keys are computed, not read)."""
@@ -127,7 +130,13 @@ def prefill_workload(spec: ModelSpec, prompt: int, dtype: str, handover_itemsize
     h, i, v = spec.hidden, spec.intermediate, spec.vocab
     q, kv = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
     mlp = 3 if spec.family == "llama" else 2
-    block = h * (q + 2 * kv) + q * h + mlp * h * i
+    # a mixture of experts stores every expert and a router; a token runs k of them, the prompt
+    # reads those its tokens pick
+    stored_experts, per_token = max(1, spec.experts), max(1, spec.experts_per_token)
+    read_experts = min(stored_experts, prompt * per_token)
+    attn, router = h * (q + 2 * kv) + q * h, spec.experts * h
+    block = attn + mlp * h * i * stored_experts + router
+    read_block = attn + mlp * h * i * read_experts + router
     tables = (0 if spec.tied_embeddings else v * h) + (spec.max_positions * h if spec.family == "gpt2" else 0)
     vectors = spec.params - spec.layers * block - v * h - tables
     rows = prompt * h * ((0 if spec.tied_embeddings else 1) + (1 if spec.family == "gpt2" else 0))
@@ -135,9 +144,9 @@ def prefill_workload(spec: ModelSpec, prompt: int, dtype: str, handover_itemsize
     # query i sees min(i + 1, window) keys
     keys = sum(min(j + 1, window) for j in range(prompt)) if window < prompt else prompt * (prompt + 1) // 2
     attention = spec.layers * 2 * spec.heads * spec.head_dim * keys
-    gemm = prompt * spec.layers * block + v * h
-    weights = (spec.layers * block + v * h) * itemsize + vectors * 4 + rows * itemsize
-    largest = max(h * (q + 2 * kv) + q * h, mlp * h * i, v * h) * itemsize + vectors * 4 + rows * itemsize
+    gemm = prompt * spec.layers * (attn + mlp * h * i * min(per_token, stored_experts) + router) + v * h
+    weights = (spec.layers * read_block + v * h) * itemsize + vectors * 4 + rows * itemsize
+    largest = max(attn, mlp * h * i * read_experts, v * h) * itemsize + vectors * 4 + rows * itemsize
     return Workload(macs_int8=gemm if dtype == "int8" else 0,
                     macs_fp32=attention + (gemm if dtype == "fp32" else 0),
                     read_bytes=int(weights), handover_bytes=prompt * h * handover_itemsize, handover_rows=prompt,
@@ -187,8 +196,9 @@ def _chunk_args(spec: ModelSpec, chunk: int, context: int) -> tuple:
     with torch.device("meta"):
         args = [torch.zeros(1, chunk, spec.hidden), torch.zeros(kvh, d, context), torch.zeros(kvh, context, d),
                 torch.zeros(chunk, context)]
-        if spec.family == "llama":
-            args += [torch.zeros(1, chunk, d), torch.zeros(1, chunk, d)]
+        if spec.family != "gpt2":  # rotary tables of the rotated channels (GPT-J: the first rotary_dim)
+            r = spec.rotary_dim or d
+            args += [torch.zeros(1, chunk, r), torch.zeros(1, chunk, r)]
     return tuple(args)
 
 
@@ -251,17 +261,22 @@ def _cfg_key(cfg: dict) -> str:
     return json.dumps(cfg, sort_keys=True, default=str)
 
 
-def _describe_chunk(cfg: dict, spec: ModelSpec, target, dtype: str, chunk: int, context: int, memo: dict):
-    """The chunk block's programs (described once per config, chip, dtype, chunk and context)."""
+def _describe_chunk(cfg: dict, spec: ModelSpec, target, dtype: str, chunk: int, context: int, memo: dict,
+                    g: int = 1):
+    """The chunk block's programs (described once per config, slice over ``g`` boards, chip,
+    dtype, chunk and context); ``spec``: the slice's (:func:`tvm_spinn.llm.board_tp.slice_block`)."""
     from ..target import arch_of
+    from . import board_tp
     from .describe import describe
+    from .spec import spec_of
 
-    key = ("chunk", _cfg_key(cfg), repr(arch_of(target).replace(chips=1, name="")), dtype, chunk, context)
+    key = ("chunk", _cfg_key(cfg), g, repr(arch_of(target).replace(chips=1, name="")), dtype, chunk, context)
     if key not in memo:
         P = _plan_module()
-        model_key = ("model", _cfg_key(cfg))
+        model_key = ("model", _cfg_key(cfg), g)
         if model_key not in memo:
-            memo[model_key] = P._meta_model(cfg, spec)
+            memo[model_key] = (P._meta_model(cfg, spec) if g == 1 else
+                               board_tp.slice_block(cfg, spec_of(cfg), g)[1])
         model = memo[model_key]
         args = _chunk_args(spec, chunk, context)
         programs = [d.program for d in describe(ChunkStep(model, spec, context), args, target, dtype)]
@@ -431,16 +446,15 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
     timed: dict = {}
 
     def _block_times(g: int, c: int, stream: bool, on) -> "dict | None":
-        sliced = cfg if g == 1 else board_tp.slice_config(cfg, spec, g)
-        if sliced is None:
+        sub = _slice_spec(g)
+        if sub is None:
             return None
-        sub = spec if g == 1 else spec_of(sliced)
         ctx = contexts(c)
         ends = sorted({ctx[0], ctx[-1]})
         mapped = {}
         for mode in ("auto", "stream") if stream else ("auto",):
             for end in ends:
-                programs, host = _describe_chunk(sliced, sub, target, dtype, c, end, memo)
+                programs, host = _describe_chunk(cfg, sub, target, dtype, c, end, memo, g)
                 if small:
                     from .describe import DescribedProgram
 
@@ -458,14 +472,27 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
         auto = line("auto")
         room = budget if on is board else resident_capacity(on)
         return dict(auto=auto, stream=line("stream") if stream else auto,
-                    fit=max(1, int(room // max(1, _block_weight(g)))), gather=max(0, first.handoff_gather_bytes))
+                    fit=max(1, int(room // max(1, _block_weight(g, c)))), gather=max(0, first.handoff_gather_bytes))
 
-    def _block_weight(g: int) -> int:
-        """Weight bytes of one board's share of a block (its slice's GEMM weights and vectors)."""
-        sub = spec if g == 1 else spec_of(board_tp.slice_config(cfg, spec, g))
+    slice_specs: dict = {}
+
+    def _slice_spec(g: int) -> "ModelSpec | None":
+        """The spec of one board's slice of a block over ``g`` boards (None: not split that way)."""
+        if g not in slice_specs:
+            got = (spec, None) if g == 1 else board_tp.slice_block(cfg, spec, g)
+            slice_specs[g] = None if got is None else got[0]
+        return slice_specs[g]
+
+    def _block_weight(g: int, c: int) -> int:
+        """Weight bytes of one board's share of a block (its slice's GEMM weights and vectors);
+        of a mixture of experts, the router and the experts a chunk of ``c`` tokens can pick
+        (``min(experts, c x experts_per_token)``: the chunk's block evaluates them)."""
+        sub = _slice_spec(g)
         q, kv = sub.heads * sub.head_dim, sub.kv_heads * sub.head_dim
         mlp = 3 if sub.family == "llama" else 2
-        return (sub.hidden * (q + 2 * kv) + q * sub.hidden + mlp * sub.hidden * sub.intermediate) * P.DTYPES[dtype]
+        experts = min(sub.experts, c * sub.experts_per_token) if sub.experts else 1
+        return (sub.hidden * (q + 2 * kv) + q * sub.hidden + mlp * sub.hidden * sub.intermediate * experts
+                + sub.experts * sub.hidden) * P.DTYPES[dtype]
 
     grid = board_grid(total_boards)
     pair_memo: dict = {}
@@ -526,7 +553,10 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
             if c in evaluated:
                 return evaluated[c]
             # a stage of more blocks than its board keeps resident streams the rest
-            block_w = _block_weight(g)
+            if _slice_spec(g) is None:
+                evaluated[c] = math.inf
+                return math.inf
+            block_w = _block_weight(g, c)
             fit = max(1, int(budget // max(1, block_w)))
             times = block_times(g, c, False)
             if times is None:
@@ -536,7 +566,8 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
             reduce_s = 0.0
             if g > 1:
                 ranks = [[int(x) + b * cpb for x in ring] for b in groups[0]]
-                reduce_s = 2 * board_all_reduce(topo, ranks, c * spec.hidden * 4).seconds  # int32 partial sums
+                reduce_s = board_tp.block_all_reduces(spec) * board_all_reduce(
+                    topo, ranks, c * spec.hidden * 4).seconds  # int32 partial sums
             c_best = math.inf
 
             def timed_layout(m: int, times: dict) -> dict:

@@ -28,7 +28,7 @@ import math
 import os
 from dataclasses import dataclass
 
-__all__ = ["LLMError", "ModelSpec", "FAMILIES", "CAUSAL_LM", "FIELDS", "FIXED_VALUES", "FOREIGN_KEYS", "MAX_DIM", "spec_of",
+__all__ = ["LLMError", "ModelSpec", "BlockSplit", "BLOCK_SPLITS", "FAMILIES", "CAUSAL_LM", "FIELDS", "FIXED_VALUES", "FOREIGN_KEYS", "MAX_DIM", "spec_of",
            "load_config", "check_config", "transformers_kwargs"]
 
 #: model_type values this package knows -> their family. Mistral, Qwen2, Phi-3 and Gemma-2 are
@@ -49,6 +49,45 @@ CAUSAL_LM = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "mistral": 
              "mixtral": "MixtralForCausalLM", "gptj": "GPTJForCausalLM", "falcon": "FalconForCausalLM"}
 #: Mistral's attention window where its config does not say (transformers' ``MistralConfig`` default)
 MISTRAL_DEFAULT_WINDOW = 4096
+
+
+@dataclass(frozen=True)
+class BlockSplit:
+    """How one block of a family splits over the ``g`` boards of a tensor-parallel group.
+
+    Each board holds a share of the heads (their query, key and value columns and the rows of
+    the attention's output projection) and of the MLP's intermediate columns (the columns of the
+    projections into it, the rows of the one out of it). ``parameters``: ``(path in the block,
+    axis, width)`` of every parameter so split, ``width`` naming what the axis spans on one
+    board: ``"q"`` the board's query heads x head size, ``"kv"`` its key/value heads x head
+    size, ``"qkv"`` a fused projection of both (``q + 2 kv``), ``"mlp"`` its intermediate
+    columns. Parameters of the block not named (norms, the output projections' biases, added
+    once to the reduced sum) stay whole on every board. ``all_reduces``: partial sums reduced
+    across the group a block: two where the MLP reads the residual after attention, one where
+    attention and MLP read the same normed input and join the residual together (their
+    partial sums are added on each board first)."""
+
+    parameters: tuple
+    all_reduces: int
+
+
+#: Families whose block is split by narrowing the transformers block's parameters
+#: (:func:`tvm_spinn.llm.board_tp.slice_block`); the Llama family is sliced through its config
+#: (its head size is a config field: :func:`tvm_spinn.llm.board_tp.slice_config`)
+BLOCK_SPLITS = {
+    "gpt2": BlockSplit((("attn.c_attn.weight", 1, "qkv"), ("attn.c_attn.bias", 0, "qkv"),
+                        ("attn.c_proj.weight", 0, "q"), ("mlp.c_fc.weight", 1, "mlp"),
+                        ("mlp.c_fc.bias", 0, "mlp"), ("mlp.c_proj.weight", 0, "mlp")), all_reduces=2),
+    "gptj": BlockSplit((("attn.q_proj.weight", 0, "q"), ("attn.k_proj.weight", 0, "kv"),
+                        ("attn.v_proj.weight", 0, "kv"), ("attn.out_proj.weight", 1, "q"),
+                        ("mlp.fc_in.weight", 0, "mlp"), ("mlp.fc_in.bias", 0, "mlp"),
+                        ("mlp.fc_out.weight", 1, "mlp")), all_reduces=1),
+    "falcon": BlockSplit((("self_attention.query_key_value.weight", 0, "qkv"),
+                          ("self_attention.query_key_value.bias", 0, "qkv"),
+                          ("self_attention.dense.weight", 1, "q"), ("mlp.dense_h_to_4h.weight", 0, "mlp"),
+                          ("mlp.dense_h_to_4h.bias", 0, "mlp"), ("mlp.dense_4h_to_h.weight", 1, "mlp")),
+                         all_reduces=1),
+}
 
 
 class LLMError(ValueError):
