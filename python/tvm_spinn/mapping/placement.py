@@ -60,14 +60,24 @@ def choose_chips(program: Program, arch: SpinnArch) -> list[int]:
     return result
 
 
+def _pe_cycles(program: Program, index: int, arch: SpinnArch) -> float:
+    """Cycles of layer ``index`` on one PE: its family's own tile costs (the tile it would choose
+    for one PE, every tile summed), so a layer whose M4F work is dear for its flops (a pool's
+    window loops, a quantize's rounding) gets its share of PEs."""
+    from .tiling import choose_tile, tile_costs  # tiling builds on this module's estimates
+
+    return float(tile_costs(program, index, arch, choose_tile(program, index, arch, pes=1)).cycles.sum())
+
+
 def pipeline_groups(program: Program, arch: SpinnArch) -> list[list[int]] | None:
-    """Disjoint PE lists per layer sized by estimated work; None if there are too few PEs."""
+    """Disjoint PE lists per layer sized by each layer's cycles on one PE (:func:`_pe_cycles`);
+    None if there are too few PEs."""
     n = len(program.layers)
     total = arch.total_pes
     if n > total:
         return None
-    work = [_work_cycles(layer, arch) for layer in program.layers]
-    share = [max(1, int(total * w / sum(work))) for w in work]
+    work = [_pe_cycles(program, index, arch) for index in range(n)]
+    share = [max(1, int(total * w / max(sum(work), 1.0))) for w in work]
     while sum(share) > total:  # trim the largest shares first (deterministic)
         i = max(range(n), key=lambda j: (share[j], -j))
         share[i] -= 1
