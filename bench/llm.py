@@ -311,14 +311,15 @@ def part_scaling(args) -> list[dict]:
             head = (f"{'boards':>7}{'patch':>8}{'runs on':>9}{'used':>6}{'placement':>26}{'tok/s/user':>12}"
                     f"{'eff.':>8}{'ms/token':>10}{'bound ms':>10}{'TTFT s':>8}{'plan s':>8}")
             print(head + "\n" + "-" * len(head))
-            mine = []
+            mine, searches = [], {}  # one memo of patch searches for the sweep: each patch searched once
             for boards in SCALING_BOARDS:
                 arch = allocation(cloud, boards)
                 start = time.perf_counter()
                 try:
                     with registered_system(arch, tag=f"spinn/cloud-{boards}"):
                         p = plan(str(configs / f"{name}.json"), target=f"spinn/cloud-{boards}", batch=args.batch,
-                                 seq=args.seq, dtype=dtype, handover=args.handover, patches=True)
+                                 seq=args.seq, dtype=dtype, handover=args.handover, patches=True,
+                                 searches=searches)
                 except (LLMError, ValueError) as err:
                     print(f"{boards:>7}  {err}")
                     continue

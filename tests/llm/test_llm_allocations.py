@@ -9,13 +9,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-import importlib  # noqa: E402
-
 import tvm_spinn  # noqa: E402
 from tvm_spinn.llm.plan import plan  # noqa: E402
 from tvm_spinn.target.allocation import allocation  # noqa: E402
-
-plan_module = importlib.import_module("tvm_spinn.llm.plan")
 
 TINY = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
         "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 256, "max_position_embeddings": 64}
@@ -28,10 +24,10 @@ def test_a_larger_allocation_contains_the_smaller_patches_plans(register_system)
     # a 2 x 2 and a 4 x 4 patch at the torus' origin: neither spans it (no wrap-around links)
     for boards in (4, 16):
         tag = register_system(allocation(machine, boards), tag=f"spinn/five-by-five-{boards}")
-        plan_module._SEARCHED.clear()  # the 4 x 4's search of its 2 x 2 patch runs afresh
-        results[boards] = plan(TINY, target=tag, batch=1, seq=16, dtype="int8", patches=True)
+        searches: dict = {}  # the 4 x 4's search of its 2 x 2 patch runs afresh
+        results[boards] = plan(TINY, target=tag, batch=1, seq=16, dtype="int8", patches=True, searches=searches)
         # without patches=True the plan searches the allocation alone (its search remembered)
-        alone = plan(TINY, target=tag, batch=1, seq=16, dtype="int8")
+        alone = plan(TINY, target=tag, batch=1, seq=16, dtype="int8", searches=searches)
         assert not [k for k in alone.plan["alternatives"] if "@" in k]
         assert alone.plan["patch"] == {4: "2x2", 16: "4x4"}[boards]
         assert alone.tokens_per_s_per_user <= results[boards].tokens_per_s_per_user

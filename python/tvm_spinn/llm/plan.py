@@ -60,8 +60,9 @@ patch and on every smaller patch of :data:`~tvm_spinn.target.allocation.ALLOCATI
 token is kept: a plan may leave boards idle, so a larger allocation never plans a slower token
 than the ladder's smaller ones (``plan["allocated_boards"]``, ``plan["patch"]``: the patch whose
 search found the plan, ``plan["boards_used"]``; the other patches' candidates are in
-``alternatives`` as ``name@boards``). Each patch's search is remembered for the process
-(:data:`SEARCHED_MAX`).
+``alternatives`` as ``name@boards``). A caller that plans several allocations of one machine
+(a sweep over the ladder) passes one ``searches`` dict to every call, so each patch is
+searched once.
 
 The headline is ``efficiency``: the physical bound of a decode step
 (:func:`tvm_spinn.timing.bounds.physical_bound` of :func:`~tvm_spinn.timing.bounds.decode_workload`:
@@ -383,20 +384,13 @@ def _smallest_fitting(need: int, arch) -> str:
     return f"it needs at least {boards} board(s) (tvm_spinn.make_system(boards={boards})){named}"
 
 
-#: The decode placements searched on a system (or a patch of one), per config, request and
-#: system, kept for the process: an allocation's plan searches every patch of the ladder inside
-#: it (:func:`tvm_spinn.target.allocation.sub_allocations`), which a sweep over allocations
-#: plans again and again. A pure memo (the records are a function of the key), at most
-#: :data:`SEARCHED_MAX` entries, the oldest dropped first.
-_SEARCHED: dict = {}
-SEARCHED_MAX = 32
-
 #: Context length planned when none is given (or the model's position limit where that is shorter)
 DEFAULT_SEQ = 2048
 
 
 def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None, dtype: str = "int8",
-         progress: bool = False, handover: str = "fp32", patches: bool = False) -> Plan:
+         progress: bool = False, handover: str = "fp32", patches: bool = False,
+         searches: "dict | None" = None) -> Plan:
     """Plan greedy decoding of a transformers model (config only) on a spinn system.
 
     Parameters
@@ -425,8 +419,11 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
         inside the system and keep the fastest token, so the plan may leave boards idle and a
         larger allocation never plans slower than its patches. Off by default: on the cloud it
         searches seven more systems (several minutes from scratch); a sweep over the ladder
-        (``bench/llm.py --part scaling``) has planned them anyway, and each patch's search is
-        remembered for the process.
+        (``bench/llm.py --part scaling``) has planned them anyway (see ``searches``).
+    searches : dict, optional
+        The caller's memo of the placements searched on each system, shared by the calls given
+        the same dict (keyed by config, request, system and mapping options; the records are a
+        function of the key). None: this call's own.
 
     Returns
     -------
@@ -604,20 +601,19 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
         return records
 
     def searched(arch) -> tuple:
-        """``search`` on ``arch``, remembered for the process (:data:`_SEARCHED`): the records
-        are a function of the config, the request, the system and the mapping options only."""
+        """``search`` on ``arch``, remembered in ``searches``: the records are a function of the
+        config, the request, the system and the mapping options only."""
         from ..mapping import current_options
 
         key = (json.dumps(cfg, sort_keys=True, default=str), batch, seq, dtype, handover, arch,
                json.dumps(current_options().to_dict(), sort_keys=True, default=str))
-        if key not in _SEARCHED:
+        if key not in memo:
             found: dict = {}
-            _SEARCHED[key] = (search(arch, found), found)
-            while len(_SEARCHED) > SEARCHED_MAX:
-                _SEARCHED.pop(next(iter(_SEARCHED)))
-        records, found = copy.deepcopy(_SEARCHED[key])
+            memo[key] = (search(arch, found), found)
+        records, found = copy.deepcopy(memo[key])
         return records, found
 
+    memo = {} if searches is None else searches
     records, refused = searched(arch)  # refused: placement -> why it cannot hold this batch
     # every smaller allocation of the ladder inside this one (one per shape): a plan may
     # leave boards idle, so a larger allocation never plans a slower token than a patch of it

@@ -156,8 +156,8 @@ def sub_allocations(arch: SpinnArch) -> "list[tuple[int, SpinnArch]]":
     Each is the patch the machine allocates for that size (:func:`allocation`'s shape, or the
     most nearly square that fits inside ``arch`` where that one does not), at the corner of
     ``arch`` (for an allocation at the torus' origin: :func:`allocation`'s own patch), named as
-    :func:`allocation` names its shape, so a process plans each patch once (see
-    :data:`tvm_spinn.llm.plan.SEARCHED_MAX`). Patches are not enumerated: one per size of the
+    :func:`allocation` names its shape, so plans sharing one memo search each patch once (see
+    :func:`tvm_spinn.llm.plan.plan`'s ``searches``). Patches are not enumerated: one per size of the
     ladder stands for the positions inside ``arch``. A system smaller than a board, or not a
     patch (faults, or scattered boards), has none.
 
