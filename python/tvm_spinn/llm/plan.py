@@ -90,7 +90,6 @@ import json
 import math
 import time
 
-import numpy as np
 from dataclasses import dataclass
 
 from .spec import MAX_DIM, LLMError, ModelSpec, check_plan_sizes, spec_of
