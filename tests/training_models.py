@@ -108,3 +108,14 @@ class TinyTransformer(torch.nn.Module):
 def transformer(seed: int = 0, **kwargs) -> torch.nn.Module:
     torch.manual_seed(seed)
     return TinyTransformer(**kwargs)
+
+
+def run_steps(trainer, batches):
+    """``trainer``'s losses over ``batches`` and its parameters after them."""
+    return [trainer.step(x, y) for x, y in batches], trainer.parameters()
+
+
+def same_bits(run, ref) -> bool:
+    """Whether two :func:`run_steps` results have the same losses and bitwise equal parameters."""
+    return run[0] == ref[0] and sorted(run[1]) == sorted(ref[1]) and all(
+        run[1][n].tobytes() == ref[1][n].tobytes() for n in ref[1])

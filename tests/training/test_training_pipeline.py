@@ -12,7 +12,7 @@ import tvm_spinn
 from tvm_spinn.training import TrainingError
 from tvm_spinn.training.pipeline import layer_of, one_f_one_b, pipeline_makespan
 from test_training_lm import ADAMW, _assert_close, gpt2, llama, tokens
-from training_models import torch_adamw
+from training_models import run_steps as _run, same_bits as _same_bits, torch_adamw
 
 STEPS = 3
 #: (name, with_plan options): pipeline plans against the one-chip, one-micro-batch reference
@@ -22,15 +22,6 @@ PIPELINE_PLANS = {
     "pp2 dp2 mb4": {"pp": 2, "replicas": 2, "microbatches": 4},
     "pp2 dp2 mb2 zero1": {"pp": 2, "replicas": 2, "microbatches": 2, "zero": 1},
 }
-
-
-def _run(trainer, batches):
-    return [trainer.step(x, y) for x, y in batches], trainer.parameters()
-
-
-def _same_bits(run, ref) -> bool:
-    return run[0] == ref[0] and sorted(run[1]) == sorted(ref[1]) and all(
-        run[1][n].tobytes() == ref[1][n].tobytes() for n in ref[1])
 
 
 @pytest.fixture(scope="module")

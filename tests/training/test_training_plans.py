@@ -13,7 +13,7 @@ import torch
 import tvm_spinn
 from tvm_spinn.training import CheckpointError, TrainingError
 from test_training_lm import ADAMW, _assert_close, gpt2, llama, tokens
-from training_models import mlp, torch_adamw
+from training_models import mlp, run_steps as _run, same_bits as _same_bits, torch_adamw
 
 STEPS = 3
 #: (name, with_plan options) on a board: micro-batch counts 1, 2, 4; 1, 2, 4 replicas; ZeRO 0, 1, 2
@@ -26,15 +26,6 @@ PLANS = {
     "zero2 dp4 mb4": {"replicas": 4, "microbatches": 4, "zero": 2},
     "zero1 dp3 mb4": {"replicas": 3, "microbatches": 4, "zero": 1},
 }
-
-
-def _run(trainer, batches):
-    return [trainer.step(x, y) for x, y in batches], trainer.parameters()
-
-
-def _same_bits(run, ref) -> bool:
-    return run[0] == ref[0] and sorted(run[1]) == sorted(ref[1]) and all(
-        run[1][n].tobytes() == ref[1][n].tobytes() for n in ref[1])
 
 
 @pytest.fixture(scope="module")
