@@ -62,7 +62,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["TP_BOARDS", "slice_config", "slice_shares", "slice_block", "block_all_reduces", "board_groups",
-           "board_patches", "board_setting", "group_caches", "GroupCaches", "prefetch", "records"]
+           "board_patches", "group_layouts", "board_setting", "group_caches", "GroupCaches", "prefetch", "records"]
 
 #: Boards one block is tensor-parallel over (each must divide the heads and the intermediate
 #: size, and leave a board for the head), tried in the order of what their all-reduces alone
@@ -187,6 +187,15 @@ def board_groups(grid: tuple[int, int], g: int) -> list[list[int]]:
         return out
     snake = [a + bx * b for b in range(by) for a in (range(bx) if b % 2 == 0 else reversed(range(bx)))]
     return [snake[i:i + g] for i in range(0, len(snake) - g + 1, g)]
+
+
+def group_layouts(grid: tuple[int, int], g: int, boards) -> list[list[list[int]]]:
+    """The two layouts of groups of ``g`` boards on the torus ``grid`` (bands,
+    :func:`board_groups`, and compact patches, :func:`board_patches`), each kept to the groups
+    that lie inside ``boards`` (the live or allocated ones); layouts left empty are dropped."""
+    inside = set(boards)
+    layouts = [[grp for grp in lay if set(grp) <= inside] for lay in (board_groups(grid, g), board_patches(grid, g))]
+    return [lay for lay in layouts if lay]
 
 
 def board_patches(grid: tuple[int, int], g: int, shape: "tuple[int, int] | None" = None) -> list[list[int]]:
@@ -437,9 +446,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     for g in (g for g in TP_BOARDS if g + 1 <= boards):
         if slice_config(cfg, spec, g) is None and slice_shares(spec, g) is None:
             continue
-        layouts = [[grp for grp in lay if set(grp) <= set(whole)]
-                   for lay in (board_groups(torus, g), board_patches(torus, g))]
-        layouts = [lay for lay in layouts if lay]
+        layouts = group_layouts(torus, g, whole)
         if not layouts:
             continue
         groups = min(layouts, key=lambda lay: (reduce_of(lay), -len(lay)))

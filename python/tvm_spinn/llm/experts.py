@@ -116,7 +116,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     from ..target.faults import whole_boards
     from ..timing.collectives import board_all_to_all, multipath_point_to_point, point_to_point
     from ..timing.system import collective_cost
-    from .board_tp import board_groups, board_patches, board_setting
+    from .board_tp import board_setting, group_layouts
 
     P = importlib.import_module(".plan", __package__)
     E, k = spec.experts, spec.experts_per_token
@@ -167,9 +167,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     gather_out = collective_cost(board_topo, ring, "all_gather", int(hidden * 4), False).seconds
     out = {}
     for ep in sorted(d for d in range(2, E + 1) if E % d == 0 and d + 1 <= len(whole)):
-        layouts = [[grp for grp in lay if set(grp) <= set(whole)]
-                   for lay in (board_groups(torus, ep), board_patches(torus, ep))]
-        layouts = [lay for lay in layouts if lay]
+        layouts = group_layouts(torus, ep, whole)
         if not layouts:
             continue
         s = E // ep
@@ -272,7 +270,7 @@ def _sliced(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     streaming its weights, weighted by that share (a token's picks are resident with it)."""
     from ..target.faults import whole_boards
     from ..timing.collectives import board_group_all_reduce, point_to_point
-    from .board_tp import board_groups, board_patches, board_setting, slice_config
+    from .board_tp import board_setting, group_layouts, slice_config
     from .describe import describe
     from .spec import spec_of
 
@@ -289,9 +287,7 @@ def _sliced(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         sliced = slice_config(cfg, spec, g)
         if sliced is None or g + 1 > len(whole):
             continue
-        layouts = [[grp for grp in lay if set(grp) <= set(whole)]
-                   for lay in (board_groups(torus, g), board_patches(torus, g))]
-        layouts = [lay for lay in layouts if lay]
+        layouts = group_layouts(torus, g, whole)
         if not layouts:
             continue
         groups = min(layouts, key=lambda lay: (board_group_all_reduce(
