@@ -231,3 +231,44 @@ def _check_defect(field, edit, message, chips):
     body = head + data[pos:-32]
     with pytest.raises(ProgramError, match=message):
         Program.from_bytes(body + program_digest(body, version))
+
+
+def test_a_layers_consts_and_attrs_are_read_only():
+    """A layer's ``consts`` and ``attrs`` (nested dicts too) refuse every edit; a stage that
+    needs other values builds a new layer. The header holds plain dicts (written as before), and
+    the layer survives copying, pickling and a round trip through the program's bytes."""
+    import copy
+    import pickle
+
+    from tvm_spinn.program.format import FrozenMap
+
+    attrs = {"relu": False, "out": "float32", "nested": {"a": 1}}
+    layer = Layer(name="l", kind="dense", inputs=[0], output=4, consts={"weight": 1}, attrs=attrs)
+    assert type(layer.attrs) is FrozenMap and type(layer.consts) is FrozenMap
+    attrs["relu"] = True  # the layer holds its own copy
+    assert layer.attrs["relu"] is False
+    edits = [lambda: layer.attrs.__setitem__("relu", True), lambda: layer.attrs.update(relu=True),
+             lambda: layer.attrs.setdefault("k", 1), lambda: layer.attrs.pop("relu"), lambda: layer.attrs.clear(),
+             lambda: layer.attrs.popitem(), lambda: layer.attrs.__delitem__("out"),
+             lambda: layer.consts.__setitem__("bias", 2), lambda: layer.attrs["nested"].__setitem__("a", 2)]
+    for edit in edits:
+        with pytest.raises(TypeError, match="read-only: build a new layer"):
+            edit()
+    with pytest.raises(TypeError, match="read-only"):
+        layer.attrs |= {"relu": True}
+    assert dict(layer.attrs) == {"relu": False, "out": "float32", "nested": {"a": 1}}
+    new = dataclasses.replace(layer, attrs={**layer.attrs, "relu": True})
+    assert new.attrs["relu"] is True and layer.attrs["relu"] is False and type(new.attrs) is FrozenMap
+    assert json.dumps(layer.attrs, sort_keys=True) == json.dumps(
+        {"relu": False, "out": "float32", "nested": {"a": 1}}, sort_keys=True)
+    for copied in (pickle.loads(pickle.dumps(layer)), copy.deepcopy(layer), copy.copy(layer)):
+        assert copied == layer and type(copied.attrs) is FrozenMap and type(copied.attrs["nested"]) is FrozenMap
+
+    program = _mapped(SpinnArch())
+    header = program.header()
+    assert type(header["layers"][0]["attrs"]) is dict and type(header["layers"][0]["consts"]) is dict
+    back = Program.from_bytes(program.to_bytes())
+    assert back.to_bytes() == program.to_bytes()
+    assert type(back.layers[0].attrs) is FrozenMap
+    with pytest.raises(TypeError, match="read-only"):
+        back.layers[0].attrs["relu"] = True

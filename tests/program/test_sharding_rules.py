@@ -398,11 +398,13 @@ def test_the_mesh_is_data():
         Mesh((MeshAxis("dp", 2), MeshAxis("tp", 2)))
 
 
-def test_pipeline_axis_is_refused_by_the_propagator():
-    # (the expert axis is propagated: tests/program/test_expert_rule.py)
+def test_pipeline_axis_needs_a_layer_per_stage():
+    # (the expert axis: tests/program/test_expert_rule.py; the pipeline axis's stages and
+    # hand-overs: tests/mapping/test_pipeline_axis.py)
     program = _program("relu", [((4, 6), "float32")], (4, 6))
-    with pytest.raises(ValueError, match="the 'pp' axis"):
-        S.plan_mesh(program, Mesh.of(pp=2))
+    assert S.plan_mesh(program, Mesh.of(pp=2)) is None
+    plan = S.plan_mesh(program, Mesh.of(tp=2, pp=1))
+    assert plan.pp == 1 and plan.stages == () and plan.handovers == ()
 
 
 def _chain(batch=4):

@@ -4,7 +4,7 @@ A *shard plan* splits every layer of a program over the chips of a mesh that all
 shard (which is what lets the timing model simulate one chip and multiply, see
 :mod:`tvm_spinn.timing.system`). The mesh is data
 (:class:`~tvm_spinn.program.ops.sharding.Mesh`: named axes with sizes, ``tp x sp x dp`` or
-``tp x ep``; the pipeline axis is representable but not propagated here). Over each axis every tensor has a
+``tp x ep``, each composed with pipeline stages ``pp``). Over each axis every tensor has a
 placement, found by one pass through the layers in order (:func:`_propagate`) that asks each
 layer's family rule once per axis:
 
@@ -42,6 +42,13 @@ layer's family rule once per axis:
   the tokens to the experts by an *all-to-all* (the dispatch; the combine is the all-to-all
   back where a later layer needs the tokens split again); every other layer is data-parallel.
 
+- **Pipeline parallelism** (``pp``): the layers are cut into ``pp`` contiguous stages balanced
+  by their families' work (:func:`pipeline_stages`, :meth:`OpFamily.work`); each stage runs on
+  its own ``tp x sp x dp x ep`` chips with the placements above (the pass runs through the cuts
+  unchanged). At each cut the tensors live across it (written before, read at or after it)
+  move to the next stage by point-to-point sends, each chip its share to the chip of the same
+  position (:attr:`ShardPlan.handovers`); :func:`stage_programs` cuts the functional program.
+
 The program's outputs are made ``R`` over the tensor and sequence axes. A layer whose family
 states no rule runs replicated (its inputs gathered), which is right for any operator; the plan
 names those layers and why (:attr:`ShardPlan.replicated`, in the program's ``mapping["system"]``
@@ -74,7 +81,7 @@ from ..program.ops.sharding import (REPLICATE, ROW_ALWAYS, AllToAll, Mesh, MeshA
                                     ShardContext, ShardDecision, ShardingRule, part, shard)
 
 __all__ = ["Collective", "ShardPlan", "plan_shards", "plan_mesh", "Mesh", "shard_program", "ROW_ALWAYS", "part", "rule_of",
-           "no_rule_reason"]
+           "no_rule_reason", "pipeline_stages", "stage_programs"]
 
 class _Replicated(ShardingRule):
     """The rule of a family that states none: its layers run whole on every chip (their inputs
@@ -135,10 +142,19 @@ class ShardPlan:
     placements: tuple[tuple[Placement, ...], ...] = ()
     #: expert-parallel degree (the tokens spread over the group, stacked experts split)
     ep: int = 1
+    #: pipeline stages: each runs a contiguous range of layers on its own ``tp x sp x dp x ep``
+    #: chips (:func:`pipeline_stages`)
+    pp: int = 1
+    #: per layer, its pipeline stage (``()`` on one stage)
+    stages: tuple[int, ...] = ()
+    #: the hand-over at each cut between stages: one point-to-point ``"send"`` (group ``"pp"``)
+    #: per live tensor crossing it, before the first layer of the receiving stage; ``nbytes``
+    #: and ``shape``: what one chip sends to the chip of the same position in the next stage
+    handovers: tuple[Collective, ...] = ()
 
     @property
     def chips(self) -> int:
-        return self.tp * self.dp * self.sp * self.ep
+        return self.tp * self.dp * self.sp * self.ep * self.pp
 
     def summary(self) -> dict:
         """JSON-ready summary (what the program's mapping records)."""
@@ -149,6 +165,7 @@ class ShardPlan:
         for c in self.collectives:
             ops[c.op] = ops.get(c.op, 0) + 1
         out = {"tp": self.tp, "dp": self.dp, "sp": self.sp, **({"ep": self.ep} if self.ep > 1 else {}),
+               **({"pp": self.pp, "handovers": len(self.handovers)} if self.pp > 1 else {}),
                "row": self.row, "chips": self.chips,
                "splits": counts, "collectives": ops}
         if self.replicated:
@@ -260,7 +277,7 @@ class _AxisPass:
         return self.state.get(tid, REPLICATE)
 
 
-def _propagate(program: Program, passes: list[_AxisPass], full, local) -> list[tuple]:
+def _propagate(program: Program, passes: list[_AxisPass], full, local, before_layer=None) -> list[tuple]:
     """One pass of placements over the layers for every mesh axis: each layer's family rule
     (:func:`rule_of`) is asked once per axis (in mesh order) to place the layer's output from
     its inputs' placements on that axis; the pass applies the rule's gathers and per-row
@@ -271,7 +288,9 @@ def _propagate(program: Program, passes: list[_AxisPass], full, local) -> list[t
     Returns the collectives in issue order as ``(layer, axis index, op, tensor, nbytes, exact,
     others)``: ``len(layers)`` for the program's outputs (made replicated at the end over the
     axes that gather outputs), ``others`` the tensor's placements on the other axes when the
-    collective runs (a layer's collectives of an earlier axis go first).
+    collective runs (a layer's collectives of an earlier axis go first). ``before_layer(i)``,
+    when given, is called before layer ``i`` is placed (the placements then are those the
+    layers before it left: what a pipeline cut hands over).
     """
     t = program.tensors
     events: list[tuple] = []
@@ -294,6 +313,8 @@ def _propagate(program: Program, passes: list[_AxisPass], full, local) -> list[t
         ax.state.pop(tid, None)
 
     for i, layer in enumerate(program.layers):
+        if before_layer is not None:
+            before_layer(i)
         rule = rule_of(layer)
         acts = [tid for tid in layer.inputs if t[tid].role != "const"]
         out = layer.output
@@ -426,13 +447,13 @@ def plan_mesh(program: Program, mesh: Mesh) -> ShardPlan | None:
     be 1. ``dp > 1``: the activation inputs whose leading extent is the program's batch start
     split along it. ``ep > 1`` (with ``sp = dp = 1``): the same inputs (the tokens) start split,
     and each layer takes its family's expert rule (None when the tokens are fewer than ``ep``).
-    The pipeline axis is not propagated here (stages are cut by :mod:`.system`): a mesh of
-    more than one chip along it is refused.
+    ``pp > 1``: the layers are cut into ``pp`` contiguous stages balanced by their families'
+    work (:func:`pipeline_stages`), each stage on its own ``tp x sp x dp x ep`` chips; the
+    other axes are propagated through the cuts unchanged (a stage starts from the placements
+    the previous one left) and each cut hands its live tensors over as they are placed there
+    (:attr:`ShardPlan.handovers`). None when there are fewer layers than stages.
     """
-    tp, sp, dp, ep = mesh.size("tp"), mesh.size("sp"), mesh.size("dp"), mesh.size("ep")
-    if mesh.size("pp") > 1:
-        raise ValueError(f"plan_mesh: the 'pp' axis ({mesh.size('pp')} chips) is not propagated by the shard "
-                         f"planner (pipeline stages are cut by mapping.system)")
+    tp, sp, dp, ep, pp = mesh.size("tp"), mesh.size("sp"), mesh.size("dp"), mesh.size("ep"), mesh.size("pp")
     if ep > 1 and (sp > 1 or dp > 1):
         raise ValueError(f"plan_mesh: the expert axis (ep={ep}) with sequence or data parallelism (sp={sp}, "
                          f"dp={dp}) is not supported")
@@ -447,10 +468,14 @@ def plan_mesh(program: Program, mesh: Mesh) -> ShardPlan | None:
         return None
     if ep > 1 and (not batch or batch < ep):
         return None
+    if pp > len(program.layers):
+        return None
     full = [list(x.shape) for x in t]
     local = [list(x.shape) for x in t]
     passes: list[_AxisPass] = []
     for axis in mesh.active:
+        if axis.name == "pp":  # not a placement: the stages cut the layers (below)
+            continue
         state: dict[int, Placement] = {}
         if axis.name == "tp":
             for tid, (_, ax) in _cache_inputs(program, tp).items():
@@ -466,7 +491,17 @@ def plan_mesh(program: Program, mesh: Mesh) -> ShardPlan | None:
         for tid, p in state.items():
             local[tid][p.axis] = part(local[tid][p.axis], axis.size)
         passes.append(_AxisPass(program, axis, full, state))
-    events = _propagate(program, passes, full, local)
+    stages = pipeline_stages(program, pp) if pp > 1 else ()
+    handovers: list[Collective] = []
+    hand_over = None
+    if stages:
+        crossing = _crossing(program, stages)
+
+        def hand_over(i):
+            if i in crossing:
+                handovers.extend(_handover(program, passes, full, i, crossing[i]))
+
+    events = _propagate(program, passes, full, local, hand_over)
     # the constants one chip holds, axis by axis in mesh order
     for ax in passes:
         for layer, (rule, split, res) in zip(program.layers, ax.placed):
@@ -494,7 +529,126 @@ def plan_mesh(program: Program, mesh: Mesh) -> ShardPlan | None:
     return ShardPlan(tp=tp, dp=dp, ep=ep, row=row, batch=int(batch or 1), splits=splits,
                      collectives=tuple(_collectives(program, passes, events, full)),
                      shapes=tuple(tuple(s) for s in local), sp=sp, seq=seq, replicated=replicated,
-                     mesh=mesh, placements=placements)
+                     mesh=mesh, placements=placements, pp=pp, stages=stages, handovers=tuple(handovers))
+
+
+def _stage_cost(program: Program, layer) -> int:
+    """A layer's weight in the stage balance: its family's work (:meth:`OpFamily.work`, the
+    cost model's operations; a layer without a family: its recorded ``flops``)."""
+    family = family_of(layer.kind)
+    if family is None:
+        return int(layer.flops)
+    return int(family.work(program, layer, program.arch)[0])
+
+
+def pipeline_stages(program: Program, pp: int) -> tuple[int, ...]:
+    """Per layer, its pipeline stage: ``pp`` contiguous, non-empty ranges of layers in program
+    order that minimise the largest stage's work (:func:`_stage_cost`); among cuts of equal
+    largest work, the one whose largest stage has the fewest layers, then the earliest cuts.
+
+    A stage is the unit the pipeline overlaps: the slowest stage bounds the throughput, so the
+    cut balances the work (an exact linear partition, dynamic programming over the cut points).
+    """
+    n = len(program.layers)
+    if not isinstance(pp, int) or isinstance(pp, bool) or not 1 <= pp <= n:
+        raise ValueError(f"pipeline_stages: pp must be an int from 1 to the program's {n} layers, got {pp!r}")
+    # each stage's key is (work, layers) packed in one integer: the max of packed keys is the
+    # packed lexicographic max, so one min-max partition minimises work first, then layers
+    cost = np.array([_stage_cost(program, layer) for layer in program.layers], dtype=np.int64) * (n + 1) + 1
+    pre = np.concatenate([[0], np.cumsum(cost)])
+    big = np.iinfo(np.int64).max
+    best = np.full(n + 1, big, dtype=np.int64)
+    best[0] = 0
+    cut = np.zeros((pp + 1, n + 1), dtype=np.int64)
+    for s in range(1, pp + 1):
+        new = np.full(n + 1, big, dtype=np.int64)
+        for i in range(s, n - (pp - s) + 1):
+            j = np.arange(s - 1, i)
+            key = np.maximum(best[j], pre[i] - pre[j])
+            k = int(np.argmin(key))  # the first minimum: the earliest cut
+            new[i], cut[s, i] = key[k], j[k]
+        best = new
+    stages = [0] * n
+    i = n
+    for s in range(pp, 0, -1):
+        j = int(cut[s, i])
+        stages[j:i] = [s - 1] * (i - j)
+        i = j
+    return tuple(stages)
+
+
+def _crossing(program: Program, stages: tuple[int, ...]) -> dict[int, list[int]]:
+    """``{cut: tensors}``: at each layer that starts a stage, the tensors live across the cut
+    (written by a layer before it, read by it or a later layer), in tensor id order. Program
+    inputs and constants reach every stage that reads them directly; an output leaves from the
+    stage that writes it."""
+    t = program.tensors
+    writer = {layer.output: i for i, layer in enumerate(program.layers)}
+    last = {}
+    for i, layer in enumerate(program.layers):
+        for tid in layer.inputs:
+            if t[tid].role != "const" and tid in writer:
+                last[tid] = i
+    cuts = [i for i in range(1, len(stages)) if stages[i] != stages[i - 1]]
+    return {b: sorted(tid for tid, r in last.items() if writer[tid] < b <= r) for b in cuts}
+
+
+def _handover(program: Program, passes: list[_AxisPass], full, cut: int, tids: list[int]) -> list[Collective]:
+    """The sends of cut ``cut``: each tensor as the other axes place it there (a split: one
+    chip's block; partial sums: one chip's full-size partial sums, at their element size; a
+    gathered tensor: whole), one chip to the chip of the same mesh position in the next stage."""
+    t = program.tensors
+    out = []
+    for tid in tids:
+        shape = list(full[tid])
+        numel = int(np.prod(shape, dtype=np.int64))
+        elem = max(1, t[tid].nbytes // max(1, int(np.prod(t[tid].shape, dtype=np.int64))))
+        for ax in passes:
+            p = ax.at(tid)
+            if p.split:
+                shape[p.axis] = part(shape[p.axis], ax.axis.size)
+            elif p.partial:
+                elem = max(1, ax.part_bytes[tid] // max(1, numel))
+        out.append(Collective(cut, "send", tid, int(np.prod(shape, dtype=np.int64)) * elem, True, "pp", tuple(shape)))
+    return out
+
+
+def stage_programs(program: Program, plan: ShardPlan) -> tuple[Program, ...]:
+    """The functional program of each pipeline stage of ``plan`` (``(program,)`` on one stage).
+
+    Stage ``s`` runs its layers over full tensors: its inputs are the program inputs its layers
+    read and the tensors it receives and reads (:attr:`ShardPlan.handovers` at its first
+    layer), its outputs the program outputs it writes and the tensors it sends on; tensors are
+    renumbered in id order, constants kept. A tensor relayed through a stage that does not read
+    it is forwarded as received (it is not an input of that stage's program).
+    """
+    if plan.pp == 1:
+        return (program,)
+    t = program.tensors
+    sends: dict[int, set[int]] = {}
+    for c in plan.handovers:
+        sends.setdefault(c.layer, set()).add(c.tensor)
+    bounds = [i for i in range(len(plan.stages)) if i == 0 or plan.stages[i] != plan.stages[i - 1]]
+    bounds.append(len(plan.stages))
+    out = []
+    for s, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+        layers = program.layers[lo:hi]
+        written = {layer.output for layer in layers}
+        read = {tid for layer in layers for tid in layer.inputs if tid not in written}
+        consts = {tid for layer in layers for tid in (*layer.consts.values(), *layer.inputs) if t[tid].role == "const"}
+        inputs = {tid for tid in read if tid not in consts}
+        outputs = {tid for tid in written if tid in program.outputs or tid in sends.get(hi, ())}
+        used = sorted(written | read | consts)
+        new = {tid: k for k, tid in enumerate(used)}
+        role = {tid: "input" if tid in inputs else "output" if tid in outputs
+                else "const" if tid in consts else "temp" for tid in used}
+        tensors = [replace(t[tid], role=role[tid], offset=-1) for tid in used]
+        staged = [replace(layer, inputs=[new[x] for x in layer.inputs], output=new[layer.output],
+                          consts={k: new[v] for k, v in layer.consts.items()}) for layer in layers]
+        out.append(Program(symbol=f"{program.symbol}_stage{s}", arch=program.arch, tensors=tensors,
+                           inputs=[new[x] for x in used if x in inputs], outputs=[new[x] for x in used if x in outputs],
+                           layers=staged, constants={new[x]: program.constants[x] for x in used if x in consts and x in program.constants}))
+    return tuple(out)
 
 
 def _expert_split(program: Program, layer, rule: ShardingRule, ep: int, full) -> bool:

@@ -72,7 +72,7 @@ import xxhash
 if TYPE_CHECKING:
     from ..target.arch import SpinnArch
 
-from .model import ConstantMap, Layer, ProgramError, TensorDesc, Tile
+from .model import ConstantMap, FrozenMap, Layer, ProgramError, TensorDesc, Tile
 from .native_section import section_status
 from .ops import layer_kinds
 from .records import (
@@ -82,7 +82,7 @@ from .records import (
 
 __all__ = [
     "PROGRAM_MAGIC", "PROGRAM_VERSION", "CHECKSUM_BYTES", "LAYER_KINDS", "MAX_HEADER_BYTES", "ProgramError", "TensorDesc", "Layer",
-    "Tile", "Program", "program_digest", "timing_to_json", "timing_from_json", "memory_to_json", "memory_from_json",
+    "FrozenMap", "Tile", "Program", "program_digest", "timing_to_json", "timing_from_json", "memory_to_json", "memory_from_json",
     "mapping_to_json", "mapping_from_json",
 ]
 
@@ -164,7 +164,8 @@ class Program:
             "tensors": tensors,
             "inputs": list(self.inputs),
             "outputs": list(self.outputs),
-            "layers": [dict(vars(layer)) for layer in self.layers],
+            "layers": [{**vars(layer), "consts": dict(layer.consts), "attrs": dict(layer.attrs)}
+                       for layer in self.layers],
             "timing": timing_to_json(self.timing),
             "mapping": mapping_to_json(self.mapping),
             "memory": memory_to_json(self.memory),

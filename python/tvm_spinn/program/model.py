@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["ProgramError", "TensorDesc", "Layer", "LayerDraft", "Tile", "ConstantMap"]
+__all__ = ["ProgramError", "TensorDesc", "Layer", "LayerDraft", "Tile", "ConstantMap", "FrozenMap", "frozen_map"]
 
 
 class ProgramError(ValueError):
@@ -37,17 +37,64 @@ class TensorDesc:
         return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
 
 
+class FrozenMap(dict):
+    """A read-only ``dict``: a layer's ``consts`` and ``attrs``.
+
+    Every method that would change it raises :class:`TypeError`, so a stage cannot edit the
+    layer of a program it was handed (it builds a new layer, ``dataclasses.replace(layer,
+    attrs={**layer.attrs, ...})``). A ``dict`` subclass rather than a
+    ``types.MappingProxyType`` so that the program's JSON (``json.dumps``) is written exactly
+    as from a plain dict and the record can be copied and pickled with its program.
+    """
+
+    __slots__ = ()
+
+    def _refuse(self, *args, **kwargs):
+        raise TypeError("a layer's consts and attrs are read-only: build a new layer "
+                        "(dataclasses.replace(layer, attrs={**layer.attrs, key: value}))")
+
+    __setitem__ = __delitem__ = __ior__ = _refuse
+    update = setdefault = pop = popitem = clear = _refuse
+
+    def __reduce__(self):
+        return FrozenMap, (dict(self),)
+
+    def __deepcopy__(self, memo):
+        import copy
+        return FrozenMap(copy.deepcopy(dict(self), memo))
+
+    def __repr__(self) -> str:
+        return f"FrozenMap({dict.__repr__(self)})"
+
+
+def frozen_map(value) -> FrozenMap:
+    """``value`` (a mapping) as a :class:`FrozenMap`, its nested dicts frozen too (a
+    :class:`FrozenMap` is returned as it is)."""
+    if type(value) is FrozenMap:
+        return value
+    return FrozenMap((k, frozen_map(v) if isinstance(v, dict) else v) for k, v in value.items())
+
+
 @dataclass(frozen=True)
 class Layer:
+    """One layer of a program, a frozen record: ``consts`` (role -> tensor id) and ``attrs``
+    are read-only :class:`FrozenMap` (dicts given to the constructor are converted)."""
+
     name: str
     kind: str
     inputs: list[int]
     output: int
-    consts: dict[str, int] = field(default_factory=dict)
-    attrs: dict = field(default_factory=dict)
+    consts: FrozenMap = field(default_factory=FrozenMap)
+    attrs: FrozenMap = field(default_factory=FrozenMap)
     gemm: list[int] | None = None
     flops: int = 0
     mode: str = "fp32"
+
+    def __post_init__(self):
+        if type(self.consts) is not FrozenMap:
+            object.__setattr__(self, "consts", frozen_map(self.consts))
+        if type(self.attrs) is not FrozenMap:
+            object.__setattr__(self, "attrs", frozen_map(self.attrs))
 
 
 @dataclass
