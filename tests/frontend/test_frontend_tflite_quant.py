@@ -25,6 +25,8 @@ test uses the feature extractor, 3 x 3 x 1280 outputs.)
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 
 import numpy as np
@@ -127,14 +129,20 @@ def test_layers_record_the_tflite_rounding(cnn_tflite):
     assert rows == [("mean", "tflite", "int8"), ("softmax", "tflite", "int8")]
     # their parameters are validated when a program is read
     prog, layer = next((p, layer) for p in programs for layer in p.layers if layer.kind == "softmax")
-    del layer.attrs["diff_min"]
+    prog = _with_attrs(prog, layer, {k: v for k, v in layer.attrs.items() if k != "diff_min"})
     with pytest.raises(ProgramError, match=r"missing key\(s\) \['diff_min'\]"):
         Program.from_bytes(prog.to_bytes())
     # the rule is validated when a program is read
     prog, layer = next((p, layer) for p, layer in int8 if layer.kind == "conv2d")
-    layer.attrs["rounding"] = "nearest"
+    prog = _with_attrs(prog, layer, {**layer.attrs, "rounding": "nearest"})
     with pytest.raises(ProgramError, match="rounding"):
         Program.from_bytes(prog.to_bytes())
+
+
+def _with_attrs(program, layer, attrs):
+    """``program`` with ``layer``'s attrs replaced (layers are read-only: a new program)."""
+    return dataclasses.replace(program, layers=[dataclasses.replace(x, attrs=attrs) if x is layer else x
+                                                for x in program.layers])
 
 
 def test_dense_network_matches_interpreter():

@@ -143,7 +143,9 @@ def test_split_conv_and_dense_requantize_like_the_whole_layer(monkeypatch):
         outs = []
         for split in (True, False):
             program = gemm_program(kind, "int8", shapes, arch=arch)
-            program.layers[0].attrs.update(y_zero=0, y_min=-128, y_max=127)
+            layer = program.layers[0]
+            program = dataclasses.replace(program, layers=[dataclasses.replace(
+                layer, attrs={**layer.attrs, "y_zero": 0, "y_min": -128, "y_max": 127})])
             c = program.layers[0].consts
             shape = {role: program.tensors[tid].shape for role, tid in c.items()}
             program = dataclasses.replace(program, constants={

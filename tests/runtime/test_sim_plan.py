@@ -426,10 +426,11 @@ def test_native_int8_gemms_give_the_python_bits(monkeypatch, name, tflite):
     gemms = [layer for layer in program.layers if layer.mode == "int8"]
     assert gemms
     if tflite:
-        requant = [layer for layer in gemms if layer.attrs["out"] != "float32"]
+        requant = {id(layer) for layer in gemms if layer.attrs["out"] != "float32"}
         assert requant
-        for layer in requant:
-            layer.attrs["rounding"] = "tflite"
+        program = dataclasses.replace(program, layers=[
+            dataclasses.replace(layer, attrs={**layer.attrs, "rounding": "tflite"}) if id(layer) in requant else layer
+            for layer in program.layers])
     inputs = []
     for tid in program.inputs:
         spec = program.tensors[tid]
