@@ -121,6 +121,18 @@ def test_propagator_dispatches_by_all_to_all():
     assert collective_cost(topo, [0, 1], c.op, c.nbytes, c.exact).seconds == C.all_to_all(topo, [0, 1], c.nbytes).seconds
 
 
+def test_pipeline_stages_compose_with_the_expert_axis():
+    """Two stages over an expert group: the dispatch's tokens cross the cut as each chip holds
+    them (its half of the tokens, split carried to axis 1 by the permute), and the all-to-all
+    runs in the receiving stage, as without stages."""
+    program = _moe_program()
+    flat, plan = S.plan_mesh(program, Mesh.of(ep=2)), S.plan_mesh(program, Mesh.of(ep=2, pp=2))
+    assert (plan.chips, plan.stages) == (4, (0, 1, 1))  # the permute costs nothing: tie, earliest cut
+    assert plan.collectives == flat.collectives and plan.shapes == flat.shapes
+    (c,) = plan.handovers
+    assert (c.layer, c.op, c.tensor, c.group, c.shape, c.nbytes) == (1, "send", 1, "pp", (2, 2, 3), 2 * 2 * 3 * 4)
+
+
 def test_mesh_refusals():
     program = _moe_program()
     with pytest.raises(ValueError, match="expert axis"):

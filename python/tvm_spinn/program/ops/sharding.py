@@ -1,8 +1,9 @@
 """The sharding contract of operator families: placements over the axes of a chip mesh.
 
 A mesh of chips is given as data: a :class:`Mesh` is a frozen record of named
-:class:`MeshAxis` (tensor ``tp``, sequence ``sp``, data ``dp``; expert ``ep`` and pipeline
-``pp`` are representable). Over each axis every tensor has a :class:`Placement`:
+:class:`MeshAxis` (tensor ``tp``, sequence ``sp``, data ``dp``, expert ``ep``; pipeline ``pp``
+cuts the layers into stages rather than placing tensors, see :mod:`tvm_spinn.mapping.shard`).
+Over each axis every tensor has a :class:`Placement`:
 
 ``R`` replicated (every chip holds all of it), ``S(axis)`` split into equal blocks along
 ``axis``, ``P`` partial sums (every chip holds a full-size tensor that must be summed).
