@@ -64,7 +64,7 @@ import numpy as np
 from .spec import MAX_DIM, LLMError, ModelSpec
 
 __all__ = ["PrefillPlan", "ChunkStep", "plan_prefill", "prefill_workload", "prefill_bound", "flow_shop_s",
-           "chunk_sizes", "TP_BOARDS", "MIN_CHUNK"]
+           "flow_shop_path", "chunk_sizes", "TP_BOARDS", "MIN_CHUNK"]
 
 #: Smallest chunk: the MAC array's 16-wide side takes the chunk's tokens (M), and smaller chunks
 #: only add per-chunk fixed costs
@@ -109,6 +109,60 @@ def flow_shop_s(times) -> float:
             done = max(done, finish[k]) + row[k]
             finish[k] = done
     return float(finish[-1])
+
+
+def flow_shop_path(times) -> list[tuple[int, int]]:
+    """A critical path of :func:`flow_shop_s`'s schedule: the ``(machine, chunk)`` cells, first
+    to last, whose times add up to the makespan.
+
+    From the last cell back, each cell's predecessor is the one its start waited for: the same
+    chunk on the previous machine or the previous chunk on the same machine (the former on a
+    tie)."""
+    times = np.asarray(times, dtype=np.float64)
+    if times.ndim != 2 or times.size == 0:
+        raise ValueError(f"times must be machines x chunks (non-empty), got shape {times.shape}")
+    machines, chunks = times.shape
+    finish = np.zeros_like(times)
+    for m in range(machines):
+        done = 0.0
+        for k in range(chunks):
+            done = max(done, finish[m - 1, k] if m else 0.0) + times[m, k]
+            finish[m, k] = done
+    path = [(machines - 1, chunks - 1)]
+    m, k = path[0]
+    while m or k:
+        up = finish[m - 1, k] if m else -math.inf
+        left = finish[m, k - 1] if k else -math.inf
+        m, k = (m - 1, k) if up >= left else (m, k - 1)
+        path.append((m, k))
+    return path[::-1]
+
+
+def _critical_path(rows: list, reduces: list) -> dict:
+    """Where a pipeline's time goes: the cells of its flow shop's critical path
+    (:func:`flow_shop_path`; ``rows``: stages and hand-overs alternating, ``reduces[m]``: the
+    all-reduce seconds in each of machine ``m``'s cells), summed by kind. ``steady_s``: the
+    path's cells on the machine that holds most of them (its chunks one after another);
+    ``fill_drain_s``: the rest (the first chunk's way to that machine, the last chunk's from
+    it)."""
+    path = flow_shop_path(rows)
+    on = {}
+    for m, _ in path:
+        on[m] = on.get(m, 0) + 1
+    steady_machine = max(sorted(on), key=lambda m: on[m])
+    out = dict.fromkeys(("blocks_s", "all_reduces_s", "handovers_s", "steady_s", "fill_drain_s"), 0.0)
+    out.update(stage_steps=0, handover_steps=0, steady_steps=on[steady_machine])
+    for m, k in path:
+        t = float(rows[m][k])
+        if m % 2:
+            out["handovers_s"] += t
+            out["handover_steps"] += 1
+        else:
+            out["blocks_s"] += t - reduces[m]
+            out["all_reduces_s"] += reduces[m]
+            out["stage_steps"] += 1
+        out["steady_s" if m == steady_machine else "fill_drain_s"] += t
+    return out
 
 
 def prefill_workload(spec: ModelSpec, prompt: int, dtype: str, handover_itemsize: int = 4):
@@ -234,11 +288,31 @@ class PrefillPlan:
     candidates: tuple
     #: the boards the prompt runs on (its stages' and the head's; never a dead one)
     boards: tuple = ()
+    #: where the time goes: ``critical_path`` (the flow shop's critical path summed by kind,
+    #: :func:`_critical_path`), ``block_chunk_s`` (one block on the first chunk and on the
+    #: last), ``block_bounds_s`` (what binds the mapped block at the first chunk, each kind
+    #: alone), ``all_reduces_chunk_s`` (a block's all-reduces on a chunk across its boards)
+    breakdown: dict = dataclasses.field(default_factory=dict)
 
     @property
     def efficiency(self) -> float:
         """The bound over the time to first token (at most 1)."""
         return self.bound_s / self.ttft_s if self.ttft_s > 0 else float("nan")
+
+    def breakdown_line(self) -> str:
+        """One line: the pipeline's critical path by kind and one block's chunk."""
+        b = self.breakdown
+        if not b:
+            return ""
+        cp = b["critical_path"]
+        bounds = ", ".join(f"{k} {v * 1e3:.3g}" for k, v in b["block_bounds_s"].items())
+        return (f"pipeline {self.parts_s['pipeline_s'] * 1e3:.4g} ms = {cp['stage_steps']} stage steps "
+                f"({cp['blocks_s'] * 1e3:.4g} ms blocks + {cp['all_reduces_s'] * 1e3:.4g} ms all-reduces) + "
+                f"{cp['handover_steps']} hand-overs ({cp['handovers_s'] * 1e3:.4g} ms); steady "
+                f"{cp['steady_s'] * 1e3:.4g} ms ({cp['steady_steps']} chunks on one machine), fill/drain "
+                f"{cp['fill_drain_s'] * 1e3:.4g} ms; a block's chunk {b['block_chunk_s'][0] * 1e3:.3g}-"
+                f"{b['block_chunk_s'][1] * 1e3:.3g} ms (alone, ms: {bounds}), all-reduces "
+                f"{b['all_reduces_chunk_s'] * 1e3:.3g} ms, hand-over {self.handover_chunk_s * 1e3:.3g} ms")
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
@@ -471,7 +545,9 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
 
         auto = line("auto")
         room = budget if on is board else resident_capacity(on)
-        return dict(auto=auto, stream=line("stream") if stream else auto,
+        # what binds the mapped block at the first chunk's context (each kind alone)
+        bounds = {k: float(v) for k, v in sorted(getattr(first, "alone", {}).items())}
+        return dict(auto=auto, stream=line("stream") if stream else auto, bounds=bounds,
                     fit=max(1, int(room // max(1, _block_weight(g, c)))), gather=max(0, first.handoff_gather_bytes))
 
     slice_specs: dict = {}
@@ -581,17 +657,19 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
 
                 stages = math.ceil(L / m)
                 sizes_m = [m] * (stages - 1) + [L - m * (stages - 1)]
-                rows, links = [], []
+                rows, links, reduces = [], [], []
                 hand = (handover_s(groups, 0, c * spec.hidden * item, times["gather"] * item // 4)
                         if stages > 1 else 0.0)
                 for j, blocks in enumerate(sizes_m):
                     t = times_on(j)
                     k = min(blocks, fit if t is times else t["fit"])
                     rows.append(k * t["auto"] + (blocks - k) * t["stream"] + blocks * reduce_s)
+                    reduces += [blocks * reduce_s, 0.0]
                     if j < stages - 1:
                         rows.append(np.full(n, hand))
                         links.append(hand)
                 pipeline = flow_shop_s(rows)
+                path = _critical_path(rows, reduces)
                 # the last token's hidden state to the head's board (its own board beyond the stages)
                 last, head_here, head_board = 0.0, head_s, None
                 if boards > 1:
@@ -611,7 +689,9 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
                               head_s=head_here, boards=on,
                               head_handover_s=last, handover_chunk_s=hand, all_reduces_chunk_s=reduce_s,
                               stage_total_s=stage_total, links_total_s=link_total,
-                              stage_chunk_s=(float(rows[0][0]), float(rows[0][-1])))
+                              stage_chunk_s=(float(rows[0][0]), float(rows[0][-1])),
+                              block_chunk_s=(float(times["auto"][0]), float(times["auto"][-1])),
+                              block_bounds_s=times["bounds"], critical_path=path)
                 return record
 
             for m in per_stage:
@@ -662,4 +742,5 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
         bound=bound.to_dict(), parts_s={"pipeline_s": best["pipeline_s"], "head_handover_s": best["head_handover_s"],
                                         "head_s": best["head_s"], "host_io_s": host_io},
         busiest=busiest, stage_chunk_s=best["stage_chunk_s"], handover_chunk_s=best["handover_chunk_s"],
-        candidates=tuple(sorted(candidates, key=lambda r: (r["ttft_s"], r["boards_used"]))), boards=tuple(best["boards"]))
+        candidates=tuple(sorted(candidates, key=lambda r: (r["ttft_s"], r["boards_used"]))), boards=tuple(best["boards"]),
+        breakdown={k: best[k] for k in ("critical_path", "block_chunk_s", "block_bounds_s", "all_reduces_chunk_s")})
