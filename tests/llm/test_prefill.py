@@ -126,6 +126,18 @@ def test_chunked_pipeline_ttft_is_the_hand_count(two_chunks):
     assert cp["handovers_s"] == pytest.approx(h) and cp["steady_s"] == pytest.approx(t0 + t1)
 
 
+def test_relay_paths_shorten_the_hand_over(two_chunks, four_boards):
+    """The hand-over between the two stages also crosses the neighbouring boards' free edges:
+    faster than the chips' own routes alone, never faster than every edge of the sending board
+    at once."""
+    direct = plan_prefill(TINY, four_boards, prompt=32, chunk=16, tp_boards=(1,), relays=False)
+    p = two_chunks
+    assert (direct.stages, direct.chunk) == (p.stages, p.chunk) and direct.stage_chunk_s == p.stage_chunk_s
+    assert p.handover_chunk_s < direct.handover_chunk_s and p.ttft_s < direct.ttft_s
+    arch = tvm_spinn.target.arch_of(four_boards)
+    assert p.handover_chunk_s > 16 * 64 * 4 / (6 * arch.payload_bw("board_pair"))
+
+
 def test_ttft_never_below_the_bound(two_chunks, four_boards):
     p = two_chunks
     assert 0 < p.bound_s <= p.ttft_s

@@ -10,7 +10,10 @@ inside a board, over its chips as the mapper plans it (the int8 weight GEMMs at 
 MAC arrays). Between stages each chunk's hidden state (``C x hidden`` elements of the plan's
 ``handover`` type) crosses the board links, each chip sending its share to its counterpart on
 the next group (:func:`tvm_spinn.timing.collectives.point_to_point`), then all-gathered on the
-receiving board where its first program reads it whole.
+receiving board where its first program reads it whole. Between one-board stages the hand-over
+also takes relay paths: the edge-disjoint paths of board edges between the two boards that no
+other hand-over's routes or relays use (every hand-over runs at once in the pipeline's steady
+state), its shares split so that they finish together.
 
 Chunk ``k`` attends over the ``(k + 1) C`` keys written so far (its own included: a
 sliding window keeps at most the window's); its keys and values are the program's outputs,
@@ -383,7 +386,7 @@ def _check(spec: ModelSpec, prompt, chunk) -> None:
 
 def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = "int8", handover: str = "fp32",
                  chunk: "int | None" = None, tp_boards: "tuple | None" = None, memo: "dict | None" = None,
-                 model_name: "str | None" = None, search: str = "climb") -> PrefillPlan:
+                 model_name: "str | None" = None, search: str = "climb", relays: bool = True) -> PrefillPlan:
     """Plan the prefill of one ``prompt``-token prompt (the time to first token) on a spinn system.
 
     Parameters
@@ -411,6 +414,10 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
     search : {"climb", "all"}
         How chunk sizes are searched: a climb to a local minimum (few mappings), or every size
         (the mapper's costs are not always unimodal in the chunk size).
+    relays : bool
+        Hand-overs between one-board stages of a healthy system also take the edge-disjoint
+        relay paths through neighbouring boards that no other hand-over uses (default), or only
+        their chips' own routes (False).
 
     Returns
     -------
@@ -428,7 +435,7 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
     from ..target.arch import FAULT_FIELDS
     from ..target.faults import board_view, live_chips, usable_boards, whole_boards
     from ..target.topology import board_grid, ring_order, topology_of
-    from ..timing.collectives import board_all_reduce, point_to_point
+    from ..timing.collectives import board_all_reduce, point_to_point, water_fill
     from ..timing.system import collective_cost
     from ..mapping.planner import resident_capacity
     from . import board_tp
@@ -607,6 +614,55 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
             pair_memo[key] = s
         return pair_memo[key]
 
+    def relay_paths(groups, stages: int) -> list:
+        """Per hand-over of a pipeline of ``stages`` one-board stages (all of them at once in
+        its steady state): the paths of board edges that carry part of it beside its chips'
+        own routes. A hand-over's own routes keep their edges (every pair's reserved first); of
+        the edge-disjoint paths between its two boards (:meth:`~tvm_spinn.target.topology.
+        Topology.board_paths`) it takes, pair by pair in stage order, those that share no
+        edge with any reserved route or with a path an earlier pair took, so no serial link
+        carries two hand-overs."""
+        key = ("relays", stages)
+        if key not in pair_memo:
+            pairs = [(groups[j][0], groups[j + 1][0]) for j in range(stages - 1)]
+            taken = set()
+            for a, b in pairs:
+                _, links = topo.route_links(np.arange(cpb) + a * cpb, np.arange(cpb) + b * cpb)
+                taken.update(int(e) for e in topo.link_group[links] if e >= 0)
+            out = []
+            for a, b in pairs:
+                keep = [p for p in topo.board_paths(a, b) if not taken & set(p)]
+                for p in keep:
+                    taken.update(p)
+                out.append(tuple(keep))
+            pair_memo[key] = out
+        return pair_memo[key]
+
+    def multipath_handover_s(groups, stages: int, j: int, nbytes: float, gather: float) -> float:
+        """Hand-over ``j`` of a pipeline of one-board stages, every hand-over at once: the
+        chips' own routes (each chip its share to its counterpart) and the relay paths
+        (:func:`relay_paths`) carry shares that finish together
+        (:func:`~tvm_spinn.timing.collectives.water_fill`), then the receiving board's
+        all-gather as :func:`handover_s`. The boards' chips move the shares to and from their
+        edges on on-board links, each several times an edge's rate (as
+        :func:`~tvm_spinn.timing.collectives.multipath_point_to_point`)."""
+        key = ("multipath", stages, j, nbytes, gather)
+        if key not in pair_memo:
+            a, b = groups[j][0], groups[j + 1][0]
+            paths = relay_paths(groups, stages)[j]
+            alone = handover_s(groups, j, nbytes, gather)
+            if not paths:
+                pair_memo[key] = alone
+            else:
+                own, _ = topo.evaluate(np.arange(cpb) + a * cpb, np.arange(cpb) + b * cpb, nbytes / cpb)
+                costs = [topo.path_cost(p) for p in paths]
+                rates = [nbytes / own.bandwidth_s] + [c[0] for c in costs]
+                seconds, _ = water_fill(rates, [own.latency_s] + [c[1] for c in costs], float(nbytes))
+                # the receiving board's all-gather, as the direct hand-over pays it
+                pair_memo[key] = min(alone, seconds + alone - point_to_point(
+                    topo, np.arange(cpb) + a * cpb, np.arange(cpb) + b * cpb, nbytes / cpb).seconds)
+        return pair_memo[key]
+
     host_io = P._step_io(arch, 1, prompt, None, [0])["host_io_prefill_s"]
     candidates = []
     best = None
@@ -666,8 +722,13 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
                     rows.append(k * t["auto"] + (blocks - k) * t["stream"] + blocks * reduce_s)
                     reduces += [blocks * reduce_s, 0.0]
                     if j < stages - 1:
-                        rows.append(np.full(n, hand))
-                        links.append(hand)
+                        # one-board stages of a healthy system: every hand-over at once over its
+                        # own routes and the edge-disjoint relay paths left to it
+                        here = (multipath_handover_s(groups, stages, j, c * spec.hidden * item,
+                                                     times["gather"] * item // 4)
+                                if relays and g == 1 and not arch.has_faults and total_boards > 1 else hand)
+                        rows.append(np.full(n, here))
+                        links.append(here)
                 pipeline = flow_shop_s(rows)
                 path = _critical_path(rows, reduces)
                 # the last token's hidden state to the head's board (its own board beyond the stages)
@@ -682,12 +743,12 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
                         head_here = head_on(view_of(head_board))
                 ttft = pipeline + last + head_here + host_io
                 stage_total = max(float(np.sum(r)) for r in rows[::2])
-                link_total = n * hand
+                link_total = n * max(links, default=0.0)
                 on = sorted({b for grp in groups[:stages] for b in grp} | ({head_board} if head_board is not None else set()))
                 record = dict(tp_boards=g, chunk=c, chunks=n, blocks_per_stage=m, stages=stages,
                               boards_used=stages * g + (1 if boards > 1 else 0), ttft_s=ttft, pipeline_s=pipeline,
                               head_s=head_here, boards=on,
-                              head_handover_s=last, handover_chunk_s=hand, all_reduces_chunk_s=reduce_s,
+                              head_handover_s=last, handover_chunk_s=max(links, default=0.0), all_reduces_chunk_s=reduce_s,
                               stage_total_s=stage_total, links_total_s=link_total,
                               stage_chunk_s=(float(rows[0][0]), float(rows[0][-1])),
                               block_chunk_s=(float(times["auto"][0]), float(times["auto"][-1])),
