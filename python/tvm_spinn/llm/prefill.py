@@ -291,8 +291,8 @@ class PrefillPlan:
     candidates: tuple
     #: the boards the prompt runs on (its stages' and the head's; never a dead one)
     boards: tuple = ()
-    #: where the time goes: ``critical_path`` (the flow shop's critical path summed by kind,
-    #: :func:`_critical_path`), ``block_chunk_s`` (one block on the first chunk and on the
+    #: where the time goes: ``critical_path`` (the flow shop's critical path,
+    #: :func:`flow_shop_path`, summed by kind), ``block_chunk_s`` (one block on the first chunk and on the
     #: last), ``block_bounds_s`` (what binds the mapped block at the first chunk, each kind
     #: alone), ``all_reduces_chunk_s`` (a block's all-reduces on a chunk across its boards)
     breakdown: dict = dataclasses.field(default_factory=dict)
@@ -748,7 +748,8 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
                 record = dict(tp_boards=g, chunk=c, chunks=n, blocks_per_stage=m, stages=stages,
                               boards_used=stages * g + (1 if boards > 1 else 0), ttft_s=ttft, pipeline_s=pipeline,
                               head_s=head_here, boards=on,
-                              head_handover_s=last, handover_chunk_s=max(links, default=0.0), all_reduces_chunk_s=reduce_s,
+                              head_handover_s=last, handover_chunk_s=max(links, default=0.0),
+                              all_reduces_chunk_s=reduce_s,
                               stage_total_s=stage_total, links_total_s=link_total,
                               stage_chunk_s=(float(rows[0][0]), float(rows[0][-1])),
                               block_chunk_s=(float(times["auto"][0]), float(times["auto"][-1])),
@@ -803,5 +804,6 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
         bound=bound.to_dict(), parts_s={"pipeline_s": best["pipeline_s"], "head_handover_s": best["head_handover_s"],
                                         "head_s": best["head_s"], "host_io_s": host_io},
         busiest=busiest, stage_chunk_s=best["stage_chunk_s"], handover_chunk_s=best["handover_chunk_s"],
-        candidates=tuple(sorted(candidates, key=lambda r: (r["ttft_s"], r["boards_used"]))), boards=tuple(best["boards"]),
+        candidates=tuple(sorted(candidates, key=lambda r: (r["ttft_s"], r["boards_used"]))),
+        boards=tuple(best["boards"]),
         breakdown={k: best[k] for k in ("critical_path", "block_chunk_s", "block_bounds_s", "all_reduces_chunk_s")})
