@@ -392,6 +392,7 @@ def part_prefill(args) -> list:
                       f"{p.bound['binding']:>15}{p.efficiency:>8.4f}{p.chunk:>7}{p.chunks:>7}{p.stages:>7}"
                       f"{p.blocks_per_stage:>7}{p.tp_boards:>4}{p.boards_used:>7}{p.busiest['kind']:>10}"
                       f"{time.perf_counter() - start:>8.1f}")
+                print(f"    {p.breakdown_line()}")
     if rows:
         print("TTFT: the prompt in chunks through board stages (each `blocks` blocks, tensor-parallel over `TP` "
               "boards), the head's first token and the host's I/O; bound: compute at the system's peak, every "

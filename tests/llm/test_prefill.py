@@ -9,7 +9,8 @@ import pytest
 
 import tvm_spinn
 from tvm_spinn.llm import LLMError
-from tvm_spinn.llm.prefill import chunk_sizes, flow_shop_s, plan_prefill, prefill_bound, prefill_workload
+from tvm_spinn.llm.prefill import (chunk_sizes, flow_shop_path, flow_shop_s, plan_prefill, prefill_bound,
+                                   prefill_workload)
 from tvm_spinn.llm.spec import spec_of
 
 TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
@@ -39,6 +40,19 @@ def test_flow_shop_against_a_hand_count():
     assert flow_shop_s([[1.0, 1.0], [5.0, 5.0]]) == pytest.approx(11.0)
     with pytest.raises(ValueError, match="machines x chunks"):
         flow_shop_s([])
+
+
+def test_flow_shop_path_adds_up_to_the_makespan():
+    rng = np.random.default_rng(0)
+    for machines, chunks in ((1, 1), (1, 4), (5, 1), (6, 9), (9, 3)):
+        times = rng.uniform(0.1, 2.0, size=(machines, chunks))
+        path = flow_shop_path(times)
+        # a monotone staircase from the first cell to the last, one machine or one chunk a step
+        assert path[0] == (0, 0) and path[-1] == (machines - 1, chunks - 1)
+        assert all((m2 - m1, k2 - k1) in ((1, 0), (0, 1)) for (m1, k1), (m2, k2) in zip(path, path[1:]))
+        assert sum(times[m, k] for m, k in path) == pytest.approx(flow_shop_s(times))
+    # the hand count's second case: the slow second machine's two chunks are on the path
+    assert flow_shop_path([[1.0, 1.0], [5.0, 5.0]]) == [(0, 0), (1, 0), (1, 1)]
 
 
 def test_chunk_sizes_divide_the_prompt():
@@ -104,6 +118,24 @@ def test_chunked_pipeline_ttft_is_the_hand_count(two_chunks):
     assert p.parts_s["pipeline_s"] == pytest.approx(t0 + t1 + (p.stages - 1) * (h + t1))
     assert p.ttft_s == pytest.approx(sum(p.parts_s.values()))
     assert p.parts_s["head_s"] > 0 and p.parts_s["host_io_s"] > 0
+    # the critical path: chunk 0 on stage 0, then chunk 1 on stage 0, its hand-over and stage 1
+    cp = p.breakdown["critical_path"]
+    assert (cp["stage_steps"], cp["handover_steps"], cp["steady_steps"]) == (3, 1, 2)
+    assert cp["blocks_s"] + cp["handovers_s"] + cp["all_reduces_s"] == pytest.approx(p.parts_s["pipeline_s"])
+    assert cp["steady_s"] + cp["fill_drain_s"] == pytest.approx(p.parts_s["pipeline_s"])
+    assert cp["handovers_s"] == pytest.approx(h) and cp["steady_s"] == pytest.approx(t0 + t1)
+
+
+def test_relay_paths_shorten_the_hand_over(two_chunks, four_boards):
+    """The hand-over between the two stages also crosses the neighbouring boards' free edges:
+    faster than the chips' own routes alone, never faster than every edge of the sending board
+    at once."""
+    direct = plan_prefill(TINY, four_boards, prompt=32, chunk=16, tp_boards=(1,), relays=False)
+    p = two_chunks
+    assert (direct.stages, direct.chunk) == (p.stages, p.chunk) and direct.stage_chunk_s == p.stage_chunk_s
+    assert p.handover_chunk_s < direct.handover_chunk_s and p.ttft_s < direct.ttft_s
+    arch = tvm_spinn.target.arch_of(four_boards)
+    assert p.handover_chunk_s > 16 * 64 * 4 / (6 * arch.payload_bw("board_pair"))
 
 
 def test_ttft_never_below_the_bound(two_chunks, four_boards):

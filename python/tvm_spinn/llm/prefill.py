@@ -10,7 +10,10 @@ inside a board, over its chips as the mapper plans it (the int8 weight GEMMs at 
 MAC arrays). Between stages each chunk's hidden state (``C x hidden`` elements of the plan's
 ``handover`` type) crosses the board links, each chip sending its share to its counterpart on
 the next group (:func:`tvm_spinn.timing.collectives.point_to_point`), then all-gathered on the
-receiving board where its first program reads it whole.
+receiving board where its first program reads it whole. Between one-board stages the hand-over
+also takes relay paths: the edge-disjoint paths of board edges between the two boards that no
+other hand-over's routes or relays use (every hand-over runs at once in the pipeline's steady
+state), its shares split so that they finish together.
 
 Chunk ``k`` attends over the ``(k + 1) C`` keys written so far (its own included: a
 sliding window keeps at most the window's); its keys and values are the program's outputs,
@@ -64,7 +67,7 @@ import numpy as np
 from .spec import MAX_DIM, LLMError, ModelSpec
 
 __all__ = ["PrefillPlan", "ChunkStep", "plan_prefill", "prefill_workload", "prefill_bound", "flow_shop_s",
-           "chunk_sizes", "TP_BOARDS", "MIN_CHUNK"]
+           "flow_shop_path", "chunk_sizes", "TP_BOARDS", "MIN_CHUNK"]
 
 #: Smallest chunk: the MAC array's 16-wide side takes the chunk's tokens (M), and smaller chunks
 #: only add per-chunk fixed costs
@@ -109,6 +112,60 @@ def flow_shop_s(times) -> float:
             done = max(done, finish[k]) + row[k]
             finish[k] = done
     return float(finish[-1])
+
+
+def flow_shop_path(times) -> list[tuple[int, int]]:
+    """A critical path of :func:`flow_shop_s`'s schedule: the ``(machine, chunk)`` cells, first
+    to last, whose times add up to the makespan.
+
+    From the last cell back, each cell's predecessor is the one its start waited for: the same
+    chunk on the previous machine or the previous chunk on the same machine (the former on a
+    tie)."""
+    times = np.asarray(times, dtype=np.float64)
+    if times.ndim != 2 or times.size == 0:
+        raise ValueError(f"times must be machines x chunks (non-empty), got shape {times.shape}")
+    machines, chunks = times.shape
+    finish = np.zeros_like(times)
+    for m in range(machines):
+        done = 0.0
+        for k in range(chunks):
+            done = max(done, finish[m - 1, k] if m else 0.0) + times[m, k]
+            finish[m, k] = done
+    path = [(machines - 1, chunks - 1)]
+    m, k = path[0]
+    while m or k:
+        up = finish[m - 1, k] if m else -math.inf
+        left = finish[m, k - 1] if k else -math.inf
+        m, k = (m - 1, k) if up >= left else (m, k - 1)
+        path.append((m, k))
+    return path[::-1]
+
+
+def _critical_path(rows: list, reduces: list) -> dict:
+    """Where a pipeline's time goes: the cells of its flow shop's critical path
+    (:func:`flow_shop_path`; ``rows``: stages and hand-overs alternating, ``reduces[m]``: the
+    all-reduce seconds in each of machine ``m``'s cells), summed by kind. ``steady_s``: the
+    path's cells on the machine that holds most of them (its chunks one after another);
+    ``fill_drain_s``: the rest (the first chunk's way to that machine, the last chunk's from
+    it)."""
+    path = flow_shop_path(rows)
+    on = {}
+    for m, _ in path:
+        on[m] = on.get(m, 0) + 1
+    steady_machine = max(sorted(on), key=lambda m: on[m])
+    out = dict.fromkeys(("blocks_s", "all_reduces_s", "handovers_s", "steady_s", "fill_drain_s"), 0.0)
+    out.update(stage_steps=0, handover_steps=0, steady_steps=on[steady_machine])
+    for m, k in path:
+        t = float(rows[m][k])
+        if m % 2:
+            out["handovers_s"] += t
+            out["handover_steps"] += 1
+        else:
+            out["blocks_s"] += t - reduces[m]
+            out["all_reduces_s"] += reduces[m]
+            out["stage_steps"] += 1
+        out["steady_s" if m == steady_machine else "fill_drain_s"] += t
+    return out
 
 
 def prefill_workload(spec: ModelSpec, prompt: int, dtype: str, handover_itemsize: int = 4):
@@ -234,11 +291,31 @@ class PrefillPlan:
     candidates: tuple
     #: the boards the prompt runs on (its stages' and the head's; never a dead one)
     boards: tuple = ()
+    #: where the time goes: ``critical_path`` (the flow shop's critical path,
+    #: :func:`flow_shop_path`, summed by kind), ``block_chunk_s`` (one block on the first chunk and on the
+    #: last), ``block_bounds_s`` (what binds the mapped block at the first chunk, each kind
+    #: alone), ``all_reduces_chunk_s`` (a block's all-reduces on a chunk across its boards)
+    breakdown: dict = dataclasses.field(default_factory=dict)
 
     @property
     def efficiency(self) -> float:
         """The bound over the time to first token (at most 1)."""
         return self.bound_s / self.ttft_s if self.ttft_s > 0 else float("nan")
+
+    def breakdown_line(self) -> str:
+        """One line: the pipeline's critical path by kind and one block's chunk."""
+        b = self.breakdown
+        if not b:
+            return ""
+        cp = b["critical_path"]
+        bounds = ", ".join(f"{k} {v * 1e3:.3g}" for k, v in b["block_bounds_s"].items())
+        return (f"pipeline {self.parts_s['pipeline_s'] * 1e3:.4g} ms = {cp['stage_steps']} stage steps "
+                f"({cp['blocks_s'] * 1e3:.4g} ms blocks + {cp['all_reduces_s'] * 1e3:.4g} ms all-reduces) + "
+                f"{cp['handover_steps']} hand-overs ({cp['handovers_s'] * 1e3:.4g} ms); steady "
+                f"{cp['steady_s'] * 1e3:.4g} ms ({cp['steady_steps']} chunks on one machine), fill/drain "
+                f"{cp['fill_drain_s'] * 1e3:.4g} ms; a block's chunk {b['block_chunk_s'][0] * 1e3:.3g}-"
+                f"{b['block_chunk_s'][1] * 1e3:.3g} ms (alone, ms: {bounds}), all-reduces "
+                f"{b['all_reduces_chunk_s'] * 1e3:.3g} ms, hand-over {self.handover_chunk_s * 1e3:.3g} ms")
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
@@ -309,7 +386,7 @@ def _check(spec: ModelSpec, prompt, chunk) -> None:
 
 def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = "int8", handover: str = "fp32",
                  chunk: "int | None" = None, tp_boards: "tuple | None" = None, memo: "dict | None" = None,
-                 model_name: "str | None" = None, search: str = "climb") -> PrefillPlan:
+                 model_name: "str | None" = None, search: str = "climb", relays: bool = True) -> PrefillPlan:
     """Plan the prefill of one ``prompt``-token prompt (the time to first token) on a spinn system.
 
     Parameters
@@ -337,6 +414,10 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
     search : {"climb", "all"}
         How chunk sizes are searched: a climb to a local minimum (few mappings), or every size
         (the mapper's costs are not always unimodal in the chunk size).
+    relays : bool
+        Hand-overs between one-board stages of a healthy system also take the edge-disjoint
+        relay paths through neighbouring boards that no other hand-over uses (default), or only
+        their chips' own routes (False).
 
     Returns
     -------
@@ -354,7 +435,7 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
     from ..target.arch import FAULT_FIELDS
     from ..target.faults import board_view, live_chips, usable_boards, whole_boards
     from ..target.topology import board_grid, ring_order, topology_of
-    from ..timing.collectives import board_all_reduce, point_to_point
+    from ..timing.collectives import board_all_reduce, point_to_point, water_fill
     from ..timing.system import collective_cost
     from ..mapping.planner import resident_capacity
     from . import board_tp
@@ -471,7 +552,9 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
 
         auto = line("auto")
         room = budget if on is board else resident_capacity(on)
-        return dict(auto=auto, stream=line("stream") if stream else auto,
+        # what binds the mapped block at the first chunk's context (each kind alone)
+        bounds = {k: float(v) for k, v in sorted(getattr(first, "alone", {}).items())}
+        return dict(auto=auto, stream=line("stream") if stream else auto, bounds=bounds,
                     fit=max(1, int(room // max(1, _block_weight(g, c)))), gather=max(0, first.handoff_gather_bytes))
 
     slice_specs: dict = {}
@@ -531,6 +614,55 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
             pair_memo[key] = s
         return pair_memo[key]
 
+    def relay_paths(groups, stages: int) -> list:
+        """Per hand-over of a pipeline of ``stages`` one-board stages (all of them at once in
+        its steady state): the paths of board edges that carry part of it beside its chips'
+        own routes. A hand-over's own routes keep their edges (every pair's reserved first); of
+        the edge-disjoint paths between its two boards (:meth:`~tvm_spinn.target.topology.
+        Topology.board_paths`) it takes, pair by pair in stage order, those that share no
+        edge with any reserved route or with a path an earlier pair took, so no serial link
+        carries two hand-overs."""
+        key = ("relays", stages)
+        if key not in pair_memo:
+            pairs = [(groups[j][0], groups[j + 1][0]) for j in range(stages - 1)]
+            taken = set()
+            for a, b in pairs:
+                _, links = topo.route_links(np.arange(cpb) + a * cpb, np.arange(cpb) + b * cpb)
+                taken.update(int(e) for e in topo.link_group[links] if e >= 0)
+            out = []
+            for a, b in pairs:
+                keep = [p for p in topo.board_paths(a, b) if not taken & set(p)]
+                for p in keep:
+                    taken.update(p)
+                out.append(tuple(keep))
+            pair_memo[key] = out
+        return pair_memo[key]
+
+    def multipath_handover_s(groups, stages: int, j: int, nbytes: float, gather: float) -> float:
+        """Hand-over ``j`` of a pipeline of one-board stages, every hand-over at once: the
+        chips' own routes (each chip its share to its counterpart) and the relay paths
+        (:func:`relay_paths`) carry shares that finish together
+        (:func:`~tvm_spinn.timing.collectives.water_fill`), then the receiving board's
+        all-gather as :func:`handover_s`. The boards' chips move the shares to and from their
+        edges on on-board links, each several times an edge's rate (as
+        :func:`~tvm_spinn.timing.collectives.multipath_point_to_point`)."""
+        key = ("multipath", stages, j, nbytes, gather)
+        if key not in pair_memo:
+            a, b = groups[j][0], groups[j + 1][0]
+            paths = relay_paths(groups, stages)[j]
+            alone = handover_s(groups, j, nbytes, gather)
+            if not paths:
+                pair_memo[key] = alone
+            else:
+                own, _ = topo.evaluate(np.arange(cpb) + a * cpb, np.arange(cpb) + b * cpb, nbytes / cpb)
+                costs = [topo.path_cost(p) for p in paths]
+                rates = [nbytes / own.bandwidth_s] + [c[0] for c in costs]
+                seconds, _ = water_fill(rates, [own.latency_s] + [c[1] for c in costs], float(nbytes))
+                # the receiving board's all-gather, as the direct hand-over pays it
+                pair_memo[key] = min(alone, seconds + alone - point_to_point(
+                    topo, np.arange(cpb) + a * cpb, np.arange(cpb) + b * cpb, nbytes / cpb).seconds)
+        return pair_memo[key]
+
     host_io = P._step_io(arch, 1, prompt, None, [0])["host_io_prefill_s"]
     candidates = []
     best = None
@@ -581,17 +713,24 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
 
                 stages = math.ceil(L / m)
                 sizes_m = [m] * (stages - 1) + [L - m * (stages - 1)]
-                rows, links = [], []
+                rows, links, reduces = [], [], []
                 hand = (handover_s(groups, 0, c * spec.hidden * item, times["gather"] * item // 4)
                         if stages > 1 else 0.0)
                 for j, blocks in enumerate(sizes_m):
                     t = times_on(j)
                     k = min(blocks, fit if t is times else t["fit"])
                     rows.append(k * t["auto"] + (blocks - k) * t["stream"] + blocks * reduce_s)
+                    reduces += [blocks * reduce_s, 0.0]
                     if j < stages - 1:
-                        rows.append(np.full(n, hand))
-                        links.append(hand)
+                        # one-board stages of a healthy system: every hand-over at once over its
+                        # own routes and the edge-disjoint relay paths left to it
+                        here = (multipath_handover_s(groups, stages, j, c * spec.hidden * item,
+                                                     times["gather"] * item // 4)
+                                if relays and g == 1 and not arch.has_faults and total_boards > 1 else hand)
+                        rows.append(np.full(n, here))
+                        links.append(here)
                 pipeline = flow_shop_s(rows)
+                path = _critical_path(rows, reduces)
                 # the last token's hidden state to the head's board (its own board beyond the stages)
                 last, head_here, head_board = 0.0, head_s, None
                 if boards > 1:
@@ -604,14 +743,17 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
                         head_here = head_on(view_of(head_board))
                 ttft = pipeline + last + head_here + host_io
                 stage_total = max(float(np.sum(r)) for r in rows[::2])
-                link_total = n * hand
+                link_total = n * max(links, default=0.0)
                 on = sorted({b for grp in groups[:stages] for b in grp} | ({head_board} if head_board is not None else set()))
                 record = dict(tp_boards=g, chunk=c, chunks=n, blocks_per_stage=m, stages=stages,
                               boards_used=stages * g + (1 if boards > 1 else 0), ttft_s=ttft, pipeline_s=pipeline,
                               head_s=head_here, boards=on,
-                              head_handover_s=last, handover_chunk_s=hand, all_reduces_chunk_s=reduce_s,
+                              head_handover_s=last, handover_chunk_s=max(links, default=0.0),
+                              all_reduces_chunk_s=reduce_s,
                               stage_total_s=stage_total, links_total_s=link_total,
-                              stage_chunk_s=(float(rows[0][0]), float(rows[0][-1])))
+                              stage_chunk_s=(float(rows[0][0]), float(rows[0][-1])),
+                              block_chunk_s=(float(times["auto"][0]), float(times["auto"][-1])),
+                              block_bounds_s=times["bounds"], critical_path=path)
                 return record
 
             for m in per_stage:
@@ -662,4 +804,6 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
         bound=bound.to_dict(), parts_s={"pipeline_s": best["pipeline_s"], "head_handover_s": best["head_handover_s"],
                                         "head_s": best["head_s"], "host_io_s": host_io},
         busiest=busiest, stage_chunk_s=best["stage_chunk_s"], handover_chunk_s=best["handover_chunk_s"],
-        candidates=tuple(sorted(candidates, key=lambda r: (r["ttft_s"], r["boards_used"]))), boards=tuple(best["boards"]))
+        candidates=tuple(sorted(candidates, key=lambda r: (r["ttft_s"], r["boards_used"]))),
+        boards=tuple(best["boards"]),
+        breakdown={k: best[k] for k in ("critical_path", "block_chunk_s", "block_bounds_s", "all_reduces_chunk_s")})
