@@ -129,6 +129,11 @@ def tp_layout(model, param_names, param_shapes, tp: int) -> tuple:
         the axis and the values that would work; when the model has no projection to split.
     """
     modules = dict(model.named_modules())
+    for sub in modules.values():  # grouped-query attention: tp splits the key-value heads too
+        kv = getattr(getattr(sub, "config", None), "num_key_value_heads", None)
+        if isinstance(kv, int) and not isinstance(kv, bool):
+            _check(tp, kv, "the key-value heads")
+            break
     out = []
     for name, shape in zip(param_names, param_shapes):
         owner_name, _, leaf = name.rpartition(".")
