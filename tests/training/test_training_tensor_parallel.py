@@ -133,7 +133,9 @@ def test_tensor_parallel_plans_bitwise_identical_and_close_to_pytorch():
     cost = t2["tp"]
     assert 0 < cost["rank_parallel_s"] < cost["parallel_s"] and cost["chain_hops"] == 2 * (1 + 1 + 5 + 1)
     assert cost["rank_s"] == pytest.approx(cost["one_chip_s"] - cost["parallel_s"] + cost["rank_parallel_s"]
-                                           + cost["chain_hops_s"])
+                                           - cost["chain_s"] + cost["runs_s"] + cost["chain_hops_s"])
+    assert cost["one_chip_s"] == pytest.approx(t1["microbatch_s"] / 4)  # the tp = 1 granule (4 per micro-batch)
+    assert 0 < cost["rank_chain_s"] < cost["chain_s"] and cost["all_reduce_s"] > 0
     assert t2["update_s"] < t1["update_s"]
     with pytest.raises(TrainingError, match=r"split for tp=2; compile with parallel=\{'tp': 4\}"):
         tp.with_plan(tp=4)

@@ -473,7 +473,8 @@ class DataParallelTrainer(Trainer):
 
             if shared["tp"] is None:
                 with _replica_target(self._target) as (replica, _):
-                    shared["tp"] = tp_compute(self._tp_split, granule, replica, topo)
+                    one_chip = executable_latency(relax.build(grad_module(self._micro_graph), target=replica))
+                    shared["tp"] = tp_compute(self._tp_split, one_chip, replica, topo)
             tp_cost = shared["tp"]
             # a rank's share of a granule; a rank reduces (and updates) its share of the parameters
             ratio = tp_cost["rank_s"] / tp_cost["one_chip_s"]

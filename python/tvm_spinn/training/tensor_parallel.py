@@ -278,22 +278,27 @@ def _gemm_module(shapes) -> tvm.IRModule:
     return bb.get()
 
 
-def tp_compute(split: TPSplit, granule_s: float, target, topo) -> dict:
+def tp_compute(split: TPSplit, one_chip_s: float, target, topo) -> dict:
     """Simulated seconds of one rank's share of a granule's gradient program.
 
-    ``granule_s`` is the split program's PE time on one chip (every rank's work, the chains'
-    first runs included); the chains' continuations, run by the host here, are priced as the PE
-    GEMMs they are (``continue_s``): together the one-chip time ``one_chip_s``. A rank does
-    ``1 / tp`` of the parallel GEMMs (column-parallel forwards, row-parallel input gradients,
-    the split weights' gradients: ``parallel_s`` for all of them, ``rank_parallel_s`` for one
-    rank's share, each GEMM's latency from a program of its own); a chain's runs follow one
-    another (rank ``r`` continues rank ``r - 1``'s accumulator), so a chain GEMM costs its
-    whole time, plus one point-to-point hop of the ``m x n`` partial sum per further run
-    (``chain_hops_s``, between neighbouring chips). The rest (norms, attention, element-wise,
-    the embeddings and head) is counted on every rank: Megatron's split of attention by heads
-    and of the vocabulary is not modelled.
+    ``one_chip_s`` is the unsplit gradient program's PE time on one chip. A rank does ``1 / tp``
+    of the parallel GEMMs (column-parallel forwards, row-parallel input gradients, the split
+    weights' gradients: ``parallel_s`` for all of them, ``rank_parallel_s`` for one rank's
+    share); a chain's runs follow one another (rank ``r`` continues rank ``r - 1``'s
+    accumulator), so a chain GEMM (``chain_s`` whole) costs the sum of its runs (``runs_s``:
+    the first from zero, the continuations, ``continue_s``, priced as the PE GEMMs they are),
+    plus one point-to-point hop of the ``m x n`` partial sum per further run (``chain_hops_s``,
+    between neighbouring chips). Each set of GEMMs is priced as one program of those GEMMs on a
+    chip. The rest (norms, attention, element-wise, the embeddings and head) is counted on
+    every rank: Megatron's split of attention by heads and of the vocabulary is not modelled.
+
+    For comparison, ``megatron_rank_s`` is the usual, non-reproducible split: every rank computes
+    its ``k / tp`` share of each chain GEMM at once (``chain_s`` whole, ``rank_chain_s`` a
+    share) and the partial sums are all-reduced (``all_reduce_s``: the cheaper of a ring and a
+    tree over the ``tp`` chips; its bits depend on ``tp``); ``reproducible_cost`` is
+    ``rank_s / megatron_rank_s``.
     """
-    from ..timing.collectives import point_to_point
+    from ..timing.collectives import all_reduce, point_to_point
     from .timing import executable_latency
 
     tp = split.tp
@@ -304,14 +309,22 @@ def tp_compute(split: TPSplit, granule_s: float, target, topo) -> dict:
         return executable_latency(relax.build(_gemm_module(shapes), target=target))
 
     continues = [(c.m, k1 - k0, c.n) for c in split.chains for _, k0, k1 in c.runs[1:]]
+    runs_s = latency([(c.m, k1 - k0, c.n) for c in split.chains for _, k0, k1 in c.runs])
     full = [(m, k, n) for _, m, k, n, _ in split.parallel]
     share = [(m // tp, k, n) if axis == 0 else (m, k, n // tp) for _, m, k, n, axis in split.parallel]
     continue_s = latency(continues)
     parallel_s, rank_parallel_s = latency(full), latency(share)
+    chain_s = latency([(c.m, c.k, c.n) for c in split.chains])
+    rank_chain_s = latency([(c.m, c.k // tp, c.n) for c in split.chains])
+    reduce_s = sum(all_reduce(topo, list(range(tp)), 4 * c.m * c.n).seconds for c in split.chains) \
+        if topo is not None else 0.0
     hops = sum(len(c.runs) - 1 for c in split.chains)
     hop_s = sum((len(c.runs) - 1) * point_to_point(topo, [0], [1], 4 * c.m * c.n).seconds
                 for c in split.chains) if topo is not None and hops else 0.0
-    one_chip = granule_s + continue_s
-    return {"one_chip_s": one_chip, "continue_s": continue_s, "parallel_s": parallel_s,
-            "rank_parallel_s": rank_parallel_s, "chain_hops": hops, "chain_hops_s": hop_s,
-            "rank_s": one_chip - parallel_s + rank_parallel_s + hop_s}
+    one_chip = one_chip_s
+    rank = one_chip - parallel_s + rank_parallel_s - chain_s + runs_s + hop_s
+    megatron = one_chip - parallel_s + rank_parallel_s - chain_s + rank_chain_s + reduce_s
+    return {"one_chip_s": one_chip, "continue_s": continue_s, "runs_s": runs_s, "parallel_s": parallel_s,
+            "rank_parallel_s": rank_parallel_s, "chain_hops": hops, "chain_hops_s": hop_s, "rank_s": rank,
+            "chain_s": chain_s, "rank_chain_s": rank_chain_s, "all_reduce_s": reduce_s, "megatron_rank_s": megatron,
+            "reproducible_cost": rank / megatron}
