@@ -107,11 +107,11 @@ def test_tp_must_divide_the_split_features():
 
 # -- the step (slow: compiles a tp = 1 and a tp = 2 step) ------------------------------------------
 @pytest.mark.slow
-def test_tensor_parallel_plans_bitwise_identical_and_close_to_pytorch():
+def test_tensor_parallel_plans_bitwise_identical_and_close_to_pytorch(tmp_path):
     """A 2-layer GPT-2 (hidden 32, vocabulary 64; batch 4 of 8 tokens), 3 AdamW steps on a board:
     tp = 2 alone, with 2 pipeline stages, with 2 data-parallel replicas, with ZeRO-1: the tp = 1
-    run's losses and parameters bit for bit, PyTorch's within float32 error; the simulated step
-    prices a rank's share."""
+    run's losses and parameters bit for bit, PyTorch's within float32 error; a tp = 2 checkpoint
+    resumed at tp = 1 continues with the same bits; the simulated step prices a rank's share."""
     model = gpt2(layers=2, hidden=32, vocab=64)
     ids, labels = tokens(64)
     batches = [(ids, labels)] * STEPS
@@ -129,6 +129,12 @@ def test_tensor_parallel_plans_bitwise_identical_and_close_to_pytorch():
         plan = tp.with_plan(**options)
         assert plan.plan()["tp"] == 2, name
         assert _same_bits(_run(plan, batches), ref), name
+    first = tp.with_plan(pp=2, microbatches=2)
+    _run(first, batches[:1])
+    first.save(tmp_path / "tp2.npz")
+    resumed = one.with_plan()
+    resumed.load(tmp_path / "tp2.npz")
+    assert _same_bits(_run(resumed, batches[1:]), (ref[0][1:], ref[1]))
     t1, t2 = one.with_plan().simulated_step(), tp.with_plan().simulated_step()
     cost = t2["tp"]
     assert 0 < cost["rank_parallel_s"] < cost["parallel_s"] and cost["chain_hops"] == 2 * (1 + 1 + 5 + 1)
