@@ -13,7 +13,7 @@ import tvm_spinn
 from tvm_spinn import _lib
 from tvm_spinn.program.ops.gemm_chain import gemm_continue
 from tvm_spinn.training import TrainingError
-from tvm_spinn.training.tensor_parallel import tp_layout
+from tvm_spinn.training.tensor_parallel import chain_makespan, tp_layout
 from test_training_lm import ADAMW, _assert_close, gpt2, llama, tokens
 from training_models import run_steps as _run, same_bits as _same_bits, torch_adamw
 
@@ -52,6 +52,15 @@ def test_gemm_continue_refuses_mismatched_operands():
         gemm_continue(np.zeros((3, 4), np.float32), np.zeros((3, 2), np.float32), np.zeros((3, 4), np.float32))
     with pytest.raises(ValueError, match="float32 operands only"):
         gemm_continue(np.zeros((3, 4)), np.zeros((3, 2), np.float32), np.zeros((2, 4), np.float32))
+
+
+def test_chain_makespan_pipelines_row_blocks():
+    """Two ranks, runs of 1 s per block, hops of 0.5 s: one block is the serial chain; two blocks
+    overlap rank 1's first block with rank 0's second; a rank's own runs never overlap."""
+    assert chain_makespan([0, 1], [1.0, 1.0], 0.5, 1) == 2.5
+    assert chain_makespan([0, 1], [1.0, 1.0], 0.5, 2) == 3.5  # 0:b0 [0,1] b1 [1,2]; 1:b0 [1.5,2.5] b1 [2.5,3.5]
+    assert chain_makespan([0, 1, 0, 1], [1.0] * 4, 0.0, 1) == 4.0
+    assert chain_makespan([0, 0], [1.0, 2.0], 5.0, 2) == 6.0  # no hop within a rank: 1 + 1 + 2 + 2
 
 
 # -- the layout (fast) -----------------------------------------------------------------------------
@@ -139,7 +148,8 @@ def test_tensor_parallel_plans_bitwise_identical_and_close_to_pytorch(tmp_path):
     cost = t2["tp"]
     assert 0 < cost["rank_parallel_s"] < cost["parallel_s"] and cost["chain_hops"] == 2 * (1 + 1 + 5 + 1)
     assert cost["rank_s"] == pytest.approx(cost["one_chip_s"] - cost["parallel_s"] + cost["rank_parallel_s"]
-                                           - cost["chain_s"] + cost["runs_s"] + cost["chain_hops_s"])
+                                           - cost["chain_s"] + cost["chains_s"])
+    assert 0 < cost["chains_s"] < cost["runs_s"] + cost["chain_hops_s"]  # pipelined over row blocks
     assert cost["one_chip_s"] == pytest.approx(t1["microbatch_s"] / 4)  # the tp = 1 granule (4 per micro-batch)
     assert 0 < cost["rank_chain_s"] < cost["chain_s"] and cost["all_reduce_s"] > 0
     assert t2["update_s"] < t1["update_s"]
