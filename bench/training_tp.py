@@ -65,7 +65,8 @@ def main() -> None:
         ref = ref or (loss, params)
         base = base or t["total_s"]
         c = t.get("tp", {})
-        mega = (t["total_s"] - t["compute_s"] + t["compute_s"] * c["megatron_rank_s"] / c["rank_s"]) if c else t["total_s"]
+        # the step with Megatron's all-reduce: the granules at the all-reduced rank's time
+        mega = t["total_s"] - t["compute_s"] * (1 - c["megatron_rank_s"] / c["rank_s"]) if c else t["total_s"]
         print(f"{tp:>3} {t['total_s'] * 1e3:>9.3f} {base / t['total_s']:>8.2f}x {t['compute_s'] * 1e3:>11.3f} "
               f"{c.get('one_chip_s', t['compute_s'] / args.batch) * 1e3:>9.3f} {c.get('chains_s', 0) * 1e3:>10.3f} "
               f"{t['update_s'] * 1e3:>10.3f} {mega * 1e3:>18.3f} {t['total_s'] / mega:>10.2f}x {same:>11}")

@@ -310,8 +310,9 @@ def tp_compute(split: TPSplit, one_chip_s: float, target, topo) -> dict:
     (``chain_hops``, ``chain_hops_s``, between neighbouring chips); its rows cut into ``tp``
     blocks, the ranks overlap on different blocks (:func:`chain_makespan`, each run of a block
     priced as its own GEMM, the hops a block's partial sum): ``chains_s``, what a rank is
-    charged. Each set of GEMMs is priced as one program of those GEMMs on a chip. The rest (norms, attention, element-wise, the embeddings and head) is counted on
-    every rank: Megatron's split of attention by heads and of the vocabulary is not modelled.
+    charged. Each set of GEMMs is priced as one program of those GEMMs on a chip. The rest
+    (norms, attention, element-wise, the embeddings and head) is counted on every rank:
+    Megatron's split of attention by heads and of the vocabulary is not modelled.
 
     For comparison, ``megatron_rank_s`` is the usual, non-reproducible split: every rank computes
     its ``k / tp`` share of each chain GEMM at once (``chain_s`` whole, ``rank_chain_s`` a
