@@ -184,7 +184,9 @@ class DataParallelTrainer(Trainer):
     program is compiled for one granule): the step's gradient is the sum of the granule
     gradients in ascending granule order, which neither the micro-batch count nor the replica
     count changes. ``data_parallel=`` takes a granule of one micro-batch (bits depend on the
-    micro-batch count), ``parallel=`` one sample (bits depend on neither).
+    micro-batch count), ``parallel=`` one sample (bits depend on neither). With ``tp > 1`` the
+    gradient program is split over ``tp`` chips per stage (:mod:`.tensor_parallel`), with the
+    same bits.
     """
 
     def __init__(self, graph, micro_graph, grad_ex, update_ex, target, system_arch, loss, optimizer,
