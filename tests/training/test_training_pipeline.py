@@ -171,7 +171,6 @@ def test_layer_of_parameter_names():
 @pytest.mark.parametrize("options, message", [
     ({"pp": 3}, r"pp=3 does not divide the layers \(2\); pp may be 1, 2"),
     ({"pp": 4}, r"pp=4 does not divide the layers \(2\); pp may be 1, 2"),
-    ({"tp": 2}, "tensor parallelism of the compiled step is not available"),
 ])
 def test_bad_pipeline_splits(options, message):
     ids, _ = tokens(64)

@@ -138,7 +138,7 @@ def test_lm_plans_match_the_chip(make):
     ({"zero": 3}, "zero must be 0 .*, 1 .* or 2"),
     ({"dp": 0}, "dp must be a positive integer"),
     ({"replicas": 2}, "unknown option 'replicas'"),
-    ({"tp": 2}, "tensor parallelism of the compiled step is not available"),
+    ({"tp": 4}, r"tp=4 does not divide the attention heads \(2\); tp may be 1, 2"),
     ({"granule": 3}, r"granule=3 does not divide the batch \(4\); granule may be 1, 2, 4"),
     ({"granule": 2, "microbatches": 4},
      r"microbatches=4 does not divide the batch's granules \(2: batch 4 in granules of 2 samples\); "

@@ -15,8 +15,10 @@ the optimizer update, to the PEs; the rest runs on the fallback target
 (:mod:`.parallel`; its bits do not depend on ``R``); ``parallel={"dp": R, "microbatches": M,
 "zero": Z}`` sums per-sample gradients in ascending sample order, so its bits depend on neither
 ``M``, ``R`` nor the optimizer-state sharding ``Z`` (:mod:`.zero`); ``"pp": S`` runs each
-replica's gradient program as ``S`` pipeline stages in 1F1B order, with the same bits
-(:mod:`.pipeline`).
+replica's gradient program as ``S`` pipeline stages in 1F1B order, and ``"tp": T`` splits
+each transformer block over ``T`` chips (Megatron's column- and row-parallel projections, the
+row-parallel partial sums chained in the one-chip order), with the same bits (:mod:`.pipeline`,
+:mod:`.tensor_parallel`).
 
 Limits: ``BatchNorm`` trains with the batch's statistics like PyTorch's
 train mode, but its running statistics are not updated (TVM's importer drops those outputs;

@@ -184,12 +184,15 @@ class DataParallelTrainer(Trainer):
     program is compiled for one granule): the step's gradient is the sum of the granule
     gradients in ascending granule order, which neither the micro-batch count nor the replica
     count changes. ``data_parallel=`` takes a granule of one micro-batch (bits depend on the
-    micro-batch count), ``parallel=`` one sample (bits depend on neither).
+    micro-batch count), ``parallel=`` one sample (bits depend on neither). With ``tp > 1`` the
+    gradient program is split over ``tp`` chips per stage (:mod:`.tensor_parallel`), with the
+    same bits.
     """
 
     def __init__(self, graph, micro_graph, grad_ex, update_ex, target, system_arch, loss, optimizer,
                  model_name, microbatches: int, replicas: int, reproducible: bool, granules: int | None = None,
-                 zero: int = 0, shared: dict | None = None, pp: int = 1, layers: int | None = None):
+                 zero: int = 0, shared: dict | None = None, pp: int = 1, layers: int | None = None,
+                 tp: int = 1, tp_split=None):
         super().__init__(graph, update_ex, target, loss, optimizer, model_name)
         self._micro_graph = micro_graph
         self._grad_ex = grad_ex
@@ -205,10 +208,13 @@ class DataParallelTrainer(Trainer):
         #: pipeline stages (chips per replica); ``layers``: the model's layers (None: not a transformer)
         self.pp = pp
         self._layers = layers
+        #: tensor-parallel ranks (chips per stage) and the split gradient program (:mod:`.tensor_parallel`)
+        self.tp = tp
+        self._tp_split = tp_split
         self._blocks = replica_blocks(microbatches, replicas)
         # compiled programs shared by every trainer derived with with_plan (shard updates by size,
         # stage programs by stage count)
-        self._shared = ({"add": None, "host": None, "shard_update": {}, "pipeline": {}} if shared is None
+        self._shared = ({"add": None, "host": None, "shard_update": {}, "pipeline": {}, "tp": None} if shared is None
                         else shared)
         self._stages = self._pipeline() if pp > 1 else None
         self._layout = None
@@ -223,8 +229,13 @@ class DataParallelTrainer(Trainer):
 
     def plan(self) -> dict:
         """This trainer's parallel plan: ``{"dp", "tp", "pp", "microbatches", "zero", "granule"}``."""
-        return {"dp": self.replicas, "tp": 1, "pp": self.pp, "microbatches": self.microbatches, "zero": self.zero,
+        return {"dp": self.replicas, "tp": self.tp, "pp": self.pp, "microbatches": self.microbatches, "zero": self.zero,
                 "granule": self.granule}
+
+    def _grad_program(self) -> tvm.IRModule:
+        """The granule's gradient program: with ``tp > 1`` the one whose GEMMs over a split
+        axis are chains over the ranks (:func:`~.tensor_parallel.split_gemms`)."""
+        return self._tp_split.mod if self.tp > 1 else grad_module(self._micro_graph)
 
     # -- pipeline stages ---------------------------------------------------------------------------
     def _pipeline(self):
@@ -235,7 +246,7 @@ class DataParallelTrainer(Trainer):
         cache = self._shared["pipeline"]
         if self.pp not in cache:
             micro = self._micro_graph
-            cut = cut_stages(grad_module(micro), micro.param_names, len(micro.input_shapes), self._layers, self.pp)
+            cut = cut_stages(self._grad_program(), micro.param_names, len(micro.input_shapes), self._layers, self.pp)
             with _replica_target(self._target) as (replica, _):
                 exes = ([relax.build(p.mod, target=replica) for p in cut.forward],
                         [relax.build(p.mod, target=replica) for p in cut.backward])
@@ -312,15 +323,20 @@ class DataParallelTrainer(Trainer):
 
     # -- plans sharing the compiled programs -------------------------------------------------------
     def with_plan(self, replicas: int | None = None, microbatches: int | None = None, zero: int | None = None,
-                  reproducible: bool | None = None, pp: int | None = None) -> "DataParallelTrainer":
+                  reproducible: bool | None = None, pp: int | None = None,
+                  tp: int | None = None) -> "DataParallelTrainer":
         """The same compiled gradient program under another plan (replica count, micro-batch
         count, optimizer-state sharding, mode, pipeline stages: a new stage count compiles its
         stage programs once), from this trainer's current parameters and optimizer state. A
-        micro-batch count must split the step's granules evenly."""
+        micro-batch count must split the step's granules evenly. The tensor-parallel degree
+        ``tp`` is the compiled one (its gradient program is split for it)."""
         replicas = self.replicas if replicas is None else replicas
         microbatches = self.microbatches if microbatches is None else microbatches
         zero = self.zero if zero is None else zero
         pp = self.pp if pp is None else _positive("parallel: pp", pp)
+        if tp is not None and tp != self.tp:
+            raise TrainingError(f"with_plan: tp={tp}: this trainer's gradient program is split for tp={self.tp}; "
+                                f"compile with parallel={{'tp': {tp}}} for another tensor-parallel degree")
         if pp > 1:
             if self._layers is None:
                 raise TrainingError("with_plan: pp > 1 needs a transformer compiled with parallel= (its layers "
@@ -333,14 +349,14 @@ class DataParallelTrainer(Trainer):
         _check_axis("microbatches", microbatches, "the batch's granules", self.granules,
                     f"batch {batch} in granules of {self.granule} sample(s)")
         _check_replicas(replicas, microbatches, self._system, self._target,
-                        "data_parallel: replicas" if self._granule_is_microbatch else "parallel: dp", pp)
+                        "data_parallel: replicas" if self._granule_is_microbatch else "parallel: dp", pp, self.tp)
         _check_zero(zero)
         other = DataParallelTrainer(self._graph, self._micro_graph, self._grad_ex, self.executable, self._target,
                                     self._system, self._loss, self._optimizer_spec, self._model_name,
                                     microbatches, replicas,
                                     self.reproducible if reproducible is None else reproducible,
                                     None if self._granule_is_microbatch else self.granules, zero,
-                                    self._shared, pp, self._layers)
+                                    self._shared, pp, self._layers, self.tp, self._tp_split)
         other._set_state([p.numpy() for p in self._params], self.optimizer_state())
         return other
 
@@ -428,6 +444,13 @@ class DataParallelTrainer(Trainer):
             (each reduces its own parameters' gradients); the in-block additions and the update
             are costed as for the whole gradient buffer (the stages' shares would be smaller:
             not modelled).
+
+            With tensor parallelism (``tp > 1``; the ranks of a stage on neighbouring chips,
+            replica ``r``'s stage ``s`` rank ``t`` on chip ``(r * pp + s) * tp + t``): a granule
+            costs one rank's share (:func:`~tvm_spinn.training.tensor_parallel.tp_compute`, its
+            parts under ``"tp"``), the stage programs scale by the same ratio, and the reduction
+            over the replicas, the update and the ZeRO gather move a rank's share of the
+            parameters (the replicated ones and ``1 / tp`` of the split ones).
         """
         if self._system is None:
             raise TrainingError("simulated_step needs a spinn target (this trainer runs on the host)")
@@ -446,46 +469,62 @@ class DataParallelTrainer(Trainer):
         nbytes = 4 * (sum(int(np.prod(s)) for s in self._graph.param_shapes) + 1)
         chips = len(self._blocks)
         topo = topology_of(self._system)
-        pipe = {}
+        pipe, tp_cost, ratio, share = {}, None, 1.0, 1.0
+        if self.tp > 1:
+            from .tensor_parallel import tp_compute
+
+            if shared["tp"] is None:
+                with _replica_target(self._target) as (replica, _):
+                    one_chip = executable_latency(relax.build(grad_module(self._micro_graph), target=replica))
+                    shared["tp"] = tp_compute(self._tp_split, one_chip, replica, topo)
+            tp_cost = shared["tp"]
+            # a rank's share of a granule; a rank reduces (and updates) its share of the parameters
+            ratio = tp_cost["rank_s"] / tp_cost["one_chip_s"]
+            granule = tp_cost["rank_s"]
+            split = self._tp_split
+            share = (split.replicated_bytes + split.sharded_bytes / self.tp) / (split.replicated_bytes
+                                                                                 + split.sharded_bytes)
+            nbytes = int(4 + (nbytes - 4) * share)
+        stride = self.tp  # tensor-parallel ranks of a stage sit on neighbouring chips
         if self.pp > 1:
             from ..timing.collectives import point_to_point
             from .pipeline import pipeline_makespan
 
             cut, _, _, (fwd_ex, bwd_ex) = self._stages
-            f_s = [gpm * executable_latency(e) for e in fwd_ex]
-            b_s = [gpm * executable_latency(e) for e in bwd_ex]
+            f_s = [gpm * ratio * executable_latency(e) for e in fwd_ex]
+            b_s = [gpm * ratio * executable_latency(e) for e in bwd_ex]
             hand = max(cut.boundary_bytes) * gpm
             p2p = point_to_point(topo, [0], [1], hand).seconds if hand else 0.0
             busiest = max(stop - start for start, stop in self._blocks)
             pipe = {"stage_forward_s": f_s, "stage_backward_s": b_s, "hand_over_s": p2p,
                     "compute_s": pipeline_makespan(self.pp, busiest, f_s, b_s, p2p)}
-            stage_bytes = [4 * sum(int(np.prod(shape)) for shape, st in zip(self._graph.param_shapes,
-                                                                           cut.param_stage) if st == s)
+            stage_bytes = [int(4 * share * sum(int(np.prod(shape)) for shape, st in zip(self._graph.param_shapes,
+                                                                                       cut.param_stage) if st == s))
                            + (4 if s == self.pp - 1 else 0) for s in range(self.pp)]
             if chips > 1:
                 colls = [(chain_all_reduce if self.reproducible else all_reduce)(
-                    topo, [r * self.pp + s for r in range(chips)], stage_bytes[s]) for s in range(self.pp)]
+                    topo, [(r * self.pp + s) * stride for r in range(chips)], stage_bytes[s]) for s in range(self.pp)]
                 coll = max(colls, key=lambda c: c.seconds)
         if self.pp > 1 and chips > 1:
             adds = per if self.reproducible else per - 1
         elif self.pp > 1:
             adds = per - 1
         elif self.reproducible:
-            coll = chain_all_reduce(topo, list(range(chips)), nbytes)
+            coll = chain_all_reduce(topo, [r * stride for r in range(chips)], nbytes)
             # the chain adds every granule's gradient into the running sum: a replica does as
             # many additions as it has granules (the first one less)
             adds = per if chips > 1 else per - 1
         else:
-            coll = all_reduce(topo, list(range(chips)), nbytes)
+            coll = all_reduce(topo, [r * stride for r in range(chips)], nbytes)
             adds = per - 1  # its own block's sum; the ring's additions are inside the collective
         algorithm, seconds = (coll.algorithm, coll.seconds) if chips > 1 else ("none", 0.0)
         if self.zero:
             # each replica updates its shard; the updated shards are gathered onto every replica
             update = max(executable_latency(self._shared["shard_update"][(b - a, self.granules)][0])
                          for a, b in self._layout.bounds)
-            gather = all_gather(topo, list(range(chips)), nbytes - 4).seconds if chips > 1 else 0.0
+            gather = all_gather(topo, [r * stride for r in range(chips)], nbytes - 4).seconds if chips > 1 else 0.0
         else:
-            update, gather = executable_latency(self.executable), 0.0
+            update, gather = executable_latency(self.executable) * share, 0.0
         if shared["host"] is None:
             from .timing import host_time
 
@@ -497,20 +536,26 @@ class DataParallelTrainer(Trainer):
                "all_reduce": algorithm if chips > 1 else "none", "update_s": update, "all_gather_s": gather,
                "host_s": per * shared["host"][0] + shared["host"][1]}
         out.update(pipe)
+        if tp_cost is not None:
+            out["tp"] = dict(tp_cost)
         out["total_s"] = (out["compute_s"] + out["local_add_s"] + out["all_reduce_s"] + update + gather
                           + out["host_s"])
         return out
 
 
 def _check_replicas(replicas, microbatches, system, target, name: str = "data_parallel: replicas",
-                    pp: int = 1) -> None:
+                    pp: int = 1, tp: int = 1) -> None:
     option, key = name.split(": ")
     if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
         raise TrainingError(f"{name} must be a positive integer, got {replicas!r}")
     if replicas > microbatches:
         raise TrainingError(f"{option}: {key}={replicas} > microbatches={microbatches}: "
                             "every replica needs at least one micro-batch")
-    if system is not None and replicas * pp > system.chips:
+    if system is not None and replicas * pp * tp > system.chips:
+        if tp > 1:
+            raise TrainingError(f"{option}: {key}={replicas} x pp={pp} x tp={tp} needs {replicas * pp * tp} chips, "
+                                f"target {target} has {system.chips} (one chip per tensor-parallel rank of each "
+                                "stage of each replica)")
         if pp > 1:
             raise TrainingError(f"{option}: {key}={replicas} x pp={pp} needs {replicas * pp} chips, target "
                                 f"{target} has {system.chips} (one chip per stage of each replica)")
@@ -631,28 +676,28 @@ def build_parallel(graph_of, model, example_inputs, loss, optimizer, target, opt
             _check_axis("tp", tp, "the attention heads", axes.heads)
         if pp > 1:
             _check_axis("pp", pp, "the layers", axes.layers)
-        if tp > 1:
-            raise TrainingError(f"parallel: tp={tp}: tensor parallelism of the compiled step is not available "
-                                "(tp must be 1; pp and dp are)")
     else:
         with contextlib.suppress(TrainingError):  # not a transformer: no pipeline stages later either
             from .model_axes import model_axes
 
             layers = model_axes(model).layers
     return _build(graph_of, model, example_inputs, loss, optimizer, target, model_name, batch, dp,
-                  microbatches, batch // granule, zero, True, pp, layers)
+                  microbatches, batch // granule, zero, True, pp, layers, tp)
 
 
 def _build(graph_of, model, example_inputs, loss, optimizer, target, model_name, batch: int, replicas: int,
            microbatches: int, granules: int | None, zero: int, reproducible: bool, pp: int = 1,
-           layers: int | None = None) -> DataParallelTrainer:
+           layers: int | None = None, tp: int = 1) -> DataParallelTrainer:
     """The trainer: the gradient program compiled for one granule (``batch / granules``
     samples; ``granules=None``: one micro-batch) and the update for the granule count."""
     count = microbatches if granules is None else granules
     tgt = _resolve_target(target)
     with _replica_target(tgt) as (replica_tgt, system):
         _check_replicas(replicas, microbatches, system, tgt,
-                        "data_parallel: replicas" if granules is None else "parallel: dp", pp)
+                        "data_parallel: replicas" if granules is None else "parallel: dp", pp, tp)
+        if tp > 1 and system is None:
+            raise TrainingError(f"parallel: tp={tp} needs a spinn target (its chains continue the PEs' GEMM "
+                                f"accumulators), got {tgt}")
         size = batch // count
         micro = graph_of(model, tuple(x[:size] for x in example_inputs), loss, optimizer)
         # the step takes the whole batch: the shapes its inputs and labels are checked against. The
@@ -663,9 +708,18 @@ def _build(graph_of, model, example_inputs, loss, optimizer, target, model_name,
             input_shapes=tuple(((batch, *s[1:]), d) for s, d in micro.input_shapes),
             output_shape=(micro.output_shape[0] * count, *micro.output_shape[1:]),
             label_shape=(micro.label_shape[0] * count, *micro.label_shape[1:]))
-        grad_ex = relax.build(grad_module(micro), target=replica_tgt)
+        tp_split = None
+        grad_mod = grad_module(micro)
+        if tp > 1:
+            from .tensor_parallel import split_gemms, tp_layout
+
+            layout = tp_layout(model, micro.param_names, micro.param_shapes, tp)
+            tp_split = split_gemms(grad_mod, len(micro.input_shapes), layout, tp)
+            grad_mod = tp_split.mod
+        grad_ex = relax.build(grad_mod, target=replica_tgt)
         update_ex = relax.build(update_module(micro, count), target=replica_tgt)
     trainer = DataParallelTrainer(full, micro, grad_ex, update_ex, tgt, system, loss, optimizer, model_name,
-                                  microbatches, replicas, reproducible, granules, zero, pp=pp, layers=layers)
+                                  microbatches, replicas, reproducible, granules, zero, pp=pp, layers=layers, tp=tp,
+                                  tp_split=tp_split)
     trainer._set_state(list(micro.init_params), list(micro.init_optim_state))
     return trainer

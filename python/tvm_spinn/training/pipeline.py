@@ -110,9 +110,10 @@ def _nbytes(var) -> int:
         return 0
 
 
-def _make_program(bindings, inputs_of, key_of, outputs) -> StageProgram:
+def _make_program(bindings, inputs_of, key_of, outputs, functions=()) -> StageProgram:
     """A function of ``bindings`` reading the free variables ``inputs_of`` (in order) and
-    returning ``outputs`` (variables of the bindings or inputs)."""
+    returning ``outputs`` (variables of the bindings or inputs); ``functions``: the
+    ``(GlobalVar, function)`` pairs of the uncut module its bindings may call."""
     mapping = {}
     params = []
     for var in inputs_of:
@@ -137,6 +138,8 @@ def _make_program(bindings, inputs_of, key_of, outputs) -> StageProgram:
             out = bb.emit_output(relax.Tuple([mapping[v] for v in outputs]))
         bb.emit_func_output(out)
     mod = bb.get()
+    for gvar, f in functions:
+        mod[gvar] = f
     mod = relax.transform.DeadCodeElimination(["main"])(mod)
     from ..frontend.fixups import FixupImported
 
@@ -147,6 +150,8 @@ def cut_stages(grad_mod: tvm.IRModule, param_names, n_inputs: int, layers: int, 
     """Cut ``main(inputs..., params..., targets) -> (loss, grads)`` into ``pp`` stages of
     ``layers / pp`` layers (see the module docstring)."""
     func = grad_mod["main"]
+    # functions ``main`` calls (a tensor-parallel chain's continuations)
+    functions = [(g, f) for g, f in grad_mod.functions_items() if g.name_hint != "main"]
     fparams = list(func.params)
     n_params = len(param_names)
     if len(fparams) != n_inputs + n_params + 1:
@@ -266,7 +271,8 @@ def cut_stages(grad_mod: tvm.IRModule, param_names, n_inputs: int, layers: int, 
 
     def program(k):
         ins = sorted(needed[k], key=order.__getitem__)
-        return _make_program(progs_bindings[k], ins, key.__getitem__, sorted(outs[k], key=order.__getitem__))
+        return _make_program(progs_bindings[k], ins, key.__getitem__, sorted(outs[k], key=order.__getitem__),
+                             functions)
 
     fwd = tuple(program((s, "f")) for s in range(pp))
     bwd = tuple(program((s, "b")) for s in range(pp))

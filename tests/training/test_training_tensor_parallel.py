@@ -1,0 +1,172 @@
+"""Tensor parallelism of the compiled step (``parallel={"tp": ...}``): Megatron's column- and
+row-parallel projections, the sums over a split axis chained rank after rank in the one-chip
+GEMM's order; parameters bitwise identical to tp = 1 under pipeline and data-parallel plans,
+within float32 error of PyTorch; the chain kernel against the one-chip GEMM; bad splits named."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import tvm_spinn
+from tvm_spinn import _lib
+from tvm_spinn.program.ops.gemm_chain import gemm_continue
+from tvm_spinn.training import TrainingError
+from tvm_spinn.training.tensor_parallel import chain_makespan, tp_layout
+from test_training_lm import ADAMW, _assert_close, gpt2, llama, tokens
+from training_models import run_steps as _run, same_bits as _same_bits, torch_adamw
+
+STEPS = 3
+#: (name, with_plan options) of a tp = 2 trainer compiled with one micro-batch
+TP_PLANS = {
+    "tp2": {},
+    "tp2 pp2 mb2": {"pp": 2, "microbatches": 2},
+    "tp2 dp2 mb2": {"replicas": 2, "microbatches": 2},
+    "tp2 dp2 mb4 zero1": {"replicas": 2, "microbatches": 4, "zero": 1},
+}
+
+
+# -- the chain kernel (fast) -----------------------------------------------------------------------
+@pytest.mark.parametrize("cuts", [(0, 40), (0, 20, 40), (0, 3, 17, 18, 40), tuple(range(41))])
+def test_chained_gemm_is_the_one_chip_gemm(cuts):
+    """``a @ b`` over k = 40 cut into runs, each continuing the previous run's accumulator,
+    gives the one-chip GEMM's bits (values spanning 12 binades, so the order shows); the same
+    runs summed as separate partial sums do not."""
+    rng = np.random.default_rng(3)
+    a = (rng.standard_normal((7, 40)) * np.exp2(rng.integers(-6, 6, (7, 40)))).astype(np.float32)
+    b = rng.standard_normal((40, 5)).astype(np.float32)
+    whole = np.zeros((7, 5), np.float32)
+    _lib.gemm_f32(a, b, whole)
+    acc = np.zeros((7, 5), np.float32)
+    for k0, k1 in zip(cuts, cuts[1:]):
+        acc = gemm_continue(acc, a[:, k0:k1], b[k0:k1])
+    assert acc.tobytes() == whole.tobytes()
+    if 2 < len(cuts) < 41:  # (runs of one term are exact products: adding them is the chain)
+        parts = [gemm_continue(np.zeros((7, 5), np.float32), a[:, k0:k1], b[k0:k1]) for k0, k1 in zip(cuts, cuts[1:])]
+        assert sum(parts[1:], parts[0]).tobytes() != whole.tobytes()  # why the chain continues, not adds
+
+
+def test_gemm_continue_refuses_mismatched_operands():
+    with pytest.raises(ValueError, match=r"partial \(3, 4\) \+ a \(3, 2\) @ b \(3, 4\) do not match"):
+        gemm_continue(np.zeros((3, 4), np.float32), np.zeros((3, 2), np.float32), np.zeros((3, 4), np.float32))
+    with pytest.raises(ValueError, match="float32 operands only"):
+        gemm_continue(np.zeros((3, 4)), np.zeros((3, 2), np.float32), np.zeros((2, 4), np.float32))
+
+
+def test_chain_makespan_pipelines_row_blocks():
+    """Two ranks, runs of 1 s per block, hops of 0.5 s: one block is the serial chain; two blocks
+    overlap rank 1's first block with rank 0's second; a rank's own runs never overlap."""
+    assert chain_makespan([0, 1], [1.0, 1.0], 0.5, 1) == 2.5
+    assert chain_makespan([0, 1], [1.0, 1.0], 0.5, 2) == 3.5  # 0:b0 [0,1] b1 [1,2]; 1:b0 [1.5,2.5] b1 [2.5,3.5]
+    assert chain_makespan([0, 1, 0, 1], [1.0] * 4, 0.0, 1) == 4.0
+    assert chain_makespan([0, 0], [1.0, 2.0], 5.0, 2) == 6.0  # no hop within a rank: 1 + 1 + 2 + 2
+
+
+# -- the layout (fast) -----------------------------------------------------------------------------
+def test_megatron_layout_of_gpt2_and_llama():
+    """GPT-2's Conv1D (in, out) and Llama's Linear (out, in): QKV / up column-parallel on the
+    output features (the fused QKV by heads inside each of Q, K, V), out / down row-parallel on
+    the input features; norms, embeddings, biases replicated."""
+    model = gpt2(layers=1, hidden=32, vocab=64)
+    names = [n for n, _ in model.named_parameters()]
+    shapes = [tuple(p.shape) for _, p in model.named_parameters()]
+    layout = dict(zip(names, tp_layout(model, names, shapes, 2)))
+    qkv = layout["lm.transformer.h.0.attn.c_attn.weight"]
+    assert (qkv.kind, qkv.axis) == ("column", 1)
+    assert qkv.runs() == ((0, 0, 16), (1, 16, 32), (0, 32, 48), (1, 48, 64), (0, 64, 80), (1, 80, 96))
+    out = layout["lm.transformer.h.0.attn.c_proj.weight"]
+    assert (out.kind, out.axis, out.runs()) == ("row", 0, ((0, 0, 16), (1, 16, 32)))
+    assert layout["lm.transformer.h.0.mlp.c_fc.weight"].axis == 1
+    assert layout["lm.transformer.h.0.mlp.c_proj.weight"].runs() == ((0, 0, 64), (1, 64, 128))
+    assert layout["lm.transformer.h.0.ln_1.weight"] is None and layout["lm.transformer.wte.weight"] is None
+    assert layout["lm.transformer.h.0.attn.c_attn.bias"] is None
+    model = llama(layers=1, hidden=32, vocab=64)
+    names = [n for n, _ in model.named_parameters()]
+    shapes = [tuple(p.shape) for _, p in model.named_parameters()]
+    layout = dict(zip(names, tp_layout(model, names, shapes, 2)))
+    assert [(layout[f"lm.model.layers.0.{n}.weight"].kind, layout[f"lm.model.layers.0.{n}.weight"].axis)
+            for n in ("self_attn.q_proj", "self_attn.o_proj", "mlp.up_proj", "mlp.down_proj")] == [
+        ("column", 0), ("row", 1), ("column", 0), ("row", 1)]
+
+
+# -- bad input (fast: checked before anything is compiled) -----------------------------------------
+@pytest.mark.parametrize("options, target, message", [
+    ({"tp": 3}, "spinn/board", r"tp=3 does not divide the attention heads \(2\); tp may be 1, 2"),
+    ({"tp": 4}, "spinn/board", r"tp=4 does not divide the attention heads \(2\); tp may be 1, 2"),
+    ({"tp": 2}, "spinn", r"parallel: dp=1 x pp=1 x tp=2 needs 2 chips, target .* has 1"),
+    ({"tp": 2}, "llvm", r"parallel: tp=2 needs a spinn target"),
+])
+def test_bad_tensor_splits(options, target, message):
+    ids, _ = tokens(64)
+    with pytest.raises(TrainingError, match=message):
+        tvm_spinn.training.compile(gpt2(layers=2, hidden=32, vocab=64), torch.from_numpy(ids), optimizer=ADAMW,
+                                   target=target, parallel=options)
+
+
+def test_tp_must_divide_the_split_features():
+    """A head count tp divides but an MLP width it does not: the error names the layer's features."""
+    model = gpt2(layers=1, hidden=32, vocab=64)
+    names = [n for n, _ in model.named_parameters()]
+    shapes = [(32, 6) if n.endswith("mlp.c_fc.weight") else tuple(p.shape) for n, p in model.named_parameters()]
+    with pytest.raises(TrainingError, match=r"tp=4 does not divide the output features of "
+                                            r"lm.transformer.h.0.mlp.c_fc \(6\); tp may be 1, 2, 3, 6"):
+        tp_layout(model, names, shapes, 4)
+
+
+# -- the step (slow: compiles a tp = 1 and a tp = 2 step) ------------------------------------------
+@pytest.mark.slow
+def test_tensor_parallel_plans_bitwise_identical_and_close_to_pytorch(tmp_path):
+    """A 2-layer GPT-2 (hidden 32, vocabulary 64; batch 4 of 8 tokens), 3 AdamW steps on a board:
+    tp = 2 alone, with 2 pipeline stages, with 2 data-parallel replicas, with ZeRO-1: the tp = 1
+    run's losses and parameters bit for bit, PyTorch's within float32 error; a tp = 2 checkpoint
+    resumed at tp = 1 continues with the same bits; the simulated step prices a rank's share."""
+    model = gpt2(layers=2, hidden=32, vocab=64)
+    ids, labels = tokens(64)
+    batches = [(ids, labels)] * STEPS
+    one = tvm_spinn.training.compile(model, torch.from_numpy(ids), optimizer=ADAMW, target="spinn/board",
+                                     parallel={"microbatches": 1})
+    ref = _run(one, batches)
+    _assert_close(ref, torch_adamw(model, batches, ADAMW[1]))
+    tp = tvm_spinn.training.compile(model, torch.from_numpy(ids), optimizer=ADAMW, target="spinn/board",
+                                    parallel={"tp": 2, "microbatches": 1})
+    # the chains: each layer's attention-output and MLP-down forwards (2 runs), the QKV input
+    # gradient (a run per rank in each of Q, K, V: 6) and the MLP-up input gradient (2)
+    chains = sorted((c.name.split(".")[-2], len(c.runs)) for c in tp._tp_split.chains)
+    assert chains == sorted([("c_proj", 2), ("c_proj", 2), ("c_attn", 6), ("c_fc", 2)] * 2)
+    for name, options in TP_PLANS.items():
+        plan = tp.with_plan(**options)
+        assert plan.plan()["tp"] == 2, name
+        assert _same_bits(_run(plan, batches), ref), name
+    first = tp.with_plan(pp=2, microbatches=2)
+    _run(first, batches[:1])
+    first.save(tmp_path / "tp2.npz")
+    resumed = one.with_plan()
+    resumed.load(tmp_path / "tp2.npz")
+    assert _same_bits(_run(resumed, batches[1:]), (ref[0][1:], ref[1]))
+    t1, t2 = one.with_plan().simulated_step(), tp.with_plan().simulated_step()
+    cost = t2["tp"]
+    assert 0 < cost["rank_parallel_s"] < cost["parallel_s"] and cost["chain_hops"] == 2 * (1 + 1 + 5 + 1)
+    assert cost["rank_s"] == pytest.approx(cost["one_chip_s"] - cost["parallel_s"] + cost["rank_parallel_s"]
+                                           - cost["chain_s"] + cost["chains_s"])
+    assert 0 < cost["chains_s"] < cost["runs_s"] + cost["chain_hops_s"]  # pipelined over row blocks
+    assert cost["one_chip_s"] == pytest.approx(t1["microbatch_s"] / 4)  # the tp = 1 granule (4 per micro-batch)
+    assert 0 < cost["rank_chain_s"] < cost["chain_s"] and cost["all_reduce_s"] > 0
+    assert t2["update_s"] < t1["update_s"]
+    with pytest.raises(TrainingError, match=r"split for tp=2; compile with parallel=\{'tp': 4\}"):
+        tp.with_plan(tp=4)
+
+
+@pytest.mark.slow
+def test_llama_tensor_parallel_matches_tp1():
+    """A 1-layer Llama (Linear weights stored (out, in); SwiGLU's gate and up both column-parallel):
+    tp = 2 x dp = 2 gives the tp = 1 bits."""
+    model = llama(layers=1, hidden=32, vocab=64)
+    ids, labels = tokens(64)
+    batches = [(ids, labels)] * 2
+    ref = _run(tvm_spinn.training.compile(model, torch.from_numpy(ids), optimizer=ADAMW, target="spinn/board",
+                                          parallel={"microbatches": 1}), batches)
+    tp = tvm_spinn.training.compile(model, torch.from_numpy(ids), optimizer=ADAMW, target="spinn/board",
+                                    parallel={"tp": 2, "dp": 2, "microbatches": 2})
+    assert _same_bits(_run(tp, batches), ref)
+    _assert_close(ref, torch_adamw(model, batches, ADAMW[1]))
