@@ -41,8 +41,9 @@ an SRAM buffer during the all-reduces, while the DRAM channels are otherwise idl
 
 Groups are ``g`` neighbouring boards of the torus of boards
 (:func:`tvm_spinn.target.topology.board_grid`), in a cycle where ``g`` allows
-(:func:`board_groups`) or the most nearly square patch (:func:`board_patches`), whichever
-all-reduces faster. The degrees are mapped in the order of what their all-reduces alone cost
+(:func:`board_groups`), the most nearly square patch (:func:`board_patches`) or the roundest
+group of the lattice of boards (:func:`board_compact`: on a torus too large for a patch to close
+into a ring, the fewest board hops across), whichever all-reduces faster. The degrees are mapped in the order of what their all-reduces alone cost
 a token: on a torus whose rows close into rings of a few boards a wide group all-reduces
 fastest, on a larger one (whose patches do not close) a narrow group, which leaves room for
 more groups and so for more blocks resident in SRAM, may be the faster. On a system with faults only groups of whole boards
@@ -62,7 +63,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["TP_BOARDS", "slice_config", "slice_shares", "slice_block", "block_all_reduces", "board_groups",
-           "board_patches", "group_layouts", "board_setting", "group_caches", "GroupCaches", "prefetch", "records"]
+           "board_patches", "board_compact", "group_layouts", "board_setting", "group_caches", "GroupCaches", "prefetch", "records"]
 
 #: Boards one block is tensor-parallel over (each must divide the heads and the intermediate
 #: size, and leave a board for the head), tried in the order of what their all-reduces alone
@@ -189,13 +190,51 @@ def board_groups(grid: tuple[int, int], g: int) -> list[list[int]]:
     return [snake[i:i + g] for i in range(0, len(snake) - g + 1, g)]
 
 
-def group_layouts(grid: tuple[int, int], g: int, boards) -> list[list[list[int]]]:
-    """The two layouts of groups of ``g`` boards on the torus ``grid`` (bands,
-    :func:`board_groups`, and compact patches, :func:`board_patches`), each kept to the groups
-    that lie inside ``boards`` (the live or allocated ones); layouts left empty are dropped."""
+def group_layouts(grid: tuple[int, int], g: int, boards, compact: bool = False) -> list[list[list[int]]]:
+    """The layouts of groups of ``g`` boards on the torus ``grid`` (bands, :func:`board_groups`,
+    and patches, :func:`board_patches`; with ``compact`` also the roundest groups,
+    :func:`board_compact`), each kept to the groups that lie inside ``boards`` (the live or
+    allocated ones); layouts left empty are dropped."""
     inside = set(boards)
-    layouts = [[grp for grp in lay if set(grp) <= inside] for lay in (board_groups(grid, g), board_patches(grid, g))]
+    found = (board_groups(grid, g), board_patches(grid, g)) + ((board_compact(grid, g),) if compact else ())
+    layouts = [[grp for grp in lay if set(grp) <= inside] for lay in found]
     return [lay for lay in layouts if lay]
+
+
+def board_compact(grid: tuple[int, int], g: int) -> list[list[int]]:
+    """Board ids in groups of ``g`` boards, each the ``g`` boards nearest a centre board: the
+    roundest group the lattice of boards allows, translates of one another in a snake over the
+    ``grid`` (consecutive groups side by side). Empty where one does not fit (no wrap-around).
+
+    Board ``(a, b)`` (id ``a + bx b``) neighbours ``(a +- 1, b)``, ``(a, b +- 1)`` and
+    ``(a + 1, b - 1)``, ``(a - 1, b + 1)`` (:func:`tvm_spinn.target.topology.board_grid`: a
+    triangular lattice of boards), so a ``p x q`` patch (:func:`board_patches`) is a rhombus
+    whose long diagonal is ``p + q - 2`` board hops; the boards within ``r`` hops of one board
+    form a hexagon, about ``sqrt(g)`` hops across. A rounder group has shorter trees (fewer
+    board hops on an all-reduce's critical path) and more board edges inside it and around it
+    for the shares to spread over. Boards are taken in the order of their hop distance from
+    the centre, then of their distance in the plane (``a^2 + a b + b^2``), then of ``(a, b)``;
+    a group lists them in that order, the centre first."""
+    bx, by = grid
+    if g < 1:
+        return []
+    r = 0
+    while 3 * r * (r + 1) + 1 < g:  # the hexagon of radius r holds 3 r (r + 1) + 1 boards
+        r += 1
+    near = sorted(((abs(a) + abs(b) + abs(a + b)) // 2, a * a + a * b + b * b, a, b)
+                  for a in range(-r, r + 1) for b in range(-r, r + 1) if (abs(a) + abs(b) + abs(a + b)) // 2 <= r)
+    shape = [(a, b) for _, _, a, b in near[:g]]
+    a0, b0 = min(a for a, _ in shape), min(b for _, b in shape)
+    shape = [(a - a0, b - b0) for a, b in shape]
+    w, h = max(a for a, _ in shape) + 1, max(b for _, b in shape) + 1
+    if w > bx or h > by:
+        return []
+    out = []
+    for row in range(by // h):
+        cols = range(bx // w) if row % 2 == 0 else reversed(range(bx // w))
+        for col in cols:
+            out.append([(col * w + a) + bx * (row * h + b) for a, b in shape])
+    return out
 
 
 def board_patches(grid: tuple[int, int], g: int, shape: "tuple[int, int] | None" = None) -> list[list[int]]:
@@ -439,14 +478,14 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                                                   hidden * 4, board_gather=False).seconds
         return reduces[key]
 
-    # each degree's layout: the one whose all-reduce is the cheaper of bands of two rows and
-    # compact patches (the most nearly square patch only: planning time); on a system with
-    # faults, groups of whole boards only
+    # each degree's layout: the one whose all-reduce is the cheapest of bands of two rows,
+    # patches (the most nearly square only: planning time) and the roundest groups; on a
+    # system with faults, groups of whole boards only
     degrees = []
     for g in (g for g in TP_BOARDS if g + 1 <= boards):
         if slice_config(cfg, spec, g) is None and slice_shares(spec, g) is None:
             continue
-        layouts = group_layouts(torus, g, whole)
+        layouts = group_layouts(torus, g, whole, compact=True)
         if not layouts:
             continue
         groups = min(layouts, key=lambda lay: (reduce_of(lay), -len(lay)))

@@ -627,7 +627,7 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
         raise LLMError(f"no placement of {model_name} on {arch.name} holds batch={batch}, seq={seq}: "
                        + "; ".join(f"{k}: {v}" for k, v in sorted(refused.items())))
     placement = min(records, key=lambda k: (records[k]["period_s"], records[k]["used"], k))
-    best = records[placement]
+    best = _finish(records[placement])
     resident, streamed = best["resident"], best["streamed"]
     weights_in = ("sram" if streamed == 0 else "dram" if resident == 0 else
                   f"sram+dram ({resident / weight_bytes:.1%} resident)")
@@ -675,6 +675,13 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
         kv_cache_bytes=kv_bytes, bound_tokens_per_s=1.0 / bound_s, binding=best["binding"], bounds_s=bounds,
         plan=meta, plan_seconds=time.perf_counter() - start, physical_bound_s=physical.total_s,
         physical_bound=physical.to_dict())
+
+
+def _finish(record: dict) -> dict:
+    """The kept record completed with what only it reports (``record["finish"]``: a pipeline
+    candidate's prompt block, mapped once a plan rather than once a search); others as they are."""
+    finish = record.pop("finish", None)
+    return finish(record) if finish is not None else record
 
 
 def write_json(result: Plan, path: str) -> None:
@@ -1025,12 +1032,26 @@ def _pipeline_records(described: dict, spec: ModelSpec, arch, model, target, dty
 
     order = chain_boards(arch)
     board = arch.replace(chips=arch.chips_per_board, name=board_name(arch))
-    key = ("block_prefill", board)  # the same board in every patch of the system
-    if memo is None or key not in memo:
-        pre = _map(described["prefill"], board, "auto")
-        if memo is not None:
+    prompt = described["prefill"]
+
+    def prefill_block():
+        """The block's prompt mapped on one board: only the kept record reports it (its SRAM
+        peak and ``block_prefill_s``), so it is mapped once a plan, and only where a pipeline
+        candidate is kept (:func:`_finish`)."""
+        key = ("block_prefill", board)  # the same board in every patch of the system
+        if memo is None or key not in memo:
+            pre = _map(prompt, board, "auto")
+            if memo is None:
+                return pre
             memo[key] = pre
-    pre = memo[key] if memo is not None else pre
+        return memo[key]
+
+    def finish(record: dict) -> dict:
+        pre = prefill_block()
+        record["sram_pe"] = max(record["sram_pe"], pre.peak_pe_bytes)
+        record["meta"]["block_prefill_s"] = pre.latency_s
+        return record
+
     out = {}
     for name, r in raw.items():
         chain, kind, n = r["chain"], r["kind"], r["n"]
@@ -1075,7 +1096,7 @@ def _pipeline_records(described: dict, spec: ModelSpec, arch, model, target, dty
             decode_s=decode_s, period_s=period, energy_j=sum(st.energy_j for st in chain) / mb, used=used,
             resident=resident,
             streamed=max(0, weight_bytes - resident), kv_sram=kv_bytes * (kv_held / kv_all if kv_all else 0.0),
-            sram_pe=max([pre.peak_pe_bytes] + [st.peak_pe_bytes for st in chain]),
+            sram_pe=max(st.peak_pe_bytes for st in chain), finish=finish,  # the prompt's peak: finish
             # a stage's streamed bytes include its KV cache where that is in DRAM
             dram_chip=int(math.ceil(max(st.streamed_bytes_per_chip for st in r["stages"] + r["head_stages"]))),
             bounds=contrib, bound_s=bound_s, binding=max(contrib, key=contrib.get),
@@ -1089,7 +1110,7 @@ def _pipeline_records(described: dict, spec: ModelSpec, arch, model, target, dty
                   "micro_batches": micro, "chips_per_group": board.chips, "groups": len(chain),
                   "mapping_weights": "auto", "bounds_alone_s": alone,
                   "block_decode_s": sum(st.latency_s for st in r["stages"]) * (1 if kind == "s" else 1 / n),
-                  "block_prefill_s": pre.latency_s, "head_decode_s": sum(st.latency_s for st in r["head_stages"]),
+                  "block_prefill_s": None, "head_decode_s": sum(st.latency_s for st in r["head_stages"]),
                   "handoff_decode_s": sum(hand_in), **io,
                   **({"kv_cache_users": caches.users(), "largest_batch": caches.largest_batch,
                       "kv_spill_decode_s": caches.spill_decode_s} if batch > 1 else {}),
