@@ -440,3 +440,22 @@ def test_a_slots_collectives_overlap_the_other_passes_compute():
         serial = max(t + max(c, h) for _, c, t, h in plan.step.stages_s)
         assert busiest <= per * (1 + 1e-12) and per <= serial * (1 + 1e-12)
         assert (per < serial * (1 - 1e-3)) == overlap, (split.line(), per, serial)
+
+
+def test_a_board_to_board_hand_over_spreads_over_the_board_paths():
+    """A stage on one board handing over to a stage on another uses the boards' edge-disjoint
+    paths: cheaper than every chip's own route, and no cheaper than the bytes leaving the
+    sending board through all its edges at once."""
+    from tvm_spinn.target.topology import edge_rate, topology_of
+    from tvm_spinn.timing.collectives import point_to_point
+    from tvm_spinn.training.planner import _Comms
+
+    system = make_system("four", boards=4)
+    topo = topology_of(system)
+    src, dst, n = np.arange(48), np.arange(48, 96), float(2**16)
+    cost = _Comms(system, True).handover(src, dst, n)
+    direct = point_to_point(topo, src, dst, n).seconds
+    floor = 48 * n / edge_rate(topo)[:6].sum()
+    assert floor <= cost < 0.75 * direct, (floor, cost, direct)
+    # a hand-over that stays on its board takes the chip routes
+    assert _Comms(system, True).handover(src[:24], src[24:], n) == point_to_point(topo, src[:24], src[24:], n).seconds

@@ -754,7 +754,10 @@ class _Comms:
                 for m in _CHAIN_SEGMENTS]
 
     def handover(self, src: np.ndarray, dst: np.ndarray, nbytes: float) -> float:
-        """Seconds of the concurrent point-to-point transfers ``src[i] -> dst[i]``."""
+        """Seconds of the concurrent point-to-point transfers ``src[i] -> dst[i]``: each on its
+        chip route (:func:`~tvm_spinn.timing.collectives.point_to_point`), or, where every
+        transfer leaves its board, the cheaper of that and the boards' edge-disjoint paths
+        (:meth:`_board_paths`)."""
         from ..timing.collectives import point_to_point
 
         src, dst = np.ascontiguousarray(src.reshape(-1)), np.ascontiguousarray(dst.reshape(-1))
@@ -764,7 +767,45 @@ class _Comms:
         pairs = pairs[:_BOUND_GROUPS] if self.alone else self._window(pairs)
         src, dst = np.ascontiguousarray(pairs[:, 0]), np.ascontiguousarray(pairs[:, 1])
         return self._get(("p2p", src.tobytes(), dst.tobytes(), float(nbytes)),
-                         lambda: point_to_point(self.topo, src, dst, nbytes).seconds)
+                         lambda: min(point_to_point(self.topo, src, dst, nbytes).seconds,
+                                     self._board_paths(src, dst, float(nbytes))))
+
+    def _board_paths(self, src: np.ndarray, dst: np.ndarray, nbytes: float) -> float:
+        """Seconds of transfers that all leave their boards, the bytes from each board to each
+        other board split over the edge-disjoint paths of boards between the two
+        (:meth:`~tvm_spinn.target.topology.Topology.board_paths`, shares by
+        :func:`~tvm_spinn.timing.collectives.water_fill` as
+        :func:`~tvm_spinn.timing.collectives.multipath_point_to_point` splits one transfer):
+        the shares of all board pairs at once load the board edges, the busiest edge binds
+        (the chip links on either side outrun a board edge), plus the longest used path's
+        latency. ``inf`` where a transfer stays on its board."""
+        from ..target.topology import edge_rate
+        from ..timing.collectives import water_fill
+
+        boards_of = lambda chips: chips // self.per_board  # noqa: E731
+        a, b = boards_of(src), boards_of(dst)
+        if self.boards < 2 or (a == b).any():
+            return math.inf
+        pairs, count = np.unique(np.stack([a, b], axis=1), axis=0, return_counts=True)
+        load = np.zeros(self.boards * 6)
+        latency = 0.0
+        for (x, y), k in zip(pairs.tolist(), count.tolist()):
+            paths, rates, lats = self._get(("board_paths", x, y), lambda: self._paths(x, y))
+            if not paths:
+                return math.inf
+            _, share = water_fill(rates, lats, k * nbytes)
+            for path, part, lat in zip(paths, share, lats):
+                if part > 0:
+                    load[list(path)] += part
+                    latency = max(latency, lat)
+        rate = edge_rate(self.topo)
+        used = load > 0
+        return float((load[used] / rate[used]).max()) + latency
+
+    def _paths(self, x: int, y: int) -> tuple:
+        paths = self.topo.board_paths(x, y)
+        costs = [self.topo.path_cost(p) for p in paths]
+        return paths, [c[0] for c in costs], [c[1] for c in costs]
 
 
 #: Share of every PE's tile SRAM that may hold resident weights: the mapping's memory ledger
