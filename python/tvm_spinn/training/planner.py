@@ -786,10 +786,11 @@ class _Comms:
         a, b = boards_of(src), boards_of(dst)
         if self.boards < 2 or (a == b).any():
             return math.inf
-        pairs, count = np.unique(np.stack([a, b], axis=1), axis=0, return_counts=True)
+        keys, count = np.unique(a * self.boards + b, return_counts=True)  # board pairs, transfers each
         load = np.zeros(self.boards * 6)
         latency = 0.0
-        for (x, y), k in zip(pairs.tolist(), count.tolist()):
+        for key, k in zip(keys.tolist(), count.tolist()):
+            x, y = divmod(key, self.boards)
             paths, rates, lats = self._get(("board_paths", x, y), lambda: self._paths(x, y))
             if not paths:
                 return math.inf
