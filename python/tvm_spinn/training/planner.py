@@ -865,10 +865,12 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         ar = comms.collective("all_reduce", tp_groups, act)
     # every stage boundary of every replica hands over at once (forward one way, backward back)
     hand = 0.0
+    hand_src = hand_dst = np.zeros(0, np.int64)
     if pp > 1:
         src, dst = grid[:, :-1, :], grid[:, 1:, :]
-        hand = comms.handover(np.concatenate([src.reshape(-1), dst.reshape(-1)]),
-                              np.concatenate([dst.reshape(-1), src.reshape(-1)]), act / tp if sp else act)
+        hand_src = np.concatenate([src.reshape(-1), dst.reshape(-1)])
+        hand_dst = np.concatenate([dst.reshape(-1), src.reshape(-1)])
+        hand = comms.handover(hand_src, hand_dst, act / tp if sp else act)
     head_grid = split.head_grid()
     head_fwd = head_bwd = head_rs = head_ag = 0.0
     if heads:
@@ -883,6 +885,14 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         head_ag = comms.collective("all_gather", head_grid, act)
         head_rs = comms.collective("reduce_scatter", head_grid, act)
         head_bwd = comms.handover(mine, last, act / tp)
+        # the head's hand-overs both ways at once, and with the other stages' where they move
+        # as many bytes a transfer: they run concurrently on the links they share
+        head_io = min(head_fwd + head_bwd, comms.handover(np.concatenate([last, mine]),
+                                                          np.concatenate([mine, last]), act / tp))
+        last_io = hand + head_io
+        if pp > 1 and (sp or tp == 1):
+            last_io = min(last_io, comms.handover(np.concatenate([hand_src, last, mine]),
+                                                  np.concatenate([hand_dst, mine, last]), act / tp))
         head_loss = comms.collective("all_reduce", head_grid, 3 * F32 * tokens)
     resident = _resident_share(arch)
     per_stage = {}
@@ -912,13 +922,13 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         f_s, b_s = max(fwd / peak, dram_f), max(bwd / peak, dram_b)
         waits = dram_f > fwd / peak or dram_b > bwd / peak
         if heads and stage == pp:
-            tp_f, tp_b, pp_s = head_ag + head_loss, head_rs, head_fwd + head_bwd
+            tp_f, tp_b, pp_s = head_ag + head_loss, head_rs, head_io
         else:
             n_f = (2 + (2 if split.recompute else 0)) * layers + (stage == 0)  # + the embedding's
             tp_f, tp_b = n_f * ar, 2 * layers * ar
             if stage == pp - 1 and tp > 1 and not heads:  # vocab-parallel head: its input gradient, the loss' scalars
                 tp_b += ar + comms.collective("all_reduce", tp_groups, 3 * F32 * tokens)
-            pp_s = hand + (head_fwd + head_bwd if stage == pp - 1 else 0.0)
+            pp_s = last_io if heads and stage == pp - 1 else hand
         # a slot's hand-overs run by DMA during its compute (1F1B sends one micro-batch's
         # activations while it computes the next) and share the links with its TP collectives;
         # with more than one slot, 1F1B's steady state pairs the forward of one slot with the
