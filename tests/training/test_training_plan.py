@@ -406,22 +406,26 @@ def test_a_large_vocabulary_gets_a_head_stage():
 def test_a_pipelined_chain_approaches_its_busiest_link():
     """The reproducible chain of a large message costs what its busiest link needs to carry it
     (every segment crosses every hop once; the fill and the segments' DMAs are a small part),
-    and never less: it is pipelined, not charged its slowest hop on every step."""
-    from tvm_spinn.target.topology import topology_of
+    and never less: it is pipelined, not charged its slowest hop on every step. A chain that
+    crosses to another board may split that hop over the boards' edge-disjoint paths: cheaper
+    than its chip route, never cheaper than the bytes leaving the board by all its edges."""
+    from tvm_spinn.target.topology import edge_rate, topology_of
     from tvm_spinn.training.planner import _Comms
 
     system = make_system("two", boards=2)
     topo = topology_of(system)
-    for ranks in (np.arange(0, 48, 4), np.arange(0, 96, 2)):  # on one board; across two
-        groups, n = ranks[None, :], float(2**24)
-        comms = _Comms(system, True)
-        for op in ("reduce_scatter", "all_reduce"):
+    n = float(2**24)
+    for op in ("reduce_scatter", "all_reduce"):
+        for ranks in (np.arange(0, 48, 4), np.arange(0, 96, 2)):  # on one board; across two
             src, dst = ranks[:-1], ranks[1:]
             if op == "all_reduce":  # the finished segments flow back at once
                 src, dst = np.concatenate([src, ranks[1:]]), np.concatenate([dst, ranks[:-1]])
-            floor = topo.evaluate(src, dst, n)[0].bandwidth_s
-            cost = comms.collective(op, groups, n)
-            assert floor <= cost <= 1.1 * floor, (op, ranks.size, cost / floor)
+            chip = topo.evaluate(src, dst, n)[0].bandwidth_s  # every hop on its chip route
+            cost = _Comms(system, True).collective(op, ranks[None, :], n)
+            if ranks.max() < 48:
+                assert chip <= cost <= 1.1 * chip, (op, cost / chip)
+            else:
+                assert n / edge_rate(topo)[:6].sum() <= cost < 0.75 * chip, (op, cost / chip)
 
 
 def test_a_slots_collectives_overlap_the_other_passes_compute():

@@ -734,24 +734,44 @@ class _Comms:
         else:
             pairs, hops = (src, dst), c - 1
         chain = sizes.size
-        tail_lat, tail_s = 0.0, 0.0
         if op == "reduce_scatter":  # the last rank sends every other rank its shard
             last, owners = np.repeat(groups[:, -1], c - 1), groups[:, :-1].reshape(-1)
             pairs = (np.concatenate([pairs[0], last]), np.concatenate([pairs[1], owners]))
             sizes = np.concatenate([sizes, np.full(last.size, _PROBE_BYTES / c)])
-        stream, route, latency = self._route_seconds(pairs[0], pairs[1], sizes)
-        # the fill: a segment's way along the slowest group's chain (both ways for an all-reduce)
         ways = 2 if op == "all_reduce" else 1
-        fill = route[:chain].reshape(ways, g, c - 1).sum(axis=(0, 2))
-        lat = latency[:chain].reshape(ways, g, c - 1).sum(axis=(0, 2))
-        fill_s, fill_lat = float(fill.max()), float(lat.max())
-        if op == "reduce_scatter":
-            # the last segment's way to its owner after the chain: a ``c / m`` share of its
-            # shard's route (the whole shard where the segments are fewer than the owners)
-            tail_s, tail_lat = float(route[chain:].max()), float(latency[chain:].max())
-        return [((stream + fill_s / m + tail_s * min(1.0, c / m)) / _PROBE_BYTES,
-                 fill_lat + tail_lat + (m + hops) * self.dma_s)
-                for m in _CHAIN_SEGMENTS]
+        lines = []
+        for stream, route, latency in self._routings(pairs[0], pairs[1], sizes):
+            # the fill: a segment's way along the slowest group's chain (both ways for an
+            # all-reduce)
+            fill = float(route[:chain].reshape(ways, g, c - 1).sum(axis=(0, 2)).max())
+            lat = float(latency[:chain].reshape(ways, g, c - 1).sum(axis=(0, 2)).max())
+            tail_s = tail_lat = 0.0
+            if op == "reduce_scatter":
+                # the last segment's way to its owner after the chain: a ``c / m`` share of its
+                # shard's route (the whole shard where the segments are fewer than the owners)
+                tail_s, tail_lat = float(route[chain:].max()), float(latency[chain:].max())
+            lines += [((stream + fill / m + tail_s * min(1.0, c / m)) / _PROBE_BYTES,
+                       lat + tail_lat + (m + hops) * self.dma_s) for m in _CHAIN_SEGMENTS]
+        return lines
+
+    def _routings(self, src: np.ndarray, dst: np.ndarray, sizes: np.ndarray) -> list:
+        """The ways concurrent transfers may be routed, each as :meth:`_route_seconds` gives
+        it: every transfer on its chip route; and where some cross between boards, those split
+        over the edge-disjoint paths of boards (:meth:`_edge_seconds`; a chain hop that
+        crosses a board edge need not take the one edge its chip route meets)."""
+        out = [self._route_seconds(src, dst, sizes)]
+        cross = src // self.per_board != dst // self.per_board
+        if self.boards < 2 or not cross.any():
+            return out
+        edges = self._edge_seconds(src[cross] // self.per_board, dst[cross] // self.per_board, sizes[cross])
+        if edges is None:
+            return out
+        stream, route, latency = (0.0, np.zeros(src.size), np.zeros(src.size))
+        if not cross.all():
+            stream, route[~cross], latency[~cross] = self._route_seconds(src[~cross], dst[~cross], sizes[~cross])
+        route[cross], latency[cross] = edges[1], edges[2]
+        out.append((max(stream, edges[0]), route, latency))
+        return out
 
     def handover(self, src: np.ndarray, dst: np.ndarray, nbytes: float) -> float:
         """Seconds of the concurrent point-to-point transfers ``src[i] -> dst[i]``: each on its
@@ -782,26 +802,40 @@ class _Comms:
         from ..target.topology import edge_rate
         from ..timing.collectives import water_fill
 
-        boards_of = lambda chips: chips // self.per_board  # noqa: E731
-        a, b = boards_of(src), boards_of(dst)
+        a, b = src // self.per_board, dst // self.per_board
         if self.boards < 2 or (a == b).any():
             return math.inf
-        keys, count = np.unique(a * self.boards + b, return_counts=True)  # board pairs, transfers each
+        found = self._edge_seconds(a, b, np.full(src.size, nbytes))
+        return math.inf if found is None else found[0] + float(found[2].max())
+
+    def _edge_seconds(self, a: np.ndarray, b: np.ndarray, sizes: np.ndarray):
+        """Transfers from board ``a[i]`` to another board ``b[i]`` of ``sizes[i]`` bytes, each
+        board pair's bytes split over its edge-disjoint board paths (:meth:`_board_paths`):
+        ``(busiest edge's seconds, per transfer its pair's busiest used edge's seconds and its
+        longest used path's latency)``, or None where two boards have no path."""
+        from ..target.topology import edge_rate
+        from ..timing.collectives import water_fill
+
+        keys, at = np.unique(a * self.boards + b, return_inverse=True)  # board pairs
+        totals = np.bincount(at, weights=sizes)
         load = np.zeros(self.boards * 6)
-        latency = 0.0
-        for key, k in zip(keys.tolist(), count.tolist()):
-            x, y = divmod(key, self.boards)
-            paths, rates, lats = self._get(("board_paths", x, y), lambda: self._paths(x, y))
+        used, lats = [], np.zeros(keys.size)
+        for p, (key, total) in enumerate(zip(keys.tolist(), totals.tolist())):
+            paths, rates, lat = self._get(("board_paths", *divmod(key, self.boards)),
+                                          lambda: self._paths(*divmod(key, self.boards)))
             if not paths:
-                return math.inf
-            _, share = water_fill(rates, lats, k * nbytes)
-            for path, part, lat in zip(paths, share, lats):
+                return None
+            _, share = water_fill(rates, lat, total)
+            edges = [e for path, part in zip(paths, share) if part > 0 for e in path]
+            for path, part in zip(paths, share):
                 if part > 0:
                     load[list(path)] += part
-                    latency = max(latency, lat)
+            used.append(edges)
+            lats[p] = max(l for l, part in zip(lat, share) if part > 0)
         rate = edge_rate(self.topo)
-        used = load > 0
-        return float((load[used] / rate[used]).max()) + latency
+        seconds = np.divide(load, rate, out=np.zeros_like(load), where=rate > 0)
+        pair = np.array([seconds[e].max() for e in used])
+        return float(seconds.max()), pair[at], lats[at]
 
     def _paths(self, x: int, y: int) -> tuple:
         paths = self.topo.board_paths(x, y)
@@ -924,7 +958,10 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         if heads and stage == pp:
             tp_f, tp_b, pp_s = head_ag + head_loss, head_rs, head_io
         else:
-            n_f = (2 + (2 if split.recompute else 0)) * layers + (stage == 0)  # + the embedding's
+            # + the vocab-parallel embedding's; a tied table on the head's stage hands the
+            # first stage the rows of its tokens instead (no reduction over its ranks)
+            lookup = stage == 0 and not (heads and spec.tied_embeddings)
+            n_f = (2 + (2 if split.recompute else 0)) * layers + lookup
             tp_f, tp_b = n_f * ar, 2 * layers * ar
             if stage == pp - 1 and tp > 1 and not heads:  # vocab-parallel head: its input gradient, the loss' scalars
                 tp_b += ar + comms.collective("all_reduce", tp_groups, 3 * F32 * tokens)
