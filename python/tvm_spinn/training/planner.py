@@ -821,16 +821,15 @@ class _Comms:
         load = np.zeros(self.boards * 6)
         used, lats = [], np.zeros(keys.size)
         for p, (key, total) in enumerate(zip(keys.tolist(), totals.tolist())):
-            paths, rates, lat = self._get(("board_paths", *divmod(key, self.boards)),
-                                          lambda: self._paths(*divmod(key, self.boards)))
+            paths, rates, lat = self._paths(*divmod(key, self.boards))
             if not paths:
                 return None
             _, share = water_fill(rates, lat, total)
-            edges = [e for path, part in zip(paths, share) if part > 0 for e in path]
+            edges = [path for path, part in zip(paths, share) if part > 0]
             for path, part in zip(paths, share):
                 if part > 0:
-                    load[list(path)] += part
-            used.append(edges)
+                    load[path] += part
+            used.append(np.concatenate(edges))
             lats[p] = max(l for l, part in zip(lat, share) if part > 0)
         rate = edge_rate(self.topo)
         seconds = np.divide(load, rate, out=np.zeros_like(load), where=rate > 0)
@@ -838,9 +837,23 @@ class _Comms:
         return float(seconds.max()), pair[at], lats[at]
 
     def _paths(self, x: int, y: int) -> tuple:
+        """``(edge ids of each board path from board x to board y, their rates, latencies)``.
+        The torus of boards looks the same from every board (unless some fault breaks it), so
+        the paths and their costs are found once per displacement, from board 0, and moved."""
+        topo = self.topo
+        if topo.faulty:
+            return self._get(("board_paths", x, y), lambda: self._costed_paths(x, y))
+        bx, by = topo.grid
+        dx, dy = (y % bx - x % bx) % bx, (y // bx - x // bx) % by
+        paths, rates, lats = self._get(("board_paths_by", dx, dy), lambda: self._costed_paths(0, dx + bx * dy))
+        sx, sy = x % bx, x // bx
+        moved = [((path // 6 % bx + sx) % bx + bx * ((path // 6 // bx + sy) % by)) * 6 + path % 6 for path in paths]
+        return moved, rates, lats
+
+    def _costed_paths(self, x: int, y: int) -> tuple:
         paths = self.topo.board_paths(x, y)
         costs = [self.topo.path_cost(p) for p in paths]
-        return paths, [c[0] for c in costs], [c[1] for c in costs]
+        return [np.asarray(p, dtype=np.int64) for p in paths], [c[0] for c in costs], [c[1] for c in costs]
 
 
 #: Share of every PE's tile SRAM that may hold resident weights: the mapping's memory ledger
