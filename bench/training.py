@@ -209,15 +209,16 @@ def gpt2_small_plans(seq: int = 256, batch: int = 8) -> dict:
               f"{fixed.bound_s:>9.4f}{fixed.efficiency:>8.3f}{speedup:>8.2f}x{speedup / linear:>8.3f}"
               f"{fixed.time_per_step_s / fast.time_per_step_s:>10.2f}x")
     print("  where each step's time goes (reproducible, seconds; pipeline = slots x the slowest stage's slot, "
-          "of it compute, TP collectives and hand-overs (overlapping the compute) of that stage; DP sync: "
+          "of it compute, TP collectives and hand-overs of that stage (with several slots they overlap the "
+          "other pass's compute), 'exposed' the slots' time beyond their compute, and the bubble; DP sync: "
           "exposed, and hidden in the pipeline's drain):")
-    print(f"  {'system':<10}{'pipeline':>9}{'compute':>9}{'TP coll.':>9}{'PP hand':>9}{'bubble':>9}{'DP sync':>9}"
-          f"{'hidden':>9}{'update':>9}{'DRAM-bound':>11}  split")
+    print(f"  {'system':<10}{'pipeline':>9}{'compute':>9}{'TP coll.':>9}{'PP hand':>9}{'exposed':>9}{'bubble':>9}"
+          f"{'DP sync':>9}{'hidden':>9}{'update':>9}{'DRAM-bound':>11}  split")
     for name, (chips, fixed, fast, secs) in rows.items():
         st = fixed.step
         print(f"  {name:<10}{st.pipeline_s:>9.4f}{st.compute_s:>9.4f}{st.tp_comm_s:>9.4f}{st.pp_comm_s:>9.4f}"
-              f"{st.bubble_s:>9.4f}{st.dp_comm_s:>9.4f}{st.dp_hidden_s:>9.4f}{st.optimizer_s:>9.4f}"
-              f"{'yes' if st.dram_bound else 'no':>11}  {fixed.split.line()}")
+              f"{st.pipeline_s - st.compute_s:>9.4f}{st.bubble_s:>9.4f}{st.dp_comm_s:>9.4f}{st.dp_hidden_s:>9.4f}"
+              f"{st.optimizer_s:>9.4f}{'yes' if st.dram_bound else 'no':>11}  {fixed.split.line()}")
     print("  one pipeline slot by stage (ms; stage = pp: the LM head's own stage):")
     for name, (chips, fixed, fast, secs) in rows.items():
         print(f"  {name:<10}" + "; ".join(f"stage {j}: compute {c * 1e3:.2f}, TP {t * 1e3:.2f}, hand-over {h * 1e3:.2f}"

@@ -401,3 +401,65 @@ def test_a_large_vocabulary_gets_a_head_stage():
     alone = _step_time(spec_of(cfg), on_last, 64, "adamw", system, _Comms(system, True))
     assert plan.time_per_step_s < alone.total_s
     assert plan.step.stages_s[-1][0] == plan.split.pp  # the head's stage is costed
+
+
+def test_a_pipelined_chain_approaches_its_busiest_link():
+    """The reproducible chain of a large message costs what its busiest link needs to carry it
+    (every segment crosses every hop once; the fill and the segments' DMAs are a small part),
+    and never less: it is pipelined, not charged its slowest hop on every step. A chain that
+    crosses to another board may split that hop over the boards' edge-disjoint paths: cheaper
+    than its chip route, never cheaper than the bytes leaving the board by all its edges."""
+    from tvm_spinn.target.topology import edge_rate, topology_of
+    from tvm_spinn.training.planner import _Comms
+
+    system = make_system("two", boards=2)
+    topo = topology_of(system)
+    n = float(2**24)
+    for op in ("reduce_scatter", "all_reduce"):
+        for ranks in (np.arange(0, 48, 4), np.arange(0, 96, 2)):  # on one board; across two
+            src, dst = ranks[:-1], ranks[1:]
+            if op == "all_reduce":  # the finished segments flow back at once
+                src, dst = np.concatenate([src, ranks[1:]]), np.concatenate([dst, ranks[:-1]])
+            chip = topo.evaluate(src, dst, n)[0].bandwidth_s  # every hop on its chip route
+            cost = _Comms(system, True).collective(op, ranks[None, :], n)
+            if ranks.max() < 48:
+                assert chip <= cost <= 1.1 * chip, (op, cost / chip)
+            else:
+                assert n / edge_rate(topo)[:6].sum() <= cost < 0.75 * chip, (op, cost / chip)
+
+
+def test_a_slots_collectives_overlap_the_other_passes_compute():
+    """With several slots in flight (1F1B pairs one slot's forward with another's backward) a
+    stage's slot takes its busier resource (PEs or links) at least, and less than its
+    collectives and its compute one after the other; a single slot cannot overlap them."""
+    cfg = {**_config("gpt2-xl"), "n_layer": 4, "n_embd": 256, "n_head": 8, "vocab_size": 1000, "n_positions": 256}
+    system = make_system("twelve", chips=12)
+    kw = dict(seq=256, global_batch=4, tp=4, dp=1, zero=0, recompute=False)
+    many = plan_training(cfg, system, micro_batch=1, pp=2, **kw)
+    one = plan_training(cfg, system, micro_batch=4, pp=1, **kw)  # one slot: no chunks without a pipeline
+    for plan, overlap in ((many, True), (one, False)):
+        split = plan.split
+        per = plan.step.pipeline_s / (split.slots + split.stages - 1)
+        busiest = max(max(c, t + h) for _, c, t, h in plan.step.stages_s)
+        serial = max(t + max(c, h) for _, c, t, h in plan.step.stages_s)
+        assert busiest <= per * (1 + 1e-12) and per <= serial * (1 + 1e-12)
+        assert (per < serial * (1 - 1e-3)) == overlap, (split.line(), per, serial)
+
+
+def test_a_board_to_board_hand_over_spreads_over_the_board_paths():
+    """A stage on one board handing over to a stage on another uses the boards' edge-disjoint
+    paths: cheaper than every chip's own route, and no cheaper than the bytes leaving the
+    sending board through all its edges at once."""
+    from tvm_spinn.target.topology import edge_rate, topology_of
+    from tvm_spinn.timing.collectives import point_to_point
+    from tvm_spinn.training.planner import _Comms
+
+    system = make_system("four", boards=4)
+    topo = topology_of(system)
+    src, dst, n = np.arange(48), np.arange(48, 96), float(2**16)
+    cost = _Comms(system, True).handover(src, dst, n)
+    direct = point_to_point(topo, src, dst, n).seconds
+    floor = 48 * n / edge_rate(topo)[:6].sum()
+    assert floor <= cost < 0.75 * direct, (floor, cost, direct)
+    # a hand-over that stays on its board takes the chip routes
+    assert _Comms(system, True).handover(src[:24], src[24:], n) == point_to_point(topo, src[:24], src[24:], n).seconds

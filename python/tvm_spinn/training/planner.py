@@ -60,8 +60,7 @@ slot to the update: loaded and written back once a step (with the update), not p
 TP all-reduces of the activations (two a layer forward, two backward, two more when
 recomputing; with sequence parallelism each is an all-gather and a reduce-scatter), the
 vocab-parallel embedding's and cross-entropy's, and the hand-over to the next
-stage (which runs by DMA during the slot's compute: a slot takes its TP collectives plus the
-longer of its compute and its hand-overs), each costed with the step patterns of
+stage (which runs by DMA during the slot's compute), each costed with the step patterns of
 :mod:`tvm_spinn.timing.collectives` on the
 system's link graph for *every group at once* (all TP groups of a slot, every stage boundary of
 every replica, all data-parallel groups: they share the links and board edges they meet; see
@@ -69,7 +68,12 @@ every replica, all data-parallel groups: they share the links and board edges th
 consecutive tokens of its sequences (token-level pipelining, TeraPipe, Li et al. 2021: a
 causal chunk attends over its sequences' earlier chunks, whose keys and values the stage keeps),
 so the step takes ``(m c + S - 1)`` slots of the slowest of its ``S`` stages' forward and
-backward of one chunk (the bubble, ``(S - 1) / (m c)``).
+backward of one chunk (the bubble, ``(S - 1) / (m c)``). A slot of a single-slot step takes its
+TP collectives plus the longer of its compute and its hand-overs; with more slots, 1F1B pairs
+the forward of one slot with the backward of another, independent of it, so the links carry
+one pass's collectives while the PEs compute the other: the slot takes the longest of its
+compute, its collectives and hand-overs (they share the links), and either pass with its own
+collectives (:func:`_slot_seconds`).
 
 The LM head may take a pipeline stage of its own (:attr:`Split.head_tp` chips a replica,
 vocab-parallel, a width of its own: the blocks' ``tp`` divides the attention heads, the head's
@@ -94,9 +98,8 @@ chain in ascending rank order (:class:`_Comms`; the order of
 and the bit-exact tensor-parallel collectives run), or a *direct* reduce-scatter: every rank
 sends each shard's owner its piece and the owner adds the pieces in ascending rank order (the
 same order); ranks hold consecutive blocks of the reduced axis (micro-batches, or a GEMM's
-``k``), so the additions do not depend on the split. What is not modelled: overlap of the TP
-collectives with computation, link sharing between the head stage's gradient synchronisation and
-the other stages' drain, and the host's share of the step.
+``k``), so the additions do not depend on the split. What is not modelled: link sharing between the head
+stage's gradient synchronisation and the other stages' drain, and the host's share of the step.
 
 Search: every split that fits is ordered by its GEMM time alone; a split's step with each
 collective costed for its first few groups only is a lower bound of its full cost, and splits are costed
@@ -525,8 +528,9 @@ def model_flops(spec, tokens: int, seq: int, recompute: bool = False) -> int:
 
 
 # ----------------------------------------------------------------------------- communication
-#: segment counts a pipelined chain reduction chooses from (as chain_all_reduce)
-_CHAIN_SEGMENTS = (1, 2, 4, 8, 16, 32, 64, 128)
+#: segment counts a pipelined chain reduction chooses from (each segment costs a DMA set-up on
+#: every rank it passes, so the cheapest count stays well inside this range)
+_CHAIN_SEGMENTS = tuple(2**k for k in range(13))
 #: groups costed together for a lower bound of all of them at once (a subset shares fewer links)
 _BOUND_GROUPS = 8
 #: most ranks a direct reduce-scatter is costed for: its ``c (c - 1)`` pieces shrink with ``c``,
@@ -546,8 +550,9 @@ class _Comms:
     link and per board edge). The algorithms are the step patterns of
     :mod:`tvm_spinn.timing.collectives` repeated over the groups:
 
-    * fastest mode: the cheaper of the ring and the binomial tree, and for a single group also
-      the multicast algorithms (:func:`~tvm_spinn.timing.collectives.all_reduce` ``"auto"``);
+    * fastest mode: the cheapest of the ring, the binomial tree and the reproducible mode's
+      algorithms, and for a single group also the multicast algorithms
+      (:func:`~tvm_spinn.timing.collectives.all_reduce` ``"auto"``);
     * both modes, for groups of up to :data:`_DIRECT_RANKS` ranks: the *direct* reduce-scatter
       (each rank sends every shard's owner its piece at once; the owner adds them in ascending
       rank order), and for an all-reduce the finished shards sent to every rank the same way;
@@ -556,8 +561,9 @@ class _Comms:
       partial sums into the running sum (the ascending order of
       :func:`~tvm_spinn.timing.collectives.chain_all_reduce`, the order the compiled data-parallel
       step and the bit-exact tensor-parallel collectives use); an all-reduce sends each finished
-      segment back down the chain on the reverse links at the same time (``m + 2c - 3`` steps of
-      one segment), a reduce-scatter ends with the finished shards sent to their owners. A single
+      segment back down the chain on the reverse links at the same time, a reduce-scatter sends
+      each finished segment on to its owner; the segments stream at the busiest link's rate
+      after the first has crossed every hop (:meth:`_chain`). A single
       group may also use :func:`~tvm_spinn.timing.collectives.chain_all_reduce` (the multicast
       broadcast). All-gathers add nothing: any algorithm is exact.
     """
@@ -572,6 +578,7 @@ class _Comms:
         self.boards = max(1, -(-arch.chips // arch.chips_per_board))
         self.row = board_grid(self.boards)[0] if self.boards > 1 else 1  # boards along a torus row
         self.reproducible = reproducible
+        self.dma_s = arch.dma_setup_cycles / arch.clock_hz  # one segment's DMA on a rank
         self.cache: dict = {}
 
     def _get(self, key, make):
@@ -606,7 +613,9 @@ class _Comms:
         direct = ("direct",) if c <= _DIRECT_RANKS else ()
         if self.reproducible and op != "all_gather":
             return ("chain", *direct)
-        return ("ring", "tree", *direct, "multicast") if g == 1 else ("ring", "tree", *direct)
+        # the fixed-order algorithms are valid in the fastest mode too (it is never slower)
+        exact = ("chain",) if op != "all_gather" else ()
+        return ("ring", "tree", *exact, *direct, "multicast") if g == 1 else ("ring", "tree", *exact, *direct)
 
     def _at(self, op: str, groups: np.ndarray, algorithm: str, n: float) -> float:
         """Seconds of one algorithm for ``n`` bytes (its affine lines cached per group pattern)."""
@@ -680,26 +689,95 @@ class _Comms:
             fixed += repeats * step.latency_s
         return [(per_byte, fixed)]
 
+    def _route_seconds(self, src: np.ndarray, dst: np.ndarray, nbytes) -> tuple:
+        """For concurrent transfers ``src[i] -> dst[i]`` of ``nbytes``: the seconds all of them
+        take together (the busiest link or board edge), and per transfer the seconds its route's
+        busiest link takes to carry what all of them put on it and its summed hop latencies."""
+        topo = self.topo
+        nbytes = np.broadcast_to(np.asarray(nbytes, dtype=np.float64), src.shape)
+        transfer, links = topo.route_links(src, dst)
+        if not links.size:
+            return 0.0, np.zeros(src.size), np.zeros(src.size)
+        load = np.bincount(links, weights=nbytes[transfer], minlength=topo.nodes * 6)
+        seconds = load / topo.link_bw
+        used = np.flatnonzero(load)
+        group = topo.link_group[used]
+        edge = used[group >= 0]
+        if edge.size:  # a board edge's serial link(s) carry all its chip links' bytes
+            per_group = np.bincount(topo.link_group[edge], weights=load[edge], minlength=topo.group_bw.size)
+            seconds[edge] = np.maximum(seconds[edge], per_group[topo.link_group[edge]]
+                                       / topo.group_bw[topo.link_group[edge]])
+        route = np.zeros(src.size)
+        np.maximum.at(route, transfer, seconds[links])
+        latency = np.bincount(transfer, weights=topo.link_hop_s[links], minlength=src.size)
+        return float(seconds.max()), route, latency
+
     def _chain(self, op: str, groups: np.ndarray) -> list:
-        """The pipelined chain of every group at once, one affine cost per segment count."""
+        """The pipelined chain of every group at once, one affine cost per segment count.
+
+        The message of ``n`` bytes flows down each chain in ``m`` segments (an all-reduce's
+        finished segments flow back up at the same time; a reduce-scatter's leave the last rank
+        for their owners as they finish). The links carry every segment once, so the stream
+        takes the busiest link's (or board edge's) time for the whole message with all these
+        transfers at once; the first segment takes every hop of its chain before the stream
+        flows (the fill: each hop's busiest link's time for ``n / m`` bytes and its hop
+        latencies), and every segment is one DMA (``dma_setup_cycles``) on every rank it
+        passes. (Charging each of the ``m + c - 2`` steps the slowest hop's time and latency
+        would make a chain that crosses a few slow board edges pay them on all its on-board
+        hops.)"""
         g, c = groups.shape
         src, dst = groups[:, :-1].reshape(-1), groups[:, 1:].reshape(-1)
+        sizes = np.full(src.size, _PROBE_BYTES)
         if op == "all_reduce":  # the reduce forward and the finished segments back, concurrently
-            pairs, steps = (np.concatenate([src, dst]), np.concatenate([dst, src])), 2 * c - 3
+            pairs, hops = (np.concatenate([src, dst]), np.concatenate([dst, src])), 2 * (c - 1)
+            sizes = np.concatenate([sizes, sizes])
         else:
-            pairs, steps = (src, dst), c - 2
-        step, _ = self.topo.evaluate(pairs[0], pairs[1], _PROBE_BYTES)
-        per_byte, fixed = step.bandwidth_s / _PROBE_BYTES, step.latency_s
-        tail = (0.0, 0.0)
+            pairs, hops = (src, dst), c - 1
+        chain = sizes.size
         if op == "reduce_scatter":  # the last rank sends every other rank its shard
             last, owners = np.repeat(groups[:, -1], c - 1), groups[:, :-1].reshape(-1)
-            scatter, _ = self.topo.evaluate(last, owners, _PROBE_BYTES / c)
-            tail = (scatter.bandwidth_s / _PROBE_BYTES, scatter.latency_s)
-        # m segments: (m + steps) steps of nbytes / m each
-        return [((m + steps) * per_byte / m + tail[0], (m + steps) * fixed + tail[1]) for m in _CHAIN_SEGMENTS]
+            pairs = (np.concatenate([pairs[0], last]), np.concatenate([pairs[1], owners]))
+            sizes = np.concatenate([sizes, np.full(last.size, _PROBE_BYTES / c)])
+        ways = 2 if op == "all_reduce" else 1
+        lines = []
+        for stream, route, latency in self._routings(pairs[0], pairs[1], sizes):
+            # the fill: a segment's way along the slowest group's chain (both ways for an
+            # all-reduce)
+            fill = float(route[:chain].reshape(ways, g, c - 1).sum(axis=(0, 2)).max())
+            lat = float(latency[:chain].reshape(ways, g, c - 1).sum(axis=(0, 2)).max())
+            tail_s = tail_lat = 0.0
+            if op == "reduce_scatter":
+                # the last segment's way to its owner after the chain: a ``c / m`` share of its
+                # shard's route (the whole shard where the segments are fewer than the owners)
+                tail_s, tail_lat = float(route[chain:].max()), float(latency[chain:].max())
+            lines += [((stream + fill / m + tail_s * min(1.0, c / m)) / _PROBE_BYTES,
+                       lat + tail_lat + (m + hops) * self.dma_s) for m in _CHAIN_SEGMENTS]
+        return lines
+
+    def _routings(self, src: np.ndarray, dst: np.ndarray, sizes: np.ndarray) -> list:
+        """The ways concurrent transfers may be routed, each as :meth:`_route_seconds` gives
+        it: every transfer on its chip route; and where some cross between boards, those split
+        over the edge-disjoint paths of boards (:meth:`_edge_seconds`; a chain hop that
+        crosses a board edge need not take the one edge its chip route meets)."""
+        out = [self._route_seconds(src, dst, sizes)]
+        cross = src // self.per_board != dst // self.per_board
+        if self.boards < 2 or not cross.any():
+            return out
+        edges = self._edge_seconds(src[cross] // self.per_board, dst[cross] // self.per_board, sizes[cross])
+        if edges is None:
+            return out
+        stream, route, latency = (0.0, np.zeros(src.size), np.zeros(src.size))
+        if not cross.all():
+            stream, route[~cross], latency[~cross] = self._route_seconds(src[~cross], dst[~cross], sizes[~cross])
+        route[cross], latency[cross] = edges[1], edges[2]
+        out.append((max(stream, edges[0]), route, latency))
+        return out
 
     def handover(self, src: np.ndarray, dst: np.ndarray, nbytes: float) -> float:
-        """Seconds of the concurrent point-to-point transfers ``src[i] -> dst[i]``."""
+        """Seconds of the concurrent point-to-point transfers ``src[i] -> dst[i]``: each on its
+        chip route (:func:`~tvm_spinn.timing.collectives.point_to_point`), or, where every
+        transfer leaves its board, the cheaper of that and the boards' edge-disjoint paths
+        (:meth:`_board_paths`)."""
         from ..timing.collectives import point_to_point
 
         src, dst = np.ascontiguousarray(src.reshape(-1)), np.ascontiguousarray(dst.reshape(-1))
@@ -709,7 +787,73 @@ class _Comms:
         pairs = pairs[:_BOUND_GROUPS] if self.alone else self._window(pairs)
         src, dst = np.ascontiguousarray(pairs[:, 0]), np.ascontiguousarray(pairs[:, 1])
         return self._get(("p2p", src.tobytes(), dst.tobytes(), float(nbytes)),
-                         lambda: point_to_point(self.topo, src, dst, nbytes).seconds)
+                         lambda: min(point_to_point(self.topo, src, dst, nbytes).seconds,
+                                     self._board_paths(src, dst, float(nbytes))))
+
+    def _board_paths(self, src: np.ndarray, dst: np.ndarray, nbytes: float) -> float:
+        """Seconds of transfers that all leave their boards, the bytes from each board to each
+        other board split over the edge-disjoint paths of boards between the two
+        (:meth:`~tvm_spinn.target.topology.Topology.board_paths`, shares by
+        :func:`~tvm_spinn.timing.collectives.water_fill` as
+        :func:`~tvm_spinn.timing.collectives.multipath_point_to_point` splits one transfer):
+        the shares of all board pairs at once load the board edges, the busiest edge binds
+        (the chip links on either side outrun a board edge), plus the longest used path's
+        latency. ``inf`` where a transfer stays on its board."""
+        from ..target.topology import edge_rate
+        from ..timing.collectives import water_fill
+
+        a, b = src // self.per_board, dst // self.per_board
+        if self.boards < 2 or (a == b).any():
+            return math.inf
+        found = self._edge_seconds(a, b, np.full(src.size, nbytes))
+        return math.inf if found is None else found[0] + float(found[2].max())
+
+    def _edge_seconds(self, a: np.ndarray, b: np.ndarray, sizes: np.ndarray):
+        """Transfers from board ``a[i]`` to another board ``b[i]`` of ``sizes[i]`` bytes, each
+        board pair's bytes split over its edge-disjoint board paths (:meth:`_board_paths`):
+        ``(busiest edge's seconds, per transfer its pair's busiest used edge's seconds and its
+        longest used path's latency)``, or None where two boards have no path."""
+        from ..target.topology import edge_rate
+        from ..timing.collectives import water_fill
+
+        keys, at = np.unique(a * self.boards + b, return_inverse=True)  # board pairs
+        totals = np.bincount(at, weights=sizes)
+        load = np.zeros(self.boards * 6)
+        used, lats = [], np.zeros(keys.size)
+        for p, (key, total) in enumerate(zip(keys.tolist(), totals.tolist())):
+            paths, rates, lat = self._paths(*divmod(key, self.boards))
+            if not paths:
+                return None
+            _, share = water_fill(rates, lat, total)
+            edges = [path for path, part in zip(paths, share) if part > 0]
+            for path, part in zip(paths, share):
+                if part > 0:
+                    load[path] += part
+            used.append(np.concatenate(edges))
+            lats[p] = max(l for l, part in zip(lat, share) if part > 0)
+        rate = edge_rate(self.topo)
+        seconds = np.divide(load, rate, out=np.zeros_like(load), where=rate > 0)
+        pair = np.array([seconds[e].max() for e in used])
+        return float(seconds.max()), pair[at], lats[at]
+
+    def _paths(self, x: int, y: int) -> tuple:
+        """``(edge ids of each board path from board x to board y, their rates, latencies)``.
+        The torus of boards looks the same from every board (unless some fault breaks it), so
+        the paths and their costs are found once per displacement, from board 0, and moved."""
+        topo = self.topo
+        if topo.faulty:
+            return self._get(("board_paths", x, y), lambda: self._costed_paths(x, y))
+        bx, by = topo.grid
+        dx, dy = (y % bx - x % bx) % bx, (y // bx - x // bx) % by
+        paths, rates, lats = self._get(("board_paths_by", dx, dy), lambda: self._costed_paths(0, dx + bx * dy))
+        sx, sy = x % bx, x // bx
+        moved = [((path // 6 % bx + sx) % bx + bx * ((path // 6 // bx + sy) % by)) * 6 + path % 6 for path in paths]
+        return moved, rates, lats
+
+    def _costed_paths(self, x: int, y: int) -> tuple:
+        paths = self.topo.board_paths(x, y)
+        costs = [self.topo.path_cost(p) for p in paths]
+        return [np.asarray(p, dtype=np.int64) for p in paths], [c[0] for c in costs], [c[1] for c in costs]
 
 
 #: Share of every PE's tile SRAM that may hold resident weights: the mapping's memory ledger
@@ -729,6 +873,22 @@ def _landing(tp: int, heads: int) -> np.ndarray:
     head's ranks (so over its boards), round robin where there are fewer of them."""
     t = np.arange(tp)
     return t * heads // tp if heads >= tp else t % heads
+
+
+def _slot_seconds(f_s: float, b_s: float, tp_f: float, tp_b: float, pp_s: float, overlap: bool) -> float:
+    """Seconds of one stage's pipeline slot: its forward and backward passes (``f_s``, ``b_s``
+    of compute), the TP collectives each waits for (``tp_f``, ``tp_b``) and the stage's
+    hand-overs (``pp_s``, by DMA, on the links the collectives use).
+
+    Without ``overlap`` (one slot: its backward waits for its forward) the passes and their
+    collectives run one after the other and the hand-overs under the compute. With it (the
+    forward of one slot and the backward of another, independent, as 1F1B pairs them) the PEs
+    and the links are two resources that both passes share: the slot takes the busier
+    resource, or the longer pass with its own collectives (each pass's GEMMs wait for the
+    collective before them), whichever is longer."""
+    if not overlap:
+        return tp_f + tp_b + max(f_s + b_s, pp_s)
+    return max(f_s + b_s, tp_f + tp_b + pp_s, f_s + tp_f, b_s + tp_b)
 
 
 def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms) -> StepTime:
@@ -752,10 +912,12 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         ar = comms.collective("all_reduce", tp_groups, act)
     # every stage boundary of every replica hands over at once (forward one way, backward back)
     hand = 0.0
+    hand_src = hand_dst = np.zeros(0, np.int64)
     if pp > 1:
         src, dst = grid[:, :-1, :], grid[:, 1:, :]
-        hand = comms.handover(np.concatenate([src.reshape(-1), dst.reshape(-1)]),
-                              np.concatenate([dst.reshape(-1), src.reshape(-1)]), act / tp if sp else act)
+        hand_src = np.concatenate([src.reshape(-1), dst.reshape(-1)])
+        hand_dst = np.concatenate([dst.reshape(-1), src.reshape(-1)])
+        hand = comms.handover(hand_src, hand_dst, act / tp if sp else act)
     head_grid = split.head_grid()
     head_fwd = head_bwd = head_rs = head_ag = 0.0
     if heads:
@@ -770,6 +932,14 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         head_ag = comms.collective("all_gather", head_grid, act)
         head_rs = comms.collective("reduce_scatter", head_grid, act)
         head_bwd = comms.handover(mine, last, act / tp)
+        # the head's hand-overs both ways at once, and with the other stages' where they move
+        # as many bytes a transfer: they run concurrently on the links they share
+        head_io = min(head_fwd + head_bwd, comms.handover(np.concatenate([last, mine]),
+                                                          np.concatenate([mine, last]), act / tp))
+        last_io = hand + head_io
+        if pp > 1 and (sp or tp == 1):
+            last_io = min(last_io, comms.handover(np.concatenate([hand_src, last, mine]),
+                                                  np.concatenate([hand_dst, mine, last]), act / tp))
         head_loss = comms.collective("all_reduce", head_grid, 3 * F32 * tokens)
     resident = _resident_share(arch)
     per_stage = {}
@@ -799,17 +969,23 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         f_s, b_s = max(fwd / peak, dram_f), max(bwd / peak, dram_b)
         waits = dram_f > fwd / peak or dram_b > bwd / peak
         if heads and stage == pp:
-            tp_f, tp_b, pp_s = head_ag + head_loss, head_rs, head_fwd + head_bwd
+            tp_f, tp_b, pp_s = head_ag + head_loss, head_rs, head_io
         else:
-            n_f = (2 + (2 if split.recompute else 0)) * layers + (stage == 0)  # + the embedding's
+            # + the vocab-parallel embedding's; a tied table on the head's stage hands the
+            # first stage the rows of its tokens instead (no reduction over its ranks)
+            lookup = stage == 0 and not (heads and spec.tied_embeddings)
+            n_f = (2 + (2 if split.recompute else 0)) * layers + lookup
             tp_f, tp_b = n_f * ar, 2 * layers * ar
             if stage == pp - 1 and tp > 1 and not heads:  # vocab-parallel head: its input gradient, the loss' scalars
                 tp_b += ar + comms.collective("all_reduce", tp_groups, 3 * F32 * tokens)
-            pp_s = hand + (head_fwd + head_bwd if stage == pp - 1 else 0.0)
+            pp_s = last_io if heads and stage == pp - 1 else hand
         # a slot's hand-overs run by DMA during its compute (1F1B sends one micro-batch's
-        # activations while it computes the next), not during its TP collectives (they meet
-        # on the stage's links)
-        total = tp_f + tp_b + max(f_s + b_s, pp_s)
+        # activations while it computes the next) and share the links with its TP collectives;
+        # with more than one slot, 1F1B's steady state pairs the forward of one slot with the
+        # backward of another, which do not depend on each other: the PEs compute one while the
+        # links carry the other's collectives (each pass waits for its own collectives, and
+        # the links carry all of them and the hand-overs)
+        total = _slot_seconds(f_s, b_s, tp_f, tp_b, pp_s, overlap=slots > 1)
         per_stage[stage] = dict(total=total, comp=f_s + b_s, tp=tp_f + tp_b, pp=pp_s, waits=waits,
                                 drain=b_s, params=streamed, fits=fits)
     slowest = max(per_stage.values(), key=lambda st: st["total"])
