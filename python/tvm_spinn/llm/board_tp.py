@@ -62,7 +62,8 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["TP_BOARDS", "slice_config", "slice_shares", "slice_block", "block_all_reduces", "board_groups",
-           "board_patches", "group_layouts", "board_setting", "group_caches", "GroupCaches", "prefetch", "records"]
+           "board_patches", "group_layouts", "board_setting", "group_caches", "GroupCaches", "prefetch",
+           "fused_gathers", "records"]
 
 #: Boards one block is tensor-parallel over (each must divide the heads and the intermediate
 #: size, and leave a board for the head), tried in the order of what their all-reduces alone
@@ -273,6 +274,67 @@ def prefetch(resident, streamed, reduce_s: float, dram_bw: float, reduces: int =
     return min(saved, reduces * reduce_s), buffer
 
 
+def fused_gathers(resident, streamed, row_bytes: int, reduces: int) -> "tuple[tuple, tuple] | None":
+    """The seconds each program of the two mapped slices spends on the on-board all-gathers of
+    the all-reduced rows, which the all-reduce delivers itself when its on-board all-gather
+    rides on its multicast (:func:`tvm_spinn.timing.collectives.board_group_all_reduce`,
+    ``fuse_gather``): every chip then receives the whole reduced row and adds the residual to
+    it there, so the slice's program need not gather the sum it made of it.
+
+    A gather of the fp32 row (``row_bytes``) is the all-reduce's where the slice's program
+    makes it: before the norm that follows the attention, and at the program's end (the
+    block's output, which the next block's norm reads whole): ``reduces`` of them, one per
+    all-reduce. A gather saves the time it delayed its program by, which the composed timing
+    (:func:`tvm_spinn.timing.system.compose`) shows exactly where nothing else set the time: at
+    the program's end, the program's time after its last layer where that gather is the only
+    collective there; before a layer, its whole time where the program streams no weights (the
+    layer started when the collectives before it ended), or where the streaming slice's layer
+    took as long as the resident one's (the weights' loads did not delay it either).
+
+    Returns
+    -------
+    tuple or None
+        ``(resident, streamed)``: per program, the seconds saved; None where either slice does
+        not show ``reduces`` such gathers whose time is known (then nothing is fused).
+    """
+    if not resident.program_timings or len(resident.program_timings) != len(streamed.program_timings):
+        return None
+    out = []
+    for stage in (resident, streamed):
+        saved, count = [], 0
+        for k, st in enumerate(stage.program_timings):
+            n, gain = len(st.layer_s), 0.0
+            for c in st.collectives:
+                if c.op != "all_gather" or c.nbytes != row_bytes:
+                    continue
+                if c.layer >= n:
+                    if sum(1 for d in st.collectives if d.layer >= n) != 1:
+                        return None
+                    gain += min(c.seconds, max(0.0, st.latency_s - sum(st.layer_s)))
+                elif stage.program_streamed[k] == 0:
+                    gain += c.seconds
+                else:
+                    alone = resident.program_timings[k]
+                    if resident.program_streamed[k] or not math.isclose(st.layer_s[c.layer], alone.layer_s[c.layer],
+                                                                         rel_tol=1e-12, abs_tol=1e-15):
+                        return None
+                    gain += c.seconds
+                count += 1
+            saved.append(gain)
+        if count != reduces:
+            return None
+        out.append(tuple(saved))
+    return out[0], out[1]
+
+
+def _less(stage, saved):
+    """``stage`` with each program ``saved[k]`` seconds the shorter."""
+    import dataclasses
+
+    return dataclasses.replace(stage, latency_s=stage.latency_s - sum(saved),
+                               program_s=tuple(s - d for s, d in zip(stage.program_s, saved)))
+
+
 @dataclass(frozen=True)
 class GroupCaches:
     """Every user's KV cache on the boards of each group (see :func:`group_caches`).
@@ -429,14 +491,17 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
 
     reduces: dict = {}
 
-    def reduce_of(lay) -> float:
+    def reduce_of(lay, fused: bool = False) -> float:
         """The int32 partial sums' all-reduce over a layout's first group (every group of a
-        layout is a translate of it on the torus of boards), costed once per group."""
-        key = tuple(lay[0])
+        layout is a translate of it on the torus of boards), costed once per group: its reduce
+        and multicast pipelined, and either no on-board all-gather (the slice's program gathers
+        the reduced row itself) or, ``fused``, the on-board all-gather riding on the multicast
+        (:func:`fused_gathers`); the first is a bound on the second."""
+        key = (tuple(lay[0]), fused)
         if key not in reduces:
-            # no on-board all-gather: the slice's program gathers the reduced row itself
             reduces[key] = board_group_all_reduce(topo, [[int(c) + b * cpb for c in order] for b in lay[0]],
-                                                  hidden * 4, board_gather=False).seconds
+                                                  hidden * 4, board_gather=fused, pipelined=True,
+                                                  fuse_gather=fused).seconds
         return reduces[key]
 
     # each degree's layout: the one whose all-reduce is the cheaper of bands of two rows and
@@ -489,7 +554,12 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         streamed = (resident if fit >= max(options) else
                     P._map_stage(list(dec), board, host_shapes, spec.cache_slots(seq), weights="stream", memo=memo))
         mapped += 1
-        reduce_s = reduce_of(groups)  # int32 partial sums
+        # the all-reduces deliver the whole row to every chip where the slice's gathers of it
+        # are known (the slices then without them), else the slice gathers it itself
+        fused = fused_gathers(resident, streamed, hidden * 4, reduces_per_block)
+        if fused is not None:
+            resident, streamed = _less(resident, fused[0]), _less(streamed, fused[1])
+        reduce_s = reduce_of(groups, fused is not None)  # int32 partial sums
         # the streamed blocks' weights fetched partly during the all-reduces: a buffer per chip
         # out of the SRAM the resident blocks would take (one fewer may stay resident)
         saved, buffer = prefetch(resident, streamed, reduce_s, board.dram_bw_bytes_s, reduces_per_block)
@@ -546,6 +616,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                       "chips_per_group": g * cpb, "micro_batch": batch, "micro_batches": 1,
                       "mapping_weights": "auto", "block_decode_s": blocks_s / L,
                       "board_all_reduce_s": reduce_s, "board_all_reduces_decode_s": reduces_s,
+                      "board_gather_fused": fused is not None,
                       "prefetch_bytes_per_chip": buffer_b, "prefetch_saved_decode_s": ahead_s,
                       "handoff_decode_s": sum(hand), "head_decode_s": head_s, **io,
                       **({"largest_batch": caches.largest_batch} if batch > 1 else {}),
