@@ -194,9 +194,13 @@ def test_fused_gathers_take_out_the_row_gathers_the_all_reduce_delivers():
     assert less.program_s == pytest.approx((p0.latency_s, p1.latency_s - 72e-6))
     # one all-reduce a block, two gathers: not the pattern, nothing fused
     assert board_tp.fused_gathers(resident, streamed, row, 1) is None
+    # both stream, and the row's layer took as long in both: the collectives set its start
+    assert board_tp.fused_gathers(stage([p0, p1], [500, 2000]), streamed, row, 2) == saved
     # the streaming slice's layer took longer (its weights' loads may have set it): unknown
     slow = timing([30e-6, 60e-6, 5e-6], [(1, "all_gather", row, 36e-6), (3, "all_gather", row, 36e-6)], 36e-6)
     assert board_tp.fused_gathers(resident, stage([p0, slow], [1000, 5000]), row, 2) is None
+    # the same mapping twice (both stream the same bytes): the loads may have set it: unknown
+    assert board_tp.fused_gathers(streamed, streamed, row, 2) is None
     # an end gather that shares the program's tail with another collective: unknown
     shared = timing([30e-6, 50e-6, 5e-6], [(1, "all_gather", row, 36e-6), (3, "all_gather", row, 36e-6),
                                            (3, "all_gather", 2048, 5e-6)], 41e-6)

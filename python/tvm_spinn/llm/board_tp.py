@@ -288,8 +288,9 @@ def fused_gathers(resident, streamed, row_bytes: int, reduces: int) -> "tuple[tu
     (:func:`tvm_spinn.timing.system.compose`) shows exactly where nothing else set the time: at
     the program's end, the program's time after its last layer where that gather is the only
     collective there; before a layer, its whole time where the program streams no weights (the
-    layer started when the collectives before it ended), or where the streaming slice's layer
-    took as long as the resident one's (the weights' loads did not delay it either).
+    layer started when the collectives before it ended), or where the layer took exactly as long
+    in both slices while they stream different bytes (its start was set by the collectives
+    before it, not by the loads, which differ).
 
     Returns
     -------
@@ -314,9 +315,11 @@ def fused_gathers(resident, streamed, row_bytes: int, reduces: int) -> "tuple[tu
                 elif stage.program_streamed[k] == 0:
                     gain += c.seconds
                 else:
-                    alone = resident.program_timings[k]
-                    if resident.program_streamed[k] or not math.isclose(st.layer_s[c.layer], alone.layer_s[c.layer],
-                                                                         rel_tol=1e-12, abs_tol=1e-15):
+                    other = (streamed if stage is resident else resident)
+                    twin = other.program_timings[k]
+                    if (other.program_streamed[k] == stage.program_streamed[k]
+                            or not math.isclose(st.layer_s[c.layer], twin.layer_s[c.layer], rel_tol=1e-12,
+                                                abs_tol=1e-15)):
                         return None
                     gain += c.seconds
                 count += 1

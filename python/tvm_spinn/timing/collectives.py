@@ -1152,8 +1152,8 @@ def chain_all_reduce(topo: "Topology", ranks: Sequence[int], nbytes: float,
     rank as a multicast (SpiNNaker's routers copy a packet onto several links) along the routes
     from it to every rank, a tree of depth ``D`` (the farthest rank's hops). A segment crosses
     ``c - 1 + D`` hops one after another (each rank adds the whole segment before passing it
-    on), each costing the hop latency ``a`` and the segment's time ``t`` on the busiest link
-    (the chain's and the tree's bytes per segment on it together); the segments behind it
+    on), each costing the hop latency ``a`` and the segment's time ``t`` on a link (the slower
+    of the chain's and the tree's links); the segments behind it
     follow ``t`` apart, since a hop's latency delays a segment without holding the link:
     ``(c - 1 + D) (a + t) + (m - 1) t``, so a long message pays the hop latencies once, not
     once a segment; ``m`` is the cheapest of ``segments``.
@@ -1191,11 +1191,11 @@ def chain_all_reduce(topo: "Topology", ranks: Sequence[int], nbytes: float,
     for m in segments:
         cost, load = topo.evaluate(ranks[i], ranks[i + 1], float(nbytes) / m)
         load = load + tree_share * (float(nbytes) / m)
-        # a segment holds each link for its bytes' time (the chain's and the tree's loads
-        # together: a link both carry takes both) and reaches the next rank a hop's latency
-        # later: the hop latency delays a segment, it does not hold the link, so the segments
-        # stream one link-time apart behind the first one's way down the chain and the tree
-        hold = topo.link_seconds(load)
+        # a segment holds a link for its bytes' time (the slower of the chain's and the tree's
+        # links) and reaches the next rank a hop's latency later: the hop latency delays a
+        # segment, it does not hold the link, so the segments stream one link-time apart
+        # behind the first one's way down the chain and the tree
+        hold = max(cost.bandwidth_s, topo.link_seconds(tree_share * (float(nbytes) / m)))
         stages = c - 1 + depth
         steps = m + c + depth - 2
         seconds = stages * (max(cost.latency_s, tree_hop) + hold) + (m - 1) * hold
