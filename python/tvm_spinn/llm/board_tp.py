@@ -17,9 +17,13 @@ head size follows from the hidden size, are sliced by narrowing their block's pa
 (:func:`slice_block`), heads that ``g`` does not divide shared as evenly as they go (the largest
 share timed), Falcon's single key/value head (multi-query attention) replicated on every board.
 The all-reduce works in the layout the projection left its sums in
-(each chip of a board its slice, reduced with its counterparts on the other boards) and ends
-there: the slice's program all-gathers the row on the board itself where its norm (or the next
-block) needs it whole, so the all-reduce carries no on-board all-gather of its own.
+(each chip of a board its slice, reduced with its counterparts on the other boards); its
+multicast then delivers the whole reduced row to every chip of each board, the board's routers
+copying each share to all its chips as it arrives (the on-board all-gather fused into the
+multicast, :func:`fused_gathers`), so the slice's program does not gather the row its norm (or
+the next block) needs whole. Where the slice's timing does not show what its own gathers of
+the row cost, the all-reduce ends in the projection's layout and the slice gathers the row
+itself.
 They are the int8 GEMMs' int32 accumulators, whose sum is exact in any order, so the tokens do
 not depend on ``g``; an fp32 model (``dtype="fp32"``) is not planned this way (its sums would
 need the bit-exact chain across boards).
@@ -63,7 +67,7 @@ import numpy as np
 
 __all__ = ["TP_BOARDS", "slice_config", "slice_shares", "slice_block", "block_all_reduces", "board_groups",
            "board_patches", "group_layouts", "board_setting", "group_caches", "GroupCaches", "prefetch",
-           "fused_gathers", "records"]
+           "fused_gathers", "slice_collectives", "records"]
 
 #: Boards one block is tensor-parallel over (each must divide the heads and the intermediate
 #: size, and leave a board for the head), tried in the order of what their all-reduces alone
@@ -328,6 +332,21 @@ def fused_gathers(resident, streamed, row_bytes: int, reduces: int) -> "tuple[tu
             return None
         out.append(tuple(saved))
     return out[0], out[1]
+
+
+def slice_collectives(stage, row_bytes: "int | None" = None) -> dict:
+    """Seconds of one block's on-board collectives in a mapped slice, by ``"op algorithm"``
+    (e.g. ``"all_reduce chain"``: the attention's floating-point sums, in the one-chip
+    program's order), the row gathers of ``row_bytes`` left out (those the all-reduce delivers:
+    :func:`fused_gathers`). A breakdown: a collective's seconds, not what it delayed."""
+    out: dict = {}
+    for st in stage.program_timings:
+        for c in st.collectives:
+            if row_bytes is not None and c.op == "all_gather" and c.nbytes == row_bytes:
+                continue
+            key = f"{c.op} {c.algorithm}"
+            out[key] = out.get(key, 0.0) + float(c.seconds)
+    return dict(sorted(out.items()))
 
 
 def _less(stage, saved):
@@ -620,6 +639,8 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                       "mapping_weights": "auto", "block_decode_s": blocks_s / L,
                       "board_all_reduce_s": reduce_s, "board_all_reduces_decode_s": reduces_s,
                       "board_gather_fused": fused is not None,
+                      "slice_collectives_s": slice_collectives(streamed if per_group > fit else resident,
+                                                               hidden * 4 if fused is not None else None),
                       "prefetch_bytes_per_chip": buffer_b, "prefetch_saved_decode_s": ahead_s,
                       "handoff_decode_s": sum(hand), "head_decode_s": head_s, **io,
                       **({"largest_batch": caches.largest_batch} if batch > 1 else {}),
