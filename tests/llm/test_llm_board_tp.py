@@ -191,6 +191,13 @@ def test_fused_gathers_take_out_the_row_gathers_the_all_reduce_delivers():
     assert saved == ((0.0, 72e-6), (0.0, 72e-6))
     less = board_tp._less(streamed, saved[1])
     assert less.latency_s == pytest.approx(streamed.latency_s - 72e-6)
+    # a program bound by its links: its share of the stage's bounds without the gathers
+    linked = SystemTimingSummary(p1.latency_s, 1e-6, 2e-6, 120e-6, "communication", 48, 0, p1.layer_s,
+                                 p1.collectives, 120e-6)
+    bounded = stage([p0, linked], [1000, 5000])
+    bounded = _Stage(**{**bounded.__dict__, "bounds": dict(zero, links=120e-6), "alone": dict(zero, links=125e-6)})
+    cut = board_tp._less(bounded, (0.0, 72e-6))
+    assert cut.bounds["links"] == pytest.approx(48e-6) and cut.alone["links"] == pytest.approx(53e-6)
     assert less.program_s == pytest.approx((p0.latency_s, p1.latency_s - 72e-6))
     # one all-reduce a block, two gathers: not the pattern, nothing fused
     assert board_tp.fused_gathers(resident, streamed, row, 1) is None

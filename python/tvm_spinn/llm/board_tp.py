@@ -350,10 +350,26 @@ def slice_collectives(stage, row_bytes: "int | None" = None) -> dict:
 
 
 def _less(stage, saved):
-    """``stage`` with each program ``saved[k]`` seconds the shorter."""
+    """``stage`` with each program ``saved[k]`` seconds the shorter, and its links bound (each
+    program's collectives) without the gathers saved: the stage's ``bounds`` sum each program's
+    largest bound (:func:`tvm_spinn.llm.plan._map_stage`), so a program whose largest was its
+    links moves its share to what is largest without them."""
     import dataclasses
 
-    return dataclasses.replace(stage, latency_s=stage.latency_s - sum(saved),
+    bounds, alone = dict(stage.bounds), dict(stage.alone)
+    for st, d in zip(stage.program_timings, saved):
+        if d <= 0:
+            continue
+        kinds = {"compute": st.compute_bound_s, "dram": st.memory_bound_s, "links": st.comm_bound_s}
+        less = dict(kinds, links=max(0.0, st.comm_bound_s - d))
+        top, new = max(kinds, key=kinds.get), max(less, key=less.get)
+        # where the links were the largest of the three and the stage counted them (its SRAM
+        # bound, the resident bytes at the PEs' DMA rate, was not the program's largest)
+        if top == "links" and bounds["links"] >= kinds["links"]:
+            bounds["links"] -= kinds["links"]
+            bounds[new] += less[new]
+        alone["links"] -= kinds["links"] - less["links"]
+    return dataclasses.replace(stage, latency_s=stage.latency_s - sum(saved), bounds=bounds, alone=alone,
                                program_s=tuple(s - d for s, d in zip(stage.program_s, saved)))
 
 

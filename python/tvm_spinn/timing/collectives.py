@@ -1150,13 +1150,10 @@ def chain_all_reduce(topo: "Topology", ranks: Sequence[int], nbytes: float,
     The message is cut into ``m`` segments that flow down the chain (ranks ``0 -> c-1``, one
     hop per step when consecutive ranks are neighbours); each finished segment leaves the last
     rank as a multicast (SpiNNaker's routers copy a packet onto several links) along the routes
-    from it to every rank, a tree of depth ``D`` (the farthest rank's hops). A segment crosses
-    ``c - 1 + D`` hops one after another (each rank adds the whole segment before passing it
-    on), each costing the hop latency ``a`` and the segment's time ``t`` on a link (the slower
-    of the chain's and the tree's links); the segments behind it
-    follow ``t`` apart, since a hop's latency delays a segment without holding the link:
-    ``(c - 1 + D) (a + t) + (m - 1) t``, so a long message pays the hop latencies once, not
-    once a segment; ``m`` is the cheapest of ``segments``.
+    from it to every rank, a tree of depth ``D`` (the farthest rank's hops). The reduce takes
+    ``m + c - 2`` steps and the broadcast, pipelined behind it, ``D`` more: ``m + c + D - 2``
+    steps, each moving ``nbytes / m`` over one hop (the slower of the chain's and the tree's
+    links); ``m`` is the cheapest of ``segments``.
 
     Parameters
     ----------
@@ -1187,19 +1184,13 @@ def chain_all_reduce(topo: "Topology", ranks: Sequence[int], nbytes: float,
     best = None
     tree_share = np.zeros(topo.nodes * 6)
     tree_share[tree] = 1.0  # one copy of each segment on every link of the tree
-    tree_hop = float(topo.link_hop_s[tree].max())
     for m in segments:
         cost, load = topo.evaluate(ranks[i], ranks[i + 1], float(nbytes) / m)
+        tree_s = topo.link_seconds(tree_share * (float(nbytes) / m)) + float(topo.link_hop_s[tree].max())
+        step = max(cost.seconds, tree_s)
         load = load + tree_share * (float(nbytes) / m)
-        # a segment holds a link for its bytes' time (the slower of the chain's and the tree's
-        # links) and reaches the next rank a hop's latency later: the hop latency delays a
-        # segment, it does not hold the link, so the segments stream one link-time apart
-        # behind the first one's way down the chain and the tree
-        hold = max(cost.bandwidth_s, topo.link_seconds(tree_share * (float(nbytes) / m)))
-        stages = c - 1 + depth
         steps = m + c + depth - 2
-        seconds = stages * (max(cost.latency_s, tree_hop) + hold) + (m - 1) * hold
-        candidate = CollectiveCost("all_reduce", "chain", seconds, float(load.max()) * m,
+        candidate = CollectiveCost("all_reduce", "chain", steps * step, float(load.max()) * m,
                                    steps * max(1, cost.max_hops), steps * cost.board_hops, steps, c, float(nbytes),
                                    segments=int(m))
         if best is None or candidate.seconds < best.seconds:
