@@ -157,3 +157,60 @@ def test_prefetch_fetches_during_the_all_reduces_what_the_dram_channel_has_time_
     # the run: the streamed blocks (past the resident ones) each run the saving faster
     assert board_tp._run_s(resident, streamed, 5, 2, 60e-6) == pytest.approx(
         2 * resident.latency_s + 3 * (streamed.latency_s - 60e-6))
+
+
+def test_fused_gathers_take_out_the_row_gathers_the_all_reduce_delivers():
+    """The slice's on-board gathers of the all-reduced fp32 row (before the norm, and at the
+    program's end) are saved where the all-reduce's multicast delivers the row to every chip:
+    each by the time the composed timing shows it delayed its program, and nothing where that
+    time is not known."""
+    from tvm_spinn.llm.plan import _Stage
+    from tvm_spinn.program.records import CollectiveSummary, SystemTimingSummary
+
+    zero = dict.fromkeys(("compute", "dram", "sram", "links"), 0.0)
+    row = 32768
+
+    def timing(layer_s, colls, tail):
+        latency = sum(layer_s) + tail
+        return SystemTimingSummary(latency, 0.0, 0.0, 0.0, "compute", 48, 0, tuple(layer_s),
+                                   tuple(CollectiveSummary(layer, op, "multicast", nbytes, s, 7, 0)
+                                         for layer, op, nbytes, s in colls), 0.0)
+
+    def stage(timings, streamed):
+        program_s = [t.latency_s for t in timings]
+        return _Stage(sum(program_s), 0.0, 0, 0, sum(streamed), 0, 0, zero, zero, program_s=tuple(program_s),
+                      program_streamed=tuple(streamed), program_timings=tuple(timings))
+
+    p0 = timing([10e-6, 20e-6], [(1, "all_gather", 2048, 5e-6)], 0.0)  # not the row: kept
+    # program 1: the row gathered before layer 1 (36 us of its 50) and at the end (36 us after it)
+    p1 = timing([30e-6, 50e-6, 5e-6], [(1, "all_gather", row, 36e-6), (1, "all_reduce", 16, 3e-6),
+                                       (3, "all_gather", row, 36e-6)], 36e-6)
+    resident = stage([p0, p1], [0, 0])
+    streamed = stage([p0, p1], [1000, 5000])  # streaming, the row's layer as long as resident
+    saved = board_tp.fused_gathers(resident, streamed, row, 2)
+    assert saved == ((0.0, 72e-6), (0.0, 72e-6))
+    less = board_tp._less(streamed, saved[1])
+    assert less.latency_s == pytest.approx(streamed.latency_s - 72e-6)
+    # a program bound by its links: its share of the stage's bounds without the gathers
+    linked = SystemTimingSummary(p1.latency_s, 1e-6, 2e-6, 120e-6, "communication", 48, 0, p1.layer_s,
+                                 p1.collectives, 120e-6)
+    bounded = stage([p0, linked], [1000, 5000])
+    bounded = _Stage(**{**bounded.__dict__, "bounds": dict(zero, links=120e-6), "alone": dict(zero, links=125e-6)})
+    cut = board_tp._less(bounded, (0.0, 72e-6))
+    assert cut.bounds["links"] == pytest.approx(48e-6) and cut.alone["links"] == pytest.approx(53e-6)
+    assert less.program_s == pytest.approx((p0.latency_s, p1.latency_s - 72e-6))
+    # one all-reduce a block, two gathers: not the pattern, nothing fused
+    assert board_tp.fused_gathers(resident, streamed, row, 1) is None
+    # both stream, and the row's layer took as long in both: the collectives set its start
+    assert board_tp.fused_gathers(stage([p0, p1], [500, 2000]), streamed, row, 2) == saved
+    # the streaming slice's layer took longer (its weights' loads may have set it): unknown
+    slow = timing([30e-6, 60e-6, 5e-6], [(1, "all_gather", row, 36e-6), (3, "all_gather", row, 36e-6)], 36e-6)
+    assert board_tp.fused_gathers(resident, stage([p0, slow], [1000, 5000]), row, 2) is None
+    # the same mapping twice (both stream the same bytes): the loads may have set it: unknown
+    assert board_tp.fused_gathers(streamed, streamed, row, 2) is None
+    # an end gather that shares the program's tail with another collective: unknown
+    shared = timing([30e-6, 50e-6, 5e-6], [(1, "all_gather", row, 36e-6), (3, "all_gather", row, 36e-6),
+                                           (3, "all_gather", 2048, 5e-6)], 41e-6)
+    assert board_tp.fused_gathers(stage([p0, shared], [0, 0]), stage([p0, shared], [0, 0]), row, 2) is None
+    # no per-program timings (a stage mapped without them): nothing fused
+    assert board_tp.fused_gathers(stage([], []), stage([], []), row, 2) is None

@@ -17,9 +17,13 @@ head size follows from the hidden size, are sliced by narrowing their block's pa
 (:func:`slice_block`), heads that ``g`` does not divide shared as evenly as they go (the largest
 share timed), Falcon's single key/value head (multi-query attention) replicated on every board.
 The all-reduce works in the layout the projection left its sums in
-(each chip of a board its slice, reduced with its counterparts on the other boards) and ends
-there: the slice's program all-gathers the row on the board itself where its norm (or the next
-block) needs it whole, so the all-reduce carries no on-board all-gather of its own.
+(each chip of a board its slice, reduced with its counterparts on the other boards); its
+multicast then delivers the whole reduced row to every chip of each board, the board's routers
+copying each share to all its chips as it arrives (the on-board all-gather fused into the
+multicast, :func:`fused_gathers`), so the slice's program does not gather the row its norm (or
+the next block) needs whole. Where the slice's timing does not show what its own gathers of
+the row cost, the all-reduce ends in the projection's layout and the slice gathers the row
+itself.
 They are the int8 GEMMs' int32 accumulators, whose sum is exact in any order, so the tokens do
 not depend on ``g``; an fp32 model (``dtype="fp32"``) is not planned this way (its sums would
 need the bit-exact chain across boards).
@@ -63,7 +67,8 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["TP_BOARDS", "slice_config", "slice_shares", "slice_block", "block_all_reduces", "board_groups",
-           "board_patches", "board_compact", "group_layouts", "board_setting", "group_caches", "GroupCaches", "prefetch", "records"]
+           "board_patches", "board_compact", "group_layouts", "board_setting", "group_caches", "GroupCaches",
+           "prefetch", "fused_gathers", "slice_collectives", "records"]
 
 #: Boards one block is tensor-parallel over (each must divide the heads and the intermediate
 #: size, and leave a board for the head), tried in the order of what their all-reduces alone
@@ -312,6 +317,101 @@ def prefetch(resident, streamed, reduce_s: float, dram_bw: float, reduces: int =
     return min(saved, reduces * reduce_s), buffer
 
 
+def fused_gathers(resident, streamed, row_bytes: int, reduces: int) -> "tuple[tuple, tuple] | None":
+    """The seconds each program of the two mapped slices spends on the on-board all-gathers of
+    the all-reduced rows, which the all-reduce delivers itself when its on-board all-gather
+    rides on its multicast (:func:`tvm_spinn.timing.collectives.board_group_all_reduce`,
+    ``fuse_gather``): every chip then receives the whole reduced row and adds the residual to
+    it there, so the slice's program need not gather the sum it made of it.
+
+    A gather of the fp32 row (``row_bytes``) is the all-reduce's where the slice's program
+    makes it: before the norm that follows the attention, and at the program's end (the
+    block's output, which the next block's norm reads whole): ``reduces`` of them, one per
+    all-reduce. A gather saves the time it delayed its program by, which the composed timing
+    (:func:`tvm_spinn.timing.system.compose`) shows exactly where nothing else set the time: at
+    the program's end, the program's time after its last layer where that gather is the only
+    collective there; before a layer, its whole time where the program streams no weights (the
+    layer started when the collectives before it ended), or where the layer took exactly as long
+    in both slices while they stream different bytes (its start was set by the collectives
+    before it, not by the loads, which differ).
+
+    Returns
+    -------
+    tuple or None
+        ``(resident, streamed)``: per program, the seconds saved; None where either slice does
+        not show ``reduces`` such gathers whose time is known (then nothing is fused).
+    """
+    if not resident.program_timings or len(resident.program_timings) != len(streamed.program_timings):
+        return None
+    out = []
+    for stage in (resident, streamed):
+        saved, count = [], 0
+        for k, st in enumerate(stage.program_timings):
+            n, gain = len(st.layer_s), 0.0
+            for c in st.collectives:
+                if c.op != "all_gather" or c.nbytes != row_bytes:
+                    continue
+                if c.layer >= n:
+                    if sum(1 for d in st.collectives if d.layer >= n) != 1:
+                        return None
+                    gain += min(c.seconds, max(0.0, st.latency_s - sum(st.layer_s)))
+                elif stage.program_streamed[k] == 0:
+                    gain += c.seconds
+                else:
+                    other = (streamed if stage is resident else resident)
+                    twin = other.program_timings[k]
+                    if (other.program_streamed[k] == stage.program_streamed[k]
+                            or not math.isclose(st.layer_s[c.layer], twin.layer_s[c.layer], rel_tol=1e-12,
+                                                abs_tol=1e-15)):
+                        return None
+                    gain += c.seconds
+                count += 1
+            saved.append(gain)
+        if count != reduces:
+            return None
+        out.append(tuple(saved))
+    return out[0], out[1]
+
+
+def slice_collectives(stage, row_bytes: "int | None" = None) -> dict:
+    """Seconds of one block's on-board collectives in a mapped slice, by ``"op algorithm"``
+    (e.g. ``"all_reduce chain"``: the attention's floating-point sums, in the one-chip
+    program's order), the row gathers of ``row_bytes`` left out (those the all-reduce delivers:
+    :func:`fused_gathers`). A breakdown: a collective's seconds, not what it delayed."""
+    out: dict = {}
+    for st in stage.program_timings:
+        for c in st.collectives:
+            if row_bytes is not None and c.op == "all_gather" and c.nbytes == row_bytes:
+                continue
+            key = f"{c.op} {c.algorithm}"
+            out[key] = out.get(key, 0.0) + float(c.seconds)
+    return dict(sorted(out.items()))
+
+
+def _less(stage, saved):
+    """``stage`` with each program ``saved[k]`` seconds the shorter, and its links bound (each
+    program's collectives) without the gathers saved: the stage's ``bounds`` sum each program's
+    largest bound (:func:`tvm_spinn.llm.plan._map_stage`), so a program whose largest was its
+    links moves its share to what is largest without them."""
+    import dataclasses
+
+    bounds, alone = dict(stage.bounds), dict(stage.alone)
+    for st, d in zip(stage.program_timings, saved):
+        if d <= 0:
+            continue
+        kinds = {"compute": st.compute_bound_s, "dram": st.memory_bound_s, "links": st.comm_bound_s}
+        less = dict(kinds, links=max(0.0, st.comm_bound_s - d))
+        top, new = max(kinds, key=kinds.get), max(less, key=less.get)
+        # where the links were the largest of the three and the stage counted them (its SRAM
+        # bound, the resident bytes at the PEs' DMA rate, was not the program's largest)
+        if top == "links" and bounds["links"] >= kinds["links"]:
+            bounds["links"] -= kinds["links"]
+            bounds[new] += less[new]
+        alone["links"] -= kinds["links"] - less["links"]
+    return dataclasses.replace(stage, latency_s=stage.latency_s - sum(saved), bounds=bounds, alone=alone,
+                               program_s=tuple(s - d for s, d in zip(stage.program_s, saved)))
+
+
 @dataclass(frozen=True)
 class GroupCaches:
     """Every user's KV cache on the boards of each group (see :func:`group_caches`).
@@ -468,14 +568,17 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
 
     reduces: dict = {}
 
-    def reduce_of(lay) -> float:
+    def reduce_of(lay, fused: bool = False) -> float:
         """The int32 partial sums' all-reduce over a layout's first group (every group of a
-        layout is a translate of it on the torus of boards), costed once per group."""
-        key = tuple(lay[0])
+        layout is a translate of it on the torus of boards), costed once per group: its reduce
+        and multicast pipelined, and either no on-board all-gather (the slice's program gathers
+        the reduced row itself) or, ``fused``, the on-board all-gather riding on the multicast
+        (:func:`fused_gathers`); the first is a bound on the second."""
+        key = (tuple(lay[0]), fused)
         if key not in reduces:
-            # no on-board all-gather: the slice's program gathers the reduced row itself
             reduces[key] = board_group_all_reduce(topo, [[int(c) + b * cpb for c in order] for b in lay[0]],
-                                                  hidden * 4, board_gather=False).seconds
+                                                  hidden * 4, board_gather=fused, pipelined=True,
+                                                  fuse_gather=fused).seconds
         return reduces[key]
 
     # each degree's layout: the one whose all-reduce is the cheapest of bands of two rows,
@@ -528,7 +631,12 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         streamed = (resident if fit >= max(options) else
                     P._map_stage(list(dec), board, host_shapes, spec.cache_slots(seq), weights="stream", memo=memo))
         mapped += 1
-        reduce_s = reduce_of(groups)  # int32 partial sums
+        # the all-reduces deliver the whole row to every chip where the slice's gathers of it
+        # are known (the slices then without them), else the slice gathers it itself
+        fused = fused_gathers(resident, streamed, hidden * 4, reduces_per_block)
+        if fused is not None:
+            resident, streamed = _less(resident, fused[0]), _less(streamed, fused[1])
+        reduce_s = reduce_of(groups, fused is not None)  # int32 partial sums
         # the streamed blocks' weights fetched partly during the all-reduces: a buffer per chip
         # out of the SRAM the resident blocks would take (one fewer may stay resident)
         saved, buffer = prefetch(resident, streamed, reduce_s, board.dram_bw_bytes_s, reduces_per_block)
@@ -585,6 +693,9 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                       "chips_per_group": g * cpb, "micro_batch": batch, "micro_batches": 1,
                       "mapping_weights": "auto", "block_decode_s": blocks_s / L,
                       "board_all_reduce_s": reduce_s, "board_all_reduces_decode_s": reduces_s,
+                      "board_gather_fused": fused is not None,
+                      "slice_collectives_s": slice_collectives(streamed if per_group > fit else resident,
+                                                               hidden * 4 if fused is not None else None),
                       "prefetch_bytes_per_chip": buffer_b, "prefetch_saved_decode_s": ahead_s,
                       "handoff_decode_s": sum(hand), "head_decode_s": head_s, **io,
                       **({"largest_batch": caches.largest_batch} if batch > 1 else {}),

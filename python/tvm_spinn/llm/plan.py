@@ -799,6 +799,9 @@ class _Stage:
     program_s: tuple = ()
     #: each program's bytes streamed from DRAM per chip, in order
     program_streamed: tuple = ()
+    #: each program's system timing on the board (its layers' times and collectives:
+    #: :class:`~tvm_spinn.program.records.SystemTimingSummary`), in order
+    program_timings: tuple = ()
 
 
 def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0, weights: str = "auto",
@@ -857,7 +860,7 @@ def _map_stage_now(pieces: list, board, host_shapes: set, slots: int, options) -
         programs.append(program)
     # in order: a stage is a chain of the model's programs whose SRAM the stage search sized
     plan = plan_system(programs, board, options, onchip_inputs=onchip, policy="in_order")
-    program_s, program_streamed = [], []
+    program_s, program_streamed, program_timings = [], [], []
     for k, (program, region) in enumerate(zip(plan.programs, plan.regions)):
         before = lat
         handed = onchip[k] if k == 0 else []
@@ -872,6 +875,7 @@ def _map_stage_now(pieces: list, board, host_shapes: set, slots: int, options) -
         resident += res
         streamed += int(st.streamed_bytes_per_chip)
         program_streamed.append(int(st.streamed_bytes_per_chip))
+        program_timings.append(st)
         peak = max(peak, int(program.memory.peak_bytes_max))
         kinds = {"compute": st.compute_bound_s, "dram": st.memory_bound_s, "sram": res / sram_bw,
                  "links": st.comm_bound_s}
@@ -888,7 +892,7 @@ def _map_stage_now(pieces: list, board, host_shapes: set, slots: int, options) -
                 alone[where] += write
         program_s.append(lat - before)
     return _Stage(lat, energy, wbytes, resident, streamed, peak, handoff, bounds, alone, gather, kv, kv_sram,
-                  tuple(program_s), tuple(program_streamed))
+                  tuple(program_s), tuple(program_streamed), tuple(program_timings))
 
 
 def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host_shapes: set, steps,

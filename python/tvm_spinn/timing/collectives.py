@@ -740,8 +740,24 @@ def multipath_point_to_point(topo: "Topology", src_board: int, dst_board: int, n
                           max(used), 1, 2, float(nbytes))
 
 
+def _gather_parts(topo: "Topology", ranks: np.ndarray, nbytes: float) -> "tuple[float, float] | None":
+    """``(bandwidth seconds, latency seconds)`` of the multicast all-gather of ``nbytes`` over
+    ``ranks`` (its busiest link's bytes and its deepest route), or None where its trees are not
+    built."""
+    c = ranks.size
+    if c == 1 or nbytes == 0:
+        return 0.0, 0.0
+    if c > MULTICAST_MAX_RANKS:
+        return None
+    trees = _multicast_trees(topo, ranks)
+    if trees is None:
+        return None
+    return topo.link_seconds(trees[0] * (float(nbytes) / c)), float(trees[1])
+
+
 def board_group_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbytes: float,
-                           board_gather: bool = True) -> CollectiveCost:
+                           board_gather: bool = True, pipelined: bool = False,
+                           fuse_gather: bool = False) -> CollectiveCost:
     """Cost of an all-reduce of integer partial sums across boards, each board one rank of the
     multicast reduce on the graph of boards.
 
@@ -767,6 +783,22 @@ def board_group_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbyt
     layout the producing layer left, where the program that consumes them gathers the whole
     vector itself (a board's program whose norm needs the whole row all-gathers it anyway).
 
+    ``pipelined=True``: the shares are cut into segments, and a share's root multicasts each
+    segment as soon as it is reduced, while the later segments still flow up the reversed
+    trees: a directed board edge then carries its reduce and its multicast bytes at once (the
+    two phases use each edge's two directions differently), so the all-reduce costs the
+    busiest edge's bytes of both phases together plus the deepest route each way, instead of
+    the busiest edge of each phase one after the other. Never dearer.
+
+    ``fuse_gather=True`` (with ``board_gather``): the on-board all-gather rides on the
+    multicast: the reduced shares entering a board (and its own) are copied by the board's
+    routers to every chip as they arrive (SpiNNaker's multicast routing), so the board's
+    all-gather streams behind the board edges instead of starting after the last share: it
+    adds its deepest route's hop latencies and the part of its link time the board edges do
+    not already take (the edges are the slower: :attr:`~tvm_spinn.target.arch.SpinnArch.
+    board_link_bw_bytes_s` against the on-board links' :attr:`~tvm_spinn.target.arch.
+    SpinnArch.link_bw_bytes_s`).
+
     Returns
     -------
     CollectiveCost
@@ -782,49 +814,64 @@ def board_group_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbyt
     if (grid // 48 != grid[:, :1] // 48).any() or boards.shape[0] != g:
         raise ValueError("board_group_all_reduce: each row of grid must be the chips of one board, boards distinct")
     gather = all_gather(topo, grid[0], nbytes) if k > 1 and board_gather else None
+    parts = _gather_parts(topo, grid[0], nbytes) if gather is not None and fuse_gather else None
+
+    def total(reduce_bw: float, reduce_lat: float, gather_bw: float, gather_lat: float, both_bw: float) -> float:
+        """The all-reduce's seconds from its two phases' link times and latencies (and, for
+        ``pipelined``, the busiest edge's time with both phases' bytes on it), the on-board
+        all-gather after it or fused into its multicast."""
+        phases = reduce_bw + reduce_lat + gather_bw + gather_lat
+        if parts is not None:  # the board's gather streams behind the multicast's arrivals
+            phases = reduce_bw + reduce_lat + max(gather_bw, parts[0]) + gather_lat + parts[1]
+        if pipelined:
+            across = both_bw if parts is None else max(both_bw, parts[0])
+            phases = min(phases, across + reduce_lat + gather_lat + (parts[1] if parts is not None else 0.0))
+        if parts is None and gather is not None:
+            phases += gather.seconds
+        return phases
+
     if g == 2:
         # two boards: each sends the other the half it does not reduce, over every edge-disjoint
         # path (the two directions use opposite directed links), then the reduced halves back
         a, b = (int(x) for x in grid[:, 0] // 48)
         half = max(multipath_point_to_point(topo, a, b, nbytes / 2).seconds,
                    multipath_point_to_point(topo, b, a, nbytes / 2).seconds)
-        cost = CollectiveCost("all_reduce", "board-multipath", 2 * half, nbytes / 2, 0, 0, 2, 2, float(nbytes))
+        seconds = total(half, 0.0, half, 0.0, 2 * half)
+        cost = CollectiveCost("all_reduce", "board-multipath", seconds, nbytes / 2, 0, 0, 2, 2, float(nbytes))
     else:
         graph = topo.board_graph()
         members = grid[:, 0] // 48
-        cost = _multicast_reduce("all_reduce", graph, members, float(nbytes))
+        part = float(nbytes) / g
+        # each candidate set of trees: (trees as _multicast_trees returns them, bytes a share part)
+        options = [(_multicast_trees(graph, members) if g <= MULTICAST_MAX_RANKS else None, part)]
         # the boards next to the group relay too: at batch 1 their edges are free, and a board
         # on the group's border then reduces and receives over all six of its edges
         halo = np.setdiff1d(np.unique(graph.neighbors[members]), members)
         halo = halo[halo >= 0]
         if halo.size and g + halo.size <= MULTICAST_MAX_RANKS:
             ranks = np.concatenate([members, halo])
-            relayed = _multicast_reduce("all_reduce", graph, ranks, float(nbytes), sources=g)
-            if relayed is not None and (cost is None or relayed.seconds < cost.seconds):
-                cost = relayed
+            options.append((_multicast_trees(graph, ranks, g), part))
             # each board's share whole along one tree, or cut into parts along trees of their own
             # (as many trees as _SPLIT_TREES at most: planning time)
-            options = [(1, _spread_trees(graph, ranks, g, float(nbytes) / g))]
-            options += [(m, _negotiated_trees(graph, ranks, g, float(nbytes) / (g * m), m))
+            options.append((_spread_trees(graph, ranks, g, part), part))
+            options += [(_negotiated_trees(graph, ranks, g, part / m, m), part / m)
                         for m in range(1, _SPLIT_PARTS + 1) if m == 1 or g * m <= _SPLIT_TREES]
-            for m, trees in options:
-                if trees is None:
-                    continue
-                shares, latency, hops, _, rev_shares, back = trees
-                part = float(nbytes) / (g * m)
-                seconds = (graph.link_seconds(rev_shares * part) + back
-                           + graph.link_seconds(shares * part) + latency)
-                if cost is None or seconds < cost.seconds:
-                    cost = CollectiveCost("all_reduce", "multicast", seconds,
-                                          float(((shares + rev_shares) * part).max()), 2 * hops,
-                                          2 * hops, 2, g, float(nbytes))
-    if cost is None:
+        cost = None
+        for trees, share in options:
+            if trees is None:
+                continue
+            shares, latency, hops, _, rev_shares, back = trees
+            seconds = total(graph.link_seconds(rev_shares * share), back, graph.link_seconds(shares * share), latency,
+                            graph.link_seconds((shares + rev_shares) * share))
+            if cost is None or seconds < cost.seconds:
+                cost = CollectiveCost("all_reduce", "board-multicast", seconds,
+                                      float(((shares + rev_shares) * share).max()), 2 * hops, 2 * hops, 2, g,
+                                      float(nbytes))
+    if cost is None or cost.seconds >= ring.seconds:
         return ring
-    seconds = cost.seconds + (gather.seconds if gather else 0.0)
-    if seconds >= ring.seconds:
-        return ring
-    return CollectiveCost("all_reduce", cost.algorithm if g == 2 else "board-multicast", seconds, cost.bytes_per_link, cost.hops + (gather.hops if gather else 0),
-                          cost.board_hops, cost.steps + (gather.steps if gather else 0), int(grid.size), float(nbytes))
+    return CollectiveCost("all_reduce", cost.algorithm, cost.seconds, cost.bytes_per_link,
+                          cost.hops + (gather.hops if gather else 0), cost.board_hops,
+                          cost.steps + (gather.steps if gather else 0), int(grid.size), float(nbytes))
 
 
 def sliced_hand_over(topo: "Topology", src_boards: Sequence[int], dst_boards: Sequence[int], nbytes: float,
