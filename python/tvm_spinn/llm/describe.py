@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-__all__ = ["DescribedProgram", "describe"]
+__all__ = ["DescribedProgram", "bind_dims", "describe", "describe_imported", "imported"]
 
 
 @dataclass(frozen=True)
@@ -42,8 +42,9 @@ def _descriptor(shape, dtype) -> np.ndarray:
     return np.broadcast_to(np.zeros((), dtype=dtype), tuple(int(d) for d in shape))
 
 
-def _export(module, args: tuple):
-    """``torch.export`` of ``module`` with its parameters as trailing inputs (meta tensors)."""
+def _export(module, args: tuple, dims: "dict | None" = None):
+    """``torch.export`` of ``module`` with its parameters as trailing inputs (meta tensors);
+    ``dims``: argument index -> {axis: name} of the dimensions exported as symbols."""
     import torch
 
     names = [name for name, _ in module.named_parameters()]
@@ -54,9 +55,71 @@ def _export(module, args: tuple):
             inputs, weights = flat[:len(args)], flat[len(args):]
             return torch.func.functional_call(module, dict(zip(names, weights)), inputs)
 
+    dynamic = None
+    if dims:
+        # min 2: torch specializes sizes 0 and 1; a size the trace ties to a constant raises
+        symbols = {name: torch.export.Dim(name, min=2) for axes in dims.values() for name in axes.values()}
+        dynamic = (tuple({axis: symbols[name] for axis, name in dims[i].items()} if i in dims else None
+                         for i in range(len(args) + len(params))),)
     with torch.no_grad():
-        exported = torch.export.export(WeightsAsInputs(), tuple(args) + tuple(params))
+        exported = torch.export.export(WeightsAsInputs(), tuple(args) + tuple(params), dynamic_shapes=dynamic)
     return exported, len(params)
+
+
+def imported(module, args: tuple, dims: "dict | None" = None):
+    """``module(*args)`` exported with its parameters as trailing inputs and imported into Relax.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        The part; its parameters may live on the ``meta`` device.
+    args : tuple of torch.Tensor
+        Example inputs (meta tensors are fine).
+    dims : dict, optional
+        Argument index -> {axis: symbol name}: dimensions kept symbolic (one import serves every
+        size of them, see :func:`bind_dims`); the same name on several axes is one size.
+
+    Returns
+    -------
+    tuple of (tvm.IRModule, int)
+        The imported module and the number of trailing weight parameters of its ``main``.
+    """
+    from tvm.relax.frontend.torch import from_exported_program
+
+    from ..frontend.fixups import FixupImported
+
+    exported, n_weights = _export(module, args, dims)
+    mod = FixupImported(from_exported_program(exported, keep_params_as_input=False,
+                                              unwrap_unit_return_tuple=True))
+    return mod, n_weights
+
+
+def bind_dims(mod, dims: dict, sizes: dict):
+    """``mod`` (from :func:`imported` with ``dims``) with its symbolic dimensions bound to
+    ``sizes`` (symbol name -> int) and their bounds' attributes dropped: the module that the
+    import at those sizes gives."""
+    from tvm import relax
+
+    main = mod["main"]
+    symbols = {}  # the symbol's text -> (symbol, name)
+    for i, axes in dims.items():
+        for axis, name in axes.items():
+            if name not in sizes:
+                raise ValueError(f"bind_dims: no size given for the symbolic dimension {name!r}")
+            d = main.params[i].ty.shape[axis]
+            if hasattr(d, "value"):  # kept constant by the import: only that size is this module
+                if int(d.value) != int(sizes[name]):
+                    raise ValueError(f"bind_dims: dimension {name!r} of parameter {i} is the constant "
+                                     f"{int(d.value)}, not {int(sizes[name])}")
+                continue
+            symbols[str(d)] = (d, name)
+    bound = relax.transform.BindSymbolicVars({d: int(sizes[n]) for d, n in symbols.values()})(mod)
+    main = bound["main"]
+    for attr in ("tir_var_lower_bound", "tir_var_upper_bound"):
+        if main.attrs is not None and attr in main.attrs:
+            main = main.without_attr(attr)
+    bound["main"] = main
+    return bound
 
 
 def _region_weights(main, weights: set) -> dict:
@@ -118,17 +181,16 @@ def describe(module, args: tuple, target, dtype: str = "fp32") -> list[Described
     list of DescribedProgram
         One per offloaded region, in call order; map each with ``tvm_spinn.mapping.map_program``.
     """
-    from tvm.relax.frontend.torch import from_exported_program
+    return describe_imported(*imported(module, args), target, dtype)
 
+
+def describe_imported(mod, n_weights: int, target, dtype: str = "fp32") -> list[DescribedProgram]:
+    """:func:`describe` of a part already imported (:func:`imported`, :func:`bind_dims`)."""
     from ..codegen.lower import lower_function
-    from ..frontend.fixups import FixupImported
     from ..partition import partition_for_spinn
     from ..target import arch_of
 
     arch = arch_of(target)
-    exported, n_weights = _export(module, args)
-    mod = FixupImported(from_exported_program(exported, keep_params_as_input=False,
-                                              unwrap_unit_return_tuple=True))
     main_params = list(mod["main"].params)
     weight_params = main_params[len(main_params) - n_weights:]
     # vectors (norm scales, biases: O(hidden) bytes each) are bound as zero constants, as bound

@@ -246,6 +246,11 @@ def ChunkStep(model, spec: ModelSpec, context: int):
     return _chunk_step_class()(model, spec, context).eval()
 
 
+#: The context's axes among :func:`_chunk_args` (argument index -> {axis: symbol}): the keys of
+#: the K cache, the V cache and the mask
+_CONTEXT_DIMS = {1: {2: "context"}, 2: {1: "context"}, 3: {1: "context"}}
+
+
 def _chunk_args(spec: ModelSpec, chunk: int, context: int) -> tuple:
     import torch
 
@@ -344,7 +349,7 @@ def _describe_chunk(cfg: dict, spec: ModelSpec, target, dtype: str, chunk: int, 
     dtype, chunk and context); ``spec``: the slice's (:func:`tvm_spinn.llm.board_tp.slice_block`)."""
     from ..target import arch_of
     from . import board_tp
-    from .describe import describe
+    from .describe import bind_dims, describe, describe_imported, imported
     from .spec import spec_of
 
     key = ("chunk", _cfg_key(cfg), g, repr(arch_of(target).replace(chips=1, name="")), dtype, chunk, context)
@@ -356,8 +361,22 @@ def _describe_chunk(cfg: dict, spec: ModelSpec, target, dtype: str, chunk: int, 
                                board_tp.slice_block(cfg, spec_of(cfg), g)[1])
         model = memo[model_key]
         args = _chunk_args(spec, chunk, context)
-        programs = [d.program for d in describe(ChunkStep(model, spec, context), args, target, dtype)]
-        memo[key] = (programs, {tuple(int(x) for x in a.shape) for a in args[1:]})
+        # the block imported once per chunk size with the context symbolic (the cache's and the
+        # mask's key axis), bound to each context: the module each context's own import gives
+        # (the block's graph does not depend on the context's value); where torch ties the
+        # context to a constant, each context is exported alone
+        import_key = ("chunk-imported", _cfg_key(cfg), g, chunk)
+        if import_key not in memo:
+            try:
+                memo[import_key] = imported(ChunkStep(model, spec, context), args, dims=_CONTEXT_DIMS)
+            except Exception:  # noqa: BLE001 - torch's constraint errors have no common base
+                memo[import_key] = None
+        if memo[import_key] is None:
+            described = describe(ChunkStep(model, spec, context), args, target, dtype)
+        else:
+            mod, n_weights = memo[import_key]
+            described = describe_imported(bind_dims(mod, _CONTEXT_DIMS, {"context": context}), n_weights, target, dtype)
+        memo[key] = ([d.program for d in described], {tuple(int(x) for x in a.shape) for a in args[1:]})
     return memo[key]
 
 

@@ -1,0 +1,86 @@
+"""One import of a chunk block per chunk size, bound to each context (``llm.describe.imported``
+with ``dims``, ``bind_dims``), is the module and the programs that each context's own import gives."""
+
+import importlib
+import json
+
+import pytest
+
+from tvm_spinn.llm.describe import bind_dims, describe, describe_imported, imported
+from tvm_spinn.llm.spec import spec_of
+
+prefill = importlib.import_module("tvm_spinn.llm.prefill")
+
+TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 256, "max_position_embeddings": 64}
+CONFIGS = {
+    "llama": TINY,
+    "mixtral": dict(TINY, model_type="mixtral", num_local_experts=4, num_experts_per_tok=2),
+    "gpt2": {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2, "vocab_size": 256, "n_positions": 64},
+    "gemma2": dict(TINY, model_type="gemma2", head_dim=16, sliding_window=8, attn_logit_softcapping=50.0,
+                   final_logit_softcapping=30.0, query_pre_attn_scalar=16),
+}
+
+
+def _block(cfg):
+    P = prefill._plan_module()
+    cfg = P._config_dict(cfg)
+    spec = spec_of(cfg)
+    # a fresh meta model per import: an export may register a tied weight again on the model
+    return spec, (lambda: P._meta_model(cfg, spec))
+
+
+def _headers(described):
+    return [json.dumps(d.program.header(), sort_keys=True, default=str) for d in described]
+
+
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+def test_bound_import_is_each_contexts_own_import(family):
+    spec, model = _block(CONFIGS[family])
+    chunk = 8
+    dims = prefill._CONTEXT_DIMS
+    mod, n = imported(prefill.ChunkStep(model(), spec, chunk), prefill._chunk_args(spec, chunk, chunk), dims=dims)
+    for context in (chunk, 24, 40):
+        args = prefill._chunk_args(spec, chunk, context)
+        own, n_own = imported(prefill.ChunkStep(model(), spec, context), args)
+        bound = bind_dims(mod, dims, {"context": context})
+        assert n == n_own
+        assert bound.script() == own.script()
+        assert _headers(describe_imported(bound, n, "spinn/board", "int8")) == _headers(
+            describe(prefill.ChunkStep(model(), spec, context), args, "spinn/board", "int8"))
+
+
+def test_bind_dims_refuses_a_missing_or_contradicting_size():
+    spec, model = _block(TINY)
+    dims = prefill._CONTEXT_DIMS
+    mod, _ = imported(prefill.ChunkStep(model(), spec, 8), prefill._chunk_args(spec, 8, 16), dims=dims)
+    with pytest.raises(ValueError, match="context"):
+        bind_dims(mod, dims, {})
+    fixed, _ = imported(prefill.ChunkStep(model(), spec, 8), prefill._chunk_args(spec, 8, 16))
+    with pytest.raises(ValueError, match="constant 16, not 24"):
+        bind_dims(fixed, dims, {"context": 24})
+    assert bind_dims(fixed, dims, {"context": 16}).script() == fixed.script()
+
+
+def test_prefill_memo_shares_one_import_per_chunk(monkeypatch):
+    memo = {}
+    plan = prefill.plan_prefill(TINY, "spinn/board", prompt=32, chunk=8, memo=memo)
+    imports = [k for k in memo if isinstance(k, tuple) and k[0] == "chunk-imported"]
+    chunks = [k for k in memo if isinstance(k, tuple) and k[0] == "chunk"]
+    assert len(imports) == 1 and memo[imports[0]] is not None
+    assert len(chunks) == 2  # the first chunk's context and the last's
+
+    # each context exported on its own (the path taken where torch cannot keep the context symbolic)
+    from tvm_spinn.llm import describe as describe_module
+
+    concrete = describe_module.imported
+
+    def refuse(module, args, dims=None):
+        if dims:
+            raise RuntimeError("no symbolic context")
+        return concrete(module, args)
+
+    monkeypatch.setattr(describe_module, "imported", refuse)
+    alone = {}
+    assert prefill.plan_prefill(TINY, "spinn/board", prompt=32, chunk=8, memo=alone).to_dict() == plan.to_dict()
+    assert [alone[k] for k in alone if isinstance(k, tuple) and k[0] == "chunk-imported"] == [None]
