@@ -1463,7 +1463,22 @@ void TanhF32(const float* x, float* out, int64_t n) {
 
 namespace {
 
+// A NaN with its quiet bit set (what an M4F arithmetic instruction makes of a NaN operand,
+// FPSCR.DN = 0: its sign and payload kept).
+inline float QuietNaN(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  bits |= 0x00400000u;
+  std::memcpy(&x, &bits, sizeof bits);
+  return x;
+}
+
+// For a NaN x the activations below return the NaN the PE kernel's instructions pass on (each
+// operation with a NaN operand returns its first NaN operand, quieted: ARMv7-M ARM A2.5.5):
+// x86 returns the first operand of the instruction the compiler chose, whose operands of a
+// commutative multiply or add it may swap, so the C++ arithmetic cannot be left to decide.
 inline float GeluModel(float x) {
+  if (!(x == x)) return QuietNaN(x);  // 0.5 * x is the first NaN of the final product
   const float u = x * 0.70710678118654752f;
   const float sign = u > 0.0f ? 1.0f : (u < 0.0f ? -1.0f : (u == u ? 0.0f : u));  // np.sign
   const float a = std::fabs(u);
@@ -1495,7 +1510,10 @@ inline float GeluTanhModel(float x) {
   return half * (1.0f + TanhModel(inner));
 }
 
-inline float SigmoidModel(float x) { return 1.0f / (1.0f + ExpModel(-x)); }
+inline float SigmoidModel(float x) {
+  if (!(x == x)) return QuietNaN(-x);  // exp(-x) is -x (VNEG flips the sign), then 1 + e and 1 / d pass it on
+  return 1.0f / (1.0f + ExpModel(-x));
+}
 
 }  // namespace
 

@@ -516,3 +516,30 @@ def test_take_resolves_indices_on_the_pe(mode):
             with pytest.raises(IndexError, match=rf"take index {extent + 1} is out of range for axis {axis} "
                                                  rf"of extent {extent}"):
                 run_program_iss(program, [x])
+
+
+@pytest.mark.parametrize("kind,k", [("dense", 40), ("dense", 600), ("matmul", 600)])
+def test_int32_sums_bit_identical(kind, k):
+    """The int8 GEMM with raw int32 sums (no epilogue): the array writes the first chunk's sums
+    into the accumulator, the M4F adds the later chunks' (k = 600: two accumulator-safe chunks on
+    the 24-bit production chip); iss equals the default simulator and numpy."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "program"))
+    from test_int32_gemm import int32_program
+
+    from tvm_spinn.mapping import MappingOptions, map_program
+
+    rng = np.random.default_rng(12)
+    m, n = 9, 14
+    x = rng.integers(-128, 128, size=(m, k)).astype(np.int8)
+    w = rng.integers(-128, 128, size=(k, n)).astype(np.int8)
+    x[0], w[:, 0] = -128, -128
+    program = int32_program(kind, m, k, n, w)
+    mapped = map_program(program, program.arch, MappingOptions())
+    feeds = [x] if kind == "dense" else [x, w]
+    (want,) = run_program(mapped, feeds)
+    (got,) = run_program_iss(mapped, feeds)
+    assert got.dtype == np.int32 and np.array_equal(got, want)
+    assert np.array_equal(got, (x.astype(np.int64) @ w.astype(np.int64)).astype(np.int32))

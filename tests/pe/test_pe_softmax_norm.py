@@ -343,3 +343,29 @@ def test_zoo_transformer_under_iss_option_equals_simulator(name, monkeypatch):
     with tvm_spinn.SpinnOptions(iss=True):
         got = vm["main"](tvm.runtime.tensor(x.numpy())).numpy()
     _assert_bits(want, got)
+
+
+#: NaNs with payloads: quiet and signalling, both signs, the default NaN and an all-ones payload
+_NANS = np.array([0x7FC01234, 0xFFC01234, 0x7F800055, 0xFF800055, 0x7FC00000, 0xFFC00000, 0x7FBFFFFF, 0xFFFFFFFF],
+                 dtype=np.uint32).view(_F32)
+
+
+@pytest.mark.parametrize("act", sorted(_UNARY))
+def test_unary_nan_payloads_are_the_m4f_s(act):
+    """A NaN input's sign and payload come out as the executed ARM code passes them on (quieted):
+    the simulator's bits exactly, not x86's (whose commutative operations may take the other
+    NaN operand)."""
+    from tvm_spinn.program.ops.elementwise import unary
+
+    image = role_image(("unary", act))
+    m = PeMachine(image.elf, image.name, 0, 24)
+    m.write(m.arena, _NANS.tobytes())
+    m.run([[m.arena, m.arena + _NANS.nbytes, _NANS.size]])
+    got = np.frombuffer(m.read(m.arena + _NANS.nbytes, _NANS.nbytes), dtype=_F32)
+    kind, attrs = _UNARY[act]
+    with np.errstate(invalid="ignore"):
+        want = np.asarray(unary(kind, _NANS, attrs), dtype=_F32)
+    assert [hex(v) for v in want.view(np.uint32)] == [hex(v) for v in got.view(np.uint32)]
+    quieted = got.view(np.uint32) & 0x00400000 != 0
+    # an arithmetic instruction quiets a NaN; VNEG only flips the sign bit (a signalling NaN stays one)
+    assert np.all(quieted) if act != "negative" else np.array_equal(quieted, _NANS.view(np.uint32) & 0x00400000 != 0)

@@ -24,12 +24,13 @@ Kernels (the ``spec`` of :func:`kernel_object`):
   output channels), else ``bias[j]`` per column -- then the ReLU); args ``a, b, c, bias, m, n,
   k, flags``.
 - ``("gemm_i8",)``: one k-chunk of an int8 GEMM (``dense``, ``matmul``, a ``conv2d`` tile
-  transposed by the host, see :mod:`.execute`): the MAC array's ``acc_bits`` sums into
-  the int32 scratch ``p`` (driver ``pe_mac_gemm``), added in 32-bit to ``acc``, with the
+  transposed by the host, see :mod:`.execute`): the MAC array's ``acc_bits`` sums (driver
+  ``pe_mac_gemm``) into the int32 accumulator ``acc`` on the first chunk (``flags`` bit 0),
+  else into the scratch ``p``, added in 32-bit to ``acc``, with the
   row sums of ``a`` (``flags`` bit 2) and the column sums of ``b`` (bit 3) where the zero-point
   terms need them at run time; on the last chunk the zero-point terms and the requantization
   (:func:`tvm_spinn.program.quant.requantize`; a ReLU is its clamp at the zero point) write
-  int8 ``y``. Args ``a, b, p, acc, rowsum,
+  int8 ``y`` (an int32 output is ``acc`` itself, bit 1 clear). Args ``a, b, p, acc, rowsum,
   colsum, consts, y, m, n, k, flags``; ``consts`` points at ``[zx, K, y_zero, y_min, y_max]``
   then per column ``zw, bias_q, multiplier, shift`` (int32 each).
 - ``("move",)``: data movement as a gather of ``eb``-byte elements: ``dst[i] = src[idx[i]]``,
@@ -270,8 +271,13 @@ def _gemm_i8():
         CS = T.decl_buffer((n,), "int32", data=colsum)
         Q = T.decl_buffer((5 + 4 * n,), "int32", data=consts)
         Y = T.decl_buffer((m * n,), "int8", data=y)
-        T.evaluate(T.call_extern("int32", "pe_mac_gemm", a, b, p, m, n, k))
         first = flags & 1 != 0
+        # the first chunk's sums go straight into the accumulator (the array writes them there);
+        # a later chunk's into the scratch ``p``, which the M4F adds in 32-bit
+        if first:
+            T.evaluate(T.call_extern("int32", "pe_mac_gemm", a, b, acc, m, n, k))
+        else:
+            T.evaluate(T.call_extern("int32", "pe_mac_gemm", a, b, p, m, n, k))
         # an operand's sums are needed only where the other's zero point is nonzero (bit 2: the
         # rows of a, bit 3: the columns of b); the host gives a constant operand's sums
         if flags & 4 != 0:
@@ -288,9 +294,10 @@ def _gemm_i8():
                 for kk in range(k):
                     s[0] = s[0] + T.Cast("int32", B[kk * n + j])
                 CS[j] = s[0]
-        for i in range(m):
-            for j in range(n):
-                ACC[i * n + j] = T.if_then_else(first, P[i * n + j], ACC[i * n + j] + P[i * n + j])
+        if not first:
+            for i in range(m):
+                for j in range(n):
+                    ACC[i * n + j] = ACC[i * n + j] + P[i * n + j]
         if flags & 2 != 0:
             for i in range(m):
                 for j in range(n):
