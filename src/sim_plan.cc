@@ -75,6 +75,9 @@ float BitsToFloat(int64_t bits) {
   return f;
 }
 
+/*! \brief The M4F's default NaN 0x7FC00000 (an invalid operation's result on numbers). */
+float M4fDefaultNaN() { return BitsToFloat(0x7FC00000); }
+
 /*! \brief One instruction: its words (code first). */
 struct Instr {
   std::vector<int64_t> w;
@@ -540,11 +543,11 @@ class Plan {
       case kUnaryNegative:
         for (int64_t i = 0; i < n; ++i) out[i] = -x[i];
         break;
-      case kUnarySqrt:
-        for (int64_t i = 0; i < n; ++i) out[i] = std::sqrt(x[i]);
+      case kUnarySqrt:  // VSQRT of a negative number: the M4F's default NaN (x86's is 0xFFC00000)
+        for (int64_t i = 0; i < n; ++i) out[i] = x[i] < 0.0f ? M4fDefaultNaN() : std::sqrt(x[i]);
         break;
       case kUnaryRsqrt:
-        for (int64_t i = 0; i < n; ++i) out[i] = 1.0f / std::sqrt(x[i]);
+        for (int64_t i = 0; i < n; ++i) out[i] = 1.0f / (x[i] < 0.0f ? M4fDefaultNaN() : std::sqrt(x[i]));
         break;
       case kUnarySquare:
         for (int64_t i = 0; i < n; ++i) out[i] = x[i] * x[i];
