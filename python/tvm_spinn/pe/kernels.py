@@ -30,7 +30,10 @@ Kernels (the ``spec`` of :func:`kernel_object`):
   row sums of ``a`` (``flags`` bit 2) and the column sums of ``b`` (bit 3) where the zero-point
   terms need them at run time; on the last chunk the zero-point terms and the requantization
   (:func:`tvm_spinn.program.quant.requantize`; a ReLU is its clamp at the zero point) write
-  int8 ``y`` (an int32 output is ``acc`` itself, bit 1 clear). Args ``a, b, p, acc, rowsum,
+  int8 ``y`` column by column, as Cortex-M4 firmware requantizes: each output one MLS, one ADD
+  and one SMLAL onto the column's 64-bit bias-and-rounding term, then for shifts of 32 and
+  more the high word's arithmetic shift and a 32-bit clamp (a 64-bit shift and clamp below
+  32, multipliers of 1/2 and more) (an int32 output is ``acc`` itself, bit 1 clear). Args ``a, b, p, acc, rowsum,
   colsum, consts, y, m, n, k, flags``; ``consts`` points at ``[zx, K, y_zero, y_min, y_max]``
   then per column ``zw, bias_q, multiplier, shift`` (int32 each).
 - ``("move",)``: data movement as a gather of ``eb``-byte elements: ``dst[i] = src[idx[i]]``,
@@ -299,22 +302,37 @@ def _gemm_i8():
                 for j in range(n):
                     ACC[i * n + j] = ACC[i * n + j] + P[i * n + j]
         if flags & 2 != 0:
-            for i in range(m):
-                for j in range(n):
-                    zx = Q[0]
-                    zw = Q[5 + 4 * j]
-                    # zero-point terms in 32-bit registers (wrapping, as the int32 cast of the
-                    # simulator's int64 sum)
-                    v = T.decl_buffer((1,), "int32", scope="local")
-                    v[0] = ACC[i * n + j] - zw * RS[i] - zx * CS[j] + Q[1] * zx * zw
-                    wide = T.Cast("int64", v[0]) + T.Cast("int64", Q[5 + 4 * j + 1])
-                    shift = T.Cast("int64", Q[5 + 4 * j + 3])
-                    prod = wide * T.Cast("int64", Q[5 + 4 * j + 2])
-                    r = T.decl_buffer((1,), "int64", scope="local")
-                    r[0] = T.shift_right(prod + T.shift_left(T.int64(1), shift - T.int64(1)), shift) + T.Cast("int64", Q[2])
-                    r[0] = T.if_then_else(r[0] < T.Cast("int64", Q[3]), T.Cast("int64", Q[3]), r[0])
-                    r[0] = T.if_then_else(r[0] > T.Cast("int64", Q[4]), T.Cast("int64", Q[4]), r[0])
-                    Y[i * n + j] = T.Cast("int8", r[0])
+            # column by column, so that each column's constants stay in registers: the
+            # zero-point terms that do not depend on the row folded into ``c`` (32-bit
+            # wrapping, as the simulator's int32 cast: addition modulo 2**32 is associative),
+            # the bias's product and the rounding term into the 64-bit ``t0`` (modulo 2**64,
+            # likewise), so that each output is one MLS, one ADD and one SMLAL
+            zx = Q[0]
+            lo = Q[3] - Q[2]
+            hi = Q[4] - Q[2]
+            for j in range(n):
+                zw = Q[5 + 4 * j]
+                m0 = T.Cast("int64", Q[5 + 4 * j + 2])
+                sh = Q[5 + 4 * j + 3]
+                c = Q[1] * zx * zw - zx * CS[j]
+                t0 = T.Cast("int64", Q[5 + 4 * j + 1]) * m0 + T.shift_left(T.int64(1), T.Cast("int64", sh - 1))
+                if sh >= 32:
+                    # the rounded quotient is the high word shifted by ``sh - 32`` (floor
+                    # divisions compose): a 32-bit value, clamped in 32 bits; the clamp at
+                    # ``[lo, hi] - zero`` then the zero point is the simulator's clamp of the
+                    # sum with the zero point (the bounds are int8)
+                    for i in range(m):
+                        v = ACC[i * n + j] - zw * RS[i] + c
+                        t = T.Cast("int64", v) * m0 + t0
+                        r = T.shift_right(T.Cast("int32", T.shift_right(t, T.int64(32))), sh - 32)
+                        Y[i * n + j] = T.Cast("int8", T.min(T.max(r, lo), hi) + Q[2])
+                else:
+                    # a multiplier of 1/2 or more: the 64-bit quotient clamped in 64 bits
+                    for i in range(m):
+                        v = ACC[i * n + j] - zw * RS[i] + c
+                        t = T.Cast("int64", v) * m0 + t0
+                        r = T.shift_right(t, T.Cast("int64", sh))
+                        Y[i * n + j] = T.Cast("int8", T.Cast("int32", T.min(T.max(r, T.Cast("int64", lo)), T.Cast("int64", hi))) + Q[2])
     return kernel
 
 
