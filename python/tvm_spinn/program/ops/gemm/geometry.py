@@ -170,17 +170,22 @@ def fp32_tile_cycles(vm, vn, k, k_splits, arch: "SpinnArch"):
 #: an operand's sums, per element (LDRSB + ADD, unrolled by 4 with one SUBS, CMP and BNE per 4
 #: elements) and per row (the running sum loaded or started at 0, stored, the loop set-up);
 #: the 32-bit add of a chunk's array sums, per output (LDRD pairs of the scratch and the
-#: accumulator, ADD, STRD) and per row; the requantization, per output (the zero-point terms
-#: by MUL and MLA, the 64-bit product by UMULL and MLA, the variable rounding shift with its
-#: IT-selected halves, both clamps as 64-bit SUBS/SBCS compares and IT selects, the per-column
-#: constants and spilled registers reloaded) and per row; the MAC array's driver per job (7
-#: register writes, the CTRL poll).
+#: accumulator, ADD, STRD) and per row; the requantization, column by column (the kernel's
+#: columns outer, its rows inner, LLVM's loop unrolled by 4 rows): per output in the unrolled
+#: body (the accumulator and row sum loaded, MLS, ADD, SMLAL onto the column's 64-bit term,
+#: ASR of the high word, both clamps by CMP and IT-selected MOV, STRB, the bounds and zero
+#: point reloaded from the stack), per output of the ``rows % 4`` remainder, and per column
+#: (its constants, the zero-point terms that do not depend on the row, the 64-bit bias and
+#: rounding term, the loop set-up); a shift below 32 (a multiplier of 1/2 or more) runs a
+#: 64-bit shift and clamp instead, charged as the 32-bit path (assumption: requantization
+#: multipliers are below 1/2); the MAC array's driver per job (7 register writes, the CTRL poll).
 I8_SUM = Mix(loads=1.0, alu=1.5, branches=0.25)
 I8_SUM_ROW = Mix(loads=2.0, paired=1.0, alu=8.0, branches=1.5)
 I8_ACC = Mix(loads=1.0, paired=1.0, alu=1.5)
 I8_ACC_ROW = Mix(loads=2.0, paired=1.0, alu=5.0, branches=1.5)
-I8_REQUANT = Mix(loads=12.7, paired=5.0, alu=43.7, mla=4.0, branches=0.5)
-I8_REQUANT_ROW = Mix(loads=9.0, paired=5.0, alu=11.0, branches=1.5)
+I8_REQUANT = Mix(loads=6.0, paired=3.0, alu=12.5, mla=1.0, branches=0.25)
+I8_REQUANT_ONE = Mix(loads=8.0, paired=5.0, alu=12.0, mla=2.0)
+I8_REQUANT_COL = Mix(loads=11.0, paired=12.0, alu=29.0, mla=1.0)
 I8_DRIVER = Mix(loads=8.0, alu=8.0, branches=1.0)
 #: the dequantizing epilogue of an fp32 output per output (VCVT of the sum, VMUL by the scale,
 #: VADD of the bias, the loads and store): not generated for the PE yet, so not checked
@@ -189,7 +194,8 @@ I8_DEQUANT = Mix(loads=3.0, paired=1.0, fpu=3.0, alu=1.0)
 
 def int8_finish_cycles(vm, vn, arch: "SpinnArch", side: Int8Side | None = None):
     """M4F cycles of an int8 GEMM tile's epilogue after its last chunk: the requantization
-    (:data:`I8_REQUANT` per output, :data:`I8_REQUANT_ROW` per kernel row), the dequantizing
+    (:data:`I8_REQUANT` per output of the kernel's rows unrolled by 4, :data:`I8_REQUANT_ONE`
+    per output of the remaining ``rows % 4``, :data:`I8_REQUANT_COL` per kernel column), the dequantizing
     epilogue of an fp32 output (:data:`I8_DEQUANT`), nothing for raw int32 sums or a part of a
     split reduction. ``vm``, ``vn`` may be int64 arrays."""
     side = side or Int8Side()
@@ -198,8 +204,10 @@ def int8_finish_cycles(vm, vn, arch: "SpinnArch", side: Int8Side | None = None):
     outs = vm * vn
     if side.fp32_out:
         return outs * mix_cycles(I8_DEQUANT, arch)
-    rows = vn if side.transposed else vm
-    return outs * mix_cycles(I8_REQUANT, arch) + rows * mix_cycles(I8_REQUANT_ROW, arch)
+    rows, cols = (vn, vm) if side.transposed else (vm, vn)  # the kernel's
+    rest = (rows % 4) * cols
+    return ((outs - rest) * mix_cycles(I8_REQUANT, arch) + rest * mix_cycles(I8_REQUANT_ONE, arch)
+            + cols * mix_cycles(I8_REQUANT_COL, arch))
 
 
 def int8_m4f_cycles(vm, vn, k, k_splits, arch: "SpinnArch", side: Int8Side | None = None):
