@@ -315,12 +315,14 @@ def _gemm_i8():
                 m0 = T.Cast("int64", Q[5 + 4 * j + 2])
                 sh = Q[5 + 4 * j + 3]
                 c = Q[1] * zx * zw - zx * CS[j]
-                t0 = T.Cast("int64", Q[5 + 4 * j + 1]) * m0 + T.shift_left(T.int64(1), T.Cast("int64", sh - 1))
+                b0 = T.Cast("int64", Q[5 + 4 * j + 1]) * m0
                 if sh >= 32:
                     # the rounded quotient is the high word shifted by ``sh - 32`` (floor
                     # divisions compose): a 32-bit value, clamped in 32 bits; the clamp at
                     # ``[lo, hi] - zero`` then the zero point is the simulator's clamp of the
-                    # sum with the zero point (the bounds are int8)
+                    # sum with the zero point (the bounds are int8); the rounding term
+                    # ``2**(sh - 1)`` as ``2**(sh - 32)`` (32-bit) times ``2**31``
+                    t0 = b0 + T.shift_left(T.Cast("int64", T.shift_left(1, sh - 32)), T.int64(31))
                     for i in range(m):
                         v = ACC[i * n + j] - zw * RS[i] + c
                         t = T.Cast("int64", v) * m0 + t0
@@ -328,6 +330,7 @@ def _gemm_i8():
                         Y[i * n + j] = T.Cast("int8", T.min(T.max(r, lo), hi) + Q[2])
                 else:
                     # a multiplier of 1/2 or more: the 64-bit quotient clamped in 64 bits
+                    t0 = b0 + T.Cast("int64", T.shift_left(1, sh - 1))
                     for i in range(m):
                         v = ACC[i * n + j] - zw * RS[i] + c
                         t = T.Cast("int64", v) * m0 + t0

@@ -183,9 +183,9 @@ I8_SUM = Mix(loads=1.0, alu=1.5, branches=0.25)
 I8_SUM_ROW = Mix(loads=2.0, paired=1.0, alu=8.0, branches=1.5)
 I8_ACC = Mix(loads=1.0, paired=1.0, alu=1.5)
 I8_ACC_ROW = Mix(loads=2.0, paired=1.0, alu=5.0, branches=1.5)
-I8_REQUANT = Mix(loads=6.0, paired=3.0, alu=12.5, mla=1.0, branches=0.25)
-I8_REQUANT_ONE = Mix(loads=8.0, paired=5.0, alu=12.0, mla=2.0)
-I8_REQUANT_COL = Mix(loads=11.0, paired=12.0, alu=29.0, mla=1.0)
+I8_REQUANT = Mix(loads=5.0, paired=2.75, alu=12.5, mla=1.0, branches=0.25)
+I8_REQUANT_ONE = Mix(loads=7.0, paired=6.0, alu=14.0, mla=2.0)
+I8_REQUANT_COL = Mix(loads=13.0, paired=12.0, alu=22.0, mla=1.0)
 I8_DRIVER = Mix(loads=8.0, alu=8.0, branches=1.0)
 #: the dequantizing epilogue of an fp32 output per output (VCVT of the sum, VMUL by the scale,
 #: VADD of the bias, the loads and store): not generated for the PE yet, so not checked
