@@ -26,8 +26,7 @@ requantization), the MAC array being a modelled peripheral that completes at onc
 modelled cycles are the int8 kernel's M4F cost model
 (:func:`tvm_spinn.program.ops.gemm.geometry.int8_m4f_cycles`, whose instruction mixes were
 read from the kernel's executed blocks at three tile shapes run directly; every program row is
-held out), and a second line gives what the timing model charges the layer (the MAC array's
-passes plus that M4F share: the kernel's driver waits for the array before the M4F's work).
+held out), and a second line gives what the timing model charges the layer.
 Usage: ``python bench/iss.py`` (``--only PREFIX``: the cases named so, no calibration).
 """
 
@@ -323,7 +322,7 @@ def main() -> None:
               f"{modelled:10.0f} {executed:10d} {err:+9.1%} {err_cal:+8.1%} {ok:>5s} {executed / units:6.2f}/{unit}")
         if _int8_gemm(program, index):
             print(f"{'':24s} the timing model charges these tiles {sum(r.modelled for r in rows):.0f} cycles "
-                  "(the MAC array's passes, then the M4F's share above: the kernel waits for the array)")
+                  "(the longer of the MAC array and the M4F's chunk and operand-sum adds)")
     print()
     for field in CONSTANTS:
         print(f"calibration: {field} = {getattr(arch, field):.2f} in SpinnArch; the calibration rows solve to "

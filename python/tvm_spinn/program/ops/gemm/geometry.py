@@ -236,16 +236,24 @@ def gemm_tile_cycles(vm: int, vn: int, k: int, k_splits: int, arch: "SpinnArch",
                      side: Int8Side | None = None) -> float:
     """Compute cycles of a ``vm x vn`` GEMM tile with reduction ``k`` in ``k_splits`` chunks
     (see the module docstring); a float, callers round up. ``vm`` and ``vn`` may be int64
-    arrays (one entry per tile): the result is then a float64 array. int8: the MAC array's
-    passes plus the PE kernel's M4F work (:func:`int8_m4f_cycles`), one after the other as the
-    kernel schedules them: each chunk's driver waits for the array before the M4F adds its sums
-    (and forms the operands' sums), and the epilogue follows the last chunk."""
+    arrays (one entry per tile): the result is then a float64 array. int8: the longer of the
+    MAC array's passes and the M4F's adds of the chunks' sums, of the dequantizing epilogue and
+    of the activation's sums at ``m4f_elementwise_cycles`` each: the M4F's work overlaps the
+    array's, as the chip's published int8 rates require (``bench/fidelity.py``: the batch-1
+    fully-connected layer's 16-19% MAC utilisation leaves the M4F about a quarter of the
+    array's time). The generated PE kernel does not overlap them yet (its driver polls the
+    array) and its requantization is dearer: :func:`int8_m4f_cycles` prices what it executes,
+    and ``bench/iss.py`` prints that kernel against executed code."""
     if mode != "int8":
         return fp32_tile_cycles(vm, vn, k, k_splits, arch)
+    side = side or Int8Side()
     passes = mac_passes(vm, vn, arch)
     array = passes * (k + k_splits * arch.mac_readout_cycles)
-    total = array + int8_m4f_cycles(vm, vn, k, k_splits, arch, side)
-    return total.astype(np.float64) if isinstance(total, np.ndarray) else float(total)
+    sums = side.row_sums or side.col_sums
+    per_out = (k_splits - 1) + int(side.fp32_out) + int(sums)
+    m4f = per_out * vm * vn * arch.m4f_elementwise_cycles + k * (vm * side.row_sums + vn * side.col_sums)
+    longer = np.maximum(array, m4f)
+    return longer.astype(np.float64) if isinstance(longer, np.ndarray) else float(longer)
 
 
 def k_part_bounds(k: int, tk: int, parts: int) -> np.ndarray:
@@ -256,17 +264,17 @@ def k_part_bounds(k: int, tk: int, parts: int) -> np.ndarray:
     return np.minimum(np.arange(parts + 1, dtype=np.int64) * ks // parts * c, k)
 
 
-def k_part_tail_cycles(vm, vn, parts: int, arch: "SpinnArch", side: Int8Side | None) -> float:
+def k_part_tail_cycles(vm, vn, parts: int, arch: "SpinnArch", side: Int8Side | None = None) -> float:
     """Cycles the reducing part of a split int8 tile spends after its own chunks: per other part
     a NoC DMA of its ``vm*vn`` int32 partial sums (``dma_setup_cycles`` + bytes /
     ``dma_bw_bytes_per_cycle``) and ``vm*vn`` 32-bit adds on the M4F (plus the zero-point sums'
-    ``vm`` / ``vn`` adds), then the epilogue (:func:`int8_finish_cycles`). Serial: the partials
+    ``vm`` / ``vn`` adds), then the dequantizing epilogue (``fp32_out``). Serial: the partials
     are ready only when the other parts finish (taken to finish with it)."""
     side = side or Int8Side()
     others = parts - 1
     dma = others * (arch.dma_setup_cycles + ACC_BYTES * vm * vn / arch.dma_bw_bytes_per_cycle)
-    adds = others * (vm * vn + vm * side.row_sums + vn * side.col_sums)
-    return dma + adds * arch.m4f_elementwise_cycles + int8_finish_cycles(vm, vn, arch, side)
+    adds = (others * (vm * vn + vm * side.row_sums + vn * side.col_sums) + int(side.fp32_out) * vm * vn)
+    return dma + adds * arch.m4f_elementwise_cycles
 
 
 def _part_side(side: Int8Side | None) -> Int8Side:
