@@ -79,26 +79,28 @@ class Case:
 
 
 # -- programs ------------------------------------------------------------------------------------
-def _dense(tensors: list[TensorDesc], x: int, k: int, n: int, i: int) -> Layer:
-    """An int8 dense layer ``y = requantize(x @ W)`` reading tensor ``x`` (int8 output)."""
+def _dense(tensors: list[TensorDesc], x: int, k: int, n: int, i: int, out: str = "int8") -> Layer:
+    """An int8 dense layer reading tensor ``x``: ``y = requantize(x @ W)`` (int8 output), or with
+    ``out="int32"`` the raw int32 sums ``x @ W`` (no epilogue)."""
     consts = {"weight": len(tensors)}
     tensors.append(TensorDesc(f"w{i}", [k, n], "int8", "const"))
-    for role, dtype in (("bias_q", "int32"), ("multiplier", "int32"), ("shift", "int32")):
+    for role, dtype in (("bias_q", "int32"), ("multiplier", "int32"), ("shift", "int32")) if out == "int8" else ():
         consts[role] = len(tensors)
         tensors.append(TensorDesc(f"{role}{i}", [n], dtype, "const"))
     m = tensors[x].shape[0]
-    tensors.append(TensorDesc(f"y{i}", [m, n], "int8", "temp"))
-    attrs = dict(x_zero=0, x_flip=False, relu=False, out="int8")
+    tensors.append(TensorDesc(f"y{i}", [m, n], out, "temp"))
+    attrs = dict(x_zero=0, x_flip=False, relu=False, out=out)
     return Layer(name=f"dense{i}", kind="dense", inputs=[x], output=len(tensors) - 1, consts=consts,
                  attrs=attrs, mode="int8")
 
 
-def dense_chain(m: int, k: int, n: int, layers: int, arch: SpinnArch) -> Program:
-    """``layers`` int8 dense layers ``[m, k] @ [k, n]`` (then ``[m, n] @ [n, n]``...) in a row."""
+def dense_chain(m: int, k: int, n: int, layers: int, arch: SpinnArch, last: str = "int8") -> Program:
+    """``layers`` int8 dense layers ``[m, k] @ [k, n]`` (then ``[m, n] @ [n, n]``...) in a row,
+    the last one with a ``last`` output (``int32``: its raw sums)."""
     tensors = [TensorDesc("x", [m, k], "int8", "input")]
     body, x = [], 0
     for i in range(layers):
-        layer = _dense(tensors, x, k if i == 0 else n, n, i)
+        layer = _dense(tensors, x, k if i == 0 else n, n, i, last if i == layers - 1 else "int8")
         body.append(layer)
         x = layer.output
     tensors[x] = replace(tensors[x], role="output")
@@ -107,6 +109,14 @@ def dense_chain(m: int, k: int, n: int, layers: int, arch: SpinnArch) -> Program
 
 def _mapped(program: Program, arch: SpinnArch, options: MappingOptions) -> Program:
     return map_program(program, arch, options)
+
+
+def _on_chip(p: Program, arch: SpinnArch) -> Program:
+    """``p`` with its inputs and outputs in SRAM too, timed again by the product's
+    :func:`~tvm_spinn.timing.evaluate` on a mapping that says so."""
+    onchip = tuple(sorted(set(p.mapping.onchip_tensors) | set(p.inputs) | set(p.outputs)))
+    p = replace(p, mapping=replace(p.mapping, onchip_tensors=onchip))
+    return replace(p, timing=evaluate(p, arch))
 
 
 def _middle(m: int, k: int, arch: SpinnArch, split_k: bool = True) -> tuple[Program, LayerTimingSummary]:
@@ -119,10 +129,20 @@ def _middle(m: int, k: int, arch: SpinnArch, split_k: bool = True) -> tuple[Prog
     return p, p.timing.layers[1]
 
 
+def _matmul_sram(m: int, k: int, arch: SpinnArch) -> tuple[Program, LayerTimingSummary]:
+    """The chip paper's measured int8 matmul ([OJCAS26] Table 3): one ``[m, k] @ [k, k]`` layer
+    with raw int32 sums (the int8 GEMM with an ``int32`` output: the MAC array's sums, no
+    requantization, no zero points), weights resident and its input and output in SRAM too
+    (every operand on chip)."""
+    p = _mapped(dense_chain(m, k, k, 1, arch, last="int32"), arch, MappingOptions(weights="resident"))
+    p = _on_chip(p, arch)
+    return p, p.timing.layers[0]
+
+
 def sram_tops(m: int, k: int, chip: str) -> Callable[[], Result]:
     def run() -> Result:
         arch = CHIPS[chip]
-        p, mid = _middle(m, k, arch)
+        p, mid = _matmul_sram(m, k, arch)
         tops = mid.flops / (mid.cycles / arch.clock_hz) / 1e12
         return Result(tops, f"{mid.pes} PEs, {mid.tiles} tiles, {mid.cycles} cycles, "
                             f"compute {mid.compute_cycles / max(1, mid.pes):.0f}/PE")
@@ -130,15 +150,12 @@ def sram_tops(m: int, k: int, chip: str) -> Callable[[], Result]:
 
 
 def sram_tops_w(m: int, k: int, chip: str) -> Callable[[], Result]:
-    """Whole-program TOPS/W of the :func:`_middle` chain with its input and output in SRAM too
-    (the paper's setup: every operator's operands on chip), timed by the product's
-    :func:`~tvm_spinn.timing.evaluate` on a mapping that says so."""
+    """Whole-program TOPS/W of the :func:`_matmul_sram` program (the paper's setup: every
+    operator's operands on chip)."""
     def run() -> Result:
         arch = CHIPS[chip]
-        p, _ = _middle(m, k, arch)
-        p = replace(p, mapping=replace(p.mapping, onchip_tensors=tuple(sorted(set(p.mapping.onchip_tensors)
-                                                                              | set(p.inputs) | set(p.outputs)))))
-        t = evaluate(p, arch)
+        p, _ = _matmul_sram(m, k, arch)
+        t = p.timing
         return Result(t.flops / t.energy_j / 1e12,
                       f"{t.flops / t.latency_s / 1e12:.3f} TOPS at {t.energy_j / t.latency_s:.3f} W "
                       f"(silicon: {'4.563 TOPS at 2.219' if chip == 'production' else '2.281 TOPS at 0.825'} W)")
@@ -227,7 +244,7 @@ def layer_fixed_cost() -> Result:
 def cases() -> list[Case]:
     src_t3 = "[OJCAS26] Table 3"
     src_o = "[Octopus] arXiv 2507.13736"
-    sram = "3 int8 dense in a row, weights resident, activations on chip; middle layer"
+    sram = "one int8 matmul with int32 sums, weights resident, every operand on chip"
     out = []
     for chip, mhz, tops in (("production", 300, 4.563), ("production-150mhz", 150, 2.281)):
         for (m, k), held in (((2048, 256), False), ((512, 256), mhz == 300), ((4096, 128), True)):

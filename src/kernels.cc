@@ -1463,7 +1463,22 @@ void TanhF32(const float* x, float* out, int64_t n) {
 
 namespace {
 
+// A NaN with its quiet bit set (what an M4F arithmetic instruction makes of a NaN operand,
+// FPSCR.DN = 0: its sign and payload kept).
+inline float QuietNaN(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  bits |= 0x00400000u;
+  std::memcpy(&x, &bits, sizeof bits);
+  return x;
+}
+
+// For a NaN x the activations below return the NaN the PE kernel's instructions pass on (each
+// operation with a NaN operand returns its first NaN operand, quieted: ARMv7-M ARM A2.5.5):
+// x86 returns the first operand of the instruction the compiler chose, whose operands of a
+// commutative multiply or add it may swap, so the C++ arithmetic cannot be left to decide.
 inline float GeluModel(float x) {
+  if (!(x == x)) return QuietNaN(x);  // 0.5 * x is the first NaN of the final product
   const float u = x * 0.70710678118654752f;
   const float sign = u > 0.0f ? 1.0f : (u < 0.0f ? -1.0f : (u == u ? 0.0f : u));  // np.sign
   const float a = std::fabs(u);
@@ -1495,11 +1510,29 @@ inline float GeluTanhModel(float x) {
   return half * (1.0f + TanhModel(inner));
 }
 
-inline float SigmoidModel(float x) { return 1.0f / (1.0f + ExpModel(-x)); }
+inline float SigmoidModel(float x) {
+  if (!(x == x)) return QuietNaN(-x);  // exp(-x) is -x (VNEG flips the sign), then 1 + e and 1 / d pass it on
+  return 1.0f / (1.0f + ExpModel(-x));
+}
 
 }  // namespace
 
+namespace {
+void ActivationHost(const float* x, float* out, int64_t n, Activation act);
+}  // namespace
+
 void ActivationF32(const float* x, float* out, int64_t n, Activation act) {
+  ActivationHost(x, out, n, act);
+  // an invalid operation on numbers (gelu(-inf): -inf * 0) gives the M4F's default NaN
+  // 0x7FC00000 (FPSCR.DN = 0 keeps only operands' NaNs); x86's is 0xFFC00000
+  const uint32_t d = 0x7FC00000u;
+  for (int64_t i = 0; i < n; ++i) {
+    if (out[i] != out[i] && x[i] == x[i]) std::memcpy(out + i, &d, sizeof d);
+  }
+}
+
+namespace {
+void ActivationHost(const float* x, float* out, int64_t n, Activation act) {
   switch (act) {
     case Activation::kGelu:
       for (int64_t i = 0; i < n; ++i) out[i] = GeluModel(x[i]);
@@ -1512,20 +1545,55 @@ void ActivationF32(const float* x, float* out, int64_t n, Activation act) {
       break;
   }
 }
+}  // namespace
 
 namespace {
-/*!
- * \brief A row kernel's NaN outputs where its operands hold no NaN, as the M4F has them: such a
- *        NaN starts at an invalid operation (inf - inf, 0 * inf, the square root of a negative
- *        number), whose result is the M4F's default NaN 0x7FC00000 (x86's is 0xFFC00000), and
- *        the row kernels' later operations pass it on unchanged (no negation among them).
- */
-void M4fDefaultNaNRow(const float* x, const float* w1, const float* w2, float* o, int64_t cols) {
-  if (!AnyNaN(o, cols) || AnyNaN(x, cols) || (w1 && AnyNaN(w1, cols)) || (w2 && AnyNaN(w2, cols))) return;
-  const uint32_t d = 0x7FC00000u;
-  for (int64_t j = 0; j < cols; ++j) {
-    if (o[j] != o[j]) std::memcpy(o + j, &d, sizeof d);
+/*! \brief The host's operations: the fast path (its NaNs are fixed afterwards where a row has one). */
+struct HostOps {
+  static float Add(float a, float b) { return a + b; }
+  static float Sub(float a, float b) { return a - b; }
+  static float Mul(float a, float b) { return a * b; }
+  static float Div(float a, float b) { return a / b; }
+  static float Sqrt(float a) { return std::sqrt(a); }
+};
+
+/*! \brief The M4F's VADD/VSUB/VMUL/VDIV/VSQRT with their NaN results (M4fNaN: a signalling operand
+ *         first, then the first quiet one; an invalid operation's default NaN 0x7FC00000), operand
+ *         order kept: a row with a NaN output is computed again with these. */
+struct M4fOps {
+  static float Add(float a, float b) { return M4fAdd(a, b); }
+  static float Sub(float a, float b) {
+    const float r = a - b;
+    return r == r ? r : M4fNaN(a, b);
   }
+  static float Mul(float a, float b) { return M4fMul(a, b); }
+  static float Div(float a, float b) {
+    const float r = a / b;
+    return r == r ? r : M4fNaN(a, b);
+  }
+  static float Sqrt(float a) {
+    const float r = std::sqrt(a);
+    return r == r ? r : M4fNaN(a, a);  // a NaN quieted; the square root of a negative number: default NaN
+  }
+};
+
+template <typename Ops>
+void SoftmaxRow(const float* xr, float* o, int64_t cols) {
+  float m = -INFINITY;
+  for (int64_t j = 0; j < cols; ++j) {
+    const float v = xr[j];
+    if (!(v == v)) {  // NaN: the max is the row's first NaN (the PE kernel's rule)
+      m = v;
+      break;
+    }
+    if (v > m) m = v;
+  }
+  float sum = 0.0f;
+  for (int64_t j = 0; j < cols; ++j) {
+    o[j] = ExpModel(Ops::Sub(xr[j], m));
+    sum = Ops::Add(sum, o[j]);
+  }
+  for (int64_t j = 0; j < cols; ++j) o[j] = Ops::Div(o[j], sum);
 }
 }  // namespace
 
@@ -1533,22 +1601,8 @@ void SoftmaxRowsF32(const float* x, float* out, int64_t rows, int64_t cols, int 
   ParallelFor(rows, threads, [&](int64_t r) {
     const float* xr = x + r * cols;
     float* o = out + r * cols;
-    float m = -INFINITY;
-    for (int64_t j = 0; j < cols; ++j) {
-      const float v = xr[j];
-      if (!(v == v)) {  // NaN: the max is NaN (numpy's max propagates it)
-        m = v;
-        break;
-      }
-      if (v > m) m = v;
-    }
-    float sum = 0.0f;
-    for (int64_t j = 0; j < cols; ++j) {
-      o[j] = ExpModel(xr[j] - m);
-      sum = sum + o[j];
-    }
-    for (int64_t j = 0; j < cols; ++j) o[j] = o[j] / sum;
-    M4fDefaultNaNRow(xr, nullptr, nullptr, o, cols);
+    SoftmaxRow<HostOps>(xr, o, cols);
+    if (AnyNaN(o, cols)) SoftmaxRow<M4fOps>(xr, o, cols);  // the NaNs' sign and payload as the M4F has them
   });
 }
 
@@ -1641,11 +1695,13 @@ void CrossEntropyGradRowsF32(const float* z, const int32_t* labels, float* out, 
   });
 }
 
+namespace {
+
 // The blocked fp32 sum of term(0), ..., term(cols - 1) (kernels.h, kLayerNormBlock): each block
 // summed left to right from 0, the block sums added left to right from 0. A row split over PEs
 // sums its blocks in parallel and adds only the block sums along the chain of its chunks. Each
 // term is one fp32 value (a product rounded before the add: no contraction, CMakeLists.txt).
-template <typename Term>
+template <typename Ops, typename Term>
 float BlockedSumF32(int64_t cols, Term term) {
   float sum = 0.0f;
   for (int64_t b = 0; b < cols; b += kLayerNormBlock) {
@@ -1653,12 +1709,44 @@ float BlockedSumF32(int64_t cols, Term term) {
     float s = 0.0f;
     for (int64_t j = b; j < e; ++j) {
       const float t = term(j);
-      s = s + t;
+      s = Ops::Add(s, t);
     }
-    sum = sum + s;
+    sum = Ops::Add(sum, s);
   }
   return sum;
 }
+
+template <typename Ops>
+void LayerNormRow(const float* xr, const float* gamma, const float* beta, float eps, float d, float* o,
+                  int64_t cols) {
+  const float mean = Ops::Div(BlockedSumF32<Ops>(cols, [&](int64_t j) { return xr[j]; }), d);
+  const float sq = BlockedSumF32<Ops>(cols, [&](int64_t j) {
+    o[j] = Ops::Sub(xr[j], mean);
+    return Ops::Mul(o[j], o[j]);
+  });
+  const float den = Ops::Sqrt(Ops::Add(Ops::Div(sq, d), eps));
+  for (int64_t j = 0; j < cols; ++j) {
+    float y = Ops::Div(o[j], den);
+    if (gamma) y = Ops::Mul(y, gamma[j]);
+    if (beta) y = Ops::Add(y, beta[j]);
+    o[j] = y;
+  }
+}
+
+template <typename Ops>
+void RmsNormRow(const float* xr, const float* weight, float eps, float d, float* o, int64_t cols) {
+  const float m = Ops::Div(BlockedSumF32<Ops>(cols, [&](int64_t j) { return Ops::Mul(xr[j], xr[j]); }), d);
+  const float v = Ops::Add(m, eps);
+  const float root = Ops::Sqrt(v);
+  const float inv = Ops::Div(1.0f, root);
+  for (int64_t j = 0; j < cols; ++j) {
+    // x * r: the generated code's VMUL takes r as its first operand (the two NaNs' order matters)
+    const float h = Ops::Mul(inv, xr[j]);
+    o[j] = weight ? Ops::Mul(weight[j], h) : h;
+  }
+}
+
+}  // namespace
 
 void LayerNormRowsF32(const float* x, const float* gamma, const float* beta, float eps, float* out,
                       int64_t rows, int64_t cols, int threads) {
@@ -1666,19 +1754,8 @@ void LayerNormRowsF32(const float* x, const float* gamma, const float* beta, flo
   ParallelFor(rows, threads, [&](int64_t r) {
     const float* xr = x + r * cols;
     float* o = out + r * cols;
-    const float mean = BlockedSumF32(cols, [&](int64_t j) { return xr[j]; }) / d;
-    const float sq = BlockedSumF32(cols, [&](int64_t j) {
-      o[j] = xr[j] - mean;
-      return o[j] * o[j];
-    });
-    const float den = std::sqrt(sq / d + eps);
-    for (int64_t j = 0; j < cols; ++j) {
-      float y = o[j] / den;
-      if (gamma) y = y * gamma[j];
-      if (beta) y = y + beta[j];
-      o[j] = y;
-    }
-    M4fDefaultNaNRow(xr, gamma, beta, o, cols);
+    LayerNormRow<HostOps>(xr, gamma, beta, eps, d, o, cols);
+    if (AnyNaN(o, cols)) LayerNormRow<M4fOps>(xr, gamma, beta, eps, d, o, cols);  // the M4F's NaNs
   });
 }
 
@@ -1688,15 +1765,8 @@ void RmsNormRowsF32(const float* x, const float* weight, float eps, float* out, 
   ParallelFor(rows, threads, [&](int64_t r) {
     const float* xr = x + r * cols;
     float* o = out + r * cols;
-    const float m = BlockedSumF32(cols, [&](int64_t j) { return xr[j] * xr[j]; }) / d;
-    const float v = m + eps;
-    const float root = std::sqrt(v);
-    const float inv = 1.0f / root;
-    for (int64_t j = 0; j < cols; ++j) {
-      const float h = xr[j] * inv;
-      o[j] = weight ? weight[j] * h : h;
-    }
-    M4fDefaultNaNRow(xr, weight, nullptr, o, cols);
+    RmsNormRow<HostOps>(xr, weight, eps, d, o, cols);
+    if (AnyNaN(o, cols)) RmsNormRow<M4fOps>(xr, weight, eps, d, o, cols);  // the M4F's NaNs
   });
 }
 

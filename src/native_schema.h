@@ -47,7 +47,7 @@ constexpr const char* kNames[kNumOps] = {"gemm", "im2col", "depthwise", "softmax
 
 enum UnaryKind : int64_t { kUnaryRelu = 0, kUnaryClip = 1, kUnaryNegative = 2, kUnarySqrt = 3, kUnaryRsqrt = 4, kUnarySquare = 5, kUnaryCube = 6, kUnaryTanh = 7, kUnaryGelu = 8, kUnaryGeluTanh = 9, kUnarySigmoid = 10 };
 enum BinaryKind : int64_t { kBinaryAdd = 0, kBinarySubtract = 1, kBinaryMultiply = 2, kBinaryDivide = 3 };
-enum QoutKind : int64_t { kQoutF32 = 0, kQoutI8 = 1, kQoutU8 = 2 };
+enum QoutKind : int64_t { kQoutF32 = 0, kQoutI8 = 1, kQoutU8 = 2, kQoutI32 = 3 };
 enum QuantKind : int64_t { kQuantI8 = 1, kQuantU8 = 2, kQuantI32 = 3 };
 
 /*! \brief The program's native section (src/native_section.cc). */

@@ -75,6 +75,9 @@ float BitsToFloat(int64_t bits) {
   return f;
 }
 
+/*! \brief The M4F's default NaN 0x7FC00000 (an invalid operation's result on numbers). */
+float M4fDefaultNaN() { return BitsToFloat(0x7FC00000); }
+
 /*! \brief One instruction: its words (code first). */
 struct Instr {
   std::vector<int64_t> w;
@@ -413,12 +416,12 @@ class Plan {
             TVM_FFI_THROW(ValueError) << kFunc << ": bad k-chunk " << in[11] << " or acc_bits " << in[12];
           }
           const int64_t groups = in[19], kind = in[21];
-          if (groups < 1 || kind < kQoutF32 || kind > kQoutU8 || in[28] < 0 || in[28] > 1) {
+          if (groups < 1 || kind < kQoutF32 || kind > kQoutI32 || in[28] < 0 || in[28] > 1) {
             TVM_FFI_THROW(ValueError) << kFunc << ": bad int8 GEMM epilogue";
           }
           Need(a, m * k);
           Need(b, k * n);
-          Need(in[3], batch * m * n * (kind == kQoutF32 ? 4 : 1));
+          Need(in[3], batch * m * n * (kind == kQoutF32 || kind == kQoutI32 ? 4 : 1));
           Need(in[4], batch * m * n * 4);
           const int64_t a_count = bytes_[a] / (m * k), b_count = bytes_[b] / (k * n);
           CheckIndex(in[9], batch, a_count);
@@ -431,7 +434,7 @@ class Plan {
           if (kind == kQoutF32) {
             Need(in[22], channels * 4);
             Need(in[23], channels * 4, true);
-          } else {
+          } else if (kind != kQoutI32) {
             Need(in[24], channels * 4);
             Need(in[25], channels * 4);
             Need(in[26], channels * 4);
@@ -540,11 +543,11 @@ class Plan {
       case kUnaryNegative:
         for (int64_t i = 0; i < n; ++i) out[i] = -x[i];
         break;
-      case kUnarySqrt:
-        for (int64_t i = 0; i < n; ++i) out[i] = std::sqrt(x[i]);
+      case kUnarySqrt:  // VSQRT of a negative number: the M4F's default NaN (x86's is 0xFFC00000)
+        for (int64_t i = 0; i < n; ++i) out[i] = x[i] < 0.0f ? M4fDefaultNaN() : std::sqrt(x[i]);
         break;
       case kUnaryRsqrt:
-        for (int64_t i = 0; i < n; ++i) out[i] = 1.0f / std::sqrt(x[i]);
+        for (int64_t i = 0; i < n; ++i) out[i] = 1.0f / (x[i] < 0.0f ? M4fDefaultNaN() : std::sqrt(x[i]));
         break;
       case kUnarySquare:
         for (int64_t i = 0; i < n; ++i) out[i] = x[i] * x[i];
@@ -826,7 +829,7 @@ class Plan {
    *        array's chunked acc_bits sums (GemmI8Batched), then per output the M4F's zero-point
    *        terms `- zb sum_k a - za sum_k b + K za zb` wrapped to 32 bits, then the epilogue:
    *        dequantize `fl(acc) * scale [+ bias]`, ReLU as numpy's maximum(y, 0) (NaN kept, -0 ->
-   *        +0), or requantize (quant.py's requantize / requantize_tflite) into int8 / uint8.
+   *        +0), the 32-bit sums themselves (an int32 output), or requantize (quant.py's requantize / requantize_tflite) into int8 / uint8.
    *        Channel c of the per-channel vectors is the column, or with on_rows the row's
    *        channel (b % groups) * m + r (conv2d). Sums over k come from int64 constants when
    *        given, else from the operands.
@@ -871,6 +874,7 @@ class Plan {
     std::vector<int64_t> a_sum(any_zb ? m : 0), b_sum(any_za ? n : 0);
     float* out_f = reinterpret_cast<float*>(base[in[3]]);
     int8_t* out_q = reinterpret_cast<int8_t*>(base[in[3]]);
+    int32_t* out_i = reinterpret_cast<int32_t*>(base[in[3]]);
     for (int64_t bi = 0; bi < batch; ++bi) {
       const int64_t ia = s.a_index[bi], ib = s.b_index[bi];
       if (any_zb) {
@@ -907,6 +911,10 @@ class Plan {
           if (zar != 0) v -= zar * b_sum[c];
           v += k * zar * zbc;
           v = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(v)));  // 32-bit registers
+          if (kind == kQoutI32) {  // the raw 32-bit sums: no epilogue
+            out_i[o + c] = static_cast<int32_t>(v);
+            continue;
+          }
           const int64_t ch = on_rows ? row_ch : c;
           if (kind == kQoutF32) {
             float y = static_cast<float>(v) * scale[ch];

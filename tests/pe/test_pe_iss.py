@@ -516,3 +516,79 @@ def test_take_resolves_indices_on_the_pe(mode):
             with pytest.raises(IndexError, match=rf"take index {extent + 1} is out of range for axis {axis} "
                                                  rf"of extent {extent}"):
                 run_program_iss(program, [x])
+
+
+@pytest.mark.parametrize("kind,k", [("dense", 40), ("dense", 600), ("matmul", 600)])
+def test_int32_sums_bit_identical(kind, k):
+    """The int8 GEMM with raw int32 sums (no epilogue): the array writes the first chunk's sums
+    into the accumulator, the M4F adds the later chunks' (k = 600: two accumulator-safe chunks on
+    the 24-bit production chip); iss equals the default simulator and numpy."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "program"))
+    from test_int32_gemm import int32_program
+
+    from tvm_spinn.mapping import MappingOptions, map_program
+
+    rng = np.random.default_rng(12)
+    m, n = 9, 14
+    x = rng.integers(-128, 128, size=(m, k)).astype(np.int8)
+    w = rng.integers(-128, 128, size=(k, n)).astype(np.int8)
+    x[0], w[:, 0] = -128, -128
+    program = int32_program(kind, m, k, n, w)
+    mapped = map_program(program, program.arch, MappingOptions())
+    feeds = [x] if kind == "dense" else [x, w]
+    (want,) = run_program(mapped, feeds)
+    (got,) = run_program_iss(mapped, feeds)
+    assert got.dtype == np.int32 and np.array_equal(got, want)
+    assert np.array_equal(got, (x.astype(np.int64) @ w.astype(np.int64)).astype(np.int32))
+
+
+def test_int8_requantization_bit_identical_over_the_shift_range():
+    """The ``gemm_i8`` kernel's requantization run directly (a last chunk whose array sums are
+    zero, so the accumulator is the given int32 values) against
+    :func:`tvm_spinn.program.quant.requantize` on the simulator's operands: every shift of
+    ``[1, 62]`` (the 32-bit path from 32 up, the 64-bit one below), accumulators and biases at
+    the int32 extremes, zero-point terms that wrap in 32 bits, unsaturated and saturated
+    outputs."""
+    from tvm_spinn.program.quant import requantize
+    from tvm_spinn.target.arch import SpinnArch
+
+    arch = SpinnArch()
+    image = role_image(("gemm_i8",))
+    machine = PeMachine(image.elf, image.name, 0, arch.acc_bits, arch)
+    rng = np.random.default_rng(21)
+    m, n = 6, 62
+    shift = np.arange(1, 63, dtype=np.int64)
+    m0 = rng.integers(1 << 30, 1 << 31, size=n)
+    # accumulators of the size each shift brings near the int8 range, and the extremes
+    scale = np.ldexp(100.0, shift.astype(int) - 30)
+    acc = np.clip(rng.normal(size=(m, n)) * scale, -2.0 ** 31, 2.0 ** 31 - 1).astype(np.int64)
+    acc[0, :], acc[1, :] = -(1 << 31), (1 << 31) - 1
+    bias = rng.integers(-(1 << 31), 1 << 31, size=n)
+    zw = rng.integers(-128, 128, size=n)
+    rowsum = rng.integers(-(1 << 31), 1 << 31, size=m)
+    colsum = rng.integers(-(1 << 31), 1 << 31, size=n)
+    # the even columns without zero-point terms and with a bias of the accumulators' size
+    even = slice(0, n, 2)
+    bias[even] = np.clip(rng.normal(size=n // 2) * scale[even], -2.0 ** 31, 2.0 ** 31 - 1).astype(np.int64)
+    zw[even], colsum[even] = 0, 0
+    zx, kk, y_zero, y_min, y_max = 77, 300, -5, -128, 127
+    v = (acc - zw * rowsum[:, None] - zx * colsum + kk * zx * zw).astype(np.int32).astype(np.int64)
+    want = requantize(v + bias, m0, shift, y_zero, y_min, y_max).astype(np.int8)
+    inside = (want > y_min) & (want < y_max)
+    assert inside[2:, shift < 32].sum() > 20 and inside[2:, shift >= 32].sum() > 20 and not inside.all()
+    consts = np.concatenate([[zx, kk, y_zero, y_min, y_max],
+                             np.stack([zw, bias, m0, shift], axis=1).ravel()]).astype(np.int32)
+    k = 4
+    arrays = [np.zeros(m * k, np.int8), np.zeros(k * n, np.int8), np.zeros(m * n, np.int32), acc.astype(np.int32),
+              rowsum.astype(np.int32), colsum.astype(np.int32), consts, np.zeros(m * n, np.int8)]
+    addr, pointers = machine.arena, []
+    for arr in arrays:
+        pointers.append(addr)
+        machine.write(addr, arr.tobytes())
+        addr += -(-arr.nbytes // 8) * 8
+    machine.run([pointers + [m, n, k, 2]])
+    got = np.frombuffer(machine.read(pointers[-1], m * n), np.int8).reshape(m, n)
+    assert np.array_equal(got, want)

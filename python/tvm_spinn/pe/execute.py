@@ -164,7 +164,8 @@ def _run_gemm_f32(run: _Run, index: int, env, table) -> np.ndarray:
 
 
 def _run_gemm_i8(run: _Run, index: int, env, table) -> np.ndarray:
-    """int8 ``dense``, ``matmul`` and ``conv2d`` on the MAC array, requantized on the M4F. The
+    """int8 ``dense``, ``matmul`` and ``conv2d`` on the MAC array, requantized on the M4F (an
+    ``int32`` output: the accumulator's sums, no last-chunk epilogue). The
     kernel's operand ``a`` is the activation (zero point ``x_zero``) and ``b`` the operand
     whose zero point and requantization constants go per output column: a ``conv2d`` tile (the
     mapper's ``[oc, pixels]``) runs transposed, ``a`` = its im2col columns ``[pixels, k]`` and
@@ -200,6 +201,7 @@ def _run_gemm_i8(run: _Run, index: int, env, table) -> np.ndarray:
     const_b = kind != "matmul"
     sum_flags = (4 if row_sums else 0) | (8 if col_sums and not const_b else 0)
     kc = view.gemm_chunk(p, index)
+    requant = attrs["out"] != "int32"
     carry: dict = {}  # region -> the int32 sums a reduction part hands to the next (over the NoC)
     for t in range(len(table)):
         (b0, m0, n0), (_, m1, n1) = table.lo[t, :3].tolist(), table.hi[t, :3].tolist()
@@ -214,7 +216,8 @@ def _run_gemm_i8(run: _Run, index: int, env, table) -> np.ndarray:
             at, bt = a[int(a_index[b0]), m0:m1], b[int(b_index[b0]), :, n0:n1]
             ch = slice(n0, n1)
         tm, tn = at.shape[0], bt.shape[1]
-        head = np.array([attrs["x_zero"], g.k, attrs["y_zero"], attrs["y_min"], attrs["y_max"]], dtype=np.int64)
+        head = np.array([attrs["x_zero"], g.k, attrs.get("y_zero", 0), attrs.get("y_min", 0), attrs.get("y_max", 0)],
+                        dtype=np.int64)
         m = run.machine(index, int(table.pe[t]))
         pa, pb, pp, pacc, prs, pcs, pq, py = _Arena(m, p, index).take(
             tm * kc, kc * tn, 4 * tm * tn, 4 * tm * tn, 4 * tm, 4 * tn, 4 * (5 + 4 * tn), tm * tn)
@@ -233,12 +236,13 @@ def _run_gemm_i8(run: _Run, index: int, env, table) -> np.ndarray:
             c1 = min(c0 + kc, k1)
             m.write(pa, np.ascontiguousarray(at[:, c0:c1], dtype=np.int8).tobytes())
             m.write(pb, np.ascontiguousarray(bt[c0:c1], dtype=np.int8).tobytes())
-            flags = (1 if c0 == 0 else 0) | (2 if c1 == g.k else 0) | sum_flags
+            flags = (1 if c0 == 0 else 0) | (2 if c1 == g.k and requant else 0) | sum_flags
             m.run([[pa, pb, pp, pacc, prs, pcs, pq, py, tm, tn, c1 - c0, flags]])
         if k1 < g.k:
             carry[key] = (m.read(pacc, 4 * tm * tn), m.read(prs, 4 * tm), m.read(pcs, 4 * tn))
-        else:
-            y = np.frombuffer(m.read(py, tm * tn), dtype=spec.dtype).reshape(tm, tn)
+        else:  # an int32 output is the accumulator itself (no zero points: the checks')
+            y = (np.frombuffer(m.read(py, tm * tn), dtype=spec.dtype) if requant
+                 else np.frombuffer(m.read(pacc, 4 * tm * tn), dtype=np.int32)).reshape(tm, tn)
             c[b0, m0:m1, n0:n1] = y.T if conv else y
         run.done(index, t, table, m)
     return out

@@ -24,12 +24,16 @@ Kernels (the ``spec`` of :func:`kernel_object`):
   output channels), else ``bias[j]`` per column -- then the ReLU); args ``a, b, c, bias, m, n,
   k, flags``.
 - ``("gemm_i8",)``: one k-chunk of an int8 GEMM (``dense``, ``matmul``, a ``conv2d`` tile
-  transposed by the host, see :mod:`.execute`): the MAC array's ``acc_bits`` sums into
-  the int32 scratch ``p`` (driver ``pe_mac_gemm``), added in 32-bit to ``acc``, with the
+  transposed by the host, see :mod:`.execute`): the MAC array's ``acc_bits`` sums (driver
+  ``pe_mac_gemm``) into the int32 accumulator ``acc`` on the first chunk (``flags`` bit 0),
+  else into the scratch ``p``, added in 32-bit to ``acc``, with the
   row sums of ``a`` (``flags`` bit 2) and the column sums of ``b`` (bit 3) where the zero-point
   terms need them at run time; on the last chunk the zero-point terms and the requantization
   (:func:`tvm_spinn.program.quant.requantize`; a ReLU is its clamp at the zero point) write
-  int8 ``y``. Args ``a, b, p, acc, rowsum,
+  int8 ``y`` column by column, as Cortex-M4 firmware requantizes: each output one MLS, one ADD
+  and one SMLAL onto the column's 64-bit bias-and-rounding term, then for shifts of 32 and
+  more the high word's arithmetic shift and a 32-bit clamp (a 64-bit shift and clamp below
+  32, multipliers of 1/2 and more) (an int32 output is ``acc`` itself, bit 1 clear). Args ``a, b, p, acc, rowsum,
   colsum, consts, y, m, n, k, flags``; ``consts`` points at ``[zx, K, y_zero, y_min, y_max]``
   then per column ``zw, bias_q, multiplier, shift`` (int32 each).
 - ``("move",)``: data movement as a gather of ``eb``-byte elements: ``dst[i] = src[idx[i]]``,
@@ -270,8 +274,13 @@ def _gemm_i8():
         CS = T.decl_buffer((n,), "int32", data=colsum)
         Q = T.decl_buffer((5 + 4 * n,), "int32", data=consts)
         Y = T.decl_buffer((m * n,), "int8", data=y)
-        T.evaluate(T.call_extern("int32", "pe_mac_gemm", a, b, p, m, n, k))
         first = flags & 1 != 0
+        # the first chunk's sums go straight into the accumulator (the array writes them there);
+        # a later chunk's into the scratch ``p``, which the M4F adds in 32-bit
+        if first:
+            T.evaluate(T.call_extern("int32", "pe_mac_gemm", a, b, acc, m, n, k))
+        else:
+            T.evaluate(T.call_extern("int32", "pe_mac_gemm", a, b, p, m, n, k))
         # an operand's sums are needed only where the other's zero point is nonzero (bit 2: the
         # rows of a, bit 3: the columns of b); the host gives a constant operand's sums
         if flags & 4 != 0:
@@ -288,26 +297,45 @@ def _gemm_i8():
                 for kk in range(k):
                     s[0] = s[0] + T.Cast("int32", B[kk * n + j])
                 CS[j] = s[0]
-        for i in range(m):
-            for j in range(n):
-                ACC[i * n + j] = T.if_then_else(first, P[i * n + j], ACC[i * n + j] + P[i * n + j])
-        if flags & 2 != 0:
+        if not first:
             for i in range(m):
                 for j in range(n):
-                    zx = Q[0]
-                    zw = Q[5 + 4 * j]
-                    # zero-point terms in 32-bit registers (wrapping, as the int32 cast of the
-                    # simulator's int64 sum)
-                    v = T.decl_buffer((1,), "int32", scope="local")
-                    v[0] = ACC[i * n + j] - zw * RS[i] - zx * CS[j] + Q[1] * zx * zw
-                    wide = T.Cast("int64", v[0]) + T.Cast("int64", Q[5 + 4 * j + 1])
-                    shift = T.Cast("int64", Q[5 + 4 * j + 3])
-                    prod = wide * T.Cast("int64", Q[5 + 4 * j + 2])
-                    r = T.decl_buffer((1,), "int64", scope="local")
-                    r[0] = T.shift_right(prod + T.shift_left(T.int64(1), shift - T.int64(1)), shift) + T.Cast("int64", Q[2])
-                    r[0] = T.if_then_else(r[0] < T.Cast("int64", Q[3]), T.Cast("int64", Q[3]), r[0])
-                    r[0] = T.if_then_else(r[0] > T.Cast("int64", Q[4]), T.Cast("int64", Q[4]), r[0])
-                    Y[i * n + j] = T.Cast("int8", r[0])
+                    ACC[i * n + j] = ACC[i * n + j] + P[i * n + j]
+        if flags & 2 != 0:
+            # column by column, so that each column's constants stay in registers: the
+            # zero-point terms that do not depend on the row folded into ``c`` (32-bit
+            # wrapping, as the simulator's int32 cast: addition modulo 2**32 is associative),
+            # the bias's product and the rounding term into the 64-bit ``t0`` (modulo 2**64,
+            # likewise), so that each output is one MLS, one ADD and one SMLAL
+            zx = Q[0]
+            lo = Q[3] - Q[2]
+            hi = Q[4] - Q[2]
+            for j in range(n):
+                zw = Q[5 + 4 * j]
+                m0 = T.Cast("int64", Q[5 + 4 * j + 2])
+                sh = Q[5 + 4 * j + 3]
+                c = Q[1] * zx * zw - zx * CS[j]
+                b0 = T.Cast("int64", Q[5 + 4 * j + 1]) * m0
+                if sh >= 32:
+                    # the rounded quotient is the high word shifted by ``sh - 32`` (floor
+                    # divisions compose): a 32-bit value, clamped in 32 bits; the clamp at
+                    # ``[lo, hi] - zero`` then the zero point is the simulator's clamp of the
+                    # sum with the zero point (the bounds are int8); the rounding term
+                    # ``2**(sh - 1)`` as ``2**(sh - 32)`` (32-bit) times ``2**31``
+                    t0 = b0 + T.shift_left(T.Cast("int64", T.shift_left(1, sh - 32)), T.int64(31))
+                    for i in range(m):
+                        v = ACC[i * n + j] - zw * RS[i] + c
+                        t = T.Cast("int64", v) * m0 + t0
+                        r = T.shift_right(T.Cast("int32", T.shift_right(t, T.int64(32))), sh - 32)
+                        Y[i * n + j] = T.Cast("int8", T.min(T.max(r, lo), hi) + Q[2])
+                else:
+                    # a multiplier of 1/2 or more: the 64-bit quotient clamped in 64 bits
+                    t0 = b0 + T.Cast("int64", T.shift_left(1, sh - 1))
+                    for i in range(m):
+                        v = ACC[i * n + j] - zw * RS[i] + c
+                        t = T.Cast("int64", v) * m0 + t0
+                        r = T.shift_right(t, T.Cast("int64", sh))
+                        Y[i * n + j] = T.Cast("int8", T.Cast("int32", T.min(T.max(r, T.Cast("int64", lo)), T.Cast("int64", hi))) + Q[2])
     return kernel
 
 

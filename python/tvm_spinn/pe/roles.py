@@ -88,8 +88,9 @@ def layer_role(program, index: int) -> tuple:
         if kind not in GEMM_F32_KINDS:
             _fail(program, index, "no PE kernel for this int8 kind yet (generated: dense, matmul, conv2d, "
                                   "data movement)")
-        if attrs.get("out") not in ("int8", "uint8"):
-            _fail(program, index, f"int8 {kind} with a {attrs.get('out')} output (generated: requantized int8/uint8)")
+        if attrs.get("out") not in ("int8", "uint8", "int32"):
+            _fail(program, index, f"int8 {kind} with a {attrs.get('out')} output (generated: requantized "
+                                  f"int8/uint8, raw int32 sums)")
         if attrs.get("rounding", "half_up") != "half_up":
             _fail(program, index, f"requantization rounding {attrs.get('rounding')!r} (generated: half_up)")
         return ("gemm_i8",)

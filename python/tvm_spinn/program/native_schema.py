@@ -115,7 +115,7 @@ KINDS: dict[str, tuple[tuple[str, int], ...]] = {
     "unary": (("relu", 0), ("clip", 1), ("negative", 2), ("sqrt", 3), ("rsqrt", 4), ("square", 5),
               ("cube", 6), ("tanh", 7), ("gelu", 8), ("gelu_tanh", 9), ("sigmoid", 10)),
     "binary": (("add", 0), ("subtract", 1), ("multiply", 2), ("divide", 3)),
-    "qout": (("f32", 0), ("i8", 1), ("u8", 2)),
+    "qout": (("f32", 0), ("i8", 1), ("u8", 2), ("i32", 3)),
     "quant": (("i8", 1), ("u8", 2), ("i32", 3)),
 }
 

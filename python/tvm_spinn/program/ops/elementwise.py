@@ -181,6 +181,17 @@ def relu_owned(r: np.ndarray) -> np.ndarray:
     return r
 
 
+#: the M4F's default NaN (an invalid operation's result on numbers; x86's is 0xFFC00000)
+_M4F_DEFAULT_NAN = np.array(0x7FC00000, dtype=np.uint32).view(_F32)
+
+
+def _m4f_sqrt(x) -> np.ndarray:
+    """VSQRT.F32: a negative number's square root is the M4F's default NaN (a NaN is quieted)."""
+    x = np.asarray(x, dtype=_F32)
+    with np.errstate(invalid="ignore"):
+        return np.where(x < 0, _M4F_DEFAULT_NAN, np.sqrt(x, dtype=_F32)).astype(_F32, copy=False)
+
+
 def unary(kind: str, x: np.ndarray, attrs: dict) -> np.ndarray:
     """The fp32 result of unary ``kind`` (or ``clip`` with ``attrs`` min/max) on ``x``."""
     if kind == "relu":
@@ -192,9 +203,9 @@ def unary(kind: str, x: np.ndarray, attrs: dict) -> np.ndarray:
     if kind == "negative":
         return np.negative(x)
     if kind == "sqrt":
-        return np.sqrt(x, dtype=_F32)
+        return _m4f_sqrt(x)
     if kind == "rsqrt":
-        return np.divide(_F32(1), np.sqrt(x, dtype=_F32), dtype=_F32)
+        return np.divide(_F32(1), _m4f_sqrt(x), dtype=_F32)
     if kind == "power":
         square = np.multiply(x, x, dtype=_F32)
         return square if attrs["exponent"] == 2 else np.multiply(square, x, dtype=_F32)

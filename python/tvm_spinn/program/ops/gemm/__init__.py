@@ -12,7 +12,8 @@ weight``/rhs (matmul's batches broadcast).
   accumulators, one k-chunk at a time (chunks of :func:`chunk_length`, at most
   :func:`safe_k_chunk` long); the M4F adds chunk sums in 32-bit,
   applies the zero-point terms and the epilogue (dequantize, or requantize with a fixed-point
-  multiplier: :mod:`tvm_spinn.program.quant`). ``uint8`` operands have their top bit flipped.
+  multiplier: :mod:`tvm_spinn.program.quant`), or with ``attrs.out = "int32"`` (no zero points)
+  outputs the int32 sums. ``uint8`` operands have their top bit flipped.
 - Tiles: ``[tm, tn, tk]``, regions ``[[b, b+1], [m0, m1], [n0, n1]]`` in ``b``, ``m0``, ``n0``
   order; the reduction streams through the tile's PE in ``k_splits = ceil(K / tk)`` chunks
   (output stationary). Tiles of one group share a weight block (conv2d: ``b * ceil(M / tm) +
@@ -33,9 +34,12 @@ weight``/rhs (matmul's batches broadcast).
   (:func:`~.geometry.fp32_tile_cycles`: ``4 x 4`` blocks, ``4 x 1`` right edges, single outputs
   below, priced by the M4F's load and FPU cycles); int8: the tile padded to ``mac_rows x mac_cols`` blocks in the orientation
   that pads least (:func:`mac_passes`), each streaming
-  its reduction one k-chunk at a time (1 cycle per k) then reading out its sums, overlapped with
-  the M4F's share (:class:`Int8Side`: partial-sum adds, a dequantizing epilogue, zero-point sums
-  of activation operands). ``layer.flops`` is ``2 * M * N * K`` in both modes.
+  its reduction one k-chunk at a time (1 cycle per k) then reading out its sums, followed by
+  the PE kernel's M4F share (:func:`~.geometry.int8_m4f_cycles`, :class:`Int8Side`: the
+  array's driver, the 32-bit adds of later chunks' sums, zero-point sums of activation
+  operands, the requantization or dequantization; none for an ``int32`` output, whose raw
+  sums are the result): the kernel waits for the array before the M4F's work, so they add.
+  ``layer.flops`` is ``2 * M * N * K`` in both modes.
 
 The package by concern: :mod:`.geometry` (the GEMM view, reduction chunks, tile cycles and the
 tile chooser), :mod:`.reference` (the simulator's arithmetic and the native plan's

@@ -23,7 +23,7 @@ _QRANGE = {"int8": (-128, 127), "uint8": (0, 255)}
 _REQUANT = {"y_zero": ZERO, "y_min": ZERO, "y_max": ZERO}
 _CONV = {"strides": POS2, "padding": PAD4, "dilation": POS2, "groups": POSINT}
 _INT8 = {"x_zero": ZERO, "x_flip": check_bool, "relu": check_bool,
-         "out": lambda v, f: check_str(v, f, ("float32", "int8", "uint8"))}
+         "out": lambda v, f: check_str(v, f, ("float32", "int8", "uint8", "int32"))}
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,8 @@ class Int8Side:
     reduction chunks, :mod:`tvm_spinn.pe.kernels` ``gemm_i8``).
 
     ``fp32_out``: dequantizing epilogue (``fl(acc) * scale [+ bias]``) on the M4F, else the
-    requantization to int8/uint8; ``row_sums`` / ``col_sums``: ``sum_k`` of the A rows / B
+    requantization to int8/uint8; ``int32_out``: the raw int32 sums are the output (no
+    epilogue, no zero points); ``row_sums`` / ``col_sums``: ``sum_k`` of the A rows / B
     columns is needed at run time (that operand is an activation and the other operand has a
     nonzero zero point; a constant operand's sums are the compiler's); ``epilogue``: the tile
     finishes its outputs (False for a part of a reduction split over PEs, whose reducing part
@@ -107,6 +108,7 @@ class Int8Side:
     """
 
     fp32_out: bool = False
+    int32_out: bool = False
     row_sums: bool = False
     col_sums: bool = False
     epilogue: bool = True
@@ -115,14 +117,15 @@ class Int8Side:
 
 def int8_side(program, layer: Layer) -> Int8Side:
     """What the M4F does for an int8 GEMM layer besides adding k-chunk partial sums."""
-    fp32_out = program.tensors[layer.output].dtype == "float32"
+    dtype = program.tensors[layer.output].dtype
+    fp32_out, int32_out = dtype == "float32", dtype == "int32"
     a = layer.attrs
     w_zero = "w_zero" in layer.consts
     if layer.kind == "conv2d":  # A = weight, B = im2col(x): x sums needed when zw != 0
-        return Int8Side(fp32_out, False, w_zero, transposed=True)
+        return Int8Side(fp32_out, int32_out, False, w_zero, transposed=True)
     if layer.kind == "dense":  # A = x, B = weight
-        return Int8Side(fp32_out, w_zero, False)
-    return Int8Side(fp32_out, a.get("b_zero", 0) != 0, a.get("x_zero", 0) != 0)
+        return Int8Side(fp32_out, int32_out, w_zero, False)
+    return Int8Side(fp32_out, int32_out, a.get("b_zero", 0) != 0, a.get("x_zero", 0) != 0)
 
 
 def mac_passes(vm, vn, arch: "SpinnArch"):
@@ -167,30 +170,54 @@ def fp32_tile_cycles(vm, vn, k, k_splits, arch: "SpinnArch"):
 #: an operand's sums, per element (LDRSB + ADD, unrolled by 4 with one SUBS, CMP and BNE per 4
 #: elements) and per row (the running sum loaded or started at 0, stored, the loop set-up);
 #: the 32-bit add of a chunk's array sums, per output (LDRD pairs of the scratch and the
-#: accumulator, ADD, STRD) and per row; the requantization, per output (the zero-point terms
-#: by MUL and MLA, the 64-bit product by UMULL and MLA, the variable rounding shift with its
-#: IT-selected halves, both clamps as 64-bit SUBS/SBCS compares and IT selects, the per-column
-#: constants and spilled registers reloaded) and per row; the MAC array's driver per job (7
-#: register writes, the CTRL poll).
+#: accumulator, ADD, STRD) and per row; the requantization, column by column (the kernel's
+#: columns outer, its rows inner, LLVM's loop unrolled by 4 rows): per output in the unrolled
+#: body (the accumulator and row sum loaded, MLS, ADD, SMLAL onto the column's 64-bit term,
+#: ASR of the high word, both clamps by CMP and IT-selected MOV, STRB, the bounds and zero
+#: point reloaded from the stack), per output of the ``rows % 4`` remainder, and per column
+#: (its constants, the zero-point terms that do not depend on the row, the 64-bit bias and
+#: rounding term, the loop set-up); a shift below 32 (a multiplier of 1/2 or more) runs a
+#: 64-bit shift and clamp instead, charged as the 32-bit path (assumption: requantization
+#: multipliers are below 1/2); the MAC array's driver per job (7 register writes, the CTRL poll).
 I8_SUM = Mix(loads=1.0, alu=1.5, branches=0.25)
 I8_SUM_ROW = Mix(loads=2.0, paired=1.0, alu=8.0, branches=1.5)
 I8_ACC = Mix(loads=1.0, paired=1.0, alu=1.5)
 I8_ACC_ROW = Mix(loads=2.0, paired=1.0, alu=5.0, branches=1.5)
-I8_REQUANT = Mix(loads=12.7, paired=5.0, alu=43.7, mla=4.0, branches=0.5)
-I8_REQUANT_ROW = Mix(loads=9.0, paired=5.0, alu=11.0, branches=1.5)
+I8_REQUANT = Mix(loads=5.0, paired=2.75, alu=12.5, mla=1.0, branches=0.25)
+I8_REQUANT_ONE = Mix(loads=7.0, paired=6.0, alu=14.0, mla=2.0)
+I8_REQUANT_COL = Mix(loads=13.0, paired=12.0, alu=22.0, mla=1.0)
 I8_DRIVER = Mix(loads=8.0, alu=8.0, branches=1.0)
 #: the dequantizing epilogue of an fp32 output per output (VCVT of the sum, VMUL by the scale,
 #: VADD of the bias, the loads and store): not generated for the PE yet, so not checked
 I8_DEQUANT = Mix(loads=3.0, paired=1.0, fpu=3.0, alu=1.0)
 
 
+def int8_finish_cycles(vm, vn, arch: "SpinnArch", side: Int8Side | None = None):
+    """M4F cycles of an int8 GEMM tile's epilogue after its last chunk: the requantization
+    (:data:`I8_REQUANT` per output of the kernel's rows unrolled by 4, :data:`I8_REQUANT_ONE`
+    per output of the remaining ``rows % 4``, :data:`I8_REQUANT_COL` per kernel column), the dequantizing
+    epilogue of an fp32 output (:data:`I8_DEQUANT`), nothing for raw int32 sums or a part of a
+    split reduction. ``vm``, ``vn`` may be int64 arrays."""
+    side = side or Int8Side()
+    if not side.epilogue or side.int32_out:
+        return 0.0
+    outs = vm * vn
+    if side.fp32_out:
+        return outs * mix_cycles(I8_DEQUANT, arch)
+    rows, cols = (vn, vm) if side.transposed else (vm, vn)  # the kernel's
+    rest = (rows % 4) * cols
+    return ((outs - rest) * mix_cycles(I8_REQUANT, arch) + rest * mix_cycles(I8_REQUANT_ONE, arch)
+            + cols * mix_cycles(I8_REQUANT_COL, arch))
+
+
 def int8_m4f_cycles(vm, vn, k, k_splits, arch: "SpinnArch", side: Int8Side | None = None):
     """M4F cycles of a ``vm x vn`` int8 GEMM tile with reduction ``k`` in ``k_splits`` chunks, as
     the PE kernel runs it (:data:`I8_SUM` and the other mixes, priced by
-    :func:`~..m4f.mix_cycles`): per chunk (job) ``m4f_job_cycles``, the array's driver and the
-    32-bit add of the array's sums into the accumulator; the activation's sums over all of
-    ``k`` where the other operand's zero point needs them; after the last chunk the
-    requantization (or the dequantizing epilogue). ``vm``, ``vn`` may be int64 arrays."""
+    :func:`~..m4f.mix_cycles`): per chunk (job) ``m4f_job_cycles`` and the array's driver; the
+    32-bit add of the array's sums into the accumulator on every chunk but the first (whose
+    sums the array writes into the accumulator itself); the activation's sums over all of
+    ``k`` where the other operand's zero point needs them; after the last chunk the epilogue
+    (:func:`int8_finish_cycles`). ``vm``, ``vn`` may be int64 arrays."""
     side = side or Int8Side()
     rows = vn if side.transposed else vm  # the kernel's rows
 
@@ -198,14 +225,11 @@ def int8_m4f_cycles(vm, vn, k, k_splits, arch: "SpinnArch", side: Int8Side | Non
         return mix_cycles(mix, arch)
 
     outs = vm * vn
-    per_job = arch.m4f_job_cycles + c(I8_DRIVER) + outs * c(I8_ACC) + rows * c(I8_ACC_ROW)
+    per_job = arch.m4f_job_cycles + c(I8_DRIVER)
+    adds = (k_splits - 1) * (outs * c(I8_ACC) + rows * c(I8_ACC_ROW))
     summed = vm * side.row_sums + vn * side.col_sums  # rows of a sum each
     sums = summed * (k * c(I8_SUM) + k_splits * c(I8_SUM_ROW))
-    finish = 0.0
-    if side.epilogue:
-        finish = (outs * c(I8_DEQUANT) if side.fp32_out
-                  else outs * c(I8_REQUANT) + rows * c(I8_REQUANT_ROW))
-    return k_splits * per_job + sums + finish
+    return k_splits * per_job + adds + sums + int8_finish_cycles(vm, vn, arch, side)
 
 
 def gemm_tile_cycles(vm: int, vn: int, k: int, k_splits: int, arch: "SpinnArch", mode: str = "fp32",
@@ -213,11 +237,13 @@ def gemm_tile_cycles(vm: int, vn: int, k: int, k_splits: int, arch: "SpinnArch",
     """Compute cycles of a ``vm x vn`` GEMM tile with reduction ``k`` in ``k_splits`` chunks
     (see the module docstring); a float, callers round up. ``vm`` and ``vn`` may be int64
     arrays (one entry per tile): the result is then a float64 array. int8: the longer of the
-    MAC array's passes and the M4F's adds of the chunks' sums and of the activation's sums at
-    ``m4f_elementwise_cycles`` each. The generated kernel's M4F work (:func:`int8_m4f_cycles`,
-    its requantization included) is not charged here: the production chip's published int8
-    matmul rate (``bench/fidelity.py``) leaves no room for it, so that measurement's program
-    would not be the one this layer models."""
+    MAC array's passes and the M4F's adds of the chunks' sums, of the dequantizing epilogue and
+    of the activation's sums at ``m4f_elementwise_cycles`` each: the M4F's work overlaps the
+    array's, as the chip's published int8 rates require (``bench/fidelity.py``: the batch-1
+    fully-connected layer's 16-19% MAC utilisation leaves the M4F about a quarter of the
+    array's time). The generated PE kernel does not overlap them yet (its driver polls the
+    array) and its requantization is dearer: :func:`int8_m4f_cycles` prices what it executes,
+    and ``bench/iss.py`` prints that kernel against executed code."""
     if mode != "int8":
         return fp32_tile_cycles(vm, vn, k, k_splits, arch)
     side = side or Int8Side()
@@ -238,7 +264,7 @@ def k_part_bounds(k: int, tk: int, parts: int) -> np.ndarray:
     return np.minimum(np.arange(parts + 1, dtype=np.int64) * ks // parts * c, k)
 
 
-def k_part_tail_cycles(vm, vn, parts: int, arch: "SpinnArch", side: Int8Side | None) -> float:
+def k_part_tail_cycles(vm, vn, parts: int, arch: "SpinnArch", side: Int8Side | None = None) -> float:
     """Cycles the reducing part of a split int8 tile spends after its own chunks: per other part
     a NoC DMA of its ``vm*vn`` int32 partial sums (``dma_setup_cycles`` + bytes /
     ``dma_bw_bytes_per_cycle``) and ``vm*vn`` 32-bit adds on the M4F (plus the zero-point sums'
@@ -255,7 +281,8 @@ def _part_side(side: Int8Side | None) -> Int8Side:
     """What one part of a split int8 reduction computes besides its MAC-array sums: its zero-point
     sums, not the epilogue (the reducing part runs that, :func:`k_part_tail_cycles`)."""
     side = side or Int8Side()
-    return Int8Side(row_sums=side.row_sums, col_sums=side.col_sums, epilogue=False, transposed=side.transposed)
+    return Int8Side(int32_out=side.int32_out, row_sums=side.row_sums, col_sums=side.col_sums, epilogue=False,
+                    transposed=side.transposed)
 
 
 def _round_up(a: int, b: int) -> int:

@@ -298,6 +298,17 @@ def _check_int8_epilogue(v, f: str, kind: str, ins: list[int], consts: dict, out
     weight = set() if kind == "matmul" else {"weight"}
     odt = attrs["out"]
     v.dtype(f"{f}.output", out, (odt,))
+    if odt == "int32":  # the raw 32-bit sums of the products: no epilogue, no zero points
+        v.consts(f, consts, weight, set())
+        extra = sorted((set(_REQUANT) | {"rounding"}) & attrs.keys())
+        if extra:
+            fail(f"{f}.attrs", f"{extra} belong to a requantizing epilogue, output is int32")
+        for key in ("x_zero", "b_zero"):
+            if attrs.get(key, 0) != 0:
+                fail(f"{f}.attrs.{key}", f"an int32 output is the raw sums: zero points must be 0, got {attrs[key]}")
+        if attrs["relu"]:
+            fail(f"{f}.attrs.relu", "an int32 output is the raw sums: no ReLU")
+        return
     if odt == "float32":
         v.consts(f, consts, weight | {"scale"}, {"bias", "w_zero"})
         if (set(_REQUANT) | {"rounding"}) & attrs.keys():

@@ -141,8 +141,8 @@ def _qgemm_finish(runner, b0: int, m0: int, m1: int, n0: int, n1: int, a, bm, ac
 def int8_finish(acc: np.ndarray, za, zb, a_sum, b_sum, k: int, epi: dict, attrs: dict, ch) -> np.ndarray:
     """The M4F's share of an int8 GEMM on the array's int32 sums ``acc`` (int64 array, updated
     in place): the zero-point terms ``sum (a - za)(b - zb) = sum ab - zb sum_k a - za sum_k b +
-    K za zb`` in 32-bit registers, then the epilogue: dequantize (``fl(acc) * scale [+ bias]``,
-    ReLU) or requantize (:func:`~tvm_spinn.program.quant.requantize`). ``a_sum``/``b_sum``
+    K za zb`` in 32-bit registers, then the epilogue: none (an ``int32`` output is the sums),
+    dequantize (``fl(acc) * scale [+ bias]``, ReLU) or requantize (:func:`~tvm_spinn.program.quant.requantize`). ``a_sum``/``b_sum``
     return the operands' sums over k (called only when the other zero point is nonzero); ``ch``
     indexes the per-channel constants."""
     zb = np.int64(0) if zb is None else zb
@@ -152,6 +152,8 @@ def int8_finish(acc: np.ndarray, za, zb, a_sum, b_sum, k: int, epi: dict, attrs:
         acc -= za * b_sum()
     acc += np.int64(k) * za * zb
     acc = acc.astype(np.int32).astype(np.int64)  # 32-bit registers
+    if attrs["out"] == "int32":
+        return acc.astype(np.int32)
     if attrs["out"] == "float32":
         y = acc.astype(_F32) * epi["scale"][ch]
         if "bias" in epi:
@@ -624,7 +626,7 @@ def _int8_native(program, layer: Layer, nb) -> bool:
             zb = int(attrs.get("b_zero", 0))
         a = x
         on_rows = 0
-    out_kind = {"float32": 0, "int8": 1, "uint8": 2}[attrs["out"]]
+    out_kind = {"float32": 0, "int8": 1, "uint8": 2, "int32": 3}[attrs["out"]]
 
     def opt(role):
         return nb.read(layer.consts[role]) if role in layer.consts else none
