@@ -14,6 +14,8 @@ after one step are the tp = 1 bits.
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 import numpy as np
 import torch
@@ -21,15 +23,8 @@ import transformers
 
 import tvm_spinn
 
-
-class _LM(torch.nn.Module):
-    def __init__(self, lm):
-        super().__init__()
-        self.lm = lm
-
-    def forward(self, ids):
-        logits = self.lm(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
-        return logits.reshape(-1, logits.shape[-1])
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+from training_models import LM  # noqa: E402  (the causal LM's logits as cross-entropy trains them)
 
 
 def main() -> None:
@@ -46,7 +41,7 @@ def main() -> None:
     cfg = transformers.GPT2Config(vocab_size=args.vocab, n_positions=args.seq, n_embd=args.hidden,
                                   n_layer=args.layers, n_head=args.heads, resid_pdrop=0.0, embd_pdrop=0.0,
                                   attn_pdrop=0.0, use_cache=False, attn_implementation="eager")
-    model = _LM(transformers.GPT2LMHeadModel(cfg))
+    model = LM(transformers.GPT2LMHeadModel(cfg))
     ids = np.random.default_rng(0).integers(0, args.vocab, (args.batch, args.seq)).astype(np.int64)
     labels = np.roll(ids, -1, axis=1).reshape(-1)
     print(f"GPT-2 {args.layers} layers, hidden {args.hidden}, {args.heads} heads, batch {args.batch} x {args.seq} "
