@@ -11,6 +11,8 @@ import tvm_spinn
 from tvm_spinn import _env
 from tvm_spinn.mapping import MappingOptions, current_options
 from tvm_spinn.options import BuildOptions, SpinnOptions, current
+from tvm_spinn.program.format import options_from_json, options_to_json
+from tvm_spinn.program.model import ProgramError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "python" / "tvm_spinn"
 
@@ -32,10 +34,23 @@ def test_defaults_round_trip_through_dict():
 
 def test_program_form_of_mapping_options_leaves_out_later_defaults():
     # programs built with the defaults keep their bytes: fields added later are left out at default
-    assert MappingOptions().to_dict() == {"mode": "auto", "objective": "latency", "weights": "auto",
-                                          "activations": "auto", "naive": False}
-    assert MappingOptions(split_k=False).to_dict()["split_k"] is False
-    assert MappingOptions.from_dict(MappingOptions(split_k=False).to_dict()) == MappingOptions(split_k=False)
+    assert options_to_json(MappingOptions()) == {"mode": "auto", "objective": "latency", "weights": "auto",
+                                                 "activations": "auto", "naive": False}
+    assert options_to_json(MappingOptions(split_k=False))["split_k"] is False
+    for opts in (MappingOptions(), MappingOptions(split_k=False, scheduler="software", double_buffer=False)):
+        assert options_from_json(options_to_json(opts)) == opts
+        assert MappingOptions.from_dict(opts.to_dict()) == opts
+
+
+@pytest.mark.parametrize("data, match", [
+    ({"nave": True}, r"^mapping\.options: unknown field 'nave' \(fields: mode, "),
+    ({"split_k": 1}, r"^mapping\.options\.split_k: expected bool, got 1 \(int\)"),
+    ({"mode": "fast"}, r"^mapping\.options\.mode must be one of"),
+    ([], r"^mapping\.options: expected an object, got list"),
+])
+def test_program_options_name_the_bad_field(data, match):
+    with pytest.raises(ProgramError, match=match):
+        options_from_json(data)
 
 
 @pytest.mark.parametrize("data, match", [

@@ -237,13 +237,9 @@ class MappingOptions(_Part):
                 raise ValueError(f"MappingOptions.{name} must be one of {allowed}, got {getattr(self, name)!r}")
 
     def to_dict(self) -> dict:
-        """The form stored in a program: fields at their default that later versions added are
-        left out, so programs built with the defaults keep their bytes."""
-        out = self.as_dict()
-        for name, default in (("double_buffer", True), ("scheduler", "static"), ("split_k", True)):
-            if out[name] == default:
-                del out[name]
-        return out
+        """Every field: ``MappingOptions.from_dict(o.to_dict()) == o`` (a program stores its
+        options in the form :func:`tvm_spinn.program.format.options_to_json` writes)."""
+        return self.as_dict()
 
 
 @dataclass(frozen=True)

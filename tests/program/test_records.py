@@ -17,6 +17,7 @@ from tvm_spinn.program.format import (
     mapping_from_json, mapping_to_json, memory_from_json, memory_to_json, program_digest, timing_from_json,
     timing_to_json,
 )
+from tvm_spinn.options import MappingOptions
 from tvm_spinn.program.records import LayerMapping, MemorySummary, ProgramMapping, TimingSummary
 from tvm_spinn.target.arch import CHIPS, SpinnArch, make_system
 
@@ -52,9 +53,11 @@ def mapped(request):
 def test_records_round_trip_byte_identical(mapped):
     assert isinstance(mapped.timing, TimingSummary) and isinstance(mapped.memory, MemorySummary)
     assert isinstance(mapped.mapping, ProgramMapping) and all(isinstance(r, LayerMapping) for r in mapped.mapping.layers)
+    assert isinstance(mapped.mapping.options, MappingOptions)
     data = mapped.to_bytes()
     loaded = Program.from_bytes(data)
     assert loaded.timing == mapped.timing and loaded.memory == mapped.memory and loaded.mapping == mapped.mapping
+    assert isinstance(loaded.mapping.options, MappingOptions)
     assert isinstance(loaded.arch, SpinnArch) and loaded.arch == mapped.arch
     assert loaded.to_bytes() == data
     header = _header(data)
@@ -199,6 +202,8 @@ def test_unmapped_program_has_no_records():
     ("mapping", lambda m: m.pop("mode"), r"^mapping: missing key\(s\) \['mode'\]"),
     ("mapping", lambda m: m.update(note=1), r"^mapping: missing key\(s\) \[\], unknown key\(s\) \['note'\]"),
     ("mapping", lambda m: m.update(options=3), r"^mapping\.options: expected an object"),
+    ("mapping", lambda m: m["options"].update(nave=1), r"^mapping\.options: unknown field 'nave'"),
+    ("mapping", lambda m: m["options"].update(naive=1), r"^mapping\.options\.naive: expected bool, got 1"),
     ("mapping", lambda m: m.update(resident_layers=3), r"^mapping\.resident_layers: expected a list"),
     ("mapping", lambda m: m["layers"][0].update(note=1), r"^mapping\.layers\[0\]: unknown key\(s\) \['note'\]"),
 ])

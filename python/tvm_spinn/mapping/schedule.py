@@ -59,7 +59,7 @@ def derive_tables(program: Program, arch: SpinnArch) -> list[TileTable]:
     mapping records: the same tables the compiler built."""
     if program.mapping.system is not None:  # the tiles of one chip's shard (see .system)
         return system_tables(program, arch, derive_tables)
-    naive = bool(program.mapping.options.get("naive", False))
+    naive = program.mapping.options.naive
     program = program_work(program, arch)
     tables = []
     for i, record in enumerate(program.mapping.layers):
@@ -160,7 +160,7 @@ def _map(program: Program, arch: SpinnArch, mode: str, options: MappingOptions,
 
     weights = "stream" if options.naive else options.weights
     activations = "dram" if options.naive else options.activations
-    base = ProgramMapping(mode=mode, options=options.to_dict(), chips_per_layer=tuple(chips),
+    base = ProgramMapping(mode=mode, options=options, chips_per_layer=tuple(chips),
                           pes_per_layer=tuple(count for _, count in ranges),
                           double_buffer=not options.naive and options.double_buffer, layers=(),
                           scheduler=options.scheduler)

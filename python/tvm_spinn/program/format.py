@@ -41,7 +41,9 @@ Header JSON fields (all lists in execution order; all ids are indices):
   header is O(layers); over several chips ``mapping.system``, the shard plan. A
   :class:`~.records.ProgramMapping` in memory (:func:`mapping_to_json`,
   :func:`mapping_from_json`; ``{}`` before mapping); keys at their defaults (``scheduler``
-  static, ``rotate`` 0, no ``system``, no ``replicated`` layers) are left out
+  static, ``rotate`` 0, no ``system``, no ``replicated`` layers) are left out; ``mapping.options``
+  is the :class:`~tvm_spinn.options.MappingOptions` the program was mapped with
+  (:func:`options_to_json`, :func:`options_from_json`)
 - ``memory``: SRAM plan: per-PE peak bytes, resident weight bytes, checked non-overlapping
   address ranges of the busiest PE (each ``[start, end, first layer, last layer, what]``), a
   :class:`~.records.MemorySummary` in memory (:func:`memory_to_json`, :func:`memory_from_json`;
@@ -72,6 +74,7 @@ import xxhash
 if TYPE_CHECKING:
     from ..target.arch import SpinnArch
 
+from ..options import MappingOptions
 from .model import ConstantMap, FrozenMap, Layer, ProgramError, TensorDesc, Tile
 from .native_section import section_status
 from .ops import layer_kinds
@@ -405,6 +408,42 @@ def memory_from_json(value) -> MemorySummary | None:
     return _record(MemorySummary, _MEMORY_KEYS, value, "memory", ranges=tuple(ranges))
 
 
+#: MappingOptions fields left out of a program's ``mapping.options`` at these values: fields
+#: added after the first format, so programs built with the defaults keep their bytes.
+_OPTIONS_OMITTED_AT = (("double_buffer", True), ("scheduler", "static"), ("split_k", True))
+
+
+def options_to_json(options: MappingOptions) -> dict:
+    """The header's ``mapping.options`` object of ``options``: every field but those of
+    ``_OPTIONS_OMITTED_AT`` at their value there."""
+    out = options.as_dict()
+    for name, value in _OPTIONS_OMITTED_AT:
+        if out[name] == value:
+            del out[name]
+    return out
+
+
+def options_from_json(value) -> MappingOptions:
+    """The :class:`MappingOptions` of a header's ``mapping.options`` object (a missing field
+    takes its default).
+
+    Raises
+    ------
+    ProgramError
+        ``"mapping.options...: <defect>"`` naming an unknown field, a value of the wrong type or
+        one outside the field's allowed set.
+    """
+    if type(value) is not dict:
+        raise ProgramError(f"mapping.options: expected an object, got {type(value).__name__}")
+    try:
+        return MappingOptions.from_dict(value)
+    except (TypeError, ValueError) as err:
+        text = str(err)
+        head = "MappingOptions"
+        raise ProgramError("mapping.options" + text[len(head):] if text.startswith(head) else
+                           f"mapping.options: {text}") from None
+
+
 _LAYER_MAPPING_KEYS = tuple(f.name for f in fields(LayerMapping))
 _CANDIDATE_KEYS = tuple(f.name for f in fields(PlanCandidate))
 _PLAN_COLLECTIVE_KEYS = tuple(f.name for f in fields(PlanCollective))
@@ -428,6 +467,7 @@ def mapping_to_json(mapping: ProgramMapping | None) -> dict:
     if mapping is None:
         return {}
     out = {k: getattr(mapping, k) for k in _MAPPING_KEYS if k not in ("layers", "scheduler", "system")}
+    out["options"] = options_to_json(mapping.options)
     for k in ("chips_per_layer", "pes_per_layer", "resident_layers", "onchip_tensors"):
         out[k] = list(out[k])
     layers = []
@@ -489,10 +529,9 @@ def mapping_from_json(value) -> ProgramMapping | None:
                    for rec in _json_list(value.get("layers"), "mapping.layers"))
     lists = {k: _int_tuple(value.get(k, []), f"mapping.{k}")
              for k in ("chips_per_layer", "pes_per_layer", "resident_layers", "onchip_tensors") if k in value}
-    if "options" in value and type(value["options"]) is not dict:
-        raise ProgramError(f"mapping.options: expected an object, got {type(value['options']).__name__}")
+    options = {"options": options_from_json(value["options"])} if "options" in value else {}
     system = _system_mapping_from_json(value["system"]) if "system" in value else None
-    return _record(ProgramMapping, _MAPPING_KEYS, value, "mapping", layers=layers, system=system, **lists)
+    return _record(ProgramMapping, _MAPPING_KEYS, value, "mapping", layers=layers, system=system, **lists, **options)
 
 
 def _json_list(value, where: str) -> list:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..options import MappingOptions
+
 __all__ = ["LayerTimingSummary", "CollectiveSummary", "SystemTimingSummary", "TimingSummary", "AddressRange",
            "MemorySummary", "LayerMapping", "PlanCandidate", "PlanCollective", "SystemMapping", "ProgramMapping"]
 
@@ -179,14 +181,13 @@ class SystemMapping:
 @dataclass(frozen=True)
 class ProgramMapping:
     """The mapping stored with a program (``Program.mapping``): the mode (``sequential`` or
-    ``pipelined``), the :class:`~tvm_spinn.mapping.MappingOptions` it was made with (their
-    ``to_dict()``), chips and PEs per layer, double buffering, one :class:`LayerMapping` per
+    ``pipelined``), the :class:`~tvm_spinn.options.MappingOptions` it was made with, chips and PEs per layer, double buffering, one :class:`LayerMapping` per
     layer, the layers whose weights stay resident, the activations kept on chip, the scheduler
     and, over several chips, the :class:`SystemMapping` (None on one chip). Everything else (the
     tiles, their placement and schedule) is derived from these."""
 
     mode: str
-    options: dict
+    options: MappingOptions
     chips_per_layer: tuple[int, ...]
     pes_per_layer: tuple[int, ...]
     double_buffer: bool

@@ -95,7 +95,7 @@ def transfers(program: Program, index: int, table: TileTable, arch: SpinnArch) -
     """``(input, weight, output)`` source/destination codes (:data:`LOCAL`, :data:`NOC`,
     :data:`DRAM`) of every tile of layer ``index`` (see the module docstring)."""
     mapping = program.mapping
-    naive = mapping is not None and bool(mapping.options.get("naive", False))
+    naive = mapping is not None and mapping.options.naive
     onchip = set(mapping.onchip_tensors) if mapping is not None else set()
     layer = program.layers[index]
     n = len(table)
