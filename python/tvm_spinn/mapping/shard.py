@@ -81,7 +81,7 @@ from ..program.ops.sharding import (REPLICATE, ROW_ALWAYS, AllToAll, Mesh, MeshA
                                     ShardContext, ShardDecision, ShardingRule, part, shard)
 
 __all__ = ["Collective", "ShardPlan", "plan_shards", "plan_mesh", "Mesh", "shard_program", "ROW_ALWAYS", "part", "rule_of",
-           "no_rule_reason", "pipeline_stages", "stage_programs"]
+           "no_rule_reason", "pipeline_stages", "stage_programs", "stage_plans"]
 
 class _Replicated(ShardingRule):
     """The rule of a family that states none: its layers run whole on every chip (their inputs
@@ -613,6 +613,28 @@ def _handover(program: Program, passes: list[_AxisPass], full, cut: int, tids: l
     return out
 
 
+def _stage_parts(program: Program, plan: ShardPlan) -> list[tuple[int, int, list[int], set, set, set]]:
+    """Per stage of ``plan``: its layers ``[lo, hi)``, the tensors its program keeps (in id
+    order: the new ids are their positions) and which of them are its inputs, outputs and
+    constants (see :func:`stage_programs`)."""
+    t = program.tensors
+    sends: dict[int, set[int]] = {}
+    for c in plan.handovers:
+        sends.setdefault(c.layer, set()).add(c.tensor)
+    bounds = [i for i in range(len(plan.stages)) if i == 0 or plan.stages[i] != plan.stages[i - 1]]
+    bounds.append(len(plan.stages))
+    out = []
+    for lo, hi in zip(bounds, bounds[1:]):
+        layers = program.layers[lo:hi]
+        written = {layer.output for layer in layers}
+        read = {tid for layer in layers for tid in layer.inputs if tid not in written}
+        consts = {tid for layer in layers for tid in (*layer.consts.values(), *layer.inputs) if t[tid].role == "const"}
+        inputs = {tid for tid in read if tid not in consts}
+        outputs = {tid for tid in written if tid in program.outputs or tid in sends.get(hi, ())}
+        out.append((lo, hi, sorted(written | read | consts), inputs, outputs, consts))
+    return out
+
+
 def stage_programs(program: Program, plan: ShardPlan) -> tuple[Program, ...]:
     """The functional program of each pipeline stage of ``plan`` (``(program,)`` on one stage).
 
@@ -625,29 +647,59 @@ def stage_programs(program: Program, plan: ShardPlan) -> tuple[Program, ...]:
     if plan.pp == 1:
         return (program,)
     t = program.tensors
-    sends: dict[int, set[int]] = {}
-    for c in plan.handovers:
-        sends.setdefault(c.layer, set()).add(c.tensor)
-    bounds = [i for i in range(len(plan.stages)) if i == 0 or plan.stages[i] != plan.stages[i - 1]]
-    bounds.append(len(plan.stages))
     out = []
-    for s, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
-        layers = program.layers[lo:hi]
-        written = {layer.output for layer in layers}
-        read = {tid for layer in layers for tid in layer.inputs if tid not in written}
-        consts = {tid for layer in layers for tid in (*layer.consts.values(), *layer.inputs) if t[tid].role == "const"}
-        inputs = {tid for tid in read if tid not in consts}
-        outputs = {tid for tid in written if tid in program.outputs or tid in sends.get(hi, ())}
-        used = sorted(written | read | consts)
+    for s, (lo, hi, used, inputs, outputs, consts) in enumerate(_stage_parts(program, plan)):
         new = {tid: k for k, tid in enumerate(used)}
         role = {tid: "input" if tid in inputs else "output" if tid in outputs
                 else "const" if tid in consts else "temp" for tid in used}
         tensors = [replace(t[tid], role=role[tid], offset=-1) for tid in used]
         staged = [replace(layer, inputs=[new[x] for x in layer.inputs], output=new[layer.output],
-                          consts={k: new[v] for k, v in layer.consts.items()}) for layer in layers]
+                          consts={k: new[v] for k, v in layer.consts.items()}) for layer in program.layers[lo:hi]]
         out.append(Program(symbol=f"{program.symbol}_stage{s}", arch=program.arch, tensors=tensors,
                            inputs=[new[x] for x in used if x in inputs], outputs=[new[x] for x in used if x in outputs],
                            layers=staged, constants={new[x]: program.constants[x] for x in used if x in consts and x in program.constants}))
+    return tuple(out)
+
+
+def stage_plans(program: Program, plan: ShardPlan) -> tuple[ShardPlan, ...]:
+    """The shard plan of each program of :func:`stage_programs` over the stage's own chips
+    (``plan`` without its pipeline axis, ``(plan,)`` on one stage).
+
+    Each is ``plan`` cut to the stage: its layers' splits and the collectives before them,
+    its tensors' shapes and placements as ``plan`` has them (a tensor received split stays
+    split: the stage's shard program holds what the sending chip sent), renumbered as the
+    stage's program. The gathers of program outputs at the end go to the stage that writes
+    the output, at its end.
+    """
+    if plan.pp == 1:
+        return (plan,)
+    mesh = Mesh(tuple(a for a in plan.mesh.axes if a.name != "pp"))
+    keep = [k for k, a in enumerate(plan.mesh.axes) if a.name != "pp"]
+    n = len(program.layers)
+    writer = {layer.output: i for i, layer in enumerate(program.layers)}
+    out = []
+    for lo, hi, used, _, _, _ in _stage_parts(program, plan):
+        new = {tid: k for k, tid in enumerate(used)}
+        names = {layer.name for layer in program.layers[lo:hi]}
+        colls = []
+        for c in plan.collectives:
+            if lo <= c.layer < hi:
+                at = c.layer - lo
+            elif c.layer >= n and lo <= writer.get(c.tensor, -1) < hi:
+                at = hi - lo
+            else:
+                continue
+            if c.tensor not in new:
+                raise ValueError(f"stage_plans: the {c.op} before layer {c.layer} is on tensor {c.tensor}, "
+                                 f"which stage {plan.stages[lo]} does not hold")
+            colls.append(replace(c, layer=at, tensor=new[c.tensor]))
+        out.append(replace(plan, splits=plan.splits[lo:hi], collectives=tuple(colls),
+                           shapes=tuple(plan.shapes[tid] for tid in used),
+                           seq=plan.seq[lo:hi] if plan.seq else (),
+                           replicated=tuple(x for x in plan.replicated if x[0] in names), mesh=mesh,
+                           placements=tuple(tuple(plan.placements[tid][k] for k in keep) for tid in used)
+                           if plan.placements else (),
+                           pp=1, stages=(), handovers=()))
     return tuple(out)
 
 

@@ -1,0 +1,165 @@
+"""Timing of the pipeline axis: each cut's sends on the link graph, each stage's latency, the
+steady-state period and the latency of one input, checked against hand computations on small
+meshes (a send of ``n`` bytes over one chip link: ``n / payload rate + one hop latency``)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tvm_spinn.mapping import shard as S
+from tvm_spinn.mapping.pipeline import time_pipeline
+from tvm_spinn.mapping.system import shard_timing, stage_ranks
+from tvm_spinn.mapping import map_program
+from tvm_spinn.program.ops.sharding import Mesh
+from tvm_spinn.program.records import PlanCollective
+from tvm_spinn.target.arch import make_system
+from tvm_spinn.target.topology import topology_of
+from tvm_spinn.timing.collectives import point_to_point
+from tvm_spinn.timing.pipeline import HandoverCost, handover_costs, pipeline_timing
+
+from test_pipeline_axis import F32, _residual
+
+ARCH = make_system("pp-timing", chips=4, pes_per_chip=32)
+
+
+def _send(layer, stage, seconds):
+    return HandoverCost(layer=layer, stage=stage, tensors=(0,), nbytes=1, seconds=seconds, hops=1, board_hops=0)
+
+
+# -- composition -------------------------------------------------------------------------------
+def test_period_and_latency_by_hand():
+    # stages of 3, 5 and 2 us; sends of 1 us (into stage 1) and 7 us (into stage 2)
+    t = pipeline_timing((3e-6, 5e-6, 2e-6), (_send(2, 1, 1e-6), _send(4, 2, 7e-6)))
+    assert t.latency_s == pytest.approx(3e-6 + 1e-6 + 5e-6 + 7e-6 + 2e-6, rel=1e-15)
+    assert (t.period_s, t.binding) == (7e-6, "send 4")
+    assert t.throughput_inf_s == pytest.approx(1 / 7e-6)
+    # a short send: the slowest stage binds; ties go to the first stage
+    assert (pipeline_timing((3e-6, 5e-6), (_send(2, 1, 1e-6),)).binding) == "stage 1"
+    assert pipeline_timing((4e-6, 4e-6), (_send(1, 1, 4e-6),)).binding == "stage 0"
+    one = pipeline_timing((2.5e-6,))
+    assert (one.period_s, one.latency_s, one.handovers) == (2.5e-6, 2.5e-6, ())
+
+
+@pytest.mark.parametrize("stage_s, sends, match", [
+    ((), (), "at least one stage"),
+    ((1e-6, -1e-9), (), r"stage 1 takes -1e-09 s"),
+    ((1e-6, math.nan), (), r"stage 1 takes nan s"),
+    ((1e-6, 1e-6), (_send(1, 1, math.inf),), r"send before layer 1 takes inf s"),
+    ((1e-6, 1e-6), (_send(1, 2, 1e-6),), r"send before layer 1 goes to stage 2 of 2"),
+])
+def test_bad_pipeline_inputs_are_named(stage_s, sends, match):
+    with pytest.raises(ValueError, match=match):
+        pipeline_timing(stage_s, sends)
+
+
+def test_bad_hand_overs_are_named():
+    topo = topology_of(ARCH)
+    send = PlanCollective(2, "send", 4, 128, True, "pp", (4, 8))
+    with pytest.raises(ValueError, match="expected send records, got 'all_gather' before layer 2"):
+        handover_costs(topo, [PlanCollective(2, "all_gather", 4, 128, True)], (0, 0, 1), [[0], [1]])
+    with pytest.raises(ValueError, match="before layer 1, which does not start a stage"):
+        handover_costs(topo, [PlanCollective(1, "send", 4, 128, True, "pp")], (0, 0, 1), [[0], [1]])
+    with pytest.raises(ValueError, match="every stage needs as many chips"):
+        handover_costs(topo, [send], (0, 0, 1), [[0], [1, 2]])
+    with pytest.raises(ValueError, match="a chip is in two stages"):
+        handover_costs(topo, [send], (0, 0, 1), [[0], [0]])
+    with pytest.raises(ValueError, match="layer 2 is in stage 1, but ranks name 1 stages"):
+        handover_costs(topo, [send], (0, 0, 1), [[0]])
+
+
+# -- the sends ---------------------------------------------------------------------------------
+# (mesh, per cut: (layer, stage, tensor names, bytes one chip sends)) of _residual on ARCH
+SENDS = [
+    (Mesh.of(pp=2), [(2, 1, ("z", "h"), (32 + 64) * F32)]),
+    (Mesh.of(pp=3), [(1, 1, ("z",), 32 * F32), (3, 2, ("z", "a"), (32 + 64) * F32)]),
+]
+
+
+@pytest.mark.parametrize("mesh, cuts", SENDS, ids=["pp2", "pp3"])
+def test_sends_priced_by_hand_on_one_chip_link(mesh, cuts):
+    program = _residual()
+    plan = S.plan_mesh(program, mesh)
+    ranks = stage_ranks(ARCH, plan)
+    assert [r.tolist() for r in ranks] == [[s] for s in range(mesh.chips)]  # a chip per stage
+    topo = topology_of(ARCH)
+    got = handover_costs(topo, plan.handovers, plan.stages, ranks)
+    names = [t.name for t in program.tensors]
+    assert [(h.layer, h.stage, tuple(names[t] for t in h.tensors), h.nbytes) for h in got] == cuts
+    for h in got:
+        # chip s - 1 and chip s are neighbours on the board: one link, one hop
+        assert len(topo.route(h.stage - 1, h.stage)) == 1 and (h.hops, h.board_hops) == (1, 0)
+        assert h.seconds == pytest.approx(h.nbytes / ARCH.payload_bw("chip") + ARCH.link_hop_s, rel=1e-12)
+
+
+def test_sends_of_a_tensor_parallel_stage_go_position_to_position():
+    program = _residual()
+    plan = S.plan_mesh(program, Mesh.of(tp=2, pp=2))
+    ranks = stage_ranks(ARCH, plan)
+    assert [r.tolist() for r in ranks] == [[0, 1], [2, 3]]
+    (h,) = handover_costs(topology_of(ARCH), plan.handovers, plan.stages, ranks)
+    assert h.nbytes == 2 * 32 * F32  # z whole (gathered before fc1), h's 8 columns (see test_pipeline_axis)
+    ref = point_to_point(topology_of(ARCH), [0, 1], [2, 3], float(h.nbytes))
+    assert (h.seconds, h.hops) == (ref.seconds, ref.hops)
+    # two boards, a stage each: the same chips of each board, the send crosses a board edge
+    boards = make_system("pp-timing-boards", boards=2, pes_per_chip=32)
+    ranks = stage_ranks(boards, plan)
+    per_board = boards.chips_per_board
+    assert [r.tolist() for r in ranks] == [[0, 1], [per_board, per_board + 1]]
+    (h,) = handover_costs(topology_of(boards), plan.handovers, plan.stages, ranks)
+    assert h.board_hops >= 1
+
+
+def test_stages_that_do_not_fit_the_system_are_refused():
+    plan = S.plan_mesh(_residual(), Mesh.of(tp=2, pp=3))
+    with pytest.raises(ValueError, match=r"3 stages of 2 chips need 6 chips; pp-timing has 4"):
+        stage_ranks(ARCH, plan)
+    with pytest.raises(ValueError, match="need 6 chips"):
+        time_pipeline(_residual(), plan, ARCH)
+
+
+# -- the stages --------------------------------------------------------------------------------
+@pytest.mark.parametrize("mesh", [Mesh.of(tp=2, pp=3), Mesh.of(tp=2, sp=2, pp=2), Mesh.of(dp=2, pp=2)],
+                         ids=["tp2pp3", "tp2sp2pp2", "dp2pp2"])
+def test_stage_plans_are_the_plan_cut_at_the_stages(mesh):
+    program = _residual()
+    plan = S.plan_mesh(program, mesh)
+    progs, plans = S.stage_programs(program, plan), S.stage_plans(program, plan)
+    assert len(progs) == len(plans) == mesh.size("pp")
+    by_name = {t.name: tid for tid, t in enumerate(program.tensors)}
+    count = 0
+    for s, (prog, sub) in enumerate(zip(progs, plans)):
+        lo = plan.stages.index(s)
+        assert sub.pp == 1 and sub.chips == plan.chips // plan.pp and sub.handovers == ()
+        assert sub.splits == plan.splits[lo:lo + len(prog.layers)]
+        # every tensor of the stage's shard has the shape one chip holds of it in the whole plan
+        shard = S.shard_program(prog, sub)
+        for k, t in enumerate(prog.tensors):
+            assert tuple(shard.tensors[k].shape) == plan.shapes[by_name[t.name]]
+        count += len(sub.collectives)
+        for c in sub.collectives:
+            whole = [x for x in plan.collectives if x.op == c.op and program.tensors[x.tensor].name == prog.tensors[c.tensor].name]
+            assert whole and any(x.layer - lo == c.layer or x.layer >= len(program.layers) for x in whole)
+    assert count == len(plan.collectives)
+
+
+def test_stage_latencies_compose_into_the_pipeline():
+    program = _residual()
+    chip = ARCH.replace(chips=1)
+    for mesh in (Mesh.of(pp=2), Mesh.of(pp=3), Mesh.of(tp=2, pp=2)):
+        plan = S.plan_mesh(program, mesh)
+        t = time_pipeline(program, plan, ARCH)
+        # each stage: its program under its own plan, mapped alone on a chip and timed as a system plan
+        for prog, sub, got in zip(S.stage_programs(program, plan), S.stage_plans(program, plan), t.stage_s):
+            shard = map_program(S.shard_program(prog, sub), chip)
+            assert got == shard_timing(prog, sub, shard, ARCH).latency_s > 0
+        assert t.latency_s == pytest.approx(sum(t.stage_s) + sum(h.seconds for h in t.handovers), rel=1e-15)
+        assert t.period_s == max(list(t.stage_s) + [h.seconds for h in t.handovers])
+        assert t.period_s < t.latency_s
+    # a stage of pp=2 is the same program as that stage on its own (one stage, no pipeline)
+    plan = S.plan_mesh(program, Mesh.of(pp=2))
+    for prog, got in zip(S.stage_programs(program, plan), time_pipeline(program, plan, ARCH).stage_s):
+        alone = time_pipeline(prog, S.plan_mesh(prog, Mesh.of()), ARCH)
+        assert alone.stage_s == (got,) and alone.handovers == () and alone.latency_s == got
