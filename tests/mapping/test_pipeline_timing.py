@@ -10,12 +10,15 @@ import numpy as np
 import pytest
 
 from tvm_spinn.mapping import shard as S
-from tvm_spinn.mapping.pipeline import time_pipeline
+from tvm_spinn.mapping.memory import check_capacity
+from tvm_spinn.mapping.pipeline import plan_pipeline, time_pipeline
+from tvm_spinn.mapping.tiling import MappingError
 from tvm_spinn.mapping.system import shard_timing, stage_ranks
 from tvm_spinn.mapping import map_program
+from tvm_spinn.program import Layer, Program, TensorDesc
 from tvm_spinn.program.ops.sharding import Mesh
 from tvm_spinn.program.records import PlanCollective
-from tvm_spinn.target.arch import make_system
+from tvm_spinn.target.arch import SpinnArch, make_system
 from tvm_spinn.target.topology import topology_of
 from tvm_spinn.timing.collectives import point_to_point
 from tvm_spinn.timing.pipeline import HandoverCost, handover_costs, pipeline_timing
@@ -163,3 +166,44 @@ def test_stage_latencies_compose_into_the_pipeline():
     for prog, got in zip(S.stage_programs(program, plan), time_pipeline(program, plan, ARCH).stage_s):
         alone = time_pipeline(prog, S.plan_mesh(prog, Mesh.of()), ARCH)
         assert alone.stage_s == (got,) and alone.handovers == () and alone.latency_s == got
+
+
+# -- planning over stages ----------------------------------------------------------------------
+def _chain(n, k):
+    """``n`` dense layers of ``k x k`` float32 weights on one row."""
+    tensors = [TensorDesc("x", [1, k], "float32", "input")] + \
+        [TensorDesc(f"w{i}", [k, k], "float32", "const") for i in range(n)]
+    layers, prev = [], 0
+    for i in range(n):
+        tensors.append(TensorDesc(f"y{i}", [1, k], "float32", "output" if i == n - 1 else "temp"))
+        layers.append(Layer(name=f"fc{i}", kind="dense", inputs=[prev], output=len(tensors) - 1,
+                            consts={"weight": 1 + i}, attrs={"relu": False}))
+        prev = len(tensors) - 1
+    return Program("main", SpinnArch(), tensors, [0], [prev], layers)
+
+
+def test_a_program_too_large_for_a_chip_is_planned_over_stages():
+    program = _chain(4, 512)  # 4 MiB of weights
+    # 3 MiB of DRAM and 8 x 112 KiB of SRAM a chip: the program does not fit one chip, half of it does
+    arch = make_system("pp-fit", chips=4, pes_per_chip=8, dram_bytes=3 << 20)
+    with pytest.raises(MappingError):
+        check_capacity(program, arch.replace(chips=1))
+    got = plan_pipeline(program, arch)
+    assert got.stages == 2 and got.plan.stages == (0, 0, 1, 1) and got.ranks == ((0,), (1,))
+    (h,) = got.timing.handovers  # y1, one row of 512 floats, from chip 0 to chip 1
+    assert (h.layer, h.nbytes) == (2, 512 * F32)
+    assert h.seconds == pytest.approx(512 * F32 / arch.payload_bw("chip") + arch.link_hop_s, rel=1e-12)
+    assert got.timing == time_pipeline(program, got.plan, arch)
+    # the same program on chips with the default DRAM: one stage
+    roomy = make_system("pp-fit-roomy", chips=4, pes_per_chip=8)
+    assert plan_pipeline(program, roomy).stages == 1
+    # two chips a stage (tp=2) hold half the weights each: one stage of two chips
+    two = plan_pipeline(program, arch, Mesh.of(tp=2))
+    assert two.stages == 1 and two.ranks == ((0, 1),)
+
+
+def test_a_program_no_pipeline_holds_is_refused_with_the_reason():
+    arch = make_system("pp-fit-small", chips=2, pes_per_chip=8, dram_bytes=1 << 20)
+    with pytest.raises(MappingError, match=r"main does not fit pp-fit-small in 1\.\.2 pipeline stages of 1 chip\(s\) "
+                                           r"\(with 2: .*\); stage_ranks: 3 stages of 1 chips need 3 chips"):
+        plan_pipeline(_chain(4, 512), arch)
