@@ -11,7 +11,7 @@ import pytest
 
 from tvm_spinn.mapping import shard as S
 from tvm_spinn.mapping.memory import check_capacity
-from tvm_spinn.mapping.pipeline import plan_pipeline, time_pipeline
+from tvm_spinn.mapping.stages import plan_pipeline, time_pipeline
 from tvm_spinn.mapping.tiling import MappingError
 from tvm_spinn.mapping.system import shard_timing, stage_ranks
 from tvm_spinn.mapping import map_program
@@ -21,7 +21,7 @@ from tvm_spinn.program.records import PlanCollective
 from tvm_spinn.target.arch import SpinnArch, make_system
 from tvm_spinn.target.topology import topology_of
 from tvm_spinn.timing.collectives import point_to_point
-from tvm_spinn.timing.pipeline import HandoverCost, handover_costs, pipeline_timing
+from tvm_spinn.timing.stages import HandoverCost, handover_costs, pipeline_timing
 
 from test_pipeline_axis import F32, _residual
 

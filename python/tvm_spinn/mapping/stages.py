@@ -1,7 +1,7 @@
 """Timing a shard plan with a pipeline axis: every stage mapped and timed, the sends priced.
 
 :func:`time_pipeline` takes a plan of :func:`.shard.plan_mesh` whose mesh has ``pp`` stages
-and returns its :class:`~tvm_spinn.timing.pipeline.PipelineTiming`:
+and returns its :class:`~tvm_spinn.timing.stages.PipelineTiming`:
 
 1. each stage's program (:func:`.shard.stage_programs`) with its plan over the stage's own
    chips (:func:`.shard.stage_plans`) is sharded, mapped on one chip alone (its chips hold only
@@ -9,9 +9,9 @@ and returns its :class:`~tvm_spinn.timing.pipeline.PipelineTiming`:
    times a plan (:func:`.system.shard_timing`: weight streams, prefetch, the stage's
    collectives);
 2. the hand-overs at each cut are priced on the link graph between the stages' chips
-   (:func:`.system.stage_ranks`, :func:`tvm_spinn.timing.pipeline.handover_costs`);
+   (:func:`.system.stage_ranks`, :func:`tvm_spinn.timing.stages.handover_costs`);
 3. the stages and sends compose into the steady-state period and the latency of one input
-   (:func:`tvm_spinn.timing.pipeline.pipeline_timing`).
+   (:func:`tvm_spinn.timing.stages.pipeline_timing`).
 
 A tensor a stage receives is read from its chips' DRAM like any program input.
 
@@ -27,7 +27,7 @@ from ..options import MappingOptions
 from ..program import Program
 from ..target.arch import SpinnArch
 from ..target.topology import topology_of
-from ..timing.pipeline import PipelineTiming, handover_costs, pipeline_timing
+from ..timing.stages import PipelineTiming, handover_costs, pipeline_timing
 from ..program.ops.sharding import Mesh, MeshAxis
 from .memory import check_capacity
 from .schedule import map_program
