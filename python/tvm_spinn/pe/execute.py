@@ -172,8 +172,10 @@ def _run_gemm_i8(run: _Run, index: int, env, table) -> np.ndarray:
     ``b`` = its weights ``[k, oc]`` (the DMA's layout), and its result is transposed back. The
     sums are integers, each k-chunk's accumulated on the array at the program's chunk length,
     so the bits are the simulator's."""
+    from ..program.ops.gemm.geometry import int8_block_columns
     from ..program.ops.gemm.reference import _batched_operands, _int8_operands
     p = run.p
+    arch = view.arch_of(p)
     layer = p.layers[index]
     kind = view.layer_kind(p, index)
     attrs = view.layer_attrs(p, index)
@@ -219,8 +221,11 @@ def _run_gemm_i8(run: _Run, index: int, env, table) -> np.ndarray:
         head = np.array([attrs["x_zero"], g.k, attrs.get("y_zero", 0), attrs.get("y_min", 0), attrs.get("y_max", 0)],
                         dtype=np.int64)
         m = run.machine(index, int(table.pe[t]))
+        # the array's column blocks (the kernel's pipeline); two scratch blocks alternate
+        cb = int8_block_columns(tm, tn, arch)
+        scratch = 4 * tm * cb * min(2, -(-tn // cb)) if k0 > 0 or k1 - k0 > kc else 0
         pa, pb, pp, pacc, prs, pcs, pq, py = _Arena(m, p, index).take(
-            tm * kc, kc * tn, 4 * tm * tn, 4 * tm * tn, 4 * tm, 4 * tn, 4 * (5 + 4 * tn), tm * tn)
+            tm * kc, kc * tn, scratch, 4 * tm * tn, 4 * tm, 4 * tn, 4 * (5 + 4 * tn), tm * tn)
         m.write(pq, np.concatenate([head, cols[ch].reshape(-1)]).astype(np.int32).tobytes())
         key = (b0, m0, m1, n0, n1)
         if k0 > 0:
@@ -236,7 +241,7 @@ def _run_gemm_i8(run: _Run, index: int, env, table) -> np.ndarray:
             c1 = min(c0 + kc, k1)
             m.write(pa, np.ascontiguousarray(at[:, c0:c1], dtype=np.int8).tobytes())
             m.write(pb, np.ascontiguousarray(bt[c0:c1], dtype=np.int8).tobytes())
-            flags = (1 if c0 == 0 else 0) | (2 if c1 == g.k and requant else 0) | sum_flags
+            flags = (1 if c0 == 0 else 0) | (2 if c1 == g.k and requant else 0) | sum_flags | cb << 8
             m.run([[pa, pb, pp, pacc, prs, pcs, pq, py, tm, tn, c1 - c0, flags]])
         if k1 < g.k:
             carry[key] = (m.read(pacc, 4 * tm * tn), m.read(prs, 4 * tm), m.read(pcs, 4 * tn))

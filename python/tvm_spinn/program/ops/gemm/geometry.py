@@ -138,6 +138,22 @@ def mac_passes(vm, vn, arch: "SpinnArch"):
     return np.minimum(ceil_div(vm, r) * ceil_div(vn, c), ceil_div(vm, c) * ceil_div(vn, r))
 
 
+#: MAC-array runs per reduction chunk the int8 kernel's software pipeline aims at
+#: (:func:`int8_block_columns`): enough that the M4F's work on one block hides the array's next.
+I8_PIPELINE_BLOCKS = 4
+
+
+def int8_block_columns(rows: int, cols: int, arch: "SpinnArch") -> int:
+    """Columns of one MAC-array run of the int8 PE kernel's software pipeline on a tile of
+    ``rows x cols`` (the kernel's: a ``conv2d`` tile transposed): a multiple of the side the
+    tile's better orientation (:func:`mac_passes`) puts its columns on (``mac_cols`` when the
+    rows go on the ``mac_rows`` side, else ``mac_rows``), so the blocks take the tile's own
+    passes, and about :data:`I8_PIPELINE_BLOCKS` blocks."""
+    r, c = arch.mac_rows, arch.mac_cols
+    side = c if ceil_div(rows, r) * ceil_div(cols, c) <= ceil_div(rows, c) * ceil_div(cols, r) else r
+    return side * ceil_div(ceil_div(cols, side), I8_PIPELINE_BLOCKS)
+
+
 #: The fp32 GEMM kernel's register block (:mod:`tvm_spinn.pe.kernels`): ``4 x 4`` accumulators
 #: (16 of the M4F's 32 single-precision registers, 8 more for one k's operands).
 M4F_BLOCK = (4, 4)
