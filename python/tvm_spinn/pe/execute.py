@@ -30,7 +30,9 @@ _F32 = np.float32
 @dataclass
 class TileRun:
     """One tile as executed: layer, tile index, PE, executed instructions per class and their
-    cycles (:mod:`.cycles`), and the timing model's cycles for the tile."""
+    cycles (:mod:`.cycles`, the waits on peripherals included), the timing model's cycles for
+    the tile, and the cycles of ``cycles`` the M4F waited on the MAC array or the exp/log unit
+    (recorded for tiles run in one piece; 0 where not)."""
 
     layer: int
     tile: int
@@ -38,6 +40,7 @@ class TileRun:
     modelled: float
     cycles: int = 0
     classes: dict = field(default_factory=dict)
+    waited: float = 0.0
 
 
 def _align(n: int, a: int = 64) -> int:
@@ -83,7 +86,7 @@ class _Run:
     def done(self, index: int, t: int, table, m: PeMachine) -> None:
         if self.record is not None:
             cycles, classes = executed_cycles(m)
-            self.record.append(TileRun(index, t, int(table.pe[t]), float(table.cycles[t]), cycles, classes))
+            self.record.append(TileRun(index, t, int(table.pe[t]), float(table.cycles[t]), cycles, classes, m.stall))
 
 
 def _flat_operands(p, index: int, env) -> tuple[list[np.ndarray], np.ndarray]:
