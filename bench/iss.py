@@ -296,40 +296,36 @@ INT8_SHAPES = {(16, 4, 64, 64, False, False, False): True, (16, 8, 64, 64, False
                (16, 64, 512, 256, False, False, False): True, (16, 16, 192, 64, False, False, False): True,
                (16, 4, 256, 256, False, False, True): False, (16, 64, 1024, 256, False, False, True): False,
                (16, 64, 2048, 511, False, False, True): False, (64, 64, 256, 256, False, False, True): False,
-               (1, 128, 1024, 511, False, False, True): False, (1, 64, 2048, 511, False, False, True): False,
-               (4, 256, 1024, 256, False, False, True): False, (144, 32, 144, 144, False, False, True): False,
+               (1, 96, 1024, 511, False, False, True): False, (1, 64, 2048, 511, False, False, True): False,
+               (4, 128, 1024, 256, False, False, True): False, (144, 32, 144, 144, False, False, True): False,
                (24, 40, 96, 96, True, False, True): False, (7, 10, 300, 100, True, True, True): False,
                (32, 64, 600, 511, False, False, False): False}
 
 
 def int8_kernel_run(machine, rows, cols, k, chunk, row_sums, col_sums, requant, rng):
     """Run the ``gemm_i8`` kernel on one ``rows x cols`` tile with reduction ``k`` in chunks of
-    ``chunk`` (the host placing each chunk's operands, as :mod:`tvm_spinn.pe.execute` does);
-    returns the accumulator (int32, the exact sums: checked by the caller), the executed cycles
-    and the cycles waited on the MAC array."""
+    ``chunk`` as the ``iss`` mode does (:func:`tvm_spinn.pe.execute.gemm_i8_tile`); returns the
+    accumulator (int32), the exact sums, the executed cycles and the cycles waited on the MAC
+    array."""
     from tvm_spinn.pe.cycles import executed_cycles
-    from tvm_spinn.program.ops.gemm.geometry import int8_block_columns
-    cb = int8_block_columns(rows, cols, machine.arch)
+    from tvm_spinn.pe.execute import gemm_i8_tile
+
+    class Arena:
+        def take(self, *sizes):
+            out, pos = [], machine.arena
+            for size in sizes:
+                out.append(pos)
+                pos += -(-max(size, 4) // 64) * 64
+            return out
+
     a = rng.integers(-128, 128, (rows, k)).astype(np.int8)
     b = rng.integers(-128, 128, (k, cols)).astype(np.int8)
-    q = np.concatenate([[3, k, 0, -128, 127], np.tile([1, 100, 1 << 30, 40], cols)]).astype(np.int32)
-    sizes = [rows * chunk, chunk * cols, 8 * rows * cb, 4 * rows * cols, 4 * rows, 4 * cols, q.nbytes, rows * cols]
-    ptr, pos = [], machine.arena
-    for size in sizes:
-        ptr.append(pos)
-        pos += -(-max(size, 4) // 64) * 64
+    q = np.concatenate([[3, k, 0, -128, 127], np.tile([1, 100, 1 << 30, 40], cols)])
     machine.load(0)
     machine.clear_counters()
-    machine.write(ptr[4], bytes(4 * rows))
-    machine.write(ptr[5], bytes(4 * cols))
-    machine.write(ptr[6], q.tobytes())
-    for c0 in range(0, k, chunk):
-        c1 = min(c0 + chunk, k)
-        machine.write(ptr[0], np.ascontiguousarray(a[:, c0:c1]).tobytes())
-        machine.write(ptr[1], np.ascontiguousarray(b[c0:c1]).tobytes())
-        flags = (c0 == 0) | (2 if c1 == k and requant else 0) | (4 if row_sums else 0) | (8 if col_sums else 0)
-        machine.run([ptr + [rows, cols, c1 - c0, flags | cb << 8]])
-    acc = np.frombuffer(machine.read(ptr[3], 4 * rows * cols), np.int32).reshape(rows, cols)
+    flags = (2 if requant else 0) | (4 if row_sums else 0) | (8 if col_sums else 0)
+    pacc, *_ = gemm_i8_tile(machine, Arena(), a, b, chunk, 0, k, q, flags)
+    acc = np.frombuffer(machine.read(pacc, 4 * rows * cols), np.int32).reshape(rows, cols)
     want = (a.astype(np.int64) @ b.astype(np.int64)).astype(np.int32)
     return acc, want, executed_cycles(machine)[0], machine.stall
 

@@ -150,29 +150,24 @@ def test_int8_model_within_ten_percent_of_executed_code(op):
 
 
 def _int8_tile(machine, rows, cols, k, chunk, flags, rng):
-    """Run ``gemm_i8`` on one tile (the host placing each chunk's operands); the accumulator and
-    the exact sums."""
-    from tvm_spinn.program.ops.gemm.geometry import int8_block_columns
-    cb = int8_block_columns(rows, cols, machine.arch)
+    """Run ``gemm_i8`` on one tile as the ``iss`` mode does; the accumulator and the exact sums."""
+    from tvm_spinn.pe.execute import gemm_i8_tile
+
+    class Arena:
+        def take(self, *sizes):
+            out, pos = [], machine.arena
+            for size in sizes:
+                out.append(pos)
+                pos += -(-max(size, 4) // 64) * 64
+            return out
+
     a = rng.integers(-128, 128, (rows, k)).astype(np.int8)
     b = rng.integers(-128, 128, (k, cols)).astype(np.int8)
-    q = np.concatenate([[3, k, 0, -128, 127], np.tile([1, 100, 1 << 30, 40], cols)]).astype(np.int32)
-    ptr, pos = [], machine.arena
-    for size in (rows * chunk, chunk * cols, 8 * rows * cb, 4 * rows * cols, 4 * rows, 4 * cols, q.nbytes, rows * cols):
-        ptr.append(pos)
-        pos += -(-max(size, 4) // 64) * 64
+    q = np.concatenate([[3, k, 0, -128, 127], np.tile([1, 100, 1 << 30, 40], cols)])
     machine.load(0)
     machine.clear_counters()
-    machine.write(ptr[4], bytes(4 * rows))
-    machine.write(ptr[5], bytes(4 * cols))
-    machine.write(ptr[6], q.tobytes())
-    for c0 in range(0, k, chunk):
-        c1 = min(c0 + chunk, k)
-        machine.write(ptr[0], np.ascontiguousarray(a[:, c0:c1]).tobytes())
-        machine.write(ptr[1], np.ascontiguousarray(b[c0:c1]).tobytes())
-        last = (flags & 2) if c1 == k else 0
-        machine.run([ptr + [rows, cols, c1 - c0, (c0 == 0) | last | (flags & 12) | cb << 8]])
-    acc = np.frombuffer(machine.read(ptr[3], 4 * rows * cols), np.int32).reshape(rows, cols)
+    pacc, *_ = gemm_i8_tile(machine, Arena(), a, b, chunk, 0, k, q, flags)
+    acc = np.frombuffer(machine.read(pacc, 4 * rows * cols), np.int32).reshape(rows, cols)
     return acc, (a.astype(np.int64) @ b.astype(np.int64)).astype(np.int32)
 
 

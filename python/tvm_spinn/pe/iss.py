@@ -17,7 +17,8 @@ array's modelled cycles, the timing model's: ``mac_passes(m, n) * (k + mac_reado
 (:func:`tvm_spinn.program.ops.gemm.geometry.mac_passes`). A read of CTRL is the wait: the M4F
 stalls until that end (the cycles still to go are added to :attr:`PeMachine.stall`; none when
 the M4F's own work took longer), the sums are written to C, and CTRL reads 0. A start while a
-run is pending, or a run still pending at ``pe_halt`` (its sums never awaited), is an
+run is pending, or a run still pending at ``pe_halt`` (its sums never awaited) unless the host
+continues the PE's jobs in a further run (:meth:`PeMachine.run`'s ``mac_in_flight``), is an
 :class:`~.errors.IssFault`: firmware must wait for every run it starts.
 
 The exp/log unit computes the simulator's exp model itself (C++ ``ExpModel`` through
@@ -224,8 +225,11 @@ class PeMachine:
         except UcError as err:
             raise IssFault(self.pe, self.name, address, f"host write of {len(data)} bytes outside SRAM ({err})") from None
 
-    def run(self, jobs: list[list[int]]) -> None:
-        """Run the image's kernel once per job (each a list of at most JOB_WORDS arguments)."""
+    def run(self, jobs: list[list[int]], mac_in_flight: bool = False) -> None:
+        """Run the image's kernel once per job (each a list of at most JOB_WORDS arguments).
+        ``mac_in_flight``: the jobs may end with a MAC-array run in flight, which the next run's
+        jobs wait for (the PE keeps running between the host's placements of operands);
+        otherwise such a run is a fault."""
         words = [len(jobs)]
         for args in jobs:
             if len(args) > JOB_WORDS:
@@ -243,6 +247,6 @@ class PeMachine:
         pc = self.uc.reg_read(UC_ARM_REG_PC)
         if pc & ~1 != halt:
             raise IssFault(self.pe, self.name, pc, f"did not reach pe_halt within {MAX_INSTRUCTIONS} instructions")
-        if self.mac_pending is not None:
+        if self.mac_pending is not None and not mac_in_flight:
             self.mac_pending = None
             raise IssFault(self.pe, self.name, pc, "reached pe_halt with a MAC array run never waited for")

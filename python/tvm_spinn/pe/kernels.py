@@ -37,7 +37,12 @@ Kernels (the ``spec`` of :func:`kernel_object`):
   more the high word's arithmetic shift and a 32-bit clamp (a 64-bit shift and clamp below
   32, multipliers of 1/2 and more) (an int32 output is ``acc`` itself, bit 1 clear). Args ``a, b, p, acc, rowsum,
   colsum, consts, y, m, n, k, flags``; ``consts`` points at ``[zx, K, y_zero, y_min, y_max]``
-  then per column ``zw, bias_q, multiplier, shift`` (int32 each).
+  then per column ``zw, bias_q, multiplier, shift`` (int32 each), then the addresses of the two
+  halves of A and of B and the next chunk's length. ``flags``: bit 4, the chunk's first block
+  is already running (the job before started it); bit 5, start the next chunk's first block
+  after this chunk's last; bit 6, the scratch half of this chunk's first block; bit 7, this
+  chunk's operand half; bits 8-19, the block's columns (:func:`tvm_spinn.pe.execute.gemm_i8_tile`
+  is the reference host).
 - ``("move",)``: data movement as a gather of ``eb``-byte elements: ``dst[i] = src[idx[i]]``,
   or the ``eb`` fill bytes where ``idx[i]`` is negative (``pad``); args ``src, idx, dst, fill,
   n, eb``. The DMA brings each piece's source elements into ``src`` in ascending order; the
@@ -274,21 +279,28 @@ def _gemm_i8():
         ACC = T.decl_buffer((m * n,), "int32", data=acc)
         RS = T.decl_buffer((m,), "int32", data=rowsum)
         CS = T.decl_buffer((n,), "int32", data=colsum)
-        Q = T.decl_buffer((5 + 4 * n,), "int32", data=consts)
+        Q = T.decl_buffer((10 + 4 * n,), "int32", data=consts)
         Y = T.decl_buffer((m * n,), "int8", data=y)
         first = flags & 1 != 0
         # the software pipeline: the array computes the chunk's sums one block of ``cb``
-        # columns at a time (``flags >> 8``), and the M4F adds and requantizes block ``jb``
-        # while the array computes block ``jb + 1``. The first chunk's sums go straight into
-        # the accumulator's columns (the array writes them there, rows ``n`` apart); a later
-        # chunk's into one of two scratch blocks ``[m, cb]``, alternating, which the M4F adds
+        # columns at a time (bits 8-19), and the M4F adds and requantizes block ``jb`` while
+        # the array computes block ``jb + 1``; after the chunk's last block the array starts
+        # the next chunk's first (bit 5; its operands are already in the other half of the
+        # double-buffered A and B, whose addresses and the next chunk's length follow the
+        # column constants), so the next job finds it running (bit 4). The first chunk's sums
+        # go straight into the accumulator's columns (the array writes them there, rows ``n``
+        # apart); a later chunk's into one of two scratch blocks ``[m, cb]``, alternating over
+        # the tile's blocks (bit 6: the parity of the chunk's first block), which the M4F adds
         # in 32-bit
-        cb = T.max(T.shift_right(flags, 8), 1)
+        cb = T.max(T.bitwise_and(T.shift_right(flags, 8), 4095), 1)
         nb = T.truncdiv(n + cb - 1, cb)
-        if first:
-            T.evaluate(T.call_extern("int32", "pe_mac_start", a, b, acc, m, T.min(cb, n), k, n, n))
-        else:
-            T.evaluate(T.call_extern("int32", "pe_mac_start", a, b, p, m, T.min(cb, n), k, n, T.min(cb, n)))
+        par = T.bitwise_and(T.shift_right(flags, 6), 1)
+        if flags & 16 == 0:
+            if first:
+                T.evaluate(T.call_extern("int32", "pe_mac_start", a, b, acc, m, T.min(cb, n), k, n, n))
+            else:
+                T.evaluate(T.call_extern("int32", "pe_mac_start", a, b, T.address_of(P[par * m * cb]), m,
+                                         T.min(cb, n), k, n, T.min(cb, n)))
         # an operand's sums are needed only where the other's zero point is nonzero (bit 2: the
         # rows of a, bit 3: the columns of b); the host gives a constant operand's sums. They
         # run while the array computes the first block
@@ -319,12 +331,18 @@ def _gemm_i8():
                                              T.address_of(ACC[j0 + cb]), m, T.min(cb, n - j0 - cb), k, n, n))
                 else:
                     T.evaluate(T.call_extern("int32", "pe_mac_start", a, T.address_of(B[j0 + cb]),
-                                             T.address_of(P[T.truncmod(jb + 1, 2) * m * cb]), m,
+                                             T.address_of(P[T.bitwise_and(par + jb + 1, 1) * m * cb]), m,
                                              T.min(cb, n - j0 - cb), k, n, T.min(cb, n - j0 - cb)))
+            elif flags & 32 != 0:
+                # the next chunk's first block, from the other operand half (bit 7: this one's)
+                nxt = 5 + 4 * n + 1 - T.bitwise_and(T.shift_right(flags, 7), 1)
+                T.evaluate(T.call_extern("int32", "pe_mac_start", Q[nxt], Q[nxt + 2],
+                                         T.address_of(P[T.bitwise_and(par + nb, 1) * m * cb]), m, T.min(cb, n),
+                                         Q[5 + 4 * n + 4], n, T.min(cb, n)))
             if not first:
                 for i in range(m):
                     for jj in range(w):
-                        ACC[i * n + j0 + jj] = ACC[i * n + j0 + jj] + P[T.truncmod(jb, 2) * m * cb + i * w + jj]
+                        ACC[i * n + j0 + jj] = ACC[i * n + j0 + jj] + P[T.bitwise_and(par + jb, 1) * m * cb + i * w + jj]
             if flags & 2 != 0:
                 # column by column, so that each column's constants stay in registers: the
                 # zero-point terms that do not depend on the row folded into ``c`` (32-bit

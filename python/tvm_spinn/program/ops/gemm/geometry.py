@@ -181,24 +181,25 @@ def fp32_tile_cycles(vm, vn, k, k_splits, arch: "SpinnArch"):
 #: 1/2 or more) runs a 64-bit shift and clamp instead, charged as the 32-bit path (assumption:
 #: requantization multipliers are below 1/2). The software pipeline's own work: per job the
 #: kernel's entry (its 12 arguments, the flags' tests, the block count) and the first block's
-#: start; per column block the wait, the next block's start (the driver's call and its 9
-#: register writes) and the block loop's set-up, whose live values the core spills to the stack
-#: around the driver calls; per column block of a requantizing chunk the bounds and zero point
-#: reloaded.
+#: start (where the job before did not start it); per column block the wait, the next block's
+#: start (the driver's call and its 9 register writes; after a chunk's last block, the next
+#: chunk's first from the addresses that follow the column constants) and the block loop's
+#: set-up, whose live values the core spills to the stack around the driver calls; per column
+#: block of a requantizing chunk the bounds and zero point reloaded.
 I8_SUM = Mix(loads=1.0, alu=1.5, branches=0.25)
 I8_SUM_ROW = Mix(loads=2.0, paired=1.0, alu=8.0, branches=1.5)
-I8_ACC = Mix(loads=1.25, paired=1.5, alu=1.63, branches=0.25)
-I8_ACC_ROW = Mix(loads=6.0, paired=4.0, alu=12.0, branches=1.0)
+I8_ACC = Mix(loads=1.25, paired=1.5, alu=2.0, branches=0.25)
+I8_ACC_ROW = Mix(loads=6.0, paired=4.0, alu=13.3, branches=1.0)
 I8_REQUANT = Mix(loads=4.75, paired=3.5, alu=12.5, mla=1.0, branches=0.25)
-I8_REQUANT_ONE = Mix(loads=5.33, paired=5.33, alu=12.67, mla=2.0, branches=1.0)
-I8_REQUANT_COL = Mix(loads=18.0, paired=14.0, alu=26.0, mla=1.0, branches=1.0)
+I8_REQUANT_ONE = Mix(loads=6.0, paired=6.0, alu=15.0, mla=2.0, branches=1.0)
+I8_REQUANT_COL = Mix(loads=18.0, paired=14.0, alu=23.0, mla=1.0, branches=1.0)
 I8_REQUANT_BLOCK = Mix(loads=3.0, paired=2.0, alu=6.0)
-I8_JOB = Mix(loads=30.0, paired=20.0, alu=40.0, branches=5.5)
-I8_BLOCK = Mix(loads=34.0, paired=22.0, alu=41.0, mla=1.0, branches=8.0)
+I8_JOB = Mix(loads=36.0, paired=24.0, alu=54.0, branches=7.0)
+I8_BLOCK = Mix(loads=34.0, paired=22.0, alu=44.0, mla=1.0, branches=8.0)
 #: Of a job's fixed work (``m4f_job_cycles`` and :data:`I8_JOB`), what the M4F runs between the
 #: first block's start and its wait (the driver's return, the kernel's tests of its flags, the
 #: block loop's set-up with its spills): the share that overlaps the array's first block.
-I8_LEAD = Mix(loads=40.0, paired=26.0, alu=50.0, branches=5.0)
+I8_LEAD = Mix(loads=44.0, paired=28.0, alu=56.0, branches=6.0)
 #: the dequantizing epilogue of an fp32 output per output (VCVT of the sum, VMUL by the scale,
 #: VADD of the bias, the loads and store): not generated for the PE yet, so not checked
 I8_DEQUANT = Mix(loads=3.0, paired=1.0, fpu=3.0, alu=1.0)
@@ -274,10 +275,11 @@ def int8_pipelined_cycles(vm: int, vn: int, k: int, tk: int, arch: "SpinnArch", 
     kernel's software pipeline runs it, the MAC array concurrent with the M4F. Per chunk (one
     job) the array computes the sums one block of :func:`int8_block_columns` columns at a time,
     ``mac_passes(rows, block) * (chunk + mac_readout_cycles)`` cycles each (the array's time of
-    :func:`gemm_tile_cycles`), while the M4F forms the activation's sums (during the first
-    block), then adds and requantizes block ``j`` (the mixes of :func:`int8_m4f_cycles`) while
-    the array computes block ``j + 1``: each wait ends at the later of the array's run and the
-    M4F's work before it, and the last block's M4F work follows the array. ``starts``: the
+    :func:`gemm_tile_cycles`), while the M4F adds and requantizes block ``j`` (the mixes of
+    :func:`int8_m4f_cycles`) while the array computes block ``j + 1``; a chunk's last block
+    overlaps the next chunk's first, beside which the next job's entry and operand sums run too.
+    Each wait ends at the later of the array's run and the M4F's work before it; the tile's last
+    block's M4F work follows the array. ``starts``: the
     tile's first chunk is the reduction's first (its sums go straight into the accumulator; a
     later part of a reduction split over PEs adds every chunk). Scalars only."""
     side = side or Int8Side()
@@ -290,17 +292,26 @@ def int8_pipelined_cycles(vm: int, vn: int, k: int, tk: int, arch: "SpinnArch", 
     widths = [min(cb, cols - j0) for j0 in range(0, cols, cb)]
     chunks = [min(tk, k - k0) for k0 in range(0, k, tk)] or [0]
     summed = vm * side.row_sums + vn * side.col_sums
-    total = 0.0
+
+    def entry(kc):  # a job's fixed work and its operand sums
+        return arch.m4f_job_cycles + c(I8_JOB) + summed * (kc * c(I8_SUM) + c(I8_SUM_ROW))
+
+    def array(kc, w):
+        return float(mac_passes(rows, w, arch)) * (kc + arch.mac_readout_cycles)
+
+    # the first job's entry up to its first start, then the rest beside the array's first block
+    t = entry(chunks[0]) - c(I8_LEAD) + max(c(I8_LEAD), array(chunks[0], widths[0]))
     for ci, kc in enumerate(chunks):
         first, last = ci == 0 and starts, ci == len(chunks) - 1
-        array = [float(mac_passes(rows, w, arch)) * (kc + arch.mac_readout_cycles) for w in widths]
-        lead = c(I8_LEAD) + summed * (kc * c(I8_SUM) + c(I8_SUM_ROW))
-        t = arch.m4f_job_cycles + c(I8_JOB) - c(I8_LEAD) + max(lead, array[0])
         for j, w in enumerate(widths):
             work = _int8_block_work(rows, w, arch, side, not first, last)
-            t += max(work, array[j + 1]) if j + 1 < len(widths) else work
-        total += t
-    return float(total)
+            if j + 1 < len(widths):
+                t += max(work, array(kc, widths[j + 1]))
+            elif not last:  # the next chunk's first block runs beside this block and the next entry
+                t += max(work + entry(chunks[ci + 1]), array(chunks[ci + 1], widths[0]))
+            else:
+                t += work
+    return float(t)
 
 
 def gemm_tile_cycles(vm: int, vn: int, k: int, k_splits: int, arch: "SpinnArch", mode: str = "fp32",
