@@ -181,6 +181,8 @@ def gemm_i8_tile(machine: PeMachine, arena, at: np.ndarray, bt: np.ndarray, kc: 
     from ..program.ops.gemm.geometry import int8_block_columns
     tm, tn = at.shape[0], bt.shape[1]
     cb = int8_block_columns(tm, tn, machine.arch)
+    if cb >= 1 << 12:  # the job's flags hold it in 12 bits
+        raise ValueError(f"int8 GEMM tile {tm}x{tn}: column blocks of {cb} exceed the kernel's 4095")
     nb = -(-tn // cb)
     chunks = [(c0, min(c0 + kc, k1)) for c0 in range(k0, k1, kc)]
     # two alternating scratch blocks, wherever a chunk's sums are not the accumulator's first
