@@ -20,13 +20,17 @@ are one or two columns wide, a model's get full 4 x 4 register blocks). The benc
 calibration rows for the constants (the model is linear in them on fixed tiles) and prints them
 beside the values :class:`~tvm_spinn.target.arch.SpinnArch` holds, and per row the model's error
 at the SpinnArch values and at the solved ones; the held-out target is +-10%. For int8 GEMMs the
-executed cycles are the M4F's share only (driving the array, the 32-bit chunk adds, the
-activation's row or column sums where a zero point needs them, the zero-point terms and the
-requantization), the MAC array being a modelled peripheral that completes at once; their
-modelled cycles are the int8 kernel's M4F cost model
-(:func:`tvm_spinn.program.ops.gemm.geometry.int8_m4f_cycles`, whose instruction mixes were
-read from the kernel's executed blocks at three tile shapes run directly; every program row is
-held out), and a second line gives what the timing model charges the layer.
+executed cycles are the kernel's software pipeline with the MAC array a peripheral that runs
+concurrently for its modelled cycles (the waits on it included): the M4F drives the array
+block by block, forms the activation's row or column sums where a zero point needs them, adds
+the chunks' sums and requantizes one block while the array computes the next. Their modelled
+cycles are the same pipeline priced by the int8 kernel's cost model
+(:func:`tvm_spinn.program.ops.gemm.geometry.int8_pipelined_cycles`, whose instruction mixes were
+read from the kernel's executed blocks at tile shapes run directly; every program row is held
+out); a second line gives the M4F's share alone (model and executed) and what the timing model
+charges the layer. A third table runs the int8 kernel directly on larger tiles (several column
+blocks, several reduction chunks) and prints the array's cycles, the M4F's, their sum (no
+overlap), their maximum (full overlap) and the executed pipeline.
 Usage: ``python bench/iss.py`` (``--only PREFIX``: the cases named so, no calibration).
 """
 
@@ -185,13 +189,13 @@ def _measure():
 
 
 def _modelled(program, index: int, rows, arch) -> float:
-    """The timing model's cycles of the tiles ``rows`` ran; for an int8 GEMM the M4F cost model
-    of the generated kernel (:func:`tvm_spinn.program.ops.gemm.geometry.int8_m4f_cycles`: the
-    ISS's MAC array completes at once, so the executed cycles are the M4F's share)."""
+    """The timing model's cycles of the tiles ``rows`` ran; for an int8 GEMM the generated
+    kernel's software pipeline (:func:`tvm_spinn.program.ops.gemm.geometry.int8_pipelined_cycles`:
+    the M4F's work and the MAC array's runs, overlapped as the kernel overlaps them)."""
     from tvm_spinn.mapping.schedule import derive_tables
     table = derive_tables(program, arch)[index]
     if _int8_gemm(program, index):
-        return sum(_int8_m4f(program, index, table, r.tile, arch) for r in rows)
+        return sum(_int8_tile(program, index, table, r.tile, arch)[0] for r in rows)
     return float(sum(table.cycles[r.tile] for r in rows))
 
 
@@ -199,20 +203,23 @@ def _int8_gemm(program, index: int) -> bool:
     return layer_mode(program, index) == "int8" and layer_kind(program, index) in ("dense", "matmul", "conv2d")
 
 
-def _int8_m4f(program, index: int, table, t: int, arch) -> float:
-    """The int8 GEMM kernel's M4F cycles of tile ``t`` of layer ``index`` by the cost model."""
+def _int8_tile(program, index: int, table, t: int, arch) -> tuple[float, float]:
+    """The int8 GEMM kernel's cycles of tile ``t`` of layer ``index`` by the cost model: the
+    pipeline's, and the M4F's share alone."""
     from dataclasses import replace
     from tvm_spinn.pe.view import gemm_chunk
-    from tvm_spinn.program.ops.gemm.geometry import int8_m4f_cycles, int8_side, splits_of
+    from tvm_spinn.program.ops.gemm.geometry import int8_m4f_cycles, int8_pipelined_cycles, int8_side, splits_of
     lo, hi = table.lo[t], table.hi[t]
     vm, vn = int(hi[1] - lo[1]), int(hi[2] - lo[2])
     side = int8_side(program, program.layers[index])
-    k = gemm_view(program, index).k
+    k, k0 = gemm_view(program, index).k, 0
     if table.lo.shape[1] > 3:  # a part of a reduction split over PEs: the last one finishes
         k0, k1 = int(lo[3]), int(hi[3])
         side = replace(side, epilogue=k1 == k)
         k = k1 - k0
-    return float(int8_m4f_cycles(vm, vn, k, splits_of(k, gemm_chunk(program, index)), arch, side))
+    kc = gemm_chunk(program, index)
+    return (int8_pipelined_cycles(vm, vn, k, kc, arch, side, starts=k0 == 0),
+            float(int8_m4f_cycles(vm, vn, k, splits_of(k, kc), arch, side)))
 
 
 def _lstsq(rows, constants, arch, model):
@@ -281,6 +288,82 @@ def _kernel_table(arch) -> None:
     print(f"held-out kernel shapes within +-{TARGET:.0%}: {within} of {held}")
 
 
+#: int8 GEMM kernel runs, ``(rows, cols, k, chunk, row sums, column sums, requantize)`` -> whether
+#: it is a calibration shape (the int8 mixes were read from those; the others are held out)
+INT8_SHAPES = {(16, 4, 64, 64, False, False, False): True, (16, 8, 64, 64, False, False, False): True,
+               (16, 8, 64, 64, False, False, True): True, (16, 16, 64, 64, False, False, True): True,
+               (32, 8, 64, 64, False, False, True): True, (19, 8, 64, 64, False, False, True): True,
+               (16, 64, 512, 256, False, False, False): True, (16, 16, 192, 64, False, False, False): True,
+               (16, 4, 256, 256, False, False, True): False, (16, 64, 1024, 256, False, False, True): False,
+               (16, 64, 2048, 511, False, False, True): False, (64, 64, 256, 256, False, False, True): False,
+               (1, 96, 1024, 511, False, False, True): False, (1, 64, 2048, 511, False, False, True): False,
+               (4, 128, 1024, 256, False, False, True): False, (144, 32, 144, 144, False, False, True): False,
+               (24, 40, 96, 96, True, False, True): False, (7, 10, 300, 100, True, True, True): False,
+               (32, 64, 600, 511, False, False, False): False}
+
+
+def int8_kernel_run(machine, rows, cols, k, chunk, row_sums, col_sums, requant, rng):
+    """Run the ``gemm_i8`` kernel on one ``rows x cols`` tile with reduction ``k`` in chunks of
+    ``chunk`` as the ``iss`` mode does (:func:`tvm_spinn.pe.execute.gemm_i8_tile`); returns the
+    accumulator (int32), the exact sums, the executed cycles and the cycles waited on the MAC
+    array."""
+    from tvm_spinn.pe.cycles import executed_cycles
+    from tvm_spinn.pe.execute import gemm_i8_tile
+
+    class Arena:
+        def take(self, *sizes):
+            out, pos = [], machine.arena
+            for size in sizes:
+                out.append(pos)
+                pos += -(-max(size, 4) // 64) * 64
+            return out
+
+    a = rng.integers(-128, 128, (rows, k)).astype(np.int8)
+    b = rng.integers(-128, 128, (k, cols)).astype(np.int8)
+    q = np.concatenate([[3, k, 0, -128, 127], np.tile([1, 100, 1 << 30, 40], cols)])
+    machine.load(0)
+    machine.clear_counters()
+    flags = (2 if requant else 0) | (4 if row_sums else 0) | (8 if col_sums else 0)
+    pacc, *_ = gemm_i8_tile(machine, Arena(), a, b, chunk, 0, k, q, flags)
+    acc = np.frombuffer(machine.read(pacc, 4 * rows * cols), np.int32).reshape(rows, cols)
+    want = (a.astype(np.int64) @ b.astype(np.int64)).astype(np.int32)
+    return acc, want, executed_cycles(machine)[0], machine.stall
+
+
+def _int8_kernel_table(arch) -> None:
+    from tvm_spinn.pe.images import role_image
+    from tvm_spinn.pe.iss import PeMachine
+    from tvm_spinn.program.ops.gemm.geometry import (Int8Side, int8_block_columns, int8_m4f_cycles,
+                                                     int8_pipelined_cycles, mac_passes, splits_of)
+    image = role_image(("gemm_i8",))
+    machine = PeMachine(image.elf, image.name, 0, arch.acc_bits, arch)
+    rng = np.random.default_rng(0)
+    print(f"\nint8 GEMM kernel, one tile per shape (rows x cols x k / chunk, sums: r rows, c columns, q: requantized)\n"
+          f"{'shape':22s} {'set':8s} {'array':>8s} {'M4F':>8s} {'sum':>8s} {'max':>8s} {'modelled':>9s} "
+          f"{'executed':>9s} {'model err':>9s} {'+-10%':>5s} {'exec/max':>8s}")
+    held = within = 0
+    for key, calib in INT8_SHAPES.items():
+        rows, cols, k, chunk, rs, cs, rq = key
+        acc, want, executed, _ = int8_kernel_run(machine, *key, rng)
+        if not np.array_equal(acc, want):
+            raise AssertionError(f"int8 kernel {key}: the accumulator differs from the exact sums")
+        side = Int8Side(row_sums=rs, col_sums=cs, int32_out=not rq)
+        cb = int8_block_columns(rows, cols, arch)
+        passes = sum(int(mac_passes(rows, min(cb, cols - j), arch)) for j in range(0, cols, cb))
+        array = passes * (k + splits_of(k, chunk) * arch.mac_readout_cycles)
+        m4f = float(int8_m4f_cycles(rows, cols, k, splits_of(k, chunk), arch, side))
+        modelled = int8_pipelined_cycles(rows, cols, k, chunk, arch, side)
+        err = (modelled - executed) / executed
+        ok = "" if calib else ("yes" if abs(err) <= TARGET else "no")
+        held += not calib
+        within += (not calib) and abs(err) <= TARGET
+        name = f"{rows}x{cols}x{k}/{chunk}" + ("r" if rs else "") + ("c" if cs else "") + ("q" if rq else "")
+        print(f"{name:22s} {'calib' if calib else 'held-out':8s} {array:8d} {m4f:8.0f} {array + m4f:8.0f} "
+              f"{max(array, m4f):8.0f} {modelled:9.0f} {executed:9d} {err:+9.1%} {ok:>5s} "
+              f"{executed / max(array, m4f):8.2f}")
+    print(f"held-out int8 kernel shapes within +-{TARGET:.0%}: {within} of {held}")
+
+
 def main() -> None:
     import argparse
     from tvm_spinn.target.arch import SpinnArch
@@ -321,8 +404,14 @@ def main() -> None:
         print(f"{name:24s} {mode + ' ' + kind:16s} {'calib' if calib else 'held-out':8s} {len(rows):6d} "
               f"{modelled:10.0f} {executed:10d} {err:+9.1%} {err_cal:+8.1%} {ok:>5s} {executed / units:6.2f}/{unit}")
         if _int8_gemm(program, index):
-            print(f"{'':24s} the timing model charges these tiles {sum(r.modelled for r in rows):.0f} cycles "
-                  "(the longer of the MAC array and the M4F's chunk and operand-sum adds)")
+            from tvm_spinn.mapping.schedule import derive_tables
+            table = derive_tables(program, arch)[index]
+            m4f_model = sum(_int8_tile(program, index, table, r.tile, arch)[1] for r in rows)
+            m4f_exec = executed - sum(r.waited for r in rows)
+            print(f"{'':24s} M4F share alone: modelled {m4f_model:.0f}, executed {m4f_exec:.0f} "
+                  f"({(m4f_model - m4f_exec) / m4f_exec:+.1%}); the timing model charges these tiles "
+                  f"{sum(r.modelled for r in rows):.0f} cycles (the longer of the MAC array and the M4F's chunk and "
+                  "operand-sum adds)")
     print()
     for field in CONSTANTS:
         print(f"calibration: {field} = {getattr(arch, field):.2f} in SpinnArch; the calibration rows solve to "
@@ -332,6 +421,8 @@ def main() -> None:
           "(int8 GEMM rows: the M4F's share)")
     if not args.only:
         _kernel_table(arch)
+    if not args.only or "int8".startswith(args.only) or args.only.startswith("int8"):
+        _int8_kernel_table(arch)
 
 
 if __name__ == "__main__":

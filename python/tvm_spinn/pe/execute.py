@@ -22,7 +22,7 @@ from .images import build_images
 from .iss import PeMachine
 from .memory_map import ARENA_END
 
-__all__ = ["TileRun", "run_program_iss"]
+__all__ = ["TileRun", "gemm_i8_tile", "run_program_iss"]
 
 _F32 = np.float32
 
@@ -30,7 +30,9 @@ _F32 = np.float32
 @dataclass
 class TileRun:
     """One tile as executed: layer, tile index, PE, executed instructions per class and their
-    cycles (:mod:`.cycles`), and the timing model's cycles for the tile."""
+    cycles (:mod:`.cycles`, the waits on peripherals included), the timing model's cycles for
+    the tile, and the cycles of ``cycles`` the M4F waited on the MAC array or the exp/log unit
+    (recorded for tiles run in one piece; 0 where not)."""
 
     layer: int
     tile: int
@@ -38,6 +40,7 @@ class TileRun:
     modelled: float
     cycles: int = 0
     classes: dict = field(default_factory=dict)
+    waited: float = 0.0
 
 
 def _align(n: int, a: int = 64) -> int:
@@ -83,7 +86,7 @@ class _Run:
     def done(self, index: int, t: int, table, m: PeMachine) -> None:
         if self.record is not None:
             cycles, classes = executed_cycles(m)
-            self.record.append(TileRun(index, t, int(table.pe[t]), float(table.cycles[t]), cycles, classes))
+            self.record.append(TileRun(index, t, int(table.pe[t]), float(table.cycles[t]), cycles, classes, m.stall))
 
 
 def _flat_operands(p, index: int, env) -> tuple[list[np.ndarray], np.ndarray]:
@@ -163,6 +166,56 @@ def _run_gemm_f32(run: _Run, index: int, env, table) -> np.ndarray:
     return out
 
 
+def gemm_i8_tile(machine: PeMachine, arena, at: np.ndarray, bt: np.ndarray, kc: int, k0: int, k1: int,
+                 consts: np.ndarray, flags: int, acc=None, rowsum=None, colsum=None) -> tuple[int, int, int, int]:
+    """Run the ``gemm_i8`` kernel on one tile as its PE does: ``at`` ``[rows, K]`` and ``bt`` ``[K,
+    cols]`` (int8 or uint8, the kernel's operands), reduction ``[k0, k1)`` in jobs of ``kc``
+    (``k0 == 0``: the reduction's first chunk), ``consts`` the requantization constants
+    (``[zx, K, y_zero, y_min, y_max]`` then 4 per column), ``flags`` bits 1 (requantize after the
+    last chunk), 2 and 3 (the operand sums the kernel forms). ``acc``, ``rowsum``, ``colsum``: the
+    sums a previous part of the reduction handed on (bytes), else zeros. The DMA's part is the
+    host's: the operands of chunk ``c + 1`` go into the other half of the double-buffered A and
+    B before job ``c`` runs (the job starts that chunk's first MAC-array block when it ends).
+    ``arena`` allocates the buffers (:class:`_Arena`, or anything with its ``take``). Returns
+    the addresses of the accumulator, the row and column sums, and the int8 output."""
+    from ..program.ops.gemm.geometry import int8_block_columns
+    tm, tn = at.shape[0], bt.shape[1]
+    cb = int8_block_columns(tm, tn, machine.arch)
+    if cb >= 1 << 12:  # the job's flags hold it in 12 bits
+        raise ValueError(f"int8 GEMM tile {tm}x{tn}: column blocks of {cb} exceed the kernel's 4095")
+    nb = -(-tn // cb)
+    chunks = [(c0, min(c0 + kc, k1)) for c0 in range(k0, k1, kc)]
+    # two alternating scratch blocks, wherever a chunk's sums are not the accumulator's first
+    scratch = 2 * 4 * tm * cb if k0 > 0 or len(chunks) > 1 else 0
+    pa0, pa1, pb0, pb1, pp, pacc, prs, pcs, pq, py = arena.take(
+        tm * kc, tm * kc, kc * tn, kc * tn, scratch, 4 * tm * tn, 4 * tm, 4 * tn, 4 * (len(consts) + 5), tm * tn)
+    machine.write(pq, np.asarray(consts, dtype=np.int64).astype(np.int32).tobytes())
+    machine.write(pacc, acc if acc is not None else bytes(4 * tm * tn))
+    machine.write(prs, rowsum if rowsum is not None else bytes(4 * tm))
+    machine.write(pcs, colsum if colsum is not None else bytes(4 * tn))
+    halves = ((pa0, pb0), (pa1, pb1))
+
+    def place(ci):
+        c0, c1 = chunks[ci]
+        pa, pb = halves[ci & 1]
+        machine.write(pa, np.ascontiguousarray(at[:, c0:c1]).view(np.int8).tobytes())
+        machine.write(pb, np.ascontiguousarray(bt[c0:c1]).view(np.int8).tobytes())
+
+    place(0)
+    for ci, (c0, c1) in enumerate(chunks):
+        more = ci + 1 < len(chunks)
+        if more:
+            place(ci + 1)
+        machine.write(pq + 4 * len(consts), np.array(
+            [pa0, pa1, pb0, pb1, chunks[ci + 1][1] - chunks[ci + 1][0] if more else 0], dtype=np.int64
+        ).astype(np.uint32).tobytes())
+        job_flags = ((1 if c0 == 0 else 0) | (flags & 12) | (flags & 2 if c1 == k1 else 0) | (16 if ci else 0)
+                     | (32 if more else 0) | ((ci * nb) & 1) << 6 | (ci & 1) << 7 | cb << 8)
+        pa, pb = halves[ci & 1]
+        machine.run([[pa, pb, pp, pacc, prs, pcs, pq, py, tm, tn, c1 - c0, job_flags]], mac_in_flight=more)
+    return pacc, prs, pcs, py
+
+
 def _run_gemm_i8(run: _Run, index: int, env, table) -> np.ndarray:
     """int8 ``dense``, ``matmul`` and ``conv2d`` on the MAC array, requantized on the M4F (an
     ``int32`` output: the accumulator's sums, no last-chunk epilogue). The
@@ -219,25 +272,16 @@ def _run_gemm_i8(run: _Run, index: int, env, table) -> np.ndarray:
         head = np.array([attrs["x_zero"], g.k, attrs.get("y_zero", 0), attrs.get("y_min", 0), attrs.get("y_max", 0)],
                         dtype=np.int64)
         m = run.machine(index, int(table.pe[t]))
-        pa, pb, pp, pacc, prs, pcs, pq, py = _Arena(m, p, index).take(
-            tm * kc, kc * tn, 4 * tm * tn, 4 * tm * tn, 4 * tm, 4 * tn, 4 * (5 + 4 * tn), tm * tn)
-        m.write(pq, np.concatenate([head, cols[ch].reshape(-1)]).astype(np.int32).tobytes())
         key = (b0, m0, m1, n0, n1)
         if k0 > 0:
-            acc, rs, cs = carry.pop(key)
-            m.write(pacc, acc)
-            m.write(prs, rs)
-            m.write(pcs, cs)
+            acc0, rs, cs = carry.pop(key)
         else:  # sums the kernel does not form are zero, or the constant operand's
-            m.write(prs, bytes(4 * tm))
+            acc0, rs = None, bytes(4 * tm)
             cs = (bt.astype(np.int64).sum(axis=0) if col_sums and const_b else np.zeros(tn, np.int64))
-            m.write(pcs, cs.astype(np.int32).tobytes())
-        for c0 in range(k0, k1, kc):
-            c1 = min(c0 + kc, k1)
-            m.write(pa, np.ascontiguousarray(at[:, c0:c1], dtype=np.int8).tobytes())
-            m.write(pb, np.ascontiguousarray(bt[c0:c1], dtype=np.int8).tobytes())
-            flags = (1 if c0 == 0 else 0) | (2 if c1 == g.k and requant else 0) | sum_flags
-            m.run([[pa, pb, pp, pacc, prs, pcs, pq, py, tm, tn, c1 - c0, flags]])
+            cs = cs.astype(np.int32).tobytes()
+        pacc, prs, pcs, py = gemm_i8_tile(
+            m, _Arena(m, p, index), at, bt, kc, k0, k1, np.concatenate([head, cols[ch].reshape(-1)]),
+            flags=(2 if k1 == g.k and requant else 0) | sum_flags, acc=acc0, rowsum=rs, colsum=cs)
         if k1 < g.k:
             carry[key] = (m.read(pacc, 4 * tm * tn), m.read(prs, 4 * tm), m.read(pcs, 4 * tn))
         else:  # an int32 output is the accumulator itself (no zero points: the checks')

@@ -11,6 +11,16 @@ can price the executed instructions; the cycles the M4F waits on the exp/log uni
 latency and rate, ``SpinnArch.exp_unit_latency_cycles`` and ``exp_unit_cycles``) are counted in
 :attr:`PeMachine.stall`.
 
+The MAC array runs concurrently with the M4F. A start (CTRL written 1) reads the operands and
+fixes the run's end at the M4F's cycle count then (:func:`~.cycles.executed_cycles`) plus the
+array's modelled cycles, the timing model's: ``mac_passes(m, n) * (k + mac_readout_cycles)``
+(:func:`tvm_spinn.program.ops.gemm.geometry.mac_passes`). A read of CTRL is the wait: the M4F
+stalls until that end (the cycles still to go are added to :attr:`PeMachine.stall`; none when
+the M4F's own work took longer), the sums are written to C, and CTRL reads 0. A start while a
+run is pending, or a run still pending at ``pe_halt`` (its sums never awaited) unless the host
+continues the PE's jobs in a further run (:meth:`PeMachine.run`'s ``mac_in_flight``), is an
+:class:`~.errors.IssFault`: firmware must wait for every run it starts.
+
 The exp/log unit computes the simulator's exp model itself (C++ ``ExpModel`` through
 :func:`tvm_spinn.program.ops.elementwise.exp_f32`), so the PE code's exp is that model's bits by
 construction, as on the chip, where it is the unit's.
@@ -66,6 +76,9 @@ class PeMachine:
         self.name, self.pe, self.acc_bits = name, pe, int(acc_bits)
         arch = arch if arch is not None else SpinnArch()
         self.exp_rate, self.exp_latency = float(arch.exp_unit_cycles), int(arch.exp_unit_latency_cycles)
+        self.arch = arch
+        #: the MAC array's run in flight: ``(c, ldc, sums, end cycle)``, or None
+        self.mac_pending = None
         self.uc = Uc(UC_ARCH_ARM, UC_MODE_THUMB | UC_MODE_MCLASS)
         self.uc.mem_map(SRAM_BASE, SRAM_BYTES)
         elf = ELFFile(io.BytesIO(image))
@@ -102,7 +115,10 @@ class PeMachine:
     def _mac_read(self, uc, offset, size, data):
         for reg, off in MAC_REGS.items():
             if off == offset:
-                return self.mac[reg] if reg != "CTRL" else 0  # a run completes at once
+                if reg == "CTRL":
+                    self._mac_wait()
+                    return 0
+                return self.mac[reg]
         return 0
 
     def _mac_write(self, uc, offset, size, value, data):
@@ -112,17 +128,48 @@ class PeMachine:
         if offset == MAC_REGS["CTRL"] and value == MAC_START:
             self._mac_run()
 
+    def now(self) -> int:
+        """The M4F's cycles since the counters were cleared (executed instructions, the current
+        basic block whole, and peripheral waits)."""
+        from .cycles import executed_cycles
+        return executed_cycles(self)[0]
+
     def _mac_run(self) -> None:
-        """The MAC array: int8 products into ``acc_bits``-bit wrapping accumulators, written out
-        sign-extended as int32 (the wrap is modular: wrapping each step or at the end is equal)."""
+        """Start the MAC array: int8 products into ``acc_bits``-bit wrapping accumulators, kept
+        sign-extended as int32 until the wait writes them to C (the wrap is modular: wrapping
+        each step or at the end is equal); the run ends ``mac_passes(m, n) * (k +
+        mac_readout_cycles)`` cycles from now."""
+        from ..program.ops.gemm.geometry import mac_passes
+        pc = self.uc.reg_read(UC_ARM_REG_PC)
+        if self.mac_pending is not None:
+            raise IssFault(self.pe, self.name, pc, "MAC array started while a run is in flight (no wait)")
         m, n, k = self.mac["M"], self.mac["N"], self.mac["K"]
+        ldb, ldc = self.mac["LDB"], self.mac["LDC"]
+        if ldb < n or ldc < n:
+            raise IssFault(self.pe, self.name, pc, f"MAC array row strides LDB={ldb}, LDC={ldc} below N={n}")
         a = np.frombuffer(self.read(self.mac["A"], m * k), dtype=np.int8).reshape(m, k).astype(np.int64)
-        b = np.frombuffer(self.read(self.mac["B"], k * n), dtype=np.int8).reshape(k, n).astype(np.int64)
+        raw = np.frombuffer(self.read(self.mac["B"], (k - 1) * ldb + n if k else 0), dtype=np.int8)
+        b = np.lib.stride_tricks.as_strided(raw, shape=(k, n), strides=(ldb, 1)).astype(np.int64)
         s = a @ b
         half = np.int64(1) << (self.acc_bits - 1)
-        s = ((s + half) & ((half << 1) - 1)) - half
-        self.write(self.mac["C"], s.astype(np.int32).tobytes())
+        s = (((s + half) & ((half << 1) - 1)) - half).astype(np.int32)
+        cycles = int(mac_passes(m, n, self.arch)) * (k + int(self.arch.mac_readout_cycles))
+        self.mac_pending = (self.mac["C"], ldc, s, self.now() + cycles)
         self.mac_calls += 1
+
+    def _mac_wait(self) -> None:
+        """The M4F waits for the run in flight (if any): stalls until its end, then its sums
+        are in C."""
+        if self.mac_pending is None:
+            return
+        c, ldc, s, end = self.mac_pending
+        self.mac_pending = None
+        self.stall += max(0, end - self.now())
+        m, n = s.shape
+        if m and n:
+            span = np.frombuffer(self.read(c, 4 * ((m - 1) * ldc + n)), dtype=np.int32).copy()
+            np.lib.stride_tricks.as_strided(span, shape=(m, n), strides=(4 * ldc, 4))[:] = s
+            self.write(c, span.tobytes())
 
     def _exp_read(self, uc, offset, size, data):
         for reg, off in EXP_REGS.items():
@@ -152,6 +199,7 @@ class PeMachine:
 
     def clear_counters(self) -> None:
         """Forget the executed blocks, taken branches and peripheral waits counted so far."""
+        self.mac_pending = None
         self.blocks.clear()
         self.taken.clear()
         self.stall = 0.0
@@ -177,8 +225,11 @@ class PeMachine:
         except UcError as err:
             raise IssFault(self.pe, self.name, address, f"host write of {len(data)} bytes outside SRAM ({err})") from None
 
-    def run(self, jobs: list[list[int]]) -> None:
-        """Run the image's kernel once per job (each a list of at most JOB_WORDS arguments)."""
+    def run(self, jobs: list[list[int]], mac_in_flight: bool = False) -> None:
+        """Run the image's kernel once per job (each a list of at most JOB_WORDS arguments).
+        ``mac_in_flight``: the jobs may end with a MAC-array run in flight, which the next run's
+        jobs wait for (the PE keeps running between the host's placements of operands);
+        otherwise such a run is a fault."""
         words = [len(jobs)]
         for args in jobs:
             if len(args) > JOB_WORDS:
@@ -196,3 +247,6 @@ class PeMachine:
         pc = self.uc.reg_read(UC_ARM_REG_PC)
         if pc & ~1 != halt:
             raise IssFault(self.pe, self.name, pc, f"did not reach pe_halt within {MAX_INSTRUCTIONS} instructions")
+        if self.mac_pending is not None and not mac_in_flight:
+            self.mac_pending = None
+            raise IssFault(self.pe, self.name, pc, "reached pe_halt with a MAC array run never waited for")

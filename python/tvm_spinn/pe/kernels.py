@@ -24,9 +24,11 @@ Kernels (the ``spec`` of :func:`kernel_object`):
   output channels), else ``bias[j]`` per column -- then the ReLU); args ``a, b, c, bias, m, n,
   k, flags``.
 - ``("gemm_i8",)``: one k-chunk of an int8 GEMM (``dense``, ``matmul``, a ``conv2d`` tile
-  transposed by the host, see :mod:`.execute`): the MAC array's ``acc_bits`` sums (driver
-  ``pe_mac_gemm``) into the int32 accumulator ``acc`` on the first chunk (``flags`` bit 0),
-  else into the scratch ``p``, added in 32-bit to ``acc``, with the
+  transposed by the host, see :mod:`.execute`), software-pipelined: the MAC array (drivers
+  ``pe_mac_start``, ``pe_mac_wait``) computes the chunk's ``acc_bits`` sums one block of
+  ``flags >> 8`` columns at a time while the M4F finishes the block before; the sums go into
+  the int32 accumulator ``acc`` on the first chunk (``flags`` bit 0), else into one of two
+  alternating scratch blocks in ``p`` (``2 x m x cb`` int32), added in 32-bit to ``acc``, with the
   row sums of ``a`` (``flags`` bit 2) and the column sums of ``b`` (bit 3) where the zero-point
   terms need them at run time; on the last chunk the zero-point terms and the requantization
   (:func:`tvm_spinn.program.quant.requantize`; a ReLU is its clamp at the zero point) write
@@ -35,7 +37,12 @@ Kernels (the ``spec`` of :func:`kernel_object`):
   more the high word's arithmetic shift and a 32-bit clamp (a 64-bit shift and clamp below
   32, multipliers of 1/2 and more) (an int32 output is ``acc`` itself, bit 1 clear). Args ``a, b, p, acc, rowsum,
   colsum, consts, y, m, n, k, flags``; ``consts`` points at ``[zx, K, y_zero, y_min, y_max]``
-  then per column ``zw, bias_q, multiplier, shift`` (int32 each).
+  then per column ``zw, bias_q, multiplier, shift`` (int32 each), then the addresses of the two
+  halves of A and of B and the next chunk's length. ``flags``: bit 4, the chunk's first block
+  is already running (the job before started it); bit 5, start the next chunk's first block
+  after this chunk's last; bit 6, the scratch half of this chunk's first block; bit 7, this
+  chunk's operand half; bits 8-19, the block's columns (:func:`tvm_spinn.pe.execute.gemm_i8_tile`
+  is the reference host).
 - ``("move",)``: data movement as a gather of ``eb``-byte elements: ``dst[i] = src[idx[i]]``,
   or the ``eb`` fill bytes where ``idx[i]`` is negative (``pad``); args ``src, idx, dst, fill,
   n, eb``. The DMA brings each piece's source elements into ``src`` in ascending order; the
@@ -268,21 +275,35 @@ def _gemm_i8():
         T.func_attr({"tir.noalias": True, "calling_conv": 0})
         A = T.decl_buffer((m * k,), "int8", data=a)
         B = T.decl_buffer((k * n,), "int8", data=b)
-        P = T.decl_buffer((m * n,), "int32", data=p)
+        P = T.decl_buffer((2 * m * n,), "int32", data=p)
         ACC = T.decl_buffer((m * n,), "int32", data=acc)
         RS = T.decl_buffer((m,), "int32", data=rowsum)
         CS = T.decl_buffer((n,), "int32", data=colsum)
-        Q = T.decl_buffer((5 + 4 * n,), "int32", data=consts)
+        Q = T.decl_buffer((10 + 4 * n,), "int32", data=consts)
         Y = T.decl_buffer((m * n,), "int8", data=y)
         first = flags & 1 != 0
-        # the first chunk's sums go straight into the accumulator (the array writes them there);
-        # a later chunk's into the scratch ``p``, which the M4F adds in 32-bit
-        if first:
-            T.evaluate(T.call_extern("int32", "pe_mac_gemm", a, b, acc, m, n, k))
-        else:
-            T.evaluate(T.call_extern("int32", "pe_mac_gemm", a, b, p, m, n, k))
+        # the software pipeline: the array computes the chunk's sums one block of ``cb``
+        # columns at a time (bits 8-19), and the M4F adds and requantizes block ``jb`` while
+        # the array computes block ``jb + 1``; after the chunk's last block the array starts
+        # the next chunk's first (bit 5; its operands are already in the other half of the
+        # double-buffered A and B, whose addresses and the next chunk's length follow the
+        # column constants), so the next job finds it running (bit 4). The first chunk's sums
+        # go straight into the accumulator's columns (the array writes them there, rows ``n``
+        # apart); a later chunk's into one of two scratch blocks ``[m, cb]``, alternating over
+        # the tile's blocks (bit 6: the parity of the chunk's first block), which the M4F adds
+        # in 32-bit
+        cb = T.max(T.bitwise_and(T.shift_right(flags, 8), 4095), 1)
+        nb = T.truncdiv(n + cb - 1, cb)
+        par = T.bitwise_and(T.shift_right(flags, 6), 1)
+        if flags & 16 == 0:
+            if first:
+                T.evaluate(T.call_extern("int32", "pe_mac_start", a, b, acc, m, T.min(cb, n), k, n, n))
+            else:
+                T.evaluate(T.call_extern("int32", "pe_mac_start", a, b, T.address_of(P[par * m * cb]), m,
+                                         T.min(cb, n), k, n, T.min(cb, n)))
         # an operand's sums are needed only where the other's zero point is nonzero (bit 2: the
-        # rows of a, bit 3: the columns of b); the host gives a constant operand's sums
+        # rows of a, bit 3: the columns of b); the host gives a constant operand's sums. They
+        # run while the array computes the first block
         if flags & 4 != 0:
             for i in range(m):
                 s = T.decl_buffer((1,), "int32", scope="local")
@@ -297,45 +318,64 @@ def _gemm_i8():
                 for kk in range(k):
                     s[0] = s[0] + T.Cast("int32", B[kk * n + j])
                 CS[j] = s[0]
-        if not first:
-            for i in range(m):
-                for j in range(n):
-                    ACC[i * n + j] = ACC[i * n + j] + P[i * n + j]
-        if flags & 2 != 0:
-            # column by column, so that each column's constants stay in registers: the
-            # zero-point terms that do not depend on the row folded into ``c`` (32-bit
-            # wrapping, as the simulator's int32 cast: addition modulo 2**32 is associative),
-            # the bias's product and the rounding term into the 64-bit ``t0`` (modulo 2**64,
-            # likewise), so that each output is one MLS, one ADD and one SMLAL
-            zx = Q[0]
-            lo = Q[3] - Q[2]
-            hi = Q[4] - Q[2]
-            for j in range(n):
-                zw = Q[5 + 4 * j]
-                m0 = T.Cast("int64", Q[5 + 4 * j + 2])
-                sh = Q[5 + 4 * j + 3]
-                c = Q[1] * zx * zw - zx * CS[j]
-                b0 = T.Cast("int64", Q[5 + 4 * j + 1]) * m0
-                if sh >= 32:
-                    # the rounded quotient is the high word shifted by ``sh - 32`` (floor
-                    # divisions compose): a 32-bit value, clamped in 32 bits; the clamp at
-                    # ``[lo, hi] - zero`` then the zero point is the simulator's clamp of the
-                    # sum with the zero point (the bounds are int8); the rounding term
-                    # ``2**(sh - 1)`` as ``2**(sh - 32)`` (32-bit) times ``2**31``
-                    t0 = b0 + T.shift_left(T.Cast("int64", T.shift_left(1, sh - 32)), T.int64(31))
-                    for i in range(m):
-                        v = ACC[i * n + j] - zw * RS[i] + c
-                        t = T.Cast("int64", v) * m0 + t0
-                        r = T.shift_right(T.Cast("int32", T.shift_right(t, T.int64(32))), sh - 32)
-                        Y[i * n + j] = T.Cast("int8", T.min(T.max(r, lo), hi) + Q[2])
+        zx = Q[0]
+        lo = Q[3] - Q[2]
+        hi = Q[4] - Q[2]
+        for jb in range(nb):
+            j0 = jb * cb
+            w = T.min(cb, n - j0)
+            T.evaluate(T.call_extern("int32", "pe_mac_wait"))
+            if jb + 1 < nb:
+                if first:
+                    T.evaluate(T.call_extern("int32", "pe_mac_start", a, T.address_of(B[j0 + cb]),
+                                             T.address_of(ACC[j0 + cb]), m, T.min(cb, n - j0 - cb), k, n, n))
                 else:
-                    # a multiplier of 1/2 or more: the 64-bit quotient clamped in 64 bits
-                    t0 = b0 + T.Cast("int64", T.shift_left(1, sh - 1))
-                    for i in range(m):
-                        v = ACC[i * n + j] - zw * RS[i] + c
-                        t = T.Cast("int64", v) * m0 + t0
-                        r = T.shift_right(t, T.Cast("int64", sh))
-                        Y[i * n + j] = T.Cast("int8", T.Cast("int32", T.min(T.max(r, T.Cast("int64", lo)), T.Cast("int64", hi))) + Q[2])
+                    T.evaluate(T.call_extern("int32", "pe_mac_start", a, T.address_of(B[j0 + cb]),
+                                             T.address_of(P[T.bitwise_and(par + jb + 1, 1) * m * cb]), m,
+                                             T.min(cb, n - j0 - cb), k, n, T.min(cb, n - j0 - cb)))
+            elif flags & 32 != 0:
+                # the next chunk's first block, from the other operand half (bit 7: this one's)
+                nxt = 5 + 4 * n + 1 - T.bitwise_and(T.shift_right(flags, 7), 1)
+                T.evaluate(T.call_extern("int32", "pe_mac_start", Q[nxt], Q[nxt + 2],
+                                         T.address_of(P[T.bitwise_and(par + nb, 1) * m * cb]), m, T.min(cb, n),
+                                         Q[5 + 4 * n + 4], n, T.min(cb, n)))
+            if not first:
+                for i in range(m):
+                    for jj in range(w):
+                        ACC[i * n + j0 + jj] = ACC[i * n + j0 + jj] + P[T.bitwise_and(par + jb, 1) * m * cb + i * w + jj]
+            if flags & 2 != 0:
+                # column by column, so that each column's constants stay in registers: the
+                # zero-point terms that do not depend on the row folded into ``c`` (32-bit
+                # wrapping, as the simulator's int32 cast: addition modulo 2**32 is associative),
+                # the bias's product and the rounding term into the 64-bit ``t0`` (modulo 2**64,
+                # likewise), so that each output is one MLS, one ADD and one SMLAL
+                for jj in range(w):
+                    j = j0 + jj
+                    zw = Q[5 + 4 * j]
+                    m0 = T.Cast("int64", Q[5 + 4 * j + 2])
+                    sh = Q[5 + 4 * j + 3]
+                    c = Q[1] * zx * zw - zx * CS[j]
+                    b0 = T.Cast("int64", Q[5 + 4 * j + 1]) * m0
+                    if sh >= 32:
+                        # the rounded quotient is the high word shifted by ``sh - 32`` (floor
+                        # divisions compose): a 32-bit value, clamped in 32 bits; the clamp at
+                        # ``[lo, hi] - zero`` then the zero point is the simulator's clamp of the
+                        # sum with the zero point (the bounds are int8); the rounding term
+                        # ``2**(sh - 1)`` as ``2**(sh - 32)`` (32-bit) times ``2**31``
+                        t0 = b0 + T.shift_left(T.Cast("int64", T.shift_left(1, sh - 32)), T.int64(31))
+                        for i in range(m):
+                            v = ACC[i * n + j] - zw * RS[i] + c
+                            t = T.Cast("int64", v) * m0 + t0
+                            r = T.shift_right(T.Cast("int32", T.shift_right(t, T.int64(32))), sh - 32)
+                            Y[i * n + j] = T.Cast("int8", T.min(T.max(r, lo), hi) + Q[2])
+                    else:
+                        # a multiplier of 1/2 or more: the 64-bit quotient clamped in 64 bits
+                        t0 = b0 + T.Cast("int64", T.shift_left(1, sh - 1))
+                        for i in range(m):
+                            v = ACC[i * n + j] - zw * RS[i] + c
+                            t = T.Cast("int64", v) * m0 + t0
+                            r = T.shift_right(t, T.Cast("int64", sh))
+                            Y[i * n + j] = T.Cast("int8", T.Cast("int32", T.min(T.max(r, T.Cast("int64", lo)), T.Cast("int64", hi))) + Q[2])
     return kernel
 
 

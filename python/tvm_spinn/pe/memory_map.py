@@ -33,9 +33,13 @@ ARENA_ALIGN = 64
 MAC_BASE = 0x4000_0000
 MAC_BYTES = 0x1000
 #: Word offsets of the MAC array's registers (assumption): operand A (int8 ``[m, k]`` row-major),
-#: operand B (int8 ``[k, n]`` row-major), result C (int32 ``[m, n]``, overwritten with the
-#: sign-extended ``acc_bits``-bit sums), the extents, and CTRL (write 1: run; reads 0 when done).
-MAC_REGS = {"A": 0x00, "B": 0x04, "C": 0x08, "M": 0x0C, "N": 0x10, "K": 0x14, "CTRL": 0x18}
+#: operand B (int8 ``[k, n]``, rows ``LDB`` bytes apart), result C (int32 ``[m, n]``, rows ``LDC``
+#: words apart, overwritten with the sign-extended ``acc_bits``-bit sums), the extents, and CTRL
+#: (write 1: start; the array then runs concurrently with the M4F, and CTRL reads 1 while it
+#: runs and 0 once C holds the sums). The row strides let one run cover a block of columns of
+#: a wider B and C, so the M4F can work on one block while the array computes the next.
+MAC_REGS = {"A": 0x00, "B": 0x04, "C": 0x08, "M": 0x0C, "N": 0x10, "K": 0x14, "CTRL": 0x18,
+            "LDB": 0x1C, "LDC": 0x20}
 MAC_START = 1
 
 #: The exp/log unit's register block (assumption: address and layout are this package's). Every

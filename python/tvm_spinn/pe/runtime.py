@@ -1,5 +1,5 @@
-"""The PE runtime linked into every image: start-up, the job loop, the MAC array's and the exp/log
-unit's drivers and the
+"""The PE runtime linked into every image: start-up, the job loop, the MAC array's (start and wait) and
+the exp/log unit's drivers and the
 C library routines LLVM's code may call (``memset``, ``memcpy``).
 
 Written in C and compiled for the Cortex-M4F by the clang that the ``ziglang`` wheel ships
@@ -51,16 +51,24 @@ void *memcpy(void *dst, const void *src, u32 n) {{
     return dst;
 }}
 
-/* MAC array driver: C[m, n] = A[m, k] . B[k, n] (int8 operands, acc_bits-bit sums). */
+/* MAC array driver, split as firmware overlaps the array with the M4F: pe_mac_start starts
+   C[m, n] = A[m, k] . B[k, n] (int8 operands, acc_bits-bit sums; B's rows ldb bytes apart, C's
+   ldc words apart) and returns at once; pe_mac_wait blocks until C holds the sums. */
 #define MAC(reg) (*(volatile u32 *)({MAC_BASE:#x}u + (reg)))
-i32 pe_mac_gemm(const i8 *a, const i8 *b, i32 *c, i32 m, i32 n, i32 k) {{
+i32 pe_mac_start(const i8 *a, const i8 *b, i32 *c, i32 m, i32 n, i32 k, i32 ldb, i32 ldc) {{
     MAC({MAC_REGS["A"]:#x}) = (u32)a;
     MAC({MAC_REGS["B"]:#x}) = (u32)b;
     MAC({MAC_REGS["C"]:#x}) = (u32)c;
     MAC({MAC_REGS["M"]:#x}) = (u32)m;
     MAC({MAC_REGS["N"]:#x}) = (u32)n;
     MAC({MAC_REGS["K"]:#x}) = (u32)k;
+    MAC({MAC_REGS["LDB"]:#x}) = (u32)ldb;
+    MAC({MAC_REGS["LDC"]:#x}) = (u32)ldc;
     MAC({MAC_REGS["CTRL"]:#x}) = {MAC_START}u;
+    return 0;
+}}
+
+i32 pe_mac_wait(void) {{
     while (MAC({MAC_REGS["CTRL"]:#x}) != 0u) {{ }}
     return 0;
 }}

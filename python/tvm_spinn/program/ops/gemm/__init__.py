@@ -34,11 +34,12 @@ weight``/rhs (matmul's batches broadcast).
   (:func:`~.geometry.fp32_tile_cycles`: ``4 x 4`` blocks, ``4 x 1`` right edges, single outputs
   below, priced by the M4F's load and FPU cycles); int8: the tile padded to ``mac_rows x mac_cols`` blocks in the orientation
   that pads least (:func:`mac_passes`), each streaming
-  its reduction one k-chunk at a time (1 cycle per k) then reading out its sums, followed by
-  the PE kernel's M4F share (:func:`~.geometry.int8_m4f_cycles`, :class:`Int8Side`: the
-  array's driver, the 32-bit adds of later chunks' sums, zero-point sums of activation
-  operands, the requantization or dequantization; none for an ``int32`` output, whose raw
-  sums are the result): the kernel waits for the array before the M4F's work, so they add.
+  its reduction one k-chunk at a time (1 cycle per k) then reading out its sums, overlapped
+  with the M4F's adds of later chunks' sums and of the activation operands' zero-point sums
+  (the longer of the two). The generated PE kernel's own cost, its requantization included,
+  is :func:`~.geometry.int8_pipelined_cycles` (the M4F's share alone:
+  :func:`~.geometry.int8_m4f_cycles`, :class:`Int8Side`), checked against executed code by
+  ``bench/iss.py``.
   ``layer.flops`` is ``2 * M * N * K`` in both modes.
 
 The package by concern: :mod:`.geometry` (the GEMM view, reduction chunks, tile cycles and the

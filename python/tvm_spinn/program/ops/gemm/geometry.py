@@ -166,70 +166,152 @@ def fp32_tile_cycles(vm, vn, k, k_splits, arch: "SpinnArch"):
 
 
 #: The int8 GEMM kernel's M4F work as the generated code executes it, one :class:`~..m4f.Mix`
-#: per unit (instruction classes counted in the executed basic blocks of ``gemm_i8``):
-#: an operand's sums, per element (LDRSB + ADD, unrolled by 4 with one SUBS, CMP and BNE per 4
-#: elements) and per row (the running sum loaded or started at 0, stored, the loop set-up);
-#: the 32-bit add of a chunk's array sums, per output (LDRD pairs of the scratch and the
-#: accumulator, ADD, STRD) and per row; the requantization, column by column (the kernel's
-#: columns outer, its rows inner, LLVM's loop unrolled by 4 rows): per output in the unrolled
-#: body (the accumulator and row sum loaded, MLS, ADD, SMLAL onto the column's 64-bit term,
-#: ASR of the high word, both clamps by CMP and IT-selected MOV, STRB, the bounds and zero
-#: point reloaded from the stack), per output of the ``rows % 4`` remainder, and per column
-#: (its constants, the zero-point terms that do not depend on the row, the 64-bit bias and
-#: rounding term, the loop set-up); a shift below 32 (a multiplier of 1/2 or more) runs a
-#: 64-bit shift and clamp instead, charged as the 32-bit path (assumption: requantization
-#: multipliers are below 1/2); the MAC array's driver per job (7 register writes, the CTRL poll).
+#: per unit (instruction classes counted in the executed basic blocks of ``gemm_i8``, tile shapes
+#: run directly; the split of loads and stores into pipelined and not is the one that gives the
+#: measured cycles): an operand's sums, per element (LDRSB + ADD, unrolled by 4 with one SUBS,
+#: CMP and BNE per 4 elements) and per row (the running sum loaded or started at 0, stored, the
+#: loop set-up); the 32-bit add of a chunk's array sums, per output (the scratch block's and the
+#: accumulator's words loaded, ADD, store) and per row of a column block; the requantization,
+#: column by column (the kernel's columns outer, its rows inner, LLVM's loop unrolled by 4
+#: rows): per output in the unrolled body (the accumulator and row sum loaded, MLS, ADD, SMLAL
+#: onto the column's 64-bit term, ASR of the high word, both clamps by CMP and IT-selected MOV,
+#: STRB, the bounds and zero point reloaded from the stack), per output of the ``rows % 4``
+#: remainder, and per column (its constants, the zero-point terms that do not depend on the
+#: row, the 64-bit bias and rounding term, the loop set-up); a shift below 32 (a multiplier of
+#: 1/2 or more) runs a 64-bit shift and clamp instead, charged as the 32-bit path (assumption:
+#: requantization multipliers are below 1/2). The software pipeline's own work: per job the
+#: kernel's entry (its 12 arguments, the flags' tests, the block count) and the first block's
+#: start (where the job before did not start it); per column block the wait, the next block's
+#: start (the driver's call and its 9 register writes; after a chunk's last block, the next
+#: chunk's first from the addresses that follow the column constants) and the block loop's
+#: set-up, whose live values the core spills to the stack around the driver calls; per column
+#: block of a requantizing chunk the bounds and zero point reloaded.
 I8_SUM = Mix(loads=1.0, alu=1.5, branches=0.25)
 I8_SUM_ROW = Mix(loads=2.0, paired=1.0, alu=8.0, branches=1.5)
-I8_ACC = Mix(loads=1.0, paired=1.0, alu=1.5)
-I8_ACC_ROW = Mix(loads=2.0, paired=1.0, alu=5.0, branches=1.5)
-I8_REQUANT = Mix(loads=5.0, paired=2.75, alu=12.5, mla=1.0, branches=0.25)
-I8_REQUANT_ONE = Mix(loads=7.0, paired=6.0, alu=14.0, mla=2.0)
-I8_REQUANT_COL = Mix(loads=13.0, paired=12.0, alu=22.0, mla=1.0)
-I8_DRIVER = Mix(loads=8.0, alu=8.0, branches=1.0)
+I8_ACC = Mix(loads=1.25, paired=1.5, alu=2.0, branches=0.25)
+I8_ACC_ROW = Mix(loads=6.0, paired=4.0, alu=13.3, branches=1.0)
+I8_REQUANT = Mix(loads=4.75, paired=3.5, alu=12.5, mla=1.0, branches=0.25)
+I8_REQUANT_ONE = Mix(loads=6.0, paired=6.0, alu=15.0, mla=2.0, branches=1.0)
+I8_REQUANT_COL = Mix(loads=18.0, paired=14.0, alu=23.0, mla=1.0, branches=1.0)
+I8_REQUANT_BLOCK = Mix(loads=3.0, paired=2.0, alu=6.0)
+I8_JOB = Mix(loads=36.0, paired=24.0, alu=54.0, branches=7.0)
+I8_BLOCK = Mix(loads=34.0, paired=22.0, alu=44.0, mla=1.0, branches=8.0)
+#: Of a job's fixed work (``m4f_job_cycles`` and :data:`I8_JOB`), what the M4F runs between the
+#: first block's start and its wait (the driver's return, the kernel's tests of its flags, the
+#: block loop's set-up with its spills): the share that overlaps the array's first block.
+I8_LEAD = Mix(loads=44.0, paired=28.0, alu=56.0, branches=6.0)
 #: the dequantizing epilogue of an fp32 output per output (VCVT of the sum, VMUL by the scale,
 #: VADD of the bias, the loads and store): not generated for the PE yet, so not checked
 I8_DEQUANT = Mix(loads=3.0, paired=1.0, fpu=3.0, alu=1.0)
+#: MAC-array runs per reduction chunk the int8 kernel's software pipeline aims at
+#: (:func:`int8_block_columns`): enough that the M4F's work on one block hides the array's next.
+I8_PIPELINE_BLOCKS = 4
 
 
-def int8_finish_cycles(vm, vn, arch: "SpinnArch", side: Int8Side | None = None):
-    """M4F cycles of an int8 GEMM tile's epilogue after its last chunk: the requantization
-    (:data:`I8_REQUANT` per output of the kernel's rows unrolled by 4, :data:`I8_REQUANT_ONE`
-    per output of the remaining ``rows % 4``, :data:`I8_REQUANT_COL` per kernel column), the dequantizing
-    epilogue of an fp32 output (:data:`I8_DEQUANT`), nothing for raw int32 sums or a part of a
-    split reduction. ``vm``, ``vn`` may be int64 arrays."""
-    side = side or Int8Side()
-    if not side.epilogue or side.int32_out:
-        return 0.0
-    outs = vm * vn
-    if side.fp32_out:
-        return outs * mix_cycles(I8_DEQUANT, arch)
-    rows, cols = (vn, vm) if side.transposed else (vm, vn)  # the kernel's
-    rest = (rows % 4) * cols
-    return ((outs - rest) * mix_cycles(I8_REQUANT, arch) + rest * mix_cycles(I8_REQUANT_ONE, arch)
-            + cols * mix_cycles(I8_REQUANT_COL, arch))
+def int8_block_columns(rows, cols, arch: "SpinnArch"):
+    """Columns of one MAC-array run of the int8 PE kernel's software pipeline on a tile of
+    ``rows x cols`` (the kernel's: a ``conv2d`` tile transposed): a multiple of the side the
+    tile's better orientation (:func:`mac_passes`) puts its columns on (``mac_cols`` when the
+    rows go on the ``mac_rows`` side, else ``mac_rows``), so that the blocks take the tile's own
+    passes, and about :data:`I8_PIPELINE_BLOCKS` blocks. ``rows``, ``cols`` may be int64 arrays."""
+    r, c = arch.mac_rows, arch.mac_cols
+    side = np.where(ceil_div(rows, r) * ceil_div(cols, c) <= ceil_div(rows, c) * ceil_div(cols, r), c, r)
+    out = side * ceil_div(ceil_div(cols, side), I8_PIPELINE_BLOCKS)
+    return out if isinstance(out, np.ndarray) and out.ndim else int(out)
+
+
+def _int8_block_work(rows, w, arch: "SpinnArch", side: Int8Side, adds: bool, finish: bool):
+    """M4F cycles of one column block of ``w`` columns after its wait: the block's own work
+    (:data:`I8_BLOCK`), the add of its sums (``adds``), its epilogue (``finish``)."""
+    def c(mix):
+        return mix_cycles(mix, arch)
+
+    work = c(I8_BLOCK) + adds * (rows * w * c(I8_ACC) + rows * c(I8_ACC_ROW))
+    if finish and side.epilogue and not side.int32_out:
+        if side.fp32_out:
+            return work + rows * w * c(I8_DEQUANT)
+        rest = rows % 4
+        work = work + ((rows - rest) * w * c(I8_REQUANT) + rest * w * c(I8_REQUANT_ONE) + w * c(I8_REQUANT_COL)
+                       + c(I8_REQUANT_BLOCK))
+    return work
 
 
 def int8_m4f_cycles(vm, vn, k, k_splits, arch: "SpinnArch", side: Int8Side | None = None):
     """M4F cycles of a ``vm x vn`` int8 GEMM tile with reduction ``k`` in ``k_splits`` chunks, as
-    the PE kernel runs it (:data:`I8_SUM` and the other mixes, priced by
-    :func:`~..m4f.mix_cycles`): per chunk (job) ``m4f_job_cycles`` and the array's driver; the
-    32-bit add of the array's sums into the accumulator on every chunk but the first (whose
-    sums the array writes into the accumulator itself); the activation's sums over all of
-    ``k`` where the other operand's zero point needs them; after the last chunk the epilogue
-    (:func:`int8_finish_cycles`). ``vm``, ``vn`` may be int64 arrays."""
+    the PE kernel runs it, summed as if nothing overlapped (the M4F's share alone; the MAC array
+    runs beside it, :func:`int8_pipelined_cycles`): per chunk (job) ``m4f_job_cycles`` and
+    :data:`I8_JOB`; per column block (:func:`int8_block_columns`) :data:`I8_BLOCK`; the 32-bit
+    add of the array's sums into the accumulator on every chunk but the first (whose sums the
+    array writes into the accumulator itself); the activation's sums over all of ``k`` where the
+    other operand's zero point needs them; after the last chunk the epilogue. ``vm``, ``vn``
+    may be int64 arrays."""
     side = side or Int8Side()
-    rows = vn if side.transposed else vm  # the kernel's rows
+    rows, cols = (vn, vm) if side.transposed else (vm, vn)  # the kernel's
 
     def c(mix):
         return mix_cycles(mix, arch)
 
+    cb = int8_block_columns(rows, cols, arch)
+    blocks = ceil_div(cols, cb)
     outs = vm * vn
-    per_job = arch.m4f_job_cycles + c(I8_DRIVER)
-    adds = (k_splits - 1) * (outs * c(I8_ACC) + rows * c(I8_ACC_ROW))
+    per_job = arch.m4f_job_cycles + c(I8_JOB) + blocks * c(I8_BLOCK)
+    adds = (k_splits - 1) * (outs * c(I8_ACC) + blocks * rows * c(I8_ACC_ROW))
     summed = vm * side.row_sums + vn * side.col_sums  # rows of a sum each
     sums = summed * (k * c(I8_SUM) + k_splits * c(I8_SUM_ROW))
-    return k_splits * per_job + adds + sums + int8_finish_cycles(vm, vn, arch, side)
+    finish = 0.0
+    if side.epilogue and not side.int32_out:
+        if side.fp32_out:
+            finish = outs * c(I8_DEQUANT)
+        else:
+            rest = (rows % 4) * cols
+            finish = ((outs - rest) * c(I8_REQUANT) + rest * c(I8_REQUANT_ONE) + cols * c(I8_REQUANT_COL)
+                      + blocks * c(I8_REQUANT_BLOCK))
+    return k_splits * per_job + adds + sums + finish
+
+
+def int8_pipelined_cycles(vm: int, vn: int, k: int, tk: int, arch: "SpinnArch", side: Int8Side | None = None,
+                          starts: bool = True) -> float:
+    """Cycles of a ``vm x vn`` int8 GEMM tile with reduction ``k`` in chunks of ``tk`` as the PE
+    kernel's software pipeline runs it, the MAC array concurrent with the M4F. Per chunk (one
+    job) the array computes the sums one block of :func:`int8_block_columns` columns at a time,
+    ``mac_passes(rows, block) * (chunk + mac_readout_cycles)`` cycles each (the array's time of
+    :func:`gemm_tile_cycles`), while the M4F adds and requantizes block ``j`` (the mixes of
+    :func:`int8_m4f_cycles`) while the array computes block ``j + 1``; a chunk's last block
+    overlaps the next chunk's first, beside which the next job's entry and operand sums run too.
+    Each wait ends at the later of the array's run and the M4F's work before it; the tile's last
+    block's M4F work follows the array. ``starts``: the
+    tile's first chunk is the reduction's first (its sums go straight into the accumulator; a
+    later part of a reduction split over PEs adds every chunk). Scalars only."""
+    side = side or Int8Side()
+    rows, cols = (vn, vm) if side.transposed else (vm, vn)  # the kernel's
+
+    def c(mix):
+        return mix_cycles(mix, arch)
+
+    cb = int8_block_columns(rows, cols, arch)
+    widths = [min(cb, cols - j0) for j0 in range(0, cols, cb)]
+    chunks = [min(tk, k - k0) for k0 in range(0, k, tk)] or [0]
+    summed = vm * side.row_sums + vn * side.col_sums
+
+    def entry(kc):  # a job's fixed work and its operand sums
+        return arch.m4f_job_cycles + c(I8_JOB) + summed * (kc * c(I8_SUM) + c(I8_SUM_ROW))
+
+    def array(kc, w):
+        return float(mac_passes(rows, w, arch)) * (kc + arch.mac_readout_cycles)
+
+    # the first job's entry up to its first start, then the rest beside the array's first block
+    t = entry(chunks[0]) - c(I8_LEAD) + max(c(I8_LEAD), array(chunks[0], widths[0]))
+    for ci, kc in enumerate(chunks):
+        first, last = ci == 0 and starts, ci == len(chunks) - 1
+        for j, w in enumerate(widths):
+            work = _int8_block_work(rows, w, arch, side, not first, last)
+            if j + 1 < len(widths):
+                t += max(work, array(kc, widths[j + 1]))
+            elif not last:  # the next chunk's first block runs beside this block and the next entry
+                t += max(work + entry(chunks[ci + 1]), array(chunks[ci + 1], widths[0]))
+            else:
+                t += work
+    return float(t)
 
 
 def gemm_tile_cycles(vm: int, vn: int, k: int, k_splits: int, arch: "SpinnArch", mode: str = "fp32",
@@ -241,9 +323,9 @@ def gemm_tile_cycles(vm: int, vn: int, k: int, k_splits: int, arch: "SpinnArch",
     of the activation's sums at ``m4f_elementwise_cycles`` each: the M4F's work overlaps the
     array's, as the chip's published int8 rates require (``bench/fidelity.py``: the batch-1
     fully-connected layer's 16-19% MAC utilisation leaves the M4F about a quarter of the
-    array's time). The generated PE kernel does not overlap them yet (its driver polls the
-    array) and its requantization is dearer: :func:`int8_m4f_cycles` prices what it executes,
-    and ``bench/iss.py`` prints that kernel against executed code."""
+    array's time). The generated PE kernel overlaps them too, but its requantization is dearer
+    than this charges: :func:`int8_pipelined_cycles` prices what it executes, and
+    ``bench/iss.py`` prints that kernel against executed code."""
     if mode != "int8":
         return fp32_tile_cycles(vm, vn, k, k_splits, arch)
     side = side or Int8Side()
