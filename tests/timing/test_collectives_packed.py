@@ -1,0 +1,102 @@
+"""The board group's all-reduce over packed trees (the row split over many trees through the
+group and the boards around it) and the floor it is held to."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tvm_spinn
+from tvm_spinn.target.topology import ring_order, topology_of
+from tvm_spinn.timing import collectives as C
+
+N = 32768.0  # an 8,192-wide row of int32 partial sums
+
+
+def _setting(boards: int):
+    arch = tvm_spinn.make_system(f"spinn2-packed-{boards}-boards", boards=boards)
+    topo = topology_of(arch)
+    order = [int(c) for c in ring_order(topology_of(arch.replace(chips=48)), 48)]
+    return topo, order
+
+
+def _grid(order, group):
+    return [[c + b * 48 for c in order] for b in group]
+
+
+def test_two_by_two_torus_matches_the_hand_computation():
+    """Four boards on a 2 x 2 torus: every two boards share two edges, so the row splits over
+    four stars (one rooted at each board, each on its own parallel edge): every directed edge
+    carries a quarter of the row, and two members are two board hops apart along a star."""
+    topo, order = _setting(4)
+    graph = topo.board_graph()
+    rate, hop = float(graph.link_bw[0]), float(graph.link_hop_s[0])
+    assert np.all(graph.link_bw == rate) and np.all(graph.link_hop_s == hop)
+    cost = C.board_group_all_reduce(topo, _grid(order, range(4)), N, board_gather=False, pipelined=True)
+    assert cost.seconds == pytest.approx(N / 4 / rate + 2 * hop)
+    # the floor: 2 (k - 1) copies over the 24 directed edges between four parts, one hop apart
+    bandwidth, latency = C.board_group_floor(topo, range(4), N)
+    assert bandwidth == pytest.approx(2 * 3 * N / (24 * rate))
+    assert latency == pytest.approx(hop)
+    assert cost.seconds >= bandwidth + latency
+
+
+def test_four_by_four_torus_packs_below_the_one_tree_per_share_multicast():
+    """Sixteen boards, the whole 4 x 4 torus (no relays): the floor is the members' own bound,
+    2 (g - 1) / g of the row in over each board's six edges, and two board hops; the packed
+    trees beat the multicast of one tree per share and stay above the floor."""
+    topo, order = _setting(16)
+    graph = topo.board_graph()
+    rate, hop = float(graph.link_bw[0]), float(graph.link_hop_s[0])
+    bandwidth, latency = C.board_group_floor(topo, range(16), N)
+    assert bandwidth == pytest.approx(2 * 15 / 16 * N / (6 * rate))
+    assert latency == pytest.approx(2 * hop)
+    grid = _grid(order, range(16))
+    cost = C.board_group_all_reduce(topo, grid, N, board_gather=False, pipelined=True)
+    assert cost.algorithm == "board-packed"  # cheaper than one multicast tree per board's share
+    assert bandwidth + latency <= cost.seconds
+    # the trees' loads and spans add up to the figure: the busiest edge's time plus the span
+    members = np.arange(16)
+    options = [C._packed_trees(graph, members, 16, s) for s in C._PACK_SLACK]
+    figures = [graph.link_seconds(load * N) + lat for packed in options if packed for load, lat, _ in packed[0]]
+    assert cost.seconds == pytest.approx(min(figures))
+    for packed in options:  # every tree's part adds up to the whole row on each member
+        for load, _, _ in (packed[0] if packed else ()):
+            into = np.zeros(graph.nodes)
+            np.add.at(into, graph.neighbors.reshape(-1), load)
+            assert np.all(into[members] >= 1.0 - 1e-9)
+
+
+def test_the_group_of_sixteen_on_boards24_never_goes_below_its_floor_and_is_deterministic():
+    topo, order = _setting(24)
+    graph = topo.board_graph()
+    group = list(range(16))  # rows 0-3 of the 4 x 6 torus: rows 4 and 5 relay
+    grid = _grid(order, group)
+    first = C.board_group_all_reduce(topo, grid, N, board_gather=False, pipelined=True)
+    bandwidth, latency = C.board_group_floor(topo, group, N)
+    assert bandwidth + latency <= first.seconds
+    # the members-only bound does not hold here: the relays add partial sums too, and the
+    # floor's cut with the relays joined to one member's part is the binding one
+    assert bandwidth > N / (6 * float(graph.link_bw[0]))
+    # fused on-board gather: never below the floor plus the board's gather hops
+    fused = C.board_group_all_reduce(topo, grid, N, pipelined=True, fuse_gather=True)
+    hops = C._gather_parts(topo, np.asarray(grid[0]), N)[1]
+    assert bandwidth + latency + hops <= fused.seconds
+    # the same figure from a fresh search (no memo): deterministic
+    graph.memo.clear()
+    again = C.board_group_all_reduce(topo, grid, N, board_gather=False, pipelined=True)
+    assert again == first
+    # not pipelined: the packed trees are not offered (the figures of that schedule stay)
+    plain = C.board_group_all_reduce(topo, grid, N, board_gather=False)
+    assert plain.algorithm != "board-packed" and plain.seconds >= first.seconds
+
+
+def test_floor_refuses_bad_groups():
+    topo, _ = _setting(4)
+    with pytest.raises(ValueError, match="distinct boards"):
+        C.board_group_floor(topo, [0, 0], N)
+    with pytest.raises(ValueError, match=r"boards must be in \[0, 4\)"):
+        C.board_group_floor(topo, [0, 7], N)
+    with pytest.raises(ValueError, match="nbytes"):
+        C.board_group_floor(topo, [0, 1], float("nan"))
+    assert C.board_group_floor(topo, [2], N) == (0.0, 0.0)
