@@ -44,6 +44,17 @@ keys), and the chip links through one board edge share that edge's serial links
   trees, so floating-point sums do not take it (their bits must not depend on the plan:
   :func:`chain_all_reduce`).
 
+- **packed trees** (:func:`board_group_all_reduce`, pipelined, integer sums): the row is cut
+  into parts, each reduced and spread along a tree of its own that spans the group's boards
+  and may pass through the boards around them. Every tree node adds what reaches it from all
+  but one of its tree neighbours into its own partial sums and passes the sum to that
+  neighbour, both ways along every tree edge at once, so each tree edge carries the part once
+  in each direction and a member's sum is complete once the partial sums of the farthest
+  member have arrived: the tree's span between members, not twice its depth from a root.
+  The trees are packed by multiplicative weights (each the cheapest tree under link costs that
+  grow with the parts the earlier ones put on a link) and the parts re-weighed to lighten the
+  busiest edge; :func:`board_group_floor` bounds what any such schedule can reach.
+
 ``algorithm="auto"`` costs ring, tree and multicast and returns the cheapest (ring on a tie).
 On the links that matter, for ``n`` bytes, link bandwidth ``B`` and hop latency ``a``, two chips one
 hop apart give ring all-reduce ``n / B + 2a`` and tree ``2n / B + 2a``: the tree pays the full
@@ -1110,6 +1121,14 @@ def board_group_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbyt
     busiest edge's bytes of both phases together plus the deepest route each way, instead of
     the busiest edge of each phase one after the other. Never dearer.
 
+    With ``pipelined`` the row may also be cut into parts that each take a tree of their own
+    (:func:`_packed_trees`, the module docstring's packed trees): every tree edge carries its
+    part both ways at once, the busiest edge's bytes over its rate plus the longest way between
+    two members along a tree (the members' sums complete as the farthest partial sums arrive);
+    the trees pass through the boards around the group (free at batch 1), which add partial
+    sums too, so the group's own edges no longer carry all of ``2 (g - 1) / g`` of the row.
+    Never below :func:`board_group_floor`.
+
     ``fuse_gather=True`` (with ``board_gather``): the on-board all-gather rides on the
     multicast: the reduced shares entering a board (and its own) are copied by the board's
     routers to every chip as they arrive (SpiNNaker's multicast routing), so the board's
@@ -1122,8 +1141,9 @@ def board_group_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbyt
     Returns
     -------
     CollectiveCost
-        ``algorithm="board-multicast"`` (``"board-multipath"`` for two boards) when that is the
-        cheaper.
+        ``algorithm="board-multicast"``, ``"board-packed"`` (the packed trees; ``hops`` and
+        ``board_hops`` their longest way between two members) or ``"board-multipath"`` (two
+        boards) when that is the cheaper.
     """
     grid = np.asarray(grid, dtype=np.int64)
     ring = board_all_reduce(topo, grid, nbytes, board_gather=board_gather)
