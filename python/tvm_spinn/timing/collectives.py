@@ -577,25 +577,25 @@ def _tree_span(parent: dict, root: int, members: int, hop: np.ndarray, link_of) 
     return span
 
 
-def _packed_trees(graph, ranks: np.ndarray, members: int, slack: int):
+def _packed_trees(graph, ranks: np.ndarray, members: int):
     """Trees packed over the graph of boards for a pipelined all-reduce (see
     :func:`board_group_all_reduce`): ``_PACK_TREES`` trees, each spanning the first ``members``
     of ``ranks`` (the others relay) with every member within ``d`` board hops of the tree's
     root (a board, or two neighbouring boards), so that no two members are more than ``2 d``
-    (``2 d + 1``) hops apart along a tree: the fewest such hops the roots allow plus ``slack``
-    (longer trees can spread wider; shorter ones wait less). Each tree carries an equal part of
+    (``2 d + 1``) hops apart along a tree: the fewest such hops the roots allow plus each of
+    :data:`_PACK_SLACK` in turn (longer trees can spread wider; shorter ones wait less). Each tree carries an equal part of
     the row. They are found one after another by multiplicative weights: each is the cheapest tree (:func:`_steiner_tree`) under link
     costs that grow exponentially with the share of the row the trees before it put on the
     link, so the parts spread over every edge of the group and of the boards around it.
 
-    The parts are then re-weighed (:func:`_reweigh`) over the trees no longer than each span
-    found, so that a caller can trade latency for bandwidth.
+    The parts are then re-weighed (:func:`_reweigh`) over all the trees found no longer than
+    each span found, so that a caller can trade latency for bandwidth.
 
     Returns ``(options, trees)``: per span cap ``(load, latency, hops)``, each directed board
     edge's share of the row (both directions of every tree edge carry the tree's part), the
     largest latency between two members along a tree used and its board hops; and the number
     of distinct trees. None where no root reaches every member. Memoized on the graph."""
-    key = ("packed_trees", ranks.tobytes(), int(members), int(slack))
+    key = ("packed_trees", ranks.tobytes(), int(members))
     if key in graph.memo:
         return graph.memo[key]
     c = ranks.size
@@ -631,42 +631,14 @@ def _packed_trees(graph, ranks: np.ndarray, members: int, slack: int):
     if far.min() >= c:
         graph.memo[key] = None
         return None
-    span = min(2 * int(far.min()), 2 * int(far_edge.min()) + 1) + int(slack)
-    depth_limit = span // 2
-    if span % 2 == 0:
-        roots = [(int(r),) for r in np.argsort(far, kind="stable") if far[r] <= depth_limit]
-    else:
-        roots = [tuple(int(x) for x in edges[e]) for e in np.argsort(far_edge, kind="stable")
-                 if far_edge[e] <= depth_limit]
     scale = float(rate[np.isfinite(rate)].min())
-    load = np.zeros(c * 6)
     found: dict = {}
-    tries = min(_PACK_ROOTS, len(roots))
-    for t in range(_PACK_TREES):
-        weight = np.exp(_PACK_ETA * load * scale / rate) / rate * scale
-        cin = np.where(has, weight[into] + weight[out], np.inf)  # the edge carries the part both ways
-        best = None
-        for j in range(tries):
-            root = roots[(t * tries + j) % len(roots)]
-            tree = _steiner_tree(nbr, cin, members, root, depth_limit)
-            if tree is not None and (best is None or tree[0] < best[0]):
-                best = (tree[0], root, tree[1])
-        if best is None:
-            graph.memo[key] = None
-            return None
-        _, root, parent = best
-        root = int(root[0])
-        while root >= members and sum(u == root for u in parent.values()) == 1:
-            # a relay at the root with one branch adds an edge and reaches no member
-            child = next(v for v, u in parent.items() if u == root)
-            del parent[child]
-            root = child
-        shape = (root, tuple(sorted(parent.items())))
-        found[shape] = found.get(shape, 0) + 1
-        for v, u in parent.items():
-            k = int(np.flatnonzero(nb[u] == v)[0])
-            load[u * 6 + k] += 1.0 / _PACK_TREES
-            load[v * 6 + back[k]] += 1.0 / _PACK_TREES
+    for slack in _PACK_SLACK:
+        _pack(found, nb, nbr, has, into, out, rate, scale, members, far, far_edge, edges,
+              min(2 * int(far.min()), 2 * int(far_edge.min()) + 1) + int(slack))
+    if not found:
+        graph.memo[key] = None
+        return None
 
     def link_of(u: int, v: int) -> int:
         return u * 6 + int(np.flatnonzero(nb[u] == v)[0])
@@ -684,11 +656,11 @@ def _packed_trees(graph, ranks: np.ndarray, members: int, slack: int):
         span[j] = _tree_span(parent, root, members, hop, link_of)
         span_hops[j] = int(round(_tree_span(parent, root, members, ones, link_of)))
     busy = use * (scale / np.where(np.isfinite(rate), rate, np.inf))  # a link's time per unit of row
-    start = np.array([found[sh] for sh in shapes], dtype=np.float64) / _PACK_TREES
+    start = np.array([found[sh] for sh in shapes], dtype=np.float64)
     options = []
     for cap in np.unique(span):  # the trees no longer than each span between members
         keep = np.flatnonzero(span <= cap)
-        weight = _reweigh(busy[keep], start[keep] / max(start[keep].sum(), 1e-300))
+        weight = _reweigh(busy[keep], start[keep] / start[keep].sum())
         load = np.zeros(graph.nodes * 6)
         load[glob] = weight @ use[keep]
         options.append((load, float(cap), int(span_hops[keep].max())))
@@ -697,6 +669,46 @@ def _packed_trees(graph, ranks: np.ndarray, members: int, slack: int):
         _forget(graph.memo, "packed_trees")
     graph.memo[key] = result
     return result
+
+
+def _pack(found: dict, nb, nbr, has, into, out, rate, scale: float, members: int, far, far_edge, edges,
+          span: int) -> None:
+    """One round of :func:`_packed_trees`' multiplicative weights: ``_PACK_TREES`` trees whose
+    members are at most ``span`` hops apart along them, counted into ``found`` (``(root,
+    ((node, parent), ...))`` to the times it was chosen); nothing where no root allows it."""
+    depth_limit = span // 2
+    if span % 2 == 0:
+        roots = [(int(r),) for r in np.argsort(far, kind="stable") if far[r] <= depth_limit]
+    else:
+        roots = [tuple(int(x) for x in edges[e]) for e in np.argsort(far_edge, kind="stable")
+                 if far_edge[e] <= depth_limit]
+    back = (np.arange(6) + 3) % 6
+    load = np.zeros(nb.size)
+    tries = min(_PACK_ROOTS, len(roots))
+    for t in range(_PACK_TREES if roots else 0):
+        weight = np.exp(_PACK_ETA * load * scale / rate) / rate * scale
+        cin = np.where(has, weight[into] + weight[out], np.inf)  # the edge carries the part both ways
+        best = None
+        for j in range(tries):
+            root = roots[(t * tries + j) % len(roots)]
+            tree = _steiner_tree(nbr, cin, members, root, depth_limit)
+            if tree is not None and (best is None or tree[0] < best[0]):
+                best = (tree[0], root, tree[1])
+        if best is None:
+            return
+        _, root, parent = best
+        root = int(root[0])
+        while root >= members and sum(u == root for u in parent.values()) == 1:
+            # a relay at the root with one branch adds an edge and reaches no member
+            child = next(v for v, u in parent.items() if u == root)
+            del parent[child]
+            root = child
+        shape = (root, tuple(sorted(parent.items())))
+        found[shape] = found.get(shape, 0) + 1
+        for v, u in parent.items():
+            k = int(np.flatnonzero(nb[u] == v)[0])
+            load[u * 6 + k] += 1.0 / _PACK_TREES
+            load[v * 6 + back[k]] += 1.0 / _PACK_TREES
 
 
 #: Steps of :func:`_reweigh` and the sharpness of its smooth maximum
@@ -1210,9 +1222,9 @@ def board_group_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbyt
         if pipelined and g <= MULTICAST_MAX_RANKS:
             # trees packed over the group and the boards around it, the row split over them
             region = np.concatenate([members, halo]) if halo.size and g + halo.size <= MULTICAST_MAX_RANKS else members
-            for slack in _PACK_SLACK:
-                packed = _packed_trees(graph, region, g, slack)
-                for load, latency, hops in (packed[0] if packed is not None else ()):
+            packed = _packed_trees(graph, region, g)
+            if packed is not None:
+                for load, latency, hops in packed[0]:
                     across = graph.link_seconds(load * float(nbytes))
                     if parts is not None:  # the board's gather streams behind the arrivals
                         seconds = max(across, parts[0]) + latency + parts[1]
