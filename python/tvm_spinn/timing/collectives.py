@@ -487,7 +487,8 @@ _PACK_ETA = 8.0
 _PACK_SLACK = (0, 1, 2)
 
 
-def _steiner_tree(nbr: np.ndarray, cin: np.ndarray, members: int, root: tuple, depth_limit: int):
+def _steiner_tree(nbr: np.ndarray, cin: np.ndarray, members: int, root: tuple, depth_limit: int,
+                  hops: np.ndarray):
     """A cheap tree from ``root`` (one node, or two neighbours and the edge between them)
     reaching local nodes ``0 .. members - 1`` within ``depth_limit`` hops of it, by the
     shortest-path heuristic: the tree grows by the member
@@ -495,16 +496,10 @@ def _steiner_tree(nbr: np.ndarray, cin: np.ndarray, members: int, root: tuple, d
     at ``depth``, through nodes not yet in the tree), members reached in one search added
     together while their paths stay apart. ``nbr[v, k]``: node ``v``'s neighbour in direction
     ``k`` (``len(nbr)`` where none), ``cin[v, k]``: the cost of the link from it into ``v``.
+    ``hops``: each node's hop distance from the root (``len(nbr)`` entries).
     Returns ``(cost, {node: parent})`` or None where some member is out of reach."""
     n = nbr.shape[0]
     rows = np.arange(n)
-    hops = np.full(n + 1, n, dtype=np.int64)  # hop distances from the root
-    frontier = sorted(int(r) for r in root)
-    hops[frontier] = 0
-    while frontier:
-        nxt = sorted({int(v) for u in frontier for v in nbr[u] if v < n and hops[v] == n})
-        hops[nxt] = hops[frontier[0]] + 1
-        frontier = nxt
     depth = np.full(n + 1, -1, dtype=np.int64)
     depth[list(root)] = 0
     parent: dict = {}
@@ -634,14 +629,16 @@ def _packed_trees(graph, ranks: np.ndarray, members: int):
     scale = float(rate[np.isfinite(rate)].min())
     found: dict = {}
     for slack in _PACK_SLACK:
-        _pack(found, nb, nbr, has, into, out, rate, scale, members, far, far_edge, edges,
+        _pack(found, nb, nbr, has, into, out, rate, scale, members, dist, far, far_edge, edges,
               min(2 * int(far.min()), 2 * int(far_edge.min()) + 1) + int(slack))
     if not found:
         graph.memo[key] = None
         return None
 
+    ids = {(int(u), int(nb[u, k])): int(u) * 6 + int(k) for u, k in zip(*np.nonzero(has))}
+
     def link_of(u: int, v: int) -> int:
-        return u * 6 + int(np.flatnonzero(nb[u] == v)[0])
+        return ids[u, v]
 
     # each distinct tree: the directed links it loads, its span between members (latency, hops)
     shapes = sorted(found)
@@ -671,8 +668,8 @@ def _packed_trees(graph, ranks: np.ndarray, members: int):
     return result
 
 
-def _pack(found: dict, nb, nbr, has, into, out, rate, scale: float, members: int, far, far_edge, edges,
-          span: int) -> None:
+def _pack(found: dict, nb, nbr, has, into, out, rate, scale: float, members: int, dist, far, far_edge,
+          edges, span: int) -> None:
     """One round of :func:`_packed_trees`' multiplicative weights: ``_PACK_TREES`` trees whose
     members are at most ``span`` hops apart along them, counted into ``found`` (``(root,
     ((node, parent), ...))`` to the times it was chosen); nothing where no root allows it."""
@@ -691,7 +688,7 @@ def _pack(found: dict, nb, nbr, has, into, out, rate, scale: float, members: int
         best = None
         for j in range(tries):
             root = roots[(t * tries + j) % len(roots)]
-            tree = _steiner_tree(nbr, cin, members, root, depth_limit)
+            tree = _steiner_tree(nbr, cin, members, root, depth_limit, dist[list(root)].min(axis=0))
             if tree is not None and (best is None or tree[0] < best[0]):
                 best = (tree[0], root, tree[1])
         if best is None:
