@@ -39,6 +39,28 @@ def test_two_by_two_torus_matches_the_hand_computation():
     assert bandwidth == pytest.approx(2 * 3 * N / (24 * rate))
     assert latency == pytest.approx(hop)
     assert cost.seconds >= bandwidth + latency
+    # the packed trees alone: the four stars' quarter of the row on every directed edge (the
+    # parts re-weighed to within 1%), two hops between members
+    graph.memo.clear()
+    options, _ = C._packed_trees(graph, np.arange(4), 4)
+    best = min(options, key=lambda o: graph.link_seconds(o[0] * N) + o[1])
+    assert N / 4 / rate <= graph.link_seconds(best[0] * N) <= 1.01 * N / 4 / rate
+    assert best[1] == pytest.approx(2 * hop) and best[2] == 2
+
+
+def test_three_boards_and_a_relay_match_the_cut_by_hand():
+    """Three boards of the 2 x 2 torus, the fourth relaying (and adding): parts {0, 3}, {1},
+    {2} leave 10 of the 12 board-to-board pairs of edges between parts, so the parts exchange
+    2 (3 - 1) rows over 20 directed edges, a fifth of the row on each at best; the packed trees
+    come within 1% of it, with every two members two hops apart."""
+    topo, order = _setting(4)
+    graph = topo.board_graph()
+    rate, hop = float(graph.link_bw[0]), float(graph.link_hop_s[0])
+    bandwidth, latency = C.board_group_floor(topo, range(3), N)
+    assert bandwidth == pytest.approx(N / 5 / rate) and latency == pytest.approx(hop)
+    cost = C.board_group_all_reduce(topo, _grid(order, range(3)), N, board_gather=False, pipelined=True)
+    assert cost.algorithm == "board-packed"
+    assert N / 5 / rate + 2 * hop <= cost.seconds <= 1.01 * N / 5 / rate + 2 * hop
 
 
 def test_four_by_four_torus_packs_below_the_one_tree_per_share_multicast():

@@ -497,20 +497,24 @@ def _steiner_tree(nbr: np.ndarray, cin: np.ndarray, members: int, root: tuple, d
     together while their paths stay apart. ``nbr[v, k]``: node ``v``'s neighbour in direction
     ``k`` (``len(nbr)`` where none), ``cin[v, k]``: the cost of the link from it into ``v``.
     ``hops``: each node's hop distance from the root (``len(nbr)`` entries).
-    Returns ``(cost, {node: parent})`` or None where some member is out of reach."""
+    Returns ``(cost, {node: the local link into it from its parent})`` (link ``u * 6 + k``:
+    from ``u`` in direction ``k``, so two boards joined by two edges keep them apart) or None
+    where some member is out of reach."""
     n = nbr.shape[0]
     rows = np.arange(n)
     depth = np.full(n + 1, -1, dtype=np.int64)
     depth[list(root)] = 0
     parent: dict = {}
     total = 0.0
-    if len(root) == 2:  # the root edge
-        parent[int(root[1])] = int(root[0])
-        total += float(cin[root[1], int(np.flatnonzero(nbr[root[1]] == root[0])[0])])
+    if len(root) == 2:  # the root edge (the cheapest, where the two share several)
+        ways = np.flatnonzero(nbr[root[1]] == root[0])
+        k = int(ways[np.argmin(cin[root[1], ways])])
+        parent[int(root[1])] = int(root[0]) * 6 + (k + 3) % 6
+        total += float(cin[root[1], k])
     todo = [m for m in range(members) if m not in root]
     while todo:
         cost = np.full((depth_limit + 1, n + 1), np.inf)
-        prev = np.full((depth_limit + 1, n), -1, dtype=np.int64)
+        prev = np.full((depth_limit + 1, n), -1, dtype=np.int64)  # the direction it came in by
         tree = np.flatnonzero(depth[:n] >= 0)
         cost[depth[tree], tree] = 0.0
         free = depth[:n] < 0
@@ -520,7 +524,7 @@ def _steiner_tree(nbr: np.ndarray, cin: np.ndarray, members: int, root: tuple, d
             best = via[rows, k]
             better = free & (best < cost[h + 1, :n])
             cost[h + 1, :n][better] = best[better]
-            prev[h + 1][better] = nbr[better, k[better]]
+            prev[h + 1][better] = k[better]
         reach = cost[:, todo]
         layer = reach.argmin(axis=0)
         price = reach[layer, np.arange(len(todo))]
@@ -533,24 +537,26 @@ def _steiner_tree(nbr: np.ndarray, cin: np.ndarray, members: int, root: tuple, d
             path, v, h = [], todo[i], int(layer[i])
             while depth[v] != h:  # back to the tree node the path leaves from
                 path.append((v, h))
-                v, h = int(prev[h, v]), h - 1
+                v, h = int(nbr[v, prev[h, v]]), h - 1
             if any(u in taken for u, _ in path):
                 break  # shares a node with a path just added: search again
             for u, h in path:
                 depth[u] = h
-                parent[u] = int(prev[h, u])
+                k = int(prev[h, u])
+                parent[u] = int(nbr[u, k]) * 6 + (k + 3) % 6
                 taken.add(u)
             total += float(price[i])
         todo = [m for m in todo if depth[m] < 0]
     return total, parent
 
 
-def _tree_span(parent: dict, root: int, members: int, hop: np.ndarray, link_of) -> float:
+def _tree_span(parent: dict, root: int, members: int, hop: np.ndarray) -> float:
     """The largest latency between two members along a tree (``hop`` per local link): every
-    member's sum is complete once the farthest member's partial sums have reached it."""
+    member's sum is complete once the farthest member's partial sums have reached it.
+    ``parent``: each node's link from its parent."""
     children: dict = {}
-    for v, u in parent.items():
-        children.setdefault(u, []).append(v)
+    for v, link in parent.items():
+        children.setdefault(link // 6, []).append(v)
     order, stack = [], [root]
     while stack:  # parents before children
         u = stack.pop()
@@ -561,7 +567,7 @@ def _tree_span(parent: dict, root: int, members: int, hop: np.ndarray, link_of) 
         reach = [0.0] if u < members else []
         for v in children.get(u, ()):
             if v in deepest:
-                reach.append(deepest[v] + float(hop[link_of(u, v)]))
+                reach.append(deepest[v] + float(hop[parent[v]]))
         reach.sort(reverse=True)
         if reach:
             deepest[u] = reach[0]
@@ -635,10 +641,6 @@ def _packed_trees(graph, ranks: np.ndarray, members: int):
         graph.memo[key] = None
         return None
 
-    ids = {(int(u), int(nb[u, k])): int(u) * 6 + int(k) for u, k in zip(*np.nonzero(has))}
-
-    def link_of(u: int, v: int) -> int:
-        return ids[u, v]
 
     # each distinct tree: the directed links it loads, its span between members (latency, hops)
     shapes = sorted(found)
@@ -648,10 +650,10 @@ def _packed_trees(graph, ranks: np.ndarray, members: int):
     ones = np.ones(c * 6)
     for j, (root, parent) in enumerate(shapes):
         parent = dict(parent)
-        for v, u in parent.items():
-            use[j, link_of(u, v)] = use[j, link_of(v, u)] = 1.0
-        span[j] = _tree_span(parent, root, members, hop, link_of)
-        span_hops[j] = int(round(_tree_span(parent, root, members, ones, link_of)))
+        for v, link in parent.items():
+            use[j, link] = use[j, v * 6 + (link % 6 + 3) % 6] = 1.0
+        span[j] = _tree_span(parent, root, members, hop)
+        span_hops[j] = int(round(_tree_span(parent, root, members, ones)))
     busy = use * (scale / np.where(np.isfinite(rate), rate, np.inf))  # a link's time per unit of row
     start = np.array([found[sh] for sh in shapes], dtype=np.float64)
     options = []
@@ -672,7 +674,8 @@ def _pack(found: dict, nb, nbr, has, into, out, rate, scale: float, members: int
           edges, span: int) -> None:
     """One round of :func:`_packed_trees`' multiplicative weights: ``_PACK_TREES`` trees whose
     members are at most ``span`` hops apart along them, counted into ``found`` (``(root,
-    ((node, parent), ...))`` to the times it was chosen); nothing where no root allows it."""
+    ((node, link from its parent), ...))`` to the times it was chosen); nothing where no root
+    allows it."""
     depth_limit = span // 2
     if span % 2 == 0:
         roots = [(int(r),) for r in np.argsort(far, kind="stable") if far[r] <= depth_limit]
@@ -695,17 +698,16 @@ def _pack(found: dict, nb, nbr, has, into, out, rate, scale: float, members: int
             return
         _, root, parent = best
         root = int(root[0])
-        while root >= members and sum(u == root for u in parent.values()) == 1:
+        while root >= members and sum(link // 6 == root for link in parent.values()) == 1:
             # a relay at the root with one branch adds an edge and reaches no member
-            child = next(v for v, u in parent.items() if u == root)
+            child = next(v for v, link in parent.items() if link // 6 == root)
             del parent[child]
             root = child
         shape = (root, tuple(sorted(parent.items())))
         found[shape] = found.get(shape, 0) + 1
-        for v, u in parent.items():
-            k = int(np.flatnonzero(nb[u] == v)[0])
-            load[u * 6 + k] += 1.0 / _PACK_TREES
-            load[v * 6 + back[k]] += 1.0 / _PACK_TREES
+        for v, link in parent.items():
+            load[link] += 1.0 / _PACK_TREES
+            load[v * 6 + back[link % 6]] += 1.0 / _PACK_TREES
 
 
 #: Steps of :func:`_reweigh` and the sharpness of its smooth maximum
