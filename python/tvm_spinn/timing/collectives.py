@@ -44,6 +44,17 @@ keys), and the chip links through one board edge share that edge's serial links
   trees, so floating-point sums do not take it (their bits must not depend on the plan:
   :func:`chain_all_reduce`).
 
+- **packed trees** (:func:`board_group_all_reduce`, pipelined, integer sums): the row is cut
+  into parts, each reduced and spread along a tree of its own that spans the group's boards
+  and may pass through the boards around them. Every tree node adds what reaches it from all
+  but one of its tree neighbours into its own partial sums and passes the sum to that
+  neighbour, both ways along every tree edge at once, so each tree edge carries the part once
+  in each direction and a member's sum is complete once the partial sums of the farthest
+  member have arrived: the tree's span between members, not twice its depth from a root.
+  The trees are packed by multiplicative weights (each the cheapest tree under link costs that
+  grow with the parts the earlier ones put on a link) and the parts re-weighed to lighten the
+  busiest edge; :func:`board_group_floor` bounds what any such schedule can reach.
+
 ``algorithm="auto"`` costs ring, tree and multicast and returns the cheapest (ring on a tie).
 On the links that matter, for ``n`` bytes, link bandwidth ``B`` and hop latency ``a``, two chips one
 hop apart give ring all-reduce ``n / B + 2a`` and tree ``2n / B + 2a``: the tree pays the full
@@ -67,7 +78,7 @@ __all__ = [
     "CollectiveCost", "all_gather", "all_reduce", "chain_all_reduce", "fixed_order_sum", "point_to_point",
     "reduce_scatter", "reduction_order", "chip_blocks", "MULTICAST_MAX_RANKS", "board_all_reduce",
     "board_group_all_reduce", "multipath_point_to_point", "sliced_hand_over", "water_fill", "all_to_all",
-    "board_all_to_all",
+    "board_all_to_all", "board_group_floor",
 ]
 
 _ALGORITHMS = ("ring", "tree")
@@ -466,6 +477,266 @@ def _negotiated_trees(graph, ranks: np.ndarray, sources: int, share_bytes: float
     return best[1]
 
 
+#: Trees :func:`_packed_trees` packs (each carries ``1 / _PACK_TREES`` of the row), the roots it
+#: tries for each (taken in turn from the boards nearest every member), and how steeply a link's
+#: cost grows with the share of the row already on it (the multiplicative weights' rate)
+_PACK_TREES = 48
+_PACK_ROOTS = 4
+_PACK_ETA = 8.0
+#: Depths the packed trees may go beyond the fewest hops that reach every member
+_PACK_SLACK = (0, 1, 2)
+
+
+def _steiner_tree(nbr: np.ndarray, cin: np.ndarray, members: int, root: tuple, depth_limit: int,
+                  hops: np.ndarray):
+    """A cheap tree from ``root`` (one node, or two neighbours and the edge between them)
+    reaching local nodes ``0 .. members - 1`` within ``depth_limit`` hops of it, by the
+    shortest-path heuristic: the tree grows by the member
+    cheapest to reach from it (a path of at most ``depth_limit - depth`` hops from a tree node
+    at ``depth``, through nodes not yet in the tree), members reached in one search added
+    together while their paths stay apart. ``nbr[v, k]``: node ``v``'s neighbour in direction
+    ``k`` (``len(nbr)`` where none), ``cin[v, k]``: the cost of the link from it into ``v``.
+    ``hops``: each node's hop distance from the root (``len(nbr)`` entries).
+    Returns ``(cost, {node: the local link into it from its parent})`` (link ``u * 6 + k``:
+    from ``u`` in direction ``k``, so two boards joined by two edges keep them apart) or None
+    where some member is out of reach."""
+    n = nbr.shape[0]
+    rows = np.arange(n)
+    depth = np.full(n + 1, -1, dtype=np.int64)
+    depth[list(root)] = 0
+    parent: dict = {}
+    total = 0.0
+    if len(root) == 2:  # the root edge (the cheapest, where the two share several)
+        ways = np.flatnonzero(nbr[root[1]] == root[0])
+        k = int(ways[np.argmin(cin[root[1], ways])])
+        parent[int(root[1])] = int(root[0]) * 6 + (k + 3) % 6
+        total += float(cin[root[1], k])
+    todo = [m for m in range(members) if m not in root]
+    while todo:
+        cost = np.full((depth_limit + 1, n + 1), np.inf)
+        prev = np.full((depth_limit + 1, n), -1, dtype=np.int64)  # the direction it came in by
+        tree = np.flatnonzero(depth[:n] >= 0)
+        cost[depth[tree], tree] = 0.0
+        free = depth[:n] < 0
+        for h in range(depth_limit):  # cheapest way into each free node at depth h + 1
+            via = cost[h][nbr] + cin
+            k = via.argmin(axis=1)
+            best = via[rows, k]
+            better = free & (best < cost[h + 1, :n])
+            cost[h + 1, :n][better] = best[better]
+            prev[h + 1][better] = k[better]
+        reach = cost[:, todo]
+        layer = reach.argmin(axis=0)
+        price = reach[layer, np.arange(len(todo))]
+        if not np.isfinite(price.min()):
+            return None
+        taken = set()
+        for i in np.lexsort((price, -hops[todo])):  # the farthest first: their ways are the fewest
+            if not np.isfinite(price[i]):
+                break  # out of reach from this search (the tree's nodes block its ways)
+            path, v, h = [], todo[i], int(layer[i])
+            while depth[v] != h:  # back to the tree node the path leaves from
+                path.append((v, h))
+                v, h = int(nbr[v, prev[h, v]]), h - 1
+            if any(u in taken for u, _ in path):
+                break  # shares a node with a path just added: search again
+            for u, h in path:
+                depth[u] = h
+                k = int(prev[h, u])
+                parent[u] = int(nbr[u, k]) * 6 + (k + 3) % 6
+                taken.add(u)
+            total += float(price[i])
+        todo = [m for m in todo if depth[m] < 0]
+    return total, parent
+
+
+def _tree_span(parent: dict, root: int, members: int, hop: np.ndarray) -> float:
+    """The largest latency between two members along a tree (``hop`` per local link): every
+    member's sum is complete once the farthest member's partial sums have reached it.
+    ``parent``: each node's link from its parent."""
+    children: dict = {}
+    for v, link in parent.items():
+        children.setdefault(link // 6, []).append(v)
+    order, stack = [], [root]
+    while stack:  # parents before children
+        u = stack.pop()
+        order.append(u)
+        stack += sorted(children.get(u, ()), reverse=True)
+    deepest, span = {}, 0.0
+    for u in reversed(order):  # the farthest member below each node, and the longest path through it
+        reach = [0.0] if u < members else []
+        for v in children.get(u, ()):
+            if v in deepest:
+                reach.append(deepest[v] + float(hop[parent[v]]))
+        reach.sort(reverse=True)
+        if reach:
+            deepest[u] = reach[0]
+            if u < members:
+                span = max(span, reach[0])
+            if len(reach) > 1:
+                span = max(span, reach[0] + reach[1])
+    return span
+
+
+def _packed_trees(graph, ranks: np.ndarray, members: int):
+    """Trees packed over the graph of boards for a pipelined all-reduce (see
+    :func:`board_group_all_reduce`): ``_PACK_TREES`` trees, each spanning the first ``members``
+    of ``ranks`` (the others relay) with every member within ``d`` board hops of the tree's
+    root (a board, or two neighbouring boards), so that no two members are more than ``2 d``
+    (``2 d + 1``) hops apart along a tree: the fewest such hops the roots allow plus each of
+    :data:`_PACK_SLACK` in turn (longer trees can spread wider; shorter ones wait less). Each tree carries an equal part of
+    the row. They are found one after another by multiplicative weights: each is the cheapest tree (:func:`_steiner_tree`) under link
+    costs that grow exponentially with the share of the row the trees before it put on the
+    link, so the parts spread over every edge of the group and of the boards around it.
+
+    The parts are then re-weighed (:func:`_reweigh`) over all the trees found no longer than
+    each span found, so that a caller can trade latency for bandwidth.
+
+    Returns ``(options, trees)``: per span cap ``(load, latency, hops)``, each directed board
+    edge's share of the row (both directions of every tree edge carry the tree's part), the
+    largest latency between two members along a tree used and its board hops; and the number
+    of distinct trees. None where no root reaches every member. Memoized on the graph."""
+    key = ("packed_trees", ranks.tobytes(), int(members))
+    if key in graph.memo:
+        return graph.memo[key]
+    c = ranks.size
+    member = {int(r): i for i, r in enumerate(ranks)}
+    nb = np.array([[member.get(int(v), -1) for v in graph.neighbors[r]] for r in ranks], dtype=np.int64)
+    has = nb >= 0
+    nbr = np.where(has, nb, c)
+    back = (np.arange(6) + 3) % 6
+    # local link u*6+k (u to its neighbour in direction k); the link into v from direction k
+    into = np.where(has, nb * 6 + back, 0)
+    out = np.arange(c * 6).reshape(c, 6)
+    glob = (ranks[:, None] * 6 + np.arange(6)).reshape(-1)
+    rate = graph.link_bw[glob]
+    hop = graph.link_hop_s[glob]
+    # hop distances from every node; a root (a node, or an edge) reaching every member in d
+    # hops gives trees whose members are at most 2 d (2 d + 1) hops apart
+    dist = np.full((c, c), c, dtype=np.int64)
+    for s in range(c):
+        dist[s, s], frontier = 0, [s]
+        while frontier:
+            nxt = []
+            for u in frontier:
+                for v in nb[u]:
+                    if v >= 0 and dist[s, v] == c:
+                        dist[s, v] = dist[s, u] + 1
+                        nxt.append(int(v))
+            frontier = nxt
+    far = dist[:, :members].max(axis=1)
+    u, k = np.nonzero(nb >= 0)
+    keep = u < nb[u, k]
+    edges = np.stack([u[keep], nb[u, k][keep]], axis=1)
+    far_edge = np.minimum(dist[edges[:, 0], :members], dist[edges[:, 1], :members]).max(axis=1)
+    if far.min() >= c:
+        graph.memo[key] = None
+        return None
+    scale = float(rate[np.isfinite(rate)].min())
+    found: dict = {}
+    for slack in _PACK_SLACK:
+        _pack(found, nb, nbr, has, into, out, rate, scale, members, dist, far, far_edge, edges,
+              min(2 * int(far.min()), 2 * int(far_edge.min()) + 1) + int(slack))
+    if not found:
+        graph.memo[key] = None
+        return None
+
+
+    # each distinct tree: the directed links it loads, its span between members (latency, hops)
+    shapes = sorted(found)
+    use = np.zeros((len(shapes), c * 6))
+    span = np.zeros(len(shapes))
+    span_hops = np.zeros(len(shapes), dtype=np.int64)
+    ones = np.ones(c * 6)
+    for j, (root, parent) in enumerate(shapes):
+        parent = dict(parent)
+        for v, link in parent.items():
+            use[j, link] = use[j, v * 6 + (link % 6 + 3) % 6] = 1.0
+        span[j] = _tree_span(parent, root, members, hop)
+        span_hops[j] = int(round(_tree_span(parent, root, members, ones)))
+    busy = use * (scale / np.where(np.isfinite(rate), rate, np.inf))  # a link's time per unit of row
+    start = np.array([found[sh] for sh in shapes], dtype=np.float64)
+    options = []
+    for cap in np.unique(span):  # the trees no longer than each span between members
+        keep = np.flatnonzero(span <= cap)
+        weight = _reweigh(busy[keep], start[keep] / start[keep].sum())
+        load = np.zeros(graph.nodes * 6)
+        load[glob] = weight @ use[keep]
+        options.append((load, float(cap), int(span_hops[keep].max())))
+    result = (options, len(shapes))
+    if len(graph.memo) > _TREES_KEPT:
+        _forget(graph.memo, "packed_trees")
+    graph.memo[key] = result
+    return result
+
+
+def _pack(found: dict, nb, nbr, has, into, out, rate, scale: float, members: int, dist, far, far_edge,
+          edges, span: int) -> None:
+    """One round of :func:`_packed_trees`' multiplicative weights: ``_PACK_TREES`` trees whose
+    members are at most ``span`` hops apart along them, counted into ``found`` (``(root,
+    ((node, link from its parent), ...))`` to the times it was chosen); nothing where no root
+    allows it."""
+    depth_limit = span // 2
+    if span % 2 == 0:
+        roots = [(int(r),) for r in np.argsort(far, kind="stable") if far[r] <= depth_limit]
+    else:
+        roots = [tuple(int(x) for x in edges[e]) for e in np.argsort(far_edge, kind="stable")
+                 if far_edge[e] <= depth_limit]
+    back = (np.arange(6) + 3) % 6
+    load = np.zeros(nb.size)
+    tries = min(_PACK_ROOTS, len(roots))
+    for t in range(_PACK_TREES if roots else 0):
+        weight = np.exp(_PACK_ETA * load * scale / rate) / rate * scale
+        cin = np.where(has, weight[into] + weight[out], np.inf)  # the edge carries the part both ways
+        best = None
+        for j in range(tries):
+            root = roots[(t * tries + j) % len(roots)]
+            tree = _steiner_tree(nbr, cin, members, root, depth_limit, dist[list(root)].min(axis=0))
+            if tree is not None and (best is None or tree[0] < best[0]):
+                best = (tree[0], root, tree[1])
+        if best is None:
+            return
+        _, root, parent = best
+        root = int(root[0])
+        while root >= members and sum(link // 6 == root for link in parent.values()) == 1:
+            # a relay at the root with one branch adds an edge and reaches no member
+            child = next(v for v, link in parent.items() if link // 6 == root)
+            del parent[child]
+            root = child
+        shape = (root, tuple(sorted(parent.items())))
+        found[shape] = found.get(shape, 0) + 1
+        for v, link in parent.items():
+            load[link] += 1.0 / _PACK_TREES
+            load[v * 6 + back[link % 6]] += 1.0 / _PACK_TREES
+
+
+#: Steps of :func:`_reweigh` and the sharpness of its smooth maximum
+_REWEIGH_STEPS = 400
+_REWEIGH_SHARPNESS = 64.0
+
+
+def _reweigh(busy: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """Parts of the row for given trees (``busy[j]``: each link's time per unit of the row on
+    tree ``j``) that make the busiest link's time small: Frank-Wolfe steps on a smooth maximum
+    of the links' times from ``start``; the weights with the least busiest link seen."""
+    weight = start.copy()
+    best, best_t = weight.copy(), float((weight @ busy).max())
+    sharp = _REWEIGH_SHARPNESS / max(best_t, 1e-300)
+    for step in range(_REWEIGH_STEPS):
+        time = weight @ busy
+        peak = float(time.max())
+        if peak < best_t:
+            best, best_t = weight.copy(), peak
+        grad = busy @ np.exp(sharp * (time - peak))
+        j = int(np.argmin(grad))
+        gamma = 2.0 / (step + 3.0)
+        weight *= 1.0 - gamma
+        weight[j] += gamma
+    if float((weight @ busy).max()) < best_t:
+        best = weight
+    return best
+
+
 def _multicast(topo: "Topology", ranks: np.ndarray, nbytes: float) -> "CollectiveCost | None":
     """The multicast all-gather's cost, or None where it is not built (see the module docstring)."""
     c = ranks.size
@@ -755,6 +1026,77 @@ def _gather_parts(topo: "Topology", ranks: np.ndarray, nbytes: float) -> "tuple[
     return topo.link_seconds(trees[0] * (float(nbytes) / c)), float(trees[1])
 
 
+def board_group_floor(topo: "Topology", boards: Sequence[int], nbytes: float) -> tuple[float, float]:
+    """A lower bound on the board edges' part of an all-reduce of ``nbytes`` over a group of
+    boards (:func:`board_group_all_reduce` with ``pipelined=True`` and ``board_gather=False``,
+    whatever its trees), any board of the system free to relay and to add partial sums.
+
+    Bandwidth: cut the boards into ``k`` parts, each holding at least one of the group's boards;
+    an all-reduce among ``k`` parties moves at least ``2 (k - 1)`` copies of every element from
+    one part to another (each party's data must leave it and the sum reach it), so the links
+    between the parts carry ``2 (k - 1) nbytes`` at least. Two cuts are taken: one board of the
+    group against all the others (``2 nbytes`` over its twelve directed edges: every board must
+    receive ``nbytes`` and send ``nbytes``), and every board of the group a part of its own with
+    the boards outside the group joined to the part of one of them (the ``2 (g - 1)`` copies over
+    the edges that leave a part), the larger over the choice of that board. Latency: the result
+    on each board depends on every other board's partial sums, so the two boards of the group
+    the most board hops apart are that many of the cheapest hop latencies apart.
+
+    Parameters
+    ----------
+    topo : Topology
+        The system's link graph.
+    boards : sequence of int
+        The group's distinct boards.
+    nbytes : float
+        Bytes of the row each board contributes and receives back reduced.
+
+    Returns
+    -------
+    tuple of float
+        ``(bandwidth seconds, latency seconds)``; ``(0, 0)`` for one board.
+    """
+    members = np.asarray(boards, dtype=np.int64).reshape(-1)
+    if members.size == 0 or np.unique(members).size != members.size:
+        raise ValueError(f"board_group_floor: a group of distinct boards, got {members.tolist()}")
+    if not np.isfinite(nbytes) or nbytes < 0:
+        raise ValueError(f"nbytes must be a finite number >= 0, got {nbytes!r}")
+    graph = topo.board_graph()
+    if members.min() < 0 or members.max() >= graph.nodes:
+        raise ValueError(f"board_group_floor: boards must be in [0, {graph.nodes}), got {members.tolist()}")
+    g = members.size
+    if g == 1 or nbytes == 0:
+        return 0.0, 0.0
+    far = graph.neighbors  # (boards, 6): the board across each edge, -1 where none
+    rate = np.where(np.isfinite(graph.link_bw), graph.link_bw, 0.0).reshape(-1, 6)
+    live = far >= 0
+    # directed edges leaving (and, by symmetry of the torus, entering) each board
+    out_rate = np.where(live, rate, 0.0)
+    into = np.zeros(graph.nodes)
+    np.add.at(into, far[live], rate[live])
+    single = float(max(2.0 * nbytes / (out_rate[b].sum() + into[b]) for b in members))
+    inside = np.zeros(graph.nodes, dtype=bool)
+    inside[members] = True
+    best = 0.0
+    for keep in members:  # the part that also holds every board outside the group
+        part = np.where(inside, np.arange(graph.nodes), keep)
+        cross = live & (part[:, None] != np.where(live, part[np.where(live, far, 0)], -1))
+        capacity = float(rate[cross].sum())
+        best = max(best, 2.0 * (g - 1) * nbytes / capacity)
+    # hop distances between the group's boards over every board
+    hops = 0
+    for s in members:
+        dist = np.full(graph.nodes, -1, dtype=np.int64)
+        dist[s], frontier = 0, np.array([s])
+        while frontier.size:
+            nxt = np.unique(far[frontier][far[frontier] >= 0])
+            nxt = nxt[dist[nxt] < 0]
+            dist[nxt] = dist[frontier[0]] + 1
+            frontier = nxt
+        hops = max(hops, int(dist[members].max()))
+    return max(single, best), hops * float(graph.link_hop_s.min())
+
+
 def board_group_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbytes: float,
                            board_gather: bool = True, pipelined: bool = False,
                            fuse_gather: bool = False) -> CollectiveCost:
@@ -790,6 +1132,14 @@ def board_group_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbyt
     busiest edge's bytes of both phases together plus the deepest route each way, instead of
     the busiest edge of each phase one after the other. Never dearer.
 
+    With ``pipelined`` the row may also be cut into parts that each take a tree of their own
+    (:func:`_packed_trees`, the module docstring's packed trees): every tree edge carries its
+    part both ways at once, the busiest edge's bytes over its rate plus the longest way between
+    two members along a tree (the members' sums complete as the farthest partial sums arrive);
+    the trees pass through the boards around the group (free at batch 1), which add partial
+    sums too, so the group's own edges no longer carry all of ``2 (g - 1) / g`` of the row.
+    Never below :func:`board_group_floor`.
+
     ``fuse_gather=True`` (with ``board_gather``): the on-board all-gather rides on the
     multicast: the reduced shares entering a board (and its own) are copied by the board's
     routers to every chip as they arrive (SpiNNaker's multicast routing), so the board's
@@ -802,8 +1152,9 @@ def board_group_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbyt
     Returns
     -------
     CollectiveCost
-        ``algorithm="board-multicast"`` (``"board-multipath"`` for two boards) when that is the
-        cheaper.
+        ``algorithm="board-multicast"``, ``"board-packed"`` (the packed trees; ``hops`` and
+        ``board_hops`` their longest way between two members) or ``"board-multipath"`` (two
+        boards) when that is the cheaper.
     """
     grid = np.asarray(grid, dtype=np.int64)
     ring = board_all_reduce(topo, grid, nbytes, board_gather=board_gather)
@@ -867,6 +1218,20 @@ def board_group_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbyt
                 cost = CollectiveCost("all_reduce", "board-multicast", seconds,
                                       float(((shares + rev_shares) * share).max()), 2 * hops, 2 * hops, 2, g,
                                       float(nbytes))
+        if pipelined and g <= MULTICAST_MAX_RANKS:
+            # trees packed over the group and the boards around it, the row split over them
+            region = np.concatenate([members, halo]) if halo.size and g + halo.size <= MULTICAST_MAX_RANKS else members
+            packed = _packed_trees(graph, region, g)
+            if packed is not None:
+                for load, latency, hops in packed[0]:
+                    across = graph.link_seconds(load * float(nbytes))
+                    if parts is not None:  # the board's gather streams behind the arrivals
+                        seconds = max(across, parts[0]) + latency + parts[1]
+                    else:
+                        seconds = across + latency + (gather.seconds if gather is not None else 0.0)
+                    if cost is None or seconds < cost.seconds:
+                        cost = CollectiveCost("all_reduce", "board-packed", seconds,
+                                              float(load.max()) * float(nbytes), hops, hops, 1, g, float(nbytes))
     if cost is None or cost.seconds >= ring.seconds:
         return ring
     return CollectiveCost("all_reduce", cost.algorithm, cost.seconds, cost.bytes_per_link,
