@@ -156,7 +156,7 @@ def test_bad_values_are_refused_naming_the_field():
     assert REDUCE_BYTES == {"int32": 4, "fp16": 2, "bf16": 2}
 
 
-@pytest.mark.slow  # two plans of a small Llama on three boards (~1-2 min on a loaded host)
+@pytest.mark.slow  # two plans of a small Llama on three boards (~1.5 min of CPU; 7 min on a loaded host)
 def test_narrowed_wire_halves_the_all_reduces_bytes_and_default_keeps_todays_plan(monkeypatch, register_system):
     from tvm_spinn.llm import board_tp
     from tvm_spinn.target.topology import topology_of
