@@ -212,3 +212,34 @@ def test_narrowed_wire_halves_the_all_reduces_bytes_and_default_keeps_todays_pla
     for k, alt in p32.plan["alternatives"].items():
         if not k.startswith("board_tp"):  # the other placements have no all-reduce across boards
             assert p16.plan["alternatives"][k]["decode_s"] == alt["decode_s"]
+
+
+def test_cli_passes_the_wire_type_to_the_planner(monkeypatch, tmp_path):
+    import json
+
+    from tvm_spinn import cli
+    import importlib
+
+    plan_module = importlib.import_module("tvm_spinn.llm.plan")  # the module (the package exports the function)
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake(config, **kw):
+        seen.update(kw)
+        raise Stop
+
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+                                "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+                                "vocab_size": 256, "max_position_embeddings": 64}))
+    monkeypatch.setattr(plan_module, "plan", fake)
+    for argv, wire in ((["--reduce", "bf16"], "bf16"), ([], "int32")):
+        seen.clear()
+        try:
+            cli.main(["plan", str(path), "--no-progress", *argv])  # the command reports Stop as its error
+        except Stop:
+            pass
+        assert seen["reduce"] == wire
