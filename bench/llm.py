@@ -22,6 +22,10 @@ Three parts, each printed as one table from one run:
   efficiency (bound / period, at most 1); then tokens/s, TTFT, energy per token, the plan's own
   bound's ratio (a diagnostic: it moves with the plan) and the planning time; with
   ``--int8-handover`` each multi-board row planned again with int8 hand-overs, printed below it;
+  each int8 row of three boards or more planned again with its all-reduces across boards
+  narrowed (``--compare-reduce``, fp16 by default; ``--reduce`` sets the rows' own wire, int32 by
+  default: the model's bits), printed below it, with the narrowed wire's accuracy cost against
+  fp32 logits on the small random-weight Llama and GPT-2 (``tvm_spinn.llm.accuracy.reduce_rounding``);
   over several board counts, tokens/s per user with the boards each plan uses and its
   efficiency; a plot of tokens/s per user against boards, the physical bound dotted (``--plot``,
   written atomically).
@@ -236,7 +240,7 @@ def part_plan(args) -> list[dict]:
             for dtype in args.dtypes:
                 try:
                     p = plan(str(configs / f"{name}.json"), target=target, batch=args.batch, seq=seq, dtype=dtype,
-                             handover=args.handover)
+                             handover=args.handover, reduce=args.reduce)
                 except (LLMError, ValueError) as err:
                     print(f"{name:<13}{system:<10}{dtype:<6}  {err}")
                     continue
@@ -244,6 +248,10 @@ def part_plan(args) -> list[dict]:
                 if args.int8_handover and args.handover != "int8" and boards > 1:
                     row["int8_handover"] = plan(str(configs / f"{name}.json"), target=target, batch=args.batch,
                                                 seq=seq, dtype=dtype, handover="int8")
+                if args.compare_reduce not in ("none", args.reduce) and boards >= 3 and dtype == "int8":
+                    row["narrow_reduce"] = plan(str(configs / f"{name}.json"), target=target, batch=args.batch,
+                                                seq=seq, dtype=dtype, handover=args.handover,
+                                                reduce=args.compare_reduce)
                 rows.append(row)
                 print(f"{name:<13}{system:<10}{dtype:<6}{1e3 / p.tokens_per_s_per_user:>10.3f}"
                       f"{p.physical_bound_s * 1e3:>10.4g}{p.physical_bound['binding']:>14}{p.efficiency:>8.4f}"
@@ -258,6 +266,13 @@ def part_plan(args) -> list[dict]:
                     print(f"{'':<13}{'':<10}{'':<6}{1e3 / q.tokens_per_s_per_user:>10.3f}{'':>10}{'':>14}"
                           f"{q.efficiency:>8.4f}{q.tokens_per_s_per_user:>11.3f}  (int8 hand-overs: "
                           f"{_placement(q)}, {math.ceil(q.chips_used / 48)} boards)")
+                if "narrow_reduce" in row:
+                    q = row["narrow_reduce"]
+                    print(f"{'':<13}{'':<10}{'':<6}{1e3 / q.tokens_per_s_per_user:>10.3f}{'':>10}{'':>14}"
+                          f"{q.efficiency:>8.4f}{q.tokens_per_s_per_user:>11.3f}  ({args.compare_reduce} all-reduces "
+                          f"across boards: {_placement(q)}, {math.ceil(q.chips_used / 48)} boards, "
+                          f"{q.plan.get('board_all_reduces_decode_s', 0.0) * 1e3:.3f} ms of all-reduces a token "
+                          f"against {p.plan.get('board_all_reduces_decode_s', 0.0) * 1e3:.3f}; TTFT {q.ttft_s:.2f} s)")
     if _faults(args):
         print(f"*: the system as it is ({', '.join(f'{k} {v}' for k, v in _faults(args).items())}); boards used: "
               + "; ".join(f"{r['model']} {r['system']}: {r['plan'].plan.get('boards', '-')}" for r in rows
@@ -283,8 +298,32 @@ def part_plan(args) -> list[dict]:
                   + ", ".join(f"{b:g}: {t:.2f} ({u}, {e:.3f}" + (f", {h.tokens_per_s_per_user:.2f}" if h else "") + ")"
                               for b, t, u, e, h in pts)
                   + ("; never falls" if not falls else f"; falls from {falls[0][0]:g} to {falls[0][1]:g} boards"))
+    if any("narrow_reduce" in r for r in rows):
+        _reduce_accuracy(args.compare_reduce)
     _anchors(rows)
     return rows
+
+
+def _reduce_accuracy(wire: str, boards=(2, 4)) -> None:
+    """The accuracy cost of ``wire`` all-reduces across boards, printed below the plans: logits
+    of the small random-weight models (:func:`_small`) with every split GEMM's partial sums
+    narrowed (:func:`tvm_spinn.llm.accuracy.reduce_rounding`) against float32 on a fixed random
+    token sequence (the same tokens in every run)."""
+    from tvm_spinn.llm.accuracy import compare, reduce_rounding, torch_logits
+
+    parts = []
+    for family in ("llama", "gpt2"):
+        model = _small(family)
+        model.config._attn_implementation = "eager"
+        ids = np.random.default_rng(0).integers(0, model.config.vocab_size, (2, 40))
+        ref = torch_logits(model, ids)
+        for g in boards:
+            with reduce_rounding(model, wire, g):
+                a = compare(torch_logits(model, ids), ref, ids)
+            parts.append(f"{family} over {g} boards: logit err max {a.max_rel_err:.2e} / mean {a.mean_rel_err:.2e}, "
+                         f"top-1 {round(a.top1 * a.positions)}/{a.positions}, perplexity ratio {a.ppl_ratio:.5f}")
+    print(f"  {wire} all-reduces' accuracy cost vs fp32 logits (small random-weight models, 2 x 40 fixed "
+          f"random tokens; every block's two split GEMMs narrowed): " + "; ".join(parts))
 
 
 def part_scaling(args) -> list[dict]:
@@ -318,7 +357,7 @@ def part_scaling(args) -> list[dict]:
                 try:
                     with registered_system(arch, tag=f"spinn/cloud-{boards}"):
                         p = plan(str(configs / f"{name}.json"), target=f"spinn/cloud-{boards}", batch=args.batch,
-                                 seq=args.seq, dtype=dtype, handover=args.handover, patches=True,
+                                 seq=args.seq, dtype=dtype, handover=args.handover, patches=True, reduce=args.reduce,
                                  searches=searches)
                 except (LLMError, ValueError) as err:
                     print(f"{boards:>7}  {err}")
@@ -383,7 +422,7 @@ def part_prefill(args) -> list:
                 start = time.perf_counter()
                 try:
                     p = plan_prefill(str(configs / f"{name}.json"), target, prompt=int(prompt), dtype=dtype,
-                                     handover=args.handover, memo=memo)
+                                     handover=args.handover, memo=memo, reduce=args.reduce)
                 except LLMError as err:
                     print(f"{name:<15}{system:<10}{prompt:>7}  {err}")
                     continue
@@ -480,6 +519,11 @@ def main() -> None:
     ap.add_argument("--int8-handover", action="store_true",
                     help="also plan each multi-board row with int8 hand-overs and print it below (accuracy cost: "
                          "bench/llm_accuracy.py)")
+    ap.add_argument("--reduce", default="int32", choices=("int32", "fp16", "bf16"),
+                    help="partial sums all-reduced across boards (int32 keeps the model's bits)")
+    ap.add_argument("--compare-reduce", default="fp16", choices=("fp16", "bf16", "none"),
+                    help="also plan each int8 row of 3+ boards with this all-reduce wire, printed below it with its "
+                         "accuracy cost vs fp32 (none: skip)")
     ap.add_argument("--plan-dtypes", nargs="+", default=["int8"], choices=("fp32", "int8"))
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--seq", type=int, default=2048)

@@ -1,4 +1,4 @@
-"""Accuracy cost of int8 weights and of fp16 / int8 hand-overs on small GPT-2 and Llama models.
+"""Accuracy cost of int8 weights, of fp16 / int8 hand-overs and of fp16 / bf16 all-reduces on small GPT-2 and Llama models.
 
 Each row is measured against the same model in float32 (transformers, PyTorch) on the same
 tokens (:mod:`tvm_spinn.llm.accuracy`):
@@ -12,6 +12,11 @@ tokens (:mod:`tvm_spinn.llm.accuracy`):
   every block boundary (forward hooks), as a pipeline with one stage per block hands it over:
   fp16 round to nearest; int8 per-tensor symmetric, ``scale = max|x| / 127`` of the handed-over
   tensor. That is the most hand-overs any split makes; fewer stages round less often.
+* ``all-reduce fp16`` / ``all-reduce bf16``, over ``T`` boards: the float32 model with every
+  block's attention output projection and MLP down projection summed over ``T`` boards' shares
+  of their K dimension as ``plan(..., reduce=...)`` times it: each board's partial sum rounded
+  to the wire type, added in fp32 in board order, the total rounded again
+  (:func:`tvm_spinn.llm.accuracy.reduce_rounding`). ``int32`` (the default) is exact.
 
 Columns: logit error ``max|d| / max|ref|`` and ``mean|d| / mean|ref|`` on a fixed random token
 sequence; top-1 agreement at the positions that predict float32's greedy continuation of a random
@@ -63,11 +68,12 @@ def margin(logits: np.ndarray) -> float:
     return float(np.median(top2[..., 1] - top2[..., 0]) / logits.std())
 
 
-def measure(family: str, batch: int, seq_len: int, prompt_len: int, new_tokens: int, seed: int) -> tuple:
+def measure(family: str, batch: int, seq_len: int, prompt_len: int, new_tokens: int, seed: int,
+            reduce_boards=(2, 4)) -> tuple:
     """``(rows, margin)`` for one family: a row per configuration (name, logit errors, top-1
     agreements, perplexity ratio), and float32's top-1 margin on the scored positions."""
     from tvm_spinn import llm
-    from tvm_spinn.llm.accuracy import compare, compiled_logits, handover_rounding, torch_logits
+    from tvm_spinn.llm.accuracy import compare, compiled_logits, handover_rounding, reduce_rounding, torch_logits
 
     model = small_model(family)
     vocab = model.config.vocab_size
@@ -94,6 +100,11 @@ def measure(family: str, batch: int, seq_len: int, prompt_len: int, new_tokens: 
         with handover_rounding(model, handover):
             rows.append(row(f"hand-over {handover}, every block", torch_logits(model, text)[:, lo:],
                             torch_logits(model, greedy_ids)[:, lo:]))
+    for reduce in ("fp16", "bf16"):
+        for boards in reduce_boards:
+            with reduce_rounding(model, reduce, boards):
+                rows.append(row(f"all-reduce {reduce}, {boards} boards", torch_logits(model, text)[:, lo:],
+                                torch_logits(model, greedy_ids)[:, lo:]))
     return rows, margin(ref_text[:, lo:])
 
 
@@ -105,6 +116,8 @@ def main(argv=None) -> None:
     ap.add_argument("--prompt-len", type=int, default=8, help="random prompt before the greedy tokens")
     ap.add_argument("--new-tokens", type=int, default=32, help="greedy steps whose top-1 is compared")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--reduce-boards", type=int, nargs="+", default=[2, 4],
+                    help="boards a block's all-reduce spans (each must divide the 4 heads)")
     a = ap.parse_args(argv)
     print(f"vs float32 logits; batch {a.batch}, random sequence of {a.seq_len} tokens (positions "
           f"{a.prompt_len - 1}..{a.seq_len - 1} scored), top-1 over {a.new_tokens} greedy steps after a "
@@ -114,7 +127,8 @@ def main(argv=None) -> None:
     print("|---|---|---|---|---|---|")
     margins = {}
     for family in a.families:
-        rows, margins[family] = measure(family, a.batch, a.seq_len, a.prompt_len, a.new_tokens, a.seed)
+        rows, margins[family] = measure(family, a.batch, a.seq_len, a.prompt_len, a.new_tokens, a.seed,
+                                             a.reduce_boards)
         for name, mx, mean, top1, n, top1_text, n_text, ppl in rows:
             print(f"| {family} | {name} | {mx:.2e} / {mean:.2e} | {round(top1 * n)}/{n} | "
                   f"{round(top1_text * n_text)}/{n_text} | {ppl:.5f} |", flush=True)

@@ -412,7 +412,7 @@ def _cmd_plan(args) -> int:
     try:
         result = plan(args.config, target=target, batch=1 if args.batch is None else args.batch, seq=args.seq,
                       dtype=args.dtype or "int8", progress=not args.no_progress,
-                      handover=args.handover, patches=args.patches)
+                      handover=args.handover, patches=args.patches, reduce=args.reduce)
     finally:
         if registered:
             from .target import unregister_system
@@ -557,6 +557,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                                          "inference plans)")
     p.add_argument("--handover", default="fp32", choices=("fp32", "fp16", "int8"),
                    help="activations handed over between boards (fp32 keeps the model's bits; inference plans)")
+    p.add_argument("--reduce", default="int32", choices=("int32", "fp16", "bf16"),
+                   help="partial sums all-reduced across the boards of a tensor-parallel block (int32 keeps the "
+                        "model's bits; fp16/bf16: dequantized and sent narrowed; inference plans)")
     p.add_argument("--patches", action="store_true",
                    help="also plan on every smaller patch of boards of the system and keep the fastest "
                         "(a plan may leave boards idle; slower to plan; inference plans)")

@@ -1,6 +1,6 @@
-"""Accuracy cost of int8 weights and of narrow hand-overs, measured against float32 logits.
+"""Accuracy cost of int8 weights, narrow hand-overs and narrow all-reduces, measured against float32 logits.
 
-Two effects are measured on a transformers causal LM, each against the same model in float32
+Three effects are measured on a transformers causal LM, each against the same model in float32
 (PyTorch, no rounding) on the same token sequence:
 
 * **int8 weights**: the model compiled with ``tvm_spinn.llm.compile(quantize=True)`` (int8
@@ -16,6 +16,15 @@ Two effects are measured on a transformers causal LM, each against the same mode
   handed-over tensor, ``q = clip(round(x / scale), -127, 127)``, ``x' = q * scale``). By default
   every block boundary is a hand-over (one stage per block): the most hand-overs a pipeline
   makes; a split with fewer stages rounds less often.
+* **all-reduce wire type**: a block tensor-parallel over ``T`` boards splits the K dimension of
+  the GEMMs that end its attention and its MLP (the attention's output projection: the heads;
+  the MLP's down projection: the intermediate columns), so each board holds a partial sum of
+  their output, all-reduced across the boards. :func:`reduce_rounding` emulates a narrowed
+  wire (``fp16`` or ``bf16``, round to nearest even) with PyTorch forward hooks: each board's
+  partial sum (its contiguous share of K, board ``j`` the ``j``-th) rounded to the wire type,
+  the ``T`` rounded sums added in fp32 in board order, the total rounded to the wire type again
+  (the reduced row travels on narrowed), then the bias added once. ``int32`` (the int8 GEMMs'
+  exact accumulators) is no rounding.
 
 Metrics (:class:`Accuracy`): the logits' relative error (``max|d| / max|ref|`` and
 ``mean|d| / mean|ref|`` over all positions and vocabulary entries), the share of positions whose
@@ -31,11 +40,14 @@ import numpy as np
 
 from .spec import LLMError
 
-__all__ = ["Accuracy", "HANDOVERS", "round_fp16", "round_int8", "handover_rounding", "blocks_of",
-           "torch_logits", "compiled_logits", "compare"]
+__all__ = ["Accuracy", "HANDOVERS", "REDUCES", "round_fp16", "round_bf16", "round_int8", "handover_rounding",
+           "blocks_of", "split_gemms", "split_sum", "reduce_rounding", "torch_logits", "compiled_logits", "compare"]
 
 #: Hand-over precisions :func:`handover_rounding` emulates (``fp32`` is no rounding)
 HANDOVERS = ("fp32", "fp16", "int8")
+#: Wire types of the all-reduces across boards :func:`reduce_rounding` emulates (``int32``: the
+#: exact sums, no rounding; :data:`tvm_spinn.llm.plan.REDUCE_BYTES`)
+REDUCES = ("int32", "fp16", "bf16")
 
 
 def round_fp16(x):
@@ -43,6 +55,13 @@ def round_fp16(x):
     import torch
 
     return x.to(dtype=torch.float16).to(dtype=x.dtype)
+
+
+def round_bf16(x):
+    """``x`` (a torch tensor) rounded to the nearest bfloat16 (ties to even) and back to its dtype."""
+    import torch
+
+    return x.to(dtype=torch.bfloat16).to(dtype=x.dtype)
 
 
 def round_int8(x):
@@ -60,7 +79,7 @@ def round_int8(x):
     return torch.clamp(torch.round(x / scale), -127, 127) * scale
 
 
-_ROUND = {"fp16": round_fp16, "int8": round_int8}
+_ROUND = {"fp16": round_fp16, "bf16": round_bf16, "int8": round_int8}
 
 
 def blocks_of(model) -> list:
@@ -107,6 +126,80 @@ def handover_rounding(model, handover: str, boundaries=None):
             return fn(out)
 
         handles = [blocks[i].register_forward_hook(hook) for i in idx]
+    try:
+        yield model
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def split_gemms(model) -> list:
+    """The GEMMs whose K dimension a block tensor-parallel over boards splits, in block order:
+    each block's attention output projection and MLP down projection (Llama: ``self_attn.o_proj``,
+    ``mlp.down_proj``; GPT-2: ``attn.c_proj``, ``mlp.c_proj``)."""
+    out = []
+    for i, block in enumerate(blocks_of(model)):
+        for paths in (("self_attn.o_proj", "attn.c_proj"), ("mlp.down_proj", "mlp.c_proj")):
+            found = [m for m in (_submodule(block, p) for p in paths) if m is not None]
+            if not found:
+                raise LLMError(f"block {i} ({type(block).__name__}) has none of {list(paths)}: no split GEMM to hook")
+            out.append(found[0])
+    return out
+
+
+def _submodule(module, path: str):
+    try:
+        return module.get_submodule(path)
+    except AttributeError:
+        return None
+
+
+def split_sum(x, weight, bias, boards: int, wire: str, k_major: bool = False):
+    """``x @ W + bias`` with K split over ``boards`` and all-reduced in the ``wire`` type.
+
+    ``weight``: ``(out, K)`` (``torch.nn.Linear``) or, ``k_major``, ``(K, out)`` (transformers'
+    ``Conv1D``). Board ``j`` holds columns ``j K / boards .. (j + 1) K / boards - 1`` of K; its
+    partial sum is rounded to ``wire`` (:data:`REDUCES`), the rounded sums added in fp32 in board
+    order, the total rounded to ``wire``, then ``bias`` (or None) added.
+    """
+    if wire not in REDUCES:
+        raise LLMError(f"reduce must be one of {list(REDUCES)}, got {wire!r}")
+    k = x.shape[-1]
+    if isinstance(boards, bool) or not isinstance(boards, int) or boards < 1 or k % boards:
+        raise LLMError(f"boards must be a positive integer dividing the GEMM's K={k}, got {boards!r}")
+    w = weight if k_major else weight.t()
+    fn = _ROUND.get(wire, lambda t: t)
+    step = k // boards
+    total = None
+    for j in range(boards):  # a fixed order: board 0 first
+        part = fn(x[..., j * step:(j + 1) * step] @ w[j * step:(j + 1) * step])
+        total = part if total is None else total + part
+    total = fn(total)
+    return total if bias is None else total + bias
+
+
+@contextlib.contextmanager
+def reduce_rounding(model, reduce: str, boards: int):
+    """Within the ``with`` block, every :func:`split_gemms` GEMM of ``model`` sums its K over
+    ``boards`` boards with a ``reduce`` wire (:func:`split_sum`); ``int32``: no hook (exact sums).
+
+    ``boards`` must divide the heads and the intermediate size (each board a whole share, as the
+    ``board_tp`` placement splits a block).
+    """
+    if reduce not in REDUCES:
+        raise LLMError(f"reduce must be one of {list(REDUCES)}, got {reduce!r}")
+    gemms = split_gemms(model)
+    cfg = model.config
+    heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", None)
+    if isinstance(boards, bool) or not isinstance(boards, int) or boards < 1 or (heads and heads % boards):
+        raise LLMError(f"boards must be a positive integer dividing the {heads} attention heads, got {boards!r}")
+    handles = []
+    if reduce != "int32":
+        def hook(module, args, _out):
+            k_major = not hasattr(module, "in_features")  # Conv1D keeps its weight (in, out)
+            return split_sum(args[0], module.weight, module.bias, boards, reduce, k_major)
+
+        handles = [m.register_forward_hook(hook) for m in gemms]
     try:
         yield model
     finally:

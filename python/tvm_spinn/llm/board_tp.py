@@ -26,7 +26,11 @@ the row cost, the all-reduce ends in the projection's layout and the slice gathe
 itself.
 They are the int8 GEMMs' int32 accumulators, whose sum is exact in any order, so the tokens do
 not depend on ``g``; an fp32 model (``dtype="fp32"``) is not planned this way (its sums would
-need the bit-exact chain across boards).
+need the bit-exact chain across boards). ``plan(..., reduce="fp16")`` (or ``"bf16"``) times
+them narrowed instead: each board dequantizes its partial sums with the GEMMs' scales and
+sends them as 2-byte floats, added in fp32 in a fixed order, the reduced row sent on as such
+(half the bytes on the board links; the tokens then depend on the rounding:
+:func:`tvm_spinn.llm.accuracy.reduce_rounding` measures it).
 
 The model's blocks are split into consecutive runs, one run per group; consecutive groups hand
 the hidden state over in slices: the group's last all-reduce stops after its reduce-scatter,
@@ -511,13 +515,15 @@ def board_setting(arch):
 
 def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, handover_bytes: int,
             described: dict, weight_bytes: int, kv_bytes: int, steps, memo: "dict | None" = None,
-            refused: "dict | None" = None) -> dict:
+            refused: "dict | None" = None, reduce: str = "int32") -> dict:
     """The ``board_tp`` candidates as records of :func:`tvm_spinn.llm.plan.plan` (see the module
     docstring); ``handover_bytes``: a hand-over's bytes per user and hidden element;
     ``described``: the whole model's described parts (the head runs as it is); ``memo``: the
     plan's stages already mapped (:func:`tvm_spinn.llm.plan._map_stage`). A candidate whose
     groups' boards do not hold every user's KV cache (:func:`group_caches`) is left out, its
-    reason in ``refused``."""
+    reason in ``refused``. ``reduce``: the all-reduces' wire type
+    (:data:`tvm_spinn.llm.plan.REDUCE_BYTES`: ``int32``, the GEMMs' accumulators, or their
+    dequantized sums narrowed to ``fp16`` / ``bf16``)."""
     from ..timing.collectives import (board_group_all_reduce, multipath_point_to_point, point_to_point,
                                       sliced_hand_over)
     P = importlib.import_module(".plan", __package__)
@@ -532,6 +538,10 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         return {}
     reduces_per_block = block_all_reduces(spec)
     reduces_text = "one all-reduce" if reduces_per_block == 1 else "two all-reduces"
+    wire = P.REDUCE_BYTES[reduce]  # bytes an element of the partial sums takes on the board links
+    sums_text = ("int32 partial sums" if reduce == "int32" else
+                 f"{reduce} partial sums (each board's dequantized with the GEMMs' scales, added in fp32 "
+                 f"in a fixed order)")
     cpb, board, topo, board_topo, order, budget, torus = board_setting(arch)
     host = P._parts(P._meta_model(cfg, spec), spec, batch, seq)[0][2][1:]
     head_atoms = [a for i, d in enumerate(described["head"]) for a in P._atoms(i, d.program)]
@@ -571,7 +581,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     reduces: dict = {}
 
     def reduce_of(lay, fused: bool = False) -> float:
-        """The int32 partial sums' all-reduce over a layout's first group (every group of a
+        """The partial sums' all-reduce (``wire`` bytes an element) over a layout's first group (every group of a
         layout is a translate of it on the torus of boards), costed once per group: its reduce
         and multicast pipelined, and either no on-board all-gather (the slice's program gathers
         the reduced row itself) or, ``fused``, the on-board all-gather riding on the multicast
@@ -579,7 +589,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         key = (tuple(lay[0]), fused)
         if key not in reduces:
             reduces[key] = board_group_all_reduce(topo, [[int(c) + b * cpb for c in order] for b in lay[0]],
-                                                  hidden * 4, board_gather=fused, pipelined=True,
+                                                  hidden * wire, board_gather=fused, pipelined=True,
                                                   fuse_gather=fused).seconds
         return reduces[key]
 
@@ -638,7 +648,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         fused = fused_gathers(resident, streamed, hidden * 4, reduces_per_block)
         if fused is not None:
             resident, streamed = _less(resident, fused[0]), _less(streamed, fused[1])
-        reduce_s = reduce_of(groups, fused is not None)  # int32 partial sums
+        reduce_s = reduce_of(groups, fused is not None)  # the partial sums, ``reduce`` on the wire
         # the streamed blocks' weights fetched partly during the all-reduces: a buffer per chip
         # out of the SRAM the resident blocks would take (one fewer may stay resident)
         saved, buffer = prefetch(resident, streamed, reduce_s, board.dram_bw_bytes_s, reduces_per_block)
@@ -683,7 +693,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                 dram_chip=int(math.ceil(max(0, per_group - fit) * streamed.streamed_bytes_per_chip)),
                 bounds=bounds, bound_s=sum(bounds.values()), binding=max(bounds, key=bounds.get),
                 description=(f"each block tensor-parallel over a group of {g} boards ({g * cpb} chips: heads and "
-                             f"MLP columns split across the boards, {reduces_text} of int32 partial sums a block "
+                             f"MLP columns split across the boards, {reduces_text} of {sums_text} a block "
                              f"on the board links), {n_groups} group(s) of {per_group} block(s) pipelined, the "
                              f"hidden state handed over group to group in slices, the head on one board"
                              + (f"; the streamed blocks' weights fetched {buffer_b / 1e6:.2f} MB a chip ahead "
@@ -695,6 +705,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                       "chips_per_group": g * cpb, "micro_batch": batch, "micro_batches": 1,
                       "mapping_weights": "auto", "block_decode_s": blocks_s / L,
                       "board_all_reduce_s": reduce_s, "board_all_reduces_decode_s": reduces_s,
+                      **({"board_all_reduce_wire": reduce} if reduce != "int32" else {}),
                       "board_gather_fused": fused is not None,
                       "slice_collectives_s": slice_collectives(streamed if per_group > fit else resident,
                                                                hidden * 4 if fused is not None else None),

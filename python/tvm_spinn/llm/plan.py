@@ -94,7 +94,7 @@ from dataclasses import dataclass
 
 from .spec import MAX_DIM, LLMError, ModelSpec, check_plan_sizes, spec_of
 
-__all__ = ["Plan", "plan", "DTYPES", "HANDOVER_BYTES", "TOKEN_BYTES"]
+__all__ = ["Plan", "plan", "DTYPES", "HANDOVER_BYTES", "REDUCE_BYTES", "TOKEN_BYTES"]
 
 DTYPES = {"fp32": 4, "int8": 1}
 #: Bytes per element of the activations a stage hands over to the next board, per ``handover``
@@ -102,6 +102,13 @@ DTYPES = {"fp32": 4, "int8": 1}
 #: the board links' bytes at an accuracy cost (the plan's timing only: the compiled model
 #: always hands over fp32)
 HANDOVER_BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
+#: Bytes per element of the partial sums a block tensor-parallel over boards all-reduces across
+#: them (the ``board_tp`` placement and the prompt's plan), per ``reduce`` option: ``int32``
+#: sends the int8 GEMMs' int32 accumulators, whose sum is exact in any order (the program's
+#: bits); ``fp16`` and ``bf16``: each board dequantizes its partial sums with the GEMM's scales
+#: and sends them narrowed, the sums added in fp32 in a fixed order and the reduced row sent on
+#: narrowed (the plan's timing only; the accuracy cost: :func:`tvm_spinn.llm.accuracy.reduce_rounding`)
+REDUCE_BYTES = {"int32": 4, "fp16": 2, "bf16": 2}
 #: Bytes of one user's sampled token (an int32 id): what a decode step sends back to the first
 #: stage and out to the host
 TOKEN_BYTES = 4
@@ -389,7 +396,7 @@ DEFAULT_SEQ = 2048
 
 def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None, dtype: str = "int8",
          progress: bool = False, handover: str = "fp32", patches: bool = False,
-         searches: "dict | None" = None) -> Plan:
+         searches: "dict | None" = None, reduce: str = "int32") -> Plan:
     """Plan greedy decoding of a transformers model (config only) on a spinn system.
 
     Parameters
@@ -423,6 +430,12 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
         The caller's memo of the placements searched on each system, shared by the calls given
         the same dict (keyed by config, request, system and mapping options; the records are a
         function of the key). None: this call's own.
+    reduce : {"int32", "fp16", "bf16"}
+        Element type of the partial sums a block tensor-parallel over boards all-reduces
+        across them (:data:`REDUCE_BYTES`): the ``board_tp`` placement's all-reduces and the
+        prompt's plan's (the ``experts`` placement's stay int32); ``int32`` keeps the compiled
+        model's bits. The kept record's description says the wire type, and a narrowed one is
+        in ``plan["reduce"]`` (and ``plan["board_all_reduce_wire"]`` of a ``board_tp`` plan).
 
     Returns
     -------
@@ -460,6 +473,8 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
         raise LLMError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     if handover not in HANDOVER_BYTES:
         raise LLMError(f"handover must be one of {sorted(HANDOVER_BYTES)}, got {handover!r}")
+    if reduce not in REDUCE_BYTES:
+        raise LLMError(f"reduce must be one of {sorted(REDUCE_BYTES)}, got {reduce!r}")
     check_plan_sizes(spec, batch, seq, DTYPES[dtype])
     target = get_target(target)
     arch = arch_of(target)
@@ -596,7 +611,7 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
 
             args = (cfg, spec, arch, target, dtype, batch, seq, HANDOVER_BYTES[handover], described, weight_bytes,
                     kv_bytes, steps, stages)
-            records.update(experts.records(*args) if spec.experts else board_tp.records(*args, refused))
+            records.update(experts.records(*args) if spec.experts else board_tp.records(*args, refused, reduce=reduce))
         return records
 
     def searched(arch) -> tuple:
@@ -605,7 +620,7 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
         from ..mapping import current_options
 
         key = (json.dumps(cfg, sort_keys=True, default=str), batch, seq, dtype, handover, arch,
-               json.dumps(current_options().to_dict(), sort_keys=True, default=str))
+               json.dumps(current_options().to_dict(), sort_keys=True, default=str), reduce)
         if key not in memo:
             found: dict = {}
             memo[key] = (search(arch, found), found)
@@ -646,6 +661,7 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
         "timing": "tvm_spinn timing model of the mapped programs (no simulation, no weights)",
         **({"refused": dict(sorted(refused.items()))} if refused else {}),
         **({"health": health(arch)} if arch.has_faults else {}),
+        **({"reduce": reduce} if reduce != "int32" else {}),  # the default: the compiled model's bits
         **best["meta"],
     }
     # the boards allocated and the patch of them the plan runs on (the rest idle)
@@ -659,7 +675,7 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
 
     # the time to first token: a ``seq``-token prompt's own plan (chunked over board stages)
     prefill = plan_prefill(cfg, target, prompt=seq, dtype=dtype, handover=handover, memo={"stages": stages},
-                           model_name=model_name)
+                           model_name=model_name, reduce=reduce)
     meta["prefill"] = prefill.to_dict()
     # the prompt is planned once for the system, whatever the decode placement: every
     # alternative's time to first token is that plan's

@@ -405,7 +405,8 @@ def _check(spec: ModelSpec, prompt, chunk) -> None:
 
 def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = "int8", handover: str = "fp32",
                  chunk: "int | None" = None, tp_boards: "tuple | None" = None, memo: "dict | None" = None,
-                 model_name: "str | None" = None, search: str = "climb", relays: bool = True) -> PrefillPlan:
+                 model_name: "str | None" = None, search: str = "climb", relays: bool = True,
+                 reduce: str = "int32") -> PrefillPlan:
     """Plan the prefill of one ``prompt``-token prompt (the time to first token) on a spinn system.
 
     Parameters
@@ -437,6 +438,9 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
         Hand-overs between one-board stages of a healthy system also take the edge-disjoint
         relay paths through neighbouring boards that no other hand-over uses (default), or only
         their chips' own routes (False).
+    reduce : {"int32", "fp16", "bf16"}
+        Element type of the partial sums a block tensor-parallel over boards all-reduces
+        across them (:data:`tvm_spinn.llm.plan.REDUCE_BYTES`; ``int32`` keeps the model's bits).
 
     Returns
     -------
@@ -468,6 +472,8 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
         raise LLMError(f"dtype must be one of {sorted(P.DTYPES)}, got {dtype!r}")
     if handover not in P.HANDOVER_BYTES:
         raise LLMError(f"handover must be one of {sorted(P.HANDOVER_BYTES)}, got {handover!r}")
+    if reduce not in P.REDUCE_BYTES:
+        raise LLMError(f"reduce must be one of {sorted(P.REDUCE_BYTES)}, got {reduce!r}")
     if search not in ("climb", "all"):
         raise LLMError(f"search must be 'climb' or 'all', got {search!r}")
     if model_name is None:
@@ -718,7 +724,7 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
             if g > 1:
                 ranks = [[int(x) + b * cpb for x in ring] for b in groups[0]]
                 reduce_s = board_tp.block_all_reduces(spec) * board_all_reduce(
-                    topo, ranks, c * spec.hidden * 4).seconds  # int32 partial sums
+                    topo, ranks, c * spec.hidden * P.REDUCE_BYTES[reduce]).seconds  # the partial sums' wire type
             c_best = math.inf
 
             def timed_layout(m: int, times: dict) -> dict:
