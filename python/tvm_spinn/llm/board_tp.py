@@ -47,10 +47,14 @@ Groups are ``g`` neighbouring boards of the torus of boards
 (:func:`tvm_spinn.target.topology.board_grid`), in a cycle where ``g`` allows
 (:func:`board_groups`), the most nearly square patch (:func:`board_patches`) or the roundest
 group of the lattice of boards (:func:`board_compact`: on a torus too large for a patch to close
-into a ring, the fewest board hops across), whichever all-reduces faster. The degrees are mapped in the order of what their all-reduces alone cost
+into a ring, the fewest board hops across), whichever all-reduces faster. The degrees are ranked by what their all-reduces alone cost
 a token: on a torus whose rows close into rings of a few boards a wide group all-reduces
 fastest, on a larger one (whose patches do not close) a narrow group, which leaves room for
-more groups and so for more blocks resident in SRAM, may be the faster. On a system with faults only groups of whole boards
+more groups and so for more blocks resident in SRAM, may be the faster. The first
+:data:`MAX_MAPPED` of them are mapped in the order of a floor on each one's token, from the
+sizes alone (its all-reduces, hand-overs, the token's loop, the head, and the blocks its
+groups' SRAM cannot keep streaming their weights from DRAM: :func:`stream_floor`), while the
+floor is below the fastest token found. On a system with faults only groups of whole boards
 (:func:`tvm_spinn.target.faults.whole_boards`: usable, every chip working) are formed, and the
 head runs on a whole board.
 While one token is in flight the links are otherwise idle, so an all-reduce's trees may pass
@@ -77,8 +81,8 @@ __all__ = ["TP_BOARDS", "slice_config", "slice_shares", "slice_block", "slice_we
 #: more DRAM at once, fewer leave room for more groups (more blocks resident in SRAM).
 TP_BOARDS = (2, 4, 8, 16, 32)
 #: Degrees mapped with the PE-level model at most (planning time: each maps a block once more);
-#: the search stops earlier at a degree whose all-reduces alone take longer than the fastest
-#: token found. The all-reduces alone rank narrow groups first on a torus whose patches do not
+#: a degree whose floor (no mapping: see the module docstring) is not below the fastest token
+#: found is not mapped. The all-reduces alone rank narrow groups first on a torus whose patches do not
 #: wrap, while a wider group streams each block from more DRAM: four mapped degrees reach the
 #: widest group of a 24-board torus and the cloud's 32-board groups.
 MAX_MAPPED = 4
