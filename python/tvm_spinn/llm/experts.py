@@ -32,7 +32,9 @@ The ``experts:tp`` candidates split every expert instead (:func:`_sliced`): each
 group holds ``1 / g`` of the heads and of every expert's columns, so at batch 1 all ``g``
 boards read their share of the ``k`` picked experts at once (with whole experts on boards only
 the boards holding a pick work); the partial sums are all-reduced across the group twice a
-block. The plan keeps whichever is faster.
+block. The plan keeps whichever is faster. A degree of ``experts:tp`` is mapped only where a
+floor on its token from the sizes alone (:func:`_sliced_floor`) is below the fastest token
+found, the degrees in the order of their floors.
 
 The block's programs are the planner's decode block (:mod:`tvm_spinn.llm.describe`), which
 evaluates the ``min(E, k batch)`` experts a step can read after the attention and the router
