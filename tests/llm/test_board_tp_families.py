@@ -124,6 +124,8 @@ def test_narrowed_slice_describes_with_the_boards_weights(name):
     dense = sum(t.nbytes for d in programs for t in d.program.tensors if t.role == "const" and t.dtype == "int8")
     h, d = spec.hidden, spec.head_dim
     assert dense == h * (sub.heads + 2 * sub.kv_heads) * d + sub.heads * d * h + 2 * h * sub.intermediate
+    # the planner's floor counts them from the sizes alone
+    assert board_tp.slice_weight_bytes(spec, 2) == dense
 
 
 @pytest.mark.slow  # ~60-300 s: torch.export and mapping of the slices and the prompt's plan

@@ -214,3 +214,44 @@ def test_fused_gathers_take_out_the_row_gathers_the_all_reduce_delivers():
     assert board_tp.fused_gathers(stage([p0, shared], [0, 0]), stage([p0, shared], [0, 0]), row, 2) is None
     # no per-program timings (a stage mapped without them): nothing fused
     assert board_tp.fused_gathers(stage([], []), stage([], []), row, 2) is None
+
+
+@pytest.mark.slow  # ~20 s alone: two slices described and mapped on boards
+def test_degree_floor_bounds_every_mapped_degree_and_counts_the_streamed_blocks(monkeypatch, register_system):
+    """Each degree's floor (the all-reduces, hand-overs, loop, head and the blocks the SRAM
+    cannot keep streaming from DRAM: no mapping) is at most the degree's mapped token, and the
+    slice's weight bytes from the sizes alone are at most the described slice's constants."""
+    from tqdm.auto import tqdm
+
+    import importlib
+
+    P = importlib.import_module("tvm_spinn.llm.plan")
+    from tvm_spinn.llm.describe import describe
+    from tvm_spinn.target import arch_of, get_target
+
+    # boards of chips with 4 PEs (11 MB of resident SRAM a board) so the slices stream blocks
+    cfg = dict(SMALL, intermediate_size=4096, num_hidden_layers=8)
+    tag = register_system(tvm_spinn.make_system("spinn2-floor-boards", boards=6, pes_per_chip=4),
+                          tag="spinn/floor-boards")
+    target = get_target(tag)
+    arch, spec, seq = arch_of(target), spec_of(cfg), 64
+    parts = P._parts(P._meta_model(cfg, spec), spec, 1, seq)
+    described = {"head": describe(parts[2][1], parts[2][2], target, "int8")}
+    memo: dict = {}
+    streamed = 0
+    for g in (2, 4):  # each degree mapped on its own: nothing cut
+        monkeypatch.setattr(board_tp, "TP_BOARDS", (g,))
+        floors: dict = {}
+        out = board_tp.records(cfg, spec, arch, target, "int8", 1, seq, 4, described, spec.params,
+                               seq * spec.kv_bytes_per_token(4), tqdm(disable=True), memo=memo, floors=floors)
+        assert set(floors) == {g} and out, (g, floors, out)
+        decode = min(r["decode_s"] for r in out.values())
+        assert 0 < floors[g] <= decode, (g, floors[g], decode)
+        dec = memo[("board_tp_slice", g, 1, seq, "int8")]
+        consts = sum(t.nbytes for p in dec for t in p.tensors if t.role == "const")
+        assert 0.9 * consts <= board_tp.slice_weight_bytes(spec, g) <= consts
+        streamed += sum(r["dram_chip"] > 0 for r in out.values())
+    assert streamed  # the case exercises the floor's streamed blocks
+    # the floor's streamed part: the bytes over the board's DRAM channels, less the all-reduces
+    assert board_tp.stream_floor(4_000_000, 4, 1e9, 2e-4) == pytest.approx(8e-4)
+    assert board_tp.stream_floor(4_000_000, 4, 1e9, 2e-3) == 0.0

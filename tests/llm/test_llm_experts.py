@@ -103,3 +103,42 @@ def test_plan_table_names_the_experts_assumption():
     (row,) = Plan._machine_rows(SimpleNamespace(plan=meta))
     assert row[0] == "experts" and "2 active a step" in row[1] and "25.0% of experts resident" in row[1]
     assert "20.000 tokens/s per user" in row[1]
+
+
+@pytest.mark.slow  # ~20 s alone: two slices described and mapped on boards
+def test_split_experts_floor_bounds_each_degree_and_cuts_only_slower_ones(register_system):
+    """Each ``experts:tp`` degree's floor (all-reduces, hand-overs, loop, head and the share of
+    the slice the SRAM cannot keep streamed from DRAM: no mapping) is at most its mapped token;
+    a degree left unmapped has a floor no faster than the fastest token found."""
+    from tvm_spinn.llm.describe import describe
+    from tvm_spinn.llm.spec import spec_of
+    from tvm_spinn.target import arch_of, get_target
+
+    P = importlib.import_module("tvm_spinn.llm.plan")
+    # chips of 4 PEs (11 MB of resident SRAM a board): a board's share of eight experts streams
+    cfg = dict(TINY, hidden_size=512, intermediate_size=2048, num_hidden_layers=4, num_local_experts=8,
+               num_attention_heads=8)
+    tag = register_system(tvm_spinn.make_system("moe-floor-boards", boards=6, pes_per_chip=4), tag="spinn/moe-floor")
+    target = get_target(tag)
+    arch, spec, seq = arch_of(target), spec_of(cfg), 64
+    parts = P._parts(P._meta_model(cfg, spec), spec, 1, seq)
+    head_d = describe(parts[2][1], parts[2][2], target, "int8")
+    host = {tuple(int(x) for x in a.shape) for a in parts[0][2][1:]}
+    board = arch.replace(chips=48, name="moe-floor-board")
+    atoms = [a for i, d in enumerate(head_d) for a in P._atoms(i, d.program)]
+    head = P._map_stage([P._slice(head_d[i].program, a, b) for i, a, b in P._merge(atoms)], board, host, memo={})
+    floors: dict = {}
+    out = X._sliced(cfg, spec, arch, target, "int8", 1, seq, 4, spec.params, 0, _Steps(), {}, head, floors=floors)
+    assert set(floors) == {2, 4}, floors
+    fastest = min(r["decode_s"] for r in out.values())
+    mapped = {int(name.split("tp")[1].split("m")[0]) for name in out}
+    for g, floor in floors.items():
+        if g in mapped:
+            assert 0 < floor <= min(r["decode_s"] for name, r in out.items() if name.startswith(f"experts:tp{g}m"))
+        else:
+            assert floor >= fastest
+    assert any(r["meta"]["expert_resident_share"] < 1 for r in out.values())  # the case streams
+    read, stored = X._sliced_bytes(spec_of(importlib.import_module("tvm_spinn.llm.board_tp").slice_config(cfg, spec, 2)),
+                                   2)
+    assert read < stored and X._sliced_floor(read, stored, 1, stored, 4, 1e9) == 0.0
+    assert X._sliced_floor(read, stored, 2, stored, 4, 1e9) == pytest.approx(read / 2 / 4e9)

@@ -51,10 +51,14 @@ Groups are ``g`` neighbouring boards of the torus of boards
 (:func:`tvm_spinn.target.topology.board_grid`), in a cycle where ``g`` allows
 (:func:`board_groups`), the most nearly square patch (:func:`board_patches`) or the roundest
 group of the lattice of boards (:func:`board_compact`: on a torus too large for a patch to close
-into a ring, the fewest board hops across), whichever all-reduces faster. The degrees are mapped in the order of what their all-reduces alone cost
+into a ring, the fewest board hops across), whichever all-reduces faster. The degrees are ranked by what their all-reduces alone cost
 a token: on a torus whose rows close into rings of a few boards a wide group all-reduces
 fastest, on a larger one (whose patches do not close) a narrow group, which leaves room for
-more groups and so for more blocks resident in SRAM, may be the faster. On a system with faults only groups of whole boards
+more groups and so for more blocks resident in SRAM, may be the faster. The first
+:data:`MAX_MAPPED` of them are mapped in the order of a floor on each one's token, from the
+sizes alone (its all-reduces, hand-overs, the token's loop, the head, and the blocks its
+groups' SRAM cannot keep streaming their weights from DRAM: :func:`stream_floor`), while the
+floor is below the fastest token found. On a system with faults only groups of whole boards
 (:func:`tvm_spinn.target.faults.whole_boards`: usable, every chip working) are formed, and the
 head runs on a whole board.
 While one token is in flight the links are otherwise idle, so an all-reduce's trees may pass
@@ -70,7 +74,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["TP_BOARDS", "slice_config", "slice_shares", "slice_block", "block_all_reduces", "board_groups",
+__all__ = ["TP_BOARDS", "slice_config", "slice_shares", "slice_block", "slice_weight_bytes", "stream_floor",
+           "block_all_reduces", "board_groups",
            "board_patches", "board_compact", "group_layouts", "board_setting", "group_caches", "GroupCaches",
            "prefetch", "fused_gathers", "slice_collectives", "records"]
 
@@ -80,8 +85,8 @@ __all__ = ["TP_BOARDS", "slice_config", "slice_shares", "slice_block", "block_al
 #: more DRAM at once, fewer leave room for more groups (more blocks resident in SRAM).
 TP_BOARDS = (2, 4, 8, 16, 32)
 #: Degrees mapped with the PE-level model at most (planning time: each maps a block once more);
-#: the search stops earlier at a degree whose all-reduces alone take longer than the fastest
-#: token found. The all-reduces alone rank narrow groups first on a torus whose patches do not
+#: a degree whose floor (no mapping: see the module docstring) is not below the fastest token
+#: found is not mapped. The all-reduces alone rank narrow groups first on a torus whose patches do not
 #: wrap, while a wider group streams each block from more DRAM: four mapped degrees reach the
 #: widest group of a 24-board torus and the cloud's 32-board groups.
 MAX_MAPPED = 4
@@ -513,9 +518,35 @@ def board_setting(arch):
             board_grid(arch.chips // cpb))
 
 
+def slice_weight_bytes(spec, g: int) -> int:
+    """Bytes of the int8 weight-GEMM matrices of the largest of ``g`` boards' slices of a block
+    (:func:`slice_block`), from the sizes alone: a lower bound on the slice's constants (its
+    scales, biases and norms come on top); 0 where ``g`` does not split the block."""
+    H, kv, inter, d, h = spec.heads, spec.kv_heads, spec.intermediate, spec.head_dim, spec.hidden
+    if spec.family == "llama":
+        if spec.experts or H % g or inter % g or (kv % g and g % kv):
+            return 0
+        heads, kv, inter = H // g, max(1, kv // g), inter // g
+    else:
+        shares = slice_shares(spec, g)
+        if shares is None:
+            return 0
+        heads, kv, inter = shares
+    mlp = 3 if spec.family == "llama" else 2  # a gated MLP's gate, up and down; else in and out
+    return h * (heads + 2 * kv) * d + heads * d * h + mlp * h * inter
+
+
+def stream_floor(weight_bytes: int, chips: int, dram_bw: float, ahead_s: float) -> float:
+    """A lower bound on the seconds a block slice streaming its weights from DRAM adds to a
+    token (:func:`_run_s`): its ``weight_bytes`` spread over the board's ``chips`` at best,
+    each chip's share read at the chip's DRAM bandwidth ``dram_bw``, less what it may fetch
+    ahead during its all-reduces (``ahead_s``: their seconds, :func:`prefetch`)."""
+    return max(0.0, weight_bytes / (chips * dram_bw) - ahead_s)
+
+
 def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, handover_bytes: int,
             described: dict, weight_bytes: int, kv_bytes: int, steps, memo: "dict | None" = None,
-            refused: "dict | None" = None, reduce: str = "int32") -> dict:
+            refused: "dict | None" = None, reduce: str = "int32", floors: "dict | None" = None) -> dict:
     """The ``board_tp`` candidates as records of :func:`tvm_spinn.llm.plan.plan` (see the module
     docstring); ``handover_bytes``: a hand-over's bytes per user and hidden element;
     ``described``: the whole model's described parts (the head runs as it is); ``memo``: the
@@ -523,7 +554,8 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     groups' boards do not hold every user's KV cache (:func:`group_caches`) is left out, its
     reason in ``refused``. ``reduce``: the all-reduces' wire type
     (:data:`tvm_spinn.llm.plan.REDUCE_BYTES`: ``int32``, the GEMMs' accumulators, or their
-    dequantized sums narrowed to ``fp16`` / ``bf16``)."""
+    dequantized sums narrowed to ``fp16`` / ``bf16``). ``floors``, where given, receives each
+    degree's bound on its token (boards a block -> seconds) for the degrees ranked for mapping."""
     from ..timing.collectives import (board_group_all_reduce, multipath_point_to_point, point_to_point,
                                       sliced_hand_over)
     P = importlib.import_module(".plan", __package__)
@@ -550,7 +582,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     head_s = sum(st.latency_s for st in head_stages)
     L = spec.layers
     hidden = batch * spec.hidden
-    out, best, mapped = {}, math.inf, 0
+    out, best = {}, math.inf
 
     def handover_s(src_boards, dst_boards, nbytes) -> float:
         """Every board of one group to its counterpart in the next (or all to the head's board),
@@ -571,8 +603,8 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
 
     pairs: dict = {}
 
-    def pair_s(j: int, nbytes: int) -> float:
-        """Group ``j`` to group ``j + 1`` (each pair costed once per degree and size)."""
+    def pair_s(j: int, nbytes: int, groups) -> float:
+        """Group ``j`` to group ``j + 1`` of ``groups`` (each pair costed once per degree and size)."""
         key = (len(groups[j]), j, nbytes)
         if key not in pairs:
             pairs[key] = handover_s(groups[j], groups[j + 1], nbytes)
@@ -607,14 +639,44 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         free = [b for b in whole if all(b not in grp for grp in groups)]
         if len(groups) - (0 if free else 1) >= 1:  # the head needs a board of its own
             degrees.append((reduces_per_block * L * reduce_of(groups) + head_s, -g, groups, free))
-    # the degrees in the order of what their all-reduces alone cost a token (a bound on each
-    # degree's token: its blocks, hand-overs and loop come on top), mapped while that bound
-    # is below the fastest token found: on a small torus whose rows close into rings the
-    # widest group all-reduces fastest, on a large one a narrow group that leaves room for
-    # more groups (every block resident) may be the faster
-    for floor_s, g, groups, free in sorted(degrees, key=lambda d: d[:2]):
+    def floor_of(g: int, groups, free) -> float:
+        """A lower bound on the token of every candidate of degree ``g`` (before its slice is
+        described or mapped): the all-reduces, the head, and per number of blocks a group runs
+        the hand-overs and the token's loop as the candidate costs them, and the blocks a
+        group's SRAM cannot keep resident streaming their weights from DRAM (:func:`stream_floor`)."""
+        usable = len(groups) - (0 if free else 1)
+        least = math.ceil(L / usable)
+        w = slice_weight_bytes(spec, g)
+        fit = max(1, int(budget // max(1, w)))  # at least the blocks the slice's own bytes let stay
+        low = reduce_of(groups)
+        per_stream = stream_floor(w, cpb, board.dram_bw_bytes_s, reduces_per_block * max(low, reduce_of(groups, True)))
+        out = math.inf
+        for n_groups in sorted({math.ceil(L / m) for m in range(least, L + 1)}):
+            head_board = free[0] if free else groups[n_groups][0]
+            hand = sum(pair_s(j, hidden * handover_bytes, groups) for j in range(n_groups - 1))
+            hand += handover_s(groups[n_groups - 1][:1], [head_board], hidden * handover_bytes)
+            io = P._step_io(arch, batch, seq, head_board * cpb, [c + b * cpb for b in groups[0] for c in range(cpb)])
+            loop_s = io["token_return_s"] + io["step_sync_s"] + io["host_io_decode_s"]
+            # the fewest blocks streamed with this many groups: the blocks spread as evenly as
+            # the candidates' runs allow (every run but the last of the same length)
+            streamed = min(sum(max(0, n - fit) for n in [m] * (n_groups - 1) + [L - m * (n_groups - 1)])
+                           for m in range(least, L + 1) if math.ceil(L / m) == n_groups)
+            out = min(out, reduces_per_block * L * low + head_s + hand + loop_s + streamed * per_stream)
+        return out
+
+    # the first MAX_MAPPED degrees in the order of what their all-reduces alone cost a token
+    # (on a small torus whose rows close into rings the widest group all-reduces fastest, on a
+    # large one a narrow group that leaves room for more groups, every block resident, may be
+    # the faster), mapped in the order of their floors (:func:`floor_of`: a bound on each
+    # degree's token) while the floor is below the fastest token found: a degree whose floor
+    # is not cannot plan a faster token
+    ranked = sorted(degrees, key=lambda d: d[:2])[:MAX_MAPPED]
+    bounded = [(floor_of(-d[1], d[2], d[3]), d[1], d[2], d[3]) for d in ranked]
+    if floors is not None:
+        floors.update({-d[1]: d[0] for d in bounded})
+    for floor_s, g, groups, free in sorted(bounded, key=lambda d: d[:2]):
         g = -g
-        if mapped >= MAX_MAPPED or floor_s >= best:
+        if floor_s >= best:
             break
         usable = len(groups) - (0 if free else 1)
         steps.set_postfix_str(f"map: blocks tensor-parallel over {g} boards")
@@ -642,7 +704,6 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         resident = P._map_stage(list(dec), board, host_shapes, spec.cache_slots(seq), memo=memo)
         streamed = (resident if fit >= max(options) else
                     P._map_stage(list(dec), board, host_shapes, spec.cache_slots(seq), weights="stream", memo=memo))
-        mapped += 1
         # the all-reduces deliver the whole row to every chip where the slice's gathers of it
         # are known (the slices then without them), else the slice gathers it itself
         fused = fused_gathers(resident, streamed, hidden * 4, reduces_per_block)
@@ -667,7 +728,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
             ahead_s = sum(max(0, n - fit) for n in sizes) * saved_s
             reduces_s = reduces_per_block * L * reduce_s
             head_board = free[0] if free else groups[n_groups][0]
-            hand = [pair_s(j, hidden * handover_bytes) for j in range(n_groups - 1)]
+            hand = [pair_s(j, hidden * handover_bytes, groups) for j in range(n_groups - 1)]
             hand.append(handover_s(groups[n_groups - 1][:1], [head_board], hidden * handover_bytes))
             # the token from the head's board back to the first group's boards, the host's I/O
             io = P._step_io(arch, batch, seq, head_board * cpb,

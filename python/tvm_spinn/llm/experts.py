@@ -32,7 +32,9 @@ The ``experts:tp`` candidates split every expert instead (:func:`_sliced`): each
 group holds ``1 / g`` of the heads and of every expert's columns, so at batch 1 all ``g``
 boards read their share of the ``k`` picked experts at once (with whole experts on boards only
 the boards holding a pick work); the partial sums are all-reduced across the group twice a
-block. The plan keeps whichever is faster.
+block. The plan keeps whichever is faster. A degree of ``experts:tp`` is mapped only where a
+floor on its token from the sizes alone (:func:`_sliced_floor`) is below the fastest token
+found, the degrees in the order of their floors.
 
 The block's programs are the planner's decode block (:mod:`tvm_spinn.llm.describe`), which
 evaluates the ``min(E, k batch)`` experts a step can read after the attention and the router
@@ -251,12 +253,13 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                       "replicas": len(whole) // (ep * n_groups + 1)})
     steps.update()
     out.update(_sliced(cfg, spec, arch, target, dtype, batch, seq, handover_bytes, weight_bytes, kv_bytes, steps,
-                       memo, head))
+                       memo, head, min((r["decode_s"] for r in out.values()), default=math.inf)))
     return out
 
 
 def _sliced(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, handover_bytes: int,
-            weight_bytes: int, kv_bytes: int, steps, memo, head) -> dict:
+            weight_bytes: int, kv_bytes: int, steps, memo, head, best: float = math.inf,
+            floors: "dict | None" = None) -> dict:
     """The ``experts:tp`` candidates: every block split over a group of ``g`` boards by heads and
     by every expert's columns (:func:`tvm_spinn.llm.board_tp.slice_config`: each board holds
     ``1 / g`` of the attention and of each of the ``E`` experts, the router whole), so every
@@ -267,7 +270,11 @@ def _sliced(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     the same bytes; the experts' weighted outputs are fp32 sums whose bits depend on ``g``: a
     plan's timing, not a build). A board keeps resident the share of its blocks' slices (all
     ``E`` experts counted) its SRAM holds; a block is timed between its slice mapped resident and
-    streaming its weights, weighted by that share (a token's picks are resident with it)."""
+    streaming its weights, weighted by that share (a token's picks are resident with it).
+
+    The degrees are mapped in the order of a floor on their token from the sizes alone
+    (:func:`_sliced_floor`), and only while it is below ``best`` (the fastest token found,
+    including the whole-expert candidates'); ``floors``, where given, receives each degree's."""
     from ..target.faults import whole_boards
     from ..timing.collectives import board_group_all_reduce, point_to_point
     from .board_tp import board_setting, group_layouts, slice_config
@@ -283,6 +290,27 @@ def _sliced(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     evaluated = min(E, batch * k)
     hidden = batch * spec.hidden
     out = {}
+    costed: dict = {}
+
+    def hand(src_boards, dst_boards):
+        """The hidden state from one group's boards to the next's (or to the head's board),
+        each chip its share to its counterpart; each pair costed once."""
+        key = (tuple(src_boards), tuple(dst_boards))
+        if key not in costed:
+            src = np.concatenate([np.arange(cpb) + b * cpb for b in src_boards])
+            dst = np.concatenate([np.arange(cpb) + b * cpb for b in dst_boards])
+            costed[key] = point_to_point(topo, src, dst, hidden * handover_bytes / cpb).seconds
+        return costed[key]
+
+    def rest_s(groups, free, n_groups):
+        """``(hand-overs, the token's loop)`` of ``n_groups`` groups: no mapping."""
+        head_board = free[0] if free else groups[n_groups][0]
+        moves = [hand(groups[j], groups[j + 1]) for j in range(n_groups - 1)]
+        moves.append(hand(groups[n_groups - 1][:1], [head_board]))
+        io = P._step_io(arch, batch, seq, head_board * cpb, [c + b * cpb for b in groups[0] for c in range(cpb)])
+        return head_board, moves, io
+
+    degrees = []
     for g in (2, 4, 8):
         sliced = slice_config(cfg, spec, g)
         if sliced is None or g + 1 > len(whole):
@@ -296,8 +324,28 @@ def _sliced(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         usable = len(groups) - (0 if free else 1)
         if usable < 1:
             continue
-        steps.set_postfix_str(f"map: experts split over {g} boards")
+        grid = [[int(c) + b * cpb for c in order] for b in groups[0]]
+        reduce_s = board_group_all_reduce(topo, grid, hidden * 4).seconds
+        least = math.ceil(L / usable)
+        options = sorted({least} | {math.ceil(L / n) for n in range(1, GROUP_COUNTS + 1) if math.ceil(L / n) >= least})
         sub = spec_of(sliced)
+        read, stored = _sliced_bytes(sub, evaluated)
+        floor = math.inf
+        for m in options:
+            if m * stored > cpb * arch.dram_bytes:
+                continue
+            _, moves, io = rest_s(groups, free, math.ceil(L / m))
+            loop_s = io["token_return_s"] + io["step_sync_s"] + io["host_io_decode_s"]
+            floor = min(floor, L * 2 * reduce_s + sum(moves) + head.latency_s + loop_s + L * _sliced_floor(
+                read, stored, m, budget, cpb, board.dram_bw_bytes_s))
+        degrees.append((floor, g, sliced, sub, groups, free, reduce_s, options))
+    if floors is not None:
+        floors.update({d[1]: d[0] for d in degrees})
+    for floor, g, sliced, sub, groups, free, reduce_s, options in sorted(degrees, key=lambda d: d[:2]):
+        if floor >= best:
+            steps.update()
+            continue
+        steps.set_postfix_str(f"map: experts split over {g} boards")
         parts = P._parts(P._meta_model(sliced, sub), sub, batch, seq)
         dec = [d.program for d in describe(parts[0][1], parts[0][2], target, dtype)]
         host_shapes = {tuple(int(x) for x in a.shape) for a in parts[0][2][1:]}
@@ -307,26 +355,13 @@ def _sliced(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                   for w in ("auto", "stream")}
         block_w = mapped["auto"].weight_bytes
         stored = block_w + (E - evaluated) * expert_w  # a board's share of a block, every expert
-        grid = [[int(c) + b * cpb for c in order] for b in groups[0]]
-        reduce_s = board_group_all_reduce(topo, grid, hidden * 4).seconds
-        least = math.ceil(L / usable)
-        options = sorted({least} | {math.ceil(L / n) for n in range(1, GROUP_COUNTS + 1) if math.ceil(L / n) >= least})
         for m in options:
             if m * stored > cpb * arch.dram_bytes:
                 continue
             n_groups = math.ceil(L / m)
             kept = min(1.0, budget / (m * stored))
             block_s = kept * mapped["auto"].latency_s + (1 - kept) * mapped["stream"].latency_s + 2 * reduce_s
-            head_board = free[0] if free else groups[n_groups][0]
-
-            def hand(src_boards, dst_boards):
-                src = np.concatenate([np.arange(cpb) + b * cpb for b in src_boards])
-                dst = np.concatenate([np.arange(cpb) + b * cpb for b in dst_boards])
-                return point_to_point(topo, src, dst, hidden * handover_bytes / cpb).seconds
-
-            hands = [hand(groups[j], groups[j + 1]) for j in range(n_groups - 1)]
-            hands.append(hand(groups[n_groups - 1][:1], [head_board]))
-            io = P._step_io(arch, batch, seq, head_board * cpb, [c + b * cpb for b in groups[0] for c in range(cpb)])
+            head_board, hands, io = rest_s(groups, free, n_groups)
             loop_s = io["token_return_s"] + io["step_sync_s"] + io["host_io_decode_s"]
             decode_s = L * block_s + sum(hands) + head.latency_s + loop_s
             resident = int(min(weight_bytes, n_groups * g * min(budget, m * stored)
@@ -359,4 +394,25 @@ def _sliced(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                          if arch.has_faults else {}),
                       "replicas": len(whole) // (g * n_groups + 1)})
         steps.update()
+        best = min([best] + [r["decode_s"] for k, r in out.items() if k.startswith(f"experts:tp{g}m")])
     return out
+
+
+def _sliced_bytes(sub, evaluated: int) -> tuple[int, int]:
+    """``(read, stored)``: bytes of the int8 weight-GEMM matrices of one board's slice of a
+    block (:func:`_sliced`; ``sub`` the slice's spec) that a step reads (the attention's and
+    ``evaluated`` experts') and that the board stores (every expert's), from the sizes alone:
+    lower bounds on the mapped slice's (its scales, router and norms come on top)."""
+    h, d = sub.hidden, sub.head_dim
+    attention = h * (sub.heads + 2 * sub.kv_heads) * d + sub.heads * d * h
+    expert = 3 * h * sub.intermediate
+    return attention + evaluated * expert, attention + max(sub.experts, evaluated) * expert
+
+
+def _sliced_floor(read: int, stored: int, m: int, budget: float, chips: int, dram_bw: float) -> float:
+    """A lower bound on one block's seconds in an ``experts:tp`` candidate of ``m`` blocks a
+    group, besides its all-reduces: the share of its slice the board's SRAM (``budget``) cannot
+    keep resident, ``read`` bytes streamed over the board's ``chips`` DRAM channels at best
+    (``stored``, ``read``: :func:`_sliced_bytes`)."""
+    kept = min(1.0, budget / (m * max(1, stored)))
+    return (1 - kept) * read / (chips * dram_bw)
