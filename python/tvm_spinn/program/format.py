@@ -613,6 +613,8 @@ def _pipeline_from_json(value, layers: tuple) -> PipelineMapping:
         rec = _record(PipelineStage, _PIPELINE_STAGE_KEYS, st, here, chips=chips, mapping=sub)
         if rec.first_layer != at:
             raise ProgramError(f"{here}.first_layer: expected {at} (the stages are contiguous), got {rec.first_layer}")
+        if rec.layers != len(sub.layers):
+            raise ProgramError(f"{here}.layers: {rec.layers}, but its mapping has {len(sub.layers)} layers")
         if rec.layers < 1 or at + rec.layers > len(layers):
             raise ProgramError(f"{here}.layers: {rec.layers} layers from layer {at} do not fit the program's {len(layers)}")
         if sub.layers != layers[at:at + rec.layers]:
