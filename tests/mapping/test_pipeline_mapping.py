@@ -178,3 +178,47 @@ def test_programs_that_fit_carry_no_pipeline_record():
     assert program.mapping.pipeline is None and program.timing.pipeline is None
     header = program.header()
     assert "pipeline" not in header["mapping"] and "pipeline" not in header["timing"]
+
+
+def test_a_model_no_board_holds_builds_over_stages(register_system):
+    torch = pytest.importorskip("torch")
+    import tvm
+    from tvm import relax
+
+    import tvm_spinn
+
+    class Chain(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.ModuleList(torch.nn.Linear(K, K, bias=False) for _ in range(4))
+
+        def forward(self, x):
+            for i, fc in enumerate(self.fc):
+                x = fc(x)
+                x = torch.relu(x) if i % 2 == 0 else x
+            return x
+
+    torch.manual_seed(0)
+    x = torch.randn(1, K)
+    mod = tvm_spinn.frontend.from_pytorch(Chain().eval(), (x,))
+
+    def run(target):
+        ex = relax.build(mod, target=target)
+        out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy())).numpy()
+        return ex, out
+
+    ex, got = run(register_system(ARCH))
+    rep = tvm_spinn.report(ex)
+    ((row),) = rep.pipelines
+    assert (row["stages"], row["chips"]) == (2, [48, 48])
+    (program,) = rep.programs
+    assert row["period_s"] == program.timing.pipeline.period_s == 1 / rep.throughput_inf_s
+    assert rep.latency_s == row["latency_s"] > row["period_s"]
+    assert "2 pipeline stages of [48, 48] chip(s)" in str(rep)
+    # the same bits as on one chip whose DRAM holds the whole model (no pipeline), close to llvm's
+    roomy = register_system(make_system("pp-map-roomy", chips=1, pes_per_chip=4))
+    ex1, one = run(roomy)
+    assert tvm_spinn.report(ex1).pipelines == []
+    assert np.array_equal(got, one)
+    _, ref = run("llvm")
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
