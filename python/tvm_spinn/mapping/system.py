@@ -21,6 +21,12 @@ For a system of more than one chip the driver (:func:`map_on_system`):
    parallelism over a stream of inputs: the report's throughput). Opening a stage only to keep
    weights resident in a fresh board's SRAM is not done (left for later).
 
+5. *pipeline stages within a region*: a region that no shard plan of one stage holds (and
+   that comes first in its build, or alone) is cut into the fewest contiguous stages whose
+   programs, each mapped alone on its own board (or an equal share of the chips), fit; it carries a
+   :class:`~tvm_spinn.program.records.PipelineMapping` and its period and latency
+   (:func:`install_pipeline`).
+
 A model that does not fit (no stage left whose DRAM holds the shard) raises
 :class:`MappingError` naming the bytes needed, the bytes available and the smallest system
 (``make_system(boards=N)``) that holds it.
