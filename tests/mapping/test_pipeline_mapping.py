@@ -222,3 +222,28 @@ def test_a_model_no_board_holds_builds_over_stages(register_system):
     assert np.array_equal(got, one)
     _, ref = run("llvm")
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_an_int8_model_no_board_holds_has_the_one_chip_bits(register_system):
+    # int8 weights take a quarter of the bytes: 4 x 2048^2 no board of ARCH holds
+    torch = pytest.importorskip("torch")
+    import tvm
+    from tvm import relax
+
+    import tvm_spinn
+
+    k = 2 * K
+    torch.manual_seed(1)
+    net = torch.nn.Sequential(*(torch.nn.Linear(k, k, bias=False) for _ in range(4))).eval()
+    x = torch.randn(1, k)
+    mod = tvm_spinn.quantize(tvm_spinn.frontend.from_pytorch(net, (x,)), [x.numpy()])
+
+    def run(target):
+        ex = relax.build(mod, target=target)
+        return ex, relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy())).numpy()
+
+    ex, got = run(register_system(ARCH))
+    assert [(p["stages"], p["chips"]) for p in tvm_spinn.report(ex).pipelines] == [(2, [48, 48])]
+    assert any(layer.mode == "int8" for p in tvm_spinn.report(ex).programs for layer in p.layers)
+    _, one = run(register_system(make_system("pp-map-one-chip", chips=1, pes_per_chip=4)))
+    assert np.array_equal(got, one)
