@@ -23,7 +23,7 @@ For a system of more than one chip the driver (:func:`map_on_system`):
 
 5. *pipeline stages within a region*: a region that no shard plan of one stage holds (and
    that comes first in its build, or alone) is cut into the fewest contiguous stages whose
-   programs, each mapped alone on its own board (or an equal share of the chips), fit; it carries a
+   programs, each mapped alone on its own board, fit; it carries a
    :class:`~tvm_spinn.program.records.PipelineMapping` and its period and latency
    (:func:`install_pipeline`).
 
@@ -535,16 +535,12 @@ def _empty(state: SystemState | None) -> bool:
 
 
 def _pipeline_stages(arch: SpinnArch, pp: int) -> list[np.ndarray] | None:
-    """The chips of each of ``pp`` pipeline stages: a board each when the system has as many
-    boards, else an equal share of its chips; None when ``pp`` stages do not fit (or the
-    system has faults: its usable boards are not cut into stages here)."""
-    if arch.has_faults or pp > arch.chips:
+    """The chips of each of ``pp`` pipeline stages, a board each, or None when the system has
+    fewer boards (or faults: its usable boards are not cut into stages here). Within a board
+    the shard plans already spread a region over every chip: stages there would add no memory."""
+    if arch.has_faults or arch.chips < arch.chips_per_board or pp > stages_of(arch):
         return None
-    if pp <= stages_of(arch) and arch.chips >= arch.chips_per_board:
-        per = stage_chips(arch)
-        return [_stage_ranks(arch, s, per) for s in range(pp)]
-    per = arch.chips // pp
-    return [np.arange(s * per, (s + 1) * per, dtype=np.int64) for s in range(pp)]
+    return [_stage_ranks(arch, s, stage_chips(arch)) for s in range(pp)]
 
 
 def _map_pipeline(program: Program, arch: SpinnArch, options, map_one) -> Program | None:
@@ -552,8 +548,8 @@ def _map_pipeline(program: Program, arch: SpinnArch, options, map_one) -> Progra
 
     The layers are cut into ``pp`` contiguous stages (:func:`.shard.plan_mesh` with a ``pp``
     axis, :func:`.shard.stage_programs`: the tensors live across a cut are sent whole) and each
-    stage's program is mapped alone on its own chips (:func:`_pipeline_stages`) as any region
-    is, its shard plan chosen among its chips; ``pp`` goes up from 2 until every stage fits.
+    stage's program is mapped alone on its own board (:func:`_pipeline_stages`) as any region
+    is, its shard plan chosen among the board's chips; ``pp`` goes up from 2 until every stage fits.
     The sends are priced from each stage's first chip to the next's
     (:func:`tvm_spinn.timing.stages.handover_costs`)."""
     from ..program.ops.sharding import Mesh
