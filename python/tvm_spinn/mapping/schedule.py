@@ -28,7 +28,7 @@ from .memory import LEDGER_RESIDENT_SHARE, activation_label, check_capacity, pla
 from .options import MappingOptions, current_options
 from .placement import choose_chips, pipeline_groups, place_tiles
 from .budget import RegionBudget, SystemState
-from .system import map_on_system, overflow_message, system_tables
+from .system import map_on_system, overflow_message, pipeline_tables, system_tables
 from .tiling import MappingError, choose_tile, program_work, tile_costs
 
 __all__ = ["map_program", "map_region", "derive_tables", "MappingMemo"]
@@ -59,6 +59,8 @@ def derive_tables(program: Program, arch: SpinnArch) -> list[TileTable]:
     mapping records: the same tables the compiler built."""
     if program.mapping.system is not None:  # the tiles of one chip's shard (see .system)
         return system_tables(program, arch, derive_tables)
+    if program.mapping.pipeline is not None:  # each stage's, on its chip (see .system)
+        return pipeline_tables(program, arch, derive_tables)
     naive = program.mapping.options.naive
     program = program_work(program, arch)
     tables = []

@@ -21,7 +21,7 @@ fewest stages, cut by :func:`.shard.pipeline_stages`, whose every stage's shard 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..options import MappingOptions
 from ..program import Program
@@ -35,17 +35,19 @@ from .shard import ShardPlan, plan_mesh, shard_program, stage_plans, stage_progr
 from .system import shard_timing, stage_ranks
 from .tiling import MappingError
 
-__all__ = ["time_pipeline", "plan_pipeline", "PipelinePlan"]
+__all__ = ["time_pipeline", "plan_pipeline", "PipelinePlan", "map_stages"]
 
 
 @dataclass(frozen=True)
 class PipelinePlan:
     """A program's plan over pipeline stages (:func:`plan_pipeline`): the shard plan (its mesh
-    has the ``pp`` axis), each stage's chips in mesh position order and the timing."""
+    has the ``pp`` axis), each stage's chips in mesh position order, the timing and each
+    stage's shard mapped on one chip (:func:`map_stages`)."""
 
     plan: ShardPlan
     ranks: tuple[tuple[int, ...], ...]
     timing: PipelineTiming
+    programs: tuple[Program, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def stages(self) -> int:
@@ -65,14 +67,22 @@ def time_pipeline(program: Program, plan: ShardPlan, arch: SpinnArch,
     MappingError
         When a stage's shard does not fit one chip.
     """
+    return map_stages(program, plan, arch, options)[1]
+
+
+def map_stages(program: Program, plan: ShardPlan, arch: SpinnArch,
+               options: MappingOptions | None = None) -> tuple[tuple[Program, ...], PipelineTiming]:
+    """Each stage's shard of ``program`` under ``plan`` mapped on one chip of ``arch`` (in
+    stage order) and the pipeline's timing (see :func:`time_pipeline`, which raises the same)."""
     ranks = stage_ranks(arch, plan)  # before any mapping: a plan too large fails at once
     chip = arch.replace(chips=1)
-    stage_s = []
+    stage_s, shards = [], []
     for stage, sub in zip(stage_programs(program, plan), stage_plans(program, plan)):
         shard = map_program(shard_program(stage, sub), chip, options)
+        shards.append(shard)
         stage_s.append(shard_timing(stage, sub, shard, arch).latency_s)
     sends = handover_costs(topology_of(arch), plan.handovers, plan.stages, ranks)
-    return pipeline_timing(stage_s, sends)
+    return tuple(shards), pipeline_timing(stage_s, sends)
 
 
 def _with_pp(mesh: Mesh, pp: int) -> Mesh:
@@ -111,11 +121,12 @@ def plan_pipeline(program: Program, arch: SpinnArch, mesh: Mesh | None = None,
         try:
             for stage, sub in zip(stage_programs(program, plan), stage_plans(program, plan)):
                 check_capacity(shard_program(stage, sub), chip)
-            timing = time_pipeline(program, plan, arch, options)
+            shards, timing = map_stages(program, plan, arch, options)
         except MappingError as err:
             why = f" (with {pp}: {err})"
             continue
-        return PipelinePlan(plan=plan, ranks=tuple(tuple(int(c) for c in r) for r in ranks), timing=timing)
+        return PipelinePlan(plan=plan, ranks=tuple(tuple(int(c) for c in r) for r in ranks), timing=timing,
+                            programs=shards)
     per = mesh.chips // mesh.size("pp")
     raise MappingError(f"{program.symbol} does not fit {arch.name} in 1..{tried} pipeline stages of {per} "
                        f"chip(s){why}{limit}")

@@ -21,6 +21,12 @@ For a system of more than one chip the driver (:func:`map_on_system`):
    parallelism over a stream of inputs: the report's throughput). Opening a stage only to keep
    weights resident in a fresh board's SRAM is not done (left for later).
 
+5. *pipeline stages within a region*: a region that no shard plan of one stage holds (and
+   that comes first in its build, or alone) is cut into the fewest contiguous stages whose
+   programs, each mapped alone on its own board, fit; it carries a
+   :class:`~tvm_spinn.program.records.PipelineMapping` and its period and latency
+   (:func:`install_pipeline`).
+
 A model that does not fit (no stage left whose DRAM holds the shard) raises
 :class:`MappingError` naming the bytes needed, the bytes available and the smallest system
 (``make_system(boards=N)``) that holds it.
@@ -34,7 +40,9 @@ import numpy as np
 import tvm_ffi
 
 from ..program import Program
-from ..program.records import PlanCandidate, SystemMapping, SystemTimingSummary, TimingSummary
+from ..program.records import (PipelineMapping, PipelineStage, PipelineTimingSummary, PlanCandidate, ProgramMapping,
+                               SystemMapping, SystemTimingSummary, TimingSummary)
+from ..program.tiles import ProgramTiles
 from ..program.ops import family_of
 from ..target.arch import SpinnArch
 from ..target.faults import live_chips, usable_boards
@@ -48,7 +56,8 @@ from .shard import ROW_ALWAYS, ShardPlan, plan_shards, rule_of, shard_program
 from .tiling import MappingError, program_work
 
 __all__ = ["map_on_system", "resident_state", "TP_DEGREES", "SP_DEGREES", "overflow_message", "system_tables", "retime", "issued",
-           "group_ranks", "recorded_plan", "stage_ranks", "shard_timing"]
+           "group_ranks", "recorded_plan", "stage_ranks", "shard_timing", "install_pipeline", "pipeline_tables",
+           "stage_programs_of"]
 
 # A model too large for its system is raised at the end of the codegen callback: it crosses
 # the FFI boundary as itself, not as a generic RuntimeError.
@@ -493,6 +502,16 @@ def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState
             src = src[:dst.size]
             in_bytes = sum(program.tensors[t].nbytes for t in program.inputs) / max(1, best[0].tp * best[0].sp)
             handoff = point_to_point(topo, src, dst, in_bytes) if not np.array_equal(src, dst) else None
+    if best is None and (alone or _empty(state)):
+        # No chip group holds the program's weights: its layers over pipeline stages, each on
+        # its own chips with only its layers' weights (the region takes the chips from the
+        # first; a build's later regions open the stage after its last).
+        piped = _map_pipeline(program, arch, options, map_one)
+        if piped is not None:
+            last = max(c for st in piped.mapping.pipeline.stages for c in st.chips)
+            ledger.stage = last // arch.chips_per_board if not arch.has_faults else ledger.stage
+            ledger.dram = arch.dram_bytes  # full: the next region opens the next stage
+            return piped, ledger.frozen()
     if best is None:
         # One program's smallest shard does not fit one chip: no system holds it.
         ledger.overflow = ledger.overflow or program.symbol
@@ -508,6 +527,138 @@ def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState
     ledger.dram += need
     ledger.sram += _resident_per_pe(resident, arch.pes_per_chip)
     return _install(program, shard, plan, st, results, ledger.stage, handoff, arch), ledger.frozen()
+
+
+def _empty(state: SystemState | None) -> bool:
+    """Whether ``state`` holds nothing yet (no earlier region placed)."""
+    return state is None or (state.stage == 0 and state.dram == 0 and not any(state.sram) and state.overflow is None)
+
+
+def _pipeline_stages(arch: SpinnArch, pp: int) -> list[np.ndarray] | None:
+    """The chips of each of ``pp`` pipeline stages, a board each, or None when the system has
+    fewer boards (or faults: its usable boards are not cut into stages here). Within a board
+    the shard plans already spread a region over every chip: stages there would add no memory."""
+    if arch.has_faults or arch.chips < arch.chips_per_board or pp > stages_of(arch):
+        return None
+    return [_stage_ranks(arch, s, stage_chips(arch)) for s in range(pp)]
+
+
+def _map_pipeline(program: Program, arch: SpinnArch, options, map_one) -> Program | None:
+    """``program`` over the fewest pipeline stages that hold it, or None when no number does.
+
+    The layers are cut into ``pp`` contiguous stages (:func:`.shard.plan_mesh` with a ``pp``
+    axis, :func:`.shard.stage_programs`: the tensors live across a cut are sent whole) and each
+    stage's program is mapped alone on its own board (:func:`_pipeline_stages`) as any region
+    is, its shard plan chosen among the board's chips; ``pp`` goes up from 2 until every stage fits.
+    The sends are priced from each stage's first chip to the next's
+    (:func:`tvm_spinn.timing.stages.handover_costs`)."""
+    from ..program.ops.sharding import Mesh
+    from ..timing.stages import handover_costs, pipeline_timing
+    from .memory import check_capacity
+    from .shard import plan_mesh, stage_programs
+
+    for pp in range(2, len(program.layers) + 1):
+        ranks = _pipeline_stages(arch, pp)
+        if ranks is None:
+            return None
+        plan = plan_mesh(program, Mesh.of(pp=pp))
+        if plan is None:
+            continue
+        sub = arch.replace(chips=int(ranks[0].size))
+        try:
+            mapped = []
+            for stage in stage_programs(program, plan):
+                check_capacity(stage, sub)
+                if sub.chips > 1:
+                    mapped.append(map_on_system(stage, sub, options, None, map_one, None)[0])
+                else:
+                    mapped.append(map_one(program_work(stage, sub), sub, np.zeros(arch.pes_per_chip, dtype=np.int64))[0])
+        except MappingError:
+            continue
+        sends = handover_costs(topology_of(arch), plan.handovers, plan.stages, [r[:1] for r in ranks])
+        timing = pipeline_timing([p.timing.latency_s for p in mapped], sends)
+        return install_pipeline(program, plan, mapped, ranks, timing, arch)
+    return None
+
+
+def install_pipeline(program: Program, plan: ShardPlan, mapped, ranks, timing, arch: SpinnArch) -> Program:
+    """``program`` mapped over the pipeline stages of ``plan``: ``mapped`` each stage's program
+    mapped on its chips ``ranks``, ``timing`` the pipeline's
+    (:class:`~tvm_spinn.timing.stages.PipelineTiming`). The program carries a
+    :class:`~tvm_spinn.program.records.PipelineMapping` (each stage's layers, chips and
+    mapping; the sends), its per-layer records are its stages' in layer order, its timing the
+    latency of one input and the period (``1 / throughput_inf_s``, ``timing.pipeline``), its
+    memory summary that of the stage whose PE peaks highest."""
+    starts = [i for i in range(len(plan.stages)) if i == 0 or plan.stages[i] != plan.stages[i - 1]]
+    stages, layers, pes, chips, resident, rows, tables = [], [], [], [], [], [], []
+    for lo, stage, group in zip(starts, mapped, ranks):
+        m = stage.mapping
+        group = tuple(int(c) for c in group)
+        stages.append(PipelineStage(first_layer=lo, layers=len(stage.layers), chips=group, mapping=m))
+        layers += m.layers
+        pes += m.pes_per_layer
+        chips += m.chips_per_layer
+        resident += [lo + i for i in m.resident_layers]
+        rows += stage.timing.layers
+        tables += [replace(t, layer=lo + i) for i, t in enumerate(stage.tiles.tables)]
+    first = mapped[0].mapping
+    mapping = ProgramMapping(mode=first.mode, options=first.options, chips_per_layer=tuple(chips),
+                             pes_per_layer=tuple(pes), double_buffer=first.double_buffer, layers=tuple(layers),
+                             resident_layers=tuple(resident), scheduler=first.scheduler,
+                             pipeline=PipelineMapping(stages=tuple(stages), sends=tuple(plan.handovers)))
+    sent = sum(h.nbytes for h in timing.handovers)
+    parts = [p.timing for p in mapped]
+    summary = PipelineTimingSummary(stage_s=timing.stage_s, send_s=tuple(h.seconds for h in timing.handovers),
+                                    period_s=timing.period_s, binding=timing.binding, latency_s=timing.latency_s)
+    flops = sum(t.flops for t in parts)
+    total = TimingSummary(
+        cycles=int(round(timing.latency_s * arch.clock_hz)), latency_s=timing.latency_s,
+        roofline_s=sum(t.roofline_s for t in parts), throughput_inf_s=timing.throughput_inf_s,
+        dram_bytes=sum(t.dram_bytes for t in parts), noc_bytes=sum(t.noc_bytes for t in parts),
+        link_bytes=int(sent + sum(t.link_bytes for t in parts)),
+        energy_j=sum(t.energy_j for t in parts) + sent * arch.e_link_byte_j,
+        pe_utilization=sum(t.pe_utilization * t.flops for t in parts) / flops if flops else 0.0,
+        flops=flops, layers=tuple(rows), pipeline=summary)
+    # the memory plan of the stage whose PE peaks highest (ranges in the program's layers)
+    s = max(range(len(stages)), key=lambda k: (mapped[k].memory.peak_bytes_max, -k))
+    mem, lo = mapped[s].memory, stages[s].first_layer
+    ranges = tuple(replace(r, first_layer=r.first_layer + lo, last_layer=r.last_layer + lo) for r in mem.ranges)
+    ranges = tuple(replace(r, what=activation_label(program, r.first_layer)) if str(r.what).startswith("activation ")
+                   else r for r in ranges)
+    memory = replace(mem, ranges=ranges, resident_bytes_total=sum(int(p.memory.resident_bytes_total) for p in mapped))
+    return replace(program, tiles=ProgramTiles(tables), mapping=mapping, timing=total, memory=memory)
+
+
+def pipeline_tables(program: Program, arch: SpinnArch, derive):
+    """The tiles of a program mapped over pipeline stages: each stage's, on one chip, in layer
+    order (``derive`` is :func:`tvm_spinn.mapping.derive_tables`)."""
+    pipe = program.mapping.pipeline
+    stages = stage_programs_of(program)
+    out = []
+    for st, prog in zip(pipe.stages, stages):
+        tables = derive(prog, _chip_arch(arch))
+        out += [replace(t, layer=st.first_layer + i) for i, t in enumerate(tables)]
+    return out
+
+
+def stage_programs_of(program: Program) -> tuple[Program, ...]:
+    """The stage programs of a program mapped over pipeline stages, cut where its
+    ``mapping.pipeline`` says (:func:`.shard.stage_programs`), each with its stage's mapping."""
+    from .shard import stage_programs
+
+    pipe = program.mapping.pipeline
+    stages = tuple(k for k, st in enumerate(pipe.stages) for _ in range(st.layers))
+    plan = _StageCut(pp=len(pipe.stages), stages=stages, handovers=pipe.sends)
+    return tuple(replace(p, mapping=st.mapping) for p, st in zip(stage_programs(program, plan), pipe.stages))
+
+
+@dataclass(frozen=True)
+class _StageCut:
+    """What :func:`.shard.stage_programs` reads of a shard plan: the stages and their sends."""
+
+    pp: int
+    stages: tuple[int, ...]
+    handovers: tuple
 
 
 def overflow_message(ledger: SystemState, arch: SpinnArch) -> str:

@@ -38,7 +38,9 @@ Header JSON fields (all lists in execution order; all ids are indices):
   :func:`tvm_spinn.mapping.placement.place_tiles`)
   (:mod:`.tiles`): every tile, its region and its reduction chunks follow from those; the
   schedule (transfers, order, barriers) is derived by the timing model, never stored, so the
-  header is O(layers); over several chips ``mapping.system``, the shard plan. A
+  header is O(layers); over several chips ``mapping.system``, the shard plan; over pipeline
+  stages ``mapping.pipeline`` (each stage's layers, chips and one-chip mapping, the sends at
+  each cut; :func:`_pipeline_from_json` checks it) and ``timing.pipeline`` (period, latency). A
   :class:`~.records.ProgramMapping` in memory (:func:`mapping_to_json`,
   :func:`mapping_from_json`; ``{}`` before mapping); keys at their defaults (``scheduler``
   static, ``rotate`` 0, no ``system``, no ``replicated`` layers) are left out; ``mapping.options``
@@ -63,6 +65,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import struct
 from typing import TYPE_CHECKING
 from dataclasses import MISSING, dataclass, field, fields
@@ -80,7 +83,8 @@ from .native_section import section_status
 from .ops import layer_kinds
 from .records import (
     AddressRange, CollectiveSummary, LayerMapping, LayerTimingSummary, MemorySummary, PlanCandidate, PlanCollective,
-    ProgramMapping, SystemMapping, SystemTimingSummary, TimingSummary,
+    PipelineMapping, PipelineStage, PipelineTimingSummary, ProgramMapping, SystemMapping, SystemTimingSummary,
+    TimingSummary,
 )
 
 __all__ = [
@@ -323,7 +327,7 @@ def timing_to_json(timing: TimingSummary | None) -> dict:
     system figures only for a program mapped over several chips."""
     if timing is None:
         return {}
-    out = {k: getattr(timing, k) for k in _TIMING_KEYS if k not in ("layers", "system")}
+    out = {k: getattr(timing, k) for k in _TIMING_KEYS if k not in ("layers", "system", "pipeline")}
     out["layers"] = [dict(vars(row)) for row in timing.layers]
     if timing.system is not None:
         st = timing.system
@@ -331,6 +335,10 @@ def timing_to_json(timing: TimingSummary | None) -> dict:
         system["layer_s"] = list(st.layer_s)
         system["collectives"] = [dict(vars(c)) for c in st.collectives]
         out["system"] = system
+    if timing.pipeline is not None:  # only a program mapped over pipeline stages has it
+        pt = timing.pipeline
+        out["pipeline"] = {**{k: getattr(pt, k) for k in _PIPELINE_TIMING_KEYS},
+                           "stage_s": list(pt.stage_s), "send_s": list(pt.send_s)}
     return out
 
 
@@ -369,7 +377,21 @@ def timing_from_json(value) -> TimingSummary | None:
                          layer_s=tuple(_json_list(st.get("layer_s"), "timing.system.layer_s")),
                          collectives=tuple(_record(CollectiveSummary, _COLLECTIVE_KEYS, c,
                                                    f"timing.system.collectives[{i}]") for i, c in enumerate(colls)))
-    return _record(TimingSummary, _TIMING_KEYS, value, "timing", system=system,
+    pipeline = None
+    if "pipeline" in value:
+        pt = value["pipeline"]
+        if type(pt) is not dict:
+            raise ProgramError(f"timing.pipeline: expected an object, got {type(pt).__name__}")
+        pipeline = _record(PipelineTimingSummary, _PIPELINE_TIMING_KEYS, pt, "timing.pipeline",
+                           stage_s=tuple(_json_list(pt.get("stage_s"), "timing.pipeline.stage_s")),
+                           send_s=tuple(_json_list(pt.get("send_s"), "timing.pipeline.send_s")))
+        for key in ("stage_s", "send_s"):
+            for i, v in enumerate(getattr(pipeline, key)):
+                if type(v) not in (int, float) or not math.isfinite(v) or v < 0:
+                    raise ProgramError(f"timing.pipeline.{key}[{i}]: expected a finite time >= 0, got {v!r}")
+        if len(pipeline.stage_s) < 2:
+            raise ProgramError(f"timing.pipeline.stage_s: a pipeline has at least 2 stages, got {len(pipeline.stage_s)}")
+    return _record(TimingSummary, _TIMING_KEYS, value, "timing", system=system, pipeline=pipeline,
                    layers=tuple(_record(LayerTimingSummary, _LAYER_TIMING_KEYS, row, f"timing.layers[{i}]")
                                 for i, row in enumerate(layers)))
 
@@ -449,6 +471,9 @@ _CANDIDATE_KEYS = tuple(f.name for f in fields(PlanCandidate))
 _PLAN_COLLECTIVE_KEYS = tuple(f.name for f in fields(PlanCollective))
 _SYSTEM_MAPPING_KEYS = tuple(f.name for f in fields(SystemMapping))
 _MAPPING_KEYS = tuple(f.name for f in fields(ProgramMapping))
+_PIPELINE_TIMING_KEYS = tuple(f.name for f in fields(PipelineTimingSummary))
+_PIPELINE_STAGE_KEYS = tuple(f.name for f in fields(PipelineStage))
+_PIPELINE_KEYS = tuple(f.name for f in fields(PipelineMapping))
 
 
 def _system_mapping_to_json(system: SystemMapping) -> dict:
@@ -466,7 +491,7 @@ def mapping_to_json(mapping: ProgramMapping | None) -> dict:
     at their defaults (``scheduler`` static, a layer's ``rotate`` 0, no ``system``) left out."""
     if mapping is None:
         return {}
-    out = {k: getattr(mapping, k) for k in _MAPPING_KEYS if k not in ("layers", "scheduler", "system")}
+    out = {k: getattr(mapping, k) for k in _MAPPING_KEYS if k not in ("layers", "scheduler", "system", "pipeline")}
     out["options"] = options_to_json(mapping.options)
     for k in ("chips_per_layer", "pes_per_layer", "resident_layers", "onchip_tensors"):
         out[k] = list(out[k])
@@ -481,6 +506,11 @@ def mapping_to_json(mapping: ProgramMapping | None) -> dict:
         out["scheduler"] = mapping.scheduler
     if mapping.system is not None:
         out["system"] = _system_mapping_to_json(mapping.system)
+    if mapping.pipeline is not None:  # only a program mapped over pipeline stages has it
+        out["pipeline"] = {
+            "stages": [{"first_layer": st.first_layer, "layers": st.layers, "chips": list(st.chips),
+                        "mapping": mapping_to_json(st.mapping)} for st in mapping.pipeline.stages],
+            "sends": [dict(vars(c), shape=None if c.shape is None else list(c.shape)) for c in mapping.pipeline.sends]}
     return out
 
 
@@ -531,7 +561,80 @@ def mapping_from_json(value) -> ProgramMapping | None:
              for k in ("chips_per_layer", "pes_per_layer", "resident_layers", "onchip_tensors") if k in value}
     options = {"options": options_from_json(value["options"])} if "options" in value else {}
     system = _system_mapping_from_json(value["system"]) if "system" in value else None
-    return _record(ProgramMapping, _MAPPING_KEYS, value, "mapping", layers=layers, system=system, **lists, **options)
+    pipeline = _pipeline_from_json(value["pipeline"], layers) if "pipeline" in value else None
+    return _record(ProgramMapping, _MAPPING_KEYS, value, "mapping", layers=layers, system=system, pipeline=pipeline,
+                   **lists, **options)
+
+
+def _is_int(value) -> bool:
+    return type(value) is int
+
+
+def _pipeline_from_json(value, layers: tuple) -> PipelineMapping:
+    """The :class:`PipelineMapping` of a header's ``mapping.pipeline`` object, checked against
+    the program's per-layer mapping ``layers``: at least two stages, contiguous in layer order
+    from layer 0 to the last, each on its own chips (distinct non-negative ids, as many per
+    stage), each stage's mapping the program's records of its layers, and every send at the
+    first layer of a stage other than the first.
+
+    Raises
+    ------
+    ProgramError
+        ``"mapping.pipeline...: <defect>"`` naming the field.
+    """
+    where = "mapping.pipeline"
+    if type(value) is not dict:
+        raise ProgramError(f"{where}: expected an object, got {type(value).__name__}")
+    raw = _json_list(value.get("stages"), f"{where}.stages")
+    if len(raw) < 2:
+        raise ProgramError(f"{where}.stages: a pipeline has at least 2 stages, got {len(raw)}")
+    stages, seen, at = [], set(), 0
+    for i, st in enumerate(raw):
+        here = f"{where}.stages[{i}]"
+        if type(st) is not dict:
+            raise ProgramError(f"{here}: expected an object, got {type(st).__name__}")
+        for key in ("first_layer", "layers"):
+            if key in st and not _is_int(st[key]):
+                raise ProgramError(f"{here}.{key}: expected an integer, got {st[key]!r}")
+        chips = _int_tuple(st.get("chips"), f"{here}.chips")
+        if not chips or not all(_is_int(c) and c >= 0 for c in chips) or seen & set(chips) or len(set(chips)) < len(chips):
+            raise ProgramError(f"{here}.chips: expected distinct chip ids >= 0 not in another stage, got {list(chips)}")
+        if stages and len(chips) != len(stages[0].chips):
+            raise ProgramError(f"{here}.chips: every stage has as many chips ({len(stages[0].chips)}), got {len(chips)}")
+        seen |= set(chips)
+        if "mapping" not in st:
+            raise ProgramError(f"{here}: missing key(s) ['mapping']")
+        try:
+            sub = mapping_from_json(st["mapping"])
+        except ProgramError as err:
+            raise ProgramError(f"{here}.{err}") from None
+        if sub is None or sub.pipeline is not None:
+            raise ProgramError(f"{here}.mapping: expected a one-stage mapping")
+        rec = _record(PipelineStage, _PIPELINE_STAGE_KEYS, st, here, chips=chips, mapping=sub)
+        if rec.first_layer != at:
+            raise ProgramError(f"{here}.first_layer: expected {at} (the stages are contiguous), got {rec.first_layer}")
+        if rec.layers != len(sub.layers):
+            raise ProgramError(f"{here}.layers: {rec.layers}, but its mapping has {len(sub.layers)} layers")
+        if rec.layers < 1 or at + rec.layers > len(layers):
+            raise ProgramError(f"{here}.layers: {rec.layers} layers from layer {at} do not fit the program's {len(layers)}")
+        if sub.layers != layers[at:at + rec.layers]:
+            raise ProgramError(f"{here}.mapping.layers: not the program's mapping of layers {at}..{at + rec.layers - 1}")
+        stages.append(rec)
+        at += rec.layers
+    if at != len(layers):
+        raise ProgramError(f"{where}.stages: cover layers 0..{at - 1} of the program's {len(layers)}")
+    starts = {st.first_layer for st in stages[1:]}
+    sends = []
+    for i, c in enumerate(_json_list(value.get("sends", []), f"{where}.sends")):
+        here = f"{where}.sends[{i}]"
+        shape = c.get("shape") if type(c) is dict else None
+        rec = _record(PlanCollective, _PLAN_COLLECTIVE_KEYS, c, here,
+                      **({"shape": _int_tuple(shape, f"{here}.shape")} if shape is not None else {}))
+        if rec.op != "send" or rec.layer not in starts:
+            raise ProgramError(f"{here}: expected a send at the first layer of a stage after the first "
+                               f"({sorted(starts)}), got {rec.op!r} at layer {rec.layer!r}")
+        sends.append(rec)
+    return _record(PipelineMapping, _PIPELINE_KEYS, value, where, stages=tuple(stages), sends=tuple(sends))
 
 
 def _json_list(value, where: str) -> list:

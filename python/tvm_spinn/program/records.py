@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from ..options import MappingOptions
 
 __all__ = ["LayerTimingSummary", "CollectiveSummary", "SystemTimingSummary", "TimingSummary", "AddressRange",
-           "MemorySummary", "LayerMapping", "PlanCandidate", "PlanCollective", "SystemMapping", "ProgramMapping"]
+           "MemorySummary", "LayerMapping", "PlanCandidate", "PlanCollective", "SystemMapping", "ProgramMapping",
+           "PipelineTimingSummary", "PipelineStage", "PipelineMapping"]
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,22 @@ class TimingSummary:
     flops: int
     layers: tuple[LayerTimingSummary, ...] = ()
     system: SystemTimingSummary | None = None
+    pipeline: "PipelineTimingSummary | None" = None
+
+
+@dataclass(frozen=True)
+class PipelineTimingSummary:
+    """The timing of a program mapped over pipeline stages (``TimingSummary.pipeline``), as
+    :func:`tvm_spinn.timing.stages.pipeline_timing` derives it: each stage's latency
+    (``stage_s``), each cut's send time (``send_s``, in cut order), the steady-state period
+    (one input leaves every ``period_s``), what binds it (``"stage <s>"`` or ``"send
+    <layer>"``) and the latency of one input through every stage and cut."""
+
+    stage_s: tuple[float, ...]
+    send_s: tuple[float, ...]
+    period_s: float
+    binding: str
+    latency_s: float
 
 
 @dataclass(frozen=True)
@@ -196,3 +213,28 @@ class ProgramMapping:
     onchip_tensors: tuple[int, ...] = ()
     scheduler: str = "static"
     system: SystemMapping | None = None
+    pipeline: "PipelineMapping | None" = None
+
+
+@dataclass(frozen=True)
+class PipelineStage:
+    """One pipeline stage of a program (:class:`PipelineMapping`): its layers
+    ``[first_layer, first_layer + layers)``, the chips it runs on and the one-chip mapping of
+    its stage program (:func:`tvm_spinn.mapping.shard.stage_programs`: its layer indices and
+    tensor ids are the stage program's own)."""
+
+    first_layer: int
+    layers: int
+    chips: tuple[int, ...]
+    mapping: ProgramMapping
+
+
+@dataclass(frozen=True)
+class PipelineMapping:
+    """A program mapped over pipeline stages (``ProgramMapping.pipeline``; None for every
+    other): the stages in layer order, each on its own chips, and the tensors sent at each cut
+    (``sends``: the plan's ``"send"`` records, program tensor ids, ``layer`` the first layer of
+    the receiving stage)."""
+
+    stages: tuple[PipelineStage, ...]
+    sends: tuple[PlanCollective, ...] = ()

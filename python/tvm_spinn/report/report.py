@@ -54,6 +54,10 @@ class Report:
     programs: list = field(default_factory=list, repr=False)
     #: The plan-independent bound of the offloaded work (None for an empty report).
     physical: PhysicalBound | None = None
+    #: Per region mapped over pipeline stages: its symbol, stages, the chips of each, the
+    #: steady-state period, what binds it and the latency of one input (see
+    #: :attr:`tvm_spinn.program.records.TimingSummary.pipeline`); empty when none is.
+    pipelines: list[dict] = field(default_factory=list)
 
     @property
     def physical_bound_s(self) -> float:
@@ -112,6 +116,9 @@ class Report:
             lines.append(f"    {op}: {why}")
         if self.plan:
             lines.extend(_system_lines(self.plan))
+        for p in self.pipelines:
+            lines.append(f"  {p['symbol']}: {p['stages']} pipeline stages of {p['chips']} chip(s), period "
+                         f"{p['period_s'] * 1e3:.3f} ms ({p['binding']} binds), latency {p['latency_s'] * 1e3:.3f} ms")
         return "\n".join(lines + [self.table()])
 
 
@@ -170,6 +177,12 @@ def system_summary(programs: list, chips: int, chips_per_board: int) -> dict:
                              chips / sum(p.timing.latency_s * (p.mapping.system.chips if p.mapping.system is not None
                                                                else 1) for p in programs)) if latency else 0.0,
     }
+
+
+def _pipeline_row(program) -> dict:
+    t, stages = program.timing.pipeline, program.mapping.pipeline.stages
+    return {"symbol": program.symbol, "stages": len(stages), "chips": [len(s.chips) for s in stages],
+            "period_s": t.period_s, "binding": t.binding, "latency_s": t.latency_s}
 
 
 def _throughput(programs: list, chips: int, chips_per_board: int) -> float:
@@ -253,6 +266,6 @@ def report(ex) -> Report:
         throughput_inf_s=_throughput(programs, manifest.get("chips", arch.chips), arch.chips_per_board),
         mapping=[dict(mapping_to_json(p.mapping), symbol=p.symbol) for p in programs],
         plan=system_summary(programs, manifest.get("chips", arch.chips), arch.chips_per_board),
-        layers=layers, programs=programs,
+        layers=layers, programs=programs, pipelines=[_pipeline_row(p) for p in programs if p.timing.pipeline is not None],
         physical=physical_bound(program_workload(programs), system) if programs else None, **totals,
     )
