@@ -209,12 +209,73 @@ def test_fused_gathers_take_out_the_row_gathers_the_all_reduce_delivers():
     bounded = _Stage(**{**bounded.__dict__, "bounds": dict(zero, links=120e-6), "alone": dict(zero, links=125e-6)})
     cut = board_tp._less(bounded, (72e-6,))
     assert cut.bounds["links"] == pytest.approx(48e-6) and cut.alone["links"] == pytest.approx(53e-6)
-    # a piece ending at an all-reduce whose tail is not (only) the row's gather: nothing fused
-    assert board_tp.fused_gathers(sliced, (True, True, True), row) is None
+    # a piece ending at an all-reduce whose tail is not (only) the row's gather: nothing saved
+    assert board_tp.fused_gathers(sliced, (True, True, True), row) == pytest.approx((0.0, 35e-6, 36e-6))
     shared = timing([6e-6, 40e-6], [(2, "all_gather", row, 36e-6), (2, "all_gather", 2048, 5e-6)], 41e-6)
-    assert board_tp.fused_gathers(stage([attention, shared], [0, 0]), (False, True), row) is None
-    one_chip = timing([6e-6, 40e-6], [], 0.0)  # the projection's sums on one chip: nothing gathered
-    assert board_tp.fused_gathers(stage([attention, one_chip], [0, 0]), (False, True), row) is None
-    # no pieces, or no per-piece timings: nothing fused
+    assert board_tp.fused_gathers(stage([attention, shared], [0, 0]), (False, True), row) == (0.0, 0.0)
+    # the projection's sums on one chip: nothing gathered, nothing saved; the all-reduce takes
+    # them spread over the board's chips: spreading them costs an on-board gather's time
+    one_chip = SystemTimingSummary(46e-6, 0.0, 0.0, 0.0, "compute", 1, 0, (6e-6, 40e-6), (), 0.0)
+    solo = stage([attention, one_chip], [0, 0])
+    assert board_tp.fused_gathers(solo, (False, True), row) == (0.0, 0.0)
+    spread = board_tp._spread(solo, (False, True), 48, 9e-6)
+    assert spread.program_s == pytest.approx((attention.latency_s, 55e-6))
+    assert spread.latency_s == pytest.approx(solo.latency_s + 9e-6) and spread.bounds["links"] == pytest.approx(9e-6)
+    assert board_tp._spread(sliced, ends, 48, 9e-6) is sliced  # spread over the board already
+    # not cut into pieces, or no per-piece timings: nothing known
     assert board_tp.fused_gathers(sliced, None, row) is None
     assert board_tp.fused_gathers(stage([], []), ends, row) is None
+
+
+def test_a_streamed_piece_fetched_ahead_runs_as_mapped_alone():
+    """Fetched ahead, a streamed block's piece runs with its weights on chip and nothing else
+    resident: the piece mapped alone (less its fused gather), where the block's SRAM ledger left
+    part of its weights in DRAM; a piece the ledger kept whole keeps its time."""
+    from tvm_spinn.llm.plan import _Stage
+    from tvm_spinn.program.records import CollectiveSummary, SystemTimingSummary
+
+    zero = dict.fromkeys(("compute", "dram", "sram", "links"), 0.0)
+    row = 32768
+
+    def stage(program_s, streamed, timings=()):
+        return _Stage(sum(program_s), 0.0, 0, 0, sum(streamed), 0, 0, zero, zero, program_s=tuple(program_s),
+                      program_streamed=tuple(streamed), program_timings=tuple(timings))
+
+    gathered = SystemTimingSummary(80e-6, 0.0, 0.0, 0.0, "compute", 48, 0, (20e-6, 30e-6),
+                                   (CollectiveSummary(2, "all_gather", "multicast", row, 36e-6, 7, 0),), 0.0)
+    alone = stage([80e-6], [0], [gathered])  # 50 us of layers, then its row's gather
+    mapped = []
+
+    def map_alone(piece):
+        mapped.append(piece)
+        return alone
+
+    resident = stage([40e-6, 120e-6], [0, 600_000])  # piece 1: part of its weights left in DRAM
+    got = board_tp._on_chip(resident, ["attention", "mlp"], (False, True), row, 48, 9e-6, map_alone)
+    assert mapped == ["mlp"] and got.program_s == pytest.approx((40e-6, 50e-6))
+    # alone on one chip: its sums spread over the board first; never slower than in the block
+    one = stage([100e-6], [0], [SystemTimingSummary(100e-6, 0.0, 0.0, 0.0, "compute", 1, 0, (100e-6,), (), 0.0)])
+    assert board_tp._on_chip(resident, ["a", "m"], (False, True), row, 48, 9e-6, lambda p: one).program_s \
+        == pytest.approx((40e-6, 109e-6))
+    slow = stage([200e-6], [0], [SystemTimingSummary(200e-6, 0.0, 0.0, 0.0, "compute", 48, 0, (200e-6,), (), 0.0)])
+    assert board_tp._on_chip(resident, ["a", "m"], (False, True), row, 48, 9e-6, lambda p: slow).program_s \
+        == pytest.approx((40e-6, 120e-6))
+    # a slice not cut into pieces: as mapped
+    assert board_tp._on_chip(resident, ["a", "m"], None, row, 48, 9e-6, map_alone) is resident
+
+
+def test_a_resident_program_runs_no_slower_than_streaming():
+    """A resident block's program takes at most its time streaming its weights (the same shard
+    plan with its loads gone), whatever plan the block's SRAM ledger led it to."""
+    from tvm_spinn.llm.plan import _Stage
+
+    zero = dict.fromkeys(("compute", "dram", "sram", "links"), 0.0)
+
+    def stage(program_s):
+        return _Stage(sum(program_s) + 3e-6, 0.0, 0, 0, 0, 0, 0, zero, zero, program_s=tuple(program_s))
+
+    resident, streamed = stage([20e-6, 15e-6, 40e-6]), stage([30e-6, 5e-6, 50e-6])
+    got = board_tp._at_most(resident, streamed)
+    assert got.program_s == pytest.approx((20e-6, 5e-6, 40e-6))
+    assert got.latency_s == pytest.approx(65e-6 + 3e-6)  # what is not a program's (a cache write) stays
+    assert board_tp._at_most(resident, resident) is resident

@@ -25,9 +25,9 @@ sums in (each chip of a board its slice, reduced with its counterparts on the ot
 its multicast then delivers the whole reduced row to every chip of each board, the board's
 routers copying each share to all its chips as it arrives (the on-board all-gather fused into
 the multicast, :func:`fused_gathers`): the piece ending at the projection ends with its last
-layer, without the gather of its output. Where a piece's tail shows anything else (the slice
-could not be cut, or a projection's sums stay on one chip), the all-reduce ends in the
-projection's layout and the slice gathers what it needs itself.
+layer, without the gather of its output; a projection whose shard plan leaves its sums on
+fewer chips spreads them over the board's first (:func:`_spread`). Where the slice could not be
+cut, the all-reduce ends in the projection's layout and the slice gathers the row itself.
 The all-reduced sums are the int8 GEMMs' int32 accumulators, exact in any order, so the tokens do
 not depend on ``g``; an fp32 model (``dtype="fp32"``) is not planned this way (its sums would
 need the bit-exact chain across boards).
@@ -42,7 +42,8 @@ hand-overs and the head, with the token's way back from the head's board to the 
 the host's I/O (:func:`tvm_spinn.llm.plan._step_io`). A board's run of blocks is timed from its
 slice mapped twice on one board: alone with its weights resident (the first blocks, as many as
 the board's SRAM holds resident, :func:`tvm_spinn.mapping.planner.resident_capacity`) and
-streaming its weights from DRAM (the rest); a streamed block may fetch part of its weights into
+streaming its weights from DRAM (the rest; a resident block's piece no slower than streaming,
+:func:`_at_most`); a streamed block may fetch part of its weights into
 an SRAM buffer during the all-reduces and while its earlier pieces leave the DRAM channels idle
 (:func:`prefetch`: a candidate of its own, the buffer taken from the resident blocks' SRAM). The time to first token is the system's prompt plan
 (:mod:`tvm_spinn.llm.prefill`), the same for every placement.
@@ -373,8 +374,9 @@ def prefetch(resident, streamed, reduce_s: float, dram_bw: float, reduces: int =
     The weights do not depend on the token, so each program of the block fetches up to
     ``window x dram_bw`` of its streamed bytes into an SRAM buffer ahead of its start, which
     the program then does not read from DRAM while it runs: it saves those bytes' DRAM time,
-    and never more than its time streaming less its time with its weights resident (the two
-    mappings' ``program_s``). A program's window is the time before it while the chips' DRAM
+    and never more than its time streaming less its time with its weights on chip (the two
+    stages' ``program_s``: the slice streaming, and resident or each piece as it runs once its
+    weights are fetched, :func:`_on_chip`). A program's window is the time before it while the chips' DRAM
     channels are idle:
 
     * with ``ends`` (the slice's pieces, :func:`slice_pieces`: whether each ends where the
@@ -390,7 +392,8 @@ def prefetch(resident, streamed, reduce_s: float, dram_bw: float, reduces: int =
     Parameters
     ----------
     resident, streamed : tvm_spinn.llm.plan._Stage
-        The slice mapped with its weights resident and streaming them.
+        The slice with its weights on chip (mapped resident, or :func:`_on_chip`) and mapped
+        streaming them.
     reduce_s : float
         One all-reduce's time.
     dram_bw : float
@@ -425,6 +428,43 @@ def prefetch(resident, streamed, reduce_s: float, dram_bw: float, reduces: int =
     return (min(saved, reduces * reduce_s) if ends is None else saved), buffer
 
 
+def _on_chip(resident, pieces, ends, row_bytes: int, chips: int, scatter_s: float, map_alone):
+    """``resident`` with each piece's time as it runs with its weights on chip and nothing else
+    resident (the floor of what fetching a streamed block's weights ahead saves it,
+    :func:`prefetch`): a streamed block keeps no weights resident, so a piece whose weights the
+    block's SRAM ledger left partly in DRAM (``resident.program_streamed``) runs, once they are
+    fetched ahead, as the piece mapped alone on the board (``map_alone(piece)``: its weights
+    resident), timed as the block's pieces are (:func:`fused_gathers`, :func:`_spread`)."""
+    import dataclasses
+
+    if ends is None or len(resident.program_s) != len(pieces):
+        return resident
+    times = list(resident.program_s)
+    for k, piece in enumerate(pieces):
+        if resident.program_streamed[k] <= 0:
+            continue
+        alone = map_alone(piece)
+        alone = _spread(_less(alone, fused_gathers(alone, (ends[k],), row_bytes)), (ends[k],), chips, scatter_s)
+        times[k] = min(times[k], alone.latency_s)
+    return dataclasses.replace(resident, program_s=tuple(times))
+
+
+def _at_most(resident, streamed):
+    """``resident`` with each program at most as long as in ``streamed``: a program whose
+    weights stay resident runs no slower than with the shard plan it has streaming them (the
+    same plan, its weight loads gone, and no more SRAM than it held as mapped resident where
+    that plan splits its weights over more chips), which the block's SRAM ledger may not have
+    let it choose (the ledger's earlier programs holding the SRAM it needed to take that plan
+    resident, or a gather the all-reduce delivers weighing against it)."""
+    import dataclasses
+
+    if len(resident.program_s) != len(streamed.program_s) or resident is streamed:
+        return resident
+    times = tuple(min(a, b) for a, b in zip(resident.program_s, streamed.program_s))
+    return dataclasses.replace(resident, latency_s=resident.latency_s - sum(resident.program_s) + sum(times),
+                               program_s=times)
+
+
 def fused_gathers(stage, ends, row_bytes: int) -> "tuple | None":
     """The seconds each piece of a mapped slice (:func:`slice_pieces`) spends gathering the
     row whose partial sums the boards all-reduce, which the all-reduce delivers itself: its
@@ -437,29 +477,48 @@ def fused_gathers(stage, ends, row_bytes: int) -> "tuple | None":
     makes a program's outputs whole on every chip) is the all-reduce's, so the piece ends when
     its last layer does: it saves its latency past its last layer's end
     (:func:`tvm_spinn.timing.system.compose`), where every collective after its last layer is
-    an all-gather of the ``row_bytes`` row. The next piece reads the reduced row whole from
-    SRAM, as it arrives (the mapper's on-chip inputs): it has no gather of it to save.
+    an all-gather of the ``row_bytes`` row (else nothing: what else its tail holds is not
+    known). The next piece reads the reduced row whole from SRAM, as it arrives (the mapper's
+    on-chip inputs): it has no gather of it to save.
 
     Returns
     -------
     tuple or None
-        Per piece, the seconds saved; None where the mapping does not have a piece's timing, or
-        a piece ending at an all-reduce gathers anything else after its last layer (then
-        nothing is fused).
+        Per piece, the seconds saved; None where the slice is not cut into pieces or the
+        mapping does not have each piece's timing.
     """
     if ends is None or len(stage.program_timings) != len(ends):
         return None
     out = []
     for st, end in zip(stage.program_timings, ends):
-        if not end:
-            out.append(0.0)
-            continue
         n = len(st.layer_s)
         tail = [c for c in st.collectives if c.layer >= n]
-        if not tail or any(c.op != "all_gather" or c.nbytes != row_bytes for c in tail):
-            return None
+        if not end or not tail or any(c.op != "all_gather" or c.nbytes != row_bytes for c in tail):
+            out.append(0.0)
+            continue
         out.append(max(0.0, st.latency_s - sum(st.layer_s)))
     return tuple(out)
+
+
+def _spread(stage, ends, chips: int, scatter_s: float):
+    """``stage`` with each piece that ends at an all-reduce on fewer than the board's ``chips``
+    (its sums on those chips only) ``scatter_s`` the longer: the all-reduce takes the sums
+    spread over the board's chips (one share a chip,
+    :func:`tvm_spinn.timing.collectives.board_group_all_reduce`), so they are spread first, as
+    long as an on-board all-gather of the row (the same shares over the same routes, the other
+    way)."""
+    import dataclasses
+
+    if ends is None or len(stage.program_timings) != len(ends):
+        return stage
+    extra = [scatter_s if end and st.chips < chips else 0.0 for st, end in zip(stage.program_timings, ends)]
+    if not any(extra):
+        return stage
+    bounds, alone = dict(stage.bounds), dict(stage.alone)
+    bounds["links"] += sum(extra)
+    alone["links"] += sum(extra)
+    return dataclasses.replace(stage, latency_s=stage.latency_s + sum(extra), bounds=bounds, alone=alone,
+                               program_s=tuple(s + d for s, d in zip(stage.program_s, extra)))
 
 
 def slice_collectives(stage, row_bytes: "int | None" = None) -> dict:
@@ -607,6 +666,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     reason in ``refused``."""
     from ..timing.collectives import (board_group_all_reduce, multipath_point_to_point, point_to_point,
                                       sliced_hand_over)
+    from ..timing.system import collective_cost
     P = importlib.import_module(".plan", __package__)
     from .describe import describe
 
@@ -719,19 +779,26 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         pieces, ends = slice_pieces(dec, reduces_per_block) or (list(dec), None)
         # a slice mapped alone (weights resident as far as they fit) and streaming its weights
         resident = P._map_stage(list(pieces), board, host_shapes, spec.cache_slots(seq), memo=memo)
-        streamed = (resident if fit >= max(options) else
+        # (streaming also where every block stays resident, for pieces: each resident one at most
+        # as long as streaming, :func:`_at_most`)
+        streamed = (resident if fit >= max(options) and ends is None else
                     P._map_stage(list(pieces), board, host_shapes, spec.cache_slots(seq), weights="stream", memo=memo))
         mapped += 1
-        # the all-reduces deliver the whole row to every chip (the pieces ending at one then
-        # without their gathers of it), else the slice gathers it itself
-        fused = [fused_gathers(stage, ends, hidden * 4) for stage in (resident, streamed)]
-        fused = fused if None not in fused else None
-        if fused is not None:
-            resident, streamed = _less(resident, fused[0]), _less(streamed, fused[1])
-        reduce_s = reduce_of(groups, fused is not None)  # int32 partial sums
+        # cut into pieces, the all-reduces take the sums spread over each board's chips and
+        # deliver the whole row to every chip (the pieces ending at one without their gathers
+        # of it); uncut, they end in the projection's layout and the slice gathers the row itself
+        fused = ends is not None
+        if fused:
+            scatter_s = collective_cost(board_topo, order, "all_gather", hidden * 4, True).seconds
+            resident, streamed = (_spread(_less(st, fused_gathers(st, ends, hidden * 4)), ends, cpb, scatter_s)
+                                  for st in (resident, streamed))
+        resident = _at_most(resident, streamed)
+        reduce_s = reduce_of(groups, fused)  # int32 partial sums
         # the streamed blocks' weights fetched partly while the DRAM channels are idle: a buffer
         # per chip out of the SRAM the resident blocks would take (one fewer may stay resident)
-        saved, buffer = prefetch(resident, streamed, reduce_s, board.dram_bw_bytes_s, reduces_per_block, ends)
+        on_chip = _on_chip(resident, pieces, ends, hidden * 4, cpb, scatter_s if fused else 0.0,
+                           lambda piece: P._map_stage([piece], board, host_shapes, spec.cache_slots(seq), memo=memo))
+        saved, buffer = prefetch(on_chip, streamed, reduce_s, board.dram_bw_bytes_s, reduces_per_block, ends)
         fit_ahead = max(1, int((budget - buffer * cpb) // max(1, block_w)))
         variants = [(fit, 0.0, 0, "")] + ([(fit_ahead, saved, buffer, "p")] if saved > 0 else [])
         for per_group, (fit, saved_s, buffer_b, tag) in ((n, v) for n in options for v in variants):
@@ -785,9 +852,9 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                       "chips_per_group": g * cpb, "micro_batch": batch, "micro_batches": 1,
                       "mapping_weights": "auto", "block_decode_s": blocks_s / L,
                       "board_all_reduce_s": reduce_s, "board_all_reduces_decode_s": reduces_s,
-                      "board_gather_fused": fused is not None,
+                      "board_gather_fused": fused,
                       "slice_collectives_s": slice_collectives(streamed if per_group > fit else resident,
-                                                               hidden * 4 if fused is not None else None),
+                                                               hidden * 4 if fused else None),
                       "prefetch_bytes_per_chip": buffer_b, "prefetch_saved_decode_s": ahead_s,
                       "handoff_decode_s": sum(hand), "head_decode_s": head_s, **io,
                       **({"largest_batch": caches.largest_batch} if batch > 1 else {}),
