@@ -146,3 +146,31 @@ def test_falcon_plans_blocks_over_boards(register_system):
         g = result.plan["tp_boards"]
         assert result.plan["board_all_reduces_decode_s"] == pytest.approx(4 * result.plan["board_all_reduce_s"])
         assert g in (2, 4)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "gptj", "falcon"])
+def test_slices_are_cut_where_the_boards_all_reduce(name):
+    """The slice's programs are cut at its all-reduces (one a block where attention and MLP join
+    the residual together): the piece after each starts with the residual add reading the
+    reduced row, and the output projection after the attention over the cache starts a piece."""
+    P = importlib.import_module("tvm_spinn.llm.plan")
+    from tvm_spinn.llm.describe import describe
+    from tvm_spinn.program.ops import family_of
+
+    cfg = NARROWED[name]
+    spec = spec_of(cfg)
+    sub, model = board_tp.slice_block(cfg, spec, 2)
+    _, module, args = P._parts(model, sub, 1, 16)[0]
+    programs = [d.program for d in describe(module, args, "spinn", "int8")]
+    pieces, ends = board_tp.slice_pieces(programs, board_tp.block_all_reduces(spec))
+    assert sum(ends) == board_tp.block_all_reduces(spec) and len(pieces) == len(ends)
+    assert sum(len(p.layers) for p in pieces) == sum(len(p.layers) for p in programs)
+    for k, end in enumerate(ends[:-1]):
+        first = pieces[k + 1].layers[0]
+        if end:
+            assert first.kind == "add" and len(first.inputs) == 2
+        elif any(family_of(layer.kind).weight_gemm(layer) for layer in pieces[k + 1].layers[:2]):
+            # the projection after the attention: its piece starts with the quantize of its input
+            assert family_of(first.kind).quantizes(first)
+    # a block whose programs show no all-reduce of this count is left whole
+    assert board_tp.slice_pieces(programs, board_tp.block_all_reduces(spec) + 1) is None

@@ -154,16 +154,27 @@ def test_prefetch_fetches_during_the_all_reduces_what_the_dram_channel_has_time_
     # no all-reduce or no per-program figures: nothing gained
     assert board_tp.prefetch(resident, streamed, 0.0, bw) == (0.0, 0)
     assert board_tp.prefetch(resident, stage([70e-6, 350e-6]), 50e-6, bw) == (0.0, 0)
+    # pieces cut at the all-reduces: each fetches during the all-reduce before it and while the
+    # piece before it leaves its DRAM channel idle (its latency past its own streamed bytes)
+    res = stage([60e-6, 40e-6, 100e-6])
+    pieces = stage([70e-6, 80e-6, 300e-6], [64_000, 128_000, 1_280_000])  # 10, 20 and 200 us of DRAM
+    saved, buffer = board_tp.prefetch(res, pieces, 50e-6, bw, 2, (False, True, True))
+    # piece 0: after piece 2's all-reduce (50 us) and its 100 us idle: all 10 us it loses;
+    # piece 1: piece 0 idle 60 us: the 20 us of its 128 KB (it loses 40 us);
+    # piece 2: the all-reduce and piece 1's 60 us idle: 110 us of its 200
+    assert saved == pytest.approx(10e-6 + 20e-6 + 110e-6)
+    assert buffer == pytest.approx(110e-6 * bw, abs=1)
+    assert board_tp.prefetch(res, pieces, 50e-6, bw, 2, (False, True)) == (0.0, 0)  # not these pieces
     # the run: the streamed blocks (past the resident ones) each run the saving faster
     assert board_tp._run_s(resident, streamed, 5, 2, 60e-6) == pytest.approx(
         2 * resident.latency_s + 3 * (streamed.latency_s - 60e-6))
 
 
 def test_fused_gathers_take_out_the_row_gathers_the_all_reduce_delivers():
-    """The slice's on-board gathers of the all-reduced fp32 row (before the norm, and at the
-    program's end) are saved where the all-reduce's multicast delivers the row to every chip:
-    each by the time the composed timing shows it delayed its program, and nothing where that
-    time is not known."""
+    """A piece ending where the boards all-reduce saves the gather of its row at its end (the
+    all-reduce's multicast delivers the row to every chip): it ends when its last layer does.
+    Pieces not ending at an all-reduce save nothing; a piece whose tail holds anything but the
+    row's gather is not fused."""
     from tvm_spinn.llm.plan import _Stage
     from tvm_spinn.program.records import CollectiveSummary, SystemTimingSummary
 
@@ -181,39 +192,39 @@ def test_fused_gathers_take_out_the_row_gathers_the_all_reduce_delivers():
         return _Stage(sum(program_s), 0.0, 0, 0, sum(streamed), 0, 0, zero, zero, program_s=tuple(program_s),
                       program_streamed=tuple(streamed), program_timings=tuple(timings))
 
-    p0 = timing([10e-6, 20e-6], [(1, "all_gather", 2048, 5e-6)], 0.0)  # not the row: kept
-    # program 1: the row gathered before layer 1 (36 us of its 50) and at the end (36 us after it)
-    p1 = timing([30e-6, 50e-6, 5e-6], [(1, "all_gather", row, 36e-6), (1, "all_reduce", 16, 3e-6),
-                                       (3, "all_gather", row, 36e-6)], 36e-6)
-    resident = stage([p0, p1], [0, 0])
-    streamed = stage([p0, p1], [1000, 5000])  # streaming, the row's layer as long as resident
-    saved = board_tp.fused_gathers(resident, streamed, row, 2)
-    assert saved == ((0.0, 72e-6), (0.0, 72e-6))
-    less = board_tp._less(streamed, saved[1])
-    assert less.latency_s == pytest.approx(streamed.latency_s - 72e-6)
+    attention = timing([10e-6, 20e-6], [(1, "all_reduce", 16, 5e-6), (2, "all_gather", 2048, 4e-6)], 4e-6)
+    projection = timing([3e-6, 2e-6], [(2, "all_gather", row, 36e-6)], 35e-6)  # its row's gather ends it
+    mlp = timing([6e-6, 40e-6, 9e-6], [(1, "all_gather", 1792, 5e-6), (3, "all_gather", row, 36e-6)], 36e-6)
+    ends = (False, True, True)
+    sliced = stage([attention, projection, mlp], [0, 0, 0])
+    saved = board_tp.fused_gathers(sliced, ends, row)
+    assert saved == pytest.approx((0.0, 35e-6, 36e-6))
+    less = board_tp._less(sliced, saved)
+    assert less.latency_s == pytest.approx(sliced.latency_s - 71e-6)
+    assert less.program_s == pytest.approx((attention.latency_s, 5e-6, 55e-6))
     # a program bound by its links: its share of the stage's bounds without the gathers
-    linked = SystemTimingSummary(p1.latency_s, 1e-6, 2e-6, 120e-6, "communication", 48, 0, p1.layer_s,
-                                 p1.collectives, 120e-6)
-    bounded = stage([p0, linked], [1000, 5000])
+    linked = SystemTimingSummary(mlp.latency_s, 1e-6, 2e-6, 120e-6, "communication", 48, 0, mlp.layer_s,
+                                 mlp.collectives, 120e-6)
+    bounded = stage([linked], [5000])
     bounded = _Stage(**{**bounded.__dict__, "bounds": dict(zero, links=120e-6), "alone": dict(zero, links=125e-6)})
-    cut = board_tp._less(bounded, (0.0, 72e-6))
+    cut = board_tp._less(bounded, (72e-6,))
     assert cut.bounds["links"] == pytest.approx(48e-6) and cut.alone["links"] == pytest.approx(53e-6)
-    assert less.program_s == pytest.approx((p0.latency_s, p1.latency_s - 72e-6))
-    # one all-reduce a block, two gathers: not the pattern, nothing fused
-    assert board_tp.fused_gathers(resident, streamed, row, 1) is None
-    # both stream, and the row's layer took as long in both: the collectives set its start
-    assert board_tp.fused_gathers(stage([p0, p1], [500, 2000]), streamed, row, 2) == saved
-    # the streaming slice's layer took longer (its weights' loads may have set it): unknown
-    slow = timing([30e-6, 60e-6, 5e-6], [(1, "all_gather", row, 36e-6), (3, "all_gather", row, 36e-6)], 36e-6)
-    assert board_tp.fused_gathers(resident, stage([p0, slow], [1000, 5000]), row, 2) is None
-    # the same mapping twice (both stream the same bytes): the loads may have set it: unknown
-    assert board_tp.fused_gathers(streamed, streamed, row, 2) is None
-    # an end gather that shares the program's tail with another collective: unknown
-    shared = timing([30e-6, 50e-6, 5e-6], [(1, "all_gather", row, 36e-6), (3, "all_gather", row, 36e-6),
-                                           (3, "all_gather", 2048, 5e-6)], 41e-6)
-    assert board_tp.fused_gathers(stage([p0, shared], [0, 0]), stage([p0, shared], [0, 0]), row, 2) is None
-    # no per-program timings (a stage mapped without them): nothing fused
-    assert board_tp.fused_gathers(stage([], []), stage([], []), row, 2) is None
+    # a piece ending at an all-reduce whose tail is not (only) the row's gather: nothing saved
+    assert board_tp.fused_gathers(sliced, (True, True, True), row) == pytest.approx((0.0, 35e-6, 36e-6))
+    shared = timing([6e-6, 40e-6], [(2, "all_gather", row, 36e-6), (2, "all_gather", 2048, 5e-6)], 41e-6)
+    assert board_tp.fused_gathers(stage([attention, shared], [0, 0]), (False, True), row) == (0.0, 0.0)
+    # the projection's sums on one chip: nothing gathered, nothing saved; the all-reduce takes
+    # them spread over the board's chips: spreading them costs an on-board gather's time
+    one_chip = SystemTimingSummary(46e-6, 0.0, 0.0, 0.0, "compute", 1, 0, (6e-6, 40e-6), (), 0.0)
+    solo = stage([attention, one_chip], [0, 0])
+    assert board_tp.fused_gathers(solo, (False, True), row) == (0.0, 0.0)
+    spread = board_tp._spread(solo, (False, True), 48, 9e-6)
+    assert spread.program_s == pytest.approx((attention.latency_s, 55e-6))
+    assert spread.latency_s == pytest.approx(solo.latency_s + 9e-6) and spread.bounds["links"] == pytest.approx(9e-6)
+    assert board_tp._spread(sliced, ends, 48, 9e-6) is sliced  # spread over the board already
+    # not cut into pieces, or no per-piece timings: nothing known
+    assert board_tp.fused_gathers(sliced, None, row) is None
+    assert board_tp.fused_gathers(stage([], []), ends, row) is None
 
 
 @pytest.mark.slow  # ~20 s alone: two slices described and mapped on boards
@@ -255,3 +266,57 @@ def test_degree_floor_bounds_every_mapped_degree_and_counts_the_streamed_blocks(
     # the floor's streamed part: the bytes over the board's DRAM channels, less the all-reduces
     assert board_tp.stream_floor(4_000_000, 4, 1e9, 2e-4) == pytest.approx(8e-4)
     assert board_tp.stream_floor(4_000_000, 4, 1e9, 2e-3) == 0.0
+
+
+def test_a_streamed_piece_fetched_ahead_runs_as_mapped_alone():
+    """Fetched ahead, a streamed block's piece runs with its weights on chip and nothing else
+    resident: the piece mapped alone (less its fused gather), where the block's SRAM ledger left
+    part of its weights in DRAM; a piece the ledger kept whole keeps its time."""
+    from tvm_spinn.llm.plan import _Stage
+    from tvm_spinn.program.records import CollectiveSummary, SystemTimingSummary
+
+    zero = dict.fromkeys(("compute", "dram", "sram", "links"), 0.0)
+    row = 32768
+
+    def stage(program_s, streamed, timings=()):
+        return _Stage(sum(program_s), 0.0, 0, 0, sum(streamed), 0, 0, zero, zero, program_s=tuple(program_s),
+                      program_streamed=tuple(streamed), program_timings=tuple(timings))
+
+    gathered = SystemTimingSummary(80e-6, 0.0, 0.0, 0.0, "compute", 48, 0, (20e-6, 30e-6),
+                                   (CollectiveSummary(2, "all_gather", "multicast", row, 36e-6, 7, 0),), 0.0)
+    alone = stage([80e-6], [0], [gathered])  # 50 us of layers, then its row's gather
+    mapped = []
+
+    def map_alone(piece):
+        mapped.append(piece)
+        return alone
+
+    resident = stage([40e-6, 120e-6], [0, 600_000])  # piece 1: part of its weights left in DRAM
+    got = board_tp._on_chip(resident, ["attention", "mlp"], (False, True), row, 48, 9e-6, map_alone)
+    assert mapped == ["mlp"] and got.program_s == pytest.approx((40e-6, 50e-6))
+    # alone on one chip: its sums spread over the board first; never slower than in the block
+    one = stage([100e-6], [0], [SystemTimingSummary(100e-6, 0.0, 0.0, 0.0, "compute", 1, 0, (100e-6,), (), 0.0)])
+    assert board_tp._on_chip(resident, ["a", "m"], (False, True), row, 48, 9e-6, lambda p: one).program_s \
+        == pytest.approx((40e-6, 109e-6))
+    slow = stage([200e-6], [0], [SystemTimingSummary(200e-6, 0.0, 0.0, 0.0, "compute", 48, 0, (200e-6,), (), 0.0)])
+    assert board_tp._on_chip(resident, ["a", "m"], (False, True), row, 48, 9e-6, lambda p: slow).program_s \
+        == pytest.approx((40e-6, 120e-6))
+    # a slice not cut into pieces: as mapped
+    assert board_tp._on_chip(resident, ["a", "m"], None, row, 48, 9e-6, map_alone) is resident
+
+
+def test_a_resident_program_runs_no_slower_than_streaming():
+    """A resident block's program takes at most its time streaming its weights (the same shard
+    plan with its loads gone), whatever plan the block's SRAM ledger led it to."""
+    from tvm_spinn.llm.plan import _Stage
+
+    zero = dict.fromkeys(("compute", "dram", "sram", "links"), 0.0)
+
+    def stage(program_s):
+        return _Stage(sum(program_s) + 3e-6, 0.0, 0, 0, 0, 0, 0, zero, zero, program_s=tuple(program_s))
+
+    resident, streamed = stage([20e-6, 15e-6, 40e-6]), stage([30e-6, 5e-6, 50e-6])
+    got = board_tp._at_most(resident, streamed)
+    assert got.program_s == pytest.approx((20e-6, 5e-6, 40e-6))
+    assert got.latency_s == pytest.approx(65e-6 + 3e-6)  # what is not a program's (a cache write) stays
+    assert board_tp._at_most(resident, resident) is resident

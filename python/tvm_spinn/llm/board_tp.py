@@ -16,15 +16,19 @@ together: GPT-J, Falcon; :class:`tvm_spinn.llm.spec.BlockSplit`). GPT-2, GPT-J a
 head size follows from the hidden size, are sliced by narrowing their block's parameters
 (:func:`slice_block`), heads that ``g`` does not divide shared as evenly as they go (the largest
 share timed), Falcon's single key/value head (multi-query attention) replicated on every board.
-The all-reduce works in the layout the projection left its sums in
-(each chip of a board its slice, reduced with its counterparts on the other boards); its
-multicast then delivers the whole reduced row to every chip of each board, the board's routers
-copying each share to all its chips as it arrives (the on-board all-gather fused into the
-multicast, :func:`fused_gathers`), so the slice's program does not gather the row its norm (or
-the next block) needs whole. Where the slice's timing does not show what its own gathers of
-the row cost, the all-reduce ends in the projection's layout and the slice gathers the row
-itself.
-They are the int8 GEMMs' int32 accumulators, whose sum is exact in any order, so the tokens do
+The slice's programs are cut where the boards all-reduce (:func:`slice_pieces`): a piece
+ends with each projection whose sums are all-reduced, the next starts with the residual add
+and reads the reduced row whole from SRAM (an input already on chip: the mapper plans no
+gather of it), and the attention over the cache is a piece of its own (its shard plan
+chosen for it, not for the MLP). The all-reduce works in the layout the projection left its
+sums in (each chip of a board its slice, reduced with its counterparts on the other boards);
+its multicast then delivers the whole reduced row to every chip of each board, the board's
+routers copying each share to all its chips as it arrives (the on-board all-gather fused into
+the multicast, :func:`fused_gathers`): the piece ending at the projection ends with its last
+layer, without the gather of its output; a projection whose shard plan leaves its sums on
+fewer chips spreads them over the board's first (:func:`_spread`). Where the slice could not be
+cut, the all-reduce ends in the projection's layout and the slice gathers the row itself.
+The all-reduced sums are the int8 GEMMs' int32 accumulators, exact in any order, so the tokens do
 not depend on ``g``; an fp32 model (``dtype="fp32"``) is not planned this way (its sums would
 need the bit-exact chain across boards). ``plan(..., reduce="fp16")`` (or ``"bf16"``) times
 them narrowed instead: each board dequantizes its partial sums with the GEMMs' scales and
@@ -42,8 +46,9 @@ hand-overs and the head, with the token's way back from the head's board to the 
 the host's I/O (:func:`tvm_spinn.llm.plan._step_io`). A board's run of blocks is timed from its
 slice mapped twice on one board: alone with its weights resident (the first blocks, as many as
 the board's SRAM holds resident, :func:`tvm_spinn.mapping.planner.resident_capacity`) and
-streaming its weights from DRAM (the rest); a streamed block may fetch part of its weights into
-an SRAM buffer during the all-reduces, while the DRAM channels are otherwise idle
+streaming its weights from DRAM (the rest; a resident block's piece no slower than streaming,
+:func:`_at_most`); a streamed block may fetch part of its weights into
+an SRAM buffer during the all-reduces and while its earlier pieces leave the DRAM channels idle
 (:func:`prefetch`: a candidate of its own, the buffer taken from the resident blocks' SRAM). The time to first token is the system's prompt plan
 (:mod:`tvm_spinn.llm.prefill`), the same for every placement.
 
@@ -77,7 +82,7 @@ import numpy as np
 __all__ = ["TP_BOARDS", "slice_config", "slice_shares", "slice_block", "slice_weight_bytes", "stream_floor",
            "block_all_reduces", "board_groups",
            "board_patches", "board_compact", "group_layouts", "board_setting", "group_caches", "GroupCaches",
-           "prefetch", "fused_gathers", "slice_collectives", "records"]
+           "prefetch", "slice_pieces", "fused_gathers", "slice_collectives", "records"]
 
 #: Boards one block is tensor-parallel over (each must divide the heads and the intermediate
 #: size, and leave a board for the head), tried in the order of what their all-reduces alone
@@ -174,6 +179,91 @@ def slice_block(cfg: dict, spec, g: int):
         if hasattr(owner, "nf"):  # transformers' Conv1D (weight: in x out) keeps its output width
             owner.nf = owner.weight.shape[-1]
     return sub, model
+
+
+def slice_pieces(programs, reduces: int) -> "tuple[list, tuple[bool, ...]] | None":
+    """A slice's described programs cut where the boards all-reduce its partial sums:
+    ``(pieces, ends)``, the pieces in order and, per piece, whether it ends at an all-reduce;
+    None where the programs do not show the block's ``reduces`` all-reduces.
+
+    Each residual add of the block adds a projection's output (the attention's output
+    projection, the MLP's down projection: partial sums over the boards) to the residual
+    stream (the block's input, then each residual add's output). The boards all-reduce that
+    output between the projection and the add, so the slice is cut there: the add starts the
+    next piece, which reads the reduced row from SRAM, whole on every chip as the all-reduce's
+    multicast delivers it (an input already on chip, :func:`tvm_spinn.mapping.planner.plan_system`),
+    and the piece before ends with the projection (:func:`fused_gathers`). A projection that
+    follows the attention over the cached keys and values (layers reading the KV cache:
+    :func:`tvm_spinn.mapping.system.resident_state`) starts a piece of its own (with the
+    ``quantize`` of its input): the attention is then mapped with the shard plan that suits it
+    (its heads and slots split as its softmax's and its context's fixed-order sums cost least)
+    and the projection with one of its own.
+
+    Parameters
+    ----------
+    programs : sequence of Program
+        The slice's described programs, in order (the block's input the first one's first).
+    reduces : int
+        The block's all-reduces (:func:`block_all_reduces`).
+    """
+    from ..mapping.system import resident_state
+    from ..program.ops import family_of
+
+    P = importlib.import_module(".plan", __package__)
+    if not programs or not programs[0].inputs:
+        return None
+    row = tuple(programs[0].tensors[programs[0].inputs[0]].shape)
+    pieces, ends, found = [], [], 0
+    for program in programs:
+        residual = {t for t in program.inputs if tuple(program.tensors[t].shape) == row}
+        producer = {layer.output: i for i, layer in enumerate(program.layers)}
+        state = resident_state(program, range(len(program.layers)))  # the KV cache
+        cuts = {}  # layer index -> whether the piece before it ends at an all-reduce
+        for i, layer in enumerate(program.layers):
+            acts = [t for t in layer.inputs if program.tensors[t].role != "const"]
+            if layer.kind != "add" or len(acts) != 2 or sum(t in residual for t in acts) != 1:
+                continue
+            projections = _projections(program, producer, next(t for t in acts if t not in residual), residual)
+            if not projections:
+                return None  # the summed output is not the projections'
+            residual.add(layer.output)
+            found += 1
+            cuts[i] = True
+            for j in projections:
+                prev = program.layers[j - 1] if j > 0 else None
+                if prev is not None and family_of(prev.kind).quantizes(prev) and prev.output == program.layers[j].inputs[0]:
+                    j -= 1
+                start = max((k for k in cuts if k <= j), default=0)
+                if any(t in state for layer in program.layers[start:j] for t in layer.inputs):
+                    cuts.setdefault(j, False)  # the attention over the cache before it: a piece of its own
+        bounds = [0] + sorted(k for k in cuts if 0 < k < len(program.layers)) + [len(program.layers)]
+        for a, b in zip(bounds, bounds[1:]):
+            pieces.append(program if (a, b) == (0, len(program.layers)) else P._slice(program, a, b))
+            ends.append(bool(cuts.get(b, False)))
+    if found != reduces:
+        return None
+    return pieces, tuple(ends)
+
+
+def _projections(program, producer: dict, tensor: int, residual: set) -> list:
+    """The weight GEMMs (layer indices, ascending) whose outputs make ``tensor``: through layers
+    of one activation input (reshapes, a bias) and the adds of two such outputs (attention and
+    MLP added before the residual: GPT-J, Falcon); empty where anything else makes it."""
+    from ..program.ops import family_of
+
+    j = producer.get(tensor)
+    if j is None or tensor in residual:
+        return []
+    layer = program.layers[j]
+    if family_of(layer.kind).weight_gemm(layer):
+        return [j]
+    acts = [t for t in layer.inputs if program.tensors[t].role != "const"]
+    if len(acts) == 1:
+        return _projections(program, producer, acts[0], residual)
+    if layer.kind == "add" and len(acts) == 2:
+        parts = [_projections(program, producer, t, residual) for t in acts]
+        return sorted(parts[0] + parts[1]) if all(parts) else []
+    return []
 
 
 def block_all_reduces(spec) -> int:
@@ -286,29 +376,41 @@ def _run_s(resident, streamed, blocks: int, fit: int, saved_s: float = 0.0) -> f
     return min(blocks, fit) * resident.latency_s + max(0, blocks - fit) * (streamed.latency_s - saved_s)
 
 
-def prefetch(resident, streamed, reduce_s: float, dram_bw: float, reduces: int = 2) -> tuple[float, int]:
-    """What a streamed block gains by fetching weights during the all-reduces.
+def prefetch(resident, streamed, reduce_s: float, dram_bw: float, reduces: int = 2,
+             ends: "tuple | None" = None) -> tuple[float, int]:
+    """What a streamed block gains by fetching weights while its DRAM channels are idle.
 
-    A block's two all-reduces move its partial sums over the board links; the chips' DRAM
-    channels are idle meanwhile, and the weights do not depend on the token. So during the
-    all-reduce before each of the block's programs (the previous block's second before the
-    first program, the block's first before the MLP's GEMMs), each chip of the program fetches
-    up to ``reduce_s x dram_bw`` of the program's streamed bytes into an SRAM buffer, which the
-    program then does not read from DRAM while it runs: it saves those bytes' DRAM time, and
-    never more than its time streaming less its time with its weights resident (the two
-    mappings' ``program_s``). The programs together save at most ``reduces x reduce_s``: the
-    block's all-reduces (two; one where attention and MLP join the residual together).
+    The weights do not depend on the token, so each program of the block fetches up to
+    ``window x dram_bw`` of its streamed bytes into an SRAM buffer ahead of its start, which
+    the program then does not read from DRAM while it runs: it saves those bytes' DRAM time,
+    and never more than its time streaming less its time with its weights on chip (the two
+    stages' ``program_s``: the slice streaming, and resident or each piece as it runs once its
+    weights are fetched, :func:`_on_chip`). A program's window is the time before it while the chips' DRAM
+    channels are idle:
+
+    * with ``ends`` (the slice's pieces, :func:`slice_pieces`: whether each ends where the
+      boards all-reduce its partial sums) the all-reduce before the piece (the previous piece,
+      cyclically, ends at one: the links move the sums, the channels are idle), and the time the
+      previous piece runs beyond its own streamed bytes' DRAM time (its loads first: it is never
+      delayed);
+    * without, the all-reduce before each of the block's programs (the previous block's second
+      before the first program, the block's first before the MLP's GEMMs), the programs together
+      saving at most ``reduces x reduce_s``: the block's all-reduces (two; one where attention
+      and MLP join the residual together).
 
     Parameters
     ----------
     resident, streamed : tvm_spinn.llm.plan._Stage
-        The slice mapped with its weights resident and streaming them.
+        The slice with its weights on chip (mapped resident, or :func:`_on_chip`) and mapped
+        streaming them.
     reduce_s : float
         One all-reduce's time.
     dram_bw : float
         One chip's DRAM bandwidth (bytes/s).
     reduces : int
         The block's all-reduces (:func:`block_all_reduces`).
+    ends : tuple of bool, optional
+        Per program of the mappings, whether it ends at an all-reduce (:func:`slice_pieces`).
 
     Returns
     -------
@@ -316,72 +418,116 @@ def prefetch(resident, streamed, reduce_s: float, dram_bw: float, reduces: int =
         ``(seconds saved per streamed block, the SRAM buffer's bytes per chip)``; ``(0, 0)``
         where the mappings do not say what each program streams.
     """
-    if len(streamed.program_streamed) != len(streamed.program_s) or len(resident.program_s) != len(streamed.program_s):
+    n = len(streamed.program_s)
+    if len(streamed.program_streamed) != n or len(resident.program_s) != n or (ends is not None and len(ends) != n):
         return 0.0, 0
+    if ends is None:
+        windows = [reduce_s] * n
+    else:
+        windows = [(reduce_s if ends[k - 1] else 0.0)
+                   + max(0.0, streamed.program_s[k - 1] - streamed.program_streamed[k - 1] / dram_bw)
+                   for k in range(n)]
     saved, buffer = 0.0, 0
-    for fast, slow, nbytes in zip(resident.program_s, streamed.program_s, streamed.program_streamed):
-        ahead = min(float(nbytes), reduce_s * dram_bw)  # bytes per chip fetched during the all-reduce
+    for fast, slow, nbytes, window in zip(resident.program_s, streamed.program_s, streamed.program_streamed, windows):
+        ahead = min(float(nbytes), window * dram_bw)  # bytes per chip fetched ahead
         gain = min(ahead / dram_bw, max(0.0, slow - fast))
         if gain > 0:
             saved += gain
             buffer = max(buffer, int(math.ceil(ahead)))
-    return min(saved, reduces * reduce_s), buffer
+    return (min(saved, reduces * reduce_s) if ends is None else saved), buffer
 
 
-def fused_gathers(resident, streamed, row_bytes: int, reduces: int) -> "tuple[tuple, tuple] | None":
-    """The seconds each program of the two mapped slices spends on the on-board all-gathers of
-    the all-reduced rows, which the all-reduce delivers itself when its on-board all-gather
-    rides on its multicast (:func:`tvm_spinn.timing.collectives.board_group_all_reduce`,
-    ``fuse_gather``): every chip then receives the whole reduced row and adds the residual to
-    it there, so the slice's program need not gather the sum it made of it.
+def _on_chip(resident, pieces, ends, row_bytes: int, chips: int, scatter_s: float, map_alone):
+    """``resident`` with each piece's time as it runs with its weights on chip and nothing else
+    resident (the floor of what fetching a streamed block's weights ahead saves it,
+    :func:`prefetch`): a streamed block keeps no weights resident, so a piece whose weights the
+    block's SRAM ledger left partly in DRAM (``resident.program_streamed``) runs, once they are
+    fetched ahead, as the piece mapped alone on the board (``map_alone(piece)``: its weights
+    resident), timed as the block's pieces are (:func:`fused_gathers`, :func:`_spread`)."""
+    import dataclasses
 
-    A gather of the fp32 row (``row_bytes``) is the all-reduce's where the slice's program
-    makes it: before the norm that follows the attention, and at the program's end (the
-    block's output, which the next block's norm reads whole): ``reduces`` of them, one per
-    all-reduce. A gather saves the time it delayed its program by, which the composed timing
-    (:func:`tvm_spinn.timing.system.compose`) shows exactly where nothing else set the time: at
-    the program's end, the program's time after its last layer where that gather is the only
-    collective there; before a layer, its whole time where the program streams no weights (the
-    layer started when the collectives before it ended), or where the layer took exactly as long
-    in both slices while they stream different bytes (its start was set by the collectives
-    before it, not by the loads, which differ).
+    if ends is None or len(resident.program_s) != len(pieces):
+        return resident
+    times = list(resident.program_s)
+    for k, piece in enumerate(pieces):
+        if resident.program_streamed[k] <= 0:
+            continue
+        alone = map_alone(piece)
+        alone = _spread(_less(alone, fused_gathers(alone, (ends[k],), row_bytes)), (ends[k],), chips, scatter_s)
+        times[k] = min(times[k], alone.latency_s)
+    return dataclasses.replace(resident, program_s=tuple(times))
+
+
+def _at_most(resident, streamed):
+    """``resident`` with each program at most as long as in ``streamed``: a program whose
+    weights stay resident runs no slower than with the shard plan it has streaming them (the
+    same plan, its weight loads gone, and no more SRAM than it held as mapped resident where
+    that plan splits its weights over more chips), which the block's SRAM ledger may not have
+    let it choose (the ledger's earlier programs holding the SRAM it needed to take that plan
+    resident, or a gather the all-reduce delivers weighing against it)."""
+    import dataclasses
+
+    if len(resident.program_s) != len(streamed.program_s) or resident is streamed:
+        return resident
+    times = tuple(min(a, b) for a, b in zip(resident.program_s, streamed.program_s))
+    return dataclasses.replace(resident, latency_s=resident.latency_s - sum(resident.program_s) + sum(times),
+                               program_s=times)
+
+
+def fused_gathers(stage, ends, row_bytes: int) -> "tuple | None":
+    """The seconds each piece of a mapped slice (:func:`slice_pieces`) spends gathering the
+    row whose partial sums the boards all-reduce, which the all-reduce delivers itself: its
+    on-board all-gather rides on its multicast
+    (:func:`tvm_spinn.timing.collectives.board_group_all_reduce`, ``fuse_gather``), every chip
+    receiving the whole reduced row.
+
+    A piece that ends where the boards all-reduce hands its output to the all-reduce in the
+    layout its shard plan left it; the gather of that output at the piece's end (the mapper
+    makes a program's outputs whole on every chip) is the all-reduce's, so the piece ends when
+    its last layer does: it saves its latency past its last layer's end
+    (:func:`tvm_spinn.timing.system.compose`), where every collective after its last layer is
+    an all-gather of the ``row_bytes`` row (else nothing: what else its tail holds is not
+    known). The next piece reads the reduced row whole from SRAM, as it arrives (the mapper's
+    on-chip inputs): it has no gather of it to save.
 
     Returns
     -------
     tuple or None
-        ``(resident, streamed)``: per program, the seconds saved; None where either slice does
-        not show ``reduces`` such gathers whose time is known (then nothing is fused).
+        Per piece, the seconds saved; None where the slice is not cut into pieces or the
+        mapping does not have each piece's timing.
     """
-    if not resident.program_timings or len(resident.program_timings) != len(streamed.program_timings):
+    if ends is None or len(stage.program_timings) != len(ends):
         return None
     out = []
-    for stage in (resident, streamed):
-        saved, count = [], 0
-        for k, st in enumerate(stage.program_timings):
-            n, gain = len(st.layer_s), 0.0
-            for c in st.collectives:
-                if c.op != "all_gather" or c.nbytes != row_bytes:
-                    continue
-                if c.layer >= n:
-                    if sum(1 for d in st.collectives if d.layer >= n) != 1:
-                        return None
-                    gain += min(c.seconds, max(0.0, st.latency_s - sum(st.layer_s)))
-                elif stage.program_streamed[k] == 0:
-                    gain += c.seconds
-                else:
-                    other = (streamed if stage is resident else resident)
-                    twin = other.program_timings[k]
-                    if (other.program_streamed[k] == stage.program_streamed[k]
-                            or not math.isclose(st.layer_s[c.layer], twin.layer_s[c.layer], rel_tol=1e-12,
-                                                abs_tol=1e-15)):
-                        return None
-                    gain += c.seconds
-                count += 1
-            saved.append(gain)
-        if count != reduces:
-            return None
-        out.append(tuple(saved))
-    return out[0], out[1]
+    for st, end in zip(stage.program_timings, ends):
+        n = len(st.layer_s)
+        tail = [c for c in st.collectives if c.layer >= n]
+        if not end or not tail or any(c.op != "all_gather" or c.nbytes != row_bytes for c in tail):
+            out.append(0.0)
+            continue
+        out.append(max(0.0, st.latency_s - sum(st.layer_s)))
+    return tuple(out)
+
+
+def _spread(stage, ends, chips: int, scatter_s: float):
+    """``stage`` with each piece that ends at an all-reduce on fewer than the board's ``chips``
+    (its sums on those chips only) ``scatter_s`` the longer: the all-reduce takes the sums
+    spread over the board's chips (one share a chip,
+    :func:`tvm_spinn.timing.collectives.board_group_all_reduce`), so they are spread first, as
+    long as an on-board all-gather of the row (the same shares over the same routes, the other
+    way)."""
+    import dataclasses
+
+    if ends is None or len(stage.program_timings) != len(ends):
+        return stage
+    extra = [scatter_s if end and st.chips < chips else 0.0 for st, end in zip(stage.program_timings, ends)]
+    if not any(extra):
+        return stage
+    bounds, alone = dict(stage.bounds), dict(stage.alone)
+    bounds["links"] += sum(extra)
+    alone["links"] += sum(extra)
+    return dataclasses.replace(stage, latency_s=stage.latency_s + sum(extra), bounds=bounds, alone=alone,
+                               program_s=tuple(s + d for s, d in zip(stage.program_s, extra)))
 
 
 def slice_collectives(stage, row_bytes: "int | None" = None) -> dict:
@@ -558,6 +704,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     degree's bound on its token (boards a block -> seconds) for the degrees ranked for mapping."""
     from ..timing.collectives import (board_group_all_reduce, multipath_point_to_point, point_to_point,
                                       sliced_hand_over)
+    from ..timing.system import collective_cost
     P = importlib.import_module(".plan", __package__)
     from .describe import describe
 
@@ -700,19 +847,29 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         # arithmetic on the two mapped slices and the hand-overs, no mapping each
         options = sorted({least, max(least, min(L, fit))} | {math.ceil(L / k) for k in range(1, GROUP_COUNTS + 1)
                                                              if math.ceil(L / k) >= least})
+        # the slice cut where the boards all-reduce its sums (else mapped as described)
+        pieces, ends = slice_pieces(dec, reduces_per_block) or (list(dec), None)
         # a slice mapped alone (weights resident as far as they fit) and streaming its weights
-        resident = P._map_stage(list(dec), board, host_shapes, spec.cache_slots(seq), memo=memo)
-        streamed = (resident if fit >= max(options) else
-                    P._map_stage(list(dec), board, host_shapes, spec.cache_slots(seq), weights="stream", memo=memo))
-        # the all-reduces deliver the whole row to every chip where the slice's gathers of it
-        # are known (the slices then without them), else the slice gathers it itself
-        fused = fused_gathers(resident, streamed, hidden * 4, reduces_per_block)
-        if fused is not None:
-            resident, streamed = _less(resident, fused[0]), _less(streamed, fused[1])
-        reduce_s = reduce_of(groups, fused is not None)  # the partial sums, ``reduce`` on the wire
-        # the streamed blocks' weights fetched partly during the all-reduces: a buffer per chip
-        # out of the SRAM the resident blocks would take (one fewer may stay resident)
-        saved, buffer = prefetch(resident, streamed, reduce_s, board.dram_bw_bytes_s, reduces_per_block)
+        resident = P._map_stage(list(pieces), board, host_shapes, spec.cache_slots(seq), memo=memo)
+        # (streaming also where every block stays resident, for pieces: each resident one at most
+        # as long as streaming, :func:`_at_most`)
+        streamed = (resident if fit >= max(options) and ends is None else
+                    P._map_stage(list(pieces), board, host_shapes, spec.cache_slots(seq), weights="stream", memo=memo))
+        # cut into pieces, the all-reduces take the sums spread over each board's chips and
+        # deliver the whole row to every chip (the pieces ending at one without their gathers
+        # of it); uncut, they end in the projection's layout and the slice gathers the row itself
+        fused = ends is not None
+        if fused:
+            scatter_s = collective_cost(board_topo, order, "all_gather", hidden * 4, True).seconds
+            resident, streamed = (_spread(_less(st, fused_gathers(st, ends, hidden * 4)), ends, cpb, scatter_s)
+                                  for st in (resident, streamed))
+        resident = _at_most(resident, streamed)
+        reduce_s = reduce_of(groups, fused)  # the partial sums, ``reduce`` on the wire
+        # the streamed blocks' weights fetched partly while the DRAM channels are idle: a buffer
+        # per chip out of the SRAM the resident blocks would take (one fewer may stay resident)
+        on_chip = _on_chip(resident, pieces, ends, hidden * 4, cpb, scatter_s if fused else 0.0,
+                           lambda piece: P._map_stage([piece], board, host_shapes, spec.cache_slots(seq), memo=memo))
+        saved, buffer = prefetch(on_chip, streamed, reduce_s, board.dram_bw_bytes_s, reduces_per_block, ends)
         fit_ahead = max(1, int((budget - buffer * cpb) // max(1, block_w)))
         variants = [(fit, 0.0, 0, "")] + ([(fit_ahead, saved, buffer, "p")] if saved > 0 else [])
         for per_group, (fit, saved_s, buffer_b, tag) in ((n, v) for n in options for v in variants):
@@ -767,9 +924,9 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                       "mapping_weights": "auto", "block_decode_s": blocks_s / L,
                       "board_all_reduce_s": reduce_s, "board_all_reduces_decode_s": reduces_s,
                       **({"board_all_reduce_wire": reduce} if reduce != "int32" else {}),
-                      "board_gather_fused": fused is not None,
+                      "board_gather_fused": fused,
                       "slice_collectives_s": slice_collectives(streamed if per_group > fit else resident,
-                                                               hidden * 4 if fused is not None else None),
+                                                               hidden * 4 if fused else None),
                       "prefetch_bytes_per_chip": buffer_b, "prefetch_saved_decode_s": ahead_s,
                       "handoff_decode_s": sum(hand), "head_decode_s": head_s, **io,
                       **({"largest_batch": caches.largest_batch} if batch > 1 else {}),
