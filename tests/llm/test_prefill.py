@@ -56,9 +56,10 @@ def test_flow_shop_path_adds_up_to_the_makespan():
 
 
 def test_chunk_sizes_divide_the_prompt():
-    assert chunk_sizes(128) == [16, 32, 64, 128]
-    assert chunk_sizes(48) == [16, 48]
-    assert chunk_sizes(7) == [7]
+    assert chunk_sizes(128) == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert chunk_sizes(48) == [1, 2, 4, 8, 16, 48]
+    assert chunk_sizes(7) == [1, 7]
+    assert chunk_sizes(1) == [1]
     for n in (16, 100, 2048):
         assert all(n % c == 0 for c in chunk_sizes(n))
 
@@ -136,6 +137,43 @@ def test_relay_paths_shorten_the_hand_over(two_chunks, four_boards):
     assert p.handover_chunk_s < direct.handover_chunk_s and p.ttft_s < direct.ttft_s
     arch = tvm_spinn.target.arch_of(four_boards)
     assert p.handover_chunk_s > 16 * 64 * 4 / (6 * arch.payload_bw("board_pair"))
+
+
+@pytest.mark.slow  # ~30 s: two plans on six boards
+def test_groups_hand_over_in_slices(monkeypatch, register_system):
+    """Between groups of two boards each board hands over its half of the chunk's hidden state
+    (the last all-reduce's reduce-scatter on one group, its all-gather on the next) where that
+    is cheaper than every board sending the whole of it: the hand-over is the cheaper of the two
+    plus the receiving board's gather, the same with either."""
+    from types import SimpleNamespace
+
+    from tvm_spinn.llm.board_tp import board_groups
+    from tvm_spinn.target.topology import board_grid, topology_of
+    from tvm_spinn.timing import collectives
+    from tvm_spinn.timing.collectives import point_to_point, sliced_hand_over
+
+    _no_simulation(monkeypatch)
+    tag = register_system(tvm_spinn.make_system("prefill-six-boards", boards=6), tag="spinn/prefill-six-boards")
+    memo = {}
+
+    def two_stages():
+        p = plan_prefill(TINY, tag, prompt=32, chunk=16, tp_boards=(2,), memo=memo)
+        return next(r for r in p.candidates if r["tp_boards"] == 2 and r["stages"] == 2)
+
+    sliced = two_stages()
+    monkeypatch.setattr(collectives, "sliced_hand_over", lambda *a, **k: SimpleNamespace(seconds=math.inf))
+    direct = two_stages()
+    monkeypatch.undo()
+    assert direct["stage_chunk_s"] == sliced["stage_chunk_s"]
+    topo = topology_of(tvm_spinn.target.arch_of(tag))
+    groups = board_groups(board_grid(6), 2)[:2]
+    assert sorted(sliced["boards"])[:4] == sorted(groups[0] + groups[1])
+    nbytes = 16 * 64 * 4
+    chips = [np.concatenate([np.arange(48) + b * 48 for b in grp]) for grp in groups]
+    whole = point_to_point(topo, chips[0], chips[1], nbytes / 48).seconds
+    halves = sliced_hand_over(topo, groups[0], groups[1], nbytes).seconds
+    assert halves < whole
+    assert direct["handover_chunk_s"] - sliced["handover_chunk_s"] == pytest.approx(whole - halves)
 
 
 def test_ttft_never_below_the_bound(two_chunks, four_boards):

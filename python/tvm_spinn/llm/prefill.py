@@ -9,8 +9,9 @@ across the boards twice a block: :func:`tvm_spinn.timing.collectives.board_all_r
 inside a board, over its chips as the mapper plans it (the int8 weight GEMMs at ``M = C`` on the
 MAC arrays). Between stages each chunk's hidden state (``C x hidden`` elements of the plan's
 ``handover`` type) crosses the board links, each chip sending its share to its counterpart on
-the next group (:func:`tvm_spinn.timing.collectives.point_to_point`), then all-gathered on the
-receiving board where its first program reads it whole. Between one-board stages the hand-over
+the next group (:func:`tvm_spinn.timing.collectives.point_to_point`; between groups of several
+boards in slices where that is cheaper, :func:`tvm_spinn.timing.collectives.sliced_hand_over`),
+then all-gathered on the receiving board where its first program reads it whole. Between one-board stages the hand-over
 also takes relay paths: the edge-disjoint paths of board edges between the two boards that no
 other hand-over's routes or relays use (every hand-over runs at once in the pipeline's steady
 state), its shares split so that they finish together.
@@ -69,9 +70,12 @@ from .spec import MAX_DIM, LLMError, ModelSpec
 __all__ = ["PrefillPlan", "ChunkStep", "plan_prefill", "prefill_workload", "prefill_bound", "flow_shop_s",
            "flow_shop_path", "chunk_sizes", "TP_BOARDS", "MIN_CHUNK"]
 
-#: Smallest chunk: the MAC array's 16-wide side takes the chunk's tokens (M), and smaller chunks
-#: only add per-chunk fixed costs
-MIN_CHUNK = 16
+#: Smallest chunk searched (tokens). Every power of two from it is a candidate: a chunk's time on a
+#: stage whose on-board collectives and hand-over carry its rows is nearly proportional to its
+#: tokens, so a smaller chunk shortens the pipeline's fill (each stage's first chunk and
+#: hand-over), while each chunk pays the fixed costs (a streamed block's weights re-read, the
+#: hops' latencies) once; the climb (:func:`plan_prefill`) stops where they balance
+MIN_CHUNK = 1
 #: Boards a block is tensor-parallel over in the prefill search (1: a block on one board)
 TP_BOARDS = (1, 2, 4)
 #: Chunk-size ladders this short are searched whole; longer ones by a climb (see :func:`plan_prefill`)
@@ -454,7 +458,7 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
     from ..target.arch import FAULT_FIELDS
     from ..target.faults import board_view, live_chips, usable_boards, whole_boards
     from ..target.topology import board_grid, ring_order, topology_of
-    from ..timing.collectives import board_all_reduce, point_to_point, water_fill
+    from ..timing.collectives import board_all_reduce, point_to_point, sliced_hand_over, water_fill
     from ..timing.system import collective_cost
     from ..mapping.planner import resident_capacity
     from . import board_tp
@@ -617,14 +621,21 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
         return np.concatenate([live_chips(arch, b) for b in grp])
 
     def handover_s(groups, j: int, nbytes: float, gather: float) -> float:
-        """Group ``j`` to group ``j + 1`` on the link graph, each chip its share, and the
-        receiving board's all-gather of what its first program reads whole."""
+        """Group ``j`` to group ``j + 1`` on the link graph, each chip its share (a group of
+        several boards also in slices, :func:`~tvm_spinn.timing.collectives.sliced_hand_over`,
+        the cheaper), and the receiving board's all-gather of what its first program reads whole."""
         key = (len(groups[j]), j, nbytes, gather)
         if key not in pair_memo:
             src, dst = chips_of(groups[j]), chips_of(groups[j + 1])
             n = min(src.size, dst.size)  # a board with dead chips: its live ones, pairwise
             share = nbytes / cpb if n == len(groups[j]) * cpb else nbytes * len(groups[j]) / n
             s = point_to_point(topo, src[:n], dst[:n], share).seconds
+            if len(groups[j]) > 1 and n == len(groups[j]) * cpb and item <= 4:
+                # in slices: the group's last all-reduce (int32 sums, 4 bytes an element: no
+                # narrower a hand-over makes it dearer) stops after its reduce-scatter, each
+                # board sends its slice and the next group's all-gather completes it, as the
+                # all-reduce's second half would have on this group
+                s = min(s, sliced_hand_over(topo, groups[j], groups[j + 1], nbytes, cpb).seconds)
             if gather:
                 there = view_of(groups[j + 1][0])
                 there_topo = board_topo if there is board else topology_of(there)
