@@ -10,7 +10,7 @@ import pytest
 import tvm_spinn
 from tvm_spinn.llm import LLMError
 from tvm_spinn.llm.prefill import (chunk_sizes, flow_shop_path, flow_shop_s, plan_prefill, prefill_bound,
-                                   prefill_workload)
+                                   prefill_workload, replicated_flow_shop)
 from tvm_spinn.llm.spec import spec_of
 
 TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
@@ -53,6 +53,46 @@ def test_flow_shop_path_adds_up_to_the_makespan():
         assert sum(times[m, k] for m, k in path) == pytest.approx(flow_shop_s(times))
     # the hand count's second case: the slow second machine's two chunks are on the path
     assert flow_shop_path([[1.0, 1.0], [5.0, 5.0]]) == [(0, 0), (1, 0), (1, 1)]
+
+
+def test_replicated_flow_shop_of_one_replica_is_the_flow_shop():
+    rng = np.random.default_rng(1)
+    for stages, chunks in ((1, 1), (1, 6), (5, 1), (4, 7), (7, 3)):
+        t = rng.uniform(0.5, 2.0, size=(stages, chunks))
+        h = rng.uniform(0.1, 1.0, size=(stages - 1, chunks))
+        rows = [r for j in range(stages) for r in ([t[j]] + ([h[j]] if j < stages - 1 else []))]
+        makespan, path = replicated_flow_shop(t, 0.3 * t, h, 1, 0.2)
+        assert makespan == pytest.approx(flow_shop_s(rows))
+        assert path["blocks_s"] + path["handovers_s"] == pytest.approx(makespan) and path["kv_steps"] == 0
+        # more replicas: the path still adds up to the makespan, which is never longer
+        for r in (2, 3):
+            more, p = replicated_flow_shop(t, 0.3 * t, h, r, 0.2)
+            assert p["blocks_s"] + p["handovers_s"] + p["kv_s"] == pytest.approx(more)
+            assert p["steady_s"] + p["fill_drain_s"] == pytest.approx(more)
+            assert more <= makespan + 1e-12
+
+
+def test_replicated_flow_shop_against_a_hand_count():
+    # one stage, two boards: chunk 0 on board 0 (0 -> 1); chunk 1 on board 1 writes its own keys
+    # at 0.25 but waits for chunk 0's, written at 0.25 and sent in 0.1: attention at 0.35, done
+    # 0.75 later
+    makespan, path = replicated_flow_shop([[1.0, 1.0]], [[0.25, 0.25]], np.zeros((0, 2)), 2, 0.1)
+    assert makespan == pytest.approx(1.1)
+    assert (path["kv_steps"], path["kv_s"], path["blocks_s"]) == (1, pytest.approx(0.1), pytest.approx(1.0))
+    # no keys to wait for: n chunks on r boards take ceil(n / r) chunk times
+    for n, r in ((5, 2), (6, 3), (4, 4)):
+        assert replicated_flow_shop(np.ones((1, n)), np.zeros((1, n)), np.zeros((0, n)), r, 0.0)[0] == \
+            pytest.approx(math.ceil(n / r))
+    # two stages of two boards, chunks of 1 s, hand-overs of 0.5 s: board 0 of stage 0 runs chunks
+    # 0 and 2 (done at 1 and 2), chunk 2 crosses (2.5) and runs on board 0 of stage 1, free since
+    # chunk 0 left it at 2.5: done at 3.5
+    makespan, path = replicated_flow_shop(np.ones((2, 4)), np.zeros((2, 4)), np.full((1, 4), 0.5), 2, 0.0)
+    assert makespan == pytest.approx(3.5)
+    assert (path["stage_steps"], path["handover_steps"]) == (3, 1)
+    with pytest.raises(ValueError, match="replicas"):
+        replicated_flow_shop([[1.0]], [[0.0]], np.zeros((0, 1)), 0, 0.0)
+    with pytest.raises(ValueError, match="hand-over row fewer"):
+        replicated_flow_shop([[1.0], [1.0]], [[0.0], [0.0]], np.zeros((0, 1)), 1, 0.0)
 
 
 def test_chunk_sizes_divide_the_prompt():
@@ -174,6 +214,26 @@ def test_groups_hand_over_in_slices(monkeypatch, register_system):
     halves = sliced_hand_over(topo, groups[0], groups[1], nbytes).seconds
     assert halves < whole
     assert direct["handover_chunk_s"] - sliced["handover_chunk_s"] == pytest.approx(whole - halves)
+
+
+@pytest.mark.slow  # ~30-60 s: a plan on nine boards
+def test_stages_on_boards_taking_turns(monkeypatch, register_system):
+    """Nine boards hold four one-block stages of two boards each and the head: those layouts are
+    timed (every chunk size the climb reached), never below the bound, their critical path adding
+    up to the pipeline, and the plan the fastest candidate."""
+    _no_simulation(monkeypatch)
+    tag = register_system(tvm_spinn.make_system("prefill-nine-boards", boards=9), tag="spinn/prefill-nine-boards")
+    p = plan_prefill(TINY, tag, prompt=32, tp_boards=(1,))
+    turns = [r for r in p.candidates if r["replicas"] == 2]
+    assert turns and all(r["replicas"] == 1 for r in p.candidates if r not in turns)
+    for r in turns:
+        assert (r["stages"], r["blocks_per_stage"], r["boards_used"], len(r["boards"])) == (4, 1, 9, 9)
+        assert p.bound_s <= r["ttft_s"] and 0 < r["prefix_chunk_s"] <= r["stage_chunk_s"][0] and r["kv_chunk_s"] > 0
+        cp = r["critical_path"]
+        assert cp["blocks_s"] + cp["handovers_s"] + cp["kv_s"] == pytest.approx(r["pipeline_s"])
+    assert p.ttft_s == min(r["ttft_s"] for r in p.candidates)
+    assert p.replicas == next(r for r in p.candidates if r["ttft_s"] == p.ttft_s)["replicas"]
+    assert ("taking turns" in p.line()) == ("taking turns" in p.breakdown_line()) == (p.replicas > 1)
 
 
 def test_ttft_never_below_the_bound(two_chunks, four_boards):

@@ -41,8 +41,21 @@ times fewer stages, or one). One board runs every block as one stage. A layout w
 stream some of their blocks' weights is mapped with them streamed only when, timed with those
 blocks at the mapper's own choice (``auto``, never slower than streaming), it could beat the
 best layout found. One prompt is planned
-(a batch's prompts would follow it through the pipeline); data-parallel replicas do not shorten
-it, so the boards beyond the stages stay idle. The prompt's plan is the system's, whatever the
+(a batch's prompts would follow it through the pipeline).
+
+Where the system has the boards, a stage of one block may also run on ``r`` neighbouring boards
+(:data:`REPLICAS`), each holding the block's weights and its whole KV cache and taking every
+``r``-th chunk, so a stage starts a chunk while its other boards still run the earlier ones
+(:func:`replicated_flow_shop`). A chunk's attention reads every earlier chunk's keys and
+values: each board sends the chunk's keys and values (fp32) to the stage's other boards as soon
+as the block's work before its attention (its norm and the key, query and value projections,
+mapped alone: ``prefix``) has written them, each chip its share at once on the link graph, and a
+chunk's attention waits for those of the chunks before it (writing the received keys and values
+into a board's cache is not timed: ``2 x kv_heads x head_dim`` fp32 values a token and block). Each board hands a chunk over to its
+counterpart on the next stage (every pair at once on the link graph), charged the keys' and
+values' transfer on top of its own (the two may share board edges and are not timed together on
+the link graph). The chunk sizes are climbed again from the best layout's of one board a
+block (healthy systems only). The prompt's plan is the system's, whatever the
 decode placement: every decode alternative's time to first token is this plan's.
 
 On a system with faults or a partial allocation (:mod:`tvm_spinn.target.faults`) the prompt
@@ -68,7 +81,7 @@ import numpy as np
 from .spec import MAX_DIM, LLMError, ModelSpec
 
 __all__ = ["PrefillPlan", "ChunkStep", "plan_prefill", "prefill_workload", "prefill_bound", "flow_shop_s",
-           "flow_shop_path", "chunk_sizes", "TP_BOARDS", "MIN_CHUNK"]
+           "flow_shop_path", "replicated_flow_shop", "chunk_sizes", "TP_BOARDS", "REPLICAS", "MIN_CHUNK"]
 
 #: Smallest chunk searched (tokens). Every power of two from it is a candidate: a chunk's time on a
 #: stage whose on-board collectives and hand-over carry its rows is nearly proportional to its
@@ -78,6 +91,8 @@ __all__ = ["PrefillPlan", "ChunkStep", "plan_prefill", "prefill_workload", "pref
 MIN_CHUNK = 1
 #: Boards a block is tensor-parallel over in the prefill search (1: a block on one board)
 TP_BOARDS = (1, 2, 4)
+#: Boards a one-block stage may run on, each taking every ``r``-th chunk (1: one board a stage)
+REPLICAS = (2, 4, 8)
 #: Chunk-size ladders this short are searched whole; longer ones by a climb (see :func:`plan_prefill`)
 EXHAUSTIVE = 2
 
@@ -143,6 +158,110 @@ def flow_shop_path(times) -> list[tuple[int, int]]:
         m, k = (m - 1, k) if up >= left else (m, k - 1)
         path.append((m, k))
     return path[::-1]
+
+
+def replicated_flow_shop(stages, prefix, handovers, replicas: int, kv_s: float) -> tuple[float, dict]:
+    """Makespan of chunks through stages of ``replicas`` boards each running the stage's blocks,
+    chunk ``k`` on replica ``k mod replicas`` (round robin), and where the time goes.
+
+    ``stages[j][k]``: chunk ``k``'s seconds on stage ``j``; ``prefix[j][k]``: of them, the
+    seconds until its keys and values are written (the blocks' work before their attention
+    reads the cache); ``handovers[j][k]``: its hand-over from stage ``j`` to ``j + 1``, each
+    replica to its counterpart (one fewer row than ``stages``). A replica takes its chunks in
+    order, one at a time; a chunk's attention needs every earlier chunk's keys and values, which
+    an earlier chunk's replica sends the others ``kv_s`` after writing them. So chunk ``k`` on
+    stage ``j`` starts when it has arrived and its replica is free, waits at its attention for
+    the earlier chunks' keys and values, and finishes the rest of its blocks; one replica is the
+    flow shop (:func:`flow_shop_s`).
+
+    Returns
+    -------
+    tuple
+        The makespan and, of its critical path (from the last chunk's finish back, each
+        cell to the constraint its start or its attention waited for), the seconds of blocks,
+        of hand-overs and of waits for other replicas' keys and values (``kv_s``), with the
+        cells of each.
+    """
+    stages = np.asarray(stages, dtype=np.float64)
+    prefix = np.minimum(np.asarray(prefix, dtype=np.float64), stages)
+    handovers = np.asarray(handovers, dtype=np.float64).reshape(-1, stages.shape[1])
+    if stages.ndim != 2 or stages.size == 0 or handovers.shape[0] != stages.shape[0] - 1:
+        raise ValueError(f"stages must be stages x chunks (non-empty) with one hand-over row fewer, got "
+                         f"{stages.shape} and {handovers.shape}")
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise ValueError(f"replicas must be an integer >= 1, got {replicas!r}")
+    S, n = stages.shape
+    R = replicas
+    finish = np.zeros((S, n))
+    began_by_replica = np.zeros((S, n), dtype=bool)  # else by its arrival
+    kv_src = np.full((S, n), -1, dtype=np.int64)  # the chunk whose keys and values its attention waited for
+    hand_by_previous = np.zeros((max(S - 1, 0), n), dtype=bool)  # else by its stage's finish
+    arrive = np.zeros(n)
+    for j in range(S):
+        free = np.zeros(R)
+        ready = np.full(R, -math.inf)  # per replica: when the other chunks' keys and values are all there
+        ready_src = np.full(R, -1, dtype=np.int64)
+        for k in range(n):
+            r = k % R
+            begin = max(arrive[k], free[r])
+            began_by_replica[j, k] = free[r] > arrive[k]
+            attend = begin + prefix[j, k]
+            if ready[r] > attend:
+                attend, kv_src[j, k] = ready[r], ready_src[r]
+            finish[j, k] = attend + stages[j, k] - prefix[j, k]
+            free[r] = finish[j, k]
+            if R > 1:
+                kv = begin + prefix[j, k] + kv_s
+                for q in range(R):
+                    if q != r and kv > ready[q]:
+                        ready[q], ready_src[q] = kv, k
+        if j < S - 1:
+            last = np.zeros(R)
+            done = np.zeros(n)
+            for k in range(n):
+                r = k % R
+                hand_by_previous[j, k] = last[r] > finish[j, k]
+                done[k] = max(finish[j, k], last[r]) + handovers[j, k]
+                last[r] = done[k]
+            arrive = done
+    out = dict(blocks_s=0.0, handovers_s=0.0, kv_s=0.0, stage_steps=0, handover_steps=0, kv_steps=0)
+    on = np.zeros(S, dtype=np.int64)  # the path's stage cells on each stage, and their seconds
+    on_s = np.zeros(S)
+    j, k = S - 1, int(np.argmax(finish[-1]))
+    makespan = float(finish[j, k])
+    node = "finish"
+    while True:
+        if node == "finish":
+            out["stage_steps"] += 1
+            on[j] += 1
+            if kv_src[j, k] >= 0:  # the rest of its blocks after the wait, the transfer, the source's prefix
+                t = stages[j, k] - prefix[j, k] + prefix[j, kv_src[j, k]]
+                out["kv_s"] += kv_s
+                out["kv_steps"] += 1
+                on_s[j] += kv_s
+                k = int(kv_src[j, k])
+            else:
+                t = stages[j, k]
+            out["blocks_s"] += t
+            on_s[j] += t
+            node = "begin"
+        elif node == "begin":
+            if began_by_replica[j, k]:
+                k, node = k - R, "finish"
+            elif j == 0:
+                break
+            else:
+                j, node = j - 1, "hand"
+        else:  # a hand-over from stage j: after the previous one of its replica pair, or its chunk's finish
+            out["handovers_s"] += handovers[j, k]
+            out["handover_steps"] += 1
+            if hand_by_previous[j, k]:
+                k -= R
+            else:
+                node = "finish"
+    steady = int(np.argmax(on))  # the stage holding most of the path's cells (the first of a tie)
+    out.update(steady_steps=int(on[steady]), steady_s=float(on_s[steady]), fill_drain_s=makespan - float(on_s[steady]))
+    return makespan, out
 
 
 def _critical_path(rows: list, reduces: list) -> dict:
@@ -305,6 +424,11 @@ class PrefillPlan:
     #: last), ``block_bounds_s`` (what binds the mapped block at the first chunk, each kind
     #: alone), ``all_reduces_chunk_s`` (a block's all-reduces on a chunk across its boards)
     breakdown: dict = dataclasses.field(default_factory=dict)
+    #: boards each one-block stage runs on, each taking every ``replicas``-th chunk
+    #: (:func:`replicated_flow_shop`); ``breakdown`` then also gives ``kv_chunk_s`` (a chunk's
+    #: keys and values to the stage's other boards) and ``prefix_chunk_s`` (a block's chunk
+    #: until its keys and values are written)
+    replicas: int = 1
 
     @property
     def efficiency(self) -> float:
@@ -318,8 +442,13 @@ class PrefillPlan:
             return ""
         cp = b["critical_path"]
         bounds = ", ".join(f"{k} {v * 1e3:.3g}" for k, v in b["block_bounds_s"].items())
-        return (f"pipeline {self.parts_s['pipeline_s'] * 1e3:.4g} ms = {cp['stage_steps']} stage steps "
-                f"({cp['blocks_s'] * 1e3:.4g} ms blocks + {cp['all_reduces_s'] * 1e3:.4g} ms all-reduces) + "
+        kv = (f" + {cp['kv_steps']} waits for another board's keys and values ({cp['kv_s'] * 1e3:.4g} ms)"
+              if "kv_s" in cp else "")
+        turns = (f"each stage on {self.replicas} boards taking turns (keys and values to the others "
+                 f"{b['kv_chunk_s'] * 1e3:.3g} ms, written after {b['prefix_chunk_s'] * 1e3:.3g} ms); "
+                 if self.replicas > 1 else "")
+        return (f"{turns}pipeline {self.parts_s['pipeline_s'] * 1e3:.4g} ms = {cp['stage_steps']} stage steps "
+                f"({cp['blocks_s'] * 1e3:.4g} ms blocks + {cp['all_reduces_s'] * 1e3:.4g} ms all-reduces){kv} + "
                 f"{cp['handover_steps']} hand-overs ({cp['handovers_s'] * 1e3:.4g} ms); steady "
                 f"{cp['steady_s'] * 1e3:.4g} ms ({cp['steady_steps']} chunks on one machine), fill/drain "
                 f"{cp['fill_drain_s'] * 1e3:.4g} ms; a block's chunk {b['block_chunk_s'][0] * 1e3:.3g}-"
@@ -336,6 +465,7 @@ class PrefillPlan:
         """One line: TTFT, layout, bound and efficiency."""
         return (f"{self.ttft_s * 1e3:.4g} ms for {self.prompt} tokens: {self.chunks} chunk(s) of {self.chunk} through "
                 f"{self.stages} stage(s) of {self.blocks_per_stage} block(s) on {self.tp_boards} board(s) "
+                f"{f'x {self.replicas} taking turns ' if self.replicas > 1 else ''}"
                 f"({self.boards_used} boards); bound {self.bound_s * 1e3:.4g} ms ({self.bound['binding']}), "
                 f"efficiency {self.efficiency:.4f}; waits on {self.busiest['kind']} "
                 f"({self.busiest['seconds'] * 1e3:.4g} ms over the chunks)")
@@ -620,17 +750,18 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
     def chips_of(grp) -> np.ndarray:
         return np.concatenate([live_chips(arch, b) for b in grp])
 
-    def handover_s(groups, j: int, nbytes: float, gather: float) -> float:
+    def handover_s(groups, j: int, nbytes: float, gather: float, sliced: bool = True) -> float:
         """Group ``j`` to group ``j + 1`` on the link graph, each chip its share (a group of
-        several boards also in slices, :func:`~tvm_spinn.timing.collectives.sliced_hand_over`,
-        the cheaper), and the receiving board's all-gather of what its first program reads whole."""
-        key = (len(groups[j]), j, nbytes, gather)
+        several boards also in slices where ``sliced``, :func:`~tvm_spinn.timing.collectives.
+        sliced_hand_over`, the cheaper), and the receiving board's all-gather of what its first
+        program reads whole."""
+        key = (len(groups[j]), j, nbytes, gather, sliced)
         if key not in pair_memo:
             src, dst = chips_of(groups[j]), chips_of(groups[j + 1])
             n = min(src.size, dst.size)  # a board with dead chips: its live ones, pairwise
             share = nbytes / cpb if n == len(groups[j]) * cpb else nbytes * len(groups[j]) / n
             s = point_to_point(topo, src[:n], dst[:n], share).seconds
-            if len(groups[j]) > 1 and n == len(groups[j]) * cpb and item <= 4:
+            if sliced and len(groups[j]) > 1 and n == len(groups[j]) * cpb and item <= 4:
                 # in slices: the group's last all-reduce (int32 sums, 4 bytes an element: no
                 # narrower a hand-over makes it dearer) stops after its reduce-scatter, each
                 # board sends its slice and the next group's all-gather completes it, as the
@@ -692,6 +823,92 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
                 pair_memo[key] = min(alone, seconds + alone - point_to_point(
                     topo, np.arange(cpb) + a * cpb, np.arange(cpb) + b * cpb, nbytes / cpb).seconds)
         return pair_memo[key]
+
+    def prefix_s(c: int, on) -> "float | None":
+        """Seconds of one block's chunk until its keys and values are written: its programs
+        up to the first that reads the KV cache, that one cut before its first matmul of
+        activations (the attention's), mapped on ``on`` with weights as the mapper keeps them;
+        None where the block has no such matmul."""
+        key = ("prefix", c)
+        if key not in timed:
+            programs, host = _describe_chunk(cfg, spec, target, dtype, c, contexts(c)[0], memo, 1)
+            pieces = []
+            for program in programs:
+                at = next((i for i, layer in enumerate(program.layers) if layer.kind == "matmul"), None)
+                if at is None:
+                    pieces.append(program)
+                    continue
+                if at:
+                    pieces.append(P._slice(program, 0, at))
+                break
+            else:
+                pieces = None
+            timed[key] = (None if not pieces else
+                          P._map_stage(pieces, on, host, 0, weights="auto", memo=stages_memo).latency_s)
+        return timed[key]
+
+    def _replicated(r: int, best: dict, start: int) -> dict:
+        """The best of ``best`` and the layouts of one block a stage on ``r`` boards (at
+        chunk sizes climbed from ``start``): each stage a group of ``r`` neighbouring boards
+        (:func:`board_tp.board_groups`), chunk ``k`` on board ``k mod r`` of each; a chunk's
+        keys and values (the stage's block's, fp32) sent from its board to the group's others
+        each chip its share at once (:func:`~tvm_spinn.timing.collectives.point_to_point`), a
+        hand-over every board of a group to its counterpart on the next at once."""
+        groups = layout(r)
+        free = sorted(b for b in live_boards if all(b not in grp for grp in groups))
+        if len(groups) - (0 if free else 1) < L:
+            return best
+        kv_bytes = 2 * spec.kv_heads * spec.head_dim * 4  # a token's key and value of one block, fp32
+        src = np.tile(chips_of(groups[0][:1]), r - 1)
+        dst = chips_of(groups[0][1:])
+        seen: dict = {}
+
+        def evaluate_r(c: int) -> float:
+            if c in seen:
+                return seen[c][0]
+            times = block_times(1, c, False)
+            pre = prefix_s(c, board)
+            n = prompt // c
+            if times is None or pre is None:
+                seen[c] = (math.inf, None)
+                return math.inf
+            gather = times["gather"] * item // 4
+            kv = point_to_point(topo, src, dst, c * kv_bytes / cpb).seconds
+            hand = [handover_s(groups, j, c * spec.hidden * item, gather, sliced=False) for j in range(L - 1)]
+            stage_rows = np.tile(times["auto"], (L, 1))
+            # a hand-over may cross the board edges the keys and values take: charged both
+            hand = [h + kv for h in hand]
+            pipeline, path = replicated_flow_shop(stage_rows, np.full((L, n), pre),
+                                                  np.array(hand)[:, None] + np.zeros(n), r, kv)
+            head_board = groups[L][0] if L < len(groups) else free[0]
+            last = point_to_point(topo, [int(live_chips(arch, groups[L - 1][(n - 1) % r])[0])],
+                                  [int(live_chips(arch, head_board)[0])], spec.hidden * item).seconds
+            ttft = pipeline + last + head_s + host_io
+            on = sorted({b for grp in groups[:L] for b in grp} | {head_board})
+            path = dict(path, all_reduces_s=0.0)
+            record = dict(tp_boards=1, replicas=r, chunk=c, chunks=n, blocks_per_stage=1, stages=L,
+                          boards_used=L * r + 1, ttft_s=ttft, pipeline_s=pipeline, head_s=head_s, boards=on,
+                          head_handover_s=last, handover_chunk_s=max(hand, default=0.0), all_reduces_chunk_s=0.0,
+                          kv_chunk_s=kv, prefix_chunk_s=pre,
+                          stage_total_s=float(np.sum(times["auto"])) / r, links_total_s=n * max(hand, default=0.0) / r,
+                          stage_chunk_s=(float(times["auto"][0]), float(times["auto"][-1])),
+                          block_chunk_s=(float(times["auto"][0]), float(times["auto"][-1])),
+                          block_bounds_s=times["bounds"], critical_path=path)
+            candidates.append(record)
+            seen[c] = (ttft, record)
+            return ttft
+
+        ladder = chunk_sizes(prompt)
+        at = ladder.index(start)
+        here = evaluate_r(ladder[at])
+        while True:
+            step = next((k for k in (at - 1, at + 1) if 0 <= k < len(ladder) and evaluate_r(ladder[k]) < here), None)
+            if step is None:
+                break
+            at, here = step, seen[ladder[step]][0]
+        top = min((v for v in seen.values() if v[1] is not None), key=lambda v: (v[0], v[1]["boards_used"]),
+                  default=None)
+        return top[1] if top is not None and top[0] < best["ttft_s"] else best
 
     host_io = P._step_io(arch, 1, prompt, None, [0])["host_io_prefill_s"]
     candidates = []
@@ -775,7 +992,7 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
                 stage_total = max(float(np.sum(r)) for r in rows[::2])
                 link_total = n * max(links, default=0.0)
                 on = sorted({b for grp in groups[:stages] for b in grp} | ({head_board} if head_board is not None else set()))
-                record = dict(tp_boards=g, chunk=c, chunks=n, blocks_per_stage=m, stages=stages,
+                record = dict(tp_boards=g, replicas=1, chunk=c, chunks=n, blocks_per_stage=m, stages=stages,
                               boards_used=stages * g + (1 if boards > 1 else 0), ttft_s=ttft, pipeline_s=pipeline,
                               head_s=head_here, boards=on,
                               head_handover_s=last, handover_chunk_s=max(links, default=0.0),
@@ -822,6 +1039,12 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
             if step is None:
                 break
             at, here = step, evaluated[ladder[step]]
+    one = min((r for r in candidates if r["tp_boards"] == 1), key=lambda r: r["ttft_s"], default=None)
+    if best is not None and one is not None and not small and not arch.has_faults and total_boards > 1:
+        # one block a stage on each of ``r`` boards, the chunks dealt round robin (see
+        # :func:`replicated_flow_shop`), at the chunk sizes climbed from the best of one board a block
+        for r in REPLICAS:
+            best = _replicated(r, best, one["chunk"])
     if best is None:
         raise LLMError(f"no prefill layout of {model_name} fits {arch.name}")
     bound = prefill_bound(spec, prompt, dtype, arch, item)
@@ -835,5 +1058,6 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
                                         "head_s": best["head_s"], "host_io_s": host_io},
         busiest=busiest, stage_chunk_s=best["stage_chunk_s"], handover_chunk_s=best["handover_chunk_s"],
         candidates=tuple(sorted(candidates, key=lambda r: (r["ttft_s"], r["boards_used"]))),
-        boards=tuple(best["boards"]),
-        breakdown={k: best[k] for k in ("critical_path", "block_chunk_s", "block_bounds_s", "all_reduces_chunk_s")})
+        boards=tuple(best["boards"]), replicas=best["replicas"],
+        breakdown={k: best[k] for k in ("critical_path", "block_chunk_s", "block_bounds_s", "all_reduces_chunk_s",
+                                        "kv_chunk_s", "prefix_chunk_s") if k in best})
