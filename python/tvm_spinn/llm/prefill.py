@@ -183,11 +183,13 @@ def replicated_flow_shop(stages, prefix, handovers, replicas: int, kv_s: float) 
         cells of each.
     """
     stages = np.asarray(stages, dtype=np.float64)
-    prefix = np.minimum(np.asarray(prefix, dtype=np.float64), stages)
-    handovers = np.asarray(handovers, dtype=np.float64).reshape(-1, stages.shape[1])
-    if stages.ndim != 2 or stages.size == 0 or handovers.shape[0] != stages.shape[0] - 1:
-        raise ValueError(f"stages must be stages x chunks (non-empty) with one hand-over row fewer, got "
-                         f"{stages.shape} and {handovers.shape}")
+    prefix = np.asarray(prefix, dtype=np.float64)
+    handovers = np.asarray(handovers, dtype=np.float64)
+    if (stages.ndim != 2 or stages.size == 0 or prefix.shape != stages.shape or handovers.ndim != 2
+            or handovers.shape != (stages.shape[0] - 1, stages.shape[1])):
+        raise ValueError(f"stages and prefix must be stages x chunks (non-empty) with one hand-over row fewer, "
+                         f"got {stages.shape}, {prefix.shape} and {handovers.shape}")
+    prefix = np.minimum(prefix, stages)
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
         raise ValueError(f"replicas must be an integer >= 1, got {replicas!r}")
     S, n = stages.shape
