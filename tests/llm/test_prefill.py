@@ -347,3 +347,20 @@ def test_every_alternatives_ttft_is_the_prompts_plan(monkeypatch, register_syste
     alts = result.plan["alternatives"]
     assert len(alts) >= 2 and any(k.startswith("board_tp") for k in alts)
     assert all(a["ttft_s"] == result.ttft_s == result.plan["prefill"]["ttft_s"] for a in alts.values())
+
+
+def test_pruned_search_picks_the_exhaustive_plan(monkeypatch, four_boards):
+    """Leaving untimed the layouts whose lower bound exceeds the best found picks the plan that
+    timing every layout the search reaches picks; what it leaves out is slower than the plan."""
+    _no_simulation(monkeypatch)
+    memo = {}
+    for search in ("climb", "all"):
+        full = plan_prefill(TINY, four_boards, prompt=32, memo=memo, search=search, prune=False)
+        pruned = plan_prefill(TINY, four_boards, prompt=32, memo=memo, search=search)
+        assert pruned.line() == full.line() and pruned.breakdown_line() == full.breakdown_line()
+        assert (pruned.chunk, pruned.tp_boards, pruned.replicas, pruned.stages, pruned.boards) == \
+            (full.chunk, full.tp_boards, full.replicas, full.stages, full.boards)
+        assert pruned.ttft_s == full.ttft_s
+        kept = [r for r in full.candidates if r in pruned.candidates]
+        assert len(kept) == len(pruned.candidates)
+        assert all(r["ttft_s"] > pruned.ttft_s for r in full.candidates if r not in pruned.candidates)

@@ -123,12 +123,15 @@ def flow_shop_s(times) -> float:
     times = np.asarray(times, dtype=np.float64)
     if times.ndim != 2 or times.size == 0:
         raise ValueError(f"times must be machines x chunks (non-empty), got shape {times.shape}")
-    finish = np.zeros(times.shape[1])
-    for row in times:
+    # Python floats (the same IEEE doubles): the recurrence is sequential, and numpy's per-element
+    # access would cost several times the arithmetic
+    finish = [0.0] * times.shape[1]
+    for row in times.tolist():
         # finish[k] = max(previous machine's finish[k], this machine's finish[k - 1]) + row[k]
         done = 0.0
-        for k in range(row.size):
-            done = max(done, finish[k]) + row[k]
+        for k, t in enumerate(row):
+            f = finish[k]
+            done = (done if done > f else f) + t
             finish[k] = done
     return float(finish[-1])
 
@@ -144,17 +147,21 @@ def flow_shop_path(times) -> list[tuple[int, int]]:
     if times.ndim != 2 or times.size == 0:
         raise ValueError(f"times must be machines x chunks (non-empty), got shape {times.shape}")
     machines, chunks = times.shape
-    finish = np.zeros_like(times)
-    for m in range(machines):
+    finish = []
+    above = [0.0] * chunks
+    for row in times.tolist():
         done = 0.0
-        for k in range(chunks):
-            done = max(done, finish[m - 1, k] if m else 0.0) + times[m, k]
-            finish[m, k] = done
+        mine = []
+        for f, t in zip(above, row):
+            done = (done if done > f else f) + t
+            mine.append(done)
+        finish.append(mine)
+        above = mine
     path = [(machines - 1, chunks - 1)]
     m, k = path[0]
     while m or k:
-        up = finish[m - 1, k] if m else -math.inf
-        left = finish[m, k - 1] if k else -math.inf
+        up = finish[m - 1][k] if m else -math.inf
+        left = finish[m][k - 1] if k else -math.inf
         m, k = (m - 1, k) if up >= left else (m, k - 1)
         path.append((m, k))
     return path[::-1]
@@ -194,38 +201,52 @@ def replicated_flow_shop(stages, prefix, handovers, replicas: int, kv_s: float) 
         raise ValueError(f"replicas must be an integer >= 1, got {replicas!r}")
     S, n = stages.shape
     R = replicas
-    finish = np.zeros((S, n))
-    began_by_replica = np.zeros((S, n), dtype=bool)  # else by its arrival
-    kv_src = np.full((S, n), -1, dtype=np.int64)  # the chunk whose keys and values its attention waited for
-    hand_by_previous = np.zeros((max(S - 1, 0), n), dtype=bool)  # else by its stage's finish
-    arrive = np.zeros(n)
+    # Python floats (the same IEEE doubles) in the sequential recurrences: numpy's per-element
+    # access would cost several times the arithmetic
+    st, pre, ho = stages.tolist(), prefix.tolist(), handovers.tolist()
+    finish = [[0.0] * n for _ in range(S)]
+    began_by_replica = [[False] * n for _ in range(S)]  # else by its arrival
+    kv_src = [[-1] * n for _ in range(S)]  # the chunk whose keys and values its attention waited for
+    hand_by_previous = [[False] * n for _ in range(max(S - 1, 0))]  # else by its stage's finish
+    arrive = [0.0] * n
     for j in range(S):
-        free = np.zeros(R)
-        ready = np.full(R, -math.inf)  # per replica: when the other chunks' keys and values are all there
-        ready_src = np.full(R, -1, dtype=np.int64)
+        free = [0.0] * R
+        ready = [-math.inf] * R  # per replica: when the other chunks' keys and values are all there
+        ready_src = [-1] * R
+        st_j, pre_j, fin_j, src_j, by_j = st[j], pre[j], finish[j], kv_src[j], began_by_replica[j]
         for k in range(n):
             r = k % R
-            begin = max(arrive[k], free[r])
-            began_by_replica[j, k] = free[r] > arrive[k]
-            attend = begin + prefix[j, k]
+            a, f = arrive[k], free[r]
+            begin = a if a > f else f
+            by_j[k] = f > a
+            p = pre_j[k]
+            attend = begin + p
             if ready[r] > attend:
-                attend, kv_src[j, k] = ready[r], ready_src[r]
-            finish[j, k] = attend + stages[j, k] - prefix[j, k]
-            free[r] = finish[j, k]
+                attend, src_j[k] = ready[r], ready_src[r]
+            done = attend + st_j[k] - p
+            fin_j[k] = done
+            free[r] = done
             if R > 1:
-                kv = begin + prefix[j, k] + kv_s
+                kv = begin + p + kv_s
                 for q in range(R):
                     if q != r and kv > ready[q]:
                         ready[q], ready_src[q] = kv, k
         if j < S - 1:
-            last = np.zeros(R)
-            done = np.zeros(n)
+            last = [0.0] * R
+            done_k = [0.0] * n
+            ho_j, prev_j = ho[j], hand_by_previous[j]
             for k in range(n):
                 r = k % R
-                hand_by_previous[j, k] = last[r] > finish[j, k]
-                done[k] = max(finish[j, k], last[r]) + handovers[j, k]
-                last[r] = done[k]
-            arrive = done
+                f, l = fin_j[k], last[r]
+                prev_j[k] = l > f
+                d = (f if f > l else l) + ho_j[k]
+                done_k[k] = d
+                last[r] = d
+            arrive = done_k
+    finish = np.array(finish)
+    kv_src = np.array(kv_src, dtype=np.int64)
+    began_by_replica = np.array(began_by_replica, dtype=bool)
+    hand_by_previous = np.array(hand_by_previous, dtype=bool).reshape(max(S - 1, 0), n)
     out = dict(blocks_s=0.0, handovers_s=0.0, kv_s=0.0, stage_steps=0, handover_steps=0, kv_steps=0)
     on = np.zeros(S, dtype=np.int64)  # the path's stage cells on each stage, and their seconds
     on_s = np.zeros(S)
@@ -541,7 +562,8 @@ def _check(spec: ModelSpec, prompt, chunk) -> None:
 
 def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = "int8", handover: str = "fp32",
                  chunk: "int | None" = None, tp_boards: "tuple | None" = None, memo: "dict | None" = None,
-                 model_name: "str | None" = None, search: str = "climb", relays: bool = True) -> PrefillPlan:
+                 model_name: "str | None" = None, search: str = "climb", relays: bool = True,
+                 prune: bool = True) -> PrefillPlan:
     """Plan the prefill of one ``prompt``-token prompt (the time to first token) on a spinn system.
 
     Parameters
@@ -573,6 +595,11 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
         Hand-overs between one-board stages of a healthy system also take the edge-disjoint
         relay paths through neighbouring boards that no other hand-over uses (default), or only
         their chips' own routes (False).
+    prune : bool
+        Leave untimed a layout whose lower bound (a machine of its pipeline running every chunk
+        between the first chunk's way there and the last one's way on) exceeds the best time
+        found (default; the same plan, in less planning time), or time every layout the search
+        reaches (False: ``candidates`` holds them all).
 
     Returns
     -------
@@ -865,21 +892,34 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
         dst = chips_of(groups[0][1:])
         seen: dict = {}
 
-        def evaluate_r(c: int) -> float:
+        def evaluate_r(c: int, above: float = math.inf) -> float:
+            """Chunk size ``c``'s time to first token; where a lower bound of it exceeds
+            ``above``, that bound (the layout is not timed)."""
             if c in seen:
                 return seen[c][0]
             times = block_times(1, c, False)
-            pre = prefix_s(c, board)
             n = prompt // c
-            if times is None or pre is None:
+            if times is None:
                 seen[c] = (math.inf, None)
                 return math.inf
             gather = times["gather"] * item // 4
             kv = point_to_point(topo, src, dst, c * kv_bytes / cpb).seconds
             hand = [handover_s(groups, j, c * spec.hidden * item, gather, sliced=False) for j in range(L - 1)]
-            stage_rows = np.tile(times["auto"], (L, 1))
             # a hand-over may cross the board edges the keys and values take: charged both
             hand = [h + kv for h in hand]
+            # a bound from below (planning time): each board of the last stage runs its chunks one
+            # after another, its first one no earlier than it crossed every stage before
+            auto = times["auto"]
+            busy = np.array([float(np.sum(auto[q::r])) for q in range(min(r, n))])
+            lower = float(np.max(busy + (L - 1) * auto[:busy.size])) + sum(hand) + head_s + host_io
+            if lower * (1 - 1e-9) > above:  # a margin for the sums' rounding
+                seen[c] = (lower, None)
+                return lower
+            pre = prefix_s(c, board)
+            if pre is None:
+                seen[c] = (math.inf, None)
+                return math.inf
+            stage_rows = np.tile(auto, (L, 1))
             pipeline, path = replicated_flow_shop(stage_rows, np.full((L, n), pre),
                                                   np.array(hand)[:, None] + np.zeros(n), r, kv)
             head_board = groups[L][0] if L < len(groups) else free[0]
@@ -904,7 +944,9 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
         at = ladder.index(start)
         here = evaluate_r(ladder[at])
         while True:
-            step = next((k for k in (at - 1, at + 1) if 0 <= k < len(ladder) and evaluate_r(ladder[k]) < here), None)
+            above = here if prune else math.inf
+            step = next((k for k in (at - 1, at + 1) if 0 <= k < len(ladder) and evaluate_r(ladder[k], above) < here),
+                        None)
             if step is None:
                 break
             at, here = step, seen[ladder[step]][0]
@@ -917,7 +959,24 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
     best = None
     widths = [g for g in (tp_boards or TP_BOARDS) if g == 1 or (boards >= g + 1 and dtype == "int8")]
     sizes = [chunk] if chunk is not None else chunk_sizes(prompt)
+
+    def turns(best: "dict | None") -> "dict | None":
+        """The best of ``best`` and the layouts of one-block stages on boards taking turns."""
+        one = min((r for r in candidates if r["tp_boards"] == 1), key=lambda r: r["ttft_s"], default=None)
+        if best is not None and one is not None and not small and not arch.has_faults and total_boards > 1:
+            # one block a stage on each of ``r`` boards, the chunks dealt round robin (see
+            # :func:`replicated_flow_shop`), at the chunk sizes climbed from the best of one board a block
+            for r in REPLICAS:
+                best = _replicated(r, best, one["chunk"])
+        return best
+
+    # the best of the layouts without boards taking turns (the wider blocks' chunk size)
+    climb_best = None
+    took_turns = False
     for g in widths:
+        if g != 1 and not took_turns and any(r["tp_boards"] == 1 for r in candidates):
+            # boards taking turns before wider blocks: a faster best leaves more of those unmapped
+            best, took_turns = turns(best), True
         groups = layout(g)
         # the head needs a board of its own when the blocks run on several boards (a whole one first)
         free = sorted((b for b in live_boards if all(b not in grp for grp in groups)), key=lambda b: (b not in whole, b))
@@ -930,20 +989,37 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
 
         def evaluate(c: int) -> float:
             """The best TTFT of chunk size ``c`` over the stage sizes (records every layout)."""
-            nonlocal best
+            nonlocal best, climb_best
             if c in evaluated:
                 return evaluated[c]
             # a stage of more blocks than its board keeps resident streams the rest
             if _slice_spec(g) is None:
                 evaluated[c] = math.inf
                 return math.inf
+            n = prompt // c
+            if g > 1 and prune and best is not None:
+                # a bound from below before mapping the slice (planning time): each stage runs
+                # its blocks' all-reduces on every chunk, each hand-over carries every chunk
+                # (the receiving board's gather left out); a machine of the flow shop running
+                # every chunk, each other machine one chunk
+                ranks = [[int(x) + b * cpb for x in ring] for b in groups[0]]
+                reduce_s = board_tp.block_all_reduces(spec) * board_all_reduce(topo, ranks, c * spec.hidden * 4).seconds
+                lowest = math.inf
+                for m in per_stage:
+                    stages = math.ceil(L / m)
+                    cells = [m * reduce_s] * (stages - 1) + [(L - m * (stages - 1)) * reduce_s]
+                    if stages > 1:
+                        cells += [handover_s(groups, 0, c * spec.hidden * item, 0)] * (stages - 1)
+                    lowest = min(lowest, sum(cells) + (n - 1) * max(cells) + host_io)
+                if lowest * (1 - 1e-9) > best["ttft_s"]:  # a margin for the sums' rounding
+                    evaluated[c] = lowest
+                    return lowest
             block_w = _block_weight(g, c)
             fit = max(1, int(budget // max(1, block_w)))
             times = block_times(g, c, False)
             if times is None:
                 evaluated[c] = math.inf
                 return math.inf
-            n = prompt // c
             reduce_s = 0.0
             if g > 1:
                 ranks = [[int(x) + b * cpb for x in ring] for b in groups[0]]
@@ -951,9 +1027,11 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
                     topo, ranks, c * spec.hidden * 4).seconds  # int32 partial sums
             c_best = math.inf
 
-            def timed_layout(m: int, times: dict) -> dict:
+            def timed_layout(m: int, times: dict, ttft_only: bool = False,
+                             above: "float | None" = None) -> "dict | float | None":
                 """The layout of ``m`` blocks a stage at chunk size ``c`` (``times``: a whole
-                board's block times)."""
+                board's block times); where ``ttft_only``, its time to first token alone; None
+                where a lower bound of that exceeds ``above`` (the layout is not timed)."""
 
                 def times_on(j: int) -> dict:
                     """The block times of stage ``j`` on its board as it is (a group: whole boards)."""
@@ -978,8 +1056,15 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
                                 if relays and g == 1 and not arch.has_faults and total_boards > 1 else hand)
                         rows.append(np.full(n, here))
                         links.append(here)
+                if above is not None:
+                    # a bound from below (planning time): some machine runs every chunk, after the
+                    # first chunk crossed the machines before it and before the last crosses those after
+                    first = np.cumsum([0.0] + [float(r[0]) for r in rows[:-1]])
+                    after = np.cumsum([0.0] + [float(r[-1]) for r in rows[:0:-1]])[::-1]
+                    lower = float(np.max(first + np.array([float(np.sum(r)) for r in rows]) + after)) + host_io
+                    if lower * (1 - 1e-9) > above:  # a margin for the sums' rounding
+                        return None
                 pipeline = flow_shop_s(rows)
-                path = _critical_path(rows, reduces)
                 # the last token's hidden state to the head's board (its own board beyond the stages)
                 last, head_here, head_board = 0.0, head_s, None
                 if boards > 1:
@@ -991,6 +1076,9 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
                     if view_of(head_board) is not board:
                         head_here = head_on(view_of(head_board))
                 ttft = pipeline + last + head_here + host_io
+                if ttft_only:
+                    return ttft
+                path = _critical_path(rows, reduces)
                 stage_total = max(float(np.sum(r)) for r in rows[::2])
                 link_total = n * max(links, default=0.0)
                 on = sorted({b for grp in groups[:stages] for b in grp} | ({head_board} if head_board is not None else set()))
@@ -1012,15 +1100,23 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
                     # (``auto`` takes the faster of keeping and streaming them), so a layout timed
                     # with its streamed blocks at the ``auto`` times bounds it from below: one no
                     # better than the best so far is left unmapped (planning time)
-                    if best is not None and timed_layout(m, times)["ttft_s"] > best["ttft_s"]:
+                    if best is not None and (timed_layout(m, times, True, best["ttft_s"] if prune else None)
+                                          or math.inf) > best["ttft_s"]:
                         continue
                     full = block_times(g, c, True)
-                record = timed_layout(m, full)
+                # a layout whose bound exceeds the best found is left untimed: it cannot be the
+                # best, nor move the climb (whose current size holds the best)
+                record = timed_layout(m, full, above=None if best is None or not prune else best["ttft_s"])
+                if record is None:
+                    continue
                 ttft = record["ttft_s"]
                 candidates.append(record)
                 c_best = min(c_best, ttft)
                 if best is None or (ttft, record["boards_used"]) < (best["ttft_s"], best["boards_used"]):
                     best = record
+                if climb_best is None or (ttft, record["boards_used"]) < (climb_best["ttft_s"],
+                                                                           climb_best["boards_used"]):
+                    climb_best = record
             evaluated[c] = c_best
             return c_best
 
@@ -1028,7 +1124,7 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
         # shorten, against each chunk's fixed costs and weight reads): start where the chunks
         # about match the stages (whose fill they then halve), go to the better neighbour while
         # it is faster; a wider block (g > 1) at the best size found so far
-        ladder = sizes if best is None else [best["chunk"]]
+        ladder = sizes if climb_best is None else [climb_best["chunk"]]
         if len(ladder) <= EXHAUSTIVE or search == "all":
             for c in ladder:
                 evaluate(c)
@@ -1041,12 +1137,8 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
             if step is None:
                 break
             at, here = step, evaluated[ladder[step]]
-    one = min((r for r in candidates if r["tp_boards"] == 1), key=lambda r: r["ttft_s"], default=None)
-    if best is not None and one is not None and not small and not arch.has_faults and total_boards > 1:
-        # one block a stage on each of ``r`` boards, the chunks dealt round robin (see
-        # :func:`replicated_flow_shop`), at the chunk sizes climbed from the best of one board a block
-        for r in REPLICAS:
-            best = _replicated(r, best, one["chunk"])
+    if not took_turns:
+        best = turns(best)
     if best is None:
         raise LLMError(f"no prefill layout of {model_name} fits {arch.name}")
     bound = prefill_bound(spec, prompt, dtype, arch, item)
