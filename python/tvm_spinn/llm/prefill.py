@@ -40,8 +40,12 @@ chunk size of one board per block) and the blocks a stage runs (every stage used
 times fewer stages, or one). One board runs every block as one stage. A layout whose stages
 stream some of their blocks' weights is mapped with them streamed only when, timed with those
 blocks at the mapper's own choice (``auto``, never slower than streaming), it could beat the
-best layout found. One prompt is planned
-(a batch's prompts would follow it through the pipeline).
+best layout found. A layout whose lower bound already exceeds the best time found is not timed
+(``prune``): a machine of its pipeline running every chunk between the first chunk's way there
+and the last one's way on; for boards taking turns, a last-stage board's chunks one after
+another; for a block over several boards, before its slice is mapped, the all-reduces and
+hand-overs alone (the layouts over boards taking turns are searched before those wider blocks).
+One prompt is planned (a batch's prompts would follow it through the pipeline).
 
 Where the system has the boards, a stage of one block may also run on ``r`` neighbouring boards
 (:data:`REPLICAS`), each holding the block's weights and its whole KV cache and taking every
