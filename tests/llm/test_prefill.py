@@ -10,7 +10,7 @@ import pytest
 import tvm_spinn
 from tvm_spinn.llm import LLMError
 from tvm_spinn.llm.prefill import (chunk_sizes, flow_shop_path, flow_shop_s, plan_prefill, prefill_bound,
-                                   prefill_workload)
+                                   prefill_workload, replicated_flow_shop)
 from tvm_spinn.llm.spec import spec_of
 
 TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
@@ -55,10 +55,51 @@ def test_flow_shop_path_adds_up_to_the_makespan():
     assert flow_shop_path([[1.0, 1.0], [5.0, 5.0]]) == [(0, 0), (1, 0), (1, 1)]
 
 
+def test_replicated_flow_shop_of_one_replica_is_the_flow_shop():
+    rng = np.random.default_rng(1)
+    for stages, chunks in ((1, 1), (1, 6), (5, 1), (4, 7), (7, 3)):
+        t = rng.uniform(0.5, 2.0, size=(stages, chunks))
+        h = rng.uniform(0.1, 1.0, size=(stages - 1, chunks))
+        rows = [r for j in range(stages) for r in ([t[j]] + ([h[j]] if j < stages - 1 else []))]
+        makespan, path = replicated_flow_shop(t, 0.3 * t, h, 1, 0.2)
+        assert makespan == pytest.approx(flow_shop_s(rows))
+        assert path["blocks_s"] + path["handovers_s"] == pytest.approx(makespan) and path["kv_steps"] == 0
+        # more replicas: the path still adds up to the makespan, which is never longer
+        for r in (2, 3):
+            more, p = replicated_flow_shop(t, 0.3 * t, h, r, 0.2)
+            assert p["blocks_s"] + p["handovers_s"] + p["kv_s"] == pytest.approx(more)
+            assert p["steady_s"] + p["fill_drain_s"] == pytest.approx(more)
+            assert more <= makespan + 1e-12
+
+
+def test_replicated_flow_shop_against_a_hand_count():
+    # one stage, two boards: chunk 0 on board 0 (0 -> 1); chunk 1 on board 1 writes its own keys
+    # at 0.25 but waits for chunk 0's, written at 0.25 and sent in 0.1: attention at 0.35, done
+    # 0.75 later
+    makespan, path = replicated_flow_shop([[1.0, 1.0]], [[0.25, 0.25]], np.zeros((0, 2)), 2, 0.1)
+    assert makespan == pytest.approx(1.1)
+    assert (path["kv_steps"], path["kv_s"], path["blocks_s"]) == (1, pytest.approx(0.1), pytest.approx(1.0))
+    # no keys to wait for: n chunks on r boards take ceil(n / r) chunk times
+    for n, r in ((5, 2), (6, 3), (4, 4)):
+        assert replicated_flow_shop(np.ones((1, n)), np.zeros((1, n)), np.zeros((0, n)), r, 0.0)[0] == \
+            pytest.approx(math.ceil(n / r))
+    # two stages of two boards, chunks of 1 s, hand-overs of 0.5 s: board 0 of stage 0 runs chunks
+    # 0 and 2 (done at 1 and 2), chunk 2 crosses (2.5) and runs on board 0 of stage 1, free since
+    # chunk 0 left it at 2.5: done at 3.5
+    makespan, path = replicated_flow_shop(np.ones((2, 4)), np.zeros((2, 4)), np.full((1, 4), 0.5), 2, 0.0)
+    assert makespan == pytest.approx(3.5)
+    assert (path["stage_steps"], path["handover_steps"]) == (3, 1)
+    with pytest.raises(ValueError, match="replicas"):
+        replicated_flow_shop([[1.0]], [[0.0]], np.zeros((0, 1)), 0, 0.0)
+    with pytest.raises(ValueError, match="hand-over row fewer"):
+        replicated_flow_shop([[1.0], [1.0]], [[0.0], [0.0]], np.zeros((0, 1)), 1, 0.0)
+
+
 def test_chunk_sizes_divide_the_prompt():
-    assert chunk_sizes(128) == [16, 32, 64, 128]
-    assert chunk_sizes(48) == [16, 48]
-    assert chunk_sizes(7) == [7]
+    assert chunk_sizes(128) == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert chunk_sizes(48) == [1, 2, 4, 8, 16, 48]
+    assert chunk_sizes(7) == [1, 7]
+    assert chunk_sizes(1) == [1]
     for n in (16, 100, 2048):
         assert all(n % c == 0 for c in chunk_sizes(n))
 
@@ -136,6 +177,63 @@ def test_relay_paths_shorten_the_hand_over(two_chunks, four_boards):
     assert p.handover_chunk_s < direct.handover_chunk_s and p.ttft_s < direct.ttft_s
     arch = tvm_spinn.target.arch_of(four_boards)
     assert p.handover_chunk_s > 16 * 64 * 4 / (6 * arch.payload_bw("board_pair"))
+
+
+@pytest.mark.slow  # ~30 s: two plans on six boards
+def test_groups_hand_over_in_slices(monkeypatch, register_system):
+    """Between groups of two boards each board hands over its half of the chunk's hidden state
+    (the last all-reduce's reduce-scatter on one group, its all-gather on the next) where that
+    is cheaper than every board sending the whole of it: the hand-over is the cheaper of the two
+    plus the receiving board's gather, the same with either."""
+    from types import SimpleNamespace
+
+    from tvm_spinn.llm.board_tp import board_groups
+    from tvm_spinn.target.topology import board_grid, topology_of
+    from tvm_spinn.timing import collectives
+    from tvm_spinn.timing.collectives import point_to_point, sliced_hand_over
+
+    _no_simulation(monkeypatch)
+    tag = register_system(tvm_spinn.make_system("prefill-six-boards", boards=6), tag="spinn/prefill-six-boards")
+    memo = {}
+
+    def two_stages():
+        p = plan_prefill(TINY, tag, prompt=32, chunk=16, tp_boards=(2,), memo=memo)
+        return next(r for r in p.candidates if r["tp_boards"] == 2 and r["stages"] == 2)
+
+    sliced = two_stages()
+    monkeypatch.setattr(collectives, "sliced_hand_over", lambda *a, **k: SimpleNamespace(seconds=math.inf))
+    direct = two_stages()
+    monkeypatch.undo()
+    assert direct["stage_chunk_s"] == sliced["stage_chunk_s"]
+    topo = topology_of(tvm_spinn.target.arch_of(tag))
+    groups = board_groups(board_grid(6), 2)[:2]
+    assert sorted(sliced["boards"])[:4] == sorted(groups[0] + groups[1])
+    nbytes = 16 * 64 * 4
+    chips = [np.concatenate([np.arange(48) + b * 48 for b in grp]) for grp in groups]
+    whole = point_to_point(topo, chips[0], chips[1], nbytes / 48).seconds
+    halves = sliced_hand_over(topo, groups[0], groups[1], nbytes).seconds
+    assert halves < whole
+    assert direct["handover_chunk_s"] - sliced["handover_chunk_s"] == pytest.approx(whole - halves)
+
+
+@pytest.mark.slow  # ~30-60 s: a plan on nine boards
+def test_stages_on_boards_taking_turns(monkeypatch, register_system):
+    """Nine boards hold four one-block stages of two boards each and the head: those layouts are
+    timed (every chunk size the climb reached), never below the bound, their critical path adding
+    up to the pipeline, and the plan the fastest candidate."""
+    _no_simulation(monkeypatch)
+    tag = register_system(tvm_spinn.make_system("prefill-nine-boards", boards=9), tag="spinn/prefill-nine-boards")
+    p = plan_prefill(TINY, tag, prompt=32, tp_boards=(1,))
+    turns = [r for r in p.candidates if r["replicas"] == 2]
+    assert turns and all(r["replicas"] == 1 for r in p.candidates if r not in turns)
+    for r in turns:
+        assert (r["stages"], r["blocks_per_stage"], r["boards_used"], len(r["boards"])) == (4, 1, 9, 9)
+        assert p.bound_s <= r["ttft_s"] and 0 < r["prefix_chunk_s"] <= r["stage_chunk_s"][0] and r["kv_chunk_s"] > 0
+        cp = r["critical_path"]
+        assert cp["blocks_s"] + cp["handovers_s"] + cp["kv_s"] == pytest.approx(r["pipeline_s"])
+    assert p.ttft_s == min(r["ttft_s"] for r in p.candidates)
+    assert p.replicas == next(r for r in p.candidates if r["ttft_s"] == p.ttft_s)["replicas"]
+    assert ("taking turns" in p.line()) == ("taking turns" in p.breakdown_line()) == (p.replicas > 1)
 
 
 def test_ttft_never_below_the_bound(two_chunks, four_boards):
@@ -249,3 +347,20 @@ def test_every_alternatives_ttft_is_the_prompts_plan(monkeypatch, register_syste
     alts = result.plan["alternatives"]
     assert len(alts) >= 2 and any(k.startswith("board_tp") for k in alts)
     assert all(a["ttft_s"] == result.ttft_s == result.plan["prefill"]["ttft_s"] for a in alts.values())
+
+
+def test_pruned_search_picks_the_exhaustive_plan(monkeypatch, four_boards):
+    """Leaving untimed the layouts whose lower bound exceeds the best found picks the plan that
+    timing every layout the search reaches picks; what it leaves out is slower than the plan."""
+    _no_simulation(monkeypatch)
+    memo = {}
+    for search in ("climb", "all"):
+        full = plan_prefill(TINY, four_boards, prompt=32, memo=memo, search=search, prune=False)
+        pruned = plan_prefill(TINY, four_boards, prompt=32, memo=memo, search=search)
+        assert pruned.line() == full.line() and pruned.breakdown_line() == full.breakdown_line()
+        assert (pruned.chunk, pruned.tp_boards, pruned.replicas, pruned.stages, pruned.boards) == \
+            (full.chunk, full.tp_boards, full.replicas, full.stages, full.boards)
+        assert pruned.ttft_s == full.ttft_s
+        kept = [r for r in full.candidates if r in pruned.candidates]
+        assert len(kept) == len(pruned.candidates)
+        assert all(r["ttft_s"] > pruned.ttft_s for r in full.candidates if r not in pruned.candidates)

@@ -9,8 +9,9 @@ across the boards twice a block: :func:`tvm_spinn.timing.collectives.board_all_r
 inside a board, over its chips as the mapper plans it (the int8 weight GEMMs at ``M = C`` on the
 MAC arrays). Between stages each chunk's hidden state (``C x hidden`` elements of the plan's
 ``handover`` type) crosses the board links, each chip sending its share to its counterpart on
-the next group (:func:`tvm_spinn.timing.collectives.point_to_point`), then all-gathered on the
-receiving board where its first program reads it whole. Between one-board stages the hand-over
+the next group (:func:`tvm_spinn.timing.collectives.point_to_point`; between groups of several
+boards in slices where that is cheaper, :func:`tvm_spinn.timing.collectives.sliced_hand_over`),
+then all-gathered on the receiving board where its first program reads it whole. Between one-board stages the hand-over
 also takes relay paths: the edge-disjoint paths of board edges between the two boards that no
 other hand-over's routes or relays use (every hand-over runs at once in the pipeline's steady
 state), its shares split so that they finish together.
@@ -39,9 +40,26 @@ chunk size of one board per block) and the blocks a stage runs (every stage used
 times fewer stages, or one). One board runs every block as one stage. A layout whose stages
 stream some of their blocks' weights is mapped with them streamed only when, timed with those
 blocks at the mapper's own choice (``auto``, never slower than streaming), it could beat the
-best layout found. One prompt is planned
-(a batch's prompts would follow it through the pipeline); data-parallel replicas do not shorten
-it, so the boards beyond the stages stay idle. The prompt's plan is the system's, whatever the
+best layout found. A layout whose lower bound already exceeds the best time found is not timed
+(``prune``): a machine of its pipeline running every chunk between the first chunk's way there
+and the last one's way on; for boards taking turns, a last-stage board's chunks one after
+another; for a block over several boards, before its slice is mapped, the all-reduces and
+hand-overs alone (the layouts over boards taking turns are searched before those wider blocks).
+One prompt is planned (a batch's prompts would follow it through the pipeline).
+
+Where the system has the boards, a stage of one block may also run on ``r`` neighbouring boards
+(:data:`REPLICAS`), each holding the block's weights and its whole KV cache and taking every
+``r``-th chunk, so a stage starts a chunk while its other boards still run the earlier ones
+(:func:`replicated_flow_shop`). A chunk's attention reads every earlier chunk's keys and
+values: each board sends the chunk's keys and values (fp32) to the stage's other boards as soon
+as the block's work before its attention (its norm and the key, query and value projections,
+mapped alone: ``prefix``) has written them, each chip its share at once on the link graph, and a
+chunk's attention waits for those of the chunks before it (writing the received keys and values
+into a board's cache is not timed: ``2 x kv_heads x head_dim`` fp32 values a token and block). Each board hands a chunk over to its
+counterpart on the next stage (every pair at once on the link graph), charged the keys' and
+values' transfer on top of its own (the two may share board edges and are not timed together on
+the link graph). The chunk sizes are climbed again from the best layout's of one board a
+block (healthy systems only). The prompt's plan is the system's, whatever the
 decode placement: every decode alternative's time to first token is this plan's.
 
 On a system with faults or a partial allocation (:mod:`tvm_spinn.target.faults`) the prompt
@@ -67,13 +85,18 @@ import numpy as np
 from .spec import MAX_DIM, LLMError, ModelSpec
 
 __all__ = ["PrefillPlan", "ChunkStep", "plan_prefill", "prefill_workload", "prefill_bound", "flow_shop_s",
-           "flow_shop_path", "chunk_sizes", "TP_BOARDS", "MIN_CHUNK"]
+           "flow_shop_path", "replicated_flow_shop", "chunk_sizes", "TP_BOARDS", "REPLICAS", "MIN_CHUNK"]
 
-#: Smallest chunk: the MAC array's 16-wide side takes the chunk's tokens (M), and smaller chunks
-#: only add per-chunk fixed costs
-MIN_CHUNK = 16
+#: Smallest chunk searched (tokens). Every power of two from it is a candidate: a chunk's time on a
+#: stage whose on-board collectives and hand-over carry its rows is nearly proportional to its
+#: tokens, so a smaller chunk shortens the pipeline's fill (each stage's first chunk and
+#: hand-over), while each chunk pays the fixed costs (a streamed block's weights re-read, the
+#: hops' latencies) once; the climb (:func:`plan_prefill`) stops where they balance
+MIN_CHUNK = 1
 #: Boards a block is tensor-parallel over in the prefill search (1: a block on one board)
 TP_BOARDS = (1, 2, 4)
+#: Boards a one-block stage may run on, each taking every ``r``-th chunk (1: one board a stage)
+REPLICAS = (2, 4, 8)
 #: Chunk-size ladders this short are searched whole; longer ones by a climb (see :func:`plan_prefill`)
 EXHAUSTIVE = 2
 
@@ -104,12 +127,15 @@ def flow_shop_s(times) -> float:
     times = np.asarray(times, dtype=np.float64)
     if times.ndim != 2 or times.size == 0:
         raise ValueError(f"times must be machines x chunks (non-empty), got shape {times.shape}")
-    finish = np.zeros(times.shape[1])
-    for row in times:
+    # Python floats (the same IEEE doubles): the recurrence is sequential, and numpy's per-element
+    # access would cost several times the arithmetic
+    finish = [0.0] * times.shape[1]
+    for row in times.tolist():
         # finish[k] = max(previous machine's finish[k], this machine's finish[k - 1]) + row[k]
         done = 0.0
-        for k in range(row.size):
-            done = max(done, finish[k]) + row[k]
+        for k, t in enumerate(row):
+            f = finish[k]
+            done = (done if done > f else f) + t
             finish[k] = done
     return float(finish[-1])
 
@@ -125,20 +151,144 @@ def flow_shop_path(times) -> list[tuple[int, int]]:
     if times.ndim != 2 or times.size == 0:
         raise ValueError(f"times must be machines x chunks (non-empty), got shape {times.shape}")
     machines, chunks = times.shape
-    finish = np.zeros_like(times)
-    for m in range(machines):
+    finish = []
+    above = [0.0] * chunks
+    for row in times.tolist():
         done = 0.0
-        for k in range(chunks):
-            done = max(done, finish[m - 1, k] if m else 0.0) + times[m, k]
-            finish[m, k] = done
+        mine = []
+        for f, t in zip(above, row):
+            done = (done if done > f else f) + t
+            mine.append(done)
+        finish.append(mine)
+        above = mine
     path = [(machines - 1, chunks - 1)]
     m, k = path[0]
     while m or k:
-        up = finish[m - 1, k] if m else -math.inf
-        left = finish[m, k - 1] if k else -math.inf
+        up = finish[m - 1][k] if m else -math.inf
+        left = finish[m][k - 1] if k else -math.inf
         m, k = (m - 1, k) if up >= left else (m, k - 1)
         path.append((m, k))
     return path[::-1]
+
+
+def replicated_flow_shop(stages, prefix, handovers, replicas: int, kv_s: float) -> tuple[float, dict]:
+    """Makespan of chunks through stages of ``replicas`` boards each running the stage's blocks,
+    chunk ``k`` on replica ``k mod replicas`` (round robin), and where the time goes.
+
+    ``stages[j][k]``: chunk ``k``'s seconds on stage ``j``; ``prefix[j][k]``: of them, the
+    seconds until its keys and values are written (the blocks' work before their attention
+    reads the cache); ``handovers[j][k]``: its hand-over from stage ``j`` to ``j + 1``, each
+    replica to its counterpart (one fewer row than ``stages``). A replica takes its chunks in
+    order, one at a time; a chunk's attention needs every earlier chunk's keys and values, which
+    an earlier chunk's replica sends the others ``kv_s`` after writing them. So chunk ``k`` on
+    stage ``j`` starts when it has arrived and its replica is free, waits at its attention for
+    the earlier chunks' keys and values, and finishes the rest of its blocks; one replica is the
+    flow shop (:func:`flow_shop_s`).
+
+    Returns
+    -------
+    tuple
+        The makespan and, of its critical path (from the last chunk's finish back, each
+        cell to the constraint its start or its attention waited for), the seconds of blocks,
+        of hand-overs and of waits for other replicas' keys and values (``kv_s``), with the
+        cells of each.
+    """
+    stages = np.asarray(stages, dtype=np.float64)
+    prefix = np.asarray(prefix, dtype=np.float64)
+    handovers = np.asarray(handovers, dtype=np.float64)
+    if (stages.ndim != 2 or stages.size == 0 or prefix.shape != stages.shape or handovers.ndim != 2
+            or handovers.shape != (stages.shape[0] - 1, stages.shape[1])):
+        raise ValueError(f"stages and prefix must be stages x chunks (non-empty) with one hand-over row fewer, "
+                         f"got {stages.shape}, {prefix.shape} and {handovers.shape}")
+    prefix = np.minimum(prefix, stages)
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise ValueError(f"replicas must be an integer >= 1, got {replicas!r}")
+    S, n = stages.shape
+    R = replicas
+    # Python floats (the same IEEE doubles) in the sequential recurrences: numpy's per-element
+    # access would cost several times the arithmetic
+    st, pre, ho = stages.tolist(), prefix.tolist(), handovers.tolist()
+    finish = [[0.0] * n for _ in range(S)]
+    began_by_replica = [[False] * n for _ in range(S)]  # else by its arrival
+    kv_src = [[-1] * n for _ in range(S)]  # the chunk whose keys and values its attention waited for
+    hand_by_previous = [[False] * n for _ in range(max(S - 1, 0))]  # else by its stage's finish
+    arrive = [0.0] * n
+    for j in range(S):
+        free = [0.0] * R
+        ready = [-math.inf] * R  # per replica: when the other chunks' keys and values are all there
+        ready_src = [-1] * R
+        st_j, pre_j, fin_j, src_j, by_j = st[j], pre[j], finish[j], kv_src[j], began_by_replica[j]
+        for k in range(n):
+            r = k % R
+            a, f = arrive[k], free[r]
+            begin = a if a > f else f
+            by_j[k] = f > a
+            p = pre_j[k]
+            attend = begin + p
+            if ready[r] > attend:
+                attend, src_j[k] = ready[r], ready_src[r]
+            done = attend + st_j[k] - p
+            fin_j[k] = done
+            free[r] = done
+            if R > 1:
+                kv = begin + p + kv_s
+                for q in range(R):
+                    if q != r and kv > ready[q]:
+                        ready[q], ready_src[q] = kv, k
+        if j < S - 1:
+            last = [0.0] * R
+            done_k = [0.0] * n
+            ho_j, prev_j = ho[j], hand_by_previous[j]
+            for k in range(n):
+                r = k % R
+                f, l = fin_j[k], last[r]
+                prev_j[k] = l > f
+                d = (f if f > l else l) + ho_j[k]
+                done_k[k] = d
+                last[r] = d
+            arrive = done_k
+    finish = np.array(finish)
+    kv_src = np.array(kv_src, dtype=np.int64)
+    began_by_replica = np.array(began_by_replica, dtype=bool)
+    hand_by_previous = np.array(hand_by_previous, dtype=bool).reshape(max(S - 1, 0), n)
+    out = dict(blocks_s=0.0, handovers_s=0.0, kv_s=0.0, stage_steps=0, handover_steps=0, kv_steps=0)
+    on = np.zeros(S, dtype=np.int64)  # the path's stage cells on each stage, and their seconds
+    on_s = np.zeros(S)
+    j, k = S - 1, int(np.argmax(finish[-1]))
+    makespan = float(finish[j, k])
+    node = "finish"
+    while True:
+        if node == "finish":
+            out["stage_steps"] += 1
+            on[j] += 1
+            if kv_src[j, k] >= 0:  # the rest of its blocks after the wait, the transfer, the source's prefix
+                t = stages[j, k] - prefix[j, k] + prefix[j, kv_src[j, k]]
+                out["kv_s"] += kv_s
+                out["kv_steps"] += 1
+                on_s[j] += kv_s
+                k = int(kv_src[j, k])
+            else:
+                t = stages[j, k]
+            out["blocks_s"] += t
+            on_s[j] += t
+            node = "begin"
+        elif node == "begin":
+            if began_by_replica[j, k]:
+                k, node = k - R, "finish"
+            elif j == 0:
+                break
+            else:
+                j, node = j - 1, "hand"
+        else:  # a hand-over from stage j: after the previous one of its replica pair, or its chunk's finish
+            out["handovers_s"] += handovers[j, k]
+            out["handover_steps"] += 1
+            if hand_by_previous[j, k]:
+                k -= R
+            else:
+                node = "finish"
+    steady = int(np.argmax(on))  # the stage holding most of the path's cells (the first of a tie)
+    out.update(steady_steps=int(on[steady]), steady_s=float(on_s[steady]), fill_drain_s=makespan - float(on_s[steady]))
+    return makespan, out
 
 
 def _critical_path(rows: list, reduces: list) -> dict:
@@ -301,6 +451,11 @@ class PrefillPlan:
     #: last), ``block_bounds_s`` (what binds the mapped block at the first chunk, each kind
     #: alone), ``all_reduces_chunk_s`` (a block's all-reduces on a chunk across its boards)
     breakdown: dict = dataclasses.field(default_factory=dict)
+    #: boards each one-block stage runs on, each taking every ``replicas``-th chunk
+    #: (:func:`replicated_flow_shop`); ``breakdown`` then also gives ``kv_chunk_s`` (a chunk's
+    #: keys and values to the stage's other boards) and ``prefix_chunk_s`` (a block's chunk
+    #: until its keys and values are written)
+    replicas: int = 1
 
     @property
     def efficiency(self) -> float:
@@ -314,8 +469,13 @@ class PrefillPlan:
             return ""
         cp = b["critical_path"]
         bounds = ", ".join(f"{k} {v * 1e3:.3g}" for k, v in b["block_bounds_s"].items())
-        return (f"pipeline {self.parts_s['pipeline_s'] * 1e3:.4g} ms = {cp['stage_steps']} stage steps "
-                f"({cp['blocks_s'] * 1e3:.4g} ms blocks + {cp['all_reduces_s'] * 1e3:.4g} ms all-reduces) + "
+        kv = (f" + {cp['kv_steps']} waits for another board's keys and values ({cp['kv_s'] * 1e3:.4g} ms)"
+              if "kv_s" in cp else "")
+        turns = (f"each stage on {self.replicas} boards taking turns (keys and values to the others "
+                 f"{b['kv_chunk_s'] * 1e3:.3g} ms, written after {b['prefix_chunk_s'] * 1e3:.3g} ms); "
+                 if self.replicas > 1 else "")
+        return (f"{turns}pipeline {self.parts_s['pipeline_s'] * 1e3:.4g} ms = {cp['stage_steps']} stage steps "
+                f"({cp['blocks_s'] * 1e3:.4g} ms blocks + {cp['all_reduces_s'] * 1e3:.4g} ms all-reduces){kv} + "
                 f"{cp['handover_steps']} hand-overs ({cp['handovers_s'] * 1e3:.4g} ms); steady "
                 f"{cp['steady_s'] * 1e3:.4g} ms ({cp['steady_steps']} chunks on one machine), fill/drain "
                 f"{cp['fill_drain_s'] * 1e3:.4g} ms; a block's chunk {b['block_chunk_s'][0] * 1e3:.3g}-"
@@ -332,6 +492,7 @@ class PrefillPlan:
         """One line: TTFT, layout, bound and efficiency."""
         return (f"{self.ttft_s * 1e3:.4g} ms for {self.prompt} tokens: {self.chunks} chunk(s) of {self.chunk} through "
                 f"{self.stages} stage(s) of {self.blocks_per_stage} block(s) on {self.tp_boards} board(s) "
+                f"{f'x {self.replicas} taking turns ' if self.replicas > 1 else ''}"
                 f"({self.boards_used} boards); bound {self.bound_s * 1e3:.4g} ms ({self.bound['binding']}), "
                 f"efficiency {self.efficiency:.4f}; waits on {self.busiest['kind']} "
                 f"({self.busiest['seconds'] * 1e3:.4g} ms over the chunks)")
@@ -406,7 +567,7 @@ def _check(spec: ModelSpec, prompt, chunk) -> None:
 def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = "int8", handover: str = "fp32",
                  chunk: "int | None" = None, tp_boards: "tuple | None" = None, memo: "dict | None" = None,
                  model_name: "str | None" = None, search: str = "climb", relays: bool = True,
-                 reduce: str = "int32") -> PrefillPlan:
+                 reduce: str = "int32", prune: bool = True) -> PrefillPlan:
     """Plan the prefill of one ``prompt``-token prompt (the time to first token) on a spinn system.
 
     Parameters
@@ -441,6 +602,11 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
     reduce : {"int32", "fp16", "bf16"}
         Element type of the partial sums a block tensor-parallel over boards all-reduces
         across them (:data:`tvm_spinn.llm.plan.REDUCE_BYTES`; ``int32`` keeps the model's bits).
+    prune : bool
+        Leave untimed a layout whose lower bound (a machine of its pipeline running every chunk
+        between the first chunk's way there and the last one's way on) exceeds the best time
+        found (default; the same plan, in less planning time), or time every layout the search
+        reaches (False: ``candidates`` holds them all).
 
     Returns
     -------
@@ -458,7 +624,7 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
     from ..target.arch import FAULT_FIELDS
     from ..target.faults import board_view, live_chips, usable_boards, whole_boards
     from ..target.topology import board_grid, ring_order, topology_of
-    from ..timing.collectives import board_all_reduce, point_to_point, water_fill
+    from ..timing.collectives import board_all_reduce, point_to_point, sliced_hand_over, water_fill
     from ..timing.system import collective_cost
     from ..mapping.planner import resident_capacity
     from . import board_tp
@@ -622,15 +788,23 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
     def chips_of(grp) -> np.ndarray:
         return np.concatenate([live_chips(arch, b) for b in grp])
 
-    def handover_s(groups, j: int, nbytes: float, gather: float) -> float:
-        """Group ``j`` to group ``j + 1`` on the link graph, each chip its share, and the
-        receiving board's all-gather of what its first program reads whole."""
-        key = (len(groups[j]), j, nbytes, gather)
+    def handover_s(groups, j: int, nbytes: float, gather: float, sliced: bool = True) -> float:
+        """Group ``j`` to group ``j + 1`` on the link graph, each chip its share (a group of
+        several boards also in slices where ``sliced``, :func:`~tvm_spinn.timing.collectives.
+        sliced_hand_over`, the cheaper), and the receiving board's all-gather of what its first
+        program reads whole."""
+        key = (len(groups[j]), j, nbytes, gather, sliced)
         if key not in pair_memo:
             src, dst = chips_of(groups[j]), chips_of(groups[j + 1])
             n = min(src.size, dst.size)  # a board with dead chips: its live ones, pairwise
             share = nbytes / cpb if n == len(groups[j]) * cpb else nbytes * len(groups[j]) / n
             s = point_to_point(topo, src[:n], dst[:n], share).seconds
+            if sliced and len(groups[j]) > 1 and n == len(groups[j]) * cpb and item <= 4:
+                # in slices: the group's last all-reduce (int32 sums, 4 bytes an element: no
+                # narrower a hand-over makes it dearer) stops after its reduce-scatter, each
+                # board sends its slice and the next group's all-gather completes it, as the
+                # all-reduce's second half would have on this group
+                s = min(s, sliced_hand_over(topo, groups[j], groups[j + 1], nbytes, cpb).seconds)
             if gather:
                 there = view_of(groups[j + 1][0])
                 there_topo = board_topo if there is board else topology_of(there)
@@ -688,12 +862,130 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
                     topo, np.arange(cpb) + a * cpb, np.arange(cpb) + b * cpb, nbytes / cpb).seconds)
         return pair_memo[key]
 
+    def prefix_s(c: int, on) -> "float | None":
+        """Seconds of one block's chunk until its keys and values are written: its programs
+        up to the first that reads the KV cache, that one cut before its first matmul of
+        activations (the attention's), mapped on ``on`` with weights as the mapper keeps them;
+        None where the block has no such matmul."""
+        key = ("prefix", c)
+        if key not in timed:
+            programs, host = _describe_chunk(cfg, spec, target, dtype, c, contexts(c)[0], memo, 1)
+            pieces = []
+            for program in programs:
+                at = next((i for i, layer in enumerate(program.layers) if layer.kind == "matmul"), None)
+                if at is None:
+                    pieces.append(program)
+                    continue
+                if at:
+                    pieces.append(P._slice(program, 0, at))
+                break
+            else:
+                pieces = None
+            timed[key] = (None if not pieces else
+                          P._map_stage(pieces, on, host, 0, weights="auto", memo=stages_memo).latency_s)
+        return timed[key]
+
+    def _replicated(r: int, best: dict, start: int) -> dict:
+        """The best of ``best`` and the layouts of one block a stage on ``r`` boards (at
+        chunk sizes climbed from ``start``): each stage a group of ``r`` neighbouring boards
+        (:func:`board_tp.board_groups`), chunk ``k`` on board ``k mod r`` of each; a chunk's
+        keys and values (the stage's block's, fp32) sent from its board to the group's others
+        each chip its share at once (:func:`~tvm_spinn.timing.collectives.point_to_point`), a
+        hand-over every board of a group to its counterpart on the next at once."""
+        groups = layout(r)
+        free = sorted(b for b in live_boards if all(b not in grp for grp in groups))
+        if len(groups) - (0 if free else 1) < L:
+            return best
+        kv_bytes = 2 * spec.kv_heads * spec.head_dim * 4  # a token's key and value of one block, fp32
+        src = np.tile(chips_of(groups[0][:1]), r - 1)
+        dst = chips_of(groups[0][1:])
+        seen: dict = {}
+
+        def evaluate_r(c: int, above: float = math.inf) -> float:
+            """Chunk size ``c``'s time to first token; where a lower bound of it exceeds
+            ``above``, that bound (the layout is not timed)."""
+            if c in seen:
+                return seen[c][0]
+            times = block_times(1, c, False)
+            n = prompt // c
+            if times is None:
+                seen[c] = (math.inf, None)
+                return math.inf
+            gather = times["gather"] * item // 4
+            kv = point_to_point(topo, src, dst, c * kv_bytes / cpb).seconds
+            hand = [handover_s(groups, j, c * spec.hidden * item, gather, sliced=False) for j in range(L - 1)]
+            # a hand-over may cross the board edges the keys and values take: charged both
+            hand = [h + kv for h in hand]
+            # a bound from below (planning time): each board of the last stage runs its chunks one
+            # after another, its first one no earlier than it crossed every stage before
+            auto = times["auto"]
+            busy = np.array([float(np.sum(auto[q::r])) for q in range(min(r, n))])
+            lower = float(np.max(busy + (L - 1) * auto[:busy.size])) + sum(hand) + head_s + host_io
+            if lower * (1 - 1e-9) > above:  # a margin for the sums' rounding
+                seen[c] = (lower, None)
+                return lower
+            pre = prefix_s(c, board)
+            if pre is None:
+                seen[c] = (math.inf, None)
+                return math.inf
+            stage_rows = np.tile(auto, (L, 1))
+            pipeline, path = replicated_flow_shop(stage_rows, np.full((L, n), pre),
+                                                  np.array(hand)[:, None] + np.zeros(n), r, kv)
+            head_board = groups[L][0] if L < len(groups) else free[0]
+            last = point_to_point(topo, [int(live_chips(arch, groups[L - 1][(n - 1) % r])[0])],
+                                  [int(live_chips(arch, head_board)[0])], spec.hidden * item).seconds
+            ttft = pipeline + last + head_s + host_io
+            on = sorted({b for grp in groups[:L] for b in grp} | {head_board})
+            path = dict(path, all_reduces_s=0.0)
+            record = dict(tp_boards=1, replicas=r, chunk=c, chunks=n, blocks_per_stage=1, stages=L,
+                          boards_used=L * r + 1, ttft_s=ttft, pipeline_s=pipeline, head_s=head_s, boards=on,
+                          head_handover_s=last, handover_chunk_s=max(hand, default=0.0), all_reduces_chunk_s=0.0,
+                          kv_chunk_s=kv, prefix_chunk_s=pre,
+                          stage_total_s=float(np.sum(times["auto"])) / r, links_total_s=n * max(hand, default=0.0) / r,
+                          stage_chunk_s=(float(times["auto"][0]), float(times["auto"][-1])),
+                          block_chunk_s=(float(times["auto"][0]), float(times["auto"][-1])),
+                          block_bounds_s=times["bounds"], critical_path=path)
+            candidates.append(record)
+            seen[c] = (ttft, record)
+            return ttft
+
+        ladder = chunk_sizes(prompt)
+        at = ladder.index(start)
+        here = evaluate_r(ladder[at])
+        while True:
+            above = here if prune else math.inf
+            step = next((k for k in (at - 1, at + 1) if 0 <= k < len(ladder) and evaluate_r(ladder[k], above) < here),
+                        None)
+            if step is None:
+                break
+            at, here = step, seen[ladder[step]][0]
+        top = min((v for v in seen.values() if v[1] is not None), key=lambda v: (v[0], v[1]["boards_used"]),
+                  default=None)
+        return top[1] if top is not None and top[0] < best["ttft_s"] else best
+
     host_io = P._step_io(arch, 1, prompt, None, [0])["host_io_prefill_s"]
     candidates = []
     best = None
     widths = [g for g in (tp_boards or TP_BOARDS) if g == 1 or (boards >= g + 1 and dtype == "int8")]
     sizes = [chunk] if chunk is not None else chunk_sizes(prompt)
+
+    def turns(best: "dict | None") -> "dict | None":
+        """The best of ``best`` and the layouts of one-block stages on boards taking turns."""
+        one = min((r for r in candidates if r["tp_boards"] == 1), key=lambda r: r["ttft_s"], default=None)
+        if best is not None and one is not None and not small and not arch.has_faults and total_boards > 1:
+            # one block a stage on each of ``r`` boards, the chunks dealt round robin (see
+            # :func:`replicated_flow_shop`), at the chunk sizes climbed from the best of one board a block
+            for r in REPLICAS:
+                best = _replicated(r, best, one["chunk"])
+        return best
+
+    # the best of the layouts without boards taking turns (the wider blocks' chunk size)
+    climb_best = None
+    took_turns = False
     for g in widths:
+        if g != 1 and not took_turns and any(r["tp_boards"] == 1 for r in candidates):
+            # boards taking turns before wider blocks: a faster best leaves more of those unmapped
+            best, took_turns = turns(best), True
         groups = layout(g)
         # the head needs a board of its own when the blocks run on several boards (a whole one first)
         free = sorted((b for b in live_boards if all(b not in grp for grp in groups)), key=lambda b: (b not in whole, b))
@@ -706,20 +998,37 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
 
         def evaluate(c: int) -> float:
             """The best TTFT of chunk size ``c`` over the stage sizes (records every layout)."""
-            nonlocal best
+            nonlocal best, climb_best
             if c in evaluated:
                 return evaluated[c]
             # a stage of more blocks than its board keeps resident streams the rest
             if _slice_spec(g) is None:
                 evaluated[c] = math.inf
                 return math.inf
+            n = prompt // c
+            if g > 1 and prune and best is not None:
+                # a bound from below before mapping the slice (planning time): each stage runs
+                # its blocks' all-reduces on every chunk, each hand-over carries every chunk
+                # (the receiving board's gather left out); a machine of the flow shop running
+                # every chunk, each other machine one chunk
+                ranks = [[int(x) + b * cpb for x in ring] for b in groups[0]]
+                reduce_s = board_tp.block_all_reduces(spec) * board_all_reduce(topo, ranks, c * spec.hidden * P.REDUCE_BYTES[reduce]).seconds
+                lowest = math.inf
+                for m in per_stage:
+                    stages = math.ceil(L / m)
+                    cells = [m * reduce_s] * (stages - 1) + [(L - m * (stages - 1)) * reduce_s]
+                    if stages > 1:
+                        cells += [handover_s(groups, 0, c * spec.hidden * item, 0)] * (stages - 1)
+                    lowest = min(lowest, sum(cells) + (n - 1) * max(cells) + host_io)
+                if lowest * (1 - 1e-9) > best["ttft_s"]:  # a margin for the sums' rounding
+                    evaluated[c] = lowest
+                    return lowest
             block_w = _block_weight(g, c)
             fit = max(1, int(budget // max(1, block_w)))
             times = block_times(g, c, False)
             if times is None:
                 evaluated[c] = math.inf
                 return math.inf
-            n = prompt // c
             reduce_s = 0.0
             if g > 1:
                 ranks = [[int(x) + b * cpb for x in ring] for b in groups[0]]
@@ -727,9 +1036,11 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
                     topo, ranks, c * spec.hidden * P.REDUCE_BYTES[reduce]).seconds  # the partial sums' wire type
             c_best = math.inf
 
-            def timed_layout(m: int, times: dict) -> dict:
+            def timed_layout(m: int, times: dict, ttft_only: bool = False,
+                             above: "float | None" = None) -> "dict | float | None":
                 """The layout of ``m`` blocks a stage at chunk size ``c`` (``times``: a whole
-                board's block times)."""
+                board's block times); where ``ttft_only``, its time to first token alone; None
+                where a lower bound of that exceeds ``above`` (the layout is not timed)."""
 
                 def times_on(j: int) -> dict:
                     """The block times of stage ``j`` on its board as it is (a group: whole boards)."""
@@ -754,8 +1065,15 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
                                 if relays and g == 1 and not arch.has_faults and total_boards > 1 else hand)
                         rows.append(np.full(n, here))
                         links.append(here)
+                if above is not None:
+                    # a bound from below (planning time): some machine runs every chunk, after the
+                    # first chunk crossed the machines before it and before the last crosses those after
+                    first = np.cumsum([0.0] + [float(r[0]) for r in rows[:-1]])
+                    after = np.cumsum([0.0] + [float(r[-1]) for r in rows[:0:-1]])[::-1]
+                    lower = float(np.max(first + np.array([float(np.sum(r)) for r in rows]) + after)) + host_io
+                    if lower * (1 - 1e-9) > above:  # a margin for the sums' rounding
+                        return None
                 pipeline = flow_shop_s(rows)
-                path = _critical_path(rows, reduces)
                 # the last token's hidden state to the head's board (its own board beyond the stages)
                 last, head_here, head_board = 0.0, head_s, None
                 if boards > 1:
@@ -767,10 +1085,13 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
                     if view_of(head_board) is not board:
                         head_here = head_on(view_of(head_board))
                 ttft = pipeline + last + head_here + host_io
+                if ttft_only:
+                    return ttft
+                path = _critical_path(rows, reduces)
                 stage_total = max(float(np.sum(r)) for r in rows[::2])
                 link_total = n * max(links, default=0.0)
                 on = sorted({b for grp in groups[:stages] for b in grp} | ({head_board} if head_board is not None else set()))
-                record = dict(tp_boards=g, chunk=c, chunks=n, blocks_per_stage=m, stages=stages,
+                record = dict(tp_boards=g, replicas=1, chunk=c, chunks=n, blocks_per_stage=m, stages=stages,
                               boards_used=stages * g + (1 if boards > 1 else 0), ttft_s=ttft, pipeline_s=pipeline,
                               head_s=head_here, boards=on,
                               head_handover_s=last, handover_chunk_s=max(links, default=0.0),
@@ -788,15 +1109,23 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
                     # (``auto`` takes the faster of keeping and streaming them), so a layout timed
                     # with its streamed blocks at the ``auto`` times bounds it from below: one no
                     # better than the best so far is left unmapped (planning time)
-                    if best is not None and timed_layout(m, times)["ttft_s"] > best["ttft_s"]:
+                    if best is not None and (timed_layout(m, times, True, best["ttft_s"] if prune else None)
+                                          or math.inf) > best["ttft_s"]:
                         continue
                     full = block_times(g, c, True)
-                record = timed_layout(m, full)
+                # a layout whose bound exceeds the best found is left untimed: it cannot be the
+                # best, nor move the climb (whose current size holds the best)
+                record = timed_layout(m, full, above=None if best is None or not prune else best["ttft_s"])
+                if record is None:
+                    continue
                 ttft = record["ttft_s"]
                 candidates.append(record)
                 c_best = min(c_best, ttft)
                 if best is None or (ttft, record["boards_used"]) < (best["ttft_s"], best["boards_used"]):
                     best = record
+                if climb_best is None or (ttft, record["boards_used"]) < (climb_best["ttft_s"],
+                                                                           climb_best["boards_used"]):
+                    climb_best = record
             evaluated[c] = c_best
             return c_best
 
@@ -804,7 +1133,7 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
         # shorten, against each chunk's fixed costs and weight reads): start where the chunks
         # about match the stages (whose fill they then halve), go to the better neighbour while
         # it is faster; a wider block (g > 1) at the best size found so far
-        ladder = sizes if best is None else [best["chunk"]]
+        ladder = sizes if climb_best is None else [climb_best["chunk"]]
         if len(ladder) <= EXHAUSTIVE or search == "all":
             for c in ladder:
                 evaluate(c)
@@ -817,6 +1146,8 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
             if step is None:
                 break
             at, here = step, evaluated[ladder[step]]
+    if not took_turns:
+        best = turns(best)
     if best is None:
         raise LLMError(f"no prefill layout of {model_name} fits {arch.name}")
     bound = prefill_bound(spec, prompt, dtype, arch, item)
@@ -830,5 +1161,6 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
                                         "head_s": best["head_s"], "host_io_s": host_io},
         busiest=busiest, stage_chunk_s=best["stage_chunk_s"], handover_chunk_s=best["handover_chunk_s"],
         candidates=tuple(sorted(candidates, key=lambda r: (r["ttft_s"], r["boards_used"]))),
-        boards=tuple(best["boards"]),
-        breakdown={k: best[k] for k in ("critical_path", "block_chunk_s", "block_bounds_s", "all_reduces_chunk_s")})
+        boards=tuple(best["boards"]), replicas=best["replicas"],
+        breakdown={k: best[k] for k in ("critical_path", "block_chunk_s", "block_bounds_s", "all_reduces_chunk_s",
+                                        "kv_chunk_s", "prefix_chunk_s") if k in best})
