@@ -446,3 +446,24 @@ def test_the_data_axis_keeps_the_batch_and_leaves_outputs_split():
     plan = S.plan_shards(program, 1, 2)
     assert plan.collectives == () and plan.shapes[3] == (2, 8) and plan.shapes[1] == (6, 8)
     assert S.plan_shards(_chain(3), 1, 2) is None  # 2 does not divide a batch of 3
+
+
+@pytest.mark.parametrize("kind,attrs,sums,contracts", [
+    ("add", {}, True, False),
+    ("add", {"relu": True}, False, False),   # add + relu is not a plain sum
+    ("multiply", {}, False, False),
+    ("matmul", {}, False, True),
+    ("dense", {}, False, False),
+    ("relu", {}, False, False),
+])
+def test_structural_hooks_the_llm_planner_cuts_slices_at(kind, attrs, sums, contracts):
+    """The hooks the LLM planner reads instead of kind strings: a plain ``add`` sums its
+    inputs (a residual add), a ``matmul`` multiplies two activations (the attention)."""
+    from types import SimpleNamespace
+
+    from tvm_spinn.program.ops import family_of
+
+    layer = SimpleNamespace(kind=kind, attrs=attrs, consts={}, mode="fp32")
+    family = family_of(kind)
+    assert family.sums_inputs(layer) is sums
+    assert family.activation_gemm(layer) is contracts

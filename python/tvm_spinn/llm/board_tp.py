@@ -221,7 +221,7 @@ def slice_pieces(programs, reduces: int) -> "tuple[list, tuple[bool, ...]] | Non
         cuts = {}  # layer index -> whether the piece before it ends at an all-reduce
         for i, layer in enumerate(program.layers):
             acts = [t for t in layer.inputs if program.tensors[t].role != "const"]
-            if layer.kind != "add" or len(acts) != 2 or sum(t in residual for t in acts) != 1:
+            if not family_of(layer.kind).sums_inputs(layer) or len(acts) != 2 or sum(t in residual for t in acts) != 1:
                 continue
             projections = _projections(program, producer, next(t for t in acts if t not in residual), residual)
             if not projections:
@@ -260,7 +260,7 @@ def _projections(program, producer: dict, tensor: int, residual: set) -> list:
     acts = [t for t in layer.inputs if program.tensors[t].role != "const"]
     if len(acts) == 1:
         return _projections(program, producer, acts[0], residual)
-    if layer.kind == "add" and len(acts) == 2:
+    if family_of(layer.kind).sums_inputs(layer) and len(acts) == 2:
         parts = [_projections(program, producer, t, residual) for t in acts]
         return sorted(parts[0] + parts[1]) if all(parts) else []
     return []

@@ -869,10 +869,12 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
         None where the block has no such matmul."""
         key = ("prefix", c)
         if key not in timed:
+            from ..program.ops import family_of
+
             programs, host = _describe_chunk(cfg, spec, target, dtype, c, contexts(c)[0], memo, 1)
             pieces = []
             for program in programs:
-                at = next((i for i, layer in enumerate(program.layers) if layer.kind == "matmul"), None)
+                at = next((i for i, layer in enumerate(program.layers) if family_of(layer.kind).activation_gemm(layer)), None)
                 if at is None:
                     pieces.append(program)
                     continue

@@ -212,6 +212,16 @@ class OpFamily:
         """Whether the layer is a GEMM of an activation by a constant weight (``dense``)."""
         return False
 
+    def activation_gemm(self, layer: Layer) -> bool:
+        """Whether the layer is a GEMM of two activations (``matmul``: the attention's scores
+        and context), not of an activation by a constant weight."""
+        return False
+
+    def sums_inputs(self, layer: Layer) -> bool:
+        """Whether the layer's output is the element-wise sum of its inputs and nothing more
+        (a plain ``add``: a residual add the LLM planner cuts a block's slice at)."""
+        return False
+
     def k_splits(self, program, layer: Layer, tile) -> int:
         """Reduction chunks each tile streams through its PE (1: no reduction split)."""
         return 1

@@ -306,6 +306,10 @@ class Elementwise(FlatFamily):
         if kind == "clip":
             layer.attrs["min"], layer.attrs["max"] = (_prim_float(a) for a in call.args[1:3])
 
+    def sums_inputs(self, layer) -> bool:
+        """A plain ``add`` (not the fused ``add + relu``)."""
+        return layer.kind == "add" and not layer.attrs.get("relu", False)
+
     # -- validation -----------------------------------------------------------------------------
     def attr_schema(self, kind: str, mode: str):
         if kind == "clip":

@@ -51,6 +51,9 @@ class Gemm(OpFamily):
     def weight_gemm(self, layer):
         return layer.kind == "dense" and "weight" in layer.consts
 
+    def activation_gemm(self, layer):
+        return layer.kind == "matmul"
+
     def layouts(self, layer):
         if layer.kind == "dense":
             return frozenset(("resident", "split_k") if layer.mode == "int8" else ("resident",))
