@@ -73,18 +73,24 @@ TP collectives plus the longer of its compute and its hand-overs; with more slot
 the forward of one slot with the backward of another, independent of it, so the links carry
 one pass's collectives while the PEs compute the other: the slot takes the longest of its
 compute, its collectives and hand-overs (they share the links), and either pass with its own
-collectives (:func:`_slot_seconds`).
+collectives (:func:`_slot_seconds`). Where a stage's TP groups each lie on one board and its
+hand-overs cross board edges, the two meet only on the on-board legs of the hand-overs' routes
+(:meth:`_Comms.onboard`): the links then take the longer of the board edges' time and the
+on-board links' (collectives plus those legs).
 
 The LM head may take a pipeline stage of its own (:attr:`Split.head_tp` chips a replica,
 vocab-parallel, a width of its own: the blocks' ``tp`` divides the attention heads, the head's
 GEMM only the vocabulary, and GPT-2 small's head is 31% of its FLOPs): the last block stage's
 ranks hand their shares of the slot's hidden states to the head's ranks, which all-gather them;
 the head's partial input gradients are reduce-scattered over its ranks and handed back. A tied
-table then lives on the head's stage only (the first stage gets the rows of its tokens).
+table then lives on the head's stage only: it streams the first stage the rows of each slot's
+tokens and takes their gradients back during the pipeline (beside the first stage's
+hand-overs); only the first slot's rows and the last slot's gradients are exposed.
 
 Then the gradient synchronisation over the ``dp`` replicas (ZeRO-0: an all-reduce; ZeRO-1: a
 reduce-scatter and an all-gather of the updated weights; ZeRO-2: a reduce-scatter per
-micro-batch and the all-gather): the block stages' groups all at once as the first stage
+micro-batch and the all-gather; rows of a gathered table that no token of the step can touch,
+GPT-2's positions from ``seq`` on, have a zero gradient on every replica and are left out): the block stages' groups all at once as the first stage
 ends; a head stage's on their own, earlier: in 1F1B's drain the head's stage runs its last
 backward ``pp`` backward passes before the first stage (each at least the slowest stage's
 backward compute), so its synchronisation starts that much earlier (hidden behind the drain;
@@ -428,6 +434,17 @@ def _gathered_params(spec, split: "Split", stage: int) -> int:
     h = spec.hidden
     table = 0 if split.head_tp and spec.tied_embeddings else -(-spec.vocab // split.tp) * h
     return table + (spec.max_positions * h if spec.family == "gpt2" else 0)
+
+
+def _untouched_rows(spec, seq: int, stage: int) -> int:
+    """Parameters of a stage's gathered tables whose gradient no step can touch: GPT-2's
+    position rows from ``seq`` on (every sequence of the step takes positions ``0 .. seq - 1``).
+    Their gradient is zero on every replica, so the data-parallel synchronisation leaves them
+    out (its sum would be those zeros: the bits do not change); the update still runs over them
+    (weight decay)."""
+    if stage != 0 or spec.family != "gpt2":
+        return 0
+    return max(0, spec.max_positions - seq) * spec.hidden
 
 
 def _layer_activations(spec, tp: int, tokens: int, seq: int, sequence_parallel: bool) -> int:
@@ -790,6 +807,37 @@ class _Comms:
                          lambda: min(point_to_point(self.topo, src, dst, nbytes).seconds,
                                      self._board_paths(src, dst, float(nbytes))))
 
+    def onboard(self, src: np.ndarray, dst: np.ndarray, nbytes: float) -> float:
+        """Seconds the busiest *on-board* chip link takes to carry the concurrent transfers
+        ``src[i] -> dst[i]`` of ``nbytes`` on their chip routes (the board-to-board links left
+        out): the share of a hand-over that meets collectives confined to boards. A hand-over
+        whose time is a board edge's (:meth:`_board_paths`) puts only this on the links such
+        collectives use; one that stays on its board, all of it."""
+        src, dst = np.ascontiguousarray(src.reshape(-1)), np.ascontiguousarray(dst.reshape(-1))
+        if nbytes <= 0 or src.size == 0:
+            return 0.0
+        pairs = np.stack([src, dst], axis=1)
+        pairs = pairs[:_BOUND_GROUPS] if self.alone else self._window(pairs)
+        src, dst = np.ascontiguousarray(pairs[:, 0]), np.ascontiguousarray(pairs[:, 1])
+
+        def make() -> float:
+            topo = self.topo
+            transfer, links = topo.route_links(src, dst)
+            inside = topo.link_group[links] < 0
+            if not inside.any():
+                return 0.0
+            load = np.bincount(links[inside], weights=np.full(int(inside.sum()), float(nbytes)),
+                               minlength=topo.nodes * 6)
+            return float((load / topo.link_bw).max())
+
+        return self._get(("onboard", src.tobytes(), dst.tobytes(), float(nbytes)), make)
+
+    def on_boards(self, groups: np.ndarray) -> bool:
+        """Whether every group's ranks lie on one board (its collectives leave the board-to-board
+        links free)."""
+        boards = np.asarray(groups).reshape(len(groups), -1) // self.per_board
+        return bool((boards == boards[:, :1]).all())
+
     def _board_paths(self, src: np.ndarray, dst: np.ndarray, nbytes: float) -> float:
         """Seconds of transfers that all leave their boards, the bytes from each board to each
         other board split over the edge-disjoint paths of boards between the two
@@ -875,7 +923,8 @@ def _landing(tp: int, heads: int) -> np.ndarray:
     return t * heads // tp if heads >= tp else t % heads
 
 
-def _slot_seconds(f_s: float, b_s: float, tp_f: float, tp_b: float, pp_s: float, overlap: bool) -> float:
+def _slot_seconds(f_s: float, b_s: float, tp_f: float, tp_b: float, pp_s: float, overlap: bool,
+                  pp_shared: "float | None" = None) -> float:
     """Seconds of one stage's pipeline slot: its forward and backward passes (``f_s``, ``b_s``
     of compute), the TP collectives each waits for (``tp_f``, ``tp_b``) and the stage's
     hand-overs (``pp_s``, by DMA, on the links the collectives use).
@@ -885,10 +934,17 @@ def _slot_seconds(f_s: float, b_s: float, tp_f: float, tp_b: float, pp_s: float,
     forward of one slot and the backward of another, independent, as 1F1B pairs them) the PEs
     and the links are two resources that both passes share: the slot takes the busier
     resource, or the longer pass with its own collectives (each pass's GEMMs wait for the
-    collective before them), whichever is longer."""
+    collective before them), whichever is longer.
+
+    ``pp_shared`` is the part of the hand-overs' time on the links the collectives use (default:
+    all of it). Where the collectives stay on their boards and the hand-overs' time is the
+    board edges' (a stage boundary between boards), the two load different links: the links
+    then take the longer of the board edges' time (``pp_s``) and the on-board links' (the
+    collectives and the hand-overs' on-board legs)."""
+    shared = pp_s if pp_shared is None else min(pp_s, pp_shared)
     if not overlap:
         return tp_f + tp_b + max(f_s + b_s, pp_s)
-    return max(f_s + b_s, tp_f + tp_b + pp_s, f_s + tp_f, b_s + tp_b)
+    return max(f_s + b_s, tp_f + tp_b + shared, pp_s, f_s + tp_f, b_s + tp_b)
 
 
 def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms) -> StepTime:
@@ -918,6 +974,10 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         hand_src = np.concatenate([src.reshape(-1), dst.reshape(-1)])
         hand_dst = np.concatenate([dst.reshape(-1), src.reshape(-1)])
         hand = comms.handover(hand_src, hand_dst, act / tp if sp else act)
+    # collectives confined to boards and hand-overs between boards meet on the on-board links
+    # only (the hand-overs' legs to the board edges): see _slot_seconds
+    tp_local = comms.on_boards(tp_groups)
+    hand_on = comms.onboard(hand_src, hand_dst, act / tp if sp else act) if pp > 1 and tp_local else hand
     head_grid = split.head_grid()
     head_fwd = head_bwd = head_rs = head_ag = 0.0
     if heads:
@@ -941,6 +1001,22 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
             last_io = min(last_io, comms.handover(np.concatenate([hand_src, last, mine]),
                                                   np.concatenate([hand_dst, mine, last]), act / tp))
         head_loss = comms.collective("all_reduce", head_grid, 3 * F32 * tokens)
+        both = (np.concatenate([last, mine]), np.concatenate([mine, last]))
+        head_local = comms.on_boards(head_grid)
+        head_io_on = comms.onboard(*both, act / tp) if head_local or tp_local else head_io
+        last_on = hand_on + head_io_on if tp_local else last_io
+        head_io_on = head_io_on if head_local else head_io
+    rows_io = rows_on = 0.0
+    if heads and spec.tied_embeddings:
+        # the tied table's only copy is on the head's stage: it hands the first stage the rows
+        # of each slot's tokens as the pipeline runs and takes their gradients back after the
+        # slot's backward (one slot's rows each way a slot, beside the first stage's hand-overs)
+        rows_src = head_grid[:, _landing(tp, heads)].reshape(-1)
+        rows_dst = np.ascontiguousarray(grid[:, 0, :].T).reshape(-1)
+        slot_rows = F32 * tokens * spec.hidden / (tp if sp else 1)
+        both = (np.concatenate([rows_src, rows_dst]), np.concatenate([rows_dst, rows_src]))
+        rows_io = comms.handover(*both, slot_rows)
+        rows_on = comms.onboard(*both, slot_rows) if tp_local else rows_io
     resident = _resident_share(arch)
     per_stage = {}
     for stage in _costed_stages(split):
@@ -969,7 +1045,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         f_s, b_s = max(fwd / peak, dram_f), max(bwd / peak, dram_b)
         waits = dram_f > fwd / peak or dram_b > bwd / peak
         if heads and stage == pp:
-            tp_f, tp_b, pp_s = head_ag + head_loss, head_rs, head_io
+            tp_f, tp_b, pp_s, pp_on = head_ag + head_loss, head_rs, head_io, head_io_on
         else:
             # + the vocab-parallel embedding's; a tied table on the head's stage hands the
             # first stage the rows of its tokens instead (no reduction over its ranks)
@@ -978,14 +1054,16 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
             tp_f, tp_b = n_f * ar, 2 * layers * ar
             if stage == pp - 1 and tp > 1 and not heads:  # vocab-parallel head: its input gradient, the loss' scalars
                 tp_b += ar + comms.collective("all_reduce", tp_groups, 3 * F32 * tokens)
-            pp_s = last_io if heads and stage == pp - 1 else hand
+            pp_s, pp_on = (last_io, last_on) if heads and stage == pp - 1 else (hand, hand_on)
+            if stage == 0:
+                pp_s, pp_on = pp_s + rows_io, pp_on + rows_on
         # a slot's hand-overs run by DMA during its compute (1F1B sends one micro-batch's
         # activations while it computes the next) and share the links with its TP collectives;
         # with more than one slot, 1F1B's steady state pairs the forward of one slot with the
         # backward of another, which do not depend on each other: the PEs compute one while the
         # links carry the other's collectives (each pass waits for its own collectives, and
         # the links carry all of them and the hand-overs)
-        total = _slot_seconds(f_s, b_s, tp_f, tp_b, pp_s, overlap=slots > 1)
+        total = _slot_seconds(f_s, b_s, tp_f, tp_b, pp_s, overlap=slots > 1, pp_shared=pp_on)
         per_stage[stage] = dict(total=total, comp=f_s + b_s, tp=tp_f + tp_b, pp=pp_s, waits=waits,
                                 drain=b_s, params=streamed, fits=fits)
     slowest = max(per_stage.values(), key=lambda st: st["total"])
@@ -1001,10 +1079,10 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         rows = F32 * (split.micro_batch * m * seq) * spec.hidden / (tp if sp else 1)
         first = grid[:, 0, :].reshape(-1)
         if heads:
-            # the head's stage keeps the only copy: it hands the rows of the replica's tokens to
-            # the first stage and takes their gradients back
-            tied = 2 * comms.handover(head_grid[:, _landing(tp, heads)].reshape(-1),
-                                      np.ascontiguousarray(grid[:, 0, :].T).reshape(-1), rows)
+            # the head's stage keeps the only copy and streams each slot's token rows to the
+            # first stage and their gradients back during the pipeline (the slots' hand-overs
+            # above): the first slot's rows before it, the last slot's gradients after it
+            tied = 2 * comms.handover(rows_src, rows_dst, slot_rows)
         else:
             # the tied table on the first and last stage: Megatron all-reduces its two
             # gradients, or the last stage keeps the only copy and hands the rows of the
@@ -1034,7 +1112,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
     # the block stages end within the drain of each other: their groups synchronise at once (the
     # largest stage's bytes), as the first stage ends; the tied table's synchronisation too
     block = [(_stage_params(spec, tp, pp, j, heads), j) for j in sorted({0, pp - 1})]
-    dp_blocks = sync(grid.reshape(-1, dp), max(n for n, _ in block))
+    dp_blocks = sync(grid.reshape(-1, dp), max(n - _untouched_rows(spec, seq, j) for n, j in block))
     tail = (max(dp_blocks, tied), max(update(n, j) for n, j in block))
     hidden = 0.0
     if heads:
