@@ -76,7 +76,11 @@ compute, its collectives and hand-overs (they share the links), and either pass 
 collectives (:func:`_slot_seconds`). Where a stage's TP groups each lie on one board and its
 hand-overs cross board edges, the two meet only on the on-board legs of the hand-overs' routes
 (:meth:`_Comms.onboard`): the links then take the longer of the board edges' time and the
-on-board links' (collectives plus those legs).
+on-board links' (collectives plus those legs). The links carry a collective's bytes for its
+busy time only (its busiest link's, :meth:`_Comms.collective_parts`; hop latencies and DMA
+set-ups hold back the pass that waits for it, not other transfers), and the backward's
+collectives run under its weight-gradient GEMMs, which no later GEMM of the pass reads
+(Megatron-LM's overlap of the tensor-parallel backward communication).
 
 The LM head may take a pipeline stage of its own (:attr:`Split.head_tp` chips a replica,
 vocab-parallel, a width of its own: the blocks' ``tp`` divides the attention heads, the head's
@@ -609,19 +613,26 @@ class _Comms:
         algorithm. An algorithm is costed over all the groups only when its cost for the first
         few groups (a subset of the transfers: a lower bound of it) is below the cheapest found
         so far."""
+        return self.collective_parts(op, groups, nbytes)[0]
+
+    def collective_parts(self, op: str, groups: np.ndarray, nbytes: float) -> tuple:
+        """``(seconds, busy seconds)`` of :meth:`collective`: its time, and of it the time its
+        busiest link (or board edge) carries bytes. The rest (hop latencies, DMA set-ups, a
+        pipelined chain's fill) delays the collective's ranks but leaves the links free for
+        other transfers."""
         groups = np.ascontiguousarray(groups, dtype=np.int64)
         if groups.ndim != 2 or groups.shape[1] < 2 or nbytes <= 0:
-            return 0.0
+            return 0.0, 0.0
         groups = groups[:_BOUND_GROUPS] if self.alone else self._window(groups)
         n = float(nbytes)
         names = self._algorithms(op, groups.shape[0], groups.shape[1])
         if groups.shape[0] == 1:
             return min(self._at(op, groups, a, n) for a in names)
         few = groups[:_BOUND_GROUPS] if groups.shape[0] > _BOUND_GROUPS else groups[:1]
-        floors = {a: self._at(op, few, a, n) for a in names}
-        best = math.inf
+        floors = {a: self._at(op, few, a, n)[0] for a in names}
+        best = (math.inf, math.inf)
         for a in sorted(names, key=lambda a: (floors[a], a)):
-            if floors[a] >= best:
+            if floors[a] >= best[0]:
                 break
             best = min(best, self._at(op, groups, a, n))
         return best
@@ -634,11 +645,12 @@ class _Comms:
         exact = ("chain",) if op != "all_gather" else ()
         return ("ring", "tree", *exact, *direct, "multicast") if g == 1 else ("ring", "tree", *exact, *direct)
 
-    def _at(self, op: str, groups: np.ndarray, algorithm: str, n: float) -> float:
-        """Seconds of one algorithm for ``n`` bytes (its affine lines cached per group pattern)."""
+    def _at(self, op: str, groups: np.ndarray, algorithm: str, n: float) -> tuple:
+        """``(seconds, busy seconds)`` of one algorithm for ``n`` bytes (its affine lines cached
+        per group pattern; each line ``(seconds per byte, seconds, busy seconds per byte)``)."""
         lines = self._get((op, algorithm, groups.shape, groups.tobytes()),
                           lambda: self._lines(op, groups, algorithm))
-        return min((a * n + b for a, b in lines), default=math.inf)
+        return min(((a * n + b, busy * n) for a, b, busy in lines), default=(math.inf, math.inf))
 
     @staticmethod
     def _affine(cost) -> tuple:
@@ -688,11 +700,13 @@ class _Comms:
             step, _ = self.topo.evaluate(ranks[(offset + src[keep][None, :]).reshape(-1)],
                                          ranks[(offset + dst[keep][None, :]).reshape(-1)], _PROBE_BYTES / c)
             repeats = 2 if op == "all_reduce" else 1
-            return [(repeats * step.bandwidth_s / _PROBE_BYTES, repeats * step.latency_s)]
+            per_byte = repeats * step.bandwidth_s / _PROBE_BYTES
+            return [(per_byte, repeats * step.latency_s, per_byte)]
         if algorithm == "multicast":  # one group: the multicast trees
             fn = {"all_reduce": co.all_reduce, "all_gather": co.all_gather, "reduce_scatter": co.reduce_scatter}[op]
             try:
-                return [self._affine(lambda n: fn(self.topo, ranks, n, algorithm="multicast").seconds)]
+                a, b = self._affine(lambda n: fn(self.topo, ranks, n, algorithm="multicast").seconds)
+                return [(a, b, a)]
             except ValueError:  # no multicast trees over these ranks
                 return []
         # the algorithm's steps over every group at once, each step's bandwidth term per byte and
@@ -704,7 +718,7 @@ class _Comms:
                                          ranks[(offset + dst[None, :]).reshape(-1)], np.tile(size, g))
             per_byte += repeats * step.bandwidth_s / _PROBE_BYTES
             fixed += repeats * step.latency_s
-        return [(per_byte, fixed)]
+        return [(per_byte, fixed, per_byte)]
 
     def _route_seconds(self, src: np.ndarray, dst: np.ndarray, nbytes) -> tuple:
         """For concurrent transfers ``src[i] -> dst[i]`` of ``nbytes``: the seconds all of them
@@ -768,7 +782,7 @@ class _Comms:
                 # shard's route (the whole shard where the segments are fewer than the owners)
                 tail_s, tail_lat = float(route[chain:].max()), float(latency[chain:].max())
             lines += [((stream + fill / m + tail_s * min(1.0, c / m)) / _PROBE_BYTES,
-                       lat + tail_lat + (m + hops) * self.dma_s) for m in _CHAIN_SEGMENTS]
+                       lat + tail_lat + (m + hops) * self.dma_s, stream / _PROBE_BYTES) for m in _CHAIN_SEGMENTS]
         return lines
 
     def _routings(self, src: np.ndarray, dst: np.ndarray, sizes: np.ndarray) -> list:
@@ -924,7 +938,7 @@ def _landing(tp: int, heads: int) -> np.ndarray:
 
 
 def _slot_seconds(f_s: float, b_s: float, tp_f: float, tp_b: float, pp_s: float, overlap: bool,
-                  pp_shared: "float | None" = None) -> float:
+                  pp_shared: "float | None" = None, tp_busy: "float | None" = None, w_s: float = 0.0) -> float:
     """Seconds of one stage's pipeline slot: its forward and backward passes (``f_s``, ``b_s``
     of compute), the TP collectives each waits for (``tp_f``, ``tp_b``) and the stage's
     hand-overs (``pp_s``, by DMA, on the links the collectives use).
@@ -940,11 +954,22 @@ def _slot_seconds(f_s: float, b_s: float, tp_f: float, tp_b: float, pp_s: float,
     all of it). Where the collectives stay on their boards and the hand-overs' time is the
     board edges' (a stage boundary between boards), the two load different links: the links
     then take the longer of the board edges' time (``pp_s``) and the on-board links' (the
-    collectives and the hand-overs' on-board legs)."""
+    collectives and the hand-overs' on-board legs).
+
+    ``tp_busy`` is the part of the collectives' time their links carry bytes (default: all of
+    it): the rest (hop latencies, DMA set-ups, a chain's fill) holds back the pass that waits
+    for the collective, not the other pass's transfers on the links.
+
+    ``w_s`` is the backward's weight-gradient GEMMs' time: no later GEMM of the pass reads
+    them, so the backward's collectives (the input gradients' reductions, the inputs gathered
+    for the weight gradients) run while the PEs compute them (Megatron-LM's overlap of the
+    tensor-parallel backward communication with the weight-gradient GEMMs, Narayanan et al.
+    2021): the backward waits for the part of its collectives longer than they."""
     shared = pp_s if pp_shared is None else min(pp_s, pp_shared)
     if not overlap:
-        return tp_f + tp_b + max(f_s + b_s, pp_s)
-    return max(f_s + b_s, tp_f + tp_b + shared, pp_s, f_s + tp_f, b_s + tp_b)
+        return tp_f + tp_b - min(tp_b, w_s) + max(f_s + b_s, pp_s)
+    busy = tp_f + tp_b if tp_busy is None else min(tp_f + tp_b, tp_busy)
+    return max(f_s + b_s, busy + shared, pp_s, f_s + tp_f, b_s + tp_b - min(tp_b, w_s))
 
 
 def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms) -> StepTime:
@@ -963,9 +988,10 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
     # Megatron's all-reduce of a block's output; with sequence parallelism an all-gather before
     # the block and a reduce-scatter after it (the same bytes on the links)
     if sp:
-        ar = comms.collective("all_gather", tp_groups, act) + comms.collective("reduce_scatter", tp_groups, act)
+        ar, ar_busy = np.add(comms.collective_parts("all_gather", tp_groups, act),
+                             comms.collective_parts("reduce_scatter", tp_groups, act))
     else:
-        ar = comms.collective("all_reduce", tp_groups, act)
+        ar, ar_busy = comms.collective_parts("all_reduce", tp_groups, act)
     # every stage boundary of every replica hands over at once (forward one way, backward back)
     hand = 0.0
     hand_src = hand_dst = np.zeros(0, np.int64)
@@ -989,8 +1015,8 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         last = np.ascontiguousarray(grid[:, pp - 1, :].T).reshape(-1)  # replica-major
         mine = head_grid[:, _landing(tp, heads)].reshape(-1)
         head_fwd = comms.handover(last, mine, act / tp)
-        head_ag = comms.collective("all_gather", head_grid, act)
-        head_rs = comms.collective("reduce_scatter", head_grid, act)
+        head_ag, head_ag_busy = comms.collective_parts("all_gather", head_grid, act)
+        head_rs, head_rs_busy = comms.collective_parts("reduce_scatter", head_grid, act)
         head_bwd = comms.handover(mine, last, act / tp)
         # the head's hand-overs both ways at once, and with the other stages' where they move
         # as many bytes a transfer: they run concurrently on the links they share
@@ -1000,7 +1026,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         if pp > 1 and (sp or tp == 1):
             last_io = min(last_io, comms.handover(np.concatenate([hand_src, last, mine]),
                                                   np.concatenate([hand_dst, mine, last]), act / tp))
-        head_loss = comms.collective("all_reduce", head_grid, 3 * F32 * tokens)
+        head_loss, head_loss_busy = comms.collective_parts("all_reduce", head_grid, 3 * F32 * tokens)
         both = (np.concatenate([last, mine]), np.concatenate([mine, last]))
         head_local = comms.on_boards(head_grid)
         head_io_on = comms.onboard(*both, act / tp) if head_local or tp_local else head_io
@@ -1034,6 +1060,8 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         head = 2 * tokens * spec.hidden * -(-spec.vocab // width) if stage == stages - 1 else 0
         bwd += 2 * head
         fwd += head
+        # the backward's weight-gradient GEMMs: the forward's GEMMs of the weights once more
+        wgrad = (0 if heads and stage == pp else layers * (block - _block_flops(spec, tokens, seq, tp)[1])) + head
         # DRAM: activations written in the forward and read back in the backward; the weights
         # read in each pass and the gradients accumulated (read and written), unless they and
         # the gradients fit the chip's resident SRAM share: then they stay there from the
@@ -1046,14 +1074,18 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         waits = dram_f > fwd / peak or dram_b > bwd / peak
         if heads and stage == pp:
             tp_f, tp_b, pp_s, pp_on = head_ag + head_loss, head_rs, head_io, head_io_on
+            busy = head_ag_busy + head_loss_busy + head_rs_busy
         else:
             # + the vocab-parallel embedding's; a tied table on the head's stage hands the
             # first stage the rows of its tokens instead (no reduction over its ranks)
             lookup = stage == 0 and not (heads and spec.tied_embeddings)
             n_f = (2 + (2 if split.recompute else 0)) * layers + lookup
             tp_f, tp_b = n_f * ar, 2 * layers * ar
+            busy = (n_f + 2 * layers) * ar_busy
             if stage == pp - 1 and tp > 1 and not heads:  # vocab-parallel head: its input gradient, the loss' scalars
-                tp_b += ar + comms.collective("all_reduce", tp_groups, 3 * F32 * tokens)
+                loss, loss_busy = comms.collective_parts("all_reduce", tp_groups, 3 * F32 * tokens)
+                tp_b += ar + loss
+                busy += ar_busy + loss_busy
             pp_s, pp_on = (last_io, last_on) if heads and stage == pp - 1 else (hand, hand_on)
             if stage == 0:
                 pp_s, pp_on = pp_s + rows_io, pp_on + rows_on
@@ -1063,7 +1095,8 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         # backward of another, which do not depend on each other: the PEs compute one while the
         # links carry the other's collectives (each pass waits for its own collectives, and
         # the links carry all of them and the hand-overs)
-        total = _slot_seconds(f_s, b_s, tp_f, tp_b, pp_s, overlap=slots > 1, pp_shared=pp_on)
+        total = _slot_seconds(f_s, b_s, tp_f, tp_b, pp_s, overlap=slots > 1, pp_shared=pp_on, tp_busy=busy,
+                              w_s=min(wgrad / peak, b_s / 2))
         per_stage[stage] = dict(total=total, comp=f_s + b_s, tp=tp_f + tp_b, pp=pp_s, waits=waits,
                                 drain=b_s, params=streamed, fits=fits)
     slowest = max(per_stage.values(), key=lambda st: st["total"])
