@@ -186,11 +186,14 @@ def _count(cfg) -> int:
 
 
 def test_reproducible_reductions_cost_no_less():
+    """The fastest mode may take Megatron's reduce-scatters; the reproducible one runs the
+    layers' TP reductions as chains of the GEMMs themselves (each rank continuing the
+    accumulator of the one before): its slots' compute and collectives take longer."""
     kw = dict(global_batch=64, seq=512, tp=5, pp=8, dp=1, zero=0, recompute=True)
     exact = plan_training(CONFIGS / "gpt2-xl.json", "spinn/board", **kw)
     fast = plan_training(CONFIGS / "gpt2-xl.json", "spinn/board", reproducible=False, **kw)
     assert fast.time_per_step_s <= exact.time_per_step_s
-    assert fast.step.tp_comm_s < exact.step.tp_comm_s
+    assert fast.step.compute_s + fast.step.tp_comm_s < exact.step.compute_s + exact.step.tp_comm_s
 
 
 def test_search_finds_what_costing_every_split_finds():

@@ -108,7 +108,14 @@ chain in ascending rank order (:class:`_Comms`; the order of
 and the bit-exact tensor-parallel collectives run), or a *direct* reduce-scatter: every rank
 sends each shard's owner its piece and the owner adds the pieces in ascending rank order (the
 same order); ranks hold consecutive blocks of the reduced axis (micro-batches, or a GEMM's
-``k``), so the additions do not depend on the split. What is not modelled: link sharing between the head
+``k``), so the additions do not depend on the split. A GEMM that reduces over a
+tensor-parallel sharded ``k`` (a row-parallel projection's forward, a column-parallel one's
+input gradient) adds its terms in the one-chip order only if each rank continues the
+accumulator the rank before it finished: in the reproducible mode those GEMMs run as the
+compiled step's chains (:mod:`tvm_spinn.training.tp_chain`, the same function prices both: row
+blocks pipelined down the ranks, a block's run at the chips' peak, a hop the concurrent hand-over
+between consecutive ranks of every TP group), and the chain's result is sent from its last rank
+to the ranks that own its rows, in place of Megatron's reduce-scatter. What is not modelled: link sharing between the head
 stage's gradient synchronisation and the other stages' drain, and the host's share of the step.
 
 Search: every split that fits is ordered by its GEMM time alone; a split's step with each
@@ -937,6 +944,33 @@ def _landing(tp: int, heads: int) -> np.ndarray:
     return t * heads // tp if heads >= tp else t % heads
 
 
+def _tp_chains(spec, tokens: int, tp: int, tp_groups: np.ndarray, peak: float, comms: "_Comms") -> tuple:
+    """One layer's chain GEMMs of a slot (:func:`~tvm_spinn.training.tp_chain.layer_chains`),
+    forward and backward: ``(seconds, FLOPs a rank's parallel share would take, seconds the
+    hops' links carry bytes)`` each, from :func:`~tvm_spinn.training.tp_chain.chain_seconds`
+    (the compiled step's chain model) with a block's run at the chip's peak and a hop the
+    concurrent hand-over from every rank to the next of its TP group."""
+    from .tp_chain import chain_seconds, layer_chains
+
+    h, i, q, kv = _widths(spec)
+    src, dst = tp_groups[:, :-1].reshape(-1), tp_groups[:, 1:].reshape(-1)
+
+    def hop(nbytes: float) -> float:
+        return comms.handover(src, dst, nbytes)
+
+    def make():
+        out = {"forward": [0.0, 0.0, 0.0], "backward": [0.0, 0.0, 0.0]}
+        for kind, m, k, n, runs in layer_chains(spec.family, h, q, kv, i, tokens, tp):
+            part = out[kind]
+            part[0] += chain_seconds(runs, m, n, tp, lambda r, kk, nn: 2.0 * r * kk * nn / peak, hop)
+            part[1] += 2.0 * m * k * n / tp
+            part[2] += (len(runs) - 1) / (tp - 1) * comms.onboard(src, dst, 4.0 * m * n) if comms.on_boards(
+                tp_groups) else hop(4.0 * m * n) * (len(runs) - 1) / (tp - 1)
+        return tuple(tuple(out[k]) for k in ("forward", "backward"))
+
+    return comms._get(("tp_chains", spec.family, h, i, q, kv, tokens, tp, peak, src.tobytes(), dst.tobytes()), make)
+
+
 def _slot_seconds(f_s: float, b_s: float, tp_f: float, tp_b: float, pp_s: float, overlap: bool,
                   pp_shared: "float | None" = None, tp_busy: "float | None" = None, w_s: float = 0.0) -> float:
     """Seconds of one stage's pipeline slot: its forward and backward passes (``f_s``, ``b_s``
@@ -1043,6 +1077,17 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         both = (np.concatenate([rows_src, rows_dst]), np.concatenate([rows_dst, rows_src]))
         rows_io = comms.handover(*both, slot_rows)
         rows_on = comms.onboard(*both, slot_rows) if tp_local else rows_io
+    # reproducible TP: the GEMMs that reduce over a sharded axis run as the compiled step's
+    # chains (:mod:`.tp_chain`: each rank continues the accumulator of the rank before it,
+    # the rows pipelined in blocks), priced at the chips' peak, each hop of a block's partial
+    # sum between consecutive ranks of every TP group at once; a chain's result leaves its last
+    # rank for the ranks that own its rows (sequence parallelism) or for every rank
+    chains = _tp_chains(spec, tokens, tp, tp_groups, peak, comms) if comms.reproducible and tp > 1 else None
+    if chains is not None:
+        last_rank, others = np.repeat(tp_groups[:, -1], tp - 1), tp_groups[:, :-1].reshape(-1)
+        out = comms.handover(last_rank, others, act / tp if sp else act)
+        ar_chain, ar_chain_busy = (np.add(comms.collective_parts("all_gather", tp_groups, act), (out, out)) if sp
+                                   else (out, out))
     resident = _resident_share(arch)
     per_stage = {}
     for stage in _costed_stages(split):
@@ -1070,8 +1115,14 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         fits = 2 * F32 * streamed <= resident
         dram_f = (stored + rows + (0 if fits else F32 * streamed)) / dram
         dram_b = (stored + 2 * rows + (0 if fits else F32 * streamed * (passes - 1) + 2 * F32 * streamed)) / dram
-        f_s, b_s = max(fwd / peak, dram_f), max(bwd / peak, dram_b)
-        waits = dram_f > fwd / peak or dram_b > bwd / peak
+        f_gemm, b_gemm = fwd / peak, bwd / peak
+        if chains is not None and not (heads and stage == pp):
+            (cf_s, cf_flops, cf_busy), (cb_s, cb_flops, cb_busy) = chains
+            rc = split.recompute
+            f_gemm += layers * (cf_s - cf_flops / peak)
+            b_gemm += layers * (cb_s - cb_flops / peak + rc * (cf_s - cf_flops / peak))
+        f_s, b_s = max(f_gemm, dram_f), max(b_gemm, dram_b)
+        waits = dram_f > f_gemm or dram_b > b_gemm
         if heads and stage == pp:
             tp_f, tp_b, pp_s, pp_on = head_ag + head_loss, head_rs, head_io, head_io_on
             busy = head_ag_busy + head_loss_busy + head_rs_busy
@@ -1082,6 +1133,10 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
             n_f = (2 + (2 if split.recompute else 0)) * layers + lookup
             tp_f, tp_b = n_f * ar, 2 * layers * ar
             busy = (n_f + 2 * layers) * ar_busy
+            if chains is not None:  # the layers' reductions are the chains: their results sent on
+                n_l = n_f - lookup
+                tp_f, tp_b = n_l * ar_chain + lookup * ar, 2 * layers * ar_chain
+                busy = (n_l + 2 * layers) * ar_chain_busy + lookup * ar_busy + layers * (cf_busy * (1 + rc) + cb_busy)
             if stage == pp - 1 and tp > 1 and not heads:  # vocab-parallel head: its input gradient, the loss' scalars
                 loss, loss_busy = comms.collective_parts("all_reduce", tp_groups, 3 * F32 * tokens)
                 tp_b += ar + loss
