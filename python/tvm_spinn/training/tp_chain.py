@@ -28,7 +28,25 @@ def chain_makespan(ranks, run_s, hop_s: float, blocks: int) -> float:
     partial sum has crossed to the rank (``hop_s``, none when the rank continues its own run)
     and the rank is free. The rows of a GEMM are independent sums, so block ``b + 1``'s run
     ``j`` may overlap block ``b``'s run ``j + 1`` on the next rank: the chain pipelines (every
-    row's additions keep their order). Events are taken in wavefronts ``j + b``, runs in order."""
+    row's additions keep their order). Events are taken in wavefronts ``j + b``, runs in order.
+
+    Runs of equal seconds ``r`` with consecutive runs on different ranks and a rank's runs at
+    least ``blocks`` runs apart (every chain of :func:`chain_seconds`: a rank's blocks are done
+    before its next run's first block arrives) finish at ``(j + b + 1) r + j hop`` (by
+    induction over the wavefronts: both of an event's predecessors end at ``(j + b) r + j
+    hop``), so the chain takes ``(runs + blocks - 1) r + (runs - 1) hop``: taken in closed form."""
+    ranks = list(ranks)
+    n = len(ranks)
+    if n and blocks >= 1 and all(t == run_s[0] for t in run_s[:n]):
+        last: dict = {}
+        apart = True
+        for j, rank in enumerate(ranks):
+            if rank in last and j - last[rank] < max(2, blocks):
+                apart = False
+                break
+            last[rank] = j
+        if apart:
+            return (n + blocks - 1) * run_s[0] + (n - 1) * hop_s
     done: dict = {}
     free: dict = {}
     for wave in range(len(ranks) + blocks - 1):
