@@ -1428,7 +1428,7 @@ def plan_training(config, system="spinn/board", *, seq: "int | None" = None, glo
                                     # memory and the compute floor do not depend on the chip order
                                     if _peak_bytes(spec, split, seq, optimizer) > capacity:
                                         continue
-                                    floor = _compute_floor(spec, split, seq, arch)
+                                    floor = _compute_floor(spec, split, seq, arch, reproducible)
                                     for order in (LAYOUTS[:1] if d == 1 else LAYOUTS if p > 1 or h else LAYOUTS[::2]):
                                         candidates.append((floor, split.chips, dataclasses.replace(split, layout=order),
                                                            None))
@@ -1520,13 +1520,32 @@ def _split_key(split: Split) -> tuple:
             split.sequence_parallel, split.chunks, split.layout, split.head_tp)
 
 
-def _compute_floor(spec, split: Split, seq: int, arch) -> float:
-    """The GEMM time of the pipeline alone: a lower bound of the split's step."""
+def _compute_floor(spec, split: Split, seq: int, arch, reproducible: bool = False) -> float:
+    """The GEMM time of the pipeline alone: a lower bound of the split's step (reproducible:
+    the TP chains with hops that take no time, :func:`_chain_floor`)."""
     peak = 2.0 * arch.m4f_flops_per_cycle * arch.clock_hz * arch.pes_per_chip
     tokens = split.micro_batch * seq // split.chunks
     block, _ = _block_flops(spec, tokens, seq, split.tp)
-    per = (3 + split.recompute) * spec.layers // split.pp * block
-    return (split.slots + split.pp - 1) * per / peak
+    per = (3 + split.recompute) * spec.layers // split.pp * block / peak
+    if reproducible and split.tp > 1:
+        per += spec.layers // split.pp * _chain_floor(spec, tokens, split.tp, peak, split.recompute)
+    return (split.slots + split.pp - 1) * per
+
+
+def _chain_floor(spec, tokens: int, tp: int, peak: float, recompute: bool) -> float:
+    """Seconds one layer's TP chains take beyond the ranks' parallel shares of their GEMMs
+    when the hops take none (:func:`~tvm_spinn.training.tp_chain.chain_makespan`'s closed form:
+    ``(runs + blocks - 1)`` runs of a block): what every reproducible slot pays at least."""
+    from .tp_chain import chain_blocks, layer_chains
+
+    h, i, q, kv = _widths(spec)
+    out = 0.0
+    for kind, m, k, n, runs in layer_chains(spec.family, h, q, kv, i, tokens, tp):
+        blocks = chain_blocks(m, tp)
+        run = 2.0 * (m // blocks) * (runs[0][2] - runs[0][1]) * n / peak
+        extra = (len(runs) + blocks - 1) * run - 2.0 * m * k * n / tp / peak
+        out += extra * (1 + recompute if kind == "forward" else 1)
+    return max(0.0, out)
 
 
 def _does_not_fit(model: str, system: str, arch, found, given: str = "") -> TrainingPlanError:
