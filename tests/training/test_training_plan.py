@@ -200,12 +200,12 @@ def test_search_finds_what_costing_every_split_finds():
     """The branch and bound returns the split that costing every fitting split in full finds."""
     import itertools
 
-    from tvm_spinn.training.planner import LAYOUTS, _Comms, _chunk_counts, _head_widths, _step_time
+    from tvm_spinn.training.planner import LAYOUTS, _Comms, _chunk_counts, _compute_floor, _head_widths, _step_time
 
     cfg = {**_config("gpt2-xl"), "n_layer": 4, "n_embd": 128, "n_head": 4, "vocab_size": 1000, "n_positions": 128}
     system, seq, batch = make_system("twelve", chips=12), 64, 8
     plan = plan_training(cfg, system, seq=seq, global_batch=batch, recompute=False)
-    spec, comms = spec_of(cfg), _Comms(system, True)
+    spec, comms, alone = spec_of(cfg), _Comms(system, True), _Comms(system, True, alone=True)
     divisors = lambda n: [d for d in range(1, n + 1) if n % d == 0]  # noqa: E731
     best = math.inf
     for tp, pp, dp in itertools.product((1, 2, 4), divisors(4), divisors(batch)):
@@ -215,7 +215,13 @@ def test_search_finds_what_costing_every_split_finds():
                                                                 LAYOUTS, _head_widths(spec, tp, pp, dp, 12)):
             split = Split(tp, pp, dp, zero, mb, batch // dp // mb, False, True, chunks, layout, head)
             if split.chips <= 12 and memory_per_chip(spec, split, seq, "adamw", system.dram_bytes).fits:
-                best = min(best, _step_time(spec, split, seq, "adamw", system, comms).total_s)
+                full = _step_time(spec, split, seq, "adamw", system, comms).total_s
+                # the search's two lower bounds (the compute floor that orders the splits, the
+                # step with every collective costed for its first groups alone) hold for every split
+                floor = _compute_floor(spec, split, seq, system, True)
+                bound = _step_time(spec, split, seq, "adamw", system, alone).total_s
+                assert floor <= bound * (1 + 1e-12) and bound <= full * (1 + 1e-12), split
+                best = min(best, full)
     assert plan.time_per_step_s == pytest.approx(best, rel=1e-12)
     costed = [t for _, _, t in plan.search if t is not None]
     assert len(costed) == plan.candidates and min(costed) == plan.time_per_step_s

@@ -596,7 +596,7 @@ class _Comms:
       broadcast). All-gathers add nothing: any algorithm is exact.
     """
 
-    def __init__(self, arch, reproducible: bool, alone: bool = False):
+    def __init__(self, arch, reproducible: bool, alone: bool = False, shared: "_Comms | None" = None):
         from ..target.topology import board_grid, topology_of
 
         self.alone = alone  # cost each collective for its first few groups only (a lower bound)
@@ -608,11 +608,15 @@ class _Comms:
         self.reproducible = reproducible
         self.dma_s = arch.dma_setup_cycles / arch.clock_hz  # one segment's DMA on a rank
         self.cache: dict = {}
+        # the board paths and a pair's bytes split over them depend on the system only: a
+        # ``shared`` instance's (the search's lower-bound costing beside its full one) are reused
+        self.paths: dict = shared.paths if shared is not None else {}
 
-    def _get(self, key, make):
-        hit = self.cache.get(key)
+    def _get(self, key, make, cache: "dict | None" = None):
+        cache = self.cache if cache is None else cache
+        hit = cache.get(key)
         if hit is None:
-            hit = self.cache[key] = make()
+            hit = cache[key] = make()
         return hit
 
     def collective(self, op: str, groups: np.ndarray, nbytes: float) -> float:
@@ -883,27 +887,47 @@ class _Comms:
         ``(busiest edge's seconds, per transfer its pair's busiest used edge's seconds and its
         longest used path's latency)``, or None where two boards have no path."""
         from ..target.topology import edge_rate
-        from ..timing.collectives import water_fill
 
         keys, at = np.unique(a * self.boards + b, return_inverse=True)  # board pairs
         totals = np.bincount(at, weights=sizes)
         load = np.zeros(self.boards * 6)
         used, lats = [], np.zeros(keys.size)
         for p, (key, total) in enumerate(zip(keys.tolist(), totals.tolist())):
-            paths, rates, lat = self._paths(*divmod(key, self.boards))
-            if not paths:
+            split = self._get(("edge_split", key, total), lambda: self._pair_split(key, total), self.paths)
+            if split is None:
                 return None
-            _, share = water_fill(rates, lat, total)
-            edges = [path for path, part in zip(paths, share) if part > 0]
-            for path, part in zip(paths, share):
-                if part > 0:
-                    load[path] += part
-            used.append(np.concatenate(edges))
-            lats[p] = max(l for l, part in zip(lat, share) if part > 0)
+            edges, parts, lats[p] = split
+            # the paths are edge-disjoint (no edge twice in ``edges``): one scatter adds each
+            # edge's share as the path-by-path additions would
+            load[edges] += parts
+            used.append(edges)
         rate = edge_rate(self.topo)
         seconds = np.divide(load, rate, out=np.zeros_like(load), where=rate > 0)
         pair = np.array([seconds[e].max() for e in used])
         return float(seconds.max()), pair[at], lats[at]
+
+    def _pair_split(self, key: int, total: float):
+        """One board pair's ``total`` bytes over its board paths (:meth:`_edge_seconds`):
+        ``(the used paths' edge ids, each edge's bytes, the longest used path's latency)``, or
+        None where the boards have no path. Cached per pair and bytes: the search meets the same
+        pairs with the same bytes in split after split."""
+        from ..timing.collectives import water_fill
+
+        paths, rates, lat = self._paths(*divmod(key, self.boards))
+        if not paths:
+            return None
+        _, share = water_fill(rates, lat, total)
+        edges = [path for path, part in zip(paths, share) if part > 0]
+        parts = [np.full(path.size, part) for path, part in zip(paths, share) if part > 0]
+        edges, parts = np.concatenate(edges), np.concatenate(parts)
+        if np.unique(edges).size != edges.size:  # paths that share an edge: add path by path
+            load = np.zeros(self.boards * 6)
+            for path, part in zip(paths, share):
+                if part > 0:
+                    load[path] += part
+            edges = np.flatnonzero(load)
+            parts = load[edges]
+        return edges, parts, max(l for l, part in zip(lat, share) if part > 0)
 
     def _paths(self, x: int, y: int) -> tuple:
         """``(edge ids of each board path from board x to board y, their rates, latencies)``.
@@ -911,10 +935,11 @@ class _Comms:
         the paths and their costs are found once per displacement, from board 0, and moved."""
         topo = self.topo
         if topo.faulty:
-            return self._get(("board_paths", x, y), lambda: self._costed_paths(x, y))
+            return self._get(("board_paths", x, y), lambda: self._costed_paths(x, y), self.paths)
         bx, by = topo.grid
         dx, dy = (y % bx - x % bx) % bx, (y // bx - x // bx) % by
-        paths, rates, lats = self._get(("board_paths_by", dx, dy), lambda: self._costed_paths(0, dx + bx * dy))
+        paths, rates, lats = self._get(("board_paths_by", dx, dy), lambda: self._costed_paths(0, dx + bx * dy),
+                                       self.paths)
         sx, sy = x % bx, x // bx
         moved = [((path // 6 % bx + sx) % bx + bx * ((path // 6 // bx + sy) % by)) * 6 + path % 6 for path in paths]
         return moved, rates, lats
@@ -1443,7 +1468,8 @@ def plan_training(config, system="spinn/board", *, seq: "int | None" = None, glo
     # branch and bound: a split's step with every collective costed for one group alone (no
     # other group on its links) is a lower bound of its step with all groups at once, and far
     # cheaper; splits are costed in full in the order of that bound until none can be faster
-    comms, alone = _Comms(arch, reproducible), _Comms(arch, reproducible, alone=True)
+    comms = _Comms(arch, reproducible)
+    alone = _Comms(arch, reproducible, alone=True, shared=comms)
     best, costed, queue, search = None, 0, [], {}
 
     def settle(limit: float):
