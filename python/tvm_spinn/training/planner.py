@@ -909,25 +909,38 @@ class _Comms:
     def _pair_split(self, key: int, total: float):
         """One board pair's ``total`` bytes over its board paths (:meth:`_edge_seconds`):
         ``(the used paths' edge ids, each edge's bytes, the longest used path's latency)``, or
-        None where the boards have no path. Cached per pair and bytes: the search meets the same
-        pairs with the same bytes in split after split."""
+        None where the boards have no path. The paths' edges are found once per pair and the
+        bytes' shares once per displacement and bytes: the search meets the same pairs and
+        bytes in split after split."""
         from ..timing.collectives import water_fill
 
-        paths, rates, lat = self._paths(*divmod(key, self.boards))
+        paths, rates, lat, edges, path_of, disjoint = self._get(
+            ("pair_edges", key), lambda: self._pair_edges(*self._paths(*divmod(key, self.boards))), self.paths)
         if not paths:
             return None
-        _, share = water_fill(rates, lat, total)
-        edges = [path for path, part in zip(paths, share) if part > 0]
-        parts = [np.full(path.size, part) for path, part in zip(paths, share) if part > 0]
-        edges, parts = np.concatenate(edges), np.concatenate(parts)
-        if np.unique(edges).size != edges.size:  # paths that share an edge: add path by path
-            load = np.zeros(self.boards * 6)
-            for path, part in zip(paths, share):
-                if part > 0:
-                    load[path] += part
-            edges = np.flatnonzero(load)
-            parts = load[edges]
-        return edges, parts, max(l for l, part in zip(lat, share) if part > 0)
+        _, share = self._get(("fill", tuple(rates), tuple(lat), total), lambda: water_fill(rates, lat, total),
+                             self.paths)
+        used = share > 0
+        latency = max(l for l, u in zip(lat, used.tolist()) if u)
+        if disjoint:
+            keep = used[path_of]
+            return edges[keep], share[path_of][keep], latency
+        load = np.zeros(self.boards * 6)  # paths that share an edge: add path by path
+        for path, part in zip(paths, share):
+            if part > 0:
+                load[path] += part
+        edges = np.flatnonzero(load)
+        return edges, load[edges], latency
+
+    @staticmethod
+    def _pair_edges(paths, rates, lat) -> tuple:
+        """A board pair's :meth:`_paths` and ``(every path's edge ids one after another, each
+        edge's path, whether no edge is on two paths)``."""
+        if not paths:
+            return paths, rates, lat, None, None, False
+        edges = np.concatenate(paths)
+        path_of = np.repeat(np.arange(len(paths)), [len(p) for p in paths])
+        return paths, rates, lat, edges, path_of, np.unique(edges).size == edges.size
 
     def _paths(self, x: int, y: int) -> tuple:
         """``(edge ids of each board path from board x to board y, their rates, latencies)``.
