@@ -681,14 +681,15 @@ class _Comms:
         their boards' links as every other stretch of boards is loaded: their concurrent cost
         is every group's. Where that window is the whole system, all groups are costed."""
         per_board = self.per_board
-        span = int((groups.max(axis=1) // per_board - groups.min(axis=1) // per_board).max()) + 1
+        top = groups.max(axis=1)
+        span = int((top // per_board - groups.min(axis=1) // per_board).max()) + 1
         # the window also holds a row of the torus of boards and the next board: board ids run
         # along rows, so groups that straddle the end of a row (longer routes) are among it
         boards = 4 * span + (self.row + 1 if span > 1 else 0)
         if boards >= self.boards:
             return groups
         window = boards * per_board
-        inside = groups[groups.max(axis=1) < window]
+        inside = groups[top < window]
         return inside if inside.size else groups
 
     def _lines(self, op: str, groups: np.ndarray, algorithm: str) -> list:
@@ -845,17 +846,20 @@ class _Comms:
         pairs = pairs[:_BOUND_GROUPS] if self.alone else self._window(pairs)
         src, dst = np.ascontiguousarray(pairs[:, 0]), np.ascontiguousarray(pairs[:, 1])
 
+        def routed() -> np.ndarray:  # the transfers' on-board links, once per set of transfers
+            _, links = self.topo.route_links(src, dst)
+            return links[self.topo.link_group[links] < 0]
+
         def make() -> float:
             topo = self.topo
-            transfer, links = topo.route_links(src, dst)
-            inside = topo.link_group[links] < 0
-            if not inside.any():
+            inside = self._get(("onboard_links", key), routed)
+            if not inside.size:
                 return 0.0
-            load = np.bincount(links[inside], weights=np.full(int(inside.sum()), float(nbytes)),
-                               minlength=topo.nodes * 6)
+            load = np.bincount(inside, weights=np.full(inside.size, float(nbytes)), minlength=topo.nodes * 6)
             return float((load / topo.link_bw).max())
 
-        return self._get(("onboard", src.tobytes(), dst.tobytes(), float(nbytes)), make)
+        key = (src.tobytes(), dst.tobytes())
+        return self._get(("onboard", *key, float(nbytes)), make)
 
     def on_boards(self, groups: np.ndarray) -> bool:
         """Whether every group's ranks lie on one board (its collectives leave the board-to-board
