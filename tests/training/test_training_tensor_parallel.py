@@ -170,3 +170,42 @@ def test_llama_tensor_parallel_matches_tp1():
                                     parallel={"tp": 2, "dp": 2, "microbatches": 2})
     assert _same_bits(_run(tp, batches), ref)
     _assert_close(ref, torch_adamw(model, batches, ADAMW[1]))
+
+
+# -- one chain model for the compiled step and the planner (fast) ----------------------------------
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_planner_chains_are_the_compiled_steps(family):
+    """The planner's chain GEMMs of a block (:func:`layer_chains`, from the sizes alone) are the
+    ones the compiled step's Megatron layout makes chains of: the same reduced extents, cut into
+    the same runs rank by rank; the planner prices them with the compiled step's function."""
+    from tvm_spinn.llm.spec import spec_of
+    from tvm_spinn.target import make_system
+    from tvm_spinn.training import planner
+    from tvm_spinn.training.tp_chain import chain_seconds, layer_chains
+
+    model = (gpt2 if family == "gpt2" else llama)(layers=1, hidden=32, vocab=64)
+    names = [n for n, _ in model.named_parameters()]
+    shapes = [tuple(p.shape) for _, p in model.named_parameters()]
+    compiled = sorted((len(s.owner), s.runs()) for s in tp_layout(model, names, shapes, 2) if s is not None)
+    spec = spec_of(model.lm.config)
+    h, i, q, kv = planner._widths(spec)
+    chains = layer_chains(spec.family, h, q, kv, i, 8, 2)
+    assert sorted((k, runs) for _, _, k, _, runs in chains) == compiled
+    assert all(n == h for _, _, _, n, _ in chains)
+    # the planner's per-layer seconds: chain_seconds with a block's run at the chip's peak and a
+    # hop the concurrent hand-over between the TP ranks
+    arch = make_system("two-chips", chips=2)
+    comms = planner._Comms(arch, True)
+    groups = np.array([[0, 1]])
+    peak = 2.0 * arch.m4f_flops_per_cycle * arch.clock_hz * arch.pes_per_chip
+    (f_s, f_flops, _), (b_s, b_flops, _) = planner._tp_chains(spec, 8, 2, groups, peak, comms)
+    expect = {"forward": 0.0, "backward": 0.0}
+    for kind, m, k, n, runs in chains:
+        expect[kind] += chain_seconds(runs, m, n, 2, lambda r, kk, nn: 2.0 * r * kk * nn / peak,
+                                      lambda nbytes: comms.handover(np.array([0]), np.array([1]), nbytes))
+    assert (f_s, b_s) == (expect["forward"], expect["backward"])
+    # a chain pipelines its rows but its ranks run one after another: slower than the ranks'
+    # parallel shares, faster than one chip doing the whole GEMM and every hop in series
+    assert f_flops / peak < f_s < 2 * f_flops / peak + sum(
+        (len(r) - 1) * comms.handover(np.array([0]), np.array([1]), 4 * m * n) for kind, m, _, n, r in chains
+        if kind == "forward")

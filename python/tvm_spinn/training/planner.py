@@ -73,18 +73,28 @@ TP collectives plus the longer of its compute and its hand-overs; with more slot
 the forward of one slot with the backward of another, independent of it, so the links carry
 one pass's collectives while the PEs compute the other: the slot takes the longest of its
 compute, its collectives and hand-overs (they share the links), and either pass with its own
-collectives (:func:`_slot_seconds`).
+collectives (:func:`_slot_seconds`). Where a stage's TP groups each lie on one board and its
+hand-overs cross board edges, the two meet only on the on-board legs of the hand-overs' routes
+(:meth:`_Comms.onboard`): the links then take the longer of the board edges' time and the
+on-board links' (collectives plus those legs). The links carry a collective's bytes for its
+busy time only (its busiest link's, :meth:`_Comms.collective_parts`; hop latencies and DMA
+set-ups hold back the pass that waits for it, not other transfers), and the backward's
+collectives run under its weight-gradient GEMMs, which no later GEMM of the pass reads
+(Megatron-LM's overlap of the tensor-parallel backward communication).
 
 The LM head may take a pipeline stage of its own (:attr:`Split.head_tp` chips a replica,
 vocab-parallel, a width of its own: the blocks' ``tp`` divides the attention heads, the head's
 GEMM only the vocabulary, and GPT-2 small's head is 31% of its FLOPs): the last block stage's
 ranks hand their shares of the slot's hidden states to the head's ranks, which all-gather them;
 the head's partial input gradients are reduce-scattered over its ranks and handed back. A tied
-table then lives on the head's stage only (the first stage gets the rows of its tokens).
+table then lives on the head's stage only: it streams the first stage the rows of each slot's
+tokens and takes their gradients back during the pipeline (beside the first stage's
+hand-overs); only the first slot's rows and the last slot's gradients are exposed.
 
 Then the gradient synchronisation over the ``dp`` replicas (ZeRO-0: an all-reduce; ZeRO-1: a
 reduce-scatter and an all-gather of the updated weights; ZeRO-2: a reduce-scatter per
-micro-batch and the all-gather): the block stages' groups all at once as the first stage
+micro-batch and the all-gather; rows of a gathered table that no token of the step can touch,
+GPT-2's positions from ``seq`` on, have a zero gradient on every replica and are left out): the block stages' groups all at once as the first stage
 ends; a head stage's on their own, earlier: in 1F1B's drain the head's stage runs its last
 backward ``pp`` backward passes before the first stage (each at least the slowest stage's
 backward compute), so its synchronisation starts that much earlier (hidden behind the drain;
@@ -98,7 +108,14 @@ chain in ascending rank order (:class:`_Comms`; the order of
 and the bit-exact tensor-parallel collectives run), or a *direct* reduce-scatter: every rank
 sends each shard's owner its piece and the owner adds the pieces in ascending rank order (the
 same order); ranks hold consecutive blocks of the reduced axis (micro-batches, or a GEMM's
-``k``), so the additions do not depend on the split. What is not modelled: link sharing between the head
+``k``), so the additions do not depend on the split. A GEMM that reduces over a
+tensor-parallel sharded ``k`` (a row-parallel projection's forward, a column-parallel one's
+input gradient) adds its terms in the one-chip order only if each rank continues the
+accumulator the rank before it finished: in the reproducible mode those GEMMs run as the
+compiled step's chains (:mod:`tvm_spinn.training.tp_chain`, the same function prices both: row
+blocks pipelined down the ranks, a block's run at the chips' peak, a hop the concurrent hand-over
+between consecutive ranks of every TP group), and the chain's result is sent from its last rank
+to the ranks that own its rows, in place of Megatron's reduce-scatter. What is not modelled: link sharing between the head
 stage's gradient synchronisation and the other stages' drain, and the host's share of the step.
 
 Search: every split that fits is ordered by its GEMM time alone; a split's step with each
@@ -430,6 +447,17 @@ def _gathered_params(spec, split: "Split", stage: int) -> int:
     return table + (spec.max_positions * h if spec.family == "gpt2" else 0)
 
 
+def _untouched_rows(spec, seq: int, stage: int) -> int:
+    """Parameters of a stage's gathered tables whose gradient no step can touch: GPT-2's
+    position rows from ``seq`` on (every sequence of the step takes positions ``0 .. seq - 1``).
+    Their gradient is zero on every replica, so the data-parallel synchronisation leaves them
+    out (its sum would be those zeros: the bits do not change); the update still runs over them
+    (weight decay)."""
+    if stage != 0 or spec.family != "gpt2":
+        return 0
+    return max(0, spec.max_positions - seq) * spec.hidden
+
+
 def _layer_activations(spec, tp: int, tokens: int, seq: int, sequence_parallel: bool) -> int:
     """Bytes one layer stores for the backward pass for ``tokens`` tokens (sequences of
     ``seq``) on one TP rank (see the module docstring)."""
@@ -568,7 +596,7 @@ class _Comms:
       broadcast). All-gathers add nothing: any algorithm is exact.
     """
 
-    def __init__(self, arch, reproducible: bool, alone: bool = False):
+    def __init__(self, arch, reproducible: bool, alone: bool = False, shared: "_Comms | None" = None):
         from ..target.topology import board_grid, topology_of
 
         self.alone = alone  # cost each collective for its first few groups only (a lower bound)
@@ -580,11 +608,15 @@ class _Comms:
         self.reproducible = reproducible
         self.dma_s = arch.dma_setup_cycles / arch.clock_hz  # one segment's DMA on a rank
         self.cache: dict = {}
+        # the board paths and a pair's bytes split over them depend on the system only: a
+        # ``shared`` instance's (the search's lower-bound costing beside its full one) are reused
+        self.paths: dict = shared.paths if shared is not None else {}
 
-    def _get(self, key, make):
-        hit = self.cache.get(key)
+    def _get(self, key, make, cache: "dict | None" = None):
+        cache = self.cache if cache is None else cache
+        hit = cache.get(key)
         if hit is None:
-            hit = self.cache[key] = make()
+            hit = cache[key] = make()
         return hit
 
     def collective(self, op: str, groups: np.ndarray, nbytes: float) -> float:
@@ -592,19 +624,26 @@ class _Comms:
         algorithm. An algorithm is costed over all the groups only when its cost for the first
         few groups (a subset of the transfers: a lower bound of it) is below the cheapest found
         so far."""
+        return self.collective_parts(op, groups, nbytes)[0]
+
+    def collective_parts(self, op: str, groups: np.ndarray, nbytes: float) -> tuple:
+        """``(seconds, busy seconds)`` of :meth:`collective`: its time, and of it the time its
+        busiest link (or board edge) carries bytes. The rest (hop latencies, DMA set-ups, a
+        pipelined chain's fill) delays the collective's ranks but leaves the links free for
+        other transfers."""
         groups = np.ascontiguousarray(groups, dtype=np.int64)
         if groups.ndim != 2 or groups.shape[1] < 2 or nbytes <= 0:
-            return 0.0
+            return 0.0, 0.0
         groups = groups[:_BOUND_GROUPS] if self.alone else self._window(groups)
         n = float(nbytes)
         names = self._algorithms(op, groups.shape[0], groups.shape[1])
         if groups.shape[0] == 1:
             return min(self._at(op, groups, a, n) for a in names)
         few = groups[:_BOUND_GROUPS] if groups.shape[0] > _BOUND_GROUPS else groups[:1]
-        floors = {a: self._at(op, few, a, n) for a in names}
-        best = math.inf
+        floors = {a: self._at(op, few, a, n)[0] for a in names}
+        best = (math.inf, math.inf)
         for a in sorted(names, key=lambda a: (floors[a], a)):
-            if floors[a] >= best:
+            if floors[a] >= best[0]:
                 break
             best = min(best, self._at(op, groups, a, n))
         return best
@@ -617,11 +656,12 @@ class _Comms:
         exact = ("chain",) if op != "all_gather" else ()
         return ("ring", "tree", *exact, *direct, "multicast") if g == 1 else ("ring", "tree", *exact, *direct)
 
-    def _at(self, op: str, groups: np.ndarray, algorithm: str, n: float) -> float:
-        """Seconds of one algorithm for ``n`` bytes (its affine lines cached per group pattern)."""
+    def _at(self, op: str, groups: np.ndarray, algorithm: str, n: float) -> tuple:
+        """``(seconds, busy seconds)`` of one algorithm for ``n`` bytes (its affine lines cached
+        per group pattern; each line ``(seconds per byte, seconds, busy seconds per byte)``)."""
         lines = self._get((op, algorithm, groups.shape, groups.tobytes()),
                           lambda: self._lines(op, groups, algorithm))
-        return min((a * n + b for a, b in lines), default=math.inf)
+        return min(((a * n + b, busy * n) for a, b, busy in lines), default=(math.inf, math.inf))
 
     @staticmethod
     def _affine(cost) -> tuple:
@@ -641,14 +681,15 @@ class _Comms:
         their boards' links as every other stretch of boards is loaded: their concurrent cost
         is every group's. Where that window is the whole system, all groups are costed."""
         per_board = self.per_board
-        span = int((groups.max(axis=1) // per_board - groups.min(axis=1) // per_board).max()) + 1
+        top = groups.max(axis=1)
+        span = int((top // per_board - groups.min(axis=1) // per_board).max()) + 1
         # the window also holds a row of the torus of boards and the next board: board ids run
         # along rows, so groups that straddle the end of a row (longer routes) are among it
         boards = 4 * span + (self.row + 1 if span > 1 else 0)
         if boards >= self.boards:
             return groups
         window = boards * per_board
-        inside = groups[groups.max(axis=1) < window]
+        inside = groups[top < window]
         return inside if inside.size else groups
 
     def _lines(self, op: str, groups: np.ndarray, algorithm: str) -> list:
@@ -671,11 +712,13 @@ class _Comms:
             step, _ = self.topo.evaluate(ranks[(offset + src[keep][None, :]).reshape(-1)],
                                          ranks[(offset + dst[keep][None, :]).reshape(-1)], _PROBE_BYTES / c)
             repeats = 2 if op == "all_reduce" else 1
-            return [(repeats * step.bandwidth_s / _PROBE_BYTES, repeats * step.latency_s)]
+            per_byte = repeats * step.bandwidth_s / _PROBE_BYTES
+            return [(per_byte, repeats * step.latency_s, per_byte)]
         if algorithm == "multicast":  # one group: the multicast trees
             fn = {"all_reduce": co.all_reduce, "all_gather": co.all_gather, "reduce_scatter": co.reduce_scatter}[op]
             try:
-                return [self._affine(lambda n: fn(self.topo, ranks, n, algorithm="multicast").seconds)]
+                a, b = self._affine(lambda n: fn(self.topo, ranks, n, algorithm="multicast").seconds)
+                return [(a, b, a)]
             except ValueError:  # no multicast trees over these ranks
                 return []
         # the algorithm's steps over every group at once, each step's bandwidth term per byte and
@@ -687,7 +730,7 @@ class _Comms:
                                          ranks[(offset + dst[None, :]).reshape(-1)], np.tile(size, g))
             per_byte += repeats * step.bandwidth_s / _PROBE_BYTES
             fixed += repeats * step.latency_s
-        return [(per_byte, fixed)]
+        return [(per_byte, fixed, per_byte)]
 
     def _route_seconds(self, src: np.ndarray, dst: np.ndarray, nbytes) -> tuple:
         """For concurrent transfers ``src[i] -> dst[i]`` of ``nbytes``: the seconds all of them
@@ -751,7 +794,7 @@ class _Comms:
                 # shard's route (the whole shard where the segments are fewer than the owners)
                 tail_s, tail_lat = float(route[chain:].max()), float(latency[chain:].max())
             lines += [((stream + fill / m + tail_s * min(1.0, c / m)) / _PROBE_BYTES,
-                       lat + tail_lat + (m + hops) * self.dma_s) for m in _CHAIN_SEGMENTS]
+                       lat + tail_lat + (m + hops) * self.dma_s, stream / _PROBE_BYTES) for m in _CHAIN_SEGMENTS]
         return lines
 
     def _routings(self, src: np.ndarray, dst: np.ndarray, sizes: np.ndarray) -> list:
@@ -790,6 +833,40 @@ class _Comms:
                          lambda: min(point_to_point(self.topo, src, dst, nbytes).seconds,
                                      self._board_paths(src, dst, float(nbytes))))
 
+    def onboard(self, src: np.ndarray, dst: np.ndarray, nbytes: float) -> float:
+        """Seconds the busiest *on-board* chip link takes to carry the concurrent transfers
+        ``src[i] -> dst[i]`` of ``nbytes`` on their chip routes (the board-to-board links left
+        out): the share of a hand-over that meets collectives confined to boards. A hand-over
+        whose time is a board edge's (:meth:`_board_paths`) puts only this on the links such
+        collectives use; one that stays on its board, all of it."""
+        src, dst = np.ascontiguousarray(src.reshape(-1)), np.ascontiguousarray(dst.reshape(-1))
+        if nbytes <= 0 or src.size == 0:
+            return 0.0
+        pairs = np.stack([src, dst], axis=1)
+        pairs = pairs[:_BOUND_GROUPS] if self.alone else self._window(pairs)
+        src, dst = np.ascontiguousarray(pairs[:, 0]), np.ascontiguousarray(pairs[:, 1])
+
+        def routed() -> np.ndarray:  # the transfers' on-board links, once per set of transfers
+            _, links = self.topo.route_links(src, dst)
+            return links[self.topo.link_group[links] < 0]
+
+        def make() -> float:
+            topo = self.topo
+            inside = self._get(("onboard_links", key), routed)
+            if not inside.size:
+                return 0.0
+            load = np.bincount(inside, weights=np.full(inside.size, float(nbytes)), minlength=topo.nodes * 6)
+            return float((load / topo.link_bw).max())
+
+        key = (src.tobytes(), dst.tobytes())
+        return self._get(("onboard", *key, float(nbytes)), make)
+
+    def on_boards(self, groups: np.ndarray) -> bool:
+        """Whether every group's ranks lie on one board (its collectives leave the board-to-board
+        links free)."""
+        boards = np.asarray(groups).reshape(len(groups), -1) // self.per_board
+        return bool((boards == boards[:, :1]).all())
+
     def _board_paths(self, src: np.ndarray, dst: np.ndarray, nbytes: float) -> float:
         """Seconds of transfers that all leave their boards, the bytes from each board to each
         other board split over the edge-disjoint paths of boards between the two
@@ -814,27 +891,60 @@ class _Comms:
         ``(busiest edge's seconds, per transfer its pair's busiest used edge's seconds and its
         longest used path's latency)``, or None where two boards have no path."""
         from ..target.topology import edge_rate
-        from ..timing.collectives import water_fill
 
         keys, at = np.unique(a * self.boards + b, return_inverse=True)  # board pairs
         totals = np.bincount(at, weights=sizes)
         load = np.zeros(self.boards * 6)
         used, lats = [], np.zeros(keys.size)
         for p, (key, total) in enumerate(zip(keys.tolist(), totals.tolist())):
-            paths, rates, lat = self._paths(*divmod(key, self.boards))
-            if not paths:
+            split = self._get(("edge_split", key, total), lambda: self._pair_split(key, total), self.paths)
+            if split is None:
                 return None
-            _, share = water_fill(rates, lat, total)
-            edges = [path for path, part in zip(paths, share) if part > 0]
-            for path, part in zip(paths, share):
-                if part > 0:
-                    load[path] += part
-            used.append(np.concatenate(edges))
-            lats[p] = max(l for l, part in zip(lat, share) if part > 0)
+            edges, parts, lats[p] = split
+            # the paths are edge-disjoint (no edge twice in ``edges``): one scatter adds each
+            # edge's share as the path-by-path additions would
+            load[edges] += parts
+            used.append(edges)
         rate = edge_rate(self.topo)
         seconds = np.divide(load, rate, out=np.zeros_like(load), where=rate > 0)
         pair = np.array([seconds[e].max() for e in used])
         return float(seconds.max()), pair[at], lats[at]
+
+    def _pair_split(self, key: int, total: float):
+        """One board pair's ``total`` bytes over its board paths (:meth:`_edge_seconds`):
+        ``(the used paths' edge ids, each edge's bytes, the longest used path's latency)``, or
+        None where the boards have no path. The paths' edges are found once per pair and the
+        bytes' shares once per displacement and bytes: the search meets the same pairs and
+        bytes in split after split."""
+        from ..timing.collectives import water_fill
+
+        paths, rates, lat, edges, path_of, disjoint = self._get(
+            ("pair_edges", key), lambda: self._pair_edges(*self._paths(*divmod(key, self.boards))), self.paths)
+        if not paths:
+            return None
+        _, share = self._get(("fill", tuple(rates), tuple(lat), total), lambda: water_fill(rates, lat, total),
+                             self.paths)
+        used = share > 0
+        latency = max(l for l, u in zip(lat, used.tolist()) if u)
+        if disjoint:
+            keep = used[path_of]
+            return edges[keep], share[path_of][keep], latency
+        load = np.zeros(self.boards * 6)  # paths that share an edge: add path by path
+        for path, part in zip(paths, share):
+            if part > 0:
+                load[path] += part
+        edges = np.flatnonzero(load)
+        return edges, load[edges], latency
+
+    @staticmethod
+    def _pair_edges(paths, rates, lat) -> tuple:
+        """A board pair's :meth:`_paths` and ``(every path's edge ids one after another, each
+        edge's path, whether no edge is on two paths)``."""
+        if not paths:
+            return paths, rates, lat, None, None, False
+        edges = np.concatenate(paths)
+        path_of = np.repeat(np.arange(len(paths)), [len(p) for p in paths])
+        return paths, rates, lat, edges, path_of, np.unique(edges).size == edges.size
 
     def _paths(self, x: int, y: int) -> tuple:
         """``(edge ids of each board path from board x to board y, their rates, latencies)``.
@@ -842,10 +952,11 @@ class _Comms:
         the paths and their costs are found once per displacement, from board 0, and moved."""
         topo = self.topo
         if topo.faulty:
-            return self._get(("board_paths", x, y), lambda: self._costed_paths(x, y))
+            return self._get(("board_paths", x, y), lambda: self._costed_paths(x, y), self.paths)
         bx, by = topo.grid
         dx, dy = (y % bx - x % bx) % bx, (y // bx - x // bx) % by
-        paths, rates, lats = self._get(("board_paths_by", dx, dy), lambda: self._costed_paths(0, dx + bx * dy))
+        paths, rates, lats = self._get(("board_paths_by", dx, dy), lambda: self._costed_paths(0, dx + bx * dy),
+                                       self.paths)
         sx, sy = x % bx, x // bx
         moved = [((path // 6 % bx + sx) % bx + bx * ((path // 6 // bx + sy) % by)) * 6 + path % 6 for path in paths]
         return moved, rates, lats
@@ -875,7 +986,35 @@ def _landing(tp: int, heads: int) -> np.ndarray:
     return t * heads // tp if heads >= tp else t % heads
 
 
-def _slot_seconds(f_s: float, b_s: float, tp_f: float, tp_b: float, pp_s: float, overlap: bool) -> float:
+def _tp_chains(spec, tokens: int, tp: int, tp_groups: np.ndarray, peak: float, comms: "_Comms") -> tuple:
+    """One layer's chain GEMMs of a slot (:func:`~tvm_spinn.training.tp_chain.layer_chains`),
+    forward and backward: ``(seconds, FLOPs a rank's parallel share would take, seconds the
+    hops' links carry bytes)`` each, from :func:`~tvm_spinn.training.tp_chain.chain_seconds`
+    (the compiled step's chain model) with a block's run at the chip's peak and a hop the
+    concurrent hand-over from every rank to the next of its TP group."""
+    from .tp_chain import chain_seconds, layer_chains
+
+    h, i, q, kv = _widths(spec)
+    src, dst = tp_groups[:, :-1].reshape(-1), tp_groups[:, 1:].reshape(-1)
+
+    def hop(nbytes: float) -> float:
+        return comms.handover(src, dst, nbytes)
+
+    def make():
+        out = {"forward": [0.0, 0.0, 0.0], "backward": [0.0, 0.0, 0.0]}
+        for kind, m, k, n, runs in layer_chains(spec.family, h, q, kv, i, tokens, tp):
+            part = out[kind]
+            part[0] += chain_seconds(runs, m, n, tp, lambda r, kk, nn: 2.0 * r * kk * nn / peak, hop)
+            part[1] += 2.0 * m * k * n / tp
+            part[2] += (len(runs) - 1) / (tp - 1) * comms.onboard(src, dst, 4.0 * m * n) if comms.on_boards(
+                tp_groups) else hop(4.0 * m * n) * (len(runs) - 1) / (tp - 1)
+        return tuple(tuple(out[k]) for k in ("forward", "backward"))
+
+    return comms._get(("tp_chains", spec.family, h, i, q, kv, tokens, tp, peak, src.tobytes(), dst.tobytes()), make)
+
+
+def _slot_seconds(f_s: float, b_s: float, tp_f: float, tp_b: float, pp_s: float, overlap: bool,
+                  pp_shared: "float | None" = None, tp_busy: "float | None" = None, w_s: float = 0.0) -> float:
     """Seconds of one stage's pipeline slot: its forward and backward passes (``f_s``, ``b_s``
     of compute), the TP collectives each waits for (``tp_f``, ``tp_b``) and the stage's
     hand-overs (``pp_s``, by DMA, on the links the collectives use).
@@ -885,10 +1024,28 @@ def _slot_seconds(f_s: float, b_s: float, tp_f: float, tp_b: float, pp_s: float,
     forward of one slot and the backward of another, independent, as 1F1B pairs them) the PEs
     and the links are two resources that both passes share: the slot takes the busier
     resource, or the longer pass with its own collectives (each pass's GEMMs wait for the
-    collective before them), whichever is longer."""
+    collective before them), whichever is longer.
+
+    ``pp_shared`` is the part of the hand-overs' time on the links the collectives use (default:
+    all of it). Where the collectives stay on their boards and the hand-overs' time is the
+    board edges' (a stage boundary between boards), the two load different links: the links
+    then take the longer of the board edges' time (``pp_s``) and the on-board links' (the
+    collectives and the hand-overs' on-board legs).
+
+    ``tp_busy`` is the part of the collectives' time their links carry bytes (default: all of
+    it): the rest (hop latencies, DMA set-ups, a chain's fill) holds back the pass that waits
+    for the collective, not the other pass's transfers on the links.
+
+    ``w_s`` is the backward's weight-gradient GEMMs' time: no later GEMM of the pass reads
+    them, so the backward's collectives (the input gradients' reductions, the inputs gathered
+    for the weight gradients) run while the PEs compute them (Megatron-LM's overlap of the
+    tensor-parallel backward communication with the weight-gradient GEMMs, Narayanan et al.
+    2021): the backward waits for the part of its collectives longer than they."""
+    shared = pp_s if pp_shared is None else min(pp_s, pp_shared)
     if not overlap:
-        return tp_f + tp_b + max(f_s + b_s, pp_s)
-    return max(f_s + b_s, tp_f + tp_b + pp_s, f_s + tp_f, b_s + tp_b)
+        return tp_f + tp_b - min(tp_b, w_s) + max(f_s + b_s, pp_s)
+    busy = tp_f + tp_b if tp_busy is None else min(tp_f + tp_b, tp_busy)
+    return max(f_s + b_s, busy + shared, pp_s, f_s + tp_f, b_s + tp_b - min(tp_b, w_s))
 
 
 def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms) -> StepTime:
@@ -907,9 +1064,10 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
     # Megatron's all-reduce of a block's output; with sequence parallelism an all-gather before
     # the block and a reduce-scatter after it (the same bytes on the links)
     if sp:
-        ar = comms.collective("all_gather", tp_groups, act) + comms.collective("reduce_scatter", tp_groups, act)
+        ar, ar_busy = np.add(comms.collective_parts("all_gather", tp_groups, act),
+                             comms.collective_parts("reduce_scatter", tp_groups, act))
     else:
-        ar = comms.collective("all_reduce", tp_groups, act)
+        ar, ar_busy = comms.collective_parts("all_reduce", tp_groups, act)
     # every stage boundary of every replica hands over at once (forward one way, backward back)
     hand = 0.0
     hand_src = hand_dst = np.zeros(0, np.int64)
@@ -918,6 +1076,10 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         hand_src = np.concatenate([src.reshape(-1), dst.reshape(-1)])
         hand_dst = np.concatenate([dst.reshape(-1), src.reshape(-1)])
         hand = comms.handover(hand_src, hand_dst, act / tp if sp else act)
+    # collectives confined to boards and hand-overs between boards meet on the on-board links
+    # only (the hand-overs' legs to the board edges): see _slot_seconds
+    tp_local = comms.on_boards(tp_groups)
+    hand_on = comms.onboard(hand_src, hand_dst, act / tp if sp else act) if pp > 1 and tp_local else hand
     head_grid = split.head_grid()
     head_fwd = head_bwd = head_rs = head_ag = 0.0
     if heads:
@@ -929,8 +1091,8 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         last = np.ascontiguousarray(grid[:, pp - 1, :].T).reshape(-1)  # replica-major
         mine = head_grid[:, _landing(tp, heads)].reshape(-1)
         head_fwd = comms.handover(last, mine, act / tp)
-        head_ag = comms.collective("all_gather", head_grid, act)
-        head_rs = comms.collective("reduce_scatter", head_grid, act)
+        head_ag, head_ag_busy = comms.collective_parts("all_gather", head_grid, act)
+        head_rs, head_rs_busy = comms.collective_parts("reduce_scatter", head_grid, act)
         head_bwd = comms.handover(mine, last, act / tp)
         # the head's hand-overs both ways at once, and with the other stages' where they move
         # as many bytes a transfer: they run concurrently on the links they share
@@ -940,7 +1102,34 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         if pp > 1 and (sp or tp == 1):
             last_io = min(last_io, comms.handover(np.concatenate([hand_src, last, mine]),
                                                   np.concatenate([hand_dst, mine, last]), act / tp))
-        head_loss = comms.collective("all_reduce", head_grid, 3 * F32 * tokens)
+        head_loss, head_loss_busy = comms.collective_parts("all_reduce", head_grid, 3 * F32 * tokens)
+        both = (np.concatenate([last, mine]), np.concatenate([mine, last]))
+        head_local = comms.on_boards(head_grid)
+        head_io_on = comms.onboard(*both, act / tp) if head_local or tp_local else head_io
+        last_on = hand_on + head_io_on if tp_local else last_io
+        head_io_on = head_io_on if head_local else head_io
+    rows_io = rows_on = 0.0
+    if heads and spec.tied_embeddings:
+        # the tied table's only copy is on the head's stage: it hands the first stage the rows
+        # of each slot's tokens as the pipeline runs and takes their gradients back after the
+        # slot's backward (one slot's rows each way a slot, beside the first stage's hand-overs)
+        rows_src = head_grid[:, _landing(tp, heads)].reshape(-1)
+        rows_dst = np.ascontiguousarray(grid[:, 0, :].T).reshape(-1)
+        slot_rows = F32 * tokens * spec.hidden / (tp if sp else 1)
+        both = (np.concatenate([rows_src, rows_dst]), np.concatenate([rows_dst, rows_src]))
+        rows_io = comms.handover(*both, slot_rows)
+        rows_on = comms.onboard(*both, slot_rows) if tp_local else rows_io
+    # reproducible TP: the GEMMs that reduce over a sharded axis run as the compiled step's
+    # chains (:mod:`.tp_chain`: each rank continues the accumulator of the rank before it,
+    # the rows pipelined in blocks), priced at the chips' peak, each hop of a block's partial
+    # sum between consecutive ranks of every TP group at once; a chain's result leaves its last
+    # rank for the ranks that own its rows (sequence parallelism) or for every rank
+    chains = _tp_chains(spec, tokens, tp, tp_groups, peak, comms) if comms.reproducible and tp > 1 else None
+    if chains is not None:
+        last_rank, others = np.repeat(tp_groups[:, -1], tp - 1), tp_groups[:, :-1].reshape(-1)
+        out = comms.handover(last_rank, others, act / tp if sp else act)
+        ar_chain, ar_chain_busy = (np.add(comms.collective_parts("all_gather", tp_groups, act), (out, out)) if sp
+                                   else (out, out))
     resident = _resident_share(arch)
     per_stage = {}
     for stage in _costed_stages(split):
@@ -958,6 +1147,8 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         head = 2 * tokens * spec.hidden * -(-spec.vocab // width) if stage == stages - 1 else 0
         bwd += 2 * head
         fwd += head
+        # the backward's weight-gradient GEMMs: the forward's GEMMs of the weights once more
+        wgrad = (0 if heads and stage == pp else layers * (block - _block_flops(spec, tokens, seq, tp)[1])) + head
         # DRAM: activations written in the forward and read back in the backward; the weights
         # read in each pass and the gradients accumulated (read and written), unless they and
         # the gradients fit the chip's resident SRAM share: then they stay there from the
@@ -966,26 +1157,43 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         fits = 2 * F32 * streamed <= resident
         dram_f = (stored + rows + (0 if fits else F32 * streamed)) / dram
         dram_b = (stored + 2 * rows + (0 if fits else F32 * streamed * (passes - 1) + 2 * F32 * streamed)) / dram
-        f_s, b_s = max(fwd / peak, dram_f), max(bwd / peak, dram_b)
-        waits = dram_f > fwd / peak or dram_b > bwd / peak
+        f_gemm, b_gemm = fwd / peak, bwd / peak
+        if chains is not None and not (heads and stage == pp):
+            (cf_s, cf_flops, cf_busy), (cb_s, cb_flops, cb_busy) = chains
+            rc = split.recompute
+            f_gemm += layers * (cf_s - cf_flops / peak)
+            b_gemm += layers * (cb_s - cb_flops / peak + rc * (cf_s - cf_flops / peak))
+        f_s, b_s = max(f_gemm, dram_f), max(b_gemm, dram_b)
+        waits = dram_f > f_gemm or dram_b > b_gemm
         if heads and stage == pp:
-            tp_f, tp_b, pp_s = head_ag + head_loss, head_rs, head_io
+            tp_f, tp_b, pp_s, pp_on = head_ag + head_loss, head_rs, head_io, head_io_on
+            busy = head_ag_busy + head_loss_busy + head_rs_busy
         else:
             # + the vocab-parallel embedding's; a tied table on the head's stage hands the
             # first stage the rows of its tokens instead (no reduction over its ranks)
             lookup = stage == 0 and not (heads and spec.tied_embeddings)
             n_f = (2 + (2 if split.recompute else 0)) * layers + lookup
             tp_f, tp_b = n_f * ar, 2 * layers * ar
+            busy = (n_f + 2 * layers) * ar_busy
+            if chains is not None:  # the layers' reductions are the chains: their results sent on
+                n_l = n_f - lookup
+                tp_f, tp_b = n_l * ar_chain + lookup * ar, 2 * layers * ar_chain
+                busy = (n_l + 2 * layers) * ar_chain_busy + lookup * ar_busy + layers * (cf_busy * (1 + rc) + cb_busy)
             if stage == pp - 1 and tp > 1 and not heads:  # vocab-parallel head: its input gradient, the loss' scalars
-                tp_b += ar + comms.collective("all_reduce", tp_groups, 3 * F32 * tokens)
-            pp_s = last_io if heads and stage == pp - 1 else hand
+                loss, loss_busy = comms.collective_parts("all_reduce", tp_groups, 3 * F32 * tokens)
+                tp_b += ar + loss
+                busy += ar_busy + loss_busy
+            pp_s, pp_on = (last_io, last_on) if heads and stage == pp - 1 else (hand, hand_on)
+            if stage == 0:
+                pp_s, pp_on = pp_s + rows_io, pp_on + rows_on
         # a slot's hand-overs run by DMA during its compute (1F1B sends one micro-batch's
         # activations while it computes the next) and share the links with its TP collectives;
         # with more than one slot, 1F1B's steady state pairs the forward of one slot with the
         # backward of another, which do not depend on each other: the PEs compute one while the
         # links carry the other's collectives (each pass waits for its own collectives, and
         # the links carry all of them and the hand-overs)
-        total = _slot_seconds(f_s, b_s, tp_f, tp_b, pp_s, overlap=slots > 1)
+        total = _slot_seconds(f_s, b_s, tp_f, tp_b, pp_s, overlap=slots > 1, pp_shared=pp_on, tp_busy=busy,
+                              w_s=min(wgrad / peak, b_s / 2))
         per_stage[stage] = dict(total=total, comp=f_s + b_s, tp=tp_f + tp_b, pp=pp_s, waits=waits,
                                 drain=b_s, params=streamed, fits=fits)
     slowest = max(per_stage.values(), key=lambda st: st["total"])
@@ -1001,10 +1209,10 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         rows = F32 * (split.micro_batch * m * seq) * spec.hidden / (tp if sp else 1)
         first = grid[:, 0, :].reshape(-1)
         if heads:
-            # the head's stage keeps the only copy: it hands the rows of the replica's tokens to
-            # the first stage and takes their gradients back
-            tied = 2 * comms.handover(head_grid[:, _landing(tp, heads)].reshape(-1),
-                                      np.ascontiguousarray(grid[:, 0, :].T).reshape(-1), rows)
+            # the head's stage keeps the only copy and streams each slot's token rows to the
+            # first stage and their gradients back during the pipeline (the slots' hand-overs
+            # above): the first slot's rows before it, the last slot's gradients after it
+            tied = 2 * comms.handover(rows_src, rows_dst, slot_rows)
         else:
             # the tied table on the first and last stage: Megatron all-reduces its two
             # gradients, or the last stage keeps the only copy and hands the rows of the
@@ -1034,7 +1242,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
     # the block stages end within the drain of each other: their groups synchronise at once (the
     # largest stage's bytes), as the first stage ends; the tied table's synchronisation too
     block = [(_stage_params(spec, tp, pp, j, heads), j) for j in sorted({0, pp - 1})]
-    dp_blocks = sync(grid.reshape(-1, dp), max(n for n, _ in block))
+    dp_blocks = sync(grid.reshape(-1, dp), max(n - _untouched_rows(spec, seq, j) for n, j in block))
     tail = (max(dp_blocks, tied), max(update(n, j) for n, j in block))
     hidden = 0.0
     if heads:
@@ -1262,7 +1470,7 @@ def plan_training(config, system="spinn/board", *, seq: "int | None" = None, glo
                                     # memory and the compute floor do not depend on the chip order
                                     if _peak_bytes(spec, split, seq, optimizer) > capacity:
                                         continue
-                                    floor = _compute_floor(spec, split, seq, arch)
+                                    floor = _compute_floor(spec, split, seq, arch, reproducible)
                                     for order in (LAYOUTS[:1] if d == 1 else LAYOUTS if p > 1 or h else LAYOUTS[::2]):
                                         candidates.append((floor, split.chips, dataclasses.replace(split, layout=order),
                                                            None))
@@ -1277,7 +1485,8 @@ def plan_training(config, system="spinn/board", *, seq: "int | None" = None, glo
     # branch and bound: a split's step with every collective costed for one group alone (no
     # other group on its links) is a lower bound of its step with all groups at once, and far
     # cheaper; splits are costed in full in the order of that bound until none can be faster
-    comms, alone = _Comms(arch, reproducible), _Comms(arch, reproducible, alone=True)
+    comms = _Comms(arch, reproducible)
+    alone = _Comms(arch, reproducible, alone=True, shared=comms)
     best, costed, queue, search = None, 0, [], {}
 
     def settle(limit: float):
@@ -1354,13 +1563,32 @@ def _split_key(split: Split) -> tuple:
             split.sequence_parallel, split.chunks, split.layout, split.head_tp)
 
 
-def _compute_floor(spec, split: Split, seq: int, arch) -> float:
-    """The GEMM time of the pipeline alone: a lower bound of the split's step."""
+def _compute_floor(spec, split: Split, seq: int, arch, reproducible: bool = False) -> float:
+    """The GEMM time of the pipeline alone: a lower bound of the split's step (reproducible:
+    the TP chains with hops that take no time, :func:`_chain_floor`)."""
     peak = 2.0 * arch.m4f_flops_per_cycle * arch.clock_hz * arch.pes_per_chip
     tokens = split.micro_batch * seq // split.chunks
     block, _ = _block_flops(spec, tokens, seq, split.tp)
-    per = (3 + split.recompute) * spec.layers // split.pp * block
-    return (split.slots + split.pp - 1) * per / peak
+    per = (3 + split.recompute) * spec.layers // split.pp * block / peak
+    if reproducible and split.tp > 1:
+        per += spec.layers // split.pp * _chain_floor(spec, tokens, split.tp, peak, split.recompute)
+    return (split.slots + split.pp - 1) * per
+
+
+def _chain_floor(spec, tokens: int, tp: int, peak: float, recompute: bool) -> float:
+    """Seconds one layer's TP chains take beyond the ranks' parallel shares of their GEMMs
+    when the hops take none (:func:`~tvm_spinn.training.tp_chain.chain_makespan`'s closed form:
+    ``(runs + blocks - 1)`` runs of a block): what every reproducible slot pays at least."""
+    from .tp_chain import chain_blocks, layer_chains
+
+    h, i, q, kv = _widths(spec)
+    out = 0.0
+    for kind, m, k, n, runs in layer_chains(spec.family, h, q, kv, i, tokens, tp):
+        blocks = chain_blocks(m, tp)
+        run = 2.0 * (m // blocks) * (runs[0][2] - runs[0][1]) * n / peak
+        extra = (len(runs) + blocks - 1) * run - 2.0 * m * k * n / tp / peak
+        out += extra * (1 + recompute if kind == "forward" else 1)
+    return max(0.0, out)
 
 
 def _does_not_fit(model: str, system: str, arch, found, given: str = "") -> TrainingPlanError:

@@ -40,6 +40,7 @@ from tvm import relax
 
 from ..program.ops.gemm_chain import PACKED, register_packed
 from .errors import TrainingError
+from .tp_chain import chain_blocks, chain_makespan, chain_seconds
 
 __all__ = ["TPShard", "ChainGemm", "TPSplit", "tp_layout", "split_gemms", "tp_compute", "chain_makespan"]
 
@@ -278,25 +279,6 @@ def _gemm_module(shapes) -> tvm.IRModule:
     return bb.get()
 
 
-def chain_makespan(ranks, run_s, hop_s: float, blocks: int) -> float:
-    """Seconds of a chain over row blocks: run ``j`` (on rank ``ranks[j]``, ``run_s[j]`` seconds
-    per block) of block ``b`` starts when run ``j - 1`` of block ``b`` has finished and its
-    partial sum has crossed to the rank (``hop_s``, none when the rank continues its own run)
-    and the rank is free. The rows of a GEMM are independent sums, so block ``b + 1``'s run
-    ``j`` may overlap block ``b``'s run ``j + 1`` on the next rank: the chain pipelines (every
-    row's additions keep their order). Events are taken in wavefronts ``j + b``, runs in order."""
-    done: dict = {}
-    free: dict = {}
-    for wave in range(len(ranks) + blocks - 1):
-        for j, rank in enumerate(ranks):
-            b = wave - j
-            if not 0 <= b < blocks:
-                continue
-            ready = done[(j - 1, b)] + (hop_s if ranks[j - 1] != rank else 0.0) if j else 0.0
-            done[(j, b)] = free[rank] = max(ready, free.get(rank, 0.0)) + run_s[j]
-    return max(done.values()) if done else 0.0
-
-
 def tp_compute(split: TPSplit, one_chip_s: float, target, topo) -> dict:
     """Simulated seconds of one rank's share of a granule's gradient program.
 
@@ -308,8 +290,8 @@ def tp_compute(split: TPSplit, one_chip_s: float, target, topo) -> dict:
     (``runs_s``: the first from zero, the continuations, ``continue_s``, priced as the PE GEMMs
     they are) plus one point-to-point hop of the ``m x n`` partial sum per further run
     (``chain_hops``, ``chain_hops_s``, between neighbouring chips); its rows cut into ``tp``
-    blocks, the ranks overlap on different blocks (:func:`chain_makespan`, each run of a block
-    priced as its own GEMM, the hops a block's partial sum): ``chains_s``, what a rank is
+    blocks, the ranks overlap on different blocks (:func:`~tvm_spinn.training.tp_chain.chain_seconds`, each run
+    of a block priced as its own GEMM, the hops a block's partial sum): ``chains_s``, what a rank is
     charged. Each set of GEMMs is priced as one program of those GEMMs on a chip. The rest
     (norms, attention, element-wise, the embeddings and head) is counted on every rank:
     Megatron's split of attention by heads and of the vocabulary is not modelled.
@@ -343,13 +325,16 @@ def tp_compute(split: TPSplit, one_chip_s: float, target, topo) -> dict:
     hops = sum(len(c.runs) - 1 for c in split.chains)
     hop_s = sum((len(c.runs) - 1) * point_to_point(topo, [0], [1], 4 * c.m * c.n).seconds
                 for c in split.chains) if topo is not None and hops else 0.0
-    blocks = {c: tp if c.m % tp == 0 else 1 for c in split.chains}
+    # the chain model the planner prices too (:mod:`.tp_chain`): each block's run a simulated
+    # GEMM, each hop a point-to-point transfer between neighbouring chips
+    blocks = {c: chain_blocks(c.m, tp) for c in split.chains}
     block_s = {shape: latency([shape]) for shape in sorted({(c.m // blocks[c], k1 - k0, c.n)
                                                              for c in split.chains for _, k0, k1 in c.runs})}
-    chains_s = sum(chain_makespan([r for r, _, _ in c.runs],
-                                  [block_s[(c.m // blocks[c], k1 - k0, c.n)] for _, k0, k1 in c.runs],
-                                  point_to_point(topo, [0], [1], 4 * c.m * c.n // blocks[c]).seconds
-                                  if topo is not None else 0.0, blocks[c]) for c in split.chains)
+
+    def hop(nbytes: int) -> float:
+        return point_to_point(topo, [0], [1], nbytes).seconds if topo is not None else 0.0
+
+    chains_s = sum(chain_seconds(c.runs, c.m, c.n, tp, lambda *shape: block_s[shape], hop) for c in split.chains)
     one_chip = one_chip_s
     rank = one_chip - parallel_s + rank_parallel_s - chain_s + chains_s
     megatron = one_chip - parallel_s + rank_parallel_s - chain_s + rank_chain_s + reduce_s
