@@ -304,28 +304,17 @@ INT8_SHAPES = {(16, 4, 64, 64, False, False, False): True, (16, 8, 64, 64, False
 
 def int8_kernel_run(machine, rows, cols, k, chunk, row_sums, col_sums, requant, rng):
     """Run the ``gemm_i8`` kernel on one ``rows x cols`` tile with reduction ``k`` in chunks of
-    ``chunk`` as the ``iss`` mode does (:func:`tvm_spinn.pe.execute.gemm_i8_tile`); returns the
+    ``chunk`` as the ``iss`` mode does (:func:`tvm_spinn.pe.execute.run_int8_tile`); returns the
     accumulator (int32), the exact sums, the executed cycles and the cycles waited on the MAC
     array."""
     from tvm_spinn.pe.cycles import executed_cycles
-    from tvm_spinn.pe.execute import gemm_i8_tile
-
-    class Arena:
-        def take(self, *sizes):
-            out, pos = [], machine.arena
-            for size in sizes:
-                out.append(pos)
-                pos += -(-max(size, 4) // 64) * 64
-            return out
+    from tvm_spinn.pe.execute import run_int8_tile
 
     a = rng.integers(-128, 128, (rows, k)).astype(np.int8)
     b = rng.integers(-128, 128, (k, cols)).astype(np.int8)
     q = np.concatenate([[3, k, 0, -128, 127], np.tile([1, 100, 1 << 30, 40], cols)])
-    machine.load(0)
-    machine.clear_counters()
     flags = (2 if requant else 0) | (4 if row_sums else 0) | (8 if col_sums else 0)
-    pacc, *_ = gemm_i8_tile(machine, Arena(), a, b, chunk, 0, k, q, flags)
-    acc = np.frombuffer(machine.read(pacc, 4 * rows * cols), np.int32).reshape(rows, cols)
+    acc = run_int8_tile(machine, a, b, chunk, q, flags)
     want = (a.astype(np.int64) @ b.astype(np.int64)).astype(np.int32)
     return acc, want, executed_cycles(machine)[0], machine.stall
 

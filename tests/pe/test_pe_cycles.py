@@ -151,23 +151,12 @@ def test_int8_model_within_ten_percent_of_executed_code(op):
 
 def _int8_tile(machine, rows, cols, k, chunk, flags, rng):
     """Run ``gemm_i8`` on one tile as the ``iss`` mode does; the accumulator and the exact sums."""
-    from tvm_spinn.pe.execute import gemm_i8_tile
-
-    class Arena:
-        def take(self, *sizes):
-            out, pos = [], machine.arena
-            for size in sizes:
-                out.append(pos)
-                pos += -(-max(size, 4) // 64) * 64
-            return out
+    from tvm_spinn.pe.execute import run_int8_tile
 
     a = rng.integers(-128, 128, (rows, k)).astype(np.int8)
     b = rng.integers(-128, 128, (k, cols)).astype(np.int8)
     q = np.concatenate([[3, k, 0, -128, 127], np.tile([1, 100, 1 << 30, 40], cols)])
-    machine.load(0)
-    machine.clear_counters()
-    pacc, *_ = gemm_i8_tile(machine, Arena(), a, b, chunk, 0, k, q, flags)
-    acc = np.frombuffer(machine.read(pacc, 4 * rows * cols), np.int32).reshape(rows, cols)
+    acc = run_int8_tile(machine, a, b, chunk, q, flags)
     return acc, (a.astype(np.int64) @ b.astype(np.int64)).astype(np.int32)
 
 
@@ -214,3 +203,17 @@ def test_mac_array_misuse_faults():
     # still in flight: a run of no jobs reaches pe_halt without waiting for it
     with pytest.raises(IssFault, match="PE 3, image gemm_i8: reached pe_halt with a MAC array run never waited for"):
         machine.run([])
+
+
+def test_int8_tile_larger_than_the_pe_sram_is_refused():
+    """A tile whose buffers do not fit the PE's SRAM after its image: one ValueError naming the
+    bytes, before the kernel runs."""
+    from tvm_spinn.pe.execute import run_int8_tile
+
+    arch = SpinnArch()
+    image = role_image(("gemm_i8",))
+    machine = PeMachine(image.elf, image.name, 0, arch.acc_bits, arch)
+    a, b = np.zeros((256, 512), np.int8), np.zeros((512, 256), np.int8)
+    q = np.concatenate([[3, 512, 0, -128, 127], np.tile([1, 100, 1 << 30, 40], 256)])
+    with pytest.raises(ValueError, match="bytes of SRAM"):
+        run_int8_tile(machine, a, b, 512, q, 0)

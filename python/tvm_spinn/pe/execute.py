@@ -22,7 +22,7 @@ from .images import build_images
 from .iss import PeMachine
 from .memory_map import ARENA_END
 
-__all__ = ["TileRun", "gemm_i8_tile", "run_program_iss"]
+__all__ = ["TileRun", "gemm_i8_tile", "run_int8_tile", "run_program_iss"]
 
 _F32 = np.float32
 
@@ -59,9 +59,10 @@ class _Arena:
             out.append(pos)
             pos += _align(max(int(size), 4))
         if pos > ARENA_END:
-            raise PeCodegenError(view.layer_name(self.p, self.i), view.layer_kind(self.p, self.i),
-                                 f"a tile needs {pos - self.base} bytes of SRAM, the PE has "
-                                 f"{ARENA_END - self.base} after its image")
+            need = f"a tile needs {pos - self.base} bytes of SRAM, the PE has {ARENA_END - self.base} after its image"
+            if self.p is None:
+                raise ValueError(need)
+            raise PeCodegenError(view.layer_name(self.p, self.i), view.layer_kind(self.p, self.i), need)
         return out
 
 
@@ -164,6 +165,20 @@ def _run_gemm_f32(run: _Run, index: int, env, table) -> np.ndarray:
         c[b0, m0:m1, n0:n1] = np.frombuffer(m.read(pc, 4 * tm * tn), dtype=_F32).reshape(tm, tn)
         run.done(index, t, table, m)
     return out
+
+
+def run_int8_tile(machine: PeMachine, a: np.ndarray, b: np.ndarray, chunk: int, q: np.ndarray,
+                  flags: int) -> np.ndarray:
+    """Run the ``gemm_i8`` kernel on one tile ``a @ b`` (int8 ``[rows, k]`` by ``[k, cols]``,
+    the reduction in chunks of ``chunk``) from a freshly loaded PE with cleared counters, as the
+    ``iss`` mode does (:func:`gemm_i8_tile`, its buffers from the PE's free SRAM); returns the
+    int32 accumulator ``[rows, cols]``. The machine keeps the run's counters for the caller."""
+    rows, k = a.shape
+    cols = b.shape[1]
+    machine.load(0)
+    machine.clear_counters()
+    pacc, *_ = gemm_i8_tile(machine, _Arena(machine, None, None), a, b, chunk, 0, k, q, flags)
+    return np.frombuffer(machine.read(pacc, 4 * rows * cols), np.int32).reshape(rows, cols)
 
 
 def gemm_i8_tile(machine: PeMachine, arena, at: np.ndarray, bt: np.ndarray, kc: int, k0: int, k1: int,
