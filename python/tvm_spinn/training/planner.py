@@ -823,15 +823,19 @@ class _Comms:
         (:meth:`_board_paths`)."""
         from ..timing.collectives import point_to_point
 
-        src, dst = np.ascontiguousarray(src.reshape(-1)), np.ascontiguousarray(dst.reshape(-1))
         if nbytes <= 0 or src.size == 0:
             return 0.0
-        pairs = np.stack([src, dst], axis=1)
-        pairs = pairs[:_BOUND_GROUPS] if self.alone else self._window(pairs)
-        src, dst = np.ascontiguousarray(pairs[:, 0]), np.ascontiguousarray(pairs[:, 1])
+        src, dst = self._pairs(src, dst)
         return self._get(("p2p", src.tobytes(), dst.tobytes(), float(nbytes)),
                          lambda: min(point_to_point(self.topo, src, dst, nbytes).seconds,
                                      self._board_paths(src, dst, float(nbytes))))
+
+    def _pairs(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The transfers ``src[i] -> dst[i]`` a costing counts: the bound's first groups
+        alone, else the pipeline window's (:meth:`_window`), as contiguous arrays."""
+        pairs = np.stack([np.ascontiguousarray(src.reshape(-1)), np.ascontiguousarray(dst.reshape(-1))], axis=1)
+        pairs = pairs[:_BOUND_GROUPS] if self.alone else self._window(pairs)
+        return np.ascontiguousarray(pairs[:, 0]), np.ascontiguousarray(pairs[:, 1])
 
     def onboard(self, src: np.ndarray, dst: np.ndarray, nbytes: float) -> float:
         """Seconds the busiest *on-board* chip link takes to carry the concurrent transfers
@@ -839,12 +843,9 @@ class _Comms:
         out): the share of a hand-over that meets collectives confined to boards. A hand-over
         whose time is a board edge's (:meth:`_board_paths`) puts only this on the links such
         collectives use; one that stays on its board, all of it."""
-        src, dst = np.ascontiguousarray(src.reshape(-1)), np.ascontiguousarray(dst.reshape(-1))
         if nbytes <= 0 or src.size == 0:
             return 0.0
-        pairs = np.stack([src, dst], axis=1)
-        pairs = pairs[:_BOUND_GROUPS] if self.alone else self._window(pairs)
-        src, dst = np.ascontiguousarray(pairs[:, 0]), np.ascontiguousarray(pairs[:, 1])
+        src, dst = self._pairs(src, dst)
 
         def routed() -> np.ndarray:  # the transfers' on-board links, once per set of transfers
             _, links = self.topo.route_links(src, dst)
