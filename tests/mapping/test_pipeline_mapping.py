@@ -231,3 +231,16 @@ def test_an_int8_model_no_board_holds_has_the_one_chip_bits(register_system):
     assert any(layer.mode == "int8" for p in tvm_spinn.report(ex).programs for layer in p.layers)
     _, one = run(register_system(make_system("pp-map-one-chip", chips=1, pes_per_chip=4)))
     assert np.array_equal(got, one)
+
+
+def test_the_system_plan_counts_the_chips_of_every_stage(piped):
+    from tvm_spinn.mapping.planner import plan_system
+
+    plan = plan_system([chain()], ARCH)
+    (region,) = plan.regions
+    assert plan.programs[0].mapping == piped.mapping
+    # each stage's shard plan over its board, mapped alone (the reference), summed
+    board = ARCH.replace(chips=ARCH.chips_per_board)
+    groups = [map_program(replace(s, mapping=None), board).mapping.system.chips for s in stage_programs_of(piped)]
+    assert region.chips == sum(groups) == 2 * ARCH.chips_per_board
+    assert (region.stage, plan.stages) == (1, 2)
