@@ -67,9 +67,11 @@ class RegionPlan:
         The chips of its group (``tp x dp x sp`` of its shard plan; 1 off the multi-chip path;
         the sum of its stages' groups for a region mapped over pipeline stages).
     sram_bytes : tuple of int
-        Resident weight bytes per PE of each chip of its group that it adds.
+        Resident weight bytes per PE of each chip of its group that it adds (over pipeline
+        stages: its last stage's, on the board the build continues on).
     dram_bytes : int
-        Weight bytes per chip it keeps in the stage's DRAM.
+        Weight bytes per chip it keeps in the stage's DRAM (over pipeline stages: its last
+        stage's).
     state_bytes : int
         Bytes of the state inputs it reads (held on the chips between calls, such as a KV
         cache: inputs read only as the right operand of ``matmul`` layers).
