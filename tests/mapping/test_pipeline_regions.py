@@ -41,10 +41,11 @@ def _board(arch):
     return make_system(arch.name, boards=1, **SMALL)
 
 
-def _check_pipeline(program, arch, boards):
+def _check_pipeline(program, arch, boards, handed_from=None):
     """``program`` is mapped over one stage per board of ``boards``, in order: each stage's
     mapping and latency those of its program alone on a healthy board, the sends priced
-    between the stages' first chips on ``arch``'s link graph."""
+    between the stages' first chips on ``arch``'s link graph; its inputs handed over from
+    board ``handed_from`` (None: none) to its first stage's."""
     pipe, t = program.mapping.pipeline, program.timing.pipeline
     assert pipe is not None and program.mapping.system is None
     assert [s.chips for s in pipe.stages] == [tuple(range(b * PER, (b + 1) * PER)) for b in boards]
@@ -57,6 +58,11 @@ def _check_pipeline(program, arch, boards):
            for a, b, s in zip(boards, boards[1:], pipe.sends)]
     assert t.send_s == tuple(ref)
     assert t.latency_s == pytest.approx(sum(t.stage_s) + sum(t.send_s), rel=1e-15)
+    inputs = sum(program.tensors[i].nbytes for i in program.inputs)
+    hand = point_to_point(topo, [handed_from * PER], [boards[0] * PER], float(inputs)).seconds \
+        if handed_from is not None else 0.0
+    assert program.timing.latency_s == pytest.approx(t.latency_s + hand, rel=1e-15)
+    assert program.timing.throughput_inf_s == pytest.approx(1 / max(t.period_s, hand), rel=1e-15)
 
 
 def _same_bits(program, mapped):
@@ -75,7 +81,7 @@ def test_a_second_region_no_board_holds_is_pipelined_on_the_boards_after_the_fir
     first, second = plan.regions
     assert (first.stage, plan.programs[0].mapping.pipeline) == (0, None)
     assert first.chips == plan.programs[0].mapping.system.chips > 1
-    _check_pipeline(plan.programs[1], arch, [1, 2])
+    _check_pipeline(plan.programs[1], arch, [1, 2], handed_from=0)
     # the region's chips: its stages' shard-plan groups (each stage's plan alone on a board)
     groups = [map_program(replace(s, mapping=None), _board(arch)).mapping.system.chips
               for s in stage_programs_of(plan.programs[1])]
@@ -93,7 +99,7 @@ def test_two_regions_no_board_holds_take_two_boards_each():
     arch = _system("pp-regions-4", 4)
     plan = plan_system([chain(symbol="a"), chain(seed=8, symbol="b")], arch)
     _check_pipeline(plan.programs[0], arch, [0, 1])
-    _check_pipeline(plan.programs[1], arch, [2, 3])
+    _check_pipeline(plan.programs[1], arch, [2, 3], handed_from=1)
     assert [r.stage for r in plan.regions] == [1, 3]
 
 
@@ -101,7 +107,7 @@ def test_the_next_region_goes_on_on_the_last_stages_board_after_what_it_holds():
     arch = _system("pp-regions-3a", 3)
     plan = plan_system([chain(2, 256, symbol="before"), chain(symbol="big"), chain(2, 256, seed=9, symbol="after")],
                        arch)
-    _check_pipeline(plan.programs[1], arch, [1, 2])
+    _check_pipeline(plan.programs[1], arch, [1, 2], handed_from=0)
     # reference: the last stage's program alone on a board, what it holds there
     last = stage_programs_of(plan.programs[1])[-1]
     held = plan_system([replace(last, mapping=None)], _board(arch), policy="in_order").final
@@ -147,7 +153,7 @@ def test_a_dead_board_before_a_later_region():
     arch = _system("pp-dead-later", 4, dead_boards=(1,))
     plan = plan_system([chain(2, 256, symbol="small"), chain(symbol="big")], arch)
     assert plan.regions[0].stage == 0
-    _check_pipeline(plan.programs[1], arch, [2, 3])
+    _check_pipeline(plan.programs[1], arch, [2, 3], handed_from=0)
     assert plan.regions[1].stage == 2  # the third usable board
 
 

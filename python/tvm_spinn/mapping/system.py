@@ -26,8 +26,10 @@ For a system of more than one chip the driver (:func:`map_on_system`):
    fit; the stages take the boards from the build's current stage (when it holds nothing yet)
    or the next one, skipping boards with dead chips or links on a system with faults. It
    carries a :class:`~tvm_spinn.program.records.PipelineMapping` and its period and latency
-   (:func:`install_pipeline`); the build's next region continues on its last stage's board,
-   after what that stage holds there (the next board when it does not fit).
+   (:func:`install_pipeline`). When it opens a board after the build's earlier regions, its
+   inputs are handed over from their board to its first stage's (its latency includes the
+   send). The build's next region continues on its last stage's board, after what that stage
+   holds there (the next board when it does not fit).
 
 A model that does not fit (no stage left whose DRAM holds the shard) raises
 :class:`MappingError` naming the bytes needed, the bytes available and the smallest system
@@ -504,7 +506,7 @@ def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState
             src = src[:dst.size]
             in_bytes = sum(program.tensors[t].nbytes for t in program.inputs) / max(1, best[0].tp * best[0].sp)
             handoff = point_to_point(topo, src, dst, in_bytes) if not np.array_equal(src, dst) else None
-    if best is None and ledger.stage >= 0 and ledger.overflow is None:
+    if best is None and ledger.stage >= 0 and ledger.overflow is None and len(program.layers) > 1:
         # No chip group holds the program's weights: its layers over pipeline stages, each on
         # its own board with only its layers' weights. The region takes whole boards from the
         # current stage when that holds nothing yet, else from the next one; the build's next
@@ -512,8 +514,11 @@ def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState
         start = ledger.stage if ledger.dram == 0 and not ledger.sram.any() else ledger.stage + 1
         piped = _map_pipeline(program, arch, options, map_one, _pipeline_boards(arch, start))
         if piped is not None:
+            program, last_stage, last = piped
+            if start > ledger.stage:  # the inputs come from the board of the build's earlier regions
+                program = _handed_in(program, topo, _stage_ranks(arch, ledger.stage, 1), arch)
             # the build continues on the last stage's board, after what that stage holds there
-            program, ledger.stage, last = piped
+            ledger.stage = last_stage
             ledger.sram[:] = 0
             ledger.sram[:len(last.sram)] = last.sram
             ledger.dram = last.dram
@@ -596,6 +601,24 @@ def _map_pipeline(program: Program, arch: SpinnArch, options, map_one,
         timing = pipeline_timing([p.timing.latency_s for p in mapped], sends)
         return install_pipeline(program, plan, mapped, ranks, timing, arch), boards[pp - 1][0], held
     return None
+
+
+def _handed_in(program: Program, topo, src: np.ndarray, arch: SpinnArch) -> Program:
+    """``program`` (mapped over pipeline stages) with the hand-over of its inputs from chip
+    ``src`` (the previous region's board) to its first stage's first chip, whole, as the
+    pipeline's own sends go: its latency and energy include it, and the period is the longest
+    of the stages, the sends and this hand-over (a link transfer overlaps the stages in steady
+    state). The ``timing.pipeline`` record stays the stages' own."""
+    dst = np.asarray(program.mapping.pipeline.stages[0].chips[:1], dtype=np.int64)
+    nbytes = sum(program.tensors[t].nbytes for t in program.inputs)
+    cost = point_to_point(topo, src[:1], dst, float(nbytes))
+    t = program.timing
+    latency = t.latency_s + cost.seconds
+    period = max(t.pipeline.period_s, cost.seconds)
+    return replace(program, timing=replace(t, latency_s=latency, cycles=int(round(latency * arch.clock_hz)),
+                                           throughput_inf_s=1.0 / period if period > 0 else 0.0,
+                                           link_bytes=int(t.link_bytes + nbytes),
+                                           energy_j=t.energy_j + nbytes * arch.e_link_byte_j))
 
 
 def install_pipeline(program: Program, plan: ShardPlan, mapped, ranks, timing, arch: SpinnArch) -> Program:
