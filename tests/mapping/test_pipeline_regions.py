@@ -196,7 +196,13 @@ def test_a_build_whose_second_region_no_board_holds(register_system):
     (row,) = rep.pipelines
     assert (row["stages"], row["chips"]) == (2, [PER, PER])
     piped = next(p for p in rep.programs if p.mapping.pipeline is not None)
+    first = next(p for p in rep.programs if p.mapping.pipeline is None)
     assert [s.chips for s in piped.mapping.pipeline.stages] == [tuple(range(PER, 2 * PER)), tuple(range(2 * PER, 3 * PER))]
+    assert first.mapping.system.stage == 0
+    # a stream of inputs: each board works on its own, the slowest one binds (one replica: 3 boards)
+    assert rep.throughput_inf_s == pytest.approx(1 / max(first.timing.latency_s, *piped.timing.pipeline.stage_s),
+                                                 rel=1e-12)
+    assert rep.latency_s == pytest.approx(first.timing.latency_s + piped.timing.latency_s, rel=1e-12)
     # the same bits as on one chip whose DRAM holds the whole model, close to llvm's
     _, one = run(register_system(make_system("pp-regions-roomy", chips=1, pes_per_chip=4)))
     assert np.array_equal(got, one)
