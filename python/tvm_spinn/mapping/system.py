@@ -509,8 +509,7 @@ def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState
     if best is None and ledger.stage >= 0 and ledger.overflow is None and len(program.layers) > 1:
         # No chip group holds the program's weights: its layers over pipeline stages, each on
         # its own board with only its layers' weights. The region takes whole boards from the
-        # current stage when that holds nothing yet, else from the next one; the build's next
-        # region opens the stage after its last.
+        # current stage when that holds nothing yet, else from the next one.
         start = ledger.stage if ledger.dram == 0 and not ledger.sram.any() else ledger.stage + 1
         piped = _map_pipeline(program, arch, options, map_one, _pipeline_boards(arch, start))
         if piped is not None:
@@ -587,13 +586,7 @@ def _map_pipeline(program: Program, arch: SpinnArch, options, map_one,
             mapped = []
             for stage in stage_programs(program, plan):
                 check_capacity(stage, sub)
-                if sub.chips > 1:
-                    shard, held = map_on_system(stage, sub, options, None, map_one, None)
-                else:
-                    shard, resident = map_one(program_work(stage, sub), sub, np.zeros(arch.pes_per_chip, dtype=np.int64))
-                    weights = sum(t.nbytes for t in shard.tensors if t.role == "const")
-                    held = SystemState(sram=tuple(int(b) for b in _resident_per_pe(resident, arch.pes_per_chip)),
-                                       dram=max(0, weights - int(shard.memory.resident_bytes_total)))
+                shard, held = map_on_system(stage, sub, options, None, map_one, None)
                 mapped.append(shard)
         except MappingError:
             continue
