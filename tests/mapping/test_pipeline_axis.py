@@ -24,27 +24,7 @@ from tvm_spinn.program.ops.sharding import Mesh
 from tvm_spinn.runtime.simulator import run_program
 from tvm_spinn.target.arch import SpinnArch
 
-F32 = 4  # bytes per float32
-
-
-def _residual(batch=4, seed=0):
-    """fc0 x[b,8] -> z[b,8]; fc1 z -> h[b,16]; relu h -> a; fc2 a -> y[b,8]; add y + z -> o;
-    softmax o -> p (the output). ``z`` is read six layers later: it crosses every cut after fc0."""
-    rng = np.random.default_rng(seed)
-    tensors = [TensorDesc("x", [batch, 8], "float32", "input"),
-               TensorDesc("w0", [8, 8], "float32", "const"), TensorDesc("w1", [8, 16], "float32", "const"),
-               TensorDesc("w2", [16, 8], "float32", "const"),
-               TensorDesc("z", [batch, 8], "float32", "temp"), TensorDesc("h", [batch, 16], "float32", "temp"),
-               TensorDesc("a", [batch, 16], "float32", "temp"), TensorDesc("y", [batch, 8], "float32", "temp"),
-               TensorDesc("o", [batch, 8], "float32", "temp"), TensorDesc("p", [batch, 8], "float32", "output")]
-    layers = [Layer(name="fc0", kind="dense", inputs=[0], output=4, consts={"weight": 1}, attrs={"relu": False}),
-              Layer(name="fc1", kind="dense", inputs=[4], output=5, consts={"weight": 2}, attrs={"relu": False}),
-              Layer(name="act", kind="relu", inputs=[5], output=6),
-              Layer(name="fc2", kind="dense", inputs=[6], output=7, consts={"weight": 3}, attrs={"relu": False}),
-              Layer(name="res", kind="add", inputs=[7, 4], output=8),
-              Layer(name="sm", kind="softmax", inputs=[8], output=9)]
-    constants = {tid: rng.standard_normal(tensors[tid].shape).astype(np.float32) for tid in (1, 2, 3)}
-    return Program("main", SpinnArch(), tensors, [0], [9], layers, constants=constants)
+from _chains import F32, residual
 
 
 def _side_by_side(sizes):
@@ -100,7 +80,7 @@ def test_stage_refusals():
 
 
 # -- which tensors cross each cut, and their bytes ---------------------------------------------
-B = 4  # batch rows of _residual
+B = 4  # batch rows of residual
 # the layers' work (the families' hooks): fc0 512, fc1 1024, relu 64, fc2 1024, add 32, softmax 160
 Z, Z2, H, H2 = (B, 8), (B // 2, 8), (B, 16), (B // 2, 16)
 # (mesh, stages, hand-overs as (cut layer, tensor name, shape one chip sends, bytes))
@@ -136,7 +116,7 @@ CUTS = [
 @pytest.mark.parametrize("mesh, stages, sends", CUTS, ids=[str(m.chips) + ":" + ",".join(
     f"{a.name}{a.size}" for a in m.active) for m, _, _ in CUTS])
 def test_each_cut_hands_over_its_live_tensors(mesh, stages, sends):
-    program = _residual()
+    program = residual()
     plan = S.plan_mesh(program, mesh)
     assert plan.stages == stages and plan.chips == mesh.chips
     names = [t.name for t in program.tensors]
@@ -155,7 +135,7 @@ def test_each_cut_hands_over_its_live_tensors(mesh, stages, sends):
 @pytest.mark.parametrize("mesh", [Mesh.of(pp=2), Mesh.of(pp=3), Mesh.of(tp=2, dp=2, pp=3), Mesh.of(pp=6)],
                          ids=["pp2", "pp3", "tp2dp2pp3", "pp6"])
 def test_pipelined_stages_give_the_whole_programs_outputs(mesh):
-    program = _residual()
+    program = residual()
     x = np.random.default_rng(1).standard_normal((B, 8)).astype(np.float32)
     arch = SpinnArch()
     whole = run_program(map_program(program, arch), [x])

@@ -14,13 +14,15 @@ import pytest
 from tvm_spinn.mapping import derive_tables, map_program
 from tvm_spinn.mapping.system import stage_programs_of
 from tvm_spinn.mapping.tiling import MappingError
-from tvm_spinn.program import Layer, Program, TensorDesc
+from tvm_spinn.program import Program
 from tvm_spinn.program.format import CHECKSUM_BYTES, mapping_from_json, program_digest, mapping_to_json, timing_from_json, timing_to_json
 from tvm_spinn.program.model import ProgramError
 from tvm_spinn.runtime.simulator import run_program
-from tvm_spinn.target.arch import SpinnArch, make_system
+from tvm_spinn.target.arch import make_system
 from tvm_spinn.target.topology import topology_of
 from tvm_spinn.timing.collectives import point_to_point
+
+from _chains import chain, chain_reference
 
 K = 1024
 # two boards of 48 chips, 4 PEs and 8 KiB of DRAM a chip: a board holds 2 of the 4 layers'
@@ -28,24 +30,9 @@ K = 1024
 ARCH = make_system("pp-map", boards=2, pes_per_chip=4, dram_bytes=8 * 1024)
 
 
-def _chain(n: int = 4, k: int = K) -> Program:
-    """``n`` dense layers of ``k x k`` float32 weights (seeded) on one row."""
-    rng = np.random.default_rng(7)
-    tensors = [TensorDesc("x", [1, k], "float32", "input")] + \
-        [TensorDesc(f"w{i}", [k, k], "float32", "const") for i in range(n)]
-    layers, prev = [], 0
-    for i in range(n):
-        tensors.append(TensorDesc(f"y{i}", [1, k], "float32", "output" if i == n - 1 else "temp"))
-        layers.append(Layer(name=f"fc{i}", kind="dense", inputs=[prev], output=len(tensors) - 1,
-                            consts={"weight": 1 + i}, attrs={"relu": i % 2 == 0}))
-        prev = len(tensors) - 1
-    consts = {1 + i: (rng.standard_normal((k, k)) / np.sqrt(k)).astype(np.float32) for i in range(n)}
-    return Program("main", SpinnArch(), tensors, [0], [prev], layers, constants=consts)
-
-
 @pytest.fixture(scope="module")
 def piped():
-    return map_program(_chain(), ARCH)
+    return map_program(chain(), ARCH)
 
 
 def test_a_region_no_board_holds_is_mapped_over_two_boards(piped):
@@ -81,12 +68,9 @@ def test_each_stage_is_its_program_mapped_alone_on_a_board(piped):
 
 
 def test_the_pipeline_runs_with_the_whole_programs_bits(piped):
-    program = _chain()
+    program = chain()
     x = np.random.default_rng(3).standard_normal((1, K)).astype(np.float32)
-    ref = x.astype(np.float64)
-    for i in range(4):
-        ref = ref @ program.constants[1 + i].astype(np.float64)  # dense weights are [in, out]
-        ref = np.maximum(ref, 0) if i % 2 == 0 else ref
+    ref = chain_reference(program, x)
     (whole,) = run_program(program, [x])
     (got,) = run_program(piped, [x])
     assert np.array_equal(got, whole)
@@ -170,11 +154,11 @@ def test_a_region_no_pipeline_holds_is_still_refused():
     # one board: no second stage to cut to, and 8 KiB of DRAM a chip holds no stage
     arch = make_system("pp-map-one", chips=48, pes_per_chip=4, dram_bytes=8 * 1024)
     with pytest.raises(MappingError, match="does not fit pp-map-one"):
-        map_program(_chain(), arch)
+        map_program(chain(), arch)
 
 
 def test_programs_that_fit_carry_no_pipeline_record():
-    program = map_program(_chain(2, 256), ARCH)
+    program = map_program(chain(2, 256), ARCH)
     assert program.mapping.pipeline is None and program.timing.pipeline is None
     header = program.header()
     assert "pipeline" not in header["mapping"] and "pipeline" not in header["timing"]
@@ -247,3 +231,16 @@ def test_an_int8_model_no_board_holds_has_the_one_chip_bits(register_system):
     assert any(layer.mode == "int8" for p in tvm_spinn.report(ex).programs for layer in p.layers)
     _, one = run(register_system(make_system("pp-map-one-chip", chips=1, pes_per_chip=4)))
     assert np.array_equal(got, one)
+
+
+def test_the_system_plan_counts_the_chips_of_every_stage(piped):
+    from tvm_spinn.mapping.planner import plan_system
+
+    plan = plan_system([chain()], ARCH)
+    (region,) = plan.regions
+    assert plan.programs[0].mapping == piped.mapping
+    # each stage's shard plan over its board, mapped alone (the reference), summed
+    board = ARCH.replace(chips=ARCH.chips_per_board)
+    groups = [map_program(replace(s, mapping=None), board).mapping.system.chips for s in stage_programs_of(piped)]
+    assert region.chips == sum(groups) == 2 * ARCH.chips_per_board
+    assert (region.stage, plan.stages) == (1, 2)

@@ -6,24 +6,20 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 
 from tvm_spinn.mapping import shard as S
-from tvm_spinn.mapping.memory import check_capacity
-from tvm_spinn.mapping.stages import plan_pipeline, time_pipeline
-from tvm_spinn.mapping.tiling import MappingError
+from tvm_spinn.mapping.stages import time_pipeline
 from tvm_spinn.mapping.system import shard_timing, stage_ranks
 from tvm_spinn.mapping import map_program
-from tvm_spinn.program import Layer, Program, TensorDesc
 from tvm_spinn.program.ops.sharding import Mesh
 from tvm_spinn.program.records import PlanCollective
-from tvm_spinn.target.arch import SpinnArch, make_system
+from tvm_spinn.target.arch import make_system
 from tvm_spinn.target.topology import topology_of
 from tvm_spinn.timing.collectives import point_to_point
 from tvm_spinn.timing.stages import HandoverCost, handover_costs, pipeline_timing
 
-from test_pipeline_axis import F32, _residual
+from _chains import F32, residual
 
 ARCH = make_system("pp-timing", chips=4, pes_per_chip=32)
 
@@ -74,7 +70,7 @@ def test_bad_hand_overs_are_named():
 
 
 # -- the sends ---------------------------------------------------------------------------------
-# (mesh, per cut: (layer, stage, tensor names, bytes one chip sends)) of _residual on ARCH
+# (mesh, per cut: (layer, stage, tensor names, bytes one chip sends)) of residual on ARCH
 SENDS = [
     (Mesh.of(pp=2), [(2, 1, ("z", "h"), (32 + 64) * F32)]),
     (Mesh.of(pp=3), [(1, 1, ("z",), 32 * F32), (3, 2, ("z", "a"), (32 + 64) * F32)]),
@@ -83,7 +79,7 @@ SENDS = [
 
 @pytest.mark.parametrize("mesh, cuts", SENDS, ids=["pp2", "pp3"])
 def test_sends_priced_by_hand_on_one_chip_link(mesh, cuts):
-    program = _residual()
+    program = residual()
     plan = S.plan_mesh(program, mesh)
     ranks = stage_ranks(ARCH, plan)
     assert [r.tolist() for r in ranks] == [[s] for s in range(mesh.chips)]  # a chip per stage
@@ -98,7 +94,7 @@ def test_sends_priced_by_hand_on_one_chip_link(mesh, cuts):
 
 
 def test_sends_of_a_tensor_parallel_stage_go_position_to_position():
-    program = _residual()
+    program = residual()
     plan = S.plan_mesh(program, Mesh.of(tp=2, pp=2))
     ranks = stage_ranks(ARCH, plan)
     assert [r.tolist() for r in ranks] == [[0, 1], [2, 3]]
@@ -116,18 +112,18 @@ def test_sends_of_a_tensor_parallel_stage_go_position_to_position():
 
 
 def test_stages_that_do_not_fit_the_system_are_refused():
-    plan = S.plan_mesh(_residual(), Mesh.of(tp=2, pp=3))
+    plan = S.plan_mesh(residual(), Mesh.of(tp=2, pp=3))
     with pytest.raises(ValueError, match=r"3 stages of 2 chips need 6 chips; pp-timing has 4"):
         stage_ranks(ARCH, plan)
     with pytest.raises(ValueError, match="need 6 chips"):
-        time_pipeline(_residual(), plan, ARCH)
+        time_pipeline(residual(), plan, ARCH)
 
 
 # -- the stages --------------------------------------------------------------------------------
 @pytest.mark.parametrize("mesh", [Mesh.of(tp=2, pp=3), Mesh.of(tp=2, sp=2, pp=2), Mesh.of(dp=2, pp=2)],
                          ids=["tp2pp3", "tp2sp2pp2", "dp2pp2"])
 def test_stage_plans_are_the_plan_cut_at_the_stages(mesh):
-    program = _residual()
+    program = residual()
     plan = S.plan_mesh(program, mesh)
     progs, plans = S.stage_programs(program, plan), S.stage_plans(program, plan)
     assert len(progs) == len(plans) == mesh.size("pp")
@@ -149,7 +145,7 @@ def test_stage_plans_are_the_plan_cut_at_the_stages(mesh):
 
 
 def test_stage_latencies_compose_into_the_pipeline():
-    program = _residual()
+    program = residual()
     chip = ARCH.replace(chips=1)
     for mesh in (Mesh.of(pp=2), Mesh.of(pp=3), Mesh.of(tp=2, pp=2)):
         plan = S.plan_mesh(program, mesh)
@@ -166,44 +162,3 @@ def test_stage_latencies_compose_into_the_pipeline():
     for prog, got in zip(S.stage_programs(program, plan), time_pipeline(program, plan, ARCH).stage_s):
         alone = time_pipeline(prog, S.plan_mesh(prog, Mesh.of()), ARCH)
         assert alone.stage_s == (got,) and alone.handovers == () and alone.latency_s == got
-
-
-# -- planning over stages ----------------------------------------------------------------------
-def _chain(n, k):
-    """``n`` dense layers of ``k x k`` float32 weights on one row."""
-    tensors = [TensorDesc("x", [1, k], "float32", "input")] + \
-        [TensorDesc(f"w{i}", [k, k], "float32", "const") for i in range(n)]
-    layers, prev = [], 0
-    for i in range(n):
-        tensors.append(TensorDesc(f"y{i}", [1, k], "float32", "output" if i == n - 1 else "temp"))
-        layers.append(Layer(name=f"fc{i}", kind="dense", inputs=[prev], output=len(tensors) - 1,
-                            consts={"weight": 1 + i}, attrs={"relu": False}))
-        prev = len(tensors) - 1
-    return Program("main", SpinnArch(), tensors, [0], [prev], layers)
-
-
-def test_a_program_too_large_for_a_chip_is_planned_over_stages():
-    program = _chain(4, 512)  # 4 MiB of weights
-    # 3 MiB of DRAM and 8 x 112 KiB of SRAM a chip: the program does not fit one chip, half of it does
-    arch = make_system("pp-fit", chips=4, pes_per_chip=8, dram_bytes=3 << 20)
-    with pytest.raises(MappingError):
-        check_capacity(program, arch.replace(chips=1))
-    got = plan_pipeline(program, arch)
-    assert got.stages == 2 and got.plan.stages == (0, 0, 1, 1) and got.ranks == ((0,), (1,))
-    (h,) = got.timing.handovers  # y1, one row of 512 floats, from chip 0 to chip 1
-    assert (h.layer, h.nbytes) == (2, 512 * F32)
-    assert h.seconds == pytest.approx(512 * F32 / arch.payload_bw("chip") + arch.link_hop_s, rel=1e-12)
-    assert got.timing == time_pipeline(program, got.plan, arch)
-    # the same program on chips with the default DRAM: one stage
-    roomy = make_system("pp-fit-roomy", chips=4, pes_per_chip=8)
-    assert plan_pipeline(program, roomy).stages == 1
-    # two chips a stage (tp=2) hold half the weights each: one stage of two chips
-    two = plan_pipeline(program, arch, Mesh.of(tp=2))
-    assert two.stages == 1 and two.ranks == ((0, 1),)
-
-
-def test_a_program_no_pipeline_holds_is_refused_with_the_reason():
-    arch = make_system("pp-fit-small", chips=2, pes_per_chip=8, dram_bytes=1 << 20)
-    with pytest.raises(MappingError, match=r"main does not fit pp-fit-small in 1\.\.2 pipeline stages of 1 chip\(s\) "
-                                           r"\(with 2: .*\); stage_ranks: 3 stages of 1 chips need 3 chips"):
-        plan_pipeline(_chain(4, 512), arch)

@@ -61,13 +61,17 @@ class RegionPlan:
     budget : RegionBudget
         What it was mapped under (pass it to :func:`~.schedule.map_program` to remap it).
     stage : int
-        The pipeline stage (board) it runs in (0 off the multi-chip path).
+        The pipeline stage (board) it runs in (0 off the multi-chip path; the last of its
+        stages for a region mapped over pipeline stages).
     chips : int
-        The chips of its group (``tp x dp x sp`` of its shard plan; 1 off the multi-chip path).
+        The chips of its group (``tp x dp x sp`` of its shard plan; 1 off the multi-chip path;
+        the sum of its stages' groups for a region mapped over pipeline stages).
     sram_bytes : tuple of int
-        Resident weight bytes per PE of each chip of its group that it adds.
+        Resident weight bytes per PE of each chip of its group that it adds (over pipeline
+        stages: its last stage's, on the board the build continues on).
     dram_bytes : int
-        Weight bytes per chip it keeps in the stage's DRAM.
+        Weight bytes per chip it keeps in the stage's DRAM (over pipeline stages: its last
+        stage's).
     state_bytes : int
         Bytes of the state inputs it reads (held on the chips between calls, such as a KV
         cache: inputs read only as the right operand of ``matmul`` layers).
@@ -136,9 +140,19 @@ def _region(program: Program, budget: RegionBudget, onchip: tuple, stage: int = 
     if onchip and system is not None:
         local = recorded_plan(program).shapes
         gathered = tuple(t for t in onchip if tuple(local[t]) == tuple(program.tensors[t].shape))
-    return RegionPlan(program.symbol, budget, stage, int(system.chips) if system is not None else 1, tuple(sram), int(dram),
+    return RegionPlan(program.symbol, budget, stage, _chips(program), tuple(sram), int(dram),
                       sum(program.tensors[t].nbytes for t in every), sum(program.tensors[t].nbytes for t in kept),
                       gathered)
+
+
+def _chips(program: Program) -> int:
+    """The chips a mapped ``program`` computes on: its shard plan's group, the sum of its
+    stages' groups over pipeline stages, 1 on one chip."""
+    pipe = program.mapping.pipeline
+    if pipe is not None:
+        return sum(int(st.mapping.system.chips) if st.mapping.system is not None else 1 for st in pipe.stages)
+    system = program.mapping.system
+    return int(system.chips) if system is not None else 1
 
 
 def _benefit_order(programs: Sequence[Program], arch: SpinnArch) -> list[int]:

@@ -21,11 +21,15 @@ For a system of more than one chip the driver (:func:`map_on_system`):
    parallelism over a stream of inputs: the report's throughput). Opening a stage only to keep
    weights resident in a fresh board's SRAM is not done (left for later).
 
-5. *pipeline stages within a region*: a region that no shard plan of one stage holds (and
-   that comes first in its build, or alone) is cut into the fewest contiguous stages whose
-   programs, each mapped alone on its own board, fit; it carries a
-   :class:`~tvm_spinn.program.records.PipelineMapping` and its period and latency
-   (:func:`install_pipeline`).
+5. *pipeline stages within a region*: a region that no shard plan of one stage holds is cut
+   into the fewest contiguous stages whose programs, each mapped alone on its own whole board,
+   fit; the stages take the boards from the build's current stage (when it holds nothing yet)
+   or the next one, skipping boards with dead chips or links on a system with faults. It
+   carries a :class:`~tvm_spinn.program.records.PipelineMapping` and its period and latency
+   (:func:`install_pipeline`). When it opens a board after the build's earlier regions, its
+   inputs are handed over from their board to its first stage's (its latency includes the
+   send). The build's next region continues on its last stage's board, after what that stage
+   holds there (the next board when it does not fit).
 
 A model that does not fit (no stage left whose DRAM holds the shard) raises
 :class:`MappingError` naming the bytes needed, the bytes available and the smallest system
@@ -44,8 +48,8 @@ from ..program.records import (PipelineMapping, PipelineStage, PipelineTimingSum
                                SystemMapping, SystemTimingSummary, TimingSummary)
 from ..program.tiles import ProgramTiles
 from ..program.ops import family_of
-from ..target.arch import SpinnArch
-from ..target.faults import live_chips, usable_boards
+from ..target.arch import FAULT_FIELDS, SpinnArch
+from ..target.faults import live_chips, usable_boards, whole_boards
 from ..target.topology import ring_order, topology_of
 from ..timing.collectives import point_to_point
 from ..timing.model import DRAM, evaluate, transfers
@@ -502,16 +506,22 @@ def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState
             src = src[:dst.size]
             in_bytes = sum(program.tensors[t].nbytes for t in program.inputs) / max(1, best[0].tp * best[0].sp)
             handoff = point_to_point(topo, src, dst, in_bytes) if not np.array_equal(src, dst) else None
-    if best is None and (alone or _empty(state)):
+    if best is None and ledger.stage >= 0 and ledger.overflow is None and len(program.layers) > 1:
         # No chip group holds the program's weights: its layers over pipeline stages, each on
-        # its own chips with only its layers' weights (the region takes the chips from the
-        # first; a build's later regions open the stage after its last).
-        piped = _map_pipeline(program, arch, options, map_one)
+        # its own board with only its layers' weights. The region takes whole boards from the
+        # current stage when that holds nothing yet, else from the next one.
+        start = ledger.stage if ledger.dram == 0 and not ledger.sram.any() else ledger.stage + 1
+        piped = _map_pipeline(program, arch, options, map_one, _pipeline_boards(arch, start))
         if piped is not None:
-            last = max(c for st in piped.mapping.pipeline.stages for c in st.chips)
-            ledger.stage = last // arch.chips_per_board if not arch.has_faults else ledger.stage
-            ledger.dram = arch.dram_bytes  # full: the next region opens the next stage
-            return piped, ledger.frozen()
+            program, last_stage, last = piped
+            if start > ledger.stage:  # the inputs come from the board of the build's earlier regions
+                program = _handed_in(program, topo, _stage_ranks(arch, ledger.stage, 1), arch)
+            # the build continues on the last stage's board, after what that stage holds there
+            ledger.stage = last_stage
+            ledger.sram[:] = 0
+            ledger.sram[:len(last.sram)] = last.sram
+            ledger.dram = last.dram
+            return program, ledger.frozen()
     if best is None:
         # One program's smallest shard does not fit one chip: no system holds it.
         ledger.overflow = ledger.overflow or program.symbol
@@ -529,56 +539,79 @@ def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState
     return _install(program, shard, plan, st, results, ledger.stage, handoff, arch), ledger.frozen()
 
 
-def _empty(state: SystemState | None) -> bool:
-    """Whether ``state`` holds nothing yet (no earlier region placed)."""
-    return state is None or (state.stage == 0 and state.dram == 0 and not any(state.sram) and state.overflow is None)
+def _pipeline_boards(arch: SpinnArch, start: int) -> list[tuple[int, np.ndarray]]:
+    """The boards a region over pipeline stages may take from stage ``start`` on, in stage
+    order: ``(stage, chips)`` per board, ``chips`` its chips in mesh position order. Every
+    stage is a whole board (all its chips and on-board links working, so every stage has the
+    same chips and its mapping is a healthy board's): on a system with faults the usable
+    boards with dead hardware are left out. On a system smaller than a board there are none:
+    within a board the shard plans already spread a region over every chip, stages there would
+    add no memory."""
+    per = arch.chips_per_board
+    if arch.chips < per:
+        return []
+    if not arch.has_faults:
+        return [(s, _stage_ranks(arch, s, per)) for s in range(start, stages_of(arch))]
+    whole = set(whole_boards(arch))
+    return [(s, live_chips(arch, b)) for s, b in enumerate(usable_boards(arch)) if s >= start and b in whole]
 
 
-def _pipeline_stages(arch: SpinnArch, pp: int) -> list[np.ndarray] | None:
-    """The chips of each of ``pp`` pipeline stages, a board each, or None when the system has
-    fewer boards (or faults: its usable boards are not cut into stages here). Within a board
-    the shard plans already spread a region over every chip: stages there would add no memory."""
-    if arch.has_faults or arch.chips < arch.chips_per_board or pp > stages_of(arch):
-        return None
-    return [_stage_ranks(arch, s, stage_chips(arch)) for s in range(pp)]
-
-
-def _map_pipeline(program: Program, arch: SpinnArch, options, map_one) -> Program | None:
-    """``program`` over the fewest pipeline stages that hold it, or None when no number does.
+def _map_pipeline(program: Program, arch: SpinnArch, options, map_one,
+                  boards: list[tuple[int, np.ndarray]]) -> tuple[Program, int, SystemState] | None:
+    """``program`` over the fewest pipeline stages that hold it, on the first of ``boards``
+    (:func:`_pipeline_boards`), the stage of its last board and what its last stage holds
+    there (a :class:`~.budget.SystemState` of one board); None when no number does.
 
     The layers are cut into ``pp`` contiguous stages (:func:`.shard.plan_mesh` with a ``pp``
     axis, :func:`.shard.stage_programs`: the tensors live across a cut are sent whole) and each
-    stage's program is mapped alone on its own board (:func:`_pipeline_stages`) as any region
-    is, its shard plan chosen among the board's chips; ``pp`` goes up from 2 until every stage fits.
-    The sends are priced from each stage's first chip to the next's
+    stage's program is mapped alone on its own board as any region is, its shard plan chosen
+    among the board's chips; ``pp`` goes up from 2 until every stage fits (at most one stage a
+    board). The sends are priced from each stage's first chip to the next's
     (:func:`tvm_spinn.timing.stages.handover_costs`)."""
     from ..program.ops.sharding import Mesh
     from ..timing.stages import handover_costs, pipeline_timing
     from .memory import check_capacity
     from .shard import plan_mesh, stage_programs
 
-    for pp in range(2, len(program.layers) + 1):
-        ranks = _pipeline_stages(arch, pp)
-        if ranks is None:
-            return None
+    if not boards:
+        return None
+    # a whole board of the system as a system of its own (the same for every stage)
+    sub = arch.replace(chips=int(boards[0][1].size), **(dict.fromkeys(FAULT_FIELDS, ()) if arch.has_faults else {}))
+    for pp in range(2, min(len(program.layers), len(boards)) + 1):
+        ranks = [r for _, r in boards[:pp]]
         plan = plan_mesh(program, Mesh.of(pp=pp))
         if plan is None:
             continue
-        sub = arch.replace(chips=int(ranks[0].size))
         try:
             mapped = []
             for stage in stage_programs(program, plan):
                 check_capacity(stage, sub)
-                if sub.chips > 1:
-                    mapped.append(map_on_system(stage, sub, options, None, map_one, None)[0])
-                else:
-                    mapped.append(map_one(program_work(stage, sub), sub, np.zeros(arch.pes_per_chip, dtype=np.int64))[0])
+                shard, held = map_on_system(stage, sub, options, None, map_one, None)
+                mapped.append(shard)
         except MappingError:
             continue
         sends = handover_costs(topology_of(arch), plan.handovers, plan.stages, [r[:1] for r in ranks])
         timing = pipeline_timing([p.timing.latency_s for p in mapped], sends)
-        return install_pipeline(program, plan, mapped, ranks, timing, arch)
+        return install_pipeline(program, plan, mapped, ranks, timing, arch), boards[pp - 1][0], held
     return None
+
+
+def _handed_in(program: Program, topo, src: np.ndarray, arch: SpinnArch) -> Program:
+    """``program`` (mapped over pipeline stages) with the hand-over of its inputs from chip
+    ``src`` (the previous region's board) to its first stage's first chip, whole, as the
+    pipeline's own sends go: its latency and energy include it, and the period is the longest
+    of the stages, the sends and this hand-over (a link transfer overlaps the stages in steady
+    state). The ``timing.pipeline`` record stays the stages' own."""
+    dst = np.asarray(program.mapping.pipeline.stages[0].chips[:1], dtype=np.int64)
+    nbytes = sum(program.tensors[t].nbytes for t in program.inputs)
+    cost = point_to_point(topo, src[:1], dst, float(nbytes))
+    t = program.timing
+    latency = t.latency_s + cost.seconds
+    period = max(t.pipeline.period_s, cost.seconds)
+    return replace(program, timing=replace(t, latency_s=latency, cycles=int(round(latency * arch.clock_hz)),
+                                           throughput_inf_s=1.0 / period if period > 0 else 0.0,
+                                           link_bytes=int(t.link_bytes + nbytes),
+                                           energy_j=t.energy_j + nbytes * arch.e_link_byte_j))
 
 
 def install_pipeline(program: Program, plan: ShardPlan, mapped, ranks, timing, arch: SpinnArch) -> Program:

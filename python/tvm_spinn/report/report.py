@@ -131,7 +131,8 @@ def system_summary(programs: list, chips: int, chips_per_board: int) -> dict:
     headline.
 
     Throughput for a stream of inputs: the programs of one stage (board) run one after another
-    and stages overlap (a pipeline), and the boards the stages leave free hold replicas. On one
+    and stages overlap (a pipeline), and the boards the stages leave free hold replicas. A
+    program mapped over pipeline stages counts each stage's time on its own board. On one
     stage, a replica group sized by the widest plan runs a narrower program (``tp x dp`` chips
     of the group's ``G``) for ``G / chips`` inferences at once, each chip holding that plan's
     shard (what the build's DRAM ledger counts), so the system completes
@@ -146,8 +147,13 @@ def system_summary(programs: list, chips: int, chips_per_board: int) -> dict:
     latency = sum(p.timing.latency_s for p in programs)
     stage_s: dict[int, float] = {}
     for p in programs:
-        stage = p.mapping.system.stage if p.mapping.system is not None else 0
-        stage_s[stage] = stage_s.get(stage, 0.0) + p.timing.latency_s
+        pipe = p.mapping.pipeline
+        # a program over pipeline stages (a board each) takes each stage's time on its board
+        parts = ([(st.chips[0] // chips_per_board, t) for st, t in zip(pipe.stages, p.timing.pipeline.stage_s)]
+                 if pipe is not None else
+                 [(p.mapping.system.stage if p.mapping.system is not None else 0, p.timing.latency_s)])
+        for stage, seconds in parts:
+            stage_s[stage] = stage_s.get(stage, 0.0) + seconds
     stages = max(stage_s) + 1
     group = max(p.mapping.system.chips for p in rows)
     per_replica = stages * chips_per_board if stages > 1 else group
