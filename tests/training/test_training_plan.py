@@ -187,8 +187,9 @@ def _count(cfg) -> int:
 
 def test_reproducible_reductions_cost_no_less():
     """The fastest mode may take Megatron's reduce-scatters; the reproducible one runs the
-    layers' TP reductions as chains of the GEMMs themselves (each rank continuing the
-    accumulator of the one before): its slots' compute and collectives take longer."""
+    layers' TP reductions in the canonical order (25 leaves over tp = 5: each rank adds its 5
+    leaves to the running sum one by one, a direct reduce-scatter sends a piece a leaf): its
+    slots' compute and collectives take longer."""
     kw = dict(global_batch=64, seq=512, tp=5, pp=8, dp=1, zero=0, recompute=True)
     exact = plan_training(CONFIGS / "gpt2-xl.json", "spinn/board", **kw)
     fast = plan_training(CONFIGS / "gpt2-xl.json", "spinn/board", reproducible=False, **kw)
