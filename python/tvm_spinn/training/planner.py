@@ -1140,11 +1140,10 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         both = (np.concatenate([rows_src, rows_dst]), np.concatenate([rows_dst, rows_src]))
         rows_io = comms.handover(*both, slot_rows)
         rows_on = comms.onboard(*both, slot_rows) if tp_local else rows_io
-    # reproducible TP: the GEMMs that reduce over a sharded axis run as the compiled step's
-    # chains (:mod:`.tp_chain`: each rank continues the accumulator of the rank before it,
-    # the rows pipelined in blocks), priced at the chips' peak, each hop of a block's partial
-    # sum between consecutive ranks of every TP group at once; a chain's result leaves its last
-    # rank for the ranks that own its rows (sequence parallelism) or for every rank
+    # reproducible TP: the GEMMs that reduce over a sharded axis run in the compiled step's
+    # canonical order (:mod:`.tp_chain`): the ranks' leaves at once (the parallel shares the
+    # block's FLOPs count), each rank adding its leaves to the running sums one by one, and a
+    # fixed-order reduce-scatter (or all-reduce) a reduction, every TP group at once
     canon = _tp_reductions(spec, tokens, tp, tp_groups, comms, arch, sp) if comms.reproducible and tp > 1 else None
     resident = _resident_share(arch)
     per_stage = {}
