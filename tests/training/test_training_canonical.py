@@ -75,6 +75,22 @@ def test_every_split_executes_the_same_additions(parts):
     assert len(set(megatron.values())) > 1  # the usual split's bits depend on tp
 
 
+def test_vocabulary_leaves_bound_the_head_widths():
+    """The vocabulary's leaves: gcd(heads, intermediate) doubled while a leaf keeps 64 rows
+    (GPT-2 small: 12 x 64 = 768 leaves of 66 rows; Llama-2-70B: 64 x 4 = 256 of 125); a head
+    stage's width divides them, so every rank holds whole leaves."""
+    from tvm_spinn.llm.spec import spec_of
+    from tvm_spinn.training.planner import _head_widths
+    from tvm_spinn.training.tp_chain import vocab_leaves
+
+    assert vocab_leaves(12, 3072, 50257) == 768 and vocab_leaves(64, 28672, 32000) == 256
+    assert vocab_leaves(2, 64, 64) == 2  # fewer rows than a leaf's least: the admissible tp alone
+    spec = spec_of(transformers.GPT2Config())
+    widths = _head_widths(spec, 12, 12, 4, 1152)
+    assert widths == [0, 12, 24, 48, 96] and all(768 % w == 0 for w in widths[1:])
+    assert _head_widths(spec, 12, 12, 1, 10**6)[-1] == 768  # the leaves, not the chips, end the list
+
+
 def test_a_split_that_does_not_divide_the_leaves_is_refused():
     a, w = _operands(4, 24, 3)
     with pytest.raises(TrainingError, match=r"tp=5 does not divide the 12 leaves; tp may be 1, 2, 3, 4, 6, 12"):

@@ -115,7 +115,10 @@ which the compiled step runs on every split, one chip included: ``k`` cut into a
 leaves that every admissible ``tp`` divides, each leaf a GEMM from zero, the leaves added in
 order. Each rank computes its leaves' GEMMs (the parallel ``1 / tp`` share), adds them to the
 running sums on its cores one leaf at a time, and the reduction over the ranks is the chain or
-the direct reduce-scatter above with one piece a leaf (:meth:`_Comms.collective_parts`).
+the direct reduce-scatter above with one piece a leaf (:meth:`_Comms.collective_parts`). The
+vocab-parallel LM head's input gradient and the loss' sums over the vocabulary take the same
+order over the vocabulary's leaves (:func:`~tvm_spinn.training.tp_chain.vocab_leaves`; a head
+stage's width divides them).
 What is not modelled: link sharing between the head
 stage's gradient synchronisation and the other stages' drain, and the host's share of the step.
 
@@ -1103,6 +1106,14 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
     hand_on = comms.onboard(hand_src, hand_dst, act / tp if sp else act) if pp > 1 and tp_local else hand
     head_grid = split.head_grid()
     head_fwd = head_bwd = head_rs = head_ag = 0.0
+    from .tp_chain import vocab_leaves
+
+    v_leaves = vocab_leaves(spec.heads, spec.intermediate, spec.vocab)
+
+    def vocab_per(width: int) -> int:
+        """Leaves of the vocabulary a rank of ``width`` adds one by one (reproducible mode)."""
+        return max(1, v_leaves // width) if comms.reproducible else 1
+
     if heads:
         # the head's stage: every rank reads the slot's hidden states whole: each rank of the
         # last block stage hands its share to one head rank, which all-gather them (forward);
@@ -1113,7 +1124,8 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         mine = head_grid[:, _landing(tp, heads)].reshape(-1)
         head_fwd = comms.handover(last, mine, act / tp)
         head_ag, head_ag_busy = comms.collective_parts("all_gather", head_grid, act)
-        head_rs, head_rs_busy = comms.collective_parts("reduce_scatter", head_grid, act)
+        # the reductions over the vocabulary in the canonical order: a piece a leaf (direct)
+        head_rs, head_rs_busy = comms.collective_parts("reduce_scatter", head_grid, act, vocab_per(heads))
         head_bwd = comms.handover(mine, last, act / tp)
         # the head's hand-overs both ways at once, and with the other stages' where they move
         # as many bytes a transfer: they run concurrently on the links they share
@@ -1123,7 +1135,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         if pp > 1 and (sp or tp == 1):
             last_io = min(last_io, comms.handover(np.concatenate([hand_src, last, mine]),
                                                   np.concatenate([hand_dst, mine, last]), act / tp))
-        head_loss, head_loss_busy = comms.collective_parts("all_reduce", head_grid, 3 * F32 * tokens)
+        head_loss, head_loss_busy = comms.collective_parts("all_reduce", head_grid, 3 * F32 * tokens, vocab_per(heads))
         both = (np.concatenate([last, mine]), np.concatenate([mine, last]))
         head_local = comms.on_boards(head_grid)
         head_io_on = comms.onboard(*both, act / tp) if head_local or tp_local else head_io
@@ -1146,6 +1158,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
     # fixed-order reduce-scatter (or all-reduce) a reduction, every TP group at once
     canon = _tp_reductions(spec, tokens, tp, tp_groups, comms, arch, sp) if comms.reproducible and tp > 1 else None
     resident = _resident_share(arch)
+    add_s = arch.m4f_elementwise_cycles / (arch.pes_per_chip * arch.clock_hz)  # one fp32 addition a chip
     per_stage = {}
     for stage in _costed_stages(split):
         params = _stage_params(spec, tp, pp, stage, heads)
@@ -1177,6 +1190,9 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         if canon is not None and not (heads and stage == pp):  # the leaves' additions on the cores
             f_gemm += layers * canon["forward_add_s"]
             b_gemm += layers * (canon["backward_add_s"] + rc * canon["forward_add_s"])
+        if comms.reproducible and stage == stages - 1 and width > 1:
+            # the head's input gradient: a rank adds its vocabulary leaves to the running sums
+            b_gemm += vocab_per(width) * tokens * spec.hidden * add_s
         f_s, b_s = max(f_gemm, dram_f), max(b_gemm, dram_b)
         waits = dram_f > f_gemm or dram_b > b_gemm
         if heads and stage == pp:
@@ -1194,9 +1210,12 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
                 tp_b = layers * canon["backward_s"]
                 busy = (layers * ((1 + rc) * canon["forward_busy"] + canon["backward_busy"]) + lookup * ar_busy)
             if stage == pp - 1 and tp > 1 and not heads:  # vocab-parallel head: its input gradient, the loss' scalars
-                loss, loss_busy = comms.collective_parts("all_reduce", tp_groups, 3 * F32 * tokens)
-                tp_b += ar + loss
-                busy += ar_busy + loss_busy
+                loss, loss_busy = comms.collective_parts("all_reduce", tp_groups, 3 * F32 * tokens, vocab_per(tp))
+                grad, grad_busy = (np.add(comms.collective_parts("all_gather", tp_groups, act),
+                                          comms.collective_parts("reduce_scatter", tp_groups, act, vocab_per(tp)))
+                                   if sp else comms.collective_parts("all_reduce", tp_groups, act, vocab_per(tp)))
+                tp_b += grad + loss
+                busy += grad_busy + loss_busy
             pp_s, pp_on = (last_io, last_on) if heads and stage == pp - 1 else (hand, hand_on)
             if stage == 0:
                 pp_s, pp_on = pp_s + rows_io, pp_on + rows_on
@@ -1559,13 +1578,18 @@ def _chunk_counts(seq: int) -> list:
 def _head_widths(spec, tp: int, pp: int, dp: int, chips: int) -> list:
     """Head-stage widths a split may take: 0 (the head on the last block stage) and, where the
     LM head's GEMM outweighs a block stage's (it would be the pipeline's slowest part), ``tp``
-    times a power of two, as far as the chips go."""
+    times a power of two, as far as the chips and the vocabulary's canonical leaves
+    (:func:`~tvm_spinn.training.tp_chain.vocab_leaves`) go."""
+    from .tp_chain import vocab_leaves
+
     h, i, q, kv = _widths(spec)
     block = (h * (q + 2 * kv) + q * h + (3 if spec.family == "llama" else 2) * h * i) * (spec.layers // pp)
     out, width = [0], tp
     if spec.vocab * spec.hidden <= block:
         return out
-    while (tp * pp + width) * dp <= chips:
+    # a width divides the vocabulary's canonical leaves, so each rank holds whole leaves
+    leaves = vocab_leaves(spec.heads, spec.intermediate, spec.vocab)
+    while (tp * pp + width) * dp <= chips and leaves % width == 0:
         out.append(width)
         width *= 2
     return out

@@ -36,7 +36,7 @@ import numpy as np
 
 from .errors import TrainingError
 
-__all__ = ["canonical_leaves", "leaf_slices", "canonical_matmul", "split_reduce", "direct_reduce",
+__all__ = ["canonical_leaves", "vocab_leaves", "leaf_slices", "canonical_matmul", "split_reduce", "direct_reduce",
            "layer_reductions", "Reduction"]
 
 
@@ -52,6 +52,22 @@ def canonical_leaves(heads: int, kv_heads: int, intermediate: int) -> tuple[int,
             raise TrainingError(f"canonical_leaves: {name} must be a positive integer, got {value!r}")
     g = math.gcd(int(heads), int(intermediate))
     return g, math.gcd(g, int(kv_heads))
+
+
+#: fewest vocabulary rows a leaf of the LM head's canonical order takes
+MIN_VOCAB_LEAF_ROWS = 64
+
+
+def vocab_leaves(heads: int, intermediate: int, vocab: int) -> int:
+    """Leaves of the vocabulary axis (a vocab-parallel LM head's input gradient and its loss'
+    sums over the vocabulary): ``gcd(heads, intermediate)`` (every admissible ``tp``) doubled
+    while a leaf keeps at least :data:`MIN_VOCAB_LEAF_ROWS` rows. A head stage's width must
+    divide it (``tp`` times a power of two does, up to that count); the vocabulary is padded to a
+    multiple of it (zero rows add nothing)."""
+    leaves, _ = canonical_leaves(heads, heads, intermediate)
+    while 2 * leaves * MIN_VOCAB_LEAF_ROWS <= vocab:
+        leaves *= 2
+    return leaves
 
 
 def leaf_slices(extent: int, leaves: int, parts: int = 1) -> tuple:
