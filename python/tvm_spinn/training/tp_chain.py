@@ -31,6 +31,7 @@ fixed-order reduce-scatter (:class:`~tvm_spinn.training.planner._Comms`).
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -163,15 +164,16 @@ def direct_reduce(a: np.ndarray, w: np.ndarray, leaves: int, tp: int, parts: int
     return out
 
 
-class Reduction(tuple):
-    """One reduction of a block: ``(pass, m, k, n, leaves, parts)``: ``[m, k] @ [k, n]`` over the
-    sharded ``k`` of ``parts`` parts, each cut into ``leaves`` leaves; ``pass`` ``"forward"`` or
-    ``"backward"``."""
+class Reduction(NamedTuple):
+    """One reduction of a block: ``[m, k] @ [k, n]`` over the sharded ``k`` of ``parts`` parts,
+    each cut into ``leaves`` leaves, in pass ``kind`` (``"forward"`` or ``"backward"``)."""
 
-    __slots__ = ()
-
-    def __new__(cls, kind: str, m: int, k: int, n: int, leaves: int, parts: int = 1):
-        return super().__new__(cls, (kind, m, k, n, leaves, parts))
+    kind: str
+    m: int
+    k: int
+    n: int
+    leaves: int
+    parts: int = 1
 
 
 def layer_reductions(family: str, hidden: int, q: int, kv: int, intermediate: int, m: int, heads: int,
