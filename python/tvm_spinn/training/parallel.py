@@ -697,8 +697,8 @@ def _build(graph_of, model, example_inputs, loss, optimizer, target, model_name,
         _check_replicas(replicas, microbatches, system, tgt,
                         "data_parallel: replicas" if granules is None else "parallel: dp", pp, tp)
         if tp > 1 and system is None:
-            raise TrainingError(f"parallel: tp={tp} needs a spinn target (its chains continue the PEs' GEMM "
-                                f"accumulators), got {tgt}")
+            raise TrainingError(f"parallel: tp={tp} needs a spinn target (its ranks are a system's chips), "
+                                f"got {tgt}")
         size = batch // count
         micro = graph_of(model, tuple(x[:size] for x in example_inputs), loss, optimizer)
         # the step takes the whole batch: the shapes its inputs and labels are checked against. The
