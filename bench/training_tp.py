@@ -1,12 +1,12 @@
 """Tensor parallelism of a training step: the simulated step of a small GPT-2 on a board for
-tp = 1, 2, 4 (Megatron's split, partial sums chained in the one-chip order), side by side with the
-usual all-reduced split the chain replaces, and the bits of every plan against tp = 1.
+tp = 1, 2, 4 (Megatron's split, the sums over a split axis in the canonical leaf order), side by
+side with the usual all-reduced split, and the bits of every plan against tp = 1.
 
 Columns: the step, its speed-up over tp = 1, the busiest replica's granules (one rank's share),
-the one-chip granule, the chains a rank is charged per granule (pipelined over row blocks, hops
-included), the update (a rank's share of the parameters), the step with Megatron's all-reduce
-instead of the chains (bits depend on tp), the chain's cost over it, and whether the parameters
-after one step are the tp = 1 bits.
+the one-chip granule, the fixed-order reduction over the ranks a rank is charged per granule,
+the update (a rank's share of the parameters), the step with Megatron's all-reduce instead
+(bits depend on tp), the reproducible mode's cost over it, and whether the parameters after one
+step are the tp = 1 bits.
 
     python bench/training_tp.py [--hidden 64] [--layers 2] [--heads 4] [--seq 8] [--batch 4]
 """
@@ -46,7 +46,7 @@ def main() -> None:
     labels = np.roll(ids, -1, axis=1).reshape(-1)
     print(f"GPT-2 {args.layers} layers, hidden {args.hidden}, {args.heads} heads, batch {args.batch} x {args.seq} "
           "tokens, AdamW, spinn/board, one micro-batch (granule: one sample)")
-    print(f"{'tp':>3} {'step ms':>9} {'speed-up':>9} {'granule ms':>11} {'one-chip':>9} {'chains ms':>10} "
+    print(f"{'tp':>3} {'step ms':>9} {'speed-up':>9} {'granule ms':>11} {'one-chip':>9} {'reduce ms':>10} "
           f"{'update ms':>10} {'all-reduced tp ms':>18} {'repro cost':>11} {'bits = tp1':>11}")
     ref, base = None, None
     for tp in args.tp:
@@ -63,7 +63,7 @@ def main() -> None:
         # the step with Megatron's all-reduce: the granules at the all-reduced rank's time
         mega = t["total_s"] - t["compute_s"] * (1 - c["megatron_rank_s"] / c["rank_s"]) if c else t["total_s"]
         print(f"{tp:>3} {t['total_s'] * 1e3:>9.3f} {base / t['total_s']:>8.2f}x {t['compute_s'] * 1e3:>11.3f} "
-              f"{c.get('one_chip_s', t['compute_s'] / args.batch) * 1e3:>9.3f} {c.get('chains_s', 0) * 1e3:>10.3f} "
+              f"{c.get('one_chip_s', t['compute_s'] / args.batch) * 1e3:>9.3f} {c.get('reduce_s', 0) * 1e3:>10.3f} "
               f"{t['update_s'] * 1e3:>10.3f} {mega * 1e3:>18.3f} {t['total_s'] / mega:>10.2f}x {same:>11}")
 
 

@@ -187,8 +187,9 @@ def _count(cfg) -> int:
 
 def test_reproducible_reductions_cost_no_less():
     """The fastest mode may take Megatron's reduce-scatters; the reproducible one runs the
-    layers' TP reductions as chains of the GEMMs themselves (each rank continuing the
-    accumulator of the one before): its slots' compute and collectives take longer."""
+    layers' TP reductions in the canonical order (25 leaves over tp = 5: each rank adds its 5
+    leaves to the running sum one by one, a direct reduce-scatter sends a piece a leaf): its
+    slots' compute and collectives take longer."""
     kw = dict(global_batch=64, seq=512, tp=5, pp=8, dp=1, zero=0, recompute=True)
     exact = plan_training(CONFIGS / "gpt2-xl.json", "spinn/board", **kw)
     fast = plan_training(CONFIGS / "gpt2-xl.json", "spinn/board", reproducible=False, **kw)
@@ -257,11 +258,14 @@ def test_model_too_large_names_the_smallest_system():
         plan_training(CONFIGS / "llama-2-7b.json", make_system("t", boards=boards - 1), seq=1024, global_batch=64)
 
 
-@pytest.mark.slow  # ~21 s of CPU (more on a loaded machine): its collectives are costed on the cloud's links
+@pytest.mark.slow  # ~28 s of CPU (more wall time on a loaded machine): its collectives are costed on the cloud's links
 def test_seventy_b_on_the_cloud():
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     plan = plan_training(CONFIGS / "llama-2-70b.json", "spinn/cloud")
-    print(f"\nLlama-2-70B on spinn/cloud planned in {time.perf_counter() - start:.2f} s\n{plan.table()}")
+    cpu = time.process_time() - cpu
+    print(f"\nLlama-2-70B on spinn/cloud planned in {cpu:.1f} CPU s ({time.perf_counter() - start:.1f} s wall)"
+          f"\n{plan.table()}")
+    assert cpu < 60  # the issue's target: planning Llama-2-70B training on the cloud in under a minute
     assert plan.memory.fits and plan.split.chips <= 720 * 48
     assert plan.memory.total == pytest.approx(plan.memory.weights + plan.memory.gradients + plan.memory.optimizer
                                               + plan.memory.activations)

@@ -1,7 +1,8 @@
 """Tensor parallelism of the compiled step (``parallel={"tp": ...}``): Megatron's column- and
-row-parallel projections, the sums over a split axis chained rank after rank in the one-chip
-GEMM's order; parameters bitwise identical to tp = 1 under pipeline and data-parallel plans,
-within float32 error of PyTorch; the chain kernel against the one-chip GEMM; bad splits named."""
+row-parallel projections, the sums over a split axis in the canonical order (leaves every split
+refines, added in leaf order); parameters bitwise identical to tp = 1 under pipeline and
+data-parallel plans, within float32 error of PyTorch; the chain kernel against the one-chip
+GEMM; bad splits named."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import tvm_spinn
 from tvm_spinn import _lib
 from tvm_spinn.program.ops.gemm_chain import gemm_continue
 from tvm_spinn.training import TrainingError
-from tvm_spinn.training.tensor_parallel import chain_makespan, tp_layout
+from tvm_spinn.training.tensor_parallel import tp_layout
 from test_training_lm import ADAMW, _assert_close, gpt2, llama, tokens
 from training_models import run_steps as _run, same_bits as _same_bits, torch_adamw
 
@@ -54,15 +55,6 @@ def test_gemm_continue_refuses_mismatched_operands():
         gemm_continue(np.zeros((3, 4)), np.zeros((3, 2), np.float32), np.zeros((2, 4), np.float32))
 
 
-def test_chain_makespan_pipelines_row_blocks():
-    """Two ranks, runs of 1 s per block, hops of 0.5 s: one block is the serial chain; two blocks
-    overlap rank 1's first block with rank 0's second; a rank's own runs never overlap."""
-    assert chain_makespan([0, 1], [1.0, 1.0], 0.5, 1) == 2.5
-    assert chain_makespan([0, 1], [1.0, 1.0], 0.5, 2) == 3.5  # 0:b0 [0,1] b1 [1,2]; 1:b0 [1.5,2.5] b1 [2.5,3.5]
-    assert chain_makespan([0, 1, 0, 1], [1.0] * 4, 0.0, 1) == 4.0
-    assert chain_makespan([0, 0], [1.0, 2.0], 5.0, 2) == 6.0  # no hop within a rank: 1 + 1 + 2 + 2
-
-
 # -- the layout (fast) -----------------------------------------------------------------------------
 def test_megatron_layout_of_gpt2_and_llama():
     """GPT-2's Conv1D (in, out) and Llama's Linear (out, in): QKV / up column-parallel on the
@@ -75,6 +67,9 @@ def test_megatron_layout_of_gpt2_and_llama():
     qkv = layout["lm.transformer.h.0.attn.c_attn.weight"]
     assert (qkv.kind, qkv.axis) == ("column", 1)
     assert qkv.runs() == ((0, 0, 16), (1, 16, 32), (0, 32, 48), (1, 48, 64), (0, 64, 80), (1, 80, 96))
+    # the canonical order: 2 heads, 2 leaves of each of Q, K, V; leaf l the l-th slice of each
+    assert (qkv.leaves, qkv.parts) == (2, 3)
+    assert qkv.leaf_ranges() == (((0, 16), (32, 48), (64, 80)), ((16, 32), (48, 64), (80, 96)))
     out = layout["lm.transformer.h.0.attn.c_proj.weight"]
     assert (out.kind, out.axis, out.runs()) == ("row", 0, ((0, 0, 16), (1, 16, 32)))
     assert layout["lm.transformer.h.0.mlp.c_fc.weight"].axis == 1
@@ -130,10 +125,12 @@ def test_tensor_parallel_plans_bitwise_identical_and_close_to_pytorch(tmp_path):
     _assert_close(ref, torch_adamw(model, batches, ADAMW[1]))
     tp = tvm_spinn.training.compile(model, torch.from_numpy(ids), optimizer=ADAMW, target="spinn/board",
                                     parallel={"tp": 2, "microbatches": 1})
-    # the chains: each layer's attention-output and MLP-down forwards (2 runs), the QKV input
-    # gradient (a run per rank in each of Q, K, V: 6) and the MLP-up input gradient (2)
-    chains = sorted((c.name.split(".")[-2], len(c.runs)) for c in tp._tp_split.chains)
-    assert chains == sorted([("c_proj", 2), ("c_proj", 2), ("c_attn", 6), ("c_fc", 2)] * 2)
+    # the canonical reductions: each layer's attention-output and MLP-down forwards (2 leaves:
+    # the heads), the QKV input gradient (2 leaves of each of Q, K, V) and the MLP-up input
+    # gradient (2); the tp = 1 program is the same
+    found = sorted((c.name.split(".")[-2], c.leaves * c.parts) for c in tp._tp_split.reductions)
+    assert found == sorted([("c_proj", 2), ("c_proj", 2), ("c_attn", 6), ("c_fc", 2)] * 2)
+    assert one._tp_split.reductions == tp._tp_split.reductions
     for name, options in TP_PLANS.items():
         plan = tp.with_plan(**options)
         assert plan.plan()["tp"] == 2, name
@@ -146,12 +143,12 @@ def test_tensor_parallel_plans_bitwise_identical_and_close_to_pytorch(tmp_path):
     assert _same_bits(_run(resumed, batches[1:]), (ref[0][1:], ref[1]))
     t1, t2 = one.with_plan().simulated_step(), tp.with_plan().simulated_step()
     cost = t2["tp"]
-    assert 0 < cost["rank_parallel_s"] < cost["parallel_s"] and cost["chain_hops"] == 2 * (1 + 1 + 5 + 1)
+    assert 0 < cost["rank_parallel_s"] < cost["parallel_s"]
     assert cost["rank_s"] == pytest.approx(cost["one_chip_s"] - cost["parallel_s"] + cost["rank_parallel_s"]
-                                           - cost["chain_s"] + cost["chains_s"])
-    assert 0 < cost["chains_s"] < cost["runs_s"] + cost["chain_hops_s"]  # pipelined over row blocks
+                                           - cost["canonical_s"] + cost["rank_canonical_s"] + cost["reduce_s"])
+    assert 0 < cost["rank_canonical_s"] < cost["canonical_s"] and cost["reduce_s"] > 0
     assert cost["one_chip_s"] == pytest.approx(t1["microbatch_s"] / 4)  # the tp = 1 granule (4 per micro-batch)
-    assert 0 < cost["rank_chain_s"] < cost["chain_s"] and cost["all_reduce_s"] > 0
+    assert 0 < cost["rank_share_s"] and cost["all_reduce_s"] > 0
     assert t2["update_s"] < t1["update_s"]
     with pytest.raises(TrainingError, match=r"split for tp=2; compile with parallel=\{'tp': 4\}"):
         tp.with_plan(tp=4)
@@ -170,42 +167,3 @@ def test_llama_tensor_parallel_matches_tp1():
                                     parallel={"tp": 2, "dp": 2, "microbatches": 2})
     assert _same_bits(_run(tp, batches), ref)
     _assert_close(ref, torch_adamw(model, batches, ADAMW[1]))
-
-
-# -- one chain model for the compiled step and the planner (fast) ----------------------------------
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
-def test_planner_chains_are_the_compiled_steps(family):
-    """The planner's chain GEMMs of a block (:func:`layer_chains`, from the sizes alone) are the
-    ones the compiled step's Megatron layout makes chains of: the same reduced extents, cut into
-    the same runs rank by rank; the planner prices them with the compiled step's function."""
-    from tvm_spinn.llm.spec import spec_of
-    from tvm_spinn.target import make_system
-    from tvm_spinn.training import planner
-    from tvm_spinn.training.tp_chain import chain_seconds, layer_chains
-
-    model = (gpt2 if family == "gpt2" else llama)(layers=1, hidden=32, vocab=64)
-    names = [n for n, _ in model.named_parameters()]
-    shapes = [tuple(p.shape) for _, p in model.named_parameters()]
-    compiled = sorted((len(s.owner), s.runs()) for s in tp_layout(model, names, shapes, 2) if s is not None)
-    spec = spec_of(model.lm.config)
-    h, i, q, kv = planner._widths(spec)
-    chains = layer_chains(spec.family, h, q, kv, i, 8, 2)
-    assert sorted((k, runs) for _, _, k, _, runs in chains) == compiled
-    assert all(n == h for _, _, _, n, _ in chains)
-    # the planner's per-layer seconds: chain_seconds with a block's run at the chip's peak and a
-    # hop the concurrent hand-over between the TP ranks
-    arch = make_system("two-chips", chips=2)
-    comms = planner._Comms(arch, True)
-    groups = np.array([[0, 1]])
-    peak = 2.0 * arch.m4f_flops_per_cycle * arch.clock_hz * arch.pes_per_chip
-    (f_s, f_flops, _), (b_s, b_flops, _) = planner._tp_chains(spec, 8, 2, groups, peak, comms)
-    expect = {"forward": 0.0, "backward": 0.0}
-    for kind, m, k, n, runs in chains:
-        expect[kind] += chain_seconds(runs, m, n, 2, lambda r, kk, nn: 2.0 * r * kk * nn / peak,
-                                      lambda nbytes: comms.handover(np.array([0]), np.array([1]), nbytes))
-    assert (f_s, b_s) == (expect["forward"], expect["backward"])
-    # a chain pipelines its rows but its ranks run one after another: slower than the ranks'
-    # parallel shares, faster than one chip doing the whole GEMM and every hop in series
-    assert f_flops / peak < f_s < 2 * f_flops / peak + sum(
-        (len(r) - 1) * comms.handover(np.array([0]), np.array([1]), 4 * m * n) for kind, m, _, n, r in chains
-        if kind == "forward")

@@ -17,8 +17,8 @@ the optimizer update, to the PEs; the rest runs on the fallback target
 ``M``, ``R`` nor the optimizer-state sharding ``Z`` (:mod:`.zero`); ``"pp": S`` runs each
 replica's gradient program as ``S`` pipeline stages in 1F1B order, and ``"tp": T`` splits
 each transformer block over ``T`` chips (Megatron's column- and row-parallel projections, the
-row-parallel partial sums chained in the one-chip order), with the same bits (:mod:`.pipeline`,
-:mod:`.tensor_parallel`).
+sums over a split axis in a canonical leaf order every plan runs, :mod:`.tp_chain`), with the
+same bits (:mod:`.pipeline`, :mod:`.tensor_parallel`).
 
 Limits: ``BatchNorm`` trains with the batch's statistics like PyTorch's
 train mode, but its running statistics are not updated (TVM's importer drops those outputs;

@@ -233,9 +233,10 @@ class DataParallelTrainer(Trainer):
                 "granule": self.granule}
 
     def _grad_program(self) -> tvm.IRModule:
-        """The granule's gradient program: with ``tp > 1`` the one whose GEMMs over a split
-        axis are chains over the ranks (:func:`~.tensor_parallel.split_gemms`)."""
-        return self._tp_split.mod if self.tp > 1 else grad_module(self._micro_graph)
+        """The granule's gradient program: for a transformer, the one whose GEMMs over a
+        tensor-parallel split axis run in the canonical order (:func:`~.tensor_parallel.split_gemms`,
+        the same program for every ``tp``)."""
+        return self._tp_split.mod if self._tp_split is not None else grad_module(self._micro_graph)
 
     # -- pipeline stages ---------------------------------------------------------------------------
     def _pipeline(self):
@@ -475,8 +476,8 @@ class DataParallelTrainer(Trainer):
 
             if shared["tp"] is None:
                 with _replica_target(self._target) as (replica, _):
-                    one_chip = executable_latency(relax.build(grad_module(self._micro_graph), target=replica))
-                    shared["tp"] = tp_compute(self._tp_split, one_chip, replica, topo)
+                    # the one-chip granule: the same program (its reductions in the canonical order)
+                    shared["tp"] = tp_compute(self._tp_split, granule, replica, topo)
             tp_cost = shared["tp"]
             # a rank's share of a granule; a rank reduces (and updates) its share of the parameters
             ratio = tp_cost["rank_s"] / tp_cost["one_chip_s"]
@@ -696,8 +697,8 @@ def _build(graph_of, model, example_inputs, loss, optimizer, target, model_name,
         _check_replicas(replicas, microbatches, system, tgt,
                         "data_parallel: replicas" if granules is None else "parallel: dp", pp, tp)
         if tp > 1 and system is None:
-            raise TrainingError(f"parallel: tp={tp} needs a spinn target (its chains continue the PEs' GEMM "
-                                f"accumulators), got {tgt}")
+            raise TrainingError(f"parallel: tp={tp} needs a spinn target (its ranks are a system's chips), "
+                                f"got {tgt}")
         size = batch // count
         micro = graph_of(model, tuple(x[:size] for x in example_inputs), loss, optimizer)
         # the step takes the whole batch: the shapes its inputs and labels are checked against. The
@@ -710,10 +711,17 @@ def _build(graph_of, model, example_inputs, loss, optimizer, target, model_name,
             label_shape=(micro.label_shape[0] * count, *micro.label_shape[1:]))
         tp_split = None
         grad_mod = grad_module(micro)
-        if tp > 1:
-            from .tensor_parallel import split_gemms, tp_layout
+        from .tensor_parallel import split_gemms, tp_layout
 
+        # a transformer's reductions over its tensor-parallel axes run in the canonical order on
+        # every plan, tp = 1 included, so every plan has the same bits (:mod:`.tp_chain`)
+        try:
             layout = tp_layout(model, micro.param_names, micro.param_shapes, tp)
+        except TrainingError:
+            if tp > 1:
+                raise
+            layout = None  # no projection to split: the program as it is
+        if layout is not None:
             tp_split = split_gemms(grad_mod, len(micro.input_shapes), layout, tp)
             grad_mod = tp_split.mod
         grad_ex = relax.build(grad_mod, target=replica_tgt)

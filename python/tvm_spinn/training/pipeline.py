@@ -150,7 +150,7 @@ def cut_stages(grad_mod: tvm.IRModule, param_names, n_inputs: int, layers: int, 
     """Cut ``main(inputs..., params..., targets) -> (loss, grads)`` into ``pp`` stages of
     ``layers / pp`` layers (see the module docstring)."""
     func = grad_mod["main"]
-    # functions ``main`` calls (a tensor-parallel chain's continuations)
+    # functions ``main`` calls (private helpers a rewritten gradient program may add)
     functions = [(g, f) for g, f in grad_mod.functions_items() if g.name_hint != "main"]
     fparams = list(func.params)
     n_params = len(param_names)

@@ -110,12 +110,16 @@ sends each shard's owner its piece and the owner adds the pieces in ascending ra
 same order); ranks hold consecutive blocks of the reduced axis (micro-batches, or a GEMM's
 ``k``), so the additions do not depend on the split. A GEMM that reduces over a
 tensor-parallel sharded ``k`` (a row-parallel projection's forward, a column-parallel one's
-input gradient) adds its terms in the one-chip order only if each rank continues the
-accumulator the rank before it finished: in the reproducible mode those GEMMs run as the
-compiled step's chains (:mod:`tvm_spinn.training.tp_chain`, the same function prices both: row
-blocks pipelined down the ranks, a block's run at the chips' peak, a hop the concurrent hand-over
-between consecutive ranks of every TP group), and the chain's result is sent from its last rank
-to the ranks that own its rows, in place of Megatron's reduce-scatter. What is not modelled: link sharing between the head
+input gradient) adds its terms in the canonical order of :mod:`tvm_spinn.training.tp_chain`,
+which the compiled step runs on every split, one chip included: ``k`` cut into a fixed number of
+leaves that every admissible ``tp`` divides, each leaf a GEMM from zero, the leaves added in
+order. Each rank computes its leaves' GEMMs (the parallel ``1 / tp`` share), adds them to the
+running sums on its cores one leaf at a time, and the reduction over the ranks is the chain or
+the direct reduce-scatter above with one piece a leaf (:meth:`_Comms.collective_parts`). The
+vocab-parallel LM head's input gradient and the loss' sums over the vocabulary take the same
+order over the vocabulary's leaves (:func:`~tvm_spinn.training.tp_chain.vocab_leaves`; a head
+stage's width divides them).
+What is not modelled: link sharing between the head
 stage's gradient synchronisation and the other stages' drain, and the host's share of the step.
 
 Search: every split that fits is ordered by its GEMM time alone; a split's step with each
@@ -626,11 +630,16 @@ class _Comms:
         so far."""
         return self.collective_parts(op, groups, nbytes)[0]
 
-    def collective_parts(self, op: str, groups: np.ndarray, nbytes: float) -> tuple:
+    def collective_parts(self, op: str, groups: np.ndarray, nbytes: float, leaves: int = 1) -> tuple:
         """``(seconds, busy seconds)`` of :meth:`collective`: its time, and of it the time its
         busiest link (or board edge) carries bytes. The rest (hop latencies, DMA set-ups, a
         pipelined chain's fill) delays the collective's ranks but leaves the links free for
-        other transfers."""
+        other transfers.
+
+        ``leaves``: each rank's partial sum is that many leaves of the canonical order
+        (:mod:`tvm_spinn.training.tp_chain`), added to the running sum one by one: the chain
+        carries one buffer as before, the direct reduce-scatter one piece a leaf (a rank may
+        not add its leaves first)."""
         groups = np.ascontiguousarray(groups, dtype=np.int64)
         if groups.ndim != 2 or groups.shape[1] < 2 or nbytes <= 0:
             return 0.0, 0.0
@@ -638,14 +647,14 @@ class _Comms:
         n = float(nbytes)
         names = self._algorithms(op, groups.shape[0], groups.shape[1])
         if groups.shape[0] == 1:
-            return min(self._at(op, groups, a, n) for a in names)
+            return min(self._at(op, groups, a, n, leaves) for a in names)
         few = groups[:_BOUND_GROUPS] if groups.shape[0] > _BOUND_GROUPS else groups[:1]
-        floors = {a: self._at(op, few, a, n)[0] for a in names}
+        floors = {a: self._at(op, few, a, n, leaves)[0] for a in names}
         best = (math.inf, math.inf)
         for a in sorted(names, key=lambda a: (floors[a], a)):
             if floors[a] >= best[0]:
                 break
-            best = min(best, self._at(op, groups, a, n))
+            best = min(best, self._at(op, groups, a, n, leaves))
         return best
 
     def _algorithms(self, op: str, g: int, c: int) -> tuple:
@@ -656,11 +665,15 @@ class _Comms:
         exact = ("chain",) if op != "all_gather" else ()
         return ("ring", "tree", *exact, *direct, "multicast") if g == 1 else ("ring", "tree", *exact, *direct)
 
-    def _at(self, op: str, groups: np.ndarray, algorithm: str, n: float) -> tuple:
+    def _at(self, op: str, groups: np.ndarray, algorithm: str, n: float, leaves: int = 1) -> tuple:
         """``(seconds, busy seconds)`` of one algorithm for ``n`` bytes (its affine lines cached
-        per group pattern; each line ``(seconds per byte, seconds, busy seconds per byte)``)."""
+        per group pattern; each line ``(seconds per byte, seconds, busy seconds per byte)``).
+        A direct reduction of ``leaves`` leaves a rank sends that many pieces: its reduce-scatter
+        carries ``leaves`` times the bytes (an all-reduce's gather half does not)."""
         lines = self._get((op, algorithm, groups.shape, groups.tobytes()),
                           lambda: self._lines(op, groups, algorithm))
+        if algorithm == "direct" and leaves > 1 and op != "all_gather":
+            n = n * leaves if op == "reduce_scatter" else n * (leaves + 1) / 2
         return min(((a * n + b, busy * n) for a, b, busy in lines), default=(math.inf, math.inf))
 
     @staticmethod
@@ -987,31 +1000,41 @@ def _landing(tp: int, heads: int) -> np.ndarray:
     return t * heads // tp if heads >= tp else t % heads
 
 
-def _tp_chains(spec, tokens: int, tp: int, tp_groups: np.ndarray, peak: float, comms: "_Comms") -> tuple:
-    """One layer's chain GEMMs of a slot (:func:`~tvm_spinn.training.tp_chain.layer_chains`),
-    forward and backward: ``(seconds, FLOPs a rank's parallel share would take, seconds the
-    hops' links carry bytes)`` each, from :func:`~tvm_spinn.training.tp_chain.chain_seconds`
-    (the compiled step's chain model) with a block's run at the chip's peak and a hop the
-    concurrent hand-over from every rank to the next of its TP group."""
-    from .tp_chain import chain_seconds, layer_chains
+def _tp_reductions(spec, tokens: int, tp: int, tp_groups: np.ndarray, comms: "_Comms", arch, sp: bool) -> dict:
+    """One layer's reductions over the sharded axes in the canonical order
+    (:func:`~tvm_spinn.training.tp_chain.layer_reductions`), per pass: the collectives' seconds
+    and busy seconds over every TP group at once (``"forward_s"``, ``"forward_busy"``, ...: with
+    sequence parallelism an all-gather of the block's input and a reduce-scatter of each
+    reduction's leaves, else an all-reduce; the chain or the direct algorithm, each rank's
+    ``leaves / tp`` leaves added one by one) and a rank's seconds adding its leaves to the running
+    sums on its cores (``"forward_add_s"``, ``"backward_add_s"``). The GEMMs are the ranks'
+    parallel ``1 / tp`` shares, as in Megatron's split."""
+    from .tp_chain import layer_reductions
 
     h, i, q, kv = _widths(spec)
-    src, dst = tp_groups[:, :-1].reshape(-1), tp_groups[:, 1:].reshape(-1)
-
-    def hop(nbytes: float) -> float:
-        return comms.handover(src, dst, nbytes)
+    act = F32 * tokens * spec.hidden
+    add_s = arch.m4f_elementwise_cycles / (arch.pes_per_chip * arch.clock_hz)
 
     def make():
-        out = {"forward": [0.0, 0.0, 0.0], "backward": [0.0, 0.0, 0.0]}
-        for kind, m, k, n, runs in layer_chains(spec.family, h, q, kv, i, tokens, tp):
-            part = out[kind]
-            part[0] += chain_seconds(runs, m, n, tp, lambda r, kk, nn: 2.0 * r * kk * nn / peak, hop)
-            part[1] += 2.0 * m * k * n / tp
-            part[2] += (len(runs) - 1) / (tp - 1) * comms.onboard(src, dst, 4.0 * m * n) if comms.on_boards(
-                tp_groups) else hop(4.0 * m * n) * (len(runs) - 1) / (tp - 1)
-        return tuple(tuple(out[k]) for k in ("forward", "backward"))
+        out = {f"{p}_{k}": 0.0 for p in ("forward", "backward") for k in ("s", "busy", "add_s")}
+        gather = comms.collective_parts("all_gather", tp_groups, act) if sp else (0.0, 0.0)
+        for kind, m, _, n, leaves, _ in layer_reductions(spec.family, h, q, kv, i, tokens, spec.heads,
+                                                         spec.kv_heads):
+            per_rank = max(1, leaves // tp)
+            s, busy = comms.collective_parts("reduce_scatter" if sp else "all_reduce", tp_groups, F32 * m * n,
+                                             per_rank)
+            out[f"{kind}_s"] += s
+            out[f"{kind}_busy"] += busy
+            out[f"{kind}_add_s"] += per_rank * m * n * add_s
+        # an all-gather before each of the forward's two reductions (the block's input, the MLP's
+        # input) and each of the backward's two (the inputs its weight gradients read)
+        for kind in ("forward", "backward"):
+            out[f"{kind}_s"] += 2 * gather[0]
+            out[f"{kind}_busy"] += 2 * gather[1]
+        return out
 
-    return comms._get(("tp_chains", spec.family, h, i, q, kv, tokens, tp, peak, src.tobytes(), dst.tobytes()), make)
+    return comms._get(("tp_reductions", spec.family, h, i, q, kv, spec.heads, spec.kv_heads, tokens, tp, sp,
+                       tp_groups.shape, tp_groups.tobytes()), make)
 
 
 def _slot_seconds(f_s: float, b_s: float, tp_f: float, tp_b: float, pp_s: float, overlap: bool,
@@ -1083,6 +1106,14 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
     hand_on = comms.onboard(hand_src, hand_dst, act / tp if sp else act) if pp > 1 and tp_local else hand
     head_grid = split.head_grid()
     head_fwd = head_bwd = head_rs = head_ag = 0.0
+    from .tp_chain import vocab_leaves
+
+    v_leaves = vocab_leaves(spec.heads, spec.intermediate, spec.vocab)
+
+    def vocab_per(width: int) -> int:
+        """Leaves of the vocabulary a rank of ``width`` adds one by one (reproducible mode)."""
+        return max(1, v_leaves // width) if comms.reproducible else 1
+
     if heads:
         # the head's stage: every rank reads the slot's hidden states whole: each rank of the
         # last block stage hands its share to one head rank, which all-gather them (forward);
@@ -1093,7 +1124,8 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         mine = head_grid[:, _landing(tp, heads)].reshape(-1)
         head_fwd = comms.handover(last, mine, act / tp)
         head_ag, head_ag_busy = comms.collective_parts("all_gather", head_grid, act)
-        head_rs, head_rs_busy = comms.collective_parts("reduce_scatter", head_grid, act)
+        # the reductions over the vocabulary in the canonical order: a piece a leaf (direct)
+        head_rs, head_rs_busy = comms.collective_parts("reduce_scatter", head_grid, act, vocab_per(heads))
         head_bwd = comms.handover(mine, last, act / tp)
         # the head's hand-overs both ways at once, and with the other stages' where they move
         # as many bytes a transfer: they run concurrently on the links they share
@@ -1103,7 +1135,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         if pp > 1 and (sp or tp == 1):
             last_io = min(last_io, comms.handover(np.concatenate([hand_src, last, mine]),
                                                   np.concatenate([hand_dst, mine, last]), act / tp))
-        head_loss, head_loss_busy = comms.collective_parts("all_reduce", head_grid, 3 * F32 * tokens)
+        head_loss, head_loss_busy = comms.collective_parts("all_reduce", head_grid, 3 * F32 * tokens, vocab_per(heads))
         both = (np.concatenate([last, mine]), np.concatenate([mine, last]))
         head_local = comms.on_boards(head_grid)
         head_io_on = comms.onboard(*both, act / tp) if head_local or tp_local else head_io
@@ -1120,18 +1152,13 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         both = (np.concatenate([rows_src, rows_dst]), np.concatenate([rows_dst, rows_src]))
         rows_io = comms.handover(*both, slot_rows)
         rows_on = comms.onboard(*both, slot_rows) if tp_local else rows_io
-    # reproducible TP: the GEMMs that reduce over a sharded axis run as the compiled step's
-    # chains (:mod:`.tp_chain`: each rank continues the accumulator of the rank before it,
-    # the rows pipelined in blocks), priced at the chips' peak, each hop of a block's partial
-    # sum between consecutive ranks of every TP group at once; a chain's result leaves its last
-    # rank for the ranks that own its rows (sequence parallelism) or for every rank
-    chains = _tp_chains(spec, tokens, tp, tp_groups, peak, comms) if comms.reproducible and tp > 1 else None
-    if chains is not None:
-        last_rank, others = np.repeat(tp_groups[:, -1], tp - 1), tp_groups[:, :-1].reshape(-1)
-        out = comms.handover(last_rank, others, act / tp if sp else act)
-        ar_chain, ar_chain_busy = (np.add(comms.collective_parts("all_gather", tp_groups, act), (out, out)) if sp
-                                   else (out, out))
+    # reproducible TP: the GEMMs that reduce over a sharded axis run in the compiled step's
+    # canonical order (:mod:`.tp_chain`): the ranks' leaves at once (the parallel shares the
+    # block's FLOPs count), each rank adding its leaves to the running sums one by one, and a
+    # fixed-order reduce-scatter (or all-reduce) a reduction, every TP group at once
+    canon = _tp_reductions(spec, tokens, tp, tp_groups, comms, arch, sp) if comms.reproducible and tp > 1 else None
     resident = _resident_share(arch)
+    add_s = arch.m4f_elementwise_cycles / (arch.pes_per_chip * arch.clock_hz)  # one fp32 addition a chip
     per_stage = {}
     for stage in _costed_stages(split):
         params = _stage_params(spec, tp, pp, stage, heads)
@@ -1159,11 +1186,13 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         dram_f = (stored + rows + (0 if fits else F32 * streamed)) / dram
         dram_b = (stored + 2 * rows + (0 if fits else F32 * streamed * (passes - 1) + 2 * F32 * streamed)) / dram
         f_gemm, b_gemm = fwd / peak, bwd / peak
-        if chains is not None and not (heads and stage == pp):
-            (cf_s, cf_flops, cf_busy), (cb_s, cb_flops, cb_busy) = chains
-            rc = split.recompute
-            f_gemm += layers * (cf_s - cf_flops / peak)
-            b_gemm += layers * (cb_s - cb_flops / peak + rc * (cf_s - cf_flops / peak))
+        rc = split.recompute
+        if canon is not None and not (heads and stage == pp):  # the leaves' additions on the cores
+            f_gemm += layers * canon["forward_add_s"]
+            b_gemm += layers * (canon["backward_add_s"] + rc * canon["forward_add_s"])
+        if comms.reproducible and stage == stages - 1 and width > 1:
+            # the head's input gradient: a rank adds its vocabulary leaves to the running sums
+            b_gemm += vocab_per(width) * tokens * spec.hidden * add_s
         f_s, b_s = max(f_gemm, dram_f), max(b_gemm, dram_b)
         waits = dram_f > f_gemm or dram_b > b_gemm
         if heads and stage == pp:
@@ -1176,14 +1205,17 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
             n_f = (2 + (2 if split.recompute else 0)) * layers + lookup
             tp_f, tp_b = n_f * ar, 2 * layers * ar
             busy = (n_f + 2 * layers) * ar_busy
-            if chains is not None:  # the layers' reductions are the chains: their results sent on
-                n_l = n_f - lookup
-                tp_f, tp_b = n_l * ar_chain + lookup * ar, 2 * layers * ar_chain
-                busy = (n_l + 2 * layers) * ar_chain_busy + lookup * ar_busy + layers * (cf_busy * (1 + rc) + cb_busy)
+            if canon is not None:  # the layers' reductions in the canonical order
+                tp_f = (1 + rc) * layers * canon["forward_s"] + lookup * ar
+                tp_b = layers * canon["backward_s"]
+                busy = (layers * ((1 + rc) * canon["forward_busy"] + canon["backward_busy"]) + lookup * ar_busy)
             if stage == pp - 1 and tp > 1 and not heads:  # vocab-parallel head: its input gradient, the loss' scalars
-                loss, loss_busy = comms.collective_parts("all_reduce", tp_groups, 3 * F32 * tokens)
-                tp_b += ar + loss
-                busy += ar_busy + loss_busy
+                loss, loss_busy = comms.collective_parts("all_reduce", tp_groups, 3 * F32 * tokens, vocab_per(tp))
+                grad, grad_busy = (np.add(comms.collective_parts("all_gather", tp_groups, act),
+                                          comms.collective_parts("reduce_scatter", tp_groups, act, vocab_per(tp)))
+                                   if sp else comms.collective_parts("all_reduce", tp_groups, act, vocab_per(tp)))
+                tp_b += grad + loss
+                busy += grad_busy + loss_busy
             pp_s, pp_on = (last_io, last_on) if heads and stage == pp - 1 else (hand, hand_on)
             if stage == 0:
                 pp_s, pp_on = pp_s + rows_io, pp_on + rows_on
@@ -1546,13 +1578,18 @@ def _chunk_counts(seq: int) -> list:
 def _head_widths(spec, tp: int, pp: int, dp: int, chips: int) -> list:
     """Head-stage widths a split may take: 0 (the head on the last block stage) and, where the
     LM head's GEMM outweighs a block stage's (it would be the pipeline's slowest part), ``tp``
-    times a power of two, as far as the chips go."""
+    times a power of two, as far as the chips and the vocabulary's canonical leaves
+    (:func:`~tvm_spinn.training.tp_chain.vocab_leaves`) go."""
+    from .tp_chain import vocab_leaves
+
     h, i, q, kv = _widths(spec)
     block = (h * (q + 2 * kv) + q * h + (3 if spec.family == "llama" else 2) * h * i) * (spec.layers // pp)
     out, width = [0], tp
     if spec.vocab * spec.hidden <= block:
         return out
-    while (tp * pp + width) * dp <= chips:
+    # a width divides the vocabulary's canonical leaves, so each rank holds whole leaves
+    leaves = vocab_leaves(spec.heads, spec.intermediate, spec.vocab)
+    while (tp * pp + width) * dp <= chips and leaves % width == 0:
         out.append(width)
         width *= 2
     return out
@@ -1565,31 +1602,14 @@ def _split_key(split: Split) -> tuple:
 
 
 def _compute_floor(spec, split: Split, seq: int, arch, reproducible: bool = False) -> float:
-    """The GEMM time of the pipeline alone: a lower bound of the split's step (reproducible:
-    the TP chains with hops that take no time, :func:`_chain_floor`)."""
+    """The GEMM time of the pipeline alone: a lower bound of the split's step (in either mode:
+    the canonical order's GEMMs are the ranks' parallel shares, its additions and collectives
+    only add to them)."""
     peak = 2.0 * arch.m4f_flops_per_cycle * arch.clock_hz * arch.pes_per_chip
     tokens = split.micro_batch * seq // split.chunks
     block, _ = _block_flops(spec, tokens, seq, split.tp)
     per = (3 + split.recompute) * spec.layers // split.pp * block / peak
-    if reproducible and split.tp > 1:
-        per += spec.layers // split.pp * _chain_floor(spec, tokens, split.tp, peak, split.recompute)
     return (split.slots + split.pp - 1) * per
-
-
-def _chain_floor(spec, tokens: int, tp: int, peak: float, recompute: bool) -> float:
-    """Seconds one layer's TP chains take beyond the ranks' parallel shares of their GEMMs
-    when the hops take none (:func:`~tvm_spinn.training.tp_chain.chain_makespan`'s closed form:
-    ``(runs + blocks - 1)`` runs of a block): what every reproducible slot pays at least."""
-    from .tp_chain import chain_blocks, layer_chains
-
-    h, i, q, kv = _widths(spec)
-    out = 0.0
-    for kind, m, k, n, runs in layer_chains(spec.family, h, q, kv, i, tokens, tp):
-        blocks = chain_blocks(m, tp)
-        run = 2.0 * (m // blocks) * (runs[0][2] - runs[0][1]) * n / peak
-        extra = (len(runs) + blocks - 1) * run - 2.0 * m * k * n / tp / peak
-        out += extra * (1 + recompute if kind == "forward" else 1)
-    return max(0.0, out)
 
 
 def _does_not_fit(model: str, system: str, arch, found, given: str = "") -> TrainingPlanError:

@@ -13,36 +13,36 @@ gradient (``dW = X^T dY`` reduces over the batch rows, which every rank holds wh
 per split layer reduce over the *sharded* axis: the forward of a row-parallel layer (k = its
 input features) and the input gradient of a column-parallel layer (``dX = dY W^T``: k = its
 output features). Megatron all-reduces their partial sums, in an order that depends on ``tp``.
-Here they are a **chain**: the sharded axis, in ascending order, is cut into runs of consecutive
-indices owned by one rank (one run per rank for a plain block split; a fused QKV weight gives
-each rank one run in each of Q, K and V), and the run on ``[k1, k2)`` continues the accumulator
-the run on ``[k0, k1)`` finished (:mod:`tvm_spinn.program.ops.gemm_chain`), passed from rank to
-rank. A PE's fp32 GEMM adds the k terms of an output in ascending k into one accumulator, so the
-chain makes the same additions of the same values in the same order as the one-chip GEMM: the
-gradients, and the parameters after any number of steps, are bitwise those of ``tp = 1`` (and
-so of every data- and pipeline-parallel plan, :mod:`.parallel`, :mod:`.pipeline`).
+Here they run in the **canonical order** of :mod:`.tp_chain` on every plan, one chip included:
+the sharded axis cut into a fixed number of leaves that every admissible ``tp`` divides (a fused
+QKV weight: leaf ``l`` is the ``l``-th slice of each of Q, K and V), each leaf a GEMM from zero,
+the leaves added in ascending order. The additions do not depend on ``tp``, so the gradients,
+and the parameters after any number of steps, are bitwise the same for every tensor-, data- and
+pipeline-parallel plan (:mod:`.parallel`, :mod:`.pipeline`). Each rank computes its own leaves
+(the ``1 / tp`` share of the GEMM, in parallel) and the ordered sum is a reduction over the ranks
+in rank order (:func:`~tvm_spinn.training.tp_chain.split_reduce` executes it rank by rank).
 
-:func:`split_gemms` rewrites the gradient program accordingly: each chain GEMM becomes its first
-run (a GEMM on the PEs, from zero) followed by one continuation per further run (the simulator's
-GEMM kernel continuing the accumulator, run by the host's VM through ``call_dps_packed``); the
-column-parallel GEMMs, weight gradients and attention keep one op each (each rank's share of
-them is a slice of its outputs, with the same bits). :func:`tp_compute` prices one rank's share
-of a granule (:meth:`~tvm_spinn.training.parallel.DataParallelTrainer.simulated_step`).
+:func:`split_gemms` rewrites the gradient program accordingly: each such GEMM becomes its leaves'
+GEMMs (on the PEs) and the additions in leaf order; the column-parallel GEMMs, weight gradients
+and attention keep one op each (each rank's share of them is a slice of its outputs, with the
+same bits). :func:`tp_compute` prices one rank's share of a granule
+(:meth:`~tvm_spinn.training.parallel.DataParallelTrainer.simulated_step`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import tvm
 from tvm import relax
 
-from ..program.ops.gemm_chain import PACKED, register_packed
 from .errors import TrainingError
-from .tp_chain import chain_blocks, chain_makespan, chain_seconds
+from .tp_chain import canonical_leaves, leaf_slices
 
-__all__ = ["TPShard", "ChainGemm", "TPSplit", "tp_layout", "split_gemms", "tp_compute", "chain_makespan"]
+__all__ = ["TPShard", "CanonicalGemm", "TPSplit", "tp_layout", "split_gemms", "tp_compute"]
 
 #: module (leaf) names of the column-parallel projections (GPT-2 ``Conv1D``, Llama ``Linear``)
 COLUMN = ("c_attn", "c_fc", "q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
@@ -50,17 +50,28 @@ COLUMN = ("c_attn", "c_fc", "q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"
 ROW = ("c_proj", "o_proj", "down_proj")
 #: projections whose output is the three fused Q, K, V blocks (each split by heads)
 FUSED_QKV = ("c_attn",)
+#: column-parallel projections into the MLP's hidden features, and onto the key-value heads
+MLP_COLUMN = ("c_fc", "gate_proj", "up_proj")
+KV_COLUMN = ("k_proj", "v_proj")
 
 
 @dataclass(frozen=True)
 class TPShard:
     """How a weight is split: ``kind`` ``"column"`` or ``"row"``; ``axis``: the weight's axis
-    the ranks split; ``owner``: the rank owning each index of that axis."""
+    the ranks split; ``owner``: the rank owning each index of that axis; ``leaves`` and
+    ``parts``: the canonical order of a reduction over that axis (:mod:`.tp_chain`: ``parts``
+    equal parts, each cut into ``leaves`` leaves)."""
 
     name: str
     kind: str
     axis: int
     owner: tuple
+    leaves: int = 1
+    parts: int = 1
+
+    def leaf_ranges(self) -> tuple:
+        """Each leaf's ``k`` ranges (one a part) in the canonical order."""
+        return leaf_slices(len(self.owner), self.leaves, self.parts)
 
     def runs(self) -> tuple[tuple[int, int, int], ...]:
         """``(rank, k0, k1)``: maximal runs of consecutive indices with one owner, ascending."""
@@ -73,15 +84,16 @@ class TPShard:
 
 
 @dataclass(frozen=True)
-class ChainGemm:
-    """A GEMM of the gradient program reducing over a sharded axis: ``[m, k] @ [k, n]`` as a
-    chain over ``runs`` (``(rank, k0, k1)``) of weight ``name``."""
+class CanonicalGemm:
+    """A GEMM of the gradient program reducing over a sharded axis: ``[m, k] @ [k, n]`` of
+    weight ``name`` in the canonical order (``leaves`` leaves of each of ``parts`` parts)."""
 
     name: str
     m: int
     k: int
     n: int
-    runs: tuple
+    leaves: int
+    parts: int
 
 
 @dataclass(frozen=True)
@@ -91,9 +103,11 @@ class TPSplit:
     Attributes
     ----------
     mod : tvm.IRModule
-        ``main(inputs, params, targets) -> (loss, grads)`` with the chains.
-    chains : tuple of ChainGemm
-        The GEMMs computed as chains (row-parallel forwards, column-parallel input gradients).
+        ``main(inputs, params, targets) -> (loss, grads)`` with the canonical reductions (the
+        same program for every ``tp``).
+    reductions : tuple of CanonicalGemm
+        The GEMMs that reduce over a sharded axis (row-parallel forwards, column-parallel input
+        gradients), in the canonical order.
     parallel : tuple of (str, int, int, int, int)
         ``(name, m, k, n, split)`` per GEMM a rank does a ``1 / tp`` share of, ``split`` the
         index of the shared extent (0: m, 2: n): column-parallel forwards and row-parallel input
@@ -105,7 +119,7 @@ class TPSplit:
 
     mod: tvm.IRModule
     tp: int
-    chains: tuple
+    reductions: tuple
     parallel: tuple
     sharded_bytes: int
     replicated_bytes: int
@@ -130,8 +144,13 @@ def tp_layout(model, param_names, param_shapes, tp: int) -> tuple:
         the axis and the values that would work; when the model has no projection to split.
     """
     modules = dict(model.named_modules())
+    heads = kv_heads = None
     for sub in modules.values():  # grouped-query attention: tp splits the key-value heads too
-        kv = getattr(getattr(sub, "config", None), "num_key_value_heads", None)
+        config = getattr(sub, "config", None)
+        kv = getattr(config, "num_key_value_heads", None)
+        if heads is None and isinstance(getattr(config, "num_attention_heads", None), int):
+            heads = config.num_attention_heads
+            kv_heads = kv if isinstance(kv, int) and not isinstance(kv, bool) else heads
         if isinstance(kv, int) and not isinstance(kv, bool):
             _check(tp, kv, "the key-value heads")
             break
@@ -156,11 +175,21 @@ def tp_layout(model, param_names, param_shapes, tp: int) -> tuple:
         else:
             _check(tp, extent, f"the {'output' if kind == 'column' else 'input'} features of {owner_name}")
             owner = tuple(np.repeat(np.arange(tp), extent // tp).tolist())
-        out.append(TPShard(name, kind, axis, owner))
+        out.append(TPShard(name, kind, axis, owner, parts=3 if mod_leaf in FUSED_QKV else 1))
     if not any(out):
         raise TrainingError("parallel: tp > 1 splits the attention and MLP projections (GPT-2 c_attn/c_proj/c_fc, "
                             "Llama q/k/v/o/gate/up/down_proj); the model has none")
-    return tuple(out)
+    if heads is None:
+        raise TrainingError("parallel: the model's config names no num_attention_heads (the canonical order of "
+                            "its tensor-parallel reductions is cut by heads)")
+    # the canonical order's leaves (:func:`.tp_chain.canonical_leaves`): the MLP's hidden features
+    # are the column-parallel MLP weights' split extent
+    mlp = [len(s.owner) for s in out if s is not None and s.kind == "column" and s.name.rpartition(".")[0]
+           .rpartition(".")[2] in MLP_COLUMN]
+    intermediate = math.gcd(*mlp) if mlp else heads
+    g, g_kv = canonical_leaves(heads, kv_heads, intermediate)
+    return tuple(None if s is None else dataclasses.replace(
+        s, leaves=g_kv if s.name.rpartition(".")[0].rpartition(".")[2] in KV_COLUMN else g) for s in out)
 
 
 def _shape(expr) -> tuple:
@@ -169,8 +198,8 @@ def _shape(expr) -> tuple:
 
 def split_gemms(grad_mod: tvm.IRModule, n_inputs: int, layout, tp: int) -> TPSplit:
     """Rewrite ``main(inputs, params, targets) -> (loss, grads)`` so that every GEMM reducing
-    over a split weight's sharded axis is a chain over the ranks' runs (module docstring)."""
-    register_packed()
+    over a split weight's sharded axis runs in the canonical order (module docstring): the same
+    program for every ``tp``; ``tp`` sets the shares :func:`tp_compute` prices."""
     func = grad_mod["main"]
     fparams = list(func.params)
     param_vars = fparams[n_inputs:n_inputs + len(layout)]
@@ -194,7 +223,7 @@ def split_gemms(grad_mod: tvm.IRModule, n_inputs: int, layout, tp: int) -> TPSpl
             return mapping.get(op, op)
 
     remap = Remap()
-    chains, parallel, funcs = [], [], {}
+    reductions, parallel = [], []
     bb = relax.BlockBuilder()
     with bb.function("main", fparams):
         with bb.dataflow():
@@ -207,8 +236,8 @@ def split_gemms(grad_mod: tvm.IRModule, n_inputs: int, layout, tp: int) -> TPSpl
                     a_shape, (k, n) = _shape(v.args[0]), _shape(v.args[1])
                     m = int(np.prod(a_shape[:-1]))
                     if (shard.axis == 1) == transposed:  # the contraction axis is the sharded one
-                        chains.append(ChainGemm(shard.name, m, k, n, shard.runs()))
-                        mapping[b.var] = _chain(bb, a, w, a_shape, k, n, shard.runs(), b.var.name, funcs)
+                        reductions.append(CanonicalGemm(shard.name, m, k, n, shard.leaves, shard.parts))
+                        mapping[b.var] = canonical_gemm(bb, a, w, a_shape, shard.leaf_ranges(), b.var.name)
                         continue
                     parallel.append((shard.name, m, k, n, 2))
                 mapping[b.var] = bb.emit(remap.visit_expr(v), name_hint=b.var.name)
@@ -218,7 +247,7 @@ def split_gemms(grad_mod: tvm.IRModule, n_inputs: int, layout, tp: int) -> TPSpl
     from ..frontend.fixups import FixupImported
 
     # every split weight's gradient: [in, out] over the rows its forward GEMM reduces
-    rows = {c.name: c.m for c in chains}
+    rows = {c.name: c.m for c in reductions}
     rows.update({p[0]: p[1] for p in parallel})
     for s, var in zip(layout, param_vars):
         if s is not None and s.name in rows:
@@ -226,46 +255,33 @@ def split_gemms(grad_mod: tvm.IRModule, n_inputs: int, layout, tp: int) -> TPSpl
             parallel.append((s.name, k, rows[s.name], n, 2 if s.axis == 1 else 0))
     sizes = [int(np.prod(_shape(v))) * 4 for v in param_vars]
     sharded = sum(b for b, s in zip(sizes, layout) if s is not None)
-    return TPSplit(FixupImported(mod), tp, tuple(chains), tuple(parallel), sharded, sum(sizes) - sharded)
+    return TPSplit(FixupImported(mod), tp, tuple(reductions), tuple(parallel), sharded, sum(sizes) - sharded)
 
 
-def _continue_func(m: int, k: int, n: int) -> relax.Function:
-    """``(partial [m, n], a [m, k], w [k, n]) -> partial + a @ w`` continued from ``partial``:
-    a private function around the ``call_dps_packed`` (the partitioner's graph partitioner
-    cannot visit an external function inside the function it partitions)."""
-    inner = relax.BlockBuilder()
-    args = [relax.Var("partial", relax.TensorType((m, n), "float32")),
-            relax.Var("a", relax.TensorType((m, k), "float32")),
-            relax.Var("w", relax.TensorType((k, n), "float32"))]
-    with inner.function("gemm_continue", args, private=True):
-        out = inner.emit(relax.call_dps_packed(PACKED, relax.Tuple(args), relax.TensorType((m, n), "float32")))
-        inner.emit_func_output(out)
-    return inner.get()["gemm_continue"]
-
-
-def _chain(bb, a, w, a_shape, k: int, n: int, runs, name: str, funcs: dict):
-    """``a @ w`` as the chain over ``runs`` of the k axis: the first run from zero (a GEMM on
-    the PEs), each further one continuing its accumulator."""
+def canonical_gemm(bb: relax.BlockBuilder, a, w, a_shape, leaves, name: str = "canonical"):
+    """Emit ``a @ w`` in the canonical order: each leaf (its ``k`` ranges, one a part, from
+    :meth:`TPShard.leaf_ranges`) a GEMM from zero on the PEs over its slices of ``a`` and ``w``,
+    the leaves added in order. ``a`` is ``[..., k]``, ``w`` ``[k, n]``."""
+    k, n = int(a_shape[-1]), _shape(w)[1]
     m = int(np.prod(a_shape[:-1]))
     a2 = a if len(a_shape) == 2 else bb.emit(relax.op.reshape(a, (m, k)))
     acc = None
-    for _, k0, k1 in runs:
-        ak = bb.emit(relax.op.strided_slice(a2, axes=[1], begin=[k0], end=[k1]))
-        wk = bb.emit(relax.op.strided_slice(w, axes=[0], begin=[k0], end=[k1]))
-        if acc is None:
-            acc = bb.emit(relax.op.matmul(ak, wk))
-        else:
-            key = (m, k1 - k0, n)
-            if key not in funcs:
-                funcs[key] = bb.add_func(_continue_func(*key), f"gemm_continue_{m}x{k1 - k0}x{n}")
-            acc = bb.emit(relax.Call(funcs[key], [acc, ak, wk]))
+    for ranges in leaves:
+        ak = [bb.emit(relax.op.strided_slice(a2, axes=[1], begin=[k0], end=[k1])) for k0, k1 in ranges]
+        wk = [bb.emit(relax.op.strided_slice(w, axes=[0], begin=[k0], end=[k1])) for k0, k1 in ranges]
+        if len(ranges) > 1:
+            ak = [bb.emit(relax.op.concat(ak, axis=1))]
+            wk = [bb.emit(relax.op.concat(wk, axis=0))]
+        leaf = bb.emit(relax.op.matmul(ak[0], wk[0]))
+        acc = leaf if acc is None else bb.emit(relax.op.add(acc, leaf))
     if len(a_shape) != 2:
         acc = bb.emit(relax.op.reshape(acc, (*a_shape[:-1], n)), name_hint=name)
     return acc
 
 
-def _gemm_module(shapes) -> tvm.IRModule:
-    """``main(a_0, b_0, ...) -> (a_0 @ b_0, ...)``: the GEMMs of ``shapes`` ``[(m, k, n)]``."""
+def _gemm_module(shapes, leaves: int = 1) -> tvm.IRModule:
+    """``main(a_0, b_0, ...) -> (...)``: the GEMMs of ``shapes`` ``[(m, k, n)]``, each in ``leaves``
+    equal leaves added in order (1: a plain GEMM)."""
     bb = relax.BlockBuilder()
     args = []
     for i, (m, k, n) in enumerate(shapes):
@@ -273,8 +289,26 @@ def _gemm_module(shapes) -> tvm.IRModule:
                  relax.Var(f"b{i}", relax.TensorType((k, n), "float32"))]
     with bb.function("main", args):
         with bb.dataflow():
-            outs = [bb.emit(relax.op.matmul(args[2 * i], args[2 * i + 1])) for i in range(len(shapes))]
+            outs = []
+            for i, (m, k, n) in enumerate(shapes):
+                if leaves == 1:
+                    outs.append(bb.emit(relax.op.matmul(args[2 * i], args[2 * i + 1])))
+                else:
+                    outs.append(canonical_gemm(bb, args[2 * i], args[2 * i + 1], (m, k),
+                                               leaf_slices(k, leaves)))
             out = bb.emit_output(relax.Tuple(outs))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _add_module(shapes) -> tvm.IRModule:
+    """``main(x_0, y_0, ...) -> (x_0 + y_0, ...)`` for ``[m, n]`` float32 ``shapes``."""
+    bb = relax.BlockBuilder()
+    args = [relax.Var(f"{v}{i}", relax.TensorType(shape, "float32")) for i, shape in enumerate(shapes) for v in "xy"]
+    with bb.function("main", args):
+        with bb.dataflow():
+            out = bb.emit_output(relax.Tuple([bb.emit(relax.op.add(args[2 * i], args[2 * i + 1]))
+                                              for i in range(len(shapes))]))
         bb.emit_func_output(out)
     return bb.get()
 
@@ -282,64 +316,60 @@ def _gemm_module(shapes) -> tvm.IRModule:
 def tp_compute(split: TPSplit, one_chip_s: float, target, topo) -> dict:
     """Simulated seconds of one rank's share of a granule's gradient program.
 
-    ``one_chip_s`` is the unsplit gradient program's PE time on one chip. A rank does ``1 / tp``
-    of the parallel GEMMs (column-parallel forwards, row-parallel input gradients, the split
-    weights' gradients: ``parallel_s`` for all of them, ``rank_parallel_s`` for one rank's
-    share); a chain's runs follow one another (rank ``r`` continues rank ``r - 1``'s
-    accumulator): unpipelined, a chain GEMM (``chain_s`` whole) would cost the sum of its runs
-    (``runs_s``: the first from zero, the continuations, ``continue_s``, priced as the PE GEMMs
-    they are) plus one point-to-point hop of the ``m x n`` partial sum per further run
-    (``chain_hops``, ``chain_hops_s``, between neighbouring chips); its rows cut into ``tp``
-    blocks, the ranks overlap on different blocks (:func:`~tvm_spinn.training.tp_chain.chain_seconds`, each run
-    of a block priced as its own GEMM, the hops a block's partial sum): ``chains_s``, what a rank is
-    charged. Each set of GEMMs is priced as one program of those GEMMs on a chip. The rest
-    (norms, attention, element-wise, the embeddings and head) is counted on every rank:
-    Megatron's split of attention by heads and of the vocabulary is not modelled.
+    ``one_chip_s`` is the gradient program's PE time on one chip (the canonical reductions
+    included). A rank does ``1 / tp`` of the parallel GEMMs (column-parallel forwards,
+    row-parallel input gradients, the split weights' gradients: ``parallel_s`` for all of them,
+    ``rank_parallel_s`` for one rank's share) and of each canonical reduction's leaves
+    (``canonical_s`` for all the leaves' GEMMs and additions, ``rank_canonical_s`` for one rank's
+    leaves, its additions to the running sum included); the ordered sum over the ranks is the
+    chain all-reduce of :func:`~tvm_spinn.timing.collectives.chain_all_reduce` (rank after rank
+    in rank order, pipelined over segments, every rank receiving the result: the compiled step
+    keeps each block's output whole on every rank), ``reduce_s``, each priced for one reduction's
+    ``m x n`` sums over the ``tp`` neighbouring chips. Each set of GEMMs is priced as one program
+    of those GEMMs on a chip. The rest (norms, attention, element-wise, the embeddings and head)
+    is counted on every rank: Megatron's split of attention by heads and of the vocabulary is
+    not modelled.
 
     For comparison, ``megatron_rank_s`` is the usual, non-reproducible split: every rank computes
-    its ``k / tp`` share of each chain GEMM at once (``chain_s`` whole, ``rank_chain_s`` a
-    share) and the partial sums are all-reduced (``all_reduce_s``: the cheaper of a ring and a
-    tree over the ``tp`` chips; its bits depend on ``tp``); ``reproducible_cost`` is
-    ``rank_s / megatron_rank_s``.
+    its ``k / tp`` share of each reduction as one GEMM (``rank_share_s``) and the partial sums are
+    all-reduced (``all_reduce_s``: the cheaper of a ring and a tree over the ``tp`` chips; its bits
+    depend on ``tp``); ``reproducible_cost`` is ``rank_s / megatron_rank_s``.
     """
-    from ..timing.collectives import all_reduce, point_to_point
+    from ..timing.collectives import all_reduce, chain_all_reduce
     from .timing import executable_latency
 
     tp = split.tp
 
-    def latency(shapes) -> float:
+    def latency(shapes, leaves: int = 1) -> float:
         if not shapes:
             return 0.0
-        return executable_latency(relax.build(_gemm_module(shapes), target=target))
+        return executable_latency(relax.build(_gemm_module(shapes, leaves), target=target))
 
-    continues = [(c.m, k1 - k0, c.n) for c in split.chains for _, k0, k1 in c.runs[1:]]
-    runs_s = latency([(c.m, k1 - k0, c.n) for c in split.chains for _, k0, k1 in c.runs])
     full = [(m, k, n) for _, m, k, n, _ in split.parallel]
     share = [(m // tp, k, n) if axis == 0 else (m, k, n // tp) for _, m, k, n, axis in split.parallel]
-    continue_s = latency(continues)
     parallel_s, rank_parallel_s = latency(full), latency(share)
-    chain_s = latency([(c.m, c.k, c.n) for c in split.chains])
-    rank_chain_s = latency([(c.m, c.k // tp, c.n) for c in split.chains])
-    reduce_s = sum(all_reduce(topo, list(range(tp)), 4 * c.m * c.n).seconds for c in split.chains) \
-        if topo is not None else 0.0
-    hops = sum(len(c.runs) - 1 for c in split.chains)
-    hop_s = sum((len(c.runs) - 1) * point_to_point(topo, [0], [1], 4 * c.m * c.n).seconds
-                for c in split.chains) if topo is not None and hops else 0.0
-    # the chain model the planner prices too (:mod:`.tp_chain`): each block's run a simulated
-    # GEMM, each hop a point-to-point transfer between neighbouring chips
-    blocks = {c: chain_blocks(c.m, tp) for c in split.chains}
-    block_s = {shape: latency([shape]) for shape in sorted({(c.m // blocks[c], k1 - k0, c.n)
-                                                             for c in split.chains for _, k0, k1 in c.runs})}
-
-    def hop(nbytes: int) -> float:
-        return point_to_point(topo, [0], [1], nbytes).seconds if topo is not None else 0.0
-
-    chains_s = sum(chain_seconds(c.runs, c.m, c.n, tp, lambda *shape: block_s[shape], hop) for c in split.chains)
-    one_chip = one_chip_s
-    rank = one_chip - parallel_s + rank_parallel_s - chain_s + chains_s
-    megatron = one_chip - parallel_s + rank_parallel_s - chain_s + rank_chain_s + reduce_s
-    return {"one_chip_s": one_chip, "continue_s": continue_s, "runs_s": runs_s, "parallel_s": parallel_s,
-            "rank_parallel_s": rank_parallel_s, "chain_hops": hops, "chain_hops_s": hop_s, "chains_s": chains_s,
-            "rank_s": rank,
-            "chain_s": chain_s, "rank_chain_s": rank_chain_s, "all_reduce_s": reduce_s, "megatron_rank_s": megatron,
+    # the canonical reductions, grouped by leaf count: all the leaves on one chip, a rank's
+    # leaves (its leaves / tp of them, each added to the running sum)
+    canonical_s = rank_canonical_s = 0.0
+    for leaves in sorted({c.leaves * c.parts for c in split.reductions}):
+        group = [c for c in split.reductions if c.leaves * c.parts == leaves]
+        canonical_s += latency([(c.m, c.k, c.n) for c in group], leaves)
+        mine = leaves // tp
+        rank_canonical_s += latency([(c.m, c.k // tp, c.n) for c in group], mine)
+    # a rank's leaves form mine - 1 sums among themselves (in the module above); the running sum
+    # arriving from the rank before adds one more a reduction
+    rank_canonical_s += executable_latency(relax.build(_add_module([(c.m, c.n) for c in split.reductions]),
+                                                       target=target)) if split.reductions and tp > 1 else 0.0
+    rank_share_s = latency([(c.m, c.k // tp, c.n) for c in split.reductions])
+    ranks = list(range(tp))
+    reduce_s = sum(chain_all_reduce(topo, ranks, 4 * c.m * c.n).seconds for c in split.reductions) \
+        if topo is not None and tp > 1 else 0.0
+    fast_s = sum(all_reduce(topo, ranks, 4 * c.m * c.n).seconds for c in split.reductions) \
+        if topo is not None and tp > 1 else 0.0
+    rest = one_chip_s - parallel_s + rank_parallel_s - canonical_s
+    rank = rest + rank_canonical_s + reduce_s
+    megatron = rest + rank_share_s + fast_s
+    return {"one_chip_s": one_chip_s, "parallel_s": parallel_s, "rank_parallel_s": rank_parallel_s,
+            "canonical_s": canonical_s, "rank_canonical_s": rank_canonical_s, "reduce_s": reduce_s,
+            "rank_s": rank, "rank_share_s": rank_share_s, "all_reduce_s": fast_s, "megatron_rank_s": megatron,
             "reproducible_cost": rank / megatron}

@@ -1,93 +1,186 @@
-"""The chain a bit-exact tensor-parallel GEMM runs, and its seconds: one model for the compiled
-step (:func:`tvm_spinn.training.tensor_parallel.tp_compute`) and the planner
-(:func:`tvm_spinn.training.plan_training`).
+"""The canonical order of a tensor-parallel reduction: one order of additions for every split.
 
 A GEMM that reduces over a tensor-parallel sharded axis (a row-parallel projection's forward, a
-column-parallel projection's input gradient) keeps the one-chip bits by running as a *chain*:
-the sharded axis, ascending, is cut into runs of consecutive indices owned by one rank, and each
-run continues the accumulator the run before it finished, passed from rank to rank
-(:mod:`tvm_spinn.program.ops.gemm_chain`). Its rows are independent sums, so the rows are cut
-into blocks that follow one another down the chain: block ``b + 1`` of run ``j`` overlaps block
-``b`` of run ``j + 1`` on the next rank (:func:`chain_makespan`).
+column-parallel projection's input gradient) sums terms that live on different ranks. Megatron
+all-reduces each rank's partial sum, so the additions, and the bits, depend on ``tp``. Here the
+order is fixed by the model alone, batch-invariant-kernel style: the sharded axis is cut into
+``leaves`` equal *leaves* (:func:`canonical_leaves`: a count every admissible ``tp`` divides, so
+every split gives each rank whole, consecutive leaves), each leaf's partial sum is a GEMM from
+zero over its ``k`` in ascending order, and the leaves' partial sums are added in ascending leaf
+order into one accumulator: ``((l_0 + l_1) + l_2) + ...``. A fused projection of several parts
+(GPT-2's ``c_attn``: Q, K and V, each split by heads) takes its leaf ``l`` as the ``l``-th slice
+of every part, in part order (one GEMM from zero over the concatenated slices), so a rank's
+leaves stay its own heads.
 
-:func:`layer_chains` lists one transformer block's chain GEMMs from its sizes (the ones
-:func:`~tvm_spinn.training.tensor_parallel.split_gemms` finds in a compiled GPT-2 or Llama block),
-:func:`chain_blocks` the row blocks a chain pipelines and :func:`chain_seconds` the seconds of
-one chain given the seconds of one run of one block and of one hop: the compiled step prices a
-block's run by simulating its GEMM, the planner at the chips' peak.
+Every split computes exactly these additions (:func:`split_reduce` executes them rank by rank):
+the ranks compute their leaves' GEMMs at once (the parallel ``1 / tp`` share of Megatron's
+split), and the ordered sum of the leaves is a reduction over the ranks in rank order, pipelined
+over row segments (the running sum of a segment enters rank ``r``, which adds its leaves to it
+one by one and passes it on), or a *direct* reduce-scatter (every rank sends each row segment's
+owner its leaves' partial sums, the owner adds them in leaf order). A rank never pre-adds its
+leaves into one partial sum: that is the association Megatron's split changes with ``tp``. One
+chip runs the same leaves and additions (:func:`canonical_matmul`), so parameters are bitwise
+those of one chip under every TP x PP x DP split.
+
+:func:`layer_reductions` lists one transformer block's reductions from its sizes (the GEMMs
+:func:`~tvm_spinn.training.tensor_parallel.split_gemms` finds in a compiled GPT-2 or Llama
+block); the planner prices each as the ranks' parallel GEMM shares, their leaf additions and a
+fixed-order reduce-scatter (:class:`~tvm_spinn.training.planner._Comms`).
 """
 
 from __future__ import annotations
 
-__all__ = ["chain_makespan", "chain_blocks", "chain_seconds", "layer_chains"]
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from .errors import TrainingError
+
+__all__ = ["canonical_leaves", "vocab_leaves", "leaf_slices", "canonical_matmul", "split_reduce", "direct_reduce",
+           "layer_reductions", "Reduction"]
 
 
-def chain_makespan(ranks, run_s, hop_s: float, blocks: int) -> float:
-    """Seconds of a chain over row blocks: run ``j`` (on rank ``ranks[j]``, ``run_s[j]`` seconds
-    per block) of block ``b`` starts when run ``j - 1`` of block ``b`` has finished and its
-    partial sum has crossed to the rank (``hop_s``, none when the rank continues its own run)
-    and the rank is free. The rows of a GEMM are independent sums, so block ``b + 1``'s run
-    ``j`` may overlap block ``b``'s run ``j + 1`` on the next rank: the chain pipelines (every
-    row's additions keep their order). Events are taken in wavefronts ``j + b``, runs in order.
+def canonical_leaves(heads: int, kv_heads: int, intermediate: int) -> tuple[int, int]:
+    """``(leaves of the query-head and MLP axes, leaves of the key/value-head axis)``.
 
-    Runs of equal seconds ``r`` with consecutive runs on different ranks and a rank's runs at
-    least ``blocks`` runs apart (every chain of :func:`chain_seconds`: a rank's blocks are done
-    before its next run's first block arrives) finish at ``(j + b + 1) r + j hop`` (by
-    induction over the wavefronts: both of an event's predecessors end at ``(j + b) r + j
-    hop``), so the chain takes ``(runs + blocks - 1) r + (runs - 1) hop``: taken in closed form."""
-    ranks = list(ranks)
-    n = len(ranks)
-    if n and blocks >= 1 and all(t == run_s[0] for t in run_s[:n]):
-        last: dict = {}
-        apart = True
-        for j, rank in enumerate(ranks):
-            if rank in last and j - last[rank] < max(2, blocks):
-                apart = False
-                break
-            last[rank] = j
-        if apart:
-            return (n + blocks - 1) * run_s[0] + (n - 1) * hop_s
-    done: dict = {}
-    free: dict = {}
-    for wave in range(len(ranks) + blocks - 1):
-        for j, rank in enumerate(ranks):
-            b = wave - j
-            if not 0 <= b < blocks:
-                continue
-            ready = done[(j - 1, b)] + (hop_s if ranks[j - 1] != rank else 0.0) if j else 0.0
-            done[(j, b)] = free[rank] = max(ready, free.get(rank, 0.0)) + run_s[j]
-    return max(done.values()) if done else 0.0
+    A split ``tp`` must divide the attention heads and the MLP's hidden features, so it divides
+    ``g = gcd(heads, intermediate)``: ``g`` leaves of either axis give every rank whole leaves
+    under every admissible split. The key/value axis is split only by a ``tp`` dividing its heads
+    too: ``gcd(g, kv_heads)``."""
+    for name, value in (("heads", heads), ("kv_heads", kv_heads), ("intermediate", intermediate)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise TrainingError(f"canonical_leaves: {name} must be a positive integer, got {value!r}")
+    g = math.gcd(int(heads), int(intermediate))
+    return g, math.gcd(g, int(kv_heads))
 
 
-def chain_blocks(m: int, tp: int) -> int:
-    """Row blocks a chain of ``m`` rows over ``tp`` ranks pipelines: the most blocks, at most
-    ``tp`` (one a rank keeps every rank busy once the chain is full), that divide the rows."""
-    return max(b for b in range(1, max(1, min(m, tp)) + 1) if m % b == 0)
+#: fewest vocabulary rows a leaf of the LM head's canonical order takes
+MIN_VOCAB_LEAF_ROWS = 64
 
 
-def chain_seconds(runs, m: int, n: int, tp: int, block_s, hop_s) -> float:
-    """Seconds of the chain GEMM ``[m, k] @ [k, n]`` over ``runs`` (``(rank, k0, k1)``,
-    ascending): :func:`chain_makespan` over :func:`chain_blocks` row blocks, each run of a block
-    taking ``block_s(rows, k1 - k0, n)`` seconds and each hop ``hop_s(bytes)`` for the block's
-    fp32 partial sum."""
-    blocks = chain_blocks(m, tp)
-    rows = m // blocks
-    return chain_makespan([r for r, _, _ in runs], [block_s(rows, k1 - k0, n) for _, k0, k1 in runs],
-                          hop_s(4 * rows * n), blocks)
+def vocab_leaves(heads: int, intermediate: int, vocab: int) -> int:
+    """Leaves of the vocabulary axis (a vocab-parallel LM head's input gradient and its loss'
+    sums over the vocabulary): ``gcd(heads, intermediate)`` (every admissible ``tp``) doubled
+    while a leaf keeps at least :data:`MIN_VOCAB_LEAF_ROWS` rows. A head stage's width must
+    divide it (``tp`` times a power of two does, up to that count); the vocabulary is padded to a
+    multiple of it (zero rows add nothing)."""
+    leaves, _ = canonical_leaves(heads, heads, intermediate)
+    while 2 * leaves * MIN_VOCAB_LEAF_ROWS <= vocab:
+        leaves *= 2
+    return leaves
 
 
-def _runs(extent: int, tp: int, parts: int = 1) -> tuple:
-    """``(rank, k0, k1)`` runs of an axis of ``parts`` equal parts, each split over the ranks in
-    order (a fused QKV weight: three parts, so each rank one run in each)."""
+def leaf_slices(extent: int, leaves: int, parts: int = 1) -> tuple:
+    """The ``k`` ranges of each leaf of an axis of ``extent`` (``parts`` equal parts, each cut
+    into ``leaves``): ``((k0, k1), ...)`` per leaf, one range per part, in part order."""
+    if extent % parts or (extent // parts) % leaves:
+        raise TrainingError(f"canonical order: {leaves} leaves do not divide the axis ({extent} features in "
+                            f"{parts} part(s))")
     part = extent // parts
-    step = part // tp
-    return tuple((r, p * part + r * step, p * part + (r + 1) * step) for p in range(parts) for r in range(tp))
+    step = part // leaves
+    return tuple(tuple((p * part + l * step, p * part + (l + 1) * step) for p in range(parts))
+                 for l in range(leaves))
 
 
-def layer_chains(family: str, hidden: int, q: int, kv: int, intermediate: int, m: int, tp: int) -> tuple:
-    """One transformer block's chain GEMMs for ``m`` rows over ``tp`` ranks: ``(pass, m, k, n,
-    runs)`` with ``pass`` ``"forward"`` (the row-parallel projections: attention output, MLP
-    down) or ``"backward"`` (the column-parallel projections' input gradients).
+def _leaf_gemm(a: np.ndarray, w: np.ndarray, ranges) -> np.ndarray:
+    """One leaf's partial sum: a GEMM from zero over the leaf's ``k`` (its ranges in order), the
+    simulator's fp32 GEMM kernel (ascending ``k``, rounding after every product and addition)."""
+    from .. import _lib
+
+    ak = np.ascontiguousarray(np.concatenate([a[:, k0:k1] for k0, k1 in ranges], axis=1))
+    wk = np.ascontiguousarray(np.concatenate([w[k0:k1] for k0, k1 in ranges], axis=0))
+    out = np.zeros((a.shape[0], w.shape[1]), np.float32)
+    _lib.gemm_f32(ak, wk, out)
+    return out
+
+
+def _check(a: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    a, w = np.asarray(a), np.asarray(w)
+    if a.ndim != 2 or w.ndim != 2 or a.shape[1] != w.shape[0]:
+        raise TrainingError(f"canonical order: a {a.shape} @ w {w.shape} is not a GEMM ([M, K] @ [K, N])")
+    if not a.dtype == w.dtype == np.float32:
+        raise TrainingError(f"canonical order: float32 operands only, got {a.dtype}, {w.dtype}")
+    return a, w
+
+
+def canonical_matmul(a: np.ndarray, w: np.ndarray, leaves: int, parts: int = 1) -> np.ndarray:
+    """``a @ w`` in the canonical order on one chip: the leaves' GEMMs from zero, added in leaf
+    order (the bits every split of :func:`split_reduce` gives)."""
+    a, w = _check(a, w)
+    acc = None
+    for ranges in leaf_slices(w.shape[0], leaves, parts):
+        leaf = _leaf_gemm(a, w, ranges)
+        acc = leaf if acc is None else acc + leaf  # float32 + float32: one IEEE rounding
+    return acc
+
+
+def _owners(leaves: int, tp: int) -> list[int]:
+    if tp < 1 or leaves % tp:
+        raise TrainingError(f"canonical order: tp={tp} does not divide the {leaves} leaves; tp may be "
+                            f"{', '.join(str(d) for d in range(1, leaves + 1) if leaves % d == 0)}")
+    return [l * tp // leaves for l in range(leaves)]
+
+
+def split_reduce(a: np.ndarray, w: np.ndarray, leaves: int, tp: int, parts: int = 1, segments: int = 1) -> np.ndarray:
+    """Execute the canonical reduction over ``tp`` ranks, rank by rank: each rank computes the
+    partial sums of the leaves it owns (its ``k`` rows of ``w``, its columns of ``a``), without
+    seeing any other rank's; then the rows, cut into ``segments`` segments, flow down the ranks
+    in rank order, each rank adding its leaves to the arriving running sum one by one (the
+    pipelined chain the planner prices). Returns the ``[M, N]`` sum (the last rank's)."""
+    a, w = _check(a, w)
+    owner = _owners(leaves, tp)
+    slices = leaf_slices(w.shape[0], leaves, parts)
+    # each rank's work, from its own operands only
+    local = {r: [(l, _leaf_gemm(a, w, slices[l])) for l in range(leaves) if owner[l] == r] for r in range(tp)}
+    rows = np.array_split(np.arange(a.shape[0]), segments)
+    out = np.zeros((a.shape[0], w.shape[1]), np.float32)
+    for seg in rows:
+        running = None  # the segment's running sum, passed from rank to rank
+        for r in range(tp):
+            for _, leaf in local[r]:
+                running = leaf[seg] if running is None else running + leaf[seg]
+        out[seg] = running
+    return out
+
+
+def direct_reduce(a: np.ndarray, w: np.ndarray, leaves: int, tp: int, parts: int = 1) -> list[np.ndarray]:
+    """Execute the canonical reduction as a direct reduce-scatter over ``tp`` ranks: rank ``r``
+    owns row block ``r`` of the result; every rank sends each owner its leaves' partial sums of
+    the owner's rows (one message a leaf, not their sum), and the owner adds the pieces it
+    receives in leaf order. Returns each rank's row block."""
+    a, w = _check(a, w)
+    owner = _owners(leaves, tp)
+    slices = leaf_slices(w.shape[0], leaves, parts)
+    local = {r: {l: _leaf_gemm(a, w, slices[l]) for l in range(leaves) if owner[l] == r} for r in range(tp)}
+    blocks = np.array_split(np.arange(a.shape[0]), tp)
+    out = []
+    for r, rows in enumerate(blocks):
+        inbox = sorted((l, local[src][l][rows]) for src in range(tp) for l in local[src])  # leaf order
+        acc = inbox[0][1]
+        for _, piece in inbox[1:]:
+            acc = acc + piece
+        out.append(acc)
+    return out
+
+
+class Reduction(NamedTuple):
+    """One reduction of a block: ``[m, k] @ [k, n]`` over the sharded ``k`` of ``parts`` parts,
+    each cut into ``leaves`` leaves, in pass ``kind`` (``"forward"`` or ``"backward"``)."""
+
+    kind: str
+    m: int
+    k: int
+    n: int
+    leaves: int
+    parts: int = 1
+
+
+def layer_reductions(family: str, hidden: int, q: int, kv: int, intermediate: int, m: int, heads: int,
+                     kv_heads: int) -> tuple:
+    """One transformer block's reductions over a sharded axis for ``m`` rows (every split's:
+    the canonical order does not depend on ``tp``): the row-parallel projections' forwards
+    (attention output, MLP down) and the column-parallel projections' input gradients.
 
     Parameters
     ----------
@@ -96,13 +189,16 @@ def layer_chains(family: str, hidden: int, q: int, kv: int, intermediate: int, m
     hidden, q, kv, intermediate : int
         The residual width, the queries' and the keys'/values' features (all heads), the MLP's
         hidden features.
+    heads, kv_heads : int
+        Attention and key/value heads (:func:`canonical_leaves`).
     """
+    g, g_kv = canonical_leaves(heads, kv_heads, intermediate)
     h, i = hidden, intermediate
-    forward = [("forward", m, q, h, _runs(q, tp)), ("forward", m, i, h, _runs(i, tp))]
+    forward = [Reduction("forward", m, q, h, g), Reduction("forward", m, i, h, g)]
     if family == "gpt2":
-        backward = [("backward", m, q + 2 * kv, h, _runs(q + 2 * kv, tp, 3)), ("backward", m, i, h, _runs(i, tp))]
+        backward = [Reduction("backward", m, q + 2 * kv, h, g, 3), Reduction("backward", m, i, h, g)]
     else:
-        backward = [("backward", m, q, h, _runs(q, tp)), ("backward", m, kv, h, _runs(kv, tp)),
-                    ("backward", m, kv, h, _runs(kv, tp)), ("backward", m, i, h, _runs(i, tp)),
-                    ("backward", m, i, h, _runs(i, tp))]
+        backward = [Reduction("backward", m, q, h, g), Reduction("backward", m, kv, h, g_kv),
+                    Reduction("backward", m, kv, h, g_kv), Reduction("backward", m, i, h, g),
+                    Reduction("backward", m, i, h, g)]
     return tuple(forward + backward)

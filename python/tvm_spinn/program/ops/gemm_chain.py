@@ -6,10 +6,12 @@ not fused; :mod:`tvm_spinn.runtime.simulator`), starting from zero. A GEMM whose
 into consecutive pieces ``[k0, k1), [k1, k2), ...`` therefore gives the one-chip bits if the
 piece on ``[k1, k2)`` starts its accumulator at the finished accumulator of ``[k0, k1)``
 instead of at zero, and so on: the additions are then the same pairs of the same values in the
-same order. This is the step a row-parallel GEMM's chain over tensor-parallel ranks takes
-(:mod:`tvm_spinn.training.tensor_parallel`): rank ``r`` receives the partial sum of the ranks
-before it and continues it over its own k range. Bias and activation belong after the last
-piece (the one-chip GEMM adds its bias to the finished accumulator).
+same order: a row-parallel GEMM chained over ranks, rank ``r`` receiving the partial sum of the
+ranks before it and continuing it over its own k range, keeps the one-chip bits (serially; the
+compiled training step's tensor parallelism takes the canonical leaf order of
+:mod:`tvm_spinn.training.tp_chain` instead, which its ranks compute at once). Bias and
+activation belong after the last piece (the one-chip GEMM adds its bias to the finished
+accumulator).
 
 The arithmetic is the simulator's C++ kernel ``tvm_spinn.sim.gemm_f32`` (``C += A @ B``), the
 same code that computes every fp32 GEMM tile, so the pieces and the whole GEMM agree bit for
