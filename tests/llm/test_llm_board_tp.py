@@ -320,3 +320,43 @@ def test_a_resident_program_runs_no_slower_than_streaming():
     assert got.program_s == pytest.approx((20e-6, 5e-6, 40e-6))
     assert got.latency_s == pytest.approx(65e-6 + 3e-6)  # what is not a program's (a cache write) stays
     assert board_tp._at_most(resident, resident) is resident
+
+
+@pytest.mark.slow  # ~20-40 s alone: the slices described, mapped cut and uncut on boards
+def test_each_degree_keeps_the_faster_of_the_cut_and_the_uncut_slice(monkeypatch, register_system):
+    """Each degree's kept candidate is as fast as the faster of its slice cut at the all-reduces
+    and its slice as described, each timed on its own (records with only that form)."""
+    from tqdm.auto import tqdm
+
+    import importlib
+
+    P = importlib.import_module("tvm_spinn.llm.plan")
+    from tvm_spinn.llm.describe import describe
+    from tvm_spinn.target import arch_of, get_target
+
+    # boards of chips with 4 PEs (11 MB of resident SRAM a board): most blocks stream their weights
+    cfg = dict(SMALL, intermediate_size=4096, num_hidden_layers=8)
+    tag = register_system(tvm_spinn.make_system("spinn2-cut-boards", boards=6, pes_per_chip=4),
+                          tag="spinn/cut-boards")
+    target = get_target(tag)
+    arch, spec, seq = arch_of(target), spec_of(cfg), 64
+    parts = P._parts(P._meta_model(cfg, spec), spec, 1, seq)
+    described = {"head": describe(parts[2][1], parts[2][2], target, "int8")}
+    memo: dict = {}
+    forms = board_tp.slice_forms
+
+    def kept(pick):
+        monkeypatch.setattr(board_tp, "slice_forms", lambda dec, reduces: pick(forms(dec, reduces)))
+        out = board_tp.records(cfg, spec, arch, target, "int8", 1, seq, 4, described, spec.params,
+                               seq * spec.kv_bytes_per_token(4), tqdm(disable=True), memo=memo)
+        assert out
+        return min(r["decode_s"] for r in out.values()), min(out.values(), key=lambda r: r["decode_s"])
+
+    for g in (2, 4):
+        monkeypatch.setattr(board_tp, "TP_BOARDS", (g,))
+        cut, cut_rec = kept(lambda f: f[:1])
+        uncut, uncut_rec = kept(lambda f: f[-1:])
+        both, rec = kept(lambda f: f)
+        assert cut_rec["meta"]["board_gather_fused"] and not uncut_rec["meta"]["board_gather_fused"]
+        assert both == pytest.approx(min(cut, uncut), rel=1e-12), (g, cut, uncut, both)
+        assert rec["meta"]["board_gather_fused"] == (cut <= uncut)

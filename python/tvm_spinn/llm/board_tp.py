@@ -27,7 +27,11 @@ routers copying each share to all its chips as it arrives (the on-board all-gath
 the multicast, :func:`fused_gathers`): the piece ending at the projection ends with its last
 layer, without the gather of its output; a projection whose shard plan leaves its sums on
 fewer chips spreads them over the board's first (:func:`_spread`). Where the slice could not be
-cut, the all-reduce ends in the projection's layout and the slice gathers the row itself.
+cut, the all-reduce ends in the projection's layout and the slice gathers the row itself. The
+slice is also timed as described (:func:`slice_forms`), its programs uncut, and each degree keeps
+the faster: a piece streams its weights from DRAM only while it runs, while an uncut program's
+reads run on under its earlier layers' work (the attention over the cache), which may outweigh
+the gathers the cut saves where most blocks stream.
 The all-reduced sums are the int8 GEMMs' int32 accumulators, exact in any order, so the tokens do
 not depend on ``g``; an fp32 model (``dtype="fp32"``) is not planned this way (its sums would
 need the bit-exact chain across boards). ``plan(..., reduce="fp16")`` (or ``"bf16"``) times
@@ -82,7 +86,7 @@ import numpy as np
 __all__ = ["TP_BOARDS", "slice_config", "slice_shares", "slice_block", "slice_weight_bytes", "stream_floor",
            "block_all_reduces", "board_groups",
            "board_patches", "board_compact", "group_layouts", "board_setting", "group_caches", "GroupCaches",
-           "prefetch", "slice_pieces", "fused_gathers", "slice_collectives", "records"]
+           "prefetch", "slice_pieces", "slice_forms", "fused_gathers", "slice_collectives", "records"]
 
 #: Boards one block is tensor-parallel over (each must divide the heads and the intermediate
 #: size, and leave a board for the head), tried in the order of what their all-reduces alone
@@ -243,6 +247,21 @@ def slice_pieces(programs, reduces: int) -> "tuple[list, tuple[bool, ...]] | Non
     if found != reduces:
         return None
     return pieces, tuple(ends)
+
+
+def slice_forms(programs, reduces: int) -> list:
+    """The ways a slice's described programs are timed on a board, each ``(pieces, ends)`` as
+    :func:`slice_pieces` returns them: cut where the boards all-reduce (where the programs show
+    the block's ``reduces`` all-reduces), then as described (``ends`` None).
+
+    The pieces end without the row's gathers (the all-reduce delivers the row,
+    :func:`fused_gathers`) and map the attention with a shard plan of its own, but each piece
+    streams its weights from DRAM only while it runs; the described programs stream theirs
+    in one run of reads under their own work (a large program's DRAM reads overlapping its
+    earlier layers). Which is faster depends on how much of the block streams: both are timed
+    and the faster kept (:func:`records`)."""
+    cut = slice_pieces(programs, reduces)
+    return ([cut] if cut is not None else []) + [(list(programs), None)]
 
 
 def _projections(program, producer: dict, tensor: int, residual: set) -> list:
@@ -847,90 +866,100 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         # arithmetic on the two mapped slices and the hand-overs, no mapping each
         options = sorted({least, max(least, min(L, fit))} | {math.ceil(L / k) for k in range(1, GROUP_COUNTS + 1)
                                                              if math.ceil(L / k) >= least})
-        # the slice cut where the boards all-reduce its sums (else mapped as described)
-        pieces, ends = slice_pieces(dec, reduces_per_block) or (list(dec), None)
-        # a slice mapped alone (weights resident as far as they fit) and streaming its weights
-        resident = P._map_stage(list(pieces), board, host_shapes, spec.cache_slots(seq), memo=memo)
-        # (streaming also where every block stays resident, for pieces: each resident one at most
-        # as long as streaming, :func:`_at_most`)
-        streamed = (resident if fit >= max(options) and ends is None else
-                    P._map_stage(list(pieces), board, host_shapes, spec.cache_slots(seq), weights="stream", memo=memo))
-        # cut into pieces, the all-reduces take the sums spread over each board's chips and
-        # deliver the whole row to every chip (the pieces ending at one without their gathers
-        # of it); uncut, they end in the projection's layout and the slice gathers the row itself
-        fused = ends is not None
-        if fused:
-            scatter_s = collective_cost(board_topo, order, "all_gather", hidden * 4, True).seconds
-            resident, streamed = (_spread(_less(st, fused_gathers(st, ends, hidden * 4)), ends, cpb, scatter_s)
-                                  for st in (resident, streamed))
-        resident = _at_most(resident, streamed)
-        reduce_s = reduce_of(groups, fused)  # the partial sums, ``reduce`` on the wire
-        # the streamed blocks' weights fetched partly while the DRAM channels are idle: a buffer
-        # per chip out of the SRAM the resident blocks would take (one fewer may stay resident)
-        on_chip = _on_chip(resident, pieces, ends, hidden * 4, cpb, scatter_s if fused else 0.0,
-                           lambda piece: P._map_stage([piece], board, host_shapes, spec.cache_slots(seq), memo=memo))
-        saved, buffer = prefetch(on_chip, streamed, reduce_s, board.dram_bw_bytes_s, reduces_per_block, ends)
-        fit_ahead = max(1, int((budget - buffer * cpb) // max(1, block_w)))
-        variants = [(fit, 0.0, 0, "")] + ([(fit_ahead, saved, buffer, "p")] if saved > 0 else [])
-        for per_group, (fit, saved_s, buffer_b, tag) in ((n, v) for n in options for v in variants):
-            n_groups = math.ceil(L / per_group)
-            sizes = [per_group] * (n_groups - 1) + [L - per_group * (n_groups - 1)]
-            # every user's cache of a group's blocks on each of its boards
-            caches = group_caches(resident, streamed, sizes, fit, batch, board, budget - buffer_b * cpb)
-            if not caches.fits:
-                if refused is not None:
-                    refused[f"board_tp:g{g}m{per_group}{tag}"] = caches.message(arch.name, groups, g)
-                continue
-            blocks_s = sum(_run_s(resident, streamed, n, fit, saved_s) for n in sizes)
-            ahead_s = sum(max(0, n - fit) for n in sizes) * saved_s
-            reduces_s = reduces_per_block * L * reduce_s
-            head_board = free[0] if free else groups[n_groups][0]
-            hand = [pair_s(j, hidden * handover_bytes, groups) for j in range(n_groups - 1)]
-            hand.append(handover_s(groups[n_groups - 1][:1], [head_board], hidden * handover_bytes))
-            # the token from the head's board back to the first group's boards, the host's I/O
-            io = P._step_io(arch, batch, seq, head_board * cpb,
-                            [c + b * cpb for b in groups[0] for c in range(cpb)])
-            loop_s = io["token_return_s"] + io["step_sync_s"] + io["host_io_decode_s"]
-            decode_s = blocks_s + reduces_s + sum(hand) + head_s + loop_s
-            used = (g * n_groups + 1) * cpb
-            kept = sum(min(n, fit) for n in sizes) * g * (resident.resident_bytes - resident.kv_sram_bytes)
-            head_kept = sum(min(st.resident_bytes, st.weight_bytes) for st in head_stages)
-            kept = min(weight_bytes, int(kept) + head_kept)
-            kv_share = resident.kv_sram_bytes / resident.kv_bytes if resident.kv_bytes else 0.0
-            # the plan's own bound (a diagnostic): each mapped program's largest bound, per block
-            # as mapped (resident or streaming), the board collectives on the links
-            bounds = {k: sum(min(n, fit) * resident.bounds[k] + max(0, n - fit) * streamed.bounds[k] for n in sizes)
-                      + sum(st.bounds[k] for st in head_stages) for k in resident.bounds}
-            bounds["links"] += reduces_s + sum(hand) + loop_s
-            out[f"board_tp:g{g}m{per_group}{tag}"] = dict(
-                decode_s=decode_s, period_s=decode_s, used=used, resident=kept,
-                streamed=max(0, weight_bytes - kept), kv_sram=kv_bytes * kv_share,
-                energy_j=(g * sum(min(n, fit) * resident.energy_j + max(0, n - fit) * streamed.energy_j for n in sizes)
-                          + sum(st.energy_j for st in head_stages)) / batch,
-                sram_pe=max([resident.peak_pe_bytes, streamed.peak_pe_bytes] + [st.peak_pe_bytes for st in head_stages]),
-                dram_chip=int(math.ceil(max(0, per_group - fit) * streamed.streamed_bytes_per_chip)),
-                bounds=bounds, bound_s=sum(bounds.values()), binding=max(bounds, key=bounds.get),
-                description=(f"each block tensor-parallel over a group of {g} boards ({g * cpb} chips: heads and "
-                             f"MLP columns split across the boards, {reduces_text} of {sums_text} a block "
-                             f"on the board links), {n_groups} group(s) of {per_group} block(s) pipelined, the "
-                             f"hidden state handed over group to group in slices, the head on one board"
-                             + (f"; the streamed blocks' weights fetched {buffer_b / 1e6:.2f} MB a chip ahead "
-                                f"during the all-reduces" if tag else "")),
-                meta={"stages": n_groups + 1, "boards_per_stage": g, "blocks_per_stage": per_group,
-                      "boards_used": g * n_groups + 1, "tp_boards": g, "groups": n_groups,
-                      **({"boards": sorted({b for grp in groups[:n_groups] for b in grp} | {head_board})}
-                         if arch.has_faults else {}),
-                      "chips_per_group": g * cpb, "micro_batch": batch, "micro_batches": 1,
-                      "mapping_weights": "auto", "block_decode_s": blocks_s / L,
-                      "board_all_reduce_s": reduce_s, "board_all_reduces_decode_s": reduces_s,
-                      **({"board_all_reduce_wire": reduce} if reduce != "int32" else {}),
-                      "board_gather_fused": fused,
-                      "slice_collectives_s": slice_collectives(streamed if per_group > fit else resident,
-                                                               hidden * 4 if fused else None),
-                      "prefetch_bytes_per_chip": buffer_b, "prefetch_saved_decode_s": ahead_s,
-                      "handoff_decode_s": sum(hand), "head_decode_s": head_s, **io,
-                      **({"largest_batch": caches.largest_batch} if batch > 1 else {}),
-                      "replicas": boards // (g * n_groups + 1)})
+        # the slice cut where the boards all-reduce its sums (:func:`slice_pieces`) and the slice
+        # as described, both timed: the pieces deliver the reduced row to every chip (no gathers
+        # of it) and map the attention on its own, while the slice as one program streams its
+        # weights in one run of DRAM reads under its own work; whichever is faster for the
+        # groups' blocks is kept (see the module docstring)
+        forms = slice_forms(dec, reduces_per_block)
+        fit_alone = fit  # blocks kept resident without a prefetch buffer (each form starts from it)
+        for pieces, ends in forms:
+            form = "u" if ends is None and len(forms) > 1 else ""
+            fit = fit_alone
+            # a slice mapped alone (weights resident as far as they fit) and streaming its weights
+            resident = P._map_stage(list(pieces), board, host_shapes, spec.cache_slots(seq), memo=memo)
+            # (streaming also where every block stays resident, for pieces: each resident one at most
+            # as long as streaming, :func:`_at_most`)
+            streamed = (resident if fit >= max(options) and ends is None else
+                        P._map_stage(list(pieces), board, host_shapes, spec.cache_slots(seq), weights="stream", memo=memo))
+            # cut into pieces, the all-reduces take the sums spread over each board's chips and
+            # deliver the whole row to every chip (the pieces ending at one without their gathers
+            # of it); uncut, they end in the projection's layout and the slice gathers the row itself
+            fused = ends is not None
+            if fused:
+                scatter_s = collective_cost(board_topo, order, "all_gather", hidden * 4, True).seconds
+                resident, streamed = (_spread(_less(st, fused_gathers(st, ends, hidden * 4)), ends, cpb, scatter_s)
+                                      for st in (resident, streamed))
+            resident = _at_most(resident, streamed)
+            reduce_s = reduce_of(groups, fused)  # the partial sums, ``reduce`` on the wire
+            # the streamed blocks' weights fetched partly while the DRAM channels are idle: a buffer
+            # per chip out of the SRAM the resident blocks would take (one fewer may stay resident)
+            on_chip = _on_chip(resident, pieces, ends, hidden * 4, cpb, scatter_s if fused else 0.0,
+                               lambda piece: P._map_stage([piece], board, host_shapes, spec.cache_slots(seq), memo=memo))
+            saved, buffer = prefetch(on_chip, streamed, reduce_s, board.dram_bw_bytes_s, reduces_per_block, ends)
+            fit_ahead = max(1, int((budget - buffer * cpb) // max(1, block_w)))
+            variants = [(fit, 0.0, 0, "")] + ([(fit_ahead, saved, buffer, "p")] if saved > 0 else [])
+            for per_group, (fit, saved_s, buffer_b, tag) in ((n, v) for n in options for v in variants):
+                n_groups = math.ceil(L / per_group)
+                sizes = [per_group] * (n_groups - 1) + [L - per_group * (n_groups - 1)]
+                # every user's cache of a group's blocks on each of its boards
+                caches = group_caches(resident, streamed, sizes, fit, batch, board, budget - buffer_b * cpb)
+                if not caches.fits:
+                    if refused is not None:
+                        refused[f"board_tp:g{g}m{per_group}{tag}{form}"] = caches.message(arch.name, groups, g)
+                    continue
+                blocks_s = sum(_run_s(resident, streamed, n, fit, saved_s) for n in sizes)
+                ahead_s = sum(max(0, n - fit) for n in sizes) * saved_s
+                reduces_s = reduces_per_block * L * reduce_s
+                head_board = free[0] if free else groups[n_groups][0]
+                hand = [pair_s(j, hidden * handover_bytes, groups) for j in range(n_groups - 1)]
+                hand.append(handover_s(groups[n_groups - 1][:1], [head_board], hidden * handover_bytes))
+                # the token from the head's board back to the first group's boards, the host's I/O
+                io = P._step_io(arch, batch, seq, head_board * cpb,
+                                [c + b * cpb for b in groups[0] for c in range(cpb)])
+                loop_s = io["token_return_s"] + io["step_sync_s"] + io["host_io_decode_s"]
+                decode_s = blocks_s + reduces_s + sum(hand) + head_s + loop_s
+                used = (g * n_groups + 1) * cpb
+                kept = sum(min(n, fit) for n in sizes) * g * (resident.resident_bytes - resident.kv_sram_bytes)
+                head_kept = sum(min(st.resident_bytes, st.weight_bytes) for st in head_stages)
+                kept = min(weight_bytes, int(kept) + head_kept)
+                kv_share = resident.kv_sram_bytes / resident.kv_bytes if resident.kv_bytes else 0.0
+                # the plan's own bound (a diagnostic): each mapped program's largest bound, per block
+                # as mapped (resident or streaming), the board collectives on the links
+                bounds = {k: sum(min(n, fit) * resident.bounds[k] + max(0, n - fit) * streamed.bounds[k] for n in sizes)
+                          + sum(st.bounds[k] for st in head_stages) for k in resident.bounds}
+                bounds["links"] += reduces_s + sum(hand) + loop_s
+                out[f"board_tp:g{g}m{per_group}{tag}{form}"] = dict(
+                    decode_s=decode_s, period_s=decode_s, used=used, resident=kept,
+                    streamed=max(0, weight_bytes - kept), kv_sram=kv_bytes * kv_share,
+                    energy_j=(g * sum(min(n, fit) * resident.energy_j + max(0, n - fit) * streamed.energy_j for n in sizes)
+                              + sum(st.energy_j for st in head_stages)) / batch,
+                    sram_pe=max([resident.peak_pe_bytes, streamed.peak_pe_bytes] + [st.peak_pe_bytes for st in head_stages]),
+                    dram_chip=int(math.ceil(max(0, per_group - fit) * streamed.streamed_bytes_per_chip)),
+                    bounds=bounds, bound_s=sum(bounds.values()), binding=max(bounds, key=bounds.get),
+                    description=(f"each block tensor-parallel over a group of {g} boards ({g * cpb} chips: heads and "
+                                 f"MLP columns split across the boards, {reduces_text} of {sums_text} a block "
+                                 f"on the board links), {n_groups} group(s) of {per_group} block(s) pipelined, the "
+                                 f"hidden state handed over group to group in slices, the head on one board"
+                                 + (f"; the streamed blocks' weights fetched {buffer_b / 1e6:.2f} MB a chip ahead "
+                                    f"during the all-reduces" if tag else "")
+                                 + ("; each slice run as one program (the faster than cut at its all-reduces)"
+                                    if form else "")),
+                    meta={"stages": n_groups + 1, "boards_per_stage": g, "blocks_per_stage": per_group,
+                          "boards_used": g * n_groups + 1, "tp_boards": g, "groups": n_groups,
+                          **({"boards": sorted({b for grp in groups[:n_groups] for b in grp} | {head_board})}
+                             if arch.has_faults else {}),
+                          "chips_per_group": g * cpb, "micro_batch": batch, "micro_batches": 1,
+                          "mapping_weights": "auto", "block_decode_s": blocks_s / L,
+                          "board_all_reduce_s": reduce_s, "board_all_reduces_decode_s": reduces_s,
+                          **({"board_all_reduce_wire": reduce} if reduce != "int32" else {}),
+                          "board_gather_fused": fused,
+                          "slice_collectives_s": slice_collectives(streamed if per_group > fit else resident,
+                                                                   hidden * 4 if fused else None),
+                          "prefetch_bytes_per_chip": buffer_b, "prefetch_saved_decode_s": ahead_s,
+                          "handoff_decode_s": sum(hand), "head_decode_s": head_s, **io,
+                          **({"largest_batch": caches.largest_batch} if batch > 1 else {}),
+                          "replicas": boards // (g * n_groups + 1)})
         # the best number of groups of this degree is kept
         mine = [k for k in out if k.startswith(f"board_tp:g{g}m")]
         steps.update()
