@@ -154,16 +154,24 @@ def test_prefetch_fetches_during_the_all_reduces_what_the_dram_channel_has_time_
     # no all-reduce or no per-program figures: nothing gained
     assert board_tp.prefetch(resident, streamed, 0.0, bw) == (0.0, 0)
     assert board_tp.prefetch(resident, stage([70e-6, 350e-6]), 50e-6, bw) == (0.0, 0)
-    # pieces cut at the all-reduces: each fetches during the all-reduce before it and while the
-    # piece before it leaves its DRAM channel idle (its latency past its own streamed bytes)
+    # pieces cut at the all-reduces: the DRAM channel streams on from piece to piece, every idle
+    # stretch (a piece's run past its own streamed bytes, the all-reduce after it) fetching for
+    # the pieces after it
     res = stage([60e-6, 40e-6, 100e-6])
     pieces = stage([70e-6, 80e-6, 300e-6], [64_000, 128_000, 1_280_000])  # 10, 20 and 200 us of DRAM
     saved, buffer = board_tp.prefetch(res, pieces, 50e-6, bw, 2, (False, True, True))
-    # piece 0: after piece 2's all-reduce (50 us) and its 100 us idle: all 10 us it loses;
-    # piece 1: piece 0 idle 60 us: the 20 us of its 128 KB (it loses 40 us);
-    # piece 2: the all-reduce and piece 1's 60 us idle: 110 us of its 200
-    assert saved == pytest.approx(10e-6 + 20e-6 + 110e-6)
-    assert buffer == pytest.approx(110e-6 * bw, abs=1)
+    # a block's idle stretches: 60 + 60 + 100 us running, two 50 us all-reduces (320 us) cover
+    # what the pieces lose streaming (10 + 20 + 200 us, each at most its bytes' DRAM time): all
+    # saved; the buffer at its fullest holds piece 2's 200 us while it runs, the next block's
+    # pieces 0 and 1 (30 us) and 100 us of its piece 2 fetched while piece 2 runs
+    assert saved == pytest.approx(10e-6 + 20e-6 + 200e-6)
+    assert buffer == pytest.approx(330e-6 * bw, abs=1)
+    # a buffer of 150 us a chip: piece 2's bytes are all held when it starts (150 us of its 200)
+    saved, buffer = board_tp.prefetch(res, pieces, 50e-6, bw, 2, (False, True, True), capacity=150e-6 * bw)
+    assert saved == pytest.approx(10e-6 + 20e-6 + 150e-6) and buffer <= 150e-6 * bw + 1
+    # no all-reduce and no idle stretch: nothing fetched ahead
+    busy = stage([10e-6, 20e-6, 200e-6], [64_000, 128_000, 1_280_000])
+    assert board_tp.prefetch(stage([5e-6, 10e-6, 100e-6]), busy, 0.0, bw, 2, (False, True, True)) == (0.0, 0)
     assert board_tp.prefetch(res, pieces, 50e-6, bw, 2, (False, True)) == (0.0, 0)  # not these pieces
     # the run: the streamed blocks (past the resident ones) each run the saving faster
     assert board_tp._run_s(resident, streamed, 5, 2, 60e-6) == pytest.approx(

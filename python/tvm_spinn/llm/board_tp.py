@@ -29,9 +29,10 @@ layer, without the gather of its output; a projection whose shard plan leaves it
 fewer chips spreads them over the board's first (:func:`_spread`). Where the slice could not be
 cut, the all-reduce ends in the projection's layout and the slice gathers the row itself. The
 slice is also timed as described (:func:`slice_forms`), its programs uncut, and each degree keeps
-the faster: a piece streams its weights from DRAM only while it runs, while an uncut program's
-reads run on under its earlier layers' work (the attention over the cache), which may outweigh
-the gathers the cut saves where most blocks stream.
+the faster: a piece as mapped reads its weights from DRAM only while it runs, while an uncut
+program's reads run on under its earlier layers' work (the attention over the cache), which may
+outweigh the gathers the cut saves where most blocks stream and little SRAM is left to fetch
+the pieces' weights ahead.
 The all-reduced sums are the int8 GEMMs' int32 accumulators, exact in any order, so the tokens do
 not depend on ``g``; an fp32 model (``dtype="fp32"``) is not planned this way (its sums would
 need the bit-exact chain across boards). ``plan(..., reduce="fp16")`` (or ``"bf16"``) times
@@ -53,7 +54,9 @@ the board's SRAM holds resident, :func:`tvm_spinn.mapping.planner.resident_capac
 streaming its weights from DRAM (the rest; a resident block's piece no slower than streaming,
 :func:`_at_most`); a streamed block may fetch part of its weights into
 an SRAM buffer during the all-reduces and while its earlier pieces leave the DRAM channels idle
-(:func:`prefetch`: a candidate of its own, the buffer taken from the resident blocks' SRAM). The time to first token is the system's prompt plan
+(:func:`prefetch`: a candidate of its own, the buffer taken from the resident blocks' SRAM; the
+pieces' weights stream on from piece to piece, one run of reads through the buffer as far as
+the SRAM the first block leaves holds it). The time to first token is the system's prompt plan
 (:mod:`tvm_spinn.llm.prefill`), the same for every placement.
 
 Groups are ``g`` neighbouring boards of the torus of boards
@@ -256,10 +259,11 @@ def slice_forms(programs, reduces: int) -> list:
 
     The pieces end without the row's gathers (the all-reduce delivers the row,
     :func:`fused_gathers`) and map the attention with a shard plan of its own, but each piece
-    streams its weights from DRAM only while it runs; the described programs stream theirs
-    in one run of reads under their own work (a large program's DRAM reads overlapping its
-    earlier layers). Which is faster depends on how much of the block streams: both are timed
-    and the faster kept (:func:`records`)."""
+    as mapped reads its weights from DRAM only while it runs (what it fetches ahead is bounded
+    by the SRAM buffer, :func:`prefetch`); the described programs stream theirs in one run of
+    reads under their own work (a large program's DRAM reads overlapping its earlier layers).
+    Which is faster depends on how much of the block streams and the SRAM left for the buffer:
+    both are timed and the faster kept (:func:`records`)."""
     cut = slice_pieces(programs, reduces)
     return ([cut] if cut is not None else []) + [(list(programs), None)]
 
@@ -396,7 +400,7 @@ def _run_s(resident, streamed, blocks: int, fit: int, saved_s: float = 0.0) -> f
 
 
 def prefetch(resident, streamed, reduce_s: float, dram_bw: float, reduces: int = 2,
-             ends: "tuple | None" = None) -> tuple[float, int]:
+             ends: "tuple | None" = None, capacity: float = math.inf) -> tuple[float, int]:
     """What a streamed block gains by fetching weights while its DRAM channels are idle.
 
     The weights do not depend on the token, so each program of the block fetches up to
@@ -408,10 +412,13 @@ def prefetch(resident, streamed, reduce_s: float, dram_bw: float, reduces: int =
     channels are idle:
 
     * with ``ends`` (the slice's pieces, :func:`slice_pieces`: whether each ends where the
-      boards all-reduce its partial sums) the all-reduce before the piece (the previous piece,
-      cyclically, ends at one: the links move the sums, the channels are idle), and the time the
-      previous piece runs beyond its own streamed bytes' DRAM time (its loads first: it is never
-      delayed);
+      boards all-reduce its partial sums) the channels stream on from piece to piece: every
+      stretch of idle DRAM time (a piece's run beyond its own streamed bytes' DRAM time, its
+      loads first so that it is never delayed, and the all-reduce after a piece that ends at
+      one: the links move the sums) fetches the bytes of the pieces after it, in order and as
+      far as one block's pieces ahead (cyclically: the next streamed block's first pieces),
+      while the buffer's bytes fetched ahead and not yet run stay within ``capacity``
+      (:func:`_stream_ahead`, in the steady state of consecutive streamed blocks);
     * without, the all-reduce before each of the block's programs (the previous block's second
       before the first program, the block's first before the MLP's GEMMs), the programs together
       saving at most ``reduces x reduce_s``: the block's all-reduces (two; one where attention
@@ -430,6 +437,9 @@ def prefetch(resident, streamed, reduce_s: float, dram_bw: float, reduces: int =
         The block's all-reduces (:func:`block_all_reduces`).
     ends : tuple of bool, optional
         Per program of the mappings, whether it ends at an all-reduce (:func:`slice_pieces`).
+    capacity : float, optional
+        SRAM bytes per chip the pieces' buffer may hold at once (with ``ends``; unbounded by
+        default).
 
     Returns
     -------
@@ -440,12 +450,15 @@ def prefetch(resident, streamed, reduce_s: float, dram_bw: float, reduces: int =
     n = len(streamed.program_s)
     if len(streamed.program_streamed) != n or len(resident.program_s) != n or (ends is not None and len(ends) != n):
         return 0.0, 0
-    if ends is None:
-        windows = [reduce_s] * n
-    else:
-        windows = [(reduce_s if ends[k - 1] else 0.0)
-                   + max(0.0, streamed.program_s[k - 1] - streamed.program_streamed[k - 1] / dram_bw)
-                   for k in range(n)]
+    if ends is not None:
+        # seconds of DRAM time each piece saves with its bytes on chip, and the idle stretches
+        useful = [min(nbytes / dram_bw, max(0.0, slow - fast))
+                  for fast, slow, nbytes in zip(resident.program_s, streamed.program_s, streamed.program_streamed)]
+        running = [max(0.0, slow - nbytes / dram_bw) for slow, nbytes in zip(streamed.program_s, streamed.program_streamed)]
+        after = [reduce_s if end else 0.0 for end in ends]
+        gains, held = _stream_ahead(useful, running, after, capacity / dram_bw)
+        return (float(sum(gains)), int(math.ceil(held * dram_bw))) if sum(gains) > 0 else (0.0, 0)
+    windows = [reduce_s] * n
     saved, buffer = 0.0, 0
     for fast, slow, nbytes, window in zip(resident.program_s, streamed.program_s, streamed.program_streamed, windows):
         ahead = min(float(nbytes), window * dram_bw)  # bytes per chip fetched ahead
@@ -453,7 +466,55 @@ def prefetch(resident, streamed, reduce_s: float, dram_bw: float, reduces: int =
         if gain > 0:
             saved += gain
             buffer = max(buffer, int(math.ceil(ahead)))
-    return (min(saved, reduces * reduce_s) if ends is None else saved), buffer
+    return min(saved, reduces * reduce_s), buffer
+
+
+def _stream_ahead(useful, running, after, capacity: float = math.inf, cycles: int = 4) -> tuple[list, float]:
+    """The DRAM channel streaming a block's pieces' weights ahead through an SRAM buffer, over
+    consecutive streamed blocks (the pieces cyclically), every idle stretch spent at once.
+
+    Piece ``k`` saves up to ``useful[k]`` seconds of DRAM time with its bytes fetched ahead; the
+    channel is idle ``running[k]`` seconds while it runs (past its own reads) and ``after[k]``
+    seconds after it (its all-reduce). Each stretch fetches for the pieces after the one it
+    follows, in order, up to one block's pieces ahead, while the bytes held stay within
+    ``capacity`` (seconds of DRAM time): while a piece runs its own bytes fetched ahead are
+    counted as held, after it they are not. All quantities are seconds of one chip's DRAM
+    channel. The greedy stream is simulated over ``cycles`` blocks from an empty buffer and its
+    last block taken (the steady state: a piece's fetches come from the block's pieces before it).
+
+    Returns
+    -------
+    tuple
+        ``(seconds each piece saves, the most seconds' worth of bytes the buffer holds)``, both
+        of the last block.
+    """
+    n = len(useful)
+    total = cycles * n
+    fetched = [0.0] * (total + n)
+    held = peak = 0.0
+
+    def fetch(m: int, window: float, room: float) -> float:
+        nonlocal held
+        got = 0.0
+        for j in range(m + 1, m + n + 1):
+            take = min(useful[j % n] - fetched[j], window - got, room - got)
+            if take <= 0:
+                if window - got <= 0 or room - got <= 0:
+                    break
+                continue
+            fetched[j] += take
+            got += take
+        held += got
+        return got
+
+    for m in range(total):
+        before = held  # piece m's own bytes fetched ahead among them
+        during = fetch(m, running[m % n], capacity - before)
+        held -= fetched[m]  # piece m has run
+        fetch(m, after[m % n], capacity - held)
+        if m >= total - n:
+            peak = max(peak, before + during, held)
+    return fetched[total - n:total], peak
 
 
 def _on_chip(resident, pieces, ends, row_bytes: int, chips: int, scatter_s: float, map_alone):
@@ -896,7 +957,10 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
             # per chip out of the SRAM the resident blocks would take (one fewer may stay resident)
             on_chip = _on_chip(resident, pieces, ends, hidden * 4, cpb, scatter_s if fused else 0.0,
                                lambda piece: P._map_stage([piece], board, host_shapes, spec.cache_slots(seq), memo=memo))
-            saved, buffer = prefetch(on_chip, streamed, reduce_s, board.dram_bw_bytes_s, reduces_per_block, ends)
+            # (the buffer leaves a board's resident share the SRAM the first block holds as mapped
+            # alone: that block stays, whatever the buffer)
+            saved, buffer = prefetch(on_chip, streamed, reduce_s, board.dram_bw_bytes_s, reduces_per_block, ends,
+                                     max(0.0, budget - resident.resident_bytes) / cpb)
             fit_ahead = max(1, int((budget - buffer * cpb) // max(1, block_w)))
             variants = [(fit, 0.0, 0, "")] + ([(fit_ahead, saved, buffer, "p")] if saved > 0 else [])
             for per_group, (fit, saved_s, buffer_b, tag) in ((n, v) for n in options for v in variants):
