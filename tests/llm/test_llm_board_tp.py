@@ -368,3 +368,27 @@ def test_each_degree_keeps_the_faster_of_the_cut_and_the_uncut_slice(monkeypatch
         assert cut_rec["meta"]["board_gather_fused"] and not uncut_rec["meta"]["board_gather_fused"]
         assert both == pytest.approx(min(cut, uncut), rel=1e-12), (g, cut, uncut, both)
         assert rec["meta"]["board_gather_fused"] == (cut <= uncut)
+
+
+def test_a_streamed_block_fetched_ahead_burns_no_static_power_over_the_seconds_saved():
+    """The seconds the stream ahead takes off a streamed block are not run: the block's energy
+    leaves out its programs' chips' static power over them (each program's own chips)."""
+    from tvm_spinn.llm.plan import _Stage
+    from tvm_spinn.program.records import SystemTimingSummary
+    from tvm_spinn.target import arch_of
+
+    board = arch_of("spinn/board")
+    zero = dict.fromkeys(("compute", "dram", "sram", "links"), 0.0)
+
+    def timing(chips):
+        return SystemTimingSummary(1e-4, 0.0, 0.0, 0.0, "dram", chips, 0, (1e-4,), (), 0.0)
+
+    stage = _Stage(3e-4, 0.02, 0, 0, 0, 0, 0, zero, zero, program_s=(1e-4, 2e-4), program_streamed=(0, 0),
+                   program_timings=(timing(48), timing(12)))
+    p = board.p_static_w_per_chip
+    # 40 us on 48 chips, 100 us on 12
+    assert board_tp._unburnt_j(stage, (40e-6, 100e-6), board) == pytest.approx(p * (40e-6 * 48 + 100e-6 * 12))
+    assert board_tp._unburnt_j(stage, (0.0, 0.0), board) == 0.0
+    # without per-program figures: the board's chips over the whole saving
+    bare = _Stage(3e-4, 0.02, 0, 0, 0, 0, 0, zero, zero)
+    assert board_tp._unburnt_j(bare, (40e-6,), board) == pytest.approx(p * board.chips * 40e-6)

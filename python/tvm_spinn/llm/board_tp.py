@@ -56,7 +56,10 @@ streaming its weights from DRAM (the rest; a resident block's piece no slower th
 an SRAM buffer during the all-reduces and while its earlier pieces leave the DRAM channels idle
 (:func:`prefetch`: a candidate of its own, the buffer taken from the resident blocks' SRAM; the
 pieces' weights stream on from piece to piece, one run of reads through the buffer as far as
-the SRAM the first block leaves holds it). The time to first token is the system's prompt plan
+the SRAM the first block leaves holds it; the block's energy then leaves out its chips' static
+power over the seconds saved, :func:`_unburnt_j`). A token's energy is that of the programs it
+runs, each charging its chips' static power while it runs, as every placement counts it. The
+time to first token is the system's prompt plan
 (:mod:`tvm_spinn.llm.prefill`), the same for every placement.
 
 Groups are ``g`` neighbouring boards of the torus of boards
@@ -447,9 +450,17 @@ def prefetch(resident, streamed, reduce_s: float, dram_bw: float, reduces: int =
         ``(seconds saved per streamed block, the SRAM buffer's bytes per chip)``; ``(0, 0)``
         where the mappings do not say what each program streams.
     """
+    gains, buffer = _ahead_gains(resident, streamed, reduce_s, dram_bw, reduces, ends, capacity)
+    return float(sum(gains)), buffer
+
+
+def _ahead_gains(resident, streamed, reduce_s: float, dram_bw: float, reduces: int = 2,
+                 ends: "tuple | None" = None, capacity: float = math.inf) -> tuple[tuple, int]:
+    """:func:`prefetch` per program: ``(seconds each program of the block saves, the buffer's
+    bytes per chip)``; ``((), 0)`` where nothing is saved."""
     n = len(streamed.program_s)
     if len(streamed.program_streamed) != n or len(resident.program_s) != n or (ends is not None and len(ends) != n):
-        return 0.0, 0
+        return (), 0
     if ends is not None:
         # seconds of DRAM time each piece saves with its bytes on chip, and the idle stretches
         useful = [min(nbytes / dram_bw, max(0.0, slow - fast))
@@ -457,16 +468,32 @@ def prefetch(resident, streamed, reduce_s: float, dram_bw: float, reduces: int =
         running = [max(0.0, slow - nbytes / dram_bw) for slow, nbytes in zip(streamed.program_s, streamed.program_streamed)]
         after = [reduce_s if end else 0.0 for end in ends]
         gains, held = _stream_ahead(useful, running, after, capacity / dram_bw)
-        return (float(sum(gains)), int(math.ceil(held * dram_bw))) if sum(gains) > 0 else (0.0, 0)
-    windows = [reduce_s] * n
-    saved, buffer = 0.0, 0
-    for fast, slow, nbytes, window in zip(resident.program_s, streamed.program_s, streamed.program_streamed, windows):
-        ahead = min(float(nbytes), window * dram_bw)  # bytes per chip fetched ahead
+        return (tuple(gains), int(math.ceil(held * dram_bw))) if sum(gains) > 0 else ((), 0)
+    gains, buffer = [], 0
+    for fast, slow, nbytes in zip(resident.program_s, streamed.program_s, streamed.program_streamed):
+        ahead = min(float(nbytes), reduce_s * dram_bw)  # bytes per chip fetched ahead
         gain = min(ahead / dram_bw, max(0.0, slow - fast))
+        gains.append(max(0.0, gain))
         if gain > 0:
-            saved += gain
             buffer = max(buffer, int(math.ceil(ahead)))
-    return min(saved, reduces * reduce_s), buffer
+    # the programs together never more than the block's all-reduces
+    total = sum(gains)
+    if total <= 0:
+        return (), 0
+    scale = min(1.0, reduces * reduce_s / total)
+    return tuple(x * scale for x in gains), buffer
+
+
+def _unburnt_j(streamed, gains, board) -> float:
+    """The static energy a streamed block's mapping charged over the seconds its weights
+    fetched ahead take off it (:func:`prefetch`, ``gains`` per program): the block no longer
+    runs them, so its chips do not burn their static power over them (its DRAM bytes are read
+    all the same, their energy stays). Each program's chips (its mapping's group) over its
+    gain; the board's chips where the mapping does not say per program."""
+    p = board.p_static_w_per_chip
+    if len(streamed.program_timings) != len(gains):
+        return p * board.chips * float(sum(gains))
+    return p * float(sum(gain * t.chips for gain, t in zip(gains, streamed.program_timings)))
 
 
 def _stream_ahead(useful, running, after, capacity: float = math.inf, cycles: int = 4) -> tuple[list, float]:
@@ -959,11 +986,13 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                                lambda piece: P._map_stage([piece], board, host_shapes, spec.cache_slots(seq), memo=memo))
             # (the buffer leaves a board's resident share the SRAM the first block holds as mapped
             # alone: that block stays, whatever the buffer)
-            saved, buffer = prefetch(on_chip, streamed, reduce_s, board.dram_bw_bytes_s, reduces_per_block, ends,
-                                     max(0.0, budget - resident.resident_bytes) / cpb)
+            gains, buffer = _ahead_gains(on_chip, streamed, reduce_s, board.dram_bw_bytes_s, reduces_per_block, ends,
+                                         max(0.0, budget - resident.resident_bytes) / cpb)
+            saved = float(sum(gains))
+            unburnt = _unburnt_j(streamed, gains, board)
             fit_ahead = max(1, int((budget - buffer * cpb) // max(1, block_w)))
-            variants = [(fit, 0.0, 0, "")] + ([(fit_ahead, saved, buffer, "p")] if saved > 0 else [])
-            for per_group, (fit, saved_s, buffer_b, tag) in ((n, v) for n in options for v in variants):
+            variants = [(fit, 0.0, 0, 0.0, "")] + ([(fit_ahead, saved, buffer, unburnt, "p")] if saved > 0 else [])
+            for per_group, (fit, saved_s, buffer_b, unburnt_j, tag) in ((n, v) for n in options for v in variants):
                 n_groups = math.ceil(L / per_group)
                 sizes = [per_group] * (n_groups - 1) + [L - per_group * (n_groups - 1)]
                 # every user's cache of a group's blocks on each of its boards
@@ -996,7 +1025,8 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                 out[f"board_tp:g{g}m{per_group}{tag}{form}"] = dict(
                     decode_s=decode_s, period_s=decode_s, used=used, resident=kept,
                     streamed=max(0, weight_bytes - kept), kv_sram=kv_bytes * kv_share,
-                    energy_j=(g * sum(min(n, fit) * resident.energy_j + max(0, n - fit) * streamed.energy_j for n in sizes)
+                    energy_j=(g * sum(min(n, fit) * resident.energy_j + max(0, n - fit) * (streamed.energy_j - unburnt_j)
+                                      for n in sizes)
                               + sum(st.energy_j for st in head_stages)) / batch,
                     sram_pe=max([resident.peak_pe_bytes, streamed.peak_pe_bytes] + [st.peak_pe_bytes for st in head_stages]),
                     dram_chip=int(math.ceil(max(0, per_group - fit) * streamed.streamed_bytes_per_chip)),
