@@ -1018,9 +1018,11 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                 kept = min(weight_bytes, int(kept) + head_kept)
                 kv_share = resident.kv_sram_bytes / resident.kv_bytes if resident.kv_bytes else 0.0
                 # the plan's own bound (a diagnostic): each mapped program's largest bound, per block
-                # as mapped (resident or streaming), the board collectives on the links
+                # as mapped (resident or streaming), the board collectives on the links; the DRAM
+                # reads fetched ahead run under the all-reduces and the other pieces' work: counted once
                 bounds = {k: sum(min(n, fit) * resident.bounds[k] + max(0, n - fit) * streamed.bounds[k] for n in sizes)
                           + sum(st.bounds[k] for st in head_stages) for k in resident.bounds}
+                bounds["dram"] = max(0.0, bounds["dram"] - ahead_s)
                 bounds["links"] += reduces_s + sum(hand) + loop_s
                 out[f"board_tp:g{g}m{per_group}{tag}{form}"] = dict(
                     decode_s=decode_s, period_s=decode_s, used=used, resident=kept,
