@@ -154,16 +154,24 @@ def test_prefetch_fetches_during_the_all_reduces_what_the_dram_channel_has_time_
     # no all-reduce or no per-program figures: nothing gained
     assert board_tp.prefetch(resident, streamed, 0.0, bw) == (0.0, 0)
     assert board_tp.prefetch(resident, stage([70e-6, 350e-6]), 50e-6, bw) == (0.0, 0)
-    # pieces cut at the all-reduces: each fetches during the all-reduce before it and while the
-    # piece before it leaves its DRAM channel idle (its latency past its own streamed bytes)
+    # pieces cut at the all-reduces: the DRAM channel streams on from piece to piece, every idle
+    # stretch (a piece's run past its own streamed bytes, the all-reduce after it) fetching for
+    # the pieces after it
     res = stage([60e-6, 40e-6, 100e-6])
     pieces = stage([70e-6, 80e-6, 300e-6], [64_000, 128_000, 1_280_000])  # 10, 20 and 200 us of DRAM
     saved, buffer = board_tp.prefetch(res, pieces, 50e-6, bw, 2, (False, True, True))
-    # piece 0: after piece 2's all-reduce (50 us) and its 100 us idle: all 10 us it loses;
-    # piece 1: piece 0 idle 60 us: the 20 us of its 128 KB (it loses 40 us);
-    # piece 2: the all-reduce and piece 1's 60 us idle: 110 us of its 200
-    assert saved == pytest.approx(10e-6 + 20e-6 + 110e-6)
-    assert buffer == pytest.approx(110e-6 * bw, abs=1)
+    # a block's idle stretches: 60 + 60 + 100 us running, two 50 us all-reduces (320 us) cover
+    # what the pieces lose streaming (10 + 20 + 200 us, each at most its bytes' DRAM time): all
+    # saved; the buffer at its fullest holds piece 2's 200 us while it runs, the next block's
+    # pieces 0 and 1 (30 us) and 100 us of its piece 2 fetched while piece 2 runs
+    assert saved == pytest.approx(10e-6 + 20e-6 + 200e-6)
+    assert buffer == pytest.approx(330e-6 * bw, abs=1)
+    # a buffer of 150 us a chip: piece 2's bytes are all held when it starts (150 us of its 200)
+    saved, buffer = board_tp.prefetch(res, pieces, 50e-6, bw, 2, (False, True, True), capacity=150e-6 * bw)
+    assert saved == pytest.approx(10e-6 + 20e-6 + 150e-6) and buffer <= 150e-6 * bw + 1
+    # no all-reduce and no idle stretch: nothing fetched ahead
+    busy = stage([10e-6, 20e-6, 200e-6], [64_000, 128_000, 1_280_000])
+    assert board_tp.prefetch(stage([5e-6, 10e-6, 100e-6]), busy, 0.0, bw, 2, (False, True, True)) == (0.0, 0)
     assert board_tp.prefetch(res, pieces, 50e-6, bw, 2, (False, True)) == (0.0, 0)  # not these pieces
     # the run: the streamed blocks (past the resident ones) each run the saving faster
     assert board_tp._run_s(resident, streamed, 5, 2, 60e-6) == pytest.approx(
@@ -320,3 +328,67 @@ def test_a_resident_program_runs_no_slower_than_streaming():
     assert got.program_s == pytest.approx((20e-6, 5e-6, 40e-6))
     assert got.latency_s == pytest.approx(65e-6 + 3e-6)  # what is not a program's (a cache write) stays
     assert board_tp._at_most(resident, resident) is resident
+
+
+@pytest.mark.slow  # ~20-40 s alone: the slices described, mapped cut and uncut on boards
+def test_each_degree_keeps_the_faster_of_the_cut_and_the_uncut_slice(monkeypatch, register_system):
+    """Each degree's kept candidate is as fast as the faster of its slice cut at the all-reduces
+    and its slice as described, each timed on its own (records with only that form)."""
+    from tqdm.auto import tqdm
+
+    import importlib
+
+    P = importlib.import_module("tvm_spinn.llm.plan")
+    from tvm_spinn.llm.describe import describe
+    from tvm_spinn.target import arch_of, get_target
+
+    # boards of chips with 4 PEs (11 MB of resident SRAM a board): most blocks stream their weights
+    cfg = dict(SMALL, intermediate_size=4096, num_hidden_layers=8)
+    tag = register_system(tvm_spinn.make_system("spinn2-cut-boards", boards=6, pes_per_chip=4),
+                          tag="spinn/cut-boards")
+    target = get_target(tag)
+    arch, spec, seq = arch_of(target), spec_of(cfg), 64
+    parts = P._parts(P._meta_model(cfg, spec), spec, 1, seq)
+    described = {"head": describe(parts[2][1], parts[2][2], target, "int8")}
+    memo: dict = {}
+    forms = board_tp.slice_forms
+
+    def kept(pick):
+        monkeypatch.setattr(board_tp, "slice_forms", lambda dec, reduces: pick(forms(dec, reduces)))
+        out = board_tp.records(cfg, spec, arch, target, "int8", 1, seq, 4, described, spec.params,
+                               seq * spec.kv_bytes_per_token(4), tqdm(disable=True), memo=memo)
+        assert out
+        return min(r["decode_s"] for r in out.values()), min(out.values(), key=lambda r: r["decode_s"])
+
+    for g in (2, 4):
+        monkeypatch.setattr(board_tp, "TP_BOARDS", (g,))
+        cut, cut_rec = kept(lambda f: f[:1])
+        uncut, uncut_rec = kept(lambda f: f[-1:])
+        both, rec = kept(lambda f: f)
+        assert cut_rec["meta"]["board_gather_fused"] and not uncut_rec["meta"]["board_gather_fused"]
+        assert both == pytest.approx(min(cut, uncut), rel=1e-12), (g, cut, uncut, both)
+        assert rec["meta"]["board_gather_fused"] == (cut <= uncut)
+
+
+def test_a_streamed_block_fetched_ahead_burns_no_static_power_over_the_seconds_saved():
+    """The seconds the stream ahead takes off a streamed block are not run: the block's energy
+    leaves out its programs' chips' static power over them (each program's own chips)."""
+    from tvm_spinn.llm.plan import _Stage
+    from tvm_spinn.program.records import SystemTimingSummary
+    from tvm_spinn.target import arch_of
+
+    board = arch_of("spinn/board")
+    zero = dict.fromkeys(("compute", "dram", "sram", "links"), 0.0)
+
+    def timing(chips):
+        return SystemTimingSummary(1e-4, 0.0, 0.0, 0.0, "dram", chips, 0, (1e-4,), (), 0.0)
+
+    stage = _Stage(3e-4, 0.02, 0, 0, 0, 0, 0, zero, zero, program_s=(1e-4, 2e-4), program_streamed=(0, 0),
+                   program_timings=(timing(48), timing(12)))
+    p = board.p_static_w_per_chip
+    # 40 us on 48 chips, 100 us on 12
+    assert board_tp._unburnt_j(stage, (40e-6, 100e-6), board) == pytest.approx(p * (40e-6 * 48 + 100e-6 * 12))
+    assert board_tp._unburnt_j(stage, (0.0, 0.0), board) == 0.0
+    # without per-program figures: the board's chips over the whole saving
+    bare = _Stage(3e-4, 0.02, 0, 0, 0, 0, 0, zero, zero)
+    assert board_tp._unburnt_j(bare, (40e-6,), board) == pytest.approx(p * board.chips * 40e-6)

@@ -27,7 +27,12 @@ routers copying each share to all its chips as it arrives (the on-board all-gath
 the multicast, :func:`fused_gathers`): the piece ending at the projection ends with its last
 layer, without the gather of its output; a projection whose shard plan leaves its sums on
 fewer chips spreads them over the board's first (:func:`_spread`). Where the slice could not be
-cut, the all-reduce ends in the projection's layout and the slice gathers the row itself.
+cut, the all-reduce ends in the projection's layout and the slice gathers the row itself. The
+slice is also timed as described (:func:`slice_forms`), its programs uncut, and each degree keeps
+the faster: a piece as mapped reads its weights from DRAM only while it runs, while an uncut
+program's reads run on under its earlier layers' work (the attention over the cache), which may
+outweigh the gathers the cut saves where most blocks stream and little SRAM is left to fetch
+the pieces' weights ahead.
 The all-reduced sums are the int8 GEMMs' int32 accumulators, exact in any order, so the tokens do
 not depend on ``g``; an fp32 model (``dtype="fp32"``) is not planned this way (its sums would
 need the bit-exact chain across boards). ``plan(..., reduce="fp16")`` (or ``"bf16"``) times
@@ -49,7 +54,12 @@ the board's SRAM holds resident, :func:`tvm_spinn.mapping.planner.resident_capac
 streaming its weights from DRAM (the rest; a resident block's piece no slower than streaming,
 :func:`_at_most`); a streamed block may fetch part of its weights into
 an SRAM buffer during the all-reduces and while its earlier pieces leave the DRAM channels idle
-(:func:`prefetch`: a candidate of its own, the buffer taken from the resident blocks' SRAM). The time to first token is the system's prompt plan
+(:func:`prefetch`: a candidate of its own, the buffer taken from the resident blocks' SRAM; the
+pieces' weights stream on from piece to piece, one run of reads through the buffer as far as
+the SRAM the first block leaves holds it; the block's energy then leaves out its chips' static
+power over the seconds saved, :func:`_unburnt_j`). A token's energy is that of the programs it
+runs, each charging its chips' static power while it runs, as every placement counts it. The
+time to first token is the system's prompt plan
 (:mod:`tvm_spinn.llm.prefill`), the same for every placement.
 
 Groups are ``g`` neighbouring boards of the torus of boards
@@ -82,7 +92,7 @@ import numpy as np
 __all__ = ["TP_BOARDS", "slice_config", "slice_shares", "slice_block", "slice_weight_bytes", "stream_floor",
            "block_all_reduces", "board_groups",
            "board_patches", "board_compact", "group_layouts", "board_setting", "group_caches", "GroupCaches",
-           "prefetch", "slice_pieces", "fused_gathers", "slice_collectives", "records"]
+           "prefetch", "slice_pieces", "slice_forms", "fused_gathers", "slice_collectives", "records"]
 
 #: Boards one block is tensor-parallel over (each must divide the heads and the intermediate
 #: size, and leave a board for the head), tried in the order of what their all-reduces alone
@@ -245,6 +255,22 @@ def slice_pieces(programs, reduces: int) -> "tuple[list, tuple[bool, ...]] | Non
     return pieces, tuple(ends)
 
 
+def slice_forms(programs, reduces: int) -> list:
+    """The ways a slice's described programs are timed on a board, each ``(pieces, ends)`` as
+    :func:`slice_pieces` returns them: cut where the boards all-reduce (where the programs show
+    the block's ``reduces`` all-reduces), then as described (``ends`` None).
+
+    The pieces end without the row's gathers (the all-reduce delivers the row,
+    :func:`fused_gathers`) and map the attention with a shard plan of its own, but each piece
+    as mapped reads its weights from DRAM only while it runs (what it fetches ahead is bounded
+    by the SRAM buffer, :func:`prefetch`); the described programs stream theirs in one run of
+    reads under their own work (a large program's DRAM reads overlapping its earlier layers).
+    Which is faster depends on how much of the block streams and the SRAM left for the buffer:
+    both are timed and the faster kept (:func:`records`)."""
+    cut = slice_pieces(programs, reduces)
+    return ([cut] if cut is not None else []) + [(list(programs), None)]
+
+
 def _projections(program, producer: dict, tensor: int, residual: set) -> list:
     """The weight GEMMs (layer indices, ascending) whose outputs make ``tensor``: through layers
     of one activation input (reshapes, a bias) and the adds of two such outputs (attention and
@@ -377,7 +403,7 @@ def _run_s(resident, streamed, blocks: int, fit: int, saved_s: float = 0.0) -> f
 
 
 def prefetch(resident, streamed, reduce_s: float, dram_bw: float, reduces: int = 2,
-             ends: "tuple | None" = None) -> tuple[float, int]:
+             ends: "tuple | None" = None, capacity: float = math.inf) -> tuple[float, int]:
     """What a streamed block gains by fetching weights while its DRAM channels are idle.
 
     The weights do not depend on the token, so each program of the block fetches up to
@@ -389,10 +415,13 @@ def prefetch(resident, streamed, reduce_s: float, dram_bw: float, reduces: int =
     channels are idle:
 
     * with ``ends`` (the slice's pieces, :func:`slice_pieces`: whether each ends where the
-      boards all-reduce its partial sums) the all-reduce before the piece (the previous piece,
-      cyclically, ends at one: the links move the sums, the channels are idle), and the time the
-      previous piece runs beyond its own streamed bytes' DRAM time (its loads first: it is never
-      delayed);
+      boards all-reduce its partial sums) the channels stream on from piece to piece: every
+      stretch of idle DRAM time (a piece's run beyond its own streamed bytes' DRAM time, its
+      loads first so that it is never delayed, and the all-reduce after a piece that ends at
+      one: the links move the sums) fetches the bytes of the pieces after it, in order and as
+      far as one block's pieces ahead (cyclically: the next streamed block's first pieces),
+      while the buffer's bytes fetched ahead and not yet run stay within ``capacity``
+      (:func:`_stream_ahead`, in the steady state of consecutive streamed blocks);
     * without, the all-reduce before each of the block's programs (the previous block's second
       before the first program, the block's first before the MLP's GEMMs), the programs together
       saving at most ``reduces x reduce_s``: the block's all-reduces (two; one where attention
@@ -411,6 +440,9 @@ def prefetch(resident, streamed, reduce_s: float, dram_bw: float, reduces: int =
         The block's all-reduces (:func:`block_all_reduces`).
     ends : tuple of bool, optional
         Per program of the mappings, whether it ends at an all-reduce (:func:`slice_pieces`).
+    capacity : float, optional
+        SRAM bytes per chip the pieces' buffer may hold at once (with ``ends``; unbounded by
+        default).
 
     Returns
     -------
@@ -418,23 +450,98 @@ def prefetch(resident, streamed, reduce_s: float, dram_bw: float, reduces: int =
         ``(seconds saved per streamed block, the SRAM buffer's bytes per chip)``; ``(0, 0)``
         where the mappings do not say what each program streams.
     """
+    gains, buffer = _ahead_gains(resident, streamed, reduce_s, dram_bw, reduces, ends, capacity)
+    return float(sum(gains)), buffer
+
+
+def _ahead_gains(resident, streamed, reduce_s: float, dram_bw: float, reduces: int = 2,
+                 ends: "tuple | None" = None, capacity: float = math.inf) -> tuple[tuple, int]:
+    """:func:`prefetch` per program: ``(seconds each program of the block saves, the buffer's
+    bytes per chip)``; ``((), 0)`` where nothing is saved."""
     n = len(streamed.program_s)
     if len(streamed.program_streamed) != n or len(resident.program_s) != n or (ends is not None and len(ends) != n):
-        return 0.0, 0
-    if ends is None:
-        windows = [reduce_s] * n
-    else:
-        windows = [(reduce_s if ends[k - 1] else 0.0)
-                   + max(0.0, streamed.program_s[k - 1] - streamed.program_streamed[k - 1] / dram_bw)
-                   for k in range(n)]
-    saved, buffer = 0.0, 0
-    for fast, slow, nbytes, window in zip(resident.program_s, streamed.program_s, streamed.program_streamed, windows):
-        ahead = min(float(nbytes), window * dram_bw)  # bytes per chip fetched ahead
+        return (), 0
+    if ends is not None:
+        # seconds of DRAM time each piece saves with its bytes on chip, and the idle stretches
+        useful = [min(nbytes / dram_bw, max(0.0, slow - fast))
+                  for fast, slow, nbytes in zip(resident.program_s, streamed.program_s, streamed.program_streamed)]
+        running = [max(0.0, slow - nbytes / dram_bw) for slow, nbytes in zip(streamed.program_s, streamed.program_streamed)]
+        after = [reduce_s if end else 0.0 for end in ends]
+        gains, held = _stream_ahead(useful, running, after, capacity / dram_bw)
+        return (tuple(gains), int(math.ceil(held * dram_bw))) if sum(gains) > 0 else ((), 0)
+    gains, buffer = [], 0
+    for fast, slow, nbytes in zip(resident.program_s, streamed.program_s, streamed.program_streamed):
+        ahead = min(float(nbytes), reduce_s * dram_bw)  # bytes per chip fetched ahead
         gain = min(ahead / dram_bw, max(0.0, slow - fast))
+        gains.append(max(0.0, gain))
         if gain > 0:
-            saved += gain
             buffer = max(buffer, int(math.ceil(ahead)))
-    return (min(saved, reduces * reduce_s) if ends is None else saved), buffer
+    # the programs together never more than the block's all-reduces
+    total = sum(gains)
+    if total <= 0:
+        return (), 0
+    scale = min(1.0, reduces * reduce_s / total)
+    return tuple(x * scale for x in gains), buffer
+
+
+def _unburnt_j(streamed, gains, board) -> float:
+    """The static energy a streamed block's mapping charged over the seconds its weights
+    fetched ahead take off it (:func:`prefetch`, ``gains`` per program): the block no longer
+    runs them, so its chips do not burn their static power over them (its DRAM bytes are read
+    all the same, their energy stays). Each program's chips (its mapping's group) over its
+    gain; the board's chips where the mapping does not say per program."""
+    p = board.p_static_w_per_chip
+    if len(streamed.program_timings) != len(gains):
+        return p * board.chips * float(sum(gains))
+    return p * float(sum(gain * t.chips for gain, t in zip(gains, streamed.program_timings)))
+
+
+def _stream_ahead(useful, running, after, capacity: float = math.inf, cycles: int = 4) -> tuple[list, float]:
+    """The DRAM channel streaming a block's pieces' weights ahead through an SRAM buffer, over
+    consecutive streamed blocks (the pieces cyclically), every idle stretch spent at once.
+
+    Piece ``k`` saves up to ``useful[k]`` seconds of DRAM time with its bytes fetched ahead; the
+    channel is idle ``running[k]`` seconds while it runs (past its own reads) and ``after[k]``
+    seconds after it (its all-reduce). Each stretch fetches for the pieces after the one it
+    follows, in order, up to one block's pieces ahead, while the bytes held stay within
+    ``capacity`` (seconds of DRAM time): while a piece runs its own bytes fetched ahead are
+    counted as held, after it they are not. All quantities are seconds of one chip's DRAM
+    channel. The greedy stream is simulated over ``cycles`` blocks from an empty buffer and its
+    last block taken (the steady state: a piece's fetches come from the block's pieces before it).
+
+    Returns
+    -------
+    tuple
+        ``(seconds each piece saves, the most seconds' worth of bytes the buffer holds)``, both
+        of the last block.
+    """
+    n = len(useful)
+    total = cycles * n
+    fetched = [0.0] * (total + n)
+    held = peak = 0.0
+
+    def fetch(m: int, window: float, room: float) -> float:
+        nonlocal held
+        got = 0.0
+        for j in range(m + 1, m + n + 1):
+            take = min(useful[j % n] - fetched[j], window - got, room - got)
+            if take <= 0:
+                if window - got <= 0 or room - got <= 0:
+                    break
+                continue
+            fetched[j] += take
+            got += take
+        held += got
+        return got
+
+    for m in range(total):
+        before = held  # piece m's own bytes fetched ahead among them
+        during = fetch(m, running[m % n], capacity - before)
+        held -= fetched[m]  # piece m has run
+        fetch(m, after[m % n], capacity - held)
+        if m >= total - n:
+            peak = max(peak, before + during, held)
+    return fetched[total - n:total], peak
 
 
 def _on_chip(resident, pieces, ends, row_bytes: int, chips: int, scatter_s: float, map_alone):
@@ -847,90 +954,108 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         # arithmetic on the two mapped slices and the hand-overs, no mapping each
         options = sorted({least, max(least, min(L, fit))} | {math.ceil(L / k) for k in range(1, GROUP_COUNTS + 1)
                                                              if math.ceil(L / k) >= least})
-        # the slice cut where the boards all-reduce its sums (else mapped as described)
-        pieces, ends = slice_pieces(dec, reduces_per_block) or (list(dec), None)
-        # a slice mapped alone (weights resident as far as they fit) and streaming its weights
-        resident = P._map_stage(list(pieces), board, host_shapes, spec.cache_slots(seq), memo=memo)
-        # (streaming also where every block stays resident, for pieces: each resident one at most
-        # as long as streaming, :func:`_at_most`)
-        streamed = (resident if fit >= max(options) and ends is None else
-                    P._map_stage(list(pieces), board, host_shapes, spec.cache_slots(seq), weights="stream", memo=memo))
-        # cut into pieces, the all-reduces take the sums spread over each board's chips and
-        # deliver the whole row to every chip (the pieces ending at one without their gathers
-        # of it); uncut, they end in the projection's layout and the slice gathers the row itself
-        fused = ends is not None
-        if fused:
-            scatter_s = collective_cost(board_topo, order, "all_gather", hidden * 4, True).seconds
-            resident, streamed = (_spread(_less(st, fused_gathers(st, ends, hidden * 4)), ends, cpb, scatter_s)
-                                  for st in (resident, streamed))
-        resident = _at_most(resident, streamed)
-        reduce_s = reduce_of(groups, fused)  # the partial sums, ``reduce`` on the wire
-        # the streamed blocks' weights fetched partly while the DRAM channels are idle: a buffer
-        # per chip out of the SRAM the resident blocks would take (one fewer may stay resident)
-        on_chip = _on_chip(resident, pieces, ends, hidden * 4, cpb, scatter_s if fused else 0.0,
-                           lambda piece: P._map_stage([piece], board, host_shapes, spec.cache_slots(seq), memo=memo))
-        saved, buffer = prefetch(on_chip, streamed, reduce_s, board.dram_bw_bytes_s, reduces_per_block, ends)
-        fit_ahead = max(1, int((budget - buffer * cpb) // max(1, block_w)))
-        variants = [(fit, 0.0, 0, "")] + ([(fit_ahead, saved, buffer, "p")] if saved > 0 else [])
-        for per_group, (fit, saved_s, buffer_b, tag) in ((n, v) for n in options for v in variants):
-            n_groups = math.ceil(L / per_group)
-            sizes = [per_group] * (n_groups - 1) + [L - per_group * (n_groups - 1)]
-            # every user's cache of a group's blocks on each of its boards
-            caches = group_caches(resident, streamed, sizes, fit, batch, board, budget - buffer_b * cpb)
-            if not caches.fits:
-                if refused is not None:
-                    refused[f"board_tp:g{g}m{per_group}{tag}"] = caches.message(arch.name, groups, g)
-                continue
-            blocks_s = sum(_run_s(resident, streamed, n, fit, saved_s) for n in sizes)
-            ahead_s = sum(max(0, n - fit) for n in sizes) * saved_s
-            reduces_s = reduces_per_block * L * reduce_s
-            head_board = free[0] if free else groups[n_groups][0]
-            hand = [pair_s(j, hidden * handover_bytes, groups) for j in range(n_groups - 1)]
-            hand.append(handover_s(groups[n_groups - 1][:1], [head_board], hidden * handover_bytes))
-            # the token from the head's board back to the first group's boards, the host's I/O
-            io = P._step_io(arch, batch, seq, head_board * cpb,
-                            [c + b * cpb for b in groups[0] for c in range(cpb)])
-            loop_s = io["token_return_s"] + io["step_sync_s"] + io["host_io_decode_s"]
-            decode_s = blocks_s + reduces_s + sum(hand) + head_s + loop_s
-            used = (g * n_groups + 1) * cpb
-            kept = sum(min(n, fit) for n in sizes) * g * (resident.resident_bytes - resident.kv_sram_bytes)
-            head_kept = sum(min(st.resident_bytes, st.weight_bytes) for st in head_stages)
-            kept = min(weight_bytes, int(kept) + head_kept)
-            kv_share = resident.kv_sram_bytes / resident.kv_bytes if resident.kv_bytes else 0.0
-            # the plan's own bound (a diagnostic): each mapped program's largest bound, per block
-            # as mapped (resident or streaming), the board collectives on the links
-            bounds = {k: sum(min(n, fit) * resident.bounds[k] + max(0, n - fit) * streamed.bounds[k] for n in sizes)
-                      + sum(st.bounds[k] for st in head_stages) for k in resident.bounds}
-            bounds["links"] += reduces_s + sum(hand) + loop_s
-            out[f"board_tp:g{g}m{per_group}{tag}"] = dict(
-                decode_s=decode_s, period_s=decode_s, used=used, resident=kept,
-                streamed=max(0, weight_bytes - kept), kv_sram=kv_bytes * kv_share,
-                energy_j=(g * sum(min(n, fit) * resident.energy_j + max(0, n - fit) * streamed.energy_j for n in sizes)
-                          + sum(st.energy_j for st in head_stages)) / batch,
-                sram_pe=max([resident.peak_pe_bytes, streamed.peak_pe_bytes] + [st.peak_pe_bytes for st in head_stages]),
-                dram_chip=int(math.ceil(max(0, per_group - fit) * streamed.streamed_bytes_per_chip)),
-                bounds=bounds, bound_s=sum(bounds.values()), binding=max(bounds, key=bounds.get),
-                description=(f"each block tensor-parallel over a group of {g} boards ({g * cpb} chips: heads and "
-                             f"MLP columns split across the boards, {reduces_text} of {sums_text} a block "
-                             f"on the board links), {n_groups} group(s) of {per_group} block(s) pipelined, the "
-                             f"hidden state handed over group to group in slices, the head on one board"
-                             + (f"; the streamed blocks' weights fetched {buffer_b / 1e6:.2f} MB a chip ahead "
-                                f"during the all-reduces" if tag else "")),
-                meta={"stages": n_groups + 1, "boards_per_stage": g, "blocks_per_stage": per_group,
-                      "boards_used": g * n_groups + 1, "tp_boards": g, "groups": n_groups,
-                      **({"boards": sorted({b for grp in groups[:n_groups] for b in grp} | {head_board})}
-                         if arch.has_faults else {}),
-                      "chips_per_group": g * cpb, "micro_batch": batch, "micro_batches": 1,
-                      "mapping_weights": "auto", "block_decode_s": blocks_s / L,
-                      "board_all_reduce_s": reduce_s, "board_all_reduces_decode_s": reduces_s,
-                      **({"board_all_reduce_wire": reduce} if reduce != "int32" else {}),
-                      "board_gather_fused": fused,
-                      "slice_collectives_s": slice_collectives(streamed if per_group > fit else resident,
-                                                               hidden * 4 if fused else None),
-                      "prefetch_bytes_per_chip": buffer_b, "prefetch_saved_decode_s": ahead_s,
-                      "handoff_decode_s": sum(hand), "head_decode_s": head_s, **io,
-                      **({"largest_batch": caches.largest_batch} if batch > 1 else {}),
-                      "replicas": boards // (g * n_groups + 1)})
+        # the slice cut where the boards all-reduce its sums (:func:`slice_pieces`) and the slice
+        # as described, both timed: the pieces deliver the reduced row to every chip (no gathers
+        # of it) and map the attention on its own, while the slice as one program streams its
+        # weights in one run of DRAM reads under its own work; whichever is faster for the
+        # groups' blocks is kept (see the module docstring)
+        forms = slice_forms(dec, reduces_per_block)
+        fit_alone = fit  # blocks kept resident without a prefetch buffer (each form starts from it)
+        for pieces, ends in forms:
+            form = "u" if ends is None and len(forms) > 1 else ""
+            fit = fit_alone
+            # a slice mapped alone (weights resident as far as they fit) and streaming its weights
+            resident = P._map_stage(list(pieces), board, host_shapes, spec.cache_slots(seq), memo=memo)
+            # (streaming also where every block stays resident, for pieces: each resident one at most
+            # as long as streaming, :func:`_at_most`)
+            streamed = (resident if fit >= max(options) and ends is None else
+                        P._map_stage(list(pieces), board, host_shapes, spec.cache_slots(seq), weights="stream", memo=memo))
+            # cut into pieces, the all-reduces take the sums spread over each board's chips and
+            # deliver the whole row to every chip (the pieces ending at one without their gathers
+            # of it); uncut, they end in the projection's layout and the slice gathers the row itself
+            fused = ends is not None
+            if fused:
+                scatter_s = collective_cost(board_topo, order, "all_gather", hidden * 4, True).seconds
+                resident, streamed = (_spread(_less(st, fused_gathers(st, ends, hidden * 4)), ends, cpb, scatter_s)
+                                      for st in (resident, streamed))
+            resident = _at_most(resident, streamed)
+            reduce_s = reduce_of(groups, fused)  # the partial sums, ``reduce`` on the wire
+            # the streamed blocks' weights fetched partly while the DRAM channels are idle: a buffer
+            # per chip out of the SRAM the resident blocks would take (one fewer may stay resident)
+            on_chip = _on_chip(resident, pieces, ends, hidden * 4, cpb, scatter_s if fused else 0.0,
+                               lambda piece: P._map_stage([piece], board, host_shapes, spec.cache_slots(seq), memo=memo))
+            # (the buffer leaves a board's resident share the SRAM the first block holds as mapped
+            # alone: that block stays, whatever the buffer)
+            gains, buffer = _ahead_gains(on_chip, streamed, reduce_s, board.dram_bw_bytes_s, reduces_per_block, ends,
+                                         max(0.0, budget - resident.resident_bytes) / cpb)
+            saved = float(sum(gains))
+            unburnt = _unburnt_j(streamed, gains, board)
+            fit_ahead = max(1, int((budget - buffer * cpb) // max(1, block_w)))
+            variants = [(fit, 0.0, 0, 0.0, "")] + ([(fit_ahead, saved, buffer, unburnt, "p")] if saved > 0 else [])
+            for per_group, (fit, saved_s, buffer_b, unburnt_j, tag) in ((n, v) for n in options for v in variants):
+                n_groups = math.ceil(L / per_group)
+                sizes = [per_group] * (n_groups - 1) + [L - per_group * (n_groups - 1)]
+                # every user's cache of a group's blocks on each of its boards
+                caches = group_caches(resident, streamed, sizes, fit, batch, board, budget - buffer_b * cpb)
+                if not caches.fits:
+                    if refused is not None:
+                        refused[f"board_tp:g{g}m{per_group}{tag}{form}"] = caches.message(arch.name, groups, g)
+                    continue
+                blocks_s = sum(_run_s(resident, streamed, n, fit, saved_s) for n in sizes)
+                ahead_s = sum(max(0, n - fit) for n in sizes) * saved_s
+                reduces_s = reduces_per_block * L * reduce_s
+                head_board = free[0] if free else groups[n_groups][0]
+                hand = [pair_s(j, hidden * handover_bytes, groups) for j in range(n_groups - 1)]
+                hand.append(handover_s(groups[n_groups - 1][:1], [head_board], hidden * handover_bytes))
+                # the token from the head's board back to the first group's boards, the host's I/O
+                io = P._step_io(arch, batch, seq, head_board * cpb,
+                                [c + b * cpb for b in groups[0] for c in range(cpb)])
+                loop_s = io["token_return_s"] + io["step_sync_s"] + io["host_io_decode_s"]
+                decode_s = blocks_s + reduces_s + sum(hand) + head_s + loop_s
+                used = (g * n_groups + 1) * cpb
+                kept = sum(min(n, fit) for n in sizes) * g * (resident.resident_bytes - resident.kv_sram_bytes)
+                head_kept = sum(min(st.resident_bytes, st.weight_bytes) for st in head_stages)
+                kept = min(weight_bytes, int(kept) + head_kept)
+                kv_share = resident.kv_sram_bytes / resident.kv_bytes if resident.kv_bytes else 0.0
+                # the plan's own bound (a diagnostic): each mapped program's largest bound, per block
+                # as mapped (resident or streaming), the board collectives on the links; the DRAM
+                # reads fetched ahead run under the all-reduces and the other pieces' work: counted once
+                bounds = {k: sum(min(n, fit) * resident.bounds[k] + max(0, n - fit) * streamed.bounds[k] for n in sizes)
+                          + sum(st.bounds[k] for st in head_stages) for k in resident.bounds}
+                bounds["dram"] = max(0.0, bounds["dram"] - ahead_s)
+                bounds["links"] += reduces_s + sum(hand) + loop_s
+                out[f"board_tp:g{g}m{per_group}{tag}{form}"] = dict(
+                    decode_s=decode_s, period_s=decode_s, used=used, resident=kept,
+                    streamed=max(0, weight_bytes - kept), kv_sram=kv_bytes * kv_share,
+                    energy_j=(g * sum(min(n, fit) * resident.energy_j + max(0, n - fit) * (streamed.energy_j - unburnt_j)
+                                      for n in sizes)
+                              + sum(st.energy_j for st in head_stages)) / batch,
+                    sram_pe=max([resident.peak_pe_bytes, streamed.peak_pe_bytes] + [st.peak_pe_bytes for st in head_stages]),
+                    dram_chip=int(math.ceil(max(0, per_group - fit) * streamed.streamed_bytes_per_chip)),
+                    bounds=bounds, bound_s=sum(bounds.values()), binding=max(bounds, key=bounds.get),
+                    description=(f"each block tensor-parallel over a group of {g} boards ({g * cpb} chips: heads and "
+                                 f"MLP columns split across the boards, {reduces_text} of {sums_text} a block "
+                                 f"on the board links), {n_groups} group(s) of {per_group} block(s) pipelined, the "
+                                 f"hidden state handed over group to group in slices, the head on one board"
+                                 + (f"; the streamed blocks' weights fetched {buffer_b / 1e6:.2f} MB a chip ahead "
+                                    f"during the all-reduces" if tag else "")
+                                 + ("; each slice run as one program (the faster than cut at its all-reduces)"
+                                    if form else "")),
+                    meta={"stages": n_groups + 1, "boards_per_stage": g, "blocks_per_stage": per_group,
+                          "boards_used": g * n_groups + 1, "tp_boards": g, "groups": n_groups,
+                          **({"boards": sorted({b for grp in groups[:n_groups] for b in grp} | {head_board})}
+                             if arch.has_faults else {}),
+                          "chips_per_group": g * cpb, "micro_batch": batch, "micro_batches": 1,
+                          "mapping_weights": "auto", "block_decode_s": blocks_s / L,
+                          "board_all_reduce_s": reduce_s, "board_all_reduces_decode_s": reduces_s,
+                          **({"board_all_reduce_wire": reduce} if reduce != "int32" else {}),
+                          "board_gather_fused": fused,
+                          "slice_collectives_s": slice_collectives(streamed if per_group > fit else resident,
+                                                                   hidden * 4 if fused else None),
+                          "prefetch_bytes_per_chip": buffer_b, "prefetch_saved_decode_s": ahead_s,
+                          "handoff_decode_s": sum(hand), "head_decode_s": head_s, **io,
+                          **({"largest_batch": caches.largest_batch} if batch > 1 else {}),
+                          "replicas": boards // (g * n_groups + 1)})
         # the best number of groups of this degree is kept
         mine = [k for k in out if k.startswith(f"board_tp:g{g}m")]
         steps.update()
