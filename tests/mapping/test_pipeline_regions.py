@@ -17,6 +17,7 @@ import pytest
 from tvm_spinn.mapping import MappingError, map_program
 from tvm_spinn.mapping.planner import plan_system
 from tvm_spinn.mapping.system import stage_programs_of
+from tvm_spinn.report.report import system_summary
 from tvm_spinn.runtime.simulator import run_program
 from tvm_spinn.target.arch import make_system
 from tvm_spinn.target.topology import topology_of
@@ -155,6 +156,23 @@ def test_a_dead_board_before_a_later_region():
     assert plan.regions[0].stage == 0
     _check_pipeline(plan.programs[1], arch, [2, 3], handed_from=0)
     assert plan.regions[1].stage == 2  # the third usable board
+
+
+def test_the_summary_keys_stages_and_regions_by_board_on_a_system_with_faults():
+    # board 1 dead: the chain over boards 0 and 2, the next region after it on board 2 (the
+    # second usable board, its stage 1): both count on board 2
+    arch = _system("pp-dead-summary", 3, dead_boards=(1,))
+    plan = plan_system([chain(symbol="big"), chain(2, 256, seed=9, symbol="after")], arch)
+    big, after = plan.programs
+    _check_pipeline(big, arch, [0, 2])
+    # the region goes on on the chain's last stage (its board: 2)
+    assert [r.stage for r in plan.regions] == [1, 1] and after.mapping.system.stage == 1
+    summary = system_summary(plan.programs, arch)
+    first, last = big.timing.pipeline.stage_s
+    # two boards in use (one replica of the 3-board system): the slower one binds
+    assert (summary["stages"], summary["replicas"], summary["chips_per_replica"]) == (2, 1, 2 * PER)
+    assert summary["throughput_inf_s"] == pytest.approx(1 / max(first, last + after.timing.latency_s), rel=1e-12)
+    assert last + after.timing.latency_s > first
 
 
 # -- a build -------------------------------------------------------------------------------------
