@@ -120,14 +120,34 @@ def test_the_next_region_goes_on_on_the_last_stages_board_after_what_it_holds():
     assert plan.final.sram == tuple(a + b for a, b in zip(held.sram, after.sram_bytes))
 
 
+def _board_bytes(arch):
+    """What a board's chips hold: DRAM and every PE's SRAM."""
+    return PER * (arch.dram_bytes + arch.pes_per_chip * arch.tile_sram_bytes)
+
+
+def _refusal(region, weights, need, left):
+    """The refusal naming ``region``, the whole boards ``left`` to it and the ``need`` it has at least."""
+    return (rf"first program over: {region}\); no board holds region {region}: over pipeline stages \(a whole board "
+            rf"each\) it needs at least {need} boards \(its {weights} bytes of weights, \d+ bytes a board holds; "
+            rf"more than the boards it was tried on\), and {len(left)} whole board\(s\) were left to it "
+            rf"\({', '.join(map(str, left)) or 'none'}\)$")
+
+
 def test_a_region_no_board_left_holds_is_refused():
-    # the pipelined region ends on the last board: a second one has no boards left
-    with pytest.raises(MappingError, match=r"does not fit pp-regions-3b .*first program over: big2\)"):
-        plan_system([chain(2, 256, symbol="before"), chain(symbol="big"), chain(seed=9, symbol="big2")],
-                    _system("pp-regions-3b", 3))
-    # two boards: the second region has one board left, where no stage cut fits
-    with pytest.raises(MappingError, match=r"does not fit pp-regions-2 .*first program over: big\)"):
-        plan_system([chain(2, 256, symbol="before"), chain(symbol="big")], _system("pp-regions-2", 2))
+    # the pipelined region ends on the last board: a 12-layer region after it has no board left;
+    # its 48 MiB of weights need at least 3 boards of 48 chips (4 PEs, 8 KiB of DRAM)
+    arch = _system("pp-regions-3b", 3)
+    big2 = chain(12, seed=9, symbol="big2")
+    weights = sum(t.nbytes for t in big2.tensors if t.role == "const")
+    assert weights == 12 * K * K * 4 and -(-weights // _board_bytes(arch)) == 3 > 2
+    with pytest.raises(MappingError, match=_refusal("big2", weights, 3, [])):
+        plan_system([chain(2, 256, symbol="before"), chain(symbol="big"), big2], arch)
+    # two boards: the second region has one board left (board 1), where no stage cut fits: it
+    # needs more than that one (its 16 MiB alone: one board)
+    arch = _system("pp-regions-2", 2)
+    assert -(-4 * K * K * 4 // _board_bytes(arch)) == 1
+    with pytest.raises(MappingError, match=_refusal("big", 4 * K * K * 4, 2, [1])):
+        plan_system([chain(2, 256, symbol="before"), chain(symbol="big")], arch)
 
 
 # -- systems with faults ------------------------------------------------------------------------
@@ -145,7 +165,7 @@ def test_a_board_with_a_dead_chip_holds_no_stage():
     _check_pipeline(program, arch, [1, 2])
     _same_bits(chain(), program)
     # with one whole board left there is no pipeline of whole boards
-    with pytest.raises(MappingError, match="does not fit pp-dead-chip-2"):
+    with pytest.raises(MappingError, match="does not fit pp-dead-chip-2 .*" + _refusal("main", 4 * K * K * 4, 2, [1])):
         map_program(chain(), _system("pp-dead-chip-2", 2, dead_chips=(5,)))
 
 
