@@ -17,6 +17,7 @@ import pytest
 from tvm_spinn.mapping import MappingError, map_program
 from tvm_spinn.mapping.planner import plan_system
 from tvm_spinn.mapping.system import stage_programs_of
+from tvm_spinn.report.report import system_summary
 from tvm_spinn.runtime.simulator import run_program
 from tvm_spinn.target.arch import make_system
 from tvm_spinn.target.topology import topology_of
@@ -119,14 +120,34 @@ def test_the_next_region_goes_on_on_the_last_stages_board_after_what_it_holds():
     assert plan.final.sram == tuple(a + b for a, b in zip(held.sram, after.sram_bytes))
 
 
+def _board_bytes(arch):
+    """What a board's chips hold: DRAM and every PE's SRAM."""
+    return PER * (arch.dram_bytes + arch.pes_per_chip * arch.tile_sram_bytes)
+
+
+def _refusal(region, weights, need, left):
+    """The refusal naming ``region``, the whole boards ``left`` to it and the ``need`` it has at least."""
+    return (rf"first program over: {region}\); no board holds region {region}: over pipeline stages \(a whole board "
+            rf"each\) it needs at least {need} boards \(its {weights} bytes of weights, \d+ bytes a board holds; "
+            rf"more than the boards it was tried on\), and {len(left)} whole board\(s\) were left to it "
+            rf"\({', '.join(map(str, left)) or 'none'}\)$")
+
+
 def test_a_region_no_board_left_holds_is_refused():
-    # the pipelined region ends on the last board: a second one has no boards left
-    with pytest.raises(MappingError, match=r"does not fit pp-regions-3b .*first program over: big2\)"):
-        plan_system([chain(2, 256, symbol="before"), chain(symbol="big"), chain(seed=9, symbol="big2")],
-                    _system("pp-regions-3b", 3))
-    # two boards: the second region has one board left, where no stage cut fits
-    with pytest.raises(MappingError, match=r"does not fit pp-regions-2 .*first program over: big\)"):
-        plan_system([chain(2, 256, symbol="before"), chain(symbol="big")], _system("pp-regions-2", 2))
+    # the pipelined region ends on the last board: a 12-layer region after it has no board left;
+    # its 48 MiB of weights need at least 3 boards of 48 chips (4 PEs, 8 KiB of DRAM)
+    arch = _system("pp-regions-3b", 3)
+    big2 = chain(12, seed=9, symbol="big2")
+    weights = sum(t.nbytes for t in big2.tensors if t.role == "const")
+    assert weights == 12 * K * K * 4 and -(-weights // _board_bytes(arch)) == 3 > 2
+    with pytest.raises(MappingError, match=_refusal("big2", weights, 3, [])):
+        plan_system([chain(2, 256, symbol="before"), chain(symbol="big"), big2], arch)
+    # two boards: the second region has one board left (board 1), where no stage cut fits: it
+    # needs more than that one (its 16 MiB alone: one board)
+    arch = _system("pp-regions-2", 2)
+    assert -(-4 * K * K * 4 // _board_bytes(arch)) == 1
+    with pytest.raises(MappingError, match=_refusal("big", 4 * K * K * 4, 2, [1])):
+        plan_system([chain(2, 256, symbol="before"), chain(symbol="big")], arch)
 
 
 # -- systems with faults ------------------------------------------------------------------------
@@ -144,7 +165,7 @@ def test_a_board_with_a_dead_chip_holds_no_stage():
     _check_pipeline(program, arch, [1, 2])
     _same_bits(chain(), program)
     # with one whole board left there is no pipeline of whole boards
-    with pytest.raises(MappingError, match="does not fit pp-dead-chip-2"):
+    with pytest.raises(MappingError, match="does not fit pp-dead-chip-2 .*" + _refusal("main", 4 * K * K * 4, 2, [1])):
         map_program(chain(), _system("pp-dead-chip-2", 2, dead_chips=(5,)))
 
 
@@ -155,6 +176,23 @@ def test_a_dead_board_before_a_later_region():
     assert plan.regions[0].stage == 0
     _check_pipeline(plan.programs[1], arch, [2, 3], handed_from=0)
     assert plan.regions[1].stage == 2  # the third usable board
+
+
+def test_the_summary_keys_stages_and_regions_by_board_on_a_system_with_faults():
+    # board 1 dead: the chain over boards 0 and 2, the next region after it on board 2 (the
+    # second usable board, its stage 1): both count on board 2
+    arch = _system("pp-dead-summary", 3, dead_boards=(1,))
+    plan = plan_system([chain(symbol="big"), chain(2, 256, seed=9, symbol="after")], arch)
+    big, after = plan.programs
+    _check_pipeline(big, arch, [0, 2])
+    # the region goes on on the chain's last stage (its board: 2)
+    assert [r.stage for r in plan.regions] == [1, 1] and after.mapping.system.stage == 1
+    summary = system_summary(plan.programs, arch)
+    first, last = big.timing.pipeline.stage_s
+    # two boards in use (one replica of the 3-board system): the slower one binds
+    assert (summary["stages"], summary["replicas"], summary["chips_per_replica"]) == (2, 1, 2 * PER)
+    assert summary["throughput_inf_s"] == pytest.approx(1 / max(first, last + after.timing.latency_s), rel=1e-12)
+    assert last + after.timing.latency_s > first
 
 
 # -- a build -------------------------------------------------------------------------------------

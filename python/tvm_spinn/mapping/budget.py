@@ -34,6 +34,9 @@ class SystemState:
         The largest of the regions' smallest per-chip weight shards.
     overflow : str or None
         The symbol of the first region that did not fit the system.
+    shortfall : tuple or None
+        When that region fitted no board and too few whole boards were left for its pipeline
+        stages: ``(board ids left to it, boards it needs at least, its weight bytes)``.
     """
 
     stage: int = 0
@@ -42,6 +45,7 @@ class SystemState:
     weights: int = 0
     min_chip_bytes: int = 0
     overflow: str | None = None
+    shortfall: tuple[tuple[int, ...], int, int] | None = None
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,7 @@ class _Ledger:
     weights: int = 0
     min_chip_bytes: int = 0
     overflow: str | None = None
+    shortfall: tuple | None = None
     cache: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -100,14 +101,16 @@ class _Ledger:
         sram = np.zeros(pes, dtype=np.int64)
         sram[:len(state.sram)] = state.sram
         return cls(pes=pes, stage=state.stage, sram=sram, dram=state.dram, weights=state.weights,
-                   min_chip_bytes=state.min_chip_bytes, overflow=state.overflow, cache=cache)
+                   min_chip_bytes=state.min_chip_bytes, overflow=state.overflow, shortfall=state.shortfall,
+                   cache=cache)
 
     def fresh(self) -> "_Ledger":
         return _Ledger(pes=self.pes)
 
     def frozen(self) -> SystemState:
         return SystemState(stage=self.stage, sram=tuple(int(v) for v in self.sram), dram=int(self.dram),
-                           weights=int(self.weights), min_chip_bytes=int(self.min_chip_bytes), overflow=self.overflow)
+                           weights=int(self.weights), min_chip_bytes=int(self.min_chip_bytes), overflow=self.overflow,
+                           shortfall=self.shortfall)
 
 
 def stages_of(arch: SpinnArch) -> int:
@@ -511,7 +514,8 @@ def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState
         # its own board with only its layers' weights. The region takes whole boards from the
         # current stage when that holds nothing yet, else from the next one.
         start = ledger.stage if ledger.dram == 0 and not ledger.sram.any() else ledger.stage + 1
-        piped = _map_pipeline(program, arch, options, map_one, _pipeline_boards(arch, start))
+        boards = _pipeline_boards(arch, start)
+        piped = _map_pipeline(program, arch, options, map_one, boards)
         if piped is not None:
             program, last_stage, last = piped
             if start > ledger.stage:  # the inputs come from the board of the build's earlier regions
@@ -522,6 +526,7 @@ def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState
             ledger.sram[:len(last.sram)] = last.sram
             ledger.dram = last.dram
             return program, ledger.frozen()
+        ledger.shortfall = _shortfall(program, arch, boards)
     if best is None:
         # One program's smallest shard does not fit one chip: no system holds it.
         ledger.overflow = ledger.overflow or program.symbol
@@ -554,6 +559,27 @@ def _pipeline_boards(arch: SpinnArch, start: int) -> list[tuple[int, np.ndarray]
         return [(s, _stage_ranks(arch, s, per)) for s in range(start, stages_of(arch))]
     whole = set(whole_boards(arch))
     return [(s, live_chips(arch, b)) for s, b in enumerate(usable_boards(arch)) if s >= start and b in whole]
+
+
+def _shortfall(program: Program, arch: SpinnArch, boards: list[tuple[int, np.ndarray]]) -> tuple | None:
+    """Why ``program`` (a region no board holds) found no pipeline on ``boards``
+    (:func:`_pipeline_boards`) when more boards would help: ``(board ids, boards needed at
+    least, its weight bytes)``; None when no number of boards holds it (a layer's weights exceed what a board
+    holds, or every cut up to a layer a stage was tried) or the system is smaller than a board.
+
+    The bound is cheap, no imaginary board mapped: the region needs at least 2 stages (no board
+    holds it), more than the boards it was tried on, and its weights over what a board's DRAM
+    and SRAM hold."""
+    per = arch.chips_per_board
+    if arch.chips < per or len(program.layers) <= len(boards):
+        return None
+    board_bytes = per * (arch.dram_bytes + arch.pes_per_chip * arch.tile_sram_bytes)
+    layer_bytes = [sum(program.tensors[t].nbytes for t in set(layer.consts.values())) for layer in program.layers]
+    if max(layer_bytes) > board_bytes:
+        return None
+    weights = sum(t.nbytes for t in program.tensors if t.role == "const")
+    need = max(2, len(boards) + 1, -(-weights // board_bytes))
+    return tuple(int(chips[0]) // per for _, chips in boards), int(need), int(weights)
 
 
 def _map_pipeline(program: Program, arch: SpinnArch, options, map_one,
@@ -698,7 +724,13 @@ def overflow_message(ledger: SystemState, arch: SpinnArch) -> str:
     """The :class:`MappingError` text of a model that does not fit ``arch`` (``ledger``: the
     system's state after the build's last program)."""
     chip_bytes = arch.dram_bytes + arch.pes_per_chip * arch.tile_sram_bytes
-    if ledger.stage >= 0:
+    if ledger.shortfall is not None:
+        left, need, weights = ledger.shortfall
+        where = (f"no board holds region {ledger.overflow}: over pipeline stages (a whole board each) it needs at "
+                 f"least {need} boards (its {weights} bytes of weights, {arch.chips_per_board * chip_bytes} bytes a "
+                 f"board holds; more than the boards it was tried on), and {len(left)} whole board(s) were left to it "
+                 f"({', '.join(map(str, left)) or 'none'})")
+    elif ledger.stage >= 0:
         boards = ledger.stage + 1
         where = (f"the smallest system that holds it is make_system(boards={boards}) "
                  f"({boards * arch.chips_per_board} chips, one pipeline stage per board)")

@@ -10,6 +10,7 @@ from ..codegen import MANIFEST_MAGIC, MANIFEST_SYMBOL
 from ..program import Program
 from ..program.format import mapping_to_json
 from ..target.arch import SpinnArch
+from ..target.faults import usable_boards
 from ..timing.bounds import PhysicalBound, physical_bound, program_workload
 
 __all__ = ["Report", "report", "find_spinn_modules"]
@@ -122,7 +123,7 @@ class Report:
         return "\n".join(lines + [self.table()])
 
 
-def system_summary(programs: list, chips: int, chips_per_board: int) -> dict:
+def system_summary(programs: list, arch: SpinnArch) -> dict:
     """The plan of a multi-chip build and its bounds, summed over its programs (which run one
     after another): per program tensor/data-parallel degrees and pipeline stage, the
     collectives, and the plan's own compute, memory (where the weights live) and communication
@@ -132,7 +133,9 @@ def system_summary(programs: list, chips: int, chips_per_board: int) -> dict:
 
     Throughput for a stream of inputs: the programs of one stage (board) run one after another
     and stages overlap (a pipeline), and the boards the stages leave free hold replicas. A
-    program mapped over pipeline stages counts each stage's time on its own board. On one
+    program mapped over pipeline stages counts each stage's time on its own board, the others
+    theirs on their stage's board (on a system with faults, the stage-th usable board), and
+    ``stages`` counts the boards the build uses. On one
     stage, a replica group sized by the widest plan runs a narrower program (``tp x dp`` chips
     of the group's ``G``) for ``G / chips`` inferences at once, each chip holding that plan's
     shard (what the build's DRAM ledger counts), so the system completes
@@ -145,16 +148,21 @@ def system_summary(programs: list, chips: int, chips_per_board: int) -> dict:
     keys = ("compute_bound_s", "memory_bound_s", "comm_bound_s")
     bounds = {k: sum(getattr(p.timing.system, k) for p in rows) for k in keys}
     latency = sum(p.timing.latency_s for p in programs)
+    chips, chips_per_board = arch.chips, arch.chips_per_board
+    # every program's time keyed by board id: a pipeline stage's board is its chips', another
+    # program's its stage's, the stage-th usable board (dead boards are no stage)
+    usable = usable_boards(arch)
     stage_s: dict[int, float] = {}
     for p in programs:
         pipe = p.mapping.pipeline
-        # a program over pipeline stages (a board each) takes each stage's time on its board
-        parts = ([(st.chips[0] // chips_per_board, t) for st, t in zip(pipe.stages, p.timing.pipeline.stage_s)]
-                 if pipe is not None else
-                 [(p.mapping.system.stage if p.mapping.system is not None else 0, p.timing.latency_s)])
-        for stage, seconds in parts:
-            stage_s[stage] = stage_s.get(stage, 0.0) + seconds
-    stages = max(stage_s) + 1
+        if pipe is not None:  # over pipeline stages: each stage's time on its board
+            parts = [(st.chips[0] // chips_per_board, t) for st, t in zip(pipe.stages, p.timing.pipeline.stage_s)]
+        else:
+            stage = p.mapping.system.stage if p.mapping.system is not None else 0
+            parts = [(usable[stage] if stage < len(usable) else stage, p.timing.latency_s)]
+        for board, seconds in parts:
+            stage_s[board] = stage_s.get(board, 0.0) + seconds
+    stages = len(stage_s)
     group = max(p.mapping.system.chips for p in rows)
     per_replica = stages * chips_per_board if stages > 1 else group
     replicas = max(1, chips // per_replica)
@@ -191,9 +199,9 @@ def _pipeline_row(program) -> dict:
             "period_s": t.period_s, "binding": t.binding, "latency_s": t.latency_s}
 
 
-def _throughput(programs: list, chips: int, chips_per_board: int) -> float:
+def _throughput(programs: list, arch: SpinnArch) -> float:
     if any(p.mapping.system is not None for p in programs):
-        return system_summary(programs, chips, chips_per_board)["throughput_inf_s"]
+        return system_summary(programs, arch)["throughput_inf_s"]
     return min((p.timing.throughput_inf_s for p in programs), default=0.0)
 
 
@@ -269,9 +277,9 @@ def report(ex) -> Report:
         fallback_reasons=manifest.get("fallback_reasons", {}),
         weight_bytes=sum(t.nbytes for p in programs for t in p.tensors if t.role == "const"),
         resident_weight_bytes=sum(p.memory.resident_bytes_total for p in programs),
-        throughput_inf_s=_throughput(programs, manifest.get("chips", arch.chips), arch.chips_per_board),
+        throughput_inf_s=_throughput(programs, system),
         mapping=[dict(mapping_to_json(p.mapping), symbol=p.symbol) for p in programs],
-        plan=system_summary(programs, manifest.get("chips", arch.chips), arch.chips_per_board),
+        plan=system_summary(programs, system),
         layers=layers, programs=programs, pipelines=[_pipeline_row(p) for p in programs if p.timing.pipeline is not None],
         physical=physical_bound(program_workload(programs), system) if programs else None, **totals,
     )
