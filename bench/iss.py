@@ -123,6 +123,16 @@ def _cases():
                                           (1, 16, 20, 20))
     yield "avg_pool2d 3x3/1", _torch_case(lambda m, a: torch.nn.functional.avg_pool2d(a * 2.0, 3, 1, 1), None,
                                           (1, 8, 16, 16))
+    yield "avg_pool2d 4x4/4", _torch_case(lambda m, a: torch.nn.functional.avg_pool2d(a * 2.0, 4, 4), None,
+                                          (1, 8, 24, 24))
+    yield "avg_pool2d 7x7/1", _torch_case(lambda m, a: torch.nn.functional.avg_pool2d(a * 2.0, 7, 1), None,
+                                          (1, 8, 14, 14))
+    yield "avg_pool2d 5x3/2", _torch_case(lambda m, a: torch.nn.functional.avg_pool2d(a * 2.0, (5, 3), 2, (2, 1)),
+                                          None, (1, 6, 17, 17))
+    yield "max_pool2d 4x4/4", _torch_case(lambda m, a: torch.nn.functional.max_pool2d(a * 2.0, 4, 4), None,
+                                          (1, 8, 24, 24))
+    yield "max_pool2d 7x7/1", _torch_case(lambda m, a: torch.nn.functional.max_pool2d(a * 2.0, 7, 1), None,
+                                          (1, 8, 14, 14))
     yield "quantize 64x96", (_qdq_module("quantize", (64, 96)), [rng_inputs((64, 96), "float32")])
     yield "dequantize 64x96", (_qdq_module("dequantize", (64, 96)), [rng_inputs((64, 96), "int8")])
     from test_int8 import qgemm_module
