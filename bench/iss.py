@@ -31,7 +31,10 @@ out); a second line gives the M4F's share alone (model and executed) and what th
 charges the layer. A third table runs the int8 kernel directly on larger tiles (several column
 blocks, several reduction chunks) and prints the array's cycles, the M4F's, their sum (no
 overlap), their maximum (full overlap) and the executed pipeline.
-Usage: ``python bench/iss.py`` (``--only PREFIX``: the cases named so, no calibration).
+A fourth table runs the fp32 row kernels (softmax, layer_norm, rms_norm) directly on one
+whole-row tile of rows from 3 to 250 columns.
+Usage: ``python bench/iss.py`` (``--only PREFIX``: the cases named so, no calibration;
+``--only rows``: the row-kernel table alone).
 """
 
 from __future__ import annotations
@@ -363,6 +366,77 @@ def _int8_kernel_table(arch) -> None:
     print(f"held-out int8 kernel shapes within +-{TARGET:.0%}: {within} of {held}")
 
 
+#: row kernels run directly on one whole-row tile (rows x columns, every phase in one run): the
+#: bench's program rows hold 96 columns; these reach rows as short as a few columns
+ROW_SHAPES = ((16, 3), (16, 5), (16, 8), (16, 17), (8, 33), (4, 96), (2, 250))
+
+
+def row_kernel_run(machine, kind: str, rows: int, cols: int, rng) -> int:
+    """Run the fp32 row kernel ``kind`` on one whole-row tile as the ``iss`` mode does (its phases
+    as one job list; layer_norm with gamma and beta, rms_norm with its weight); the executed
+    cycles, the exp/log unit's waits included. Checks the outputs against the kernels' defining
+    sums in float64 (within fp32 rounding)."""
+    from tvm_spinn.pe.cycles import executed_cycles
+    x = (rng.standard_normal((rows, cols)) * 2.0).astype(np.float32)
+    gamma, beta = rng.uniform(0.5, 1.5, cols).astype(np.float32), rng.standard_normal(cols).astype(np.float32)
+    px = machine.arena
+    py, pst = px + x.nbytes, px + 2 * x.nbytes
+    pg = pst + 16 * rows
+    pb = pg + gamma.nbytes
+    machine.write(px, x.tobytes())
+    machine.write(pst, np.zeros(4 * rows, np.float32).tobytes())
+    machine.write(pg, gamma.tobytes())
+    machine.write(pb, beta.tobytes())
+    eps = int(np.float32(1e-5).view(np.uint32))
+    phases = {"softmax": 3, "layer_norm": 3, "rms_norm": 2}[kind]
+    if kind == "softmax":
+        jobs = [[px, py, pst, rows, cols, ph, 3] for ph in range(phases)]
+    elif kind == "layer_norm":
+        jobs = [[px, py, pst, pg, pb, rows, cols, ph, 3 | 4 | 8, 0, cols, eps] for ph in range(phases)]
+    else:
+        jobs = [[px, py, pst, pg, rows, cols, ph, 3 | 4, 0, cols, eps] for ph in range(phases)]
+    machine.clear_counters()
+    machine.run(jobs)
+    y = np.frombuffer(machine.read(py, x.nbytes), np.float32).reshape(rows, cols)
+    xd = x.astype(np.float64)
+    if kind == "softmax":
+        e = np.exp(xd - xd.max(axis=1, keepdims=True))
+        want = e / e.sum(axis=1, keepdims=True)
+    elif kind == "layer_norm":
+        want = (xd - xd.mean(1, keepdims=True)) / np.sqrt(xd.var(1, keepdims=True) + 1e-5) * gamma + beta
+    else:
+        want = gamma * (xd / np.sqrt((xd * xd).mean(1, keepdims=True) + 1e-5))
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
+    return executed_cycles(machine)[0]
+
+
+def _row_kernel_table(arch) -> None:
+    """The row kernels' timing model (:func:`tvm_spinn.program.ops.rows.Rows` whole-row tiles:
+    its passes per element, what a row computes once, the phases' jobs) against the kernels run
+    directly on short and long rows."""
+    from tvm_spinn.pe.images import role_image
+    from tvm_spinn.pe.iss import PeMachine
+    from tvm_spinn.program.model import Layer
+    from tvm_spinn.program.ops.rows import _m4f_costs
+    rng = np.random.default_rng(0)
+    print("\nfp32 row kernels, one whole-row tile per shape (rows x columns)\n"
+          f"{'kind':12s} {'shape':8s} {'modelled':>9s} {'executed':>9s} {'model err':>9s} {'+-10%':>5s} {'exec/elem':>9s}")
+    held = within = 0
+    for kind in ("softmax", "layer_norm", "rms_norm"):
+        image = role_image((kind,))
+        machine = PeMachine(image.elf, image.name, 0, arch.acc_bits, arch)
+        per, _, once, fixed = _m4f_costs(Layer(kind, kind, [0], 1), arch)
+        for rows, cols in ROW_SHAPES:
+            executed = row_kernel_run(machine, kind, rows, cols, rng)
+            modelled = float(np.ceil(rows * cols * per + rows * once + fixed))
+            err = (modelled - executed) / executed
+            held += 1
+            within += abs(err) <= TARGET
+            print(f"{kind:12s} {f'{rows}x{cols}':8s} {modelled:9.0f} {executed:9d} {err:+9.1%} "
+                  f"{'yes' if abs(err) <= TARGET else 'no':>5s} {executed / (rows * cols):9.2f}")
+    print(f"row kernel shapes within +-{TARGET:.0%}: {within} of {held}")
+
+
 def main() -> None:
     import argparse
     from tvm_spinn.target.arch import SpinnArch
@@ -422,6 +496,8 @@ def main() -> None:
         _kernel_table(arch)
     if not args.only or "int8".startswith(args.only) or args.only.startswith("int8"):
         _int8_kernel_table(arch)
+    if not args.only or args.only == "rows":
+        _row_kernel_table(arch)
 
 
 if __name__ == "__main__":
