@@ -49,16 +49,28 @@ POOL_COLUMN_UNROLL = 4
 
 @dataclass(frozen=True)
 class PoolRowLoop:
-    """One window-row step of the pool kernel's loops as the generated code executes it.
+    """One step of the pool kernel's loop over window rows, as the generated code executes it.
 
-    A step covers :attr:`PoolCode.step_rows` window rows (or the one row left over when that
-    is 2 and the window's height is odd). Per step: :attr:`overhead` (the step's address
-    set-up, the unrolled loop's entry and exit tests and the loop branch), per full iteration of
-    the unrolled column loop :attr:`group` (4 columns of each of the step's rows: their loads,
-    arithmetic, the index increment, compare and branch back), per remaining column ``i + 1``
-    of ``kw mod 4`` :attr:`remainder` ``[i]`` (the first recomputes the row's base address), and
-    when the row is narrower than 4 columns :attr:`short` (a delta: the branch around the
-    unrolled loop taken, its entry and exit tests not run).
+    A step covers :attr:`PoolCode.step_rows` window rows, or the row left over when that is 2
+    and the window's height is odd. Its columns run in :data:`POOL_COLUMN_UNROLL`-wide
+    iterations, then one by one. Each piece is the difference of the executed instruction
+    counts between two windows, so a piece can hold a negative count where it turns another
+    piece's taken branch into a fall-through (a not-taken branch is counted as ``alu``).
+
+    Attributes
+    ----------
+    overhead : Mix
+        Once per step: the rows' addresses, the unrolled loop's entry and exit tests and the
+        step's loop branch.
+    group : Mix
+        Per full iteration of the unrolled column loop: 4 columns of each of the step's rows
+        (loads and arithmetic), the index increment, the compare and the branch back.
+    remainder : tuple of Mix
+        Per remaining column ``i + 1`` of the ``kw mod 4``, ``remainder[i]``; the first
+        recomputes the row's base address, each computes its column's address with a multiply.
+    short : Mix
+        Added when a row is narrower than 4 columns: the branch around the unrolled loop taken,
+        the loop's entry and exit tests not run.
     """
 
     overhead: Mix
@@ -67,7 +79,20 @@ class PoolRowLoop:
     short: Mix
 
     def cycles(self, kw: int, arch) -> float:
-        """Cycles of one step over window rows of ``kw`` columns."""
+        """Cycles of one step over window rows of ``kw`` columns.
+
+        Parameters
+        ----------
+        kw : int
+            The window's width.
+        arch : SpinnArch
+            The TRM's prices (:func:`~.m4f.mix_cycles`).
+
+        Returns
+        -------
+        float
+            M4F cycles.
+        """
         full, rest = divmod(int(kw), POOL_COLUMN_UNROLL)
         return (mix_cycles(self.overhead, arch) + full * mix_cycles(self.group, arch)
                 + sum(mix_cycles(m, arch) for m in self.remainder[:rest])
@@ -77,13 +102,29 @@ class PoolRowLoop:
 @dataclass(frozen=True)
 class PoolCode:
     """The pool kernel of one kind (:mod:`tvm_spinn.pe.kernels` ``pool``) as the generated code
-    executes it: per job :attr:`setup` (the geometry's loads and the loops' strides and base
-    addresses, beyond the prologue and epilogue that ``m4f_job_cycles`` holds), per plane
-    :attr:`plane`, per row of outputs :attr:`out_row`, per output :attr:`output` (its
-    accumulator's start, its store -- ``avg``: after the VDIV by its divisor -- and the
-    addresses advanced on the stack), plus :attr:`entry` when the window-row loop runs at least
-    one full step, then the window rows in steps of :attr:`step_rows` (:attr:`step`) and the
-    ``kh mod step_rows`` rows left over (:attr:`tail`)."""
+    executes it.
+
+    Attributes
+    ----------
+    step_rows : int
+        Window rows per step of the window-row loop (2 where LLVM unrolls it by 2).
+    step : PoolRowLoop
+        One step of ``step_rows`` window rows.
+    tail : PoolRowLoop or None
+        The ``kh mod step_rows`` row left over (None when ``step_rows`` is 1).
+    output : Mix
+        Per output: its accumulator's start, its store (``avg``: after the VDIV by its divisor)
+        and the addresses advanced on the stack.
+    entry : Mix
+        Per output whose window has at least one full step: the step loop's set-up.
+    out_row : Mix
+        Per row of outputs.
+    plane : Mix
+        Per plane.
+    setup : Mix
+        Per job: the geometry's loads and the loops' strides and base addresses, beyond the
+        prologue and epilogue that ``m4f_job_cycles`` holds.
+    """
 
     step_rows: int
     step: PoolRowLoop
@@ -95,7 +136,20 @@ class PoolCode:
     setup: Mix
 
     def output_cycles(self, kh: int, kw: int, arch) -> float:
-        """Cycles of one output of a ``kh x kw`` window."""
+        """Cycles of one output of a ``kh x kw`` window.
+
+        Parameters
+        ----------
+        kh, kw : int
+            The window's height and width.
+        arch : SpinnArch
+            The TRM's prices (:func:`~.m4f.mix_cycles`).
+
+        Returns
+        -------
+        float
+            M4F cycles.
+        """
         steps, left = divmod(int(kh), self.step_rows)
         cycles = mix_cycles(self.output, arch) + steps * self.step.cycles(kw, arch)
         if steps:
