@@ -136,6 +136,9 @@ def _cases():
                                           (1, 8, 24, 24))
     yield "max_pool2d 7x7/1", _torch_case(lambda m, a: torch.nn.functional.max_pool2d(a * 2.0, 7, 1), None,
                                           (1, 8, 14, 14))
+    yield "mean 64x96", _torch_case(lambda m, a: (a * 2.0).mean(-1), None, (64, 96))
+    yield "where_less 64x96", _torch_case(lambda m, a, b: torch.where(a < b, a * 2.0, b * 3.0), None, (64, 96), (64, 96))
+    yield "transpose 64x96", _torch_case(lambda m, a: (a * 2.0).t() + 1.0, None, (64, 96))
     yield "quantize 64x96", (_qdq_module("quantize", (64, 96)), [rng_inputs((64, 96), "float32")])
     yield "dequantize 64x96", (_qdq_module("dequantize", (64, 96)), [rng_inputs((64, 96), "int8")])
     from test_int8 import qgemm_module
