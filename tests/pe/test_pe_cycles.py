@@ -141,6 +141,65 @@ def test_pool_model_per_window_against_executed_code(op):
         assert abs(modelled - executed) <= 0.10 * executed, (kh, kw, stride, dil, modelled, executed)
 
 
+#: row-kernel tiles ``(rows, columns)`` none of which the row kernels' mixes were read at (those:
+#: 1 to 4 rows of 1 to 8 columns): more rows (odd and even: the row loops unrolled by 2), wider
+#: rows with each remainder of 4
+HELD_OUT_ROWS = [(5, 1), (9, 2), (6, 3), (7, 11), (3, 29), (2, 70), (11, 13)]
+
+
+@pytest.mark.parametrize("kind", ["softmax", "layer_norm", "rms_norm", "mean"])
+def test_row_model_against_executed_code(kind):
+    """The fp32 row kernels run directly on whole-row tiles of held-out shapes (every phase as one
+    job list, as the ``iss`` mode runs a whole-row tile): the executed cycles against
+    :func:`~tvm_spinn.program.ops.rows.row_tile_cycles` (the column loops unrolled by 4 with
+    their remainder, some row loops unrolled by 2, what each row finishes once), and the
+    outputs against the kernels' defining sums in float64."""
+    from tvm_spinn.pe.cycles import executed_cycles
+    from tvm_spinn.program.ops.rows import row_tile_cycles
+
+    arch = SpinnArch()
+    image = role_image((kind,))
+    machine = PeMachine(image.elf, image.name, 0, arch.acc_bits, arch)
+    rng = np.random.default_rng(11)
+    eps = int(np.float32(1e-5).view(np.uint32))
+    for rows, cols in HELD_OUT_ROWS:
+        x = (rng.standard_normal((rows, cols)) * 2.0).astype(np.float32)
+        w = rng.uniform(0.5, 1.5, cols).astype(np.float32)
+        b = rng.standard_normal(cols).astype(np.float32)
+        px = machine.arena
+        py, pst = px + x.nbytes, px + 2 * x.nbytes
+        pw = pst + 16 * rows
+        pb = pw + w.nbytes
+        for address, data in ((px, x), (pst, np.zeros(4 * rows, np.float32)), (pw, w), (pb, b)):
+            machine.write(address, data.tobytes())
+        if kind == "mean":
+            jobs = [[px, pst, py, rows, cols, 3, cols]]
+        elif kind == "softmax":
+            jobs = [[px, py, pst, rows, cols, ph, 3] for ph in range(3)]
+        elif kind == "layer_norm":
+            jobs = [[px, py, pst, pw, pb, rows, cols, ph, 3 | 4 | 8, 0, cols, eps] for ph in range(3)]
+        else:
+            jobs = [[px, py, pst, pw, rows, cols, ph, 3 | 4, 0, cols, eps] for ph in range(2)]
+        machine.clear_counters()
+        machine.run(jobs)
+        xd = x.astype(np.float64)
+        if kind == "mean":
+            got, want = np.frombuffer(machine.read(py, 4 * rows), np.float32), xd.mean(1)
+        else:
+            got = np.frombuffer(machine.read(py, x.nbytes), np.float32).reshape(rows, cols)
+            if kind == "softmax":
+                e = np.exp(xd - xd.max(1, keepdims=True))
+                want = e / e.sum(1, keepdims=True)
+            elif kind == "layer_norm":
+                want = (xd - xd.mean(1, keepdims=True)) / np.sqrt(xd.var(1, keepdims=True) + 1e-5) * w + b
+            else:
+                want = w * (xd / np.sqrt((xd * xd).mean(1, keepdims=True) + 1e-5))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        executed = executed_cycles(machine)[0]
+        modelled = float(row_tile_cycles(kind, np.int64(rows), np.int64(cols), arch))
+        assert abs(modelled - executed) <= 0.10 * executed, (kind, rows, cols, modelled, executed)
+
+
 @pytest.mark.parametrize("op", ["matmul", "dense"])
 def test_int8_model_within_ten_percent_of_executed_code(op):
     """The int8 GEMM kernel's cost model (its instruction mixes priced by the TRM, the MAC array's
