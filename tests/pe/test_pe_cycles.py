@@ -325,3 +325,34 @@ def test_int8_tile_larger_than_the_pe_sram_is_refused():
     q = np.concatenate([[3, 512, 0, -128, 127], np.tile([1, 100, 1 << 30, 40], 256)])
     with pytest.raises(ValueError, match="bytes of SRAM"):
         run_int8_tile(machine, a, b, 512, q, 0)
+
+
+def test_split_mean_chunks_against_executed_code():
+    """A mean's rows split in three chunks run one after another as the ``iss`` mode runs them,
+    the partial passed on: each chunk's executed cycles against
+    :func:`~tvm_spinn.program.ops.rows.row_tile_cycles` of its own columns (only the last chunk
+    divides), and the mean against the sequential fp32 sum."""
+    from tvm_spinn.pe.cycles import executed_cycles
+    from tvm_spinn.program.ops.rows import row_tile_cycles
+
+    arch = SpinnArch()
+    image = role_image(("mean",))
+    machine = PeMachine(image.elf, image.name, 0, arch.acc_bits, arch)
+    rows, bounds = 5, (0, 23, 46, 61)
+    x = np.random.default_rng(3).standard_normal((rows, bounds[-1])).astype(np.float32)
+    part = machine.arena
+    py = part + 4 * rows
+    px = py + 4 * rows
+    for k, (c0, c1) in enumerate(zip(bounds, bounds[1:])):
+        machine.write(px, np.ascontiguousarray(x[:, c0:c1]).tobytes())
+        last = c1 == bounds[-1]
+        machine.clear_counters()
+        machine.run([[px, part, py, rows, c1 - c0, (1 if k == 0 else 0) | (2 if last else 0), bounds[-1]]])
+        executed = executed_cycles(machine)[0]
+        modelled = float(row_tile_cycles("mean", np.int64(rows), np.int64(c1 - c0), arch, last=last))
+        # within 3%: a chunk charged the row's finish (a VDIV per row) would be 10% over
+        assert abs(modelled - executed) <= 0.03 * executed, (k, modelled, executed)
+    want = np.zeros(rows, np.float32)
+    for j in range(bounds[-1]):
+        want = want + x[:, j]
+    np.testing.assert_array_equal(np.frombuffer(machine.read(py, 4 * rows), np.float32), want / np.float32(bounds[-1]))

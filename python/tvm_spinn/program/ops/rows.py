@@ -247,6 +247,10 @@ class RowPhase:
         The ``rows mod step_rows`` row left over (None when ``step_rows`` is 1).
     entry : Mix
         Once per job with at least one full step: the unrolled row loop's set-up.
+    finish : Mix
+        Per row, what only the chunk holding the row's end runs (its statistic finished: the
+        divides and VSQRT), counted in :attr:`step` and :attr:`tail`; a split row's other
+        chunks skip it.
     """
 
     job: Mix
@@ -254,8 +258,9 @@ class RowPhase:
     step_rows: int = 1
     tail: "RowLoop | None" = None
     entry: Mix = Mix()
+    finish: Mix = Mix()
 
-    def cycles(self, rows, cols, arch) -> np.ndarray:
+    def cycles(self, rows, cols, arch, last=True) -> np.ndarray:
         """Cycles of one job over ``rows`` rows of ``cols`` columns (int64 arrays).
 
         Parameters
@@ -264,6 +269,8 @@ class RowPhase:
             Rows of the tile and columns of each row.
         arch : SpinnArch
             The TRM's prices (:func:`~.m4f.mix_cycles`).
+        last : bool or numpy.ndarray
+            Whether the tile holds its rows' ends (else :attr:`finish` is skipped).
 
         Returns
         -------
@@ -275,7 +282,7 @@ class RowPhase:
         if self.tail is not None:
             cycles = (cycles + np.where(steps > 0, mix_cycles(self.entry, arch), 0.0)
                       + left * self.tail.cycles(cols, arch))
-        return cycles
+        return cycles - np.where(last, 0.0, rows * mix_cycles(self.finish, arch))
 
 
 #: Once per run of a PE's job list: the runtime's start-up and its return to the halt (a
@@ -325,13 +332,15 @@ ROW_CODE = {
                          short=Mix(alu=-7.0, branches=3.0))),
     ),
     "layer_norm": (
-        RowPhase(job=Mix(loads=18.0, paired=34.0, fpu=3.0, alu=22.0, branches=4.0),
+        RowPhase(finish=Mix(loads=1.0, divides=1.0, alu=3.0),
+                 job=Mix(loads=18.0, paired=34.0, fpu=3.0, alu=22.0, branches=4.0),
                  step=RowLoop(row=Mix(loads=12.0, paired=3.0, fpu=2.0, divides=1.0, alu=27.0, branches=3.0),
                          group=Mix(loads=2.0, paired=2.0, fpu=16.0, alu=41.0, branches=1.0),
                          remainder=(Mix(loads=2.0, paired=1.0, fpu=4.0, alu=13.0), Mix(loads=1.0, fpu=4.0, alu=13.0),
                                     Mix(loads=1.0, fpu=4.0, alu=12.0, branches=-1.0)),
                          short=Mix(loads=-1.0, paired=-1.0, alu=-11.0, branches=3.0))),
-        RowPhase(job=Mix(loads=18.0, paired=34.0, fpu=3.0, alu=22.0, branches=4.0),
+        RowPhase(finish=Mix(paired=1.0, fpu=1.0, divides=2.0, alu=3.0),
+                 job=Mix(loads=18.0, paired=34.0, fpu=3.0, alu=22.0, branches=4.0),
                  step=RowLoop(row=Mix(loads=13.0, paired=8.0, fpu=3.0, divides=2.0, alu=22.0, branches=2.0),
                          group=Mix(loads=6.0, paired=2.0, fpu=24.0, alu=43.0, branches=1.0),
                          remainder=(Mix(loads=3.0, paired=1.0, fpu=6.0, alu=15.0), Mix(loads=2.0, fpu=6.0, alu=18.0),
@@ -345,7 +354,8 @@ ROW_CODE = {
                          short=Mix(alu=-5.0, branches=2.0))),
     ),
     "rms_norm": (
-        RowPhase(job=Mix(loads=18.0, paired=37.0, fpu=4.0, alu=24.0, branches=3.0),
+        RowPhase(finish=Mix(paired=1.0, fpu=1.0, divides=3.0, alu=1.0, branches=-1.0),
+                 job=Mix(loads=18.0, paired=37.0, fpu=4.0, alu=24.0, branches=3.0),
                  step=RowLoop(row=Mix(loads=6.0, paired=4.0, fpu=3.0, divides=3.0, alu=15.0, branches=2.0),
                          group=Mix(loads=2.0, paired=2.0, fpu=20.0, alu=41.0, branches=1.0),
                          remainder=(Mix(loads=3.0, paired=1.0, fpu=5.0, alu=14.0), Mix(loads=2.0, fpu=5.0, alu=13.0),
@@ -359,7 +369,8 @@ ROW_CODE = {
                          short=Mix(alu=-5.0, branches=2.0))),
     ),
     "mean": (
-        RowPhase(job=Mix(loads=11.0, paired=34.0, fpu=2.0, alu=16.0, branches=7.0),
+        RowPhase(finish=Mix(divides=1.0),
+                 job=Mix(loads=11.0, paired=34.0, fpu=2.0, alu=16.0, branches=7.0),
                  entry=Mix(loads=2.0, alu=9.0), step_rows=2,
                  step=RowLoop(row=Mix(loads=2.0, fpu=2.0, divides=2.0, alu=21.0),
                          group=Mix(loads=4.0, paired=4.0, fpu=8.0, alu=6.0, branches=2.0),
@@ -381,7 +392,7 @@ _SERIAL = Mix(loads=1.0, fpu=1.0)
 _CHAIN_STEP = Mix(loads=1.0, fpu=1.0)
 
 
-def row_tile_cycles(kind: str, rows, cols, arch: "SpinnArch", runs: int = 1) -> np.ndarray:
+def row_tile_cycles(kind: str, rows, cols, arch: "SpinnArch", runs: int = 1, last=True) -> np.ndarray:
     """M4F cycles of an fp32 row kernel's tile of ``rows`` rows of ``cols`` columns (int64
     arrays, one entry per tile): ``runs`` start-ups (:data:`ROW_RUN`), every phase's job and rows
     (:data:`ROW_CODE`), and softmax's stream through the exp/log unit
@@ -398,6 +409,9 @@ def row_tile_cycles(kind: str, rows, cols, arch: "SpinnArch", runs: int = 1) -> 
     runs : int
         Runs of the PE's job list for the tile (1 for a whole-row tile; one per phase for a
         split row's chunk).
+    last : bool or numpy.ndarray
+        Whether each tile holds its rows' ends (a split row's other chunks skip the row's
+        finish, :attr:`RowPhase.finish`).
 
     Returns
     -------
@@ -406,7 +420,7 @@ def row_tile_cycles(kind: str, rows, cols, arch: "SpinnArch", runs: int = 1) -> 
     """
     rows = np.asarray(rows, dtype=np.int64)
     cols = np.asarray(cols, dtype=np.int64)
-    cycles = runs * mix_cycles(ROW_RUN, arch) + sum(p.cycles(rows, cols, arch) for p in ROW_CODE[kind])
+    cycles = runs * mix_cycles(ROW_RUN, arch) + sum(p.cycles(rows, cols, arch, last) for p in ROW_CODE[kind])
     if kind == "softmax":
         cycles = cycles + arch.exp_unit_latency_cycles + rows * cols * arch.exp_unit_cycles
     return np.asarray(cycles, dtype=np.float64)
@@ -912,7 +926,8 @@ class Rows(OpFamily):
         if integer:  # TFLite's integer kernels: operations per element, one job per phase
             code = n * _per_elem(layer, arch) * op + _TFLITE_PHASES[layer.kind] * arch.m4f_job_cycles
         else:  # the generated code's phases over the tile's rows of c columns
-            code = row_tile_cycles(layer.kind, r, c, arch, 1 if chunks == 1 else len(ROW_CODE[layer.kind]))
+            code = row_tile_cycles(layer.kind, r, c, arch, 1 if chunks == 1 else len(ROW_CODE[layer.kind]),
+                                   hi[:, 1] == row)
         if chunks == 1:
             return code, np.zeros(len(lo))
         gathers, broadcasts = _statistics(layer)
