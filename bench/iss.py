@@ -31,7 +31,11 @@ out); a second line gives the M4F's share alone (model and executed) and what th
 charges the layer. A third table runs the int8 kernel directly on larger tiles (several column
 blocks, several reduction chunks) and prints the array's cycles, the M4F's, their sum (no
 overlap), their maximum (full overlap) and the executed pipeline.
-Usage: ``python bench/iss.py`` (``--only PREFIX``: the cases named so, no calibration).
+A fourth table runs the fp32 row kernels (softmax, layer_norm, rms_norm, mean) directly on one
+whole-row tile of rows from 1 to 250 columns (the row kernels' cost model was counted at rows of 1
+and 2 rows of 1 to 8 columns: every shape here is held out).
+Usage: ``python bench/iss.py`` (``--only PREFIX``: the cases named so, no calibration;
+``--only rows``: the row-kernel table alone).
 """
 
 from __future__ import annotations
@@ -123,6 +127,20 @@ def _cases():
                                           (1, 16, 20, 20))
     yield "avg_pool2d 3x3/1", _torch_case(lambda m, a: torch.nn.functional.avg_pool2d(a * 2.0, 3, 1, 1), None,
                                           (1, 8, 16, 16))
+    yield "avg_pool2d 4x4/4", _torch_case(lambda m, a: torch.nn.functional.avg_pool2d(a * 2.0, 4, 4), None,
+                                          (1, 8, 24, 24))
+    yield "avg_pool2d 7x7/1", _torch_case(lambda m, a: torch.nn.functional.avg_pool2d(a * 2.0, 7, 1), None,
+                                          (1, 8, 14, 14))
+    yield "avg_pool2d 5x3/2", _torch_case(lambda m, a: torch.nn.functional.avg_pool2d(a * 2.0, (5, 3), 2, (2, 1)),
+                                          None, (1, 6, 17, 17))
+    yield "max_pool2d 4x4/4", _torch_case(lambda m, a: torch.nn.functional.max_pool2d(a * 2.0, 4, 4), None,
+                                          (1, 8, 24, 24))
+    yield "max_pool2d 7x7/1", _torch_case(lambda m, a: torch.nn.functional.max_pool2d(a * 2.0, 7, 1), None,
+                                          (1, 8, 14, 14))
+    yield "mean 64x96", _torch_case(lambda m, a: (a * 2.0).mean(-1), None, (64, 96))
+    yield "where_less 64x96", _torch_case(lambda m, a, b: torch.where(a < b, a * 2.0, b * 3.0), None, (64, 96), (64, 96))
+    yield "where_less 31x77", _torch_case(lambda m, a, b: torch.where(a < b, a * 2.0, b * 3.0), None, (31, 77), (31, 77))
+    yield "transpose 64x96", _torch_case(lambda m, a: (a * 2.0).t() + 1.0, None, (64, 96))
     yield "quantize 64x96", (_qdq_module("quantize", (64, 96)), [rng_inputs((64, 96), "float32")])
     yield "dequantize 64x96", (_qdq_module("dequantize", (64, 96)), [rng_inputs((64, 96), "int8")])
     from test_int8 import qgemm_module
@@ -196,7 +214,22 @@ def _modelled(program, index: int, rows, arch) -> float:
     table = derive_tables(program, arch)[index]
     if _int8_gemm(program, index):
         return sum(_int8_tile(program, index, table, r.tile, arch)[0] for r in rows)
-    return float(sum(table.cycles[r.tile] for r in rows))
+    return float(sum(table.cycles[r.tile] for r in rows)) - _waited(program, index, rows, arch)
+
+
+def _waited(program, index: int, rows, arch) -> float:
+    """The cycles the timing model charges the tiles ``rows`` ran beyond the code they execute
+    (a split row's chain: :meth:`tvm_spinn.program.ops.rows.Rows.chain_wait`; the ISS runs the
+    chunks one after another and passes the partials itself)."""
+    from tvm_spinn.mapping.schedule import derive_tables
+    from tvm_spinn.program.ops.base import family_of
+    family = family_of(layer_kind(program, index))
+    if not hasattr(family, "chain_wait"):
+        return 0.0
+    table = derive_tables(program, arch)[index]
+    wait = family.chain_wait(program, program.layers[index], arch, program.mapping.layers[index].tile, table.lo,
+                             table.hi)
+    return float(sum(wait[r.tile] for r in rows))
 
 
 def _int8_gemm(program, index: int) -> bool:
@@ -353,6 +386,81 @@ def _int8_kernel_table(arch) -> None:
     print(f"held-out int8 kernel shapes within +-{TARGET:.0%}: {within} of {held}")
 
 
+#: row kernels run directly on one whole-row tile (rows x columns, every phase in one run): the
+#: bench's program rows hold 96 columns; these reach rows as short as a few columns
+ROW_SHAPES = ((16, 1), (16, 3), (16, 5), (16, 8), (16, 17), (8, 33), (6, 42), (4, 96), (3, 127), (2, 250))
+
+
+def row_kernel_run(machine, kind: str, rows: int, cols: int, rng) -> int:
+    """Run the fp32 row kernel ``kind`` on one whole-row tile as the ``iss`` mode does (its phases
+    as one job list; layer_norm with gamma and beta, rms_norm with its weight); the executed
+    cycles, the exp/log unit's waits included. Checks the outputs against the kernels' defining
+    sums in float64 (within fp32 rounding)."""
+    from tvm_spinn.pe.cycles import executed_cycles
+    x = (rng.standard_normal((rows, cols)) * 2.0).astype(np.float32)
+    gamma, beta = rng.uniform(0.5, 1.5, cols).astype(np.float32), rng.standard_normal(cols).astype(np.float32)
+    px = machine.arena
+    py, pst = px + x.nbytes, px + 2 * x.nbytes
+    pg = pst + 16 * rows
+    pb = pg + gamma.nbytes
+    machine.write(px, x.tobytes())
+    machine.write(pst, np.zeros(4 * rows, np.float32).tobytes())
+    machine.write(pg, gamma.tobytes())
+    machine.write(pb, beta.tobytes())
+    eps = int(np.float32(1e-5).view(np.uint32))
+    phases = {"softmax": 3, "layer_norm": 3, "rms_norm": 2, "mean": 1}[kind]
+    if kind == "mean":  # one chunk holding the whole row: from +0.0, the mean written
+        jobs = [[px, pst, py, rows, cols, 3, cols]]
+    elif kind == "softmax":
+        jobs = [[px, py, pst, rows, cols, ph, 3] for ph in range(phases)]
+    elif kind == "layer_norm":
+        jobs = [[px, py, pst, pg, pb, rows, cols, ph, 3 | 4 | 8, 0, cols, eps] for ph in range(phases)]
+    else:
+        jobs = [[px, py, pst, pg, rows, cols, ph, 3 | 4, 0, cols, eps] for ph in range(phases)]
+    machine.clear_counters()
+    machine.run(jobs)
+    xd = x.astype(np.float64)
+    if kind == "mean":
+        y = np.frombuffer(machine.read(py, 4 * rows), np.float32)
+        np.testing.assert_allclose(y, xd.mean(1), rtol=1e-5, atol=1e-5)
+        return executed_cycles(machine)[0]
+    y = np.frombuffer(machine.read(py, x.nbytes), np.float32).reshape(rows, cols)
+    if kind == "softmax":
+        e = np.exp(xd - xd.max(axis=1, keepdims=True))
+        want = e / e.sum(axis=1, keepdims=True)
+    elif kind == "layer_norm":
+        want = (xd - xd.mean(1, keepdims=True)) / np.sqrt(xd.var(1, keepdims=True) + 1e-5) * gamma + beta
+    else:
+        want = gamma * (xd / np.sqrt((xd * xd).mean(1, keepdims=True) + 1e-5))
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
+    return executed_cycles(machine)[0]
+
+
+def _row_kernel_table(arch) -> None:
+    """The row kernels' timing model (:func:`tvm_spinn.program.ops.rows.Rows` whole-row tiles:
+    its passes per element, what a row computes once, the phases' jobs) against the kernels run
+    directly on short and long rows."""
+    from tvm_spinn.pe.images import role_image
+    from tvm_spinn.pe.iss import PeMachine
+    from tvm_spinn.program.ops.rows import row_tile_cycles
+    rng = np.random.default_rng(0)
+    print("\nfp32 row kernels, one whole-row tile per shape (rows x columns)\n"
+          f"{'kind':12s} {'shape':8s} {'modelled':>9s} {'executed':>9s} {'model err':>9s} {'+-10%':>5s} {'exec/elem':>9s}")
+    held = within = 0
+    for kind in ("softmax", "layer_norm", "rms_norm", "mean"):
+        image = role_image((kind,))
+        machine = PeMachine(image.elf, image.name, 0, arch.acc_bits, arch)
+        for rows, cols in ROW_SHAPES:
+            executed = row_kernel_run(machine, kind, rows, cols, rng)
+            modelled = float(np.ceil(row_tile_cycles(kind, rows, cols, arch)))
+            err = (modelled - executed) / executed
+            held += 1
+            within += abs(err) <= TARGET
+            print(f"{kind:12s} {f'{rows}x{cols}':8s} {modelled:9.0f} {executed:9d} {err:+9.1%} "
+                  f"{'yes' if abs(err) <= TARGET else 'no':>5s} {executed / (rows * cols):9.2f}")
+    print(f"row kernel shapes within +-{TARGET:.0%}: {within} of {held}")
+
+
 def main() -> None:
     import argparse
     from tvm_spinn.target.arch import SpinnArch
@@ -392,6 +500,10 @@ def main() -> None:
             kinds.setdefault((mode, kind), []).append(abs(err) <= TARGET)
         print(f"{name:24s} {mode + ' ' + kind:16s} {'calib' if calib else 'held-out':8s} {len(rows):6d} "
               f"{modelled:10.0f} {executed:10d} {err:+9.1%} {err_cal:+8.1%} {ok:>5s} {executed / units:6.2f}/{unit}")
+        waited = _waited(program, index, rows, arch)
+        if waited:
+            print(f"{'':24s} a split row's chain: the timing model charges these tiles {waited:+.0f} cycles more "
+                  "(the partials and statistics they wait for; not executed code)")
         if _int8_gemm(program, index):
             from tvm_spinn.mapping.schedule import derive_tables
             table = derive_tables(program, arch)[index]
@@ -412,6 +524,8 @@ def main() -> None:
         _kernel_table(arch)
     if not args.only or "int8".startswith(args.only) or args.only.startswith("int8"):
         _int8_kernel_table(arch)
+    if not args.only or args.only == "rows":
+        _row_kernel_table(arch)
 
 
 if __name__ == "__main__":

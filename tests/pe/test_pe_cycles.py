@@ -69,6 +69,7 @@ class _Op(torch.nn.Module):
     ("matmul", lambda m, a, b: a @ b, None, [(12, 40), (40, 20)]),
     ("max_pool2d", lambda m, a: torch.nn.functional.max_pool2d(a * 2.0, 3, 2, 1), None, [(1, 4, 12, 12)]),
     ("avg_pool2d", lambda m, a: torch.nn.functional.avg_pool2d(a * 2.0, 2, 2), None, [(1, 6, 10, 10)]),
+    ("avg_pool2d", lambda m, a: torch.nn.functional.avg_pool2d(a * 2.0, 4, 4), None, [(1, 4, 16, 16)]),
 ])
 def test_timing_model_within_ten_percent_of_executed_code(name, fn, module, shapes):
     """The timing model's M4F cost of every tile (its structural instruction mix priced by the
@@ -90,6 +91,113 @@ def test_timing_model_within_ten_percent_of_executed_code(name, fn, module, shap
     rows = [r for r in record if r.layer == index]
     modelled, executed = sum(r.modelled for r in rows), sum(r.cycles for r in rows)
     assert abs(modelled - executed) <= 0.10 * executed, (modelled, executed)
+
+
+#: pool windows ``(kh, kw, strides, dilation)`` none of which the pool kernels' mixes were read at
+#: (those: 1 to 4 rows by 1 to 8 columns, unit strides): taller, wider, strided, dilated
+HELD_OUT_WINDOWS = [(5, 5, 1, 1), (7, 7, 1, 1), (9, 3, 2, 1), (6, 11, 1, 1), (3, 12, 3, 1), (1, 9, 1, 1),
+                    (8, 2, 2, 2), (2, 10, 1, 2)]
+
+
+@pytest.mark.parametrize("op", ["avg", "max"])
+def test_pool_model_per_window_against_executed_code(op):
+    """The pool kernels run directly on tiles of held-out windows (several planes, output rows
+    and outputs): the executed cycles against :func:`~tvm_spinn.program.ops.pool.pool_tile_cycles`
+    (the column loop unrolled by 4 with its remainder, ``avg``'s window rows in pairs), and the
+    outputs against numpy's pooling of the same band."""
+    from tvm_spinn.pe.cycles import executed_cycles
+    from tvm_spinn.program.ops.pool import pool_tile_cycles
+
+    arch = SpinnArch()
+    image = role_image(("pool", op))
+    machine = PeMachine(image.elf, image.name, 0, arch.acc_bits, arch)
+    rng = np.random.default_rng(7)
+    planes, rows, ow = 3, 2, 5
+    for kh, kw, stride, dil in HELD_OUT_WINDOWS:
+        bh, wp = (rows - 1) * stride + (kh - 1) * dil + 1, (ow - 1) * stride + (kw - 1) * dil + 1
+        src = rng.standard_normal((planes, bh, wp)).astype(np.float32)
+        div = np.full(rows * ow, kh * kw, np.float32)
+        geom = np.array([planes, rows, ow, bh, wp, kh, kw, stride, stride, dil, dil], np.int32)
+        ps = machine.arena
+        pd, po = ps + src.nbytes, ps + src.nbytes + div.nbytes
+        pg = po + 4 * planes * rows * ow
+        for address, data in ((ps, src), (pd, div), (pg, geom)):
+            machine.write(address, data.tobytes())
+        machine.clear_counters()
+        machine.run([[ps, pd, po, pg]])
+        got = np.frombuffer(machine.read(po, 4 * planes * rows * ow), np.float32).reshape(planes, rows, ow)
+        windows = np.stack([src[:, i * dil: i * dil + (rows - 1) * stride + 1: stride,
+                                j * dil: j * dil + (ow - 1) * stride + 1: stride]
+                            for i in range(kh) for j in range(kw)])
+        if op == "max":
+            np.testing.assert_array_equal(got, windows.max(axis=0))
+        else:  # the window's elements summed in order from the first, in fp32, then divided
+            total = windows[0]
+            for w in windows[1:]:
+                total = total + w
+            np.testing.assert_array_equal(got, total / np.float32(kh * kw))
+        executed = executed_cycles(machine)[0]
+        modelled = float(pool_tile_cycles(f"{op}_pool2d", np.int64(planes), np.int64(rows), ow, kh, kw, arch))
+        assert abs(modelled - executed) <= 0.10 * executed, (kh, kw, stride, dil, modelled, executed)
+
+
+#: row-kernel tiles ``(rows, columns)`` none of which the row kernels' mixes were read at (those:
+#: 1 to 4 rows of 1 to 8 columns): more rows (odd and even: the row loops unrolled by 2), wider
+#: rows with each remainder of 4
+HELD_OUT_ROWS = [(5, 1), (9, 2), (6, 3), (7, 11), (3, 29), (2, 70), (11, 13)]
+
+
+@pytest.mark.parametrize("kind", ["softmax", "layer_norm", "rms_norm", "mean"])
+def test_row_model_against_executed_code(kind):
+    """The fp32 row kernels run directly on whole-row tiles of held-out shapes (every phase as one
+    job list, as the ``iss`` mode runs a whole-row tile): the executed cycles against
+    :func:`~tvm_spinn.program.ops.rows.row_tile_cycles` (the column loops unrolled by 4 with
+    their remainder, some row loops unrolled by 2, what each row finishes once), and the
+    outputs against the kernels' defining sums in float64."""
+    from tvm_spinn.pe.cycles import executed_cycles
+    from tvm_spinn.program.ops.rows import row_tile_cycles
+
+    arch = SpinnArch()
+    image = role_image((kind,))
+    machine = PeMachine(image.elf, image.name, 0, arch.acc_bits, arch)
+    rng = np.random.default_rng(11)
+    eps = int(np.float32(1e-5).view(np.uint32))
+    for rows, cols in HELD_OUT_ROWS:
+        x = (rng.standard_normal((rows, cols)) * 2.0).astype(np.float32)
+        w = rng.uniform(0.5, 1.5, cols).astype(np.float32)
+        b = rng.standard_normal(cols).astype(np.float32)
+        px = machine.arena
+        py, pst = px + x.nbytes, px + 2 * x.nbytes
+        pw = pst + 16 * rows
+        pb = pw + w.nbytes
+        for address, data in ((px, x), (pst, np.zeros(4 * rows, np.float32)), (pw, w), (pb, b)):
+            machine.write(address, data.tobytes())
+        if kind == "mean":
+            jobs = [[px, pst, py, rows, cols, 3, cols]]
+        elif kind == "softmax":
+            jobs = [[px, py, pst, rows, cols, ph, 3] for ph in range(3)]
+        elif kind == "layer_norm":
+            jobs = [[px, py, pst, pw, pb, rows, cols, ph, 3 | 4 | 8, 0, cols, eps] for ph in range(3)]
+        else:
+            jobs = [[px, py, pst, pw, rows, cols, ph, 3 | 4, 0, cols, eps] for ph in range(2)]
+        machine.clear_counters()
+        machine.run(jobs)
+        xd = x.astype(np.float64)
+        if kind == "mean":
+            got, want = np.frombuffer(machine.read(py, 4 * rows), np.float32), xd.mean(1)
+        else:
+            got = np.frombuffer(machine.read(py, x.nbytes), np.float32).reshape(rows, cols)
+            if kind == "softmax":
+                e = np.exp(xd - xd.max(1, keepdims=True))
+                want = e / e.sum(1, keepdims=True)
+            elif kind == "layer_norm":
+                want = (xd - xd.mean(1, keepdims=True)) / np.sqrt(xd.var(1, keepdims=True) + 1e-5) * w + b
+            else:
+                want = w * (xd / np.sqrt((xd * xd).mean(1, keepdims=True) + 1e-5))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        executed = executed_cycles(machine)[0]
+        modelled = float(row_tile_cycles(kind, np.int64(rows), np.int64(cols), arch))
+        assert abs(modelled - executed) <= 0.10 * executed, (kind, rows, cols, modelled, executed)
 
 
 @pytest.mark.parametrize("op", ["matmul", "dense"])
@@ -217,3 +325,34 @@ def test_int8_tile_larger_than_the_pe_sram_is_refused():
     q = np.concatenate([[3, 512, 0, -128, 127], np.tile([1, 100, 1 << 30, 40], 256)])
     with pytest.raises(ValueError, match="bytes of SRAM"):
         run_int8_tile(machine, a, b, 512, q, 0)
+
+
+def test_split_mean_chunks_against_executed_code():
+    """A mean's rows split in three chunks run one after another as the ``iss`` mode runs them,
+    the partial passed on: each chunk's executed cycles against
+    :func:`~tvm_spinn.program.ops.rows.row_tile_cycles` of its own columns (only the last chunk
+    divides), and the mean against the sequential fp32 sum."""
+    from tvm_spinn.pe.cycles import executed_cycles
+    from tvm_spinn.program.ops.rows import row_tile_cycles
+
+    arch = SpinnArch()
+    image = role_image(("mean",))
+    machine = PeMachine(image.elf, image.name, 0, arch.acc_bits, arch)
+    rows, bounds = 5, (0, 23, 46, 61)
+    x = np.random.default_rng(3).standard_normal((rows, bounds[-1])).astype(np.float32)
+    part = machine.arena
+    py = part + 4 * rows
+    px = py + 4 * rows
+    for k, (c0, c1) in enumerate(zip(bounds, bounds[1:])):
+        machine.write(px, np.ascontiguousarray(x[:, c0:c1]).tobytes())
+        last = c1 == bounds[-1]
+        machine.clear_counters()
+        machine.run([[px, part, py, rows, c1 - c0, (1 if k == 0 else 0) | (2 if last else 0), bounds[-1]]])
+        executed = executed_cycles(machine)[0]
+        modelled = float(row_tile_cycles("mean", np.int64(rows), np.int64(c1 - c0), arch, last=last))
+        # within 3%: a chunk charged the row's finish (a VDIV per row) would be 10% over
+        assert abs(modelled - executed) <= 0.03 * executed, (k, modelled, executed)
+    want = np.zeros(rows, np.float32)
+    for j in range(bounds[-1]):
+        want = want + x[:, j]
+    np.testing.assert_array_equal(np.frombuffer(machine.read(py, 4 * rows), np.float32), want / np.float32(bounds[-1]))

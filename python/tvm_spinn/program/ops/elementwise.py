@@ -495,9 +495,15 @@ class Select(FlatFamily):
         return int(np.prod(program.tensors[layer.output].shape, dtype=np.int64)), None
 
     def cycles_per_element(self, layer, arch):
-        """The PE kernel's one pass: four loads (the operands back to back: the first of them
-        2 cycles, the rest pipelined), a compare, a select and a store."""
-        return pass_cycles((Mix(loads=2.0, paired=3.0, compares=1.0, selects=1.0),), arch)
+        """The PE kernel's one pass as the generated code executes it (the loop unrolled by 4,
+        counted in its executed block): per element ``a`` and ``b`` loaded (VLDR), the compare
+        (VCMP + VMRS), the pointer select (MOV of ``d``'s base, IT, MOVMI of ``c``'s, the ADD of
+        the element's offset), the load through the selected pointer (LDR: its address is the
+        instruction before's result, so it does not pipeline) and the store (four loads and
+        stores, 1.5 of them pipelined); per 4 elements the group's address and index
+        increments and its compare (1.25 ALU operations per element, the first element's ADD
+        folded into its load). The loop's branch is ``m4f_loop_cycles``."""
+        return pass_cycles((Mix(loads=2.5, paired=1.5, compares=1.0, alu=5.25),), arch)
 
     @staticmethod
     def select(a, b, c, d) -> np.ndarray:

@@ -27,6 +27,8 @@ uniform windows, lowered to ``avg_pool2d``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..checks import PAD4, POS2, check_bool, fail
@@ -36,35 +38,177 @@ from .sharding import REPLICATE, GatherInput, ShardDecision, ShardingRule, shard
 from .m4f import Mix, mix_cycles
 from .base import ComputedFlat, MappingError, OpFamily, ceil_div, itemsize, register, starts, working_budget
 
-__all__ = ["Pool", "PoolGrad", "smallest_pool_tile_bytes", "max_pool2d_backward", "pool_tile_cycles"]
+__all__ = ["Pool", "PoolGrad", "PoolCode", "PoolRowLoop", "POOL_CODE", "smallest_pool_tile_bytes", "max_pool2d_backward",
+           "pool_tile_cycles"]
 
-#: The PE's pool kernel (:mod:`tvm_spinn.pe.kernels` ``pool``) as the generated code executes it,
-#: per kind: one :class:`~.m4f.Mix` per window element, per window row, per output and per row
-#: of outputs (instruction classes counted in its executed blocks). A window element is a load
-#: at an address computed from its row and column (a multiply and adds), then for ``max`` the
-#: compare-and-select and the NaN test's compare-and-select, for ``avg`` one VADD (the first
-#: element selected instead); a window row sets up its address; an output starts its
-#: accumulator, stores it (``avg``: after one VDIV by its divisor) and advances the addresses
-#: the code keeps on the stack.
-POOL_MIXES = {
-    "max_pool2d": (Mix(loads=1.0, compares=2.0, selects=2.0, alu=5.0),
-                   Mix(loads=2.0, alu=13.0, branches=2.0),
-                   Mix(loads=8.0, paired=8.0, fpu=1.0, alu=14.0, branches=1.0),
-                   Mix(loads=8.0, paired=10.0, alu=13.0, branches=2.0)),
-    "avg_pool2d": (Mix(loads=2.0, fpu=1.0, alu=5.0),
-                   Mix(loads=7.0, paired=4.0, alu=16.0, branches=2.0),
-                   Mix(loads=14.0, paired=12.0, alu=26.0, divides=1.0, branches=1.0),
-                   Mix(loads=8.0, paired=10.0, alu=13.0, branches=2.0)),
+#: Columns of a window row per iteration of the pool kernel's innermost loop: LLVM unrolls the
+#: loop over a window row's columns by 4, then finishes the row's ``kw mod 4`` remaining columns
+#: one by one, each with its own address computation.
+POOL_COLUMN_UNROLL = 4
+
+
+@dataclass(frozen=True)
+class PoolRowLoop:
+    """One step of the pool kernel's loop over window rows, as the generated code executes it.
+
+    A step covers :attr:`PoolCode.step_rows` window rows, or the row left over when that is 2
+    and the window's height is odd. Its columns run in :data:`POOL_COLUMN_UNROLL`-wide
+    iterations, then one by one. Each piece is the difference of the executed instruction
+    counts between two windows, so a piece can hold a negative count where it turns another
+    piece's taken branch into a fall-through (a not-taken branch is counted as ``alu``).
+
+    Attributes
+    ----------
+    overhead : Mix
+        Once per step: the rows' addresses, the unrolled loop's entry and exit tests and the
+        step's loop branch.
+    group : Mix
+        Per full iteration of the unrolled column loop: 4 columns of each of the step's rows
+        (loads and arithmetic), the index increment, the compare and the branch back.
+    remainder : tuple of Mix
+        Per remaining column ``i + 1`` of the ``kw mod 4``, ``remainder[i]``; the first
+        recomputes the row's base address, each computes its column's address with a multiply.
+    short : Mix
+        Added when a row is narrower than 4 columns: the branch around the unrolled loop taken,
+        the loop's entry and exit tests not run.
+    """
+
+    overhead: Mix
+    group: Mix
+    remainder: tuple
+    short: Mix
+
+    def cycles(self, kw: int, arch) -> float:
+        """Cycles of one step over window rows of ``kw`` columns.
+
+        Parameters
+        ----------
+        kw : int
+            The window's width.
+        arch : SpinnArch
+            The TRM's prices (:func:`~.m4f.mix_cycles`).
+
+        Returns
+        -------
+        float
+            M4F cycles.
+        """
+        full, rest = divmod(int(kw), POOL_COLUMN_UNROLL)
+        return (mix_cycles(self.overhead, arch) + full * mix_cycles(self.group, arch)
+                + sum(mix_cycles(m, arch) for m in self.remainder[:rest])
+                + (mix_cycles(self.short, arch) if full == 0 else 0.0))
+
+
+@dataclass(frozen=True)
+class PoolCode:
+    """The pool kernel of one kind (:mod:`tvm_spinn.pe.kernels` ``pool``) as the generated code
+    executes it.
+
+    Attributes
+    ----------
+    step_rows : int
+        Window rows per step of the window-row loop (2 where LLVM unrolls it by 2).
+    step : PoolRowLoop
+        One step of ``step_rows`` window rows.
+    tail : PoolRowLoop or None
+        The ``kh mod step_rows`` row left over (None when ``step_rows`` is 1).
+    output : Mix
+        Per output: its accumulator's start, its store (``avg``: after the VDIV by its divisor)
+        and the addresses advanced on the stack.
+    entry : Mix
+        Per output whose window has at least one full step: the step loop's set-up.
+    out_row : Mix
+        Per row of outputs.
+    plane : Mix
+        Per plane.
+    setup : Mix
+        Per job: the geometry's loads and the loops' strides and base addresses, beyond the
+        prologue and epilogue that ``m4f_job_cycles`` holds.
+    """
+
+    step_rows: int
+    step: PoolRowLoop
+    tail: "PoolRowLoop | None"
+    output: Mix
+    entry: Mix
+    out_row: Mix
+    plane: Mix
+    setup: Mix
+
+    def output_cycles(self, kh: int, kw: int, arch) -> float:
+        """Cycles of one output of a ``kh x kw`` window.
+
+        Parameters
+        ----------
+        kh, kw : int
+            The window's height and width.
+        arch : SpinnArch
+            The TRM's prices (:func:`~.m4f.mix_cycles`).
+
+        Returns
+        -------
+        float
+            M4F cycles.
+        """
+        steps, left = divmod(int(kh), self.step_rows)
+        cycles = mix_cycles(self.output, arch) + steps * self.step.cycles(kw, arch)
+        if steps:
+            cycles += mix_cycles(self.entry, arch)
+        if left:
+            cycles += self.tail.cycles(kw, arch)
+        return cycles
+
+
+#: The pool kernels as the generated code executes them, per kind: the instruction classes of
+#: the executed blocks, counted at windows of 1 to 4 rows and 1 to 8 columns (the pieces are the
+#: differences of the counts between those windows) and priced by :func:`~.m4f.mix_cycles`.
+#: ``max``: one window row per step; a window element is a load, the compare-and-select and the
+#: NaN test's compare-and-select (two VCMP + VMRS + IT + VMOV, LLVM's order). ``avg``: LLVM
+#: unrolls the window-row loop by 2 as well, a step is a pair of rows (an odd height's last
+#: row is the tail); a window element is a load and a VADD, and the first row of each pair
+#: also tests for the window's first element (ORRS, IT, VMOV: the sum starts from it).
+POOL_CODE = {
+    "max_pool2d": PoolCode(
+        step_rows=1,
+        step=PoolRowLoop(overhead=Mix(loads=1.0, alu=16.0),
+                         group=Mix(loads=4.0, fpu=24.0, alu=15.0, branches=1.0),
+                         remainder=(Mix(loads=2.0, paired=1.0, fpu=7.0, alu=8.0), Mix(loads=1.0, fpu=7.0, alu=8.0),
+                                    Mix(loads=1.0, fpu=5.0, alu=4.0)),
+                         short=Mix(alu=-6.0, branches=2.0)),
+        tail=None,
+        output=Mix(loads=8.0, paired=8.0, fpu=1.0, alu=13.0, branches=2.0),
+        entry=Mix(),
+        out_row=Mix(loads=9.0, paired=8.0, alu=14.0, branches=3.0),
+        plane=Mix(loads=6.0, paired=10.0, alu=17.0),
+        setup=Mix(loads=16.0, paired=4.0, alu=31.0)),
+    "avg_pool2d": PoolCode(
+        step_rows=2,
+        step=PoolRowLoop(overhead=Mix(loads=6.0, paired=1.0, alu=24.0),
+                         group=Mix(loads=8.0, fpu=9.0, alu=16.0, branches=2.0),
+                         remainder=(Mix(loads=9.0, paired=6.0, fpu=3.0, alu=15.0), Mix(loads=5.0, fpu=2.0, alu=10.0),
+                                    Mix(loads=6.0, fpu=2.0, alu=9.0, branches=-1.0)),
+                         short=Mix(loads=-2.0, alu=-10.0, branches=5.0)),
+        tail=PoolRowLoop(overhead=Mix(loads=3.0, alu=12.0, branches=-1.0),
+                         group=Mix(loads=4.0, fpu=5.0, alu=9.0, branches=1.0),
+                         remainder=(Mix(loads=2.0, paired=1.0, fpu=2.0, alu=8.0), Mix(loads=1.0, fpu=1.0, alu=5.0),
+                                    Mix(loads=1.0, fpu=1.0, alu=4.0)),
+                         short=Mix(loads=-3.0, alu=-10.0, branches=3.0)),
+        output=Mix(loads=12.0, paired=10.0, divides=1.0, alu=15.0, branches=3.0),
+        entry=Mix(loads=7.0, paired=5.0, alu=8.0),
+        out_row=Mix(loads=22.0, paired=24.0, alu=20.0, branches=3.0),
+        plane=Mix(loads=8.0, paired=16.0, alu=19.0),
+        setup=Mix(loads=20.0, paired=7.0, alu=38.0)),
 }
 
 
 def pool_tile_cycles(kind: str, planes, rows, ow: int, kh: int, kw: int, arch) -> np.ndarray:
     """M4F cycles of a pool tile of ``planes`` planes of ``rows`` output rows of ``ow`` outputs
-    (``planes``, ``rows`` int64 arrays), ``kh x kw`` windows: :data:`POOL_MIXES` priced by
+    (``planes``, ``rows`` int64 arrays), ``kh x kw`` windows: :data:`POOL_CODE` priced by
     :func:`~.m4f.mix_cycles`, plus one job (``m4f_job_cycles``)."""
-    elem, wrow, out, orow = (mix_cycles(m, arch) for m in POOL_MIXES[kind])
-    per_output = out + kh * wrow + kh * kw * elem
-    return arch.m4f_job_cycles + planes * rows * (orow + ow * per_output)
+    code = POOL_CODE[kind]
+    out_row = mix_cycles(code.out_row, arch) + ow * code.output_cycles(kh, kw, arch)
+    return (arch.m4f_job_cycles + mix_cycles(code.setup, arch)
+            + planes * (mix_cycles(code.plane, arch) + rows * out_row))
 
 _F32 = np.float32
 _F32_LOWEST = np.finfo(np.float32).min

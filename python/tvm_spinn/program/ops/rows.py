@@ -72,6 +72,7 @@ trailing axes.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
@@ -90,7 +91,7 @@ from .sharding import REPLICATE, GatherInput, RowAllReduce, ShardDecision, Shard
 if TYPE_CHECKING:
     from ...target.arch import SpinnArch
 
-__all__ = ["Rows", "LAYER_NORM_BLOCK", "BLOCKED", "smallest_row_tile_bytes", "softmax_tflite", "mean_tflite", "softmax_tflite_params",
+__all__ = ["Rows", "RowLoop", "RowPhase", "ROW_CODE", "ROW_RUN", "ROW_COLUMN_UNROLL", "row_tile_cycles", "LAYER_NORM_BLOCK", "BLOCKED", "smallest_row_tile_bytes", "softmax_tflite", "mean_tflite", "softmax_tflite_params",
            "mean_tflite_params"]
 
 _F32 = np.float32
@@ -108,6 +109,8 @@ BLOCKED = ("layer_norm", "rms_norm")
 #: kernel recomputes it for the output), plus the input rescale, the sum and the output
 #: multiply and shift.
 _TFLITE_SOFTMAX_OPS = 48.0
+#: jobs (kernel calls) per tile of TFLite's integer kernels: softmax's three phases, mean's one
+_TFLITE_PHASES = {"softmax": 3, "mean": 1}
 #: integer bits of the softmax exponent's input (Q5.26) and of the sum of exps (Q12.19), TFLite's
 _SCALED_DIFF_BITS, _ACCUM_BITS = 5, 12
 #: attributes of TFLite's integer softmax and mean layers
@@ -169,55 +172,258 @@ def _per_elem(layer: Layer, arch: "SpinnArch") -> float:
     return {"softmax": 3.0 + arch.exp_unit_cycles, "layer_norm": 6.0, "mean": 1.0}[layer.kind]
 
 
-#: Per element, the instructions of the fp32 row kernels (:mod:`tvm_spinn.pe.kernels`), one
-#: :class:`~.m4f.Mix` per pass over the data. A blocked sum's element adds to the block's
-#: partial and tests the block's end (``(c0 + j + 1) % 32 == 0 or c0 + j + 1 == d``: integer
-#: compares made booleans by CLZ and shifts, then a conditional add of the partial to the sum
-#: and its reset, under IT): :data:`_BLOCK_END`.
-_BLOCK_END = dict(fpu=1.0, selects=2.0, alu=9.0)
-_ROW_PASSES = {
-    # the max (the row's first NaN wins: three compares, two selects), x - max (a load and a
-    # store), the exps (one stream through the exp/log unit), their sequential sum, e / sum
-    "softmax": (Mix(loads=1.0, compares=3.0, selects=2.0, branches=1.0), Mix(loads=2.0, fpu=1.0, exp=1.0),
-                Mix(loads=1.0, fpu=1.0), Mix(loads=2.0, divides=1.0)),
-    # the blocked sum of x; y = x - mean stored and reloaded, its square summed; y / den, times
-    # gamma plus beta (loaded), stored
-    "layer_norm": (Mix(loads=1.0, fpu=1.0 + _BLOCK_END["fpu"], selects=_BLOCK_END["selects"], alu=_BLOCK_END["alu"]),
-                   Mix(loads=3.0, fpu=3.0 + _BLOCK_END["fpu"], selects=_BLOCK_END["selects"], alu=_BLOCK_END["alu"]),
-                   Mix(loads=4.0, fpu=2.0, divides=1.0)),
-    # the blocked sum of x * x; x * r, times the weight (loaded), stored
-    "rms_norm": (Mix(loads=1.0, fpu=2.0 + _BLOCK_END["fpu"], selects=_BLOCK_END["selects"], alu=_BLOCK_END["alu"]),
-                 Mix(loads=3.0, fpu=2.0)),
-    # the sequential sum
-    "mean": (Mix(loads=1.0, fpu=1.0),),
+#: Columns per iteration of a row kernel's loops over a row: LLVM unrolls them by 4, then runs the
+#: row's ``cols mod 4`` remaining columns one by one.
+ROW_COLUMN_UNROLL = 4
+
+
+@dataclass(frozen=True)
+class RowLoop:
+    """One step of a row kernel's loop over rows, as the generated code executes it: one row, or
+    a pair of rows where LLVM unrolls the row loop by 2 (:attr:`RowPhase.step_rows`).
+
+    Each piece is the difference of the executed instruction counts between two tiles (1 to 4
+    rows of 1 to 8 columns), by class as :func:`~.m4f.mix_cycles` prices them, so a piece can
+    hold a negative count where it turns another piece's taken branch into a fall-through (a
+    not-taken branch is counted as ``alu``).
+
+    Attributes
+    ----------
+    row : Mix
+        Once per step: its loops' set-up and exits, the row's statistic loaded, stored or
+        finished (the divides of a mean, variance or reciprocal), the row loop's branch.
+    group : Mix
+        Per full iteration of the unrolled column loops: 4 columns of each of the phase's loops
+        over the step's rows (loads, arithmetic, stores, a blocked sum's block-end tests), the
+        index increments, the compares and the branches back.
+    remainder : tuple of Mix
+        Per remaining column ``i + 1`` of the ``cols mod 4``, ``remainder[i]``.
+    short : Mix
+        Added when the row is narrower than 4 columns: the branches around the unrolled loops
+        taken, their entry and exit tests not run.
+    """
+
+    row: Mix
+    group: Mix
+    remainder: tuple
+    short: Mix
+
+    def cycles(self, cols, arch) -> np.ndarray:
+        """Cycles of one step over rows of ``cols`` columns.
+
+        Parameters
+        ----------
+        cols : numpy.ndarray
+            Columns of the rows (int64, >= 1).
+        arch : SpinnArch
+            The TRM's prices (:func:`~.m4f.mix_cycles`).
+
+        Returns
+        -------
+        numpy.ndarray
+            M4F cycles (float64).
+        """
+        full, rest = np.divmod(np.asarray(cols, dtype=np.int64), ROW_COLUMN_UNROLL)
+        rem = np.cumsum([0.0] + [mix_cycles(m, arch) for m in self.remainder])
+        return (mix_cycles(self.row, arch) + full * mix_cycles(self.group, arch) + rem[rest]
+                + np.where(full == 0, mix_cycles(self.short, arch), 0.0))
+
+
+@dataclass(frozen=True)
+class RowPhase:
+    """One phase (one job) of an fp32 row kernel (:mod:`tvm_spinn.pe.kernels` ``softmax``,
+    ``layer_norm``, ``rms_norm``, ``mean``) as the generated code executes it.
+
+    Attributes
+    ----------
+    job : Mix
+        Once per job: the job loop's step, the kernel's prologue, epilogue and set-up, the row
+        loop's entry and exit (the run's start-up, :data:`ROW_RUN`, apart).
+    step : RowLoop
+        One step of :attr:`step_rows` rows.
+    step_rows : int
+        Rows per step of the row loop (2 where LLVM unrolls it by 2).
+    tail : RowLoop or None
+        The ``rows mod step_rows`` row left over (None when ``step_rows`` is 1).
+    entry : Mix
+        Once per job with at least one full step: the unrolled row loop's set-up.
+    finish : Mix
+        Per row, what only the chunk holding the row's end runs (its statistic finished: the
+        divides and VSQRT), counted in :attr:`step` and :attr:`tail`; a split row's other
+        chunks skip it.
+    """
+
+    job: Mix
+    step: RowLoop
+    step_rows: int = 1
+    tail: "RowLoop | None" = None
+    entry: Mix = Mix()
+    finish: Mix = Mix()
+
+    def cycles(self, rows, cols, arch, last=True) -> np.ndarray:
+        """Cycles of one job over ``rows`` rows of ``cols`` columns (int64 arrays).
+
+        Parameters
+        ----------
+        rows, cols : numpy.ndarray
+            Rows of the tile and columns of each row.
+        arch : SpinnArch
+            The TRM's prices (:func:`~.m4f.mix_cycles`).
+        last : bool or numpy.ndarray
+            Whether the tile holds its rows' ends (else :attr:`finish` is skipped).
+
+        Returns
+        -------
+        numpy.ndarray
+            M4F cycles (float64).
+        """
+        steps, left = np.divmod(np.asarray(rows, dtype=np.int64), self.step_rows)
+        cycles = mix_cycles(self.job, arch) + steps * self.step.cycles(cols, arch)
+        if self.tail is not None:
+            cycles = (cycles + np.where(steps > 0, mix_cycles(self.entry, arch), 0.0)
+                      + left * self.tail.cycles(cols, arch))
+        return cycles - np.where(last, 0.0, rows * mix_cycles(self.finish, arch))
+
+
+#: Once per run of a PE's job list: the runtime's start-up and its return to the halt (a
+#: whole-row tile runs its phases as one job list; a split row's chunk one job per run, as the
+#: chain's statistics arrive).
+ROW_RUN = Mix(loads=3.0, paired=7.0, fpu=1.0, alu=9.0, branches=-1.0)
+#: The fp32 row kernels as the generated code executes them, one :class:`RowPhase` per phase:
+#: the instruction classes of the executed blocks, counted at tiles of 1 to 4 rows of 1 to 8
+#: columns (layer_norm with gamma and beta, rms_norm with its weight) and priced by
+#: :func:`~.m4f.mix_cycles`. softmax: 0, the max (per element a load and the first NaN's
+#: compares and selects, eight FPU instructions); 1, ``x - max`` stored, then after the exp/log
+#: unit's stream the sequential sum (both row loops unrolled by 2); 2, ``e / sum`` (a VDIV per
+#: element, rows in pairs). layer_norm and rms_norm: the blocked sums (per element the
+#: block-end test: integer compares made booleans, a conditional add under IT), then the
+#: scaling pass. mean: the sequential sum, rows in pairs, a VDIV per row.
+ROW_CODE = {
+    "softmax": (
+        RowPhase(job=Mix(loads=15.0, paired=36.0, alu=25.0, branches=5.0),
+                 step=RowLoop(row=Mix(loads=2.0, fpu=1.0, alu=14.0),
+                         group=Mix(loads=4.0, fpu=32.0, alu=15.0, branches=1.0),
+                         remainder=(Mix(loads=2.0, fpu=8.0, alu=8.0), Mix(loads=1.0, fpu=8.0, alu=5.0),
+                                    Mix(loads=1.0, fpu=8.0, alu=4.0)),
+                         short=Mix(alu=-6.0, branches=2.0))),
+        RowPhase(job=Mix(loads=20.0, paired=42.0, alu=34.0, branches=8.0),
+                 entry=Mix(loads=5.0, paired=1.0, alu=24.0, branches=2.0), step_rows=2,
+                 step=RowLoop(row=Mix(loads=8.0, paired=3.0, fpu=2.0, alu=52.0),
+                         group=Mix(loads=9.0, paired=15.0, fpu=16.0, alu=15.0, branches=4.0),
+                         remainder=(Mix(loads=10.0, fpu=4.0, alu=22.0), Mix(loads=8.0, fpu=6.0, alu=16.0, branches=-1.0),
+                                    Mix(loads=4.0, fpu=2.0, alu=8.0, branches=-1.0)),
+                         short=Mix(alu=-23.0, branches=9.0)),
+                 tail=RowLoop(row=Mix(loads=6.0, paired=2.0, alu=32.0),
+                         group=Mix(loads=6.0, paired=6.0, fpu=8.0, alu=13.0, branches=2.0),
+                         remainder=(Mix(loads=3.0, fpu=2.0, alu=8.0), Mix(loads=4.0, fpu=3.0, alu=8.0, branches=-1.0),
+                                    Mix(loads=2.0, fpu=1.0, alu=4.0)),
+                         short=Mix(alu=-19.0, branches=6.0))),
+        RowPhase(job=Mix(loads=13.0, paired=36.0, alu=18.0, branches=7.0),
+                 entry=Mix(alu=11.0), step_rows=2,
+                 step=RowLoop(row=Mix(loads=2.0, alu=22.0),
+                         group=Mix(loads=4.0, paired=12.0, divides=8.0, alu=6.0, branches=2.0),
+                         remainder=(Mix(loads=6.0, divides=2.0, alu=10.0), Mix(loads=4.0, divides=2.0, alu=4.0),
+                                    Mix(loads=4.0, divides=2.0, alu=3.0, branches=-1.0)),
+                         short=Mix(alu=-12.0, branches=4.0)),
+                 tail=RowLoop(row=Mix(loads=2.0, alu=13.0, branches=-1.0),
+                         group=Mix(loads=2.0, paired=6.0, divides=4.0, alu=3.0, branches=1.0),
+                         remainder=(Mix(loads=2.0, divides=1.0, alu=3.0), Mix(loads=2.0, divides=1.0, alu=2.0),
+                                    Mix(loads=1.0, paired=1.0, divides=1.0, alu=1.0, branches=-1.0)),
+                         short=Mix(alu=-7.0, branches=3.0))),
+    ),
+    "layer_norm": (
+        RowPhase(finish=Mix(loads=1.0, divides=1.0, alu=3.0),
+                 job=Mix(loads=18.0, paired=34.0, fpu=3.0, alu=22.0, branches=4.0),
+                 step=RowLoop(row=Mix(loads=12.0, paired=3.0, fpu=2.0, divides=1.0, alu=27.0, branches=3.0),
+                         group=Mix(loads=2.0, paired=2.0, fpu=16.0, alu=41.0, branches=1.0),
+                         remainder=(Mix(loads=2.0, paired=1.0, fpu=4.0, alu=13.0), Mix(loads=1.0, fpu=4.0, alu=13.0),
+                                    Mix(loads=1.0, fpu=4.0, alu=12.0, branches=-1.0)),
+                         short=Mix(loads=-1.0, paired=-1.0, alu=-11.0, branches=3.0))),
+        RowPhase(finish=Mix(paired=1.0, fpu=1.0, divides=2.0, alu=3.0),
+                 job=Mix(loads=18.0, paired=34.0, fpu=3.0, alu=22.0, branches=4.0),
+                 step=RowLoop(row=Mix(loads=13.0, paired=8.0, fpu=3.0, divides=2.0, alu=22.0, branches=2.0),
+                         group=Mix(loads=6.0, paired=2.0, fpu=24.0, alu=43.0, branches=1.0),
+                         remainder=(Mix(loads=3.0, paired=1.0, fpu=6.0, alu=15.0), Mix(loads=2.0, fpu=6.0, alu=18.0),
+                                    Mix(loads=2.0, fpu=6.0, alu=14.0, branches=-1.0)),
+                         short=Mix(paired=-2.0, alu=-5.0, branches=3.0))),
+        RowPhase(job=Mix(loads=13.0, paired=34.0, alu=22.0, branches=5.0),
+                 step=RowLoop(row=Mix(loads=2.0, alu=11.0),
+                         group=Mix(loads=5.0, paired=11.0, fpu=8.0, divides=4.0, alu=6.0, branches=1.0),
+                         remainder=(Mix(loads=4.0, paired=1.0, fpu=2.0, divides=1.0, alu=7.0), Mix(loads=4.0, paired=1.0, fpu=2.0, divides=1.0, alu=6.0),
+                                    Mix(loads=4.0, fpu=2.0, divides=1.0, alu=5.0)),
+                         short=Mix(alu=-5.0, branches=2.0))),
+    ),
+    "rms_norm": (
+        RowPhase(finish=Mix(paired=1.0, fpu=1.0, divides=3.0, alu=1.0, branches=-1.0),
+                 job=Mix(loads=18.0, paired=37.0, fpu=4.0, alu=24.0, branches=3.0),
+                 step=RowLoop(row=Mix(loads=6.0, paired=4.0, fpu=3.0, divides=3.0, alu=15.0, branches=2.0),
+                         group=Mix(loads=2.0, paired=2.0, fpu=20.0, alu=41.0, branches=1.0),
+                         remainder=(Mix(loads=3.0, paired=1.0, fpu=5.0, alu=14.0), Mix(loads=2.0, fpu=5.0, alu=13.0),
+                                    Mix(loads=1.0, fpu=5.0, alu=12.0, branches=-1.0)),
+                         short=Mix(loads=-1.0, paired=-2.0, alu=-8.0, branches=3.0))),
+        RowPhase(job=Mix(loads=13.0, paired=36.0, alu=20.0, branches=4.0),
+                 step=RowLoop(row=Mix(loads=1.0, paired=1.0, alu=12.0),
+                         group=Mix(loads=3.0, paired=9.0, fpu=8.0, alu=6.0, branches=1.0),
+                         remainder=(Mix(loads=4.0, paired=1.0, fpu=2.0, alu=7.0), Mix(loads=4.0, paired=1.0, fpu=2.0, alu=7.0),
+                                    Mix(loads=4.0, fpu=2.0, alu=6.0)),
+                         short=Mix(alu=-5.0, branches=2.0))),
+    ),
+    "mean": (
+        RowPhase(finish=Mix(divides=1.0),
+                 job=Mix(loads=11.0, paired=34.0, fpu=2.0, alu=16.0, branches=7.0),
+                 entry=Mix(loads=2.0, alu=9.0), step_rows=2,
+                 step=RowLoop(row=Mix(loads=2.0, fpu=2.0, divides=2.0, alu=21.0),
+                         group=Mix(loads=4.0, paired=4.0, fpu=8.0, alu=6.0, branches=2.0),
+                         remainder=(Mix(loads=2.0, fpu=2.0, alu=10.0), Mix(loads=4.0, fpu=4.0, alu=6.0, branches=-1.0),
+                                    Mix()),
+                         short=Mix(alu=-11.0, branches=6.0)),
+                 tail=RowLoop(row=Mix(loads=2.0, divides=1.0, alu=13.0, branches=-1.0),
+                         group=Mix(loads=3.0, paired=1.0, fpu=4.0, alu=3.0, branches=1.0),
+                         remainder=(Mix(loads=1.0, fpu=1.0, alu=3.0), Mix(loads=2.0, fpu=2.0, alu=3.0, branches=-1.0),
+                                    Mix()),
+                         short=Mix(alu=-7.0, branches=3.0))),
+    ),
 }
+#: Per element, the sequential fp32 sum's share of a split row's chunk (softmax's sum of exps,
+#: mean's sum): a load and a VADD with its loop step. A split row's chunk is charged the chain
+#: of the whole row instead (:meth:`Rows.tile_costs`).
+_SERIAL = Mix(loads=1.0, fpu=1.0)
 #: a term of a split row's chain that does not wait in an FPU register: loaded and added in a loop
 _CHAIN_STEP = Mix(loads=1.0, fpu=1.0)
-#: per row, what the row's last chunk computes once: mean and variance divided by ``d``, the
-#: variance's VSQRT (layer_norm); the mean of squares, VSQRT and the reciprocal (rms_norm);
-#: the sum over ``d`` (mean)
-_ROW_ONCE = {"softmax": Mix(), "layer_norm": Mix(divides=3.0), "rms_norm": Mix(divides=3.0), "mean": Mix(divides=1.0)}
-#: jobs (kernel calls) per tile: the phases of each kind's PE kernel
-_PHASES = {"softmax": 3, "layer_norm": 3, "rms_norm": 2, "mean": 1}
 
 
-def _m4f_costs(layer: Layer, arch: "SpinnArch") -> tuple[float, float, float, float]:
-    """``(per element, serial per element, per row, per tile)`` M4F cycles of a row kernel: its
-    passes over the data (:data:`_ROW_PASSES`), of which the sequential fp32 sum's (softmax's
-    sum of exps, mean's sum: a split row chains it; layer_norm's sums are blocked, each chunk
-    sums its own blocks and only the block sums chain), what each row computes once, and the tile's jobs (one per phase)
-    plus the exp/log unit's latency to its stream's first result. TFLite's integer kernels:
-    :data:`_TFLITE_SOFTMAX_OPS` (or one add) integer operations per element at half
-    ``m4f_elementwise_cycles`` each."""
-    if _tflite(layer):
-        op = arch.m4f_elementwise_cycles / 2
-        return _per_elem(layer, arch) * op, 0.0, 0.0, _PHASES[layer.kind] * arch.m4f_job_cycles
-    passes = _ROW_PASSES[layer.kind]
-    serial = pass_cycles(passes[2:3], arch) if layer.kind == "softmax" else (
-        pass_cycles(passes, arch) if layer.kind == "mean" else 0.0)
-    stream = arch.exp_unit_latency_cycles if layer.kind == "softmax" else 0
-    return (pass_cycles(passes, arch), serial, mix_cycles(_ROW_ONCE[layer.kind], arch),
-            _PHASES[layer.kind] * arch.m4f_job_cycles + stream)
+def row_tile_cycles(kind: str, rows, cols, arch: "SpinnArch", runs: int = 1, last=True) -> np.ndarray:
+    """M4F cycles of an fp32 row kernel's tile of ``rows`` rows of ``cols`` columns (int64
+    arrays, one entry per tile): ``runs`` start-ups (:data:`ROW_RUN`), every phase's job and rows
+    (:data:`ROW_CODE`), and softmax's stream through the exp/log unit
+    (``exp_unit_latency_cycles`` to its first result, then ``exp_unit_cycles`` per element).
+
+    Parameters
+    ----------
+    kind : str
+        ``softmax``, ``layer_norm``, ``rms_norm`` or ``mean``.
+    rows, cols : numpy.ndarray
+        Rows of the tile and columns of each row.
+    arch : SpinnArch
+        The TRM's prices and the exp/log unit's rate.
+    runs : int
+        Runs of the PE's job list for the tile (1 for a whole-row tile; one per phase for a
+        split row's chunk).
+    last : bool or numpy.ndarray
+        Whether each tile holds its rows' ends (a split row's other chunks skip the row's
+        finish, :attr:`RowPhase.finish`).
+
+    Returns
+    -------
+    numpy.ndarray
+        M4F cycles (float64), the waits on the exp/log unit included.
+    """
+    rows = np.asarray(rows, dtype=np.int64)
+    cols = np.asarray(cols, dtype=np.int64)
+    cycles = runs * mix_cycles(ROW_RUN, arch) + sum(p.cycles(rows, cols, arch, last) for p in ROW_CODE[kind])
+    if kind == "softmax":
+        cycles = cycles + arch.exp_unit_latency_cycles + rows * cols * arch.exp_unit_cycles
+    return np.asarray(cycles, dtype=np.float64)
 
 
 def _tflite(layer: Layer) -> bool:
@@ -677,28 +883,77 @@ class Rows(OpFamily):
         # a mean's output row is written by the tile holding the row's last chunk
         n_res = np.where(hi[:, 1] == row, r, 0) if layer.kind == "mean" else n
         w_b = c * sum(itemsize(program, tid) for tid in layer.consts.values())
-        op = arch.m4f_elementwise_cycles / 2  # cycles per integer operation of TFLite's kernels
-        per, serial, once, fixed = _m4f_costs(layer, arch)
-        chunks = ceil_div(row, int(tile[1]))
-        if chunks == 1:
-            cycles = np.ceil(n * per + r * once + fixed)
-        else:
-            # parallel element-wise work of the chunk, then per row the chain: the serial sums
-            # over the whole row (every chunk waits for it) with one NoC hop per chunk boundary
-            # per statistic gathered, and the statistics broadcast back along the chunks
-            gathers, broadcasts = _statistics(layer)
-            hops = (gathers + broadcasts) * (chunks - 1) * arch.noc_hop_cycles
-            integer = _tflite(layer)
-            chain_adds = gathers * (chunks - 1) if integer else 0.0  # integer partials added
-            terms, held = _chain_terms(layer, row, int(tile[1]))
-            # a chunk whose terms fit the FPU registers computes them (loads, squares, block
-            # sums) while the running sum travels: the chain then costs one dependent add per
-            # term, not a load and an add
-            step = (arch.m4f_chain_cycles if held <= arch.m4f_chain_registers
-                    else pass_cycles((_CHAIN_STEP,), arch))
-            chained = 0.0 if integer else terms * (1 if serial else gathers) * step
-            cycles = np.ceil(n * (per - serial) + r * (once + chained + chain_adds * op + hops) + fixed)
+        code, wait = self._code_and_wait(layer, arch, row, tile, lo, hi)
+        cycles = np.ceil(code + wait)
         return 2 * (ie * n + oe * n_res), ie * n, w_b, oe * n_res, cycles
+
+    def chain_wait(self, program, layer, arch, tile, lo, hi) -> np.ndarray:
+        """Cycles of each tile that :meth:`tile_costs` charges beyond the PE code the tile
+        executes: a split row's chain (the other chunks' serial terms and the NoC hops, the
+        statistics broadcast back), less the chunk's own sequential sum where the chain takes
+        its place. Zero for whole-row tiles.
+
+        Parameters
+        ----------
+        program : Program
+            The program holding ``layer``.
+        layer : Layer
+            A row layer.
+        arch : SpinnArch
+            The target's rates.
+        tile : sequence of int
+            ``[rows, columns]`` of the tiling.
+        lo, hi : numpy.ndarray
+            The tiles' regions (:meth:`expand_regions`).
+
+        Returns
+        -------
+        numpy.ndarray
+            Cycles per tile (float64; negative where a chunk's terms wait in FPU registers and
+            the chain adds them faster than the chunk's loop would).
+        """
+        return np.broadcast_to(self._code_and_wait(layer, arch, _row(program, layer), tile, lo, hi)[1], (len(lo),))
+
+    def _code_and_wait(self, layer, arch, row, tile, lo, hi):
+        """``(code, wait)`` per tile: the M4F cycles of the PE code the tile executes, and
+        :meth:`chain_wait`'s."""
+        r = (hi - lo)[:, 0]
+        c = (hi - lo)[:, 1]
+        n = r * c
+        integer = _tflite(layer)
+        chunks = ceil_div(row, int(tile[1]))
+        op = arch.m4f_elementwise_cycles / 2  # cycles per integer operation of TFLite's kernels
+        if integer:  # TFLite's integer kernels: operations per element, one job per phase
+            code = n * _per_elem(layer, arch) * op + _TFLITE_PHASES[layer.kind] * arch.m4f_job_cycles
+        else:  # the generated code's phases over the tile's rows of c columns
+            code = row_tile_cycles(layer.kind, r, c, arch, 1 if chunks == 1 else len(ROW_CODE[layer.kind]),
+                                   hi[:, 1] == row)
+        if chunks == 1:
+            return code, np.zeros(len(lo))
+        gathers, broadcasts = _statistics(layer)
+        if layer.kind == "mean" and not integer:
+            # Nothing is sent back: a chunk waits only for the partial of the chunks before it,
+            # each summing its own columns of the tile's rows at the generated loop's rate (its
+            # unrolled group of 4 columns per row), one NoC hop per chunk before it.
+            phase = ROW_CODE["mean"][0]
+            rate = (phase.cycles(r, 2 * ROW_COLUMN_UNROLL, arch) - phase.cycles(r, ROW_COLUMN_UNROLL, arch)) / (
+                ROW_COLUMN_UNROLL * np.maximum(r, 1))
+            before = lo[:, 1] // int(tile[1])
+            return code, r * (lo[:, 1] * rate + before * arch.noc_hop_cycles)
+        # the chain: per row the serial sums over the whole row (every chunk waits for the
+        # statistic sent back) with one NoC hop per chunk boundary per statistic gathered and
+        # broadcast; the chunk's own sequential sum is part of the chain
+        serial = pass_cycles((_SERIAL,), arch) if layer.kind == "softmax" and not integer else 0.0
+        hops = (gathers + broadcasts) * (chunks - 1) * arch.noc_hop_cycles
+        chain_adds = gathers * (chunks - 1) if integer else 0.0  # integer partials added
+        terms, held = _chain_terms(layer, row, int(tile[1]))
+        # a chunk whose terms fit the FPU registers computes them (loads, squares, block sums)
+        # while the running sum travels: the chain then costs one dependent add per term, not a
+        # load and an add
+        step = (arch.m4f_chain_cycles if held <= arch.m4f_chain_registers
+                else pass_cycles((_CHAIN_STEP,), arch))
+        chained = 0.0 if integer else terms * (1 if serial else gathers) * step
+        return code, r * (chained + chain_adds * op + hops) - n * serial
 
     # -- functional simulator -----------------------------------------------------------------
     def prepare_tiles(self, runner) -> None:
