@@ -539,6 +539,7 @@ def test_plans_with_different_latencies_share_one_bound(monkeypatch):
     assert d["efficiency"] == result.efficiency and d["physical_bound"]["total_s"] == want.total_s
     for alt in result.plan["alternatives"].values():
         assert alt["period_s"] >= 1 / result.tokens_per_s_per_user
-        assert want.total_s / alt["period_s"] <= result.efficiency
+        # a tie with the chosen plan differs only in the division's last bit
+        assert want.total_s / alt["period_s"] <= result.efficiency * (1 + 1e-12)
     text = result.table()
     assert "physical bound" in text and "efficiency" in text and "plan's own bound" in text
