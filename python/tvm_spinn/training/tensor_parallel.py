@@ -23,7 +23,10 @@ pipeline-parallel plan (:mod:`.parallel`, :mod:`.pipeline`). Each rank computes 
 in rank order (:func:`~tvm_spinn.training.tp_chain.split_reduce` executes it rank by rank).
 
 :func:`split_gemms` rewrites the gradient program accordingly: each such GEMM becomes its leaves'
-GEMMs (on the PEs) and the additions in leaf order; the column-parallel GEMMs, weight gradients
+GEMMs (on the PEs) and the additions in leaf order, and input gradients the program only adds
+together (Llama's ``q/k/v_proj``, its ``gate/up_proj``) become one such reduction of their sum
+(:func:`canonical_sum`: leaf ``l`` one GEMM over the ``l``-th leaf of each, two reductions a
+block's backward as in Megatron's split); the column-parallel GEMMs, weight gradients
 and attention keep one op each (each rank's share of them is a slice of its outputs, with the
 same bits). :func:`tp_compute` prices one rank's share of a granule
 (:meth:`~tvm_spinn.training.parallel.DataParallelTrainer.simulated_step`).
@@ -42,7 +45,7 @@ from tvm import relax
 from .errors import TrainingError
 from .tp_chain import canonical_leaves, leaf_slices
 
-__all__ = ["TPShard", "CanonicalGemm", "TPSplit", "tp_layout", "split_gemms", "tp_compute"]
+__all__ = ["TPShard", "CanonicalGemm", "TPSplit", "tp_layout", "split_gemms", "canonical_sum", "tp_compute"]
 
 #: module (leaf) names of the column-parallel projections (GPT-2 ``Conv1D``, Llama ``Linear``)
 COLUMN = ("c_attn", "c_fc", "q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
@@ -88,7 +91,8 @@ class TPShard:
 @dataclass(frozen=True)
 class CanonicalGemm:
     """A GEMM of the gradient program reducing over a sharded axis: ``[m, k] @ [k, n]`` of
-    weight ``name`` in the canonical order (``leaves`` leaves of each of ``parts`` parts)."""
+    weight ``name`` in the canonical order (``leaves`` leaves of each of ``parts`` parts); a sum
+    of such GEMMs (:func:`canonical_sum`) names its weights joined by ``+``, ``k`` their total."""
 
     name: str
     m: int
