@@ -208,9 +208,10 @@ def gpt2_small_plans(seq: int = 256, batch: int = 8) -> dict:
         print(f"  {name:<10}{chips:>6}  {split:<44}{fixed.time_per_step_s:>9.3f}{fixed.tokens_per_s:>10.0f}"
               f"{fixed.bound_s:>9.4f}{fixed.efficiency:>8.3f}{speedup:>8.2f}x{speedup / linear:>8.3f}"
               f"{fixed.time_per_step_s / fast.time_per_step_s:>10.2f}x")
-    print("  where each step's time goes (reproducible, seconds; pipeline = slots x the slowest stage's slot, "
-          "of it compute, TP collectives and hand-overs of that stage (with several slots they overlap the "
-          "other pass's compute), 'exposed' the slots' time beyond their compute, and the bubble; DP sync: "
+    print("  where each step's time goes (reproducible, seconds; pipeline = the slots at the slowest stage's "
+          "pace, each stage's slot once more for the fill and drain; of it compute, TP collectives and "
+          "hand-overs (with several slots they overlap the other pass's compute), 'exposed' the slots' time "
+          "beyond their compute, and the bubble (beyond the slots at that pace); DP sync: "
           "exposed, and hidden in the pipeline's drain):")
     print(f"  {'system':<10}{'pipeline':>9}{'compute':>9}{'TP coll.':>9}{'PP hand':>9}{'exposed':>9}{'bubble':>9}"
           f"{'DP sync':>9}{'hidden':>9}{'update':>9}{'DRAM-bound':>11}  split")

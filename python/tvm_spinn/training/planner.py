@@ -67,8 +67,10 @@ every replica, all data-parallel groups: they share the links and board edges th
 :class:`_Comms`). A micro-batch may enter the pipeline as :attr:`Split.chunks` chunks of
 consecutive tokens of its sequences (token-level pipelining, TeraPipe, Li et al. 2021: a
 causal chunk attends over its sequences' earlier chunks, whose keys and values the stage keeps),
-so the step takes ``(m c + S - 1)`` slots of the slowest of its ``S`` stages' forward and
-backward of one chunk (the bubble, ``(S - 1) / (m c)``). A slot of a single-slot step takes its
+so the step takes ``m c - 1`` slots of the slowest of its ``S`` stages' forward and backward of
+one chunk and, for the fill and drain (the first slot's forward and the last one's backward
+pass every stage at that stage's pace), each stage's slot once: at most ``(m c + S - 1)`` of the
+slowest's (the bubble, at most ``(S - 1) / (m c)``). A slot of a single-slot step takes its
 TP collectives plus the longer of its compute and its hand-overs; with more slots, 1F1B pairs
 the forward of one slot with the backward of another, independent of it, so the links carry
 one pass's collectives while the PEs compute the other: the slot takes the longest of its
@@ -280,8 +282,8 @@ class MemoryPerChip:
 class StepTime:
     """Seconds of one step by part (their sum is the step)."""
 
-    pipeline_s: float  # (m + pp - 1) x the slowest stage's forward and backward
-    bubble_s: float  # of it, the (pp - 1) idle slots
+    pipeline_s: float  # (slots - 1) x the slowest stage's slot + each stage's slot once (fill and drain)
+    bubble_s: float  # of it, beyond slots x the slowest stage's slot
     compute_s: float  # of it, the GEMMs (or DRAM) of the slowest stage, all micro-batches
     tp_comm_s: float  # of it, TP all-reduces
     pp_comm_s: float  # of it, stage hand-overs
@@ -1231,8 +1233,16 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
                                 drain=b_s, params=streamed, fits=fits)
     slowest = max(per_stage.values(), key=lambda st: st["total"])
     per = slowest["total"]
-    n_slots = slots + stages - 1
-    pipeline = n_slots * per
+    # 1F1B with stages of unequal slots: the slowest stage paces the slots, and the first slot's
+    # forward and the last slot's backward pass every stage at that stage's own pace, so the
+    # fill and drain take each stage's slot once (the middle block stages are the last block
+    # stage's but for the head's hand-overs: its slot bounds theirs) rather than the slowest's
+    own = [0] + [pp - 1] * (pp - 1) + ([pp] if stages > pp else [])
+
+    def over_pipeline(key: str) -> float:  # a slot's part, over the pipeline's slots as paced
+        return (slots - 1) * slowest[key] + sum(per_stage[j][key] for j in own)
+
+    pipeline = over_pipeline("total")
     # the drain of 1F1B: stage j runs its last backward j backward passes before the first
     # stage ends (each at least the slowest stage's backward compute: the drain's pace), so
     # its gradient synchronisation and update start that much earlier
@@ -1287,8 +1297,8 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
             tail = head_tail
         hidden = min(dp_head, pp * drain)
     dp_exposed, opt_s = tail
-    return StepTime(pipeline_s=pipeline, bubble_s=(stages - 1) * per, compute_s=n_slots * slowest["comp"],
-                    tp_comm_s=n_slots * slowest["tp"], pp_comm_s=n_slots * slowest["pp"], dp_comm_s=dp_exposed,
+    return StepTime(pipeline_s=pipeline, bubble_s=pipeline - slots * per, compute_s=over_pipeline("comp"),
+                    tp_comm_s=over_pipeline("tp"), pp_comm_s=over_pipeline("pp"), dp_comm_s=dp_exposed,
                     optimizer_s=opt_s, dram_bound=slowest["waits"], dp_hidden_s=hidden,
                     stages_s=tuple((j, st["comp"], st["tp"], st["pp"]) for j, st in sorted(per_stage.items())))
 

@@ -23,7 +23,10 @@ pipeline-parallel plan (:mod:`.parallel`, :mod:`.pipeline`). Each rank computes 
 in rank order (:func:`~tvm_spinn.training.tp_chain.split_reduce` executes it rank by rank).
 
 :func:`split_gemms` rewrites the gradient program accordingly: each such GEMM becomes its leaves'
-GEMMs (on the PEs) and the additions in leaf order; the column-parallel GEMMs, weight gradients
+GEMMs (on the PEs) and the additions in leaf order, and input gradients the program only adds
+together (Llama's ``q/k/v_proj``, its ``gate/up_proj``) become one such reduction of their sum
+(:func:`canonical_sum`: leaf ``l`` one GEMM over the ``l``-th leaf of each, two reductions a
+block's backward as in Megatron's split); the column-parallel GEMMs, weight gradients
 and attention keep one op each (each rank's share of them is a slice of its outputs, with the
 same bits). :func:`tp_compute` prices one rank's share of a granule
 (:meth:`~tvm_spinn.training.parallel.DataParallelTrainer.simulated_step`).
@@ -42,7 +45,7 @@ from tvm import relax
 from .errors import TrainingError
 from .tp_chain import canonical_leaves, leaf_slices
 
-__all__ = ["TPShard", "CanonicalGemm", "TPSplit", "tp_layout", "split_gemms", "tp_compute"]
+__all__ = ["TPShard", "CanonicalGemm", "TPSplit", "tp_layout", "split_gemms", "canonical_sum", "tp_compute"]
 
 #: module (leaf) names of the column-parallel projections (GPT-2 ``Conv1D``, Llama ``Linear``)
 COLUMN = ("c_attn", "c_fc", "q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
@@ -53,6 +56,8 @@ FUSED_QKV = ("c_attn",)
 #: column-parallel projections into the MLP's hidden features, and onto the key-value heads
 MLP_COLUMN = ("c_fc", "gate_proj", "up_proj")
 KV_COLUMN = ("k_proj", "v_proj")
+#: separate column-parallel projections of the attention's input (their leaves coincide)
+ATTN_COLUMN = ("q_proj",) + KV_COLUMN
 
 
 @dataclass(frozen=True)
@@ -86,7 +91,8 @@ class TPShard:
 @dataclass(frozen=True)
 class CanonicalGemm:
     """A GEMM of the gradient program reducing over a sharded axis: ``[m, k] @ [k, n]`` of
-    weight ``name`` in the canonical order (``leaves`` leaves of each of ``parts`` parts)."""
+    weight ``name`` in the canonical order (``leaves`` leaves of each of ``parts`` parts); a sum
+    of such GEMMs (:func:`canonical_sum`) names its weights joined by ``+``, ``k`` their total."""
 
     name: str
     m: int
@@ -188,8 +194,11 @@ def tp_layout(model, param_names, param_shapes, tp: int) -> tuple:
            .rpartition(".")[2] in MLP_COLUMN]
     intermediate = math.gcd(*mlp) if mlp else heads
     g, g_kv = canonical_leaves(heads, kv_heads, intermediate)
+    # the query, key and value projections' input gradients are summed into one reduction
+    # (:func:`split_gemms`), leaf by leaf: their leaves must coincide, so the query axis takes the
+    # key/value axis' count too (every admissible tp divides the key/value heads)
     return tuple(None if s is None else dataclasses.replace(
-        s, leaves=g_kv if s.name.rpartition(".")[0].rpartition(".")[2] in KV_COLUMN else g) for s in out)
+        s, leaves=g_kv if s.name.rpartition(".")[0].rpartition(".")[2] in ATTN_COLUMN else g) for s in out)
 
 
 def _shape(expr) -> tuple:
@@ -223,23 +232,37 @@ def split_gemms(grad_mod: tvm.IRModule, n_inputs: int, layout, tp: int) -> TPSpl
             return mapping.get(op, op)
 
     remap = Remap()
+    canon = {}  # a GEMM reducing over a sharded axis: its binding's var -> (shard, a, w, m, k, n)
+    for b in bindings:
+        v = b.value
+        if (_is_op(v, "relax.matmul") and v.args[1] in view and len(_shape(v.args[0])) >= 2
+                and (view[v.args[1]][0].axis == 1) == view[v.args[1]][1]):  # contracts the sharded axis
+            a_shape, (k, n) = _shape(v.args[0]), _shape(v.args[1])
+            canon[b.var] = (view[v.args[1]][0], v.args[0], v.args[1], int(np.prod(a_shape[:-1])), k, n)
+    fused, skipped = _summed_reductions(bindings, canon, func.body.body)
     reductions, parallel = [], []
     bb = relax.BlockBuilder()
     with bb.function("main", fparams):
         with bb.dataflow():
             for b in bindings:
                 v = b.value
-                is_mm = isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op) and v.op.name == "relax.matmul"
-                if is_mm and v.args[1] in view and len(_shape(v.args[0])) >= 2:
-                    shard, transposed = view[v.args[1]]
-                    a, w = remap.visit_expr(v.args[0]), remap.visit_expr(v.args[1])
+                if b.var in skipped:  # a term of a summed reduction: its sum is emitted whole
+                    continue
+                if b.var in fused or b.var in canon:
+                    members = [canon[c] for c in fused.get(b.var, [b.var])]
+                    shard, _, _, m, _, n = members[0]
+                    reductions.append(CanonicalGemm("+".join(c[0].name for c in members), m,
+                                                    sum(c[4] for c in members), n, shard.leaves,
+                                                    sum(c[0].parts for c in members)))
+                    out = canonical_sum(bb, [(remap.visit_expr(a), remap.visit_expr(w), _shape(a), s.leaf_ranges())
+                                             for s, a, w, _, _, _ in members])
+                    if _shape(b.var) != (m, n):
+                        out = bb.emit(relax.op.reshape(out, _shape(b.var)), name_hint=b.var.name)
+                    mapping[b.var] = out
+                    continue
+                if _is_op(v, "relax.matmul") and v.args[1] in view and len(_shape(v.args[0])) >= 2:
                     a_shape, (k, n) = _shape(v.args[0]), _shape(v.args[1])
-                    m = int(np.prod(a_shape[:-1]))
-                    if (shard.axis == 1) == transposed:  # the contraction axis is the sharded one
-                        reductions.append(CanonicalGemm(shard.name, m, k, n, shard.leaves, shard.parts))
-                        mapping[b.var] = canonical_gemm(bb, a, w, a_shape, shard.leaf_ranges(), b.var.name)
-                        continue
-                    parallel.append((shard.name, m, k, n, 2))
+                    parallel.append((view[v.args[1]][0].name, int(np.prod(a_shape[:-1])), k, n, 2))
                 mapping[b.var] = bb.emit(remap.visit_expr(v), name_hint=b.var.name)
             out = bb.emit_output(remap.visit_expr(func.body.body))
         bb.emit_func_output(out)
@@ -247,7 +270,7 @@ def split_gemms(grad_mod: tvm.IRModule, n_inputs: int, layout, tp: int) -> TPSpl
     from ..frontend.fixups import FixupImported
 
     # every split weight's gradient: [in, out] over the rows its forward GEMM reduces
-    rows = {c.name: c.m for c in reductions}
+    rows = {shard.name: m for shard, _, _, m, _, _ in canon.values()}
     rows.update({p[0]: p[1] for p in parallel})
     for s, var in zip(layout, param_vars):
         if s is not None and s.name in rows:
@@ -258,24 +281,83 @@ def split_gemms(grad_mod: tvm.IRModule, n_inputs: int, layout, tp: int) -> TPSpl
     return TPSplit(FixupImported(mod), tp, tuple(reductions), tuple(parallel), sharded, sum(sizes) - sharded)
 
 
-def canonical_gemm(bb: relax.BlockBuilder, a, w, a_shape, leaves, name: str = "canonical"):
-    """Emit ``a @ w`` in the canonical order: each leaf (its ``k`` ranges, one a part, from
-    :meth:`TPShard.leaf_ranges`) a GEMM from zero on the PEs over its slices of ``a`` and ``w``,
-    the leaves added in order. ``a`` is ``[..., k]``, ``w`` ``[k, n]``."""
-    k, n = int(a_shape[-1]), _shape(w)[1]
-    m = int(np.prod(a_shape[:-1]))
-    a2 = a if len(a_shape) == 2 else bb.emit(relax.op.reshape(a, (m, k)))
+def _is_op(value, name: str) -> bool:
+    return isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == name
+
+
+def _summed_reductions(bindings, canon: dict, output) -> tuple[dict, set]:
+    """The canonical reductions whose results the program only adds together (Llama's query,
+    key and value input gradients into the attention's input gradient, the gate's and up's into
+    the MLP's): ``({root add var: [reduction vars, in the program's order]}, {the vars the
+    summed reduction replaces})``. The terms may be reshaped on the way (each used once); they
+    must have the same rows, columns and leaves, so that leaf ``l`` of the sum is leaf ``l`` of
+    every term (one GEMM from zero over all their slices)."""
+    uses: dict = {}
+    for b in bindings:
+        for var in {*relax.analysis.free_vars(b.value)}:
+            uses[var] = uses.get(var, 0) + 1
+    for var in {*relax.analysis.free_vars(output)}:
+        uses[var] = uses.get(var, 0) + 2  # a program output stays
+    source = {b.var: b.value.args[0] for b in bindings if _is_op(b.value, "relax.reshape")}
+    groups: dict = {}  # add var -> (member reduction vars, vars it replaces)
+
+    def term(var):
+        chain = []
+        while var in source and var not in canon and var not in groups and uses.get(var, 0) == 1:
+            chain.append(var)
+            var = source[var]
+        if uses.get(var, 0) != 1:
+            return None
+        if var in canon:
+            return [var], {var, *chain}
+        if var in groups:
+            members, inner = groups[var]
+            return members, {var, *inner, *chain}
+        return None
+
+    for b in bindings:
+        v = b.value
+        if not _is_op(v, "relax.add") or not _shape(v.args[0]) == _shape(v.args[1]) == _shape(b.var):
+            continue
+        x, y = term(v.args[0]), term(v.args[1])
+        if x is None or y is None:
+            continue
+        members = x[0] + y[0]
+        if len({(canon[c][0].leaves, canon[c][3], canon[c][5]) for c in members}) == 1:
+            groups[b.var] = (members, x[1] | y[1])
+    skipped = set().union(*(inner for _, inner in groups.values())) if groups else set()
+    return {var: members for var, (members, _) in groups.items() if var not in skipped}, skipped
+
+
+def canonical_sum(bb: relax.BlockBuilder, operands):
+    """Emit ``sum(a_i @ w_i)`` in the canonical order: leaf ``l`` is one GEMM from zero on the
+    PEs over the ``l``-th leaf of every term (each term's ``k`` ranges of that leaf, from
+    :meth:`TPShard.leaf_ranges`, in term order), the leaves added in order. ``operands`` is
+    ``[(a, w, a_shape, leaf ranges)]``, ``a`` ``[..., k]``, ``w`` ``[k, n]``; returns ``[m, n]``."""
+    flat = []
+    for a, w, a_shape, leaves in operands:
+        m, k = int(np.prod(a_shape[:-1])), int(a_shape[-1])
+        flat.append((a if len(a_shape) == 2 else bb.emit(relax.op.reshape(a, (m, k))), w, leaves))
     acc = None
-    for ranges in leaves:
-        ak = [bb.emit(relax.op.strided_slice(a2, axes=[1], begin=[k0], end=[k1])) for k0, k1 in ranges]
-        wk = [bb.emit(relax.op.strided_slice(w, axes=[0], begin=[k0], end=[k1])) for k0, k1 in ranges]
-        if len(ranges) > 1:
+    for l in range(len(flat[0][2])):
+        ak = [bb.emit(relax.op.strided_slice(a2, axes=[1], begin=[k0], end=[k1]))
+              for a2, _, leaves in flat for k0, k1 in leaves[l]]
+        wk = [bb.emit(relax.op.strided_slice(w, axes=[0], begin=[k0], end=[k1]))
+              for _, w, leaves in flat for k0, k1 in leaves[l]]
+        if len(ak) > 1:
             ak = [bb.emit(relax.op.concat(ak, axis=1))]
             wk = [bb.emit(relax.op.concat(wk, axis=0))]
         leaf = bb.emit(relax.op.matmul(ak[0], wk[0]))
         acc = leaf if acc is None else bb.emit(relax.op.add(acc, leaf))
+    return acc
+
+
+def canonical_gemm(bb: relax.BlockBuilder, a, w, a_shape, leaves, name: str = "canonical"):
+    """Emit ``a @ w`` in the canonical order (:func:`canonical_sum` of one term), shaped
+    ``[..., n]`` like ``a``."""
+    acc = canonical_sum(bb, [(a, w, tuple(a_shape), leaves)])
     if len(a_shape) != 2:
-        acc = bb.emit(relax.op.reshape(acc, (*a_shape[:-1], n)), name_hint=name)
+        acc = bb.emit(relax.op.reshape(acc, (*a_shape[:-1], _shape(w)[1])), name_hint=name)
     return acc
 
 
@@ -351,8 +433,8 @@ def tp_compute(split: TPSplit, one_chip_s: float, target, topo) -> dict:
     # the canonical reductions, grouped by leaf count: all the leaves on one chip, a rank's
     # leaves (its leaves / tp of them, each added to the running sum)
     canonical_s = rank_canonical_s = 0.0
-    for leaves in sorted({c.leaves * c.parts for c in split.reductions}):
-        group = [c for c in split.reductions if c.leaves * c.parts == leaves]
+    for leaves in sorted({c.leaves for c in split.reductions}):
+        group = [c for c in split.reductions if c.leaves == leaves]
         canonical_s += latency([(c.m, c.k, c.n) for c in group], leaves)
         mine = leaves // tp
         rank_canonical_s += latency([(c.m, c.k // tp, c.n) for c in group], mine)

@@ -10,7 +10,8 @@ zero over its ``k`` in ascending order, and the leaves' partial sums are added i
 order into one accumulator: ``((l_0 + l_1) + l_2) + ...``. A fused projection of several parts
 (GPT-2's ``c_attn``: Q, K and V, each split by heads) takes its leaf ``l`` as the ``l``-th slice
 of every part, in part order (one GEMM from zero over the concatenated slices), so a rank's
-leaves stay its own heads.
+leaves stay its own heads; so does the sum of separate projections' input gradients (Llama's
+``q/k/v_proj``, parts of unequal widths, and ``gate/up_proj``), one reduction of their parts.
 
 Every split computes exactly these additions (:func:`split_reduce` executes them rank by rank):
 the ranks compute their leaves' GEMMs at once (the parallel ``1 / tp`` share of Megatron's
@@ -71,15 +72,22 @@ def vocab_leaves(heads: int, intermediate: int, vocab: int) -> int:
     return leaves
 
 
-def leaf_slices(extent: int, leaves: int, parts: int = 1) -> tuple:
-    """The ``k`` ranges of each leaf of an axis of ``extent`` (``parts`` equal parts, each cut
-    into ``leaves``): ``((k0, k1), ...)`` per leaf, one range per part, in part order."""
-    if extent % parts or (extent // parts) % leaves:
+def leaf_slices(extent: int, leaves: int, parts=1) -> tuple:
+    """The ``k`` ranges of each leaf of an axis of ``extent`` cut into ``parts`` (a count of
+    equal parts, or the parts' extents in order: the summed input gradients of separate
+    projections), each part cut into ``leaves``: ``((k0, k1), ...)`` per leaf, one range per
+    part, in part order."""
+    if isinstance(parts, (int, np.integer)):
+        if parts < 1 or extent % parts:
+            raise TrainingError(f"canonical order: {leaves} leaves do not divide the axis ({extent} features in "
+                                f"{parts} part(s))")
+        parts = (extent // parts,) * int(parts)
+    parts = tuple(int(p) for p in parts)
+    if sum(parts) != extent or any(p % leaves for p in parts):
         raise TrainingError(f"canonical order: {leaves} leaves do not divide the axis ({extent} features in "
-                            f"{parts} part(s))")
-    part = extent // parts
-    step = part // leaves
-    return tuple(tuple((p * part + l * step, p * part + (l + 1) * step) for p in range(parts))
+                            f"{len(parts)} part(s): {', '.join(map(str, parts))})")
+    starts = np.concatenate([[0], np.cumsum(parts)[:-1]]).astype(int).tolist()
+    return tuple(tuple((s0 + l * (p // leaves), s0 + (l + 1) * (p // leaves)) for s0, p in zip(starts, parts))
                  for l in range(leaves))
 
 
@@ -180,7 +188,10 @@ def layer_reductions(family: str, hidden: int, q: int, kv: int, intermediate: in
                      kv_heads: int) -> tuple:
     """One transformer block's reductions over a sharded axis for ``m`` rows (every split's:
     the canonical order does not depend on ``tp``): the row-parallel projections' forwards
-    (attention output, MLP down) and the column-parallel projections' input gradients.
+    (attention output, MLP down) and the column-parallel projections' input gradients. Llama's
+    query, key and value input gradients are one reduction (their sum, leaf ``l`` one GEMM over
+    the ``l``-th leaf of each, ``gcd(heads, kv_heads, intermediate)`` leaves), and so are its
+    gate's and up's: two a backward, as in Megatron's split.
 
     Parameters
     ----------
@@ -197,8 +208,6 @@ def layer_reductions(family: str, hidden: int, q: int, kv: int, intermediate: in
     forward = [Reduction("forward", m, q, h, g), Reduction("forward", m, i, h, g)]
     if family == "gpt2":
         backward = [Reduction("backward", m, q + 2 * kv, h, g, 3), Reduction("backward", m, i, h, g)]
-    else:
-        backward = [Reduction("backward", m, q, h, g), Reduction("backward", m, kv, h, g_kv),
-                    Reduction("backward", m, kv, h, g_kv), Reduction("backward", m, i, h, g),
-                    Reduction("backward", m, i, h, g)]
+    else:  # the separate projections' input gradients summed leaf by leaf (q, k, v: the kv leaves)
+        backward = [Reduction("backward", m, q + 2 * kv, h, g_kv, 3), Reduction("backward", m, 2 * i, h, g, 2)]
     return tuple(forward + backward)
