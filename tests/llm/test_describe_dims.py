@@ -1,5 +1,6 @@
-"""One import of a chunk block per chunk size, bound to each context (``llm.describe.imported``
-with ``dims``, ``bind_dims``), is the module and the programs that each context's own import gives."""
+"""One import of a chunk block (``llm.describe.imported`` with ``dims``, ``bind_dims``), bound to
+each chunk size and context, or one per chunk size bound to each context, is the module and the
+programs that their own import gives."""
 
 import importlib
 import json
@@ -50,6 +51,25 @@ def test_bound_import_is_each_contexts_own_import(family):
             describe(prefill.ChunkStep(model(), spec, context), args, "spinn/board", "int8"))
 
 
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+def test_bound_block_import_is_each_chunk_and_contexts_own_import(family):
+    spec, model = _block(CONFIGS[family])
+    args = prefill._chunk_args(spec, prefill._EXAMPLE_CHUNK, prefill._EXAMPLE_CONTEXT)
+    dims = {i: axes for i, axes in prefill._CHUNK_DIMS.items() if i < len(args)}
+    mod, n = imported(prefill.ChunkStep(model(), spec, prefill._EXAMPLE_CONTEXT), args, dims=dims, derived=True)
+    # the first chunk (context = chunk), later ones, chunks larger and smaller than the example's
+    for chunk, context in ((2, 2), (2, 6), (8, 8), (8, 40), (16, 48), (32, 32)):
+        own, n_own = imported(prefill.ChunkStep(model(), spec, context), prefill._chunk_args(spec, chunk, context))
+        bound = bind_dims(mod, dims, {"chunk": chunk, "context": context})
+        assert n == n_own
+        assert bound.script() == own.script(), (chunk, context)
+    chunk, context = 8, 24
+    args = prefill._chunk_args(spec, chunk, context)
+    assert _headers(describe_imported(bind_dims(mod, dims, {"chunk": chunk, "context": context}), n, "spinn/board",
+                                      "int8")) == _headers(describe(prefill.ChunkStep(model(), spec, context), args,
+                                                                    "spinn/board", "int8"))
+
+
 def test_bind_dims_refuses_a_missing_or_contradicting_size():
     spec, model = _block(TINY)
     dims = prefill._CONTEXT_DIMS
@@ -62,25 +82,43 @@ def test_bind_dims_refuses_a_missing_or_contradicting_size():
     assert bind_dims(fixed, dims, {"context": 16}).script() == fixed.script()
 
 
-def test_prefill_memo_shares_one_import_per_chunk(monkeypatch):
-    memo = {}
-    plan = prefill.plan_prefill(TINY, "spinn/board", prompt=32, chunk=8, memo=memo)
-    imports = [k for k in memo if isinstance(k, tuple) and k[0] == "chunk-imported"]
-    chunks = [k for k in memo if isinstance(k, tuple) and k[0] == "chunk"]
-    assert len(imports) == 1 and memo[imports[0]] is not None
-    assert len(chunks) == 2  # the first chunk's context and the last's
+def _imports(memo, kind):
+    return [memo[k] for k in memo if isinstance(k, tuple) and k[0] == kind]
 
-    # each context exported on its own (the path taken where torch cannot keep the context symbolic)
+
+def test_prefill_memo_shares_one_import(monkeypatch):
+    memo = {}
+    plan = prefill.plan_prefill(TINY, "spinn/board", prompt=32, memo=memo, search="all")
+    chunks = [k for k in memo if isinstance(k, tuple) and k[0] == "chunk"]
+    assert len({k[-2] for k in chunks}) > 2  # several chunk sizes searched
+    # one import for every chunk size but one token's (torch specializes a size of 1)
+    blocks = _imports(memo, "block-imported")
+    assert len(blocks) == 1 and blocks[0] is not None
+    assert all(c == 1 for c in {k[-1] for k in memo if isinstance(k, tuple) and k[0] == "chunk-imported"})
+
     from tvm_spinn.llm import describe as describe_module
 
     concrete = describe_module.imported
 
-    def refuse(module, args, dims=None):
+    # one import per chunk size (the path taken where torch cannot keep the chunk symbolic)
+    def no_chunk(module, args, dims=None, derived=False):
+        if dims and any("chunk" in axes.values() for axes in dims.values()):
+            raise RuntimeError("no symbolic chunk")
+        return concrete(module, args, dims)
+
+    monkeypatch.setattr(describe_module, "imported", no_chunk)
+    per_chunk = {}
+    assert prefill.plan_prefill(TINY, "spinn/board", prompt=32, memo=per_chunk, search="all").to_dict() == plan.to_dict()
+    assert _imports(per_chunk, "block-imported") == [None]
+    assert any(m is not None for m in _imports(per_chunk, "chunk-imported"))
+
+    # each context exported on its own (the path taken where torch cannot keep the context symbolic)
+    def refuse(module, args, dims=None, derived=False):
         if dims:
             raise RuntimeError("no symbolic context")
         return concrete(module, args)
 
     monkeypatch.setattr(describe_module, "imported", refuse)
     alone = {}
-    assert prefill.plan_prefill(TINY, "spinn/board", prompt=32, chunk=8, memo=alone).to_dict() == plan.to_dict()
-    assert [alone[k] for k in alone if isinstance(k, tuple) and k[0] == "chunk-imported"] == [None]
+    assert prefill.plan_prefill(TINY, "spinn/board", prompt=32, memo=alone, search="all").to_dict() == plan.to_dict()
+    assert set(map(type, _imports(alone, "block-imported") + _imports(alone, "chunk-imported"))) == {type(None)}

@@ -42,9 +42,10 @@ def _descriptor(shape, dtype) -> np.ndarray:
     return np.broadcast_to(np.zeros((), dtype=dtype), tuple(int(d) for d in shape))
 
 
-def _export(module, args: tuple, dims: "dict | None" = None):
+def _export(module, args: tuple, dims: "dict | None" = None, derived: bool = False):
     """``torch.export`` of ``module`` with its parameters as trailing inputs (meta tensors);
-    ``dims``: argument index -> {axis: name} of the dimensions exported as symbols."""
+    ``dims``: argument index -> {axis: name} of the dimensions exported as symbols (``derived``:
+    as torch's ``Dim.DYNAMIC``, see :func:`imported`)."""
     import torch
 
     names = [name for name, _ in module.named_parameters()]
@@ -58,7 +59,8 @@ def _export(module, args: tuple, dims: "dict | None" = None):
     dynamic = None
     if dims:
         # min 2: torch specializes sizes 0 and 1; a size the trace ties to a constant raises
-        symbols = {name: torch.export.Dim(name, min=2) for axes in dims.values() for name in axes.values()}
+        symbols = {name: torch.export.Dim.DYNAMIC if derived else torch.export.Dim(name, min=2)
+                   for axes in dims.values() for name in axes.values()}
         dynamic = (tuple({axis: symbols[name] for axis, name in dims[i].items()} if i in dims else None
                          for i in range(len(args) + len(params))),)
     with torch.no_grad():
@@ -66,7 +68,7 @@ def _export(module, args: tuple, dims: "dict | None" = None):
     return exported, len(params)
 
 
-def imported(module, args: tuple, dims: "dict | None" = None):
+def imported(module, args: tuple, dims: "dict | None" = None, derived: bool = False):
     """``module(*args)`` exported with its parameters as trailing inputs and imported into Relax.
 
     Parameters
@@ -78,6 +80,11 @@ def imported(module, args: tuple, dims: "dict | None" = None):
     dims : dict, optional
         Argument index -> {axis: symbol name}: dimensions kept symbolic (one import serves every
         size of them, see :func:`bind_dims`); the same name on several axes is one size.
+    derived : bool
+        Let torch derive the symbols' ranges and relations (``Dim.DYNAMIC``: a guard its range
+        analysis cannot prove, such as a slice's ``min`` of a symbolic size, does not refuse the
+        export) rather than check them against named symbols of ``min=2``; a dimension torch
+        makes constant raises.
 
     Returns
     -------
@@ -88,7 +95,7 @@ def imported(module, args: tuple, dims: "dict | None" = None):
 
     from ..frontend.fixups import FixupImported
 
-    exported, n_weights = _export(module, args, dims)
+    exported, n_weights = _export(module, args, dims, derived)
     mod = FixupImported(from_exported_program(exported, keep_params_as_input=False,
                                               unwrap_unit_return_tuple=True))
     return mod, n_weights

@@ -399,6 +399,13 @@ def ChunkStep(model, spec: ModelSpec, context: int):
 #: The context's axes among :func:`_chunk_args` (argument index -> {axis: symbol}): the keys of
 #: the K cache, the V cache and the mask
 _CONTEXT_DIMS = {1: {2: "context"}, 2: {1: "context"}, 3: {1: "context"}}
+#: The chunk's and the context's axes among :func:`_chunk_args`: the hidden state's and the
+#: rotary tables' tokens, the mask's rows (the chunk) and the context's axes
+_CHUNK_DIMS = {0: {1: "chunk"}, 1: {2: "context"}, 2: {1: "context"}, 3: {0: "chunk", 1: "context"},
+               4: {1: "chunk"}, 5: {1: "chunk"}}
+#: The example sizes the block is exported at with both symbolic (distinct, so that torch keeps
+#: them two symbols; a chunk of at least 2, as the sizes bound to it: torch specializes 1)
+_EXAMPLE_CHUNK, _EXAMPLE_CONTEXT = 4, 12
 
 
 def _chunk_args(spec: ModelSpec, chunk: int, context: int) -> tuple:
@@ -522,21 +529,43 @@ def _describe_chunk(cfg: dict, spec: ModelSpec, target, dtype: str, chunk: int, 
                                board_tp.slice_block(cfg, spec_of(cfg), g)[1])
         model = memo[model_key]
         args = _chunk_args(spec, chunk, context)
-        # the block imported once per chunk size with the context symbolic (the cache's and the
-        # mask's key axis), bound to each context: the module each context's own import gives
-        # (the block's graph does not depend on the context's value); where torch ties the
-        # context to a constant, each context is exported alone
-        import_key = ("chunk-imported", _cfg_key(cfg), g, chunk)
-        if import_key not in memo:
+        # the block imported once with the chunk and the context symbolic (the hidden state's
+        # tokens, the cache's and the mask's key axis), bound to each chunk size and context:
+        # the module their own import gives (the block's graph depends on neither value, from a
+        # chunk of 2 on: one token's attention skips a reshape); failing that, once per chunk
+        # size with the context symbolic; where torch ties the context to a constant, each
+        # context is exported alone
+        dims = {i: axes for i, axes in _CHUNK_DIMS.items() if i < len(args)}
+        block_key = ("block-imported", _cfg_key(cfg), g)
+        if block_key not in memo:
             try:
-                memo[import_key] = imported(ChunkStep(model, spec, context), args, dims=_CONTEXT_DIMS)
+                memo[block_key] = imported(ChunkStep(model, spec, _EXAMPLE_CONTEXT),
+                                           _chunk_args(spec, _EXAMPLE_CHUNK, _EXAMPLE_CONTEXT), dims=dims,
+                                           derived=True)
             except Exception:  # noqa: BLE001 - torch's constraint errors have no common base
-                memo[import_key] = None
-        if memo[import_key] is None:
-            described = describe(ChunkStep(model, spec, context), args, target, dtype)
-        else:
-            mod, n_weights = memo[import_key]
-            described = describe_imported(bind_dims(mod, _CONTEXT_DIMS, {"context": context}), n_weights, target, dtype)
+                memo[block_key] = None
+        described = None
+        if chunk >= 2 and memo[block_key] is not None:
+            mod, n_weights = memo[block_key]
+            try:
+                bound = bind_dims(mod, dims, {"chunk": chunk, "context": context})
+            except ValueError:  # torch kept a size constant: not this module
+                bound = None
+            if bound is not None:
+                described = describe_imported(bound, n_weights, target, dtype)
+        if described is None:
+            import_key = ("chunk-imported", _cfg_key(cfg), g, chunk)
+            if import_key not in memo:
+                try:
+                    memo[import_key] = imported(ChunkStep(model, spec, context), args, dims=_CONTEXT_DIMS)
+                except Exception:  # noqa: BLE001 - torch's constraint errors have no common base
+                    memo[import_key] = None
+            if memo[import_key] is None:
+                described = describe(ChunkStep(model, spec, context), args, target, dtype)
+            else:
+                mod, n_weights = memo[import_key]
+                described = describe_imported(bind_dims(mod, _CONTEXT_DIMS, {"context": context}), n_weights,
+                                              target, dtype)
         memo[key] = ([d.program for d in described], {tuple(int(x) for x in a.shape) for a in args[1:]})
     return memo[key]
 

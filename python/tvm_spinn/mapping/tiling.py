@@ -115,7 +115,9 @@ def tile_costs(program: Program, index: int, arch: SpinnArch, tile) -> TileTable
     sram, in_b, w_b, out_b, cycles = family.tile_costs(program, layer, arch, tile, lo, hi)
 
     def full(v) -> np.ndarray:
-        return np.broadcast_to(np.asarray(v, dtype=np.int64), (count,)).copy()
+        # a scalar (one figure for every tile) filled directly: the broadcast's view costs more
+        v = np.asarray(v, dtype=np.int64)
+        return np.full(count, v, dtype=np.int64) if v.ndim == 0 else np.broadcast_to(v, (count,)).copy()
 
     return TileTable(layer=index, k_splits=k_splits(program, index, tile), lo=lo, hi=hi, group=group,
                      pe=np.full(count, -1, np.int64), chip=np.full(count, -1, np.int64),
