@@ -59,7 +59,8 @@ def test_the_priority_figure_is_its_schedule_played_out_and_above_the_floor(boar
     seconds, load, first, hops, weight = C._priority_packing(graph, region, members.size, N)
     full, span, span_hops, shapes = graph.memo[("packed_shapes", region.tobytes(), members.size)][:4]
     fluid = C._priority_seconds(graph, full, span, weight, N)
-    assert C._priority_fluid(graph, region, members.size, N)[0] == pytest.approx(fluid)
+    # the weights of one span cap: the cheapest closed form's, or another's that plays out cheaper
+    assert C._priority_fluid(graph, region, members.size, N)[0] <= fluid + 1e-12
     played = C._chunked_schedule(graph, region, shapes, weight, members.size, N, C._SCHEDULE_CHUNKS, fluid)
     assert seconds == pytest.approx(max(fluid, played))
     # finer chunks approach the closed form (within 2% at 64 chunks a part)
