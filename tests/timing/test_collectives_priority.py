@@ -77,3 +77,28 @@ def test_the_priority_figure_is_its_schedule_played_out_and_above_the_floor(boar
     cost = C.board_group_all_reduce(topo, [[c + b * 48 for c in order] for b in members], N,
                                     board_gather=False, pipelined=True)
     assert bandwidth + latency <= cost.seconds <= seconds + 1e-12
+
+
+@pytest.mark.parametrize("boards, group", [(4, range(3)), (24, range(16))])
+def test_a_bound_stops_the_play_only_where_the_figure_could_not_get_below_it(boards, group):
+    """Given the caller's figure and the figure it already has, the weights are played out only
+    while they could still win: None comes back exactly where every weight played out gives a
+    figure no cheaper than the bound, and otherwise the same weights and figure."""
+    topo, _ = _setting(boards)
+    graph = topo.board_graph()
+    members = np.asarray(list(group))
+    halo = np.setdiff1d(np.unique(graph.neighbors[members]), members)
+    region = np.concatenate([members, halo[halo >= 0]])
+    whole = C._priority_packing(graph, region, members.size, N)
+    gather = 3.5e-6  # a fixed phase after the all-reduce
+
+    def figure(T, first):
+        return T + gather
+
+    for bound in (figure(whole[0], whole[2]) * 0.9, figure(whole[0], whole[2]),
+                  np.nextafter(figure(whole[0], whole[2]), np.inf), np.inf):
+        got = C._priority_packing(graph, region, members.size, N, figure, bound)
+        if figure(whole[0], whole[2]) < bound:
+            assert got is not None and got[0] == whole[0] and np.array_equal(got[4], whole[4])
+        else:
+            assert got is None or figure(got[0], got[2]) >= bound

@@ -69,6 +69,7 @@ message per step, the ring ``n / c`` but ``2 (c - 1)`` latencies, so tiny messag
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -741,17 +742,44 @@ def _chunked_schedule(graph, ranks: np.ndarray, shapes, weight: np.ndarray, memb
     chunks wait for an edge it passes the one due first: chunk ``c`` is due ``(c + 1) /
     chunks`` of the way through ``horizon``, less the latency from the edge to the farthest
     member beyond it (a chunk with further to go goes earlier)."""
-    import heapq
-
-    adj = []  # per tree: node -> [(neighbour, directed global link from node to it)]
+    # the trees over local links, numbered as met: the play depends on nothing else of the
+    # graph, so the same patch of boards in another graph (the planner's ladder of
+    # allocations) is played once (:func:`_played_schedule`, cached)
+    local: dict = {}
+    rates, hops, trees = [], [], []
     for _, parent in shapes:
-        nbrs: dict = {}
+        edges = []
         for v, link in parent:
             u, k = link // 6, link % 6
-            nbrs.setdefault(u, []).append((v, int(ranks[u]) * 6 + k))
-            nbrs.setdefault(v, []).append((u, int(ranks[v]) * 6 + (k + 3) % 6))
+            ends = []
+            for glob in (int(ranks[u]) * 6 + k, int(ranks[v]) * 6 + (k + 3) % 6):
+                if glob not in local:
+                    local[glob] = len(local)
+                    rates.append(float(graph.link_bw[glob]))
+                    hops.append(float(graph.link_hop_s[glob]))
+                ends.append(local[glob])
+            edges.append((int(v), int(u), ends[0], ends[1]))
+        trees.append(tuple(edges))
+    return _played_schedule(tuple(trees), tuple(rates), tuple(hops), tuple(float(w) for w in weight),
+                            int(members), float(nbytes), int(chunks), float(horizon))
+
+
+@functools.lru_cache(maxsize=256)
+def _played_schedule(trees: tuple, rates: tuple, hops: tuple, weight: tuple, members: int, nbytes: float,
+                     chunks: int, horizon: float) -> float:
+    """:func:`_chunked_schedule` on hashable values: ``trees[j]`` tree ``j``'s edges ``(node,
+    its parent, link parent to node, link node to parent)``, the links numbered into ``rates``
+    (bytes/s) and ``hops`` (seconds); ``weight[j]`` its share of the row."""
+    import heapq
+
+    adj = []  # per tree: node -> [(neighbour, directed link from node to it)]
+    for edges in trees:
+        nbrs: dict = {}
+        for v, u, down, up in edges:
+            nbrs.setdefault(u, []).append((v, down))
+            nbrs.setdefault(v, []).append((u, up))
         adj.append(nbrs)
-    used = [int(j) for j in np.flatnonzero(weight > 0)]
+    used = [j for j, w in enumerate(weight) if w > 0]
     ahead: dict = {}  # (tree, u, v): latency from v to the farthest member beyond it
     for j in used:
         nbrs = adj[j]
@@ -762,7 +790,7 @@ def _chunked_schedule(graph, ranks: np.ndarray, shapes, weight: np.ndarray, memb
                     x, came, d = stack.pop()
                     if x < members:
                         far = max(far, d)
-                    stack += [(y, x, d + float(graph.link_hop_s[l])) for y, l in nbrs[x] if y != came]
+                    stack += [(y, x, d + hops[l]) for y, l in nbrs[x] if y != came]
                 ahead[j, u, v] = far
     got: dict = {}  # (tree, chunk, node) -> the neighbours it has the chunk from
     sent: set = set()
@@ -771,34 +799,46 @@ def _chunked_schedule(graph, ranks: np.ndarray, shapes, weight: np.ndarray, memb
     events: list = []  # (time, order, link or None, arrival)
     order = [0]
 
+    starting: dict = {}  # link -> the time of its start event still in ``events``
+
     def push(t, link, arrival=None):
+        if arrival is None:
+            # a start event where the edge is busy past t, or one already due at t, would find
+            # nothing to do: left out (the events that do something keep their order)
+            if busy_until.get(link, 0.0) > t or starting.get(link) == t:
+                return
+            starting[link] = t
         order[0] += 1
         heapq.heappush(events, (t, order[0], link, arrival))
 
     def offer(t, j, c, u):
-        heard = got.get((j, c, u), set())
-        for v, link in adj[j][u]:
-            if (j, c, u, v) not in sent and all(x == v or x in heard for x, _ in adj[j][u]):
+        heard = got.get((j, c, u), ())
+        nbrs = adj[j][u]
+        for v, link in nbrs:
+            # u has the chunk from every tree neighbour but v (it hears only from its neighbours)
+            if len(heard) - (v in heard) == len(nbrs) - 1 and (j, c, u, v) not in sent:
                 sent.add((j, c, u, v))
                 heapq.heappush(queue.setdefault(link, []),
                                ((c + 1) / chunks * horizon - ahead[j, u, v], j, c, u, v))
                 push(t, link)
 
-    for j in used:
+    for j in used:  # the leaves start (a node with more neighbours waits to hear from them)
+        leaves = [u for u in sorted(adj[j]) if len(adj[j][u]) == 1]
         for c in range(chunks):
-            for u in sorted(adj[j]):
+            for u in leaves:
                 offer(0.0, j, c, u)
     done = 0.0
     while events:
         t, _, link, arrival = heapq.heappop(events)
         if arrival is None:  # an edge may start its next chunk
+            del starting[link]
             if busy_until.get(link, 0.0) > t or not queue.get(link):
                 continue
             _, j, c, u, v = heapq.heappop(queue[link])
-            end = t + weight[j] * nbytes / chunks / float(graph.link_bw[link])
+            end = t + weight[j] * nbytes / chunks / rates[link]
             busy_until[link] = end
             push(end, link)
-            push(end + float(graph.link_hop_s[link]), link, (j, c, u, v))
+            push(end + hops[link], link, (j, c, u, v))
         else:
             j, c, u, v = arrival
             got.setdefault((j, c, v), set()).add(u)
@@ -812,30 +852,44 @@ def _chunked_schedule(graph, ranks: np.ndarray, shapes, weight: np.ndarray, memb
     return done
 
 
-def _priority_packing(graph, ranks: np.ndarray, members: int, nbytes: float):
+def _priority_packing(graph, ranks: np.ndarray, members: int, nbytes: float, figure=None, bound: float = np.inf):
     """:func:`_priority_fluid`'s trees and weights with the figure the schedule reaches: the
     dearer of the closed form and the schedule played out by :func:`_chunked_schedule` (each
     part in :data:`_SCHEDULE_CHUNKS` chunks), the cheapest of the weights found for each span
     cap (played out in the order of their closed forms, until the next closed form is no
-    cheaper than the best figure). Same tuple; None where there are no trees. Memoized on the
-    graph per size."""
-    key = ("priority_packing", ranks.tobytes(), int(members), float(nbytes))
-    if key in graph.memo:
-        return graph.memo[key]
+    cheaper than the best figure). Same tuple; None where there are no trees.
+
+    ``figure(T, first)``, non-decreasing in ``T`` and never below ``figure(T, -inf)``, is the
+    caller's all-reduce figure and ``bound`` the figure it already has: where neither the best
+    weights played so far nor any later ones (whose played figure is at least their closed
+    form, no cheaper than the current one) can give a figure below ``bound``, the play stops
+    and None comes back, the caller's choice the same as with every weight played. Each
+    weights' played figure is memoized on the graph per size, so a later call with another
+    bound plays out only what it still needs."""
+    fluids = _priority_fluid(graph, ranks, members, nbytes) is not None and \
+        graph.memo[("priority_fluid", ranks.tobytes(), int(members), float(nbytes))]
+    if not fluids:
+        return None
+    shapes = graph.memo[("packed_shapes", ranks.tobytes(), int(members))][3]
+    key = ("priority_played", ranks.tobytes(), int(members), float(nbytes))
+    if key not in graph.memo:
+        if len(graph.memo) > _TREES_KEPT:
+            _forget(graph.memo, "priority_played")
+        graph.memo[key] = {}
+    played = graph.memo[key]  # index of the weights in ``fluids`` -> their figure played out
     best = None
-    if _priority_fluid(graph, ranks, members, nbytes) is not None:
-        shapes = graph.memo[("packed_shapes", ranks.tobytes(), int(members))][3]
-        # each span cap's weights, the cheapest closed form first, while it could still win
-        for fluid in graph.memo[("priority_fluid", ranks.tobytes(), int(members), float(nbytes))]:
-            if best is not None and fluid[0] >= best[0]:
-                break
-            played = _chunked_schedule(graph, ranks, shapes, fluid[4], int(members), float(nbytes),
-                                       _SCHEDULE_CHUNKS, fluid[0])
-            if best is None or max(fluid[0], played) < best[0]:
-                best = (max(fluid[0], played),) + fluid[1:]
-    if len(graph.memo) > _TREES_KEPT:
-        _forget(graph.memo, "priority_packing")
-    graph.memo[key] = best
+    # each span cap's weights, the cheapest closed form first, while it could still win
+    for i, fluid in enumerate(fluids):
+        if best is not None and fluid[0] >= best[0]:
+            break
+        if figure is not None and figure(fluid[0], -np.inf) >= bound and \
+                (best is None or figure(best[0], best[2]) >= bound):
+            return None  # neither these weights nor any later ones, nor the best, gets below bound
+        if i not in played:
+            played[i] = _chunked_schedule(graph, ranks, shapes, fluid[4], int(members), float(nbytes),
+                                          _SCHEDULE_CHUNKS, fluid[0])
+        if best is None or max(fluid[0], played[i]) < best[0]:
+            best = (max(fluid[0], played[i]),) + fluid[1:]
     return best
 
 
@@ -1458,9 +1512,11 @@ def board_group_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbyt
                 # (played out only where its closed form, never dearer, would be the cheapest)
                 fluid = _priority_fluid(graph, region, g, float(nbytes))
                 if fluid is not None and (cost is None or figure(fluid[0], fluid[2]) < cost.seconds):
-                    T, load, first, hops, _ = _priority_packing(graph, region, g, float(nbytes))
+                    packing = _priority_packing(graph, region, g, float(nbytes), figure,
+                                                np.inf if cost is None else cost.seconds)
+                    T, load, first, hops, _ = packing if packing is not None else (np.inf,) * 5
                     seconds = figure(T, first)
-                    if cost is None or seconds < cost.seconds:
+                    if packing is not None and (cost is None or seconds < cost.seconds):
                         cost = CollectiveCost("all_reduce", "board-packed", seconds,
                                               float(load.max()) * float(nbytes), hops, hops, 1, g, float(nbytes))
     if cost is None or cost.seconds >= ring.seconds:
