@@ -80,7 +80,9 @@ def test_four_by_four_torus_packs_below_the_one_tree_per_share_multicast():
     # the trees' loads and spans add up to the figure: the busiest edge's time plus the span
     members = np.arange(16)
     options, _ = C._packed_trees(graph, members, 16)
-    assert cost.seconds == pytest.approx(min(graph.link_seconds(load * N) + lat for load, lat, _ in options))
+    # (the trees of every span at once, the longer trees' parts first, are never dearer than
+    # the trees of any one span cap: test_collectives_priority.py checks the schedule)
+    assert cost.seconds <= min(graph.link_seconds(load * N) + lat for load, lat, _ in options) + 1e-12
     for load, _, _ in options:  # every tree's part adds up to the whole row into each member
         into = np.zeros(graph.nodes)
         np.add.at(into, graph.neighbors.reshape(-1), load)

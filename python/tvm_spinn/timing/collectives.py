@@ -54,6 +54,11 @@ keys), and the chip links through one board edge share that edge's serial links
   The trees are packed by multiplicative weights (each the cheapest tree under link costs that
   grow with the parts the earlier ones put on a link) and the parts re-weighed to lighten the
   busiest edge; :func:`board_group_floor` bounds what any such schedule can reach.
+  The trees of every span may also share the row at once, the longer trees' parts due first
+  (:func:`_priority_packing`): the short trees fill the edges' time after the long ones have
+  gone, so a few long trees spread the bytes while the last parts take the short ways; that
+  schedule is costed by playing it out chunk by chunk on the graph of boards
+  (:func:`_chunked_schedule`) where that is dearer than its closed form.
 
 ``algorithm="auto"`` costs ring, tree and multicast and returns the cheapest (ring on a tie).
 On the links that matter, for ``n`` bytes, link bandwidth ``B`` and hop latency ``a``, two chips one
@@ -64,6 +69,7 @@ message per step, the ring ``n / c`` but ``2 (c - 1)`` latencies, so tiny messag
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -666,7 +672,14 @@ def _packed_trees(graph, ranks: np.ndarray, members: int):
     result = (options, len(shapes))
     if len(graph.memo) > _TREES_KEPT:
         _forget(graph.memo, "packed_trees")
+        _forget(graph.memo, "packed_shapes")
     graph.memo[key] = result
+    # every distinct tree as found, for :func:`_priority_packing`: the directed links it loads
+    # (the system's board links), its span between members (latency, hops) and its shape
+    # (root, each node's link from its parent, local to ``ranks``)
+    full = np.zeros((len(shapes), graph.nodes * 6))
+    full[:, glob] = use
+    graph.memo[("packed_shapes", ranks.tobytes(), int(members))] = (full, span, span_hops, tuple(shapes), start)
     return result
 
 
@@ -708,6 +721,263 @@ def _pack(found: dict, nb, nbr, has, into, out, rate, scale: float, members: int
         for v, link in parent.items():
             load[link] += 1.0 / _PACK_TREES
             load[v * 6 + back[link % 6]] += 1.0 / _PACK_TREES
+
+
+#: Chunks each tree's part is cut into by :func:`_chunked_schedule` (a chunk crosses a board
+#: edge whole before it goes on: fewer chunks, a dearer figure; the boards' 4-byte packets
+#: would go on one by one)
+_SCHEDULE_CHUNKS = 32
+
+
+def _chunked_schedule(graph, ranks: np.ndarray, shapes, weight: np.ndarray, members: int, nbytes: float,
+                      chunks: int, horizon: float) -> float:
+    """Seconds of the packed trees' all-reduce played out by discrete events on the graph of
+    boards: tree ``j`` (``shapes[j]``: ``(root, ((node, local link from its parent), ...))``
+    over the local nodes ``ranks``, the first ``members`` the group's boards) carries
+    ``weight[j]`` of the ``nbytes`` row cut into ``chunks`` chunks; a node passes chunk ``c``
+    on towards a tree neighbour once the chunk has reached it from all its other tree
+    neighbours (their partial sums added to its own), each directed board edge passes one
+    chunk at a time at its rate, then the chunk takes the edge's hop latency; the all-reduce
+    is done when every member has every chunk from all its tree neighbours. Where several
+    chunks wait for an edge it passes the one due first: chunk ``c`` is due ``(c + 1) /
+    chunks`` of the way through ``horizon``, less the latency from the edge to the farthest
+    member beyond it (a chunk with further to go goes earlier)."""
+    # the trees over local links, numbered as met: the play depends on nothing else of the
+    # graph, so the same patch of boards in another graph (the planner's ladder of
+    # allocations) is played once (:func:`_played_schedule`, cached)
+    local: dict = {}
+    rates, hops, trees = [], [], []
+    for _, parent in shapes:
+        edges = []
+        for v, link in parent:
+            u, k = link // 6, link % 6
+            ends = []
+            for glob in (int(ranks[u]) * 6 + k, int(ranks[v]) * 6 + (k + 3) % 6):
+                if glob not in local:
+                    local[glob] = len(local)
+                    rates.append(float(graph.link_bw[glob]))
+                    hops.append(float(graph.link_hop_s[glob]))
+                ends.append(local[glob])
+            edges.append((int(v), int(u), ends[0], ends[1]))
+        trees.append(tuple(edges))
+    return _played_schedule(tuple(trees), tuple(rates), tuple(hops), tuple(float(w) for w in weight),
+                            int(members), float(nbytes), int(chunks), float(horizon))
+
+
+@functools.lru_cache(maxsize=256)
+def _played_schedule(trees: tuple, rates: tuple, hops: tuple, weight: tuple, members: int, nbytes: float,
+                     chunks: int, horizon: float) -> float:
+    """:func:`_chunked_schedule` on hashable values: ``trees[j]`` tree ``j``'s edges ``(node,
+    its parent, link parent to node, link node to parent)``, the links numbered into ``rates``
+    (bytes/s) and ``hops`` (seconds); ``weight[j]`` its share of the row."""
+    import heapq
+
+    adj = []  # per tree: node -> [(neighbour, directed link from node to it)]
+    for edges in trees:
+        nbrs: dict = {}
+        for v, u, down, up in edges:
+            nbrs.setdefault(u, []).append((v, down))
+            nbrs.setdefault(v, []).append((u, up))
+        adj.append(nbrs)
+    used = [j for j, w in enumerate(weight) if w > 0]
+    ahead: dict = {}  # (tree, u, v): latency from v to the farthest member beyond it
+    for j in used:
+        nbrs = adj[j]
+        for u in sorted(nbrs):
+            for v, _ in nbrs[u]:
+                far, stack = 0.0, [(v, u, 0.0)]
+                while stack:
+                    x, came, d = stack.pop()
+                    if x < members:
+                        far = max(far, d)
+                    stack += [(y, x, d + hops[l]) for y, l in nbrs[x] if y != came]
+                ahead[j, u, v] = far
+    got: dict = {}  # (tree, chunk, node) -> the neighbours it has the chunk from
+    sent: set = set()
+    queue: dict = {}  # link -> heap of (due, tree, chunk, from, to)
+    busy_until: dict = {}
+    events: list = []  # (time, order, link or None, arrival)
+    order = [0]
+
+    starting: dict = {}  # link -> the time of its start event still in ``events``
+
+    def push(t, link, arrival=None):
+        if arrival is None:
+            # a start event where the edge is busy past t, or one already due at t, would find
+            # nothing to do: left out (the events that do something keep their order)
+            if busy_until.get(link, 0.0) > t or starting.get(link) == t:
+                return
+            starting[link] = t
+        order[0] += 1
+        heapq.heappush(events, (t, order[0], link, arrival))
+
+    def offer(t, j, c, u):
+        heard = got.get((j, c, u), ())
+        nbrs = adj[j][u]
+        for v, link in nbrs:
+            # u has the chunk from every tree neighbour but v (it hears only from its neighbours)
+            if len(heard) - (v in heard) == len(nbrs) - 1 and (j, c, u, v) not in sent:
+                sent.add((j, c, u, v))
+                heapq.heappush(queue.setdefault(link, []),
+                               ((c + 1) / chunks * horizon - ahead[j, u, v], j, c, u, v))
+                push(t, link)
+
+    for j in used:  # the leaves start (a node with more neighbours waits to hear from them)
+        leaves = [u for u in sorted(adj[j]) if len(adj[j][u]) == 1]
+        for c in range(chunks):
+            for u in leaves:
+                offer(0.0, j, c, u)
+    done = 0.0
+    while events:
+        t, _, link, arrival = heapq.heappop(events)
+        if arrival is None:  # an edge may start its next chunk
+            del starting[link]
+            if busy_until.get(link, 0.0) > t or not queue.get(link):
+                continue
+            _, j, c, u, v = heapq.heappop(queue[link])
+            end = t + weight[j] * nbytes / chunks / rates[link]
+            busy_until[link] = end
+            push(end, link)
+            push(end + hops[link], link, (j, c, u, v))
+        else:
+            j, c, u, v = arrival
+            got.setdefault((j, c, v), set()).add(u)
+            if v < members:
+                done = max(done, t)
+            offer(t, j, c, v)
+    for j in used:  # every member has every chunk from all its tree neighbours
+        for m in (m for m in range(members) if m in adj[j]):
+            if any(got.get((j, c, m), set()) != {x for x, _ in adj[j][m]} for c in range(chunks)):
+                raise RuntimeError(f"packed tree {j} left member {m} without its sums (a tree that is not one)")
+    return done
+
+
+def _priority_packing(graph, ranks: np.ndarray, members: int, nbytes: float, figure=None, bound: float = np.inf):
+    """:func:`_priority_fluid`'s trees and weights with the figure the schedule reaches: the
+    dearer of the closed form and the schedule played out by :func:`_chunked_schedule` (each
+    part in :data:`_SCHEDULE_CHUNKS` chunks), the cheapest of the weights found for each span
+    cap (played out in the order of their closed forms, until the next closed form is no
+    cheaper than the best figure). Same tuple; None where there are no trees.
+
+    ``figure(T, first)``, non-decreasing in ``T`` and never below ``figure(T, -inf)``, is the
+    caller's all-reduce figure and ``bound`` the figure it already has: where neither the best
+    weights played so far nor any later ones (whose played figure is at least their closed
+    form, no cheaper than the current one) can give a figure below ``bound``, the play stops
+    and None comes back, the caller's choice the same as with every weight played. Each
+    weights' played figure is memoized on the graph per size, so a later call with another
+    bound plays out only what it still needs."""
+    fluids = _priority_fluid(graph, ranks, members, nbytes) is not None and \
+        graph.memo[("priority_fluid", ranks.tobytes(), int(members), float(nbytes))]
+    if not fluids:
+        return None
+    shapes = graph.memo[("packed_shapes", ranks.tobytes(), int(members))][3]
+    key = ("priority_played", ranks.tobytes(), int(members), float(nbytes))
+    if key not in graph.memo:
+        if len(graph.memo) > _TREES_KEPT:
+            _forget(graph.memo, "priority_played")
+        graph.memo[key] = {}
+    played = graph.memo[key]  # index of the weights in ``fluids`` -> their figure played out
+    best = None
+    # each span cap's weights, the cheapest closed form first, while it could still win
+    for i, fluid in enumerate(fluids):
+        if best is not None and fluid[0] >= best[0]:
+            break
+        if figure is not None and figure(fluid[0], -np.inf) >= bound and \
+                (best is None or figure(best[0], best[2]) >= bound):
+            return None  # neither these weights nor any later ones, nor the best, gets below bound
+        if i not in played:
+            played[i] = _chunked_schedule(graph, ranks, shapes, fluid[4], int(members), float(nbytes),
+                                          _SCHEDULE_CHUNKS, fluid[0])
+        if best is None or max(fluid[0], played[i]) < best[0]:
+            best = (max(fluid[0], played[i]),) + fluid[1:]
+    return best
+
+
+def _priority_fluid(graph, ranks: np.ndarray, members: int, nbytes: float):
+    """The row split over :func:`_packed_trees`' trees of *every* span at once, the parts on
+    the trees of longer span sent first.
+
+    Every board edge passes first the part whose bytes are due first, a part of a longer tree
+    earlier (it has further to go after the edge), so the parts of the trees whose span is at
+    least ``s`` have crossed every edge once the edges have carried their bytes alone: a part
+    on a tree of span ``s`` is in every member once its trees' and the longer trees' bytes
+    have crossed the busiest edge and ``s`` more (the packed trees' own figure, busiest edge
+    plus span, class by class). The all-reduce ends with the latest class::
+
+        T(w) = max over the spans s used of  max over edges of (sum of w_j load_j over the
+               trees j of span >= s) / rate  +  s
+
+    With one span this is :func:`_packed_trees`' figure; with several, the short trees fill
+    the edges' time after the long ones have gone, so a few long trees spread the bytes while
+    the short ones keep the last parts' latency low. The weights ``w`` (the row's share on
+    each tree) minimise ``T``: for each longest span ``c`` allowed, a linear program (scipy's
+    HiGHS) over the trees no longer than ``c``, ``min T`` subject to the bound of every class
+    ``s <= c`` on every edge, the cheapest over ``c``; ``T`` is then recomputed from the
+    weights as above. Never below :func:`board_group_floor` (the busiest edge of all the
+    bytes plus the shortest span, at least the floor's two parts).
+
+    That closed form is what the schedule tends to as the parts flow as ever finer chunks, but
+    with several spans the edges cannot always keep to it (a long tree's bytes reach an edge
+    far from its members only after their fill): :func:`_priority_packing` gives the figure
+    the schedule reaches played out (32 KB over the group of 16 boards of a 24-board torus:
+    the weights of span cap 31.5 us 111.7 us against their closed form's 107.8 us, those of
+    cap 27 us 108.6 us against 108.0; over a band of 16 boards of the cloud 142.4 us against
+    131.6 us, where the trees of one span cap, 141.7 us, stay the cheaper).
+
+    Returns ``(closed form's seconds, load, shortest span used, its longest span's hops,
+    weights)`` of the cheapest closed form (the memo keeps every span cap's, cheapest
+    first): ``load`` each directed board edge's share of the row; None where
+    :func:`_packed_trees` finds no trees. Memoized on the graph per size."""
+    key = ("priority_fluid", ranks.tobytes(), int(members), float(nbytes))
+    if key in graph.memo:
+        return graph.memo[key][0] if graph.memo[key] else None
+    if len(graph.memo) > _TREES_KEPT:
+        _forget(graph.memo, "priority_fluid")
+    if _packed_trees(graph, ranks, members) is None:
+        graph.memo[key] = []
+        return None
+    from scipy.optimize import linprog
+
+    full, span, span_hops = graph.memo[("packed_shapes", ranks.tobytes(), int(members))][:3]
+    links = np.flatnonzero(full.any(axis=0))
+    # microseconds: the solver's tolerances are absolute
+    busy = full[:, links] * (float(nbytes) / graph.link_bw[links]) * 1e6
+    spans = np.unique(span)
+    found = []
+    for cap in spans:  # the trees no longer than each span
+        allowed = np.flatnonzero(span <= cap)
+        n = allowed.size
+        blocks, bounds_ub = [], []
+        for s in spans[spans <= cap]:  # each class's bound on every edge
+            on = (span[allowed] >= s).astype(np.float64)
+            blocks.append(np.hstack([(busy[allowed] * on[:, None]).T, -np.ones((links.size, 1))]))
+            bounds_ub.append(np.full(links.size, -float(s) * 1e6))
+        res = linprog(np.r_[np.zeros(n), 1.0], A_ub=np.vstack(blocks), b_ub=np.concatenate(bounds_ub),
+                      A_eq=np.r_[np.ones(n), 0.0][None, :], b_eq=[1.0],
+                      bounds=[(0.0, None)] * (n + 1), method="highs")
+        if res.status != 0:
+            continue
+        weight = np.zeros(span.size)
+        weight[allowed] = np.maximum(res.x[:n], 0.0)
+        weight[weight < 1e-9 * weight.max()] = 0.0
+        weight /= weight.sum()
+        seconds = _priority_seconds(graph, full, span, weight, float(nbytes))
+        used = weight > 0
+        found.append((seconds, float(cap), weight @ full, float(span[used].min()), int(span_hops[used].max()),
+                      weight))
+    found.sort(key=lambda f: f[:2])
+    graph.memo[key] = [f[:1] + f[2:] for f in found]  # every span cap's, the cheapest first
+    return graph.memo[key][0] if found else None
+
+
+def _priority_seconds(graph, full: np.ndarray, span: np.ndarray, weight: np.ndarray, nbytes: float) -> float:
+    """:func:`_priority_packing`'s ``T(w)``: per span used, the busiest edge's time with the
+    bytes of the trees of that span or longer, plus the span; the latest."""
+    out = 0.0
+    for s in np.unique(span[weight > 0]):
+        on = np.where(span >= s, weight, 0.0)
+        out = max(out, graph.link_seconds((on @ full) * nbytes) + float(s))
+    return out
 
 
 #: Steps of :func:`_reweigh` and the sharpness of its smooth maximum
@@ -1138,7 +1408,8 @@ def board_group_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbyt
     two members along a tree (the members' sums complete as the farthest partial sums arrive);
     the trees pass through the boards around the group (free at batch 1), which add partial
     sums too, so the group's own edges no longer carry all of ``2 (g - 1) / g`` of the row.
-    Never below :func:`board_group_floor`.
+    The trees of every span may carry the row together, the longer trees' parts sent first
+    (:func:`_priority_packing`), where that is cheaper. Never below :func:`board_group_floor`.
 
     ``fuse_gather=True`` (with ``board_gather``): the on-board all-gather rides on the
     multicast: the reduced shares entering a board (and its own) are copied by the board's
@@ -1230,6 +1501,22 @@ def board_group_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbyt
                     else:
                         seconds = across + latency + (gather.seconds if gather is not None else 0.0)
                     if cost is None or seconds < cost.seconds:
+                        cost = CollectiveCost("all_reduce", "board-packed", seconds,
+                                              float(load.max()) * float(nbytes), hops, hops, 1, g, float(nbytes))
+                # every span's trees at once, the longer trees' parts sent first
+                def figure(T: float, first: float) -> float:
+                    if parts is not None:  # the board's gather streams behind the arrivals
+                        return max(T, parts[0] + first) + parts[1]
+                    return T + (gather.seconds if gather is not None else 0.0)
+
+                # (played out only where its closed form, never dearer, would be the cheapest)
+                fluid = _priority_fluid(graph, region, g, float(nbytes))
+                if fluid is not None and (cost is None or figure(fluid[0], fluid[2]) < cost.seconds):
+                    packing = _priority_packing(graph, region, g, float(nbytes), figure,
+                                                np.inf if cost is None else cost.seconds)
+                    T, load, first, hops, _ = packing if packing is not None else (np.inf,) * 5
+                    seconds = figure(T, first)
+                    if packing is not None and (cost is None or seconds < cost.seconds):
                         cost = CollectiveCost("all_reduce", "board-packed", seconds,
                                               float(load.max()) * float(nbytes), hops, hops, 1, g, float(nbytes))
     if cost is None or cost.seconds >= ring.seconds:
