@@ -36,7 +36,7 @@ the pieces' weights ahead. Both forms read each weight once; their DRAM bytes di
 the attention's own shard plan holds the KV cache differently: a wide group's slice (a key and
 value head per board, a few query heads) runs its attention fastest with the query heads split
 over groups of chips and the cache's slots over the chips of a group, each slot's keys and
-values held and read by every group (``g = 16`` on Llama-2-70B: 4 copies, 131 kB a chip more a
+values held and read by every group (``g = 16`` on Llama-2-70B: 2 copies, 44 kB a chip more a
 block than the slots spread over all the board's chips as the uncut program maps them, which
 spends more on its softmax's and its context's sums over 48 chips).
 The all-reduced sums are the int8 GEMMs' int32 accumulators, exact in any order, so the tokens do
