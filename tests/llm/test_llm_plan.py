@@ -325,3 +325,27 @@ def test_kv_cache_in_sram_when_it_fits_else_dram():
     assert timed["auto"].timing.latency_s <= timed["stream"].timing.latency_s
     # streamed, the cache crosses DRAM each step (the bound's I/O); held, it does not
     assert timed["stream"].timing.system.streamed_bytes_per_chip > timed["auto"].timing.system.streamed_bytes_per_chip
+
+
+def test_shard_plan_estimates_count_the_kv_cache_a_chip_reads():
+    """The shard plans are ranked by an estimate before the best few are timed in full: it
+    counts the bytes a chip reads from DRAM, its share of the weights and of the KV cache (the
+    state streamed like a weight shard), so a plan that holds each slot's keys and values on
+    several chips (the query heads split over groups of chips) ranks behind one that spreads
+    the slots over every chip."""
+    from tvm_spinn.mapping.system import _candidates
+    from tvm_spinn.target import arch_of
+    from tvm_spinn.target.topology import topology_of
+
+    seq, program = _attention_program()
+    t = program.tensors
+    caches = {tid for tid in program.inputs if len(t[tid].shape) == 3 and seq in t[tid].shape}
+    arch = arch_of("spinn/board")
+    work = [0.0] * len(program.layers)  # no compute: the estimate is the DRAM reads and the collectives
+    cands = _candidates(program, arch, topology_of(arch), False, work)
+    assert len(cands) > 1
+    for bound, plan, _ in cands:
+        read = sum(int(np.prod(plan.shapes[i])) * x.nbytes // int(np.prod(x.shape))
+                   for i, x in enumerate(t) if x.role == "const" or i in caches)
+        assert read >= sum(t[i].nbytes for i in caches) // plan.chips
+        assert bound >= read / arch.dram_bw_bytes_s

@@ -32,7 +32,13 @@ slice is also timed as described (:func:`slice_forms`), its programs uncut, and 
 the faster: a piece as mapped reads its weights from DRAM only while it runs, while an uncut
 program's reads run on under its earlier layers' work (the attention over the cache), which may
 outweigh the gathers the cut saves where most blocks stream and little SRAM is left to fetch
-the pieces' weights ahead.
+the pieces' weights ahead. Both forms read each weight once; their DRAM bytes differ only where
+the attention's own shard plan holds the KV cache differently: a wide group's slice (a key and
+value head per board, a few query heads) runs its attention fastest with the query heads split
+over groups of chips and the cache's slots over the chips of a group, each slot's keys and
+values held and read by every group (``g = 16`` on Llama-2-70B: 2 copies, 44 kB a chip more a
+block than the slots spread over all the board's chips as the uncut program maps them, which
+spends more on its softmax's and its context's sums over 48 chips).
 The all-reduced sums are the int8 GEMMs' int32 accumulators, exact in any order, so the tokens do
 not depend on ``g``; an fp32 model (``dtype="fp32"``) is not planned this way (its sums would
 need the bit-exact chain across boards). ``plan(..., reduce="fp16")`` (or ``"bf16"``) times

@@ -238,12 +238,14 @@ def _candidates(program: Program, arch: SpinnArch, topo, per_chip: bool, work) -
     layer on one chip (the one-chip plan's PE-level times); a split layer takes ``1 / tp`` of it
     (``1 / (tp sp)`` when its rows are split too), a replicated one all of it."""
     chips = stage_chips(arch)
+    state = resident_state(program, range(len(program.layers)))
     out = []
     for plan in _plans(program, chips):
         tp, dp, sp = plan.tp, plan.dp, plan.sp
         comm = sum(cost.seconds for _, cost, _ in _comm(topo, program, plan))
+        # the weights and the state (a KV cache) a chip reads: both stream from DRAM (_system_timing)
         shard_w = sum(int(np.prod(s, dtype=np.int64)) * program.tensors[i].nbytes // max(1, int(np.prod(program.tensors[i].shape, dtype=np.int64)))
-                      for i, s in enumerate(plan.shapes) if program.tensors[i].role == "const")
+                      for i, s in enumerate(plan.shapes) if program.tensors[i].role == "const" or i in state)
         # replicated layers do all their work on every chip of the group
         seq = plan.seq or (False,) * len(plan.splits)
         work_s = sum(w / (tp if x in ("col", "row", "split") else 1) / (sp if q else 1)
