@@ -302,7 +302,7 @@ class _Timed:
     resident_bytes: int  # weights and KV cache kept in SRAM (the memory plans' resident bytes)
     peak_pe_bytes: int
     chips: int
-    kv_bytes: int = 0  # the KV cache the programs read (their state inputs)
+    kv_bytes: int = 0  # the KV cache the programs hold (their state inputs, every copy their shard plans keep)
     kv_sram_bytes: int = 0  # of it, what their memory plans keep in SRAM
 
 
