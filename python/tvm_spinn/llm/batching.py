@@ -6,9 +6,9 @@ the micro-batches follow one another through the chain of stages (a stage works 
 next stage works on the one before), and a user's next token enters the chain as soon as its
 last one has left the head and come back to the first stage. Each stage is mapped once for one
 micro-batch: its SRAM ledger holds that micro-batch's cache of the stage's blocks
-(:attr:`~tvm_spinn.llm.plan._Stage.kv_bytes`, of it ``kv_sram_bytes`` in SRAM). But the stage
-keeps the cache of *every* user, since every micro-batch comes back to it each token. So, per
-stage (:func:`stage_caches`):
+(:attr:`~tvm_spinn.llm.plan._Stage.kv_bytes`, every copy its shard plans keep, of it
+``kv_sram_bytes`` in SRAM). But the stage keeps the cache of *every* user, since every
+micro-batch comes back to it each token. So, per stage (:func:`stage_caches`):
 
 * the cache of all ``B`` users is ``B / mb`` times the mapped micro-batch's;
 * it lives in the stage's SRAM, micro-batch by micro-batch, as far as the board's resident share

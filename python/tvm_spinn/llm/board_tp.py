@@ -717,12 +717,13 @@ def group_caches(resident, streamed, sizes, fit: int, batch: int, board, capacit
     """Place the cache of ``batch`` users on the boards of each group.
 
     A board of a group running ``n`` blocks (``sizes``) holds its slice's cache of them for
-    every user: ``n`` times the cache the slice's mapping read (``resident.kv_bytes``, mapped for
-    the whole batch). It lives in the board's SRAM as far as ``capacity`` (the board's resident
-    share, :func:`tvm_spinn.mapping.planner.resident_capacity`) has room beside the weights of
-    the ``min(n, fit)`` blocks kept resident (and only where the mapping held the cache in SRAM),
-    the rest in the DRAM of the board's chips beside the weights streamed from it (the resident
-    blocks' share that did not fit, and every streamed block's).
+    every user: ``n`` times the cache the slice's mapping holds (``resident.kv_bytes``, mapped for
+    the whole batch: every copy its shard plans keep, such as each slot's keys and values on
+    every group of chips that splits the query heads). It lives in the board's SRAM as far as
+    ``capacity`` (the board's resident share, :func:`tvm_spinn.mapping.planner.resident_capacity`)
+    has room beside the weights of the ``min(n, fit)`` blocks kept resident (and only where the
+    mapping held the cache in SRAM), the rest in the DRAM of the board's chips beside the weights
+    streamed from it (the resident blocks' share that did not fit, and every streamed block's).
 
     Parameters
     ----------

@@ -302,7 +302,7 @@ class _Timed:
     resident_bytes: int  # weights and KV cache kept in SRAM (the memory plans' resident bytes)
     peak_pe_bytes: int
     chips: int
-    kv_bytes: int = 0  # the KV cache the programs read (their state inputs)
+    kv_bytes: int = 0  # the KV cache the programs hold (their state inputs, every copy their shard plans keep)
     kv_sram_bytes: int = 0  # of it, what their memory plans keep in SRAM
 
 
@@ -901,8 +901,8 @@ def _map_stage_now(pieces: list, board, host_shapes: set, slots: int, options) -
             alone[key] += value
         a, b = region.state_bytes, region.state_sram_bytes
         kv, kv_sram = kv + a, kv_sram + b
-        if a and slots:  # the step's new key and value written into their slot
-            for where, write in zip(("sram", "dram"), _kv_write_s(board, a / slots, b / a)):
+        if a and slots:  # the step's new key and value written into their slot (every copy at once)
+            for where, write in zip(("sram", "dram"), _kv_write_s(board, region.state_tensor_bytes / slots, b / a)):
                 lat += write
                 bounds[where] += write
                 alone[where] += write

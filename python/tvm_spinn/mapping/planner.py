@@ -29,6 +29,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+import numpy as np
+
 from ..program import Program
 from ..target.arch import SpinnArch
 from .budget import RegionBudget, SystemState
@@ -38,7 +40,7 @@ from .schedule import MappingMemo, _graph_copy, map_region
 from .system import overflow_message, recorded_plan, resident_state
 from .tiling import MappingError, program_work
 
-__all__ = ["RegionPlan", "SystemPlan", "plan_system", "resident_capacity", "POLICIES"]
+__all__ = ["RegionPlan", "SystemPlan", "plan_system", "resident_capacity", "held_bytes", "POLICIES"]
 
 #: The placement policies :func:`plan_system` knows.
 POLICIES = ("benefit", "in_order", "alone")
@@ -74,9 +76,15 @@ class RegionPlan:
         stage's).
     state_bytes : int
         Bytes of the state inputs it reads (held on the chips between calls, such as a KV
-        cache: inputs read only as the right operand of ``matmul`` layers).
+        cache: inputs read only as the right operand of ``matmul`` layers), as its shard plan
+        holds them: each chip's share summed over the chips of its group, so a state tensor
+        the plan keeps on several chips (each slot's keys and values read by several groups
+        of chips) counts once per copy. This is what the chips reserve for it.
     state_sram_bytes : int
         Of ``state_bytes``, what its memory plan keeps in SRAM (the rest is read from DRAM).
+    state_tensor_bytes : int
+        The state inputs' own bytes (one copy of each): what a call writes into it is written
+        to every copy at once, each by the chip holding it.
     gathered_inputs : tuple of int
         Of the budget's ``onchip_inputs``, those its shard plan reads whole (the others each
         chip reads split, its own share): what arrives split must be all-gathered first.
@@ -91,6 +99,7 @@ class RegionPlan:
     state_bytes: int = 0
     state_sram_bytes: int = 0
     gathered_inputs: tuple[int, ...] = ()
+    state_tensor_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -141,8 +150,43 @@ def _region(program: Program, budget: RegionBudget, onchip: tuple, stage: int = 
         local = recorded_plan(program).shapes
         gathered = tuple(t for t in onchip if tuple(local[t]) == tuple(program.tensors[t].shape))
     return RegionPlan(program.symbol, budget, stage, _chips(program), tuple(sram), int(dram),
-                      sum(program.tensors[t].nbytes for t in every), sum(program.tensors[t].nbytes for t in kept),
-                      gathered)
+                      held_bytes(program, every), held_bytes(program, kept), gathered,
+                      sum(program.tensors[t].nbytes for t in every))
+
+
+def held_bytes(program: Program, tensors) -> int:
+    """Bytes of ``tensors`` (ids of ``program``) the chips of a mapped ``program`` hold, summed
+    over them.
+
+    Under a shard plan each chip holds its share of a tensor (the plan's local shape): a tensor
+    split over some of the group's chips and repeated over the others is held once per copy, a
+    tensor kept whole on every chip once per chip. On one chip, and over pipeline stages (each
+    stage holds the layers' state it reads), the tensors' own bytes.
+
+    Parameters
+    ----------
+    program : Program
+        A mapped program.
+    tensors : iterable of int
+        Tensor ids of ``program``.
+
+    Returns
+    -------
+    int
+    """
+    tensors = sorted(int(t) for t in tensors)
+    if program.mapping.system is None or program.mapping.pipeline is not None:
+        return sum(program.tensors[t].nbytes for t in tensors)
+    plan = recorded_plan(program)
+    out = 0
+    for t in tensors:
+        x = program.tensors[t]
+        whole = int(np.prod(x.shape, dtype=np.int64))
+        local = int(np.prod(plan.shapes[t], dtype=np.int64))
+        # the local share's bytes: the tensor's bytes scaled by its elements (exact: a plan's
+        # shares divide the tensor's extents)
+        out += x.nbytes * local // max(1, whole) * plan.chips
+    return out
 
 
 def _chips(program: Program) -> int:
