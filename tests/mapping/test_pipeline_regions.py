@@ -246,3 +246,20 @@ def test_a_build_whose_second_region_no_board_holds(register_system):
     assert np.array_equal(got, one)
     _, ref = run("llvm")
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_the_summary_counts_replicas_on_what_works():
+    # one region on one board: a healthy 3-board system holds replicas on all its chips, the
+    # same system with board 1 dead only on its two live boards' chips
+    program = chain(2, 256, seed=9, symbol="small")
+    for dead, boards_alive in (((), 3), ((1,), 2)):
+        arch = _system(f"replicas-dead-{len(dead)}", 3, **({"dead_boards": dead} if dead else {}))
+        plan = plan_system([program], arch)
+        (p,) = plan.programs
+        assert p.mapping.pipeline is None and p.mapping.system.stage == 0
+        summary = system_summary(plan.programs, arch)
+        live = boards_alive * PER
+        group = p.mapping.system.chips
+        assert summary["stages"] == 1 and summary["chips_per_replica"] == group
+        assert summary["replicas"] == max(1, live // group)
+        assert summary["throughput_inf_s"] == pytest.approx(live / (p.timing.latency_s * group), rel=1e-12)

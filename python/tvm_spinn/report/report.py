@@ -10,7 +10,7 @@ from ..codegen import MANIFEST_MAGIC, MANIFEST_SYMBOL
 from ..program import Program
 from ..program.format import mapping_to_json
 from ..target.arch import SpinnArch
-from ..target.faults import usable_boards
+from ..target.faults import live_chips, usable_boards
 from ..timing.bounds import PhysicalBound, physical_bound, program_workload
 
 __all__ = ["Report", "report", "find_spinn_modules"]
@@ -140,7 +140,8 @@ def system_summary(programs: list, arch: SpinnArch) -> dict:
     of the group's ``G``) for ``G / chips`` inferences at once, each chip holding that plan's
     shard (what the build's DRAM ledger counts), so the system completes
     ``chips / sum(latency x chips)`` inferences per second: the chip-seconds per inference the
-    throughput objective minimizes.
+    throughput objective minimizes. On a system with faults only what works holds replicas:
+    its live chips for one stage, whole sets of ``stages`` usable boards for a pipeline.
     """
     rows = [p for p in programs if p.mapping.system is not None]
     if not rows:
@@ -148,7 +149,7 @@ def system_summary(programs: list, arch: SpinnArch) -> dict:
     keys = ("compute_bound_s", "memory_bound_s", "comm_bound_s")
     bounds = {k: sum(getattr(p.timing.system, k) for p in rows) for k in keys}
     latency = sum(p.timing.latency_s for p in programs)
-    chips, chips_per_board = arch.chips, arch.chips_per_board
+    chips_per_board = arch.chips_per_board
     # every program's time keyed by board id: a pipeline stage's board is its chips', another
     # program's its stage's, the stage-th usable board (dead boards are no stage)
     usable = usable_boards(arch)
@@ -165,7 +166,10 @@ def system_summary(programs: list, arch: SpinnArch) -> dict:
     stages = len(stage_s)
     group = max(p.mapping.system.chips for p in rows)
     per_replica = stages * chips_per_board if stages > 1 else group
-    replicas = max(1, chips // per_replica)
+    # replicas only on what works: whole sets of usable boards for a pipeline, live chips for
+    # one stage (every chip and board on a healthy system)
+    live = int(live_chips(arch).size)
+    replicas = max(1, len(usable) // stages if stages > 1 else live // per_replica)
     ops: dict[str, dict] = {}
     for p in rows:
         for c in p.timing.system.collectives:
@@ -188,7 +192,7 @@ def system_summary(programs: list, arch: SpinnArch) -> dict:
         "latency_over_bound": latency / bound if bound else float("nan"),
         "streamed_bytes_per_chip": sum(p.timing.system.streamed_bytes_per_chip for p in rows),
         "throughput_inf_s": (replicas / max(stage_s.values()) if stages > 1 else
-                             chips / sum(p.timing.latency_s * (p.mapping.system.chips if p.mapping.system is not None
+                             live / sum(p.timing.latency_s * (p.mapping.system.chips if p.mapping.system is not None
                                                                else 1) for p in programs)) if latency else 0.0,
     }
 
