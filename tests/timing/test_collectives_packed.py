@@ -6,18 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import tvm_spinn
-from tvm_spinn.target.topology import ring_order, topology_of
 from tvm_spinn.timing import collectives as C
 
-N = 32768.0  # an 8,192-wide row of int32 partial sums
+from _boards import N, board_setting
 
 
 def _setting(boards: int):
-    arch = tvm_spinn.make_system(f"spinn2-packed-{boards}-boards", boards=boards)
-    topo = topology_of(arch)
-    order = [int(c) for c in ring_order(topology_of(arch.replace(chips=48)), 48)]
-    return topo, order
+    return board_setting(boards, f"spinn2-packed-{boards}-boards")
 
 
 def _grid(order, group):
