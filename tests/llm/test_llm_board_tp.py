@@ -235,6 +235,25 @@ def test_fused_gathers_take_out_the_row_gathers_the_all_reduce_delivers():
     assert board_tp.fused_gathers(stage([], []), ends, row) is None
 
 
+def _streaming_boards(register_system, name):
+    """A small Llama on 6 boards of chips with 4 PEs (11 MB of resident SRAM a board), so its
+    slices stream most blocks' weights: ``(llm.plan module, config, target, arch, spec, seq,
+    {"head": the described head})``."""
+    import importlib
+
+    from tvm_spinn.llm.describe import describe
+    from tvm_spinn.target import arch_of, get_target
+
+    P = importlib.import_module("tvm_spinn.llm.plan")
+    cfg = dict(SMALL, intermediate_size=4096, num_hidden_layers=8)
+    tag = register_system(tvm_spinn.make_system(f"spinn2-{name}-boards", boards=6, pes_per_chip=4),
+                          tag=f"spinn/{name}-boards")
+    target = get_target(tag)
+    arch, spec, seq = arch_of(target), spec_of(cfg), 64
+    parts = P._parts(P._meta_model(cfg, spec), spec, 1, seq)
+    return P, cfg, target, arch, spec, seq, {"head": describe(parts[2][1], parts[2][2], target, "int8")}
+
+
 @pytest.mark.slow  # ~20 s alone: two slices described and mapped on boards
 def test_degree_floor_bounds_every_mapped_degree_and_counts_the_streamed_blocks(monkeypatch, register_system):
     """Each degree's floor (the all-reduces, hand-overs, loop, head and the blocks the SRAM
@@ -242,20 +261,7 @@ def test_degree_floor_bounds_every_mapped_degree_and_counts_the_streamed_blocks(
     slice's weight bytes from the sizes alone are at most the described slice's constants."""
     from tqdm.auto import tqdm
 
-    import importlib
-
-    P = importlib.import_module("tvm_spinn.llm.plan")
-    from tvm_spinn.llm.describe import describe
-    from tvm_spinn.target import arch_of, get_target
-
-    # boards of chips with 4 PEs (11 MB of resident SRAM a board) so the slices stream blocks
-    cfg = dict(SMALL, intermediate_size=4096, num_hidden_layers=8)
-    tag = register_system(tvm_spinn.make_system("spinn2-floor-boards", boards=6, pes_per_chip=4),
-                          tag="spinn/floor-boards")
-    target = get_target(tag)
-    arch, spec, seq = arch_of(target), spec_of(cfg), 64
-    parts = P._parts(P._meta_model(cfg, spec), spec, 1, seq)
-    described = {"head": describe(parts[2][1], parts[2][2], target, "int8")}
+    P, cfg, target, arch, spec, seq, described = _streaming_boards(register_system, "floor")
     memo: dict = {}
     streamed = 0
     for g in (2, 4):  # each degree mapped on its own: nothing cut
@@ -336,20 +342,7 @@ def test_each_degree_keeps_the_faster_of_the_cut_and_the_uncut_slice(monkeypatch
     and its slice as described, each timed on its own (records with only that form)."""
     from tqdm.auto import tqdm
 
-    import importlib
-
-    P = importlib.import_module("tvm_spinn.llm.plan")
-    from tvm_spinn.llm.describe import describe
-    from tvm_spinn.target import arch_of, get_target
-
-    # boards of chips with 4 PEs (11 MB of resident SRAM a board): most blocks stream their weights
-    cfg = dict(SMALL, intermediate_size=4096, num_hidden_layers=8)
-    tag = register_system(tvm_spinn.make_system("spinn2-cut-boards", boards=6, pes_per_chip=4),
-                          tag="spinn/cut-boards")
-    target = get_target(tag)
-    arch, spec, seq = arch_of(target), spec_of(cfg), 64
-    parts = P._parts(P._meta_model(cfg, spec), spec, 1, seq)
-    described = {"head": describe(parts[2][1], parts[2][2], target, "int8")}
+    P, cfg, target, arch, spec, seq, described = _streaming_boards(register_system, "cut")
     memo: dict = {}
     forms = board_tp.slice_forms
 
