@@ -116,6 +116,8 @@ def _corrupt(piped, edit):
     (lambda p: p["stages"].pop(), r"mapping\.pipeline\.stages: a pipeline has at least 2 stages"),
     (lambda p: p["sends"][0].update(layer=1), r"mapping\.pipeline\.sends\[0\]: expected a send at the first layer"),
     (lambda p: p["sends"][0].update(op="all_gather"), r"mapping\.pipeline\.sends\[0\]: expected a send"),
+    (lambda p: p["sends"][0].update(layer=[2]), r"mapping\.pipeline\.sends\[0\]: expected a send at the first layer"),
+    (lambda p: p["sends"][0].update(shape=[[1], 2]), r"mapping\.pipeline\.sends\[0\]\.shape: expected non-negative integers"),
     (lambda p: p.update(extra=[]), r"mapping\.pipeline: missing key\(s\) \[\], unknown key\(s\) \['extra'\]"),
 ])
 def test_a_corrupted_stage_record_is_refused_naming_the_field(piped, edit, match):

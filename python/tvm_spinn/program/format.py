@@ -430,8 +430,8 @@ def memory_from_json(value) -> MemorySummary | None:
     return _record(MemorySummary, _MEMORY_KEYS, value, "memory", ranges=tuple(ranges))
 
 
-#: MappingOptions fields left out of a program's ``mapping.options`` at these values: fields
-#: added after the first format, so programs built with the defaults keep their bytes.
+#: MappingOptions fields left out of a program's ``mapping.options`` at these values, so a
+#: program built with the defaults carries no entry for them.
 _OPTIONS_OMITTED_AT = (("double_buffer", True), ("scheduler", "static"), ("split_k", True))
 
 
@@ -628,9 +628,11 @@ def _pipeline_from_json(value, layers: tuple) -> PipelineMapping:
     for i, c in enumerate(_json_list(value.get("sends", []), f"{where}.sends")):
         here = f"{where}.sends[{i}]"
         shape = c.get("shape") if type(c) is dict else None
+        if shape is not None and not all(_is_int(n) and n >= 0 for n in _json_list(shape, f"{here}.shape")):
+            raise ProgramError(f"{here}.shape: expected non-negative integers, got {shape!r}")
         rec = _record(PlanCollective, _PLAN_COLLECTIVE_KEYS, c, here,
                       **({"shape": _int_tuple(shape, f"{here}.shape")} if shape is not None else {}))
-        if rec.op != "send" or rec.layer not in starts:
+        if rec.op != "send" or not _is_int(rec.layer) or rec.layer not in starts:
             raise ProgramError(f"{here}: expected a send at the first layer of a stage after the first "
                                f"({sorted(starts)}), got {rec.op!r} at layer {rec.layer!r}")
         sends.append(rec)
