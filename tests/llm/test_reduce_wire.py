@@ -147,6 +147,11 @@ def test_bad_values_are_refused_naming_the_field():
     with pytest.raises(LLMError, match="boards must be"):
         with acc.reduce_rounding(model, "fp16", 3):  # 4 heads do not split 3 ways
             pass
+    model.config.intermediate_size = 130  # 4 heads split 2 ways, 130 columns do not split 4 ways
+    with pytest.raises(LLMError, match="boards must divide the intermediate size 130"):
+        with acc.reduce_rounding(model, "fp16", 4):
+            pass
+    model.config.intermediate_size = 128
     with pytest.raises(LLMError, match="K=32"):
         acc.split_sum(torch.zeros(2, 32), torch.zeros(4, 32), None, 5, "fp16")
     from tvm_spinn.cli import main

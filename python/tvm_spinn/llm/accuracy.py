@@ -193,6 +193,9 @@ def reduce_rounding(model, reduce: str, boards: int):
     heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", None)
     if isinstance(boards, bool) or not isinstance(boards, int) or boards < 1 or (heads and heads % boards):
         raise LLMError(f"boards must be a positive integer dividing the {heads} attention heads, got {boards!r}")
+    inner = getattr(cfg, "intermediate_size", None) or getattr(cfg, "n_inner", None)
+    if inner and inner % boards:
+        raise LLMError(f"boards must divide the intermediate size {inner}, got {boards}")
     handles = []
     if reduce != "int32":
         def hook(module, args, _out):

@@ -303,7 +303,7 @@ def _sliced(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         return costed[key]
 
     def rest_s(groups, free, n_groups):
-        """``(hand-overs, the token's loop)`` of ``n_groups`` groups: no mapping."""
+        """``(head board, hand-overs, host I/O)`` of ``n_groups`` groups: no mapping."""
         head_board = free[0] if free else groups[n_groups][0]
         moves = [hand(groups[j], groups[j + 1]) for j in range(n_groups - 1)]
         moves.append(hand(groups[n_groups - 1][:1], [head_board]))
