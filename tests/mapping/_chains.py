@@ -1,6 +1,7 @@
 """Small programs the pipeline tests cut into stages: a chain of dense layers and a residual block.
 
-Shared by ``test_pipeline_axis.py``, ``test_pipeline_timing.py`` and ``test_pipeline_mapping.py``
+Shared by ``test_pipeline_axis.py``, ``test_pipeline_timing.py``, ``test_pipeline_mapping.py`` and
+``test_pipeline_regions.py``
 (``tests/conftest.py`` puts this folder on ``sys.path``).
 """
 
