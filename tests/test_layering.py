@@ -258,9 +258,7 @@ def test_training_is_a_top_layer():
     """``tvm_spinn.training`` builds training steps on the front-end, target and (through
     ``relax.build``) the whole compiler, and reads the report and the collectives' costs to time
     them (as ``tvm_spinn.llm`` does), and reads transformers configs with ``tvm_spinn.llm.spec``
-    for its training plans, and registers the continuing GEMM of a tensor-parallel chain
-    (``tvm_spinn.program.ops.gemm_chain``) that its rewritten steps call; only the root re-export
-    hub and the CLI import it."""
+    for its training plans; only the root re-export hub and the CLI import it."""
     explicit, _ = import_graph()
     users = sorted(m for m, out in explicit.items()
                    if not (m == "tvm_spinn.training" or m.startswith("tvm_spinn.training."))
@@ -268,7 +266,7 @@ def test_training_is_a_top_layer():
     assert set(users) <= {"tvm_spinn", "tvm_spinn.cli"}, \
         f"only the root package and the CLI (plan --train) may import tvm_spinn.training: {users}"
     allowed = {"tvm_spinn.training", "tvm_spinn.frontend", "tvm_spinn.target", "tvm_spinn.partition",
-               "tvm_spinn.timing", "tvm_spinn.report", "tvm_spinn.llm.spec", "tvm_spinn.program.ops.gemm_chain",
+               "tvm_spinn.timing", "tvm_spinn.report", "tvm_spinn.llm.spec",
                *LEAVES}
     bad = _violations(explicit, "tvm_spinn.training", allowed)
     assert not bad, ("tvm_spinn.training may import only the front-end, target, partition, timing and "

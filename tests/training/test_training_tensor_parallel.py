@@ -1,8 +1,7 @@
 """Tensor parallelism of the compiled step (``parallel={"tp": ...}``): Megatron's column- and
 row-parallel projections, the sums over a split axis in the canonical order (leaves every split
 refines, added in leaf order); parameters bitwise identical to tp = 1 under pipeline and
-data-parallel plans, within float32 error of PyTorch; the chain kernel against the one-chip
-GEMM; bad splits named."""
+data-parallel plans, within float32 error of PyTorch; bad splits named."""
 
 from __future__ import annotations
 
@@ -11,8 +10,6 @@ import pytest
 import torch
 
 import tvm_spinn
-from tvm_spinn import _lib
-from tvm_spinn.program.ops.gemm_chain import gemm_continue
 from tvm_spinn.training import TrainingError
 from tvm_spinn.training.tensor_parallel import tp_layout
 from test_training_lm import ADAMW, _assert_close, gpt2, llama, tokens
@@ -26,33 +23,6 @@ TP_PLANS = {
     "tp2 dp2 mb2": {"replicas": 2, "microbatches": 2},
     "tp2 dp2 mb4 zero1": {"replicas": 2, "microbatches": 4, "zero": 1},
 }
-
-
-# -- the chain kernel (fast) -----------------------------------------------------------------------
-@pytest.mark.parametrize("cuts", [(0, 40), (0, 20, 40), (0, 3, 17, 18, 40), tuple(range(41))])
-def test_chained_gemm_is_the_one_chip_gemm(cuts):
-    """``a @ b`` over k = 40 cut into runs, each continuing the previous run's accumulator,
-    gives the one-chip GEMM's bits (values spanning 12 binades, so the order shows); the same
-    runs summed as separate partial sums do not."""
-    rng = np.random.default_rng(3)
-    a = (rng.standard_normal((7, 40)) * np.exp2(rng.integers(-6, 6, (7, 40)))).astype(np.float32)
-    b = rng.standard_normal((40, 5)).astype(np.float32)
-    whole = np.zeros((7, 5), np.float32)
-    _lib.gemm_f32(a, b, whole)
-    acc = np.zeros((7, 5), np.float32)
-    for k0, k1 in zip(cuts, cuts[1:]):
-        acc = gemm_continue(acc, a[:, k0:k1], b[k0:k1])
-    assert acc.tobytes() == whole.tobytes()
-    if 2 < len(cuts) < 41:  # (runs of one term are exact products: adding them is the chain)
-        parts = [gemm_continue(np.zeros((7, 5), np.float32), a[:, k0:k1], b[k0:k1]) for k0, k1 in zip(cuts, cuts[1:])]
-        assert sum(parts[1:], parts[0]).tobytes() != whole.tobytes()  # why the chain continues, not adds
-
-
-def test_gemm_continue_refuses_mismatched_operands():
-    with pytest.raises(ValueError, match=r"partial \(3, 4\) \+ a \(3, 2\) @ b \(3, 4\) do not match"):
-        gemm_continue(np.zeros((3, 4), np.float32), np.zeros((3, 2), np.float32), np.zeros((3, 4), np.float32))
-    with pytest.raises(ValueError, match="float32 operands only"):
-        gemm_continue(np.zeros((3, 4)), np.zeros((3, 2), np.float32), np.zeros((2, 4), np.float32))
 
 
 # -- the layout (fast) -----------------------------------------------------------------------------
