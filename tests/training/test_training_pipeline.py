@@ -220,3 +220,30 @@ def test_cut_needs_layer_named_parameters():
     graph = build_train_graph(mlp(), (torch.zeros(1, 16),), "cross_entropy", ("sgd", {"lr": 0.1}))
     with pytest.raises(TrainingError, match=r"no parameter names a layer of stage 0 \(layers 0..0"):
         cut_stages(grad_module(graph), graph.param_names, 1, 2, 2)
+
+
+def test_cut_refuses_a_program_of_several_functions():
+    """A stage program is the gradient program's ``main`` cut by layers: a module whose ``main``
+    calls another function is refused naming it (the training step's gradient programs inline
+    their helpers), and the same module with its helper inlined is cut."""
+    from tvm import relax
+
+    from tvm_spinn.training.graph import build_train_graph
+    from tvm_spinn.training.parallel import grad_module
+    from tvm_spinn.training.pipeline import cut_stages
+    from training_models import mlp
+
+    graph = build_train_graph(mlp(), (torch.zeros(1, 16),), "cross_entropy", ("sgd", {"lr": 0.1}))
+    names = [f"layers.{k}.{n}" for k, n in enumerate(graph.param_names)]
+    adjoint = graph.phases["backbone_loss_adjoint"].without_attr("global_symbol")
+    bb = relax.BlockBuilder()
+    helper = bb.add_func(adjoint, "adjoint")
+    args = [relax.Var(p.name, p.ty) for p in adjoint.params]
+    with bb.function("main", args):
+        with bb.dataflow():
+            out = bb.emit_output(relax.Call(helper, args))
+        bb.emit_func_output(out)
+    with pytest.raises(TrainingError, match=r"functions besides main \(adjoint\)"):
+        cut_stages(bb.get(), names, 1, len(names), 1)
+    cut = cut_stages(grad_module(graph), names, 1, len(names), 1)
+    assert len(cut.forward) == len(cut.backward) == 1

@@ -110,10 +110,9 @@ def _nbytes(var) -> int:
         return 0
 
 
-def _make_program(bindings, inputs_of, key_of, outputs, functions=()) -> StageProgram:
+def _make_program(bindings, inputs_of, key_of, outputs) -> StageProgram:
     """A function of ``bindings`` reading the free variables ``inputs_of`` (in order) and
-    returning ``outputs`` (variables of the bindings or inputs); ``functions``: the
-    ``(GlobalVar, function)`` pairs of the uncut module its bindings may call."""
+    returning ``outputs`` (variables of the bindings or inputs)."""
     mapping = {}
     params = []
     for var in inputs_of:
@@ -137,10 +136,7 @@ def _make_program(bindings, inputs_of, key_of, outputs, functions=()) -> StagePr
                 mapping[b.var] = bb.emit(remap.visit_expr(b.value), name_hint=b.var.name)
             out = bb.emit_output(relax.Tuple([mapping[v] for v in outputs]))
         bb.emit_func_output(out)
-    mod = bb.get()
-    for gvar, f in functions:
-        mod[gvar] = f
-    mod = relax.transform.DeadCodeElimination(["main"])(mod)
+    mod = relax.transform.DeadCodeElimination(["main"])(bb.get())
     from ..frontend.fixups import FixupImported
 
     return StageProgram(FixupImported(mod), tuple(key_of(v) for v in inputs_of), tuple(key_of(v) for v in outputs))
@@ -150,8 +146,13 @@ def cut_stages(grad_mod: tvm.IRModule, param_names, n_inputs: int, layers: int, 
     """Cut ``main(inputs..., params..., targets) -> (loss, grads)`` into ``pp`` stages of
     ``layers / pp`` layers (see the module docstring)."""
     func = grad_mod["main"]
-    # functions ``main`` calls (private helpers a rewritten gradient program may add)
-    functions = [(g, f) for g, f in grad_mod.functions_items() if g.name_hint != "main"]
+    # a stage program is ``main``'s bindings alone: a gradient program is one function (the
+    # training step's modules inline their helpers), and one that calls another is refused
+    # here rather than as an unbound function when a stage is built
+    others = sorted(g.name_hint for g, _ in grad_mod.functions_items() if g.name_hint != "main")
+    if others:
+        raise TrainingError(f"pipeline: the gradient program has functions besides main ({', '.join(others)}); "
+                            "a stage cut takes one function (inline them first)")
     fparams = list(func.params)
     n_params = len(param_names)
     if len(fparams) != n_inputs + n_params + 1:
@@ -271,8 +272,7 @@ def cut_stages(grad_mod: tvm.IRModule, param_names, n_inputs: int, layers: int, 
 
     def program(k):
         ins = sorted(needed[k], key=order.__getitem__)
-        return _make_program(progs_bindings[k], ins, key.__getitem__, sorted(outs[k], key=order.__getitem__),
-                             functions)
+        return _make_program(progs_bindings[k], ins, key.__getitem__, sorted(outs[k], key=order.__getitem__))
 
     fwd = tuple(program((s, "f")) for s in range(pp))
     bwd = tuple(program((s, "b")) for s in range(pp))
