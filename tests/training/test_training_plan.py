@@ -282,6 +282,7 @@ def test_seventy_b_on_the_cloud():
     (dict(optimizer="lamb"), r"optimizer must be one of"),
     (dict(seq=4096), r"seq=4096 is more than the model's 1024 positions"),
     (dict(global_batch=0), r"global_batch must be a positive integer"),
+    (dict(min_chunk_tokens=0), r"min_chunk_tokens must be a positive integer, got 0"),
     (dict(tp=25, pp=48, dp=512), r"more than the 48"),
     (dict(tp=1, pp=1, dp=1), r"does not fit spinn/board .* no split with tp=1, pp=1, dp=1 keeps a chip"),
 ])
@@ -414,6 +415,23 @@ def test_a_large_vocabulary_gets_a_head_stage():
     alone = _step_time(spec_of(cfg), on_last, 64, "adamw", system, _Comms(system, True))
     assert plan.time_per_step_s < alone.total_s
     assert plan.step.stages_s[-1][0] == plan.split.pp  # the head's stage is costed
+
+
+def test_min_chunk_tokens_bounds_the_chunks_searched():
+    """``min_chunk_tokens`` only narrows the search: every split costed keeps at least that many
+    tokens a chunk, and the default (every power-of-two cut) finds a step no slower. The model
+    (short per-chunk compute beside a long pipeline) is one whose fastest plan cuts its
+    sequences below 16 tokens a chunk, so the bound changes the plan."""
+    cfg = {**_config("gpt2-xl"), "n_layer": 8, "n_embd": 64, "n_head": 4, "vocab_size": 512, "n_positions": 64}
+    system, seq = make_system("sixteen", chips=16), 64
+    plans = {k: plan_training(cfg, system, seq=seq, global_batch=2, recompute=False, min_chunk_tokens=k)
+             for k in (1, 16, seq)}
+    for k, plan in plans.items():
+        assert all(seq // split.chunks >= k for split, _, _ in plan.search), k
+    assert plans[seq].split.chunks == 1
+    assert plans[1].time_per_step_s <= plans[16].time_per_step_s <= plans[seq].time_per_step_s
+    assert seq // plans[1].split.chunks < 16, plans[1].split.line()
+    assert plans[1].time_per_step_s < plans[16].time_per_step_s
 
 
 def test_a_pipelined_chain_approaches_its_busiest_link():

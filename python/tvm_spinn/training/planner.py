@@ -1410,7 +1410,7 @@ def plan_training(config, system="spinn/board", *, seq: "int | None" = None, glo
                   micro_batch: "int | None" = None, optimizer: str = "adamw", tp: "int | None" = None,
                   pp: "int | None" = None, dp: "int | None" = None, zero: "int | None" = None,
                   recompute: "bool | None" = None, sequence_parallel: bool = True,
-                  reproducible: bool = True) -> TrainingPlan:
+                  reproducible: bool = True, min_chunk_tokens: int = 1) -> TrainingPlan:
     """Plan fp32 training of a transformers model (config only) on a spinn system.
 
     Parameters
@@ -1441,6 +1441,10 @@ def plan_training(config, system="spinn/board", *, seq: "int | None" = None, glo
     reproducible : bool
         Reductions in the fixed order whatever the split (tree collectives); ``False`` lets the
         cost model take the faster ring.
+    min_chunk_tokens : int
+        Fewest tokens of a sequence in a pipeline chunk the search considers (default 1: every
+        power-of-two cut of the sequence; the cost model prices what small chunks cost, so a
+        larger value only narrows the search, e.g. to plan faster).
 
     Returns
     -------
@@ -1479,6 +1483,7 @@ def plan_training(config, system="spinn/board", *, seq: "int | None" = None, glo
         raise TrainingPlanError(f"seq={seq} is more than the model's {spec.max_positions} positions")
     global_batch = _positive("global_batch", DEFAULT_GLOBAL_BATCH if global_batch is None else global_batch,
                              allow_none=False)
+    min_chunk_tokens = _positive("min_chunk_tokens", min_chunk_tokens, allow_none=False)
     tp, pp, dp, micro_batch = (_positive(n, v) for n, v in (("tp", tp), ("pp", pp), ("dp", dp),
                                                             ("micro_batch", micro_batch)))
     if micro_batch is not None and global_batch % micro_batch:
@@ -1506,7 +1511,7 @@ def plan_training(config, system="spinn/board", *, seq: "int | None" = None, glo
                         continue
                     for z in (zeros if d > 1 else [zeros[0] if zero is not None else 0]):
                         for r in recomputes:
-                            for k in (_chunk_counts(seq) if p > 1 else (1,)):
+                            for k in (_chunk_counts(seq, min_chunk_tokens) if p > 1 else (1,)):
                                 for h in _head_widths(spec, t, p, d, arch.chips):
                                     split = Split(t, p, d, z, mb, per_replica // mb, r, sequence_parallel, k,
                                                   LAYOUTS[0], h)
@@ -1570,16 +1575,14 @@ def plan_training(config, system="spinn/board", *, seq: "int | None" = None, glo
         plan_seconds=time.perf_counter() - start, search=tuple(search.values()))
 
 
-#: fewest tokens of one sequence in a pipeline chunk (below it the hand-overs' hop latencies
-#: and the per-slot weight reads dominate any pipeline)
-MIN_CHUNK_TOKENS = 16
-
-
-def _chunk_counts(seq: int) -> list:
+def _chunk_counts(seq: int, min_tokens: int = 1) -> list:
     """Chunk counts a pipeline may cut its sequences into: powers of two dividing ``seq`` with
-    at least :data:`MIN_CHUNK_TOKENS` tokens a chunk (1: whole sequences)."""
+    at least ``min_tokens`` tokens a chunk (1: whole sequences). The cost model prices what a
+    small chunk costs (each slot's weight reads, its hand-overs' hop latencies and DMA set-ups,
+    its collectives' fixed terms), so the search weighs them against the shorter fill and drain
+    itself; a larger ``min_tokens`` only narrows the search."""
     out, k = [1], 2
-    while seq % k == 0 and seq // k >= MIN_CHUNK_TOKENS:
+    while seq % k == 0 and seq // k >= min_tokens:
         out.append(k)
         k *= 2
     return out
