@@ -220,10 +220,13 @@ def gpt2_small_plans(seq: int = 256, batch: int = 8) -> dict:
         print(f"  {name:<10}{st.pipeline_s:>9.4f}{st.compute_s:>9.4f}{st.tp_comm_s:>9.4f}{st.pp_comm_s:>9.4f}"
               f"{st.pipeline_s - st.compute_s:>9.4f}{st.bubble_s:>9.4f}{st.dp_comm_s:>9.4f}{st.dp_hidden_s:>9.4f}"
               f"{st.optimizer_s:>9.4f}{'yes' if st.dram_bound else 'no':>11}  {fixed.split.line()}")
-    print("  one pipeline slot by stage (ms; stage = pp: the LM head's own stage):")
+    print("  one pipeline slot by stage (ms; stage = pp: the LM head's own stage; the slot: its compute, TP "
+          "collectives and hand-overs as they overlap; * the stage that paces the pipeline):")
     for name, (chips, fixed, fast, secs) in rows.items():
-        print(f"  {name:<10}" + "; ".join(f"stage {j}: compute {c * 1e3:.2f}, TP {t * 1e3:.2f}, hand-over {h * 1e3:.2f}"
-                                         for j, c, t, h in fixed.step.stages_s))
+        pace = max(slot for *_, slot in fixed.step.stages_s)
+        print(f"  {name:<10}" + "; ".join(f"stage {j}{'*' if slot == pace else ''}: slot {slot * 1e3:.2f} (compute "
+                                         f"{c * 1e3:.2f}, TP {t * 1e3:.2f}, hand-over {h * 1e3:.2f})"
+                                         for j, c, t, h, slot in fixed.step.stages_s))
     print("  the physical bound (plan-independent, seconds): "
           + "; ".join(f"{name}: " + ", ".join(f"{k} {v:.4g}" for k, v in fixed.bound_parts_s)
                       for name, (chips, fixed, fast, secs) in rows.items()))

@@ -473,11 +473,13 @@ def test_a_slots_collectives_overlap_the_other_passes_compute():
     for plan, overlap in ((many, True), (one, False)):
         split = plan.split
         per = (plan.step.pipeline_s - plan.step.bubble_s) / split.slots  # the slowest stage's slot
-        floor = max(max(c, h) for _, c, t, h in plan.step.stages_s)
-        serial = max(t + max(c, h) for _, c, t, h in plan.step.stages_s)
+        floor = max(max(c, h) for _, c, t, h, _ in plan.step.stages_s)
+        serial = max(t + max(c, h) for _, c, t, h, _ in plan.step.stages_s)
         assert floor <= per * (1 + 1e-12) and per < serial * (1 - 1e-3), (split.line(), per, serial)
+        # the stages' slots as reported: the slowest is the pace the pipeline's slots take
+        assert max(slot for *_, slot in plan.step.stages_s) == pytest.approx(per, rel=1e-12)
         if not overlap:
-            assert per >= max(c + t - min(t, c / 3) for _, c, t, _ in plan.step.stages_s) * (1 - 1e-12)
+            assert per >= max(c + t - min(t, c / 3) for _, c, t, _, _ in plan.step.stages_s) * (1 - 1e-12)
 
 
 def test_board_edge_hand_overs_and_on_board_collectives_load_different_links():

@@ -292,8 +292,9 @@ class StepTime:
     dram_bound: bool = False  # the slowest stage's passes wait on DRAM rather than on the GEMMs
     #: the head stage's gradient synchronisation run during the pipeline's drain (not in the sum)
     dp_hidden_s: float = 0.0
-    #: one slot of each costed stage: ``((stage, compute s, TP s, hand-over s), ...)``; stage
-    #: ``pp`` is the head's own stage
+    #: one slot of each costed stage: ``((stage, compute s, TP s, hand-over s, slot s), ...)``
+    #: (the slot: those parts as they overlap, :func:`_slot_seconds`; the slowest paces the
+    #: pipeline); stage ``pp`` is the head's own stage
     stages_s: tuple = ()
 
     @property
@@ -1300,7 +1301,8 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
     return StepTime(pipeline_s=pipeline, bubble_s=pipeline - slots * per, compute_s=over_pipeline("comp"),
                     tp_comm_s=over_pipeline("tp"), pp_comm_s=over_pipeline("pp"), dp_comm_s=dp_exposed,
                     optimizer_s=opt_s, dram_bound=slowest["waits"], dp_hidden_s=hidden,
-                    stages_s=tuple((j, st["comp"], st["tp"], st["pp"]) for j, st in sorted(per_stage.items())))
+                    stages_s=tuple((j, st["comp"], st["tp"], st["pp"], st["total"])
+                                  for j, st in sorted(per_stage.items())))
 
 
 # ------------------------------------------------------------------------------------ search
