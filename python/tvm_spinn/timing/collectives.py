@@ -1930,7 +1930,8 @@ def board_group_scattered_all_reduce(topo: "Topology", grid: Sequence[Sequence[i
 
     def total(reduce_bw: float, reduce_lat: float, exchange: float, gather_bw: float, gather_lat: float) -> float:
         """The phases one after another; the board's gather streams behind the multicast's arrivals."""
-        return reduce_bw + reduce_lat + rounds * (exchange + on_board) + max(gather_bw, parts[0]) + gather_lat + parts[1]
+        return (reduce_bw + reduce_lat + rounds * (exchange + on_board)
+                + max(gather_bw, parts[0]) + gather_lat + parts[1])
 
     if g == 2:
         a, b = (int(x) for x in grid[:, 0] // cpb)
@@ -1987,7 +1988,8 @@ def board_group_scattered_all_reduce(topo: "Topology", grid: Sequence[Sequence[i
     for cap in np.unique(span[rooted]):
         keep = np.flatnonzero(rooted & (span <= cap))
         # the parts weighed for the reduce-scatter's bytes or for both phases' (the busiest edge of each)
-        for busy in (up[keep] / rate[None, :], (up[keep] * float(nbytes) + down[keep] * float(gather_bytes)) / rate[None, :]):
+        both = (up[keep] * float(nbytes) + down[keep] * float(gather_bytes)) / rate[None, :]
+        for busy in (up[keep] / rate[None, :], both):
             weight = _reweigh(busy / max(float(busy.max()), 1e-300), start[keep] / start[keep].sum())
             lat = float(depth[keep].max())
             seconds = total(graph.link_seconds(weight @ up[keep] * float(nbytes)), lat, exchange,
