@@ -84,7 +84,7 @@ __all__ = [
     "CollectiveCost", "all_gather", "all_reduce", "chain_all_reduce", "fixed_order_sum", "point_to_point",
     "reduce_scatter", "reduction_order", "chip_blocks", "MULTICAST_MAX_RANKS", "board_all_reduce",
     "board_group_all_reduce", "multipath_point_to_point", "sliced_hand_over", "water_fill", "all_to_all",
-    "board_all_to_all", "board_group_floor",
+    "board_all_to_all", "board_group_floor", "board_group_scattered_all_reduce",
 ]
 
 _ALGORITHMS = ("ring", "tree")
@@ -1847,4 +1847,156 @@ def chain_all_reduce(topo: "Topology", ranks: Sequence[int], nbytes: float,
                                    segments=int(m))
         if best is None or candidate.seconds < best.seconds:
             best = candidate
+    return best
+
+
+
+def board_group_scattered_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbytes: float,
+                                     gather_bytes: float, rounds: int = 1, stat_bytes: float = 0.0) -> CollectiveCost:
+    """Cost of an all-reduce of integer partial sums across boards whose reduced row is narrowed
+    before it is multicast: a reduce-scatter, ``rounds`` exchanges of the row's statistics, an
+    all-gather of the narrowed row, one after another.
+
+    ``grid[b]``: the chips of the ``b``-th board of the group, each board ``nbytes`` of partial
+    sums (as in :func:`board_group_all_reduce`). Each share of the row is reduced up a tree to
+    one board of the group, its root (a member: the root keeps its share of the state the row
+    updates, such as the residual stream); the roots then gather ``stat_bytes`` of statistics
+    from one another ``rounds`` times (what the narrowing needs from the whole row: a norm's
+    block sums, added in their fixed order on every root; one round per statistic that depends
+    on the one before), each an all-gather along the group's multicast trees plus the board's
+    deepest on-board route; then each root multicasts its share narrowed (``gather_bytes`` the
+    whole row) down its tree, the on-board all-gather of the narrowed row riding on the
+    multicast (as :func:`board_group_all_reduce`'s ``fuse_gather``). The phases cannot overlap:
+    the narrowed row exists only once the whole row is reduced and its statistics known. The
+    element-wise work on the roots between the phases is the caller's.
+
+    A directed board edge carries each tree's share one way in the reduce-scatter and the other
+    way narrowed in the all-gather, where the pipelined all-reduce carries partial sums both
+    ways at once on every tree edge (:func:`board_group_all_reduce`: no phase of its own for the
+    reduced row to narrow); this form pays for its narrower bytes with two more tree latencies
+    and the exchanges.
+
+    The trees: the multicast trees of :func:`board_group_all_reduce` (each board's share
+    reduced up its reversed tree and multicast down it), and its packed trees over the group and
+    the boards around it rooted at a member (their parts reweighed for the two phases' bytes,
+    :func:`_reweigh`); two boards exchange halves over every edge-disjoint path
+    (:func:`multipath_point_to_point`). The cheapest is taken.
+
+    Parameters
+    ----------
+    topo : Topology
+        The system's link graph.
+    grid : sequence of sequence of int
+        ``g`` boards by ``k`` chip ids (every chip of each board).
+    nbytes : float
+        Bytes of the partial sums each board contributes.
+    gather_bytes : float
+        Bytes of the narrowed row every chip receives.
+    rounds : int
+        Exchanges of the row's statistics between the reduce-scatter and the all-gather.
+    stat_bytes : float
+        Bytes of statistics every root gathers in one exchange (all roots' together).
+
+    Returns
+    -------
+    CollectiveCost
+        ``op="all_reduce"``, ``algorithm`` ``"board-scattered"``, ``"board-scattered-packed"`` or
+        ``"board-scattered-multipath"``; ``nbytes`` the partial sums' bytes.
+    """
+    grid = np.asarray(grid, dtype=np.int64)
+    if grid.ndim != 2 or grid.size == 0:
+        raise ValueError(f"grid must be boards x chips (a 2-D array of chip ids), got shape {grid.shape}")
+    for name, v in (("nbytes", nbytes), ("gather_bytes", gather_bytes), ("stat_bytes", stat_bytes)):
+        if not np.isfinite(v) or v < 0:
+            raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+    if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 0:
+        raise ValueError(f"rounds must be an integer >= 0, got {rounds!r}")
+    g, k = grid.shape
+    cpb = 48  # chips of a board on the link graph (as board_group_all_reduce)
+    if (grid // cpb != grid[:, :1] // cpb).any() or np.unique(grid[:, 0] // cpb).size != g:
+        raise ValueError("board_group_scattered_all_reduce: each row of grid must be the chips of one board, "
+                         "boards distinct")
+    if g > MULTICAST_MAX_RANKS:
+        raise ValueError(f"board_group_scattered_all_reduce: at most {MULTICAST_MAX_RANKS} boards, got {g}")
+    if g == 1 or nbytes == 0:
+        return CollectiveCost("all_reduce", "board-scattered", 0.0, 0.0, 0, 0, 0, int(grid.size), float(nbytes))
+    parts = _gather_parts(topo, grid[0], gather_bytes) if k > 1 else (0.0, 0.0)
+    if parts is None:  # no multicast trees on the board: its all-gather after the arrivals
+        parts = (0.0, all_gather(topo, grid[0], gather_bytes).seconds)
+    on_board = 0.0  # an exchange's way from the board's edges to its chips holding the share
+    if k > 1:
+        tiny = _gather_parts(topo, grid[0], 1.0)
+        on_board = tiny[1] if tiny is not None else all_gather(topo, grid[0], 1.0).seconds
+
+    def total(reduce_bw: float, reduce_lat: float, exchange: float, gather_bw: float, gather_lat: float) -> float:
+        """The phases one after another; the board's gather streams behind the multicast's arrivals."""
+        return (reduce_bw + reduce_lat + rounds * (exchange + on_board)
+                + max(gather_bw, parts[0]) + gather_lat + parts[1])
+
+    if g == 2:
+        a, b = (int(x) for x in grid[:, 0] // cpb)
+
+        def both(n: float) -> float:
+            return max(multipath_point_to_point(topo, a, b, n / 2).seconds,
+                       multipath_point_to_point(topo, b, a, n / 2).seconds)
+
+        return CollectiveCost("all_reduce", "board-scattered-multipath",
+                              total(both(nbytes), 0.0, both(stat_bytes), both(gather_bytes), 0.0),
+                              float(nbytes) / 2, 0, 0, 2 + rounds, int(grid.size), float(nbytes))
+    graph = topo.board_graph()
+    members = grid[:, 0] // cpb
+    trees = _multicast_trees(graph, members)
+    if trees is None:
+        raise ValueError("board_group_scattered_all_reduce: the boards' links do not connect the group")
+    shares, latency, hops, _, rev_shares, back = trees
+    exchange = graph.link_seconds(shares * (float(stat_bytes) / g)) + latency
+    best = CollectiveCost("all_reduce", "board-scattered",
+                          total(graph.link_seconds(rev_shares * (float(nbytes) / g)), back, exchange,
+                                graph.link_seconds(shares * (float(gather_bytes) / g)), latency),
+                          float((rev_shares * (float(nbytes) / g)).max()), 2 * hops, 2 * hops, 2 + rounds,
+                          int(grid.size), float(nbytes))
+    halo = np.setdiff1d(np.unique(graph.neighbors[members]), members)
+    halo = halo[halo >= 0]
+    region = np.concatenate([members, halo]) if halo.size and g + halo.size <= MULTICAST_MAX_RANKS else members
+    found = graph.memo.get(("packed_shapes", region.tobytes(), int(g))) if _packed_trees(graph, region, g) else None
+    if found is None:
+        return best
+    full, span, span_hops, shapes, start = found
+    glob = (region[:, None] * 6 + np.arange(6)).reshape(-1)
+    hop = graph.link_hop_s[glob]
+    up, down = np.zeros_like(full), np.zeros_like(full)
+    depth = np.zeros(len(shapes))
+    depth_hops = np.zeros(len(shapes), dtype=np.int64)
+    rooted = np.zeros(len(shapes), dtype=bool)
+    for j, (root, parent) in enumerate(shapes):
+        parent = dict(parent)
+        rooted[j] = root < g
+        children: dict = {}
+        for v, link in parent.items():
+            down[j, glob[link]] = 1.0  # the multicast: parent to child
+            up[j, glob[v * 6 + (link % 6 + 3) % 6]] = 1.0  # the reduce: child to parent
+            children.setdefault(link // 6, []).append(v)
+        reach, stack = {root: (0.0, 0)}, [root]
+        while stack:
+            u = stack.pop()
+            for v in children.get(u, ()):
+                reach[v] = (reach[u][0] + float(hop[parent[v]]), reach[u][1] + 1)
+                stack.append(v)
+        depth[j] = max(reach[m][0] for m in range(g))
+        depth_hops[j] = max(reach[m][1] for m in range(g))
+    rate = np.where(np.isfinite(graph.link_bw), graph.link_bw, np.inf)
+    for cap in np.unique(span[rooted]):
+        keep = np.flatnonzero(rooted & (span <= cap))
+        # the parts weighed for the reduce-scatter's bytes or for both phases' (the busiest edge of each)
+        both = (up[keep] * float(nbytes) + down[keep] * float(gather_bytes)) / rate[None, :]
+        for busy in (up[keep] / rate[None, :], both):
+            weight = _reweigh(busy / max(float(busy.max()), 1e-300), start[keep] / start[keep].sum())
+            lat = float(depth[keep].max())
+            seconds = total(graph.link_seconds(weight @ up[keep] * float(nbytes)), lat, exchange,
+                            graph.link_seconds(weight @ down[keep] * float(gather_bytes)), lat)
+            if seconds < best.seconds:
+                deep = 2 * int(depth_hops[keep].max())
+                best = CollectiveCost("all_reduce", "board-scattered-packed", seconds,
+                                      float((weight @ up[keep]).max()) * float(nbytes), deep, deep, 2 + rounds,
+                                      int(grid.size), float(nbytes))
     return best
