@@ -60,7 +60,7 @@ from .shard import ROW_ALWAYS, ShardPlan, plan_shards, rule_of, shard_program
 from .tiling import MappingError, program_work
 
 __all__ = ["map_on_system", "resident_state", "TP_DEGREES", "SP_DEGREES", "overflow_message", "system_tables", "retime", "issued",
-           "group_ranks", "recorded_plan", "stage_ranks", "shard_timing", "install_pipeline", "pipeline_tables",
+           "group_ranks", "recorded_plan", "stage_ranks", "map_stages", "install_pipeline", "pipeline_tables",
            "stage_programs_of"]
 
 # A model too large for its system is raised at the end of the codegen callback: it crosses
@@ -157,16 +157,6 @@ def stage_ranks(arch: SpinnArch, plan: ShardPlan) -> tuple[np.ndarray, ...]:
                          + (" on distinct usable boards" if arch.has_faults else "")
                          + f"; {arch.name} has {arch.chips}")
     return tuple(np.arange(s * per, (s + 1) * per, dtype=np.int64) for s in range(plan.pp))
-
-
-def shard_timing(program: Program, plan: ShardPlan, shard: Program, arch: SpinnArch) -> SystemTimingSummary:
-    """The system timing of ``program`` under ``plan`` (one stage: ``plan.pp == 1``) from its
-    shard (:func:`.shard.shard_program`) mapped on one chip of ``arch``: the shard's PE-level
-    times, its weight streams with prefetch and the plan's collectives on the link graph
-    (:func:`tvm_spinn.timing.system.compose`), as the system mapper times a plan."""
-    if plan.pp != 1:
-        raise ValueError(f"shard_timing: one stage at a time (the plan has pp={plan.pp}; see .shard.stage_plans)")
-    return _system_timing(program, plan, shard, shard.tiles.tables, _chip_arch(arch), topology_of(arch))[0]
 
 
 def _chip_arch(arch: SpinnArch) -> SpinnArch:
@@ -594,37 +584,78 @@ def _map_pipeline(program: Program, arch: SpinnArch, options, map_one,
     there (a :class:`~.budget.SystemState` of one board); None when no number does.
 
     The layers are cut into ``pp`` contiguous stages (:func:`.shard.plan_mesh` with a ``pp``
-    axis, :func:`.shard.stage_programs`: the tensors live across a cut are sent whole) and each
-    stage's program is mapped alone on its own board as any region is, its shard plan chosen
-    among the board's chips; ``pp`` goes up from 2 until every stage fits (at most one stage a
-    board). The sends are priced from each stage's first chip to the next's
-    (:func:`tvm_spinn.timing.stages.handover_costs`)."""
+    axis) and mapped by :func:`map_stages`; ``pp`` goes up from 2 until every stage fits (at
+    most one stage a board)."""
     from ..program.ops.sharding import Mesh
-    from ..timing.stages import handover_costs, pipeline_timing
-    from .memory import check_capacity
-    from .shard import plan_mesh, stage_programs
+    from .shard import plan_mesh
 
     if not boards:
         return None
-    # a whole board of the system as a system of its own (the same for every stage)
-    sub = arch.replace(chips=int(boards[0][1].size), **(dict.fromkeys(FAULT_FIELDS, ()) if arch.has_faults else {}))
     for pp in range(2, min(len(program.layers), len(boards)) + 1):
-        ranks = [r for _, r in boards[:pp]]
         plan = plan_mesh(program, Mesh.of(pp=pp))
         if plan is None:
             continue
+        ranks = [r for _, r in boards[:pp]]
         try:
-            mapped = []
-            for stage in stage_programs(program, plan):
-                check_capacity(stage, sub)
-                shard, held = map_on_system(stage, sub, options, None, map_one, None)
-                mapped.append(shard)
+            mapped, timing, held = map_stages(program, plan, arch, options, map_one, ranks)
         except MappingError:
             continue
-        sends = handover_costs(topology_of(arch), plan.handovers, plan.stages, [r[:1] for r in ranks])
-        timing = pipeline_timing([p.timing.latency_s for p in mapped], sends)
         return install_pipeline(program, plan, mapped, ranks, timing, arch), boards[pp - 1][0], held
     return None
+
+
+def map_stages(program: Program, plan: ShardPlan, arch: SpinnArch, options, map_one,
+               ranks) -> tuple[tuple[Program, ...], "PipelineTiming", SystemState]:
+    """Each stage of ``plan`` (a plan of :func:`.shard.plan_mesh` whose mesh has only a ``pp``
+    axis) mapped alone on its own board, and the pipeline's timing.
+
+    Each stage's program (:func:`.shard.stage_programs`: the tensors live across a cut are sent
+    whole) is mapped as any region is on a whole board of ``arch`` (its chips ``ranks[s]``, the
+    same count for every stage), its shard plan chosen among the board's chips; the sends are
+    priced from each stage's first chip to the next's
+    (:func:`tvm_spinn.timing.stages.handover_costs`) and the stages and sends composed
+    (:func:`tvm_spinn.timing.stages.pipeline_timing`).
+
+    Parameters
+    ----------
+    program : Program
+        The region.
+    plan : ShardPlan
+        Its cut into stages.
+    arch : SpinnArch
+        The system.
+    options : MappingOptions or None
+        How each stage is mapped.
+    map_one : callable
+        ``map_one(shard, chip_arch, reserved)``, as :func:`map_on_system` takes it.
+    ranks : sequence of numpy.ndarray
+        Per stage, the chips of its board in mesh position order.
+
+    Returns
+    -------
+    tuple
+        The stages' mapped programs in stage order, the
+        :class:`~tvm_spinn.timing.stages.PipelineTiming` and what the last stage holds on its
+        board (a :class:`~.budget.SystemState`).
+
+    Raises
+    ------
+    MappingError
+        When a stage does not fit its board.
+    """
+    from ..timing.stages import handover_costs, pipeline_timing
+    from .memory import check_capacity
+    from .shard import stage_programs
+
+    # a whole board of the system as a system of its own (the same for every stage)
+    sub = arch.replace(chips=int(ranks[0].size), **(dict.fromkeys(FAULT_FIELDS, ()) if arch.has_faults else {}))
+    mapped, held = [], None
+    for stage in stage_programs(program, plan):
+        check_capacity(stage, sub)
+        shard, held = map_on_system(stage, sub, options, None, map_one, None)
+        mapped.append(shard)
+    sends = handover_costs(topology_of(arch), plan.handovers, plan.stages, [r[:1] for r in ranks])
+    return tuple(mapped), pipeline_timing([p.timing.latency_s for p in mapped], sends), held
 
 
 def _handed_in(program: Program, topo, src: np.ndarray, arch: SpinnArch) -> Program:
