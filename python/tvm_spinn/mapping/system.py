@@ -199,18 +199,18 @@ def _plans(program: Program, chips: int):
     for tp in TP_DEGREES:
         if tp > chips:
             break
-        with_row = {}  # dp -> its plan with row-parallel GEMMs (planned just before the one without)
-        for dp, row in ((d, r) for d in range(1, chips // tp + 1) for r in ((True, False) if tp > 1 else (True,))):
+        for dp in range(1, chips // tp + 1):
             if chips // tp % dp and dp != chips // tp:
                 continue
-            plan = plan_shards(program, tp, dp, row)
-            if row:
-                with_row[dp] = plan
-            if plan is None or (tp > 1 and not any(x in ("col", "row", "split") for x in plan.splits)):
-                continue  # dp does not divide the batch, or nothing splits tp ways
-            if not row and "row" not in (with_row.get(dp) or plan_shards(program, tp, dp, True)).splits:
-                continue  # the same plan as with row-parallel GEMMs
-            yield plan
+            with_row = plan_shards(program, tp, dp, True)
+            if with_row is None:
+                continue  # dp does not divide the batch (with or without row-parallel GEMMs)
+            # without row-parallel GEMMs: another plan only where the first has one
+            plans = (with_row, plan_shards(program, tp, dp, False)) if tp > 1 and "row" in with_row.splits \
+                else (with_row,)
+            for plan in plans:
+                if tp == 1 or any(x in ("col", "row", "split") for x in plan.splits):
+                    yield plan  # else nothing splits tp ways
         # sequence parallelism: sp row blocks per tp group (dp = 1, row-parallel GEMMs)
         for sp in SP_DEGREES:
             if tp * sp > chips:
