@@ -246,14 +246,14 @@ def stepped_cycles(code, base, rows, cols, arch) -> np.ndarray:
     base : float
         What the code runs besides the loop (a job's or an output's fixed cycles).
     rows, cols : numpy.ndarray or int
-        Rows and columns of each row (int64).
+        Rows, and columns of each row (int64).
     arch : SpinnArch
-        The TRM's prices (:func:`~.m4f.mix_cycles`).
+        The TRM's prices, as :meth:`RowLoop.cycles` takes them.
 
     Returns
     -------
     numpy.ndarray
-        M4F cycles (float64).
+        ``base`` plus the loop's M4F cycles (float64).
     """
     steps, left = np.divmod(np.asarray(rows, dtype=np.int64), code.step_rows)
     cycles = base + steps * code.step.cycles(cols, arch) + np.where(steps > 0, mix_cycles(code.entry, arch), 0.0)
