@@ -155,7 +155,7 @@ def _region(program: Program, budget: RegionBudget, onchip: tuple, stage: int = 
     # over pipeline stages each input in flight is a stream with a copy of the state at every
     # stage: one copy where the memory plans keep it in SRAM, the others in DRAM
     pipe = program.timing.pipeline if program.mapping.pipeline is not None else None
-    copies = inputs_in_flight(pipe.latency_s, pipe.period_s) if pipe is not None else 1
+    copies = inputs_in_flight(pipe.latency_s, pipe.period_s) if pipe is not None and pipe.period_s > 0 else 1
     return RegionPlan(program.symbol, budget, stage, _chips(program), tuple(sram), int(dram),
                       copies * held_bytes(program, every), held_bytes(program, kept), gathered,
                       sum(program.tensors[t].nbytes for t in every))

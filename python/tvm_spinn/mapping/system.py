@@ -672,7 +672,7 @@ def map_stages(program: Program, plan: ShardPlan, arch: SpinnArch, options, map_
     timing = pipeline_timing([p.timing.latency_s for p in mapped], sends)
     # Each input in flight is a stream with its own state at every stage: a stage's chips hold
     # that many copies of its state, the one its memory plan keeps in SRAM and the others in DRAM.
-    copies = timing.in_flight
+    copies = timing.in_flight if timing.period_s > 0 else 1  # stages of no time hold one input
     for k, (shard, after) in enumerate(zip(mapped, held)):
         whole, in_sram = state_per_chip(shard)
         extra = copies * whole - in_sram
