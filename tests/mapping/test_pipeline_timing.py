@@ -1,16 +1,17 @@
 """Timing of the pipeline axis: each cut's sends on the link graph, each stage's latency, the
 steady-state period and the latency of one input, checked against hand computations on small
-meshes (a send of ``n`` bytes over one chip link: ``n / payload rate + one hop latency``)."""
+meshes (a send of ``n`` bytes over one chip link: ``n / payload rate + one hop latency``) and,
+for a region the system mapper cuts over three boards, against each stage mapped alone."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from tvm_spinn.mapping import shard as S
-from tvm_spinn.mapping.stages import time_pipeline
-from tvm_spinn.mapping.system import shard_timing, stage_ranks
+from tvm_spinn.mapping.system import stage_programs_of, stage_ranks
 from tvm_spinn.mapping import map_program
 from tvm_spinn.program.ops.sharding import Mesh
 from tvm_spinn.program.records import PlanCollective
@@ -19,7 +20,7 @@ from tvm_spinn.target.topology import topology_of
 from tvm_spinn.timing.collectives import point_to_point
 from tvm_spinn.timing.stages import HandoverCost, handover_costs, pipeline_timing
 
-from _chains import F32, residual
+from _chains import F32, chain, residual
 
 ARCH = make_system("pp-timing", chips=4, pes_per_chip=32)
 
@@ -115,8 +116,6 @@ def test_stages_that_do_not_fit_the_system_are_refused():
     plan = S.plan_mesh(residual(), Mesh.of(tp=2, pp=3))
     with pytest.raises(ValueError, match=r"3 stages of 2 chips need 6 chips; pp-timing has 4"):
         stage_ranks(ARCH, plan)
-    with pytest.raises(ValueError, match="need 6 chips"):
-        time_pipeline(residual(), plan, ARCH)
 
 
 # -- the stages --------------------------------------------------------------------------------
@@ -145,20 +144,23 @@ def test_stage_plans_are_the_plan_cut_at_the_stages(mesh):
 
 
 def test_stage_latencies_compose_into_the_pipeline():
-    program = residual()
-    chip = ARCH.replace(chips=1)
-    for mesh in (Mesh.of(pp=2), Mesh.of(pp=3), Mesh.of(tp=2, pp=2)):
-        plan = S.plan_mesh(program, mesh)
-        t = time_pipeline(program, plan, ARCH)
-        # each stage: its program under its own plan, mapped alone on a chip and timed as a system plan
-        for prog, sub, got in zip(S.stage_programs(program, plan), S.stage_plans(program, plan), t.stage_s):
-            shard = map_program(S.shard_program(prog, sub), chip)
-            assert got == shard_timing(prog, sub, shard, ARCH).latency_s > 0
-        assert t.latency_s == pytest.approx(sum(t.stage_s) + sum(h.seconds for h in t.handovers), rel=1e-15)
-        assert t.period_s == max(list(t.stage_s) + [h.seconds for h in t.handovers])
-        assert t.period_s < t.latency_s
-    # a stage of pp=2 is the same program as that stage on its own (one stage, no pipeline)
-    plan = S.plan_mesh(program, Mesh.of(pp=2))
-    for prog, got in zip(S.stage_programs(program, plan), time_pipeline(program, plan, ARCH).stage_s):
-        alone = time_pipeline(prog, S.plan_mesh(prog, Mesh.of()), ARCH)
-        assert alone.stage_s == (got,) and alone.handovers == () and alone.latency_s == got
+    # six layers of 4 MiB of weights on boards whose chips hold 8 KiB of DRAM: a board holds 2
+    # of them, so the system mapper cuts the region into three stages, a board each
+    arch = make_system("pp-timing-3", boards=3, pes_per_chip=4, dram_bytes=8 * 1024)
+    board, per = arch.replace(chips=arch.chips_per_board), arch.chips_per_board
+    piped = map_program(chain(6), arch)
+    pipe, t = piped.mapping.pipeline, piped.timing.pipeline
+    assert [(s.first_layer, s.layers) for s in pipe.stages] == [(0, 2), (2, 2), (4, 2)]
+    assert [s.chips for s in pipe.stages] == [tuple(range(k * per, (k + 1) * per)) for k in range(3)]
+    # each stage: its program mapped alone on a board of its own, as any region is
+    for prog, got in zip(stage_programs_of(piped), t.stage_s):
+        alone = map_program(replace(prog, mapping=None), board)
+        assert alone.mapping == prog.mapping and alone.timing.latency_s == got > 0
+    # each send: one row of 1024 floats from a stage's first chip to the next's, by hand
+    topo = topology_of(arch)
+    for k, (send, seconds) in enumerate(zip(pipe.sends, t.send_s)):
+        assert (send.layer, send.nbytes) == (2 * (k + 1), 1024 * F32)
+        assert seconds == point_to_point(topo, [k * per], [(k + 1) * per], float(1024 * F32)).seconds > 0
+    assert t.latency_s == pytest.approx(sum(t.stage_s) + sum(t.send_s), rel=1e-15)
+    assert t.period_s == max(t.stage_s + t.send_s) < t.latency_s
+    assert piped.timing.latency_s == t.latency_s

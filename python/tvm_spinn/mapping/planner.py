@@ -29,15 +29,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-import numpy as np
-
 from ..program import Program
 from ..target.arch import SpinnArch
+from ..timing.stages import inputs_in_flight
 from .budget import RegionBudget, SystemState
 from .memory import LEDGER_RESIDENT_SHARE
 from .options import MappingOptions, current_options
 from .schedule import MappingMemo, _graph_copy, map_region
-from .system import overflow_message, recorded_plan, resident_state
+from .system import chip_bytes, overflow_message, recorded_plan, resident_state, stage_programs_of
 from .tiling import MappingError, program_work
 
 __all__ = ["RegionPlan", "SystemPlan", "plan_system", "resident_capacity", "held_bytes", "POLICIES"]
@@ -79,9 +78,13 @@ class RegionPlan:
         cache: inputs read only as the right operand of ``matmul`` layers), as its shard plan
         holds them: each chip's share summed over the chips of its group, so a state tensor
         the plan keeps on several chips (each slot's keys and values read by several groups
-        of chips) counts once per copy. This is what the chips reserve for it.
+        of chips) counts once per copy. Over pipeline stages, each stage's share under its own
+        plan, times the inputs the pipeline keeps in flight
+        (:func:`~tvm_spinn.timing.stages.inputs_in_flight`: each a stream with its own state).
+        This is what the chips reserve for it.
     state_sram_bytes : int
-        Of ``state_bytes``, what its memory plan keeps in SRAM (the rest is read from DRAM).
+        Of ``state_bytes``, what its memory plan keeps in SRAM (the rest is in DRAM; over
+        pipeline stages one copy, the other streams' copies are in DRAM).
     state_tensor_bytes : int
         The state inputs' own bytes (one copy of each): what a call writes into it is written
         to every copy at once, each by the chip holding it.
@@ -149,8 +152,12 @@ def _region(program: Program, budget: RegionBudget, onchip: tuple, stage: int = 
     if onchip and system is not None:
         local = recorded_plan(program).shapes
         gathered = tuple(t for t in onchip if tuple(local[t]) == tuple(program.tensors[t].shape))
+    # over pipeline stages each input in flight is a stream with a copy of the state at every
+    # stage: one copy where the memory plans keep it in SRAM, the others in DRAM
+    pipe = program.timing.pipeline if program.mapping.pipeline is not None else None
+    copies = inputs_in_flight(pipe.latency_s, pipe.period_s) if pipe is not None and pipe.period_s > 0 else 1
     return RegionPlan(program.symbol, budget, stage, _chips(program), tuple(sram), int(dram),
-                      held_bytes(program, every), held_bytes(program, kept), gathered,
+                      copies * held_bytes(program, every), held_bytes(program, kept), gathered,
                       sum(program.tensors[t].nbytes for t in every))
 
 
@@ -160,8 +167,9 @@ def held_bytes(program: Program, tensors) -> int:
 
     Under a shard plan each chip holds its share of a tensor (the plan's local shape): a tensor
     split over some of the group's chips and repeated over the others is held once per copy, a
-    tensor kept whole on every chip once per chip. On one chip, and over pipeline stages (each
-    stage holds the layers' state it reads), the tensors' own bytes.
+    tensor kept whole on every chip once per chip. On one chip, the tensors' own bytes. Over
+    pipeline stages, what each stage reading a tensor holds of it under its own shard plan
+    (one input's: the copies of the inputs in flight are the caller's to count).
 
     Parameters
     ----------
@@ -175,18 +183,12 @@ def held_bytes(program: Program, tensors) -> int:
     int
     """
     tensors = sorted(int(t) for t in tensors)
-    if program.mapping.system is None or program.mapping.pipeline is not None:
-        return sum(program.tensors[t].nbytes for t in tensors)
-    plan = recorded_plan(program)
-    out = 0
-    for t in tensors:
-        x = program.tensors[t]
-        whole = int(np.prod(x.shape, dtype=np.int64))
-        local = int(np.prod(plan.shapes[t], dtype=np.int64))
-        # the local share's bytes: the tensor's bytes scaled by its elements (exact: a plan's
-        # shares divide the tensor's extents)
-        out += x.nbytes * local // max(1, whole) * plan.chips
-    return out
+    if program.mapping.pipeline is not None:
+        names = {program.tensors[t].name for t in tensors}
+        return sum(held_bytes(st, [i for i, x in enumerate(st.tensors) if x.name in names])
+                   for st in stage_programs_of(program))
+    system = program.mapping.system
+    return chip_bytes(program, tensors) * (int(system.chips) if system is not None else 1)
 
 
 def _chips(program: Program) -> int:

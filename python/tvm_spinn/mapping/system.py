@@ -60,7 +60,7 @@ from .shard import ROW_ALWAYS, ShardPlan, plan_shards, rule_of, shard_program
 from .tiling import MappingError, program_work
 
 __all__ = ["map_on_system", "resident_state", "TP_DEGREES", "SP_DEGREES", "overflow_message", "system_tables", "retime", "issued",
-           "group_ranks", "recorded_plan", "stage_ranks", "shard_timing", "install_pipeline", "pipeline_tables",
+           "group_ranks", "recorded_plan", "stage_ranks", "map_stages", "state_per_chip", "chip_bytes", "install_pipeline", "pipeline_tables",
            "stage_programs_of"]
 
 # A model too large for its system is raised at the end of the codegen callback: it crosses
@@ -159,16 +159,6 @@ def stage_ranks(arch: SpinnArch, plan: ShardPlan) -> tuple[np.ndarray, ...]:
     return tuple(np.arange(s * per, (s + 1) * per, dtype=np.int64) for s in range(plan.pp))
 
 
-def shard_timing(program: Program, plan: ShardPlan, shard: Program, arch: SpinnArch) -> SystemTimingSummary:
-    """The system timing of ``program`` under ``plan`` (one stage: ``plan.pp == 1``) from its
-    shard (:func:`.shard.shard_program`) mapped on one chip of ``arch``: the shard's PE-level
-    times, its weight streams with prefetch and the plan's collectives on the link graph
-    (:func:`tvm_spinn.timing.system.compose`), as the system mapper times a plan."""
-    if plan.pp != 1:
-        raise ValueError(f"shard_timing: one stage at a time (the plan has pp={plan.pp}; see .shard.stage_plans)")
-    return _system_timing(program, plan, shard, shard.tiles.tables, _chip_arch(arch), topology_of(arch))[0]
-
-
 def _chip_arch(arch: SpinnArch) -> SpinnArch:
     return arch.replace(chips=1)
 
@@ -209,18 +199,18 @@ def _plans(program: Program, chips: int):
     for tp in TP_DEGREES:
         if tp > chips:
             break
-        with_row = {}  # dp -> its plan with row-parallel GEMMs (planned just before the one without)
-        for dp, row in ((d, r) for d in range(1, chips // tp + 1) for r in ((True, False) if tp > 1 else (True,))):
+        for dp in range(1, chips // tp + 1):
             if chips // tp % dp and dp != chips // tp:
                 continue
-            plan = plan_shards(program, tp, dp, row)
-            if row:
-                with_row[dp] = plan
-            if plan is None or (tp > 1 and not any(x in ("col", "row", "split") for x in plan.splits)):
-                continue  # dp does not divide the batch, or nothing splits tp ways
-            if not row and "row" not in (with_row.get(dp) or plan_shards(program, tp, dp, True)).splits:
-                continue  # the same plan as with row-parallel GEMMs
-            yield plan
+            with_row = plan_shards(program, tp, dp, True)
+            if with_row is None:
+                continue  # dp does not divide the batch (with or without row-parallel GEMMs)
+            # without row-parallel GEMMs: another plan only where the first has one
+            plans = (with_row, plan_shards(program, tp, dp, False)) if tp > 1 and "row" in with_row.splits \
+                else (with_row,)
+            for plan in plans:
+                if tp == 1 or any(x in ("col", "row", "split") for x in plan.splits):
+                    yield plan  # else nothing splits tp ways
         # sequence parallelism: sp row blocks per tp group (dp = 1, row-parallel GEMMs)
         for sp in SP_DEGREES:
             if tp * sp > chips:
@@ -520,7 +510,7 @@ def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState
         # current stage when that holds nothing yet, else from the next one.
         start = ledger.stage if ledger.dram == 0 and not ledger.sram.any() else ledger.stage + 1
         boards = _pipeline_boards(arch, start)
-        piped = _map_pipeline(program, arch, options, map_one, boards)
+        piped, why = _map_pipeline(program, arch, options, map_one, boards)
         if piped is not None:
             program, last_stage, last = piped
             if start > ledger.stage:  # the inputs come from the board of the build's earlier regions
@@ -532,6 +522,9 @@ def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState
             ledger.dram = last.dram
             return program, ledger.frozen()
         ledger.shortfall = _shortfall(program, arch, boards)
+        if why is not None:  # its stages fitted but not the copies of their state
+            left = tuple(int(chips[0]) // arch.chips_per_board for _, chips in boards)
+            ledger.shortfall = (ledger.shortfall or (left, 0, weights)) + (why,)
     if best is None:
         # One program's smallest shard does not fit one chip: no system holds it.
         ledger.overflow = ledger.overflow or program.symbol
@@ -588,43 +581,131 @@ def _shortfall(program: Program, arch: SpinnArch, boards: list[tuple[int, np.nda
 
 
 def _map_pipeline(program: Program, arch: SpinnArch, options, map_one,
-                  boards: list[tuple[int, np.ndarray]]) -> tuple[Program, int, SystemState] | None:
+                  boards: list[tuple[int, np.ndarray]]) -> tuple[tuple[Program, int, SystemState] | None, str | None]:
     """``program`` over the fewest pipeline stages that hold it, on the first of ``boards``
     (:func:`_pipeline_boards`), the stage of its last board and what its last stage holds
-    there (a :class:`~.budget.SystemState` of one board); None when no number does.
+    there (a :class:`~.budget.SystemState` of one board); None when no number does, with why
+    the most stages tried failed where their stages fitted but not their state's copies (else
+    None).
 
     The layers are cut into ``pp`` contiguous stages (:func:`.shard.plan_mesh` with a ``pp``
-    axis, :func:`.shard.stage_programs`: the tensors live across a cut are sent whole) and each
-    stage's program is mapped alone on its own board as any region is, its shard plan chosen
-    among the board's chips; ``pp`` goes up from 2 until every stage fits (at most one stage a
-    board). The sends are priced from each stage's first chip to the next's
-    (:func:`tvm_spinn.timing.stages.handover_costs`)."""
+    axis) and mapped by :func:`map_stages`; ``pp`` goes up from 2 until every stage fits (at
+    most one stage a board)."""
     from ..program.ops.sharding import Mesh
-    from ..timing.stages import handover_costs, pipeline_timing
-    from .memory import check_capacity
-    from .shard import plan_mesh, stage_programs
+    from .shard import plan_mesh
 
-    if not boards:
-        return None
-    # a whole board of the system as a system of its own (the same for every stage)
-    sub = arch.replace(chips=int(boards[0][1].size), **(dict.fromkeys(FAULT_FIELDS, ()) if arch.has_faults else {}))
+    why = None
     for pp in range(2, min(len(program.layers), len(boards)) + 1):
-        ranks = [r for _, r in boards[:pp]]
         plan = plan_mesh(program, Mesh.of(pp=pp))
         if plan is None:
             continue
+        ranks = [r for _, r in boards[:pp]]
         try:
-            mapped = []
-            for stage in stage_programs(program, plan):
-                check_capacity(stage, sub)
-                shard, held = map_on_system(stage, sub, options, None, map_one, None)
-                mapped.append(shard)
-        except MappingError:
+            mapped, timing, held = map_stages(program, plan, arch, options, map_one, ranks)
+        except _StateCopiesError as err:
+            why = str(err)
             continue
-        sends = handover_costs(topology_of(arch), plan.handovers, plan.stages, [r[:1] for r in ranks])
-        timing = pipeline_timing([p.timing.latency_s for p in mapped], sends)
-        return install_pipeline(program, plan, mapped, ranks, timing, arch), boards[pp - 1][0], held
-    return None
+        except MappingError:
+            why = None
+            continue
+        return (install_pipeline(program, plan, mapped, ranks, timing, arch), boards[pp - 1][0], held), None
+    return None, why
+
+
+class _StateCopiesError(MappingError):
+    """Pipeline stages that fit one input's state but not the copies of the inputs in flight."""
+
+
+def map_stages(program: Program, plan: ShardPlan, arch: SpinnArch, options, map_one,
+               ranks) -> tuple[tuple[Program, ...], "PipelineTiming", SystemState]:
+    """Each stage of ``plan`` (a plan of :func:`.shard.plan_mesh` whose mesh has only a ``pp``
+    axis) mapped alone on its own board, and the pipeline's timing.
+
+    Each stage's program (:func:`.shard.stage_programs`: the tensors live across a cut are sent
+    whole) is mapped as any region is on a whole board of ``arch`` (its chips ``ranks[s]``, the
+    same count for every stage), its shard plan chosen among the board's chips; the sends are
+    priced from each stage's first chip to the next's
+    (:func:`tvm_spinn.timing.stages.handover_costs`) and the stages and sends composed
+    (:func:`tvm_spinn.timing.stages.pipeline_timing`).
+
+    Parameters
+    ----------
+    program : Program
+        The region.
+    plan : ShardPlan
+        Its cut into stages.
+    arch : SpinnArch
+        The system.
+    options : MappingOptions or None
+        How each stage is mapped.
+    map_one : callable
+        ``map_one(shard, chip_arch, reserved)``, as :func:`map_on_system` takes it.
+    ranks : sequence of numpy.ndarray
+        Per stage, the chips of its board in mesh position order.
+
+    Returns
+    -------
+    tuple
+        The stages' mapped programs in stage order, the
+        :class:`~tvm_spinn.timing.stages.PipelineTiming` and what the last stage holds on its
+        board (a :class:`~.budget.SystemState`).
+
+    Raises
+    ------
+    MappingError
+        When a stage does not fit its board, or its chips' DRAM does not hold the copies of its
+        state that the inputs in flight keep (:attr:`~tvm_spinn.timing.stages.PipelineTiming.in_flight`).
+    """
+    from ..timing.stages import handover_costs, pipeline_timing
+    from .memory import check_capacity
+    from .shard import stage_programs
+
+    # a whole board of the system as a system of its own (the same for every stage)
+    sub = arch.replace(chips=int(ranks[0].size), **(dict.fromkeys(FAULT_FIELDS, ()) if arch.has_faults else {}))
+    mapped, held = [], []
+    for stage in stage_programs(program, plan):
+        check_capacity(stage, sub)
+        shard, after = map_on_system(stage, sub, options, None, map_one, None)
+        mapped.append(shard)
+        held.append(after)
+    sends = handover_costs(topology_of(arch), plan.handovers, plan.stages, [r[:1] for r in ranks])
+    timing = pipeline_timing([p.timing.latency_s for p in mapped], sends)
+    # Each input in flight is a stream with its own state at every stage: a stage's chips hold
+    # that many copies of its state, the one its memory plan keeps in SRAM and the others in DRAM.
+    copies = timing.in_flight if timing.period_s > 0 else 1  # stages of no time hold one input
+    for k, (shard, after) in enumerate(zip(mapped, held)):
+        whole, in_sram = state_per_chip(shard)
+        extra = copies * whole - in_sram
+        if extra and after.dram + extra > sub.dram_bytes:
+            raise _StateCopiesError(f"stage {k} of {program.symbol}: {copies} inputs in flight keep {copies} copies of its "
+                               f"state ({whole} bytes a chip each, {in_sram} of them in SRAM): {after.dram + extra} "
+                               f"bytes of DRAM a chip needed, {sub.dram_bytes} available")
+        held[k] = replace(after, dram=after.dram + extra)
+    return tuple(mapped), timing, held[-1]
+
+
+def state_per_chip(program: Program) -> tuple[int, int]:
+    """``(state bytes, of them in SRAM)`` one chip of a mapped ``program`` holds of one copy of
+    its state (:func:`resident_state`: the inputs it keeps between calls, such as a KV cache):
+    in SRAM, the state its memory plan keeps resident (:func:`chip_bytes`)."""
+    every = resident_state(program, range(len(program.layers)))
+    kept = resident_state(program, program.mapping.resident_layers)
+    return chip_bytes(program, every), chip_bytes(program, kept)
+
+
+def chip_bytes(program: Program, tensors) -> int:
+    """Bytes of ``tensors`` (ids of ``program``) one chip of a system-mapped ``program`` holds:
+    its share of each under the shard plan (the plan's local shape; exact: a plan's shares
+    divide the tensors' extents); off the multi-chip path, the tensors' own bytes."""
+    shapes = recorded_plan(program).shapes if program.mapping.system is not None else None
+    out = 0
+    for t in sorted(int(t) for t in tensors):
+        x = program.tensors[t]
+        if shapes is None:
+            out += int(x.nbytes)
+        else:  # the tensor's bytes scaled by the chip's share of its elements
+            out += int(x.nbytes) * int(np.prod(shapes[t], dtype=np.int64)) // max(1, int(np.prod(x.shape, dtype=np.int64)))
+    return out
 
 
 def _handed_in(program: Program, topo, src: np.ndarray, arch: SpinnArch) -> Program:
@@ -728,13 +809,15 @@ class _StageCut:
 def overflow_message(ledger: SystemState, arch: SpinnArch) -> str:
     """The :class:`MappingError` text of a model that does not fit ``arch`` (``ledger``: the
     system's state after the build's last program)."""
-    chip_bytes = arch.dram_bytes + arch.pes_per_chip * arch.tile_sram_bytes
+    per_chip = arch.dram_bytes + arch.pes_per_chip * arch.tile_sram_bytes
     if ledger.shortfall is not None:
-        left, need, weights = ledger.shortfall
-        where = (f"no board holds region {ledger.overflow}: over pipeline stages (a whole board each) it needs at "
-                 f"least {need} boards (its {weights} bytes of weights, {arch.chips_per_board * chip_bytes} bytes a "
-                 f"board holds; more than the boards it was tried on), and {len(left)} whole board(s) were left to it "
-                 f"({', '.join(map(str, left)) or 'none'})")
+        left, need, weights, *why = ledger.shortfall
+        where = (f"no board holds region {ledger.overflow}: over pipeline stages (a whole board each) "
+                 + (f"it needs at least {need} boards (its {weights} bytes of weights, "
+                    f"{arch.chips_per_board * per_chip} bytes a board holds; more than the boards it was tried on), "
+                    "and " if need else "")
+                 + f"{len(left)} whole board(s) were left to it ({', '.join(map(str, left)) or 'none'})"
+                 + (f"; the most stages tried: {why[0]}" if why else ""))
     elif ledger.stage >= 0:
         boards = ledger.stage + 1
         where = (f"the smallest system that holds it is make_system(boards={boards}) "
@@ -743,7 +826,7 @@ def overflow_message(ledger: SystemState, arch: SpinnArch) -> str:
         where = (f"no system holds it: one program's smallest shard ({ledger.min_chip_bytes} bytes per chip) "
                  f"exceeds a chip's {arch.dram_bytes} bytes of DRAM")
     return (f"the model does not fit {arch.name} ({arch.chips} chips): its weights need {ledger.weights} bytes, "
-            f"the system holds {arch.chips * chip_bytes} bytes ({arch.dram_bytes} bytes of DRAM and "
+            f"the system holds {arch.chips * per_chip} bytes ({arch.dram_bytes} bytes of DRAM and "
             f"{arch.pes_per_chip * arch.tile_sram_bytes} bytes of SRAM per chip; first program over: "
             f"{ledger.overflow or '?'}); {where}")
 

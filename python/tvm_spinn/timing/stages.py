@@ -13,7 +13,10 @@ One input goes through every stage and every cut in turn, so the pipeline's late
 sum of the stages' latencies and the cuts' send times. In steady state (a stream of inputs)
 every stage works on its own input: a stage computes input ``k + 1`` while its links send
 input ``k`` on (the links are not the PEs), so one input leaves every *period*, the longest
-of the stages and the sends.
+of the stages and the sends. Keeping that pace takes :func:`inputs_in_flight` inputs in the
+pipeline at once; where they carry state (a KV cache, a recurrent state: each input a stream
+of its own, whose next input enters only once its last one has left), every stage holds that
+many copies of its state.
 
 Like :mod:`.collectives`, this module takes the link graph as an argument (a
 :class:`~tvm_spinn.target.topology.Topology`) and imports no target module.
@@ -29,7 +32,7 @@ import numpy as np
 
 from .collectives import point_to_point
 
-__all__ = ["HandoverCost", "PipelineTiming", "handover_costs", "pipeline_timing"]
+__all__ = ["HandoverCost", "PipelineTiming", "handover_costs", "pipeline_timing", "inputs_in_flight"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,42 @@ class PipelineTiming:
     def throughput_inf_s(self) -> float:
         """Inputs per second in steady state (``1 / period_s``)."""
         return 1.0 / self.period_s if self.period_s > 0 else 0.0
+
+    @property
+    def in_flight(self) -> int:
+        """Inputs in the pipeline at once in steady state (:func:`inputs_in_flight`)."""
+        return inputs_in_flight(self.latency_s, self.period_s)
+
+
+def inputs_in_flight(latency_s: float, period_s: float) -> int:
+    """Inputs a pipeline keeps in flight at once in steady state: one enters every ``period_s``
+    and each stays ``latency_s``, so ``ceil(latency_s / period_s)`` (Little's law; at least 1).
+
+    Where the inputs carry state between calls (a KV cache, a recurrent state), each is a stream
+    of its own: a stream's next input enters only once its last one has left, so keeping the
+    period takes this many streams, and every stage holds this many copies of its state.
+
+    Parameters
+    ----------
+    latency_s : float
+        One input's time through every stage and send.
+    period_s : float
+        The steady-state period (the longest stage or send).
+
+    Returns
+    -------
+    int
+
+    Raises
+    ------
+    ValueError
+        When a time is not finite and positive, or the period exceeds the latency.
+    """
+    if not (math.isfinite(latency_s) and math.isfinite(period_s) and 0 < period_s <= latency_s):
+        raise ValueError(f"inputs_in_flight: expected 0 < period_s <= latency_s, both finite; got period "
+                         f"{period_s!r} s, latency {latency_s!r} s")
+    # a latency that is a whole number of periods but for the sums' rounding keeps that number
+    return max(1, math.ceil(round(latency_s / period_s, 9)))
 
 
 def handover_costs(topo, handovers, stages: Sequence[int], ranks: Sequence[Sequence[int]]) -> tuple[HandoverCost, ...]:

@@ -36,67 +36,11 @@ from ..model import Layer
 from .elementwise import binary
 from .sharding import REPLICATE, GatherInput, ShardDecision, ShardingRule, shard
 from .m4f import Mix, mix_cycles
+from .rows import RowLoop, stepped_cycles
 from .base import ComputedFlat, MappingError, OpFamily, ceil_div, itemsize, register, starts, working_budget
 
-__all__ = ["Pool", "PoolGrad", "PoolCode", "PoolRowLoop", "POOL_CODE", "smallest_pool_tile_bytes", "max_pool2d_backward",
+__all__ = ["Pool", "PoolGrad", "PoolCode", "POOL_CODE", "smallest_pool_tile_bytes", "max_pool2d_backward",
            "pool_tile_cycles"]
-
-#: Columns of a window row per iteration of the pool kernel's innermost loop: LLVM unrolls the
-#: loop over a window row's columns by 4, then finishes the row's ``kw mod 4`` remaining columns
-#: one by one, each with its own address computation.
-POOL_COLUMN_UNROLL = 4
-
-
-@dataclass(frozen=True)
-class PoolRowLoop:
-    """One step of the pool kernel's loop over window rows, as the generated code executes it.
-
-    A step covers :attr:`PoolCode.step_rows` window rows, or the row left over when that is 2
-    and the window's height is odd. Its columns run in :data:`POOL_COLUMN_UNROLL`-wide
-    iterations, then one by one. Each piece is the difference of the executed instruction
-    counts between two windows, so a piece can hold a negative count where it turns another
-    piece's taken branch into a fall-through (a not-taken branch is counted as ``alu``).
-
-    Attributes
-    ----------
-    overhead : Mix
-        Once per step: the rows' addresses, the unrolled loop's entry and exit tests and the
-        step's loop branch.
-    group : Mix
-        Per full iteration of the unrolled column loop: 4 columns of each of the step's rows
-        (loads and arithmetic), the index increment, the compare and the branch back.
-    remainder : tuple of Mix
-        Per remaining column ``i + 1`` of the ``kw mod 4``, ``remainder[i]``; the first
-        recomputes the row's base address, each computes its column's address with a multiply.
-    short : Mix
-        Added when a row is narrower than 4 columns: the branch around the unrolled loop taken,
-        the loop's entry and exit tests not run.
-    """
-
-    overhead: Mix
-    group: Mix
-    remainder: tuple
-    short: Mix
-
-    def cycles(self, kw: int, arch) -> float:
-        """Cycles of one step over window rows of ``kw`` columns.
-
-        Parameters
-        ----------
-        kw : int
-            The window's width.
-        arch : SpinnArch
-            The TRM's prices (:func:`~.m4f.mix_cycles`).
-
-        Returns
-        -------
-        float
-            M4F cycles.
-        """
-        full, rest = divmod(int(kw), POOL_COLUMN_UNROLL)
-        return (mix_cycles(self.overhead, arch) + full * mix_cycles(self.group, arch)
-                + sum(mix_cycles(m, arch) for m in self.remainder[:rest])
-                + (mix_cycles(self.short, arch) if full == 0 else 0.0))
 
 
 @dataclass(frozen=True)
@@ -108,9 +52,9 @@ class PoolCode:
     ----------
     step_rows : int
         Window rows per step of the window-row loop (2 where LLVM unrolls it by 2).
-    step : PoolRowLoop
-        One step of ``step_rows`` window rows.
-    tail : PoolRowLoop or None
+    step : RowLoop
+        One step of ``step_rows`` window rows (its columns: the window's).
+    tail : RowLoop or None
         The ``kh mod step_rows`` row left over (None when ``step_rows`` is 1).
     output : Mix
         Per output: its accumulator's start, its store (``avg``: after the VDIV by its divisor)
@@ -127,8 +71,8 @@ class PoolCode:
     """
 
     step_rows: int
-    step: PoolRowLoop
-    tail: "PoolRowLoop | None"
+    step: RowLoop
+    tail: "RowLoop | None"
     output: Mix
     entry: Mix
     out_row: Mix
@@ -150,13 +94,7 @@ class PoolCode:
         float
             M4F cycles.
         """
-        steps, left = divmod(int(kh), self.step_rows)
-        cycles = mix_cycles(self.output, arch) + steps * self.step.cycles(kw, arch)
-        if steps:
-            cycles += mix_cycles(self.entry, arch)
-        if left:
-            cycles += self.tail.cycles(kw, arch)
-        return cycles
+        return float(stepped_cycles(self, mix_cycles(self.output, arch), int(kh), int(kw), arch))
 
 
 #: The pool kernels as the generated code executes them, per kind: the instruction classes of
@@ -170,7 +108,7 @@ class PoolCode:
 POOL_CODE = {
     "max_pool2d": PoolCode(
         step_rows=1,
-        step=PoolRowLoop(overhead=Mix(loads=1.0, alu=16.0),
+        step=RowLoop(overhead=Mix(loads=1.0, alu=16.0),
                          group=Mix(loads=4.0, fpu=24.0, alu=15.0, branches=1.0),
                          remainder=(Mix(loads=2.0, paired=1.0, fpu=7.0, alu=8.0), Mix(loads=1.0, fpu=7.0, alu=8.0),
                                     Mix(loads=1.0, fpu=5.0, alu=4.0)),
@@ -183,12 +121,12 @@ POOL_CODE = {
         setup=Mix(loads=16.0, paired=4.0, alu=31.0)),
     "avg_pool2d": PoolCode(
         step_rows=2,
-        step=PoolRowLoop(overhead=Mix(loads=6.0, paired=1.0, alu=24.0),
+        step=RowLoop(overhead=Mix(loads=6.0, paired=1.0, alu=24.0),
                          group=Mix(loads=8.0, fpu=9.0, alu=16.0, branches=2.0),
                          remainder=(Mix(loads=9.0, paired=6.0, fpu=3.0, alu=15.0), Mix(loads=5.0, fpu=2.0, alu=10.0),
                                     Mix(loads=6.0, fpu=2.0, alu=9.0, branches=-1.0)),
                          short=Mix(loads=-2.0, alu=-10.0, branches=5.0)),
-        tail=PoolRowLoop(overhead=Mix(loads=3.0, alu=12.0, branches=-1.0),
+        tail=RowLoop(overhead=Mix(loads=3.0, alu=12.0, branches=-1.0),
                          group=Mix(loads=4.0, fpu=5.0, alu=9.0, branches=1.0),
                          remainder=(Mix(loads=2.0, paired=1.0, fpu=2.0, alu=8.0), Mix(loads=1.0, fpu=1.0, alu=5.0),
                                     Mix(loads=1.0, fpu=1.0, alu=4.0)),

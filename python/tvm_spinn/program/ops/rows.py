@@ -91,7 +91,7 @@ from .sharding import REPLICATE, GatherInput, RowAllReduce, ShardDecision, Shard
 if TYPE_CHECKING:
     from ...target.arch import SpinnArch
 
-__all__ = ["Rows", "RowLoop", "RowPhase", "ROW_CODE", "ROW_RUN", "ROW_COLUMN_UNROLL", "row_tile_cycles", "LAYER_NORM_BLOCK", "BLOCKED", "smallest_row_tile_bytes", "softmax_tflite", "mean_tflite", "softmax_tflite_params",
+__all__ = ["Rows", "RowLoop", "RowPhase", "stepped_cycles", "ROW_CODE", "ROW_RUN", "ROW_COLUMN_UNROLL", "row_tile_cycles", "LAYER_NORM_BLOCK", "BLOCKED", "smallest_row_tile_bytes", "softmax_tflite", "mean_tflite", "softmax_tflite_params",
            "mean_tflite_params"]
 
 _F32 = np.float32
@@ -179,23 +179,27 @@ ROW_COLUMN_UNROLL = 4
 
 @dataclass(frozen=True)
 class RowLoop:
-    """One step of a row kernel's loop over rows, as the generated code executes it: one row, or
-    a pair of rows where LLVM unrolls the row loop by 2 (:attr:`RowPhase.step_rows`).
+    """One step of a kernel's loop over rows of columns, as the generated code executes it: a row
+    kernel's loop over a tile's rows (:class:`RowPhase`) or the pool kernel's loop over a
+    window's rows (:class:`~.pool.PoolCode`). A step is one row, or a pair of rows where LLVM
+    unrolls the loop by 2; its columns run in :data:`ROW_COLUMN_UNROLL`-wide iterations, then
+    one by one.
 
-    Each piece is the difference of the executed instruction counts between two tiles (1 to 4
-    rows of 1 to 8 columns), by class as :func:`~.m4f.mix_cycles` prices them, so a piece can
-    hold a negative count where it turns another piece's taken branch into a fall-through (a
-    not-taken branch is counted as ``alu``).
+    Each piece is the difference of the executed instruction counts between two tiles or
+    windows (1 to 4 rows of 1 to 8 columns), by class as :func:`~.m4f.mix_cycles` prices them,
+    so a piece can hold a negative count where it turns another piece's taken branch into a
+    fall-through (a not-taken branch is counted as ``alu``).
 
     Attributes
     ----------
-    row : Mix
-        Once per step: its loops' set-up and exits, the row's statistic loaded, stored or
-        finished (the divides of a mean, variance or reciprocal), the row loop's branch.
+    overhead : Mix
+        Once per step: its loops' set-up and exits and the step's loop branch (a row kernel's
+        statistic loaded, stored or finished, the divides of a mean, variance or reciprocal;
+        the pool kernel's row addresses).
     group : Mix
-        Per full iteration of the unrolled column loops: 4 columns of each of the phase's loops
-        over the step's rows (loads, arithmetic, stores, a blocked sum's block-end tests), the
-        index increments, the compares and the branches back.
+        Per full iteration of the unrolled column loops: 4 columns of each of the step's rows
+        and loops (loads, arithmetic, stores, a blocked sum's block-end tests), the index
+        increments, the compares and the branches back.
     remainder : tuple of Mix
         Per remaining column ``i + 1`` of the ``cols mod 4``, ``remainder[i]``.
     short : Mix
@@ -203,7 +207,7 @@ class RowLoop:
         taken, their entry and exit tests not run.
     """
 
-    row: Mix
+    overhead: Mix
     group: Mix
     remainder: tuple
     short: Mix
@@ -213,7 +217,7 @@ class RowLoop:
 
         Parameters
         ----------
-        cols : numpy.ndarray
+        cols : numpy.ndarray or int
             Columns of the rows (int64, >= 1).
         arch : SpinnArch
             The TRM's prices (:func:`~.m4f.mix_cycles`).
@@ -225,8 +229,35 @@ class RowLoop:
         """
         full, rest = np.divmod(np.asarray(cols, dtype=np.int64), ROW_COLUMN_UNROLL)
         rem = np.cumsum([0.0] + [mix_cycles(m, arch) for m in self.remainder])
-        return (mix_cycles(self.row, arch) + full * mix_cycles(self.group, arch) + rem[rest]
+        return (mix_cycles(self.overhead, arch) + full * mix_cycles(self.group, arch) + rem[rest]
                 + np.where(full == 0, mix_cycles(self.short, arch), 0.0))
+
+
+def stepped_cycles(code, base, rows, cols, arch) -> np.ndarray:
+    """``base`` cycles plus those of ``rows`` rows of ``cols`` columns run by ``code``'s loop over
+    rows.
+
+    Parameters
+    ----------
+    code : RowPhase or PoolCode
+        The loop: ``code.step_rows`` rows a step (``code.step``, a :class:`RowLoop`), the
+        ``rows mod step_rows`` row left over (``code.tail``, None when ``step_rows`` is 1) and
+        the unrolled loop's set-up ``code.entry`` once where there is a full step.
+    base : float
+        What the code runs besides the loop (a job's or an output's fixed cycles).
+    rows, cols : numpy.ndarray or int
+        Rows, and columns of each row (int64).
+    arch : SpinnArch
+        The TRM's prices, as :meth:`RowLoop.cycles` takes them.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``base`` plus the loop's M4F cycles (float64).
+    """
+    steps, left = np.divmod(np.asarray(rows, dtype=np.int64), code.step_rows)
+    cycles = base + steps * code.step.cycles(cols, arch) + np.where(steps > 0, mix_cycles(code.entry, arch), 0.0)
+    return cycles if code.tail is None else cycles + left * code.tail.cycles(cols, arch)
 
 
 @dataclass(frozen=True)
@@ -277,11 +308,7 @@ class RowPhase:
         numpy.ndarray
             M4F cycles (float64).
         """
-        steps, left = np.divmod(np.asarray(rows, dtype=np.int64), self.step_rows)
-        cycles = mix_cycles(self.job, arch) + steps * self.step.cycles(cols, arch)
-        if self.tail is not None:
-            cycles = (cycles + np.where(steps > 0, mix_cycles(self.entry, arch), 0.0)
-                      + left * self.tail.cycles(cols, arch))
+        cycles = stepped_cycles(self, mix_cycles(self.job, arch), rows, cols, arch)
         return cycles - np.where(last, 0.0, rows * mix_cycles(self.finish, arch))
 
 
@@ -301,31 +328,31 @@ ROW_RUN = Mix(loads=3.0, paired=7.0, fpu=1.0, alu=9.0, branches=-1.0)
 ROW_CODE = {
     "softmax": (
         RowPhase(job=Mix(loads=15.0, paired=36.0, alu=25.0, branches=5.0),
-                 step=RowLoop(row=Mix(loads=2.0, fpu=1.0, alu=14.0),
+                 step=RowLoop(overhead=Mix(loads=2.0, fpu=1.0, alu=14.0),
                          group=Mix(loads=4.0, fpu=32.0, alu=15.0, branches=1.0),
                          remainder=(Mix(loads=2.0, fpu=8.0, alu=8.0), Mix(loads=1.0, fpu=8.0, alu=5.0),
                                     Mix(loads=1.0, fpu=8.0, alu=4.0)),
                          short=Mix(alu=-6.0, branches=2.0))),
         RowPhase(job=Mix(loads=20.0, paired=42.0, alu=34.0, branches=8.0),
                  entry=Mix(loads=5.0, paired=1.0, alu=24.0, branches=2.0), step_rows=2,
-                 step=RowLoop(row=Mix(loads=8.0, paired=3.0, fpu=2.0, alu=52.0),
+                 step=RowLoop(overhead=Mix(loads=8.0, paired=3.0, fpu=2.0, alu=52.0),
                          group=Mix(loads=9.0, paired=15.0, fpu=16.0, alu=15.0, branches=4.0),
                          remainder=(Mix(loads=10.0, fpu=4.0, alu=22.0), Mix(loads=8.0, fpu=6.0, alu=16.0, branches=-1.0),
                                     Mix(loads=4.0, fpu=2.0, alu=8.0, branches=-1.0)),
                          short=Mix(alu=-23.0, branches=9.0)),
-                 tail=RowLoop(row=Mix(loads=6.0, paired=2.0, alu=32.0),
+                 tail=RowLoop(overhead=Mix(loads=6.0, paired=2.0, alu=32.0),
                          group=Mix(loads=6.0, paired=6.0, fpu=8.0, alu=13.0, branches=2.0),
                          remainder=(Mix(loads=3.0, fpu=2.0, alu=8.0), Mix(loads=4.0, fpu=3.0, alu=8.0, branches=-1.0),
                                     Mix(loads=2.0, fpu=1.0, alu=4.0)),
                          short=Mix(alu=-19.0, branches=6.0))),
         RowPhase(job=Mix(loads=13.0, paired=36.0, alu=18.0, branches=7.0),
                  entry=Mix(alu=11.0), step_rows=2,
-                 step=RowLoop(row=Mix(loads=2.0, alu=22.0),
+                 step=RowLoop(overhead=Mix(loads=2.0, alu=22.0),
                          group=Mix(loads=4.0, paired=12.0, divides=8.0, alu=6.0, branches=2.0),
                          remainder=(Mix(loads=6.0, divides=2.0, alu=10.0), Mix(loads=4.0, divides=2.0, alu=4.0),
                                     Mix(loads=4.0, divides=2.0, alu=3.0, branches=-1.0)),
                          short=Mix(alu=-12.0, branches=4.0)),
-                 tail=RowLoop(row=Mix(loads=2.0, alu=13.0, branches=-1.0),
+                 tail=RowLoop(overhead=Mix(loads=2.0, alu=13.0, branches=-1.0),
                          group=Mix(loads=2.0, paired=6.0, divides=4.0, alu=3.0, branches=1.0),
                          remainder=(Mix(loads=2.0, divides=1.0, alu=3.0), Mix(loads=2.0, divides=1.0, alu=2.0),
                                     Mix(loads=1.0, paired=1.0, divides=1.0, alu=1.0, branches=-1.0)),
@@ -334,20 +361,20 @@ ROW_CODE = {
     "layer_norm": (
         RowPhase(finish=Mix(loads=1.0, divides=1.0, alu=3.0),
                  job=Mix(loads=18.0, paired=34.0, fpu=3.0, alu=22.0, branches=4.0),
-                 step=RowLoop(row=Mix(loads=12.0, paired=3.0, fpu=2.0, divides=1.0, alu=27.0, branches=3.0),
+                 step=RowLoop(overhead=Mix(loads=12.0, paired=3.0, fpu=2.0, divides=1.0, alu=27.0, branches=3.0),
                          group=Mix(loads=2.0, paired=2.0, fpu=16.0, alu=41.0, branches=1.0),
                          remainder=(Mix(loads=2.0, paired=1.0, fpu=4.0, alu=13.0), Mix(loads=1.0, fpu=4.0, alu=13.0),
                                     Mix(loads=1.0, fpu=4.0, alu=12.0, branches=-1.0)),
                          short=Mix(loads=-1.0, paired=-1.0, alu=-11.0, branches=3.0))),
         RowPhase(finish=Mix(paired=1.0, fpu=1.0, divides=2.0, alu=3.0),
                  job=Mix(loads=18.0, paired=34.0, fpu=3.0, alu=22.0, branches=4.0),
-                 step=RowLoop(row=Mix(loads=13.0, paired=8.0, fpu=3.0, divides=2.0, alu=22.0, branches=2.0),
+                 step=RowLoop(overhead=Mix(loads=13.0, paired=8.0, fpu=3.0, divides=2.0, alu=22.0, branches=2.0),
                          group=Mix(loads=6.0, paired=2.0, fpu=24.0, alu=43.0, branches=1.0),
                          remainder=(Mix(loads=3.0, paired=1.0, fpu=6.0, alu=15.0), Mix(loads=2.0, fpu=6.0, alu=18.0),
                                     Mix(loads=2.0, fpu=6.0, alu=14.0, branches=-1.0)),
                          short=Mix(paired=-2.0, alu=-5.0, branches=3.0))),
         RowPhase(job=Mix(loads=13.0, paired=34.0, alu=22.0, branches=5.0),
-                 step=RowLoop(row=Mix(loads=2.0, alu=11.0),
+                 step=RowLoop(overhead=Mix(loads=2.0, alu=11.0),
                          group=Mix(loads=5.0, paired=11.0, fpu=8.0, divides=4.0, alu=6.0, branches=1.0),
                          remainder=(Mix(loads=4.0, paired=1.0, fpu=2.0, divides=1.0, alu=7.0), Mix(loads=4.0, paired=1.0, fpu=2.0, divides=1.0, alu=6.0),
                                     Mix(loads=4.0, fpu=2.0, divides=1.0, alu=5.0)),
@@ -356,13 +383,13 @@ ROW_CODE = {
     "rms_norm": (
         RowPhase(finish=Mix(paired=1.0, fpu=1.0, divides=3.0, alu=1.0, branches=-1.0),
                  job=Mix(loads=18.0, paired=37.0, fpu=4.0, alu=24.0, branches=3.0),
-                 step=RowLoop(row=Mix(loads=6.0, paired=4.0, fpu=3.0, divides=3.0, alu=15.0, branches=2.0),
+                 step=RowLoop(overhead=Mix(loads=6.0, paired=4.0, fpu=3.0, divides=3.0, alu=15.0, branches=2.0),
                          group=Mix(loads=2.0, paired=2.0, fpu=20.0, alu=41.0, branches=1.0),
                          remainder=(Mix(loads=3.0, paired=1.0, fpu=5.0, alu=14.0), Mix(loads=2.0, fpu=5.0, alu=13.0),
                                     Mix(loads=1.0, fpu=5.0, alu=12.0, branches=-1.0)),
                          short=Mix(loads=-1.0, paired=-2.0, alu=-8.0, branches=3.0))),
         RowPhase(job=Mix(loads=13.0, paired=36.0, alu=20.0, branches=4.0),
-                 step=RowLoop(row=Mix(loads=1.0, paired=1.0, alu=12.0),
+                 step=RowLoop(overhead=Mix(loads=1.0, paired=1.0, alu=12.0),
                          group=Mix(loads=3.0, paired=9.0, fpu=8.0, alu=6.0, branches=1.0),
                          remainder=(Mix(loads=4.0, paired=1.0, fpu=2.0, alu=7.0), Mix(loads=4.0, paired=1.0, fpu=2.0, alu=7.0),
                                     Mix(loads=4.0, fpu=2.0, alu=6.0)),
@@ -372,12 +399,12 @@ ROW_CODE = {
         RowPhase(finish=Mix(divides=1.0),
                  job=Mix(loads=11.0, paired=34.0, fpu=2.0, alu=16.0, branches=7.0),
                  entry=Mix(loads=2.0, alu=9.0), step_rows=2,
-                 step=RowLoop(row=Mix(loads=2.0, fpu=2.0, divides=2.0, alu=21.0),
+                 step=RowLoop(overhead=Mix(loads=2.0, fpu=2.0, divides=2.0, alu=21.0),
                          group=Mix(loads=4.0, paired=4.0, fpu=8.0, alu=6.0, branches=2.0),
                          remainder=(Mix(loads=2.0, fpu=2.0, alu=10.0), Mix(loads=4.0, fpu=4.0, alu=6.0, branches=-1.0),
                                     Mix()),
                          short=Mix(alu=-11.0, branches=6.0)),
-                 tail=RowLoop(row=Mix(loads=2.0, divides=1.0, alu=13.0, branches=-1.0),
+                 tail=RowLoop(overhead=Mix(loads=2.0, divides=1.0, alu=13.0, branches=-1.0),
                          group=Mix(loads=3.0, paired=1.0, fpu=4.0, alu=3.0, branches=1.0),
                          remainder=(Mix(loads=1.0, fpu=1.0, alu=3.0), Mix(loads=2.0, fpu=2.0, alu=3.0, branches=-1.0),
                                     Mix()),

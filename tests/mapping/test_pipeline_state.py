@@ -1,0 +1,101 @@
+"""A region mapped over pipeline stages keeps one input in flight per stream it rotates, each
+with its own state (a KV cache) at every stage: the ledger counts every copy, checked against
+a count of the schedule's inputs in flight and of each stage's bytes by hand."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tvm_spinn.mapping import map_program
+from tvm_spinn.mapping.planner import plan_system
+from tvm_spinn.mapping.system import recorded_plan, stage_programs_of
+from tvm_spinn.mapping.tiling import MappingError
+from tvm_spinn.program import Layer, Program, TensorDesc
+from tvm_spinn.target.arch import SpinnArch, make_system
+from tvm_spinn.timing.stages import inputs_in_flight
+
+K, M = 1024, 4
+
+
+def stateful(k: int = K, m: int = M, seed: int = 7) -> Program:
+    """Four dense layers of ``k x k`` float32 weights (a board of :func:`_arch` holds two) and,
+    after the second and the fourth, a matmul reading a state input ``s0`` / ``s1``
+    ``[k, m]`` (the right operand of a matmul: a KV cache, kept between calls)."""
+    rng = np.random.default_rng(seed)
+    t = [TensorDesc("x", [1, k], "float32", "input")]
+    t += [TensorDesc(f"w{i}", [k, k], "float32", "const") for i in range(4)]                      # 1..4
+    t += [TensorDesc("s0", [k, m], "float32", "input"), TensorDesc("s1", [k, m], "float32", "input")]  # 5, 6
+    t += [TensorDesc(f"y{i}", [1, k], "float32", "temp") for i in range(4)]                        # 7..10
+    t += [TensorDesc("a0", [1, m], "float32", "output"), TensorDesc("a1", [1, m], "float32", "output")]  # 11, 12
+    layers = [Layer(name="fc0", kind="dense", inputs=[0], output=7, consts={"weight": 1}, attrs={"relu": True}),
+              Layer(name="fc1", kind="dense", inputs=[7], output=8, consts={"weight": 2}, attrs={"relu": False}),
+              Layer(name="att0", kind="matmul", inputs=[8, 5], output=11),
+              Layer(name="fc2", kind="dense", inputs=[8], output=9, consts={"weight": 3}, attrs={"relu": True}),
+              Layer(name="fc3", kind="dense", inputs=[9], output=10, consts={"weight": 4}, attrs={"relu": False}),
+              Layer(name="att1", kind="matmul", inputs=[10, 6], output=12)]
+    consts = {1 + i: (rng.standard_normal((k, k)) / np.sqrt(k)).astype(np.float32) for i in range(4)}
+    return Program("main", SpinnArch(), t, [0, 5, 6], [11, 12], layers, constants=consts)
+
+
+def _arch(dram_kib: int):
+    return make_system(f"pp-state-{dram_kib}", boards=2, pes_per_chip=4, dram_bytes=dram_kib * 1024)
+
+
+def _in_flight_by_schedule(latency_s: float, period_s: float) -> int:
+    """Inputs in the pipeline at once: one enters every period and leaves ``latency_s`` later;
+    counted at instants of a steady-state period."""
+    return max(sum(1 for k in range(200) if k * period_s <= t < k * period_s + latency_s)
+               for t in np.linspace(150 * period_s, 151 * period_s, 101))
+
+
+@pytest.mark.parametrize("latency, period, n", [(7.0, 3.0, 3), (6.0, 3.0, 2), (3.0, 3.0, 1), (2.05e-3, 1e-3, 3)])
+def test_inputs_in_flight_by_hand(latency, period, n):
+    assert inputs_in_flight(latency, period) == n == _in_flight_by_schedule(latency, period)
+
+
+@pytest.mark.parametrize("latency, period", [(1.0, 0.0), (1.0, 2.0), (math.nan, 1.0), (math.inf, 1.0)])
+def test_inputs_in_flight_refuses_bad_times(latency, period):
+    with pytest.raises(ValueError, match="inputs_in_flight: expected 0 < period_s <= latency_s"):
+        inputs_in_flight(latency, period)
+
+
+def test_the_ledger_counts_a_state_copy_per_input_in_flight():
+    arch = _arch(64)
+    plan = plan_system([stateful()], arch)
+    (piped,), (region,) = plan.programs, plan.regions
+    pipe, t = piped.mapping.pipeline, piped.timing.pipeline
+    assert pipe is not None and len(pipe.stages) == 2
+    copies = _in_flight_by_schedule(t.latency_s, t.period_s)
+    assert copies == 3  # two stages and a send: a stream is back after just over two periods
+    # each stage holds its state (s0 in stage 0, s1 in stage 1) as its own shard plan places it
+    per_chip, in_sram, whole = [], [], 0
+    for k, stage in enumerate(stage_programs_of(piped)):
+        sid = next(i for i, x in enumerate(stage.tensors) if x.name == f"s{k}")
+        local = recorded_plan(stage).shapes[sid]
+        chip = int(np.prod(local)) * 4
+        per_chip.append(chip)
+        att = next(i for i, layer in enumerate(stage.layers) if layer.kind == "matmul")
+        in_sram.append(chip if att in stage.mapping.resident_layers else 0)
+        whole += chip * stage.mapping.system.chips
+    assert region.state_tensor_bytes == 2 * K * M * 4
+    assert region.state_bytes == copies * whole
+    assert region.state_sram_bytes == sum(s * st.mapping.system.chips for s, st in zip(in_sram, stage_programs_of(piped)))
+    # the build continues on the last stage's board: its DRAM holds the copies not in SRAM
+    last = stage_programs_of(piped)[-1]
+    board = arch.replace(chips=arch.chips_per_board)
+    alone = plan_system([last], board)
+    assert alone.programs[0].mapping == last.mapping
+    assert plan.final.dram == alone.final.dram + copies * per_chip[-1] - in_sram[-1] > alone.final.dram
+
+
+def test_stages_whose_chips_hold_one_copy_of_their_state_but_not_every_copy_are_refused():
+    # 24 KiB of DRAM a chip: one copy of a stage's state (16 KiB a chip) fits, the three that the
+    # inputs in flight keep do not (one of them in SRAM: 32 KiB in DRAM)
+    arch = _arch(24)
+    with pytest.raises(MappingError, match=r"stage 0 of main: 3 inputs in flight keep 3 copies of its state "
+                                           r"\(16384 bytes a chip each, 16384 of them in SRAM\): 32768 bytes of "
+                                           r"DRAM a chip needed, 24576 available"):
+        map_program(stateful(), arch)
