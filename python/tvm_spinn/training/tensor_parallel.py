@@ -5,7 +5,12 @@ projections are *column-parallel* (rank ``r`` owns the output features of its he
 block of the MLP's hidden features) and the attention-output and MLP-down projections are
 *row-parallel* (rank ``r`` owns the input features it receives from its column-parallel
 partner, and produces a partial sum of the full output). Attention runs head by head on the
-rank owning the head.
+rank owning the head. With grouped-query attention and more ranks than key/value heads, each
+key/value head is computed whole on the ``tp / kv_heads`` ranks whose query heads read it (its
+*replicas*); the gradient of its keys and values, a sum over those query heads, runs along the
+replicas in rank order (:func:`~tvm_spinn.training.tp_chain.group_sum`, the one-chip additions)
+and returns to each. The widths a model admits are
+:func:`~tvm_spinn.training.tp_chain.admissible_tp`'s, the planner's too.
 
 Which additions does the split move? A column-parallel GEMM's outputs are independent sums over
 the whole k range, computed on one rank each exactly as on one chip; so is every weight
