@@ -1120,7 +1120,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
     hand_on = comms.onboard(hand_src, hand_dst, act / tp if sp else act) if pp > 1 and tp_local else hand
     head_grid = split.head_grid()
     head_fwd = head_bwd = head_rs = head_ag = 0.0
-    from .tp_chain import vocab_leaves
+    from .tp_chain import kv_replicas, vocab_leaves
 
     v_leaves = vocab_leaves(spec.heads, spec.intermediate, spec.vocab)
 
@@ -1171,6 +1171,11 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
     # block's FLOPs count), each rank adding its leaves to the running sums one by one, and a
     # fixed-order reduce-scatter (or all-reduce) a reduction, every TP group at once
     canon = _tp_reductions(spec, tokens, tp, tp_groups, comms, arch, sp) if comms.reproducible and tp > 1 else None
+    # Megatron's split with more ranks than key/value heads: each replicated head's key and value
+    # gradients all-reduced over its replicas (the reproducible mode counts them in ``canon``)
+    kv_r = kv_replicas(spec.kv_heads, tp)
+    kv_ar = (comms.collective_parts("all_reduce", tp_groups.reshape(-1, kv_r), F32 * tokens * spec.head_dim)
+             if kv_r > 1 and canon is None else (0.0, 0.0))
     resident = _resident_share(arch)
     add_s = arch.m4f_elementwise_cycles / (arch.pes_per_chip * arch.clock_hz)  # one fp32 addition a chip
     per_stage = {}
@@ -1217,8 +1222,8 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
             # first stage the rows of its tokens instead (no reduction over its ranks)
             lookup = stage == 0 and not (heads and spec.tied_embeddings)
             n_f = (2 + (2 if split.recompute else 0)) * layers + lookup
-            tp_f, tp_b = n_f * ar, 2 * layers * ar
-            busy = (n_f + 2 * layers) * ar_busy
+            tp_f, tp_b = n_f * ar, 2 * layers * (ar + kv_ar[0])
+            busy = (n_f + 2 * layers) * ar_busy + 2 * layers * kv_ar[1]
             if canon is not None:  # the layers' reductions in the canonical order
                 tp_f = (1 + rc) * layers * canon["forward_s"] + lookup * ar
                 tp_b = layers * canon["backward_s"]
