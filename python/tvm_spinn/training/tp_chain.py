@@ -11,11 +11,11 @@ order into one accumulator: ``((l_0 + l_1) + l_2) + ...``. A fused projection of
 (GPT-2's ``c_attn``: Q, K and V, each split by heads) takes its leaf ``l`` as the ``l``-th slice
 of every part, in part order (one GEMM from zero over the concatenated slices), so a rank's
 leaves stay its own heads; so does the sum of separate projections' input gradients (Llama's
-``q/k/v_proj``, parts of unequal widths, and ``gate/up_proj``), one reduction of their parts. The widths a model admits are one rule,
-:func:`admissible_tp`, which the compiled step and the planner both apply; with more ranks than
-key/value heads each head is replicated on ``tp / kv_heads`` ranks, the key/value leaves are
-slices of a head's features, and the head's gradient is summed over its replicas' query heads in
-one fixed order (:func:`group_sum`).
+``q/k/v_proj``, parts of unequal widths, and ``gate/up_proj``), one reduction of their parts.
+The widths a model admits are one rule, :func:`admissible_tp`, which the compiled step and the
+planner both apply; with more ranks than key/value heads each head is replicated on
+``tp / kv_heads`` ranks, the key/value leaves are slices of a head's features, and the head's
+gradient is summed over its replicas' query heads in one fixed order (:func:`group_sum`).
 
 Every split computes exactly these additions (:func:`split_reduce` executes them rank by rank):
 the ranks compute their leaves' GEMMs at once (the parallel ``1 / tp`` share of Megatron's
