@@ -1337,16 +1337,19 @@ def _positive(name: str, value, allow_none: bool = True):
 def _axes(spec, global_batch: int, tp, pp, dp, micro_batch):
     """The sizes each axis may take; a given size that does not divide is an error naming the
     axis, what it must divide and the sizes that would work."""
-    from .tp_chain import admissible_tp
+    from .tp_chain import admissible_tp, canonical_leaves
 
     # the widths the compiled step builds (one rule for both: :func:`.tp_chain.admissible_tp`)
     tp_ok = admissible_tp(spec.heads, spec.kv_heads, spec.intermediate, spec.head_dim)
+    _, qkv_leaves = canonical_leaves(spec.heads, spec.kv_heads, spec.intermediate, spec.head_dim)
     pp_ok = _divisors(spec.layers)
     dp_ok = _divisors(global_batch)
     for name, value, ok, what in (
             ("tp", tp, tp_ok, f"the attention heads ({spec.heads}) and the intermediate size "
                               f"({spec.intermediate}), or is neither a divisor nor a multiple of the key/value "
-                              f"heads ({spec.kv_heads})"),
+                              f"heads ({spec.kv_heads}), or does not divide the {qkv_leaves} leaves of the "
+                              f"query/key/value input gradient (of {spec.kv_heads} x {spec.head_dim} key/value "
+                              "features)"),
             ("pp", pp, pp_ok, f"the layers ({spec.layers})"),
             ("dp", dp, dp_ok, f"the global batch ({global_batch} sequences)")):
         if value is not None and value not in ok:
