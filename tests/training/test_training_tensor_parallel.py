@@ -162,6 +162,31 @@ def test_bad_tensor_splits(options, target, message):
                                    target=target, parallel=options)
 
 
+class _ConfiguredMLP(torch.nn.Module):
+    """A transformers configuration naming heads and layers, but no projection to split."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.config = transformers.GPT2Config(n_head=2, n_layer=1)
+        self.fc = torch.nn.Linear(16, 10)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def test_tp_needs_a_projection_to_split():
+    """Nothing to split: at tp = 1 the step compiles as it is (no split layout); at tp = 2 the
+    error names the projections tp splits."""
+    model = _ConfiguredMLP()
+    x = torch.from_numpy(np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32))
+    one = tvm_spinn.training.compile(model, x, optimizer=ADAMW, target="spinn/board", parallel={"tp": 1})
+    assert one._tp_split is None
+    with pytest.raises(TrainingError, match=r"parallel: tp=2 splits a transformer's attention and MLP projections "
+                                            r"\(GPT-2 c_attn/c_proj/c_fc, Llama .*\) by heads; the model has none"):
+        tvm_spinn.training.compile(model, x, optimizer=ADAMW, target="spinn/board", parallel={"tp": 2})
+
+
 def test_tp_must_divide_the_split_features():
     """A head count tp divides but an MLP width it does not: the error names the layer's features."""
     model = gpt2(layers=1, hidden=32, vocab=64)
