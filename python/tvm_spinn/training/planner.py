@@ -1010,9 +1010,11 @@ def _tp_reductions(spec, tokens: int, tp: int, tp_groups: np.ndarray, comms: "_C
     sequence parallelism an all-gather of the block's input and a reduce-scatter of each
     reduction's leaves, else an all-reduce; the chain or the direct algorithm, each rank's
     ``leaves / tp`` leaves added one by one) and a rank's seconds adding its leaves to the running
-    sums on its cores (``"forward_add_s"``, ``"backward_add_s"``). The GEMMs are the ranks'
-    parallel ``1 / tp`` shares, as in Megatron's split."""
-    from .tp_chain import layer_reductions
+    sums on its cores (``"forward_add_s"``, ``"backward_add_s"``). With more ranks than key/value
+    heads the backward also all-reduces each replicated head's key and value gradients over its
+    replicas (:func:`~tvm_spinn.training.tp_chain.group_sum`). The GEMMs are the ranks' parallel
+    ``1 / tp`` shares, as in Megatron's split."""
+    from .tp_chain import kv_replicas, layer_reductions
 
     h, i, q, kv = _widths(spec)
     act = F32 * tokens * spec.hidden
@@ -1023,12 +1025,22 @@ def _tp_reductions(spec, tokens: int, tp: int, tp_groups: np.ndarray, comms: "_C
         gather = comms.collective_parts("all_gather", tp_groups, act) if sp else (0.0, 0.0)
         for kind, m, _, n, leaves, _ in layer_reductions(spec.family, h, q, kv, i, tokens, spec.heads,
                                                          spec.kv_heads):
-            per_rank = max(1, leaves // tp)
+            per_rank = leaves // tp  # every admissible tp divides the leaves (:func:`.tp_chain.admissible_tp`)
             s, busy = comms.collective_parts("reduce_scatter" if sp else "all_reduce", tp_groups, F32 * m * n,
                                              per_rank)
             out[f"{kind}_s"] += s
             out[f"{kind}_busy"] += busy
             out[f"{kind}_add_s"] += per_rank * m * n * add_s
+        replicas = kv_replicas(spec.kv_heads, tp)
+        if replicas > 1:
+            # a replicated key/value head: the gradients of its keys and values (every token, one
+            # head's features) summed over its replicas in rank order and returned to each
+            # (:func:`.tp_chain.group_sum`), one all-reduce each over every head's replicas at once
+            heads = tp_groups.reshape(-1, replicas)
+            for _ in ("keys", "values"):
+                s, busy = comms.collective_parts("all_reduce", heads, F32 * tokens * spec.head_dim)
+                out["backward_s"] += s
+                out["backward_busy"] += busy
         # an all-gather before each of the forward's two reductions (the block's input, the MLP's
         # input) and each of the backward's two (the inputs its weight gradients read)
         for kind in ("forward", "backward"):
@@ -1109,7 +1121,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
     hand_on = comms.onboard(hand_src, hand_dst, act / tp if sp else act) if pp > 1 and tp_local else hand
     head_grid = split.head_grid()
     head_fwd = head_bwd = head_rs = head_ag = 0.0
-    from .tp_chain import vocab_leaves
+    from .tp_chain import kv_replicas, vocab_leaves
 
     v_leaves = vocab_leaves(spec.heads, spec.intermediate, spec.vocab)
 
@@ -1160,6 +1172,11 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
     # block's FLOPs count), each rank adding its leaves to the running sums one by one, and a
     # fixed-order reduce-scatter (or all-reduce) a reduction, every TP group at once
     canon = _tp_reductions(spec, tokens, tp, tp_groups, comms, arch, sp) if comms.reproducible and tp > 1 else None
+    # Megatron's split with more ranks than key/value heads: each replicated head's key and value
+    # gradients all-reduced over its replicas (the reproducible mode counts them in ``canon``)
+    kv_r = kv_replicas(spec.kv_heads, tp)
+    kv_ar = (comms.collective_parts("all_reduce", tp_groups.reshape(-1, kv_r), F32 * tokens * spec.head_dim)
+             if kv_r > 1 and canon is None else (0.0, 0.0))
     resident = _resident_share(arch)
     add_s = arch.m4f_elementwise_cycles / (arch.pes_per_chip * arch.clock_hz)  # one fp32 addition a chip
     per_stage = {}
@@ -1206,8 +1223,8 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
             # first stage the rows of its tokens instead (no reduction over its ranks)
             lookup = stage == 0 and not (heads and spec.tied_embeddings)
             n_f = (2 + (2 if split.recompute else 0)) * layers + lookup
-            tp_f, tp_b = n_f * ar, 2 * layers * ar
-            busy = (n_f + 2 * layers) * ar_busy
+            tp_f, tp_b = n_f * ar, 2 * layers * (ar + kv_ar[0])
+            busy = (n_f + 2 * layers) * ar_busy + 2 * layers * kv_ar[1]
             if canon is not None:  # the layers' reductions in the canonical order
                 tp_f = (1 + rc) * layers * canon["forward_s"] + lookup * ar
                 tp_b = layers * canon["backward_s"]
@@ -1322,14 +1339,19 @@ def _positive(name: str, value, allow_none: bool = True):
 def _axes(spec, global_batch: int, tp, pp, dp, micro_batch):
     """The sizes each axis may take; a given size that does not divide is an error naming the
     axis, what it must divide and the sizes that would work."""
-    tp_ok = [t for t in _divisors(spec.heads) if (spec.kv_heads % t == 0 or t % spec.kv_heads == 0)
-             and spec.intermediate % t == 0]
+    from .tp_chain import admissible_tp, canonical_leaves
+
+    # the widths the compiled step builds (one rule for both: :func:`.tp_chain.admissible_tp`)
+    tp_ok = admissible_tp(spec.heads, spec.kv_heads, spec.intermediate, spec.head_dim)
+    _, qkv_leaves = canonical_leaves(spec.heads, spec.kv_heads, spec.intermediate, spec.head_dim)
     pp_ok = _divisors(spec.layers)
     dp_ok = _divisors(global_batch)
     for name, value, ok, what in (
             ("tp", tp, tp_ok, f"the attention heads ({spec.heads}) and the intermediate size "
                               f"({spec.intermediate}), or is neither a divisor nor a multiple of the key/value "
-                              f"heads ({spec.kv_heads})"),
+                              f"heads ({spec.kv_heads}), or does not divide the {qkv_leaves} leaves of the "
+                              f"query/key/value input gradient (of {spec.kv_heads} x {spec.head_dim} key/value "
+                              "features)"),
             ("pp", pp, pp_ok, f"the layers ({spec.layers})"),
             ("dp", dp, dp_ok, f"the global batch ({global_batch} sequences)")):
         if value is not None and value not in ok:
