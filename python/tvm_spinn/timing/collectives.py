@@ -760,9 +760,15 @@ def _played_schedule(trees: tuple, rates: tuple, hops: tuple, weight: tuple, mem
                      chunks: int, horizon: float) -> float:
     """:func:`_chunked_schedule` on hashable values: ``trees[j]`` tree ``j``'s edges ``(node,
     its parent, link parent to node, link node to parent)``, the links numbered into ``rates``
-    (bytes/s) and ``hops`` (seconds); ``weight[j]`` its share of the row."""
+    (bytes/s) and ``hops`` (seconds); ``weight[j]`` its share of the row.
+
+    Every (tree, node) is numbered and keeps, per chunk, how many tree neighbours it has the
+    chunk from (``heard``, and which: a bit per neighbour) and which it has passed it on to
+    (``sent``): a node passes a chunk on only once it has heard from all its neighbours but
+    one, so most arrivals end at a count, and the play runs as flat lists rather than sets."""
     import heapq
 
+    heappush, heappop = heapq.heappush, heapq.heappop
     adj = []  # per tree: node -> [(neighbour, directed link from node to it)]
     for edges in trees:
         nbrs: dict = {}
@@ -771,75 +777,91 @@ def _played_schedule(trees: tuple, rates: tuple, hops: tuple, weight: tuple, mem
             nbrs.setdefault(v, []).append((u, up))
         adj.append(nbrs)
     used = [j for j, w in enumerate(weight) if w > 0]
-    ahead: dict = {}  # (tree, u, v): latency from v to the farthest member beyond it
+    ids: dict = {}  # (tree, node) -> its number
     for j in used:
+        for u in sorted(adj[j]):
+            ids[j, u] = len(ids)
+    # per numbered node: its tree, its node, its neighbours in order as (their number, the link to
+    # them, the latency from them to the farthest member beyond, this node's place in their list)
+    owner = [key for key in ids]
+    out: list = [None] * len(ids)
+    for (j, u), n in ids.items():
         nbrs = adj[j]
-        for u in sorted(nbrs):
-            for v, _ in nbrs[u]:
-                far, stack = 0.0, [(v, u, 0.0)]
-                while stack:
-                    x, came, d = stack.pop()
-                    if x < members:
-                        far = max(far, d)
-                    stack += [(y, x, d + hops[l]) for y, l in nbrs[x] if y != came]
-                ahead[j, u, v] = far
-    got: dict = {}  # (tree, chunk, node) -> the neighbours it has the chunk from
-    sent: set = set()
-    queue: dict = {}  # link -> heap of (due, tree, chunk, from, to)
-    busy_until: dict = {}
-    events: list = []  # (time, order, link or None, arrival)
-    order = [0]
+        row = []
+        for v, link in nbrs[u]:
+            far, stack = 0.0, [(v, u, 0.0)]
+            while stack:
+                x, came, d = stack.pop()
+                if x < members:
+                    far = max(far, d)
+                stack += [(y, x, d + hops[l]) for y, l in nbrs[x] if y != came]
+            back = next(k for k, (y, _) in enumerate(nbrs[v]) if y == u)
+            row.append((ids[j, v], link, far, back))
+        out[n] = row
+    degree = [len(row) for row in out]
+    member = [u < members for _, u in owner]
+    due = [(c + 1) / chunks * horizon for c in range(chunks)]
+    part = [w * nbytes / chunks for w in weight]  # a chunk's bytes on each tree
+    heard = [0] * (len(ids) * chunks)  # per (node, chunk): how many neighbours it has the chunk from
+    heard_from = [0] * (len(ids) * chunks)  # and which (a bit per place in its list)
+    sent = [0] * (len(ids) * chunks)  # the neighbours it has passed the chunk on to
+    queue: list = [[] for _ in rates]  # per link: heap of (due, tree, chunk, from, to, to's number, place)
+    busy_until = [0.0] * len(rates)
+    starting: list = [None] * len(rates)  # per link: the time of its start event still in ``events``
+    events: list = []  # (time, order, link, None: the link may start its next chunk; else an arrival)
+    order = 0
 
-    starting: dict = {}  # link -> the time of its start event still in ``events``
-
-    def push(t, link, arrival=None):
-        if arrival is None:
-            # a start event where the edge is busy past t, or one already due at t, would find
-            # nothing to do: left out (the events that do something keep their order)
-            if busy_until.get(link, 0.0) > t or starting.get(link) == t:
-                return
-            starting[link] = t
-        order[0] += 1
-        heapq.heappush(events, (t, order[0], link, arrival))
-
-    def offer(t, j, c, u):
-        heard = got.get((j, c, u), ())
-        nbrs = adj[j][u]
-        for v, link in nbrs:
-            # u has the chunk from every tree neighbour but v (it hears only from its neighbours)
-            if len(heard) - (v in heard) == len(nbrs) - 1 and (j, c, u, v) not in sent:
-                sent.add((j, c, u, v))
-                heapq.heappush(queue.setdefault(link, []),
-                               ((c + 1) / chunks * horizon - ahead[j, u, v], j, c, u, v))
-                push(t, link)
+    def offer(t, n, c, at, count, need):
+        """Node ``n`` (``at``: its entry for chunk ``c``) has heard from ``count`` of its neighbours,
+        at least ``need`` (all but one): it passes the chunk on to each it may and has not yet."""
+        nonlocal order
+        got, done_to = heard_from[at], sent[at]
+        j, u = owner[n]
+        for k, (m, link, far, back) in enumerate(out[n]):
+            bit = 1 << k
+            # n has the chunk from every tree neighbour but this one
+            if count - (1 if got & bit else 0) == need and not done_to & bit:
+                done_to |= bit
+                heappush(queue[link], (due[c] - far, j, c, u, owner[m][1], m, back))
+                if busy_until[link] > t or starting[link] == t:
+                    continue  # its start event is due no later than t: nothing more to do now
+                starting[link] = t
+                order += 1
+                heappush(events, (t, order, link, None))
+        sent[at] = done_to
 
     for j in used:  # the leaves start (a node with more neighbours waits to hear from them)
-        leaves = [u for u in sorted(adj[j]) if len(adj[j][u]) == 1]
+        leaves = [ids[j, u] for u in sorted(adj[j]) if len(adj[j][u]) == 1]
         for c in range(chunks):
-            for u in leaves:
-                offer(0.0, j, c, u)
+            for n in leaves:
+                offer(0.0, n, c, n * chunks + c, 0, 0)
     done = 0.0
     while events:
-        t, _, link, arrival = heapq.heappop(events)
+        t, _, link, arrival = heappop(events)
         if arrival is None:  # an edge may start its next chunk
-            del starting[link]
-            if busy_until.get(link, 0.0) > t or not queue.get(link):
+            starting[link] = None
+            if busy_until[link] > t or not queue[link]:
                 continue
-            _, j, c, u, v = heapq.heappop(queue[link])
-            end = t + weight[j] * nbytes / chunks / rates[link]
+            _, j, c, _, _, m, back = heappop(queue[link])
+            end = t + part[j] / rates[link]
             busy_until[link] = end
-            push(end, link)
-            push(end + hops[link], link, (j, c, u, v))
+            starting[link] = end  # the link's next start, then the chunk's arrival past the hop
+            order += 1
+            heappush(events, (end, order, link, None))
+            order += 1
+            heappush(events, (end + hops[link], order, link, (m, c, back)))
         else:
-            j, c, u, v = arrival
-            got.setdefault((j, c, v), set()).add(u)
-            if v < members:
+            m, c, back = arrival
+            at = m * chunks + c
+            heard[at] = count = heard[at] + 1
+            heard_from[at] |= 1 << back
+            if member[m]:
                 done = max(done, t)
-            offer(t, j, c, v)
-    for j in used:  # every member has every chunk from all its tree neighbours
-        for m in (m for m in range(members) if m in adj[j]):
-            if any(got.get((j, c, m), set()) != {x for x, _ in adj[j][m]} for c in range(chunks)):
-                raise RuntimeError(f"packed tree {j} left member {m} without its sums (a tree that is not one)")
+            if count >= degree[m] - 1:  # else it has no neighbour to pass the chunk on to yet
+                offer(t, m, c, at, count, degree[m] - 1)
+    for n, (j, u) in enumerate(owner):  # every member has every chunk from all its tree neighbours
+        if member[n] and any(heard[n * chunks + c] != degree[n] for c in range(chunks)):
+            raise RuntimeError(f"packed tree {j} left member {u} without its sums (a tree that is not one)")
     return done
 
 
