@@ -220,6 +220,37 @@ def _forget(memo: dict, kind: str) -> None:
         del memo[key]
 
 
+def _local_links(graph, ranks: np.ndarray) -> tuple[dict, np.ndarray]:
+    """The group's own links: ``(member, nb)``, each rank's index in ``ranks`` and, per rank
+    index and direction, the neighbour's rank index (-1 where the neighbour is not a rank)."""
+    member = {int(r): i for i, r in enumerate(ranks)}
+    nb = np.array([[member.get(int(v), -1) for v in graph.neighbors[r]] for r in ranks], dtype=np.int64)
+    return member, nb
+
+
+def _breadth_first(nb: np.ndarray, sources) -> tuple[np.ndarray, list]:
+    """Breadth-first search over the group's own links (``nb``: :func:`_local_links`) from each
+    rank index of ``sources``: ``dist[i, v]``, rank ``v``'s hops from ``sources[i]`` (-1 where
+    the links do not reach it), and ``orders[i]``, the ranks in the order reached (the source,
+    then each frontier's neighbours in direction order: a parent before its children), which
+    the multicast trees take their ranks in."""
+    dist = np.full((len(sources), nb.shape[0]), -1, dtype=np.int64)
+    orders = []
+    for i, s in enumerate(sources):
+        dist[i, s], frontier, seen = 0, [s], [s]
+        while frontier:
+            nxt = []
+            for u in frontier:
+                for v in nb[u]:
+                    if v >= 0 and dist[i, v] < 0:
+                        dist[i, v] = dist[i, u] + 1
+                        nxt.append(int(v))
+            seen += nxt
+            frontier = nxt
+        orders.append(seen)
+    return dist, orders
+
+
 def _tree_walk(topo, ranks, member, choice, orders, c: int, step) -> tuple:
     """Walk the multicast trees ``choice[s, v]`` (the link into rank ``v`` of source ``s``'s
     tree) in each source's ``orders[s]`` (parents first): per (source, rank) the latency from the
@@ -254,26 +285,11 @@ def _multicast_trees(topo: "Topology", ranks: np.ndarray, sources: "int | None" 
     memo = topo.memo
     if key in memo:
         return memo[key]
-    member = {int(r): i for i, r in enumerate(ranks)}
-    # (rank, direction) -> neighbour rank index, -1 off the group
-    nb = np.array([[member.get(int(v), -1) for v in topo.neighbors[r]] for r in ranks], dtype=np.int64)
-    dist = np.full((c, c), -1, dtype=np.int64)
-    order = []  # per source: ranks in BFS order (parents before children)
-    for s in range(sources):
-        dist[s, s], frontier, seen = 0, [s], [s]
-        while frontier:
-            nxt = []
-            for u in frontier:
-                for v in nb[u]:
-                    if v >= 0 and dist[s, v] < 0:
-                        dist[s, v] = dist[s, u] + 1
-                        nxt.append(int(v))
-            seen += nxt
-            frontier = nxt
-        if len(seen) < c:
-            result = None
-            break
-        order.append(seen[1:])
+    member, nb = _local_links(topo, ranks)
+    dist, order = _breadth_first(nb, range(sources))  # per source: ranks in BFS order (parents first)
+    order = [seen[1:] for seen in order]
+    if (dist < 0).any():
+        result = None
     else:
         # candidate incoming links of rank v for source s: from each neighbour one hop closer
         cand = {}
@@ -329,21 +345,8 @@ def _spread_trees(graph, ranks: np.ndarray, sources: int, share_bytes: float):
         graph.memo[key] = None
         return None
     c = ranks.size
-    member = {int(r): i for i, r in enumerate(ranks)}
-    nb = np.array([[member.get(int(v), -1) for v in graph.neighbors[r]] for r in ranks], dtype=np.int64)
-    order = []
-    for s in range(sources):
-        seen, frontier, mark = [s], [s], {s}
-        while frontier:
-            nxt = []
-            for u in frontier:
-                for v in nb[u]:
-                    if v >= 0 and int(v) not in mark:
-                        mark.add(int(v))
-                        nxt.append(int(v))
-            seen += nxt
-            frontier = nxt
-        order.append(seen)
+    member, nb = _local_links(graph, ranks)
+    order = _breadth_first(nb, range(sources))[1]
     load = np.zeros(graph.nodes * 6)
     wait = share_bytes / graph.link_bw
     choice: dict = {}
@@ -418,9 +421,7 @@ def _negotiated_trees(graph, ranks: np.ndarray, sources: int, share_bytes: float
     if _multicast_trees(graph, ranks, sources) is None:  # the ranks' links do not connect them
         graph.memo[key] = None
         return None
-    c = ranks.size
-    member = {int(r): i for i, r in enumerate(ranks)}
-    nb = np.array([[member.get(int(v), -1) for v in graph.neighbors[r]] for r in ranks], dtype=np.int64)
+    member, nb = _local_links(graph, ranks)
     wait = share_bytes / graph.link_bw
     hop = graph.link_hop_s
     load, history = np.zeros(graph.nodes * 6), np.zeros(graph.nodes * 6)
@@ -606,8 +607,7 @@ def _packed_trees(graph, ranks: np.ndarray, members: int):
     if key in graph.memo:
         return graph.memo[key]
     c = ranks.size
-    member = {int(r): i for i, r in enumerate(ranks)}
-    nb = np.array([[member.get(int(v), -1) for v in graph.neighbors[r]] for r in ranks], dtype=np.int64)
+    nb = _local_links(graph, ranks)[1]
     has = nb >= 0
     nbr = np.where(has, nb, c)
     back = (np.arange(6) + 3) % 6
@@ -619,17 +619,8 @@ def _packed_trees(graph, ranks: np.ndarray, members: int):
     hop = graph.link_hop_s[glob]
     # hop distances from every node; a root (a node, or an edge) reaching every member in d
     # hops gives trees whose members are at most 2 d (2 d + 1) hops apart
-    dist = np.full((c, c), c, dtype=np.int64)
-    for s in range(c):
-        dist[s, s], frontier = 0, [s]
-        while frontier:
-            nxt = []
-            for u in frontier:
-                for v in nb[u]:
-                    if v >= 0 and dist[s, v] == c:
-                        dist[s, v] = dist[s, u] + 1
-                        nxt.append(int(v))
-            frontier = nxt
+    dist = _breadth_first(nb, range(c))[0]
+    dist[dist < 0] = c  # out of reach: farther than any path
     far = dist[:, :members].max(axis=1)
     u, k = np.nonzero(nb >= 0)
     keep = u < nb[u, k]
@@ -769,9 +760,15 @@ def _played_schedule(trees: tuple, rates: tuple, hops: tuple, weight: tuple, mem
                      chunks: int, horizon: float) -> float:
     """:func:`_chunked_schedule` on hashable values: ``trees[j]`` tree ``j``'s edges ``(node,
     its parent, link parent to node, link node to parent)``, the links numbered into ``rates``
-    (bytes/s) and ``hops`` (seconds); ``weight[j]`` its share of the row."""
+    (bytes/s) and ``hops`` (seconds); ``weight[j]`` its share of the row.
+
+    Every (tree, node) is numbered and keeps, per chunk, how many tree neighbours it has the
+    chunk from (``heard``, and which: a bit per neighbour) and which it has passed it on to
+    (``sent``): a node passes a chunk on only once it has heard from all its neighbours but
+    one, so most arrivals end at a count, and the play runs as flat lists rather than sets."""
     import heapq
 
+    heappush, heappop = heapq.heappush, heapq.heappop
     adj = []  # per tree: node -> [(neighbour, directed link from node to it)]
     for edges in trees:
         nbrs: dict = {}
@@ -780,75 +777,91 @@ def _played_schedule(trees: tuple, rates: tuple, hops: tuple, weight: tuple, mem
             nbrs.setdefault(v, []).append((u, up))
         adj.append(nbrs)
     used = [j for j, w in enumerate(weight) if w > 0]
-    ahead: dict = {}  # (tree, u, v): latency from v to the farthest member beyond it
+    ids: dict = {}  # (tree, node) -> its number
     for j in used:
+        for u in sorted(adj[j]):
+            ids[j, u] = len(ids)
+    # per numbered node: its tree, its node, its neighbours in order as (their number, the link to
+    # them, the latency from them to the farthest member beyond, this node's place in their list)
+    owner = [key for key in ids]
+    out: list = [None] * len(ids)
+    for (j, u), n in ids.items():
         nbrs = adj[j]
-        for u in sorted(nbrs):
-            for v, _ in nbrs[u]:
-                far, stack = 0.0, [(v, u, 0.0)]
-                while stack:
-                    x, came, d = stack.pop()
-                    if x < members:
-                        far = max(far, d)
-                    stack += [(y, x, d + hops[l]) for y, l in nbrs[x] if y != came]
-                ahead[j, u, v] = far
-    got: dict = {}  # (tree, chunk, node) -> the neighbours it has the chunk from
-    sent: set = set()
-    queue: dict = {}  # link -> heap of (due, tree, chunk, from, to)
-    busy_until: dict = {}
-    events: list = []  # (time, order, link or None, arrival)
-    order = [0]
+        row = []
+        for v, link in nbrs[u]:
+            far, stack = 0.0, [(v, u, 0.0)]
+            while stack:
+                x, came, d = stack.pop()
+                if x < members:
+                    far = max(far, d)
+                stack += [(y, x, d + hops[l]) for y, l in nbrs[x] if y != came]
+            back = next(k for k, (y, _) in enumerate(nbrs[v]) if y == u)
+            row.append((ids[j, v], link, far, back))
+        out[n] = row
+    degree = [len(row) for row in out]
+    member = [u < members for _, u in owner]
+    due = [(c + 1) / chunks * horizon for c in range(chunks)]
+    part = [w * nbytes / chunks for w in weight]  # a chunk's bytes on each tree
+    heard = [0] * (len(ids) * chunks)  # per (node, chunk): how many neighbours it has the chunk from
+    heard_from = [0] * (len(ids) * chunks)  # and which (a bit per place in its list)
+    sent = [0] * (len(ids) * chunks)  # the neighbours it has passed the chunk on to
+    queue: list = [[] for _ in rates]  # per link: heap of (due, tree, chunk, from, to, to's number, place)
+    busy_until = [0.0] * len(rates)
+    starting: list = [None] * len(rates)  # per link: the time of its start event still in ``events``
+    events: list = []  # (time, order, link, None: the link may start its next chunk; else an arrival)
+    order = 0
 
-    starting: dict = {}  # link -> the time of its start event still in ``events``
-
-    def push(t, link, arrival=None):
-        if arrival is None:
-            # a start event where the edge is busy past t, or one already due at t, would find
-            # nothing to do: left out (the events that do something keep their order)
-            if busy_until.get(link, 0.0) > t or starting.get(link) == t:
-                return
-            starting[link] = t
-        order[0] += 1
-        heapq.heappush(events, (t, order[0], link, arrival))
-
-    def offer(t, j, c, u):
-        heard = got.get((j, c, u), ())
-        nbrs = adj[j][u]
-        for v, link in nbrs:
-            # u has the chunk from every tree neighbour but v (it hears only from its neighbours)
-            if len(heard) - (v in heard) == len(nbrs) - 1 and (j, c, u, v) not in sent:
-                sent.add((j, c, u, v))
-                heapq.heappush(queue.setdefault(link, []),
-                               ((c + 1) / chunks * horizon - ahead[j, u, v], j, c, u, v))
-                push(t, link)
+    def offer(t, n, c, at, count, need):
+        """Node ``n`` (``at``: its entry for chunk ``c``) has heard from ``count`` of its neighbours,
+        at least ``need`` (all but one): it passes the chunk on to each it may and has not yet."""
+        nonlocal order
+        got, done_to = heard_from[at], sent[at]
+        j, u = owner[n]
+        for k, (m, link, far, back) in enumerate(out[n]):
+            bit = 1 << k
+            # n has the chunk from every tree neighbour but this one
+            if count - (1 if got & bit else 0) == need and not done_to & bit:
+                done_to |= bit
+                heappush(queue[link], (due[c] - far, j, c, u, owner[m][1], m, back))
+                if busy_until[link] > t or starting[link] == t:
+                    continue  # its start event is due no later than t: nothing more to do now
+                starting[link] = t
+                order += 1
+                heappush(events, (t, order, link, None))
+        sent[at] = done_to
 
     for j in used:  # the leaves start (a node with more neighbours waits to hear from them)
-        leaves = [u for u in sorted(adj[j]) if len(adj[j][u]) == 1]
+        leaves = [ids[j, u] for u in sorted(adj[j]) if len(adj[j][u]) == 1]
         for c in range(chunks):
-            for u in leaves:
-                offer(0.0, j, c, u)
+            for n in leaves:
+                offer(0.0, n, c, n * chunks + c, 0, 0)
     done = 0.0
     while events:
-        t, _, link, arrival = heapq.heappop(events)
+        t, _, link, arrival = heappop(events)
         if arrival is None:  # an edge may start its next chunk
-            del starting[link]
-            if busy_until.get(link, 0.0) > t or not queue.get(link):
+            starting[link] = None
+            if busy_until[link] > t or not queue[link]:
                 continue
-            _, j, c, u, v = heapq.heappop(queue[link])
-            end = t + weight[j] * nbytes / chunks / rates[link]
+            _, j, c, _, _, m, back = heappop(queue[link])
+            end = t + part[j] / rates[link]
             busy_until[link] = end
-            push(end, link)
-            push(end + hops[link], link, (j, c, u, v))
+            starting[link] = end  # the link's next start, then the chunk's arrival past the hop
+            order += 1
+            heappush(events, (end, order, link, None))
+            order += 1
+            heappush(events, (end + hops[link], order, link, (m, c, back)))
         else:
-            j, c, u, v = arrival
-            got.setdefault((j, c, v), set()).add(u)
-            if v < members:
+            m, c, back = arrival
+            at = m * chunks + c
+            heard[at] = count = heard[at] + 1
+            heard_from[at] |= 1 << back
+            if member[m]:
                 done = max(done, t)
-            offer(t, j, c, v)
-    for j in used:  # every member has every chunk from all its tree neighbours
-        for m in (m for m in range(members) if m in adj[j]):
-            if any(got.get((j, c, m), set()) != {x for x, _ in adj[j][m]} for c in range(chunks)):
-                raise RuntimeError(f"packed tree {j} left member {m} without its sums (a tree that is not one)")
+            if count >= degree[m] - 1:  # else it has no neighbour to pass the chunk on to yet
+                offer(t, m, c, at, count, degree[m] - 1)
+    for n, (j, u) in enumerate(owner):  # every member has every chunk from all its tree neighbours
+        if member[n] and any(heard[n * chunks + c] != degree[n] for c in range(chunks)):
+            raise RuntimeError(f"packed tree {j} left member {u} without its sums (a tree that is not one)")
     return done
 
 
