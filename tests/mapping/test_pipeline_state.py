@@ -1,6 +1,7 @@
-"""A region mapped over pipeline stages keeps one input in flight per stream it rotates, each
-with its own state (a KV cache) at every stage: the ledger counts every copy, checked against
-a count of the schedule's inputs in flight and of each stage's bytes by hand."""
+"""The DRAM ledger counts the state (a KV cache) a region streams: on one stage, each chip's
+copy under its shard plan; over pipeline stages, one copy per input in flight (each stream
+has its own state at every stage). Checked against a count of the schedule's inputs in flight
+and of each chip's bytes by hand."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from tvm_spinn.mapping import map_program
+from tvm_spinn.mapping import MappingOptions, map_program
 from tvm_spinn.mapping.planner import plan_system
 from tvm_spinn.mapping.system import recorded_plan, stage_programs_of
 from tvm_spinn.mapping.tiling import MappingError
@@ -88,7 +89,8 @@ def test_the_ledger_counts_a_state_copy_per_input_in_flight():
     board = arch.replace(chips=arch.chips_per_board)
     alone = plan_system([last], board)
     assert alone.programs[0].mapping == last.mapping
-    assert plan.final.dram == alone.final.dram + copies * per_chip[-1] - in_sram[-1] > alone.final.dram
+    # (alone, the stage's ledger holds one copy's DRAM part: the others come on top)
+    assert plan.final.dram == alone.final.dram + (copies - 1) * per_chip[-1] > alone.final.dram
 
 
 def test_stages_whose_chips_hold_one_copy_of_their_state_but_not_every_copy_are_refused():
@@ -99,3 +101,47 @@ def test_stages_whose_chips_hold_one_copy_of_their_state_but_not_every_copy_are_
                                            r"\(16384 bytes a chip each, 16384 of them in SRAM\): 32768 bytes of "
                                            r"DRAM a chip needed, 24576 available"):
         map_program(stateful(), arch)
+
+
+def _board(dram_kib: int):
+    return make_system(f"state-{dram_kib}", boards=1, pes_per_chip=4, dram_bytes=dram_kib * 1024)
+
+
+def _col_bytes(k: int, tp: int) -> int:
+    """A chip's share of a ``k x k`` float32 weight split ``tp`` ways (the last chips may hold less)."""
+    return -(-k // tp) * k * 4
+
+
+def test_a_streamed_state_is_counted_in_the_dram_of_each_chip():
+    # weights streamed: each chip's DRAM holds its share of the four weights and, as each chip
+    # reads the whole of a state too small to split (two [k, 64] float32 tensors), both of them
+    m = 64
+    plan = plan_system([stateful(m=m)], _board(1024), MappingOptions(weights="stream"))
+    (mapped,), (region,) = plan.programs, plan.regions
+    system = mapped.mapping.system
+    assert system.tp == system.chips and mapped.mapping.resident_layers == ()
+    state = 2 * K * m * 4
+    assert plan.final.dram == region.dram_bytes == 4 * _col_bytes(K, system.tp) + state
+    assert region.state_bytes == system.chips * state and region.state_sram_bytes == 0
+
+
+def test_state_kept_in_sram_neither_takes_dram_nor_frees_the_weights_dram():
+    # the memory plan keeps the state's readers resident (with the first two weights): the
+    # DRAM holds the other two weights' shares, and not the state
+    plan = plan_system([stateful()], _board(1024))
+    (mapped,), (region,) = plan.programs, plan.regions
+    system, resident = mapped.mapping.system, set(mapped.mapping.resident_layers)
+    attention = {i for i, layer in enumerate(mapped.layers) if layer.kind == "matmul"}
+    assert attention <= resident and region.state_sram_bytes == region.state_bytes > 0
+    streamed = [i for i, layer in enumerate(mapped.layers) if "weight" in layer.consts and i not in resident]
+    assert streamed and plan.final.dram == len(streamed) * _col_bytes(K, system.tp)
+
+
+def test_a_chip_whose_dram_does_not_hold_the_streamed_state_is_refused():
+    # each chip reads both [k, 256] float32 states whole: 2 MiB, twice a chip's 1 MiB of DRAM
+    # (the weights alone, 352 KiB a chip, fit: this was accepted while the ledger counted only them)
+    m, arch = 256, _board(1024)
+    assert 2 * K * m * 4 > arch.dram_bytes > 4 * _col_bytes(K, arch.chips_per_board)
+    with pytest.raises(MappingError, match=rf"its weights need {4 * K * K * 4} bytes and its state \(inputs kept "
+                                           rf"between calls, such as a KV cache\) {2 * K * m * 4} bytes"):
+        plan_system([stateful(m=m)], arch, MappingOptions(weights="stream"))

@@ -27,16 +27,20 @@ class SystemState:
         Resident weight bytes per PE of a chip of the stage (the shards are symmetric, so one
         chip stands for all); empty: nothing held.
     dram : int
-        Weight bytes per chip in the stage's DRAM.
+        Bytes per chip in the stage's DRAM: the streamed weight shards and the state (a KV
+        cache) the memory plans do not keep in SRAM, each chip's share under its shard plan.
     weights : int
         Full weight bytes of every region so far (names the smallest system that holds them).
     min_chip_bytes : int
-        The largest of the regions' smallest per-chip weight shards.
+        The largest of the regions' smallest per-chip shards (weights and state).
     overflow : str or None
         The symbol of the first region that did not fit the system.
     shortfall : tuple or None
         When that region fitted no board and too few whole boards were left for its pipeline
         stages: ``(board ids left to it, boards it needs at least, its weight bytes)``.
+    state : int
+        Full bytes of the state inputs of every region so far (one copy of each; see
+        :func:`~.system.resident_state`).
     """
 
     stage: int = 0
@@ -46,6 +50,7 @@ class SystemState:
     min_chip_bytes: int = 0
     overflow: str | None = None
     shortfall: tuple[tuple[int, ...], int, int] | None = None
+    state: int = 0
 
 
 @dataclass(frozen=True)
@@ -56,7 +61,7 @@ class RegionBudget:
     ----------
     held : SystemState
         What the build's other regions hold on the chips when this region is placed: its
-        resident weights get the SRAM they leave, its streamed weight shards the DRAM.
+        resident weights get the SRAM they leave, its streamed weight shards and state the DRAM.
     onchip_inputs : tuple of int
         Tensor ids of the region's inputs already in the chips' SRAM when it starts (handed over
         from the previous stage, or produced by an earlier region on the same chips): read over

@@ -71,8 +71,9 @@ class RegionPlan:
         Resident weight bytes per PE of each chip of its group that it adds (over pipeline
         stages: its last stage's, on the board the build continues on).
     dram_bytes : int
-        Weight bytes per chip it keeps in the stage's DRAM (over pipeline stages: its last
-        stage's).
+        Bytes per chip it keeps in the stage's DRAM: its streamed weight shards and the state
+        its memory plan does not keep in SRAM (over pipeline stages: its last stage's, with the
+        copies of the state the inputs in flight keep).
     state_bytes : int
         Bytes of the state inputs it reads (held on the chips between calls, such as a KV
         cache: inputs read only as the right operand of ``matmul`` layers), as its shard plan

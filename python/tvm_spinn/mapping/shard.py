@@ -670,6 +670,10 @@ def stage_plans(program: Program, plan: ShardPlan) -> tuple[ShardPlan, ...]:
     split: the stage's shard program holds what the sending chip sent), renumbered as the
     stage's program. The gathers of program outputs at the end go to the stage that writes
     the output, at its end.
+
+    The mapper does not call it (:func:`~.system.map_stages` plans each stage's program afresh
+    on its board); it states what a mesh plan with ``pp`` and other axes means for each stage,
+    the contract :func:`stage_programs` and :func:`shard_program` are checked against.
     """
     if plan.pp == 1:
         return (plan,)

@@ -13,7 +13,8 @@ For a system of more than one chip the driver (:func:`map_on_system`):
 3. takes the *state* of what the earlier programs of one build put on each chip (a
    :class:`~.budget.SystemState`, threaded by :func:`.planner.plan_system`): SRAM held by resident weights (a later program's weights are resident only
    in what is left: the aggregate SRAM decides, not each program alone) and DRAM holding the
-   streamed weight shards, checked against ``arch.dram_bytes``;
+   streamed weight shards and the state (a KV cache) not kept in SRAM, each chip's share under
+   its shard plan (:func:`dram_per_chip`), checked against ``arch.dram_bytes``;
 4. *pipeline parallelism across boards*: when the current stage (board) cannot hold a
    program's weight shard in its chips' DRAM, the program opens the next stage (the next
    board; the activations are handed over point to point); consecutive programs thus form
@@ -55,11 +56,11 @@ from ..timing.collectives import point_to_point
 from ..timing.model import DRAM, evaluate, transfers
 from ..timing.system import collective_cost, compose
 from .budget import SystemState
-from .memory import LEDGER_RESIDENT_SHARE, activation_label
+from .memory import LEDGER_RESIDENT_SHARE, activation_label, weight_bytes_per_pe
 from .shard import ROW_ALWAYS, ShardPlan, plan_shards, rule_of, shard_program
 from .tiling import MappingError, program_work
 
-__all__ = ["map_on_system", "resident_state", "TP_DEGREES", "SP_DEGREES", "overflow_message", "system_tables", "retime", "issued",
+__all__ = ["map_on_system", "resident_state", "dram_per_chip", "TP_DEGREES", "SP_DEGREES", "overflow_message", "system_tables", "retime", "issued",
            "group_ranks", "recorded_plan", "stage_ranks", "map_stages", "state_per_chip", "chip_bytes", "install_pipeline", "pipeline_tables",
            "stage_programs_of"]
 
@@ -90,6 +91,7 @@ class _Ledger:
     min_chip_bytes: int = 0
     overflow: str | None = None
     shortfall: tuple | None = None
+    state: int = 0
     cache: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -102,7 +104,7 @@ class _Ledger:
         sram[:len(state.sram)] = state.sram
         return cls(pes=pes, stage=state.stage, sram=sram, dram=state.dram, weights=state.weights,
                    min_chip_bytes=state.min_chip_bytes, overflow=state.overflow, shortfall=state.shortfall,
-                   cache=cache)
+                   state=state.state, cache=cache)
 
     def fresh(self) -> "_Ledger":
         return _Ledger(pes=self.pes)
@@ -110,7 +112,7 @@ class _Ledger:
     def frozen(self) -> SystemState:
         return SystemState(stage=self.stage, sram=tuple(int(v) for v in self.sram), dram=int(self.dram),
                            weights=int(self.weights), min_chip_bytes=int(self.min_chip_bytes), overflow=self.overflow,
-                           shortfall=self.shortfall)
+                           shortfall=self.shortfall, state=int(self.state))
 
 
 def stages_of(arch: SpinnArch) -> int:
@@ -143,6 +145,10 @@ def stage_ranks(arch: SpinnArch, plan: ShardPlan) -> tuple[np.ndarray, ...]:
     board and the system has a board per stage, else on chips ``s * n .. (s + 1) * n - 1``
     (``n``: the chips of a stage), as on part of a board. The position ``j`` of every stage is
     the same chip of its board, so a hand-over goes from each chip to its counterpart.
+
+    The mapper places a region's stages on whole boards (:func:`_pipeline_boards`); this also
+    places stages on part of a board, for pricing the sends of a mesh with a ``pp`` axis on a
+    system smaller than a board (:func:`tvm_spinn.timing.stages.handover_costs`).
 
     Raises
     ------
@@ -290,9 +296,31 @@ def _time_plan(program: Program, plan: ShardPlan, arch: SpinnArch, topo, map_one
     chip = _chip_arch(arch)
     shard, resident = map_one(shard_program(program, plan), chip, reserved)
     st, exec_cycles = _system_timing(program, plan, shard, shard.tiles.tables, chip, topo, onchip)
-    dram_need = sum(shard.tensors[t].nbytes for t in range(len(program.tensors)) if shard.tensors[t].role == "const") \
-        - int(shard.memory.resident_bytes_total)
-    return _TimedPlan(shard, st, max(0, dram_need), tuple(exec_cycles), resident)
+    return _TimedPlan(shard, st, sum(dram_per_chip(shard)), tuple(exec_cycles), resident)
+
+
+def dram_per_chip(shard: Program) -> tuple[int, int]:
+    """``(weight bytes, state bytes)`` a chip's DRAM holds of a shard mapped on one chip (the
+    :func:`~.shard.shard_program` of a plan: its tensors have the chip's local shapes).
+
+    The weights: the shard's constants less what its memory plan keeps resident of them. The
+    state (:func:`resident_state`: the inputs kept between calls, such as a KV cache): every
+    state tensor whose readers are not all resident streams from DRAM each call, so its copy
+    lives there (:func:`state_per_chip`). A resident reader's operand that is not a constant
+    (the state kept in SRAM, an activation) takes SRAM, never the weights' DRAM.
+    """
+    tables = shard.tiles.tables
+    operand = 0  # resident bytes of operands that are not constants
+    for i in shard.mapping.resident_layers:
+        layer = shard.layers[i]
+        rule = rule_of(layer)
+        if any(rule.cache_operand(layer, pos) and shard.tensors[t].role != "const"
+               for pos, t in enumerate(layer.inputs)):
+            operand += int(weight_bytes_per_pe(tables[i]).v.sum())
+    consts = sum(int(t.nbytes) for t in shard.tensors if t.role == "const")
+    weights = max(0, consts - (int(shard.memory.resident_bytes_total) - operand))
+    whole, in_sram = state_per_chip(shard)
+    return int(weights), int(whole - in_sram)
 
 
 @dataclass(frozen=True)
@@ -445,6 +473,7 @@ def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState
     topo = topology_of(arch)
     weights = sum(t.nbytes for t in program.tensors if t.role == "const")
     ledger.weights += weights
+    ledger.state += sum(program.tensors[t].nbytes for t in resident_state(program, range(len(program.layers))))
 
     def attempt(led: _Ledger):
         reserved = led.sram.copy()
@@ -672,10 +701,11 @@ def map_stages(program: Program, plan: ShardPlan, arch: SpinnArch, options, map_
     timing = pipeline_timing([p.timing.latency_s for p in mapped], sends)
     # Each input in flight is a stream with its own state at every stage: a stage's chips hold
     # that many copies of its state, the one its memory plan keeps in SRAM and the others in DRAM.
+    # The stage's own ledger (``after``) already holds one copy's DRAM part (:func:`dram_per_chip`).
     copies = timing.in_flight if timing.period_s > 0 else 1  # stages of no time hold one input
     for k, (shard, after) in enumerate(zip(mapped, held)):
         whole, in_sram = state_per_chip(shard)
-        extra = copies * whole - in_sram
+        extra = (copies - 1) * whole
         if extra and after.dram + extra > sub.dram_bytes:
             raise _StateCopiesError(f"stage {k} of {program.symbol}: {copies} inputs in flight keep {copies} copies of its "
                                f"state ({whole} bytes a chip each, {in_sram} of them in SRAM): {after.dram + extra} "
@@ -823,9 +853,10 @@ def overflow_message(ledger: SystemState, arch: SpinnArch) -> str:
         where = (f"the smallest system that holds it is make_system(boards={boards}) "
                  f"({boards * arch.chips_per_board} chips, one pipeline stage per board)")
     else:
-        where = (f"no system holds it: one program's smallest shard ({ledger.min_chip_bytes} bytes per chip) "
-                 f"exceeds a chip's {arch.dram_bytes} bytes of DRAM")
-    return (f"the model does not fit {arch.name} ({arch.chips} chips): its weights need {ledger.weights} bytes, "
+        where = (f"no system holds it: one program's smallest shard ({ledger.min_chip_bytes} bytes per chip of "
+                 f"weights and state) exceeds a chip's {arch.dram_bytes} bytes of DRAM")
+    state = f" and its state (inputs kept between calls, such as a KV cache) {ledger.state} bytes" if ledger.state else ""
+    return (f"the model does not fit {arch.name} ({arch.chips} chips): its weights need {ledger.weights} bytes{state}, "
             f"the system holds {arch.chips * per_chip} bytes ({arch.dram_bytes} bytes of DRAM and "
             f"{arch.pes_per_chip * arch.tile_sram_bytes} bytes of SRAM per chip; first program over: "
             f"{ledger.overflow or '?'}); {where}")
