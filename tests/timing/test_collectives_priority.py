@@ -45,6 +45,19 @@ def test_the_simulation_of_one_tree_is_the_timeline_by_hand(chunks):
                                1e-4) == pytest.approx(chunks * t + hop)
 
 
+def test_a_play_that_leaves_a_member_without_its_sums_is_refused():
+    """Two edges between the same two boards are no tree: neither board has heard from all its
+    neighbours but one, nothing is passed on, and the play names the member left without its
+    sums rather than returning a figure."""
+    twice = ((1, 0, 0, 1), (1, 0, 2, 3))  # (node, parent, link down, link up)
+    with pytest.raises(RuntimeError, match="packed tree 0 left member 0 without its sums"):
+        C._played_schedule((twice,), (1e8,) * 4, (4.5e-6,) * 4, (1.0,), 2, float(N), 4, 1e-4)
+    # one of the two edges is a tree: each board's four chunks cross it back-to-back, the last
+    # arriving after four chunks' time and the hop
+    assert C._played_schedule((twice[:1],), (1e8,) * 4, (4.5e-6,) * 4, (1.0,), 2, float(N), 4, 1e-4) == \
+        pytest.approx(N / 1e8 + 4.5e-6)
+
+
 @pytest.mark.parametrize("boards, group", [(4, range(3)), (24, range(16))])
 def test_the_priority_figure_is_its_schedule_played_out_and_above_the_floor(boards, group):
     topo, order = _setting(boards)
