@@ -356,3 +356,28 @@ def test_split_mean_chunks_against_executed_code():
     for j in range(bounds[-1]):
         want = want + x[:, j]
     np.testing.assert_array_equal(np.frombuffer(machine.read(py, 4 * rows), np.float32), want / np.float32(bounds[-1]))
+
+
+def test_clock_kept_as_blocks_run_equals_the_scan():
+    """The clock the MAC array's starts and waits read (:meth:`PeMachine.now`, kept block by
+    block) equals the executed cycles priced by scanning every executed block
+    (:func:`~tvm_spinn.pe.cycles.executed_cycles`) at each start and wait and at the end."""
+    from tvm_spinn.pe.cycles import executed_cycles
+    arch = SpinnArch()
+    image = role_image(("gemm_i8",))
+    machine = PeMachine(image.elf, image.name, 0, arch.acc_bits, arch)
+    seen = []
+    start, wait = machine._mac_run, machine._mac_wait
+
+    def check(fn):
+        def wrapped():
+            seen.append((machine.now(), executed_cycles(machine)[0]))
+            return fn()
+        return wrapped
+
+    machine._mac_run, machine._mac_wait = check(start), check(wait)
+    acc, want = _int8_tile(machine, 16, 64, 1024, 256, 2, np.random.default_rng(5))
+    np.testing.assert_array_equal(acc, want)
+    assert len(seen) > 10 and len({n for n, _ in seen}) > 10, seen
+    assert all(now == scan for now, scan in seen), seen
+    assert machine.now() == executed_cycles(machine)[0]

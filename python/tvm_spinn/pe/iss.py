@@ -7,7 +7,8 @@ runs job blocks from the reset vector (initial SP and ``_start`` from the vector
 emulator error (unmapped or misaligned access, undefined instruction) or a run past its
 instruction budget is raised as :class:`~.errors.IssFault` naming the PE, the image and the
 program counter. Executed basic blocks are counted (with taken branches), so :mod:`.cycles`
-can price the executed instructions; the cycles the M4F waits on the exp/log unit (its modelled
+can price the executed instructions, and the clock (:meth:`PeMachine.now`) advances block by
+block as they execute; the cycles the M4F waits on the exp/log unit (its modelled
 latency and rate, ``SpinnArch.exp_unit_latency_cycles`` and ``exp_unit_cycles``) are counted in
 :attr:`PeMachine.stall`.
 
@@ -98,6 +99,11 @@ class PeMachine:
         self.stall = 0.0
         self.blocks: dict[tuple[int, int], int] = {}
         self.taken: dict[tuple[int, int], int] = {}
+        #: cycles of the executed blocks so far (each whole, its exit priced as it leaves): the
+        #: clock, kept as the blocks run so a peripheral's start or wait never rescans them
+        self.block_cycles = 0
+        #: per block: (cycles falling through, extra cycles when its exit is taken)
+        self._prices: dict[tuple[int, int], tuple[int, int]] = {}
         self._prev = None
         self.uc.hook_add(UC_HOOK_BLOCK, self._on_block)
         self.mac_calls = 0
@@ -130,9 +136,9 @@ class PeMachine:
 
     def now(self) -> int:
         """The M4F's cycles since the counters were cleared (executed instructions, the current
-        basic block whole, and peripheral waits)."""
-        from .cycles import executed_cycles
-        return executed_cycles(self)[0]
+        basic block whole, and peripheral waits): :func:`~.cycles.executed_cycles`'s total,
+        kept as the blocks execute."""
+        return self.block_cycles - int(-self.stall // 1)
 
     def _mac_run(self) -> None:
         """Start the MAC array: int8 products into ``acc_bits``-bit wrapping accumulators, kept
@@ -202,15 +208,22 @@ class PeMachine:
         self.mac_pending = None
         self.blocks.clear()
         self.taken.clear()
+        self.block_cycles = 0
         self.stall = 0.0
 
     # -- execution -----------------------------------------------------------------------------
     def _on_block(self, uc, address, size, data):
         key = (address, size)
         self.blocks[key] = self.blocks.get(key, 0) + 1
+        price = self._prices.get(key)
+        if price is None:
+            from .cycles import block_price
+            price = self._prices[key] = block_price(self, address, size)
+        self.block_cycles += price[0]
         prev = self._prev
         if prev is not None and prev[0] + prev[1] != address:
             self.taken[prev] = self.taken.get(prev, 0) + 1
+            self.block_cycles += self._prices[prev][1]
         self._prev = key
 
     def read(self, address: int, nbytes: int) -> bytes:
