@@ -381,3 +381,65 @@ def test_clock_kept_as_blocks_run_equals_the_scan():
     assert len(seen) > 10 and len({n for n, _ in seen}) > 10, seen
     assert all(now == scan for now, scan in seen), seen
     assert machine.now() == executed_cycles(machine)[0]
+
+
+def _dma_tile(machine, src: np.ndarray, dims, strides, offset, e0, e1):
+    """Move output elements ``[e0, e1)`` of the strided view ``(dims, strides, offset)`` of
+    ``src`` with the ``dma`` kernel as the ``iss`` mode does; the moved elements."""
+    from tvm_spinn.pe.memory_map import DMA_DESC_WORDS
+    from tvm_spinn.program.ops.movement import dma_descriptors
+    eb = src.itemsize
+    remote = machine.place_remote(src.tobytes())
+    descs = dma_descriptors(dims, strides, offset, e0, e1)
+    pdst = machine.arena
+    pdesc = pdst + -(-eb * (e1 - e0) // 64) * 64
+    words = [[remote + eb * s, pdst + eb * d, eb, *c, *(eb * x for x in st)] for s, d, c, st in descs]
+    assert all(len(w) == DMA_DESC_WORDS for w in words)
+    machine.write(pdesc, (np.array(words, dtype=np.int64) & 0xFFFFFFFF).astype("<u4").tobytes())
+    machine.clear_counters()
+    machine.run([[pdesc, len(descs)]])
+    return np.frombuffer(machine.read(pdst, eb * (e1 - e0)), dtype=src.dtype), len(descs)
+
+
+@pytest.mark.parametrize("shape,axes,dtype", [((64, 96), (1, 0), np.float32), ((6, 5, 7), (2, 0, 1), np.float32),
+                                              ((2, 3, 4, 5, 6), (4, 2, 0, 3, 1), np.int8),
+                                              ((3, 1, 4, 5), (3, 1, 0, 2), np.int16)])
+def test_strided_movement_model_is_the_executed_code(shape, axes, dtype):
+    """A permutation's tiles moved by the ``dma`` kernel (strided descriptors, the engine an
+    element a cycle): the elements are numpy's transpose, and the timing model's tile cycles
+    (:func:`~tvm_spinn.program.ops.movement.strided_tile_cycles`, counted from this code) are
+    the executed cycles exactly, for tiles of one to many descriptors (boxes of more axes than
+    a descriptor holds included)."""
+    from tvm_spinn.program.ops.movement import strided_tile_cycles
+    from tvm_spinn.pe.cycles import executed_cycles
+    arch = SpinnArch()
+    image = role_image(("dma",))
+    machine = PeMachine(image.elf, image.name, 0, arch.acc_bits, arch)
+    src = np.arange(int(np.prod(shape))).astype(dtype).reshape(shape)
+    want = np.ascontiguousarray(np.transpose(src, axes)).reshape(-1)
+    view = np.transpose(np.empty(shape, np.uint8), axes)
+    dims = tuple(d for d in view.shape if d != 1)
+    strides = tuple(s for d, s in zip(view.shape, view.strides) if d != 1)
+    rng, n, seen = np.random.default_rng(3), want.size, set()
+    for e0, e1 in [(0, n), (1, n - 1), (0, 1), (n // 3, n // 3 + 7), *(sorted(rng.integers(0, n + 1, 2)) for _ in range(6))]:
+        if e1 <= e0:
+            continue
+        got, count = _dma_tile(machine, src.reshape(-1), dims, strides, 0, int(e0), int(e1))
+        np.testing.assert_array_equal(got, want[e0:e1])
+        modelled = strided_tile_cycles(dims, np.array([e0]), np.array([e1]), arch)[0]
+        assert modelled == executed_cycles(machine)[0], (e0, e1, count)
+        seen.add(count)
+    assert 1 in seen and max(seen) >= 3, seen
+
+
+def test_dma_transfer_outside_memory_faults():
+    """A descriptor whose source lies outside every mapped memory is an IssFault naming the PE,
+    the image and the program counter, not a crash."""
+    from tvm_spinn.pe.errors import IssFault
+    arch = SpinnArch()
+    image = role_image(("dma",))
+    machine = PeMachine(image.elf, image.name, 5, arch.acc_bits, arch)
+    words = np.array([0x9000_0000, machine.arena + 256, 4, 8, 1, 1, 1, 4, 0, 0, 0], dtype="<u4")
+    machine.write(machine.arena, words.tobytes())
+    with pytest.raises(IssFault, match=r"PE 5, image dma: DMA transfer of 8 elements from 0x90000000 .* at pc=0x"):
+        machine.run([[machine.arena, 1]])
