@@ -63,22 +63,29 @@ class _Op(torch.nn.Module):
         return self.fn(self.module, *xs)
 
 
-@pytest.mark.parametrize("name,fn,module,shapes", [
-    # held-out shapes and kinds (bench/iss.py calibrates on add and dense only)
-    pytest.param("softmax", lambda m, a: torch.softmax(a * 2.0, dim=-1), None, [(16, 80)], marks=pytest.mark.slow),
-    ("matmul", lambda m, a, b: a @ b, None, [(12, 40), (40, 20)]),
-    ("max_pool2d", lambda m, a: torch.nn.functional.max_pool2d(a * 2.0, 3, 2, 1), None, [(1, 4, 12, 12)]),
-    ("avg_pool2d", lambda m, a: torch.nn.functional.avg_pool2d(a * 2.0, 2, 2), None, [(1, 6, 10, 10)]),
-    ("avg_pool2d", lambda m, a: torch.nn.functional.avg_pool2d(a * 2.0, 4, 4), None, [(1, 4, 16, 16)]),
+@pytest.mark.parametrize("name,fn,module,shapes,tol", [
+    # held-out shapes and kinds (bench/iss.py calibrates on add and dense only); each tolerance
+    # is the error the model has plus a margin, so that a change of the code or the model fails
+    pytest.param("softmax", lambda m, a: torch.softmax(a * 2.0, dim=-1), None, [(16, 80)], 0.005,
+                 marks=pytest.mark.slow),
+    ("matmul", lambda m, a, b: a @ b, None, [(12, 40), (40, 20)], 0.02),                          # 1.3%
+    ("max_pool2d", lambda m, a: torch.nn.functional.max_pool2d(a * 2.0, 3, 2, 1), None, [(1, 4, 12, 12)], 0.005),
+    ("avg_pool2d", lambda m, a: torch.nn.functional.avg_pool2d(a * 2.0, 2, 2), None, [(1, 6, 10, 10)], 0.005),
+    ("avg_pool2d", lambda m, a: torch.nn.functional.avg_pool2d(a * 2.0, 4, 4), None, [(1, 4, 16, 16)], 0.005),
+    ("permute_dims", lambda m, a: (a * 2.0).permute(2, 0, 1), None, [(6, 10, 12)], 0.0),
 ])
-def test_timing_model_within_ten_percent_of_executed_code(name, fn, module, shapes):
+def test_timing_model_against_executed_code(name, fn, module, shapes, tol):
     """The timing model's M4F cost of every tile (its structural instruction mix priced by the
-    TRM) against the cycles of the generated code as executed, summed over the layer."""
+    TRM) against the cycles of the generated code as executed, summed over the layer (less
+    what a split row's chain waits for, which is not executed code: its
+    ``chain_wait``)."""
     from tvm import relax
 
     import tvm_spinn
+    from tvm_spinn.mapping.schedule import derive_tables
     from tvm_spinn.pe import run_program_iss
     from tvm_spinn.pe.view import layer_kind
+    from tvm_spinn.program.ops.base import family_of
 
     torch.manual_seed(0)
     xs = tuple(torch.randn(*s) for s in shapes)
@@ -90,7 +97,13 @@ def test_timing_model_within_ten_percent_of_executed_code(name, fn, module, shap
     assert layer_kind(program, index) == name
     rows = [r for r in record if r.layer == index]
     modelled, executed = sum(r.modelled for r in rows), sum(r.cycles for r in rows)
-    assert abs(modelled - executed) <= 0.10 * executed, (modelled, executed)
+    family = family_of(name)
+    if hasattr(family, "chain_wait"):
+        table = derive_tables(program, program.arch)[index]
+        wait = family.chain_wait(program, program.layers[index], program.arch, program.mapping.layers[index].tile,
+                                 table.lo, table.hi)
+        modelled -= float(sum(wait[r.tile] for r in rows))
+    assert abs(modelled - executed) <= tol * executed, (modelled, executed)
 
 
 #: pool windows ``(kh, kw, strides, dilation)`` none of which the pool kernels' mixes were read at
@@ -138,7 +151,8 @@ def test_pool_model_per_window_against_executed_code(op):
             np.testing.assert_array_equal(got, total / np.float32(kh * kw))
         executed = executed_cycles(machine)[0]
         modelled = float(pool_tile_cycles(f"{op}_pool2d", np.int64(planes), np.int64(rows), ow, kh, kw, arch))
-        assert abs(modelled - executed) <= 0.10 * executed, (kh, kw, stride, dil, modelled, executed)
+        # the windows' largest error is 0.25%
+        assert abs(modelled - executed) <= 0.005 * executed, (kh, kw, stride, dil, modelled, executed)
 
 
 #: row-kernel tiles ``(rows, columns)`` none of which the row kernels' mixes were read at (those:
@@ -197,11 +211,11 @@ def test_row_model_against_executed_code(kind):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
         executed = executed_cycles(machine)[0]
         modelled = float(row_tile_cycles(kind, np.int64(rows), np.int64(cols), arch))
-        assert abs(modelled - executed) <= 0.10 * executed, (kind, rows, cols, modelled, executed)
+        assert modelled == executed, (kind, rows, cols, modelled, executed)  # the loops' counts: exact
 
 
-@pytest.mark.parametrize("op", ["matmul", "dense"])
-def test_int8_model_within_ten_percent_of_executed_code(op):
+@pytest.mark.parametrize("op,tol", [("matmul", 0.03), ("dense", 0.05)])  # errors 2.3% and 4.4%
+def test_int8_model_against_executed_code(op, tol):
     """The int8 GEMM kernel's cost model (its instruction mixes priced by the TRM, the MAC array's
     runs overlapped as the kernel's pipeline overlaps them) against the executed cycles of every
     tile, the waits on the array included: a matmul of two activations with both zero points
@@ -253,8 +267,8 @@ def test_int8_model_within_ten_percent_of_executed_code(op):
         m4f += float(int8_m4f_cycles(vm, vn, g.k, splits_of(g.k, kc), arch, side))
     executed = sum(r.cycles for r in record)
     m4f_executed = executed - sum(r.waited for r in record)
-    assert abs(modelled - executed) <= 0.10 * executed, (modelled, executed)
-    assert abs(m4f - m4f_executed) <= 0.10 * m4f_executed, (m4f, m4f_executed)
+    assert abs(modelled - executed) <= tol * executed, (modelled, executed)
+    assert abs(m4f - m4f_executed) <= tol * m4f_executed, (m4f, m4f_executed)
 
 
 def _int8_tile(machine, rows, cols, k, chunk, flags, rng):
@@ -268,13 +282,14 @@ def _int8_tile(machine, rows, cols, k, chunk, flags, rng):
     return acc, (a.astype(np.int64) @ b.astype(np.int64)).astype(np.int32)
 
 
-@pytest.mark.parametrize("rows,cols,k,chunk,flags", [(16, 64, 1024, 256, 2), (1, 64, 2048, 511, 2),
-                                                     (32, 40, 600, 511, 0), (7, 10, 300, 100, 14)])
-def test_int8_pipeline_exact_overlapped_and_modelled(rows, cols, k, chunk, flags):
+# tolerances: the model's error (0.5%, 2.1%, 0.1%, 1.7%) and a margin
+@pytest.mark.parametrize("rows,cols,k,chunk,flags,tol", [(16, 64, 1024, 256, 2, 0.01), (1, 64, 2048, 511, 2, 0.03),
+                                                         (32, 40, 600, 511, 0, 0.005), (7, 10, 300, 100, 14, 0.025)])
+def test_int8_pipeline_exact_overlapped_and_modelled(rows, cols, k, chunk, flags, tol):
     """The int8 kernel's software pipeline run directly on tiles of several column blocks and
     reduction chunks: the accumulator holds the exact sums (the array's blocks land in the right
     columns, the alternating scratch blocks are added once each); the executed cycles, the MAC
-    array running concurrently, are within 10% of the pipeline's cost model, and below the
+    array running concurrently, are within ``tol`` of the pipeline's cost model, and below the
     M4F's and the array's cycles one after the other wherever both are substantial."""
     from tvm_spinn.pe.cycles import executed_cycles
     from tvm_spinn.program.ops.gemm.geometry import (Int8Side, int8_block_columns, int8_m4f_cycles,
@@ -287,7 +302,7 @@ def test_int8_pipeline_exact_overlapped_and_modelled(rows, cols, k, chunk, flags
     executed = executed_cycles(machine)[0]
     side = Int8Side(row_sums=bool(flags & 4), col_sums=bool(flags & 8), int32_out=not flags & 2)
     modelled = int8_pipelined_cycles(rows, cols, k, chunk, arch, side)
-    assert abs(modelled - executed) <= 0.10 * executed, (modelled, executed)
+    assert abs(modelled - executed) <= tol * executed, (modelled, executed)
     cb = int8_block_columns(rows, cols, arch)
     array = sum(int(mac_passes(rows, min(cb, cols - j), arch)) for j in range(0, cols, cb)) * (
         k + splits_of(k, chunk) * arch.mac_readout_cycles)
@@ -350,8 +365,9 @@ def test_split_mean_chunks_against_executed_code():
         machine.run([[px, part, py, rows, c1 - c0, (1 if k == 0 else 0) | (2 if last else 0), bounds[-1]]])
         executed = executed_cycles(machine)[0]
         modelled = float(row_tile_cycles("mean", np.int64(rows), np.int64(c1 - c0), arch, last=last))
-        # within 3%: a chunk charged the row's finish (a VDIV per row) would be 10% over
-        assert abs(modelled - executed) <= 0.03 * executed, (k, modelled, executed)
+        # within 2% (the largest error is 1.4%): a chunk charged the row's finish (a VDIV per
+        # row) would be 10% over
+        assert abs(modelled - executed) <= 0.02 * executed, (k, modelled, executed)
     want = np.zeros(rows, np.float32)
     for j in range(bounds[-1]):
         want = want + x[:, j]

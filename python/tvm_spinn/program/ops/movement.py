@@ -71,6 +71,8 @@ def strided_source(program, layer: Layer) -> "tuple[tuple[int, ...], tuple[int, 
     # a byte per element and no data read: the view's strides and start are the element map
     x = np.lib.stride_tricks.as_strided(base, shape=ishape, strides=contiguous, writeable=False)
     v = moved(layer, [x], oshape)
+    if v.shape != oshape:
+        raise ValueError(f"layer {layer.name!r}: its input {ishape} moves to {v.shape}, not its output {oshape}")
     offset = v.__array_interface__["data"][0] - base.__array_interface__["data"][0]
     dims, strides = [], []
     for d, st in zip(v.shape, v.strides):
@@ -109,6 +111,18 @@ def dma_descriptors(dims, strides, offset: int, e0: int, e1: int) -> list[tuple[
             out.append((start, p - e0 + n * inner_n, inner_c[::-1], inner_s[::-1]))
         p += m * units[k]
     return out
+
+
+def _strided_dims(program, layer: Layer) -> tuple[int, ...]:
+    """The extents of a strided view (:func:`strided_source`) for its descriptor count; where
+    the tensors are a shard's whose input no longer fits the layer (a system plan times one
+    shard, its output cut but not always its input), the output's non-unit extents unmerged
+    (at least the merged view's descriptors)."""
+    try:
+        return strided_source(program, layer)[0]
+    except (ValueError, IndexError):
+        shape = tuple(int(d) for d in program.tensors[layer.output].shape if int(d) != 1)
+        return shape or (1,)
 
 
 def dma_descriptor_count(dims, e0: int, e1: int) -> int:
@@ -447,9 +461,8 @@ class Movement(FlatFamily):
         ie = itemsize(program, layer.inputs[0])
         oe = itemsize(program, layer.output)
         e = (hi - lo)[:, 0]
-        view = strided_source(program, layer)
-        if view is not None:
-            cycles = np.ceil(strided_tile_cycles(view[0], lo[:, 0], hi[:, 0], arch))
+        if layer.kind in STRIDED_KINDS:
+            cycles = np.ceil(strided_tile_cycles(_strided_dims(program, layer), lo[:, 0], hi[:, 0], arch))
         else:
             cycles = np.ceil(e * self.cycles_per_element(layer, arch))
         return 2 * (ie + oe) * e, ie * e, 0, oe * e, cycles
