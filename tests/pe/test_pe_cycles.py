@@ -169,7 +169,7 @@ def test_row_model_against_executed_code(kind):
     their remainder, some row loops unrolled by 2, what each row finishes once), and the
     outputs against the kernels' defining sums in float64."""
     from tvm_spinn.pe.cycles import executed_cycles
-    from tvm_spinn.program.ops.rows import row_tile_cycles
+    from tvm_spinn.program.ops.rows import ROW_CODE, row_tile_cycles
 
     arch = SpinnArch()
     image = role_image((kind,))
@@ -189,11 +189,11 @@ def test_row_model_against_executed_code(kind):
         if kind == "mean":
             jobs = [[px, pst, py, rows, cols, 3, cols]]
         elif kind == "softmax":
-            jobs = [[px, py, pst, rows, cols, ph, 3] for ph in range(3)]
+            jobs = [[px, py, pst, rows, cols, ph, 3] for ph in range(len(ROW_CODE[kind]))]
         elif kind == "layer_norm":
-            jobs = [[px, py, pst, pw, pb, rows, cols, ph, 3 | 4 | 8, 0, cols, eps] for ph in range(3)]
+            jobs = [[px, py, pst, pw, pb, rows, cols, ph, 3 | 4 | 8, 0, cols, eps] for ph in range(len(ROW_CODE[kind]))]
         else:
-            jobs = [[px, py, pst, pw, rows, cols, ph, 3 | 4, 0, cols, eps] for ph in range(2)]
+            jobs = [[px, py, pst, pw, rows, cols, ph, 3 | 4, 0, cols, eps] for ph in range(len(ROW_CODE[kind]))]
         machine.clear_counters()
         machine.run(jobs)
         xd = x.astype(np.float64)

@@ -358,12 +358,12 @@ def _run_dma(run: _Run, index: int, env, table) -> np.ndarray:
     eb = dtype.itemsize
     out = np.empty(view.tensor_shape(p, out_id), dtype=dtype)
     flat = out.reshape(-1).view(np.uint8)
-    src = np.ascontiguousarray(env[view.layer_inputs(p, index)[0]], dtype=dtype).reshape(-1).view(np.uint8)
+    src = np.ascontiguousarray(env[view.layer_inputs(p, index)[0]], dtype=dtype).tobytes()
     dims, strides, offset = strided_source(p, layer)
     for t in range(len(table)):
         e0, e1 = int(table.lo[t, 0]), int(table.hi[t, 0])
         m = run.machine(index, int(table.pe[t]))
-        remote = m.place_remote(src.tobytes(), key=("dma", index))
+        remote = m.place_remote(src, key=("dma", index))  # the input where the DMA reads it
         piece = max(16, (ARENA_END - m.arena) // (2 * eb) // 16 * 16)
         for s0 in range(e0, e1, piece):
             s1 = min(s0 + piece, e1)
