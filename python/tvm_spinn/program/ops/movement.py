@@ -125,17 +125,28 @@ def _strided_dims(program, layer: Layer) -> tuple[int, ...]:
         return shape or (1,)
 
 
-def dma_descriptor_count(dims, e0: int, e1: int) -> int:
-    """``len(dma_descriptors(dims, ..., e0, e1))`` without building them."""
+def dma_descriptor_count(dims, e0, e1) -> np.ndarray:
+    """``len(dma_descriptors(dims, ..., e0, e1))`` for every range ``[e0[i], e1[i])`` at once
+    (int arrays, or ints), without building them: the same cut into boxes, one step of every
+    range at a time."""
+    e0, e1 = np.atleast_1d(np.asarray(e0, dtype=np.int64)), np.atleast_1d(np.asarray(e1, dtype=np.int64))
     rank = len(dims)
-    units = [math.prod(dims[k + 1:]) for k in range(rank)]
-    count, p = 0, int(e0)
-    while p < e1:
-        k = next(k for k in range(rank) if p % units[k] == 0 and p + units[k] <= e1)
-        m = min(dims[k] - (p // units[k]) % dims[k], (e1 - p) // units[k])
-        counts = (m, *dims[k + 1:])
-        count += math.prod(counts[:max(len(counts) - DMA_DIMS, 0)])
-        p += m * units[k]
+    units = np.array([math.prod(dims[k + 1:]) for k in range(rank)], dtype=np.int64)
+    extents = np.array(dims, dtype=np.int64)
+    # per box's top axis k: how many descriptors one of its steps along k makes (its outer axes
+    # beyond DMA_DIMS, axis k's own count aside)
+    split = np.array([math.prod(dims[k + 1:max(rank - DMA_DIMS, k + 1)]) for k in range(rank)], dtype=np.int64)
+    wide = np.array([rank - k > DMA_DIMS for k in range(rank)])
+    count, p = np.zeros(e0.shape, dtype=np.int64), e0.copy()
+    live = p < e1
+    while live.any():
+        fits = (p[:, None] % units == 0) & (p[:, None] + units <= e1[:, None])
+        k = np.argmax(fits, axis=1)  # the outermost axis whose aligned block fits (the last always does)
+        u = units[k]
+        m = np.minimum(extents[k] - (p // u) % extents[k], (e1 - p) // u)
+        count += np.where(live, np.where(wide[k], m * split[k], 1), 0)
+        p = np.where(live, p + m * u, p)
+        live = p < e1
     return count
 
 
@@ -154,7 +165,7 @@ def strided_tile_cycles(dims, lo, hi, arch) -> np.ndarray:
     extents ``dims`` (:func:`strided_source`): the PE code's run, its descriptors and the DMA
     engine's element a cycle, which the M4F waits for."""
     run, per = mix_cycles(DMA_CODE_RUN, arch), mix_cycles(DMA_CODE_DESCRIPTOR, arch)
-    counts = np.array([dma_descriptor_count(dims, int(a), int(b)) for a, b in zip(lo, hi)], dtype=np.float64)
+    counts = dma_descriptor_count(dims, lo, hi).astype(np.float64)
     return run + per * counts + DMA_ELEMENT_CYCLES * (np.asarray(hi) - np.asarray(lo))
 
 
