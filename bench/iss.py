@@ -408,7 +408,8 @@ def row_kernel_run(machine, kind: str, rows: int, cols: int, rng) -> int:
     machine.write(pg, gamma.tobytes())
     machine.write(pb, beta.tobytes())
     eps = int(np.float32(1e-5).view(np.uint32))
-    phases = {"softmax": 3, "layer_norm": 3, "rms_norm": 2, "mean": 1}[kind]
+    from tvm_spinn.program.ops.rows import ROW_CODE
+    phases = len(ROW_CODE[kind])  # the kernel's phases, one job each
     if kind == "mean":  # one chunk holding the whole row: from +0.0, the mean written
         jobs = [[px, pst, py, rows, cols, 3, cols]]
     elif kind == "softmax":

@@ -63,22 +63,29 @@ class _Op(torch.nn.Module):
         return self.fn(self.module, *xs)
 
 
-@pytest.mark.parametrize("name,fn,module,shapes", [
-    # held-out shapes and kinds (bench/iss.py calibrates on add and dense only)
-    pytest.param("softmax", lambda m, a: torch.softmax(a * 2.0, dim=-1), None, [(16, 80)], marks=pytest.mark.slow),
-    ("matmul", lambda m, a, b: a @ b, None, [(12, 40), (40, 20)]),
-    ("max_pool2d", lambda m, a: torch.nn.functional.max_pool2d(a * 2.0, 3, 2, 1), None, [(1, 4, 12, 12)]),
-    ("avg_pool2d", lambda m, a: torch.nn.functional.avg_pool2d(a * 2.0, 2, 2), None, [(1, 6, 10, 10)]),
-    ("avg_pool2d", lambda m, a: torch.nn.functional.avg_pool2d(a * 2.0, 4, 4), None, [(1, 4, 16, 16)]),
+@pytest.mark.parametrize("name,fn,module,shapes,tol", [
+    # held-out shapes and kinds (bench/iss.py calibrates on add and dense only); each tolerance
+    # is the error the model has plus a margin, so that a change of the code or the model fails
+    pytest.param("softmax", lambda m, a: torch.softmax(a * 2.0, dim=-1), None, [(16, 80)], 0.005,
+                 marks=pytest.mark.slow),
+    ("matmul", lambda m, a, b: a @ b, None, [(12, 40), (40, 20)], 0.02),                          # 1.3%
+    ("max_pool2d", lambda m, a: torch.nn.functional.max_pool2d(a * 2.0, 3, 2, 1), None, [(1, 4, 12, 12)], 0.005),
+    ("avg_pool2d", lambda m, a: torch.nn.functional.avg_pool2d(a * 2.0, 2, 2), None, [(1, 6, 10, 10)], 0.005),
+    ("avg_pool2d", lambda m, a: torch.nn.functional.avg_pool2d(a * 2.0, 4, 4), None, [(1, 4, 16, 16)], 0.005),
+    ("permute_dims", lambda m, a: (a * 2.0).permute(2, 0, 1), None, [(6, 10, 12)], 0.0),
 ])
-def test_timing_model_within_ten_percent_of_executed_code(name, fn, module, shapes):
+def test_timing_model_against_executed_code(name, fn, module, shapes, tol):
     """The timing model's M4F cost of every tile (its structural instruction mix priced by the
-    TRM) against the cycles of the generated code as executed, summed over the layer."""
+    TRM) against the cycles of the generated code as executed, summed over the layer (less
+    what a split row's chain waits for, which is not executed code: its
+    ``chain_wait``)."""
     from tvm import relax
 
     import tvm_spinn
+    from tvm_spinn.mapping.schedule import derive_tables
     from tvm_spinn.pe import run_program_iss
     from tvm_spinn.pe.view import layer_kind
+    from tvm_spinn.program.ops.base import family_of
 
     torch.manual_seed(0)
     xs = tuple(torch.randn(*s) for s in shapes)
@@ -90,7 +97,13 @@ def test_timing_model_within_ten_percent_of_executed_code(name, fn, module, shap
     assert layer_kind(program, index) == name
     rows = [r for r in record if r.layer == index]
     modelled, executed = sum(r.modelled for r in rows), sum(r.cycles for r in rows)
-    assert abs(modelled - executed) <= 0.10 * executed, (modelled, executed)
+    family = family_of(name)
+    if hasattr(family, "chain_wait"):
+        table = derive_tables(program, program.arch)[index]
+        wait = family.chain_wait(program, program.layers[index], program.arch, program.mapping.layers[index].tile,
+                                 table.lo, table.hi)
+        modelled -= float(sum(wait[r.tile] for r in rows))
+    assert abs(modelled - executed) <= tol * executed, (modelled, executed)
 
 
 #: pool windows ``(kh, kw, strides, dilation)`` none of which the pool kernels' mixes were read at
@@ -138,7 +151,8 @@ def test_pool_model_per_window_against_executed_code(op):
             np.testing.assert_array_equal(got, total / np.float32(kh * kw))
         executed = executed_cycles(machine)[0]
         modelled = float(pool_tile_cycles(f"{op}_pool2d", np.int64(planes), np.int64(rows), ow, kh, kw, arch))
-        assert abs(modelled - executed) <= 0.10 * executed, (kh, kw, stride, dil, modelled, executed)
+        # the windows' largest error is 0.25%
+        assert abs(modelled - executed) <= 0.005 * executed, (kh, kw, stride, dil, modelled, executed)
 
 
 #: row-kernel tiles ``(rows, columns)`` none of which the row kernels' mixes were read at (those:
@@ -155,7 +169,7 @@ def test_row_model_against_executed_code(kind):
     their remainder, some row loops unrolled by 2, what each row finishes once), and the
     outputs against the kernels' defining sums in float64."""
     from tvm_spinn.pe.cycles import executed_cycles
-    from tvm_spinn.program.ops.rows import row_tile_cycles
+    from tvm_spinn.program.ops.rows import ROW_CODE, row_tile_cycles
 
     arch = SpinnArch()
     image = role_image((kind,))
@@ -175,11 +189,11 @@ def test_row_model_against_executed_code(kind):
         if kind == "mean":
             jobs = [[px, pst, py, rows, cols, 3, cols]]
         elif kind == "softmax":
-            jobs = [[px, py, pst, rows, cols, ph, 3] for ph in range(3)]
+            jobs = [[px, py, pst, rows, cols, ph, 3] for ph in range(len(ROW_CODE[kind]))]
         elif kind == "layer_norm":
-            jobs = [[px, py, pst, pw, pb, rows, cols, ph, 3 | 4 | 8, 0, cols, eps] for ph in range(3)]
+            jobs = [[px, py, pst, pw, pb, rows, cols, ph, 3 | 4 | 8, 0, cols, eps] for ph in range(len(ROW_CODE[kind]))]
         else:
-            jobs = [[px, py, pst, pw, rows, cols, ph, 3 | 4, 0, cols, eps] for ph in range(2)]
+            jobs = [[px, py, pst, pw, rows, cols, ph, 3 | 4, 0, cols, eps] for ph in range(len(ROW_CODE[kind]))]
         machine.clear_counters()
         machine.run(jobs)
         xd = x.astype(np.float64)
@@ -197,11 +211,11 @@ def test_row_model_against_executed_code(kind):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
         executed = executed_cycles(machine)[0]
         modelled = float(row_tile_cycles(kind, np.int64(rows), np.int64(cols), arch))
-        assert abs(modelled - executed) <= 0.10 * executed, (kind, rows, cols, modelled, executed)
+        assert modelled == executed, (kind, rows, cols, modelled, executed)  # the loops' counts: exact
 
 
-@pytest.mark.parametrize("op", ["matmul", "dense"])
-def test_int8_model_within_ten_percent_of_executed_code(op):
+@pytest.mark.parametrize("op,tol", [("matmul", 0.03), ("dense", 0.05)])  # errors 2.3% and 4.4%
+def test_int8_model_against_executed_code(op, tol):
     """The int8 GEMM kernel's cost model (its instruction mixes priced by the TRM, the MAC array's
     runs overlapped as the kernel's pipeline overlaps them) against the executed cycles of every
     tile, the waits on the array included: a matmul of two activations with both zero points
@@ -253,8 +267,8 @@ def test_int8_model_within_ten_percent_of_executed_code(op):
         m4f += float(int8_m4f_cycles(vm, vn, g.k, splits_of(g.k, kc), arch, side))
     executed = sum(r.cycles for r in record)
     m4f_executed = executed - sum(r.waited for r in record)
-    assert abs(modelled - executed) <= 0.10 * executed, (modelled, executed)
-    assert abs(m4f - m4f_executed) <= 0.10 * m4f_executed, (m4f, m4f_executed)
+    assert abs(modelled - executed) <= tol * executed, (modelled, executed)
+    assert abs(m4f - m4f_executed) <= tol * m4f_executed, (m4f, m4f_executed)
 
 
 def _int8_tile(machine, rows, cols, k, chunk, flags, rng):
@@ -268,13 +282,14 @@ def _int8_tile(machine, rows, cols, k, chunk, flags, rng):
     return acc, (a.astype(np.int64) @ b.astype(np.int64)).astype(np.int32)
 
 
-@pytest.mark.parametrize("rows,cols,k,chunk,flags", [(16, 64, 1024, 256, 2), (1, 64, 2048, 511, 2),
-                                                     (32, 40, 600, 511, 0), (7, 10, 300, 100, 14)])
-def test_int8_pipeline_exact_overlapped_and_modelled(rows, cols, k, chunk, flags):
+# tolerances: the model's error (0.5%, 2.1%, 0.1%, 1.7%) and a margin
+@pytest.mark.parametrize("rows,cols,k,chunk,flags,tol", [(16, 64, 1024, 256, 2, 0.01), (1, 64, 2048, 511, 2, 0.03),
+                                                         (32, 40, 600, 511, 0, 0.005), (7, 10, 300, 100, 14, 0.025)])
+def test_int8_pipeline_exact_overlapped_and_modelled(rows, cols, k, chunk, flags, tol):
     """The int8 kernel's software pipeline run directly on tiles of several column blocks and
     reduction chunks: the accumulator holds the exact sums (the array's blocks land in the right
     columns, the alternating scratch blocks are added once each); the executed cycles, the MAC
-    array running concurrently, are within 10% of the pipeline's cost model, and below the
+    array running concurrently, are within ``tol`` of the pipeline's cost model, and below the
     M4F's and the array's cycles one after the other wherever both are substantial."""
     from tvm_spinn.pe.cycles import executed_cycles
     from tvm_spinn.program.ops.gemm.geometry import (Int8Side, int8_block_columns, int8_m4f_cycles,
@@ -287,7 +302,7 @@ def test_int8_pipeline_exact_overlapped_and_modelled(rows, cols, k, chunk, flags
     executed = executed_cycles(machine)[0]
     side = Int8Side(row_sums=bool(flags & 4), col_sums=bool(flags & 8), int32_out=not flags & 2)
     modelled = int8_pipelined_cycles(rows, cols, k, chunk, arch, side)
-    assert abs(modelled - executed) <= 0.10 * executed, (modelled, executed)
+    assert abs(modelled - executed) <= tol * executed, (modelled, executed)
     cb = int8_block_columns(rows, cols, arch)
     array = sum(int(mac_passes(rows, min(cb, cols - j), arch)) for j in range(0, cols, cb)) * (
         k + splits_of(k, chunk) * arch.mac_readout_cycles)
@@ -350,9 +365,97 @@ def test_split_mean_chunks_against_executed_code():
         machine.run([[px, part, py, rows, c1 - c0, (1 if k == 0 else 0) | (2 if last else 0), bounds[-1]]])
         executed = executed_cycles(machine)[0]
         modelled = float(row_tile_cycles("mean", np.int64(rows), np.int64(c1 - c0), arch, last=last))
-        # within 3%: a chunk charged the row's finish (a VDIV per row) would be 10% over
-        assert abs(modelled - executed) <= 0.03 * executed, (k, modelled, executed)
+        # within 2% (the largest error is 1.4%): a chunk charged the row's finish (a VDIV per
+        # row) would be 10% over
+        assert abs(modelled - executed) <= 0.02 * executed, (k, modelled, executed)
     want = np.zeros(rows, np.float32)
     for j in range(bounds[-1]):
         want = want + x[:, j]
     np.testing.assert_array_equal(np.frombuffer(machine.read(py, 4 * rows), np.float32), want / np.float32(bounds[-1]))
+
+
+def test_clock_kept_as_blocks_run_equals_the_scan():
+    """The clock the MAC array's starts and waits read (:meth:`PeMachine.now`, kept block by
+    block) equals the executed cycles priced by scanning every executed block
+    (:func:`~tvm_spinn.pe.cycles.executed_cycles`) at each start and wait and at the end."""
+    from tvm_spinn.pe.cycles import executed_cycles
+    arch = SpinnArch()
+    image = role_image(("gemm_i8",))
+    machine = PeMachine(image.elf, image.name, 0, arch.acc_bits, arch)
+    seen = []
+    start, wait = machine._mac_run, machine._mac_wait
+
+    def check(fn):
+        def wrapped():
+            seen.append((machine.now(), executed_cycles(machine)[0]))
+            return fn()
+        return wrapped
+
+    machine._mac_run, machine._mac_wait = check(start), check(wait)
+    acc, want = _int8_tile(machine, 16, 64, 1024, 256, 2, np.random.default_rng(5))
+    np.testing.assert_array_equal(acc, want)
+    assert len(seen) > 10 and len({n for n, _ in seen}) > 10, seen
+    assert all(now == scan for now, scan in seen), seen
+    assert machine.now() == executed_cycles(machine)[0]
+
+
+def _dma_tile(machine, src: np.ndarray, dims, strides, offset, e0, e1):
+    """Move output elements ``[e0, e1)`` of the strided view ``(dims, strides, offset)`` of
+    ``src`` with the ``dma`` kernel as the ``iss`` mode does; the moved elements."""
+    from tvm_spinn.pe.memory_map import DMA_DESC_WORDS
+    from tvm_spinn.program.ops.movement import dma_descriptors
+    eb = src.itemsize
+    remote = machine.place_remote(src.tobytes())
+    descs = dma_descriptors(dims, strides, offset, e0, e1)
+    pdst = machine.arena
+    pdesc = pdst + -(-eb * (e1 - e0) // 64) * 64
+    words = [[remote + eb * s, pdst + eb * d, eb, *c, *(eb * x for x in st)] for s, d, c, st in descs]
+    assert all(len(w) == DMA_DESC_WORDS for w in words)
+    machine.write(pdesc, (np.array(words, dtype=np.int64) & 0xFFFFFFFF).astype("<u4").tobytes())
+    machine.clear_counters()
+    machine.run([[pdesc, len(descs)]])
+    return np.frombuffer(machine.read(pdst, eb * (e1 - e0)), dtype=src.dtype), len(descs)
+
+
+@pytest.mark.parametrize("shape,axes,dtype", [((64, 96), (1, 0), np.float32), ((6, 5, 7), (2, 0, 1), np.float32),
+                                              ((2, 3, 4, 5, 6), (4, 2, 0, 3, 1), np.int8),
+                                              ((3, 1, 4, 5), (3, 1, 0, 2), np.int16)])
+def test_strided_movement_model_is_the_executed_code(shape, axes, dtype):
+    """A permutation's tiles moved by the ``dma`` kernel (strided descriptors, the engine an
+    element a cycle): the elements are numpy's transpose, and the timing model's tile cycles
+    (:func:`~tvm_spinn.program.ops.movement.strided_tile_cycles`, counted from this code) are
+    the executed cycles exactly, for tiles of one to many descriptors (boxes of more axes than
+    a descriptor holds included)."""
+    from tvm_spinn.program.ops.movement import strided_tile_cycles
+    from tvm_spinn.pe.cycles import executed_cycles
+    arch = SpinnArch()
+    image = role_image(("dma",))
+    machine = PeMachine(image.elf, image.name, 0, arch.acc_bits, arch)
+    src = np.arange(int(np.prod(shape))).astype(dtype).reshape(shape)
+    want = np.ascontiguousarray(np.transpose(src, axes)).reshape(-1)
+    view = np.transpose(np.empty(shape, np.uint8), axes)
+    dims = tuple(d for d in view.shape if d != 1)
+    strides = tuple(s for d, s in zip(view.shape, view.strides) if d != 1)
+    rng, n, seen = np.random.default_rng(3), want.size, set()
+    for e0, e1 in [(0, n), (1, n - 1), (0, 1), (n // 3, n // 3 + 7), *(sorted(rng.integers(0, n + 1, 2)) for _ in range(6))]:
+        if e1 <= e0:
+            continue
+        got, count = _dma_tile(machine, src.reshape(-1), dims, strides, 0, int(e0), int(e1))
+        np.testing.assert_array_equal(got, want[e0:e1])
+        modelled = strided_tile_cycles(dims, np.array([e0]), np.array([e1]), arch)[0]
+        assert modelled == executed_cycles(machine)[0], (e0, e1, count)
+        seen.add(count)
+    assert 1 in seen and max(seen) >= 3, seen
+
+
+def test_dma_transfer_outside_memory_faults():
+    """A descriptor whose source lies outside every mapped memory is an IssFault naming the PE,
+    the image and the program counter, not a crash."""
+    from tvm_spinn.pe.errors import IssFault
+    arch = SpinnArch()
+    image = role_image(("dma",))
+    machine = PeMachine(image.elf, image.name, 5, arch.acc_bits, arch)
+    words = np.array([0x9000_0000, machine.arena + 256, 4, 8, 1, 1, 1, 4, 0, 0, 0], dtype="<u4")
+    machine.write(machine.arena, words.tobytes())
+    with pytest.raises(IssFault, match=r"PE 5, image dma: DMA transfer of 8 elements from 0x90000000 .* at pc=0x"):
+        machine.run([[machine.arena, 1]])

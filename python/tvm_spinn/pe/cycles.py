@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import capstone
 
-__all__ = ["CYCLES", "instruction_cycles", "executed_cycles"]
+__all__ = ["CYCLES", "instruction_cycles", "executed_cycles", "block_price"]
 
 #: mnemonic (without condition suffix or width qualifier) -> cycles, or a class handled below
 CYCLES = {
@@ -107,6 +107,15 @@ def _decode(machine, address: int, size: int) -> list:
         code = machine.read(address, size)
         cache[key] = _block_prices(list(_MD.disasm(code, address)))
     return cache[key]
+
+
+def block_price(machine, address: int, size: int) -> tuple[int, int]:
+    """``(cycles, extra)`` of the basic block at ``address`` of ``size`` bytes: its cycles when
+    control falls through its last instruction, and what a taken exit adds to them."""
+    prices = _decode(machine, address, size)
+    if not prices:
+        return 0, 0
+    return sum(p[1] for p in prices), prices[-1][2] - prices[-1][1]
 
 
 def executed_cycles(machine) -> tuple[int, dict]:

@@ -20,7 +20,7 @@ from .cycles import executed_cycles
 from .errors import PeCodegenError
 from .images import build_images
 from .iss import PeMachine
-from .memory_map import ARENA_END
+from .memory_map import ARENA_END, DMA_DESC_WORDS
 
 __all__ = ["TileRun", "gemm_i8_tile", "run_int8_tile", "run_program_iss"]
 
@@ -341,6 +341,38 @@ def _run_move(run: _Run, index: int, env, table) -> np.ndarray:
             m.write(pfill, fill.tobytes())
             m.run([[psrc, pidx, pdst, pfill, n, eb]])
             flat[s0:s1] = np.frombuffer(m.read(pdst, eb * n), dtype=np.uint8).reshape(n, eb)
+        run.done(index, t, table, m)
+    return out
+
+
+def _run_dma(run: _Run, index: int, env, table) -> np.ndarray:
+    """Strided data movement by the DMA engine: the input stays outside the PE (placed at
+    :data:`~.memory_map.REMOTE_BASE`), and per SRAM-sized piece of a tile the PE runs the
+    piece's strided descriptors (:func:`tvm_spinn.program.ops.movement.dma_descriptors`), which
+    bring its elements into SRAM in output order."""
+    from ..program.ops.movement import dma_descriptors, strided_source
+    p = run.p
+    layer = p.layers[index]
+    out_id = view.layer_output(p, index)
+    dtype = np.dtype(view.tensor_dtype(p, out_id))
+    eb = dtype.itemsize
+    out = np.empty(view.tensor_shape(p, out_id), dtype=dtype)
+    flat = out.reshape(-1).view(np.uint8)
+    src = np.ascontiguousarray(env[view.layer_inputs(p, index)[0]], dtype=dtype).tobytes()
+    dims, strides, offset = strided_source(p, layer)
+    for t in range(len(table)):
+        e0, e1 = int(table.lo[t, 0]), int(table.hi[t, 0])
+        m = run.machine(index, int(table.pe[t]))
+        remote = m.place_remote(src, key=("dma", index))  # the input where the DMA reads it
+        piece = max(16, (ARENA_END - m.arena) // (2 * eb) // 16 * 16)
+        for s0 in range(e0, e1, piece):
+            s1 = min(s0 + piece, e1)
+            descs = dma_descriptors(dims, strides, offset, s0, s1)
+            pdst, pdesc = _Arena(m, p, index).take(eb * (s1 - s0), 4 * DMA_DESC_WORDS * len(descs))
+            words = [[remote + eb * s, pdst + eb * d, eb, *c, *(eb * x for x in st)] for s, d, c, st in descs]
+            m.write(pdesc, (np.array(words, dtype=np.int64) & 0xFFFFFFFF).astype("<u4").tobytes())
+            m.run([[pdesc, len(descs)]])
+            flat[eb * s0:eb * s1] = np.frombuffer(m.read(pdst, eb * (s1 - s0)), dtype=np.uint8)
         run.done(index, t, table, m)
     return out
 
@@ -693,7 +725,7 @@ def _run_take(run: _Run, index: int, env, table) -> np.ndarray:
     return out
 
 
-_RUNNERS = {"take": _run_take, "unary": _run_elementwise, "softmax": _run_rows, "layer_norm": _run_rows, "rms_norm": _run_rows, "mean": _run_mean, "mean_tflite": _run_mean_tflite, "softmax_tflite": _run_softmax_tflite, "pool": _run_pool, "quantize": _run_qdq, "dequantize": _run_qdq, "move": _run_move, "binary": _run_elementwise, "relu": _run_elementwise, "clip": _run_elementwise, "where_less": _run_elementwise, "gemm_f32": _run_gemm_f32,
+_RUNNERS = {"take": _run_take, "unary": _run_elementwise, "softmax": _run_rows, "layer_norm": _run_rows, "rms_norm": _run_rows, "mean": _run_mean, "mean_tflite": _run_mean_tflite, "softmax_tflite": _run_softmax_tflite, "pool": _run_pool, "quantize": _run_qdq, "dequantize": _run_qdq, "move": _run_move, "dma": _run_dma, "binary": _run_elementwise, "relu": _run_elementwise, "clip": _run_elementwise, "where_less": _run_elementwise, "gemm_f32": _run_gemm_f32,
             "gemm_i8": _run_gemm_i8}
 
 

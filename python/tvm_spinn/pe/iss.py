@@ -7,7 +7,8 @@ runs job blocks from the reset vector (initial SP and ``_start`` from the vector
 emulator error (unmapped or misaligned access, undefined instruction) or a run past its
 instruction budget is raised as :class:`~.errors.IssFault` naming the PE, the image and the
 program counter. Executed basic blocks are counted (with taken branches), so :mod:`.cycles`
-can price the executed instructions; the cycles the M4F waits on the exp/log unit (its modelled
+can price the executed instructions, and the clock (:meth:`PeMachine.now`) advances block by
+block as they execute; the cycles the M4F waits on the exp/log unit (its modelled
 latency and rate, ``SpinnArch.exp_unit_latency_cycles`` and ``exp_unit_cycles``) are counted in
 :attr:`PeMachine.stall`.
 
@@ -20,6 +21,14 @@ the M4F's own work took longer), the sums are written to C, and CTRL reads 0. A 
 run is pending, or a run still pending at ``pe_halt`` (its sums never awaited) unless the host
 continues the PE's jobs in a further run (:meth:`PeMachine.run`'s ``mac_in_flight``), is an
 :class:`~.errors.IssFault`: firmware must wait for every run it starts.
+
+The DMA engine runs one strided descriptor (:data:`~.memory_map.DMA_REGS`) at a time,
+concurrently with the M4F like the MAC array: a start gathers the elements (from this PE's SRAM
+or from the memory outside it, which the host places at :data:`~.memory_map.REMOTE_BASE` with
+:meth:`PeMachine.place_remote`) into SRAM and fixes the transfer's end at the M4F's cycle count
+plus one :data:`~tvm_spinn.program.ops.movement.DMA_ELEMENT_CYCLES` per element; a read of CTRL
+waits for that end. A start while a transfer is pending, a transfer reading or writing outside
+mapped memory, or one still pending at ``pe_halt`` is an :class:`~.errors.IssFault`.
 
 The exp/log unit computes the simulator's exp model itself (C++ ``ExpModel`` through
 :func:`tvm_spinn.program.ops.elementwise.exp_f32`), so the PE code's exp is that model's bits by
@@ -37,8 +46,9 @@ from unicorn import UC_ARCH_ARM, UC_HOOK_BLOCK, UC_MODE_MCLASS, UC_MODE_THUMB, U
 from unicorn.arm_const import UC_ARM_REG_PC, UC_ARM_REG_SP
 
 from .errors import IssFault
-from .memory_map import (ARENA_ALIGN, ARENA_END, EXP_BASE, EXP_BYTES, EXP_FUNC_EXP, EXP_REGS, EXP_START, JOB_ADDR,
-                         JOB_WORDS, MAC_BASE, MAC_BYTES, MAC_REGS, MAC_START, SRAM_BASE, SRAM_BYTES)
+from .memory_map import (ARENA_ALIGN, ARENA_END, DMA_BASE, DMA_BYTES, DMA_REGS, DMA_START, EXP_BASE, EXP_BYTES,
+                         EXP_FUNC_EXP, EXP_REGS, EXP_START, JOB_ADDR, JOB_WORDS, MAC_BASE, MAC_BYTES, MAC_REGS,
+                         MAC_START, REMOTE_BASE, SRAM_BASE, SRAM_BYTES)
 
 __all__ = ["PeMachine", "image_symbols", "MAX_INSTRUCTIONS"]
 
@@ -94,10 +104,21 @@ class PeMachine:
         self.uc.mmio_map(MAC_BASE, MAC_BYTES, self._mac_read, None, self._mac_write, None)
         self.exp = dict.fromkeys(EXP_REGS, 0)
         self.uc.mmio_map(EXP_BASE, EXP_BYTES, self._exp_read, None, self._exp_write, None)
+        self.dma = dict.fromkeys(DMA_REGS, 0)
+        #: the DMA engine's transfer in flight: its end cycle, or None
+        self.dma_pending = None
+        self.uc.mmio_map(DMA_BASE, DMA_BYTES, self._dma_read, None, self._dma_write, None)
+        #: bytes mapped at REMOTE_BASE, and the key of the data placed there
+        self.remote_bytes, self.remote_key = 0, None
         #: cycles the M4F waited on peripherals since the counters were cleared
         self.stall = 0.0
         self.blocks: dict[tuple[int, int], int] = {}
         self.taken: dict[tuple[int, int], int] = {}
+        #: cycles of the executed blocks so far (each whole, its exit priced as it leaves): the
+        #: clock, kept as the blocks run so a peripheral's start or wait never rescans them
+        self.block_cycles = 0
+        #: per block: (cycles falling through, extra cycles when its exit is taken)
+        self._prices: dict[tuple[int, int], tuple[int, int]] = {}
         self._prev = None
         self.uc.hook_add(UC_HOOK_BLOCK, self._on_block)
         self.mac_calls = 0
@@ -130,9 +151,9 @@ class PeMachine:
 
     def now(self) -> int:
         """The M4F's cycles since the counters were cleared (executed instructions, the current
-        basic block whole, and peripheral waits)."""
-        from .cycles import executed_cycles
-        return executed_cycles(self)[0]
+        basic block whole, and peripheral waits): :func:`~.cycles.executed_cycles`'s total,
+        kept as the blocks execute."""
+        return self.block_cycles - int(-self.stall // 1)
 
     def _mac_run(self) -> None:
         """Start the MAC array: int8 products into ``acc_bits``-bit wrapping accumulators, kept
@@ -197,20 +218,94 @@ class PeMachine:
         self.write(self.exp["DST"], exp_f32(x).tobytes())
         self.stall += self.exp_latency + n * self.exp_rate
 
+    def _dma_read(self, uc, offset, size, data):
+        if offset == DMA_REGS["CTRL"]:
+            self._dma_wait()
+            return 0
+        for reg, off in DMA_REGS.items():
+            if off == offset:
+                return self.dma[reg]
+        return 0
+
+    def _dma_write(self, uc, offset, size, value, data):
+        for reg, off in DMA_REGS.items():
+            if off == offset:
+                self.dma[reg] = value & 0xFFFFFFFF
+        if offset == DMA_REGS["CTRL"] and value == DMA_START:
+            self._dma_run()
+
+    def _dma_run(self) -> None:
+        """Start the DMA engine on the descriptor in its registers: the elements land in SRAM
+        now (nothing reads them before the wait), the transfer ends one
+        ``DMA_ELEMENT_CYCLES`` per element from now."""
+        from ..program.ops.movement import DMA_ELEMENT_CYCLES
+        pc = self.uc.reg_read(UC_ARM_REG_PC)
+        if self.dma_pending is not None:
+            raise IssFault(self.pe, self.name, pc, "DMA engine started while a transfer is in flight (no wait)")
+        d = self.dma
+        eb = d["EB"]
+        counts = np.array([d["C3"], d["C2"], d["C1"], d["C0"]], dtype=np.int64)
+        strides = np.array([d[f"S{i}"] for i in (3, 2, 1, 0)], dtype=np.int64)
+        strides = np.where(strides >= 1 << 31, strides - (1 << 32), strides)
+        n = int(np.prod(counts))
+        if n:
+            if not 1 <= eb <= 16:
+                raise IssFault(self.pe, self.name, pc, f"DMA element of {eb} bytes (1 to 16)")
+            grids = np.meshgrid(*[np.arange(c, dtype=np.int64) for c in counts], indexing="ij")
+            offsets = sum(g * s for g, s in zip(grids, strides)).reshape(-1)
+            lo, hi = int(offsets.min()), int(offsets.max()) + eb
+            try:
+                raw = np.frombuffer(bytes(self.uc.mem_read(d["SRC"] + lo, hi - lo)), dtype=np.uint8)
+                data = raw[(offsets - lo)[:, None] + np.arange(eb)].tobytes()
+                self.uc.mem_write(d["DST"], data)
+            except (UcError, OverflowError) as err:
+                raise IssFault(self.pe, self.name, pc, f"DMA transfer of {n} elements from {d['SRC'] + lo:#x} to "
+                               f"{d['DST']:#x} outside mapped memory ({err})") from None
+        self.dma_pending = self.now() + n * DMA_ELEMENT_CYCLES
+
+    def _dma_wait(self) -> None:
+        """The M4F waits for the transfer in flight (if any) to end."""
+        if self.dma_pending is not None:
+            self.stall += max(0, self.dma_pending - self.now())
+            self.dma_pending = None
+
+    def place_remote(self, data: bytes, key=None) -> int:
+        """Place ``data`` in the memory outside the PE that its DMA engine reads (mapped at
+        :data:`~.memory_map.REMOTE_BASE`, grown as needed); its address. ``key``: data already
+        placed under an equal key is kept, not written again."""
+        if key is not None and key == self.remote_key:
+            return REMOTE_BASE
+        need = max(4096, -(-len(data) // 4096) * 4096)
+        if need > self.remote_bytes:
+            if self.remote_bytes:
+                self.uc.mem_unmap(REMOTE_BASE, self.remote_bytes)
+            self.uc.mem_map(REMOTE_BASE, need)
+            self.remote_bytes = need
+        self.uc.mem_write(REMOTE_BASE, bytes(data))
+        self.remote_key = key
+        return REMOTE_BASE
+
     def clear_counters(self) -> None:
         """Forget the executed blocks, taken branches and peripheral waits counted so far."""
-        self.mac_pending = None
+        self.mac_pending = self.dma_pending = None
         self.blocks.clear()
         self.taken.clear()
+        self.block_cycles = 0
         self.stall = 0.0
 
     # -- execution -----------------------------------------------------------------------------
     def _on_block(self, uc, address, size, data):
         key = (address, size)
         self.blocks[key] = self.blocks.get(key, 0) + 1
+        price = self._prices.get(key)
+        if price is None:
+            from .cycles import block_price
+            price = self._prices[key] = block_price(self, address, size)
+        self.block_cycles += price[0]
         prev = self._prev
         if prev is not None and prev[0] + prev[1] != address:
             self.taken[prev] = self.taken.get(prev, 0) + 1
+            self.block_cycles += self._prices[prev][1]
         self._prev = key
 
     def read(self, address: int, nbytes: int) -> bytes:
@@ -250,3 +345,6 @@ class PeMachine:
         if self.mac_pending is not None and not mac_in_flight:
             self.mac_pending = None
             raise IssFault(self.pe, self.name, pc, "reached pe_halt with a MAC array run never waited for")
+        if self.dma_pending is not None:
+            self.dma_pending = None
+            raise IssFault(self.pe, self.name, pc, "reached pe_halt with a DMA transfer never waited for")

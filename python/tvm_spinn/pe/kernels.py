@@ -48,6 +48,13 @@ Kernels (the ``spec`` of :func:`kernel_object`):
   n, eb``. The DMA brings each piece's source elements into ``src`` in ascending order; the
   local index table ``idx`` is the layer's (``reshape``, ``permute_dims``, ``broadcast_to``,
   ``strided_slice``, ``concat``, ``pad``) element map.
+- ``("dma",)``: data movement by the DMA engine: ``n`` strided descriptors
+  (:data:`~.memory_map.DMA_DESC_WORDS` words each, the engine's register order) run one after
+  another through the runtime's driver ``pe_dma`` (copy in, start, wait); args ``desc, n``. The
+  host builds them from the layer's strided view of its input
+  (:func:`tvm_spinn.program.ops.movement.dma_descriptors`: ``reshape``, ``permute_dims``,
+  ``broadcast_to``, ``strided_slice``); the elements go from the input, outside the PE's SRAM,
+  to the tile's output in SRAM.
 - ``("quantize", dtype)``: ``y[i] = clamp(rint(x[i] / s[i]) + fl(z[i]))`` (0 for a NaN), the
   rounding to nearest even spelled as ``(v + 2^23) - 2^23`` (``(v - 2^23) + 2^23`` below 0) for
   ``|v| < 2^23`` (larger floats are integers): FPv4 has no VRINT, and this is exact in
@@ -117,6 +124,8 @@ import numpy as np
 import tvm
 from tvm.script import tirx as T
 from tvm.tirx.build import codegen_build
+
+from .memory_map import DMA_DESC_WORDS
 
 from ..program.ops.gemm.geometry import M4F_BLOCK
 from ..program.ops.rows import LAYER_NORM_BLOCK
@@ -395,6 +404,16 @@ def _move():
             else:
                 for j in range(eb):
                     D[i * eb + j] = F[j]
+    return kernel
+
+
+def _dma():
+    @T.prim_func
+    def kernel(desc: T.handle("int32"), n: T.int32):
+        T.func_attr({"tir.noalias": True, "calling_conv": 0})
+        D = T.decl_buffer((n * DMA_DESC_WORDS,), "int32", data=desc)
+        for d in range(n):
+            T.evaluate(T.call_extern("int32", "pe_dma", T.address_of(D[d * DMA_DESC_WORDS])))
     return kernel
 
 
@@ -1036,7 +1055,7 @@ def _take():
     return kernel
 
 
-_BUILDERS = {"take": _take, "unary": _unary, "softmax": _softmax, "layer_norm": _layer_norm, "rms_norm": _rms_norm, "mean": _mean, "mean_tflite": _mean_tflite, "softmax_tflite": _softmax_tflite, "pool": _pool, "quantize": _quantize, "dequantize": _dequantize, "move": _move, "binary": _binary, "relu": _relu_kernel, "clip": _clip_kernel, "where_less": _where_less, "gemm_f32": _gemm_f32, "gemm_i8": _gemm_i8}
+_BUILDERS = {"take": _take, "unary": _unary, "softmax": _softmax, "layer_norm": _layer_norm, "rms_norm": _rms_norm, "mean": _mean, "mean_tflite": _mean_tflite, "softmax_tflite": _softmax_tflite, "pool": _pool, "quantize": _quantize, "dequantize": _dequantize, "move": _move, "dma": _dma, "binary": _binary, "relu": _relu_kernel, "clip": _clip_kernel, "where_less": _where_less, "gemm_f32": _gemm_f32, "gemm_i8": _gemm_i8}
 
 
 def kernel_func(spec: tuple) -> "tvm.tirx.PrimFunc":

@@ -2,8 +2,8 @@
 
 One place for every address the PE code relies on. The SRAM size is SpiNNaker2's (128 KiB per
 PE, :attr:`tvm_spinn.target.arch.SpinnArch.sram_bytes`); the peripherals' register interface is
-not published in a form this package could cite, so the MAC array's and the exp/log unit's
-registers below are named **assumptions** (memory-mapped blocks with operand addresses, extents
+not published in a form this package could cite, so the MAC array's, the exp/log unit's and
+the DMA engine's registers below are named **assumptions** (memory-mapped blocks with operand addresses, extents
 and a start/status word), kept here so a published map replaces them in one edit.
 """
 
@@ -13,6 +13,7 @@ __all__ = [
     "SRAM_BASE", "SRAM_BYTES", "STACK_BYTES", "STACK_TOP", "JOB_ADDR", "JOB_WORDS", "ARENA_END",
     "MAC_BASE", "MAC_REGS", "MAC_BYTES", "MAC_START", "ARENA_ALIGN",
     "EXP_BASE", "EXP_REGS", "EXP_BYTES", "EXP_START", "EXP_FUNC_EXP",
+    "DMA_BASE", "DMA_REGS", "DMA_BYTES", "DMA_START", "DMA_DESC_WORDS", "REMOTE_BASE",
 ]
 
 #: The PE's local SRAM: code, data and stack (SpiNNaker2: 128 KiB per PE at address 0).
@@ -56,3 +57,22 @@ EXP_BYTES = 0x1000
 EXP_REGS = {"SRC": 0x00, "DST": 0x04, "N": 0x08, "FUNC": 0x0C, "CTRL": 0x10}
 EXP_START = 1
 EXP_FUNC_EXP = 0
+
+#: The DMA engine's register block (assumption: address and layout are this package's). One
+#: transfer is a strided descriptor: ``EB``-byte elements read at ``SRC + i3*S3 + i2*S2 + i1*S1
+#: + i0*S0`` (byte strides, signed; ``i0`` innermost, ``Cn`` the extents) and written one after
+#: another from ``DST``; a stride of 0 repeats an element (a broadcast). Word offsets: SRC, DST,
+#: EB, C0-C3, S0-S3 (in that order: a descriptor in SRAM is these :data:`DMA_DESC_WORDS` words,
+#: which the driver copies in), then CTRL (write 1: start; the engine then runs concurrently
+#: with the M4F, CTRL reads 1 while it runs and 0 once DST holds the elements). The engine
+#: moves one element a cycle (:data:`tvm_spinn.program.ops.movement.DMA_ELEMENT_CYCLES`, the
+#: timing model's rate).
+DMA_BASE = 0x4000_2000
+DMA_BYTES = 0x1000
+DMA_REGS = {"SRC": 0x00, "DST": 0x04, "EB": 0x08, "C0": 0x0C, "C1": 0x10, "C2": 0x14, "C3": 0x18,
+            "S0": 0x1C, "S1": 0x20, "S2": 0x24, "S3": 0x28, "CTRL": 0x2C}
+DMA_DESC_WORDS = 11
+DMA_START = 1
+#: Where memory outside the PE (DRAM, another PE's SRAM: a layer's input as the DMA reads it)
+#: appears to the DMA engine (assumption). The M4F's code never addresses it.
+REMOTE_BASE = 0x8000_0000

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from . import view
 from .errors import PeCodegenError
+from ..program.ops.movement import STRIDED_KINDS
 from .kernels import ACTIVATIONS, BINARY_OPS
 
 __all__ = ["MOVE_KINDS", "ROW_KINDS", "GEMM_F32_KINDS", "layer_role", "role_name"]
 
-#: data-movement kinds (any dtype): a gather of elements (kernel ``move``)
+#: data-movement kinds (any dtype): strided DMA descriptors (kernel ``dma``) for a strided view of
+#: the input (``STRIDED_KINDS``), a gather of elements (kernel ``move``) for the others
 MOVE_KINDS = ("reshape", "permute_dims", "broadcast_to", "strided_slice", "concat", "pad")
 #: fp32 row kinds with generated code (rows whole on a PE, or chunks chained over PEs)
 ROW_KINDS = ("softmax", "layer_norm", "rms_norm")
@@ -37,6 +39,8 @@ def layer_role(program, index: int) -> tuple:
     """
     kind, mode, attrs = view.layer_kind(program, index), view.layer_mode(program, index), view.layer_attrs(program, index)
     relu = bool(attrs.get("relu"))
+    if kind in STRIDED_KINDS:
+        return ("dma",)
     if kind in MOVE_KINDS:
         return ("move",)
     if kind == "take":

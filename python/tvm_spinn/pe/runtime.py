@@ -1,5 +1,5 @@
-"""The PE runtime linked into every image: start-up, the job loop, the MAC array's (start and wait) and
-the exp/log unit's drivers and the
+"""The PE runtime linked into every image: start-up, the job loop, the MAC array's (start and wait),
+the exp/log unit's and the DMA engine's drivers and the
 C library routines LLVM's code may call (``memset``, ``memcpy``).
 
 Written in C and compiled for the Cortex-M4F by the clang that the ``ziglang`` wheel ships
@@ -19,8 +19,8 @@ import subprocess
 import sys
 import tempfile
 
-from .memory_map import (EXP_BASE, EXP_FUNC_EXP, EXP_REGS, EXP_START, JOB_ADDR, JOB_WORDS, MAC_BASE, MAC_REGS,
-                         MAC_START, STACK_TOP)
+from .memory_map import (DMA_BASE, DMA_DESC_WORDS, DMA_REGS, DMA_START, EXP_BASE, EXP_FUNC_EXP, EXP_REGS,
+                         EXP_START, JOB_ADDR, JOB_WORDS, MAC_BASE, MAC_REGS, MAC_START, STACK_TOP)
 
 __all__ = ["RUNTIME_C", "CC_FLAGS", "runtime_object", "zig"]
 
@@ -82,6 +82,16 @@ i32 pe_exp(const float *x, float *y, i32 n) {{
     EXPU({EXP_REGS["FUNC"]:#x}) = {EXP_FUNC_EXP}u;
     EXPU({EXP_REGS["CTRL"]:#x}) = {EXP_START}u;
     while (EXPU({EXP_REGS["CTRL"]:#x}) != 0u) {{ }}
+    return 0;
+}}
+
+/* DMA engine driver: one strided descriptor (DMA_DESC_WORDS words in the register block's
+   order: SRC, DST, EB, C0-C3, S0-S3) copied into the registers, started, and waited for. */
+#define DMAE(reg) (*(volatile u32 *)({DMA_BASE:#x}u + (reg)))
+i32 pe_dma(const u32 *d) {{
+    for (u32 i = 0; i < {DMA_DESC_WORDS}u; i++) DMAE(4u * i) = d[i];
+    DMAE({DMA_REGS["CTRL"]:#x}) = {DMA_START}u;
+    while (DMAE({DMA_REGS["CTRL"]:#x}) != 0u) {{ }}
     return 0;
 }}
 

@@ -3,9 +3,12 @@
 dtype a program holds (bytes are bytes: int8 activations move like float32 ones; ``pad`` is
 float32 only, its fill value being a float).
 
-- Arithmetic: none; the DMA engine gathers with strides (the timing model charges about one
-  cycle per element of descriptor setup, and one element read per element written). A reshape
-  of a contiguous value is a relabelling.
+- Arithmetic: none; the DMA engine gathers with strides (one element read per element written).
+  A tile of a strided view of the input (:data:`STRIDED_KINDS`) is a few strided descriptors
+  (:func:`dma_descriptors`) that the PE's M4F hands the engine one after another; its cycles are
+  the PE code's run and descriptors (:data:`DMA_CODE_RUN`, :data:`DMA_CODE_DESCRIPTOR`) and
+  :data:`DMA_ELEMENT_CYCLES` per element. ``concat`` and ``pad`` are charged one cycle per
+  element. A reshape of a contiguous value is a relabelling.
 - ``strided_slice`` holds, per sliced axis, the first index and the step (``begin``,
   ``strides``, normalized by the compiler to an in-range start); the output's extent on the axis
   is the element count. ``concat`` joins its inputs along ``axis``. ``pad`` (``nn.pad`` in
@@ -27,9 +30,11 @@ from . import native
 from .base import itemsize
 from ..model import Layer
 from .base import FlatFamily, LoweringError, register
+from .m4f import Mix, mix_cycles
 from .sharding import PARTIAL, REPLICATE, GatherInput, PointwiseRule, ShardDecision, reshape_axis, shard
 
-__all__ = ["Movement", "dedupe_movement"]
+__all__ = ["Movement", "dedupe_movement", "STRIDED_KINDS", "DMA_DIMS", "DMA_ELEMENT_CYCLES", "strided_source",
+           "dma_descriptors", "dma_descriptor_count", "DMA_CODE_RUN", "DMA_CODE_DESCRIPTOR", "strided_tile_cycles"]
 
 
 def _axes(v, field: str) -> list[int]:
@@ -39,6 +44,129 @@ def _axes(v, field: str) -> list[int]:
 #: ``concat`` patterns cover this many inputs (a longer concat stays on the host): 9 is a 3x3
 #: kernel's im2col (a training step's convolutions, ``tvm_spinn.training``).
 MAX_CONCAT_INPUTS = 9
+
+
+#: the kinds whose output is a strided view of their one input (a strided DMA descriptor per
+#: box of a tile: :func:`strided_source`, :func:`dma_descriptors`)
+STRIDED_KINDS = ("reshape", "permute_dims", "broadcast_to", "strided_slice")
+#: axes of one strided DMA descriptor (element counts and source strides)
+DMA_DIMS = 4
+#: assumption: cycles of the DMA engine per element of a strided descriptor (the element's read
+#: and its write pipelined; 4 bytes a cycle for float32, within ``dma_bw_bytes_per_cycle``)
+DMA_ELEMENT_CYCLES = 1
+
+
+def strided_source(program, layer: Layer) -> "tuple[tuple[int, ...], tuple[int, ...], int] | None":
+    """A layer of :data:`STRIDED_KINDS` as a strided view of its input: ``(dims, strides,
+    offset)``, the output's extents (outermost first) and the input elements one step along each
+    moves, with unit extents dropped and axes that step through the input as one merged; None for
+    the other kinds (``concat``, ``pad``). Read from numpy's own view of the simulator's movement
+    (:func:`moved`) on a stand-in input, so the map is the simulator's by construction."""
+    if layer.kind not in STRIDED_KINDS:
+        return None
+    ishape = tuple(int(d) for d in program.tensors[layer.inputs[0]].shape)
+    oshape = tuple(int(d) for d in program.tensors[layer.output].shape)
+    base = np.zeros(1, np.uint8)
+    contiguous = tuple(math.prod(ishape[k + 1:]) for k in range(len(ishape)))
+    # a byte per element and no data read: the view's strides and start are the element map
+    x = np.lib.stride_tricks.as_strided(base, shape=ishape, strides=contiguous, writeable=False)
+    v = moved(layer, [x], oshape)
+    if v.shape != oshape:
+        raise ValueError(f"layer {layer.name!r}: its input {ishape} moves to {v.shape}, not its output {oshape}")
+    offset = v.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+    dims, strides = [], []
+    for d, st in zip(v.shape, v.strides):
+        if d == 1:
+            continue
+        if dims and strides[-1] == st * d:
+            dims[-1], strides[-1] = dims[-1] * d, st
+        else:
+            dims.append(int(d))
+            strides.append(int(st))
+    return (tuple(dims) or (1,)), (tuple(strides) or (1,)), int(offset)
+
+
+def dma_descriptors(dims, strides, offset: int, e0: int, e1: int) -> list[tuple[int, int, tuple, tuple]]:
+    """The strided DMA descriptors that move output elements ``[e0, e1)`` of a strided view
+    (:func:`strided_source`): per descriptor ``(source element, first output element - e0,
+    counts, strides)``, counts and strides innermost first (:data:`DMA_DIMS` of them, unused axes
+    of extent 1). The range is cut into boxes, each the largest aligned block that fits (at most
+    ``2 * len(dims) - 1``); a box of more than :data:`DMA_DIMS` axes is one descriptor per index
+    of its outer axes."""
+    rank = len(dims)
+    units = [math.prod(dims[k + 1:]) for k in range(rank)]
+    out, p = [], int(e0)
+    while p < e1:
+        k = next(k for k in range(rank) if p % units[k] == 0 and p + units[k] <= e1)
+        m = min(dims[k] - (p // units[k]) % dims[k], (e1 - p) // units[k])
+        src = offset + sum(((p // units[j]) % dims[j]) * strides[j] for j in range(rank))
+        counts, steps = (m, *dims[k + 1:]), tuple(strides[k:])
+        outer = len(counts) - DMA_DIMS
+        inner_n = math.prod(counts[max(outer, 0):])
+        pad = max(0, -outer)
+        inner_c = (1,) * pad + counts[max(outer, 0):]
+        inner_s = (0,) * pad + steps[max(outer, 0):]
+        for n, idx in enumerate(np.ndindex(*counts[:max(outer, 0)])):
+            start = src + sum(i * st for i, st in zip(idx, steps))
+            out.append((start, p - e0 + n * inner_n, inner_c[::-1], inner_s[::-1]))
+        p += m * units[k]
+    return out
+
+
+def _strided_dims(program, layer: Layer) -> tuple[int, ...]:
+    """The extents of a strided view (:func:`strided_source`) for its descriptor count; where
+    the tensors are a shard's whose input no longer fits the layer (a system plan times one
+    shard, its output cut but not always its input), the output's non-unit extents unmerged
+    (at least the merged view's descriptors)."""
+    try:
+        return strided_source(program, layer)[0]
+    except (ValueError, IndexError):
+        shape = tuple(int(d) for d in program.tensors[layer.output].shape if int(d) != 1)
+        return shape or (1,)
+
+
+def dma_descriptor_count(dims, e0, e1) -> np.ndarray:
+    """``len(dma_descriptors(dims, ..., e0, e1))`` for every range ``[e0[i], e1[i])`` at once
+    (int arrays, or ints), without building them: the same cut into boxes, one step of every
+    range at a time."""
+    e0, e1 = np.atleast_1d(np.asarray(e0, dtype=np.int64)), np.atleast_1d(np.asarray(e1, dtype=np.int64))
+    rank = len(dims)
+    units = np.array([math.prod(dims[k + 1:]) for k in range(rank)], dtype=np.int64)
+    extents = np.array(dims, dtype=np.int64)
+    # per box's top axis k: how many descriptors one of its steps along k makes (its outer axes
+    # beyond DMA_DIMS, axis k's own count aside)
+    split = np.array([math.prod(dims[k + 1:max(rank - DMA_DIMS, k + 1)]) for k in range(rank)], dtype=np.int64)
+    wide = np.array([rank - k > DMA_DIMS for k in range(rank)])
+    count, p = np.zeros(e0.shape, dtype=np.int64), e0.copy()
+    live = p < e1
+    while live.any():
+        fits = (p[:, None] % units == 0) & (p[:, None] + units <= e1[:, None])
+        k = np.argmax(fits, axis=1)  # the outermost axis whose aligned block fits (the last always does)
+        u = units[k]
+        m = np.minimum(extents[k] - (p // u) % extents[k], (e1 - p) // u)
+        count += np.where(live, np.where(wide[k], m * split[k], 1), 0)
+        p = np.where(live, p + m * u, p)
+        live = p < e1
+    return count
+
+
+#: The ``dma`` PE kernel (:mod:`tvm_spinn.pe.kernels`) as it executes, by instruction class
+#: (loads and stores unpaired and pipelined, integer instructions, taken branches; a load or
+#: store of N registers is one unpaired and N - 1 pipelined), counted on the executed blocks of
+#: runs of one and two descriptors and priced by :func:`~.m4f.mix_cycles`: per run of a tile
+#: (start-up, the job's arguments, the kernel's entry and exit) and per descriptor (its words
+#: copied into the engine's registers, the start, the poll that waits for the engine).
+DMA_CODE_RUN = Mix(loads=11.0, paired=29.0, alu=20.0, branches=1.0)
+DMA_CODE_DESCRIPTOR = Mix(loads=6.0, paired=22.0, alu=9.0, branches=4.0)
+
+
+def strided_tile_cycles(dims, lo, hi, arch) -> np.ndarray:
+    """Cycles of tiles ``[lo, hi)`` (flat output ranges, int arrays) of a strided view with
+    extents ``dims`` (:func:`strided_source`): the PE code's run, its descriptors and the DMA
+    engine's element a cycle, which the M4F waits for."""
+    run, per = mix_cycles(DMA_CODE_RUN, arch), mix_cycles(DMA_CODE_DESCRIPTOR, arch)
+    counts = dma_descriptor_count(dims, lo, hi).astype(np.float64)
+    return run + per * counts + DMA_ELEMENT_CYCLES * (np.asarray(hi) - np.asarray(lo))
 
 
 def _ints(v, field: str, low: int | None = None) -> list[int]:
@@ -331,19 +459,24 @@ class Movement(FlatFamily):
         return _contiguous_slice(ishape, oshape, layer.attrs)
 
     def cycles_per_element(self, layer, arch):
-        """Pure data movement: the DMA engine gathers with strides; ~1 cycle/element of setup."""
-        return 1
+        """Pure data movement: the DMA engine moves an element a cycle (:data:`DMA_ELEMENT_CYCLES`)."""
+        return DMA_ELEMENT_CYCLES
 
     def smallest_tile_bytes(self, program, layer, arch):
         """One element read (from whichever input holds it) and one written, double-buffered."""
         return 2 * (itemsize(program, layer.inputs[0]) + itemsize(program, layer.output))
 
     def tile_costs(self, program, layer, arch, tile, lo, hi):
-        """Each output element reads exactly one input element (of any input)."""
+        """Each output element reads exactly one input element (of any input); a strided view's
+        tile costs its PE code's run and descriptors (:func:`strided_tile_cycles`)."""
         ie = itemsize(program, layer.inputs[0])
         oe = itemsize(program, layer.output)
         e = (hi - lo)[:, 0]
-        return 2 * (ie + oe) * e, ie * e, 0, oe * e, np.ceil(e * self.cycles_per_element(layer, arch))
+        if layer.kind in STRIDED_KINDS:
+            cycles = np.ceil(strided_tile_cycles(_strided_dims(program, layer), lo[:, 0], hi[:, 0], arch))
+        else:
+            cycles = np.ceil(e * self.cycles_per_element(layer, arch))
+        return 2 * (ie + oe) * e, ie * e, 0, oe * e, cycles
 
     # -- functional simulator -----------------------------------------------------------------
     def prepare_tiles(self, runner) -> None:
