@@ -141,25 +141,28 @@ def test_prefetch_fetches_during_the_all_reduces_what_the_dram_channel_has_time_
     # program 0 streams 0.2 MB a chip (31 us of DRAM) and is 10 us slower streaming: saves 10 us;
     # program 1 streams 2 MB (312 us), 100 us slower: a 50 us all-reduce fetches 320 KB ahead (50 us)
     streamed = stage([70e-6, 350e-6], [200_000, 2_000_000])
-    saved, buffer = board_tp.prefetch(resident, streamed, 50e-6, bw)
+    gains, buffer = board_tp._ahead_gains(resident, streamed, 50e-6, bw)
+    saved = sum(gains)
     assert saved == pytest.approx(10e-6 + 50e-6)
     assert buffer == int(round(50e-6 * bw))  # the larger of the two programs' fetches ahead
     # a long all-reduce: program 1 saves its whole excess over the resident mapping (100 us)
-    saved, buffer = board_tp.prefetch(resident, streamed, 400e-6, bw)
+    gains, buffer = board_tp._ahead_gains(resident, streamed, 400e-6, bw)
+    saved = sum(gains)
     assert saved == pytest.approx(10e-6 + 100e-6) and buffer == 2_000_000
     # never more than the block's two all-reduces
     fast = stage([1e-6, 1e-6])
     slow = stage([900e-6, 900e-6], [10_000_000, 10_000_000])
-    assert board_tp.prefetch(fast, slow, 100e-6, bw)[0] == pytest.approx(200e-6)
+    assert sum(board_tp._ahead_gains(fast, slow, 100e-6, bw)[0]) == pytest.approx(200e-6)
     # no all-reduce or no per-program figures: nothing gained
-    assert board_tp.prefetch(resident, streamed, 0.0, bw) == (0.0, 0)
-    assert board_tp.prefetch(resident, stage([70e-6, 350e-6]), 50e-6, bw) == (0.0, 0)
+    assert board_tp._ahead_gains(resident, streamed, 0.0, bw) == ((), 0)
+    assert board_tp._ahead_gains(resident, stage([70e-6, 350e-6]), 50e-6, bw) == ((), 0)
     # pieces cut at the all-reduces: the DRAM channel streams on from piece to piece, every idle
     # stretch (a piece's run past its own streamed bytes, the all-reduce after it) fetching for
     # the pieces after it
     res = stage([60e-6, 40e-6, 100e-6])
     pieces = stage([70e-6, 80e-6, 300e-6], [64_000, 128_000, 1_280_000])  # 10, 20 and 200 us of DRAM
-    saved, buffer = board_tp.prefetch(res, pieces, 50e-6, bw, 2, (False, True, True))
+    gains, buffer = board_tp._ahead_gains(res, pieces, 50e-6, bw, 2, (False, True, True))
+    saved = sum(gains)
     # a block's idle stretches: 60 + 60 + 100 us running, two 50 us all-reduces (320 us) cover
     # what the pieces lose streaming (10 + 20 + 200 us, each at most its bytes' DRAM time): all
     # saved; the buffer at its fullest holds piece 2's 200 us while it runs, the next block's
@@ -167,12 +170,13 @@ def test_prefetch_fetches_during_the_all_reduces_what_the_dram_channel_has_time_
     assert saved == pytest.approx(10e-6 + 20e-6 + 200e-6)
     assert buffer == pytest.approx(330e-6 * bw, abs=1)
     # a buffer of 150 us a chip: piece 2's bytes are all held when it starts (150 us of its 200)
-    saved, buffer = board_tp.prefetch(res, pieces, 50e-6, bw, 2, (False, True, True), capacity=150e-6 * bw)
+    gains, buffer = board_tp._ahead_gains(res, pieces, 50e-6, bw, 2, (False, True, True), capacity=150e-6 * bw)
+    saved = sum(gains)
     assert saved == pytest.approx(10e-6 + 20e-6 + 150e-6) and buffer <= 150e-6 * bw + 1
     # no all-reduce and no idle stretch: nothing fetched ahead
     busy = stage([10e-6, 20e-6, 200e-6], [64_000, 128_000, 1_280_000])
-    assert board_tp.prefetch(stage([5e-6, 10e-6, 100e-6]), busy, 0.0, bw, 2, (False, True, True)) == (0.0, 0)
-    assert board_tp.prefetch(res, pieces, 50e-6, bw, 2, (False, True)) == (0.0, 0)  # not these pieces
+    assert board_tp._ahead_gains(stage([5e-6, 10e-6, 100e-6]), busy, 0.0, bw, 2, (False, True, True)) == ((), 0)
+    assert board_tp._ahead_gains(res, pieces, 50e-6, bw, 2, (False, True)) == ((), 0)  # not these pieces
     # the run: the streamed blocks (past the resident ones) each run the saving faster
     assert board_tp._run_s(resident, streamed, 5, 2, 60e-6) == pytest.approx(
         2 * resident.latency_s + 3 * (streamed.latency_s - 60e-6))

@@ -60,7 +60,7 @@ the board's SRAM holds resident, :func:`tvm_spinn.mapping.planner.resident_capac
 streaming its weights from DRAM (the rest; a resident block's piece no slower than streaming,
 :func:`_at_most`); a streamed block may fetch part of its weights into
 an SRAM buffer during the all-reduces and while its earlier pieces leave the DRAM channels idle
-(:func:`prefetch`: a candidate of its own, the buffer taken from the resident blocks' SRAM; the
+(:func:`_ahead_gains`: a candidate of its own, the buffer taken from the resident blocks' SRAM; the
 pieces' weights stream on from piece to piece, one run of reads through the buffer as far as
 the SRAM the first block leaves holds it; the block's energy then leaves out its chips' static
 power over the seconds saved, :func:`_unburnt_j`). A token's energy is that of the programs it
@@ -98,7 +98,7 @@ import numpy as np
 __all__ = ["TP_BOARDS", "slice_config", "slice_shares", "slice_block", "slice_weight_bytes", "stream_floor",
            "block_all_reduces", "board_groups",
            "board_patches", "board_compact", "group_layouts", "board_setting", "group_caches", "GroupCaches",
-           "prefetch", "slice_pieces", "slice_forms", "fused_gathers", "slice_collectives", "records"]
+           "slice_pieces", "slice_forms", "fused_gathers", "slice_collectives", "records"]
 
 #: Boards one block is tensor-parallel over (each must divide the heads and the intermediate
 #: size, and leave a board for the head), tried in the order of what their all-reduces alone
@@ -269,7 +269,7 @@ def slice_forms(programs, reduces: int) -> list:
     The pieces end without the row's gathers (the all-reduce delivers the row,
     :func:`fused_gathers`) and map the attention with a shard plan of its own, but each piece
     as mapped reads its weights from DRAM only while it runs (what it fetches ahead is bounded
-    by the SRAM buffer, :func:`prefetch`); the described programs stream theirs in one run of
+    by the SRAM buffer, :func:`_ahead_gains`); the described programs stream theirs in one run of
     reads under their own work (a large program's DRAM reads overlapping its earlier layers).
     Which is faster depends on how much of the block streams and the SRAM left for the buffer:
     both are timed and the faster kept (:func:`records`)."""
@@ -404,12 +404,12 @@ def _run_s(resident, streamed, blocks: int, fit: int, saved_s: float = 0.0) -> f
     """Latency of ``blocks`` consecutive blocks on one board: the first ``fit`` (what the board's
     SRAM keeps resident) at the time of a block mapped alone with its weights resident, the
     rest at the time of a block streaming its weights from DRAM, less ``saved_s`` where part of
-    each streamed block's weights was fetched ahead (:func:`prefetch`)."""
+    each streamed block's weights was fetched ahead (:func:`_ahead_gains`)."""
     return min(blocks, fit) * resident.latency_s + max(0, blocks - fit) * (streamed.latency_s - saved_s)
 
 
-def prefetch(resident, streamed, reduce_s: float, dram_bw: float, reduces: int = 2,
-             ends: "tuple | None" = None, capacity: float = math.inf) -> tuple[float, int]:
+def _ahead_gains(resident, streamed, reduce_s: float, dram_bw: float, reduces: int = 2,
+                 ends: "tuple | None" = None, capacity: float = math.inf) -> tuple[tuple, int]:
     """What a streamed block gains by fetching weights while its DRAM channels are idle.
 
     The weights do not depend on the token, so each program of the block fetches up to
@@ -453,17 +453,10 @@ def prefetch(resident, streamed, reduce_s: float, dram_bw: float, reduces: int =
     Returns
     -------
     tuple
-        ``(seconds saved per streamed block, the SRAM buffer's bytes per chip)``; ``(0, 0)``
-        where the mappings do not say what each program streams.
+        ``(seconds each program of a streamed block saves, the SRAM buffer's bytes per chip)``;
+        ``((), 0)`` where nothing is saved (among others where the mappings do not say what each
+        program streams).
     """
-    gains, buffer = _ahead_gains(resident, streamed, reduce_s, dram_bw, reduces, ends, capacity)
-    return float(sum(gains)), buffer
-
-
-def _ahead_gains(resident, streamed, reduce_s: float, dram_bw: float, reduces: int = 2,
-                 ends: "tuple | None" = None, capacity: float = math.inf) -> tuple[tuple, int]:
-    """:func:`prefetch` per program: ``(seconds each program of the block saves, the buffer's
-    bytes per chip)``; ``((), 0)`` where nothing is saved."""
     n = len(streamed.program_s)
     if len(streamed.program_streamed) != n or len(resident.program_s) != n or (ends is not None and len(ends) != n):
         return (), 0
@@ -492,7 +485,7 @@ def _ahead_gains(resident, streamed, reduce_s: float, dram_bw: float, reduces: i
 
 def _unburnt_j(streamed, gains, board) -> float:
     """The static energy a streamed block's mapping charged over the seconds its weights
-    fetched ahead take off it (:func:`prefetch`, ``gains`` per program): the block no longer
+    fetched ahead take off it (:func:`_ahead_gains`, ``gains`` per program): the block no longer
     runs them, so its chips do not burn their static power over them (its DRAM bytes are read
     all the same, their energy stays). Each program's chips (its mapping's group) over its
     gain; the board's chips where the mapping does not say per program."""
@@ -553,7 +546,7 @@ def _stream_ahead(useful, running, after, capacity: float = math.inf, cycles: in
 def _on_chip(resident, pieces, ends, row_bytes: int, chips: int, scatter_s: float, map_alone):
     """``resident`` with each piece's time as it runs with its weights on chip and nothing else
     resident (the floor of what fetching a streamed block's weights ahead saves it,
-    :func:`prefetch`): a streamed block keeps no weights resident, so a piece whose weights the
+    :func:`_ahead_gains`): a streamed block keeps no weights resident, so a piece whose weights the
     block's SRAM ledger left partly in DRAM (``resident.program_streamed``) runs, once they are
     fetched ahead, as the piece mapped alone on the board (``map_alone(piece)``: its weights
     resident), timed as the block's pieces are (:func:`fused_gathers`, :func:`_spread`)."""
@@ -793,15 +786,50 @@ def slice_weight_bytes(spec, g: int) -> int:
             return 0
         heads, kv, inter = shares
     mlp = 3 if spec.family == "llama" else 2  # a gated MLP's gate, up and down; else in and out
-    return h * (heads + 2 * kv) * d + heads * d * h + mlp * h * inter
+    return _gemm_weight_bytes(h, heads, kv, d, inter, mlp)
+
+
+def _gemm_weight_bytes(hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int,
+                       mlp_matrices: int) -> int:
+    """Bytes of a block's int8 weight-GEMM matrices from its sizes: the attention's query, key,
+    value and output projections (``heads`` query and ``kv_heads`` key-value heads of
+    ``head_dim``) and ``mlp_matrices`` MLP matrices of ``hidden x intermediate`` (a gated MLP
+    has three; a mixture of experts three per expert counted)."""
+    return (hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden
+            + mlp_matrices * hidden * intermediate)
 
 
 def stream_floor(weight_bytes: int, chips: int, dram_bw: float, ahead_s: float) -> float:
     """A lower bound on the seconds a block slice streaming its weights from DRAM adds to a
     token (:func:`_run_s`): its ``weight_bytes`` spread over the board's ``chips`` at best,
     each chip's share read at the chip's DRAM bandwidth ``dram_bw``, less what it may fetch
-    ahead during its all-reduces (``ahead_s``: their seconds, :func:`prefetch`)."""
+    ahead during its all-reduces (``ahead_s``: their seconds, :func:`_ahead_gains`)."""
     return max(0.0, weight_bytes / (chips * dram_bw) - ahead_s)
+
+
+def _pipeline_rest(arch, batch: int, seq: int, groups, free, n_groups: int, move, first_boards=None) -> tuple:
+    """What a pipeline over the first ``n_groups`` of ``groups`` (lists of boards) adds to a
+    token besides its blocks, from the placement alone (no mapping): the head's board (the
+    first of the ``free`` boards, else the board of the group after the last used), the
+    hand-overs (``move(src boards, dst boards)``'s seconds: each group to the next, then the
+    last group's first board to the head's board) and the token's loop back to the chips of
+    ``first_boards`` (default the first group's boards) with the host's I/O
+    (:func:`tvm_spinn.llm.plan._step_io`).
+
+    Returns
+    -------
+    tuple
+        ``(head board, the hand-overs' seconds in pipeline order, the step's I/O figures, the
+        loop's seconds: token return, step synchronisation and host I/O)``.
+    """
+    P = importlib.import_module(".plan", __package__)
+    cpb = arch.chips_per_board
+    head_board = free[0] if free else groups[n_groups][0]
+    moves = [move(groups[j], groups[j + 1]) for j in range(n_groups - 1)]
+    moves.append(move(groups[n_groups - 1][:1], [head_board]))
+    first = groups[0] if first_boards is None else first_boards
+    io = P._step_io(arch, batch, seq, head_board * cpb, [c + b * cpb for b in first for c in range(cpb)])
+    return head_board, moves, io, io["token_return_s"] + io["step_sync_s"] + io["host_io_decode_s"]
 
 
 def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, handover_bytes: int,
@@ -856,19 +884,19 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         direct = point_to_point(topo, src, dst, nbytes / cpb).seconds
         if batch == 1 and len(src_boards) == 1 and len(dst_boards) == 1 and src_boards[0] != dst_boards[0]:
             return min(direct, multipath_point_to_point(topo, src_boards[0], dst_boards[0], nbytes).seconds)
-        if len(src_boards) == len(dst_boards) > 1 and handover_bytes <= 4:
-            # the next group's all-gather is the one the all-reduce (int32 sums, 4 bytes an
-            # element) ran on this group: no narrower a hand-over makes it dearer
+        if len(src_boards) == len(dst_boards) > 1 and handover_bytes <= wire:
+            # the next group's all-gather is the one the all-reduce (``wire`` bytes an element)
+            # ran on this group: a hand-over no wider than that makes it no dearer
             return min(direct, sliced_hand_over(topo, src_boards, dst_boards, nbytes, cpb).seconds)
         return direct
 
     pairs: dict = {}
 
-    def pair_s(j: int, nbytes: int, groups) -> float:
-        """Group ``j`` to group ``j + 1`` of ``groups`` (each pair costed once per degree and size)."""
-        key = (len(groups[j]), j, nbytes)
+    def move_s(src_boards, dst_boards) -> float:
+        """A user's hidden state handed over between two lists of boards (each pair costed once)."""
+        key = (tuple(src_boards), tuple(dst_boards))
         if key not in pairs:
-            pairs[key] = handover_s(groups[j], groups[j + 1], nbytes)
+            pairs[key] = handover_s(src_boards, dst_boards, hidden * handover_bytes)
         return pairs[key]
 
     reduces: dict = {}
@@ -913,11 +941,8 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         per_stream = stream_floor(w, cpb, board.dram_bw_bytes_s, reduces_per_block * max(low, reduce_of(groups, True)))
         out = math.inf
         for n_groups in sorted({math.ceil(L / m) for m in range(least, L + 1)}):
-            head_board = free[0] if free else groups[n_groups][0]
-            hand = sum(pair_s(j, hidden * handover_bytes, groups) for j in range(n_groups - 1))
-            hand += handover_s(groups[n_groups - 1][:1], [head_board], hidden * handover_bytes)
-            io = P._step_io(arch, batch, seq, head_board * cpb, [c + b * cpb for b in groups[0] for c in range(cpb)])
-            loop_s = io["token_return_s"] + io["step_sync_s"] + io["host_io_decode_s"]
+            _, moves, _, loop_s = _pipeline_rest(arch, batch, seq, groups, free, n_groups, move_s)
+            hand = sum(moves)
             # the fewest blocks streamed with this many groups: the blocks spread as evenly as
             # the candidates' runs allow (every run but the last of the same length)
             streamed = min(sum(max(0, n - fit) for n in [m] * (n_groups - 1) + [L - m * (n_groups - 1)])
@@ -935,6 +960,9 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     bounded = [(floor_of(-d[1], d[2], d[3]), d[1], d[2], d[3]) for d in ranked]
     if floors is not None:
         floors.update({-d[1]: d[0] for d in bounded})
+    # the reduced row's all-gather over a board's chips, which a piece whose sums sit on some of
+    # them waits for (:func:`_spread`): the same board and row for every degree and form
+    scatter_s = collective_cost(board_topo, order, "all_gather", hidden * 4, True).seconds
     for floor_s, g, groups, free in sorted(bounded, key=lambda d: d[:2]):
         g = -g
         if floor_s >= best:
@@ -982,7 +1010,6 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
             # of it); uncut, they end in the projection's layout and the slice gathers the row itself
             fused = ends is not None
             if fused:
-                scatter_s = collective_cost(board_topo, order, "all_gather", hidden * 4, True).seconds
                 resident, streamed = (_spread(_less(st, fused_gathers(st, ends, hidden * 4)), ends, cpb, scatter_s)
                                       for st in (resident, streamed))
             resident = _at_most(resident, streamed)
@@ -1011,13 +1038,8 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                 blocks_s = sum(_run_s(resident, streamed, n, fit, saved_s) for n in sizes)
                 ahead_s = sum(max(0, n - fit) for n in sizes) * saved_s
                 reduces_s = reduces_per_block * L * reduce_s
-                head_board = free[0] if free else groups[n_groups][0]
-                hand = [pair_s(j, hidden * handover_bytes, groups) for j in range(n_groups - 1)]
-                hand.append(handover_s(groups[n_groups - 1][:1], [head_board], hidden * handover_bytes))
-                # the token from the head's board back to the first group's boards, the host's I/O
-                io = P._step_io(arch, batch, seq, head_board * cpb,
-                                [c + b * cpb for b in groups[0] for c in range(cpb)])
-                loop_s = io["token_return_s"] + io["step_sync_s"] + io["host_io_decode_s"]
+                # the hand-overs; the token from the head's board back to the first group's boards, the host's I/O
+                head_board, hand, io, loop_s = _pipeline_rest(arch, batch, seq, groups, free, n_groups, move_s)
                 decode_s = blocks_s + reduces_s + sum(hand) + head_s + loop_s
                 used = (g * n_groups + 1) * cpb
                 kept = sum(min(n, fit) for n in sizes) * g * (resident.resident_bytes - resident.kv_sram_bytes)

@@ -118,7 +118,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     from ..target.faults import whole_boards
     from ..timing.collectives import board_all_to_all, multipath_point_to_point, point_to_point
     from ..timing.system import collective_cost
-    from .board_tp import board_setting, group_layouts
+    from .board_tp import _pipeline_rest, board_setting, group_layouts
 
     P = importlib.import_module(".plan", __package__)
     E, k = spec.experts, spec.experts_per_token
@@ -210,11 +210,10 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
             exchange_s = dispatch.seconds + gather_in + combine.seconds + gather_out
             block_s = share(home, per_block[0]) + exchange_s + busiest * share(one, per_block[1])
             worst_block_s = share(home, per_block[0]) + exchange_s + worst * one["stream"].latency_s
-            head_board = free[0] if free else groups[n_groups][0]
-            hand = [board_to_board(groups[j][0], groups[j + 1][0], hidden * handover_bytes) for j in range(n_groups - 1)]
-            hand.append(board_to_board(groups[n_groups - 1][0], head_board, hidden * handover_bytes))
-            io = P._step_io(arch, batch, seq, head_board * cpb, [c + groups[0][0] * cpb for c in range(cpb)])
-            loop_s = io["token_return_s"] + io["step_sync_s"] + io["host_io_decode_s"]
+            # group to group and to the head, home board to home board; the token back to the first home
+            head_board, hand, io, loop_s = _pipeline_rest(
+                arch, batch, seq, groups, free, n_groups,
+                lambda src, dst: board_to_board(src[0], dst[0], hidden * handover_bytes), groups[0][:1])
             rest_s = sum(hand) + head.latency_s + loop_s
             decode_s = L * block_s + rest_s
             used = (ep * n_groups + 1) * cpb
@@ -277,7 +276,7 @@ def _sliced(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     including the whole-expert candidates'); ``floors``, where given, receives each degree's."""
     from ..target.faults import whole_boards
     from ..timing.collectives import board_group_all_reduce, point_to_point
-    from .board_tp import board_setting, group_layouts, slice_config
+    from .board_tp import _pipeline_rest, board_setting, group_layouts, slice_config
     from .describe import describe
     from .spec import spec_of
 
@@ -301,14 +300,6 @@ def _sliced(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
             dst = np.concatenate([np.arange(cpb) + b * cpb for b in dst_boards])
             costed[key] = point_to_point(topo, src, dst, hidden * handover_bytes / cpb).seconds
         return costed[key]
-
-    def rest_s(groups, free, n_groups):
-        """``(head board, hand-overs, host I/O)`` of ``n_groups`` groups: no mapping."""
-        head_board = free[0] if free else groups[n_groups][0]
-        moves = [hand(groups[j], groups[j + 1]) for j in range(n_groups - 1)]
-        moves.append(hand(groups[n_groups - 1][:1], [head_board]))
-        io = P._step_io(arch, batch, seq, head_board * cpb, [c + b * cpb for b in groups[0] for c in range(cpb)])
-        return head_board, moves, io
 
     degrees = []
     for g in (2, 4, 8):
@@ -334,8 +325,7 @@ def _sliced(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         for m in options:
             if m * stored > cpb * arch.dram_bytes:
                 continue
-            _, moves, io = rest_s(groups, free, math.ceil(L / m))
-            loop_s = io["token_return_s"] + io["step_sync_s"] + io["host_io_decode_s"]
+            _, moves, _, loop_s = _pipeline_rest(arch, batch, seq, groups, free, math.ceil(L / m), hand)
             floor = min(floor, L * 2 * reduce_s + sum(moves) + head.latency_s + loop_s + L * _sliced_floor(
                 read, stored, m, budget, cpb, board.dram_bw_bytes_s))
         degrees.append((floor, g, sliced, sub, groups, free, reduce_s, options))
@@ -361,8 +351,7 @@ def _sliced(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
             n_groups = math.ceil(L / m)
             kept = min(1.0, budget / (m * stored))
             block_s = kept * mapped["auto"].latency_s + (1 - kept) * mapped["stream"].latency_s + 2 * reduce_s
-            head_board, hands, io = rest_s(groups, free, n_groups)
-            loop_s = io["token_return_s"] + io["step_sync_s"] + io["host_io_decode_s"]
+            head_board, hands, io, loop_s = _pipeline_rest(arch, batch, seq, groups, free, n_groups, hand)
             decode_s = L * block_s + sum(hands) + head.latency_s + loop_s
             resident = int(min(weight_bytes, n_groups * g * min(budget, m * stored)
                                + min(head.resident_bytes, head.weight_bytes)))
@@ -403,10 +392,12 @@ def _sliced_bytes(sub, evaluated: int) -> tuple[int, int]:
     block (:func:`_sliced`; ``sub`` the slice's spec) that a step reads (the attention's and
     ``evaluated`` experts') and that the board stores (every expert's), from the sizes alone:
     lower bounds on the mapped slice's (its scales, router and norms come on top)."""
-    h, d = sub.hidden, sub.head_dim
-    attention = h * (sub.heads + 2 * sub.kv_heads) * d + sub.heads * d * h
-    expert = 3 * h * sub.intermediate
-    return attention + evaluated * expert, attention + max(sub.experts, evaluated) * expert
+    from .board_tp import _gemm_weight_bytes
+
+    def gemm(experts: int) -> int:  # a gated MLP's three matrices per expert
+        return _gemm_weight_bytes(sub.hidden, sub.heads, sub.kv_heads, sub.head_dim, sub.intermediate, 3 * experts)
+
+    return gemm(evaluated), gemm(max(sub.experts, evaluated))
 
 
 def _sliced_floor(read: int, stored: int, m: int, budget: float, chips: int, dram_bw: float) -> float:

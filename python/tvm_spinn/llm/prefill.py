@@ -828,9 +828,9 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
             n = min(src.size, dst.size)  # a board with dead chips: its live ones, pairwise
             share = nbytes / cpb if n == len(groups[j]) * cpb else nbytes * len(groups[j]) / n
             s = point_to_point(topo, src[:n], dst[:n], share).seconds
-            if sliced and len(groups[j]) > 1 and n == len(groups[j]) * cpb and item <= 4:
-                # in slices: the group's last all-reduce (int32 sums, 4 bytes an element: no
-                # narrower a hand-over makes it dearer) stops after its reduce-scatter, each
+            if sliced and len(groups[j]) > 1 and n == len(groups[j]) * cpb and item <= P.REDUCE_BYTES[reduce]:
+                # in slices: the group's last all-reduce (its partial sums' bytes an element: a
+                # hand-over no wider makes it no dearer) stops after its reduce-scatter, each
                 # board sends its slice and the next group's all-gather completes it, as the
                 # all-reduce's second half would have on this group
                 s = min(s, sliced_hand_over(topo, groups[j], groups[j + 1], nbytes, cpb).seconds)

@@ -220,6 +220,37 @@ def _forget(memo: dict, kind: str) -> None:
         del memo[key]
 
 
+def _local_links(graph, ranks: np.ndarray) -> tuple[dict, np.ndarray]:
+    """The group's own links: ``(member, nb)``, each rank's index in ``ranks`` and, per rank
+    index and direction, the neighbour's rank index (-1 where the neighbour is not a rank)."""
+    member = {int(r): i for i, r in enumerate(ranks)}
+    nb = np.array([[member.get(int(v), -1) for v in graph.neighbors[r]] for r in ranks], dtype=np.int64)
+    return member, nb
+
+
+def _breadth_first(nb: np.ndarray, sources) -> tuple[np.ndarray, list]:
+    """Breadth-first search over the group's own links (``nb``: :func:`_local_links`) from each
+    rank index of ``sources``: ``dist[i, v]``, rank ``v``'s hops from ``sources[i]`` (-1 where
+    the links do not reach it), and ``orders[i]``, the ranks in the order reached (the source,
+    then each frontier's neighbours in direction order: a parent before its children), which
+    the multicast trees take their ranks in."""
+    dist = np.full((len(sources), nb.shape[0]), -1, dtype=np.int64)
+    orders = []
+    for i, s in enumerate(sources):
+        dist[i, s], frontier, seen = 0, [s], [s]
+        while frontier:
+            nxt = []
+            for u in frontier:
+                for v in nb[u]:
+                    if v >= 0 and dist[i, v] < 0:
+                        dist[i, v] = dist[i, u] + 1
+                        nxt.append(int(v))
+            seen += nxt
+            frontier = nxt
+        orders.append(seen)
+    return dist, orders
+
+
 def _tree_walk(topo, ranks, member, choice, orders, c: int, step) -> tuple:
     """Walk the multicast trees ``choice[s, v]`` (the link into rank ``v`` of source ``s``'s
     tree) in each source's ``orders[s]`` (parents first): per (source, rank) the latency from the
@@ -254,26 +285,11 @@ def _multicast_trees(topo: "Topology", ranks: np.ndarray, sources: "int | None" 
     memo = topo.memo
     if key in memo:
         return memo[key]
-    member = {int(r): i for i, r in enumerate(ranks)}
-    # (rank, direction) -> neighbour rank index, -1 off the group
-    nb = np.array([[member.get(int(v), -1) for v in topo.neighbors[r]] for r in ranks], dtype=np.int64)
-    dist = np.full((c, c), -1, dtype=np.int64)
-    order = []  # per source: ranks in BFS order (parents before children)
-    for s in range(sources):
-        dist[s, s], frontier, seen = 0, [s], [s]
-        while frontier:
-            nxt = []
-            for u in frontier:
-                for v in nb[u]:
-                    if v >= 0 and dist[s, v] < 0:
-                        dist[s, v] = dist[s, u] + 1
-                        nxt.append(int(v))
-            seen += nxt
-            frontier = nxt
-        if len(seen) < c:
-            result = None
-            break
-        order.append(seen[1:])
+    member, nb = _local_links(topo, ranks)
+    dist, order = _breadth_first(nb, range(sources))  # per source: ranks in BFS order (parents first)
+    order = [seen[1:] for seen in order]
+    if (dist < 0).any():
+        result = None
     else:
         # candidate incoming links of rank v for source s: from each neighbour one hop closer
         cand = {}
@@ -329,21 +345,8 @@ def _spread_trees(graph, ranks: np.ndarray, sources: int, share_bytes: float):
         graph.memo[key] = None
         return None
     c = ranks.size
-    member = {int(r): i for i, r in enumerate(ranks)}
-    nb = np.array([[member.get(int(v), -1) for v in graph.neighbors[r]] for r in ranks], dtype=np.int64)
-    order = []
-    for s in range(sources):
-        seen, frontier, mark = [s], [s], {s}
-        while frontier:
-            nxt = []
-            for u in frontier:
-                for v in nb[u]:
-                    if v >= 0 and int(v) not in mark:
-                        mark.add(int(v))
-                        nxt.append(int(v))
-            seen += nxt
-            frontier = nxt
-        order.append(seen)
+    member, nb = _local_links(graph, ranks)
+    order = _breadth_first(nb, range(sources))[1]
     load = np.zeros(graph.nodes * 6)
     wait = share_bytes / graph.link_bw
     choice: dict = {}
@@ -418,9 +421,7 @@ def _negotiated_trees(graph, ranks: np.ndarray, sources: int, share_bytes: float
     if _multicast_trees(graph, ranks, sources) is None:  # the ranks' links do not connect them
         graph.memo[key] = None
         return None
-    c = ranks.size
-    member = {int(r): i for i, r in enumerate(ranks)}
-    nb = np.array([[member.get(int(v), -1) for v in graph.neighbors[r]] for r in ranks], dtype=np.int64)
+    member, nb = _local_links(graph, ranks)
     wait = share_bytes / graph.link_bw
     hop = graph.link_hop_s
     load, history = np.zeros(graph.nodes * 6), np.zeros(graph.nodes * 6)
@@ -606,8 +607,7 @@ def _packed_trees(graph, ranks: np.ndarray, members: int):
     if key in graph.memo:
         return graph.memo[key]
     c = ranks.size
-    member = {int(r): i for i, r in enumerate(ranks)}
-    nb = np.array([[member.get(int(v), -1) for v in graph.neighbors[r]] for r in ranks], dtype=np.int64)
+    nb = _local_links(graph, ranks)[1]
     has = nb >= 0
     nbr = np.where(has, nb, c)
     back = (np.arange(6) + 3) % 6
@@ -619,17 +619,8 @@ def _packed_trees(graph, ranks: np.ndarray, members: int):
     hop = graph.link_hop_s[glob]
     # hop distances from every node; a root (a node, or an edge) reaching every member in d
     # hops gives trees whose members are at most 2 d (2 d + 1) hops apart
-    dist = np.full((c, c), c, dtype=np.int64)
-    for s in range(c):
-        dist[s, s], frontier = 0, [s]
-        while frontier:
-            nxt = []
-            for u in frontier:
-                for v in nb[u]:
-                    if v >= 0 and dist[s, v] == c:
-                        dist[s, v] = dist[s, u] + 1
-                        nxt.append(int(v))
-            frontier = nxt
+    dist = _breadth_first(nb, range(c))[0]
+    dist[dist < 0] = c  # out of reach: farther than any path
     far = dist[:, :members].max(axis=1)
     u, k = np.nonzero(nb >= 0)
     keep = u < nb[u, k]
