@@ -20,8 +20,11 @@ The slice's programs are cut where the boards all-reduce (:func:`slice_pieces`):
 ends with each projection whose sums are all-reduced, the next starts with the residual add
 and reads the reduced row whole from SRAM (an input already on chip: the mapper plans no
 gather of it), and the attention over the cache is a piece of its own (its shard plan
-chosen for it, not for the MLP). The all-reduce works in the layout the projection left its
-sums in (each chip of a board its slice, reduced with its counterparts on the other boards);
+chosen for it, not for the MLP). Each piece leaves its outputs in the chips' SRAM, where the
+next piece, the next block, the all-reduce or the hand-over reads them (``keep_outputs`` of
+:func:`tvm_spinn.llm.plan._map_stage`): none goes through DRAM. The all-reduce works in the
+layout the projection left its sums in (each chip of a board its slice, reduced with its
+counterparts on the other boards);
 its multicast then delivers the whole reduced row to every chip of each board, the board's
 routers copying each share to all its chips as it arrives (the on-board all-gather fused into
 the multicast, :func:`fused_gathers`): the piece ending at the projection ends with its last
@@ -1000,11 +1003,13 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
             form = "u" if ends is None and len(forms) > 1 else ""
             fit = fit_alone
             # a slice mapped alone (weights resident as far as they fit) and streaming its weights
-            resident = P._map_stage(list(pieces), board, host_shapes, spec.cache_slots(seq), memo=memo)
+            resident = P._map_stage(list(pieces), board, host_shapes, spec.cache_slots(seq), memo=memo,
+                                    keep_outputs=True)
             # (streaming also where every block stays resident, for pieces: each resident one at most
             # as long as streaming, :func:`_at_most`)
             streamed = (resident if fit >= max(options) and ends is None else
-                        P._map_stage(list(pieces), board, host_shapes, spec.cache_slots(seq), weights="stream", memo=memo))
+                        P._map_stage(list(pieces), board, host_shapes, spec.cache_slots(seq), weights="stream", memo=memo,
+                                     keep_outputs=True))
             # cut into pieces, the all-reduces take the sums spread over each board's chips and
             # deliver the whole row to every chip (the pieces ending at one without their gathers
             # of it); uncut, they end in the projection's layout and the slice gathers the row itself
@@ -1017,7 +1022,8 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
             # the streamed blocks' weights fetched partly while the DRAM channels are idle: a buffer
             # per chip out of the SRAM the resident blocks would take (one fewer may stay resident)
             on_chip = _on_chip(resident, pieces, ends, hidden * 4, cpb, scatter_s if fused else 0.0,
-                               lambda piece: P._map_stage([piece], board, host_shapes, spec.cache_slots(seq), memo=memo))
+                               lambda piece: P._map_stage([piece], board, host_shapes, spec.cache_slots(seq), memo=memo,
+                                                          keep_outputs=True))
             # (the buffer leaves a board's resident share the SRAM the first block holds as mapped
             # alone: that block stays, whatever the buffer)
             gains, buffer = _ahead_gains(on_chip, streamed, reduce_s, board.dram_bw_bytes_s, reduces_per_block, ends,
