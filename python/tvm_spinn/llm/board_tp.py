@@ -66,7 +66,9 @@ an SRAM buffer during the all-reduces and while its earlier pieces leave the DRA
 (:func:`_ahead_gains`: a candidate of its own, the buffer taken from the resident blocks' SRAM; the
 pieces' weights stream on from piece to piece, one run of reads through the buffer as far as
 the SRAM the first block leaves holds it; the block's energy then leaves out its chips' static
-power over the seconds saved, :func:`_unburnt_j`). A token's energy is that of the programs it
+power over the seconds saved, :func:`_unburnt_j`); every block may also be streamed so, none kept
+resident, where a streamed block's pieces, fetched ahead, run faster than the resident block's
+under its one SRAM ledger. A token's energy is that of the programs it
 runs, each charging its chips' static power while it runs, as every placement counts it. The
 time to first token is the system's prompt plan
 (:mod:`tvm_spinn.llm.prefill`), the same for every placement.
@@ -409,6 +411,26 @@ def _run_s(resident, streamed, blocks: int, fit: int, saved_s: float = 0.0) -> f
     rest at the time of a block streaming its weights from DRAM, less ``saved_s`` where part of
     each streamed block's weights was fetched ahead (:func:`_ahead_gains`)."""
     return min(blocks, fit) * resident.latency_s + max(0, blocks - fit) * (streamed.latency_s - saved_s)
+
+
+def _block_variants(resident, streamed, fit: int, fit_ahead: int, saved_s: float, buffer: int,
+                    unburnt_j: float) -> list:
+    """How a group's blocks may run, each ``(blocks kept resident, seconds each streamed block
+    saves, prefetch buffer bytes per chip, static joules each streamed block does not burn,
+    tag)``: ``fit`` blocks resident and the rest streamed (tag ``""``); where fetching ahead
+    saves time (:func:`_ahead_gains`), ``fit_ahead`` resident beside the buffer and the rest
+    streamed and fetched ahead (``"p"``); and, where a streamed block fetched ahead
+    (``streamed``'s latency less ``saved_s``) is faster than a resident one (``resident``), every
+    block streamed so, none resident (``"s"``): a resident block runs its pieces with the shard
+    plans its one SRAM ledger leaves them, while a streamed block's pieces, their weights fetched
+    ahead, each run as mapped alone (:func:`_on_chip`). (The buffer stays what the first block
+    mapped resident leaves: a bound on what streaming every block leaves.)"""
+    out = [(fit, 0.0, 0, 0.0, "")]
+    if saved_s > 0:
+        out.append((fit_ahead, saved_s, buffer, unburnt_j, "p"))
+        if resident.latency_s > streamed.latency_s - saved_s:
+            out.append((0, saved_s, buffer, unburnt_j, "s"))
+    return out
 
 
 def _ahead_gains(resident, streamed, reduce_s: float, dram_bw: float, reduces: int = 2,
@@ -1031,7 +1053,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
             saved = float(sum(gains))
             unburnt = _unburnt_j(streamed, gains, board)
             fit_ahead = max(1, int((budget - buffer * cpb) // max(1, block_w)))
-            variants = [(fit, 0.0, 0, 0.0, "")] + ([(fit_ahead, saved, buffer, unburnt, "p")] if saved > 0 else [])
+            variants = _block_variants(resident, streamed, fit, fit_ahead, saved, buffer, unburnt)
             for per_group, (fit, saved_s, buffer_b, unburnt_j, tag) in ((n, v) for n in options for v in variants):
                 n_groups = math.ceil(L / per_group)
                 sizes = [per_group] * (n_groups - 1) + [L - per_group * (n_groups - 1)]
@@ -1074,6 +1096,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                                  f"hidden state handed over group to group in slices, the head on one board"
                                  + (f"; the streamed blocks' weights fetched {buffer_b / 1e6:.2f} MB a chip ahead "
                                     f"during the all-reduces" if tag else "")
+                                 + ("; every block streamed (faster than kept resident)" if tag == "s" else "")
                                  + ("; each slice run as one program (the faster than cut at its all-reduces)"
                                     if form else "")),
                     meta={"stages": n_groups + 1, "boards_per_stage": g, "blocks_per_stage": per_group,
