@@ -389,3 +389,26 @@ def test_a_streamed_block_fetched_ahead_burns_no_static_power_over_the_seconds_s
     # without per-program figures: the board's chips over the whole saving
     bare = _Stage(3e-4, 0.02, 0, 0, 0, 0, 0, zero, zero)
     assert board_tp._unburnt_j(bare, (40e-6,), board) == pytest.approx(p * board.chips * 40e-6)
+
+
+def test_every_block_streams_where_a_fetched_ahead_block_beats_a_resident_one():
+    """A resident block runs its pieces with the shard plans its one SRAM ledger leaves them; a
+    streamed block's pieces, their weights fetched ahead, may run faster: then every block
+    streamed (none resident) is a variant of its own, and a group's blocks take no longer
+    with it than with any resident ones; otherwise it is not offered."""
+    from tvm_spinn.llm.plan import _Stage
+
+    zero = dict.fromkeys(("compute", "dram", "sram", "links"), 0.0)
+    resident = _Stage(300e-6, 1.0, 2**20, 2**20, 0, 0, 0, zero, zero)
+    streamed = _Stage(420e-6, 1.5, 2**20, 0, 2**16, 0, 0, zero, zero)
+    # fetched ahead, a streamed block takes 420 - 200 = 220 us: faster than 300 us resident
+    variants = board_tp._block_variants(resident, streamed, 3, 2, 200e-6, 4096, 0.25)
+    assert [v[-1] for v in variants] == ["", "p", "s"]
+    assert variants[-1] == (0, 200e-6, 4096, 0.25, "s")
+    times = {v[-1]: board_tp._run_s(resident, streamed, 10, v[0], v[1]) for v in variants}
+    assert times["s"] == pytest.approx(10 * 220e-6)
+    assert times["p"] == pytest.approx(2 * 300e-6 + 8 * 220e-6) and times[""] == pytest.approx(3 * 300e-6 + 7 * 420e-6)
+    assert times["s"] < min(times["p"], times[""])
+    # 100 us saved: 320 us streamed, slower than resident; no time saved: no fetched-ahead variant at all
+    assert [v[-1] for v in board_tp._block_variants(resident, streamed, 3, 2, 100e-6, 4096, 0.1)] == ["", "p"]
+    assert [v[-1] for v in board_tp._block_variants(resident, streamed, 3, 2, 0.0, 0, 0.0)] == [""]

@@ -20,8 +20,11 @@ The slice's programs are cut where the boards all-reduce (:func:`slice_pieces`):
 ends with each projection whose sums are all-reduced, the next starts with the residual add
 and reads the reduced row whole from SRAM (an input already on chip: the mapper plans no
 gather of it), and the attention over the cache is a piece of its own (its shard plan
-chosen for it, not for the MLP). The all-reduce works in the layout the projection left its
-sums in (each chip of a board its slice, reduced with its counterparts on the other boards);
+chosen for it, not for the MLP). Each piece leaves its outputs in the chips' SRAM, where the
+next piece, the next block, the all-reduce or the hand-over reads them (``keep_outputs`` of
+:func:`tvm_spinn.llm.plan._map_stage`): none goes through DRAM. The all-reduce works in the
+layout the projection left its sums in (each chip of a board its slice, reduced with its
+counterparts on the other boards);
 its multicast then delivers the whole reduced row to every chip of each board, the board's
 routers copying each share to all its chips as it arrives (the on-board all-gather fused into
 the multicast, :func:`fused_gathers`): the piece ending at the projection ends with its last
@@ -63,7 +66,9 @@ an SRAM buffer during the all-reduces and while its earlier pieces leave the DRA
 (:func:`_ahead_gains`: a candidate of its own, the buffer taken from the resident blocks' SRAM; the
 pieces' weights stream on from piece to piece, one run of reads through the buffer as far as
 the SRAM the first block leaves holds it; the block's energy then leaves out its chips' static
-power over the seconds saved, :func:`_unburnt_j`). A token's energy is that of the programs it
+power over the seconds saved, :func:`_unburnt_j`); every block may also be streamed so, none kept
+resident, where a streamed block's pieces, fetched ahead, run faster than the resident block's
+under its one SRAM ledger. A token's energy is that of the programs it
 runs, each charging its chips' static power while it runs, as every placement counts it. The
 time to first token is the system's prompt plan
 (:mod:`tvm_spinn.llm.prefill`), the same for every placement.
@@ -406,6 +411,26 @@ def _run_s(resident, streamed, blocks: int, fit: int, saved_s: float = 0.0) -> f
     rest at the time of a block streaming its weights from DRAM, less ``saved_s`` where part of
     each streamed block's weights was fetched ahead (:func:`_ahead_gains`)."""
     return min(blocks, fit) * resident.latency_s + max(0, blocks - fit) * (streamed.latency_s - saved_s)
+
+
+def _block_variants(resident, streamed, fit: int, fit_ahead: int, saved_s: float, buffer: int,
+                    unburnt_j: float) -> list:
+    """How a group's blocks may run, each ``(blocks kept resident, seconds each streamed block
+    saves, prefetch buffer bytes per chip, static joules each streamed block does not burn,
+    tag)``: ``fit`` blocks resident and the rest streamed (tag ``""``); where fetching ahead
+    saves time (:func:`_ahead_gains`), ``fit_ahead`` resident beside the buffer and the rest
+    streamed and fetched ahead (``"p"``); and, where a streamed block fetched ahead
+    (``streamed``'s latency less ``saved_s``) is faster than a resident one (``resident``), every
+    block streamed so, none resident (``"s"``): a resident block runs its pieces with the shard
+    plans its one SRAM ledger leaves them, while a streamed block's pieces, their weights fetched
+    ahead, each run as mapped alone (:func:`_on_chip`). (The buffer stays what the first block
+    mapped resident leaves: a bound on what streaming every block leaves.)"""
+    out = [(fit, 0.0, 0, 0.0, "")]
+    if saved_s > 0:
+        out.append((fit_ahead, saved_s, buffer, unburnt_j, "p"))
+        if resident.latency_s > streamed.latency_s - saved_s:
+            out.append((0, saved_s, buffer, unburnt_j, "s"))
+    return out
 
 
 def _ahead_gains(resident, streamed, reduce_s: float, dram_bw: float, reduces: int = 2,
@@ -1000,11 +1025,13 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
             form = "u" if ends is None and len(forms) > 1 else ""
             fit = fit_alone
             # a slice mapped alone (weights resident as far as they fit) and streaming its weights
-            resident = P._map_stage(list(pieces), board, host_shapes, spec.cache_slots(seq), memo=memo)
+            resident = P._map_stage(list(pieces), board, host_shapes, spec.cache_slots(seq), memo=memo,
+                                    keep_outputs=True)
             # (streaming also where every block stays resident, for pieces: each resident one at most
             # as long as streaming, :func:`_at_most`)
             streamed = (resident if fit >= max(options) and ends is None else
-                        P._map_stage(list(pieces), board, host_shapes, spec.cache_slots(seq), weights="stream", memo=memo))
+                        P._map_stage(list(pieces), board, host_shapes, spec.cache_slots(seq), weights="stream", memo=memo,
+                                     keep_outputs=True))
             # cut into pieces, the all-reduces take the sums spread over each board's chips and
             # deliver the whole row to every chip (the pieces ending at one without their gathers
             # of it); uncut, they end in the projection's layout and the slice gathers the row itself
@@ -1017,7 +1044,8 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
             # the streamed blocks' weights fetched partly while the DRAM channels are idle: a buffer
             # per chip out of the SRAM the resident blocks would take (one fewer may stay resident)
             on_chip = _on_chip(resident, pieces, ends, hidden * 4, cpb, scatter_s if fused else 0.0,
-                               lambda piece: P._map_stage([piece], board, host_shapes, spec.cache_slots(seq), memo=memo))
+                               lambda piece: P._map_stage([piece], board, host_shapes, spec.cache_slots(seq), memo=memo,
+                                                          keep_outputs=True))
             # (the buffer leaves a board's resident share the SRAM the first block holds as mapped
             # alone: that block stays, whatever the buffer)
             gains, buffer = _ahead_gains(on_chip, streamed, reduce_s, board.dram_bw_bytes_s, reduces_per_block, ends,
@@ -1025,7 +1053,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
             saved = float(sum(gains))
             unburnt = _unburnt_j(streamed, gains, board)
             fit_ahead = max(1, int((budget - buffer * cpb) // max(1, block_w)))
-            variants = [(fit, 0.0, 0, 0.0, "")] + ([(fit_ahead, saved, buffer, unburnt, "p")] if saved > 0 else [])
+            variants = _block_variants(resident, streamed, fit, fit_ahead, saved, buffer, unburnt)
             for per_group, (fit, saved_s, buffer_b, unburnt_j, tag) in ((n, v) for n in options for v in variants):
                 n_groups = math.ceil(L / per_group)
                 sizes = [per_group] * (n_groups - 1) + [L - per_group * (n_groups - 1)]
@@ -1068,6 +1096,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                                  f"hidden state handed over group to group in slices, the head on one board"
                                  + (f"; the streamed blocks' weights fetched {buffer_b / 1e6:.2f} MB a chip ahead "
                                     f"during the all-reduces" if tag else "")
+                                 + ("; every block streamed (faster than kept resident)" if tag == "s" else "")
                                  + ("; each slice run as one program (the faster than cut at its all-reduces)"
                                     if form else "")),
                     meta={"stages": n_groups + 1, "boards_per_stage": g, "blocks_per_stage": per_group,

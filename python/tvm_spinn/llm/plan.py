@@ -821,7 +821,7 @@ class _Stage:
 
 
 def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0, weights: str = "auto",
-               memo: "dict | None" = None) -> _Stage:
+               memo: "dict | None" = None, keep_outputs: bool = False) -> _Stage:
     """Map a stage's programs on one board, one after another with one SRAM ledger (each
     program's weights resident in what the earlier ones left, the rest streamed from DRAM).
     ``handoff_in_bytes``: the first program's inputs that the previous stage produced (not the
@@ -840,7 +840,13 @@ def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0, weights: s
     ``memo``: one :func:`plan` call's stages already mapped, keyed by everything the mapping
     reads (the pieces' structure, the board, the host's shapes, ``slots``, the options): the
     pipeline's split counts share stages (a block's last GEMMs), and the ``board_tp`` placement
-    maps the pipeline's head stage again."""
+    maps the pipeline's head stage again.
+
+    ``keep_outputs``: every program leaves its outputs in the chips' SRAM (the next program,
+    which reads them there, or the next run of the stage's programs, or the board links take
+    them from there), none written to DRAM: the programs of a block repeated on the same chips
+    (the ``board_tp`` slice, whose outputs the next piece, the next block or the all-reduce
+    and hand-over read); otherwise an output goes to DRAM, as a region's output does."""
     from ..mapping import MappingOptions, current_options
     from ..mapping.schedule import _structure_key
 
@@ -848,16 +854,16 @@ def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0, weights: s
     key = None
     if memo is not None:
         key = (tuple(_structure_key(p, board, "stage", options) for p in pieces),
-               tuple(sorted(host_shapes)), int(slots))
+               tuple(sorted(host_shapes)), int(slots)) + (("keep_outputs",) if keep_outputs else ())
         if key in memo:
             return memo[key]
-    stage = _map_stage_now(pieces, board, host_shapes, slots, options)
+    stage = _map_stage_now(pieces, board, host_shapes, slots, options, keep_outputs)
     if key is not None:
         memo[key] = stage
     return stage
 
 
-def _map_stage_now(pieces: list, board, host_shapes: set, slots: int, options) -> _Stage:
+def _map_stage_now(pieces: list, board, host_shapes: set, slots: int, options, keep_outputs: bool = False) -> _Stage:
     """:func:`_map_stage` without its memo."""
     from ..mapping.planner import plan_system
 
@@ -869,13 +875,15 @@ def _map_stage_now(pieces: list, board, host_shapes: set, slots: int, options) -
     # not the host's: handed over from the previous board, or produced by an earlier program of
     # the stage (same tensor ids in the clone)
     onchip = [[t for t in program.inputs if tuple(program.tensors[t].shape) not in host_shapes] for program in pieces]
+    # (and, ``keep_outputs``, the outputs each leaves in SRAM)
+    kept = [[t for t in program.outputs if t not in program.inputs] if keep_outputs else [] for program in pieces]
     programs = []
     for program in pieces:
         program = _clone(program)
         program = dataclasses.replace(program, arch=board)
         programs.append(program)
     # in order: a stage is a chain of the model's programs whose SRAM the stage search sized
-    plan = plan_system(programs, board, options, onchip_inputs=onchip, policy="in_order")
+    plan = plan_system(programs, board, options, onchip_inputs=[a + b for a, b in zip(onchip, kept)], policy="in_order")
     program_s, program_streamed, program_timings = [], [], []
     for k, (program, region) in enumerate(zip(plan.programs, plan.regions)):
         before = lat

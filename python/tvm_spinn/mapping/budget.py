@@ -65,7 +65,8 @@ class RegionBudget:
     onchip_inputs : tuple of int
         Tensor ids of the region's inputs already in the chips' SRAM when it starts (handed over
         from the previous stage, or produced by an earlier region on the same chips): read over
-        the NoC, never from DRAM.
+        the NoC, never from DRAM; and of its outputs it leaves in the chips' SRAM (for a later
+        region on the same chips, or the links to send): never written to DRAM.
     """
 
     held: SystemState = SystemState()

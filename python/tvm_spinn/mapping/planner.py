@@ -148,11 +148,11 @@ def _region(program: Program, budget: RegionBudget, onchip: tuple, stage: int = 
     """The :class:`RegionPlan` of a mapped ``program``."""
     every = resident_state(program, range(len(program.layers)))
     kept = resident_state(program, program.mapping.resident_layers)
-    gathered = onchip
+    gathered = tuple(t for t in onchip if t in program.inputs)  # (not the outputs it leaves on chip)
     system = program.mapping.system
     if onchip and system is not None:
         local = recorded_plan(program).shapes
-        gathered = tuple(t for t in onchip if tuple(local[t]) == tuple(program.tensors[t].shape))
+        gathered = tuple(t for t in gathered if tuple(local[t]) == tuple(program.tensors[t].shape))
     # over pipeline stages each input in flight is a stream with a copy of the state at every
     # stage: one copy where the memory plans keep it in SRAM, the others in DRAM
     pipe = program.timing.pipeline if program.mapping.pipeline is not None else None
@@ -229,7 +229,8 @@ def plan_system(programs: Sequence[Program], arch: SpinnArch, options: MappingOp
     options : MappingOptions, optional
         Mapping options (default: the current ones).
     onchip_inputs : sequence of sequences of int, optional
-        Per region, the tensor ids of its inputs already in the chips' SRAM when it starts.
+        Per region, the tensor ids of its inputs already in the chips' SRAM when it starts, and
+        of its outputs it leaves there (:attr:`~.budget.RegionBudget.onchip_inputs`).
     policy : str
         How the regions share the system (see :data:`POLICIES`).
     on_mapped : callable, optional

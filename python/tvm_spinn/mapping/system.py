@@ -374,8 +374,9 @@ def _system_timing(program: Program, plan: ShardPlan, shard: Program, tables, ch
     gathered = [t for t in range(len(program.tensors), len(shard.tensors)) if shard.tensors[t].nbytes <= room]
     # Inputs the region's budget says are already in the chips' SRAM (e.g. a planner's stage
     # whose earlier program, or the hand-over from the previous board, put them there) are
-    # read over the NoC too, and cross no DRAM.
-    arrived = [t for t in onchip if t in shard.inputs and shard.tensors[t].nbytes <= room]
+    # read over the NoC too, and cross no DRAM; outputs it names the program leaves in SRAM
+    # (for a later program on the same chips, or the links to send) and never writes to DRAM.
+    arrived = [t for t in onchip if (t in shard.inputs or t in shard.outputs) and shard.tensors[t].nbytes <= room]
     gathered += arrived
     local = evaluate(replace(shard, mapping=replace(saved, resident_layers=tuple(range(len(shard.layers))),
                                                     onchip_tensors=tuple(sorted(set(saved.onchip_tensors) | set(gathered))))),
@@ -383,8 +384,8 @@ def _system_timing(program: Program, plan: ShardPlan, shard: Program, tables, ch
     exec_cycles = [row.cycles for row in local.layers]
     colls = _comm(topo, program, plan)
     row_fp32 = {i for i, s in enumerate(plan.splits) if s == "row" and program.layers[i].mode != "int8"}
-    # I/O through DRAM: not the inputs already on chip, nor the state (held in SRAM, or
-    # streamed above)
+    # I/O through DRAM: not the inputs already on chip (nor the outputs left there), nor the
+    # state (held in SRAM, or streamed above)
     held = set(arrived) | state
     io = sum(shard.tensors[t].nbytes for t in list(shard.inputs) + list(shard.outputs) if t not in held)
     return compose(program, chip, exec_cycles, stream, colls, plan.chips, row_fp32, io,
