@@ -483,8 +483,7 @@ class DataParallelTrainer(Trainer):
             ratio = tp_cost["rank_s"] / tp_cost["one_chip_s"]
             granule = tp_cost["rank_s"]
             split = self._tp_split
-            share = (split.replicated_bytes + split.sharded_bytes / self.tp) / (split.replicated_bytes
-                                                                                 + split.sharded_bytes)
+            share = split.rank_bytes / (split.replicated_bytes + split.sharded_bytes)
             nbytes = int(4 + (nbytes - 4) * share)
         stride = self.tp  # tensor-parallel ranks of a stage sit on neighbouring chips
         if self.pp > 1:
@@ -715,12 +714,11 @@ def _build(graph_of, model, example_inputs, loss, optimizer, target, model_name,
 
         # a transformer's reductions over its tensor-parallel axes run in the canonical order on
         # every plan, tp = 1 included, so every plan has the same bits (:mod:`.tp_chain`)
-        try:
-            layout = tp_layout(model, micro.param_names, micro.param_shapes, tp)
-        except TrainingError:
-            if tp > 1:
-                raise
-            layout = None  # no projection to split: the program as it is
+        layout = tp_layout(model, micro.param_names, micro.param_shapes, tp)
+        if layout is None and tp > 1:
+            raise TrainingError(f"parallel: tp={tp} splits a transformer's attention and MLP projections (GPT-2 "
+                                "c_attn/c_proj/c_fc, Llama q/k/v/o/gate/up/down_proj) by heads; the model has none, "
+                                "or its config names no num_attention_heads")
         if layout is not None:
             tp_split = split_gemms(grad_mod, len(micro.input_shapes), layout, tp)
             grad_mod = tp_split.mod

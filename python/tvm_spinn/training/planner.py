@@ -1010,9 +1010,11 @@ def _tp_reductions(spec, tokens: int, tp: int, tp_groups: np.ndarray, comms: "_C
     sequence parallelism an all-gather of the block's input and a reduce-scatter of each
     reduction's leaves, else an all-reduce; the chain or the direct algorithm, each rank's
     ``leaves / tp`` leaves added one by one) and a rank's seconds adding its leaves to the running
-    sums on its cores (``"forward_add_s"``, ``"backward_add_s"``). The GEMMs are the ranks'
-    parallel ``1 / tp`` shares, as in Megatron's split."""
-    from .tp_chain import layer_reductions
+    sums on its cores (``"forward_add_s"``, ``"backward_add_s"``). With more ranks than key/value
+    heads the backward also all-reduces each replicated head's key and value gradients over its
+    replicas (:func:`~tvm_spinn.training.tp_chain.group_sum`). The GEMMs are the ranks' parallel
+    ``1 / tp`` shares, as in Megatron's split."""
+    from .tp_chain import kv_replicas, layer_reductions
 
     h, i, q, kv = _widths(spec)
     act = F32 * tokens * spec.hidden
@@ -1023,12 +1025,22 @@ def _tp_reductions(spec, tokens: int, tp: int, tp_groups: np.ndarray, comms: "_C
         gather = comms.collective_parts("all_gather", tp_groups, act) if sp else (0.0, 0.0)
         for kind, m, _, n, leaves, _ in layer_reductions(spec.family, h, q, kv, i, tokens, spec.heads,
                                                          spec.kv_heads):
-            per_rank = max(1, leaves // tp)
+            per_rank = leaves // tp  # every admissible tp divides the leaves (:func:`.tp_chain.admissible_tp`)
             s, busy = comms.collective_parts("reduce_scatter" if sp else "all_reduce", tp_groups, F32 * m * n,
                                              per_rank)
             out[f"{kind}_s"] += s
             out[f"{kind}_busy"] += busy
             out[f"{kind}_add_s"] += per_rank * m * n * add_s
+        replicas = kv_replicas(spec.kv_heads, tp)
+        if replicas > 1:
+            # a replicated key/value head: the gradients of its keys and values (every token, one
+            # head's features) summed over its replicas in rank order and returned to each
+            # (:func:`.tp_chain.group_sum`), one all-reduce each over every head's replicas at once
+            heads = tp_groups.reshape(-1, replicas)
+            for _ in ("keys", "values"):
+                s, busy = comms.collective_parts("all_reduce", heads, F32 * tokens * spec.head_dim)
+                out["backward_s"] += s
+                out["backward_busy"] += busy
         # an all-gather before each of the forward's two reductions (the block's input, the MLP's
         # input) and each of the backward's two (the inputs its weight gradients read)
         for kind in ("forward", "backward"):
@@ -1322,8 +1334,10 @@ def _positive(name: str, value, allow_none: bool = True):
 def _axes(spec, global_batch: int, tp, pp, dp, micro_batch):
     """The sizes each axis may take; a given size that does not divide is an error naming the
     axis, what it must divide and the sizes that would work."""
-    tp_ok = [t for t in _divisors(spec.heads) if (spec.kv_heads % t == 0 or t % spec.kv_heads == 0)
-             and spec.intermediate % t == 0]
+    from .tp_chain import admissible_tp
+
+    # the widths the compiled step builds (one rule for both: :func:`.tp_chain.admissible_tp`)
+    tp_ok = admissible_tp(spec.heads, spec.kv_heads, spec.intermediate, spec.head_dim)
     pp_ok = _divisors(spec.layers)
     dp_ok = _divisors(global_batch)
     for name, value, ok, what in (

@@ -5,7 +5,12 @@ projections are *column-parallel* (rank ``r`` owns the output features of its he
 block of the MLP's hidden features) and the attention-output and MLP-down projections are
 *row-parallel* (rank ``r`` owns the input features it receives from its column-parallel
 partner, and produces a partial sum of the full output). Attention runs head by head on the
-rank owning the head.
+rank owning the head. With grouped-query attention and more ranks than key/value heads, each
+key/value head is computed whole on the ``tp / kv_heads`` ranks whose query heads read it (its
+*replicas*); the gradient of its keys and values, a sum over those query heads, runs along the
+replicas in rank order (:func:`~tvm_spinn.training.tp_chain.group_sum`, the one-chip additions)
+and returns to each. The widths a model admits are
+:func:`~tvm_spinn.training.tp_chain.admissible_tp`'s, the planner's too.
 
 Which additions does the split move? A column-parallel GEMM's outputs are independent sums over
 the whole k range, computed on one rank each exactly as on one chip; so is every weight
@@ -43,7 +48,7 @@ import tvm
 from tvm import relax
 
 from .errors import TrainingError
-from .tp_chain import canonical_leaves, leaf_slices
+from .tp_chain import admissible_tp, canonical_leaves, kv_replicas, leaf_slices
 
 __all__ = ["TPShard", "CanonicalGemm", "TPSplit", "tp_layout", "split_gemms", "canonical_sum", "tp_compute"]
 
@@ -63,29 +68,23 @@ ATTN_COLUMN = ("q_proj",) + KV_COLUMN
 @dataclass(frozen=True)
 class TPShard:
     """How a weight is split: ``kind`` ``"column"`` or ``"row"``; ``axis``: the weight's axis
-    the ranks split; ``owner``: the rank owning each index of that axis; ``leaves`` and
-    ``parts``: the canonical order of a reduction over that axis (:mod:`.tp_chain`: ``parts``
-    equal parts, each cut into ``leaves`` leaves)."""
+    the ranks split, ``extent`` its length; ``leaves`` and ``parts``: the canonical order of a
+    reduction over that axis (:mod:`.tp_chain`: ``parts`` equal parts, each cut into ``leaves``
+    leaves; rank ``r`` of ``tp`` owns leaves ``r * leaves / tp`` onwards); ``replicas``: the
+    ranks computing each output feature (a key/value projection's head, replicated on
+    ``tp / kv_heads`` ranks when ``tp`` exceeds the key/value heads; 1 otherwise)."""
 
     name: str
     kind: str
     axis: int
-    owner: tuple
+    extent: int
     leaves: int = 1
     parts: int = 1
+    replicas: int = 1
 
     def leaf_ranges(self) -> tuple:
         """Each leaf's ``k`` ranges (one a part) in the canonical order."""
-        return leaf_slices(len(self.owner), self.leaves, self.parts)
-
-    def runs(self) -> tuple[tuple[int, int, int], ...]:
-        """``(rank, k0, k1)``: maximal runs of consecutive indices with one owner, ascending."""
-        out, start = [], 0
-        for k in range(1, len(self.owner) + 1):
-            if k == len(self.owner) or self.owner[k] != self.owner[start]:
-                out.append((int(self.owner[start]), start, k))
-                start = k
-        return tuple(out)
+        return leaf_slices(self.extent, self.leaves, self.parts)
 
 
 @dataclass(frozen=True)
@@ -114,13 +113,22 @@ class TPSplit:
     reductions : tuple of CanonicalGemm
         The GEMMs that reduce over a sharded axis (row-parallel forwards, column-parallel input
         gradients), in the canonical order.
-    parallel : tuple of (str, int, int, int, int)
-        ``(name, m, k, n, split)`` per GEMM a rank does a ``1 / tp`` share of, ``split`` the
-        index of the shared extent (0: m, 2: n): column-parallel forwards and row-parallel input
-        gradients (n), every split weight's gradient (its weight's sharded axis; the GEMM
-        reduces over the batch rows).
+    parallel : tuple of (str, int, int, int, int, int)
+        ``(name, m, k, n, split, ways)`` per GEMM a rank does a ``1 / ways`` share of (``ways``:
+        ``tp``, or the key/value heads for a key/value projection replicated over ranks),
+        ``split`` the index of the shared extent (0: m, 2: n): column-parallel forwards and
+        row-parallel input gradients (n), every split weight's gradient (its weight's sharded
+        axis; the GEMM reduces over the batch rows).
+    groups : tuple of (str, int, int, int)
+        ``(name, m, features, replicas)`` per key/value projection whose heads are replicated
+        over ``replicas`` ranks: the gradient of its output (``m`` rows, ``features`` of one
+        head) is the sum of the replicas' query heads' terms, added along the replicas in rank
+        order (:func:`~tvm_spinn.training.tp_chain.group_sum`, the one-chip additions) and
+        returned to every replica.
     sharded_bytes, replicated_bytes : int
         Parameter bytes split over the ranks and held by every rank.
+    rank_bytes : int
+        Parameter bytes one rank holds (its shares, its key/value heads, the replicated rest).
     """
 
     mod: tvm.IRModule
@@ -129,6 +137,8 @@ class TPSplit:
     parallel: tuple
     sharded_bytes: int
     replicated_bytes: int
+    groups: tuple
+    rank_bytes: int
 
 
 def _divisors(n: int) -> str:
@@ -140,25 +150,27 @@ def _check(tp: int, extent: int, axis: str) -> None:
         raise TrainingError(f"parallel: tp={tp} does not divide {axis} ({extent}); tp may be {_divisors(extent)}")
 
 
-def tp_layout(model, param_names, param_shapes, tp: int) -> tuple:
-    """Each parameter's :class:`TPShard` (None: replicated) under ``tp`` ranks.
+def tp_layout(model, param_names, param_shapes, tp: int) -> "tuple | None":
+    """Each parameter's :class:`TPShard` (None: replicated) under ``tp`` ranks, or None when
+    the model has no transformer block to split (no projection among :data:`COLUMN` and
+    :data:`ROW`, or no config naming its attention heads).
 
     Raises
     ------
     TrainingError
-        When ``tp`` does not divide a split axis (heads, key-value heads, MLP features), naming
-        the axis and the values that would work; when the model has no projection to split.
+        When ``tp`` is not a width the model admits
+        (:func:`~tvm_spinn.training.tp_chain.admissible_tp`) or does not divide a split axis,
+        naming the axis and the values that would work.
     """
     modules = dict(model.named_modules())
     heads = kv_heads = None
-    for sub in modules.values():  # grouped-query attention: tp splits the key-value heads too
+    for sub in modules.values():  # grouped-query attention: tp splits or replicates the key-value heads
         config = getattr(sub, "config", None)
         kv = getattr(config, "num_key_value_heads", None)
         if heads is None and isinstance(getattr(config, "num_attention_heads", None), int):
             heads = config.num_attention_heads
             kv_heads = kv if isinstance(kv, int) and not isinstance(kv, bool) else heads
         if isinstance(kv, int) and not isinstance(kv, bool):
-            _check(tp, kv, "the key-value heads")
             break
     out = []
     for name, shape in zip(param_names, param_shapes):
@@ -176,29 +188,35 @@ def tp_layout(model, param_names, param_shapes, tp: int) -> tuple:
         if mod_leaf in FUSED_QKV:
             _check(3, extent, f"the fused QKV features of {owner_name}")
             _check(tp, extent // 3, f"the attention heads' features of {owner_name} ({extent // 3} per Q, K, V)")
-            part = extent // 3
-            owner = tuple(np.tile(np.repeat(np.arange(tp), part // tp), 3).tolist())
         else:
             _check(tp, extent, f"the {'output' if kind == 'column' else 'input'} features of {owner_name}")
-            owner = tuple(np.repeat(np.arange(tp), extent // tp).tolist())
-        out.append(TPShard(name, kind, axis, owner, parts=3 if mod_leaf in FUSED_QKV else 1))
-    if not any(out):
-        raise TrainingError("parallel: tp > 1 splits the attention and MLP projections (GPT-2 c_attn/c_proj/c_fc, "
-                            "Llama q/k/v/o/gate/up/down_proj); the model has none")
-    if heads is None:
-        raise TrainingError("parallel: the model's config names no num_attention_heads (the canonical order of "
-                            "its tensor-parallel reductions is cut by heads)")
+        replicas = kv_replicas(kv_heads, tp) if kv_heads is not None and mod_leaf in KV_COLUMN else 1
+        out.append(TPShard(name, kind, axis, extent, parts=3 if mod_leaf in FUSED_QKV else 1, replicas=replicas))
+    if not any(out) or heads is None:
+        return None  # no block to split: the program as it is
     # the canonical order's leaves (:func:`.tp_chain.canonical_leaves`): the MLP's hidden features
-    # are the column-parallel MLP weights' split extent
-    mlp = [len(s.owner) for s in out if s is not None and s.kind == "column" and s.name.rpartition(".")[0]
-           .rpartition(".")[2] in MLP_COLUMN]
+    # are the column-parallel MLP weights' split extent; the head size, the query features' per head
+    mlp = [s.extent for s in out if s is not None and s.kind == "column" and _module(s) in MLP_COLUMN]
+    query = [s.extent // s.parts for s in out if s is not None and _module(s) in FUSED_QKV + ("q_proj",)]
     intermediate = math.gcd(*mlp) if mlp else heads
-    g, g_kv = canonical_leaves(heads, kv_heads, intermediate)
+    head_dim = math.gcd(*query) // heads if query and math.gcd(*query) % heads == 0 else 1
+    ok = admissible_tp(heads, kv_heads, intermediate, head_dim)
+    if tp not in ok:
+        raise TrainingError(f"parallel: tp={tp} is not a split of the attention heads ({heads}), the key-value heads "
+                            f"({kv_heads}: tp must divide them or be a multiple of them) and the MLP's "
+                            f"{intermediate} hidden features (the canonical order's leaves); tp may be "
+                            f"{', '.join(map(str, ok))}")
+    g, g_qkv = canonical_leaves(heads, kv_heads, intermediate, head_dim)
     # the query, key and value projections' input gradients are summed into one reduction
-    # (:func:`split_gemms`), leaf by leaf: their leaves must coincide, so the query axis takes the
-    # key/value axis' count too (every admissible tp divides the key/value heads)
-    return tuple(None if s is None else dataclasses.replace(
-        s, leaves=g_kv if s.name.rpartition(".")[0].rpartition(".")[2] in ATTN_COLUMN else g) for s in out)
+    # (:func:`split_gemms`), leaf by leaf: their leaves coincide (g_qkv, which every admissible
+    # tp divides)
+    return tuple(None if s is None else dataclasses.replace(s, leaves=g_qkv if _module(s) in ATTN_COLUMN else g)
+                 for s in out)
+
+
+def _module(shard: TPShard) -> str:
+    """The projection's module name (``q_proj``, ``c_attn``, ...) of a split weight."""
+    return shard.name.rpartition(".")[0].rpartition(".")[2]
 
 
 def _shape(expr) -> tuple:
@@ -262,7 +280,8 @@ def split_gemms(grad_mod: tvm.IRModule, n_inputs: int, layout, tp: int) -> TPSpl
                     continue
                 if _is_op(v, "relax.matmul") and v.args[1] in view and len(_shape(v.args[0])) >= 2:
                     a_shape, (k, n) = _shape(v.args[0]), _shape(v.args[1])
-                    parallel.append((view[v.args[1]][0].name, int(np.prod(a_shape[:-1])), k, n, 2))
+                    shard = view[v.args[1]][0]
+                    parallel.append((shard.name, int(np.prod(a_shape[:-1])), k, n, 2, tp // shard.replicas))
                 mapping[b.var] = bb.emit(remap.visit_expr(v), name_hint=b.var.name)
             out = bb.emit_output(remap.visit_expr(func.body.body))
         bb.emit_func_output(out)
@@ -275,10 +294,16 @@ def split_gemms(grad_mod: tvm.IRModule, n_inputs: int, layout, tp: int) -> TPSpl
     for s, var in zip(layout, param_vars):
         if s is not None and s.name in rows:
             k, n = _shape(var)
-            parallel.append((s.name, k, rows[s.name], n, 2 if s.axis == 1 else 0))
+            parallel.append((s.name, k, rows[s.name], n, 2 if s.axis == 1 else 0, tp // s.replicas))
+    # a replicated key/value head's output gradient: summed over its replicas (one head's features)
+    groups = tuple((s.name, rows[s.name], s.extent * s.replicas // tp, s.replicas) for s in layout
+                   if s is not None and s.replicas > 1 and s.name in rows)
     sizes = [int(np.prod(_shape(v))) * 4 for v in param_vars]
     sharded = sum(b for b, s in zip(sizes, layout) if s is not None)
-    return TPSplit(FixupImported(mod), tp, tuple(reductions), tuple(parallel), sharded, sum(sizes) - sharded)
+    # one rank's bytes: a replicated key/value head's weights are held by each of its replicas
+    rank = sum(b if s is None else b * s.replicas // tp for b, s in zip(sizes, layout))
+    return TPSplit(FixupImported(mod), tp, tuple(reductions), tuple(parallel), sharded, sum(sizes) - sharded,
+                   groups, rank)
 
 
 def _is_op(value, name: str) -> bool:
@@ -401,13 +426,16 @@ def tp_compute(split: TPSplit, one_chip_s: float, target, topo) -> dict:
     ``one_chip_s`` is the gradient program's PE time on one chip (the canonical reductions
     included). A rank does ``1 / tp`` of the parallel GEMMs (column-parallel forwards,
     row-parallel input gradients, the split weights' gradients: ``parallel_s`` for all of them,
-    ``rank_parallel_s`` for one rank's share) and of each canonical reduction's leaves
+    ``rank_parallel_s`` for one rank's share: a replicated key/value head is computed whole on
+    each of its replicas) and of each canonical reduction's leaves
     (``canonical_s`` for all the leaves' GEMMs and additions, ``rank_canonical_s`` for one rank's
     leaves, its additions to the running sum included); the ordered sum over the ranks is the
     chain all-reduce of :func:`~tvm_spinn.timing.collectives.chain_all_reduce` (rank after rank
     in rank order, pipelined over segments, every rank receiving the result: the compiled step
     keeps each block's output whole on every rank), ``reduce_s``, each priced for one reduction's
-    ``m x n`` sums over the ``tp`` neighbouring chips. Each set of GEMMs is priced as one program
+    ``m x n`` sums over the ``tp`` neighbouring chips; with more ranks than key/value heads it
+    includes ``group_s``, the chain all-reduces of each replicated head's output gradient over
+    its replicas (:attr:`TPSplit.groups`). Each set of GEMMs is priced as one program
     of those GEMMs on a chip. The rest (norms, attention, element-wise, the embeddings and head)
     is counted on every rank: Megatron's split of attention by heads and of the vocabulary is
     not modelled.
@@ -427,8 +455,8 @@ def tp_compute(split: TPSplit, one_chip_s: float, target, topo) -> dict:
             return 0.0
         return executable_latency(relax.build(_gemm_module(shapes, leaves), target=target))
 
-    full = [(m, k, n) for _, m, k, n, _ in split.parallel]
-    share = [(m // tp, k, n) if axis == 0 else (m, k, n // tp) for _, m, k, n, axis in split.parallel]
+    full = [(m, k, n) for _, m, k, n, _, _ in split.parallel]
+    share = [(m // ways, k, n) if axis == 0 else (m, k, n // ways) for _, m, k, n, axis, ways in split.parallel]
     parallel_s, rank_parallel_s = latency(full), latency(share)
     # the canonical reductions, grouped by leaf count: all the leaves on one chip, a rank's
     # leaves (its leaves / tp of them, each added to the running sum)
@@ -448,10 +476,19 @@ def tp_compute(split: TPSplit, one_chip_s: float, target, topo) -> dict:
         if topo is not None and tp > 1 else 0.0
     fast_s = sum(all_reduce(topo, ranks, 4 * c.m * c.n).seconds for c in split.reductions) \
         if topo is not None and tp > 1 else 0.0
+    # replicated key/value heads: each head's output gradient summed over its replicas (the
+    # first ``replicas`` neighbouring ranks stand for every group: they all run at once)
+    group_s = sum(chain_all_reduce(topo, ranks[:r], 4 * m * f).seconds for _, m, f, r in split.groups) \
+        if topo is not None else 0.0
+    group_fast_s = sum(all_reduce(topo, ranks[:r], 4 * m * f).seconds for _, m, f, r in split.groups) \
+        if topo is not None else 0.0
+    reduce_s += group_s
+    fast_s += group_fast_s
     rest = one_chip_s - parallel_s + rank_parallel_s - canonical_s
     rank = rest + rank_canonical_s + reduce_s
     megatron = rest + rank_share_s + fast_s
     return {"one_chip_s": one_chip_s, "parallel_s": parallel_s, "rank_parallel_s": rank_parallel_s,
             "canonical_s": canonical_s, "rank_canonical_s": rank_canonical_s, "reduce_s": reduce_s,
+            "group_s": group_s,
             "rank_s": rank, "rank_share_s": rank_share_s, "all_reduce_s": fast_s, "megatron_rank_s": megatron,
             "reproducible_cost": rank / megatron}

@@ -11,7 +11,11 @@ order into one accumulator: ``((l_0 + l_1) + l_2) + ...``. A fused projection of
 (GPT-2's ``c_attn``: Q, K and V, each split by heads) takes its leaf ``l`` as the ``l``-th slice
 of every part, in part order (one GEMM from zero over the concatenated slices), so a rank's
 leaves stay its own heads; so does the sum of separate projections' input gradients (Llama's
-``q/k/v_proj``, parts of unequal widths, and ``gate/up_proj``), one reduction of their parts.
+``q/k/v_proj``, parts of unequal widths, and ``gate/up_proj``), one reduction of their parts. The widths a model admits are one rule,
+:func:`admissible_tp`, which the compiled step and the planner both apply; with more ranks than
+key/value heads each head is replicated on ``tp / kv_heads`` ranks, the key/value leaves are
+slices of a head's features, and the head's gradient is summed over its replicas' query heads in
+one fixed order (:func:`group_sum`).
 
 Every split computes exactly these additions (:func:`split_reduce` executes them rank by rank):
 the ranks compute their leaves' GEMMs at once (the parallel ``1 / tp`` share of Megatron's
@@ -38,22 +42,63 @@ import numpy as np
 
 from .errors import TrainingError
 
-__all__ = ["canonical_leaves", "vocab_leaves", "leaf_slices", "canonical_matmul", "split_reduce", "direct_reduce",
-           "layer_reductions", "Reduction"]
+__all__ = ["canonical_leaves", "admissible_tp", "kv_replicas", "group_sum", "vocab_leaves", "leaf_slices",
+           "canonical_matmul", "split_reduce", "direct_reduce", "layer_reductions", "Reduction"]
 
 
-def canonical_leaves(heads: int, kv_heads: int, intermediate: int) -> tuple[int, int]:
-    """``(leaves of the query-head and MLP axes, leaves of the key/value-head axis)``.
+def canonical_leaves(heads: int, kv_heads: int, intermediate: int, head_dim: int) -> tuple[int, int]:
+    """``(leaves of the query-head and MLP axes, leaves of the query/key/value input gradient)``.
 
     A split ``tp`` must divide the attention heads and the MLP's hidden features, so it divides
     ``g = gcd(heads, intermediate)``: ``g`` leaves of either axis give every rank whole leaves
-    under every admissible split. The key/value axis is split only by a ``tp`` dividing its heads
-    too: ``gcd(g, kv_heads)``."""
-    for name, value in (("heads", heads), ("kv_heads", kv_heads), ("intermediate", intermediate)):
+    under every admissible split. The query, key and value projections' input gradients are one
+    reduction (leaf ``l``: the ``l``-th leaf of each), so the key/value features
+    (``kv_heads * head_dim``) are cut into the same count: ``gcd(g, kv_heads * head_dim)``, at
+    query-head granularity (``g`` itself for every model whose head size is a multiple of its
+    query heads per key/value head). With more ranks than key/value heads a leaf of the
+    key/value part is a slice of one head's features (:func:`admissible_tp`)."""
+    for name, value in (("heads", heads), ("kv_heads", kv_heads), ("intermediate", intermediate),
+                        ("head_dim", head_dim)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise TrainingError(f"canonical_leaves: {name} must be a positive integer, got {value!r}")
     g = math.gcd(int(heads), int(intermediate))
-    return g, math.gcd(g, int(kv_heads))
+    return g, math.gcd(g, int(kv_heads) * int(head_dim))
+
+
+def admissible_tp(heads: int, kv_heads: int, intermediate: int, head_dim: int) -> list[int]:
+    """The tensor-parallel widths a transformer block admits, in the compiled step and in the
+    planner alike (one rule): ``tp`` divides every canonical leaf count
+    (:func:`canonical_leaves`: so every rank owns whole leaves of every reduction) and either
+    divides the key/value heads (each rank holds ``kv_heads / tp`` of them) or is a multiple of
+    them (each key/value head replicated on ``tp / kv_heads`` consecutive ranks, Megatron's
+    split of grouped-query attention: a rank's query heads all read its one key/value head)."""
+    _, g_qkv = canonical_leaves(heads, kv_heads, intermediate, head_dim)
+    return [t for t in range(1, g_qkv + 1) if g_qkv % t == 0 and (kv_heads % t == 0 or t % kv_heads == 0)]
+
+
+def kv_replicas(kv_heads: int, tp: int) -> int:
+    """Ranks holding each key/value head under ``tp`` (1 unless ``tp`` exceeds the heads)."""
+    return tp // kv_heads if tp > kv_heads else 1
+
+
+def group_sum(terms: np.ndarray, replicas: int) -> np.ndarray:
+    """Execute a key/value head's gradient over its ``replicas`` ranks, rank by rank: ``terms``
+    ``[..., n]`` holds the contributions of the head's ``n`` query heads (the last axis, in
+    query-head order); replica ``j`` owns query heads ``j * n / replicas`` onwards, receives the
+    running sum from replica ``j - 1`` (zeros at the first), adds its heads' terms one by one
+    and passes it on. The additions are those of one chip's ``sum`` over the query heads
+    (ascending, from zero), so the key/value projections' gradients have the one-chip bits for
+    every ``tp``. Returns the sum (every replica's, after the chain's way back)."""
+    terms = np.asarray(terms)
+    n = terms.shape[-1]
+    if replicas < 1 or n % replicas:
+        raise TrainingError(f"canonical order: {replicas} replicas do not divide the {n} query heads of a key/value "
+                            "head")
+    running = np.zeros(terms.shape[:-1], terms.dtype)  # arrives at replica 0
+    for j in range(replicas):
+        for h in range(j * n // replicas, (j + 1) * n // replicas):
+            running = running + terms[..., h]
+    return running
 
 
 #: fewest vocabulary rows a leaf of the LM head's canonical order takes
@@ -66,7 +111,7 @@ def vocab_leaves(heads: int, intermediate: int, vocab: int) -> int:
     while a leaf keeps at least :data:`MIN_VOCAB_LEAF_ROWS` rows. A head stage's width must
     divide it (``tp`` times a power of two does, up to that count); the vocabulary is padded to a
     multiple of it (zero rows add nothing)."""
-    leaves, _ = canonical_leaves(heads, heads, intermediate)
+    leaves, _ = canonical_leaves(heads, heads, intermediate, 1)
     while 2 * leaves * MIN_VOCAB_LEAF_ROWS <= vocab:
         leaves *= 2
     return leaves
@@ -152,11 +197,13 @@ def split_reduce(a: np.ndarray, w: np.ndarray, leaves: int, tp: int, parts: int 
     return out
 
 
-def direct_reduce(a: np.ndarray, w: np.ndarray, leaves: int, tp: int, parts: int = 1) -> list[np.ndarray]:
+def direct_reduce(a: np.ndarray, w: np.ndarray, leaves: int, tp: int, parts: int = 1,
+                  log: "list | None" = None) -> list[np.ndarray]:
     """Execute the canonical reduction as a direct reduce-scatter over ``tp`` ranks: rank ``r``
     owns row block ``r`` of the result; every rank sends each owner its leaves' partial sums of
     the owner's rows (one message a leaf, not their sum), and the owner adds the pieces it
-    receives in leaf order. Returns each rank's row block."""
+    receives in leaf order. Returns each rank's row block; ``log`` (a list) receives every
+    message as ``(source rank, owner rank, leaf, bytes)``."""
     a, w = _check(a, w)
     owner = _owners(leaves, tp)
     slices = leaf_slices(w.shape[0], leaves, parts)
@@ -165,6 +212,8 @@ def direct_reduce(a: np.ndarray, w: np.ndarray, leaves: int, tp: int, parts: int
     out = []
     for r, rows in enumerate(blocks):
         inbox = sorted((l, local[src][l][rows]) for src in range(tp) for l in local[src])  # leaf order
+        if log is not None:
+            log.extend((src, r, l, local[src][l][rows].nbytes) for src in range(tp) for l in sorted(local[src]))
         acc = inbox[0][1]
         for _, piece in inbox[1:]:
             acc = acc + piece
@@ -190,8 +239,8 @@ def layer_reductions(family: str, hidden: int, q: int, kv: int, intermediate: in
     the canonical order does not depend on ``tp``): the row-parallel projections' forwards
     (attention output, MLP down) and the column-parallel projections' input gradients. Llama's
     query, key and value input gradients are one reduction (their sum, leaf ``l`` one GEMM over
-    the ``l``-th leaf of each, ``gcd(heads, kv_heads, intermediate)`` leaves), and so are its
-    gate's and up's: two a backward, as in Megatron's split.
+    the ``l``-th leaf of each, :func:`canonical_leaves`), and so are its gate's and up's: two a
+    backward, as in Megatron's split.
 
     Parameters
     ----------
@@ -203,11 +252,11 @@ def layer_reductions(family: str, hidden: int, q: int, kv: int, intermediate: in
     heads, kv_heads : int
         Attention and key/value heads (:func:`canonical_leaves`).
     """
-    g, g_kv = canonical_leaves(heads, kv_heads, intermediate)
+    g, g_qkv = canonical_leaves(heads, kv_heads, intermediate, q // heads)
     h, i = hidden, intermediate
     forward = [Reduction("forward", m, q, h, g), Reduction("forward", m, i, h, g)]
     if family == "gpt2":
         backward = [Reduction("backward", m, q + 2 * kv, h, g, 3), Reduction("backward", m, i, h, g)]
-    else:  # the separate projections' input gradients summed leaf by leaf (q, k, v: the kv leaves)
-        backward = [Reduction("backward", m, q + 2 * kv, h, g_kv, 3), Reduction("backward", m, 2 * i, h, g, 2)]
+    else:  # the separate projections' input gradients summed leaf by leaf (q, k, v: one count)
+        backward = [Reduction("backward", m, q + 2 * kv, h, g_qkv, 3), Reduction("backward", m, 2 * i, h, g, 2)]
     return tuple(forward + backward)
