@@ -720,6 +720,11 @@ def _build(graph_of, model, example_inputs, loss, optimizer, target, model_name,
                                 "c_attn/c_proj/c_fc, Llama q/k/v/o/gate/up/down_proj) by heads; the model has none, "
                                 "or its config names no num_attention_heads")
         if layout is not None:
+            from .vocab_parallel import vocab_parallel
+
+            # the LM head split by the vocabulary: its input gradient in the canonical order of
+            # the vocabulary's leaves (:mod:`.vocab_parallel`)
+            layout = vocab_parallel(grad_mod, len(micro.input_shapes), micro.param_names, layout, model)
             tp_split = split_gemms(grad_mod, len(micro.input_shapes), layout, tp)
             grad_mod = tp_split.mod
         grad_ex = relax.build(grad_mod, target=replica_tgt)
