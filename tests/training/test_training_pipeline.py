@@ -321,3 +321,21 @@ def test_head_stage_plans_keep_the_bits(tiny):
         trainer.with_plan(pp=4, head_stage=True)
     with pytest.raises(TrainingError, match=r"head_stage must be True or False, got 1"):
         trainer.with_plan(pp=2, head_stage=1)
+    # given at compile time: the same stages
+    model, _, _ = tiny
+    ids, _ = batches[0]
+    staged = tvm_spinn.training.compile(model, torch.from_numpy(ids), optimizer=ADAMW, target="spinn/board",
+                                        parallel={"pp": 3, "head_stage": True, "microbatches": 2})
+    assert staged.plan()["head_stage"] and _same_bits(_run(staged, batches), ref)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"pp": 1, "head_stage": True}, r"parallel: a head stage of its own needs pp >= 2 .*got pp=1"),
+    ({"pp": 4, "head_stage": True}, r"parallel: pp - 1=3 does not divide the layers \(2: a head stage"),
+    ({"pp": 2, "head_stage": "yes"}, r"parallel: head_stage must be True or False, got 'yes'"),
+])
+def test_bad_head_stages_are_named_before_compiling(options, message):
+    ids, _ = tokens(64)
+    with pytest.raises(TrainingError, match=message):
+        tvm_spinn.training.compile(gpt2(layers=2, hidden=32, vocab=64), torch.from_numpy(ids), optimizer=ADAMW,
+                                   target="spinn/board", parallel=options)

@@ -639,13 +639,14 @@ def build_data_parallel(graph_of, model, example_inputs, loss, optimizer, target
 
 
 #: the options of ``parallel=`` (:func:`build_parallel`)
-PARALLEL_OPTIONS = ("dp", "tp", "pp", "microbatches", "zero", "granule")
+PARALLEL_OPTIONS = ("dp", "tp", "pp", "microbatches", "zero", "granule", "head_stage")
 
 
 def build_parallel(graph_of, model, example_inputs, loss, optimizer, target, options: dict,
                    model_name: str) -> DataParallelTrainer:
     """Build a :class:`DataParallelTrainer` of a user-given plan ``parallel={"dp", "tp", "pp",
-    "microbatches", "zero", "granule"}`` whose bits depend on none of the first five: the
+    "microbatches", "zero", "granule", "head_stage"}`` whose bits depend on none of the first five
+    nor on the last: the
     gradient program is compiled for one granule (``granule`` samples, default 1) and the step
     sums the granules' gradients in ascending order, whatever the micro-batch count, replica
     count and sharding (a micro-batch must hold whole granules)."""
@@ -661,6 +662,12 @@ def build_parallel(graph_of, model, example_inputs, loss, optimizer, target, opt
     zero = options.get("zero", 0)
     _check_zero(zero)
     granule = _positive("parallel: granule", options.get("granule", 1))
+    head_stage = options.get("head_stage", False)
+    if not isinstance(head_stage, bool):
+        raise TrainingError(f"parallel: head_stage must be True or False, got {head_stage!r}")
+    if head_stage and pp < 2:
+        raise TrainingError(f"parallel: a head stage of its own needs pp >= 2 (the layers' stages and the head's), "
+                            f"got pp={pp}")
     if not isinstance(example_inputs, tuple | list):
         example_inputs = (example_inputs,)
     batch = _batch_of(example_inputs, "parallel")
@@ -688,7 +695,10 @@ def build_parallel(graph_of, model, example_inputs, loss, optimizer, target, opt
         layers = axes.layers
         if tp > 1:
             _check_axis("tp", tp, "the attention heads", axes.heads)
-        if pp > 1:
+        if head_stage:
+            _check_axis("pp - 1", pp - 1, "the layers", axes.layers,
+                        "a head stage of its own leaves pp - 1 stages to the layers")
+        elif pp > 1:
             _check_axis("pp", pp, "the layers", axes.layers)
     else:
         with contextlib.suppress(TrainingError):  # not a transformer: no pipeline stages later either
@@ -696,12 +706,12 @@ def build_parallel(graph_of, model, example_inputs, loss, optimizer, target, opt
 
             layers = model_axes(model).layers
     return _build(graph_of, model, example_inputs, loss, optimizer, target, model_name, batch, dp,
-                  microbatches, batch // granule, zero, True, pp, layers, tp)
+                  microbatches, batch // granule, zero, True, pp, layers, tp, head_stage)
 
 
 def _build(graph_of, model, example_inputs, loss, optimizer, target, model_name, batch: int, replicas: int,
            microbatches: int, granules: int | None, zero: int, reproducible: bool, pp: int = 1,
-           layers: int | None = None, tp: int = 1) -> DataParallelTrainer:
+           layers: int | None = None, tp: int = 1, head_stage: bool = False) -> DataParallelTrainer:
     """The trainer: the gradient program compiled for one granule (``batch / granules``
     samples; ``granules=None``: one micro-batch) and the update for the granule count."""
     count = microbatches if granules is None else granules
@@ -745,6 +755,6 @@ def _build(graph_of, model, example_inputs, loss, optimizer, target, model_name,
         update_ex = relax.build(update_module(micro, count), target=replica_tgt)
     trainer = DataParallelTrainer(full, micro, grad_ex, update_ex, tgt, system, loss, optimizer, model_name,
                                   microbatches, replicas, reproducible, granules, zero, pp=pp, layers=layers, tp=tp,
-                                  tp_split=tp_split)
+                                  tp_split=tp_split, head_stage=head_stage)
     trainer._set_state(list(micro.init_params), list(micro.init_optim_state))
     return trainer
