@@ -319,7 +319,9 @@ def test_llama_parameters_bitwise_identical_with_summed_input_gradients():
     compiled = {tp: tvm_spinn.training.compile(model, torch.from_numpy(ids), optimizer=ADAMW, target="spinn/board",
                                                parallel={"tp": tp, "microbatches": 1}) for tp in (1, 2, 4)}
     found = sorted((c.k, c.leaves, c.parts, c.name.count("+")) for c in compiled[4]._tp_split.reductions)
-    assert found == sorted([(32, 4, 1, 0), (64, 4, 1, 0), (32 + 2 * 16, 4, 3, 2), (2 * 64, 4, 2, 1)] * 2)
+    # + the LM head's input gradient over the vocabulary's 4 leaves
+    assert found == sorted([(32, 4, 1, 0), (64, 4, 1, 0), (32 + 2 * 16, 4, 3, 2), (2 * 64, 4, 2, 1)] * 2
+                           + [(64, 4, 1, 0)])
     assert compiled[1]._tp_split.reductions == compiled[2]._tp_split.reductions == compiled[4]._tp_split.reductions
     # tp = 4: every layer's k_proj and v_proj hold one key/value head (8 features) on 2 ranks each
     assert sorted((name.split(".")[-2], m, f, r) for name, m, f, r in compiled[4]._tp_split.groups) == sorted(

@@ -5,8 +5,11 @@ the stage cut, the schedule and its costing; bad splits named."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+import tvm
+from tvm import relax
 
 import tvm_spinn
 from tvm_spinn.training import TrainingError
@@ -129,7 +132,7 @@ def test_lm_pipeline_matches_the_chip(make):
     _assert_close(ref, torch_adamw(model, batches, ADAMW[1]))
     board = tvm_spinn.training.compile(model, torch.from_numpy(ids), optimizer=ADAMW, target="spinn/board",
                                        parallel={"pp": 2, "dp": 2, "microbatches": 4})
-    assert board.plan() == {"dp": 2, "tp": 1, "pp": 2, "microbatches": 4, "zero": 0, "granule": 1}
+    assert board.plan() == {"dp": 2, "tp": 1, "pp": 2, "microbatches": 4, "zero": 0, "granule": 1, "head_stage": False}
     assert _same_bits(_run(board, batches), ref)
 
 
@@ -247,3 +250,92 @@ def test_cut_refuses_a_program_of_several_functions():
         cut_stages(bb.get(), names, 1, len(names), 1)
     cut = cut_stages(grad_module(graph), names, 1, len(names), 1)
     assert len(cut.forward) == len(cut.backward) == 1
+
+
+@pytest.mark.slow
+def test_a_head_stage_of_its_own_keeps_the_bits(tiny):
+    """The 2-layer GPT-2 cut into 3 stages, a layer each and the LM head's own (from the final
+    norm's scale on, the loss included): the final norm's weights on the head's stage, the tied
+    table on the first; one granule through the stage programs in pipeline order gives the uncut
+    program's loss and gradients bit for bit."""
+    from tvm_spinn.training.parallel import _replica_target
+    from tvm_spinn.training.pipeline import cut_stages
+
+    _, trainer, (batch, *_) = tiny
+    micro = trainer._micro_graph
+    names = micro.param_names
+    cut = cut_stages(trainer._grad_program(), names, len(micro.input_shapes), 2, 3, head_stage=True)
+    for name, stage in zip(names, cut.param_stage):
+        layer = layer_of(name)
+        assert stage == (layer if layer is not None else 2 if "ln_f" in name else 0), name
+    assert cut.loss in cut.forward[2].outputs and "R.matmul" in cut.forward[2].mod.script()  # the logits
+    ids, labels = batch
+    one = trainer.with_plan()
+    # the first granule (one sequence of 8 tokens), as the step cuts it
+    inputs = [np.ascontiguousarray(x[:1]) for x in one._check_inputs(ids)]
+    targets = np.ascontiguousarray(one._check_labels(labels)[:8])
+    whole = one._grad_vm["main"](*[tvm.runtime.tensor(x) for x in inputs], *one._params, tvm.runtime.tensor(targets))
+    with _replica_target(trainer._target) as (replica, _):
+        fwd = [relax.VirtualMachine(relax.build(p.mod, target=replica), tvm.cpu()) for p in cut.forward]
+        bwd = [relax.VirtualMachine(relax.build(p.mod, target=replica), tvm.cpu()) for p in cut.backward]
+    values = {f"input:{k}": tvm.runtime.tensor(x) for k, x in enumerate(inputs)}
+    values.update({f"param:{k}": p for k, p in enumerate(one._params)})
+    values["targets"] = tvm.runtime.tensor(targets)
+    for progs, vms in ((cut.forward, fwd), (cut.backward[::-1], bwd[::-1])):
+        for prog, vm in zip(progs, vms):
+            values.update(zip(prog.outputs, vm["main"](*[values[k] for k in prog.inputs])))
+    assert values[cut.loss].numpy().tobytes() == whole[0].numpy().tobytes()
+    for key, want in zip(cut.grads, whole[1]):
+        assert values[key].numpy().tobytes() == want.numpy().tobytes(), key
+    with pytest.raises(TrainingError, match=r"a head stage of its own needs pp >= 2"):
+        cut_stages(trainer._grad_program(), names, len(micro.input_shapes), 2, 1, head_stage=True)
+    # Llama: the final norm and the untied head on the head's stage, the embedding on the first
+    from tvm_spinn.training.graph import build_train_graph
+    from tvm_spinn.training.parallel import grad_module
+
+    model = llama(layers=2, hidden=32, vocab=64)
+    ll = build_train_graph(model, (torch.from_numpy(ids[:1]),), "cross_entropy", ADAMW)
+    cut = cut_stages(grad_module(ll), ll.param_names, 1, 2, 3, head_stage=True)
+    stages = dict(zip(ll.param_names, cut.param_stage))
+    assert stages["lm.lm_head.weight"] == stages["lm.model.norm.weight"] == 2
+    assert stages["lm.model.embed_tokens.weight"] == 0 and stages["lm.model.layers.1.mlp.up_proj.weight"] == 1
+
+
+@pytest.mark.slow
+def test_head_stage_plans_keep_the_bits(tiny):
+    """``with_plan(pp=3, head_stage=True)``: the 2-layer GPT-2's layers on 2 stages and its LM head
+    and loss on a third, 2 micro-batches in 1F1B order (and 2 stages with the head's own, 2
+    replicas): the one-stage run's losses and parameters bit for bit; the simulated step times
+    three stage programs; bad head stages named."""
+    _, trainer, batches = tiny
+    ref = _run(trainer.with_plan(), batches)
+    plan = trainer.with_plan(pp=3, head_stage=True, microbatches=2)
+    assert plan.plan()["head_stage"] and plan.pp == 3
+    assert _same_bits(_run(plan, batches), ref)
+    assert _same_bits(_run(trainer.with_plan(pp=2, head_stage=True, replicas=2, microbatches=2), batches), ref)
+    sim = plan.simulated_step()
+    assert len(sim["stage_forward_s"]) == 3 and all(t > 0 for t in sim["stage_forward_s"] + sim["stage_backward_s"])
+    with pytest.raises(TrainingError, match=r"a head stage of its own needs pp >= 2"):
+        trainer.with_plan(pp=1, head_stage=True)
+    with pytest.raises(TrainingError, match=r"pp - 1=3 does not divide the layers \(2: a head stage"):
+        trainer.with_plan(pp=4, head_stage=True)
+    with pytest.raises(TrainingError, match=r"head_stage must be True or False, got 1"):
+        trainer.with_plan(pp=2, head_stage=1)
+    # given at compile time: the same stages
+    model, _, _ = tiny
+    ids, _ = batches[0]
+    staged = tvm_spinn.training.compile(model, torch.from_numpy(ids), optimizer=ADAMW, target="spinn/board",
+                                        parallel={"pp": 3, "head_stage": True, "microbatches": 2})
+    assert staged.plan()["head_stage"] and _same_bits(_run(staged, batches), ref)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"pp": 1, "head_stage": True}, r"parallel: a head stage of its own needs pp >= 2 .*got pp=1"),
+    ({"pp": 4, "head_stage": True}, r"parallel: pp - 1=3 does not divide the layers \(2: a head stage"),
+    ({"pp": 2, "head_stage": "yes"}, r"parallel: head_stage must be True or False, got 'yes'"),
+])
+def test_bad_head_stages_are_named_before_compiling(options, message):
+    ids, _ = tokens(64)
+    with pytest.raises(TrainingError, match=message):
+        tvm_spinn.training.compile(gpt2(layers=2, hidden=32, vocab=64), torch.from_numpy(ids), optimizer=ADAMW,
+                                   target="spinn/board", parallel=options)

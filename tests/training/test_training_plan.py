@@ -522,3 +522,22 @@ def test_a_board_to_board_hand_over_spreads_over_the_board_paths():
     assert floor <= cost < 0.75 * direct, (floor, cost, direct)
     # a hand-over that stays on its board takes the chip routes
     assert _Comms(system, True).handover(src[:24], src[24:], n) == point_to_point(topo, src[:24], src[24:], n).seconds
+
+
+def test_the_loss_sum_is_priced_as_the_chain_it_runs():
+    """The loss' sum of exponentials runs one class after another over the ranks (no rank holds a
+    partial sum to send directly): in the reproducible mode it is priced as the chain alone,
+    which a small group's direct reduce-scatter would undercut; the fastest mode keeps every
+    algorithm."""
+    from tvm_spinn.training.planner import _Comms
+
+    system = make_system("two", boards=2)
+    group, n = np.array([[0, 1]]), 4.0 * 3 * 256  # two ranks: the direct exchange is one hop, the chain two
+    exact = _Comms(system, True)
+    chained = exact.collective_parts("all_reduce", group, n, chain=True)
+    assert chained == exact._at("all_reduce", group, "chain", n)
+    free = exact.collective_parts("all_reduce", group, n)
+    assert free == min(exact._at("all_reduce", group, a, n) for a in ("chain", "direct"))
+    assert free[0] < chained[0]  # the direct form is cheaper here, and not the order the loss takes
+    fast = _Comms(system, False)
+    assert fast.collective_parts("all_reduce", group, n, chain=True) == fast.collective_parts("all_reduce", group, n)

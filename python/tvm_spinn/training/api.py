@@ -52,12 +52,14 @@ def compile(model, example_inputs, loss: str = "cross_entropy", optimizer=("sgd"
         :mod:`.zero`), ``Z = 2`` the reduced gradient too. ``"pp": S`` cuts each replica's
         gradient program into ``S`` pipeline stages by layers (``S`` must divide the layers of the
         model's ``transformers`` configuration; ``R * S`` chips), run in 1F1B micro-batch order,
-        with the same bits (:mod:`.pipeline`). ``"tp": T`` splits every block of a GPT-2 or
+        with the same bits (:mod:`.pipeline`); ``"head_stage": True`` makes the last of them the
+        LM head's own (the layers on ``S - 1`` stages). ``"tp": T`` splits every block of a GPT-2 or
         Llama-style model over ``T`` chips as Megatron-LM does (column-parallel QKV and MLP-up,
         row-parallel attention-output and MLP-down projections; ``T`` must divide the attention
         heads and the split features; ``R * S * T`` chips of a spinn target), the partial sums
         over a split axis continued rank after rank in the one-chip GEMM's order, with the same
-        bits (:mod:`.tensor_parallel`). ``"granule": g`` sums granules of ``g``
+        bits (:mod:`.tensor_parallel`); the LM head and the loss split by the vocabulary over
+        the same ranks (:mod:`.vocab_parallel`). ``"granule": g`` sums granules of ``g``
         samples instead (default 1; ``M`` must cut the batch into whole granules). A model with
         BatchNorm is refused (a granule would change its batch statistics). A PyTorch model only.
 

@@ -192,7 +192,7 @@ class DataParallelTrainer(Trainer):
     def __init__(self, graph, micro_graph, grad_ex, update_ex, target, system_arch, loss, optimizer,
                  model_name, microbatches: int, replicas: int, reproducible: bool, granules: int | None = None,
                  zero: int = 0, shared: dict | None = None, pp: int = 1, layers: int | None = None,
-                 tp: int = 1, tp_split=None):
+                 tp: int = 1, tp_split=None, head_stage: bool = False):
         super().__init__(graph, update_ex, target, loss, optimizer, model_name)
         self._micro_graph = micro_graph
         self._grad_ex = grad_ex
@@ -208,6 +208,8 @@ class DataParallelTrainer(Trainer):
         #: pipeline stages (chips per replica); ``layers``: the model's layers (None: not a transformer)
         self.pp = pp
         self._layers = layers
+        #: the last of the ``pp`` stages is the LM head's own (:func:`.pipeline.cut_stages`)
+        self.head_stage = head_stage
         #: tensor-parallel ranks (chips per stage) and the split gradient program (:mod:`.tensor_parallel`)
         self.tp = tp
         self._tp_split = tp_split
@@ -228,9 +230,9 @@ class DataParallelTrainer(Trainer):
         return self._graph.input_shapes[0][0][0] // self.granules
 
     def plan(self) -> dict:
-        """This trainer's parallel plan: ``{"dp", "tp", "pp", "microbatches", "zero", "granule"}``."""
+        """This trainer's parallel plan: ``{"dp", "tp", "pp", "microbatches", "zero", "granule", "head_stage"}``."""
         return {"dp": self.replicas, "tp": self.tp, "pp": self.pp, "microbatches": self.microbatches, "zero": self.zero,
-                "granule": self.granule}
+                "granule": self.granule, "head_stage": self.head_stage}
 
     def _grad_program(self) -> tvm.IRModule:
         """The granule's gradient program: for a transformer, the one whose GEMMs over a
@@ -244,15 +246,16 @@ class DataParallelTrainer(Trainer):
         this trainer's stage count, compiled once per count (:mod:`.pipeline`)."""
         from .pipeline import cut_stages
 
-        cache = self._shared["pipeline"]
-        if self.pp not in cache:
+        cache, key = self._shared["pipeline"], (self.pp, self.head_stage)
+        if key not in cache:
             micro = self._micro_graph
-            cut = cut_stages(self._grad_program(), micro.param_names, len(micro.input_shapes), self._layers, self.pp)
+            cut = cut_stages(self._grad_program(), micro.param_names, len(micro.input_shapes), self._layers, self.pp,
+                             self.head_stage)
             with _replica_target(self._target) as (replica, _):
                 exes = ([relax.build(p.mod, target=replica) for p in cut.forward],
                         [relax.build(p.mod, target=replica) for p in cut.backward])
-            cache[self.pp] = (cut, exes)
-        cut, (fwd, bwd) = cache[self.pp]
+            cache[key] = (cut, exes)
+        cut, (fwd, bwd) = cache[key]
         return (cut, [relax.VirtualMachine(e, tvm.cpu()) for e in fwd],
                 [relax.VirtualMachine(e, tvm.cpu()) for e in bwd], (fwd, bwd))
 
@@ -325,16 +328,23 @@ class DataParallelTrainer(Trainer):
     # -- plans sharing the compiled programs -------------------------------------------------------
     def with_plan(self, replicas: int | None = None, microbatches: int | None = None, zero: int | None = None,
                   reproducible: bool | None = None, pp: int | None = None,
-                  tp: int | None = None) -> "DataParallelTrainer":
+                  tp: int | None = None, head_stage: bool | None = None) -> "DataParallelTrainer":
         """The same compiled gradient program under another plan (replica count, micro-batch
         count, optimizer-state sharding, mode, pipeline stages: a new stage count compiles its
         stage programs once), from this trainer's current parameters and optimizer state. A
         micro-batch count must split the step's granules evenly. The tensor-parallel degree
-        ``tp`` is the compiled one (its gradient program is split for it)."""
+        ``tp`` is the compiled one (its gradient program is split for it). ``head_stage``: the
+        last of the ``pp`` stages holds the LM head alone (the layers fill the others)."""
         replicas = self.replicas if replicas is None else replicas
         microbatches = self.microbatches if microbatches is None else microbatches
         zero = self.zero if zero is None else zero
         pp = self.pp if pp is None else _positive("parallel: pp", pp)
+        head_stage = self.head_stage if head_stage is None else head_stage
+        if not isinstance(head_stage, bool):
+            raise TrainingError(f"with_plan: head_stage must be True or False, got {head_stage!r}")
+        if head_stage and pp < 2:
+            raise TrainingError(f"with_plan: a head stage of its own needs pp >= 2 (the layers' stages and the "
+                                f"head's), got pp={pp}")
         if tp is not None and tp != self.tp:
             raise TrainingError(f"with_plan: tp={tp}: this trainer's gradient program is split for tp={self.tp}; "
                                 f"compile with parallel={{'tp': {tp}}} for another tensor-parallel degree")
@@ -342,7 +352,11 @@ class DataParallelTrainer(Trainer):
             if self._layers is None:
                 raise TrainingError("with_plan: pp > 1 needs a transformer compiled with parallel= (its layers "
                                     "are what the stages cut)")
-            _check_axis("pp", pp, "the layers", self._layers)
+            if head_stage:
+                _check_axis("pp - 1", pp - 1, "the layers", self._layers,
+                            "a head stage of its own leaves pp - 1 stages to the layers")
+            else:
+                _check_axis("pp", pp, "the layers", self._layers)
         if microbatches != self.microbatches and self._granule_is_microbatch:
             raise TrainingError("with_plan: this trainer's granule is its micro-batch (data_parallel=), so its "
                                 "micro-batch count is fixed; compile with parallel= to vary it")
@@ -357,7 +371,7 @@ class DataParallelTrainer(Trainer):
                                     microbatches, replicas,
                                     self.reproducible if reproducible is None else reproducible,
                                     None if self._granule_is_microbatch else self.granules, zero,
-                                    self._shared, pp, self._layers, self.tp, self._tp_split)
+                                    self._shared, pp, self._layers, self.tp, self._tp_split, head_stage)
         other._set_state([p.numpy() for p in self._params], self.optimizer_state())
         return other
 
@@ -625,13 +639,14 @@ def build_data_parallel(graph_of, model, example_inputs, loss, optimizer, target
 
 
 #: the options of ``parallel=`` (:func:`build_parallel`)
-PARALLEL_OPTIONS = ("dp", "tp", "pp", "microbatches", "zero", "granule")
+PARALLEL_OPTIONS = ("dp", "tp", "pp", "microbatches", "zero", "granule", "head_stage")
 
 
 def build_parallel(graph_of, model, example_inputs, loss, optimizer, target, options: dict,
                    model_name: str) -> DataParallelTrainer:
     """Build a :class:`DataParallelTrainer` of a user-given plan ``parallel={"dp", "tp", "pp",
-    "microbatches", "zero", "granule"}`` whose bits depend on none of the first five: the
+    "microbatches", "zero", "granule", "head_stage"}`` whose bits depend on none of the first five
+    nor on the last: the
     gradient program is compiled for one granule (``granule`` samples, default 1) and the step
     sums the granules' gradients in ascending order, whatever the micro-batch count, replica
     count and sharding (a micro-batch must hold whole granules)."""
@@ -647,6 +662,12 @@ def build_parallel(graph_of, model, example_inputs, loss, optimizer, target, opt
     zero = options.get("zero", 0)
     _check_zero(zero)
     granule = _positive("parallel: granule", options.get("granule", 1))
+    head_stage = options.get("head_stage", False)
+    if not isinstance(head_stage, bool):
+        raise TrainingError(f"parallel: head_stage must be True or False, got {head_stage!r}")
+    if head_stage and pp < 2:
+        raise TrainingError(f"parallel: a head stage of its own needs pp >= 2 (the layers' stages and the head's), "
+                            f"got pp={pp}")
     if not isinstance(example_inputs, tuple | list):
         example_inputs = (example_inputs,)
     batch = _batch_of(example_inputs, "parallel")
@@ -674,7 +695,10 @@ def build_parallel(graph_of, model, example_inputs, loss, optimizer, target, opt
         layers = axes.layers
         if tp > 1:
             _check_axis("tp", tp, "the attention heads", axes.heads)
-        if pp > 1:
+        if head_stage:
+            _check_axis("pp - 1", pp - 1, "the layers", axes.layers,
+                        "a head stage of its own leaves pp - 1 stages to the layers")
+        elif pp > 1:
             _check_axis("pp", pp, "the layers", axes.layers)
     else:
         with contextlib.suppress(TrainingError):  # not a transformer: no pipeline stages later either
@@ -682,12 +706,12 @@ def build_parallel(graph_of, model, example_inputs, loss, optimizer, target, opt
 
             layers = model_axes(model).layers
     return _build(graph_of, model, example_inputs, loss, optimizer, target, model_name, batch, dp,
-                  microbatches, batch // granule, zero, True, pp, layers, tp)
+                  microbatches, batch // granule, zero, True, pp, layers, tp, head_stage)
 
 
 def _build(graph_of, model, example_inputs, loss, optimizer, target, model_name, batch: int, replicas: int,
            microbatches: int, granules: int | None, zero: int, reproducible: bool, pp: int = 1,
-           layers: int | None = None, tp: int = 1) -> DataParallelTrainer:
+           layers: int | None = None, tp: int = 1, head_stage: bool = False) -> DataParallelTrainer:
     """The trainer: the gradient program compiled for one granule (``batch / granules``
     samples; ``granules=None``: one micro-batch) and the update for the granule count."""
     count = microbatches if granules is None else granules
@@ -720,12 +744,17 @@ def _build(graph_of, model, example_inputs, loss, optimizer, target, model_name,
                                 "c_attn/c_proj/c_fc, Llama q/k/v/o/gate/up/down_proj) by heads; the model has none, "
                                 "or its config names no num_attention_heads")
         if layout is not None:
+            from .vocab_parallel import vocab_parallel
+
+            # the LM head split by the vocabulary: its input gradient in the canonical order of
+            # the vocabulary's leaves (:mod:`.vocab_parallel`)
+            layout = vocab_parallel(grad_mod, len(micro.input_shapes), micro.param_names, layout, model)
             tp_split = split_gemms(grad_mod, len(micro.input_shapes), layout, tp)
             grad_mod = tp_split.mod
         grad_ex = relax.build(grad_mod, target=replica_tgt)
         update_ex = relax.build(update_module(micro, count), target=replica_tgt)
     trainer = DataParallelTrainer(full, micro, grad_ex, update_ex, tgt, system, loss, optimizer, model_name,
                                   microbatches, replicas, reproducible, granules, zero, pp=pp, layers=layers, tp=tp,
-                                  tp_split=tp_split)
+                                  tp_split=tp_split, head_stage=head_stage)
     trainer._set_state(list(micro.init_params), list(micro.init_optim_state))
     return trainer

@@ -19,6 +19,11 @@ Stages (``pp`` of them, ``layers / pp`` consecutive layers each):
   holds its forward operands (it needs them: saved activations, parameters), and a parameter's
   gradient in the parameter's stage: backward values flow from higher to lower stages.
 
+With a head stage of its own (``cut_stages(..., head_stage=True)``), the layers fill the first
+``pp - 1`` stages and the last holds the LM head: the parameters only values computed after the
+last layer read (the final norm's weights, an untied head) and every forward binding reading
+them or their results (the logits, the loss). Like any cut it moves bindings, not arithmetic.
+
 Each stage ``s`` is then two programs: ``forward[s]`` (its forward bindings; outputs: the
 values later stages and the backward programs read, the activations a stage saves) and
 ``backward[s]`` (its backward bindings; outputs: the values lower stages read and its
@@ -142,9 +147,16 @@ def _make_program(bindings, inputs_of, key_of, outputs) -> StageProgram:
     return StageProgram(FixupImported(mod), tuple(key_of(v) for v in inputs_of), tuple(key_of(v) for v in outputs))
 
 
-def cut_stages(grad_mod: tvm.IRModule, param_names, n_inputs: int, layers: int, pp: int) -> PipelineCut:
+def cut_stages(grad_mod: tvm.IRModule, param_names, n_inputs: int, layers: int, pp: int,
+               head_stage: bool = False) -> PipelineCut:
     """Cut ``main(inputs..., params..., targets) -> (loss, grads)`` into ``pp`` stages of
-    ``layers / pp`` layers (see the module docstring)."""
+    ``layers / pp`` layers (see the module docstring). With ``head_stage``, the layers fill the
+    first ``pp - 1`` stages and the last is the LM head's own: the parameters without a layer
+    index that only values computed after the last layer read (the final norm's weights, an
+    untied head's) belong to it, and so does every forward binding reading them or their results
+    (the final norm's scale and shift on, the logits, the loss; the norm's statistics stay with
+    the last layer, which hands them over; a tied head's table stays with the embedding's stage
+    and is read from there)."""
     func = grad_mod["main"]
     # a stage program is ``main``'s bindings alone: a gradient program is one function (the
     # training step's modules inline their helpers), and one that calls another is refused
@@ -158,7 +170,13 @@ def cut_stages(grad_mod: tvm.IRModule, param_names, n_inputs: int, layers: int, 
     if len(fparams) != n_inputs + n_params + 1:
         raise TrainingError(f"pipeline: the gradient program takes {len(fparams)} arguments, expected "
                             f"{n_inputs} inputs, {n_params} parameters and the targets")
-    per = layers // pp
+    blocks = pp - 1 if head_stage else pp
+    if head_stage and blocks < 1:
+        raise TrainingError(f"pipeline: a head stage of its own needs pp >= 2 (the layers' stages and the head's), "
+                            f"got pp={pp}")
+    if layers % blocks:
+        raise TrainingError(f"pipeline: {blocks} layer stage(s) do not divide the {layers} layers")
+    per = layers // blocks
     key = {}
     for k, v in enumerate(fparams[:n_inputs]):
         key[v] = f"input:{k}"
@@ -201,6 +219,31 @@ def cut_stages(grad_mod: tvm.IRModule, param_names, n_inputs: int, layers: int, 
             if layer >= layers:
                 raise TrainingError(f"pipeline: parameter {name} names layer {layer}, the model has {layers}")
             layer_stage[p] = layer // per
+    if head_stage:
+        # forward values computed after the last layer: the ancestors include one of its
+        # parameters (the final norm reads the last block's output)
+        last = {p for p, name in zip(param_vars, param_names) if layer_of(name) == layers - 1}
+        after, pure, readers = set(), set(), {}
+        for b in bindings:
+            if b.var in forward:
+                ops = _operands(b.value)
+                if any(o in last or o in after for o in ops):
+                    after.add(b.var)
+                if ops and all(o in param_vars or o in pure for o in ops):
+                    pure.add(b.var)  # from parameters alone (a transpose of the head's weight)
+                for o in ops:
+                    readers.setdefault(o, []).append(b.var)
+
+        def users(v):  # the bindings reading v, through those computed from parameters alone
+            return [w for u in readers.get(v, []) for w in (users(u) if u in pure else [u])]
+
+        head = [p for p in param_vars if p not in layer_stage and readers.get(p)
+                and all(u in after for u in users(p))]
+        if not head:
+            raise TrainingError("pipeline: a head stage of its own needs a parameter read only after the last layer "
+                                "(a final norm or an untied LM head); the model has none")
+        for p in head:
+            layer_stage[p] = pp - 1
     empty = sorted(set(range(pp)) - set(layer_stage.values()))
     if empty:
         raise TrainingError(f"pipeline: no parameter names a layer of stage {empty[0]} (layers "

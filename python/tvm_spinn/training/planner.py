@@ -118,9 +118,11 @@ leaves that every admissible ``tp`` divides, each leaf a GEMM from zero, the lea
 order. Each rank computes its leaves' GEMMs (the parallel ``1 / tp`` share), adds them to the
 running sums on its cores one leaf at a time, and the reduction over the ranks is the chain or
 the direct reduce-scatter above with one piece a leaf (:meth:`_Comms.collective_parts`). The
-vocab-parallel LM head's input gradient and the loss' sums over the vocabulary take the same
-order over the vocabulary's leaves (:func:`~tvm_spinn.training.tp_chain.vocab_leaves`; a head
-stage's width divides them).
+vocab-parallel LM head's input gradient takes the same order over the vocabulary's leaves
+(:func:`~tvm_spinn.training.tp_chain.vocab_leaves`; a head stage's width divides them), and the
+loss' sum of exponentials the one-chip kernel's, one class after another in ascending order: a
+chain over the ranks in rank order (:mod:`tvm_spinn.training.vocab_parallel`, as the compiled
+step runs it).
 What is not modelled: link sharing between the head
 stage's gradient synchronisation and the other stages' drain, and the host's share of the step.
 
@@ -633,7 +635,8 @@ class _Comms:
         so far."""
         return self.collective_parts(op, groups, nbytes)[0]
 
-    def collective_parts(self, op: str, groups: np.ndarray, nbytes: float, leaves: int = 1) -> tuple:
+    def collective_parts(self, op: str, groups: np.ndarray, nbytes: float, leaves: int = 1,
+                         chain: bool = False) -> tuple:
         """``(seconds, busy seconds)`` of :meth:`collective`: its time, and of it the time its
         busiest link (or board edge) carries bytes. The rest (hop latencies, DMA set-ups, a
         pipelined chain's fill) delays the collective's ranks but leaves the links free for
@@ -642,13 +645,17 @@ class _Comms:
         ``leaves``: each rank's partial sum is that many leaves of the canonical order
         (:mod:`tvm_spinn.training.tp_chain`), added to the running sum one by one: the chain
         carries one buffer as before, the direct reduce-scatter one piece a leaf (a rank may
-        not add its leaves first)."""
+        not add its leaves first).
+
+        ``chain``: in the reproducible mode, the chain alone (a sum whose order is one element
+        after another across the ranks, as the loss' sum of exponentials in ascending class
+        order: no rank's partial sum exists to send directly)."""
         groups = np.ascontiguousarray(groups, dtype=np.int64)
         if groups.ndim != 2 or groups.shape[1] < 2 or nbytes <= 0:
             return 0.0, 0.0
         groups = groups[:_BOUND_GROUPS] if self.alone else self._window(groups)
         n = float(nbytes)
-        names = self._algorithms(op, groups.shape[0], groups.shape[1])
+        names = ("chain",) if chain and self.reproducible else self._algorithms(op, groups.shape[0], groups.shape[1])
         if groups.shape[0] == 1:
             return min(self._at(op, groups, a, n, leaves) for a in names)
         few = groups[:_BOUND_GROUPS] if groups.shape[0] > _BOUND_GROUPS else groups[:1]
@@ -1150,7 +1157,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         if pp > 1 and (sp or tp == 1):
             last_io = min(last_io, comms.handover(np.concatenate([hand_src, last, mine]),
                                                   np.concatenate([hand_dst, mine, last]), act / tp))
-        head_loss, head_loss_busy = comms.collective_parts("all_reduce", head_grid, 3 * F32 * tokens, vocab_per(heads))
+        head_loss, head_loss_busy = comms.collective_parts("all_reduce", head_grid, 3 * F32 * tokens, chain=True)
         both = (np.concatenate([last, mine]), np.concatenate([mine, last]))
         head_local = comms.on_boards(head_grid)
         head_io_on = comms.onboard(*both, act / tp) if head_local or tp_local else head_io
@@ -1230,7 +1237,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
                 tp_b = layers * canon["backward_s"]
                 busy = (layers * ((1 + rc) * canon["forward_busy"] + canon["backward_busy"]) + lookup * ar_busy)
             if stage == pp - 1 and tp > 1 and not heads:  # vocab-parallel head: its input gradient, the loss' scalars
-                loss, loss_busy = comms.collective_parts("all_reduce", tp_groups, 3 * F32 * tokens, vocab_per(tp))
+                loss, loss_busy = comms.collective_parts("all_reduce", tp_groups, 3 * F32 * tokens, chain=True)
                 grad, grad_busy = (np.add(comms.collective_parts("all_gather", tp_groups, act),
                                           comms.collective_parts("reduce_scatter", tp_groups, act, vocab_per(tp)))
                                    if sp else comms.collective_parts("all_reduce", tp_groups, act, vocab_per(tp)))
