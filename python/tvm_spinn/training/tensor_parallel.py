@@ -436,9 +436,10 @@ def tp_compute(split: TPSplit, one_chip_s: float, target, topo) -> dict:
     ``m x n`` sums over the ``tp`` neighbouring chips; with more ranks than key/value heads it
     includes ``group_s``, the chain all-reduces of each replicated head's output gradient over
     its replicas (:attr:`TPSplit.groups`). Each set of GEMMs is priced as one program
-    of those GEMMs on a chip. The rest (norms, attention, element-wise, the embeddings and head)
-    is counted on every rank: Megatron's split of attention by heads and of the vocabulary is
-    not modelled.
+    of those GEMMs on a chip. The LM head's GEMMs are split over the vocabulary
+    (:mod:`.vocab_parallel`) and priced among the parallel shares; the rest (norms, attention,
+    element-wise, the embeddings, the loss's exponentials) is counted on every rank: Megatron's
+    split of attention by heads is not modelled.
 
     For comparison, ``megatron_rank_s`` is the usual, non-reproducible split: every rank computes
     its ``k / tp`` share of each reduction as one GEMM (``rank_share_s``) and the partial sums are
