@@ -22,6 +22,7 @@ pipelined, the on-board gather fused into the multicast) and prints, per layout:
 
     python bench/board_all_reduce.py              # Llama-2-70B's 8,192-wide row: 16 of boards24, 32 of the cloud
     python bench/board_all_reduce.py --hidden 5120
+    python bench/board_all_reduce.py --group 8    # groups of 8 boards on both systems
 """
 
 from __future__ import annotations
@@ -65,9 +66,13 @@ def _figures(arch, g: int, hidden: int) -> list[tuple]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=8192, help="the row's width (int32 sums: 4 bytes each)")
+    parser.add_argument("--group", type=int, default=None,
+                        help="boards in a group on every system (default: 16 on boards24, 32 on the cloud)")
     args = parser.parse_args()
-    systems = (("boards24", tvm_spinn.make_system("spinn2-boards24", boards=24), 16),
-               ("cloud", arch_of("spinn/cloud"), 32))
+    if args.group is not None and args.group < 2:
+        parser.error(f"--group must be at least 2, got {args.group}")
+    systems = (("boards24", tvm_spinn.make_system("spinn2-boards24", boards=24), args.group or 16),
+               ("cloud", arch_of("spinn/cloud"), args.group or 32))
     print(f"{'system':9} {'g':>3} {'layout':>6} {'with us':>8} {'algorithm':>16} {'without us':>10} {'floor us':>9} "
           f"{'(cut bw + hops + board)':>24} {'members-only bw':>15} {'without/with':>12} {'with/floor':>10} {'s':>5}"
           f" {'int8-gather us':>14} {'with/int8':>9}")

@@ -1926,8 +1926,8 @@ def board_group_scattered_all_reduce(topo: "Topology", grid: Sequence[Sequence[i
     updates, such as the residual stream); the roots then gather ``stat_bytes`` of statistics
     from one another ``rounds`` times (what the narrowing needs from the whole row: a norm's
     block sums, added in their fixed order on every root; one round per statistic that depends
-    on the one before), each an all-gather along the group's multicast trees plus the board's
-    deepest on-board route; then each root multicasts its share narrowed (``gather_bytes`` the
+    on the one before), each an all-gather along the group's trees plus the board's deepest
+    on-board route; then each root multicasts its share narrowed (``gather_bytes`` the
     whole row) down its tree, the on-board all-gather of the narrowed row riding on the
     multicast (as :func:`board_group_all_reduce`'s ``fuse_gather``). The phases cannot overlap:
     the narrowed row exists only once the whole row is reduced and its statistics known. The
@@ -1946,12 +1946,19 @@ def board_group_scattered_all_reduce(topo: "Topology", grid: Sequence[Sequence[i
     rooted at a member (their parts reweighed for the two phases' bytes, :func:`_reweigh`); two
     boards exchange halves over every edge-disjoint path (:func:`multipath_point_to_point`). The
     cheapest is taken; each exchange takes the cheapest tree set for the statistics' bytes. With
-    ``rounds=0`` and ``gather_bytes=nbytes`` it is :func:`board_group_all_reduce` with
-    ``pipelined=False, fuse_gather=True`` (where that does not fall back to the ring), bit for
-    bit. A phase without bytes (``stat_bytes=0``, ``nbytes=0``, ``gather_bytes=0``) costs
+    ``rounds=0`` and ``gather_bytes=nbytes``, on those tree sets it is
+    :func:`board_group_all_reduce` with ``pipelined=False, fuse_gather=True`` bit for bit (where
+    that does not fall back to the ring); the packed trees, which that does not take, may only
+    lower it. A phase without bytes (``stat_bytes=0``, ``nbytes=0``, ``gather_bytes=0``) costs
     nothing.
 
-    COMPARISON
+    Only ``bench/board_all_reduce.py`` uses it (the planner prices the pipelined
+    :func:`board_group_all_reduce`), to weigh the exact int32 sums with an int8 all-gather of the
+    normed row against the pipelined int32 all-reduce. For Llama-2-70B's 8,192-wide row (one
+    exchange of the norm's block sums) the pipelined all-reduce is the cheaper on every layout
+    of 16 boards of 24 (112 against 118 us), of 8 and 32 boards of the cloud, and on the best
+    layout of 8 boards of 24 (101.5 against 110.5 us); the scattered form is ahead only on one
+    layout of 8 boards of 24 (110.5 against 112.1 us), not the cheapest one.
 
     Parameters
     ----------
