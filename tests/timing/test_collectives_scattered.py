@@ -10,6 +10,9 @@ import tvm_spinn
 from tvm_spinn.target.topology import ring_order, topology_of
 from tvm_spinn.timing import collectives as C
 
+N = 32768.0  # an 8,192-wide row of int32 partial sums
+GROUPS = [[0, 1, 4, 5], [0, 2, 9], [0, 5, 14], [0, 1, 2, 3, 7, 6, 5, 4], [0, 1, 4, 5, 8, 9, 12, 13]]
+
 
 @pytest.fixture(scope="module")
 def boards24():
@@ -23,57 +26,112 @@ def _grid(order, boards):
     return [[c + b * 48 for c in order] for b in boards]
 
 
-def test_two_boards_compose_their_halves_over_every_path(boards24):
+@pytest.mark.parametrize("boards", [[0, 1]] + GROUPS)
+def test_the_whole_row_without_exchanges_is_the_unpipelined_all_reduce(boards24, boards, monkeypatch):
+    """Gathering the row unnarrowed with no exchange, on the tree sets the all-reduce prices, is
+    the all-reduce whose multicast starts after the reduce: the same figure, bit for bit. The
+    packed trees, which the unpipelined all-reduce does not take, only lower it; the pipelined
+    all-reduce, both phases on every edge at once, is never dearer."""
     topo, order = boards24
-    grid = _grid(order, [0, 1])
-    n, narrow, stats = 32768.0, 8192.0, 1024.0
+    grid = _grid(order, boards)
+    want = C.board_group_all_reduce(topo, grid, N, pipelined=False, fuse_gather=True)
+    assert want.algorithm in ("board-multicast", "board-multipath")  # not the ring fallback
+    scattered = C.board_group_scattered_all_reduce(topo, grid, N, N, 0)
+    assert scattered.seconds <= want.seconds
+    assert C.board_group_all_reduce(topo, grid, N, pipelined=True, fuse_gather=True).seconds <= scattered.seconds
+    monkeypatch.setattr(C, "_packed_trees", lambda *args: None)
+    assert C.board_group_scattered_all_reduce(topo, grid, N, N, 0).seconds == want.seconds
 
-    def halves(nbytes):  # each board sends the other half of it, both directions at once
+
+def test_two_boards_send_each_phase_as_halves_over_every_path(boards24):
+    """One chip a board (no on-board gather): each phase is the two boards sending each other
+    half of its bytes over every edge-disjoint path, both ways at once."""
+    topo, _ = boards24
+    n, narrow, stats = N, N / 4, 1024.0
+
+    def halves(nbytes):
         return max(C.multipath_point_to_point(topo, 0, 1, nbytes / 2).seconds,
                    C.multipath_point_to_point(topo, 1, 0, nbytes / 2).seconds)
 
-    bw, deep = C._gather_parts(topo, np.asarray(grid[0]), narrow)
-    on_board = C._gather_parts(topo, np.asarray(grid[0]), 1.0)[1]
     for rounds in (0, 1, 2):
-        cost = C.board_group_scattered_all_reduce(topo, grid, n, narrow, rounds, stats)
-        want = halves(n) + rounds * (halves(stats) + on_board) + max(halves(narrow), bw) + deep
+        cost = C.board_group_scattered_all_reduce(topo, [[0], [48]], n, narrow, rounds, stats)
         assert cost.algorithm == "board-scattered-multipath"
-        assert cost.seconds == pytest.approx(want, rel=1e-12)
+        assert cost.seconds == pytest.approx(halves(n) + rounds * halves(stats) + halves(narrow), rel=1e-12)
 
 
-@pytest.mark.parametrize("boards", [[0, 1, 4, 5], [0, 1, 2, 3, 7, 6, 5, 4], [0, 1, 4, 5, 8, 9, 12, 13]])
-def test_group_figures_stay_above_the_members_bytes_and_grow_by_an_exchange_a_round(boards24, boards):
+@pytest.mark.parametrize("boards", GROUPS)
+def test_each_round_costs_one_exchange_and_narrowing_never_costs_more(boards24, boards):
     topo, order = boards24
     grid = _grid(order, boards)
-    g, n, narrow, stats = len(boards), 32768.0, 8192.0, 1024.0
-    graph = topo.board_graph()
-    edge = float(graph.link_bw[np.isfinite(graph.link_bw)].max())
-    # every member sends its partial sums of the g - 1 shares rooted elsewhere (no board can
-    # add them for it) and takes in the g - 1 narrowed shares, over its six edges, in phases
-    floor = (g - 1) / g * (n + narrow) / (6 * edge)
-    costs = [C.board_group_scattered_all_reduce(topo, grid, n, narrow, rounds, stats) for rounds in (0, 1, 2)]
-    assert floor < costs[0].seconds
-    # each round: the statistics' all-gather on the members' multicast trees, then the board's
-    # deepest on-board route (the same whichever trees carry the row)
-    shares, latency = C._multicast_trees(graph, np.asarray(boards, dtype=np.int64))[:2]
-    exchange = graph.link_seconds(shares * stats / g) + latency + C._gather_parts(topo, np.asarray(grid[0]), 1.0)[1]
-    assert costs[1].seconds - costs[0].seconds == pytest.approx(exchange, rel=1e-9)
-    assert costs[2].seconds - costs[1].seconds == pytest.approx(exchange, rel=1e-9)
-    # a narrower all-gather is never dearer
-    wider = C.board_group_scattered_all_reduce(topo, grid, n, n, 0, stats)
-    assert costs[0].seconds <= wider.seconds
+    costs = [C.board_group_scattered_all_reduce(topo, grid, N, N / 4, rounds, 1024.0) for rounds in (0, 1, 2, 3)]
+    steps = np.diff([c.seconds for c in costs])
+    assert steps[0] > 0
+    assert steps == pytest.approx(np.full(3, steps[0]), rel=1e-9)
+    # an exchange of no statistics is no exchange
+    assert C.board_group_scattered_all_reduce(topo, grid, N, N / 4, 2, 0.0).seconds == costs[0].seconds
+    assert costs[0].seconds < C.board_group_scattered_all_reduce(topo, grid, N, N, 0).seconds
+
+
+@pytest.mark.parametrize("boards", GROUPS)
+def test_never_below_the_cut_floor_of_its_two_phases(boards24, boards):
+    """The reduce-scatter moves at least half the all-reduce's copies of the partial sums across
+    every cut (:func:`~tvm_spinn.timing.collectives.board_group_floor`), the all-gather half its
+    copies of the narrowed row, one after the other; each board's result depends on the farthest
+    member's partial sums."""
+    topo, order = boards24
+    grid = _grid(order, boards)
+    reduce_bw, latency = C.board_group_floor(topo, boards, N)
+    gather_bw, _ = C.board_group_floor(topo, boards, N / 4)
+    cost = C.board_group_scattered_all_reduce(topo, grid, N, N / 4, 0)
+    assert cost.seconds >= reduce_bw / 2 + gather_bw / 2 + latency
+
+
+def test_the_packed_trees_are_taken_where_cheaper_and_only_then(boards24, monkeypatch):
+    topo, order = boards24
+    figures = {}
+    for boards in GROUPS:
+        figures[tuple(boards)] = C.board_group_scattered_all_reduce(topo, _grid(order, boards), N, N / 4, 1, 1024.0)
+    monkeypatch.setattr(C, "_packed_trees", lambda *args: None)
+    packed = 0
+    for boards in GROUPS:
+        without = C.board_group_scattered_all_reduce(topo, _grid(order, boards), N, N / 4, 1, 1024.0)
+        with_packed = figures[tuple(boards)]
+        assert with_packed.seconds <= without.seconds
+        assert without.algorithm == "board-scattered"
+        if with_packed.algorithm == "board-scattered-packed":
+            packed += 1
+            assert with_packed.seconds < without.seconds
+        else:
+            assert with_packed.seconds == without.seconds
+    assert packed > 0
+
+
+def test_phases_without_bytes_cost_nothing(boards24):
+    topo, order = boards24
+    grid = _grid(order, [0, 1, 4, 5])
+    assert C.board_group_scattered_all_reduce(topo, grid, 0.0, 0.0, 3, 0.0).seconds == 0.0
+    # the narrowed row's all-gather alone, with nothing to reduce, is still paid
+    gather_only = C.board_group_scattered_all_reduce(topo, grid, 0.0, N / 4, 0)
+    assert 0.0 < gather_only.seconds < C.board_group_scattered_all_reduce(topo, grid, N, N / 4, 0).seconds
 
 
 def test_bad_input_is_refused_naming_it(boards24):
     topo, order = boards24
     grid = _grid(order, [0, 1, 4, 5])
+    f = C.board_group_scattered_all_reduce
     with pytest.raises(ValueError, match="gather_bytes"):
-        C.board_group_scattered_all_reduce(topo, grid, 32768.0, -1.0)
+        f(topo, grid, N, -1.0)
+    with pytest.raises(TypeError, match="nbytes"):
+        f(topo, grid, "32768", 8192.0)
+    with pytest.raises(ValueError, match="stat_bytes"):
+        f(topo, grid, N, 8192.0, 1, float("nan"))
     with pytest.raises(ValueError, match="rounds"):
-        C.board_group_scattered_all_reduce(topo, grid, 32768.0, 8192.0, rounds=1.5)
+        f(topo, grid, N, 8192.0, rounds=1.5)
     with pytest.raises(ValueError, match="one board"):
-        C.board_group_scattered_all_reduce(topo, [grid[0], grid[0]], 32768.0, 8192.0)
-    assert C.board_group_scattered_all_reduce(topo, grid[:1], 32768.0, 8192.0).seconds == 0.0
+        f(topo, [grid[0], grid[0]], N, 8192.0)
+    with pytest.raises(ValueError, match="boards x chips"):
+        f(topo, [grid[0], grid[1][:3]], N, 8192.0)  # ragged
+    assert f(topo, grid[:1], N, 8192.0).seconds == 0.0
 
 
 def test_a_norm_from_exchanged_block_sums_keeps_the_kernels_bits():

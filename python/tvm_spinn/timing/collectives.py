@@ -1380,6 +1380,74 @@ def board_group_floor(topo: "Topology", boards: Sequence[int], nbytes: float) ->
     return max(single, best), hops * float(graph.link_hop_s.min())
 
 
+def _board_rows(topo: "Topology", grid, who: str) -> tuple[np.ndarray, np.ndarray]:
+    """``grid`` as a ``(g, k)`` array of chip ids, each row the chips of one board, and the
+    rows' boards; a ragged or non-integer grid, or rows that are not one distinct board each, are
+    refused naming ``who``."""
+    try:
+        grid = np.asarray(grid, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError) as err:
+        raise ValueError(f"{who}: grid must be boards x chips, rows of equal length of integer chip ids ({err})") \
+            from None
+    if grid.ndim != 2 or grid.size == 0:
+        raise ValueError(f"{who}: grid must be boards x chips (a 2-D array of chip ids), got shape {grid.shape}")
+    board = topo.board_of(grid)
+    if (board != board[:, :1]).any() or np.unique(board[:, 0]).size != grid.shape[0]:
+        raise ValueError(f"{who}: each row of grid must be the chips of one board, boards distinct")
+    return grid, board[:, 0]
+
+
+def _byte_count(name: str, value) -> float:
+    """``value`` as a float of bytes, refused naming ``name`` unless a finite number >= 0."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number of bytes, got {type(value).__name__} {value!r}")
+    if not np.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def _board_halves(topo: "Topology", a: int, b: int, nbytes: float) -> float:
+    """Seconds for two boards to send each other half of ``nbytes`` over every edge-disjoint
+    path between them (:func:`multipath_point_to_point`; the two directions use opposite
+    directed links, so they run at once)."""
+    return max(multipath_point_to_point(topo, a, b, nbytes / 2).seconds,
+               multipath_point_to_point(topo, b, a, nbytes / 2).seconds)
+
+
+def _board_tree_options(graph, members: np.ndarray, part: float) -> tuple[np.ndarray, list]:
+    """The multicast tree sets a group of more than two boards may reduce and multicast its
+    shares along, and the boards the packed trees may span.
+
+    The members' own multicast trees; then, where the group and the boards next to it are at
+    most :data:`MULTICAST_MAX_RANKS`, trees through those boards too (at batch 1 their edges are
+    free, and a board on the group's border then reduces and receives over all six of its
+    edges): the multicast trees over them, each board's share whole along one tree
+    (:func:`_spread_trees`), or cut into ``m`` parts along trees of their own
+    (:func:`_negotiated_trees`, ``g m`` trees at most :data:`_SPLIT_TREES`: planning time).
+    ``part``: the bytes of a board's share the trees are built for.
+
+    Returns
+    -------
+    tuple
+        ``(region, options)``: the group's boards followed by the boards next to it where they
+        fit (else the group's alone), and ``(trees, m)`` per candidate, ``trees`` as
+        :func:`_multicast_trees` returns them (None where not built) for a share cut into ``m``
+        parts (each part ``part / m`` bytes).
+    """
+    g = members.size
+    options = [(_multicast_trees(graph, members) if g <= MULTICAST_MAX_RANKS else None, 1)]
+    halo = np.setdiff1d(np.unique(graph.neighbors[members]), members)
+    halo = halo[halo >= 0]
+    if not (halo.size and g + halo.size <= MULTICAST_MAX_RANKS):
+        return members, options
+    region = np.concatenate([members, halo])
+    options.append((_multicast_trees(graph, region, g), 1))
+    options.append((_spread_trees(graph, region, g, part), 1))
+    options += [(_negotiated_trees(graph, region, g, part / m, m), m)
+                for m in range(1, _SPLIT_PARTS + 1) if m == 1 or g * m <= _SPLIT_TREES]
+    return region, options
+
+
 def board_group_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbytes: float,
                            board_gather: bool = True, pipelined: bool = False,
                            fuse_gather: bool = False) -> CollectiveCost:
@@ -1445,9 +1513,7 @@ def board_group_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbyt
     g, k = grid.shape
     if g == 1 or nbytes == 0:
         return ring
-    boards = np.unique(grid // 48, axis=0)
-    if (grid // 48 != grid[:, :1] // 48).any() or boards.shape[0] != g:
-        raise ValueError("board_group_all_reduce: each row of grid must be the chips of one board, boards distinct")
+    grid, members = _board_rows(topo, grid, "board_group_all_reduce")
     gather = all_gather(topo, grid[0], nbytes) if k > 1 and board_gather else None
     parts = _gather_parts(topo, grid[0], nbytes) if gather is not None and fuse_gather else None
 
@@ -1468,33 +1534,18 @@ def board_group_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbyt
     if g == 2:
         # two boards: each sends the other the half it does not reduce, over every edge-disjoint
         # path (the two directions use opposite directed links), then the reduced halves back
-        a, b = (int(x) for x in grid[:, 0] // 48)
-        half = max(multipath_point_to_point(topo, a, b, nbytes / 2).seconds,
-                   multipath_point_to_point(topo, b, a, nbytes / 2).seconds)
+        half = _board_halves(topo, int(members[0]), int(members[1]), nbytes)
         seconds = total(half, 0.0, half, 0.0, 2 * half)
         cost = CollectiveCost("all_reduce", "board-multipath", seconds, nbytes / 2, 0, 0, 2, 2, float(nbytes))
     else:
         graph = topo.board_graph()
-        members = grid[:, 0] // 48
         part = float(nbytes) / g
-        # each candidate set of trees: (trees as _multicast_trees returns them, bytes a share part)
-        options = [(_multicast_trees(graph, members) if g <= MULTICAST_MAX_RANKS else None, part)]
-        # the boards next to the group relay too: at batch 1 their edges are free, and a board
-        # on the group's border then reduces and receives over all six of its edges
-        halo = np.setdiff1d(np.unique(graph.neighbors[members]), members)
-        halo = halo[halo >= 0]
-        if halo.size and g + halo.size <= MULTICAST_MAX_RANKS:
-            ranks = np.concatenate([members, halo])
-            options.append((_multicast_trees(graph, ranks, g), part))
-            # each board's share whole along one tree, or cut into parts along trees of their own
-            # (as many trees as _SPLIT_TREES at most: planning time)
-            options.append((_spread_trees(graph, ranks, g, part), part))
-            options += [(_negotiated_trees(graph, ranks, g, part / m, m), part / m)
-                        for m in range(1, _SPLIT_PARTS + 1) if m == 1 or g * m <= _SPLIT_TREES]
+        region, options = _board_tree_options(graph, members, part)
         cost = None
-        for trees, share in options:
+        for trees, m in options:
             if trees is None:
                 continue
+            share = part / m
             shares, latency, hops, _, rev_shares, back = trees
             seconds = total(graph.link_seconds(rev_shares * share), back, graph.link_seconds(shares * share), latency,
                             graph.link_seconds((shares + rev_shares) * share))
@@ -1504,7 +1555,6 @@ def board_group_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbyt
                                       float(nbytes))
         if pipelined and g <= MULTICAST_MAX_RANKS:
             # trees packed over the group and the boards around it, the row split over them
-            region = np.concatenate([members, halo]) if halo.size and g + halo.size <= MULTICAST_MAX_RANKS else members
             packed = _packed_trees(graph, region, g)
             if packed is not None:
                 for load, latency, hops in packed[0]:
@@ -1876,8 +1926,8 @@ def board_group_scattered_all_reduce(topo: "Topology", grid: Sequence[Sequence[i
     updates, such as the residual stream); the roots then gather ``stat_bytes`` of statistics
     from one another ``rounds`` times (what the narrowing needs from the whole row: a norm's
     block sums, added in their fixed order on every root; one round per statistic that depends
-    on the one before), each an all-gather along the group's multicast trees plus the board's
-    deepest on-board route; then each root multicasts its share narrowed (``gather_bytes`` the
+    on the one before), each an all-gather along the group's trees plus the board's deepest
+    on-board route; then each root multicasts its share narrowed (``gather_bytes`` the
     whole row) down its tree, the on-board all-gather of the narrowed row riding on the
     multicast (as :func:`board_group_all_reduce`'s ``fuse_gather``). The phases cannot overlap:
     the narrowed row exists only once the whole row is reduced and its statistics known. The
@@ -1889,11 +1939,26 @@ def board_group_scattered_all_reduce(topo: "Topology", grid: Sequence[Sequence[i
     reduced row to narrow); this form pays for its narrower bytes with two more tree latencies
     and the exchanges.
 
-    The trees: the multicast trees of :func:`board_group_all_reduce` (each board's share
-    reduced up its reversed tree and multicast down it), and its packed trees over the group and
-    the boards around it rooted at a member (their parts reweighed for the two phases' bytes,
-    :func:`_reweigh`); two boards exchange halves over every edge-disjoint path
-    (:func:`multipath_point_to_point`). The cheapest is taken.
+    The trees: every tree set :func:`board_group_all_reduce` prices (:func:`_board_tree_options`:
+    the members' multicast trees, and those through the boards next to the group, spread or
+    negotiated; each board's share reduced up its reversed trees and multicast down them, each
+    phase priced at its own bytes), and its packed trees over the group and the boards around it
+    rooted at a member (their parts reweighed for the two phases' bytes, :func:`_reweigh`); two
+    boards exchange halves over every edge-disjoint path (:func:`multipath_point_to_point`). The
+    cheapest is taken; each exchange takes the cheapest tree set for the statistics' bytes. With
+    ``rounds=0`` and ``gather_bytes=nbytes``, on those tree sets it is
+    :func:`board_group_all_reduce` with ``pipelined=False, fuse_gather=True`` bit for bit (where
+    that does not fall back to the ring); the packed trees, which that does not take, may only
+    lower it. A phase without bytes (``stat_bytes=0``, ``nbytes=0``, ``gather_bytes=0``) costs
+    nothing.
+
+    Only ``bench/board_all_reduce.py`` uses it (the planner prices the pipelined
+    :func:`board_group_all_reduce`), to weigh the exact int32 sums with an int8 all-gather of the
+    normed row against the pipelined int32 all-reduce. For Llama-2-70B's 8,192-wide row (one
+    exchange of the norm's block sums) the pipelined all-reduce is the cheaper on every layout
+    of 16 boards of 24 (112 against 118 us), of 8 and 32 boards of the cloud, and on the best
+    layout of 8 boards of 24 (101.5 against 110.5 us); the scattered form is ahead only on one
+    layout of 8 boards of 24 (110.5 against 112.1 us), not the cheapest one.
 
     Parameters
     ----------
@@ -1915,64 +1980,80 @@ def board_group_scattered_all_reduce(topo: "Topology", grid: Sequence[Sequence[i
     CollectiveCost
         ``op="all_reduce"``, ``algorithm`` ``"board-scattered"``, ``"board-scattered-packed"`` or
         ``"board-scattered-multipath"``; ``nbytes`` the partial sums' bytes.
+
+    Raises
+    ------
+    TypeError
+        A byte count that is not a number.
+    ValueError
+        A grid that is not boards by chips (ragged, not integers, a row not the chips of one
+        board, boards or chips repeated), more than :data:`MULTICAST_MAX_RANKS` boards, a byte
+        count negative or not finite, ``rounds`` not an integer >= 0, or a group no trees join.
     """
-    grid = np.asarray(grid, dtype=np.int64)
-    if grid.ndim != 2 or grid.size == 0:
-        raise ValueError(f"grid must be boards x chips (a 2-D array of chip ids), got shape {grid.shape}")
-    for name, v in (("nbytes", nbytes), ("gather_bytes", gather_bytes), ("stat_bytes", stat_bytes)):
-        if not np.isfinite(v) or v < 0:
-            raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
-    if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 0:
+    who = "board_group_scattered_all_reduce"
+    grid, members = _board_rows(topo, grid, who)
+    if np.unique(grid).size != grid.size:
+        raise ValueError(f"{who}: the chips of grid must be distinct")
+    nbytes, gather_bytes, stat_bytes = (_byte_count(name, v) for name, v in (
+        ("nbytes", nbytes), ("gather_bytes", gather_bytes), ("stat_bytes", stat_bytes)))
+    if isinstance(rounds, (bool, np.bool_)) or not isinstance(rounds, (int, np.integer)) or rounds < 0:
         raise ValueError(f"rounds must be an integer >= 0, got {rounds!r}")
     g, k = grid.shape
-    cpb = 48  # chips of a board on the link graph (as board_group_all_reduce)
-    if (grid // cpb != grid[:, :1] // cpb).any() or np.unique(grid[:, 0] // cpb).size != g:
-        raise ValueError("board_group_scattered_all_reduce: each row of grid must be the chips of one board, "
-                         "boards distinct")
     if g > MULTICAST_MAX_RANKS:
-        raise ValueError(f"board_group_scattered_all_reduce: at most {MULTICAST_MAX_RANKS} boards, got {g}")
-    if g == 1 or nbytes == 0:
-        return CollectiveCost("all_reduce", "board-scattered", 0.0, 0.0, 0, 0, 0, int(grid.size), float(nbytes))
-    parts = _gather_parts(topo, grid[0], gather_bytes) if k > 1 else (0.0, 0.0)
-    if parts is None:  # no multicast trees on the board: its all-gather after the arrivals
-        parts = (0.0, all_gather(topo, grid[0], gather_bytes).seconds)
+        raise ValueError(f"{who}: at most {MULTICAST_MAX_RANKS} boards, got {g}")
+    exchanges = int(rounds) if stat_bytes > 0 else 0  # an exchange of no statistics is none
+    if g == 1 or (nbytes == 0 and gather_bytes == 0 and exchanges == 0):
+        return CollectiveCost("all_reduce", "board-scattered", 0.0, 0.0, 0, 0, 0, int(grid.size), nbytes)
+    # a phase that moves no bytes costs nothing, its latency included
+    parts = (0.0, 0.0)  # the board's gather of the narrowed row behind the multicast's arrivals
+    if k > 1 and gather_bytes > 0:
+        parts = _gather_parts(topo, grid[0], gather_bytes)
+        if parts is None:  # no multicast trees on the board: its all-gather after the arrivals
+            parts = (0.0, all_gather(topo, grid[0], gather_bytes).seconds)
     on_board = 0.0  # an exchange's way from the board's edges to its chips holding the share
-    if k > 1:
+    if k > 1 and exchanges:
         tiny = _gather_parts(topo, grid[0], 1.0)
         on_board = tiny[1] if tiny is not None else all_gather(topo, grid[0], 1.0).seconds
 
     def total(reduce_bw: float, reduce_lat: float, exchange: float, gather_bw: float, gather_lat: float) -> float:
-        """The phases one after another; the board's gather streams behind the multicast's arrivals."""
-        return (reduce_bw + reduce_lat + rounds * (exchange + on_board)
+        """The phases one after another, those without bytes left out; the board's gather
+        streams behind the multicast's arrivals (summed in :func:`board_group_all_reduce`'s
+        order, so the same phases give the same bits)."""
+        if nbytes == 0:
+            reduce_bw = reduce_lat = 0.0
+        if gather_bytes == 0:
+            gather_bw = gather_lat = 0.0
+        return (reduce_bw + reduce_lat + (exchanges * (exchange + on_board) if exchanges else 0.0)
                 + max(gather_bw, parts[0]) + gather_lat + parts[1])
 
     if g == 2:
-        a, b = (int(x) for x in grid[:, 0] // cpb)
-
-        def both(n: float) -> float:
-            return max(multipath_point_to_point(topo, a, b, n / 2).seconds,
-                       multipath_point_to_point(topo, b, a, n / 2).seconds)
-
+        a, b = (int(x) for x in members)
         return CollectiveCost("all_reduce", "board-scattered-multipath",
-                              total(both(nbytes), 0.0, both(stat_bytes), both(gather_bytes), 0.0),
-                              float(nbytes) / 2, 0, 0, 2 + rounds, int(grid.size), float(nbytes))
+                              total(_board_halves(topo, a, b, nbytes), 0.0,
+                                    _board_halves(topo, a, b, stat_bytes) if exchanges else 0.0,
+                                    _board_halves(topo, a, b, gather_bytes), 0.0),
+                              nbytes / 2, 0, 0, 2 + exchanges, int(grid.size), nbytes)
     graph = topo.board_graph()
-    members = grid[:, 0] // cpb
-    trees = _multicast_trees(graph, members)
-    if trees is None:
-        raise ValueError("board_group_scattered_all_reduce: the boards' links do not connect the group")
-    shares, latency, hops, _, rev_shares, back = trees
-    exchange = graph.link_seconds(shares * (float(stat_bytes) / g)) + latency
-    best = CollectiveCost("all_reduce", "board-scattered",
-                          total(graph.link_seconds(rev_shares * (float(nbytes) / g)), back, exchange,
-                                graph.link_seconds(shares * (float(gather_bytes) / g)), latency),
-                          float((rev_shares * (float(nbytes) / g)).max()), 2 * hops, 2 * hops, 2 + rounds,
-                          int(grid.size), float(nbytes))
-    halo = np.setdiff1d(np.unique(graph.neighbors[members]), members)
-    halo = halo[halo >= 0]
-    region = np.concatenate([members, halo]) if halo.size and g + halo.size <= MULTICAST_MAX_RANKS else members
+    part = nbytes / g
+    # the trees as board_group_all_reduce builds them for the row's shares (for the bytes that
+    # move where no partial sums do)
+    region, options = _board_tree_options(graph, members, part if nbytes > 0 else max(gather_bytes, stat_bytes) / g)
+    built = [(trees, m) for trees, m in options if trees is not None]
+    # each exchange: an all-gather of the statistics along the cheapest of the tree sets
+    exchange = min((graph.link_seconds(trees[0] * (stat_bytes / g / m)) + trees[1] for trees, m in built),
+                   default=0.0)
+    best = None
+    for (shares, latency, hops, _, rev_shares, back), m in built:
+        up, down = rev_shares * (part / m), shares * (gather_bytes / g / m)
+        seconds = total(graph.link_seconds(up), back, exchange, graph.link_seconds(down), latency)
+        if best is None or seconds < best.seconds:
+            best = CollectiveCost("all_reduce", "board-scattered", seconds, float(max(up.max(), down.max())),
+                                  2 * hops, 2 * hops, 2 + exchanges, int(grid.size), nbytes)
     found = graph.memo.get(("packed_shapes", region.tobytes(), int(g))) if _packed_trees(graph, region, g) else None
     if found is None:
+        if best is None:
+            raise ValueError(f"{who}: no trees join the group's boards {members.tolist()} (neither over their "
+                             "own links nor through the boards next to them)")
         return best
     full, span, span_hops, shapes, start = found
     glob = (region[:, None] * 6 + np.arange(6)).reshape(-1)
@@ -2007,9 +2088,11 @@ def board_group_scattered_all_reduce(topo: "Topology", grid: Sequence[Sequence[i
             lat = float(depth[keep].max())
             seconds = total(graph.link_seconds(weight @ up[keep] * float(nbytes)), lat, exchange,
                             graph.link_seconds(weight @ down[keep] * float(gather_bytes)), lat)
-            if seconds < best.seconds:
+            if best is None or seconds < best.seconds:
                 deep = 2 * int(depth_hops[keep].max())
                 best = CollectiveCost("all_reduce", "board-scattered-packed", seconds,
-                                      float((weight @ up[keep]).max()) * float(nbytes), deep, deep, 2 + rounds,
-                                      int(grid.size), float(nbytes))
+                                      float((weight @ up[keep]).max()) * nbytes, deep, deep, 2 + exchanges,
+                                      int(grid.size), nbytes)
+    if best is None:
+        raise ValueError(f"{who}: no trees join the group's boards {members.tolist()} rooted at them")
     return best
