@@ -55,7 +55,7 @@ from ..target.topology import ring_order, topology_of
 from ..timing.collectives import point_to_point
 from ..timing.model import DRAM, evaluate, transfers
 from ..timing.system import collective_cost, compose
-from .budget import SystemState
+from .budget import Shortfall, SystemState
 from .memory import LEDGER_RESIDENT_SHARE, activation_label, weight_bytes_per_pe
 from .shard import ROW_ALWAYS, ShardPlan, plan_shards, rule_of, shard_program
 from .tiling import MappingError, program_work
@@ -90,7 +90,7 @@ class _Ledger:
     weights: int = 0
     min_chip_bytes: int = 0
     overflow: str | None = None
-    shortfall: tuple | None = None
+    shortfall: Shortfall | None = None
     state: int = 0
     cache: dict = field(default_factory=dict)
 
@@ -557,7 +557,7 @@ def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState
         ledger.shortfall = _shortfall(program, arch, boards)
         if why is not None:  # its stages fitted but not the copies of their state
             left = tuple(int(chips[0]) // arch.chips_per_board for _, chips in boards)
-            ledger.shortfall = (ledger.shortfall or (left, 0, weights)) + (why,)
+            ledger.shortfall = replace(ledger.shortfall or Shortfall(left, 0, weights), why=why)
     if best is None:
         # One program's smallest shard does not fit one chip: no system holds it.
         ledger.overflow = ledger.overflow or program.symbol
@@ -592,10 +592,10 @@ def _pipeline_boards(arch: SpinnArch, start: int) -> list[tuple[int, np.ndarray]
     return [(s, live_chips(arch, b)) for s, b in enumerate(usable_boards(arch)) if s >= start and b in whole]
 
 
-def _shortfall(program: Program, arch: SpinnArch, boards: list[tuple[int, np.ndarray]]) -> tuple | None:
+def _shortfall(program: Program, arch: SpinnArch, boards: list[tuple[int, np.ndarray]]) -> Shortfall | None:
     """Why ``program`` (a region no board holds) found no pipeline on ``boards``
-    (:func:`_pipeline_boards`) when more boards would help: ``(board ids, boards needed at
-    least, its weight bytes)``; None when no number of boards holds it (a layer's weights exceed what a board
+    (:func:`_pipeline_boards`) when more boards would help: the board ids, the boards needed
+    at least and its weight bytes (a :class:`~.budget.Shortfall`); None when no number of boards holds it (a layer's weights exceed what a board
     holds, or every cut up to a layer a stage was tried) or the system is smaller than a board.
 
     The bound is cheap, no imaginary board mapped: the region needs at least 2 stages (no board
@@ -610,7 +610,7 @@ def _shortfall(program: Program, arch: SpinnArch, boards: list[tuple[int, np.nda
         return None
     weights = sum(t.nbytes for t in program.tensors if t.role == "const")
     need = max(2, len(boards) + 1, -(-weights // board_bytes))
-    return tuple(int(chips[0]) // per for _, chips in boards), int(need), int(weights)
+    return Shortfall(tuple(int(chips[0]) // per for _, chips in boards), int(need), int(weights))
 
 
 def _map_pipeline(program: Program, arch: SpinnArch, options, map_one, boards: list[tuple[int, np.ndarray]],
@@ -886,13 +886,14 @@ def overflow_message(ledger: SystemState, arch: SpinnArch) -> str:
     system's state after the build's last program)."""
     per_chip = arch.dram_bytes + arch.pes_per_chip * arch.tile_sram_bytes
     if ledger.shortfall is not None:
-        left, need, weights, *why = ledger.shortfall
+        short = ledger.shortfall
+        left, need, weights, why = short.boards, short.need, short.weights, short.why
         where = (f"no board holds region {ledger.overflow}: over pipeline stages (a whole board each) "
                  + (f"it needs at least {need} boards (its {weights} bytes of weights, "
                     f"{arch.chips_per_board * per_chip} bytes a board holds; more than the boards it was tried on), "
                     "and " if need else "")
                  + f"{len(left)} whole board(s) were left to it ({', '.join(map(str, left)) or 'none'})"
-                 + (f"; the most stages tried: {why[0]}" if why else ""))
+                 + (f"; the most stages tried: {why}" if why else ""))
     elif ledger.stage >= 0:
         boards = ledger.stage + 1
         where = (f"the smallest system that holds it is make_system(boards={boards}) "
