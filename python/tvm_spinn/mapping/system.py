@@ -61,7 +61,7 @@ from .shard import ROW_ALWAYS, ShardPlan, plan_shards, rule_of, shard_program
 from .tiling import MappingError, program_work
 
 __all__ = ["map_on_system", "resident_state", "dram_per_chip", "TP_DEGREES", "SP_DEGREES", "overflow_message", "system_tables", "retime", "issued",
-           "group_ranks", "recorded_plan", "stage_ranks", "map_stages", "region_in_flight", "state_per_chip", "chip_bytes", "install_pipeline", "pipeline_tables",
+           "group_ranks", "recorded_plan", "map_stages", "region_in_flight", "state_per_chip", "chip_bytes", "install_pipeline", "pipeline_tables",
            "stage_programs_of"]
 
 # A model too large for its system is raised at the end of the codegen callback: it crosses
@@ -137,32 +137,6 @@ def _stage_ranks(arch: SpinnArch, stage: int, count: int) -> np.ndarray:
         return np.arange(count) % arch.chips + (stage * arch.chips_per_board) % arch.chips
     boards = usable_boards(arch)
     return live_chips(arch, boards[stage % len(boards)])[:count]
-
-
-def stage_ranks(arch: SpinnArch, plan: ShardPlan) -> tuple[np.ndarray, ...]:
-    """Per pipeline stage of ``plan``, its chips in mesh position order: stage ``s`` on board
-    ``s`` (its first chips; with faults, its usable board's live chips) when each stage fits a
-    board and the system has a board per stage, else on chips ``s * n .. (s + 1) * n - 1``
-    (``n``: the chips of a stage), as on part of a board. The position ``j`` of every stage is
-    the same chip of its board, so a hand-over goes from each chip to its counterpart.
-
-    The mapper places a region's stages on whole boards (:func:`_pipeline_boards`); this also
-    places stages on part of a board, for pricing the sends of a mesh with a ``pp`` axis on a
-    system smaller than a board (:func:`tvm_spinn.timing.stages.handover_costs`).
-
-    Raises
-    ------
-    ValueError
-        When the stages need more chips than ``arch`` has.
-    """
-    per = plan.chips // plan.pp
-    if per <= stage_chips(arch) and plan.pp <= stages_of(arch):
-        return tuple(np.asarray(_stage_ranks(arch, s, per), dtype=np.int64) for s in range(plan.pp))
-    if plan.chips > arch.chips or arch.has_faults:
-        raise ValueError(f"stage_ranks: {plan.pp} stages of {per} chips need {plan.chips} chips"
-                         + (" on distinct usable boards" if arch.has_faults else "")
-                         + f"; {arch.name} has {arch.chips}")
-    return tuple(np.arange(s * per, (s + 1) * per, dtype=np.int64) for s in range(plan.pp))
 
 
 def _chip_arch(arch: SpinnArch) -> SpinnArch:
