@@ -22,7 +22,9 @@ and reads the reduced row whole from SRAM (an input already on chip: the mapper 
 gather of it), and the attention over the cache is a piece of its own (its shard plan
 chosen for it, not for the MLP). Each piece leaves its outputs in the chips' SRAM, where the
 next piece, the next block, the all-reduce or the hand-over reads them (``keep_outputs`` of
-:func:`tvm_spinn.llm.plan._map_stage`): none goes through DRAM. The all-reduce works in the
+:func:`tvm_spinn.llm.plan._map_stage`): an output that takes at most
+:data:`~tvm_spinn.mapping.system.GATHERED_SRAM_SHARE` of a chip's SRAM does not go through
+DRAM, a larger one is written to DRAM and read from there. The all-reduce works in the
 layout the projection left its sums in (each chip of a board its slice, reduced with its
 counterparts on the other boards);
 its multicast then delivers the whole reduced row to every chip of each board, the board's
