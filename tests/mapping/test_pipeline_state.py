@@ -159,7 +159,7 @@ def test_state_kept_in_sram_neither_takes_dram_nor_frees_the_weights_dram():
 
 def test_a_chip_whose_dram_does_not_hold_the_streamed_state_is_refused():
     # each chip reads both [k, 256] float32 states whole: 2 MiB, twice a chip's 1 MiB of DRAM
-    # (the weights alone, 352 KiB a chip, fit: this was accepted while the ledger counted only them)
+    # (the weights alone, 352 KiB a chip, fit; the state does not)
     m, arch = 256, _board(1024)
     assert 2 * K * m * 4 > arch.dram_bytes > 4 * _col_bytes(K, arch.chips_per_board)
     with pytest.raises(MappingError, match=rf"its weights need {4 * K * K * 4} bytes and its state \(inputs kept "
