@@ -412,3 +412,61 @@ def test_every_block_streams_where_a_fetched_ahead_block_beats_a_resident_one():
     # 100 us saved: 320 us streamed, slower than resident; no time saved: no fetched-ahead variant at all
     assert [v[-1] for v in board_tp._block_variants(resident, streamed, 3, 2, 100e-6, 4096, 0.1)] == ["", "p"]
     assert [v[-1] for v in board_tp._block_variants(resident, streamed, 3, 2, 0.0, 0, 0.0)] == [""]
+
+
+def test_a_degree_whose_streamed_blocks_beat_resident_ones_keeps_every_block_streamed(monkeypatch, register_system):
+    """Where a block fetched ahead runs faster than a resident one (the gains fetching ahead
+    makes raised to 90% of each streamed program's time), the degree's kept record is the
+    every-block-streamed variant: no block's weights kept, each group's blocks' streamed bytes
+    in each chip's DRAM, and the blocks' energy less the static power over the seconds saved,
+    counted here from the mapped stages."""
+    import math
+
+    from tqdm.auto import tqdm
+
+    P, cfg, target, arch, spec, seq, described = _streaming_boards(register_system, "all-streamed")
+    forms, mapped, seen = board_tp.slice_forms, [], []
+    map_stage = P._map_stage
+
+    def spy_map(*a, **k):
+        st = map_stage(*a, **k)
+        mapped.append((k.get("keep_outputs", False), st))
+        return st
+
+    gains = board_tp._ahead_gains
+
+    def ahead(on_chip, streamed, *a, **k):  # 90% of each program's streaming time saved
+        return tuple(0.9 * s for s in streamed.program_s), gains(on_chip, streamed, *a, **k)[1]
+
+    variants = board_tp._block_variants
+
+    def spy_variants(resident, streamed, *a):
+        seen.append((resident, streamed))
+        return variants(resident, streamed, *a)
+
+    monkeypatch.setattr(P, "_map_stage", spy_map)
+    monkeypatch.setattr(board_tp, "TP_BOARDS", (2,))
+    monkeypatch.setattr(board_tp, "slice_forms", lambda dec, reduces: forms(dec, reduces)[:1])  # the cut slice
+    monkeypatch.setattr(board_tp, "_ahead_gains", ahead)
+    monkeypatch.setattr(board_tp, "_block_variants", spy_variants)
+    out = board_tp.records(cfg, spec, arch, target, "int8", 1, seq, 4, described, spec.params,
+                           seq * spec.kv_bytes_per_token(4), tqdm(disable=True), memo={})
+    (key,) = out
+    rec, ((resident, streamed),) = out[key], seen
+    saved = 0.9 * sum(streamed.program_s)
+    assert streamed.latency_s - saved < resident.latency_s  # the case: a streamed block is faster
+    assert key.startswith("board_tp:g2m") and key.endswith("s"), key
+    L, per_group = spec.layers, rec["meta"]["blocks_per_stage"]
+    (head,) = [st for keep, st in mapped if not keep]  # the head's stage: the only one not a slice's
+    # no block's weights kept: only the head's
+    assert rec["resident"] == min(spec.params, min(head.resident_bytes, head.weight_bytes))
+    assert rec["streamed"] == spec.params - rec["resident"]
+    assert rec["meta"]["block_decode_s"] == pytest.approx(streamed.latency_s - saved, rel=1e-12)
+    assert rec["meta"]["prefetch_saved_decode_s"] == pytest.approx(L * saved, rel=1e-12)
+    # every block of a group streams its weights through each chip's DRAM
+    assert rec["dram_chip"] == math.ceil(per_group * streamed.streamed_bytes_per_chip) > 0
+    # each program's chips do not burn static power over its seconds saved
+    unburnt = arch.p_static_w_per_chip * sum(0.9 * s * t.chips
+                                            for s, t in zip(streamed.program_s, streamed.program_timings))
+    assert len(streamed.program_timings) == len(streamed.program_s) > 0
+    assert rec["energy_j"] == pytest.approx(2 * L * (streamed.energy_j - unburnt) + head.energy_j, rel=1e-12)

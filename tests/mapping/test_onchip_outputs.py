@@ -57,7 +57,7 @@ def test_outputs_left_on_chip_are_not_written_to_dram(program):
     local = sum(int(np.prod(shapes[t])) * program.tensors[t].nbytes // int(np.prod(program.tensors[t].shape)) for t in out)
     assert local > 0
     assert _io_bytes(a) - _io_bytes(b) == pytest.approx(local, rel=1e-9)
-    # the output's write back no longer waits for DRAM: the region is no slower
+    # the output's write back does not wait for DRAM: the region is no slower
     assert b.timing.system.latency_s <= a.timing.system.latency_s
     # an output named on chip is not an input the region gathers
     assert kept.regions[0].gathered_inputs == ()

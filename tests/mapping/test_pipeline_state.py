@@ -16,7 +16,7 @@ from tvm_spinn.mapping.system import recorded_plan, stage_programs_of
 from tvm_spinn.mapping.tiling import MappingError
 from tvm_spinn.program import Layer, Program, TensorDesc
 from tvm_spinn.target.arch import SpinnArch, make_system
-from tvm_spinn.timing.stages import inputs_in_flight
+from tvm_spinn.timing.stages import PipelineTiming, inputs_in_flight
 
 K, M = 1024, 4
 
@@ -61,6 +61,26 @@ def test_inputs_in_flight_by_hand(latency, period, n):
 def test_inputs_in_flight_refuses_bad_times(latency, period):
     with pytest.raises(ValueError, match="inputs_in_flight: expected 0 < period_s <= latency_s"):
         inputs_in_flight(latency, period)
+
+
+def test_a_pipeline_of_no_time_keeps_one_input_in_flight():
+    # no period to count by: each stage holds the one input it computes
+    assert PipelineTiming((0.0, 0.0), (), 0.0, "stage 0", 0.0).in_flight == 1
+
+
+def test_a_hand_in_is_part_of_the_latency_and_bounds_the_period():
+    stages = PipelineTiming((3.0, 3.0), (), 3.0, "stage 0", 6.0)
+    assert stages.in_flight == 2 == _in_flight_by_schedule(6.0, 3.0)
+    short = stages.handed_in(0.5)  # 6.5 s through, one input every 3 s
+    assert (short.latency_s, short.period_s, short.binding) == (6.5, 3.0, "stage 0")
+    assert short.in_flight == 3 == _in_flight_by_schedule(6.5, 3.0)
+    long = stages.handed_in(4.0)  # the hand-in binds: 10 s through, one input every 4 s
+    assert (long.latency_s, long.period_s, long.binding) == (10.0, 4.0, "hand-in")
+    assert long.in_flight == 3 == _in_flight_by_schedule(10.0, 4.0)
+    assert stages.handed_in(0.0) is stages
+    for bad in (-1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="PipelineTiming.handed_in: expected a finite time >= 0"):
+            stages.handed_in(bad)
 
 
 def test_the_ledger_counts_a_state_copy_per_input_in_flight():
@@ -139,9 +159,62 @@ def test_state_kept_in_sram_neither_takes_dram_nor_frees_the_weights_dram():
 
 def test_a_chip_whose_dram_does_not_hold_the_streamed_state_is_refused():
     # each chip reads both [k, 256] float32 states whole: 2 MiB, twice a chip's 1 MiB of DRAM
-    # (the weights alone, 352 KiB a chip, fit: this was accepted while the ledger counted only them)
+    # (the weights alone, 352 KiB a chip, fit; the state does not)
     m, arch = 256, _board(1024)
     assert 2 * K * m * 4 > arch.dram_bytes > 4 * _col_bytes(K, arch.chips_per_board)
     with pytest.raises(MappingError, match=rf"its weights need {4 * K * K * 4} bytes and its state \(inputs kept "
                                            rf"between calls, such as a KV cache\) {2 * K * m * 4} bytes"):
         plan_system([stateful(m=m)], arch, MappingOptions(weights="stream"))
+
+
+def _state_held(piped) -> int:
+    """One copy of the state ``s0`` / ``s1`` the stages of ``piped`` hold: each stage's chips'
+    shares under its own shard plan (float32), summed over its chips."""
+    out = 0
+    for k, stage in enumerate(stage_programs_of(piped)):
+        sid = next(i for i, x in enumerate(stage.tensors) if x.name == f"s{k}")
+        out += int(np.prod(recorded_plan(stage).shapes[sid])) * 4 * stage.mapping.system.chips
+    return out
+
+
+def _hand_in_s(arch, piped) -> float:
+    """The hand-over of ``piped``'s inputs, whole, from the first chip of board 0 to its first
+    stage's first chip, priced on its own."""
+    from tvm_spinn.target.topology import topology_of
+    from tvm_spinn.timing.collectives import point_to_point
+
+    first = piped.mapping.pipeline.stages[0].chips[0]
+    nbytes = sum(piped.tensors[t].nbytes for t in piped.inputs)
+    return point_to_point(topology_of(arch), [0], [first], float(nbytes)).seconds
+
+
+def test_the_hand_in_of_a_region_s_inputs_counts_in_its_inputs_in_flight():
+    # a small region on board 0, the stateful one over boards 1 and 2: its inputs (x and both
+    # states, 36 KiB) cross from board 0 first, and an input is in flight from then on
+    from _chains import chain
+
+    arch = make_system("pp-state-hand-in", boards=3, pes_per_chip=4, dram_bytes=64 * 1024)
+    plan = plan_system([chain(2, 256, symbol="small"), stateful()], arch)
+    piped, region = plan.programs[1], plan.regions[1]
+    t, hand = piped.timing.pipeline, _hand_in_s(arch, piped)
+    assert piped.timing.latency_s == pytest.approx(t.latency_s + hand, rel=1e-12)
+    own = _in_flight_by_schedule(t.latency_s, t.period_s)
+    copies = _in_flight_by_schedule(t.latency_s + hand, max(t.period_s, hand))
+    assert (own, copies) == (3, 4)  # the stages and the send alone keep 3 in flight; with the hand-in 4
+    assert region.state_bytes == copies * _state_held(piped)
+
+
+def test_stages_that_hold_the_copies_of_their_own_flight_but_not_those_the_hand_in_adds_are_refused():
+    # 40 KiB of DRAM a chip: alone on the system (no hand-in) the region keeps 3 inputs in
+    # flight (two copies of 16 KiB a chip in DRAM); after a region on board 0, 4 (three: 48 KiB)
+    from _chains import chain
+
+    arch = make_system("pp-state-hand-in-40", boards=3, pes_per_chip=4, dram_bytes=40 * 1024)
+    alone = plan_system([stateful()], arch)
+    t = alone.programs[0].timing.pipeline
+    assert alone.regions[0].state_bytes == 3 * _state_held(alone.programs[0])
+    assert _in_flight_by_schedule(t.latency_s, t.period_s) == 3
+    with pytest.raises(MappingError, match=r"the most stages tried: stage 0 of main: 4 inputs in flight keep 4 copies "
+                                           r"of its state \(16384 bytes a chip each, 16384 of them in SRAM\): 49152 "
+                                           r"bytes of DRAM a chip needed, 40960 available"):
+        plan_system([chain(2, 256, symbol="small"), stateful()], arch)

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from tvm_spinn.mapping import shard as S
-from tvm_spinn.mapping.system import stage_programs_of, stage_ranks
+from tvm_spinn.mapping.system import stage_programs_of
 from tvm_spinn.mapping import map_program
 from tvm_spinn.program.ops.sharding import Mesh
 from tvm_spinn.program.records import PlanCollective
@@ -21,6 +21,7 @@ from tvm_spinn.timing.collectives import point_to_point
 from tvm_spinn.timing.stages import HandoverCost, handover_costs, pipeline_timing
 
 from _chains import F32, chain, residual
+from _stages import stage_plans, stage_ranks
 
 ARCH = make_system("pp-timing", chips=4, pes_per_chip=32)
 
@@ -124,7 +125,7 @@ def test_stages_that_do_not_fit_the_system_are_refused():
 def test_stage_plans_are_the_plan_cut_at_the_stages(mesh):
     program = residual()
     plan = S.plan_mesh(program, mesh)
-    progs, plans = S.stage_programs(program, plan), S.stage_plans(program, plan)
+    progs, plans = S.stage_programs(program, plan), stage_plans(program, plan)
     assert len(progs) == len(plans) == mesh.size("pp")
     by_name = {t.name: tid for tid, t in enumerate(program.tensors)}
     count = 0

@@ -22,7 +22,9 @@ and reads the reduced row whole from SRAM (an input already on chip: the mapper 
 gather of it), and the attention over the cache is a piece of its own (its shard plan
 chosen for it, not for the MLP). Each piece leaves its outputs in the chips' SRAM, where the
 next piece, the next block, the all-reduce or the hand-over reads them (``keep_outputs`` of
-:func:`tvm_spinn.llm.plan._map_stage`): none goes through DRAM. The all-reduce works in the
+:func:`tvm_spinn.llm.plan._map_stage`): an output that takes at most
+:data:`~tvm_spinn.mapping.system.GATHERED_SRAM_SHARE` of a chip's SRAM does not go through
+DRAM, a larger one is written to DRAM and read from there. The all-reduce works in the
 layout the projection left its sums in (each chip of a board its slice, reduced with its
 counterparts on the other boards);
 its multicast then delivers the whole reduced row to every chip of each board, the board's
@@ -100,10 +102,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["TP_BOARDS", "slice_config", "slice_shares", "slice_block", "slice_weight_bytes", "stream_floor",
+__all__ = ["TP_BOARDS", "slice_config", "slice_shares", "slice_block", "slice_weight_bytes", "gemm_weight_bytes", "stream_floor",
            "block_all_reduces", "board_groups",
            "board_patches", "board_compact", "group_layouts", "board_setting", "group_caches", "GroupCaches",
-           "slice_pieces", "slice_forms", "fused_gathers", "slice_collectives", "records"]
+           "slice_pieces", "slice_forms", "fused_gathers", "slice_collectives", "pipeline_rest", "records"]
 
 #: Boards one block is tensor-parallel over (each must divide the heads and the intermediate
 #: size, and leave a board for the head), tried in the order of what their all-reduces alone
@@ -811,15 +813,34 @@ def slice_weight_bytes(spec, g: int) -> int:
             return 0
         heads, kv, inter = shares
     mlp = 3 if spec.family == "llama" else 2  # a gated MLP's gate, up and down; else in and out
-    return _gemm_weight_bytes(h, heads, kv, d, inter, mlp)
+    return gemm_weight_bytes(h, heads, kv, d, inter, mlp)
 
 
-def _gemm_weight_bytes(hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int,
-                       mlp_matrices: int) -> int:
-    """Bytes of a block's int8 weight-GEMM matrices from its sizes: the attention's query, key,
-    value and output projections (``heads`` query and ``kv_heads`` key-value heads of
-    ``head_dim``) and ``mlp_matrices`` MLP matrices of ``hidden x intermediate`` (a gated MLP
-    has three; a mixture of experts three per expert counted)."""
+def gemm_weight_bytes(hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int,
+                      mlp_matrices: int) -> int:
+    """Bytes of a block's int8 weight-GEMM matrices from its sizes (one byte an element).
+
+    The attention's query, key, value and output projections and the MLP's matrices; the
+    scales, biases and norms are not counted.
+
+    Parameters
+    ----------
+    hidden : int
+        The hidden size.
+    heads, kv_heads : int
+        The query heads and the key-value heads.
+    head_dim : int
+        The size of a head.
+    intermediate : int
+        The MLP's inner size.
+    mlp_matrices : int
+        The MLP matrices of ``hidden x intermediate`` (a gated MLP has three, an ungated two;
+        a mixture of experts three per expert counted).
+
+    Returns
+    -------
+    int
+    """
     return (hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden
             + mlp_matrices * hidden * intermediate)
 
@@ -832,14 +853,31 @@ def stream_floor(weight_bytes: int, chips: int, dram_bw: float, ahead_s: float) 
     return max(0.0, weight_bytes / (chips * dram_bw) - ahead_s)
 
 
-def _pipeline_rest(arch, batch: int, seq: int, groups, free, n_groups: int, move, first_boards=None) -> tuple:
-    """What a pipeline over the first ``n_groups`` of ``groups`` (lists of boards) adds to a
-    token besides its blocks, from the placement alone (no mapping): the head's board (the
-    first of the ``free`` boards, else the board of the group after the last used), the
-    hand-overs (``move(src boards, dst boards)``'s seconds: each group to the next, then the
-    last group's first board to the head's board) and the token's loop back to the chips of
-    ``first_boards`` (default the first group's boards) with the host's I/O
-    (:func:`tvm_spinn.llm.plan._step_io`).
+def pipeline_rest(arch, batch: int, seq: int, groups, free, n_groups: int, move, first_boards=None) -> tuple:
+    """What a pipeline over the first ``n_groups`` of ``groups`` adds to a token besides its
+    blocks, from the placement alone (no mapping).
+
+    The head's board, the hand-overs (each group to the next, then the last group's first
+    board to the head's board) and the token's loop back to the chips of ``first_boards``
+    with the host's I/O (:func:`tvm_spinn.llm.plan._step_io`).
+
+    Parameters
+    ----------
+    arch : SpinnArch
+        The system.
+    batch, seq : int
+        The users decoding at once and the context length.
+    groups : sequence of sequence of int
+        The pipeline's board groups in pipeline order (each a list of board ids).
+    free : sequence of int
+        The boards no group uses; the head runs on the first, else on the first board of the
+        group after the last used.
+    n_groups : int
+        The groups the pipeline uses (the first ``n_groups`` of ``groups``).
+    move : callable
+        ``move(src boards, dst boards)``: a hand-over's seconds.
+    first_boards : sequence of int, optional
+        The boards the token loops back to (default the first group's).
 
     Returns
     -------
@@ -966,7 +1004,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         per_stream = stream_floor(w, cpb, board.dram_bw_bytes_s, reduces_per_block * max(low, reduce_of(groups, True)))
         out = math.inf
         for n_groups in sorted({math.ceil(L / m) for m in range(least, L + 1)}):
-            _, moves, _, loop_s = _pipeline_rest(arch, batch, seq, groups, free, n_groups, move_s)
+            _, moves, _, loop_s = pipeline_rest(arch, batch, seq, groups, free, n_groups, move_s)
             hand = sum(moves)
             # the fewest blocks streamed with this many groups: the blocks spread as evenly as
             # the candidates' runs allow (every run but the last of the same length)
@@ -1067,7 +1105,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                 ahead_s = sum(max(0, n - fit) for n in sizes) * saved_s
                 reduces_s = reduces_per_block * L * reduce_s
                 # the hand-overs; the token from the head's board back to the first group's boards, the host's I/O
-                head_board, hand, io, loop_s = _pipeline_rest(arch, batch, seq, groups, free, n_groups, move_s)
+                head_board, hand, io, loop_s = pipeline_rest(arch, batch, seq, groups, free, n_groups, move_s)
                 decode_s = blocks_s + reduces_s + sum(hand) + head_s + loop_s
                 used = (g * n_groups + 1) * cpb
                 kept = sum(min(n, fit) for n in sizes) * g * (resident.resident_bytes - resident.kv_sram_bytes)

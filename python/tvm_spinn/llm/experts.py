@@ -118,7 +118,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     from ..target.faults import whole_boards
     from ..timing.collectives import board_all_to_all, multipath_point_to_point, point_to_point
     from ..timing.system import collective_cost
-    from .board_tp import _pipeline_rest, board_setting, group_layouts
+    from .board_tp import board_setting, group_layouts, pipeline_rest
 
     P = importlib.import_module(".plan", __package__)
     E, k = spec.experts, spec.experts_per_token
@@ -211,7 +211,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
             block_s = share(home, per_block[0]) + exchange_s + busiest * share(one, per_block[1])
             worst_block_s = share(home, per_block[0]) + exchange_s + worst * one["stream"].latency_s
             # group to group and to the head, home board to home board; the token back to the first home
-            head_board, hand, io, loop_s = _pipeline_rest(
+            head_board, hand, io, loop_s = pipeline_rest(
                 arch, batch, seq, groups, free, n_groups,
                 lambda src, dst: board_to_board(src[0], dst[0], hidden * handover_bytes), groups[0][:1])
             rest_s = sum(hand) + head.latency_s + loop_s
@@ -276,7 +276,7 @@ def _sliced(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     including the whole-expert candidates'); ``floors``, where given, receives each degree's."""
     from ..target.faults import whole_boards
     from ..timing.collectives import board_group_all_reduce, point_to_point
-    from .board_tp import _pipeline_rest, board_setting, group_layouts, slice_config
+    from .board_tp import board_setting, group_layouts, pipeline_rest, slice_config
     from .describe import describe
     from .spec import spec_of
 
@@ -325,7 +325,7 @@ def _sliced(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         for m in options:
             if m * stored > cpb * arch.dram_bytes:
                 continue
-            _, moves, _, loop_s = _pipeline_rest(arch, batch, seq, groups, free, math.ceil(L / m), hand)
+            _, moves, _, loop_s = pipeline_rest(arch, batch, seq, groups, free, math.ceil(L / m), hand)
             floor = min(floor, L * 2 * reduce_s + sum(moves) + head.latency_s + loop_s + L * _sliced_floor(
                 read, stored, m, budget, cpb, board.dram_bw_bytes_s))
         degrees.append((floor, g, sliced, sub, groups, free, reduce_s, options))
@@ -351,7 +351,7 @@ def _sliced(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
             n_groups = math.ceil(L / m)
             kept = min(1.0, budget / (m * stored))
             block_s = kept * mapped["auto"].latency_s + (1 - kept) * mapped["stream"].latency_s + 2 * reduce_s
-            head_board, hands, io, loop_s = _pipeline_rest(arch, batch, seq, groups, free, n_groups, hand)
+            head_board, hands, io, loop_s = pipeline_rest(arch, batch, seq, groups, free, n_groups, hand)
             decode_s = L * block_s + sum(hands) + head.latency_s + loop_s
             resident = int(min(weight_bytes, n_groups * g * min(budget, m * stored)
                                + min(head.resident_bytes, head.weight_bytes)))
@@ -392,10 +392,10 @@ def _sliced_bytes(sub, evaluated: int) -> tuple[int, int]:
     block (:func:`_sliced`; ``sub`` the slice's spec) that a step reads (the attention's and
     ``evaluated`` experts') and that the board stores (every expert's), from the sizes alone:
     lower bounds on the mapped slice's (its scales, router and norms come on top)."""
-    from .board_tp import _gemm_weight_bytes
+    from .board_tp import gemm_weight_bytes
 
     def gemm(experts: int) -> int:  # a gated MLP's three matrices per expert
-        return _gemm_weight_bytes(sub.hidden, sub.heads, sub.kv_heads, sub.head_dim, sub.intermediate, 3 * experts)
+        return gemm_weight_bytes(sub.hidden, sub.heads, sub.kv_heads, sub.head_dim, sub.intermediate, 3 * experts)
 
     return gemm(evaluated), gemm(max(sub.experts, evaluated))
 

@@ -838,13 +838,16 @@ def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0, weights: s
     bound.
 
     ``memo``: one :func:`plan` call's stages already mapped, keyed by everything the mapping
-    reads (the pieces' structure, the board, the host's shapes, ``slots``, the options): the
+    reads (the pieces' structure, the board, the host's shapes, ``slots``, the options,
+    ``keep_outputs``): the
     pipeline's split counts share stages (a block's last GEMMs), and the ``board_tp`` placement
     maps the pipeline's head stage again.
 
     ``keep_outputs``: every program leaves its outputs in the chips' SRAM (the next program,
     which reads them there, or the next run of the stage's programs, or the board links take
-    them from there), none written to DRAM: the programs of a block repeated on the same chips
+    them from there), not written to DRAM where it takes at most
+    :data:`~tvm_spinn.mapping.system.GATHERED_SRAM_SHARE` of a chip's SRAM (a larger output
+    goes to DRAM, as a region's output does): the programs of a block repeated on the same chips
     (the ``board_tp`` slice, whose outputs the next piece, the next block or the all-reduce
     and hand-over read); otherwise an output goes to DRAM, as a region's output does."""
     from ..mapping import MappingOptions, current_options

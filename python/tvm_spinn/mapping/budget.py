@@ -11,7 +11,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["SystemState", "RegionBudget"]
+__all__ = ["SystemState", "RegionBudget", "Shortfall"]
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """Why a region that no board holds found no pipeline stages on the boards left to it.
+
+    Parameters
+    ----------
+    boards : tuple of int
+        The ids of the whole boards that were left to it.
+    need : int
+        The boards it needs at least (a bound: two, more than the boards it was tried on, and
+        its weights over what a board holds); 0 when unknown (its stages fitted the boards but
+        not the copies of their state, see ``why``).
+    weights : int
+        Its weight bytes.
+    why : str or None
+        Why the most stages tried failed where their stages fitted but not the copies of their
+        state (:func:`~.system.map_stages`); None otherwise.
+    """
+
+    boards: tuple[int, ...]
+    need: int
+    weights: int
+    why: str | None = None
 
 
 @dataclass(frozen=True)
@@ -35,9 +60,9 @@ class SystemState:
         The largest of the regions' smallest per-chip shards (weights and state).
     overflow : str or None
         The symbol of the first region that did not fit the system.
-    shortfall : tuple or None
-        When that region fitted no board and too few whole boards were left for its pipeline
-        stages: ``(board ids left to it, boards it needs at least, its weight bytes)``.
+    shortfall : Shortfall or None
+        When that region fitted no board and found no pipeline stages on the whole boards left
+        to it: the boards, how many it needs at least and why its stages failed.
     state : int
         Full bytes of the state inputs of every region so far (one copy of each; see
         :func:`~.system.resident_state`).
@@ -49,7 +74,7 @@ class SystemState:
     weights: int = 0
     min_chip_bytes: int = 0
     overflow: str | None = None
-    shortfall: tuple[tuple[int, ...], int, int] | None = None
+    shortfall: Shortfall | None = None
     state: int = 0
 
 

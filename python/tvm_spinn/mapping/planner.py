@@ -31,12 +31,11 @@ from typing import Callable, Sequence
 
 from ..program import Program
 from ..target.arch import SpinnArch
-from ..timing.stages import inputs_in_flight
 from .budget import RegionBudget, SystemState
 from .memory import LEDGER_RESIDENT_SHARE
 from .options import MappingOptions, current_options
 from .schedule import MappingMemo, _graph_copy, map_region
-from .system import chip_bytes, overflow_message, recorded_plan, resident_state, stage_programs_of
+from .system import chip_bytes, overflow_message, recorded_plan, region_in_flight, resident_state, stage_programs_of
 from .tiling import MappingError, program_work
 
 __all__ = ["RegionPlan", "SystemPlan", "plan_system", "resident_capacity", "held_bytes", "POLICIES"]
@@ -81,7 +80,8 @@ class RegionPlan:
         the plan keeps on several chips (each slot's keys and values read by several groups
         of chips) counts once per copy. Over pipeline stages, each stage's share under its own
         plan, times the inputs the pipeline keeps in flight
-        (:func:`~tvm_spinn.timing.stages.inputs_in_flight`: each a stream with its own state).
+        (:func:`~.system.region_in_flight`: each a stream with its own state; the region's own, the
+        hand-in of its inputs included).
         This is what the chips reserve for it.
     state_sram_bytes : int
         Of ``state_bytes``, what its memory plan keeps in SRAM (the rest is in DRAM; over
@@ -155,8 +155,7 @@ def _region(program: Program, budget: RegionBudget, onchip: tuple, stage: int = 
         gathered = tuple(t for t in gathered if tuple(local[t]) == tuple(program.tensors[t].shape))
     # over pipeline stages each input in flight is a stream with a copy of the state at every
     # stage: one copy where the memory plans keep it in SRAM, the others in DRAM
-    pipe = program.timing.pipeline if program.mapping.pipeline is not None else None
-    copies = inputs_in_flight(pipe.latency_s, pipe.period_s) if pipe is not None and pipe.period_s > 0 else 1
+    copies = region_in_flight(program)
     return RegionPlan(program.symbol, budget, stage, _chips(program), tuple(sram), int(dram),
                       copies * held_bytes(program, every), held_bytes(program, kept), gathered,
                       sum(program.tensors[t].nbytes for t in every))

@@ -81,7 +81,7 @@ from ..program.ops.sharding import (REPLICATE, ROW_ALWAYS, AllToAll, Mesh, MeshA
                                     ShardContext, ShardDecision, ShardingRule, part, shard)
 
 __all__ = ["Collective", "ShardPlan", "plan_shards", "plan_mesh", "Mesh", "shard_program", "ROW_ALWAYS", "part", "rule_of",
-           "no_rule_reason", "pipeline_stages", "stage_programs", "stage_plans"]
+           "no_rule_reason", "pipeline_stages", "stage_programs"]
 
 class _Replicated(ShardingRule):
     """The rule of a family that states none: its layers run whole on every chip (their inputs
@@ -658,52 +658,6 @@ def stage_programs(program: Program, plan: ShardPlan) -> tuple[Program, ...]:
         out.append(Program(symbol=f"{program.symbol}_stage{s}", arch=program.arch, tensors=tensors,
                            inputs=[new[x] for x in used if x in inputs], outputs=[new[x] for x in used if x in outputs],
                            layers=staged, constants={new[x]: program.constants[x] for x in used if x in consts and x in program.constants}))
-    return tuple(out)
-
-
-def stage_plans(program: Program, plan: ShardPlan) -> tuple[ShardPlan, ...]:
-    """The shard plan of each program of :func:`stage_programs` over the stage's own chips
-    (``plan`` without its pipeline axis, ``(plan,)`` on one stage).
-
-    Each is ``plan`` cut to the stage: its layers' splits and the collectives before them,
-    its tensors' shapes and placements as ``plan`` has them (a tensor received split stays
-    split: the stage's shard program holds what the sending chip sent), renumbered as the
-    stage's program. The gathers of program outputs at the end go to the stage that writes
-    the output, at its end.
-
-    The mapper does not call it (:func:`~.system.map_stages` plans each stage's program afresh
-    on its board); it states what a mesh plan with ``pp`` and other axes means for each stage,
-    the contract :func:`stage_programs` and :func:`shard_program` are checked against.
-    """
-    if plan.pp == 1:
-        return (plan,)
-    mesh = Mesh(tuple(a for a in plan.mesh.axes if a.name != "pp"))
-    keep = [k for k, a in enumerate(plan.mesh.axes) if a.name != "pp"]
-    n = len(program.layers)
-    writer = {layer.output: i for i, layer in enumerate(program.layers)}
-    out = []
-    for lo, hi, used, _, _, _ in _stage_parts(program, plan):
-        new = {tid: k for k, tid in enumerate(used)}
-        names = {layer.name for layer in program.layers[lo:hi]}
-        colls = []
-        for c in plan.collectives:
-            if lo <= c.layer < hi:
-                at = c.layer - lo
-            elif c.layer >= n and lo <= writer.get(c.tensor, -1) < hi:
-                at = hi - lo
-            else:
-                continue
-            if c.tensor not in new:
-                raise ValueError(f"stage_plans: the {c.op} before layer {c.layer} is on tensor {c.tensor}, "
-                                 f"which stage {plan.stages[lo]} does not hold")
-            colls.append(replace(c, layer=at, tensor=new[c.tensor]))
-        out.append(replace(plan, splits=plan.splits[lo:hi], collectives=tuple(colls),
-                           shapes=tuple(plan.shapes[tid] for tid in used),
-                           seq=plan.seq[lo:hi] if plan.seq else (),
-                           replicated=tuple(x for x in plan.replicated if x[0] in names), mesh=mesh,
-                           placements=tuple(tuple(plan.placements[tid][k] for k in keep) for tid in used)
-                           if plan.placements else (),
-                           pp=1, stages=(), handovers=()))
     return tuple(out)
 
 

@@ -55,13 +55,13 @@ from ..target.topology import ring_order, topology_of
 from ..timing.collectives import point_to_point
 from ..timing.model import DRAM, evaluate, transfers
 from ..timing.system import collective_cost, compose
-from .budget import SystemState
+from .budget import Shortfall, SystemState
 from .memory import LEDGER_RESIDENT_SHARE, activation_label, weight_bytes_per_pe
 from .shard import ROW_ALWAYS, ShardPlan, plan_shards, rule_of, shard_program
 from .tiling import MappingError, program_work
 
 __all__ = ["map_on_system", "resident_state", "dram_per_chip", "TP_DEGREES", "SP_DEGREES", "overflow_message", "system_tables", "retime", "issued",
-           "group_ranks", "recorded_plan", "stage_ranks", "map_stages", "state_per_chip", "chip_bytes", "install_pipeline", "pipeline_tables",
+           "group_ranks", "recorded_plan", "map_stages", "region_in_flight", "state_per_chip", "chip_bytes", "install_pipeline", "pipeline_tables",
            "stage_programs_of"]
 
 # A model too large for its system is raised at the end of the codegen callback: it crosses
@@ -90,7 +90,7 @@ class _Ledger:
     weights: int = 0
     min_chip_bytes: int = 0
     overflow: str | None = None
-    shortfall: tuple | None = None
+    shortfall: Shortfall | None = None
     state: int = 0
     cache: dict = field(default_factory=dict)
 
@@ -137,32 +137,6 @@ def _stage_ranks(arch: SpinnArch, stage: int, count: int) -> np.ndarray:
         return np.arange(count) % arch.chips + (stage * arch.chips_per_board) % arch.chips
     boards = usable_boards(arch)
     return live_chips(arch, boards[stage % len(boards)])[:count]
-
-
-def stage_ranks(arch: SpinnArch, plan: ShardPlan) -> tuple[np.ndarray, ...]:
-    """Per pipeline stage of ``plan``, its chips in mesh position order: stage ``s`` on board
-    ``s`` (its first chips; with faults, its usable board's live chips) when each stage fits a
-    board and the system has a board per stage, else on chips ``s * n .. (s + 1) * n - 1``
-    (``n``: the chips of a stage), as on part of a board. The position ``j`` of every stage is
-    the same chip of its board, so a hand-over goes from each chip to its counterpart.
-
-    The mapper places a region's stages on whole boards (:func:`_pipeline_boards`); this also
-    places stages on part of a board, for pricing the sends of a mesh with a ``pp`` axis on a
-    system smaller than a board (:func:`tvm_spinn.timing.stages.handover_costs`).
-
-    Raises
-    ------
-    ValueError
-        When the stages need more chips than ``arch`` has.
-    """
-    per = plan.chips // plan.pp
-    if per <= stage_chips(arch) and plan.pp <= stages_of(arch):
-        return tuple(np.asarray(_stage_ranks(arch, s, per), dtype=np.int64) for s in range(plan.pp))
-    if plan.chips > arch.chips or arch.has_faults:
-        raise ValueError(f"stage_ranks: {plan.pp} stages of {per} chips need {plan.chips} chips"
-                         + (" on distinct usable boards" if arch.has_faults else "")
-                         + f"; {arch.name} has {arch.chips}")
-    return tuple(np.arange(s * per, (s + 1) * per, dtype=np.int64) for s in range(plan.pp))
 
 
 def _chip_arch(arch: SpinnArch) -> SpinnArch:
@@ -540,11 +514,14 @@ def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState
         # current stage when that holds nothing yet, else from the next one.
         start = ledger.stage if ledger.dram == 0 and not ledger.sram.any() else ledger.stage + 1
         boards = _pipeline_boards(arch, start)
-        piped, why = _map_pipeline(program, arch, options, map_one, boards)
+        # the inputs come from the board of the build's earlier regions when it is not the first
+        hand = _hand_in_cost(program, topo, _stage_ranks(arch, ledger.stage, 1), boards[0][1]) \
+            if start > ledger.stage and boards else None
+        piped, why = _map_pipeline(program, arch, options, map_one, boards, hand.seconds if hand is not None else 0.0)
         if piped is not None:
             program, last_stage, last = piped
-            if start > ledger.stage:  # the inputs come from the board of the build's earlier regions
-                program = _handed_in(program, topo, _stage_ranks(arch, ledger.stage, 1), arch)
+            if hand is not None:
+                program = _handed_in(program, hand, arch)
             # the build continues on the last stage's board, after what that stage holds there
             ledger.stage = last_stage
             ledger.sram[:] = 0
@@ -554,7 +531,7 @@ def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState
         ledger.shortfall = _shortfall(program, arch, boards)
         if why is not None:  # its stages fitted but not the copies of their state
             left = tuple(int(chips[0]) // arch.chips_per_board for _, chips in boards)
-            ledger.shortfall = (ledger.shortfall or (left, 0, weights)) + (why,)
+            ledger.shortfall = replace(ledger.shortfall or Shortfall(left, 0, weights), why=why)
     if best is None:
         # One program's smallest shard does not fit one chip: no system holds it.
         ledger.overflow = ledger.overflow or program.symbol
@@ -589,10 +566,10 @@ def _pipeline_boards(arch: SpinnArch, start: int) -> list[tuple[int, np.ndarray]
     return [(s, live_chips(arch, b)) for s, b in enumerate(usable_boards(arch)) if s >= start and b in whole]
 
 
-def _shortfall(program: Program, arch: SpinnArch, boards: list[tuple[int, np.ndarray]]) -> tuple | None:
+def _shortfall(program: Program, arch: SpinnArch, boards: list[tuple[int, np.ndarray]]) -> Shortfall | None:
     """Why ``program`` (a region no board holds) found no pipeline on ``boards``
-    (:func:`_pipeline_boards`) when more boards would help: ``(board ids, boards needed at
-    least, its weight bytes)``; None when no number of boards holds it (a layer's weights exceed what a board
+    (:func:`_pipeline_boards`) when more boards would help: the board ids, the boards needed
+    at least and its weight bytes (a :class:`~.budget.Shortfall`); None when no number of boards holds it (a layer's weights exceed what a board
     holds, or every cut up to a layer a stage was tried) or the system is smaller than a board.
 
     The bound is cheap, no imaginary board mapped: the region needs at least 2 stages (no board
@@ -607,16 +584,17 @@ def _shortfall(program: Program, arch: SpinnArch, boards: list[tuple[int, np.nda
         return None
     weights = sum(t.nbytes for t in program.tensors if t.role == "const")
     need = max(2, len(boards) + 1, -(-weights // board_bytes))
-    return tuple(int(chips[0]) // per for _, chips in boards), int(need), int(weights)
+    return Shortfall(tuple(int(chips[0]) // per for _, chips in boards), int(need), int(weights))
 
 
-def _map_pipeline(program: Program, arch: SpinnArch, options, map_one,
-                  boards: list[tuple[int, np.ndarray]]) -> tuple[tuple[Program, int, SystemState] | None, str | None]:
+def _map_pipeline(program: Program, arch: SpinnArch, options, map_one, boards: list[tuple[int, np.ndarray]],
+                  hand_in_s: float = 0.0) -> tuple[tuple[Program, int, SystemState] | None, str | None]:
     """``program`` over the fewest pipeline stages that hold it, on the first of ``boards``
     (:func:`_pipeline_boards`), the stage of its last board and what its last stage holds
     there (a :class:`~.budget.SystemState` of one board); None when no number does, with why
     the most stages tried failed where their stages fitted but not their state's copies (else
-    None).
+    None). ``hand_in_s``: the send handing its inputs in from the region before it (0: none),
+    part of the time each input is in flight (:func:`map_stages`).
 
     The layers are cut into ``pp`` contiguous stages (:func:`.shard.plan_mesh` with a ``pp``
     axis) and mapped by :func:`map_stages`; ``pp`` goes up from 2 until every stage fits (at
@@ -631,7 +609,7 @@ def _map_pipeline(program: Program, arch: SpinnArch, options, map_one,
             continue
         ranks = [r for _, r in boards[:pp]]
         try:
-            mapped, timing, held = map_stages(program, plan, arch, options, map_one, ranks)
+            mapped, timing, held = map_stages(program, plan, arch, options, map_one, ranks, hand_in_s)
         except _StateCopiesError as err:
             why = str(err)
             continue
@@ -647,7 +625,7 @@ class _StateCopiesError(MappingError):
 
 
 def map_stages(program: Program, plan: ShardPlan, arch: SpinnArch, options, map_one,
-               ranks) -> tuple[tuple[Program, ...], "PipelineTiming", SystemState]:
+               ranks, hand_in_s: float = 0.0) -> tuple[tuple[Program, ...], "PipelineTiming", SystemState]:
     """Each stage of ``plan`` (a plan of :func:`.shard.plan_mesh` whose mesh has only a ``pp``
     axis) mapped alone on its own board, and the pipeline's timing.
 
@@ -672,13 +650,18 @@ def map_stages(program: Program, plan: ShardPlan, arch: SpinnArch, options, map_
         ``map_one(shard, chip_arch, reserved)``, as :func:`map_on_system` takes it.
     ranks : sequence of numpy.ndarray
         Per stage, the chips of its board in mesh position order.
+    hand_in_s : float
+        The send that hands the region's inputs in from the region before it (0: none). An
+        input is in flight from that send on, so the copies of the state are counted over
+        the region's whole latency, the hand-in included
+        (:meth:`~tvm_spinn.timing.stages.PipelineTiming.handed_in`).
 
     Returns
     -------
     tuple
         The stages' mapped programs in stage order, the
-        :class:`~tvm_spinn.timing.stages.PipelineTiming` and what the last stage holds on its
-        board (a :class:`~.budget.SystemState`).
+        :class:`~tvm_spinn.timing.stages.PipelineTiming` of the stages and cuts (without the
+        hand-in) and what the last stage holds on its board (a :class:`~.budget.SystemState`).
 
     Raises
     ------
@@ -703,7 +686,7 @@ def map_stages(program: Program, plan: ShardPlan, arch: SpinnArch, options, map_
     # Each input in flight is a stream with its own state at every stage: a stage's chips hold
     # that many copies of its state, the one its memory plan keeps in SRAM and the others in DRAM.
     # The stage's own ledger (``after``) already holds one copy's DRAM part (:func:`dram_per_chip`).
-    copies = timing.in_flight if timing.period_s > 0 else 1  # stages of no time hold one input
+    copies = timing.handed_in(hand_in_s).in_flight
     for k, (shard, after) in enumerate(zip(mapped, held)):
         whole, in_sram = state_per_chip(shard)
         extra = (copies - 1) * whole
@@ -713,6 +696,35 @@ def map_stages(program: Program, plan: ShardPlan, arch: SpinnArch, options, map_
                                f"bytes of DRAM a chip needed, {sub.dram_bytes} available")
         held[k] = replace(after, dram=after.dram + extra)
     return tuple(mapped), timing, held[-1]
+
+
+def region_in_flight(program: Program) -> int:
+    """Inputs a mapped region keeps in flight in steady state, each a stream with its own copy
+    of the region's state: over pipeline stages, the region's whole latency (its stages, its
+    cuts' sends and the hand-in of its inputs from the region before it: ``timing.latency_s``)
+    over its period, as :func:`map_stages` counts them
+    (:attr:`~tvm_spinn.timing.stages.PipelineTiming.in_flight`); 1 on one stage.
+
+    The copies are the region's own: a stream whose inputs go through several regions of a
+    build is not counted over the build (each region counts the inputs in its own flight).
+
+    Parameters
+    ----------
+    program : Program
+        A mapped program.
+
+    Returns
+    -------
+    int
+    """
+    from ..timing.stages import PipelineTiming
+
+    pipe, t = program.timing.pipeline, program.timing
+    if program.mapping.pipeline is None or pipe is None:
+        return 1
+    # the record keeps the cuts' send times, not their costs: the count needs only the times
+    stages = PipelineTiming(tuple(pipe.stage_s), (), pipe.period_s, pipe.binding, pipe.latency_s)
+    return stages.handed_in(max(0.0, t.latency_s - pipe.latency_s)).in_flight
 
 
 def state_per_chip(program: Program) -> tuple[int, int]:
@@ -739,15 +751,21 @@ def chip_bytes(program: Program, tensors) -> int:
     return out
 
 
-def _handed_in(program: Program, topo, src: np.ndarray, arch: SpinnArch) -> Program:
-    """``program`` (mapped over pipeline stages) with the hand-over of its inputs from chip
-    ``src`` (the previous region's board) to its first stage's first chip, whole, as the
-    pipeline's own sends go: its latency and energy include it, and the period is the longest
+def _hand_in_cost(program: Program, topo, src: np.ndarray, first: np.ndarray):
+    """The hand-over of ``program``'s inputs, whole, from chip ``src[0]`` (the previous
+    region's board) to chip ``first[0]`` (its first stage's first chip), as the pipeline's own
+    sends go (:func:`tvm_spinn.timing.collectives.point_to_point`)."""
+    nbytes = sum(program.tensors[t].nbytes for t in program.inputs)
+    return point_to_point(topo, np.asarray(src[:1], dtype=np.int64), np.asarray(first[:1], dtype=np.int64),
+                          float(nbytes))
+
+
+def _handed_in(program: Program, cost, arch: SpinnArch) -> Program:
+    """``program`` (mapped over pipeline stages) with the hand-over of its inputs ``cost``
+    (:func:`_hand_in_cost`): its latency and energy include it, and the period is the longest
     of the stages, the sends and this hand-over (a link transfer overlaps the stages in steady
     state). The ``timing.pipeline`` record stays the stages' own."""
-    dst = np.asarray(program.mapping.pipeline.stages[0].chips[:1], dtype=np.int64)
     nbytes = sum(program.tensors[t].nbytes for t in program.inputs)
-    cost = point_to_point(topo, src[:1], dst, float(nbytes))
     t = program.timing
     latency = t.latency_s + cost.seconds
     period = max(t.pipeline.period_s, cost.seconds)
@@ -842,13 +860,14 @@ def overflow_message(ledger: SystemState, arch: SpinnArch) -> str:
     system's state after the build's last program)."""
     per_chip = arch.dram_bytes + arch.pes_per_chip * arch.tile_sram_bytes
     if ledger.shortfall is not None:
-        left, need, weights, *why = ledger.shortfall
+        short = ledger.shortfall
+        left, need, weights, why = short.boards, short.need, short.weights, short.why
         where = (f"no board holds region {ledger.overflow}: over pipeline stages (a whole board each) "
                  + (f"it needs at least {need} boards (its {weights} bytes of weights, "
                     f"{arch.chips_per_board * per_chip} bytes a board holds; more than the boards it was tried on), "
                     "and " if need else "")
                  + f"{len(left)} whole board(s) were left to it ({', '.join(map(str, left)) or 'none'})"
-                 + (f"; the most stages tried: {why[0]}" if why else ""))
+                 + (f"; the most stages tried: {why}" if why else ""))
     elif ledger.stage >= 0:
         boards = ledger.stage + 1
         where = (f"the smallest system that holds it is make_system(boards={boards}) "

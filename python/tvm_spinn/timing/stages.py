@@ -71,8 +71,41 @@ class PipelineTiming:
 
     @property
     def in_flight(self) -> int:
-        """Inputs in the pipeline at once in steady state (:func:`inputs_in_flight`)."""
-        return inputs_in_flight(self.latency_s, self.period_s)
+        """Inputs in the pipeline at once in steady state (:func:`inputs_in_flight` of its
+        latency and period); 1 for a period of 0: stages and sends that take no time (layers
+        of no work) keep no input waiting behind another, yet each stage holds the state of
+        the one it computes."""
+        return inputs_in_flight(self.latency_s, self.period_s) if self.period_s > 0 else 1
+
+    def handed_in(self, seconds: float) -> "PipelineTiming":
+        """This pipeline behind a send of ``seconds`` that hands its inputs in (from the chips
+        of the region before it): one input's latency includes the send, and the period is the
+        longest of the stages, the sends and it (a link transfer overlaps the stages in steady
+        state, as the cuts' sends do; ``binding`` ``"hand-in"`` where it binds). The
+        ``handovers`` stay the cuts' own.
+
+        Parameters
+        ----------
+        seconds : float
+            The hand-in's time, finite and >= 0 (0: no hand-in, the pipeline itself).
+
+        Returns
+        -------
+        PipelineTiming
+
+        Raises
+        ------
+        ValueError
+            When ``seconds`` is negative or not finite.
+        """
+        seconds = float(seconds)
+        if not (math.isfinite(seconds) and seconds >= 0):
+            raise ValueError(f"PipelineTiming.handed_in: expected a finite time >= 0, got {seconds!r}")
+        if seconds == 0:
+            return self
+        binding = "hand-in" if seconds > self.period_s else self.binding
+        return PipelineTiming(self.stage_s, self.handovers, max(self.period_s, seconds), binding,
+                              self.latency_s + seconds)
 
 
 def inputs_in_flight(latency_s: float, period_s: float) -> int:
@@ -81,7 +114,10 @@ def inputs_in_flight(latency_s: float, period_s: float) -> int:
 
     Where the inputs carry state between calls (a KV cache, a recurrent state), each is a stream
     of its own: a stream's next input enters only once its last one has left, so keeping the
-    period takes this many streams, and every stage holds this many copies of its state.
+    period takes this many streams, and every stage holds this many copies of its state. The
+    count is one pipeline's own (for a region of a build, its latency and period with the
+    hand-in of its inputs: :func:`tvm_spinn.mapping.system.region_in_flight`): a stream whose
+    inputs go through several regions is not counted over the build.
 
     Parameters
     ----------
