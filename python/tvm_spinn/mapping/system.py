@@ -40,6 +40,7 @@ A model that does not fit (no stage left whose DRAM holds the shard) raises
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tvm_ffi
@@ -59,6 +60,9 @@ from .budget import Shortfall, SystemState
 from .memory import LEDGER_RESIDENT_SHARE, activation_label, weight_bytes_per_pe
 from .shard import ROW_ALWAYS, ShardPlan, plan_shards, rule_of, shard_program
 from .tiling import MappingError, program_work
+
+if TYPE_CHECKING:  # the return annotation only: timing.stages is imported where it is used
+    from ..timing.stages import PipelineTiming
 
 __all__ = ["map_on_system", "resident_state", "dram_per_chip", "TP_DEGREES", "SP_DEGREES", "overflow_message", "system_tables", "retime", "issued",
            "group_ranks", "recorded_plan", "map_stages", "region_in_flight", "state_per_chip", "chip_bytes", "install_pipeline", "pipeline_tables",

@@ -900,9 +900,6 @@ class _Comms:
         the shares of all board pairs at once load the board edges, the busiest edge binds
         (the chip links on either side outrun a board edge), plus the longest used path's
         latency. ``inf`` where a transfer stays on its board."""
-        from ..target.topology import edge_rate
-        from ..timing.collectives import water_fill
-
         a, b = src // self.per_board, dst // self.per_board
         if self.boards < 2 or (a == b).any():
             return math.inf
