@@ -66,6 +66,10 @@ class VocabShard(TPShard):
     def leaf_ranges(self) -> tuple:
         return tuple(((a, b),) for a, b in vocab_ranges(self.extent, self.leaves) if b > a)
 
+    def rank_leaf_ranges(self, rank: int, tp: int) -> tuple:
+        own = vocab_ranges(self.extent, self.leaves)[rank * self.leaves // tp:(rank + 1) * self.leaves // tp]
+        return tuple(((a, b),) for a, b in own if b > a)
+
 
 def _is(value, name: str) -> bool:
     return isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == name
