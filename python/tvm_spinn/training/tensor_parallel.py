@@ -333,14 +333,14 @@ def _joined_ranges(terms) -> tuple:
 
 def _packed(ranges) -> tuple[int, tuple]:
     """``(k, ranges)`` of the operands holding only ``ranges`` (per leaf, ranges of a wider
-    ``k``), packed in order from row 0: a rank's share of a reduction as its own GEMM."""
+    ``k``), packed in order from row 0, each leaf one range: a rank's share of a reduction as its
+    own GEMM (a rank holds its shard's rows contiguously, its parts' ranges of a leaf side by
+    side, so it gathers nothing)."""
     packed, k = [], 0
     for leaf in ranges:
-        out = []
-        for a, b in leaf:
-            out.append((k, k + b - a))
-            k += b - a
-        packed.append(tuple(out))
+        width = sum(b - a for a, b in leaf)
+        packed.append(((k, k + width),))
+        k += width
     return k, tuple(packed)
 
 
@@ -439,7 +439,7 @@ def _gemm_module(shapes, leaves=1) -> tvm.IRModule:
             for i, (m, k, n) in enumerate(shapes):
                 ranges = leaves[i] if not isinstance(leaves, (int, np.integer)) else \
                     None if leaves == 1 else leaf_slices(k, leaves)
-                if ranges is None:
+                if ranges is None or ranges == (((0, k),),):  # one leaf of the whole axis: the GEMM
                     outs.append(bb.emit(relax.op.matmul(args[2 * i], args[2 * i + 1])))
                 else:
                     outs.append(canonical_gemm(bb, args[2 * i], args[2 * i + 1], (m, k), ranges))
