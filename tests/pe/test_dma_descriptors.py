@@ -9,7 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from tvm_spinn.program.ops.movement import (DMA_DIMS, dma_descriptor_count, dma_descriptors, moved,
+from tvm_spinn.program.ops import movement
+from tvm_spinn.program.ops.movement import (DMA_DIMS, ShapeMismatch, dma_descriptor_count, dma_descriptors, moved,
                                             strided_source)
 
 
@@ -79,3 +80,24 @@ def test_strided_source_is_the_simulators_movement(kind, ishape, oshape, attrs):
 def test_concat_and_pad_are_not_strided_views():
     assert strided_source(_Program((2, 3), (4, 3)), _Layer("concat", {"axis": 0})) is None
     assert strided_source(_Program((2, 3), (4, 5)), _Layer("pad", {"pad_width": [1, 1, 1, 1], "value": 0.0})) is None
+
+
+def test_a_copy_is_not_read_as_a_view(monkeypatch):
+    """A movement that returned a copy (its own strides, not the input's element map) is refused,
+    and the descriptor count does not hide it behind the shard fallback."""
+    layer, program = _Layer("permute_dims", {"axes": [1, 0]}), _Program((2, 3), (3, 2))
+    assert strided_source(program, layer)[0] == (3, 2)
+    monkeypatch.setattr(movement, "moved", lambda layer, xs, shape: np.zeros(shape, np.uint8))
+    with pytest.raises(ValueError, match="returned a copy"):
+        strided_source(program, layer)
+    with pytest.raises(ValueError, match="returned a copy"):
+        movement._strided_dims(program, layer)
+
+
+def test_a_shard_whose_input_does_not_fit_falls_back_to_its_output():
+    """A shard's output cut but not its input: the mismatch is named, and the descriptor count
+    falls back to the output's non-unit extents."""
+    layer, program = _Layer("reshape", {}), _Program((4, 6), (1, 5, 4))
+    with pytest.raises(ShapeMismatch, match="does not move to its output"):
+        strided_source(program, layer)
+    assert movement._strided_dims(program, layer) == (5, 4)

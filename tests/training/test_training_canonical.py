@@ -204,21 +204,26 @@ def test_planner_reductions_are_the_compiled_steps(family, tp):
     comms = planner._Comms(arch, True)
     calls, price = [], comms.collective_parts
 
-    def record(op, g, nbytes, leaves=1):
-        out = price(op, g, nbytes, leaves)
-        calls.append((op, g.shape, float(nbytes), leaves, out[0]))
+    def record(op, g, nbytes, leaves=1, chain=False):
+        out = price(op, g, nbytes, leaves, chain)
+        calls.append((op, g.shape, float(nbytes), leaves, out[0], chain))
         return out
 
     comms.collective_parts = record
     got = planner._tp_reductions(spec, m, tp, np.array([list(range(tp))]), comms, arch, True)
     # a layer's reductions: one per compiled reduction (two a layer of each pass)
     assert len(split.reductions) == 4
-    assert sorted((n, leaves) for op, _, n, leaves, _ in calls if op == "reduce_scatter") == sorted(sent)
-    assert sorted((g[0], g[1], n) for op, g, n, _, _ in calls if op == "all_reduce") == sorted(groups)
-    assert sorted(n for op, _, n, _, _ in calls if op == "all_gather") == [4.0 * m * h] * 1  # priced once, used 4 times
-    gather = next(s for op, *_, s in calls if op == "all_gather")
+    assert sorted((n, leaves) for op, _, n, leaves, _, _ in calls if op == "reduce_scatter") == sorted(sent)
+    assert sorted((g[0], g[1], n) for op, g, n, _, _, _ in calls if op == "all_reduce") == sorted(groups)
+    assert sorted(n for op, _, n, _, _, _ in calls if op == "all_gather") == [4.0 * m * h] * 1  # priced once, used 4 times
+    # the compiled reductions' partial sums exist per rank (direct or chain); a replicated head's
+    # gradient is group_sum's chain (each replica adds its query head's term in rank order, one
+    # term a rank), as tp_compute prices group_s
+    assert all(not chain for op, *_, chain in calls if op != "all_reduce")
+    assert all(chain and leaves == 1 for op, _, _, leaves, _, chain in calls if op == "all_reduce")
+    gather = next(s for op, *_, s, _ in calls if op == "all_gather")
     assert got["forward_s"] + got["backward_s"] == pytest.approx(
-        sum(s for op, *_, s in calls if op != "all_gather") + 4 * gather)
+        sum(s for op, *_, s, _ in calls if op != "all_gather") + 4 * gather)
     if family == "llama" and tp == 4:
         assert len(groups) == 2  # k_proj and v_proj: 2 key/value heads of 8 features on 2 replicas each
     assert got["forward_add_s"] > 0 and got["backward_add_s"] > 0

@@ -234,3 +234,45 @@ def test_llama_tensor_parallel_matches_tp1():
                                     parallel={"tp": 2, "dp": 2, "microbatches": 2})
     assert _same_bits(_run(tp, batches), ref)
     _assert_close(ref, torch_adamw(model, batches, ADAMW[1]))
+
+
+def test_odd_vocabulary_prices_the_head_leaves_it_compiles():
+    """A 1-layer GPT-2 with a vocabulary of 251 at tp = 2: the LM head's reduction over the
+    vocabulary has ceil-width leaves (the last one shorter, empty ones left out); the simulated
+    step prices the leaves the compiled program adds, ``canonical_s`` equal to a direct build of
+    every reduction's leaves, and a rank's share is its own leaves."""
+    from tvm import relax
+
+    from tvm_spinn.training.parallel import _replica_target
+    from tvm_spinn.training.tensor_parallel import _gemm_module
+    from tvm_spinn.training.timing import executable_latency
+    from tvm_spinn.training.tp_chain import vocab_leaves
+
+    vocab = 251
+    model = gpt2(layers=1, hidden=32, vocab=vocab)
+    ids, labels = tokens(vocab)
+    tp = tvm_spinn.training.compile(model, torch.from_numpy(ids), optimizer=ADAMW, target="spinn/board",
+                                    parallel={"tp": 2, "microbatches": 1})
+    tp.step(ids, labels)
+    split = tp._tp_split
+    (head,) = [c for c in split.reductions if c.k == vocab]
+    # independent reference: the leaves tile [0, vocab) in order, every one but the last
+    # ceil(vocab / L) rows wide, L the nominal leaf count (the first leaf's width gives it)
+    flat = [r for leaf in head.ranges for r in leaf]
+    width = flat[0][1] - flat[0][0]
+    assert [a for a, _ in flat] == list(range(0, vocab, width)) and flat[-1][1] == vocab
+    assert all(b - a == width for a, b in flat[:-1]) and 0 < flat[-1][1] - flat[-1][0] <= width
+    assert head.leaves == len(flat) and vocab % head.leaves != 0
+    # rank 0 owns the first half of the nominal leaves: the busier rank
+    nominal = vocab_leaves(2, 4 * 32, vocab)  # 2 heads, 128 MLP features
+    assert -(-vocab // nominal) == width
+    assert head.rank_ranges == head.ranges[:nominal // 2]
+    cost = tp.with_plan().simulated_step()["tp"]
+    direct = 0.0
+    with _replica_target(tp._target) as (replica, _):
+        for leaves in sorted({r.leaves for r in split.reductions}):
+            group = [r for r in split.reductions if r.leaves == leaves]
+            direct += executable_latency(relax.build(_gemm_module([(r.m, r.k, r.n) for r in group],
+                                                                  [r.ranges for r in group]), target=replica))
+    assert cost["canonical_s"] == direct
+    assert 0 < cost["rank_canonical_s"] < cost["canonical_s"]

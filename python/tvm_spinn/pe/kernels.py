@@ -46,8 +46,7 @@ Kernels (the ``spec`` of :func:`kernel_object`):
 - ``("move",)``: data movement as a gather of ``eb``-byte elements: ``dst[i] = src[idx[i]]``,
   or the ``eb`` fill bytes where ``idx[i]`` is negative (``pad``); args ``src, idx, dst, fill,
   n, eb``. The DMA brings each piece's source elements into ``src`` in ascending order; the
-  local index table ``idx`` is the layer's (``reshape``, ``permute_dims``, ``broadcast_to``,
-  ``strided_slice``, ``concat``, ``pad``) element map.
+  local index table ``idx`` is the layer's (``concat``, ``pad``) element map.
 - ``("dma",)``: data movement by the DMA engine: ``n`` strided descriptors
   (:data:`~.memory_map.DMA_DESC_WORDS` words each, the engine's register order) run one after
   another through the runtime's driver ``pe_dma`` (copy in, start, wait); args ``desc, n``. The

@@ -50,8 +50,8 @@ def compile(model, example_inputs, loss: str = "cross_entropy", optimizer=("sgd"
         so the parameters are bitwise identical for every ``M``, ``R`` and ``Z``
         (:mod:`.parallel`). ``Z = 1`` shards the optimizer state over the replicas (ZeRO-1,
         :mod:`.zero`), ``Z = 2`` the reduced gradient too. ``"pp": S`` cuts each replica's
-        gradient program into ``S`` pipeline stages by layers (``S`` must divide the layers of the
-        model's ``transformers`` configuration; ``R * S`` chips), run in 1F1B micro-batch order,
+        gradient program into ``S`` pipeline stages by layers (``S``, or ``S - 1`` with a head stage, must divide the
+        layers of the model's ``transformers`` configuration; ``R * S`` chips), run in 1F1B micro-batch order,
         with the same bits (:mod:`.pipeline`); ``"head_stage": True`` makes the last of them the
         LM head's own (the layers on ``S - 1`` stages). ``"tp": T`` splits every block of a GPT-2 or
         Llama-style model over ``T`` chips as Megatron-LM does (column-parallel QKV and MLP-up,

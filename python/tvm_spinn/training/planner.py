@@ -1039,10 +1039,12 @@ def _tp_reductions(spec, tokens: int, tp: int, tp_groups: np.ndarray, comms: "_C
         if replicas > 1:
             # a replicated key/value head: the gradients of its keys and values (every token, one
             # head's features) summed over its replicas in rank order and returned to each
-            # (:func:`.tp_chain.group_sum`), one all-reduce each over every head's replicas at once
+            # (:func:`.tp_chain.group_sum`), one all-reduce each over every head's replicas at once;
+            # a chain in the reproducible mode (each replica adds its query head's term in turn: no
+            # pre-added partial sum exists to send directly)
             heads = tp_groups.reshape(-1, replicas)
             for _ in ("keys", "values"):
-                s, busy = comms.collective_parts("all_reduce", heads, F32 * tokens * spec.head_dim)
+                s, busy = comms.collective_parts("all_reduce", heads, F32 * tokens * spec.head_dim, chain=True)
                 out["backward_s"] += s
                 out["backward_busy"] += busy
         # an all-gather before each of the forward's two reductions (the block's input, the MLP's

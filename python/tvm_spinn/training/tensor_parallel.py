@@ -86,12 +86,20 @@ class TPShard:
         """Each leaf's ``k`` ranges (one a part) in the canonical order."""
         return leaf_slices(self.extent, self.leaves, self.parts)
 
+    def rank_leaf_ranges(self, rank: int, tp: int) -> tuple:
+        """The :meth:`leaf_ranges` rank ``rank`` of ``tp`` owns (its ``leaves / tp`` leaves)."""
+        return self.leaf_ranges()[rank * self.leaves // tp:(rank + 1) * self.leaves // tp]
+
 
 @dataclass(frozen=True)
 class CanonicalGemm:
     """A GEMM of the gradient program reducing over a sharded axis: ``[m, k] @ [k, n]`` of
     weight ``name`` in the canonical order (``leaves`` leaves of each of ``parts`` parts); a sum
-    of such GEMMs (:func:`canonical_sum`) names its weights joined by ``+``, ``k`` their total."""
+    of such GEMMs (:func:`canonical_sum`) names its weights joined by ``+``, ``k`` their total.
+
+    ``ranges`` are the leaves' ``k`` ranges as the compiled step adds them (per leaf, one range
+    per part, in the sum's concatenated ``k``; ``leaves`` is their count, a ceil-width vocabulary's
+    empty leaves left out); ``rank_ranges`` are those of the rank with the most rows of ``k``."""
 
     name: str
     m: int
@@ -99,6 +107,8 @@ class CanonicalGemm:
     n: int
     leaves: int
     parts: int
+    ranges: tuple
+    rank_ranges: tuple
 
 
 @dataclass(frozen=True)
@@ -269,9 +279,13 @@ def split_gemms(grad_mod: tvm.IRModule, n_inputs: int, layout, tp: int) -> TPSpl
                 if b.var in fused or b.var in canon:
                     members = [canon[c] for c in fused.get(b.var, [b.var])]
                     shard, _, _, m, _, n = members[0]
+                    ranges = _joined_ranges([(c[0].leaf_ranges(), c[4]) for c in members])
+                    shares = [_joined_ranges([(c[0].rank_leaf_ranges(r, tp), c[4]) for c in members])
+                              for r in range(tp)]
+                    mine = max(shares, key=lambda leaves: sum(b - a for leaf in leaves for a, b in leaf))
                     reductions.append(CanonicalGemm("+".join(c[0].name for c in members), m,
-                                                    sum(c[4] for c in members), n, shard.leaves,
-                                                    sum(c[0].parts for c in members)))
+                                                    sum(c[4] for c in members), n, len(ranges),
+                                                    sum(c[0].parts for c in members), ranges, mine))
                     out = canonical_sum(bb, [(remap.visit_expr(a), remap.visit_expr(w), _shape(a), s.leaf_ranges())
                                              for s, a, w, _, _, _ in members])
                     if _shape(b.var) != (m, n):
@@ -304,6 +318,30 @@ def split_gemms(grad_mod: tvm.IRModule, n_inputs: int, layout, tp: int) -> TPSpl
     rank = sum(b if s is None else b * s.replicas // tp for b, s in zip(sizes, layout))
     return TPSplit(FixupImported(mod), tp, tuple(reductions), tuple(parallel), sharded, sum(sizes) - sharded,
                    groups, rank)
+
+
+def _joined_ranges(terms) -> tuple:
+    """The leaf ranges of a sum of GEMMs over the concatenated ``k`` of its terms
+    ``[(leaf ranges, k)]``: leaf ``l`` is the ``l``-th leaf of every term, in term order."""
+    counts = {len(leaves) for leaves, _ in terms}
+    if len(counts) != 1:
+        raise TrainingError(f"canonical order: the summed reductions have different leaf counts {sorted(counts)}")
+    offsets = np.concatenate([[0], np.cumsum([k for _, k in terms])[:-1]]).astype(int).tolist()
+    return tuple(tuple((o + a, o + b) for (leaves, _), o in zip(terms, offsets) for a, b in leaves[l])
+                 for l in range(counts.pop()))
+
+
+def _packed(ranges) -> tuple[int, tuple]:
+    """``(k, ranges)`` of the operands holding only ``ranges`` (per leaf, ranges of a wider
+    ``k``), packed in order from row 0, each leaf one range: a rank's share of a reduction as its
+    own GEMM (a rank holds its shard's rows contiguously, its parts' ranges of a leaf side by
+    side, so it gathers nothing)."""
+    packed, k = [], 0
+    for leaf in ranges:
+        width = sum(b - a for a, b in leaf)
+        packed.append(((k, k + width),))
+        k += width
+    return k, tuple(packed)
 
 
 def _is_op(value, name: str) -> bool:
@@ -386,9 +424,10 @@ def canonical_gemm(bb: relax.BlockBuilder, a, w, a_shape, leaves, name: str = "c
     return acc
 
 
-def _gemm_module(shapes, leaves: int = 1) -> tvm.IRModule:
+def _gemm_module(shapes, leaves=1) -> tvm.IRModule:
     """``main(a_0, b_0, ...) -> (...)``: the GEMMs of ``shapes`` ``[(m, k, n)]``, each in ``leaves``
-    equal leaves added in order (1: a plain GEMM)."""
+    equal leaves added in order (1: a plain GEMM), or in the leaves of ``leaves[i]`` (per GEMM,
+    its leaf ranges as :func:`canonical_gemm` takes them)."""
     bb = relax.BlockBuilder()
     args = []
     for i, (m, k, n) in enumerate(shapes):
@@ -398,11 +437,12 @@ def _gemm_module(shapes, leaves: int = 1) -> tvm.IRModule:
         with bb.dataflow():
             outs = []
             for i, (m, k, n) in enumerate(shapes):
-                if leaves == 1:
+                ranges = leaves[i] if not isinstance(leaves, (int, np.integer)) else \
+                    None if leaves == 1 else leaf_slices(k, leaves)
+                if ranges is None or ranges == (((0, k),),):  # one leaf of the whole axis: the GEMM
                     outs.append(bb.emit(relax.op.matmul(args[2 * i], args[2 * i + 1])))
                 else:
-                    outs.append(canonical_gemm(bb, args[2 * i], args[2 * i + 1], (m, k),
-                                               leaf_slices(k, leaves)))
+                    outs.append(canonical_gemm(bb, args[2 * i], args[2 * i + 1], (m, k), ranges))
             out = bb.emit_output(relax.Tuple(outs))
         bb.emit_func_output(out)
     return bb.get()
@@ -451,7 +491,7 @@ def tp_compute(split: TPSplit, one_chip_s: float, target, topo) -> dict:
 
     tp = split.tp
 
-    def latency(shapes, leaves: int = 1) -> float:
+    def latency(shapes, leaves=1) -> float:
         if not shapes:
             return 0.0
         return executable_latency(relax.build(_gemm_module(shapes, leaves), target=target))
@@ -459,19 +499,20 @@ def tp_compute(split: TPSplit, one_chip_s: float, target, topo) -> dict:
     full = [(m, k, n) for _, m, k, n, _, _ in split.parallel]
     share = [(m // ways, k, n) if axis == 0 else (m, k, n // ways) for _, m, k, n, axis, ways in split.parallel]
     parallel_s, rank_parallel_s = latency(full), latency(share)
-    # the canonical reductions, grouped by leaf count: all the leaves on one chip, a rank's
-    # leaves (its leaves / tp of them, each added to the running sum)
+    # the canonical reductions, grouped by leaf count: all the leaves on one chip (their ranges as
+    # the compiled step adds them), a rank's leaves (the busiest rank's, packed into its own
+    # operands, each added to the running sum)
     canonical_s = rank_canonical_s = 0.0
     for leaves in sorted({c.leaves for c in split.reductions}):
         group = [c for c in split.reductions if c.leaves == leaves]
-        canonical_s += latency([(c.m, c.k, c.n) for c in group], leaves)
-        mine = leaves // tp
-        rank_canonical_s += latency([(c.m, c.k // tp, c.n) for c in group], mine)
+        canonical_s += latency([(c.m, c.k, c.n) for c in group], [c.ranges for c in group])
+        mine = [_packed(c.rank_ranges) for c in group]
+        rank_canonical_s += latency([(c.m, k, c.n) for c, (k, _) in zip(group, mine)], [r for _, r in mine])
     # a rank's leaves form mine - 1 sums among themselves (in the module above); the running sum
     # arriving from the rank before adds one more a reduction
     rank_canonical_s += executable_latency(relax.build(_add_module([(c.m, c.n) for c in split.reductions]),
                                                        target=target)) if split.reductions and tp > 1 else 0.0
-    rank_share_s = latency([(c.m, c.k // tp, c.n) for c in split.reductions])
+    rank_share_s = latency([(c.m, -(-c.k // tp), c.n) for c in split.reductions])  # k padded to tp
     ranks = list(range(tp))
     reduce_s = sum(chain_all_reduce(topo, ranks, 4 * c.m * c.n).seconds for c in split.reductions) \
         if topo is not None and tp > 1 else 0.0

@@ -66,6 +66,10 @@ class VocabShard(TPShard):
     def leaf_ranges(self) -> tuple:
         return tuple(((a, b),) for a, b in vocab_ranges(self.extent, self.leaves) if b > a)
 
+    def rank_leaf_ranges(self, rank: int, tp: int) -> tuple:
+        own = vocab_ranges(self.extent, self.leaves)[rank * self.leaves // tp:(rank + 1) * self.leaves // tp]
+        return tuple(((a, b),) for a, b in own if b > a)
+
 
 def _is(value, name: str) -> bool:
     return isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == name
@@ -146,10 +150,12 @@ def split_cross_entropy(z: np.ndarray, labels: np.ndarray, tp: int, divisor: flo
     layers' bits for every ``tp`` (labels in ``[0, classes)``, no NaN logits)."""
     from .. import _lib
 
-    def exp_f32(x):  # the exp/log unit's exp model, the kernels' (one fixed algorithm on every host)
+    def unit(name: str, x) -> np.ndarray:
+        # the exp/log unit's model, the kernels' (one fixed algorithm on every host); the same
+        # call as program.ops.elementwise's, which training may not import (tests/test_layering.py)
         x = np.ascontiguousarray(x, dtype=np.float32)
         out = np.empty_like(x)
-        _lib._func("tvm_spinn.sim.exp_f32")(_lib._input(x), out)
+        _lib._func(name)(_lib._input(x), out)
         return out
 
     z = np.ascontiguousarray(z, dtype=np.float32)
@@ -162,7 +168,7 @@ def split_cross_entropy(z: np.ndarray, labels: np.ndarray, tp: int, divisor: flo
     cols = _rank_columns(z.shape[1], tp)
     # each rank from its own columns: its maxima, then (after the exact max reduction) its exps
     m = np.max(np.stack([z[:, a:b].max(axis=1) for a, b in cols]), axis=0)
-    exps = [exp_f32(z[:, a:b] - m[:, None]) for a, b in cols]
+    exps = [unit("tvm_spinn.sim.exp_f32", z[:, a:b] - m[:, None]) for a, b in cols]
     s = np.zeros(z.shape[0], np.float32)
     for e in exps:  # the running sum passes the ranks in rank order
         for j in range(e.shape[1]):
@@ -171,8 +177,7 @@ def split_cross_entropy(z: np.ndarray, labels: np.ndarray, tp: int, divisor: flo
     for (a, b) in cols:  # the label's owner contributes the target logit
         mine = (labels >= a) & (labels < b)
         target[mine] = z[mine, labels[mine]]
-    log_s = np.empty_like(s)
-    _lib._func("tvm_spinn.sim.log_f32")(s, log_s)
+    log_s = unit("tvm_spinn.sim.log_f32", s)
     loss = log_s - (target - m)
     grad = np.empty_like(z)
     d = np.float32(divisor)

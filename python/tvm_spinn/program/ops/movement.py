@@ -33,7 +33,8 @@ from .base import FlatFamily, LoweringError, register
 from .m4f import Mix, mix_cycles
 from .sharding import PARTIAL, REPLICATE, GatherInput, PointwiseRule, ShardDecision, reshape_axis, shard
 
-__all__ = ["Movement", "dedupe_movement", "STRIDED_KINDS", "DMA_DIMS", "DMA_ELEMENT_CYCLES", "strided_source",
+__all__ = ["Movement", "dedupe_movement", "STRIDED_KINDS", "DMA_DIMS", "DMA_ELEMENT_CYCLES", "ShapeMismatch",
+           "strided_source",
            "dma_descriptors", "dma_descriptor_count", "DMA_CODE_RUN", "DMA_CODE_DESCRIPTOR", "strided_tile_cycles"]
 
 
@@ -56,6 +57,10 @@ DMA_DIMS = 4
 DMA_ELEMENT_CYCLES = 1
 
 
+class ShapeMismatch(ValueError):
+    """A strided layer's input shape cannot give its output shape (:func:`strided_source`)."""
+
+
 def strided_source(program, layer: Layer) -> "tuple[tuple[int, ...], tuple[int, ...], int] | None":
     """A layer of :data:`STRIDED_KINDS` as a strided view of its input: ``(dims, strides,
     offset)``, the output's extents (outermost first) and the input elements one step along each
@@ -70,9 +75,18 @@ def strided_source(program, layer: Layer) -> "tuple[tuple[int, ...], tuple[int, 
     contiguous = tuple(math.prod(ishape[k + 1:]) for k in range(len(ishape)))
     # a byte per element and no data read: the view's strides and start are the element map
     x = np.lib.stride_tricks.as_strided(base, shape=ishape, strides=contiguous, writeable=False)
-    v = moved(layer, [x], oshape)
+    try:
+        v = moved(layer, [x], oshape)
+    except (ValueError, IndexError) as e:  # numpy's refusal: the input cannot give the output
+        raise ShapeMismatch(f"layer {layer.name!r}: its input {ishape} does not move to its output {oshape}: "
+                            f"{e}") from e
     if v.shape != oshape:
-        raise ValueError(f"layer {layer.name!r}: its input {ishape} moves to {v.shape}, not its output {oshape}")
+        raise ShapeMismatch(f"layer {layer.name!r}: its input {ishape} moves to {v.shape}, not its output {oshape}")
+    # a copy's strides would not be the input's element map; ``x``, not ``base``: a view need not
+    # address the input's first element (the one byte ``base`` holds)
+    if v.size and not np.shares_memory(v, x):
+        raise ValueError(f"layer {layer.name!r} ({layer.kind}): the movement returned a copy, not a view of "
+                         "its input; its DMA source map cannot be read from it")
     offset = v.__array_interface__["data"][0] - base.__array_interface__["data"][0]
     dims, strides = [], []
     for d, st in zip(v.shape, v.strides):
@@ -120,7 +134,7 @@ def _strided_dims(program, layer: Layer) -> tuple[int, ...]:
     (at least the merged view's descriptors)."""
     try:
         return strided_source(program, layer)[0]
-    except (ValueError, IndexError):
+    except ShapeMismatch:
         shape = tuple(int(d) for d in program.tensors[layer.output].shape if int(d) != 1)
         return shape or (1,)
 
