@@ -59,3 +59,13 @@ def residual(batch: int = 4, seed: int = 0) -> Program:
               Layer(name="sm", kind="softmax", inputs=[8], output=9)]
     constants = {tid: rng.standard_normal(tensors[tid].shape).astype(np.float32) for tid in (1, 2, 3)}
     return Program("main", SpinnArch(), tensors, [0], [9], layers, constants=constants)
+
+
+def build_and_run(mod, x: np.ndarray, target):
+    """``mod`` built for ``target`` and its ``main`` run on ``x`` on the host's VM: the
+    executable and the output (the pipelined builds' tests compare targets this way)."""
+    import tvm
+    from tvm import relax
+
+    ex = relax.build(mod, target=target)
+    return ex, relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()

@@ -22,7 +22,7 @@ from tvm_spinn.target.arch import make_system
 from tvm_spinn.target.topology import topology_of
 from tvm_spinn.timing.collectives import point_to_point
 
-from _chains import chain, chain_reference
+from _chains import build_and_run, chain, chain_reference
 
 K = 1024
 # two boards of 48 chips, 4 PEs and 8 KiB of DRAM a chip: a board holds 2 of the 4 layers'
@@ -168,8 +168,6 @@ def test_programs_that_fit_carry_no_pipeline_record():
 
 def test_a_model_no_board_holds_builds_over_stages(register_system):
     torch = pytest.importorskip("torch")
-    import tvm
-    from tvm import relax
 
     import tvm_spinn
 
@@ -189,9 +187,7 @@ def test_a_model_no_board_holds_builds_over_stages(register_system):
     mod = tvm_spinn.frontend.from_pytorch(Chain().eval(), (x,))
 
     def run(target):
-        ex = relax.build(mod, target=target)
-        out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy())).numpy()
-        return ex, out
+        return build_and_run(mod, x.numpy(), target)
 
     ex, got = run(register_system(ARCH))
     rep = tvm_spinn.report(ex)
@@ -213,8 +209,6 @@ def test_a_model_no_board_holds_builds_over_stages(register_system):
 def test_an_int8_model_no_board_holds_has_the_one_chip_bits(register_system):
     # int8 weights take a quarter of the bytes: 4 x 2048^2 no board of ARCH holds
     torch = pytest.importorskip("torch")
-    import tvm
-    from tvm import relax
 
     import tvm_spinn
 
@@ -225,8 +219,7 @@ def test_an_int8_model_no_board_holds_has_the_one_chip_bits(register_system):
     mod = tvm_spinn.quantize(tvm_spinn.frontend.from_pytorch(net, (x,)), [x.numpy()])
 
     def run(target):
-        ex = relax.build(mod, target=target)
-        return ex, relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy())).numpy()
+        return build_and_run(mod, x.numpy(), target)
 
     ex, got = run(register_system(ARCH))
     assert [(p["stages"], p["chips"]) for p in tvm_spinn.report(ex).pipelines] == [(2, [48, 48])]

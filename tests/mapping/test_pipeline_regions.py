@@ -23,7 +23,7 @@ from tvm_spinn.target.arch import make_system
 from tvm_spinn.target.topology import topology_of
 from tvm_spinn.timing.collectives import point_to_point
 
-from _chains import chain
+from _chains import build_and_run, chain
 
 K = 1024
 PER = 48  # chips a board
@@ -198,8 +198,6 @@ def test_the_summary_keys_stages_and_regions_by_board_on_a_system_with_faults():
 # -- a build -------------------------------------------------------------------------------------
 def test_a_build_whose_second_region_no_board_holds(register_system):
     torch = pytest.importorskip("torch")
-    import tvm
-    from tvm import relax
 
     import tvm_spinn
 
@@ -224,8 +222,7 @@ def test_a_build_whose_second_region_no_board_holds(register_system):
     mod = tvm_spinn.frontend.from_pytorch(TwoRegions().eval(), (x,))
 
     def run(target):
-        ex = relax.build(mod, target=target)
-        return ex, relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy())).numpy()
+        return build_and_run(mod, x.numpy(), target)
 
     arch = _system("pp-regions-build", 3)
     ex, got = run(register_system(arch))
