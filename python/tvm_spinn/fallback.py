@@ -322,7 +322,7 @@ class ParallelVectorize(dl.ScheduleRule):
             return None
         try:
             return self._apply(func, target)
-        except Exception as err:  # noqa: BLE001  (a pattern we cannot schedule: leave it as is)
+        except Exception:  # noqa: BLE001  (a pattern we cannot schedule: leave it as is)
             if env("TVM_SPINN_DEBUG_SCHEDULE"):
                 import traceback
 
