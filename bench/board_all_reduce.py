@@ -13,6 +13,9 @@ pipelined, the on-board gather fused into the multicast) and prints, per layout:
   ``2 (g - 1) / g`` of the row into each board over its six edges, which holds only where the
   group's own boards do every addition (the packed trees let the boards around them add too);
 - the ratios: without / with, and with / floor;
+- unpipelined (the reduce, then the multicast): with the packed trees each rooted
+  (:func:`~tvm_spinn.timing.collectives._rooted_shapes`: each tree's part reduced up to its root
+  and multicast back down) and without them (one multicast tree per board's share);
 - the same exact sums as a reduce-scatter, one exchange of a norm's block sums (4 bytes every
   :data:`~tvm_spinn.program.ops.rows.LAYER_NORM_BLOCK` elements) and an all-gather of the row
   quantized to int8 (:func:`~tvm_spinn.timing.collectives.board_group_scattered_all_reduce`, the
@@ -50,16 +53,19 @@ def _figures(arch, g: int, hidden: int) -> list[tuple]:
         start = time.perf_counter()
         with_packed = C.board_group_all_reduce(topo, grid, n, board_gather=True, pipelined=True, fuse_gather=True)
         seconds = time.perf_counter() - start
+        unpiped = C.board_group_all_reduce(topo, grid, n, board_gather=True, fuse_gather=True)
         packed, C._packed_trees = C._packed_trees, lambda *args: None
         try:
             without = C.board_group_all_reduce(topo, grid, n, board_gather=True, pipelined=True, fuse_gather=True)
+            unpiped_without = C.board_group_all_reduce(topo, grid, n, board_gather=True, fuse_gather=True)
         finally:
             C._packed_trees = packed
         bandwidth, latency = C.board_group_floor(topo, lay[0], n)
         on_board = C._gather_parts(topo, np.asarray(grid[0]), n)[1]
         members_only = 2 * (g - 1) / g * n / (6 * rate)
         scattered = C.board_group_scattered_all_reduce(topo, grid, n, hidden, 1, hidden // LAYER_NORM_BLOCK * 4)
-        out.append((len(out), with_packed, without, bandwidth, latency, on_board, members_only, seconds, scattered))
+        out.append((len(out), with_packed, without, bandwidth, latency, on_board, members_only, seconds, scattered,
+                    unpiped, unpiped_without))
     return out
 
 
@@ -75,16 +81,17 @@ def main() -> None:
                ("cloud", arch_of("spinn/cloud"), args.group or 32))
     print(f"{'system':9} {'g':>3} {'layout':>6} {'with us':>8} {'algorithm':>16} {'without us':>10} {'floor us':>9} "
           f"{'(cut bw + hops + board)':>24} {'members-only bw':>15} {'without/with':>12} {'with/floor':>10} {'s':>5}"
-          f" {'int8-gather us':>14} {'with/int8':>9}")
+          f" {'int8-gather us':>14} {'with/int8':>9} {'unpiped us':>10} {'unpiped w/o':>11}")
     for name, arch, g in systems:
-        for lay, with_packed, without, bandwidth, latency, on_board, members_only, seconds, scattered in _figures(
-                arch, g, args.hidden):
+        for (lay, with_packed, without, bandwidth, latency, on_board, members_only, seconds, scattered, unpiped,
+             unpiped_without) in _figures(arch, g, args.hidden):
             floor = bandwidth + latency + on_board
             parts = f"{bandwidth * 1e6:.1f} + {latency * 1e6:.1f} + {on_board * 1e6:.1f}"
             print(f"{name:9} {g:>3} {lay:>6} {with_packed.seconds * 1e6:8.1f} {with_packed.algorithm:>16} "
                   f"{without.seconds * 1e6:10.1f} {floor * 1e6:9.1f} {parts:>24} {members_only * 1e6:15.1f} "
                   f"{without.seconds / with_packed.seconds:12.2f} {with_packed.seconds / floor:10.2f} {seconds:5.1f} "
-                  f"{scattered.seconds * 1e6:14.1f} {with_packed.seconds / scattered.seconds:9.2f}")
+                  f"{scattered.seconds * 1e6:14.1f} {with_packed.seconds / scattered.seconds:9.2f} "
+                  f"{unpiped.seconds * 1e6:10.1f} {unpiped_without.seconds * 1e6:11.1f}")
 
 
 if __name__ == "__main__":
