@@ -26,6 +26,17 @@ pipelined, the on-board gather fused into the multicast) and prints, per layout:
     python bench/board_all_reduce.py              # Llama-2-70B's 8,192-wide row: 16 of boards24, 32 of the cloud
     python bench/board_all_reduce.py --hidden 5120
     python bench/board_all_reduce.py --group 8    # groups of 8 boards on both systems
+    python bench/board_all_reduce.py --breakdown  # where the cheapest layout's figure goes
+
+``--breakdown`` splits the cheapest layout's figure (where its trees of every span carry the
+row together, :func:`~tvm_spinn.timing.collectives._priority_packing`) into the busiest board
+edge's serialisation, the shortest span between members along the trees used (the last parts'
+hop latencies), what playing the schedule out adds to that closed form, and the on-board
+multicast's hop latencies (its link time runs under the board edges'); and prints the bound
+every tree schedule is held to: no tree joins the group's boards with a shorter span than
+twice the least radius of the group over the graph of boards (a board, or an edge, within
+``r`` hops of every member), so a tree schedule costs at least the floor's bandwidth plus
+that span plus the on-board hops.
 """
 
 from __future__ import annotations
@@ -69,16 +80,64 @@ def _figures(arch, g: int, hidden: int) -> list[tuple]:
     return out
 
 
+def _breakdown(arch, g: int, hidden: int) -> None:
+    cpb, _, topo, _, order, _, torus = board_tp.board_setting(arch)
+    graph = topo.board_graph()
+    n = float(hidden * 4)
+    lays = board_tp.group_layouts(torus, g, range(topo.boards), compact=True)
+    grids = [[[int(c) + b * cpb for c in order] for b in lay[0]] for lay in lays]
+    costs = [C.board_group_all_reduce(topo, grid, n, board_gather=True, pipelined=True, fuse_gather=True)
+             for grid in grids]
+    k = int(np.argmin([c.seconds for c in costs]))
+    members = np.asarray(lays[k][0])
+    region, _ = C._board_tree_options(graph, members, n / g)
+    on_board = C._gather_parts(topo, np.asarray(grids[k][0]), n)
+    bandwidth, latency = C.board_group_floor(topo, members, n)
+    # the least radius of the group: a root board, or a root edge, within r hops of every member
+    nb = C._local_links(graph, region)[1]
+    dist = C._breadth_first(nb, range(region.size))[0]
+    dist[dist < 0] = region.size
+    u, d = np.nonzero(nb >= 0)
+    node_r = int(dist[:, :g].max(axis=1).min())
+    edge_r = int(np.minimum(dist[u, :g], dist[nb[u, d], :g]).max(axis=1).min())
+    span_hops = min(2 * node_r, 2 * edge_r + 1)
+    hop = float(graph.link_hop_s[np.isfinite(graph.link_hop_s)].min())
+    print(f"  layout {k} ({g} boards, {region.size - g} around them relaying): {costs[k].seconds * 1e6:.1f} us "
+          f"{costs[k].algorithm}")
+    packing = C._priority_packing(graph, region, g, n)
+    if packing is not None:
+        played, load, first, hops, weight = packing
+        full, span = graph.memo[("packed_shapes", region.tobytes(), g)][:2]
+        closed = C._priority_seconds(graph, full, span, weight, n)  # these weights' closed form
+        busiest = graph.link_seconds(load * n)
+        print(f"    busiest board edge's serialisation {busiest * 1e6:.1f} us ({float(load.max()) * n / 1e3:.1f} KB at "
+              f"{float(graph.link_bw[np.isfinite(graph.link_bw)].min()) / 1e6:.0f} MB/s), shortest span of the trees "
+              f"used {first * 1e6:.1f} us, closed form {closed * 1e6:.1f} us, played out {played * 1e6:.1f} us")
+    print(f"    on-board multicast: link time {on_board[0] * 1e6:.1f} us (under the board edges'), hops "
+          f"{on_board[1] * 1e6:.1f} us")
+    print(f"    floor {(bandwidth + latency + on_board[1]) * 1e6:.1f} us = cut bandwidth {bandwidth * 1e6:.1f} + "
+          f"{latency / hop:.0f} board hops {latency * 1e6:.1f} + on-board hops {on_board[1] * 1e6:.1f}; "
+          f"every tree schedule: span >= {span_hops} hops ({span_hops * hop * 1e6:.1f} us), at least "
+          f"{(bandwidth + span_hops * hop + on_board[1]) * 1e6:.1f} us")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=8192, help="the row's width (int32 sums: 4 bytes each)")
     parser.add_argument("--group", type=int, default=None,
                         help="boards in a group on every system (default: 16 on boards24, 32 on the cloud)")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="split the cheapest layout's figure into serialisation, spans and hops")
     args = parser.parse_args()
     if args.group is not None and args.group < 2:
         parser.error(f"--group must be at least 2, got {args.group}")
     systems = (("boards24", tvm_spinn.make_system("spinn2-boards24", boards=24), args.group or 16),
                ("cloud", arch_of("spinn/cloud"), args.group or 32))
+    if args.breakdown:
+        for name, arch, g in systems:
+            print(name)
+            _breakdown(arch, g, args.hidden)
+        return
     print(f"{'system':9} {'g':>3} {'layout':>6} {'with us':>8} {'algorithm':>16} {'without us':>10} {'floor us':>9} "
           f"{'(cut bw + hops + board)':>24} {'members-only bw':>15} {'without/with':>12} {'with/floor':>10} {'s':>5}"
           f" {'int8-gather us':>14} {'with/int8':>9} {'unpiped us':>10} {'unpiped w/o':>11}")
