@@ -33,10 +33,12 @@ row together, :func:`~tvm_spinn.timing.collectives._priority_packing`) into the 
 edge's serialisation, the shortest span between members along the trees used (the last parts'
 hop latencies), what playing the schedule out adds to that closed form, and the on-board
 multicast's hop latencies (its link time runs under the board edges'); and prints the bound
-every tree schedule is held to: no tree joins the group's boards with a shorter span than
-twice the least radius of the group over the graph of boards (a board, or an edge, within
-``r`` hops of every member), so a tree schedule costs at least the floor's bandwidth plus
-that span plus the on-board hops.
+the closed form of every set of trees is held to: no tree joins the group's boards with a
+shorter span than twice the least radius of the group over the graph of boards (a board, or
+an edge, within ``r`` hops of every member), and the closed form is at least the busiest
+edge's time with all the bytes plus the shortest span used, so at least the floor's bandwidth
+plus that span plus the on-board hops (a bound on the closed form: a schedule played out is
+held to the floor).
 """
 
 from __future__ import annotations
@@ -117,7 +119,7 @@ def _breakdown(arch, g: int, hidden: int) -> None:
           f"{on_board[1] * 1e6:.1f} us")
     print(f"    floor {(bandwidth + latency + on_board[1]) * 1e6:.1f} us = cut bandwidth {bandwidth * 1e6:.1f} + "
           f"{latency / hop:.0f} board hops {latency * 1e6:.1f} + on-board hops {on_board[1] * 1e6:.1f}; "
-          f"every tree schedule: span >= {span_hops} hops ({span_hops * hop * 1e6:.1f} us), at least "
+          f"the closed form of any trees: span >= {span_hops} hops ({span_hops * hop * 1e6:.1f} us), at least "
           f"{(bandwidth + span_hops * hop + on_board[1]) * 1e6:.1f} us")
 
 
