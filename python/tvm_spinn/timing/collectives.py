@@ -58,7 +58,9 @@ keys), and the chip links through one board edge share that edge's serial links
   (:func:`_priority_packing`): the short trees fill the edges' time after the long ones have
   gone, so a few long trees spread the bytes while the last parts take the short ways; that
   schedule is costed by playing it out chunk by chunk on the graph of boards
-  (:func:`_chunked_schedule`) where that is dearer than its closed form.
+  (:func:`_chunked_schedule`) where that is dearer than its closed form. Unpipelined, the
+  same trees run rooted (:func:`_rooted_shapes`): each part reduced up to its tree's root,
+  then multicast back down.
 
 ``algorithm="auto"`` costs ring, tree and multicast and returns the cheapest (ring on a tie).
 On the links that matter, for ``n`` bytes, link bandwidth ``B`` and hop latency ``a``, two chips one
@@ -672,6 +674,88 @@ def _packed_trees(graph, ranks: np.ndarray, members: int):
     full[:, glob] = use
     graph.memo[("packed_shapes", ranks.tobytes(), int(members))] = (full, span, span_hops, tuple(shapes), start)
     return result
+
+
+def _rooted_shapes(graph, region: np.ndarray, g: int):
+    """:func:`_packed_trees`' trees over ``region`` (its first ``g`` boards the group's) each run
+    rooted: a reduce of its part up to the tree's root (child to parent, the children's partial
+    sums added on the way), then a multicast back down (parent to child).
+
+    Returns
+    -------
+    tuple or None
+        ``(up, down, depth, depth_hops, member_root, span, start)``: per tree, the directed board
+        edges (the system's) its reduce and its multicast use, the deepest member's hop
+        latencies to the root and its board hops, whether the root is one of the group's boards,
+        and :func:`_packed_trees`' span and count of each tree; None where it finds no trees.
+        Memoized on the graph.
+    """
+    if not _packed_trees(graph, region, g):
+        return None
+    key = ("rooted_shapes", region.tobytes(), int(g))
+    if key in graph.memo:
+        return graph.memo[key]
+    full, span, _, shapes, start = graph.memo[("packed_shapes", region.tobytes(), int(g))]
+    glob = (region[:, None] * 6 + np.arange(6)).reshape(-1)
+    hop = graph.link_hop_s[glob]
+    up, down = np.zeros_like(full), np.zeros_like(full)
+    depth = np.zeros(len(shapes))
+    depth_hops = np.zeros(len(shapes), dtype=np.int64)
+    member_root = np.zeros(len(shapes), dtype=bool)
+    for j, (root, parent) in enumerate(shapes):
+        parent = dict(parent)
+        member_root[j] = root < g
+        children: dict = {}
+        for v, link in parent.items():
+            down[j, glob[link]] = 1.0  # the multicast: parent to child
+            up[j, glob[v * 6 + (link % 6 + 3) % 6]] = 1.0  # the reduce: child to parent
+            children.setdefault(link // 6, []).append(v)
+        reach, stack = {root: (0.0, 0)}, [root]
+        while stack:
+            u = stack.pop()
+            for v in children.get(u, ()):
+                reach[v] = (reach[u][0] + float(hop[parent[v]]), reach[u][1] + 1)
+                stack.append(v)
+        depth[j] = max(reach[m][0] for m in range(g))
+        depth_hops[j] = max(reach[m][1] for m in range(g))
+    if len(graph.memo) > _TREES_KEPT:
+        _forget(graph.memo, "rooted_shapes")
+    graph.memo[key] = result = (up, down, depth, depth_hops, member_root, span, start)
+    return result
+
+
+def _rooted_weights(graph, region: np.ndarray, g: int, nbytes: float, gather_bytes: float, member_roots: bool,
+                    depth_caps: bool = False):
+    """The rooted trees' parts of the row (:func:`_rooted_shapes` of ``region`` and ``g``), per
+    span cap (and, with ``depth_caps``, per cap on the deepest member's way to its root as well):
+    over the trees within the cap (rooted at one of the group's boards only, with
+    ``member_roots``), weights re-weighed (:func:`_reweigh`) for the reduce's bytes alone and
+    for both phases' bytes (``nbytes`` up, ``gather_bytes`` down, the busiest edge of each).
+
+    Returns
+    -------
+    list
+        ``(weight, keep)`` per cap and weighing: the parts over the trees ``keep`` (indices).
+        Memoized on the graph per ratio of the two phases' bytes (the weights depend on no more).
+    """
+    ratio = float(gather_bytes) / float(nbytes) if nbytes > 0 else math.inf
+    key = ("rooted_weights", region.tobytes(), int(g), ratio, bool(member_roots), bool(depth_caps))
+    if key in graph.memo:
+        return graph.memo[key]
+    up, down, depth, _, member_root, span, start = _rooted_shapes(graph, region, g)
+    rate = np.where(np.isfinite(graph.link_bw), graph.link_bw, np.inf)
+    allowed = member_root if member_roots else np.ones(span.size, dtype=bool)
+    out = []
+    for within in (span, depth) if depth_caps else (span,):
+        for cap in np.unique(within[allowed]):
+            keep = np.flatnonzero(allowed & (within <= cap))
+            both = (up[keep] * float(nbytes) + down[keep] * float(gather_bytes)) / rate[None, :]
+            for busy in (up[keep] / rate[None, :], both):
+                out.append((_reweigh(busy / max(float(busy.max()), 1e-300), start[keep] / start[keep].sum()), keep))
+    if len(graph.memo) > _TREES_KEPT:
+        _forget(graph.memo, "rooted_weights")
+    graph.memo[key] = out
+    return out
 
 
 def _pack(found: dict, nb, nbr, has, into, out, rate, scale: float, members: int, dist, far, far_edge,
@@ -1492,6 +1576,12 @@ def board_group_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbyt
     The trees of every span may carry the row together, the longer trees' parts sent first
     (:func:`_priority_packing`), where that is cheaper. Never below :func:`board_group_floor`.
 
+    Without ``pipelined`` the packed trees run rooted (:func:`_rooted_shapes`): each tree's part
+    reduced up to its root, then multicast back down, the two phases one after the other and
+    costed as the multicast trees' are, so the unpipelined all-reduce, too, spreads the row over
+    many trees through the group and the boards around it rather than one tree per board's
+    share (:func:`_rooted_weights`: the parts per cap on the trees' span or depth).
+
     ``fuse_gather=True`` (with ``board_gather``): the on-board all-gather rides on the
     multicast: the reduced shares entering a board (and its own) are copied by the board's
     routers to every chip as they arrive (SpiNNaker's multicast routing), so the board's
@@ -1505,8 +1595,9 @@ def board_group_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbyt
     -------
     CollectiveCost
         ``algorithm="board-multicast"``, ``"board-packed"`` (the packed trees; ``hops`` and
-        ``board_hops`` their longest way between two members) or ``"board-multipath"`` (two
-        boards) when that is the cheaper.
+        ``board_hops`` their longest way between two members, or twice the deepest member's
+        way to its root where they run rooted) or ``"board-multipath"`` (two boards) when that
+        is the cheaper.
     """
     grid = np.asarray(grid, dtype=np.int64)
     ring = board_all_reduce(topo, grid, nbytes, board_gather=board_gather)
@@ -1553,6 +1644,22 @@ def board_group_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbyt
                 cost = CollectiveCost("all_reduce", "board-multicast", seconds,
                                       float(((shares + rev_shares) * share).max()), 2 * hops, 2 * hops, 2, g,
                                       float(nbytes))
+        if not pipelined and g <= MULTICAST_MAX_RANKS:
+            # the packed trees each rooted: the part reduced up to the root, then multicast back
+            # down (pipelined, the packed trees' span beats twice a rooted tree's depth)
+            rooted = _rooted_shapes(graph, region, g)
+            for member_roots in ((False, True) if rooted is not None else ()):
+                up, down, depth, depth_hops = rooted[:4]
+                for weight, keep in _rooted_weights(graph, region, g, float(nbytes), float(nbytes), member_roots,
+                                                    depth_caps=True):
+                    lat = float(depth[keep].max())
+                    rise, fall = weight @ up[keep] * float(nbytes), weight @ down[keep] * float(nbytes)
+                    seconds = total(graph.link_seconds(rise), lat, graph.link_seconds(fall), lat,
+                                    graph.link_seconds(rise + fall))
+                    if cost is None or seconds < cost.seconds:
+                        deep = 2 * int(depth_hops[keep].max())
+                        cost = CollectiveCost("all_reduce", "board-packed", seconds, float((rise + fall).max()),
+                                              deep, deep, 2, g, float(nbytes))
         if pipelined and g <= MULTICAST_MAX_RANKS:
             # trees packed over the group and the boards around it, the row split over them
             packed = _packed_trees(graph, region, g)
@@ -2055,44 +2162,16 @@ def board_group_scattered_all_reduce(topo: "Topology", grid: Sequence[Sequence[i
             raise ValueError(f"{who}: no trees join the group's boards {members.tolist()} (neither over their "
                              "own links nor through the boards next to them)")
         return best
-    full, span, span_hops, shapes, start = found
-    glob = (region[:, None] * 6 + np.arange(6)).reshape(-1)
-    hop = graph.link_hop_s[glob]
-    up, down = np.zeros_like(full), np.zeros_like(full)
-    depth = np.zeros(len(shapes))
-    depth_hops = np.zeros(len(shapes), dtype=np.int64)
-    rooted = np.zeros(len(shapes), dtype=bool)
-    for j, (root, parent) in enumerate(shapes):
-        parent = dict(parent)
-        rooted[j] = root < g
-        children: dict = {}
-        for v, link in parent.items():
-            down[j, glob[link]] = 1.0  # the multicast: parent to child
-            up[j, glob[v * 6 + (link % 6 + 3) % 6]] = 1.0  # the reduce: child to parent
-            children.setdefault(link // 6, []).append(v)
-        reach, stack = {root: (0.0, 0)}, [root]
-        while stack:
-            u = stack.pop()
-            for v in children.get(u, ()):
-                reach[v] = (reach[u][0] + float(hop[parent[v]]), reach[u][1] + 1)
-                stack.append(v)
-        depth[j] = max(reach[m][0] for m in range(g))
-        depth_hops[j] = max(reach[m][1] for m in range(g))
-    rate = np.where(np.isfinite(graph.link_bw), graph.link_bw, np.inf)
-    for cap in np.unique(span[rooted]):
-        keep = np.flatnonzero(rooted & (span <= cap))
-        # the parts weighed for the reduce-scatter's bytes or for both phases' (the busiest edge of each)
-        both = (up[keep] * float(nbytes) + down[keep] * float(gather_bytes)) / rate[None, :]
-        for busy in (up[keep] / rate[None, :], both):
-            weight = _reweigh(busy / max(float(busy.max()), 1e-300), start[keep] / start[keep].sum())
-            lat = float(depth[keep].max())
-            seconds = total(graph.link_seconds(weight @ up[keep] * float(nbytes)), lat, exchange,
-                            graph.link_seconds(weight @ down[keep] * float(gather_bytes)), lat)
-            if best is None or seconds < best.seconds:
-                deep = 2 * int(depth_hops[keep].max())
-                best = CollectiveCost("all_reduce", "board-scattered-packed", seconds,
-                                      float((weight @ up[keep]).max()) * nbytes, deep, deep, 2 + exchanges,
-                                      int(grid.size), nbytes)
+    up, down, depth, depth_hops = _rooted_shapes(graph, region, g)[:4]
+    for weight, keep in _rooted_weights(graph, region, g, nbytes, gather_bytes, True):
+        lat = float(depth[keep].max())
+        seconds = total(graph.link_seconds(weight @ up[keep] * float(nbytes)), lat, exchange,
+                        graph.link_seconds(weight @ down[keep] * float(gather_bytes)), lat)
+        if best is None or seconds < best.seconds:
+            deep = 2 * int(depth_hops[keep].max())
+            best = CollectiveCost("all_reduce", "board-scattered-packed", seconds,
+                                  float((weight @ up[keep]).max()) * nbytes, deep, deep, 2 + exchanges,
+                                  int(grid.size), nbytes)
     if best is None:
         raise ValueError(f"{who}: no trees join the group's boards {members.tolist()} rooted at them")
     return best
