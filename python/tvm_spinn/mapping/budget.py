@@ -92,7 +92,12 @@ class RegionBudget:
         from the previous stage, or produced by an earlier region on the same chips): read over
         the NoC, never from DRAM; and of its outputs it leaves in the chips' SRAM (for a later
         region on the same chips, or the links to send): never written to DRAM.
+    streams : int
+        The streams the region keeps its state for: the inputs the build keeps in flight, each a
+        stream with its own copy of the state (:func:`~.system.build_flight`); 0: the region's
+        own count (one on one stage, the inputs its stages keep in flight over pipeline stages).
     """
 
     held: SystemState = SystemState()
     onchip_inputs: tuple[int, ...] = ()
+    streams: int = 0

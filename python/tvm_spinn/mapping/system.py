@@ -65,8 +65,8 @@ if TYPE_CHECKING:  # the return annotation only: timing.stages is imported where
     from ..timing.stages import PipelineTiming
 
 __all__ = ["map_on_system", "resident_state", "dram_per_chip", "TP_DEGREES", "SP_DEGREES", "overflow_message", "system_tables", "retime", "issued",
-           "group_ranks", "recorded_plan", "map_stages", "region_in_flight", "state_per_chip", "chip_bytes", "install_pipeline", "pipeline_tables",
-           "stage_programs_of"]
+           "group_ranks", "recorded_plan", "map_stages", "region_streams", "build_flight", "state_per_chip", "chip_bytes",
+           "install_pipeline", "pipeline_tables", "stage_programs_of", "data_inputs"]
 
 # A model too large for its system is raised at the end of the codegen callback: it crosses
 # the FFI boundary as itself, not as a generic RuntimeError.
@@ -269,12 +269,53 @@ def issued(program: Program, collectives) -> list[tuple[int, str, int, bool, str
 
 
 def _time_plan(program: Program, plan: ShardPlan, arch: SpinnArch, topo, map_one, reserved: np.ndarray,
-               onchip: tuple = ()):
-    """Map ``plan``'s shard on one chip and compose its system timing."""
+               onchip: tuple = (), streams: int = 1):
+    """Map ``plan``'s shard on one chip and compose its system timing; ``streams``: the streams
+    its state is kept for (:func:`_state_copies`)."""
     chip = _chip_arch(arch)
     shard, resident = map_one(shard_program(program, plan), chip, reserved)
     st, exec_cycles = _system_timing(program, plan, shard, shard.tiles.tables, chip, topo, onchip)
-    return _TimedPlan(shard, st, sum(dram_per_chip(shard)), tuple(exec_cycles), resident)
+    need, exchange = _state_copies(shard, streams, arch)
+    return _TimedPlan(shard, st, sum(dram_per_chip(shard)) + need, tuple(exec_cycles), resident, exchange)
+
+
+def _state_copies(shard: Program, streams: int, arch: SpinnArch) -> tuple[int, float]:
+    """What keeping a mapped program's state for ``streams`` streams costs a chip over one
+    stream: ``(DRAM bytes, seconds an input)``. Each stream has its own copy; the one the memory
+    plan keeps in SRAM is the running stream's, the others wait in DRAM (each copy whole there:
+    the SRAM one is exchanged through it), and every input exchanges the SRAM copy for the next
+    stream's (:func:`tvm_spinn.timing.stages.state_exchange_s`). ``(0, 0.0)`` for one stream.
+    ``shard``: a program mapped on one chip or a system-mapped one (its chip's share,
+    :func:`state_per_chip`)."""
+    from ..timing.stages import state_exchange_s
+
+    if streams <= 1:
+        return 0, 0.0
+    whole, in_sram = state_per_chip(shard)
+    return (streams - 1) * whole, state_exchange_s(in_sram, arch.dram_bw_bytes_s)
+
+
+def _streamed(timing: TimingSummary, shard: Program, streams: int, chips: int, arch: SpinnArch) -> TimingSummary:
+    """``timing`` (of one stream) with the exchange of the SRAM copy of the state between
+    ``streams`` streams (:func:`_state_copies`) on each of ``chips`` chips: one input's latency
+    includes it, its bytes cross each chip's DRAM (``dram_bytes`` is a chip's), its energy is
+    the DRAM's and the chips' static power meanwhile."""
+    _, seconds = _state_copies(shard, streams, arch)
+    if not seconds:
+        return timing
+    moved = 2 * state_per_chip(shard)[1]
+    latency = timing.latency_s + seconds
+    return replace(timing, latency_s=latency, cycles=int(round(latency * arch.clock_hz)),
+                   throughput_inf_s=1.0 / latency, dram_bytes=int(timing.dram_bytes + moved),
+                   energy_j=timing.energy_j + chips * (moved * arch.e_dram_byte_j + arch.p_static_w_per_chip * seconds))
+
+
+def data_inputs(program: Program) -> list[int]:
+    """The inputs of ``program`` a call moves: all but its state (:func:`resident_state`, held
+    on the chips between calls, such as a KV cache), in input order. A hand-over of the inputs
+    from the chips of the region before carries these."""
+    state = resident_state(program, range(len(program.layers)))
+    return [t for t in program.inputs if t not in state]
 
 
 def dram_per_chip(shard: Program) -> tuple[int, int]:
@@ -304,15 +345,17 @@ def dram_per_chip(shard: Program) -> tuple[int, int]:
 @dataclass(frozen=True)
 class _TimedPlan:
     """A shard plan mapped and timed (:func:`_time_plan`): the mapped shard, its system timing,
-    the DRAM bytes a chip needs for it, the shard's per-layer PE-level cycles with its weights
-    on chip (the pre-scores of other plans) and the resident weight bytes per PE it adds to the
-    build's SRAM ledger."""
+    the DRAM bytes a chip needs for it (its state's copies included), the shard's per-layer
+    PE-level cycles with its weights on chip (the pre-scores of other plans), the resident
+    weight bytes per PE it adds to the build's SRAM ledger and the exchange of its state's SRAM
+    copy an input (:func:`_state_copies`)."""
 
     shard: Program
     timing: SystemTimingSummary
     dram_need: int
     exec_cycles: tuple[int, ...]
     resident_pe: dict
+    exchange_s: float = 0.0
 
 
 def _system_timing(program: Program, plan: ShardPlan, shard: Program, tables, chip: SpinnArch, topo,
@@ -396,7 +439,8 @@ def retime(program: Program, arch: SpinnArch, derive) -> TimingSummary:
     tables = derive(shard, chip)
     shard = replace(shard, timing=evaluate(shard, chip, tables))
     st, _ = _system_timing(program, plan, shard, tables, chip, topology_of(arch))
-    return _timing_dict(program, shard, plan, st, float(info.handoff_s), arch)
+    return _streamed(_timing_dict(program, shard, plan, st, float(info.handoff_s), arch), shard, int(info.streams),
+                     plan.chips, arch)
 
 
 def _row_always_sibling(program: Program, best, weights: str) -> ShardPlan | None:
@@ -434,7 +478,7 @@ def recorded_plan(program: Program) -> ShardPlan:
 
 
 def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState | None, map_one, key: str | None,
-                  cache: dict | None = None, onchip: tuple = ()) -> tuple[Program, SystemState]:
+                  cache: dict | None = None, onchip: tuple = (), streams: int = 0) -> tuple[Program, SystemState]:
     """Map ``program`` on the multi-chip ``arch`` (see the module docstring); returns the mapped
     program and the system's state after it.
 
@@ -442,7 +486,10 @@ def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState
     and its resident bytes per PE); ``state`` is what the
     build's earlier programs hold (None: a program alone, which must fit by itself); ``key`` the
     program's structure key for reusing, through ``cache``, a mapping already made under the
-    same state; ``onchip`` the inputs already in the chips' SRAM.
+    same state; ``onchip`` the inputs already in the chips' SRAM; ``streams`` the streams its
+    state is kept for (the build's inputs in flight, :func:`build_flight`; 0: the region's own
+    count, one stream on one stage): each has a copy in the chips' DRAM, and every input
+    exchanges the copy the memory plan keeps in SRAM (:func:`_state_copies`).
     """
     alone = state is None
     # latency: the fastest plan; throughput (a stream of inputs, the free chips holding
@@ -456,14 +503,14 @@ def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState
 
     def attempt(led: _Ledger):
         reserved = led.sram.copy()
-        cache_key = (key, reserved.tobytes(), led.dram) if key is not None else None
+        cache_key = (key, reserved.tobytes(), led.dram, streams) if key is not None else None
         if cache_key is not None and cache_key in led.cache:
             return led.cache[cache_key]
         best = None
         # The one-chip plan first (the reference under the same model): its per-layer PE-level
         # times weigh the other plans' pre-scores.
         one = plan_shards(program, 1, 1)
-        timed = {(1, 1, True, 1): _time_plan(program, one, arch, topo, map_one, reserved, onchip)}
+        timed = {(1, 1, True, 1): _time_plan(program, one, arch, topo, map_one, reserved, onchip, streams)}
         work = [c / arch.clock_hz for c in timed[(1, 1, True, 1)].exec_cycles]
         cands = _candidates(program, arch, topo, per_chip, work)
         chosen = [c for c in cands if c[1].chips > 1][:FULL_CANDIDATES] + [(0.0, one, 0)]
@@ -473,18 +520,19 @@ def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState
             nonlocal best
             st, need = timed_plan.timing, timed_plan.dram_need
             fits = led.dram + need <= arch.dram_bytes
-            results.append({"tp": plan.tp, "dp": plan.dp, "sp": plan.sp, "row": plan.row, "latency_s": st.latency_s,
+            latency = st.latency_s + timed_plan.exchange_s
+            results.append({"tp": plan.tp, "dp": plan.dp, "sp": plan.sp, "row": plan.row, "latency_s": latency,
                             "fits": fits})
-            score = (st.latency_s * (plan.chips if per_chip else 1), plan.chips)
+            score = (latency * (plan.chips if per_chip else 1), plan.chips)
             if fits and (best is None or score < best[4]):
                 best = (plan, st, timed_plan.shard, need, score, timed_plan.resident_pe)
 
         for _, plan, _ in chosen:
             k = (plan.tp, plan.dp, plan.row, plan.sp)
-            consider(plan, timed.get(k) or _time_plan(program, plan, arch, topo, map_one, reserved, onchip))
+            consider(plan, timed.get(k) or _time_plan(program, plan, arch, topo, map_one, reserved, onchip, streams))
         sibling = _row_always_sibling(program, best, getattr(options, "weights", "auto"))
         if sibling is not None:
-            consider(sibling, _time_plan(program, sibling, arch, topo, map_one, reserved, onchip))
+            consider(sibling, _time_plan(program, sibling, arch, topo, map_one, reserved, onchip, streams))
         out = (best, results, min((c[2] for c in cands), default=0))
         if cache_key is not None:
             led.cache[cache_key] = out
@@ -510,7 +558,7 @@ def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState
             dst = (src + arch.chips_per_board) % arch.chips if not arch.has_faults else \
                 _stage_ranks(arch, ledger.stage, src.size)
             src = src[:dst.size]
-            in_bytes = sum(program.tensors[t].nbytes for t in program.inputs) / max(1, best[0].tp * best[0].sp)
+            in_bytes = sum(program.tensors[t].nbytes for t in data_inputs(program)) / max(1, best[0].tp * best[0].sp)
             handoff = point_to_point(topo, src, dst, in_bytes) if not np.array_equal(src, dst) else None
     if best is None and ledger.stage >= 0 and ledger.overflow is None and len(program.layers) > 1:
         # No chip group holds the program's weights: its layers over pipeline stages, each on
@@ -521,7 +569,8 @@ def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState
         # the inputs come from the board of the build's earlier regions when it is not the first
         hand = _hand_in_cost(program, topo, _stage_ranks(arch, ledger.stage, 1), boards[0][1]) \
             if start > ledger.stage and boards else None
-        piped, why = _map_pipeline(program, arch, options, map_one, boards, hand.seconds if hand is not None else 0.0)
+        piped, why = _map_pipeline(program, arch, options, map_one, boards, hand.seconds if hand is not None else 0.0,
+                                   streams)
         if piped is not None:
             program, last_stage, last = piped
             if hand is not None:
@@ -550,7 +599,7 @@ def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState
     plan, st, shard, need, _, resident = best
     ledger.dram += need
     ledger.sram += _resident_per_pe(resident, arch.pes_per_chip)
-    return _install(program, shard, plan, st, results, ledger.stage, handoff, arch), ledger.frozen()
+    return _install(program, shard, plan, st, results, ledger.stage, handoff, arch, max(1, streams)), ledger.frozen()
 
 
 def _pipeline_boards(arch: SpinnArch, start: int) -> list[tuple[int, np.ndarray]]:
@@ -592,13 +641,14 @@ def _shortfall(program: Program, arch: SpinnArch, boards: list[tuple[int, np.nda
 
 
 def _map_pipeline(program: Program, arch: SpinnArch, options, map_one, boards: list[tuple[int, np.ndarray]],
-                  hand_in_s: float = 0.0) -> tuple[tuple[Program, int, SystemState] | None, str | None]:
+                  hand_in_s: float = 0.0, streams: int = 0) -> tuple[tuple[Program, int, SystemState] | None, str | None]:
     """``program`` over the fewest pipeline stages that hold it, on the first of ``boards``
     (:func:`_pipeline_boards`), the stage of its last board and what its last stage holds
     there (a :class:`~.budget.SystemState` of one board); None when no number does, with why
     the most stages tried failed where their stages fitted but not their state's copies (else
     None). ``hand_in_s``: the send handing its inputs in from the region before it (0: none),
-    part of the time each input is in flight (:func:`map_stages`).
+    part of the time each input is in flight; ``streams``: the streams its state is kept for
+    (0: its own count; :func:`map_stages`).
 
     The layers are cut into ``pp`` contiguous stages (:func:`.shard.plan_mesh` with a ``pp``
     axis) and mapped by :func:`map_stages`; ``pp`` goes up from 2 until every stage fits (at
@@ -613,7 +663,7 @@ def _map_pipeline(program: Program, arch: SpinnArch, options, map_one, boards: l
             continue
         ranks = [r for _, r in boards[:pp]]
         try:
-            mapped, timing, held = map_stages(program, plan, arch, options, map_one, ranks, hand_in_s)
+            mapped, timing, held = map_stages(program, plan, arch, options, map_one, ranks, hand_in_s, streams)
         except _StateCopiesError as err:
             why = str(err)
             continue
@@ -629,7 +679,7 @@ class _StateCopiesError(MappingError):
 
 
 def map_stages(program: Program, plan: ShardPlan, arch: SpinnArch, options, map_one,
-               ranks, hand_in_s: float = 0.0) -> tuple[tuple[Program, ...], "PipelineTiming", SystemState]:
+               ranks, hand_in_s: float = 0.0, streams: int = 0) -> tuple[tuple[Program, ...], "PipelineTiming", SystemState]:
     """Each stage of ``plan`` (a plan of :func:`.shard.plan_mesh` whose mesh has only a ``pp``
     axis) mapped alone on its own board, and the pipeline's timing.
 
@@ -656,16 +706,23 @@ def map_stages(program: Program, plan: ShardPlan, arch: SpinnArch, options, map_
         Per stage, the chips of its board in mesh position order.
     hand_in_s : float
         The send that hands the region's inputs in from the region before it (0: none). An
-        input is in flight from that send on, so the copies of the state are counted over
-        the region's whole latency, the hand-in included
+        input is in flight from that send on, so the region's own count of streams is taken
+        over its whole latency, the hand-in included
         (:meth:`~tvm_spinn.timing.stages.PipelineTiming.handed_in`).
+    streams : int
+        The streams the state is kept for (the build's inputs in flight, :func:`build_flight`);
+        0: the region's own count, the inputs its stages, sends and hand-in keep in flight.
+        With more than one, each stage's chips hold a copy per stream and exchange the copy
+        their memory plan keeps in SRAM on every input (:func:`_state_copies`): the stages'
+        times include it, and so does the count.
 
     Returns
     -------
     tuple
-        The stages' mapped programs in stage order, the
-        :class:`~tvm_spinn.timing.stages.PipelineTiming` of the stages and cuts (without the
-        hand-in) and what the last stage holds on its board (a :class:`~.budget.SystemState`).
+        The stages' mapped programs in stage order (each with its streams and their exchange,
+        ``mapping.system.streams``), the :class:`~tvm_spinn.timing.stages.PipelineTiming` of
+        the stages and cuts (without the hand-in) and what the last stage holds on its board (a
+        :class:`~.budget.SystemState`).
 
     Raises
     ------
@@ -686,14 +743,23 @@ def map_stages(program: Program, plan: ShardPlan, arch: SpinnArch, options, map_
         mapped.append(shard)
         held.append(after)
     sends = handover_costs(topology_of(arch), plan.handovers, plan.stages, [r[:1] for r in ranks])
-    timing = pipeline_timing([p.timing.latency_s for p in mapped], sends)
+
+    def timed(stages):
+        return pipeline_timing([p.timing.latency_s for p in stages], sends)
+
     # Each input in flight is a stream with its own state at every stage: a stage's chips hold
     # that many copies of its state, the one its memory plan keeps in SRAM and the others in DRAM.
     # The stage's own ledger (``after``) already holds one copy's DRAM part (:func:`dram_per_chip`).
-    copies = timing.handed_in(hand_in_s).in_flight
+    copies = streams or timed(mapped).handed_in(hand_in_s).in_flight
+    if not streams and copies > 1:
+        # several streams: the stages exchange their SRAM copies (the same time for any count
+        # over one), which lengthens the latency the count is taken over
+        copies = timed([_with_streams(p, 2, sub) for p in mapped]).handed_in(hand_in_s).in_flight
+    mapped = [_with_streams(p, copies, sub) for p in mapped]
+    timing = timed(mapped)
     for k, (shard, after) in enumerate(zip(mapped, held)):
         whole, in_sram = state_per_chip(shard)
-        extra = (copies - 1) * whole
+        extra, _ = _state_copies(shard, copies, sub)
         if extra and after.dram + extra > sub.dram_bytes:
             raise _StateCopiesError(f"stage {k} of {program.symbol}: {copies} inputs in flight keep {copies} copies of its "
                                f"state ({whole} bytes a chip each, {in_sram} of them in SRAM): {after.dram + extra} "
@@ -702,15 +768,21 @@ def map_stages(program: Program, plan: ShardPlan, arch: SpinnArch, options, map_
     return tuple(mapped), timing, held[-1]
 
 
-def region_in_flight(program: Program) -> int:
-    """Inputs a mapped region keeps in flight in steady state, each a stream with its own copy
-    of the region's state: over pipeline stages, the region's whole latency (its stages, its
-    cuts' sends and the hand-in of its inputs from the region before it: ``timing.latency_s``)
-    over its period, as :func:`map_stages` counts them
-    (:attr:`~tvm_spinn.timing.stages.PipelineTiming.in_flight`); 1 on one stage.
+def _with_streams(program: Program, streams: int, arch: SpinnArch) -> Program:
+    """A system-mapped ``program`` (mapped for one stream) with its state kept for ``streams``
+    streams: recorded in ``mapping.system.streams`` (a program without state keeps 1) and the
+    exchange of its SRAM copy in its timing (:func:`_streamed`)."""
+    system = program.mapping.system
+    if streams <= 1 or not resident_state(program, range(len(program.layers))):
+        return program
+    return replace(program, mapping=replace(program.mapping, system=replace(system, streams=int(streams))),
+                   timing=_streamed(program.timing, program, streams, int(system.chips), arch))
 
-    The copies are the region's own: a stream whose inputs go through several regions of a
-    build is not counted over the build (each region counts the inputs in its own flight).
+
+def region_streams(program: Program) -> int:
+    """The streams a mapped region keeps its state for (each input in flight a stream with its
+    own copy of the state), as its records say: ``mapping.system.streams``, over pipeline
+    stages its stages'; 1 off the multi-chip path.
 
     Parameters
     ----------
@@ -721,14 +793,58 @@ def region_in_flight(program: Program) -> int:
     -------
     int
     """
+    pipe = program.mapping.pipeline
+    systems = [st.mapping.system for st in pipe.stages] if pipe is not None else [program.mapping.system]
+    return max((int(s.streams) for s in systems if s is not None), default=1)
+
+
+def build_flight(programs, arch: SpinnArch) -> "PipelineTiming":
+    """A build's stream of inputs through its mapped regions, as a pipeline: each input goes
+    through every region in turn (the latency is the sum of theirs), while in steady state the
+    boards and links overlap, each on its own input. ``stage_s``: each board's busy time an
+    input (the regions on it one after another; a region over pipeline stages counts each
+    stage on its own board, any other region on its stage's board: on a system with faults,
+    the stage-th usable board), in board order; the period is the longest of the boards' and
+    of the link transfers each input makes (a pipelined region's sends and the hand-in of its
+    inputs); ``binding`` names it (``"board <b>"``, ``"send <symbol> <k>"``, ``"hand-in
+    <symbol>"``). Its :attr:`~tvm_spinn.timing.stages.PipelineTiming.in_flight` is the
+    streams the build keeps in flight, each with its own copy of every region's state.
+
+    Parameters
+    ----------
+    programs : sequence of Program
+        The build's mapped regions, in the order they run.
+    arch : SpinnArch
+        The system.
+
+    Returns
+    -------
+    PipelineTiming
+    """
     from ..timing.stages import PipelineTiming
 
-    pipe, t = program.timing.pipeline, program.timing
-    if program.mapping.pipeline is None or pipe is None:
-        return 1
-    # the record keeps the cuts' send times, not their costs: the count needs only the times
-    stages = PipelineTiming(tuple(pipe.stage_s), (), pipe.period_s, pipe.binding, pipe.latency_s)
-    return stages.handed_in(max(0.0, t.latency_s - pipe.latency_s)).in_flight
+    usable = usable_boards(arch)
+    busy: dict[int, float] = {}
+    links: list[tuple[float, str]] = []
+    for p in programs:
+        pipe = p.mapping.pipeline
+        if pipe is not None:  # over pipeline stages: each stage's time on its board
+            t = p.timing.pipeline
+            parts = [(st.chips[0] // arch.chips_per_board, s) for st, s in zip(pipe.stages, t.stage_s)]
+            links += [(s, f"send {p.symbol} {k}") for k, s in enumerate(t.send_s)]
+            links.append((max(0.0, p.timing.latency_s - t.latency_s), f"hand-in {p.symbol}"))
+        else:
+            stage = p.mapping.system.stage if p.mapping.system is not None else 0
+            parts = [(usable[stage] if stage < len(usable) else stage, p.timing.latency_s)]
+        for board, seconds in parts:
+            busy[board] = busy.get(board, 0.0) + seconds
+    boards = sorted(busy)
+    period, binding = 0.0, f"board {boards[0]}" if boards else "board 0"
+    for seconds, what in [(busy[b], f"board {b}") for b in boards] + links:
+        if seconds > period:
+            period, binding = seconds, what
+    return PipelineTiming(tuple(float(busy[b]) for b in boards), (), float(period), binding,
+                          float(sum(p.timing.latency_s for p in programs)))
 
 
 def state_per_chip(program: Program) -> tuple[int, int]:
@@ -756,10 +872,11 @@ def chip_bytes(program: Program, tensors) -> int:
 
 
 def _hand_in_cost(program: Program, topo, src: np.ndarray, first: np.ndarray):
-    """The hand-over of ``program``'s inputs, whole, from chip ``src[0]`` (the previous
-    region's board) to chip ``first[0]`` (its first stage's first chip), as the pipeline's own
-    sends go (:func:`tvm_spinn.timing.collectives.point_to_point`)."""
-    nbytes = sum(program.tensors[t].nbytes for t in program.inputs)
+    """The hand-over of ``program``'s inputs that a call moves (:func:`data_inputs`: its state
+    stays on its stages' chips), whole, from chip ``src[0]`` (the previous region's board) to
+    chip ``first[0]`` (its first stage's first chip), as the pipeline's own sends go
+    (:func:`tvm_spinn.timing.collectives.point_to_point`)."""
+    nbytes = sum(program.tensors[t].nbytes for t in data_inputs(program))
     return point_to_point(topo, np.asarray(src[:1], dtype=np.int64), np.asarray(first[:1], dtype=np.int64),
                           float(nbytes))
 
@@ -769,7 +886,7 @@ def _handed_in(program: Program, cost, arch: SpinnArch) -> Program:
     (:func:`_hand_in_cost`): its latency and energy include it, and the period is the longest
     of the stages, the sends and this hand-over (a link transfer overlaps the stages in steady
     state). The ``timing.pipeline`` record stays the stages' own."""
-    nbytes = sum(program.tensors[t].nbytes for t in program.inputs)
+    nbytes = sum(program.tensors[t].nbytes for t in data_inputs(program))
     t = program.timing
     latency = t.latency_s + cost.seconds
     period = max(t.pipeline.period_s, cost.seconds)
@@ -903,8 +1020,11 @@ def _resident_per_pe(resident: dict, pes: int) -> np.ndarray:
 
 
 def _install(program: Program, shard: Program, plan: ShardPlan, st, results, stage: int, handoff,
-             arch: SpinnArch) -> Program:
-    """``program`` with the shard's mapping and the system timing."""
+             arch: SpinnArch, streams: int = 1) -> Program:
+    """``program`` with the shard's mapping and the system timing, its state kept for
+    ``streams`` streams (:func:`_state_copies`; a program without state records 1)."""
+    if not resident_state(program, range(len(program.layers))):
+        streams = 1
     summary = plan.summary()
     system = SystemMapping(
         tp=summary["tp"], dp=summary["dp"], sp=summary["sp"], row=summary["row"], chips=summary["chips"],
@@ -912,10 +1032,11 @@ def _install(program: Program, shard: Program, plan: ShardPlan, st, results, sta
         candidates=tuple(PlanCandidate(**c) for c in results),
         collectives=tuple(plan.collectives),
         handoff_s=handoff.seconds if handoff is not None else 0.0,
-        replicated=tuple(tuple(x) for x in summary.get("replicated", ())))
+        replicated=tuple(tuple(x) for x in summary.get("replicated", ())), streams=int(streams))
     program = replace(program, tiles=shard.tiles,
                       mapping=replace(shard.mapping, system=system, chips_per_layer=(plan.chips,) * len(program.layers)))
-    program = replace(program, timing=_timing_dict(program, shard, plan, st, system.handoff_s, arch))
+    program = replace(program, timing=_streamed(_timing_dict(program, shard, plan, st, system.handoff_s, arch), shard,
+                                                system.streams, plan.chips, arch))
     # the whole group's resident bytes (each chip holds its shard's); labels in this program's names
     ranges = tuple(replace(rng, what=activation_label(program, rng.first_layer))
                    if str(rng.what).startswith("activation ") else rng for rng in shard.memory.ranges)
