@@ -218,6 +218,14 @@ def plan_system(programs: Sequence[Program], arch: SpinnArch, options: MappingOp
                 on_mapped: Callable[[int, Program], None] | None = None) -> SystemPlan:
     """Plan the system for the regions of one build, and map each region under its budget.
 
+    A stream of inputs goes through every region in turn while the boards overlap: where the
+    build keeps several inputs in flight (:func:`~.system.build_flight`) and a region has
+    state, the region holds a copy of it per stream and exchanges its SRAM copy on every input.
+    The regions are mapped for their own count first; when a region with state holds copies
+    for another count than the build's, every region is mapped again with the build's
+    (``RegionBudget.streams``), until every one holds enough (the count only grows). Under
+    ``"alone"`` the regions are no build: each keeps its own count.
+
     Parameters
     ----------
     programs : sequence of Program

@@ -28,9 +28,14 @@ For a system of more than one chip the driver (:func:`map_on_system`):
    or the next one, skipping boards with dead chips or links on a system with faults. It
    carries a :class:`~tvm_spinn.program.records.PipelineMapping` and its period and latency
    (:func:`install_pipeline`). When it opens a board after the build's earlier regions, its
-   inputs are handed over from their board to its first stage's (its latency includes the
-   send). The build's next region continues on its last stage's board, after what that stage
-   holds there (the next board when it does not fit).
+   inputs that are not state (:func:`data_inputs`) are handed over from their board to its
+   first stage's (its latency includes the send). The build's next region continues on its
+   last stage's board, after what that stage holds there (the next board when it does not fit).
+
+6. *streams*: a region with state (a KV cache) keeps a copy of it per stream in flight, the
+   build's count (:func:`build_flight`, passed in as ``streams`` by the system planner): the
+   copies beyond the first in its chips' DRAM, and every input exchanges the copy its memory
+   plan keeps in SRAM (:func:`_state_copies`, recorded in ``SystemMapping.streams``).
 
 A model that does not fit (no stage left whose DRAM holds the shard) raises
 :class:`MappingError` naming the bytes needed, the bytes available and the smallest system
