@@ -20,7 +20,7 @@ from tvm_spinn.mapping.system import recorded_plan, retime, stage_programs_of
 from tvm_spinn.mapping.tiling import MappingError
 from tvm_spinn.program import Layer, Program, TensorDesc
 from tvm_spinn.target.arch import SpinnArch, make_system
-from tvm_spinn.timing.stages import PipelineTiming, inputs_in_flight
+from tvm_spinn.timing.stages import PipelineTiming, inputs_in_flight, state_exchange_s
 
 K, M = 1024, 4
 
@@ -65,6 +65,15 @@ def test_inputs_in_flight_by_hand(latency, period, n):
 def test_inputs_in_flight_refuses_bad_times(latency, period):
     with pytest.raises(ValueError, match="inputs_in_flight: expected 0 < period_s <= latency_s"):
         inputs_in_flight(latency, period)
+
+
+def test_an_exchange_writes_the_leaving_copy_and_reads_the_next():
+    # 16 KiB out and 16 KiB in through a 6.4 GB/s port: 5.12 us
+    assert state_exchange_s(16384, 6.4e9) == pytest.approx(5.12e-6, rel=1e-15)
+    assert state_exchange_s(0, 6.4e9) == 0.0
+    for nbytes, bw in ((-1, 6.4e9), (1, 0.0), (1, math.nan), (1, math.inf)):
+        with pytest.raises(ValueError, match="state_exchange_s: expected bytes >= 0 and a finite bandwidth > 0"):
+            state_exchange_s(nbytes, bw)
 
 
 def test_a_pipeline_of_no_time_keeps_one_input_in_flight():
