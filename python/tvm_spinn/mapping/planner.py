@@ -35,8 +35,9 @@ from .budget import RegionBudget, SystemState
 from .memory import LEDGER_RESIDENT_SHARE
 from .options import MappingOptions, current_options
 from .schedule import MappingMemo, _graph_copy, map_region
-from .system import (build_flight, chip_bytes, overflow_message, recorded_plan, region_streams, resident_state,
-                     stage_programs_of)
+from .shard import recorded_plan
+from .state import build_flight, chip_bytes, region_streams, resident_state
+from .system import overflow_message, stage_programs_of
 from .tiling import MappingError, program_work
 
 __all__ = ["RegionPlan", "SystemPlan", "plan_system", "resident_capacity", "held_bytes", "POLICIES"]
@@ -80,8 +81,8 @@ class RegionPlan:
         holds them: each chip's share summed over the chips of its group, so a state tensor
         the plan keeps on several chips (each slot's keys and values read by several groups
         of chips) counts once per copy; over pipeline stages, each stage's share under its own
-        plan. Times the streams it is kept for (:func:`~.system.region_streams`: the inputs the
-        build keeps in flight, each a stream with its own state, :func:`~.system.build_flight`).
+        plan. Times the streams it is kept for (:func:`~.state.region_streams`: the inputs the
+        build keeps in flight, each a stream with its own state, :func:`~.state.build_flight`).
         This is what the chips reserve for it.
     state_sram_bytes : int
         Of ``state_bytes``, what its memory plan keeps in SRAM (one copy, the running stream's;
@@ -219,7 +220,7 @@ def plan_system(programs: Sequence[Program], arch: SpinnArch, options: MappingOp
     """Plan the system for the regions of one build, and map each region under its budget.
 
     A stream of inputs goes through every region in turn while the boards overlap: where the
-    build keeps several inputs in flight (:func:`~.system.build_flight`) and a region has
+    build keeps several inputs in flight (:func:`~.state.build_flight`) and a region has
     state, the region holds a copy of it per stream and exchanges its SRAM copy on every input.
     The regions are mapped for their own count first; when a region with state holds copies
     for another count than the build's, every region is mapped again with the build's
@@ -278,7 +279,7 @@ def plan_system(programs: Sequence[Program], arch: SpinnArch, options: MappingOp
 
 
 def _build_streams(plan: SystemPlan) -> int | None:
-    """The streams a mapped build keeps in flight (:func:`~.system.build_flight`) when a region
+    """The streams a mapped build keeps in flight (:func:`~.state.build_flight`) when a region
     with state holds copies for another count; None when every region with state holds them
     for the build's count, or none has state."""
     stateful = [p for p, r in zip(plan.programs, plan.regions) if r.state_tensor_bytes]

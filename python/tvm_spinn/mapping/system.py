@@ -28,14 +28,14 @@ For a system of more than one chip the driver (:func:`map_on_system`):
    or the next one, skipping boards with dead chips or links on a system with faults. It
    carries a :class:`~tvm_spinn.program.records.PipelineMapping` and its period and latency
    (:func:`install_pipeline`). When it opens a board after the build's earlier regions, its
-   inputs that are not state (:func:`data_inputs`) are handed over from their board to its
+   inputs that are not state (:func:`.state.data_inputs`) are handed over from their board to its
    first stage's (its latency includes the send). The build's next region continues on its
    last stage's board, after what that stage holds there (the next board when it does not fit).
 
 6. *streams*: a region with state (a KV cache) keeps a copy of it per stream in flight, the
-   build's count (:func:`build_flight`, passed in as ``streams`` by the system planner): the
+   build's count (:func:`.state.build_flight`, passed in as ``streams`` by the system planner): the
    copies beyond the first in its chips' DRAM, and every input exchanges the copy its memory
-   plan keeps in SRAM (:func:`_state_copies`, recorded in ``SystemMapping.streams``).
+   plan keeps in SRAM (:func:`.state.state_copies`, recorded in ``SystemMapping.streams``).
 
 A model that does not fit (no stage left whose DRAM holds the shard) raises
 :class:`MappingError` naming the bytes needed, the bytes available and the smallest system
@@ -63,15 +63,15 @@ from ..timing.model import DRAM, evaluate, transfers
 from ..timing.system import collective_cost, compose
 from .budget import Shortfall, SystemState
 from .memory import LEDGER_RESIDENT_SHARE, activation_label, weight_bytes_per_pe
-from .shard import ROW_ALWAYS, ShardPlan, plan_shards, rule_of, shard_program
+from .shard import ROW_ALWAYS, ShardPlan, plan_shards, recorded_plan, rule_of, shard_program
+from .state import chip_bytes, data_inputs, resident_state, state_copies, state_per_chip, streamed_timing, with_streams
 from .tiling import MappingError, program_work
 
 if TYPE_CHECKING:  # the return annotation only: timing.stages is imported where it is used
     from ..timing.stages import PipelineTiming
 
-__all__ = ["map_on_system", "resident_state", "dram_per_chip", "TP_DEGREES", "SP_DEGREES", "overflow_message", "system_tables", "retime", "issued",
-           "group_ranks", "recorded_plan", "map_stages", "region_streams", "build_flight", "state_per_chip", "chip_bytes",
-           "install_pipeline", "pipeline_tables", "stage_programs_of", "data_inputs"]
+__all__ = ["map_on_system", "dram_per_chip", "TP_DEGREES", "SP_DEGREES", "overflow_message", "system_tables", "retime", "issued",
+           "group_ranks", "map_stages", "install_pipeline", "pipeline_tables", "stage_programs_of"]
 
 # A model too large for its system is raised at the end of the codegen callback: it crosses
 # the FFI boundary as itself, not as a generic RuntimeError.
@@ -276,51 +276,12 @@ def issued(program: Program, collectives) -> list[tuple[int, str, int, bool, str
 def _time_plan(program: Program, plan: ShardPlan, arch: SpinnArch, topo, map_one, reserved: np.ndarray,
                onchip: tuple = (), streams: int = 1):
     """Map ``plan``'s shard on one chip and compose its system timing; ``streams``: the streams
-    its state is kept for (:func:`_state_copies`)."""
+    its state is kept for (:func:`.state.state_copies`)."""
     chip = _chip_arch(arch)
     shard, resident = map_one(shard_program(program, plan), chip, reserved)
     st, exec_cycles = _system_timing(program, plan, shard, shard.tiles.tables, chip, topo, onchip)
-    need, exchange = _state_copies(shard, streams, arch)
+    need, exchange = state_copies(shard, streams, arch)
     return _TimedPlan(shard, st, sum(dram_per_chip(shard)) + need, tuple(exec_cycles), resident, exchange)
-
-
-def _state_copies(shard: Program, streams: int, arch: SpinnArch) -> tuple[int, float]:
-    """What keeping a mapped program's state for ``streams`` streams costs a chip over one
-    stream: ``(DRAM bytes, seconds an input)``. Each stream has its own copy; the one the memory
-    plan keeps in SRAM is the running stream's, the others wait in DRAM (each copy whole there:
-    the SRAM one is exchanged through it), and every input exchanges the SRAM copy for the next
-    stream's (:func:`tvm_spinn.timing.stages.state_exchange_s`). ``(0, 0.0)`` for one stream.
-    ``shard``: a program mapped on one chip or a system-mapped one (its chip's share,
-    :func:`state_per_chip`)."""
-    from ..timing.stages import state_exchange_s
-
-    if streams <= 1:
-        return 0, 0.0
-    whole, in_sram = state_per_chip(shard)
-    return (streams - 1) * whole, state_exchange_s(in_sram, arch.dram_bw_bytes_s)
-
-
-def _streamed(timing: TimingSummary, shard: Program, streams: int, chips: int, arch: SpinnArch) -> TimingSummary:
-    """``timing`` (of one stream) with the exchange of the SRAM copy of the state between
-    ``streams`` streams (:func:`_state_copies`) on each of ``chips`` chips: one input's latency
-    includes it, its bytes cross each chip's DRAM (``dram_bytes`` is a chip's), its energy is
-    the DRAM's and the chips' static power meanwhile."""
-    _, seconds = _state_copies(shard, streams, arch)
-    if not seconds:
-        return timing
-    moved = 2 * state_per_chip(shard)[1]
-    latency = timing.latency_s + seconds
-    return replace(timing, latency_s=latency, cycles=int(round(latency * arch.clock_hz)),
-                   throughput_inf_s=1.0 / latency, dram_bytes=int(timing.dram_bytes + moved),
-                   energy_j=timing.energy_j + chips * (moved * arch.e_dram_byte_j + arch.p_static_w_per_chip * seconds))
-
-
-def data_inputs(program: Program) -> list[int]:
-    """The inputs of ``program`` a call moves: all but its state (:func:`resident_state`, held
-    on the chips between calls, such as a KV cache), in input order. A hand-over of the inputs
-    from the chips of the region before carries these."""
-    state = resident_state(program, range(len(program.layers)))
-    return [t for t in program.inputs if t not in state]
 
 
 def dram_per_chip(shard: Program) -> tuple[int, int]:
@@ -328,9 +289,9 @@ def dram_per_chip(shard: Program) -> tuple[int, int]:
     :func:`~.shard.shard_program` of a plan: its tensors have the chip's local shapes).
 
     The weights: the shard's constants less what its memory plan keeps resident of them. The
-    state (:func:`resident_state`: the inputs kept between calls, such as a KV cache): every
+    state (:func:`.state.resident_state`: the inputs kept between calls, such as a KV cache): every
     state tensor whose readers are not all resident streams from DRAM each call, so its copy
-    lives there (:func:`state_per_chip`). A resident reader's operand that is not a constant
+    lives there (:func:`.state.state_per_chip`). A resident reader's operand that is not a constant
     (the state kept in SRAM, an activation) takes SRAM, never the weights' DRAM.
     """
     tables = shard.tiles.tables
@@ -353,7 +314,7 @@ class _TimedPlan:
     the DRAM bytes a chip needs for it (its state's copies included), the shard's per-layer
     PE-level cycles with its weights on chip (the pre-scores of other plans), the resident
     weight bytes per PE it adds to the build's SRAM ledger and the exchange of its state's SRAM
-    copy an input (:func:`_state_copies`)."""
+    copy an input (:func:`.state.state_copies`)."""
 
     shard: Program
     timing: SystemTimingSummary
@@ -418,20 +379,6 @@ def _system_timing(program: Program, plan: ShardPlan, shard: Program, tables, ch
                    prefetch_bytes=2 * prefetch), exec_cycles
 
 
-def resident_state(program: Program, resident) -> set[int]:
-    """Inputs of ``program`` read only as the right operand of ``matmul`` layers that are all in
-    ``resident`` (layer indices whose operands the memory plan keeps in SRAM): state the chips
-    hold between calls, such as a KV cache (:func:`.shard._cache_inputs` splits it so that each
-    chip keeps the part its attention reads), not read from DRAM on each call."""
-    resident = set(resident)
-    readers: dict[int, list] = {}
-    for i, layer in enumerate(program.layers):
-        for pos, tid in enumerate(layer.inputs):
-            readers.setdefault(tid, []).append((i, layer, pos))
-    return {tid for tid in program.inputs if program.tensors[tid].role != "const" and readers.get(tid)
-            and all(rule_of(layer).cache_operand(layer, pos) and i in resident for i, layer, pos in readers[tid])}
-
-
 def retime(program: Program, arch: SpinnArch, derive) -> TimingSummary:
     """The timing of a system-mapped (e.g. loaded) program, re-derived from its mapping records:
     what the compiler stored in ``program.timing`` (``derive`` is
@@ -444,7 +391,7 @@ def retime(program: Program, arch: SpinnArch, derive) -> TimingSummary:
     tables = derive(shard, chip)
     shard = replace(shard, timing=evaluate(shard, chip, tables))
     st, _ = _system_timing(program, plan, shard, tables, chip, topology_of(arch))
-    return _streamed(_timing_dict(program, shard, plan, st, float(info.handoff_s), arch), shard, int(info.streams),
+    return streamed_timing(_timing_dict(program, shard, plan, st, float(info.handoff_s), arch), shard, int(info.streams),
                      plan.chips, arch)
 
 
@@ -475,13 +422,6 @@ def _row_always_sibling(program: Program, best, weights: str) -> ShardPlan | Non
     return other
 
 
-def recorded_plan(program: Program) -> ShardPlan:
-    """The shard plan a system-mapped program's records name (``program.mapping.system``)."""
-    info = program.mapping.system
-    row = info.row
-    return plan_shards(program, int(info.tp), int(info.dp), row if row == ROW_ALWAYS else bool(row), int(info.sp))
-
-
 def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState | None, map_one, key: str | None,
                   cache: dict | None = None, onchip: tuple = (), streams: int = 0) -> tuple[Program, SystemState]:
     """Map ``program`` on the multi-chip ``arch`` (see the module docstring); returns the mapped
@@ -492,9 +432,9 @@ def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState
     build's earlier programs hold (None: a program alone, which must fit by itself); ``key`` the
     program's structure key for reusing, through ``cache``, a mapping already made under the
     same state; ``onchip`` the inputs already in the chips' SRAM; ``streams`` the streams its
-    state is kept for (the build's inputs in flight, :func:`build_flight`; 0: the region's own
+    state is kept for (the build's inputs in flight, :func:`.state.build_flight`; 0: the region's own
     count, one stream on one stage): each has a copy in the chips' DRAM, and every input
-    exchanges the copy the memory plan keeps in SRAM (:func:`_state_copies`).
+    exchanges the copy the memory plan keeps in SRAM (:func:`.state.state_copies`).
     """
     alone = state is None
     # latency: the fastest plan; throughput (a stream of inputs, the free chips holding
@@ -715,10 +655,10 @@ def map_stages(program: Program, plan: ShardPlan, arch: SpinnArch, options, map_
         over its whole latency, the hand-in included
         (:meth:`~tvm_spinn.timing.stages.PipelineTiming.handed_in`).
     streams : int
-        The streams the state is kept for (the build's inputs in flight, :func:`build_flight`);
+        The streams the state is kept for (the build's inputs in flight, :func:`.state.build_flight`);
         0: the region's own count, the inputs its stages, sends and hand-in keep in flight.
         With more than one, each stage's chips hold a copy per stream and exchange the copy
-        their memory plan keeps in SRAM on every input (:func:`_state_copies`): the stages'
+        their memory plan keeps in SRAM on every input (:func:`.state.state_copies`): the stages'
         times include it, and so does the count.
 
     Returns
@@ -759,12 +699,12 @@ def map_stages(program: Program, plan: ShardPlan, arch: SpinnArch, options, map_
     if not streams and copies > 1:
         # several streams: the stages exchange their SRAM copies (the same time for any count
         # over one), which lengthens the latency the count is taken over
-        copies = timed([_with_streams(p, 2, sub) for p in mapped]).handed_in(hand_in_s).in_flight
-    mapped = [_with_streams(p, copies, sub) for p in mapped]
+        copies = timed([with_streams(p, 2, sub) for p in mapped]).handed_in(hand_in_s).in_flight
+    mapped = [with_streams(p, copies, sub) for p in mapped]
     timing = timed(mapped)
     for k, (shard, after) in enumerate(zip(mapped, held)):
         whole, in_sram = state_per_chip(shard)
-        extra, _ = _state_copies(shard, copies, sub)
+        extra, _ = state_copies(shard, copies, sub)
         if extra and after.dram + extra > sub.dram_bytes:
             raise _StateCopiesError(f"stage {k} of {program.symbol}: {copies} inputs in flight keep {copies} copies of its "
                                f"state ({whole} bytes a chip each, {in_sram} of them in SRAM): {after.dram + extra} "
@@ -773,111 +713,8 @@ def map_stages(program: Program, plan: ShardPlan, arch: SpinnArch, options, map_
     return tuple(mapped), timing, held[-1]
 
 
-def _with_streams(program: Program, streams: int, arch: SpinnArch) -> Program:
-    """A system-mapped ``program`` (mapped for one stream) with its state kept for ``streams``
-    streams: recorded in ``mapping.system.streams`` (a program without state keeps 1) and the
-    exchange of its SRAM copy in its timing (:func:`_streamed`)."""
-    system = program.mapping.system
-    if streams <= 1 or not resident_state(program, range(len(program.layers))):
-        return program
-    return replace(program, mapping=replace(program.mapping, system=replace(system, streams=int(streams))),
-                   timing=_streamed(program.timing, program, streams, int(system.chips), arch))
-
-
-def region_streams(program: Program) -> int:
-    """The streams a mapped region keeps its state for (each input in flight a stream with its
-    own copy of the state), as its records say: ``mapping.system.streams``, over pipeline
-    stages its stages'; 1 off the multi-chip path.
-
-    Parameters
-    ----------
-    program : Program
-        A mapped program.
-
-    Returns
-    -------
-    int
-    """
-    pipe = program.mapping.pipeline
-    systems = [st.mapping.system for st in pipe.stages] if pipe is not None else [program.mapping.system]
-    return max((int(s.streams) for s in systems if s is not None), default=1)
-
-
-def build_flight(programs, arch: SpinnArch) -> "PipelineTiming":
-    """A build's stream of inputs through its mapped regions, as a pipeline: each input goes
-    through every region in turn (the latency is the sum of theirs), while in steady state the
-    boards and links overlap, each on its own input. ``stage_s``: each board's busy time an
-    input (the regions on it one after another; a region over pipeline stages counts each
-    stage on its own board, any other region on its stage's board: on a system with faults,
-    the stage-th usable board), in board order; the period is the longest of the boards' and
-    of the link transfers each input makes (a pipelined region's sends and the hand-in of its
-    inputs); ``binding`` names it (``"board <b>"``, ``"send <symbol> <k>"``, ``"hand-in
-    <symbol>"``). Its :attr:`~tvm_spinn.timing.stages.PipelineTiming.in_flight` is the
-    streams the build keeps in flight, each with its own copy of every region's state.
-
-    Parameters
-    ----------
-    programs : sequence of Program
-        The build's mapped regions, in the order they run.
-    arch : SpinnArch
-        The system.
-
-    Returns
-    -------
-    PipelineTiming
-    """
-    from ..timing.stages import PipelineTiming
-
-    usable = usable_boards(arch)
-    busy: dict[int, float] = {}
-    links: list[tuple[float, str]] = []
-    for p in programs:
-        pipe = p.mapping.pipeline
-        if pipe is not None:  # over pipeline stages: each stage's time on its board
-            t = p.timing.pipeline
-            parts = [(st.chips[0] // arch.chips_per_board, s) for st, s in zip(pipe.stages, t.stage_s)]
-            links += [(s, f"send {p.symbol} {k}") for k, s in enumerate(t.send_s)]
-            links.append((max(0.0, p.timing.latency_s - t.latency_s), f"hand-in {p.symbol}"))
-        else:
-            stage = p.mapping.system.stage if p.mapping.system is not None else 0
-            parts = [(usable[stage] if stage < len(usable) else stage, p.timing.latency_s)]
-        for board, seconds in parts:
-            busy[board] = busy.get(board, 0.0) + seconds
-    boards = sorted(busy)
-    period, binding = 0.0, f"board {boards[0]}" if boards else "board 0"
-    for seconds, what in [(busy[b], f"board {b}") for b in boards] + links:
-        if seconds > period:
-            period, binding = seconds, what
-    return PipelineTiming(tuple(float(busy[b]) for b in boards), (), float(period), binding,
-                          float(sum(p.timing.latency_s for p in programs)))
-
-
-def state_per_chip(program: Program) -> tuple[int, int]:
-    """``(state bytes, of them in SRAM)`` one chip of a mapped ``program`` holds of one copy of
-    its state (:func:`resident_state`: the inputs it keeps between calls, such as a KV cache):
-    in SRAM, the state its memory plan keeps resident (:func:`chip_bytes`)."""
-    every = resident_state(program, range(len(program.layers)))
-    kept = resident_state(program, program.mapping.resident_layers)
-    return chip_bytes(program, every), chip_bytes(program, kept)
-
-
-def chip_bytes(program: Program, tensors) -> int:
-    """Bytes of ``tensors`` (ids of ``program``) one chip of a system-mapped ``program`` holds:
-    its share of each under the shard plan (the plan's local shape; exact: a plan's shares
-    divide the tensors' extents); off the multi-chip path, the tensors' own bytes."""
-    shapes = recorded_plan(program).shapes if program.mapping.system is not None else None
-    out = 0
-    for t in sorted(int(t) for t in tensors):
-        x = program.tensors[t]
-        if shapes is None:
-            out += int(x.nbytes)
-        else:  # the tensor's bytes scaled by the chip's share of its elements
-            out += int(x.nbytes) * int(np.prod(shapes[t], dtype=np.int64)) // max(1, int(np.prod(x.shape, dtype=np.int64)))
-    return out
-
-
 def _hand_in_cost(program: Program, topo, src: np.ndarray, first: np.ndarray):
-    """The hand-over of ``program``'s inputs that a call moves (:func:`data_inputs`: its state
+    """The hand-over of ``program``'s inputs that a call moves (:func:`.state.data_inputs`: its state
     stays on its stages' chips), whole, from chip ``src[0]`` (the previous region's board) to
     chip ``first[0]`` (its first stage's first chip), as the pipeline's own sends go
     (:func:`tvm_spinn.timing.collectives.point_to_point`)."""
@@ -1027,7 +864,7 @@ def _resident_per_pe(resident: dict, pes: int) -> np.ndarray:
 def _install(program: Program, shard: Program, plan: ShardPlan, st, results, stage: int, handoff,
              arch: SpinnArch, streams: int = 1) -> Program:
     """``program`` with the shard's mapping and the system timing, its state kept for
-    ``streams`` streams (:func:`_state_copies`; a program without state records 1)."""
+    ``streams`` streams (:func:`.state.state_copies`; a program without state records 1)."""
     if not resident_state(program, range(len(program.layers))):
         streams = 1
     summary = plan.summary()
@@ -1040,7 +877,7 @@ def _install(program: Program, shard: Program, plan: ShardPlan, st, results, sta
         replicated=tuple(tuple(x) for x in summary.get("replicated", ())), streams=int(streams))
     program = replace(program, tiles=shard.tiles,
                       mapping=replace(shard.mapping, system=system, chips_per_layer=(plan.chips,) * len(program.layers)))
-    program = replace(program, timing=_streamed(_timing_dict(program, shard, plan, st, system.handoff_s, arch), shard,
+    program = replace(program, timing=streamed_timing(_timing_dict(program, shard, plan, st, system.handoff_s, arch), shard,
                                                 system.streams, plan.chips, arch))
     # the whole group's resident bytes (each chip holds its shard's); labels in this program's names
     ranges = tuple(replace(rng, what=activation_label(program, rng.first_layer))

@@ -182,7 +182,7 @@ class SystemMapping:
     timed, the collectives, the hand-over time from the previous stage, the layers
     replicated for want of a sharding rule (``(layer name, reason)``) and the streams the
     program's state is kept for (each input in flight a stream with its own copy of the state:
-    see :func:`tvm_spinn.mapping.system.build_flight`; 1 for one stream)."""
+    see :func:`tvm_spinn.mapping.state.build_flight`; 1 for one stream)."""
 
     tp: int
     dp: int

@@ -11,7 +11,7 @@ from ..program import Program
 from ..program.format import mapping_to_json
 from ..target.arch import SpinnArch
 from ..target.faults import live_chips, usable_boards
-from ..mapping.system import build_flight
+from ..mapping.state import build_flight
 from ..timing.bounds import PhysicalBound, physical_bound, program_workload
 
 __all__ = ["Report", "report", "find_spinn_modules"]
@@ -133,7 +133,7 @@ def system_summary(programs: list, arch: SpinnArch) -> dict:
     headline.
 
     Throughput for a stream of inputs: the programs of one stage (board) run one after another
-    and stages overlap (a pipeline, :func:`tvm_spinn.mapping.system.build_flight`: its period
+    and stages overlap (a pipeline, :func:`tvm_spinn.mapping.state.build_flight`: its period
     is the busiest board's time or the longest link transfer of an input), and the boards the
     stages leave free hold replicas. A
     program mapped over pipeline stages counts each stage's time on its own board, the others

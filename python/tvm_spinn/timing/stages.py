@@ -119,7 +119,7 @@ def inputs_in_flight(latency_s: float, period_s: float) -> int:
     period takes this many streams, and every stage holds this many copies of its state. A
     stream goes through every region of a build in turn, so the count that sets the copies is
     the build's: its latency and period over all its regions, boards and links
-    (:func:`tvm_spinn.mapping.system.build_flight`).
+    (:func:`tvm_spinn.mapping.state.build_flight`).
 
     Parameters
     ----------
