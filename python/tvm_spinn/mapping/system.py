@@ -64,7 +64,7 @@ from ..timing.system import collective_cost, compose
 from .budget import Shortfall, SystemState
 from .memory import LEDGER_RESIDENT_SHARE, activation_label, weight_bytes_per_pe
 from .shard import ROW_ALWAYS, ShardPlan, plan_shards, recorded_plan, rule_of, shard_program
-from .state import chip_bytes, data_inputs, resident_state, state_copies, state_per_chip, streamed_timing, with_streams
+from .state import data_inputs, resident_state, state_copies, state_per_chip, streamed_timing, with_streams
 from .tiling import MappingError, program_work
 
 if TYPE_CHECKING:  # the return annotation only: timing.stages is imported where it is used
@@ -391,8 +391,8 @@ def retime(program: Program, arch: SpinnArch, derive) -> TimingSummary:
     tables = derive(shard, chip)
     shard = replace(shard, timing=evaluate(shard, chip, tables))
     st, _ = _system_timing(program, plan, shard, tables, chip, topology_of(arch))
-    return streamed_timing(_timing_dict(program, shard, plan, st, float(info.handoff_s), arch), shard, int(info.streams),
-                     plan.chips, arch)
+    timing = _timing_dict(program, shard, plan, st, float(info.handoff_s), arch)
+    return streamed_timing(timing, shard, int(info.streams), plan.chips, arch)
 
 
 def _row_always_sibling(program: Program, best, weights: str) -> ShardPlan | None:
@@ -877,8 +877,8 @@ def _install(program: Program, shard: Program, plan: ShardPlan, st, results, sta
         replicated=tuple(tuple(x) for x in summary.get("replicated", ())), streams=int(streams))
     program = replace(program, tiles=shard.tiles,
                       mapping=replace(shard.mapping, system=system, chips_per_layer=(plan.chips,) * len(program.layers)))
-    program = replace(program, timing=streamed_timing(_timing_dict(program, shard, plan, st, system.handoff_s, arch), shard,
-                                                system.streams, plan.chips, arch))
+    timing = _timing_dict(program, shard, plan, st, system.handoff_s, arch)
+    program = replace(program, timing=streamed_timing(timing, shard, system.streams, plan.chips, arch))
     # the whole group's resident bytes (each chip holds its shard's); labels in this program's names
     ranges = tuple(replace(rng, what=activation_label(program, rng.first_layer))
                    if str(rng.what).startswith("activation ") else rng for rng in shard.memory.ranges)
