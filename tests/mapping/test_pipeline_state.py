@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from tvm_spinn.mapping import MappingOptions, derive_tables, map_program
 from tvm_spinn.mapping.planner import plan_system
+from tvm_spinn.mapping.state import build_flight
 from tvm_spinn.mapping.system import recorded_plan, retime, stage_programs_of
 from tvm_spinn.mapping.tiling import MappingError
 from tvm_spinn.program import Layer, Program, TensorDesc
@@ -277,6 +278,12 @@ def test_the_copies_are_counted_over_the_build_s_flight():
     plan = plan_system(_two(), arch)
     streams = _build_in_flight(plan.programs)
     assert streams == 5
+    # the planner's flight: each board holds one stage, which binds
+    flight = build_flight(plan.programs, arch)
+    stages = [s for p in plan.programs for s in p.timing.pipeline.stage_s]
+    assert flight.stage_s == tuple(stages) and flight.period_s == max(stages) and flight.binding == "board 0"
+    assert flight.latency_s == pytest.approx(sum(p.timing.latency_s for p in plan.programs), rel=1e-15)
+    assert flight.in_flight == streams
     for piped, region in zip(plan.programs, plan.regions):
         t = piped.timing.pipeline
         assert len(piped.mapping.pipeline.stages) == 2
