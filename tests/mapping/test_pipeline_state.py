@@ -1,6 +1,8 @@
 """The DRAM ledger counts the state (a KV cache) a region streams: on one stage, each chip's
-copy under its shard plan; over pipeline stages, one copy per input in flight (each stream
-has its own state at every stage). Checked against a count of the schedule's inputs in flight
+copy under its shard plan; with several inputs in flight, one copy per input (each stream has
+its own state in every region), counted over the whole build. A chip that keeps its state in
+SRAM exchanges one stream's copy for the next through its DRAM on every input; a hand-in moves
+only the inputs that are not state. Checked against a count of the schedule's inputs in flight
 and of each chip's bytes by hand."""
 
 from __future__ import annotations
@@ -10,13 +12,16 @@ import math
 import numpy as np
 import pytest
 
-from tvm_spinn.mapping import MappingOptions, map_program
+from dataclasses import replace
+
+from tvm_spinn.mapping import MappingOptions, derive_tables, map_program
 from tvm_spinn.mapping.planner import plan_system
-from tvm_spinn.mapping.system import recorded_plan, stage_programs_of
+from tvm_spinn.mapping.state import build_flight
+from tvm_spinn.mapping.system import recorded_plan, retime, stage_programs_of
 from tvm_spinn.mapping.tiling import MappingError
 from tvm_spinn.program import Layer, Program, TensorDesc
 from tvm_spinn.target.arch import SpinnArch, make_system
-from tvm_spinn.timing.stages import PipelineTiming, inputs_in_flight
+from tvm_spinn.timing.stages import PipelineTiming, inputs_in_flight, state_exchange_s
 
 K, M = 1024, 4
 
@@ -63,6 +68,15 @@ def test_inputs_in_flight_refuses_bad_times(latency, period):
         inputs_in_flight(latency, period)
 
 
+def test_an_exchange_writes_the_leaving_copy_and_reads_the_next():
+    # 16 KiB out and 16 KiB in through a 6.4 GB/s port: 5.12 us
+    assert state_exchange_s(16384, 6.4e9) == pytest.approx(5.12e-6, rel=1e-15)
+    assert state_exchange_s(0, 6.4e9) == 0.0
+    for nbytes, bw in ((-1, 6.4e9), (1, 0.0), (1, math.nan), (1, math.inf)):
+        with pytest.raises(ValueError, match="state_exchange_s: expected bytes >= 0 and a finite bandwidth > 0"):
+            state_exchange_s(nbytes, bw)
+
+
 def test_a_pipeline_of_no_time_keeps_one_input_in_flight():
     # no period to count by: each stage holds the one input it computes
     assert PipelineTiming((0.0, 0.0), (), 0.0, "stage 0", 0.0).in_flight == 1
@@ -104,13 +118,26 @@ def test_the_ledger_counts_a_state_copy_per_input_in_flight():
     assert region.state_tensor_bytes == 2 * K * M * 4
     assert region.state_bytes == copies * whole
     assert region.state_sram_bytes == sum(s * st.mapping.system.chips for s, st in zip(in_sram, stage_programs_of(piped)))
-    # the build continues on the last stage's board: its DRAM holds the copies not in SRAM
-    last = stage_programs_of(piped)[-1]
+    # each stage is its program alone on a board, and between two inputs its chips write the
+    # leaving stream's SRAM copy to DRAM and read the next one's: 2 x its SRAM bytes at 6.4 GB/s
     board = arch.replace(chips=arch.chips_per_board)
-    alone = plan_system([last], board)
-    assert alone.programs[0].mapping == last.mapping
+    alone = [plan_system([replace(st, mapping=None)], board) for st in stage_programs_of(piped)]
+    for stage, one, got, sram in zip(stage_programs_of(piped), alone, t.stage_s, in_sram):
+        assert stage.mapping.system.streams == copies
+        assert one.programs[0].mapping == replace(stage.mapping, system=replace(stage.mapping.system, streams=1))
+        assert sram > 0 and got == pytest.approx(one.programs[0].timing.latency_s + 2 * sram / 6.4e9, rel=1e-12)
+    assert t.latency_s == pytest.approx(sum(t.stage_s) + sum(t.send_s), rel=1e-12)
+    # the build continues on the last stage's board: its DRAM holds the copies not in SRAM
     # (alone, the stage's ledger holds one copy's DRAM part: the others come on top)
-    assert plan.final.dram == alone.final.dram + (copies - 1) * per_chip[-1] > alone.final.dram
+    assert plan.final.dram == alone[-1].final.dram + (copies - 1) * per_chip[-1] > alone[-1].final.dram
+
+
+def test_one_stream_exchanges_nothing():
+    # on one board the region keeps one input in flight: its state stays in SRAM, no exchange
+    plan = plan_system([stateful()], _board(1024))
+    (mapped,) = plan.programs
+    assert mapped.mapping.system.streams == 1 and plan.regions[0].state_sram_bytes > 0
+    assert mapped.timing.latency_s == mapped.timing.system.latency_s
 
 
 def test_stages_whose_chips_hold_one_copy_of_their_state_but_not_every_copy_are_refused():
@@ -177,44 +204,128 @@ def _state_held(piped) -> int:
     return out
 
 
-def _hand_in_s(arch, piped) -> float:
-    """The hand-over of ``piped``'s inputs, whole, from the first chip of board 0 to its first
-    stage's first chip, priced on its own."""
+def _hand_in_s(arch, piped, nbytes: int) -> float:
+    """A hand-over of ``nbytes`` from the first chip of board 0 to ``piped``'s first stage's
+    first chip, priced on its own."""
     from tvm_spinn.target.topology import topology_of
     from tvm_spinn.timing.collectives import point_to_point
 
     first = piped.mapping.pipeline.stages[0].chips[0]
-    nbytes = sum(piped.tensors[t].nbytes for t in piped.inputs)
     return point_to_point(topology_of(arch), [0], [first], float(nbytes)).seconds
 
 
-def test_the_hand_in_of_a_region_s_inputs_counts_in_its_inputs_in_flight():
-    # a small region on board 0, the stateful one over boards 1 and 2: its inputs (x and both
-    # states, 36 KiB) cross from board 0 first, and an input is in flight from then on
+def _build_in_flight(programs) -> int:
+    """Inputs a build keeps in flight, by its schedule: each goes through every region in turn
+    (their latencies summed), one leaves every period: the busiest board an input (each
+    pipeline stage on its own board; here every other region alone on its board) or the
+    longest link transfer (a send, a hand-in)."""
+    latency = sum(p.timing.latency_s for p in programs)
+    parts = []
+    for p in programs:
+        t = p.timing.pipeline
+        if t is None:
+            parts.append(p.timing.latency_s)
+        else:
+            parts += list(t.stage_s) + list(t.send_s) + [p.timing.latency_s - t.latency_s]
+    return _in_flight_by_schedule(latency, max(parts))
+
+
+def test_the_hand_in_moves_only_the_inputs_that_are_not_state():
+    # a small region on board 0, the stateful one over boards 1 and 2: its row x (4 KiB) crosses
+    # from board 0 on every call; its states s0 and s1 (32 KiB) stay on the stages' chips
     from _chains import chain
 
     arch = make_system("pp-state-hand-in", boards=3, pes_per_chip=4, dram_bytes=64 * 1024)
     plan = plan_system([chain(2, 256, symbol="small"), stateful()], arch)
     piped, region = plan.programs[1], plan.regions[1]
-    t, hand = piped.timing.pipeline, _hand_in_s(arch, piped)
+    t, hand = piped.timing.pipeline, _hand_in_s(arch, piped, K * 4)
     assert piped.timing.latency_s == pytest.approx(t.latency_s + hand, rel=1e-12)
-    own = _in_flight_by_schedule(t.latency_s, t.period_s)
+    # the bytes on the links: the region's own (alone on two boards: no hand-in) and x's
+    alone = plan_system([stateful()], _arch(64)).programs[0]
+    assert alone.timing.latency_s == pytest.approx(t.latency_s, rel=1e-12)
+    assert piped.timing.link_bytes == alone.timing.link_bytes + K * 4
+    # an input is in flight from the hand-in on; the build's count is the same here
     copies = _in_flight_by_schedule(t.latency_s + hand, max(t.period_s, hand))
-    assert (own, copies) == (3, 4)  # the stages and the send alone keep 3 in flight; with the hand-in 4
+    assert copies == _build_in_flight(plan.programs) == 3
     assert region.state_bytes == copies * _state_held(piped)
 
 
-def test_stages_that_hold_the_copies_of_their_own_flight_but_not_those_the_hand_in_adds_are_refused():
-    # 40 KiB of DRAM a chip: alone on the system (no hand-in) the region keeps 3 inputs in
-    # flight (two copies of 16 KiB a chip in DRAM); after a region on board 0, 4 (three: 48 KiB)
+def test_stages_whose_dram_holds_the_copies_of_a_hand_in_of_the_data_alone_are_taken():
+    # 40 KiB of DRAM a chip: after a region on board 0, the stateful one keeps 3 inputs in
+    # flight (two copies of 16 KiB a chip in DRAM: 32 KiB). Handing its state in too (36 KiB
+    # a call) would keep 4 in flight, 48 KiB a chip, which would not fit.
     from _chains import chain
 
     arch = make_system("pp-state-hand-in-40", boards=3, pes_per_chip=4, dram_bytes=40 * 1024)
-    alone = plan_system([stateful()], arch)
-    t = alone.programs[0].timing.pipeline
-    assert alone.regions[0].state_bytes == 3 * _state_held(alone.programs[0])
-    assert _in_flight_by_schedule(t.latency_s, t.period_s) == 3
-    with pytest.raises(MappingError, match=r"the most stages tried: stage 0 of main: 4 inputs in flight keep 4 copies "
-                                           r"of its state \(16384 bytes a chip each, 16384 of them in SRAM\): 49152 "
-                                           r"bytes of DRAM a chip needed, 40960 available"):
-        plan_system([chain(2, 256, symbol="small"), stateful()], arch)
+    plan = plan_system([chain(2, 256, symbol="small"), stateful()], arch)
+    piped = plan.programs[1]
+    t = piped.timing.pipeline
+    slow = _hand_in_s(arch, piped, K * 4 + 2 * K * M * 4)
+    assert _in_flight_by_schedule(t.latency_s + slow, max(t.period_s, slow)) == 4
+    assert plan.regions[1].state_bytes == 3 * _state_held(piped)
+    assert plan.final.dram == 2 * 16384 <= arch.dram_bytes
+
+
+def _two(k: int = K):
+    return [replace(stateful(k, seed=7), symbol="a"), replace(stateful(k, seed=8), symbol="b")]
+
+
+def test_the_copies_are_counted_over_the_build_s_flight():
+    # two stateful regions, each over two boards of four: a stream goes through both, so the
+    # build keeps latency(a) + latency(b) over one period in flight (5), not each region its own
+    # (3 and 3): every stage of both holds 5 copies of its state
+    arch = make_system("pp-state-two", boards=4, pes_per_chip=4, dram_bytes=64 * 1024)
+    plan = plan_system(_two(), arch)
+    streams = _build_in_flight(plan.programs)
+    assert streams == 5
+    # the planner's flight: each board holds one stage, which binds
+    flight = build_flight(plan.programs, arch)
+    stages = [s for p in plan.programs for s in p.timing.pipeline.stage_s]
+    assert flight.stage_s == tuple(stages) and flight.period_s == max(stages) and flight.binding == "board 0"
+    assert flight.latency_s == pytest.approx(sum(p.timing.latency_s for p in plan.programs), rel=1e-15)
+    assert flight.in_flight == streams
+    for piped, region in zip(plan.programs, plan.regions):
+        t = piped.timing.pipeline
+        assert len(piped.mapping.pipeline.stages) == 2
+        assert _in_flight_by_schedule(piped.timing.latency_s, max(t.stage_s + t.send_s)) == 3
+        assert [st.mapping.system.streams for st in piped.mapping.pipeline.stages] == [streams] * 2
+        assert region.state_bytes == streams * _state_held(piped)
+
+
+def test_a_build_whose_dram_holds_each_region_s_own_copies_but_not_the_build_s_is_refused():
+    # 56 KiB of DRAM a chip: each region's own flight (3 inputs: two copies of 16 KiB a chip in
+    # DRAM) fits, the build's five do not (64 KiB)
+    arch = make_system("pp-state-two-56", boards=4, pes_per_chip=4, dram_bytes=56 * 1024)
+    with pytest.raises(MappingError, match=r"5 inputs in flight keep 5 copies of its state \(16384 bytes a chip each, "
+                                           r"16384 of them in SRAM\): 65536 bytes of DRAM a chip needed, 57344 "
+                                           r"available"):
+        plan_system(_two(), arch)
+
+
+def test_regions_on_one_stage_each_keep_a_copy_per_stream_of_the_build():
+    # two stateful regions, each on a board of its own (one stage each, no pipeline): the boards
+    # overlap, so the build keeps two inputs in flight, and each region two copies of its state;
+    # its chips exchange the SRAM copy between inputs (2 x its SRAM bytes a chip at 6.4 GB/s)
+    arch = make_system("state-two-boards", boards=2, pes_per_chip=4, dram_bytes=256 * 1024)
+    plan = plan_system(_two(), arch)
+    assert [r.stage for r in plan.regions] == [0, 1]
+    streams = _build_in_flight(plan.programs)
+    assert streams == 2
+    for mapped, region, program in zip(plan.programs, plan.regions, _two()):
+        system = mapped.mapping.system
+        assert system.streams == streams and region.state_bytes == streams * region.state_sram_bytes > 0
+        # per chip: both states [K, M] float32, each as the shard plan places it, in SRAM
+        shapes = recorded_plan(mapped).shapes
+        sram = sum(int(np.prod(shapes[t])) * 4 for t in (5, 6))
+        assert region.state_sram_bytes == sram * system.chips
+        # the same region under the same budget, for one stream: the same plan, no exchange
+        assert region.budget.streams == streams
+        one = map_program(program, arch, budget=replace(region.budget, streams=1))
+        # (the candidates' latencies include each plan's exchange)
+        assert replace(one.mapping, system=None) == replace(mapped.mapping, system=None)
+        assert replace(one.mapping.system, candidates=()) == replace(system, streams=1, candidates=())
+        assert mapped.timing.latency_s == pytest.approx(one.timing.latency_s + 2 * sram / 6.4e9, rel=1e-12)
+        # the records say it: a loaded program's timing is re-derived with the exchange
+        loaded = Program.from_bytes(mapped.to_bytes())
+        assert loaded.mapping.system.streams == streams
+        assert retime(loaded, arch, derive_tables) == mapped.timing

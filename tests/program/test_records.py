@@ -217,6 +217,8 @@ def test_defective_records_name_their_field(field, edit, message, chips=1):
     (lambda m: m["system"]["candidates"][0].pop("fits"), r"^mapping\.system\.candidates\[0\]: missing key\(s\) \['fits'\]"),
     (lambda m: m["system"].update(replicated=[["x"]]), r"^mapping\.system\.replicated\[0\]: expected \[layer name, reason\]"),
     (lambda m: m["system"].update(collectives={}), r"^mapping\.system\.collectives: expected a list"),
+    (lambda m: m["system"].update(streams=0), r"^mapping\.system\.streams: expected an int >= 1, got 0"),
+    (lambda m: m["system"].update(streams=2.0), r"^mapping\.system\.streams: expected an int >= 1, got 2\.0"),
 ])
 def test_defective_system_mapping_names_its_field(edit, message):
     _check_defect("mapping", edit, message, 2)

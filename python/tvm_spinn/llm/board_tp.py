@@ -217,7 +217,7 @@ def slice_pieces(programs, reduces: int) -> "tuple[list, tuple[bool, ...]] | Non
     multicast delivers it (an input already on chip, :func:`tvm_spinn.mapping.planner.plan_system`),
     and the piece before ends with the projection (:func:`fused_gathers`). A projection that
     follows the attention over the cached keys and values (layers reading the KV cache:
-    :func:`tvm_spinn.mapping.system.resident_state`) starts a piece of its own (with the
+    :func:`tvm_spinn.mapping.state.resident_state`) starts a piece of its own (with the
     ``quantize`` of its input): the attention is then mapped with the shard plan that suits it
     (its heads and slots split as its softmax's and its context's fixed-order sums cost least)
     and the projection with one of its own.
@@ -229,7 +229,7 @@ def slice_pieces(programs, reduces: int) -> "tuple[list, tuple[bool, ...]] | Non
     reduces : int
         The block's all-reduces (:func:`block_all_reduces`).
     """
-    from ..mapping.system import resident_state
+    from ..mapping.state import resident_state
     from ..program.ops import family_of
 
     P = importlib.import_module(".plan", __package__)

@@ -65,7 +65,7 @@ class SystemState:
         to it: the boards, how many it needs at least and why its stages failed.
     state : int
         Full bytes of the state inputs of every region so far (one copy of each; see
-        :func:`~.system.resident_state`).
+        :func:`~.state.resident_state`).
     """
 
     stage: int = 0
@@ -92,7 +92,12 @@ class RegionBudget:
         from the previous stage, or produced by an earlier region on the same chips): read over
         the NoC, never from DRAM; and of its outputs it leaves in the chips' SRAM (for a later
         region on the same chips, or the links to send): never written to DRAM.
+    streams : int
+        The streams the region keeps its state for: the inputs the build keeps in flight, each a
+        stream with its own copy of the state (:func:`~.state.build_flight`); 0: the region's
+        own count (one on one stage, the inputs its stages keep in flight over pipeline stages).
     """
 
     held: SystemState = SystemState()
     onchip_inputs: tuple[int, ...] = ()
+    streams: int = 0

@@ -35,7 +35,9 @@ from .budget import RegionBudget, SystemState
 from .memory import LEDGER_RESIDENT_SHARE
 from .options import MappingOptions, current_options
 from .schedule import MappingMemo, _graph_copy, map_region
-from .system import chip_bytes, overflow_message, recorded_plan, region_in_flight, resident_state, stage_programs_of
+from .shard import recorded_plan
+from .state import build_flight, chip_bytes, region_streams, resident_state
+from .system import overflow_message, stage_programs_of
 from .tiling import MappingError, program_work
 
 __all__ = ["RegionPlan", "SystemPlan", "plan_system", "resident_capacity", "held_bytes", "POLICIES"]
@@ -71,21 +73,20 @@ class RegionPlan:
         stages: its last stage's, on the board the build continues on).
     dram_bytes : int
         Bytes per chip it keeps in the stage's DRAM: its streamed weight shards and the state
-        its memory plan does not keep in SRAM (over pipeline stages: its last stage's, with the
-        copies of the state the inputs in flight keep).
+        its memory plan does not keep in SRAM, with the copies of the state its other streams
+        keep (over pipeline stages: its last stage's).
     state_bytes : int
         Bytes of the state inputs it reads (held on the chips between calls, such as a KV
         cache: inputs read only as the right operand of ``matmul`` layers), as its shard plan
         holds them: each chip's share summed over the chips of its group, so a state tensor
         the plan keeps on several chips (each slot's keys and values read by several groups
-        of chips) counts once per copy. Over pipeline stages, each stage's share under its own
-        plan, times the inputs the pipeline keeps in flight
-        (:func:`~.system.region_in_flight`: each a stream with its own state; the region's own, the
-        hand-in of its inputs included).
+        of chips) counts once per copy; over pipeline stages, each stage's share under its own
+        plan. Times the streams it is kept for (:func:`~.state.region_streams`: the inputs the
+        build keeps in flight, each a stream with its own state, :func:`~.state.build_flight`).
         This is what the chips reserve for it.
     state_sram_bytes : int
-        Of ``state_bytes``, what its memory plan keeps in SRAM (the rest is in DRAM; over
-        pipeline stages one copy, the other streams' copies are in DRAM).
+        Of ``state_bytes``, what its memory plan keeps in SRAM (one copy, the running stream's;
+        the other streams' copies are in DRAM).
     state_tensor_bytes : int
         The state inputs' own bytes (one copy of each): what a call writes into it is written
         to every copy at once, each by the chip holding it.
@@ -153,9 +154,9 @@ def _region(program: Program, budget: RegionBudget, onchip: tuple, stage: int = 
     if onchip and system is not None:
         local = recorded_plan(program).shapes
         gathered = tuple(t for t in gathered if tuple(local[t]) == tuple(program.tensors[t].shape))
-    # over pipeline stages each input in flight is a stream with a copy of the state at every
-    # stage: one copy where the memory plans keep it in SRAM, the others in DRAM
-    copies = region_in_flight(program)
+    # each input in flight is a stream with a copy of the state: one copy where the memory plans
+    # keep it in SRAM, the others in DRAM
+    copies = region_streams(program)
     return RegionPlan(program.symbol, budget, stage, _chips(program), tuple(sram), int(dram),
                       copies * held_bytes(program, every), held_bytes(program, kept), gathered,
                       sum(program.tensors[t].nbytes for t in every))
@@ -218,6 +219,14 @@ def plan_system(programs: Sequence[Program], arch: SpinnArch, options: MappingOp
                 on_mapped: Callable[[int, Program], None] | None = None) -> SystemPlan:
     """Plan the system for the regions of one build, and map each region under its budget.
 
+    A stream of inputs goes through every region in turn while the boards overlap: where the
+    build keeps several inputs in flight (:func:`~.state.build_flight`) and a region has
+    state, the region holds a copy of it per stream and exchanges its SRAM copy on every input.
+    The regions are mapped for their own count first; when a region with state holds copies
+    for another count than the build's, every region is mapped again with the build's
+    (``RegionBudget.streams``), until every one holds enough (the count only grows). Under
+    ``"alone"`` the regions are no build: each keeps its own count.
+
     Parameters
     ----------
     programs : sequence of Program
@@ -254,13 +263,37 @@ def plan_system(programs: Sequence[Program], arch: SpinnArch, options: MappingOp
         raise ValueError(f"plan_system: unknown policy {policy!r}; known: {', '.join(POLICIES)}")
     if onchip_inputs is not None and len(onchip_inputs) != len(programs):
         raise ValueError(f"plan_system: {len(onchip_inputs)} onchip_inputs lists for {len(programs)} programs")
-    return _plan_system([_graph_copy(p) for p in programs], arch, options, onchip_inputs, policy, on_mapped)
+    programs = [_graph_copy(p) for p in programs]
+    plan = _plan_system(programs, arch, options, onchip_inputs, policy, on_mapped)
+    streams = 0
+    while policy != "alone":
+        need = _build_streams(plan)
+        if need is None or need <= streams:
+            return plan
+        # the build keeps more streams in flight than a region holds copies of its state for:
+        # map every region again, its state kept for the build's streams (the exchange of the
+        # SRAM copies then lengthens the stream: the count only grows, up to the build's parts)
+        streams = need
+        plan = _plan_system(programs, arch, options, onchip_inputs, policy, on_mapped, streams)
+    return plan
+
+
+def _build_streams(plan: SystemPlan) -> int | None:
+    """The streams a mapped build keeps in flight (:func:`~.state.build_flight`) when a region
+    with state holds copies for another count; None when every region with state holds them
+    for the build's count, or none has state."""
+    stateful = [p for p, r in zip(plan.programs, plan.regions) if r.state_tensor_bytes]
+    if not stateful or plan.arch.chips <= 1:
+        return None
+    need = build_flight(plan.programs, plan.arch).in_flight
+    return None if all(region_streams(p) == need for p in stateful) else need
 
 
 def _plan_system(programs: list[Program], arch: SpinnArch, options: MappingOptions | None,
                  onchip_inputs: Sequence[Sequence[int]] | None, policy: str,
-                 on_mapped: Callable[[int, Program], None] | None) -> SystemPlan:
-    """:func:`plan_system` over ``programs`` (unmapped)."""
+                 on_mapped: Callable[[int, Program], None] | None, streams: int = 0) -> SystemPlan:
+    """:func:`plan_system` over ``programs`` (unmapped), the regions' state kept for
+    ``streams`` streams (0: each region's own count)."""
     options = options or current_options()
     memo = MappingMemo() if policy != "alone" else None
     # the regions share the chips only on the multi-chip path (see .schedule.map_region)
@@ -278,19 +311,19 @@ def _plan_system(programs: list[Program], arch: SpinnArch, options: MappingOptio
         held = state if policy != "alone" else None
         if by_benefit:
             try:
-                program, after = map_region(program, arch, options, held, memo, onchip)
+                program, after = map_region(program, arch, options, held, memo, onchip, streams)
             except MappingError:
                 after = None
             if after is None or after.stage != state.stage or after.overflow is not None:
-                return _plan_system(programs, arch, options, onchip_inputs, "in_order", on_mapped)
+                return _plan_system(programs, arch, options, onchip_inputs, "in_order", on_mapped, streams)
         else:
-            program, after = map_region(program, arch, options, held, memo, onchip)
+            program, after = map_region(program, arch, options, held, memo, onchip, streams)
         if after is None:  # off the multi-chip path: the region shares nothing
-            regions[index] = _region(program, RegionBudget(onchip_inputs=onchip), onchip)
+            regions[index] = _region(program, RegionBudget(onchip_inputs=onchip, streams=streams), onchip)
         else:
             before = held or SystemState()
             sram, dram = _delta(before, after)
-            regions[index] = _region(program, RegionBudget(held=before, onchip_inputs=onchip), onchip,
+            regions[index] = _region(program, RegionBudget(held=before, onchip_inputs=onchip, streams=streams), onchip,
                                      max(after.stage, 0), sram, dram)
             if held is not None:
                 state = after

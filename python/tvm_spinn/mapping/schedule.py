@@ -119,7 +119,7 @@ def _entry(program: Program) -> tuple:
 
 
 def _build(program: Program, arch: SpinnArch, mode: str, options: MappingOptions, state: SystemState | None = None,
-           memo: MappingMemo | None = None, onchip: tuple = ()) -> tuple[Program, SystemState | None]:
+           memo: MappingMemo | None = None, onchip: tuple = (), streams: int = 0) -> tuple[Program, SystemState | None]:
     """``(mapped program, state)``: on a multi-chip system (sequential, not naive) the system's
     state after it (``state``: what the build's earlier programs hold, None: the program
     alone), else None."""
@@ -133,7 +133,7 @@ def _build(program: Program, arch: SpinnArch, mode: str, options: MappingOptions
             return _map(program_work(shard, chip), chip, "sequential", options, reserved)
 
         return map_on_system(program, arch, options, state, map_one, key, memo.system if memo is not None else None,
-                             tuple(onchip))
+                             tuple(onchip), streams)
     if key is not None and key in table:
         return _replay(program, table[key]), None
     program, _ = _map(program, arch, mode, options)
@@ -447,10 +447,10 @@ def _plan(program: Program, arch: SpinnArch, weights: str, activations: str, tab
 
 
 def map_region(program: Program, arch: SpinnArch, options: MappingOptions, state: SystemState | None = None,
-               memo: MappingMemo | None = None, onchip: tuple = ()) -> tuple[Program, SystemState | None]:
+               memo: MappingMemo | None = None, onchip: tuple = (), streams: int = 0) -> tuple[Program, SystemState | None]:
     """Map ``program`` under ``state`` (see :func:`map_program`); returns the mapped program
     and the system's state after it (None off the multi-chip path, where programs share
-    nothing)."""
+    nothing). ``streams``: those its state is kept for (:attr:`~.budget.RegionBudget.streams`)."""
     if options.scheduler == "software" and arch.chips > 1:
         # the setup models one chip's scheduler PE: its packets' chip-to-chip hops are not costed
         raise ValueError(f"MappingOptions.scheduler='software' models a scheduler PE on one chip; "
@@ -458,8 +458,8 @@ def map_region(program: Program, arch: SpinnArch, options: MappingOptions, state
     with options:  # the families' tile choice and the layouts read the active options (split_k)
         if options.naive or options.mode != "auto":
             return _build(program, arch, "sequential" if options.mode == "auto" else options.mode, options, state,
-                          memo, onchip)
-        program, after = _build(program, arch, "sequential", options, state, memo, onchip)
+                          memo, onchip, streams)
+        program, after = _build(program, arch, "sequential", options, state, memo, onchip, streams)
         if options.objective == "throughput" and arch.chips == 1:  # several chips: replicas (see .system)
             piped, _ = _build(program, arch, "pipelined", options, state, memo, onchip)
             if program.timing.throughput_inf_s < piped.timing.throughput_inf_s:
@@ -495,7 +495,7 @@ def map_program(program: Program, arch: SpinnArch, options: MappingOptions | Non
     program = _graph_copy(program)
     if budget is None:
         return map_region(program, arch, options)[0]
-    program, after = map_region(program, arch, options, budget.held, None, budget.onchip_inputs)
+    program, after = map_region(program, arch, options, budget.held, None, budget.onchip_inputs, budget.streams)
     if after is not None and after.overflow is not None:
         raise MappingError(overflow_message(after, arch))
     return program

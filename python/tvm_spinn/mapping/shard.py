@@ -80,7 +80,7 @@ from ..program.records import PlanCollective
 from ..program.ops.sharding import (REPLICATE, ROW_ALWAYS, AllToAll, Mesh, MeshAxis, Placement, RowAllReduce,
                                     ShardContext, ShardDecision, ShardingRule, part, shard)
 
-__all__ = ["Collective", "ShardPlan", "plan_shards", "plan_mesh", "Mesh", "shard_program", "ROW_ALWAYS", "part", "rule_of",
+__all__ = ["Collective", "ShardPlan", "plan_shards", "plan_mesh", "Mesh", "shard_program", "recorded_plan", "ROW_ALWAYS", "part", "rule_of",
            "no_rule_reason", "pipeline_stages", "stage_programs"]
 
 class _Replicated(ShardingRule):
@@ -702,6 +702,13 @@ def _shard_consts(program: Program, layer, rule: ShardingRule, split: str, tp: i
             elif len(shape) == 1 and shape[0] == out_shape[result.axis]:
                 shape[0] = part(shape[0], tp)
         local[tid] = shape
+
+
+def recorded_plan(program: Program) -> ShardPlan:
+    """The shard plan a system-mapped program's records name (``program.mapping.system``)."""
+    info = program.mapping.system
+    row = info.row
+    return plan_shards(program, int(info.tp), int(info.dp), row if row == ROW_ALWAYS else bool(row), int(info.sp))
 
 
 def shard_program(program: Program, plan: ShardPlan) -> Program:

@@ -28,9 +28,14 @@ For a system of more than one chip the driver (:func:`map_on_system`):
    or the next one, skipping boards with dead chips or links on a system with faults. It
    carries a :class:`~tvm_spinn.program.records.PipelineMapping` and its period and latency
    (:func:`install_pipeline`). When it opens a board after the build's earlier regions, its
-   inputs are handed over from their board to its first stage's (its latency includes the
-   send). The build's next region continues on its last stage's board, after what that stage
-   holds there (the next board when it does not fit).
+   inputs that are not state (:func:`.state.data_inputs`) are handed over from their board to its
+   first stage's (its latency includes the send). The build's next region continues on its
+   last stage's board, after what that stage holds there (the next board when it does not fit).
+
+6. *streams*: a region with state (a KV cache) keeps a copy of it per stream in flight, the
+   build's count (:func:`.state.build_flight`, passed in as ``streams`` by the system planner): the
+   copies beyond the first in its chips' DRAM, and every input exchanges the copy its memory
+   plan keeps in SRAM (:func:`.state.state_copies`, recorded in ``SystemMapping.streams``).
 
 A model that does not fit (no stage left whose DRAM holds the shard) raises
 :class:`MappingError` naming the bytes needed, the bytes available and the smallest system
@@ -58,15 +63,15 @@ from ..timing.model import DRAM, evaluate, transfers
 from ..timing.system import collective_cost, compose
 from .budget import Shortfall, SystemState
 from .memory import LEDGER_RESIDENT_SHARE, activation_label, weight_bytes_per_pe
-from .shard import ROW_ALWAYS, ShardPlan, plan_shards, rule_of, shard_program
+from .shard import ROW_ALWAYS, ShardPlan, plan_shards, recorded_plan, rule_of, shard_program
+from .state import data_inputs, resident_state, state_copies, state_per_chip, streamed_timing, with_streams
 from .tiling import MappingError, program_work
 
 if TYPE_CHECKING:  # the return annotation only: timing.stages is imported where it is used
     from ..timing.stages import PipelineTiming
 
-__all__ = ["map_on_system", "resident_state", "dram_per_chip", "TP_DEGREES", "SP_DEGREES", "overflow_message", "system_tables", "retime", "issued",
-           "group_ranks", "recorded_plan", "map_stages", "region_in_flight", "state_per_chip", "chip_bytes", "install_pipeline", "pipeline_tables",
-           "stage_programs_of"]
+__all__ = ["map_on_system", "dram_per_chip", "TP_DEGREES", "SP_DEGREES", "overflow_message", "system_tables", "retime", "issued",
+           "group_ranks", "map_stages", "install_pipeline", "pipeline_tables", "stage_programs_of"]
 
 # A model too large for its system is raised at the end of the codegen callback: it crosses
 # the FFI boundary as itself, not as a generic RuntimeError.
@@ -269,12 +274,14 @@ def issued(program: Program, collectives) -> list[tuple[int, str, int, bool, str
 
 
 def _time_plan(program: Program, plan: ShardPlan, arch: SpinnArch, topo, map_one, reserved: np.ndarray,
-               onchip: tuple = ()):
-    """Map ``plan``'s shard on one chip and compose its system timing."""
+               onchip: tuple = (), streams: int = 1):
+    """Map ``plan``'s shard on one chip and compose its system timing; ``streams``: the streams
+    its state is kept for (:func:`.state.state_copies`)."""
     chip = _chip_arch(arch)
     shard, resident = map_one(shard_program(program, plan), chip, reserved)
     st, exec_cycles = _system_timing(program, plan, shard, shard.tiles.tables, chip, topo, onchip)
-    return _TimedPlan(shard, st, sum(dram_per_chip(shard)), tuple(exec_cycles), resident)
+    need, exchange = state_copies(shard, streams, arch)
+    return _TimedPlan(shard, st, sum(dram_per_chip(shard)) + need, tuple(exec_cycles), resident, exchange)
 
 
 def dram_per_chip(shard: Program) -> tuple[int, int]:
@@ -282,9 +289,9 @@ def dram_per_chip(shard: Program) -> tuple[int, int]:
     :func:`~.shard.shard_program` of a plan: its tensors have the chip's local shapes).
 
     The weights: the shard's constants less what its memory plan keeps resident of them. The
-    state (:func:`resident_state`: the inputs kept between calls, such as a KV cache): every
+    state (:func:`.state.resident_state`: the inputs kept between calls, such as a KV cache): every
     state tensor whose readers are not all resident streams from DRAM each call, so its copy
-    lives there (:func:`state_per_chip`). A resident reader's operand that is not a constant
+    lives there (:func:`.state.state_per_chip`). A resident reader's operand that is not a constant
     (the state kept in SRAM, an activation) takes SRAM, never the weights' DRAM.
     """
     tables = shard.tiles.tables
@@ -304,15 +311,17 @@ def dram_per_chip(shard: Program) -> tuple[int, int]:
 @dataclass(frozen=True)
 class _TimedPlan:
     """A shard plan mapped and timed (:func:`_time_plan`): the mapped shard, its system timing,
-    the DRAM bytes a chip needs for it, the shard's per-layer PE-level cycles with its weights
-    on chip (the pre-scores of other plans) and the resident weight bytes per PE it adds to the
-    build's SRAM ledger."""
+    the DRAM bytes a chip needs for it (its state's copies included), the shard's per-layer
+    PE-level cycles with its weights on chip (the pre-scores of other plans), the resident
+    weight bytes per PE it adds to the build's SRAM ledger and the exchange of its state's SRAM
+    copy an input (:func:`.state.state_copies`)."""
 
     shard: Program
     timing: SystemTimingSummary
     dram_need: int
     exec_cycles: tuple[int, ...]
     resident_pe: dict
+    exchange_s: float = 0.0
 
 
 def _system_timing(program: Program, plan: ShardPlan, shard: Program, tables, chip: SpinnArch, topo,
@@ -370,20 +379,6 @@ def _system_timing(program: Program, plan: ShardPlan, shard: Program, tables, ch
                    prefetch_bytes=2 * prefetch), exec_cycles
 
 
-def resident_state(program: Program, resident) -> set[int]:
-    """Inputs of ``program`` read only as the right operand of ``matmul`` layers that are all in
-    ``resident`` (layer indices whose operands the memory plan keeps in SRAM): state the chips
-    hold between calls, such as a KV cache (:func:`.shard._cache_inputs` splits it so that each
-    chip keeps the part its attention reads), not read from DRAM on each call."""
-    resident = set(resident)
-    readers: dict[int, list] = {}
-    for i, layer in enumerate(program.layers):
-        for pos, tid in enumerate(layer.inputs):
-            readers.setdefault(tid, []).append((i, layer, pos))
-    return {tid for tid in program.inputs if program.tensors[tid].role != "const" and readers.get(tid)
-            and all(rule_of(layer).cache_operand(layer, pos) and i in resident for i, layer, pos in readers[tid])}
-
-
 def retime(program: Program, arch: SpinnArch, derive) -> TimingSummary:
     """The timing of a system-mapped (e.g. loaded) program, re-derived from its mapping records:
     what the compiler stored in ``program.timing`` (``derive`` is
@@ -396,7 +391,8 @@ def retime(program: Program, arch: SpinnArch, derive) -> TimingSummary:
     tables = derive(shard, chip)
     shard = replace(shard, timing=evaluate(shard, chip, tables))
     st, _ = _system_timing(program, plan, shard, tables, chip, topology_of(arch))
-    return _timing_dict(program, shard, plan, st, float(info.handoff_s), arch)
+    timing = _timing_dict(program, shard, plan, st, float(info.handoff_s), arch)
+    return streamed_timing(timing, shard, int(info.streams), plan.chips, arch)
 
 
 def _row_always_sibling(program: Program, best, weights: str) -> ShardPlan | None:
@@ -426,15 +422,8 @@ def _row_always_sibling(program: Program, best, weights: str) -> ShardPlan | Non
     return other
 
 
-def recorded_plan(program: Program) -> ShardPlan:
-    """The shard plan a system-mapped program's records name (``program.mapping.system``)."""
-    info = program.mapping.system
-    row = info.row
-    return plan_shards(program, int(info.tp), int(info.dp), row if row == ROW_ALWAYS else bool(row), int(info.sp))
-
-
 def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState | None, map_one, key: str | None,
-                  cache: dict | None = None, onchip: tuple = ()) -> tuple[Program, SystemState]:
+                  cache: dict | None = None, onchip: tuple = (), streams: int = 0) -> tuple[Program, SystemState]:
     """Map ``program`` on the multi-chip ``arch`` (see the module docstring); returns the mapped
     program and the system's state after it.
 
@@ -442,7 +431,10 @@ def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState
     and its resident bytes per PE); ``state`` is what the
     build's earlier programs hold (None: a program alone, which must fit by itself); ``key`` the
     program's structure key for reusing, through ``cache``, a mapping already made under the
-    same state; ``onchip`` the inputs already in the chips' SRAM.
+    same state; ``onchip`` the inputs already in the chips' SRAM; ``streams`` the streams its
+    state is kept for (the build's inputs in flight, :func:`.state.build_flight`; 0: the region's own
+    count, one stream on one stage): each has a copy in the chips' DRAM, and every input
+    exchanges the copy the memory plan keeps in SRAM (:func:`.state.state_copies`).
     """
     alone = state is None
     # latency: the fastest plan; throughput (a stream of inputs, the free chips holding
@@ -456,14 +448,14 @@ def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState
 
     def attempt(led: _Ledger):
         reserved = led.sram.copy()
-        cache_key = (key, reserved.tobytes(), led.dram) if key is not None else None
+        cache_key = (key, reserved.tobytes(), led.dram, streams) if key is not None else None
         if cache_key is not None and cache_key in led.cache:
             return led.cache[cache_key]
         best = None
         # The one-chip plan first (the reference under the same model): its per-layer PE-level
         # times weigh the other plans' pre-scores.
         one = plan_shards(program, 1, 1)
-        timed = {(1, 1, True, 1): _time_plan(program, one, arch, topo, map_one, reserved, onchip)}
+        timed = {(1, 1, True, 1): _time_plan(program, one, arch, topo, map_one, reserved, onchip, streams)}
         work = [c / arch.clock_hz for c in timed[(1, 1, True, 1)].exec_cycles]
         cands = _candidates(program, arch, topo, per_chip, work)
         chosen = [c for c in cands if c[1].chips > 1][:FULL_CANDIDATES] + [(0.0, one, 0)]
@@ -473,18 +465,19 @@ def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState
             nonlocal best
             st, need = timed_plan.timing, timed_plan.dram_need
             fits = led.dram + need <= arch.dram_bytes
-            results.append({"tp": plan.tp, "dp": plan.dp, "sp": plan.sp, "row": plan.row, "latency_s": st.latency_s,
+            latency = st.latency_s + timed_plan.exchange_s
+            results.append({"tp": plan.tp, "dp": plan.dp, "sp": plan.sp, "row": plan.row, "latency_s": latency,
                             "fits": fits})
-            score = (st.latency_s * (plan.chips if per_chip else 1), plan.chips)
+            score = (latency * (plan.chips if per_chip else 1), plan.chips)
             if fits and (best is None or score < best[4]):
                 best = (plan, st, timed_plan.shard, need, score, timed_plan.resident_pe)
 
         for _, plan, _ in chosen:
             k = (plan.tp, plan.dp, plan.row, plan.sp)
-            consider(plan, timed.get(k) or _time_plan(program, plan, arch, topo, map_one, reserved, onchip))
+            consider(plan, timed.get(k) or _time_plan(program, plan, arch, topo, map_one, reserved, onchip, streams))
         sibling = _row_always_sibling(program, best, getattr(options, "weights", "auto"))
         if sibling is not None:
-            consider(sibling, _time_plan(program, sibling, arch, topo, map_one, reserved, onchip))
+            consider(sibling, _time_plan(program, sibling, arch, topo, map_one, reserved, onchip, streams))
         out = (best, results, min((c[2] for c in cands), default=0))
         if cache_key is not None:
             led.cache[cache_key] = out
@@ -510,7 +503,7 @@ def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState
             dst = (src + arch.chips_per_board) % arch.chips if not arch.has_faults else \
                 _stage_ranks(arch, ledger.stage, src.size)
             src = src[:dst.size]
-            in_bytes = sum(program.tensors[t].nbytes for t in program.inputs) / max(1, best[0].tp * best[0].sp)
+            in_bytes = sum(program.tensors[t].nbytes for t in data_inputs(program)) / max(1, best[0].tp * best[0].sp)
             handoff = point_to_point(topo, src, dst, in_bytes) if not np.array_equal(src, dst) else None
     if best is None and ledger.stage >= 0 and ledger.overflow is None and len(program.layers) > 1:
         # No chip group holds the program's weights: its layers over pipeline stages, each on
@@ -521,7 +514,8 @@ def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState
         # the inputs come from the board of the build's earlier regions when it is not the first
         hand = _hand_in_cost(program, topo, _stage_ranks(arch, ledger.stage, 1), boards[0][1]) \
             if start > ledger.stage and boards else None
-        piped, why = _map_pipeline(program, arch, options, map_one, boards, hand.seconds if hand is not None else 0.0)
+        piped, why = _map_pipeline(program, arch, options, map_one, boards, hand.seconds if hand is not None else 0.0,
+                                   streams)
         if piped is not None:
             program, last_stage, last = piped
             if hand is not None:
@@ -550,7 +544,7 @@ def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState
     plan, st, shard, need, _, resident = best
     ledger.dram += need
     ledger.sram += _resident_per_pe(resident, arch.pes_per_chip)
-    return _install(program, shard, plan, st, results, ledger.stage, handoff, arch), ledger.frozen()
+    return _install(program, shard, plan, st, results, ledger.stage, handoff, arch, max(1, streams)), ledger.frozen()
 
 
 def _pipeline_boards(arch: SpinnArch, start: int) -> list[tuple[int, np.ndarray]]:
@@ -592,13 +586,14 @@ def _shortfall(program: Program, arch: SpinnArch, boards: list[tuple[int, np.nda
 
 
 def _map_pipeline(program: Program, arch: SpinnArch, options, map_one, boards: list[tuple[int, np.ndarray]],
-                  hand_in_s: float = 0.0) -> tuple[tuple[Program, int, SystemState] | None, str | None]:
+                  hand_in_s: float = 0.0, streams: int = 0) -> tuple[tuple[Program, int, SystemState] | None, str | None]:
     """``program`` over the fewest pipeline stages that hold it, on the first of ``boards``
     (:func:`_pipeline_boards`), the stage of its last board and what its last stage holds
     there (a :class:`~.budget.SystemState` of one board); None when no number does, with why
     the most stages tried failed where their stages fitted but not their state's copies (else
     None). ``hand_in_s``: the send handing its inputs in from the region before it (0: none),
-    part of the time each input is in flight (:func:`map_stages`).
+    part of the time each input is in flight; ``streams``: the streams its state is kept for
+    (0: its own count; :func:`map_stages`).
 
     The layers are cut into ``pp`` contiguous stages (:func:`.shard.plan_mesh` with a ``pp``
     axis) and mapped by :func:`map_stages`; ``pp`` goes up from 2 until every stage fits (at
@@ -613,7 +608,7 @@ def _map_pipeline(program: Program, arch: SpinnArch, options, map_one, boards: l
             continue
         ranks = [r for _, r in boards[:pp]]
         try:
-            mapped, timing, held = map_stages(program, plan, arch, options, map_one, ranks, hand_in_s)
+            mapped, timing, held = map_stages(program, plan, arch, options, map_one, ranks, hand_in_s, streams)
         except _StateCopiesError as err:
             why = str(err)
             continue
@@ -629,7 +624,7 @@ class _StateCopiesError(MappingError):
 
 
 def map_stages(program: Program, plan: ShardPlan, arch: SpinnArch, options, map_one,
-               ranks, hand_in_s: float = 0.0) -> tuple[tuple[Program, ...], "PipelineTiming", SystemState]:
+               ranks, hand_in_s: float = 0.0, streams: int = 0) -> tuple[tuple[Program, ...], "PipelineTiming", SystemState]:
     """Each stage of ``plan`` (a plan of :func:`.shard.plan_mesh` whose mesh has only a ``pp``
     axis) mapped alone on its own board, and the pipeline's timing.
 
@@ -656,16 +651,23 @@ def map_stages(program: Program, plan: ShardPlan, arch: SpinnArch, options, map_
         Per stage, the chips of its board in mesh position order.
     hand_in_s : float
         The send that hands the region's inputs in from the region before it (0: none). An
-        input is in flight from that send on, so the copies of the state are counted over
-        the region's whole latency, the hand-in included
+        input is in flight from that send on, so the region's own count of streams is taken
+        over its whole latency, the hand-in included
         (:meth:`~tvm_spinn.timing.stages.PipelineTiming.handed_in`).
+    streams : int
+        The streams the state is kept for (the build's inputs in flight, :func:`.state.build_flight`);
+        0: the region's own count, the inputs its stages, sends and hand-in keep in flight.
+        With more than one, each stage's chips hold a copy per stream and exchange the copy
+        their memory plan keeps in SRAM on every input (:func:`.state.state_copies`): the stages'
+        times include it, and so does the count.
 
     Returns
     -------
     tuple
-        The stages' mapped programs in stage order, the
-        :class:`~tvm_spinn.timing.stages.PipelineTiming` of the stages and cuts (without the
-        hand-in) and what the last stage holds on its board (a :class:`~.budget.SystemState`).
+        The stages' mapped programs in stage order (each with its streams and their exchange,
+        ``mapping.system.streams``), the :class:`~tvm_spinn.timing.stages.PipelineTiming` of
+        the stages and cuts (without the hand-in) and what the last stage holds on its board (a
+        :class:`~.budget.SystemState`).
 
     Raises
     ------
@@ -686,14 +688,23 @@ def map_stages(program: Program, plan: ShardPlan, arch: SpinnArch, options, map_
         mapped.append(shard)
         held.append(after)
     sends = handover_costs(topology_of(arch), plan.handovers, plan.stages, [r[:1] for r in ranks])
-    timing = pipeline_timing([p.timing.latency_s for p in mapped], sends)
+
+    def timed(stages):
+        return pipeline_timing([p.timing.latency_s for p in stages], sends)
+
     # Each input in flight is a stream with its own state at every stage: a stage's chips hold
     # that many copies of its state, the one its memory plan keeps in SRAM and the others in DRAM.
     # The stage's own ledger (``after``) already holds one copy's DRAM part (:func:`dram_per_chip`).
-    copies = timing.handed_in(hand_in_s).in_flight
+    copies = streams or timed(mapped).handed_in(hand_in_s).in_flight
+    if not streams and copies > 1:
+        # several streams: the stages exchange their SRAM copies (the same time for any count
+        # over one), which lengthens the latency the count is taken over
+        copies = timed([with_streams(p, 2, sub) for p in mapped]).handed_in(hand_in_s).in_flight
+    mapped = [with_streams(p, copies, sub) for p in mapped]
+    timing = timed(mapped)
     for k, (shard, after) in enumerate(zip(mapped, held)):
         whole, in_sram = state_per_chip(shard)
-        extra = (copies - 1) * whole
+        extra, _ = state_copies(shard, copies, sub)
         if extra and after.dram + extra > sub.dram_bytes:
             raise _StateCopiesError(f"stage {k} of {program.symbol}: {copies} inputs in flight keep {copies} copies of its "
                                f"state ({whole} bytes a chip each, {in_sram} of them in SRAM): {after.dram + extra} "
@@ -702,64 +713,12 @@ def map_stages(program: Program, plan: ShardPlan, arch: SpinnArch, options, map_
     return tuple(mapped), timing, held[-1]
 
 
-def region_in_flight(program: Program) -> int:
-    """Inputs a mapped region keeps in flight in steady state, each a stream with its own copy
-    of the region's state: over pipeline stages, the region's whole latency (its stages, its
-    cuts' sends and the hand-in of its inputs from the region before it: ``timing.latency_s``)
-    over its period, as :func:`map_stages` counts them
-    (:attr:`~tvm_spinn.timing.stages.PipelineTiming.in_flight`); 1 on one stage.
-
-    The copies are the region's own: a stream whose inputs go through several regions of a
-    build is not counted over the build (each region counts the inputs in its own flight).
-
-    Parameters
-    ----------
-    program : Program
-        A mapped program.
-
-    Returns
-    -------
-    int
-    """
-    from ..timing.stages import PipelineTiming
-
-    pipe, t = program.timing.pipeline, program.timing
-    if program.mapping.pipeline is None or pipe is None:
-        return 1
-    # the record keeps the cuts' send times, not their costs: the count needs only the times
-    stages = PipelineTiming(tuple(pipe.stage_s), (), pipe.period_s, pipe.binding, pipe.latency_s)
-    return stages.handed_in(max(0.0, t.latency_s - pipe.latency_s)).in_flight
-
-
-def state_per_chip(program: Program) -> tuple[int, int]:
-    """``(state bytes, of them in SRAM)`` one chip of a mapped ``program`` holds of one copy of
-    its state (:func:`resident_state`: the inputs it keeps between calls, such as a KV cache):
-    in SRAM, the state its memory plan keeps resident (:func:`chip_bytes`)."""
-    every = resident_state(program, range(len(program.layers)))
-    kept = resident_state(program, program.mapping.resident_layers)
-    return chip_bytes(program, every), chip_bytes(program, kept)
-
-
-def chip_bytes(program: Program, tensors) -> int:
-    """Bytes of ``tensors`` (ids of ``program``) one chip of a system-mapped ``program`` holds:
-    its share of each under the shard plan (the plan's local shape; exact: a plan's shares
-    divide the tensors' extents); off the multi-chip path, the tensors' own bytes."""
-    shapes = recorded_plan(program).shapes if program.mapping.system is not None else None
-    out = 0
-    for t in sorted(int(t) for t in tensors):
-        x = program.tensors[t]
-        if shapes is None:
-            out += int(x.nbytes)
-        else:  # the tensor's bytes scaled by the chip's share of its elements
-            out += int(x.nbytes) * int(np.prod(shapes[t], dtype=np.int64)) // max(1, int(np.prod(x.shape, dtype=np.int64)))
-    return out
-
-
 def _hand_in_cost(program: Program, topo, src: np.ndarray, first: np.ndarray):
-    """The hand-over of ``program``'s inputs, whole, from chip ``src[0]`` (the previous
-    region's board) to chip ``first[0]`` (its first stage's first chip), as the pipeline's own
-    sends go (:func:`tvm_spinn.timing.collectives.point_to_point`)."""
-    nbytes = sum(program.tensors[t].nbytes for t in program.inputs)
+    """The hand-over of ``program``'s inputs that a call moves (:func:`.state.data_inputs`: its state
+    stays on its stages' chips), whole, from chip ``src[0]`` (the previous region's board) to
+    chip ``first[0]`` (its first stage's first chip), as the pipeline's own sends go
+    (:func:`tvm_spinn.timing.collectives.point_to_point`)."""
+    nbytes = sum(program.tensors[t].nbytes for t in data_inputs(program))
     return point_to_point(topo, np.asarray(src[:1], dtype=np.int64), np.asarray(first[:1], dtype=np.int64),
                           float(nbytes))
 
@@ -769,7 +728,7 @@ def _handed_in(program: Program, cost, arch: SpinnArch) -> Program:
     (:func:`_hand_in_cost`): its latency and energy include it, and the period is the longest
     of the stages, the sends and this hand-over (a link transfer overlaps the stages in steady
     state). The ``timing.pipeline`` record stays the stages' own."""
-    nbytes = sum(program.tensors[t].nbytes for t in program.inputs)
+    nbytes = sum(program.tensors[t].nbytes for t in data_inputs(program))
     t = program.timing
     latency = t.latency_s + cost.seconds
     period = max(t.pipeline.period_s, cost.seconds)
@@ -903,8 +862,11 @@ def _resident_per_pe(resident: dict, pes: int) -> np.ndarray:
 
 
 def _install(program: Program, shard: Program, plan: ShardPlan, st, results, stage: int, handoff,
-             arch: SpinnArch) -> Program:
-    """``program`` with the shard's mapping and the system timing."""
+             arch: SpinnArch, streams: int = 1) -> Program:
+    """``program`` with the shard's mapping and the system timing, its state kept for
+    ``streams`` streams (:func:`.state.state_copies`; a program without state records 1)."""
+    if not resident_state(program, range(len(program.layers))):
+        streams = 1
     summary = plan.summary()
     system = SystemMapping(
         tp=summary["tp"], dp=summary["dp"], sp=summary["sp"], row=summary["row"], chips=summary["chips"],
@@ -912,10 +874,11 @@ def _install(program: Program, shard: Program, plan: ShardPlan, st, results, sta
         candidates=tuple(PlanCandidate(**c) for c in results),
         collectives=tuple(plan.collectives),
         handoff_s=handoff.seconds if handoff is not None else 0.0,
-        replicated=tuple(tuple(x) for x in summary.get("replicated", ())))
+        replicated=tuple(tuple(x) for x in summary.get("replicated", ())), streams=int(streams))
     program = replace(program, tiles=shard.tiles,
                       mapping=replace(shard.mapping, system=system, chips_per_layer=(plan.chips,) * len(program.layers)))
-    program = replace(program, timing=_timing_dict(program, shard, plan, st, system.handoff_s, arch))
+    timing = _timing_dict(program, shard, plan, st, system.handoff_s, arch)
+    program = replace(program, timing=streamed_timing(timing, shard, system.streams, plan.chips, arch))
     # the whole group's resident bytes (each chip holds its shard's); labels in this program's names
     ranges = tuple(replace(rng, what=activation_label(program, rng.first_layer))
                    if str(rng.what).startswith("activation ") else rng for rng in shard.memory.ranges)

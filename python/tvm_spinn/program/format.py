@@ -477,12 +477,14 @@ _PIPELINE_KEYS = tuple(f.name for f in fields(PipelineMapping))
 
 
 def _system_mapping_to_json(system: SystemMapping) -> dict:
-    out = {k: getattr(system, k) for k in _SYSTEM_MAPPING_KEYS if k != "replicated"}
+    out = {k: getattr(system, k) for k in _SYSTEM_MAPPING_KEYS if k not in ("replicated", "streams")}
     out["splits"] = dict(system.splits)
     out["candidates"] = [dict(vars(c)) for c in system.candidates]
     out["collectives"] = [dict(vars(c), shape=None if c.shape is None else list(c.shape)) for c in system.collectives]
     if system.replicated:
         out["replicated"] = [list(x) for x in system.replicated]
+    if system.streams != 1:  # one stream (the default) left out
+        out["streams"] = system.streams
     return out
 
 
@@ -535,6 +537,9 @@ def _system_mapping_from_json(value) -> SystemMapping:
         if type(x) is not list or len(x) != 2:
             raise ProgramError(f"mapping.system.replicated[{i}]: expected [layer name, reason]")
         replicated.append(tuple(x))
+    streams = value.get("streams", 1)
+    if type(streams) is not int or streams < 1:
+        raise ProgramError(f"mapping.system.streams: expected an int >= 1, got {streams!r}")
     return _record(SystemMapping, _SYSTEM_MAPPING_KEYS, value, "mapping.system", splits=tuple(splits.items()),
                    candidates=tuple(_record(PlanCandidate, _CANDIDATE_KEYS, c, f"mapping.system.candidates[{i}]")
                                     for i, c in enumerate(_json_list(value.get("candidates"),

@@ -179,8 +179,10 @@ class SystemMapping:
     """The shard plan of a program mapped over several chips (``ProgramMapping.system``): the
     mesh (``tp x dp x sp`` = ``chips``), the row-parallel rule, the layers per split kind
     (``splits``: ``(kind, count)`` in first-use order), the pipeline stage (board), the plans
-    timed, the collectives, the hand-over time from the previous stage and the layers
-    replicated for want of a sharding rule (``(layer name, reason)``)."""
+    timed, the collectives, the hand-over time from the previous stage, the layers
+    replicated for want of a sharding rule (``(layer name, reason)``) and the streams the
+    program's state is kept for (each input in flight a stream with its own copy of the state:
+    see :func:`tvm_spinn.mapping.state.build_flight`; 1 for one stream)."""
 
     tp: int
     dp: int
@@ -193,6 +195,7 @@ class SystemMapping:
     handoff_s: float = 0.0
     sp: int = 1
     replicated: tuple[tuple[str, str], ...] = ()
+    streams: int = 1
 
 
 @dataclass(frozen=True)

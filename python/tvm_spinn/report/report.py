@@ -11,6 +11,7 @@ from ..program import Program
 from ..program.format import mapping_to_json
 from ..target.arch import SpinnArch
 from ..target.faults import live_chips, usable_boards
+from ..mapping.state import build_flight
 from ..timing.bounds import PhysicalBound, physical_bound, program_workload
 
 __all__ = ["Report", "report", "find_spinn_modules"]
@@ -132,7 +133,9 @@ def system_summary(programs: list, arch: SpinnArch) -> dict:
     headline.
 
     Throughput for a stream of inputs: the programs of one stage (board) run one after another
-    and stages overlap (a pipeline), and the boards the stages leave free hold replicas. A
+    and stages overlap (a pipeline, :func:`tvm_spinn.mapping.state.build_flight`: its period
+    is the busiest board's time or the longest link transfer of an input), and the boards the
+    stages leave free hold replicas. A
     program mapped over pipeline stages counts each stage's time on its own board, the others
     theirs on their stage's board (on a system with faults, the stage-th usable board), and
     ``stages`` counts the boards the build uses. On one
@@ -150,20 +153,9 @@ def system_summary(programs: list, arch: SpinnArch) -> dict:
     bounds = {k: sum(getattr(p.timing.system, k) for p in rows) for k in keys}
     latency = sum(p.timing.latency_s for p in programs)
     chips_per_board = arch.chips_per_board
-    # every program's time keyed by board id: a pipeline stage's board is its chips', another
-    # program's its stage's, the stage-th usable board (dead boards are no stage)
+    flight = build_flight(programs, arch)  # each board's time and the build's period
     usable = usable_boards(arch)
-    stage_s: dict[int, float] = {}
-    for p in programs:
-        pipe = p.mapping.pipeline
-        if pipe is not None:  # over pipeline stages: each stage's time on its board
-            parts = [(st.chips[0] // chips_per_board, t) for st, t in zip(pipe.stages, p.timing.pipeline.stage_s)]
-        else:
-            stage = p.mapping.system.stage if p.mapping.system is not None else 0
-            parts = [(usable[stage] if stage < len(usable) else stage, p.timing.latency_s)]
-        for board, seconds in parts:
-            stage_s[board] = stage_s.get(board, 0.0) + seconds
-    stages = len(stage_s)
+    stages = len(flight.stage_s)
     group = max(p.mapping.system.chips for p in rows)
     per_replica = stages * chips_per_board if stages > 1 else group
     # replicas only on what works: whole sets of usable boards for a pipeline, live chips for
@@ -191,7 +183,7 @@ def system_summary(programs: list, arch: SpinnArch) -> dict:
         "collectives": ops, **bounds, "binding": names[binding],
         "latency_over_bound": latency / bound if bound else float("nan"),
         "streamed_bytes_per_chip": sum(p.timing.system.streamed_bytes_per_chip for p in rows),
-        "throughput_inf_s": (replicas / max(stage_s.values()) if stages > 1 else
+        "throughput_inf_s": (replicas / flight.period_s if stages > 1 else
                              live / sum(p.timing.latency_s * (p.mapping.system.chips if p.mapping.system is not None
                                                                else 1) for p in programs)) if latency else 0.0,
     }

@@ -16,7 +16,8 @@ input ``k`` on (the links are not the PEs), so one input leaves every *period*, 
 of the stages and the sends. Keeping that pace takes :func:`inputs_in_flight` inputs in the
 pipeline at once; where they carry state (a KV cache, a recurrent state: each input a stream
 of its own, whose next input enters only once its last one has left), every stage holds that
-many copies of its state.
+many copies of its state, and a stage that keeps its state in SRAM exchanges one stream's copy
+for the next one's through its DRAM on every input (:func:`state_exchange_s`).
 
 Like :mod:`.collectives`, this module takes the link graph as an argument (a
 :class:`~tvm_spinn.target.topology.Topology`) and imports no target module.
@@ -32,7 +33,8 @@ import numpy as np
 
 from .collectives import point_to_point
 
-__all__ = ["HandoverCost", "PipelineTiming", "handover_costs", "pipeline_timing", "inputs_in_flight"]
+__all__ = ["HandoverCost", "PipelineTiming", "handover_costs", "pipeline_timing", "inputs_in_flight",
+           "state_exchange_s"]
 
 
 @dataclass(frozen=True)
@@ -114,10 +116,10 @@ def inputs_in_flight(latency_s: float, period_s: float) -> int:
 
     Where the inputs carry state between calls (a KV cache, a recurrent state), each is a stream
     of its own: a stream's next input enters only once its last one has left, so keeping the
-    period takes this many streams, and every stage holds this many copies of its state. The
-    count is one pipeline's own (for a region of a build, its latency and period with the
-    hand-in of its inputs: :func:`tvm_spinn.mapping.system.region_in_flight`): a stream whose
-    inputs go through several regions is not counted over the build.
+    period takes this many streams, and every stage holds this many copies of its state. A
+    stream goes through every region of a build in turn, so the count that sets the copies is
+    the build's: its latency and period over all its regions, boards and links
+    (:func:`tvm_spinn.mapping.state.build_flight`).
 
     Parameters
     ----------
@@ -140,6 +142,36 @@ def inputs_in_flight(latency_s: float, period_s: float) -> int:
                          f"{period_s!r} s, latency {latency_s!r} s")
     # a latency that is a whole number of periods but for the sums' rounding keeps that number
     return max(1, math.ceil(round(latency_s / period_s, 9)))
+
+
+def state_exchange_s(nbytes: int, dram_bw_bytes_s: float) -> float:
+    """Time a chip takes to exchange the stream whose state it keeps in SRAM for the next one's,
+    where several streams are in flight: the leaving stream's copy (``nbytes``, the SRAM copy is
+    its only one) written to the chip's DRAM, then the next stream's read from it, ``2 * nbytes``
+    through the chip's one DRAM port at ``dram_bw_bytes_s``. It runs between two inputs: the
+    SRAM holds one copy, so the next one's cannot arrive while the last one is read.
+
+    Parameters
+    ----------
+    nbytes : int
+        The state bytes the chip keeps in SRAM (>= 0).
+    dram_bw_bytes_s : float
+        The chip's DRAM bandwidth (> 0, finite).
+
+    Returns
+    -------
+    float
+
+    Raises
+    ------
+    ValueError
+        For negative bytes or a bandwidth that is not finite and positive.
+    """
+    bw = float(dram_bw_bytes_s)
+    if int(nbytes) < 0 or not (math.isfinite(bw) and bw > 0):
+        raise ValueError(f"state_exchange_s: expected bytes >= 0 and a finite bandwidth > 0, got {nbytes!r} bytes, "
+                         f"{dram_bw_bytes_s!r} B/s")
+    return 2 * int(nbytes) / bw
 
 
 def handover_costs(topo, handovers, stages: Sequence[int], ranks: Sequence[Sequence[int]]) -> tuple[HandoverCost, ...]:
