@@ -227,6 +227,20 @@ class Rope(FlatFamily):
         tids = list(layer.inputs)
         return lambda program, env: rope(*(env[t] for t in tids))
 
+    def native(self, program, layer, nb, clip=None):
+        """One ``rope`` instruction: :func:`rope`'s operations (C++ ``tvm_spinn.sim`` plan), the
+        tables read through their broadcast strides."""
+        tensors = program.tensors
+        shape = [int(d) for d in tensors[layer.output].shape]
+        if len(shape) > native.codes()["max_dims"] or any(tensors[t].dtype != "float32" for t in layer.inputs):
+            return False
+        strides = [native.broadcast_strides([int(d) for d in tensors[t].shape], shape) for t in layer.inputs[1:]]
+        if any(s is None for s in strides):
+            return False
+        x, cos, sin = (nb.read(t) for t in layer.inputs)
+        nb.emit("rope", x, cos, sin, nb.write(layer.output), shape[-1] // 2, len(shape), shape, *strides)
+        return True
+
 
 Rope.sharding = RopeRule()
 register(Rope())
