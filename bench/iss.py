@@ -99,6 +99,12 @@ def _qdq_module(op: str, shape):
     return bb.get()
 
 
+def _rotary(x, cos, sin):
+    """transformers' ``apply_rotary_pos_emb``: ``x * cos + rotate_half(x) * sin``."""
+    h = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., h:], x[..., :h]), dim=-1) * sin
+
+
 def _cases():
     yield "add", _torch_case(lambda m, a, b: a + b, None, (64, 96), (64, 96))
     yield "multiply", _torch_case(lambda m, a, b: a * b, None, (64, 96), (64, 96))
@@ -140,6 +146,8 @@ def _cases():
     yield "mean 64x96", _torch_case(lambda m, a: (a * 2.0).mean(-1), None, (64, 96))
     yield "where_less 64x96", _torch_case(lambda m, a, b: torch.where(a < b, a * 2.0, b * 3.0), None, (64, 96), (64, 96))
     yield "where_less 31x77", _torch_case(lambda m, a, b: torch.where(a < b, a * 2.0, b * 3.0), None, (31, 77), (31, 77))
+    yield "rope 8x3x16", _torch_case(lambda m, x, c, s: _rotary(x * 2.0, c, s), None, *[(1, 8, 3, 16)] * 3)
+    yield "rope 4x5x64", _torch_case(lambda m, x, c, s: _rotary(x * 2.0, c, s), None, *[(2, 4, 5, 64)] * 3)
     yield "transpose 64x96", _torch_case(lambda m, a: (a * 2.0).t() + 1.0, None, (64, 96))
     yield "quantize 64x96", (_qdq_module("quantize", (64, 96)), [rng_inputs((64, 96), "float32")])
     yield "dequantize 64x96", (_qdq_module("dequantize", (64, 96)), [rng_inputs((64, 96), "int8")])

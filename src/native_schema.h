@@ -32,18 +32,19 @@ enum Op : int64_t {
   kPoolGrad = 19,  // dy x out planes h w oh ow kh kw sh sw pt pl
   kCrossEntropy = 20,  // z labels out rows cols ignore_index
   kCrossEntropyGrad = 21,  // z labels out rows cols divisor
+  kRope = 22,  // x cos sin out half ndim [3 x ndim]
 };
 
-constexpr int kNumOps = 22;
+constexpr int kNumOps = 23;
 
 /*! \brief Words of each instruction without its ranked arrays (the code included). */
-constexpr int64_t kWords[kNumOps] = {19, 18, 24, 5, 8, 5, 8, 7, 7, 18, 12, 32, 4, 9, 9, 19, 7, 5, 7, 15, 7, 7};
+constexpr int64_t kWords[kNumOps] = {19, 18, 24, 5, 8, 5, 8, 7, 7, 18, 12, 32, 4, 9, 9, 19, 7, 5, 7, 15, 7, 7, 7};
 /*! \brief Word index of a ranked instruction's rank (-1: not ranked). */
-constexpr int64_t kRankAt[kNumOps] = {-1, -1, -1, -1, -1, -1, -1, 6, 4, -1, -1, -1, -1, -1, -1, -1, -1, -1, 6, -1, -1, -1};
+constexpr int64_t kRankAt[kNumOps] = {-1, -1, -1, -1, -1, -1, -1, 6, 4, -1, -1, -1, -1, -1, -1, -1, -1, -1, 6, -1, -1, -1, 6};
 /*! \brief Rank-long arrays after a ranked instruction's fields. */
-constexpr int64_t kPerDim[kNumOps] = {0, 0, 0, 0, 0, 0, 0, 3, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0};
+constexpr int64_t kPerDim[kNumOps] = {0, 0, 0, 0, 0, 0, 0, 3, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 3};
 /*! \brief Instruction names, by code. */
-constexpr const char* kNames[kNumOps] = {"gemm", "im2col", "depthwise", "softmax", "layer_norm", "mean", "unary", "binary", "copy", "pool", "gather", "qgemm", "flip8", "quantize", "dequantize", "im2col8", "rms_norm", "fill", "where_less", "pool_grad", "cross_entropy", "cross_entropy_grad"};
+constexpr const char* kNames[kNumOps] = {"gemm", "im2col", "depthwise", "softmax", "layer_norm", "mean", "unary", "binary", "copy", "pool", "gather", "qgemm", "flip8", "quantize", "dequantize", "im2col8", "rms_norm", "fill", "where_less", "pool_grad", "cross_entropy", "cross_entropy_grad", "rope"};
 
 enum UnaryKind : int64_t { kUnaryRelu = 0, kUnaryClip = 1, kUnaryNegative = 2, kUnarySqrt = 3, kUnaryRsqrt = 4, kUnarySquare = 5, kUnaryCube = 6, kUnaryTanh = 7, kUnaryGelu = 8, kUnaryGeluTanh = 9, kUnarySigmoid = 10 };
 enum BinaryKind : int64_t { kBinaryAdd = 0, kBinarySubtract = 1, kBinaryMultiply = 2, kBinaryDivide = 3 };

@@ -487,6 +487,25 @@ class Plan {
           for (int k = 0; k < 4; ++k) need_view(in[1 + k], in, ndim, k, 0, 4);
           break;
         }
+        case kRope: {  // x and out contiguous, cos and sin read through broadcast views of x's shape
+          int ndim;
+          std::tie(in, ndim) = take_ranked(op);
+          if (ndim < 1) TVM_FFI_THROW(ValueError) << kFunc << ": rope of rank 0";
+          int64_t numel = 1;
+          for (int d = 0; d < ndim; ++d) {
+            Positive({in.w[7 + d], in.w[7 + ndim + d], in.w[7 + 2 * ndim + d]});  // broadcast strides: >= 0
+            numel *= in.w[7 + d];
+          }
+          if (in[5] < 1 || 2 * in[5] != in.w[7 + ndim - 1]) {
+            TVM_FFI_THROW(ValueError) << kFunc << ": rope rows of " << in.w[7 + ndim - 1] << " are not two halves of "
+                                      << in[5];
+          }
+          Need(in[1], numel * 4);
+          Need(in[4], numel * 4);
+          need_view(in[2], in, ndim, 0, 0, 4);
+          need_view(in[3], in, ndim, 1, 0, 4);
+          break;
+        }
         case kCrossEntropy:
         case kCrossEntropyGrad: {
           in = take(Fixed(op));
@@ -786,6 +805,44 @@ class Plan {
         for (int q = 0; q < 4; ++q) off[q] += st[q][k];
         if (idx[k] < shape[k]) break;
         for (int q = 0; q < 4; ++q) off[q] -= st[q][k] * shape[k];
+        idx[k] = 0;
+      }
+    }
+  }
+
+  /*!
+   * \brief Rotary embedding over rows of `2 half` elements: per element `r = j < half ? -x[e + half]
+   *        : x[e - half]` (the sign bit flipped), then `x * cos`, `r * sin` and their sum, each
+   *        rounded once in that order with the M4F's NaN rule (the imported graph's multiply,
+   *        multiply, add). `x` and `out` are contiguous of `shape`; `cos` and `sin` are read
+   *        through their strides (0 on broadcast axes), `ndim` each after the shape.
+   */
+  static void Rope(const float* x, const float* c, const float* s, float* out, int64_t half, int ndim,
+                   const int64_t* shape) {
+    const int64_t* sc = shape + ndim;
+    const int64_t* ss = sc + ndim;
+    const int64_t d = 2 * half, stc = sc[ndim - 1], sts = ss[ndim - 1];
+    int64_t numel = 1;
+    for (int k = 0; k < ndim; ++k) numel *= shape[k];
+    int64_t idx[kMaxDims] = {0};
+    int64_t oc = 0, os = 0;
+    for (int64_t e = 0; e < numel; e += d) {
+      const float* xr = x + e;
+      for (int64_t j = 0; j < d; ++j) {
+        const float xv = xr[j];
+        const float r = j < half ? -xr[j + half] : xr[j - half];
+        const float cv = c[oc + j * stc], sv = s[os + j * sts];
+        const float p = FirstNaN(xv * cv, xv, cv);
+        const float q = FirstNaN(r * sv, r, sv);
+        out[e + j] = FirstNaN(p + q, p, q);
+      }
+      for (int k = ndim - 2; k >= 0; --k) {  // advance the rows' counter
+        ++idx[k];
+        oc += sc[k];
+        os += ss[k];
+        if (idx[k] < shape[k]) break;
+        oc -= sc[k] * shape[k];
+        os -= ss[k] * shape[k];
         idx[k] = 0;
       }
     }
@@ -1146,6 +1203,9 @@ class Plan {
                   ndim, shape, shape + ndim);
         break;
       }
+      case kRope:
+        Rope(f32(in[1]), f32(in[2]), f32(in[3]), f32(in[4]), in[5], static_cast<int>(in[6]), &in.w[7]);
+        break;
       case kCrossEntropy:
       case kCrossEntropyGrad: {
         const int64_t rows = in[4], cols = in[5];

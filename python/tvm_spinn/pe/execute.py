@@ -122,6 +122,35 @@ def _run_elementwise(run: _Run, index: int, env, table) -> np.ndarray:
     return out
 
 
+def _run_rope(run: _Run, index: int, env, table) -> np.ndarray:
+    """``rope``: per tile (in SRAM-sized pieces) the DMA's runs of ``x``, its partners (the
+    other half of each row, unsigned: the kernel flips the first half's), ``cos`` and ``sin``."""
+    p = run.p
+    out_shape = view.tensor_shape(p, view.layer_output(p, index))
+    x, c, s = (np.ascontiguousarray(np.broadcast_to(env[t], out_shape), dtype=_F32)
+               for t in view.layer_inputs(p, index))
+    d = out_shape[-1]
+    h = d // 2
+    partner = np.concatenate([x[..., h:], x[..., :h]], axis=-1).reshape(-1)
+    args = [x.reshape(-1), partner, c.reshape(-1), s.reshape(-1)]
+    out = np.empty(out_shape, dtype=_F32)
+    flat = out.reshape(-1)
+    for t in range(len(table)):
+        e0, e1 = int(table.lo[t, 0]), int(table.hi[t, 0])
+        m = run.machine(index, int(table.pe[t]))
+        piece = max(16, ((ARENA_END - m.arena) // (4 * (len(args) + 1)) - 64) // 16 * 16)
+        for s0 in range(e0, e1, piece):
+            s1 = min(s0 + piece, e1)
+            n = s1 - s0
+            bufs = _Arena(m, p, index).take(*([4 * n] * (len(args) + 1)))
+            for buf, a in zip(bufs, args):
+                m.write(buf, a[s0:s1].tobytes())
+            m.run([[*bufs, n, s0 % d, h]])
+            flat[s0:s1] = np.frombuffer(m.read(bufs[-1], 4 * n), dtype=_F32)
+        run.done(index, t, table, m)
+    return out
+
+
 def _gemm_operands(p, index: int, env, out, fill):
     """The GEMM operands as the DMA lays them out (``a`` [.., m, k], ``b`` [.., k, n] and the
     per-batch operand indices), the simulator's layout (conv2d: im2col)."""
@@ -725,7 +754,7 @@ def _run_take(run: _Run, index: int, env, table) -> np.ndarray:
     return out
 
 
-_RUNNERS = {"take": _run_take, "unary": _run_elementwise, "softmax": _run_rows, "layer_norm": _run_rows, "rms_norm": _run_rows, "mean": _run_mean, "mean_tflite": _run_mean_tflite, "softmax_tflite": _run_softmax_tflite, "pool": _run_pool, "quantize": _run_qdq, "dequantize": _run_qdq, "move": _run_move, "dma": _run_dma, "binary": _run_elementwise, "relu": _run_elementwise, "clip": _run_elementwise, "where_less": _run_elementwise, "gemm_f32": _run_gemm_f32,
+_RUNNERS = {"take": _run_take, "unary": _run_elementwise, "softmax": _run_rows, "layer_norm": _run_rows, "rms_norm": _run_rows, "mean": _run_mean, "mean_tflite": _run_mean_tflite, "softmax_tflite": _run_softmax_tflite, "pool": _run_pool, "quantize": _run_qdq, "dequantize": _run_qdq, "move": _run_move, "dma": _run_dma, "binary": _run_elementwise, "relu": _run_elementwise, "clip": _run_elementwise, "where_less": _run_elementwise, "rope": _run_rope, "gemm_f32": _run_gemm_f32,
             "gemm_i8": _run_gemm_i8}
 
 

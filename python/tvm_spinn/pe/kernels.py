@@ -17,6 +17,10 @@ Kernels (the ``spec`` of :func:`kernel_object`):
   bounds as float32 bits).
 - ``("where_less",)``: ``y[i] = a[i] < b[i] ? c[i] : d[i]`` (a compare and a select: the
   chosen operand's bits, a NaN compare false); args ``a, b, c, d, y, n``.
+- ``("rope",)``: ``y[i] = x[i] * c[i] + (j < h ? -p[i] : p[i]) * s[i]`` with ``j`` the element's
+  position in its row of ``2 h`` (``j0`` for the first, wrapping to 0 at the row's end) and
+  ``p`` the DMA's run of partners (``x`` at ``e + h`` in a row's first half, ``e - h`` in its
+  second; the sign bit flipped as ``negative`` does); args ``x, p, c, s, y, n, j0, h``.
 - ``("gemm_f32", relu)``: one k-chunk of ``C[m, n] += A[m, k] B[k, n]`` in ascending k into
   the fp32 accumulator ``C``, in 4 x 4 register blocks of outputs (4 x 1 at the right edge, one
   at a time in the rows below; every output's products summed in ascending k, as one at a time) (``flags`` bit 0: first chunk, start from +0.0; bit 1: last
@@ -193,6 +197,29 @@ def _where_less():
         Y = T.decl_buffer((n,), "float32", data=y)
         for i in range(n):
             Y[i] = T.if_then_else(A[i] < B[i], C[i], D[i])
+    return kernel
+
+
+def _rope():
+    @T.prim_func
+    def kernel(x: T.handle("float32"), p: T.handle("float32"), c: T.handle("float32"), s: T.handle("float32"),
+               y: T.handle("float32"), n: T.int32, j0: T.int32, h: T.int32):
+        T.func_attr({"tir.noalias": True, "calling_conv": 0})
+        X = T.decl_buffer((n,), "float32", data=x)
+        P = T.decl_buffer((n,), "float32", data=p)
+        C = T.decl_buffer((n,), "float32", data=c)
+        S = T.decl_buffer((n,), "float32", data=s)
+        Y = T.decl_buffer((n,), "float32", data=y)
+        j = T.decl_buffer((1,), "int32", scope="local")
+        j[0] = j0
+        for i in range(n):
+            # the first half's partner with its sign bit flipped: an integer select of the
+            # mask and an EOR, no branch; then the imported graph's order: x * cos,
+            # rotate_half(x) * sin, their sum
+            sign = T.if_then_else(j[0] < h, T.int32(-2147483648), T.int32(0))
+            r = T.reinterpret("float32", T.bitwise_xor(T.reinterpret("int32", P[i]), sign))
+            Y[i] = X[i] * C[i] + r * S[i]
+            j[0] = T.if_then_else(j[0] + 1 == h + h, 0, j[0] + 1)
     return kernel
 
 
@@ -1054,7 +1081,7 @@ def _take():
     return kernel
 
 
-_BUILDERS = {"take": _take, "unary": _unary, "softmax": _softmax, "layer_norm": _layer_norm, "rms_norm": _rms_norm, "mean": _mean, "mean_tflite": _mean_tflite, "softmax_tflite": _softmax_tflite, "pool": _pool, "quantize": _quantize, "dequantize": _dequantize, "move": _move, "dma": _dma, "binary": _binary, "relu": _relu_kernel, "clip": _clip_kernel, "where_less": _where_less, "gemm_f32": _gemm_f32, "gemm_i8": _gemm_i8}
+_BUILDERS = {"take": _take, "unary": _unary, "softmax": _softmax, "layer_norm": _layer_norm, "rms_norm": _rms_norm, "mean": _mean, "mean_tflite": _mean_tflite, "softmax_tflite": _softmax_tflite, "pool": _pool, "quantize": _quantize, "dequantize": _dequantize, "move": _move, "dma": _dma, "binary": _binary, "relu": _relu_kernel, "clip": _clip_kernel, "where_less": _where_less, "rope": _rope, "gemm_f32": _gemm_f32, "gemm_i8": _gemm_i8}
 
 
 def kernel_func(spec: tuple) -> "tvm.tirx.PrimFunc":

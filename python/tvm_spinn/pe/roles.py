@@ -78,6 +78,8 @@ def layer_role(program, index: int) -> tuple:
             return ("clip",)
         if kind == "where_less":
             return ("where_less",)
+        if kind == "rope":
+            return ("rope",)
         if kind == "power" and attrs.get("exponent") in (2, 3):
             return ("unary", "square" if attrs["exponent"] == 2 else "cube")
         if kind in ACTIVATIONS:
@@ -85,7 +87,7 @@ def layer_role(program, index: int) -> tuple:
         if kind in GEMM_F32_KINDS:
             return ("gemm_f32", relu)
         _fail(program, index, "no PE kernel for this fp32 kind yet (generated: add, subtract, multiply, "
-                              "divide, relu, clip, where_less, gelu, gelu_tanh, sigmoid, tanh, negative, sqrt, "
+                              "divide, relu, clip, where_less, rope, gelu, gelu_tanh, sigmoid, tanh, negative, sqrt, "
                               "rsqrt, power 2 and 3, dense, matmul, conv2d, softmax, layer_norm, "
                               "rms_norm, data movement)")
     if mode == "int8":

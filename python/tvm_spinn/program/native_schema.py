@@ -108,6 +108,9 @@ INSTRUCTIONS: tuple[Instruction, ...] = (
     _instr("pool_grad", 19, "dy:s x:s out:s planes h w oh ow kh kw sh sw pt pl", "max_pool2d_backward (fp32)"),
     _instr("cross_entropy", 20, "z:s labels:s out:s rows cols ignore_index", "per-row losses (int32 labels)"),
     _instr("cross_entropy_grad", 21, "z:s labels:s out:s rows cols divisor:f", "(softmax - onehot) / divisor"),
+    _instr("rope", 22, "x:s cos:s sin:s out:s half ndim",
+           "x * cos + rotate_half(x) * sin over rows of 2 half (x, out contiguous): shape, then cos, sin strides",
+           "ndim", 3),
 )
 
 #: Enumerations carried in instruction fields: ``{group: ((name, value), ...)}``.

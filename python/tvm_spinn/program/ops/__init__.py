@@ -10,7 +10,7 @@ adding or extending one module here; the stages look families up by layer kind
 
 Families: :mod:`.gemm` (conv2d, dense, matmul; fp32 and int8), :mod:`.qdq` (quantize,
 dequantize), :mod:`.rows` (softmax, layer_norm, rms_norm, mean), :mod:`.pool` (max / average pooling, max pooling's gradient),
-:mod:`.elementwise` (unary, power, clip, binary, where_less), :mod:`.movement` (reshape, permute_dims,
+:mod:`.elementwise` (unary, power, clip, binary, where_less), :mod:`.rope` (rotary position embedding), :mod:`.movement` (reshape, permute_dims,
 broadcast_to, strided_slice, concat, pad), :mod:`.gather` (take) and :mod:`.loss` (cross_entropy and its
 gradient, training's loss).
 """
@@ -18,7 +18,7 @@ gradient, training's loss).
 from __future__ import annotations
 
 from .base import LoweringError, MappingError, OpFamily, families, family_of, register, unregister
-from . import gemm, qdq, loss, rows, pool, elementwise, movement, gather  # noqa: F401,E402  (each registers)
+from . import gemm, qdq, loss, rows, pool, elementwise, movement, gather, rope  # noqa: F401,E402  (each registers)
 
 __all__ = ["OpFamily", "MappingError", "LoweringError", "families", "family_of", "register", "unregister", "family_for_composite", "layer_kinds"]
 
