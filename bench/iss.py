@@ -141,6 +141,14 @@ def _cases():
     yield "where_less 64x96", _torch_case(lambda m, a, b: torch.where(a < b, a * 2.0, b * 3.0), None, (64, 96), (64, 96))
     yield "where_less 31x77", _torch_case(lambda m, a, b: torch.where(a < b, a * 2.0, b * 3.0), None, (31, 77), (31, 77))
     yield "transpose 64x96", _torch_case(lambda m, a: (a * 2.0).t() + 1.0, None, (64, 96))
+    yield "concat 64x96|64x32", _torch_case(lambda m, a, b: torch.cat([a * 2.0, b * 3.0], dim=1) + 1.0, None,
+                                            (64, 96), (64, 32))
+    yield "concat 3x(2x24x40) ax1", _torch_case(lambda m, a, b, c: torch.cat([a * 2.0, b * 3.0, c * 4.0], dim=1) + 1.0,
+                                                None, (2, 24, 40), (2, 24, 40), (2, 24, 40))
+    yield "pad 64x96 (1,2,3,0)", _torch_case(
+        lambda m, a: torch.nn.functional.pad(a * 2.0, (1, 2, 3, 0), value=-0.0) + 1.0, None, (64, 96))
+    yield "pad 1x8x24x24 (1,1,1,1)", _torch_case(
+        lambda m, a: torch.nn.functional.pad(a * 2.0, (1, 1, 1, 1), value=0.5) + 1.0, None, (1, 8, 24, 24))
     yield "quantize 64x96", (_qdq_module("quantize", (64, 96)), [rng_inputs((64, 96), "float32")])
     yield "dequantize 64x96", (_qdq_module("dequantize", (64, 96)), [rng_inputs((64, 96), "int8")])
     from test_int8 import qgemm_module

@@ -20,7 +20,7 @@ from .cycles import executed_cycles
 from .errors import PeCodegenError
 from .images import build_images
 from .iss import PeMachine
-from .memory_map import ARENA_END, DMA_DESC_WORDS
+from .memory_map import ARENA_END, DMA_DESC_WORDS, DMA_SCATTER
 
 __all__ = ["TileRun", "gemm_i8_tile", "run_int8_tile", "run_program_iss"]
 
@@ -307,50 +307,31 @@ def _run_gemm_i8(run: _Run, index: int, env, table) -> np.ndarray:
     return out
 
 
-def _run_move(run: _Run, index: int, env, table) -> np.ndarray:
-    """Data movement: per SRAM-sized piece of a tile, the DMA brings the piece's source elements
-    (ascending, each once) and the PE gathers them by the local index table."""
-    p = run.p
-    out_id = view.layer_output(p, index)
-    dtype = np.dtype(view.tensor_dtype(p, out_id))
-    eb = dtype.itemsize
-    out = np.empty(view.tensor_shape(p, out_id), dtype=dtype)
-    flat = out.reshape(-1).view(np.uint8).reshape(-1, eb)
-    src = np.concatenate([np.ascontiguousarray(env[t], dtype=dtype).reshape(-1).view(np.uint8)
-                          for t in view.layer_inputs(p, index)]).reshape(-1, eb)
-    idx = view.movement_sources(p, index)
-    fill = np.zeros(max(eb, 4), np.uint8)
-    if view.layer_kind(p, index) == "pad":
-        fill[:eb] = np.frombuffer(np.asarray(view.layer_attrs(p, index)["value"], dtype=dtype).tobytes(), np.uint8)
-    for t in range(len(table)):
-        e0, e1 = int(table.lo[t, 0]), int(table.hi[t, 0])
-        m = run.machine(index, int(table.pe[t]))
-        piece = max(16, (ARENA_END - m.arena - 4 * 64) // (4 + 2 * eb) // 16 * 16)
-        for s0 in range(e0, e1, piece):
-            s1 = min(s0 + piece, e1)
-            n = s1 - s0
-            sel = idx[s0:s1]
-            valid = sel >= 0
-            uniq = np.unique(sel[valid])
-            local = np.full(n, -1, dtype=np.int32)
-            local[valid] = np.searchsorted(uniq, sel[valid])
-            psrc, pidx, pdst, pfill = _Arena(m, p, index).take(eb * max(len(uniq), 1), 4 * n, eb * n, len(fill))
-            if len(uniq):
-                m.write(psrc, src[uniq].tobytes())
-            m.write(pidx, local.tobytes())
-            m.write(pfill, fill.tobytes())
-            m.run([[psrc, pidx, pdst, pfill, n, eb]])
-            flat[s0:s1] = np.frombuffer(m.read(pdst, eb * n), dtype=np.uint8).reshape(n, eb)
-        run.done(index, t, table, m)
-    return out
+def _descriptor_words(descs, strided: int, contiguous: int, eb: int, scatter: bool) -> list[list[int]]:
+    """The engine's words (:data:`~.memory_map.DMA_REGS` order) of descriptors ``(strided start,
+    contiguous start, counts, strides)`` in elements
+    (:func:`~tvm_spinn.program.ops.movement.dma_descriptors`), the strided side's elements from
+    address ``strided``, the contiguous side's from ``contiguous``: the source and the
+    destination, or with ``scatter`` (:data:`~.memory_map.DMA_SCATTER`) the other way round."""
+    words = []
+    for s, c, counts, st in descs:
+        a, b = strided + eb * s, contiguous + eb * c
+        words.append([b, a, eb | DMA_SCATTER, *counts, *(eb * x for x in st)] if scatter else
+                     [a, b, eb, *counts, *(eb * x for x in st)])
+    return words
 
 
 def _run_dma(run: _Run, index: int, env, table) -> np.ndarray:
-    """Strided data movement by the DMA engine: the input stays outside the PE (placed at
-    :data:`~.memory_map.REMOTE_BASE`), and per SRAM-sized piece of a tile the PE runs the
-    piece's strided descriptors (:func:`tvm_spinn.program.ops.movement.dma_descriptors`), which
-    bring its elements into SRAM in output order."""
-    from ..program.ops.movement import dma_descriptors, strided_source
+    """Data movement by the DMA engine: the inputs stay outside the PE (placed at
+    :data:`~.memory_map.REMOTE_BASE`, one after another), and per SRAM-sized piece of a tile the
+    PE runs the piece's descriptors, which bring its elements into SRAM in output order: a
+    strided view's (:func:`~tvm_spinn.program.ops.movement.dma_descriptors` of
+    :func:`~tvm_spinn.program.ops.movement.strided_source`), or for ``concat`` and ``pad`` the
+    scatter descriptors (:data:`~.memory_map.DMA_SCATTER`) of each input's elements that land in
+    the piece (:func:`~tvm_spinn.program.ops.movement.scatter_range` of
+    :func:`~tvm_spinn.program.ops.movement.scatter_targets`), after a fill descriptor (the value
+    read with strides 0) where a ``pad`` piece is not wholly its input's."""
+    from ..program.ops.movement import dma_descriptors, scatter_range, scatter_targets, strided_source
     p = run.p
     layer = p.layers[index]
     out_id = view.layer_output(p, index)
@@ -358,20 +339,41 @@ def _run_dma(run: _Run, index: int, env, table) -> np.ndarray:
     eb = dtype.itemsize
     out = np.empty(view.tensor_shape(p, out_id), dtype=dtype)
     flat = out.reshape(-1).view(np.uint8)
-    src = np.ascontiguousarray(env[view.layer_inputs(p, index)[0]], dtype=dtype).tobytes()
-    dims, strides, offset = strided_source(p, layer)
+    inputs = [np.ascontiguousarray(env[t], dtype=dtype).tobytes() for t in view.layer_inputs(p, index)]
+    starts = np.cumsum([0] + [len(x) // eb for x in inputs])  # each input's first element in the remote bytes
+    strided = strided_source(p, layer)
+    targets = scatter_targets(p, layer) if strided is None else None
+    fill = (np.asarray(view.layer_attrs(p, index)["value"], dtype=dtype).tobytes()
+            if view.layer_kind(p, index) == "pad" else None)
     for t in range(len(table)):
         e0, e1 = int(table.lo[t, 0]), int(table.hi[t, 0])
         m = run.machine(index, int(table.pe[t]))
-        remote = m.place_remote(src, key=("dma", index))  # the input where the DMA reads it
+        remote = m.place_remote(b"".join(inputs), key=("dma", index))  # the inputs where the DMA reads them
         piece = max(16, (ARENA_END - m.arena) // (2 * eb) // 16 * 16)
         for s0 in range(e0, e1, piece):
             s1 = min(s0 + piece, e1)
-            descs = dma_descriptors(dims, strides, offset, s0, s1)
-            pdst, pdesc = _Arena(m, p, index).take(eb * (s1 - s0), 4 * DMA_DESC_WORDS * len(descs))
-            words = [[remote + eb * s, pdst + eb * d, eb, *c, *(eb * x for x in st)] for s, d, c, st in descs]
+            parts, filled = [], False  # (descriptors, the far side's address, scatter)
+            if strided is not None:
+                parts.append((dma_descriptors(*strided, s0, s1), remote, False))
+            else:
+                moved = 0
+                for j, (dims, strides, offset) in enumerate(targets):
+                    q0, q1 = (int(scatter_range(dims, strides, offset, e)[0]) for e in (s0, s1))
+                    parts.append((dma_descriptors(dims, strides, offset - s0, q0, q1),
+                                  remote + eb * (int(starts[j]) + q0), True))
+                    moved += q1 - q0
+                filled = fill is not None and moved < s1 - s0
+            count = sum(len(d) for d, _, _ in parts) + filled
+            pdst, pdesc, pfill = _Arena(m, p, index).take(eb * (s1 - s0), 4 * DMA_DESC_WORDS * count, eb * filled)
+            # the fill value read with strides 0 first; the strided side in SRAM for a scatter
+            words = [[pfill, pdst, eb, s1 - s0, 1, 1, 1, 0, 0, 0, 0]] if filled else []
+            for descs, far, scatter in parts:
+                words += (_descriptor_words(descs, pdst, far, eb, True) if scatter else
+                          _descriptor_words(descs, far, pdst, eb, False))
+            if filled:
+                m.write(pfill, fill)
             m.write(pdesc, (np.array(words, dtype=np.int64) & 0xFFFFFFFF).astype("<u4").tobytes())
-            m.run([[pdesc, len(descs)]])
+            m.run([[pdesc, len(words)]])
             flat[eb * s0:eb * s1] = np.frombuffer(m.read(pdst, eb * (s1 - s0)), dtype=np.uint8)
         run.done(index, t, table, m)
     return out
@@ -725,7 +727,7 @@ def _run_take(run: _Run, index: int, env, table) -> np.ndarray:
     return out
 
 
-_RUNNERS = {"take": _run_take, "unary": _run_elementwise, "softmax": _run_rows, "layer_norm": _run_rows, "rms_norm": _run_rows, "mean": _run_mean, "mean_tflite": _run_mean_tflite, "softmax_tflite": _run_softmax_tflite, "pool": _run_pool, "quantize": _run_qdq, "dequantize": _run_qdq, "move": _run_move, "dma": _run_dma, "binary": _run_elementwise, "relu": _run_elementwise, "clip": _run_elementwise, "where_less": _run_elementwise, "gemm_f32": _run_gemm_f32,
+_RUNNERS = {"take": _run_take, "unary": _run_elementwise, "softmax": _run_rows, "layer_norm": _run_rows, "rms_norm": _run_rows, "mean": _run_mean, "mean_tflite": _run_mean_tflite, "softmax_tflite": _run_softmax_tflite, "pool": _run_pool, "quantize": _run_qdq, "dequantize": _run_qdq, "dma": _run_dma, "binary": _run_elementwise, "relu": _run_elementwise, "clip": _run_elementwise, "where_less": _run_elementwise, "gemm_f32": _run_gemm_f32,
             "gemm_i8": _run_gemm_i8}
 
 

@@ -43,17 +43,15 @@ Kernels (the ``spec`` of :func:`kernel_object`):
   after this chunk's last; bit 6, the scratch half of this chunk's first block; bit 7, this
   chunk's operand half; bits 8-19, the block's columns (:func:`tvm_spinn.pe.execute.gemm_i8_tile`
   is the reference host).
-- ``("move",)``: data movement as a gather of ``eb``-byte elements: ``dst[i] = src[idx[i]]``,
-  or the ``eb`` fill bytes where ``idx[i]`` is negative (``pad``); args ``src, idx, dst, fill,
-  n, eb``. The DMA brings each piece's source elements into ``src`` in ascending order; the
-  local index table ``idx`` is the layer's (``concat``, ``pad``) element map.
 - ``("dma",)``: data movement by the DMA engine: ``n`` strided descriptors
   (:data:`~.memory_map.DMA_DESC_WORDS` words each, the engine's register order) run one after
   another through the runtime's driver ``pe_dma`` (copy in, start, wait); args ``desc, n``. The
   host builds them from the layer's strided view of its input
   (:func:`tvm_spinn.program.ops.movement.dma_descriptors`: ``reshape``, ``permute_dims``,
-  ``broadcast_to``, ``strided_slice``); the elements go from the input, outside the PE's SRAM,
-  to the tile's output in SRAM.
+  ``broadcast_to``, ``strided_slice``), or from each input's strided view of the output
+  (scatter descriptors, :func:`tvm_spinn.program.ops.movement.scatter_targets`: ``concat``;
+  ``pad`` after a fill descriptor whose source strides are 0); the elements go from the inputs,
+  outside the PE's SRAM, to the tile's output in SRAM.
 - ``("quantize", dtype)``: ``y[i] = clamp(rint(x[i] / s[i]) + fl(z[i]))`` (0 for a NaN), the
   rounding to nearest even spelled as ``(v + 2^23) - 2^23`` (``(v - 2^23) + 2^23`` below 0) for
   ``|v| < 2^23`` (larger floats are integers): FPv4 has no VRINT, and this is exact in
@@ -384,25 +382,6 @@ def _gemm_i8():
                             t = T.Cast("int64", v) * m0 + t0
                             r = T.shift_right(t, T.Cast("int64", sh))
                             Y[i * n + j] = T.Cast("int8", T.Cast("int32", T.min(T.max(r, T.Cast("int64", lo)), T.Cast("int64", hi))) + Q[2])
-    return kernel
-
-
-def _move():
-    @T.prim_func
-    def kernel(src: T.handle("uint8"), idx: T.handle("int32"), dst: T.handle("uint8"), fill: T.handle("uint8"),
-               n: T.int32, eb: T.int32):
-        T.func_attr({"tir.noalias": True, "calling_conv": 0})
-        S = T.decl_buffer((n * eb,), "uint8", data=src)
-        I = T.decl_buffer((n,), "int32", data=idx)
-        D = T.decl_buffer((n * eb,), "uint8", data=dst)
-        F = T.decl_buffer((eb,), "uint8", data=fill)
-        for i in range(n):
-            if I[i] >= 0:
-                for j in range(eb):
-                    D[i * eb + j] = S[I[i] * eb + j]
-            else:
-                for j in range(eb):
-                    D[i * eb + j] = F[j]
     return kernel
 
 
@@ -1054,7 +1033,7 @@ def _take():
     return kernel
 
 
-_BUILDERS = {"take": _take, "unary": _unary, "softmax": _softmax, "layer_norm": _layer_norm, "rms_norm": _rms_norm, "mean": _mean, "mean_tflite": _mean_tflite, "softmax_tflite": _softmax_tflite, "pool": _pool, "quantize": _quantize, "dequantize": _dequantize, "move": _move, "dma": _dma, "binary": _binary, "relu": _relu_kernel, "clip": _clip_kernel, "where_less": _where_less, "gemm_f32": _gemm_f32, "gemm_i8": _gemm_i8}
+_BUILDERS = {"take": _take, "unary": _unary, "softmax": _softmax, "layer_norm": _layer_norm, "rms_norm": _rms_norm, "mean": _mean, "mean_tflite": _mean_tflite, "softmax_tflite": _softmax_tflite, "pool": _pool, "quantize": _quantize, "dequantize": _dequantize, "dma": _dma, "binary": _binary, "relu": _relu_kernel, "clip": _clip_kernel, "where_less": _where_less, "gemm_f32": _gemm_f32, "gemm_i8": _gemm_i8}
 
 
 def kernel_func(spec: tuple) -> "tvm.tirx.PrimFunc":
