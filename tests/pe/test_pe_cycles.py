@@ -73,6 +73,8 @@ class _Op(torch.nn.Module):
     ("avg_pool2d", lambda m, a: torch.nn.functional.avg_pool2d(a * 2.0, 2, 2), None, [(1, 6, 10, 10)], 0.005),
     ("avg_pool2d", lambda m, a: torch.nn.functional.avg_pool2d(a * 2.0, 4, 4), None, [(1, 4, 16, 16)], 0.005),
     ("permute_dims", lambda m, a: (a * 2.0).permute(2, 0, 1), None, [(6, 10, 12)], 0.0),
+    ("concat", lambda m, a, b: torch.cat([a * 2.0, b * 3.0], dim=1), None, [(20, 30), (20, 7)], 0.0),
+    ("pad", lambda m, a: torch.nn.functional.pad(a * 2.0, (2, 1, 0, 3)), None, [(2, 9, 11)], 0.0),
 ])
 def test_timing_model_against_executed_code(name, fn, module, shapes, tol):
     """The timing model's M4F cost of every tile (its structural instruction mix priced by the
