@@ -149,6 +149,10 @@ def _cases():
         lambda m, a: torch.nn.functional.pad(a * 2.0, (1, 2, 3, 0), value=-0.0) + 1.0, None, (64, 96))
     yield "pad 1x8x24x24 (1,1,1,1)", _torch_case(
         lambda m, a: torch.nn.functional.pad(a * 2.0, (1, 1, 1, 1), value=0.5) + 1.0, None, (1, 8, 24, 24))
+    yield "embedding 16->64", _torch_case(lambda m, a: m((a.abs() * 10).long() % 50), torch.nn.Embedding(50, 64),
+                                          (16,))
+    yield "embedding 2x40->24", _torch_case(lambda m, a: m((a.abs() * 10).long() % 30), torch.nn.Embedding(30, 24),
+                                            (2, 40))
     yield "quantize 64x96", (_qdq_module("quantize", (64, 96)), [rng_inputs((64, 96), "float32")])
     yield "dequantize 64x96", (_qdq_module("dequantize", (64, 96)), [rng_inputs((64, 96), "int8")])
     from test_int8 import qgemm_module

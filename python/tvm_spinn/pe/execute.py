@@ -685,10 +685,25 @@ def _run_rows(run: _Run, index: int, env, table) -> np.ndarray:
     return out
 
 
+def take_segments(e0: int, e1: int, inner: int, count: int, extent: int) -> tuple[np.ndarray, ...]:
+    """The segments of output elements ``[e0, e1)`` of a ``take`` whose table rows hold ``inner``
+    elements, with ``count`` indices and ``extent`` rows on the gathered axis: per run of one
+    gathered row's elements, ``(slot, position, start, stop)``: its index's position among
+    the indices used (``np.unique`` order), the element of row 0 it starts at in the table, and
+    its output range. The indices used are ``positions`` (the second result)."""
+    slots = np.arange(e0 // inner, (e1 - 1) // inner + 1, dtype=np.int64)  # (outer, index) pairs
+    pos, outer = slots % count, slots // count
+    used = np.unique(pos)
+    start, stop = np.maximum(slots * inner, e0), np.minimum((slots + 1) * inner, e1)
+    return np.searchsorted(used, pos), used, outer * extent * inner + start - slots * inner, start, stop
+
+
 def _run_take(run: _Run, index: int, env, table) -> np.ndarray:
-    """``take`` (an embedding lookup): per tile, the PE resolves the indices its elements use
-    into table rows (the layer's index mode; ``fast`` reports an index out of range); the DMA
-    engine then copies those rows' elements from the table's home."""
+    """``take`` (an embedding lookup): per SRAM-sized piece of a tile, the PE resolves the
+    indices its elements use into table rows (the layer's index mode; ``fast`` reports an index
+    out of range), then drives the DMA engine over the piece's segments (a run of one row's
+    elements each: :func:`take_segments`), adding each one's row offset to its descriptor's
+    source; the engine copies the elements from the table, outside the PE's SRAM."""
     from ..program.ops.gather import MODES
     p = run.p
     layer = p.layers[index]
@@ -699,30 +714,33 @@ def _run_take(run: _Run, index: int, env, table) -> np.ndarray:
     axis, mode = int(attrs["axis"]), MODES.index(attrs.get("mode", "fast"))
     extent = tab.shape[axis]
     inner = int(np.prod(tab.shape[axis + 1:], dtype=np.int64))
-    src = np.ascontiguousarray(tab).reshape(-1, extent, inner)
+    eb = tab.dtype.itemsize
+    data = np.ascontiguousarray(tab).tobytes()
     out = np.empty(view.tensor_shape(p, view.layer_output(p, index)), dtype=tab.dtype)
-    flat = out.reshape(-1)
+    flat = out.reshape(-1).view(np.uint8)
+    words = DMA_DESC_WORDS + 1  # a segment: its index's position, then its descriptor
     for t in range(len(table)):
         e0, e1 = int(table.lo[t, 0]), int(table.hi[t, 0])
         m = run.machine(index, int(table.pe[t]))
-        e = np.arange(e0, e1, dtype=np.int64)
-        pos = (e // inner) % max(idx.size, 1)
-        used = np.unique(pos)
-        piece = max(16, (ARENA_END - m.arena - 3 * 64) // 8 // 16 * 16)
-        rows = np.empty(len(used), dtype=np.int32)
-        for s0 in range(0, len(used), piece):
-            chunk = idx[used[s0:s0 + piece]]
-            pi, pr, pe = _Arena(m, p, index).take(4 * len(chunk), 4 * len(chunk), 8)
-            m.write(pi, chunk.tobytes())
-            m.run([[pi, pr, pe, len(chunk), extent, mode]])
+        remote = m.place_remote(data, key=("take", index))  # the table where the DMA reads it
+        free = ARENA_END - m.arena - 5 * 64 - 2 * (8 + 4 * words)  # two partial rows' records
+        piece = max(16, int(free / (eb + (8 + 4 * words) / inner)) // 16 * 16)
+        for s0 in range(e0, e1, piece):
+            s1 = min(s0 + piece, e1)
+            slot, used, first, start, stop = take_segments(s0, s1, inner, max(idx.size, 1), extent)
+            pi, pr, pe, pseg, pdst = _Arena(m, p, index).take(4 * len(used), 4 * len(used), 8, 4 * words * len(slot),
+                                                              eb * (s1 - s0))
+            segs = np.zeros((len(slot), words), dtype=np.int64)
+            segs[:, 0], segs[:, 1], segs[:, 2] = slot, remote + eb * first, pdst + eb * (start - s0)
+            segs[:, 3], segs[:, 4], segs[:, 5:8], segs[:, 8] = eb, stop - start, 1, eb
+            m.write(pi, idx[used].tobytes())
+            m.write(pseg, (segs & 0xFFFFFFFF).astype("<u4").tobytes())
+            m.run([[pi, pr, pe, len(used), extent, mode, pseg, len(slot), eb * inner]])
             bad, value = np.frombuffer(m.read(pe, 8), dtype=np.int32)
             if bad:
                 raise IndexError(f"{layer.name}: take index {int(value)} is out of range for axis {axis} "
                                  f"of extent {extent}")
-            rows[s0:s0 + len(chunk)] = np.frombuffer(m.read(pr, 4 * len(chunk)), dtype=np.int32)
-        # the DMA: element e is table[outer, rows[pos], e % inner]
-        outer = e // (inner * max(idx.size, 1))
-        flat[e0:e1] = src[outer, rows[np.searchsorted(used, pos)], e % inner]
+            flat[eb * s0:eb * s1] = np.frombuffer(m.read(pdst, eb * (s1 - s0)), dtype=np.uint8)
         run.done(index, t, table, m)
     return out
 

@@ -102,8 +102,11 @@ Kernels (the ``spec`` of :func:`kernel_object`):
 - ``("take",)``: the rows of an embedding lookup: each int32 index resolved by the layer's mode
   (``mode`` 0 ``fast``: an index outside ``[0, extent)`` sets ``err[0]`` and gives its value
   in ``err[1]``, the first one only; 1 ``clip``; 2 ``wrap``, the non-negative remainder) into
-  ``rows``, the DMA descriptors by which the DMA engine copies the table's rows; args ``idx,
-  rows, err, n, extent, mode``.
+  ``rows``; then per segment of the tile (a run of one table row's elements: ``nseg`` records
+  of a row's position in ``rows`` and a DMA descriptor whose source is the run's place in row 0)
+  the row's offset (``rows[k] * row_bytes``) is added to the descriptor's source and the DMA
+  engine copies the run into the tile; args ``idx, rows, err, n, extent, mode, seg, nseg,
+  row_bytes``.
 - ``("unary", act)``: ``gelu`` (erf by Abramowitz-Stegun 7.1.26), ``gelu_tanh``, ``sigmoid``,
   ``tanh``, in the simulator's operation order, in two passes around one stream of exp
   arguments through the exp/log unit (``y`` holds the arguments, then their exps); ``negative`` (the sign
@@ -1010,11 +1013,12 @@ def _unary(act: str):
 def _take():
     @T.prim_func
     def kernel(idx: T.handle("int32"), rows: T.handle("int32"), err: T.handle("int32"), n: T.int32,
-               extent: T.int32, mode: T.int32):
+               extent: T.int32, mode: T.int32, seg: T.handle("int32"), nseg: T.int32, row_bytes: T.int32):
         T.func_attr({"tir.noalias": True, "calling_conv": 0})
         I = T.decl_buffer((n,), "int32", data=idx)
         R = T.decl_buffer((n,), "int32", data=rows)
         E = T.decl_buffer((2,), "int32", data=err)
+        S = T.decl_buffer((nseg * (DMA_DESC_WORDS + 1),), "int32", data=seg)
         v = T.decl_buffer((1,), "int32", scope="local")
         E[0] = 0
         for i in range(n):
@@ -1030,6 +1034,11 @@ def _take():
                     E[1] = v[0]
                 v[0] = 0
             R[i] = v[0]
+        # each segment (a run of one table row's elements): its row's offset added to its
+        # descriptor's source, then the DMA engine copies it
+        for s in range(nseg):
+            S[s * (DMA_DESC_WORDS + 1) + 1] = S[s * (DMA_DESC_WORDS + 1) + 1] + R[S[s * (DMA_DESC_WORDS + 1)]] * row_bytes
+            T.evaluate(T.call_extern("int32", "pe_dma", T.address_of(S[s * (DMA_DESC_WORDS + 1) + 1])))
     return kernel
 
 
