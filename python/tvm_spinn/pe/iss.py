@@ -29,8 +29,9 @@ or from the memory outside it, which the host places at :data:`~.memory_map.REMO
 plus one :data:`~tvm_spinn.program.ops.movement.DMA_ELEMENT_CYCLES` per element; a read of CTRL
 waits for that end. With :data:`~.memory_map.DMA_SCATTER` set the strides address the
 destination instead (the source read in order; where two elements land on one address the later
-one stays, as the engine writes them in order). A start while a transfer is pending, a transfer reading or writing outside
-mapped memory, or one still pending at ``pe_halt`` is an :class:`~.errors.IssFault`.
+one stays, as the engine writes them in order). A start while a transfer is pending, a transfer
+reading or writing outside mapped memory, an ``EB`` word with unknown bits, or a transfer still
+pending at ``pe_halt`` is an :class:`~.errors.IssFault`.
 
 The exp/log unit computes the simulator's exp model itself (C++ ``ExpModel`` through
 :func:`tvm_spinn.program.ops.elementwise.exp_f32`), so the PE code's exp is that model's bits by

@@ -128,7 +128,8 @@ def scatter_targets(program, layer: Layer) -> "list[tuple[tuple[int, ...], tuple
         try:
             v = out[index]
         except IndexError as e:
-            raise ShapeMismatch(f"layer {layer.name!r}: input {i} {shape} has no place in its output {oshape}: {e}") from e
+            raise ShapeMismatch(f"layer {layer.name!r}: input {i} {shape} has no place in its output {oshape}: "
+                                f"{e}") from e
         if v.shape != shape:
             raise ShapeMismatch(f"layer {layer.name!r}: input {i} {shape} meets {v.shape} of its output {oshape}")
         targets.append((*_merged(v), int(v.__array_interface__["data"][0] - base.__array_interface__["data"][0])))

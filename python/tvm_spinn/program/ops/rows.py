@@ -119,8 +119,10 @@ _TFLITE_PHASES = {"softmax": 3, "mean": 1}
 #: requantization: a 64-bit multiply, TFLite's rounding shifts and the clamp, per row) and for
 #: one passing its partial sums on; per element the 32-bit sum's load, add and loop step.
 TFLITE_MEAN_CODE = {
-    True: (Mix(loads=28.0, paired=50.0, alu=45.4375, branches=1.75), Mix(loads=15.0, paired=3.0, alu=67.0, branches=5.0)),
-    False: (Mix(loads=17.25, paired=41.875, alu=21.6875, branches=2.5), Mix(loads=3.75, paired=0.125, alu=11.75, branches=3.25)),
+    True: (Mix(loads=28.0, paired=50.0, alu=45.4375, branches=1.75),
+           Mix(loads=15.0, paired=3.0, alu=67.0, branches=5.0)),
+    False: (Mix(loads=17.25, paired=41.875, alu=21.6875, branches=2.5),
+            Mix(loads=3.75, paired=0.125, alu=11.75, branches=3.25)),
 }
 TFLITE_MEAN_ELEMENT = Mix(loads=1.015625, alu=1.5625, branches=0.234375)
 
