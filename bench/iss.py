@@ -149,6 +149,18 @@ def _cases():
     yield "rope 8x3x16", _torch_case(lambda m, x, c, s: _rotary(x * 2.0, c, s), None, *[(1, 8, 3, 16)] * 3)
     yield "rope 4x5x64", _torch_case(lambda m, x, c, s: _rotary(x * 2.0, c, s), None, *[(2, 4, 5, 64)] * 3)
     yield "transpose 64x96", _torch_case(lambda m, a: (a * 2.0).t() + 1.0, None, (64, 96))
+    yield "concat 64x96|64x32", _torch_case(lambda m, a, b: torch.cat([a * 2.0, b * 3.0], dim=1) + 1.0, None,
+                                            (64, 96), (64, 32))
+    yield "concat 3x(2x24x40) ax1", _torch_case(lambda m, a, b, c: torch.cat([a * 2.0, b * 3.0, c * 4.0], dim=1) + 1.0,
+                                                None, (2, 24, 40), (2, 24, 40), (2, 24, 40))
+    yield "pad 64x96 (1,2,3,0)", _torch_case(
+        lambda m, a: torch.nn.functional.pad(a * 2.0, (1, 2, 3, 0), value=-0.0) + 1.0, None, (64, 96))
+    yield "pad 1x8x24x24 (1,1,1,1)", _torch_case(
+        lambda m, a: torch.nn.functional.pad(a * 2.0, (1, 1, 1, 1), value=0.5) + 1.0, None, (1, 8, 24, 24))
+    yield "embedding 16->64", _torch_case(lambda m, a: m((a.abs() * 10).long() % 50), torch.nn.Embedding(50, 64),
+                                          (16,))
+    yield "embedding 2x40->24", _torch_case(lambda m, a: m((a.abs() * 10).long() % 30), torch.nn.Embedding(30, 24),
+                                            (2, 40))
     yield "quantize 64x96", (_qdq_module("quantize", (64, 96)), [rng_inputs((64, 96), "float32")])
     yield "dequantize 64x96", (_qdq_module("dequantize", (64, 96)), [rng_inputs((64, 96), "int8")])
     from test_int8 import qgemm_module

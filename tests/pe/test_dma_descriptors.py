@@ -101,3 +101,73 @@ def test_a_shard_whose_input_does_not_fit_falls_back_to_its_output():
     with pytest.raises(ShapeMismatch, match="does not move to its output"):
         strided_source(program, layer)
     assert movement._strided_dims(program, layer) == (5, 4)
+
+
+class _Many:
+    """A layer of ``n`` inputs (tensors ``0..n-1``) and output ``n``."""
+
+    def __init__(self, kind, attrs, n):
+        self.kind, self.attrs, self.name, self.inputs, self.output = kind, attrs, "l", list(range(n)), n
+
+
+class _Shapes:
+    def __init__(self, shapes):
+        self.tensors = {i: _Tensor(s) for i, s in enumerate(shapes)}
+
+
+def _random_scatter(rng):
+    """A random concat (1 to 9 inputs, any axis) or pad (zero widths included): layer, program,
+    input shapes, output shape."""
+    rank = int(rng.integers(1, 6))
+    if rng.integers(2):
+        shape = tuple(int(d) for d in rng.integers(1, 4, rank))
+        width = [int(w) for w in rng.integers(0, 3, 2 * rank)]
+        out = tuple(d + width[2 * k] + width[2 * k + 1] for k, d in enumerate(shape))
+        return _Many("pad", {"pad_width": width, "value": 0.0}, 1), _Shapes([shape, out]), [shape], out
+    axis, base = int(rng.integers(rank)), [int(d) for d in rng.integers(1, 4, rank)]
+    shapes = [tuple(base[:axis] + [int(rng.integers(1, 4))] + base[axis + 1:]) for _ in range(int(rng.integers(1, 10)))]
+    out = tuple(base[:axis] + [sum(s[axis] for s in shapes)] + base[axis + 1:])
+    return _Many("concat", {"axis": axis}, len(shapes)), _Shapes([*shapes, out]), shapes, out
+
+
+def test_scatter_targets_are_the_simulators_movement():
+    """Each input's strided view of the output (``scatter_targets``) puts its elements where the
+    simulator's concat or pad does; the views keep row-major order; ``scatter_range`` counts the
+    input's elements before every output element as brute force does; and the descriptors of
+    any tile's share of an input write exactly those elements to those places."""
+    rng = np.random.default_rng(2)
+    kinds = set()
+    for _ in range(300):
+        layer, program, shapes, out = _random_scatter(rng)
+        targets = movement.scatter_targets(program, layer)
+        xs, first = [], 0
+        for s in shapes:
+            xs.append(np.arange(first, first + math.prod(s)).reshape(s))
+            first += math.prod(s)
+        want = (movement.padded(xs[0], layer.attrs["pad_width"], -1) if layer.kind == "pad"
+                else moved(layer, xs, out)).reshape(-1)
+        got, n = np.full(math.prod(out), -1), math.prod(out)
+        e0 = int(rng.integers(0, n))
+        e1 = int(rng.integers(e0 + 1, n + 1))
+        for x, (dims, strides, offset) in zip(xs, targets):
+            pos = np.array([offset + sum(i * s for i, s in zip(idx, strides)) for idx in np.ndindex(*dims)])
+            assert (np.diff(pos) > 0).all()
+            got[pos] = x.reshape(-1)
+            ends = np.arange(n + 1)
+            np.testing.assert_array_equal(movement.scatter_range(dims, strides, offset, ends),
+                                          (pos[None, :] < ends[:, None]).sum(1))
+            q0, q1 = (int(movement.scatter_range(dims, strides, offset, e)[0]) for e in (e0, e1))
+            descs = dma_descriptors(dims, strides, offset - e0, q0, q1)
+            placed = _addressed([(s, c, counts, st) for s, c, counts, st in descs])
+            np.testing.assert_array_equal(placed, pos[q0:q1] - e0)
+            assert all(0 <= p < e1 - e0 for p in placed)
+        np.testing.assert_array_equal(got, want)
+        kinds.add(layer.kind)
+    assert kinds == {"concat", "pad"}
+
+
+def test_a_scatter_shard_whose_inputs_do_not_fit_is_named_and_counted_on_its_output():
+    layer, program = _Many("concat", {"axis": 0}, 2), _Shapes([(2, 3), (2, 4), (4, 3)])
+    with pytest.raises(ShapeMismatch, match=r"input 1 \(2, 4\)"):
+        movement.scatter_targets(program, layer)
+    assert movement._scatter_targets(program, layer) == [((12,), (1,), 0)]

@@ -73,6 +73,8 @@ class _Op(torch.nn.Module):
     ("avg_pool2d", lambda m, a: torch.nn.functional.avg_pool2d(a * 2.0, 2, 2), None, [(1, 6, 10, 10)], 0.005),
     ("avg_pool2d", lambda m, a: torch.nn.functional.avg_pool2d(a * 2.0, 4, 4), None, [(1, 4, 16, 16)], 0.005),
     ("permute_dims", lambda m, a: (a * 2.0).permute(2, 0, 1), None, [(6, 10, 12)], 0.0),
+    ("concat", lambda m, a, b: torch.cat([a * 2.0, b * 3.0], dim=1), None, [(20, 30), (20, 7)], 0.0),
+    ("pad", lambda m, a: torch.nn.functional.pad(a * 2.0, (2, 1, 0, 3)), None, [(2, 9, 11)], 0.0),
 ])
 def test_timing_model_against_executed_code(name, fn, module, shapes, tol):
     """The timing model's M4F cost of every tile (its structural instruction mix priced by the
@@ -459,3 +461,36 @@ def test_dma_transfer_outside_memory_faults():
     machine.write(machine.arena, words.tobytes())
     with pytest.raises(IssFault, match=r"PE 5, image dma: DMA transfer of 8 elements from 0x90000000 .* at pc=0x"):
         machine.run([[machine.arena, 1]])
+
+
+def test_dma_scatter_and_bad_control_word():
+    """A scatter descriptor (``DMA_SCATTER``) reads its source in order and writes with its
+    strides, an element landing where an earlier one did replacing it; a fill is a source stride
+    of 0; an ``EB`` word with unknown bits, or a scatter outside mapped memory, is an IssFault
+    naming the PE, the image and the program counter."""
+    from tvm_spinn.pe.errors import IssFault
+    from tvm_spinn.pe.memory_map import DMA_SCATTER
+    arch = SpinnArch()
+    image = role_image(("dma",))
+    machine = PeMachine(image.elf, image.name, 3, arch.acc_bits, arch)
+    src, fill, dst, desc = machine.arena, machine.arena + 64, machine.arena + 256, machine.arena + 1024
+    machine.write(src, np.arange(1, 13, dtype=np.int16).tobytes())
+    machine.write(fill, np.int16(-7).tobytes())
+    machine.write(dst, np.full(40, -1, np.int16).tobytes())
+    words = [[fill, dst, 2, 2, 1, 1, 1, 0, 0, 0, 0],                    # the value into 2 elements
+             [src, dst + 4, 2 | DMA_SCATTER, 4, 3, 1, 1, 2, 20, 0, 0],  # 3 rows of 4, 10 elements apart
+             [src, dst + 60, 2 | DMA_SCATTER, 2, 1, 1, 1, 0, 0, 0, 0]]  # 1 then 2 onto one address
+    machine.write(desc, np.array(words, dtype="<u4").tobytes())
+    machine.run([[desc, len(words)]])
+    want = np.full(40, -1, np.int16)
+    want[:2] = -7
+    want[2:32].reshape(3, 10)[:, :4] = np.arange(1, 13).reshape(3, 4)
+    want[30] = 2
+    np.testing.assert_array_equal(np.frombuffer(machine.read(dst, 80), np.int16), want)
+    machine.write(desc, np.array([src, dst, 4 | 0x200, 1, 1, 1, 1, 0, 0, 0, 0], dtype="<u4").tobytes())
+    with pytest.raises(IssFault, match=r"PE 3, image dma: DMA EB word 0x204 has unknown bits .* at pc=0x"):
+        machine.run([[desc, 1]])
+    machine = PeMachine(image.elf, image.name, 3, arch.acc_bits, arch)
+    machine.write(desc, np.array([src, 0x9000_0000, 4 | DMA_SCATTER, 4, 1, 1, 1, 4, 0, 0, 0], dtype="<u4").tobytes())
+    with pytest.raises(IssFault, match=r"PE 3, image dma: DMA transfer of 4 elements from .* to 0x90000000 .* at pc"):
+        machine.run([[desc, 1]])

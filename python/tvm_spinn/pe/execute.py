@@ -20,7 +20,7 @@ from .cycles import executed_cycles
 from .errors import PeCodegenError
 from .images import build_images
 from .iss import PeMachine
-from .memory_map import ARENA_END, DMA_DESC_WORDS
+from .memory_map import ARENA_END, DMA_DESC_WORDS, DMA_SCATTER
 
 __all__ = ["TileRun", "gemm_i8_tile", "run_int8_tile", "run_program_iss"]
 
@@ -336,50 +336,31 @@ def _run_gemm_i8(run: _Run, index: int, env, table) -> np.ndarray:
     return out
 
 
-def _run_move(run: _Run, index: int, env, table) -> np.ndarray:
-    """Data movement: per SRAM-sized piece of a tile, the DMA brings the piece's source elements
-    (ascending, each once) and the PE gathers them by the local index table."""
-    p = run.p
-    out_id = view.layer_output(p, index)
-    dtype = np.dtype(view.tensor_dtype(p, out_id))
-    eb = dtype.itemsize
-    out = np.empty(view.tensor_shape(p, out_id), dtype=dtype)
-    flat = out.reshape(-1).view(np.uint8).reshape(-1, eb)
-    src = np.concatenate([np.ascontiguousarray(env[t], dtype=dtype).reshape(-1).view(np.uint8)
-                          for t in view.layer_inputs(p, index)]).reshape(-1, eb)
-    idx = view.movement_sources(p, index)
-    fill = np.zeros(max(eb, 4), np.uint8)
-    if view.layer_kind(p, index) == "pad":
-        fill[:eb] = np.frombuffer(np.asarray(view.layer_attrs(p, index)["value"], dtype=dtype).tobytes(), np.uint8)
-    for t in range(len(table)):
-        e0, e1 = int(table.lo[t, 0]), int(table.hi[t, 0])
-        m = run.machine(index, int(table.pe[t]))
-        piece = max(16, (ARENA_END - m.arena - 4 * 64) // (4 + 2 * eb) // 16 * 16)
-        for s0 in range(e0, e1, piece):
-            s1 = min(s0 + piece, e1)
-            n = s1 - s0
-            sel = idx[s0:s1]
-            valid = sel >= 0
-            uniq = np.unique(sel[valid])
-            local = np.full(n, -1, dtype=np.int32)
-            local[valid] = np.searchsorted(uniq, sel[valid])
-            psrc, pidx, pdst, pfill = _Arena(m, p, index).take(eb * max(len(uniq), 1), 4 * n, eb * n, len(fill))
-            if len(uniq):
-                m.write(psrc, src[uniq].tobytes())
-            m.write(pidx, local.tobytes())
-            m.write(pfill, fill.tobytes())
-            m.run([[psrc, pidx, pdst, pfill, n, eb]])
-            flat[s0:s1] = np.frombuffer(m.read(pdst, eb * n), dtype=np.uint8).reshape(n, eb)
-        run.done(index, t, table, m)
-    return out
+def _descriptor_words(descs, strided: int, contiguous: int, eb: int, scatter: bool) -> list[list[int]]:
+    """The engine's words (:data:`~.memory_map.DMA_REGS` order) of descriptors ``(strided start,
+    contiguous start, counts, strides)`` in elements
+    (:func:`~tvm_spinn.program.ops.movement.dma_descriptors`), the strided side's elements from
+    address ``strided``, the contiguous side's from ``contiguous``: the source and the
+    destination, or with ``scatter`` (:data:`~.memory_map.DMA_SCATTER`) the other way round."""
+    words = []
+    for s, c, counts, st in descs:
+        a, b = strided + eb * s, contiguous + eb * c
+        words.append([b, a, eb | DMA_SCATTER, *counts, *(eb * x for x in st)] if scatter else
+                     [a, b, eb, *counts, *(eb * x for x in st)])
+    return words
 
 
 def _run_dma(run: _Run, index: int, env, table) -> np.ndarray:
-    """Strided data movement by the DMA engine: the input stays outside the PE (placed at
-    :data:`~.memory_map.REMOTE_BASE`), and per SRAM-sized piece of a tile the PE runs the
-    piece's strided descriptors (:func:`tvm_spinn.program.ops.movement.dma_descriptors`), which
-    bring its elements into SRAM in output order."""
-    from ..program.ops.movement import dma_descriptors, strided_source
+    """Data movement by the DMA engine: the inputs stay outside the PE (placed at
+    :data:`~.memory_map.REMOTE_BASE`, one after another), and per SRAM-sized piece of a tile the
+    PE runs the piece's descriptors, which bring its elements into SRAM in output order: a
+    strided view's (:func:`~tvm_spinn.program.ops.movement.dma_descriptors` of
+    :func:`~tvm_spinn.program.ops.movement.strided_source`), or for ``concat`` and ``pad`` the
+    scatter descriptors (:data:`~.memory_map.DMA_SCATTER`) of each input's elements that land in
+    the piece (:func:`~tvm_spinn.program.ops.movement.scatter_range` of
+    :func:`~tvm_spinn.program.ops.movement.scatter_targets`), after a fill descriptor (the value
+    read with strides 0) where a ``pad`` piece is not wholly its input's."""
+    from ..program.ops.movement import dma_descriptors, scatter_range, scatter_targets, strided_source
     p = run.p
     layer = p.layers[index]
     out_id = view.layer_output(p, index)
@@ -387,20 +368,41 @@ def _run_dma(run: _Run, index: int, env, table) -> np.ndarray:
     eb = dtype.itemsize
     out = np.empty(view.tensor_shape(p, out_id), dtype=dtype)
     flat = out.reshape(-1).view(np.uint8)
-    src = np.ascontiguousarray(env[view.layer_inputs(p, index)[0]], dtype=dtype).tobytes()
-    dims, strides, offset = strided_source(p, layer)
+    inputs = [np.ascontiguousarray(env[t], dtype=dtype).tobytes() for t in view.layer_inputs(p, index)]
+    starts = np.cumsum([0] + [len(x) // eb for x in inputs])  # each input's first element in the remote bytes
+    strided = strided_source(p, layer)
+    targets = scatter_targets(p, layer) if strided is None else None
+    fill = (np.asarray(view.layer_attrs(p, index)["value"], dtype=dtype).tobytes()
+            if view.layer_kind(p, index) == "pad" else None)
     for t in range(len(table)):
         e0, e1 = int(table.lo[t, 0]), int(table.hi[t, 0])
         m = run.machine(index, int(table.pe[t]))
-        remote = m.place_remote(src, key=("dma", index))  # the input where the DMA reads it
+        remote = m.place_remote(b"".join(inputs), key=("dma", index))  # the inputs where the DMA reads them
         piece = max(16, (ARENA_END - m.arena) // (2 * eb) // 16 * 16)
         for s0 in range(e0, e1, piece):
             s1 = min(s0 + piece, e1)
-            descs = dma_descriptors(dims, strides, offset, s0, s1)
-            pdst, pdesc = _Arena(m, p, index).take(eb * (s1 - s0), 4 * DMA_DESC_WORDS * len(descs))
-            words = [[remote + eb * s, pdst + eb * d, eb, *c, *(eb * x for x in st)] for s, d, c, st in descs]
+            parts, filled = [], False  # (descriptors, the far side's address, scatter)
+            if strided is not None:
+                parts.append((dma_descriptors(*strided, s0, s1), remote, False))
+            else:
+                moved = 0
+                for j, (dims, strides, offset) in enumerate(targets):
+                    q0, q1 = (int(scatter_range(dims, strides, offset, e)[0]) for e in (s0, s1))
+                    parts.append((dma_descriptors(dims, strides, offset - s0, q0, q1),
+                                  remote + eb * (int(starts[j]) + q0), True))
+                    moved += q1 - q0
+                filled = fill is not None and moved < s1 - s0
+            count = sum(len(d) for d, _, _ in parts) + filled
+            pdst, pdesc, pfill = _Arena(m, p, index).take(eb * (s1 - s0), 4 * DMA_DESC_WORDS * count, eb * filled)
+            # the fill value read with strides 0 first; the strided side in SRAM for a scatter
+            words = [[pfill, pdst, eb, s1 - s0, 1, 1, 1, 0, 0, 0, 0]] if filled else []
+            for descs, far, scatter in parts:
+                words += (_descriptor_words(descs, pdst, far, eb, True) if scatter else
+                          _descriptor_words(descs, far, pdst, eb, False))
+            if filled:
+                m.write(pfill, fill)
             m.write(pdesc, (np.array(words, dtype=np.int64) & 0xFFFFFFFF).astype("<u4").tobytes())
-            m.run([[pdesc, len(descs)]])
+            m.run([[pdesc, len(words)]])
             flat[eb * s0:eb * s1] = np.frombuffer(m.read(pdst, eb * (s1 - s0)), dtype=np.uint8)
         run.done(index, t, table, m)
     return out
@@ -712,10 +714,25 @@ def _run_rows(run: _Run, index: int, env, table) -> np.ndarray:
     return out
 
 
+def take_segments(e0: int, e1: int, inner: int, count: int, extent: int) -> tuple[np.ndarray, ...]:
+    """The segments of output elements ``[e0, e1)`` of a ``take`` whose table rows hold ``inner``
+    elements, with ``count`` indices and ``extent`` rows on the gathered axis: per run of one
+    gathered row's elements, ``(slot, position, start, stop)``: its index's position among
+    the indices used (``np.unique`` order), the element of row 0 it starts at in the table, and
+    its output range. The indices used are ``positions`` (the second result)."""
+    slots = np.arange(e0 // inner, (e1 - 1) // inner + 1, dtype=np.int64)  # (outer, index) pairs
+    pos, outer = slots % count, slots // count
+    used = np.unique(pos)
+    start, stop = np.maximum(slots * inner, e0), np.minimum((slots + 1) * inner, e1)
+    return np.searchsorted(used, pos), used, outer * extent * inner + start - slots * inner, start, stop
+
+
 def _run_take(run: _Run, index: int, env, table) -> np.ndarray:
-    """``take`` (an embedding lookup): per tile, the PE resolves the indices its elements use
-    into table rows (the layer's index mode; ``fast`` reports an index out of range); the DMA
-    engine then copies those rows' elements from the table's home."""
+    """``take`` (an embedding lookup): per SRAM-sized piece of a tile, the PE resolves the
+    indices its elements use into table rows (the layer's index mode; ``fast`` reports an index
+    out of range), then drives the DMA engine over the piece's segments (a run of one row's
+    elements each: :func:`take_segments`), adding each one's row offset to its descriptor's
+    source; the engine copies the elements from the table, outside the PE's SRAM."""
     from ..program.ops.gather import MODES
     p = run.p
     layer = p.layers[index]
@@ -726,35 +743,38 @@ def _run_take(run: _Run, index: int, env, table) -> np.ndarray:
     axis, mode = int(attrs["axis"]), MODES.index(attrs.get("mode", "fast"))
     extent = tab.shape[axis]
     inner = int(np.prod(tab.shape[axis + 1:], dtype=np.int64))
-    src = np.ascontiguousarray(tab).reshape(-1, extent, inner)
+    eb = tab.dtype.itemsize
+    data = np.ascontiguousarray(tab).tobytes()
     out = np.empty(view.tensor_shape(p, view.layer_output(p, index)), dtype=tab.dtype)
-    flat = out.reshape(-1)
+    flat = out.reshape(-1).view(np.uint8)
+    words = DMA_DESC_WORDS + 1  # a segment: its index's position, then its descriptor
     for t in range(len(table)):
         e0, e1 = int(table.lo[t, 0]), int(table.hi[t, 0])
         m = run.machine(index, int(table.pe[t]))
-        e = np.arange(e0, e1, dtype=np.int64)
-        pos = (e // inner) % max(idx.size, 1)
-        used = np.unique(pos)
-        piece = max(16, (ARENA_END - m.arena - 3 * 64) // 8 // 16 * 16)
-        rows = np.empty(len(used), dtype=np.int32)
-        for s0 in range(0, len(used), piece):
-            chunk = idx[used[s0:s0 + piece]]
-            pi, pr, pe = _Arena(m, p, index).take(4 * len(chunk), 4 * len(chunk), 8)
-            m.write(pi, chunk.tobytes())
-            m.run([[pi, pr, pe, len(chunk), extent, mode]])
+        remote = m.place_remote(data, key=("take", index))  # the table where the DMA reads it
+        free = ARENA_END - m.arena - 5 * 64 - 2 * (8 + 4 * words)  # two partial rows' records
+        piece = max(16, int(free / (eb + (8 + 4 * words) / inner)) // 16 * 16)
+        for s0 in range(e0, e1, piece):
+            s1 = min(s0 + piece, e1)
+            slot, used, first, start, stop = take_segments(s0, s1, inner, max(idx.size, 1), extent)
+            pi, pr, pe, pseg, pdst = _Arena(m, p, index).take(4 * len(used), 4 * len(used), 8, 4 * words * len(slot),
+                                                              eb * (s1 - s0))
+            segs = np.zeros((len(slot), words), dtype=np.int64)
+            segs[:, 0], segs[:, 1], segs[:, 2] = slot, remote + eb * first, pdst + eb * (start - s0)
+            segs[:, 3], segs[:, 4], segs[:, 5:8], segs[:, 8] = eb, stop - start, 1, eb
+            m.write(pi, idx[used].tobytes())
+            m.write(pseg, (segs & 0xFFFFFFFF).astype("<u4").tobytes())
+            m.run([[pi, pr, pe, len(used), extent, mode, pseg, len(slot), eb * inner]])
             bad, value = np.frombuffer(m.read(pe, 8), dtype=np.int32)
             if bad:
                 raise IndexError(f"{layer.name}: take index {int(value)} is out of range for axis {axis} "
                                  f"of extent {extent}")
-            rows[s0:s0 + len(chunk)] = np.frombuffer(m.read(pr, 4 * len(chunk)), dtype=np.int32)
-        # the DMA: element e is table[outer, rows[pos], e % inner]
-        outer = e // (inner * max(idx.size, 1))
-        flat[e0:e1] = src[outer, rows[np.searchsorted(used, pos)], e % inner]
+            flat[eb * s0:eb * s1] = np.frombuffer(m.read(pdst, eb * (s1 - s0)), dtype=np.uint8)
         run.done(index, t, table, m)
     return out
 
 
-_RUNNERS = {"take": _run_take, "unary": _run_elementwise, "softmax": _run_rows, "layer_norm": _run_rows, "rms_norm": _run_rows, "mean": _run_mean, "mean_tflite": _run_mean_tflite, "softmax_tflite": _run_softmax_tflite, "pool": _run_pool, "quantize": _run_qdq, "dequantize": _run_qdq, "move": _run_move, "dma": _run_dma, "binary": _run_elementwise, "relu": _run_elementwise, "clip": _run_elementwise, "where_less": _run_elementwise, "rope": _run_rope, "gemm_f32": _run_gemm_f32,
+_RUNNERS = {"take": _run_take, "unary": _run_elementwise, "softmax": _run_rows, "layer_norm": _run_rows, "rms_norm": _run_rows, "mean": _run_mean, "mean_tflite": _run_mean_tflite, "softmax_tflite": _run_softmax_tflite, "pool": _run_pool, "quantize": _run_qdq, "dequantize": _run_qdq, "dma": _run_dma, "binary": _run_elementwise, "relu": _run_elementwise, "clip": _run_elementwise, "where_less": _run_elementwise, "rope": _run_rope, "gemm_f32": _run_gemm_f32,
             "gemm_i8": _run_gemm_i8}
 
 

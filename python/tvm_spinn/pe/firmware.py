@@ -73,7 +73,8 @@ def memory_map_record() -> dict:
         "exp_unit": {"base": mm.EXP_BASE, "bytes": mm.EXP_BYTES, "registers": dict(mm.EXP_REGS),
                      "start": mm.EXP_START, "functions": {"exp": mm.EXP_FUNC_EXP}},
         "dma": {"base": mm.DMA_BASE, "bytes": mm.DMA_BYTES, "registers": dict(mm.DMA_REGS),
-                "start": mm.DMA_START, "descriptor_words": mm.DMA_DESC_WORDS, "remote_base": mm.REMOTE_BASE},
+                "start": mm.DMA_START, "descriptor_words": mm.DMA_DESC_WORDS, "remote_base": mm.REMOTE_BASE,
+                "eb_fields": {"element_bytes": mm.DMA_EB_MASK, "scatter": mm.DMA_SCATTER}},
     }
 
 

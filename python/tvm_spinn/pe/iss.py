@@ -27,8 +27,11 @@ concurrently with the M4F like the MAC array: a start gathers the elements (from
 or from the memory outside it, which the host places at :data:`~.memory_map.REMOTE_BASE` with
 :meth:`PeMachine.place_remote`) into SRAM and fixes the transfer's end at the M4F's cycle count
 plus one :data:`~tvm_spinn.program.ops.movement.DMA_ELEMENT_CYCLES` per element; a read of CTRL
-waits for that end. A start while a transfer is pending, a transfer reading or writing outside
-mapped memory, or one still pending at ``pe_halt`` is an :class:`~.errors.IssFault`.
+waits for that end. With :data:`~.memory_map.DMA_SCATTER` set the strides address the
+destination instead (the source read in order; where two elements land on one address the later
+one stays, as the engine writes them in order). A start while a transfer is pending, a transfer
+reading or writing outside mapped memory, an ``EB`` word with unknown bits, or a transfer still
+pending at ``pe_halt`` is an :class:`~.errors.IssFault`.
 
 The exp/log unit computes the simulator's exp model itself (C++ ``ExpModel`` through
 :func:`tvm_spinn.program.ops.elementwise.exp_f32`), so the PE code's exp is that model's bits by
@@ -46,7 +49,8 @@ from unicorn import UC_ARCH_ARM, UC_HOOK_BLOCK, UC_MODE_MCLASS, UC_MODE_THUMB, U
 from unicorn.arm_const import UC_ARM_REG_PC, UC_ARM_REG_SP
 
 from .errors import IssFault
-from .memory_map import (ARENA_ALIGN, ARENA_END, DMA_BASE, DMA_BYTES, DMA_REGS, DMA_START, EXP_BASE, EXP_BYTES,
+from .memory_map import (ARENA_ALIGN, ARENA_END, DMA_BASE, DMA_BYTES, DMA_EB_MASK, DMA_REGS, DMA_SCATTER,
+                         DMA_START, EXP_BASE, EXP_BYTES,
                          EXP_FUNC_EXP, EXP_REGS, EXP_START, JOB_ADDR, JOB_WORDS, MAC_BASE, MAC_BYTES, MAC_REGS,
                          MAC_START, REMOTE_BASE, SRAM_BASE, SRAM_BYTES)
 
@@ -243,7 +247,10 @@ class PeMachine:
         if self.dma_pending is not None:
             raise IssFault(self.pe, self.name, pc, "DMA engine started while a transfer is in flight (no wait)")
         d = self.dma
-        eb = d["EB"]
+        eb, scatter = d["EB"] & DMA_EB_MASK, bool(d["EB"] & DMA_SCATTER)
+        if d["EB"] & ~(DMA_EB_MASK | DMA_SCATTER):
+            raise IssFault(self.pe, self.name, pc, f"DMA EB word {d['EB']:#x} has unknown bits (element bytes "
+                           f"{DMA_EB_MASK:#x}, scatter {DMA_SCATTER:#x})")
         counts = np.array([d["C3"], d["C2"], d["C1"], d["C0"]], dtype=np.int64)
         strides = np.array([d[f"S{i}"] for i in (3, 2, 1, 0)], dtype=np.int64)
         strides = np.where(strides >= 1 << 31, strides - (1 << 32), strides)
@@ -254,13 +261,20 @@ class PeMachine:
             grids = np.meshgrid(*[np.arange(c, dtype=np.int64) for c in counts], indexing="ij")
             offsets = sum(g * s for g, s in zip(grids, strides)).reshape(-1)
             lo, hi = int(offsets.min()), int(offsets.max()) + eb
+            src, dst = (d["SRC"], d["DST"] + lo) if scatter else (d["SRC"] + lo, d["DST"])
             try:
-                raw = np.frombuffer(bytes(self.uc.mem_read(d["SRC"] + lo, hi - lo)), dtype=np.uint8)
-                data = raw[(offsets - lo)[:, None] + np.arange(eb)].tobytes()
-                self.uc.mem_write(d["DST"], data)
+                if scatter:  # in order: where two land on one address the later one stays
+                    data = np.frombuffer(bytes(self.uc.mem_read(src, n * eb)), dtype=np.uint8).reshape(n, eb)
+                    last = n - 1 - np.unique(offsets[::-1], return_index=True)[1]
+                    span = np.frombuffer(bytes(self.uc.mem_read(dst, hi - lo)), dtype=np.uint8).copy()
+                    span[(offsets[last] - lo)[:, None] + np.arange(eb)] = data[last]
+                    self.uc.mem_write(dst, span.tobytes())
+                else:
+                    raw = np.frombuffer(bytes(self.uc.mem_read(src, hi - lo)), dtype=np.uint8)
+                    self.uc.mem_write(dst, raw[(offsets - lo)[:, None] + np.arange(eb)].tobytes())
             except (UcError, OverflowError) as err:
-                raise IssFault(self.pe, self.name, pc, f"DMA transfer of {n} elements from {d['SRC'] + lo:#x} to "
-                               f"{d['DST']:#x} outside mapped memory ({err})") from None
+                raise IssFault(self.pe, self.name, pc, f"DMA transfer of {n} elements from {src:#x} to "
+                               f"{dst:#x} outside mapped memory ({err})") from None
         self.dma_pending = self.now() + n * DMA_ELEMENT_CYCLES
 
     def _dma_wait(self) -> None:

@@ -47,17 +47,15 @@ Kernels (the ``spec`` of :func:`kernel_object`):
   after this chunk's last; bit 6, the scratch half of this chunk's first block; bit 7, this
   chunk's operand half; bits 8-19, the block's columns (:func:`tvm_spinn.pe.execute.gemm_i8_tile`
   is the reference host).
-- ``("move",)``: data movement as a gather of ``eb``-byte elements: ``dst[i] = src[idx[i]]``,
-  or the ``eb`` fill bytes where ``idx[i]`` is negative (``pad``); args ``src, idx, dst, fill,
-  n, eb``. The DMA brings each piece's source elements into ``src`` in ascending order; the
-  local index table ``idx`` is the layer's (``concat``, ``pad``) element map.
 - ``("dma",)``: data movement by the DMA engine: ``n`` strided descriptors
   (:data:`~.memory_map.DMA_DESC_WORDS` words each, the engine's register order) run one after
   another through the runtime's driver ``pe_dma`` (copy in, start, wait); args ``desc, n``. The
   host builds them from the layer's strided view of its input
   (:func:`tvm_spinn.program.ops.movement.dma_descriptors`: ``reshape``, ``permute_dims``,
-  ``broadcast_to``, ``strided_slice``); the elements go from the input, outside the PE's SRAM,
-  to the tile's output in SRAM.
+  ``broadcast_to``, ``strided_slice``), or from each input's strided view of the output
+  (scatter descriptors, :func:`tvm_spinn.program.ops.movement.scatter_targets`: ``concat``;
+  ``pad`` after a fill descriptor whose source strides are 0); the elements go from the inputs,
+  outside the PE's SRAM, to the tile's output in SRAM.
 - ``("quantize", dtype)``: ``y[i] = clamp(rint(x[i] / s[i]) + fl(z[i]))`` (0 for a NaN), the
   rounding to nearest even spelled as ``(v + 2^23) - 2^23`` (``(v - 2^23) + 2^23`` below 0) for
   ``|v| < 2^23`` (larger floats are integers): FPv4 has no VRINT, and this is exact in
@@ -108,8 +106,11 @@ Kernels (the ``spec`` of :func:`kernel_object`):
 - ``("take",)``: the rows of an embedding lookup: each int32 index resolved by the layer's mode
   (``mode`` 0 ``fast``: an index outside ``[0, extent)`` sets ``err[0]`` and gives its value
   in ``err[1]``, the first one only; 1 ``clip``; 2 ``wrap``, the non-negative remainder) into
-  ``rows``, the DMA descriptors by which the DMA engine copies the table's rows; args ``idx,
-  rows, err, n, extent, mode``.
+  ``rows``; then per segment of the tile (a run of one table row's elements: ``nseg`` records
+  of a row's position in ``rows`` and a DMA descriptor whose source is the run's place in row 0)
+  the row's offset (``rows[k] * row_bytes``) is added to the descriptor's source and the DMA
+  engine copies the run into the tile; args ``idx, rows, err, n, extent, mode, seg, nseg,
+  row_bytes``.
 - ``("unary", act)``: ``gelu`` (erf by Abramowitz-Stegun 7.1.26), ``gelu_tanh``, ``sigmoid``,
   ``tanh``, in the simulator's operation order, in two passes around one stream of exp
   arguments through the exp/log unit (``y`` holds the arguments, then their exps); ``negative`` (the sign
@@ -411,25 +412,6 @@ def _gemm_i8():
                             t = T.Cast("int64", v) * m0 + t0
                             r = T.shift_right(t, T.Cast("int64", sh))
                             Y[i * n + j] = T.Cast("int8", T.Cast("int32", T.min(T.max(r, T.Cast("int64", lo)), T.Cast("int64", hi))) + Q[2])
-    return kernel
-
-
-def _move():
-    @T.prim_func
-    def kernel(src: T.handle("uint8"), idx: T.handle("int32"), dst: T.handle("uint8"), fill: T.handle("uint8"),
-               n: T.int32, eb: T.int32):
-        T.func_attr({"tir.noalias": True, "calling_conv": 0})
-        S = T.decl_buffer((n * eb,), "uint8", data=src)
-        I = T.decl_buffer((n,), "int32", data=idx)
-        D = T.decl_buffer((n * eb,), "uint8", data=dst)
-        F = T.decl_buffer((eb,), "uint8", data=fill)
-        for i in range(n):
-            if I[i] >= 0:
-                for j in range(eb):
-                    D[i * eb + j] = S[I[i] * eb + j]
-            else:
-                for j in range(eb):
-                    D[i * eb + j] = F[j]
     return kernel
 
 
@@ -1058,11 +1040,12 @@ def _unary(act: str):
 def _take():
     @T.prim_func
     def kernel(idx: T.handle("int32"), rows: T.handle("int32"), err: T.handle("int32"), n: T.int32,
-               extent: T.int32, mode: T.int32):
+               extent: T.int32, mode: T.int32, seg: T.handle("int32"), nseg: T.int32, row_bytes: T.int32):
         T.func_attr({"tir.noalias": True, "calling_conv": 0})
         I = T.decl_buffer((n,), "int32", data=idx)
         R = T.decl_buffer((n,), "int32", data=rows)
         E = T.decl_buffer((2,), "int32", data=err)
+        S = T.decl_buffer((nseg * (DMA_DESC_WORDS + 1),), "int32", data=seg)
         v = T.decl_buffer((1,), "int32", scope="local")
         E[0] = 0
         for i in range(n):
@@ -1078,10 +1061,15 @@ def _take():
                     E[1] = v[0]
                 v[0] = 0
             R[i] = v[0]
+        # each segment (a run of one table row's elements): its row's offset added to its
+        # descriptor's source, then the DMA engine copies it
+        for s in range(nseg):
+            S[s * (DMA_DESC_WORDS + 1) + 1] = S[s * (DMA_DESC_WORDS + 1) + 1] + R[S[s * (DMA_DESC_WORDS + 1)]] * row_bytes
+            T.evaluate(T.call_extern("int32", "pe_dma", T.address_of(S[s * (DMA_DESC_WORDS + 1) + 1])))
     return kernel
 
 
-_BUILDERS = {"take": _take, "unary": _unary, "softmax": _softmax, "layer_norm": _layer_norm, "rms_norm": _rms_norm, "mean": _mean, "mean_tflite": _mean_tflite, "softmax_tflite": _softmax_tflite, "pool": _pool, "quantize": _quantize, "dequantize": _dequantize, "move": _move, "dma": _dma, "binary": _binary, "relu": _relu_kernel, "clip": _clip_kernel, "where_less": _where_less, "rope": _rope, "gemm_f32": _gemm_f32, "gemm_i8": _gemm_i8}
+_BUILDERS = {"take": _take, "unary": _unary, "softmax": _softmax, "layer_norm": _layer_norm, "rms_norm": _rms_norm, "mean": _mean, "mean_tflite": _mean_tflite, "softmax_tflite": _softmax_tflite, "pool": _pool, "quantize": _quantize, "dequantize": _dequantize, "dma": _dma, "binary": _binary, "relu": _relu_kernel, "clip": _clip_kernel, "where_less": _where_less, "rope": _rope, "gemm_f32": _gemm_f32, "gemm_i8": _gemm_i8}
 
 
 def kernel_func(spec: tuple) -> "tvm.tirx.PrimFunc":

@@ -13,7 +13,7 @@ __all__ = [
     "SRAM_BASE", "SRAM_BYTES", "STACK_BYTES", "STACK_TOP", "JOB_ADDR", "JOB_WORDS", "ARENA_END",
     "MAC_BASE", "MAC_REGS", "MAC_BYTES", "MAC_START", "ARENA_ALIGN",
     "EXP_BASE", "EXP_REGS", "EXP_BYTES", "EXP_START", "EXP_FUNC_EXP",
-    "DMA_BASE", "DMA_REGS", "DMA_BYTES", "DMA_START", "DMA_DESC_WORDS", "REMOTE_BASE",
+    "DMA_BASE", "DMA_REGS", "DMA_BYTES", "DMA_START", "DMA_DESC_WORDS", "DMA_EB_MASK", "DMA_SCATTER", "REMOTE_BASE",
 ]
 
 #: The PE's local SRAM: code, data and stack (SpiNNaker2: 128 KiB per PE at address 0).
@@ -73,6 +73,16 @@ DMA_REGS = {"SRC": 0x00, "DST": 0x04, "EB": 0x08, "C0": 0x0C, "C1": 0x10, "C2": 
             "S0": 0x1C, "S1": 0x20, "S2": 0x24, "S3": 0x28, "CTRL": 0x2C}
 DMA_DESC_WORDS = 11
 DMA_START = 1
+#: The ``EB`` word's fields (assumption): bits 0-7 the element's bytes; bit 8 (:data:`DMA_SCATTER`)
+#: puts the strides on the destination: the elements are read one after another from ``SRC``
+#: and written at ``DST + i3*S3 + i2*S2 + i1*S1 + i0*S0`` in that order (an input written into
+#: a strided view of an output: ``concat``, ``pad``). Engines with a stride or an increment on
+#: each side have this mode: TI's EDMA3 (a PaRAM set's ``SRCBIDX``/``SRCCIDX`` and
+#: ``DSTBIDX``/``DSTCIDX``, SPRUGS5), Arm's PL080 (a channel's control word: source and
+#: destination increment bits ``SI``/``DI`` beside the transfer widths, DDI 0196). Other bits
+#: are refused.
+DMA_EB_MASK = 0xFF
+DMA_SCATTER = 0x100
 #: Where memory outside the PE (DRAM, another PE's SRAM: a layer's input as the DMA reads it)
 #: appears to the DMA engine (assumption). The M4F's code never addresses it.
 REMOTE_BASE = 0x8000_0000

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 from . import view
 from .errors import PeCodegenError
-from ..program.ops.movement import STRIDED_KINDS
+from ..program.ops.movement import SCATTER_KINDS, STRIDED_KINDS
 from .kernels import ACTIVATIONS, BINARY_OPS
 
 __all__ = ["MOVE_KINDS", "ROW_KINDS", "GEMM_F32_KINDS", "layer_role", "role_name"]
 
-#: data-movement kinds (any dtype): strided DMA descriptors (kernel ``dma``) for a strided view of
-#: the input (``STRIDED_KINDS``), a gather of elements (kernel ``move``) for the others
-MOVE_KINDS = ("reshape", "permute_dims", "broadcast_to", "strided_slice", "concat", "pad")
+#: data-movement kinds (any dtype), all run by the DMA engine (kernel ``dma``): strided descriptors
+#: for a strided view of the input (``STRIDED_KINDS``), scatter descriptors of each input into a
+#: strided view of the output (``SCATTER_KINDS``: ``concat``, ``pad`` after a fill)
+MOVE_KINDS = STRIDED_KINDS + SCATTER_KINDS
 #: fp32 row kinds with generated code (rows whole on a PE, or chunks chained over PEs)
 ROW_KINDS = ("softmax", "layer_norm", "rms_norm")
 #: fp32 GEMM kinds with generated code (the M4F's multiply-accumulate loop)
@@ -39,10 +40,8 @@ def layer_role(program, index: int) -> tuple:
     """
     kind, mode, attrs = view.layer_kind(program, index), view.layer_mode(program, index), view.layer_attrs(program, index)
     relu = bool(attrs.get("relu"))
-    if kind in STRIDED_KINDS:
-        return ("dma",)
     if kind in MOVE_KINDS:
-        return ("move",)
+        return ("dma",)
     if kind == "take":
         if view.tensor_dtype(program, view.layer_inputs(program, index)[-1]) != "int32":
             _fail(program, index, "take with indices that are not int32")

@@ -8,7 +8,7 @@ import numpy as np
 __all__ = [
     "layer_count", "layer_name", "layer_kind", "layer_mode", "layer_attrs", "layer_inputs",
     "layer_output", "layer_const", "tensor_shape", "tensor_dtype", "program_inputs",
-    "program_outputs", "program_symbol", "program_bytes", "layer_tile_shape", "constants", "arch_of", "placed_tiles", "gemm_view", "gemm_chunk", "movement_sources",
+    "program_outputs", "program_symbol", "program_bytes", "layer_tile_shape", "constants", "arch_of", "placed_tiles", "gemm_view", "gemm_chunk",
 ]
 
 
@@ -101,21 +101,3 @@ def gemm_chunk(program, index: int) -> int:
     """Products per reduction chunk of the layer's tiles (the mapper's tile depth)."""
     from ..program.ops.gemm.geometry import chunk_length
     return chunk_length(gemm_view(program, index).k, program.mapping.layers[index].tile[2])
-
-
-def movement_sources(program, index: int) -> np.ndarray:
-    """A data-movement layer's element map: per element of its flattened output, the index of
-    its source element in the layer's inputs flattened and joined in order, or -1 where the
-    output holds the fill value (``pad``). Built by the simulator's own movement on index
-    arrays, so the map is the simulator's by construction."""
-    from ..program.ops.movement import moved, padded
-    layer = program.layers[index]
-    out_shape = tensor_shape(program, layer.output)
-    xs, offset = [], 0
-    for tid in layer.inputs:
-        shape = tensor_shape(program, tid)
-        xs.append(np.arange(offset, offset + int(np.prod(shape)), dtype=np.int64).reshape(shape))
-        offset += int(np.prod(shape))
-    if layer.kind == "pad":
-        return padded(xs[0], layer.attrs["pad_width"], -1).reshape(-1)
-    return np.ascontiguousarray(moved(layer, xs, out_shape)).reshape(-1)

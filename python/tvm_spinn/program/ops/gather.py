@@ -2,8 +2,12 @@
 
 - Arithmetic: none; each output element is one table element, fetched by the DMA engine from
   where the table lives (a model's embedding table is a constant in DRAM; only the gathered
-  rows move). The timing model charges one cycle per element of descriptor setup, the index
-  bytes once per gathered slice, and the table bytes actually read.
+  rows move). A tile's PE code resolves each index it uses (the mode's checks) and hands the
+  engine one descriptor per run of one gathered row's elements (a segment); the timing model
+  charges that code's run, its indices and segments (:data:`TAKE_CODE_RUN`,
+  :data:`TAKE_CODE_INDEX`, :data:`TAKE_CODE_SEGMENT`: :func:`take_tile_cycles`) and the
+  engine's element a cycle, the index bytes once per gathered slice, and the table bytes
+  actually read.
 - Indices are int32 (TVM's PyTorch importer casts token ids to int32 before ``take``).
   ``mode`` is TVM's: ``clip`` clamps an index into range, ``wrap`` takes it modulo the extent,
   and ``fast`` promises that every index is in ``[0, extent)``; TVM's ``fast`` kernel reads out of
@@ -23,13 +27,45 @@ import numpy as np
 from ..checks import check_int, fail
 from ..model import Layer
 from .base import ComputedFlat, itemsize, register
+from .m4f import Mix, mix_cycles
 from .sharding import REPLICATE, GatherInput, ShardDecision, ShardingRule, shard
 
-__all__ = ["Gather", "gather"]
+__all__ = ["Gather", "gather", "TAKE_CODE_RUN", "TAKE_CODE_INDEX", "TAKE_CODE_SEGMENT", "take_tile_cycles"]
 
 MODES = ("fast", "clip", "wrap")
 #: table dtypes a gather moves (bytes are bytes)
 TABLE_DTYPES = ("float32", "int8", "uint8")
+
+
+#: The ``take`` PE kernel (:mod:`tvm_spinn.pe.kernels`) as it executes, by instruction class (loads
+#: and stores unpaired and pipelined, integer instructions, taken branches), counted on its
+#: executed blocks at 1 and 9 indices and 1 and 9 segments (per index and per segment: the
+#: difference over 8) and priced by :func:`~.m4f.mix_cycles`: per run of a tile (start-up, the
+#: job, the kernel's entry and exit, the DMA driver's), per index by mode (``fast``: the range
+#: check; ``clip``: two compares and selects; ``wrap``: an SDIV, priced as the ISS prices it,
+#: the TRM's worst case of 12 cycles, as integer cycles) and per segment (its row offset added
+#: to its descriptor's source, the descriptor's words copied into the engine's registers, the
+#: start, the poll). Indices in range; the other paths differ by a few cycles.
+TAKE_CODE_RUN = Mix(loads=15.25, paired=41.75, alu=28.0, branches=4.0)
+TAKE_CODE_INDEX = {"fast": Mix(loads=1.75, paired=0.25, alu=5.875, branches=0.875),
+                   "clip": Mix(loads=1.5, alu=9.0),
+                   "wrap": Mix(loads=1.5, paired=0.25, alu=7.125 + 12.0)}
+TAKE_CODE_SEGMENT = Mix(loads=9.0, paired=24.0, alu=11.0, branches=3.0)
+
+
+def take_tile_cycles(lo, hi, inner: int, count: int, mode: str, arch) -> np.ndarray:
+    """Cycles of ``take`` tiles ``[lo, hi)`` (flat output ranges, int arrays) of a table whose
+    gathered rows hold ``inner`` elements, with ``count`` indices: the PE code's run, the
+    indices the tile uses (distinct among its consecutive (outer, index) slots, at most
+    ``count``), its segments (one per slot it touches) and the DMA engine's element a cycle,
+    which the M4F waits for."""
+    from .movement import DMA_ELEMENT_CYCLES
+    lo, hi = np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64)
+    inner = max(int(inner), 1)
+    segments = np.where(hi > lo, (hi - 1) // inner - lo // inner + 1, 0)
+    used = np.minimum(segments, max(int(count), 1))
+    return (mix_cycles(TAKE_CODE_RUN, arch) + used * mix_cycles(TAKE_CODE_INDEX[mode], arch)
+            + segments * mix_cycles(TAKE_CODE_SEGMENT, arch) + DMA_ELEMENT_CYCLES * (hi - lo))
 
 
 def _mode(v, field: str) -> str:
@@ -118,8 +154,9 @@ class Gather(ComputedFlat):
         return 0, None
 
     def cycles_per_element(self, layer, arch):
-        """Data movement: ~1 cycle per element of DMA descriptor setup."""
-        return 1
+        """Data movement: the DMA engine's element a cycle (a tile's code: :func:`take_tile_cycles`)."""
+        from .movement import DMA_ELEMENT_CYCLES
+        return DMA_ELEMENT_CYCLES
 
     def _table(self, layer: Layer) -> int:
         return layer.consts["table"] if "table" in layer.consts else layer.inputs[0]
@@ -130,7 +167,8 @@ class Gather(ComputedFlat):
 
     def tile_costs(self, program, layer, arch, tile, lo, hi):
         """Per output element: one table element read (from the table's home: a constant
-        table counts as weight bytes), one written; an index per gathered slice."""
+        table counts as weight bytes), one written; an index per gathered slice; the PE code's
+        run, indices and segments and the engine's element a cycle (:func:`take_tile_cycles`)."""
         table = self._table(layer)
         te, oe = itemsize(program, table), itemsize(program, layer.output)
         axis = layer.attrs["axis"]
@@ -139,7 +177,9 @@ class Gather(ComputedFlat):
         index_bytes = np.ceil(e / inner).astype(np.int64) * itemsize(program, layer.inputs[-1])
         table_bytes = te * e
         in_bytes, w_bytes = (index_bytes, table_bytes) if "table" in layer.consts else (index_bytes + table_bytes, 0)
-        return 2 * (te + oe) * e, in_bytes, w_bytes, oe * e, np.ceil(e * self.cycles_per_element(layer, arch))
+        count = math.prod(program.tensors[layer.inputs[-1]].shape)
+        cycles = np.ceil(take_tile_cycles(lo[:, 0], hi[:, 0], inner, count, layer.attrs.get("mode", "fast"), arch))
+        return 2 * (te + oe) * e, in_bytes, w_bytes, oe * e, cycles
 
     # -- functional simulator -----------------------------------------------------------------
     def gathered_table(self, layer: Layer) -> int | None:

@@ -7,14 +7,19 @@ float32 only, its fill value being a float).
   A tile of a strided view of the input (:data:`STRIDED_KINDS`) is a few strided descriptors
   (:func:`dma_descriptors`) that the PE's M4F hands the engine one after another; its cycles are
   the PE code's run and descriptors (:data:`DMA_CODE_RUN`, :data:`DMA_CODE_DESCRIPTOR`) and
-  :data:`DMA_ELEMENT_CYCLES` per element. ``concat`` and ``pad`` are charged one cycle per
-  element. A reshape of a contiguous value is a relabelling.
+  :data:`DMA_ELEMENT_CYCLES` per element. ``concat`` and ``pad`` write each input into a
+  strided view of the output (:data:`SCATTER_KINDS`, :func:`scatter_targets`): a tile is, per
+  input, the scatter descriptors of the input's elements that land in it
+  (:func:`scatter_range`), after one constant-fill descriptor where a ``pad`` tile holds fill
+  elements; the same code and rates (:func:`scatter_tile_cycles`). A reshape of a contiguous
+  value is a relabelling.
 - ``strided_slice`` holds, per sliced axis, the first index and the step (``begin``,
   ``strides``, normalized by the compiler to an in-range start); the output's extent on the axis
   is the element count. ``concat`` joins its inputs along ``axis``. ``pad`` (``nn.pad`` in
   constant mode) holds ``pad_width`` (before and after, per axis, as Relax's) and ``value``:
-  the DMA copies the input into the middle of the output and the PE writes the fill value
-  around it (the value's bits: -0.0 stays -0.0; natively a ``fill`` then a ``copy``).
+  the output holds the fill value (its bits: -0.0 stays -0.0), then the input is copied into
+  its middle (natively a ``fill`` then a ``copy``; on a PE a fill descriptor then the
+  input's scatter descriptors).
 - Tiles: ``[elements]`` over the flattened output.
 """
 
@@ -33,9 +38,10 @@ from .base import FlatFamily, LoweringError, register
 from .m4f import Mix, mix_cycles
 from .sharding import PARTIAL, REPLICATE, GatherInput, PointwiseRule, ShardDecision, reshape_axis, shard
 
-__all__ = ["Movement", "dedupe_movement", "STRIDED_KINDS", "DMA_DIMS", "DMA_ELEMENT_CYCLES", "ShapeMismatch",
-           "strided_source",
-           "dma_descriptors", "dma_descriptor_count", "DMA_CODE_RUN", "DMA_CODE_DESCRIPTOR", "strided_tile_cycles"]
+__all__ = ["Movement", "dedupe_movement", "STRIDED_KINDS", "SCATTER_KINDS", "DMA_DIMS", "DMA_ELEMENT_CYCLES",
+           "ShapeMismatch", "strided_source", "scatter_targets", "scatter_range",
+           "dma_descriptors", "dma_descriptor_count", "DMA_CODE_RUN", "DMA_CODE_DESCRIPTOR", "strided_tile_cycles",
+           "scatter_tile_cycles"]
 
 
 def _axes(v, field: str) -> list[int]:
@@ -50,6 +56,9 @@ MAX_CONCAT_INPUTS = 9
 #: the kinds whose output is a strided view of their one input (a strided DMA descriptor per
 #: box of a tile: :func:`strided_source`, :func:`dma_descriptors`)
 STRIDED_KINDS = ("reshape", "permute_dims", "broadcast_to", "strided_slice")
+#: the kinds that write each input into a strided view of their output (scatter descriptors:
+#: :func:`scatter_targets`, :func:`scatter_range`; a ``pad`` fills its output first)
+SCATTER_KINDS = ("concat", "pad")
 #: axes of one strided DMA descriptor (element counts and source strides)
 DMA_DIMS = 4
 #: assumption: cycles of the DMA engine per element of a strided descriptor (the element's read
@@ -71,10 +80,7 @@ def strided_source(program, layer: Layer) -> "tuple[tuple[int, ...], tuple[int, 
         return None
     ishape = tuple(int(d) for d in program.tensors[layer.inputs[0]].shape)
     oshape = tuple(int(d) for d in program.tensors[layer.output].shape)
-    base = np.zeros(1, np.uint8)
-    contiguous = tuple(math.prod(ishape[k + 1:]) for k in range(len(ishape)))
-    # a byte per element and no data read: the view's strides and start are the element map
-    x = np.lib.stride_tricks.as_strided(base, shape=ishape, strides=contiguous, writeable=False)
+    x, base = _stand_in(ishape)  # the view's strides and start are the element map
     try:
         v = moved(layer, [x], oshape)
     except (ValueError, IndexError) as e:  # numpy's refusal: the input cannot give the output
@@ -88,8 +94,74 @@ def strided_source(program, layer: Layer) -> "tuple[tuple[int, ...], tuple[int, 
         raise ValueError(f"layer {layer.name!r} ({layer.kind}): the movement returned a copy, not a view of "
                          "its input; its DMA source map cannot be read from it")
     offset = v.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+    return (*_merged(v), int(offset))
+
+
+def placements(layer: Layer, shapes) -> list[tuple]:
+    """The numpy index of the output where each input of a ``concat`` or ``pad`` lands (the
+    simulator's movement writes them there: :func:`moved`, :func:`padded`); ``shapes``: the
+    inputs' shapes."""
+    if layer.kind == "pad":
+        return [_interior(layer.attrs["pad_width"], shapes[0])]
+    axis, start, out = layer.attrs["axis"], 0, []
+    for shape in shapes:
+        out.append((slice(None),) * axis + (slice(start, start + shape[axis]),))
+        start += shape[axis]
+    return out
+
+
+def scatter_targets(program, layer: Layer) -> "list[tuple[tuple[int, ...], tuple[int, ...], int]] | None":
+    """A layer of :data:`SCATTER_KINDS` as its inputs written into strided views of its output:
+    per input ``(dims, strides, offset)``, the input's extents (outermost first, unit extents
+    dropped, axes that step through the output as one merged) and the output elements one step
+    along each moves, and the output element its first lands on; None for the other kinds. Read
+    from numpy's views of a stand-in output at the inputs' :func:`placements`, so the map is the
+    simulator's by construction. Raises :class:`ShapeMismatch` where an input does not fit its
+    place (a shard's tensors)."""
+    if layer.kind not in SCATTER_KINDS:
+        return None
+    oshape = tuple(int(d) for d in program.tensors[layer.output].shape)
+    shapes = [tuple(int(d) for d in program.tensors[t].shape) for t in layer.inputs]
+    out, base = _stand_in(oshape)
+    targets = []
+    for i, (shape, index) in enumerate(zip(shapes, placements(layer, shapes))):
+        try:
+            v = out[index]
+        except IndexError as e:
+            raise ShapeMismatch(f"layer {layer.name!r}: input {i} {shape} has no place in its output {oshape}: "
+                                f"{e}") from e
+        if v.shape != shape:
+            raise ShapeMismatch(f"layer {layer.name!r}: input {i} {shape} meets {v.shape} of its output {oshape}")
+        targets.append((*_merged(v), int(v.__array_interface__["data"][0] - base.__array_interface__["data"][0])))
+    return targets
+
+
+def scatter_range(dims, strides, offset: int, e) -> np.ndarray:
+    """How many elements of an input written into the strided view ``(dims, strides, offset)``
+    of the output (:func:`scatter_targets`) land before output element ``e`` (int array, or an
+    int): the tile ``[e0, e1)`` holds the input's elements ``[scatter_range(e0),
+    scatter_range(e1))``, since a view of positive strides each larger than its inner axes' span
+    keeps row-major order. Axis by axis, the indices wholly before ``e`` are counted and the one
+    ``e`` falls in is descended into."""
+    r = np.atleast_1d(np.asarray(e, dtype=np.int64)) - int(offset)
+    count = np.zeros(r.shape, dtype=np.int64)
+    live = r > 0
+    rank = len(dims)
+    for k in range(rank):
+        unit = math.prod(dims[k + 1:])
+        q = np.where(live, r // strides[k], 0)
+        count += np.where(live, np.minimum(q, dims[k]) * unit, 0)
+        live &= q < dims[k]
+        r = r - q * strides[k]
+        live &= r > 0
+    return count + live  # the last axis's element at ``e - r`` itself, where it lies before ``e``
+
+
+def _merged(view: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A view's extents and strides (outermost first) with unit extents dropped and axes that
+    step through memory as one merged (row-major order kept)."""
     dims, strides = [], []
-    for d, st in zip(v.shape, v.strides):
+    for d, st in zip(view.shape, view.strides):
         if d == 1:
             continue
         if dims and strides[-1] == st * d:
@@ -97,7 +169,15 @@ def strided_source(program, layer: Layer) -> "tuple[tuple[int, ...], tuple[int, 
         else:
             dims.append(int(d))
             strides.append(int(st))
-    return (tuple(dims) or (1,)), (tuple(strides) or (1,)), int(offset)
+    return (tuple(dims) or (1,)), (tuple(strides) or (1,))
+
+
+def _stand_in(shape) -> tuple[np.ndarray, np.ndarray]:
+    """A byte per element and no data: a C-contiguous array of ``shape`` over one byte (its
+    views' strides and starts are element maps) and that byte."""
+    base = np.zeros(1, np.uint8)
+    contiguous = tuple(math.prod(shape[k + 1:]) for k in range(len(shape)))
+    return np.lib.stride_tricks.as_strided(base, shape=shape, strides=contiguous, writeable=False), base
 
 
 def dma_descriptors(dims, strides, offset: int, e0: int, e1: int) -> list[tuple[int, int, tuple, tuple]]:
@@ -137,6 +217,16 @@ def _strided_dims(program, layer: Layer) -> tuple[int, ...]:
     except ShapeMismatch:
         shape = tuple(int(d) for d in program.tensors[layer.output].shape if int(d) != 1)
         return shape or (1,)
+
+
+def _scatter_targets(program, layer: Layer) -> list:
+    """:func:`scatter_targets` for the descriptor count; where the tensors are a shard's whose
+    inputs no longer fit the output (a system plan times one shard), the output as one input
+    written in order (at least one descriptor a tile)."""
+    try:
+        return scatter_targets(program, layer)
+    except ShapeMismatch:
+        return [((max(1, math.prod(int(d) for d in program.tensors[layer.output].shape)),), (1,), 0)]
 
 
 def dma_descriptor_count(dims, e0, e1) -> np.ndarray:
@@ -181,6 +271,26 @@ def strided_tile_cycles(dims, lo, hi, arch) -> np.ndarray:
     run, per = mix_cycles(DMA_CODE_RUN, arch), mix_cycles(DMA_CODE_DESCRIPTOR, arch)
     counts = dma_descriptor_count(dims, lo, hi).astype(np.float64)
     return run + per * counts + DMA_ELEMENT_CYCLES * (np.asarray(hi) - np.asarray(lo))
+
+
+def scatter_tile_cycles(targets, fill: bool, lo, hi, arch) -> np.ndarray:
+    """Cycles of tiles ``[lo, hi)`` (flat output ranges, int arrays) of a layer whose inputs are
+    written into the strided views ``targets`` of its output (:func:`scatter_targets`), the
+    ``dma`` kernel's: its run, per input the scatter descriptors of the elements in the tile
+    (:func:`scatter_range`, :func:`dma_descriptor_count`), and where ``fill`` (``pad``) one
+    fill descriptor for a tile not wholly the input's, whose elements the engine writes too."""
+    lo, hi = np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64)
+    run, per = mix_cycles(DMA_CODE_RUN, arch), mix_cycles(DMA_CODE_DESCRIPTOR, arch)
+    descs, moved = np.zeros(lo.shape, np.float64), np.zeros(lo.shape, np.int64)
+    for dims, strides, offset in targets:
+        q0, q1 = scatter_range(dims, strides, offset, lo), scatter_range(dims, strides, offset, hi)
+        descs += dma_descriptor_count(dims, q0, q1)
+        moved += q1 - q0
+    if fill:
+        filled = moved < hi - lo
+        descs += filled
+        moved += np.where(filled, hi - lo, 0)
+    return run + per * descs + DMA_ELEMENT_CYCLES * moved
 
 
 def _ints(v, field: str, low: int | None = None) -> list[int]:
@@ -269,8 +379,13 @@ def padded(x: np.ndarray, pad_width: list[int], value: float) -> np.ndarray:
     it on axis ``k`` (a new array)."""
     shape = tuple(d + pad_width[2 * k] + pad_width[2 * k + 1] for k, d in enumerate(x.shape))
     out = np.full(shape, np.asarray(value, dtype=x.dtype), dtype=x.dtype)
-    out[tuple(slice(pad_width[2 * k], pad_width[2 * k] + d) for k, d in enumerate(x.shape))] = x
+    out[_interior(pad_width, x.shape)] = x
     return out
+
+
+def _interior(pad_width: list[int], shape) -> tuple:
+    """The numpy index of a padded output where the input of ``shape`` lies."""
+    return tuple(slice(pad_width[2 * k], pad_width[2 * k] + d) for k, d in enumerate(shape))
 
 
 class Movement(FlatFamily):
@@ -482,12 +597,16 @@ class Movement(FlatFamily):
 
     def tile_costs(self, program, layer, arch, tile, lo, hi):
         """Each output element reads exactly one input element (of any input); a strided view's
-        tile costs its PE code's run and descriptors (:func:`strided_tile_cycles`)."""
+        tile costs its PE code's run and descriptors (:func:`strided_tile_cycles`), a concat's or
+        pad's its run and its scatter and fill descriptors (:func:`scatter_tile_cycles`)."""
         ie = itemsize(program, layer.inputs[0])
         oe = itemsize(program, layer.output)
         e = (hi - lo)[:, 0]
         if layer.kind in STRIDED_KINDS:
             cycles = np.ceil(strided_tile_cycles(_strided_dims(program, layer), lo[:, 0], hi[:, 0], arch))
+        elif layer.kind in SCATTER_KINDS:
+            cycles = np.ceil(scatter_tile_cycles(_scatter_targets(program, layer), layer.kind == "pad", lo[:, 0],
+                                                 hi[:, 0], arch))
         else:
             cycles = np.ceil(e * self.cycles_per_element(layer, arch))
         return 2 * (ie + oe) * e, ie * e, 0, oe * e, cycles

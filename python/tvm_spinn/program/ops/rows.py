@@ -92,6 +92,7 @@ if TYPE_CHECKING:
     from ...target.arch import SpinnArch
 
 __all__ = ["Rows", "RowLoop", "RowPhase", "stepped_cycles", "ROW_CODE", "ROW_RUN", "ROW_COLUMN_UNROLL", "row_tile_cycles", "LAYER_NORM_BLOCK", "BLOCKED", "smallest_row_tile_bytes", "softmax_tflite", "mean_tflite", "softmax_tflite_params",
+           "TFLITE_MEAN_CODE", "TFLITE_MEAN_ELEMENT", "tflite_mean_tile_cycles",
            "mean_tflite_params"]
 
 _F32 = np.float32
@@ -111,6 +112,30 @@ BLOCKED = ("layer_norm", "rms_norm")
 _TFLITE_SOFTMAX_OPS = 48.0
 #: jobs (kernel calls) per tile of TFLite's integer kernels: softmax's three phases, mean's one
 _TFLITE_PHASES = {"softmax": 3, "mean": 1}
+#: The ``mean_tflite`` PE kernel (:mod:`tvm_spinn.pe.kernels`) as it executes, by instruction
+#: class, counted on its executed blocks (int8, a tile of 1 row of 1 column, 9 rows of 1
+#: column, 1 row of 65 columns: per row and per element the differences over 8 and 64) and
+#: priced by :func:`~.m4f.mix_cycles`: ``(job, row)`` for a tile holding its rows' ends (the
+#: requantization: a 64-bit multiply, TFLite's rounding shifts and the clamp, per row) and for
+#: one passing its partial sums on; per element the 32-bit sum's load, add and loop step.
+TFLITE_MEAN_CODE = {
+    True: (Mix(loads=28.0, paired=50.0, alu=45.4375, branches=1.75),
+           Mix(loads=15.0, paired=3.0, alu=67.0, branches=5.0)),
+    False: (Mix(loads=17.25, paired=41.875, alu=21.6875, branches=2.5),
+            Mix(loads=3.75, paired=0.125, alu=11.75, branches=3.25)),
+}
+TFLITE_MEAN_ELEMENT = Mix(loads=1.015625, alu=1.5625, branches=0.234375)
+
+
+def tflite_mean_tile_cycles(rows, cols, last, arch: "SpinnArch") -> np.ndarray:
+    """M4F cycles of ``mean_tflite`` tiles of ``rows`` rows of ``cols`` columns (int arrays),
+    ``last`` where a tile holds its rows' ends: the kernel's job, its rows
+    (:data:`TFLITE_MEAN_CODE`) and elements (:data:`TFLITE_MEAN_ELEMENT`)."""
+    rows, cols = np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
+    (jf, rf), (jp, rp) = TFLITE_MEAN_CODE[True], TFLITE_MEAN_CODE[False]
+    per_tile = np.where(last, mix_cycles(jf, arch) + rows * mix_cycles(rf, arch),
+                        mix_cycles(jp, arch) + rows * mix_cycles(rp, arch))
+    return np.asarray(per_tile + rows * cols * mix_cycles(TFLITE_MEAN_ELEMENT, arch), dtype=np.float64)
 #: integer bits of the softmax exponent's input (Q5.26) and of the sum of exps (Q12.19), TFLite's
 _SCALED_DIFF_BITS, _ACCUM_BITS = 5, 12
 #: attributes of TFLite's integer softmax and mean layers
@@ -950,7 +975,9 @@ class Rows(OpFamily):
         integer = _tflite(layer)
         chunks = ceil_div(row, int(tile[1]))
         op = arch.m4f_elementwise_cycles / 2  # cycles per integer operation of TFLite's kernels
-        if integer:  # TFLite's integer kernels: operations per element, one job per phase
+        if integer and layer.kind == "mean":  # the generated kernel's counted job, rows and elements
+            code = tflite_mean_tile_cycles(r, c, hi[:, 1] == row, arch)
+        elif integer:  # TFLite's integer softmax: operations per element, one job per phase
             code = n * _per_elem(layer, arch) * op + _TFLITE_PHASES[layer.kind] * arch.m4f_job_cycles
         else:  # the generated code's phases over the tile's rows of c columns
             code = row_tile_cycles(layer.kind, r, c, arch, 1 if chunks == 1 else len(ROW_CODE[layer.kind]),
