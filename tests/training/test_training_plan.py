@@ -212,9 +212,9 @@ def test_search_finds_what_costing_every_split_finds():
     for tp, pp, dp in itertools.product((1, 2, 4), divisors(4), divisors(batch)):
         if tp * pp * dp > 12:
             continue
-        for mb, zero, chunks, layout, (head, spread) in itertools.product(
+        for mb, zero, chunks, layout, (head, spread, lag) in itertools.product(
                 divisors(batch // dp), (0, 1, 2), _chunk_counts(seq), LAYOUTS, _head_options(spec, tp, pp, dp, 12)):
-            split = Split(tp, pp, dp, zero, mb, batch // dp // mb, False, True, chunks, layout, head, spread)
+            split = Split(tp, pp, dp, zero, mb, batch // dp // mb, False, True, chunks, layout, head, spread, lag)
             if split.chips <= 12 and memory_per_chip(spec, split, seq, "adamw", system.dram_bytes).fits:
                 full = _step_time(spec, split, seq, "adamw", system, comms).total_s
                 # the search's two lower bounds (the compute floor that orders the splits, the
@@ -408,7 +408,7 @@ def test_a_spread_head_lies_on_the_block_stages_chips(layout):
     norm."""
     from tvm_spinn.training.planner import _stage_params, _vocab_rows
 
-    split = Split(2, 3, 2, 0, 1, 4, False, True, 1, layout, 0, True)
+    split = Split(2, 3, 2, 0, 1, 4, False, True, 1, layout, 0, True, 2)
     ranks, grid = split.head_ranks(), split.grid()
     assert split.chips == 12 and split.head_width == 6 and ranks.shape == (2, 6)
     for d in range(2):
@@ -485,6 +485,28 @@ def test_a_large_vocabulary_gets_a_head_stage():
     alone = _step_time(spec_of(cfg), on_last, 64, "adamw", system, _Comms(system, True))
     assert plan.time_per_step_s < alone.total_s
     assert plan.step.stages_s[-1][0] == plan.split.pp  # the head's stage is costed
+
+
+@pytest.mark.parametrize("lag", [2, 4, 8])
+def test_a_head_stage_behind_the_blocks_waits_for_no_collective(lag):
+    """A head stage ``lag`` slots behind the last block stage (Split.head_lag): its slot is no
+    longer its passes plus the collectives they wait for, but at least its compute and that path
+    over the lag; the fill and drain cross the whole path once, and the block stages hold
+    ``lag`` more slots."""
+    import dataclasses
+
+    from tvm_spinn.training.planner import _Comms, _inflight, _step_time
+
+    cfg = {**_config("gpt2-xl"), "n_layer": 6, "n_embd": 64, "n_head": 4, "vocab_size": 20000, "n_positions": 64}
+    system = make_system("forty-eight", chips=48)
+    spec, comms = spec_of(cfg), _Comms(system, True)
+    split = Split(4, 2, 2, 0, 1, 4, False, True, 16, "tp,dp,pp", 8)
+    behind = dataclasses.replace(split, head_lag=lag)
+    steps = {s: _step_time(spec, s, 64, "adamw", system, comms) for s in (split, behind)}
+    (_, comp, coll, _, slot0), (_, comp_l, coll_l, _, slot) = (steps[s].stages_s[-1] for s in (split, behind))
+    assert (comp, coll) == (comp_l, coll_l)  # the same passes and collectives
+    assert max(comp, (comp + coll) / lag) * (1 - 1e-12) <= slot <= slot0 * (1 + 1e-12)
+    assert _inflight(behind, 0) == min(split.stages + lag, split.slots) and _inflight(split, 0) == split.stages
 
 
 def test_min_chunk_tokens_bounds_the_chunks_searched():

@@ -166,11 +166,9 @@ F32 = 4
 DEFAULT_SEQ = 2048
 #: Sequences per step when none is given
 DEFAULT_GLOBAL_BATCH = 512
-#: slots the last block stage runs ahead of a spread head's passes (:attr:`Split.spread_head`):
-#: the head's collectives for a slot (the hidden states gathered onto every rank, the loss' sums,
-#: the input gradient reduced back) run while the blocks compute the next slots, so the last
-#: stage keeps this many more slots in flight, and a slot's head path may take this many slots
-HEAD_LAG = 2
+#: slots the LM head's passes may run behind the last block stage (:attr:`Split.head_lag`,
+#: searched): a head stage's or a spread head's
+HEAD_LAGS = (2, 4, 8)
 #: DRAM bytes per parameter of one optimizer update: read the weight, its gradient and the
 #: state, write the weight and the state.
 _UPDATE_BYTES = {name: F32 * (3 + 2 * k) for name, k in OPTIMIZERS.items()}
@@ -217,6 +215,14 @@ class Split:
     #: stage-major rank order), time-shared with the blocks (the head's GEMM work spread evenly
     #: over the pipeline, as Yeung et al. 2024's vocabulary parallelism does): no chip of its own
     spread_head: bool = False
+    #: slots the head's passes run behind the last block stage (a head stage's or a spread
+    #: head's; 0: 1F1B as it is, the head's passes waiting for their collectives). The last
+    #: block stage runs this many more slots ahead (and holds their activations), so the head
+    #: gathers later slots' hidden states while it computes one and computes another slot's pass
+    #: while one's loss sums and input gradient are reduced: one slot's path through the head,
+    #: its passes and collectives in series, spreads over this many slots, and is crossed once in
+    #: the fill and drain
+    head_lag: int = 0
 
     @property
     def chips(self) -> int:
@@ -278,6 +284,7 @@ class Split:
                 + (f", LM head on a stage of its own of {self.head_tp} chip(s) a replica" if self.head_tp else "")
                 + (f", LM head spread over the {self.tp * self.pp} chips of a replica's stages" if self.spread_head
                    else "")
+                + (f", the head {self.head_lag} slots behind" if self.head_lag else "")
                 + f", recomputation {'on' if self.recompute else 'off'}"
                 + (", sequence parallel" if self.sequence_parallel and self.tp > 1 else ""))
 
@@ -532,7 +539,7 @@ def _stage_activations(spec, split: "Split", seq: int, stage: int, recompute: bo
         # the head's stage, last of the pipeline (one slot in flight): the final norm's input
         # and output on every rank (the head reads all of the slot's hidden states) and its
         # share of the logits
-        return 2 * F32 * tokens * spec.hidden + F32 * tokens * -(-spec.vocab // split.head_tp)
+        return (1 + split.head_lag) * (2 * F32 * tokens * spec.hidden + F32 * tokens * -(-spec.vocab // split.head_tp))
     layers = spec.layers // split.pp
     inflight = _inflight(split, stage)
     sp = split.sequence_parallel and tp > 1
@@ -551,7 +558,7 @@ def _stage_activations(spec, split: "Split", seq: int, stage: int, recompute: bo
         # each rank holds, for every slot whose head passes are in flight, the slot's final
         # hidden states whole (the norm's output, and its input for the norm's gradient) and its
         # share of the logits
-        total += HEAD_LAG * (2 * F32 * tokens * spec.hidden + F32 * tokens * _vocab_rows(spec, tp * split.pp))
+        total += split.head_lag * (2 * F32 * tokens * spec.hidden + F32 * tokens * _vocab_rows(spec, tp * split.pp))
     elif stage == split.pp - 1 and not split.head_tp:  # the final norm's input and output, the logits
         total += 2 * _layer_input(spec, tp, tokens, sp) + F32 * tokens * -(-spec.vocab // tp)
     return total
@@ -559,9 +566,9 @@ def _stage_activations(spec, split: "Split", seq: int, stage: int, recompute: bo
 
 def _inflight(split: "Split", stage: int) -> int:
     """Slots block stage ``stage`` holds at once under 1F1B: one for each later stage (a head's
-    stage among them) up to the slots, and :data:`HEAD_LAG` more where a spread head's passes
-    run that many slots behind the last block stage."""
-    return min(split.stages + (HEAD_LAG if split.spread_head else 0) - stage, split.slots)
+    stage among them) up to the slots, and :attr:`Split.head_lag` more (the head's passes run
+    that many slots behind the last block stage)."""
+    return min(split.stages + split.head_lag - stage, split.slots)
 
 
 def memory_per_chip(spec, split: Split, seq: int, optimizer: str, capacity: int) -> MemoryPerChip:
@@ -1197,7 +1204,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         # a token chained over the ranks in the vocabulary's order, the input gradient reduced
         # over the ranks in the leaves' order and the shares handed to the last stage's ranks;
         # every replica at once. The blocks' passes do not wait for them (the last stage runs
-        # :data:`HEAD_LAG` slots ahead of the head's passes): the links carry their bytes, and
+        # :attr:`Split.head_lag` slots ahead of the head's passes): the links carry their bytes, and
         # a slot's path through them is crossed once in the fill and drain
         ranks = split.head_ranks()
         width = tp * pp
@@ -1336,9 +1343,17 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         total = _slot_seconds(f_s, b_s, tp_f, tp_b, pp_s, overlap=slots > 1, pp_shared=pp_on, tp_busy=busy,
                               w_s=min(wgrad / peak, b_s / 2))
         # a spread head's path (its collectives; its GEMMs are in this stage's compute) of one
-        # slot overlaps the next :data:`HEAD_LAG` slots
-        total = max(total, spread_path / HEAD_LAG)
-        per_stage[stage] = dict(total=total, comp=f_s + b_s, tp=tp_f + tp_b, pp=pp_s, waits=waits,
+        # slot overlaps the next head_lag slots
+        total = max(total, spread_path / max(1, split.head_lag))
+        path = total
+        if heads and stage == pp and split.head_lag and slots > 1:
+            # a head stage behind the last block stage (Split.head_lag): its passes wait for no
+            # collective; one slot's path (passes and collectives in series) spreads over the lag
+            # and is crossed once in the fill and drain
+            lagged = max(f_s + b_s, busy + min(pp_s, pp_on), pp_s, (f_s + tp_f + b_s + tp_b) / split.head_lag)
+            if lagged < total:
+                total, path = lagged, max(lagged, f_s + tp_f + b_s + tp_b)
+        per_stage[stage] = dict(total=total, path=path, comp=f_s + b_s, tp=tp_f + tp_b, pp=pp_s, waits=waits,
                                 drain=b_s, params=streamed, fits=fits)
     slowest = max(per_stage.values(), key=lambda st: st["total"])
     per = slowest["total"]
@@ -1353,7 +1368,8 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
 
     # a spread head's passes of the first slot and the last: its collectives and the head's
     # forward and backward on one rank, once on the fill and drain's path
-    pipeline = over_pipeline("total") + (spread_path + 3 * spread_head / peak if spread else 0.0)
+    pipeline = (over_pipeline("total") + sum(per_stage[j]["path"] - per_stage[j]["total"] for j in set(own))
+                + (spread_path + 3 * spread_head / peak if spread else 0.0))
     # the drain of 1F1B: stage j runs its last backward j backward passes before the first
     # stage ends (each at least the slowest stage's backward compute: the drain's pace), so
     # its gradient synchronisation and update start that much earlier
@@ -1629,9 +1645,9 @@ def plan_training(config, system="spinn/board", *, seq: "int | None" = None, glo
                     for z in (zeros if d > 1 else [zeros[0] if zero is not None else 0]):
                         for r in recomputes:
                             for k in (_chunk_counts(seq, min_chunk_tokens) if p > 1 else (1,)):
-                                for h, spread in _head_options(spec, t, p, d, arch.chips):
+                                for h, spread, lag in _head_options(spec, t, p, d, arch.chips):
                                     split = Split(t, p, d, z, mb, per_replica // mb, r, sequence_parallel, k,
-                                                  LAYOUTS[0], h, spread)
+                                                  LAYOUTS[0], h, spread, lag)
                                     # memory and the compute floor do not depend on the chip order
                                     if _peak_bytes(spec, split, seq, optimizer) > capacity:
                                         continue
@@ -1724,12 +1740,15 @@ def _head_widths(spec, tp: int, pp: int, dp: int, chips: int) -> list:
 
 
 def _head_options(spec, tp: int, pp: int, dp: int, chips: int) -> list:
-    """``(head_tp, spread_head)`` pairs a split may take: the head on the last block stage, on a
-    stage of its own (:func:`_head_widths`), or, with more than one stage and where the LM
+    """``(head_tp, spread_head, head_lag)`` a split may take: the head on the last block stage,
+    on a stage of its own (:func:`_head_widths`), or, with more than one stage and where the LM
     head's GEMM outweighs a block stage's, spread over every chip of the replica's stages
-    (:attr:`Split.spread_head`)."""
+    (:attr:`Split.spread_head`); a head stage 0 or :data:`HEAD_LAGS` slots behind the last
+    block stage, a spread head one of :data:`HEAD_LAGS` (its collectives are outside the blocks'
+    passes)."""
     widths = _head_widths(spec, tp, pp, dp, chips)
-    return [(w, False) for w in widths] + ([(0, True)] if pp > 1 and _head_outweighs(spec, pp) else [])
+    stage = [(w, False, lag) for w in widths for lag in ((0,) + HEAD_LAGS if w else (0,))]
+    return stage + ([(0, True, lag) for lag in HEAD_LAGS] if pp > 1 and _head_outweighs(spec, pp) else [])
 
 
 def _head_outweighs(spec, pp: int) -> bool:
@@ -1742,7 +1761,7 @@ def _head_outweighs(spec, pp: int) -> bool:
 def _split_key(split: Split) -> tuple:
     """A total order of splits (ties of the search go to the first)."""
     return (split.tp, split.pp, split.dp, split.zero, split.micro_batch, split.micro_batches, split.recompute,
-            split.sequence_parallel, split.chunks, split.layout, split.head_tp, split.spread_head)
+            split.sequence_parallel, split.chunks, split.layout, split.head_tp, split.spread_head, split.head_lag)
 
 
 def _compute_floor(spec, split: Split, seq: int, arch, reproducible: bool = False) -> float:
