@@ -93,6 +93,19 @@ table then lives on the head's stage only: it streams the first stage the rows o
 tokens and takes their gradients back during the pipeline (beside the first stage's
 hand-overs); only the first slot's rows and the last slot's gradients are exposed.
 
+The head may instead be spread over every chip of the replica's block stages
+(:attr:`Split.spread_head`, vocabulary parallelism over the pipeline as Yeung et al. 2024 balance
+it): each of the ``tp pp`` ranks holds a share of the vocabulary's leaves (stage-major, the
+busiest rank's whole leaves priced where the width does not divide them) and computes its share
+of the head's GEMMs beside its layers; each slot's final hidden states are all-gathered onto
+every rank, the loss' sums chained over the ranks and the input gradient reduced back to the last
+stage's ranks, on the links every stage's collectives use. A head stage or a spread head may run
+:attr:`Split.head_lag` slots behind the last block stage (searched): the last block stage then
+holds that many more slots, and the head's passes wait for no collective (it gathers later
+slots' hidden states while it computes one, and computes another slot's pass while one's loss
+sums and input gradient are reduced): a slot's path through the head, its passes and
+collectives in series, spreads over the lag and is crossed once in the fill and drain.
+
 Then the gradient synchronisation over the ``dp`` replicas (ZeRO-0: an all-reduce; ZeRO-1: a
 reduce-scatter and an all-gather of the updated weights; ZeRO-2: a reduce-scatter per
 micro-batch and the all-gather; rows of a gathered table that no token of the step can touch,
@@ -1348,11 +1361,12 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         path = total
         if heads and stage == pp and split.head_lag and slots > 1:
             # a head stage behind the last block stage (Split.head_lag): its passes wait for no
-            # collective; one slot's path (passes and collectives in series) spreads over the lag
-            # and is crossed once in the fill and drain
-            lagged = max(f_s + b_s, busy + min(pp_s, pp_on), pp_s, (f_s + tp_f + b_s + tp_b) / split.head_lag)
-            if lagged < total:
-                total, path = lagged, max(lagged, f_s + tp_f + b_s + tp_b)
+            # collective (the PEs and the links are the resources, as in _slot_seconds); one
+            # slot's path (passes and collectives in series) spreads over the lag and is crossed
+            # once in the fill and drain
+            chain = f_s + tp_f + b_s + tp_b
+            total = max(f_s + b_s, min(tp_f + tp_b, busy) + min(pp_s, pp_on), pp_s, chain / split.head_lag)
+            path = max(total, chain)
         per_stage[stage] = dict(total=total, path=path, comp=f_s + b_s, tp=tp_f + tp_b, pp=pp_s, waits=waits,
                                 drain=b_s, params=streamed, fits=fits)
     slowest = max(per_stage.values(), key=lambda st: st["total"])
@@ -1366,8 +1380,9 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
     def over_pipeline(key: str) -> float:  # a slot's part, over the pipeline's slots as paced
         return (slots - 1) * slowest[key] + sum(per_stage[j][key] for j in own)
 
-    # a spread head's passes of the first slot and the last: its collectives and the head's
-    # forward and backward on one rank, once on the fill and drain's path
+    # the fill and drain cross a lagged head stage's whole path of one slot; a spread head's
+    # passes of the first slot and the last (its collectives and the head's forward and backward
+    # on one rank) once more
     pipeline = (over_pipeline("total") + sum(per_stage[j]["path"] - per_stage[j]["total"] for j in set(own))
                 + (spread_path + 3 * spread_head / peak if spread else 0.0))
     # the drain of 1F1B: stage j runs its last backward j backward passes before the first

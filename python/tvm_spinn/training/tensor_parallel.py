@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import tvm
@@ -81,6 +82,9 @@ class TPShard:
     leaves: int = 1
     parts: int = 1
     replicas: int = 1
+    #: the LM head's weight split by the vocabulary
+    #: (:class:`~tvm_spinn.training.vocab_parallel.VocabShard`): its classes are the loss'
+    vocabulary: ClassVar[bool] = False
 
     def leaf_ranges(self) -> tuple:
         """Each leaf's ``k`` ranges (one a part) in the canonical order."""
@@ -241,11 +245,9 @@ def _shape(expr) -> tuple:
 
 def _vocab_losses(bindings, layout, tp: int) -> tuple:
     """``(rows, classes, rank classes)`` of each ``nll_loss(log_softmax(z))`` over logits whose
-    classes are a :class:`~tvm_spinn.training.vocab_parallel.VocabShard`'s vocabulary (the
-    head split by the vocabulary: each rank holds its leaves' classes)."""
-    from .vocab_parallel import VocabShard
-
-    heads = {s.extent: s for s in layout if isinstance(s, VocabShard)}
+    classes are a vocabulary shard's vocabulary (:attr:`TPShard.vocabulary`: the head split by
+    the vocabulary, each rank holding its leaves' classes)."""
+    heads = {s.extent: s for s in layout if s is not None and s.vocabulary}
     values = {b.var: b.value for b in bindings}
     out = []
     for b in bindings:
