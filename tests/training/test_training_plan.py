@@ -428,11 +428,11 @@ def test_a_spread_head_lies_on_the_block_stages_chips(layout):
     assert _stage_params(spec, 2, 3, 2, 0, True) - _stage_params(spec, 2, 3, 2, 0, False) == rows * h - (v // 2) * h
 
 
-@pytest.mark.parametrize("width", [7, 100, 144, 300])
+@pytest.mark.parametrize("width", [7, 12, 48, 100, 144, 300])
 def test_a_spread_heads_rows_are_its_busiest_ranks_leaves(width):
-    """Where the width does not divide the vocabulary's canonical leaves, ranks hold whole
-    consecutive leaves, some one more: the planner prices the busiest rank's rows as the compiled
-    step's vocabulary shard assigns them (VocabShard.rank_leaf_ranges)."""
+    """Ranks hold whole consecutive leaves of the vocabulary (where the width does not divide
+    them, some one more): the planner prices the busiest rank's rows as the compiled step's
+    vocabulary shard assigns them (VocabShard.rank_leaf_ranges)."""
     from tvm_spinn.training.planner import _spec, _vocab_rows
     from tvm_spinn.training.tp_chain import vocab_leaves
     from tvm_spinn.training.vocab_parallel import VocabShard
@@ -442,7 +442,7 @@ def test_a_spread_heads_rows_are_its_busiest_ranks_leaves(width):
     leaves = vocab_leaves(12, 3072, 50257)
     shard = VocabShard("lm_head.weight", "column", 0, 50257, leaves=leaves)
     busiest = max(sum(b - a for ((a, b),) in shard.rank_leaf_ranges(r, width)) for r in range(width))
-    assert leaves % width and _vocab_rows(spec, width) == busiest
+    assert _vocab_rows(spec, width) == busiest
 
 
 def test_a_spread_head_on_a_board():

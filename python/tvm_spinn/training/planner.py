@@ -41,8 +41,10 @@ an fp32 master copy; here every tensor is fp32 and there is no master copy:
   softmax outputs per head. The four ``hidden``-wide tensors are split over the sequence on the
   TP ranks with sequence parallelism (Korthikanti et al.'s Sec. 4.2.2; the default), else
   replicated on them; the rest is split by heads or by the MLP's width. 1F1B keeps ``min(pp - j, m)`` micro-batches in
-  flight on stage ``j`` (the first stage holds the most); the last stage also holds the final
-  norm's input and output and the logits (``vocab / tp`` per token). Full recomputation keeps
+  flight on stage ``j`` (the first stage holds the most; a head stage counts among the stages,
+  and a head :attr:`Split.head_lag` slots behind adds that many); the last stage also holds the
+  final norm's input and output and the logits (``vocab / tp`` per token; a head stage or a
+  spread head holds them for each slot in flight on it). Full recomputation keeps
   only each layer's input (``4 hidden`` bytes per token) and one layer's activations while it
   is recomputed.
 
@@ -470,14 +472,16 @@ def _layer_params(spec, tp: int) -> int:
 
 
 def _vocab_rows(spec, width: int) -> int:
-    """Rows of the LM head's weight on the busiest of ``width`` vocabulary-parallel ranks: a
-    ``1 / width`` share where ``width`` divides the vocabulary's canonical leaves
-    (:func:`~tvm_spinn.training.tp_chain.vocab_leaves`), else that rank's whole leaves (ranks
-    hold consecutive leaves, some one more than others)."""
+    """Rows of the LM head's weight on the busiest of ``width`` vocabulary-parallel ranks of a
+    spread head: its whole leaves of the vocabulary's canonical order
+    (:func:`~tvm_spinn.training.tp_chain.vocab_leaves`, ``ceil(vocab / leaves)`` rows each),
+    consecutive leaves a rank, some ranks one more where ``width`` does not divide them (the
+    compiled step's :class:`~tvm_spinn.training.vocab_parallel.VocabShard` assignment); a
+    ``1 / width`` share with more ranks than leaves."""
     from .tp_chain import vocab_leaves
 
     leaves = vocab_leaves(spec.heads, spec.intermediate, spec.vocab)
-    if leaves % width == 0 or width > leaves:
+    if width > leaves:
         return -(-spec.vocab // width)
     return -(-leaves // width) * -(-spec.vocab // leaves)
 
