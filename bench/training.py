@@ -204,7 +204,10 @@ def gpt2_small_plans(seq: int = 256, batch: int = 8) -> dict:
         linear = chips / base_chips
         split = (f"TP{fixed.split.tp} PP{fixed.split.pp} DP{fixed.split.dp} ZeRO-{fixed.split.zero} "
                  f"mb{fixed.split.micro_batch}x{fixed.split.micro_batches}"
-                 + (f" c{fixed.split.chunks}" if fixed.split.chunks > 1 else ""))
+                 + (f" c{fixed.split.chunks}" if fixed.split.chunks > 1 else "")
+                 + (f" head{fixed.split.head_tp}" if fixed.split.head_tp else "")
+                 + (" head-spread" if fixed.split.spread_head else "")
+                 + (f" lag{fixed.split.head_lag}" if fixed.split.head_lag else ""))
         print(f"  {name:<10}{chips:>6}  {split:<44}{fixed.time_per_step_s:>9.3f}{fixed.tokens_per_s:>10.0f}"
               f"{fixed.bound_s:>9.4f}{fixed.efficiency:>8.3f}{speedup:>8.2f}x{speedup / linear:>8.3f}"
               f"{fixed.time_per_step_s / fast.time_per_step_s:>10.2f}x")

@@ -201,7 +201,7 @@ def test_search_finds_what_costing_every_split_finds():
     """The branch and bound returns the split that costing every fitting split in full finds."""
     import itertools
 
-    from tvm_spinn.training.planner import LAYOUTS, _Comms, _chunk_counts, _compute_floor, _head_widths, _step_time
+    from tvm_spinn.training.planner import LAYOUTS, _Comms, _chunk_counts, _compute_floor, _head_options, _step_time
 
     cfg = {**_config("gpt2-xl"), "n_layer": 4, "n_embd": 128, "n_head": 4, "vocab_size": 1000, "n_positions": 128}
     system, seq, batch = make_system("twelve", chips=12), 64, 8
@@ -212,9 +212,9 @@ def test_search_finds_what_costing_every_split_finds():
     for tp, pp, dp in itertools.product((1, 2, 4), divisors(4), divisors(batch)):
         if tp * pp * dp > 12:
             continue
-        for mb, zero, chunks, layout, head in itertools.product(divisors(batch // dp), (0, 1, 2), _chunk_counts(seq),
-                                                                LAYOUTS, _head_widths(spec, tp, pp, dp, 12)):
-            split = Split(tp, pp, dp, zero, mb, batch // dp // mb, False, True, chunks, layout, head)
+        for mb, zero, chunks, layout, (head, spread, lag) in itertools.product(
+                divisors(batch // dp), (0, 1, 2), _chunk_counts(seq), LAYOUTS, _head_options(spec, tp, pp, dp, 12)):
+            split = Split(tp, pp, dp, zero, mb, batch // dp // mb, False, True, chunks, layout, head, spread, lag)
             if split.chips <= 12 and memory_per_chip(spec, split, seq, "adamw", system.dram_bytes).fits:
                 full = _step_time(spec, split, seq, "adamw", system, comms).total_s
                 # the search's two lower bounds (the compute floor that orders the splits, the
@@ -400,6 +400,76 @@ def test_head_stage_chips_are_distinct_and_hold_the_head(layout):
     assert no_head == -(-v // 2) * h  # the first stage's copy of the tied table is gone
 
 
+@pytest.mark.parametrize("layout", ["tp,pp,dp", "tp,dp,pp", "dp,tp,pp"])
+def test_a_spread_head_lies_on_the_block_stages_chips(layout):
+    """A head spread over the block stages (Split.spread_head) uses no chip of its own: its ranks
+    are each replica's block-stage chips in stage-major order; every stage holds a share of the
+    head's rows (a tied table's only copy: the first stage holds no other), the last the final
+    norm."""
+    from tvm_spinn.training.planner import _stage_params, _vocab_rows
+
+    split = Split(2, 3, 2, 0, 1, 4, False, True, 1, layout, 0, True, 2)
+    ranks, grid = split.head_ranks(), split.grid()
+    assert split.chips == 12 and split.head_width == 6 and ranks.shape == (2, 6)
+    for d in range(2):
+        assert [int(ranks[d, s * 2 + t]) for s in range(3) for t in range(2)] == [
+            int(grid[t, s, d]) for s in range(3) for t in range(2)]
+    assert sorted(ranks.reshape(-1).tolist()) == list(range(12))
+    spec = spec_of({**_config("gpt2-xl"), "n_layer": 6, "n_embd": 64, "n_head": 4, "vocab_size": 1000,
+                    "n_positions": 64})
+    h, v = spec.hidden, spec.vocab
+    rows = _vocab_rows(spec, 6)
+    assert rows == 2 * 125  # 8 leaves of 125 rows over 6 ranks: the busiest holds two
+    middle = _stage_params(spec, 2, 3, 1, 0, True) - _stage_params(spec, 2, 3, 1, 0, False)
+    assert middle == rows * h
+    # the first stage: the head's rows instead of a vocab-parallel copy of the tied table
+    assert _stage_params(spec, 2, 3, 0, 0, True) - _stage_params(spec, 2, 3, 0, 0, False) == rows * h - (v // 2) * h
+    # the last stage: its share and the final norm (which it held), no longer the table's copy
+    assert _stage_params(spec, 2, 3, 2, 0, True) - _stage_params(spec, 2, 3, 2, 0, False) == rows * h - (v // 2) * h
+
+
+@pytest.mark.parametrize("width", [7, 12, 48, 100, 144, 300])
+def test_a_spread_heads_rows_are_its_busiest_ranks_leaves(width):
+    """Ranks hold whole consecutive leaves of the vocabulary (where the width does not divide
+    them, some one more): the planner prices the busiest rank's rows as the compiled step's
+    vocabulary shard assigns them (VocabShard.rank_leaf_ranges)."""
+    from tvm_spinn.training.planner import _spec, _vocab_rows
+    from tvm_spinn.training.tp_chain import vocab_leaves
+    from tvm_spinn.training.vocab_parallel import VocabShard
+
+    spec = _spec({**_config("gpt2-xl"), "n_layer": 12, "n_embd": 768, "n_head": 12, "n_inner": 3072,
+                  "vocab_size": 50257})
+    leaves = vocab_leaves(12, 3072, 50257)
+    shard = VocabShard("lm_head.weight", "column", 0, 50257, leaves=leaves)
+    busiest = max(sum(b - a for ((a, b),) in shard.rank_leaf_ranges(r, width)) for r in range(width))
+    assert _vocab_rows(spec, width) == busiest
+
+
+def test_a_spread_head_on_a_board():
+    """GPT-2 small on one board: spreading the head over the pipeline's chips (its GEMMs a
+    share of every chip's work, its collectives on the board's links) beats the same split with
+    the head on the last block stage, and every stage's compute carries the head's share."""
+    import dataclasses
+
+    from tvm_spinn.training.planner import _Comms, _step_time, _vocab_rows
+
+    system = make_system("one-board", boards=1)
+    cfg = {**_config("gpt2-xl"), "n_layer": 12, "n_embd": 768, "n_head": 12, "n_inner": None, "vocab_size": 50257,
+           "n_positions": 1024}
+    plan = plan_training(cfg, system, seq=256, global_batch=8, recompute=False)
+    assert plan.split.spread_head and plan.split.pp > 1, plan.split.line()
+    spec, comms = spec_of(cfg), _Comms(system, True)
+    on_last = _step_time(spec, dataclasses.replace(plan.split, spread_head=False), 256, "adamw", system, comms)
+    assert plan.time_per_step_s < on_last.total_s
+    # the first stage computes its layers and, now, a share of the head: 3 x 2 tokens hidden rows
+    # FLOPs more a slot at the chip's fp32 peak (at least: its leaves' additions come on top)
+    peak = 2.0 * system.m4f_flops_per_cycle * system.clock_hz * system.pes_per_chip
+    tokens = plan.split.micro_batch * 256 // plan.split.chunks
+    share = 3 * 2 * tokens * spec.hidden * _vocab_rows(spec, plan.split.tp * plan.split.pp) / peak
+    first = {j: c for j, c, *_ in plan.step.stages_s}[0] - {j: c for j, c, *_ in on_last.stages_s}[0]
+    assert first >= share * (1 - 1e-9)
+
+
 def test_a_large_vocabulary_gets_a_head_stage():
     """GPT-2 small's proportions (the head ~5 blocks' GEMMs): the plan gives the head a stage of
     its own, faster than the same split with the head on the last block stage."""
@@ -415,6 +485,28 @@ def test_a_large_vocabulary_gets_a_head_stage():
     alone = _step_time(spec_of(cfg), on_last, 64, "adamw", system, _Comms(system, True))
     assert plan.time_per_step_s < alone.total_s
     assert plan.step.stages_s[-1][0] == plan.split.pp  # the head's stage is costed
+
+
+@pytest.mark.parametrize("lag", [2, 4, 8])
+def test_a_head_stage_behind_the_blocks_waits_for_no_collective(lag):
+    """A head stage ``lag`` slots behind the last block stage (Split.head_lag): its slot is no
+    longer its passes plus the collectives they wait for, but at least its compute and that path
+    over the lag; the fill and drain cross the whole path once, and the block stages hold
+    ``lag`` more slots."""
+    import dataclasses
+
+    from tvm_spinn.training.planner import _Comms, _inflight, _step_time
+
+    cfg = {**_config("gpt2-xl"), "n_layer": 6, "n_embd": 64, "n_head": 4, "vocab_size": 20000, "n_positions": 64}
+    system = make_system("forty-eight", chips=48)
+    spec, comms = spec_of(cfg), _Comms(system, True)
+    split = Split(4, 2, 2, 0, 1, 4, False, True, 16, "tp,dp,pp", 8)
+    behind = dataclasses.replace(split, head_lag=lag)
+    steps = {s: _step_time(spec, s, 64, "adamw", system, comms) for s in (split, behind)}
+    (_, comp, coll, _, slot0), (_, comp_l, coll_l, _, slot) = (steps[s].stages_s[-1] for s in (split, behind))
+    assert (comp, coll) == (comp_l, coll_l)  # the same passes and collectives
+    assert max(comp, (comp + coll) / lag) * (1 - 1e-12) <= slot <= slot0 * (1 + 1e-12)
+    assert _inflight(behind, 0) == min(split.stages + lag, split.slots) and _inflight(split, 0) == split.stages
 
 
 def test_min_chunk_tokens_bounds_the_chunks_searched():

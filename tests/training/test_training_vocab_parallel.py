@@ -137,10 +137,44 @@ def test_the_head_weight_is_split_by_the_vocabulary(make, name, axis, vocab, lea
     split = split_gemms(mod, len(micro.input_shapes), marked, 2)
     (red,) = [c for c in split.reductions if c.name == name]
     assert (red.m, red.k, red.n, red.leaves, red.parts) == (8, vocab, 32, leaves, 1)
+    # the loss over the split head: 8 rows, each rank its half of the classes (two of the leaves)
+    assert split.losses == ((8, vocab, vocab // 2),)
+    assert split_gemms(mod, len(micro.input_shapes), layout, 2).losses == ()  # head not split: every rank
     # a model whose loss reads no head GEMM (an MLP classifier) keeps its layout
     no_loss = build_train_graph(
         torch.nn.Sequential(torch.nn.Linear(4, 3)), (torch.zeros(2, 4),), "mse", ("sgd", {"lr": 0.1}))
     assert vocab_parallel(grad_module(no_loss), 1, no_loss.param_names, (None, None), model) == (None, None)
+
+
+def test_a_rank_prices_the_loss_over_its_own_classes():
+    """``tp_compute`` charges a rank the cross-entropy kernels over its share of the classes (not
+    the whole vocabulary) plus the chain of each row's three scalars over the ranks."""
+    from tvm_spinn.target.registry import arch_of
+    from tvm_spinn.target.topology import topology_of
+    from tvm_spinn.timing.collectives import point_to_point
+    from tvm_spinn.training.graph import build_train_graph
+    from tvm_spinn.training.parallel import grad_module
+    from tvm_spinn.training.tensor_parallel import split_gemms, tp_compute, tp_layout
+
+    model = _gpt2(vocab=512)
+    ids, _ = tokens(512)
+    micro = build_train_graph(model, (torch.from_numpy(ids[:1]),), "cross_entropy", ADAMW)
+    mod = grad_module(micro)
+    topo = topology_of(arch_of("spinn/board"))
+    cost = {}
+    for tp in (2, 4):
+        layout = vocab_parallel(mod, 1, micro.param_names, tp_layout(model, micro.param_names, micro.param_shapes, tp),
+                                model)
+        split = split_gemms(mod, 1, layout, tp)
+        assert split.losses == ((8, 512, 512 // tp),)
+        cost[tp] = tp_compute(split, 1.0, "spinn/board", topo)
+    # the whole vocabulary's kernels on one chip, the same for every split; a rank's share scales
+    # with its classes (the kernels' work is per class: within 20% of the share of the classes)
+    assert cost[2]["loss_s"] == cost[4]["loss_s"] > cost[2]["rank_loss_s"] > cost[4]["rank_loss_s"] > 0
+    for tp in (2, 4):
+        assert cost[tp]["rank_loss_s"] == pytest.approx(cost[tp]["loss_s"] / tp, rel=0.2)
+        # the chain at least moves each row's three scalars across one hop
+        assert cost[tp]["loss_chain_s"] >= point_to_point(topo, [0], [1], 3 * 4 * 8).seconds > 0
 
 
 # -- the step (slow: compiles three splits) --------------------------------------------------------

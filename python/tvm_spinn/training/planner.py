@@ -41,8 +41,10 @@ an fp32 master copy; here every tensor is fp32 and there is no master copy:
   softmax outputs per head. The four ``hidden``-wide tensors are split over the sequence on the
   TP ranks with sequence parallelism (Korthikanti et al.'s Sec. 4.2.2; the default), else
   replicated on them; the rest is split by heads or by the MLP's width. 1F1B keeps ``min(pp - j, m)`` micro-batches in
-  flight on stage ``j`` (the first stage holds the most); the last stage also holds the final
-  norm's input and output and the logits (``vocab / tp`` per token). Full recomputation keeps
+  flight on stage ``j`` (the first stage holds the most; a head stage counts among the stages,
+  and a head :attr:`Split.head_lag` slots behind adds that many); the last stage also holds the
+  final norm's input and output and the logits (``vocab / tp`` per token; a head stage or a
+  spread head holds them for each slot in flight on it). Full recomputation keeps
   only each layer's input (``4 hidden`` bytes per token) and one layer's activations while it
   is recomputed.
 
@@ -92,6 +94,19 @@ the head's partial input gradients are reduce-scattered over its ranks and hande
 table then lives on the head's stage only: it streams the first stage the rows of each slot's
 tokens and takes their gradients back during the pipeline (beside the first stage's
 hand-overs); only the first slot's rows and the last slot's gradients are exposed.
+
+The head may instead be spread over every chip of the replica's block stages
+(:attr:`Split.spread_head`, vocabulary parallelism over the pipeline as Yeung et al. 2024 balance
+it): each of the ``tp pp`` ranks holds a share of the vocabulary's leaves (stage-major, the
+busiest rank's whole leaves priced where the width does not divide them) and computes its share
+of the head's GEMMs beside its layers; each slot's final hidden states are all-gathered onto
+every rank, the loss' sums chained over the ranks and the input gradient reduced back to the last
+stage's ranks, on the links every stage's collectives use. A head stage or a spread head may run
+:attr:`Split.head_lag` slots behind the last block stage (searched): the last block stage then
+holds that many more slots, and the head's passes wait for no collective (it gathers later
+slots' hidden states while it computes one, and computes another slot's pass while one's loss
+sums and input gradient are reduced): a slot's path through the head, its passes and
+collectives in series, spreads over the lag and is crossed once in the fill and drain.
 
 Then the gradient synchronisation over the ``dp`` replicas (ZeRO-0: an all-reduce; ZeRO-1: a
 reduce-scatter and an all-gather of the updated weights; ZeRO-2: a reduce-scatter per
@@ -166,6 +181,9 @@ F32 = 4
 DEFAULT_SEQ = 2048
 #: Sequences per step when none is given
 DEFAULT_GLOBAL_BATCH = 512
+#: slots the LM head's passes may run behind the last block stage (:attr:`Split.head_lag`,
+#: searched): a head stage's or a spread head's
+HEAD_LAGS = (2, 4, 8)
 #: DRAM bytes per parameter of one optimizer update: read the weight, its gradient and the
 #: state, write the weight and the state.
 _UPDATE_BYTES = {name: F32 * (3 + 2 * k) for name, k in OPTIMIZERS.items()}
@@ -207,6 +225,19 @@ class Split:
     #: replica (vocab-parallel over them, a width of its own: the head's GEMM is not bounded by
     #: the heads as the blocks' is); 0: the head on the last block stage at the blocks' ``tp``
     head_tp: int = 0
+    #: the final norm, the LM head and the loss vocabulary-parallel over every chip of the
+    #: replica's block stages (``tp x pp`` ranks, each its share of the vocabulary's leaves in
+    #: stage-major rank order), time-shared with the blocks (the head's GEMM work spread evenly
+    #: over the pipeline, as Yeung et al. 2024's vocabulary parallelism does): no chip of its own
+    spread_head: bool = False
+    #: slots the head's passes run behind the last block stage (a head stage's or a spread
+    #: head's; 0: 1F1B as it is, the head's passes waiting for their collectives). The last
+    #: block stage runs this many more slots ahead (and holds their activations), so the head
+    #: gathers later slots' hidden states while it computes one and computes another slot's pass
+    #: while one's loss sums and input gradient are reduced: one slot's path through the head,
+    #: its passes and collectives in series, spreads over this many slots, and is crossed once in
+    #: the fill and drain
+    head_lag: int = 0
 
     @property
     def chips(self) -> int:
@@ -247,6 +278,18 @@ class Split:
         # gradients, the largest of a stage, synchronise on a board where the replicas fit it)
         return self.tp * self.pp * self.dp + d + self.dp * r
 
+    def head_ranks(self) -> np.ndarray:
+        """``(dp, tp pp)`` chip ids of each replica's ranks of a spread head
+        (:attr:`spread_head`): stage-major, rank ``s tp + t`` the chip of TP rank ``t`` of stage
+        ``s``, so the vocabulary's leaves run over the stages in order."""
+        return np.ascontiguousarray(self.grid().transpose(2, 1, 0)).reshape(self.dp, self.pp * self.tp)
+
+    @property
+    def head_width(self) -> int:
+        """Ranks the LM head's vocabulary is split over: a head stage's, a spread head's (every
+        chip of a replica's block stages) or the last block stage's TP ranks."""
+        return self.head_tp or (self.tp * self.pp if self.spread_head else self.tp)
+
     def line(self) -> str:
         head = f" + {self.head_tp} x {self.dp} head" if self.head_tp else ""
         return (f"TP {self.tp} x PP {self.pp} x DP {self.dp}{head} = {self.chips} chips"
@@ -254,6 +297,9 @@ class Split:
                 + f", ZeRO-{self.zero}, {self.micro_batches} micro-batch(es) of {self.micro_batch}"
                 + (f" in {self.chunks} sequence chunks each" if self.chunks > 1 else "")
                 + (f", LM head on a stage of its own of {self.head_tp} chip(s) a replica" if self.head_tp else "")
+                + (f", LM head spread over the {self.tp * self.pp} chips of a replica's stages" if self.spread_head
+                   else "")
+                + (f", the head {self.head_lag} slots behind" if self.head_lag else "")
                 + f", recomputation {'on' if self.recompute else 'off'}"
                 + (", sequence parallel" if self.sequence_parallel and self.tp > 1 else ""))
 
@@ -425,9 +471,25 @@ def _layer_params(spec, tp: int) -> int:
     return split + replicated
 
 
-def _stage_params(spec, tp: int, pp: int, stage: int, head_tp: int = 0) -> int:
+def _vocab_rows(spec, width: int) -> int:
+    """Rows of the LM head's weight on the busiest of ``width`` vocabulary-parallel ranks of a
+    spread head: its whole leaves of the vocabulary's canonical order
+    (:func:`~tvm_spinn.training.tp_chain.vocab_leaves`, ``ceil(vocab / leaves)`` rows each),
+    consecutive leaves a rank, some ranks one more where ``width`` does not divide them (the
+    compiled step's :class:`~tvm_spinn.training.vocab_parallel.VocabShard` assignment); a
+    ``1 / width`` share with more ranks than leaves."""
+    from .tp_chain import vocab_leaves
+
+    leaves = vocab_leaves(spec.heads, spec.intermediate, spec.vocab)
+    if width > leaves:
+        return -(-spec.vocab // width)
+    return -(-leaves // width) * -(-spec.vocab // leaves)
+
+
+def _stage_params(spec, tp: int, pp: int, stage: int, head_tp: int = 0, spread: bool = False) -> int:
     """Parameters on one TP rank of pipeline stage ``stage`` (``stage == pp``: a rank of the
-    head's stage of ``head_tp`` chips)."""
+    head's stage of ``head_tp`` chips; ``spread``: the head's rows spread over every stage's
+    ranks, :attr:`Split.spread_head`)."""
     h, v = spec.hidden, spec.vocab
     norm = 2 * h if spec.family == "gpt2" else h  # the final norm
     if head_tp and stage == pp:  # the final norm and the LM head (a tied one: the only copy)
@@ -435,8 +497,12 @@ def _stage_params(spec, tp: int, pp: int, stage: int, head_tp: int = 0) -> int:
     table = -(-v // tp) * h  # vocab-parallel, padded to a multiple of tp
     n = spec.layers // pp * _layer_params(spec, tp)
     if stage == 0:
-        # a tied table on a head stage hands the token rows to the first stage instead
-        n += (0 if head_tp and spec.tied_embeddings else table) + (spec.max_positions * h if spec.family == "gpt2" else 0)
+        # a tied table on a head stage (or spread with the head) hands the token rows to the
+        # first stage instead
+        n += ((0 if (head_tp or spread) and spec.tied_embeddings else table)
+              + (spec.max_positions * h if spec.family == "gpt2" else 0))
+    if spread:  # a share of the head's rows on every rank; the final norm on the last stage
+        return n + _vocab_rows(spec, tp * pp) * h + (norm if stage == pp - 1 else 0)
     if head_tp:
         return n
     if stage == pp - 1:
@@ -452,7 +518,7 @@ def _gathered_params(spec, split: "Split", stage: int) -> int:
     if stage != 0:
         return 0
     h = spec.hidden
-    table = 0 if split.head_tp and spec.tied_embeddings else -(-spec.vocab // split.tp) * h
+    table = 0 if (split.head_tp or split.spread_head) and spec.tied_embeddings else -(-spec.vocab // split.tp) * h
     return table + (spec.max_positions * h if spec.family == "gpt2" else 0)
 
 
@@ -490,10 +556,9 @@ def _stage_activations(spec, split: "Split", seq: int, stage: int, recompute: bo
         # the head's stage, last of the pipeline (one slot in flight): the final norm's input
         # and output on every rank (the head reads all of the slot's hidden states) and its
         # share of the logits
-        return 2 * F32 * tokens * spec.hidden + F32 * tokens * -(-spec.vocab // split.head_tp)
-    pp = split.stages  # slots in flight count the head's stage among the later ones
-    layers = spec.layers // pp
-    inflight = min(pp - stage, split.slots)
+        return (1 + split.head_lag) * (2 * F32 * tokens * spec.hidden + F32 * tokens * -(-spec.vocab // split.head_tp))
+    layers = spec.layers // split.pp
+    inflight = _inflight(split, stage)
     sp = split.sequence_parallel and tp > 1
     layer = _layer_activations(spec, tp, tokens, seq, sp)
     if recompute:
@@ -506,16 +571,28 @@ def _stage_activations(spec, split: "Split", seq: int, stage: int, recompute: bo
         _, _, _, kv = _widths(spec, tp)
         sequences = min(split.micro_batches, -(-inflight // split.chunks) + 1)
         total += layers * sequences * F32 * mb * seq * 2 * kv
-    if stage == pp - 1 and not split.head_tp:  # the final norm's input and output, the logits
+    if split.spread_head:
+        # each rank holds, for every slot whose head passes are in flight, the slot's final
+        # hidden states whole (the norm's output, and its input for the norm's gradient) and its
+        # share of the logits
+        total += split.head_lag * (2 * F32 * tokens * spec.hidden + F32 * tokens * _vocab_rows(spec, tp * split.pp))
+    elif stage == split.pp - 1 and not split.head_tp:  # the final norm's input and output, the logits
         total += 2 * _layer_input(spec, tp, tokens, sp) + F32 * tokens * -(-spec.vocab // tp)
     return total
+
+
+def _inflight(split: "Split", stage: int) -> int:
+    """Slots block stage ``stage`` holds at once under 1F1B: one for each later stage (a head's
+    stage among them) up to the slots, and :attr:`Split.head_lag` more (the head's passes run
+    that many slots behind the last block stage)."""
+    return min(split.stages + split.head_lag - stage, split.slots)
 
 
 def memory_per_chip(spec, split: Split, seq: int, optimizer: str, capacity: int) -> MemoryPerChip:
     """Bytes per chip of ``split`` (the most loaded pipeline stage), see the module docstring."""
     best = None
     for stage in _costed_stages(split):
-        p = _stage_params(spec, split.tp, split.pp, stage, split.head_tp)
+        p = _stage_params(spec, split.tp, split.pp, stage, split.head_tp, split.spread_head)
         shard = -(-p // split.dp)
         grads = shard if split.zero >= 2 else p
         state = OPTIMIZERS[optimizer] * (shard if split.zero >= 1 else p)
@@ -532,7 +609,7 @@ def _peak_bytes(spec, split: Split, seq: int, optimizer: str) -> int:
     test, cheaper than :func:`memory_per_chip`)."""
     most = 0
     for stage in _costed_stages(split):
-        p = _stage_params(spec, split.tp, split.pp, stage, split.head_tp)
+        p = _stage_params(spec, split.tp, split.pp, stage, split.head_tp, split.spread_head)
         shard = -(-p // split.dp)
         grads = shard if split.zero >= 2 else p
         state = OPTIMIZERS[optimizer] * (shard if split.zero >= 1 else p)
@@ -1132,8 +1209,31 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
     v_leaves = vocab_leaves(spec.heads, spec.intermediate, spec.vocab)
 
     def vocab_per(width: int) -> int:
-        """Leaves of the vocabulary a rank of ``width`` adds one by one (reproducible mode)."""
-        return max(1, v_leaves // width) if comms.reproducible else 1
+        """Leaves of the vocabulary the busiest rank of ``width`` adds one by one (reproducible
+        mode)."""
+        return max(1, -(-v_leaves // width)) if comms.reproducible else 1
+
+    spread = split.spread_head
+    spread_busy = spread_path = 0.0
+    if spread:
+        # the head spread over every chip of the replica's stages: each slot's final hidden
+        # states (the last stage's shares) all-gathered onto every rank, the loss' three scalars
+        # a token chained over the ranks in the vocabulary's order, the input gradient reduced
+        # over the ranks in the leaves' order and the shares handed to the last stage's ranks;
+        # every replica at once. The blocks' passes do not wait for them (the last stage runs
+        # :attr:`Split.head_lag` slots ahead of the head's passes): the links carry their bytes, and
+        # a slot's path through them is crossed once in the fill and drain
+        ranks = split.head_ranks()
+        width = tp * pp
+        last = np.ascontiguousarray(grid[:, pp - 1, :].T).reshape(-1)  # replica-major
+        mine = ranks[:, _landing(tp, width)].reshape(-1)
+        s_ag = comms.collective_parts("all_gather", ranks, act)
+        s_loss = comms.collective_parts("all_reduce", ranks, 3 * F32 * tokens, chain=True)
+        s_rs = comms.collective_parts("reduce_scatter", ranks, act, vocab_per(width))
+        s_back = comms.handover(mine, last, act / tp)
+        spread_busy = s_ag[1] + s_loss[1] + s_rs[1] + s_back
+        spread_path = s_ag[0] + s_loss[0] + s_rs[0] + s_back
+        spread_head = 2 * tokens * spec.hidden * _vocab_rows(spec, width)  # a rank's forward FLOPs
 
     if heads:
         # the head's stage: every rank reads the slot's hidden states whole: each rank of the
@@ -1163,11 +1263,13 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         last_on = hand_on + head_io_on if tp_local else last_io
         head_io_on = head_io_on if head_local else head_io
     rows_io = rows_on = 0.0
-    if heads and spec.tied_embeddings:
-        # the tied table's only copy is on the head's stage: it hands the first stage the rows
-        # of each slot's tokens as the pipeline runs and takes their gradients back after the
-        # slot's backward (one slot's rows each way a slot, beside the first stage's hand-overs)
-        rows_src = head_grid[:, _landing(tp, heads)].reshape(-1)
+    if (heads or spread) and spec.tied_embeddings:
+        # the tied table's only copy is on the head's stage (or spread with the head over the
+        # replica's chips): it hands the first stage the rows of each slot's tokens as the
+        # pipeline runs and takes their gradients back after the slot's backward (one slot's
+        # rows each way a slot, beside the first stage's hand-overs; a spread table's rows come
+        # from chips all over the replica, here from ``tp`` of them spread evenly)
+        rows_src = (mine if spread else head_grid[:, _landing(tp, heads)].reshape(-1))
         rows_dst = np.ascontiguousarray(grid[:, 0, :].T).reshape(-1)
         slot_rows = F32 * tokens * spec.hidden / (tp if sp else 1)
         both = (np.concatenate([rows_src, rows_dst]), np.concatenate([rows_dst, rows_src]))
@@ -1187,18 +1289,21 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
     add_s = arch.m4f_elementwise_cycles / (arch.pes_per_chip * arch.clock_hz)  # one fp32 addition a chip
     per_stage = {}
     for stage in _costed_stages(split):
-        params = _stage_params(spec, tp, pp, stage, heads)
+        params = _stage_params(spec, tp, pp, stage, heads, spread)
         # the GEMMs' weights, read in every pass; the gathered tables' rows of the slot's tokens
         streamed = params - _gathered_params(spec, split, stage)
         rows = F32 * tokens * spec.hidden * (2 if spec.family == "gpt2" else 1) if stage == 0 else 0
         held = _stage_activations(spec, split, seq, stage, split.recompute)
-        stored = held // max(1, min(stages - stage, slots))
+        stored = held // max(1, _inflight(split, stage))
         if heads and stage == pp:
             fwd, bwd, width = 0, 0, heads
         else:
             fwd, width = layers * block, tp
             bwd = 2 * fwd + (fwd if split.recompute else 0)
-        head = 2 * tokens * spec.hidden * -(-spec.vocab // width) if stage == stages - 1 else 0
+        if spread:  # every rank its share of the head's GEMMs
+            width, head = tp * pp, spread_head
+        else:
+            head = 2 * tokens * spec.hidden * -(-spec.vocab // width) if stage == stages - 1 else 0
         bwd += 2 * head
         fwd += head
         # the backward's weight-gradient GEMMs: the forward's GEMMs of the weights once more
@@ -1216,7 +1321,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         if canon is not None and not (heads and stage == pp):  # the leaves' additions on the cores
             f_gemm += layers * canon["forward_add_s"]
             b_gemm += layers * (canon["backward_add_s"] + rc * canon["forward_add_s"])
-        if comms.reproducible and stage == stages - 1 and width > 1:
+        if comms.reproducible and (stage == stages - 1 or spread) and width > 1:
             # the head's input gradient: a rank adds its vocabulary leaves to the running sums
             b_gemm += vocab_per(width) * tokens * spec.hidden * add_s
         f_s, b_s = max(f_gemm, dram_f), max(b_gemm, dram_b)
@@ -1227,7 +1332,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         else:
             # + the vocab-parallel embedding's; a tied table on the head's stage hands the
             # first stage the rows of its tokens instead (no reduction over its ranks)
-            lookup = stage == 0 and not (heads and spec.tied_embeddings)
+            lookup = stage == 0 and not ((heads or spread) and spec.tied_embeddings)
             n_f = (2 + (2 if split.recompute else 0)) * layers + lookup
             tp_f, tp_b = n_f * ar, 2 * layers * (ar + kv_ar[0])
             busy = (n_f + 2 * layers) * ar_busy + 2 * layers * kv_ar[1]
@@ -1235,7 +1340,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
                 tp_f = (1 + rc) * layers * canon["forward_s"] + lookup * ar
                 tp_b = layers * canon["backward_s"]
                 busy = (layers * ((1 + rc) * canon["forward_busy"] + canon["backward_busy"]) + lookup * ar_busy)
-            if stage == pp - 1 and tp > 1 and not heads:  # vocab-parallel head: its input gradient, the loss' scalars
+            if stage == pp - 1 and tp > 1 and not heads and not spread:  # vocab-parallel head: its input gradient, the loss' scalars
                 loss, loss_busy = comms.collective_parts("all_reduce", tp_groups, 3 * F32 * tokens, chain=True)
                 grad, grad_busy = (np.add(comms.collective_parts("all_gather", tp_groups, act),
                                           comms.collective_parts("reduce_scatter", tp_groups, act, vocab_per(tp)))
@@ -1245,6 +1350,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
             pp_s, pp_on = (last_io, last_on) if heads and stage == pp - 1 else (hand, hand_on)
             if stage == 0:
                 pp_s, pp_on = pp_s + rows_io, pp_on + rows_on
+            busy += spread_busy  # a spread head's collectives on every rank's links
         # a slot's hand-overs run by DMA during its compute (1F1B sends one micro-batch's
         # activations while it computes the next) and share the links with its TP collectives;
         # with more than one slot, 1F1B's steady state pairs the forward of one slot with the
@@ -1253,7 +1359,19 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         # the links carry all of them and the hand-overs)
         total = _slot_seconds(f_s, b_s, tp_f, tp_b, pp_s, overlap=slots > 1, pp_shared=pp_on, tp_busy=busy,
                               w_s=min(wgrad / peak, b_s / 2))
-        per_stage[stage] = dict(total=total, comp=f_s + b_s, tp=tp_f + tp_b, pp=pp_s, waits=waits,
+        # a spread head's path (its collectives; its GEMMs are in this stage's compute) of one
+        # slot overlaps the next head_lag slots
+        total = max(total, spread_path / max(1, split.head_lag))
+        path = total
+        if heads and stage == pp and split.head_lag and slots > 1:
+            # a head stage behind the last block stage (Split.head_lag): its passes wait for no
+            # collective (the PEs and the links are the resources, as in _slot_seconds); one
+            # slot's path (passes and collectives in series) spreads over the lag and is crossed
+            # once in the fill and drain
+            chain = f_s + tp_f + b_s + tp_b
+            total = max(f_s + b_s, min(tp_f + tp_b, busy) + min(pp_s, pp_on), pp_s, chain / split.head_lag)
+            path = max(total, chain)
+        per_stage[stage] = dict(total=total, path=path, comp=f_s + b_s, tp=tp_f + tp_b, pp=pp_s, waits=waits,
                                 drain=b_s, params=streamed, fits=fits)
     slowest = max(per_stage.values(), key=lambda st: st["total"])
     per = slowest["total"]
@@ -1266,7 +1384,11 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
     def over_pipeline(key: str) -> float:  # a slot's part, over the pipeline's slots as paced
         return (slots - 1) * slowest[key] + sum(per_stage[j][key] for j in own)
 
-    pipeline = over_pipeline("total")
+    # the fill and drain cross a lagged head stage's whole path of one slot; a spread head's
+    # passes of the first slot and the last (its collectives and the head's forward and backward
+    # on one rank) once more
+    pipeline = (over_pipeline("total") + sum(per_stage[j]["path"] - per_stage[j]["total"] for j in set(own))
+                + (spread_path + 3 * spread_head / peak if spread else 0.0))
     # the drain of 1F1B: stage j runs its last backward j backward passes before the first
     # stage ends (each at least the slowest stage's backward compute: the drain's pace), so
     # its gradient synchronisation and update start that much earlier
@@ -1275,7 +1397,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
     if spec.tied_embeddings and (pp > 1 or heads):
         rows = F32 * (split.micro_batch * m * seq) * spec.hidden / (tp if sp else 1)
         first = grid[:, 0, :].reshape(-1)
-        if heads:
+        if heads or spread:
             # the head's stage keeps the only copy and streams each slot's token rows to the
             # first stage and their gradients back during the pipeline (the slots' hand-overs
             # above): the first slot's rows before it, the last slot's gradients after it
@@ -1308,7 +1430,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
 
     # the block stages end within the drain of each other: their groups synchronise at once (the
     # largest stage's bytes), as the first stage ends; the tied table's synchronisation too
-    block = [(_stage_params(spec, tp, pp, j, heads), j) for j in sorted({0, pp - 1})]
+    block = [(_stage_params(spec, tp, pp, j, heads, spread), j) for j in sorted({0, pp - 1})]
     dp_blocks = sync(grid.reshape(-1, dp), max(n - _untouched_rows(spec, seq, j) for n, j in block))
     tail = (max(dp_blocks, tied), max(update(n, j) for n, j in block))
     hidden = 0.0
@@ -1542,9 +1664,9 @@ def plan_training(config, system="spinn/board", *, seq: "int | None" = None, glo
                     for z in (zeros if d > 1 else [zeros[0] if zero is not None else 0]):
                         for r in recomputes:
                             for k in (_chunk_counts(seq, min_chunk_tokens) if p > 1 else (1,)):
-                                for h in _head_widths(spec, t, p, d, arch.chips):
+                                for h, spread, lag in _head_options(spec, t, p, d, arch.chips):
                                     split = Split(t, p, d, z, mb, per_replica // mb, r, sequence_parallel, k,
-                                                  LAYOUTS[0], h)
+                                                  LAYOUTS[0], h, spread, lag)
                                     # memory and the compute floor do not depend on the chip order
                                     if _peak_bytes(spec, split, seq, optimizer) > capacity:
                                         continue
@@ -1625,10 +1747,8 @@ def _head_widths(spec, tp: int, pp: int, dp: int, chips: int) -> list:
     (:func:`~tvm_spinn.training.tp_chain.vocab_leaves`) go."""
     from .tp_chain import vocab_leaves
 
-    h, i, q, kv = _widths(spec)
-    block = (h * (q + 2 * kv) + q * h + (3 if spec.family == "llama" else 2) * h * i) * (spec.layers // pp)
     out, width = [0], tp
-    if spec.vocab * spec.hidden <= block:
+    if not _head_outweighs(spec, pp):
         return out
     # a width divides the vocabulary's canonical leaves, so each rank holds whole leaves
     leaves = vocab_leaves(spec.heads, spec.intermediate, spec.vocab)
@@ -1638,10 +1758,29 @@ def _head_widths(spec, tp: int, pp: int, dp: int, chips: int) -> list:
     return out
 
 
+def _head_options(spec, tp: int, pp: int, dp: int, chips: int) -> list:
+    """``(head_tp, spread_head, head_lag)`` a split may take: the head on the last block stage,
+    on a stage of its own (:func:`_head_widths`), or, with more than one stage and where the LM
+    head's GEMM outweighs a block stage's, spread over every chip of the replica's stages
+    (:attr:`Split.spread_head`); a head stage 0 or :data:`HEAD_LAGS` slots behind the last
+    block stage, a spread head one of :data:`HEAD_LAGS` (its collectives are outside the blocks'
+    passes)."""
+    widths = _head_widths(spec, tp, pp, dp, chips)
+    stage = [(w, False, lag) for w in widths for lag in ((0,) + HEAD_LAGS if w else (0,))]
+    return stage + ([(0, True, lag) for lag in HEAD_LAGS] if pp > 1 and _head_outweighs(spec, pp) else [])
+
+
+def _head_outweighs(spec, pp: int) -> bool:
+    """The LM head's weights outnumber a block stage's (the head would pace the pipeline)."""
+    h, i, q, kv = _widths(spec)
+    block = (h * (q + 2 * kv) + q * h + (3 if spec.family == "llama" else 2) * h * i) * (spec.layers // pp)
+    return spec.vocab * spec.hidden > block
+
+
 def _split_key(split: Split) -> tuple:
     """A total order of splits (ties of the search go to the first)."""
     return (split.tp, split.pp, split.dp, split.zero, split.micro_batch, split.micro_batches, split.recompute,
-            split.sequence_parallel, split.chunks, split.layout, split.head_tp)
+            split.sequence_parallel, split.chunks, split.layout, split.head_tp, split.spread_head, split.head_lag)
 
 
 def _compute_floor(spec, split: Split, seq: int, arch, reproducible: bool = False) -> float:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import tvm
@@ -81,6 +82,9 @@ class TPShard:
     leaves: int = 1
     parts: int = 1
     replicas: int = 1
+    #: the LM head's weight split by the vocabulary
+    #: (:class:`~tvm_spinn.training.vocab_parallel.VocabShard`): its classes are the loss'
+    vocabulary: ClassVar[bool] = False
 
     def leaf_ranges(self) -> tuple:
         """Each leaf's ``k`` ranges (one a part) in the canonical order."""
@@ -139,6 +143,11 @@ class TPSplit:
         Parameter bytes split over the ranks and held by every rank.
     rank_bytes : int
         Parameter bytes one rank holds (its shares, its key/value heads, the replicated rest).
+    losses : tuple of (int, int, int)
+        ``(rows, classes, rank classes)`` per cross-entropy over the vocabulary-parallel head's
+        logits (:mod:`.vocab_parallel`): each rank computes the exponentials and the softmax's
+        gradient of its own classes only (``rank classes``: the busiest rank's, its vocabulary
+        leaves), and the rows' running sums of exponentials pass the ranks in rank order.
     """
 
     mod: tvm.IRModule
@@ -149,6 +158,7 @@ class TPSplit:
     replicated_bytes: int
     groups: tuple
     rank_bytes: int
+    losses: tuple = ()
 
 
 def _divisors(n: int) -> str:
@@ -231,6 +241,26 @@ def _module(shard: TPShard) -> str:
 
 def _shape(expr) -> tuple:
     return tuple(int(d) for d in expr.ty.shape)
+
+
+def _vocab_losses(bindings, layout, tp: int) -> tuple:
+    """``(rows, classes, rank classes)`` of each ``nll_loss(log_softmax(z))`` over logits whose
+    classes are a vocabulary shard's vocabulary (:attr:`TPShard.vocabulary`: the head split by
+    the vocabulary, each rank holding its leaves' classes)."""
+    heads = {s.extent: s for s in layout if s is not None and s.vocabulary}
+    values = {b.var: b.value for b in bindings}
+    out = []
+    for b in bindings:
+        v = b.value
+        if not (_is_op(v, "relax.nn.nll_loss") and _is_op(values.get(v.args[0]), "relax.nn.log_softmax")):
+            continue
+        shape = _shape(values[v.args[0]].args[0])
+        if len(shape) != 2 or shape[1] not in heads:
+            continue
+        shard = heads[shape[1]]
+        mine = max(sum(hi - lo for ((lo, hi),) in shard.rank_leaf_ranges(r, tp)) for r in range(tp))
+        out.append((int(shape[0]), int(shape[1]), int(mine)))
+    return tuple(out)
 
 
 def split_gemms(grad_mod: tvm.IRModule, n_inputs: int, layout, tp: int) -> TPSplit:
@@ -317,7 +347,7 @@ def split_gemms(grad_mod: tvm.IRModule, n_inputs: int, layout, tp: int) -> TPSpl
     # one rank's bytes: a replicated key/value head's weights are held by each of its replicas
     rank = sum(b if s is None else b * s.replicas // tp for b, s in zip(sizes, layout))
     return TPSplit(FixupImported(mod), tp, tuple(reductions), tuple(parallel), sharded, sum(sizes) - sharded,
-                   groups, rank)
+                   groups, rank, _vocab_losses(bindings, layout, tp))
 
 
 def _joined_ranges(terms) -> tuple:
@@ -460,6 +490,32 @@ def _add_module(shapes) -> tvm.IRModule:
     return bb.get()
 
 
+def _loss_module(shapes) -> tvm.IRModule:
+    """``main(z_0, t_0, ...) -> (row losses, gradient, ...)``: the cross-entropy and its gradient
+    in the forms the PE kernels take (:func:`~tvm_spinn.training.graph.loss_on_pes`), for
+    ``(rows, classes)`` logits ``shapes``."""
+    from tvm.ir.prim.expr import FloatImm
+
+    bb = relax.BlockBuilder()
+    args = []
+    for i, (rows, classes) in enumerate(shapes):
+        args += [relax.Var(f"z{i}", relax.TensorType((rows, classes), "float32")),
+                 relax.Var(f"t{i}", relax.TensorType((rows,), "int32"))]
+    one, zero = (FloatImm("float32", v) for v in (1.0, 0.0))
+    with bb.function("main", args):
+        with bb.dataflow():
+            outs = []
+            for i, (rows, classes) in enumerate(shapes):
+                z, t = args[2 * i], args[2 * i + 1]
+                outs.append(bb.emit(relax.op.nn.nll_loss(relax.op.nn.log_softmax(z, -1), t, reduction="none")))
+                hot = relax.op.one_hot(t, one, zero, classes, -1)
+                outs.append(bb.emit(relax.op.divide(relax.op.subtract(relax.op.nn.softmax(z, -1), hot),
+                                                    relax.const(np.float32(rows)))))
+            out = bb.emit_output(relax.Tuple(outs))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
 def tp_compute(split: TPSplit, one_chip_s: float, target, topo) -> dict:
     """Simulated seconds of one rank's share of a granule's gradient program.
 
@@ -477,9 +533,13 @@ def tp_compute(split: TPSplit, one_chip_s: float, target, topo) -> dict:
     includes ``group_s``, the chain all-reduces of each replicated head's output gradient over
     its replicas (:attr:`TPSplit.groups`). Each set of GEMMs is priced as one program
     of those GEMMs on a chip. The LM head's GEMMs are split over the vocabulary
-    (:mod:`.vocab_parallel`) and priced among the parallel shares; the rest (norms, attention,
-    element-wise, the embeddings, the loss's exponentials) is counted on every rank: Megatron's
-    split of attention by heads is not modelled.
+    (:mod:`.vocab_parallel`) and priced among the parallel shares; so is the loss over them
+    (:attr:`TPSplit.losses`): a rank's cross-entropy kernels run over its own classes
+    (``loss_s`` for the whole vocabulary on one chip, ``rank_loss_s`` for the busiest rank's
+    share), and the rows' sums of exponentials pass the ranks in rank order, a chain of each
+    row's three scalars (max, running sum, target logit) over the ``tp`` chips (``loss_chain_s``,
+    in ``reduce_s``). The rest (norms, attention, element-wise, the embeddings) is counted on
+    every rank: Megatron's split of attention by heads is not modelled.
 
     For comparison, ``megatron_rank_s`` is the usual, non-reproducible split: every rank computes
     its ``k / tp`` share of each reduction as one GEMM (``rank_share_s``) and the partial sums are
@@ -526,11 +586,26 @@ def tp_compute(split: TPSplit, one_chip_s: float, target, topo) -> dict:
         if topo is not None else 0.0
     reduce_s += group_s
     fast_s += group_fast_s
-    rest = one_chip_s - parallel_s + rank_parallel_s - canonical_s
+    # the loss over the vocabulary-parallel head: each rank's exponentials and softmax gradient
+    # are its own classes'; the rows' max, running sum and target pass the ranks (a chain, the
+    # one-chip kernel's class order; Megatron all-reduces the ranks' partial sums)
+    loss_s = rank_loss_s = loss_chain_s = loss_fast_s = 0.0
+    if split.losses and tp > 1:
+        def loss_latency(shapes) -> float:
+            return executable_latency(relax.build(_loss_module(shapes), target=target))
+
+        loss_s = loss_latency([(rows, classes) for rows, classes, _ in split.losses])
+        rank_loss_s = loss_latency([(rows, mine) for rows, _, mine in split.losses])
+        if topo is not None:
+            loss_chain_s = sum(chain_all_reduce(topo, ranks, 3 * 4 * rows).seconds for rows, _, _ in split.losses)
+            loss_fast_s = sum(all_reduce(topo, ranks, 3 * 4 * rows).seconds for rows, _, _ in split.losses)
+    reduce_s += loss_chain_s
+    fast_s += loss_fast_s
+    rest = one_chip_s - parallel_s + rank_parallel_s - canonical_s - loss_s + rank_loss_s
     rank = rest + rank_canonical_s + reduce_s
     megatron = rest + rank_share_s + fast_s
     return {"one_chip_s": one_chip_s, "parallel_s": parallel_s, "rank_parallel_s": rank_parallel_s,
             "canonical_s": canonical_s, "rank_canonical_s": rank_canonical_s, "reduce_s": reduce_s,
-            "group_s": group_s,
+            "group_s": group_s, "loss_s": loss_s, "rank_loss_s": rank_loss_s, "loss_chain_s": loss_chain_s,
             "rank_s": rank, "rank_share_s": rank_share_s, "all_reduce_s": fast_s, "megatron_rank_s": megatron,
             "reproducible_cost": rank / megatron}

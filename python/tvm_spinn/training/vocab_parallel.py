@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import tvm
@@ -62,6 +63,8 @@ def vocab_ranges(vocab: int, leaves: int) -> tuple[tuple[int, int], ...]:
 class VocabShard(TPShard):
     """The LM head's weight, split by the vocabulary (``axis``: the weight's vocabulary axis,
     ``extent`` the vocabulary): its input gradient's leaves are :func:`vocab_ranges`."""
+
+    vocabulary: ClassVar[bool] = True
 
     def leaf_ranges(self) -> tuple:
         return tuple(((a, b),) for a, b in vocab_ranges(self.extent, self.leaves) if b > a)
