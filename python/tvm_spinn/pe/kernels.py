@@ -54,12 +54,16 @@ Kernels (the ``spec`` of :func:`kernel_object`):
   (:func:`tvm_spinn.program.ops.movement.dma_descriptors`: ``reshape``, ``permute_dims``,
   ``broadcast_to``, ``strided_slice``); the elements go from the input, outside the PE's SRAM,
   to the tile's output in SRAM.
-- ``("quantize", dtype)``: ``y[i] = clamp(rint(x[i] / s[i]) + fl(z[i]))`` (0 for a NaN), the
-  rounding to nearest even spelled as ``(v + 2^23) - 2^23`` (``(v - 2^23) + 2^23`` below 0) for
-  ``|v| < 2^23`` (larger floats are integers): FPv4 has no VRINT, and this is exact in
-  round-to-nearest; args ``x, s, z, y, n``.
+- ``("quantize", dtype)``: ``y[i] = clamp(rint(x[i] / s[c]) + fl(z[c]))`` (0 for a NaN) for
+  element ``i`` of channel ``c`` (``s``, ``z``: the layer's tables; the job's elements run from
+  offset ``off`` of a run of ``inner`` elements of channel ``c0``, channels cycling through
+  ``channels``): per run one VDIV of ``1 / s`` and per element a Markstein-corrected quotient,
+  VCVTR, QADD and SSAT/USAT; elements and runs outside that path's exact ranges, and a channel
+  per element (``inner`` 1), take the simulator's operations (VDIV, the rounding to nearest
+  even spelled as ``(v + 2^23) - 2^23``, ``(v - 2^23) + 2^23`` below 0, for ``|v| < 2^23``: FPv4
+  has no VRINT; see :func:`_quantize`); args ``x, s, z, y, n, inner, channels, off, c0``.
 - ``("dequantize", dtype)``: ``y[i] = fl(int32(q[i]) - z[i]) * s[i]`` (a 32-bit subtraction,
-  VCVT, VMUL); args ``q, s, z, y, n``. Per-channel scales and zero points come per element
+  VCVT, VMUL); args ``q, s, z, y, n``. Its per-channel scales and zero points come per element
   (the DMA broadcasts them).
 - ``("pool", op)`` (``max``/``avg``): 2-D pooling of a band of padded input rows, the window
   visited row by row: max from the lowest finite float32 by ``acc > v || acc != acc ? acc :
