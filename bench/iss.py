@@ -78,21 +78,25 @@ def rng_inputs(shape, dtype):
     return rng.integers(-128, 128, size=shape).astype(dtype)
 
 
-def _qdq_module(op: str, shape):
+def _qdq_module(op: str, shape, axis: "int | None" = -1):
     """``quantize`` (fp32 -> int8) or ``dequantize`` (int8 -> fp32) with a per-channel scale and
-    zero point over the last axis, between two fp32 element-wise layers."""
+    zero point over ``axis`` (None: one scale and zero point), between two fp32 element-wise
+    layers."""
     bb = relax.BlockBuilder()
     dtype = "float32" if op == "quantize" else "int8"
     x = relax.Var("x", relax.TensorType(list(shape), dtype))
-    scale = relax.const(np.linspace(0.01, 0.05, shape[-1]).astype(np.float32))
-    zero = relax.const(np.arange(shape[-1]).astype(np.int8) % 7 - 3)
+    channels = 1 if axis is None else shape[axis]
+    scale = np.linspace(0.01, 0.05, channels).astype(np.float32)
+    zero = np.arange(channels).astype(np.int8) % 7 - 3
+    scale, zero = (relax.const(scale if axis is not None else scale[0]), relax.const(zero if axis is not None else zero[0]))
+    axis = -1 if axis is None else axis
     with bb.function("main", [x]):
         with bb.dataflow():
             if op == "quantize":
                 y = bb.emit(relax.op.quantize(bb.emit(relax.op.multiply(x, relax.const(np.float32(2.0)))),
-                                              scale, zero, axis=-1, out_dtype="int8"))
+                                              scale, zero, axis=axis, out_dtype="int8"))
             else:
-                y = bb.emit(relax.op.multiply(bb.emit(relax.op.dequantize(x, scale, zero, axis=-1)),
+                y = bb.emit(relax.op.multiply(bb.emit(relax.op.dequantize(x, scale, zero, axis=axis)),
                                               relax.const(np.float32(2.0))))
             out = bb.emit_output(y)
         bb.emit_func_output(out)
@@ -162,6 +166,8 @@ def _cases():
     yield "embedding 2x40->24", _torch_case(lambda m, a: m((a.abs() * 10).long() % 30), torch.nn.Embedding(30, 24),
                                             (2, 40))
     yield "quantize 64x96", (_qdq_module("quantize", (64, 96)), [rng_inputs((64, 96), "float32")])
+    yield "quantize 64x96 rows", (_qdq_module("quantize", (64, 96), 0), [rng_inputs((64, 96), "float32")])
+    yield "quantize 64x96 tensor", (_qdq_module("quantize", (64, 96), None), [rng_inputs((64, 96), "float32")])
     yield "dequantize 64x96", (_qdq_module("dequantize", (64, 96)), [rng_inputs((64, 96), "int8")])
     from test_int8 import qgemm_module
     rng = np.random.default_rng(0)

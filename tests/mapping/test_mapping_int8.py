@@ -201,8 +201,8 @@ def test_int8_moves_a_quarter_of_the_bytes(kind, shapes):
 
 @pytest.mark.parametrize("kind,act", [("quantize", "float32"), ("dequantize", "int8"), ("dequantize", "uint8")])
 def test_quantize_dequantize_bytes(kind, act):
-    from tvm_spinn.program.ops.m4f import pass_cycles
-    from tvm_spinn.program.ops.qdq import QDQ_MIXES
+    from tvm_spinn.program.ops.m4f import FUSED_CYCLES, mix_cycles, pass_cycles
+    from tvm_spinn.program.ops.qdq import QDQ_MIXES, QUANTIZE_RUN
 
     out = "int8" if kind == "quantize" else "float32"
     n = 8 * 1000
@@ -217,10 +217,13 @@ def test_quantize_dequantize_bytes(kind, act):
     for t in tiles:
         e = t.region[0][1] - t.region[0][0]
         assert t.sram_bytes == 2 * (1 + 4) * e  # double-buffered in and out
-        # one job each, the PE kernel's instruction mix per element (quantize's VDIV among them)
+        # one job each, the PE kernel's instruction mix per element (quantize's four fused
+        # multiply-adds among them) and, quantize, one run of the scale (its VDIV) a tile
         per = pass_cycles((QDQ_MIXES[kind],), ARCH)
-        assert per > (ARCH.m4f_divide_cycles if kind == "quantize" else 4 * ARCH.m4f_fpu_cycles)
-        assert t.cycles == math.ceil(e * per + ARCH.m4f_job_cycles)
+        assert per > (4 * FUSED_CYCLES if kind == "quantize" else 4 * ARCH.m4f_fpu_cycles)
+        run = mix_cycles(QUANTIZE_RUN, ARCH) if kind == "quantize" else 0
+        assert run == 0 or run > ARCH.m4f_divide_cycles
+        assert t.cycles == math.ceil(e * per + ARCH.m4f_job_cycles + run)
     assert program.layers[0].flops == n
 
 

@@ -147,7 +147,7 @@ def _rewrite(program, weight_inputs: set, dtype: str):
     """``program`` with its weight inputs as descriptor constants and its weight GEMMs as dense
     layers."""
     from ..program.model import TensorDesc
-    from ..program.ops.gemm import fuse_bias, weight_matmuls_to_dense
+    from ..program.ops.gemm import fuse_bias, share_quantizes, weight_matmuls_to_dense
     from ..program.ops.movement import dedupe_movement
 
     tensors, constants = list(program.tensors), dict(program.constants)
@@ -166,7 +166,7 @@ def _rewrite(program, weight_inputs: set, dtype: str):
     layers = weight_matmuls_to_dense(program, weight_inputs, dtype, new_tensor,
                                      lambda tid, shape, dt: constants.__setitem__(tid, _descriptor(shape, dt)), tensors)
     draft = replace(program, tensors=tensors, constants=constants, inputs=inputs)
-    return replace(draft, layers=fuse_bias(draft, dedupe_movement(draft, layers)))
+    return replace(draft, layers=fuse_bias(draft, share_quantizes(draft, dedupe_movement(draft, layers))))
 
 
 def describe(module, args: tuple, target, dtype: str = "fp32") -> list[DescribedProgram]:

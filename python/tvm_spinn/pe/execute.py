@@ -409,37 +409,49 @@ def _run_dma(run: _Run, index: int, env, table) -> np.ndarray:
 
 
 def _run_qdq(run: _Run, index: int, env, table) -> np.ndarray:
-    """quantize / dequantize: per SRAM-sized piece, the value, its scale and zero point (the DMA
-    broadcasts per-channel ones per element) and the result."""
+    """quantize / dequantize: per SRAM-sized piece, the value and the result; a quantize the
+    layer's per-channel scales and zero points (one table of each, channel ``(i // inner) %
+    channels`` of flat element ``i``), a dequantize each element's (the DMA broadcasts them)."""
     p = run.p
     x = env[view.layer_inputs(p, index)[0]]
     out_id = view.layer_output(p, index)
     out = np.empty(view.tensor_shape(p, out_id), dtype=view.tensor_dtype(p, out_id))
-    scale = env[view.layer_const(p, index, "scale")].astype(_F32, copy=False)
-    zero = env[view.layer_const(p, index, "zero")].astype(np.int32, copy=False)
-    if scale.size > 1:
-        shape = [1] * x.ndim
-        shape[view.layer_attrs(p, index)["axis"]] = -1
-        scale, zero = scale.reshape(shape), zero.reshape(shape)
-    else:
-        scale, zero = scale.reshape(()), zero.reshape(())
+    scale = env[view.layer_const(p, index, "scale")].astype(_F32, copy=False).reshape(-1)
+    zero = env[view.layer_const(p, index, "zero")].astype(np.int32, copy=False).reshape(-1)
+    channels = scale.size
+    axis = view.layer_attrs(p, index).get("axis", 0)
+    inner = int(np.prod(out.shape[axis + 1:], dtype=np.int64)) if channels > 1 else 0
+    quantize = view.layer_kind(p, index) == "quantize"
     xs = np.ascontiguousarray(x).reshape(-1)
-    ss = np.ascontiguousarray(np.broadcast_to(scale, out.shape), dtype=_F32).reshape(-1)
-    zs = np.ascontiguousarray(np.broadcast_to(zero, out.shape), dtype=np.int32).reshape(-1)
+    if not quantize:
+        shape = [1] * x.ndim
+        if channels > 1:
+            shape[axis] = -1
+        ss = np.ascontiguousarray(np.broadcast_to(scale.reshape(shape), out.shape), dtype=_F32).reshape(-1)
+        zs = np.ascontiguousarray(np.broadcast_to(zero.reshape(shape), out.shape), dtype=np.int32).reshape(-1)
     flat = out.reshape(-1)
-    per = xs.itemsize + 8 + flat.itemsize
+    per = xs.itemsize + flat.itemsize + (0 if quantize else 8)
     for t in range(len(table)):
         e0, e1 = int(table.lo[t, 0]), int(table.hi[t, 0])
         m = run.machine(index, int(table.pe[t]))
-        piece = max(16, (ARENA_END - m.arena - 4 * 64) // per // 16 * 16)
+        tables = 8 * channels if quantize else 0
+        piece = max(16, (ARENA_END - m.arena - 4 * 64 - tables) // per // 16 * 16)
         for s0 in range(e0, e1, piece):
             s1 = min(s0 + piece, e1)
             n = s1 - s0
-            px, ps, pz, py = _Arena(m, p, index).take(xs.itemsize * n, 4 * n, 4 * n, flat.itemsize * n)
+            if quantize:
+                px, ps, pz, py = _Arena(m, p, index).take(xs.itemsize * n, 4 * channels, 4 * channels, flat.itemsize * n)
+                m.write(ps, scale.tobytes())
+                m.write(pz, zero.tobytes())
+                # per tensor: the piece is one run of its one channel
+                geometry = [inner, channels, s0 % inner, s0 // inner % channels] if channels > 1 else [n, 1, 0, 0]
+            else:
+                px, ps, pz, py = _Arena(m, p, index).take(xs.itemsize * n, 4 * n, 4 * n, flat.itemsize * n)
+                m.write(ps, ss[s0:s1].tobytes())
+                m.write(pz, zs[s0:s1].tobytes())
+                geometry = []
             m.write(px, xs[s0:s1].tobytes())
-            m.write(ps, ss[s0:s1].tobytes())
-            m.write(pz, zs[s0:s1].tobytes())
-            m.run([[px, ps, pz, py, n]])
+            m.run([[px, ps, pz, py, n, *geometry]])
             flat[s0:s1] = np.frombuffer(m.read(py, flat.itemsize * n), dtype=flat.dtype)
         run.done(index, t, table, m)
     return out

@@ -6,7 +6,8 @@ loop body of the PE kernel, :mod:`tvm_spinn.pe.kernels`, executes per element) p
 once per job, per row or per stream; :func:`pass_cycles` prices them with the
 :class:`~tvm_spinn.target.arch.SpinnArch` fields that hold the TRM's numbers
 (``m4f_mem_cycles`` 2 and ``m4f_mem_pipelined_cycles`` 1 for loads and stores, ``m4f_fpu_cycles``
-1, ``m4f_divide_cycles`` 14 for VDIV and VSQRT, ``m4f_alu_cycles`` 1, ``m4f_branch_cycles`` 2)
+1, ``m4f_divide_cycles`` 14 for VDIV and VSQRT, ``m4f_alu_cycles`` 1, ``m4f_branch_cycles`` 2;
+the fused multiply-adds VFMA/VFMS at :data:`FUSED_CYCLES`)
 and the overheads of the code LLVM emits (``m4f_loop_cycles`` per element and pass,
 ``m4f_job_cycles`` per job: calibrated, see :mod:`tvm_spinn.target.arch`). The fp32 GEMM's
 register blocks are priced the same way by :func:`tvm_spinn.program.ops.gemm.gemm_tile_cycles`.
@@ -25,7 +26,10 @@ from typing import TYPE_CHECKING, Sequence
 if TYPE_CHECKING:
     from ...target.arch import SpinnArch
 
-__all__ = ["Mix", "mix_cycles", "pass_cycles"]
+__all__ = ["FUSED_CYCLES", "Mix", "mix_cycles", "pass_cycles"]
+
+#: Cycles of a fused multiply-add (VFMA, VFMS, VFNMA, VFNMS: Cortex-M4 TRM table 7-1, 3 each).
+FUSED_CYCLES = 3
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,8 @@ class Mix:
     mla : float
         Integer multiply-accumulates (MLA, MLS: 2 cycles each, TRM table 3-1, priced as two
         ``m4f_alu_cycles``).
+    fused : float
+        Fused floating-point multiply-adds (VFMA, VFMS: :data:`FUSED_CYCLES` each).
     """
 
     loads: float = 0.0
@@ -68,6 +74,7 @@ class Mix:
     branches: float = 0.0
     exp: float = 0.0
     mla: float = 0.0
+    fused: float = 0.0
 
 
 def mix_cycles(mix: Mix, arch: "SpinnArch") -> float:
@@ -76,7 +83,7 @@ def mix_cycles(mix: Mix, arch: "SpinnArch") -> float:
     return (mix.loads * arch.m4f_mem_cycles + mix.paired * arch.m4f_mem_pipelined_cycles
             + mix.fpu * fpu + mix.compares * 2 * fpu + mix.selects * (alu + fpu)
             + mix.divides * arch.m4f_divide_cycles + mix.alu * alu + mix.branches * arch.m4f_branch_cycles
-            + mix.exp * arch.exp_unit_cycles + mix.mla * 2 * alu)
+            + mix.exp * arch.exp_unit_cycles + mix.mla * 2 * alu + mix.fused * FUSED_CYCLES)
 
 
 def pass_cycles(passes: Sequence[Mix], arch: "SpinnArch") -> float:

@@ -6,8 +6,9 @@ float32) on the M4F, per tensor or per channel along ``axis``.
   ``fl(q - z) * s`` with ``q - z`` in 32-bit arithmetic.
 - Native runs (``src/sim_plan.cc``, :meth:`QuantizeDequantize.native`): the same operations per
   element, channel ``(i // inner) % channels`` of the flattened tensor.
-- Tiles: ``[elements]`` over the flattened output; cycles per element from the PE kernel's
-  instruction mix (:data:`QDQ_MIXES`).
+- Tiles: ``[elements]`` over the flattened output; cycles from the PE kernel's instruction
+  mixes (:data:`QDQ_MIXES`; a quantize's runs of a channel, :data:`QUANTIZE_RUN`, each with one
+  VDIV of the scale's reciprocal, its elements a corrected product each).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ..model import Layer
 from ..quant import QUANT_RANGES
 from . import native
 from .base import FlatFamily, register
-from .m4f import Mix, pass_cycles
+from .m4f import Mix, mix_cycles, pass_cycles
 from .sharding import PointwiseRule
 
 __all__ = ["QuantizeDequantize"]
@@ -31,22 +32,58 @@ _F32 = np.float32
 
 #: One element of the PE kernels (:mod:`tvm_spinn.pe.kernels` ``quantize`` and ``dequantize``)
 #: as the generated code executes it (instruction classes counted in its executed blocks).
-#: quantize: the loads of x, the scale and the zero point and the byte store, one VDIV, the
-#: rounding ``(v + 2^23) - 2^23`` with its sign and magnitude tests, the zero point's VCVT and
-#: add, both clamps, the NaN test, the conversion and its move to the core. dequantize: the
-#: loads of q, the zero point and the scale and the store, the 32-bit subtraction, its move to
-#: the FPU, VCVT and VMUL.
+#: quantize on a channel's run (the whole tile of a per-tensor quantize): the load of x and the
+#: byte store, VMUL by the run's reciprocal, two corrections of the quotient (VFMS, VFMA each,
+#: and a copy of x for each remainder), the NaN test and its branch, VCVTR and its move to the
+#: core, QADD of the zero point, SSAT/USAT, and the loop's index and pointer steps and its branch
+#: (a body of two elements). quantize with a channel per element (the reference's operations):
+#: the loads of x, the scale and the zero point and the byte store, one VDIV, the rounding
+#: ``(v + 2^23) - 2^23`` with its sign and magnitude tests, the zero point's VCVT and add, both
+#: clamps, the NaN test, the conversion and its move to the core. dequantize: the loads of q,
+#: the zero point and the scale and the store, the 32-bit subtraction, its move to the FPU, VCVT
+#: and VMUL.
 QDQ_MIXES = {
-    "quantize": Mix(loads=3.0, paired=1.0, divides=1.0, fpu=9.0, compares=5.0, selects=5.0, alu=2.0),
+    "quantize": Mix(loads=1.5, paired=0.5, fpu=5.0, fused=4.0, compares=1.0, alu=5.0, branches=0.5),
+    "quantize_element": Mix(loads=3.0, paired=1.0, divides=1.0, fpu=9.0, compares=5.0, selects=5.0, alu=2.0),
     "dequantize": Mix(loads=2.0, paired=2.0, fpu=3.0, alu=2.0),
 }
+#: What the quantize kernel executes once per run of a channel's elements: the loads of the
+#: scale (and its bits) and the zero point, the exponent and zero-point range tests and their
+#: selects, the run's VDIV of the reciprocal, the run's bounds (a multiply-accumulate, the
+#: clamps to the tile) and the entry to and exit from its loop; and once per row of channels
+#: (a channel per element): the row's bounds and the loop's entry (pointers to the row's x,
+#: scales and zero points).
+QUANTIZE_RUN = Mix(loads=5.0, paired=1.0, mla=1.0, divides=1.0, fpu=5.0, selects=2.0, alu=37.0, branches=1.0)
+QUANTIZE_ROW = Mix(loads=8.0, paired=2.0, mla=2.0, selects=1.0, alu=16.0, branches=1.0)
 
 
 class QuantizeDequantize(FlatFamily):
     """quantize and dequantize layers (those not folded into an int8 GEMM)."""
 
     def cycles_per_element(self, layer, arch):
+        """Cycles per element (a quantize's: of a channel's run, the corrected quotient)."""
         return pass_cycles((QDQ_MIXES[layer.kind],), arch)
+
+    def tile_costs(self, program, layer, arch, tile, lo, hi):
+        """A quantize tile's cycles: its elements, the job, and one :data:`QUANTIZE_RUN` per run
+        of a channel's elements it covers (one for a per-tensor scale), or, with a channel per
+        element, the reference's operations per element and one :data:`QUANTIZE_ROW` per row of
+        channels."""
+        if layer.kind != "quantize":
+            return super().tile_costs(program, layer, arch, tile, lo, hi)
+        sram, dram_in, w, out, _ = super().tile_costs(program, layer, arch, tile, lo, hi)
+        first, e = lo[:, 0], (hi - lo)[:, 0]
+        shape = [int(d) for d in program.tensors[layer.output].shape]
+        channels = int(np.prod(program.tensors[layer.consts["scale"]].shape, dtype=np.int64))
+        inner = int(np.prod(shape[layer.attrs.get("axis", 0) + 1:], dtype=np.int64)) if channels > 1 else 0
+        job = self.fixed_cycles(layer, arch)
+        if inner == 1:
+            rows = -(-(first % channels + e) // channels)
+            per, extra = pass_cycles((QDQ_MIXES["quantize_element"],), arch), rows * mix_cycles(QUANTIZE_ROW, arch)
+        else:
+            runs = -(-(first % inner + e) // inner) if channels > 1 else np.ones_like(e)
+            per, extra = self.cycles_per_element(layer, arch), runs * mix_cycles(QUANTIZE_RUN, arch)
+        return sram, dram_in, w, out, np.ceil(e * per + job + np.where(e > 0, extra, 0))
 
     kinds = ("quantize", "dequantize")
     pointwise = True

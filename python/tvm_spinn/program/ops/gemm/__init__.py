@@ -56,10 +56,10 @@ from .geometry import (GEMM_KINDS, GemmShape, Int8Side, choose_gemm_tile, chunk_
                        safe_k_chunk, smallest_gemm_tile_bytes, splits_of)
 from .family import Gemm
 from .shard_rule import GemmSharding
-from .descriptor import fuse_bias, weight_matmuls_to_dense
+from .descriptor import fuse_bias, share_quantizes, weight_matmuls_to_dense
 from ..base import register
 
-__all__ = ["Gemm", "weight_matmuls_to_dense", "fuse_bias", "GemmShape", "gemm_shape", "safe_k_chunk", "Int8Side", "int8_side", "gemm_tile_cycles", "mac_passes", "choose_gemm_tile",
+__all__ = ["Gemm", "weight_matmuls_to_dense", "fuse_bias", "share_quantizes", "GemmShape", "gemm_shape", "safe_k_chunk", "Int8Side", "int8_side", "gemm_tile_cycles", "mac_passes", "choose_gemm_tile",
            "smallest_gemm_tile_bytes", "splits_of", "chunk_length", "k_part_bounds", "k_part_tail_cycles", "GEMM_KINDS"]
 
 Gemm.sharding = GemmSharding()

@@ -96,3 +96,27 @@ def fuse_bias(program, layers: list) -> list:
             layers[j] = replace(layers[j], output=add.output)
         drop.add(nxt[0])
     return [layer for i, layer in enumerate(layers) if i not in drop]
+
+
+def share_quantizes(program, layers: list) -> list:
+    """Drop repeated ``quantize`` layers of one activation (same input, dtype, and shapes of scale
+    and zero point): post-training quantization quantizes each activation tensor once, for every
+    GEMM that reads it (the q, k and v projections' hidden state, the gate and up projections'),
+    where :func:`weight_matmuls_to_dense` gave each GEMM its own; later readers use the first
+    one's output. Run after :func:`~tvm_spinn.program.ops.movement.dedupe_movement`, which makes
+    the GEMMs' reshaped inputs one tensor."""
+    tensors = program.tensors
+    seen, alias, out = {}, {}, []
+    for layer in layers:
+        layer = replace(layer, inputs=[alias.get(t, t) for t in layer.inputs])
+        if layer.kind == "quantize" and layer.output not in program.outputs:
+            key = (tuple(layer.inputs), tensors[layer.output].dtype,
+                   tuple(tuple(tensors[layer.consts[c]].shape) for c in ("scale", "zero")),
+                   tuple(sorted(layer.attrs.items())))
+            if key in seen:
+                alias[layer.output] = seen[key]
+                continue
+            seen[key] = layer.output
+        out.append(layer)
+    return out
+
