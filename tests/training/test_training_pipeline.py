@@ -132,7 +132,8 @@ def test_lm_pipeline_matches_the_chip(make):
     _assert_close(ref, torch_adamw(model, batches, ADAMW[1]))
     board = tvm_spinn.training.compile(model, torch.from_numpy(ids), optimizer=ADAMW, target="spinn/board",
                                        parallel={"pp": 2, "dp": 2, "microbatches": 4})
-    assert board.plan() == {"dp": 2, "tp": 1, "pp": 2, "microbatches": 4, "zero": 0, "granule": 1, "head_stage": False}
+    assert board.plan() == {"dp": 2, "tp": 1, "pp": 2, "microbatches": 4, "zero": 0, "granule": 1, "head_stage": False,
+                            "head_lag": 0}
     assert _same_bits(_run(board, batches), ref)
 
 
@@ -153,6 +154,36 @@ def test_one_f_one_b_order():
     assert stage0[:4] == [("f", 0), ("f", 1), ("f", 2), ("b", 0)]  # 2 warm-up forwards, then 1F1B
     stage2 = [(k, m) for k, s, m in events if s == 2]
     assert stage2[:4] == [("f", 0), ("b", 0), ("f", 1), ("b", 1)]
+
+
+def test_one_f_one_b_with_the_last_stage_behind():
+    """``lag``: every stage but the last warms up with ``lag`` more forwards (at most the
+    micro-batches) and so holds that many more micro-batches in flight while the last stage
+    alternates; every event still after the ones it needs, each once;
+    lag 0 is plain 1F1B; a bad lag is named."""
+    pp, mb, lag = 3, 6, 2
+    events = one_f_one_b(pp, mb, lag)
+    assert sorted(events) == sorted((k, s, m) for k in "fb" for s in range(pp) for m in range(mb))
+    seen = set()
+    for kind, s, m in events:
+        if kind == "f" and s > 0:
+            assert ("f", s - 1, m) in seen
+        if kind == "b":
+            assert ("f", s, m) in seen and (s == pp - 1 or ("b", s + 1, m) in seen)
+        seen.add((kind, s, m))
+    for s in range(pp - 1):  # the warm-up forwards, then 1F1B's first forward and backward
+        order = [(k, m) for k, st, m in events if st == s]
+        warm = min(pp - 1 - s + lag, mb)
+        assert order[:min(warm + 1, mb) + 1] == [("f", m) for m in range(min(warm + 1, mb))] + [("b", 0)]
+    assert [(k, m) for k, s, m in events if s == pp - 1][:4] == [("f", 0), ("b", 0), ("f", 1), ("b", 1)]
+    assert one_f_one_b(pp, mb, 0) == one_f_one_b(pp, mb)
+    assert one_f_one_b(pp, 2, 8)[:4] == (("f", 0, 0), ("f", 0, 1), ("f", 1, 0), ("f", 1, 1))  # at most mb
+    for bad in (-1, 1.5, True):
+        with pytest.raises(TrainingError, match="head_lag must be an integer >= 0"):
+            one_f_one_b(pp, mb, bad)
+    # the simulated schedule: equal stages, the last one behind, take no less than plain 1F1B
+    assert pipeline_makespan(pp, mb, [1.0] * pp, [2.0] * pp, 0.0, lag) >= pipeline_makespan(
+        pp, mb, [1.0] * pp, [2.0] * pp, 0.0) - 1e-12
 
 
 def test_pipeline_makespan_bubble():
@@ -321,6 +352,16 @@ def test_head_stage_plans_keep_the_bits(tiny):
         trainer.with_plan(pp=4, head_stage=True)
     with pytest.raises(TrainingError, match=r"head_stage must be True or False, got 1"):
         trainer.with_plan(pp=2, head_stage=1)
+    # the head stage 2 micro-batches behind the layers' stages (4 micro-batches): a schedule
+    # order only, the same bits
+    behind = trainer.with_plan(pp=3, head_stage=True, microbatches=4, head_lag=2)
+    assert behind.plan()["head_lag"] == 2
+    assert _same_bits(_run(behind, batches), ref)
+    assert behind.simulated_step()["compute_s"] > 0
+    with pytest.raises(TrainingError, match=r"head_lag=2 needs a head stage of its own"):
+        trainer.with_plan(pp=2, head_lag=2)
+    with pytest.raises(TrainingError, match=r"head_lag must be an integer >= 0, got -1"):
+        trainer.with_plan(pp=3, head_stage=True, head_lag=-1)
     # given at compile time: the same stages
     model, _, _ = tiny
     ids, _ = batches[0]

@@ -192,7 +192,7 @@ class DataParallelTrainer(Trainer):
     def __init__(self, graph, micro_graph, grad_ex, update_ex, target, system_arch, loss, optimizer,
                  model_name, microbatches: int, replicas: int, reproducible: bool, granules: int | None = None,
                  zero: int = 0, shared: dict | None = None, pp: int = 1, layers: int | None = None,
-                 tp: int = 1, tp_split=None, head_stage: bool = False):
+                 tp: int = 1, tp_split=None, head_stage: bool = False, head_lag: int = 0):
         super().__init__(graph, update_ex, target, loss, optimizer, model_name)
         self._micro_graph = micro_graph
         self._grad_ex = grad_ex
@@ -210,6 +210,8 @@ class DataParallelTrainer(Trainer):
         self._layers = layers
         #: the last of the ``pp`` stages is the LM head's own (:func:`.pipeline.cut_stages`)
         self.head_stage = head_stage
+        #: micro-batches the head stage's passes run behind the others (:func:`.pipeline.one_f_one_b`)
+        self.head_lag = head_lag
         #: tensor-parallel ranks (chips per stage) and the split gradient program (:mod:`.tensor_parallel`)
         self.tp = tp
         self._tp_split = tp_split
@@ -230,9 +232,10 @@ class DataParallelTrainer(Trainer):
         return self._graph.input_shapes[0][0][0] // self.granules
 
     def plan(self) -> dict:
-        """This trainer's parallel plan: ``{"dp", "tp", "pp", "microbatches", "zero", "granule", "head_stage"}``."""
+        """This trainer's parallel plan: ``{"dp", "tp", "pp", "microbatches", "zero", "granule", "head_stage",
+        "head_lag"}``."""
         return {"dp": self.replicas, "tp": self.tp, "pp": self.pp, "microbatches": self.microbatches, "zero": self.zero,
-                "granule": self.granule, "head_stage": self.head_stage}
+                "granule": self.granule, "head_stage": self.head_stage, "head_lag": self.head_lag}
 
     def _grad_program(self) -> tvm.IRModule:
         """The granule's gradient program: for a transformer, the one whose GEMMs over a
@@ -275,7 +278,7 @@ class DataParallelTrainer(Trainer):
                 v["targets"] = targets
                 values.append(v)
         starts = np.cumsum([0] + [len(mb) for mb in granule_args])
-        for kind, stage, m in one_f_one_b(self.pp, len(granule_args)):
+        for kind, stage, m in one_f_one_b(self.pp, len(granule_args), self.head_lag):
             prog, vm = (cut.forward[stage], fwd[stage]) if kind == "f" else (cut.backward[stage], bwd[stage])
             for v in values[starts[m]:starts[m + 1]]:
                 out = vm["main"](*[v[k] for k in prog.inputs])
@@ -328,13 +331,16 @@ class DataParallelTrainer(Trainer):
     # -- plans sharing the compiled programs -------------------------------------------------------
     def with_plan(self, replicas: int | None = None, microbatches: int | None = None, zero: int | None = None,
                   reproducible: bool | None = None, pp: int | None = None,
-                  tp: int | None = None, head_stage: bool | None = None) -> "DataParallelTrainer":
+                  tp: int | None = None, head_stage: bool | None = None,
+                  head_lag: int | None = None) -> "DataParallelTrainer":
         """The same compiled gradient program under another plan (replica count, micro-batch
         count, optimizer-state sharding, mode, pipeline stages: a new stage count compiles its
         stage programs once), from this trainer's current parameters and optimizer state. A
         micro-batch count must split the step's granules evenly. The tensor-parallel degree
         ``tp`` is the compiled one (its gradient program is split for it). ``head_stage``: the
-        last of the ``pp`` stages holds the LM head alone (the layers fill the others)."""
+        last of the ``pp`` stages holds the LM head alone (the layers fill the others); ``head_lag``:
+        its passes run that many micro-batches behind the other stages' (a schedule order: the
+        same bits)."""
         replicas = self.replicas if replicas is None else replicas
         microbatches = self.microbatches if microbatches is None else microbatches
         zero = self.zero if zero is None else zero
@@ -345,6 +351,7 @@ class DataParallelTrainer(Trainer):
         if head_stage and pp < 2:
             raise TrainingError(f"with_plan: a head stage of its own needs pp >= 2 (the layers' stages and the "
                                 f"head's), got pp={pp}")
+        head_lag = _head_lag("with_plan", self.head_lag if head_lag is None else head_lag, head_stage)
         if tp is not None and tp != self.tp:
             raise TrainingError(f"with_plan: tp={tp}: this trainer's gradient program is split for tp={self.tp}; "
                                 f"compile with parallel={{'tp': {tp}}} for another tensor-parallel degree")
@@ -371,7 +378,7 @@ class DataParallelTrainer(Trainer):
                                     microbatches, replicas,
                                     self.reproducible if reproducible is None else reproducible,
                                     None if self._granule_is_microbatch else self.granules, zero,
-                                    self._shared, pp, self._layers, self.tp, self._tp_split, head_stage)
+                                    self._shared, pp, self._layers, self.tp, self._tp_split, head_stage, head_lag)
         other._set_state([p.numpy() for p in self._params], self.optimizer_state())
         return other
 
@@ -511,7 +518,7 @@ class DataParallelTrainer(Trainer):
             p2p = point_to_point(topo, [0], [1], hand).seconds if hand else 0.0
             busiest = max(stop - start for start, stop in self._blocks)
             pipe = {"stage_forward_s": f_s, "stage_backward_s": b_s, "hand_over_s": p2p,
-                    "compute_s": pipeline_makespan(self.pp, busiest, f_s, b_s, p2p)}
+                    "compute_s": pipeline_makespan(self.pp, busiest, f_s, b_s, p2p, self.head_lag)}
             stage_bytes = [int(4 * share * sum(int(np.prod(shape)) for shape, st in zip(self._graph.param_shapes,
                                                                                        cut.param_stage) if st == s))
                            + (4 if s == self.pp - 1 else 0) for s in range(self.pp)]
@@ -639,14 +646,23 @@ def build_data_parallel(graph_of, model, example_inputs, loss, optimizer, target
 
 
 #: the options of ``parallel=`` (:func:`build_parallel`)
-PARALLEL_OPTIONS = ("dp", "tp", "pp", "microbatches", "zero", "granule", "head_stage")
+PARALLEL_OPTIONS = ("dp", "tp", "pp", "microbatches", "zero", "granule", "head_stage", "head_lag")
+
+
+def _head_lag(where: str, lag, head_stage: bool) -> int:
+    """``lag`` checked: an integer >= 0, and 0 unless the plan has a head stage."""
+    if isinstance(lag, bool) or not isinstance(lag, int) or lag < 0:
+        raise TrainingError(f"{where}: head_lag must be an integer >= 0, got {lag!r}")
+    if lag and not head_stage:
+        raise TrainingError(f"{where}: head_lag={lag} needs a head stage of its own (head_stage=True)")
+    return lag
 
 
 def build_parallel(graph_of, model, example_inputs, loss, optimizer, target, options: dict,
                    model_name: str) -> DataParallelTrainer:
     """Build a :class:`DataParallelTrainer` of a user-given plan ``parallel={"dp", "tp", "pp",
-    "microbatches", "zero", "granule", "head_stage"}`` whose bits depend on none of the first five
-    nor on the last: the
+    "microbatches", "zero", "granule", "head_stage", "head_lag"}`` whose bits depend on none of the
+    first five nor on the last two: the
     gradient program is compiled for one granule (``granule`` samples, default 1) and the step
     sums the granules' gradients in ascending order, whatever the micro-batch count, replica
     count and sharding (a micro-batch must hold whole granules)."""
@@ -668,6 +684,7 @@ def build_parallel(graph_of, model, example_inputs, loss, optimizer, target, opt
     if head_stage and pp < 2:
         raise TrainingError(f"parallel: a head stage of its own needs pp >= 2 (the layers' stages and the head's), "
                             f"got pp={pp}")
+    head_lag = _head_lag("parallel", options.get("head_lag", 0), head_stage)
     if not isinstance(example_inputs, tuple | list):
         example_inputs = (example_inputs,)
     batch = _batch_of(example_inputs, "parallel")
@@ -706,12 +723,12 @@ def build_parallel(graph_of, model, example_inputs, loss, optimizer, target, opt
 
             layers = model_axes(model).layers
     return _build(graph_of, model, example_inputs, loss, optimizer, target, model_name, batch, dp,
-                  microbatches, batch // granule, zero, True, pp, layers, tp, head_stage)
+                  microbatches, batch // granule, zero, True, pp, layers, tp, head_stage, head_lag)
 
 
 def _build(graph_of, model, example_inputs, loss, optimizer, target, model_name, batch: int, replicas: int,
            microbatches: int, granules: int | None, zero: int, reproducible: bool, pp: int = 1,
-           layers: int | None = None, tp: int = 1, head_stage: bool = False) -> DataParallelTrainer:
+           layers: int | None = None, tp: int = 1, head_stage: bool = False, head_lag: int = 0) -> DataParallelTrainer:
     """The trainer: the gradient program compiled for one granule (``batch / granules``
     samples; ``granules=None``: one micro-batch) and the update for the granule count."""
     count = microbatches if granules is None else granules
@@ -755,6 +772,6 @@ def _build(graph_of, model, example_inputs, loss, optimizer, target, model_name,
         update_ex = relax.build(update_module(micro, count), target=replica_tgt)
     trainer = DataParallelTrainer(full, micro, grad_ex, update_ex, tgt, system, loss, optimizer, model_name,
                                   microbatches, replicas, reproducible, granules, zero, pp=pp, layers=layers, tp=tp,
-                                  tp_split=tp_split, head_stage=head_stage)
+                                  tp_split=tp_split, head_stage=head_stage, head_lag=head_lag)
     trainer._set_state(list(micro.init_params), list(micro.init_optim_state))
     return trainer

@@ -328,15 +328,22 @@ def cut_stages(grad_mod: tvm.IRModule, param_names, n_inputs: int, layers: int, 
     return PipelineCut(fwd, bwd, key[loss_var], grads, tuple(home[p] for p in param_vars), tuple(crossing))
 
 
-def one_f_one_b(pp: int, microbatches: int) -> tuple[tuple[str, int, int], ...]:
+def one_f_one_b(pp: int, microbatches: int, lag: int = 0) -> tuple[tuple[str, int, int], ...]:
     """Megatron's 1F1B schedule as one sequence of ``(kind, stage, micro-batch)`` events
     (``kind`` ``"f"`` or ``"b"``), each stage's own order being: ``pp - 1 - s`` warm-up
     forwards, then alternating one forward and one backward, then the remaining backwards. The
     sequence is the events sorted by the earliest step each can start at with unit-time
-    events (ties by stage), which respects every dependency."""
+    events (ties by stage), which respects every dependency.
+
+    ``lag``: the last stage (a head stage) runs that many micro-batches behind the others: every
+    earlier stage takes ``lag`` more warm-up forwards (and holds that many more micro-batches'
+    activations), so the last stage's next forward input is ready while it computes. A schedule
+    order only: each event reads its own micro-batch's values, so no bit moves."""
+    if isinstance(lag, bool) or not isinstance(lag, int) or lag < 0:
+        raise TrainingError(f"pipeline: head_lag must be an integer >= 0, got {lag!r}")
     per_stage = []
     for s in range(pp):
-        warm = min(pp - 1 - s, microbatches)
+        warm = min(pp - 1 - s + (lag if s < pp - 1 else 0), microbatches)
         seq = [("f", m) for m in range(warm)]
         f, b = warm, 0
         while b < microbatches:
@@ -373,11 +380,13 @@ def one_f_one_b(pp: int, microbatches: int) -> tuple[tuple[str, int, int], ...]:
     return tuple(out)
 
 
-def pipeline_makespan(pp: int, microbatches: int, forward_s, backward_s, transfer_s: float) -> float:
+def pipeline_makespan(pp: int, microbatches: int, forward_s, backward_s, transfer_s: float,
+                      lag: int = 0) -> float:
     """Simulated time of the 1F1B schedule: stage ``s``'s forward of one micro-batch takes
     ``forward_s[s]``, its backward ``backward_s[s]``; a hand-over between neighbouring stages
-    ``transfer_s``. Each stage runs its events one at a time in its 1F1B order."""
-    events = one_f_one_b(pp, microbatches)
+    ``transfer_s``. Each stage runs its events one at a time in its 1F1B order (the last stage
+    ``lag`` micro-batches behind, :func:`one_f_one_b`)."""
+    events = one_f_one_b(pp, microbatches, lag)
     done: dict = {}
     free = [0.0] * pp
     for kind, s, m in events:

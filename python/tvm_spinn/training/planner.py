@@ -50,9 +50,13 @@ an fp32 master copy; here every tensor is fp32 and there is no master copy:
 
 Time per step
 -------------
-Per micro-batch and stage: GEMM FLOPs (forward ``2 tokens W / tp`` plus the attention's two
-``s x s`` matmuls; backward twice that; recomputation one more forward of the blocks) at the
-chips' fp32 peak (:attr:`~tvm_spinn.target.arch.SpinnArch.peak_fp32_flops_s`), or the DRAM
+Per micro-batch and stage: the GEMMs of a slot's tokens on a rank (the projections' ``1 / tp``
+shares, attention's two matmuls per head over the full ``s`` context; backward each GEMM's
+input gradient and its weight gradient; recomputation one more forward of the blocks), each
+priced as the timing model times the compiled GEMM on a chip (:func:`~tvm_spinn.timing.gemm.gemm_seconds`: the
+mapper's tile, the PE kernel's register blocks and per-block and per-job overheads, the
+layer's barrier; a few tokens' rows, computed one output at a time, cost several times the fp32 peak's
+time, a weight gradient reducing over a few tokens pays each block's set-up), or the DRAM
 traffic (weights read in each pass, gradients accumulated, stored activations written and read
 back; the embedding tables' rows of the slot's tokens only, they are gathered from) at
 :attr:`~tvm_spinn.target.arch.SpinnArch.dram_bw_bytes_s`, whichever is longer. A stage whose
@@ -141,7 +145,7 @@ step runs it).
 What is not modelled: link sharing between the head
 stage's gradient synchronisation and the other stages' drain, and the host's share of the step.
 
-Search: every split that fits is ordered by its GEMM time alone; a split's step with each
+Search: every split that fits is ordered by its blocks' GEMM time alone; a split's step with each
 collective costed for its first few groups only is a lower bound of its full cost, and splits are costed
 in full in the order of that bound until no other can be faster (branch and bound: the result
 is the fastest split, as costing them all would find).
@@ -162,6 +166,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..timing.gemm import gemm_seconds
 from .errors import TrainingError
 
 __all__ = ["TrainingPlan", "MemoryPerChip", "Split", "StepTime", "TrainingPlanError", "plan_training", "LAYOUTS",
@@ -631,6 +636,35 @@ def _block_flops(spec, tokens: int, seq: int, tp: int = 1) -> tuple[int, int]:
     weights = h * (q + 2 * kv) + q * h + mlp * h * i
     attention = 2 * 2 * tokens * seq * q  # Q K^T and (softmax) V, the full s x s (as Megatron counts)
     return 2 * tokens * weights + attention, attention
+
+
+def _block_gemms(spec, tokens: int, seq: int, tp: int, sequences: int) -> tuple[list, list]:
+    """One block's GEMMs on one of ``tp`` ranks for a slot of ``tokens`` tokens of ``sequences``
+    sequences, ``[(m, k, n, batch)]``: the projections (``tokens`` rows; GPT-2's fused Q/K/V
+    and its MLP, Llama's separate projections and gated MLP), and attention's two matmuls per
+    head and sequence over the full ``seq`` context (as :func:`_block_flops` counts them)."""
+    h, i, q, kv = _widths(spec, tp)
+    if spec.family == "gpt2":
+        weights = [(tokens, h, q + 2 * kv, 1), (tokens, q, h, 1), (tokens, h, i, 1), (tokens, i, h, 1)]
+    else:
+        weights = [(tokens, h, q, 1), (tokens, h, kv, 1), (tokens, h, kv, 1), (tokens, q, h, 1),
+                   (tokens, h, i, 1), (tokens, h, i, 1), (tokens, i, h, 1)]
+    rows, heads = max(1, tokens // sequences), sequences * (q // spec.head_dim)
+    attention = [(rows, spec.head_dim, seq, heads), (rows, seq, spec.head_dim, heads)]
+    return weights, attention
+
+
+def _pass_seconds(arch, gemms: list, comms: "_Comms") -> tuple[float, float, float]:
+    """``(forward, input gradients, weight gradients)`` seconds of ``gemms`` ``[(m, k, n, batch)]``
+    (:func:`~tvm_spinn.timing.gemm.gemm_seconds`, cached on ``comms``): the backward of ``Y = A B`` is ``dA = dY B^T``
+    (``m x n`` by ``n x k``) and ``dB = A^T dY`` (``k x m`` by ``m x n``)."""
+    def seconds(m, k, n, b):
+        return comms._get(("gemm", m, k, n, b), lambda: gemm_seconds(arch, m, k, n, b))
+
+    fwd = sum(seconds(m, k, n, b) for m, k, n, b in gemms)
+    dgrad = sum(seconds(m, n, k, b) for m, k, n, b in gemms)
+    wgrad = sum(seconds(k, m, n, b) for m, k, n, b in gemms)
+    return fwd, dgrad, wgrad
 
 
 def model_flops(spec, tokens: int, seq: int, recompute: bool = False) -> int:
@@ -1174,9 +1208,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
     tp, pp, dp, heads = split.tp, split.pp, split.dp, split.head_tp
     m, slots, stages = split.micro_batches, split.slots, split.stages
     tokens = split.micro_batch * seq // split.chunks  # one pipeline slot's
-    peak = 2.0 * arch.m4f_flops_per_cycle * arch.clock_hz * arch.pes_per_chip  # one chip, fp32
     dram = arch.dram_bw_bytes_s
-    block, _ = _block_flops(spec, tokens, seq, tp)
     layers = spec.layers // pp
     act = F32 * tokens * spec.hidden  # the residual stream
     grid = split.grid()
@@ -1213,6 +1245,15 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         mode)."""
         return max(1, -(-v_leaves // width)) if comms.reproducible else 1
 
+    # one block's GEMMs on a rank (forward, input gradients, weight gradients), of them the
+    # weights' gradients; the LM head's for ``rows`` vocabulary rows on a rank
+    weights, attention = _block_gemms(spec, tokens, seq, tp, split.micro_batch)
+    block_s = _pass_seconds(arch, weights + attention, comms)
+    weights_s = _pass_seconds(arch, weights, comms)[2]
+
+    def head_s(rows: int) -> tuple:
+        return _pass_seconds(arch, [(tokens, spec.hidden, rows, 1)], comms)
+
     spread = split.spread_head
     spread_busy = spread_path = 0.0
     if spread:
@@ -1233,7 +1274,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         s_back = comms.handover(mine, last, act / tp)
         spread_busy = s_ag[1] + s_loss[1] + s_rs[1] + s_back
         spread_path = s_ag[0] + s_loss[0] + s_rs[0] + s_back
-        spread_head = 2 * tokens * spec.hidden * _vocab_rows(spec, width)  # a rank's forward FLOPs
+        spread_head_s = sum(head_s(_vocab_rows(spec, width)))  # a rank's passes of the head's GEMMs
 
     if heads:
         # the head's stage: every rank reads the slot's hidden states whole: each rank of the
@@ -1295,19 +1336,24 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         rows = F32 * tokens * spec.hidden * (2 if spec.family == "gpt2" else 1) if stage == 0 else 0
         held = _stage_activations(spec, split, seq, stage, split.recompute)
         stored = held // max(1, _inflight(split, stage))
+        # the GEMMs at the product's cost (:func:`~tvm_spinn.timing.gemm.gemm_seconds`): the backward computes each
+        # GEMM's input gradient and its weight gradient (its other operand's, for attention);
+        # a recomputing backward runs the forward once more
         if heads and stage == pp:
-            fwd, bwd, width = 0, 0, heads
+            f_gemm = b_gemm = w_gemm = 0.0
+            width = heads
         else:
-            fwd, width = layers * block, tp
-            bwd = 2 * fwd + (fwd if split.recompute else 0)
+            width = tp
+            f_gemm = layers * block_s[0]
+            b_gemm = layers * (block_s[1] + block_s[2] + (block_s[0] if split.recompute else 0.0))
+            w_gemm = layers * weights_s  # the weight-gradient GEMMs, which no later GEMM of the pass reads
         if spread:  # every rank its share of the head's GEMMs
-            width, head = tp * pp, spread_head
+            width, rows = tp * pp, _vocab_rows(spec, tp * pp)
         else:
-            head = 2 * tokens * spec.hidden * -(-spec.vocab // width) if stage == stages - 1 else 0
-        bwd += 2 * head
-        fwd += head
-        # the backward's weight-gradient GEMMs: the forward's GEMMs of the weights once more
-        wgrad = (0 if heads and stage == pp else layers * (block - _block_flops(spec, tokens, seq, tp)[1])) + head
+            rows = -(-spec.vocab // width) if stage == stages - 1 else 0
+        if rows:
+            h_f, h_d, h_w = head_s(rows)
+            f_gemm, b_gemm, w_gemm = f_gemm + h_f, b_gemm + h_d + h_w, w_gemm + h_w
         # DRAM: activations written in the forward and read back in the backward; the weights
         # read in each pass and the gradients accumulated (read and written), unless they and
         # the gradients fit the chip's resident SRAM share: then they stay there from the
@@ -1316,7 +1362,6 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         fits = 2 * F32 * streamed <= resident
         dram_f = (stored + rows + (0 if fits else F32 * streamed)) / dram
         dram_b = (stored + 2 * rows + (0 if fits else F32 * streamed * (passes - 1) + 2 * F32 * streamed)) / dram
-        f_gemm, b_gemm = fwd / peak, bwd / peak
         rc = split.recompute
         if canon is not None and not (heads and stage == pp):  # the leaves' additions on the cores
             f_gemm += layers * canon["forward_add_s"]
@@ -1358,7 +1403,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         # links carry the other's collectives (each pass waits for its own collectives, and
         # the links carry all of them and the hand-overs)
         total = _slot_seconds(f_s, b_s, tp_f, tp_b, pp_s, overlap=slots > 1, pp_shared=pp_on, tp_busy=busy,
-                              w_s=min(wgrad / peak, b_s / 2))
+                              w_s=min(w_gemm, b_s / 2))
         # a spread head's path (its collectives; its GEMMs are in this stage's compute) of one
         # slot overlaps the next head_lag slots
         total = max(total, spread_path / max(1, split.head_lag))
@@ -1388,7 +1433,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
     # passes of the first slot and the last (its collectives and the head's forward and backward
     # on one rank) once more
     pipeline = (over_pipeline("total") + sum(per_stage[j]["path"] - per_stage[j]["total"] for j in set(own))
-                + (spread_path + 3 * spread_head / peak if spread else 0.0))
+                + (spread_path + spread_head_s if spread else 0.0))
     # the drain of 1F1B: stage j runs its last backward j backward passes before the first
     # stage ends (each at least the slowest stage's backward compute: the drain's pace), so
     # its gradient synchronisation and update start that much earlier
@@ -1649,6 +1694,7 @@ def plan_training(config, system="spinn/board", *, seq: "int | None" = None, glo
                                 f"{arch.chips} of {system_name}")
     zeros = [zero] if zero is not None else [0, 1, 2]
     recomputes = [recompute] if recompute is not None else [False, True]
+    comms = _Comms(arch, reproducible)
     # every split that fits, ordered by its compute alone (a lower bound of its step), so the
     # search costs the collectives of the promising ones only
     candidates = []
@@ -1670,7 +1716,7 @@ def plan_training(config, system="spinn/board", *, seq: "int | None" = None, glo
                                     # memory and the compute floor do not depend on the chip order
                                     if _peak_bytes(spec, split, seq, optimizer) > capacity:
                                         continue
-                                    floor = _compute_floor(spec, split, seq, arch, reproducible)
+                                    floor = _compute_floor(spec, split, seq, arch, comms)
                                     for order in (LAYOUTS[:1] if d == 1 else LAYOUTS if p > 1 or h else LAYOUTS[::2]):
                                         candidates.append((floor, split.chips, dataclasses.replace(split, layout=order),
                                                            None))
@@ -1685,7 +1731,6 @@ def plan_training(config, system="spinn/board", *, seq: "int | None" = None, glo
     # branch and bound: a split's step with every collective costed for one group alone (no
     # other group on its links) is a lower bound of its step with all groups at once, and far
     # cheaper; splits are costed in full in the order of that bound until none can be faster
-    comms = _Comms(arch, reproducible)
     alone = _Comms(arch, reproducible, alone=True, shared=comms)
     best, costed, queue, search = None, 0, [], {}
 
@@ -1783,14 +1828,14 @@ def _split_key(split: Split) -> tuple:
             split.sequence_parallel, split.chunks, split.layout, split.head_tp, split.spread_head, split.head_lag)
 
 
-def _compute_floor(spec, split: Split, seq: int, arch, reproducible: bool = False) -> float:
-    """The GEMM time of the pipeline alone: a lower bound of the split's step (in either mode:
-    the canonical order's GEMMs are the ranks' parallel shares, its additions and collectives
-    only add to them)."""
-    peak = 2.0 * arch.m4f_flops_per_cycle * arch.clock_hz * arch.pes_per_chip
+def _compute_floor(spec, split: Split, seq: int, arch, comms: "_Comms") -> float:
+    """The blocks' GEMM time of the pipeline alone (:func:`~tvm_spinn.timing.gemm.gemm_seconds`, as :func:`_step_time`
+    prices them): a lower bound of the split's step (in either mode: the canonical order's
+    GEMMs are the ranks' parallel shares, its additions and collectives only add to them)."""
     tokens = split.micro_batch * seq // split.chunks
-    block, _ = _block_flops(spec, tokens, seq, split.tp)
-    per = (3 + split.recompute) * spec.layers // split.pp * block / peak
+    weights, attention = _block_gemms(spec, tokens, seq, split.tp, split.micro_batch)
+    f, d, w = _pass_seconds(arch, weights + attention, comms)
+    per = spec.layers // split.pp * (f + d + w + split.recompute * f)
     return (split.slots + split.pp - 1) * per
 
 

@@ -1,0 +1,55 @@
+"""The time of an fp32 GEMM on one chip's PEs as the timing model times the compiled layer, in
+closed form: what planners that have no program to build (the training planner) charge a GEMM."""
+
+from __future__ import annotations
+
+import math
+
+from ..program.ops.gemm import GemmShape, choose_gemm_tile, gemm_tile_cycles
+from ..program.ops.gemm.geometry import splits_of
+
+__all__ = ["gemm_seconds"]
+
+#: bytes of an fp32 element (operands and result)
+_F32 = 4
+
+
+def gemm_seconds(arch, m: int, k: int, n: int, batch: int = 1) -> float:
+    """Seconds of ``batch`` fp32 GEMMs ``(m x k) @ (k x n)`` on one chip's PEs, as the timing
+    model times the compiled layer with its operands on chip.
+
+    The tile is the mapper's (:func:`~tvm_spinn.program.ops.gemm.choose_gemm_tile` for the
+    chip's PEs); the busiest PE runs ``ceil(tiles / pes)`` of them at
+    :func:`~tvm_spinn.program.ops.gemm.gemm_tile_cycles` each (the PE kernel's ``4 x 4`` register
+    blocks, its ``4 x 1`` right edges and single outputs below them, the per-step, per-block and
+    per-job overheads: a GEMM of a few rows computes its outputs one at a time, a reduction of a
+    few terms pays a block's set-up for a few steps), double-buffered behind its first tile's two
+    operand DMAs and before its last tile's write-back, and the layer ends with the chip's
+    barrier (:meth:`~tvm_spinn.target.arch.SpinnArch.barrier_cost_cycles`). Weight traffic from
+    DRAM is the planner's own term (the longer of the two is taken), not counted here.
+
+    Parameters
+    ----------
+    arch : SpinnArch
+        The system (one of its chips runs the GEMM).
+    m, k, n : int
+        The GEMM's rows, reduction and columns (each >= 1).
+    batch : int
+        Independent GEMMs of that shape in the layer (attention's heads and sequences).
+
+    Returns
+    -------
+    float
+        Seconds, at least the FLOPs at the chip's fp32 peak.
+    """
+    if min(m, k, n, batch) < 1:
+        raise ValueError(f"gemm_seconds: a GEMM of {batch} x ({m} x {k}) @ ({k} x {n}) has an empty axis")
+    pes = arch.pes_per_chip
+    tm, tn, tk = choose_gemm_tile(GemmShape(batch, m, n, k), arch, pes=pes, kind="matmul", mode="fp32")[:3]
+    tiles = batch * -(-m // tm) * -(-n // tn)
+    vm, vn = min(tm, m), min(tn, n)
+    compute = -(-tiles // pes) * math.ceil(gemm_tile_cycles(vm, vn, k, splits_of(k, tk), arch))
+    rate, setup = arch.dma_bw_bytes_per_cycle, arch.dma_setup_cycles
+    first = 2 * setup + _F32 * (vm * k + k * vn) / rate
+    last = setup + _F32 * vm * vn / rate
+    return (compute + first + last + arch.barrier_cost_cycles(pes)) / arch.clock_hz
