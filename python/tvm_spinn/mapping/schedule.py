@@ -28,7 +28,8 @@ from .memory import LEDGER_RESIDENT_SHARE, activation_label, check_capacity, pla
 from .options import MappingOptions, current_options
 from .placement import choose_chips, pipeline_groups, place_tiles
 from .budget import RegionBudget, SystemState
-from .system import map_on_system, overflow_message, pipeline_tables, system_tables
+from .stages import pipeline_tables
+from .system import map_on_system, overflow_message, system_tables
 from .tiling import MappingError, choose_tile, program_work, tile_costs
 
 __all__ = ["map_program", "map_region", "derive_tables", "MappingMemo"]
