@@ -1,7 +1,7 @@
 """What a mesh plan with a pipeline axis means for each stage, for the pipeline tests: each
 stage's chips on a system (:func:`stage_ranks`) and each stage's shard plan
 (:func:`stage_plans`). The mapper places and plans its stages itself
-(:func:`tvm_spinn.mapping.system.map_stages`); these state the contract the cut is checked
+(:func:`tvm_spinn.mapping.stages.map_stages`); these state the contract the cut is checked
 against (``tests/conftest.py`` puts this folder on ``sys.path``).
 """
 
@@ -12,7 +12,8 @@ from dataclasses import replace
 import numpy as np
 
 from tvm_spinn.mapping.shard import _stage_parts
-from tvm_spinn.mapping.system import _stage_ranks, stage_chips, stages_of
+from tvm_spinn.mapping.stages import stage_ranks as _stage_ranks, stages_of
+from tvm_spinn.mapping.system import stage_chips
 from tvm_spinn.program.ops.sharding import Mesh
 
 
@@ -24,7 +25,7 @@ def stage_ranks(arch, plan) -> tuple:
     the same chip of its board, so a hand-over goes from each chip to its counterpart.
 
     The mapper places a region's stages on whole boards
-    (:func:`tvm_spinn.mapping.system._pipeline_boards`); the tests also place stages on part of
+    (:func:`tvm_spinn.mapping.stages.pipeline_boards`); the tests also place stages on part of
     a board, to price the sends of a mesh with a ``pp`` axis on a system smaller than a board
     (:func:`tvm_spinn.timing.stages.handover_costs`).
 
@@ -53,7 +54,7 @@ def stage_plans(program, plan) -> tuple:
     stage's program. The gathers of program outputs at the end go to the stage that writes
     the output, at its end.
 
-    The mapper does not need it (:func:`tvm_spinn.mapping.system.map_stages` plans each stage's
+    The mapper does not need it (:func:`tvm_spinn.mapping.stages.map_stages` plans each stage's
     program afresh on its board); it states what a mesh plan with ``pp`` and other axes means
     for each stage, the contract :func:`tvm_spinn.mapping.shard.stage_programs` and
     :func:`tvm_spinn.mapping.shard.shard_program` are checked against.

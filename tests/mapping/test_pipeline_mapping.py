@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tvm_spinn.mapping import derive_tables, map_program
-from tvm_spinn.mapping.system import stage_programs_of
+from tvm_spinn.mapping.stages import stage_programs_of
 from tvm_spinn.mapping.tiling import MappingError
 from tvm_spinn.program import Program
 from tvm_spinn.program.format import CHECKSUM_BYTES, mapping_from_json, program_digest, mapping_to_json, timing_from_json, timing_to_json

@@ -16,7 +16,7 @@ import pytest
 
 from tvm_spinn.mapping import MappingError, map_program
 from tvm_spinn.mapping.planner import plan_system
-from tvm_spinn.mapping.system import stage_programs_of
+from tvm_spinn.mapping.stages import stage_programs_of
 from tvm_spinn.report.report import system_summary
 from tvm_spinn.runtime.simulator import run_program
 from tvm_spinn.target.arch import make_system

@@ -17,7 +17,8 @@ from dataclasses import replace
 from tvm_spinn.mapping import MappingOptions, derive_tables, map_program
 from tvm_spinn.mapping.planner import plan_system
 from tvm_spinn.mapping.state import build_flight
-from tvm_spinn.mapping.system import recorded_plan, retime, stage_programs_of
+from tvm_spinn.mapping.stages import stage_programs_of
+from tvm_spinn.mapping.system import recorded_plan, retime
 from tvm_spinn.mapping.tiling import MappingError
 from tvm_spinn.program import Layer, Program, TensorDesc
 from tvm_spinn.target.arch import SpinnArch, make_system

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from tvm_spinn.mapping import shard as S
-from tvm_spinn.mapping.system import stage_programs_of
+from tvm_spinn.mapping.stages import stage_programs_of
 from tvm_spinn.mapping import map_program
 from tvm_spinn.program.ops.sharding import Mesh
 from tvm_spinn.program.records import PlanCollective

@@ -185,7 +185,8 @@ def test_board_view_and_whole_boards():
 
 def test_mapper_places_on_live_chips():
     """The mapper's tensor-parallel groups on a board with dead chips take live chips only."""
-    from tvm_spinn.mapping.system import stage_chips, stages_of
+    from tvm_spinn.mapping.stages import stages_of
+    from tvm_spinn.mapping.system import stage_chips
 
     board = make_system("b", chips=48).replace(dead_chips=(0, 7))
     assert stage_chips(board) == 46 and stages_of(board) == 1

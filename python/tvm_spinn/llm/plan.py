@@ -851,12 +851,12 @@ def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0, weights: s
     (the ``board_tp`` slice, whose outputs the next piece, the next block or the all-reduce
     and hand-over read); otherwise an output goes to DRAM, as a region's output does."""
     from ..mapping import MappingOptions, current_options
-    from ..mapping.schedule import _structure_key
+    from ..mapping.schedule import structure_key
 
     options = MappingOptions(weights=weights, split_k=current_options().split_k)
     key = None
     if memo is not None:
-        key = (tuple(_structure_key(p, board, "stage", options) for p in pieces),
+        key = (tuple(structure_key(p, board, "stage", options) for p in pieces),
                tuple(sorted(host_shapes)), int(slots)) + (("keep_outputs",) if keep_outputs else ())
         if key in memo:
             return memo[key]

@@ -30,7 +30,7 @@ class Shortfall:
         Its weight bytes.
     why : str or None
         Why the most stages tried failed where their stages fitted but not the copies of their
-        state (:func:`~.system.map_stages`); None otherwise.
+        state (:func:`~.stages.map_stages`); None otherwise.
     """
 
     boards: tuple[int, ...]

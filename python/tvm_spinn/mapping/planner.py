@@ -37,7 +37,8 @@ from .options import MappingOptions, current_options
 from .schedule import MappingMemo, _graph_copy, map_region
 from .shard import recorded_plan
 from .state import build_flight, chip_bytes, region_streams, resident_state
-from .system import overflow_message, stage_programs_of
+from .stages import stage_programs_of
+from .system import overflow_message
 from .tiling import MappingError, program_work
 
 __all__ = ["RegionPlan", "SystemPlan", "plan_system", "resident_capacity", "held_bytes", "POLICIES"]

@@ -28,10 +28,11 @@ from .memory import LEDGER_RESIDENT_SHARE, activation_label, check_capacity, pla
 from .options import MappingOptions, current_options
 from .placement import choose_chips, pipeline_groups, place_tiles
 from .budget import RegionBudget, SystemState
-from .system import map_on_system, overflow_message, pipeline_tables, system_tables
+from .stages import pipeline_tables
+from .system import map_on_system, overflow_message, system_tables
 from .tiling import MappingError, choose_tile, program_work, tile_costs
 
-__all__ = ["map_program", "map_region", "derive_tables", "MappingMemo"]
+__all__ = ["map_program", "map_region", "derive_tables", "MappingMemo", "structure_key"]
 
 
 def _assign(program: Program, arch: SpinnArch, mode: str, options: MappingOptions) -> tuple[list[tuple[int, int]], list[int]]:
@@ -85,9 +86,11 @@ class MappingMemo:
         self.system: dict = {}  # (structure key, budget) -> a system mapping (see .system)
 
 
-def _structure_key(program: Program, arch: SpinnArch, mode: str, options: MappingOptions, onchip: tuple = ()) -> str:
+def structure_key(program: Program, arch: SpinnArch, mode: str, options: MappingOptions, onchip: tuple = ()) -> str:
     """Everything a mapping reads from ``program`` and its inputs: the header without the
-    symbol, the tensor names (labels only) and the mapping results."""
+    symbol, the tensor names (labels only) and the mapping results, with the target, the mapping
+    mode, the options and the inputs already in SRAM. Two programs with equal keys map alike: a
+    memo of mappings (:class:`MappingMemo`, the LLM planner's stage memo) is keyed by it."""
     header = program.header()  # fresh dicts: safe to edit
     for field in ("symbol", "mapping", "timing", "memory"):
         header.pop(field)
@@ -124,7 +127,7 @@ def _build(program: Program, arch: SpinnArch, mode: str, options: MappingOptions
     state after it (``state``: what the build's earlier programs hold, None: the program
     alone), else None."""
     table = memo.structures if memo is not None else None
-    key = _structure_key(program, arch, mode, options, onchip) if table is not None else None
+    key = structure_key(program, arch, mode, options, onchip) if table is not None else None
     check_capacity(program, arch)  # before any tile array (they grow with the tensors) is built
     program = program_work(program, arch)
     if arch.chips > 1 and mode == "sequential" and not options.naive:
