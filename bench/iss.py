@@ -182,6 +182,15 @@ def _cases():
     mod = qgemm_module(xc.shape, "int8", wc, np.float32(0.003), 1, 0.01, -3, out=(0.5, 0, "int8"),
                        relu=True, conv_attrs=dict(padding=1))
     yield "int8 conv2d 8->16 zw", (mod, [xc])
+    try:  # TFLite's integer softmax, from a converted full-integer model
+        import tflite_models as tm
+        from tvm_spinn.frontend.tflite import from_tflite, keras_to_tflite
+    except ImportError as err:
+        print(f"tflite softmax cases skipped: {err}")
+        return
+    for shape, spread in (((16, 10), 1.0), ((2, 300), 4.0), ((64, 3), 1.0), ((1, 1000), 2.0)):
+        mod = from_tflite(keras_to_tflite(tm.softmax(shape), quantize=tm.calibration(shape, normal=True) * spread))
+        yield f"tflite softmax {shape[0]}x{shape[1]}", (mod, [rng.integers(-128, 128, size=(1,) + shape).astype("int8")])
 
 
 #: the calibration rows ``(case, layer kind)`` of the element-wise constants (see the module docstring)
