@@ -34,7 +34,7 @@ overlap), their maximum (full overlap) and the executed pipeline.
 A fourth table runs the fp32 row kernels (softmax, layer_norm, rms_norm, mean) directly on one
 whole-row tile of rows from 1 to 250 columns (the row kernels' cost model was counted at rows of 1
 and 2 rows of 1 to 8 columns: every shape here is held out).
-Usage: ``python bench/iss.py`` (``--only PREFIX``: the cases named so, no calibration;
+Usage: ``python bench/iss.py`` (``--only PREFIX [PREFIX ...]``: the cases named so, no calibration;
 ``--only rows``: the row-kernel table alone).
 """
 
@@ -49,7 +49,7 @@ from tvm import relax
 
 import tvm_spinn
 from tvm_spinn.pe import PeCodegenError, run_program_iss
-from tvm_spinn.pe.view import gemm_view, layer_kind, layer_mode, tensor_shape, layer_output
+from tvm_spinn.pe.view import gemm_view, layer_attrs, layer_kind, layer_mode, tensor_shape, layer_output
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "quant"))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
@@ -129,6 +129,17 @@ def _cases():
     yield "sigmoid 64x96", _torch_case(lambda m, a: torch.sigmoid(a * 2.0), None, (64, 96))
     yield "tanh 64x96", _torch_case(lambda m, a: torch.tanh(a * 2.0), None, (64, 96))
     yield "clip 64x96", _torch_case(lambda m, a: torch.clamp(a * 2.0, -0.5, 0.5), None, (64, 96))
+    yield "subtract 64x96", _torch_case(lambda m, a, b: a - b, None, (64, 96), (64, 96))
+    yield "divide 64x96", _torch_case(lambda m, a, b: a / b, None, (64, 96), (64, 96))
+    yield "negative 64x96", _torch_case(lambda m, a: -(a * 2.0), None, (64, 96))
+    yield "sqrt 64x96", _torch_case(lambda m, a: torch.sqrt(a * 2.0), None, (64, 96))
+    yield "rsqrt 64x96", _torch_case(lambda m, a: torch.rsqrt(a * 2.0), None, (64, 96))
+    yield "power2 64x96", _torch_case(lambda m, a: (a * 2.0).pow(2), None, (64, 96))
+    yield "power3 64x96", _torch_case(lambda m, a: (a * 2.0).pow(3), None, (64, 96))
+    yield "gelu_tanh 64x96", _torch_case(lambda m, a: torch.nn.functional.gelu(a * 2.0, approximate="tanh"), None,
+                                         (64, 96))
+    yield "strided_slice 64x96", _torch_case(lambda m, a: (a * 2.0)[8:40, 16:80:2] + 1.0, None, (64, 96))
+    yield "broadcast_to 1x96->64", _torch_case(lambda m, a: (a * 2.0).expand(64, 96) + 1.0, None, (1, 96))
     yield "max_pool2d 3x3/2", _torch_case(lambda m, a: torch.nn.functional.max_pool2d(a * 2.0, 3, 2, 1), None,
                                           (1, 8, 24, 24))
     yield "max_pool2d 2x2/2", _torch_case(lambda m, a: torch.nn.functional.max_pool2d(a * 2.0, 2, 2), None,
@@ -196,6 +207,19 @@ def _cases():
     mod = qgemm_module(xc.shape, "int8", wc, np.float32(0.003), 1, 0.01, -3, out=(0.5, 0, "int8"),
                        relu=True, conv_attrs=dict(padding=1))
     yield "int8 conv2d 8->16 zw", (mod, [xc])
+    try:  # TFLite's integer softmax, from a converted full-integer model
+        import tflite_models as tm
+        from tvm_spinn.frontend.tflite import from_tflite, keras_to_tflite
+    except ImportError as err:
+        print(f"tflite softmax cases skipped: {err}")
+        return
+    for shape, spread in (((16, 10), 1.0), ((2, 300), 4.0), ((64, 3), 1.0), ((1, 1000), 2.0)):
+        mod = from_tflite(keras_to_tflite(tm.softmax(shape), quantize=tm.calibration(shape, normal=True) * spread))
+        yield f"tflite softmax {shape[0]}x{shape[1]}", (mod, [rng.integers(-128, 128, size=(1,) + shape).astype("int8")])
+    for shape in ((24, 5, 7), (8, 16, 16)):  # TFLite's integer mean over the spatial axes
+        rep = tm.calibration(shape, normal=True) * 2.0 + 0.3
+        mod = from_tflite(keras_to_tflite(tm.mean(shape), quantize=rep))
+        yield f"tflite mean {'x'.join(map(str, shape))}", (mod, [rng.integers(-128, 128, size=(1,) + shape).astype("int8")])
 
 
 #: the calibration rows ``(case, layer kind)`` of the element-wise constants (see the module docstring)
@@ -492,13 +516,14 @@ def main() -> None:
     import argparse
     from tvm_spinn.target.arch import SpinnArch
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", default=None, help="run only the cases whose name starts with this (no calibration)")
+    parser.add_argument("--only", nargs="+", default=None,
+                        help="run only the cases whose name starts with one of these (no calibration)")
     args = parser.parse_args()
     arch = SpinnArch()
     if args.only:
         global _cases
         every = _cases
-        _cases = lambda: ((n, c) for n, c in every() if n.startswith(args.only))  # noqa: E731
+        _cases = lambda: ((n, c) for n, c in every() if n.startswith(tuple(args.only)))  # noqa: E731
     results = list(_measure())
     implied = _solve(results, arch) if not args.only else {c: getattr(arch, c) for c in CONSTANTS}
     calibrated = arch.replace(**{k: max(v, 0.0) for k, v in implied.items()})
@@ -507,6 +532,8 @@ def main() -> None:
     held, within, seen, kinds = 0, 0, set(), {}
     for name, program, index, rows in results:
         kind, mode = layer_kind(program, index), layer_mode(program, index)
+        if layer_attrs(program, index).get("rounding") == "tflite":  # TFLite's integer row kernels
+            mode = "tflite"
         modelled, executed = _modelled(program, index, rows, arch), sum(r.cycles for r in rows)
         if (kind, mode, modelled, executed) in seen:  # a case's leading op, measured before
             continue
@@ -549,9 +576,9 @@ def main() -> None:
           "(int8 GEMM rows: the M4F's share)")
     if not args.only:
         _kernel_table(arch)
-    if not args.only or "int8".startswith(args.only) or args.only.startswith("int8"):
+    if not args.only or any("int8".startswith(o) or o.startswith("int8") for o in args.only):
         _int8_kernel_table(arch)
-    if not args.only or args.only == "rows":
+    if not args.only or "rows" in args.only:
         _row_kernel_table(arch)
 
 

@@ -79,6 +79,25 @@ def test_fp32_dense_and_elementwise_bit_identical():
     _assert_same_bits(program, [_special((6, 24), 1), _special((6, 40), 2)])
 
 
+class _Arithmetic(torch.nn.Module):
+    def forward(self, a, b):
+        return a - b, a / b, -a, torch.sqrt(a), a.pow(2), a.pow(3), torch.rsqrt(b)
+
+
+def test_arithmetic_and_unary_bit_identical():
+    """subtract, divide, negative, sqrt, rsqrt and power 2 and 3 each a layer of their own on the
+    special values (NaN payloads, infinities, signed zeros, subnormals; a divide by zero): the
+    default simulator's bits."""
+    a, b = torch.randn(6, 40), torch.randn(6, 40)
+    programs = _programs(tvm_spinn.frontend.from_pytorch(_Arithmetic().eval(), (a, b)))
+    kinds = {layer.kind for program in programs for layer in program.layers}
+    assert {"subtract", "divide", "negative", "sqrt", "rsqrt", "power"} <= kinds, kinds
+    for program in programs:  # each region on special values of its inputs' shapes
+        inputs = [_special(program.tensors[t].shape, 3 + i) for i, t in enumerate(program.inputs)]
+        inputs[-1].reshape(-1)[:3] = 0.0
+        _assert_same_bits(program, inputs)
+
+
 class _ConvMatmul(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -93,6 +93,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Rows", "RowLoop", "RowPhase", "stepped_cycles", "ROW_CODE", "ROW_RUN", "ROW_COLUMN_UNROLL", "row_tile_cycles", "LAYER_NORM_BLOCK", "BLOCKED", "smallest_row_tile_bytes", "softmax_tflite", "mean_tflite", "softmax_tflite_params",
            "TFLITE_MEAN_CODE", "TFLITE_MEAN_ELEMENT", "tflite_mean_tile_cycles",
+           "TfliteSoftmaxPhase", "TFLITE_SOFTMAX_CODE", "softmax_tflite_expected", "tflite_softmax_tile_cycles",
            "mean_tflite_params"]
 
 _F32 = np.float32
@@ -104,14 +105,6 @@ LAYER_NORM_BLOCK = 32
 #: kinds whose row sums are blocked (:data:`LAYER_NORM_BLOCK`): only block sums are chained
 BLOCKED = ("layer_norm", "rms_norm")
 
-#: M4F integer operations per element of TFLite's int8 softmax (assumption, counted from the
-#: reference kernel): the fixed-point exp (4 high multiplies and up to 7 barrel-shifter
-#: multiplies with their adds, masks and shifts, ~20 operations) runs twice per element (the
-#: kernel recomputes it for the output), plus the input rescale, the sum and the output
-#: multiply and shift.
-_TFLITE_SOFTMAX_OPS = 48.0
-#: jobs (kernel calls) per tile of TFLite's integer kernels: softmax's three phases, mean's one
-_TFLITE_PHASES = {"softmax": 3, "mean": 1}
 #: The ``mean_tflite`` PE kernel (:mod:`tvm_spinn.pe.kernels`) as it executes, by instruction
 #: class, counted on its executed blocks (int8, a tile of 1 row of 1 column, 9 rows of 1
 #: column, 1 row of 65 columns: per row and per element the differences over 8 and 64) and
@@ -188,10 +181,12 @@ def _statistics(layer: Layer) -> tuple[int, int]:
 
 def _per_elem(layer: Layer, arch: "SpinnArch") -> float:
     """M4F operations per element (softmax: max, subtract, exp, sum, divide; TFLite's integer
-    softmax: :data:`_TFLITE_SOFTMAX_OPS`; rms_norm: square, add, ``x * r`` and the weight's
-    multiply)."""
+    softmax: its kernel's expected cycles per element, :data:`TFLITE_SOFTMAX_CODE`, over
+    ``m4f_elementwise_cycles / 2`` per operation; rms_norm: square, add, ``x * r`` and the
+    weight's multiply)."""
     if layer.kind == "softmax" and _tflite(layer):
-        return _TFLITE_SOFTMAX_OPS
+        return float(tflite_softmax_tile_cycles(1, 1, True, 1, _expected(layer), arch)
+                     - tflite_softmax_tile_cycles(1, 0, True, 1, _expected(layer), arch)) / (arch.m4f_elementwise_cycles / 2)
     if layer.kind == "rms_norm":
         return 4.0 if _weight(layer) is not None else 3.0
     return {"softmax": 3.0 + arch.exp_unit_cycles, "layer_norm": 6.0, "mean": 1.0}[layer.kind]
@@ -476,6 +471,109 @@ def row_tile_cycles(kind: str, rows, cols, arch: "SpinnArch", runs: int = 1, las
     if kind == "softmax":
         cycles = cycles + arch.exp_unit_latency_cycles + rows * cols * arch.exp_unit_cycles
     return np.asarray(cycles, dtype=np.float64)
+
+
+#: The ``softmax_tflite`` PE kernel (:mod:`tvm_spinn.pe.kernels`) as it executes, one
+#: :class:`TfliteSoftmaxPhase` per phase (0, the max; 1, the exps' sum; 2, the reciprocal and the
+#: outputs), by instruction class: regressed on the executed counts of single-job runs of 66
+#: tiles (1 to 4 rows of 1 to 120 columns, first chunk or not, three input scales, full-range and
+#: near-maximum inputs), priced by :func:`~.m4f.mix_cycles`. Phases 1 and 2 each run the
+#: fixed-point exp per element, whose barrel shifter multiplies once per set bit of the
+#: remainder (:attr:`TfliteSoftmaxPhase.bit`), and phase 1 adds only the exps inside
+#: ``diff_min``; the model charges them at their expected counts (:func:`softmax_tflite_expected`).
+#: A job's mix includes one run's start-up (:data:`ROW_RUN`).
+@dataclass(frozen=True)
+class TfliteSoftmaxPhase:
+    """One phase (one job) of TFLite's integer softmax kernel as the generated code executes it.
+
+    Attributes
+    ----------
+    job : Mix
+        Once per job run alone: the runtime's start-up and return, the kernel's prologue and
+        epilogue, the row loop's entry and exit.
+    row : Mix
+        Per row (phase 2: the reciprocal of the row's sum, three Newton-Raphson steps).
+    first : Mix
+        Per row where the tile holds the row's first element (its statistic started afresh,
+        not read from the chain).
+    elem : Mix
+        Per element, with no barrel-shifter multiply, outside ``diff_min`` and ``d != 0``.
+    bit : Mix
+        Per set bit of an element's exp remainder (one barrel-shifter multiply).
+    inside : Mix
+        Per element with ``d >= diff_min`` (phase 1: its exp rescaled and added).
+    zero : Mix
+        Per element whose scaled difference is 0 (the row's maximum, or outside ``diff_min``:
+        exp's result replaced by one).
+    """
+
+    job: Mix
+    row: Mix
+    first: Mix
+    elem: Mix
+    bit: Mix = Mix()
+    inside: Mix = Mix()
+    zero: Mix = Mix()
+
+
+TFLITE_SOFTMAX_CODE = (
+    TfliteSoftmaxPhase(Mix(loads=16.31, paired=42.31, fpu=1.00, alu=17.87, branches=5.43, mla=-0.51),
+                       Mix(loads=4.80, paired=1.16, alu=17.59, branches=0.14, mla=1.35),
+                       Mix(loads=-0.28, paired=-0.21, alu=0.67, branches=0.49),
+                       Mix(loads=0.99, paired=-0.01, alu=3.78, branches=0.24, mla=-0.01)),
+    TfliteSoftmaxPhase(Mix(loads=18.00, paired=44.00, fpu=1.00, alu=27.47, branches=-0.95),
+                       Mix(loads=8.00, paired=9.00, alu=-10.77, branches=2.84),
+                       Mix(alu=2.39, branches=0.17),
+                       Mix(loads=7.00, paired=1.00, alu=126.82, branches=16.33, mla=5.00),
+                       bit=Mix(alu=15.48, branches=-0.34, mla=1.00),
+                       inside=Mix(loads=2.00, paired=1.00, alu=36.18, branches=-3.19),
+                       zero=Mix(alu=20.83, branches=-1.92)),
+    TfliteSoftmaxPhase(Mix(loads=14.00, paired=42.00, fpu=1.00, alu=21.11, branches=5.25),
+                       Mix(loads=20.00, paired=12.00, alu=194.37, branches=9.50, mla=10.00),
+                       Mix(alu=4.78, branches=0.19),
+                       Mix(loads=15.00, paired=7.00, alu=206.21, branches=9.35, mla=7.00),
+                       bit=Mix(alu=15.08, branches=0.11, mla=1.00),
+                       inside=Mix(alu=11.30, branches=1.99),
+                       zero=Mix(alu=11.10, branches=1.78)),
+)
+
+
+def softmax_tflite_expected(multiplier: int, left_shift: int, diff_min: int) -> tuple[float, float, float]:
+    """``(bits, inside, zero)`` per element of TFLite's integer softmax, expected where a row's
+    differences ``d = x - max`` spread uniformly over an 8-bit type's span ``[-255, 0]`` (the
+    model's assumption; the data is not known when a layer is timed): the set bits of the
+    fixed-point exp's remainder (bits 24 to 30 of ``(s mod 2**24) - 2**24 - s``, one barrel
+    multiply each), the share inside ``diff_min`` and the share whose scaled difference ``s``
+    is 0 (exp's result replaced by one)."""
+    d = np.arange(-255, 1, dtype=_I64)
+    inside = d >= diff_min
+    s = srdhm(wrap32(np.where(inside, d, 0) << left_shift), multiplier)
+    rem = wrap32(wrap32((s & ((1 << 24) - 1)) - (1 << 24)) - s)
+    bits = sum((rem >> k) & 1 for k in range(24, 31))
+    return float(bits.mean()), float(inside.mean()), float((s == 0).mean())
+
+
+def tflite_softmax_tile_cycles(rows, cols, first, runs, expected, arch: "SpinnArch") -> np.ndarray:
+    """M4F cycles of ``softmax_tflite`` tiles of ``rows`` rows of ``cols`` columns (int arrays),
+    ``first`` where a tile holds its rows' first elements, ``runs`` runs of the PE's job list
+    (1 for a whole-row tile, its three phases in one list; 3 for a split row's chunk), with
+    ``expected`` = :func:`softmax_tflite_expected`'s ``(bits, inside, zero)`` per element."""
+    rows, cols = np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
+    bits, inside, zero = expected
+    total = (runs - len(TFLITE_SOFTMAX_CODE)) * mix_cycles(ROW_RUN, arch)
+    for ph in TFLITE_SOFTMAX_CODE:
+        elem = (mix_cycles(ph.elem, arch) + bits * mix_cycles(ph.bit, arch) + inside * mix_cycles(ph.inside, arch)
+                + zero * mix_cycles(ph.zero, arch))
+        total = total + mix_cycles(ph.job, arch) + rows * (mix_cycles(ph.row, arch)
+                                                           + np.where(first, mix_cycles(ph.first, arch), 0.0))
+        total = total + rows * cols * elem
+    return np.asarray(total, dtype=np.float64)
+
+
+def _expected(layer: Layer) -> tuple[float, float, float]:
+    """:func:`softmax_tflite_expected` of a TFLite integer softmax layer's attributes."""
+    return softmax_tflite_expected(int(layer.attrs["multiplier"]), int(layer.attrs["left_shift"]),
+                                   int(layer.attrs["diff_min"]))
 
 
 def _tflite(layer: Layer) -> bool:
@@ -977,8 +1075,9 @@ class Rows(OpFamily):
         op = arch.m4f_elementwise_cycles / 2  # cycles per integer operation of TFLite's kernels
         if integer and layer.kind == "mean":  # the generated kernel's counted job, rows and elements
             code = tflite_mean_tile_cycles(r, c, hi[:, 1] == row, arch)
-        elif integer:  # TFLite's integer softmax: operations per element, one job per phase
-            code = n * _per_elem(layer, arch) * op + _TFLITE_PHASES[layer.kind] * arch.m4f_job_cycles
+        elif integer:  # TFLite's integer softmax: the kernel's counted phases
+            code = tflite_softmax_tile_cycles(r, c, lo[:, 1] == 0, 1 if chunks == 1 else len(TFLITE_SOFTMAX_CODE),
+                                              _expected(layer), arch)
         else:  # the generated code's phases over the tile's rows of c columns
             code = row_tile_cycles(layer.kind, r, c, arch, 1 if chunks == 1 else len(ROW_CODE[layer.kind]),
                                    hi[:, 1] == row)
