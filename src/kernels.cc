@@ -1643,7 +1643,8 @@ inline float LogModel(float x) {
 }
 
 // The row's max (its first NaN if it has one) and the sequential fp32 sum of exp(x - max): the
-// softmax's statistics (SoftmaxRowsF32), shared by the cross-entropy kernels.
+// softmax's statistics (SoftmaxRowsF32), shared by the cross-entropy kernels; Ops as SoftmaxRow's.
+template <typename Ops>
 inline void SoftmaxStats(const float* xr, int64_t cols, float* m_out, float* s_out) {
   float m = -INFINITY;
   for (int64_t j = 0; j < cols; ++j) {
@@ -1655,9 +1656,28 @@ inline void SoftmaxStats(const float* xr, int64_t cols, float* m_out, float* s_o
     if (v > m) m = v;
   }
   float sum = 0.0f;
-  for (int64_t j = 0; j < cols; ++j) sum = sum + ExpModel(xr[j] - m);
+  for (int64_t j = 0; j < cols; ++j) sum = Ops::Add(sum, ExpModel(Ops::Sub(xr[j], m)));
   *m_out = m;
   *s_out = sum;
+}
+
+// One row's loss `log(s) - (z[t] - m)`.
+template <typename Ops>
+inline float CrossEntropyRow(const float* zr, int64_t cols, int64_t t) {
+  float m, s;
+  SoftmaxStats<Ops>(zr, cols, &m, &s);
+  return Ops::Sub(LogModel(s), Ops::Sub(zr[t], m));
+}
+
+// One row's gradient `(exp(z - m) / s - [j == t]) / divisor`.
+template <typename Ops>
+inline void CrossEntropyGradRow(const float* zr, float* o, int64_t cols, int64_t t, float divisor) {
+  float m, s;
+  SoftmaxStats<Ops>(zr, cols, &m, &s);
+  for (int64_t j = 0; j < cols; ++j) {
+    const float p = Ops::Div(ExpModel(Ops::Sub(zr[j], m)), s);
+    o[j] = Ops::Div(Ops::Sub(p, j == t ? 1.0f : 0.0f), divisor);
+  }
 }
 
 }  // namespace
@@ -1674,9 +1694,9 @@ void CrossEntropyRowsF32(const float* z, const int32_t* labels, float* out, int6
       return;
     }
     const float* zr = z + r * cols;
-    float m, s;
-    SoftmaxStats(zr, cols, &m, &s);
-    out[r] = LogModel(s) - (zr[labels[r]] - m);
+    out[r] = CrossEntropyRow<HostOps>(zr, cols, labels[r]);
+    // the NaN's sign and payload as the M4F has them (an invalid inf - inf is its default NaN)
+    if (!(out[r] == out[r])) out[r] = CrossEntropyRow<M4fOps>(zr, cols, labels[r]);
   });
 }
 
@@ -1685,13 +1705,8 @@ void CrossEntropyGradRowsF32(const float* z, const int32_t* labels, float* out, 
   ParallelFor(rows, threads, [&](int64_t r) {
     const float* zr = z + r * cols;
     float* o = out + r * cols;
-    float m, s;
-    SoftmaxStats(zr, cols, &m, &s);
-    const int64_t t = labels[r];
-    for (int64_t j = 0; j < cols; ++j) {
-      const float p = ExpModel(zr[j] - m) / s;
-      o[j] = (p - (j == t ? 1.0f : 0.0f)) / divisor;
-    }
+    CrossEntropyGradRow<HostOps>(zr, o, cols, labels[r], divisor);
+    if (AnyNaN(o, cols)) CrossEntropyGradRow<M4fOps>(zr, o, cols, labels[r], divisor);  // the M4F's NaNs
   });
 }
 

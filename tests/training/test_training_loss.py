@@ -286,3 +286,23 @@ def test_a_vocabulary_sized_loss_partitions_onto_the_pes():
     got = float(vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(y)).numpy())
     ref = torch.nn.functional.cross_entropy(torch.from_numpy(x).double(), torch.from_numpy(y)).item()
     assert abs(got - ref) < 1e-5
+
+
+def test_cross_entropy_nan_bits_are_the_m4f_ones():
+    # ARMv7-M ARM A2.5.5 (FPSCR.DN = 0): an invalid operation (+inf - +inf, -inf - -inf) gives the
+    # default NaN 0x7FC00000 (x86: 0xFFC00000); a signalling operand comes out quieted, payload kept.
+    snan = np.array([0x7F800001], np.uint32).view(_F32)[0]
+    z = np.array([[1.0, np.inf, 2.0], [np.inf, np.inf, 0.0], [-np.inf, -np.inf, -np.inf],
+                  [1.0, snan, 3.0], [1.0, 2.0, 3.0]], _F32)
+    t = np.array([0, 1, 2, 1, 2], np.int32)
+    want = np.array([0x7FC00000] * 3 + [0x7FC00001], np.uint32)
+    assert (cross_entropy_rows(z, t).view(np.uint32)[:4] == want).all()
+    grad = cross_entropy_grad(z, t, 4.0)
+    assert (grad[:4].view(np.uint32) == want[:, None]).all()
+    # the rows without a NaN keep the fast path's bits: the softmax minus the one-hot, over the divisor
+    from tvm_spinn.program.ops.rows import _softmax
+
+    p = _softmax(z[4:])
+    assert grad[4:].tobytes() == ((p - np.eye(3, dtype=_F32)[2]) / _F32(4.0)).astype(_F32).tobytes()
+    # and the softmax kernel, whose NaNs the executed PE code checks, has the same NaNs on these rows
+    assert (_softmax(z[:4]).view(np.uint32) == want[:, None]).all()
