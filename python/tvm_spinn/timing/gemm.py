@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ..program.ops.gemm import GemmShape, choose_gemm_tile, gemm_tile_cycles
+from ..program.ops.gemm import GemmShape, choose_matmul_tile, gemm_tile_cycles
 from ..program.ops.gemm.geometry import splits_of
 
 __all__ = ["gemm_seconds"]
@@ -18,7 +18,7 @@ def gemm_seconds(arch, m: int, k: int, n: int, batch: int = 1) -> float:
     """Seconds of ``batch`` fp32 GEMMs ``(m x k) @ (k x n)`` on one chip's PEs, as the timing
     model times the compiled layer with its operands on chip.
 
-    The tile is the mapper's (:func:`~tvm_spinn.program.ops.gemm.choose_gemm_tile` for the
+    The tile is the mapper's (:func:`~tvm_spinn.program.ops.gemm.choose_matmul_tile` for the
     chip's PEs); the busiest PE runs ``ceil(tiles / pes)`` of them at
     :func:`~tvm_spinn.program.ops.gemm.gemm_tile_cycles` each (the PE kernel's ``4 x 4`` register
     blocks, its ``4 x 1`` right edges and single outputs below them, the per-step, per-block and
@@ -45,7 +45,7 @@ def gemm_seconds(arch, m: int, k: int, n: int, batch: int = 1) -> float:
     if min(m, k, n, batch) < 1:
         raise ValueError(f"gemm_seconds: a GEMM of {batch} x ({m} x {k}) @ ({k} x {n}) has an empty axis")
     pes = arch.pes_per_chip
-    tm, tn, tk = choose_gemm_tile(GemmShape(batch, m, n, k), arch, pes=pes, kind="matmul", mode="fp32")[:3]
+    tm, tn, tk = choose_matmul_tile(GemmShape(batch, m, n, k), arch, pes)[:3]
     tiles = batch * -(-m // tm) * -(-n // tn)
     vm, vn = min(tm, m), min(tn, n)
     compute = -(-tiles // pes) * math.ceil(gemm_tile_cycles(vm, vn, k, splits_of(k, tk), arch))

@@ -371,6 +371,13 @@ def _round_up(a: int, b: int) -> int:
     return ceil_div(a, b) * b
 
 
+def choose_matmul_tile(g: GemmShape, arch: "SpinnArch", pes: int) -> tuple[int, ...]:
+    """The mapper's ``(tm, tn, tk)`` for an fp32 ``matmul`` (both operands computed, none a
+    weight constant) on ``pes`` PEs: the tile planners without a program to build (the training
+    planner, through :func:`tvm_spinn.timing.gemm.gemm_seconds`) time a GEMM with."""
+    return choose_gemm_tile(g, arch, pes=pes, kind="matmul", mode="fp32")
+
+
 def choose_gemm_tile(g: GemmShape, arch: "SpinnArch", name: str = "gemm", pes: int | None = None,
                      kind: str = "dense", naive: bool = False,
                      input_bytes=None, mode: str = "fp32", elem_bytes=None,
