@@ -275,8 +275,8 @@ def _sliced(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     (:func:`_sliced_floor`), and only while it is below ``best`` (the fastest token found,
     including the whole-expert candidates'); ``floors``, where given, receives each degree's."""
     from ..target.faults import whole_boards
-    from ..timing.collectives import board_group_all_reduce, point_to_point
-    from .board_tp import board_setting, group_layouts, pipeline_rest, slice_config
+    from ..timing.collectives import board_group_all_reduce, board_group_all_reduce_bound, point_to_point
+    from .board_tp import board_setting, cheapest_layout, group_layouts, pipeline_rest, slice_config
     from .describe import describe
     from .spec import spec_of
 
@@ -301,6 +301,17 @@ def _sliced(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
             costed[key] = point_to_point(topo, src, dst, hidden * handover_bytes / cpb).seconds
         return costed[key]
 
+    reduces: dict = {}
+
+    def reduce_of(lay) -> float:
+        """The partial sums' all-reduce over a layout's first group (every group of a layout is
+        a translate of it on the torus of boards), costed once per group."""
+        key = tuple(lay[0])
+        if key not in reduces:
+            reduces[key] = board_group_all_reduce(topo, [[int(c) + b * cpb for c in order] for b in lay[0]],
+                                                  hidden * 4).seconds
+        return reduces[key]
+
     degrees = []
     for g in (2, 4, 8):
         sliced = slice_config(cfg, spec, g)
@@ -309,14 +320,13 @@ def _sliced(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         layouts = group_layouts(torus, g, whole)
         if not layouts:
             continue
-        groups = min(layouts, key=lambda lay: (board_group_all_reduce(
-            topo, [[int(c) + b * cpb for c in order] for b in lay[0]], hidden * 4).seconds, -len(lay)))
+        groups = cheapest_layout(layouts, reduce_of, lambda lay: board_group_all_reduce_bound(
+            topo, [[int(c) + b * cpb for c in order] for b in lay[0]], hidden * 4))
         free = [b for b in whole if all(b not in grp for grp in groups)]
         usable = len(groups) - (0 if free else 1)
         if usable < 1:
             continue
-        grid = [[int(c) + b * cpb for c in order] for b in groups[0]]
-        reduce_s = board_group_all_reduce(topo, grid, hidden * 4).seconds
+        reduce_s = reduce_of(groups)
         least = math.ceil(L / usable)
         options = sorted({least} | {math.ceil(L / n) for n in range(1, GROUP_COUNTS + 1) if math.ceil(L / n) >= least})
         sub = spec_of(sliced)
