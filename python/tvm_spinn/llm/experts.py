@@ -265,7 +265,8 @@ def _sliced(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     board of the group reads its share of the picked experts at once instead of one board
     reading a whole expert; the partial sums of the attention's output projection and of the
     experts' weighted outputs are all-reduced across the group twice a block
-    (:func:`tvm_spinn.timing.collectives.board_group_all_reduce`, costed as int32 partial sums of
+    (:func:`tvm_spinn.timing.collectives.board_group_all_reduce`, the cheaper of its unpipelined
+    and pipelined schedules, costed as int32 partial sums of
     the same bytes; the experts' weighted outputs are fp32 sums whose bits depend on ``g``: a
     plan's timing, not a build). A board keeps resident the share of its blocks' slices (all
     ``E`` experts counted) its SRAM holds; a block is timed between its slice mapped resident and
@@ -305,11 +306,14 @@ def _sliced(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
 
     def reduce_of(lay) -> float:
         """The partial sums' all-reduce over a layout's first group (every group of a layout is
-        a translate of it on the torus of boards), costed once per group."""
+        a translate of it on the torus of boards), costed once per group: the cheaper of its two
+        schedules, the reduce and the multicast one after the other or pipelined (each segment
+        multicast as soon as it is reduced), the same collective and the same sums."""
         key = tuple(lay[0])
         if key not in reduces:
-            reduces[key] = board_group_all_reduce(topo, [[int(c) + b * cpb for c in order] for b in lay[0]],
-                                                  hidden * 4).seconds
+            grid = [[int(c) + b * cpb for c in order] for b in lay[0]]
+            reduces[key] = min(board_group_all_reduce(topo, grid, hidden * 4).seconds,
+                               board_group_all_reduce(topo, grid, hidden * 4, pipelined=True).seconds)
         return reduces[key]
 
     degrees = []
