@@ -895,23 +895,6 @@ def pipeline_rest(arch, batch: int, seq: int, groups, free, n_groups: int, move,
     return head_board, moves, io, io["token_return_s"] + io["step_sync_s"] + io["host_io_decode_s"]
 
 
-def cheapest_layout(layouts: list, cost, bound):
-    """``min(layouts, key=lambda lay: (cost(lay), -len(lay)))`` (the first of equal keys),
-    ``cost`` evaluated only on the layouts that could be it: taken in the order of ``bound``
-    (never above ``cost``), the search stops at the first whose bound is above the cheapest
-    cost found, as are all after it. ``cost`` and ``bound`` are pure (the choice is the same as
-    with every layout costed)."""
-    bounds = [bound(lay) for lay in layouts]
-    best = None
-    for i in sorted(range(len(layouts)), key=lambda i: (bounds[i], i)):
-        if best is not None and bounds[i] > best[0]:
-            break
-        key = (cost(layouts[i]), -len(layouts[i]), i)
-        if best is None or key < best:
-            best = key
-    return layouts[best[2]]
-
-
 def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, handover_bytes: int,
             described: dict, weight_bytes: int, kv_bytes: int, steps, memo: "dict | None" = None,
             refused: "dict | None" = None, reduce: str = "int32", floors: "dict | None" = None) -> dict:
@@ -924,8 +907,8 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     (:data:`tvm_spinn.llm.plan.REDUCE_BYTES`: ``int32``, the GEMMs' accumulators, or their
     dequantized sums narrowed to ``fp16`` / ``bf16``). ``floors``, where given, receives each
     degree's bound on its token (boards a block -> seconds) for the degrees ranked for mapping."""
-    from ..timing.collectives import (board_group_all_reduce, board_group_all_reduce_bound,
-                                      multipath_point_to_point, point_to_point, sliced_hand_over)
+    from ..timing.collectives import (board_group_all_reduce, multipath_point_to_point, point_to_point,
+                                      sliced_hand_over)
     from ..timing.system import collective_cost
     P = importlib.import_module(".plan", __package__)
     from .describe import describe
@@ -994,11 +977,6 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                                                   fuse_gather=fused).seconds
         return reduces[key]
 
-    def reduce_bound(lay) -> float:
-        """A bound under :func:`reduce_of` (either form) from figures that build no trees."""
-        return board_group_all_reduce_bound(topo, [[int(c) + b * cpb for c in order] for b in lay[0]],
-                                            hidden * wire, board_gather=False)
-
     # each degree's layout: the one whose all-reduce is the cheapest of bands of two rows,
     # patches (the most nearly square only: planning time) and the roundest groups; on a
     # system with faults, groups of whole boards only
@@ -1009,7 +987,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         layouts = group_layouts(torus, g, whole, compact=True)
         if not layouts:
             continue
-        groups = cheapest_layout(layouts, reduce_of, reduce_bound)
+        groups = min(layouts, key=lambda lay: (reduce_of(lay), -len(lay)))
         free = [b for b in whole if all(b not in grp for grp in groups)]
         if len(groups) - (0 if free else 1) >= 1:  # the head needs a board of its own
             degrees.append((reduces_per_block * L * reduce_of(groups) + head_s, -g, groups, free))

@@ -276,8 +276,8 @@ def _sliced(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     (:func:`_sliced_floor`), and only while it is below ``best`` (the fastest token found,
     including the whole-expert candidates'); ``floors``, where given, receives each degree's."""
     from ..target.faults import whole_boards
-    from ..timing.collectives import board_group_all_reduce, board_group_all_reduce_bound, point_to_point
-    from .board_tp import board_setting, cheapest_layout, group_layouts, pipeline_rest, slice_config
+    from ..timing.collectives import board_group_all_reduce, point_to_point
+    from .board_tp import board_setting, group_layouts, pipeline_rest, slice_config
     from .describe import describe
     from .spec import spec_of
 
@@ -324,8 +324,7 @@ def _sliced(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         layouts = group_layouts(torus, g, whole)
         if not layouts:
             continue
-        groups = cheapest_layout(layouts, reduce_of, lambda lay: board_group_all_reduce_bound(
-            topo, [[int(c) + b * cpb for c in order] for b in lay[0]], hidden * 4))
+        groups = min(layouts, key=lambda lay: (reduce_of(lay), -len(lay)))
         free = [b for b in whole if all(b not in grp for grp in groups)]
         usable = len(groups) - (0 if free else 1)
         if usable < 1:

@@ -86,7 +86,7 @@ __all__ = [
     "CollectiveCost", "all_gather", "all_reduce", "chain_all_reduce", "fixed_order_sum", "point_to_point",
     "reduce_scatter", "reduction_order", "chip_blocks", "MULTICAST_MAX_RANKS", "board_all_reduce",
     "board_group_all_reduce", "multipath_point_to_point", "sliced_hand_over", "water_fill", "all_to_all",
-    "board_all_to_all", "board_group_floor", "board_group_scattered_all_reduce", "board_group_all_reduce_bound",
+    "board_all_to_all", "board_group_floor", "board_group_scattered_all_reduce",
 ]
 
 _ALGORITHMS = ("ring", "tree")
@@ -1698,29 +1698,6 @@ def board_group_all_reduce(topo: "Topology", grid: Sequence[Sequence[int]], nbyt
     return CollectiveCost("all_reduce", cost.algorithm, cost.seconds, cost.bytes_per_link,
                           cost.hops + (gather.hops if gather else 0), cost.board_hops,
                           cost.steps + (gather.steps if gather else 0), int(grid.size), float(nbytes))
-
-
-def board_group_all_reduce_bound(topo: "Topology", grid: Sequence[Sequence[int]], nbytes: float,
-                                 board_gather: bool = True) -> float:
-    """A lower bound on :func:`board_group_all_reduce` (any ``pipelined`` / ``fuse_gather``)
-    from figures that cost no trees: the cheaper of its fallback (:func:`board_all_reduce`,
-    which it returns where nothing else is cheaper) and :func:`board_group_floor`'s bandwidth
-    and latency together (which no schedule of its trees gets below; the on-board all-gather
-    only adds). A caller choosing the cheapest of several groups skips the groups whose bound
-    is above the cheapest all-reduce found.
-
-    Returns
-    -------
-    float
-        Seconds; 0 for one board or no bytes.
-    """
-    grid = np.asarray(grid, dtype=np.int64)
-    ring = board_all_reduce(topo, grid, nbytes, board_gather=board_gather).seconds
-    if grid.shape[0] == 1 or nbytes == 0:
-        return ring
-    _, members = _board_rows(topo, grid, "board_group_all_reduce_bound")
-    bandwidth, latency = board_group_floor(topo, members, nbytes)
-    return min(ring, bandwidth + latency)
 
 
 def sliced_hand_over(topo: "Topology", src_boards: Sequence[int], dst_boards: Sequence[int], nbytes: float,
