@@ -93,6 +93,29 @@ def test_experts_placed_across_four_boards(tiny_described):
         assert meta["block_decode_s"] > meta["busiest_board_experts"] * meta["expert_decode_s"]
 
 
+def test_experts_all_reduce_is_the_cheaper_schedule_of_the_cheapest_group(tiny_described):
+    """The split experts' all-reduce: of every layout's group, the cheaper of the unpipelined and
+    the pipelined schedule, the cheapest group's."""
+    from tvm_spinn.llm import board_tp
+    from tvm_spinn.target.faults import whole_boards
+    from tvm_spinn.timing.collectives import board_group_all_reduce
+
+    spec, described = tiny_described
+    arch = tvm_spinn.make_system("moe-six-boards", boards=6)
+    out = X.records(TINY, spec, arch, "spinn/board", "int8", 1, 64, 4, described, spec.params, 0, _Steps(), {})
+    cpb, _, topo, _, order, _, torus = board_tp.board_setting(arch)
+    for r in (r for name, r in out.items() if name.startswith("experts:tp")):
+        g = r["meta"]["tp_boards"]
+        figures = []
+        for lay in board_tp.group_layouts(torus, g, whole_boards(arch)):
+            grid = [[int(c) + b * cpb for c in order] for b in lay[0]]
+            plain = board_group_all_reduce(topo, grid, spec.hidden * 4).seconds
+            piped = board_group_all_reduce(topo, grid, spec.hidden * 4, pipelined=True).seconds
+            assert piped <= plain
+            figures.append(piped)
+        assert r["meta"]["board_all_reduce_s"] == min(figures)
+
+
 def test_plan_table_names_the_experts_assumption():
     from types import SimpleNamespace
 

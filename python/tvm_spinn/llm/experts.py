@@ -265,7 +265,8 @@ def _sliced(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     board of the group reads its share of the picked experts at once instead of one board
     reading a whole expert; the partial sums of the attention's output projection and of the
     experts' weighted outputs are all-reduced across the group twice a block
-    (:func:`tvm_spinn.timing.collectives.board_group_all_reduce`, costed as int32 partial sums of
+    (:func:`tvm_spinn.timing.collectives.board_group_all_reduce`, the cheaper of its unpipelined
+    and pipelined schedules, costed as int32 partial sums of
     the same bytes; the experts' weighted outputs are fp32 sums whose bits depend on ``g``: a
     plan's timing, not a build). A board keeps resident the share of its blocks' slices (all
     ``E`` experts counted) its SRAM holds; a block is timed between its slice mapped resident and
@@ -301,6 +302,20 @@ def _sliced(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
             costed[key] = point_to_point(topo, src, dst, hidden * handover_bytes / cpb).seconds
         return costed[key]
 
+    reduces: dict = {}
+
+    def reduce_of(lay) -> float:
+        """The partial sums' all-reduce over a layout's first group (every group of a layout is
+        a translate of it on the torus of boards), costed once per group: the cheaper of its two
+        schedules, the reduce and the multicast one after the other or pipelined (each segment
+        multicast as soon as it is reduced), the same collective and the same sums."""
+        key = tuple(lay[0])
+        if key not in reduces:
+            grid = [[int(c) + b * cpb for c in order] for b in lay[0]]
+            reduces[key] = min(board_group_all_reduce(topo, grid, hidden * 4).seconds,
+                               board_group_all_reduce(topo, grid, hidden * 4, pipelined=True).seconds)
+        return reduces[key]
+
     degrees = []
     for g in (2, 4, 8):
         sliced = slice_config(cfg, spec, g)
@@ -309,14 +324,12 @@ def _sliced(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         layouts = group_layouts(torus, g, whole)
         if not layouts:
             continue
-        groups = min(layouts, key=lambda lay: (board_group_all_reduce(
-            topo, [[int(c) + b * cpb for c in order] for b in lay[0]], hidden * 4).seconds, -len(lay)))
+        groups = min(layouts, key=lambda lay: (reduce_of(lay), -len(lay)))
         free = [b for b in whole if all(b not in grp for grp in groups)]
         usable = len(groups) - (0 if free else 1)
         if usable < 1:
             continue
-        grid = [[int(c) + b * cpb for c in order] for b in groups[0]]
-        reduce_s = board_group_all_reduce(topo, grid, hidden * 4).seconds
+        reduce_s = reduce_of(groups)
         least = math.ceil(L / usable)
         options = sorted({least} | {math.ceil(L / n) for n in range(1, GROUP_COUNTS + 1) if math.ceil(L / n) >= least})
         sub = spec_of(sliced)

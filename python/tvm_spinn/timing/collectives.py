@@ -424,29 +424,32 @@ def _negotiated_trees(graph, ranks: np.ndarray, sources: int, share_bytes: float
         graph.memo[key] = None
         return None
     member, nb = _local_links(graph, ranks)
-    wait = share_bytes / graph.link_bw
+    # the search runs on Python lists (the same doubles as the arrays, read far faster one by one)
+    wait = (share_bytes / graph.link_bw).tolist()
     hop = graph.link_hop_s
+    hop_list = hop.tolist()
+    # per local node: its (neighbour, link) pairs in link order
+    steps = [[(int(nb[u, k]), int(ranks[u]) * 6 + k) for k in range(6) if nb[u, k] >= 0] for u in range(len(ranks))]
     load, history = np.zeros(graph.nodes * 6), np.zeros(graph.nodes * 6)
     trees: list = [{} for _ in range(sources * parts)]
     best, stale = None, 0
     for round_ in range(_NEGOTIATE_ROUNDS):
         present = 0.5 * 1.5 ** round_
+        hist, loads = history.tolist(), load.tolist()
         for j in range(sources * parts):
             s = j // parts  # the tree's root
             for link in trees[j].values():
-                load[link] -= 1.0
+                loads[link] -= 1.0
             dist, parent, done, heap = {s: 0.0}, {}, set(), [(0.0, s)]
             while heap:
                 d, u = heapq.heappop(heap)
                 if u in done:
                     continue
                 done.add(u)
-                for k in range(6):
-                    v = int(nb[u, k])
-                    if v < 0 or v in done:
+                for v, link in steps[u]:
+                    if v in done:
                         continue
-                    link = int(ranks[u]) * 6 + k
-                    cost = d + hop[link] + wait[link] * (1.0 + history[link] + present * load[link])
+                    cost = d + hop_list[link] + wait[link] * (1.0 + hist[link] + present * loads[link])
                     if cost < dist.get(v, math.inf):
                         dist[v], parent[v] = cost, link
                         heapq.heappush(heap, (cost, v))
@@ -457,7 +460,8 @@ def _negotiated_trees(graph, ranks: np.ndarray, sources: int, share_bytes: float
                     needed.add(member[int(parent[v] // 6)])
             trees[j] = tree
             for link in tree.values():
-                load[link] += 1.0
+                loads[link] += 1.0
+        load = np.asarray(loads)
         rev_load = np.zeros_like(load)
         latency = back = 0.0
         hops = 0
