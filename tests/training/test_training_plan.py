@@ -672,3 +672,34 @@ def test_gemm_seconds_is_the_compiled_gemms_time():
     assert gemm_seconds(arch, 2, 768, 2304) > 2.5 * 2 * 2 * 768 * 2304 / peak  # a 2-row GEMM: outputs one at a time
     with pytest.raises(ValueError, match="empty axis"):
         gemm_seconds(arch, 0, 768, 2304)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_the_first_stage_reads_its_tokens_embedding_rows_from_dram(family):
+    """A pipelined model's first stage reads, in the forward, the embedding rows of the slot's
+    tokens (GPT-2: its token and position rows; Llama: its token rows) and, in the backward,
+    reads and writes their gradients: on a chip whose DRAM is so slow that it paces every pass,
+    the first stage's slot is its activations written and read back and three times those
+    rows' bytes, worked out by hand."""
+    import dataclasses
+
+    from tvm_spinn.training.planner import _Comms, _inflight, _stage_activations, _step_time
+
+    if family == "gpt2":
+        cfg = {**_config("gpt2-xl"), "n_layer": 4, "n_embd": 64, "n_head": 4, "vocab_size": 1000, "n_positions": 64}
+    else:
+        cfg = {**_config("llama-2-7b"), "num_hidden_layers": 4, "hidden_size": 64, "intermediate_size": 128,
+               "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 1000,
+               "max_position_embeddings": 64}
+    system = dataclasses.replace(make_system("two", chips=2), dram_bw_bytes_s=1.0)  # a byte a second
+    spec, comms = spec_of(cfg), _Comms(system, True)
+    split = Split(1, 2, 1, 0, 1, 4, False, True, 1)
+    seq, tokens = 16, 16  # one sequence a slot
+    rows = 4 * tokens * 64 * (2 if family == "gpt2" else 1)  # fp32 rows of the slot's tokens
+    assert rows == (8192 if family == "gpt2" else 4096)
+    comp = {j: c for j, c, *_ in _step_time(spec, split, seq, "adamw", system, comms).stages_s}
+    # the weights fit the resident SRAM (streamed once a step, with the update): a pass moves
+    # its activations and the embedding rows only
+    stored = {j: _stage_activations(spec, split, seq, j, False) // _inflight(split, j) for j in (0, 1)}
+    assert comp[0] == pytest.approx(2 * stored[0] + 3 * rows, rel=1e-12)
+    assert comp[1] == pytest.approx(2 * stored[1], rel=1e-12)  # no gathered table on the last stage

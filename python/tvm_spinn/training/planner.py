@@ -1333,6 +1333,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         params = _stage_params(spec, tp, pp, stage, heads, spread)
         # the GEMMs' weights, read in every pass; the gathered tables' rows of the slot's tokens
         streamed = params - _gathered_params(spec, split, stage)
+        # bytes of the embedding rows (GPT-2's token and position rows) a slot's tokens read
         rows = F32 * tokens * spec.hidden * (2 if spec.family == "gpt2" else 1) if stage == 0 else 0
         held = _stage_activations(spec, split, seq, stage, split.recompute)
         stored = held // max(1, _inflight(split, stage))
@@ -1348,11 +1349,11 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
             b_gemm = layers * (block_s[1] + block_s[2] + (block_s[0] if split.recompute else 0.0))
             w_gemm = layers * weights_s  # the weight-gradient GEMMs, which no later GEMM of the pass reads
         if spread:  # every rank its share of the head's GEMMs
-            width, rows = tp * pp, _vocab_rows(spec, tp * pp)
+            width, head_rows = tp * pp, _vocab_rows(spec, tp * pp)
         else:
-            rows = -(-spec.vocab // width) if stage == stages - 1 else 0
-        if rows:
-            h_f, h_d, h_w = head_s(rows)
+            head_rows = -(-spec.vocab // width) if stage == stages - 1 else 0
+        if head_rows:  # the LM head's vocabulary rows on this rank
+            h_f, h_d, h_w = head_s(head_rows)
             f_gemm, b_gemm, w_gemm = f_gemm + h_f, b_gemm + h_d + h_w, w_gemm + h_w
         # DRAM: activations written in the forward and read back in the backward; the weights
         # read in each pass and the gradients accumulated (read and written), unless they and
