@@ -703,3 +703,50 @@ def test_the_first_stage_reads_its_tokens_embedding_rows_from_dram(family):
     stored = {j: _stage_activations(spec, split, seq, j, False) // _inflight(split, j) for j in (0, 1)}
     assert comp[0] == pytest.approx(2 * stored[0] + 3 * rows, rel=1e-12)
     assert comp[1] == pytest.approx(2 * stored[1], rel=1e-12)  # no gathered table on the last stage
+
+
+def _tiny_gpt2(vocab: int = 1000) -> dict:
+    return {**_config("gpt2-xl"), "n_layer": 4, "n_embd": 64, "n_head": 4, "vocab_size": vocab, "n_positions": 64}
+
+
+@pytest.mark.parametrize("lag", [0, 2, 3, 4, 8])
+def test_a_head_stage_holds_the_slots_behind_it_up_to_the_slots(lag):
+    """A head stage holds the hidden states and logits of the slot it computes and of the
+    ``head_lag`` slots behind it, never more slots than the step has (as the block stages'
+    count caps)."""
+    from tvm_spinn.training.planner import _stage_activations
+
+    spec, seq, slots = spec_of(_tiny_gpt2()), 16, 4
+    split = Split(1, 2, 1, 0, 1, slots, False, True, 1, "tp,pp,dp", 2, False, lag)
+    per_slot = 2 * 4 * seq * 64 + 4 * seq * 500  # norm input and output (fp32), half the logits
+    held = {0: 1, 2: 3, 3: 4, 4: 4, 8: 4}[lag]
+    assert _stage_activations(spec, split, seq, 2, False) == held * per_slot
+
+
+@pytest.mark.parametrize("lag, slots", [(0, 4), (2, 4), (2, 8), (3, 4), (4, 4), (8, 4)])
+def test_a_spread_head_holds_what_a_head_stage_holds(lag, slots):
+    """A spread head's ranks each hold, beside their layers' activations, the hidden states and
+    their share of the logits of as many slots as a head stage holds: the one the head computes
+    and the ``head_lag`` behind it, up to the slots."""
+    from tvm_spinn.training.planner import _layer_activations, _stage_activations, _vocab_rows
+
+    spec, seq = spec_of(_tiny_gpt2()), 16
+    split = Split(1, 2, 1, 0, 1, slots, False, True, 1, "tp,pp,dp", 0, True, lag)
+    inflight = min(2 + lag, slots)  # 1F1B's two stages and the lag, up to the slots
+    layers = 2 * inflight * _layer_activations(spec, 1, seq, seq, False)
+    head = min(1 + lag, slots) * (2 * 4 * seq * 64 + 4 * seq * _vocab_rows(spec, 2))
+    assert _stage_activations(spec, split, seq, 0, False) == layers + head
+
+
+def test_the_search_keeps_the_head_lags_below_the_slots(monkeypatch):
+    """The search prices a head that runs behind the last block stage only where the step has
+    more slots than the lag (every split it weighs passes its memory test first)."""
+    from tvm_spinn.training import planner
+
+    weighed, peak = [], planner._peak_bytes
+    monkeypatch.setattr(planner, "_peak_bytes", lambda spec, split, *a: weighed.append(split) or peak(spec, split, *a))
+    plan = plan_training(_tiny_gpt2(20000), make_system("forty-eight", chips=48), seq=64, global_batch=8,
+                         recompute=False)
+    lagged = [s for s in weighed if s.head_lag]
+    assert lagged and plan.split.head_lag < plan.split.slots
+    assert all(s.head_lag < s.slots for s in lagged), min(lagged, key=lambda s: s.slots - s.head_lag).line()

@@ -558,10 +558,10 @@ def _stage_activations(spec, split: "Split", seq: int, stage: int, recompute: bo
     tp, pp, mb = split.tp, split.pp, split.micro_batch
     tokens = mb * seq // split.chunks  # one pipeline slot's tokens
     if split.head_tp and stage == pp:
-        # the head's stage, last of the pipeline (one slot in flight): the final norm's input
-        # and output on every rank (the head reads all of the slot's hidden states) and its
-        # share of the logits
-        return (1 + split.head_lag) * (2 * F32 * tokens * spec.hidden + F32 * tokens * -(-spec.vocab // split.head_tp))
+        # the head's stage, last of the pipeline (one slot in flight, and head_lag more waiting
+        # for it, up to the slots): the final norm's input and output on every rank (the head
+        # reads all of the slot's hidden states) and its share of the logits
+        return _head_slots(split) * (2 * F32 * tokens * spec.hidden + F32 * tokens * -(-spec.vocab // split.head_tp))
     layers = spec.layers // split.pp
     inflight = _inflight(split, stage)
     sp = split.sequence_parallel and tp > 1
@@ -577,13 +577,20 @@ def _stage_activations(spec, split: "Split", seq: int, stage: int, recompute: bo
         sequences = min(split.micro_batches, -(-inflight // split.chunks) + 1)
         total += layers * sequences * F32 * mb * seq * 2 * kv
     if split.spread_head:
-        # each rank holds, for every slot whose head passes are in flight, the slot's final
-        # hidden states whole (the norm's output, and its input for the norm's gradient) and its
-        # share of the logits
-        total += split.head_lag * (2 * F32 * tokens * spec.hidden + F32 * tokens * _vocab_rows(spec, tp * split.pp))
+        # each rank holds, for every slot whose head passes are in flight (as a head stage: the
+        # one it computes and head_lag more, up to the slots), the slot's final hidden states
+        # whole (the norm's output, and its input for the norm's gradient) and its share of the
+        # logits
+        total += _head_slots(split) * (2 * F32 * tokens * spec.hidden + F32 * tokens * _vocab_rows(spec, tp * split.pp))
     elif stage == split.pp - 1 and not split.head_tp:  # the final norm's input and output, the logits
         total += 2 * _layer_input(spec, tp, tokens, sp) + F32 * tokens * -(-spec.vocab // tp)
     return total
+
+
+def _head_slots(split: "Split") -> int:
+    """Slots whose head passes a head stage or a spread head holds at once: the one it
+    computes and the :attr:`Split.head_lag` behind it, up to the slots (as :func:`_inflight`)."""
+    return min(1 + split.head_lag, split.slots)
 
 
 def _inflight(split: "Split", stage: int) -> int:
@@ -1712,6 +1719,8 @@ def plan_training(config, system="spinn/board", *, seq: "int | None" = None, glo
                         for r in recomputes:
                             for k in (_chunk_counts(seq, min_chunk_tokens) if p > 1 else (1,)):
                                 for h, spread, lag in _head_options(spec, t, p, d, arch.chips):
+                                    if lag >= per_replica // mb * k:
+                                        continue  # the head runs behind at most the other slots
                                     split = Split(t, p, d, z, mb, per_replica // mb, r, sequence_parallel, k,
                                                   LAYOUTS[0], h, spread, lag)
                                     # memory and the compute floor do not depend on the chip order
@@ -1810,7 +1819,7 @@ def _head_options(spec, tp: int, pp: int, dp: int, chips: int) -> list:
     head's GEMM outweighs a block stage's, spread over every chip of the replica's stages
     (:attr:`Split.spread_head`); a head stage 0 or :data:`HEAD_LAGS` slots behind the last
     block stage, a spread head one of :data:`HEAD_LAGS` (its collectives are outside the blocks'
-    passes)."""
+    passes); the search keeps the lags below the split's slots."""
     widths = _head_widths(spec, tp, pp, dp, chips)
     stage = [(w, False, lag) for w in widths for lag in ((0,) + HEAD_LAGS if w else (0,))]
     return stage + ([(0, True, lag) for lag in HEAD_LAGS] if pp > 1 and _head_outweighs(spec, pp) else [])
