@@ -244,6 +244,20 @@ class Split:
     #: the fill and drain
     head_lag: int = 0
 
+    def __post_init__(self):
+        # a head's placement the step prices no way: one clear error naming the field
+        if self.spread_head and self.head_tp:
+            raise ValueError(f"Split: spread_head=True with head_tp={self.head_tp}: the head is spread over the "
+                             "block stages or on a stage of its own, not both")
+        if self.spread_head and self.pp < 2:
+            raise ValueError(f"Split: spread_head=True needs pp >= 2 (pp={self.pp}): with one stage the head is "
+                             "on the last block stage")
+        if self.head_lag < 0:
+            raise ValueError(f"Split: head_lag={self.head_lag} must be >= 0")
+        if self.head_lag and not (self.head_tp or self.spread_head):
+            raise ValueError(f"Split: head_lag={self.head_lag} needs a head stage (head_tp > 0) or a spread head "
+                             "(spread_head=True): a head on the last block stage runs with its blocks")
+
     @property
     def chips(self) -> int:
         return (self.tp * self.pp + self.head_tp) * self.dp
