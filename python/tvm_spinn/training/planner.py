@@ -244,6 +244,20 @@ class Split:
     #: the fill and drain
     head_lag: int = 0
 
+    def __post_init__(self):
+        # a head's placement the step prices no way: one clear error naming the field
+        if self.spread_head and self.head_tp:
+            raise ValueError(f"Split: spread_head=True with head_tp={self.head_tp}: the head is spread over the "
+                             "block stages or on a stage of its own, not both")
+        if self.spread_head and self.pp < 2:
+            raise ValueError(f"Split: spread_head=True needs pp >= 2 (pp={self.pp}): with one stage the head is "
+                             "on the last block stage")
+        if self.head_lag < 0:
+            raise ValueError(f"Split: head_lag={self.head_lag} must be >= 0")
+        if self.head_lag and not (self.head_tp or self.spread_head):
+            raise ValueError(f"Split: head_lag={self.head_lag} needs a head stage (head_tp > 0) or a spread head "
+                             "(spread_head=True): a head on the last block stage runs with its blocks")
+
     @property
     def chips(self) -> int:
         return (self.tp * self.pp + self.head_tp) * self.dp
@@ -558,10 +572,10 @@ def _stage_activations(spec, split: "Split", seq: int, stage: int, recompute: bo
     tp, pp, mb = split.tp, split.pp, split.micro_batch
     tokens = mb * seq // split.chunks  # one pipeline slot's tokens
     if split.head_tp and stage == pp:
-        # the head's stage, last of the pipeline (one slot in flight): the final norm's input
-        # and output on every rank (the head reads all of the slot's hidden states) and its
-        # share of the logits
-        return (1 + split.head_lag) * (2 * F32 * tokens * spec.hidden + F32 * tokens * -(-spec.vocab // split.head_tp))
+        # the head's stage, last of the pipeline (one slot in flight, and head_lag more waiting
+        # for it, up to the slots): the final norm's input and output on every rank (the head
+        # reads all of the slot's hidden states) and its share of the logits
+        return _head_slots(split) * (2 * F32 * tokens * spec.hidden + F32 * tokens * -(-spec.vocab // split.head_tp))
     layers = spec.layers // split.pp
     inflight = _inflight(split, stage)
     sp = split.sequence_parallel and tp > 1
@@ -577,13 +591,20 @@ def _stage_activations(spec, split: "Split", seq: int, stage: int, recompute: bo
         sequences = min(split.micro_batches, -(-inflight // split.chunks) + 1)
         total += layers * sequences * F32 * mb * seq * 2 * kv
     if split.spread_head:
-        # each rank holds, for every slot whose head passes are in flight, the slot's final
-        # hidden states whole (the norm's output, and its input for the norm's gradient) and its
-        # share of the logits
-        total += split.head_lag * (2 * F32 * tokens * spec.hidden + F32 * tokens * _vocab_rows(spec, tp * split.pp))
+        # each rank holds, for every slot whose head passes are in flight (as a head stage: the
+        # one it computes and head_lag more, up to the slots), the slot's final hidden states
+        # whole (the norm's output, and its input for the norm's gradient) and its share of the
+        # logits
+        total += _head_slots(split) * (2 * F32 * tokens * spec.hidden + F32 * tokens * _vocab_rows(spec, tp * split.pp))
     elif stage == split.pp - 1 and not split.head_tp:  # the final norm's input and output, the logits
         total += 2 * _layer_input(spec, tp, tokens, sp) + F32 * tokens * -(-spec.vocab // tp)
     return total
+
+
+def _head_slots(split: "Split") -> int:
+    """Slots whose head passes a head stage or a spread head holds at once: the one it
+    computes and the :attr:`Split.head_lag` behind it, up to the slots (as :func:`_inflight`)."""
+    return min(1 + split.head_lag, split.slots)
 
 
 def _inflight(split: "Split", stage: int) -> int:
@@ -1333,6 +1354,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         params = _stage_params(spec, tp, pp, stage, heads, spread)
         # the GEMMs' weights, read in every pass; the gathered tables' rows of the slot's tokens
         streamed = params - _gathered_params(spec, split, stage)
+        # bytes of the embedding rows (GPT-2's token and position rows) a slot's tokens read
         rows = F32 * tokens * spec.hidden * (2 if spec.family == "gpt2" else 1) if stage == 0 else 0
         held = _stage_activations(spec, split, seq, stage, split.recompute)
         stored = held // max(1, _inflight(split, stage))
@@ -1348,11 +1370,11 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
             b_gemm = layers * (block_s[1] + block_s[2] + (block_s[0] if split.recompute else 0.0))
             w_gemm = layers * weights_s  # the weight-gradient GEMMs, which no later GEMM of the pass reads
         if spread:  # every rank its share of the head's GEMMs
-            width, rows = tp * pp, _vocab_rows(spec, tp * pp)
+            width, head_rows = tp * pp, _vocab_rows(spec, tp * pp)
         else:
-            rows = -(-spec.vocab // width) if stage == stages - 1 else 0
-        if rows:
-            h_f, h_d, h_w = head_s(rows)
+            head_rows = -(-spec.vocab // width) if stage == stages - 1 else 0
+        if head_rows:  # the LM head's vocabulary rows on this rank
+            h_f, h_d, h_w = head_s(head_rows)
             f_gemm, b_gemm, w_gemm = f_gemm + h_f, b_gemm + h_d + h_w, w_gemm + h_w
         # DRAM: activations written in the forward and read back in the backward; the weights
         # read in each pass and the gradients accumulated (read and written), unless they and
@@ -1711,6 +1733,8 @@ def plan_training(config, system="spinn/board", *, seq: "int | None" = None, glo
                         for r in recomputes:
                             for k in (_chunk_counts(seq, min_chunk_tokens) if p > 1 else (1,)):
                                 for h, spread, lag in _head_options(spec, t, p, d, arch.chips):
+                                    if lag >= per_replica // mb * k:
+                                        continue  # the head runs behind at most the other slots
                                     split = Split(t, p, d, z, mb, per_replica // mb, r, sequence_parallel, k,
                                                   LAYOUTS[0], h, spread, lag)
                                     # memory and the compute floor do not depend on the chip order
@@ -1809,7 +1833,7 @@ def _head_options(spec, tp: int, pp: int, dp: int, chips: int) -> list:
     head's GEMM outweighs a block stage's, spread over every chip of the replica's stages
     (:attr:`Split.spread_head`); a head stage 0 or :data:`HEAD_LAGS` slots behind the last
     block stage, a spread head one of :data:`HEAD_LAGS` (its collectives are outside the blocks'
-    passes)."""
+    passes); the search keeps the lags below the split's slots."""
     widths = _head_widths(spec, tp, pp, dp, chips)
     stage = [(w, False, lag) for w in widths for lag in ((0,) + HEAD_LAGS if w else (0,))]
     return stage + ([(0, True, lag) for lag in HEAD_LAGS] if pp > 1 and _head_outweighs(spec, pp) else [])
