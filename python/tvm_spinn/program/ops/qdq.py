@@ -8,7 +8,7 @@ float32) on the M4F, per tensor or per channel along ``axis``.
   element, channel ``(i // inner) % channels`` of the flattened tensor.
 - Tiles: ``[elements]`` over the flattened output; cycles from the PE kernel's instruction
   mixes (:data:`QDQ_MIXES`; a quantize's runs of a channel, :data:`QUANTIZE_RUN`, each with one
-  VDIV of the scale's reciprocal, its elements a corrected product each).
+  VDIV of the scale's reciprocal, its elements a product corrected twice each).
 """
 
 from __future__ import annotations
@@ -33,10 +33,12 @@ _F32 = np.float32
 #: One element of the PE kernels (:mod:`tvm_spinn.pe.kernels` ``quantize`` and ``dequantize``)
 #: as the generated code executes it (instruction classes counted in its executed blocks).
 #: quantize on a channel's run (the whole tile of a per-tensor quantize): the load of x and the
-#: byte store, VMUL by the run's reciprocal, two corrections of the quotient (VFMS, VFMA each,
-#: and a copy of x for each remainder), the NaN test and its branch, VCVTR and its move to the
-#: core, QADD of the zero point, SSAT/USAT, and the loop's index and pointer steps and its branch
-#: (a body of two elements). quantize with a channel per element (the reference's operations):
+#: byte store, VMUL by the run's reciprocal, two Markstein corrections of the quotient (VFMS, VFMA
+#: each, and a copy of x for each remainder: the first gives a faithful quotient, the second
+#: RN(x / s); one alone is not proven to, the product not being proven within one ulp of it),
+#: the NaN test and its branch, VCVTR and its move to the core, QADD of the zero point,
+#: SSAT/USAT, and the loop's index and pointer steps and its branch (a body of two elements).
+#: quantize with a channel per element (the reference's operations):
 #: the loads of x, the scale and the zero point and the byte store, one VDIV, the rounding
 #: ``(v + 2^23) - 2^23`` with its sign and magnitude tests, the zero point's VCVT and add, both
 #: clamps, the NaN test, the conversion and its move to the core. dequantize: the loads of q,
