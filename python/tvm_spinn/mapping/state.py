@@ -29,8 +29,8 @@ from .shard import recorded_plan, rule_of
 if TYPE_CHECKING:  # the return annotation only: timing.stages is imported where it is used
     from ..timing.stages import PipelineTiming
 
-__all__ = ["resident_state", "data_inputs", "data_bytes", "state_per_chip", "chip_bytes", "state_copies", "streamed_timing",
-           "with_streams", "region_streams", "build_flight"]
+__all__ = ["resident_state", "data_inputs", "data_bytes", "state_per_chip", "chip_bytes", "state_copies",
+           "streamed_timing", "with_streams", "region_streams", "build_flight"]
 
 
 def state_copies(shard: Program, streams: int, arch: SpinnArch) -> tuple[int, float]:
