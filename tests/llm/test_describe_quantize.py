@@ -41,3 +41,53 @@ def test_one_quantize_per_activation_tensor():
     qkv = sorted([spec.heads * spec.head_dim] + 2 * [spec.kv_heads * spec.head_dim])
     assert qkv in widths and [spec.intermediate, spec.intermediate] in widths
     assert sum(len(g) for g in readers.values()) == 7 and len(readers) == 4
+
+
+def _two_quantizes(scales, zeros):
+    """A program whose input is quantized twice (scales ``scales``, zero points ``zeros``), each
+    quantize read by its own dense layer."""
+    import numpy as np
+
+    from tvm_spinn.program import Layer, Program, TensorDesc
+    from tvm_spinn.target.arch import SpinnArch
+
+    tensors = [TensorDesc("x", [2, 8], "float32", "input")]
+    constants, layers = {}, []
+
+    def add(name, shape, dtype, role, value=None):
+        tensors.append(TensorDesc(name, list(shape), dtype, role))
+        if value is not None:
+            constants[len(tensors) - 1] = np.asarray(value, dtype=dtype).reshape(shape)
+        return len(tensors) - 1
+
+    for i, (s, z) in enumerate(zip(scales, zeros)):
+        xq = add(f"xq{i}", (2, 8), "int8", "temp")
+        layers.append(Layer(name=f"q{i}", kind="quantize", inputs=[0], output=xq,
+                            consts={"scale": add(f"xs{i}", (1,), "float32", "const", s),
+                                    "zero": add(f"xz{i}", (1,), "int32", "const", z)}, attrs={"axis": 1}))
+        layers.append(Layer(name=f"d{i}", kind="dense", inputs=[xq], output=add(f"y{i}", (2, 4), "float32", "output"),
+                            consts={"weight": add(f"w{i}", (8, 4), "int8", "const", np.zeros((8, 4))),
+                                    "scale": add(f"ws{i}", (4,), "float32", "const", np.ones(4))},
+                            attrs={"x_zero": 0, "x_flip": False, "relu": False, "out": "float32"}, mode="int8"))
+    outputs = [layer.output for layer in layers if layer.kind == "dense"]
+    return Program("main", SpinnArch(), tensors, [0], outputs, layers, constants=constants)
+
+
+def _quantizes_left(scales, zeros) -> list:
+    from tvm_spinn.program.ops.gemm import share_quantizes
+
+    program = _two_quantizes(scales, zeros)
+    layers = share_quantizes(program, list(program.layers))
+    dense = [layer for layer in layers if layer.kind == "dense"]
+    assert len(dense) == 2
+    kept = [layer for layer in layers if layer.kind == "quantize"]
+    assert {d.inputs[0] for d in dense} == {q.output for q in kept}  # every dense reads a kept quantize
+    return kept
+
+
+def test_share_quantizes_keys_on_the_constants_values():
+    """One input quantized with equal scale and zero point values (distinct tensors): one
+    quantize; with a different scale or a different zero point: both kept."""
+    assert len(_quantizes_left([0.5, 0.5], [3, 3])) == 1
+    assert len(_quantizes_left([0.5, 0.25], [3, 3])) == 2
+    assert len(_quantizes_left([0.5, 0.5], [3, 4])) == 2

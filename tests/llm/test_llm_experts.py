@@ -111,8 +111,7 @@ def test_experts_all_reduce_is_the_cheaper_schedule_of_the_cheapest_group(tiny_d
             grid = [[int(c) + b * cpb for c in order] for b in lay[0]]
             plain = board_group_all_reduce(topo, grid, spec.hidden * 4).seconds
             piped = board_group_all_reduce(topo, grid, spec.hidden * 4, pipelined=True).seconds
-            assert piped <= plain
-            figures.append(piped)
+            figures += [plain, piped]
         assert r["meta"]["board_all_reduce_s"] == min(figures)
 
 

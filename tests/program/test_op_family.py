@@ -167,3 +167,27 @@ def test_a_family_without_a_rule_is_replicated_with_the_reason():
             assert reason in str(tvm_spinn.report(ex))
     finally:
         ops.unregister(family)
+
+
+def test_movement_and_gather_refuse_a_per_element_price():
+    """Movement and gather tiles are priced by their descriptors or indices (``tile_costs``):
+    the flat families' per-element hook refuses, naming the family, and a movement layer of a
+    kind neither strided nor a scatter has no tile cost (an error naming the kind)."""
+    from tvm_spinn.program import Layer, Program, TensorDesc
+    from tvm_spinn.program.ops.base import MappingError
+    from tvm_spinn.target.arch import SpinnArch
+
+    arch = SpinnArch()
+    tensors = [TensorDesc("x", [4, 8], "float32", "input"), TensorDesc("y", [8, 4], "float32", "output")]
+    reshape = Layer(name="r", kind="reshape", inputs=[0], output=1, attrs={"shape": [8, 4]})
+    program = Program("main", arch, tensors, [0], [1], [reshape])
+    lo, hi = np.array([[0]]), np.array([[32]])
+    movement, gather = ops.family_of("reshape"), ops.family_of("take")
+    sram, *_, cycles = movement.tile_costs(program, reshape, arch, None, lo, hi)
+    assert sram == 2 * (4 + 4) * 32 and cycles[0] > 0
+    for family in (movement, gather):
+        with pytest.raises(NotImplementedError, match=type(family).__name__):
+            family.cycles_per_element(reshape, arch)
+    odd = Layer(name="o", kind="squeeze", inputs=[0], output=1)
+    with pytest.raises(MappingError, match="'squeeze'"):
+        movement.tile_costs(program, odd, arch, None, lo, hi)

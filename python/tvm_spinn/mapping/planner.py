@@ -245,8 +245,10 @@ def plan_system(programs: Sequence[Program], arch: SpinnArch, options: MappingOp
     on_mapped : callable, optional
         Called with ``(index, mapped program)`` once each region is mapped (e.g. to serialize it while
         the next one is mapped); called again for a region mapped again (when ``"benefit"``
-        falls back to ``"in_order"``): the last call holds. Under ``"benefit"`` the calls
-        come in the planner's order, not the index order.
+        falls back to ``"in_order"``, or when the mapped build keeps more streams in flight
+        than a region holds copies of its state for and every region is mapped again for the
+        build's stream count, :func:`~.state.build_flight`): the last call holds. Under
+        ``"benefit"`` the calls come in the planner's order, not the index order.
 
     Returns
     -------

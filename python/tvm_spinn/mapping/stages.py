@@ -32,7 +32,7 @@ from ..timing.collectives import point_to_point
 from .budget import Shortfall, SystemState
 from .memory import activation_label, check_capacity
 from .shard import ShardPlan, plan_mesh, stage_programs
-from .state import data_inputs, state_copies, state_per_chip, with_streams
+from .state import data_bytes, state_copies, state_per_chip, with_streams
 from .tiling import MappingError
 
 from ..timing.stages import PipelineTiming, handover_costs, pipeline_timing
@@ -222,7 +222,7 @@ def hand_in_cost(program: Program, topo, src: np.ndarray, first: np.ndarray):
     stays on its stages' chips), whole, from chip ``src[0]`` (the previous region's board) to
     chip ``first[0]`` (its first stage's first chip), as the pipeline's own sends go
     (:func:`tvm_spinn.timing.collectives.point_to_point`)."""
-    nbytes = sum(program.tensors[t].nbytes for t in data_inputs(program))
+    nbytes = data_bytes(program)
     return point_to_point(topo, np.asarray(src[:1], dtype=np.int64), np.asarray(first[:1], dtype=np.int64),
                           float(nbytes))
 
@@ -232,7 +232,7 @@ def handed_in(program: Program, cost, arch: SpinnArch) -> Program:
     (:func:`hand_in_cost`): its latency and energy include it, and the period is the longest
     of the stages, the sends and this hand-over (a link transfer overlaps the stages in steady
     state). The ``timing.pipeline`` record stays the stages' own."""
-    nbytes = sum(program.tensors[t].nbytes for t in data_inputs(program))
+    nbytes = data_bytes(program)
     t = program.timing
     latency = t.latency_s + cost.seconds
     period = max(t.pipeline.period_s, cost.seconds)

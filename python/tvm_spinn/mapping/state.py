@@ -29,8 +29,8 @@ from .shard import recorded_plan, rule_of
 if TYPE_CHECKING:  # the return annotation only: timing.stages is imported where it is used
     from ..timing.stages import PipelineTiming
 
-__all__ = ["resident_state", "data_inputs", "state_per_chip", "chip_bytes", "state_copies", "streamed_timing",
-           "with_streams", "region_streams", "build_flight"]
+__all__ = ["resident_state", "data_inputs", "data_bytes", "state_per_chip", "chip_bytes", "state_copies",
+           "streamed_timing", "with_streams", "region_streams", "build_flight"]
 
 
 def state_copies(shard: Program, streams: int, arch: SpinnArch) -> tuple[int, float]:
@@ -70,6 +70,11 @@ def data_inputs(program: Program) -> list[int]:
     from the chips of the region before carries these."""
     state = resident_state(program, range(len(program.layers)))
     return [t for t in program.inputs if t not in state]
+
+
+def data_bytes(program: Program) -> int:
+    """Bytes of ``program``'s :func:`data_inputs`: what a call's hand-over of its inputs moves."""
+    return sum(program.tensors[t].nbytes for t in data_inputs(program))
 
 
 def resident_state(program: Program, resident) -> set[int]:

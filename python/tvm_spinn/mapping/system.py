@@ -59,7 +59,7 @@ from .budget import Shortfall, SystemState
 from .memory import LEDGER_RESIDENT_SHARE, activation_label, weight_bytes_per_pe
 from .shard import ROW_ALWAYS, ShardPlan, plan_shards, recorded_plan, rule_of, shard_program
 from .stages import hand_in_cost, handed_in, map_pipeline, pipeline_boards, shortfall, stage_ranks, stages_of
-from .state import data_inputs, resident_state, state_copies, state_per_chip, streamed_timing
+from .state import data_bytes, resident_state, state_copies, state_per_chip, streamed_timing
 from .tiling import MappingError, program_work
 
 __all__ = ["map_on_system", "dram_per_chip", "TP_DEGREES", "SP_DEGREES", "overflow_message", "system_tables", "retime", "issued",
@@ -479,7 +479,7 @@ def map_on_system(program: Program, arch: SpinnArch, options, state: SystemState
             dst = (src + arch.chips_per_board) % arch.chips if not arch.has_faults else \
                 stage_ranks(arch, ledger.stage, src.size)
             src = src[:dst.size]
-            in_bytes = sum(program.tensors[t].nbytes for t in data_inputs(program)) / max(1, best[0].tp * best[0].sp)
+            in_bytes = data_bytes(program) / max(1, best[0].tp * best[0].sp)
             handoff = point_to_point(topo, src, dst, in_bytes) if not np.array_equal(src, dst) else None
     if best is None and ledger.stage >= 0 and ledger.overflow is None and len(program.layers) > 1:
         # No chip group holds the program's weights: its layers over pipeline stages, each on

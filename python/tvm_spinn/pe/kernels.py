@@ -468,7 +468,7 @@ def _pool(op: str):
 #: float32 bits of a quiet NaN: the reciprocal of a run the fast path does not hold for (see
 #: :func:`_quantize`), so that every element of it takes the reference path
 _QNAN_BITS = 0x7FC00000
-#: the scales' biased exponents for which the quotient's correction is exact (|s| in
+#: the scales' biased exponents for which the quotient's corrections are exact (|s| in
 #: [2^-64, 2^64): see :func:`_quantize`), and the zero points' bound there
 _SCALE_EXP = (127 - 64, 127 + 63)
 _ZERO_BOUND = 1 << 23
@@ -477,16 +477,20 @@ _ZERO_BOUND = 1 << 23
 def _quantize(dtype: str):
     """``clamp(rint(x / s) + fl(z))`` with one VDIV per run of elements that share a channel.
 
-    The quotient ``RN(x / s)`` comes from ``y = RN(1 / s)`` (the run's VDIV) and Markstein's
-    correction: ``q0 = RN(x y)``, ``r = fma(-q0, s, x)`` (exact), ``q1 = fma(r, y, q0)`` is the
-    correctly rounded quotient when no intermediate overflows or underflows, which holds for
-    every ``x`` whose quotient is at least 1/4 in magnitude when ``|s|`` is in ``[2^-64, 2^64)``
-    (smaller quotients give a ``|q1|`` below 1/2 all the same, which rounds to 0 as the quotient
-    does). ``q1`` is then rounded to an integer by VCVTR (round to nearest even, FPSCR's mode)
-    and the zero point added with QADD and clamped by SSAT/USAT: for ``|z| <= 2^23`` that is the
-    reference's ``clamp(rint(q) + fl(z))`` exactly (``fl(z)`` is exact, the sum is an integer
-    whose fp32 rounding cannot cross the bounds, and a quotient beyond int32 saturates anyway).
-    A NaN ``q1`` (``x`` NaN or infinite, ``x y`` overflowing) and every element of a run whose
+    The quotient ``RN(x / s)`` comes from ``y = RN(1 / s)`` (the run's VDIV) and two Markstein
+    corrections: ``q0 = RN(x y)``; ``r0 = fma(-q0, s, x)`` (exact), ``q1 = fma(r0, y, q0)``, which
+    is faithful (within one ulp of ``x / s``); ``r1 = fma(-q1, s, x)`` (exact),
+    ``q2 = fma(r1, y, q1)``, the correctly rounded quotient by Markstein's theorem. The theorem
+    needs a start within one ulp of the quotient: ``q1`` is one, ``q0 = RN(x RN(1 / s))`` is not
+    proven to be, so one correction is not proven to give ``RN(x / s)`` and the kernel runs two.
+    This holds when no intermediate overflows or underflows, which is so for every ``x`` whose
+    quotient is at least 1/4 in magnitude when ``|s|`` is in ``[2^-64, 2^64)`` (smaller quotients
+    give a ``|q2|`` below 1/2 all the same, which rounds to 0 as the quotient does). ``q2`` is
+    then rounded to an integer by VCVTR (round to nearest even, FPSCR's mode) and the zero point
+    added with QADD and clamped by SSAT/USAT: for ``|z| <= 2^23`` that is the reference's
+    ``clamp(rint(q) + fl(z))`` exactly (``fl(z)`` is exact, the sum is an integer whose fp32
+    rounding cannot cross the bounds, and a quotient beyond int32 saturates anyway).
+    A NaN ``q2`` (``x`` NaN or infinite, ``x y`` overflowing) and every element of a run whose
     scale or zero point is outside those ranges (``y`` is then NaN) take the reference's own
     operations (VDIV, the ``2^23`` rounding, the fp32 add and clamps, NaN to 0).
     """
@@ -538,7 +542,7 @@ def _quantize(dtype: str):
                                         T.float32(1) / run[0], T.reinterpret("float32", T.int32(_QNAN_BITS)))
                 for i in range(T.max(r * inner - off, 0), T.min(r * inner - off + inner, n)):
                     v[0] = X[i] * run[1]
-                    for _ in T.unroll(2):  # q1 is faithful, q2 = RN(x / s) (Markstein)
+                    for _ in T.unroll(2):  # q1 is faithful, q2 = RN(x / s) (Markstein; q0 is not proven within 1 ulp)
                         rem = T.call_llvm_pure_intrin("float32", "llvm.fma.f32", -v[0], run[0], X[i])
                         v[0] = T.call_llvm_pure_intrin("float32", "llvm.fma.f32", rem, run[1], v[0])
                     if T.isnan(v[0]):

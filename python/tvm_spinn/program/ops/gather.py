@@ -154,9 +154,10 @@ class Gather(ComputedFlat):
         return 0, None
 
     def cycles_per_element(self, layer, arch):
-        """Data movement: the DMA engine's element a cycle (a tile's code: :func:`take_tile_cycles`)."""
-        from .movement import DMA_ELEMENT_CYCLES
-        return DMA_ELEMENT_CYCLES
+        """Not a per-element price: a tile's cycles depend on its indices and segments
+        (:func:`take_tile_cycles`), so the flat families' per-element hook refuses."""
+        raise NotImplementedError(f"{type(self).__name__} prices tiles by take_tile_cycles, "
+                                  f"not per element ({layer.kind!r})")
 
     def _table(self, layer: Layer) -> int:
         return layer.consts["table"] if "table" in layer.consts else layer.inputs[0]

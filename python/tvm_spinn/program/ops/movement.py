@@ -34,7 +34,7 @@ from ..checks import check_int, check_list, check_num, fail
 from . import native
 from .base import itemsize
 from ..model import Layer
-from .base import FlatFamily, LoweringError, register
+from .base import FlatFamily, LoweringError, MappingError, register
 from .m4f import Mix, mix_cycles
 from .sharding import PARTIAL, REPLICATE, GatherInput, PointwiseRule, ShardDecision, reshape_axis, shard
 
@@ -588,8 +588,10 @@ class Movement(FlatFamily):
         return _contiguous_slice(ishape, oshape, layer.attrs)
 
     def cycles_per_element(self, layer, arch):
-        """Pure data movement: the DMA engine moves an element a cycle (:data:`DMA_ELEMENT_CYCLES`)."""
-        return DMA_ELEMENT_CYCLES
+        """Not a per-element price: a tile's cycles depend on its run's descriptors
+        (:meth:`tile_costs`), so the flat families' per-element hook refuses."""
+        raise NotImplementedError(f"{type(self).__name__} prices tiles by tile_costs (descriptors), "
+                                  f"not per element ({layer.kind!r})")
 
     def smallest_tile_bytes(self, program, layer, arch):
         """One element read (from whichever input holds it) and one written, double-buffered."""
@@ -608,7 +610,8 @@ class Movement(FlatFamily):
             cycles = np.ceil(scatter_tile_cycles(_scatter_targets(program, layer), layer.kind == "pad", lo[:, 0],
                                                  hi[:, 0], arch))
         else:
-            cycles = np.ceil(e * self.cycles_per_element(layer, arch))
+            raise MappingError(f"movement layer kind {layer.kind!r} is neither strided ({', '.join(STRIDED_KINDS)}) "
+                               f"nor a scatter ({', '.join(SCATTER_KINDS)}): no tile cost")
         return 2 * (ie + oe) * e, ie * e, 0, oe * e, cycles
 
     # -- functional simulator -----------------------------------------------------------------

@@ -7,8 +7,9 @@ float32) on the M4F, per tensor or per channel along ``axis``.
 - Native runs (``src/sim_plan.cc``, :meth:`QuantizeDequantize.native`): the same operations per
   element, channel ``(i // inner) % channels`` of the flattened tensor.
 - Tiles: ``[elements]`` over the flattened output; cycles from the PE kernel's instruction
-  mixes (:data:`QDQ_MIXES`; a quantize's runs of a channel, :data:`QUANTIZE_RUN`, each with one
-  VDIV of the scale's reciprocal, its elements a corrected product each).
+  mixes (:data:`QDQ_MIXES`, and :data:`QUANTIZE_ELEMENT` with a channel per element; a
+  quantize's runs of a channel, :data:`QUANTIZE_RUN`, each with one VDIV of the scale's
+  reciprocal, its elements a product corrected twice each).
 """
 
 from __future__ import annotations
@@ -31,22 +32,24 @@ _F32 = np.float32
 
 
 #: One element of the PE kernels (:mod:`tvm_spinn.pe.kernels` ``quantize`` and ``dequantize``)
-#: as the generated code executes it (instruction classes counted in its executed blocks).
-#: quantize on a channel's run (the whole tile of a per-tensor quantize): the load of x and the
-#: byte store, VMUL by the run's reciprocal, two corrections of the quotient (VFMS, VFMA each,
-#: and a copy of x for each remainder), the NaN test and its branch, VCVTR and its move to the
-#: core, QADD of the zero point, SSAT/USAT, and the loop's index and pointer steps and its branch
-#: (a body of two elements). quantize with a channel per element (the reference's operations):
-#: the loads of x, the scale and the zero point and the byte store, one VDIV, the rounding
-#: ``(v + 2^23) - 2^23`` with its sign and magnitude tests, the zero point's VCVT and add, both
-#: clamps, the NaN test, the conversion and its move to the core. dequantize: the loads of q,
-#: the zero point and the scale and the store, the 32-bit subtraction, its move to the FPU, VCVT
-#: and VMUL.
+#: as the generated code executes it (instruction classes counted in its executed blocks), by
+#: layer kind. quantize on a channel's run (the whole tile of a per-tensor quantize): the load of
+#: x and the byte store, VMUL by the run's reciprocal, two Markstein corrections of the quotient
+#: (VFMS, VFMA each, and a copy of x for each remainder: the first gives a faithful quotient,
+#: the second RN(x / s); one alone is not proven to, the product not being proven within one ulp
+#: of it), the NaN test and its branch, VCVTR and its move to the core, QADD of the zero point,
+#: SSAT/USAT, and the loop's index and pointer steps and its branch (a body of two elements).
+#: dequantize: the loads of q, the zero point and the scale and the store, the 32-bit
+#: subtraction, its move to the FPU, VCVT and VMUL.
 QDQ_MIXES = {
     "quantize": Mix(loads=1.5, paired=0.5, fpu=5.0, fused=4.0, compares=1.0, alu=5.0, branches=0.5),
-    "quantize_element": Mix(loads=3.0, paired=1.0, divides=1.0, fpu=9.0, compares=5.0, selects=5.0, alu=2.0),
     "dequantize": Mix(loads=2.0, paired=2.0, fpu=3.0, alu=2.0),
 }
+#: One element of a quantize with a channel per element (per-channel along the last axis: the
+#: reference's operations): the loads of x, the scale and the zero point and the byte store, one
+#: VDIV, the rounding ``(v + 2^23) - 2^23`` with its sign and magnitude tests, the zero point's
+#: VCVT and add, both clamps, the NaN test, the conversion and its move to the core.
+QUANTIZE_ELEMENT = Mix(loads=3.0, paired=1.0, divides=1.0, fpu=9.0, compares=5.0, selects=5.0, alu=2.0)
 #: What the quantize kernel executes once per run of a channel's elements: the loads of the
 #: scale (and its bits) and the zero point, the exponent and zero-point range tests and their
 #: selects, the run's VDIV of the reciprocal, the run's bounds (a multiply-accumulate, the
@@ -79,7 +82,7 @@ class QuantizeDequantize(FlatFamily):
         job = self.fixed_cycles(layer, arch)
         if inner == 1:
             rows = -(-(first % channels + e) // channels)
-            per, extra = pass_cycles((QDQ_MIXES["quantize_element"],), arch), rows * mix_cycles(QUANTIZE_ROW, arch)
+            per, extra = pass_cycles((QUANTIZE_ELEMENT,), arch), rows * mix_cycles(QUANTIZE_ROW, arch)
         else:
             runs = -(-(first % inner + e) // inner) if channels > 1 else np.ones_like(e)
             per, extra = self.cycles_per_element(layer, arch), runs * mix_cycles(QUANTIZE_RUN, arch)

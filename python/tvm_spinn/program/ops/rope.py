@@ -1,11 +1,11 @@
 """Rotary position embedding: ``rope`` (``x * cos + rotate_half(x) * sin``) as one layer.
 
 Transformers' ``apply_rotary_pos_emb`` (Llama, Mistral, Qwen2, Gemma-2, Phi-3...) imports as
-nine operators: two multiplies by the broadcast tables, the two halves of the last axis sliced,
-the upper half negated, the halves concatenated in swapped order, the second multiply and the
-add. Offloaded one by one, each is a layer with its own start, DMA set-up and chip-wide
-barrier; a decode step's rotation of a few hundred elements is all overhead. The family
-matches the whole expression and runs it as one pass over the output.
+seven operators: the two halves of the last axis sliced, the upper half negated, the halves
+concatenated in swapped order, the two multiplies by the broadcast tables (``x * cos`` and
+the concatenation's ``* sin``) and the add. Offloaded one by one, each is a layer with its own
+start, DMA set-up and chip-wide barrier; a decode step's rotation of a few hundred elements is
+all overhead. The family matches the whole expression and runs it as one pass over the output.
 
 - Arithmetic (Cortex-M4F, fp32): per element ``e`` of the output, with ``d`` the last axis,
   ``h = d / 2`` and ``j = e mod d``: ``r = j < h ? -x[e + h] : x[e - h]`` (the sign bit
@@ -147,8 +147,6 @@ class Rope(FlatFamily):
         why = shape_problem(shape, kit.static_shape(ann["cos"]), kit.static_shape(ann["sin"]))
         if why:
             return kit.refuse(op, root, why)
-        if kit.static_shape(root) != shape:
-            return kit.refuse(op, root, f"result {kit.static_shape(root)} is not x's shape {shape}")
         rank, d = len(shape), shape[-1]
         h = d // 2
         axis = int(ann["concat"].attrs.axis)
@@ -159,7 +157,9 @@ class Rope(FlatFamily):
             out = kit.static_shape(ann[name])
             if sliced is None or sliced[0] != [rank - 1] or sliced[1] != [begin] or sliced[2] != [1] or out[-1] != h:
                 return kit.refuse(op, root, f"the {name} half is not x[..., {begin}:{begin + h}]")
-        # a tile of one element of each operand stream double-buffered
+        # the result has x's shape: cos and sin broadcast to it (shape_problem), and the concat
+        # of x's two halves (the checks above) has it, so it needs no check of its own.
+        # A tile of one element of each operand stream double-buffered
         return kit.check_fits(op, root, 2 * 5 * 4, "one element")
 
     def lower(self, lowerer, name: str, kind: str, calls: list, env: dict, layer: Layer) -> None:
@@ -198,7 +198,7 @@ class Rope(FlatFamily):
         """Four input streams (``x``, its partners, ``cos``, ``sin``) and the output, each a
         float32 per element, double-buffered."""
         e = (hi - lo)[:, 0]
-        cycles = np.ceil(e * self.cycles_per_element(layer, arch) + self.fixed_cycles(layer, arch))
+        *_, cycles = super().tile_costs(program, layer, arch, tile, lo, hi)
         return 2 * 5 * 4 * e, 4 * 4 * e, 0, 4 * e, cycles
 
     def smallest_tile_bytes(self, program, layer, arch):

@@ -475,9 +475,12 @@ def row_tile_cycles(kind: str, rows, cols, arch: "SpinnArch", runs: int = 1, las
 
 #: The ``softmax_tflite`` PE kernel (:mod:`tvm_spinn.pe.kernels`) as it executes, one
 #: :class:`TfliteSoftmaxPhase` per phase (0, the max; 1, the exps' sum; 2, the reciprocal and the
-#: outputs), by instruction class: regressed on the executed counts of single-job runs of 66
-#: tiles (1 to 4 rows of 1 to 120 columns, first chunk or not, three input scales, full-range and
-#: near-maximum inputs), priced by :func:`~.m4f.mix_cycles`. Phases 1 and 2 each run the
+#: outputs), by instruction class: least-squares coefficients regressed on the executed counts of
+#: single-job runs of 66 tiles (1 to 4 rows of 1 to 120 columns, first chunk or not, three input
+#: scales, full-range and near-maximum inputs), priced by :func:`~.m4f.mix_cycles`. They are
+#: regression coefficients, not counted instructions: a class's coefficient in one component may
+#: be fractional or negative (the fit shares a count between components that move together);
+#: each component's price is non-negative. Phases 1 and 2 each run the
 #: fixed-point exp per element, whose barrel shifter multiplies once per set bit of the
 #: remainder (:attr:`TfliteSoftmaxPhase.bit`), and phase 1 adds only the exps inside
 #: ``diff_min``; the model charges them at their expected counts (:func:`softmax_tflite_expected`).

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
 from ...model import Layer
 
 
@@ -98,20 +100,31 @@ def fuse_bias(program, layers: list) -> list:
     return [layer for i, layer in enumerate(layers) if i not in drop]
 
 
+def _const_key(program, tid: int) -> tuple:
+    """What identifies constant ``tid``'s value: its dtype, shape and bytes (the tensor id itself
+    where the program holds no value for it, so that it matches only itself)."""
+    if tid not in program.constants:
+        return ("tensor", tid)
+    value = np.asarray(program.constants[tid])
+    return (str(value.dtype), value.shape, np.ascontiguousarray(value).tobytes())
+
+
 def share_quantizes(program, layers: list) -> list:
-    """Drop repeated ``quantize`` layers of one activation (same input, dtype, and shapes of scale
-    and zero point): post-training quantization quantizes each activation tensor once, for every
-    GEMM that reads it (the q, k and v projections' hidden state, the gate and up projections'),
-    where :func:`weight_matmuls_to_dense` gave each GEMM its own; later readers use the first
-    one's output. Run after :func:`~tvm_spinn.program.ops.movement.dedupe_movement`, which makes
-    the GEMMs' reshaped inputs one tensor."""
+    """Drop repeated ``quantize`` layers of one activation (same input, dtype, attributes and
+    values of scale and zero point, compared by their bytes): post-training quantization
+    quantizes each activation tensor once, for every GEMM that reads it (the q, k and v
+    projections' hidden state, the gate and up projections'), where
+    :func:`weight_matmuls_to_dense` gave each GEMM its own; later readers use the first one's
+    output. Two quantizes of one input with different scales or zero points stay apart. Run
+    after :func:`~tvm_spinn.program.ops.movement.dedupe_movement`, which makes the GEMMs'
+    reshaped inputs one tensor."""
     tensors = program.tensors
     seen, alias, out = {}, {}, []
     for layer in layers:
         layer = replace(layer, inputs=[alias.get(t, t) for t in layer.inputs])
         if layer.kind == "quantize" and layer.output not in program.outputs:
             key = (tuple(layer.inputs), tensors[layer.output].dtype,
-                   tuple(tuple(tensors[layer.consts[c]].shape) for c in ("scale", "zero")),
+                   tuple(_const_key(program, layer.consts[c]) for c in ("scale", "zero")),
                    tuple(sorted(layer.attrs.items())))
             if key in seen:
                 alias[layer.output] = seen[key]
