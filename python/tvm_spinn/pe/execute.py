@@ -105,10 +105,18 @@ def _run_elementwise(run: _Run, index: int, env, table) -> np.ndarray:
     if view.layer_kind(p, index) == "clip":
         attrs = view.layer_attrs(p, index)
         extra = [int(np.asarray(attrs[b], dtype=_F32).view(np.uint32)) for b in ("min", "max")]
+    _run_flat_pieces(run, index, table, args, flat, lambda s0: extra)
+    return out
+
+
+def _run_flat_pieces(run: _Run, index: int, table, args: list, flat: np.ndarray, extra) -> None:
+    """Each tile of a flat element-wise layer through its PE in SRAM-sized pieces (a tile larger
+    than the SRAM streams through it: element-wise, the same bits): the pieces of ``args`` in,
+    the kernel run with ``(*buffers, n, *extra(first element))``, the output piece into ``flat``."""
+    p = run.p
     for t in range(len(table)):
         e0, e1 = int(table.lo[t, 0]), int(table.hi[t, 0])
         m = run.machine(index, int(table.pe[t]))
-        # a tile larger than the SRAM streams through it in pieces (element-wise: same bits)
         piece = max(16, ((ARENA_END - m.arena) // (4 * (len(args) + 1)) - 64) // 16 * 16)
         for s0 in range(e0, e1, piece):
             s1 = min(s0 + piece, e1)
@@ -116,10 +124,9 @@ def _run_elementwise(run: _Run, index: int, env, table) -> np.ndarray:
             bufs = _Arena(m, p, index).take(*([4 * n] * (len(args) + 1)))
             for buf, a in zip(bufs, args):
                 m.write(buf, a[s0:s1].tobytes())
-            m.run([[*bufs, n, *extra]])
+            m.run([[*bufs, n, *extra(s0)]])
             flat[s0:s1] = np.frombuffer(m.read(bufs[-1], 4 * n), dtype=_F32)
         run.done(index, t, table, m)
-    return out
 
 
 def _run_rope(run: _Run, index: int, env, table) -> np.ndarray:
@@ -135,19 +142,8 @@ def _run_rope(run: _Run, index: int, env, table) -> np.ndarray:
     args = [x.reshape(-1), partner, c.reshape(-1), s.reshape(-1)]
     out = np.empty(out_shape, dtype=_F32)
     flat = out.reshape(-1)
-    for t in range(len(table)):
-        e0, e1 = int(table.lo[t, 0]), int(table.hi[t, 0])
-        m = run.machine(index, int(table.pe[t]))
-        piece = max(16, ((ARENA_END - m.arena) // (4 * (len(args) + 1)) - 64) // 16 * 16)
-        for s0 in range(e0, e1, piece):
-            s1 = min(s0 + piece, e1)
-            n = s1 - s0
-            bufs = _Arena(m, p, index).take(*([4 * n] * (len(args) + 1)))
-            for buf, a in zip(bufs, args):
-                m.write(buf, a[s0:s1].tobytes())
-            m.run([[*bufs, n, s0 % d, h]])
-            flat[s0:s1] = np.frombuffer(m.read(bufs[-1], 4 * n), dtype=_F32)
-        run.done(index, t, table, m)
+    # each piece's first element's place in its row: the kernel flips the first half's partners
+    _run_flat_pieces(run, index, table, args, flat, lambda s0: (s0 % d, h))
     return out
 
 

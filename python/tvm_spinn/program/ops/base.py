@@ -29,6 +29,8 @@ helpers as arguments instead of importing them (no import of a higher layer).
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
@@ -381,3 +383,22 @@ def flat_tile(program, layer: Layer, arch: "SpinnArch", pes: int) -> int:
     per_elem = sum(itemsize(program, tid) for tid in layer.inputs) + itemsize(program, layer.output)
     cap = max(1, working_budget(arch) // (2 * per_elem))
     return max(1, min(cap, ceil_div(total, pes)))
+
+
+def dedupe_layers(program, layers: list, key_of) -> list:
+    """``layers`` without the repeats of an earlier layer: a layer whose ``key_of(layer)`` (None:
+    never merged) equals an earlier one's, and whose output is not one of ``program``'s outputs,
+    is dropped and its readers read the first one's output (inputs renamed as the walk goes, so
+    a chain of repeats collapses)."""
+    seen, alias, out = {}, {}, []
+    for layer in layers:
+        layer = dataclasses.replace(layer, inputs=[alias.get(t, t) for t in layer.inputs])
+        key = key_of(layer) if layer.output not in program.outputs else None
+        if key is not None:
+            if key in seen:
+                alias[layer.output] = seen[key]
+                continue
+            seen[key] = layer.output
+        out.append(layer)
+    return out
+

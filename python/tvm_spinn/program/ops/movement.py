@@ -26,7 +26,6 @@ float32 only, its fill value being a float).
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import numpy as np
 
@@ -34,7 +33,7 @@ from ..checks import check_int, check_list, check_num, fail
 from . import native
 from .base import itemsize
 from ..model import Layer
-from .base import FlatFamily, LoweringError, MappingError, register
+from .base import FlatFamily, LoweringError, MappingError, dedupe_layers, register
 from .m4f import Mix, mix_cycles
 from .sharding import PARTIAL, REPLICATE, GatherInput, PointwiseRule, ShardDecision, reshape_axis, shard
 
@@ -711,18 +710,13 @@ def dedupe_movement(program, layers: list) -> list:
     GEMMs); later readers use the first one's output."""
     import json
 
-    seen, alias, out = {}, {}, []
-    for layer in layers:
-        layer = replace(layer, inputs=[alias.get(t, t) for t in layer.inputs])
-        if layer.kind in ("reshape", "permute_dims", "broadcast_to") and layer.output not in program.outputs:
-            key = (layer.kind, tuple(layer.inputs), tuple(program.tensors[layer.output].shape),
-                   json.dumps(layer.attrs, sort_keys=True, default=str))
-            if key in seen:
-                alias[layer.output] = seen[key]
-                continue
-            seen[key] = layer.output
-        out.append(layer)
-    return out
+    def key(layer):
+        if layer.kind not in ("reshape", "permute_dims", "broadcast_to"):
+            return None
+        return (layer.kind, tuple(layer.inputs), tuple(program.tensors[layer.output].shape),
+                json.dumps(layer.attrs, sort_keys=True, default=str))
+
+    return dedupe_layers(program, layers, key)
 
 
 class MovementSharding(PointwiseRule):

@@ -8,6 +8,7 @@ from dataclasses import replace
 import numpy as np
 
 from ...model import Layer
+from ..base import dedupe_layers
 
 
 # -- descriptor programs (weights passed as inputs) -------------------------------------------------
@@ -119,17 +120,13 @@ def share_quantizes(program, layers: list) -> list:
     after :func:`~tvm_spinn.program.ops.movement.dedupe_movement`, which makes the GEMMs'
     reshaped inputs one tensor."""
     tensors = program.tensors
-    seen, alias, out = {}, {}, []
-    for layer in layers:
-        layer = replace(layer, inputs=[alias.get(t, t) for t in layer.inputs])
-        if layer.kind == "quantize" and layer.output not in program.outputs:
-            key = (tuple(layer.inputs), tensors[layer.output].dtype,
-                   tuple(_const_key(program, layer.consts[c]) for c in ("scale", "zero")),
-                   tuple(sorted(layer.attrs.items())))
-            if key in seen:
-                alias[layer.output] = seen[key]
-                continue
-            seen[key] = layer.output
-        out.append(layer)
-    return out
+
+    def key(layer):
+        if layer.kind != "quantize":
+            return None
+        return (tuple(layer.inputs), tensors[layer.output].dtype,
+                tuple(_const_key(program, layer.consts[c]) for c in ("scale", "zero")),
+                tuple(sorted(layer.attrs.items())))
+
+    return dedupe_layers(program, layers, key)
 
