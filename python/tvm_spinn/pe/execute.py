@@ -722,6 +722,73 @@ def _run_rows(run: _Run, index: int, env, table) -> np.ndarray:
     return out
 
 
+def cross_entropy_chunks(classes: int, arch) -> list[tuple[int, int]]:
+    """The column chunks ``[c0, c1)`` a ``cross_entropy`` row runs in on its PE: the whole row
+    where it fits the working SRAM (the timing model's resident rows), else chunks of
+    :data:`~tvm_spinn.program.ops.loss.STREAM_CHUNK` logits streamed through the PE in the
+    row's order (the timing model's streamed rows)."""
+    from ..program.ops.base import working_budget
+    from ..program.ops.loss import STREAM_CHUNK, _row_bytes
+    width = classes if _row_bytes(classes) <= working_budget(arch) else STREAM_CHUNK
+    return [(c0, min(c0 + width, classes)) for c0 in range(0, classes, width)]
+
+
+def _run_cross_entropy(run: _Run, index: int, env, table) -> np.ndarray:
+    """``cross_entropy``: each tile's rows (as many at a time as fit the PE's SRAM) through the
+    kernel's phases. A row that fits runs its three phases as one job list; a longer row streams
+    through the same PE in chunks (:func:`cross_entropy_chunks`), once for the max (phase 0),
+    once for the exps' sum and the label's logit (phases 1 and 2 per chunk, the last chunk
+    finishing the loss), the row's statistics passing from chunk to chunk in its order. A label
+    outside ``[0, classes)`` that is not the ignore index is a ValueError naming it and its row
+    (as the simulator's kernel reports it)."""
+    p = run.p
+    layer = p.layers[index]
+    zid, tid = view.layer_inputs(p, index)
+    z = np.ascontiguousarray(env[zid], dtype=_F32)
+    labels = np.ascontiguousarray(env[tid], dtype=np.int32).reshape(-1)
+    rows, classes = z.shape
+    ignore = int(view.layer_attrs(p, index)["ignore_index"])
+    bad = np.flatnonzero((labels != ignore) & ((labels < 0) | (labels >= classes)))
+    if bad.size:
+        raise ValueError(f"{layer.name}: label {int(labels[bad[0]])} of row {int(bad[0])} is out of range for "
+                         f"{classes} classes")
+    out = np.empty(view.tensor_shape(p, view.layer_output(p, index)), dtype=_F32)
+    flat = out.reshape(-1)
+    chunks = cross_entropy_chunks(classes, view.arch_of(p))
+    width = max(c1 - c0 for c0, c1 in chunks)
+    runs = {t: [0, {}] for t in range(len(table))}
+    for t in range(len(table)):
+        r0, r1, pe = int(table.lo[t, 0]), int(table.hi[t, 0]), int(table.pe[t])
+        m = run.machine(index, pe)
+        group = max(1, (ARENA_END - m.arena - 6 * 64) // (8 * width + 24))
+        for q0 in range(r0, r1, group):
+            q1 = min(q0 + group, r1)
+            n = q1 - q0
+            st = np.zeros(4 * n, dtype=_F32)  # the rows' chained statistics
+
+            def job(bufs, ph, i, c0, c1):
+                flags = (1 if i == 0 else 0) | (2 if i == len(chunks) - 1 else 0)
+                return [*bufs, n, c1 - c0, ph, flags, c0, ignore]
+
+            # whole rows: one run of the three phases; streamed rows: phase 0 over the chunks,
+            # then phases 1 and 2 over them
+            passes = [(0, 1, 2)] if len(chunks) == 1 else [(0,), (1, 2)]
+            for phases in passes:
+                for i, (c0, c1) in enumerate(chunks):
+                    m = run.machine(index, pe)
+                    bufs = _Arena(m, p, index).take(4 * n * (c1 - c0), 4 * n * (c1 - c0), 16 * n, 4 * n, 4 * n)
+                    m.write(bufs[0], np.ascontiguousarray(z[q0:q1, c0:c1]).tobytes())
+                    m.write(bufs[2], st.tobytes())
+                    m.write(bufs[3], labels[q0:q1].tobytes())
+                    m.run([job(bufs, ph, i, c0, c1) for ph in phases])
+                    st[:] = np.frombuffer(m.read(bufs[2], 16 * n), dtype=_F32)
+                    if 2 in phases and i == len(chunks) - 1:
+                        flat[q0:q1] = np.frombuffer(m.read(bufs[4], 4 * n), dtype=_F32)
+                    _tally(runs[t], m)
+    _record_runs(run, index, table, runs)
+    return out
+
+
 def take_segments(e0: int, e1: int, inner: int, count: int, extent: int) -> tuple[np.ndarray, ...]:
     """The segments of output elements ``[e0, e1)`` of a ``take`` whose table rows hold ``inner``
     elements, with ``count`` indices and ``extent`` rows on the gathered axis: per run of one
@@ -784,6 +851,8 @@ def _run_take(run: _Run, index: int, env, table) -> np.ndarray:
 
 _RUNNERS = {"take": _run_take, "unary": _run_elementwise, "softmax": _run_rows, "layer_norm": _run_rows, "rms_norm": _run_rows, "mean": _run_mean, "mean_tflite": _run_mean_tflite, "softmax_tflite": _run_softmax_tflite, "pool": _run_pool, "quantize": _run_qdq, "dequantize": _run_qdq, "dma": _run_dma, "binary": _run_elementwise, "relu": _run_elementwise, "clip": _run_elementwise, "where_less": _run_elementwise, "rope": _run_rope, "gemm_f32": _run_gemm_f32,
             "gemm_i8": _run_gemm_i8}
+
+_RUNNERS["cross_entropy"] = _run_cross_entropy
 
 
 def run_program_iss(program, inputs: list[np.ndarray], record: "list | None" = None) -> list[np.ndarray]:

@@ -33,9 +33,10 @@ one stays, as the engine writes them in order). A start while a transfer is pend
 reading or writing outside mapped memory, an ``EB`` word with unknown bits, or a transfer still
 pending at ``pe_halt`` is an :class:`~.errors.IssFault`.
 
-The exp/log unit computes the simulator's exp model itself (C++ ``ExpModel`` through
-:func:`tvm_spinn.program.ops.elementwise.exp_f32`), so the PE code's exp is that model's bits by
-construction, as on the chip, where it is the unit's.
+The exp/log unit computes the simulator's exp and log models itself (C++ ``ExpModel`` and
+``LogModel`` through :func:`tvm_spinn.program.ops.elementwise.exp_f32` and
+:func:`~tvm_spinn.program.ops.elementwise.log_f32`), so the PE code's exp and log are those
+models' bits by construction, as on the chip, where they are the unit's.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from unicorn.arm_const import UC_ARM_REG_PC, UC_ARM_REG_SP
 from .errors import IssFault
 from .memory_map import (ARENA_ALIGN, ARENA_END, DMA_BASE, DMA_BYTES, DMA_EB_MASK, DMA_REGS, DMA_SCATTER,
                          DMA_START, EXP_BASE, EXP_BYTES,
-                         EXP_FUNC_EXP, EXP_REGS, EXP_START, JOB_ADDR, JOB_WORDS, MAC_BASE, MAC_BYTES, MAC_REGS,
+                         EXP_FUNC_EXP, EXP_FUNC_LOG, EXP_REGS, EXP_START, JOB_ADDR, JOB_WORDS, MAC_BASE, MAC_BYTES, MAC_REGS,
                          MAC_START, REMOTE_BASE, SRAM_BASE, SRAM_BYTES)
 
 __all__ = ["PeMachine", "image_symbols", "MAX_INSTRUCTIONS"]
@@ -210,16 +211,19 @@ class PeMachine:
             self._exp_run()
 
     def _exp_run(self) -> None:
-        """The exp/log unit: ``N`` float32 arguments at SRC to their exps at DST (the simulator's
-        exp model); the M4F, polling CTRL, waits the pipeline's fill and one result per
-        ``exp_unit_cycles``."""
-        from ..program.ops.elementwise import exp_f32
+        """The exp/log unit: ``N`` float32 arguments at SRC to their exps (FUNC
+        :data:`~.memory_map.EXP_FUNC_EXP`) or natural logs (:data:`~.memory_map.EXP_FUNC_LOG`)
+        at DST (the simulator's exp and log models); the M4F, polling CTRL, waits the
+        pipeline's fill and one result per ``exp_unit_cycles``."""
+        from ..program.ops.elementwise import exp_f32, log_f32
         n = self.exp["N"]
-        if self.exp["FUNC"] != EXP_FUNC_EXP:
+        funcs = {EXP_FUNC_EXP: exp_f32, EXP_FUNC_LOG: log_f32}
+        if self.exp["FUNC"] not in funcs:
             pc = self.uc.reg_read(UC_ARM_REG_PC)
-            raise IssFault(self.pe, self.name, pc, f"exp/log unit function {self.exp['FUNC']} is not modelled (exp: {EXP_FUNC_EXP})")
+            raise IssFault(self.pe, self.name, pc, f"exp/log unit function {self.exp['FUNC']} is not modelled "
+                                                   f"(exp: {EXP_FUNC_EXP}, log: {EXP_FUNC_LOG})")
         x = np.frombuffer(self.read(self.exp["SRC"], 4 * n), dtype=np.float32)
-        self.write(self.exp["DST"], exp_f32(x).tobytes())
+        self.write(self.exp["DST"], funcs[self.exp["FUNC"]](x).tobytes())
         self.stall += self.exp_latency + n * self.exp_rate
 
     def _dma_read(self, uc, offset, size, data):

@@ -115,6 +115,15 @@ Kernels (the ``spec`` of :func:`kernel_object`):
   the row's offset (``rows[k] * row_bytes``) is added to the descriptor's source and the DMA
   engine copies the run into the tile; args ``idx, rows, err, n, extent, mode, seg, nseg,
   row_bytes``.
+- ``("cross_entropy",)``: the per-row loss ``log(s) - (z[t] - m)`` of logits ``x`` with int32
+  labels ``lab`` (:func:`tvm_spinn.program.ops.loss.cross_entropy_rows`) in three phases over a
+  row's chunks, the statistics chained in ``st`` (4 per row): 0 and 1 as ``softmax``'s (the
+  max into ``st[4r]``; ``x - max`` and its exps in ``y``, their sequential sum into ``st[4r +
+  1]``); 2, where the chunk (first column ``c0``) holds the row's label, ``z[t] - max`` into
+  ``st[4r + 2]``, and on the row's last chunk (``flags`` bit 1) the sums' logs in one stream
+  through the exp/log unit (the runtime's ``pe_log``) and ``out[r] = log(s) - st[4r + 2]``
+  (+0.0 where the label is ``ignore``); args ``x, y, st, lab, out, rows, cols, phase, flags,
+  c0, ignore``.
 - ``("unary", act)``: ``gelu`` (erf by Abramowitz-Stegun 7.1.26), ``gelu_tanh``, ``sigmoid``,
   ``tanh``, in the simulator's operation order, in two passes around one stream of exp
   arguments through the exp/log unit (``y`` holds the arguments, then their exps); ``negative`` (the sign
@@ -1138,6 +1147,61 @@ def _take():
 
 
 _BUILDERS = {"take": _take, "unary": _unary, "softmax": _softmax, "layer_norm": _layer_norm, "rms_norm": _rms_norm, "mean": _mean, "mean_tflite": _mean_tflite, "softmax_tflite": _softmax_tflite, "pool": _pool, "quantize": _quantize, "dequantize": _dequantize, "dma": _dma, "binary": _binary, "relu": _relu_kernel, "clip": _clip_kernel, "where_less": _where_less, "rope": _rope, "gemm_f32": _gemm_f32, "gemm_i8": _gemm_i8}
+
+
+
+@T.macro
+def _log_unit(src, dst, n):
+    """``dst[0:n] = log(src[0:n])`` on the exp/log unit (the runtime's driver ``pe_log``; the
+    unit computes the simulator's log model, see :mod:`.iss`). ``src`` may equal ``dst``."""
+    T.evaluate(T.call_extern("int32", "pe_log", src, dst, n))
+
+
+def _cross_entropy():
+    """The per-row cross-entropy (see the module docstring): phases 0 and 1 are the softmax
+    kernel's (the same TIR, so the same max and sum of exps), phase 2 picks the label's
+    ``z[t] - max`` and, on the row's last chunk, finishes ``log(sum) - (z[t] - max)``."""
+    @T.prim_func
+    def kernel(x: T.handle("float32"), y: T.handle("float32"), st: T.handle("float32"), lab: T.handle("int32"),
+               out: T.handle("float32"), rows: T.int32, cols: T.int32, phase: T.int32, flags: T.int32,
+               c0: T.int32, ignore: T.int32):
+        T.func_attr({"tir.noalias": True, "calling_conv": 0})
+        X = T.decl_buffer((rows * cols,), "float32", data=x)
+        Y = T.decl_buffer((rows * cols,), "float32", data=y)
+        S = T.decl_buffer((4 * rows,), "float32", data=st)
+        L = T.decl_buffer((rows,), "int32", data=lab)
+        O = T.decl_buffer((rows,), "float32", data=out)
+        acc = T.decl_buffer((1,), "float32", scope="local")
+        for r in range(rows):
+            if phase == 0:
+                acc[0] = T.if_then_else(flags & 1 != 0, -_INF, S[4 * r])
+                for j in range(cols):
+                    if T.Not(T.isnan(acc[0])):  # the row's first NaN is its max
+                        if T.isnan(X[r * cols + j]) or X[r * cols + j] > acc[0]:
+                            acc[0] = X[r * cols + j]
+                S[4 * r] = acc[0]
+            elif phase == 1:
+                for j in range(cols):
+                    Y[r * cols + j] = X[r * cols + j] - S[4 * r]
+            elif L[r] != ignore and L[r] >= c0 and L[r] < c0 + cols:  # the label's logit in this chunk
+                S[4 * r + 2] = X[r * cols + L[r] - c0] - S[4 * r]
+        if phase == 1:  # the exps of the whole chunk in one stream, then each row's sum
+            _exp_unit(T.address_of(Y[0]), T.address_of(Y[0]), rows * cols)
+            for r in range(rows):
+                acc[0] = T.if_then_else(flags & 1 != 0, _ZERO, S[4 * r + 1])
+                for j in range(cols):
+                    acc[0] = acc[0] + Y[r * cols + j]
+                S[4 * r + 1] = acc[0]
+        if phase == 2 and flags & 2 != 0:  # the rows' sums in one stream through the log
+            for r in range(rows):
+                Y[r] = S[4 * r + 1]
+            _log_unit(T.address_of(Y[0]), T.address_of(Y[0]), rows)
+            for r in range(rows):
+                O[r] = T.if_then_else(L[r] == ignore, _ZERO, Y[r] - S[4 * r + 2])
+    return kernel
+
+
+_BUILDERS["cross_entropy"] = _cross_entropy
 
 
 def kernel_func(spec: tuple) -> "tvm.tirx.PrimFunc":

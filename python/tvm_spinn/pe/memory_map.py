@@ -12,7 +12,7 @@ from __future__ import annotations
 __all__ = [
     "SRAM_BASE", "SRAM_BYTES", "STACK_BYTES", "STACK_TOP", "JOB_ADDR", "JOB_WORDS", "ARENA_END",
     "MAC_BASE", "MAC_REGS", "MAC_BYTES", "MAC_START", "ARENA_ALIGN",
-    "EXP_BASE", "EXP_REGS", "EXP_BYTES", "EXP_START", "EXP_FUNC_EXP",
+    "EXP_BASE", "EXP_REGS", "EXP_BYTES", "EXP_START", "EXP_FUNC_EXP", "EXP_FUNC_LOG",
     "DMA_BASE", "DMA_REGS", "DMA_BYTES", "DMA_START", "DMA_DESC_WORDS", "DMA_EB_MASK", "DMA_SCATTER", "REMOTE_BASE",
 ]
 
@@ -52,11 +52,16 @@ MAC_START = 1
 #: charges (``SpinnArch.exp_unit_cycles`` an element after ``exp_unit_latency_cycles``).
 EXP_BASE = 0x4000_1000
 EXP_BYTES = 0x1000
-#: Word offsets (assumption): SRC, DST, N, FUNC (:data:`EXP_FUNC_EXP`; the unit's log is used by
-#: no layer kind, so it is not modelled), CTRL (write 1: run; reads 0 when done).
+#: Word offsets (assumption): SRC, DST, N, FUNC (:data:`EXP_FUNC_EXP` or :data:`EXP_FUNC_LOG`),
+#: CTRL (write 1: run; reads 0 when done).
 EXP_REGS = {"SRC": 0x00, "DST": 0x04, "N": 0x08, "FUNC": 0x0C, "CTRL": 0x10}
 EXP_START = 1
 EXP_FUNC_EXP = 0
+#: The unit's natural log (the published unit computes exp and log: Mikaitis et al., ARITH 2018;
+#: the FUNC code and the log's pipeline timing, the same latency and rate as exp's, are
+#: assumptions). Its results are the simulator's log model
+#: (:func:`tvm_spinn.program.ops.elementwise.log_f32`).
+EXP_FUNC_LOG = 1
 
 #: The DMA engine's register block (assumption: address and layout are this package's). One
 #: transfer is a strided descriptor: ``EB``-byte elements read at ``SRC + i3*S3 + i2*S2 + i1*S1

@@ -66,6 +66,12 @@ def layer_role(program, index: int) -> tuple:
         return ("quantize", view.tensor_dtype(program, view.layer_output(program, index)))
     if kind == "dequantize":
         return ("dequantize", view.tensor_dtype(program, view.layer_inputs(program, index)[0]))
+    if kind == "cross_entropy" and mode == "fp32":
+        z, t = view.layer_inputs(program, index)
+        if (view.tensor_dtype(program, z), view.tensor_dtype(program, t),
+                view.tensor_dtype(program, view.layer_output(program, index))) != ("float32", "int32", "float32"):
+            _fail(program, index, "cross_entropy with logits and loss that are not float32 or labels not int32")
+        return ("cross_entropy",)
     if mode == "fp32":
         if not _float_operands(program, index):
             _fail(program, index, "fp32 layer with operands that are not float32")
@@ -88,7 +94,7 @@ def layer_role(program, index: int) -> tuple:
         _fail(program, index, "no PE kernel for this fp32 kind yet (generated: add, subtract, multiply, "
                               "divide, relu, clip, where_less, rope, gelu, gelu_tanh, sigmoid, tanh, negative, sqrt, "
                               "rsqrt, power 2 and 3, dense, matmul, conv2d, softmax, layer_norm, "
-                              "rms_norm, data movement)")
+                              "rms_norm, cross_entropy, data movement)")
     if mode == "int8":
         if kind not in GEMM_F32_KINDS:
             _fail(program, index, "no PE kernel for this int8 kind yet (generated: dense, matmul, conv2d, "

@@ -1,5 +1,5 @@
 """The PE runtime linked into every image: start-up, the job loop, the MAC array's (start and wait),
-the exp/log unit's and the DMA engine's drivers and the
+the exp/log unit's (exp and log) and the DMA engine's drivers and the
 C library routines LLVM's code may call (``memset``, ``memcpy``).
 
 Written in C and compiled for the Cortex-M4F by the clang that the ``ziglang`` wheel ships
@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 
-from .memory_map import (DMA_BASE, DMA_DESC_WORDS, DMA_REGS, DMA_START, EXP_BASE, EXP_FUNC_EXP, EXP_REGS,
+from .memory_map import (DMA_BASE, DMA_DESC_WORDS, DMA_REGS, DMA_START, EXP_BASE, EXP_FUNC_EXP, EXP_FUNC_LOG, EXP_REGS,
                          EXP_START, JOB_ADDR, JOB_WORDS, MAC_BASE, MAC_REGS, MAC_START, STACK_TOP)
 
 __all__ = ["RUNTIME_C", "CC_FLAGS", "runtime_object", "zig"]
@@ -80,6 +80,17 @@ i32 pe_exp(const float *x, float *y, i32 n) {{
     EXPU({EXP_REGS["DST"]:#x}) = (u32)y;
     EXPU({EXP_REGS["N"]:#x}) = (u32)n;
     EXPU({EXP_REGS["FUNC"]:#x}) = {EXP_FUNC_EXP}u;
+    EXPU({EXP_REGS["CTRL"]:#x}) = {EXP_START}u;
+    while (EXPU({EXP_REGS["CTRL"]:#x}) != 0u) {{ }}
+    return 0;
+}}
+
+/* exp/log unit driver: y[i] = log(x[i]) for n float32 (y may be x). */
+i32 pe_log(const float *x, float *y, i32 n) {{
+    EXPU({EXP_REGS["SRC"]:#x}) = (u32)x;
+    EXPU({EXP_REGS["DST"]:#x}) = (u32)y;
+    EXPU({EXP_REGS["N"]:#x}) = (u32)n;
+    EXPU({EXP_REGS["FUNC"]:#x}) = {EXP_FUNC_LOG}u;
     EXPU({EXP_REGS["CTRL"]:#x}) = {EXP_START}u;
     while (EXPU({EXP_REGS["CTRL"]:#x}) != 0u) {{ }}
     return 0;

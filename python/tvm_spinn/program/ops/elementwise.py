@@ -35,7 +35,7 @@ from .base import FlatFamily, register
 from .m4f import Mix, pass_cycles
 from .sharding import PointwiseRule
 
-__all__ = ["Elementwise", "Select", "binary", "relu", "relu_owned", "unary", "clip_fast", "exp_f32", "tanh_f32", "BINARY", "UNARY", "TRANSCENDENTAL"]
+__all__ = ["Elementwise", "Select", "binary", "relu", "relu_owned", "unary", "clip_fast", "exp_f32", "log_f32", "tanh_f32", "BINARY", "UNARY", "TRANSCENDENTAL"]
 
 _F32 = np.float32
 _ZERO = _F32(0)
@@ -137,6 +137,13 @@ def exp_f32(x) -> np.ndarray:
     < 1 ulp, the same bits on every host; numpy's float32 ``exp`` differs between its SIMD
     levels)."""
     return _unit("tvm_spinn.sim.exp_f32", x)
+
+
+def log_f32(x) -> np.ndarray:
+    """The exp/log unit's natural ``log`` on float32 (``tvm_spinn.sim.log_f32``: Cephes logf as
+    one fixed sequence of float32 operations, within 1 ulp, the same bits on every host; the
+    cross-entropy's log and the instruction-set simulator's unit compute it)."""
+    return _unit("tvm_spinn.sim.log_f32", x)
 
 
 def tanh_f32(x) -> np.ndarray:
