@@ -31,6 +31,10 @@ out); a second line gives the M4F's share alone (model and executed) and what th
 charges the layer. A third table runs the int8 kernel directly on larger tiles (several column
 blocks, several reduction chunks) and prints the array's cycles, the M4F's, their sum (no
 overlap), their maximum (full overlap) and the executed pipeline.
+The ``cross_entropy`` rows (the per-row loss; its cost model, :func:`tvm_spinn.program.ops.loss.cross_entropy_tile_cycles`,
+is the softmax kernel's counted phases plus the label and log phase counted at one-job runs of
+1 and 9 rows of 5 columns: every row is held out) reach rows of one resident row per PE (3,500
+classes) and rows streamed through the PE in chunks (5,000 and GPT-2's 50,257).
 A fourth table runs the fp32 row kernels (softmax, layer_norm, rms_norm, mean) directly on one
 whole-row tile of rows from 1 to 250 columns (the row kernels' cost model was counted at rows of 1
 and 2 rows of 1 to 8 columns: every shape here is held out).
@@ -101,6 +105,23 @@ def _qdq_module(op: str, shape, axis: "int | None" = -1):
             out = bb.emit_output(y)
         bb.emit_func_output(out)
     return bb.get()
+
+
+def _ce_case(rows: int, classes: int):
+    """``nll_loss(log_softmax(2 z), t, reduction="none")`` (the ``cross_entropy`` layer after an
+    element-wise one) on logits ``[rows, classes]`` and int32 labels, every fifth ignored."""
+    bb = relax.BlockBuilder()
+    z = relax.Var("z", relax.TensorType([rows, classes], "float32"))
+    t = relax.Var("t", relax.TensorType([rows], "int32"))
+    with bb.function("main", [z, t]):
+        with bb.dataflow():
+            lsm = bb.emit(relax.op.nn.log_softmax(bb.emit(relax.op.multiply(z, relax.const(np.float32(2.0))))))
+            out = bb.emit_output(bb.emit(relax.op.nn.nll_loss(lsm, t, reduction="none", ignore_index=-100)))
+        bb.emit_func_output(out)
+    rng = np.random.default_rng(rows * classes)
+    labels = rng.integers(0, classes, rows).astype(np.int32)
+    labels[::5] = -100
+    return bb.get(), [rng_inputs((rows, classes), "float32"), labels]
 
 
 def _rotary(x, cos, sin):
@@ -180,6 +201,8 @@ def _cases():
     yield "quantize 64x96 rows", (_qdq_module("quantize", (64, 96), 0), [rng_inputs((64, 96), "float32")])
     yield "quantize 64x96 tensor", (_qdq_module("quantize", (64, 96), None), [rng_inputs((64, 96), "float32")])
     yield "dequantize 64x96", (_qdq_module("dequantize", (64, 96)), [rng_inputs((64, 96), "int8")])
+    for rows, classes in ((64, 96), (31, 77), (200, 10), (8, 1000), (2, 3500), (3, 5000), (2, 50257)):
+        yield f"cross_entropy {rows}x{classes}", _ce_case(rows, classes)
     from test_int8 import qgemm_module
     rng = np.random.default_rng(0)
     x = rng.integers(-128, 128, size=(32, 256)).astype("int8")
@@ -542,6 +565,8 @@ def main() -> None:
         if kind in ("dense", "matmul", "conv2d"):
             g = gemm_view(program, index)
             units, unit = g.batch * g.m * g.n * g.k, "MAC"
+        elif kind == "cross_entropy":  # a loss per row: per logit
+            units, unit = int(np.prod(tensor_shape(program, program.layers[index].inputs[0]))), "logit"
         else:
             units, unit = int(np.prod(tensor_shape(program, layer_output(program, index)))), "elem"
         err, err_cal = (modelled - executed) / executed, (recal - executed) / executed

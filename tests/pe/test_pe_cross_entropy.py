@@ -121,7 +121,15 @@ def test_cross_entropy_iss_bits_equal_the_simulators(rows, classes, scale):
     t = rng.integers(0, classes, rows).astype(np.int32)
     t[::5] = -100
     record = _assert_same(z, t)
-    assert {r.layer for r in record} == {0} and sum(r.cycles for r in record) > 0
+    assert {r.layer for r in record} == {0}
+    _assert_cycles(record)
+
+
+def _assert_cycles(record):
+    """The timing model's tile costs (:func:`~tvm_spinn.program.ops.loss.cross_entropy_tile_cycles`)
+    within 10% of the executed cycles, tile by tile (none of these shapes was counted)."""
+    for r in record:
+        assert abs(r.modelled - r.cycles) <= 0.10 * r.cycles, (r.tile, r.modelled, r.cycles)
 
 
 def test_cross_entropy_iss_edge_values():
@@ -157,6 +165,7 @@ def test_a_vocabulary_row_streams_through_its_pe_in_chunks():
     z[1, 40000] = 30.0  # the max in a late chunk
     record = _assert_same(z, np.array([50256, 3], np.int32))
     assert len(record) == 2  # one row per tile
+    _assert_cycles(record)
 
 
 def test_bad_labels_and_dtypes_are_named():

@@ -22,9 +22,11 @@ copies its run of the result (:class:`~.base.ComputedFlat`), and a split over ch
 whole (:class:`LossSharding`). Labels must lie in ``[0, classes)`` (or equal ``ignore_index``
 in the forward): anything else is a ValueError naming the label and the row.
 
-The cost: per element of the logits a subtract, the exp model, a compare (the max) and an add
-(the sum), plus the log per row (forward) or a divide, a subtract and a divide per element
-(backward). A row is whole on one PE: rows that fit the working SRAM stay resident (the row of
+The cost: the forward is its PE kernel as executed (:func:`cross_entropy_tile_cycles`: the
+softmax kernel's max and exp-sum passes, the exps and the rows' logs streamed through the exp/log
+unit, the label's logit and the loss per row, counted instructions priced by the Cortex-M4 TRM);
+the backward per element of the logits a subtract, the exp model, a compare (the max) and an
+add (the sum), then a divide, a subtract and a divide. A row is whole on one PE: rows that fit the working SRAM stay resident (the row of
 logits in, and out for the backward, double-buffered), each read once; a longer row (a
 language model's vocabulary: GPT-2's 50,257 logits are 201 KB) is streamed through the PE in
 chunks of :data:`STREAM_CHUNK` logits, once for the max and once for the sum (and once more
@@ -42,9 +44,11 @@ from ..checks import check_int, check_num, fail
 from ..model import Layer
 from . import native
 from .base import ComputedFlat, ceil_div, register, working_budget
+from .m4f import Mix
 from .sharding import REPLICATE, ShardDecision, ShardingRule, shard
 
-__all__ = ["CrossEntropy", "cross_entropy_rows", "cross_entropy_grad", "LossSharding"]
+__all__ = ["CrossEntropy", "cross_entropy_rows", "cross_entropy_grad", "cross_entropy_tile_cycles", "CE_CODE",
+           "LossSharding"]
 
 _F32 = np.float32
 #: M4F operations per logit of the forward (subtract, exp model ~12 operations, compare, add)
@@ -78,6 +82,76 @@ def cross_entropy_grad(z: np.ndarray, labels: np.ndarray, divisor: float) -> np.
     _lib._func("tvm_spinn.sim.cross_entropy_grad_f32")(_lib._input(np.ascontiguousarray(z, dtype=_F32)),
                                                         _labels(labels), float(divisor), out, 0)
     return out
+
+
+#: The ``cross_entropy`` PE kernel (:mod:`tvm_spinn.pe.kernels`) as it executes beyond the
+#: ``softmax`` kernel's phases 0 and 1 (the max; ``x - max``, the exps' stream and their sum:
+#: the same TIR, priced by :data:`~.rows.ROW_CODE`), by instruction class, priced by
+#: :func:`~.m4f.mix_cycles`. Counted on its executed blocks: per row, the difference of the
+#: counts of one-job runs of 9 rows and of 1 row over 8 (the row loops are unrolled, so a
+#: component may hold a fraction or a negative count); per job, the 1-row run less its row and
+#: the run's start-up (:data:`~.rows.ROW_RUN`). ``args``: per job of phase 0 or 1, what the
+#: kernel's four more arguments cost over softmax's (their loads from the stack). Phase 2:
+#: ``label_job`` and ``label_row`` (the label's logit ``z[t] - max`` picked in the chunk that
+#: holds it), ``other_row`` (a chunk without the label: the range test only), ``finish_job``
+#: and ``finish_row`` (the row's last chunk: the pick, the sums copied into one stream through
+#: the exp/log unit's log, the loss written).
+CE_CODE = {
+    "args": Mix(loads=4.0, paired=6.0, alu=-2.5, branches=1.5),
+    "label_job": Mix(loads=24.5, paired=38.875, alu=20.0, branches=8.125),
+    "label_row": Mix(loads=3.5, paired=2.125, fpu=1.0, alu=11.0, branches=-0.125),
+    "other_row": Mix(loads=2.5, paired=0.125, alu=8.25, branches=0.875),
+    "finish_job": Mix(loads=34.125, paired=45.125, fpu=-1.0, alu=36.75, branches=13.75),
+    "finish_row": Mix(loads=6.875, paired=4.875, fpu=3.0, alu=18.25, branches=0.25),
+}
+
+
+def cross_entropy_tile_cycles(rows, classes: int, arch) -> np.ndarray:
+    """M4F cycles of ``cross_entropy`` tiles of ``rows`` whole rows of ``classes`` logits (an int
+    array, one entry per tile), as the PE kernel runs them: a row that fits the working SRAM
+    in one run of the three phases; a longer row streamed through the PE in chunks of
+    :data:`STREAM_CHUNK` logits, one run per chunk for the max and one for the exps' sum and the
+    label (the label charged in the last chunk, the others testing it only). The waits on the
+    exp/log unit are included (``exp_unit_latency_cycles`` to a stream's first result, then
+    ``exp_unit_cycles`` per element: the chunk's exps, then the rows' logs).
+
+    Parameters
+    ----------
+    rows : numpy.ndarray
+        Rows of each tile (int64).
+    classes : int
+        Logits per row.
+    arch : SpinnArch
+        The TRM's prices and the exp/log unit's rate.
+
+    Returns
+    -------
+    numpy.ndarray
+        M4F cycles (float64).
+    """
+    from .m4f import mix_cycles
+    from .rows import ROW_CODE, ROW_RUN
+    rows = np.asarray(rows, dtype=np.int64)
+    max_pass, exp_pass = ROW_CODE["softmax"][:2]
+    price = {k: mix_cycles(v, arch) for k, v in CE_CODE.items()}
+    run = mix_cycles(ROW_RUN, arch)
+
+    def stream(n):
+        return arch.exp_unit_latency_cycles + n * arch.exp_unit_cycles
+
+    def chunk(width, last):
+        stats = (max_pass.cycles(rows, width, arch) + exp_pass.cycles(rows, width, arch) + 2 * price["args"]
+                 + stream(rows * width))
+        if last:
+            return stats + price["finish_job"] + rows * price["finish_row"] + stream(rows)
+        return stats + price["label_job"] + rows * price["other_row"]
+
+    if _row_bytes(classes) <= working_budget(arch):
+        return np.asarray(run + chunk(classes, True), dtype=np.float64)
+    full, rest = divmod(classes, STREAM_CHUNK)
+    widths = [STREAM_CHUNK] * full + ([rest] if rest else [])
+    cycles = 2 * len(widths) * run + (len(widths) - 1) * chunk(STREAM_CHUNK, False) + chunk(widths[-1], True)
+    return np.asarray(cycles, dtype=np.float64)
 
 
 class CrossEntropy(ComputedFlat):
@@ -213,7 +287,7 @@ class CrossEntropy(ComputedFlat):
         logits = rows * classes
         c = arch.m4f_elementwise_cycles
         if layer.kind == "cross_entropy":
-            cycles = np.ceil(c * (logits * _FORWARD_OPS + rows * _LOG_OPS))
+            cycles = np.ceil(cross_entropy_tile_cycles(rows, classes, arch))
             out_bytes = 4 * rows
         else:
             cycles = np.ceil(c * logits * _BACKWARD_OPS)
