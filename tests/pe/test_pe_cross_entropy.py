@@ -180,3 +180,33 @@ def test_bad_labels_and_dtypes_are_named():
                                              *good.tensors[2:]))
     with pytest.raises(PeCodegenError, match=r"loss0 \(cross_entropy\).*labels not int32"):
         layer_role(bad, 0)
+
+
+def test_firmware_of_a_loss_program_is_exported_and_loads(tmp_path):
+    """export_firmware writes the cross_entropy role's image, which load_firmware accepts and
+    whose bytes are the role's image."""
+    from tvm_spinn.pe import load_firmware
+    from tvm_spinn.pe.firmware import export_firmware
+    from tvm_spinn.pe.images import role_image
+
+    fw = export_firmware([_program(6, 40)], tmp_path / "fw")
+    loaded = load_firmware(tmp_path / "fw")
+    assert loaded is not None and fw is not None
+    elfs = sorted(p.name for p in (tmp_path / "fw").rglob("*.elf"))
+    assert any("cross_entropy" in name for name in elfs), elfs
+    (path,) = [p for p in (tmp_path / "fw").rglob("*.elf") if "cross_entropy" in p.name]
+    assert path.read_bytes() == role_image(("cross_entropy",)).elf
+
+
+@pytest.mark.slow
+def test_cross_entropy_image_bytes_identical_across_processes():
+    import subprocess
+    import sys
+
+    from tvm_spinn.pe.images import role_image
+
+    here = role_image(("cross_entropy",)).sha256
+    code = "from tvm_spinn.pe.images import role_image; print(role_image(('cross_entropy',)).sha256)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-1] == here
