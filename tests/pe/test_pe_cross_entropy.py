@@ -166,6 +166,12 @@ def test_a_vocabulary_row_streams_through_its_pe_in_chunks():
     record = _assert_same(z, np.array([50256, 3], np.int32))
     assert len(record) == 2  # one row per tile
     _assert_cycles(record)
+    # streamed rows with a NaN, an infinity and the label in later chunks, and an ignored row
+    z = (2 * rng.standard_normal((4, 5000))).astype(_F32)
+    z[0, 4000] = np.uint32(0x7FC00042).view(_F32)
+    z[1, 2500] = np.inf
+    z[3, :] = -np.inf
+    _assert_same(z, np.array([4999, 2500, -100, 1024], np.int32))
 
 
 def test_bad_labels_and_dtypes_are_named():
