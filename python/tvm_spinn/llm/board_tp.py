@@ -906,7 +906,8 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     groups' boards do not hold every user's KV cache (:func:`group_caches`) is left out, its
     reason in ``refused``. ``reduce``: the all-reduces' wire type
     (:data:`tvm_spinn.llm.plan.REDUCE_BYTES`: ``int32``, the GEMMs' accumulators, or their
-    dequantized sums narrowed to ``fp16`` / ``bf16``). ``floors``, where given, receives each
+    dequantized sums narrowed to ``fp16`` / ``bf16`` / ``int8`` on the fixed schedule of
+    :mod:`tvm_spinn.llm.wire`). ``floors``, where given, receives each
     degree's bound on its token (boards a block -> seconds) for the degrees ranked for mapping."""
     from ..timing.collectives import (board_group_all_reduce, multipath_point_to_point, point_to_point,
                                       sliced_hand_over)
