@@ -23,8 +23,8 @@ Three parts, each printed as one table from one run:
   bound's ratio (a diagnostic: it moves with the plan) and the planning time; with
   ``--int8-handover`` each multi-board row planned again with int8 hand-overs, printed below it;
   each int8 row of three boards or more planned again with its all-reduces across boards
-  narrowed (``--compare-reduce``, fp16 by default; ``--reduce`` sets the rows' own wire, int32 by
-  default: the model's bits), printed below it, with the narrowed wire's accuracy cost against
+  narrowed (``--compare-reduce``, fp16 and int8 by default; ``--reduce`` sets the rows' own wire, int32 by
+  default: the model's bits), printed below it, with each narrowed wire's accuracy cost against
   fp32 logits on the small random-weight Llama and GPT-2 (``tvm_spinn.llm.accuracy.reduce_rounding``);
   over several board counts, tokens/s per user with the boards each plan uses and its
   efficiency; a plot of tokens/s per user against boards, the physical bound dotted (``--plot``,
@@ -248,10 +248,11 @@ def part_plan(args) -> list[dict]:
                 if args.int8_handover and args.handover != "int8" and boards > 1:
                     row["int8_handover"] = plan(str(configs / f"{name}.json"), target=target, batch=args.batch,
                                                 seq=seq, dtype=dtype, handover="int8")
-                if args.compare_reduce not in ("none", args.reduce) and boards >= 3 and dtype == "int8":
-                    row["narrow_reduce"] = plan(str(configs / f"{name}.json"), target=target, batch=args.batch,
-                                                seq=seq, dtype=dtype, handover=args.handover,
-                                                reduce=args.compare_reduce)
+                wires = [w for w in args.compare_reduce if w not in ("none", args.reduce)]
+                if wires and boards >= 3 and dtype == "int8":
+                    row["narrow_reduce"] = {w: plan(str(configs / f"{name}.json"), target=target, batch=args.batch,
+                                                    seq=seq, dtype=dtype, handover=args.handover, reduce=w)
+                                            for w in wires}
                 rows.append(row)
                 print(f"{name:<13}{system:<10}{dtype:<6}{1e3 / p.tokens_per_s_per_user:>10.3f}"
                       f"{p.physical_bound_s * 1e3:>10.4g}{p.physical_bound['binding']:>14}{p.efficiency:>8.4f}"
@@ -266,10 +267,9 @@ def part_plan(args) -> list[dict]:
                     print(f"{'':<13}{'':<10}{'':<6}{1e3 / q.tokens_per_s_per_user:>10.3f}{'':>10}{'':>14}"
                           f"{q.efficiency:>8.4f}{q.tokens_per_s_per_user:>11.3f}  (int8 hand-overs: "
                           f"{_placement(q)}, {math.ceil(q.chips_used / 48)} boards)")
-                if "narrow_reduce" in row:
-                    q = row["narrow_reduce"]
+                for w, q in row.get("narrow_reduce", {}).items():
                     print(f"{'':<13}{'':<10}{'':<6}{1e3 / q.tokens_per_s_per_user:>10.3f}{'':>10}{'':>14}"
-                          f"{q.efficiency:>8.4f}{q.tokens_per_s_per_user:>11.3f}  ({args.compare_reduce} all-reduces "
+                          f"{q.efficiency:>8.4f}{q.tokens_per_s_per_user:>11.3f}  ({w} all-reduces "
                           f"across boards: {_placement(q)}, {math.ceil(q.chips_used / 48)} boards, "
                           f"{q.plan.get('board_all_reduces_decode_s', 0.0) * 1e3:.3f} ms of all-reduces a token "
                           f"against {p.plan.get('board_all_reduces_decode_s', 0.0) * 1e3:.3f}; TTFT {q.ttft_s:.2f} s)")
@@ -298,8 +298,8 @@ def part_plan(args) -> list[dict]:
                   + ", ".join(f"{b:g}: {t:.2f} ({u}, {e:.3f}" + (f", {h.tokens_per_s_per_user:.2f}" if h else "") + ")"
                               for b, t, u, e, h in pts)
                   + ("; never falls" if not falls else f"; falls from {falls[0][0]:g} to {falls[0][1]:g} boards"))
-    if any("narrow_reduce" in r for r in rows):
-        _reduce_accuracy(args.compare_reduce)
+    for w in sorted({w for r in rows for w in r.get("narrow_reduce", {})}):
+        _reduce_accuracy(w)
     _anchors(rows)
     return rows
 
@@ -519,11 +519,11 @@ def main() -> None:
     ap.add_argument("--int8-handover", action="store_true",
                     help="also plan each multi-board row with int8 hand-overs and print it below (accuracy cost: "
                          "bench/llm_accuracy.py)")
-    ap.add_argument("--reduce", default="int32", choices=("int32", "fp16", "bf16"),
+    ap.add_argument("--reduce", default="int32", choices=("int32", "fp16", "bf16", "int8"),
                     help="partial sums all-reduced across boards (int32 keeps the model's bits)")
-    ap.add_argument("--compare-reduce", default="fp16", choices=("fp16", "bf16", "none"),
-                    help="also plan each int8 row of 3+ boards with this all-reduce wire, printed below it with its "
-                         "accuracy cost vs fp32 (none: skip)")
+    ap.add_argument("--compare-reduce", nargs="+", default=["fp16", "int8"], choices=("fp16", "bf16", "int8", "none"),
+                    help="also plan each int8 row of 3+ boards with these all-reduce wires, each printed below it "
+                         "with its accuracy cost vs fp32 (none: skip)")
     ap.add_argument("--plan-dtypes", nargs="+", default=["int8"], choices=("fp32", "int8"))
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--seq", type=int, default=2048)

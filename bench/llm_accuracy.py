@@ -1,4 +1,4 @@
-"""Accuracy cost of int8 weights, of fp16 / int8 hand-overs and of fp16 / bf16 all-reduces on small GPT-2 and Llama models.
+"""Accuracy cost of int8 weights, of fp16 / int8 hand-overs and of fp16 / bf16 / int8 all-reduces on small GPT-2 and Llama models.
 
 Each row is measured against the same model in float32 (transformers, PyTorch) on the same
 tokens (:mod:`tvm_spinn.llm.accuracy`):
@@ -12,11 +12,12 @@ tokens (:mod:`tvm_spinn.llm.accuracy`):
   every block boundary (forward hooks), as a pipeline with one stage per block hands it over:
   fp16 round to nearest; int8 per-tensor symmetric, ``scale = max|x| / 127`` of the handed-over
   tensor. That is the most hand-overs any split makes; fewer stages round less often.
-* ``all-reduce fp16`` / ``all-reduce bf16``, over ``T`` boards: the float32 model with every
+* ``all-reduce fp16`` / ``bf16`` / ``int8``, over ``T`` boards: the float32 model with every
   block's attention output projection and MLP down projection summed over ``T`` boards' shares
-  of their K dimension as ``plan(..., reduce=...)`` times it: each board's partial sum rounded
-  to the wire type, added in fp32 in board order, the total rounded again
-  (:func:`tvm_spinn.llm.accuracy.reduce_rounding`). ``int32`` (the default) is exact.
+  of their K dimension as ``plan(..., reduce=...)`` times it: each board's partial sum narrowed
+  to the wire type (int8: per chunk of 64 elements with an fp32 scale), added in fp32 in board
+  order, the total narrowed again (:func:`tvm_spinn.llm.accuracy.reduce_rounding`,
+  :mod:`tvm_spinn.llm.wire`). ``int32`` (the default) is exact.
 
 Columns: logit error ``max|d| / max|ref|`` and ``mean|d| / mean|ref|`` on a fixed random token
 sequence; top-1 agreement at the positions that predict float32's greedy continuation of a random
@@ -100,7 +101,7 @@ def measure(family: str, batch: int, seq_len: int, prompt_len: int, new_tokens: 
         with handover_rounding(model, handover):
             rows.append(row(f"hand-over {handover}, every block", torch_logits(model, text)[:, lo:],
                             torch_logits(model, greedy_ids)[:, lo:]))
-    for reduce in ("fp16", "bf16"):
+    for reduce in ("fp16", "bf16", "int8"):
         for boards in reduce_boards:
             with reduce_rounding(model, reduce, boards):
                 rows.append(row(f"all-reduce {reduce}, {boards} boards", torch_logits(model, text)[:, lo:],

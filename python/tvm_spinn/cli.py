@@ -557,9 +557,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                                          "inference plans)")
     p.add_argument("--handover", default="fp32", choices=("fp32", "fp16", "int8"),
                    help="activations handed over between boards (fp32 keeps the model's bits; inference plans)")
-    p.add_argument("--reduce", default="int32", choices=("int32", "fp16", "bf16"),
+    p.add_argument("--reduce", default="int32", choices=("int32", "fp16", "bf16", "int8"),
                    help="partial sums all-reduced across the boards of a tensor-parallel block (int32 keeps the "
-                        "model's bits; fp16/bf16: dequantized and sent narrowed; inference plans)")
+                        "model's bits; fp16/bf16/int8: dequantized and sent narrowed, int8 in chunks of 64 "
+                        "elements with an fp32 scale each; inference plans)")
     p.add_argument("--patches", action="store_true",
                    help="also plan on every smaller patch of boards of the system and keep the fastest "
                         "(a plan may leave boards idle; slower to plan; inference plans)")

@@ -20,11 +20,13 @@ Three effects are measured on a transformers causal LM, each against the same mo
   the GEMMs that end its attention and its MLP (the attention's output projection: the heads;
   the MLP's down projection: the intermediate columns), so each board holds a partial sum of
   their output, all-reduced across the boards. :func:`reduce_rounding` emulates a narrowed
-  wire (``fp16`` or ``bf16``, round to nearest even) with PyTorch forward hooks: each board's
-  partial sum (its contiguous share of K, board ``j`` the ``j``-th) rounded to the wire type,
-  the ``T`` rounded sums added in fp32 in board order, the total rounded to the wire type again
-  (the reduced row travels on narrowed), then the bias added once. ``int32`` (the int8 GEMMs'
-  exact accumulators) is no rounding.
+  wire with PyTorch forward hooks, the roundings of the fixed schedule the plan times
+  (:mod:`tvm_spinn.llm.wire`): each board's partial sum (its contiguous share of K, board ``j``
+  the ``j``-th) narrowed once (:func:`narrow`: ``fp16`` or ``bf16`` round to nearest even,
+  ``int8`` per chunk of :data:`~tvm_spinn.llm.wire.INT8_CHUNK` elements of the row with an
+  fp32 scale each), the ``T`` narrowed sums widened and added in fp32 in board order (the
+  share's owner), the total narrowed once again (the reduced row travels on narrowed), then the
+  bias added once. ``int32`` (the int8 GEMMs' exact accumulators) is no rounding.
 
 Metrics (:class:`Accuracy`): the logits' relative error (``max|d| / max|ref|`` and
 ``mean|d| / mean|ref|`` over all positions and vocabulary entries), the share of positions whose
@@ -41,13 +43,13 @@ import numpy as np
 from .spec import LLMError
 
 __all__ = ["Accuracy", "HANDOVERS", "REDUCES", "round_fp16", "round_bf16", "round_int8", "handover_rounding",
-           "blocks_of", "split_gemms", "split_sum", "reduce_rounding", "torch_logits", "compiled_logits", "compare"]
+           "blocks_of", "split_gemms", "round_int8_chunks", "narrow", "split_sum", "reduce_rounding", "torch_logits", "compiled_logits", "compare"]
 
 #: Hand-over precisions :func:`handover_rounding` emulates (``fp32`` is no rounding)
 HANDOVERS = ("fp32", "fp16", "int8")
 #: Wire types of the all-reduces across boards :func:`reduce_rounding` emulates (``int32``: the
 #: exact sums, no rounding; :data:`tvm_spinn.llm.plan.REDUCE_BYTES`)
-REDUCES = ("int32", "fp16", "bf16")
+REDUCES = ("int32", "fp16", "bf16", "int8")
 
 
 def round_fp16(x):
@@ -79,7 +81,43 @@ def round_int8(x):
     return torch.clamp(torch.round(x / scale), -127, 127) * scale
 
 
+def round_int8_chunks(x, chunk: "int | None" = None):
+    """``x`` (a torch tensor, float32) through the int8 wire of the all-reduces and back
+    (:mod:`tvm_spinn.llm.wire`): the last axis (a row) cut into chunks of ``chunk`` elements
+    (default :data:`tvm_spinn.llm.wire.INT8_CHUNK`; the last chunk the rest), each chunk
+    ``s = max|x| / 127`` (fp32), ``q = clip(rint(x / s), -127, 127)`` (ties to even), read back
+    as ``q * s``; an all-zero chunk (``s = 0``) reads back as zeros.
+    """
+    import torch
+
+    from .wire import INT8_CHUNK
+
+    c = INT8_CHUNK if chunk is None else chunk
+    if isinstance(c, bool) or not isinstance(c, int) or c < 1:
+        raise LLMError(f"chunk must be a positive integer, got {chunk!r}")
+    n = x.shape[-1]
+    pad = (-n) % c
+    # zeros pad the last chunk: they change neither its max nor its elements' roundings
+    xp = torch.nn.functional.pad(x, (0, pad)) if pad else x
+    blocks = xp.reshape(*xp.shape[:-1], (n + pad) // c, c)
+    scale = blocks.detach().abs().amax(dim=-1, keepdim=True) / 127
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.clamp(torch.round(blocks / safe), -127, 127)
+    out = torch.where(scale > 0, q * scale, torch.zeros_like(blocks)).reshape(*xp.shape)
+    return out[..., :n] if pad else out
+
+
 _ROUND = {"fp16": round_fp16, "bf16": round_bf16, "int8": round_int8}
+#: The all-reduce wires' roundings (``int8``: per chunk, not the hand-overs' per tensor)
+_WIRE_ROUND = {"fp16": round_fp16, "bf16": round_bf16, "int8": round_int8_chunks}
+
+
+def narrow(x, wire: str):
+    """``x`` (a torch tensor) through the all-reduce ``wire`` (:data:`REDUCES`) and back: the
+    one rounding of a row each board sends or an owner sends on (``int32``: unchanged)."""
+    if wire not in REDUCES:
+        raise LLMError(f"reduce must be one of {list(REDUCES)}, got {wire!r}")
+    return _WIRE_ROUND[wire](x) if wire != "int32" else x
 
 
 def blocks_of(model) -> list:
@@ -159,8 +197,8 @@ def split_sum(x, weight, bias, boards: int, wire: str, k_major: bool = False):
 
     ``weight``: ``(out, K)`` (``torch.nn.Linear``) or, ``k_major``, ``(K, out)`` (transformers'
     ``Conv1D``). Board ``j`` holds columns ``j K / boards .. (j + 1) K / boards - 1`` of K; its
-    partial sum is rounded to ``wire`` (:data:`REDUCES`), the rounded sums added in fp32 in board
-    order, the total rounded to ``wire``, then ``bias`` (or None) added.
+    partial sum is narrowed to ``wire`` (:func:`narrow`), the narrowed sums added in fp32 in
+    board order, the total narrowed once, then ``bias`` (or None) added.
     """
     if wire not in REDUCES:
         raise LLMError(f"reduce must be one of {list(REDUCES)}, got {wire!r}")
@@ -168,7 +206,9 @@ def split_sum(x, weight, bias, boards: int, wire: str, k_major: bool = False):
     if isinstance(boards, bool) or not isinstance(boards, int) or boards < 1 or k % boards:
         raise LLMError(f"boards must be a positive integer dividing the GEMM's K={k}, got {boards!r}")
     w = weight if k_major else weight.t()
-    fn = _ROUND.get(wire, lambda t: t)
+    def fn(t):
+        return narrow(t, wire)
+
     step = k // boards
     total = None
     for j in range(boards):  # a fixed order: board 0 first

@@ -46,11 +46,12 @@ block than the slots spread over all the board's chips as the uncut program maps
 spends more on its softmax's and its context's sums over 48 chips).
 The all-reduced sums are the int8 GEMMs' int32 accumulators, exact in any order, so the tokens do
 not depend on ``g``; an fp32 model (``dtype="fp32"``) is not planned this way (its sums would
-need the bit-exact chain across boards). ``plan(..., reduce="fp16")`` (or ``"bf16"``) times
-them narrowed instead: each board dequantizes its partial sums with the GEMMs' scales and
-sends them as 2-byte floats, added in fp32 in a fixed order, the reduced row sent on as such
-(half the bytes on the board links; the tokens then depend on the rounding:
-:func:`tvm_spinn.llm.accuracy.reduce_rounding` measures it).
+need the bit-exact chain across boards). ``plan(..., reduce="fp16")`` (``"bf16"``, ``"int8"``)
+times them narrowed instead: each board dequantizes its partial sums with the GEMMs' scales and
+sends each share of the row narrowed straight to the board that owns it, which adds them in
+fp32 in board order and multicasts the narrowed sum (:mod:`tvm_spinn.llm.wire`: a fixed
+schedule, since narrow sums added along the trees would round again at every hop; the tokens
+then depend on the rounding: :func:`tvm_spinn.llm.accuracy.reduce_rounding` emulates it).
 
 The model's blocks are split into consecutive runs, one run per group; consecutive groups hand
 the hidden state over in slices: the group's last all-reduce stops after its reduce-scatter,
@@ -905,13 +906,15 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     groups' boards do not hold every user's KV cache (:func:`group_caches`) is left out, its
     reason in ``refused``. ``reduce``: the all-reduces' wire type
     (:data:`tvm_spinn.llm.plan.REDUCE_BYTES`: ``int32``, the GEMMs' accumulators, or their
-    dequantized sums narrowed to ``fp16`` / ``bf16``). ``floors``, where given, receives each
+    dequantized sums narrowed to ``fp16`` / ``bf16`` / ``int8`` on the fixed schedule of
+    :mod:`tvm_spinn.llm.wire`). ``floors``, where given, receives each
     degree's bound on its token (boards a block -> seconds) for the degrees ranked for mapping."""
     from ..timing.collectives import (board_group_all_reduce, multipath_point_to_point, point_to_point,
                                       sliced_hand_over)
     from ..timing.system import collective_cost
     P = importlib.import_module(".plan", __package__)
     from .describe import describe
+    from .wire import narrow_all_reduce
 
     from ..target.faults import whole_boards
 
@@ -924,8 +927,8 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     reduces_text = "one all-reduce" if reduces_per_block == 1 else "two all-reduces"
     wire = P.REDUCE_BYTES[reduce]  # bytes an element of the partial sums takes on the board links
     sums_text = ("int32 partial sums" if reduce == "int32" else
-                 f"{reduce} partial sums (each board's dequantized with the GEMMs' scales, added in fp32 "
-                 f"in a fixed order)")
+                 f"{reduce} partial sums (each board's dequantized with the GEMMs' scales, sent straight to "
+                 f"each share's owner, added there in fp32 in board order)")
     cpb, board, topo, board_topo, order, budget, torus = board_setting(arch)
     host = P._parts(P._meta_model(cfg, spec), spec, batch, seq)[0][2][1:]
     head_atoms = [a for i, d in enumerate(described["head"]) for a in P._atoms(i, d.program)]
@@ -972,9 +975,12 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         (:func:`fused_gathers`); the first is a bound on the second."""
         key = (tuple(lay[0]), fused)
         if key not in reduces:
-            reduces[key] = board_group_all_reduce(topo, [[int(c) + b * cpb for c in order] for b in lay[0]],
-                                                  hidden * wire, board_gather=fused, pipelined=True,
-                                                  fuse_gather=fused).seconds
+            grid = [[int(c) + b * cpb for c in order] for b in lay[0]]
+            if reduce == "int32":
+                reduces[key] = board_group_all_reduce(topo, grid, hidden * wire, board_gather=fused, pipelined=True,
+                                                      fuse_gather=fused).seconds
+            else:  # a narrow wire: the fixed schedule, its row delivered to every chip (:mod:`.wire`)
+                reduces[key] = narrow_all_reduce(topo, grid, hidden * wire).seconds
         return reduces[key]
 
     # each degree's layout: the one whose all-reduce is the cheapest of bands of two rows,

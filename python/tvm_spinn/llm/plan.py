@@ -93,6 +93,7 @@ import time
 from dataclasses import dataclass
 
 from .spec import MAX_DIM, LLMError, ModelSpec, check_plan_sizes, spec_of
+from .wire import WIRES
 
 __all__ = ["Plan", "plan", "DTYPES", "HANDOVER_BYTES", "REDUCE_BYTES", "TOKEN_BYTES"]
 
@@ -105,10 +106,13 @@ HANDOVER_BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
 #: Bytes per element of the partial sums a block tensor-parallel over boards all-reduces across
 #: them (the ``board_tp`` placement and the prompt's plan), per ``reduce`` option: ``int32``
 #: sends the int8 GEMMs' int32 accumulators, whose sum is exact in any order (the program's
-#: bits); ``fp16`` and ``bf16``: each board dequantizes its partial sums with the GEMM's scales
-#: and sends them narrowed, the sums added in fp32 in a fixed order and the reduced row sent on
-#: narrowed (the plan's timing only; the accuracy cost: :func:`tvm_spinn.llm.accuracy.reduce_rounding`)
-REDUCE_BYTES = {"int32": 4, "fp16": 2, "bf16": 2}
+#: bits), along the trees of :func:`tvm_spinn.timing.collectives.board_group_all_reduce`;
+#: ``fp16``, ``bf16`` and ``int8`` (chunks of :data:`tvm_spinn.llm.wire.INT8_CHUNK` elements,
+#: an fp32 scale each, counted): each board dequantizes its partial sums with the GEMM's scales
+#: and sends each share narrowed to its owner, which adds them in fp32 in board order and sends
+#: the sum on narrowed, on the fixed schedule of :mod:`tvm_spinn.llm.wire` (the plan's timing
+#: only; the accuracy cost: :func:`tvm_spinn.llm.accuracy.reduce_rounding`)
+REDUCE_BYTES = {"int32": 4, **WIRES}
 #: Bytes of one user's sampled token (an int32 id): what a decode step sends back to the first
 #: stage and out to the host
 TOKEN_BYTES = 4
@@ -430,9 +434,9 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
         The caller's memo of the placements searched on each system, shared by the calls given
         the same dict (keyed by config, request, system and mapping options; the records are a
         function of the key). None: this call's own.
-    reduce : {"int32", "fp16", "bf16"}
+    reduce : {"int32", "fp16", "bf16", "int8"}
         Element type of the partial sums a block tensor-parallel over boards all-reduces
-        across them (:data:`REDUCE_BYTES`): the ``board_tp`` placement's all-reduces and the
+        across them (:data:`REDUCE_BYTES`; the narrow wires: :mod:`tvm_spinn.llm.wire`): the ``board_tp`` placement's all-reduces and the
         prompt's plan's (the ``experts`` placement's stay int32); ``int32`` keeps the compiled
         model's bits. The kept record's description says the wire type, and a narrowed one is
         in ``plan["reduce"]`` (and ``plan["board_all_reduce_wire"]`` of a ``board_tp`` plan).

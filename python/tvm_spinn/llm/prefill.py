@@ -628,9 +628,10 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
         Hand-overs between one-board stages of a healthy system also take the edge-disjoint
         relay paths through neighbouring boards that no other hand-over uses (default), or only
         their chips' own routes (False).
-    reduce : {"int32", "fp16", "bf16"}
+    reduce : {"int32", "fp16", "bf16", "int8"}
         Element type of the partial sums a block tensor-parallel over boards all-reduces
-        across them (:data:`tvm_spinn.llm.plan.REDUCE_BYTES`; ``int32`` keeps the model's bits).
+        across them (:data:`tvm_spinn.llm.plan.REDUCE_BYTES`; ``int32`` keeps the model's bits;
+        the narrow wires: :mod:`tvm_spinn.llm.wire`).
     prune : bool
         Leave untimed a layout whose lower bound (a machine of its pipeline running every chunk
         between the first chunk's way there and the last one's way on) exceeds the best time
@@ -658,6 +659,7 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
     from ..mapping.planner import resident_capacity
     from . import board_tp
     from .spec import spec_of
+    from .wire import narrow_all_reduce
 
     P = _plan_module()
     cfg = P._config_dict(config)
@@ -1063,8 +1065,11 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
             reduce_s = 0.0
             if g > 1:
                 ranks = [[int(x) + b * cpb for x in ring] for b in groups[0]]
-                reduce_s = board_tp.block_all_reduces(spec) * board_all_reduce(
-                    topo, ranks, c * spec.hidden * P.REDUCE_BYTES[reduce]).seconds  # the partial sums' wire type
+                # the partial sums' wire type: int32 on the ring or tree, a narrow wire on its
+                # fixed schedule (:mod:`.wire`)
+                reduce_s = board_tp.block_all_reduces(spec) * (board_all_reduce(
+                    topo, ranks, c * spec.hidden * P.REDUCE_BYTES[reduce]) if reduce == "int32" else narrow_all_reduce(
+                    topo, ranks, c * spec.hidden * P.REDUCE_BYTES[reduce])).seconds
             c_best = math.inf
 
             def timed_layout(m: int, times: dict, ttft_only: bool = False,

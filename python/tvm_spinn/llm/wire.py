@@ -1,0 +1,117 @@
+"""The narrow wires of the all-reduces across boards: what each board sends, and its cost.
+
+A block tensor-parallel over a group of ``g`` boards all-reduces the partial sums of the GEMMs
+that end its attention and its MLP (:mod:`tvm_spinn.llm.board_tp`). By default the sums are the
+int8 GEMMs' int32 accumulators (``reduce="int32"``): integers, exact in any order, so they are
+added wherever they meet, in the trees of
+:func:`tvm_spinn.timing.collectives.board_group_all_reduce` (every board a tree passes through,
+the boards around the group included, adds what reaches it into its own partial sums and
+forwards the sum). A narrow wire (``fp16``, ``bf16``, ``int8``) cannot take those trees: a
+board that adds two narrow values and forwards the sum rounds it again, at every hop, and the
+result then depends on the trees the planner picked. The narrow wires therefore run one fixed
+schedule, whose roundings are the same whatever the topology:
+
+1. **reduce-scatter, direct**: the row (per user, ``hidden`` elements) is cut into ``g`` equal
+   shares, share ``b`` owned by the group's board ``b``. Every board dequantizes its int32
+   partial sums with the GEMM's scales (fp32) and sends share ``b``, narrowed, straight to
+   board ``b``: the routers on the way forward the packets and add nothing
+   (:func:`tvm_spinn.timing.collectives.board_all_to_all`, one step, each chip its slice to its
+   counterpart chip).
+2. **sum, on the owner**: board ``b`` widens the ``g`` narrowed shares (its own included) to
+   fp32, adds them in board order (board 0 first) and narrows the total once.
+3. **all-gather, multicast**: each owner multicasts its narrowed share to the group along the
+   trees of :func:`tvm_spinn.timing.collectives.board_group_scattered_all_reduce` (its
+   all-gather phase alone: copies, no arithmetic, so any tree gives the same bits), the
+   on-board all-gather riding on the multicast: every chip receives the whole reduced row.
+
+The element types (:data:`WIRES`, bytes an element in :data:`tvm_spinn.llm.plan.REDUCE_BYTES`):
+
+* ``fp16`` / ``bf16``: round to nearest even, 2 bytes an element.
+* ``int8``: the row cut into chunks of :data:`INT8_CHUNK` consecutive elements (a user's row
+  of ``hidden`` elements: chunk ``c`` holds elements ``c C .. c C + C - 1``, the last chunk
+  the rest), each chunk sent as ``C`` int8 values and one fp32 scale: ``s = max|x| / 127``
+  over the chunk, ``q = clip(rint(x / s), -127, 127)`` (ties to even), read back as ``q s``;
+  an all-zero chunk is sent with ``s = 0`` and reads back as zeros. ``1 + 4 / C`` bytes an
+  element (the scales counted), the owner's sum quantized the same way once, and the reduced
+  row travels on as int8 with its scales. A chunk's rounding error is at most ``s / 2`` an
+  element, so the sum's error is at most ``(s_0 + .. + s_{g-1} + S) / 2`` (``S`` the total's
+  scale) plus fp32's rounding of the ``g - 1`` additions.
+
+:func:`tvm_spinn.llm.accuracy.reduce_rounding` emulates exactly these roundings on a
+transformers model. The element-wise work (a chip quantizes its slice of the row, ``hidden /
+chips`` elements a board's chip, and the owner's ``g`` widenings and additions of its share's
+slice) is spread over the chips' processing elements and not charged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["INT8_CHUNK", "WIRES", "wire_bytes", "NarrowAllReduce", "narrow_all_reduce"]
+
+#: Elements of one int8 chunk of the wire, each chunk with its own fp32 scale (4 bytes): the
+#: scales add ``4 / INT8_CHUNK`` bytes an element
+INT8_CHUNK = 64
+#: The narrow wires' element types: bytes an element on the board links, the int8 chunks'
+#: scales included
+WIRES = {"fp16": 2.0, "bf16": 2.0, "int8": 1.0 + 4.0 / INT8_CHUNK}
+
+
+def wire_bytes(wire: str, elements: int) -> float:
+    """Bytes of ``elements`` consecutive elements of a row on the ``wire`` (:data:`WIRES`; an
+    int8 row of ``n`` elements carries ``ceil(n / INT8_CHUNK)`` scales, counted here as ``4 /
+    INT8_CHUNK`` bytes an element: exact where the chunk divides the row)."""
+    if wire not in WIRES:
+        raise ValueError(f"wire must be one of {sorted(WIRES)}, got {wire!r}")
+    return float(elements) * WIRES[wire]
+
+
+@dataclass(frozen=True)
+class NarrowAllReduce:
+    """The cost of one narrow all-reduce across a group of boards (:func:`narrow_all_reduce`):
+    ``seconds`` = ``scatter_s`` (the direct reduce-scatter) + ``gather_s`` (the multicast
+    all-gather of the narrowed sums); ``nbytes`` the row's bytes on the wire (one board's)."""
+
+    seconds: float
+    scatter_s: float
+    gather_s: float
+    nbytes: float
+
+
+def narrow_all_reduce(topo, grid, nbytes: float) -> NarrowAllReduce:
+    """Cost of an all-reduce of a row of ``nbytes`` (on the wire: :func:`wire_bytes`) across
+    the boards of ``grid`` on the fixed schedule of the module docstring.
+
+    Parameters
+    ----------
+    topo : tvm_spinn.target.topology.Topology
+        The system's link graph.
+    grid : sequence of sequence of int
+        ``g`` boards by ``k`` chip ids (every chip of each board, in the board's ring order).
+    nbytes : float
+        Bytes of one board's narrowed row (every board sends ``(g - 1) / g`` of it and receives
+        ``(g - 1) / g`` of it back reduced).
+
+    Returns
+    -------
+    NarrowAllReduce
+    """
+    from ..timing.collectives import board_all_to_all, board_group_scattered_all_reduce
+
+    grid = np.asarray(grid, dtype=np.int64)
+    if grid.ndim != 2 or grid.size == 0:
+        raise ValueError(f"grid must be boards x chips (a 2-D array of chip ids), got shape {grid.shape}")
+    if not np.isfinite(nbytes) or nbytes < 0:
+        raise ValueError(f"nbytes must be a finite number >= 0, got {nbytes!r}")
+    g = grid.shape[0]
+    if g == 1 or nbytes == 0:
+        return NarrowAllReduce(0.0, 0.0, 0.0, float(nbytes))
+    # share b of every board's row to board b, straight (no additions on the way)
+    send = np.full((g, g), float(nbytes) / g)
+    np.fill_diagonal(send, 0.0)
+    scatter = board_all_to_all(topo, grid, send).seconds
+    # the owners' narrowed shares multicast to the group (no reduce phase: nbytes=0)
+    gather = board_group_scattered_all_reduce(topo, grid, 0.0, float(nbytes), rounds=0).seconds
+    return NarrowAllReduce(scatter + gather, scatter, gather, float(nbytes))
