@@ -226,3 +226,30 @@ def test_cross_entropy_backward_label_out_of_range(label):
         run_program(program, [z, t])
     with pytest.raises(ValueError, match=message):
         run_program_iss(program, [z, t])
+
+
+@pytest.mark.slow
+def test_cnn_training_step_in_iss_mode(monkeypatch):
+    """One SGD step of a small CNN (MSE loss: its backward holds ``max_pool2d_backward``) run
+    as PE code gives the default simulator's loss and parameters, bit for bit."""
+    import sys
+    from pathlib import Path
+    import torch
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from training_models import small_cnn
+
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    y = np.random.default_rng(0).standard_normal((2, 10)).astype(_F32)
+    results = {}
+    for mode in ("layers", "iss"):
+        monkeypatch.setenv("TVM_SPINN_SIM_MODE", mode)
+        trainer = tvm_spinn.training.compile(small_cnn(), (x,), loss="mse", optimizer=("sgd", {"lr": 0.1}))
+        kinds = {layer.kind for p in tvm_spinn.report(trainer.executable).programs for layer in p.layers}
+        assert "max_pool2d_backward" in kinds, kinds
+        loss = trainer.step(x.numpy(), y)
+        results[mode] = loss, trainer.parameters()
+    (loss_a, params_a), (loss_b, params_b) = results["layers"], results["iss"]
+    assert np.float32(loss_a).view(np.uint32) == np.float32(loss_b).view(np.uint32)
+    assert sorted(params_a) == sorted(params_b)
+    for name in params_a:
+        _same_bits(params_b[name], params_a[name], name)

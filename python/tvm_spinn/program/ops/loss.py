@@ -23,12 +23,15 @@ whole (:class:`LossSharding`). Labels must lie in ``[0, classes)`` (or equal ``i
 in the forward): anything else is a ValueError naming the label and the row.
 
 The cost: per element of the logits a subtract, the exp model, a compare (the max) and an add
-(the sum), plus the log per row (forward) or a divide, a subtract and a divide per element
-(backward). A row is whole on one PE: rows that fit the working SRAM stay resident (the row of
-logits in, and out for the backward, double-buffered), each read once; a longer row (a
-language model's vocabulary: GPT-2's 50,257 logits are 201 KB) is streamed through the PE in
-chunks of :data:`STREAM_CHUNK` logits, once for the max and once for the sum (and once more
-for the backward's output), so its DRAM reads are two (three) passes over the row.
+(the sum), plus the log per row (forward); the backward's M4F cycles are its PE kernel's
+(``xent_grad``, :func:`xent_grad_tile_cycles`: the executed pieces of each phase,
+:data:`XENT_GRAD_CODE`). A row is whole on one PE: rows that fit the working SRAM stay
+resident (the row of logits in, and out for the backward, double-buffered: up to 3,583
+classes at the 56 KiB working share of a PE's SRAM), each read once; a longer row (a language
+model's vocabulary: GPT-2's 50,257 logits are 201 KB) is streamed through the PE in chunks of
+:data:`STREAM_CHUNK` logits, once for the max and once for the sum (and once more for the
+backward's output, whose exps the PE computes again), so its DRAM reads are two (three)
+passes over the row.
 """
 
 from __future__ import annotations
