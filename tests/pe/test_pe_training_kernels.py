@@ -253,3 +253,48 @@ def test_cnn_training_step_in_iss_mode(monkeypatch):
     assert sorted(params_a) == sorted(params_b)
     for name in params_a:
         _same_bits(params_b[name], params_a[name], name)
+
+
+# -- cost models -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", [("pool", (1, 6, 13, 11), (3, 3), (2, 2), (1, 1, 1, 1)),
+                                  ("pool", (2, 4, 10, 10), (2, 3), (1, 2), (0, 1, 0, 1)),
+                                  ("xent", 24, 50), ("xent", 1, 4100)])
+def test_tile_cost_models_against_executed_cycles(case):
+    """Each tile's modelled M4F cycles (``pool_grad_tile_cycles``, ``xent_grad_tile_cycles``,
+    read from single kernel jobs of other shapes) within 10% of the cycles the tiles executed."""
+    rng = np.random.default_rng(4)
+    if case[0] == "pool":
+        mod, g_shape = _pool_grad_module(*case[1:])
+        inputs = [rng.standard_normal(g_shape).astype(_F32), rng.standard_normal(case[1]).astype(_F32)]
+    else:
+        rows, classes = case[1:]
+        mod = _xent_grad_module(rows, classes, 2.0)
+        inputs = [rng.standard_normal((rows, classes)).astype(_F32), rng.integers(0, classes, rows).astype(np.int32)]
+    record = []
+    run_program_iss(_program(mod), inputs, record)
+    modelled, executed = sum(r.modelled for r in record), sum(r.cycles for r in record)
+    assert executed > 0 and abs(modelled / executed - 1) <= 0.10, (modelled, executed)
+
+
+@pytest.mark.parametrize("geometry", _GEOMETRIES)
+def test_pool_grad_jobs_cover_each_element_once(geometry):
+    """The jobs of any tile hold each of its elements exactly once, and their windows include
+    every window holding one of them (checked against the windows' definition), also where a
+    small SRAM splits the planes into bands."""
+    from tvm_spinn.program.ops.pool import pool_grad_jobs
+    (n, c, h, w), (kh, kw), (sh, sw), pad = geometry
+    pt, pl, pb, pr = pad
+    oh, ow = (h + pt + pb - kh) // sh + 1, (w + pl + pr - kw) // sw + 1
+    total = n * c * h * w
+    for e0, e1, free in ((0, total, 1 << 20), (3, total - 2, 256), (w + 1, w + 2, 1 << 20)):
+        seen = np.zeros(total, np.int64)
+        for job in pool_grad_jobs(e0, e1, h, w, oh, ow, (kh, kw), (sh, sw), pad, free):
+            for f in range(job.lo, job.hi):
+                r, col = job.row0 + f // w, f % w
+                seen[(job.plane * h + r) * w + col] += 1
+                for oy in range(oh):
+                    for ox in range(ow):
+                        if oy * sh <= r + pt < oy * sh + kh and ox * sw <= col + pl < ox * sw + kw:
+                            assert job.oy0 <= oy < job.oy0 + job.nwy and job.ox0 <= ox < job.ox0 + job.nwx
+        assert np.array_equal(seen, (np.arange(total) >= e0) & (np.arange(total) < e1))
