@@ -118,7 +118,20 @@ XENT_GRAD_RUN = 22.0
 def resident_rows(classes: int, arch) -> int:
     """Rows of ``classes`` logits a PE holds at once (their logits in and out, their statistics
     and labels, within the working SRAM), or 0 where a row streams through the PE in chunks of
-    :data:`STREAM_CHUNK` (a row whose double-buffered logits exceed the working SRAM)."""
+    :data:`STREAM_CHUNK` (a row whose double-buffered logits exceed the working SRAM).
+
+    Parameters
+    ----------
+    classes : int
+        Logits per row.
+    arch : SpinnArch
+        The chip (its working SRAM, :func:`~.base.working_budget`).
+
+    Returns
+    -------
+    int
+        Rows per group, 0 for a streamed row.
+    """
     if _row_bytes(classes) > working_budget(arch):
         return 0
     return max(1, working_budget(arch) // (8 * classes + 12))
@@ -128,7 +141,20 @@ def xent_grad_tile_cycles(rows: int, classes: int, arch) -> float:
     """M4F cycles of a ``cross_entropy_backward`` tile of ``rows`` whole rows as the PE kernel
     runs them: resident rows in groups (:func:`resident_rows`), one run of phases 0, 1, 2 per
     group; a streamed row per chunk one run of phase 0, one of phase 1, then one of phases 3
-    and 2 (:data:`XENT_GRAD_CODE`)."""
+    and 2 (:data:`XENT_GRAD_CODE`).
+
+    Parameters
+    ----------
+    rows, classes : int
+        The tile's rows and their logits.
+    arch : SpinnArch
+        The exp/log unit's rate and latency, the working SRAM.
+
+    Returns
+    -------
+    float
+        M4F cycles, the waits on the exp/log unit included.
+    """
     code = XENT_GRAD_CODE
     group = resident_rows(classes, arch)
     if group:

@@ -494,7 +494,26 @@ def pool_grad_jobs(e0: int, e1: int, h: int, w: int, oh: int, ow: int, pool, str
     per plane it covers, per band of its rows whose buffers (the padded input rows under the
     band's windows, their output gradients, the band's elements; float32) fit ``free`` bytes
     (halved until they do), the windows that may hold a band element (a one-row band: only the
-    windows over its columns)."""
+    windows over its columns).
+
+    Parameters
+    ----------
+    e0, e1 : int
+        The tile's first and past-the-last element of the flattened input gradient.
+    h, w, oh, ow : int
+        The input's and the output gradient's plane sizes.
+    pool, strides : tuple of int
+        The window ``(kh, kw)`` and its strides ``(sh, sw)``.
+    padding : tuple of int
+        ``(top, left, bottom, right)``.
+    free : int
+        SRAM bytes a job's buffers may use.
+
+    Returns
+    -------
+    list of PoolGradJob
+        In plane and row order.
+    """
     (kh, kw), (sh, sw), (pt, pl, pb, pr) = pool, strides, padding
     wp, hw, jobs = w + pl + pr, h * w, []
     for q in range(e0 // hw, (e1 - 1) // hw + 1):
@@ -579,9 +598,23 @@ POOL_GRAD_CODE = PoolGradCode(job=115.0, zero=16.5, zero_element=2.25, window_ro
 
 
 def pool_grad_tile_cycles(e0: int, e1: int, geometry: tuple, free: int) -> float:
-    """M4F cycles of a ``max_pool2d_backward`` tile ``[e0, e1)``: its jobs
-    (:func:`pool_grad_jobs` with ``geometry`` ``(h, w, oh, ow, pool, strides, padding)`` and
-    ``free`` bytes of SRAM) priced by :data:`POOL_GRAD_CODE`."""
+    """M4F cycles of a ``max_pool2d_backward`` tile ``[e0, e1)``: its jobs priced by
+    :data:`POOL_GRAD_CODE`.
+
+    Parameters
+    ----------
+    e0, e1 : int
+        The tile's elements of the flattened input gradient.
+    geometry : tuple
+        ``(h, w, oh, ow, pool, strides, padding)`` as :func:`pool_grad_jobs` takes them.
+    free : int
+        SRAM bytes a job's buffers may use.
+
+    Returns
+    -------
+    float
+        M4F cycles.
+    """
     (kh, kw) = geometry[4]
     return float(sum(POOL_GRAD_CODE.job_cycles(j, kh, kw) for j in pool_grad_jobs(e0, e1, *geometry, free)))
 
