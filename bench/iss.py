@@ -35,6 +35,11 @@ The ``cross_entropy`` rows (the per-row loss; its cost model, :func:`tvm_spinn.p
 is the softmax kernel's counted phases plus the label and log phase counted at one-job runs of
 1 and 9 rows of 5 columns: every row is held out) reach rows of one resident row per PE (3,500
 classes) and rows streamed through the PE in chunks (5,000 and GPT-2's 50,257).
+The training kernels' rows (``pool_grad``: ``max_pool2d_backward``; ``xent_grad``:
+``cross_entropy_backward``, a row of 5,000 classes streamed through its PE in chunks) are held
+out: their cost models' pieces (:data:`tvm_spinn.program.ops.pool.POOL_GRAD_CODE`,
+:data:`tvm_spinn.program.ops.loss.XENT_GRAD_CODE`) were read from single kernel jobs run
+directly, none of these shapes.
 A fourth table runs the fp32 row kernels (softmax, layer_norm, rms_norm, mean) directly on one
 whole-row tile of rows from 1 to 250 columns (the row kernels' cost model was counted at rows of 1
 and 2 rows of 1 to 8 columns: every shape here is held out).
@@ -130,6 +135,37 @@ def _rotary(x, cos, sin):
     return x * cos + torch.cat((-x[..., h:], x[..., :h]), dim=-1) * sin
 
 
+def _pool_grad_case(x_shape, pool, strides, padding):
+    """``max_pool2d_backward`` (a training step's gradient of a max pooling) on its own."""
+    n, c, h, w = x_shape
+    g_shape = (n, c, (h + padding[0] + padding[2] - pool[0]) // strides[0] + 1,
+               (w + padding[1] + padding[3] - pool[1]) // strides[1] + 1)
+    bb = relax.BlockBuilder()
+    dy = relax.Var("dy", relax.TensorType(g_shape, "float32"))
+    x = relax.Var("x", relax.TensorType(x_shape, "float32"))
+    with bb.function("main", [dy, x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.grad.max_pool2d_backward(dy, x, pool, strides, padding))
+        bb.emit_func_output(out)
+    return bb.get(), [rng_inputs(g_shape, "float32"), rng_inputs(x_shape, "float32")]
+
+
+def _xent_grad_case(rows: int, classes: int):
+    """``cross_entropy_backward``: ``(softmax(z) - one_hot(t)) / rows``."""
+    from tvm.ir.prim.expr import FloatImm
+    bb = relax.BlockBuilder()
+    z = relax.Var("z", relax.TensorType((rows, classes), "float32"))
+    t = relax.Var("t", relax.TensorType((rows,), "int32"))
+    with bb.function("main", [z, t]):
+        with bb.dataflow():
+            sm = bb.emit(relax.op.nn.softmax(z, axis=-1))
+            hot = bb.emit(relax.op.one_hot(t, FloatImm("float32", 1.0), FloatImm("float32", 0.0), classes, -1))
+            out = bb.emit_output(relax.op.divide(relax.op.subtract(sm, hot), relax.const(np.float32(rows))))
+        bb.emit_func_output(out)
+    labels = np.random.default_rng(2).integers(0, classes, size=rows).astype(np.int32)
+    return bb.get(), [rng_inputs((rows, classes), "float32"), labels]
+
+
 def _cases():
     yield "add", _torch_case(lambda m, a, b: a + b, None, (64, 96), (64, 96))
     yield "multiply", _torch_case(lambda m, a, b: a * b, None, (64, 96), (64, 96))
@@ -179,6 +215,15 @@ def _cases():
                                           (1, 8, 24, 24))
     yield "max_pool2d 7x7/1", _torch_case(lambda m, a: torch.nn.functional.max_pool2d(a * 2.0, 7, 1), None,
                                           (1, 8, 14, 14))
+    yield "pool_grad 2x2/2", _pool_grad_case((1, 8, 16, 16), (2, 2), (2, 2), (0, 0, 0, 0))
+    yield "pool_grad 3x3/2 pad 1", _pool_grad_case((2, 8, 16, 16), (3, 3), (2, 2), (1, 1, 1, 1))
+    yield "pool_grad 3x3/1 pad 1", _pool_grad_case((1, 4, 12, 12), (3, 3), (1, 1), (1, 1, 1, 1))
+    yield "pool_grad 5x3/2 pad 2,1", _pool_grad_case((1, 6, 17, 17), (5, 3), (2, 2), (2, 1, 2, 1))
+    yield "pool_grad 2x2/2 32x32", _pool_grad_case((2, 16, 32, 32), (2, 2), (2, 2), (0, 0, 0, 0))
+    yield "xent_grad 64x96", _xent_grad_case(64, 96)
+    yield "xent_grad 300x10", _xent_grad_case(300, 10)
+    yield "xent_grad 4x3000", _xent_grad_case(4, 3000)
+    yield "xent_grad 2x5000 stream", _xent_grad_case(2, 5000)
     yield "mean 64x96", _torch_case(lambda m, a: (a * 2.0).mean(-1), None, (64, 96))
     yield "where_less 64x96", _torch_case(lambda m, a, b: torch.where(a < b, a * 2.0, b * 3.0), None, (64, 96), (64, 96))
     yield "where_less 31x77", _torch_case(lambda m, a, b: torch.where(a < b, a * 2.0, b * 3.0), None, (31, 77), (31, 77))

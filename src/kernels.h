@@ -220,9 +220,10 @@ struct PoolGradShape {
  *        as the best value, taking a tap unless `best > v || best == v` (a NaN is taken, and
  *        replaces a NaN best); then each input element's gradient is an fp32 sum from +0.0
  *        over the windows that may hold it (window rows, then columns, nearest first), adding
- *        dy where the window's argmax is this element and +0.0 where not. A NaN sum keeps the
- *        NaN operand, the accumulated one first, quieted (the host's SSE rule, as numpy's
- *        float32 add). Windows past the last output row or column hold nothing. Planes run on
+ *        dy where the window's argmax is this element and +0.0 where not. A NaN sum follows the
+ *        M4F's VADD with the window's dy as its first operand (FPSCR.DN = 0: a signalling NaN
+ *        first, then a quiet one, dy's before the sum's; inf + -inf the default NaN 0x7FC00000),
+ *        as the PE code adds. Windows past the last output row or column hold nothing. Planes run on
  *        up to `threads` threads (independent: same bits).
  */
 void MaxPool2dBackwardF32(const float* dy, const float* x, float* dx, const PoolGradShape& s,

@@ -786,6 +786,104 @@ def _run_cross_entropy(run: _Run, index: int, env, table) -> np.ndarray:
                         flat[q0:q1] = np.frombuffer(m.read(bufs[4], 4 * n), dtype=_F32)
                     _tally(runs[t], m)
     _record_runs(run, index, table, runs)
+
+
+def _run_pool_grad(run: _Run, index: int, env, table) -> np.ndarray:
+    """``max_pool2d_backward``: per tile (a run of the flattened input gradient), its jobs
+    (:func:`~tvm_spinn.program.ops.pool.pool_grad_jobs`: per plane and SRAM-sized band of rows):
+    the DMA brings the padded input rows under the band's windows (the lowest float32 in the
+    padding) and those windows' output gradients; the PE finds each window's argmax and adds its
+    gradient to the element it takes where that element is one of the job's."""
+    from ..program.ops.base import working_budget
+    from ..program.ops.pool import pool_grad_jobs
+    p = run.p
+    attrs = view.layer_attrs(p, index)
+    dy, x = (np.asarray(env[t], dtype=_F32) for t in view.layer_inputs(p, index))
+    n, c, h, w = x.shape
+    oh, ow = dy.shape[2:]
+    (kh, kw), (sh, sw), pad = attrs["pool_size"], attrs["strides"], attrs["padding"]
+    pt, pl, pb, pr = pad
+    planes = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=np.finfo(_F32).min)
+    planes = planes.reshape(n * c, h + pt + pb, w + pl + pr)
+    wp = planes.shape[2]
+    gy = dy.reshape(n * c, oh, ow)
+    out = np.empty(x.shape, dtype=_F32)
+    flat = out.reshape(-1)
+    for t in range(len(table)):
+        e0, e1 = int(table.lo[t, 0]), int(table.hi[t, 0])
+        m = run.machine(index, int(table.pe[t]))
+        # the bands the timing model prices (the working SRAM), within what the PE has
+        free = min(working_budget(view.arch_of(p)), ARENA_END - m.arena - 4 * 64)
+        for job in pool_grad_jobs(e0, e1, h, w, oh, ow, (kh, kw), (sh, sw), pad, free):
+            xb = np.ascontiguousarray(planes[job.plane, job.oy0 * sh: job.oy0 * sh + max(0, (job.nwy - 1) * sh + kh)])
+            geom = np.array([job.nwy, job.nwx, ow, wp, kh, kw, sh, sw, job.oy0 * sh - pt - job.row0, w, job.lo, job.hi,
+                             pl, job.ox0, 0], np.int32)
+            px, pdy, pdx, pg = _Arena(m, p, index).take(xb.nbytes, 4 * job.nwy * ow, 4 * job.hi, 4 * len(geom))
+            m.write(px, xb.tobytes())
+            m.write(pdy, np.ascontiguousarray(gy[job.plane, job.oy0:job.oy0 + job.nwy]).tobytes())
+            m.write(pg, geom.tobytes())
+            m.run([[px, pdy, pdx, pg]])
+            d0 = (job.plane * h + job.row0) * w
+            flat[d0 + job.lo:d0 + job.hi] = np.frombuffer(m.read(pdx + 4 * job.lo, 4 * (job.hi - job.lo)), dtype=_F32)
+        run.done(index, t, table, m)
+    return out
+
+
+def _run_xent_grad(run: _Run, index: int, env, table) -> np.ndarray:
+    """``cross_entropy_backward``: per tile (runs of whole rows of the gradient), groups of
+    whole rows that fit the working SRAM (:func:`~tvm_spinn.program.ops.loss.resident_rows`)
+    run the kernel's phases 0 (the max), 1 (the exps and their sum) and 2 (the output) as one
+    job list. A row longer than that streams through its
+    PE in chunks of :data:`~tvm_spinn.program.ops.loss.STREAM_CHUNK` logits, the chunks in the
+    row's order, the statistics staying in the PE's SRAM: phase 0 over every chunk, phase 1
+    over every chunk, then per chunk phase 3 (its exps again: the same bits) and phase 2. Every
+    label is checked first, as the default simulator does."""
+    from ..program.ops.loss import STREAM_CHUNK, resident_rows
+    p = run.p
+    z, labels = (env[t] for t in view.layer_inputs(p, index))
+    z = np.ascontiguousarray(z, dtype=_F32)
+    labels = np.ascontiguousarray(labels, dtype=np.int32).reshape(-1)
+    rows, cols = z.shape
+    bad = np.flatnonzero((labels < 0) | (labels >= cols))
+    if bad.size:
+        r = int(bad[0])
+        raise ValueError(f"tvm_spinn.sim.cross_entropy_grad: label {int(labels[r])} of row {r} is out of range "
+                         f"for {cols} classes")
+    div = int(np.asarray(view.layer_attrs(p, index)["divisor"], dtype=_F32).view(np.uint32))
+    out = np.empty((rows, cols), dtype=_F32)
+    for t in range(len(table)):
+        e0, e1 = int(table.lo[t, 0]), int(table.hi[t, 0])
+        if e0 % cols or e1 % cols:
+            raise PeCodegenError(view.layer_name(p, index), view.layer_kind(p, index),
+                                 f"a tile of elements [{e0}, {e1}) cuts a row of {cols} classes")
+        r0, r1 = e0 // cols, e1 // cols
+        m = run.machine(index, int(table.pe[t]))
+        # the groups the timing model prices (the working SRAM), within what the PE has
+        group = min(resident_rows(cols, view.arch_of(p)), (ARENA_END - m.arena - 4 * 64) // (8 * cols + 12))
+        if group >= 1:  # whole rows resident: the three phases in one run
+            for q0 in range(r0, r1, group):
+                q1 = min(q0 + group, r1)
+                n = q1 - q0
+                px, py, pst, pl = _Arena(m, p, index).take(4 * n * cols, 4 * n * cols, 8 * n, 4 * n)
+                m.write(px, z[q0:q1].tobytes())
+                m.write(pl, labels[q0:q1].tobytes())
+                m.run([[px, py, pst, pl, n, cols, ph, 3, 0, div] for ph in range(3)])
+                out[q0:q1] = np.frombuffer(m.read(py, 4 * n * cols), dtype=_F32).reshape(n, cols)
+        else:  # a row streamed in chunks through the PE
+            px, py, pst, pl = _Arena(m, p, index).take(4 * STREAM_CHUNK, 4 * STREAM_CHUNK, 8, 4)
+            for r in range(r0, r1):
+                m.write(pl, labels[r:r + 1].tobytes())
+                chunks = [(c0, min(c0 + STREAM_CHUNK, cols)) for c0 in range(0, cols, STREAM_CHUNK)]
+                for ph in (0, 1):
+                    for c0, c1 in chunks:
+                        m.write(px, z[r, c0:c1].tobytes())
+                        m.run([[px, py, pst, pl, 1, c1 - c0, ph, (1 if c0 == 0 else 0) | (2 if c1 == cols else 0), c0,
+                                div]])
+                for c0, c1 in chunks:
+                    m.write(px, z[r, c0:c1].tobytes())
+                    m.run([[px, py, pst, pl, 1, c1 - c0, ph, 0, c0, div] for ph in (3, 2)])
+                    out[r, c0:c1] = np.frombuffer(m.read(py, 4 * (c1 - c0)), dtype=_F32)
+        run.done(index, t, table, m)
     return out
 
 
@@ -851,6 +949,7 @@ def _run_take(run: _Run, index: int, env, table) -> np.ndarray:
 
 _RUNNERS = {"take": _run_take, "unary": _run_elementwise, "softmax": _run_rows, "layer_norm": _run_rows, "rms_norm": _run_rows, "mean": _run_mean, "mean_tflite": _run_mean_tflite, "softmax_tflite": _run_softmax_tflite, "pool": _run_pool, "quantize": _run_qdq, "dequantize": _run_qdq, "dma": _run_dma, "binary": _run_elementwise, "relu": _run_elementwise, "clip": _run_elementwise, "where_less": _run_elementwise, "rope": _run_rope, "gemm_f32": _run_gemm_f32,
             "gemm_i8": _run_gemm_i8}
+_RUNNERS.update(pool_grad=_run_pool_grad, xent_grad=_run_xent_grad)
 
 _RUNNERS["cross_entropy"] = _run_cross_entropy
 

@@ -72,6 +72,21 @@ Kernels (the ``spec`` of :func:`kernel_object`):
   v``; average as an fp32 sum from the window's first element, divided by ``div[r, c]`` (the
   window size or its count of non-padding elements); args ``src, div, dst, geom`` with
   ``geom`` ``[planes, rows, ow, band_h, wp, kh, kw, sh, sw, dh, dw]`` (int32).
+- ``("pool_grad",)``: ``max_pool2d_backward`` on a band of one plane's rows: the output
+  elements ``[lo, hi)`` of the band set to +0.0, then the windows that may hold a band row
+  visited from the last backwards (rows, then columns), each one's argmax found as TVM's
+  ``pool_grad`` finds it (from the lowest float32, a tap taken unless ``best > v || best ==
+  v``, so a NaN is taken; the best kept by ``best > v ? best : v``) and its gradient added to
+  the element it takes where that lies in ``[lo, hi)`` and not in the padding (the VADD takes
+  the gradient as its first operand); args ``x, dy, dx, geom`` with ``x`` the padded input rows
+  under the windows, ``dy`` their gradients and ``geom`` ``[windows' rows, ow, padded width, kh,
+  kw, sh, sw, the band's first element row relative to the windows' first padded row, w, lo,
+  hi, left padding]`` (int32).
+- ``("xent_grad",)``: ``cross_entropy_backward``, the softmax kernel's phases plus one: 0, the
+  max (as softmax's); 1, ``y = exp(x - max)`` in one stream through the exp/log unit, and the
+  sequential sum into ``st[2r + 1]``; 3, phase 1 without the sum (a streamed row's exps again for
+  its output: the same bits); 2, ``y = (y / sum - (c0 + j == label[r] ? 1 : 0)) / n``; args ``x,
+  y, st, labels, rows, cols, phase, flags, c0, n`` (``n``: float32 bits).
 - ``("mean",)``: one chunk of each row's sequential fp32 sum, from +0.0 (``flags`` bit 0) or
   from the partial ``part[r]`` the previous chunk's PE passed on; the row's last chunk (bit 1)
   writes ``sum / fl(d)``, the others the partial; args ``x, part, y, rows, cols, flags, d``.
@@ -474,6 +489,52 @@ def _pool(op: str):
     return kernel
 
 
+def _pool_grad():
+    """``max_pool2d_backward`` on a band of one plane's input rows (see the module docstring)."""
+
+    @T.prim_func
+    def kernel(x: T.handle("float32"), dy: T.handle("float32"), dx: T.handle("float32"), geom: T.handle("int32")):
+        T.func_attr({"tir.noalias": True, "calling_conv": 0})
+        G = T.decl_buffer((15,), "int32", data=geom)
+        nwy, nwx, ow, wp, kh, kw, sh, sw = G[0], G[1], G[2], G[3], G[4], G[5], G[6], G[7]
+        rbase, w, lo, hi, pl, ox0 = G[8], G[9], G[10], G[11], G[12], G[13]
+        X = T.decl_buffer((((nwy - 1) * sh + kh) * wp,), "float32", data=x)
+        DY = T.decl_buffer((nwy * ow,), "float32", data=dy)
+        D = T.decl_buffer((hi,), "float32", data=dx)
+        best = T.decl_buffer((1,), "float32", scope="local")
+        tap = T.decl_buffer((2,), "int32", scope="local")
+        for e in range(lo, hi):
+            # +0.0 from the job's words (``G[14]``): a constant's store loop would become the
+            # runtime's byte-wise memset, four stores per element
+            D[e] = T.reinterpret("float32", G[14])
+        # the windows from the last backwards (rows, then columns): each element's gradient
+        # adds its windows' in that order (the +0.0 of a window not taking it changes no bits)
+        for a in range(nwy):
+            for b in range(nwx):
+                best[0] = _LOWEST
+                tap[0] = -1
+                tap[1] = 0
+                for i in range(kh):
+                    for j in range(kw):
+                        # TVM's argmax: the later tap unless the best is greater or equal (a NaN
+                        # either side is taken); the best kept by ``best > v ? best : v``
+                        if T.Not(tvm.tirx.Or(
+                                best[0] > X[((nwy - 1 - a) * sh + i) * wp + (ox0 + nwx - 1 - b) * sw + j],
+                                best[0] == X[((nwy - 1 - a) * sh + i) * wp + (ox0 + nwx - 1 - b) * sw + j])):
+                            tap[0] = i
+                            tap[1] = j
+                        best[0] = T.if_then_else(
+                            best[0] > X[((nwy - 1 - a) * sh + i) * wp + (ox0 + nwx - 1 - b) * sw + j], best[0],
+                            X[((nwy - 1 - a) * sh + i) * wp + (ox0 + nwx - 1 - b) * sw + j])
+                if tap[0] >= 0:
+                    # the taken element: in the band's flat range and not in the padding columns
+                    c = (ox0 + nwx - 1 - b) * sw + tap[1] - pl
+                    f = ((nwy - 1 - a) * sh + tap[0] + rbase) * w + c
+                    if c >= 0 and c < w and f >= lo and f < hi:
+                        D[f] = D[f] + DY[(nwy - 1 - a) * ow + ox0 + nwx - 1 - b]
+    return kernel
+
+
 #: float32 bits of a quiet NaN: the reciprocal of a run the fast path does not hold for (see
 #: :func:`_quantize`), so that every element of it takes the reference path
 _QNAN_BITS = 0x7FC00000
@@ -830,6 +891,45 @@ def _softmax():
     return kernel
 
 
+def _xent_grad():
+    """``cross_entropy_backward``: the softmax kernel's phases plus one (see the module docstring)."""
+
+    @T.prim_func
+    def kernel(x: T.handle("float32"), y: T.handle("float32"), st: T.handle("float32"), lab: T.handle("int32"),
+               rows: T.int32, cols: T.int32, phase: T.int32, flags: T.int32, c0: T.int32, div: T.int32):
+        T.func_attr({"tir.noalias": True, "calling_conv": 0})
+        X = T.decl_buffer((rows * cols,), "float32", data=x)
+        Y = T.decl_buffer((rows * cols,), "float32", data=y)
+        S = T.decl_buffer((2 * rows,), "float32", data=st)
+        L = T.decl_buffer((rows,), "int32", data=lab)
+        acc = T.decl_buffer((1,), "float32", scope="local")
+        for r in range(rows):
+            if phase == 0:
+                acc[0] = T.if_then_else(flags & 1 != 0, -_INF, S[2 * r])
+                for j in range(cols):
+                    if T.Not(T.isnan(acc[0])):  # the row's first NaN is its max
+                        if T.isnan(X[r * cols + j]) or X[r * cols + j] > acc[0]:
+                            acc[0] = X[r * cols + j]
+                S[2 * r] = acc[0]
+            elif phase == 2:
+                # (p - onehot) / n with p = e / sum: the label's column subtracts 1.0, the others +0.0
+                for j in range(cols):
+                    Y[r * cols + j] = (Y[r * cols + j] / S[2 * r + 1]
+                                       - T.if_then_else(c0 + j == L[r], _f(1.0), _ZERO)) / T.reinterpret("float32", div)
+            else:
+                for j in range(cols):
+                    Y[r * cols + j] = X[r * cols + j] - S[2 * r]
+        if phase == 1 or phase == 3:  # the chunk's exps in one stream; phase 1 also sums them
+            _exp_unit(T.address_of(Y[0]), T.address_of(Y[0]), rows * cols)
+            if phase == 1:
+                for r in range(rows):
+                    acc[0] = T.if_then_else(flags & 1 != 0, _ZERO, S[2 * r + 1])
+                    for j in range(cols):
+                        acc[0] = acc[0] + Y[r * cols + j]
+                    S[2 * r + 1] = acc[0]
+    return kernel
+
+
 @T.macro
 def _block_add(S, r, acc, v, c0, j, d):
     """One term ``v`` of a blocked row sum carried as ``(sum, block partial)`` in ``acc``; a
@@ -1147,6 +1247,7 @@ def _take():
 
 
 _BUILDERS = {"take": _take, "unary": _unary, "softmax": _softmax, "layer_norm": _layer_norm, "rms_norm": _rms_norm, "mean": _mean, "mean_tflite": _mean_tflite, "softmax_tflite": _softmax_tflite, "pool": _pool, "quantize": _quantize, "dequantize": _dequantize, "dma": _dma, "binary": _binary, "relu": _relu_kernel, "clip": _clip_kernel, "where_less": _where_less, "rope": _rope, "gemm_f32": _gemm_f32, "gemm_i8": _gemm_i8}
+_BUILDERS.update(pool_grad=_pool_grad, xent_grad=_xent_grad)
 
 
 

@@ -48,6 +48,12 @@ def layer_role(program, index: int) -> tuple:
         return ("take",)
     if kind in ("max_pool2d", "avg_pool2d") and mode == "fp32" and _float_operands(program, index):
         return ("pool", kind[:3])
+    if kind == "max_pool2d_backward" and mode == "fp32" and _float_operands(program, index):
+        return ("pool_grad",)
+    if kind == "cross_entropy_backward" and mode == "fp32":
+        if view.tensor_dtype(program, view.layer_inputs(program, index)[1]) != "int32":
+            _fail(program, index, "cross_entropy_backward with labels that are not int32")
+        return ("xent_grad",)
     if kind == "mean" and attrs.get("rounding") == "tflite":
         dtype = view.tensor_dtype(program, view.layer_inputs(program, index)[0])
         if dtype not in ("int8", "uint8") or view.tensor_dtype(program, view.layer_output(program, index)) != dtype:
@@ -94,7 +100,7 @@ def layer_role(program, index: int) -> tuple:
         _fail(program, index, "no PE kernel for this fp32 kind yet (generated: add, subtract, multiply, "
                               "divide, relu, clip, where_less, rope, gelu, gelu_tanh, sigmoid, tanh, negative, sqrt, "
                               "rsqrt, power 2 and 3, dense, matmul, conv2d, softmax, layer_norm, "
-                              "rms_norm, cross_entropy, data movement)")
+                              "rms_norm, cross_entropy, max_pool2d_backward, cross_entropy_backward, data movement)")
     if mode == "int8":
         if kind not in GEMM_F32_KINDS:
             _fail(program, index, "no PE kernel for this int8 kind yet (generated: dense, matmul, conv2d, "

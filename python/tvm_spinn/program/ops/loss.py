@@ -25,17 +25,20 @@ in the forward): anything else is a ValueError naming the label and the row.
 The cost: the forward is its PE kernel as executed (:func:`cross_entropy_tile_cycles`: the
 softmax kernel's max and exp-sum passes, the exps and the rows' logs streamed through the exp/log
 unit, the label's logit and the loss per row, counted instructions priced by the Cortex-M4 TRM);
-the backward per element of the logits a subtract, the exp model, a compare (the max) and an
-add (the sum), then a divide, a subtract and a divide. A row is whole on one PE: rows that fit the working SRAM stay resident (the row of
-logits in, and out for the backward, double-buffered), each read once; a longer row (a
-language model's vocabulary: GPT-2's 50,257 logits are 201 KB) is streamed through the PE in
-chunks of :data:`STREAM_CHUNK` logits, once for the max and once for the sum (and once more
-for the backward's output), so its DRAM reads are two (three) passes over the row.
+the backward's M4F cycles are its PE kernel's too (``xent_grad``, :func:`xent_grad_tile_cycles`:
+the executed pieces of each phase, :data:`XENT_GRAD_CODE`). A row is whole on one PE: rows that
+fit the working SRAM stay resident (the row of logits in, and out for the backward,
+double-buffered: up to 3,583 classes at the 56 KiB working share of a PE's SRAM), each read
+once; a longer row (a language model's vocabulary: GPT-2's 50,257 logits are 201 KB) is streamed
+through the PE in chunks of :data:`STREAM_CHUNK` logits, once for the max and once for the sum
+(and once more for the backward's output, whose exps the PE computes again), so its DRAM reads
+are two (three) passes over the row.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -48,7 +51,7 @@ from .m4f import Mix
 from .sharding import REPLICATE, ShardDecision, ShardingRule, shard
 
 __all__ = ["CrossEntropy", "cross_entropy_rows", "cross_entropy_grad", "cross_entropy_tile_cycles", "CE_CODE",
-           "LossSharding"]
+           "LossSharding", "GradPhase", "XENT_GRAD_CODE", "XENT_GRAD_RUN", "resident_rows", "xent_grad_tile_cycles"]
 
 _F32 = np.float32
 #: M4F operations per logit of the forward (subtract, exp model ~12 operations, compare, add)
@@ -63,6 +66,111 @@ _LOG_OPS = 25.0
 #: 4 KB of fp32, double-buffered in and out (an assumption: the DMA's block size, the same
 #: order as the GEMM tiles' k chunks).
 STREAM_CHUNK = 1024
+
+
+@dataclass(frozen=True)
+class GradPhase:
+    """One phase (one job) of the ``xent_grad`` PE kernel (:mod:`tvm_spinn.pe.kernels`) as the
+    generated code executes it, in M4F cycles at the Cortex-M4 TRM's prices
+    (:mod:`tvm_spinn.pe.cycles`): each piece the difference of the executed cycles of single
+    jobs (read from the ISS at jobs of 1 to 8 rows of 256 and 512 classes), the exp/log unit's
+    stream apart (``exp_unit_latency_cycles`` once, ``exp_unit_cycles`` per element).
+
+    Attributes
+    ----------
+    job : float
+        The job loop's step, the kernel's prologue, set-up and epilogue.
+    row : float
+        Per row (per pair of rows' worth where LLVM unrolls the row loop by 2).
+    element : float
+        Per logit of a row in a pair of rows (every row where the loop is not unrolled).
+    tail : float
+        Per logit of the odd row left over after the pairs.
+    exp : bool
+        Whether the phase streams its logits through the exp/log unit.
+    """
+
+    job: float
+    row: float
+    element: float
+    tail: float
+    exp: bool = False
+
+    def cycles(self, rows: int, cols: int, arch) -> float:
+        """Cycles of one job over ``rows`` rows of ``cols`` logits."""
+        paired, odd = (rows // 2) * 2, rows % 2
+        c = self.job + rows * self.row + cols * (paired * self.element + odd * self.tail)
+        if self.exp:
+            c += arch.exp_unit_latency_cycles + rows * cols * arch.exp_unit_cycles
+        return c
+
+
+#: The ``xent_grad`` kernel's phases: 0, the max; 1, ``x - max``, the exps, their sum (row
+#: loops unrolled by 2); 2, the output (two VDIV per logit); 3, phase 1 without the sum (a
+#: streamed row's exps again).
+XENT_GRAD_CODE = {
+    0: GradPhase(job=94.0, row=22.0, element=14.25, tail=14.25),
+    1: GradPhase(job=169.0, row=37.5, element=9.0, tail=10.75, exp=True),
+    2: GradPhase(job=97.0, row=24.0, element=37.0, tail=37.0),
+    3: GradPhase(job=142.0, row=17.0, element=5.125, tail=7.0, exp=True),
+}
+#: The runtime's start-up and return per run of a PE's job list.
+XENT_GRAD_RUN = 22.0
+
+
+def resident_rows(classes: int, arch) -> int:
+    """Rows of ``classes`` logits a PE holds at once (their logits in and out, their statistics
+    and labels, within the working SRAM), or 0 where a row streams through the PE in chunks of
+    :data:`STREAM_CHUNK` (a row whose double-buffered logits exceed the working SRAM).
+
+    Parameters
+    ----------
+    classes : int
+        Logits per row.
+    arch : SpinnArch
+        The chip (its working SRAM, :func:`~.base.working_budget`).
+
+    Returns
+    -------
+    int
+        Rows per group, 0 for a streamed row.
+    """
+    if _row_bytes(classes) > working_budget(arch):
+        return 0
+    return max(1, working_budget(arch) // (8 * classes + 12))
+
+
+def xent_grad_tile_cycles(rows: int, classes: int, arch) -> float:
+    """M4F cycles of a ``cross_entropy_backward`` tile of ``rows`` whole rows as the PE kernel
+    runs them: resident rows in groups (:func:`resident_rows`), one run of phases 0, 1, 2 per
+    group; a streamed row per chunk one run of phase 0, one of phase 1, then one of phases 3
+    and 2 (:data:`XENT_GRAD_CODE`).
+
+    Parameters
+    ----------
+    rows, classes : int
+        The tile's rows and their logits.
+    arch : SpinnArch
+        The exp/log unit's rate and latency, the working SRAM.
+
+    Returns
+    -------
+    float
+        M4F cycles, the waits on the exp/log unit included.
+    """
+    code = XENT_GRAD_CODE
+    group = resident_rows(classes, arch)
+    if group:
+        def run(n):
+            return XENT_GRAD_RUN + sum(code[ph].cycles(n, classes, arch) for ph in (0, 1, 2))
+        full, left = divmod(int(rows), group)
+        return full * run(group) + (run(left) if left else 0.0)
+    per_row = 0.0
+    for c0 in range(0, classes, STREAM_CHUNK):
+        c = min(STREAM_CHUNK, classes - c0)
+        per_row += (3 * XENT_GRAD_RUN + code[0].cycles(1, c, arch) + code[1].cycles(1, c, arch)
+                    + code[3].cycles(1, c, arch) + code[2].cycles(1, c, arch))
+    return int(rows) * per_row
 
 
 def _labels(labels: np.ndarray) -> np.ndarray:
@@ -286,12 +394,12 @@ class CrossEntropy(ComputedFlat):
         e = (hi - lo)[:, 0]
         rows = e if layer.kind == "cross_entropy" else np.ceil(e / classes)
         logits = rows * classes
-        c = arch.m4f_elementwise_cycles
         if layer.kind == "cross_entropy":
             cycles = np.ceil(cross_entropy_tile_cycles(rows, classes, arch))
             out_bytes = 4 * rows
-        else:
-            cycles = np.ceil(c * logits * _BACKWARD_OPS)
+        else:  # the PE kernel's phases as it runs them (:func:`xent_grad_tile_cycles`)
+            per = {int(r): xent_grad_tile_cycles(int(r), classes, arch) for r in np.unique(rows)}
+            cycles = np.ceil(np.array([per[int(r)] for r in np.ravel(rows)]).reshape(np.shape(rows)))
             out_bytes = 4 * logits
         passes, row_sram = self._passes(layer, classes, arch)
         in_bytes = passes * 4 * logits + 4 * rows

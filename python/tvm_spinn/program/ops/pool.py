@@ -22,7 +22,9 @@ uniform windows, lowered to ``avg_pool2d``.
   where not. Windows past the last output row or column hold no element (TVM reads there
   without a bound check; its flat argmax index never matches there). Tiles: ``[elements]``
   of the flattened input gradient; natively one ``pool_grad`` instruction (C++
-  ``MaxPool2dBackwardF32``, the same operations; a sum of two NaNs keeps the accumulated one).
+  ``MaxPool2dBackwardF32``, the same operations). A NaN sum follows the M4F's VADD as the PE
+  code issues it, the window's term as the first operand (FPSCR.DN = 0: a signalling NaN
+  first, then a quiet one, the term's before the sum's; ``inf + -inf`` the default NaN).
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ from .m4f import Mix, mix_cycles
 from .rows import RowLoop, stepped_cycles
 from .base import ComputedFlat, MappingError, OpFamily, ceil_div, itemsize, register, starts, working_budget
 
-__all__ = ["Pool", "PoolGrad", "PoolCode", "POOL_CODE", "smallest_pool_tile_bytes", "max_pool2d_backward",
+__all__ = ["Pool", "PoolGrad", "PoolGradJob", "pool_grad_jobs", "PoolGradCode", "POOL_GRAD_CODE",
+           "pool_grad_tile_cycles", "PoolCode", "POOL_CODE", "smallest_pool_tile_bytes", "max_pool2d_backward",
            "pool_tile_cycles"]
 
 
@@ -461,8 +464,159 @@ def max_pool2d_backward(dy: np.ndarray, x: np.ndarray, pool_size, strides, paddi
             ok = (oi >= lo_h) & (oj >= lo_w) & (oi < oh) & (oj < ow)
             oi_c, oj_c = np.clip(oi, 0, oh - 1), np.clip(oj, 0, ow - 1)
             taken = tap[:, :, oi_c, oj_c] == (ih - oi_c * sh) * kw + (iw - oj_c * sw)
-            dx = dx + np.where(ok & taken, dy[:, :, oi_c, oj_c], _F32(0))
+            # the PE's VADD: the window's term first (its NaN rule, :func:`binary`)
+            with np.errstate(invalid="ignore"):  # inf + -inf: the default NaN, by binary's rule
+                dx = binary("add", np.where(ok & taken, dy[:, :, oi_c, oj_c], _F32(0)), dx)
     return dx
+
+
+@dataclass(frozen=True)
+class PoolGradJob:
+    """One job of the ``pool_grad`` PE kernel (:mod:`tvm_spinn.pe.kernels`): the output
+    elements ``[lo, hi)`` of rows ``[row0, row1)`` of ``plane`` (``lo``, ``hi`` counted from
+    the band's first element), and the windows that may hold them: rows ``[oy0, oy0 + nwy)``,
+    columns ``[ox0, ox0 + nwx)``."""
+
+    plane: int
+    row0: int
+    row1: int
+    lo: int
+    hi: int
+    oy0: int
+    nwy: int
+    ox0: int
+    nwx: int
+
+
+def pool_grad_jobs(e0: int, e1: int, h: int, w: int, oh: int, ow: int, pool, strides, padding,
+                   free: int) -> list[PoolGradJob]:
+    """The jobs of a ``max_pool2d_backward`` tile ``[e0, e1)`` of the flattened input gradient:
+    per plane it covers, per band of its rows whose buffers (the padded input rows under the
+    band's windows, their output gradients, the band's elements; float32) fit ``free`` bytes
+    (halved until they do), the windows that may hold a band element (a one-row band: only the
+    windows over its columns).
+
+    Parameters
+    ----------
+    e0, e1 : int
+        The tile's first and past-the-last element of the flattened input gradient.
+    h, w, oh, ow : int
+        The input's and the output gradient's plane sizes.
+    pool, strides : tuple of int
+        The window ``(kh, kw)`` and its strides ``(sh, sw)``.
+    padding : tuple of int
+        ``(top, left, bottom, right)``.
+    free : int
+        SRAM bytes a job's buffers may use.
+
+    Returns
+    -------
+    list of PoolGradJob
+        In plane and row order.
+    """
+    (kh, kw), (sh, sw), (pt, pl, pb, pr) = pool, strides, padding
+    wp, hw, jobs = w + pl + pr, h * w, []
+    for q in range(e0 // hw, (e1 - 1) // hw + 1):
+        s0, s1 = max(e0, q * hw) - q * hw, min(e1, (q + 1) * hw) - q * hw
+        ra, rb = s0 // w, -(-s1 // w)
+        band = rb - ra
+        while band > 1:
+            nwy = -(-band // sh) + -(-kh // sh) + 1
+            if 4 * (((nwy - 1) * sh + kh) * wp + nwy * ow + band * w) <= free:
+                break
+            band = -(-band // 2)
+        for qa in range(ra, rb, band):
+            qb = min(qa + band, rb)
+            # the windows that may hold a row r of [qa, qb): oy * sh <= r + pt < oy * sh + kh
+            oy0 = max(0, -(-(qa + pt - kh + 1) // sh))
+            nwy = max(0, min(oh, (qb - 1 + pt) // sh + 1) - oy0)
+            lo, hi = max(s0, qa * w) - qa * w, min(s1, qb * w) - qa * w
+            ox0, ox1 = 0, ow
+            if qb - qa == 1:  # the columns [lo, hi) of one row: the windows over them
+                ox0 = max(0, -(-(lo + pl - kw + 1) // sw))
+                ox1 = min(ow, (hi - 1 + pl) // sw + 1)
+            jobs.append(PoolGradJob(q, qa, qb, lo, hi, oy0, nwy, ox0, max(0, ox1 - ox0)))
+    return jobs
+
+
+@dataclass(frozen=True)
+class PoolGradCode:
+    """The ``pool_grad`` PE kernel as the generated code executes it, in M4F cycles at the
+    Cortex-M4 TRM's prices (:mod:`tvm_spinn.pe.cycles`), each piece the difference of the
+    executed cycles of single jobs that differ in that piece only (read from the ISS at jobs of
+    0 to 2 rows of 10 windows, windows of 1 to 4 rows of 1 to 8 columns, 0 to 200 elements).
+
+    Attributes
+    ----------
+    job : float
+        One job run on its own: the runtime's start-up, the job loop's step, the kernel's
+        prologue, geometry loads and epilogue.
+    zero, zero_element : float
+        The +0.0 fill of the job's elements: its loop's set-up, and per element.
+    window_row : float
+        Per row of windows: the row's addresses and its loop.
+    window : float
+        Per window: the argmax's start, the taken tap's tests and the loop step.
+    tap_row : float
+        Per row of a window: its column loop's set-up and exit.
+    tap_group : float
+        Per 4 columns of a window's row (LLVM unrolls the column loop by 4): 4 loads and
+        compare-and-selects of the argmax.
+    tap_rest : tuple of float
+        The ``kw mod 4`` columns left over (1, 2, 3 of them).
+    add : float
+        Per gradient added to an element (a load, VADD, store).
+    """
+
+    job: float
+    zero: float
+    zero_element: float
+    window_row: float
+    window: float
+    tap_row: float
+    tap_group: float
+    tap_rest: tuple
+    add: float
+
+    def window_cycles(self, kh: int, kw: int) -> float:
+        """Cycles of one ``kh x kw`` window's argmax and tests."""
+        full, rest = divmod(int(kw), 4)
+        return self.window + kh * (self.tap_row + full * self.tap_group + (0.0, *self.tap_rest)[rest])
+
+    def job_cycles(self, job: PoolGradJob, kh: int, kw: int) -> float:
+        """Cycles of one job (:func:`pool_grad_jobs`); a gradient added per window, or per
+        element where the job has fewer elements than windows (each window takes one element)."""
+        windows = job.nwy * job.nwx
+        elements = job.hi - job.lo
+        return (self.job + self.zero + elements * self.zero_element + job.nwy * self.window_row
+                + windows * self.window_cycles(kh, kw) + min(windows, elements) * self.add)
+
+
+#: The ``pool_grad`` kernel's pieces (see :class:`PoolGradCode`).
+POOL_GRAD_CODE = PoolGradCode(job=115.0, zero=16.5, zero_element=2.25, window_row=46.0, window=61.0, tap_row=10.0,
+                              tap_group=41.0, tap_rest=(17.0, 34.0, 43.0), add=15.0)
+
+
+def pool_grad_tile_cycles(e0: int, e1: int, geometry: tuple, free: int) -> float:
+    """M4F cycles of a ``max_pool2d_backward`` tile ``[e0, e1)``: its jobs priced by
+    :data:`POOL_GRAD_CODE`.
+
+    Parameters
+    ----------
+    e0, e1 : int
+        The tile's elements of the flattened input gradient.
+    geometry : tuple
+        ``(h, w, oh, ow, pool, strides, padding)`` as :func:`pool_grad_jobs` takes them.
+    free : int
+        SRAM bytes a job's buffers may use.
+
+    Returns
+    -------
+    float
+        M4F cycles.
+    """
+    (kh, kw) = geometry[4]
+    return float(sum(POOL_GRAD_CODE.job_cycles(j, kh, kw) for j in pool_grad_jobs(e0, e1, *geometry, free)))
 
 
 class PoolGrad(ComputedFlat):
@@ -516,6 +670,23 @@ class PoolGrad(ComputedFlat):
         (kh, kw), (sh, sw) = layer.attrs["pool_size"], layer.attrs["strides"]
         windows = -(-kh // sh) * -(-kw // sw)
         return arch.m4f_elementwise_cycles * (2 * kh * kw / (sh * sw) + 2 * windows)
+
+    @staticmethod
+    def geometry(program, layer) -> tuple:
+        """``(h, w, oh, ow, pool, strides, padding)`` of :func:`pool_grad_jobs`."""
+        h, w = (int(d) for d in program.tensors[layer.inputs[1]].shape[2:])
+        oh, ow = (int(d) for d in program.tensors[layer.inputs[0]].shape[2:])
+        a = layer.attrs
+        return h, w, oh, ow, tuple(a["pool_size"]), tuple(a["strides"]), tuple(a["padding"])
+
+    def tile_costs(self, program, layer, arch, tile, lo, hi):
+        """The flat family's SRAM and bytes; the M4F cycles of each tile's jobs as the PE kernel
+        runs them (:func:`pool_grad_tile_cycles`: per plane and band of rows, every window that
+        may hold one of the tile's elements)."""
+        sram, ins, w, out, _ = super().tile_costs(program, layer, arch, tile, lo, hi)
+        geometry, free = self.geometry(program, layer), working_budget(arch)
+        cycles = np.array([pool_grad_tile_cycles(int(a), int(b), geometry, free) for a, b in zip(lo[:, 0], hi[:, 0])])
+        return sram, ins, w, out, np.ceil(cycles)
 
     def native(self, program, layer, nb, clip=None):
         """One ``pool_grad`` instruction: :func:`max_pool2d_backward`'s argmax and sums."""
