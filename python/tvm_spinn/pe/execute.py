@@ -786,6 +786,7 @@ def _run_cross_entropy(run: _Run, index: int, env, table) -> np.ndarray:
                         flat[q0:q1] = np.frombuffer(m.read(bufs[4], 4 * n), dtype=_F32)
                     _tally(runs[t], m)
     _record_runs(run, index, table, runs)
+    return out
 
 
 def _run_pool_grad(run: _Run, index: int, env, table) -> np.ndarray:
