@@ -21,6 +21,8 @@ from tvm_spinn.mapping.tiling import layer_work
 from tvm_spinn.mapping.tiling import GemmShape
 from tvm_spinn.program import Layer, Program, TensorDesc
 from tvm_spinn.timing.bounds import physical_bound, program_workload
+from tvm_spinn.program.ops.gemm import geometry as G
+from tvm_spinn.program.ops.m4f import mix_cycles
 
 ARCH = tvm_spinn.SpinnArch()
 # products of -128 * -128 that fit the signed accumulator: 511 on the production chip's 24 bits
@@ -87,27 +89,45 @@ def _mac_cycles(vm: int, vn: int, k: int, k_splits: int, arch=ARCH) -> int:
 
 def _fp32_cycles(vm: int, vn: int, k: int, k_splits: int = 1, arch=ARCH) -> float:
     """The fp32 GEMM kernel's loop nest walked (``tvm_spinn.pe.kernels``: 4 x 4 register blocks,
-    4 x 1 blocks right of them, single outputs below): per k step of a block one load per
-    operand row and column (VLDR, 2 cycles, TRM table 7-1), a VMUL and a VADD per product (1
-    each) and the block's step overhead; per job (reduction chunk) the job and every block's
-    (and every single output's) set-up, start and store."""
-    def block(rows: int, cols: int) -> float:
-        return k * ((rows + cols) * 2 + 2 * rows * cols + arch.m4f_gemm_step_cycles)
+    their reduction loop unrolled by 4, 4 x 1 blocks right of them, 1 x 4 blocks below them and
+    single outputs right of those), each
+    loop's body, set-up and trips priced by the instructions the generated code executes there
+    (the ``F32_*`` mixes): per job (reduction chunk) the job, each loop nest that runs, its rows,
+    its blocks or outputs and their k steps."""
+    def c(mix):
+        return mix_cycles(mix, arch)
 
-    cycles, blocks, alone = 0.0, 0, 0
-    for _ in range(vm // 4):
-        cycles += sum(block(4, 4) for _ in range(vn // 4)) + sum(block(4, 1) for _ in range(vn % 4))
-        blocks += vn // 4 + vn % 4
-    cycles += sum(block(1, 1) for _ in range((vm % 4) * vn))
-    alone += (vm % 4) * vn
-    return cycles + k_splits * (blocks * arch.m4f_gemm_block_cycles + alone * arch.m4f_gemm_output_cycles
-                                + arch.m4f_job_cycles)
+    def job(kc: int) -> float:
+        cycles = c(G.F32_JOB)
+        rows = range(vm // 4)
+        if vm // 4 and vn // 4:
+            cycles += c(G.F32_NEST)
+            for _ in rows:
+                cycles += c(G.F32_ROW)
+                for _ in range(vn // 4):
+                    cycles += c(G.F32_BLOCK) + sum(c(G.F32_TRIP) / 4 if s < kc - kc % 4 else c(G.F32_REM)
+                                                   for s in range(kc))
+        if vm // 4 and vn % 4:
+            cycles += c(G.F32_EDGE_NEST)
+            for _ in rows:
+                cycles += c(G.F32_EDGE_ROW) + (vn % 4) * (c(G.F32_EDGE) + kc * c(G.F32_EDGE_STEP))
+        if vm % 4 and vn:
+            cycles += c(G.F32_ONE_NEST)
+            for _ in range(vm % 4):
+                cycles += c(G.F32_ONE_ROW)
+                cycles += (vn // 4) * (c(G.F32_TAIL) + kc * c(G.F32_TAIL_STEP))
+                cycles += (vn % 4) * (c(G.F32_ONE) + kc * c(G.F32_ONE_STEP))
+        return cycles
+
+    chunk = math.ceil(k / k_splits)
+    return sum(job(min(chunk, k - j * chunk)) for j in range(k_splits))
 
 
-#: fp32 multiply-accumulates per cycle of the kernel's 4 x 4 block (8 loads, 16 VMUL + VADD)
-_FULL_BLOCK_RATE = 16 / (8 * 2 + 32 + ARCH.m4f_gemm_step_cycles)
-#: ... and of its single outputs (2 loads, a VMUL and a VADD per product)
-_SINGLE_RATE = 1 / (2 * 2 + 2 + ARCH.m4f_gemm_step_cycles)
+#: fp32 multiply-accumulates per cycle of the kernel's 4 x 4 block (a trip of its unrolled loop:
+#: 4 k steps of 16 VMUL + VADD and their 8 loads)
+_FULL_BLOCK_RATE = 64 / mix_cycles(G.F32_TRIP, ARCH)
+#: ... and of its 1 x 4 blocks below them (a batch-1 GEMV's: 5 loads, 4 VMUL + VADD per k)
+_SINGLE_RATE = 4 / mix_cycles(G.F32_TAIL_STEP, ARCH)
 
 
 def _k(kind: str, shapes) -> int:

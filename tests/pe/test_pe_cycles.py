@@ -68,7 +68,7 @@ class _Op(torch.nn.Module):
     # is the error the model has plus a margin, so that a change of the code or the model fails
     pytest.param("softmax", lambda m, a: torch.softmax(a * 2.0, dim=-1), None, [(16, 80)], 0.005,
                  marks=pytest.mark.slow),
-    ("matmul", lambda m, a, b: a @ b, None, [(12, 40), (40, 20)], 0.02),                          # 1.3%
+    ("matmul", lambda m, a, b: a @ b, None, [(12, 40), (40, 20)], 0.02),                          # 0.0%
     ("max_pool2d", lambda m, a: torch.nn.functional.max_pool2d(a * 2.0, 3, 2, 1), None, [(1, 4, 12, 12)], 0.005),
     ("avg_pool2d", lambda m, a: torch.nn.functional.avg_pool2d(a * 2.0, 2, 2), None, [(1, 6, 10, 10)], 0.005),
     ("avg_pool2d", lambda m, a: torch.nn.functional.avg_pool2d(a * 2.0, 4, 4), None, [(1, 4, 16, 16)], 0.005),

@@ -744,3 +744,43 @@ def test_pad_moves_by_dma_bit_identical(shape, pad_width, value):
     record = []
     run_program_iss(program, [x], record)
     assert sum(r.cycles for r in record) == sum(r.modelled for r in record)
+
+
+@pytest.mark.parametrize("m,n,k,chunk", [(9, 11, 13, 13), (9, 11, 13, 5), (3, 6, 9, 4), (4, 4, 8, 8), (2, 1, 7, 7)])
+def test_gemm_f32_kernel_every_loop_nest(m, n, k, chunk):
+    """The fp32 GEMM kernel on tiles that run each of its loop nests (4 x 4 blocks with whole and
+    remainder trips of the unrolled k loop, 4 x 1 blocks right of them, 1 x 4 blocks below, single
+    outputs in the corner), the reduction in chunks, bias per column or per row and the ReLU:
+    every output is numpy's fp32 sum of its products in ascending k, each product and sum
+    rounded (NaNs where numpy has them; every other value to the bit, signed zeros and
+    subnormals included)."""
+    from tvm_spinn.pe.execute import gemm_f32_panels
+
+    a, b = _special((m, k), 31 + m), _special((k, n), 37 + n)
+    bias = _special((max(m, n),), 41)
+    for relu in (False, True):
+        machine = PeMachine(role_image(("gemm_f32", relu)).elf, "gemm_f32", 0, 24)
+        for per_row in (False, True):
+            want = np.zeros((m, n), np.float32)
+            with np.errstate(all="ignore"):
+                for kk in range(k):
+                    want = want + a[:, kk:kk + 1] * b[kk:kk + 1, :]
+                want = want + (bias[:m, None] if per_row else bias[None, :n])
+                if relu:
+                    want = np.where(want <= 0, np.float32(0), want)
+            pa = machine.arena
+            pb = pa + 4 * m * chunk
+            pc = pb + 4 * chunk * n
+            pbias = pc + 4 * m * n
+            machine.write(pbias, bias.tobytes())
+            for k0 in range(0, k, chunk):
+                k1 = min(k0 + chunk, k)
+                pan_a, pan_b = gemm_f32_panels(a[:, k0:k1], b[k0:k1])
+                machine.write(pa, pan_a)
+                machine.write(pb, pan_b)
+                flags = (1 if k0 == 0 else 0) | ((2 | 4 | (8 if per_row else 0)) if k1 == k else 0)
+                machine.run([[pa, pb, pc, pbias, m, n, k1 - k0, flags]])
+            got = np.frombuffer(machine.read(pc, 4 * m * n), np.float32).reshape(m, n)
+            assert np.array_equal(np.isnan(got), np.isnan(want))
+            ok = ~np.isnan(want)
+            assert np.array_equal(got[ok].view(np.uint32), want[ok].view(np.uint32)), (relu, per_row)

@@ -13,8 +13,7 @@ from tvm_spinn.program.ops.rows import TFLITE_SOFTMAX_CODE, TfliteSoftmaxPhase
 from tvm_spinn.target.arch import SpinnArch
 
 #: the constants ``bench/iss.py`` calibrates, at the values its calibration rows solve to
-CALIBRATED = {"m4f_loop_cycles": 0.52, "m4f_job_cycles": 93.25, "m4f_gemm_step_cycles": 1.03,
-              "m4f_gemm_block_cycles": 233.11, "m4f_gemm_output_cycles": 80.15}
+CALIBRATED = {"m4f_loop_cycles": 0.52, "m4f_job_cycles": 93.25}
 
 
 @pytest.mark.parametrize("arch", [SpinnArch(), SpinnArch().replace(**CALIBRATED)], ids=["default", "calibrated"])

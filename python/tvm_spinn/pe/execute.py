@@ -21,8 +21,9 @@ from .errors import PeCodegenError
 from .images import build_images
 from .iss import PeMachine
 from .memory_map import ARENA_END, DMA_DESC_WORDS, DMA_SCATTER
+from ..program.ops.gemm.geometry import M4F_BLOCK
 
-__all__ = ["TileRun", "gemm_i8_tile", "run_int8_tile", "run_program_iss"]
+__all__ = ["TileRun", "gemm_f32_panels", "gemm_i8_tile", "run_int8_tile", "run_program_iss"]
 
 _F32 = np.float32
 
@@ -157,6 +158,27 @@ def _gemm_operands(p, index: int, env, out, fill):
     return _batched_operands(p, layer, out, env[view.layer_inputs(p, index)[0]], rhs, fill)
 
 
+def gemm_f32_panels(a: np.ndarray, b: np.ndarray) -> tuple[bytes, bytes]:
+    """The ``gemm_f32`` kernel's operands of one chunk ``a @ b`` (fp32 ``[m, k]`` by ``[k, n]``)
+    as the host's DMA places them: ``a`` transposed and both cut into panels of the register
+    block's rows (``a``) and columns (``b``), each full panel ``[k, width]`` row-major, so that a
+    block's operands of one k step are contiguous and the next step's lie a fixed distance on;
+    a narrower last panel (the rows below the blocks, the columns right of them) stored
+    transposed, each of its rows or columns contiguous in k, as the kernel walks them one at a
+    time (strided DMA descriptors, one per panel); panel ``p`` starts at element ``p * 4 * k``
+    in both layouts."""
+    mr, nr = M4F_BLOCK
+
+    def panel(x, p, r):
+        part = x[:, p:p + r]
+        return np.ascontiguousarray(part if part.shape[1] == r else part.T, dtype=_F32).tobytes()
+
+    def panels(x, r):
+        return b"".join(panel(x, p, r) for p in range(0, x.shape[1], r))
+
+    return panels(np.asarray(a).T, mr), panels(np.asarray(b), nr)
+
+
 def _run_gemm_f32(run: _Run, index: int, env, table) -> np.ndarray:
     p = run.p
     kind = view.layer_kind(p, index)
@@ -183,8 +205,9 @@ def _run_gemm_f32(run: _Run, index: int, env, table) -> np.ndarray:
         at, bt = a[int(a_index[b0]), m0:m1], b[int(b_index[b0]), :, n0:n1]
         for k0 in range(0, g.k, kc):
             k1 = min(k0 + kc, g.k)
-            m.write(pa, np.ascontiguousarray(at[:, k0:k1], dtype=_F32).tobytes())
-            m.write(pb, np.ascontiguousarray(bt[k0:k1], dtype=_F32).tobytes())
+            pan_a, pan_b = gemm_f32_panels(at[:, k0:k1], bt[k0:k1])
+            m.write(pa, pan_a)
+            m.write(pb, pan_b)
             flags = (1 if k0 == 0 else 0) | ((2 | flags_bias) if k1 == g.k else 0)
             m.run([[pa, pb, pc, pbias, tm, tn, k1 - k0, flags]])
         c[b0, m0:m1, n0:n1] = np.frombuffer(m.read(pc, 4 * tm * tn), dtype=_F32).reshape(tm, tn)

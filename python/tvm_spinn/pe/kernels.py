@@ -22,8 +22,12 @@ Kernels (the ``spec`` of :func:`kernel_object`):
   ``p`` the DMA's run of partners (``x`` at ``e + h`` in a row's first half, ``e - h`` in its
   second; the sign bit flipped as ``negative`` does); args ``x, p, c, s, y, n, j0, h``.
 - ``("gemm_f32", relu)``: one k-chunk of ``C[m, n] += A[m, k] B[k, n]`` in ascending k into
-  the fp32 accumulator ``C``, in 4 x 4 register blocks of outputs (4 x 1 at the right edge, one
-  at a time in the rows below; every output's products summed in ascending k, as one at a time) (``flags`` bit 0: first chunk, start from +0.0; bit 1: last
+  the fp32 accumulator ``C``, in 4 x 4 register blocks of outputs (4 x 1 at the right edge, 1 x 4
+  in the rows below, one at a time in the corner right of those; every output's products
+  summed in ascending k, as one at a time),
+  the operands in panels (:func:`tvm_spinn.pe.execute.gemm_f32_panels`: ``A`` transposed, both
+  cut into ``[k, 4]`` panels, a narrower last one stored transposed, each of its rows or columns
+  contiguous in k), a block's k loop unrolled by 4 with its 8 operands loaded together (``flags`` bit 0: first chunk, start from +0.0; bit 1: last
   chunk, add the bias when bit 2 is set -- ``bias[i]`` per row when bit 3 is set (conv2d's
   output channels), else ``bias[j]`` per column -- then the ReLU); args ``a, b, c, bias, m, n,
   k, flags``.
@@ -270,6 +274,9 @@ def _clip_kernel():
 
 #: the fp32 GEMM's register block: ``_MR x _NR`` accumulators live in FPU registers over k
 _MR, _NR = M4F_BLOCK
+#: k steps per trip of a full block's reduction loop (unrolled: the operands' offsets are
+#: immediates, one pointer increment per operand and one compare and branch per trip)
+_KU = 4
 
 
 def _gemm_f32(relu: bool):
@@ -282,8 +289,25 @@ def _gemm_f32(relu: bool):
             if flags & 4 != 0:
                 fin[0] = fin[0] + T.if_then_else(flags & 8 != 0, BIAS[i], BIAS[j])
             if relu:
-                fin[0] = _relu(fin[0])
+                # the ReLU as ``v <= 0 ? +0 : v`` (a NaN kept): the form the kernel's simplification
+                # leaves alone (it rewrites ``!(v <= 0)`` to ``v > 0``, assuming no NaN)
+                fin[0] = T.if_then_else(fin[0] <= _ZERO, _ZERO, fin[0])
         C[i * n + j] = fin[0]
+
+    @T.macro
+    def step(A, B, acc, av, bv, i0, j0, kk, k):
+        """One k step of a full block: its ``_MR + _NR`` operands (contiguous in their panels),
+        then the products in diagonals (``acc[ii, (ii + r) % _NR]`` for ``r = 0, 1, ...``): the
+        first diagonal uses every operand, so the scheduler issues the loads back to back,
+        where they pipeline. The order of the independent sums changes no bits."""
+        for ii in T.unroll(_MR):
+            av[ii] = A[i0 * _MR * k + kk * _MR + ii]
+        for jj in T.unroll(_NR):
+            bv[jj] = B[j0 * _NR * k + kk * _NR + jj]
+        for r in T.unroll(_NR):
+            for ii in T.unroll(_MR):
+                acc[ii * _NR + T.truncmod(ii + r, _NR)] = (acc[ii * _NR + T.truncmod(ii + r, _NR)]
+                                                           + av[ii] * bv[T.truncmod(ii + r, _NR)])
 
     @T.prim_func
     def kernel(a: T.handle("float32"), b: T.handle("float32"), c: T.handle("float32"),
@@ -294,39 +318,53 @@ def _gemm_f32(relu: bool):
         C = T.decl_buffer((m * n,), "float32", data=c)
         BIAS = T.decl_buffer((T.max(m, n),), "float32", data=bias)
         acc = T.decl_buffer((_MR * _NR,), "float32", scope="local")
+        av = T.decl_buffer((_MR,), "float32", scope="local")
+        bv = T.decl_buffer((_NR,), "float32", scope="local")
         one = T.decl_buffer((1,), "float32", scope="local")
         fin = T.decl_buffer((1,), "float32", scope="local")
+        mb = T.truncdiv(m, _MR)
+        nb = T.truncdiv(n, _NR)
         # full MR x NR blocks: each accumulator sums its products in ascending k, as the
         # one-at-a-time loop does, so blocking changes no bits
-        for i0 in range(T.truncdiv(m, _MR)):
-            for j0 in range(T.truncdiv(n, _NR)):
+        for i0 in range(mb):
+            for j0 in range(nb):
                 for ii in T.unroll(_MR):
                     for jj in T.unroll(_NR):
                         acc[ii * _NR + jj] = T.if_then_else(flags & 1 != 0, _ZERO,
                                                             C[(i0 * _MR + ii) * n + j0 * _NR + jj])
-                for kk in range(k):
-                    for ii in T.unroll(_MR):
-                        for jj in T.unroll(_NR):
-                            acc[ii * _NR + jj] = acc[ii * _NR + jj] + A[(i0 * _MR + ii) * k + kk] * B[kk * n + j0 * _NR + jj]
+                for k4 in range(T.truncdiv(k, _KU)):
+                    for u in T.unroll(_KU):
+                        step(A, B, acc, av, bv, i0, j0, k4 * _KU + u, k)
+                for kk in range(T.truncdiv(k, _KU) * _KU, k):
+                    step(A, B, acc, av, bv, i0, j0, kk, k)
                 for ii in T.unroll(_MR):
                     for jj in T.unroll(_NR):
                         finish(C, BIAS, fin, acc[ii * _NR + jj], i0 * _MR + ii, j0 * _NR + jj, n, flags)
         # the columns right of the blocks (all of them in a tile narrower than _NR) in _MR x 1
-        # blocks, then the rows below the blocks one output at a time
-        for i0 in range(T.truncdiv(m, _MR)):
-            for j in range(T.truncdiv(n, _NR) * _NR, n):
+        # blocks, then the rows below the blocks in 1 x _NR blocks, their last columns (the
+        # corner right of the 1 x _NR blocks) one output at a time
+        for i0 in range(mb):
+            for j in range(nb * _NR, n):
                 for ii in T.unroll(_MR):
                     acc[ii] = T.if_then_else(flags & 1 != 0, _ZERO, C[(i0 * _MR + ii) * n + j])
                 for kk in range(k):
                     for ii in T.unroll(_MR):
-                        acc[ii] = acc[ii] + A[(i0 * _MR + ii) * k + kk] * B[kk * n + j]
+                        acc[ii] = acc[ii] + A[i0 * _MR * k + kk * _MR + ii] * B[j * k + kk]
                 for ii in T.unroll(_MR):
                     finish(C, BIAS, fin, acc[ii], i0 * _MR + ii, j, n, flags)
-        for i in range(T.truncdiv(m, _MR) * _MR, m):
-            for j in range(n):
+        for i in range(mb * _MR, m):
+            for j0 in range(nb):
+                for jj in T.unroll(_NR):
+                    acc[jj] = T.if_then_else(flags & 1 != 0, _ZERO, C[i * n + j0 * _NR + jj])
+                for kk in range(k):
+                    for jj in T.unroll(_NR):
+                        acc[jj] = acc[jj] + A[i * k + kk] * B[j0 * _NR * k + kk * _NR + jj]
+                for jj in T.unroll(_NR):
+                    finish(C, BIAS, fin, acc[jj], i, j0 * _NR + jj, n, flags)
+            for j in range(nb * _NR, n):
                 one[0] = T.if_then_else(flags & 1 != 0, _ZERO, C[i * n + j])
                 for kk in range(k):
-                    one[0] = one[0] + A[i * k + kk] * B[kk * n + j]
+                    one[0] = one[0] + A[i * k + kk] * B[j * k + kk]
                 finish(C, BIAS, fin, one[0], i, j, n, flags)
     return kernel
 
@@ -1312,11 +1350,21 @@ def kernel_func(spec: tuple) -> "tvm.tirx.PrimFunc":
     return func.with_attr("global_symbol", "pe_kernel")
 
 
+#: kernels whose ``T.unroll`` loops TIR unrolls itself and then simplifies (LLVM ignores the hint):
+#: the fp32 GEMM's register block, whose unrolled indices must fold to constants for its
+#: accumulators and operands to stay in FPU registers (the simplifier assumes no NaN: the
+#: kernel's float compares are written in forms it leaves alone)
+_UNROLLED = frozenset({"gemm_f32"})
+
+
 @functools.lru_cache(maxsize=64)
 def kernel_object(spec: tuple) -> bytes:
     """Kernel ``spec`` compiled by TVM's LLVM to a Cortex-M4F ELF object (bytes)."""
     target = tvm.target.Target(PE_TARGET)
     mod = tvm.IRModule({"pe_kernel": kernel_func(spec).with_attr("target", target)})
+    if spec[0] in _UNROLLED:
+        with tvm.transform.PassContext(opt_level=3, config={"tirx.UnrollLoop": {"explicit_unroll": True}}):
+            mod = tvm.transform.Sequential([tvm.tirx.transform.UnrollLoop(), tvm.tirx.transform.StmtSimplify()])(mod)
     with tvm.transform.PassContext(opt_level=3):
         lib = codegen_build(mod, target)
     with tempfile.TemporaryDirectory(prefix="tvm_spinn_pe_") as tmp:

@@ -62,11 +62,9 @@ __all__ = ["SpinnArch", "ArchError", "make_system", "CHIPS", "AssumedRange", "AS
 
 #: The PE code's overheads as calibrated on the executed cycles of the generated code
 #: (``bench/iss.py``, which prints the values its calibration rows imply): per element and pass
-#: of a loop, per job, and the fp32 GEMM's per register-block step, per block and per output
-#: computed alone. Assumptions:
-#: they describe what LLVM emits for the PE kernels, not the silicon.
+#: of a loop, and per job. Assumptions: they describe what LLVM emits for the PE kernels, not
+#: the silicon.
 LOOP_CYCLES, JOB_CYCLES = 0.5, 93.0
-GEMM_STEP_CYCLES, GEMM_BLOCK_CYCLES, GEMM_OUTPUT_CYCLES = 1.0, 233.1, 80.2
 
 
 class ArchError(ValueError):
@@ -159,17 +157,6 @@ class SpinnArch:
         Assumption, calibrated like :attr:`m4f_loop_cycles` (same rows): cycles of one job of a
         PE's job loop beyond the kernel's loops (reading the job's arguments, the call and
         return, the kernel's prologue, epilogue and per-call set-up).
-    m4f_gemm_step_cycles : float
-        Assumption, calibrated on the fp32 GEMM kernel's executed cycles at 5 of ``bench/iss.py``'s
-        18 kernel tile shapes: cycles per reduction step of one register block beyond its loads
-        and arithmetic (the block's address increments and loop branch).
-    m4f_gemm_block_cycles : float
-        Assumption, calibrated like :attr:`m4f_gemm_step_cycles`: cycles per ``4 x 4`` or ``4 x 1``
-        register block and job besides its k loop (its addresses, its accumulators started from
-        zero or from the partial sums, the last chunk's flag tests, bias and stores).
-    m4f_gemm_output_cycles : float
-        Assumption, calibrated like :attr:`m4f_gemm_step_cycles`: the same for an output computed
-        alone (the rows below the blocks).
     exp_unit_cycles : float
         Assumption: cycles per element through the exp/log accelerator (a pipelined unit;
         [OJCAS26] gives 7-22 cycles latency).
@@ -373,9 +360,6 @@ class SpinnArch:
     m4f_branch_cycles: int = 2  # [M4-TRM]
     m4f_loop_cycles: float = LOOP_CYCLES  # assumption, calibrated (see the docstring)
     m4f_job_cycles: float = JOB_CYCLES  # assumption, calibrated (see the docstring)
-    m4f_gemm_step_cycles: float = GEMM_STEP_CYCLES  # assumption, calibrated (see the docstring)
-    m4f_gemm_block_cycles: float = GEMM_BLOCK_CYCLES  # assumption, calibrated (see the docstring)
-    m4f_gemm_output_cycles: float = GEMM_OUTPUT_CYCLES  # assumption, calibrated (see the docstring)
     # Faults and the allocation (read by tvm_spinn.target.faults and the link graph); left out
     # of to_dict() while empty, like the topology fields.
     dead_chips: tuple = ()
@@ -418,8 +402,7 @@ class SpinnArch:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ArchError(f"SpinnArch.{name} must be a positive integer, got {value!r}")
-        for name in ("m4f_loop_cycles", "m4f_job_cycles", "m4f_gemm_step_cycles", "m4f_gemm_block_cycles",
-                     "m4f_gemm_output_cycles"):
+        for name in ("m4f_loop_cycles", "m4f_job_cycles"):
             value = getattr(self, name)
             if not isinstance(value, numbers.Real) or isinstance(value, bool) or not 0 <= value < math.inf:
                 raise ArchError(f"SpinnArch.{name} must be a finite non-negative number, got {value!r}")
@@ -681,8 +664,7 @@ _TIMING_FIELDS = frozenset({"noc_link_bytes_per_cycle", "sync_packet_cycles", "i
                             "task_descriptor_words", "exp_unit_latency_cycles"})
 #: The M4F's instruction cycles and the PE code's overheads; omitted at their defaults.
 _M4F_FIELDS = frozenset({"m4f_mem_cycles", "m4f_mem_pipelined_cycles", "m4f_fpu_cycles", "m4f_divide_cycles",
-                         "m4f_alu_cycles", "m4f_branch_cycles", "m4f_loop_cycles", "m4f_job_cycles",
-                         "m4f_gemm_step_cycles", "m4f_gemm_block_cycles", "m4f_gemm_output_cycles"})
+                         "m4f_alu_cycles", "m4f_branch_cycles", "m4f_loop_cycles", "m4f_job_cycles"})
 #: The faults and the allocation (:attr:`SpinnArch.dead_chips` ...); omitted while empty.
 FAULT_FIELDS = ("dead_chips", "dead_links", "dead_board_links", "dead_boards", "allocated_boards")
 _DEFAULTED_FIELDS = (_TOPOLOGY_FIELDS | _HOST_FIELDS | _CHAIN_FIELDS | _TIMING_FIELDS | _M4F_FIELDS
@@ -794,16 +776,6 @@ ASSUMPTION_RANGES: Mapping[str, AssumedRange] = types.MappingProxyType({
         JOB_CYCLES / 2, 2 * JOB_CYCLES,
         "calibrated on the executed PE code (bench/iss.py): a factor of two either way for another "
         "compiler or runtime"),
-    "m4f_gemm_step_cycles": AssumedRange(
-        GEMM_STEP_CYCLES / 2, 2 * GEMM_STEP_CYCLES,
-        "calibrated on the executed PE code (bench/iss.py): a factor of two either way for another "
-        "compiler's addressing"),
-    "m4f_gemm_block_cycles": AssumedRange(
-        GEMM_BLOCK_CYCLES / 2, 2 * GEMM_BLOCK_CYCLES,
-        "calibrated on the executed PE code (bench/iss.py): a factor of two either way"),
-    "m4f_gemm_output_cycles": AssumedRange(
-        GEMM_OUTPUT_CYCLES / 2, 2 * GEMM_OUTPUT_CYCLES,
-        "calibrated on the executed PE code (bench/iss.py): a factor of two either way"),
     "m4f_chain_registers": AssumedRange(
         16, 28, "[M4-TRM] 32 single-precision registers, 4 to 16 of them kept for sums and addresses"),
     "link_payload_fraction": AssumedRange(

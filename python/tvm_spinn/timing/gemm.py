@@ -20,10 +20,11 @@ def gemm_seconds(arch, m: int, k: int, n: int, batch: int = 1) -> float:
 
     The tile is the mapper's (:func:`~tvm_spinn.program.ops.gemm.choose_matmul_tile` for the
     chip's PEs); the busiest PE runs ``ceil(tiles / pes)`` of them at
-    :func:`~tvm_spinn.program.ops.gemm.gemm_tile_cycles` each (the PE kernel's ``4 x 4`` register
-    blocks, its ``4 x 1`` right edges and single outputs below them, the per-step, per-block and
-    per-job overheads: a GEMM of a few rows computes its outputs one at a time, a reduction of a
-    few terms pays a block's set-up for a few steps), double-buffered behind its first tile's two
+    :func:`~tvm_spinn.program.ops.gemm.gemm_tile_cycles` each (the instructions the PE kernel
+    executes: its ``4 x 4`` register blocks, its ``4 x 1`` right edges, ``1 x 4`` blocks below
+    them and single outputs in the corner, the per-step, per-block and per-job overheads: a GEMM
+    of a few rows computes its outputs four or one at a time, a reduction of a few terms pays a
+    block's set-up for a few steps), double-buffered behind its first tile's two
     operand DMAs and before its last tile's write-back, and the layer ends with the chip's
     barrier (:meth:`~tvm_spinn.target.arch.SpinnArch.barrier_cost_cycles`). Weight traffic from
     DRAM is the planner's own term (the longer of the two is taken), not counted here.

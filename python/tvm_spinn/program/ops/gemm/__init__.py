@@ -32,7 +32,7 @@ weight``/rhs (matmul's batches broadcast).
   result).
 - Compute cycles of a tile (:func:`gemm_tile_cycles`): fp32 the PE kernel's register blocks
   (:func:`~.geometry.fp32_tile_cycles`: ``4 x 4`` blocks, ``4 x 1`` right edges, single outputs
-  below, priced by the M4F's load and FPU cycles); int8: the tile padded to ``mac_rows x mac_cols`` blocks in the orientation
+  below, priced by the instructions the generated code executes); int8: the tile padded to ``mac_rows x mac_cols`` blocks in the orientation
   that pads least (:func:`mac_passes`), each streaming
   its reduction one k-chunk at a time (1 cycle per k) then reading out its sums, overlapped
   with the M4F's adds of later chunks' sums and of the activation operands' zero-point sums

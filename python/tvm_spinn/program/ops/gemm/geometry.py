@@ -142,27 +142,69 @@ def mac_passes(vm, vn, arch: "SpinnArch"):
 #: (16 of the M4F's 32 single-precision registers, 8 more for one k's operands).
 M4F_BLOCK = (4, 4)
 
+#: The fp32 GEMM kernel's work as the generated code executes it, one :class:`~..m4f.Mix` per
+#: unit (instruction classes counted in the executed basic blocks of ``gemm_f32``, a first and
+#: last chunk without bias, each unit the difference of two tile shapes run directly: one more
+#: trip, block, row or output). A full block's reduction loop, per trip of 4 k steps
+#: (:data:`F32_TRIP`): 32 operand loads (the 8 of a step issued as pairs and runs of four, whose
+#: followers pipeline), 64 VMUL and 64 VADD (the unfused VMLA's two roundings at 2 cycles where
+#: VMLA takes 3), the two panel pointers' increment, the trip count's decrement and the taken
+#: branch; the remainder steps of a chunk whose length is not a multiple of 4, per step
+#: (:data:`F32_REM`, over the longest remainder, 3 steps, the loop's entry included); per block
+#: its accumulators started (zeros, or the partial sums loaded) and stored through the bias and
+#: ReLU tests (:data:`F32_BLOCK`), per row of blocks (:data:`F32_ROW`) and once per job with
+#: blocks (:data:`F32_NEST`). The ``4 x 1`` blocks right of them (their loop unrolled by 4 by
+#: LLVM): per k step 4 + 1 loads, 4 VMUL + VADD (:data:`F32_EDGE_STEP`), per block, row of
+#: blocks and job (:data:`F32_EDGE`, :data:`F32_EDGE_ROW`, :data:`F32_EDGE_NEST`). The rows
+#: below the blocks: ``1 x 4`` blocks, per k step 1 + 4 loads, 4 VMUL + VADD
+#: (:data:`F32_TAIL_STEP`) and per block (:data:`F32_TAIL`); the outputs right of those one at a
+#: time, per k step (:data:`F32_ONE_STEP`) and per output (:data:`F32_ONE`); per row and job
+#: (:data:`F32_ONE_ROW`, :data:`F32_ONE_NEST`). Per job the runtime's job loop, the kernel's
+#: entry, its arguments and return (:data:`F32_JOB`: a job of no outputs).
+F32_TRIP = Mix(loads=11.0, paired=21.0, fpu=128.0, alu=4.0, branches=1.0)
+F32_REM = Mix(loads=13 / 3, paired=6.0, fpu=32.0, alu=13 / 3, branches=1 / 3)
+F32_BLOCK = Mix(loads=12.0, paired=15.0, fpu=16.0, alu=17.0, branches=4.0)
+F32_ROW = Mix(loads=10.0, paired=7.0, alu=23.0, mla=1.0)
+F32_NEST = Mix(loads=5.0, paired=5.0, alu=10.0, branches=2.0)
+F32_EDGE_STEP = Mix(loads=3.5, paired=1.5, fpu=8.0, alu=1.0, branches=0.25)
+F32_EDGE = Mix(loads=7.0, paired=5.0, fpu=4.0, alu=16.0, branches=1.0)
+F32_EDGE_ROW = Mix(loads=14.0, paired=10.0, alu=21.0, mla=1.0, branches=3.0)
+F32_EDGE_NEST = Mix(loads=20.0, paired=8.0, alu=28.0, branches=2.0)
+F32_TAIL_STEP = Mix(loads=3.5, paired=1.5, fpu=8.0, alu=1.0, branches=0.25)
+F32_TAIL = Mix(loads=8.0, paired=3.0, fpu=4.0, alu=17.0, branches=4.0)
+F32_ONE_STEP = Mix(loads=0.5, paired=1.5, fpu=2.0, alu=1.0, branches=0.25)
+F32_ONE = Mix(loads=4.0, paired=3.0, fpu=1.0, alu=13.0, branches=2.0)
+F32_ONE_ROW = Mix(loads=12.0, paired=14.0, alu=18.0, branches=1.0)
+F32_ONE_NEST = Mix(loads=20.0, paired=6.0, alu=29.0, mla=1.0, branches=1.0)
+F32_JOB = Mix(loads=21.0, paired=56.0, fpu=1.0, alu=25.0, branches=3.0)
+#: k steps per trip of the full blocks' unrolled reduction loop (the kernel's ``_KU``)
+F32_UNROLL = 4
+
 
 def fp32_tile_cycles(vm, vn, k, k_splits, arch: "SpinnArch"):
-    """M4F cycles of a ``vm x vn`` fp32 GEMM tile with reduction ``k`` in ``k_splits`` jobs, as the
-    PE kernel runs it: full :data:`M4F_BLOCK` blocks of outputs load ``4 + 4`` operands per k
-    for 16 products (VMUL + VADD each: the unfused VMLA's two roundings); the columns right of
-    the blocks run in ``4 x 1`` blocks (5 loads for 4 products); the rows below them one output
-    at a time (2 loads for 1 product). Each load is interleaved with the arithmetic (not
-    pipelined: ``m4f_mem_cycles``); each block's k step adds ``m4f_gemm_step_cycles``; each job
-    (one reduction chunk) ``m4f_job_cycles``, per register block ``m4f_gemm_block_cycles`` and per
-    output computed alone ``m4f_gemm_output_cycles`` (set-up, the accumulators started from the
-    partial sums and stored back). ``vm``, ``vn`` may be int64 arrays."""
+    """M4F cycles of a ``vm x vn`` fp32 GEMM tile with reduction ``k`` in ``k_splits`` jobs (chunks
+    of ``ceil(k / k_splits)``, the last one shorter), as the PE kernel runs it: its full
+    :data:`M4F_BLOCK` blocks, the ``4 x 1`` blocks right of them, the ``1 x 4`` blocks below them
+    and the outputs right of those one at a time, each priced by the instructions the generated code executes (the ``F32_*``
+    mixes). ``vm``, ``vn`` may be int64 arrays."""
     mr, nr = M4F_BLOCK
     bm, bn = vm // mr, vn // nr
-    full, edge, tail = bm * bn, bm * (vn - bn * nr), (vm - bm * mr) * vn
+    wn, wm = vn - bn * nr, vm - bm * mr
+    full, edge, tail, alone = bm * bn, bm * wn, wm * bn, wm * wn
 
-    def step(loads, products):
-        return (loads * arch.m4f_mem_cycles + 2 * products * arch.m4f_fpu_cycles + arch.m4f_gemm_step_cycles)
+    def c(mix):
+        return mix_cycles(mix, arch)
 
-    per_k = full * step(mr + nr, mr * nr) + edge * step(mr + 1, mr) + tail * step(2, 1)
-    return k * per_k + k_splits * ((full + edge) * arch.m4f_gemm_block_cycles + tail * arch.m4f_gemm_output_cycles
-                                   + arch.m4f_job_cycles)
+    def job(kc):
+        steps = (kc // F32_UNROLL) * c(F32_TRIP) + (kc % F32_UNROLL) * c(F32_REM)
+        return (c(F32_JOB)
+                + (full > 0) * (c(F32_NEST) + bm * c(F32_ROW)) + full * (c(F32_BLOCK) + steps)
+                + (edge > 0) * (c(F32_EDGE_NEST) + bm * c(F32_EDGE_ROW)) + edge * (c(F32_EDGE) + kc * c(F32_EDGE_STEP))
+                + (wm * vn > 0) * (c(F32_ONE_NEST) + wm * c(F32_ONE_ROW)) + tail * (c(F32_TAIL) + kc * c(F32_TAIL_STEP))
+                + alone * (c(F32_ONE) + kc * c(F32_ONE_STEP)))
+
+    chunk = -(-k // k_splits)
+    return (k_splits - 1) * job(chunk) + job(k - (k_splits - 1) * chunk)
 
 
 #: The int8 GEMM kernel's M4F work as the generated code executes it, one :class:`~..m4f.Mix`
