@@ -175,10 +175,10 @@ def _chain_terms(layer: Layer, row: int, chunk: int) -> tuple[int, int]:
 def _multicast_hops(chunks: int, arch: "SpinnArch") -> int:
     """NoC hops of a statistic multicast from the PE holding a split row's last chunk to the
     PEs of its other ``chunks - 1`` chunks: the routers copy the one packet onto every branch
-    of the route tree at once, so the farthest PE waits for the hops to it, at most the
-    diameter of the chip's mesh of quad-PE routers (twice :meth:`SpinnArch.noc_hops` of the
-    chip's PEs, the radius from its middle), and never more than the chain's ``chunks - 1``
-    hops back."""
+    of the route tree at once, so the farthest PE waits for the hops to it, bounded by twice
+    the radius of the chip's mesh of quad-PE routers (:meth:`SpinnArch.noc_hops` of the chip's
+    PEs, from its middle), which no route between two of its routers exceeds, and never more
+    than the chain's ``chunks - 1`` hops back."""
     return int(min(chunks - 1, 2 * arch.noc_hops(arch.pes_per_chip)))
 
 
@@ -1111,8 +1111,8 @@ class Rows(OpFamily):
         # statistic sent back) with one NoC hop per chunk boundary per statistic gathered; the
         # chunk's own sequential sum is part of the chain. A statistic goes back to the chunks
         # as one multicast packet from the chain's last PE, which the routers copy on towards
-        # every chunk's PE (as a barrier's wake-up packet): at most the chip mesh's diameter in
-        # hops (:func:`_multicast_hops`), not one hop per chunk boundary
+        # every chunk's PE (as a barrier's wake-up packet): the hops to the farthest
+        # (:func:`_multicast_hops`), not one hop per chunk boundary
         serial = pass_cycles((_SERIAL,), arch) if layer.kind == "softmax" and not integer else 0.0
         hops = (gathers * (chunks - 1) + broadcasts * _multicast_hops(chunks, arch)) * arch.noc_hop_cycles
         chain_adds = gathers * (chunks - 1) if integer else 0.0  # integer partials added
