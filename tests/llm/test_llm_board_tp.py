@@ -321,6 +321,16 @@ def test_a_streamed_piece_fetched_ahead_runs_as_mapped_alone():
         == pytest.approx((40e-6, 120e-6))
     # a slice not cut into pieces: as mapped
     assert board_tp._on_chip(resident, ["a", "m"], None, row, 48, 9e-6, map_alone) is resident
+    # the piece's timing (its layers and collectives, what slice_collectives reports) is then
+    # the alone mapping's; a piece that keeps its time in the block keeps its timing
+    own = [SystemTimingSummary(t, 0.0, 0.0, 0.0, "compute", 48, 0, (t,), (), 0.0) for t in (40e-6, 120e-6)]
+    timed = stage([40e-6, 120e-6], [0, 600_000], own)
+    got = board_tp._on_chip(timed, ["a", "m"], (False, True), row, 48, 9e-6, map_alone)
+    assert got.program_timings == (own[0], gathered)
+    assert board_tp.slice_collectives(got, row) == {}  # the row's gather is the all-reduce's
+    assert board_tp.slice_collectives(got) == {"all_gather multicast": pytest.approx(36e-6)}
+    assert board_tp._on_chip(timed, ["a", "m"], (False, True), row, 48, 9e-6, lambda p: slow).program_timings \
+        == tuple(own)
 
 
 def test_a_resident_program_runs_no_slower_than_streaming():

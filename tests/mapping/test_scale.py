@@ -291,3 +291,26 @@ def test_data_parallel_batch_same_bits():
     assert np.array_equal(board.view(np.uint32), one.view(np.uint32))
     with torch.no_grad():
         np.testing.assert_allclose(one, model(x).numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_output_partial_sums_are_reduced_before_the_row_blocks_gather():
+    """tp 2 x sp 2: a column-parallel then a row-parallel fp32 GEMM leave the program's output
+    as partial sums over the tp group, split in row blocks over sp. Before the outputs leave
+    whole (one all-gather over all four chips) the partial sums are all-reduced over the tp
+    group, by the bit-exact chain (fp32), on the chip's row block: rows / sp x columns x 4
+    bytes."""
+    from tvm_spinn.program import Layer, Program, TensorDesc
+    from tvm_spinn.target import arch_of
+
+    rows, k, mid, cols, tp, sp = 4, 16, 32, 8, 2, 2
+    tensors = [TensorDesc("x", [rows, k], "float32", "input"), TensorDesc("w1", [k, mid], "float32", "const"),
+               TensorDesc("h", [rows, mid], "float32", "temp"), TensorDesc("w2", [mid, cols], "float32", "const"),
+               TensorDesc("y", [rows, cols], "float32", "output")]
+    layers = [Layer("fc1", "dense", [0], 2, {"weight": 1}, {"relu": False}),
+              Layer("fc2", "dense", [2], 4, {"weight": 3}, {"relu": False})]
+    program = Program("main", arch_of("spinn/board"), tensors, [0], [4], layers,
+                      constants={1: np.ones((k, mid), np.float32), 3: np.ones((mid, cols), np.float32)})
+    plan = plan_shards(program, tp, 1, True, sp)
+    assert plan.splits == ("col", "row")
+    end = [(c.op, c.group, c.nbytes, c.exact) for c in plan.collectives if c.layer >= len(layers) and c.tensor == 4]
+    assert end == [("all_reduce", "tp", rows // sp * cols * 4, False), ("all_gather", "all", rows * cols * 4, True)]

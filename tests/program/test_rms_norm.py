@@ -212,6 +212,27 @@ def test_split_row_chains_block_sums():
     assert 1024 // LAYER_NORM_BLOCK * arch.m4f_chain_cycles <= chunked.min()
 
 
+def test_split_row_statistic_goes_back_by_multicast():
+    # the sum of squares travels the chain one NoC hop per chunk boundary (its adds keep their
+    # order); its 1 / sqrt goes back to every chunk as one multicast packet, the routers
+    # copying it on: the hops to the farthest chunk's PE, at most twice the chip mesh's radius
+    # (Llama-2-70B's 8,192-wide row in 128 chunks), the chain's way back where that is shorter
+    program = _one_layer(8192, "spinn/board")
+    arch = arch_of("spinn/board")
+    rows = family_of("rms_norm")
+    layer = program.layers[0]
+    radius = arch.noc_hops(arch.pes_per_chip)
+    assert 0 < 2 * radius < 127
+    for chunk in (64, 2048):
+        k = 8192 // chunk
+        lo, hi, _ = rows.expand_regions(program, layer, [1, chunk])
+        base = rows.tile_costs(program, layer, arch, [1, chunk], lo, hi)[4]
+        more = rows.tile_costs(program, layer, arch.replace(noc_hop_cycles=arch.noc_hop_cycles + 1), [1, chunk],
+                               lo, hi)[4]
+        assert len(base) == k
+        # hops per tile: (k - 1) along the chain, then the multicast's
+        np.testing.assert_array_equal(more - base, (k - 1) + min(k - 1, 2 * radius))
+
 def test_row_longer_than_a_pe_splits_to_fit():
     # Llama-2-70B's 8,192-wide row (64 KiB of input alone) does not fit one PE's tile SRAM
     # whole: it is chunked in whole blocks that do, even on one chip with rows to spare

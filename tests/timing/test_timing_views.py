@@ -174,3 +174,43 @@ def test_split_layer_norm_chains_block_sums():
     (got,) = run_program(program, [xs])
     ref = (xs.astype(np.float64) - xs.mean(dtype=np.float64)) / np.sqrt(xs.astype(np.float64).var() + 1e-5)
     np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-5)
+
+
+def _softmax(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def test_siblings_reading_one_finished_input_share_a_barrier():
+    # two softmaxes of the same row (each reads the elements other PEs wrote): the second reads
+    # nothing written since the barrier after the tanh, and the tanh's output it reads stays live,
+    # so no barrier stands between the two; the add reads both, after a barrier
+    shape = [16, 256]
+    b = _Builder(shape)
+    t = b.add("tanh", [0], shape)
+    s1 = b.add("softmax", [t], shape, axis=-1)
+    s2 = b.add("softmax", [t], shape, axis=-1)
+    siblings = b.program(b.add("add", [s1, s2], shape))
+    assert _barriers(siblings) == 3
+    # the second softmax of the first's output waits for it
+    b = _Builder(shape)
+    t = b.add("tanh", [0], shape)
+    s1 = b.add("softmax", [t], shape, axis=-1)
+    s2 = b.add("softmax", [s1], shape, axis=-1)
+    chained = b.program(b.add("add", [s1, s2], shape))
+    assert _barriers(chained) == 4
+    # a sibling after a layer whose input dies with it keeps the barrier (that input's buffer
+    # may be reused while a slower PE still reads it)
+    b = _Builder(shape)
+    t = b.add("tanh", [0], shape)
+    u = b.add("tanh", [t], shape)
+    s1 = b.add("softmax", [u], shape, axis=-1)
+    s2 = b.add("softmax", [t], shape, axis=-1)
+    dead = b.program(b.add("add", [s1, s2], shape))
+    assert _barriers(dead) == 4
+    xs = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
+    (got,) = run_program(siblings, [xs])
+    np.testing.assert_allclose(got, 2 * _softmax(np.tanh(xs)), rtol=1e-5, atol=1e-6)
+    (got,) = run_program(chained, [xs])
+    s = _softmax(np.tanh(xs))
+    np.testing.assert_allclose(got, s + _softmax(s), rtol=1e-5, atol=1e-6)

@@ -577,19 +577,25 @@ def _on_chip(resident, pieces, ends, row_bytes: int, chips: int, scatter_s: floa
     :func:`_ahead_gains`): a streamed block keeps no weights resident, so a piece whose weights the
     block's SRAM ledger left partly in DRAM (``resident.program_streamed``) runs, once they are
     fetched ahead, as the piece mapped alone on the board (``map_alone(piece)``: its weights
-    resident), timed as the block's pieces are (:func:`fused_gathers`, :func:`_spread`)."""
+    resident), timed as the block's pieces are (:func:`fused_gathers`, :func:`_spread`); such a
+    piece's timing (its layers and collectives) is then the alone mapping's."""
     import dataclasses
 
     if ends is None or len(resident.program_s) != len(pieces):
         return resident
     times = list(resident.program_s)
+    timings = list(resident.program_timings) if len(resident.program_timings) == len(pieces) else None
     for k, piece in enumerate(pieces):
         if resident.program_streamed[k] <= 0:
             continue
         alone = map_alone(piece)
         alone = _spread(_less(alone, fused_gathers(alone, (ends[k],), row_bytes)), (ends[k],), chips, scatter_s)
-        times[k] = min(times[k], alone.latency_s)
-    return dataclasses.replace(resident, program_s=tuple(times))
+        if alone.latency_s < times[k]:
+            times[k] = alone.latency_s
+            if timings is not None and len(alone.program_timings) == 1:
+                timings[k] = alone.program_timings[0]  # its layers and collectives as it runs
+    return dataclasses.replace(resident, program_s=tuple(times),
+                               **({"program_timings": tuple(timings)} if timings is not None else {}))
 
 
 def _at_most(resident, streamed):
@@ -1152,7 +1158,9 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                           "board_all_reduce_s": reduce_s, "board_all_reduces_decode_s": reduces_s,
                           **({"board_all_reduce_wire": reduce} if reduce != "int32" else {}),
                           "board_gather_fused": fused,
-                          "slice_collectives_s": slice_collectives(streamed if per_group > fit else resident,
+                          # (the streamed blocks' pieces fetched ahead run as on chip)
+                          "slice_collectives_s": slice_collectives((on_chip if tag else streamed)
+                                                                   if per_group > fit else resident,
                                                                    hidden * 4 if fused else None),
                           "prefetch_bytes_per_chip": buffer_b, "prefetch_saved_decode_s": ahead_s,
                           "handoff_decode_s": sum(hand), "head_decode_s": head_s, **io,

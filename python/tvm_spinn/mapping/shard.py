@@ -416,7 +416,8 @@ def _collectives(program: Program, passes: list[_AxisPass], events: list[tuple],
                               tuple(shape) if (op == "all_gather" and shaped) or target is not None else None))
     if any(p.axis.strict and p.axis.gather_outputs for p in passes):
         final = list(dict.fromkeys(c.tensor for c in out if c.layer >= end and c.op == "all_gather"))
-        out = [c for c in out if not (c.layer >= end and c.tensor in final)]
+        # (an output's partial sums are still all-reduced first: only its gathers merge)
+        out = [c for c in out if not (c.layer >= end and c.tensor in final and c.op == "all_gather")]
         for tid in final:
             n = int(np.prod(full[tid], dtype=np.int64)) * elem(tid)
             out.append(Collective(end, "all_gather", tid, n, True, "all", None))

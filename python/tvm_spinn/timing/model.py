@@ -47,7 +47,9 @@ broadcast, a contiguous slice) cost nothing when their input and output live in 
 the consumers' DMA reads the producer's buffer in place. *Barriers* are dropped where no PE can
 need another's data (:class:`_Barriers`): a point-wise layer whose inputs were written by its own
 PEs with the same flat tiles, or finished behind a standing barrier (GELU's chain of seven
-element-wise layers pays one barrier, not seven).
+element-wise layers pays one barrier, not seven), and any layer whose inputs all finished behind
+a standing barrier while every buffer read since it stays live (a decode step's key and value
+projections after the query's, all three reading one quantized row).
 """
 
 from __future__ import annotations
@@ -238,6 +240,13 @@ class _Barriers:
     barrier must still be live (its buffer not yet reusable) at this layer. A free view's
     output is its input's bytes, relabelled (a slice: shifted): its reads are reads of that
     buffer.
+
+    Any other layer (a GEMM, a row operator) reads elements other PEs wrote, so it may start
+    without the barrier only where it reads nothing written since the last standing barrier
+    (each activation input a program input or finished behind it: the key and value
+    projections after the query's, which read the same quantized row) and every buffer read
+    since that barrier, by any PE, even its own, is still live at this layer (the address plan
+    cannot have given its space to this layer's outputs or buffers).
     """
 
     def __init__(self, program: Program, tables):
@@ -250,6 +259,7 @@ class _Barriers:
                 self.last_use[tid] = i
         self.kept = -1  # the last layer whose closing barrier stands
         self.remote: set[int] = set()  # buffers read from other PEs since then
+        self.read: set[int] = set()  # buffers read since then by any PE (its own too)
 
     def view(self, layer) -> None:
         src = layer.inputs[0]
@@ -266,7 +276,8 @@ class _Barriers:
         """Whether layer ``index`` drops the barrier after layer ``prev`` (updates the state)."""
         table = self.tables[index]
         family = family_of(layer.kind)
-        remote, ok = set(), prev >= 0 and family is not None and family.pointwise
+        pointwise = family is not None and family.pointwise
+        remote, read, ok = set(), set(), prev >= 0 and family is not None
         for tid in layer.inputs:
             if self.program.tensors[tid].role == "const":
                 continue
@@ -274,17 +285,21 @@ class _Barriers:
                 continue
             j, ordered = self.written[tid]
             src = self.tables[j]
-            if (ordered and self._numel(tid) == self._numel(layer.output) and src.lo.shape[1] == 1 == table.lo.shape[1]
+            read.add(self.root.get(tid, tid))
+            if (pointwise and ordered and self._numel(tid) == self._numel(layer.output)
+                    and src.lo.shape[1] == 1 == table.lo.shape[1]
                     and len(src) == len(table) and np.array_equal(src.pe, table.pe)
                     and np.array_equal(src.lo, table.lo) and np.array_equal(src.hi, table.hi)):
                 continue
             remote.add(self.root.get(tid, tid))
             ok = ok and j <= self.kept
-        ok = ok and all(self.last_use.get(t, -1) >= index for t in self.remote | remote)
+        live = self.remote | remote if pointwise else self.read | read
+        ok = ok and all(self.last_use.get(t, -1) >= index for t in live)
         if ok:
             self.remote |= remote
+            self.read |= read
         else:
-            self.kept, self.remote = prev, remote
+            self.kept, self.remote, self.read = prev, remote, read
         self.written[layer.output] = (index, True)
         return ok
 

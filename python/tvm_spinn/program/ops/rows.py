@@ -62,7 +62,8 @@ trailing axes.
   its chunk (a mean's output is written by the tile holding the row's last chunk), so every
   tiling gives the same bits. The cost (:meth:`Rows.tile_costs`): the parallel element-wise
   work of the chunk, plus the chain (the serial terms of the whole row, one NoC hop per chunk
-  boundary) and the statistic's broadcast, per statistic; the tiler splits a row only when
+  boundary) and the statistic's broadcast (one multicast packet the NoC's routers copy to every
+  chunk's PE: the hops to the farthest), per statistic; the tiler splits a row only when
   rows are fewer than the PEs and the split lowers the layer's modelled time
   (:meth:`Rows.choose_tile`), and an ``rms_norm`` row too long for a PE's SRAM (Llama-2-70B's
   8,192) always, into the fewest chunks of whole blocks that fit (so its smallest tile is one
@@ -169,6 +170,16 @@ def _chain_terms(layer: Layer, row: int, chunk: int) -> tuple[int, int]:
     chunks = ceil_div(row, chunk)
     straddle = 0 if chunk % LAYER_NORM_BLOCK == 0 else chunks - 1
     return blocks + straddle, ceil_div(chunk, LAYER_NORM_BLOCK) + (1 if straddle else 0)
+
+
+def _multicast_hops(chunks: int, arch: "SpinnArch") -> int:
+    """NoC hops of a statistic multicast from the PE holding a split row's last chunk to the
+    PEs of its other ``chunks - 1`` chunks: the routers copy the one packet onto every branch
+    of the route tree at once, so the farthest PE waits for the hops to it, bounded by twice
+    the radius of the chip's mesh of quad-PE routers (:meth:`SpinnArch.noc_hops` of the chip's
+    PEs, from its middle), which no route between two of its routers exceeds, and never more
+    than the chain's ``chunks - 1`` hops back."""
+    return int(min(chunks - 1, 2 * arch.noc_hops(arch.pes_per_chip)))
 
 
 def _statistics(layer: Layer) -> tuple[int, int]:
@@ -1097,10 +1108,13 @@ class Rows(OpFamily):
             before = lo[:, 1] // int(tile[1])
             return code, r * (lo[:, 1] * rate + before * arch.noc_hop_cycles)
         # the chain: per row the serial sums over the whole row (every chunk waits for the
-        # statistic sent back) with one NoC hop per chunk boundary per statistic gathered and
-        # broadcast; the chunk's own sequential sum is part of the chain
+        # statistic sent back) with one NoC hop per chunk boundary per statistic gathered; the
+        # chunk's own sequential sum is part of the chain. A statistic goes back to the chunks
+        # as one multicast packet from the chain's last PE, which the routers copy on towards
+        # every chunk's PE (as a barrier's wake-up packet): the hops to the farthest
+        # (:func:`_multicast_hops`), not one hop per chunk boundary
         serial = pass_cycles((_SERIAL,), arch) if layer.kind == "softmax" and not integer else 0.0
-        hops = (gathers + broadcasts) * (chunks - 1) * arch.noc_hop_cycles
+        hops = (gathers * (chunks - 1) + broadcasts * _multicast_hops(chunks, arch)) * arch.noc_hop_cycles
         chain_adds = gathers * (chunks - 1) if integer else 0.0  # integer partials added
         terms, held = _chain_terms(layer, row, int(tile[1]))
         # a chunk whose terms fit the FPU registers computes them (loads, squares, block sums)
