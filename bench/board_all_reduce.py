@@ -14,7 +14,7 @@ pipelined, the on-board gather fused into the multicast) and prints, per layout:
   group's own boards do every addition (the packed trees let the boards around them add too);
 - the ratios: without / with, and with / floor;
 - unpipelined (the reduce, then the multicast): with the packed trees each rooted
-  (:func:`~tvm_spinn.timing.collectives._rooted_shapes`: each tree's part reduced up to its root
+  (:func:`~tvm_spinn.timing.collectives.packing._rooted_shapes`: each tree's part reduced up to its root
   and multicast back down) and without them (one multicast tree per board's share);
 - the same exact sums as a reduce-scatter, one exchange of a norm's block sums (4 bytes every
   :data:`~tvm_spinn.program.ops.rows.LAYER_NORM_BLOCK` elements) and an all-gather of the row
@@ -67,12 +67,13 @@ def _figures(arch, g: int, hidden: int) -> list[tuple]:
         with_packed = C.board_group_all_reduce(topo, grid, n, board_gather=True, pipelined=True, fuse_gather=True)
         seconds = time.perf_counter() - start
         unpiped = C.board_group_all_reduce(topo, grid, n, board_gather=True, fuse_gather=True)
-        packed, C._packed_trees = C._packed_trees, lambda *args: None
+        # the packed trees off where every caller looks them up (their module)
+        packed, C.packing._packed_trees = C.packing._packed_trees, lambda *args: None
         try:
             without = C.board_group_all_reduce(topo, grid, n, board_gather=True, pipelined=True, fuse_gather=True)
             unpiped_without = C.board_group_all_reduce(topo, grid, n, board_gather=True, fuse_gather=True)
         finally:
-            C._packed_trees = packed
+            C.packing._packed_trees = packed
         bandwidth, latency = C.board_group_floor(topo, lay[0], n)
         on_board = C._gather_parts(topo, np.asarray(grid[0]), n)[1]
         members_only = 2 * (g - 1) / g * n / (6 * rate)

@@ -67,7 +67,7 @@ if profile is not None:
         "  pipeline records": ("llm/plan.py", "_pipeline_records"),
         "mapping (mapping/planner.py plan_system)": ("mapping/planner.py", "plan_system"),
         "describing (llm/describe.py describe)": ("llm/describe.py", "describe"),
-        "board collectives (board_group_all_reduce)": ("timing/collectives.py", "board_group_all_reduce"),
+        "board collectives (board_group_all_reduce)": ("timing/collectives/group.py", "board_group_all_reduce"),
     }.items()}, own=sorted(((v[2] / total, f"{f.split('tvm_spinn/')[-1]}:{ln}({n})") for (f, ln, n), v in stats.items()
                             if "tvm_spinn" in f), reverse=True)[:8])
 print("RESULT " + json.dumps(dict(

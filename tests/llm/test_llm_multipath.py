@@ -243,7 +243,7 @@ def test_negotiated_trees_are_multicast_trees_and_beat_the_breadth_first_ones_on
     # the packed trees rooted (the reduce up to each tree's root, then the multicast) only lower it
     assert board_group_all_reduce(topo, grid, n).seconds <= min(options) + gather + 1e-12
     assert board_group_all_reduce(topo, grid, n, board_gather=False).seconds <= min(options) + 1e-12
-    monkeypatch.setattr(C, "_packed_trees", lambda *args: None)
+    monkeypatch.setattr(C.packing, "_packed_trees", lambda *args: None)
     assert board_group_all_reduce(topo, grid, n).seconds == pytest.approx(min(options) + gather)
     assert board_group_all_reduce(topo, grid, n, board_gather=False).seconds == pytest.approx(min(options))
 

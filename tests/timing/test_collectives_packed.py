@@ -37,7 +37,7 @@ def test_two_by_two_torus_matches_the_hand_computation():
     # the packed trees alone: the four stars' quarter of the row on every directed edge (the
     # parts re-weighed to within 1%), two hops between members
     graph.memo.clear()
-    options, _ = C._packed_trees(graph, np.arange(4), 4)
+    options, _ = C.packing._packed_trees(graph, np.arange(4), 4)
     best = min(options, key=lambda o: graph.link_seconds(o[0] * N) + o[1])
     assert N / 4 / rate <= graph.link_seconds(best[0] * N) <= 1.01 * N / 4 / rate
     assert best[1] == pytest.approx(2 * hop) and best[2] == 2
@@ -74,7 +74,7 @@ def test_four_by_four_torus_packs_below_the_one_tree_per_share_multicast():
     assert bandwidth + latency <= cost.seconds
     # the trees' loads and spans add up to the figure: the busiest edge's time plus the span
     members = np.arange(16)
-    options, _ = C._packed_trees(graph, members, 16)
+    options, _ = C.packing._packed_trees(graph, members, 16)
     # (the trees of every span at once, the longer trees' parts first, are never dearer than
     # the trees of any one span cap: test_collectives_priority.py checks the schedule)
     assert cost.seconds <= min(graph.link_seconds(load * N) + lat for load, lat, _ in options) + 1e-12

@@ -27,7 +27,7 @@ def test_two_by_two_torus_phases_match_the_hand_count():
     graph = topo.board_graph()
     rate, hop = float(graph.link_bw[0]), float(graph.link_hop_s[0])
     assert np.all(graph.link_bw == rate) and np.all(graph.link_hop_s == hop)
-    up, down, depth, depth_hops = C._rooted_shapes(graph, np.arange(4), 4)[:4]
+    up, down, depth, depth_hops = C.packing._rooted_shapes(graph, np.arange(4), 4)[:4]
     # every tree: three edges, each crossed once up and once down
     assert np.all(up.sum(axis=1) == 3) and np.all(down.sum(axis=1) == 3)
     assert depth.min() == pytest.approx(hop) and depth_hops.min() == 1  # stars: members next to the root
@@ -52,7 +52,7 @@ def test_rooted_trees_never_dearer_than_the_multicast_and_never_below_the_pipeli
     assert plain.seconds >= piped.seconds >= bandwidth + latency
     gather = C.all_gather(topo, grid[0], N).seconds
     assert gathered.seconds == pytest.approx(plain.seconds + gather)
-    monkeypatch.setattr(C, "_rooted_shapes", lambda *args: None)
+    monkeypatch.setattr(C.packing, "_rooted_shapes", lambda *args: None)
     without = C.board_group_all_reduce(topo, grid, N, board_gather=False)
     assert without.algorithm != "board-packed"
     assert plain.seconds < without.seconds

@@ -40,7 +40,7 @@ def test_the_whole_row_without_exchanges_is_the_unpipelined_all_reduce(boards24,
     scattered = C.board_group_scattered_all_reduce(topo, grid, N, N, 0)
     assert want.seconds <= scattered.seconds
     assert C.board_group_all_reduce(topo, grid, N, pipelined=True, fuse_gather=True).seconds <= want.seconds
-    monkeypatch.setattr(C, "_packed_trees", lambda *args: None)
+    monkeypatch.setattr(C.packing, "_packed_trees", lambda *args: None)
     plain = C.board_group_all_reduce(topo, grid, N, pipelined=False, fuse_gather=True)
     assert plain.algorithm in ("board-multicast", "board-multipath")
     assert C.board_group_scattered_all_reduce(topo, grid, N, N, 0).seconds == plain.seconds
@@ -94,7 +94,7 @@ def test_the_packed_trees_are_taken_where_cheaper_and_only_then(boards24, monkey
     figures = {}
     for boards in GROUPS:
         figures[tuple(boards)] = C.board_group_scattered_all_reduce(topo, _grid(order, boards), N, N / 4, 1, 1024.0)
-    monkeypatch.setattr(C, "_packed_trees", lambda *args: None)
+    monkeypatch.setattr(C.packing, "_packed_trees", lambda *args: None)
     packed = 0
     for boards in GROUPS:
         without = C.board_group_scattered_all_reduce(topo, _grid(order, boards), N, N / 4, 1, 1024.0)

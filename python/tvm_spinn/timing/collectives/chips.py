@@ -1,0 +1,312 @@
+"""Collectives over a group of chips on the link graph: ring, tree and multicast; point-to-point,
+all-to-all and the chain all-reduce.
+
+The public chip-level collectives (:func:`all_reduce`, :func:`all_gather`,
+:func:`reduce_scatter`, :func:`point_to_point`, :func:`all_to_all`, :func:`chain_all_reduce`)
+and the multicast all-gather's parts (:func:`_gather_parts`) that the board collectives add for
+a board's own gather.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .cost import MULTICAST_MAX_RANKS, CollectiveCost, _prepare
+from .steps import _ALGORITHMS, _evaluate, _pairwise_steps, _steps
+from .trees import _multicast_trees
+
+
+def _multicast(topo: "Topology", ranks: np.ndarray, nbytes: float) -> "CollectiveCost | None":
+    """The multicast all-gather's cost, or None where it is not built (see :mod:`tvm_spinn.timing.collectives`)."""
+    c = ranks.size
+    if c == 1 or nbytes == 0:
+        return CollectiveCost("all_gather", "multicast", 0.0, 0.0, 0, 0, int(c > 1), c, float(nbytes))
+    if c > MULTICAST_MAX_RANKS:
+        return None
+    trees = _multicast_trees(topo, ranks)
+    if trees is None:
+        return None
+    shares, latency, hops, board_hops = trees[:4]
+    load = shares * (float(nbytes) / c)
+    seconds = topo.link_seconds(load) + latency
+    return CollectiveCost("all_gather", "multicast", seconds, float(load.max()), hops, board_hops, 1, c,
+                          float(nbytes))
+
+
+def _multicast_reduce(op: str, topo: "Topology", ranks: np.ndarray, nbytes: float,
+                      sources: "int | None" = None) -> "CollectiveCost | None":
+    """Reduce-scatter over the multicast trees run backwards (and, for ``op="all_reduce"``, the
+    multicast all-gather after it), or None where the trees are not built.
+
+    Shard ``s`` of the ``c`` shares is reduced towards rank ``s`` along the reverse of the tree
+    that multicasts it: every rank adds what its children send into its own share and passes
+    the sum to its parent, so each tree link carries the shard once, the other way. The link
+    loads are the all-gather's with every link reversed, and all ``c`` reductions run at once:
+    one step of ``max link bytes / bandwidth + the deepest reversed route's hop latencies``
+    (the additions ride on the words as they arrive, like the routers' copies of a multicast;
+    they are not charged). The order of the additions follows the trees, so this is for
+    integer partial sums (any order) only: floating-point sums use :func:`chain_all_reduce`.
+    ``sources``: the first ``sources`` ranks take part, the others relay (see
+    :func:`_multicast_trees`)."""
+    c = ranks.size
+    if c == 1 or nbytes == 0:
+        return CollectiveCost(op, "multicast", 0.0, 0.0, 0, 0, int(c > 1), c, float(nbytes))
+    if c > MULTICAST_MAX_RANKS:
+        return None
+    trees = _multicast_trees(topo, ranks, sources)
+    if trees is None:
+        return None
+    shares, latency, hops, board_hops, rev_shares, back = trees
+    share = float(nbytes) / (c if sources is None else sources)
+    rev = rev_shares * share
+    seconds = topo.link_seconds(rev) + back
+    if op == "reduce_scatter":
+        return CollectiveCost(op, "multicast", seconds, float(rev.max()), hops, board_hops, 1, c, float(nbytes))
+    load = shares * share
+    seconds += topo.link_seconds(load) + latency
+    return CollectiveCost(op, "multicast", seconds, float((rev + load).max()), 2 * hops, 2 * board_hops, 2, c,
+                          float(nbytes))
+
+
+def _collective(op: str, topo: "Topology", ranks, nbytes: float, algorithm: str, allowed=_ALGORITHMS) -> CollectiveCost:
+    topo, ranks = _prepare(topo, ranks, nbytes)
+    if algorithm != "auto" and algorithm not in allowed:
+        raise ValueError(f"algorithm must be 'auto' or one of {allowed}, got {algorithm!r}")
+    candidates = allowed if algorithm == "auto" else (algorithm,)
+    costs = [(_multicast(topo, ranks, nbytes) if op == "all_gather" else _multicast_reduce(op, topo, ranks, nbytes))
+             if a == "multicast"
+             else _evaluate(topo, ranks, op, a, _steps(op, a, ranks.size, float(nbytes)), nbytes) for a in candidates]
+    if algorithm == "multicast" and costs[0] is None:
+        raise ValueError(f"no multicast {op.replace('_', '-')} over these {ranks.size} ranks: it needs at most "
+                         f"{MULTICAST_MAX_RANKS} ranks that the links between them connect")
+    return min((cost for cost in costs if cost is not None), key=lambda cost: cost.seconds)  # ring on a tie
+
+
+def all_reduce(topo: "Topology", ranks: Sequence[int], nbytes: float,
+               algorithm: str = "auto", reproducible: bool = False) -> CollectiveCost:
+    """Cost of an all-reduce of ``nbytes`` bytes held by every rank.
+
+    Parameters
+    ----------
+    topo : Topology
+        The system's link graph (:func:`tvm_spinn.target.topology.topology_of`).
+    ranks : sequence of int
+        Distinct chip ids; their order is the ring order and the tree's rank order.
+    nbytes : float
+        Bytes of the buffer each rank contributes and receives back reduced.
+    algorithm : {"auto", "ring", "tree", "multicast"}
+        ``"auto"`` returns the cheapest (multicast: a reduce-scatter over the multicast trees
+        run backwards, then the multicast all-gather; where it is built, see :func:`all_gather`).
+    reproducible : bool
+        Only algorithms whose additions follow :func:`reduction_order` (the tree); the ring's
+        chunk order depends on the rank count.
+
+    Returns
+    -------
+    CollectiveCost
+    """
+    allowed = ("tree",) if reproducible else _ALGORITHMS + ("multicast",)
+    return _collective("all_reduce", topo, ranks, nbytes, algorithm, allowed)
+
+
+def all_gather(topo: "Topology", ranks: Sequence[int], nbytes: float,
+               algorithm: str = "auto") -> CollectiveCost:
+    """Cost of an all-gather whose result on every rank is ``nbytes`` bytes.
+
+    Parameters
+    ----------
+    topo : Topology
+        The system's link graph.
+    ranks : sequence of int
+        Distinct chip ids; each contributes ``nbytes / len(ranks)`` bytes.
+    nbytes : float
+        Bytes of the gathered result.
+    algorithm : {"auto", "ring", "tree", "multicast"}
+        ``"auto"`` returns the cheapest (multicast where it is built: at most
+        :data:`MULTICAST_MAX_RANKS` ranks connected by their own links).
+
+    Returns
+    -------
+    CollectiveCost
+
+    Raises
+    ------
+    ValueError
+        For ``algorithm="multicast"`` over ranks it is not built for (naming why).
+    """
+    return _collective("all_gather", topo, ranks, nbytes, algorithm, _ALGORITHMS + ("multicast",))
+
+
+def reduce_scatter(topo: "Topology", ranks: Sequence[int], nbytes: float,
+                   algorithm: str = "auto") -> CollectiveCost:
+    """Cost of a reduce-scatter of ``nbytes`` bytes held by every rank.
+
+    Parameters
+    ----------
+    topo : Topology
+        The system's link graph.
+    ranks : sequence of int
+        Distinct chip ids; each ends with ``nbytes / len(ranks)`` reduced bytes.
+    nbytes : float
+        Bytes of each rank's input buffer.
+    algorithm : {"auto", "ring", "tree", "multicast"}
+        ``"auto"`` returns the cheapest (multicast: the multicast all-gather's trees run
+        backwards, adding on the way; where it is built, see :func:`all_gather`).
+
+    Returns
+    -------
+    CollectiveCost
+    """
+    return _collective("reduce_scatter", topo, ranks, nbytes, algorithm, _ALGORITHMS + ("multicast",))
+
+
+def _gather_parts(topo: "Topology", ranks: np.ndarray, nbytes: float) -> "tuple[float, float] | None":
+    """``(bandwidth seconds, latency seconds)`` of the multicast all-gather of ``nbytes`` over
+    ``ranks`` (its busiest link's bytes and its deepest route), or None where its trees are not
+    built."""
+    c = ranks.size
+    if c == 1 or nbytes == 0:
+        return 0.0, 0.0
+    if c > MULTICAST_MAX_RANKS:
+        return None
+    trees = _multicast_trees(topo, ranks)
+    if trees is None:
+        return None
+    return topo.link_seconds(trees[0] * (float(nbytes) / c)), float(trees[1])
+
+
+def point_to_point(topo: "Topology", src: Sequence[int], dst: Sequence[int],
+                   nbytes: float) -> CollectiveCost:
+    """Cost of concurrent point-to-point transfers (e.g. a pipeline stage handing over).
+
+    Parameters
+    ----------
+    topo : Topology
+        The system's link graph.
+    src, dst : sequence of int
+        Sender and receiver of each transfer (same length).
+    nbytes : float
+        Bytes of each transfer.
+
+    Returns
+    -------
+    CollectiveCost
+        ``algorithm="direct"``, one step; ``ranks`` counts the distinct chips involved.
+    """
+    src = np.asarray(src, dtype=np.int64).reshape(-1)
+    dst = np.asarray(dst, dtype=np.int64).reshape(-1)
+    if src.shape != dst.shape:
+        raise ValueError(f"src and dst differ in length: {src.size} vs {dst.size}")
+    chips = np.unique(np.concatenate([src, dst]))
+    topo, chips = _prepare(topo, chips, nbytes)
+    index = np.searchsorted(chips, np.concatenate([src, dst]))
+    step = (index[: src.size], index[src.size:], np.full(src.size, float(nbytes)), 1)
+    return _evaluate(topo, chips, "point_to_point", "direct", [step], nbytes)
+
+
+def all_to_all(topo: "Topology", ranks: Sequence[int], nbytes: float, algorithm: str = "auto") -> CollectiveCost:
+    """Cost of an all-to-all: every rank holds ``nbytes`` cut into ``c`` equal chunks and sends
+    chunk ``j`` to rank ``j`` (a mixture of experts' token dispatch and combine).
+
+    Algorithms over ``c`` ranks:
+
+    - **direct**: one step, all ``c (c - 1)`` chunks at once on the link graph: ``max link bytes /
+      bandwidth + the longest route's hop latencies``;
+    - **pairwise**: ``c - 1`` steps, step ``s`` every rank sends to the rank ``s`` places on: each
+      step's links carry less, but the hop latencies are paid ``c - 1`` times.
+
+    Parameters
+    ----------
+    topo : Topology
+        The system's link graph.
+    ranks : sequence of int
+        Distinct chip ids.
+    nbytes : float
+        Bytes each rank holds (its ``c`` chunks together, its own included).
+    algorithm : {"auto", "direct", "pairwise"}
+        ``"auto"`` returns the cheaper (direct on a tie).
+
+    Returns
+    -------
+    CollectiveCost
+        ``op="all_to_all"``.
+    """
+    topo, ranks = _prepare(topo, ranks, nbytes)
+    choices = ("direct", "pairwise")
+    if algorithm != "auto" and algorithm not in choices:
+        raise ValueError(f"algorithm must be 'auto' or one of {choices}, got {algorithm!r}")
+    c = ranks.size
+    if c == 1 or nbytes == 0:
+        return CollectiveCost("all_to_all", "direct", 0.0, 0.0, 0, 0, 0, int(c), float(nbytes))
+    best = None
+    for name in (choices if algorithm == "auto" else (algorithm,)):
+        if name == "direct":
+            src, dst = (x.reshape(-1) for x in np.meshgrid(np.arange(c), np.arange(c), indexing="ij"))
+            keep = src != dst
+            steps = [(src[keep], dst[keep], np.full(int(keep.sum()), float(nbytes) / c), 1)]
+        else:
+            steps = _pairwise_steps(c, float(nbytes))
+        cost = _evaluate(topo, ranks, "all_to_all", name, steps, nbytes)
+        if best is None or cost.seconds < best.seconds:
+            best = cost
+    return best
+
+
+def chain_all_reduce(topo: "Topology", ranks: Sequence[int], nbytes: float,
+                     segments: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128)) -> CollectiveCost:
+    """Cost of an all-reduce that continues one accumulator from rank to rank (bit-exact).
+
+    Rank ``i`` adds its partial sums into what rank ``i - 1`` sends and passes the result on, so
+    the sum is the one sequential ascending reduction of the one-chip program (a row-parallel
+    GEMM's ranks hold consecutive blocks of ``k``): the bits do not depend on the rank count.
+    The message is cut into ``m`` segments that flow down the chain (ranks ``0 -> c-1``, one
+    hop per step when consecutive ranks are neighbours); each finished segment leaves the last
+    rank as a multicast (SpiNNaker's routers copy a packet onto several links) along the routes
+    from it to every rank, a tree of depth ``D`` (the farthest rank's hops). The reduce takes
+    ``m + c - 2`` steps and the broadcast, pipelined behind it, ``D`` more: ``m + c + D - 2``
+    steps, each moving ``nbytes / m`` over one hop (the slower of the chain's and the tree's
+    links); ``m`` is the cheapest of ``segments``.
+
+    Parameters
+    ----------
+    topo : Topology
+        The system's link graph.
+    ranks : sequence of int
+        Distinct chip ids in chain order.
+    nbytes : float
+        Bytes of each rank's partial sums (and of the result).
+    segments : sequence of int
+        Segment counts to choose from.
+
+    Returns
+    -------
+    CollectiveCost
+        ``algorithm="chain"``.
+    """
+    topo, ranks = _prepare(topo, ranks, nbytes)
+    c = ranks.size
+    if c == 1 or nbytes == 0:
+        return CollectiveCost("all_reduce", "chain", 0.0, 0.0, 0, 0, 0, c, float(nbytes))
+    i = np.arange(c - 1)
+    root = np.full(c - 1, ranks[-1])
+    depth = int(topo.hops(root, ranks[:-1]).max())
+    # the multicast tree: every link on a route from the last rank carries each segment once
+    _, tree = topo.route_links(root, ranks[:-1])
+    tree = np.unique(tree)
+    best = None
+    tree_share = np.zeros(topo.nodes * 6)
+    tree_share[tree] = 1.0  # one copy of each segment on every link of the tree
+    for m in segments:
+        cost, load = topo.evaluate(ranks[i], ranks[i + 1], float(nbytes) / m)
+        tree_s = topo.link_seconds(tree_share * (float(nbytes) / m)) + float(topo.link_hop_s[tree].max())
+        step = max(cost.seconds, tree_s)
+        load = load + tree_share * (float(nbytes) / m)
+        steps = m + c + depth - 2
+        candidate = CollectiveCost("all_reduce", "chain", steps * step, float(load.max()) * m,
+                                   steps * max(1, cost.max_hops), steps * cost.board_hops, steps, c, float(nbytes),
+                                   segments=int(m))
+        if best is None or candidate.seconds < best.seconds:
+            best = candidate
+    return best
