@@ -130,7 +130,8 @@ stage's last backward completes them (a layer's projections one by one, the tabl
 and each bucket updated on the stage's cores as its reduction ends (:func:`_bucket_tail`; the
 reduction's order per element is the chain's, whatever the buckets); the untouched rows' update
 waits for no reduction and runs in the first stage's idle time within the pipeline. Otherwise
-the block stages' groups synchronise all at once as the first stage ends; a head stage's on their own, earlier: in 1F1B's drain the head's stage runs its last
+the block stages' groups synchronise all at once as the first stage ends; a head stage's on
+their own, earlier: in 1F1B's drain the head's stage runs its last
 backward ``pp`` backward passes before the first stage (each at least the slowest stage's
 backward compute), so its synchronisation starts that much earlier (hidden behind the drain;
 :attr:`StepTime.dp_hidden_s`); a tied embedding's
