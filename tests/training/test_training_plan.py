@@ -212,9 +212,12 @@ def test_search_finds_what_costing_every_split_finds():
     for tp, pp, dp in itertools.product((1, 2, 4), divisors(4), divisors(batch)):
         if tp * pp * dp > 12:
             continue
-        for mb, zero, chunks, layout, (head, spread, lag) in itertools.product(
-                divisors(batch // dp), (0, 1, 2), _chunk_counts(seq), LAYOUTS, _head_options(spec, tp, pp, dp, 12)):
-            split = Split(tp, pp, dp, zero, mb, batch // dp // mb, False, True, chunks, layout, head, spread, lag)
+        for mb, zero, chunks, layout, (head, spread, lag), zb in itertools.product(
+                divisors(batch // dp), (0, 1, 2), _chunk_counts(seq), LAYOUTS, _head_options(spec, tp, pp, dp, 12),
+                (False, True)):
+            if zb and (pp + (head > 0) < 2 or batch // dp // mb * chunks < 2):
+                continue  # nothing to defer the weight gradients into: one stage, or one slot
+            split = Split(tp, pp, dp, zero, mb, batch // dp // mb, False, True, chunks, layout, head, spread, lag, zb)
             if split.chips <= 12 and memory_per_chip(spec, split, seq, "adamw", system.dram_bytes).fits:
                 full = _step_time(spec, split, seq, "adamw", system, comms).total_s
                 # the search's two lower bounds (the compute floor that orders the splits, the
@@ -516,17 +519,17 @@ def test_min_chunk_tokens_bounds_the_chunks_searched():
     """``min_chunk_tokens`` only narrows the search: every split costed keeps at least that many
     tokens a chunk, and the default (every power-of-two cut) finds a step no slower. The model
     (short per-chunk compute beside a long pipeline) is one whose fastest plan cuts its
-    sequences below 16 tokens a chunk, so the bound changes the plan."""
+    sequences below 64 tokens a chunk, so the bound changes the plan."""
     cfg = {**_config("gpt2-xl"), "n_layer": 16, "n_embd": 128, "n_head": 4, "vocab_size": 512, "n_positions": 128}
     system, seq = make_system("thirty-two", chips=32), 128
     plans = {k: plan_training(cfg, system, seq=seq, global_batch=2, recompute=False, min_chunk_tokens=k)
-             for k in (1, 16, seq)}
+             for k in (1, 64, seq)}
     for k, plan in plans.items():
         assert all(seq // split.chunks >= k for split, _, _ in plan.search), k
     assert plans[seq].split.chunks == 1
-    assert plans[1].time_per_step_s <= plans[16].time_per_step_s <= plans[seq].time_per_step_s
-    assert seq // plans[1].split.chunks < 16, plans[1].split.line()
-    assert plans[1].time_per_step_s < plans[16].time_per_step_s
+    assert plans[1].time_per_step_s <= plans[64].time_per_step_s <= plans[seq].time_per_step_s
+    assert seq // plans[1].split.chunks < 64, plans[1].split.line()
+    assert plans[1].time_per_step_s < plans[64].time_per_step_s
 
 
 def test_a_pipelined_chain_approaches_its_busiest_link():
@@ -760,6 +763,8 @@ def test_the_search_keeps_the_head_lags_below_the_slots(monkeypatch):
     (dict(head_tp=2, head_lag=-1), "head_lag"),
     (dict(head_lag=2), "head_lag"),
     (dict(pp=1, spread_head=True), "spread_head"),
+    (dict(zero_bubble=1), "zero_bubble"),
+    (dict(pp=1, zero_bubble=True), "zero_bubble"),
 ])
 def test_a_split_names_the_field_it_cannot_take(fields, field):
     """A head's placement the planner cannot price is refused when the split is made, naming
@@ -771,3 +776,90 @@ def test_a_split_names_the_field_it_cannot_take(fields, field):
         Split(**{**base, **fields})
     for good in (dict(head_tp=2, head_lag=2), dict(spread_head=True, head_lag=2), dict(spread_head=True), {}):
         assert dataclasses.replace(Split(**base), **good).head_width in (1, 2)
+
+
+def _gpt2_small_24_boards():
+    """GPT-2 small's 24-board split of ``bench/training.py`` (TP 12 x PP 12 x DP 4, 8 chunks of 32
+    tokens, a head stage of 96 chips) with its system and link costs."""
+    from tvm_spinn.training.planner import _Comms
+
+    spec = spec_of({**_config("gpt2-xl"), "n_layer": 12, "n_embd": 768, "n_head": 12, "n_positions": 1024})
+    system = make_system("gpt2-small-24-boards", boards=24)
+    split = Split(12, 12, 4, 0, 1, 2, False, True, 8, "dp,tp,pp", 96)
+    return spec, system, _Comms(system, True), split
+
+
+def test_zero_bubble_takes_the_weight_gradients_off_the_fill_and_drain():
+    """ZB-H1 (Split.zero_bubble): the steady slots are 1F1B's; the fill and drain shrink, by at
+    most twice each stage's weight-gradient GEMMs and at least once them less the backward's
+    collectives that ran under them (each block stage's weight gradients computed here from
+    the GEMM model, one layer a stage: its four projections' ``dW = A^T dY``)."""
+    import dataclasses
+
+    from tvm_spinn.timing.gemm import gemm_seconds
+    from tvm_spinn.training.planner import _step_time
+
+    spec, system, comms, split = _gpt2_small_24_boards()
+    zb = dataclasses.replace(split, zero_bubble=True)
+    one, zero = (_step_time(spec, s, 256, "adamw", system, comms) for s in (split, zb))
+    assert one.stages_s == zero.stages_s  # the same slots
+    tokens, h, tp = 32, 768, 12
+    # qkv (h -> 3h / tp), the attention's output (h / tp -> h), the MLP's (h -> 4h / tp, 4h / tp -> h)
+    shapes = [(tokens, h, 3 * h // tp), (tokens, h // tp, h), (tokens, h, 4 * h // tp), (tokens, 4 * h // tp, h)]
+    w = sum(gemm_seconds(system, k, m, n, 1) for m, k, n in shapes)
+    fills = 1 + (split.pp - 1)  # the first block stage and the last's, pp - 1 times (the head stage's GEMMs differ)
+    saved = one.pipeline_s - zero.pipeline_s
+    tp_b = max(t for _, _, t, _, _ in one.stages_s[:2])  # a block slot's collectives, an upper bound of the backward's
+    assert saved > 0 and fills * (w - tp_b) <= saved * (1 + 1e-9)
+    head_w = one.stages_s[-1][1]  # the head stage's whole compute bounds its weight gradients
+    assert saved <= 2 * (fills * w + head_w) * (1 + 1e-9)
+    assert zero.total_s < one.total_s
+    assert zero.compute_s <= zero.pipeline_s  # its fill and drain's compute shrink with it
+
+
+def test_zero_bubble_holds_its_deferred_passes_operands():
+    """A ZB-H1 stage holds, for every slot in flight, its layers' GEMM inputs whole and their
+    output gradients until the weight-gradient pass reads them: per token and layer the
+    query/key/value, the MLP's hidden width and four hidden widths (here at TP 12: 64 + 2 x 64 +
+    256 + 4 x 768 fp32 values)."""
+    import dataclasses
+
+    from tvm_spinn.training.planner import _inflight, _stage_activations
+
+    spec, _, _, split = _gpt2_small_24_boards()
+    zb = dataclasses.replace(split, zero_bubble=True)
+    for stage in (0, split.pp - 1):
+        extra = _stage_activations(spec, zb, 256, stage, False) - _stage_activations(spec, split, 256, stage, False)
+        assert extra == 1 * _inflight(split, stage) * 4 * 32 * (64 + 2 * 64 + 256 + 4 * 768)
+    assert _stage_activations(spec, zb, 256, split.pp, False) == _stage_activations(spec, split, 256, split.pp, False)
+
+
+def test_bucketed_gradient_reduction_overlaps_the_last_backward():
+    """ZeRO-0 with more than one stage: the first stage's gradients are all-reduced in buckets as
+    its last backward completes them and each bucket updated as its reduction ends, so the
+    exposed synchronisation and update are at most the whole stage's all-reduce and update after
+    the pipeline, and at least the last bucket's (layer 0's query/key/value projection with its
+    norms and biases, final only when the pass ends): both computed here from the layer's sizes."""
+    import dataclasses
+
+    from tvm_spinn.training.planner import _UPDATE_BYTES, _UPDATE_OPS, _step_time, _untouched_rows
+
+    spec, system, comms, split = _gpt2_small_24_boards()
+
+    def update(n):
+        return max(_UPDATE_BYTES["adamw"] * n / system.dram_bw_bytes_s,
+                   _UPDATE_OPS["adamw"] * n * system.m4f_elementwise_cycles / (system.pes_per_chip * system.clock_hz))
+
+    groups = split.grid().reshape(-1, split.dp)
+    h, tp = 768, 12
+    layer = h * 3 * h // tp + 3 * h // tp + h * h // tp + 2 * h * 4 * h // tp + 4 * h // tp + 6 * h
+    positions = 1024 * h
+    stage0 = layer + positions
+    touched = stage0 - _untouched_rows(spec, 256, 0)
+    last = h * 3 * h // tp + 3 * h // tp + 6 * h + 4 * h // tp  # qkv, with the layer's norms and biases
+    whole = comms.collective("all_reduce", groups, 4 * touched) + update(stage0)
+    least = comms.collective("all_reduce", groups, 4 * last) + update(last)
+    for zb in (False, True):
+        step = _step_time(spec, dataclasses.replace(split, zero_bubble=zb), 256, "adamw", system, comms)
+        exposed = step.dp_comm_s + step.optimizer_s
+        assert least * (1 - 1e-9) <= exposed < whole, (zb, least, exposed, whole)

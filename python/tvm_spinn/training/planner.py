@@ -90,6 +90,15 @@ set-ups hold back the pass that waits for it, not other transfers), and the back
 collectives run under its weight-gradient GEMMs, which no later GEMM of the pass reads
 (Megatron-LM's overlap of the tensor-parallel backward communication).
 
+A pipeline schedule shrinks the fill and drain (searched; a schedule order only: every pass
+reads its own slot's values, so no bit moves). :attr:`Split.zero_bubble` splits each
+backward into its input-gradient pass and its weight-gradient pass and defers the latter into the
+idle time (ZB-H1, Qi et al. 2024): a slot's backward crosses the stages at the input-gradient
+passes' pace, and each stage's fill and drain term is its slot less twice its weight-gradient
+GEMMs (``F + B - W`` rather than ``F + B + W``), with the backward's collectives that ran under
+those GEMMs back on the path; a stage holds its GEMMs' inputs whole and their output gradients
+until the deferred pass reads them.
+
 The LM head may take a pipeline stage of its own (:attr:`Split.head_tp` chips a replica,
 vocab-parallel, a width of its own: the blocks' ``tp`` divides the attention heads, the head's
 GEMM only the vocabulary, and GPT-2 small's head is 31% of its FLOPs): the last block stage's
@@ -115,8 +124,14 @@ collectives in series, spreads over the lag and is crossed once in the fill and 
 Then the gradient synchronisation over the ``dp`` replicas (ZeRO-0: an all-reduce; ZeRO-1: a
 reduce-scatter and an all-gather of the updated weights; ZeRO-2: a reduce-scatter per
 micro-batch and the all-gather; rows of a gathered table that no token of the step can touch,
-GPT-2's positions from ``seq`` on, have a zero gradient on every replica and are left out): the block stages' groups all at once as the first stage
-ends; a head stage's on their own, earlier: in 1F1B's drain the head's stage runs its last
+GPT-2's positions from ``seq`` on, have a zero gradient on every replica and are left out). With
+ZeRO-0 and more than one stage the block stages' gradients are all-reduced in buckets as each
+stage's last backward completes them (a layer's projections one by one, the tables' rows last)
+and each bucket updated on the stage's cores as its reduction ends (:func:`_bucket_tail`; the
+reduction's order per element is the chain's, whatever the buckets); the untouched rows' update
+waits for no reduction and runs in the first stage's idle time within the pipeline. Otherwise
+the block stages' groups synchronise all at once as the first stage ends; a head stage's on
+their own, earlier: in 1F1B's drain the head's stage runs its last
 backward ``pp`` backward passes before the first stage (each at least the slowest stage's
 backward compute), so its synchronisation starts that much earlier (hidden behind the drain;
 :attr:`StepTime.dp_hidden_s`); a tied embedding's
@@ -158,6 +173,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 import json
 import math
 import os
@@ -243,6 +259,11 @@ class Split:
     #: its passes and collectives in series, spreads over this many slots, and is crossed once in
     #: the fill and drain
     head_lag: int = 0
+    #: the backward split into its input-gradient pass and its weight-gradient pass, the latter
+    #: deferred into the pipeline's idle time (ZB-H1, Qi et al. 2024, "Zero Bubble Pipeline
+    #: Parallelism"): a slot's backward crosses the stages at the input-gradient passes' pace, so
+    #: the fill and drain take ``F + B - W`` of each stage rather than ``F + B + W``
+    zero_bubble: bool = False
 
     def __post_init__(self):
         # a head's placement the step prices no way: one clear error naming the field
@@ -257,6 +278,11 @@ class Split:
         if self.head_lag and not (self.head_tp or self.spread_head):
             raise ValueError(f"Split: head_lag={self.head_lag} needs a head stage (head_tp > 0) or a spread head "
                              "(spread_head=True): a head on the last block stage runs with its blocks")
+        if not isinstance(self.zero_bubble, bool):
+            raise ValueError(f"Split: zero_bubble={self.zero_bubble!r} must be True or False")
+        if self.zero_bubble and self.stages < 2:
+            raise ValueError(f"Split: zero_bubble=True needs more than one pipeline stage (pp={self.pp} and no head "
+                             "stage): there is no fill or drain to defer the weight gradients into")
 
     @property
     def chips(self) -> int:
@@ -319,6 +345,7 @@ class Split:
                 + (f", LM head spread over the {self.tp * self.pp} chips of a replica's stages" if self.spread_head
                    else "")
                 + (f", the head {self.head_lag} slots behind" if self.head_lag else "")
+                + (", weight gradients deferred (zero bubble, ZB-H1)" if self.zero_bubble else "")
                 + f", recomputation {'on' if self.recompute else 'off'}"
                 + (", sequence parallel" if self.sequence_parallel and self.tp > 1 else ""))
 
@@ -584,6 +611,12 @@ def _stage_activations(spec, split: "Split", seq: int, stage: int, recompute: bo
         total = layers * inflight * _layer_input(spec, tp, tokens, sp) + layer
     else:
         total = layers * inflight * layer
+    if split.zero_bubble and stage < pp:
+        # a deferred weight-gradient pass reads its GEMMs' inputs whole (the column-parallel
+        # ones' as gathered over the sequence) and their output gradients, held from the
+        # input-gradient pass until it runs: counted for every slot in flight
+        h, i, q, kv = _widths(spec, tp)
+        total += layers * inflight * F32 * tokens * (q + 2 * kv + i + 4 * h)
     if split.chunks > 1:
         # a chunk attends over the keys and values of its sequences' earlier chunks: each
         # micro-batch with a chunk in flight keeps its whole sequences' keys and values
@@ -682,10 +715,13 @@ def _pass_seconds(arch, gemms: list, comms: "_Comms") -> tuple[float, float, flo
     def seconds(m, k, n, b):
         return comms._get(("gemm", m, k, n, b), lambda: gemm_seconds(arch, m, k, n, b))
 
-    fwd = sum(seconds(m, k, n, b) for m, k, n, b in gemms)
-    dgrad = sum(seconds(m, n, k, b) for m, k, n, b in gemms)
-    wgrad = sum(seconds(k, m, n, b) for m, k, n, b in gemms)
-    return fwd, dgrad, wgrad
+    def passes():
+        fwd = sum(seconds(m, k, n, b) for m, k, n, b in gemms)
+        dgrad = sum(seconds(m, n, k, b) for m, k, n, b in gemms)
+        wgrad = sum(seconds(k, m, n, b) for m, k, n, b in gemms)
+        return fwd, dgrad, wgrad
+
+    return comms._get(("passes", tuple(gemms)), passes)
 
 
 def model_flops(spec, tokens: int, seq: int, recompute: bool = False) -> int:
@@ -1424,8 +1460,9 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         # backward of another, which do not depend on each other: the PEs compute one while the
         # links carry the other's collectives (each pass waits for its own collectives, and
         # the links carry all of them and the hand-overs)
+        hides = min(w_gemm, b_s / 2)  # the weight-gradient GEMMs that the backward's collectives run under
         total = _slot_seconds(f_s, b_s, tp_f, tp_b, pp_s, overlap=slots > 1, pp_shared=pp_on, tp_busy=busy,
-                              w_s=min(w_gemm, b_s / 2))
+                              w_s=hides)
         # a spread head's path (its collectives; its GEMMs are in this stage's compute) of one
         # slot overlaps the next head_lag slots
         total = max(total, spread_path / max(1, split.head_lag))
@@ -1438,8 +1475,18 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
             chain = f_s + tp_f + b_s + tp_b
             total = max(f_s + b_s, min(tp_f + tp_b, busy) + min(pp_s, pp_on), pp_s, chain / split.head_lag)
             path = max(total, chain)
+        fill, drain_s = total, b_s
+        if split.zero_bubble and slots > 1:
+            # ZB-H1 (Qi et al. 2024): the weight-gradient passes leave the backward's path across
+            # the stages and fill the idle time of the fill and drain, which then take
+            # ``F + B - W`` of the stage rather than its slot ``F + B + W``; the backward's
+            # collectives that ran under those GEMMs are on the path again. A backward that waits
+            # on DRAM saves nothing (its time is the traffic's, not the GEMMs')
+            w = 0.0 if dram_b > b_gemm else w_gemm
+            fill = max(f_s + b_s - w, total - 2 * w + min(tp_b, hides))
+            drain_s = b_s - w
         per_stage[stage] = dict(total=total, path=path, comp=f_s + b_s, tp=tp_f + tp_b, pp=pp_s, waits=waits,
-                                drain=b_s, params=streamed, fits=fits)
+                                drain=drain_s, params=streamed, fits=fits, fill=fill, comp_fill=min(f_s + b_s, fill))
     slowest = max(per_stage.values(), key=lambda st: st["total"])
     per = slowest["total"]
     # 1F1B with stages of unequal slots: the slowest stage paces the slots, and the first slot's
@@ -1448,13 +1495,14 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
     # stage's but for the head's hand-overs: its slot bounds theirs) rather than the slowest's
     own = [0] + [pp - 1] * (pp - 1) + ([pp] if stages > pp else [])
 
-    def over_pipeline(key: str) -> float:  # a slot's part, over the pipeline's slots as paced
-        return (slots - 1) * slowest[key] + sum(per_stage[j][key] for j in own)
+    def over_pipeline(key: str, fill: "str | None" = None) -> float:  # a slot's part, over the slots as paced
+        return (slots - 1) * slowest[key] + sum(per_stage[j][fill or key] for j in own)
 
     # the fill and drain cross a lagged head stage's whole path of one slot; a spread head's
     # passes of the first slot and the last (its collectives and the head's forward and backward
     # on one rank) once more
-    pipeline = (over_pipeline("total") + sum(per_stage[j]["path"] - per_stage[j]["total"] for j in set(own))
+    pipeline = (over_pipeline("total", "fill")
+                + sum(per_stage[j]["path"] - per_stage[j]["total"] for j in sorted(set(own)))
                 + (spread_path + spread_head_s if spread else 0.0))
     # the drain of 1F1B: stage j runs its last backward j backward passes before the first
     # stage ends (each at least the slowest stage's backward compute: the drain's pace), so
@@ -1498,8 +1546,19 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
     # the block stages end within the drain of each other: their groups synchronise at once (the
     # largest stage's bytes), as the first stage ends; the tied table's synchronisation too
     block = [(_stage_params(spec, tp, pp, j, heads, spread), j) for j in sorted({0, pp - 1})]
-    dp_blocks = sync(grid.reshape(-1, dp), max(n - _untouched_rows(spec, seq, j) for n, j in block))
-    tail = (max(dp_blocks, tied), max(update(n, j) for n, j in block))
+    if split.zero == 0 and stages > 1 and slots > 1:
+        # bucketed: each block stage's gradients all-reduced as its last backward completes
+        # them and each bucket updated as its reduction ends (:func:`_bucket_tail`)
+        # block stage j's last backward ends j backward passes before the first stage's (at
+        # least the block stages' backward each)
+        pace = min(per_stage[j]["drain"] for _, j in block)
+        tail = max((_bucket_tail(spec, split, seq, optimizer, arch, comms, j, n, per_stage[j],
+                                 -j * pace, weights, pipeline - slots * per_stage[0]["total"]) for n, j in block),
+                   key=sum)
+        tail = (max(tail[0], tied), tail[1])
+    else:
+        dp_blocks = sync(grid.reshape(-1, dp), max(n - _untouched_rows(spec, seq, j) for n, j in block))
+        tail = (max(dp_blocks, tied), max(update(n, j) for n, j in block))
     hidden = 0.0
     if heads:
         # the head's stage, last of the pipeline, ends ``pp`` backward passes before the first
@@ -1510,7 +1569,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
             tail = head_tail
         hidden = min(dp_head, pp * drain)
     dp_exposed, opt_s = tail
-    return StepTime(pipeline_s=pipeline, bubble_s=pipeline - slots * per, compute_s=over_pipeline("comp"),
+    return StepTime(pipeline_s=pipeline, bubble_s=pipeline - slots * per, compute_s=over_pipeline("comp", "comp_fill"),
                     tp_comm_s=over_pipeline("tp"), pp_comm_s=over_pipeline("pp"), dp_comm_s=dp_exposed,
                     optimizer_s=opt_s, dram_bound=slowest["waits"], dp_hidden_s=hidden,
                     stages_s=tuple((j, st["comp"], st["tp"], st["pp"], st["total"])
@@ -1518,6 +1577,75 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
 
 
 # ------------------------------------------------------------------------------------ search
+def _update_seconds(arch, optimizer: str, params: float) -> float:
+    """One update of ``params`` parameters on a chip: its DRAM traffic or its element-wise work
+    on the M4F cores, whichever is longer."""
+    return max(_UPDATE_BYTES[optimizer] * params / arch.dram_bw_bytes_s,
+               _UPDATE_OPS[optimizer] * params * arch.m4f_elementwise_cycles / (arch.pes_per_chip * arch.clock_hz))
+
+
+def _bucket_tail(spec, split: Split, seq: int, optimizer: str, arch, comms: "_Comms", stage: int, params: int,
+                 slot: dict, offset: float, weights: list, idle: float) -> tuple:
+    """``(exposed synchronisation s, exposed update s)`` of block stage ``stage`` after the
+    pipeline ends (ZeRO-0): its gradients all-reduced in buckets as the stage's last backward
+    completes them, and each bucket updated as its reduction ends.
+
+    The buckets, in the order the last backward completes them: each layer's projections (the
+    last layer first; in a layer the backward's order, the last GEMM first; the layer's norms and
+    biases with its first GEMM), then the stage's gathered tables' rows (embedding rows; the
+    embedding's backward is the pass's last op). A projection's gradient is final when its
+    weight-gradient GEMM of the last slot ends: the backward's time (``slot["drain"]``) is shared
+    out over the GEMMs in proportion to their modelled time (the input and weight gradients';
+    with ZB-H1's deferred weight-gradient pass the tables' rows are final at the end of the
+    input-gradient pass, the projections one weight-gradient GEMM after another).
+
+    The stage ends its last backward ``-offset`` seconds before the pipeline (the drain's
+    pace, as for a head stage). Every bucket's all-reduce runs on the links, one after another,
+    with every block stage's data-parallel groups at once (they share the links they meet);
+    its update on the stage's cores, which are free once the stage's last pass ends. The
+    tables' rows no step touches (GPT-2's positions from ``seq`` on) have a zero gradient:
+    their update does not wait for the reduction, and runs in the stage's ``idle`` time within
+    the pipeline (the fill and drain it waits through), what does not fit it at the end.
+    The reduction's order per element is the chain's, whatever the buckets: no bit moves."""
+    tp, pp, dp = split.tp, split.pp, split.dp
+    layers = spec.layers // pp
+    groups = split.grid().reshape(-1, dp)
+    def seconds(m, k, n, b):  # as :func:`_pass_seconds` prices (and caches) them
+        return comms._get(("gemm", m, k, n, b), lambda: gemm_seconds(arch, m, k, n, b))
+
+    # each projection: (its input and weight gradients' seconds, its parameters, its weight gradient's)
+    secs = [(seconds(m, n, k, b) + seconds(k, m, n, b), k * n * b, seconds(k, m, n, b)) for m, k, n, b in weights]
+    per_layer = _layer_params(spec, tp)
+    extra = per_layer - sum(n for _, n, _ in secs)  # norms and biases, with the layer's first GEMM
+    tables = max(0, params - layers * per_layer)
+    untouched = _untouched_rows(spec, seq, stage)
+    deferred = split.zero_bubble
+    total_t = layers * sum((w if deferred else t) for t, _, w in secs) or 1.0
+    span = slot["drain"] if not deferred else min(slot["drain"], layers * sum(w for _, _, w in secs))
+    buckets = []  # (ready s relative to the stage's end, parameters)
+    done = 0.0
+    for layer in range(layers):  # the last layer's backward first
+        for g, (t, n, w) in reversed(list(enumerate(secs))):
+            done += (w if deferred else t)
+            n = n + (extra if g == 0 else 0)
+            buckets.append((-span * (1 - done / total_t), n))
+    buckets.append((-span if deferred else 0.0, tables - untouched))  # the tables' touched rows
+    buckets.sort(key=lambda b: b[0])  # reduced in the order they are ready (stable: ties in the pass's order)
+    link, cores = -math.inf, 0.0  # the cores compute the stage's passes until its end
+    for ready, n in buckets:
+        if n <= 0:
+            continue
+        start = max(ready, link)
+        link = start + comms.collective("all_reduce", groups, F32 * n)
+        cores = max(link, cores) + _update_seconds(arch, optimizer, n)
+    cores += max(0.0, _update_seconds(arch, optimizer, untouched) - idle)
+    streamed = params - _gathered_params(spec, split, stage)
+    if 2 * F32 * streamed <= _resident_share(arch):
+        cores += 2 * F32 * streamed / arch.dram_bw_bytes_s  # the resident weights loaded, gradients written back
+    sync_end = max(0.0, link + offset)
+    return sync_end, max(0.0, cores + offset - sync_end)
+
+
 def _divisors(n: int) -> list[int]:
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
@@ -1732,18 +1860,23 @@ def plan_training(config, system="spinn/board", *, seq: "int | None" = None, glo
                     for z in (zeros if d > 1 else [zeros[0] if zero is not None else 0]):
                         for r in recomputes:
                             for k in (_chunk_counts(seq, min_chunk_tokens) if p > 1 else (1,)):
-                                for h, spread, lag in _head_options(spec, t, p, d, arch.chips):
+                                for (h, spread, lag), zb in itertools.product(
+                                        _head_options(spec, t, p, d, arch.chips), (False, True)):
                                     if lag >= per_replica // mb * k:
                                         continue  # the head runs behind at most the other slots
+                                    if zb and (p + (h > 0) < 2 or per_replica // mb * k < 2):
+                                        continue  # nothing to defer into: one stage, or one slot
                                     split = Split(t, p, d, z, mb, per_replica // mb, r, sequence_parallel, k,
-                                                  LAYOUTS[0], h, spread, lag)
+                                                  LAYOUTS[0], h, spread, lag, zb)
                                     # memory and the compute floor do not depend on the chip order
                                     if _peak_bytes(spec, split, seq, optimizer) > capacity:
                                         continue
                                     floor = _compute_floor(spec, split, seq, arch, comms)
+                                    key = _split_key(split)
                                     for order in (LAYOUTS[:1] if d == 1 else LAYOUTS if p > 1 or h else LAYOUTS[::2]):
-                                        candidates.append((floor, split.chips, dataclasses.replace(split, layout=order),
-                                                           None))
+                                        # the split in this chip order is made when it is costed
+                                        candidates.append((floor, split.chips, key[:9] + (order,) + key[10:], split,
+                                                           order))
     if not candidates:
         found = smallest_system(spec, arch, global_batch, seq, optimizer, tp=tp, pp=pp, dp=dp, zero=zero,
                                 micro_batch=micro_batch, recompute=recompute, sequence_parallel=sequence_parallel)
@@ -1751,7 +1884,7 @@ def plan_training(config, system="spinn/board", *, seq: "int | None" = None, glo
                                                   ("micro_batch", micro_batch), ("recompute", recompute))
                           if v is not None)
         raise _does_not_fit(model, system_name, arch, found, f" with {fixed}" if fixed else "")
-    candidates.sort(key=lambda c: (c[0], c[1], _split_key(c[2])))
+    candidates.sort(key=lambda c: c[:3])
     # branch and bound: a split's step with every collective costed for one group alone (no
     # other group on its links) is a lower bound of its step with all groups at once, and far
     # cheaper; splits are costed in full in the order of that bound until none can be faster
@@ -1769,7 +1902,9 @@ def plan_training(config, system="spinn/board", *, seq: "int | None" = None, glo
             if best is None or key < best:
                 best = (*key, step, split, mem)
 
-    for floor, chips, split, mem in candidates:
+    for floor, chips, _, split, order in candidates:
+        mem = None
+        split = split if split.layout == order else dataclasses.replace(split, layout=order)
         settle(floor)
         if best is not None and floor >= best[0]:
             break  # sorted by floor: nothing later can be faster
@@ -1849,7 +1984,8 @@ def _head_outweighs(spec, pp: int) -> bool:
 def _split_key(split: Split) -> tuple:
     """A total order of splits (ties of the search go to the first)."""
     return (split.tp, split.pp, split.dp, split.zero, split.micro_batch, split.micro_batches, split.recompute,
-            split.sequence_parallel, split.chunks, split.layout, split.head_tp, split.spread_head, split.head_lag)
+            split.sequence_parallel, split.chunks, split.layout, split.head_tp, split.spread_head, split.head_lag,
+            split.zero_bubble)
 
 
 def _compute_floor(spec, split: Split, seq: int, arch, comms: "_Comms") -> float:
@@ -1860,7 +1996,11 @@ def _compute_floor(spec, split: Split, seq: int, arch, comms: "_Comms") -> float
     weights, attention = _block_gemms(spec, tokens, seq, split.tp, split.micro_batch)
     f, d, w = _pass_seconds(arch, weights + attention, comms)
     per = spec.layers // split.pp * (f + d + w + split.recompute * f)
-    return (split.slots + split.pp - 1) * per
+    if not split.zero_bubble:
+        return (split.slots + split.pp - 1) * per
+    # ZB-H1: each stage's fill and drain term at least F + B - W
+    fill = per - spec.layers // split.pp * _pass_seconds(arch, weights, comms)[2]
+    return (split.slots - 1) * per + split.pp * fill
 
 
 def _does_not_fit(model: str, system: str, arch, found, given: str = "") -> TrainingPlanError:
