@@ -187,6 +187,19 @@ def test_bad_manifest_field_is_named(firmware_dir, edit, field):
         load_firmware(firmware_dir)
 
 
+def test_memory_map_names_both_exp_unit_functions(firmware_dir):
+    """The exp/log unit's FUNC codes in the manifest are every code the PE runtime's drivers
+    write to the FUNC register (pe_exp and pe_log; the cross-entropy images call pe_log)."""
+    import re
+
+    from tvm_spinn.pe import memory_map as mm
+    from tvm_spinn.pe.runtime import RUNTIME_C
+    functions = load_firmware(firmware_dir).manifest["memory_map"]["exp_unit"]["functions"]
+    assert functions == {"exp": 0, "log": 1}
+    written = {int(v) for v in re.findall(rf"EXPU\({mm.EXP_REGS['FUNC']:#x}\) = (\d+)u;", RUNTIME_C)}
+    assert written == set(functions.values())
+
+
 def test_manifest_not_json_is_named(firmware_dir):
     (firmware_dir / MANIFEST).write_bytes(b'{"format": ')
     with pytest.raises(FirmwareError, match=rf"{MANIFEST}: not valid JSON"):
