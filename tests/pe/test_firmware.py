@@ -187,6 +187,96 @@ def test_bad_manifest_field_is_named(firmware_dir, edit, field):
         load_firmware(firmware_dir)
 
 
+def _move_pe(m, new_pe: int) -> None:
+    """Renumber region 0's first layer's first PE to ``new_pe`` everywhere the manifest names it
+    (pes, tiles, jobs, boot), so the manifest stays consistent in itself."""
+    region = m["regions"][0]
+    old = region["layers"][0]["pes"][0]
+    for layer in region["layers"]:
+        layer["pes"] = sorted(new_pe if p == old else p for p in layer["pes"])
+        for tile in layer["tiles"]:
+            tile[0] = new_pe if tile[0] == old else tile[0]
+    for step in region["schedule"]:
+        step["jobs"] = sorted([new_pe if p == old else p, ts] for p, ts in step["jobs"])
+    for step in region["boot"]:
+        step["load"] = sorted([new_pe if p == old else p, i] for p, i in step["load"])
+
+
+def _first_image(m) -> str:
+    return m["regions"][0]["layers"][0]["image"]
+
+
+@pytest.mark.parametrize("edit,field", [
+    (lambda m: m["regions"][0]["layers"][0].update(pes="0,1"), r"field regions\[0\]\.layers\[0\]\.pes"),
+    (lambda m: m["regions"][0]["layers"][0].update(pes=[-1]), r"field regions\[0\]\.layers\[0\]\.pes"),
+    (lambda m: m["regions"][0]["layers"][0].update(tile_shape=[0]),
+     r"field regions\[0\]\.layers\[0\]\.tile_shape"),
+    (lambda m: m["regions"][0]["layers"][0]["tiles"][0][2].__setitem__(0, -5),
+     r"field regions\[0\]\.layers\[0\]\.tiles\[0\]: region .* empty"),
+    (lambda m: m["regions"][0]["layers"][0]["tiles"][0].__setitem__(1, "lo"),
+     r"field regions\[0\]\.layers\[0\]\.tiles: malformed"),
+    (lambda m: m["regions"][0]["schedule"][0]["jobs"].append([999999, [0]]),
+     r"field regions\[0\]\.schedule\[0\]\.jobs: tile 0 is placed on PE \d+, the job runs it on PE 999999"),
+    (lambda m: m["regions"][0]["schedule"][0]["jobs"][0][1].append(10 ** 6),
+     r"field regions\[0\]\.schedule\[0\]\.jobs: tile 1000000 .* not one of the layer's tiles"),
+    (lambda m: m["regions"][0]["schedule"][0].update(layer=99), r"field regions\[0\]\.schedule\[0\]\.layer"),
+    (lambda m: m["regions"][0]["schedule"].pop(), r"field regions\[0\]\.schedule: does not run every layer"),
+    (lambda m: m["regions"][0]["boot"][0]["load"][0].__setitem__(1, "nope"),
+     r"field regions\[0\]\.boot\[0\]\.load: malformed"),
+    (lambda m: m["regions"][0]["boot"][0].update(layer="0"), r"field regions\[0\]\.boot\[0\]\.layer"),
+    (lambda m: m["images"][_first_image(m)].update(halt="0x100"), r"field images\.\w+\.halt: not an integer"),
+    (lambda m: m["images"][_first_image(m)].update(arena=2 ** 40), r"field images\.\w+\.arena: .* outside"),
+    (lambda m: m["images"][_first_image(m)].update(arena=m["images"][_first_image(m)]["arena"] + 4),
+     r"field images\.\w+\.arena: not a multiple of 64"),
+    (lambda m: _move_pe(m, 999999), r"field regions\[0\]\.layers\[0\]\.pes: PE 999999 does not exist"),
+])
+def test_corrupted_manifest_field_is_named(firmware_dir, edit, field):
+    """A manifest whose fields have the wrong type, refer to a layer, tile, image or PE that does
+    not exist, or contradict each other: one FirmwareError naming the manifest and the field."""
+    _rewrite_manifest(firmware_dir, edit)
+    with pytest.raises(FirmwareError, match=rf"{MANIFEST}: {field}") as err:
+        load_firmware(firmware_dir)
+    assert err.value.path == str(firmware_dir / MANIFEST)
+
+
+def test_pe_ids_within_the_system_load(firmware_dir, ex):
+    """The last PE of the system is a valid PE id (the range check is not off by one)."""
+    total = programs_of(ex)[0].arch.total_pes
+    _rewrite_manifest(firmware_dir, lambda m: _move_pe(m, total - 1))
+    load_firmware(firmware_dir)
+    _rewrite_manifest(firmware_dir, lambda m: _move_pe(m, total))
+    with pytest.raises(FirmwareError, match=rf"PE {total} does not exist \(the system has {total} PEs\)"):
+        load_firmware(firmware_dir)
+
+
+@pytest.mark.parametrize("key,symbol", [("halt", "pe_halt"), ("arena", "_end")])
+def test_image_halt_and_arena_checked_against_the_elf(firmware_dir, key, symbol):
+    """``halt`` is the image's ``pe_halt``; ``arena`` its ``_end`` rounded up to 64 bytes: a
+    manifest that says otherwise names the image file and the manifest's field."""
+    m = json.loads((firmware_dir / MANIFEST).read_text())
+    name = _first_image(m)
+    symbols = image_symbols((firmware_dir / m["images"][name]["file"]).read_bytes())
+    assert m["images"][name]["halt"] == symbols["pe_halt"]
+    assert m["images"][name]["arena"] == -(-symbols["_end"] // 64) * 64
+    _rewrite_manifest(firmware_dir, lambda m: m["images"][name].update({key: m["images"][name][key] + 64}))
+    with pytest.raises(FirmwareError, match=rf"images\.{name}\.{key} .* differs from the image's") as err:
+        load_firmware(firmware_dir)
+    assert err.value.path == str(firmware_dir / m["images"][name]["file"])
+
+
+def test_memory_map_names_both_exp_unit_functions(firmware_dir):
+    """The exp/log unit's FUNC codes in the manifest are every code the PE runtime's drivers
+    write to the FUNC register (pe_exp and pe_log; the cross-entropy images call pe_log)."""
+    import re
+
+    from tvm_spinn.pe import memory_map as mm
+    from tvm_spinn.pe.runtime import RUNTIME_C
+    functions = load_firmware(firmware_dir).manifest["memory_map"]["exp_unit"]["functions"]
+    assert functions == {"exp": 0, "log": 1}
+    written = {int(v) for v in re.findall(rf"EXPU\({mm.EXP_REGS['FUNC']:#x}\) = (\d+)u;", RUNTIME_C)}
+    assert written == set(functions.values())
+
+
 def test_manifest_not_json_is_named(firmware_dir):
     (firmware_dir / MANIFEST).write_bytes(b'{"format": ')
     with pytest.raises(FirmwareError, match=rf"{MANIFEST}: not valid JSON"):

@@ -288,7 +288,7 @@ def _llama():
     cfg = tf.LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16)
     cfg._attn_implementation = "eager"
-    return _FromEmbeds(tf.LlamaModel(cfg), use_cache=False), {"rms_norm", "softmax", "sigmoid", "negative", "dense",
+    return _FromEmbeds(tf.LlamaModel(cfg), use_cache=False), {"rms_norm", "softmax", "sigmoid", "rope", "dense",
                                                               "matmul"}
 
 

@@ -8,8 +8,9 @@ documented in ``docs/design/pe-code.md``; the bytes are a pure function of the p
 
 Every file goes through :func:`tvm_spinn._files.atomic_write`; the manifest is written last,
 so a reader that finds a manifest finds every file it names complete. :func:`load_firmware`
-checks a directory (manifest fields, every file's presence, size and hash, every image's ELF
-header and segments) and raises one :class:`FirmwareError` naming the file at fault.
+checks a directory (manifest fields' types and references, PE ids against the system, every
+file's presence, size and hash, every image's ELF header, segments and symbols) and raises one
+:class:`FirmwareError` naming the file at fault and the field.
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ def memory_map_record() -> dict:
         "mac_array": {"base": mm.MAC_BASE, "bytes": mm.MAC_BYTES, "registers": dict(mm.MAC_REGS),
                       "start": mm.MAC_START},
         "exp_unit": {"base": mm.EXP_BASE, "bytes": mm.EXP_BYTES, "registers": dict(mm.EXP_REGS),
-                     "start": mm.EXP_START, "functions": {"exp": mm.EXP_FUNC_EXP}},
+                     "start": mm.EXP_START,
+                     "functions": {"exp": mm.EXP_FUNC_EXP, "log": mm.EXP_FUNC_LOG}},
         "dma": {"base": mm.DMA_BASE, "bytes": mm.DMA_BYTES, "registers": dict(mm.DMA_REGS),
                 "start": mm.DMA_START, "descriptor_words": mm.DMA_DESC_WORDS, "remote_base": mm.REMOTE_BASE,
                 "eb_fields": {"element_bytes": mm.DMA_EB_MASK, "scatter": mm.DMA_SCATTER}},
@@ -212,7 +214,7 @@ def _need(cond: bool, path: str, reason: str) -> None:
         raise FirmwareError(path, reason)
 
 
-def _check_elf(path: str, data: bytes, record: dict) -> None:
+def _check_elf(path: str, data: bytes, record: dict, name: str) -> None:
     from elftools.common.exceptions import ELFError
     from elftools.elf.elffile import ELFFile
     try:
@@ -228,13 +230,36 @@ def _check_elf(path: str, data: bytes, record: dict) -> None:
             _need(int(seg["p_offset"]) + int(seg["p_filesz"]) <= len(data), path, "truncated segment")
             seg.data()
         _need(elf["e_entry"] & ~1 == record["entry"], path, "entry point differs from the manifest's")
+        table = elf.get_section_by_name(".symtab")
+        _need(table is not None, path, "no symbol table (pe_halt and _end are needed)")
+        symbols = {s.name: int(s["st_value"]) & ~1 for s in table.iter_symbols() if s.name}
+        _need("pe_halt" in symbols and "_end" in symbols, path, "symbol pe_halt or _end missing")
+        _need(symbols["pe_halt"] == record["halt"], path,
+              f"the manifest's field images.{name}.halt {record['halt']:#x} differs from the image's "
+              f"pe_halt {symbols['pe_halt']:#x}")
+        arena = -(-symbols["_end"] // mm.ARENA_ALIGN) * mm.ARENA_ALIGN
+        _need(record["arena"] == arena, path,
+              f"the manifest's field images.{name}.arena {record['arena']:#x} differs from the image's end "
+              f"{symbols['_end']:#x} rounded up to "
+              f"{mm.ARENA_ALIGN} bytes ({arena:#x})")
     except (ELFError, ValueError, KeyError, IndexError, OSError) as err:
         if isinstance(err, FirmwareError):
             raise
         raise FirmwareError(path, f"not a valid ELF image ({err})") from None
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _int_list(v) -> bool:
+    return isinstance(v, list) and all(_is_int(x) for x in v)
+
+
 def _check_manifest(path: str, m) -> None:
+    """The manifest's fields: types, and every reference (image, file, layer, tile, PE) resolved
+    within the manifest. PE ids against the system are checked once the programs are read
+    (:func:`_check_pes`)."""
     _need(isinstance(m, dict), path, "not a JSON object")
     _need(m.get("format") == FIRMWARE_FORMAT, path, f"field format: expected {FIRMWARE_FORMAT!r}, got {m.get('format')!r}")
     _need(m.get("version") == FIRMWARE_VERSION, path, f"field version: expected {FIRMWARE_VERSION}, got {m.get('version')!r}")
@@ -242,30 +267,98 @@ def _check_manifest(path: str, m) -> None:
     for key, kind in (("images", dict), ("regions", list), ("files", dict)):
         _need(isinstance(m.get(key), kind), path, f"field {key}: missing or not a {kind.__name__}")
     for name, rec in m["files"].items():
-        _need(isinstance(rec, dict) and isinstance(rec.get("bytes"), int) and isinstance(rec.get("sha256"), str),
-              path, f"field files.{name}: needs integer bytes and a sha256 string")
+        _need(isinstance(rec, dict) and _is_int(rec.get("bytes")) and rec["bytes"] >= 0
+              and isinstance(rec.get("sha256"), str), path,
+              f"field files.{name}: needs a non-negative integer bytes and a sha256 string")
         _need(os.path.basename(name) == name and name not in ("", ".", "..", MANIFEST), path,
               f"field files.{name}: not a plain file name")
     for name, rec in m["images"].items():
         _need(isinstance(rec, dict) and rec.get("file") in m["files"], path,
               f"field images.{name}: its file is not listed in files")
         for key in ("entry", "halt", "arena"):
-            _need(isinstance(rec.get(key), int), path, f"field images.{name}.{key}: not an integer")
+            _need(_is_int(rec.get(key)), path, f"field images.{name}.{key}: not an integer")
+            # code, halt loop and arena all lie in the image area of the PE's SRAM
+            _need(mm.SRAM_BASE <= rec[key] <= mm.ARENA_END, path,
+                  f"field images.{name}.{key}: {rec[key]:#x} outside [{mm.SRAM_BASE:#x}, {mm.ARENA_END:#x}]")
+        _need(rec["arena"] % mm.ARENA_ALIGN == 0, path,
+              f"field images.{name}.arena: not a multiple of {mm.ARENA_ALIGN}")
     for r, region in enumerate(m["regions"]):
-        where = f"regions[{r}]"
-        _need(isinstance(region, dict) and region.get("program") in m["files"], path,
-              f"field {where}.program: not listed in files")
-        for key in ("layers", "schedule", "boot"):
-            _need(isinstance(region.get(key), list), path, f"field {where}.{key}: missing or not a list")
-        for i, layer in enumerate(region["layers"]):
-            _need(isinstance(layer, dict) and layer.get("image") in m["images"], path,
-                  f"field {where}.layers[{i}].image: not one of images")
-            tiles = layer.get("tiles")
-            _need(isinstance(tiles, list) and all(isinstance(t, list) and len(t) == 3 and isinstance(t[0], int)
-                                                  for t in tiles), path, f"field {where}.layers[{i}].tiles: malformed")
-        for step in region["schedule"]:
-            _need(isinstance(step, dict) and isinstance(step.get("layer"), int)
-                  and 0 <= step["layer"] < len(region["layers"]), path, f"field {where}.schedule: bad layer index")
+        _check_region(path, f"regions[{r}]", region, m)
+
+
+def _check_region(path: str, where: str, region, m) -> None:
+    _need(isinstance(region, dict) and region.get("program") in m["files"], path,
+          f"field {where}.program: not listed in files")
+    for key in ("layers", "schedule", "boot"):
+        _need(isinstance(region.get(key), list), path, f"field {where}.{key}: missing or not a list")
+    layers = region["layers"]
+    for i, layer in enumerate(layers):
+        at = f"{where}.layers[{i}]"
+        _need(isinstance(layer, dict) and layer.get("image") in m["images"], path,
+              f"field {at}.image: not one of images")
+        for key in ("name", "kind", "mode"):
+            _need(isinstance(layer.get(key), str), path, f"field {at}.{key}: missing or not a string")
+        pes = layer.get("pes")
+        _need(_int_list(pes) and pes == sorted(set(pes)) and all(p >= 0 for p in pes), path,
+              f"field {at}.pes: not a list of distinct non-negative PE ids in ascending order")
+        shape = layer.get("tile_shape")
+        _need(_int_list(shape) and all(d > 0 for d in shape), path,
+              f"field {at}.tile_shape: not a list of positive integers")
+        tiles = layer.get("tiles")
+        _need(isinstance(tiles, list) and all(isinstance(t, list) and len(t) == 3 and _is_int(t[0])
+                                              and _int_list(t[1]) and _int_list(t[2]) for t in tiles), path,
+              f"field {at}.tiles: malformed (each tile is [pe, lo, hi])")
+        for t, (pe, lo, hi) in enumerate(tiles):
+            _need(pe in pes, path, f"field {at}.tiles[{t}]: PE {pe} is not one of the layer's pes")
+            _need(len(lo) == len(hi) and all(0 <= a < b for a, b in zip(lo, hi)), path,
+                  f"field {at}.tiles[{t}]: region [{lo}, {hi}) is empty, negative or of mismatched rank")
+        _need(sorted({t[0] for t in tiles}) == pes, path, f"field {at}.pes: differs from the PEs of its tiles")
+    scheduled = set()
+    for s, step in enumerate(region["schedule"]):
+        at = f"{where}.schedule[{s}]"
+        _need(isinstance(step, dict) and _is_int(step.get("layer")) and 0 <= step["layer"] < len(layers), path,
+              f"field {at}.layer: not the index of one of the region's layers")
+        _need(isinstance(step.get("barrier"), bool), path, f"field {at}.barrier: not a boolean")
+        tiles = layers[step["layer"]]["tiles"]
+        jobs = step.get("jobs")
+        _need(isinstance(jobs, list) and all(isinstance(j, list) and len(j) == 2 and _is_int(j[0])
+                                             and _int_list(j[1]) for j in jobs), path,
+              f"field {at}.jobs: malformed (each job is [pe, [tile, ...]])")
+        for pe, ts in jobs:
+            for t in ts:
+                _need(0 <= t < len(tiles), path,
+                      f"field {at}.jobs: tile {t} of PE {pe} is not one of the layer's tiles")
+                _need(tiles[t][0] == pe, path,
+                      f"field {at}.jobs: tile {t} is placed on PE {tiles[t][0]}, the job runs it on PE {pe}")
+        done = sorted(t for _, ts in jobs for t in ts)
+        _need(done == list(range(len(tiles))), path, f"field {at}.jobs: do not run each of the layer's tiles once")
+        scheduled.add(step["layer"])
+    _need(scheduled == set(range(len(layers))), path, f"field {where}.schedule: does not run every layer")
+    for b, step in enumerate(region["boot"]):
+        at = f"{where}.boot[{b}]"
+        _need(isinstance(step, dict) and _is_int(step.get("layer")) and 0 <= step["layer"] < len(layers), path,
+              f"field {at}.layer: not the index of one of the region's layers")
+        load = step.get("load")
+        _need(isinstance(load, list) and all(isinstance(x, list) and len(x) == 2 and _is_int(x[0]) and x[0] >= 0
+                                             and x[1] in m["images"] for x in load), path,
+              f"field {at}.load: malformed (each entry is [pe, image] with an image of images)")
+
+
+def _check_pes(path: str, m: dict, files: dict) -> None:
+    """Every PE id the manifest names is a PE of the system its region's program was built for."""
+    from ..program.format import Program
+    for r, region in enumerate(m["regions"]):
+        try:
+            arch = Program.from_bytes(files[region["program"]]).arch
+        except Exception as err:  # noqa: BLE001 - any decoding failure is the file's fault
+            raise FirmwareError(os.path.join(os.path.dirname(path), region["program"]),
+                                f"not a valid spinn program ({err})") from None
+        total = arch.total_pes
+        named = [(f"layers[{i}].pes", p) for i, layer in enumerate(region["layers"]) for p in layer["pes"]]
+        named += [(f"schedule[{s}].jobs", j[0]) for s, step in enumerate(region["schedule"]) for j in step["jobs"]]
+        named += [(f"boot[{b}].load", x[0]) for b, step in enumerate(region["boot"]) for x in step["load"]]
+        for field, pe in named:
+            _need(pe < total, path, f"field regions[{r}].{field}: PE {pe} does not exist (the system has {total} PEs)")
 
 
 def load_firmware(directory: "str | os.PathLike") -> Firmware:
@@ -275,8 +368,11 @@ def load_firmware(directory: "str | os.PathLike") -> Firmware:
     ------
     FirmwareError
         Naming the file at fault: a missing or unreadable file, a manifest that is not valid
-        JSON or has a missing or wrong field, a file whose size or SHA-256 differs from the
-        manifest's, an image that is not a complete ARM ELF executable for the PE's SRAM.
+        JSON or has a missing or wrong field (a field of the wrong type, a reference to a layer,
+        tile, image or file that does not exist, a PE id outside the system the region's
+        program was built for), a file whose size or SHA-256 differs from the manifest's, an
+        image that is not a complete ARM ELF executable for the PE's SRAM or whose ``halt`` or
+        ``arena`` differs from its symbols.
     """
     directory = os.fspath(directory)
     mpath = os.path.join(directory, MANIFEST)
@@ -300,7 +396,8 @@ def load_firmware(directory: "str | os.PathLike") -> Firmware:
         _need(len(data) == rec["bytes"], path, f"{len(data)} bytes, the manifest says {rec['bytes']} (truncated?)")
         _need(_sha(data) == rec["sha256"], path, "SHA-256 differs from the manifest's")
         files[name] = data
+    _check_pes(mpath, manifest, files)
     for name, rec in sorted(manifest["images"].items()):
-        _check_elf(os.path.join(directory, rec["file"]), files[rec["file"]], rec)
+        _check_elf(os.path.join(directory, rec["file"]), files[rec["file"]], rec, name)
     return Firmware(files=files, manifest=manifest)
 
