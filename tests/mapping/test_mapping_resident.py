@@ -185,3 +185,51 @@ def _layers_start_past_earlier_residents():
     after, _ = _mapped([4], reserved)
     assert after.mapping.resident_layers == (0,)
     assert set(after.tiles.tables[0].pe.tolist()) == {4, 5, 6, 7}
+
+
+def test_a_whole_reduction_layout_may_take_two_rounds(monkeypatch):
+    """Two fp32 decode GEMMs ``[1, 1024] x [1024, 22]`` on a chip of 4 PEs (a column shard of
+    a 1024-wide layer on 48 chips). Their default 4-column tiles are 6 a layer, so PEs 0 and 1
+    hold two blocks each (8 columns, 32 KiB): the two layers' 64 KiB on PE 0 are over the
+    ledger's cap (56 KiB) and one layer streams. One round of 6-column tiles would hold 6
+    columns a PE but its working set is over a tile's budget; 3-column tiles (8 a layer, two
+    rounds, an unsplit reduction) hold 6 columns (24 KiB) a PE too: both layers stay resident,
+    faster, with the same bits (each output sums its whole reduction on one PE, ascending k)."""
+    chip = tvm_spinn.make_system("fp32-4pe", pes_per_chip=4)
+    k, n = 1024, 22
+    rng = np.random.default_rng(4)
+    tensors = [TensorDesc("x", [1, k], "float32", "input"),
+               TensorDesc("w0", [k, n], "float32", "const"), TensorDesc("w1", [k, n], "float32", "const"),
+               TensorDesc("y0", [1, n], "float32", "output"), TensorDesc("y1", [1, n], "float32", "output")]
+    layers = [Layer(name=f"fc{j}", kind="dense", inputs=[0], output=3 + j, consts={"weight": 1 + j},
+                    attrs={"relu": False}) for j in range(2)]
+    consts = {1 + j: rng.standard_normal((k, n)).astype(np.float32) for j in range(2)}
+    program = program_work(Program("main", chip, tensors, [0], [3, 4], layers, constants=consts), chip)
+    cap = LEDGER_RESIDENT_SHARE * chip.tile_sram_bytes
+    assert 2 * 8 * k * 4 > cap >= 2 * 6 * k * 4  # two layers' 8 columns a PE over it, 6 columns not
+
+    def mapped():
+        return _map(program, chip, "sequential", MappingOptions(weights="auto"),
+                    np.zeros(chip.pes_per_chip, dtype=np.int64))
+
+    laid, laid_resident = mapped()
+    assert laid.mapping.resident_layers == (0, 1)
+    for table, record in zip(laid.tiles.tables, laid.mapping.layers):
+        assert record.tile[1] == 3 and len(record.tile) == 3  # whole reductions, 8 tiles a layer
+        assert np.bincount(table.pe).tolist() == [2, 2, 2, 2]
+    assert max(laid_resident.values()) == 2 * 6 * k * 4
+    # the default 4-column tiles, as the chooser picks them for the layer alone
+    alone, _ = _map(program, chip, "sequential", MappingOptions(weights="auto"), None)
+    assert [r.tile[1] for r in alone.mapping.layers] == [4, 4]
+    assert np.bincount(alone.tiles.tables[0].pe).tolist() == [2, 2, 1, 1]
+    monkeypatch.setattr(schedule, "_resident_layout", lambda *args: None)  # the ledger without the layout
+    default, _ = mapped()  # one layer streams
+    assert len(default.mapping.resident_layers) == 1 and laid.timing.cycles < default.timing.cycles
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    ref = [np.zeros((1, n), np.float32) for _ in range(2)]
+    for j in range(k):  # fl(acc + fl(a * b)), k ascending: the kernels' order
+        ref = [r + x[:, j, None] * consts[1 + i][None, j, :] for i, r in enumerate(ref)]
+    for mapped_program in (alone, laid, default):
+        got = run_program(mapped_program, [x], mode="tiles")
+        for g, r in zip(got, ref):
+            np.testing.assert_array_equal(g, r)

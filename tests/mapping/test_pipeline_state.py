@@ -252,19 +252,22 @@ def test_the_hand_in_moves_only_the_inputs_that_are_not_state():
 
 
 def test_stages_whose_dram_holds_the_copies_of_a_hand_in_of_the_data_alone_are_taken():
-    # 40 KiB of DRAM a chip: after a region on board 0, the stateful one keeps 3 inputs in
-    # flight (two copies of 16 KiB a chip in DRAM: 32 KiB). Handing its state in too (36 KiB
-    # a call) would keep 4 in flight, 48 KiB a chip, which would not fit.
+    # 36 KiB of DRAM a chip, a stateful region of k = 1088 with [k, 3] states (13056 bytes a
+    # chip each): after a region on board 0 it keeps 3 inputs in flight (two copies in DRAM:
+    # 26112 bytes a chip). Handing its state in too (30464 bytes a call, a hand-in about as long
+    # as a stage) would keep 4 in flight, three copies in DRAM (39168 bytes), which would not fit.
     from _chains import chain
 
-    arch = make_system("pp-state-hand-in-40", boards=3, pes_per_chip=4, dram_bytes=40 * 1024)
-    plan = plan_system([chain(2, 256, symbol="small"), stateful()], arch)
+    k, m = 1088, 3
+    arch = make_system("pp-state-hand-in-36", boards=3, pes_per_chip=4, dram_bytes=36 * 1024)
+    plan = plan_system([chain(2, 256, symbol="small"), stateful(k, m)], arch)
     piped = plan.programs[1]
     t = piped.timing.pipeline
-    slow = _hand_in_s(arch, piped, K * 4 + 2 * K * M * 4)
+    slow = _hand_in_s(arch, piped, k * 4 + 2 * k * m * 4)
     assert _in_flight_by_schedule(t.latency_s + slow, max(t.period_s, slow)) == 4
+    assert 3 * k * m * 4 > arch.dram_bytes
     assert plan.regions[1].state_bytes == 3 * _state_held(piped)
-    assert plan.final.dram == 2 * 16384 <= arch.dram_bytes
+    assert plan.final.dram == 2 * k * m * 4 <= arch.dram_bytes
 
 
 def _two(k: int = K):

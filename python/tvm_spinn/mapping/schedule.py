@@ -274,8 +274,10 @@ def _resident_layout(program: Program, arch: SpinnArch, ranges, tables, records,
         for c in options:
             if busiest(c) >= busiest(tn) and c != tn:
                 continue
-            if -(-n // c) * parts > count and c != tn:
-                continue  # the parts of a split reduction run side by side (one round)
+            if parts > 1 and -(-n // c) * parts > count and c != tn:
+                # the parts of a split reduction run side by side (one round); whole-reduction
+                # tiles may take several rounds (``busiest`` counts them)
+                continue
             costs = tile_costs(program, i, arch, [tm, c, tk, *rest])
             if int(costs.sram_bytes.max()) > budget and c != tn:
                 continue
