@@ -896,6 +896,19 @@ def _exp_unit(src, dst, n):
     T.evaluate(T.call_extern("int32", "pe_exp", src, dst, n))
 
 
+@T.macro
+def _row_max(X, S, acc, r, cols, flags, k):
+    """``S[k]`` = the max of row ``r`` of ``X`` (``cols`` wide) carried on from ``S[k]`` (from
+    -inf where ``flags`` bit 0 starts the row): the row's first NaN is its max, as the
+    simulator's softmax statistics take it."""
+    acc[0] = T.if_then_else(flags & 1 != 0, -_INF, S[k])
+    for j in range(cols):
+        if T.Not(T.isnan(acc[0])):
+            if T.isnan(X[r * cols + j]) or X[r * cols + j] > acc[0]:
+                acc[0] = X[r * cols + j]
+    S[k] = acc[0]
+
+
 def _softmax():
     @T.prim_func
     def kernel(x: T.handle("float32"), y: T.handle("float32"), st: T.handle("float32"),
@@ -907,12 +920,7 @@ def _softmax():
         acc = T.decl_buffer((1,), "float32", scope="local")
         for r in range(rows):
             if phase == 0:
-                acc[0] = T.if_then_else(flags & 1 != 0, -_INF, S[2 * r])
-                for j in range(cols):
-                    if T.Not(T.isnan(acc[0])):  # the row's first NaN is its max
-                        if T.isnan(X[r * cols + j]) or X[r * cols + j] > acc[0]:
-                            acc[0] = X[r * cols + j]
-                S[2 * r] = acc[0]
+                _row_max(X, S, acc, r, cols, flags, 2 * r)
             elif phase == 1:
                 for j in range(cols):
                     Y[r * cols + j] = X[r * cols + j] - S[2 * r]
@@ -943,12 +951,7 @@ def _xent_grad():
         acc = T.decl_buffer((1,), "float32", scope="local")
         for r in range(rows):
             if phase == 0:
-                acc[0] = T.if_then_else(flags & 1 != 0, -_INF, S[2 * r])
-                for j in range(cols):
-                    if T.Not(T.isnan(acc[0])):  # the row's first NaN is its max
-                        if T.isnan(X[r * cols + j]) or X[r * cols + j] > acc[0]:
-                            acc[0] = X[r * cols + j]
-                S[2 * r] = acc[0]
+                _row_max(X, S, acc, r, cols, flags, 2 * r)
             elif phase == 2:
                 # (p - onehot) / n with p = e / sum: the label's column subtracts 1.0, the others +0.0
                 for j in range(cols):
@@ -1313,12 +1316,7 @@ def _cross_entropy():
         acc = T.decl_buffer((1,), "float32", scope="local")
         for r in range(rows):
             if phase == 0:
-                acc[0] = T.if_then_else(flags & 1 != 0, -_INF, S[4 * r])
-                for j in range(cols):
-                    if T.Not(T.isnan(acc[0])):  # the row's first NaN is its max
-                        if T.isnan(X[r * cols + j]) or X[r * cols + j] > acc[0]:
-                            acc[0] = X[r * cols + j]
-                S[4 * r] = acc[0]
+                _row_max(X, S, acc, r, cols, flags, 4 * r)
             elif phase == 1:
                 for j in range(cols):
                     Y[r * cols + j] = X[r * cols + j] - S[4 * r]
