@@ -229,38 +229,12 @@ def test_cross_entropy_backward_label_out_of_range(label):
 
 
 @pytest.mark.slow
-def test_cnn_training_step_in_iss_mode(monkeypatch):
-    """One SGD step of a small CNN (MSE loss: its backward holds ``max_pool2d_backward``) run
-    as PE code gives the default simulator's loss and parameters, bit for bit."""
-    import sys
-    from pathlib import Path
-    import torch
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from training_models import small_cnn
-
-    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0))
-    y = np.random.default_rng(0).standard_normal((2, 10)).astype(_F32)
-    results = {}
-    for mode in ("layers", "iss"):
-        monkeypatch.setenv("TVM_SPINN_SIM_MODE", mode)
-        trainer = tvm_spinn.training.compile(small_cnn(), (x,), loss="mse", optimizer=("sgd", {"lr": 0.1}))
-        kinds = {layer.kind for p in tvm_spinn.report(trainer.executable).programs for layer in p.layers}
-        assert "max_pool2d_backward" in kinds, kinds
-        loss = trainer.step(x.numpy(), y)
-        results[mode] = loss, trainer.parameters()
-    (loss_a, params_a), (loss_b, params_b) = results["layers"], results["iss"]
-    assert np.float32(loss_a).view(np.uint32) == np.float32(loss_b).view(np.uint32)
-    assert sorted(params_a) == sorted(params_b)
-    for name in params_a:
-        _same_bits(params_b[name], params_a[name], name)
-
-
-
-@pytest.mark.slow
-def test_cnn_cross_entropy_step_in_iss_mode(monkeypatch):
-    """One SGD step of a small CNN with the cross-entropy loss (its program holds
-    ``cross_entropy``, ``cross_entropy_backward`` and ``max_pool2d_backward``: every training
-    kind) run as PE code gives the default simulator's loss and parameters, bit for bit."""
+@pytest.mark.parametrize("loss", ["mse", "cross_entropy"])
+def test_cnn_training_step_in_iss_mode(monkeypatch, loss):
+    """One SGD step of a small CNN run as PE code gives the default simulator's loss and
+    parameters, bit for bit: with the MSE loss its backward holds ``max_pool2d_backward``; with
+    the cross-entropy loss also ``cross_entropy`` and ``cross_entropy_backward`` (every training
+    kind)."""
     import sys
     from pathlib import Path
     import torch
@@ -268,15 +242,20 @@ def test_cnn_cross_entropy_step_in_iss_mode(monkeypatch):
     from training_models import small_cnn
 
     x = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(1))
-    y = np.array([3, 0, 9, 3], dtype=np.int64)
+    if loss == "mse":
+        y = np.random.default_rng(0).standard_normal((4, 10)).astype(_F32)
+        expected = {"max_pool2d_backward"}
+    else:
+        y = np.array([3, 0, 9, 3], dtype=np.int64)
+        expected = {"cross_entropy", "cross_entropy_backward", "max_pool2d_backward"}
     results = {}
     for mode in ("layers", "iss"):
         monkeypatch.setenv("TVM_SPINN_SIM_MODE", mode)
-        trainer = tvm_spinn.training.compile(small_cnn(), (x,), loss="cross_entropy", optimizer=("sgd", {"lr": 0.1}))
+        trainer = tvm_spinn.training.compile(small_cnn(), (x,), loss=loss, optimizer=("sgd", {"lr": 0.1}))
         kinds = {layer.kind for p in tvm_spinn.report(trainer.executable).programs for layer in p.layers}
-        assert {"cross_entropy", "cross_entropy_backward", "max_pool2d_backward"} <= kinds, kinds
-        loss = trainer.step(x.numpy(), y)
-        results[mode] = loss, trainer.parameters()
+        assert expected <= kinds, kinds
+        out = trainer.step(x.numpy(), y)
+        results[mode] = out, trainer.parameters()
     (loss_a, params_a), (loss_b, params_b) = results["layers"], results["iss"]
     assert np.float32(loss_a).view(np.uint32) == np.float32(loss_b).view(np.uint32)
     assert sorted(params_a) == sorted(params_b)
