@@ -47,6 +47,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     # registries filled at import (and by the explicit register_* calls that extend them)
     ("tvm_spinn.program.ops.base", "_FAMILIES"): "registry of operator families, filled as the op modules are imported",
     ("tvm_spinn.runtime.simulator", "_MODE_RUNNERS"): "registry of simulator modes run by packages above the runtime (iss), filled when tvm_spinn initializes",
+    ("tvm_spinn.runtime.simulator", "_MODE_CHECKS"): "registry of those modes' compile-time checks (iss), filled when tvm_spinn initializes",
     ("tvm_spinn.target.registry", "SYSTEMS"): "registry of named systems (register_system), beside TVM's target tags",
     ("tvm_spinn.target.registry", "TAGS"): "the target tags of those systems, registered with TVM alongside",
     ("tvm_spinn.integration", "TVM_ORIGINALS"): "install() records the TVM objects its hooks wrap, once, at import",

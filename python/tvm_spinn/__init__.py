@@ -69,7 +69,7 @@ def _register() -> None:
     from .runtime import executor as _executor  # registers the runtime callback
     from .runtime import simulator as _simulator
 
-    _simulator.register_mode("iss", _run_iss)
+    _simulator.register_mode("iss", _run_iss, _check_iss)
 
     SpinnRuntimeError = _executor.SpinnRuntimeError
     from .runtime.loader import LibraryError, export_library, load_module
@@ -95,6 +95,15 @@ def _run_iss(program, inputs):
     from .pe import run_program_iss
 
     return run_program_iss(program, inputs)
+
+
+def _check_iss(program):
+    """Mode ``iss`` at compile time: every layer of ``program`` has a PE kernel, else a
+    :class:`tvm_spinn.pe.PeCodegenError` naming the first layer that has none and why."""
+    from .pe.roles import layer_role
+
+    for index in range(len(program.layers)):
+        layer_role(program, index)
 
 
 def export_firmware(ex, directory):

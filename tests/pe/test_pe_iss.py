@@ -491,6 +491,52 @@ def test_mean_bit_identical():
         _assert_same_bits(program, x)
 
 
+def test_iss_build_names_a_layer_without_a_pe_kernel(monkeypatch):
+    """A build that asks for ``iss`` (``SpinnOptions(iss=True)`` or ``$TVM_SPINN_SIM_MODE``)
+    names a layer the PE code generator cannot lower at ``relax.build``, before any call; the
+    default build of the same model succeeds."""
+    from tvm_spinn.pe.errors import PeCodegenError
+    from tvm_spinn.runtime import simulator
+
+    class Net(torch.nn.Module):
+        def forward(self, x):
+            return torch.softmax(x, dim=-1)
+
+    mod = tvm_spinn.frontend.from_pytorch(Net().eval(), (torch.randn(4, 16),))
+    monkeypatch.delenv("TVM_SPINN_SIM_MODE", raising=False)
+    refuse = lambda program: (_ for _ in ()).throw(PeCodegenError(program.layers[0].name, program.layers[0].kind, "refused"))
+    monkeypatch.setitem(simulator._MODE_CHECKS, "iss", refuse)
+    relax.build(mod, target="spinn")  # the default mode checks nothing
+    with tvm_spinn.SpinnOptions(iss=True):
+        with pytest.raises(Exception, match=r"softmax.*refused"):
+            relax.build(mod, target="spinn")
+    monkeypatch.setenv("TVM_SPINN_SIM_MODE", "iss")
+    with pytest.raises(Exception, match=r"softmax.*refused"):
+        relax.build(mod, target="spinn")
+
+
+def test_iss_build_checks_every_layer_of_a_lowerable_model(monkeypatch):
+    """The registered ``iss`` check passes a model whose layers all have PE kernels (the build
+    under ``SpinnOptions(iss=True)`` succeeds and runs as PE code) and refuses, naming the layer,
+    a program with a layer it cannot lower."""
+    from types import SimpleNamespace as NS
+    from tvm_spinn.pe.errors import PeCodegenError
+    from tvm_spinn.runtime import simulator
+
+    class Net(torch.nn.Module):
+        def forward(self, x):
+            return torch.softmax(x, dim=-1)
+
+    monkeypatch.delenv("TVM_SPINN_SIM_MODE", raising=False)
+    mod = tvm_spinn.frontend.from_pytorch(Net().eval(), (torch.randn(4, 16),))
+    with tvm_spinn.SpinnOptions(iss=True):
+        relax.build(mod, target="spinn")
+    bad = NS(layers=[NS(name="odd_0", kind="softmax", mode="int8", attrs={}, inputs=[0], output=1, consts={})],
+             tensors={0: NS(dtype="float32", shape=(4, 8)), 1: NS(dtype="float32", shape=(4, 8))})
+    with pytest.raises(PeCodegenError, match="odd_0"):
+        simulator._MODE_CHECKS["iss"](bad)
+
+
 def test_options_iss_field_runs_the_model_as_pe_code(monkeypatch):
     """``SpinnOptions(iss=True)`` active around a call runs the spinn regions as PE code (the
     same bits); outside it the default simulator runs; ``$TVM_SPINN_SIM_MODE`` decides where set."""

@@ -21,6 +21,7 @@ from ..mapping import map_program
 from ..mapping.planner import plan_system
 from ..program.format import _finish_array
 from ..program.manifest import MANIFEST_MAGIC, MANIFEST_SYMBOL
+from ..runtime import simulator
 from ..runtime.executor import compiled
 from ..runtime.native_export import native_section
 from ..target.arch import SpinnArch
@@ -69,6 +70,8 @@ def codegen_spinn(functions, options, constant_names):  # noqa: ARG001 - constan
     arch_json = options.get("arch") if options is not None else None
     arch = SpinnArch.from_dict(json.loads(str(arch_json))) if arch_json else SpinnArch()
     programs = [lower_function(func, str(func.attrs["global_symbol"]), arch) for func in functions]
+    for program in programs:  # a mode the build asks for (iss) names what it cannot run, now
+        simulator.check_program(program)
     pending = {}  # index -> (symbol, future); a region mapped again replaces its entry
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="spinn-serialize") as pool:
         plan_system(programs, arch,

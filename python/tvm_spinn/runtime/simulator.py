@@ -50,7 +50,8 @@ from ..program.ops.native import NativeBuilder, NativeRun
 from ..program.ops.elementwise import unary
 from ..program.tiles import layer_tiles
 
-__all__ = ["MODES", "forget_plans", "native_enabled", "program_plan", "register_mode", "run_program", "sim_mode"]
+__all__ = ["MODES", "check_program", "forget_plans", "native_enabled", "program_plan", "register_mode", "run_program",
+           "sim_mode"]
 
 #: Simulator execution modes; ``TVM_SPINN_SIM_MODE`` picks one (default ``"layers"``). ``"iss"``
 #: runs generated Cortex-M4F code in an instruction-set simulator (:mod:`tvm_spinn.pe`).
@@ -60,13 +61,29 @@ MODES = ("layers", "tiles", "iss")
 #: Modes run by packages above the runtime (``"iss"``: :func:`tvm_spinn.pe.run_program_iss`,
 #: registered when ``tvm_spinn`` initializes; the runtime does not import them).
 _MODE_RUNNERS: dict = {}
+#: Compile-time checks of those modes (``"iss"``: every layer has a PE kernel), run by the
+#: codegen on each program when the build asks for the mode, so a layer the mode cannot run is
+#: named by ``relax.build``, not at the first call.
+_MODE_CHECKS: dict = {}
 
 
-def register_mode(name: str, runner) -> None:
-    """Run mode ``name`` (one of :data:`MODES`) with ``runner(program, inputs) -> outputs``."""
+def register_mode(name: str, runner, check=None) -> None:
+    """Run mode ``name`` (one of :data:`MODES`) with ``runner(program, inputs) -> outputs``;
+    ``check(program)``, if given, raises for a program the mode cannot run (see
+    :func:`check_program`)."""
     if name not in MODES:
         raise ValueError(f"simulator mode {name!r}: expected one of {MODES}")
     _MODE_RUNNERS[name] = runner
+    if check is not None:
+        _MODE_CHECKS[name] = check
+
+
+def check_program(program: Program) -> None:
+    """Raise at compile time for a program the active mode (:func:`sim_mode`) cannot run: the
+    mode's registered check (``iss``: a layer without a PE kernel, named with the reason)."""
+    check = _MODE_CHECKS.get(sim_mode())
+    if check is not None:
+        check(program)
 
 
 def sim_mode(mode: str | None = None) -> str:
