@@ -504,7 +504,9 @@ def test_iss_build_names_a_layer_without_a_pe_kernel(monkeypatch):
 
     mod = tvm_spinn.frontend.from_pytorch(Net().eval(), (torch.randn(4, 16),))
     monkeypatch.delenv("TVM_SPINN_SIM_MODE", raising=False)
-    refuse = lambda program: (_ for _ in ()).throw(PeCodegenError(program.layers[0].name, program.layers[0].kind, "refused"))
+    def refuse(program):
+        raise PeCodegenError(program.layers[0].name, program.layers[0].kind, "refused")
+
     monkeypatch.setitem(simulator._MODE_CHECKS, "iss", refuse)
     relax.build(mod, target="spinn")  # the default mode checks nothing
     with tvm_spinn.SpinnOptions(iss=True):

@@ -909,6 +909,16 @@ def _row_max(X, S, acc, r, cols, flags, k):
     S[k] = acc[0]
 
 
+@T.macro
+def _row_sum(Y, S, acc, r, cols, flags, k):
+    """``S[k]`` += the sum of row ``r`` of ``Y`` (``cols`` wide) in ascending order, from +0.0
+    where ``flags`` bit 0 starts the row (the simulator's fixed reduction order)."""
+    acc[0] = T.if_then_else(flags & 1 != 0, _ZERO, S[k])
+    for j in range(cols):
+        acc[0] = acc[0] + Y[r * cols + j]
+    S[k] = acc[0]
+
+
 def _softmax():
     @T.prim_func
     def kernel(x: T.handle("float32"), y: T.handle("float32"), st: T.handle("float32"),
@@ -930,10 +940,7 @@ def _softmax():
         if phase == 1:  # the exps of the whole chunk in one stream, then each row's sum
             _exp_unit(T.address_of(Y[0]), T.address_of(Y[0]), rows * cols)
             for r in range(rows):
-                acc[0] = T.if_then_else(flags & 1 != 0, _ZERO, S[2 * r + 1])
-                for j in range(cols):
-                    acc[0] = acc[0] + Y[r * cols + j]
-                S[2 * r + 1] = acc[0]
+                _row_sum(Y, S, acc, r, cols, flags, 2 * r + 1)
     return kernel
 
 
@@ -964,10 +971,7 @@ def _xent_grad():
             _exp_unit(T.address_of(Y[0]), T.address_of(Y[0]), rows * cols)
             if phase == 1:
                 for r in range(rows):
-                    acc[0] = T.if_then_else(flags & 1 != 0, _ZERO, S[2 * r + 1])
-                    for j in range(cols):
-                        acc[0] = acc[0] + Y[r * cols + j]
-                    S[2 * r + 1] = acc[0]
+                    _row_sum(Y, S, acc, r, cols, flags, 2 * r + 1)
     return kernel
 
 
@@ -1325,10 +1329,7 @@ def _cross_entropy():
         if phase == 1:  # the exps of the whole chunk in one stream, then each row's sum
             _exp_unit(T.address_of(Y[0]), T.address_of(Y[0]), rows * cols)
             for r in range(rows):
-                acc[0] = T.if_then_else(flags & 1 != 0, _ZERO, S[4 * r + 1])
-                for j in range(cols):
-                    acc[0] = acc[0] + Y[r * cols + j]
-                S[4 * r + 1] = acc[0]
+                _row_sum(Y, S, acc, r, cols, flags, 4 * r + 1)
         if phase == 2 and flags & 2 != 0:  # the rows' sums in one stream through the log
             for r in range(rows):
                 Y[r] = S[4 * r + 1]
