@@ -54,7 +54,11 @@ def compile(model, example_inputs, loss: str = "cross_entropy", optimizer=("sgd"
         layers of the model's ``transformers`` configuration; ``R * S`` chips), run in 1F1B micro-batch order,
         with the same bits (:mod:`.pipeline`); ``"head_stage": True`` makes the last of them the
         LM head's own (the layers on ``S - 1`` stages), ``"head_lag": L`` runs its passes ``L``
-        micro-batches behind the other stages' (the same bits). ``"tp": T`` splits every block of a GPT-2 or
+        micro-batches behind the other stages' (the same bits); ``"zero_bubble": True`` cuts each
+        stage's backward into its input- and weight-gradient programs and runs them in ZB-H1
+        order, the weight-gradient passes deferred into the fill and drain (the same bits). With
+        ``Z = 0`` and ``S > 1`` each stage's gradients are reduced over the replicas and
+        updated as the stage's last backward completes them (the same bits). ``"tp": T`` splits every block of a GPT-2 or
         Llama-style model over ``T`` chips as Megatron-LM does (column-parallel QKV and MLP-up,
         row-parallel attention-output and MLP-down projections; ``T`` must divide the attention
         heads and the split features; ``R * S * T`` chips of a spinn target), the partial sums

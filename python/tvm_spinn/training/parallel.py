@@ -192,7 +192,8 @@ class DataParallelTrainer(Trainer):
     def __init__(self, graph, micro_graph, grad_ex, update_ex, target, system_arch, loss, optimizer,
                  model_name, microbatches: int, replicas: int, reproducible: bool, granules: int | None = None,
                  zero: int = 0, shared: dict | None = None, pp: int = 1, layers: int | None = None,
-                 tp: int = 1, tp_split=None, head_stage: bool = False, head_lag: int = 0):
+                 tp: int = 1, tp_split=None, head_stage: bool = False, head_lag: int = 0,
+                 zero_bubble: bool = False):
         super().__init__(graph, update_ex, target, loss, optimizer, model_name)
         self._micro_graph = micro_graph
         self._grad_ex = grad_ex
@@ -212,6 +213,9 @@ class DataParallelTrainer(Trainer):
         self.head_stage = head_stage
         #: micro-batches the head stage's passes run behind the others (:func:`.pipeline.one_f_one_b`)
         self.head_lag = head_lag
+        #: each stage's backward cut into input- and weight-gradient programs, scheduled ZB-H1
+        #: (:func:`.pipeline.zb_h1`)
+        self.zero_bubble = zero_bubble
         #: tensor-parallel ranks (chips per stage) and the split gradient program (:mod:`.tensor_parallel`)
         self.tp = tp
         self._tp_split = tp_split
@@ -225,6 +229,9 @@ class DataParallelTrainer(Trainer):
         self._shard_vms: list = []
         if zero:
             self._setup_shards()
+        #: ZeRO-0 pipeline in the chain's order: per stage, (parameter indices, their elements in the
+        #: flat gradient vector, update VM), reduced and updated as the stage's last backward ends
+        self._buckets = self._setup_buckets() if pp > 1 and not zero and reproducible else None
 
     @property
     def granule(self) -> int:
@@ -233,9 +240,10 @@ class DataParallelTrainer(Trainer):
 
     def plan(self) -> dict:
         """This trainer's parallel plan: ``{"dp", "tp", "pp", "microbatches", "zero", "granule", "head_stage",
-        "head_lag"}``."""
+        "head_lag", "zero_bubble"}``."""
         return {"dp": self.replicas, "tp": self.tp, "pp": self.pp, "microbatches": self.microbatches, "zero": self.zero,
-                "granule": self.granule, "head_stage": self.head_stage, "head_lag": self.head_lag}
+                "granule": self.granule, "head_stage": self.head_stage, "head_lag": self.head_lag,
+                "zero_bubble": self.zero_bubble}
 
     def _grad_program(self) -> tvm.IRModule:
         """The granule's gradient program: for a transformer, the one whose GEMMs over a
@@ -245,31 +253,37 @@ class DataParallelTrainer(Trainer):
 
     # -- pipeline stages ---------------------------------------------------------------------------
     def _pipeline(self):
-        """``(cut, VMs of the forward programs, VMs of the backward programs, executables)`` of
-        this trainer's stage count, compiled once per count (:mod:`.pipeline`)."""
+        """``(cut, VMs of the forward programs, VMs of the backward programs, executables, VMs of
+        the weight-gradient programs)`` of this trainer's stage count, compiled once per count and
+        schedule (:mod:`.pipeline`; with ZB-H1 the backward programs are the input-gradient ones
+        and a stage without a weight-gradient program has None)."""
         from .pipeline import cut_stages
 
-        cache, key = self._shared["pipeline"], (self.pp, self.head_stage)
+        cache, key = self._shared["pipeline"], (self.pp, self.head_stage, self.zero_bubble)
         if key not in cache:
             micro = self._micro_graph
             cut = cut_stages(self._grad_program(), micro.param_names, len(micro.input_shapes), self._layers, self.pp,
-                             self.head_stage)
+                             self.head_stage, self.zero_bubble)
             with _replica_target(self._target) as (replica, _):
                 exes = ([relax.build(p.mod, target=replica) for p in cut.forward],
-                        [relax.build(p.mod, target=replica) for p in cut.backward])
+                        [relax.build(p.mod, target=replica) for p in cut.backward],
+                        [None if p is None else relax.build(p.mod, target=replica) for p in cut.weight])
             cache[key] = (cut, exes)
-        cut, (fwd, bwd) = cache[key]
+        cut, (fwd, bwd, wgt) = cache[key]
         return (cut, [relax.VirtualMachine(e, tvm.cpu()) for e in fwd],
-                [relax.VirtualMachine(e, tvm.cpu()) for e in bwd], (fwd, bwd))
+                [relax.VirtualMachine(e, tvm.cpu()) for e in bwd], (fwd, bwd, wgt),
+                [None if e is None else relax.VirtualMachine(e, tvm.cpu()) for e in wgt])
 
     def _pipelined_grads(self, granule_args: list[list]) -> list[np.ndarray]:
-        """One replica's micro-batches through the stages in 1F1B order (:func:`.pipeline.one_f_one_b`):
+        """One replica's micro-batches through the stages in 1F1B order (:func:`.pipeline.one_f_one_b`),
+        or with ZB-H1 the input- and weight-gradient passes in :func:`.pipeline.zb_h1`'s:
         ``granule_args[m]`` holds the (inputs, targets) of micro-batch ``m``'s granules. Returns each
         granule's flat (loss, gradients) vector in granule order. Every granule keeps its own values;
         the order of the events moves no bits (each event's programs read only its granule's values)."""
-        from .pipeline import one_f_one_b
+        from .pipeline import one_f_one_b, zb_h1
 
-        cut, fwd, bwd, _ = self._stages
+        cut, fwd, bwd, _, wgt = self._stages
+        order = zb_h1 if self.zero_bubble else one_f_one_b
         values = []
         for mb in granule_args:
             for inputs, targets in mb:
@@ -278,8 +292,11 @@ class DataParallelTrainer(Trainer):
                 v["targets"] = targets
                 values.append(v)
         starts = np.cumsum([0] + [len(mb) for mb in granule_args])
-        for kind, stage, m in one_f_one_b(self.pp, len(granule_args), self.head_lag):
-            prog, vm = (cut.forward[stage], fwd[stage]) if kind == "f" else (cut.backward[stage], bwd[stage])
+        for kind, stage, m in order(self.pp, len(granule_args), self.head_lag):
+            prog, vm = {"f": (cut.forward, fwd), "b": (cut.backward, bwd), "w": (cut.weight, wgt)}[kind]
+            prog, vm = prog[stage], vm[stage]
+            if prog is None:  # a stage with no weight-gradient binding
+                continue
             for v in values[starts[m]:starts[m + 1]]:
                 out = vm["main"](*[v[k] for k in prog.inputs])
                 v.update(zip(prog.outputs, out))
@@ -302,6 +319,73 @@ class DataParallelTrainer(Trainer):
                 vms.append(relax.VirtualMachine(ex, tvm.cpu()))
         self._shard_vms = vms
         self._layout = ShardLayout.of(self._graph.param_shapes, self.replicas, init)
+
+    # -- bucketed reduction: each stage's gradients reduced and updated on their own ----------------
+    def _setup_buckets(self) -> list:
+        """One bucket per stage (ZeRO-0 with pipeline stages): its parameters (the cut's
+        ``param_stage``), their elements' positions in the flat (loss, gradients) vector (the
+        loss with the last stage, which computes it) and the update of a flat vector of its
+        size (:func:`.zero.shard_update_module`: the canonical update's per-element ops on a
+        slice, so the same bits)."""
+        from .zero import ShardLayout, shard_update_module
+
+        cut = self._stages[0]
+        sizes = [int(np.prod(s)) for s in self._graph.param_shapes]
+        starts = np.cumsum([1] + sizes)
+        cache = self._shared["shard_update"]
+        buckets, init = [], None
+        with _replica_target(self._target) as (replica, _):
+            for stage in range(self.pp):
+                idx = [k for k, st in enumerate(cut.param_stage) if st == stage]
+                if not idx:
+                    continue
+                pos = np.concatenate([np.arange(starts[k], starts[k] + sizes[k]) for k in idx])
+                if stage == self.pp - 1:
+                    pos = np.concatenate([[0], pos])
+                n = sum(sizes[k] for k in idx)
+                if (n, self.granules) not in cache:
+                    mod, state = shard_update_module(self._optimizer_spec, n, self.granules)
+                    cache[(n, self.granules)] = (relax.build(mod, target=replica), state)
+                ex, init = cache[(n, self.granules)]
+                buckets.append((stage, tuple(idx), pos, relax.VirtualMachine(ex, tvm.cpu())))
+        self._bucket_layout = ShardLayout.of(self._graph.param_shapes, 1, init)
+        return buckets
+
+    def _bucketed_update(self, flats: list) -> float:
+        """Each stage's bucket: its elements of every granule's vector added in ascending granule
+        order (the chain's order per element, whatever the buckets), then its parameters updated
+        from that sum and their optimizer state. The canonical state is kept whole: a bucket's
+        state is the scalars (the step count: every bucket's update advances it alike) and its
+        parameters' entries of each group, flattened."""
+        layout, n = self._bucket_layout, len(self._params)
+        state = [s.numpy() for s in self._state]
+        scalars = state[:layout.scalars]
+        params = list(self._params)
+        new_state = list(state)
+        loss = None
+        for _, idx, pos, vm in self._buckets:
+            total = chain_sum([f[pos] for f in flats])
+            if pos[0] == 0:  # the loss' bucket: the last stage's
+                loss, total = total[0], total[1:]
+            flat = np.concatenate([params[k].numpy().reshape(-1) for k in idx])
+            groups = [np.concatenate([state[layout.scalars + j * n + k].reshape(-1) for k in idx])
+                      for j in range(layout.groups)]
+            p, st = vm["main"](tvm.runtime.tensor(np.ascontiguousarray(flat)),
+                               tvm.runtime.tensor(np.ascontiguousarray(total)),
+                               [tvm.runtime.tensor(np.array(x)) for x in scalars] +
+                               [tvm.runtime.tensor(g) for g in groups])
+            st = [x.numpy() for x in st]
+            cuts = np.cumsum([int(np.prod(self._graph.param_shapes[k])) for k in idx])[:-1]
+            for k, part in zip(idx, np.split(p.numpy(), cuts)):
+                params[k] = tvm.runtime.tensor(np.array(part.reshape(self._graph.param_shapes[k]), order="C"))
+            for j in range(layout.groups):
+                for k, part in zip(idx, np.split(st[layout.scalars + j], cuts)):
+                    new_state[layout.scalars + j * n + k] = part.reshape(self._graph.param_shapes[k])
+            new_state[:layout.scalars] = st[:layout.scalars]
+        self._params = params
+        self._state = [tvm.runtime.tensor(np.array(x, order="C")) for x in new_state]
+        # the loss: the mean over the granules, one IEEE float32 division as the update's
+        return float(np.float32(loss) / np.float32(self.granules))
 
     def _set_state(self, params, optim) -> None:
         if not self.zero:
@@ -332,7 +416,7 @@ class DataParallelTrainer(Trainer):
     def with_plan(self, replicas: int | None = None, microbatches: int | None = None, zero: int | None = None,
                   reproducible: bool | None = None, pp: int | None = None,
                   tp: int | None = None, head_stage: bool | None = None,
-                  head_lag: int | None = None) -> "DataParallelTrainer":
+                  head_lag: int | None = None, zero_bubble: bool | None = None) -> "DataParallelTrainer":
         """The same compiled gradient program under another plan (replica count, micro-batch
         count, optimizer-state sharding, mode, pipeline stages: a new stage count compiles its
         stage programs once), from this trainer's current parameters and optimizer state. A
@@ -340,7 +424,8 @@ class DataParallelTrainer(Trainer):
         ``tp`` is the compiled one (its gradient program is split for it). ``head_stage``: the
         last of the ``pp`` stages holds the LM head alone (the layers fill the others); ``head_lag``:
         its passes run that many micro-batches behind the other stages' (a schedule order: the
-        same bits)."""
+        same bits); ``zero_bubble``: each stage's backward cut into input- and weight-gradient
+        programs and scheduled ZB-H1 (:func:`.pipeline.zb_h1`; the same bits)."""
         replicas = self.replicas if replicas is None else replicas
         microbatches = self.microbatches if microbatches is None else microbatches
         zero = self.zero if zero is None else zero
@@ -352,6 +437,7 @@ class DataParallelTrainer(Trainer):
             raise TrainingError(f"with_plan: a head stage of its own needs pp >= 2 (the layers' stages and the "
                                 f"head's), got pp={pp}")
         head_lag = _head_lag("with_plan", self.head_lag if head_lag is None else head_lag, head_stage)
+        zero_bubble = _zero_bubble("with_plan", self.zero_bubble if zero_bubble is None else zero_bubble, pp)
         if tp is not None and tp != self.tp:
             raise TrainingError(f"with_plan: tp={tp}: this trainer's gradient program is split for tp={self.tp}; "
                                 f"compile with parallel={{'tp': {tp}}} for another tensor-parallel degree")
@@ -378,7 +464,8 @@ class DataParallelTrainer(Trainer):
                                     microbatches, replicas,
                                     self.reproducible if reproducible is None else reproducible,
                                     None if self._granule_is_microbatch else self.granules, zero,
-                                    self._shared, pp, self._layers, self.tp, self._tp_split, head_stage, head_lag)
+                                    self._shared, pp, self._layers, self.tp, self._tp_split, head_stage, head_lag,
+                                    zero_bubble)
         other._set_state([p.numpy() for p in self._params], self.optimizer_state())
         return other
 
@@ -414,6 +501,8 @@ class DataParallelTrainer(Trainer):
                 args += self._params + [tvm.runtime.tensor(np.ascontiguousarray(ys[k]))]
                 loss, grads = self._grad_vm["main"](*args)
                 flats.append(np.concatenate([loss.numpy().reshape(1)] + [g.numpy().reshape(-1) for g in grads]))
+        if self._buckets is not None:
+            return self._bucketed_update(flats)
         blocks = tuple((a * per, b * per) for a, b in self._blocks)
         total = chain_sum(flats) if self.reproducible else ring_sum(flats, blocks)
         if self.zero:
@@ -509,16 +598,21 @@ class DataParallelTrainer(Trainer):
         stride = self.tp  # tensor-parallel ranks of a stage sit on neighbouring chips
         if self.pp > 1:
             from ..timing.collectives import point_to_point
-            from .pipeline import pipeline_makespan
+            from .pipeline import one_f_one_b, schedule_times, zb_h1
 
-            cut, _, _, (fwd_ex, bwd_ex) = self._stages
+            cut, _, _, (fwd_ex, bwd_ex, wgt_ex), _ = self._stages
             f_s = [gpm * ratio * executable_latency(e) for e in fwd_ex]
             b_s = [gpm * ratio * executable_latency(e) for e in bwd_ex]
+            w_s = [0.0 if e is None else gpm * ratio * executable_latency(e) for e in wgt_ex] or None
             hand = max(cut.boundary_bytes) * gpm
             p2p = point_to_point(topo, [0], [1], hand).seconds if hand else 0.0
             busiest = max(stop - start for start, stop in self._blocks)
+            events = (zb_h1 if self.zero_bubble else one_f_one_b)(self.pp, busiest, self.head_lag)
+            _, stage_end = schedule_times(events, f_s, b_s, p2p, w_s)
             pipe = {"stage_forward_s": f_s, "stage_backward_s": b_s, "hand_over_s": p2p,
-                    "compute_s": pipeline_makespan(self.pp, busiest, f_s, b_s, p2p, self.head_lag)}
+                    "compute_s": max(stage_end), "stage_end_s": list(stage_end)}
+            if w_s is not None:
+                pipe["stage_weight_s"] = w_s
             stage_bytes = [int(4 * share * sum(int(np.prod(shape)) for shape, st in zip(self._graph.param_shapes,
                                                                                        cut.param_stage) if st == s))
                            + (4 if s == self.pp - 1 else 0) for s in range(self.pp)]
@@ -526,6 +620,19 @@ class DataParallelTrainer(Trainer):
                 colls = [(chain_all_reduce if self.reproducible else all_reduce)(
                     topo, [(r * self.pp + s) * stride for r in range(chips)], stage_bytes[s]) for s in range(self.pp)]
                 coll = max(colls, key=lambda c: c.seconds)
+            if self._buckets is not None:
+                # each stage's bucket reduced over its replicas' chips as the stage's last pass ends,
+                # then updated on the stage's chip: the tail past the pipeline is the latest stage's
+                sync_end, upd_end = [], []
+                for stage, _, pos, _ in self._buckets:
+                    ready = stage_end[stage] + (colls[stage].seconds if chips > 1 else 0.0)
+                    n = len(pos) - (1 if pos[0] == 0 else 0)
+                    sync_end.append(ready)
+                    upd_end.append(ready + share * executable_latency(
+                        self._shared["shard_update"][(n, self.granules)][0]))
+                span = pipe["compute_s"]
+                bucketed = (max(0.0, max(sync_end) - span), max(0.0, max(upd_end) - max(max(sync_end), span)))
+                pipe["bucket_sync_end_s"], pipe["bucket_update_end_s"] = sync_end, upd_end
         if self.pp > 1 and chips > 1:
             adds = per if self.reproducible else per - 1
         elif self.pp > 1:
@@ -539,11 +646,15 @@ class DataParallelTrainer(Trainer):
             coll = all_reduce(topo, [r * stride for r in range(chips)], nbytes)
             adds = per - 1  # its own block's sum; the ring's additions are inside the collective
         algorithm, seconds = (coll.algorithm, coll.seconds) if chips > 1 else ("none", 0.0)
+        if self._buckets is not None:
+            seconds = bucketed[0]  # the exposed part of the stages' reductions
         if self.zero:
             # each replica updates its shard; the updated shards are gathered onto every replica
             update = max(executable_latency(self._shared["shard_update"][(b - a, self.granules)][0])
                          for a, b in self._layout.bounds)
             gather = all_gather(topo, [r * stride for r in range(chips)], nbytes - 4).seconds if chips > 1 else 0.0
+        elif self._buckets is not None:
+            update, gather = bucketed[1], 0.0  # the exposed part of the stages' updates
         else:
             update, gather = executable_latency(self.executable) * share, 0.0
         if shared["host"] is None:
@@ -553,7 +664,7 @@ class DataParallelTrainer(Trainer):
                 shared["host"] = (host_time(grad_module(self._micro_graph), replica)[0],
                                   host_time(update_module(self._micro_graph, self.granules), replica)[0])
         out = {"microbatch_s": gpm * granule, "compute_s": per * granule, "local_add_s": adds * add,
-               "all_reduce_s": seconds if chips > 1 else 0.0,
+               "all_reduce_s": seconds if chips > 1 or self._buckets is not None else 0.0,
                "all_reduce": algorithm if chips > 1 else "none", "update_s": update, "all_gather_s": gather,
                "host_s": per * shared["host"][0] + shared["host"][1]}
         out.update(pipe)
@@ -646,7 +757,7 @@ def build_data_parallel(graph_of, model, example_inputs, loss, optimizer, target
 
 
 #: the options of ``parallel=`` (:func:`build_parallel`)
-PARALLEL_OPTIONS = ("dp", "tp", "pp", "microbatches", "zero", "granule", "head_stage", "head_lag")
+PARALLEL_OPTIONS = ("dp", "tp", "pp", "microbatches", "zero", "granule", "head_stage", "head_lag", "zero_bubble")
 
 
 def _head_lag(where: str, lag, head_stage: bool) -> int:
@@ -658,11 +769,21 @@ def _head_lag(where: str, lag, head_stage: bool) -> int:
     return lag
 
 
+def _zero_bubble(where: str, zero_bubble, pp: int) -> bool:
+    """``zero_bubble`` checked: True or False, and False unless the plan has pipeline stages."""
+    if not isinstance(zero_bubble, bool):
+        raise TrainingError(f"{where}: zero_bubble must be True or False, got {zero_bubble!r}")
+    if zero_bubble and pp < 2:
+        raise TrainingError(f"{where}: zero_bubble=True (ZB-H1) defers weight-gradient passes into a pipeline's "
+                            f"fill and drain and needs pp >= 2, got pp={pp}")
+    return zero_bubble
+
+
 def build_parallel(graph_of, model, example_inputs, loss, optimizer, target, options: dict,
                    model_name: str) -> DataParallelTrainer:
     """Build a :class:`DataParallelTrainer` of a user-given plan ``parallel={"dp", "tp", "pp",
-    "microbatches", "zero", "granule", "head_stage", "head_lag"}`` whose bits depend on none of the
-    first five nor on the last two: the
+    "microbatches", "zero", "granule", "head_stage", "head_lag", "zero_bubble"}`` whose bits depend
+    on none of the first five nor on the last three: the
     gradient program is compiled for one granule (``granule`` samples, default 1) and the step
     sums the granules' gradients in ascending order, whatever the micro-batch count, replica
     count and sharding (a micro-batch must hold whole granules)."""
@@ -685,6 +806,7 @@ def build_parallel(graph_of, model, example_inputs, loss, optimizer, target, opt
         raise TrainingError(f"parallel: a head stage of its own needs pp >= 2 (the layers' stages and the head's), "
                             f"got pp={pp}")
     head_lag = _head_lag("parallel", options.get("head_lag", 0), head_stage)
+    zero_bubble = _zero_bubble("parallel", options.get("zero_bubble", False), pp)
     if not isinstance(example_inputs, tuple | list):
         example_inputs = (example_inputs,)
     batch = _batch_of(example_inputs, "parallel")
@@ -723,12 +845,13 @@ def build_parallel(graph_of, model, example_inputs, loss, optimizer, target, opt
 
             layers = model_axes(model).layers
     return _build(graph_of, model, example_inputs, loss, optimizer, target, model_name, batch, dp,
-                  microbatches, batch // granule, zero, True, pp, layers, tp, head_stage, head_lag)
+                  microbatches, batch // granule, zero, True, pp, layers, tp, head_stage, head_lag, zero_bubble)
 
 
 def _build(graph_of, model, example_inputs, loss, optimizer, target, model_name, batch: int, replicas: int,
            microbatches: int, granules: int | None, zero: int, reproducible: bool, pp: int = 1,
-           layers: int | None = None, tp: int = 1, head_stage: bool = False, head_lag: int = 0) -> DataParallelTrainer:
+           layers: int | None = None, tp: int = 1, head_stage: bool = False, head_lag: int = 0,
+           zero_bubble: bool = False) -> DataParallelTrainer:
     """The trainer: the gradient program compiled for one granule (``batch / granules``
     samples; ``granules=None``: one micro-batch) and the update for the granule count."""
     count = microbatches if granules is None else granules
@@ -772,6 +895,7 @@ def _build(graph_of, model, example_inputs, loss, optimizer, target, model_name,
         update_ex = relax.build(update_module(micro, count), target=replica_tgt)
     trainer = DataParallelTrainer(full, micro, grad_ex, update_ex, tgt, system, loss, optimizer, model_name,
                                   microbatches, replicas, reproducible, granules, zero, pp=pp, layers=layers, tp=tp,
-                                  tp_split=tp_split, head_stage=head_stage, head_lag=head_lag)
+                                  tp_split=tp_split, head_stage=head_stage, head_lag=head_lag,
+                                  zero_bubble=zero_bubble)
     trainer._set_state(list(micro.init_params), list(micro.init_optim_state))
     return trainer

@@ -29,6 +29,14 @@ values later stages and the backward programs read, the activations a stage save
 ``backward[s]`` (its backward bindings; outputs: the values lower stages read and its
 parameters' gradients). A micro-batch runs ``forward[0..pp-1]`` then ``backward[pp-1..0]``;
 :func:`one_f_one_b` orders the micro-batches of a step as Megatron's 1F1B schedule does.
+
+With ``zero_bubble`` (ZB-H1, Qi et al. 2024, "Zero Bubble Pipeline Parallelism") each stage's
+backward is cut once more, into an input-gradient program ``backward[s]`` (B: the bindings the
+lower stages' backward programs wait for, and on the first stage the tables' gradients, which the
+input-gradient chain through its layers ends in) and a weight-gradient program ``weight[s]`` (W:
+the rest, the weight-gradient GEMMs and what only they read), which reads B's outputs and the
+stage's saved activations; :func:`zb_h1` defers the W passes into the fill and drain. Another cut
+of the same bindings: the gradients are the uncut program's bit for bit.
 """
 
 from __future__ import annotations
@@ -41,7 +49,8 @@ from tvm import relax
 
 from .errors import TrainingError
 
-__all__ = ["StageProgram", "PipelineCut", "cut_stages", "layer_of", "one_f_one_b", "pipeline_makespan"]
+__all__ = ["StageProgram", "PipelineCut", "cut_stages", "layer_of", "one_f_one_b", "zb_h1", "pipeline_makespan",
+           "schedule_times"]
 
 #: the layer index in a parameter name (transformers' GPT-2 ``h.<i>``, Llama/BERT
 #: ``layers.<i>`` / ``layer.<i>``, a ``blocks.<i>`` sequence), as torch.export names it (dots
@@ -79,7 +88,7 @@ class PipelineCut:
     Attributes
     ----------
     forward, backward : tuple of StageProgram
-        Per stage, in stage order.
+        Per stage, in stage order (with ``weight``: ``backward`` holds the input-gradient programs).
     loss : str
         Key of the loss value; ``grads``: keys of the parameters' gradients, in parameter order.
     param_stage : tuple of int
@@ -88,6 +97,9 @@ class PipelineCut:
         Bytes stage ``s`` sends to stage ``s + 1`` in a forward pass (and ``s + 1`` to ``s``
         in a backward pass, the same shapes' adjoints are of the same size or smaller): the
         activations crossing each cut, for the timing model.
+    weight : tuple of (StageProgram or None)
+        Per stage, the weight-gradient program of a cut made with ``zero_bubble`` (None where a
+        stage has no binding to defer); empty otherwise.
     """
 
     forward: tuple
@@ -96,6 +108,7 @@ class PipelineCut:
     grads: tuple
     param_stage: tuple
     boundary_bytes: tuple
+    weight: tuple = ()
 
 
 def _operands(expr) -> list:
@@ -148,7 +161,7 @@ def _make_program(bindings, inputs_of, key_of, outputs) -> StageProgram:
 
 
 def cut_stages(grad_mod: tvm.IRModule, param_names, n_inputs: int, layers: int, pp: int,
-               head_stage: bool = False) -> PipelineCut:
+               head_stage: bool = False, zero_bubble: bool = False) -> PipelineCut:
     """Cut ``main(inputs..., params..., targets) -> (loss, grads)`` into ``pp`` stages of
     ``layers / pp`` layers (see the module docstring). With ``head_stage``, the layers fill the
     first ``pp - 1`` stages and the last is the LM head's own: the parameters without a layer
@@ -156,7 +169,10 @@ def cut_stages(grad_mod: tvm.IRModule, param_names, n_inputs: int, layers: int, 
     untied head's) belong to it, and so does every forward binding reading them or their results
     (the final norm's scale and shift on, the logits, the loss; the norm's statistics stay with
     the last layer, which hands them over; a tied head's table stays with the embedding's stage
-    and is read from there)."""
+    and is read from there). With ``zero_bubble``, each stage's backward is cut into its
+    input-gradient and weight-gradient programs (``PipelineCut.weight``; the module docstring)."""
+    if not isinstance(zero_bubble, bool):
+        raise TrainingError(f"pipeline: zero_bubble must be True or False, got {zero_bubble!r}")
     func = grad_mod["main"]
     # a stage program is ``main``'s bindings alone: a gradient program is one function (the
     # training step's modules inline their helpers), and one that calls another is refused
@@ -281,10 +297,15 @@ def cut_stages(grad_mod: tvm.IRModule, param_names, n_inputs: int, layers: int, 
         if v == loss_var:
             stage[v] = pp - 1
     # a value each stage program reads or writes
-    progs_bindings = {(s, ph): [] for s in range(pp) for ph in ("f", "b")}
-    for b in bindings:
-        progs_bindings[(stage[b.var], "f" if b.var in forward else "b")].append(b)
+    phases = ("f", "b", "w") if zero_bubble else ("f", "b")
     where = {b.var: (stage[b.var], "f" if b.var in forward else "b") for b in bindings}
+    if zero_bubble:
+        tables = {g for p, g in zip(param_vars, grad_vars)
+                  if isinstance(g, relax.Var) and p not in layer_stage and home[p] == 0}
+        where.update(_weight_passes(bindings, where, consumers, defined, tables))
+    progs_bindings = {(s, ph): [] for s in range(pp) for ph in phases}
+    for b in bindings:
+        progs_bindings[where[b.var]].append(b)
     needed: dict = {k: [] for k in progs_bindings}
     for k, bs in progs_bindings.items():
         own = {b.var for b in bs}
@@ -319,13 +340,45 @@ def cut_stages(grad_mod: tvm.IRModule, param_names, n_inputs: int, layers: int, 
 
     fwd = tuple(program((s, "f")) for s in range(pp))
     bwd = tuple(program((s, "b")) for s in range(pp))
+    wgt = tuple(program((s, "w")) if progs_bindings[(s, "w")] else None for s in range(pp)) if zero_bubble else ()
     # activations crossing cut s -> s + 1 in the forward pass
     crossing = []
     for s in range(pp - 1):
         crossing.append(sum(_nbytes(o) for k, ins in needed.items() if k[0] > s for o in ins
                             if o in forward and stage[o] <= s and (k[1] == "f")))
     grads = tuple(key[g] if isinstance(g, relax.Var) else "" for g in grad_vars)
-    return PipelineCut(fwd, bwd, key[loss_var], grads, tuple(home[p] for p in param_vars), tuple(crossing))
+    return PipelineCut(fwd, bwd, key[loss_var], grads, tuple(home[p] for p in param_vars), tuple(crossing), wgt)
+
+
+def _weight_passes(bindings, where: dict, consumers: dict, defined: dict, tables: set) -> dict:
+    """The backward bindings that go to their stage's weight-gradient program (ZB-H1): those that
+    no input-gradient binding needs. A stage's input-gradient pass is what the lower stages'
+    backward programs read, with every binding of its own backward it needs; on the first stage
+    (no lower stage) the tables' gradients (``tables``: an embedding's gradient is where the
+    input-gradient chain through its layers ends). A binding reading a tuple of the
+    input-gradient pass joins it (a tuple value does not cross a program)."""
+    keep = set()
+    for b in bindings:
+        s, ph = where[b.var]
+        if ph != "b":
+            continue
+        if b.var in tables or any(where.get(c, (s, ph)) != (s, ph) and where[c][1] == "b"
+                                  for c in consumers.get(b.var, [])):
+            keep.add(b.var)
+    todo = list(keep)
+    while todo:
+        while todo:  # every binding of the same backward program that a kept one reads
+            v = todo.pop()
+            for o in _operands(defined[v].value):
+                if o in defined and o not in keep and where[o] == where[v]:
+                    keep.add(o)
+                    todo.append(o)
+        for b in bindings:
+            if where[b.var][1] == "b" and b.var not in keep and any(
+                    o in keep and isinstance(o.ty, relax.TupleType) for o in _operands(b.value)):
+                keep.add(b.var)
+                todo.append(b.var)
+    return {b.var: (where[b.var][0], "w") for b in bindings if where[b.var][1] == "b" and b.var not in keep}
 
 
 def one_f_one_b(pp: int, microbatches: int, lag: int = 0) -> tuple[tuple[str, int, int], ...]:
@@ -339,19 +392,43 @@ def one_f_one_b(pp: int, microbatches: int, lag: int = 0) -> tuple[tuple[str, in
     earlier stage takes ``lag`` more warm-up forwards (and holds that many more micro-batches'
     activations), so the last stage's next forward input is ready while it computes. A schedule
     order only: each event reads its own micro-batch's values, so no bit moves."""
+    return _schedule(pp, microbatches, lag, False)
+
+
+def zb_h1(pp: int, microbatches: int, lag: int = 0) -> tuple[tuple[str, int, int], ...]:
+    """The ZB-H1 schedule (Qi et al. 2024) as one sequence of ``(kind, stage, micro-batch)``
+    events, ``kind`` ``"f"``, ``"b"`` (input gradient) or ``"w"`` (weight gradient): each
+    stage's forwards and input-gradient passes in 1F1B's order (:func:`one_f_one_b`, ``lag``
+    included), and its weight-gradient passes after them, stage ``s`` deferring ``s`` of them:
+    the first stage runs ``F B W`` in turn once warm, the last lets ``pp - 1`` W passes wait, so
+    the fill's input gradients cross the stages at the B passes' pace and the deferred W passes
+    fill the drain's idle time, where the later stages wait for the first to finish. A stage
+    thus holds 1F1B's ``pp`` micro-batches' values at most (ZB-H1's memory), and with at least
+    ``pp`` micro-batches of equal stages the makespan is ``m (F + B + W) + (pp - 1) (F + B - W)``
+    (1F1B's: ``(m + pp - 1) (F + B + W)``). A schedule order only: every event reads its own
+    micro-batch's values, so no bit moves."""
+    return _schedule(pp, microbatches, lag, True)
+
+
+def _schedule(pp: int, microbatches: int, lag: int, zero_bubble: bool) -> tuple[tuple[str, int, int], ...]:
     if isinstance(lag, bool) or not isinstance(lag, int) or lag < 0:
         raise TrainingError(f"pipeline: head_lag must be an integer >= 0, got {lag!r}")
     per_stage = []
     for s in range(pp):
         warm = min(pp - 1 - s + (lag if s < pp - 1 else 0), microbatches)
         seq = [("f", m) for m in range(warm)]
-        f, b = warm, 0
+        f, b, w = warm, 0, 0
         while b < microbatches:
             if f < microbatches:
                 seq.append(("f", f))
                 f += 1
             seq.append(("b", b))
             b += 1
+            if zero_bubble and b - w > s:  # more W passes wait than the stage defers
+                seq.append(("w", w))
+                w += 1
+        if zero_bubble:
+            seq += [("w", k) for k in range(w, microbatches)]
         per_stage.append(seq)
     done: dict = {}
     pos = [0] * pp
@@ -363,15 +440,14 @@ def one_f_one_b(pp: int, microbatches: int, lag: int = 0) -> tuple[tuple[str, in
             if pos[s] == len(per_stage[s]):
                 continue
             kind, m = per_stage[s][pos[s]]
-            dep = ("f", s - 1, m) if kind == "f" and s > 0 else (("b", s + 1, m) if kind == "b" and s < pp - 1
-                                                                  else ("f", s, m) if kind == "b" else None)
+            dep = _dependency(kind, s, m, pp)
             if dep is not None and dep not in done:
                 continue
             start = max(free[s], done[dep] if dep is not None else 0)
             if best is None or (start, s) < best[:2]:
                 best = (start, s, kind, m)
         if best is None:
-            raise TrainingError("pipeline: the 1F1B schedule deadlocked (an internal error)")
+            raise TrainingError("pipeline: the schedule deadlocked (an internal error)")
         start, s, kind, m = best
         done[(kind, s, m)] = start + 1
         free[s] = start + 1
@@ -380,22 +456,49 @@ def one_f_one_b(pp: int, microbatches: int, lag: int = 0) -> tuple[tuple[str, in
     return tuple(out)
 
 
-def pipeline_makespan(pp: int, microbatches: int, forward_s, backward_s, transfer_s: float,
-                      lag: int = 0) -> float:
-    """Simulated time of the 1F1B schedule: stage ``s``'s forward of one micro-batch takes
-    ``forward_s[s]``, its backward ``backward_s[s]``; a hand-over between neighbouring stages
-    ``transfer_s``. Each stage runs its events one at a time in its 1F1B order (the last stage
-    ``lag`` micro-batches behind, :func:`one_f_one_b`)."""
-    events = one_f_one_b(pp, microbatches, lag)
+def _dependency(kind: str, s: int, m: int, pp: int):
+    """The event another stage's (or this stage's) event ``(kind, s, m)`` waits for."""
+    if kind == "f":
+        return ("f", s - 1, m) if s > 0 else None
+    if kind == "b":
+        return ("b", s + 1, m) if s < pp - 1 else ("f", s, m)
+    return ("b", s, m)
+
+
+def schedule_times(events, forward_s, backward_s, transfer_s: float, weight_s=None) -> tuple[dict, list]:
+    """Simulate a schedule of :func:`one_f_one_b` or :func:`zb_h1`: stage ``s``'s forward of one
+    micro-batch takes ``forward_s[s]``, its backward (with ``weight_s``: its input-gradient
+    pass) ``backward_s[s]``, its weight-gradient pass ``weight_s[s]``; a hand-over between
+    neighbouring stages ``transfer_s`` (a weight-gradient pass hands nothing over). Each stage
+    runs its events one at a time in the schedule's order. Returns ``(end of each event, end of
+    each stage's last event)``."""
+    pp = len(forward_s)
     done: dict = {}
     free = [0.0] * pp
     for kind, s, m in events:
         if kind == "f":
             ready = done[("f", s - 1, m)] + transfer_s if s > 0 else 0.0
             dur = forward_s[s]
-        else:
+        elif kind == "b":
             ready = done[("b", s + 1, m)] + transfer_s if s < pp - 1 else done[("f", s, m)]
             dur = backward_s[s]
+        else:
+            if weight_s is None:
+                raise TrainingError("pipeline: a schedule with weight-gradient passes needs their times (weight_s)")
+            ready = done[("b", s, m)]
+            dur = weight_s[s]
         start = max(free[s], ready)
         done[(kind, s, m)] = free[s] = start + dur
-    return max(free)
+    return done, free
+
+
+def pipeline_makespan(pp: int, microbatches: int, forward_s, backward_s, transfer_s: float,
+                      lag: int = 0, weight_s=None) -> float:
+    """Simulated time of the 1F1B schedule: stage ``s``'s forward of one micro-batch takes
+    ``forward_s[s]``, its backward ``backward_s[s]``; a hand-over between neighbouring stages
+    ``transfer_s``. Each stage runs its events one at a time in its 1F1B order (the last stage
+    ``lag`` micro-batches behind, :func:`one_f_one_b`). With ``weight_s``: the ZB-H1 schedule
+    (:func:`zb_h1`) of input-gradient passes ``backward_s`` and weight-gradient passes
+    ``weight_s``."""
+    events = zb_h1(pp, microbatches, lag) if weight_s is not None else one_f_one_b(pp, microbatches, lag)
+    return max(schedule_times(events, forward_s, backward_s, transfer_s, weight_s)[1])
