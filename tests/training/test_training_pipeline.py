@@ -13,7 +13,7 @@ from tvm import relax
 
 import tvm_spinn
 from tvm_spinn.training import TrainingError
-from tvm_spinn.training.pipeline import layer_of, one_f_one_b, pipeline_makespan
+from tvm_spinn.training.pipeline import layer_of, one_f_one_b, pipeline_makespan, schedule_times, zb_h1
 from test_training_lm import ADAMW, _assert_close, gpt2, llama, tokens
 from training_models import run_steps as _run, same_bits as _same_bits, torch_adamw
 
@@ -24,6 +24,10 @@ PIPELINE_PLANS = {
     "pp2 mb4": {"pp": 2, "microbatches": 4},
     "pp2 dp2 mb4": {"pp": 2, "replicas": 2, "microbatches": 4},
     "pp2 dp2 mb2 zero1": {"pp": 2, "replicas": 2, "microbatches": 2, "zero": 1},
+    # ZB-H1: the backward cut into input- and weight-gradient programs, the latter deferred
+    "pp2 mb4 zb": {"pp": 2, "microbatches": 4, "zero_bubble": True},
+    "pp2 dp2 mb4 zb": {"pp": 2, "replicas": 2, "microbatches": 4, "zero_bubble": True},
+    "pp2 dp2 mb2 zero1 zb": {"pp": 2, "replicas": 2, "microbatches": 2, "zero": 1, "zero_bubble": True},
 }
 
 
@@ -133,8 +137,9 @@ def test_lm_pipeline_matches_the_chip(make):
     board = tvm_spinn.training.compile(model, torch.from_numpy(ids), optimizer=ADAMW, target="spinn/board",
                                        parallel={"pp": 2, "dp": 2, "microbatches": 4})
     assert board.plan() == {"dp": 2, "tp": 1, "pp": 2, "microbatches": 4, "zero": 0, "granule": 1, "head_stage": False,
-                            "head_lag": 0}
+                            "head_lag": 0, "zero_bubble": False}
     assert _same_bits(_run(board, batches), ref)
+    assert _same_bits(_run(board.with_plan(zero_bubble=True), batches), ref)
 
 
 # -- the schedule (fast) ---------------------------------------------------------------------------
@@ -358,6 +363,9 @@ def test_head_stage_plans_keep_the_bits(tiny):
     assert behind.plan()["head_lag"] == 2
     assert _same_bits(_run(behind, batches), ref)
     assert behind.simulated_step()["compute_s"] > 0
+    # and its weight-gradient passes deferred (ZB-H1): the same bits
+    deferred = trainer.with_plan(pp=3, head_stage=True, microbatches=4, head_lag=2, zero_bubble=True)
+    assert deferred.plan()["zero_bubble"] and _same_bits(_run(deferred, batches), ref)
     with pytest.raises(TrainingError, match=r"head_lag=2 needs a head stage of its own"):
         trainer.with_plan(pp=2, head_lag=2)
     with pytest.raises(TrainingError, match=r"head_lag must be an integer >= 0, got -1"):
@@ -376,6 +384,180 @@ def test_head_stage_plans_keep_the_bits(tiny):
     ({"pp": 2, "head_stage": "yes"}, r"parallel: head_stage must be True or False, got 'yes'"),
 ])
 def test_bad_head_stages_are_named_before_compiling(options, message):
+    ids, _ = tokens(64)
+    with pytest.raises(TrainingError, match=message):
+        tvm_spinn.training.compile(gpt2(layers=2, hidden=32, vocab=64), torch.from_numpy(ids), optimizer=ADAMW,
+                                   target="spinn/board", parallel=options)
+
+
+# -- ZB-H1 and the bucketed reduction ---------------------------------------------------------------
+def test_zb_h1_order():
+    """Every stage's forwards and input-gradient passes in 1F1B's order, each weight-gradient
+    pass after its own input-gradient pass; stage ``s`` lets ``s`` of them wait (the first runs
+    ``F B W`` once warm, the last defers ``pp - 1``); every event once, after the ones it needs."""
+    pp, mb = 4, 6
+    events = zb_h1(pp, mb)
+    assert sorted(events) == sorted((k, s, m) for k in "fbw" for s in range(pp) for m in range(mb))
+    seen = set()
+    for kind, s, m in events:
+        if kind == "f" and s > 0:
+            assert ("f", s - 1, m) in seen
+        if kind == "b":
+            assert ("f", s, m) in seen and (s == pp - 1 or ("b", s + 1, m) in seen)
+        if kind == "w":
+            assert ("b", s, m) in seen
+        seen.add((kind, s, m))
+    for s in range(pp):
+        order = [(k, m) for k, st, m in events if st == s]
+        assert [x for x in order if x[0] != "w"] == [(k, m) for k, st, m in one_f_one_b(pp, mb) if st == s]
+        waiting = max(sum(1 for k, _ in order[:i] if k == "b") - sum(1 for k, _ in order[:i] if k == "w")
+                      for i in range(len(order) - mb))  # before the drain's remaining W passes
+        assert waiting == s + 1, s  # s deferred, and the one just computed
+    assert zb_h1(3, 6, 2) != zb_h1(3, 6) and sorted(zb_h1(3, 6, 2)) == sorted(zb_h1(3, 6))
+    with pytest.raises(TrainingError, match="head_lag must be an integer >= 0"):
+        zb_h1(pp, mb, -1)
+
+
+@pytest.mark.parametrize("pp, mb", [(2, 4), (4, 8), (4, 4), (13, 16)])
+def test_zb_h1_makespan_is_qi_et_als(pp, mb):
+    """Equal stages, F = 1, B = 1.5, W = 0.75, no hand-over, at least pp micro-batches: ZB-H1's
+    ``m (F + B + W) + (pp - 1) (F + B - W)`` (Qi et al. 2024) against 1F1B's ``(m + pp - 1)
+    (F + B + W)``; a weight-gradient pass of zero time is 1F1B with the backward B."""
+    f, b, w = 1.0, 1.5, 0.75
+    zb = pipeline_makespan(pp, mb, [f] * pp, [b] * pp, 0.0, weight_s=[w] * pp)
+    assert zb == pytest.approx(mb * (f + b + w) + (pp - 1) * (f + b - w))
+    assert pipeline_makespan(pp, mb, [f] * pp, [b + w] * pp, 0.0) == pytest.approx((mb + pp - 1) * (f + b + w))
+    assert pipeline_makespan(pp, mb, [f] * pp, [b] * pp, 0.0, weight_s=[0.0] * pp) == pytest.approx(
+        pipeline_makespan(pp, mb, [f] * pp, [b] * pp, 0.0))
+    with pytest.raises(TrainingError, match="needs their times"):
+        schedule_times(zb_h1(pp, mb), [f] * pp, [b] * pp, 0.0)
+
+
+@pytest.mark.slow
+def test_zero_bubble_cut_defers_the_weight_gradients(tiny):
+    """``cut_stages(..., zero_bubble=True)``: each stage's backward is an input-gradient program
+    (what the lower stages read; on the first stage the tables' gradients, where the input
+    gradient ends) and a weight-gradient program (its layers' projection weights' gradients,
+    GEMMs reading the saved activations and the input-gradient pass's outputs); one granule
+    through F, B and W gives the uncut program's loss and gradients bit for bit."""
+    from tvm_spinn.training.parallel import _replica_target
+    from tvm_spinn.training.pipeline import cut_stages
+
+    _, trainer, (batch, *_) = tiny
+    micro = trainer._micro_graph
+    names = micro.param_names
+    cut = cut_stages(trainer._grad_program(), names, len(micro.input_shapes), 2, 2, zero_bubble=True)
+    plain = cut_stages(trainer._grad_program(), names, len(micro.input_shapes), 2, 2)
+    assert plain.weight == () and len(cut.weight) == 2
+    assert all(a.mod.script() == b.mod.script() and (a.inputs, a.outputs) == (b.inputs, b.outputs)
+               for a, b in zip(cut.forward, plain.forward))  # the forward programs are 1F1B's
+    grad_of = dict(zip(names, cut.grads))
+    for s in range(2):
+        deferred = set(cut.weight[s].outputs)
+        for name, stage in zip(names, cut.param_stage):
+            if stage == s and layer_of(name) is not None and name.endswith("weight") and (
+                    "c_attn" in name or "c_proj" in name or "c_fc" in name):
+                assert grad_of[name] in deferred, name  # a projection's weight gradient is deferred
+        assert deferred <= set(cut.grads)  # W hands nothing to another stage
+        assert "R.matmul" in cut.weight[s].mod.script()
+        assert set(cut.backward[s].outputs) & set(cut.weight[s].inputs)  # W reads the input-gradient pass
+    assert grad_of["lm.transformer.wte.weight"] in cut.backward[0].outputs  # the table's, with the input gradient
+    # what stage 0's backward reads of stage 1's, stage 1's input-gradient pass hands over
+    assert set(cut.backward[1].outputs) >= set(plain.backward[0].inputs) & set(plain.backward[1].outputs)
+    ids, labels = batch
+    one = trainer.with_plan()
+    inputs = [np.ascontiguousarray(x[:1]) for x in one._check_inputs(ids)]
+    targets = np.ascontiguousarray(one._check_labels(labels)[:8])
+    whole = one._grad_vm["main"](*[tvm.runtime.tensor(x) for x in inputs], *one._params, tvm.runtime.tensor(targets))
+    with _replica_target(trainer._target) as (replica, _):
+        vms = {id(p): relax.VirtualMachine(relax.build(p.mod, target=replica), tvm.cpu())
+               for p in cut.forward + cut.backward + cut.weight}
+    values = {f"input:{k}": tvm.runtime.tensor(x) for k, x in enumerate(inputs)}
+    values.update({f"param:{k}": p for k, p in enumerate(one._params)})
+    values["targets"] = tvm.runtime.tensor(targets)
+    for prog in (cut.forward[0], cut.forward[1], cut.backward[1], cut.weight[1], cut.backward[0], cut.weight[0]):
+        values.update(zip(prog.outputs, vms[id(prog)]["main"](*[values[k] for k in prog.inputs])))
+    assert values[cut.loss].numpy().tobytes() == whole[0].numpy().tobytes()
+    for key, want in zip(cut.grads, whole[1]):
+        assert values[key].numpy().tobytes() == want.numpy().tobytes(), key
+
+
+@pytest.mark.slow
+def test_compiled_zero_bubble_step_against_the_planners_rule(tiny):
+    """The compiled step's ZB-H1 and 1F1B pipelines (their schedules simulated from the stage
+    programs' latencies, ``compute_s``) against the planner's rule for a pipeline (``(slots -
+    1)`` slots of the slowest stage, then each stage's slot once: with ZB-H1 the first stage's
+    whole, every later one's ``F + B - W``) on the same programs' times: within the hand-overs
+    the simulated schedule puts on its path (``2 pp`` of them; the planner overlaps them with
+    the compute). The compiled ZB-H1 step is the shorter; printed with the planner's own figure
+    for the same split (its passes priced from the GEMM model alone)."""
+    from tvm_spinn.target.registry import arch_of
+    from tvm_spinn.training.planner import Split, _Comms, _spec, _step_time
+
+    model, trainer, _ = tiny
+    spec = _spec(model.lm.config.to_dict())
+    arch = arch_of("spinn/board")
+    for dp in (1, 2):
+        one = trainer.with_plan(pp=2, replicas=dp, microbatches=4).simulated_step()
+        zb = trainer.with_plan(pp=2, replicas=dp, microbatches=4, zero_bubble=True).simulated_step()
+        slots = 4 // dp
+        f, b, w = zb["stage_forward_s"], zb["stage_backward_s"], zb["stage_weight_s"]
+        slot = [x + y + z for x, y, z in zip(f, b, w)]
+        assert slot == pytest.approx([x + y for x, y in zip(one["stage_forward_s"], one["stage_backward_s"])], rel=0.05)
+        rule_1f1b = (slots - 1) * max(slot) + sum(slot)
+        rule_zb = (slots - 1) * max(slot) + slot[0] + sum(x + y - z for x, y, z in zip(f[1:], b[1:], w[1:]))
+        tol = 2 * 2 * zb["hand_over_s"]
+        planned = [_step_time(spec, Split(1, 2, dp, 0, 1, slots, False, False, zero_bubble=z), 8, "adamw", arch,
+                              _Comms(arch, True)).pipeline_s for z in (False, True)]
+        print(f"dp {dp}: compiled 1F1B {one['compute_s'] * 1e3:.4f} ms (rule {rule_1f1b * 1e3:.4f}), ZB-H1 "
+              f"{zb['compute_s'] * 1e3:.4f} ms (rule {rule_zb * 1e3:.4f}), tolerance {tol * 1e3:.4f} ms; planner "
+              f"1F1B {planned[0] * 1e3:.4f} ms, ZB-H1 {planned[1] * 1e3:.4f} ms")
+        assert abs(one["compute_s"] - rule_1f1b) <= tol
+        assert abs(zb["compute_s"] - rule_zb) <= tol
+        assert zb["compute_s"] < one["compute_s"] and planned[1] < planned[0]
+
+
+@pytest.mark.slow
+def test_bucketed_reduction_keeps_the_bits_and_ends_with_each_stage(tiny):
+    """ZeRO-0 with 2 stages and 2 replicas: one bucket a stage (its parameters, the loss with the
+    last), each reduced in the chain's order and updated on its own: the one-stage (unbucketed)
+    run's bits; each stage's reduction starts as its own last pass ends (the chain over its
+    replicas' chips), and the step's exposed tail is the latest bucket's, no longer than the
+    whole buffer reduced and updated after the pipeline."""
+    from tvm_spinn.target.topology import topology_of
+    from tvm_spinn.timing.collectives import chain_all_reduce
+    from tvm_spinn.training.timing import executable_latency
+
+    _, trainer, batches = tiny
+    ref = _run(trainer.with_plan(), batches)
+    for zb in (False, True):
+        plan = trainer.with_plan(pp=2, replicas=2, microbatches=4, zero_bubble=zb)
+        cut = plan._stages[0]
+        assert [b[0] for b in plan._buckets] == [0, 1]
+        assert sorted(k for b in plan._buckets for k in b[1]) == list(range(len(cut.param_stage)))
+        assert sum(len(b[2]) for b in plan._buckets) == 1 + sum(int(np.prod(s)) for s in plan._graph.param_shapes)
+        assert _same_bits(_run(plan, batches), ref), zb
+        sim = plan.simulated_step()
+        topo = topology_of(plan._system)
+        for stage, idx, _, _ in plan._buckets:
+            nbytes = 4 * sum(int(np.prod(plan._graph.param_shapes[k])) for k in idx) + (4 if stage == 1 else 0)
+            chain = chain_all_reduce(topo, [stage, 2 + stage], nbytes).seconds
+            assert sim["bucket_sync_end_s"][stage] == pytest.approx(sim["stage_end_s"][stage] + chain)
+        # the whole buffer's way: the stages' chains once the pipeline ends, then the whole update
+        chains = [chain_all_reduce(topo, [s, 2 + s], 4 * sum(int(np.prod(shape)) for shape, st in zip(
+            plan._graph.param_shapes, cut.param_stage) if st == s) + (4 if s == 1 else 0)).seconds for s in (0, 1)]
+        tail = sim["all_reduce_s"] + sim["update_s"]
+        assert tail == pytest.approx(max(sim["bucket_update_end_s"]) - sim["compute_s"])
+        assert 0 < tail < max(chains) + executable_latency(plan.executable)
+    # the non-reproducible mode reduces the whole buffer by the ring after the pipeline
+    assert trainer.with_plan(pp=2, replicas=2, microbatches=4, reproducible=False)._buckets is None
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"pp": 1, "zero_bubble": True}, r"parallel: zero_bubble=True \(ZB-H1\) .* needs pp >= 2, got pp=1"),
+    ({"pp": 2, "zero_bubble": 1}, r"parallel: zero_bubble must be True or False, got 1"),
+])
+def test_bad_zero_bubble_is_named_before_compiling(options, message):
     ids, _ = tokens(64)
     with pytest.raises(TrainingError, match=message):
         tvm_spinn.training.compile(gpt2(layers=2, hidden=32, vocab=64), torch.from_numpy(ids), optimizer=ADAMW,
