@@ -485,12 +485,15 @@ def test_zero_bubble_cut_defers_the_weight_gradients(tiny):
 @pytest.mark.slow
 def test_compiled_zero_bubble_step_against_the_planners_rule(tiny):
     """The compiled step's ZB-H1 and 1F1B pipelines (their schedules simulated from the stage
-    programs' latencies, ``compute_s``) against the planner's rule for a pipeline (``(slots -
-    1)`` slots of the slowest stage, then each stage's slot once: with ZB-H1 the first stage's
-    whole, every later one's ``F + B - W``) on the same programs' times: within the hand-overs
-    the simulated schedule puts on its path (``2 pp`` of them; the planner overlaps them with
-    the compute). The compiled ZB-H1 step is the shorter; printed with the planner's own figure
-    for the same split (its passes priced from the GEMM model alone)."""
+    programs' latencies, ``compute_s``) against the planners' pricing of a pipeline on the same
+    programs' times: ``(slots - 1)`` slots of the slowest stage, then each stage's fill-and-drain
+    term once (1F1B: its slot ``F + B + W``). With ZB-H1, Qi et al.'s bubble (the first stage's
+    whole slot, every later stage's ``F + B - W``; the simulated schedule without hand-overs is
+    exactly that) and the training planner's form for a compute-bound stage (every stage's
+    ``F + B``, its slot less its weight gradients once). Each within the hand-overs the
+    simulated schedule puts on its path (``2 pp`` of them; the planner overlaps them with the
+    compute); the ZB-H1 step is the shorter. Printed with the planner's own figures for the same
+    split (its passes priced from the GEMM model alone)."""
     from tvm_spinn.target.registry import arch_of
     from tvm_spinn.training.planner import Split, _Comms, _spec, _step_time
 
@@ -503,17 +506,22 @@ def test_compiled_zero_bubble_step_against_the_planners_rule(tiny):
         slots = 4 // dp
         f, b, w = zb["stage_forward_s"], zb["stage_backward_s"], zb["stage_weight_s"]
         slot = [x + y + z for x, y, z in zip(f, b, w)]
+        # the input- and weight-gradient programs together cost about the uncut backward
         assert slot == pytest.approx([x + y for x, y in zip(one["stage_forward_s"], one["stage_backward_s"])], rel=0.05)
         rule_1f1b = (slots - 1) * max(slot) + sum(slot)
         rule_zb = (slots - 1) * max(slot) + slot[0] + sum(x + y - z for x, y, z in zip(f[1:], b[1:], w[1:]))
+        rule_planner = (slots - 1) * max(slot) + sum(x + y for x, y in zip(f, b))
+        alone = max(schedule_times(zb_h1(2, slots), f, b, 0.0, w)[1])  # no hand-over
         tol = 2 * 2 * zb["hand_over_s"]
         planned = [_step_time(spec, Split(1, 2, dp, 0, 1, slots, False, False, zero_bubble=z), 8, "adamw", arch,
                               _Comms(arch, True)).pipeline_s for z in (False, True)]
-        print(f"dp {dp}: compiled 1F1B {one['compute_s'] * 1e3:.4f} ms (rule {rule_1f1b * 1e3:.4f}), ZB-H1 "
-              f"{zb['compute_s'] * 1e3:.4f} ms (rule {rule_zb * 1e3:.4f}), tolerance {tol * 1e3:.4f} ms; planner "
-              f"1F1B {planned[0] * 1e3:.4f} ms, ZB-H1 {planned[1] * 1e3:.4f} ms")
+        print(f"dp {dp}, {slots} slots: compiled 1F1B {one['compute_s'] * 1e3:.4f} ms (rule {rule_1f1b * 1e3:.4f}); "
+              f"ZB-H1 {zb['compute_s'] * 1e3:.4f} ms, without hand-overs {alone * 1e3:.4f} (Qi et al.'s rule "
+              f"{rule_zb * 1e3:.4f}, the planner's {rule_planner * 1e3:.4f}); tolerance {tol * 1e3:.4f} ms; planner "
+              f"on the GEMM model: 1F1B {planned[0] * 1e3:.4f} ms, ZB-H1 {planned[1] * 1e3:.4f} ms")
         assert abs(one["compute_s"] - rule_1f1b) <= tol
-        assert abs(zb["compute_s"] - rule_zb) <= tol
+        assert alone == pytest.approx(rule_zb, rel=1e-9)
+        assert abs(zb["compute_s"] - rule_zb) <= tol and abs(zb["compute_s"] - rule_planner) <= tol
         assert zb["compute_s"] < one["compute_s"] and planned[1] < planned[0]
 
 

@@ -791,7 +791,7 @@ def _gpt2_small_24_boards():
 
 def test_zero_bubble_takes_the_weight_gradients_off_the_fill_and_drain():
     """ZB-H1 (Split.zero_bubble): the steady slots are 1F1B's; the fill and drain shrink, by at
-    most twice each later stage's weight-gradient GEMMs and at least once them less the backward's
+    most twice each stage's weight-gradient GEMMs and at least once them less the backward's
     collectives that ran under them (each block stage's weight gradients computed here from
     the GEMM model, one layer a stage: its four projections' ``dW = A^T dY``)."""
     import dataclasses
@@ -807,9 +807,7 @@ def test_zero_bubble_takes_the_weight_gradients_off_the_fill_and_drain():
     # qkv (h -> 3h / tp), the attention's output (h / tp -> h), the MLP's (h -> 4h / tp, 4h / tp -> h)
     shapes = [(tokens, h, 3 * h // tp), (tokens, h // tp, h), (tokens, h, 4 * h // tp), (tokens, 4 * h // tp, h)]
     w = sum(gemm_seconds(system, k, m, n, 1) for m, k, n in shapes)
-    # the last block stage's, pp - 1 times (the first stage runs every slot whole, as the built
-    # ZB-H1 schedule does: pipeline.zb_h1; the head stage's GEMMs differ)
-    fills = split.pp - 1
+    fills = 1 + (split.pp - 1)  # the first block stage and the last's, pp - 1 times (the head stage's GEMMs differ)
     saved = one.pipeline_s - zero.pipeline_s
     tp_b = max(t for _, _, t, _, _ in one.stages_s[:2])  # a block slot's collectives, an upper bound of the backward's
     assert saved > 0 and fills * (w - tp_b) <= saved * (1 + 1e-9)

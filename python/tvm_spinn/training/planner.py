@@ -94,9 +94,8 @@ A pipeline schedule shrinks the fill and drain (searched; a schedule order only:
 reads its own slot's values, so no bit moves). :attr:`Split.zero_bubble` splits each
 backward into its input-gradient pass and its weight-gradient pass and defers the latter into the
 idle time (ZB-H1, Qi et al. 2024): a slot's backward crosses the stages at the input-gradient
-passes' pace, and each stage's fill and drain term but the first's (which runs every slot whole,
-:func:`~.pipeline.zb_h1`) is its slot less twice its weight-gradient GEMMs (``F + B - W`` rather
-than ``F + B + W``: Qi et al.'s ``(p - 1) (F + B - W)`` bubble), with the backward's collectives that ran under
+passes' pace, and each stage's fill and drain term is its slot less twice its weight-gradient
+GEMMs (``F + B - W`` rather than ``F + B + W``), with the backward's collectives that ran under
 those GEMMs back on the path; a stage holds its GEMMs' inputs whole and their output gradients
 until the deferred pass reads them.
 
@@ -1484,8 +1483,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
             # collectives that ran under those GEMMs are on the path again. A backward that waits
             # on DRAM saves nothing (its time is the traffic's, not the GEMMs')
             w = 0.0 if dram_b > b_gemm else w_gemm
-            if stage > 0:  # the first stage runs every slot whole: its fill-and-drain term stays its slot
-                fill = max(f_s + b_s - w, total - 2 * w + min(tp_b, hides))
+            fill = max(f_s + b_s - w, total - 2 * w + min(tp_b, hides))
             drain_s = b_s - w
         per_stage[stage] = dict(total=total, path=path, comp=f_s + b_s, tp=tp_f + tp_b, pp=pp_s, waits=waits,
                                 drain=drain_s, params=streamed, fits=fits, fill=fill, comp_fill=min(f_s + b_s, fill))
@@ -2000,9 +1998,9 @@ def _compute_floor(spec, split: Split, seq: int, arch, comms: "_Comms") -> float
     per = spec.layers // split.pp * (f + d + w + split.recompute * f)
     if not split.zero_bubble:
         return (split.slots + split.pp - 1) * per
-    # ZB-H1: each later stage's fill and drain term at least F + B - W
+    # ZB-H1: each stage's fill and drain term at least F + B - W
     fill = per - spec.layers // split.pp * _pass_seconds(arch, weights, comms)[2]
-    return split.slots * per + (split.pp - 1) * fill
+    return (split.slots - 1) * per + split.pp * fill
 
 
 def _does_not_fit(model: str, system: str, arch, found, given: str = "") -> TrainingPlanError:
