@@ -297,6 +297,7 @@ def test_parameters_bitwise_identical_across_tp_pp_dp_plans():
     _assert_close(ref, torch_adamw(model, batches, ADAMW[1]))
     plans = {"tp2": compiled[2].with_plan(), "tp4": compiled[4].with_plan(),
              "tp2 pp2 mb2": compiled[2].with_plan(pp=2, microbatches=2),
+             "tp2 pp2 mb2 zb": compiled[2].with_plan(pp=2, microbatches=2, zero_bubble=True),
              "tp2 dp2 zero1 mb4": compiled[2].with_plan(replicas=2, microbatches=4, zero=1),
              "tp4 dp2 mb2": compiled[4].with_plan(replicas=2, microbatches=2)}
     for name, plan in plans.items():

@@ -23,6 +23,7 @@ STEPS = 3
 TP_PLANS = {
     "tp2": {},
     "tp2 pp2 mb2": {"pp": 2, "microbatches": 2},
+    "tp2 pp2 mb2 zb": {"pp": 2, "microbatches": 2, "zero_bubble": True},
     "tp2 dp2 mb2": {"replicas": 2, "microbatches": 2},
     "tp2 dp2 mb4 zero1": {"replicas": 2, "microbatches": 4, "zero": 1},
 }

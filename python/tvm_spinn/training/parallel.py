@@ -550,11 +550,15 @@ class DataParallelTrainer(Trainer):
             ``compute_s`` is the 1F1B schedule's makespan of the busiest replica's micro-batches
             (:func:`~tvm_spinn.training.pipeline.pipeline_makespan`) from each stage program's
             latency, plus ``stage_forward_s``, ``stage_backward_s`` (per stage, one micro-batch)
-            and ``hand_over_s`` (a micro-batch's activations across one cut, point to point);
+            and ``hand_over_s`` (a micro-batch's activations across one cut, point to point),
+            ``stage_end_s`` (each stage's last pass ends) and with ZB-H1 ``stage_weight_s`` (the
+            weight-gradient programs; the schedule :func:`~tvm_spinn.training.pipeline.zb_h1`);
             ``all_reduce_s`` is the slowest stage's chain over the replicas' chips of that stage
-            (each reduces its own parameters' gradients); the in-block additions and the update
-            are costed as for the whole gradient buffer (the stages' shares would be smaller:
-            not modelled).
+            (each reduces its own parameters' gradients). ZeRO-0 in the reproducible mode reduces
+            by buckets: each stage's chain starts as its last pass ends and its update as the
+            chain ends (``bucket_sync_end_s``, ``bucket_update_end_s``), and ``all_reduce_s`` and
+            ``update_s`` are the parts past the pipeline. The in-block additions are costed as
+            for the whole gradient buffer (the stages' shares would be smaller: not modelled).
 
             With tensor parallelism (``tp > 1``; the ranks of a stage on neighbouring chips,
             replica ``r``'s stage ``s`` rank ``t`` on chip ``(r * pp + s) * tp + t``): a granule
