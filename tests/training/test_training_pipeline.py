@@ -572,3 +572,22 @@ def test_bad_zero_bubble_is_named_before_compiling(options, message):
     with pytest.raises(TrainingError, match=message):
         tvm_spinn.training.compile(gpt2(layers=2, hidden=32, vocab=64), torch.from_numpy(ids), optimizer=ADAMW,
                                    target="spinn/board", parallel=options)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", [("sgd", {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}),
+                                       ("adam", {"lr": 1e-2, "weight_decay": 0.01})], ids=["momentum", "adam"])
+def test_bucketed_update_keeps_every_optimizers_state(optimizer):
+    """A bucket's state is the scalars (Adam's 0-d running products, the step count) and its
+    parameters' entries of each group (momentum; the moments): 2 stages x 2 replicas update
+    bucket by bucket to the one-stage run's parameters and optimizer state, bit for bit."""
+    ids, labels = tokens(64)
+    batches = [(ids, labels)] * STEPS
+    trainer = tvm_spinn.training.compile(gpt2(layers=2, hidden=32, vocab=64), torch.from_numpy(ids),
+                                         optimizer=optimizer, target="spinn/board", parallel={"microbatches": 1})
+    one, staged = trainer.with_plan(microbatches=4), trainer.with_plan(pp=2, replicas=2, microbatches=4)
+    assert one._buckets is None and len(staged._buckets) == 2
+    assert _same_bits(_run(staged, batches), _run(one, batches))
+    for a, b in zip(staged.optimizer_state(), one.optimizer_state()):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    assert staged.steps == one.steps == STEPS
