@@ -272,3 +272,79 @@ def test_tflite_requantized_conv2d_bit_identical(xdtype, ydtype, relu, cin, grou
     want = _assert_same_bits(program, _feed(rng, program))
     lo, hi = (-128, 127) if ydtype == "int8" else (0, 255)
     assert len(np.unique(want[0])) > 10 and np.any((want[0] > lo) & (want[0] < hi))
+
+
+def _model_iss_same_bits(ex, inputs, monkeypatch) -> list:
+    """The model's output called in ``iss`` mode (every spinn region's layers as PE code, each
+    region run once) equals the default simulator's bit for bit; returns the int8 GEMM roles run."""
+    import tvm
+
+    import tvm_spinn.pe as pe
+    from tvm_spinn.pe.firmware import programs_of
+    from tvm_spinn.pe.roles import layer_role
+
+    monkeypatch.delenv("TVM_SPINN_SIM_MODE", raising=False)
+    programs = programs_of(ex)
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    args = [tvm.runtime.tensor(x) for x in inputs]
+
+    def outputs(res):
+        return [r.numpy() for r in res] if isinstance(res, (list, tuple)) or hasattr(res, "__len__") and not hasattr(
+            res, "numpy") else [res.numpy()]
+
+    want = outputs(vm["main"](*args))
+    calls = []
+    real = pe.run_program_iss
+    monkeypatch.setattr(pe, "run_program_iss", lambda p, i: calls.append(p.symbol) or real(p, i))
+    with tvm_spinn.SpinnOptions(iss=True):
+        got = outputs(vm["main"](*args))
+    assert sorted(calls) == sorted(p.symbol for p in programs)
+    for w, g in zip(want, got):
+        assert w.dtype == g.dtype and w.shape == g.shape
+        np.testing.assert_array_equal(w.view(np.uint8), g.view(np.uint8))
+    return sorted({layer_role(p, i) for p in programs for i, layer in enumerate(p.layers) if layer.mode == "int8"})
+
+
+def test_quantized_mlp_in_iss_mode_bit_identical(monkeypatch):
+    """A :func:`tvm_spinn.quantize` model (an MLP: int8 dense layers requantized between them and
+    the last one with a float32 output and its bias, quantize/dequantize, softmax) in ``iss`` mode."""
+    import models
+
+    model, x = models.make("mlp")
+    mod = tvm_spinn.frontend.from_pytorch(model, (x,))
+    rng = np.random.default_rng(1)
+    mod = tvm_spinn.quantize(mod, [rng.normal(size=tuple(x.shape)).astype("float32") for _ in range(4)])
+    roles = _model_iss_same_bits(relax.build(mod, target="spinn"), [x.numpy()], monkeypatch)
+    assert ("gemm_i8", "f32", False) in roles
+
+
+@pytest.mark.slow  # ~40 s: the quantized CNN's convolutions and the transformer block's GEMMs in the ISS
+@pytest.mark.parametrize("name", ["cnn", "transformer"])
+def test_quantized_zoo_model_in_iss_mode_bit_identical(name, monkeypatch):
+    """The small CNN and transformer block of the test models quantized by
+    :func:`tvm_spinn.quantize` (int8 conv2d, depthwise conv2d, dense and matmul with float32
+    outputs) in ``iss`` mode."""
+    import models
+
+    model, x = models.make(name)
+    mod = tvm_spinn.frontend.from_pytorch(model, (x,))
+    rng = np.random.default_rng(1)
+    mod = tvm_spinn.quantize(mod, [rng.normal(size=tuple(x.shape)).astype("float32") for _ in range(4)])
+    roles = _model_iss_same_bits(relax.build(mod, target="spinn"), [x.numpy()], monkeypatch)
+    assert any(r[:2] == ("gemm_i8", "f32") for r in roles)
+
+
+@pytest.mark.slow  # ~60 s: TensorFlow's converter, then every tile of the model in the ISS
+def test_tflite_int8_cnn_in_iss_mode_bit_identical(monkeypatch):
+    """The test zoo's TFLite int8 CNN (:func:`tflite_models.cnn`: TFLite-rounded convolutions, a
+    depthwise one, a requantized dense, residual add, pools, concat, integer mean and softmax)
+    in ``iss`` mode: every layer has PE code."""
+    pytest.importorskip("tensorflow")
+    pytest.importorskip("tflite")
+    import tflite_models as tm
+    from tvm_spinn.frontend.tflite import from_tflite, keras_to_tflite
+
+    mod = from_tflite(keras_to_tflite(tm.cnn(), quantize=tm.calibration((16, 16, 3))))
+    x = np.random.default_rng(2).integers(-128, 128, size=(1, 16, 16, 3)).astype("int8")
+    roles = _model_iss_same_bits(relax.build(mod, target="spinn"), [x], monkeypatch)
+    assert ("gemm_i8", "tflite") in roles and ("gemm_i8",) in roles
