@@ -51,6 +51,16 @@ Kernels (the ``spec`` of :func:`kernel_object`):
   after this chunk's last; bit 6, the scratch half of this chunk's first block; bit 7, this
   chunk's operand half; bits 8-19, the block's columns (:func:`tvm_spinn.pe.execute.gemm_i8_tile`
   is the reference host).
+- ``("gemm_i8", "tflite")``: the same kernel with TFLite's requantization
+  (:func:`tvm_spinn.program.quant.requantize_tflite`, ``rounding="tflite"``): per output one
+  MLS and ADD (the bias folded into the column's 32-bit term), the left shift of multipliers of
+  1 and more, one SMULL and the 64-bit ``(x M0 + 2**30) >> 31`` (SaturatingRoundingDoublingHighMul),
+  then RoundingDivideByPOT in 32 bits and the clamp.
+- ``("gemm_i8", "f32", relu)``: the same kernel with the dequantizing epilogue of a float32
+  output ``y`` (:func:`tvm_spinn.program.ops.gemm.reference.int8_finish`): ``fl(v) * scale[j]``
+  (VCVT.F32.S32, VMUL), ``bias[j] + that`` (VADD, the bias its first operand) when ``flags``
+  bit 20 is set, then ``y <= 0 ? +0 : y`` when ``relu``; the column constants are ``zw``, the
+  bias's and the scale's float32 bits and an unused word.
 - ``("dma",)``: data movement by the DMA engine: ``n`` strided descriptors
   (:data:`~.memory_map.DMA_DESC_WORDS` words each, the engine's register order) run one after
   another through the runtime's driver ``pe_dma`` (copy in, start, wait); args ``desc, n``. The
