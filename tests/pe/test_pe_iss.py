@@ -299,7 +299,7 @@ def test_image_bytes_identical_across_processes():
     import sys
 
     specs = [("binary", "add", True), ("gemm_f32", False), ("gemm_i8",), ("softmax",), ("layer_norm",), ("rms_norm",),
-             ("unary", "gelu")]
+             ("unary", "gelu"), ("gemm_i8", "f32", True), ("gemm_i8", "tflite")]
     here = [role_image(s).sha256 for s in specs]
     code = ("from tvm_spinn.pe.images import role_image; "
             f"print(' '.join(role_image(s).sha256 for s in {specs!r}))")

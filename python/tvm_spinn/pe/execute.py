@@ -361,7 +361,7 @@ def _run_gemm_i8(run: _Run, index: int, env, table) -> np.ndarray:
         pacc, prs, pcs, py = gemm_i8_tile(
             m, _Arena(m, p, index), at, bt, kc, k0, k1, np.concatenate([head, cols[ch].reshape(-1)]),
             flags=(2 if k1 == g.k and requant else 0) | sum_flags | bias_flag, acc=acc0, rowsum=rs, colsum=cs,
-            out_bytes=out.itemsize)
+            out_bytes=out.itemsize if requant else 1)  # an int32 output is the accumulator
         if k1 < g.k:
             carry[key] = (m.read(pacc, 4 * tm * tn), m.read(prs, 4 * tm), m.read(pcs, 4 * tn))
         else:  # an int32 output is the accumulator itself (no zero points: the checks')
