@@ -286,8 +286,10 @@ def gemm_i8_tile(machine: PeMachine, arena, at: np.ndarray, bt: np.ndarray, kc: 
 
 
 def _run_gemm_i8(run: _Run, index: int, env, table) -> np.ndarray:
-    """int8 ``dense``, ``matmul`` and ``conv2d`` on the MAC array, requantized on the M4F (an
-    ``int32`` output: the accumulator's sums, no last-chunk epilogue). The
+    """int8 ``dense``, ``matmul`` and ``conv2d`` on the MAC array, requantized (half up or
+    TFLite's rule) or dequantized (a float32 output: the scale's and the bias's float32 bits as
+    the column constants, ``flags`` bit 20 where there is a bias) on the M4F (an ``int32``
+    output: the accumulator's sums, no last-chunk epilogue). The
     kernel's operand ``a`` is the activation (zero point ``x_zero``) and ``b`` the operand
     whose zero point and requantization constants go per output column: a ``conv2d`` tile (the
     mapper's ``[oc, pixels]``) runs transposed, ``a`` = its im2col columns ``[pixels, k]`` and
