@@ -33,6 +33,11 @@ out); a second line gives the M4F's share alone (model and executed) and what th
 charges the layer. A third table runs the int8 kernel directly on larger tiles (several column
 blocks, several reduction chunks) and prints the array's cycles, the M4F's, their sum (no
 overlap), their maximum (full overlap) and the executed pipeline.
+The ``f32`` rows (an int8 GEMM with a float32 output: the dequantizing epilogue) and the
+``tflite`` rows (TFLite's requantization, ``rounding="tflite"``) run the kernel's other
+epilogues; the cost model prices the first by its per-output mix ``I8_DEQUANT`` and the second
+as the one-rounding requantization (it has no term of its own), so these rows show what the
+executed epilogues cost beyond that.
 The ``cross_entropy`` rows (the per-row loss; its cost model, :func:`tvm_spinn.program.ops.loss.cross_entropy_tile_cycles`,
 is the softmax kernel's counted phases plus the label and log phase counted at one-job runs of
 1 and 9 rows of 5 columns: every row is held out) reach rows of one resident row per PE (3,500
@@ -277,6 +282,27 @@ def _cases():
     mod = qgemm_module(xc.shape, "int8", wc, np.float32(0.003), 1, 0.01, -3, out=(0.5, 0, "int8"),
                        relu=True, conv_attrs=dict(padding=1))
     yield "int8 conv2d 8->16 zw", (mod, [xc])
+    # the dequantizing epilogue (float32 outputs: every tvm_spinn.quantize model's GEMMs) and
+    # TFLite's requantization (rounding="tflite": a TFLite model's convolutions)
+    x = rng.integers(-128, 128, size=(32, 256)).astype("int8")
+    w = rng.integers(-127, 128, size=(256, 64)).astype("int8")
+    mod = qgemm_module(x.shape, "int8", w, rng.uniform(0.001, 0.005, size=64).astype("float32"), 0, 0.01, 2,
+                       op="dense", bias=rng.normal(size=64).astype("float32"), relu=True, w_axis=1)
+    yield "int8 dense 32x256x64 f32", (mod, [x])
+    xc = rng.integers(-128, 128, size=(1, 16, 12, 12)).astype("int8")
+    wc = rng.integers(-127, 128, size=(32, 16, 3, 3)).astype("int8")
+    mod = qgemm_module(xc.shape, "int8", wc, np.float32(0.003), 0, 0.01, 2, bias=rng.normal(size=32).astype("float32"),
+                       conv_attrs=dict(padding=1))
+    yield "int8 conv2d 16->32 f32", (mod, [xc])
+    from tvm_spinn.program.quant import QUANT_ROUNDING_ATTR
+    mod = qgemm_module(xc.shape, "int8", wc, rng.uniform(0.001, 0.005, size=32).astype("float32"), 0, 0.01, 2,
+                       out=(0.5, 0, "int8"), relu=True, conv_attrs=dict(padding=1))
+    yield "int8 conv2d 16->32 tflite", (mod.with_attr(QUANT_ROUNDING_ATTR, "tflite"), [xc])
+    xc = rng.integers(-128, 128, size=(1, 8, 10, 10)).astype("int8")
+    wc = rng.integers(-127, 128, size=(16, 8, 3, 3)).astype("int8")
+    mod = qgemm_module(xc.shape, "int8", wc, np.float32(0.003), 1, 0.01, -3, out=(0.5, 0, "int8"),
+                       relu=True, conv_attrs=dict(padding=1))
+    yield "int8 conv2d 8->16 zw tflite", (mod.with_attr(QUANT_ROUNDING_ATTR, "tflite"), [xc])
     try:  # TFLite's integer softmax, from a converted full-integer model
         import tflite_models as tm
         from tvm_spinn.frontend.tflite import from_tflite, keras_to_tflite

@@ -1186,6 +1186,8 @@ namespace {
 float M4fAddNaN(float a, float b) { return M4fNaN(a, b); }
 }  // namespace
 
+float M4fNaNOf(float a, float b) { return M4fNaN(a, b); }
+
 void RowSumF32(const float* x, float* out, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = x + r * cols;

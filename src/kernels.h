@@ -83,6 +83,11 @@ void Im2Col(const void* x, void* out, const Im2ColShape& s, int elem_bytes, cons
 /*! \brief Worker threads for a job of `work` multiply-adds: 1 for small jobs, else `threads`. */
 int SimThreads(int64_t work);
 
+/*! \brief The M4F's NaN result of `a op b` for a two-operand VADD/VMUL whose host result is NaN
+ *         (FPSCR.DN = 0: a signalling operand quieted first, else a quiet one, the first
+ *         operand's if both are; an invalid operation on numbers gives 0x7FC00000). */
+float M4fNaNOf(float a, float b);
+
 /*! \brief out[r] = ((0 + x[r,0]) + x[r,1]) + ... in float32, strictly left to right; a NaN
  *         sum by the M4F's rule (FPProcessNaNs, default NaN 0x7FC00000). */
 void RowSumF32(const float* x, float* out, int64_t rows, int64_t cols);

@@ -885,7 +885,7 @@ class Plan {
    * \brief An int8 GEMM layer as program/ops/gemm.py's _qgemm_whole computes it: the MAC
    *        array's chunked acc_bits sums (GemmI8Batched), then per output the M4F's zero-point
    *        terms `- zb sum_k a - za sum_k b + K za zb` wrapped to 32 bits, then the epilogue:
-   *        dequantize `fl(acc) * scale [+ bias]`, ReLU as numpy's maximum(y, 0) (NaN kept, -0 ->
+   *        dequantize `fl(acc) * scale [+ bias]` (VMUL, VADD: the M4F's NaNs), ReLU as numpy's maximum(y, 0) (NaN kept, -0 ->
    *        +0), the 32-bit sums themselves (an int32 output), or requantize (quant.py's requantize / requantize_tflite) into int8 / uint8.
    *        Channel c of the per-channel vectors is the column, or with on_rows the row's
    *        channel (b % groups) * m + r (conv2d). Sums over k come from int64 constants when
@@ -974,8 +974,13 @@ class Plan {
           }
           const int64_t ch = on_rows ? row_ch : c;
           if (kind == kQoutF32) {
-            float y = static_cast<float>(v) * scale[ch];
-            if (bias) y = y + bias[ch];
+            const float f = static_cast<float>(v);
+            float y = f * scale[ch];
+            if (y != y) y = M4fNaNOf(f, scale[ch]);  // VMUL's NaN: 0 * inf, a NaN scale
+            if (bias) {
+              const float s = bias[ch] + y;
+              y = s == s ? s : M4fNaNOf(bias[ch], y);  // the PE code's VADD(bias, y): inf - inf, NaNs
+            }
             if (relu) y = (y > 0.0f || y != y) ? y : 0.0f;
             out_f[o + c] = y;
             continue;

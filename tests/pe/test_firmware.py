@@ -283,10 +283,20 @@ def test_manifest_not_json_is_named(firmware_dir):
         load_firmware(firmware_dir)
 
 
-def test_unlowerable_layer_named_at_export_and_nothing_written(tmp_path):
+def test_unlowerable_layer_named_at_export_and_nothing_written(tmp_path, monkeypatch):
     from test_int8 import qgemm_module
+    from tvm_spinn.pe import roles
 
-    # an int8 dense with a float32 (dequantizing) epilogue has no PE code
+    # every layer of the pattern table has PE code: the role check refusing the int8 dense
+    # stands in for a layer without a kernel
+    real = roles.layer_role
+
+    def refuse_dense(program, index):
+        if program.layers[index].kind == "dense":
+            roles._fail(program, index, "no PE kernel")
+        return real(program, index)
+
+    monkeypatch.setattr(roles, "layer_role", refuse_dense)
     w = np.random.default_rng(0).integers(-127, 128, size=(16, 8)).astype("int8")
     ex = relax.build(qgemm_module((4, 16), "int8", w, np.float32(0.01), 0, 0.02, 3, op="dense"), target="spinn")
     with pytest.raises(PeCodegenError, match=r"layer \S+ \(dense\): cannot generate PE code"):

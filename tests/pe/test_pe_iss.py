@@ -203,17 +203,23 @@ def test_int8_matmul_bit_identical():
         _assert_same_bits(program, [feeds[tuple(program.tensors[t].shape)] for t in program.inputs])
 
 
-def fp32_out_dense():
-    """An int8 dense with a float32 (dequantizing) epilogue: a layer with no PE code."""
+def unlowerable_dense():
+    """An int8 dense whose requantization rule (a rounding no kernel has) the PE code generator
+    refuses: the program's layer is given it after the build."""
+    import dataclasses
+
     w = np.random.default_rng(0).integers(-127, 128, size=(16, 8)).astype("int8")
-    return qgemm_module((4, 16), "int8", w, np.float32(0.01), 0, 0.02, 3, op="dense")
+    mod = qgemm_module((4, 16), "int8", w, np.float32(0.01), 0, 0.02, 3, op="dense", out=(0.3, -4, "int8"))
+    (program,) = [p for p in _programs(mod) if any(layer.mode == "int8" for layer in p.layers)]
+    layers = tuple(dataclasses.replace(layer, attrs={**layer.attrs, "rounding": "truncate"}) if layer.kind == "dense"
+                   else layer for layer in program.layers)
+    return dataclasses.replace(program, layers=layers)
 
 
 def test_unlowerable_layer_is_named_before_running():
-    programs = [p for p in _programs(fp32_out_dense()) if any(layer.mode == "int8" for layer in p.layers)]
-    (program,) = programs
+    program = unlowerable_dense()
     (dense,) = [layer for layer in program.layers if layer.kind == "dense"]
-    with pytest.raises(PeCodegenError, match=rf"layer {dense.name} \(dense\): cannot generate PE code.*float32"):
+    with pytest.raises(PeCodegenError, match=rf"layer {dense.name} \(dense\): cannot generate PE code.*truncate"):
         run_program_iss(program, [np.zeros(program.tensors[t].shape, program.tensors[t].dtype) for t in program.inputs])
 
 
@@ -293,7 +299,7 @@ def test_image_bytes_identical_across_processes():
     import sys
 
     specs = [("binary", "add", True), ("gemm_f32", False), ("gemm_i8",), ("softmax",), ("layer_norm",), ("rms_norm",),
-             ("unary", "gelu")]
+             ("unary", "gelu"), ("gemm_i8", "f32", True), ("gemm_i8", "tflite")]
     here = [role_image(s).sha256 for s in specs]
     code = ("from tvm_spinn.pe.images import role_image; "
             f"print(' '.join(role_image(s).sha256 for s in {specs!r}))")

@@ -329,3 +329,92 @@ def test_every_layer_kind_has_a_pe_kernel():
         except PeCodegenError as e:
             missing[kind] = str(e)
     assert not missing, missing
+
+
+def _int8_gemm_program(kind: str, xdtype: str, out: str, rounding, relu: bool, epilogue: str):
+    """One int8 GEMM layer (``kind``) with ``epilogue``'s constants and attributes (``"dequantize"``:
+    scale and bias; ``"requantize"``: quantized bias, multiplier, shift and the output's range;
+    ``"none"``), or None where the program format has no such layer (its validator refuses it)."""
+    import numpy as np
+
+    from tvm_spinn.program.format import Program
+    from tvm_spinn.program.model import Layer, TensorDesc
+    from tvm_spinn.target.arch import CHIPS
+
+    m, k, n = 4, 8, 6
+    x_shape, w_shape, y_shape = ([1, k, 3, 3], [n, k, 1, 1], [1, n, 3, 3]) if kind == "conv2d" else ([m, k], [k, n], [m, n])
+    tensors = [TensorDesc("x", x_shape, xdtype, "input")]
+    consts, inputs, values = {}, [0], {}
+    if kind == "matmul":
+        tensors.append(TensorDesc("b", [k, n], xdtype, "input"))
+        inputs.append(1)
+    else:
+        tensors.append(TensorDesc("w", w_shape, "int8", "const"))
+        consts["weight"], values[1] = 1, np.ones(w_shape, np.int8)
+
+    def const(role, array):
+        tensors.append(TensorDesc(role, list(array.shape), str(array.dtype), "const"))
+        consts[role] = len(tensors) - 1
+        values[len(tensors) - 1] = array
+
+    attrs = dict(x_zero=0, x_flip=xdtype == "uint8", relu=relu, out=out)
+    if kind == "matmul":
+        attrs.update(b_zero=0, b_flip=xdtype == "uint8")
+    if kind == "conv2d":
+        attrs.update(strides=[1, 1], padding=[0, 0, 0, 0], dilation=[1, 1], groups=1)
+    if epilogue == "dequantize":
+        const("scale", np.full(n, 0.5, np.float32))
+        const("bias", np.zeros(n, np.float32))
+    elif epilogue == "requantize":
+        const("bias_q", np.zeros(n, np.int32))
+        const("multiplier", np.full(n, 1 << 30, np.int32))
+        const("shift", np.full(n, 31, np.int32))
+        attrs.update(y_zero=0, y_min=0, y_max=100)
+    if rounding is not None:
+        attrs["rounding"] = rounding
+    tensors.append(TensorDesc("y", y_shape, out, "output"))
+    layer = Layer(name=f"q{kind}_0", kind=kind, inputs=inputs, output=len(tensors) - 1, consts=consts, attrs=attrs,
+                  mode="int8")
+    program = Program("main", CHIPS["production"], tensors, [t for t in range(len(tensors)) if tensors[t].role == "input"],
+                      [len(tensors) - 1], [layer], constants=values)
+    from tvm_spinn.mapping import MappingOptions, map_program
+    from tvm_spinn.program.format import ProgramError
+    try:  # the validator reads a mapped program
+        return Program.from_bytes(map_program(program, program.arch, MappingOptions()).to_bytes())
+    except ProgramError:
+        return None
+
+
+def test_every_int8_layer_combination_has_a_pe_kernel():
+    """Every int8 layer the program format admits -- (kind, input dtype, output dtype, rounding,
+    ReLU) over the kinds of the families with an ``int8`` mode, the quantized dtypes, every dtype
+    of the format and every requantization rule, those the format's validator accepts with one
+    of the three epilogues' constants -- has a PE kernel in ``iss`` mode: a combination added
+    without one fails here."""
+    from tvm_spinn.pe.errors import PeCodegenError
+    from tvm_spinn.pe.roles import layer_role
+    from tvm_spinn.program.ops import families
+    from tvm_spinn.program.quant import QUANT_RANGES, ROUNDINGS
+    from tvm_spinn.program.validate import DTYPES
+
+    kinds = sorted({kind for family in families() if "int8" in family.modes for kind in family.kinds})
+    admitted, missing = {}, {}
+    for kind in kinds:
+        for xdtype in sorted(QUANT_RANGES):
+            for out in sorted(DTYPES):
+                for rounding in (None, *ROUNDINGS):
+                    for relu in (False, True):
+                        for epilogue in ("dequantize", "requantize", "none"):
+                            program = _int8_gemm_program(kind, xdtype, out, rounding, relu, epilogue)
+                            if program is None:
+                                continue
+                            combo = (kind, xdtype, out, rounding or "half_up", relu)
+                            try:
+                                admitted[combo] = layer_role(program, 0)
+                            except PeCodegenError as e:
+                                missing[combo] = str(e)
+    assert not missing, missing
+    # the enumeration reaches every epilogue: dequantized float32, both requantization rules, int32 sums
+    roles = set(admitted.values())
+    assert {("gemm_i8",), ("gemm_i8", "tflite"), ("gemm_i8", "f32", False), ("gemm_i8", "f32", True)} <= roles
+    assert {c[0] for c in admitted} == set(kinds) and {c[2] for c in admitted} == {"float32", "int8", "uint8", "int32"}

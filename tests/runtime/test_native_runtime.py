@@ -262,13 +262,25 @@ _CHILD = textwrap.dedent("""
 """)
 
 
+def _iss_available() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) for m in ("unicorn", "elftools", "ziglang"))
+
+
 def test_exported_library_runs_without_python(tmp_path, monkeypatch):
     jobs, want = {}, {}
-    cases = {"mlp": models.make("mlp"), "cnn": models.make("cnn"), "not_native": models.make("mlp")}
+    # qcnn: the CNN quantized by tvm_spinn.quantize (int8 GEMMs with requantizing and
+    # dequantizing epilogues, quantize/dequantize)
+    cases = {"mlp": models.make("mlp"), "cnn": models.make("cnn"), "qcnn": models.make("cnn"),
+             "not_native": models.make("mlp")}
     for name, (model, x) in cases.items():
         if name == "not_native":
             _softmax_not_native(monkeypatch)
-        ex = _build(model, x)
+        ex = _build(model, x, quantize=name == "qcnn")
+        if name == "qcnn":
+            assert any(layer.mode == "int8" and layer.attrs["out"] == "float32"
+                       for p in tvm_spinn.report(ex).programs for layer in p.layers)
         path = str(tmp_path / f"{name}.so")
         ex.mod.export_library(path)  # TVM's own export: the programs inside the library's modules
         rng = np.random.default_rng(3)
@@ -279,6 +291,10 @@ def test_exported_library_runs_without_python(tmp_path, monkeypatch):
         if name != "not_native":
             out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(data))
             want[name] = out.numpy()
+        if name == "qcnn" and _iss_available():  # the same bits again from the PE code in the ISS
+            with tvm_spinn.SpinnOptions(iss=True):
+                out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(data))
+            np.testing.assert_array_equal(_bits(out.numpy()), _bits(want[name]))
     env = dict(os.environ, TVM_DEVICE_BACKEND_AUTOLOAD="0")
     env["PYTHONPATH"] = os.pathsep.join(p for p in env.get("PYTHONPATH", "").split(os.pathsep)
                                         if p and not os.path.isdir(os.path.join(p, "tvm_spinn")))

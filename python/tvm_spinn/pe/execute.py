@@ -229,13 +229,19 @@ def run_int8_tile(machine: PeMachine, a: np.ndarray, b: np.ndarray, chunk: int, 
     return np.frombuffer(machine.read(pacc, 4 * rows * cols), np.int32).reshape(rows, cols)
 
 
+#: ``gemm_i8`` job flag: the dequantizing epilogue adds the bias
+_I8_BIAS = 1 << 20
+
+
 def gemm_i8_tile(machine: PeMachine, arena, at: np.ndarray, bt: np.ndarray, kc: int, k0: int, k1: int,
-                 consts: np.ndarray, flags: int, acc=None, rowsum=None, colsum=None) -> tuple[int, int, int, int]:
+                 consts: np.ndarray, flags: int, acc=None, rowsum=None, colsum=None,
+                 out_bytes: int = 1) -> tuple[int, int, int, int]:
     """Run the ``gemm_i8`` kernel on one tile as its PE does: ``at`` ``[rows, K]`` and ``bt`` ``[K,
     cols]`` (int8 or uint8, the kernel's operands), reduction ``[k0, k1)`` in jobs of ``kc``
     (``k0 == 0``: the reduction's first chunk), ``consts`` the requantization constants
     (``[zx, K, y_zero, y_min, y_max]`` then 4 per column), ``flags`` bits 1 (requantize after the
-    last chunk), 2 and 3 (the operand sums the kernel forms). ``acc``, ``rowsum``, ``colsum``: the
+    last chunk), 2 and 3 (the operand sums the kernel forms) and 20 (a dequantizing epilogue's
+    bias). ``out_bytes``: the bytes of an output element (4: a float32 output). ``acc``, ``rowsum``, ``colsum``: the
     sums a previous part of the reduction handed on (bytes), else zeros. The DMA's part is the
     host's: the operands of chunk ``c + 1`` go into the other half of the double-buffered A and
     B before job ``c`` runs (the job starts that chunk's first MAC-array block when it ends).
@@ -251,7 +257,7 @@ def gemm_i8_tile(machine: PeMachine, arena, at: np.ndarray, bt: np.ndarray, kc: 
     # two alternating scratch blocks, wherever a chunk's sums are not the accumulator's first
     scratch = 2 * 4 * tm * cb if k0 > 0 or len(chunks) > 1 else 0
     pa0, pa1, pb0, pb1, pp, pacc, prs, pcs, pq, py = arena.take(
-        tm * kc, tm * kc, kc * tn, kc * tn, scratch, 4 * tm * tn, 4 * tm, 4 * tn, 4 * (len(consts) + 5), tm * tn)
+        tm * kc, tm * kc, kc * tn, kc * tn, scratch, 4 * tm * tn, 4 * tm, 4 * tn, 4 * (len(consts) + 5), out_bytes * tm * tn)
     machine.write(pq, np.asarray(consts, dtype=np.int64).astype(np.int32).tobytes())
     machine.write(pacc, acc if acc is not None else bytes(4 * tm * tn))
     machine.write(prs, rowsum if rowsum is not None else bytes(4 * tm))
@@ -272,7 +278,7 @@ def gemm_i8_tile(machine: PeMachine, arena, at: np.ndarray, bt: np.ndarray, kc: 
         machine.write(pq + 4 * len(consts), np.array(
             [pa0, pa1, pb0, pb1, chunks[ci + 1][1] - chunks[ci + 1][0] if more else 0], dtype=np.int64
         ).astype(np.uint32).tobytes())
-        job_flags = ((1 if c0 == 0 else 0) | (flags & 12) | (flags & 2 if c1 == k1 else 0) | (16 if ci else 0)
+        job_flags = ((1 if c0 == 0 else 0) | (flags & (12 | _I8_BIAS)) | (flags & 2 if c1 == k1 else 0) | (16 if ci else 0)
                      | (32 if more else 0) | ((ci * nb) & 1) << 6 | (ci & 1) << 7 | cb << 8)
         pa, pb = halves[ci & 1]
         machine.run([[pa, pb, pp, pacc, prs, pcs, pq, py, tm, tn, c1 - c0, job_flags]], mac_in_flight=more)
@@ -280,8 +286,10 @@ def gemm_i8_tile(machine: PeMachine, arena, at: np.ndarray, bt: np.ndarray, kc: 
 
 
 def _run_gemm_i8(run: _Run, index: int, env, table) -> np.ndarray:
-    """int8 ``dense``, ``matmul`` and ``conv2d`` on the MAC array, requantized on the M4F (an
-    ``int32`` output: the accumulator's sums, no last-chunk epilogue). The
+    """int8 ``dense``, ``matmul`` and ``conv2d`` on the MAC array, requantized (half up or
+    TFLite's rule) or dequantized (a float32 output: the scale's and the bias's float32 bits as
+    the column constants, ``flags`` bit 20 where there is a bias) on the M4F (an ``int32``
+    output: the accumulator's sums, no last-chunk epilogue). The
     kernel's operand ``a`` is the activation (zero point ``x_zero``) and ``b`` the operand
     whose zero point and requantization constants go per output column: a ``conv2d`` tile (the
     mapper's ``[oc, pixels]``) runs transposed, ``a`` = its im2col columns ``[pixels, k]`` and
@@ -309,7 +317,18 @@ def _run_gemm_i8(run: _Run, index: int, env, table) -> np.ndarray:
         v = env[tid].astype(np.int64).reshape(-1) if tid is not None else np.int64(default)
         return np.broadcast_to(v, (channels,))
 
-    cols = np.stack([column("w_zero"), column("bias_q"), column("multiplier"), column("shift", 1)], axis=1)
+    requant = attrs["out"] != "int32"
+    bias_flag = 0
+    if attrs["out"] == "float32":  # the dequantizing epilogue: the bias's and the scale's float32 bits
+        def bits(role):
+            tid = view.layer_const(p, index, role)
+            v = env[tid] if tid is not None else np.zeros(1, _F32)
+            return np.broadcast_to(np.ascontiguousarray(v, dtype=_F32).reshape(-1).view(np.int32).astype(np.int64),
+                                   (channels,))
+        bias_flag = _I8_BIAS if view.layer_const(p, index, "bias") is not None else 0
+        cols = np.stack([column("w_zero"), bits("bias"), bits("scale"), np.zeros(channels, np.int64)], axis=1)
+    else:
+        cols = np.stack([column("w_zero"), column("bias_q"), column("multiplier"), column("shift", 1)], axis=1)
     # the zero-point terms need a's row sums where b's zero points are not all 0, and b's column
     # sums where x_zero is not 0: a constant b's (the weights of dense and conv2d) are the
     # compiler's, written with the requantization constants; an activation's the PE's
@@ -317,7 +336,6 @@ def _run_gemm_i8(run: _Run, index: int, env, table) -> np.ndarray:
     const_b = kind != "matmul"
     sum_flags = (4 if row_sums else 0) | (8 if col_sums and not const_b else 0)
     kc = view.gemm_chunk(p, index)
-    requant = attrs["out"] != "int32"
     carry: dict = {}  # region -> the int32 sums a reduction part hands to the next (over the NoC)
     for t in range(len(table)):
         (b0, m0, n0), (_, m1, n1) = table.lo[t, :3].tolist(), table.hi[t, :3].tolist()
@@ -344,11 +362,12 @@ def _run_gemm_i8(run: _Run, index: int, env, table) -> np.ndarray:
             cs = cs.astype(np.int32).tobytes()
         pacc, prs, pcs, py = gemm_i8_tile(
             m, _Arena(m, p, index), at, bt, kc, k0, k1, np.concatenate([head, cols[ch].reshape(-1)]),
-            flags=(2 if k1 == g.k and requant else 0) | sum_flags, acc=acc0, rowsum=rs, colsum=cs)
+            flags=(2 if k1 == g.k and requant else 0) | sum_flags | bias_flag, acc=acc0, rowsum=rs, colsum=cs,
+            out_bytes=out.itemsize if requant else 1)  # an int32 output is the accumulator
         if k1 < g.k:
             carry[key] = (m.read(pacc, 4 * tm * tn), m.read(prs, 4 * tm), m.read(pcs, 4 * tn))
         else:  # an int32 output is the accumulator itself (no zero points: the checks')
-            y = (np.frombuffer(m.read(py, tm * tn), dtype=spec.dtype) if requant
+            y = (np.frombuffer(m.read(py, out.itemsize * tm * tn), dtype=out.dtype) if requant
                  else np.frombuffer(m.read(pacc, 4 * tm * tn), dtype=np.int32)).reshape(tm, tn)
             c[b0, m0:m1, n0:n1] = y.T if conv else y
         run.done(index, t, table, m)

@@ -51,6 +51,16 @@ Kernels (the ``spec`` of :func:`kernel_object`):
   after this chunk's last; bit 6, the scratch half of this chunk's first block; bit 7, this
   chunk's operand half; bits 8-19, the block's columns (:func:`tvm_spinn.pe.execute.gemm_i8_tile`
   is the reference host).
+- ``("gemm_i8", "tflite")``: the same kernel with TFLite's requantization
+  (:func:`tvm_spinn.program.quant.requantize_tflite`, ``rounding="tflite"``): per output one
+  MLS and ADD (the bias folded into the column's 32-bit term), the left shift of multipliers of
+  1 and more, one SMULL and the 64-bit ``(x M0 + 2**30) >> 31`` (SaturatingRoundingDoublingHighMul),
+  then RoundingDivideByPOT in 32 bits and the clamp.
+- ``("gemm_i8", "f32", relu)``: the same kernel with the dequantizing epilogue of a float32
+  output ``y`` (:func:`tvm_spinn.program.ops.gemm.reference.int8_finish`): ``fl(v) * scale[j]``
+  (VCVT.F32.S32, VMUL), ``bias[j] + that`` (VADD, the bias its first operand) when ``flags``
+  bit 20 is set, then ``y <= 0 ? +0 : y`` when ``relu``; the column constants are ``zw``, the
+  bias's and the scale's float32 bits and an unused word.
 - ``("dma",)``: data movement by the DMA engine: ``n`` strided descriptors
   (:data:`~.memory_map.DMA_DESC_WORDS` words each, the engine's register order) run one after
   another through the runtime's driver ``pe_dma`` (copy in, start, wait); args ``desc, n``. The
@@ -368,12 +378,73 @@ def _gemm_f32(relu: bool):
                 finish(C, BIAS, fin, one[0], i, j, n, flags)
     return kernel
 
+@T.macro
+def _i8_f32_columns(ACC, RS, CS, Q, Y, zx, j0, w, m, n, flags, relu: bool):
+    """The dequantizing epilogue (:func:`tvm_spinn.program.ops.gemm.reference.int8_finish`):
+    ``y = fl(v) * scale[j]`` (VCVT.F32.S32, VMUL), ``+ bias[j]`` (VADD) where ``flags`` bit 20
+    is set, then the ReLU as ``y <= 0 ? +0 : y`` (a NaN kept, -0.0 made +0.0), ``v`` the sum with
+    its zero-point terms in 32 bits. The column's constants are ``zw``, the bias's and the
+    scale's float32 bits; column by column, so that they stay in registers."""
+    for jj in range(w):
+        j = j0 + jj
+        zw = Q[5 + 4 * j]
+        c = T.Cast("uint32", Q[1] * zx * zw - zx * CS[j])
+        scale = T.reinterpret("float32", Q[5 + 4 * j + 2])
+        bias = T.reinterpret("float32", Q[5 + 4 * j + 1])
+        for i in range(m):
+            f = T.Cast("float32", T.Cast("int32", T.Cast("uint32", ACC[i * n + j])
+                                          - T.Cast("uint32", zw) * T.Cast("uint32", RS[i]) + c)) * scale
+            g = T.if_then_else(flags & 1048576 != 0, f + bias, f)
+            if relu:
+                Y[i * n + j] = T.if_then_else(g <= _ZERO, _ZERO, g)
+            else:
+                Y[i * n + j] = g
 
-def _gemm_i8():
+
+@T.macro
+def _i8_tflite_columns(ACC, RS, CS, Q, Y, zx, lo, hi, j0, w, m, n):
+    """TFLite's requantization (:func:`tvm_spinn.program.quant.requantize_tflite`) per column:
+    ``x = (v + bias_q) << left`` in 32 bits (the simulator's int32 of the int64 sum shifted: the
+    low 32 bits depend only on the sum's), ``SaturatingRoundingDoublingHighMul(x, M0)`` as one
+    SMULL and the 64-bit ``(x M0 + 2**30) >> 31`` (its nudge and truncating division by
+    ``2**31`` are that floor for both signs; ``M0 >= 0`` never saturates), then
+    ``RoundingDivideByPOT`` by ``right`` in 32 bits (multipliers below 1: ``left`` 0), and the
+    clamp at ``[lo, hi] - zero`` before the zero point is added."""
+    for jj in range(w):
+        j = j0 + jj
+        zw = Q[5 + 4 * j]
+        m0 = T.Cast("int64", Q[5 + 4 * j + 2])
+        e = 31 - Q[5 + 4 * j + 3]  # TFLite's shift: > 0 a left shift
+        c = T.Cast("uint32", Q[1] * zx * zw - zx * CS[j] + Q[5 + 4 * j + 1])
+        if e > 0:
+            for i in range(m):
+                x = T.Cast("int32", T.shift_left(T.Cast("uint32", ACC[i * n + j]) - T.Cast("uint32", zw)
+                                                 * T.Cast("uint32", RS[i]) + c, T.Cast("uint32", e)))
+                h = T.Cast("int32", T.shift_right(T.Cast("int64", x) * m0 + T.int64(1 << 30), T.int64(31)))
+                Y[i * n + j] = T.Cast("int8", T.min(T.max(h, lo), hi) + Q[2])
+        else:
+            right = 0 - e
+            mask = T.shift_right(T.int32(0x7FFFFFFF), 31 - right)  # 2**right - 1 without overflow
+            half = T.shift_right(mask, 1)
+            for i in range(m):
+                x = T.Cast("int32", T.Cast("uint32", ACC[i * n + j]) - T.Cast("uint32", zw)
+                           * T.Cast("uint32", RS[i]) + c)
+                h = T.Cast("int32", T.shift_right(T.Cast("int64", x) * m0 + T.int64(1 << 30), T.int64(31)))
+                r = T.shift_right(h, right) + T.Cast(
+                    "int32", T.bitwise_and(h, mask) > half + T.Cast("int32", h < 0))
+                Y[i * n + j] = T.Cast("int8", T.min(T.max(r, lo), hi) + Q[2])
+
+
+def _gemm_i8(epilogue: str = "half_up", relu: bool = False):
+    """The int8 GEMM kernel with the last chunk's ``epilogue``: ``"half_up"`` (the one-rounding
+    requantization), ``"tflite"`` (:func:`_i8_tflite_columns`) or ``"f32"`` (:func:`_i8_f32_columns`,
+    then the ReLU when ``relu``); the chunk's sums and zero-point terms are the same TIR for all."""
+    ydt = "float32" if epilogue == "f32" else "int8"
+
     @T.prim_func
     def kernel(a: T.handle("int8"), b: T.handle("int8"), p: T.handle("int32"), acc: T.handle("int32"),
                rowsum: T.handle("int32"), colsum: T.handle("int32"), consts: T.handle("int32"),
-               y: T.handle("int8"), m: T.int32, n: T.int32, k: T.int32, flags: T.int32):
+               y: T.handle(ydt), m: T.int32, n: T.int32, k: T.int32, flags: T.int32):
         T.func_attr({"tir.noalias": True, "calling_conv": 0})
         A = T.decl_buffer((m * k,), "int8", data=a)
         B = T.decl_buffer((k * n,), "int8", data=b)
@@ -382,7 +453,7 @@ def _gemm_i8():
         RS = T.decl_buffer((m,), "int32", data=rowsum)
         CS = T.decl_buffer((n,), "int32", data=colsum)
         Q = T.decl_buffer((10 + 4 * n,), "int32", data=consts)
-        Y = T.decl_buffer((m * n,), "int8", data=y)
+        Y = T.decl_buffer((m * n,), ydt, data=y)
         first = flags & 1 != 0
         # the software pipeline: the array computes the chunk's sums one block of ``cb``
         # columns at a time (bits 8-19), and the M4F adds and requantizes block ``jb`` while
@@ -445,7 +516,13 @@ def _gemm_i8():
                 for i in range(m):
                     for jj in range(w):
                         ACC[i * n + j0 + jj] = ACC[i * n + j0 + jj] + P[T.bitwise_and(par + jb, 1) * m * cb + i * w + jj]
-            if flags & 2 != 0:
+            if epilogue == "f32":
+                if flags & 2 != 0:
+                    _i8_f32_columns(ACC, RS, CS, Q, Y, zx, j0, w, m, n, flags, relu)
+            elif epilogue == "tflite":
+                if flags & 2 != 0:
+                    _i8_tflite_columns(ACC, RS, CS, Q, Y, zx, lo, hi, j0, w, m, n)
+            elif flags & 2 != 0:
                 # column by column, so that each column's constants stay in registers: the
                 # zero-point terms that do not depend on the row folded into ``c`` (32-bit
                 # wrapping, as the simulator's int32 cast: addition modulo 2**32 is associative),

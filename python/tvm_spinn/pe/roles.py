@@ -105,11 +105,16 @@ def layer_role(program, index: int) -> tuple:
         if kind not in GEMM_F32_KINDS:
             _fail(program, index, "no PE kernel for this int8 kind yet (generated: dense, matmul, conv2d, "
                                   "data movement)")
-        if attrs.get("out") not in ("int8", "uint8", "int32"):
-            _fail(program, index, f"int8 {kind} with a {attrs.get('out')} output (generated: requantized "
-                                  f"int8/uint8, raw int32 sums)")
-        if attrs.get("rounding", "half_up") != "half_up":
-            _fail(program, index, f"requantization rounding {attrs.get('rounding')!r} (generated: half_up)")
+        out, rounding = attrs.get("out"), attrs.get("rounding", "half_up")
+        if out == "float32":  # the dequantizing epilogue
+            return ("gemm_i8", "f32", relu)
+        if out not in ("int8", "uint8", "int32"):
+            _fail(program, index, f"int8 {kind} with a {out} output (generated: dequantized float32, "
+                                  f"requantized int8/uint8, raw int32 sums)")
+        if out != "int32" and rounding == "tflite":
+            return ("gemm_i8", "tflite")
+        if rounding != "half_up":
+            _fail(program, index, f"requantization rounding {rounding!r} (generated: half_up, tflite)")
         return ("gemm_i8",)
     _fail(program, index, f"mode {mode!r}")
 

@@ -9,7 +9,7 @@ from .... import _lib
 from ...model import Layer
 from ...quant import requantize, requantize_tflite, to_signed
 from .. import native
-from ..elementwise import relu
+from ..elementwise import binary, relu
 from .geometry import GemmShape, _F32, chunk_length, gemm_shape
 
 
@@ -142,7 +142,8 @@ def int8_finish(acc: np.ndarray, za, zb, a_sum, b_sum, k: int, epi: dict, attrs:
     """The M4F's share of an int8 GEMM on the array's int32 sums ``acc`` (int64 array, updated
     in place): the zero-point terms ``sum (a - za)(b - zb) = sum ab - zb sum_k a - za sum_k b +
     K za zb`` in 32-bit registers, then the epilogue: none (an ``int32`` output is the sums),
-    dequantize (``fl(acc) * scale [+ bias]``, ReLU) or requantize (:func:`~tvm_spinn.program.quant.requantize`). ``a_sum``/``b_sum``
+    dequantize (``fl(acc) * scale [+ bias]`` with the M4F's NaN rule,
+    :func:`~tvm_spinn.program.ops.elementwise.binary`; ReLU) or requantize (:func:`~tvm_spinn.program.quant.requantize`). ``a_sum``/``b_sum``
     return the operands' sums over k (called only when the other zero point is nonzero); ``ch``
     indexes the per-channel constants."""
     zb = np.int64(0) if zb is None else zb
@@ -155,9 +156,12 @@ def int8_finish(acc: np.ndarray, za, zb, a_sum, b_sum, k: int, epi: dict, attrs:
     if attrs["out"] == "int32":
         return acc.astype(np.int32)
     if attrs["out"] == "float32":
-        y = acc.astype(_F32) * epi["scale"][ch]
-        if "bias" in epi:
-            y = y + epi["bias"][ch]
+        # the PE code's VCVT, VMUL and VADD with the M4F's NaNs (0 * inf, inf - inf, NaN
+        # constants): the VADD takes the bias as its first operand (two quiet NaNs: the bias's)
+        with np.errstate(over="ignore", invalid="ignore"):
+            y = binary("multiply", acc.astype(_F32), epi["scale"][ch])
+            if "bias" in epi:
+                y = binary("add", np.broadcast_to(epi["bias"][ch], y.shape), y)
         if attrs["relu"]:
             y = np.maximum(y, _F32(0))
         return y
