@@ -554,6 +554,12 @@ def _check_pes(path: str, m: dict, files: dict) -> None:
         except Exception as err:  # noqa: BLE001 - any decoding failure is the file's fault
             raise FirmwareError(os.path.join(os.path.dirname(path), region["program"]),
                                 f"not a valid spinn program ({err})") from None
+        from ..target.arch import ArchError, SpinnArch
+        try:
+            own = SpinnArch.from_dict(region["arch"])
+        except (ArchError, TypeError, ValueError) as err:
+            raise FirmwareError(path, f"field regions[{r}].arch: not a system ({err})") from None
+        _need(own == arch, path, f"field regions[{r}].arch: differs from the system of {region['program']}")
         total = arch.total_pes
         named = [(f"layers[{i}].pes", p) for i, layer in enumerate(region["layers"]) for p in layer["pes"]]
         named += [(f"schedule[{s}].jobs", j[0]) for s, step in enumerate(region["schedule"]) for j in step["jobs"]]

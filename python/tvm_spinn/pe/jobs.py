@@ -169,6 +169,7 @@ class _Recorder:
     def __init__(self, trace: "_Trace", name: str, arena: int, arch):
         self.t, self.name, self.arena, self.arch = trace, name, arena, arch
         self.stall, self.pe = 0.0, 0
+        self.blocks, self.taken = {}, {}  # nothing executes: no cycles to count
 
     def load(self, pe=None):
         if pe is not None:
