@@ -84,14 +84,16 @@ def _same_bits(a, b) -> bool:
     return all(x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes() for x, y in zip(a, b))
 
 
-def _check_model(net, shape, tmp_path, iss: bool = True) -> None:
+def _check_model(net, shape, tmp_path) -> dict:
+    """Every region of the model run by the loader: the default simulator's and the iss mode's
+    bits. Returns the manifest."""
     programs = _export(net, shape, tmp_path / "fw")
     for r, program in enumerate(programs):
         x = _inputs(program, r)
         got = run_firmware(tmp_path / "fw", x, region=r)
         assert _same_bits(got, run_program(program, x, mode="layers"))
-        if iss:
-            assert _same_bits(got, run_program(program, x, mode="iss"))
+        assert _same_bits(got, run_program(program, x, mode="iss"))
+    return load_firmware(tmp_path / "fw")
 
 
 @pytest.fixture(scope="module")
@@ -151,14 +153,25 @@ def test_inputs_of_the_wrong_shape_or_count_are_named(mlp_dir):
 def test_small_cnn_conv_and_pools_from_the_directory(tmp_path):
     """conv2d (im2col panels as DMA descriptors, the padding as fill words), max and average
     pools (padded bands), a reshape (DMA descriptors placed in SRAM) and a dense layer."""
-    _check_model(_Cnn(), (2, 3, 16, 16), tmp_path)
+    fw = _check_model(_Cnn(), (2, 3, 16, 16), tmp_path)
+    kinds = {layer["kind"] for region in fw.manifest["regions"] for layer in region["layers"]}
+    assert {"conv2d", "max_pool2d", "avg_pool2d"} <= kinds
+    # the padding of the first convolution's im2col is fill words between descriptors
+    conv = [job for job in fw.jobs[0] if job["layer"] == 0]
+    assert any(part[0] == "fill" for job in conv for step in job["steps"] if step[0] == "put" for part in step[2])
 
 
 @pytest.mark.slow
 def test_transformer_block_from_the_directory(tmp_path):
     """layer_norm and softmax (rows split over PEs: the statistics handed on through DRAM
     scratch), matmul, gelu, broadcasts, residual adds."""
-    _check_model(_Block(), (1, 8, 16), tmp_path)
+    fw = _check_model(_Block(), (1, 8, 16), tmp_path)
+    region, jobs = fw.manifest["regions"][0], fw.jobs[0]
+    lo, size = region["dram"]["scratch"]
+    assert size > 0  # split rows hand their statistics on through DRAM
+    handed = [job for job in jobs for step in job["steps"] if step[0] == "put" for part in step[2]
+              if part[0] == "dram" and lo <= part[1] < lo + size]
+    assert handed and all(job["after"] for job in handed)
 
 
 def test_layer_left_to_the_host_is_named(tmp_path):
