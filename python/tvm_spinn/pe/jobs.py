@@ -91,17 +91,19 @@ def descriptors(addr: np.ndarray) -> list[list]:
     innermost: the DMA engine's form, :data:`~.memory_map.DMA_REGS`) whose elements, in order,
     are the byte addresses ``addr``: maximal runs of one stride, then consecutive runs of one
     shape a fixed distance apart merged into one more dimension, up to four."""
-    a = [int(x) for x in np.asarray(addr, dtype=np.int64)]
+    a = np.asarray(addr, dtype=np.int64).reshape(-1)
+    d = np.diff(a)
+    # where each run of equal differences ends (exclusive), so the greedy runs below step over
+    # whole runs rather than single elements
+    ends = np.append(np.flatnonzero(d[1:] != d[:-1]) + 1, d.size)
     blocks, i = [], 0
-    while i < len(a):  # rank 1: maximal arithmetic runs
-        if i + 1 == len(a):
-            blocks.append((a[i], (1,), (0,)))
+    while i < a.size:  # rank 1: maximal arithmetic runs, greedily from the first element
+        if i + 1 == a.size:
+            blocks.append((int(a[i]), (1,), (0,)))
             break
-        step, j = a[i + 1] - a[i], i + 1
-        while j + 1 < len(a) and a[j + 1] - a[j] == step:
-            j += 1
-        blocks.append((a[i], (j - i + 1,), (step,)))
-        i = j + 1
+        e = int(ends[np.searchsorted(ends, i, side="right")])
+        blocks.append((int(a[i]), (e - i + 1,), (int(d[i]),)))
+        i = e + 1
     for _ in range(3):  # ranks 2-4: runs of equal blocks a fixed distance apart
         merged, i = [], 0
         while i < len(blocks):
