@@ -307,3 +307,19 @@ def test_corrupted_placement_field_is_named(fresh_dir, edit, field):
     with pytest.raises(FirmwareError, match=rf"{MANIFEST}: {field}") as err:
         load_firmware(fresh_dir)
     assert err.value.path == str(fresh_dir / MANIFEST)
+
+
+@pytest.mark.slow
+def test_zoo_resnet_from_the_directory(tmp_path):
+    """The zoo's ResNet (convolutions, folded BatchNorm, pooling, residual adds): every layer has a
+    job table and the loader gives the default simulator's bits."""
+    pytest.importorskip("transformers")
+    from test_zoo import ZOO
+    torch.manual_seed(0)
+    model, x = ZOO["resnet"]()
+    ex = relax.build(tvm_spinn.frontend.from_pytorch(model.eval(), (x,)), target="spinn")
+    fw = tvm_spinn.export_firmware(ex, tmp_path / "fw")
+    for r, program in enumerate(programs_of(ex)):
+        assert fw.manifest["regions"][r]["host"] == []
+        xs = _inputs(program, r)
+        assert _same_bits(run_firmware(tmp_path / "fw", xs, region=r), run_program(program, xs, mode="layers"))

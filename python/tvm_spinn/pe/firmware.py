@@ -141,7 +141,8 @@ def _job_record(index: int, program, images, files: dict) -> dict:
                      "inputs": [int(t) for t in view.program_inputs(program)],
                      "outputs": [int(t) for t in view.program_outputs(program)]},
             "jobs": {"file": f"r{index}.jobs.json", "count": len(tables["jobs"])},
-            "pe_jobs": [[pe, per_pe[pe]] for pe in sorted(per_pe)], "host": tables["host"]}
+            "pe_jobs": [[pe, per_pe[pe]] for pe in sorted(per_pe)], "host": tables["host"],
+            "_jobs": tables["jobs"]}  # taken out of the record by build_firmware
 
 
 def jobs_bytes(region: int, jobs: list) -> bytes:
@@ -179,7 +180,7 @@ def build_firmware(programs: list) -> Firmware:
         "regions": regions,
         "files": {name: {"bytes": len(data), "sha256": _sha(data)} for name, data in sorted(files.items())},
     }
-    jobs = tuple(json.loads(files[r["jobs"]["file"]])["jobs"] for r in regions)
+    jobs = tuple(region.pop("_jobs") for region in regions)
     return Firmware(files=dict(sorted(files.items())), manifest=manifest, jobs=jobs)
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import view
+from .errors import PeCodegenError
 from .memory_map import REMOTE_BASE
 
 __all__ = ["JobTableError", "job_tables", "dram_layout", "descriptors", "expand"]
@@ -250,13 +251,11 @@ def _parts(ids: np.ndarray, data: bytes, address_of) -> list:
     """A placement's parts in order: ``["dram", offset, counts, strides]`` descriptors of the
     moved words, ``["fill", word, n]`` for a run of one literal word, ``["bytes", hex]`` else."""
     words = np.frombuffer(data, "<u4")
-    out, i = [], 0
-    while i < ids.size:
-        j = i + 1
-        lit = ids[i] < 0
-        while j < ids.size and (ids[j] < 0) == lit:
-            j += 1
-        if lit:
+    lit = ids < 0
+    cuts = [0, *(np.flatnonzero(lit[1:] != lit[:-1]) + 1).tolist(), ids.size]
+    out = []
+    for i, j in zip(cuts, cuts[1:]):  # alternating runs of literal and moved words
+        if lit[i]:
             run = words[i:j]
             if np.all(run == run[0]):
                 out.append(["fill", int(run[0]), j - i])
@@ -264,7 +263,6 @@ def _parts(ids: np.ndarray, data: bytes, address_of) -> list:
                 out.append(["bytes", run.tobytes().hex()])
         else:
             out += [["dram", *d] for d in descriptors(address_of(ids[i:j]))]
-        i = j
     return out
 
 
@@ -293,16 +291,18 @@ def _layer_jobs(program, images, index: int, table, layout: dict, scratch0: int,
     dest[loose] = scratch0 + 4 * np.arange(loose.size, dtype=np.int64)
     tensor_at = sorted((lo, lo + n, tid) for tid, (lo, n) in env_a.ranges.items())
 
+    # probe id -> DRAM byte address: the tensors' ranges start at ``starts`` (ascending)
+    starts = np.array([lo for lo, _, _ in tensor_at] or [0], dtype=np.int64)
+    bases = np.array([offsets[tid] - 4 * lo for lo, _, tid in tensor_at] or [0], dtype=np.int64)
+
     def address_of(ids: np.ndarray) -> np.ndarray:
-        addr = np.empty(ids.size, dtype=np.int64)
         rd = ids >= _READS
+        addr = bases[np.searchsorted(starts, ids, side="right") - 1] + 4 * ids
         addr[rd] = dest[ids[rd] - _READS]
-        for lo, hi, tid in tensor_at:
-            sel = (ids >= lo) & (ids < hi)
-            addr[sel] = offsets[tid] + 4 * (ids[sel] - lo)
         return addr
 
-    jobs, job, reader = [], None, {}  # reader: read id -> the job that read it
+    jobs, job = [], None
+    reader = np.full(ta.reads, -1, dtype=np.int64)  # read id -> the job that read it
     for k, (a, b) in enumerate(zip(ta.ops, tb.ops)):
         if a[0] != b[0]:
             raise _Unsupported("the host's work depends on the data")
@@ -322,8 +322,7 @@ def _layer_jobs(program, images, index: int, table, layout: dict, scratch0: int,
                 parts = [["bytes", a[-1].hex()]]
             else:
                 parts = _parts(ids, a[-1], address_of)
-                for r in np.unique(ids[ids >= _READS]) - _READS:
-                    job["after"].add(reader[int(r)])
+                job["after"].update(np.unique(reader[ids[ids >= _READS] - _READS]).tolist())
                 for lo, hi, tid in tensor_at:
                     if np.any((ids >= lo) & (ids < hi)):
                         job["after"].update(producer.get(tid, ()))
@@ -340,8 +339,7 @@ def _layer_jobs(program, images, index: int, table, layout: dict, scratch0: int,
             if a != b:
                 raise _Unsupported("a read depends on the data")
             _, addr, r0, n = a
-            for r in range(r0, r0 + n):
-                reader[r] = job["id"]
+            reader[r0:r0 + n] = job["id"]
             job["steps"].append(["get", addr, [["dram", *d] for d in descriptors(dest[r0:r0 + n])]])
     for job in jobs:
         job["after"] = sorted(job["after"] - {job["id"]})
@@ -369,8 +367,13 @@ def job_tables(program, images) -> dict:
     for index in range(view.layer_count(program)):
         try:
             layer_jobs, used = _layer_jobs(program, images, index, tables[index], layout, pos, len(jobs), producer)
-        except _Unsupported as why:
-            host.append({"layer": index, "reason": str(why)})
+        except PeCodegenError:
+            raise
+        except (_Unsupported, ValueError, IndexError, ArithmeticError) as why:
+            # a runner that checks its data (labels, indices) refuses the probe words: the
+            # layer's host work reads values, it is not a relayout
+            reason = str(why) if isinstance(why, _Unsupported) else f"the host's work reads the data ({why})"
+            host.append({"layer": index, "reason": reason})
             producer[view.layer_output(program, index)] = ()
             continue
         jobs += layer_jobs
