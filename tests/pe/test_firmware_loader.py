@@ -132,13 +132,15 @@ def test_jobs_follow_the_manifest(mlp_dir):
     for job in jobs:
         layer = region["layers"][job["layer"]]
         assert job["image"] == layer["image"] and job["pe"] in layer["pes"]
-        assert all(a < job["id"] for a in job["after"])
+        assert all(a <= b < job["id"] for a, b in job["after"])
     assert sorted(j for _, ids in region["pe_jobs"] for j in ids) == list(range(len(jobs)))
     by_layer = {}
     for job in jobs:
         by_layer.setdefault(job["layer"], []).append(job["id"])
+    # a job of the second dense layer waits for jobs of the first (the ones that wrote its rows)
     first_of_1 = jobs[by_layer[1][0]]
-    assert set(first_of_1["after"]) <= set(by_layer[0]) and first_of_1["after"]
+    waits = {i for a, b in first_of_1["after"] for i in range(a, b + 1)}
+    assert waits and waits <= set(by_layer[0])
 
 
 def test_inputs_of_the_wrong_shape_or_count_are_named(mlp_dir):
@@ -263,7 +265,8 @@ def _job_edits():
         (lambda d: d["jobs"][0].update(layer=99), r"field jobs\[0\]\.layer"),
         (lambda d: d["jobs"][0].update(pe=99999), r"field jobs\[0\]\.pe"),
         (lambda d: d["jobs"][0].update(image="nope"), r"field jobs\[0\]\.image"),
-        (lambda d: d["jobs"][0].update(after=[5]), r"field jobs\[0\]\.after: not ascending ids of earlier jobs"),
+        (lambda d: d["jobs"][0].update(after=[[0, 0]]), r"field jobs\[0\]\.after: not ascending, disjoint ranges"),
+        (lambda d: d["jobs"][-1].update(after=[[0, 2], [3, 4]]), r"field jobs\[\d+\]\.after: not ascending, disjoint"),
         (lambda d: _step(d, "put").__setitem__(1, 0), r"field jobs\[\d+\]\.steps\[\d+\]: SRAM .* outside the image's data area"),
         (lambda d: dram_part(d).__setitem__(1, 1 << 30), r"field jobs\[\d+\]\.steps\[\d+\]\[2\]\[\d+\]: addresses .* not word-aligned within"),
         (lambda d: dram_part(d).__setitem__(1, 2), r"not word-aligned"),

@@ -508,8 +508,10 @@ def _check_jobs(directory: str, r: int, region: dict, m: dict, files: dict) -> l
               f"field {at}.pe: not one of the layer's PEs, or not the PE pe_jobs lists the job under")
         _need(job.get("image") == layer["image"], path, f"field {at}.image: not the layer's image {layer['image']!r}")
         after = job.get("after")
-        _need(_int_list(after) and after == sorted(set(after)) and all(0 <= a < j for a in after), path,
-              f"field {at}.after: not ascending ids of earlier jobs (the static schedule runs them first)")
+        _need(isinstance(after, list) and all(_int_list(x) and len(x) == 2 and 0 <= x[0] <= x[1] < j for x in after)
+              and all(x[1] + 1 < y[0] for x, y in zip(after, after[1:])), path,
+              f"field {at}.after: not ascending, disjoint ranges [first, last] of earlier jobs "
+              "(the static schedule runs them first)")
         steps = job.get("steps")
         _need(isinstance(steps, list), path, f"field {at}.steps: not a list")
         arena = m["images"][layer["image"]]["arena"]

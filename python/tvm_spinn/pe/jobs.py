@@ -267,7 +267,7 @@ def _parts(ids: np.ndarray, data: bytes, address_of) -> list:
 
 
 def _layer_jobs(program, images, index: int, table, layout: dict, scratch0: int, job0: int,
-                producer: dict) -> tuple[list, int]:
+                writer: list) -> tuple[list, int]:
     """The jobs of layer ``index`` (ids from ``job0``) and the scratch bytes it uses."""
     ta, env_a, out_a = _probe(program, images, index, table, 0)
     tb, env_b, out_b = _probe(program, images, index, table, _SPAN)
@@ -289,6 +289,9 @@ def _layer_jobs(program, images, index: int, table, layout: dict, scratch0: int,
         raise _Unsupported("one word read into two output elements")
     loose = np.flatnonzero(dest < 0)
     dest[loose] = scratch0 + 4 * np.arange(loose.size, dtype=np.int64)
+    # per DRAM word, the job that last wrote it: a copy, kept only if the whole layer is a relayout
+    wrote = np.concatenate([writer[0], np.full(max(0, (scratch0 + 4 * loose.size) // 4 - writer[0].size), -1,
+                                               dtype=np.int64)])
     tensor_at = sorted((lo, lo + n, tid) for tid, (lo, n) in env_a.ranges.items())
 
     # probe id -> DRAM byte address: the tensors' ranges start at ``starts`` (ascending)
@@ -302,7 +305,6 @@ def _layer_jobs(program, images, index: int, table, layout: dict, scratch0: int,
         return addr
 
     jobs, job = [], None
-    reader = np.full(ta.reads, -1, dtype=np.int64)  # read id -> the job that read it
     for k, (a, b) in enumerate(zip(ta.ops, tb.ops)):
         if a[0] != b[0]:
             raise _Unsupported("the host's work depends on the data")
@@ -322,10 +324,8 @@ def _layer_jobs(program, images, index: int, table, layout: dict, scratch0: int,
                 parts = [["bytes", a[-1].hex()]]
             else:
                 parts = _parts(ids, a[-1], address_of)
-                job["after"].update(np.unique(reader[ids[ids >= _READS] - _READS]).tolist())
-                for lo, hi, tid in tensor_at:
-                    if np.any((ids >= lo) & (ids < hi)):
-                        job["after"].update(producer.get(tid, ()))
+                # the jobs whose results this placement reads
+                job["after"].update(np.unique(wrote[address_of(ids[ids >= 0]) // 4]).tolist())
                 # the descriptors must give back exactly the probes' words
                 check = _expand_parts(parts, ids, address_of)
                 if not check:
@@ -339,11 +339,24 @@ def _layer_jobs(program, images, index: int, table, layout: dict, scratch0: int,
             if a != b:
                 raise _Unsupported("a read depends on the data")
             _, addr, r0, n = a
-            reader[r0:r0 + n] = job["id"]
+            wrote[dest[r0:r0 + n] // 4] = job["id"]
             job["steps"].append(["get", addr, [["dram", *d] for d in descriptors(dest[r0:r0 + n])]])
+    writer[0] = wrote
     for job in jobs:
-        job["after"] = sorted(job["after"] - {job["id"]})
+        job["after"] = _ranges(sorted(job["after"] - {job["id"], -1}))
     return jobs, 4 * loose.size
+
+
+def _ranges(ids: list) -> list:
+    """Ascending job ids as inclusive ranges ``[[first, last], ...]`` (a layer's jobs are
+    consecutive, so a job waiting for a whole layer names one range)."""
+    out = []
+    for i in ids:
+        if out and out[-1][1] == i - 1:
+            out[-1][1] = i
+        else:
+            out.append([i, i])
+    return out
 
 
 def _expand_parts(parts: list, ids: np.ndarray, address_of) -> bool:
@@ -363,10 +376,11 @@ def job_tables(program, images) -> dict:
     layout = dram_layout(program)
     tables = view.placed_tiles(program)
     scratch0 = layout["bytes"]
-    jobs, host, producer, pos = [], [], {}, scratch0
+    jobs, host, pos = [], [], scratch0
+    writer = [np.full(scratch0 // 4, -1, dtype=np.int64)]  # per DRAM word, the last job that wrote it
     for index in range(view.layer_count(program)):
         try:
-            layer_jobs, used = _layer_jobs(program, images, index, tables[index], layout, pos, len(jobs), producer)
+            layer_jobs, used = _layer_jobs(program, images, index, tables[index], layout, pos, len(jobs), writer)
         except PeCodegenError:
             raise
         except (_Unsupported, ValueError, IndexError, ArithmeticError) as why:
@@ -374,11 +388,9 @@ def job_tables(program, images) -> dict:
             # layer's host work reads values, it is not a relayout
             reason = str(why) if isinstance(why, _Unsupported) else f"the host's work reads the data ({why})"
             host.append({"layer": index, "reason": reason})
-            producer[view.layer_output(program, index)] = ()
             continue
         jobs += layer_jobs
         pos = _align(pos + used)
-        producer[view.layer_output(program, index)] = [j["id"] for j in layer_jobs]
     layout["scratch"] = [scratch0, pos - scratch0]
     layout["bytes"] = pos
     return {"dram": layout, "jobs": jobs, "host": host}
