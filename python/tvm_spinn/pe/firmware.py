@@ -1,9 +1,14 @@
 """Firmware: the PE images of a compiled model and a manifest a host loader can follow.
 
 :func:`export_firmware` writes a directory: one ELF image per PE role (``<role>.elf``), each
-region's spinn program (``r<i>.spinn``: tensor descriptors and constants, the data the host
-places), and ``manifest.json`` (which PE runs which image, the memory map, every tile's region
-and PE, the static job order, the boot order, the SHA-256 of every file). The format is
+region's spinn program (``r<i>.spinn``), its initial DRAM (``r<i>.dram``: the constants at the
+offsets of the region's DRAM layout), its job table (``r<i>.jobs.json``, :mod:`.jobs`: per job
+its PE and image, the jobs it waits for, the DMA descriptors and literal words that place its
+operands in SRAM, its argument words, the descriptors that put its results in DRAM), and
+``manifest.json`` (which PE runs which image, the memory map, every tile's region and PE, the
+static job order, the boot order, the DRAM layout, each PE's ordered jobs, the layers left to
+the host, the SHA-256 of every file). :func:`.loader.run_firmware` runs a region from these
+files alone. The format is
 documented in ``docs/design/pe-code.md``; the bytes are a pure function of the programs.
 
 Every file goes through :func:`tvm_spinn._files.atomic_write`; the manifest is written last,
@@ -583,7 +588,15 @@ def load_firmware(directory: "str | os.PathLike") -> Firmware:
         tile, image or file that does not exist, a PE id outside the system the region's
         program was built for), a file whose size or SHA-256 differs from the manifest's, an
         image that is not a complete ARM ELF executable for the PE's SRAM or whose ``halt`` or
-        ``arena`` differs from its symbols.
+        ``arena`` differs from its symbols; a DRAM layout, ``arch``, ``pe_jobs`` or ``host``
+        field that is malformed or contradicts the rest; a job file (``r<i>.jobs.json``) whose
+        jobs contradict the manifest, wait for a later job, or place or read outside the image's
+        data area of SRAM or the region's DRAM.
+
+    Returns
+    -------
+    Firmware
+        The files, the manifest and, per region, its jobs.
     """
     directory = os.fspath(directory)
     mpath = os.path.join(directory, MANIFEST)

@@ -33,7 +33,7 @@ from . import view
 from .errors import PeCodegenError
 from .memory_map import REMOTE_BASE
 
-__all__ = ["JobTableError", "job_tables", "dram_layout", "descriptors", "expand"]
+__all__ = ["job_tables", "dram_layout", "dram_init", "descriptors", "expand"]
 
 #: Probe ids: a layer's input elements take [0, _READS), the words it reads back [_READS, _SPAN);
 #: the second run's probes lie _SPAN above the first's (every probe an exact float32 integer).
@@ -41,10 +41,6 @@ _READS = 1 << 22
 _SPAN = 1 << 23
 _ALIGN = 64
 _F32 = np.float32
-
-
-class JobTableError(ValueError):
-    """A layer whose host-side work is not a relayout of its tensors (why, in the message)."""
 
 
 def _align(n: int) -> int:
