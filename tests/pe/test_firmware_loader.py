@@ -66,8 +66,10 @@ class _Block(torch.nn.Module):
         return x + self.f2(torch.nn.functional.gelu(self.f1(self.ln2(x))))
 
 
-def _export(net, shape, directory):
+def _export(make, shape, directory):
+    """Build ``make()`` (its weights from a fixed seed) for a spinn target and export its firmware."""
     torch.manual_seed(3)
+    net = make()
     ex = relax.build(tvm_spinn.frontend.from_pytorch(net.eval(), (torch.randn(*shape),)), target="spinn")
     tvm_spinn.export_firmware(ex, directory)
     return programs_of(ex)
@@ -84,10 +86,10 @@ def _same_bits(a, b) -> bool:
     return all(x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes() for x, y in zip(a, b))
 
 
-def _check_model(net, shape, tmp_path) -> dict:
+def _check_model(make, shape, tmp_path) -> dict:
     """Every region of the model run by the loader: the default simulator's and the iss mode's
     bits. Returns the manifest."""
-    programs = _export(net, shape, tmp_path / "fw")
+    programs = _export(make, shape, tmp_path / "fw")
     for r, program in enumerate(programs):
         x = _inputs(program, r)
         got = run_firmware(tmp_path / "fw", x, region=r)
@@ -99,7 +101,7 @@ def _check_model(net, shape, tmp_path) -> dict:
 @pytest.fixture(scope="module")
 def mlp_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("mlp")
-    programs = _export(_Mlp(), (4, 16), d / "fw")
+    programs = _export(_Mlp, (4, 16), d / "fw")
     return d / "fw", programs
 
 
@@ -155,19 +157,28 @@ def test_inputs_of_the_wrong_shape_or_count_are_named(mlp_dir):
 def test_small_cnn_conv_and_pools_from_the_directory(tmp_path):
     """conv2d (im2col panels as DMA descriptors, the padding as fill words), max and average
     pools (padded bands), a reshape (DMA descriptors placed in SRAM) and a dense layer."""
-    fw = _check_model(_Cnn(), (2, 3, 16, 16), tmp_path)
+    fw = _check_model(_Cnn, (2, 3, 16, 16), tmp_path)
     kinds = {layer["kind"] for region in fw.manifest["regions"] for layer in region["layers"]}
     assert {"conv2d", "max_pool2d", "avg_pool2d"} <= kinds
     # the padding of the first convolution's im2col is fill words between descriptors
     conv = [job for job in fw.jobs[0] if job["layer"] == 0]
     assert any(part[0] == "fill" for job in conv for step in job["steps"] if step[0] == "put" for part in step[2])
+    # another process exports the same bytes (job tables, DRAM image, manifest included)
+    code = ("import sys; sys.path.insert(0, " + repr(str(__import__("pathlib").Path(__file__).parent)) + ")\n"
+            "from test_firmware_loader import _Cnn, _export\n"
+            f"_export(_Cnn, (2, 3, 16, 16), {str(tmp_path / 'again')!r})\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    names = sorted(p.name for p in (tmp_path / "fw").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "again").iterdir())
+    assert all((tmp_path / "fw" / n).read_bytes() == (tmp_path / "again" / n).read_bytes() for n in names)
 
 
 @pytest.mark.slow
 def test_transformer_block_from_the_directory(tmp_path):
     """layer_norm and softmax (rows split over PEs: the statistics handed on through DRAM
     scratch), matmul, gelu, broadcasts, residual adds."""
-    fw = _check_model(_Block(), (1, 8, 16), tmp_path)
+    fw = _check_model(_Block, (1, 8, 16), tmp_path)
     region, jobs = fw.manifest["regions"][0], fw.jobs[0]
     lo, size = region["dram"]["scratch"]
     assert size > 0  # split rows hand their statistics on through DRAM
