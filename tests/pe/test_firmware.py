@@ -60,7 +60,7 @@ def _read_dir(directory) -> dict:
 def test_manifest_describes_images_tiles_schedule_and_boot(ex, firmware_dir):
     fw = load_firmware(firmware_dir)
     m = fw.manifest
-    assert m["format"] == "tvm-spinn-firmware" and m["version"] == 1
+    assert m["format"] == "tvm-spinn-firmware" and m["version"] == 2
     assert sorted(os.listdir(firmware_dir)) == sorted([*m["files"], MANIFEST])  # nothing else written
     for name, rec in m["files"].items():
         data = (firmware_dir / name).read_bytes()
@@ -137,6 +137,17 @@ def _rewrite_manifest(directory, edit) -> None:
     path.write_text(json.dumps(m))
 
 
+def _rewrite_jobs(directory, edit, region: int = 0) -> None:
+    """Edit region ``region``'s job file (``edit(doc)``), its size and hash updated in the manifest."""
+    name = f"r{region}.jobs.json"
+    doc = json.loads((directory / name).read_text())
+    edit(doc)
+    data = json.dumps(doc).encode()
+    (directory / name).write_bytes(data)
+    _rewrite_manifest(directory, lambda m: m["files"][name].update(
+        bytes=len(data), sha256=hashlib.sha256(data).hexdigest()))
+
+
 def test_missing_file_is_named(firmware_dir):
     name = _elf_name(firmware_dir)
     (firmware_dir / name).unlink()
@@ -200,6 +211,19 @@ def _move_pe(m, new_pe: int) -> None:
         step["jobs"] = sorted([new_pe if p == old else p, ts] for p, ts in step["jobs"])
     for step in region["boot"]:
         step["load"] = sorted([new_pe if p == old else p, i] for p, i in step["load"])
+    region["pe_jobs"] = sorted([new_pe if p == old else p, ids] for p, ids in region["pe_jobs"])
+    return old
+
+
+def _move_pe_everywhere(directory, new_pe: int) -> None:
+    """:func:`_move_pe` in the manifest and in region 0's job file."""
+    moved = []
+    _rewrite_manifest(directory, lambda m: moved.append(_move_pe(m, new_pe)))
+
+    def edit(doc):
+        for job in doc["jobs"]:
+            job["pe"] = new_pe if job["pe"] == moved[0] else job["pe"]
+    _rewrite_jobs(directory, edit)
 
 
 def _first_image(m) -> str:
@@ -242,9 +266,9 @@ def test_corrupted_manifest_field_is_named(firmware_dir, edit, field):
 def test_pe_ids_within_the_system_load(firmware_dir, ex):
     """The last PE of the system is a valid PE id (the range check is not off by one)."""
     total = programs_of(ex)[0].arch.total_pes
-    _rewrite_manifest(firmware_dir, lambda m: _move_pe(m, total - 1))
+    _move_pe_everywhere(firmware_dir, total - 1)
     load_firmware(firmware_dir)
-    _rewrite_manifest(firmware_dir, lambda m: _move_pe(m, total))
+    _move_pe_everywhere(firmware_dir, total)
     with pytest.raises(FirmwareError, match=rf"PE {total} does not exist \(the system has {total} PEs\)"):
         load_firmware(firmware_dir)
 

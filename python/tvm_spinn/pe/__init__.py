@@ -8,15 +8,28 @@ instruction-set simulator that runs it.
 - :mod:`.roles`, :mod:`.images`: which kernel each layer runs, the images of a program;
 - :mod:`.iss`, :mod:`.execute`: ``unicorn`` running the images with the MAC array as a modelled
   peripheral (:func:`run_program_iss`);
-- :mod:`.firmware`: the images and a manifest written to a directory (:func:`export_firmware`),
-  read back and checked (:func:`load_firmware`);
+- :mod:`.firmware`, :mod:`.jobs`: the images, a manifest and every PE's job table (data
+  placement, DMA descriptors, argument words, schedule) written to a directory
+  (:func:`export_firmware`), read back and checked (:func:`load_firmware`);
+- :mod:`.loader`: a reference host loader that runs a firmware directory alone in the ISS
+  (:func:`run_firmware`);
 - :mod:`.cycles`: executed instructions priced by the Cortex-M4 TRM's cycle tables;
 - :mod:`.memory_map`, :mod:`.view`, :mod:`.errors`: addresses, the program accessors, errors.
 """
 
 from .errors import IssFault, PeCodegenError
 from .firmware import Firmware, FirmwareError, export_firmware, load_firmware
-from .execute import TileRun, run_program_iss
 from .images import PeImage, ProgramImages, build_images
+from .loader import run_firmware
 
-__all__ = ["Firmware", "FirmwareError", "export_firmware", "load_firmware", "IssFault", "PeCodegenError", "TileRun", "run_program_iss", "PeImage", "ProgramImages", "build_images"]
+__all__ = ["Firmware", "FirmwareError", "export_firmware", "load_firmware", "IssFault", "PeCodegenError", "TileRun",
+           "run_program_iss", "run_firmware", "PeImage", "ProgramImages", "build_images"]
+
+
+def __getattr__(name: str):
+    # the iss execution (:mod:`.execute`) is imported when first used, so a host loader
+    # (:mod:`.loader`) runs a firmware directory without it
+    if name in ("TileRun", "run_program_iss"):
+        from . import execute
+        return getattr(execute, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -699,7 +699,9 @@ def _run_rows(run: _Run, index: int, env, table) -> np.ndarray:
     x = np.ascontiguousarray(env[view.layer_inputs(p, index)[0]], dtype=_F32)
     row = x.shape[-1] if x.ndim else 1
     x = x.reshape(-1, row)
-    out = np.empty(view.tensor_shape(p, view.layer_output(p, index)), dtype=_F32)
+    # zeros, not uninitialized memory: a split row's output buffer is placed before its first
+    # phase, so the placement is the same bytes in every run (a firmware's job table records it)
+    out = np.zeros(view.tensor_shape(p, view.layer_output(p, index)), dtype=_F32)
     y_all = out.reshape(-1, row)
     phases = _ROW_PHASES[kind]
     # per-column constants (layer_norm's gamma and beta, rms_norm's weight) and flag bits

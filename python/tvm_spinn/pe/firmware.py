@@ -1,9 +1,14 @@
 """Firmware: the PE images of a compiled model and a manifest a host loader can follow.
 
 :func:`export_firmware` writes a directory: one ELF image per PE role (``<role>.elf``), each
-region's spinn program (``r<i>.spinn``: tensor descriptors and constants, the data the host
-places), and ``manifest.json`` (which PE runs which image, the memory map, every tile's region
-and PE, the static job order, the boot order, the SHA-256 of every file). The format is
+region's spinn program (``r<i>.spinn``), its initial DRAM (``r<i>.dram``: the constants at the
+offsets of the region's DRAM layout), its job table (``r<i>.jobs.json``, :mod:`.jobs`: per job
+its PE and image, the jobs it waits for, the DMA descriptors and literal words that place its
+operands in SRAM, its argument words, the descriptors that put its results in DRAM), and
+``manifest.json`` (which PE runs which image, the memory map, every tile's region and PE, the
+static job order, the boot order, the DRAM layout, each PE's ordered jobs, the layers left to
+the host, the SHA-256 of every file). :func:`.loader.run_firmware` runs a region from these
+files alone. The format is
 documented in ``docs/design/pe-code.md``; the bytes are a pure function of the programs.
 
 Every file goes through :func:`tvm_spinn._files.atomic_write`; the manifest is written last,
@@ -29,8 +34,9 @@ __all__ = ["FIRMWARE_FORMAT", "FIRMWARE_VERSION", "MANIFEST", "Firmware", "Firmw
            "build_firmware", "export_firmware", "write_firmware", "load_firmware", "programs_of"]
 
 FIRMWARE_FORMAT = "tvm-spinn-firmware"
-FIRMWARE_VERSION = 1
+FIRMWARE_VERSION = 2
 MANIFEST = "manifest.json"
+JOBS_FORMAT = "tvm-spinn-jobs"
 #: ELF header fields every image must have: 32-bit, little-endian, ARM executable.
 _EM_ARM = "EM_ARM"
 
@@ -50,6 +56,8 @@ class Firmware:
 
     files: dict
     manifest: dict
+    #: per region, its parsed job file's jobs (filled by :func:`load_firmware`)
+    jobs: tuple = ()
 
     def manifest_bytes(self) -> bytes:
         return _dump(self.manifest)
@@ -114,8 +122,38 @@ def _region_record(index: int, program, images, files: dict) -> dict:
         schedule.append({"layer": i, "jobs": [[p, jobs[p]] for p in sorted(jobs)], "barrier": True})
     name = f"r{index}.spinn"
     files[name] = view.program_bytes(program)
-    return {"symbol": view.program_symbol(program), "program": name, "layers": layers,
-            "schedule": schedule, "boot": boot}
+    record = {"symbol": view.program_symbol(program), "program": name, "layers": layers,
+              "schedule": schedule, "boot": boot}
+    record.update(_job_record(index, program, images, files))
+    return record
+
+
+def _job_record(index: int, program, images, files: dict) -> dict:
+    """The region's DRAM layout (its initial contents in ``r<i>.dram``), its jobs (``r<i>.jobs.json``,
+    :func:`.jobs.job_tables`), every PE's ordered job table, the PE parameters a loader needs
+    (``arch``), and the layers left to the host."""
+    from .jobs import dram_init, job_tables
+    tables = job_tables(program, images)
+    dram = tables["dram"]
+    files[f"r{index}.dram"] = dram_init(program, dram)
+    files[f"r{index}.jobs.json"] = jobs_bytes(index, tables["jobs"])
+    per_pe: dict[int, list[int]] = {}
+    for job in tables["jobs"]:
+        per_pe.setdefault(job["pe"], []).append(job["id"])
+    return {"arch": view.arch_of(program).to_dict(),
+            "dram": {"file": f"r{index}.dram", "init_bytes": dram["init_bytes"], "bytes": dram["bytes"],
+                     "scratch": dram["scratch"], "tensors": dram["tensors"],
+                     "inputs": [int(t) for t in view.program_inputs(program)],
+                     "outputs": [int(t) for t in view.program_outputs(program)]},
+            "jobs": {"file": f"r{index}.jobs.json", "count": len(tables["jobs"])},
+            "pe_jobs": [[pe, per_pe[pe]] for pe in sorted(per_pe)], "host": tables["host"],
+            "_jobs": tables["jobs"]}  # taken out of the record by build_firmware
+
+
+def jobs_bytes(region: int, jobs: list) -> bytes:
+    """A region's job file: compact JSON, sorted keys (bulk data: one line)."""
+    doc = {"format": JOBS_FORMAT, "version": FIRMWARE_VERSION, "region": region, "jobs": jobs}
+    return (json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n").encode()
 
 
 def build_firmware(programs: list) -> Firmware:
@@ -147,7 +185,8 @@ def build_firmware(programs: list) -> Firmware:
         "regions": regions,
         "files": {name: {"bytes": len(data), "sha256": _sha(data)} for name, data in sorted(files.items())},
     }
-    return Firmware(files=dict(sorted(files.items())), manifest=manifest)
+    jobs = tuple(region.pop("_jobs") for region in regions)
+    return Firmware(files=dict(sorted(files.items())), manifest=manifest, jobs=jobs)
 
 
 def programs_of(ex) -> list:
@@ -313,6 +352,7 @@ def _check_region(path: str, where: str, region, m) -> None:
             _need(len(lo) == len(hi) and all(0 <= a < b for a, b in zip(lo, hi)), path,
                   f"field {at}.tiles[{t}]: region [{lo}, {hi}) is empty, negative or of mismatched rank")
         _need(sorted({t[0] for t in tiles}) == pes, path, f"field {at}.pes: differs from the PEs of its tiles")
+    _check_placement(path, where, region, m)
     scheduled = set()
     for s, step in enumerate(region["schedule"]):
         at = f"{where}.schedule[{s}]"
@@ -344,6 +384,175 @@ def _check_region(path: str, where: str, region, m) -> None:
               f"field {at}.load: malformed (each entry is [pe, image] with an image of images)")
 
 
+def _check_placement(path: str, where: str, region: dict, m: dict) -> None:
+    """The region's DRAM layout, job file reference, per-PE job tables and host layers."""
+    import numpy as np
+    _need(isinstance(region.get("arch"), dict), path, f"field {where}.arch: missing or not an object")
+    dram = region.get("dram")
+    _need(isinstance(dram, dict) and dram.get("file") in m["files"], path, f"field {where}.dram.file: not listed in files")
+    for key in ("init_bytes", "bytes"):
+        _need(_is_int(dram.get(key)) and dram[key] >= 0 and dram[key] % 4 == 0, path,
+              f"field {where}.dram.{key}: not a non-negative multiple of 4")
+    _need(m["files"][dram["file"]]["bytes"] == dram["init_bytes"] <= dram["bytes"], path,
+          f"field {where}.dram.init_bytes: differs from the size of {dram['file']} or exceeds dram.bytes")
+    scratch = dram.get("scratch")
+    _need(_int_list(scratch) and len(scratch) == 2 and 0 <= scratch[0] and scratch[1] >= 0
+          and scratch[0] + scratch[1] <= dram["bytes"], path,
+          f"field {where}.dram.scratch: not [offset, bytes] within the region's DRAM")
+    tensors = dram.get("tensors")
+    _need(isinstance(tensors, list), path, f"field {where}.dram.tensors: missing or not a list")
+    spans, ids = [], set()
+    for t, rec in enumerate(tensors):
+        at = f"{where}.dram.tensors[{t}]"
+        _need(isinstance(rec, dict) and all(_is_int(rec.get(k)) and rec[k] >= 0 for k in ("id", "offset", "bytes"))
+              and _int_list(rec.get("shape")) and all(d >= 0 for d in rec["shape"])
+              and rec.get("role") in ("const", "input", "output", "temp"), path,
+              f"field {at}: needs integer id, offset and bytes, a shape and a role (const, input, output, temp)")
+        try:
+            dtype = np.dtype(rec.get("dtype"))
+        except TypeError:
+            dtype = None
+        _need(dtype is not None and dtype.name == rec.get("dtype"), path, f"field {at}.dtype: not a dtype name")
+        _need(rec["bytes"] == int(np.prod(rec["shape"], dtype=np.int64)) * dtype.itemsize, path,
+              f"field {at}.bytes: differs from its shape and dtype")
+        _need(rec["offset"] % 4 == 0 and rec["offset"] + rec["bytes"] <= scratch[0], path,
+              f"field {at}.offset: not word-aligned or the tensor runs past the tensors' area")
+        _need(rec["id"] not in ids, path, f"field {at}.id: tensor {rec['id']} placed twice")
+        _need((rec["role"] == "const") == (rec["offset"] + rec["bytes"] <= dram["init_bytes"] and rec["bytes"] > 0)
+              or rec["bytes"] == 0, path,
+              f"field {at}.role: constants lie in the initial DRAM ({dram['init_bytes']} bytes), nothing else does")
+        ids.add(rec["id"])
+        spans.append((rec["offset"], rec["offset"] + rec["bytes"], t))
+    spans.sort()
+    for (_, hi, a), (lo, _, b) in zip(spans, spans[1:]):
+        _need(lo >= hi, path, f"field {where}.dram.tensors[{b}]: overlaps tensors[{a}]")
+    for key in ("inputs", "outputs"):
+        _need(_int_list(dram.get(key)) and all(t in ids for t in dram[key]), path,
+              f"field {where}.dram.{key}: not a list of placed tensor ids")
+    jobs = region.get("jobs")
+    _need(isinstance(jobs, dict) and jobs.get("file") in m["files"] and _is_int(jobs.get("count"))
+          and jobs["count"] >= 0, path, f"field {where}.jobs: needs a file listed in files and an integer count")
+    host = region.get("host")
+    nlayers = len(region["layers"])
+    _need(isinstance(host, list) and all(isinstance(h, dict) and _is_int(h.get("layer")) and 0 <= h["layer"] < nlayers
+                                         and isinstance(h.get("reason"), str) for h in host), path,
+          f"field {where}.host: not a list of {{layer, reason}} of the region's layers")
+    pe_jobs = region.get("pe_jobs")
+    _need(isinstance(pe_jobs, list) and all(isinstance(x, list) and len(x) == 2 and _is_int(x[0]) and x[0] >= 0
+                                            and _int_list(x[1]) and x[1] == sorted(set(x[1])) for x in pe_jobs), path,
+          f"field {where}.pe_jobs: malformed (each entry is [pe, [job id, ...]] in ascending order)")
+    listed = sorted(j for _, ids_ in pe_jobs for j in ids_)
+    _need(listed == list(range(jobs["count"])) and [x[0] for x in pe_jobs] == sorted({x[0] for x in pe_jobs}), path,
+          f"field {where}.pe_jobs: does not list each of the {jobs['count']} jobs once, PEs ascending")
+
+
+def _span(path: str, at: str, part, lo: int, hi: int) -> int:
+    """A ``["dram", offset, counts, strides]`` descriptor's element count, its addresses checked
+    to lie word-aligned in ``[lo, hi)``."""
+    _need(isinstance(part, list) and len(part) == 4 and _is_int(part[1]) and _int_list(part[2])
+          and len(part[2]) == 4 and all(c > 0 for c in part[2]) and _int_list(part[3]) and len(part[3]) == 4, path,
+          f"field {at}: a descriptor is [\"dram\", offset, [c0..c3], [s0..s3]] with positive counts")
+    first = part[1] + sum(min(0, (c - 1) * s) for c, s in zip(part[2], part[3]))
+    last = part[1] + sum(max(0, (c - 1) * s) for c, s in zip(part[2], part[3]))
+    _need(part[1] % 4 == 0 and all(s % 4 == 0 for s in part[3]) and lo <= first and last + 4 <= hi, path,
+          f"field {at}: addresses [{first}, {last + 4}) not word-aligned within [{lo}, {hi})")
+    n = 1
+    for c in part[2]:
+        n *= c
+    return n
+
+
+def _put_bytes(path: str, at: str, parts, dram: dict) -> int:
+    _need(isinstance(parts, list), path, f"field {at}: parts not a list")
+    total = 0
+    for q, part in enumerate(parts):
+        pat = f"{at}[{q}]"
+        kind = part[0] if isinstance(part, list) and part else None
+        if kind == "dram":
+            total += 4 * _span(path, pat, part, 0, dram["bytes"])
+        elif kind == "fill":
+            _need(len(part) == 3 and _is_int(part[1]) and 0 <= part[1] < 1 << 32 and _is_int(part[2]) and part[2] > 0,
+                  path, f"field {pat}: a fill is [\"fill\", word, count]")
+            total += 4 * part[2]
+        else:
+            _need(kind == "bytes" and len(part) == 2 and isinstance(part[1], str) and len(part[1]) % 2 == 0, path,
+                  f"field {pat}: not a dram, fill or bytes part")
+            try:
+                total += len(bytes.fromhex(part[1]))
+            except ValueError:
+                raise FirmwareError(path, f"field {pat}: bytes not hexadecimal") from None
+    return total
+
+
+def _check_jobs(directory: str, r: int, region: dict, m: dict, files: dict) -> list:
+    """Region ``r``'s job file: each job's layer, PE, image, dependencies and steps (SRAM ranges
+    within the image's data area, descriptors within the region's DRAM, argument words)."""
+    name = region["jobs"]["file"]
+    path = os.path.join(directory, name)
+    try:
+        doc = json.loads(files[name].decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise FirmwareError(path, f"not valid JSON ({err})") from None
+    _need(isinstance(doc, dict) and doc.get("format") == JOBS_FORMAT and doc.get("version") == FIRMWARE_VERSION
+          and doc.get("region") == r, path,
+          f"fields format, version, region: expected {JOBS_FORMAT!r}, {FIRMWARE_VERSION}, {r}")
+    jobs = doc.get("jobs")
+    _need(isinstance(jobs, list) and len(jobs) == region["jobs"]["count"], path,
+          f"field jobs: not a list of the manifest's {region['jobs']['count']} jobs")
+    dram, layers = region["dram"], region["layers"]
+    host = {h["layer"] for h in region["host"]}
+    on_pe = {j: pe for pe, ids in region["pe_jobs"] for j in ids}
+    has_jobs = set()
+    for j, job in enumerate(jobs):
+        at = f"jobs[{j}]"
+        _need(isinstance(job, dict) and job.get("id") == j, path, f"field {at}.id: not {j}")
+        _need(_is_int(job.get("layer")) and 0 <= job["layer"] < len(layers) and job["layer"] not in host, path,
+              f"field {at}.layer: not a layer of the region with a job table")
+        layer = layers[job["layer"]]
+        _need(job.get("pe") in layer["pes"] and on_pe.get(j) == job["pe"], path,
+              f"field {at}.pe: not one of the layer's PEs, or not the PE pe_jobs lists the job under")
+        _need(job.get("image") == layer["image"], path, f"field {at}.image: not the layer's image {layer['image']!r}")
+        after = job.get("after")
+        _need(isinstance(after, list) and all(_int_list(x) and len(x) == 2 and 0 <= x[0] <= x[1] < j for x in after)
+              and all(x[1] + 1 < y[0] for x, y in zip(after, after[1:])), path,
+              f"field {at}.after: not ascending, disjoint ranges [first, last] of earlier jobs "
+              "(the static schedule runs them first)")
+        steps = job.get("steps")
+        _need(isinstance(steps, list), path, f"field {at}.steps: not a list")
+        arena = m["images"][layer["image"]]["arena"]
+        for s, step in enumerate(steps):
+            sat = f"{at}.steps[{s}]"
+            kind = step[0] if isinstance(step, list) and step else None
+            if kind == "put":
+                _need(len(step) == 3 and _is_int(step[1]), path, f"field {sat}: a put is [\"put\", address, parts]")
+                n = _put_bytes(path, f"{sat}[2]", step[2], dram)
+                _need(arena <= step[1] and step[1] + n <= mm.ARENA_END, path,
+                      f"field {sat}: SRAM [{step[1]:#x}, {step[1] + n:#x}) outside the image's data area "
+                      f"[{arena:#x}, {mm.ARENA_END:#x})")
+            elif kind == "remote":
+                _need(len(step) == 2, path, f"field {sat}: a remote is [\"remote\", parts]")
+                _put_bytes(path, f"{sat}[1]", step[1], dram)
+            elif kind == "run":
+                _need(len(step) == 3 and isinstance(step[1], list) and isinstance(step[2], bool)
+                      and all(_int_list(w) and len(w) <= mm.JOB_WORDS and all(0 <= x < 1 << 32 for x in w)
+                              for w in step[1]), path,
+                      f"field {sat}: a run is [\"run\", [[word, ...] (at most {mm.JOB_WORDS} 32-bit words), ...], "
+                      "mac_in_flight]")
+            else:
+                _need(kind == "get" and len(step) == 3 and _is_int(step[1]) and isinstance(step[2], list)
+                      and all(isinstance(q, list) and q and q[0] == "dram" for q in step[2]), path,
+                      f"field {sat}: not a put, remote, run or get step")
+                # results land in the DRAM past the constants
+                n = sum(4 * _span(path, f"{sat}[2][{q}]", part, dram["init_bytes"], dram["bytes"])
+                        for q, part in enumerate(step[2]))
+                _need(arena <= step[1] and step[1] + n <= mm.ARENA_END, path,
+                      f"field {sat}: SRAM [{step[1]:#x}, {step[1] + n:#x}) outside the image's data area")
+        has_jobs.add(job["layer"])
+    _need(has_jobs | host == set(range(len(layers))), path,
+          "field jobs: a layer has neither jobs nor an entry in the manifest's host list")
+    return jobs
+
+
 def _check_pes(path: str, m: dict, files: dict) -> None:
     """Every PE id the manifest names is a PE of the system its region's program was built for."""
     from ..program.format import Program
@@ -353,10 +562,17 @@ def _check_pes(path: str, m: dict, files: dict) -> None:
         except Exception as err:  # noqa: BLE001 - any decoding failure is the file's fault
             raise FirmwareError(os.path.join(os.path.dirname(path), region["program"]),
                                 f"not a valid spinn program ({err})") from None
+        from ..target.arch import ArchError, SpinnArch
+        try:
+            own = SpinnArch.from_dict(region["arch"])
+        except (ArchError, TypeError, ValueError) as err:
+            raise FirmwareError(path, f"field regions[{r}].arch: not a system ({err})") from None
+        _need(own == arch, path, f"field regions[{r}].arch: differs from the system of {region['program']}")
         total = arch.total_pes
         named = [(f"layers[{i}].pes", p) for i, layer in enumerate(region["layers"]) for p in layer["pes"]]
         named += [(f"schedule[{s}].jobs", j[0]) for s, step in enumerate(region["schedule"]) for j in step["jobs"]]
         named += [(f"boot[{b}].load", x[0]) for b, step in enumerate(region["boot"]) for x in step["load"]]
+        named += [(f"pe_jobs[{q}]", x[0]) for q, x in enumerate(region["pe_jobs"])]
         for field, pe in named:
             _need(pe < total, path, f"field regions[{r}].{field}: PE {pe} does not exist (the system has {total} PEs)")
 
@@ -372,7 +588,15 @@ def load_firmware(directory: "str | os.PathLike") -> Firmware:
         tile, image or file that does not exist, a PE id outside the system the region's
         program was built for), a file whose size or SHA-256 differs from the manifest's, an
         image that is not a complete ARM ELF executable for the PE's SRAM or whose ``halt`` or
-        ``arena`` differs from its symbols.
+        ``arena`` differs from its symbols; a DRAM layout, ``arch``, ``pe_jobs`` or ``host``
+        field that is malformed or contradicts the rest; a job file (``r<i>.jobs.json``) whose
+        jobs contradict the manifest, wait for a later job, or place or read outside the image's
+        data area of SRAM or the region's DRAM.
+
+    Returns
+    -------
+    Firmware
+        The files, the manifest and, per region, its jobs.
     """
     directory = os.fspath(directory)
     mpath = os.path.join(directory, MANIFEST)
@@ -399,5 +623,6 @@ def load_firmware(directory: "str | os.PathLike") -> Firmware:
     _check_pes(mpath, manifest, files)
     for name, rec in sorted(manifest["images"].items()):
         _check_elf(os.path.join(directory, rec["file"]), files[rec["file"]], rec, name)
-    return Firmware(files=files, manifest=manifest)
+    jobs = tuple(_check_jobs(directory, r, region, manifest, files) for r, region in enumerate(manifest["regions"]))
+    return Firmware(files=files, manifest=manifest, jobs=jobs)
 

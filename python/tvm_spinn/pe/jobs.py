@@ -1,0 +1,392 @@
+"""Job tables: each PE's jobs of a spinn program as a host loader replays them, with the data
+placement and the DMA descriptors that bring every operand into SRAM and every result out.
+
+The ``iss`` execution (:mod:`.execute`) places a tile's operands in its PE's SRAM, runs the
+kernel's jobs and reads the results back; the host computes the operands' layout there (the
+broadcasts, the fp32 GEMM's transposed ``[k, 4]`` panels, a convolution's im2col, the pools'
+padded bands, the hand-off of a reduction split over PEs). :func:`job_tables` records that
+work once, at export, as data: the program's tensors get a DRAM layout (byte offsets in one
+region), and each job becomes a list of steps (operands put into SRAM by strided DMA
+descriptors from DRAM or as literal words, the kernel's argument words, results got from SRAM
+into DRAM by scatter descriptors). A loader (:mod:`.loader`) replays the steps from the firmware
+directory alone.
+
+How a layer's steps are found (no per-kind code): the layer's runner of :mod:`.execute` runs
+twice against a recording stand-in for the PE (no instruction is executed), its input tensors
+replaced by *probes*: float32 words that name their element (``id + 1``, then ``id + 1 +
+2**23`` in the second run), and every word the PE hands back likewise naming the word read. A
+word that is the same in both runs is a literal (an address, a shape, a fill value, a constant
+the host derives from attributes); a word that moved by ``2**23`` is the named element moved
+there; anything else (a value the host computes from the data) means the layer's operands are
+not a relayout, and the layer gets no job table (its reason is recorded). The output tensor's
+elements name the words read that hold them; words read that are not output (a partial sum
+handed on to the next PE of a split reduction) land in the layer's scratch area of DRAM, from
+where a later put takes them. The recorded relayout is expanded and compared with the probes'
+words before it is returned.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import view
+from .errors import PeCodegenError
+from .memory_map import REMOTE_BASE
+
+__all__ = ["job_tables", "dram_layout", "dram_init", "descriptors", "expand"]
+
+#: Probe ids: a layer's input elements take [0, _READS), the words it reads back [_READS, _SPAN);
+#: the second run's probes lie _SPAN above the first's (every probe an exact float32 integer).
+_READS = 1 << 22
+_SPAN = 1 << 23
+_ALIGN = 64
+_F32 = np.float32
+
+
+def _align(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+def dram_layout(program) -> dict:
+    """The DRAM placement of the program's tensors: constants first (the region's initial
+    contents), then every other tensor in id order, each ``_ALIGN``-byte aligned.
+
+    Returns ``{"tensors": [{id, dtype, shape, role, offset, bytes}], "init_bytes", "bytes"}``
+    (``role``: ``const``, ``input``, ``output`` or ``temp``).
+    """
+    consts = view.constants(program)
+    inputs, outputs = set(view.program_inputs(program)), set(view.program_outputs(program))
+    order = sorted(consts) + [t for t in range(len(program.tensors)) if t not in consts]
+    tensors, pos, init = [], 0, 0
+    for tid in order:
+        shape = [int(d) for d in view.tensor_shape(program, tid)]
+        dtype = np.dtype(view.tensor_dtype(program, tid))
+        size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        role = ("const" if tid in consts else "input" if tid in inputs else "output" if tid in outputs else "temp")
+        tensors.append({"id": int(tid), "dtype": dtype.name, "shape": shape, "role": role, "offset": pos,
+                        "bytes": size})
+        pos = _align(pos + size)
+        if tid in consts:
+            init = pos
+    return {"tensors": tensors, "init_bytes": init, "bytes": pos}
+
+
+def dram_init(program, layout: dict) -> bytes:
+    """The region's initial DRAM contents: its constants at their offsets (``init_bytes`` long)."""
+    consts = view.constants(program)
+    out = bytearray(layout["init_bytes"])
+    for rec in layout["tensors"]:
+        if rec["role"] == "const":
+            data = np.ascontiguousarray(consts[rec["id"]], dtype=rec["dtype"]).tobytes()
+            out[rec["offset"]:rec["offset"] + len(data)] = data
+    return bytes(out)
+
+
+# -- descriptors ---------------------------------------------------------------------------
+def descriptors(addr: np.ndarray) -> list[list]:
+    """Strided descriptors (``[offset, [c0..c3], [s0..s3]]``, byte offsets and strides, ``c0``
+    innermost: the DMA engine's form, :data:`~.memory_map.DMA_REGS`) whose elements, in order,
+    are the byte addresses ``addr``: maximal runs of one stride, then consecutive runs of one
+    shape a fixed distance apart merged into one more dimension, up to four."""
+    a = np.asarray(addr, dtype=np.int64).reshape(-1)
+    d = np.diff(a)
+    # where each run of equal differences ends (exclusive), so the greedy runs below step over
+    # whole runs rather than single elements
+    ends = np.append(np.flatnonzero(d[1:] != d[:-1]) + 1, d.size)
+    blocks, i = [], 0
+    while i < a.size:  # rank 1: maximal arithmetic runs, greedily from the first element
+        if i + 1 == a.size:
+            blocks.append((int(a[i]), (1,), (0,)))
+            break
+        e = int(ends[np.searchsorted(ends, i, side="right")])
+        blocks.append((int(a[i]), (e - i + 1,), (int(d[i]),)))
+        i = e + 1
+    for _ in range(3):  # ranks 2-4: runs of equal blocks a fixed distance apart
+        merged, i = [], 0
+        while i < len(blocks):
+            s0, c0, st0 = blocks[i]
+            j = i + 1
+            if j < len(blocks) and blocks[j][1:] == (c0, st0):
+                delta = blocks[j][0] - s0
+                while j + 1 < len(blocks) and blocks[j + 1][1:] == (c0, st0) and blocks[j + 1][0] - blocks[j][0] == delta:
+                    j += 1
+                merged.append((s0, c0 + (j - i + 1,), st0 + (delta,)))
+                i = j + 1
+            else:
+                merged.append((s0, c0 + (1,), st0 + (0,)))
+                i += 1
+        blocks = merged
+    return [[s, list(c), list(st)] for s, c, st in blocks]
+
+
+def expand(desc: list) -> np.ndarray:
+    """The byte addresses of one descriptor ``[offset, counts, strides]``, in the engine's order."""
+    off, counts, strides = desc
+    idx = np.array([off], dtype=np.int64)
+    for c, s in zip(counts[::-1], strides[::-1]):  # the outermost first: c0 varies fastest
+        idx = np.add.outer(idx, np.arange(c, dtype=np.int64) * s).reshape(-1)
+    return idx
+
+
+# -- the recording stand-in ----------------------------------------------------------------
+class _Unsupported(Exception):
+    pass
+
+
+class _Env(dict):
+    """The layer's tensors as probes, made on first use (the tensors the layer reads)."""
+
+    def __init__(self, program, shift: int):
+        super().__init__()
+        self.p, self.shift, self.next, self.ranges = program, shift, 0, {}
+
+    def __contains__(self, tid) -> bool:
+        return True
+
+    def __getitem__(self, tid):
+        if not dict.__contains__(self, tid):
+            shape = view.tensor_shape(self.p, tid)
+            dtype = view.tensor_dtype(self.p, tid)
+            if dtype != "float32":
+                raise _Unsupported(f"reads tensor {tid} of dtype {dtype} (job tables relayout float32 words)")
+            size = int(np.prod(shape, dtype=np.int64))
+            if self.next + size > _READS:
+                raise _Unsupported(f"reads more than {_READS} elements")
+            self.ranges[tid] = (self.next, size)
+            dict.__setitem__(self, tid, (np.arange(size, dtype=np.float64) + (self.next + 1 + self.shift))
+                             .astype(_F32).reshape(shape))
+            self.next += size
+        return dict.__getitem__(self, tid)
+
+    def get(self, tid, default=None):
+        return self[tid]
+
+
+class _Recorder:
+    """One role's PE as the runners see it: every placement, run and read recorded in order."""
+
+    def __init__(self, trace: "_Trace", name: str, arena: int, arch):
+        self.t, self.name, self.arena, self.arch = trace, name, arena, arch
+        self.stall, self.pe = 0.0, 0
+        self.blocks, self.taken = {}, {}  # nothing executes: no cycles to count
+
+    def load(self, pe=None):
+        if pe is not None:
+            self.pe = pe
+        self.t.ops.append(("load", self.pe))
+
+    def clear_counters(self):
+        pass
+
+    def write(self, address: int, data: bytes):
+        self.t.ops.append(("put", int(address), bytes(data)))
+
+    def place_remote(self, data: bytes, key=None) -> int:
+        self.t.ops.append(("remote", bytes(data)))
+        return REMOTE_BASE
+
+    def read(self, address: int, nbytes: int) -> bytes:
+        if nbytes % 4:
+            raise _Unsupported(f"reads {nbytes} bytes back (not whole words)")
+        n = nbytes // 4
+        r0 = self.t.reads
+        if r0 + n > _SPAN - _READS:
+            raise _Unsupported(f"reads more than {_SPAN - _READS} words back")
+        self.t.reads += n
+        self.t.ops.append(("get", int(address), r0, n))
+        return (np.arange(r0, r0 + n, dtype=np.float64) + (_READS + 1 + self.t.shift)).astype(_F32).tobytes()
+
+    def run(self, jobs, mac_in_flight: bool = False):
+        self.t.ops.append(("run", [[int(a) & 0xFFFFFFFF for a in job] for job in jobs], bool(mac_in_flight)))
+
+
+class _Trace:
+    def __init__(self, shift: int):
+        self.shift, self.ops, self.reads = shift, [], 0
+
+
+def _probe(program, images, index: int, table, shift: int):
+    from .execute import _RUNNERS, _Run, program_role_kind
+    trace, env = _Trace(shift), _Env(program, shift)
+    name = images.layers[index]
+    from .iss import image_symbols
+    from .memory_map import ARENA_ALIGN
+    arena = -(-image_symbols(images.images[name].elf)["_end"] // ARENA_ALIGN) * ARENA_ALIGN
+    rec = _Recorder(trace, name, arena, view.arch_of(program))
+
+    class _Replay(_Run):
+        def machine(self, i, pe):
+            rec.load(pe)
+            return rec
+
+    out = _RUNNERS[program_role_kind(images, index)](_Replay(program, images, None), index, env, table)
+    return trace, env, out
+
+
+def _decode(a: bytes, b: bytes, where: str) -> np.ndarray:
+    """Per word of a placement: -1 for a literal, else the probe id it carries."""
+    if len(a) != len(b):
+        raise _Unsupported(f"{where}: the two runs place different sizes")
+    if len(a) % 4:
+        if a != b:
+            raise _Unsupported(f"{where}: {len(a)} bytes of data not in whole words")
+        return None
+    wa, wb = np.frombuffer(a, "<u4"), np.frombuffer(b, "<u4")
+    ids = np.full(wa.size, -1, dtype=np.int64)
+    moved = wa != wb
+    fa = wa[moved].view(_F32).astype(np.float64)
+    fb = wb[moved].view(_F32).astype(np.float64)
+    ok = (fb - fa == _SPAN) & (fa >= 1) & (fa <= _SPAN) & (fa == np.floor(fa))
+    if not np.all(ok):
+        raise _Unsupported(f"{where}: a word the host computes from the data (not a relayout)")
+    ids[moved] = fa.astype(np.int64) - 1
+    return ids
+
+
+def _parts(ids: np.ndarray, data: bytes, address_of) -> list:
+    """A placement's parts in order: ``["dram", offset, counts, strides]`` descriptors of the
+    moved words, ``["fill", word, n]`` for a run of one literal word, ``["bytes", hex]`` else."""
+    words = np.frombuffer(data, "<u4")
+    lit = ids < 0
+    cuts = [0, *(np.flatnonzero(lit[1:] != lit[:-1]) + 1).tolist(), ids.size]
+    out = []
+    for i, j in zip(cuts, cuts[1:]):  # alternating runs of literal and moved words
+        if lit[i]:
+            run = words[i:j]
+            if np.all(run == run[0]):
+                out.append(["fill", int(run[0]), j - i])
+            else:
+                out.append(["bytes", run.tobytes().hex()])
+        else:
+            out += [["dram", *d] for d in descriptors(address_of(ids[i:j]))]
+    return out
+
+
+def _layer_jobs(program, images, index: int, table, layout: dict, scratch0: int, job0: int,
+                writer: list) -> tuple[list, int]:
+    """The jobs of layer ``index`` (ids from ``job0``) and the scratch bytes it uses."""
+    ta, env_a, out_a = _probe(program, images, index, table, 0)
+    tb, env_b, out_b = _probe(program, images, index, table, _SPAN)
+    if len(ta.ops) != len(tb.ops) or env_a.ranges != env_b.ranges:
+        raise _Unsupported("the host's work depends on the data")
+    offsets = {rec["id"]: rec["offset"] for rec in layout["tensors"]}
+    out_id = view.layer_output(program, index)
+    if view.tensor_dtype(program, out_id) != "float32":
+        raise _Unsupported(f"writes tensor {out_id} of dtype {view.tensor_dtype(program, out_id)} "
+                           "(job tables relayout float32 words)")
+    # where each word read lands: the output element that holds it, else a scratch word
+    got = _decode(np.ascontiguousarray(out_a, dtype=_F32).tobytes(),
+                  np.ascontiguousarray(out_b, dtype=_F32).tobytes(), "output")
+    if got is None or np.any(got < _READS):
+        raise _Unsupported("output elements not read back from a PE")
+    dest = np.full(ta.reads, -1, dtype=np.int64)
+    dest[got - _READS] = offsets[out_id] + 4 * np.arange(got.size, dtype=np.int64)
+    if np.unique(got).size != got.size:
+        raise _Unsupported("one word read into two output elements")
+    loose = np.flatnonzero(dest < 0)
+    dest[loose] = scratch0 + 4 * np.arange(loose.size, dtype=np.int64)
+    # per DRAM word, the job that last wrote it: a copy, kept only if the whole layer is a relayout
+    wrote = np.concatenate([writer[0], np.full(max(0, (scratch0 + 4 * loose.size) // 4 - writer[0].size), -1,
+                                               dtype=np.int64)])
+    tensor_at = sorted((lo, lo + n, tid) for tid, (lo, n) in env_a.ranges.items())
+
+    # probe id -> DRAM byte address: the tensors' ranges start at ``starts`` (ascending)
+    starts = np.array([lo for lo, _, _ in tensor_at] or [0], dtype=np.int64)
+    bases = np.array([offsets[tid] - 4 * lo for lo, _, tid in tensor_at] or [0], dtype=np.int64)
+
+    def address_of(ids: np.ndarray) -> np.ndarray:
+        rd = ids >= _READS
+        addr = bases[np.searchsorted(starts, ids, side="right") - 1] + 4 * ids
+        addr[rd] = dest[ids[rd] - _READS]
+        return addr
+
+    jobs, job = [], None
+    for k, (a, b) in enumerate(zip(ta.ops, tb.ops)):
+        if a[0] != b[0]:
+            raise _Unsupported("the host's work depends on the data")
+        kind = a[0]
+        if kind == "load":
+            if a != b:
+                raise _Unsupported("the PEs depend on the data")
+            job = {"id": job0 + len(jobs), "layer": index, "pe": int(a[1]), "image": images.layers[index],
+                   "after": set(), "steps": []}
+            jobs.append(job)
+            continue
+        if kind in ("put", "remote"):
+            ids = _decode(a[-1], b[-1], f"placement {k}")
+            if kind == "put" and a[1] != b[1]:
+                raise _Unsupported("a placement's address depends on the data")
+            if ids is None:
+                parts = [["bytes", a[-1].hex()]]
+            else:
+                parts = _parts(ids, a[-1], address_of)
+                # the jobs whose results this placement reads
+                job["after"].update(np.unique(wrote[address_of(ids[ids >= 0]) // 4]).tolist())
+                # the descriptors must give back exactly the probes' words
+                check = _expand_parts(parts, ids, address_of)
+                if not check:
+                    raise AssertionError(f"layer {index}: descriptors do not reproduce placement {k}")
+            job["steps"].append(["put", a[1], parts] if kind == "put" else ["remote", parts])
+        elif kind == "run":
+            if a != b:
+                raise _Unsupported("a job's arguments depend on the data")
+            job["steps"].append(["run", a[1], a[2]])
+        else:  # get
+            if a != b:
+                raise _Unsupported("a read depends on the data")
+            _, addr, r0, n = a
+            wrote[dest[r0:r0 + n] // 4] = job["id"]
+            job["steps"].append(["get", addr, [["dram", *d] for d in descriptors(dest[r0:r0 + n])]])
+    writer[0] = wrote
+    for job in jobs:
+        job["after"] = _ranges(sorted(job["after"] - {job["id"], -1}))
+    return jobs, 4 * loose.size
+
+
+def _ranges(ids: list) -> list:
+    """Ascending job ids as inclusive ranges ``[[first, last], ...]`` (a layer's jobs are
+    consecutive, so a job waiting for a whole layer names one range)."""
+    out = []
+    for i in ids:
+        if out and out[-1][1] == i - 1:
+            out[-1][1] = i
+        else:
+            out.append([i, i])
+    return out
+
+
+def _expand_parts(parts: list, ids: np.ndarray, address_of) -> bool:
+    moved = ids[ids >= 0]
+    addr = [expand(p[1:]) for p in parts if p[0] == "dram"]
+    got = np.concatenate(addr) if addr else np.zeros(0, np.int64)
+    return np.array_equal(got, address_of(moved))
+
+
+def job_tables(program, images) -> dict:
+    """The program's DRAM layout and every layer's jobs (see the module's docstring).
+
+    Returns ``{"dram": layout (with "scratch": [offset, bytes]), "jobs": [...], "host": [{layer,
+    reason}]}``: the jobs in execution order (each ``{id, layer, pe, image, after, steps}``);
+    ``host`` the layers whose host-side work is not a relayout (the loader cannot run those).
+    """
+    layout = dram_layout(program)
+    tables = view.placed_tiles(program)
+    scratch0 = layout["bytes"]
+    jobs, host, pos = [], [], scratch0
+    writer = [np.full(scratch0 // 4, -1, dtype=np.int64)]  # per DRAM word, the last job that wrote it
+    for index in range(view.layer_count(program)):
+        try:
+            layer_jobs, used = _layer_jobs(program, images, index, tables[index], layout, pos, len(jobs), writer)
+        except PeCodegenError:
+            raise
+        except (_Unsupported, ValueError, IndexError, ArithmeticError) as why:
+            # a runner that checks its data (labels, indices) refuses the probe words: the
+            # layer's host work reads values, it is not a relayout
+            reason = str(why) if isinstance(why, _Unsupported) else f"the host's work reads the data ({why})"
+            host.append({"layer": index, "reason": reason})
+            continue
+        jobs += layer_jobs
+        pos = _align(pos + used)
+    layout["scratch"] = [scratch0, pos - scratch0]
+    layout["bytes"] = pos
+    return {"dram": layout, "jobs": jobs, "host": host}

@@ -1,0 +1,129 @@
+"""A reference host loader: runs a firmware directory's region on input tensors in the
+instruction-set simulator, from the directory's files alone.
+
+What it reads: ``manifest.json`` (checked by :func:`~.firmware.load_firmware`), the images, and
+the region's initial DRAM (``r<i>.dram``). It does not read the spinn program nor use the
+package's ``iss`` execution: it keeps the region's DRAM as one byte array laid out as the
+manifest's ``dram.tensors`` say, writes the inputs at their offsets, and replays each job of
+``jobs`` in order on its PE (one :class:`~.iss.PeMachine` per image, the image reloaded at each
+job as the PE's boot would): a ``put`` assembles its words from DRAM by the job's strided
+descriptors (what the PE's DMA engine does: the panels, im2col and padded bands are descriptor
+lists) and literal words, writes them at its SRAM address; a ``remote`` places them where the
+PE's DMA engine reads memory outside it; a ``run`` runs the kernel on its argument words; a
+``get`` reads words from SRAM and scatters them into DRAM by its descriptors. The outputs are
+read from their offsets.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+__all__ = ["run_firmware"]
+
+
+def _gather(words: np.ndarray, parts: list) -> bytes:
+    """The bytes a ``put``/``remote`` step's parts assemble, in order."""
+    out = []
+    for part in parts:
+        if part[0] == "dram":
+            out.append(words[_addresses(part) // 4].tobytes())
+        elif part[0] == "fill":
+            out.append(np.full(part[2], part[1], dtype="<u4").tobytes())
+        else:  # "bytes"
+            out.append(bytes.fromhex(part[1]))
+    return b"".join(out)
+
+
+def _addresses(part: list) -> np.ndarray:
+    """A ``["dram", offset, counts, strides]`` descriptor's byte addresses, ``c0`` fastest."""
+    _, off, counts, strides = part
+    idx = np.array([off], dtype=np.int64)
+    for c, s in zip(counts[::-1], strides[::-1]):
+        idx = np.add.outer(idx, np.arange(c, dtype=np.int64) * s).reshape(-1)
+    return idx
+
+
+def run_firmware(directory: "str | os.PathLike", inputs: list, region: int = 0) -> list[np.ndarray]:
+    """Run region ``region`` of the firmware in ``directory`` on ``inputs``; its outputs.
+
+    Parameters
+    ----------
+    directory : str or os.PathLike
+        A firmware directory (:func:`tvm_spinn.export_firmware`).
+    inputs : list of numpy.ndarray
+        One array per region input (``dram.inputs`` order), of the manifest's shape and dtype.
+    region : int
+        The region's index in the manifest.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        The region's outputs (``dram.outputs`` order).
+
+    Raises
+    ------
+    FirmwareError
+        For a directory :func:`~.firmware.load_firmware` refuses.
+    ValueError
+        For a region the directory cannot run alone (a layer left to the host, named with its
+        reason), or inputs of the wrong number, shape or dtype.
+    IssFault
+        For an image that faults (PE, image and program counter in the message).
+    """
+    from ..target.arch import SpinnArch
+    from .firmware import load_firmware
+    from .iss import PeMachine
+
+    fw = load_firmware(directory)
+    regions = fw.manifest["regions"]
+    if not 0 <= region < len(regions):
+        raise ValueError(f"region {region}: the firmware has {len(regions)} regions")
+    reg = regions[region]
+    if reg["host"]:
+        first = reg["host"][0]
+        layer = reg["layers"][first["layer"]]
+        raise ValueError(f"region {region} cannot run from the firmware alone: layer {layer['name']!r} "
+                         f"({layer['kind']}) is left to the host: {first['reason']}")
+    dram = reg["dram"]
+    tensors = {t["id"]: t for t in dram["tensors"]}
+    if len(inputs) != len(dram["inputs"]):
+        raise ValueError(f"region {region} takes {len(dram['inputs'])} inputs, got {len(inputs)}")
+    mem = np.zeros(dram["bytes"] // 4, dtype="<u4")
+    raw = mem.view(np.uint8)
+    init = fw.files[dram["file"]]
+    raw[:len(init)] = np.frombuffer(init, dtype=np.uint8)
+    for tid, x in zip(dram["inputs"], inputs):
+        rec = tensors[tid]
+        x = np.asarray(x)
+        if list(x.shape) != rec["shape"] or x.dtype.name != rec["dtype"]:
+            raise ValueError(f"input tensor {tid}: expected {rec['dtype']}{rec['shape']}, got {x.dtype.name}"
+                             f"{list(x.shape)}")
+        raw[rec["offset"]:rec["offset"] + rec["bytes"]] = np.frombuffer(np.ascontiguousarray(x).tobytes(), np.uint8)
+    arch = SpinnArch.from_dict(reg["arch"])
+    machines: dict = {}
+    for job in fw.jobs[region]:
+        name = job["image"]
+        if name not in machines:
+            elf = fw.files[fw.manifest["images"][name]["file"]]
+            machines[name] = PeMachine(elf, name, job["pe"], arch.acc_bits, arch)
+        m = machines[name]
+        m.load(job["pe"])
+        m.clear_counters()
+        for step in job["steps"]:
+            if step[0] == "put":
+                m.write(step[1], _gather(mem, step[2]))
+            elif step[0] == "remote":
+                m.place_remote(_gather(mem, step[1]))
+            elif step[0] == "run":
+                m.run(step[1], mac_in_flight=step[2])
+            else:  # get: words from SRAM scattered into DRAM
+                addr = np.concatenate([_addresses(part) for part in step[2]])
+                mem[addr // 4] = np.frombuffer(m.read(step[1], 4 * addr.size), dtype="<u4")
+    out = []
+    for tid in dram["outputs"]:
+        rec = tensors[tid]
+        data = raw[rec["offset"]:rec["offset"] + rec["bytes"]].tobytes()
+        out.append(np.frombuffer(data, dtype=rec["dtype"]).reshape(rec["shape"]).copy())
+    return out
