@@ -6,8 +6,9 @@
 - :func:`pipeline_groups` (pipelined mode): disjoint PE ranges per layer, sized by work.
 - :func:`place_tiles`: longest-processing-time-first assignment of tile groups (tiles sharing a
   weight block) to the least loaded PE, a round of PEs at a time (vectorized), so each weight
-  block is fetched once per PE; groups are split when there are fewer groups than PEs.
-  Deterministic (ties by index).
+  block is fetched once per PE; groups are split when there are fewer groups than PEs, and cut
+  into contiguous runs of nearly equal cycles when whole groups cannot be balanced (150 groups
+  on 148 PEs). Deterministic (ties by index).
 """
 
 from __future__ import annotations
@@ -95,8 +96,12 @@ def place_tiles(table: TileTable, first: int, count: int, arch: SpinnArch, naive
     Units are the tile groups (tiles sharing a weight block), or single tiles when there are
     fewer groups than PEs. Units are taken longest first (ties by position) in rounds of
     ``count``; each round gives its i-th longest unit to the i-th least loaded PE (ties by PE
-    order): longest-processing-time-first, a round at a time, vectorized. ``naive`` deals
-    tiles round-robin. Deterministic.
+    order): longest-processing-time-first, a round at a time, vectorized. Where whole groups
+    leave the busiest PE slower than cutting the tiles, group by group, into one contiguous run
+    of nearly equal cycles per PE (:func:`_contiguous_runs`; each PE's weight-block fetches
+    counted, :func:`_busiest_pe`), the runs are taken: the chooser's tiles assume an even
+    spread, and 150 equal groups on 148 PEs would put two on two PEs, twice the layer's time.
+    ``naive`` deals tiles round-robin. Deterministic.
 
     ``rotate``: equally loaded PEs are taken from PE ``first + rotate`` on (wrapping around the
     range) instead of from ``first``, so a layer with fewer units than PEs can start where an
