@@ -6,8 +6,9 @@
 - :func:`pipeline_groups` (pipelined mode): disjoint PE ranges per layer, sized by work.
 - :func:`place_tiles`: longest-processing-time-first assignment of tile groups (tiles sharing a
   weight block) to the least loaded PE, a round of PEs at a time (vectorized), so each weight
-  block is fetched once per PE; groups are split when there are fewer groups than PEs.
-  Deterministic (ties by index).
+  block is fetched once per PE; groups are split when there are fewer groups than PEs, and cut
+  into contiguous runs of nearly equal cycles when whole groups cannot be balanced (150 groups
+  on 148 PEs). Deterministic (ties by index).
 """
 
 from __future__ import annotations
@@ -95,8 +96,12 @@ def place_tiles(table: TileTable, first: int, count: int, arch: SpinnArch, naive
     Units are the tile groups (tiles sharing a weight block), or single tiles when there are
     fewer groups than PEs. Units are taken longest first (ties by position) in rounds of
     ``count``; each round gives its i-th longest unit to the i-th least loaded PE (ties by PE
-    order): longest-processing-time-first, a round at a time, vectorized. ``naive`` deals
-    tiles round-robin. Deterministic.
+    order): longest-processing-time-first, a round at a time, vectorized. Where whole groups
+    leave the busiest PE slower than cutting the tiles, group by group, into one contiguous run
+    of nearly equal cycles per PE (:func:`_contiguous_runs`; each PE's weight-block fetches
+    counted, :func:`_busiest_pe`), the runs are taken: the chooser's tiles assume an even
+    spread, and 150 equal groups on 148 PEs would put two on two PEs, twice the layer's time.
+    ``naive`` deals tiles round-robin. Deterministic.
 
     ``rotate``: equally loaded PEs are taken from PE ``first + rotate`` on (wrapping around the
     range) instead of from ``first``, so a layer with fewer units than PEs can start where an
@@ -107,9 +112,22 @@ def place_tiles(table: TileTable, first: int, count: int, arch: SpinnArch, naive
         return table.placed(first + np.arange(n, dtype=np.int64) % count, arch.pes_per_chip)
     # A layer's tiles are either all grouped (conv2d, dense: groups numbered 0, 1, ...) or none.
     grouped = int(table.group.min()) >= 0 and int(table.group.max()) + 1 >= count
-    unit = table.group if grouped else np.arange(n, dtype=np.int64)
+    if grouped:
+        whole = _lpt(table.group, table.cycles, count, rotate)
+        split = _contiguous_runs(table, count, rotate)
+        if _busiest_pe(table, split, count, arch) < _busiest_pe(table, whole, count, arch):
+            return table.placed(first + split, arch.pes_per_chip)
+        return table.placed(first + whole, arch.pes_per_chip)
+    return table.placed(first + _lpt(np.arange(n, dtype=np.int64), table.cycles, count, rotate), arch.pes_per_chip)
+
+
+def _lpt(unit: np.ndarray, cycles: np.ndarray, count: int, rotate: int) -> np.ndarray:
+    """PE offset (``0 .. count - 1``) of every tile when the ``unit`` s (tiles with one unit id
+    go together) are dealt longest first, a round of ``count`` at a time, each round's i-th
+    longest unit to the i-th least loaded PE (ties by PE order from ``rotate``)."""
+    n = len(unit)
     n_units = int(unit.max()) + 1
-    cost = np.bincount(unit, weights=table.cycles, minlength=n_units)
+    cost = np.bincount(unit, weights=cycles, minlength=n_units)
     first_tile = np.full(n_units, n, dtype=np.int64)
     np.minimum.at(first_tile, unit, np.arange(n, dtype=np.int64))
     order = np.lexsort((first_tile, -cost))  # longest first, ties by first tile position
@@ -121,4 +139,33 @@ def place_tiles(table: TileTable, first: int, count: int, arch: SpinnArch, naive
         free = np.lexsort((order_pe, load))[:len(batch)]  # least loaded first
         unit_pe[batch] = free
         load[free] += cost[batch]
-    return table.placed(first + unit_pe[unit], arch.pes_per_chip)
+    return unit_pe[unit]
+
+
+def _contiguous_runs(table: TileTable, count: int, rotate: int) -> np.ndarray:
+    """PE offset of every tile when the tiles, taken group by group (in table order within a
+    group), are cut into ``count`` contiguous runs of nearly equal cycles: a tile goes to the run
+    its cycles' midpoint falls in. A group is split over neighbouring PEs only where whole groups
+    cannot be balanced (150 equal groups on 148 PEs put two on two PEs: twice the layer's time);
+    each PE fetches the weight blocks of the (at most a few) groups its run touches."""
+    order = np.lexsort((np.arange(len(table), dtype=np.int64), table.group))
+    c = table.cycles[order].astype(np.float64)
+    total = float(c.sum())
+    mid = np.cumsum(c) - c / 2.0
+    run = np.minimum((mid * count / total).astype(np.int64), count - 1) if total > 0 else (
+        np.arange(len(c), dtype=np.int64) * count // max(1, len(c)))
+    pe = np.empty(len(table), dtype=np.int64)
+    pe[order] = (run + int(rotate)) % count
+    return pe
+
+
+def _busiest_pe(table: TileTable, pe: np.ndarray, count: int, arch: SpinnArch) -> float:
+    """The busiest PE's cycles under placement ``pe`` (offsets): its tiles' compute plus one
+    weight-block DMA (``dma_setup_cycles`` + bytes / ``dma_bw_bytes_per_cycle``) per group it
+    holds, as the timing model charges a PE that fetches a block and keeps it."""
+    key = pe * (int(table.group.max()) + 2) + table.group
+    _, first = np.unique(key, return_index=True)
+    fetch = arch.dma_setup_cycles + table.w_bytes[first] / arch.dma_bw_bytes_per_cycle
+    load = np.bincount(pe, weights=table.cycles, minlength=count) + np.bincount(pe[first], weights=fetch,
+                                                                                 minlength=count)
+    return float(load.max())

@@ -28,9 +28,10 @@ Without double buffering (naive) load, compute and write-back of each tile are s
 takes ``max(slowest PE, slowest chip's DRAM bytes / DRAM bandwidth, the NoC's busiest router
 port or bisection; the last tile fed from DRAM computes after the channel's last byte)`` plus
 a barrier built from NoC packets
-(:meth:`~tvm_spinn.target.arch.SpinnArch.barrier_cost_cycles`; sequential mode: all PEs of the
-chip; pipelined mode: the layer's PE group, and throughput is set by the slowest stage). An
-inference starts with one multicast packet that wakes the PEs.
+(:meth:`~tvm_spinn.target.arch.SpinnArch.barrier_cost_cycles`; sequential mode: the PEs that ran
+since the last standing barrier and those of the next layer that runs, counted on the chip with
+the most of them; pipelined mode: the layer's PE group, and throughput is set by the slowest
+stage). An inference starts with one multicast packet that wakes the PEs.
 
 *Software scheduler* (``MappingOptions(scheduler="software")``, the setup of a runtime
 scheduler such as OctopuScheduler; off by default): no barriers and no wake-up packet; per
@@ -512,9 +513,21 @@ def _evaluate(program: Program, arch: SpinnArch, tables, trace: bool) -> tuple[T
     wake = (costs.setup_s * cpc if software
             else float(arch.noc_hops(ppc) * arch.noc_hop_cycles + arch.irq_entry_cycles))
     last_run = -1
+    # A barrier's participants (sequential mode): the PEs that ran since the last standing
+    # barrier and the PEs of the next layer that runs (they wait for it); a PE in neither has
+    # nothing to wait for, and one running a later layer waits at that layer's barrier, which
+    # comes after this one.
+    free = [_free_view(program, layer, onchip) for layer in program.layers]
+    next_pes: list[np.ndarray] = [np.zeros(0, np.int64)] * len(program.layers)
+    upcoming = np.zeros(0, np.int64)
+    for j in range(len(program.layers) - 1, -1, -1):
+        next_pes[j] = upcoming
+        if not free[j] and len(tables[j]):
+            upcoming = np.unique(tables[j].pe)
+    pending = np.zeros(0, np.int64)  # PEs that ran since the last standing barrier
     for i, layer in enumerate(program.layers):
         table = tables[i]
-        if _free_view(program, layer, onchip):
+        if free[i]:
             barriers.view(layer)
             offset += len(table)
             layers.append(LayerTimingSummary(name=layer.name, kind=layer.kind, tiles=len(table), pes=0, chips=0, cycles=0,
@@ -526,6 +539,8 @@ def _evaluate(program: Program, arch: SpinnArch, tables, trace: bool) -> tuple[T
         if not software and barriers.starts_free(i, layer, -1 if pipelined else prev):
             now -= charged[prev]
             layers[prev] = replace(layers[prev], cycles=layers[prev].cycles - charged[prev])
+        else:
+            pending = np.zeros(0, np.int64)
         prev = i
         # Link all-gather of the layer's activation input when it spans or changes chips.
         if i < len(records):
@@ -582,10 +597,15 @@ def _evaluate(program: Program, arch: SpinnArch, tables, trace: bool) -> tuple[T
             # and a layer takes at least its software's measured time per layer
             end = max(end, layer_start + costs.per_layer_s * cpc)
             charged[i] = 0
+        elif pipelined:  # the layer's PE group
+            charged[i] = int(np.ceil(arch.barrier_cost_cycles(len(run["pes"]))))
         else:
-            # sequential: every PE of the chip waits for the layer (any may run the next one);
-            # pipelined: the layer's PE group
-            charged[i] = int(np.ceil(arch.barrier_cost_cycles(len(run["pes"]) if pipelined else ppc)))
+            # sequential: the PEs that ran since the last standing barrier and the next layer's,
+            # counted on the chip with the most of them (each chip builds its own tree)
+            pending = np.union1d(pending, run["pes"])
+            party = np.union1d(pending, next_pes[i])
+            count = int(np.bincount(party // ppc).max()) if len(party) else 1
+            charged[i] = int(np.ceil(arch.barrier_cost_cycles(max(1, count))))
         end = float(np.ceil(end)) + charged[i]  # layers end on whole cycles
         dram_b, noc_b = int(dram_t.sum()), int(noc_t.sum())
         compute = int(table.cycles.sum())
