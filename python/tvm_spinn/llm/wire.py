@@ -24,6 +24,21 @@ schedule, whose roundings are the same whatever the topology:
    all-gather phase alone: copies, no arithmetic, so any tree gives the same bits), the
    on-board all-gather riding on the multicast: every chip receives the whole reduced row.
 
+The schedule's roundings fix *what* is added where (the pieces on their owner, in board order)
+and nothing of the routes, so :func:`narrow_all_reduce` prices two ways of running it, the
+cheaper taken (the bits are the same):
+
+* **direct**: phase 1 as a board all-to-all on the chips' own routes, then phase 3 along the
+  multicast trees, one after the other (each phase's bytes, route latencies and the board's
+  gather paid in full);
+* **owner trees** (:mod:`tvm_spinn.timing.collectives.narrow`, groups of three boards or more
+  whose trees are built): each share's pieces climb trees rooted at its owner over the graph of
+  boards (the boards around the group relaying, the routers only forwarding), several trees a
+  share weighed to spread the bytes over the board edges, and the reduced share comes back
+  down the same trees; pipelined chunk by chunk (an owner multicasts a chunk of its share once
+  the chunk's ``g`` pieces are in and added, while the later chunks still climb), so a board
+  edge carries both phases' bytes at once.
+
 The element types (:data:`WIRES`, bytes an element in :data:`tvm_spinn.llm.plan.REDUCE_BYTES`):
 
 * ``fp16`` / ``bf16``: round to nearest even, 2 bytes an element.
@@ -49,7 +64,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["INT8_CHUNK", "WIRES", "wire_bytes", "NarrowAllReduce", "narrow_all_reduce"]
+__all__ = ["INT8_CHUNK", "WIRES", "wire_bytes", "NarrowAllReduce", "narrow_all_reduce", "owner_schedule"]
 
 #: Elements of one int8 chunk of the wire, each chunk with its own fp32 scale (4 bytes): the
 #: scales add ``4 / INT8_CHUNK`` bytes an element
@@ -71,13 +86,16 @@ def wire_bytes(wire: str, elements: int) -> float:
 @dataclass(frozen=True)
 class NarrowAllReduce:
     """The cost of one narrow all-reduce across a group of boards (:func:`narrow_all_reduce`):
-    ``seconds`` = ``scatter_s`` (the direct reduce-scatter) + ``gather_s`` (the multicast
-    all-gather of the narrowed sums); ``nbytes`` the row's bytes on the wire (one board's)."""
+    ``seconds``, of the cheaper ``schedule`` (``"direct"`` or ``"owner-trees"``, see the module
+    docstring); ``scatter_s`` its reduce-scatter alone and ``gather_s`` its all-gather alone
+    (``"direct"``: ``seconds`` is their sum; ``"owner-trees"``: at most their sum, the two
+    pipelined); ``nbytes`` the row's bytes on the wire (one board's)."""
 
     seconds: float
     scatter_s: float
     gather_s: float
     nbytes: float
+    schedule: str = "direct"
 
 
 def narrow_all_reduce(topo, grid, nbytes: float) -> NarrowAllReduce:
@@ -114,4 +132,41 @@ def narrow_all_reduce(topo, grid, nbytes: float) -> NarrowAllReduce:
     scatter = board_all_to_all(topo, grid, send).seconds
     # the owners' narrowed shares multicast to the group (no reduce phase: nbytes=0)
     gather = board_group_scattered_all_reduce(topo, grid, 0.0, float(nbytes), rounds=0).seconds
-    return NarrowAllReduce(scatter + gather, scatter, gather, float(nbytes))
+    best = NarrowAllReduce(scatter + gather, scatter, gather, float(nbytes))
+    trees = owner_schedule(topo, grid, float(nbytes))
+    if trees is not None and trees.seconds < best.seconds:
+        return trees
+    return best
+
+
+def owner_schedule(topo, grid, nbytes: float) -> "NarrowAllReduce | None":
+    """The owner trees' figure of :func:`narrow_all_reduce` (see the module docstring): each
+    share's pieces up and the reduced share down trees rooted at its owner
+    (:func:`tvm_spinn.timing.collectives.narrow.owner_trees`, over the group's boards and the
+    boards around it), pipelined, the board's gather of the narrowed row riding on the
+    arrivals; None where those trees are not built (two boards, a group and the boards around
+    it of more than :data:`tvm_spinn.timing.collectives.MULTICAST_MAX_RANKS`, boards the links
+    do not join)."""
+    from ..timing.collectives import MULTICAST_MAX_RANKS, _board_tree_options, _gather_parts
+    from ..timing.collectives.boards import _board_rows
+    from ..timing.collectives.narrow import owner_tree_cost, owner_trees
+
+    grid, members = _board_rows(topo, grid, "owner_schedule")
+    g, k = grid.shape
+    if g < 3 or nbytes == 0:
+        return None
+    graph = topo.board_graph()
+    share = float(nbytes) / g
+    region = _board_tree_options(graph, members, share)[0]
+    if region.size > MULTICAST_MAX_RANKS:
+        return None
+    board = _gather_parts(topo, grid[0], float(nbytes)) if k > 1 else (0.0, 0.0)
+    if board is None:
+        return None
+    trees = owner_trees(graph, region, g, share, share, board)
+    if trees is None:
+        return None
+    return NarrowAllReduce(owner_tree_cost(graph, trees, share, share, board),
+                           graph.link_seconds(trees.up * share) + trees.up_s,
+                           max(graph.link_seconds(trees.down * share), board[0]) + trees.down_s + board[1],
+                           float(nbytes), "owner-trees")
