@@ -64,7 +64,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["INT8_CHUNK", "WIRES", "wire_bytes", "NarrowAllReduce", "narrow_all_reduce", "owner_schedule"]
+__all__ = ["INT8_CHUNK", "WIRES", "wire_bytes", "NarrowAllReduce", "narrow_all_reduce", "owner_schedule", "owner_choices"]
 
 #: Elements of one int8 chunk of the wire, each chunk with its own fp32 scale (4 bytes): the
 #: scales add ``4 / INT8_CHUNK`` bytes an element
@@ -89,13 +89,15 @@ class NarrowAllReduce:
     ``seconds``, of the cheaper ``schedule`` (``"direct"`` or ``"owner-trees"``, see the module
     docstring); ``scatter_s`` its reduce-scatter alone and ``gather_s`` its all-gather alone
     (``"direct"``: ``seconds`` is their sum; ``"owner-trees"``: at most their sum, the two
-    pipelined); ``nbytes`` the row's bytes on the wire (one board's)."""
+    pipelined); ``nbytes`` the row's bytes on the wire (one board's); ``owners``: the board
+    that adds each share (``"owner-trees"``; ``"direct"``: each member its own share)."""
 
     seconds: float
     scatter_s: float
     gather_s: float
     nbytes: float
     schedule: str = "direct"
+    owners: tuple = ()
 
 
 def narrow_all_reduce(topo, grid, nbytes: float) -> NarrowAllReduce:
@@ -163,10 +165,34 @@ def owner_schedule(topo, grid, nbytes: float) -> "NarrowAllReduce | None":
     board = _gather_parts(topo, grid[0], float(nbytes)) if k > 1 else (0.0, 0.0)
     if board is None:
         return None
-    trees = owner_trees(graph, region, g, share, share, board)
-    if trees is None:
-        return None
-    return NarrowAllReduce(owner_tree_cost(graph, trees, share, share, board),
-                           graph.link_seconds(trees.up * share) + trees.up_s,
-                           max(graph.link_seconds(trees.down * share), board[0]) + trees.down_s + board[1],
-                           float(nbytes), "owner-trees")
+    best = None
+    for owners in owner_choices(graph, region, g):
+        trees = owner_trees(graph, region, g, share, share, board, owners)
+        if trees is None:
+            return None
+        seconds = owner_tree_cost(graph, trees, share, share, board)
+        if best is None or seconds < best.seconds:
+            best = NarrowAllReduce(seconds, graph.link_seconds(trees.up * share) + trees.up_s,
+                                   max(graph.link_seconds(trees.down * share), board[0]) + trees.down_s + board[1],
+                                   float(nbytes), "owner-trees", tuple(int(region[o]) for o in owners))
+    return best
+
+
+def owner_choices(graph, region: np.ndarray, g: int) -> list[tuple[int, ...]]:
+    """The owners :func:`owner_schedule` tries for the ``g`` shares of a group (the first ``g``
+    boards of ``region``; local node ids of ``region``): each member its own share, and the
+    shares dealt in turn, in board order, to the boards of ``region`` nearest the farthest
+    member (the least eccentricity over the members, in board hops): a share's pieces then
+    climb and come back down fewer hops, its owner taking more pieces (the bits are the same:
+    an owner adds the pieces in board order wherever it is)."""
+    from ..timing.collectives.trees import _breadth_first, _local_links
+
+    nb = _local_links(graph, region)[1]
+    dist = _breadth_first(nb, range(g))[0]  # members to every node of the region
+    reach = np.where(dist < 0, region.size, dist).max(axis=0)
+    central = np.flatnonzero(reach == reach.min())
+    choices = [tuple(range(g))]
+    dealt = tuple(int(central[s % central.size]) for s in range(g))
+    if dealt != choices[0]:
+        choices.append(dealt)
+    return choices

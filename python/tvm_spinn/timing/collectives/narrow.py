@@ -58,16 +58,16 @@ class OwnerTrees(NamedTuple):
     hops: int
 
 
-def _walk(graph, region: np.ndarray, g: int, trees: list, parts: int) -> OwnerTrees:
+def _walk(graph, region: np.ndarray, g: int, trees: list, roots: list) -> OwnerTrees:
     """The loads and latencies of ``trees`` (per tree: local node -> the global link into it
-    from its parent; tree ``j`` rooted at member ``j // parts``), counted in parts."""
+    from its parent; tree ``j`` rooted at local node ``roots[j]``), counted in parts."""
     member = {int(r): i for i, r in enumerate(region)}
     up = np.zeros(graph.nodes * 6)
     down = np.zeros(graph.nodes * 6)
     up_s = down_s = 0.0
     hops = 0
     for j, tree in enumerate(trees):
-        root = j // parts
+        root = roots[j]
         below = {}  # members in each node's subtree
         for v in tree:
             u, n = v, 0
@@ -110,17 +110,21 @@ def owner_tree_cost(graph, trees: OwnerTrees, piece: float, share: float, board:
     return min(sequential, max(both, board[0]) + trees.up_s + trees.down_s + board[1])
 
 
+#: Depth caps :func:`owner_trees` weighs trees under, the shallowest that every share reaches
+#: first (a deeper cap pays a board hop's latency each way, which its spread rarely buys back;
+#: planning time: each is a linear program over every tree found)
+_OWNER_CAPS = 2
 #: The negotiations :func:`owner_trees` runs for candidate trees: each share cut into this many
 #: parts, each part on a tree of its own (more parts: an owner's share over more of its edges)
 _OWNER_PARTS = (1, 2, 3, 4)
 
 
-def _negotiate(graph, region: np.ndarray, g: int, piece: float, share: float, parts: int, board: tuple,
-               found: dict) -> bool:
+def _negotiate(graph, region: np.ndarray, g: int, roots: list, piece: float, share: float, parts: int,
+               board: tuple, found: dict) -> bool:
     """One negotiation of owner trees by congestion (each share cut into ``parts`` parts, each
-    part ``piece`` and ``share`` bytes on a tree of its own), every round's trees added to
-    ``found`` (owner -> {tree: its walk}). False where the region's links do not join the
-    group's boards."""
+    part ``piece`` and ``share`` bytes on a tree of its own, share ``s``'s rooted at local node
+    ``roots[s]``, its owner), every round's trees added to ``found`` (share -> {tree: its
+    walk}). False where the region's links do not join the group's boards."""
     member, nb = _local_links(graph, region)
     dist = _breadth_first(nb, range(g))[0]
     if (dist[:, :g] < 0).any():
@@ -138,7 +142,7 @@ def _negotiate(graph, region: np.ndarray, g: int, piece: float, share: float, pa
         present = 0.5 * 1.5 ** round_
         hist = history.tolist()
         for j in range(g * parts):
-            s = j // parts
+            s = roots[j // parts]
             # the tree's own loads out of the others' (its pieces counted at one a link: an
             # estimate, the walk counts them exactly)
             for v, link in trees[j].items():
@@ -176,8 +180,8 @@ def _negotiate(graph, region: np.ndarray, g: int, piece: float, share: float, pa
             shape = tuple(sorted(tree.items()))
             if shape not in found[j // parts]:
                 # the tree alone, rooted at its owner (tree ``s`` of a list is rooted at member ``s``)
-                found[j // parts][shape] = _walk(graph, region, g, [{}] * (j // parts) + [tree], 1)
-        walked = _walk(graph, region, g, trees, parts)
+                found[j // parts][shape] = _walk(graph, region, g, [tree], [roots[j // parts]])
+        walked = _walk(graph, region, g, trees, [roots[j // parts] for j in range(g * parts)])
         seconds = owner_tree_cost(graph, walked, piece, share, board)
         if seconds < best:
             best, stale = seconds, 0
@@ -191,9 +195,11 @@ def _negotiate(graph, region: np.ndarray, g: int, piece: float, share: float, pa
 
 
 def owner_trees(graph, region: np.ndarray, g: int, piece: float, share: float,
-                board: tuple = (0.0, 0.0)) -> "OwnerTrees | None":
+                board: tuple = (0.0, 0.0), owners: "tuple | None" = None) -> "OwnerTrees | None":
     """Owner trees over ``region`` (the group's ``g`` boards first, then the boards that may
     relay), each share split over several trees rooted at its owner, and the split.
+    ``owners``: share ``s``'s owner, a local node of ``region`` (default: member ``s``; any
+    board may add a share's pieces in their fixed order, a relay too).
 
     The candidate trees are every round's of the negotiations by congestion (:func:`_negotiate`,
     each share cut into each of :data:`_OWNER_PARTS` parts); then, for each cap on the trees'
@@ -201,44 +207,49 @@ def owner_trees(graph, region: np.ndarray, g: int, piece: float, share: float,
     weighs each owner's trees no deeper than the cap (weights summing to one per owner: the
     share's fraction on each) to least load the busiest directed board edge with both phases'
     bytes (``piece`` up and ``share`` down per unit of weight, over its rate); the cap whose
-    :func:`owner_tree_cost` (pipelined) is the cheapest is kept. ``up`` and ``down`` of the
+    :func:`owner_tree_cost` (pipelined) is the cheapest is kept (of the :data:`_OWNER_CAPS`
+    shallowest caps every share reaches). ``up`` and ``down`` of the
     result are the weighted loads (in whole shares). None where the region's links do not join
     the group's boards. Memoized on the graph per size."""
-    key = ("owner_trees", region.tobytes(), int(g), float(piece), float(share), tuple(board))
+    roots = list(range(g)) if owners is None else [int(o) for o in owners]
+    if len(roots) != g or min(roots) < 0 or max(roots) >= region.size:
+        raise ValueError(f"owner_trees: one owner a share, local nodes of the region, got {roots}")
+    key = ("owner_trees", region.tobytes(), int(g), float(piece), float(share), tuple(board), tuple(roots))
     if key in graph.memo:
         return graph.memo[key]
     from scipy.optimize import linprog
 
     found: dict = {s: {} for s in range(g)}
     for parts in _OWNER_PARTS:
-        if not _negotiate(graph, region, g, piece, share, parts, board, found):
+        if not _negotiate(graph, region, g, roots, piece, share, parts, board, found):
             graph.memo[key] = None
             return None
-    owner = np.array([s for s in range(g) for _ in found[s]])
-    walks = [w for s in range(g) for _, w in sorted(found[s].items())]
-    up = np.array([w.up for w in walks])
-    down = np.array([w.down for w in walks])
-    up_s = np.array([w.up_s for w in walks])
-    down_s = np.array([w.down_s for w in walks])
-    hops = np.array([w.hops for w in walks])
-    links = np.flatnonzero((up + down).any(axis=0))
-    # microseconds: the solver's tolerances are absolute
-    busy = (up[:, links] * piece + down[:, links] * share) / graph.link_bw[links] * 1e6
-    depth = np.maximum(up_s, down_s)
-    best = None
-    for cap in np.unique(depth):
-        allowed = np.flatnonzero(depth <= cap)
-        if np.unique(owner[allowed]).size < g:
-            continue  # some owner has no tree this shallow
-        n = allowed.size
-        eq = (owner[allowed][None, :] == np.arange(g)[:, None]).astype(np.float64)
-        res = linprog(np.r_[np.zeros(n), 1.0], A_ub=np.hstack([busy[allowed].T, -np.ones((links.size, 1))]),
+    caps = np.unique([max(w.up_s, w.down_s) for s in range(g) for w in found[s].values()])
+    links = np.flatnonzero(graph.neighbors.reshape(-1) >= 0)
+    best, tried = None, 0
+    for cap in caps:
+        owner = np.array([s for s in range(g) for w in found[s].values() if max(w.up_s, w.down_s) <= cap])
+        if np.unique(owner).size < g:
+            continue  # some share has no tree this shallow
+        if tried == _OWNER_CAPS:
+            break
+        tried += 1
+        walks = [w for s in range(g) for _, w in sorted(found[s].items()) if max(w.up_s, w.down_s) <= cap]
+        up = np.array([w.up for w in walks])
+        down = np.array([w.down for w in walks])
+        # microseconds: the solver's tolerances are absolute
+        busy = (up[:, links] * piece + down[:, links] * share) / graph.link_bw[links] * 1e6
+        n = owner.size
+        eq = (owner[None, :] == np.arange(g)[:, None]).astype(np.float64)
+        res = linprog(np.r_[np.zeros(n), 1.0], A_ub=np.hstack([busy.T, -np.ones((links.size, 1))]),
                       b_ub=np.zeros(links.size), A_eq=np.hstack([eq, np.zeros((g, 1))]), b_eq=np.ones(g),
                       bounds=[(0.0, None)] * (n + 1), method="highs")
         if res.status != 0:
             continue
-        weight = np.zeros(owner.size)
-        weight[allowed] = np.maximum(res.x[:n], 0.0)
+        up_s = np.array([w.up_s for w in walks])
+        down_s = np.array([w.down_s for w in walks])
+        hops = np.array([w.hops for w in walks])
+        weight = np.maximum(res.x[:n], 0.0)
         weight[weight < 1e-9] = 0.0
         weight /= (np.bincount(owner, weights=weight, minlength=g))[owner]  # each owner's share whole
         used = weight > 0
@@ -253,19 +264,23 @@ def owner_trees(graph, region: np.ndarray, g: int, piece: float, share: float,
     return graph.memo[key]
 
 
-def owner_floor(graph, members: np.ndarray, piece: float, share: float) -> tuple[float, float]:
+def owner_floor(graph, members, piece: float, share: float, owners=None) -> tuple[float, float]:
     """A lower bound on the board edges' part of an all-reduce whose ``g`` shares are each
-    added on one member (its owner) from the members' pieces of ``piece`` bytes and multicast
+    added on one board (its owner) from the members' pieces of ``piece`` bytes and multicast
     back (``share`` bytes), whatever the trees or routes, any board free to relay but not to add.
 
-    Bandwidth: each member receives ``g - 1`` pieces of its own share and ``g - 1`` reduced
-    shares, over the board edges into it, and sends ``g - 1`` pieces and its share at least
-    once, over the edges out of it; and every piece crosses at least as many board edges as
-    the board hops from its member to its owner, and every reduced share at least ``g - 1``
-    edges (a tree spanning the group), all over the system's directed board edges.
-    Latency: the member whose result depends on the piece of the member farthest from the
-    owner of a share: twice the largest eccentricity of a member among the members, in hops of
-    the cheapest board hop latency.
+    ``members``: the group's boards; ``owners``: share ``s``'s owner, a board of the system
+    (default: member ``s``).
+
+    Bandwidth: every board receives, over the board edges into it, the pieces of the shares
+    it owns from every member but itself and, a member, every share it does not own; and
+    sends, over the edges out of it, its pieces of the shares it does not own and each share
+    it owns once; and every piece crosses at least as many board edges as the board hops from
+    its member to its owner, and every reduced share one edge at least for each member but its
+    owner (a tree spanning them), all over the system's directed board edges.
+    Latency: each member's result of a share depends on the piece of the member farthest from
+    the share's owner, which climbs to the owner and comes back down: twice the largest
+    distance from an owner to a member, in hops of the cheapest board hop latency.
 
     Returns
     -------
@@ -276,16 +291,26 @@ def owner_floor(graph, members: np.ndarray, piece: float, share: float) -> tuple
     g = members.size
     if g < 2:
         return 0.0, 0.0
+    owners = members if owners is None else np.asarray(owners, dtype=np.int64).reshape(-1)
+    if owners.size != g or owners.min() < 0 or owners.max() >= graph.nodes:
+        raise ValueError(f"owner_floor: one owner a share, boards of the system, got {owners.tolist()}")
     far = graph.neighbors
     rate = np.where(np.isfinite(graph.link_bw), graph.link_bw, 0.0).reshape(-1, 6)
     live = far >= 0
     into = np.zeros(graph.nodes)
     np.add.at(into, far[live], rate[live])
     out = np.where(live, rate, 0.0).sum(axis=1)
-    single = max(max((g - 1) * (piece + share) / into[b], ((g - 1) * piece + share) / out[b]) for b in members)
-    # hop distances from every member over every board
+    owned = np.bincount(owners, minlength=graph.nodes)
+    inside = np.zeros(graph.nodes, dtype=bool)
+    inside[members] = True
+    single = 0.0
+    for b in np.flatnonzero(inside | (owned > 0)):
+        got = owned[b] * (g - int(inside[b])) * piece + (g - owned[b]) * share * int(inside[b])
+        sent = (g - owned[b]) * piece * int(inside[b]) + owned[b] * share
+        single = max(single, got / into[b], sent / out[b])
+    # hop distances from every owner over every board
     dist = np.full((g, graph.nodes), -1, dtype=np.int64)
-    for i, s in enumerate(members):
+    for i, s in enumerate(owners):
         dist[i, s], frontier, d = 0, np.array([s]), 0
         while frontier.size:
             nxt = np.unique(far[frontier][far[frontier] >= 0])
@@ -295,7 +320,9 @@ def owner_floor(graph, members: np.ndarray, piece: float, share: float) -> tuple
             frontier = nxt
     between = dist[:, members]
     if (between < 0).any():
-        raise ValueError(f"owner_floor: the boards {members.tolist()} are not joined by board edges")
-    volume = (piece * float(between.sum()) + share * g * (g - 1)) / float(rate[live].sum())
+        raise ValueError(f"owner_floor: the boards {members.tolist()} and owners {owners.tolist()} are not "
+                         "joined by board edges")
+    copies = g * g - int(inside[owners].sum())
+    volume = (piece * float(between.sum()) + share * copies) / float(rate[live].sum())
     hop = float(graph.link_hop_s[np.isfinite(graph.link_hop_s)].min())
     return max(single, volume), 2 * int(between.max()) * hop
