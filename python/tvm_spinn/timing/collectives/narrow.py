@@ -129,11 +129,12 @@ def _negotiate(graph, region: np.ndarray, g: int, roots: list, piece: float, sha
     dist = _breadth_first(nb, range(g))[0]
     if (dist[:, :g] < 0).any():
         return False
-    up_wait = (piece / graph.link_bw).tolist()
-    down_wait = (share / graph.link_bw).tolist()
+    up_wait = (piece / parts / graph.link_bw).tolist()  # a part's bytes on each link
+    down_wait = (share / parts / graph.link_bw).tolist()
     hop = graph.link_hop_s.tolist()
     steps = [[(int(nb[u, k]), int(region[u]) * 6 + k, int(region[int(nb[u, k])]) * 6 + (k + 3) % 6)
               for k in range(6) if nb[u, k] >= 0] for u in range(len(region))]
+    up_wait_all, down_wait_all = piece / parts / graph.link_bw, share / parts / graph.link_bw
     trees: list = [{} for _ in range(g * parts)]
     history = np.zeros(graph.nodes * 6)
     loads = np.zeros(graph.nodes * 6)  # seconds of both phases' bytes on each link
@@ -176,20 +177,23 @@ def _negotiate(graph, region: np.ndarray, g: int, roots: list, piece: float, sha
                 rev = int(region[v]) * 6 + (int(link % 6) + 3) % 6
                 loads[link] += down_wait[link]
                 loads[rev] += up_wait[rev]
+        walks = []
         for j, tree in enumerate(trees):
             shape = tuple(sorted(tree.items()))
-            if shape not in found[j // parts]:
-                # the tree alone, rooted at its owner (tree ``s`` of a list is rooted at member ``s``)
+            if shape not in found[j // parts]:  # each distinct tree walked once, rooted at its owner
                 found[j // parts][shape] = _walk(graph, region, g, [tree], [roots[j // parts]])
-        walked = _walk(graph, region, g, trees, [roots[j // parts] for j in range(g * parts)])
-        seconds = owner_tree_cost(graph, walked, piece, share, board)
+            walks.append(found[j // parts][shape])
+        # the round's trees together (a walk adds up over trees: loads summed, latencies the deepest)
+        walked = OwnerTrees(np.sum([w.up for w in walks], axis=0), np.sum([w.down for w in walks], axis=0),
+                            max(w.up_s for w in walks), max(w.down_s for w in walks), max(w.hops for w in walks))
+        seconds = owner_tree_cost(graph, walked, piece / parts, share / parts, board)
         if seconds < best:
             best, stale = seconds, 0
         else:
             stale += 1
             if stale >= _OWNER_PATIENCE:
                 break
-        both = walked.up * piece + walked.down * share
+        both = walked.up * up_wait_all + walked.down * down_wait_all
         history += 0.5 * (both >= both.max())
     return True
 
