@@ -117,6 +117,9 @@ _OWNER_CAPS = 2
 #: The negotiations :func:`owner_trees` runs for candidate trees: each share cut into this many
 #: parts, each part on a tree of its own (more parts: an owner's share over more of its edges)
 _OWNER_PARTS = (1, 2, 3, 4)
+#: Trees of one negotiation at most (all the shares' parts: planning time, each round rebuilds
+#: every tree); a share is always taken whole
+_OWNER_TREES = 64
 
 
 def _negotiate(graph, region: np.ndarray, g: int, roots: list, piece: float, share: float, parts: int,
@@ -206,7 +209,8 @@ def owner_trees(graph, region: np.ndarray, g: int, piece: float, share: float,
     board may add a share's pieces in their fixed order, a relay too).
 
     The candidate trees are every round's of the negotiations by congestion (:func:`_negotiate`,
-    each share cut into each of :data:`_OWNER_PARTS` parts); then, for each cap on the trees'
+    each share cut into each of :data:`_OWNER_PARTS` parts, at most :data:`_OWNER_TREES` trees);
+    then, for each cap on the trees'
     depth (the deepest member's hop latencies either way), a linear program (scipy's HiGHS)
     weighs each owner's trees no deeper than the cap (weights summing to one per owner: the
     share's fraction on each) to least load the busiest directed board edge with both phases'
@@ -224,7 +228,7 @@ def owner_trees(graph, region: np.ndarray, g: int, piece: float, share: float,
     from scipy.optimize import linprog
 
     found: dict = {s: {} for s in range(g)}
-    for parts in _OWNER_PARTS:
+    for parts in (m for m in _OWNER_PARTS if m == 1 or g * m <= _OWNER_TREES):
         if not _negotiate(graph, region, g, roots, piece, share, parts, board, found):
             graph.memo[key] = None
             return None
