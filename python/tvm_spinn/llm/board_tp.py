@@ -48,9 +48,10 @@ The all-reduced sums are the int8 GEMMs' int32 accumulators, exact in any order,
 not depend on ``g``; an fp32 model (``dtype="fp32"``) is not planned this way (its sums would
 need the bit-exact chain across boards). ``plan(..., reduce="fp16")`` (``"bf16"``, ``"int8"``)
 times them narrowed instead: each board dequantizes its partial sums with the GEMMs' scales and
-sends each share of the row narrowed straight to the board that owns it, which adds them in
-fp32 in board order and multicasts the narrowed sum (:mod:`tvm_spinn.llm.wire`: a fixed
-schedule, since narrow sums added along the trees would round again at every hop; the tokens
+sends each share of the row narrowed to the board that owns it (straight, or up trees rooted at
+the owner, pipelined with the way back), which adds them in fp32 in board order and multicasts
+the narrowed sum (:mod:`tvm_spinn.llm.wire`: a fixed schedule, since narrow sums added along
+the trees would round again at every hop; the tokens
 then depend on the rounding: :func:`tvm_spinn.llm.accuracy.reduce_rounding` emulates it).
 
 The model's blocks are split into consecutive runs, one run per group; consecutive groups hand

@@ -24,6 +24,21 @@ schedule, whose roundings are the same whatever the topology:
    all-gather phase alone: copies, no arithmetic, so any tree gives the same bits), the
    on-board all-gather riding on the multicast: every chip receives the whole reduced row.
 
+The schedule's roundings fix *what* is added where (the pieces on their owner, in board order)
+and nothing of the routes, so :func:`narrow_all_reduce` prices two ways of running it, the
+cheaper taken (the bits are the same):
+
+* **direct**: phase 1 as a board all-to-all on the chips' own routes, then phase 3 along the
+  multicast trees, one after the other (each phase's bytes, route latencies and the board's
+  gather paid in full);
+* **owner trees** (:mod:`tvm_spinn.timing.collectives.narrow`, groups of three boards or more
+  whose trees are built): each share's pieces climb trees rooted at its owner over the graph of
+  boards (the boards around the group relaying, the routers only forwarding), several trees a
+  share weighed to spread the bytes over the board edges, and the reduced share comes back
+  down the same trees; pipelined chunk by chunk (an owner multicasts a chunk of its share once
+  the chunk's ``g`` pieces are in and added, while the later chunks still climb), so a board
+  edge carries both phases' bytes at once.
+
 The element types (:data:`WIRES`, bytes an element in :data:`tvm_spinn.llm.plan.REDUCE_BYTES`):
 
 * ``fp16`` / ``bf16``: round to nearest even, 2 bytes an element.
@@ -49,7 +64,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["INT8_CHUNK", "WIRES", "wire_bytes", "NarrowAllReduce", "narrow_all_reduce"]
+__all__ = ["INT8_CHUNK", "WIRES", "wire_bytes", "NarrowAllReduce", "narrow_all_reduce", "owner_schedule", "owner_choices"]
 
 #: Elements of one int8 chunk of the wire, each chunk with its own fp32 scale (4 bytes): the
 #: scales add ``4 / INT8_CHUNK`` bytes an element
@@ -71,13 +86,18 @@ def wire_bytes(wire: str, elements: int) -> float:
 @dataclass(frozen=True)
 class NarrowAllReduce:
     """The cost of one narrow all-reduce across a group of boards (:func:`narrow_all_reduce`):
-    ``seconds`` = ``scatter_s`` (the direct reduce-scatter) + ``gather_s`` (the multicast
-    all-gather of the narrowed sums); ``nbytes`` the row's bytes on the wire (one board's)."""
+    ``seconds``, of the cheaper ``schedule`` (``"direct"`` or ``"owner-trees"``, see the module
+    docstring); ``scatter_s`` its reduce-scatter alone and ``gather_s`` its all-gather alone
+    (``"direct"``: ``seconds`` is their sum; ``"owner-trees"``: at most their sum, the two
+    pipelined); ``nbytes`` the row's bytes on the wire (one board's); ``owners``: the board
+    that adds each share (``"owner-trees"``; ``"direct"``: each member its own share)."""
 
     seconds: float
     scatter_s: float
     gather_s: float
     nbytes: float
+    schedule: str = "direct"
+    owners: tuple = ()
 
 
 def narrow_all_reduce(topo, grid, nbytes: float) -> NarrowAllReduce:
@@ -114,4 +134,65 @@ def narrow_all_reduce(topo, grid, nbytes: float) -> NarrowAllReduce:
     scatter = board_all_to_all(topo, grid, send).seconds
     # the owners' narrowed shares multicast to the group (no reduce phase: nbytes=0)
     gather = board_group_scattered_all_reduce(topo, grid, 0.0, float(nbytes), rounds=0).seconds
-    return NarrowAllReduce(scatter + gather, scatter, gather, float(nbytes))
+    best = NarrowAllReduce(scatter + gather, scatter, gather, float(nbytes))
+    trees = owner_schedule(topo, grid, float(nbytes))
+    if trees is not None and trees.seconds < best.seconds:
+        return trees
+    return best
+
+
+def owner_schedule(topo, grid, nbytes: float) -> "NarrowAllReduce | None":
+    """The owner trees' figure of :func:`narrow_all_reduce` (see the module docstring): each
+    share's pieces up and the reduced share down trees rooted at its owner
+    (:func:`tvm_spinn.timing.collectives.narrow.owner_trees`, over the group's boards and the
+    boards around it), pipelined, the board's gather of the narrowed row riding on the
+    arrivals; None where those trees are not built (two boards, a group and the boards around
+    it of more than :data:`tvm_spinn.timing.collectives.MULTICAST_MAX_RANKS`, boards the links
+    do not join)."""
+    from ..timing.collectives import MULTICAST_MAX_RANKS, _board_tree_options, _gather_parts
+    from ..timing.collectives.boards import _board_rows
+    from ..timing.collectives.narrow import owner_tree_cost, owner_trees
+
+    grid, members = _board_rows(topo, grid, "owner_schedule")
+    g, k = grid.shape
+    if g < 3 or nbytes == 0:
+        return None
+    graph = topo.board_graph()
+    share = float(nbytes) / g
+    region = _board_tree_options(graph, members, share)[0]
+    if region.size > MULTICAST_MAX_RANKS:
+        return None
+    board = _gather_parts(topo, grid[0], float(nbytes)) if k > 1 else (0.0, 0.0)
+    if board is None:
+        return None
+    best = None
+    for owners in owner_choices(graph, region, g):
+        trees = owner_trees(graph, region, g, share, share, board, owners)
+        if trees is None:
+            return None
+        seconds = owner_tree_cost(graph, trees, share, share, board)
+        if best is None or seconds < best.seconds:
+            best = NarrowAllReduce(seconds, graph.link_seconds(trees.up * share) + trees.up_s,
+                                   max(graph.link_seconds(trees.down * share), board[0]) + trees.down_s + board[1],
+                                   float(nbytes), "owner-trees", tuple(int(region[o]) for o in owners))
+    return best
+
+
+def owner_choices(graph, region: np.ndarray, g: int) -> list[tuple[int, ...]]:
+    """The owners :func:`owner_schedule` tries for the ``g`` shares of a group (the first ``g``
+    boards of ``region``; local node ids of ``region``): each member its own share, and the
+    shares dealt in turn, in board order, to the boards of ``region`` nearest the farthest
+    member (the least eccentricity over the members, in board hops): a share's pieces then
+    climb and come back down fewer hops, its owner taking more pieces (the bits are the same:
+    an owner adds the pieces in board order wherever it is)."""
+    from ..timing.collectives.trees import _breadth_first, _local_links
+
+    nb = _local_links(graph, region)[1]
+    dist = _breadth_first(nb, range(g))[0]  # members to every node of the region
+    reach = np.where(dist < 0, region.size, dist).max(axis=0)
+    central = np.flatnonzero(reach == reach.min())
+    choices = [tuple(range(g))]
+    dealt = tuple(int(central[s % central.size]) for s in range(g))
+    if dealt != choices[0]:
+        choices.append(dealt)
+    return choices

@@ -80,7 +80,9 @@ the public names):
 - :mod:`.schedule`: the event simulation that plays a packed-tree schedule out;
 - :mod:`.priority`: the packed trees of every span sharing the row;
 - :mod:`.floor`: the floor of a board-group all-reduce;
-- :mod:`.group`: the board-group all-reduce's search over tree sets.
+- :mod:`.group`: the board-group all-reduce's search over tree sets;
+- :mod:`.narrow`: the owner trees of an all-reduce whose sums are added on their owners only
+  (the narrow wires of :mod:`tvm_spinn.llm.wire`), and their floor.
 """
 
 from __future__ import annotations
