@@ -6,25 +6,32 @@ from __future__ import annotations
 
 import importlib
 
+import pytest
+
 from tvm_spinn.llm.spec import spec_of
 
 TINY_LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100, "max_position_embeddings": 64}
 
 
-def _described(cfg):
+def _described(cfg, fuse: bool = True):
     P = importlib.import_module("tvm_spinn.llm.plan")
     from tvm_spinn.llm.describe import describe
+    from tvm_spinn.llm.graphs import LayerStep
 
     spec = spec_of(cfg)
-    _, module, args = P._parts(P._meta_model(cfg, spec), spec, 1, 16)[0]
+    model = P._meta_model(cfg, spec)
+    _, module, args = P._parts(model, spec, 1, 16)[0]
+    if not fuse:  # the q, k, v and gate, up projections as the model's separate GEMMs
+        module = LayerStep(model, spec, 16, fuse=False).eval()
     return [d.program for d in describe(module, args, "spinn", "int8")]
 
 
-def test_one_quantize_per_activation_tensor():
+@pytest.mark.parametrize("fuse", [False, True])
+def test_one_quantize_per_activation_tensor(fuse):
     from tvm_spinn.program.ops import family_of
 
-    programs = _described(TINY_LLAMA)
+    programs = _described(TINY_LLAMA, fuse)
     readers = {}  # (program, quantize output) -> the int8 GEMMs reading it
     for k, program in enumerate(programs):
         made = {layer.output: layer for layer in program.layers if family_of(layer.kind).quantizes(layer)}
@@ -38,9 +45,13 @@ def test_one_quantize_per_activation_tensor():
     widths = sorted(sorted(int(programs[k].tensors[g.output].shape[-1]) for g in gemms)
                     for (k, _), gemms in readers.items())
     spec = spec_of(TINY_LLAMA)
-    qkv = sorted([spec.heads * spec.head_dim] + 2 * [spec.kv_heads * spec.head_dim])
-    assert qkv in widths and [spec.intermediate, spec.intermediate] in widths
-    assert sum(len(g) for g in readers.values()) == 7 and len(readers) == 4
+    q, kv = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
+    if fuse:  # one GEMM each of the concatenated columns
+        assert [q + 2 * kv] in widths and [2 * spec.intermediate] in widths
+        assert sum(len(g) for g in readers.values()) == 4 and len(readers) == 4
+    else:
+        assert sorted([q, kv, kv]) in widths and [spec.intermediate, spec.intermediate] in widths
+        assert sum(len(g) for g in readers.values()) == 7 and len(readers) == 4
 
 
 def _two_quantizes(scales, zeros):

@@ -163,8 +163,9 @@ def test_families_run_their_projections_and_attention_on_the_pes(mistral, qwen2,
            for name, (_, compiled) in (("mistral", mistral), ("qwen2", qwen2), ("phi3", phi3))}
     for name, found in ops.items():  # two blocks: two softmaxes, 2 x 2 attention GEMMs, 2 x 2 + 1 RMSNorms
         assert (found.get("spinn.softmax"), found.get("spinn.matmul"), found.get("spinn.rms_norm")) == (2, 4, 5), name
-    assert ops["mistral"].get("spinn.dense") == 2 * 7 + 1  # q, k, v, o, gate, up, down; the LM head
-    assert ops["qwen2"].get("spinn.dense_bias") == 2 * 3 and ops["qwen2"].get("spinn.dense") == 2 * 4 + 1
+    # q, k and v one GEMM (their weights concatenated), o, gate and up one GEMM, down; the LM head
+    assert ops["mistral"].get("spinn.dense") == 2 * 4 + 1
+    assert ops["qwen2"].get("spinn.dense_bias") == 2 * 1 and ops["qwen2"].get("spinn.dense") == 2 * 3 + 1
     assert ops["phi3"].get("spinn.dense") == 2 * 4 + 1  # fused qkv, o, fused gate_up, down; the LM head
 
 

@@ -3,6 +3,8 @@ boards, pipelined across groups (config only, no weights, no simulation)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -331,6 +333,98 @@ def test_a_streamed_piece_fetched_ahead_runs_as_mapped_alone():
     assert board_tp.slice_collectives(got) == {"all_gather multicast": pytest.approx(36e-6)}
     assert board_tp._on_chip(timed, ["a", "m"], (False, True), row, 48, 9e-6, lambda p: slow).program_timings \
         == tuple(own)
+
+
+def test_a_piece_fetched_ahead_runs_with_the_plan_that_holds_its_fetched_weights():
+    """The weights fetched ahead land on the chips of the piece's streaming shard plan (each its
+    share): a piece whose alone mapping takes another plan (one chip holding them all, handing
+    its outputs on outside its time) runs with the streaming plan, its weights on chip, at the
+    time the alone mapping timed for that plan (plus its cache write); without that plan timed,
+    or ending at an all-reduce, as mapped alone."""
+    from tvm_spinn.llm.plan import _Stage
+    from tvm_spinn.program.records import SystemTimingSummary
+
+    zero = dict.fromkeys(("compute", "dram", "sram", "links"), 0.0)
+
+    def summary(t, chips):
+        return SystemTimingSummary(t, 0.0, 0.0, 0.0, "compute", chips, 0, (t,), (), 0.0)
+
+    def stage(program_s, streamed, chips, plans=(), candidates=()):
+        return _Stage(sum(program_s), 0.0, 0, 0, sum(streamed), 0, 0, zero, zero, program_s=tuple(program_s),
+                      program_streamed=tuple(streamed), program_timings=tuple(summary(t, c) for t, c in zip(program_s, chips)),
+                      program_plans=tuple(plans), program_candidates=tuple(candidates))
+
+    wide, one = (48, 1, 1), (1, 1, 1)
+    resident = stage([35e-6, 70e-6], [8, 4], [1, 48], [one, wide])
+    streamed = stage([47e-6, 88e-6], [160_000, 170_000], [48, 48], [wide, wide])
+    # alone: one chip (35 us, 1 us of it the cache write); the 48-chip plan timed at 38 us
+    alone = stage([35e-6], [0], [1], [one], [{one: 34e-6, wide: 38e-6}])
+    attention = stage([35e-6], [0], [48], [wide], [{wide: 35e-6}])
+    by_piece = {"qkv": alone, "attention": attention}
+    got = board_tp._on_chip(resident, ["qkv", "attention"], (False, False), 2048, 48, 5e-6, by_piece.get, streamed)
+    assert got.program_s[0] == pytest.approx(39e-6)  # 38 us on the 48 chips + 1 us cache write
+    assert got.program_timings[0] == streamed.program_timings[0]  # that plan's layers and collectives
+    # the other piece's alone mapping is the same plan as streaming: as mapped alone (35 us < 70 us)
+    assert got.program_s[1] == pytest.approx(35e-6)
+    # no timing of the streaming plan, or without the streaming mapping: the alone mapping's
+    untimed = stage([35e-6], [0], [1], [one], [{one: 34e-6}])
+    for args in ((lambda p: untimed, streamed), (lambda p: alone, None)):
+        assert board_tp._on_chip(resident, ["q", "a"], (False, False), 2048, 48, 5e-6, *args).program_s \
+            == pytest.approx((35e-6, 35e-6))
+    # a piece ending at an all-reduce keeps the alone mapping (its gathers are the all-reduce's),
+    # its sums spread over the board first (40 us), never slower than in the block (35 us)
+    assert board_tp._on_chip(resident, ["q", "a"], (True, False), 2048, 48, 5e-6, lambda p: alone,
+                             streamed).program_s[0] == pytest.approx(35e-6)
+    fast = stage([30e-6], [0], [1], [one], [{one: 29e-6, wide: 38e-6}])
+    assert board_tp._on_chip(resident, ["q", "a"], (True, False), 2048, 48, 5e-6, lambda p: fast,
+                             streamed).program_s[0] == pytest.approx(35e-6)
+    assert board_tp._on_chip(resident, ["q", "a"], (True, False), 2048, 48, 1e-6, lambda p: fast,
+                             streamed).program_s[0] == pytest.approx(31e-6)
+
+
+def test_a_piece_on_fewer_chips_than_the_next_hands_its_outputs_on():
+    """A piece whose outputs sit on fewer chips than the next piece reads them on pays their
+    gather on those chips (as a piece mapped on them gathers its own outputs); one ending at an
+    all-reduce (which delivers the row) or on as many chips pays nothing."""
+    from types import SimpleNamespace
+
+    from tvm_spinn.llm.plan import _Stage
+    from tvm_spinn.program.records import SystemTimingSummary
+
+    zero = dict.fromkeys(("compute", "dram", "sram", "links"), 0.0)
+
+    def stage(program_s, chips):
+        return _Stage(sum(program_s), 0.0, 0, 0, 0, 0, 0, zero, zero, program_s=tuple(program_s),
+                      program_streamed=(0,) * len(program_s),
+                      program_timings=tuple(SystemTimingSummary(t, 0.0, 0.0, 0.0, "compute", c, 0, (t,), (), 0.0)
+                                            for t, c in zip(program_s, chips)))
+
+    pieces = [SimpleNamespace(tensors=[SimpleNamespace(nbytes=n) for n in (2048, 512, 512)], outputs=[0, 1, 2]),
+              SimpleNamespace(tensors=[SimpleNamespace(nbytes=2048)], outputs=[0])]
+    handoffs = board_tp.handoff_gathers(pieces, lambda n: n * 1e-9)
+    assert handoffs == pytest.approx((3072e-9, 2048e-9))
+    got = board_tp._handed_on(stage([35e-6, 70e-6], [1, 48]), (False, True), (5e-6, 7e-6))
+    assert got.program_s == pytest.approx((40e-6, 70e-6)) and got.latency_s == pytest.approx(110e-6)
+    assert got.bounds["links"] == pytest.approx(5e-6)
+    # where the piece's mapping timed a plan over the next piece's chips faster than that, its time
+    one, wide = (1, 1, 1), (48, 1, 1)
+    timed = dataclasses.replace(stage([35e-6, 70e-6], [1, 48]), program_plans=(one, wide),
+                                program_candidates=({one: 35e-6, wide: 38e-6, (24, 1, 1): 36e-6}, {wide: 70e-6}))
+    assert board_tp._handed_on(timed, (False, True), (5e-6, 7e-6)).program_s == pytest.approx((38e-6, 70e-6))
+    assert board_tp._handed_on(timed, (False, True), (2e-6, 7e-6)).program_s == pytest.approx((37e-6, 70e-6))
+    for chips, ends in (([48, 48], (False, True)), ([1, 48], (True, True))):
+        same = stage([35e-6, 70e-6], chips)
+        assert board_tp._handed_on(same, ends, (5e-6, 7e-6)) is same
+    # mapped alone on one chip before the attention's 48: charged before it is compared
+    resident = stage([45e-6, 70e-6], [48, 48])
+    alone = stage([35e-6], [1])
+    resident = dataclasses.replace(resident, program_streamed=(8, 0))
+    got = board_tp._on_chip(resident, ["qkv", "attention"], (False, False), 2048, 48, 5e-6, lambda p: alone,
+                            None, (5e-6, 0.0))
+    assert got.program_s == pytest.approx((40e-6, 70e-6))
+    got = board_tp._on_chip(resident, ["qkv", "attention"], (False, False), 2048, 48, 5e-6, lambda p: alone,
+                            None, (15e-6, 0.0))
+    assert got.program_s == pytest.approx((45e-6, 70e-6))  # no faster than as the block maps it
 
 
 def test_a_resident_program_runs_no_slower_than_streaming():

@@ -572,25 +572,50 @@ def _stream_ahead(useful, running, after, capacity: float = math.inf, cycles: in
     return fetched[total - n:total], peak
 
 
-def _on_chip(resident, pieces, ends, row_bytes: int, chips: int, scatter_s: float, map_alone):
+def _on_chip(resident, pieces, ends, row_bytes: int, chips: int, scatter_s: float, map_alone, streamed=None,
+             handoffs: "tuple | None" = None):
     """``resident`` with each piece's time as it runs with its weights on chip and nothing else
     resident (the floor of what fetching a streamed block's weights ahead saves it,
     :func:`_ahead_gains`): a streamed block keeps no weights resident, so a piece whose weights the
     block's SRAM ledger left partly in DRAM (``resident.program_streamed``) runs, once they are
     fetched ahead, as the piece mapped alone on the board (``map_alone(piece)``: its weights
     resident), timed as the block's pieces are (:func:`fused_gathers`, :func:`_spread`); such a
-    piece's timing (its layers and collectives) is then the alone mapping's."""
+    piece's timing (its layers and collectives) is then the alone mapping's.
+
+    The weights fetched ahead land where the streamed block's mapping (``streamed``) reads
+    them: each chip of the piece's streaming shard plan its share, in its own buffer. A piece
+    whose alone mapping takes another plan (fewer chips, each holding more of the weights than
+    its buffer share, and handing its outputs to the next piece's chips outside its own time)
+    runs with the streaming plan instead, its weights on chip: the alone mapping's time of that
+    plan (each plan the mapper timed, :attr:`tvm_spinn.llm.plan._Stage.program_candidates`),
+    with that plan's own gathers of its outputs, as a piece not ending at an all-reduce has
+    them (one that does keeps the alone mapping: its gathers are the all-reduce's). A piece
+    mapped alone on fewer chips than the next piece runs on hands its outputs on to them
+    (``handoffs``, :func:`_handed_on`)."""
     import dataclasses
 
     if ends is None or len(resident.program_s) != len(pieces):
         return resident
     times = list(resident.program_s)
     timings = list(resident.program_timings) if len(resident.program_timings) == len(pieces) else None
+    plans = streamed.program_plans if streamed is not None and len(streamed.program_plans) == len(pieces) else None
     for k, piece in enumerate(pieces):
         if resident.program_streamed[k] <= 0:
             continue
         alone = map_alone(piece)
+        if plans is not None and not ends[k] and alone.program_plans and alone.program_plans[0] != plans[k]:
+            # the streaming plan with its weights on chip; its KV-cache write as the alone mapping's
+            same = alone.program_candidates[0].get(plans[k])
+            if same is not None:
+                chosen = alone.program_candidates[0].get(alone.program_plans[0], alone.program_timings[0].latency_s)
+                times[k] = same + (alone.program_s[0] - chosen)
+                if timings is not None:
+                    timings[k] = streamed.program_timings[k]  # that plan's layers and collectives
+                continue
         alone = _spread(_less(alone, fused_gathers(alone, (ends[k],), row_bytes)), (ends[k],), chips, scatter_s)
+        if handoffs is not None and timings is not None and len(alone.program_timings) == 1:
+            alone = _handed_on(alone, (ends[k],), (handoffs[k],),
+                               (timings[(k + 1) % len(pieces)].chips if k + 1 < len(pieces) else 0,))
         if alone.latency_s < times[k]:
             times[k] = alone.latency_s
             if timings is not None and len(alone.program_timings) == 1:
@@ -662,6 +687,49 @@ def _spread(stage, ends, chips: int, scatter_s: float):
     if ends is None or len(stage.program_timings) != len(ends):
         return stage
     extra = [scatter_s if end and st.chips < chips else 0.0 for st, end in zip(stage.program_timings, ends)]
+    if not any(extra):
+        return stage
+    bounds, alone = dict(stage.bounds), dict(stage.alone)
+    bounds["links"] += sum(extra)
+    alone["links"] += sum(extra)
+    return dataclasses.replace(stage, latency_s=stage.latency_s + sum(extra), bounds=bounds, alone=alone,
+                               program_s=tuple(s + d for s, d in zip(stage.program_s, extra)))
+
+
+def handoff_gathers(pieces, gather) -> tuple:
+    """Per piece of a slice, the seconds to gather its outputs on the chips of the next piece
+    (``gather(nbytes)``: an on-board all-gather of that many bytes): what a piece whose shard
+    plan leaves its outputs on fewer chips than the next one reads them on pays to hand them on
+    (:func:`_handed_on`)."""
+    return tuple(gather(sum(int(p.tensors[t].nbytes) for t in p.outputs)) for p in pieces)
+
+
+def _handed_on(stage, ends, handoffs, next_chips=None):
+    """``stage`` with each piece that does not end at an all-reduce and runs on fewer chips
+    than the piece after it ``handoffs[k]`` the longer: its outputs (the q, k and v rows a
+    projection on one chip makes for the attention over the board's chips) are gathered on the
+    next piece's chips before it starts, as a piece mapped on those chips gathers them itself
+    (the mapper makes a program's outputs whole on every chip of its group); the next piece
+    reads them as inputs already on chip. ``next_chips``: per piece, the chips of the piece
+    after it (default: the stage's next program's; 0: none after it). Where the piece's
+    mapping timed a plan over at least the next piece's chips (which gathers the outputs
+    itself) that is faster than the hand-off makes it, the piece takes that plan's time (the
+    mapper chose its plan without the hand-off)."""
+    import dataclasses
+
+    timings = stage.program_timings
+    if ends is None or len(timings) != len(ends) or len(handoffs) != len(ends):
+        return stage
+    if next_chips is None:
+        next_chips = tuple(timings[k + 1].chips if k + 1 < len(timings) else 0 for k in range(len(timings)))
+    extra = [h if not end and st.chips < after else 0.0
+             for st, end, h, after in zip(timings, ends, handoffs, next_chips)]
+    if len(stage.program_candidates) == len(ends):
+        for k, (timed, plan) in enumerate(zip(stage.program_candidates, stage.program_plans)):
+            wide = [t for (tp, dp, sp), t in timed.items() if tp * dp * sp >= next_chips[k]]
+            if extra[k] > 0 and wide and plan in timed:
+                # the wider plan's time, with the piece's cache write as mapped
+                extra[k] = max(0.0, min(extra[k], min(wide) - timed[plan]))
     if not any(extra):
         return stage
     bounds, alone = dict(stage.bounds), dict(stage.alone)
@@ -1087,8 +1155,12 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
             # deliver the whole row to every chip (the pieces ending at one without their gathers
             # of it); uncut, they end in the projection's layout and the slice gathers the row itself
             fused = ends is not None
+            # a piece on fewer chips than the next hands its outputs on to them
+            handoffs = handoff_gathers(pieces, lambda n: collective_cost(board_topo, order, "all_gather", n, True).seconds) \
+                if fused else None
             if fused:
-                resident, streamed = (_spread(_less(st, fused_gathers(st, ends, hidden * 4)), ends, cpb, scatter_s)
+                resident, streamed = (_handed_on(_spread(_less(st, fused_gathers(st, ends, hidden * 4)), ends, cpb, scatter_s),
+                                                 ends, handoffs)
                                       for st in (resident, streamed))
             resident = _at_most(resident, streamed)
             reduce_s = reduce_of(groups, fused)  # the partial sums, ``reduce`` on the wire
@@ -1096,7 +1168,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
             # per chip out of the SRAM the resident blocks would take (one fewer may stay resident)
             on_chip = _on_chip(resident, pieces, ends, hidden * 4, cpb, scatter_s if fused else 0.0,
                                lambda piece: P._map_stage([piece], board, host_shapes, spec.cache_slots(seq), memo=memo,
-                                                          keep_outputs=True))
+                                                          keep_outputs=True), streamed, handoffs)
             # (the buffer leaves a board's resident share the SRAM the first block holds as mapped
             # alone: that block stays, whatever the buffer)
             gains, buffer = _ahead_gains(on_chip, streamed, reduce_s, board.dram_bw_bytes_s, reduces_per_block, ends,

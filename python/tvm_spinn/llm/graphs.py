@@ -26,7 +26,12 @@ before caching, so each key carries its own position.
 
 Grouped-query attention, biased q/k/v projections (Qwen2) and fused ``qkv_proj`` /
 ``gate_up_proj`` weights (Phi-3, sliced where transformers splits them) use the model's own
-modules.
+modules. Separate q, k and v projections (and a gated MLP's gate and up projections), which
+read one input, run as one GEMM of their weights concatenated along the output columns, the
+output sliced where each one's columns begin (``fuse``, the default: :meth:`_Step._fuse`): every
+output column is the same dot product with the same weight column, so a float32 GEMM's sums
+and an int8 GEMM's int32 sums and per-column scales are those of the separate projections,
+and a block runs two weight GEMMs where it ran five.
 
 Gemma-2 mixes local (windowed) and global layers: its cache holds every position in every
 layer (slot = position), and its steps take one mask per layer kind (``(2, S)`` for a decode
@@ -94,8 +99,24 @@ def rotary_tables(model, positions: torch.Tensor) -> tuple[torch.Tensor, torch.T
         return base.rotary_emb(dummy, positions)
 
 
+def _fusable(linears) -> bool:
+    """Whether the ``nn.Linear`` projections ``linears`` (reading one input) can be one GEMM:
+    all present, one input width, each with a bias or none with one."""
+    if any(m is None or not isinstance(m, nn.Linear) for m in linears):
+        return False
+    return (len({int(m.weight.shape[1]) for m in linears}) == 1
+            and len({m.bias is None for m in linears}) == 1)
+
+
+def _concatenated(linears, name: str) -> torch.Tensor:
+    parts = [getattr(m, name).detach() for m in linears]
+    return nn.Parameter(torch.cat(parts, dim=0), requires_grad=False)
+
+
 class _Step(nn.Module):
-    def __init__(self, model, spec: ModelSpec, max_seq_len: int):
+    """``fuse``: the projections that read one input as one GEMM each (see :meth:`_fuse`)."""
+
+    def __init__(self, model, spec: ModelSpec, max_seq_len: int, fuse: bool = True):
         super().__init__()
         self.model = model
         self.spec = spec
@@ -116,6 +137,41 @@ class _Step(nn.Module):
         #: experts a step evaluates (None: all; a plan's block: those a step can read, see LayerStep)
         self.evaluated_experts = None
         self.expert_weights = None
+        #: "qkv<i>" / "gate_up<i>" -> block i's projections' weights (and "...bias") concatenated
+        self.fused = nn.ParameterDict()
+        if fuse:
+            self._fuse(range(spec.layers))
+
+    def _fuse(self, layers) -> None:
+        """The separate q, k and v projections of each of ``layers`` as one GEMM, and a gated MLP's
+        gate and up projections as one: their weights concatenated along the output columns (and
+        their biases), the output sliced where the columns of each begin.
+
+        Each output column is the dot product of the same input row with the same weight column
+        as before, so a float32 GEMM's and an int8 GEMM's sums are those of the separate
+        projections, and per-channel int8 weights keep every column's scale; the projections
+        share their input's quantization (one activation tensor). Such a block runs two weight
+        GEMMs where it ran five (one barrier, one set of tiles and one hand-off each)."""
+        for i in layers:
+            block = self.blocks[i]
+            attn = getattr(block, "self_attn", None) or getattr(block, "attn", None)
+            qkv = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj")]
+            if attn is not None and _fusable(qkv):
+                self.fused[f"qkv{i}"] = _concatenated(qkv, "weight")
+                if qkv[0].bias is not None:
+                    self.fused[f"qkv{i}bias"] = _concatenated(qkv, "bias")
+            mlp = getattr(block, "mlp", None)
+            gate_up = [getattr(mlp, n, None) for n in ("gate_proj", "up_proj")]
+            if mlp is not None and not self.spec.experts and hasattr(mlp, "act_fn") and _fusable(gate_up):
+                self.fused[f"gate_up{i}"] = _concatenated(gate_up, "weight")
+                if gate_up[0].bias is not None:
+                    self.fused[f"gate_up{i}bias"] = _concatenated(gate_up, "bias")
+
+    def _fused_linear(self, name: str, h):
+        """``h`` through the concatenated projections ``name`` (:meth:`_fuse`), or None."""
+        if name not in self.fused:
+            return None
+        return nn.functional.linear(h, self.fused[name], self.fused[name + "bias"] if name + "bias" in self.fused else None)
 
     def _qkv(self, i: int, h):
         b, n, _ = h.shape
@@ -142,6 +198,9 @@ class _Step(nn.Module):
             if hasattr(attn, "qkv_proj"):  # Phi-3: one fused projection, sliced as transformers does
                 qkv = attn.qkv_proj(h)
                 qw, kw = s.heads * s.head_dim, s.kv_heads * s.head_dim
+                q, k, v = qkv[:, :, :qw], qkv[:, :, qw:qw + kw], qkv[:, :, qw + kw:]
+            elif (qkv := self._fused_linear(f"qkv{i}", h)) is not None:  # one GEMM (_fuse)
+                qw, kw = attn.q_proj.weight.shape[0], attn.k_proj.weight.shape[0]  # (a narrowed slice: its weights)
                 q, k, v = qkv[:, :, :qw], qkv[:, :, qw:qw + kw], qkv[:, :, qw + kw:]
             else:
                 q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
@@ -211,10 +270,10 @@ class _Step(nn.Module):
             x = (block.mlp(h) + attn.dense(o)) + x
         elif self.gemma2:  # each half normed again before it joins the residual
             x = x + block.post_attention_layernorm(attn.o_proj(o))
-            x = x + block.post_feedforward_layernorm(block.mlp(block.pre_feedforward_layernorm(x)))
+            x = x + block.post_feedforward_layernorm(self._mlp(i, block.mlp, block.pre_feedforward_layernorm(x)))
         else:
             x = x + attn.o_proj(o)
-            x = x + self._mlp(block.mlp, block.post_attention_layernorm(x))
+            x = x + self._mlp(i, block.mlp, block.post_attention_layernorm(x))
         return x, k_out, v_out
 
     def _logits(self, x):
@@ -222,9 +281,12 @@ class _Step(nn.Module):
         cap = self.spec.final_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
-    def _mlp(self, mlp, h):
+    def _mlp(self, i: int, mlp, h):
         if self.spec.experts:
             return self._experts(mlp, h)
+        if (gate_up := self._fused_linear(f"gate_up{i}", h)) is not None:  # one GEMM (_fuse)
+            cols = mlp.gate_proj.weight.shape[0]
+            return mlp.down_proj(mlp.act_fn(gate_up[:, :, :cols]) * gate_up[:, :, cols:])
         if not hasattr(mlp, "gate_up_proj"):
             return mlp(h)
         # Phi-3's fused gate/up projection: slices where its forward chunks (a split's tuple can
@@ -280,8 +342,8 @@ class _Step(nn.Module):
 class Prefill(_Step):
     """The prompt step: ``forward(ids, pos_or_cos[, sin])`` -> (last-token logits, K, V)."""
 
-    def __init__(self, model, spec: ModelSpec, max_seq_len: int, prompt_len: int):
-        super().__init__(model, spec, max_seq_len)
+    def __init__(self, model, spec: ModelSpec, max_seq_len: int, prompt_len: int, fuse: bool = True):
+        super().__init__(model, spec, max_seq_len, fuse)
         self.mask_per_kind = _mixed(spec)
         causal = (torch.stack([causal_mask(prompt_len), causal_mask(prompt_len, spec.sliding_window)])
                   if self.mask_per_kind else causal_mask(prompt_len, spec.sliding_window))
@@ -320,8 +382,8 @@ class Decode(_Step):
 
     ``mask``: (S,), or (2, S) for a model of global and windowed layers (rows: global, windowed)."""
 
-    def __init__(self, model, spec: ModelSpec, max_seq_len: int):
-        super().__init__(model, spec, max_seq_len)
+    def __init__(self, model, spec: ModelSpec, max_seq_len: int, fuse: bool = True):
+        super().__init__(model, spec, max_seq_len, fuse)
         self.mask_per_kind = _mixed(spec)
 
     def forward(self, ids, k_cache, v_cache, write, mask, pos_or_cos, sin=None):
@@ -347,8 +409,10 @@ class LayerStep(_Step):
     """
 
     def __init__(self, model, spec: ModelSpec, max_seq_len: int, prompt_len: "int | None" = None,
-                 experts: "int | None" = None):
-        super().__init__(model, spec, max_seq_len)
+                 experts: "int | None" = None, fuse: bool = True):
+        super().__init__(model, spec, max_seq_len, fuse=False)
+        if fuse:  # the one block a step runs
+            self._fuse([0])
         self.prompt_len = prompt_len
         if spec.experts:
             # a mixture of experts: the ``experts`` (default all) a step reads, each weight its
@@ -378,6 +442,9 @@ class LayerStep(_Step):
 
 class Head(_Step):
     """The final norm and LM head: ``forward(x (b, 1, hidden))``, the last position's hidden state -> logits."""
+
+    def __init__(self, model, spec: ModelSpec, max_seq_len: int):
+        super().__init__(model, spec, max_seq_len, fuse=False)  # no block
 
     def forward(self, x):
         return self._logits(x)

@@ -822,6 +822,10 @@ class _Stage:
     #: each program's system timing on the board (its layers' times and collectives:
     #: :class:`~tvm_spinn.program.records.SystemTimingSummary`), in order
     program_timings: tuple = ()
+    #: each program's shard plan ``(tp, dp, sp)`` and the latency of every plan its mapping
+    #: timed (``{(tp, dp, sp): seconds}``, the fastest where several differ in their row rule)
+    program_plans: tuple = ()
+    program_candidates: tuple = ()
 
 
 def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0, weights: str = "auto",
@@ -891,7 +895,7 @@ def _map_stage_now(pieces: list, board, host_shapes: set, slots: int, options, k
         programs.append(program)
     # in order: a stage is a chain of the model's programs whose SRAM the stage search sized
     plan = plan_system(programs, board, options, onchip_inputs=[a + b for a, b in zip(onchip, kept)], policy="in_order")
-    program_s, program_streamed, program_timings = [], [], []
+    program_s, program_streamed, program_timings, program_plans, program_candidates = [], [], [], [], []
     for k, (program, region) in enumerate(zip(plan.programs, plan.regions)):
         before = lat
         handed = onchip[k] if k == 0 else []
@@ -907,6 +911,15 @@ def _map_stage_now(pieces: list, board, host_shapes: set, slots: int, options, k
         streamed += int(st.streamed_bytes_per_chip)
         program_streamed.append(int(st.streamed_bytes_per_chip))
         program_timings.append(st)
+        system = program.mapping.system if program.mapping is not None else None
+        if system is not None:
+            program_plans.append((system.tp, system.dp, system.sp))
+            timed: dict = {}
+            for c in system.candidates:
+                if c.fits:
+                    key = (c.tp, c.dp, c.sp)
+                    timed[key] = min(timed.get(key, math.inf), c.latency_s)
+            program_candidates.append(timed)
         peak = max(peak, int(program.memory.peak_bytes_max))
         kinds = {"compute": st.compute_bound_s, "dram": st.memory_bound_s, "sram": res / sram_bw,
                  "links": st.comm_bound_s}
@@ -923,7 +936,9 @@ def _map_stage_now(pieces: list, board, host_shapes: set, slots: int, options, k
                 alone[where] += write
         program_s.append(lat - before)
     return _Stage(lat, energy, wbytes, resident, streamed, peak, handoff, bounds, alone, gather, kv, kv_sram,
-                  tuple(program_s), tuple(program_streamed), tuple(program_timings))
+                  tuple(program_s), tuple(program_streamed), tuple(program_timings),
+                  *((tuple(program_plans), tuple(program_candidates)) if len(program_plans) == len(program_s)
+                    else ((), ())))
 
 
 def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host_shapes: set, steps,

@@ -80,6 +80,17 @@ class CompiledLLM:
         self._last_prompt_len = None
 
     # -- building ---------------------------------------------------------------------------
+    def _fuses(self) -> bool:
+        """Whether the steps run the projections that read one input as one GEMM each
+        (:class:`~tvm_spinn.llm.graphs.Decode`'s ``fuse``): their outputs' bits are the separate
+        GEMMs' in float32 and with per-channel int8 weights, but a per-tensor weight scale would
+        be one for the concatenated weights, so such a scheme keeps them apart."""
+        if not self._scheme:
+            return True
+        from ..quant.scheme import as_scheme
+
+        return as_scheme(None if self._scheme is True else self._scheme).per_channel
+
     def _extra(self, positions: np.ndarray) -> list[np.ndarray]:
         import torch
 
@@ -143,7 +154,7 @@ class CompiledLLM:
         if prompt_len not in self._prefill:
             from .graphs import Prefill
 
-            wrapper = Prefill(self.model, self.spec, self.max_seq_len, prompt_len).eval()
+            wrapper = Prefill(self.model, self.spec, self.max_seq_len, prompt_len, fuse=self._fuses()).eval()
             ids = np.zeros((self.batch, prompt_len), dtype=np.int64)
             calib = None
             if self._scheme:
@@ -157,7 +168,7 @@ class CompiledLLM:
         if self._decode is None:
             from .graphs import Decode
 
-            wrapper = Decode(self.model, self.spec, self.max_seq_len).eval()
+            wrapper = Decode(self.model, self.spec, self.max_seq_len, fuse=self._fuses()).eval()
             tok = np.zeros((self.batch, 1), dtype=np.int64)
             k_zeros, v_zeros = (np.zeros(shape, dtype=np.float32) for shape in self._cache_shapes())
             calib = None
@@ -181,7 +192,8 @@ class CompiledLLM:
         samples = []
         for _ in range(4):
             ids = rng.integers(0, self.spec.vocab, (self.batch, n))
-            pre = Prefill(self.model, self.spec, self.max_seq_len, n).eval()
+            # (torch's own arithmetic: the model's projections as they are)
+            pre = Prefill(self.model, self.spec, self.max_seq_len, n, fuse=False).eval()
             with torch.no_grad():
                 logits, k, v = pre(*(torch.from_numpy(a) for a in self._prefill_args(ids)))
             tok = logits.argmax(-1, keepdim=True).numpy()
