@@ -319,11 +319,11 @@ def _cases():
     b = rng.integers(0, 256, size=(2, 40, 13)).astype("uint8")
     mod = qgemm_module(a.shape, "uint8", None, 0.02, 140, 0.05, 90, op="matmul", wdtype="uint8", b_shape=b.shape)
     yield "uint8 matmul 2x11x40x13 f32", (mod, [a, b])
-    x = rng.integers(-128, 128, size=(6, 120)).astype("int8")
-    w = rng.integers(-127, 128, size=(120, 36)).astype("int8")
-    mod = qgemm_module(x.shape, "int8", w, rng.uniform(0.001, 0.005, size=36).astype("float32"), 0, 0.01, 3,
-                       op="dense", out=(0.4, 5, "int8"), w_axis=1)
-    yield "int8 dense 6x120x36 tflite", (mod.with_attr(QUANT_ROUNDING_ATTR, "tflite"), [x])
+    xc = rng.integers(-128, 128, size=(1, 24, 6, 6)).astype("int8")
+    wc = rng.integers(-127, 128, size=(40, 24, 1, 1)).astype("int8")
+    mod = qgemm_module(xc.shape, "int8", wc, rng.uniform(0.001, 0.005, size=40).astype("float32"), 0, 0.01, 3,
+                       out=(0.4, 5, "int8"), relu=True)  # TFLite's fully-connected layers round once: half up
+    yield "int8 conv2d 1x1 24->40 tflite", (mod.with_attr(QUANT_ROUNDING_ATTR, "tflite"), [xc])
     xu = rng.integers(0, 256, size=(1, 4, 7, 7)).astype("uint8")
     wu = rng.integers(0, 256, size=(12, 4, 3, 3)).astype("uint8")
     mod = qgemm_module(xu.shape, "uint8", wu, np.float32(0.004), 131, 0.02, 125, out=(0.3, 128, "uint8"),
