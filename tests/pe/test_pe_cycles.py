@@ -216,13 +216,15 @@ def test_row_model_against_executed_code(kind):
         assert modelled == executed, (kind, rows, cols, modelled, executed)  # the loops' counts: exact
 
 
-@pytest.mark.parametrize("op,tol", [("matmul", 0.03), ("dense", 0.05)])  # errors 2.3% and 4.4%
+@pytest.mark.parametrize("op,tol", [("matmul", 0.03), ("dense", 0.05), ("dense_f32", 0.05)])
 def test_int8_model_against_executed_code(op, tol):
     """The int8 GEMM kernel's cost model (its instruction mixes priced by the TRM, the MAC array's
     runs overlapped as the kernel's pipeline overlaps them) against the executed cycles of every
     tile, the waits on the array included: a matmul of two activations with both zero points
     nonzero (both operands' sums at run time), a dense layer with per-channel weight zero points
-    (the activation's row sums) and the requantization; the M4F's share alone too."""
+    (the activation's row sums) and the requantization, the same layer with a float32 output (the
+    dequantizing epilogue with a bias and a ReLU: :func:`int8_side` names that variant); the
+    M4F's share alone too."""
     import sys
     from pathlib import Path
 
@@ -248,8 +250,10 @@ def test_int8_model_against_executed_code(op, tol):
         x = rng.integers(-128, 128, size=(9, 50)).astype("int8")
         w = rng.integers(-127, 128, size=(50, 14)).astype("int8")
         zw = rng.integers(1, 4, size=14).astype("int8")
+        f32 = op == "dense_f32"  # the dequantizing epilogue with its bias and ReLU
         mod = qgemm_module(x.shape, "int8", w, rng.uniform(0.001, 0.005, size=14).astype("float32"), zw, 0.01, 3,
-                           op="dense", out=(0.3, -4, "int8"), w_axis=1)
+                           op="dense", out=None if f32 else (0.3, -4, "int8"), w_axis=1,
+                           bias=rng.normal(size=14).astype("float32") if f32 else None, relu=f32)
         feeds = [x]
     (program,) = [p for p in tvm_spinn.report(relax.build(mod, target="spinn")).programs
                   if any(layer.mode == "int8" for layer in p.layers)]
@@ -261,6 +265,7 @@ def test_int8_model_against_executed_code(op, tol):
     side = int8_side(program, program.layers[index])
     g = gemm_view(program, index)
     assert (side.row_sums, side.col_sums) == ((True, True) if op == "matmul" else (True, False))
+    assert (side.fp32_out, side.relu, side.bias) == ((True,) * 3 if op == "dense_f32" else (False,) * 3)
     modelled = m4f = 0.0
     kc = gemm_chunk(program, index)
     for r in record:
