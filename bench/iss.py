@@ -35,9 +35,9 @@ blocks, several reduction chunks) and prints the array's cycles, the M4F's, thei
 overlap), their maximum (full overlap) and the executed pipeline.
 The ``f32`` rows (an int8 GEMM with a float32 output: the dequantizing epilogue) and the
 ``tflite`` rows (TFLite's requantization, ``rounding="tflite"``) run the kernel's other
-epilogues; the cost model prices the first by its per-output mix ``I8_DEQUANT`` and the second
-as the one-rounding requantization (it has no term of its own), so these rows show what the
-executed epilogues cost beyond that.
+epilogues, priced by their own counted mixes (``I8_DEQUANT_CODE`` per ReLU and bias variant,
+``I8_TFLITE_CODE``: counted at tile shapes run directly, the calibration rows of a fourth
+table, which also runs each variant on held-out shapes; every program row is held out).
 The ``cross_entropy`` rows (the per-row loss; its cost model, :func:`tvm_spinn.program.ops.loss.cross_entropy_tile_cycles`,
 is the softmax kernel's counted phases plus the label and log phase counted at one-job runs of
 1 and 9 rows of 5 columns: every row is held out) reach rows of one resident row per PE (3,500
@@ -47,7 +47,7 @@ The training kernels' rows (``pool_grad``: ``max_pool2d_backward``; ``xent_grad`
 out: their cost models' pieces (:data:`tvm_spinn.program.ops.pool.POOL_GRAD_CODE`,
 :data:`tvm_spinn.program.ops.loss.XENT_GRAD_CODE`) were read from single kernel jobs run
 directly, none of these shapes.
-A fourth table runs the fp32 row kernels (softmax, layer_norm, rms_norm, mean) directly on one
+A fifth table runs the fp32 row kernels (softmax, layer_norm, rms_norm, mean) directly on one
 whole-row tile of rows from 1 to 250 columns (the row kernels' cost model was counted at rows of 1
 and 2 rows of 1 to 8 columns: every shape here is held out).
 Usage: ``python bench/iss.py`` (``--only PREFIX [PREFIX ...]``: the cases named so, no calibration;
@@ -303,6 +303,32 @@ def _cases():
     mod = qgemm_module(xc.shape, "int8", wc, np.float32(0.003), 1, 0.01, -3, out=(0.5, 0, "int8"),
                        relu=True, conv_attrs=dict(padding=1))
     yield "int8 conv2d 8->16 zw tflite", (mod.with_attr(QUANT_ROUNDING_ATTR, "tflite"), [xc])
+    # other shapes and variants of both epilogues (held out: none of them was read to count the
+    # epilogues' mixes): no bias and no ReLU, uint8 operands with zero points, per-channel
+    # scales, a ReLU without a bias, a batched matmul of two activations
+    x = rng.integers(-128, 128, size=(10, 72)).astype("int8")
+    w = rng.integers(-127, 128, size=(72, 30)).astype("int8")
+    mod = qgemm_module(x.shape, "int8", w, np.float32(0.004), 0, 0.02, -5, op="dense")
+    yield "int8 dense 10x72x30 f32", (mod, [x])
+    xu = rng.integers(0, 256, size=(1, 6, 9, 9)).astype("uint8")
+    wu = rng.integers(0, 256, size=(20, 6, 3, 3)).astype("uint8")
+    mod = qgemm_module(xu.shape, "uint8", wu, rng.uniform(0.001, 0.005, size=20).astype("float32"), 128, 0.01, 120,
+                       relu=True, conv_attrs=dict(padding=1), wdtype="uint8")
+    yield "uint8 conv2d 6->20 f32 relu", (mod, [xu])
+    a = rng.integers(0, 256, size=(2, 11, 40)).astype("uint8")
+    b = rng.integers(0, 256, size=(2, 40, 13)).astype("uint8")
+    mod = qgemm_module(a.shape, "uint8", None, 0.02, 140, 0.05, 90, op="matmul", wdtype="uint8", b_shape=b.shape)
+    yield "uint8 matmul 2x11x40x13 f32", (mod, [a, b])
+    xc = rng.integers(-128, 128, size=(1, 24, 6, 6)).astype("int8")
+    wc = rng.integers(-127, 128, size=(40, 24, 1, 1)).astype("int8")
+    mod = qgemm_module(xc.shape, "int8", wc, rng.uniform(0.001, 0.005, size=40).astype("float32"), 0, 0.01, 3,
+                       out=(0.4, 5, "int8"), relu=True)  # TFLite's fully-connected layers round once: half up
+    yield "int8 conv2d 1x1 24->40 tflite", (mod.with_attr(QUANT_ROUNDING_ATTR, "tflite"), [xc])
+    xu = rng.integers(0, 256, size=(1, 4, 7, 7)).astype("uint8")
+    wu = rng.integers(0, 256, size=(12, 4, 3, 3)).astype("uint8")
+    mod = qgemm_module(xu.shape, "uint8", wu, np.float32(0.004), 131, 0.02, 125, out=(0.3, 128, "uint8"),
+                       bias=rng.normal(size=12).astype("float32"), conv_attrs=dict(padding=1), wdtype="uint8")
+    yield "uint8 conv2d 4->12 tflite", (mod.with_attr(QUANT_ROUNDING_ATTR, "tflite"), [xu])
     try:  # TFLite's integer softmax, from a converted full-integer model
         import tflite_models as tm
         from tvm_spinn.frontend.tflite import from_tflite, keras_to_tflite
@@ -521,6 +547,60 @@ def _int8_kernel_table(arch) -> None:
     print(f"held-out int8 kernel shapes within +-{TARGET:.0%}: {within} of {held}")
 
 
+#: the int8 kernel's epilogue variants run directly: name -> (role, job flags, column
+#: constants ``zw, bias, multiplier, shift`` or the float32 bits of the bias and the scale)
+EPILOGUES = {"f32": (("gemm_i8", "f32", False), 2, None), "f32 bias": (("gemm_i8", "f32", False), 2 | 1 << 20, None),
+             "f32 relu": (("gemm_i8", "f32", True), 2, None), "f32 bias relu": (("gemm_i8", "f32", True), 2 | 1 << 20, None),
+             "tflite": (("gemm_i8", "tflite"), 2, 40)}
+#: the shapes ``(rows, cols)`` the epilogues' mixes were counted at (``k = 16``, one chunk: the
+#: calibration rows), and held-out shapes ``(rows, cols, k, chunk, row sums)``
+EPILOGUE_CALIB = ((4, 4), (8, 4), (7, 4), (4, 8), (1, 4), (1, 12))
+EPILOGUE_HELD = ((16, 16, 64, 64, False), (13, 20, 48, 48, True), (3, 40, 96, 32, False), (32, 8, 200, 64, True),
+                 (6, 24, 30, 30, False), (1, 64, 256, 128, False), (48, 32, 72, 72, True))
+
+
+def _epilogue_run(machine, rows, cols, k, chunk, flags, shift, rng) -> int:
+    """Executed cycles of one ``gemm_i8`` tile with an epilogue (``flags`` bit 1) run directly."""
+    from tvm_spinn.pe.cycles import executed_cycles
+    from tvm_spinn.pe.execute import _Arena, gemm_i8_tile
+    a = rng.integers(-128, 128, (rows, k)).astype(np.int8)
+    b = rng.integers(-128, 128, (k, cols)).astype(np.int8)
+    if shift is None:  # the bias's and the scale's float32 bits
+        col = [1, int(np.float32(0.5).view(np.int32)), int(np.float32(0.01).view(np.int32)), 0]
+    else:
+        col = [1, 100, 1 << 30, shift]
+    q = np.concatenate([[3, k, 0, -128, 127], np.tile(col, cols)])
+    machine.load(0)
+    machine.clear_counters()
+    gemm_i8_tile(machine, _Arena(machine, None, None), a, b, chunk, 0, k, q, flags, out_bytes=1 if shift else 4)
+    return executed_cycles(machine)[0]
+
+
+def _epilogue_table(arch) -> None:
+    from tvm_spinn.pe.images import role_image
+    from tvm_spinn.pe.iss import PeMachine
+    from tvm_spinn.program.ops.gemm.geometry import Int8Side, int8_pipelined_cycles
+    rng = np.random.default_rng(0)
+    print(f"\nint8 GEMM epilogues, one tile per shape (rows x cols x k / chunk, r: the kernel forms row sums)\n"
+          f"{'epilogue':14s} {'shape':16s} {'set':8s} {'modelled':>9s} {'executed':>9s} {'model err':>9s} {'+-10%':>5s}")
+    held = within = 0
+    for name, (spec, flags, shift) in EPILOGUES.items():
+        image = role_image(spec)
+        machine = PeMachine(image.elf, image.name, 0, arch.acc_bits, arch)
+        side = dict(fp32_out=shift is None, relu="relu" in name, bias="bias" in name, tflite=shift is not None)
+        shapes = [(r, c, 16, 16, False, True) for r, c in EPILOGUE_CALIB] + [s + (False,) for s in EPILOGUE_HELD]
+        for rows, cols, k, chunk, rs, calib in shapes:
+            executed = _epilogue_run(machine, rows, cols, k, chunk, flags | (4 if rs else 0), shift, rng)
+            modelled = int8_pipelined_cycles(rows, cols, k, chunk, arch, Int8Side(row_sums=rs, **side))
+            err = (modelled - executed) / executed
+            ok = "" if calib else ("yes" if abs(err) <= TARGET else "no")
+            held += not calib
+            within += (not calib) and abs(err) <= TARGET
+            print(f"{name:14s} {f'{rows}x{cols}x{k}/{chunk}' + ('r' if rs else ''):16s} "
+                  f"{'calib' if calib else 'held-out':8s} {modelled:9.0f} {executed:9d} {err:+9.1%} {ok:>5s}")
+    print(f"held-out epilogue shapes within +-{TARGET:.0%}: {within} of {held}")
+
+
 #: row kernels run directly on one whole-row tile (rows x columns, every phase in one run): the
 #: bench's program rows hold 96 columns; these reach rows as short as a few columns
 ROW_SHAPES = ((16, 1), (16, 3), (16, 5), (16, 8), (16, 17), (8, 33), (6, 42), (4, 96), (3, 127), (2, 250))
@@ -665,6 +745,7 @@ def main() -> None:
         _kernel_table(arch)
     if not args.only or any("int8".startswith(o) or o.startswith("int8") for o in args.only):
         _int8_kernel_table(arch)
+        _epilogue_table(arch)
     if not args.only or "rows" in args.only:
         _row_kernel_table(arch)
 

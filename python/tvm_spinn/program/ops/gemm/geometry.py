@@ -104,7 +104,9 @@ class Int8Side:
     nonzero zero point; a constant operand's sums are the compiler's); ``epilogue``: the tile
     finishes its outputs (False for a part of a reduction split over PEs, whose reducing part
     does); ``transposed``: the kernel's rows are the tile's columns (``conv2d``: the kernel runs
-    pixels x output channels).
+    pixels x output channels); ``relu``, ``bias``: the dequantizing epilogue's ReLU and bias
+    (each a variant of its code, :data:`I8_DEQUANT_CODE`); ``tflite``: TFLite's requantization
+    (:data:`I8_TFLITE_CODE`) instead of the one-rounding one.
     """
 
     fp32_out: bool = False
@@ -113,6 +115,9 @@ class Int8Side:
     col_sums: bool = False
     epilogue: bool = True
     transposed: bool = False
+    relu: bool = False
+    bias: bool = False
+    tflite: bool = False
 
 
 def int8_side(program, layer: Layer) -> Int8Side:
@@ -121,11 +126,13 @@ def int8_side(program, layer: Layer) -> Int8Side:
     fp32_out, int32_out = dtype == "float32", dtype == "int32"
     a = layer.attrs
     w_zero = "w_zero" in layer.consts
+    finish = dict(relu=fp32_out and bool(a.get("relu")), bias=fp32_out and "bias" in layer.consts,
+                  tflite=not fp32_out and not int32_out and a.get("rounding") == "tflite")
     if layer.kind == "conv2d":  # A = weight, B = im2col(x): x sums needed when zw != 0
-        return Int8Side(fp32_out, int32_out, False, w_zero, transposed=True)
+        return Int8Side(fp32_out, int32_out, False, w_zero, transposed=True, **finish)
     if layer.kind == "dense":  # A = x, B = weight
-        return Int8Side(fp32_out, int32_out, w_zero, False)
-    return Int8Side(fp32_out, int32_out, a.get("b_zero", 0) != 0, a.get("x_zero", 0) != 0)
+        return Int8Side(fp32_out, int32_out, w_zero, False, **finish)
+    return Int8Side(fp32_out, int32_out, a.get("b_zero", 0) != 0, a.get("x_zero", 0) != 0, **finish)
 
 
 def mac_passes(vm, vn, arch: "SpinnArch"):
@@ -242,9 +249,85 @@ I8_BLOCK = Mix(loads=34.0, paired=22.0, alu=44.0, mla=1.0, branches=8.0)
 #: first block's start and its wait (the driver's return, the kernel's tests of its flags, the
 #: block loop's set-up with its spills): the share that overlaps the array's first block.
 I8_LEAD = Mix(loads=44.0, paired=28.0, alu=56.0, branches=6.0)
-#: the dequantizing epilogue of an fp32 output per output (VCVT of the sum, VMUL by the scale,
-#: VADD of the bias, the loads and store): not generated for the PE yet, so not checked
-I8_DEQUANT = Mix(loads=3.0, paired=1.0, fpu=3.0, alu=1.0)
+
+
+@dataclass(frozen=True)
+class Int8Epilogue:
+    """One epilogue variant of the int8 GEMM kernel as its generated code executes it, column by
+    column (the kernel's columns outer, its rows inner, LLVM's row loop unrolled by 4): ``out``
+    per output of the unrolled body; ``one`` per output of the ``rows % 4`` remainder (the
+    mean over its three positions, whose code differs by a cycle or two); ``col`` per column of
+    a tile of 4 rows or more (the column's constants, the zero-point terms that do not depend
+    on the row, the unrolled loop's entry and exit, the remainder's entry); ``col_short`` per
+    column of a tile of fewer than 4 rows (the branch around the unrolled body taken instead);
+    ``block`` per column block (the epilogue's flag test and its live values reloaded)."""
+
+    out: Mix
+    one: Mix
+    col: Mix
+    col_short: Mix
+    block: Mix
+
+
+#: The dequantizing epilogue of a float32 output (``("gemm_i8", "f32", relu)``), per variant
+#: ``(relu, bias)``: the ReLU is a separate image, the bias a run-time flag that LLVM unswitches
+#: out of the row loop (two copies of it). Instruction classes counted in the executed basic
+#: blocks of each variant's image, each unit the difference of the epilogue's cycles (a job with
+#: the epilogue's flag against the same job without it) between two tile shapes run directly
+#: (``k = 16``, one chunk): ``out`` from ``8 x 4`` against ``4 x 4`` (/ 16 outputs), ``one``
+#: from ``7 x 4`` against ``4 x 4`` (/ 12), ``col_short`` from ``1 x 12`` against ``1 x 4``
+#: (/ 8, less ``one``), ``col`` from ``4 x 8`` against ``4 x 4`` (/ 4, less 4 ``out``), ``block``
+#: what remains of ``4 x 4``. Per output, as the listing has it: the row sum and the
+#: accumulator loaded (LDR, LDR), the row's zero-point term by MLA (``acc - zw * rowsum``: run
+#: whatever ``zw`` is, the code does not branch on it) and the ADD of the column's term, VMOV
+#: to the FPU, VCVT.F32.S32, VMUL by the scale, VADD of the bias (the bias variants), VCMP with
+#: 0 + VMRS (the FPSCR's flags to the core) + IT + VMOVLS of +0 (the ReLU variants), VSTR; the
+#: output's address reloaded from the stack every output and the unrolled loop's ADD, CMP and
+#: BNE per 4 outputs (the 0.25 branch).
+I8_DEQUANT_CODE = {
+    (False, False): Int8Epilogue(
+        out=Mix(loads=3, paired=3 / 4, fpu=3, alu=11 / 4, branches=1 / 4, mla=1),
+        one=Mix(loads=10 / 3, paired=4 / 3, fpu=3, alu=7, mla=2),
+        col=Mix(loads=15, paired=11, alu=17, mla=1),
+        col_short=Mix(loads=29 / 3, paired=14 / 3, alu=12, branches=3, mla=1),
+        block=Mix(loads=4, paired=3, alu=7, branches=1)),
+    (False, True): Int8Epilogue(
+        out=Mix(loads=11 / 4, paired=1, fpu=4, alu=11 / 4, branches=1 / 4, mla=1),
+        one=Mix(loads=10 / 3, paired=4 / 3, fpu=4, alu=6, mla=2),
+        col=Mix(loads=14, paired=13, alu=17, branches=1, mla=1),
+        col_short=Mix(loads=26 / 3, paired=20 / 3, alu=10, branches=4, mla=1),
+        block=Mix(loads=4, paired=3, alu=7, branches=1)),
+    (True, False): Int8Epilogue(
+        out=Mix(loads=11 / 4, paired=1, fpu=4, compares=1, alu=15 / 4, branches=1 / 4, mla=1),
+        one=Mix(loads=7 / 3, paired=1, fpu=4, compares=1, alu=6, mla=2),
+        col=Mix(loads=15, paired=11, alu=17, mla=1),
+        col_short=Mix(loads=26 / 3, paired=10, alu=12, branches=3, mla=1),
+        block=Mix(loads=3, paired=3, alu=6, branches=1)),
+    (True, True): Int8Epilogue(
+        out=Mix(loads=5 / 2, paired=5 / 4, fpu=5, compares=1, alu=15 / 4, branches=1 / 4, mla=1),
+        one=Mix(loads=7 / 3, paired=1, fpu=5, compares=1, alu=17 / 3, mla=2),
+        col=Mix(loads=15, paired=12, alu=15, branches=1, mla=1),
+        col_short=Mix(loads=26 / 3, paired=11, alu=34 / 3, branches=4, mla=1),
+        block=Mix(loads=3, paired=3, alu=6, branches=1)),
+}
+#: TFLite's requantization (``("gemm_i8", "tflite")``), counted as :data:`I8_DEQUANT_CODE` is
+#: (the same shapes and differences), with multipliers below 1 (``left`` 0: the path every
+#: TFLite convolution's multipliers take; a multiplier of 1 or more runs the left-shift path,
+#: about 13 cycles an output cheaper, charged as this one: assumption). Per output: the row sum
+#: and the accumulator loaded, ADD of the column's term, MLS of the row's zero-point term, the
+#: 64-bit nudge ``2**30`` started (MOVS, MOV), SMLAL (``x * M0 + nudge``), the 64-bit ``>> 31``
+#: (LSRS, ORR with the high word's LSL), the sign of the result for RoundingDivideByPOT's
+#: threshold (LSLS, ADD with LSR), AND with the mask, ASR by ``right``, CMP + IT + ADDHI (the
+#: rounding), both clamps by CMP + IT + MOV, the ADD of the zero point, STRB; the mask, the
+#: threshold, the bounds and the output's address reloaded from the stack (about 5 memory
+#: operations an output: the loop holds more live values than the core has registers).
+I8_TFLITE_CODE = Int8Epilogue(
+    out=Mix(loads=6, paired=17 / 4, alu=85 / 4, branches=1 / 4, mla=1),
+    one=Mix(loads=26 / 3, paired=2, alu=24, mla=2),
+    col=Mix(loads=19, paired=13, alu=23, branches=1, mla=1),
+    col_short=Mix(loads=37 / 3, paired=9, alu=16, branches=3, mla=1),
+    block=Mix(loads=2, paired=4, alu=4, branches=1))
+
 #: MAC-array runs per reduction chunk the int8 kernel's software pipeline aims at
 #: (:func:`int8_block_columns`): enough that the M4F's work on one block hides the array's next.
 I8_PIPELINE_BLOCKS = 4
@@ -269,13 +352,27 @@ def _int8_block_work(rows, w, arch: "SpinnArch", side: Int8Side, adds: bool, fin
         return mix_cycles(mix, arch)
 
     work = c(I8_BLOCK) + adds * (rows * w * c(I8_ACC) + rows * c(I8_ACC_ROW))
-    if finish and side.epilogue and not side.int32_out:
-        if side.fp32_out:
-            return work + rows * w * c(I8_DEQUANT)
-        rest = rows % 4
-        work = work + ((rows - rest) * w * c(I8_REQUANT) + rest * w * c(I8_REQUANT_ONE) + w * c(I8_REQUANT_COL)
-                       + c(I8_REQUANT_BLOCK))
-    return work
+    return work + (_finish_cycles(rows, w, 1, arch, side) if finish else 0.0)
+
+
+def _finish_cycles(rows, cols, blocks, arch: "SpinnArch", side: Int8Side):
+    """M4F cycles of the last chunk's epilogue on ``rows x cols`` outputs (the kernel's) in
+    ``blocks`` column blocks: the dequantizing epilogue's variant (:data:`I8_DEQUANT_CODE`),
+    TFLite's requantization (:data:`I8_TFLITE_CODE`) or the one-rounding requantization; none
+    for an int32 output or a part of a split reduction. ``rows``, ``cols`` may be int64 arrays."""
+    if not side.epilogue or side.int32_out:
+        return 0.0
+
+    def c(mix):
+        return mix_cycles(mix, arch)
+
+    rest = rows % 4
+    if side.fp32_out or side.tflite:
+        e = I8_DEQUANT_CODE[side.relu, side.bias] if side.fp32_out else I8_TFLITE_CODE
+        col = np.where(rows >= 4, c(e.col), c(e.col_short))
+        return (rows - rest) * cols * c(e.out) + rest * cols * c(e.one) + cols * col + blocks * c(e.block)
+    return ((rows - rest) * cols * c(I8_REQUANT) + rest * cols * c(I8_REQUANT_ONE) + cols * c(I8_REQUANT_COL)
+            + blocks * c(I8_REQUANT_BLOCK))
 
 
 def int8_m4f_cycles(vm, vn, k, k_splits, arch: "SpinnArch", side: Int8Side | None = None):
@@ -300,15 +397,7 @@ def int8_m4f_cycles(vm, vn, k, k_splits, arch: "SpinnArch", side: Int8Side | Non
     adds = (k_splits - 1) * (outs * c(I8_ACC) + blocks * rows * c(I8_ACC_ROW))
     summed = vm * side.row_sums + vn * side.col_sums  # rows of a sum each
     sums = summed * (k * c(I8_SUM) + k_splits * c(I8_SUM_ROW))
-    finish = 0.0
-    if side.epilogue and not side.int32_out:
-        if side.fp32_out:
-            finish = outs * c(I8_DEQUANT)
-        else:
-            rest = (rows % 4) * cols
-            finish = ((outs - rest) * c(I8_REQUANT) + rest * c(I8_REQUANT_ONE) + cols * c(I8_REQUANT_COL)
-                      + blocks * c(I8_REQUANT_BLOCK))
-    return k_splits * per_job + adds + sums + finish
+    return k_splits * per_job + adds + sums + _finish_cycles(rows, cols, blocks, arch, side)
 
 
 def int8_pipelined_cycles(vm: int, vn: int, k: int, tk: int, arch: "SpinnArch", side: Int8Side | None = None,
