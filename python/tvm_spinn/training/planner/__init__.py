@@ -124,14 +124,18 @@ collectives in series, spreads over the lag and is crossed once in the fill and 
 Then the gradient synchronisation over the ``dp`` replicas (ZeRO-0: an all-reduce; ZeRO-1: a
 reduce-scatter and an all-gather of the updated weights; ZeRO-2: a reduce-scatter per
 micro-batch and the all-gather; rows of a gathered table that no token of the step can touch,
-GPT-2's positions from ``seq`` on, have a zero gradient on every replica and are left out). With
-ZeRO-0 and more than one stage the block stages' gradients are all-reduced in buckets as each
-stage's last backward completes them (a layer's projections one by one, the tables' rows last)
-and each bucket updated on the stage's cores as its reduction ends (:func:`_bucket_tail`; the
-reduction's order per element is the chain's, whatever the buckets); the untouched rows' update
-waits for no reduction and runs in the first stage's idle time within the pipeline. Otherwise
-the block stages' groups synchronise all at once as the first stage ends; a head stage's on
-their own, earlier: in 1F1B's drain the head's stage runs its last
+GPT-2's positions from ``seq`` on, have a zero gradient on every replica and are left out),
+at once as the first stage ends, or, with more than one stage and slot, the cheaper of that
+and a bucketed schedule (:func:`_staggered_tail`): each block stage's gradients reduced in
+buckets as its last backward completes them (a layer's projections one by one, the tables' rows
+last), each bucket updated on the stage's cores as its reduction ends (ZeRO-1/2: its shard, then
+the updated bucket all-gathered; :func:`_bucket_tail`), the stages' reductions starting in the
+order the drain ends them and sharing the links with those still running (what the other
+stages' groups add to a stage's busiest link), and ZeRO-2's reduce-scatters of the earlier
+micro-batches run during the pipeline in the links' time its steady slots leave (the
+reduction's order per element is the chain's, whatever the buckets); the untouched rows'
+update waits for no reduction and runs in the first stage's idle time within the pipeline. A
+head stage's groups synchronise on their own, earlier: in 1F1B's drain the head's stage runs its last
 backward ``pp`` backward passes before the first stage (each at least the slowest stage's
 backward compute), so its synchronisation starts that much earlier (hidden behind the drain;
 :attr:`StepTime.dp_hidden_s`); a tied embedding's

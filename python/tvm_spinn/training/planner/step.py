@@ -9,7 +9,7 @@ from .memory import _costed_stages, _inflight, _stage_activations
 from .model import _block_gemms, _gathered_params, _stage_params, _untouched_rows, _vocab_rows
 from .records import F32, Split, StepTime
 from .slot import _landing, _pass_seconds, _resident_share, _slot_seconds, _tp_reductions
-from .sync import _UPDATE_BYTES, _UPDATE_OPS, _bucket_tail
+from .sync import _UPDATE_BYTES, _UPDATE_OPS, _staggered_tail
 
 
 def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms) -> StepTime:
@@ -236,8 +236,12 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
             w = 0.0 if dram_b > b_gemm else w_gemm
             fill = max(f_s + b_s - w, total - 2 * w + min(tp_b, hides))
             drain_s = b_s - w
+        # the links' busy time in a steady slot: its collectives' bytes and its hand-overs (all of
+        # them counted on the busiest link: what is left of the slot is what other transfers get)
+        links = min(tp_f + tp_b, busy) + pp_s
         per_stage[stage] = dict(total=total, path=path, comp=f_s + b_s, tp=tp_f + tp_b, pp=pp_s, waits=waits,
-                                drain=drain_s, params=streamed, fits=fits, fill=fill, comp_fill=min(f_s + b_s, fill))
+                                drain=drain_s, params=streamed, fits=fits, fill=fill, comp_fill=min(f_s + b_s, fill),
+                                links=links)
     slowest = max(per_stage.values(), key=lambda st: st["total"])
     per = slowest["total"]
     # 1F1B with stages of unequal slots: the slowest stage paces the slots, and the first slot's
@@ -297,19 +301,16 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
     # the block stages end within the drain of each other: their groups synchronise at once (the
     # largest stage's bytes), as the first stage ends; the tied table's synchronisation too
     block = [(_stage_params(spec, tp, pp, j, heads, spread), j) for j in sorted({0, pp - 1})]
-    if split.zero == 0 and stages > 1 and slots > 1:
-        # bucketed: each block stage's gradients all-reduced as its last backward completes
-        # them and each bucket updated as its reduction ends (:func:`_bucket_tail`)
-        # block stage j's last backward ends j backward passes before the first stage's (at
-        # least the block stages' backward each)
-        pace = min(per_stage[j]["drain"] for _, j in block)
-        tail = max((_bucket_tail(spec, split, seq, optimizer, arch, comms, j, n, per_stage[j],
-                                 -j * pace, weights, pipeline - slots * per_stage[0]["total"]) for n, j in block),
-                   key=sum)
-        tail = (max(tail[0], tied), tail[1])
-    else:
-        dp_blocks = sync(grid.reshape(-1, dp), max(n - _untouched_rows(spec, seq, j) for n, j in block))
-        tail = (max(dp_blocks, tied), max(update(n, j) for n, j in block))
+    dp_blocks = sync(grid.reshape(-1, dp), max(n - _untouched_rows(spec, seq, j) for n, j in block))
+    tail = (max(dp_blocks, tied), max(update(n, j) for n, j in block))
+    if stages > 1 and slots > 1:
+        # or bucketed: each block stage's gradients reduced as its last backward completes them,
+        # the stages' in the order the drain ends them, each bucket updated as its reduction ends
+        # (:func:`_staggered_tail`); the faster of the two schedules. The updates (and ZeRO's
+        # gathers after them) wait for the tied table's synchronisation as for the one at once
+        synced, updated, reduced = _staggered_tail(spec, split, seq, optimizer, arch, comms, block, per_stage, per,
+                                                   weights, pipeline - slots * per_stage[0]["total"])
+        tail = min(tail, (synced + max(0.0, tied - max(0.0, reduced)), updated), key=sum)
     hidden = 0.0
     if heads:
         # the head's stage, last of the pipeline, ends ``pp`` backward passes before the first
