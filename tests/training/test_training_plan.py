@@ -747,10 +747,10 @@ def test_a_spread_head_holds_what_a_head_stage_holds(lag, slots):
 def test_the_search_keeps_the_head_lags_below_the_slots(monkeypatch):
     """The search prices a head that runs behind the last block stage only where the step has
     more slots than the lag (every split it weighs passes its memory test first)."""
-    from tvm_spinn.training import planner
+    from tvm_spinn.training.planner import search
 
-    weighed, peak = [], planner._peak_bytes
-    monkeypatch.setattr(planner, "_peak_bytes", lambda spec, split, *a: weighed.append(split) or peak(spec, split, *a))
+    weighed, peak = [], search._peak_bytes
+    monkeypatch.setattr(search, "_peak_bytes", lambda spec, split, *a: weighed.append(split) or peak(spec, split, *a))
     plan = plan_training(_tiny_gpt2(20000), make_system("forty-eight", chips=48), seq=64, global_batch=8,
                          recompute=False)
     lagged = [s for s in weighed if s.head_lag]

@@ -1,0 +1,131 @@
+"""Costs of one pipeline slot of a stage: its GEMM passes, its tensor-parallel reductions, their overlap."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...timing.gemm import gemm_seconds
+from .comms import _Comms
+from .model import _widths
+from .records import F32
+
+
+def _pass_seconds(arch, gemms: list, comms: "_Comms") -> tuple[float, float, float]:
+    """``(forward, input gradients, weight gradients)`` seconds of ``gemms`` ``[(m, k, n, batch)]``
+    (:func:`~tvm_spinn.timing.gemm.gemm_seconds`, cached on ``comms``): the backward of ``Y = A B`` is ``dA = dY B^T``
+    (``m x n`` by ``n x k``) and ``dB = A^T dY`` (``k x m`` by ``m x n``)."""
+    def seconds(m, k, n, b):
+        return comms._get(("gemm", m, k, n, b), lambda: gemm_seconds(arch, m, k, n, b))
+
+    def passes():
+        fwd = sum(seconds(m, k, n, b) for m, k, n, b in gemms)
+        dgrad = sum(seconds(m, n, k, b) for m, k, n, b in gemms)
+        wgrad = sum(seconds(k, m, n, b) for m, k, n, b in gemms)
+        return fwd, dgrad, wgrad
+
+    return comms._get(("passes", tuple(gemms)), passes)
+
+
+#: Share of every PE's tile SRAM that may hold resident weights: the mapping's memory ledger
+#: share (``tvm_spinn.mapping.memory.LEDGER_RESIDENT_SHARE``, which the training layer may not
+#: import; a test keeps the two equal)
+RESIDENT_SHARE = 0.5
+
+
+def _resident_share(arch) -> float:
+    """SRAM bytes a chip keeps for resident weights (:data:`RESIDENT_SHARE` of every PE's tile
+    SRAM, as the mapping's memory plans leave it)."""
+    return RESIDENT_SHARE * arch.pes_per_chip * arch.tile_sram_bytes
+
+
+def _landing(tp: int, heads: int) -> np.ndarray:
+    """The head rank each of ``tp`` block ranks hands its share to: spread evenly over the
+    head's ranks (so over its boards), round robin where there are fewer of them."""
+    t = np.arange(tp)
+    return t * heads // tp if heads >= tp else t % heads
+
+
+def _tp_reductions(spec, tokens: int, tp: int, tp_groups: np.ndarray, comms: "_Comms", arch, sp: bool) -> dict:
+    """One layer's reductions over the sharded axes in the canonical order
+    (:func:`~tvm_spinn.training.tp_chain.layer_reductions`), per pass: the collectives' seconds
+    and busy seconds over every TP group at once (``"forward_s"``, ``"forward_busy"``, ...: with
+    sequence parallelism an all-gather of the block's input and a reduce-scatter of each
+    reduction's leaves, else an all-reduce; the chain or the direct algorithm, each rank's
+    ``leaves / tp`` leaves added one by one) and a rank's seconds adding its leaves to the running
+    sums on its cores (``"forward_add_s"``, ``"backward_add_s"``). With more ranks than key/value
+    heads the backward also all-reduces each replicated head's key and value gradients over its
+    replicas (:func:`~tvm_spinn.training.tp_chain.group_sum`). The GEMMs are the ranks' parallel
+    ``1 / tp`` shares, as in Megatron's split."""
+    from ..tp_chain import kv_replicas, layer_reductions
+
+    h, i, q, kv = _widths(spec)
+    act = F32 * tokens * spec.hidden
+    add_s = arch.m4f_elementwise_cycles / (arch.pes_per_chip * arch.clock_hz)
+
+    def make():
+        out = {f"{p}_{k}": 0.0 for p in ("forward", "backward") for k in ("s", "busy", "add_s")}
+        gather = comms.collective_parts("all_gather", tp_groups, act) if sp else (0.0, 0.0)
+        for kind, m, _, n, leaves, _ in layer_reductions(spec.family, h, q, kv, i, tokens, spec.heads,
+                                                         spec.kv_heads):
+            per_rank = leaves // tp  # every admissible tp divides the leaves (:func:`.tp_chain.admissible_tp`)
+            s, busy = comms.collective_parts("reduce_scatter" if sp else "all_reduce", tp_groups, F32 * m * n,
+                                             per_rank)
+            out[f"{kind}_s"] += s
+            out[f"{kind}_busy"] += busy
+            out[f"{kind}_add_s"] += per_rank * m * n * add_s
+        replicas = kv_replicas(spec.kv_heads, tp)
+        if replicas > 1:
+            # a replicated key/value head: the gradients of its keys and values (every token, one
+            # head's features) summed over its replicas in rank order and returned to each
+            # (:func:`.tp_chain.group_sum`), one all-reduce each over every head's replicas at once;
+            # a chain in the reproducible mode (each replica adds its query head's term in turn: no
+            # pre-added partial sum exists to send directly)
+            heads = tp_groups.reshape(-1, replicas)
+            for _ in ("keys", "values"):
+                s, busy = comms.collective_parts("all_reduce", heads, F32 * tokens * spec.head_dim, chain=True)
+                out["backward_s"] += s
+                out["backward_busy"] += busy
+        # an all-gather before each of the forward's two reductions (the block's input, the MLP's
+        # input) and each of the backward's two (the inputs its weight gradients read)
+        for kind in ("forward", "backward"):
+            out[f"{kind}_s"] += 2 * gather[0]
+            out[f"{kind}_busy"] += 2 * gather[1]
+        return out
+
+    return comms._get(("tp_reductions", spec.family, h, i, q, kv, spec.heads, spec.kv_heads, tokens, tp, sp,
+                       tp_groups.shape, tp_groups.tobytes()), make)
+
+
+def _slot_seconds(f_s: float, b_s: float, tp_f: float, tp_b: float, pp_s: float, overlap: bool,
+                  pp_shared: "float | None" = None, tp_busy: "float | None" = None, w_s: float = 0.0) -> float:
+    """Seconds of one stage's pipeline slot: its forward and backward passes (``f_s``, ``b_s``
+    of compute), the TP collectives each waits for (``tp_f``, ``tp_b``) and the stage's
+    hand-overs (``pp_s``, by DMA, on the links the collectives use).
+
+    Without ``overlap`` (one slot: its backward waits for its forward) the passes and their
+    collectives run one after the other and the hand-overs under the compute. With it (the
+    forward of one slot and the backward of another, independent, as 1F1B pairs them) the PEs
+    and the links are two resources that both passes share: the slot takes the busier
+    resource, or the longer pass with its own collectives (each pass's GEMMs wait for the
+    collective before them), whichever is longer.
+
+    ``pp_shared`` is the part of the hand-overs' time on the links the collectives use (default:
+    all of it). Where the collectives stay on their boards and the hand-overs' time is the
+    board edges' (a stage boundary between boards), the two load different links: the links
+    then take the longer of the board edges' time (``pp_s``) and the on-board links' (the
+    collectives and the hand-overs' on-board legs).
+
+    ``tp_busy`` is the part of the collectives' time their links carry bytes (default: all of
+    it): the rest (hop latencies, DMA set-ups, a chain's fill) holds back the pass that waits
+    for the collective, not the other pass's transfers on the links.
+
+    ``w_s`` is the backward's weight-gradient GEMMs' time: no later GEMM of the pass reads
+    them, so the backward's collectives (the input gradients' reductions, the inputs gathered
+    for the weight gradients) run while the PEs compute them (Megatron-LM's overlap of the
+    tensor-parallel backward communication with the weight-gradient GEMMs, Narayanan et al.
+    2021): the backward waits for the part of its collectives longer than they."""
+    shared = pp_s if pp_shared is None else min(pp_s, pp_shared)
+    if not overlap:
+        return tp_f + tp_b - min(tp_b, w_s) + max(f_s + b_s, pp_s)
+    busy = tp_f + tp_b if tp_busy is None else min(tp_f + tp_b, tp_busy)
+    return max(f_s + b_s, busy + shared, pp_s, f_s + tp_f, b_s + tp_b - min(tp_b, w_s))
