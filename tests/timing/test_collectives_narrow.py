@@ -5,6 +5,9 @@ schedule, and bad owners are refused."""
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
+
 import numpy as np
 import pytest
 
@@ -116,3 +119,20 @@ def test_two_boards_and_bad_owners(boards24):
     with pytest.raises(ValueError, match="one owner a share"):
         N.owner_floor(graph, [0, 1, 4], 1.0, 1.0, [0, 1, 999])
     assert N.owner_floor(graph, [3], 1.0, 1.0) == (0.0, 0.0)
+
+
+def test_owner_floor_refuses_a_board_without_edges_before_dividing(boards24):
+    """A member with no board edges: one named ValueError, and no division by its zero rate on
+    the way (warnings are errors here)."""
+    topo, order = boards24
+    graph = topo.board_graph()
+    cut = graph.neighbors.copy()
+    cut[23] = -1
+    cut[cut == 23] = -1
+    island = dataclasses.replace(graph, neighbors=cut, memo={})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match="not joined by board edges"):
+            N.owner_floor(island, [0, 1, 23], 1.0, 1.0)
+        with pytest.raises(ValueError, match="not joined by board edges"):
+            N.owner_floor(island, [0, 1, 4], 1.0, 1.0, [0, 1, 23])
