@@ -121,6 +121,34 @@ def test_two_boards_and_bad_owners(boards24):
     assert N.owner_floor(graph, [3], 1.0, 1.0) == (0.0, 0.0)
 
 
+def test_owner_schedule_keeps_the_choices_whose_trees_are_built(boards24, monkeypatch):
+    """A choice of owners whose trees are not built is skipped, not the whole schedule: on four
+    boards (two choices: each member its own share, and the shares dealt to the central boards)
+    with the dealt choice's trees refused, the figure is the members' own choice's."""
+    topo, order = boards24
+    graph = topo.board_graph()
+    boards = [0, 1, 4, 5]
+    grid = _grid(order, boards)
+    n = wire_bytes("int8", 8192)
+    share = n / 4
+    region = C._board_tree_options(graph, np.asarray(boards), share)[0]
+    own = tuple(range(4))
+    assert len(owner_choices(graph, region, 4)) == 2 and owner_choices(graph, region, 4)[0] == own
+    board = C._gather_parts(topo, grid[0], n)
+    expected = N.owner_tree_cost(graph, N.owner_trees(graph, region, 4, share, share, board, own), share, share, board)
+    real = N.owner_trees
+
+    def members_only(graph_, region_, g, piece, share_, board_, owners=None):
+        return real(graph_, region_, g, piece, share_, board_, owners) if tuple(owners) == own else None
+
+    monkeypatch.setattr(N, "owner_trees", members_only)
+    trees = owner_schedule(topo, grid, n)
+    assert trees is not None and trees.owners == tuple(boards)
+    assert trees.seconds == pytest.approx(expected, rel=1e-12)
+    monkeypatch.setattr(N, "owner_trees", lambda *args, **kwargs: None)
+    assert owner_schedule(topo, grid, n) is None
+
+
 def test_owner_floor_refuses_a_board_without_edges_before_dividing(boards24):
     """A member with no board edges: one named ValueError, and no division by its zero rate on
     the way (warnings are errors here)."""

@@ -146,9 +146,9 @@ def owner_schedule(topo, grid, nbytes: float) -> "NarrowAllReduce | None":
     share's pieces up and the reduced share down trees rooted at its owner
     (:func:`tvm_spinn.timing.collectives.narrow.owner_trees`, over the group's boards and the
     boards around it), pipelined, the board's gather of the narrowed row riding on the
-    arrivals; None where those trees are not built (two boards, a group and the boards around
-    it of more than :data:`tvm_spinn.timing.collectives.MULTICAST_MAX_RANKS`, boards the links
-    do not join)."""
+    arrivals; the cheapest of :func:`owner_choices`. None where no choice's trees are built (two
+    boards, a group and the boards around it of more than
+    :data:`tvm_spinn.timing.collectives.MULTICAST_MAX_RANKS`, boards the links do not join)."""
     from ..timing.collectives import MULTICAST_MAX_RANKS, _board_tree_options, _gather_parts
     from ..timing.collectives.boards import _board_rows
     from ..timing.collectives.narrow import owner_tree_cost, owner_trees
@@ -168,8 +168,8 @@ def owner_schedule(topo, grid, nbytes: float) -> "NarrowAllReduce | None":
     best = None
     for owners in owner_choices(graph, region, g):
         trees = owner_trees(graph, region, g, share, share, board, owners)
-        if trees is None:
-            return None
+        if trees is None:  # not built for these owners: the other choices still stand
+            continue
         seconds = owner_tree_cost(graph, trees, share, share, board)
         if best is None or seconds < best.seconds:
             best = NarrowAllReduce(seconds, graph.link_seconds(trees.up * share) + trees.up_s,
