@@ -31,7 +31,7 @@ read one input, run as one GEMM of their weights concatenated along the output c
 output sliced where each one's columns begin (``fuse``, the default: :meth:`_Step._fuse`): every
 output column is the same dot product with the same weight column, so a float32 GEMM's sums
 and an int8 GEMM's int32 sums and per-column scales are those of the separate projections,
-and a block runs two weight GEMMs where it ran five.
+and a block runs two weight GEMMs (q/k/v and gate/up).
 
 Gemma-2 mixes local (windowed) and global layers: its cache holds every position in every
 layer (slot = position), and its steps take one mask per layer kind (``(2, S)`` for a decode
@@ -147,11 +147,11 @@ class _Step(nn.Module):
         gate and up projections as one: their weights concatenated along the output columns (and
         their biases), the output sliced where the columns of each begin.
 
-        Each output column is the dot product of the same input row with the same weight column
-        as before, so a float32 GEMM's and an int8 GEMM's sums are those of the separate
+        Each output column is the same input row's dot product with that projection's weight
+        column, so a float32 GEMM's and an int8 GEMM's sums are those of the separate
         projections, and per-channel int8 weights keep every column's scale; the projections
         share their input's quantization (one activation tensor). Such a block runs two weight
-        GEMMs where it ran five (one barrier, one set of tiles and one hand-off each)."""
+        GEMMs (q/k/v and gate/up; one barrier, one set of tiles and one hand-off each)."""
         for i in layers:
             block = self.blocks[i]
             attn = getattr(block, "self_attn", None) or getattr(block, "attn", None)
