@@ -34,24 +34,24 @@ import numpy as np
 
 import tvm_spinn
 from tvm_spinn.llm import board_tp
-from tvm_spinn.llm.wire import WIRES, narrow_all_reduce, owner_schedule, wire_bytes
+from tvm_spinn.llm.wire import WIRES, direct_schedule, narrow_all_reduce, owner_schedule, wire_bytes
 from tvm_spinn.target import arch_of
 from tvm_spinn.timing import collectives as C
 from tvm_spinn.timing.collectives import narrow as N
 
 
 def _direct(topo, grid: np.ndarray, n: float) -> dict:
-    """The direct schedule's reduce-scatter on the chips' routes: busiest board edge's bytes and
-    time, the longest route's latency and board hops; and its multicast all-gather's figure."""
+    """The direct schedule's figure (:func:`~tvm_spinn.llm.wire.direct_schedule`) and, of its
+    reduce-scatter on the chips' routes, the busiest board edge's bytes and time and the longest
+    route's latency and board hops."""
     g, k = grid.shape
     a, b = np.nonzero(~np.eye(g, dtype=bool))
     src, dst = grid[a].reshape(-1), grid[b].reshape(-1)
     cost, load = topo.evaluate(src, dst, n / g / k)
     board = topo.link_group >= 0
     edge = np.bincount(topo.link_group[board], weights=load[board], minlength=topo.group_bw.size)
-    gather = C.board_group_scattered_all_reduce(topo, grid, 0.0, n, rounds=0).seconds
-    return {"edge_bytes": float(edge.max()), "bw_s": cost.bandwidth_s, "lat_s": cost.latency_s,
-            "board_hops": cost.board_hops, "gather_s": gather}
+    return {"cost": direct_schedule(topo, grid, n), "edge_bytes": float(edge.max()), "bw_s": cost.bandwidth_s,
+            "lat_s": cost.latency_s, "board_hops": cost.board_hops}
 
 
 def rows(arch, g: int, hidden: int, wire: str) -> list[dict]:
@@ -115,9 +115,9 @@ def main() -> None:
             d, f, c = r["direct"], r["floor"], r["cost"]
             print(f"  layout {r['layout']} boards {r['boards']}: {c.seconds * us:.1f} us {c.schedule} "
                   f"(cpu {r['cpu_s']:.1f} s)")
-            print(f"    direct       {(d['bw_s'] + d['lat_s'] + d['gather_s']) * us:6.1f} us = reduce-scatter: busiest "
-                  f"board edge {d['edge_bytes']:.0f} B {d['bw_s'] * us:.1f} + {d['board_hops']} board hops "
-                  f"{d['lat_s'] * us:.1f}; then all-gather {d['gather_s'] * us:.1f}")
+            print(f"    direct       {d['cost'].seconds * us:6.1f} us = reduce-scatter {d['cost'].scatter_s * us:.1f} "
+                  f"(busiest board edge {d['edge_bytes']:.0f} B {d['bw_s'] * us:.1f} + {d['board_hops']} board hops "
+                  f"{d['lat_s'] * us:.1f}); then all-gather {d['cost'].gather_s * us:.1f}")
             if "trees" in r:
                 t = r["trees"]
                 print(f"    owner trees  {t['cost'].seconds * us:6.1f} us = busiest edge with both phases "

@@ -93,3 +93,28 @@ def test_fused_weights_are_the_projections_concatenated():
         a, b = step(*args), apart(*args)
     for x, y in zip(a, b):
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
+
+
+def test_steps_share_one_copy_of_the_concatenated_weights():
+    """Every step wrapped around a model (each prompt length's prefill, the decode step) holds
+    the same concatenated q/k/v and gate/up tensors, equal to the projections' weights stacked
+    by hand; a weight changed in place is concatenated afresh for the steps built after."""
+    model = _model("qwen2")
+    spec = spec_of(model)
+    steps = [graphs.Prefill(model, spec, SLOTS, 4), graphs.Prefill(model, spec, SLOTS, 6),
+             graphs.Decode(model, spec, SLOTS)]
+    for i, block in enumerate(model.model.layers):
+        attn, mlp = block.self_attn, block.mlp
+        for name, parts in ((f"qkv{i}", [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
+                            (f"qkv{i}bias", [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]),
+                            (f"gate_up{i}", [mlp.gate_proj.weight, mlp.up_proj.weight])):
+            assert all(step.fused[name] is steps[0].fused[name] for step in steps), name
+            rows = np.concatenate([p.detach().numpy() for p in parts])
+            np.testing.assert_array_equal(steps[0].fused[name].detach().numpy(), rows)
+    with torch.no_grad():
+        model.model.layers[0].self_attn.k_proj.weight.add_(1.0)
+    later = graphs.Decode(model, spec, SLOTS)
+    assert later.fused["qkv0"] is not steps[0].fused["qkv0"] and later.fused["gate_up0"] is steps[0].fused["gate_up0"]
+    k = model.model.layers[0].self_attn.k_proj.weight
+    rows = later.fused["qkv0"].detach().numpy()[model.model.layers[0].self_attn.q_proj.weight.shape[0]:][:k.shape[0]]
+    np.testing.assert_array_equal(rows, k.detach().numpy())

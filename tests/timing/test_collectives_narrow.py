@@ -5,10 +5,13 @@ schedule, and bad owners are refused."""
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
+
 import numpy as np
 import pytest
 
-from tvm_spinn.llm.wire import narrow_all_reduce, owner_choices, owner_schedule, wire_bytes
+from tvm_spinn.llm.wire import direct_schedule, narrow_all_reduce, owner_choices, owner_schedule, wire_bytes
 from tvm_spinn.timing import collectives as C
 from tvm_spinn.timing.collectives import narrow as N
 
@@ -72,12 +75,8 @@ def test_figure_between_the_floor_and_the_direct_schedule(boards24, boards, wire
     cost = narrow_all_reduce(topo, grid, n)
     trees = owner_schedule(topo, grid, n)
     assert trees is not None and trees.schedule == "owner-trees"
-    # the direct schedule: all-to-all on the chips' routes, then the multicast all-gather
-    send = np.full((g, g), n / g)
-    np.fill_diagonal(send, 0.0)
-    direct = (C.board_all_to_all(topo, grid, send).seconds
-              + C.board_group_scattered_all_reduce(topo, grid, 0.0, n, rounds=0).seconds)
-    assert cost.seconds == pytest.approx(min(direct, trees.seconds), rel=1e-12)
+    direct = direct_schedule(topo, grid, n)
+    assert cost.seconds == pytest.approx(min(direct.seconds, trees.seconds), rel=1e-12)
     # pipelined: never dearer than its phases one after the other
     assert trees.seconds <= trees.scatter_s + trees.gather_s + 1e-15
     bw, lat = N.owner_floor(graph, boards, n / g, n / g, trees.owners)
@@ -87,22 +86,54 @@ def test_figure_between_the_floor_and_the_direct_schedule(boards24, boards, wire
     assert N.owner_floor(graph, boards, n / g, n / g) == N.owner_floor(graph, boards, n / g, n / g, boards)
 
 
+@pytest.mark.parametrize("boards", [[0, 1]] + GROUPS)
+def test_direct_schedule_above_its_phases_floors(boards24, boards):
+    """The direct schedule's phases one after the other, each no cheaper than the bytes its
+    boards must move over their board edges (:func:`owner_floor` with the members owning their
+    own shares: the pieces alone for the reduce-scatter, the reduced shares alone for the
+    all-gather); on two boards, by hand: board 0 sends half the row out over its edges."""
+    topo, order = boards24
+    graph = topo.board_graph()
+    grid = _grid(order, boards)
+    g = len(boards)
+    n = wire_bytes("int8", 8192)
+    direct = direct_schedule(topo, grid, n)
+    assert direct.schedule == "direct" and direct.owners == tuple(boards) and direct.nbytes == n
+    assert direct.seconds == direct.scatter_s + direct.gather_s
+    assert direct.scatter_s >= N.owner_floor(graph, boards, n / g, 0.0)[0] - 1e-15
+    assert direct.gather_s >= N.owner_floor(graph, boards, 0.0, n / g)[0] - 1e-15
+    if g == 2:
+        edges = graph.neighbors[boards[0]] >= 0
+        assert direct.scatter_s >= (n / 2) / graph.link_bw.reshape(-1, 6)[boards[0]][edges].sum()
+    assert narrow_all_reduce(topo, grid, n).seconds <= direct.seconds
+
+
+def test_direct_schedule_refuses_bad_input(boards24):
+    topo, order = boards24
+    with pytest.raises(ValueError, match="two boards or more"):
+        direct_schedule(topo, _grid(order, [0]), 100.0)
+    with pytest.raises(ValueError, match="nbytes"):
+        direct_schedule(topo, _grid(order, [0, 1]), float("nan"))
+    with pytest.raises(ValueError, match="one board"):
+        direct_schedule(topo, [[0, 48]], 100.0)
+
+
 def test_sixteen_boards_beat_the_direct_schedule(boards24):
     """The Llama-2-70B row over 16 boards of 24: the owner trees are the cheaper, within 1.5x
-    of their floor, and an fp16 row on them is cheaper than the int8 row was directly."""
+    of their floor, and an fp16 row (twice the bytes a row, less its scales) costs more than an
+    int8 row on either schedule."""
     topo, order = boards24
     graph = topo.board_graph()
     grid = _grid(order, range(16))
     n = wire_bytes("int8", 8192)
-    send = np.full((16, 16), n / 16)
-    np.fill_diagonal(send, 0.0)
-    direct = (C.board_all_to_all(topo, grid, send).seconds
-              + C.board_group_scattered_all_reduce(topo, grid, 0.0, n, rounds=0).seconds)
+    direct = direct_schedule(topo, grid, n).seconds
     cost = narrow_all_reduce(topo, grid, n)
     assert cost.schedule == "owner-trees" and cost.seconds < 0.85 * direct
     bw, lat = N.owner_floor(graph, range(16), n / 16, n / 16, cost.owners)
     assert cost.seconds < 1.5 * (bw + lat + C._gather_parts(topo, grid[0], n)[1])
-    assert narrow_all_reduce(topo, grid, wire_bytes("fp16", 8192)).seconds > cost.seconds
+    fp16 = narrow_all_reduce(topo, grid, wire_bytes("fp16", 8192))
+    assert fp16.seconds > cost.seconds
+    assert direct_schedule(topo, grid, wire_bytes("fp16", 8192)).seconds > direct
 
 
 def test_two_boards_and_bad_owners(boards24):
@@ -116,3 +147,48 @@ def test_two_boards_and_bad_owners(boards24):
     with pytest.raises(ValueError, match="one owner a share"):
         N.owner_floor(graph, [0, 1, 4], 1.0, 1.0, [0, 1, 999])
     assert N.owner_floor(graph, [3], 1.0, 1.0) == (0.0, 0.0)
+
+
+def test_owner_schedule_keeps_the_choices_whose_trees_are_built(boards24, monkeypatch):
+    """A choice of owners whose trees are not built is skipped, not the whole schedule: on four
+    boards (two choices: each member its own share, and the shares dealt to the central boards)
+    with the dealt choice's trees refused, the figure is the members' own choice's."""
+    topo, order = boards24
+    graph = topo.board_graph()
+    boards = [0, 1, 4, 5]
+    grid = _grid(order, boards)
+    n = wire_bytes("int8", 8192)
+    share = n / 4
+    region = C._board_tree_options(graph, np.asarray(boards), share)[0]
+    own = tuple(range(4))
+    assert len(owner_choices(graph, region, 4)) == 2 and owner_choices(graph, region, 4)[0] == own
+    board = C._gather_parts(topo, grid[0], n)
+    expected = N.owner_tree_cost(graph, N.owner_trees(graph, region, 4, share, share, board, own), share, share, board)
+    real = N.owner_trees
+
+    def members_only(graph_, region_, g, piece, share_, board_, owners=None):
+        return real(graph_, region_, g, piece, share_, board_, owners) if tuple(owners) == own else None
+
+    monkeypatch.setattr(N, "owner_trees", members_only)
+    trees = owner_schedule(topo, grid, n)
+    assert trees is not None and trees.owners == tuple(boards)
+    assert trees.seconds == pytest.approx(expected, rel=1e-12)
+    monkeypatch.setattr(N, "owner_trees", lambda *args, **kwargs: None)
+    assert owner_schedule(topo, grid, n) is None
+
+
+def test_owner_floor_refuses_a_board_without_edges_before_dividing(boards24):
+    """A member with no board edges: one named ValueError, and no division by its zero rate on
+    the way (warnings are errors here)."""
+    topo, order = boards24
+    graph = topo.board_graph()
+    cut = graph.neighbors.copy()
+    cut[23] = -1
+    cut[cut == 23] = -1
+    island = dataclasses.replace(graph, neighbors=cut, memo={})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match="not joined by board edges"):
+            N.owner_floor(island, [0, 1, 23], 1.0, 1.0)
+        with pytest.raises(ValueError, match="not joined by board edges"):
+            N.owner_floor(island, [0, 1, 4], 1.0, 1.0, [0, 1, 23])

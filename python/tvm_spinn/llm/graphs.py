@@ -31,7 +31,7 @@ read one input, run as one GEMM of their weights concatenated along the output c
 output sliced where each one's columns begin (``fuse``, the default: :meth:`_Step._fuse`): every
 output column is the same dot product with the same weight column, so a float32 GEMM's sums
 and an int8 GEMM's int32 sums and per-column scales are those of the separate projections,
-and a block runs two weight GEMMs where it ran five.
+and a block runs two weight GEMMs (q/k/v and gate/up).
 
 Gemma-2 mixes local (windowed) and global layers: its cache holds every position in every
 layer (slot = position), and its steps take one mask per layer kind (``(2, S)`` for a decode
@@ -108,9 +108,26 @@ def _fusable(linears) -> bool:
             and len({m.bias is None for m in linears}) == 1)
 
 
-def _concatenated(linears, name: str) -> torch.Tensor:
-    parts = [getattr(m, name).detach() for m in linears]
-    return nn.Parameter(torch.cat(parts, dim=0), requires_grad=False)
+#: the attribute of a model (its ``__dict__``, not a registered buffer) holding the
+#: concatenations :func:`_concatenated` built from its weights
+_FUSED_ATTR = "_tvm_spinn_fused"
+
+
+def _concatenated(model, linears, name: str) -> nn.Parameter:
+    """The ``name`` tensors (``"weight"`` or ``"bias"``) of ``linears`` concatenated along the
+    output columns, built once per ``model``: every step wrapped around the model (each prompt
+    length's prefill, the decode step) shares the one copy. Kept on the model next to the very
+    tensors it was built from and their version counters, so a weight replaced or changed in
+    place is concatenated afresh."""
+    parts = tuple(getattr(m, name) for m in linears)
+    versions = tuple(p._version for p in parts)
+    cache = model.__dict__.setdefault(_FUSED_ATTR, {})
+    key = (tuple(id(m) for m in linears), name)
+    held = cache.get(key)
+    if held is None or held[1] != versions or any(a is not b for a, b in zip(held[0], parts)):
+        fused = nn.Parameter(torch.cat([p.detach() for p in parts], dim=0), requires_grad=False)
+        held = cache[key] = (parts, versions, fused)
+    return held[2]
 
 
 class _Step(nn.Module):
@@ -145,27 +162,29 @@ class _Step(nn.Module):
     def _fuse(self, layers) -> None:
         """The separate q, k and v projections of each of ``layers`` as one GEMM, and a gated MLP's
         gate and up projections as one: their weights concatenated along the output columns (and
-        their biases), the output sliced where the columns of each begin.
+        their biases), the output sliced where the columns of each begin. The concatenated
+        weights are built once per model and shared by every step wrapped around it
+        (:func:`_concatenated`).
 
-        Each output column is the dot product of the same input row with the same weight column
-        as before, so a float32 GEMM's and an int8 GEMM's sums are those of the separate
+        Each output column is the same input row's dot product with that projection's weight
+        column, so a float32 GEMM's and an int8 GEMM's sums are those of the separate
         projections, and per-channel int8 weights keep every column's scale; the projections
         share their input's quantization (one activation tensor). Such a block runs two weight
-        GEMMs where it ran five (one barrier, one set of tiles and one hand-off each)."""
+        GEMMs (q/k/v and gate/up; one barrier, one set of tiles and one hand-off each)."""
         for i in layers:
             block = self.blocks[i]
             attn = getattr(block, "self_attn", None) or getattr(block, "attn", None)
             qkv = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj")]
             if attn is not None and _fusable(qkv):
-                self.fused[f"qkv{i}"] = _concatenated(qkv, "weight")
+                self.fused[f"qkv{i}"] = _concatenated(self.model, qkv, "weight")
                 if qkv[0].bias is not None:
-                    self.fused[f"qkv{i}bias"] = _concatenated(qkv, "bias")
+                    self.fused[f"qkv{i}bias"] = _concatenated(self.model, qkv, "bias")
             mlp = getattr(block, "mlp", None)
             gate_up = [getattr(mlp, n, None) for n in ("gate_proj", "up_proj")]
             if mlp is not None and not self.spec.experts and hasattr(mlp, "act_fn") and _fusable(gate_up):
-                self.fused[f"gate_up{i}"] = _concatenated(gate_up, "weight")
+                self.fused[f"gate_up{i}"] = _concatenated(self.model, gate_up, "weight")
                 if gate_up[0].bias is not None:
-                    self.fused[f"gate_up{i}bias"] = _concatenated(gate_up, "bias")
+                    self.fused[f"gate_up{i}bias"] = _concatenated(self.model, gate_up, "bias")
 
     def _fused_linear(self, name: str, h):
         """``h`` through the concatenated projections ``name`` (:meth:`_fuse`), or None."""

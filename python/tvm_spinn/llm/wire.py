@@ -64,7 +64,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["INT8_CHUNK", "WIRES", "wire_bytes", "NarrowAllReduce", "narrow_all_reduce", "owner_schedule", "owner_choices"]
+__all__ = ["INT8_CHUNK", "WIRES", "wire_bytes", "NarrowAllReduce", "narrow_all_reduce", "direct_schedule",
+           "owner_schedule", "owner_choices"]
 
 #: Elements of one int8 chunk of the wire, each chunk with its own fp32 scale (4 bytes): the
 #: scales add ``4 / INT8_CHUNK`` bytes an element
@@ -90,7 +91,8 @@ class NarrowAllReduce:
     docstring); ``scatter_s`` its reduce-scatter alone and ``gather_s`` its all-gather alone
     (``"direct"``: ``seconds`` is their sum; ``"owner-trees"``: at most their sum, the two
     pipelined); ``nbytes`` the row's bytes on the wire (one board's); ``owners``: the board
-    that adds each share (``"owner-trees"``; ``"direct"``: each member its own share)."""
+    that adds each share (``"direct"``: each member its own share, the group's boards in
+    order; empty for one board or no bytes, where nothing is added)."""
 
     seconds: float
     scatter_s: float
@@ -111,34 +113,68 @@ def narrow_all_reduce(topo, grid, nbytes: float) -> NarrowAllReduce:
     grid : sequence of sequence of int
         ``g`` boards by ``k`` chip ids (every chip of each board, in the board's ring order).
     nbytes : float
+        Bytes of one board's narrowed row, cut into ``g`` shares of ``nbytes / g``; which shares
+        a board sends and receives depends on the owners of the cheaper schedule
+        (:attr:`NarrowAllReduce.owners`: a member owning one share sends ``g - 1`` and receives
+        ``g - 1`` reduced shares back, a member owning none sends all ``g``).
+
+    Returns
+    -------
+    NarrowAllReduce
+    """
+    grid = np.asarray(grid, dtype=np.int64)
+    if grid.ndim != 2 or grid.size == 0:
+        raise ValueError(f"grid must be boards x chips (a 2-D array of chip ids), got shape {grid.shape}")
+    if not np.isfinite(nbytes) or nbytes < 0:
+        raise ValueError(f"nbytes must be a finite number >= 0, got {nbytes!r}")
+    if grid.shape[0] == 1 or nbytes == 0:
+        return NarrowAllReduce(0.0, 0.0, 0.0, float(nbytes))
+    best = direct_schedule(topo, grid, float(nbytes))
+    trees = owner_schedule(topo, grid, float(nbytes))
+    if trees is not None and trees.seconds < best.seconds:
+        return trees
+    return best
+
+
+def direct_schedule(topo, grid, nbytes: float) -> NarrowAllReduce:
+    """The direct figure of :func:`narrow_all_reduce` (see the module docstring): share ``b`` of
+    every board's row straight to the group's board ``b`` (a board all-to-all on the chips' own
+    routes, :func:`tvm_spinn.timing.collectives.board_all_to_all`), then the owners' reduced
+    shares multicast to the group
+    (:func:`tvm_spinn.timing.collectives.board_group_scattered_all_reduce`, its all-gather
+    alone), one after the other. Each member owns its own share.
+
+    Parameters
+    ----------
+    topo : tvm_spinn.target.topology.Topology
+        The system's link graph.
+    grid : sequence of sequence of int
+        ``g >= 2`` boards by ``k`` chip ids (every chip of each board, in the board's ring order).
+    nbytes : float
         Bytes of one board's narrowed row (every board sends ``(g - 1) / g`` of it and receives
         ``(g - 1) / g`` of it back reduced).
 
     Returns
     -------
     NarrowAllReduce
+        ``schedule="direct"``; ``seconds`` the sum of ``scatter_s`` and ``gather_s``.
     """
     from ..timing.collectives import board_all_to_all, board_group_scattered_all_reduce
+    from ..timing.collectives.boards import _board_rows
 
-    grid = np.asarray(grid, dtype=np.int64)
-    if grid.ndim != 2 or grid.size == 0:
-        raise ValueError(f"grid must be boards x chips (a 2-D array of chip ids), got shape {grid.shape}")
+    grid, members = _board_rows(topo, grid, "direct_schedule")
     if not np.isfinite(nbytes) or nbytes < 0:
-        raise ValueError(f"nbytes must be a finite number >= 0, got {nbytes!r}")
+        raise ValueError(f"direct_schedule: nbytes must be a finite number >= 0, got {nbytes!r}")
     g = grid.shape[0]
-    if g == 1 or nbytes == 0:
-        return NarrowAllReduce(0.0, 0.0, 0.0, float(nbytes))
-    # share b of every board's row to board b, straight (no additions on the way)
+    if g < 2:
+        raise ValueError(f"direct_schedule: an all-reduce needs two boards or more, got {g}")
     send = np.full((g, g), float(nbytes) / g)
     np.fill_diagonal(send, 0.0)
     scatter = board_all_to_all(topo, grid, send).seconds
     # the owners' narrowed shares multicast to the group (no reduce phase: nbytes=0)
     gather = board_group_scattered_all_reduce(topo, grid, 0.0, float(nbytes), rounds=0).seconds
-    best = NarrowAllReduce(scatter + gather, scatter, gather, float(nbytes))
-    trees = owner_schedule(topo, grid, float(nbytes))
-    if trees is not None and trees.seconds < best.seconds:
-        return trees
-    return best
+    return NarrowAllReduce(scatter + gather, scatter, gather, float(nbytes), "direct",
+                           tuple(int(b) for b in members))
 
 
 def owner_schedule(topo, grid, nbytes: float) -> "NarrowAllReduce | None":
@@ -146,9 +182,9 @@ def owner_schedule(topo, grid, nbytes: float) -> "NarrowAllReduce | None":
     share's pieces up and the reduced share down trees rooted at its owner
     (:func:`tvm_spinn.timing.collectives.narrow.owner_trees`, over the group's boards and the
     boards around it), pipelined, the board's gather of the narrowed row riding on the
-    arrivals; None where those trees are not built (two boards, a group and the boards around
-    it of more than :data:`tvm_spinn.timing.collectives.MULTICAST_MAX_RANKS`, boards the links
-    do not join)."""
+    arrivals; the cheapest of :func:`owner_choices`. None where no choice's trees are built (two
+    boards, a group and the boards around it of more than
+    :data:`tvm_spinn.timing.collectives.MULTICAST_MAX_RANKS`, boards the links do not join)."""
     from ..timing.collectives import MULTICAST_MAX_RANKS, _board_tree_options, _gather_parts
     from ..timing.collectives.boards import _board_rows
     from ..timing.collectives.narrow import owner_tree_cost, owner_trees
@@ -168,8 +204,8 @@ def owner_schedule(topo, grid, nbytes: float) -> "NarrowAllReduce | None":
     best = None
     for owners in owner_choices(graph, region, g):
         trees = owner_trees(graph, region, g, share, share, board, owners)
-        if trees is None:
-            return None
+        if trees is None:  # not built for these owners: the other choices still stand
+            continue
         seconds = owner_tree_cost(graph, trees, share, share, board)
         if best is None or seconds < best.seconds:
             best = NarrowAllReduce(seconds, graph.link_seconds(trees.up * share) + trees.up_s,

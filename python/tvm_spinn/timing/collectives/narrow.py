@@ -311,11 +311,6 @@ def owner_floor(graph, members, piece: float, share: float, owners=None) -> tupl
     owned = np.bincount(owners, minlength=graph.nodes)
     inside = np.zeros(graph.nodes, dtype=bool)
     inside[members] = True
-    single = 0.0
-    for b in np.flatnonzero(inside | (owned > 0)):
-        got = owned[b] * (g - int(inside[b])) * piece + (g - owned[b]) * share * int(inside[b])
-        sent = (g - owned[b]) * piece * int(inside[b]) + owned[b] * share
-        single = max(single, got / into[b], sent / out[b])
     # hop distances from every owner over every board
     dist = np.full((g, graph.nodes), -1, dtype=np.int64)
     for i, s in enumerate(owners):
@@ -330,6 +325,12 @@ def owner_floor(graph, members, piece: float, share: float, owners=None) -> tupl
     if (between < 0).any():
         raise ValueError(f"owner_floor: the boards {members.tolist()} and owners {owners.tolist()} are not "
                          "joined by board edges")
+    # joined: every board below sends and receives over at least one board edge
+    single = 0.0
+    for b in np.flatnonzero(inside | (owned > 0)):
+        got = owned[b] * (g - int(inside[b])) * piece + (g - owned[b]) * share * int(inside[b])
+        sent = (g - owned[b]) * piece * int(inside[b]) + owned[b] * share
+        single = max(single, got / into[b], sent / out[b])
     copies = g * g - int(inside[owners].sum())
     volume = (piece * float(between.sum()) + share * copies) / float(rate[live].sum())
     hop = float(graph.link_hop_s[np.isfinite(graph.link_hop_s)].min())
