@@ -529,8 +529,8 @@ def test_compiled_zero_bubble_step_against_the_planners_rule(tiny):
 
 @pytest.mark.slow
 def test_bucketed_reduction_keeps_the_bits_and_ends_with_each_stage(tiny):
-    """ZeRO-0 with 2 stages and 2 replicas: one bucket a stage (its parameters, the loss with the
-    last), each reduced in the chain's order and updated on its own: the one-stage (unbucketed)
+    """ZeRO-0 with 2 stages and 2 replicas: one bucket a stage (its parameters; the loss reduced on
+    its own), each reduced in the chain's order and updated on its own: the one-stage (unbucketed)
     run's bits; each stage's reduction starts as its own last pass ends (the chain over its
     replicas' chips), and the step's exposed tail is the latest bucket's, no longer than the
     whole buffer reduced and updated after the pipeline."""
@@ -545,7 +545,8 @@ def test_bucketed_reduction_keeps_the_bits_and_ends_with_each_stage(tiny):
         cut = plan._stages[0]
         assert [b[0] for b in plan._buckets] == [0, 1]
         assert sorted(k for b in plan._buckets for k in b[1]) == list(range(len(cut.param_stage)))
-        assert sum(len(b[2]) for b in plan._buckets) == 1 + sum(int(np.prod(s)) for s in plan._graph.param_shapes)
+        assert sum(len(b[2]) for b in plan._buckets) == sum(int(np.prod(s)) for s in plan._graph.param_shapes)
+        assert 0 not in np.concatenate([b[2] for b in plan._buckets])  # the loss' position
         assert _same_bits(_run(plan, batches), ref), zb
         sim = plan.simulated_step()
         topo = topology_of(plan._system)
@@ -561,6 +562,35 @@ def test_bucketed_reduction_keeps_the_bits_and_ends_with_each_stage(tiny):
         assert 0 < tail < max(chains) + executable_latency(plan.executable)
     # the non-reproducible mode reduces the whole buffer by the ring after the pipeline
     assert trainer.with_plan(pp=2, replicas=2, microbatches=4, reproducible=False)._buckets is None
+
+
+@pytest.mark.slow
+def test_bucketed_step_with_a_last_stage_without_parameters(tiny):
+    """A 3-stage plan (2 layer stages and the head's) whose last stage holds no parameter: the
+    final norm's weights reassigned to the first stage's bucket (the update is per element, so
+    any grouping of the parameters into buckets gives the same bits). The loss is reduced on its
+    own: the step returns the one-chip run's loss and parameters bit for bit, and the timing lists
+    keep one entry per stage, 0.0 for the empty one."""
+    import dataclasses
+
+    _, trainer, batches = tiny
+    ref = _run(trainer.with_plan(), batches)
+    plan = trainer.with_plan(pp=3, head_stage=True, microbatches=2)
+    cut, *rest = plan._stages
+    moved = tuple(0 if st == 2 else st for st in cut.param_stage)
+    assert 2 in cut.param_stage and 2 not in moved
+    plan._stages = (dataclasses.replace(cut, param_stage=moved), *rest)
+    plan._buckets = plan._setup_buckets()
+    assert [b[0] for b in plan._buckets] == [0, 1]
+    run = _run(plan, batches)
+    assert not np.isnan(run[0]).any()
+    assert _same_bits(run, ref)
+    sim = plan.simulated_step()
+    assert len(sim["bucket_sync_end_s"]) == len(sim["bucket_update_end_s"]) == 3
+    assert sim["bucket_sync_end_s"][2] == sim["bucket_update_end_s"][2] == 0.0
+    for stage in (0, 1):  # one replica: no chain, the update starts as the stage's last pass ends
+        assert sim["bucket_sync_end_s"][stage] == sim["stage_end_s"][stage]
+        assert sim["bucket_update_end_s"][stage] > sim["stage_end_s"][stage]
 
 
 @pytest.mark.parametrize("options, message", [

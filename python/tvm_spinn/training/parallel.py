@@ -322,11 +322,12 @@ class DataParallelTrainer(Trainer):
 
     # -- bucketed reduction: each stage's gradients reduced and updated on their own ----------------
     def _setup_buckets(self) -> list:
-        """One bucket per stage (ZeRO-0 with pipeline stages): its parameters (the cut's
-        ``param_stage``), their elements' positions in the flat (loss, gradients) vector (the
-        loss with the last stage, which computes it) and the update of a flat vector of its
-        size (:func:`.zero.shard_update_module`: the canonical update's per-element ops on a
-        slice, so the same bits)."""
+        """One bucket per stage that holds parameters (ZeRO-0 with pipeline stages): its
+        parameters (the cut's ``param_stage``), their elements' positions in the flat (loss,
+        gradients) vector and the update of a flat vector of its size
+        (:func:`.zero.shard_update_module`: the canonical update's per-element ops on a slice, so
+        the same bits). The loss (position 0) is in no bucket: ``_bucketed_update`` reduces
+        it on its own, so a stage without parameters leaves it whole."""
         from .zero import ShardLayout, shard_update_module
 
         cut = self._stages[0]
@@ -340,8 +341,6 @@ class DataParallelTrainer(Trainer):
                 if not idx:
                     continue
                 pos = np.concatenate([np.arange(starts[k], starts[k] + sizes[k]) for k in idx])
-                if stage == self.pp - 1:
-                    pos = np.concatenate([[0], pos])
                 n = sum(sizes[k] for k in idx)
                 if (n, self.granules) not in cache:
                     mod, state = shard_update_module(self._optimizer_spec, n, self.granules)
@@ -362,11 +361,10 @@ class DataParallelTrainer(Trainer):
         scalars = state[:layout.scalars]
         params = list(self._params)
         new_state = list(state)
-        loss = None
+        # the loss: every granule's added in the chain's order, whichever stages hold parameters
+        loss = chain_sum([f[0] for f in flats])
         for _, idx, pos, vm in self._buckets:
             total = chain_sum([f[pos] for f in flats])
-            if pos[0] == 0:  # the loss' bucket: the last stage's
-                loss, total = total[0], total[1:]
             flat = np.concatenate([params[k].numpy().reshape(-1) for k in idx])
             groups = [np.concatenate([state[layout.scalars + j * n + k].reshape(-1) for k in idx])
                       for j in range(layout.groups)]
@@ -556,7 +554,8 @@ class DataParallelTrainer(Trainer):
             ``all_reduce_s`` is the slowest stage's chain over the replicas' chips of that stage
             (each reduces its own parameters' gradients). ZeRO-0 in the reproducible mode reduces
             by buckets: each stage's chain starts as its last pass ends and its update as the
-            chain ends (``bucket_sync_end_s``, ``bucket_update_end_s``), and ``all_reduce_s`` and
+            chain ends (``bucket_sync_end_s``, ``bucket_update_end_s``: one entry per stage, 0.0
+            for a stage without parameters), and ``all_reduce_s`` and
             ``update_s`` are the parts past the pipeline. The in-block additions are costed as
             for the whole gradient buffer (the stages' shares would be smaller: not modelled).
 
@@ -626,14 +625,14 @@ class DataParallelTrainer(Trainer):
                 coll = max(colls, key=lambda c: c.seconds)
             if self._buckets is not None:
                 # each stage's bucket reduced over its replicas' chips as the stage's last pass ends,
-                # then updated on the stage's chip: the tail past the pipeline is the latest stage's
-                sync_end, upd_end = [], []
+                # then updated on the stage's chip: the tail past the pipeline is the latest stage's;
+                # one entry per stage, 0.0 for a stage without parameters (no bucket)
+                sync_end, upd_end = [0.0] * self.pp, [0.0] * self.pp
                 for stage, _, pos, _ in self._buckets:
                     ready = stage_end[stage] + (colls[stage].seconds if chips > 1 else 0.0)
-                    n = len(pos) - (1 if pos[0] == 0 else 0)
-                    sync_end.append(ready)
-                    upd_end.append(ready + share * executable_latency(
-                        self._shared["shard_update"][(n, self.granules)][0]))
+                    sync_end[stage] = ready
+                    upd_end[stage] = ready + share * executable_latency(
+                        self._shared["shard_update"][(len(pos), self.granules)][0])
                 span = pipe["compute_s"]
                 bucketed = (max(0.0, max(sync_end) - span), max(0.0, max(upd_end) - max(max(sync_end), span)))
                 pipe["bucket_sync_end_s"], pipe["bucket_update_end_s"] = sync_end, upd_end
