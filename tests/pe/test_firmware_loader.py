@@ -6,8 +6,6 @@ the file and the field; a layer left to the host is named when the loader is ask
 
 from __future__ import annotations
 
-import hashlib
-import json
 import subprocess
 import sys
 
@@ -25,6 +23,7 @@ from tvm_spinn.pe import FirmwareError, load_firmware, run_firmware  # noqa: E40
 from tvm_spinn.pe.firmware import MANIFEST, programs_of  # noqa: E402
 from tvm_spinn.pe.jobs import descriptors, expand  # noqa: E402
 from tvm_spinn.runtime.simulator import run_program  # noqa: E402
+from _firmware_edits import rewrite_jobs, rewrite_manifest  # noqa: E402
 
 
 class _Mlp(torch.nn.Module):
@@ -232,25 +231,6 @@ def test_panel_and_window_patterns_are_one_descriptor():
     assert descriptors(window.reshape(-1) * 4) == [[0, [3, 3, 2, 1], [4, 40, 400, 0]]]
 
 
-def _rewrite_jobs(directory, edit) -> None:
-    name = "r0.jobs.json"
-    doc = json.loads((directory / name).read_text())
-    edit(doc)
-    data = json.dumps(doc).encode()
-    (directory / name).write_bytes(data)
-    path = directory / MANIFEST
-    m = json.loads(path.read_text())
-    m["files"][name].update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
-    path.write_text(json.dumps(m))
-
-
-def _rewrite_manifest(directory, edit) -> None:
-    path = directory / MANIFEST
-    m = json.loads(path.read_text())
-    edit(m)
-    path.write_text(json.dumps(m))
-
-
 @pytest.fixture
 def fresh_dir(mlp_dir, tmp_path):
     import shutil
@@ -287,6 +267,11 @@ def _job_edits():
         (lambda d: _step(d, "run")[1][0].append(1 << 32), r"a run is"),
         (lambda d: _step(d, "get")[2][0].__setitem__(1, 0), r"field jobs\[\d+\]\.steps\[\d+\]\[2\]\[0\]: addresses"),
         (lambda d: _step(d, "get").__setitem__(0, "got"), r"not a put, remote, run or get step"),
+        # a remote placement's size is bounded by the region's DRAM (it holds copies of tensors)
+        (lambda d: d["jobs"][0]["steps"].append(["remote", [["fill", 0, 1 << 40]]]),
+         r"field jobs\[0\]\.steps\[\d+\]\[1\]: \d+ bytes, more than the region's DRAM"),
+        (lambda d: d["jobs"][0]["steps"].append(["remote", [["dram", 0, [1 << 16, 1 << 16, 1 << 8, 1], [0, 0, 0, 0]]]]),
+         r"field jobs\[0\]\.steps\[\d+\]\[1\]: \d+ bytes, more than the region's DRAM"),
     ]
 
 
@@ -294,7 +279,7 @@ def _job_edits():
 def test_corrupted_job_file_is_named(fresh_dir, edit, field):
     """A job file whose fields are malformed, point outside the image's SRAM or the region's
     DRAM, or contradict the manifest: one FirmwareError naming the job file and the field."""
-    _rewrite_jobs(fresh_dir, edit)
+    rewrite_jobs(fresh_dir, edit)
     with pytest.raises(FirmwareError, match=field) as err:
         load_firmware(fresh_dir)
     assert err.value.path == str(fresh_dir / "r0.jobs.json")
@@ -306,9 +291,12 @@ def test_corrupted_job_file_is_named(fresh_dir, edit, field):
     (lambda m: m["regions"][0]["dram"].update(scratch=[0, 1 << 40]), r"field regions\[0\]\.dram\.scratch"),
     (lambda m: m["regions"][0]["dram"]["tensors"][0].update(bytes=3), r"field regions\[0\]\.dram\.tensors\[0\]\.bytes"),
     (lambda m: m["regions"][0]["dram"]["tensors"][0].update(dtype="float99"),
-     r"field regions\[0\]\.dram\.tensors\[0\]\.dtype"),
+     r"field regions\[0\]\.dram\.tensors\[0\]\.dtype: not a numeric dtype name"),
     (lambda m: m["regions"][0]["dram"]["tensors"][1].update(offset=m["regions"][0]["dram"]["tensors"][0]["offset"]),
      r"field regions\[0\]\.dram\.tensors\[\d\]: overlaps|field regions\[0\]\.dram\.tensors\[1\]\.role"),
+    *[(lambda m, name=name: m["regions"][0]["dram"]["tensors"][0].update(dtype=name),
+       r"field regions\[0\]\.dram\.tensors\[0\]\.dtype: not a numeric dtype name")
+      for name in ("object", "void", "bytes0", "str160", "complex64")],
     (lambda m: m["regions"][0]["dram"].update(inputs=[12345]), r"field regions\[0\]\.dram\.inputs"),
     (lambda m: m["regions"][0].update(jobs={"file": "r0.jobs.json"}), r"field regions\[0\]\.jobs: needs"),
     (lambda m: m["regions"][0]["pe_jobs"][0][1].append(10 ** 6), r"field regions\[0\]\.pe_jobs"),
@@ -317,7 +305,7 @@ def test_corrupted_job_file_is_named(fresh_dir, edit, field):
     (lambda m: m["regions"][0]["arch"].update(acc_bits=32), r"field regions\[0\]\.arch: differs from the system"),
 ])
 def test_corrupted_placement_field_is_named(fresh_dir, edit, field):
-    _rewrite_manifest(fresh_dir, edit)
+    rewrite_manifest(fresh_dir, edit)
     with pytest.raises(FirmwareError, match=rf"{MANIFEST}: {field}") as err:
         load_firmware(fresh_dir)
     assert err.value.path == str(fresh_dir / MANIFEST)

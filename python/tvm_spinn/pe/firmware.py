@@ -412,7 +412,9 @@ def _check_placement(path: str, where: str, region: dict, m: dict) -> None:
             dtype = np.dtype(rec.get("dtype"))
         except TypeError:
             dtype = None
-        _need(dtype is not None and dtype.name == rec.get("dtype"), path, f"field {at}.dtype: not a dtype name")
+        # numeric only: the loader reads the tensors' bytes as arrays of this dtype
+        _need(dtype is not None and dtype.name == rec.get("dtype") and dtype.kind in "biuf", path,
+              f"field {at}.dtype: not a numeric dtype name (bool, integer or float)")
         _need(rec["bytes"] == int(np.prod(rec["shape"], dtype=np.int64)) * dtype.itemsize, path,
               f"field {at}.bytes: differs from its shape and dtype")
         _need(rec["offset"] % 4 == 0 and rec["offset"] + rec["bytes"] <= scratch[0], path,
@@ -531,7 +533,10 @@ def _check_jobs(directory: str, r: int, region: dict, m: dict, files: dict) -> l
                       f"[{arena:#x}, {mm.ARENA_END:#x})")
             elif kind == "remote":
                 _need(len(step) == 2, path, f"field {sat}: a remote is [\"remote\", parts]")
-                _put_bytes(path, f"{sat}[1]", step[1], dram)
+                # a remote holds copies of the region's tensors (a DMA layer's inputs, a table)
+                n = _put_bytes(path, f"{sat}[1]", step[1], dram)
+                _need(n <= dram["bytes"], path,
+                      f"field {sat}[1]: {n} bytes, more than the region's DRAM ({dram['bytes']} bytes)")
             elif kind == "run":
                 _need(len(step) == 3 and isinstance(step[1], list) and isinstance(step[2], bool)
                       and all(_int_list(w) and len(w) <= mm.JOB_WORDS and all(0 <= x < 1 << 32 for x in w)
