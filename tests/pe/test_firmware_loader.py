@@ -207,6 +207,83 @@ def test_layer_left_to_the_host_is_named(tmp_path):
         run_firmware(tmp_path / "fw", [np.array([[1, 2, 3]], np.int32)])
 
 
+@pytest.fixture(scope="module")
+def mlp_images(mlp_dir):
+    from tvm_spinn.pe.images import build_images
+    program = mlp_dir[1][0]
+    return program, build_images(program)
+
+
+def _binary_layers(program, images) -> list:
+    from tvm_spinn.pe.execute import program_role_kind
+    return [i for i in range(len(program.layers)) if program_role_kind(images, i) == "binary"]
+
+
+class _Mapped(dict):
+    """A runner's tensors with ``f`` applied on the host to each one it reads."""
+
+    def __init__(self, env, f):
+        super().__init__()
+        self.env, self.f = env, f
+
+    def __contains__(self, tid) -> bool:
+        return tid in self.env
+
+    def __getitem__(self, tid):
+        return self.f(self.env[tid]).astype(np.float32)
+
+
+@pytest.mark.parametrize("name,f", [
+    ("abs", np.abs), ("plus one", lambda x: x + 1), ("max with zero", lambda x: np.maximum(x, 0)),
+    ("times two", lambda x: x * 2), ("negated", np.negative),
+])
+def test_host_arithmetic_on_the_operands_is_left_to_the_host(mlp_images, monkeypatch, name, f):
+    """A runner that computes on its operands on the host (not a relayout) gets no job table: its
+    layers are left to the host naming the computed words, never exported as a copy."""
+    from tvm_spinn.pe import execute
+    from tvm_spinn.pe.jobs import job_tables
+    program, images = mlp_images
+    binary = _binary_layers(program, images)
+    real = execute._RUNNERS["binary"]
+    assert binary and not {h["layer"] for h in job_tables(program, images)["host"]} & set(binary)
+    monkeypatch.setitem(execute._RUNNERS, "binary", lambda run, index, env, table: real(run, index, _Mapped(env, f), table))
+    host = job_tables(program, images)["host"]
+    assert [h["layer"] for h in host] == binary
+    assert all("a word the host computes from the data" in h["reason"] for h in host)
+
+
+def test_placement_before_any_load_is_left_to_the_host(mlp_images, monkeypatch):
+    """A runner whose first placement comes before it loads an image: its layer is left to the host
+    with that reason."""
+    from tvm_spinn.pe import jobs
+    program, images = mlp_images
+    real = jobs._probe
+
+    def unloaded(*args):
+        trace, env, out = real(*args)
+        trace.ops = [op for op in trace.ops if op[0] != "load"]
+        return trace, env, out
+
+    monkeypatch.setattr(jobs, "_probe", unloaded)
+    host = jobs.job_tables(program, images)["host"]
+    assert [h["layer"] for h in host] == list(range(len(program.layers)))
+    assert all(h["reason"].startswith("a placement before any image load") for h in host)
+
+
+def test_errors_outside_the_runners_propagate(mlp_images, monkeypatch):
+    """Only a runner's refusal of the probe words leaves a layer to the host: an error in the job
+    tables' own code propagates."""
+    from tvm_spinn.pe import jobs
+    program, images = mlp_images
+
+    def broken(addr):
+        raise IndexError("descriptors: out of range")
+
+    monkeypatch.setattr(jobs, "descriptors", broken)
+    with pytest.raises(IndexError, match="descriptors: out of range"):
+        jobs.job_tables(program, images)
+
+
 @pytest.mark.parametrize("addresses", [
     np.arange(12) * 4,  # contiguous
     (np.arange(5)[:, None] * 64 + np.arange(4)[None, :] * 16).T.reshape(-1) * 4,  # a transposed [k, 4] panel
