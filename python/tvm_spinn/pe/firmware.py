@@ -93,7 +93,7 @@ def _image_record(image) -> dict:
     symbols = image_symbols(image.elf)
     return {"file": f"{image.name}.elf", "kernel": [p if isinstance(p, (str, bool)) else int(p) for p in image.spec],
             "entry": symbols["_start"], "halt": symbols["pe_halt"],
-            "arena": -(-symbols["_end"] // mm.ARENA_ALIGN) * mm.ARENA_ALIGN}
+            "arena": mm.arena_start(symbols["_end"])}
 
 
 def _region_record(index: int, program, images, files: dict) -> dict:
@@ -276,7 +276,7 @@ def _check_elf(path: str, data: bytes, record: dict, name: str) -> None:
         _need(symbols["pe_halt"] == record["halt"], path,
               f"the manifest's field images.{name}.halt {record['halt']:#x} differs from the image's "
               f"pe_halt {symbols['pe_halt']:#x}")
-        arena = -(-symbols["_end"] // mm.ARENA_ALIGN) * mm.ARENA_ALIGN
+        arena = mm.arena_start(symbols["_end"])
         _need(record["arena"] == arena, path,
               f"the manifest's field images.{name}.arena {record['arena']:#x} differs from the image's end "
               f"{symbols['_end']:#x} rounded up to "

@@ -34,7 +34,7 @@ import numpy as np
 
 from . import view
 from .errors import PeCodegenError
-from .memory_map import REMOTE_BASE
+from .memory_map import REMOTE_BASE, arena_start
 
 __all__ = ["job_tables", "dram_layout", "dram_init", "descriptors", "expand"]
 
@@ -243,8 +243,7 @@ def _probe(program, images, index: int, table, second: bool):
     trace, env = _Trace(second), _Env(program, second)
     name = images.layers[index]
     from .iss import image_symbols
-    from .memory_map import ARENA_ALIGN
-    arena = -(-image_symbols(images.images[name].elf)["_end"] // ARENA_ALIGN) * ARENA_ALIGN
+    arena = arena_start(image_symbols(images.images[name].elf)["_end"])
     rec = _Recorder(trace, name, arena, view.arch_of(program))
 
     class _Replay(_Run):
