@@ -36,7 +36,7 @@ __all__ = ["FIRMWARE_FORMAT", "FIRMWARE_VERSION", "MANIFEST", "Firmware", "Firmw
 FIRMWARE_FORMAT = "tvm-spinn-firmware"
 FIRMWARE_VERSION = 2
 MANIFEST = "manifest.json"
-JOBS_FORMAT = "tvm-spinn-jobs"
+_JOBS_FORMAT = "tvm-spinn-jobs"
 #: ELF header fields every image must have: 32-bit, little-endian, ARM executable.
 _EM_ARM = "EM_ARM"
 
@@ -136,7 +136,7 @@ def _job_record(index: int, program, images, files: dict) -> dict:
     tables = job_tables(program, images)
     dram = tables["dram"]
     files[f"r{index}.dram"] = dram_init(program, dram)
-    files[f"r{index}.jobs.json"] = jobs_bytes(index, tables["jobs"])
+    files[f"r{index}.jobs.json"] = _jobs_bytes(index, tables["jobs"])
     per_pe: dict[int, list[int]] = {}
     for job in tables["jobs"]:
         per_pe.setdefault(job["pe"], []).append(job["id"])
@@ -150,9 +150,9 @@ def _job_record(index: int, program, images, files: dict) -> dict:
             "_jobs": tables["jobs"]}  # taken out of the record by build_firmware
 
 
-def jobs_bytes(region: int, jobs: list) -> bytes:
+def _jobs_bytes(region: int, jobs: list) -> bytes:
     """A region's job file: compact JSON, sorted keys (bulk data: one line)."""
-    doc = {"format": JOBS_FORMAT, "version": FIRMWARE_VERSION, "region": region, "jobs": jobs}
+    doc = {"format": _JOBS_FORMAT, "version": FIRMWARE_VERSION, "region": region, "jobs": jobs}
     return (json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n").encode()
 
 
@@ -495,9 +495,9 @@ def _check_jobs(directory: str, r: int, region: dict, m: dict, files: dict) -> l
         doc = json.loads(files[name].decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise FirmwareError(path, f"not valid JSON ({err})") from None
-    _need(isinstance(doc, dict) and doc.get("format") == JOBS_FORMAT and doc.get("version") == FIRMWARE_VERSION
+    _need(isinstance(doc, dict) and doc.get("format") == _JOBS_FORMAT and doc.get("version") == FIRMWARE_VERSION
           and doc.get("region") == r, path,
-          f"fields format, version, region: expected {JOBS_FORMAT!r}, {FIRMWARE_VERSION}, {r}")
+          f"fields format, version, region: expected {_JOBS_FORMAT!r}, {FIRMWARE_VERSION}, {r}")
     jobs = doc.get("jobs")
     _need(isinstance(jobs, list) and len(jobs) == region["jobs"]["count"], path,
           f"field jobs: not a list of the manifest's {region['jobs']['count']} jobs")
