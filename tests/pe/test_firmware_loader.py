@@ -246,7 +246,8 @@ def test_host_arithmetic_on_the_operands_is_left_to_the_host(mlp_images, monkeyp
     binary = _binary_layers(program, images)
     real = execute._RUNNERS["binary"]
     assert binary and not {h["layer"] for h in job_tables(program, images)["host"]} & set(binary)
-    monkeypatch.setitem(execute._RUNNERS, "binary", lambda run, index, env, table: real(run, index, _Mapped(env, f), table))
+    monkeypatch.setitem(execute._RUNNERS, "binary",
+                        lambda run, index, env, table: real(run, index, _Mapped(env, f), table))
     host = job_tables(program, images)["host"]
     assert [h["layer"] for h in host] == binary
     assert all("a word the host computes from the data" in h["reason"] for h in host)

@@ -275,8 +275,8 @@ def gemm_i8_tile(machine: PeMachine, arena, at: np.ndarray, bt: np.ndarray, kc: 
         machine.write(pq + 4 * len(consts), np.array(
             [pa0, pa1, pb0, pb1, chunks[ci + 1][1] - chunks[ci + 1][0] if more else 0], dtype=np.int64
         ).astype(np.uint32).tobytes())
-        job_flags = ((1 if c0 == 0 else 0) | (flags & (12 | I8_BIAS_FLAG)) | (flags & 2 if c1 == k1 else 0) | (16 if ci else 0)
-                     | (32 if more else 0) | ((ci * nb) & 1) << 6 | (ci & 1) << 7 | cb << 8)
+        job_flags = ((1 if c0 == 0 else 0) | (flags & (12 | I8_BIAS_FLAG)) | (flags & 2 if c1 == k1 else 0)
+                     | (16 if ci else 0) | (32 if more else 0) | ((ci * nb) & 1) << 6 | (ci & 1) << 7 | cb << 8)
         pa, pb = halves[ci & 1]
         machine.run([[pa, pb, pp, pacc, prs, pcs, pq, py, tm, tn, c1 - c0, job_flags]], mac_in_flight=more)
     return pacc, prs, pcs, py
