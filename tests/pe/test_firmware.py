@@ -24,6 +24,7 @@ from tvm_spinn.pe import FirmwareError, PeCodegenError, load_firmware  # noqa: E
 from tvm_spinn.pe.firmware import MANIFEST, programs_of  # noqa: E402
 from tvm_spinn.pe.images import build_images  # noqa: E402
 from tvm_spinn.pe.iss import image_symbols  # noqa: E402
+from _firmware_edits import rewrite_jobs, rewrite_manifest  # noqa: E402
 
 
 class _Net(torch.nn.Module):
@@ -130,24 +131,6 @@ def _elf_name(directory) -> str:
     return sorted(n for n in os.listdir(directory) if n.endswith(".elf"))[0]
 
 
-def _rewrite_manifest(directory, edit) -> None:
-    path = directory / MANIFEST
-    m = json.loads(path.read_text())
-    edit(m)
-    path.write_text(json.dumps(m))
-
-
-def _rewrite_jobs(directory, edit, region: int = 0) -> None:
-    """Edit region ``region``'s job file (``edit(doc)``), its size and hash updated in the manifest."""
-    name = f"r{region}.jobs.json"
-    doc = json.loads((directory / name).read_text())
-    edit(doc)
-    data = json.dumps(doc).encode()
-    (directory / name).write_bytes(data)
-    _rewrite_manifest(directory, lambda m: m["files"][name].update(
-        bytes=len(data), sha256=hashlib.sha256(data).hexdigest()))
-
-
 def test_missing_file_is_named(firmware_dir):
     name = _elf_name(firmware_dir)
     (firmware_dir / name).unlink()
@@ -179,7 +162,7 @@ def test_truncated_elf_is_named(firmware_dir):
     def agree(m):
         m["files"][name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
-    _rewrite_manifest(firmware_dir, agree)
+    rewrite_manifest(firmware_dir, agree)
     with pytest.raises(FirmwareError, match=rf"{name}: (not a valid ELF image|truncated segment)"):
         load_firmware(firmware_dir)
 
@@ -193,7 +176,7 @@ def test_truncated_elf_is_named(firmware_dir):
     (lambda m: m["files"].update({"../x": {"bytes": 0, "sha256": ""}}), r"field files\.\.\./x: not a plain file name"),
 ])
 def test_bad_manifest_field_is_named(firmware_dir, edit, field):
-    _rewrite_manifest(firmware_dir, edit)
+    rewrite_manifest(firmware_dir, edit)
     with pytest.raises(FirmwareError, match=rf"{MANIFEST}: {field}"):
         load_firmware(firmware_dir)
 
@@ -218,12 +201,12 @@ def _move_pe(m, new_pe: int) -> None:
 def _move_pe_everywhere(directory, new_pe: int) -> None:
     """:func:`_move_pe` in the manifest and in region 0's job file."""
     moved = []
-    _rewrite_manifest(directory, lambda m: moved.append(_move_pe(m, new_pe)))
+    rewrite_manifest(directory, lambda m: moved.append(_move_pe(m, new_pe)))
 
     def edit(doc):
         for job in doc["jobs"]:
             job["pe"] = new_pe if job["pe"] == moved[0] else job["pe"]
-    _rewrite_jobs(directory, edit)
+    rewrite_jobs(directory, edit)
 
 
 def _first_image(m) -> str:
@@ -257,7 +240,7 @@ def _first_image(m) -> str:
 def test_corrupted_manifest_field_is_named(firmware_dir, edit, field):
     """A manifest whose fields have the wrong type, refer to a layer, tile, image or PE that does
     not exist, or contradict each other: one FirmwareError naming the manifest and the field."""
-    _rewrite_manifest(firmware_dir, edit)
+    rewrite_manifest(firmware_dir, edit)
     with pytest.raises(FirmwareError, match=rf"{MANIFEST}: {field}") as err:
         load_firmware(firmware_dir)
     assert err.value.path == str(firmware_dir / MANIFEST)
@@ -282,7 +265,7 @@ def test_image_halt_and_arena_checked_against_the_elf(firmware_dir, key, symbol)
     symbols = image_symbols((firmware_dir / m["images"][name]["file"]).read_bytes())
     assert m["images"][name]["halt"] == symbols["pe_halt"]
     assert m["images"][name]["arena"] == -(-symbols["_end"] // 64) * 64
-    _rewrite_manifest(firmware_dir, lambda m: m["images"][name].update({key: m["images"][name][key] + 64}))
+    rewrite_manifest(firmware_dir, lambda m: m["images"][name].update({key: m["images"][name][key] + 64}))
     with pytest.raises(FirmwareError, match=rf"images\.{name}\.{key} .* differs from the image's") as err:
         load_firmware(firmware_dir)
     assert err.value.path == str(firmware_dir / m["images"][name]["file"])

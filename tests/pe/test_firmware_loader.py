@@ -6,8 +6,6 @@ the file and the field; a layer left to the host is named when the loader is ask
 
 from __future__ import annotations
 
-import hashlib
-import json
 import subprocess
 import sys
 
@@ -25,6 +23,7 @@ from tvm_spinn.pe import FirmwareError, load_firmware, run_firmware  # noqa: E40
 from tvm_spinn.pe.firmware import MANIFEST, programs_of  # noqa: E402
 from tvm_spinn.pe.jobs import descriptors, expand  # noqa: E402
 from tvm_spinn.runtime.simulator import run_program  # noqa: E402
+from _firmware_edits import rewrite_jobs, rewrite_manifest  # noqa: E402
 
 
 class _Mlp(torch.nn.Module):
@@ -208,6 +207,84 @@ def test_layer_left_to_the_host_is_named(tmp_path):
         run_firmware(tmp_path / "fw", [np.array([[1, 2, 3]], np.int32)])
 
 
+@pytest.fixture(scope="module")
+def mlp_images(mlp_dir):
+    from tvm_spinn.pe.images import build_images
+    program = mlp_dir[1][0]
+    return program, build_images(program)
+
+
+def _binary_layers(program, images) -> list:
+    from tvm_spinn.pe.execute import program_role_kind
+    return [i for i in range(len(program.layers)) if program_role_kind(images, i) == "binary"]
+
+
+class _Mapped(dict):
+    """A runner's tensors with ``f`` applied on the host to each one it reads."""
+
+    def __init__(self, env, f):
+        super().__init__()
+        self.env, self.f = env, f
+
+    def __contains__(self, tid) -> bool:
+        return tid in self.env
+
+    def __getitem__(self, tid):
+        return self.f(self.env[tid]).astype(np.float32)
+
+
+@pytest.mark.parametrize("name,f", [
+    ("abs", np.abs), ("plus one", lambda x: x + 1), ("max with zero", lambda x: np.maximum(x, 0)),
+    ("times two", lambda x: x * 2), ("negated", np.negative),
+])
+def test_host_arithmetic_on_the_operands_is_left_to_the_host(mlp_images, monkeypatch, name, f):
+    """A runner that computes on its operands on the host (not a relayout) gets no job table: its
+    layers are left to the host naming the computed words, never exported as a copy."""
+    from tvm_spinn.pe import execute
+    from tvm_spinn.pe.jobs import job_tables
+    program, images = mlp_images
+    binary = _binary_layers(program, images)
+    real = execute._RUNNERS["binary"]
+    assert binary and not {h["layer"] for h in job_tables(program, images)["host"]} & set(binary)
+    monkeypatch.setitem(execute._RUNNERS, "binary",
+                        lambda run, index, env, table: real(run, index, _Mapped(env, f), table))
+    host = job_tables(program, images)["host"]
+    assert [h["layer"] for h in host] == binary
+    assert all("a word the host computes from the data" in h["reason"] for h in host)
+
+
+def test_placement_before_any_load_is_left_to_the_host(mlp_images, monkeypatch):
+    """A runner whose first placement comes before it loads an image: its layer is left to the host
+    with that reason."""
+    from tvm_spinn.pe import jobs
+    program, images = mlp_images
+    real = jobs._probe
+
+    def unloaded(*args):
+        trace, env, out = real(*args)
+        trace.ops = [op for op in trace.ops if op[0] != "load"]
+        return trace, env, out
+
+    monkeypatch.setattr(jobs, "_probe", unloaded)
+    host = jobs.job_tables(program, images)["host"]
+    assert [h["layer"] for h in host] == list(range(len(program.layers)))
+    assert all(h["reason"].startswith("a placement before any image load") for h in host)
+
+
+def test_errors_outside_the_runners_propagate(mlp_images, monkeypatch):
+    """Only a runner's refusal of the probe words leaves a layer to the host: an error in the job
+    tables' own code propagates."""
+    from tvm_spinn.pe import jobs
+    program, images = mlp_images
+
+    def broken(addr):
+        raise IndexError("descriptors: out of range")
+
+    monkeypatch.setattr(jobs, "descriptors", broken)
+    with pytest.raises(IndexError, match="descriptors: out of range"):
+        jobs.job_tables(program, images)
+
+
 @pytest.mark.parametrize("addresses", [
     np.arange(12) * 4,  # contiguous
     (np.arange(5)[:, None] * 64 + np.arange(4)[None, :] * 16).T.reshape(-1) * 4,  # a transposed [k, 4] panel
@@ -230,25 +307,6 @@ def test_panel_and_window_patterns_are_one_descriptor():
     assert descriptors(panel) == [[0, [4, 5, 1, 1], [4 * rows, 4, 0, 0]]]
     window = (np.arange(2)[:, None, None] * 100 + np.arange(3)[None, :, None] * 10 + np.arange(3)[None, None, :])
     assert descriptors(window.reshape(-1) * 4) == [[0, [3, 3, 2, 1], [4, 40, 400, 0]]]
-
-
-def _rewrite_jobs(directory, edit) -> None:
-    name = "r0.jobs.json"
-    doc = json.loads((directory / name).read_text())
-    edit(doc)
-    data = json.dumps(doc).encode()
-    (directory / name).write_bytes(data)
-    path = directory / MANIFEST
-    m = json.loads(path.read_text())
-    m["files"][name].update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
-    path.write_text(json.dumps(m))
-
-
-def _rewrite_manifest(directory, edit) -> None:
-    path = directory / MANIFEST
-    m = json.loads(path.read_text())
-    edit(m)
-    path.write_text(json.dumps(m))
 
 
 @pytest.fixture
@@ -287,6 +345,11 @@ def _job_edits():
         (lambda d: _step(d, "run")[1][0].append(1 << 32), r"a run is"),
         (lambda d: _step(d, "get")[2][0].__setitem__(1, 0), r"field jobs\[\d+\]\.steps\[\d+\]\[2\]\[0\]: addresses"),
         (lambda d: _step(d, "get").__setitem__(0, "got"), r"not a put, remote, run or get step"),
+        # a remote placement's size is bounded by the region's DRAM (it holds copies of tensors)
+        (lambda d: d["jobs"][0]["steps"].append(["remote", [["fill", 0, 1 << 40]]]),
+         r"field jobs\[0\]\.steps\[\d+\]\[1\]: \d+ bytes, more than the region's DRAM"),
+        (lambda d: d["jobs"][0]["steps"].append(["remote", [["dram", 0, [1 << 16, 1 << 16, 1 << 8, 1], [0, 0, 0, 0]]]]),
+         r"field jobs\[0\]\.steps\[\d+\]\[1\]: \d+ bytes, more than the region's DRAM"),
     ]
 
 
@@ -294,7 +357,7 @@ def _job_edits():
 def test_corrupted_job_file_is_named(fresh_dir, edit, field):
     """A job file whose fields are malformed, point outside the image's SRAM or the region's
     DRAM, or contradict the manifest: one FirmwareError naming the job file and the field."""
-    _rewrite_jobs(fresh_dir, edit)
+    rewrite_jobs(fresh_dir, edit)
     with pytest.raises(FirmwareError, match=field) as err:
         load_firmware(fresh_dir)
     assert err.value.path == str(fresh_dir / "r0.jobs.json")
@@ -306,9 +369,12 @@ def test_corrupted_job_file_is_named(fresh_dir, edit, field):
     (lambda m: m["regions"][0]["dram"].update(scratch=[0, 1 << 40]), r"field regions\[0\]\.dram\.scratch"),
     (lambda m: m["regions"][0]["dram"]["tensors"][0].update(bytes=3), r"field regions\[0\]\.dram\.tensors\[0\]\.bytes"),
     (lambda m: m["regions"][0]["dram"]["tensors"][0].update(dtype="float99"),
-     r"field regions\[0\]\.dram\.tensors\[0\]\.dtype"),
+     r"field regions\[0\]\.dram\.tensors\[0\]\.dtype: not a numeric dtype name"),
     (lambda m: m["regions"][0]["dram"]["tensors"][1].update(offset=m["regions"][0]["dram"]["tensors"][0]["offset"]),
      r"field regions\[0\]\.dram\.tensors\[\d\]: overlaps|field regions\[0\]\.dram\.tensors\[1\]\.role"),
+    *[(lambda m, name=name: m["regions"][0]["dram"]["tensors"][0].update(dtype=name),
+       r"field regions\[0\]\.dram\.tensors\[0\]\.dtype: not a numeric dtype name")
+      for name in ("object", "void", "bytes0", "str160", "complex64")],
     (lambda m: m["regions"][0]["dram"].update(inputs=[12345]), r"field regions\[0\]\.dram\.inputs"),
     (lambda m: m["regions"][0].update(jobs={"file": "r0.jobs.json"}), r"field regions\[0\]\.jobs: needs"),
     (lambda m: m["regions"][0]["pe_jobs"][0][1].append(10 ** 6), r"field regions\[0\]\.pe_jobs"),
@@ -317,7 +383,7 @@ def test_corrupted_job_file_is_named(fresh_dir, edit, field):
     (lambda m: m["regions"][0]["arch"].update(acc_bits=32), r"field regions\[0\]\.arch: differs from the system"),
 ])
 def test_corrupted_placement_field_is_named(fresh_dir, edit, field):
-    _rewrite_manifest(fresh_dir, edit)
+    rewrite_manifest(fresh_dir, edit)
     with pytest.raises(FirmwareError, match=rf"{MANIFEST}: {field}") as err:
         load_firmware(fresh_dir)
     assert err.value.path == str(fresh_dir / MANIFEST)

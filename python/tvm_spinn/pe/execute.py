@@ -20,6 +20,7 @@ from .cycles import executed_cycles
 from .errors import PeCodegenError
 from .images import build_images
 from .iss import PeMachine
+from .kernels import I8_BIAS_FLAG
 from .memory_map import ARENA_END, DMA_DESC_WORDS, DMA_SCATTER
 from ..program.ops.gemm.geometry import M4F_BLOCK
 
@@ -229,10 +230,6 @@ def run_int8_tile(machine: PeMachine, a: np.ndarray, b: np.ndarray, chunk: int, 
     return np.frombuffer(machine.read(pacc, 4 * rows * cols), np.int32).reshape(rows, cols)
 
 
-#: ``gemm_i8`` job flag: the dequantizing epilogue adds the bias
-_I8_BIAS = 1 << 20
-
-
 def gemm_i8_tile(machine: PeMachine, arena, at: np.ndarray, bt: np.ndarray, kc: int, k0: int, k1: int,
                  consts: np.ndarray, flags: int, acc=None, rowsum=None, colsum=None,
                  out_bytes: int = 1) -> tuple[int, int, int, int]:
@@ -278,8 +275,8 @@ def gemm_i8_tile(machine: PeMachine, arena, at: np.ndarray, bt: np.ndarray, kc: 
         machine.write(pq + 4 * len(consts), np.array(
             [pa0, pa1, pb0, pb1, chunks[ci + 1][1] - chunks[ci + 1][0] if more else 0], dtype=np.int64
         ).astype(np.uint32).tobytes())
-        job_flags = ((1 if c0 == 0 else 0) | (flags & (12 | _I8_BIAS)) | (flags & 2 if c1 == k1 else 0) | (16 if ci else 0)
-                     | (32 if more else 0) | ((ci * nb) & 1) << 6 | (ci & 1) << 7 | cb << 8)
+        job_flags = ((1 if c0 == 0 else 0) | (flags & (12 | I8_BIAS_FLAG)) | (flags & 2 if c1 == k1 else 0)
+                     | (16 if ci else 0) | (32 if more else 0) | ((ci * nb) & 1) << 6 | (ci & 1) << 7 | cb << 8)
         pa, pb = halves[ci & 1]
         machine.run([[pa, pb, pp, pacc, prs, pcs, pq, py, tm, tn, c1 - c0, job_flags]], mac_in_flight=more)
     return pacc, prs, pcs, py
@@ -325,7 +322,7 @@ def _run_gemm_i8(run: _Run, index: int, env, table) -> np.ndarray:
             v = env[tid] if tid is not None else np.zeros(1, _F32)
             return np.broadcast_to(np.ascontiguousarray(v, dtype=_F32).reshape(-1).view(np.int32).astype(np.int64),
                                    (channels,))
-        bias_flag = _I8_BIAS if view.layer_const(p, index, "bias") is not None else 0
+        bias_flag = I8_BIAS_FLAG if view.layer_const(p, index, "bias") is not None else 0
         cols = np.stack([column("w_zero"), bits("bias"), bits("scale"), np.zeros(channels, np.int64)], axis=1)
     else:
         cols = np.stack([column("w_zero"), column("bias_q"), column("multiplier"), column("shift", 1)], axis=1)

@@ -36,7 +36,7 @@ __all__ = ["FIRMWARE_FORMAT", "FIRMWARE_VERSION", "MANIFEST", "Firmware", "Firmw
 FIRMWARE_FORMAT = "tvm-spinn-firmware"
 FIRMWARE_VERSION = 2
 MANIFEST = "manifest.json"
-JOBS_FORMAT = "tvm-spinn-jobs"
+_JOBS_FORMAT = "tvm-spinn-jobs"
 #: ELF header fields every image must have: 32-bit, little-endian, ARM executable.
 _EM_ARM = "EM_ARM"
 
@@ -93,7 +93,7 @@ def _image_record(image) -> dict:
     symbols = image_symbols(image.elf)
     return {"file": f"{image.name}.elf", "kernel": [p if isinstance(p, (str, bool)) else int(p) for p in image.spec],
             "entry": symbols["_start"], "halt": symbols["pe_halt"],
-            "arena": -(-symbols["_end"] // mm.ARENA_ALIGN) * mm.ARENA_ALIGN}
+            "arena": mm.arena_start(symbols["_end"])}
 
 
 def _region_record(index: int, program, images, files: dict) -> dict:
@@ -136,7 +136,7 @@ def _job_record(index: int, program, images, files: dict) -> dict:
     tables = job_tables(program, images)
     dram = tables["dram"]
     files[f"r{index}.dram"] = dram_init(program, dram)
-    files[f"r{index}.jobs.json"] = jobs_bytes(index, tables["jobs"])
+    files[f"r{index}.jobs.json"] = _jobs_bytes(index, tables["jobs"])
     per_pe: dict[int, list[int]] = {}
     for job in tables["jobs"]:
         per_pe.setdefault(job["pe"], []).append(job["id"])
@@ -150,9 +150,9 @@ def _job_record(index: int, program, images, files: dict) -> dict:
             "_jobs": tables["jobs"]}  # taken out of the record by build_firmware
 
 
-def jobs_bytes(region: int, jobs: list) -> bytes:
+def _jobs_bytes(region: int, jobs: list) -> bytes:
     """A region's job file: compact JSON, sorted keys (bulk data: one line)."""
-    doc = {"format": JOBS_FORMAT, "version": FIRMWARE_VERSION, "region": region, "jobs": jobs}
+    doc = {"format": _JOBS_FORMAT, "version": FIRMWARE_VERSION, "region": region, "jobs": jobs}
     return (json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n").encode()
 
 
@@ -276,7 +276,7 @@ def _check_elf(path: str, data: bytes, record: dict, name: str) -> None:
         _need(symbols["pe_halt"] == record["halt"], path,
               f"the manifest's field images.{name}.halt {record['halt']:#x} differs from the image's "
               f"pe_halt {symbols['pe_halt']:#x}")
-        arena = -(-symbols["_end"] // mm.ARENA_ALIGN) * mm.ARENA_ALIGN
+        arena = mm.arena_start(symbols["_end"])
         _need(record["arena"] == arena, path,
               f"the manifest's field images.{name}.arena {record['arena']:#x} differs from the image's end "
               f"{symbols['_end']:#x} rounded up to "
@@ -412,7 +412,9 @@ def _check_placement(path: str, where: str, region: dict, m: dict) -> None:
             dtype = np.dtype(rec.get("dtype"))
         except TypeError:
             dtype = None
-        _need(dtype is not None and dtype.name == rec.get("dtype"), path, f"field {at}.dtype: not a dtype name")
+        # numeric only: the loader reads the tensors' bytes as arrays of this dtype
+        _need(dtype is not None and dtype.name == rec.get("dtype") and dtype.kind in "biuf", path,
+              f"field {at}.dtype: not a numeric dtype name (bool, integer or float)")
         _need(rec["bytes"] == int(np.prod(rec["shape"], dtype=np.int64)) * dtype.itemsize, path,
               f"field {at}.bytes: differs from its shape and dtype")
         _need(rec["offset"] % 4 == 0 and rec["offset"] + rec["bytes"] <= scratch[0], path,
@@ -493,9 +495,9 @@ def _check_jobs(directory: str, r: int, region: dict, m: dict, files: dict) -> l
         doc = json.loads(files[name].decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise FirmwareError(path, f"not valid JSON ({err})") from None
-    _need(isinstance(doc, dict) and doc.get("format") == JOBS_FORMAT and doc.get("version") == FIRMWARE_VERSION
+    _need(isinstance(doc, dict) and doc.get("format") == _JOBS_FORMAT and doc.get("version") == FIRMWARE_VERSION
           and doc.get("region") == r, path,
-          f"fields format, version, region: expected {JOBS_FORMAT!r}, {FIRMWARE_VERSION}, {r}")
+          f"fields format, version, region: expected {_JOBS_FORMAT!r}, {FIRMWARE_VERSION}, {r}")
     jobs = doc.get("jobs")
     _need(isinstance(jobs, list) and len(jobs) == region["jobs"]["count"], path,
           f"field jobs: not a list of the manifest's {region['jobs']['count']} jobs")
@@ -531,7 +533,10 @@ def _check_jobs(directory: str, r: int, region: dict, m: dict, files: dict) -> l
                       f"[{arena:#x}, {mm.ARENA_END:#x})")
             elif kind == "remote":
                 _need(len(step) == 2, path, f"field {sat}: a remote is [\"remote\", parts]")
-                _put_bytes(path, f"{sat}[1]", step[1], dram)
+                # a remote holds copies of the region's tensors (a DMA layer's inputs, a table)
+                n = _put_bytes(path, f"{sat}[1]", step[1], dram)
+                _need(n <= dram["bytes"], path,
+                      f"field {sat}[1]: {n} bytes, more than the region's DRAM ({dram['bytes']} bytes)")
             elif kind == "run":
                 _need(len(step) == 3 and isinstance(step[1], list) and isinstance(step[2], bool)
                       and all(_int_list(w) and len(w) <= mm.JOB_WORDS and all(0 <= x < 1 << 32 for x in w)

@@ -50,10 +50,10 @@ from unicorn import UC_ARCH_ARM, UC_HOOK_BLOCK, UC_MODE_MCLASS, UC_MODE_THUMB, U
 from unicorn.arm_const import UC_ARM_REG_PC, UC_ARM_REG_SP
 
 from .errors import IssFault
-from .memory_map import (ARENA_ALIGN, ARENA_END, DMA_BASE, DMA_BYTES, DMA_EB_MASK, DMA_REGS, DMA_SCATTER,
+from .memory_map import (ARENA_END, DMA_BASE, DMA_BYTES, DMA_EB_MASK, DMA_REGS, DMA_SCATTER,
                          DMA_START, EXP_BASE, EXP_BYTES,
                          EXP_FUNC_EXP, EXP_FUNC_LOG, EXP_REGS, EXP_START, JOB_ADDR, JOB_WORDS, MAC_BASE, MAC_BYTES, MAC_REGS,
-                         MAC_START, REMOTE_BASE, SRAM_BASE, SRAM_BYTES)
+                         MAC_START, REMOTE_BASE, SRAM_BASE, SRAM_BYTES, arena_start)
 
 __all__ = ["PeMachine", "image_symbols", "MAX_INSTRUCTIONS"]
 
@@ -101,7 +101,7 @@ class PeMachine:
                          if seg["p_type"] == "PT_LOAD"]
         self.load()
         self.symbols = image_symbols(image)
-        self.arena = -(-self.symbols["_end"] // ARENA_ALIGN) * ARENA_ALIGN
+        self.arena = arena_start(self.symbols["_end"])
         if self.arena > ARENA_END:
             raise IssFault(pe, name, 0, f"image of {self.symbols['_end']} bytes leaves no SRAM for data")
         self.sp0, self.entry = struct.unpack("<II", bytes(self.uc.mem_read(SRAM_BASE, 8)))

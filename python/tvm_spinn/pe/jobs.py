@@ -13,12 +13,13 @@ directory alone.
 
 How a layer's steps are found (no per-kind code): the layer's runner of :mod:`.execute` runs
 twice against a recording stand-in for the PE (no instruction is executed), its input tensors
-replaced by *probes*: float32 words that name their element (``id + 1``, then ``id + 1 +
-2**23`` in the second run), and every word the PE hands back likewise naming the word read. A
+replaced by *probes*: float32 words that name their element (``id + 1``, then ``-(id + 1 +
+2**23)`` in the second run), and every word the PE hands back likewise naming the word read. A
 word that is the same in both runs is a literal (an address, a shape, a fill value, a constant
-the host derives from attributes); a word that moved by ``2**23`` is the named element moved
-there; anything else (a value the host computes from the data) means the layer's operands are
-not a relayout, and the layer gets no job table (its reason is recorded). The output tensor's
+the host derives from attributes); a word that is ``v`` in the first run and ``-(v + 2**23)``
+in the second is the named element moved there; anything else (a value the host computes from
+the data: an ``abs``, a ``max`` with zero, an offset, a scale all break that relation) means the
+layer's operands are not a relayout, and the layer gets no job table (its reason is recorded). The output tensor's
 elements name the words read that hold them; words read that are not output (a partial sum
 handed on to the next PE of a split reduction) land in the layer's scratch area of DRAM, from
 where a later put takes them. The recorded relayout is expanded and compared with the probes'
@@ -27,16 +28,19 @@ words before it is returned.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 
 from . import view
 from .errors import PeCodegenError
-from .memory_map import REMOTE_BASE
+from .memory_map import REMOTE_BASE, arena_start
 
 __all__ = ["job_tables", "dram_layout", "dram_init", "descriptors", "expand"]
 
 #: Probe ids: a layer's input elements take [0, _READS), the words it reads back [_READS, _SPAN);
-#: the second run's probes lie _SPAN above the first's (every probe an exact float32 integer).
+#: probe ``id`` is ``id + 1`` in the first run and ``-(id + 1 + _SPAN)`` in the second (every
+#: probe an exact float32 integer: at most 2**24 in magnitude).
 _READS = 1 << 22
 _SPAN = 1 << 23
 _ALIGN = 64
@@ -133,12 +137,42 @@ class _Unsupported(Exception):
     pass
 
 
+def _probes(ids: np.ndarray, second: bool) -> np.ndarray:
+    """The float32 probe words of ``ids`` in the first or the second run. The second run's map
+    (negated, offset by ``_SPAN``) is one that no ``abs``, ``max``, offset or scale commutes with,
+    so host arithmetic on a probe never passes for a copy of it."""
+    v = np.asarray(ids, dtype=np.float64) + 1
+    return (-(v + _SPAN) if second else v).astype(_F32)
+
+
+class _PeLike(Protocol):
+    """What the layer runners of :mod:`.execute` use of a PE: the :class:`~.iss.PeMachine`
+    that executes, or the recording stand-in that :func:`job_tables` probes them with."""
+
+    arena: int
+    stall: float
+    blocks: dict
+    taken: dict
+
+    def load(self, pe: "int | None" = None) -> None: ...
+
+    def clear_counters(self) -> None: ...
+
+    def write(self, address: int, data: bytes) -> None: ...
+
+    def place_remote(self, data: bytes, key=None) -> int: ...
+
+    def read(self, address: int, nbytes: int) -> bytes: ...
+
+    def run(self, jobs, mac_in_flight: bool = False) -> None: ...
+
+
 class _Env(dict):
     """The layer's tensors as probes, made on first use (the tensors the layer reads)."""
 
-    def __init__(self, program, shift: int):
+    def __init__(self, program, second: bool):
         super().__init__()
-        self.p, self.shift, self.next, self.ranges = program, shift, 0, {}
+        self.p, self.second, self.next, self.ranges = program, second, 0, {}
 
     def __contains__(self, tid) -> bool:
         return True
@@ -153,8 +187,7 @@ class _Env(dict):
             if self.next + size > _READS:
                 raise _Unsupported(f"reads more than {_READS} elements")
             self.ranges[tid] = (self.next, size)
-            dict.__setitem__(self, tid, (np.arange(size, dtype=np.float64) + (self.next + 1 + self.shift))
-                             .astype(_F32).reshape(shape))
+            dict.__setitem__(self, tid, _probes(np.arange(self.next, self.next + size), self.second).reshape(shape))
             self.next += size
         return dict.__getitem__(self, tid)
 
@@ -162,7 +195,7 @@ class _Env(dict):
         return self[tid]
 
 
-class _Recorder:
+class _Recorder(_PeLike):
     """One role's PE as the runners see it: every placement, run and read recorded in order."""
 
     def __init__(self, trace: "_Trace", name: str, arena: int, arch):
@@ -194,32 +227,38 @@ class _Recorder:
             raise _Unsupported(f"reads more than {_SPAN - _READS} words back")
         self.t.reads += n
         self.t.ops.append(("get", int(address), r0, n))
-        return (np.arange(r0, r0 + n, dtype=np.float64) + (_READS + 1 + self.t.shift)).astype(_F32).tobytes()
+        return _probes(np.arange(_READS + r0, _READS + r0 + n), self.t.second).tobytes()
 
     def run(self, jobs, mac_in_flight: bool = False):
         self.t.ops.append(("run", [[int(a) & 0xFFFFFFFF for a in job] for job in jobs], bool(mac_in_flight)))
 
 
 class _Trace:
-    def __init__(self, shift: int):
-        self.shift, self.ops, self.reads = shift, [], 0
+    def __init__(self, second: bool):
+        self.second, self.ops, self.reads = second, [], 0
 
 
-def _probe(program, images, index: int, table, shift: int):
+def _probe(program, images, index: int, table, second: bool):
     from .execute import _RUNNERS, _Run, program_role_kind
-    trace, env = _Trace(shift), _Env(program, shift)
+    trace, env = _Trace(second), _Env(program, second)
     name = images.layers[index]
     from .iss import image_symbols
-    from .memory_map import ARENA_ALIGN
-    arena = -(-image_symbols(images.images[name].elf)["_end"] // ARENA_ALIGN) * ARENA_ALIGN
+    arena = arena_start(image_symbols(images.images[name].elf)["_end"])
     rec = _Recorder(trace, name, arena, view.arch_of(program))
 
     class _Replay(_Run):
-        def machine(self, i, pe):
+        def machine(self, i, pe) -> _PeLike:
             rec.load(pe)
             return rec
 
-    out = _RUNNERS[program_role_kind(images, index)](_Replay(program, images, None), index, env, table)
+    try:
+        out = _RUNNERS[program_role_kind(images, index)](_Replay(program, images, None), index, env, table)
+    except PeCodegenError:
+        raise
+    except (ValueError, IndexError, ArithmeticError) as why:
+        # a runner that checks its data (labels, indices) refuses the probe words: the layer's
+        # host work reads values, it is not a relayout
+        raise _Unsupported(f"the host's work reads the data ({why})") from why
     return trace, env, out
 
 
@@ -236,7 +275,7 @@ def _decode(a: bytes, b: bytes, where: str) -> np.ndarray:
     moved = wa != wb
     fa = wa[moved].view(_F32).astype(np.float64)
     fb = wb[moved].view(_F32).astype(np.float64)
-    ok = (fb - fa == _SPAN) & (fa >= 1) & (fa <= _SPAN) & (fa == np.floor(fa))
+    ok = (fb == -(fa + _SPAN)) & (fa >= 1) & (fa <= _SPAN) & (fa == np.floor(fa))
     if not np.all(ok):
         raise _Unsupported(f"{where}: a word the host computes from the data (not a relayout)")
     ids[moved] = fa.astype(np.int64) - 1
@@ -265,8 +304,8 @@ def _parts(ids: np.ndarray, data: bytes, address_of) -> list:
 def _layer_jobs(program, images, index: int, table, layout: dict, scratch0: int, job0: int,
                 writer: list) -> tuple[list, int]:
     """The jobs of layer ``index`` (ids from ``job0``) and the scratch bytes it uses."""
-    ta, env_a, out_a = _probe(program, images, index, table, 0)
-    tb, env_b, out_b = _probe(program, images, index, table, _SPAN)
+    ta, env_a, out_a = _probe(program, images, index, table, False)
+    tb, env_b, out_b = _probe(program, images, index, table, True)
     if len(ta.ops) != len(tb.ops) or env_a.ranges != env_b.ranges:
         raise _Unsupported("the host's work depends on the data")
     offsets = {rec["id"]: rec["offset"] for rec in layout["tensors"]}
@@ -312,6 +351,8 @@ def _layer_jobs(program, images, index: int, table, layout: dict, scratch0: int,
                    "after": set(), "steps": []}
             jobs.append(job)
             continue
+        if job is None:
+            raise _Unsupported(f"a placement before any image load ({kind})")
         if kind in ("put", "remote"):
             ids = _decode(a[-1], b[-1], f"placement {k}")
             if kind == "put" and a[1] != b[1]:
@@ -377,13 +418,8 @@ def job_tables(program, images) -> dict:
     for index in range(view.layer_count(program)):
         try:
             layer_jobs, used = _layer_jobs(program, images, index, tables[index], layout, pos, len(jobs), writer)
-        except PeCodegenError:
-            raise
-        except (_Unsupported, ValueError, IndexError, ArithmeticError) as why:
-            # a runner that checks its data (labels, indices) refuses the probe words: the
-            # layer's host work reads values, it is not a relayout
-            reason = str(why) if isinstance(why, _Unsupported) else f"the host's work reads the data ({why})"
-            host.append({"layer": index, "reason": reason})
+        except _Unsupported as why:
+            host.append({"layer": index, "reason": str(why)})
             continue
         jobs += layer_jobs
         pos = _align(pos + used)

@@ -176,7 +176,7 @@ from .memory_map import DMA_DESC_WORDS
 from ..program.ops.gemm.geometry import M4F_BLOCK
 from ..program.ops.rows import LAYER_NORM_BLOCK
 
-__all__ = ["PE_TARGET", "BINARY_OPS", "ACTIVATIONS", "kernel_func", "kernel_object"]
+__all__ = ["PE_TARGET", "BINARY_OPS", "ACTIVATIONS", "I8_BIAS_FLAG", "kernel_func", "kernel_object"]
 
 #: TVM's LLVM target for the SpiNNaker2 PE: Cortex-M4F, single-precision FPv4, hard-float ABI.
 PE_TARGET = {"kind": "llvm", "mtriple": "thumbv7em-none-eabihf", "mcpu": "cortex-m4",
@@ -190,6 +190,8 @@ BINARY_OPS = {
 }
 
 _ZERO = T.float32(0)
+#: ``gemm_i8`` job flag: the dequantizing epilogue adds the bias
+I8_BIAS_FLAG = 1 << 20
 _BLOCK = LAYER_NORM_BLOCK
 
 
@@ -394,7 +396,7 @@ def _i8_f32_columns(ACC, RS, CS, Q, Y, zx, j0, w, m, n, flags, relu: bool):
         for i in range(m):
             f = T.Cast("float32", T.Cast("int32", T.Cast("uint32", ACC[i * n + j])
                                           - T.Cast("uint32", zw) * T.Cast("uint32", RS[i]) + c)) * scale
-            g = T.if_then_else(flags & 1048576 != 0, f + bias, f)
+            g = T.if_then_else(flags & I8_BIAS_FLAG != 0, f + bias, f)
             if relu:
                 Y[i * n + j] = T.if_then_else(g <= _ZERO, _ZERO, g)
             else:

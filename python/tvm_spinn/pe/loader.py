@@ -20,6 +20,8 @@ import os
 
 import numpy as np
 
+from .jobs import expand  # jobs imports the iss execution only inside its functions
+
 __all__ = ["run_firmware"]
 
 
@@ -28,21 +30,12 @@ def _gather(words: np.ndarray, parts: list) -> bytes:
     out = []
     for part in parts:
         if part[0] == "dram":
-            out.append(words[_addresses(part) // 4].tobytes())
+            out.append(words[expand(part[1:]) // 4].tobytes())
         elif part[0] == "fill":
             out.append(np.full(part[2], part[1], dtype="<u4").tobytes())
         else:  # "bytes"
             out.append(bytes.fromhex(part[1]))
     return b"".join(out)
-
-
-def _addresses(part: list) -> np.ndarray:
-    """A ``["dram", offset, counts, strides]`` descriptor's byte addresses, ``c0`` fastest."""
-    _, off, counts, strides = part
-    idx = np.array([off], dtype=np.int64)
-    for c, s in zip(counts[::-1], strides[::-1]):
-        idx = np.add.outer(idx, np.arange(c, dtype=np.int64) * s).reshape(-1)
-    return idx
 
 
 def run_firmware(directory: "str | os.PathLike", inputs: list, region: int = 0) -> list[np.ndarray]:
@@ -119,7 +112,7 @@ def run_firmware(directory: "str | os.PathLike", inputs: list, region: int = 0) 
             elif step[0] == "run":
                 m.run(step[1], mac_in_flight=step[2])
             else:  # get: words from SRAM scattered into DRAM
-                addr = np.concatenate([_addresses(part) for part in step[2]])
+                addr = np.concatenate([expand(part[1:]) for part in step[2]])
                 mem[addr // 4] = np.frombuffer(m.read(step[1], 4 * addr.size), dtype="<u4")
     out = []
     for tid in dram["outputs"]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 __all__ = [
     "SRAM_BASE", "SRAM_BYTES", "STACK_BYTES", "STACK_TOP", "JOB_ADDR", "JOB_WORDS", "ARENA_END",
-    "MAC_BASE", "MAC_REGS", "MAC_BYTES", "MAC_START", "ARENA_ALIGN",
+    "MAC_BASE", "MAC_REGS", "MAC_BYTES", "MAC_START", "ARENA_ALIGN", "arena_start",
     "EXP_BASE", "EXP_REGS", "EXP_BYTES", "EXP_START", "EXP_FUNC_EXP", "EXP_FUNC_LOG",
     "DMA_BASE", "DMA_REGS", "DMA_BYTES", "DMA_START", "DMA_DESC_WORDS", "DMA_EB_MASK", "DMA_SCATTER", "REMOTE_BASE",
 ]
@@ -29,6 +29,12 @@ JOB_ADDR = STACK_TOP - STACK_BYTES - 256
 #: Tile data lives between the image's end (``_end``, aligned) and the job block.
 ARENA_END = JOB_ADDR
 ARENA_ALIGN = 64
+
+
+def arena_start(end: int) -> int:
+    """Where an image's data area starts: its end ``end`` (the ``_end`` symbol) rounded up to
+    :data:`ARENA_ALIGN` bytes."""
+    return -(-end // ARENA_ALIGN) * ARENA_ALIGN
 
 #: The MAC array's register block (assumption: address and layout are this package's).
 MAC_BASE = 0x4000_0000
