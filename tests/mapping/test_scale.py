@@ -350,3 +350,28 @@ def test_weight_streams_load_ahead_into_the_room_the_buffer_has():
     lat = [latency(s) for s in sizes]
     assert all(b >= a - 1e-12 for a, b in zip(lat, lat[1:]))
     assert latency(1.0 + 1e-3) - latency(1.0) < 2e-6
+
+
+def test_a_streamed_layer_of_several_tiles_a_pe_computes_while_its_weights_arrive():
+    """compose: a streamed layer whose PEs run several tiles each starts once its first tiles'
+    weights are in and computes them while the rest stream; after its last byte it has only
+    its last tiles' share of the work left (one tile a PE: after the whole stream)."""
+    from types import SimpleNamespace
+
+    from tvm_spinn.timing.system import compose
+
+    arch = tvm_spinn.arch_of(tvm_spinn.get_target("spinn"))
+    program = SimpleNamespace(layers=[SimpleNamespace(flops=0, mode="int8")])
+    ms = arch.clock_hz // 1000
+    stream = [int(2 * arch.dram_bw_bytes_s / 1000)]  # 2 ms of stream
+    cycles = [int(1.5 * ms)]  # 1.5 ms of compute with the weights on chip
+
+    def latency(waves):
+        return compose(program, arch, cycles, stream, [], 1, prefetch_bytes=0.0, waves=waves).latency_s
+
+    assert latency(None) == pytest.approx(3.5e-3) and latency([1]) == pytest.approx(3.5e-3)
+    # three tiles a PE: the last third (0.5 ms) after the last byte at 2 ms
+    assert latency([3]) == pytest.approx(2.5e-3)
+    # compute longer than the stream: from the first third's weights (2/3 ms) on, 6 ms of work
+    long = compose(program, arch, [6 * ms], stream, [], 1, waves=[3]).latency_s
+    assert long == pytest.approx(2e-3 / 3 + 6e-3)

@@ -99,7 +99,7 @@ def _load_end(start: float, nbytes: float, room: float, dram: float, ends, strea
 
 def compose(program: Program, arch: SpinnArch, exec_cycles, stream_bytes, collectives,
             chips: int, row_fp32: "set[int] | frozenset" = frozenset(), io_bytes: int = 0,
-            prefetch_bytes: float = 0.0) -> SystemTimingSummary:
+            prefetch_bytes: float = 0.0, waves=None) -> SystemTimingSummary:
     """Latency and bounds of ``program`` on ``chips`` chips from its shard's per-layer figures.
 
     Parameters
@@ -127,6 +127,12 @@ def compose(program: Program, arch: SpinnArch, exec_cycles, stream_bytes, collec
     prefetch_bytes : float
         SRAM a chip gives to prefetched weight shards: loads run ahead while the shards of the
         layers not yet finished fit in it (0: one layer of lookahead at most).
+    waves : sequence of int, optional
+        Per layer, the most tiles one PE of the shard runs (None: one each). A streamed layer
+        whose PEs run several tiles in turn computes its earlier tiles while the later ones'
+        weights arrive (double buffering, as the PE-level model loads ahead of compute): it
+        starts once its first tiles' share of the shard has arrived and, after the last byte,
+        has only its last tiles' share of ``exec_cycles`` left.
     """
     clock = arch.clock_hz
     n = len(program.layers)
@@ -179,8 +185,14 @@ def compose(program: Program, arch: SpinnArch, exec_cycles, stream_bytes, collec
             load_end = _load_end(load_end, b, prefetch_bytes, dram, ends, stream_bytes)
         else:
             load_end = max(load_end, ends[k - 1] if k > 0 else 0.0)
-        start = max(comm_end, load_end)
-        new_end = start + x
+        n_waves = max(1, int(waves[i])) if waves is not None and b else 1
+        if n_waves > 1:
+            first = load_end - (n_waves - 1) / n_waves * b / dram  # the first tiles' weights in
+            start = max(comm_end, end, first)
+            new_end = max(start + x, load_end + x / n_waves)
+        else:
+            start = max(comm_end, load_end)
+            new_end = start + x
         layer_s.append(new_end - end)
         ends.append(new_end)
         end = new_end
