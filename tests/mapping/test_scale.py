@@ -314,3 +314,64 @@ def test_output_partial_sums_are_reduced_before_the_row_blocks_gather():
     assert plan.splits == ("col", "row")
     end = [(c.op, c.group, c.nbytes, c.exact) for c in plan.collectives if c.layer >= len(layers) and c.tensor == 4]
     assert end == [("all_reduce", "tp", rows // sp * cols * 4, False), ("all_gather", "all", rows * cols * 4, True)]
+
+
+def test_weight_streams_load_ahead_into_the_room_the_buffer_has():
+    """compose: a weight shard's bytes stream into the prefetch buffer as soon as it has room
+    beside the unfinished layers' shards, and a shard larger than the buffer streams its rest
+    once the layers before it have ended (it never waits for the whole buffer to empty)."""
+    from types import SimpleNamespace
+
+    from tvm_spinn.timing.system import compose
+
+    arch = tvm_spinn.arch_of(tvm_spinn.get_target("spinn"))
+    program = SimpleNamespace(layers=[SimpleNamespace(flops=0, mode="int8") for _ in range(3)])
+    ms = arch.clock_hz // 1000
+    per_ms = arch.dram_bw_bytes_s / 1000  # bytes the DRAM channel moves in 1 ms
+    room = per_ms  # a buffer of 1 ms of stream
+    cycles = [ms, ms, ms]
+
+    def latency(big):
+        # layer 0: nothing streamed; layer 1: 0.5 ms of stream; layer 2: ``big`` ms of stream
+        return compose(program, arch, cycles, [0, int(0.5 * per_ms), int(big * per_ms)], [], 1,
+                       prefetch_bytes=room).latency_s
+
+    # layer 1 loads in [0, 0.5] ms and runs in [1, 2] ms. Layer 2 (2 ms of stream): 0.5 ms of
+    # it loads into the room left beside layer 1's shard in [0.5, 1] ms, the rest (1.5 ms) once
+    # layer 1 ends at 2 ms: its last byte at 3.5 ms, it ends at 4.5 ms (waiting for the whole
+    # buffer to empty: 2 + 2 + 1 = 5 ms)
+    assert latency(2.0) == pytest.approx(4.5e-3)
+    # a shard of the buffer's size: 0.5 ms ahead, 0.5 ms after 2 ms, ends at 2.5 + 1 ms
+    assert latency(1.0) == pytest.approx(3.5e-3)
+    # one that fits beside layer 1's: loaded in [0.5, 0.9] ms, layer 2 runs after layer 1
+    assert latency(0.4) == pytest.approx(3e-3)
+    # the latency grows with the shard's size, with no step at the buffer's size
+    sizes = np.linspace(0.4, 2.0, 17)
+    lat = [latency(s) for s in sizes]
+    assert all(b >= a - 1e-12 for a, b in zip(lat, lat[1:]))
+    assert latency(1.0 + 1e-3) - latency(1.0) < 2e-6
+
+
+def test_a_streamed_layer_of_several_tiles_a_pe_computes_while_its_weights_arrive():
+    """compose: a streamed layer whose PEs run several tiles each starts once its first tiles'
+    weights are in and computes them while the rest stream; after its last byte it has only
+    its last tiles' share of the work left (one tile a PE: after the whole stream)."""
+    from types import SimpleNamespace
+
+    from tvm_spinn.timing.system import compose
+
+    arch = tvm_spinn.arch_of(tvm_spinn.get_target("spinn"))
+    program = SimpleNamespace(layers=[SimpleNamespace(flops=0, mode="int8")])
+    ms = arch.clock_hz // 1000
+    stream = [int(2 * arch.dram_bw_bytes_s / 1000)]  # 2 ms of stream
+    cycles = [int(1.5 * ms)]  # 1.5 ms of compute with the weights on chip
+
+    def latency(waves):
+        return compose(program, arch, cycles, stream, [], 1, prefetch_bytes=0.0, waves=waves).latency_s
+
+    assert latency(None) == pytest.approx(3.5e-3) and latency([1]) == pytest.approx(3.5e-3)
+    # three tiles a PE: the last third (0.5 ms) after the last byte at 2 ms
+    assert latency([3]) == pytest.approx(2.5e-3)
+    # compute longer than the stream: from the first third's weights (2/3 ms) on, 6 ms of work
+    long = compose(program, arch, [6 * ms], stream, [], 1, waves=[3]).latency_s
+    assert long == pytest.approx(2e-3 / 3 + 6e-3)

@@ -351,8 +351,11 @@ def _system_timing(program: Program, plan: ShardPlan, shard: Program, tables, ch
     # state (held in SRAM, or streamed above)
     held = set(arrived) | state
     io = sum(shard.tensors[t].nbytes for t in list(shard.inputs) + list(shard.outputs) if t not in held)
+    # the most tiles one PE runs per layer: a streamed layer's earlier tiles compute while its
+    # later tiles' weights arrive
+    waves = [int(np.bincount(np.asarray(t.pe, dtype=np.int64)).max()) if len(t) else 1 for t in tables]
     return compose(program, chip, exec_cycles, stream, colls, plan.chips, row_fp32, io,
-                   prefetch_bytes=2 * prefetch), exec_cycles
+                   prefetch_bytes=2 * prefetch, waves=waves), exec_cycles
 
 
 def retime(program: Program, arch: SpinnArch, derive) -> TimingSummary:

@@ -10,11 +10,12 @@ the bit-exact chain).
 *Weight prefetch*: weights do not depend on activations, so a chip streams the weight shards
 of the next layers from its DRAM into a prefetch buffer in SRAM while earlier layers compute
 and communicate, as far ahead as the buffer holds (a shard's room is freed when its layer
-ends). Per layer ``i``, with ``W_i`` the time to stream its weight shard (0 when it is
-resident in SRAM), ``C_i`` the collective before it, ``X_i`` its PE-level time with weights
-on chip and ``k`` the first layer whose shard, with those of layers ``k..i``, fits the buffer::
+ends). Per layer ``i``, with ``C_i`` the collective before it and ``X_i`` its PE-level time
+with weights on chip, ``load_end_i`` is when the last byte of its shard has arrived: the DRAM
+channel streams the shards one after another at its rate, each byte as soon as the buffer has
+room for it beside the unfinished layers' shards (a shard larger than the buffer streams its
+rest once the layers before it have ended, its layer reading it as it arrives)::
 
-    load_end_i  = max(load_end_{i-1}, end_{k-1}) + W_i
     start_i     = max(end_{i-1} + C_i, load_end_i)
     end_i       = start_i + X_i (+ the chain's pipeline fill on row-parallel fp32 layers)
 
@@ -71,9 +72,34 @@ def collective_cost(topo, ranks, op: str, nbytes: int, exact: bool):
     return cost
 
 
+def _load_end(start: float, nbytes: float, room: float, dram: float, ends, stream_bytes) -> float:
+    """When the last byte of a weight shard of ``nbytes`` has arrived in a chip's prefetch buffer
+    of ``room`` bytes, its stream starting at ``start`` (the previous shard's last byte), the
+    earlier layers ending at ``ends`` having streamed ``stream_bytes``.
+
+    The DRAM channel moves bytes into whatever room the buffer has: the earlier layers' shards
+    hold theirs until their layer ends, so a shard's first bytes load ahead into the room left
+    and the rest as that room is freed. Once the earlier layers have all ended the layer itself
+    runs: a shard larger than the buffer never sits in it whole (its layer reads it as it
+    arrives), so its rest streams at the DRAM rate without waiting for room.
+    """
+    pending = [(float(ends[j]), min(float(stream_bytes[j]), room)) for j in range(len(ends)) if ends[j] > start]
+    held = sum(nb for _, nb in pending)  # the unfinished layers' bytes in the buffer
+    t, loaded = start, 0.0
+    for end, nb in pending:  # ends are in layer order, so in time order
+        ahead = min(room - held - loaded, (end - t) * dram, nbytes - loaded)
+        if ahead > 0:
+            loaded += ahead
+            if loaded >= nbytes:
+                return t + ahead / dram
+        t = max(t, end)
+        held -= nb
+    return t + (nbytes - loaded) / dram
+
+
 def compose(program: Program, arch: SpinnArch, exec_cycles, stream_bytes, collectives,
             chips: int, row_fp32: "set[int] | frozenset" = frozenset(), io_bytes: int = 0,
-            prefetch_bytes: float = 0.0) -> SystemTimingSummary:
+            prefetch_bytes: float = 0.0, waves=None) -> SystemTimingSummary:
     """Latency and bounds of ``program`` on ``chips`` chips from its shard's per-layer figures.
 
     Parameters
@@ -101,6 +127,12 @@ def compose(program: Program, arch: SpinnArch, exec_cycles, stream_bytes, collec
     prefetch_bytes : float
         SRAM a chip gives to prefetched weight shards: loads run ahead while the shards of the
         layers not yet finished fit in it (0: one layer of lookahead at most).
+    waves : sequence of int, optional
+        Per layer, the most tiles one PE of the shard runs (None: one each). A streamed layer
+        whose PEs run several tiles in turn computes its earlier tiles while the later ones'
+        weights arrive (double buffering, as the PE-level model loads ahead of compute): it
+        starts once its first tiles' share of the shard has arrived and, after the last byte,
+        has only its last tiles' share of ``exec_cycles`` left.
     """
     clock = arch.clock_hz
     n = len(program.layers)
@@ -143,17 +175,24 @@ def compose(program: Program, arch: SpinnArch, exec_cycles, stream_bytes, collec
             busy.append((comm_end, comm_end + seconds))
             comm_end += seconds
         b = int(stream_bytes[i])
-        w = float(b) / dram
         x = float(exec_cycles[i]) / clock * (1.0 + extra[i])
         # the buffer frees a layer's shard when that layer ends: wait for room for this one
         held += b
         while k < i and held > prefetch_bytes:
             held -= int(stream_bytes[k])
             k += 1
-        release = ends[k - 1] if k > 0 else 0.0
-        load_end = max(load_end, release) + w
-        start = max(comm_end, load_end)
-        new_end = start + x
+        if b:
+            load_end = _load_end(load_end, b, prefetch_bytes, dram, ends, stream_bytes)
+        else:
+            load_end = max(load_end, ends[k - 1] if k > 0 else 0.0)
+        n_waves = max(1, int(waves[i])) if waves is not None and b else 1
+        if n_waves > 1:
+            first = load_end - (n_waves - 1) / n_waves * b / dram  # the first tiles' weights in
+            start = max(comm_end, end, first)
+            new_end = max(start + x, load_end + x / n_waves)
+        else:
+            start = max(comm_end, load_end)
+            new_end = start + x
         layer_s.append(new_end - end)
         ends.append(new_end)
         end = new_end
