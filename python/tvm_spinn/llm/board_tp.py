@@ -682,11 +682,17 @@ def _spread(stage, ends, chips: int, scatter_s: float):
     :func:`tvm_spinn.timing.collectives.board_group_all_reduce`), so they are spread first, as
     long as an on-board all-gather of the row (the same shares over the same routes, the other
     way)."""
-    import dataclasses
-
     if ends is None or len(stage.program_timings) != len(ends):
         return stage
     extra = [scatter_s if end and st.chips < chips else 0.0 for st, end in zip(stage.program_timings, ends)]
+    return _links_added(stage, extra)
+
+
+def _links_added(stage, extra):
+    """``stage`` with ``extra[k]`` seconds of on-board link time added to its piece ``k`` (to its
+    latency, its program times and its links' bound); ``stage`` itself where none is added."""
+    import dataclasses
+
     if not any(extra):
         return stage
     bounds, alone = dict(stage.bounds), dict(stage.alone)
@@ -715,8 +721,6 @@ def _handed_on(stage, ends, handoffs, next_chips=None):
     mapping timed a plan over at least the next piece's chips (which gathers the outputs
     itself) that is faster than the hand-off makes it, the piece takes that plan's time (the
     mapper chose its plan without the hand-off)."""
-    import dataclasses
-
     timings = stage.program_timings
     if ends is None or len(timings) != len(ends) or len(handoffs) != len(ends):
         return stage
@@ -730,13 +734,7 @@ def _handed_on(stage, ends, handoffs, next_chips=None):
             if extra[k] > 0 and wide and plan in timed:
                 # the wider plan's time, with the piece's cache write as mapped
                 extra[k] = max(0.0, min(extra[k], min(wide) - timed[plan]))
-    if not any(extra):
-        return stage
-    bounds, alone = dict(stage.bounds), dict(stage.alone)
-    bounds["links"] += sum(extra)
-    alone["links"] += sum(extra)
-    return dataclasses.replace(stage, latency_s=stage.latency_s + sum(extra), bounds=bounds, alone=alone,
-                               program_s=tuple(s + d for s, d in zip(stage.program_s, extra)))
+    return _links_added(stage, extra)
 
 
 def slice_collectives(stage, row_bytes: "int | None" = None) -> dict:
