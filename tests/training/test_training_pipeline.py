@@ -163,6 +163,22 @@ def test_one_f_one_b_order():
     assert stage2[:4] == [("f", 0), ("b", 0), ("f", 1), ("b", 1)]
 
 
+def _assert_each_once_after_its_needs(events, pp: int, mb: int, kinds: str):
+    """Every (kind, stage, micro-batch) event of ``kinds`` exactly once, each after the events it
+    reads: a forward after the stage before's, an input-gradient pass after its own forward and
+    the stage after's, a weight-gradient pass after its own input-gradient pass."""
+    assert sorted(events) == sorted((k, s, m) for k in kinds for s in range(pp) for m in range(mb))
+    seen = set()
+    for kind, s, m in events:
+        if kind == "f" and s > 0:
+            assert ("f", s - 1, m) in seen
+        if kind == "b":
+            assert ("f", s, m) in seen and (s == pp - 1 or ("b", s + 1, m) in seen)
+        if kind == "w":
+            assert ("b", s, m) in seen
+        seen.add((kind, s, m))
+
+
 def test_one_f_one_b_with_the_last_stage_behind():
     """``lag``: every stage but the last warms up with ``lag`` more forwards (at most the
     micro-batches) and so holds that many more micro-batches in flight while the last stage
@@ -170,14 +186,7 @@ def test_one_f_one_b_with_the_last_stage_behind():
     lag 0 is plain 1F1B; a bad lag is named."""
     pp, mb, lag = 3, 6, 2
     events = one_f_one_b(pp, mb, lag)
-    assert sorted(events) == sorted((k, s, m) for k in "fb" for s in range(pp) for m in range(mb))
-    seen = set()
-    for kind, s, m in events:
-        if kind == "f" and s > 0:
-            assert ("f", s - 1, m) in seen
-        if kind == "b":
-            assert ("f", s, m) in seen and (s == pp - 1 or ("b", s + 1, m) in seen)
-        seen.add((kind, s, m))
+    _assert_each_once_after_its_needs(events, pp, mb, "fb")
     for s in range(pp - 1):  # the warm-up forwards, then 1F1B's first forward and backward
         order = [(k, m) for k, st, m in events if st == s]
         warm = min(pp - 1 - s + lag, mb)
@@ -399,16 +408,7 @@ def test_zb_h1_order():
     ``F B W`` once warm, the last defers ``pp - 1``); every event once, after the ones it needs."""
     pp, mb = 4, 6
     events = zb_h1(pp, mb)
-    assert sorted(events) == sorted((k, s, m) for k in "fbw" for s in range(pp) for m in range(mb))
-    seen = set()
-    for kind, s, m in events:
-        if kind == "f" and s > 0:
-            assert ("f", s - 1, m) in seen
-        if kind == "b":
-            assert ("f", s, m) in seen and (s == pp - 1 or ("b", s + 1, m) in seen)
-        if kind == "w":
-            assert ("b", s, m) in seen
-        seen.add((kind, s, m))
+    _assert_each_once_after_its_needs(events, pp, mb, "fbw")
     for s in range(pp):
         order = [(k, m) for k, st, m in events if st == s]
         assert [x for x in order if x[0] != "w"] == [(k, m) for k, st, m in one_f_one_b(pp, mb) if st == s]
