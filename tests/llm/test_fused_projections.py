@@ -96,13 +96,14 @@ def test_fused_weights_are_the_projections_concatenated():
 
 
 def test_steps_share_one_copy_of_the_concatenated_weights():
-    """Every step wrapped around a model (each prompt length's prefill, the decode step) holds
+    """Every step given one cache (each prompt length's prefill, the decode step) holds
     the same concatenated q/k/v and gate/up tensors, equal to the projections' weights stacked
     by hand; a weight changed in place is concatenated afresh for the steps built after."""
     model = _model("qwen2")
     spec = spec_of(model)
-    steps = [graphs.Prefill(model, spec, SLOTS, 4), graphs.Prefill(model, spec, SLOTS, 6),
-             graphs.Decode(model, spec, SLOTS)]
+    cache = {}
+    steps = [graphs.Prefill(model, spec, SLOTS, 4, fused_cache=cache),
+             graphs.Prefill(model, spec, SLOTS, 6, fused_cache=cache), graphs.Decode(model, spec, SLOTS, fused_cache=cache)]
     for i, block in enumerate(model.model.layers):
         attn, mlp = block.self_attn, block.mlp
         for name, parts in ((f"qkv{i}", [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
@@ -113,7 +114,8 @@ def test_steps_share_one_copy_of_the_concatenated_weights():
             np.testing.assert_array_equal(steps[0].fused[name].detach().numpy(), rows)
     with torch.no_grad():
         model.model.layers[0].self_attn.k_proj.weight.add_(1.0)
-    later = graphs.Decode(model, spec, SLOTS)
+    later = graphs.Decode(model, spec, SLOTS, fused_cache=cache)
+    assert not hasattr(model, "_tvm_spinn_fused")  # the model itself is left as it was
     assert later.fused["qkv0"] is not steps[0].fused["qkv0"] and later.fused["gate_up0"] is steps[0].fused["gate_up0"]
     k = model.model.layers[0].self_attn.k_proj.weight
     rows = later.fused["qkv0"].detach().numpy()[model.model.layers[0].self_attn.q_proj.weight.shape[0]:][:k.shape[0]]

@@ -108,20 +108,15 @@ def _fusable(linears) -> bool:
             and len({m.bias is None for m in linears}) == 1)
 
 
-#: the attribute of a model (its ``__dict__``, not a registered buffer) holding the
-#: concatenations :func:`_concatenated` built from its weights
-_FUSED_ATTR = "_tvm_spinn_fused"
-
-
-def _concatenated(model, linears, name: str) -> nn.Parameter:
+def _concatenated(cache: dict, linears, name: str) -> nn.Parameter:
     """The ``name`` tensors (``"weight"`` or ``"bias"``) of ``linears`` concatenated along the
-    output columns, built once per ``model``: every step wrapped around the model (each prompt
-    length's prefill, the decode step) shares the one copy. Kept on the model next to the very
-    tensors it was built from and their version counters, so a weight replaced or changed in
-    place is concatenated afresh."""
+    output columns, built once per ``cache``: the steps given one cache (each prompt length's
+    prefill and the decode step of one compiled model) share the one copy. The cache holds the
+    very tensors each copy was built from and their version counters, so a weight replaced or
+    changed in place is concatenated afresh; it is the caller's, not the model's, so the copies
+    live as long as the steps that read them."""
     parts = tuple(getattr(m, name) for m in linears)
     versions = tuple(p._version for p in parts)
-    cache = model.__dict__.setdefault(_FUSED_ATTR, {})
     key = (tuple(id(m) for m in linears), name)
     held = cache.get(key)
     if held is None or held[1] != versions or any(a is not b for a, b in zip(held[0], parts)):
@@ -131,9 +126,12 @@ def _concatenated(model, linears, name: str) -> nn.Parameter:
 
 
 class _Step(nn.Module):
-    """``fuse``: the projections that read one input as one GEMM each (see :meth:`_fuse`)."""
+    """``fuse``: the projections that read one input as one GEMM each (see :meth:`_fuse`);
+    ``fused_cache``: where their concatenated weights are kept (:func:`_concatenated`; steps given
+    the same dict share them; default: the step's own)."""
 
-    def __init__(self, model, spec: ModelSpec, max_seq_len: int, fuse: bool = True):
+    def __init__(self, model, spec: ModelSpec, max_seq_len: int, fuse: bool = True,
+                 fused_cache: "dict | None" = None):
         super().__init__()
         self.model = model
         self.spec = spec
@@ -156,6 +154,7 @@ class _Step(nn.Module):
         self.expert_weights = None
         #: "qkv<i>" / "gate_up<i>" -> block i's projections' weights (and "...bias") concatenated
         self.fused = nn.ParameterDict()
+        self._fused_cache = {} if fused_cache is None else fused_cache
         if fuse:
             self._fuse(range(spec.layers))
 
@@ -163,7 +162,7 @@ class _Step(nn.Module):
         """The separate q, k and v projections of each of ``layers`` as one GEMM, and a gated MLP's
         gate and up projections as one: their weights concatenated along the output columns (and
         their biases), the output sliced where the columns of each begin. The concatenated
-        weights are built once per model and shared by every step wrapped around it
+        weights are built once per ``fused_cache`` and shared by the steps given it
         (:func:`_concatenated`).
 
         Each output column is the same input row's dot product with that projection's weight
@@ -176,15 +175,15 @@ class _Step(nn.Module):
             attn = getattr(block, "self_attn", None) or getattr(block, "attn", None)
             qkv = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj")]
             if attn is not None and _fusable(qkv):
-                self.fused[f"qkv{i}"] = _concatenated(self.model, qkv, "weight")
+                self.fused[f"qkv{i}"] = _concatenated(self._fused_cache, qkv, "weight")
                 if qkv[0].bias is not None:
-                    self.fused[f"qkv{i}bias"] = _concatenated(self.model, qkv, "bias")
+                    self.fused[f"qkv{i}bias"] = _concatenated(self._fused_cache, qkv, "bias")
             mlp = getattr(block, "mlp", None)
             gate_up = [getattr(mlp, n, None) for n in ("gate_proj", "up_proj")]
             if mlp is not None and not self.spec.experts and hasattr(mlp, "act_fn") and _fusable(gate_up):
-                self.fused[f"gate_up{i}"] = _concatenated(self.model, gate_up, "weight")
+                self.fused[f"gate_up{i}"] = _concatenated(self._fused_cache, gate_up, "weight")
                 if gate_up[0].bias is not None:
-                    self.fused[f"gate_up{i}bias"] = _concatenated(self.model, gate_up, "bias")
+                    self.fused[f"gate_up{i}bias"] = _concatenated(self._fused_cache, gate_up, "bias")
 
     def _fused_linear(self, name: str, h):
         """``h`` through the concatenated projections ``name`` (:meth:`_fuse`), or None."""
@@ -361,8 +360,9 @@ class _Step(nn.Module):
 class Prefill(_Step):
     """The prompt step: ``forward(ids, pos_or_cos[, sin])`` -> (last-token logits, K, V)."""
 
-    def __init__(self, model, spec: ModelSpec, max_seq_len: int, prompt_len: int, fuse: bool = True):
-        super().__init__(model, spec, max_seq_len, fuse)
+    def __init__(self, model, spec: ModelSpec, max_seq_len: int, prompt_len: int, fuse: bool = True,
+                 fused_cache: "dict | None" = None):
+        super().__init__(model, spec, max_seq_len, fuse, fused_cache)
         self.mask_per_kind = _mixed(spec)
         causal = (torch.stack([causal_mask(prompt_len), causal_mask(prompt_len, spec.sliding_window)])
                   if self.mask_per_kind else causal_mask(prompt_len, spec.sliding_window))
@@ -401,8 +401,9 @@ class Decode(_Step):
 
     ``mask``: (S,), or (2, S) for a model of global and windowed layers (rows: global, windowed)."""
 
-    def __init__(self, model, spec: ModelSpec, max_seq_len: int, fuse: bool = True):
-        super().__init__(model, spec, max_seq_len, fuse)
+    def __init__(self, model, spec: ModelSpec, max_seq_len: int, fuse: bool = True,
+                 fused_cache: "dict | None" = None):
+        super().__init__(model, spec, max_seq_len, fuse, fused_cache)
         self.mask_per_kind = _mixed(spec)
 
     def forward(self, ids, k_cache, v_cache, write, mask, pos_or_cos, sin=None):

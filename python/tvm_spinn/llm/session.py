@@ -76,6 +76,8 @@ class CompiledLLM:
         self._seed = seed
         self._verbose = verbose
         self._prefill: dict[int, tuple] = {}
+        #: the steps' concatenated q/k/v and gate/up weights, shared by every prefill and the decode step
+        self._fused: dict = {}
         self._decode = None
         self._last_prompt_len = None
 
@@ -154,7 +156,7 @@ class CompiledLLM:
         if prompt_len not in self._prefill:
             from .graphs import Prefill
 
-            wrapper = Prefill(self.model, self.spec, self.max_seq_len, prompt_len, fuse=self._fuses()).eval()
+            wrapper = Prefill(self.model, self.spec, self.max_seq_len, prompt_len, fuse=self._fuses(), fused_cache=self._fused).eval()
             ids = np.zeros((self.batch, prompt_len), dtype=np.int64)
             calib = None
             if self._scheme:
@@ -168,7 +170,7 @@ class CompiledLLM:
         if self._decode is None:
             from .graphs import Decode
 
-            wrapper = Decode(self.model, self.spec, self.max_seq_len, fuse=self._fuses()).eval()
+            wrapper = Decode(self.model, self.spec, self.max_seq_len, fuse=self._fuses(), fused_cache=self._fused).eval()
             tok = np.zeros((self.batch, 1), dtype=np.int64)
             k_zeros, v_zeros = (np.zeros(shape, dtype=np.float32) for shape in self._cache_shapes())
             calib = None
