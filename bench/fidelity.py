@@ -25,6 +25,7 @@ Sources:
 
     python bench/fidelity.py            # every case
     python bench/fidelity.py --quick    # the cheap cases (those tests/timing/test_fidelity.py checks)
+    python bench/fidelity.py --schedule 64   # the stream-dram M=64 layer's schedule per worker PE
 
 Exits non-zero only when a case fails to run (it is a benchmark: errors are printed, not
 asserted; ``tests/timing/test_fidelity.py`` asserts the cases that meet the +-15% target).
@@ -43,6 +44,7 @@ from tvm_spinn.program import Layer, Program, TensorDesc
 from tvm_spinn.program.records import LayerTimingSummary
 from tvm_spinn.target.arch import CHIPS, SpinnArch
 from tvm_spinn.timing import evaluate
+from tvm_spinn.timing.software import OCTOPUS_SCHEDULER as OCTOPUS_COSTS
 
 #: The target band of every case with a silicon figure: modelled / measured in [0.85, 1.15].
 TOLERANCE = 0.15
@@ -226,6 +228,88 @@ def stream_latency(m: int) -> Callable[[], Result]:
     return run
 
 
+def stream_schedule(m: int) -> dict:
+    """The :func:`stream_latency` layer's schedule per worker PE, from the timing model's own
+    functions (:func:`~tvm_spinn.timing.model.transfers`,
+    :func:`~tvm_spinn.timing.model.software_dispatch`,
+    :func:`~tvm_spinn.timing.model.shared_dram_run`): which bytes each worker reads from DRAM and
+    receives over the NoC, when its task arrives, when its MAC work runs and when it finishes,
+    and for every input row block how many tiles read it from DRAM and how many receive it by
+    multicast. Times in microseconds from the layer's start (after the scheduler's set-up).
+
+    Returns ``{"program", "workers": [per-PE dict], "inputs": [per-block dict], "tiles": [per-tile
+    dict, PE order]}``.
+    """
+    from tvm_spinn.timing.model import DRAM, LOCAL, NOC, shared_dram_run, software_dispatch, transfers
+
+    arch = CHIPS["production"]
+    setup = MappingOptions(weights="stream", activations="dram", **OCTOPUS)
+    p = _mapped(dense_chain(m, STREAM_K, STREAM_N, 1, arch), arch, setup)
+    table = p.tiles.tables[0]
+    in_src, w_src, out_dst = srcs = transfers(p, 0, table, arch)
+    ready, _ = software_dispatch(table, arch)
+    run = shared_dram_run(table, srcs, arch, ready)
+    us = 1e6 / arch.clock_hz
+    order, begin, end = run["order"], run["begin"] * us, run["end"] * us
+    tiles = [dict(tile=int(i), pe=int(table.pe[i]), rows=(int(table.lo[i, 1]), int(table.hi[i, 1])),
+                  cols=(int(table.lo[i, 2]), int(table.hi[i, 2])), group=int(table.group[i]),
+                  input={DRAM: "dram", NOC: "noc", LOCAL: "local"}[int(in_src[i])],
+                  weight={DRAM: "dram", NOC: "noc", LOCAL: "local"}[int(w_src[i])],
+                  mac_start=float(begin[j]), mac_end=float(end[j]))
+             for j, i in enumerate(order.tolist())]
+    workers = []
+    for k, pe in enumerate(run["pes"].tolist()):
+        mine = table.pe == pe
+        first = int(np.flatnonzero(mine)[0])
+        workers.append(dict(
+            pe=pe, tiles=int(mine.sum()), ready=float(ready[first] * us),
+            w_dram=int(table.w_bytes[mine & (w_src == DRAM)].sum()), w_noc=int(table.w_bytes[mine & (w_src == NOC)].sum()),
+            in_dram=int(table.in_bytes[mine & (in_src == DRAM)].sum()),
+            in_noc=int(table.in_bytes[mine & (in_src == NOC)].sum()),
+            out_dram=int(table.out_bytes[mine & (out_dst == DRAM)].sum()),
+            mac=float(table.cycles[mine].sum() * us),
+            first_mac=min(t["mac_start"] for t in tiles if t["pe"] == pe), finish=float(run["finish"][k] * us)))
+    blocks = {}
+    for i in range(len(table)):
+        key = (int(table.lo[i, 1]), int(table.hi[i, 1]))
+        b = blocks.setdefault(key, {"rows": key, "dram": 0, "noc": 0, "local": 0, "pes": set()})
+        b[{DRAM: "dram", NOC: "noc", LOCAL: "local"}[int(in_src[i])]] += 1
+        b["pes"].add(int(table.pe[i]))
+    inputs = [dict(b, pes=len(b["pes"])) for _, b in sorted(blocks.items())]
+    for b in inputs:
+        # when the block is in SRAM: its DRAM read ends before the reading tile's MAC starts,
+        # a multicast receiver has it before its own MAC starts
+        mine = [x for x in tiles if x["rows"] == b["rows"]]
+        b["read_before"] = max((x["mac_start"] for x in mine if x["input"] == "dram"), default=float("nan"))
+        b["first_use"] = min((x["mac_start"] for x in mine if x["input"] == "noc"), default=float("nan"))
+    return {"program": p, "workers": workers, "inputs": inputs, "tiles": tiles}
+
+
+def print_schedule(m: int) -> None:
+    """Print :func:`stream_schedule` (``--schedule M``): every worker PE, the input row blocks'
+    reads and the slowest worker's tiles."""
+    s = stream_schedule(m)
+    t = s["program"].timing
+    arch = CHIPS["production"]
+    print(f"stream-dram M={m}: {len(s['workers'])} workers, layer {t.latency_s * 1e6:.1f} us (set-up "
+          f"{OCTOPUS_COSTS.setup_s * 1e6:.0f} + clean-up {OCTOPUS_COSTS.cleanup_s * 1e6:.0f} us included), "
+          f"DRAM {t.dram_bytes} B = {t.dram_bytes / arch.dram_bw_bytes_s * 1e6:.1f} us of the channel")
+    for b in s["inputs"]:
+        print(f"  input rows {b['rows'][0]}-{b['rows'][1]}: read from DRAM by {b['dram']} tile(s), "
+              f"multicast to {b['noc']} tile(s), kept in SRAM for {b['local']}, on {b['pes']} PEs; "
+              f"its DRAM read ends by {b['read_before']:.1f} us, first used by a receiver at {b['first_use']:.1f} us")
+    print(f"  {'pe':>4s} {'tiles':>5s} {'ready':>6s} {'w dram':>7s} {'w noc':>6s} {'in dram':>7s} {'in noc':>7s} "
+          f"{'out':>5s} {'MAC us':>6s} {'1st MAC':>7s} {'finish':>7s}")
+    for w in s["workers"]:
+        print(f"  {w['pe']:4d} {w['tiles']:5d} {w['ready']:6.1f} {w['w_dram']:7d} {w['w_noc']:6d} {w['in_dram']:7d} "
+              f"{w['in_noc']:7d} {w['out_dram']:5d} {w['mac']:6.1f} {w['first_mac']:7.1f} {w['finish']:7.1f}")
+    slow = max(s["workers"], key=lambda w: w["finish"])
+    print(f"  the last worker to finish, PE {slow['pe']}:")
+    for tile in (x for x in s["tiles"] if x["pe"] == slow["pe"]):
+        print(f"    tile {tile['tile']}: rows {tile['rows']}, cols {tile['cols']}, input {tile['input']}, "
+              f"weights {tile['weight']}, MAC {tile['mac_start']:.1f}-{tile['mac_end']:.1f} us")
+
+
 def layer_fixed_cost() -> Result:
     """The fixed cost of one layer: what one more one-block int8 layer (4 x 16 x 16) adds to a
     program on one chip, every operand from DRAM, in OctopuScheduler's setup (:data:`OCTOPUS`);
@@ -277,7 +361,12 @@ def _kind(case: Case) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="only the cheap cases")
+    ap.add_argument("--schedule", type=int, metavar="M",
+                    help="print the stream-dram M layer's schedule per worker PE instead")
     args = ap.parse_args(argv)
+    if args.schedule is not None:
+        print_schedule(args.schedule)
+        return 0
     rows, crashed = [], 0
     for case in cases():
         if args.quick and not case.cheap:

@@ -193,3 +193,34 @@ def test_tile_chooser_costs_resident_weights_as_resident():
     assert choose_gemm_tile(g, arch, **kw)[1] == 8
     assert choose_gemm_tile(g, arch, resident=True, **kw)[1] == 16
     assert choose_gemm_tile(g, arch, resident=True, pes=148, mode="int8", elem_bytes=(1, 1, 1))[1] == 16
+
+
+@pytest.mark.parametrize("m", [16, 64])
+def test_stream_schedule_reads_each_input_row_once(m):
+    """The streamed layer's schedule per worker (``bench/fidelity.py --schedule``): each input
+    row block crosses DRAM once and reaches every other PE by multicast; the workers' DRAM bytes
+    are the layer's; the slowest worker's finish plus the scheduler's set-up, clean-up and last
+    completion packet is the layer's latency."""
+    from tvm_spinn.timing.software import OCTOPUS_SCHEDULER
+
+    s = fidelity.stream_schedule(m)
+    t = s["program"].timing
+    rows = -(-m // 16)
+    assert len(s["inputs"]) == rows
+    for block in s["inputs"]:
+        assert block["dram"] == 1
+        assert block["pes"] == len(s["workers"]) == 148
+        tiles = [x for x in s["tiles"] if x["rows"] == block["rows"]]
+        assert block["dram"] + block["noc"] + block["local"] == len(tiles)
+    w = s["workers"]
+    # the input once (m x 1024 bytes), the weights and their requantization constants once
+    # (1024 x 1200 + 3 x 4 x 1200), the int8 output once (m x 1200)
+    assert sum(x["in_dram"] for x in w) == m * fidelity.STREAM_K
+    assert sum(x["w_dram"] for x in w) == fidelity.STREAM_K * fidelity.STREAM_N + 12 * fidelity.STREAM_N
+    assert sum(x["out_dram"] for x in w) == m * fidelity.STREAM_N
+    assert sum(x["in_dram"] + x["w_dram"] + x["out_dram"] for x in w) == t.dram_bytes
+    for x in w:
+        assert x["ready"] <= x["first_mac"] < x["finish"]
+    fixed = (OCTOPUS_SCHEDULER.setup_s + OCTOPUS_SCHEDULER.cleanup_s) * 1e6
+    gap = t.latency_s * 1e6 - fixed - max(x["finish"] for x in w)
+    assert 0.0 < gap < 1.0  # the last completion packet: two packets and the path (0.23 us)
