@@ -232,7 +232,8 @@ def stream_schedule(m: int) -> dict:
     """The :func:`stream_latency` layer's schedule per worker PE, from the timing model's own
     functions (:func:`~tvm_spinn.timing.model.transfers`,
     :func:`~tvm_spinn.timing.model.software_dispatch`,
-    :func:`~tvm_spinn.timing.model.shared_dram_run`): which bytes each worker reads from DRAM and
+    :func:`~tvm_spinn.timing.model.shared_dram_run`,
+    :func:`~tvm_spinn.timing.model.multicast_readers`): which bytes each worker reads from DRAM and
     receives over the NoC, when its task arrives, when its MAC work runs and when it finishes,
     and for every input row block how many tiles read it from DRAM and how many receive it by
     multicast. Times in microseconds from the layer's start (after the scheduler's set-up).
@@ -240,7 +241,8 @@ def stream_schedule(m: int) -> dict:
     Returns ``{"program", "workers": [per-PE dict], "inputs": [per-block dict], "tiles": [per-tile
     dict, PE order]}``.
     """
-    from tvm_spinn.timing.model import DRAM, LOCAL, NOC, shared_dram_run, software_dispatch, transfers
+    from tvm_spinn.timing.model import (DRAM, LOCAL, NOC, multicast_readers, shared_dram_run, software_dispatch,
+                                        transfers)
 
     arch = CHIPS["production"]
     setup = MappingOptions(weights="stream", activations="dram", **OCTOPUS)
@@ -248,7 +250,7 @@ def stream_schedule(m: int) -> dict:
     table = p.tiles.tables[0]
     in_src, w_src, out_dst = srcs = transfers(p, 0, table, arch)
     ready, _ = software_dispatch(table, arch)
-    run = shared_dram_run(table, srcs, arch, ready)
+    run = shared_dram_run(table, srcs, arch, ready, multicast_readers(p, 0, table, srcs))
     us = 1e6 / arch.clock_hz
     order, begin, end = run["order"], run["begin"] * us, run["end"] * us
     tiles = [dict(tile=int(i), pe=int(table.pe[i]), rows=(int(table.lo[i, 1]), int(table.hi[i, 1])),

@@ -129,6 +129,41 @@ def test_shared_dram_channel_is_split_between_fetching_pes():
     assert run["finish"] == pytest.approx([setup + 6400 / 8 + 1000] * 2 + [10000 + setup + 6400 / 8 + 1000] * 2)
 
 
+def test_multicast_copy_waits_for_its_dram_read():
+    """A tile receiving a multicast copy of another tile's DRAM read starts its loads only when
+    that read has ended: its input's read for an input copy (not the reader's weights after
+    it), its weights' read for a weight copy."""
+    from tvm_spinn.target.arch import SpinnArch
+    from tvm_spinn.timing.model import DRAM, LOCAL, NOC, shared_dram_run
+
+    arch = SpinnArch()
+    setup, rate = arch.dma_setup_cycles, arch.dma_bw_bytes_per_cycle
+    none = np.array([-1, -1])
+    # PE 0 reads a 6,400-byte input block from DRAM (alone: at its DMA's rate) and computes
+    # 1,000 cycles; PE 1 receives the block by multicast (6,400 bytes into its SRAM) and computes
+    table = _table([0, 1], [6400, 6400], [0, 0], [0, 0], [1000, 1000])
+    srcs = (np.array([DRAM, NOC]), np.full(2, LOCAL), np.full(2, LOCAL))
+    read = setup + 6400 / rate
+    run = shared_dram_run(table, srcs, arch, 0.0, (np.array([-1, 0]), none))
+    assert run["finish"] == pytest.approx([read + 1000, read + setup + 6400 / rate + 1000])
+    # without the copy's source the receiver would compute on bytes not yet read
+    early = shared_dram_run(table, srcs, arch, 0.0)
+    assert early["finish"][1] == pytest.approx(setup + 6400 / rate + 1000)
+    assert early["finish"][1] < run["finish"][1]
+    # the reader reads its input (3,200 bytes) before its weights (6,400): the copy waits for
+    # the input's read only
+    table = _table([0, 1], [3200, 3200], [6400, 0], [0, 0], [1000, 1000])
+    srcs = (np.array([DRAM, NOC]), np.array([DRAM, LOCAL]), np.full(2, LOCAL))
+    run = shared_dram_run(table, srcs, arch, 0.0, (np.array([-1, 0]), none))
+    input_read = 2 * setup + 3200 / rate
+    assert run["finish"] == pytest.approx([input_read + 6400 / rate + 1000, input_read + setup + 3200 / rate + 1000])
+    # a weight block split over two PEs: the second PE's copy waits for the whole weight read
+    table = _table([0, 1], [0, 0], [6400, 6400], [0, 0], [1000, 1000])
+    srcs = (np.full(2, LOCAL), np.array([DRAM, NOC]), np.full(2, LOCAL))
+    run = shared_dram_run(table, srcs, arch, 0.0, (none, np.array([-1, 0])))
+    assert run["finish"][1] == pytest.approx(read + setup + 6400 / rate + 1000)
+
+
 def test_software_scheduler_option_is_off_by_default_and_left_out():
     from tvm_spinn.mapping import MappingOptions
     from tvm_spinn.target.arch import CHIPS
@@ -212,6 +247,9 @@ def test_stream_schedule_reads_each_input_row_once(m):
         assert block["pes"] == len(s["workers"]) == 148
         tiles = [x for x in s["tiles"] if x["rows"] == block["rows"]]
         assert block["dram"] + block["noc"] + block["local"] == len(tiles)
+        # no receiver computes on a copy before the one DRAM read of the block (its reader reads
+        # the block first in its tile, so the read has ended when the reader's MAC starts)
+        assert block["first_use"] >= block["read_before"]
     w = s["workers"]
     # the input once (m x 1024 bytes), the weights and their requantization constants once
     # (1024 x 1200 + 3 x 4 x 1200), the int8 output once (m x 1200)

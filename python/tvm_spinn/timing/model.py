@@ -39,8 +39,10 @@ layer one scheduler PE sends each worker its task descriptor (:func:`software_di
 PE starts when its descriptor is read, and the layer ends when the scheduler has taken every
 worker's completion packet (:func:`software_completion`). Without double buffering the PEs'
 fetch -> compute -> write-back runs per tile against a DRAM channel they share
-(:func:`shared_dram_run`). The scheduler software's published, measured costs
-(:data:`~.software.OCTOPUS_SCHEDULER`) are charged as they are: a layer takes at least its
+(:func:`shared_dram_run`), and a tile that receives a multicast copy of another tile's DRAM
+read starts its loads only once that read has ended (:func:`multicast_readers`). The
+scheduler software's published, measured costs (:data:`~.software.OCTOPUS_SCHEDULER`) are
+charged as they are: a layer takes at least its
 time per layer, the first layer starts after its set-up and the last ends with its clean-up.
 
 *Views* (:meth:`~tvm_spinn.program.ops.base.OpFamily.is_view`: a reshape, a unit-axis permute or
@@ -70,7 +72,8 @@ from .bounds import gathered_bytes
 from .software import OCTOPUS_SCHEDULER
 
 __all__ = ["evaluate", "evaluate_traced", "roofline", "transfers", "noc_cycles", "noc_port_cycles", "software_dispatch",
-           "software_completion", "scheduler_path_cycles", "shared_dram_run", "LOCAL", "NOC", "DRAM"]
+           "software_completion", "scheduler_path_cycles", "shared_dram_run", "multicast_readers",
+           "LOCAL", "NOC", "DRAM"]
 
 
 def roofline(program: Program, arch: SpinnArch) -> float:
@@ -345,18 +348,52 @@ def software_completion(finish: np.ndarray, arch: SpinnArch) -> float:
     return float(np.max(arrive + c * (len(arrive) - np.arange(len(arrive)))))
 
 
-def shared_dram_run(table: TileTable, srcs, arch: SpinnArch, start) -> dict:
+def multicast_readers(program: Program, index: int, table: TileTable, srcs) -> tuple[np.ndarray, np.ndarray]:
+    """``(input, weight)``: for every tile of layer ``index`` that receives an operand by
+    multicast (:data:`NOC` in :func:`transfers`) copied from another tile's DRAM read, that
+    tile's index; ``-1`` elsewhere. An input block is read from DRAM by the first tile reading it
+    (:func:`_input_shared`), a weight block by its group's first tile; the copies reach the
+    other tiles only once that read has ended (:func:`shared_dram_run` waits for it)."""
+    in_src, w_src, _ = srcs
+    n = len(table)
+    in_reader = np.full(n, -1, np.int64)
+    w_reader = np.full(n, -1, np.int64)
+    if n < 2:
+        return in_reader, w_reader
+    layer = program.layers[index]
+    axis = family_of(layer.kind).weight_region_axis(layer)
+    if axis is not None:
+        keep = [a for a in range(table.lo.shape[1]) if a != axis]
+        first, inverse = _row_ids(np.column_stack([table.lo[:, keep], table.hi[:, keep]]))
+        reader = first[inverse]
+        copied = (in_src == NOC) & (in_src[reader] == DRAM) & (reader != np.arange(n))
+        in_reader[copied] = reader[copied]
+    grouped = table.group >= 0
+    if grouped.any():
+        groups, first_of_group = np.unique(table.group[grouped], return_index=True)
+        reader = np.flatnonzero(grouped)[first_of_group][np.searchsorted(groups, table.group[grouped])]
+        rows = np.flatnonzero(grouped)
+        copied = (w_src[rows] == NOC) & (w_src[reader] == DRAM) & (reader != rows)
+        w_reader[rows[copied]] = reader[copied]
+    return in_reader, w_reader
+
+
+def shared_dram_run(table: TileTable, srcs, arch: SpinnArch, start, readers=None) -> dict:
     """Per-PE timeline of one layer whose PEs run fetch -> compute -> write-back serially per
     tile while they share their chip's DRAM channel (a fluid model of the channel).
 
     Each tile is phases in order: its load DMAs' set-up (``dma_setup_cycles`` each) and the
-    bytes that come over the NoC (``dma_bw_bytes_per_cycle``), the bytes read from DRAM, the
-    compute (the tile's ``cycles``), the write-back's set-up and its bytes (to DRAM or over the
-    NoC). While ``n`` PEs of a chip are in a DRAM phase each moves ``min(dma_bw_bytes_per_cycle,
-    dram rate / n)`` bytes a cycle (the channel shared evenly), so a PE computing leaves the
-    channel to the others and the channel idles only when no PE of the chip is fetching.
-    ``start``: the cycle each tile's PE may begin (one number or per tile). Returns the same
-    keys as the per-PE path (``order``, ``begin``, ``end``, ``pes``, ``finish``).
+    bytes that come over the NoC (``dma_bw_bytes_per_cycle``), the input bytes read from DRAM,
+    the weight bytes read from DRAM, the compute (the tile's ``cycles``), the write-back's
+    set-up and its bytes (to DRAM or over the NoC). While ``n`` PEs of a chip are in a DRAM
+    phase each moves ``min(dma_bw_bytes_per_cycle, dram rate / n)`` bytes a cycle (the channel
+    shared evenly), so a PE computing leaves the channel to the others and the channel idles
+    only when no PE of the chip is fetching.
+    ``start``: the cycle each tile's PE may begin (one number or per tile). ``readers``: the
+    ``(input, weight)`` arrays of :func:`multicast_readers`: a tile receiving a multicast copy of
+    another tile's DRAM read starts its loads only once that tile's DRAM phase has ended (a copy
+    cannot arrive before the bytes it copies have been read). Returns the same keys as the per-PE
+    path (``order``, ``begin``, ``end``, ``pes``, ``finish``).
     """
     in_src, w_src, out_dst = srcs
     rate, setup = arch.dma_bw_bytes_per_cycle, arch.dma_setup_cycles
@@ -369,23 +406,45 @@ def shared_dram_run(table: TileTable, srcs, arch: SpinnArch, start) -> dict:
     moving_out = (out_dst != LOCAL) & (table.out_bytes > 0)
     fixed_load = setup * (moving_in.astype(np.float64) + moving_w) + (
         table.in_bytes * (in_src == NOC) + table.w_bytes * (w_src == NOC)) / rate
-    dram_load = (table.in_bytes * (in_src == DRAM) + table.w_bytes * (w_src == DRAM)).astype(np.float64)
+    dram_in = (table.in_bytes * (in_src == DRAM)).astype(np.float64)
+    dram_w = (table.w_bytes * (w_src == DRAM)).astype(np.float64)
     comp = table.cycles.astype(np.float64)
     out_setup = setup * moving_out.astype(np.float64)
     out_noc = table.out_bytes * (out_dst == NOC) / rate
     out_dram = (table.out_bytes * (out_dst == DRAM)).astype(np.float64)
-    # phases per tile (in PE order): amount, whether it uses the DRAM channel, whether compute
-    amounts = np.column_stack([fixed_load, dram_load, comp, out_setup + out_noc, out_dram])[order]
-    dram_ph = np.broadcast_to(np.array([False, True, False, False, True]), amounts.shape)
-    comp_ph = np.broadcast_to(np.array([False, False, True, False, False]), amounts.shape)
+    # phases per tile (in PE order): amount, whether it uses the DRAM channel, whether compute:
+    # loads' set-up and NoC bytes, input from DRAM, weights from DRAM (apart: a multicast copy
+    # of the input waits for the input's read only), compute, write-back's set-up and NoC
+    # bytes, write-back to DRAM
+    amounts = np.column_stack([fixed_load, dram_in, dram_w, comp, out_setup + out_noc, out_dram])[order]
+    dram_ph = np.broadcast_to(np.array([False, True, True, False, False, True]), amounts.shape)
+    comp_ph = np.broadcast_to(np.array([False, False, False, True, False, False]), amounts.shape)
     tile_ph = np.broadcast_to(np.arange(n)[:, None], amounts.shape)
     keep = amounts.reshape(-1) > 0
     amount = amounts.reshape(-1)[keep]
     is_dram, is_comp, tile = dram_ph.reshape(-1)[keep], comp_ph.reshape(-1)[keep], tile_ph.reshape(-1)[keep]
-    pe_of = np.repeat(_segment_ids(n, starts), 5)[keep] if n else np.zeros(0, np.int64)
+    pe_of = np.repeat(_segment_ids(n, starts), amounts.shape[1])[keep] if n else np.zeros(0, np.int64)
     npe = len(starts)
     first = np.searchsorted(pe_of, np.arange(npe))
     stop = np.searchsorted(pe_of, np.arange(npe), side="right")
+    # gates: the (kept) DRAM phases a tile's first phase waits for (its multicast operands' reads)
+    gates = []
+    if readers is not None and n:
+        kept = np.full(amounts.size, -1, np.int64)
+        kept[keep] = np.arange(int(keep.sum()))
+        position = np.empty(n, np.int64)
+        position[order] = np.arange(n)
+        width = amounts.shape[1]
+        for reader, phase in zip(readers, (1, 2)):  # the reader's input or weight DRAM phase
+            reader = np.asarray(reader, dtype=np.int64)
+            waits = np.flatnonzero(reader >= 0)
+            gate = np.full(len(amount), -1, np.int64)
+            src = kept[position[reader[waits]] * width + phase]
+            dst = kept[position[waits] * width + np.argmax(amounts[position[waits]] > 0, axis=1)]
+            ok = (src >= 0) & (dst >= 0)
+            gate[dst[ok]] = src[ok]
+            gates.append(gate)
+    ended_phase = np.zeros(len(amount), dtype=bool)
     pe_start = begin0[starts] if n else np.zeros(0)
     chip = (table.chip[order][starts] - int(table.chip.min())) if n else np.zeros(0, np.int64)
     begin = begin0.copy()  # compute start per tile (in PE order); tiles without compute keep it
@@ -400,17 +459,26 @@ def shared_dram_run(table: TileTable, srcs, arch: SpinnArch, start) -> dict:
         idx = np.flatnonzero(live)
         cur = ptr[idx]
         wait = waiting[idx]
-        on_dram = is_dram[cur] & ~wait
+        blocked = np.zeros(len(idx), dtype=bool)
+        for gate in gates:  # a PE whose next phase waits for another tile's DRAM read
+            g = gate[cur]
+            blocked |= (g >= 0) & ~ended_phase[np.maximum(g, 0)]
+        blocked &= ~wait
+        on_dram = is_dram[cur] & ~wait & ~blocked
         share = np.bincount(chip[idx][on_dram], minlength=int(chip.max()) + 1 if npe else 1)
-        r = np.where(on_dram, np.minimum(rate, dram_rate / np.maximum(share[chip[idx]], 1)), 1.0)
-        need = np.where(wait, pe_start[idx] - t, rem[cur] / r)
+        r = np.where(on_dram, np.minimum(rate, dram_rate / np.maximum(share[chip[idx]], 1)),
+                     np.where(blocked, 0.0, 1.0))
+        need = np.where(wait, pe_start[idx] - t, np.where(blocked, np.inf, rem[cur] / np.maximum(r, 1e-300)))
         dt = float(need.min())
+        if not math.isfinite(dt):  # cannot happen: a gate points at an earlier tile
+            raise RuntimeError("shared_dram_run: every running PE waits for another's DRAM read")
         t += dt
         rem[cur] -= np.where(wait, 0.0, dt * r)
         done = need <= dt + 1e-9 * max(1.0, abs(t))
         arrived = idx[done & wait]
         waiting[arrived] = False
-        moved = idx[done & ~wait]
+        moved = idx[done & ~wait & ~blocked]
+        ended_phase[ptr[moved]] = True
         ptr[moved] += 1
         for group in (arrived, moved):  # a PE entering a compute phase starts its tile's compute
             nxt = ptr[group]
@@ -566,7 +634,8 @@ def _evaluate(program: Program, arch: SpinnArch, tables, trace: bool) -> tuple[T
             if double_buffer:
                 run = _layer_pes(program, i, table, arch, double_buffer, start + ready, srcs)
             else:  # serial per tile: the PEs share the DRAM channel as they fetch
-                run = shared_dram_run(table, srcs, arch, start + ready)
+                readers = multicast_readers(program, i, table, srcs)
+                run = shared_dram_run(table, srcs, arch, start + ready, readers)
             first_start = start + float(ready.min())
         else:
             run = _layer_pes(program, i, table, arch, double_buffer, start, srcs)
