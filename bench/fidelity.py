@@ -279,8 +279,8 @@ def stream_schedule(m: int) -> dict:
         b["pes"].add(int(table.pe[i]))
     inputs = [dict(b, pes=len(b["pes"])) for _, b in sorted(blocks.items())]
     for b in inputs:
-        # when the block is in SRAM: its DRAM read ends before the reading tile's MAC starts,
-        # a multicast receiver has it before its own MAC starts
+        # read_before: the reading tile's MAC start (its DRAM read of the block ended before);
+        # first_use: the earliest MAC of a tile computing on a multicast copy of the block
         mine = [x for x in tiles if x["rows"] == b["rows"]]
         b["read_before"] = max((x["mac_start"] for x in mine if x["input"] == "dram"), default=float("nan"))
         b["first_use"] = min((x["mac_start"] for x in mine if x["input"] == "noc"), default=float("nan"))
@@ -367,6 +367,8 @@ def main(argv=None) -> int:
                     help="print the stream-dram M layer's schedule per worker PE instead")
     args = ap.parse_args(argv)
     if args.schedule is not None:
+        if args.schedule < 1:
+            ap.error(f"--schedule M: the layer's rows M must be >= 1, got {args.schedule}")
         print_schedule(args.schedule)
         return 0
     rows, crashed = [], 0
