@@ -1,0 +1,395 @@
+"""The PEs of a region run concurrently in the instruction-set simulator, the jobs' order kept by
+NoC packets between them.
+
+:class:`NocFabric` carries packets between the NoC interfaces (:data:`~.memory_map.NOC_REGS`) of
+the PEs' :class:`~.iss.PeMachine` s (one ``unicorn`` per PE) and steps the PEs round-robin: a PE
+whose code reads an empty RX FIFO stops there and yields, and is resumed once a packet is in its
+FIFO; when every PE still running waits on an empty FIFO, :class:`~.errors.NocDeadlock` names
+each PE and what it waits for.
+
+:func:`run_firmware_concurrent` runs a region of a firmware directory exported with the NoC
+driver (:func:`~.firmware.export_firmware` ``noc=True``) that way: each PE runs its jobs in its
+``pe_jobs`` order; before a job, its PE runs the driver's ``pe_noc_wait_ready`` until a ready
+packet has come from the PE of every job the job names in ``after`` (jobs of the same PE are
+before it in its order); after a job, its PE runs ``pe_noc_notify``: one ready packet to each
+other PE with a job that names it. The packets count per sending PE in the NoC state
+(:data:`~.memory_map.NOC_STATE_ADDR`), so a job waits for the ``n``-th ready packet from a PE,
+``n`` counted over the jobs of that PE that notify it. The hand-offs' data go through DRAM as the
+job tables say (the loader plays the DMA transfers, as :func:`~.loader.run_firmware` does).
+
+Timing: each PE keeps its own clock (its executed instructions priced by :mod:`.cycles`,
+peripheral waits included); a packet arrives at its sender's clock plus
+``SpinnArch.noc_hop_cycles`` per router hop (:meth:`NocFabric.hops`), and a PE that reads it
+earlier waits until then. The host's DRAM transfers take no PE time here.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import os
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import IssFault, NocDeadlock
+from .jobs import expand
+from .memory_map import JOB_ADDR, JOB_WORDS, NOC_MULTICAST, NOC_STATE_ADDR, NOC_STATE_WORDS
+
+__all__ = ["NocFabric", "ConcurrentRun", "run_firmware_concurrent", "MAX_JOBS_PER_RUN"]
+
+#: Jobs one run's job block may hold without reaching the NoC state above it.
+MAX_JOBS_PER_RUN = (NOC_STATE_ADDR - JOB_ADDR - 4) // (4 * JOB_WORDS)
+
+
+class NocFabric:
+    """The NoC between the PEs of one run: delivers packets to the receivers' RX FIFOs (oldest
+    arrival first) and schedules the PEs.
+
+    Parameters
+    ----------
+    arch : SpinnArch
+        The chip's geometry and router latency (``pes_per_chip``, ``pes_per_qpe``,
+        ``noc_hop_cycles``; ``link_hop_s`` and ``clock_hz`` between chips).
+    """
+
+    def __init__(self, arch):
+        self.arch = arch
+        self.machines: dict = {}
+        #: the router's multicast table: ``(key, mask, destination PEs)``
+        self.routes: list = []
+        #: packets delivered (a multicast counts once per destination)
+        self.packets = 0
+
+    def attach(self, machine) -> None:
+        """Connect ``machine`` (its ``pe``) to the fabric."""
+        self.machines[machine.pe] = machine
+        machine.noc_fabric = self
+
+    def route(self, key: int, mask: int, pes) -> None:
+        """Add a multicast entry: a packet sent with :data:`~.memory_map.NOC_MULTICAST` whose
+        ``key & mask == key`` goes to ``pes``."""
+        self.routes.append((int(key) & 0xFFFFFFFF, int(mask) & 0xFFFFFFFF, tuple(sorted(int(p) for p in pes))))
+
+    def hops(self, src: int, dst: int) -> int:
+        """Router hops from PE ``src`` to PE ``dst`` (assumption: the quad-PEs of a chip form a
+        near-square grid of routers, ``ceil(sqrt(qpes))`` wide, numbered row by row; a packet
+        passes its own quad-PE's router, then one per grid step, X then Y)."""
+        a = self.arch
+        qpes = -(-a.pes_per_chip // a.pes_per_qpe)
+        side = math.isqrt(qpes - 1) + 1
+        qa, qb = (src % a.pes_per_chip) // a.pes_per_qpe, (dst % a.pes_per_chip) // a.pes_per_qpe
+        return 1 + abs(qa % side - qb % side) + abs(qa // side - qb // side)
+
+    def latency(self, src: int, dst: int) -> int:
+        """Cycles from a send on PE ``src`` to the packet's arrival at PE ``dst``: the router
+        hops, plus one chip-to-chip link hop (``link_hop_s``) when the PEs are on different chips."""
+        a = self.arch
+        cycles = self.hops(src, dst) * int(a.noc_hop_cycles)
+        if src // a.pes_per_chip != dst // a.pes_per_chip:
+            cycles += int(math.ceil(a.link_hop_s * a.clock_hz))
+        return cycles
+
+    def send(self, machine, dest: int, key: int, payload: int) -> None:
+        """A packet sent by ``machine``'s NoC interface (called by the interface)."""
+        from unicorn.arm_const import UC_ARM_REG_PC
+        if dest & NOC_MULTICAST:
+            targets = sorted({p for k, m, pes in self.routes if key & m == k for p in pes})
+            if not targets:
+                raise IssFault(machine.pe, machine.name, machine.uc.reg_read(UC_ARM_REG_PC),
+                               f"multicast packet key {key:#x} matches no route of the router's table")
+        else:
+            targets = [dest]
+        t = machine.noc_time()
+        for d in targets:
+            if d not in self.machines:
+                raise IssFault(machine.pe, machine.name, machine.uc.reg_read(UC_ARM_REG_PC),
+                               f"packet to PE {d}, which is not running (PEs {sorted(self.machines)})")
+            rx = self.machines[d].noc_rx
+            arrival = t + self.latency(machine.pe, d)
+            pos = bisect.bisect_right([p[3] for p in rx], arrival)
+            rx.insert(pos, (key, payload, machine.pe, arrival))
+            self.packets += 1
+
+    def run(self, procs: dict, waiting) -> None:
+        """Step the processes ``procs`` (PE -> generator) round-robin until all end.
+
+        A process yields ``True`` after a step that made progress and ``False`` when its PE
+        stopped on an empty RX FIFO; such a PE is stepped again only once a packet is in its FIFO.
+        ``waiting(pe)``: what a waiting PE waits for, in words (for the deadlock's message).
+
+        Raises
+        ------
+        NocDeadlock
+            When every process still running waits on an empty RX FIFO.
+        """
+        active = sorted(procs)
+        blocked = dict.fromkeys(active, False)
+        while active:
+            stuck = [pe for pe in active if blocked[pe] and not self.machines[pe].noc_rx]
+            if len(stuck) == len(active):
+                raise NocDeadlock({pe: waiting(pe) for pe in stuck})
+            for pe in list(active):
+                if blocked[pe] and not self.machines[pe].noc_rx:
+                    continue
+                try:
+                    blocked[pe] = not next(procs[pe])
+                except StopIteration:
+                    active.remove(pe)
+
+
+@dataclass(frozen=True)
+class ConcurrentRun:
+    """A region run concurrently: its ``outputs`` (``dram.outputs`` order), each PE's ``cycles``
+    (its clock at its last job's end), and the NoC ``packets`` delivered."""
+
+    outputs: list
+    cycles: dict
+    packets: int
+
+
+def _dram(fw, region: int, inputs: list):
+    """The region's record, its tensors by id and its DRAM (words) with the inputs written."""
+    regions = fw.manifest["regions"]
+    if not 0 <= region < len(regions):
+        raise ValueError(f"region {region}: the firmware has {len(regions)} regions")
+    reg = regions[region]
+    if reg["host"]:
+        first = reg["host"][0]
+        layer = reg["layers"][first["layer"]]
+        raise ValueError(f"region {region} cannot run from the firmware alone: layer {layer['name']!r} "
+                         f"({layer['kind']}) is left to the host: {first['reason']}")
+    dram = reg["dram"]
+    tensors = {t["id"]: t for t in dram["tensors"]}
+    if len(inputs) != len(dram["inputs"]):
+        raise ValueError(f"region {region} takes {len(dram['inputs'])} inputs, got {len(inputs)}")
+    mem = np.zeros(dram["bytes"] // 4, dtype="<u4")
+    raw = mem.view(np.uint8)
+    init = fw.files[dram["file"]]
+    raw[:len(init)] = np.frombuffer(init, dtype=np.uint8)
+    for tid, x in zip(dram["inputs"], inputs):
+        rec = tensors[tid]
+        x = np.asarray(x)
+        if list(x.shape) != rec["shape"] or x.dtype.name != rec["dtype"]:
+            raise ValueError(f"input tensor {tid}: expected {rec['dtype']}{rec['shape']}, got {x.dtype.name}"
+                             f"{list(x.shape)}")
+        raw[rec["offset"]:rec["offset"] + rec["bytes"]] = np.frombuffer(np.ascontiguousarray(x).tobytes(), np.uint8)
+    return reg, tensors, mem
+
+
+def _signals(jobs: list, on_pe: dict) -> tuple[dict, dict]:
+    """Per job, the PEs its ready packet goes to, and the ``(slot PE, count)`` pairs its PE
+    waits for (count: that many ready packets from that PE, counted over its jobs in order)."""
+    consumers: dict = {}
+    for job in jobs:
+        for a, b in job["after"]:
+            for i in range(a, b + 1):
+                if on_pe[i] != job["pe"]:
+                    consumers.setdefault(i, set()).add(job["pe"])
+    notify = {j["id"]: sorted(consumers.get(j["id"], ())) for j in jobs}
+    sent: dict = {}  # (producer PE, consumer PE) -> ready packets so far
+    index: dict = {}  # (job, consumer PE) -> that packet's number
+    for job in jobs:  # ids ascend in each PE's order, so counting in id order counts in PE order
+        for q in notify[job["id"]]:
+            key = (job["pe"], q)
+            sent[key] = sent.get(key, 0) + 1
+            index[(job["id"], q)] = sent[key]
+    need: dict = {}
+    for job in jobs:
+        pairs: dict = {}
+        for a, b in job["after"]:
+            for i in range(a, b + 1):
+                p = on_pe[i]
+                if p != job["pe"]:
+                    pairs[p] = max(pairs.get(p, 0), index[(i, job["pe"])])
+        need[job["id"]] = sorted(pairs.items())
+    return notify, need
+
+
+def _words(values) -> bytes:
+    return struct.pack(f"<{len(values)}I", *[int(v) & 0xFFFFFFFF for v in values])
+
+
+def run_firmware_concurrent(directory: "str | os.PathLike", inputs: list, region: int = 0) -> ConcurrentRun:
+    """Run region ``region`` of the firmware in ``directory`` on ``inputs`` with its PEs
+    concurrent, the jobs' dependencies honoured by NoC packets (see the module's docstring).
+
+    Parameters
+    ----------
+    directory : str or os.PathLike
+        A firmware directory exported with the NoC driver (``export_firmware(..., noc=True)``).
+    inputs : list of numpy.ndarray
+        One array per region input (``dram.inputs`` order).
+    region : int
+        The region's index in the manifest.
+
+    Returns
+    -------
+    ConcurrentRun
+        The outputs (the bits of :func:`~.loader.run_firmware`'s sequential replay), each PE's
+        cycles and the packets sent.
+
+    Raises
+    ------
+    FirmwareError
+        For a directory :func:`~.firmware.load_firmware` refuses.
+    ValueError
+        For a region the directory cannot run alone, wrong inputs, images without the NoC
+        driver, more PEs than the NoC state counts, or a run of more jobs than the job block
+        holds below the NoC state.
+    IssFault
+        For an image that faults (PE, image and program counter in the message).
+    NocDeadlock
+        For PEs that all wait for packets none of them sends.
+    """
+    from ..target.arch import SpinnArch
+    from .firmware import load_firmware
+    from .iss import PeMachine
+    from .loader import _gather
+    from .noc import NOC_ROUTINES
+    from .iss import image_symbols
+
+    fw = load_firmware(directory)
+    reg, tensors, mem = _dram(fw, region, inputs)
+    jobs = fw.jobs[region]
+    for name, rec in sorted(fw.manifest["images"].items()):
+        missing = [r for r in NOC_ROUTINES if r not in image_symbols(fw.files[rec["file"]])]
+        if missing:
+            raise ValueError(f"image {name!r} has no NoC driver ({', '.join(missing)} missing): export the "
+                             "firmware with noc=True to run its PEs concurrently")
+    pes = [pe for pe, _ in reg["pe_jobs"]]
+    if len(pes) > NOC_STATE_WORDS:
+        raise ValueError(f"region {region} runs on {len(pes)} PEs; the NoC state counts packets from at most "
+                         f"{NOC_STATE_WORDS}")
+    for job in jobs:
+        for step in job["steps"]:
+            if step[0] == "run" and len(step[1]) > MAX_JOBS_PER_RUN:
+                raise ValueError(f"job {job['id']}: a run of {len(step[1])} kernel jobs; the job block holds "
+                                 f"{MAX_JOBS_PER_RUN} below the NoC state")
+    slot = {pe: s for s, pe in enumerate(pes)}
+    on_pe = {j: pe for pe, ids in reg["pe_jobs"] for j in ids}
+    notify, need = _signals(jobs, on_pe)
+    arch = SpinnArch.from_dict(reg["arch"])
+    fabric = NocFabric(arch)
+    machines: dict = {}
+    current: dict = {}  # PE -> the job it runs or waits for
+
+    def elf(name):
+        return fw.files[fw.manifest["images"][name]["file"]]
+
+    for pe, ids in reg["pe_jobs"]:
+        first = jobs[ids[0]]
+        machines[pe] = PeMachine(elf(first["image"]), first["image"], pe, arch.acc_bits, arch)
+        fabric.attach(machines[pe])
+
+    def proc(pe: int, ids: list):
+        m = machines[pe]
+        for j in ids:
+            job = jobs[j]
+            current[pe] = j
+            if job["image"] != m.name:
+                m.boot(elf(job["image"]), job["image"])
+            else:
+                m.load(pe)
+            m.noc_clock0 += m.now()
+            m.clear_counters()
+            pairs = need[j]
+            if pairs:
+                m.write(m.arena, _words([w for p, c in pairs for w in (slot[p], c)]))
+                done = m.call("pe_noc_wait_ready", [m.arena, len(pairs)])
+                while not done:
+                    yield False
+                    done = m.resume()
+            for step in job["steps"]:
+                if step[0] == "put":
+                    m.write(step[1], _gather(mem, step[2]))
+                elif step[0] == "remote":
+                    m.place_remote(_gather(mem, step[1]))
+                elif step[0] == "run":
+                    m.run(step[1], mac_in_flight=step[2])
+                else:  # get: words from SRAM scattered into DRAM
+                    addr = np.concatenate([expand(part[1:]) for part in step[2]])
+                    mem[addr // 4] = np.frombuffer(m.read(step[1], 4 * addr.size), dtype="<u4")
+            if notify[j]:
+                m.write(m.arena, _words(notify[j]))
+                if not m.call("pe_noc_notify", [m.arena, len(notify[j]), j, slot[pe]]):
+                    raise AssertionError("pe_noc_notify never waits")
+            yield True
+        m.noc_clock0 += m.now()
+        m.clear_counters()
+        current.pop(pe, None)
+
+    def waiting(pe: int) -> str:
+        j = current[pe]
+        counts = np.frombuffer(machines[pe].read(NOC_STATE_ADDR, 4 * len(pes)), dtype="<u4")
+        parts = [f"PE {p}: {int(counts[slot[p]])} of {c}" for p, c in need[j] if counts[slot[p]] < c]
+        return (f"job {j} (layer {jobs[j]['layer']}, image {jobs[j]['image']}) waits for ready packets from "
+                + ", ".join(parts))
+
+    fabric.run({pe: proc(pe, ids) for pe, ids in reg["pe_jobs"]}, waiting)
+    out = []
+    raw = mem.view(np.uint8)
+    for tid in reg["dram"]["outputs"]:
+        rec = tensors[tid]
+        data = raw[rec["offset"]:rec["offset"] + rec["bytes"]].tobytes()
+        out.append(np.frombuffer(data, dtype=rec["dtype"]).reshape(rec["shape"]).copy())
+    cycles = {pe: int(machines[pe].noc_clock0) for pe in pes}
+    return ConcurrentRun(outputs=out, cycles=cycles, packets=fabric.packets)
+
+
+def run_barrier(pes, master: "int | None" = None, group: int = 1, arch=None, image=None) -> dict:
+    """Run the PE runtime's barrier (``pe_barrier``, :mod:`.noc`) on PEs ``pes`` concurrently in
+    the instruction-set simulator; each PE's cycles from its entry to its leaving the barrier
+    (its executed instructions priced by :mod:`.cycles`, plus its waits for packets in flight).
+
+    Parameters
+    ----------
+    pes : sequence of int
+        The barrier's PEs (at least one, distinct).
+    master : int, optional
+        The PE that counts the arrivals and multicasts the release; ``pes[0]`` when omitted.
+    group : int
+        The barrier's group key (its packets' key field, below ``1 << 24``).
+    arch : SpinnArch, optional
+        The chip (router latency, geometry); the production chip's when omitted.
+    image : PeImage, optional
+        An image linked with the NoC driver; a small role's (``relu``) when omitted.
+
+    Returns
+    -------
+    dict
+        PE -> cycles.
+    """
+    from ..target.arch import SpinnArch
+    from .iss import PeMachine
+    from .memory_map import NOC_KEY_RELEASE
+    from .noc import noc_role_image
+    pes = [int(p) for p in pes]
+    if not pes or len(set(pes)) != len(pes):
+        raise ValueError(f"a barrier needs distinct PEs, got {pes}")
+    master = pes[0] if master is None else int(master)
+    if master not in pes:
+        raise ValueError(f"master PE {master} is not one of the barrier's PEs {pes}")
+    if not 0 <= group < 1 << 24:
+        raise ValueError(f"group key {group} outside [0, 2**24)")
+    arch = arch if arch is not None else SpinnArch()
+    image = image if image is not None else noc_role_image(("relu",))
+    fabric = NocFabric(arch)
+    fabric.route(NOC_KEY_RELEASE | group, 0xFFFFFFFF, [p for p in pes if p != master])
+    machines = {}
+    for pe in pes:
+        machines[pe] = PeMachine(image.elf, image.name, pe, arch.acc_bits, arch)
+        fabric.attach(machines[pe])
+
+    def proc(m):
+        done = m.call("pe_barrier", [master, len(pes), group])
+        while not done:
+            yield False
+            done = m.resume()
+        yield True
+
+    fabric.run({pe: proc(machines[pe]) for pe in pes},
+               lambda pe: f"barrier {group} (master PE {master}) waits for "
+                          + ("arrivals" if pe == master else "the release"))
+    return {pe: machines[pe].noc_time() for pe in pes}
