@@ -42,6 +42,8 @@ models' bits by construction, as on the chip, where they are the unit's.
 from __future__ import annotations
 
 import collections
+import functools
+import hashlib
 import io
 import struct
 
@@ -60,8 +62,21 @@ from .memory_map import (ARENA_END, DMA_BASE, DMA_BYTES, DMA_EB_MASK, DMA_REGS, 
 
 __all__ = ["PeMachine", "image_symbols", "MAX_INSTRUCTIONS"]
 
+#: The NoC interface's registers by word offset.
+_NOC_NAMES = {off: reg for reg, off in NOC_REGS.items()}
+
 #: Instruction budget of one run (a runaway loop becomes an IssFault, never a hang).
 MAX_INSTRUCTIONS = 200_000_000
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(image: bytes) -> tuple:
+    """An image's loadable segments ``(address, data, memory size)`` and its symbols (as
+    :func:`image_symbols`), parsed once per process (concurrent PEs load the same images often)."""
+    elf = ELFFile(io.BytesIO(image))
+    segments = tuple((int(seg["p_paddr"]), seg.data(), int(seg["p_memsz"])) for seg in elf.iter_segments()
+                     if seg["p_type"] == "PT_LOAD")
+    return segments, tuple(sorted(image_symbols(image).items()))
 
 
 def image_symbols(image: bytes) -> dict[str, int]:
@@ -134,14 +149,15 @@ class PeMachine:
         self.noc_clock0 = 0
         self.noc_blocked = False
         self.uc.mmio_map(NOC_BASE, NOC_BYTES, self._noc_read, None, self._noc_write, None)
+        #: per image (its SHA-256), its blocks' prices (a PE that loads another image keeps them)
+        self._image_prices = {hashlib.sha256(image).digest(): self._prices}
 
     def _take_image(self, image: bytes) -> None:
         """Load ``image`` (its segments, symbols, data area, initial SP and entry)."""
-        elf = ELFFile(io.BytesIO(image))
-        self.segments = [(int(seg["p_paddr"]), seg.data(), int(seg["p_memsz"])) for seg in elf.iter_segments()
-                         if seg["p_type"] == "PT_LOAD"]
+        segments, symbols = _parsed(image)
+        self.segments = list(segments)
         self.load()
-        self.symbols = image_symbols(image)
+        self.symbols = dict(symbols)
         self.arena = arena_start(self.symbols["_end"])
         if self.arena > ARENA_END:
             raise IssFault(self.pe, self.name, 0, f"image of {self.symbols['_end']} bytes leaves no SRAM for data")
@@ -152,9 +168,10 @@ class PeMachine:
         the NoC state among it, and the received packets are kept)."""
         self.name = name
         self._take_image(image)
-        # code at the old image's addresses: drop the emulator's translations and the prices
+        # code at the old image's addresses: drop the emulator's translations; the blocks'
+        # prices are the new image's
         self.uc.ctl_flush_tb()
-        self._prices.clear()
+        self._prices = self._image_prices.setdefault(hashlib.sha256(image).digest(), {})
 
     def load(self, pe: "int | None" = None) -> None:
         """(Re)load the image as a PE's boot would: its segments, zero-filled to their memory
@@ -424,17 +441,14 @@ class PeMachine:
             return self._noc_head("RX_SOURCE")[2]
         if offset == NOC_REGS["PE_ID"]:
             return self.pe
-        for reg, off in NOC_REGS.items():
-            if off == offset:
-                return self.noc_regs[reg]
-        return 0
+        reg = _NOC_NAMES.get(offset)
+        return self.noc_regs[reg] if reg is not None else 0
 
     def _noc_write(self, uc, offset, size, value, data):
         value &= 0xFFFFFFFF
-        for reg, off in NOC_REGS.items():
-            if off == offset:
-                self.noc_regs[reg] = value
-        pc = self.uc.reg_read(UC_ARM_REG_PC)
+        reg = _NOC_NAMES.get(offset)
+        if reg is not None:
+            self.noc_regs[reg] = value
         if offset == NOC_REGS["TX_SEND"]:
             packet = (self.noc_regs["TX_DEST"], self.noc_regs["TX_KEY"], value)
             if self.noc_fabric is not None:
@@ -447,6 +461,7 @@ class PeMachine:
             self._noc_head("RX_POP")
             self.noc_rx.popleft()
         elif offset == NOC_REGS["FAULT"]:
+            pc = self.uc.reg_read(UC_ARM_REG_PC)
             what = NOC_FAULT_CODES.get(value, "unknown fault code")
             raise IssFault(self.pe, self.name, pc, f"NoC driver fault {value}: {what} "
                                                    f"(detail {self.noc_regs['FAULT_DETAIL']:#x})")
