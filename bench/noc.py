@@ -2,9 +2,9 @@
 barrier, and a small MLP's PEs run concurrently in the instruction-set simulator, the jobs'
 dependencies carried by NoC packets (its outputs checked against the sequential replay).
 
-Run: ``python bench/noc.py`` (about a minute). Printed per barrier size: the master's and the
-slowest member's cycles (executed instructions priced by the Cortex-M4 TRM's table, waits for
-packets in flight included) and ``SpinnArch.barrier_cost_cycles``; then the MLP's PEs, packets,
+Run: ``python bench/noc.py`` (about a minute). Printed per barrier size: the root's and the
+slowest PE's cycles (executed instructions priced by the Cortex-M4 TRM's table, waits for
+packets in flight included), gathered by quad-PE and flat, and ``SpinnArch.barrier_cost_cycles``; then the MLP's PEs, packets,
 slowest PE's cycles and whether its outputs are the sequential replay's bits.
 """
 
@@ -21,10 +21,11 @@ def main() -> None:
     from tvm_spinn.pe import run_barrier
     from tvm_spinn.target.arch import SpinnArch
     arch = SpinnArch()
-    print(f"{'PEs':>5} {'master':>8} {'member':>8} {'model':>8}")
+    print(f"{'PEs':>5} {'root':>8} {'slowest':>8} {'flat root':>10} {'flat slowest':>13} {'model':>8}")
     for n in (2, 4, 16, 64, arch.pes_per_chip):
-        c = run_barrier(range(n), arch=arch)
-        print(f"{n:>5} {c[0]:>8} {max(c.values()):>8} {arch.barrier_cost_cycles(n):>8.0f}")
+        c, f = run_barrier(range(n), arch=arch), run_barrier(range(n), arch=arch, by_qpe=False)
+        print(f"{n:>5} {c[0]:>8} {max(c.values()):>8} {f[0]:>10} {max(f.values()):>13} "
+              f"{arch.barrier_cost_cycles(n):>8.0f}")
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "pe"))
     import torch
     import tvm_spinn

@@ -17,7 +17,7 @@ from tvm_spinn.pe.errors import IssFault, NocDeadlock  # noqa: E402
 from tvm_spinn.pe.images import role_image  # noqa: E402
 from tvm_spinn.pe.iss import PeMachine, image_symbols  # noqa: E402
 from tvm_spinn.pe.memory_map import NOC_KEY_READY, NOC_KEY_RELEASE, NOC_WAIT_POLLS  # noqa: E402
-from tvm_spinn.pe.multi import NocFabric, run_barrier, run_firmware_concurrent  # noqa: E402
+from tvm_spinn.pe.multi import NocFabric, barrier_tree, run_barrier, run_firmware_concurrent  # noqa: E402
 from tvm_spinn.pe.noc import NOC_ROUTINES, noc_role_image  # noqa: E402
 from tvm_spinn.runtime.simulator import run_program  # noqa: E402
 from tvm_spinn.target.arch import SpinnArch  # noqa: E402
@@ -119,13 +119,14 @@ def test_unexpected_packet_is_a_fault(image):
 
     with pytest.raises(IssFault, match=rf"PE 1, image relu: NoC driver fault 2: unexpected packet.*"
                                        rf"detail {NOC_KEY_READY | 5:#x}"):
-        fabric.run({0: stray(), 1: _call(ms[1], "pe_barrier", [0, 2, 4])}, lambda pe: "")
+        fabric.run({0: stray(), 1: _call(ms[1], "pe_barrier", [0, 0, 4])}, lambda pe: "")
 
 
 def test_barrier_releases_no_pe_before_the_last_arrives(image):
-    """Four PEs in a barrier (master PE 21): the master leaves no earlier than the farthest
-    arrival's trip, each member no earlier than its arrival's trip to the master and the
-    release's trip back; the master's count of arrivals grows with the members."""
+    """Four PEs in a barrier (root PE 21), each alone in its quad-PE: the root leaves no earlier
+    than the farthest arrival's trip, each member no earlier than its arrival's trip to the root
+    and the release's trip back. Gathered by quad-PE, 64 PEs cost the root fewer cycles than
+    every PE reporting to it (16 leaders' packets instead of 63)."""
     arch = SpinnArch()
     cycles = run_barrier([0, 4, 21, 37], master=21, arch=arch, image=image)
     # 38 quad-PEs on a 7-wide grid: PE 0 at (0, 0), 4 at (1, 0), 21 at (5, 0), 37 at (2, 1);
@@ -136,10 +137,14 @@ def test_barrier_releases_no_pe_before_the_last_arrives(image):
     assert cycles[21] >= max(hops.values()) * arch.noc_hop_cycles
     small, large = run_barrier([0, 1], image=image), run_barrier(range(8), image=image)
     assert large[0] > small[0]
+    assert barrier_tree(range(8), 0, 4) == {0: (0, 4), 1: (0, 0), 2: (0, 0), 3: (0, 0), 4: (0, 3), 5: (4, 0),
+                                            6: (4, 0), 7: (4, 0)}
+    tree, flat = run_barrier(range(64), image=image), run_barrier(range(64), image=image, by_qpe=False)
+    assert tree[0] < flat[0]
     # the release is routed by the router's table: without the entry nobody is released
     fabric, ms = _fabric(image, [0, 1])
     with pytest.raises(IssFault, match=r"multicast packet key 0x3000004 matches no route"):
-        fabric.run({pe: _call(ms[pe], "pe_barrier", [0, 2, 4]) for pe in ms}, lambda pe: "")
+        fabric.run({pe: _call(ms[pe], "pe_barrier", [0, 1 - pe, 4]) for pe in ms}, lambda pe: "")
     assert NOC_KEY_RELEASE | 4 == 0x3000004
 
 

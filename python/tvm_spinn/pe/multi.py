@@ -36,7 +36,7 @@ from .errors import IssFault, NocDeadlock
 from .jobs import expand
 from .memory_map import JOB_ADDR, JOB_WORDS, NOC_MULTICAST, NOC_STATE_ADDR, NOC_STATE_WORDS
 
-__all__ = ["NocFabric", "ConcurrentRun", "run_firmware_concurrent", "MAX_JOBS_PER_RUN"]
+__all__ = ["NocFabric", "ConcurrentRun", "run_firmware_concurrent", "run_barrier", "barrier_tree", "MAX_JOBS_PER_RUN"]
 
 #: Jobs one run's job block may hold without reaching the NoC state above it.
 MAX_JOBS_PER_RUN = (NOC_STATE_ADDR - JOB_ADDR - 4) // (4 * JOB_WORDS)
@@ -339,7 +339,29 @@ def run_firmware_concurrent(directory: "str | os.PathLike", inputs: list, region
     return ConcurrentRun(outputs=out, cycles=cycles, packets=fabric.packets)
 
 
-def run_barrier(pes, master: "int | None" = None, group: int = 1, arch=None, image=None) -> dict:
+def barrier_tree(pes, root: int, pes_per_qpe: int, by_qpe: bool = True) -> dict:
+    """Each PE's ``(parent, children)`` in a barrier over ``pes`` rooted at ``root``: with
+    ``by_qpe``, the first PE of each quad-PE (``root`` first of its own) gathers its quad-PE's
+    others and reports to ``root``; else every PE reports to ``root`` directly."""
+    pes = [int(p) for p in pes]
+    if not by_qpe:
+        return {pe: (root, len(pes) - 1) if pe == root else (root, 0) for pe in pes}
+    leader: dict = {}
+    for pe in [root] + [p for p in pes if p != root]:
+        leader.setdefault(pe // pes_per_qpe, pe)
+    tree = {}
+    for pe in pes:
+        lead = leader[pe // pes_per_qpe]
+        members = sum(1 for p in pes if p // pes_per_qpe == pe // pes_per_qpe) - 1 if lead == pe else 0
+        if pe == root:
+            tree[pe] = (root, members + len(leader) - 1)
+        else:
+            tree[pe] = (root if lead == pe else lead, members)
+    return tree
+
+
+def run_barrier(pes, master: "int | None" = None, group: int = 1, arch=None, image=None,
+                by_qpe: bool = True) -> dict:
     """Run the PE runtime's barrier (``pe_barrier``, :mod:`.noc`) on PEs ``pes`` concurrently in
     the instruction-set simulator; each PE's cycles from its entry to its leaving the barrier
     (its executed instructions priced by :mod:`.cycles`, plus its waits for packets in flight).
@@ -349,13 +371,17 @@ def run_barrier(pes, master: "int | None" = None, group: int = 1, arch=None, ima
     pes : sequence of int
         The barrier's PEs (at least one, distinct).
     master : int, optional
-        The PE that counts the arrivals and multicasts the release; ``pes[0]`` when omitted.
+        The root: it counts the arrivals and multicasts the release; ``pes[0]`` when omitted.
     group : int
         The barrier's group key (its packets' key field, below ``1 << 24``).
     arch : SpinnArch, optional
         The chip (router latency, geometry); the production chip's when omitted.
     image : PeImage, optional
         An image linked with the NoC driver; a small role's (``relu``) when omitted.
+    by_qpe : bool
+        Gather each quad-PE's arrivals at its first PE, which reports to the root (the timing
+        model's barrier, :meth:`SpinnArch.barrier_cost_cycles`); else every PE reports to the
+        root (:func:`barrier_tree`).
 
     Returns
     -------
@@ -383,8 +409,10 @@ def run_barrier(pes, master: "int | None" = None, group: int = 1, arch=None, ima
         machines[pe] = PeMachine(image.elf, image.name, pe, arch.acc_bits, arch)
         fabric.attach(machines[pe])
 
+    tree = barrier_tree(pes, master, arch.pes_per_qpe, by_qpe)
+
     def proc(m):
-        done = m.call("pe_barrier", [master, len(pes), group])
+        done = m.call("pe_barrier", [*tree[m.pe], group])
         while not done:
             yield False
             done = m.resume()

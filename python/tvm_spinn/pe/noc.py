@@ -16,10 +16,12 @@ registers are :data:`~.memory_map.NOC_REGS`. Routines (AAPCS calls, returning to
   job and the image: a packet for a later job is counted, not lost);
 - ``pe_noc_notify(dests, n, job, slot)``: one ready packet (key ``NOC_KEY_READY | job``,
   payload the sender's slot) to each of ``n`` PEs;
-- ``pe_barrier(master, members, group)``: every member but ``master`` sends an arrival packet
-  (``NOC_KEY_ARRIVE | group``, payload its PE id) to ``master``, which counts ``members - 1``
-  of them and sends one release packet (``NOC_KEY_RELEASE | group``) by multicast, routed by
-  the router's table to the other members, each of which waits for it.
+- ``pe_barrier(parent, children, group)``: a barrier over a tree of PEs (the host's static
+  schedule gives each PE its parent and its number of children): a PE counts ``children``
+  arrival packets (``NOC_KEY_ARRIVE | group``), then, unless it is the root (its own parent),
+  sends one to its parent (payload its PE id) and waits for the release; the root sends one
+  release packet (``NOC_KEY_RELEASE | group``) by multicast, routed by the router's table to
+  every other PE of the barrier.
 """
 
 from __future__ import annotations
@@ -91,17 +93,17 @@ void pe_noc_notify(const u32 *dests, u32 n, u32 job, u32 slot) {{
     for (u32 i = 0u; i < n; i++) pe_noc_send(dests[i], {NOC_KEY_READY:#x}u | job, slot);
 }}
 
-void pe_barrier(u32 master, u32 members, u32 group) {{
+void pe_barrier(u32 parent, u32 children, u32 group) {{
     u32 me = NOC({NOC_REGS["PE_ID"]:#x});
     u32 payload, source, key;
-    if (me == master) {{
-        for (u32 i = 1u; i < members; i++) {{
-            key = pe_noc_recv(&payload, &source);
-            if (key != ({NOC_KEY_ARRIVE:#x}u | group)) noc_fault({NOC_FAULT_UNEXPECTED}u, key);
-        }}
+    for (u32 i = 0u; i < children; i++) {{
+        key = pe_noc_recv(&payload, &source);
+        if (key != ({NOC_KEY_ARRIVE:#x}u | group)) noc_fault({NOC_FAULT_UNEXPECTED}u, key);
+    }}
+    if (parent == me) {{
         pe_noc_send({NOC_MULTICAST:#x}u, {NOC_KEY_RELEASE:#x}u | group, 0u);
     }} else {{
-        pe_noc_send(master, {NOC_KEY_ARRIVE:#x}u | group, me);
+        pe_noc_send(parent, {NOC_KEY_ARRIVE:#x}u | group, me);
         key = pe_noc_recv(&payload, &source);
         if (key != ({NOC_KEY_RELEASE:#x}u | group)) noc_fault({NOC_FAULT_UNEXPECTED}u, key);
     }}
