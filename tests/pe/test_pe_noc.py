@@ -159,6 +159,17 @@ def test_deadlock_names_the_pes_and_what_they_wait_for(image):
     assert sorted(err.value.waits) == [2, 6]
 
 
+def test_packet_to_a_pe_not_running_is_a_fault_naming_pe_image_and_pc(image):
+    """A send to a PE that is not on the fabric: an IssFault naming the sending PE, its image and
+    a PC inside the driver's send."""
+    fabric, ms = _fabric(image, [0, 1])
+    syms = image_symbols(image.elf)
+    with pytest.raises(IssFault, match=r"PE 1, image relu: packet to PE 7, which is not running \(PEs \[0, 1\]\)"
+                                       r" at pc=0x") as err:
+        fabric.run({1: _call(ms[1], "pe_noc_send", [7, 1, 2])}, lambda pe: "")
+    assert syms["pe_noc_send"] <= err.value.pc < syms["pe_noc_recv"]
+
+
 def _check_concurrent(make, shape, tmp_path):
     import torch
     import tvm_spinn
@@ -184,6 +195,9 @@ def test_mlp_pes_run_concurrently_with_noc_dependencies(tmp_path):
     driver is refused naming an image."""
     ex, programs = _check_concurrent(_Mlp, (4, 16), tmp_path)
     import tvm_spinn
+    tvm_spinn.export_firmware(ex, tmp_path / "again", noc=True)  # the same bytes again
+    names = sorted(p.name for p in (tmp_path / "noc").iterdir())
+    assert all((tmp_path / "noc" / n).read_bytes() == (tmp_path / "again" / n).read_bytes() for n in names)
     tvm_spinn.export_firmware(ex, tmp_path / "plain")
     with pytest.raises(ValueError, match=r"image '.*' has no NoC driver .*export the firmware with noc=True"):
         run_firmware_concurrent(tmp_path / "plain", _inputs(programs[0]))
