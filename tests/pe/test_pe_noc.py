@@ -207,3 +207,24 @@ def test_mlp_pes_run_concurrently_with_noc_dependencies(tmp_path):
 def test_transformer_block_pes_run_concurrently(tmp_path):
     """Split rows (statistics through DRAM scratch), matmuls, GELU, residuals: 128 PEs."""
     _check_concurrent(_Block, (1, 8, 16), tmp_path)
+
+
+def test_cli_compile_noc_firmware(tmp_path):
+    """``tvm-spinn compile --firmware DIR --noc`` links the driver into every image (the plain
+    export does not); ``--noc`` alone is refused before anything is written."""
+    import torch
+    from tvm_spinn import cli
+    from tvm_spinn.pe import load_firmware
+    torch.manual_seed(3)
+    onnx_path = tmp_path / "mlp.onnx"
+    torch.onnx.export(torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU()).eval(), (torch.randn(4, 16),),
+                      str(onnx_path), dynamo=False, input_names=["x"], output_names=["y"])
+    for flags, has in (([], False), (["--noc"], True)):
+        fw = tmp_path / f"fw{len(flags)}"
+        assert cli.main(["compile", str(onnx_path), "-o", str(tmp_path / f"m{len(flags)}.so"), "--firmware", str(fw),
+                         *flags]) == 0
+        loaded = load_firmware(fw)
+        for rec in loaded.manifest["images"].values():
+            assert all((r in image_symbols(loaded.files[rec["file"]])) == has for r in NOC_ROUTINES)
+    assert cli.main(["compile", str(onnx_path), "-o", str(tmp_path / "m3.so"), "--noc"]) == 2
+    assert not (tmp_path / "m3.so").exists()
