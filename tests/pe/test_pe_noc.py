@@ -180,20 +180,22 @@ def _check_concurrent(make, shape, tmp_path):
     ex = relax.build(tvm_spinn.frontend.from_pytorch(net.eval(), (torch.randn(*shape),)), target="spinn")
     export_firmware(ex, tmp_path / "noc", noc=True)
     programs = programs_of(ex)
+    runs = []
     for r, program in enumerate(programs):
         x = _inputs(program, r)
         run = run_firmware_concurrent(tmp_path / "noc", x, region=r)
         assert _same_bits(run.outputs, run_firmware(tmp_path / "noc", x, region=r))
         assert _same_bits(run.outputs, run_program(program, x, mode="layers"))
         assert run.packets > 0 and all(c > 0 for c in run.cycles.values())
-    return ex, programs
+        runs.append(run)
+    return ex, programs, runs
 
 
 def test_mlp_pes_run_concurrently_with_noc_dependencies(tmp_path):
     """The MLP's PEs run concurrently, each job waiting for ready packets from its producers'
     PEs: the sequential replay's bits and the default simulator's; a firmware without the NoC
     driver is refused naming an image."""
-    ex, programs = _check_concurrent(_Mlp, (4, 16), tmp_path)
+    ex, programs, _ = _check_concurrent(_Mlp, (4, 16), tmp_path)
     import tvm_spinn
     tvm_spinn.export_firmware(ex, tmp_path / "again", noc=True)  # the same bytes again
     names = sorted(p.name for p in (tmp_path / "noc").iterdir())
@@ -205,8 +207,11 @@ def test_mlp_pes_run_concurrently_with_noc_dependencies(tmp_path):
 
 @pytest.mark.slow
 def test_transformer_block_pes_run_concurrently(tmp_path):
-    """Split rows (statistics through DRAM scratch), matmuls, GELU, residuals: 128 PEs."""
-    _check_concurrent(_Block, (1, 8, 16), tmp_path)
+    """Split rows, matmuls, GELU, residuals on 128 PEs: the split rows' statistics handed from
+    PE to PE as data packets into the receivers' mailboxes (their DRAM scratch words never
+    written, so the bits prove the packets' words)."""
+    _, _, runs = _check_concurrent(_Block, (1, 8, 16), tmp_path)
+    assert runs[0].handed > 0
 
 
 def test_cli_compile_noc_firmware(tmp_path):
@@ -228,3 +233,26 @@ def test_cli_compile_noc_firmware(tmp_path):
             assert all((r in image_symbols(loaded.files[rec["file"]])) == has for r in NOC_ROUTINES)
     assert cli.main(["compile", str(onnx_path), "-o", str(tmp_path / "m3.so"), "--noc"]) == 2
     assert not (tmp_path / "m3.so").exists()
+
+
+def test_data_packets_fill_the_mailbox_and_count_as_packets(image):
+    """Data packets waited for as packets from their sender: each word lands in the mailbox word
+    its key names, counted for the slot in its key; a ready packet in between counts for its
+    payload's slot; a mailbox word past the mailbox is a fault naming the key."""
+    import struct
+    from tvm_spinn.pe.memory_map import (NOC_KEY_DATA, NOC_MAILBOX_ADDR, NOC_MAILBOX_WORDS, NOC_STATE_ADDR,
+                                         NOC_STATE_WORDS)
+    m = PeMachine(image.elf, image.name, 5, 24)
+    words = [0x3F800000, 0xDEADBEEF, 7]
+    for i, w in enumerate(words):
+        m.noc_rx.append((NOC_KEY_DATA | (2 << 16) | (10 + i), w, 9, 0))
+    m.noc_rx.insert(1, (NOC_KEY_READY | 44, 3, 11, 0))
+    m.write(m.arena, struct.pack("<4I", 2, 3, 3, 1))
+    assert m.call("pe_noc_wait_ready", [m.arena, 2])
+    assert _words(m, NOC_MAILBOX_ADDR + 40, 3) == words
+    assert _words(m, NOC_STATE_ADDR, NOC_STATE_WORDS)[:4] == [0, 0, 3, 1] and not m.noc_rx
+    m.noc_rx.append((NOC_KEY_DATA | NOC_MAILBOX_WORDS, 1, 9, 0))
+    m.write(m.arena, struct.pack("<2I", 0, 1))
+    with pytest.raises(IssFault, match=rf"PE 5, image relu: NoC driver fault 4: data packet for a word outside the "
+                                       rf"mailbox .*detail {NOC_KEY_DATA | NOC_MAILBOX_WORDS:#x}"):
+        m.call("pe_noc_wait_ready", [m.arena, 1])

@@ -16,7 +16,7 @@ __all__ = [
     "DMA_BASE", "DMA_REGS", "DMA_BYTES", "DMA_START", "DMA_DESC_WORDS", "DMA_EB_MASK", "DMA_SCATTER", "REMOTE_BASE",
     "NOC_BASE", "NOC_BYTES", "NOC_REGS", "NOC_MULTICAST", "NOC_KEY_KIND_SHIFT", "NOC_KEY_READY", "NOC_KEY_ARRIVE",
     "NOC_KEY_RELEASE", "NOC_WAIT_POLLS", "NOC_FAULT_CODES", "NOC_FAULT_TIMEOUT", "NOC_FAULT_UNEXPECTED",
-    "NOC_FAULT_SLOT", "NOC_STATE_ADDR", "NOC_STATE_WORDS",
+    "NOC_FAULT_SLOT", "NOC_FAULT_MAILBOX", "NOC_STATE_ADDR", "NOC_STATE_WORDS", "NOC_KEY_DATA", "NOC_MAILBOX_ADDR", "NOC_MAILBOX_WORDS",
 ]
 
 #: The PE's local SRAM: code, data and stack (SpiNNaker2: 128 KiB per PE at address 0).
@@ -128,13 +128,17 @@ NOC_KEY_KIND_SHIFT = 24
 NOC_KEY_READY = 0x01 << NOC_KEY_KIND_SHIFT
 NOC_KEY_ARRIVE = 0x02 << NOC_KEY_KIND_SHIFT
 NOC_KEY_RELEASE = 0x03 << NOC_KEY_KIND_SHIFT
+#: A data word handed from PE to PE (a split row's statistics): the key's bits 16-23 the sending
+#: PE's slot, bits 0-15 the receiver's mailbox word it fills; the payload is the word.
+NOC_KEY_DATA = 0x04 << NOC_KEY_KIND_SHIFT
 #: The driver's bounded wait: polls of an empty RX FIFO before it reports a timeout.
 NOC_WAIT_POLLS = 1 << 16
 #: The driver's fault codes (FAULT register).
 NOC_FAULT_CODES = {1: "receive timed out: no packet after NOC_WAIT_POLLS polls of an empty RX FIFO",
                    2: "unexpected packet (its key in the detail word)",
-                   3: "ready packet from a PE slot outside the NoC state (its slot in the detail word)"}
-NOC_FAULT_TIMEOUT, NOC_FAULT_UNEXPECTED, NOC_FAULT_SLOT = 1, 2, 3
+                   3: "ready packet from a PE slot outside the NoC state (its slot in the detail word)",
+                   4: "data packet for a word outside the mailbox (its key in the detail word)"}
+NOC_FAULT_TIMEOUT, NOC_FAULT_UNEXPECTED, NOC_FAULT_SLOT, NOC_FAULT_MAILBOX = 1, 2, 3, 4
 #: The NoC state the driver keeps across jobs and image loads: per source PE slot, the ready
 #: packets that arrived from it (u32 each), in the stack region's lowest bytes (assumption: the
 #: images' stack stays above it; the job block below it holds at most
@@ -142,3 +146,7 @@ NOC_FAULT_TIMEOUT, NOC_FAULT_UNEXPECTED, NOC_FAULT_SLOT = 1, 2, 3
 #: zeroes it.
 NOC_STATE_ADDR = STACK_TOP - STACK_BYTES
 NOC_STATE_WORDS = 128
+#: The mailbox the driver writes data packets' words into (after the NoC state, in the stack
+#: region too: the images' stack stays above it), read by the PE's DMA where a job places them.
+NOC_MAILBOX_ADDR = NOC_STATE_ADDR + 4 * NOC_STATE_WORDS
+NOC_MAILBOX_WORDS = 256

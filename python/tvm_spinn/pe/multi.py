@@ -13,9 +13,12 @@ driver (:func:`~.firmware.export_firmware` ``noc=True``) that way: each PE runs 
 packet has come from the PE of every job the job names in ``after`` (jobs of the same PE are
 before it in its order); after a job, its PE runs ``pe_noc_notify``: one ready packet to each
 other PE with a job that names it. The packets count per sending PE in the NoC state
-(:data:`~.memory_map.NOC_STATE_ADDR`), so a job waits for the ``n``-th ready packet from a PE,
-``n`` counted over the jobs of that PE that notify it. The hand-offs' data go through DRAM as the
-job tables say (the loader plays the DMA transfers, as :func:`~.loader.run_firmware` does).
+(:data:`~.memory_map.NOC_STATE_ADDR`), so a job waits for the ``n``-th packet from a PE, ``n``
+counted over that PE's packets to it in its order. A scratch word that a job on another PE reads
+(a split row's statistics, a reduction's partial sums) travels as a data packet
+(``pe_noc_send_words``) from the writer's SRAM into the reader's mailbox
+(:data:`~.memory_map.NOC_MAILBOX_ADDR`), not through DRAM; the rest of the data moves as the job
+tables say (the loader plays the DMA transfers, as :func:`~.loader.run_firmware` does).
 
 Timing: each PE keeps its own clock (its executed instructions priced by :mod:`.cycles`,
 peripheral waits included); a packet arrives at its sender's clock plus
@@ -34,7 +37,8 @@ import numpy as np
 
 from .errors import IssFault, NocDeadlock
 from .jobs import expand
-from .memory_map import JOB_ADDR, JOB_WORDS, NOC_MULTICAST, NOC_STATE_ADDR, NOC_STATE_WORDS
+from .memory_map import (JOB_ADDR, JOB_WORDS, NOC_KEY_DATA, NOC_MAILBOX_ADDR, NOC_MAILBOX_WORDS, NOC_MULTICAST,
+                         NOC_STATE_ADDR, NOC_STATE_WORDS)
 
 __all__ = ["NocFabric", "ConcurrentRun", "run_firmware_concurrent", "run_barrier", "barrier_tree", "MAX_JOBS_PER_RUN"]
 
@@ -143,11 +147,13 @@ class NocFabric:
 @dataclass(frozen=True)
 class ConcurrentRun:
     """A region run concurrently: its ``outputs`` (``dram.outputs`` order), each PE's ``cycles``
-    (its clock at its last job's end), and the NoC ``packets`` delivered."""
+    (its clock at its last job's end), the NoC ``packets`` delivered, and the words ``handed``
+    from PE to PE as data packets instead of through DRAM scratch."""
 
     outputs: list
     cycles: dict
     packets: int
+    handed: int
 
 
 def _dram(fw, region: int, inputs: list):
@@ -179,9 +185,58 @@ def _dram(fw, region: int, inputs: list):
     return reg, tensors, mem
 
 
-def _signals(jobs: list, on_pe: dict) -> tuple[dict, dict]:
+def _handoffs(jobs: list, on_pe: dict, scratch: list) -> tuple[dict, dict, set]:
+    """The scratch words handed from a job on one PE to a job on another (a split row's
+    statistics, a reduction's partial sums), to travel as data packets into the receiver's
+    mailbox instead of through DRAM.
+
+    Returns ``(sends, takes, kept)``: per producing job, its ``(PE, mailbox word, SRAM address)``
+    sends in order; per ``(job, put step)``, the ``(word position in the put, mailbox word)``
+    pairs its PE takes from its mailbox; the scratch addresses still written to DRAM (read on
+    the writer's own PE, or past a receiver's mailbox).
+    """
+    lo, hi = scratch[0], scratch[0] + scratch[1]
+    writer: dict = {}  # scratch address -> (job, SRAM address that held it)
+    for job in jobs:
+        for step in job["steps"]:
+            if step[0] == "get":
+                addr = np.concatenate([expand(part[1:]) for part in step[2]])
+                for k in np.flatnonzero((addr >= lo) & (addr < hi)):
+                    writer[int(addr[k])] = (job["id"], step[1] + 4 * int(k))
+    sends: dict = {}
+    takes: dict = {}
+    kept: set = set()
+    free: dict = {}  # PE -> its next free mailbox word
+    for job in jobs:
+        q = job["pe"]
+        for s, step in enumerate(job["steps"]):
+            if step[0] != "put":
+                continue
+            pos = 0
+            for part in step[2]:
+                if part[0] != "dram":
+                    pos += part[2] if part[0] == "fill" else len(part[1]) // 8
+                    continue
+                addr = expand(part[1:])
+                for k in np.flatnonzero((addr >= lo) & (addr < hi)):
+                    a = int(addr[k])
+                    if a not in writer:
+                        continue
+                    producer, sram = writer[a]
+                    if on_pe[producer] == q or free.get(q, 0) >= NOC_MAILBOX_WORDS:
+                        kept.add(a)
+                        continue
+                    idx = free[q] = free.get(q, 0) + 1
+                    sends.setdefault(producer, []).append((q, idx - 1, sram))
+                    takes.setdefault((job["id"], s), []).append((pos + int(k), idx - 1))
+                pos += addr.size
+    return sends, takes, kept
+
+
+def _signals(jobs: list, on_pe: dict, sends: dict) -> tuple[dict, dict]:
     """Per job, the PEs its ready packet goes to, and the ``(slot PE, count)`` pairs its PE
-    waits for (count: that many ready packets from that PE, counted over its jobs in order)."""
+    waits for (count: that many packets from that PE, its data packets and ready packets
+    counted over its jobs in order)."""
     consumers: dict = {}
     for job in jobs:
         for a, b in job["after"]:
@@ -189,9 +244,11 @@ def _signals(jobs: list, on_pe: dict) -> tuple[dict, dict]:
                 if on_pe[i] != job["pe"]:
                     consumers.setdefault(i, set()).add(job["pe"])
     notify = {j["id"]: sorted(consumers.get(j["id"], ())) for j in jobs}
-    sent: dict = {}  # (producer PE, consumer PE) -> ready packets so far
-    index: dict = {}  # (job, consumer PE) -> that packet's number
+    sent: dict = {}  # (producer PE, consumer PE) -> packets so far
+    index: dict = {}  # (job, consumer PE) -> the count once its last packet is in
     for job in jobs:  # ids ascend in each PE's order, so counting in id order counts in PE order
+        for q, _, _ in sends.get(job["id"], ()):
+            sent[(job["pe"], q)] = sent.get((job["pe"], q), 0) + 1
         for q in notify[job["id"]]:
             key = (job["pe"], q)
             sent[key] = sent.get(key, 0) + 1
@@ -206,6 +263,17 @@ def _signals(jobs: list, on_pe: dict) -> tuple[dict, dict]:
                     pairs[p] = max(pairs.get(p, 0), index[(i, job["pe"])])
         need[job["id"]] = sorted(pairs.items())
     return notify, need
+
+
+def _runs(sends: list) -> list:
+    """``(PE, first mailbox word, first SRAM address, words)`` runs of consecutive sends."""
+    out = []
+    for q, idx, sram in sends:
+        if out and out[-1][0] == q and out[-1][1] + out[-1][3] == idx and out[-1][2] + 4 * out[-1][3] == sram:
+            out[-1][3] += 1
+        else:
+            out.append([q, idx, sram, 1])
+    return out
 
 
 def _words(values) -> bytes:
@@ -270,7 +338,8 @@ def run_firmware_concurrent(directory: "str | os.PathLike", inputs: list, region
                                  f"{MAX_JOBS_PER_RUN} below the NoC state")
     slot = {pe: s for s, pe in enumerate(pes)}
     on_pe = {j: pe for pe, ids in reg["pe_jobs"] for j in ids}
-    notify, need = _signals(jobs, on_pe)
+    sends, takes, kept = _handoffs(jobs, on_pe, reg["dram"]["scratch"])
+    notify, need = _signals(jobs, on_pe, sends)
     arch = SpinnArch.from_dict(reg["arch"])
     fabric = NocFabric(arch)
     machines: dict = {}
@@ -283,6 +352,18 @@ def run_firmware_concurrent(directory: "str | os.PathLike", inputs: list, region
         first = jobs[ids[0]]
         machines[pe] = PeMachine(elf(first["image"]), first["image"], pe, arch.acc_bits, arch)
         fabric.attach(machines[pe])
+
+    # the scratch addresses whose words travel by NoC (each job's gets skip them)
+    handed_addr = set()
+    for job in jobs:
+        for step in job["steps"]:
+            if step[0] == "get" and sends.get(job["id"]):
+                srams = {sram for _, _, sram in sends[job["id"]]}
+                addr = np.concatenate([expand(part[1:]) for part in step[2]])
+                for k, a in enumerate(addr):
+                    if step[1] + 4 * k in srams and int(a) not in kept:
+                        handed_addr.add(int(a))
+    handed = sum(len(v) for v in sends.values())
 
     def proc(pe: int, ids: list):
         m = machines[pe]
@@ -302,16 +383,32 @@ def run_firmware_concurrent(directory: "str | os.PathLike", inputs: list, region
                 while not done:
                     yield False
                     done = m.resume()
-            for step in job["steps"]:
+            for s, step in enumerate(job["steps"]):
                 if step[0] == "put":
-                    m.write(step[1], _gather(mem, step[2]))
+                    data = _gather(mem, step[2])
+                    taken = takes.get((j, s))
+                    if taken:  # the handed words from the PE's mailbox (its DMA reads its own SRAM)
+                        words = np.frombuffer(data, dtype="<u4").copy()
+                        box = np.frombuffer(m.read(NOC_MAILBOX_ADDR, 4 * NOC_MAILBOX_WORDS), dtype="<u4")
+                        pos, idx = np.array(taken, dtype=np.int64).T
+                        words[pos] = box[idx]
+                        data = words.tobytes()
+                    m.write(step[1], data)
                 elif step[0] == "remote":
                     m.place_remote(_gather(mem, step[1]))
                 elif step[0] == "run":
                     m.run(step[1], mac_in_flight=step[2])
-                else:  # get: words from SRAM scattered into DRAM
+                else:  # get: words from SRAM scattered into DRAM (scratch words handed by NoC skipped)
                     addr = np.concatenate([expand(part[1:]) for part in step[2]])
-                    mem[addr // 4] = np.frombuffer(m.read(step[1], 4 * addr.size), dtype="<u4")
+                    got = np.frombuffer(m.read(step[1], 4 * addr.size), dtype="<u4")
+                    if sends.get(j):
+                        keep = np.array([int(a) not in handed_addr for a in addr], dtype=bool)
+                        addr, got = addr[keep], got[keep]
+                    mem[addr // 4] = got
+            for q, idx0, sram, n in _runs(sends.get(j, ())):
+                key0 = NOC_KEY_DATA | (slot[pe] << 16) | idx0
+                if not m.call("pe_noc_send_words", [q, key0, sram, n]):
+                    raise AssertionError("pe_noc_send_words never waits")
             if notify[j]:
                 m.write(m.arena, _words(notify[j]))
                 if not m.call("pe_noc_notify", [m.arena, len(notify[j]), j, slot[pe]]):
@@ -336,7 +433,7 @@ def run_firmware_concurrent(directory: "str | os.PathLike", inputs: list, region
         data = raw[rec["offset"]:rec["offset"] + rec["bytes"]].tobytes()
         out.append(np.frombuffer(data, dtype=rec["dtype"]).reshape(rec["shape"]).copy())
     cycles = {pe: int(machines[pe].noc_clock0) for pe in pes}
-    return ConcurrentRun(outputs=out, cycles=cycles, packets=fabric.packets)
+    return ConcurrentRun(outputs=out, cycles=cycles, packets=fabric.packets, handed=handed)
 
 
 def barrier_tree(pes, root: int, pes_per_qpe: int, by_qpe: bool = True) -> dict:

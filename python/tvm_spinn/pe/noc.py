@@ -14,6 +14,11 @@ registers are :data:`~.memory_map.NOC_REGS`. Routines (AAPCS calls, returning to
   word pairs, receives ready packets until ``count`` have arrived from the PE of that slot
   (counted per slot in the NoC state, :data:`~.memory_map.NOC_STATE_ADDR`, which outlives the
   job and the image: a packet for a later job is counted, not lost);
+- ``pe_noc_send_words(dest, key0, src, n)``: ``n`` data packets (key ``key0 + i``, payload
+  ``src[i]``): ``key0`` is ``NOC_KEY_DATA``, the sender's slot in bits 16-23 and the first of the
+  receiver's mailbox words (:data:`~.memory_map.NOC_MAILBOX_ADDR`) in bits 0-15;
+  ``pe_noc_wait_ready`` stores a data packet's word in the mailbox and counts it as a packet
+  from its sender, like a ready packet;
 - ``pe_noc_notify(dests, n, job, slot)``: one ready packet (key ``NOC_KEY_READY | job``,
   payload the sender's slot) to each of ``n`` PEs;
 - ``pe_barrier(parent, children, group)``: a barrier over a tree of PEs (the host's static
@@ -30,15 +35,16 @@ import functools
 import os
 import tempfile
 
-from .memory_map import (NOC_BASE, NOC_FAULT_SLOT, NOC_FAULT_TIMEOUT, NOC_FAULT_UNEXPECTED, NOC_KEY_ARRIVE,
-                         NOC_KEY_READY, NOC_KEY_RELEASE, NOC_MULTICAST, NOC_REGS, NOC_STATE_ADDR, NOC_STATE_WORDS,
-                         NOC_WAIT_POLLS)
+from .memory_map import (NOC_BASE, NOC_FAULT_MAILBOX, NOC_FAULT_SLOT, NOC_FAULT_TIMEOUT, NOC_FAULT_UNEXPECTED,
+                         NOC_KEY_ARRIVE, NOC_KEY_DATA, NOC_KEY_READY, NOC_KEY_RELEASE, NOC_MAILBOX_ADDR,
+                         NOC_MAILBOX_WORDS, NOC_MULTICAST, NOC_REGS, NOC_STATE_ADDR, NOC_STATE_WORDS, NOC_WAIT_POLLS)
 from .runtime import CC_FLAGS, zig
 
 __all__ = ["NOC_C", "NOC_ROUTINES", "noc_object", "link_noc_image", "noc_role_image"]
 
 #: The routines a NoC image keeps (the linker's roots beside ``_start``).
-NOC_ROUTINES = ("pe_noc_send", "pe_noc_recv", "pe_noc_wait_ready", "pe_noc_notify", "pe_barrier")
+NOC_ROUTINES = ("pe_noc_send", "pe_noc_recv", "pe_noc_wait_ready", "pe_noc_notify", "pe_barrier",
+                "pe_noc_send_words")
 
 NOC_C = rf"""
 typedef unsigned int u32;
@@ -77,16 +83,31 @@ u32 pe_noc_recv(u32 *payload, u32 *source) {{
 
 void pe_noc_wait_ready(const u32 *pairs, u32 n) {{
     volatile u32 *arrived = (volatile u32 *){NOC_STATE_ADDR:#x}u;
+    volatile u32 *mailbox = (volatile u32 *){NOC_MAILBOX_ADDR:#x}u;
     for (u32 i = 0u; i < n; i++) {{
         u32 slot = pairs[2u * i], need = pairs[2u * i + 1u];
         while (arrived[slot] < need) {{
-            u32 payload, source;
+            u32 payload, source, from;
             u32 key = pe_noc_recv(&payload, &source);
-            if ((key & KIND_MASK) != {NOC_KEY_READY:#x}u) noc_fault({NOC_FAULT_UNEXPECTED}u, key);
-            if (payload >= {NOC_STATE_WORDS}u) noc_fault({NOC_FAULT_SLOT}u, payload);
-            arrived[payload] += 1u;
+            if ((key & KIND_MASK) == {NOC_KEY_READY:#x}u) {{
+                from = payload;
+            }} else if ((key & KIND_MASK) == {NOC_KEY_DATA:#x}u) {{
+                if ((key & 0xFFFFu) >= {NOC_MAILBOX_WORDS}u) noc_fault({NOC_FAULT_MAILBOX}u, key);
+                mailbox[key & 0xFFFFu] = payload;
+                from = (key >> 16) & 0xFFu;
+            }} else {{
+                noc_fault({NOC_FAULT_UNEXPECTED}u, key);
+            }}
+            if (from >= {NOC_STATE_WORDS}u) noc_fault({NOC_FAULT_SLOT}u, from);
+            arrived[from] += 1u;
         }}
     }}
+}}
+
+/* n words from src to PE dest, the i-th with key key0 + i (data packets: the receiver's
+   mailbox words from key0's on). */
+void pe_noc_send_words(u32 dest, u32 key0, const u32 *src, u32 n) {{
+    for (u32 i = 0u; i < n; i++) pe_noc_send(dest, key0 + i, src[i]);
 }}
 
 void pe_noc_notify(const u32 *dests, u32 n, u32 job, u32 slot) {{
