@@ -106,12 +106,13 @@ def _check_iss(program):
         layer_role(program, index)
 
 
-def export_firmware(ex, directory):
+def export_firmware(ex, directory, noc: bool = False):
     """Write the firmware of a model compiled for a spinn target: one Cortex-M4F ELF image per
-    PE role and a manifest (see :func:`tvm_spinn.pe.export_firmware`; needs the ``pe`` extra)."""
+    PE role and a manifest (see :func:`tvm_spinn.pe.export_firmware`; needs the ``pe`` extra);
+    ``noc``: the images linked with the PE runtime's NoC driver and barrier."""
     from .pe import export_firmware as _export
 
-    return _export(ex, directory)
+    return _export(ex, directory, noc=noc)
 
 
 def __getattr__(name: str):

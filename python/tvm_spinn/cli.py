@@ -120,6 +120,8 @@ def _check_args(args) -> None:
                       "`tvm-spinn report MODEL`")
         if args.firmware and os.path.exists(args.firmware) and not os.path.isdir(args.firmware):
             raise _fail(f"firmware directory {args.firmware!r} exists and is not a directory")
+        if args.noc and not args.firmware:
+            raise _fail("--noc links the firmware's images with the NoC driver: give --firmware DIR too")
     elif command == "run":
         for path, what in ((args.library, "library"), (args.inputs, "inputs")):
             if not os.path.exists(path):
@@ -239,7 +241,7 @@ def _cmd_compile(args) -> int:
     if args.firmware:  # built (and every layer checked) before anything is written
         from .pe.firmware import build_firmware, programs_of
 
-        firmware = build_firmware(programs_of(ex))
+        firmware = build_firmware(programs_of(ex), noc=args.noc)
     _INTERRUPTS.check()  # a Ctrl-C that TVM swallowed: write nothing
     export_library(ex, args.output, output_names=output_names)  # checked, atomic, sealed
     print(f"wrote {args.output}")
@@ -503,6 +505,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", action="store_true", help="print the performance report")
     p.add_argument("--firmware", metavar="DIR", help="also write the PE firmware (ELF images and "
                                                      "manifest.json) to this directory")
+    p.add_argument("--noc", action="store_true", help="with --firmware: link every image with the PE "
+                                                      "runtime's NoC driver and barrier (its PEs can run concurrently)")
     p.add_argument("--tuning-logs", help="apply MetaSchedule tuning logs (a tvm-spinn tune work dir)")
     p.add_argument("--quantize", metavar="CALIBRATION.npz",
                    help="int8 post-training quantization calibrated on these samples (one array per "

@@ -13,17 +13,21 @@ instruction-set simulator that runs it.
   (:func:`export_firmware`), read back and checked (:func:`load_firmware`);
 - :mod:`.loader`: a reference host loader that runs a firmware directory alone in the ISS
   (:func:`run_firmware`);
+- :mod:`.noc`, :mod:`.multi`: the runtime's NoC driver and barrier, and a region's PEs run
+  concurrently with the jobs' dependencies carried by NoC packets (:func:`run_firmware_concurrent`);
 - :mod:`.cycles`: executed instructions priced by the Cortex-M4 TRM's cycle tables;
 - :mod:`.memory_map`, :mod:`.view`, :mod:`.errors`: addresses, the program accessors, errors.
 """
 
-from .errors import IssFault, PeCodegenError
+from .errors import IssFault, NocDeadlock, PeCodegenError
 from .firmware import Firmware, FirmwareError, export_firmware, load_firmware
 from .images import PeImage, ProgramImages, build_images
 from .loader import run_firmware
+from .multi import ConcurrentRun, NocFabric, run_barrier, run_firmware_concurrent
 
 __all__ = ["Firmware", "FirmwareError", "export_firmware", "load_firmware", "IssFault", "PeCodegenError", "TileRun",
-           "run_program_iss", "run_firmware", "PeImage", "ProgramImages", "build_images"]
+           "run_program_iss", "run_firmware", "run_firmware_concurrent", "run_barrier", "NocFabric",
+           "ConcurrentRun", "NocDeadlock", "PeImage", "ProgramImages", "build_images"]
 
 
 def __getattr__(name: str):

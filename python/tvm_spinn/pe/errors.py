@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["PeCodegenError", "IssFault"]
+__all__ = ["PeCodegenError", "IssFault", "NocDeadlock"]
 
 
 class PeCodegenError(ValueError):
@@ -22,3 +22,13 @@ class IssFault(RuntimeError):
     def __init__(self, pe: int, image: str, pc: int, what: str):
         self.pe, self.image, self.pc, self.what = pe, image, pc, what
         super().__init__(f"PE {pe}, image {image}: {what} at pc=0x{pc:08x}")
+
+
+class NocDeadlock(RuntimeError):
+    """PEs running concurrently that all wait for NoC packets none of them will send: ``waits``
+    maps each waiting PE to what it waits for."""
+
+    def __init__(self, waits: dict):
+        self.waits = dict(sorted(waits.items()))
+        lines = "; ".join(f"PE {pe}: {what}" for pe, what in self.waits.items())
+        super().__init__(f"NoC deadlock: every running PE waits on an empty RX FIFO ({lines})")

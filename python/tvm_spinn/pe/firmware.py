@@ -156,8 +156,10 @@ def _jobs_bytes(region: int, jobs: list) -> bytes:
     return (json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n").encode()
 
 
-def build_firmware(programs: list) -> Firmware:
-    """The firmware of ``programs`` (the spinn programs of a model, in symbol order), in memory.
+def build_firmware(programs: list, noc: bool = False) -> Firmware:
+    """The firmware of ``programs`` (the spinn programs of a model, in symbol order), in memory;
+    ``noc``: the images linked with the NoC driver (:mod:`.noc`, what
+    :func:`.multi.run_firmware_concurrent` needs), the job tables placed for them.
 
     Raises
     ------
@@ -172,7 +174,7 @@ def build_firmware(programs: list) -> Firmware:
     images: dict = {}
     regions = []
     for r, program in enumerate(programs):
-        built = build_images(program)
+        built = build_images(program, noc=noc)
         for name, image in built.images.items():
             if name not in images:
                 images[name] = _image_record(image)
@@ -205,7 +207,7 @@ def programs_of(ex) -> list:
     return out
 
 
-def export_firmware(ex, directory: "str | os.PathLike") -> Firmware:
+def export_firmware(ex, directory: "str | os.PathLike", noc: bool = False) -> Firmware:
     """Write the firmware of a compiled model to ``directory`` (created if missing).
 
     Parameters
@@ -215,6 +217,10 @@ def export_firmware(ex, directory: "str | os.PathLike") -> Firmware:
     directory : str or os.PathLike
         The firmware directory. Files of the same names are replaced atomically; the manifest
         is written last.
+    noc : bool
+        Link every image with the PE runtime's NoC driver and barrier (:mod:`.noc`), so the PEs
+        can run concurrently and honour the jobs' dependencies by NoC packets
+        (:func:`.multi.run_firmware_concurrent`); the job tables are placed for those images.
 
     Returns
     -------
@@ -229,7 +235,7 @@ def export_firmware(ex, directory: "str | os.PathLike") -> Firmware:
         For a destination that is not a directory, or a file that must not be replaced.
     """
     programs = list(ex) if isinstance(ex, (list, tuple)) else programs_of(ex)
-    firmware = build_firmware(programs)
+    firmware = build_firmware(programs, noc=noc)
     write_firmware(firmware, directory)
     return firmware
 

@@ -41,15 +41,20 @@ def role_image(spec: tuple) -> PeImage:
     return PeImage(spec, role_name(spec), link_image(kernel_object(spec)))
 
 
-def build_images(program) -> ProgramImages:
+def build_images(program, noc: bool = False) -> ProgramImages:
     """Every layer's role checked first (a :class:`~.errors.PeCodegenError` names the first
-    layer that cannot be lowered, before anything is built), then one image per role."""
+    layer that cannot be lowered, before anything is built), then one image per role (``noc``:
+    each linked with the NoC driver, :func:`~.noc.noc_role_image`)."""
     specs = [layer_role(program, i) for i in range(view.layer_count(program))]
     tables = view.placed_tiles(program)
     images = {}
     for spec in specs:
         name = role_name(spec)
         if name not in images:
-            images[name] = role_image(spec)
+            if noc:
+                from .noc import noc_role_image
+                images[name] = noc_role_image(spec)
+            else:
+                images[name] = role_image(spec)
     pes = tuple(tuple(sorted({int(p) for p in table.pe})) for table in tables)
     return ProgramImages(images=dict(sorted(images.items())), layers=tuple(role_name(s) for s in specs), pes=pes)

@@ -41,24 +41,42 @@ models' bits by construction, as on the chip, where they are the unit's.
 
 from __future__ import annotations
 
+import collections
+import functools
+import hashlib
 import io
 import struct
 
 import numpy as np
 from elftools.elf.elffile import ELFFile
 from unicorn import UC_ARCH_ARM, UC_HOOK_BLOCK, UC_MODE_MCLASS, UC_MODE_THUMB, Uc, UcError
-from unicorn.arm_const import UC_ARM_REG_PC, UC_ARM_REG_SP
+from unicorn.arm_const import (UC_ARM_REG_LR, UC_ARM_REG_PC, UC_ARM_REG_R0, UC_ARM_REG_R1, UC_ARM_REG_R2,
+                               UC_ARM_REG_R3, UC_ARM_REG_SP)
 
 from .errors import IssFault
 from .memory_map import (ARENA_END, DMA_BASE, DMA_BYTES, DMA_EB_MASK, DMA_REGS, DMA_SCATTER,
                          DMA_START, EXP_BASE, EXP_BYTES,
                          EXP_FUNC_EXP, EXP_FUNC_LOG, EXP_REGS, EXP_START, JOB_ADDR, JOB_WORDS, MAC_BASE, MAC_BYTES, MAC_REGS,
-                         MAC_START, REMOTE_BASE, SRAM_BASE, SRAM_BYTES, arena_start)
+                         MAC_START, NOC_BASE, NOC_BYTES, NOC_FAULT_CODES, NOC_REGS, REMOTE_BASE,
+                         SRAM_BASE, SRAM_BYTES, arena_start)
 
 __all__ = ["PeMachine", "image_symbols", "MAX_INSTRUCTIONS"]
 
+#: The NoC interface's registers by word offset.
+_NOC_NAMES = {off: reg for reg, off in NOC_REGS.items()}
+
 #: Instruction budget of one run (a runaway loop becomes an IssFault, never a hang).
 MAX_INSTRUCTIONS = 200_000_000
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(image: bytes) -> tuple:
+    """An image's loadable segments ``(address, data, memory size)`` and its symbols (as
+    :func:`image_symbols`), parsed once per process (concurrent PEs load the same images often)."""
+    elf = ELFFile(io.BytesIO(image))
+    segments = tuple((int(seg["p_paddr"]), seg.data(), int(seg["p_memsz"])) for seg in elf.iter_segments()
+                     if seg["p_type"] == "PT_LOAD")
+    return segments, tuple(sorted(image_symbols(image).items()))
 
 
 def image_symbols(image: bytes) -> dict[str, int]:
@@ -96,15 +114,7 @@ class PeMachine:
         self.mac_pending = None
         self.uc = Uc(UC_ARCH_ARM, UC_MODE_THUMB | UC_MODE_MCLASS)
         self.uc.mem_map(SRAM_BASE, SRAM_BYTES)
-        elf = ELFFile(io.BytesIO(image))
-        self.segments = [(int(seg["p_paddr"]), seg.data(), int(seg["p_memsz"])) for seg in elf.iter_segments()
-                         if seg["p_type"] == "PT_LOAD"]
-        self.load()
-        self.symbols = image_symbols(image)
-        self.arena = arena_start(self.symbols["_end"])
-        if self.arena > ARENA_END:
-            raise IssFault(pe, name, 0, f"image of {self.symbols['_end']} bytes leaves no SRAM for data")
-        self.sp0, self.entry = struct.unpack("<II", bytes(self.uc.mem_read(SRAM_BASE, 8)))
+        self._take_image(image)
         self.mac = dict.fromkeys(MAC_REGS, 0)
         self.uc.mmio_map(MAC_BASE, MAC_BYTES, self._mac_read, None, self._mac_write, None)
         self.exp = dict.fromkeys(EXP_REGS, 0)
@@ -127,6 +137,41 @@ class PeMachine:
         self._prev = None
         self.uc.hook_add(UC_HOOK_BLOCK, self._on_block)
         self.mac_calls = 0
+        #: the NoC interface: received packets ``(key, payload, source PE, arrival cycle)``
+        #: oldest first, the registers written, the fabric that carries packets between PEs
+        #: (:class:`~.multi.NocFabric`; alone, a packet to another PE is kept in ``noc_sent``)
+        self.noc_rx: collections.deque = collections.deque()
+        self.noc_regs = dict.fromkeys(NOC_REGS, 0)
+        self.noc_fabric = None
+        self.noc_sent: list = []
+        #: the PE's cycles before its counters were last cleared (packets' times are
+        #: ``noc_clock0 + now()``), and whether its last run stopped on an empty RX FIFO
+        self.noc_clock0 = 0
+        self.noc_blocked = False
+        self.uc.mmio_map(NOC_BASE, NOC_BYTES, self._noc_read, None, self._noc_write, None)
+        #: per image (its SHA-256), its blocks' prices (a PE that loads another image keeps them)
+        self._image_prices = {hashlib.sha256(image).digest(): self._prices}
+
+    def _take_image(self, image: bytes) -> None:
+        """Load ``image`` (its segments, symbols, data area, initial SP and entry)."""
+        segments, symbols = _parsed(image)
+        self.segments = list(segments)
+        self.load()
+        self.symbols = dict(symbols)
+        self.arena = arena_start(self.symbols["_end"])
+        if self.arena > ARENA_END:
+            raise IssFault(self.pe, self.name, 0, f"image of {self.symbols['_end']} bytes leaves no SRAM for data")
+        self.sp0, self.entry = struct.unpack("<II", bytes(self.uc.mem_read(SRAM_BASE, 8)))
+
+    def boot(self, image: bytes, name: str) -> None:
+        """Load another image on this PE (its segments over the old one's; the rest of SRAM,
+        the NoC state among it, and the received packets are kept)."""
+        self.name = name
+        self._take_image(image)
+        # code at the old image's addresses: drop the emulator's translations; the blocks'
+        # prices are the new image's
+        self.uc.ctl_flush_tb()
+        self._prices = self._image_prices.setdefault(hashlib.sha256(image).digest(), {})
 
     def load(self, pe: "int | None" = None) -> None:
         """(Re)load the image as a PE's boot would: its segments, zero-filled to their memory
@@ -366,3 +411,91 @@ class PeMachine:
         if self.dma_pending is not None:
             self.dma_pending = None
             raise IssFault(self.pe, self.name, pc, "reached pe_halt with a DMA transfer never waited for")
+
+    # -- the NoC interface -------------------------------------------------------------------
+    def noc_time(self) -> int:
+        """The PE's clock as the NoC sees it: cycles before the last clear plus :meth:`now`."""
+        return self.noc_clock0 + self.now()
+
+    def _noc_head(self, reg: str):
+        if not self.noc_rx:
+            pc = self.uc.reg_read(UC_ARM_REG_PC)
+            raise IssFault(self.pe, self.name, pc, f"NoC {reg} read with an empty RX FIFO")
+        return self.noc_rx[0]
+
+    def _noc_read(self, uc, offset, size, data):
+        if offset == NOC_REGS["RX_COUNT"]:
+            if not self.noc_rx:
+                if self.noc_fabric is not None:  # the PE yields until a packet arrives
+                    self.noc_blocked = True
+                    self.uc.emu_stop()
+                return 0
+            # a packet still on its way: the M4F polls until it lands
+            self.stall += max(0, self.noc_rx[0][3] - self.noc_time())
+            return len(self.noc_rx)
+        if offset == NOC_REGS["RX_KEY"]:
+            return self._noc_head("RX_KEY")[0]
+        if offset == NOC_REGS["RX_PAYLOAD"]:
+            return self._noc_head("RX_PAYLOAD")[1]
+        if offset == NOC_REGS["RX_SOURCE"]:
+            return self._noc_head("RX_SOURCE")[2]
+        if offset == NOC_REGS["PE_ID"]:
+            return self.pe
+        reg = _NOC_NAMES.get(offset)
+        return self.noc_regs[reg] if reg is not None else 0
+
+    def _noc_write(self, uc, offset, size, value, data):
+        value &= 0xFFFFFFFF
+        reg = _NOC_NAMES.get(offset)
+        if reg is not None:
+            self.noc_regs[reg] = value
+        if offset == NOC_REGS["TX_SEND"]:
+            packet = (self.noc_regs["TX_DEST"], self.noc_regs["TX_KEY"], value)
+            if self.noc_fabric is not None:
+                self.noc_fabric.send(self, *packet)
+            elif packet[0] == self.pe:
+                self.noc_rx.append((packet[1], packet[2], self.pe, self.noc_time()))
+            else:
+                self.noc_sent.append(packet)
+        elif offset == NOC_REGS["RX_POP"]:
+            self._noc_head("RX_POP")
+            self.noc_rx.popleft()
+        elif offset == NOC_REGS["FAULT"]:
+            pc = self.uc.reg_read(UC_ARM_REG_PC)
+            what = NOC_FAULT_CODES.get(value, "unknown fault code")
+            raise IssFault(self.pe, self.name, pc, f"NoC driver fault {value}: {what} "
+                                                   f"(detail {self.noc_regs['FAULT_DETAIL']:#x})")
+
+    def call(self, symbol: str, args=()) -> bool:
+        """Run the image's routine ``symbol`` on up to four argument words (AAPCS: r0-r3), from
+        a fresh stack, until it returns (to ``pe_halt``). True when it returned; False when it
+        stopped waiting on an empty RX FIFO of a PE on a fabric (:meth:`resume` continues it)."""
+        if symbol not in self.symbols:
+            raise IssFault(self.pe, self.name, 0, f"image has no routine {symbol!r} (not linked with it)")
+        if len(args) > 4:
+            raise ValueError(f"{symbol}: {len(args)} arguments (at most 4 in registers)")
+        for reg, a in zip((UC_ARM_REG_R0, UC_ARM_REG_R1, UC_ARM_REG_R2, UC_ARM_REG_R3), args):
+            self.uc.reg_write(reg, int(a) & 0xFFFFFFFF)
+        self.uc.reg_write(UC_ARM_REG_SP, self.sp0)
+        self.uc.reg_write(UC_ARM_REG_LR, self.symbols["pe_halt"] | 1)
+        self._prev = None
+        return self._go(self.symbols[symbol])
+
+    def resume(self) -> bool:
+        """Continue a routine that stopped on an empty RX FIFO (see :meth:`call`)."""
+        return self._go(self.uc.reg_read(UC_ARM_REG_PC))
+
+    def _go(self, start: int) -> bool:
+        halt = self.symbols["pe_halt"]
+        self.noc_blocked = False
+        try:
+            self.uc.emu_start(start | 1, halt, count=MAX_INSTRUCTIONS)
+        except UcError as err:
+            pc = self.uc.reg_read(UC_ARM_REG_PC)
+            raise IssFault(self.pe, self.name, pc, f"emulation fault: {err}") from None
+        pc = self.uc.reg_read(UC_ARM_REG_PC)
+        if pc & ~1 == halt:
+            return True
+        if self.noc_blocked:
+            return False
+        raise IssFault(self.pe, self.name, pc, f"did not reach pe_halt within {MAX_INSTRUCTIONS} instructions")

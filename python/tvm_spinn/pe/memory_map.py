@@ -2,8 +2,8 @@
 
 One place for every address the PE code relies on. The SRAM size is SpiNNaker2's (128 KiB per
 PE, :attr:`tvm_spinn.target.arch.SpinnArch.sram_bytes`); the peripherals' register interface is
-not published in a form this package could cite, so the MAC array's, the exp/log unit's and
-the DMA engine's registers below are named **assumptions** (memory-mapped blocks with operand addresses, extents
+not published in a form this package could cite, so the MAC array's, the exp/log unit's, the
+DMA engine's and the NoC interface's registers below are named **assumptions** (memory-mapped blocks with operand addresses, extents
 and a start/status word), kept here so a published map replaces them in one edit.
 """
 
@@ -14,6 +14,9 @@ __all__ = [
     "MAC_BASE", "MAC_REGS", "MAC_BYTES", "MAC_START", "ARENA_ALIGN", "arena_start",
     "EXP_BASE", "EXP_REGS", "EXP_BYTES", "EXP_START", "EXP_FUNC_EXP", "EXP_FUNC_LOG",
     "DMA_BASE", "DMA_REGS", "DMA_BYTES", "DMA_START", "DMA_DESC_WORDS", "DMA_EB_MASK", "DMA_SCATTER", "REMOTE_BASE",
+    "NOC_BASE", "NOC_BYTES", "NOC_REGS", "NOC_MULTICAST", "NOC_KEY_KIND_SHIFT", "NOC_KEY_READY", "NOC_KEY_ARRIVE",
+    "NOC_KEY_RELEASE", "NOC_WAIT_POLLS", "NOC_FAULT_CODES", "NOC_FAULT_TIMEOUT", "NOC_FAULT_UNEXPECTED",
+    "NOC_FAULT_SLOT", "NOC_FAULT_MAILBOX", "NOC_STATE_ADDR", "NOC_STATE_WORDS", "NOC_KEY_DATA", "NOC_MAILBOX_ADDR", "NOC_MAILBOX_WORDS",
 ]
 
 #: The PE's local SRAM: code, data and stack (SpiNNaker2: 128 KiB per PE at address 0).
@@ -97,3 +100,53 @@ DMA_SCATTER = 0x100
 #: Where memory outside the PE (DRAM, another PE's SRAM: a layer's input as the DMA reads it)
 #: appears to the DMA engine (assumption). The M4F's code never addresses it.
 REMOTE_BASE = 0x8000_0000
+
+#: The NoC interface's register block (assumption: address and layout are this package's). What
+#: is published: SpiNNaker's packets carry a 32-bit routing key and an optional 32-bit payload,
+#: and multicast packets are routed by their key through the router's associative table of
+#: (key, mask) -> destinations (Furber et al., "The SpiNNaker Project", Proc. IEEE 102(5), 2014);
+#: SpiNNaker2 keeps a multicast router with 16,384 associative entries (SpiNNaker2 datasheet
+#: v0.03, 2021) and its NoC moves a packet 5 cycles a router hop (``SpinnArch.noc_hop_cycles``).
+#: Assumed here: a packet is ``(key, payload)`` and the receiver also sees the sending PE;
+#: TX_DEST names one PE (a packet to that PE) or, with :data:`NOC_MULTICAST` set, asks the router
+#: to route the packet by its key (the table the host loads); a write of TX_SEND (the payload)
+#: sends ``(TX_KEY, payload)`` to TX_DEST. The receive side is a FIFO: RX_COUNT the packets
+#: waiting, RX_KEY, RX_PAYLOAD and RX_SOURCE the oldest one's fields, a write of RX_POP drops it.
+#: PE_ID reads the PE's own id. A write of FAULT (a :data:`NOC_FAULT_CODES` code, its detail
+#: word in FAULT_DETAIL first) is the driver's report of an error it cannot recover from; the
+#: instruction-set simulator raises it as a fault naming the PE, image and program counter.
+NOC_BASE = 0x4000_3000
+NOC_BYTES = 0x1000
+NOC_REGS = {"TX_DEST": 0x00, "TX_KEY": 0x04, "TX_SEND": 0x08, "RX_COUNT": 0x0C, "RX_KEY": 0x10,
+            "RX_PAYLOAD": 0x14, "RX_SOURCE": 0x18, "RX_POP": 0x1C, "PE_ID": 0x20, "FAULT_DETAIL": 0x24,
+            "FAULT": 0x28}
+NOC_MULTICAST = 0x8000_0000
+#: Packet kinds in a key's top byte (the rest is the kind's field): a job's results are ready
+#: (field: the job's id), a PE arrives at a barrier, a barrier's release (field: the barrier's
+#: group key).
+NOC_KEY_KIND_SHIFT = 24
+NOC_KEY_READY = 0x01 << NOC_KEY_KIND_SHIFT
+NOC_KEY_ARRIVE = 0x02 << NOC_KEY_KIND_SHIFT
+NOC_KEY_RELEASE = 0x03 << NOC_KEY_KIND_SHIFT
+#: A data word handed from PE to PE (a split row's statistics): the key's bits 16-23 the sending
+#: PE's slot, bits 0-15 the receiver's mailbox word it fills; the payload is the word.
+NOC_KEY_DATA = 0x04 << NOC_KEY_KIND_SHIFT
+#: The driver's bounded wait: polls of an empty RX FIFO before it reports a timeout.
+NOC_WAIT_POLLS = 1 << 16
+#: The driver's fault codes (FAULT register).
+NOC_FAULT_CODES = {1: "receive timed out: no packet after NOC_WAIT_POLLS polls of an empty RX FIFO",
+                   2: "unexpected packet (its key in the detail word)",
+                   3: "ready packet from a PE slot outside the NoC state (its slot in the detail word)",
+                   4: "data packet for a word outside the mailbox (its key in the detail word)"}
+NOC_FAULT_TIMEOUT, NOC_FAULT_UNEXPECTED, NOC_FAULT_SLOT, NOC_FAULT_MAILBOX = 1, 2, 3, 4
+#: The NoC state the driver keeps across jobs and image loads: per source PE slot, the ready
+#: packets that arrived from it (u32 each), in the stack region's lowest bytes (assumption: the
+#: images' stack stays above it; the job block below it holds at most
+#: ``(NOC_STATE_ADDR - JOB_ADDR - 4) // (4 * JOB_WORDS)`` jobs while it is in use). The PE's boot
+#: zeroes it.
+NOC_STATE_ADDR = STACK_TOP - STACK_BYTES
+NOC_STATE_WORDS = 128
+#: The mailbox the driver writes data packets' words into (after the NoC state, in the stack
+#: region too: the images' stack stays above it), read by the PE's DMA where a job places them.
+NOC_MAILBOX_ADDR = NOC_STATE_ADDR + 4 * NOC_STATE_WORDS
+NOC_MAILBOX_WORDS = 256
