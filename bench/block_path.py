@@ -106,10 +106,12 @@ def main() -> None:
                 continue
             cs = [f"{c.op} {c.algorithm} {c.nbytes} B {c.seconds * 1e6:.2f} us" for c in t.collectives if c.layer == i]
             print(f"    {layer.kind:16} {t.layer_s[i] * 1e6:7.2f} us" + (f"   (after {'; '.join(cs)})" if cs else ""))
-        tail = [f"{c.op} {c.algorithm} {c.nbytes} B {c.seconds * 1e6:.2f} us" for c in t.collectives
-                if c.layer >= len(piece.layers)]
+        row = int(sum(piece.tensors[o].nbytes for o in piece.outputs)) if ends[k] else -1
+        tail = [f"{c.op} {c.algorithm} {c.nbytes} B {c.seconds * 1e6:.2f} us"
+                + (" (the all-reduce's: not charged)" if c.op == "all_gather" and c.nbytes == row else "")
+                for c in t.collectives if c.layer >= len(piece.layers)]
         if tail:
-            print(f"    after its last layer: {'; '.join(tail)} (a row the all-reduce delivers is not waited for)")
+            print(f"    after its last layer: {'; '.join(tail)}")
         chain.append((f"piece {k}", charged))
         total += charged
         if ends[k]:
