@@ -12,7 +12,6 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-import tvm_spinn  # noqa: E402
 from tvm_spinn.llm import board_tp  # noqa: E402
 from tvm_spinn.llm.spec import spec_of  # noqa: E402
 
