@@ -31,7 +31,13 @@ its multicast then delivers the whole reduced row to every chip of each board, t
 routers copying each share to all its chips as it arrives (the on-board all-gather fused into
 the multicast, :func:`fused_gathers`): the piece ending at the projection ends with its last
 layer, without the gather of its output; a projection whose shard plan leaves its sums on
-fewer chips spreads them over the board's first (:func:`_spread`). Where the slice could not be
+fewer chips spreads them over the board's first (:func:`_spread`). The residual add after each
+all-reduce may also run on its delivery (:func:`fused_adds`): every chip holds the residual row
+whole, so its PEs add each part of the reduced row as it arrives, a job a part, instead of a
+layer of their own after the last part (its wake-up, set-up and barrier); the all-reduce is
+then played out part by part with the add behind it
+(:func:`tvm_spinn.timing.collectives.streamed_all_reduce`), and the faster of the cut slice and
+this one is kept. Where the slice could not be
 cut, the all-reduce ends in the projection's layout and the slice gathers the row itself. The
 slice is also timed as described (:func:`slice_forms`), its programs uncut, and each degree keeps
 the faster: a piece as mapped reads its weights from DRAM only while it runs, while an uncut
@@ -107,7 +113,7 @@ import numpy as np
 __all__ = ["TP_BOARDS", "slice_config", "slice_shares", "slice_block", "slice_weight_bytes", "gemm_weight_bytes", "stream_floor",
            "block_all_reduces", "board_groups",
            "board_patches", "board_compact", "group_layouts", "board_setting", "group_caches", "GroupCaches",
-           "slice_pieces", "slice_forms", "fused_gathers", "slice_collectives", "pipeline_rest", "records"]
+           "slice_pieces", "slice_forms", "fused_gathers", "fused_adds", "fused_add_s", "slice_collectives", "pipeline_rest", "records"]
 
 #: Boards one block is tensor-parallel over (each must divide the heads and the intermediate
 #: size, and leave a board for the head), tried in the order of what their all-reduces alone
@@ -122,6 +128,10 @@ TP_BOARDS = (2, 4, 8, 16, 32)
 MAX_MAPPED = 4
 #: Group counts tried besides every group used and the fewest that keep the blocks resident
 GROUP_COUNTS = 8
+#: Parts a board's PEs take the reduced row in where the residual add after an all-reduce runs
+#: on the all-reduce's delivery (:func:`fused_adds`): each part one job of every PE, started as
+#: the part arrives (:func:`tvm_spinn.timing.collectives.streamed_all_reduce`)
+FUSED_CHUNKS = 4
 
 
 def slice_config(cfg: dict, spec, g: int) -> "dict | None":
@@ -273,7 +283,9 @@ def slice_pieces(programs, reduces: int) -> "tuple[list, tuple[bool, ...]] | Non
 def slice_forms(programs, reduces: int) -> list:
     """The ways a slice's described programs are timed on a board, each ``(pieces, ends)`` as
     :func:`slice_pieces` returns them: cut where the boards all-reduce (where the programs show
-    the block's ``reduces`` all-reduces), then as described (``ends`` None).
+    the block's ``reduces`` all-reduces); so cut with the residual adds after the all-reduces
+    run on their delivery (``(pieces, ends, adds)``, :func:`fused_adds`, where each all-reduce
+    has one); then as described (``ends`` None).
 
     The pieces end without the row's gathers (the all-reduce delivers the row,
     :func:`fused_gathers`) and map the attention with a shard plan of its own, but each piece
@@ -283,7 +295,8 @@ def slice_forms(programs, reduces: int) -> list:
     Which is faster depends on how much of the block streams and the SRAM left for the buffer:
     both are timed and the faster kept (:func:`records`)."""
     cut = slice_pieces(programs, reduces)
-    return ([cut] if cut is not None else []) + [(list(programs), None)]
+    onto = fused_adds(*cut) if cut is not None else None
+    return ([cut] if cut is not None else []) + ([onto] if onto is not None else []) + [(list(programs), None)]
 
 
 def _projections(program, producer: dict, tensor: int, residual: set) -> list:
@@ -776,6 +789,61 @@ def _less(stage, saved):
                                program_s=tuple(s - d for s, d in zip(stage.program_s, saved)))
 
 
+def fused_adds(pieces, ends) -> "tuple[list, tuple, list] | None":
+    """A slice cut where the boards all-reduce (:func:`slice_pieces`) with the residual add
+    after each all-reduce run on the all-reduce's delivery: ``(pieces, ends, adds)``, the pieces
+    without those adds (a piece left empty dropped), whether each ends at an all-reduce, and
+    the adds taken out (``(piece, layer)`` of the cut slice); None where a piece after an
+    all-reduce does not start with a residual add of two of its inputs (every all-reduce must
+    have one, else the slice is timed as cut).
+
+    The all-reduce's multicast delivers every reduced share to every chip of each board
+    (:func:`fused_gathers`), and each chip holds the residual row whole (the block's input, and
+    each such add's output, made on every chip the same way): each chip's PEs add each part of
+    the reduced row to the residual as it arrives, one job a part (:func:`fused_add_s`), instead
+    of a layer of its own after the last part, with its wake-up, its set-up and its barrier. An
+    element-wise fp32 add of the same operands: the same bits. The next piece reads the sum
+    whole from SRAM, as it read the reduced row."""
+    from ..program.ops import family_of
+
+    P = importlib.import_module(".plan", __package__)
+    if ends is None or not any(ends) or len(ends) != len(pieces):
+        return None
+    out_pieces, out_ends, adds = [], [], []
+    for k, piece in enumerate(pieces):
+        if not ends[k - 1]:  # (piece 0 follows the block's last piece: the block before's)
+            out_pieces.append(piece)
+            out_ends.append(ends[k])
+            continue
+        first = piece.layers[0] if piece.layers else None
+        acts = [t for t in first.inputs if piece.tensors[t].role != "const"] if first is not None else []
+        if first is None or not family_of(first.kind).sums_inputs(first) or len(acts) != 2 \
+                or any(t not in piece.inputs for t in acts):
+            return None
+        adds.append((piece, first))
+        if len(piece.layers) > 1:
+            out_pieces.append(P._slice(piece, 1, len(piece.layers)))
+            out_ends.append(ends[k])
+        elif ends[k]:  # an add alone that ends at an all-reduce: nothing left to cut at
+            return None
+    return out_pieces, tuple(out_ends), adds
+
+
+def fused_add_s(piece, layer, board, chunks: int = FUSED_CHUNKS) -> float:
+    """Seconds a chip's PEs spend on a residual add run on the all-reduce's delivery
+    (:func:`fused_adds`): every chip adds the whole row, each of its PEs an equal share of the
+    elements, in ``chunks`` parts, each part one job of the PE's job loop woken by the part's
+    arrival (its interrupt entry), priced by the layer's operator family as the mapper prices
+    the layer's tiles."""
+    from ..program.ops import family_of
+
+    fam = family_of(layer.kind)
+    elements = int(np.prod(piece.tensors[layer.output].shape, dtype=np.int64))
+    cycles = (chunks * (fam.fixed_cycles(layer, board) + board.irq_entry_cycles)
+              + math.ceil(elements / board.pes_per_chip) * fam.cycles_per_element(layer, board))
+    return float(cycles) / board.clock_hz
+
+
 @dataclass(frozen=True)
 class GroupCaches:
     """Every user's KV cache on the boards of each group (see :func:`group_caches`).
@@ -1056,6 +1124,29 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                 reduces[key] = narrow_all_reduce(topo, grid, hidden * wire).seconds
         return reduces[key]
 
+    chunk_costs: dict = {}
+
+    def delivered_of(lay, consume_s: float) -> float:
+        """The all-reduce of :func:`reduce_of` (its on-board gather fused) with a residual add
+        run on its delivery (:func:`fused_adds`, ``consume_s`` a chip's PEs' seconds on it): the
+        row's :data:`FUSED_CHUNKS` parts each added as they arrive, played out on the same
+        all-reduce's cost of each run of parts
+        (:func:`~tvm_spinn.timing.collectives.streamed_all_reduce`)."""
+        from ..timing.collectives import streamed_all_reduce
+
+        grid = [[int(c) + b * cpb for c in order] for b in lay[0]]
+
+        def cost_of(nbytes: float) -> float:
+            key = (tuple(lay[0]), float(nbytes))
+            if key not in chunk_costs:
+                chunk_costs[key] = (reduce_of(lay, True) if nbytes == hidden * wire else
+                              board_group_all_reduce(topo, grid, nbytes, board_gather=True, pipelined=True,
+                                                     fuse_gather=True).seconds if reduce == "int32" else
+                              narrow_all_reduce(topo, grid, nbytes).seconds)
+            return chunk_costs[key]
+
+        return streamed_all_reduce(cost_of, float(hidden * wire), 0.0, consume_s, FUSED_CHUNKS)
+
     # each degree's layout: the one whose all-reduce is the cheapest of bands of two rows,
     # patches (the most nearly square only: planning time) and the roundest groups; on a
     # system with faults, groups of whole boards only
@@ -1138,8 +1229,8 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
         # groups' blocks is kept (see the module docstring)
         forms = slice_forms(dec, reduces_per_block)
         fit_alone = fit  # blocks kept resident without a prefetch buffer (each form starts from it)
-        for pieces, ends in forms:
-            form = "u" if ends is None and len(forms) > 1 else ""
+        for pieces, ends, *taken in forms:
+            form = "f" if taken else "u" if ends is None and len(forms) > 1 else ""
             fit = fit_alone
             # a slice mapped alone (weights resident as far as they fit) and streaming its weights
             resident = P._map_stage(list(pieces), board, host_shapes, spec.cache_slots(seq), memo=memo,
@@ -1162,6 +1253,8 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                                       for st in (resident, streamed))
             resident = _at_most(resident, streamed)
             reduce_s = reduce_of(groups, fused)  # the partial sums, ``reduce`` on the wire
+            if taken:  # each with the residual add after it on its delivery
+                reduce_s = delivered_of(groups, max(fused_add_s(p, layer, board) for p, layer in taken[0]))
             # the streamed blocks' weights fetched partly while the DRAM channels are idle: a buffer
             # per chip out of the SRAM the resident blocks would take (one fewer may stay resident)
             on_chip = _on_chip(resident, pieces, ends, hidden * 4, cpb, scatter_s if fused else 0.0,
@@ -1219,7 +1312,8 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                                     f"during the all-reduces" if tag else "")
                                  + ("; every block streamed (faster than kept resident)" if tag == "s" else "")
                                  + ("; each slice run as one program (the faster than cut at its all-reduces)"
-                                    if form else "")),
+                                    if form == "u" else "")
+                                 + ("; the residual adds run on the all-reduces' delivery" if form == "f" else "")),
                     meta={"stages": n_groups + 1, "boards_per_stage": g, "blocks_per_stage": per_group,
                           "boards_used": g * n_groups + 1, "tp_boards": g, "groups": n_groups,
                           **({"boards": sorted({b for grp in groups[:n_groups] for b in grp} | {head_board})}
@@ -1228,7 +1322,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                           "mapping_weights": "auto", "block_decode_s": blocks_s / L,
                           "board_all_reduce_s": reduce_s, "board_all_reduces_decode_s": reduces_s,
                           **({"board_all_reduce_wire": reduce} if reduce != "int32" else {}),
-                          "board_gather_fused": fused,
+                          "board_gather_fused": fused, "board_add_fused": bool(taken),
                           # (the streamed blocks' pieces fetched ahead run as on chip)
                           "slice_collectives_s": slice_collectives((on_chip if tag else streamed)
                                                                    if per_group > fit else resident,

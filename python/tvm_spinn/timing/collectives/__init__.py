@@ -81,6 +81,7 @@ the public names):
 - :mod:`.priority`: the packed trees of every span sharing the row;
 - :mod:`.floor`: the floor of a board-group all-reduce;
 - :mod:`.group`: the board-group all-reduce's search over tree sets;
+- :mod:`.overlap`: an all-reduce streamed chunk by chunk between its producer and its consumer;
 - :mod:`.narrow`: the owner trees of an all-reduce whose sums are added on their owners only
   (the narrow wires of :mod:`tvm_spinn.llm.wire`), and their floor.
 """
@@ -97,6 +98,7 @@ from .chips import all_gather, all_reduce, all_to_all, chain_all_reduce, point_t
 from .cost import CollectiveCost
 from .floor import board_group_floor
 from .group import board_group_all_reduce, board_group_scattered_all_reduce
+from .overlap import streamed_all_reduce
 from .order import chip_blocks, fixed_order_sum, reduction_order
 
 # Internals read under these names by the training planner (``_steps``, ``_evaluate``), the tests and
@@ -120,5 +122,5 @@ __all__ = [
     "CollectiveCost", "all_gather", "all_reduce", "chain_all_reduce", "fixed_order_sum", "point_to_point",
     "reduce_scatter", "reduction_order", "chip_blocks", "MULTICAST_MAX_RANKS", "board_all_reduce",
     "board_group_all_reduce", "multipath_point_to_point", "sliced_hand_over", "water_fill", "all_to_all",
-    "board_all_to_all", "board_group_floor", "board_group_scattered_all_reduce",
+    "board_all_to_all", "board_group_floor", "board_group_scattered_all_reduce", "streamed_all_reduce",
 ]

@@ -1,0 +1,137 @@
+"""A tensor-parallel LLM block's critical path on a group of boards, as the ``board_tp`` plan times it.
+
+Plans Llama-2-70B int8 (batch 1, 2,048-slot cache) with :func:`tvm_spinn.llm.plan.plan` and
+prints, for the kept candidate, the block's pieces one after another as one token runs them
+(:func:`tvm_spinn.llm.board_tp.slice_pieces`, and the adds run on the all-reduces' delivery,
+:func:`~tvm_spinn.llm.board_tp.fused_adds`): each piece's seconds as the plan charges it (a
+streamed piece less what fetching its weights ahead saves it), its layers' seconds (each from
+the end of the layer before: the wait for its collectives included) and its collectives, and
+the two all-reduces between. Every step reads what the one before wrote (the norm the row, the
+projections the quantized row, the attention q and the cache, the output projection the
+context, the all-reduce the projection's sums), so the path is a chain; the bench names, per
+step, what it waits for, and prints what is left of 50 tokens/s once the all-reduces take
+their share.
+
+The pieces are read where the planner times them (its own objects: ``board_tp._ahead_gains``'s
+arguments, one call per form of the slice, in the order of
+:func:`~tvm_spinn.llm.board_tp.slice_forms`), so what is printed is what
+the plan adds up.
+
+    python bench/block_path.py                  # spinn/boards24 (a 4 x 6 torus of boards)
+    python bench/block_path.py --target spinn/cloud
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+
+import tvm_spinn
+from tvm_spinn.llm import board_tp
+from tvm_spinn.llm.plan import plan
+from tvm_spinn.target import registered_system
+
+CONFIG = "python/tvm_spinn/llm/configs/llama-2-70b.json"
+
+
+@contextlib.contextmanager
+def _captured():
+    """The planner's slice forms and the stages it times them with, per degree, in order."""
+    seen = {"g": None, "forms": {}, "stages": {}}
+    block, forms, gains = board_tp.slice_block, board_tp.slice_forms, board_tp._ahead_gains
+
+    def slice_block(cfg, spec, g):
+        seen["g"] = g
+        return block(cfg, spec, g)
+
+    def slice_forms(programs, reduces):
+        out = forms(programs, reduces)
+        seen["forms"][seen["g"]] = list(out)
+        return out
+
+    def ahead_gains(on_chip, streamed, reduce_s, *args, **kwargs):
+        out = gains(on_chip, streamed, reduce_s, *args, **kwargs)
+        seen["stages"].setdefault(seen["g"], []).append((on_chip, streamed, reduce_s, out))
+        return out
+
+    board_tp.slice_block, board_tp.slice_forms, board_tp._ahead_gains = slice_block, slice_forms, ahead_gains
+    try:
+        yield seen
+    finally:
+        board_tp.slice_block, board_tp.slice_forms, board_tp._ahead_gains = block, forms, gains
+
+
+def _waits(piece, k: int, ends) -> str:
+    """What piece ``k`` of the block waits for (its inputs), in words."""
+    from tvm_spinn.mapping.state import resident_state
+
+    before = "the all-reduce's row" if ends[k - 1] else "the piece before's outputs"
+    return before + (" and the KV cache" if resident_state(piece, range(len(piece.layers))) else "")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default="spinn/boards24")
+    args = ap.parse_args()
+    ctx = (registered_system(tvm_spinn.make_system("spinn2-24-boards", boards=24), tag="spinn/boards24")
+           if args.target == "spinn/boards24" else contextlib.nullcontext())
+    with ctx, _captured() as seen:
+        result = plan(CONFIG, target=args.target, batch=1, seq=2048, dtype="int8")
+    p = result.plan
+    if p.get("placement") != "board_tp":
+        print(f"{args.target}: the kept placement is {p.get('placement')}, not board_tp")
+        return
+    alts = p["alternatives"]
+    key = min((k for k in alts if k.startswith("board_tp")), key=lambda k: alts[k]["decode_s"])
+    g, tag = p["tp_boards"], key.split("m", 1)[1].lstrip("0123456789")
+    form = 1 if tag.endswith("f") else -1 if tag.endswith("u") else 0
+    pieces, ends = seen["forms"][g][form][:2]
+    on_chip, streamed, reduce_s, (gains, buffer) = seen["stages"][g][form]
+    print(f"{args.target}: {result.tokens_per_s_per_user:.2f} tokens/s ({result.decode_latency_s * 1e3:.2f} ms), "
+          f"kept {key}: a group of {g} boards, {p['boards_used']} used")
+    if ends is None:
+        print("the slice runs as one program (not cut): no pieces to print")
+        return
+    streamed_blocks = tag[:1] in ("p", "s")
+    chain, total = [], 0.0
+    for k, piece in enumerate(pieces):
+        charged = streamed.program_s[k] - (gains[k] if gains else 0.0) if streamed_blocks else on_chip.program_s[k]
+        t = on_chip.program_timings[k]
+        print(f"\npiece {k} ({len(piece.layers)} layers, {t.chips} chips): {charged * 1e6:.1f} us as charged "
+              f"(streaming {streamed.program_s[k] * 1e6:.1f}, its weights on chip {on_chip.program_s[k] * 1e6:.1f}); "
+              f"waits for {_waits(piece, k, ends)}")
+        for i, layer in enumerate(piece.layers):
+            if t.layer_s[i] == 0.0:
+                continue
+            cs = [f"{c.op} {c.algorithm} {c.nbytes} B {c.seconds * 1e6:.2f} us" for c in t.collectives if c.layer == i]
+            print(f"    {layer.kind:16} {t.layer_s[i] * 1e6:7.2f} us" + (f"   (after {'; '.join(cs)})" if cs else ""))
+        row = int(sum(piece.tensors[o].nbytes for o in piece.outputs)) if ends[k] else -1
+        tail = [f"{c.op} {c.algorithm} {c.nbytes} B {c.seconds * 1e6:.2f} us"
+                + (" (the all-reduce's: not charged)" if c.op == "all_gather" and c.nbytes == row else "")
+                for c in t.collectives if c.layer >= len(piece.layers)]
+        if tail:
+            print(f"    after its last layer: {'; '.join(tail)}")
+        chain.append((f"piece {k}", charged))
+        total += charged
+        if ends[k]:
+            chain.append(("all-reduce", reduce_s))
+            total += reduce_s
+    print("\nthe block's chain (each waits for the one before):")
+    at = 0.0
+    for name, seconds in chain:
+        at += seconds
+        print(f"  {name:11} {seconds * 1e6:7.1f} us   ends at {at * 1e6:7.1f} us")
+    with open(CONFIG) as f:
+        blocks = json.load(f)["num_hidden_layers"]
+    rest = result.decode_latency_s - blocks * total
+    budget = (1 / 50 - rest) / blocks
+    work = total - sum(s for n, s in chain if n == "all-reduce")
+    print(f"a block {total * 1e6:.1f} us: its pieces {work * 1e6:.1f} us, its all-reduces "
+          f"{(total - work) * 1e6:.1f} us; the token's rest (hand-overs, head, loop) {rest * 1e3:.2f} ms")
+    print(f"50 tokens/s leaves {budget * 1e6:.1f} us a block: {(total - budget) * 1e6:.1f} us "
+          f"({(total - budget) / total:.0%}) to take off")
+
+
+if __name__ == "__main__":
+    main()
