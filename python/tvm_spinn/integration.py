@@ -42,7 +42,6 @@ it. :data:`TVM_ORIGINALS` keeps the objects the hooks wrap.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import tvm
@@ -119,23 +118,8 @@ def _get_default_pipeline(original):
     return get_default_pipeline
 
 
-def _export_library(original):
-    def export_library(self, file_name, *, fcompile=None, addons=None, workspace_dir=None, **kwargs):
-        from .runtime.loader import export_library as sealed_export, has_spinn_modules
-
-        name = os.fspath(file_name)
-        if fcompile is None and not name.endswith((".tar", ".wasm")) and has_spinn_modules(self.mod):
-            return sealed_export(self, name, addons=addons, workspace_dir=workspace_dir, **kwargs)
-        return original(self, file_name, fcompile=fcompile, addons=addons,
-                        workspace_dir=workspace_dir, **kwargs)
-
-    export_library.__doc__ = original.__doc__
-    setattr(export_library, _SPINN_ATTR, True)
-    return export_library
-
-
 def install() -> None:
-    """Register tvm_spinn with TVM and install the three hooks (idempotent).
+    """Register tvm_spinn with TVM and install the two pipeline hooks (idempotent).
 
     Called when the package is imported; see the module docstring for what is registered
     where and why each hook exists.
@@ -158,7 +142,3 @@ def install() -> None:
     if not getattr(relax.get_default_pipeline, _SPINN_ATTR, False):
         TVM_ORIGINALS["get_default_pipeline"] = relax.get_default_pipeline
         relax.get_default_pipeline = _get_default_pipeline(relax.get_default_pipeline)
-    cls = tvm.runtime.Executable
-    if not getattr(cls.export_library, _SPINN_ATTR, False):
-        TVM_ORIGINALS["export_library"] = cls.export_library
-        cls.export_library = _export_library(cls.export_library)
