@@ -39,7 +39,9 @@ to TVM's own object, unchanged). Line numbers are TVM 0.27's Python sources:
   the CUDA kernels have no thread bindings), ``DispatchSortScan`` / ``DispatchSampling``
   (``BackendDispatcher.is_gpu_target``, ``tvm/relax/backend/utils.py`` line 35), the scatter
   legalizations (``tvm/relax/transform/legalize_ops/manipulate.py`` line 253) and MetaSchedule's
-  task extraction (``tvm/s_tir/meta_schedule/relax_integration.py`` line 465). The wrapper
+  task extraction (``tvm/s_tir/meta_schedule/relax_integration.py`` line 465): a ``cuda``
+  target without that key builds, even through TVM's CUDA pipeline, an executable with no
+  ``cuda`` module at all (the unscheduled kernels stay in the host's ``llvm`` module). The wrapper
   returns TVM's pipeline object itself for every non-spinn target outside a ``build_options``
   context.
 
