@@ -60,7 +60,7 @@ if profile is not None:
         return max((v[3] for (f, _, n), v in stats.items() if f.endswith(file) and n == name), default=0.0)
     total = cum("llm/plan.py", "plan") or wall
     parts = dict(shares={k: cum(f, n) / total for k, (f, n) in {
-        "prompt plan (llm/prefill.py plan_prefill)": ("llm/prefill.py", "plan_prefill"),
+        "prompt plan (llm/prefill/search.py plan_prefill)": ("llm/prefill/search.py", "plan_prefill"),
         "decode search (llm/plan.py search)": ("llm/plan.py", "search"),
         "  board_tp.records": ("llm/board_tp.py", "records"),
         "  experts.records": ("llm/experts.py", "records"),

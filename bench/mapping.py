@@ -59,7 +59,7 @@ def _artifact(ex, x, weight_bytes: int) -> tuple[float, float]:
 
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "model.so")
-        ex.export_library(path)
+        tvm_spinn.export_library(ex, path)
         size = os.path.getsize(path)
         t0 = time.perf_counter()
         lib = tvm_spinn.load_module(path)

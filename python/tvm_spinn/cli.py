@@ -346,10 +346,14 @@ def _call_error(err: Exception) -> str:
 
 def _output_names(library: str, count: int) -> list[str]:
     """The model's output names kept in the library (``output0``... when it has none, e.g. a
-    library exported by the Python API, or when their number differs)."""
-    from .runtime.loader import verify_library
+    library exported by the Python API or by TVM's ``export_library``, or when their number
+    differs). Called after :func:`~tvm_spinn.load_module` accepted the library."""
+    from .runtime.loader import LibraryError, verify_library
 
-    names = verify_library(library).get("outputs")
+    try:
+        names = verify_library(library).get("outputs")
+    except LibraryError:  # loaded, so a library as TVM exports it: it has no record
+        names = None
     if isinstance(names, list) and len(names) == count and len(set(names)) == count and all(names):
         return [str(n) for n in names]
     return [f"output{i}" for i in range(count)]

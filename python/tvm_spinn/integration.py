@@ -11,38 +11,54 @@ Registrations (TVM's own registries; nothing of TVM's is replaced):
 * the named pipeline ``"spinn"`` (``relax.register_pipeline``):
   ``relax.build(mod, target="spinn", relax_pipeline="spinn")``.
 
-Hooks (TVM offers no registry for them; each forwards everything that is not a spinn build to
-TVM's own object, unchanged):
+Hooks (TVM 0.27 offers no registry for them; each forwards everything that is not a spinn build
+to TVM's own object, unchanged). Line numbers are TVM 0.27's Python sources:
 
 * ``relax.pipeline.PIPELINE_MAP["default"]``. ``relax.build`` (``tvm/relax/vm_build.py``,
-  ``build``, the ``relax_pipeline`` branch) resolves the pipeline *name* it is given, ``"default"``
-  unless the caller names another, with ``relax.get_pipeline(name)`` for every target without a
-  ``"gpu"`` key; the target is not consulted, so a target-dependent default exists only by
-  wrapping that entry. The wrapper is :func:`tvm_spinn.pipeline.spinn_pipeline` around TVM's
-  factory: for a non-spinn target it runs TVM's pass as it is (or, inside
-  ``with tvm_spinn.build_options()``, the opted-in fallback treatment). ``"default_build"`` and
-  every other name stay TVM's.
+  ``build``, lines 249-265) turns the pipeline *name* it is given, ``"default"`` unless the
+  caller names another, into a pass with ``relax.get_pipeline(name)`` for every target without a
+  ``"gpu"`` key, and ``get_pipeline`` (``tvm/relax/pipeline.py`` line 241) returns
+  ``PIPELINE_MAP[name](**kwargs)``: the target is not consulted, and the ``"default"`` entry,
+  ``default_build_pipeline`` (lines 80-105), is a fixed list of passes with no extension point
+  (no pass in it reads a registered hook that could partition and run ``RunCodegen``; its
+  ``LegalizeOps`` reads the ``FLegalize`` operator attribute, which only replacing TVM's own
+  would change). Nothing on this path reads the target's attributes or a ``PassContext`` key to
+  choose passes, and ``register_pipeline`` refuses a name that exists (lines 252-253). So
+  ``relax.build(mod, target="spinn")`` reaches the spinn pipeline only through this entry;
+  without it the README's ``relax.build(mod, target="spinn")`` would build everything for the
+  host. The wrapper is :func:`tvm_spinn.pipeline.spinn_pipeline` around TVM's factory: for a
+  non-spinn target it runs TVM's pass as it is (or, inside ``with tvm_spinn.build_options()``,
+  the opted-in fallback treatment). ``"default_build"`` and every other name stay TVM's.
 * ``relax.get_default_pipeline``: for a target with a ``"gpu"`` key (``spinn/cuda``) the same
-  branch calls ``relax.get_default_pipeline(target)`` instead, which dispatches on the target
-  *kind* (``cuda``) alone. The wrapper returns TVM's pipeline object itself for every non-spinn
-  target outside a ``build_options`` context.
-* ``tvm.runtime.Executable.export_library``: ``ex.export_library(path)`` of an executable holding
-  spinn modules writes a sealed library (:func:`tvm_spinn.export_library`, which
-  :func:`tvm_spinn.load_module` verifies), as the README's quick start shows. ``relax.build``
-  constructs the executable itself (``VMExecutable(lib)`` at the end of ``_vmlink``), so a build
-  cannot hand back an object that seals, and the seal covers the linked file's bytes, which exist
-  only after TVM's ``fcompile`` returns. Every other export (no spinn module, ``fcompile``
-  given, ``.tar``/``.wasm``) calls TVM's method with the same arguments.
-  :func:`tvm_spinn.export_library` is the API; the hook only keeps TVM's spelling working.
+  branch (``vm_build.py`` lines 258-263) calls ``relax.get_default_pipeline(target)``, looked up
+  on ``tvm.relax`` at each build, which dispatches on the target *kind* alone
+  (``pipeline.py`` lines 330-347; ``cuda`` -> ``backend.cuda.get_default_pipeline``, whose pass
+  lists in ``tvm/relax/backend/cuda/pipeline.py`` are fixed). A ``spinn/cuda`` without the
+  ``"gpu"`` key would take the ``"default"`` branch instead, but TVM's GPU passes need that key
+  on the target: the dlight GPU rules (``tvm/s_tir/dlight/gpu/base.py`` line 40; without them
+  the CUDA kernels have no thread bindings), ``DispatchSortScan`` / ``DispatchSampling``
+  (``BackendDispatcher.is_gpu_target``, ``tvm/relax/backend/utils.py`` line 35), the scatter
+  legalizations (``tvm/relax/transform/legalize_ops/manipulate.py`` line 253) and MetaSchedule's
+  task extraction (``tvm/s_tir/meta_schedule/relax_integration.py`` line 465): a ``cuda``
+  target without that key builds, even through TVM's CUDA pipeline, an executable with no
+  ``cuda`` module at all (the unscheduled kernels stay in the host's ``llvm`` module). The wrapper
+  returns TVM's pipeline object itself for every non-spinn target outside a ``build_options``
+  context.
+
+``ex.export_library(path)`` is TVM's own method: TVM serializes each spinn module through its
+``SaveToBytes`` into the library's module blob, and ``tvm.runtime.load_module`` reads it back
+through the ``ffi.Module.load_from_bytes.spinn`` global function, where the module's container
+verifies itself (``src/container.h``); :func:`tvm_spinn.load_module` loads such a library too.
+:func:`tvm_spinn.export_library` writes the sealed library (every byte under a digest, programs
+mapped in place at load).
 
 :func:`install` runs once, when the package is imported (by TVM's ``tvm.backends`` autoload at
 ``import tvm``, or directly). ``TVM_DEVICE_BACKEND_AUTOLOAD=0`` keeps ``import tvm`` free of all of
-it. :data:`TVM_ORIGINALS` keeps the objects the hooks wrap.
+it. :data:`TVM_ORIGINALS` keeps the objects the two hooks wrap.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import tvm
@@ -119,23 +135,8 @@ def _get_default_pipeline(original):
     return get_default_pipeline
 
 
-def _export_library(original):
-    def export_library(self, file_name, *, fcompile=None, addons=None, workspace_dir=None, **kwargs):
-        from .runtime.loader import export_library as sealed_export, has_spinn_modules
-
-        name = os.fspath(file_name)
-        if fcompile is None and not name.endswith((".tar", ".wasm")) and has_spinn_modules(self.mod):
-            return sealed_export(self, name, addons=addons, workspace_dir=workspace_dir, **kwargs)
-        return original(self, file_name, fcompile=fcompile, addons=addons,
-                        workspace_dir=workspace_dir, **kwargs)
-
-    export_library.__doc__ = original.__doc__
-    setattr(export_library, _SPINN_ATTR, True)
-    return export_library
-
-
 def install() -> None:
-    """Register tvm_spinn with TVM and install the three hooks (idempotent).
+    """Register tvm_spinn with TVM and install the two pipeline hooks (idempotent).
 
     Called when the package is imported; see the module docstring for what is registered
     where and why each hook exists.
@@ -158,7 +159,3 @@ def install() -> None:
     if not getattr(relax.get_default_pipeline, _SPINN_ATTR, False):
         TVM_ORIGINALS["get_default_pipeline"] = relax.get_default_pipeline
         relax.get_default_pipeline = _get_default_pipeline(relax.get_default_pipeline)
-    cls = tvm.runtime.Executable
-    if not getattr(cls.export_library, _SPINN_ATTR, False):
-        TVM_ORIGINALS["export_library"] = cls.export_library
-        cls.export_library = _export_library(cls.export_library)

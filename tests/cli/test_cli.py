@@ -132,6 +132,28 @@ def test_run_matches_inputs_by_name(sub_lib, tmp_path, capsys):
     assert "float32" in _main_error(capsys, ["run", str(lib), "--inputs", str(tmp_path / "dtype.npz")])
 
 
+def test_run_a_library_exported_by_tvm(sub_lib, tmp_path):
+    """``ex.export_library`` (TVM's own, no seal and so no output names) runs too: the result is
+    the same array, named ``output0``."""
+    import tvm
+    from tvm import relax
+
+    import tvm_spinn
+    from tvm_spinn import cli
+
+    lib, a, b = sub_lib
+    ex = relax.build(tvm_spinn.frontend.from_onnx(str(lib.parent / "sub.onnx")), target="spinn")
+    ex.export_library(str(tmp_path / "plain.so"))
+    np.savez(tmp_path / "in.npz", a=a, b=b)
+    assert cli.main(["run", str(tmp_path / "plain.so"), "--inputs", str(tmp_path / "in.npz"),
+                     "-o", str(tmp_path / "out.npz")]) == 0
+    out = np.load(tmp_path / "out.npz")
+    assert list(out) == ["output0"]
+    want = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b)).numpy()
+    np.testing.assert_array_equal(out["output0"], want)
+    np.testing.assert_array_equal(out["output0"], a - b)
+
+
 def test_output_paths_modes_and_library_errors(sub_lib, tmp_path, capsys):
     lib, a, b = sub_lib
     np.savez(tmp_path / "in.npz", a=a, b=b)

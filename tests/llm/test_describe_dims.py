@@ -8,9 +8,11 @@ import json
 import pytest
 
 from tvm_spinn.llm.describe import bind_dims, describe, describe_imported, imported
+from tvm_spinn.llm.prefill import plan_prefill
 from tvm_spinn.llm.spec import spec_of
 
-prefill = importlib.import_module("tvm_spinn.llm.prefill")
+# the chunk block of the prompt plan (its module, example arguments and symbolic axes)
+prefill = importlib.import_module("tvm_spinn.llm.prefill.chunk")
 
 TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
         "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 256, "max_position_embeddings": 64}
@@ -88,7 +90,7 @@ def _imports(memo, kind):
 
 def test_prefill_memo_shares_one_import(monkeypatch):
     memo = {}
-    plan = prefill.plan_prefill(TINY, "spinn/board", prompt=32, memo=memo, search="all")
+    plan = plan_prefill(TINY, "spinn/board", prompt=32, memo=memo, search="all")
     chunks = [k for k in memo if isinstance(k, tuple) and k[0] == "chunk"]
     assert len({k[-2] for k in chunks}) > 2  # several chunk sizes searched
     # one import for every chunk size but one token's (torch specializes a size of 1)
@@ -108,7 +110,7 @@ def test_prefill_memo_shares_one_import(monkeypatch):
 
     monkeypatch.setattr(describe_module, "imported", no_chunk)
     per_chunk = {}
-    assert prefill.plan_prefill(TINY, "spinn/board", prompt=32, memo=per_chunk, search="all").to_dict() == plan.to_dict()
+    assert plan_prefill(TINY, "spinn/board", prompt=32, memo=per_chunk, search="all").to_dict() == plan.to_dict()
     assert _imports(per_chunk, "block-imported") == [None]
     assert any(m is not None for m in _imports(per_chunk, "chunk-imported"))
 
@@ -120,5 +122,5 @@ def test_prefill_memo_shares_one_import(monkeypatch):
 
     monkeypatch.setattr(describe_module, "imported", refuse)
     alone = {}
-    assert prefill.plan_prefill(TINY, "spinn/board", prompt=32, memo=alone, search="all").to_dict() == plan.to_dict()
+    assert plan_prefill(TINY, "spinn/board", prompt=32, memo=alone, search="all").to_dict() == plan.to_dict()
     assert set(map(type, _imports(alone, "block-imported") + _imports(alone, "chunk-imported"))) == {type(None)}

@@ -1,9 +1,10 @@
-"""Exported libraries are sealed at export and verified before TVM's loader sees them.
+"""Libraries sealed by ``tvm_spinn.export_library`` are verified before TVM's loader sees them.
 
 Damage anywhere in the file (VM bytecode, constants, ELF headers, the trailer itself), a
 truncated file, a huge length field, a foreign shared object: each is one ``LibraryError``,
 never a crash, a hang or a multi-gigabyte allocation. Crash-prone loops run in a subprocess so
-that a signal shows up as a failed test rather than a dead test runner.
+that a signal shows up as a failed test rather than a dead test runner. A library exported by
+TVM's own ``ex.export_library`` loads too, its spinn modules verifying themselves.
 """
 
 import os
@@ -19,6 +20,7 @@ import tvm
 from tvm import relax
 
 import tvm_spinn
+from tvm_spinn.program import ProgramError
 from tvm_spinn.runtime import loader
 from models import make
 
@@ -36,7 +38,7 @@ def mlp(tmp_path_factory):
     ex = relax.build(tvm_spinn.frontend.from_pytorch(model, (x,)), target="spinn")
     directory = tmp_path_factory.mktemp("sealed")
     path = directory / "mlp.so"
-    ex.export_library(str(path))  # the hook seals spinn builds
+    tvm_spinn.export_library(ex, path)
     expected = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy())).numpy()
     return ex, path, x.numpy(), expected
 
@@ -61,7 +63,7 @@ def test_libraries_sealed_by_the_previous_version_still_load(mlp, tmp_path, monk
     ex, _, x, expected = mlp
     path = tmp_path / "v3.so"
     monkeypatch.setattr(loader, "_VERSION", 3)
-    ex.export_library(str(path))
+    tvm_spinn.export_library(ex, path)
     monkeypatch.undo()
     assert struct.unpack("<I", open(path, "rb").read()[-44:-40])[0] == 3  # the footer's version field
     got = relax.VirtualMachine(tvm_spinn.load_module(path), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
@@ -184,21 +186,60 @@ def test_foreign_shared_object_is_library_error(tmp_path):
         tvm_spinn.load_module(tmp_path / "missing.so")
 
 
-def test_plain_tvm_library_needs_export_library(tmp_path):
-    """A non-spinn build exported by plain TVM is not sealed (refused); export_library seals it."""
+def test_plain_tvm_library_loads_and_export_library_seals_it(tmp_path):
+    """A non-spinn build exported by TVM's ``export_library`` (no trailer) loads; export_library
+    seals the same executable, and the sealed file loads to the same outputs."""
     model, x = make("mlp")
     ex = relax.build(tvm_spinn.frontend.from_pytorch(model, (x,)), target="llvm")
     ex.export_library(str(tmp_path / "plain.so"))
-    with pytest.raises(tvm_spinn.LibraryError, match="tvm_spinn.export_library"):
-        tvm_spinn.load_module(tmp_path / "plain.so")
+    plain = relax.VirtualMachine(tvm_spinn.load_module(tmp_path / "plain.so"), tvm.cpu())["main"](
+        tvm.runtime.tensor(x.numpy())).numpy()
+    with pytest.raises(tvm_spinn.LibraryError, match="no integrity trailer"):
+        loader.verify_library(str(tmp_path / "plain.so"))
     tvm_spinn.export_library(ex, tmp_path / "sealed.so")
     got = relax.VirtualMachine(tvm_spinn.load_module(tmp_path / "sealed.so"), tvm.cpu())["main"](
         tvm.runtime.tensor(x.numpy())).numpy()
     with torch.no_grad():
         np.testing.assert_allclose(got, model(x).numpy(), rtol=1e-5, atol=1e-6)
+    assert np.array_equal(plain.view(np.uint32), got.view(np.uint32))
     with pytest.raises(tvm_spinn.LibraryError, match="does not exist"):
         tvm_spinn.export_library(ex, tmp_path / "missing" / "x.so")
     assert sorted(os.listdir(tmp_path)) == ["plain.so", "sealed.so"]
+
+
+def test_tvm_export_of_a_spinn_build(mlp, tmp_path):
+    """``ex.export_library`` is TVM's own: the programs travel inside TVM's module blob, each in
+    a container that verifies itself. Both loaders load it to the sealed library's bits; a
+    damaged program or container is one error naming the defect; extra or missing bytes at
+    the end (a sealed file whose trailer is cut or grown) are refused, never loaded unverified."""
+    ex, sealed, x, expected = mlp
+    path = tmp_path / "plain.so"
+    ex.export_library(str(path))
+    data = path.read_bytes()
+    assert data[-8:] != loader.TRAILER_MAGIC and b"SPINNPRG" in data
+    for lib in (tvm_spinn.load_module(path), tvm.runtime.load_module(str(path))):
+        got = relax.VirtualMachine(lib, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+        assert np.array_equal(got.view(np.uint32), expected.view(np.uint32))
+    program, container = data.find(b"SPINNPRG"), data.find(b"SPINNMOD")
+    for name, offset, error, match in (
+            ("program", program + 200, ProgramError, "checksum mismatch"),
+            ("container", container + 9, tvm_spinn.LibraryError, "container version")):
+        damaged = bytearray(data)
+        damaged[offset] ^= 0x10
+        bad = tmp_path / f"{name}.so"
+        bad.write_bytes(bytes(damaged))
+        with pytest.raises(error, match=match) as info:
+            tvm_spinn.load_module(bad)
+        assert f"{name}.so" in str(info.value)
+    ends = {"plain_grown": data + b"\0", "plain_cut": data[:-1]}
+    whole = sealed.read_bytes()
+    ends.update({"sealed_grown": whole + b"\0" * 16, "sealed_cut": whole[:-1],
+                 "sealed_magic": whole[:-1] + bytes([whole[-1] ^ 1])})
+    for name, blob in ends.items():
+        bad = tmp_path / f"{name}.so"
+        bad.write_bytes(blob)
+        with pytest.raises(tvm_spinn.LibraryError, match="no integrity trailer"):
+            tvm_spinn.load_module(bad)
 
 
 def test_offloaded_weights_are_stored_once(tmp_path):
@@ -208,7 +249,7 @@ def test_offloaded_weights_are_stored_once(tmp_path):
     x = torch.randn(2, 256)
     weights = sum(p.numel() * 4 for p in model.parameters())
     ex = relax.build(tvm_spinn.frontend.from_pytorch(model, (x,)), target="spinn")
-    ex.export_library(str(tmp_path / "m.so"))
+    tvm_spinn.export_library(ex, tmp_path / "m.so")
     size = os.path.getsize(tmp_path / "m.so")
     assert weights < size < 1.1 * weights + 64 * 1024, (size, weights)
     got = relax.VirtualMachine(tvm_spinn.load_module(tmp_path / "m.so"), tvm.cpu())["main"](
@@ -286,7 +327,7 @@ def test_a_damaged_library_mapped_earlier_is_not_read_for_a_new_build(mlp, tmp_p
     holds the same program; damaged on disk since, it must be passed over, not read."""
     ex, _, x, expected = mlp
     path = tmp_path / "earlier.so"
-    ex.export_library(str(path))
+    tvm_spinn.export_library(ex, path)
     meta = loader.verify_library(str(path))
     _, offset, size = meta["programs"][0]
     data = bytearray(path.read_bytes())

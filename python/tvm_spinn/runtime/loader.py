@@ -10,9 +10,7 @@ TVM's formats can prevent that, so the whole artifact is sealed instead:
   (which also locates each program by its digest) and a fixed footer (magic, lengths, format
   version) with a digest of every byte before it (XXH3-128 per segment under a SHA-256
   root). The dynamic loader ignores bytes after
-  the ELF contents, so the file is still an ordinary shared library. With ``tvm_spinn``
-  imported, ``ex.export_library`` of an executable that contains spinn modules goes through the
-  same function (:mod:`tvm_spinn.integration`).
+  the ELF contents, so the file is still an ordinary shared library.
 * :func:`load_module` verifies the trailer (lengths against the file size first, then the digest,
   a tree of per-segment digests computed on every core from a memory map: constant memory) and
   the ELF structure *before* TVM sees the file, so a
@@ -24,9 +22,16 @@ TVM's formats can prevent that, so the whole artifact is sealed instead:
 The library file must not be rewritten in place while it is loaded (as for any shared library
 the process has mapped); :func:`export_library` replaces a file atomically, which is safe.
 
-A library without the trailer (exported by plain TVM, stripped, or any other shared object) is
-refused with a :class:`LibraryError` that says so: its contents cannot be verified, and only a
-verified file is handed to TVM. ``tvm.runtime.load_module`` still loads trusted plain libraries.
+A library exported by TVM's own ``export_library`` (``ex.export_library(path)``: no trailer,
+each spinn module's program inside TVM's module blob) is loaded too, with what can be checked
+without a seal: the file must be a complete ELF shared library that ends where its ELF contents
+end (a sealed file whose trailer is damaged or cut has bytes after them, and is refused) and
+exports TVM's module blob (``__tvm_ffi__library_bin``); every spinn module container then
+verifies itself while TVM loads it (a checksum over its framing and the program's digest, and
+the program's BLAKE2b digest of its contents), so a damaged spinn module is one error naming
+the file. The rest of such a file (the VM bytecode, the fallback's code) has no digest: damage
+there is found only in a sealed library. Any other file (no trailer, bytes after the ELF
+contents, not a TVM library) is refused with a :class:`LibraryError` that says so.
 """
 
 from __future__ import annotations
@@ -162,8 +167,8 @@ def _footer(f, path: str, size: int) -> tuple[int, int, int, bytes]:
     if len(footer) != _FOOTER.size or footer[-8:] != TRAILER_MAGIC:
         raise LibraryError(
             f"{path}: not a library exported by tvm-spinn (no integrity trailer; the file is "
-            f"damaged, truncated, or was written by plain TVM or another tool). Export it with "
-            f"tvm_spinn.export_library(ex, path) (`ex.export_library` of a spinn build does this)"
+            f"damaged or truncated, or was written by another tool). Export it with "
+            f"tvm_spinn.export_library(ex, path), which seals it"
         )
     body_len, meta_len, version, digest, _ = _FOOTER.unpack(footer)
     if version not in _HASHES:
@@ -247,6 +252,55 @@ def check_elf(path: str) -> None:
             raise LibraryError(
                 f"{path}: truncated (segment {i} needs {p_offset + p_filesz} bytes, file has {size})"
             )
+
+
+#: Symbol under which TVM's ``export_library`` stores the serialized module tree of a library.
+_TVM_BLOB_SYMBOL = b"__tvm_ffi__library_bin"
+
+
+def _plain_tvm_library(path: str) -> bool:
+    """Whether ``path`` (no integrity trailer) is a library as TVM's ``export_library`` writes it:
+    a 64-bit little-endian ELF file that ends exactly where its ELF contents end (its headers,
+    segments and sections; a sealed file has its programs and trailer after them) and whose
+    dynamic symbol names include TVM's module blob. Reads the headers and the dynamic string
+    table only; every offset is checked against the file size first."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        ident = f.read(64)
+        if len(ident) < 64 or ident[:4] != b"\x7fELF" or ident[4] != 2 or ident[5] != 1:
+            return False
+        phoff, shoff = struct.unpack_from("<QQ", ident, 32)
+        phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", ident, 54)
+        if phentsize < 56 or shentsize < 64 or shnum == 0 or phoff + phentsize * phnum > size \
+                or shoff + shentsize * shnum > size:
+            return False
+        end = max(64, phoff + phentsize * phnum, shoff + shentsize * shnum)
+        f.seek(phoff)
+        table = f.read(phentsize * phnum)
+        for i in range(phnum):
+            _, _, p_offset, _, _, p_filesz = struct.unpack_from("<IIQQQQ", table, i * phentsize)
+            end = max(end, p_offset + p_filesz)
+        f.seek(shoff)
+        table = f.read(shentsize * shnum)
+        sections = [struct.unpack_from("<IIQQQQII", table, i * shentsize) for i in range(shnum)]
+        for _, sh_type, _, _, sh_offset, sh_size, _, _ in sections:
+            if sh_type != 8:  # SHT_NOBITS occupies no file bytes
+                end = max(end, sh_offset + sh_size)
+        if end != size:
+            return False
+        for _, sh_type, _, _, _, _, sh_link, _ in sections:
+            if sh_type != 11 or sh_link >= shnum:  # SHT_DYNSYM, whose sh_link is its string table
+                continue
+            _, _, _, _, str_offset, str_size, _, _ = sections[sh_link]
+            if str_size > _MAX_DYNSTR:
+                return False
+            f.seek(str_offset)
+            return b"\0" + _TVM_BLOB_SYMBOL + b"\0" in f.read(str_size)
+    return False
+
+
+#: The dynamic string table of an exported library names a few dozen symbols; larger is damage.
+_MAX_DYNSTR = 64 << 20
 
 
 def _identity(path: str) -> tuple[int, int, int, int]:
@@ -358,12 +412,14 @@ def _resolve_program(digest: bytes, size: int) -> tvm_ffi.Tensor:
 
 
 def load_module(path: "str | os.PathLike") -> tvm.runtime.Module:
-    """Load a library written by :func:`export_library` after verifying every byte of it.
+    """Load a library written by :func:`export_library` after verifying every byte of it, or
+    one written by TVM's ``ex.export_library`` after checking its structure (its spinn modules
+    then verify themselves; see the module docstring).
 
     Parameters
     ----------
     path : str or os.PathLike
-        The ``.so`` written by :func:`export_library` (or ``ex.export_library`` of a spinn build).
+        The ``.so`` written by :func:`export_library` (sealed) or by ``ex.export_library``.
 
     Returns
     -------
@@ -375,12 +431,19 @@ def load_module(path: "str | os.PathLike") -> tvm.runtime.Module:
     ProgramError
         A spinn program inside fails validation (the message names the field).
     LibraryError
-        Missing file, no integrity trailer (not exported by tvm-spinn), any damage (digest or
-        length mismatch, broken ELF structure), or a library that is not a Relax VM executable.
+        Missing file, neither sealed nor a complete library as TVM exports it, any damage to a
+        sealed library (digest or length mismatch, broken ELF structure) or to a spinn module
+        container, or a library that is not a Relax VM executable.
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise LibraryError(f"{path}: no such file")
+    try:
+        sealed = _has_trailer(path) or not _plain_tvm_library(path)
+    except OSError as err:
+        raise LibraryError(f"{path}: cannot read: {err.strerror or err}") from None
+    if not sealed:
+        return _load_plain(path)
     mapped = None
     try:
         before = _identity(path)
@@ -416,6 +479,30 @@ def load_module(path: "str | os.PathLike") -> tvm.runtime.Module:
         changed = True
     if changed:
         raise LibraryError(f"{path}: the file changed while it was being loaded; load it again")
+    if lib.kind != "relax.VMExecutable":
+        raise LibraryError(f"{path}: holds a {lib.kind!r} module, not a Relax VM executable")
+    return lib
+
+
+def _has_trailer(path: str) -> bool:
+    """Whether ``path`` ends with the seal's magic (its trailer is then verified in full)."""
+    size = os.path.getsize(path)
+    if size < len(TRAILER_MAGIC):
+        return False
+    with open(path, "rb") as f:
+        f.seek(size - len(TRAILER_MAGIC))
+        return f.read() == TRAILER_MAGIC
+
+
+def _load_plain(path: str) -> tvm.runtime.Module:
+    """Load a library exported by TVM's own ``export_library`` (see the module docstring): each
+    spinn module verifies its container and its program's digest while TVM loads it."""
+    try:
+        lib = tvm.runtime.load_module(path)
+    except ProgramError as err:
+        raise ProgramError(f"{path}: {err}") from None
+    except Exception as err:
+        raise LibraryError(f"{path}: cannot load: {str(err).strip().splitlines()[-1]}") from None
     if lib.kind != "relax.VMExecutable":
         raise LibraryError(f"{path}: holds a {lib.kind!r} module, not a Relax VM executable")
     return lib

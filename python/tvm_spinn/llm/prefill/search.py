@@ -1,91 +1,17 @@
-"""The prompt as its own plan: chunked prefill pipelined over boards (time to first token).
-
-A prompt of ``n`` tokens is cut into chunks of ``C`` tokens that flow through a pipeline of
-*stages*, so the stages work on different chunks at once. A stage is a group of ``g``
-neighbouring boards (:func:`tvm_spinn.llm.board_tp.board_groups`) running ``m`` consecutive
-blocks, each block tensor-parallel over the group (for ``g >= 2`` each board runs the block's
-slice, :func:`tvm_spinn.llm.board_tp.slice_config`, whose int32 partial sums are all-reduced
-across the boards twice a block: :func:`tvm_spinn.timing.collectives.board_all_reduce`) and,
-inside a board, over its chips as the mapper plans it (the int8 weight GEMMs at ``M = C`` on the
-MAC arrays). Between stages each chunk's hidden state (``C x hidden`` elements of the plan's
-``handover`` type) crosses the board links, each chip sending its share to its counterpart on
-the next group (:func:`tvm_spinn.timing.collectives.point_to_point`; between groups of several
-boards in slices where that is cheaper, :func:`tvm_spinn.timing.collectives.sliced_hand_over`),
-then all-gathered on the receiving board where its first program reads it whole. Between one-board stages the hand-over
-also takes relay paths: the edge-disjoint paths of board edges between the two boards that no
-other hand-over's routes or relays use (every hand-over runs at once in the pipeline's steady
-state), its shares split so that they finish together.
-
-Chunk ``k`` attends over the ``(k + 1) C`` keys written so far (its own included: a
-sliding window keeps at most the window's); its keys and values are the program's outputs,
-written into the KV cache of the stage's chips, where that stage's blocks keep them. A block's
-chunk is one program (:class:`ChunkStep`, described with descriptor weights by
-:mod:`.describe`) mapped on one board by the normal mapper with the board's SRAM ledger
-(:func:`tvm_spinn.llm.plan._map_stage`) at the first chunk's context and at the last's; the
-chunks between are timed on the straight line between the two (attention's work is linear in
-the context, the weight GEMMs' constant). A stage of ``m`` blocks runs the first blocks its SRAM
-keeps resident at the time of the block mapped with ``weights="auto"`` and the rest at the time
-of the block streaming its weights (as :func:`tvm_spinn.llm.board_tp._run_s`).
-
-The pipeline is timed as a flow shop (:func:`flow_shop_s`): the machines are the stages and the
-board links between them, in order, each taking the chunks in order; on identical machines of
-time ``t`` per chunk that is ``(machines + chunks - 1) t``. After the last chunk the last token's
-hidden state goes to the board of the LM head, which produces the first token; the host link
-carries the prompt in and the token out (:func:`tvm_spinn.llm.plan._step_io`).
-
-Searched: the chunk size (powers of two from :data:`MIN_CHUNK` that divide the prompt, and the
-whole prompt: all of them up to :data:`EXHAUSTIVE` sizes, else a climb from the size that
-makes as many chunks as stages, taking the first faster neighbour, the smaller first), the boards a block is tensor-parallel over (:data:`TP_BOARDS`, at the best
-chunk size of one board per block) and the blocks a stage runs (every stage used, two or four
-times fewer stages, or one). One board runs every block as one stage. A layout whose stages
-stream some of their blocks' weights is mapped with them streamed only when, timed with those
-blocks at the mapper's own choice (``auto``, never slower than streaming), it could beat the
-best layout found. A layout whose lower bound already exceeds the best time found is not timed
-(``prune``): a machine of its pipeline running every chunk between the first chunk's way there
-and the last one's way on; for boards taking turns, a last-stage board's chunks one after
-another; for a block over several boards, before its slice is mapped, the all-reduces and
-hand-overs alone (the layouts over boards taking turns are searched before those wider blocks).
-One prompt is planned (a batch's prompts would follow it through the pipeline).
-
-Where the system has the boards, a stage of one block may also run on ``r`` neighbouring boards
-(:data:`REPLICAS`), each holding the block's weights and its whole KV cache and taking every
-``r``-th chunk, so a stage starts a chunk while its other boards still run the earlier ones
-(:func:`replicated_flow_shop`). A chunk's attention reads every earlier chunk's keys and
-values: each board sends the chunk's keys and values (fp32) to the stage's other boards as soon
-as the block's work before its attention (its norm and the key, query and value projections,
-mapped alone: ``prefix``) has written them, each chip its share at once on the link graph, and a
-chunk's attention waits for those of the chunks before it (writing the received keys and values
-into a board's cache is not timed: ``2 x kv_heads x head_dim`` fp32 values a token and block). Each board hands a chunk over to its
-counterpart on the next stage (every pair at once on the link graph), charged the keys' and
-values' transfer on top of its own (the two may share board edges and are not timed together on
-the link graph). The chunk sizes are climbed again from the best layout's of one board a
-block (healthy systems only). The prompt's plan is the system's, whatever the
-decode placement: every decode alternative's time to first token is this plan's.
-
-On a system with faults or a partial allocation (:mod:`tvm_spinn.target.faults`) the prompt
-runs on the live hardware only: stages of one board on the usable boards (the whole ones first),
-a block tensor-parallel over whole boards only, and a stage or the head on a board with dead
-chips or links mapped on that board as it is (:func:`~tvm_spinn.target.faults.board_view`);
-``PrefillPlan.boards`` names the boards used.
-
-The bound next to it (:func:`prefill_bound`) is the project's physical bound
-(:func:`tvm_spinn.timing.bounds.physical_bound`) of the prompt's work (:func:`prefill_workload`):
-its MACs at the system's peak, every weight read once, and the least crossings a placement needs.
-"""
+"""The search over layouts and chunk sizes that plans a prompt (:func:`plan_prefill`)."""
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
-from .spec import MAX_DIM, LLMError, ModelSpec
+from ..spec import MAX_DIM, LLMError, ModelSpec
+from .chunk import _cfg_key, _describe_chunk, _map_alone, _plan_module
+from .result import PrefillPlan
+from .schedule import _critical_path, flow_shop_s, replicated_flow_shop
+from .workload import prefill_bound
 
-__all__ = ["PrefillPlan", "ChunkStep", "plan_prefill", "prefill_workload", "prefill_bound", "flow_shop_s",
-           "flow_shop_path", "replicated_flow_shop", "chunk_sizes", "TP_BOARDS", "REPLICAS", "MIN_CHUNK"]
 
 #: Smallest chunk searched (tokens). Every power of two from it is a candidate: a chunk's time on a
 #: stage whose on-board collectives and hand-over carry its rows is nearly proportional to its
@@ -93,17 +19,18 @@ __all__ = ["PrefillPlan", "ChunkStep", "plan_prefill", "prefill_workload", "pref
 #: hand-over), while each chunk pays the fixed costs (a streamed block's weights re-read, the
 #: hops' latencies) once; the climb (:func:`plan_prefill`) stops where they balance
 MIN_CHUNK = 1
+
+
 #: Boards a block is tensor-parallel over in the prefill search (1: a block on one board)
 TP_BOARDS = (1, 2, 4)
+
+
 #: Boards a one-block stage may run on, each taking every ``r``-th chunk (1: one board a stage)
 REPLICAS = (2, 4, 8)
+
+
 #: Chunk-size ladders this short are searched whole; longer ones by a climb (see :func:`plan_prefill`)
 EXHAUSTIVE = 2
-
-
-def _plan_module():
-    # ``tvm_spinn.llm.plan`` is the function the package exports; the module by its full name
-    return importlib.import_module(".plan", __package__)
 
 
 def chunk_sizes(prompt: int) -> list[int]:
@@ -116,470 +43,6 @@ def chunk_sizes(prompt: int) -> list[int]:
             out.append(c)
         c *= 2
     return out + [prompt]
-
-
-def flow_shop_s(times) -> float:
-    """Makespan of chunks flowing through machines in order, each machine taking the chunks in
-    order and one at a time: ``times[m][k]`` seconds of chunk ``k`` on machine ``m``.
-
-    ``finish[m][k] = max(finish[m - 1][k], finish[m][k - 1]) + times[m][k]``; equal times ``t``
-    give ``(machines + chunks - 1) t``."""
-    times = np.asarray(times, dtype=np.float64)
-    if times.ndim != 2 or times.size == 0:
-        raise ValueError(f"times must be machines x chunks (non-empty), got shape {times.shape}")
-    # Python floats (the same IEEE doubles): the recurrence is sequential, and numpy's per-element
-    # access would cost several times the arithmetic
-    finish = [0.0] * times.shape[1]
-    for row in times.tolist():
-        # finish[k] = max(previous machine's finish[k], this machine's finish[k - 1]) + row[k]
-        done = 0.0
-        for k, t in enumerate(row):
-            f = finish[k]
-            done = (done if done > f else f) + t
-            finish[k] = done
-    return float(finish[-1])
-
-
-def flow_shop_path(times) -> list[tuple[int, int]]:
-    """A critical path of :func:`flow_shop_s`'s schedule: the ``(machine, chunk)`` cells, first
-    to last, whose times add up to the makespan.
-
-    From the last cell back, each cell's predecessor is the one its start waited for: the same
-    chunk on the previous machine or the previous chunk on the same machine (the former on a
-    tie)."""
-    times = np.asarray(times, dtype=np.float64)
-    if times.ndim != 2 or times.size == 0:
-        raise ValueError(f"times must be machines x chunks (non-empty), got shape {times.shape}")
-    machines, chunks = times.shape
-    finish = []
-    above = [0.0] * chunks
-    for row in times.tolist():
-        done = 0.0
-        mine = []
-        for f, t in zip(above, row):
-            done = (done if done > f else f) + t
-            mine.append(done)
-        finish.append(mine)
-        above = mine
-    path = [(machines - 1, chunks - 1)]
-    m, k = path[0]
-    while m or k:
-        up = finish[m - 1][k] if m else -math.inf
-        left = finish[m][k - 1] if k else -math.inf
-        m, k = (m - 1, k) if up >= left else (m, k - 1)
-        path.append((m, k))
-    return path[::-1]
-
-
-def replicated_flow_shop(stages, prefix, handovers, replicas: int, kv_s: float) -> tuple[float, dict]:
-    """Makespan of chunks through stages of ``replicas`` boards each running the stage's blocks,
-    chunk ``k`` on replica ``k mod replicas`` (round robin), and where the time goes.
-
-    ``stages[j][k]``: chunk ``k``'s seconds on stage ``j``; ``prefix[j][k]``: of them, the
-    seconds until its keys and values are written (the blocks' work before their attention
-    reads the cache); ``handovers[j][k]``: its hand-over from stage ``j`` to ``j + 1``, each
-    replica to its counterpart (one fewer row than ``stages``). A replica takes its chunks in
-    order, one at a time; a chunk's attention needs every earlier chunk's keys and values, which
-    an earlier chunk's replica sends the others ``kv_s`` after writing them. So chunk ``k`` on
-    stage ``j`` starts when it has arrived and its replica is free, waits at its attention for
-    the earlier chunks' keys and values, and finishes the rest of its blocks; one replica is the
-    flow shop (:func:`flow_shop_s`).
-
-    Returns
-    -------
-    tuple
-        The makespan and, of its critical path (from the last chunk's finish back, each
-        cell to the constraint its start or its attention waited for), the seconds of blocks,
-        of hand-overs and of waits for other replicas' keys and values (``kv_s``), with the
-        cells of each.
-    """
-    stages = np.asarray(stages, dtype=np.float64)
-    prefix = np.asarray(prefix, dtype=np.float64)
-    handovers = np.asarray(handovers, dtype=np.float64)
-    if (stages.ndim != 2 or stages.size == 0 or prefix.shape != stages.shape or handovers.ndim != 2
-            or handovers.shape != (stages.shape[0] - 1, stages.shape[1])):
-        raise ValueError(f"stages and prefix must be stages x chunks (non-empty) with one hand-over row fewer, "
-                         f"got {stages.shape}, {prefix.shape} and {handovers.shape}")
-    prefix = np.minimum(prefix, stages)
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
-        raise ValueError(f"replicas must be an integer >= 1, got {replicas!r}")
-    S, n = stages.shape
-    R = replicas
-    # Python floats (the same IEEE doubles) in the sequential recurrences: numpy's per-element
-    # access would cost several times the arithmetic
-    st, pre, ho = stages.tolist(), prefix.tolist(), handovers.tolist()
-    finish = [[0.0] * n for _ in range(S)]
-    began_by_replica = [[False] * n for _ in range(S)]  # else by its arrival
-    kv_src = [[-1] * n for _ in range(S)]  # the chunk whose keys and values its attention waited for
-    hand_by_previous = [[False] * n for _ in range(max(S - 1, 0))]  # else by its stage's finish
-    arrive = [0.0] * n
-    for j in range(S):
-        free = [0.0] * R
-        ready = [-math.inf] * R  # per replica: when the other chunks' keys and values are all there
-        ready_src = [-1] * R
-        st_j, pre_j, fin_j, src_j, by_j = st[j], pre[j], finish[j], kv_src[j], began_by_replica[j]
-        for k in range(n):
-            r = k % R
-            a, f = arrive[k], free[r]
-            begin = a if a > f else f
-            by_j[k] = f > a
-            p = pre_j[k]
-            attend = begin + p
-            if ready[r] > attend:
-                attend, src_j[k] = ready[r], ready_src[r]
-            done = attend + st_j[k] - p
-            fin_j[k] = done
-            free[r] = done
-            if R > 1:
-                kv = begin + p + kv_s
-                for q in range(R):
-                    if q != r and kv > ready[q]:
-                        ready[q], ready_src[q] = kv, k
-        if j < S - 1:
-            last = [0.0] * R
-            done_k = [0.0] * n
-            ho_j, prev_j = ho[j], hand_by_previous[j]
-            for k in range(n):
-                r = k % R
-                f, l = fin_j[k], last[r]
-                prev_j[k] = l > f
-                d = (f if f > l else l) + ho_j[k]
-                done_k[k] = d
-                last[r] = d
-            arrive = done_k
-    finish = np.array(finish)
-    kv_src = np.array(kv_src, dtype=np.int64)
-    began_by_replica = np.array(began_by_replica, dtype=bool)
-    hand_by_previous = np.array(hand_by_previous, dtype=bool).reshape(max(S - 1, 0), n)
-    out = dict(blocks_s=0.0, handovers_s=0.0, kv_s=0.0, stage_steps=0, handover_steps=0, kv_steps=0)
-    on = np.zeros(S, dtype=np.int64)  # the path's stage cells on each stage, and their seconds
-    on_s = np.zeros(S)
-    j, k = S - 1, int(np.argmax(finish[-1]))
-    makespan = float(finish[j, k])
-    node = "finish"
-    while True:
-        if node == "finish":
-            out["stage_steps"] += 1
-            on[j] += 1
-            if kv_src[j, k] >= 0:  # the rest of its blocks after the wait, the transfer, the source's prefix
-                t = stages[j, k] - prefix[j, k] + prefix[j, kv_src[j, k]]
-                out["kv_s"] += kv_s
-                out["kv_steps"] += 1
-                on_s[j] += kv_s
-                k = int(kv_src[j, k])
-            else:
-                t = stages[j, k]
-            out["blocks_s"] += t
-            on_s[j] += t
-            node = "begin"
-        elif node == "begin":
-            if began_by_replica[j, k]:
-                k, node = k - R, "finish"
-            elif j == 0:
-                break
-            else:
-                j, node = j - 1, "hand"
-        else:  # a hand-over from stage j: after the previous one of its replica pair, or its chunk's finish
-            out["handovers_s"] += handovers[j, k]
-            out["handover_steps"] += 1
-            if hand_by_previous[j, k]:
-                k -= R
-            else:
-                node = "finish"
-    steady = int(np.argmax(on))  # the stage holding most of the path's cells (the first of a tie)
-    out.update(steady_steps=int(on[steady]), steady_s=float(on_s[steady]), fill_drain_s=makespan - float(on_s[steady]))
-    return makespan, out
-
-
-def _critical_path(rows: list, reduces: list) -> dict:
-    """Where a pipeline's time goes: the cells of its flow shop's critical path
-    (:func:`flow_shop_path`; ``rows``: stages and hand-overs alternating, ``reduces[m]``: the
-    all-reduce seconds in each of machine ``m``'s cells), summed by kind. ``steady_s``: the
-    path's cells on the machine that holds most of them (its chunks one after another);
-    ``fill_drain_s``: the rest (the first chunk's way to that machine, the last chunk's from
-    it)."""
-    path = flow_shop_path(rows)
-    on = {}
-    for m, _ in path:
-        on[m] = on.get(m, 0) + 1
-    steady_machine = max(sorted(on), key=lambda m: on[m])
-    out = dict.fromkeys(("blocks_s", "all_reduces_s", "handovers_s", "steady_s", "fill_drain_s"), 0.0)
-    out.update(stage_steps=0, handover_steps=0, steady_steps=on[steady_machine])
-    for m, k in path:
-        t = float(rows[m][k])
-        if m % 2:
-            out["handovers_s"] += t
-            out["handover_steps"] += 1
-        else:
-            out["blocks_s"] += t - reduces[m]
-            out["all_reduces_s"] += reduces[m]
-            out["stage_steps"] += 1
-        out["steady_s" if m == steady_machine else "fill_drain_s"] += t
-    return out
-
-
-def prefill_workload(spec: ModelSpec, prompt: int, dtype: str, handover_itemsize: int = 4):
-    """The :class:`~tvm_spinn.timing.bounds.Workload` of a prompt's prefill up to the first token.
-
-    MACs: every block's weight GEMMs for each of the ``prompt`` tokens (``dtype``; a mixture of
-    experts: the router and the ``experts_per_token`` experts each token picks), the causal
-    attention's two matmuls (fp32: query ``i`` against ``i + 1`` keys, at most a sliding
-    window's), and the LM head for the last token. Bytes read: every weight once (a mixture of
-    experts: the experts the prompt's tokens can pick, ``min(experts, prompt x experts_per_token)``
-    a block, every one of them for a prompt of a few tokens), the vectors and the prompt's
-    embedding rows. Hand-over: the prompt's residual stream (``prompt`` rows of
-    ``hidden`` elements of ``handover_itemsize`` bytes); sync points: two norms a block and the
-    final norm. Largest stretch: as :func:`tvm_spinn.timing.bounds.decode_workload` without a
-    cache (the prompt's keys are computed, not read)."""
-    from ..timing.bounds import Workload
-
-    itemsize = {"int8": 1, "fp32": 4}[dtype]
-    h, i, v = spec.hidden, spec.intermediate, spec.vocab
-    q, kv = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
-    mlp = 3 if spec.family == "llama" else 2
-    # a mixture of experts stores every expert and a router; a token runs k of them, the prompt
-    # reads those its tokens pick
-    stored_experts, per_token = max(1, spec.experts), max(1, spec.experts_per_token)
-    read_experts = min(stored_experts, prompt * per_token)
-    attn, router = h * (q + 2 * kv) + q * h, spec.experts * h
-    block = attn + mlp * h * i * stored_experts + router
-    read_block = attn + mlp * h * i * read_experts + router
-    tables = (0 if spec.tied_embeddings else v * h) + (spec.max_positions * h if spec.family == "gpt2" else 0)
-    vectors = spec.params - spec.layers * block - v * h - tables
-    rows = prompt * h * ((0 if spec.tied_embeddings else 1) + (1 if spec.family == "gpt2" else 0))
-    window = spec.sliding_window or prompt
-    # query i sees min(i + 1, window) keys
-    keys = sum(min(j + 1, window) for j in range(prompt)) if window < prompt else prompt * (prompt + 1) // 2
-    attention = spec.layers * 2 * spec.heads * spec.head_dim * keys
-    gemm = prompt * spec.layers * (attn + mlp * h * i * min(per_token, stored_experts) + router) + v * h
-    weights = (spec.layers * read_block + v * h) * itemsize + vectors * 4 + rows * itemsize
-    largest = max(attn, mlp * h * i * read_experts, v * h) * itemsize + vectors * 4 + rows * itemsize
-    return Workload(macs_int8=gemm if dtype == "int8" else 0,
-                    macs_fp32=attention + (gemm if dtype == "fp32" else 0),
-                    read_bytes=int(weights), handover_bytes=prompt * h * handover_itemsize, handover_rows=prompt,
-                    sync_points=2 * spec.layers + 1, largest_phase_bytes=int(min(largest, weights)),
-                    description={"prompt": prompt, "dtype": dtype, "weight_bytes_read": int(weights),
-                                 "attention_macs": attention, "gemm_macs": gemm})
-
-
-def prefill_bound(spec: ModelSpec, prompt: int, dtype: str, arch, handover_itemsize: int = 4):
-    """Plan-independent lower bound on the time to first token (a
-    :class:`~tvm_spinn.timing.bounds.PhysicalBound` of :func:`prefill_workload` on ``arch``)."""
-    from ..timing.bounds import physical_bound
-
-    return physical_bound(prefill_workload(spec, prompt, dtype, handover_itemsize), arch)
-
-
-def _chunk_step_class():
-    from .graphs import LayerStep
-
-    class _Chunk(LayerStep):
-        """One block on a chunk of ``C`` prompt tokens after ``P`` earlier ones:
-        ``forward(x (b, C, hidden), k_cache (b * kv_heads, head_dim, P + C), v_cache (b *
-        kv_heads, P + C, head_dim), mask (C, P + C)[, cos, sin])`` -> ``(x, k, v)``; the chunk's
-        keys and values (``k``, ``v``) are written into the cache's last ``C`` slots, which the
-        attention reads with the earlier ones (planning only: shapes, not values, matter)."""
-
-        def forward(self, x, k_cache, v_cache, mask, *rope):
-            def cache_fn(i, k_t, v):
-                return k_cache, v_cache, k_t, v
-
-            cos, sin = (list(rope) + [None, None])[:2]
-            return self._layer(0, x, cache_fn, mask, cos, sin)
-
-    return _Chunk
-
-
-def ChunkStep(model, spec: ModelSpec, context: int):
-    """The block of ``model`` (a one-block model) on a chunk attending over ``context`` keys
-    (see the returned module's docstring)."""
-    return _chunk_step_class()(model, spec, context).eval()
-
-
-#: The context's axes among :func:`_chunk_args` (argument index -> {axis: symbol}): the keys of
-#: the K cache, the V cache and the mask
-_CONTEXT_DIMS = {1: {2: "context"}, 2: {1: "context"}, 3: {1: "context"}}
-#: The chunk's and the context's axes among :func:`_chunk_args`: the hidden state's and the
-#: rotary tables' tokens, the mask's rows (the chunk) and the context's axes
-_CHUNK_DIMS = {0: {1: "chunk"}, 1: {2: "context"}, 2: {1: "context"}, 3: {0: "chunk", 1: "context"},
-               4: {1: "chunk"}, 5: {1: "chunk"}}
-#: The example sizes the block is exported at with both symbolic (distinct, so that torch keeps
-#: them two symbols; a chunk of at least 2, as the sizes bound to it: torch specializes 1)
-_EXAMPLE_CHUNK, _EXAMPLE_CONTEXT = 4, 12
-
-
-def _chunk_args(spec: ModelSpec, chunk: int, context: int) -> tuple:
-    import torch
-
-    d, kvh = spec.head_dim, spec.kv_heads
-    with torch.device("meta"):
-        args = [torch.zeros(1, chunk, spec.hidden), torch.zeros(kvh, d, context), torch.zeros(kvh, context, d),
-                torch.zeros(chunk, context)]
-        if spec.family != "gpt2":  # rotary tables of the rotated channels (GPT-J: the first rotary_dim)
-            r = spec.rotary_dim or d
-            args += [torch.zeros(1, chunk, r), torch.zeros(1, chunk, r)]
-    return tuple(args)
-
-
-@dataclass(frozen=True)
-class PrefillPlan:
-    """A prompt's prefill planned on a spinn system (timing model; no weights, no simulation).
-
-    ``ttft_s``: time to first token; ``bound_s``: the plan-independent bound
-    (:func:`prefill_bound`), ``efficiency = bound_s / ttft_s``; ``parts_s``: the pipeline
-    (``pipeline_s``, the flow shop of stages and hand-overs), the last token to the head's
-    board, the head, the host's I/O; ``busiest``: the resource the pipeline waits on
-    (``stage``: a stage's programs, ``links``: a hand-over between stages) and its seconds
-    summed over the chunks; ``candidates``: every layout and chunk size timed."""
-
-    model: str
-    system: str
-    prompt: int
-    dtype: str
-    handover: str
-    chunk: int
-    chunks: int
-    tp_boards: int
-    blocks_per_stage: int
-    stages: int
-    boards_used: int
-    ttft_s: float
-    bound_s: float
-    bound: dict
-    parts_s: dict
-    busiest: dict
-    stage_chunk_s: tuple  # a stage's blocks on the first chunk and on the last
-    handover_chunk_s: float
-    candidates: tuple
-    #: the boards the prompt runs on (its stages' and the head's; never a dead one)
-    boards: tuple = ()
-    #: where the time goes: ``critical_path`` (the flow shop's critical path,
-    #: :func:`flow_shop_path`, summed by kind), ``block_chunk_s`` (one block on the first chunk and on the
-    #: last), ``block_bounds_s`` (what binds the mapped block at the first chunk, each kind
-    #: alone), ``all_reduces_chunk_s`` (a block's all-reduces on a chunk across its boards)
-    breakdown: dict = dataclasses.field(default_factory=dict)
-    #: boards each one-block stage runs on, each taking every ``replicas``-th chunk
-    #: (:func:`replicated_flow_shop`); ``breakdown`` then also gives ``kv_chunk_s`` (a chunk's
-    #: keys and values to the stage's other boards) and ``prefix_chunk_s`` (a block's chunk
-    #: until its keys and values are written)
-    replicas: int = 1
-
-    @property
-    def efficiency(self) -> float:
-        """The bound over the time to first token (at most 1)."""
-        return self.bound_s / self.ttft_s if self.ttft_s > 0 else float("nan")
-
-    def breakdown_line(self) -> str:
-        """One line: the pipeline's critical path by kind and one block's chunk."""
-        b = self.breakdown
-        if not b:
-            return ""
-        cp = b["critical_path"]
-        bounds = ", ".join(f"{k} {v * 1e3:.3g}" for k, v in b["block_bounds_s"].items())
-        kv = (f" + {cp['kv_steps']} waits for another board's keys and values ({cp['kv_s'] * 1e3:.4g} ms)"
-              if "kv_s" in cp else "")
-        turns = (f"each stage on {self.replicas} boards taking turns (keys and values to the others "
-                 f"{b['kv_chunk_s'] * 1e3:.3g} ms, written after {b['prefix_chunk_s'] * 1e3:.3g} ms); "
-                 if self.replicas > 1 else "")
-        return (f"{turns}pipeline {self.parts_s['pipeline_s'] * 1e3:.4g} ms = {cp['stage_steps']} stage steps "
-                f"({cp['blocks_s'] * 1e3:.4g} ms blocks + {cp['all_reduces_s'] * 1e3:.4g} ms all-reduces){kv} + "
-                f"{cp['handover_steps']} hand-overs ({cp['handovers_s'] * 1e3:.4g} ms); steady "
-                f"{cp['steady_s'] * 1e3:.4g} ms ({cp['steady_steps']} chunks on one machine), fill/drain "
-                f"{cp['fill_drain_s'] * 1e3:.4g} ms; a block's chunk {b['block_chunk_s'][0] * 1e3:.3g}-"
-                f"{b['block_chunk_s'][1] * 1e3:.3g} ms (alone, ms: {bounds}), all-reduces "
-                f"{b['all_reduces_chunk_s'] * 1e3:.3g} ms, hand-over {self.handover_chunk_s * 1e3:.3g} ms")
-
-    def to_dict(self) -> dict:
-        out = dataclasses.asdict(self)
-        out["efficiency"] = self.efficiency
-        out["candidates"] = [dict(c) for c in self.candidates]
-        return out
-
-    def line(self) -> str:
-        """One line: TTFT, layout, bound and efficiency."""
-        return (f"{self.ttft_s * 1e3:.4g} ms for {self.prompt} tokens: {self.chunks} chunk(s) of {self.chunk} through "
-                f"{self.stages} stage(s) of {self.blocks_per_stage} block(s) on {self.tp_boards} board(s) "
-                f"{f'x {self.replicas} taking turns ' if self.replicas > 1 else ''}"
-                f"({self.boards_used} boards); bound {self.bound_s * 1e3:.4g} ms ({self.bound['binding']}), "
-                f"efficiency {self.efficiency:.4f}; waits on {self.busiest['kind']} "
-                f"({self.busiest['seconds'] * 1e3:.4g} ms over the chunks)")
-
-
-def _cfg_key(cfg: dict) -> str:
-    import json
-
-    return json.dumps(cfg, sort_keys=True, default=str)
-
-
-def _describe_chunk(cfg: dict, spec: ModelSpec, target, dtype: str, chunk: int, context: int, memo: dict,
-                    g: int = 1):
-    """The chunk block's programs (described once per config, slice over ``g`` boards, chip,
-    dtype, chunk and context); ``spec``: the slice's (:func:`tvm_spinn.llm.board_tp.slice_block`)."""
-    from ..target import arch_of
-    from . import board_tp
-    from .describe import bind_dims, describe, describe_imported, imported
-    from .spec import spec_of
-
-    key = ("chunk", _cfg_key(cfg), g, repr(arch_of(target).replace(chips=1, name="")), dtype, chunk, context)
-    if key not in memo:
-        P = _plan_module()
-        model_key = ("model", _cfg_key(cfg), g)
-        if model_key not in memo:
-            memo[model_key] = (P._meta_model(cfg, spec) if g == 1 else
-                               board_tp.slice_block(cfg, spec_of(cfg), g)[1])
-        model = memo[model_key]
-        args = _chunk_args(spec, chunk, context)
-        # the block imported once with the chunk and the context symbolic (the hidden state's
-        # tokens, the cache's and the mask's key axis), bound to each chunk size and context:
-        # the module their own import gives (the block's graph depends on neither value, from a
-        # chunk of 2 on: one token's attention skips a reshape); failing that, once per chunk
-        # size with the context symbolic; where torch ties the context to a constant, each
-        # context is exported alone
-        dims = {i: axes for i, axes in _CHUNK_DIMS.items() if i < len(args)}
-        block_key = ("block-imported", _cfg_key(cfg), g)
-        if block_key not in memo:
-            try:
-                memo[block_key] = imported(ChunkStep(model, spec, _EXAMPLE_CONTEXT),
-                                           _chunk_args(spec, _EXAMPLE_CHUNK, _EXAMPLE_CONTEXT), dims=dims,
-                                           derived=True)
-            except Exception:  # noqa: BLE001 - torch's constraint errors have no common base
-                memo[block_key] = None
-        described = None
-        if chunk >= 2 and memo[block_key] is not None:
-            mod, n_weights = memo[block_key]
-            try:
-                bound = bind_dims(mod, dims, {"chunk": chunk, "context": context})
-            except ValueError:  # torch kept a size constant: not this module
-                bound = None
-            if bound is not None:
-                described = describe_imported(bound, n_weights, target, dtype)
-        if described is None:
-            import_key = ("chunk-imported", _cfg_key(cfg), g, chunk)
-            if import_key not in memo:
-                try:
-                    memo[import_key] = imported(ChunkStep(model, spec, context), args, dims=_CONTEXT_DIMS)
-                except Exception:  # noqa: BLE001 - torch's constraint errors have no common base
-                    memo[import_key] = None
-            if memo[import_key] is None:
-                described = describe(ChunkStep(model, spec, context), args, target, dtype)
-            else:
-                mod, n_weights = memo[import_key]
-                described = describe_imported(bind_dims(mod, _CONTEXT_DIMS, {"context": context}), n_weights,
-                                              target, dtype)
-        memo[key] = ([d.program for d in described], {tuple(int(x) for x in a.shape) for a in args[1:]})
-    return memo[key]
-
-
-@dataclass(frozen=True)
-class _Alone:
-    latency_s: float
-    handoff_gather_bytes: int = 0
-
-
-def _map_alone(described: list, arch, weights: str) -> _Alone:
-    """Programs on the whole of a system smaller than a board, one after another
-    (:func:`tvm_spinn.llm.plan._map`: no board ledger, no hand-over)."""
-    return _Alone(_plan_module()._map(described, arch, weights).latency_s)
 
 
 def _check(spec: ModelSpec, prompt, chunk) -> None:
@@ -650,16 +113,16 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
     """
     import os
 
-    from ..target import arch_of, get_target
-    from ..target.arch import FAULT_FIELDS
-    from ..target.faults import board_view, live_chips, usable_boards, whole_boards
-    from ..target.topology import board_grid, ring_order, topology_of
-    from ..timing.collectives import board_all_reduce, point_to_point, sliced_hand_over, water_fill
-    from ..timing.system import collective_cost
-    from ..mapping.planner import resident_capacity
-    from . import board_tp
-    from .spec import spec_of
-    from .wire import narrow_all_reduce
+    from ...target import arch_of, get_target
+    from ...target.arch import FAULT_FIELDS
+    from ...target.faults import board_view, live_chips, usable_boards, whole_boards
+    from ...target.topology import board_grid, ring_order, topology_of
+    from ...timing.collectives import board_all_reduce, point_to_point, sliced_hand_over, water_fill
+    from ...timing.system import collective_cost
+    from ...mapping.planner import resident_capacity
+    from .. import board_tp
+    from ..spec import spec_of
+    from ..wire import narrow_all_reduce
 
     P = _plan_module()
     cfg = P._config_dict(config)
@@ -715,7 +178,7 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
         """The head: the final norm and LM head of the last token, on one board (as the decode plan)."""
         head_key = ("head", _cfg_key(cfg), repr(on), dtype, min(prompt, slots))
         if head_key not in memo:
-            from .describe import describe
+            from ..describe import describe
 
             described_key = ("head-described", _cfg_key(cfg), repr(arch.replace(chips=1, name="")), dtype,
                              min(prompt, slots))
@@ -759,7 +222,7 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
             for end in ends:
                 programs, host = _describe_chunk(cfg, sub, target, dtype, c, end, memo, g)
                 if small:
-                    from .describe import DescribedProgram
+                    from ..describe import DescribedProgram
 
                     mapped[(mode, end)] = _map_alone([DescribedProgram(p, 0) for p in programs], on, mode)
                 else:
@@ -900,7 +363,7 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
         None where the block has no such matmul."""
         key = ("prefix", c)
         if key not in timed:
-            from ..program.ops import family_of
+            from ...program.ops import family_of
 
             programs, host = _describe_chunk(cfg, spec, target, dtype, c, contexts(c)[0], memo, 1)
             pieces = []
