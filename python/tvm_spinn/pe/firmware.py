@@ -108,8 +108,7 @@ def _region_record(index: int, program, images, files: dict) -> dict:
             "mode": view.layer_mode(program, i), "image": image, "pes": list(images.pes[i]),
             "tile_shape": view.layer_tile_shape(program, i),
             # tile t: its PE and its region [lo, hi) in the layer's tile space (docs: tiles)
-            "tiles": [[pe[t], [int(v) for v in table.lo[t]], [int(v) for v in table.hi[t]]]
-                      for t in range(len(table))],
+            "tiles": [[p, lo, hi] for p, lo, hi in zip(pe, table.lo.tolist(), table.hi.tolist())],
         })
         jobs: dict[int, list[int]] = {}
         for t, p in enumerate(pe):

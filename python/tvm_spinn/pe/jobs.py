@@ -36,7 +36,7 @@ from . import view
 from .errors import PeCodegenError
 from .memory_map import REMOTE_BASE, arena_start
 
-__all__ = ["job_tables", "dram_layout", "dram_init", "descriptors", "expand"]
+__all__ = ["job_tables", "dram_layout", "dram_init", "descriptors", "expand", "expand_all"]
 
 #: Probe ids: a layer's input elements take [0, _READS), the words it reads back [_READS, _SPAN);
 #: probe ``id`` is ``id + 1`` in the first run and ``-(id + 1 + _SPAN)`` in the second (every
@@ -45,6 +45,8 @@ _READS = 1 << 22
 _SPAN = 1 << 23
 _ALIGN = 64
 _F32 = np.float32
+#: Address lists up to this long are split into runs with Python integers (no array calls).
+_SMALL = 64
 
 
 def _align(n: int) -> int:
@@ -93,26 +95,41 @@ def descriptors(addr: np.ndarray) -> list[list]:
     are the byte addresses ``addr``: maximal runs of one stride, then consecutive runs of one
     shape a fixed distance apart merged into one more dimension, up to four."""
     a = np.asarray(addr, dtype=np.int64).reshape(-1)
-    d = np.diff(a)
-    # where each run of equal differences ends (exclusive), so the greedy runs below step over
-    # whole runs rather than single elements
-    ends = np.append(np.flatnonzero(d[1:] != d[:-1]) + 1, d.size)
-    blocks, i = [], 0
-    while i < a.size:  # rank 1: maximal arithmetic runs, greedily from the first element
-        if i + 1 == a.size:
-            blocks.append((int(a[i]), (1,), (0,)))
+    n = a.size
+    if n == 0:
+        return []
+    # where each run of equal differences ends (exclusive): the greedy runs below step over
+    # whole runs rather than single elements (Python integers: one step per run, no array calls)
+    if n <= _SMALL:  # most placements' runs are short: plain integers beat array calls there
+        al = a.tolist()
+        dl = [y - x for x, y in zip(al, al[1:])]
+        ends = [k for k in range(1, n - 1) if dl[k] != dl[k - 1]]
+    else:
+        d = np.diff(a)
+        ends = (np.flatnonzero(d[1:] != d[:-1]) + 1).tolist()
+        al, dl = a.tolist(), d.tolist()
+    ends.append(n - 1)
+    starts, counts, strides = [], [], []
+    i, j = 0, 0  # j: the first run end past i
+    while i < n:  # rank 1: maximal arithmetic runs, greedily from the first element
+        if i + 1 == n:
+            starts.append(al[i]), counts.append(1), strides.append(0)
             break
-        e = int(ends[np.searchsorted(ends, i, side="right")])
-        blocks.append((int(a[i]), (e - i + 1,), (int(d[i]),)))
+        while ends[j] <= i:
+            j += 1
+        e = ends[j]
+        starts.append(al[i]), counts.append(e - i + 1), strides.append(dl[i])
         i = e + 1
+    blocks = [(s, (c,), (st,)) for s, c, st in zip(starts, counts, strides)]
     for _ in range(3):  # ranks 2-4: runs of equal blocks a fixed distance apart
-        merged, i = [], 0
-        while i < len(blocks):
+        merged, i, nb = [], 0, len(blocks)
+        while i < nb:
             s0, c0, st0 = blocks[i]
             j = i + 1
-            if j < len(blocks) and blocks[j][1:] == (c0, st0):
+            if j < nb and blocks[j][1] == c0 and blocks[j][2] == st0:
                 delta = blocks[j][0] - s0
-                while j + 1 < len(blocks) and blocks[j + 1][1:] == (c0, st0) and blocks[j + 1][0] - blocks[j][0] == delta:
+                while (j + 1 < nb and blocks[j + 1][1] == c0 and blocks[j + 1][2] == st0
+                       and blocks[j + 1][0] - blocks[j][0] == delta):
                     j += 1
                 merged.append((s0, c0 + (j - i + 1,), st0 + (delta,)))
                 i = j + 1
@@ -130,6 +147,28 @@ def expand(desc: list) -> np.ndarray:
     for c, s in zip(counts[::-1], strides[::-1]):  # the outermost first: c0 varies fastest
         idx = np.add.outer(idx, np.arange(c, dtype=np.int64) * s).reshape(-1)
     return idx
+
+
+def expand_all(descs: list) -> np.ndarray:
+    """The byte addresses of descriptors ``[offset, counts, strides]`` one after another, in the
+    engine's order (:func:`expand` of each, concatenated; computed for all at once)."""
+    if not descs:
+        return np.zeros(0, dtype=np.int64)
+    if len(descs) == 1:
+        return expand(descs[0])
+    off = np.array([d[0] for d in descs], dtype=np.int64)
+    counts = np.array([d[1] for d in descs], dtype=np.int64)
+    strides = np.array([d[2] for d in descs], dtype=np.int64)
+    sizes = np.prod(counts, axis=1)
+    which = np.repeat(np.arange(len(descs)), sizes)
+    # each element's index within its descriptor, split into the engine's i0 (fastest) .. i3
+    rest = np.arange(which.size, dtype=np.int64) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    addr = off[which]
+    for dim in range(counts.shape[1]):
+        c = counts[which, dim]
+        addr += (rest % c) * strides[which, dim]
+        rest //= c
+    return addr
 
 
 # -- the recording stand-in ----------------------------------------------------------------
@@ -238,12 +277,14 @@ class _Trace:
         self.second, self.ops, self.reads = second, [], 0
 
 
-def _probe(program, images, index: int, table, second: bool):
+def _probe(program, images, index: int, table, second: bool, arenas: dict):
     from .execute import _RUNNERS, _Run, program_role_kind
     trace, env = _Trace(second), _Env(program, second)
     name = images.layers[index]
-    from .iss import image_symbols
-    arena = arena_start(image_symbols(images.images[name].elf)["_end"])
+    if name not in arenas:  # one ELF parse per image, not per probe run
+        from .iss import image_symbols
+        arenas[name] = arena_start(image_symbols(images.images[name].elf)["_end"])
+    arena = arenas[name]
     rec = _Recorder(trace, name, arena, view.arch_of(program))
 
     class _Replay(_Run):
@@ -282,30 +323,45 @@ def _decode(a: bytes, b: bytes, where: str) -> np.ndarray:
     return ids
 
 
-def _parts(ids: np.ndarray, data: bytes, address_of) -> list:
+def _parts(ids: np.ndarray, data: bytes, addr: np.ndarray, memo: dict) -> list:
     """A placement's parts in order: ``["dram", offset, counts, strides]`` descriptors of the
-    moved words, ``["fill", word, n]`` for a run of one literal word, ``["bytes", hex]`` else."""
+    moved words (``addr``: each word's DRAM byte address, where ``ids`` names an element),
+    ``["fill", word, n]`` for a run of one literal word, ``["bytes", hex]`` else."""
     words = np.frombuffer(data, "<u4")
     lit = ids < 0
     cuts = [0, *(np.flatnonzero(lit[1:] != lit[:-1]) + 1).tolist(), ids.size]
+    first_lit = bool(lit[0]) if ids.size else False
     out = []
-    for i, j in zip(cuts, cuts[1:]):  # alternating runs of literal and moved words
-        if lit[i]:
+    for r, (i, j) in enumerate(zip(cuts, cuts[1:])):  # alternating runs of literal and moved words
+        if first_lit == (r % 2 == 0):
             run = words[i:j]
             if np.all(run == run[0]):
                 out.append(["fill", int(run[0]), j - i])
             else:
                 out.append(["bytes", run.tobytes().hex()])
         else:
-            out += [["dram", *d] for d in descriptors(address_of(ids[i:j]))]
+            out += [["dram", *d] for d in _shifted_descriptors(addr[i:j], memo)]
     return out
 
 
+def _shifted_descriptors(addr: np.ndarray, memo: dict) -> list:
+    """:func:`descriptors` of ``addr``, through ``memo``: a list's descriptors moved by a
+    constant are its descriptors with their offsets moved by it, so a layout repeated at other
+    addresses (each tile's window rows, each panel) is split into runs once."""
+    base = int(addr[0])
+    key = (addr - base).tobytes()
+    rel = memo.get(key)
+    if rel is None:
+        rel = memo[key] = descriptors(addr - base)
+    return [[base + off, list(c), list(st)] for off, c, st in rel]
+
+
 def _layer_jobs(program, images, index: int, table, layout: dict, scratch0: int, job0: int,
-                writer: list) -> tuple[list, int]:
+                writer: list, arenas: dict) -> tuple[list, int]:
     """The jobs of layer ``index`` (ids from ``job0``) and the scratch bytes it uses."""
-    ta, env_a, out_a = _probe(program, images, index, table, False)
-    tb, env_b, out_b = _probe(program, images, index, table, True)
+    memo: dict = {}  # the layer's address lists relative to their first -> descriptors (_shifted_descriptors)
+    ta, env_a, out_a = _probe(program, images, index, table, False, arenas)
+    tb, env_b, out_b = _probe(program, images, index, table, True, arenas)
     if len(ta.ops) != len(tb.ops) or env_a.ranges != env_b.ranges:
         raise _Unsupported("the host's work depends on the data")
     offsets = {rec["id"]: rec["offset"] for rec in layout["tensors"]}
@@ -360,11 +416,14 @@ def _layer_jobs(program, images, index: int, table, layout: dict, scratch0: int,
             if ids is None:
                 parts = [["bytes", a[-1].hex()]]
             else:
-                parts = _parts(ids, a[-1], address_of)
+                moved = ids >= 0
+                addr = np.zeros(ids.size, dtype=np.int64)
+                addr[moved] = address_of(ids[moved])
+                parts = _parts(ids, a[-1], addr, memo)
                 # the jobs whose results this placement reads
-                job["after"].update(np.unique(wrote[address_of(ids[ids >= 0]) // 4]).tolist())
+                job["after"].update(np.unique(wrote[addr[moved] // 4]).tolist())
                 # the descriptors must give back exactly the probes' words
-                check = _expand_parts(parts, ids, address_of)
+                check = _expand_parts(parts, addr[moved])
                 if not check:
                     raise AssertionError(f"layer {index}: descriptors do not reproduce placement {k}")
             job["steps"].append(["put", a[1], parts] if kind == "put" else ["remote", parts])
@@ -377,7 +436,7 @@ def _layer_jobs(program, images, index: int, table, layout: dict, scratch0: int,
                 raise _Unsupported("a read depends on the data")
             _, addr, r0, n = a
             wrote[dest[r0:r0 + n] // 4] = job["id"]
-            job["steps"].append(["get", addr, [["dram", *d] for d in descriptors(dest[r0:r0 + n])]])
+            job["steps"].append(["get", addr, [["dram", *d] for d in _shifted_descriptors(dest[r0:r0 + n], memo)]])
     writer[0] = wrote
     for job in jobs:
         job["after"] = _ranges(sorted(job["after"] - {job["id"], -1}))
@@ -396,11 +455,9 @@ def _ranges(ids: list) -> list:
     return out
 
 
-def _expand_parts(parts: list, ids: np.ndarray, address_of) -> bool:
-    moved = ids[ids >= 0]
-    addr = [expand(p[1:]) for p in parts if p[0] == "dram"]
-    got = np.concatenate(addr) if addr else np.zeros(0, np.int64)
-    return np.array_equal(got, address_of(moved))
+def _expand_parts(parts: list, addr: np.ndarray) -> bool:
+    """Whether the parts' descriptors, expanded, are the moved words' addresses ``addr``."""
+    return np.array_equal(expand_all([p[1:] for p in parts if p[0] == "dram"]), addr)
 
 
 def job_tables(program, images) -> dict:
@@ -415,9 +472,11 @@ def job_tables(program, images) -> dict:
     scratch0 = layout["bytes"]
     jobs, host, pos = [], [], scratch0
     writer = [np.full(scratch0 // 4, -1, dtype=np.int64)]  # per DRAM word, the last job that wrote it
+    arenas: dict = {}  # image -> its arena's first address
     for index in range(view.layer_count(program)):
         try:
-            layer_jobs, used = _layer_jobs(program, images, index, tables[index], layout, pos, len(jobs), writer)
+            layer_jobs, used = _layer_jobs(program, images, index, tables[index], layout, pos, len(jobs), writer,
+                                           arenas)
         except _Unsupported as why:
             host.append({"layer": index, "reason": str(why)})
             continue
