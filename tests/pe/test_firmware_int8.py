@@ -122,12 +122,12 @@ def test_column_sums_are_literal_words(tmp_path):
         assert sums & words, manifest["regions"][0]["layers"][i]["name"]
 
 
-@pytest.mark.slow  # ~25 s: the CNN's tiles in the ISS three times
+@pytest.mark.slow  # ~50 s on 2 busy cores: the CNN's tiles in the ISS three times
 def test_quantized_cnn_runs_from_the_directory(tmp_path):
     _check(_quantized("cnn"), tmp_path / "fw")
 
 
-@pytest.mark.slow  # ~40 s: TensorFlow's converter, then the model three times
+@pytest.mark.slow  # ~80 s on 2 busy cores: TensorFlow's converter, then the model three times
 def test_tflite_int8_cnn_runs_from_the_directory(tmp_path):
     """TFLite's int8 CNN (int8 input and outputs; convolutions, depthwise, pools, concat, mean,
     softmax): no layer left to the host."""

@@ -420,7 +420,7 @@ def _decode(a: bytes, b: bytes, where: str, int_ids: "np.ndarray | None" = None)
         named_int = np.zeros(got.size, dtype=bool)
         named_int[inside] = int_ids[got[inside]]
         ok = (ok & ~named_int) | (iok & named_int)
-    if not np.all(ok):
+    if not ok.all():
         raise _Unsupported(f"{where}: a word the host computes from the data (not a relayout)")
     ids[moved] = got
     return ids
@@ -447,20 +447,44 @@ def _parts(ids: np.ndarray, data: bytes, addr: np.ndarray, memo: dict) -> list:
     return out
 
 
+def _placement_parts(ids: np.ndarray, data: bytes, addr: np.ndarray, moved: np.ndarray, memo: dict) -> list:
+    """:func:`_parts` through ``memo``: a placement whose literal words are another's and whose
+    moved words' addresses are that one's moved by a constant has that one's parts with their
+    descriptors moved by it (each run's descriptors are its addresses' shifted), so the
+    windows and panels a layer places again at other addresses are split into runs once."""
+    lit = ids < 0
+    if not np.any(moved):
+        return _parts(ids, data, addr, memo)
+    words = np.frombuffer(data, "<u4")
+    base = int(addr[np.argmax(moved)])
+    key = ("placement", lit.tobytes(), words[lit].tobytes(), (addr[moved] - base).tobytes())
+    rel = memo.get(key)
+    if rel is None:
+        rel = memo[key] = [[p[0], p[1] - base, *p[2:]] if p[0] == "dram" else p
+                           for p in _parts(ids, data, addr, memo)]
+    return [[p[0], p[1] + base, list(p[2]), list(p[3])] if p[0] == "dram" else list(p) for p in rel]
+
+
 def _shifted_descriptors(addr: np.ndarray, memo: dict) -> list:
     """:func:`descriptors` of ``addr``, through ``memo``: a list's descriptors moved by a
     constant are its descriptors with their offsets moved by it, so a layout repeated at other
     addresses (each tile's window rows, each panel) is split into runs once."""
     base = int(addr[0])
-    key = (addr - base).tobytes()
+    offsets = addr - base
+    key = offsets.tobytes()
     rel = memo.get(key)
     if rel is None:
-        rel = memo[key] = descriptors(addr - base)
+        rel = descriptors(offsets)
+        # the descriptors must give back exactly the addresses (checked once per pattern: a
+        # shifted pattern's descriptors are its own, shifted)
+        if not np.array_equal(expand_all(rel), offsets):
+            raise AssertionError("descriptors do not reproduce the addresses they stand for")
+        memo[key] = rel
     return [[base + off, list(c), list(st)] for off, c, st in rel]
 
 
 def _layer_jobs(program, images, index: int, table, layout: dict, scratch0: int, job0: int,
-                writer: list, arenas: dict) -> tuple[list, int]:
+                writer: _Writers, arenas: dict) -> tuple[list, int]:
     """The jobs of layer ``index`` (ids from ``job0``) and the scratch bytes it uses."""
     if _byte_layer(program, index):
         return _byte_layer_jobs(program, images, index, table, layout, scratch0, job0, writer, arenas)
@@ -485,8 +509,8 @@ def _layer_jobs(program, images, index: int, table, layout: dict, scratch0: int,
         raise _Unsupported("one word read into two output elements")
     loose = np.flatnonzero(dest < 0)
     dest[loose] = scratch0 + 4 * np.arange(loose.size, dtype=np.int64)
-    # per DRAM byte, the job that last wrote it: a copy, kept only if the whole layer is a relayout
-    wrote = _grown(writer[0], scratch0 + 4 * loose.size)
+    # per DRAM byte, the job that last wrote it (the layer's writes undone if it is not a relayout)
+    wrote = writer.grow(scratch0 + 4 * loose.size)
     tensor_at = sorted((lo, lo + n, tid) for tid, (lo, n) in env_a.ranges.items())
 
     # probe id -> DRAM byte address: the tensors' ranges start at ``starts`` (ascending)
@@ -523,13 +547,9 @@ def _layer_jobs(program, images, index: int, table, layout: dict, scratch0: int,
                 moved = ids >= 0
                 addr = np.zeros(ids.size, dtype=np.int64)
                 addr[moved] = address_of(ids[moved])
-                parts = _parts(ids, a[-1], addr, memo)
+                parts = _placement_parts(ids, a[-1], addr, moved, memo)
                 # the jobs whose results this placement reads
                 job["after"].update(np.unique(wrote[addr[moved]]).tolist())  # words: written whole
-                # the descriptors must give back exactly the probes' words
-                check = _expand_parts(parts, addr[moved])
-                if not check:
-                    raise AssertionError(f"layer {index}: descriptors do not reproduce placement {k}")
             job["steps"].append(["put", a[1], parts] if kind == "put" else ["remote", parts])
         elif kind == "run":
             if a != b:
@@ -542,17 +562,41 @@ def _layer_jobs(program, images, index: int, table, layout: dict, scratch0: int,
                 raise _Unsupported("a read depends on the data")
             _, addr, r0, n = a
             for j in range(4):
-                wrote[dest[r0:r0 + n] + j] = job["id"]
+                writer.set(dest[r0:r0 + n] + j, job["id"])
             job["steps"].append(["get", addr, [["dram", *d] for d in _shifted_descriptors(dest[r0:r0 + n], memo)]])
-    writer[0] = wrote
     for job in jobs:
         job["after"] = _ranges(sorted(job["after"] - {job["id"], -1}))
     return jobs, 4 * loose.size
 
 
-def _grown(wrote: np.ndarray, size: int) -> np.ndarray:
-    """A copy of the per-byte writers ``wrote``, at least ``size`` bytes (new bytes: no writer)."""
-    return np.concatenate([wrote, np.full(max(0, size - wrote.size), -1, dtype=np.int64)])
+class _Writers:
+    """Per DRAM byte, the job that last wrote it (-1: none), with the writes of the layer being
+    recorded undone by :meth:`rollback` (a layer left to the host writes nothing)."""
+
+    def __init__(self, size: int):
+        self.arr, self.undo = np.full(size, -1, dtype=np.int64), []
+
+    def grow(self, size: int) -> np.ndarray:
+        """The array, at least ``size`` bytes long (new bytes: no writer)."""
+        if size > self.arr.size:
+            self.undo.append(self.arr.size)  # an int: the length to cut back to
+            self.arr = np.concatenate([self.arr, np.full(size - self.arr.size, -1, dtype=np.int64)])
+        return self.arr
+
+    def set(self, idx: np.ndarray, job: int) -> None:
+        self.undo.append((idx, self.arr[idx].copy()))
+        self.arr[idx] = job
+
+    def commit(self) -> None:
+        self.undo = []
+
+    def rollback(self) -> None:
+        for entry in reversed(self.undo):
+            if isinstance(entry, int):
+                self.arr = self.arr[:entry].copy()
+            else:
+                self.arr[entry[0]] = entry[1]
+        self.undo = []
 
 
 def _int_ids(program, env: _Env) -> np.ndarray:
@@ -645,7 +689,7 @@ def _byte_parts(lit: np.ndarray, values: np.ndarray, addr: np.ndarray, memo: dic
 
 
 def _byte_layer_jobs(program, images, index: int, table, layout: dict, scratch0: int, job0: int,
-                     writer: list, arenas: dict) -> tuple[list, int]:
+                     writer: _Writers, arenas: dict) -> tuple[list, int]:
     """:func:`_layer_jobs` of a layer with 1-byte tensors: byte passes (:class:`_Pass`) name every
     byte of those tensors and every byte read back; words the host derives from the constants
     alone (an int8 GEMM's weight column sums) become literal bytes, told by two more passes with
@@ -734,7 +778,7 @@ def _byte_layer_jobs(program, images, index: int, table, layout: dict, scratch0:
                 raise _Unsupported("a job's arguments depend on the data")
             for t in traces:
                 t.ops[k] = c1[k]
-    wrote = _grown(writer[0], scratch0 + loose.size)
+    wrote = writer.grow(scratch0 + loose.size)
     jobs, job = [], None
     for k, op in enumerate(t0.ops):
         kind = op[0]
@@ -757,8 +801,6 @@ def _byte_layer_jobs(program, images, index: int, table, layout: dict, scratch0:
             parts = _byte_parts(b.lit, values, b.addr, memo)
             moved = b.addr[~b.lit]
             job["after"].update(np.unique(wrote[moved]).tolist())
-            if not np.array_equal(expand_all([p[1:] for p in parts if p[0] == "dram8"]), moved):
-                raise AssertionError(f"layer {index}: descriptors do not reproduce placement {k}")
             job["steps"].append(["put", op[1], parts] if kind == "put" else ["remote", parts])
         elif kind == "run":
             if any(t.ops[k] != op for t in traces):
@@ -771,9 +813,8 @@ def _byte_layer_jobs(program, images, index: int, table, layout: dict, scratch0:
                 raise _Unsupported("a read depends on the data")
             _, address, r0, n = op
             dest = baddr[r0:r0 + n]
-            wrote[dest] = job["id"]
+            writer.set(dest, job["id"])
             job["steps"].append(["get", address, [["dram8", *d] for d in _shifted_descriptors(dest, memo)]])
-    writer[0] = wrote
     for job in jobs:
         job["after"] = _ranges(sorted(job["after"] - {job["id"], -1}))
     return jobs, int(loose.size)
@@ -791,11 +832,6 @@ def _ranges(ids: list) -> list:
     return out
 
 
-def _expand_parts(parts: list, addr: np.ndarray) -> bool:
-    """Whether the parts' descriptors, expanded, are the moved words' addresses ``addr``."""
-    return np.array_equal(expand_all([p[1:] for p in parts if p[0] == "dram"]), addr)
-
-
 def job_tables(program, images) -> dict:
     """The program's DRAM layout and every layer's jobs (see the module's docstring).
 
@@ -807,15 +843,17 @@ def job_tables(program, images) -> dict:
     tables = view.placed_tiles(program)
     scratch0 = layout["bytes"]
     jobs, host, pos = [], [], scratch0
-    writer = [np.full(scratch0, -1, dtype=np.int64)]  # per DRAM byte, the last job that wrote it
+    writer = _Writers(scratch0)  # per DRAM byte, the last job that wrote it
     arenas: dict = {}  # image -> its arena's first address; _INIT -> the initial DRAM bytes
     for index in range(view.layer_count(program)):
         try:
             layer_jobs, used = _layer_jobs(program, images, index, tables[index], layout, pos, len(jobs), writer,
                                            arenas)
         except _Unsupported as why:
+            writer.rollback()
             host.append({"layer": index, "reason": str(why)})
             continue
+        writer.commit()
         jobs += layer_jobs
         pos = _align(pos + used)
     layout["scratch"] = [scratch0, pos - scratch0]
