@@ -234,9 +234,11 @@ def fresh_qdir(qmlp, tmp_path):
 
 @pytest.mark.parametrize("edit,field", [
     (lambda d: _dram8(d)[2].__setitem__(0, 0), r"a descriptor is \[\"dram8\", offset"),
-    (lambda d: _dram8(d).__setitem__(1, 1 << 30), r"field jobs\[\d+\]\.steps\[\d+\]\[2\]\[\d+\]: addresses .* not within"),
+    (lambda d: _dram8(d).__setitem__(1, 1 << 30),
+     r"field jobs\[\d+\]\.steps\[\d+\]\[2\]\[\d+\]: addresses .* not within"),
     (lambda d: _dram8(d).__setitem__(1, -1), r"addresses \[-1, .* not within"),
-    (lambda d: _dram8(d, "get").__setitem__(1, 0), r"field jobs\[\d+\]\.steps\[\d+\]\[2\]\[0\]: addresses .* not within"),
+    (lambda d: _dram8(d, "get").__setitem__(1, 0),
+     r"field jobs\[\d+\]\.steps\[\d+\]\[2\]\[0\]: addresses .* not within"),
     (lambda d: _dram8(d)[3].pop(), r"a descriptor is \[\"dram8\""),
     (lambda d: d["jobs"][0]["steps"].append(["check", 0]), r"a check is \[\"check\", address\]"),
     (lambda d: d["jobs"][0]["steps"].append(["check"]), r"a check is"),

@@ -652,12 +652,13 @@ def _word_ids(w: np.ndarray, int_ids: np.ndarray) -> np.ndarray:
     first two passes' relation, the same word in the others, the probe's kind its tensor's), or -1."""
     wa, wb = w[0], w[1]
     same = np.all(w[2:] == wa, axis=0) if w.shape[0] > 2 else np.ones(wa.size, dtype=bool)
-    fa, fb = wa.view(_F32).astype(np.float64), wb.view(_F32).astype(np.float64)
+    with np.errstate(invalid="ignore"):  # any bits: signalling NaNs among them
+        fa, fb = wa.view(_F32).astype(np.float64), wb.view(_F32).astype(np.float64)
     fok = same & (fb == -(fa + _SPAN)) & (fa >= 1) & (fa <= _SPAN) & (fa == np.floor(fa))
     ia, ib = wa.view(np.int32).astype(np.int64), wb.view(np.int32).astype(np.int64)
     iok = same & ~fok & (ib == -(ia + _SPAN)) & (ia >= 1) & (ia <= _SPAN)
     ids = np.full(wa.size, -1, dtype=np.int64)
-    ids[fok] = np.nan_to_num(fa[fok]).astype(np.int64) - 1
+    ids[fok] = fa[fok].astype(np.int64) - 1
     ids[iok] = ia[iok] - 1
     inside = (ids >= 0) & (ids < int_ids.size)
     named_int = np.zeros(wa.size, dtype=bool)
