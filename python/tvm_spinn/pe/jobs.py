@@ -549,7 +549,7 @@ def _layer_jobs(program, images, index: int, table, layout: dict, scratch0: int,
                 addr[moved] = address_of(ids[moved])
                 parts = _placement_parts(ids, a[-1], addr, moved, memo)
                 # the jobs whose results this placement reads
-                job["after"].update(np.unique(wrote[addr[moved]]).tolist())  # words: written whole
+                job["after"].update(_distinct(wrote[addr[moved]]))  # words: written whole
             job["steps"].append(["put", a[1], parts] if kind == "put" else ["remote", parts])
         elif kind == "run":
             if a != b:
@@ -650,21 +650,29 @@ class _Bytes:
 def _word_ids(w: np.ndarray, int_ids: np.ndarray) -> np.ndarray:
     """Per word of the passes' words ``w`` ``[passes, n]``: the word probe id it carries (the
     first two passes' relation, the same word in the others, the probe's kind its tensor's), or -1."""
+    ids = np.full(w.shape[1], -1, dtype=np.int64)
+    # a probe word differs between the first two passes, and the second's top byte is a
+    # negated probe's: 0xCB (float32 in -[2**23, 2**24]) or 0xFF (an integer there)
+    top = w[1] >> 24
+    at = np.flatnonzero((w[0] != w[1]) & ((top == 0xCB) | (top == 0xFF)))
+    if at.size == 0:
+        return ids
+    w = w[:, at]
     wa, wb = w[0], w[1]
-    same = np.all(w[2:] == wa, axis=0) if w.shape[0] > 2 else np.ones(wa.size, dtype=bool)
-    with np.errstate(invalid="ignore"):  # any bits: signalling NaNs among them
+    same = (w[2:] == wa).all(axis=0) if w.shape[0] > 2 else True
+    with np.errstate(invalid="ignore"):  # any bits: signalling NaNs, infinities among them
         fa, fb = wa.view(_F32).astype(np.float64), wb.view(_F32).astype(np.float64)
-    fok = same & (fb == -(fa + _SPAN)) & (fa >= 1) & (fa <= _SPAN) & (fa == np.floor(fa))
+        fok = same & (fb == -(fa + _SPAN)) & (fa >= 1) & (fa <= _SPAN) & (fa == np.floor(fa))
+        fid = np.where(fok, fa, 0).astype(np.int64) - 1
     ia, ib = wa.view(np.int32).astype(np.int64), wb.view(np.int32).astype(np.int64)
     iok = same & ~fok & (ib == -(ia + _SPAN)) & (ia >= 1) & (ia <= _SPAN)
-    ids = np.full(wa.size, -1, dtype=np.int64)
-    ids[fok] = fa[fok].astype(np.int64) - 1
-    ids[iok] = ia[iok] - 1
-    inside = (ids >= 0) & (ids < int_ids.size)
-    named_int = np.zeros(wa.size, dtype=bool)
-    named_int[inside] = int_ids[ids[inside]]
+    got = np.where(fok, fid, np.where(iok, ia - 1, -1))
+    inside = (got >= 0) & (got < int_ids.size)
+    named_int = np.zeros(got.size, dtype=bool)
+    named_int[inside] = int_ids[got[inside]]
     ok = inside & ((fok & ~named_int) | (iok & named_int))
-    return np.where(ok, ids, -1)
+    ids[at[ok]] = got[ok]
+    return ids
 
 
 def _byte_parts(lit: np.ndarray, values: np.ndarray, addr: np.ndarray, memo: dict) -> list:
@@ -687,6 +695,21 @@ def _byte_parts(lit: np.ndarray, values: np.ndarray, addr: np.ndarray, memo: dic
         else:
             out += [["dram8", *d] for d in _shifted_descriptors(addr[i:j], memo)]
     return out
+
+
+def _placement_byte_parts(lit: np.ndarray, values: np.ndarray, addr: np.ndarray, memo: dict) -> list:
+    """:func:`_byte_parts` through ``memo`` (as :func:`_placement_parts`: a placement another's
+    moved by a constant has that one's parts, their descriptors moved by it)."""
+    moved = ~lit
+    if not moved.any():
+        return _byte_parts(lit, values, addr, memo)
+    base = int(addr[np.argmax(moved)])
+    key = ("bytes", lit.tobytes(), values[lit].tobytes(), (addr[moved] - base).tobytes())
+    rel = memo.get(key)
+    if rel is None:
+        rel = memo[key] = [[p[0], p[1] - base, *p[2:]] if p[0] == "dram8" else p
+                           for p in _byte_parts(lit, values, addr, memo)]
+    return [[p[0], p[1] + base, list(p[2]), list(p[3])] if p[0] == "dram8" else list(p) for p in rel]
 
 
 def _byte_layer_jobs(program, images, index: int, table, layout: dict, scratch0: int, job0: int,
@@ -799,9 +822,9 @@ def _byte_layer_jobs(program, images, index: int, table, layout: dict, scratch0:
             if np.any(~b.lit & (b.addr < 0)):
                 raise _Unsupported(f"placement {k}: a word the host computes from the data (not a relayout)")
             values = literal.get(k, b.v[0])
-            parts = _byte_parts(b.lit, values, b.addr, memo)
+            parts = _placement_byte_parts(b.lit, values, b.addr, memo)
             moved = b.addr[~b.lit]
-            job["after"].update(np.unique(wrote[moved]).tolist())
+            job["after"].update(_distinct(wrote[moved]))
             job["steps"].append(["put", op[1], parts] if kind == "put" else ["remote", parts])
         elif kind == "run":
             if any(t.ops[k] != op for t in traces):
@@ -819,6 +842,17 @@ def _byte_layer_jobs(program, images, index: int, table, layout: dict, scratch0:
     for job in jobs:
         job["after"] = _ranges(sorted(job["after"] - {job["id"], -1}))
     return jobs, int(loose.size)
+
+
+def _distinct(x: np.ndarray) -> list:
+    """The distinct values of the job ids ``x`` (-1 included), ascending (``np.unique``'s, by
+    counting where the ids span a short range: a placement reads a few consecutive jobs)."""
+    if x.size == 0:
+        return []
+    lo, hi = int(x.min()), int(x.max())
+    if hi - lo > 4 * x.size + 1024:
+        return np.unique(x).tolist()
+    return (np.flatnonzero(np.bincount(x - lo)) + lo).tolist()
 
 
 def _ranges(ids: list) -> list:
