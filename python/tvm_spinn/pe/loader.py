@@ -10,8 +10,9 @@ job as the PE's boot would): a ``put`` assembles its words from DRAM by the job'
 descriptors (what the PE's DMA engine does: the panels, im2col and padded bands are descriptor
 lists) and literal words, writes them at its SRAM address; a ``remote`` places them where the
 PE's DMA engine reads memory outside it; a ``run`` runs the kernel on its argument words; a
-``get`` reads words from SRAM and scatters them into DRAM by its descriptors. The outputs are
-read from their offsets.
+``check`` reads the kernel's status words and raises for an input it refused; a ``get`` reads
+words (``dram``) or bytes (``dram8``: 1-byte elements) from SRAM and scatters them into DRAM by
+its descriptors. The outputs are read from their offsets.
 """
 
 from __future__ import annotations
