@@ -61,7 +61,7 @@ def _read_dir(directory) -> dict:
 def test_manifest_describes_images_tiles_schedule_and_boot(ex, firmware_dir):
     fw = load_firmware(firmware_dir)
     m = fw.manifest
-    assert m["format"] == "tvm-spinn-firmware" and m["version"] == 2
+    assert m["format"] == "tvm-spinn-firmware" and m["version"] == 3
     assert sorted(os.listdir(firmware_dir)) == sorted([*m["files"], MANIFEST])  # nothing else written
     for name, rec in m["files"].items():
         data = (firmware_dir / name).read_bytes()

@@ -186,25 +186,21 @@ def test_transformer_block_from_the_directory(tmp_path):
     assert handed and all(job["after"] for job in handed)
 
 
-def test_layer_left_to_the_host_is_named(tmp_path):
-    """An embedding lookup (int32 indices, the PE's own DMA driven by their values) is not a
-    relayout of float32 words: the manifest names it with its reason, the loader refuses the
+def test_layer_left_to_the_host_is_named(tmp_path, monkeypatch):
+    """A layer whose host work computes on its operands (the ``binary`` runner made to add one on
+    the host) gets no job table: the manifest names it with its reason, the loader refuses the
     region naming the layer."""
-
-    class Emb(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.e = torch.nn.Embedding(10, 8)
-
-        def forward(self, i):
-            return self.e(i) * 2.0
-
-    ex = relax.build(tvm_spinn.frontend.from_pytorch(Emb().eval(), (torch.tensor([[1, 2, 3]]),)), target="spinn")
-    fw = tvm_spinn.export_firmware(ex, tmp_path / "fw")
-    region = fw.manifest["regions"][0]
-    assert [h["layer"] for h in region["host"]] == [0] and "int32" in region["host"][0]["reason"]
-    with pytest.raises(ValueError, match=r"layer 'take_0' \(take\) is left to the host: reads tensor \d+ of dtype int32"):
-        run_firmware(tmp_path / "fw", [np.array([[1, 2, 3]], np.int32)])
+    from tvm_spinn.pe import execute
+    real = execute._RUNNERS["binary"]
+    monkeypatch.setitem(execute._RUNNERS, "binary",
+                        lambda run, index, env, table: real(run, index, _Mapped(env, lambda x: x + 1), table))
+    programs = _export(_Mlp, (4, 16), tmp_path / "fw")
+    region = load_firmware(tmp_path / "fw").manifest["regions"][0]
+    assert region["host"] and all("a word the host computes from the data" in h["reason"] for h in region["host"])
+    layer = region["layers"][region["host"][0]["layer"]]
+    with pytest.raises(ValueError, match=rf"layer '{layer['name']}' \({layer['kind']}\) is left to the host: "
+                                         r"placement \d+: a word the host computes"):
+        run_firmware(tmp_path / "fw", _inputs(programs[0]))
 
 
 @pytest.fixture(scope="module")
@@ -341,10 +337,10 @@ def _job_edits():
         (lambda d: dram_part(d).__setitem__(1, 2), r"not word-aligned"),
         (lambda d: dram_part(d)[2].__setitem__(0, 0), r"a descriptor is \[\"dram\", offset"),
         (lambda d: _step(d, "put")[2].append(["fill", -1, 1]), r"a fill is"),
-        (lambda d: _step(d, "put")[2].append(["zap"]), r"not a dram, fill or bytes part"),
+        (lambda d: _step(d, "put")[2].append(["zap"]), r"not a dram, dram8, fill or bytes part"),
         (lambda d: _step(d, "run")[1][0].append(1 << 32), r"a run is"),
         (lambda d: _step(d, "get")[2][0].__setitem__(1, 0), r"field jobs\[\d+\]\.steps\[\d+\]\[2\]\[0\]: addresses"),
-        (lambda d: _step(d, "get").__setitem__(0, "got"), r"not a put, remote, run or get step"),
+        (lambda d: _step(d, "get").__setitem__(0, "got"), r"not a put, remote, run, check or get step"),
         # a remote placement's size is bounded by the region's DRAM (it holds copies of tensors)
         (lambda d: d["jobs"][0]["steps"].append(["remote", [["fill", 0, 1 << 40]]]),
          r"field jobs\[0\]\.steps\[\d+\]\[1\]: \d+ bytes, more than the region's DRAM"),

@@ -942,6 +942,14 @@ def take_segments(e0: int, e1: int, inner: int, count: int, extent: int) -> tupl
     return np.searchsorted(used, pos), used, outer * extent * inner + start - slots * inner, start, stop
 
 
+def _read_status(m, address: int, nbytes: int) -> bytes:
+    """A kernel's status words (a refused input: a nonzero first word, then the value at fault),
+    which the host checks rather than passes on: the job tables' recorder (``read_status``)
+    records the check as a step of its own."""
+    status = getattr(m, "read_status", None)
+    return status(address, nbytes) if status is not None else m.read(address, nbytes)
+
+
 def _run_take(run: _Run, index: int, env, table) -> np.ndarray:
     """``take`` (an embedding lookup): per SRAM-sized piece of a tile, the PE resolves the
     indices its elements use into table rows (the layer's index mode; ``fast`` reports an index
@@ -980,7 +988,7 @@ def _run_take(run: _Run, index: int, env, table) -> np.ndarray:
             m.write(pi, idx[used].tobytes())
             m.write(pseg, (segs & 0xFFFFFFFF).astype("<u4").tobytes())
             m.run([[pi, pr, pe, len(used), extent, mode, pseg, len(slot), eb * inner]])
-            bad, value = np.frombuffer(m.read(pe, 8), dtype=np.int32)
+            bad, value = np.frombuffer(_read_status(m, pe, 8), dtype=np.int32)
             if bad:
                 raise IndexError(f"{layer.name}: take index {int(value)} is out of range for axis {axis} "
                                  f"of extent {extent}")

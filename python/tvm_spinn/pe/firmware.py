@@ -34,7 +34,7 @@ __all__ = ["FIRMWARE_FORMAT", "FIRMWARE_VERSION", "MANIFEST", "Firmware", "Firmw
            "build_firmware", "export_firmware", "write_firmware", "load_firmware", "programs_of"]
 
 FIRMWARE_FORMAT = "tvm-spinn-firmware"
-FIRMWARE_VERSION = 2
+FIRMWARE_VERSION = 3
 MANIFEST = "manifest.json"
 _JOBS_FORMAT = "tvm-spinn-jobs"
 #: ELF header fields every image must have: 32-bit, little-endian, ARM executable.
@@ -108,8 +108,7 @@ def _region_record(index: int, program, images, files: dict) -> dict:
             "mode": view.layer_mode(program, i), "image": image, "pes": list(images.pes[i]),
             "tile_shape": view.layer_tile_shape(program, i),
             # tile t: its PE and its region [lo, hi) in the layer's tile space (docs: tiles)
-            "tiles": [[pe[t], [int(v) for v in table.lo[t]], [int(v) for v in table.hi[t]]]
-                      for t in range(len(table))],
+            "tiles": [[p, lo, hi] for p, lo, hi in zip(pe, table.lo.tolist(), table.hi.tolist())],
         })
         jobs: dict[int, list[int]] = {}
         for t, p in enumerate(pe):
@@ -470,6 +469,21 @@ def _span(path: str, at: str, part, lo: int, hi: int) -> int:
     return n
 
 
+def _span8(path: str, at: str, part, lo: int, hi: int) -> int:
+    """A ``["dram8", offset, counts, strides]`` descriptor's byte count, its addresses checked to
+    lie in ``[lo, hi)`` (1-byte elements: any offset and strides)."""
+    _need(isinstance(part, list) and len(part) == 4 and _is_int(part[1]) and _int_list(part[2])
+          and len(part[2]) == 4 and all(c > 0 for c in part[2]) and _int_list(part[3]) and len(part[3]) == 4, path,
+          f"field {at}: a descriptor is [\"dram8\", offset, [c0..c3], [s0..s3]] with positive counts")
+    first = part[1] + sum(min(0, (c - 1) * s) for c, s in zip(part[2], part[3]))
+    last = part[1] + sum(max(0, (c - 1) * s) for c, s in zip(part[2], part[3]))
+    _need(lo <= first and last + 1 <= hi, path, f"field {at}: addresses [{first}, {last + 1}) not within [{lo}, {hi})")
+    n = 1
+    for c in part[2]:
+        n *= c
+    return n
+
+
 def _put_bytes(path: str, at: str, parts, dram: dict) -> int:
     _need(isinstance(parts, list), path, f"field {at}: parts not a list")
     total = 0
@@ -478,13 +492,15 @@ def _put_bytes(path: str, at: str, parts, dram: dict) -> int:
         kind = part[0] if isinstance(part, list) and part else None
         if kind == "dram":
             total += 4 * _span(path, pat, part, 0, dram["bytes"])
+        elif kind == "dram8":
+            total += _span8(path, pat, part, 0, dram["bytes"])
         elif kind == "fill":
             _need(len(part) == 3 and _is_int(part[1]) and 0 <= part[1] < 1 << 32 and _is_int(part[2]) and part[2] > 0,
                   path, f"field {pat}: a fill is [\"fill\", word, count]")
             total += 4 * part[2]
         else:
             _need(kind == "bytes" and len(part) == 2 and isinstance(part[1], str) and len(part[1]) % 2 == 0, path,
-                  f"field {pat}: not a dram, fill or bytes part")
+                  f"field {pat}: not a dram, dram8, fill or bytes part")
             try:
                 total += len(bytes.fromhex(part[1]))
             except ValueError:
@@ -549,12 +565,18 @@ def _check_jobs(directory: str, r: int, region: dict, m: dict, files: dict) -> l
                               for w in step[1]), path,
                       f"field {sat}: a run is [\"run\", [[word, ...] (at most {mm.JOB_WORDS} 32-bit words), ...], "
                       "mac_in_flight]")
+            elif kind == "check":
+                _need(len(step) == 2 and _is_int(step[1]) and arena <= step[1] and step[1] + 8 <= mm.ARENA_END, path,
+                      f"field {sat}: a check is [\"check\", address] with its two status words in the image's "
+                      "data area of SRAM")
             else:
                 _need(kind == "get" and len(step) == 3 and _is_int(step[1]) and isinstance(step[2], list)
-                      and all(isinstance(q, list) and q and q[0] == "dram" for q in step[2]), path,
-                      f"field {sat}: not a put, remote, run or get step")
+                      and all(isinstance(q, list) and q and q[0] in ("dram", "dram8") for q in step[2]), path,
+                      f"field {sat}: not a put, remote, run, check or get step")
                 # results land in the DRAM past the constants
                 n = sum(4 * _span(path, f"{sat}[2][{q}]", part, dram["init_bytes"], dram["bytes"])
+                        if part[0] == "dram" else
+                        _span8(path, f"{sat}[2][{q}]", part, dram["init_bytes"], dram["bytes"])
                         for q, part in enumerate(step[2]))
                 _need(arena <= step[1] and step[1] + n <= mm.ARENA_END, path,
                       f"field {sat}: SRAM [{step[1]:#x}, {step[1] + n:#x}) outside the image's data area")

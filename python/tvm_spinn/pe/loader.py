@@ -10,8 +10,9 @@ job as the PE's boot would): a ``put`` assembles its words from DRAM by the job'
 descriptors (what the PE's DMA engine does: the panels, im2col and padded bands are descriptor
 lists) and literal words, writes them at its SRAM address; a ``remote`` places them where the
 PE's DMA engine reads memory outside it; a ``run`` runs the kernel on its argument words; a
-``get`` reads words from SRAM and scatters them into DRAM by its descriptors. The outputs are
-read from their offsets.
+``check`` reads the kernel's status words and raises for an input it refused; a ``get`` reads
+words (``dram``) or bytes (``dram8``: 1-byte elements) from SRAM and scatters them into DRAM by
+its descriptors. The outputs are read from their offsets.
 """
 
 from __future__ import annotations
@@ -31,11 +32,36 @@ def _gather(words: np.ndarray, parts: list) -> bytes:
     for part in parts:
         if part[0] == "dram":
             out.append(words[expand(part[1:]) // 4].tobytes())
+        elif part[0] == "dram8":  # 1-byte elements (the engine's EB = 1)
+            out.append(words.view(np.uint8)[expand(part[1:])].tobytes())
         elif part[0] == "fill":
             out.append(np.full(part[2], part[1], dtype="<u4").tobytes())
         else:  # "bytes"
             out.append(bytes.fromhex(part[1]))
     return b"".join(out)
+
+
+def _scatter(words: np.ndarray, machine, address: int, parts: list) -> None:
+    """A ``get`` step: the SRAM bytes from ``address`` on, scattered into DRAM ``words`` by the
+    parts' descriptors in order (``dram``: 32-bit words, ``dram8``: bytes)."""
+    raw = words.view(np.uint8)
+    for part in parts:
+        addr = expand(part[1:])
+        if part[0] == "dram8":
+            raw[addr] = np.frombuffer(machine.read(address, addr.size), dtype=np.uint8)
+            address += addr.size
+        else:
+            words[addr // 4] = np.frombuffer(machine.read(address, 4 * addr.size), dtype="<u4")
+            address += 4 * addr.size
+
+
+def _check_status(machine, address: int, layer: dict) -> None:
+    """A ``check`` step: the kernel's two status words at ``address``; a nonzero first word is an
+    input the kernel refused (the second word: the value at fault)."""
+    bad, value = np.frombuffer(machine.read(address, 8), dtype="<i4")
+    if bad:
+        raise IndexError(f"layer {layer['name']!r} ({layer['kind']}): input value {int(value)} is out of range "
+                         f"(the kernel's status words at {address:#x})")
 
 
 def run_firmware(directory: "str | os.PathLike", inputs: list, region: int = 0) -> list[np.ndarray]:
@@ -62,6 +88,8 @@ def run_firmware(directory: "str | os.PathLike", inputs: list, region: int = 0) 
     ValueError
         For a region the directory cannot run alone (a layer left to the host, named with its
         reason), or inputs of the wrong number, shape or dtype.
+    IndexError
+        For an input a kernel refuses (a ``check`` step: an embedding index out of range).
     IssFault
         For an image that faults (PE, image and program counter in the message).
     """
@@ -111,9 +139,10 @@ def run_firmware(directory: "str | os.PathLike", inputs: list, region: int = 0) 
                 m.place_remote(_gather(mem, step[1]))
             elif step[0] == "run":
                 m.run(step[1], mac_in_flight=step[2])
+            elif step[0] == "check":
+                _check_status(m, step[1], reg["layers"][job["layer"]])
             else:  # get: words from SRAM scattered into DRAM
-                addr = np.concatenate([expand(part[1:]) for part in step[2]])
-                mem[addr // 4] = np.frombuffer(m.read(step[1], 4 * addr.size), dtype="<u4")
+                _scatter(mem, m, step[1], step[2])
     out = []
     for tid in dram["outputs"]:
         rec = tensors[tid]
