@@ -257,3 +257,20 @@ def test_job_file_declares_the_byte_format(qmlp):
     doc = json.loads((d / "r0.jobs.json").read_text())
     assert doc["version"] == 3 and any(p[0] == "dram8" for job in doc["jobs"] for s in job["steps"]
                                        if s[0] in ("put", "get") for p in s[2])
+
+
+def test_quantized_mlp_and_embedding_run_concurrently_over_the_noc(qmlp, emb, tmp_path):
+    """The concurrent NoC run follows the byte placements, byte scatters and ``check`` steps too:
+    the same bits as the sequential replay; a bad index raises there as well."""
+    from tvm_spinn.pe.multi import run_firmware_concurrent
+
+    for name, (ex, d, _), make in (("qmlp", qmlp, _inputs), ("emb", emb, None)):
+        noc = tmp_path / name
+        tvm_spinn.export_firmware(ex, noc, noc=True)
+        for r, program in enumerate(programs_of(ex)):
+            shape = program.tensors[program.inputs[0]].shape
+            x = _inputs(program, r) if make else [np.array([1, 0, 3], np.int32).reshape(shape)]
+            got = run_firmware_concurrent(noc, x, region=r).outputs
+            assert _same_bits(got, run_firmware(d, x, region=r))
+    with pytest.raises(IndexError, match=r"input value 10 is out of range"):
+        run_firmware_concurrent(tmp_path / "emb", [np.array([1, 10, 3], np.int32)])

@@ -185,6 +185,11 @@ def _dram(fw, region: int, inputs: list):
     return reg, tensors, mem
 
 
+def _words_only(parts: list) -> bool:
+    """Whether a get's parts are all 32-bit word descriptors (the only ones a NoC hand-off carries)."""
+    return all(part[0] == "dram" for part in parts)
+
+
 def _handoffs(jobs: list, on_pe: dict, scratch: list) -> tuple[dict, dict, set]:
     """The scratch words handed from a job on one PE to a job on another (a split row's
     statistics, a reduction's partial sums), to travel as data packets into the receiver's
@@ -199,7 +204,7 @@ def _handoffs(jobs: list, on_pe: dict, scratch: list) -> tuple[dict, dict, set]:
     writer: dict = {}  # scratch address -> (job, SRAM address that held it)
     for job in jobs:
         for step in job["steps"]:
-            if step[0] == "get":
+            if step[0] == "get" and _words_only(step[2]):
                 addr = np.concatenate([expand(part[1:]) for part in step[2]])
                 for k in np.flatnonzero((addr >= lo) & (addr < hi)):
                     writer[int(addr[k])] = (job["id"], step[1] + 4 * int(k))
@@ -211,6 +216,13 @@ def _handoffs(jobs: list, on_pe: dict, scratch: list) -> tuple[dict, dict, set]:
         q = job["pe"]
         for s, step in enumerate(job["steps"]):
             if step[0] != "put":
+                continue
+            if any(part[0] == "dram8" for part in step[2]):
+                # byte placements read DRAM as it is: any scratch word they read stays there
+                for part in step[2]:
+                    if part[0] == "dram":
+                        addr = expand(part[1:])
+                        kept.update(int(a) for a in addr[(addr >= lo) & (addr < hi)])
                 continue
             pos = 0
             for part in step[2]:
@@ -315,7 +327,7 @@ def run_firmware_concurrent(directory: "str | os.PathLike", inputs: list, region
     from ..target.arch import SpinnArch
     from .firmware import load_firmware
     from .iss import PeMachine
-    from .loader import _gather
+    from .loader import _check_status, _gather, _scatter
     from .noc import NOC_ROUTINES
     from .iss import image_symbols
 
@@ -357,7 +369,7 @@ def run_firmware_concurrent(directory: "str | os.PathLike", inputs: list, region
     handed_addr = set()
     for job in jobs:
         for step in job["steps"]:
-            if step[0] == "get" and sends.get(job["id"]):
+            if step[0] == "get" and sends.get(job["id"]) and _words_only(step[2]):
                 srams = {sram for _, _, sram in sends[job["id"]]}
                 addr = np.concatenate([expand(part[1:]) for part in step[2]])
                 for k, a in enumerate(addr):
@@ -398,6 +410,10 @@ def run_firmware_concurrent(directory: "str | os.PathLike", inputs: list, region
                     m.place_remote(_gather(mem, step[1]))
                 elif step[0] == "run":
                     m.run(step[1], mac_in_flight=step[2])
+                elif step[0] == "check":
+                    _check_status(m, step[1], reg["layers"][job["layer"]])
+                elif not _words_only(step[2]):  # a get with byte parts: nothing of it travels by NoC
+                    _scatter(mem, m, step[1], step[2])
                 else:  # get: words from SRAM scattered into DRAM (scratch words handed by NoC skipped)
                     addr = np.concatenate([expand(part[1:]) for part in step[2]])
                     got = np.frombuffer(m.read(step[1], 4 * addr.size), dtype="<u4")
