@@ -213,8 +213,8 @@ def gpt2_small_plans(seq: int = 256, batch: int = 8) -> dict:
               f"{fixed.bound_s:>9.4f}{fixed.efficiency:>8.3f}{speedup:>8.2f}x{speedup / linear:>8.3f}"
               f"{fixed.time_per_step_s / fast.time_per_step_s:>10.2f}x")
     print("  where each step's time goes (reproducible, seconds; pipeline = the slots at the slowest stage's "
-          "pace, each stage's slot once more for the fill and drain (zb: less its weight gradients, deferred "
-          "into the idle time); of it compute, TP collectives and "
+          "pace, each stage's slot once more for the fill and drain, at least one slot's passes and collectives in "
+          "series (zb: less its weight gradients, deferred into the idle time); of it compute, TP collectives and "
           "hand-overs (with several slots they overlap the other pass's compute), 'exposed' the slots' time "
           "beyond their compute, and the bubble (beyond the slots at that pace); DP sync: "
           "exposed, and hidden in the pipeline's drain):")
