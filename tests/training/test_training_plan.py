@@ -892,3 +892,23 @@ def test_fill_and_drain_cross_each_stage_with_its_collectives_in_series():
         fill = step.pipeline_s - (split.slots - 1) * per
         least = sum(stages[j][0] + stages[j][1] - (1 + zb) * (w_head if j == split.pp else w_block) for j in own)
         assert fill >= least * (1 - 1e-6), (zb, fill, least)
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 8, 64])
+def test_a_chunk_attends_over_the_keys_up_to_its_last_token(chunks):
+    """A sequence cut into chunks: chunk ``c`` attends over the keys of its sequence's tokens
+    up to its own last one (the later keys do not exist yet when it passes), so a slot's two
+    attention matmuls are priced at the chunks' mean prefix (enumerated here); a whole sequence
+    over all ``seq`` keys (the causal mask on the full scores). The projections do not change."""
+    from tvm_spinn.training.planner import _block_gemms
+
+    spec = spec_of({**_config("gpt2-xl"), "n_layer": 12, "n_embd": 768, "n_head": 12, "n_positions": 1024})
+    seq, sequences, tp = 256, 2, 12
+    tokens = sequences * seq // chunks
+    weights, attention = _block_gemms(spec, tokens, seq, tp, sequences, chunks)
+    prefix = np.arange(1, chunks + 1) * (seq // chunks)  # each chunk's keys: up to its last token
+    mean = seq if chunks == 1 else math.ceil(prefix.mean())
+    rows, heads = seq // chunks, sequences * spec.heads // tp
+    assert attention == [(rows, 64, mean, heads), (rows, mean, 64, heads)]
+    assert weights == _block_gemms(spec, tokens, seq, tp, sequences)[0]
+    assert mean <= seq and (chunks == 1 or mean < seq)

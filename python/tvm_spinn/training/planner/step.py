@@ -55,7 +55,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
 
     # one block's GEMMs on a rank (forward, input gradients, weight gradients), of them the
     # weights' gradients; the LM head's for ``rows`` vocabulary rows on a rank
-    weights, attention = _block_gemms(spec, tokens, seq, tp, split.micro_batch)
+    weights, attention = _block_gemms(spec, tokens, seq, tp, split.micro_batch, split.chunks)
     block_s = _pass_seconds(arch, weights + attention, comms)
     weights_s = _pass_seconds(arch, weights, comms)[2]
 
