@@ -72,7 +72,8 @@ system's link graph for *every group at once* (all TP groups of a slot, every st
 every replica, all data-parallel groups: they share the links and board edges they meet; see
 :class:`_Comms`). A micro-batch may enter the pipeline as :attr:`Split.chunks` chunks of
 consecutive tokens of its sequences (token-level pipelining, TeraPipe, Li et al. 2021: a
-causal chunk attends over its sequences' earlier chunks, whose keys and values the stage keeps),
+causal chunk attends over its sequences' earlier chunks, whose keys and values the stage keeps,
+and its own: its attention is priced over those keys, the chunks' mean prefix),
 so the step takes ``m c - 1`` slots of the slowest of its ``S`` stages' forward and backward of
 one chunk and, for the fill and drain (the first slot's forward and the last one's backward
 pass every stage), each stage's part once: its slot, and at least one slot's passes and the
