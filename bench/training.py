@@ -213,8 +213,8 @@ def gpt2_small_plans(seq: int = 256, batch: int = 8) -> dict:
               f"{fixed.bound_s:>9.4f}{fixed.efficiency:>8.3f}{speedup:>8.2f}x{speedup / linear:>8.3f}"
               f"{fixed.time_per_step_s / fast.time_per_step_s:>10.2f}x")
     print("  where each step's time goes (reproducible, seconds; pipeline = the slots at the slowest stage's "
-          "pace, each stage's slot once more for the fill and drain (zb: less its weight gradients, deferred "
-          "into the idle time); of it compute, TP collectives and "
+          "pace, each stage's slot once more for the fill and drain, at least one slot's passes and collectives in "
+          "series (zb: less its weight gradients, deferred into the idle time); of it compute, TP collectives and "
           "hand-overs (with several slots they overlap the other pass's compute), 'exposed' the slots' time "
           "beyond their compute, and the bubble (beyond the slots at that pace); DP sync: "
           "exposed, and hidden in the pipeline's drain):")
@@ -239,11 +239,29 @@ def gpt2_small_plans(seq: int = 256, batch: int = 8) -> dict:
     scaling = base.time_per_step_s / plan24.time_per_step_s / (chips24 / base_chips)
     eff_ok, scale_ok = plan24.efficiency >= TARGET_EFFICIENCY, scaling >= TARGET_SCALING
     print(f"  24 boards use {plan24.split.chips} of their {chips24} chips; bound binding: {plan24.bound_binding}")
+    _limits(plan24, chips24)
     print(f"  target efficiency >= {TARGET_EFFICIENCY} on 24 boards (reproducible): {plan24.efficiency:.3f} "
           f"-> {'MET' if eff_ok else 'NOT MET'}")
     print(f"  target 24 boards vs smallest >= {TARGET_SCALING} of linear: {scaling:.4f} "
           f"-> {'MET' if scale_ok else 'NOT MET'}")
     return rows
+
+
+def _limits(plan, chips: int) -> None:
+    """What separates a plan's step from its bound, part by part: the bound's compute on every chip,
+    on the chips the split uses, the pacing stage's slots (and of them its GEMMs, against the
+    bound on the chips used), the fill and drain beyond the slots, and the exposed data-parallel
+    synchronisation and update."""
+    st, split = plan.step, plan.split
+    compute = dict(plan.bound_parts_s)["compute"]
+    used = compute * chips / split.chips
+    pace = max(st.stages_s, key=lambda s: s[-1])
+    slots = split.slots * pace[-1]
+    gemms = split.slots * pace[1]
+    print(f"  24 boards, where the step goes against the bound (s): compute bound on {chips} chips {compute:.4f}; "
+          f"on the {split.chips} used {used:.4f}; the pacing stage's {split.slots} slots {slots:.4f} (its GEMMs "
+          f"{gemms:.4f}, {gemms / used:.2f}x the bound on the chips used); fill and drain {st.bubble_s:.4f}; "
+          f"DP sync {st.dp_comm_s:.4f}; update {st.optimizer_s:.4f}; step {st.total_s:.4f}")
 
 
 def _plot(results: dict, path: str) -> None:

@@ -863,3 +863,52 @@ def test_bucketed_gradient_reduction_overlaps_the_last_backward():
         step = _step_time(spec, dataclasses.replace(split, zero_bubble=zb), 256, "adamw", system, comms)
         exposed = step.dp_comm_s + step.optimizer_s
         assert least * (1 - 1e-9) <= exposed < whole, (zb, least, exposed, whole)
+
+
+def test_fill_and_drain_cross_each_stage_with_its_collectives_in_series():
+    """The pipeline's first slot reaches the last stage through every stage's forward and the
+    collectives it waits for, and the last slot's input gradient returns through every stage's
+    backward and its collectives: nothing else is there to compute under them. So beyond the
+    steady slots (``slots - 1`` at the pacing stage's slot) each stage adds at least its slot's
+    compute and collectives in series, less (ZB-H1) its deferred weight-gradient GEMMs and the
+    collectives that ran under them: ``compute + TP - 2 W`` (1F1B: ``compute + TP - W``), with
+    the weight gradients computed here from the GEMM model (a block stage's four projections'
+    ``dW = A^T dY``, the head stage's vocabulary rows' ``dW``)."""
+    import dataclasses
+
+    from tvm_spinn.timing.gemm import gemm_seconds
+    from tvm_spinn.training.planner import _step_time
+
+    spec, system, comms, split = _gpt2_small_24_boards()
+    tokens, h, tp = 32, 768, 12
+    shapes = [(tokens, h, 3 * h // tp), (tokens, h // tp, h), (tokens, h, 4 * h // tp), (tokens, 4 * h // tp, h)]
+    w_block = sum(gemm_seconds(system, k, m, n, 1) for m, k, n in shapes)
+    w_head = gemm_seconds(system, h, tokens, -(-spec.vocab // split.head_tp), 1)
+    own = [0] + [split.pp - 1] * (split.pp - 1) + [split.pp]  # each stage once (the middle ones: the last's)
+    for zb in (False, True):
+        step = _step_time(spec, dataclasses.replace(split, zero_bubble=zb), 256, "adamw", system, comms)
+        stages = {j: (comp, tp_s, total) for j, comp, tp_s, _, total in step.stages_s}
+        per = max(total for _, _, total in stages.values())
+        fill = step.pipeline_s - (split.slots - 1) * per
+        least = sum(stages[j][0] + stages[j][1] - (1 + zb) * (w_head if j == split.pp else w_block) for j in own)
+        assert fill >= least * (1 - 1e-6), (zb, fill, least)
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 8, 64])
+def test_a_chunk_attends_over_the_keys_up_to_its_last_token(chunks):
+    """A sequence cut into chunks: chunk ``c`` attends over the keys of its sequence's tokens
+    up to its own last one (the later keys do not exist yet when it passes), so a slot's two
+    attention matmuls are priced at the chunks' mean prefix (enumerated here); a whole sequence
+    over all ``seq`` keys (the causal mask on the full scores). The projections do not change."""
+    from tvm_spinn.training.planner import _block_gemms
+
+    spec = spec_of({**_config("gpt2-xl"), "n_layer": 12, "n_embd": 768, "n_head": 12, "n_positions": 1024})
+    seq, sequences, tp = 256, 2, 12
+    tokens = sequences * seq // chunks
+    weights, attention = _block_gemms(spec, tokens, seq, tp, sequences, chunks)
+    prefix = np.arange(1, chunks + 1) * (seq // chunks)  # each chunk's keys: up to its last token
+    mean = seq if chunks == 1 else math.ceil(prefix.mean())
+    rows, heads = seq // chunks, sequences * spec.heads // tp
+    assert attention == [(rows, 64, mean, heads), (rows, mean, 64, heads)]
+    assert weights == _block_gemms(spec, tokens, seq, tp, sequences)[0]
+    assert mean <= seq and (chunks == 1 or mean < seq)

@@ -72,11 +72,13 @@ system's link graph for *every group at once* (all TP groups of a slot, every st
 every replica, all data-parallel groups: they share the links and board edges they meet; see
 :class:`_Comms`). A micro-batch may enter the pipeline as :attr:`Split.chunks` chunks of
 consecutive tokens of its sequences (token-level pipelining, TeraPipe, Li et al. 2021: a
-causal chunk attends over its sequences' earlier chunks, whose keys and values the stage keeps),
+causal chunk attends over its sequences' earlier chunks, whose keys and values the stage keeps,
+and its own: its attention is priced over those keys, the chunks' mean prefix),
 so the step takes ``m c - 1`` slots of the slowest of its ``S`` stages' forward and backward of
 one chunk and, for the fill and drain (the first slot's forward and the last one's backward
-pass every stage at that stage's pace), each stage's slot once: at most ``(m c + S - 1)`` of the
-slowest's (the bubble, at most ``(S - 1) / (m c)``). A slot of a single-slot step takes its
+pass every stage), each stage's part once: its slot, and at least one slot's passes and the
+collectives they wait for in series (nothing else is there to compute under them while the
+first slot fills the stages and the last one drains them). A slot of a single-slot step takes its
 TP collectives plus the longer of its compute and its hand-overs; with more slots, 1F1B pairs
 the forward of one slot with the backward of another, independent of it, so the links carry
 one pass's collectives while the PEs compute the other: the slot takes the longest of its
@@ -96,7 +98,8 @@ backward into its input-gradient pass and its weight-gradient pass and defers th
 idle time (ZB-H1, Qi et al. 2024): a slot's backward crosses the stages at the input-gradient
 passes' pace, and each stage's fill and drain term is its slot less twice its weight-gradient
 GEMMs (``F + B - W`` rather than ``F + B + W``), with the backward's collectives that ran under
-those GEMMs back on the path; a stage holds its GEMMs' inputs whole and their output gradients
+those GEMMs back on the path (and at least the stage's passes and collectives in series less
+those GEMMs); a stage holds its GEMMs' inputs whole and their output gradients
 until the deferred pass reads them.
 
 The LM head may take a pipeline stage of its own (:attr:`Split.head_tp` chips a replica,

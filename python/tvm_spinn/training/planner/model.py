@@ -116,19 +116,25 @@ def _block_flops(spec, tokens: int, seq: int, tp: int = 1) -> tuple[int, int]:
     return 2 * tokens * weights + attention, attention
 
 
-def _block_gemms(spec, tokens: int, seq: int, tp: int, sequences: int) -> tuple[list, list]:
+def _block_gemms(spec, tokens: int, seq: int, tp: int, sequences: int, chunks: int = 1) -> tuple[list, list]:
     """One block's GEMMs on one of ``tp`` ranks for a slot of ``tokens`` tokens of ``sequences``
     sequences, ``[(m, k, n, batch)]``: the projections (``tokens`` rows; GPT-2's fused Q/K/V
     and its MLP, Llama's separate projections and gated MLP), and attention's two matmuls per
-    head and sequence over the full ``seq`` context (as :func:`_block_flops` counts them)."""
+    head and sequence: a whole sequence over the full ``seq`` context (the causal mask applied
+    to the full scores, as :func:`_block_flops` counts them); a sequence cut into ``chunks``
+    chunks (:attr:`Split.chunks`) over the keys up to each chunk's last token, which are all
+    the keys there are when the chunk passes (chunk ``c`` of ``k`` attends over
+    ``(c + 1) seq / k``): priced at their mean over the chunks, ``seq (k + 1) / (2 k)``. The
+    keys a chunk leaves out are the mask's zeros, so the sums keep their terms and order."""
     h, i, q, kv = _widths(spec, tp)
+    context = seq if chunks <= 1 else -(-seq * (chunks + 1) // (2 * chunks))
     if spec.family == "gpt2":
         weights = [(tokens, h, q + 2 * kv, 1), (tokens, q, h, 1), (tokens, h, i, 1), (tokens, i, h, 1)]
     else:
         weights = [(tokens, h, q, 1), (tokens, h, kv, 1), (tokens, h, kv, 1), (tokens, q, h, 1),
                    (tokens, h, i, 1), (tokens, h, i, 1), (tokens, i, h, 1)]
     rows, heads = max(1, tokens // sequences), sequences * (q // spec.head_dim)
-    attention = [(rows, spec.head_dim, seq, heads), (rows, seq, spec.head_dim, heads)]
+    attention = [(rows, spec.head_dim, context, heads), (rows, context, spec.head_dim, heads)]
     return weights, attention
 
 

@@ -201,7 +201,7 @@ class MemoryPerChip:
 class StepTime:
     """Seconds of one step by part (their sum is the step)."""
 
-    pipeline_s: float  # (slots - 1) x the slowest stage's slot + each stage's slot once (fill and drain)
+    pipeline_s: float  # (slots - 1) x the slowest stage's slot + each stage's fill and drain term once
     bubble_s: float  # of it, beyond slots x the slowest stage's slot
     compute_s: float  # of it, the GEMMs (or DRAM) of the slowest stage, all micro-batches
     tp_comm_s: float  # of it, TP all-reduces

@@ -260,7 +260,7 @@ def _compute_floor(spec, split: Split, seq: int, arch, comms: "_Comms") -> float
     prices them): a lower bound of the split's step (in either mode: the canonical order's
     GEMMs are the ranks' parallel shares, its additions and collectives only add to them)."""
     tokens = split.micro_batch * seq // split.chunks
-    weights, attention = _block_gemms(spec, tokens, seq, split.tp, split.micro_batch)
+    weights, attention = _block_gemms(spec, tokens, seq, split.tp, split.micro_batch, split.chunks)
     f, d, w = _pass_seconds(arch, weights + attention, comms)
     per = spec.layers // split.pp * (f + d + w + split.recompute * f)
     if not split.zero_bubble:

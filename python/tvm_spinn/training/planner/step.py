@@ -55,7 +55,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
 
     # one block's GEMMs on a rank (forward, input gradients, weight gradients), of them the
     # weights' gradients; the LM head's for ``rows`` vocabulary rows on a rank
-    weights, attention = _block_gemms(spec, tokens, seq, tp, split.micro_batch)
+    weights, attention = _block_gemms(spec, tokens, seq, tp, split.micro_batch, split.chunks)
     block_s = _pass_seconds(arch, weights + attention, comms)
     weights_s = _pass_seconds(arch, weights, comms)[2]
 
@@ -236,6 +236,17 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
             w = 0.0 if dram_b > b_gemm else w_gemm
             fill = max(f_s + b_s - w, total - 2 * w + min(tp_b, hides))
             drain_s = b_s - w
+        if stages > 1 and slots > 1 and not (heads and stage == pp and split.head_lag):
+            # the fill's first slot and the drain's last cross the stages one after another: the
+            # first slot reaches the last stage only after each earlier stage's forward and the
+            # collectives that forward waits for, and the last slot's input gradient returns
+            # through each stage's backward and its collectives, whatever the stage computes of
+            # other slots meanwhile. So a stage's part of the fill and drain is at least one
+            # slot's passes and collectives in series (:func:`_slot_seconds` without overlap),
+            # less the weight-gradient GEMMs ZB-H1 defers (and the collectives that ran under
+            # them: a lower bound of the path). A lagged head stage's path is counted whole (above).
+            alone = _slot_seconds(f_s, b_s, tp_f, tp_b, pp_s, overlap=False, w_s=hides)
+            fill = max(fill, alone - (w if split.zero_bubble else 0.0))
         # the links' busy time in a steady slot: its collectives' bytes and its hand-overs (all of
         # them counted on the busiest link: what is left of the slot is what other transfers get)
         links = min(tp_f + tp_b, busy) + pp_s
