@@ -18,7 +18,8 @@ from tvm_spinn.pe.images import role_image  # noqa: E402
 from tvm_spinn.pe.iss import PeMachine, image_symbols  # noqa: E402
 from tvm_spinn.pe.memory_map import NOC_KEY_READY, NOC_KEY_RELEASE, NOC_WAIT_POLLS  # noqa: E402
 from tvm_spinn.pe.multi import NocFabric, barrier_tree, run_barrier, run_firmware_concurrent  # noqa: E402
-from tvm_spinn.pe.noc import NOC_ROUTINES, noc_role_image  # noqa: E402
+from tvm_spinn.pe.images import noc_role_image  # noqa: E402
+from tvm_spinn.pe.noc import NOC_ROUTINES  # noqa: E402
 from tvm_spinn.runtime.simulator import run_program  # noqa: E402
 from tvm_spinn.target.arch import SpinnArch  # noqa: E402
 

@@ -10,7 +10,7 @@ from .kernels import kernel_object
 from .link import link_image
 from .roles import layer_role, role_name
 
-__all__ = ["PeImage", "ProgramImages", "build_images", "role_image"]
+__all__ = ["PeImage", "ProgramImages", "build_images", "role_image", "noc_role_image"]
 
 
 @dataclass(frozen=True)
@@ -41,10 +41,17 @@ def role_image(spec: tuple) -> PeImage:
     return PeImage(spec, role_name(spec), link_image(kernel_object(spec)))
 
 
+def noc_role_image(spec: tuple) -> PeImage:
+    """The image of kernel ``spec`` linked with the NoC driver (:func:`~.noc.link_noc_image`);
+    its name is the role's: it stands for the role's image where the NoC is used."""
+    from .noc import link_noc_image
+    return PeImage(spec, role_name(spec), link_noc_image(kernel_object(spec)))
+
+
 def build_images(program, noc: bool = False) -> ProgramImages:
     """Every layer's role checked first (a :class:`~.errors.PeCodegenError` names the first
     layer that cannot be lowered, before anything is built), then one image per role (``noc``:
-    each linked with the NoC driver, :func:`~.noc.noc_role_image`)."""
+    each linked with the NoC driver, :func:`noc_role_image`)."""
     specs = [layer_role(program, i) for i in range(view.layer_count(program))]
     tables = view.placed_tiles(program)
     images = {}
@@ -52,7 +59,6 @@ def build_images(program, noc: bool = False) -> ProgramImages:
         name = role_name(spec)
         if name not in images:
             if noc:
-                from .noc import noc_role_image
                 images[name] = noc_role_image(spec)
             else:
                 images[name] = role_image(spec)

@@ -504,7 +504,7 @@ def run_barrier(pes, master: "int | None" = None, group: int = 1, arch=None, ima
     from ..target.arch import SpinnArch
     from .iss import PeMachine
     from .memory_map import NOC_KEY_RELEASE
-    from .noc import noc_role_image
+    from .images import noc_role_image
     pes = [int(p) for p in pes]
     if not pes or len(set(pes)) != len(pes):
         raise ValueError(f"a barrier needs distinct PEs, got {pes}")

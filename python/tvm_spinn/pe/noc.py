@@ -1,7 +1,7 @@
 """The PE runtime's NoC driver and barrier, and the images that link them.
 
 Written in C (:data:`NOC_C`), compiled for the Cortex-M4F like :mod:`.runtime` and linked into a
-role's image after the runtime and the kernel (:func:`noc_role_image`), so the kernel's code keeps
+role's image after the runtime and the kernel (:func:`~.images.noc_role_image`), so the kernel's code keeps
 its addresses; images without the NoC (:func:`~.images.role_image`) do not contain it. The
 registers are :data:`~.memory_map.NOC_REGS`. Routines (AAPCS calls, returning to their caller):
 
@@ -40,7 +40,7 @@ from .memory_map import (NOC_BASE, NOC_FAULT_MAILBOX, NOC_FAULT_SLOT, NOC_FAULT_
                          NOC_MAILBOX_WORDS, NOC_MULTICAST, NOC_REGS, NOC_STATE_ADDR, NOC_STATE_WORDS, NOC_WAIT_POLLS)
 from .runtime import CC_FLAGS, zig
 
-__all__ = ["NOC_C", "NOC_ROUTINES", "noc_object", "link_noc_image", "noc_role_image"]
+__all__ = ["NOC_C", "NOC_ROUTINES", "noc_object", "link_noc_image"]
 
 #: The routines a NoC image keeps (the linker's roots beside ``_start``).
 NOC_ROUTINES = ("pe_noc_send", "pe_noc_recv", "pe_noc_wait_ready", "pe_noc_notify", "pe_barrier",
@@ -164,12 +164,3 @@ def link_noc_image(kernel_object: bytes) -> bytes:
             paths["pe_runtime.o"], paths["pe_kernel.o"], paths["pe_noc.o"])
         with open(out, "rb") as f:
             return f.read()
-
-
-def noc_role_image(spec: tuple):
-    """The :class:`~.images.PeImage` of kernel ``spec`` linked with the NoC driver (its name the
-    role's: it stands for the role's image where the NoC is used)."""
-    from .images import PeImage
-    from .kernels import kernel_object
-    from .roles import role_name
-    return PeImage(spec, role_name(spec), link_noc_image(kernel_object(spec)))
