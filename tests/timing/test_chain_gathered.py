@@ -46,3 +46,52 @@ def test_bad_chains_are_refused(board):
         C.chain_all_reduce_gathered(board, [[0, 1], [1, 2]], 64)
     with pytest.raises(ValueError, match="one length"):
         C.chain_all_reduce_gathered(board, [], 64)
+
+
+def _attention_end(sp_gather_tensor: int):
+    """A one-layer program whose output (tensor 2, the PV product's partial sums) is chain
+    all-reduced in each tensor-parallel group and then all-gathered over all the chips."""
+    from types import SimpleNamespace
+
+    from tvm_spinn.mapping.shard import Collective
+
+    program = SimpleNamespace(layers=[SimpleNamespace(kind="matmul", inputs=(0, 1), output=2)])
+    colls = [Collective(1, "all_reduce", 2, 512, False, "tp"),
+             Collective(1, "all_gather", sp_gather_tensor, 2048, True, "all")]
+    return program, colls
+
+
+@pytest.mark.parametrize("tp", [6, 12])
+def test_the_gather_rides_on_the_chains_where_cheaper(board, tp):
+    """The mapper times the chains delivering to every chip where that is cheaper than the chain
+    and the gather after it, and the two collectives otherwise."""
+    from types import SimpleNamespace
+
+    from tvm_spinn.mapping.system import _comm
+
+    sp = 4
+    program, colls = _attention_end(2)
+    plan = SimpleNamespace(tp=tp, sp=sp, dp=1, chips=tp * sp, collectives=colls)
+    order = ring_order(board, tp * sp)
+    fused = C.chain_all_reduce_gathered(board, [order[j * tp:(j + 1) * tp] for j in range(sp)], 512)
+    chain, gather = C.chain_all_reduce(board, order[:tp], 512), C.all_gather(board, order, 2048)
+    got = _comm(board, program, plan)
+    if fused.seconds < chain.seconds + gather.seconds:
+        assert [(layer, c.op, c.algorithm, ready) for layer, c, ready in got] == [(1, "all_reduce", "chain", None)]
+        assert got[0][1].seconds == pytest.approx(fused.seconds)
+    else:
+        assert [(c.op, c.seconds) for _, c, _ in got] == [("all_reduce", pytest.approx(chain.seconds)),
+                                                           ("all_gather", pytest.approx(gather.seconds))]
+    # a gather of another tensor is not what the chains deliver: both run
+    other, colls = _attention_end(0)
+    got = _comm(board, other, SimpleNamespace(tp=tp, sp=sp, dp=1, chips=tp * sp, collectives=colls))
+    assert [c.op for _, c, _ in got] == ["all_reduce", "all_gather"]
+
+
+def test_some_board_plan_rides_the_gather(board):
+    """On one board's chips a 6 x 4 attention plan's chains reach all 24 chips sooner than the
+    chain and the gather after it (the choice above is not vacuous)."""
+    order = ring_order(board, 24)
+    fused = C.chain_all_reduce_gathered(board, [order[j * 6:(j + 1) * 6] for j in range(4)], 512)
+    apart = C.chain_all_reduce(board, order[:6], 512).seconds + C.all_gather(board, order, 2048).seconds
+    assert fused.seconds < apart
