@@ -52,7 +52,7 @@ from ..program.ops import family_of
 from ..target.arch import SpinnArch
 from ..target.faults import live_chips, usable_boards
 from ..target.topology import ring_order, topology_of
-from ..timing.collectives import point_to_point
+from ..timing.collectives import chain_all_reduce_gathered, point_to_point
 from ..timing.model import DRAM, evaluate, transfers
 from ..timing.system import collective_cost, compose
 from .budget import Shortfall, SystemState
@@ -154,9 +154,64 @@ def _comm(topo, program: Program, plan: ShardPlan) -> list[tuple]:
     if not plan.collectives:
         return []
     groups = group_ranks(topo, plan)
-    return [(layer, collective_cost(topo, groups[group], op, nbytes, exact), ready)
-            for layer, op, nbytes, exact, group, ready in issued(program, plan.collectives)
-            if len(groups[group]) > 1]
+    rows = issued(program, plan.collectives)
+    fused = _gathered_chain(program, plan, rows)
+    if fused is not None:
+        # the chains' multicasts reach every chip in more steps, on busier links: the cheaper way
+        (layer, op, nbytes, exact, group, _), gather = rows[fused[0]], rows[fused[1]]
+        apart = (collective_cost(topo, groups[group], op, nbytes, exact).seconds
+                 + collective_cost(topo, groups[gather[4]], gather[1], gather[2], gather[3]).seconds)
+        if _chains_gathered_cost(topo, plan, nbytes).seconds >= apart:
+            fused = None
+    out = []
+    for k, (layer, op, nbytes, exact, group, ready) in enumerate(rows):
+        if fused is not None and k == fused[1]:
+            continue  # delivered by the chains' multicasts
+        if fused is not None and k == fused[0]:
+            out.append((layer, _chains_gathered_cost(topo, plan, nbytes), None))
+        elif len(groups[group]) > 1:
+            out.append((layer, collective_cost(topo, groups[group], op, nbytes, exact), ready))
+    return out
+
+
+def _gathered_chain(program: Program, plan: ShardPlan, rows) -> "tuple[int, int] | None":
+    """``(chain row, gather row)`` of :func:`issued`'s ``rows`` where the program's output is
+    chain all-reduced in each tensor-parallel group and then all-gathered over all the chips
+    (the ``sp`` groups' blocks, e.g. the attention's context: one block of heads per row
+    block), else None. The chains' last ranks can then multicast their finished sums to every
+    chip of all the groups (:func:`~tvm_spinn.timing.collectives.chain_all_reduce_gathered`):
+    what the gather would deliver, without the gather; :func:`_comm` times that where it is the
+    cheaper (the deeper trees add steps to every chain and share links)."""
+    if plan.sp <= 1 or plan.dp > 1:
+        return None
+    n = len(program.layers)
+    chains = [c for c in plan.collectives if c.layer == n and c.op == "all_reduce" and not c.exact]
+    if len(chains) != 1 or getattr(chains[0], "group", "tp") != "tp":
+        return None
+    chain = chains[0]
+    gathers = [c for c in plan.collectives if c.layer == n and c.op == "all_gather" and c.tensor == chain.tensor
+               and getattr(c, "group", "tp") == "all"]
+    # the gather moves exactly the chains' results: one block of the chain's bytes per group
+    if len(gathers) != 1 or gathers[0].nbytes != plan.sp * chain.nbytes:
+        return None
+    at_chain = [k for k, r in enumerate(rows) if r[:5] == (n, "all_reduce", chain.nbytes, False, "tp")]
+    at_gather = [k for k, r in enumerate(rows) if r[:5] == (n, "all_gather", gathers[0].nbytes, True, "all")]
+    if len(at_chain) != 1 or len(at_gather) != 1:
+        return None
+    return at_chain[0], at_gather[0]
+
+
+def _chains_gathered_cost(topo, plan: ShardPlan, nbytes: int):
+    """The cost of :func:`_gathered_chain`'s fused collective: the ``sp`` chains of ``tp``
+    consecutive chips of :func:`group_ranks`'s cycle, each delivering ``nbytes`` to all of
+    them (memoized on the topology like :func:`~tvm_spinn.timing.system.collective_cost`)."""
+    order = group_ranks(topo, plan)["all"]
+    chains = [order[j * plan.tp:(j + 1) * plan.tp] for j in range(plan.sp)]
+    key = ("chain_gathered", order.tobytes(), int(plan.tp), float(nbytes))
+    hit = topo.memo.get(key)
+    if hit is None:
+        hit = topo.memo[key] = chain_all_reduce_gathered(topo, chains, nbytes)
+    return hit
 
 
 def _plans(program: Program, chips: int):

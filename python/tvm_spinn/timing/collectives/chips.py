@@ -2,9 +2,9 @@
 all-to-all and the chain all-reduce.
 
 The public chip-level collectives (:func:`all_reduce`, :func:`all_gather`,
-:func:`reduce_scatter`, :func:`point_to_point`, :func:`all_to_all`, :func:`chain_all_reduce`)
-and the multicast all-gather's parts (:func:`_gather_parts`) that the board collectives add for
-a board's own gather.
+:func:`reduce_scatter`, :func:`point_to_point`, :func:`all_to_all`, :func:`chain_all_reduce`,
+:func:`chain_all_reduce_gathered`) and the multicast all-gather's parts (:func:`_gather_parts`)
+that the board collectives add for a board's own gather.
 """
 
 from __future__ import annotations
@@ -310,3 +310,115 @@ def chain_all_reduce(topo: "Topology", ranks: Sequence[int], nbytes: float,
         if best is None or candidate.seconds < best.seconds:
             best = candidate
     return best
+
+
+def chain_all_reduce_gathered(topo: "Topology", chains: Sequence[Sequence[int]], nbytes: float,
+                              segments: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128)) -> CollectiveCost:
+    """Cost of concurrent chain all-reduces (:func:`chain_all_reduce`) whose results every chip
+    of all the chains receives: the all-gather of the chains' results riding on their multicasts.
+
+    Each chain reduces its own ``nbytes`` (one block of a larger tensor, e.g. the attention's
+    context, one block of heads per chain) rank after rank in the one-chip program's order, as
+    :func:`chain_all_reduce`; its last rank then multicasts each finished segment along the
+    routes to every chip of every chain instead of its own chain's alone. An all-gather of the
+    blocks over all the chips after the chains delivers exactly those bytes, so it is not run:
+    its hop latencies and its separate start are saved, and the additions are the chains'
+    (the same bits). All chains run at once: their chain hops and their multicast trees load
+    the links together (a link on several trees carries each of their segments; the trees are
+    built over the chips' own links and balanced as the multicast all-gather's are). With ``c``
+    ranks a chain and trees of depth ``D`` (the farthest chip from a chain's last rank), the
+    reduce takes ``m + c - 2`` steps and the multicast, pipelined behind it, ``D`` more, each
+    step moving ``nbytes / m`` over one hop (the slower of the chains' and the trees' links).
+
+    Parameters
+    ----------
+    topo : Topology
+        The system's link graph.
+    chains : sequence of sequence of int
+        Distinct chip ids, one sequence per chain in chain order, all of one length.
+    nbytes : float
+        Bytes of each rank's partial sums (one chain's result).
+    segments : sequence of int
+        Segment counts to choose from.
+
+    Returns
+    -------
+    CollectiveCost
+        ``algorithm="chain"``; ``nbytes`` is one chain's.
+
+    Raises
+    ------
+    ValueError
+        For no chains, chains of different lengths or a chip in two chains.
+    """
+    groups = [np.asarray(c, dtype=np.int64).reshape(-1) for c in chains]
+    if not groups or len({g.size for g in groups}) != 1:
+        raise ValueError(f"chain_all_reduce_gathered: chains must be one or more of one length, got lengths "
+                         f"{[int(g.size) for g in groups]}")
+    every = np.concatenate(groups)
+    if np.unique(every).size != every.size:
+        raise ValueError("chain_all_reduce_gathered: a chip is in two chains")
+    topo, every = _prepare(topo, every, nbytes)
+    c = groups[0].size
+    if every.size == 1 or nbytes == 0:
+        return CollectiveCost("all_reduce", "chain", 0.0, 0.0, 0, 0, 0, c, float(nbytes))
+    src = np.concatenate([g[:-1] for g in groups])
+    dst = np.concatenate([g[1:] for g in groups])
+    tree_share, depth = _chain_trees(topo, every, [g.size * (k + 1) - 1 for k, g in enumerate(groups)])
+    if tree_share is None:  # the chips' own links do not connect them: along the routes
+        roots = np.concatenate([np.full(every.size - 1, g[-1]) for g in groups])
+        depth = int(topo.hops(roots, np.concatenate([every[every != g[-1]] for g in groups])).max())
+        tree_share = np.zeros(topo.nodes * 6)
+        for g in groups:
+            _, links = topo.route_links(np.full(every.size - 1, g[-1]), every[every != g[-1]])
+            tree_share[np.unique(links)] += 1.0
+    tree = np.flatnonzero(tree_share)
+    best = None
+    for m in segments:
+        if c > 1:
+            cost, load = topo.evaluate(src, dst, float(nbytes) / m)
+            chain_s, max_hops, board_hops = cost.seconds, max(1, cost.max_hops), cost.board_hops
+        else:
+            load, chain_s, max_hops, board_hops = np.zeros(topo.nodes * 6), 0.0, 1, 0
+        tree_s = topo.link_seconds(tree_share * (float(nbytes) / m)) + float(topo.link_hop_s[tree].max())
+        step = max(chain_s, tree_s)
+        load = load + tree_share * (float(nbytes) / m)
+        steps = m + c + depth - 2
+        candidate = CollectiveCost("all_reduce", "chain", steps * step, float(load.max()) * m,
+                                   steps * max_hops, steps * board_hops, steps, c, float(nbytes),
+                                   segments=int(m))
+        if best is None or candidate.seconds < best.seconds:
+            best = candidate
+    return best
+
+
+def _chain_trees(topo: "Topology", ranks: np.ndarray, roots) -> "tuple[np.ndarray | None, int]":
+    """Multicast trees from each rank index of ``roots`` to every other rank over the ranks'
+    own links, each rank hung from the neighbour one hop closer to the root whose link carries
+    the fewest trees so far (re-chosen in passes, as :func:`.trees._multicast_trees` balances
+    the all-gather's): ``(trees per directed link, deepest tree's hops)``, ``(None, 0)`` where
+    the links do not connect the ranks."""
+    from .trees import _MULTICAST_PASSES, _breadth_first, _local_links
+
+    member, nb = _local_links(topo, ranks)
+    roots = [int(r) for r in roots]
+    dist, order = _breadth_first(nb, roots)
+    if (dist < 0).any():
+        return None, 0
+    cand = {}
+    for s in range(len(roots)):
+        for v in order[s][1:]:
+            cand[s, v] = [int(ranks[u]) * 6 + (d + 3) % 6 for d, u in enumerate(nb[v])
+                          if u >= 0 and dist[s, u] == dist[s, v] - 1]
+    load = np.zeros(topo.nodes * 6)
+    inv_bw = 1.0 / topo.link_bw
+    choice: dict = {}
+    for _ in range(_MULTICAST_PASSES):
+        for key in sorted(cand):
+            old = choice.get(key)
+            if old is not None:
+                load[old] -= 1.0
+            best = min(cand[key], key=lambda link: (load[link] * inv_bw[link], link))
+            choice[key] = best
+            load[best] += 1.0
+    return load, int(dist.max())

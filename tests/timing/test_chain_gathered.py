@@ -1,0 +1,97 @@
+"""The chain all-reduces whose multicasts deliver every chain's result to every chip of them all."""
+
+import numpy as np
+import pytest
+
+import tvm_spinn
+from tvm_spinn.target.topology import ring_order, topology_of
+from tvm_spinn.timing import collectives as C
+
+
+@pytest.fixture(scope="module")
+def board():
+    return topology_of(tvm_spinn.make_system("chain-gathered", boards=1))
+
+
+def test_one_chain_is_the_chain_all_reduce(board):
+    """Delivering to the chain's own chips only is :func:`chain_all_reduce`."""
+    order = ring_order(board, 12)
+    for nbytes in (512, 4096):
+        one, ref = C.chain_all_reduce_gathered(board, [order], nbytes), C.chain_all_reduce(board, order, nbytes)
+        assert one.seconds == pytest.approx(ref.seconds) and one.steps == ref.steps and one.segments == ref.segments
+
+
+def test_steps_follow_the_chain_and_the_deepest_tree(board):
+    """m + c + D - 2 steps, D the farthest chip from a chain's last rank (a whole board's chips:
+    their own links are all the board's, so D is the hop count of the shortest routes)."""
+    order = ring_order(board, 48)
+    tp = 12
+    chains = [order[j * tp:(j + 1) * tp] for j in range(4)]
+    depth = max(int(board.hops(np.full(47, c[-1]), order[order != c[-1]]).max()) for c in chains)
+    for m in (1, 4):
+        cost = C.chain_all_reduce_gathered(board, chains, 512, segments=(m,))
+        assert cost.steps == m + tp + depth - 2
+        assert cost.op == "all_reduce" and cost.algorithm == "chain" and cost.ranks == tp
+    # each step moves a segment over a hop: more bytes never cost less, more chips to reach more steps
+    small, large = (C.chain_all_reduce_gathered(board, chains, n) for n in (512, 4096))
+    assert large.seconds > small.seconds
+    alone = C.chain_all_reduce(board, chains[0], 512, segments=(1,))
+    assert C.chain_all_reduce_gathered(board, chains, 512, segments=(1,)).steps > alone.steps
+
+
+def test_bad_chains_are_refused(board):
+    with pytest.raises(ValueError, match="one length"):
+        C.chain_all_reduce_gathered(board, [[0, 1, 2], [3, 4]], 64)
+    with pytest.raises(ValueError, match="two chains"):
+        C.chain_all_reduce_gathered(board, [[0, 1], [1, 2]], 64)
+    with pytest.raises(ValueError, match="one length"):
+        C.chain_all_reduce_gathered(board, [], 64)
+
+
+def _attention_end(sp_gather_tensor: int):
+    """A one-layer program whose output (tensor 2, the PV product's partial sums) is chain
+    all-reduced in each tensor-parallel group and then all-gathered over all the chips."""
+    from types import SimpleNamespace
+
+    from tvm_spinn.mapping.shard import Collective
+
+    program = SimpleNamespace(layers=[SimpleNamespace(kind="matmul", inputs=(0, 1), output=2)])
+    colls = [Collective(1, "all_reduce", 2, 512, False, "tp"),
+             Collective(1, "all_gather", sp_gather_tensor, 2048, True, "all")]
+    return program, colls
+
+
+@pytest.mark.parametrize("tp", [6, 12])
+def test_the_gather_rides_on_the_chains_where_cheaper(board, tp):
+    """The mapper times the chains delivering to every chip where that is cheaper than the chain
+    and the gather after it, and the two collectives otherwise."""
+    from types import SimpleNamespace
+
+    from tvm_spinn.mapping.system import _comm
+
+    sp = 4
+    program, colls = _attention_end(2)
+    plan = SimpleNamespace(tp=tp, sp=sp, dp=1, chips=tp * sp, collectives=colls)
+    order = ring_order(board, tp * sp)
+    fused = C.chain_all_reduce_gathered(board, [order[j * tp:(j + 1) * tp] for j in range(sp)], 512)
+    chain, gather = C.chain_all_reduce(board, order[:tp], 512), C.all_gather(board, order, 2048)
+    got = _comm(board, program, plan)
+    if fused.seconds < chain.seconds + gather.seconds:
+        assert [(layer, c.op, c.algorithm, ready) for layer, c, ready in got] == [(1, "all_reduce", "chain", None)]
+        assert got[0][1].seconds == pytest.approx(fused.seconds)
+    else:
+        assert [(c.op, c.seconds) for _, c, _ in got] == [("all_reduce", pytest.approx(chain.seconds)),
+                                                           ("all_gather", pytest.approx(gather.seconds))]
+    # a gather of another tensor is not what the chains deliver: both run
+    other, colls = _attention_end(0)
+    got = _comm(board, other, SimpleNamespace(tp=tp, sp=sp, dp=1, chips=tp * sp, collectives=colls))
+    assert [c.op for _, c, _ in got] == ["all_reduce", "all_gather"]
+
+
+def test_some_board_plan_rides_the_gather(board):
+    """On one board's chips a 6 x 4 attention plan's chains reach all 24 chips sooner than the
+    chain and the gather after it (the choice above is not vacuous)."""
+    order = ring_order(board, 24)
+    fused = C.chain_all_reduce_gathered(board, [order[j * 6:(j + 1) * 6] for j in range(4)], 512)
+    apart = C.chain_all_reduce(board, order[:6], 512).seconds + C.all_gather(board, order, 2048).seconds
+    assert fused.seconds < apart
