@@ -1,0 +1,102 @@
+"""Groups of boards laid out as two lines with relaying boards between them (tvm_spinn.llm.board_tp.relay_bands)."""
+
+import pytest
+
+from tvm_spinn.llm import board_tp
+
+#: The lattice of boards: board (a, b) neighbours these displacements (no wrap-around here)
+STEPS = ((1, 0), (-1, 0), (0, 1), (0, -1), (1, -1), (-1, 1))
+
+
+def _pos(grid, group):
+    return [(b % grid[0], b // grid[0]) for b in group]
+
+
+def _lines(grid, group):
+    """The group's boards split into the parts its own board edges join (breadth-first)."""
+    at = set(_pos(grid, group))
+    parts, seen = [], set()
+    for p in sorted(at):
+        if p in seen:
+            continue
+        part, front = {p}, [p]
+        while front:
+            a, b = front.pop()
+            for da, db in STEPS:
+                q = (a + da, b + db)
+                if q in at and q not in part:
+                    part.add(q)
+                    front.append(q)
+        seen |= part
+        parts.append(sorted(part))
+    return parts
+
+
+@pytest.mark.parametrize("g", [4, 8, 16, 32])
+def test_relay_bands_are_two_lines_with_the_partner_group_between(g):
+    grid = (24, 30)
+    layouts = board_tp.relay_bands(grid, g)
+    assert len(layouts) == len(board_tp.RELAY_LINES)
+    for (steps, across), groups in zip(board_tp.RELAY_LINES, layouts):
+        flat = [b for grp in groups for b in grp]
+        assert len(flat) == len(set(flat)) and all(0 <= b < grid[0] * grid[1] for b in flat)
+        assert len(groups) % 2 == 0
+        first = _pos(grid, groups[0])
+        for k, grp in enumerate(groups):
+            assert len(grp) == g
+            pos = _pos(grid, grp)
+            # every group a translate of the first
+            da, db = pos[0][0] - first[0][0], pos[0][1] - first[0][1]
+            assert sorted(pos) == sorted((a + da, b + db) for a, b in first)
+            # two straight lines of g / 2 boards along the step, two steps across apart
+            lines = _lines(grid, grp)
+            assert len(lines) == 2 and all(len(line) == g // 2 for line in lines)
+            (a0, b0), (a1, b1) = lines[0][0], lines[1][0]
+            assert {(a1 - a0, b1 - b0), (a0 - a1, b0 - b1)} == {(2 * across[0], 2 * across[1]),
+                                                                 (-2 * across[0], -2 * across[1])}
+            assert all((q[0] - p[0], q[1] - p[1]) == steps[0] for line in lines for p, q in zip(line, line[1:]))
+            if k % 2 == 0:
+                # its partner: the line between the two and the line beside them (one step across)
+                partner = set(_pos(grid, groups[k + 1]))
+                assert partner == {(a + across[0], b + across[1]) for a, b in pos}
+
+
+def test_relay_bands_fit_the_grid_or_are_empty():
+    assert board_tp.relay_bands((24, 30), 2) == [] and board_tp.relay_bands((24, 30), 7) == []
+    assert board_tp.relay_bands((3, 3), 16) == []  # no pair of two lines of 8 fits
+    # a 4 x 6 torus: two lines of 4 along b (4 boards across a pair), or along a beside each
+    # other across b; none across the diagonal (the pair's sheared rows need 7 boards across)
+    small = board_tp.relay_bands((4, 6), 8)
+    assert [len(lay) for lay in small] == [2, 2]
+    assert sorted(small[0][0]) == [0, 2, 4, 6, 8, 10, 12, 14] and sorted(small[0][1]) == [1, 3, 5, 7, 9, 11, 13, 15]
+    # offered by group_layouts only when asked, kept to the boards given
+    assert len(board_tp.group_layouts((24, 30), 16, range(720), compact=True, relays=True)) == \
+        len(board_tp.group_layouts((24, 30), 16, range(720), compact=True)) + len(board_tp.RELAY_LINES)
+    inside = [b for b in range(720) if b % 24 < 8 and b // 24 < 9]  # an 8 x 9 patch of the cloud
+    for lay in board_tp.group_layouts((24, 30), 16, inside, relays=True):
+        assert lay and all(set(grp) <= set(inside) for grp in lay)
+
+
+def test_relay_band_all_reduces_faster_than_the_bare_patch_and_no_faster_than_its_floor():
+    """On the cloud's torus (no patch of 16 closes into a ring) two lines of 8 boards with a line
+    of relaying boards between them all-reduce the int32 row faster than the 4 x 4 patch and the
+    band of two rows (their shares leave every member over six board edges instead of the
+    patch's border), and never below the bound any schedule of trees is held to."""
+    from tvm_spinn.target import arch_of
+    from tvm_spinn.timing.collectives import board_group_all_reduce, board_group_floor
+
+    cpb, _, topo, _, order, _, torus = board_tp.board_setting(arch_of("spinn/cloud"))
+    nbytes = 8192 * 4
+
+    def cost(group):
+        grid = [[int(c) + b * cpb for c in order] for b in group]
+        return board_group_all_reduce(topo, grid, nbytes, board_gather=False, pipelined=True).seconds
+
+    relay = board_tp.relay_bands(torus, 16)[0][0]
+    bare = [cost(board_tp.board_patches(torus, 16)[0]), cost(board_tp.board_groups(torus, 16)[0])]
+    mine = cost(relay)
+    assert mine < min(bare), (mine, bare)
+    bandwidth, latency = board_group_floor(topo, relay, nbytes)
+    assert mine >= bandwidth + latency
+    # the relays lower the floor's bandwidth part: every member's six edges lead to other boards
+    assert bandwidth < board_group_floor(topo, board_tp.board_patches(torus, 16)[0], nbytes)[0]
