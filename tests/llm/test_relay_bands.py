@@ -70,11 +70,18 @@ def test_relay_bands_fit_the_grid_or_are_empty():
     assert [len(lay) for lay in small] == [2, 2]
     assert sorted(small[0][0]) == [0, 2, 4, 6, 8, 10, 12, 14] and sorted(small[0][1]) == [1, 3, 5, 7, 9, 11, 13, 15]
     # offered by group_layouts only when asked, kept to the boards given
-    assert len(board_tp.group_layouts((24, 30), 16, range(720), compact=True, relays=True)) == \
-        len(board_tp.group_layouts((24, 30), 16, range(720), compact=True)) + len(board_tp.RELAY_LINES)
+    plain = board_tp.group_layouts((24, 30), 16, range(720), compact=True)
+    offered = board_tp.group_layouts((24, 30), 16, range(720), compact=True, relays=True)
+    # one way of the lines stands for the three (one shape turned): the one with the most groups
+    ways = board_tp.relay_bands((24, 30), 16)
+    # pairs of lines of 8 along b: 30 // 8 along x 24 // 4 across = 18 pairs; along a: 3 x 7 = 21
+    assert [len(lay) for lay in ways[:2]] == [36, 42] and len(ways[2]) < 42
+    assert offered[:-1] == plain and offered[-1] == ways[1]
     inside = [b for b in range(720) if b % 24 < 8 and b // 24 < 9]  # an 8 x 9 patch of the cloud
-    for lay in board_tp.group_layouts((24, 30), 16, inside, relays=True):
-        assert lay and all(set(grp) <= set(inside) for grp in lay)
+    kept = board_tp.group_layouts((24, 30), 16, inside, relays=True)
+    assert all(lay and set(grp) <= set(inside) for lay in kept for grp in lay)
+    # two pairs either way (9 // 8 x 8 // 4 along b, 8 // 8 x 9 // 4 along a): ties to the first
+    assert kept[-1] == [grp for grp in ways[0] if set(grp) <= set(inside)] and len(kept[-1]) == 4
 
 
 def test_relay_band_all_reduces_faster_than_the_bare_patch_and_no_faster_than_its_floor():

@@ -343,12 +343,19 @@ def group_layouts(grid: tuple[int, int], g: int, boards, compact: bool = False,
     """The layouts of groups of ``g`` boards on the torus ``grid`` (bands, :func:`board_groups`,
     and patches, :func:`board_patches`; with ``compact`` also the roundest groups,
     :func:`board_compact`; with ``relays`` also two lines of boards with relaying boards between
-    them, :func:`relay_bands`), each kept to the groups that lie inside ``boards`` (the live or
-    allocated ones); layouts left empty are dropped."""
+    them, :func:`relay_bands`, the way of its lines that places the most groups), each kept to the
+    groups that lie inside ``boards`` (the live or allocated ones); layouts left empty are
+    dropped."""
     inside = set(boards)
-    found = ((board_groups(grid, g), board_patches(grid, g)) + ((board_compact(grid, g),) if compact else ())
-             + (tuple(relay_bands(grid, g)) if relays else ()))
+    found = (board_groups(grid, g), board_patches(grid, g)) + ((board_compact(grid, g),) if compact else ())
     layouts = [[grp for grp in lay if set(grp) <= inside] for lay in found]
+    if relays:
+        # the ways of the lines are one group's shape turned on the lattice of boards (the same
+        # edges inside and around it), so one stands for them (each timed costs planning time):
+        # the one that places the most groups inside ``boards``, ties to the first way
+        ways = [[grp for grp in lay if set(grp) <= inside] for lay in relay_bands(grid, g)]
+        if ways:
+            layouts.append(max(ways, key=len))
     return [lay for lay in layouts if lay]
 
 
@@ -416,11 +423,11 @@ def board_patches(grid: tuple[int, int], g: int, shape: "tuple[int, int] | None"
 #: The lines of :func:`relay_bands`: the steps a line takes from board to board, in turn, and the
 #: step between the two lines of a group (taken twice: the line between them relays), on the
 #: lattice of boards whose board ``(a, b)`` neighbours ``(a +- 1, b)``, ``(a, b +- 1)``, ``(a + 1,
-#: b - 1)`` and ``(a - 1, b + 1)`` (:func:`tvm_spinn.target.topology.board_grid`). A line may also
-#: zigzag across two axes (two steps in turn, e.g. ``((0, 1), (-1, 1))``): a hop or two fewer
-#: across the group, but on the cloud's torus its 16- and 8-board all-reduces are 1-6 us dearer
-#: than the straight lines', and each layout tried costs planning time, so the lines run along
-#: the axes.
+#: b - 1)`` and ``(a - 1, b + 1)`` (:func:`tvm_spinn.target.topology.board_grid`). The three ways
+#: are one shape turned on the lattice; they differ in how their pairs tile a grid. A line may
+#: also zigzag across two axes (two steps in turn, e.g. ``((0, 1), (-1, 1))``): a hop or two
+#: fewer across the group, but on the cloud's torus its 16- and 8-board all-reduces are 1-6 us
+#: dearer than the straight lines', so the lines run along the axes.
 RELAY_LINES = (
     (((0, 1),), (1, 0)),           # along b, beside it across a
     (((1, 0),), (0, 1)),           # along a, beside it across b
