@@ -107,3 +107,20 @@ def test_relay_band_all_reduces_faster_than_the_bare_patch_and_no_faster_than_it
     assert mine >= bandwidth + latency
     # the relays lower the floor's bandwidth part: every member's six edges lead to other boards
     assert bandwidth < board_group_floor(topo, board_tp.board_patches(torus, 16)[0], nbytes)[0]
+
+
+def test_relay_bands_are_offered_only_where_the_trees_reach_the_relays():
+    """Two lines of 16 boards have 56 boards next to them: with the group's 32, more than the
+    multicast trees' region holds (MULTICAST_MAX_RANKS), so the all-reduce could not pass
+    through them (a ring or tree across the group's boards alone): no relay layout of 32."""
+    from tvm_spinn.timing.collectives import MULTICAST_MAX_RANKS
+
+    grid = (24, 30)
+    for g in (4, 8, 16, 32):
+        group = board_tp.relay_bands(grid, g)[0][0]
+        pos = set(_pos(grid, group))
+        near = {(a + da, b + db) for a, b in pos for da, db in STEPS} - pos
+        fits = g + len(near) <= MULTICAST_MAX_RANKS
+        assert fits == (g < 32)
+        plain = board_tp.group_layouts(grid, g, range(720), compact=True)
+        assert len(board_tp.group_layouts(grid, g, range(720), compact=True, relays=True)) == len(plain) + fits

@@ -349,7 +349,7 @@ def group_layouts(grid: tuple[int, int], g: int, boards, compact: bool = False,
     inside = set(boards)
     found = (board_groups(grid, g), board_patches(grid, g)) + ((board_compact(grid, g),) if compact else ())
     layouts = [[grp for grp in lay if set(grp) <= inside] for lay in found]
-    if relays:
+    if relays and _relayed(grid, g):
         # the ways of the lines are one group's shape turned on the lattice of boards (the same
         # edges inside and around it), so one stands for them (each timed costs planning time):
         # the one that places the most groups inside ``boards``, ties to the first way
@@ -433,6 +433,23 @@ RELAY_LINES = (
     (((1, 0),), (0, 1)),           # along a, beside it across b
     (((1, 0),), (-1, 1)),          # along a, beside it across the diagonal
 )
+
+
+def _relayed(grid: tuple[int, int], g: int) -> bool:
+    """Whether a group of :func:`relay_bands` and the boards next to it are few enough for the
+    all-reduce's trees to pass through those boards
+    (:data:`~tvm_spinn.timing.collectives.MULTICAST_MAX_RANKS`; else its all-reduce is a ring
+    or tree across the group's boards alone, and the layout has nothing to offer: the lines of
+    16 boards, with 56 boards next to them)."""
+    from ..timing.collectives import MULTICAST_MAX_RANKS
+
+    steps = ((1, 0), (-1, 0), (0, 1), (0, -1), (1, -1), (-1, 1))  # the lattice of boards
+    for lay in relay_bands(grid, g)[:1]:
+        bx = grid[0]
+        group = {(b % bx, b // bx) for b in lay[0]}
+        near = {(a + da, c + dc) for a, c in group for da, dc in steps} - group
+        return g + len(near) <= MULTICAST_MAX_RANKS
+    return False
 
 
 def relay_bands(grid: tuple[int, int], g: int) -> list[list[list[int]]]:
