@@ -64,24 +64,25 @@ def test_relay_bands_are_two_lines_with_the_partner_group_between(g):
 def test_relay_bands_fit_the_grid_or_are_empty():
     assert board_tp.relay_bands((24, 30), 2) == [] and board_tp.relay_bands((24, 30), 7) == []
     assert board_tp.relay_bands((3, 3), 16) == []  # no pair of two lines of 8 fits
-    # a 4 x 6 torus: two lines of 4 along b (4 boards across a pair), or along a beside each
-    # other across b; none across the diagonal (the pair's sheared rows need 7 boards across)
+    # a 4 x 6 torus: the pairs start one line in, so two lines of 4 along b (a pair 4 lines
+    # across from a = 1) do not fit; two lines of 4 along a do, one pair from b = 1
     small = board_tp.relay_bands((4, 6), 8)
-    assert [len(lay) for lay in small] == [2, 2]
-    assert sorted(small[0][0]) == [0, 2, 4, 6, 8, 10, 12, 14] and sorted(small[0][1]) == [1, 3, 5, 7, 9, 11, 13, 15]
+    assert small == [[[4, 5, 6, 7, 12, 13, 14, 15], [8, 9, 10, 11, 16, 17, 18, 19]]]
     # offered by group_layouts only when asked, kept to the boards given
     plain = board_tp.group_layouts((24, 30), 16, range(720), compact=True)
     offered = board_tp.group_layouts((24, 30), 16, range(720), compact=True, relays=True)
     # one way of the lines stands for the three (one shape turned): the one with the most groups
     ways = board_tp.relay_bands((24, 30), 16)
-    # pairs of lines of 8 along b: 30 // 8 along x 24 // 4 across = 18 pairs; along a: 3 x 7 = 21
-    assert [len(lay) for lay in ways[:2]] == [36, 42] and len(ways[2]) < 42
+    # pairs of lines of 8 from one line in: along b 30 // 8 x (24 - 1) // 4 = 15 pairs, along a
+    # 24 // 8 x (30 - 1) // 4 = 21
+    assert [len(lay) for lay in ways[:2]] == [30, 42] and len(ways[2]) < 42
     assert offered[:-1] == plain and offered[-1] == ways[1]
     inside = [b for b in range(720) if b % 24 < 8 and b // 24 < 9]  # an 8 x 9 patch of the cloud
     kept = board_tp.group_layouts((24, 30), 16, inside, relays=True)
     assert all(lay and set(grp) <= set(inside) for lay in kept for grp in lay)
-    # two pairs either way (9 // 8 x 8 // 4 along b, 8 // 8 x 9 // 4 along a): ties to the first
-    assert kept[-1] == [grp for grp in ways[0] if set(grp) <= set(inside)] and len(kept[-1]) == 4
+    # along a two pairs ((9 - 1) // 4); along b one pair and the first group of the next
+    assert kept[-1] == [grp for grp in ways[1] if set(grp) <= set(inside)] and len(kept[-1]) == 4
+    assert len([grp for grp in ways[0] if set(grp) <= set(inside)]) == 3
 
 
 def test_relay_band_all_reduces_faster_than_the_bare_patch_and_no_faster_than_its_floor():
@@ -124,3 +125,27 @@ def test_relay_bands_are_offered_only_where_the_trees_reach_the_relays():
         assert fits == (g < 32)
         plain = board_tp.group_layouts(grid, g, range(720), compact=True)
         assert len(board_tp.group_layouts(grid, g, range(720), compact=True, relays=True)) == len(plain) + fits
+
+
+def test_a_relay_band_on_a_patch_of_the_cloud_has_relays_outside_its_first_line():
+    """On an allocation (a patch of the cloud: no links beyond its edge) the pairs start one line
+    in, so the first group's outer line has a line of relaying boards outside it: its all-reduce
+    beats the same group moved onto the patch's edge, and the patch's own layouts."""
+    from tvm_spinn.target import arch_of
+    from tvm_spinn.target.allocation import allocation
+    from tvm_spinn.target.faults import whole_boards
+    from tvm_spinn.timing.collectives import board_group_all_reduce, board_group_floor
+
+    arch = allocation(arch_of("spinn/cloud"), 72)  # an 8 x 9 patch
+    cpb, _, topo, _, order, _, torus = board_tp.board_setting(arch)
+    lays = board_tp.group_layouts(torus, 16, whole_boards(arch), compact=True, relays=True)
+
+    def cost(group):
+        return board_group_all_reduce(topo, [[int(c) + b * cpb for c in order] for b in group], 8192 * 4,
+                                      board_gather=False, pipelined=True).seconds
+
+    relay = lays[-1][0]
+    at_edge = [b - torus[0] for b in relay]  # the same lines one line nearer the patch's edge
+    assert min(relay) >= torus[0] and set(at_edge) <= set(whole_boards(arch))
+    assert cost(relay) < cost(at_edge) and cost(relay) < min(cost(lay[0]) for lay in lays[:-1])
+    assert cost(relay) >= sum(board_group_floor(topo, relay, 8192 * 4))
