@@ -112,8 +112,10 @@ import numpy as np
 
 __all__ = ["TP_BOARDS", "slice_config", "slice_shares", "slice_block", "slice_weight_bytes", "gemm_weight_bytes", "stream_floor",
            "block_all_reduces", "board_groups",
-           "board_patches", "board_compact", "group_layouts", "board_setting", "group_caches", "GroupCaches",
-           "slice_pieces", "slice_forms", "fused_gathers", "fused_adds", "fused_add_s", "slice_collectives", "pipeline_rest", "records"]
+           "board_patches", "board_compact", "relay_bands", "RELAY_LINES", "group_layouts", "board_setting",
+           "group_caches", "GroupCaches",
+           "slice_pieces", "slice_forms", "fused_gathers", "fused_adds", "fused_add_s", "slice_collectives",
+           "pipeline_rest", "records"]
 
 #: Boards one block is tensor-parallel over (each must divide the heads and the intermediate
 #: size, and leave a board for the head), tried in the order of what their all-reduces alone
@@ -350,14 +352,24 @@ def board_groups(grid: tuple[int, int], g: int) -> list[list[int]]:
     return [snake[i:i + g] for i in range(0, len(snake) - g + 1, g)]
 
 
-def group_layouts(grid: tuple[int, int], g: int, boards, compact: bool = False) -> list[list[list[int]]]:
+def group_layouts(grid: tuple[int, int], g: int, boards, compact: bool = False,
+                  relays: bool = False) -> list[list[list[int]]]:
     """The layouts of groups of ``g`` boards on the torus ``grid`` (bands, :func:`board_groups`,
     and patches, :func:`board_patches`; with ``compact`` also the roundest groups,
-    :func:`board_compact`), each kept to the groups that lie inside ``boards`` (the live or
-    allocated ones); layouts left empty are dropped."""
+    :func:`board_compact`; with ``relays`` also two lines of boards with relaying boards between
+    them, :func:`relay_bands`, the way of its lines that places the most groups), each kept to the
+    groups that lie inside ``boards`` (the live or allocated ones); layouts left empty are
+    dropped."""
     inside = set(boards)
     found = (board_groups(grid, g), board_patches(grid, g)) + ((board_compact(grid, g),) if compact else ())
     layouts = [[grp for grp in lay if set(grp) <= inside] for lay in found]
+    if relays and _relayed(grid, g):
+        # the ways of the lines are one group's shape turned on the lattice of boards (the same
+        # edges inside and around it), so one stands for them (each timed costs planning time):
+        # the one that places the most groups inside ``boards``, ties to the first way
+        ways = [[grp for grp in lay if set(grp) <= inside] for lay in relay_bands(grid, g)]
+        if ways:
+            layouts.append(max(ways, key=len))
     return [lay for lay in layouts if lay]
 
 
@@ -419,6 +431,94 @@ def board_patches(grid: tuple[int, int], g: int, shape: "tuple[int, int] | None"
         cols = range(bx // p) if row % 2 == 0 else reversed(range(bx // p))
         for col in cols:
             out.append([(col * p + a) + bx * (row * q + b) for b in range(q) for a in range(p)])
+    return out
+
+
+#: The lines of :func:`relay_bands`: the steps a line takes from board to board, in turn, and the
+#: step between the two lines of a group (taken twice: the line between them relays), on the
+#: lattice of boards whose board ``(a, b)`` neighbours ``(a +- 1, b)``, ``(a, b +- 1)``, ``(a + 1,
+#: b - 1)`` and ``(a - 1, b + 1)`` (:func:`tvm_spinn.target.topology.board_grid`). The three ways
+#: are one shape turned on the lattice; they differ in how their pairs tile a grid. A line may
+#: also zigzag across two axes (two steps in turn, e.g. ``((0, 1), (-1, 1))``): a hop or two
+#: fewer across the group, but on the cloud's torus its 16- and 8-board all-reduces are 1-6 us
+#: dearer than the straight lines', so the lines run along the axes.
+RELAY_LINES = (
+    (((0, 1),), (1, 0)),           # along b, beside it across a
+    (((1, 0),), (0, 1)),           # along a, beside it across b
+    (((1, 0),), (-1, 1)),          # along a, beside it across the diagonal
+)
+
+
+def _relayed(grid: tuple[int, int], g: int) -> bool:
+    """Whether a group of :func:`relay_bands` and the boards next to it are few enough for the
+    all-reduce's trees to pass through those boards
+    (:data:`~tvm_spinn.timing.collectives.MULTICAST_MAX_RANKS`; else its all-reduce is a ring
+    or tree across the group's boards alone, and the layout has nothing to offer: the lines of
+    16 boards, with 56 boards next to them)."""
+    from ..timing.collectives import MULTICAST_MAX_RANKS
+
+    steps = ((1, 0), (-1, 0), (0, 1), (0, -1), (1, -1), (-1, 1))  # the lattice of boards
+    for lay in relay_bands(grid, g)[:1]:
+        bx = grid[0]
+        group = {(b % bx, b // bx) for b in lay[0]}
+        near = {(a + da, c + dc) for a, c in group for da, dc in steps} - group
+        return g + len(near) <= MULTICAST_MAX_RANKS
+    return False
+
+
+def relay_bands(grid: tuple[int, int], g: int) -> list[list[list[int]]]:
+    """Layouts of groups of ``g`` boards as two parallel lines of ``g / 2`` boards two board hops
+    apart, the boards of the line between them (and around them) free to relay the
+    all-reduce's trees: one layout per way of :data:`RELAY_LINES`.
+
+    On a torus of boards too large for a patch to close into a ring, a compact patch joins its
+    boards by few edges of its own (a 4 x 4 patch 33, each carrying its share of every tree
+    part both ways) and reaches the boards around it only from its border. Two lines with a line
+    of other boards between them give every member its six board edges to boards that relay
+    (two lines of members and the three lines of boards between and beside them): the shares
+    spread over about twice the edges of the patch's boundary, at a few more board hops
+    across. At batch 1 the boards between are idle while a group all-reduces (they run the
+    other blocks of the pipeline), so each pair of groups interleaves: the second group's lines
+    lie between and beside the first's (translates by one step across). The pairs tile the
+    torus ``grid`` (no wrap-around) in a snake, across the lines, then along them, from one
+    line in: on a patch of a larger torus (an allocation, whose link graph ends at its edge)
+    the first group's outer line then has a line of relaying boards outside it too (a 16-board
+    group on an 8 x 9 patch of the cloud all-reduces in 139 us, against 188 us with its outer
+    line on the patch's edge).
+
+    Returns
+    -------
+    list of list of list of int
+        Per way of :data:`RELAY_LINES` whose pair fits the grid, the groups (board ids ``a + bx
+        b``) in pipeline order; empty for an odd ``g`` or ``g < 4``.
+    """
+    bx, by = grid
+    if g < 4 or g % 2:
+        return []
+    h = g // 2
+    out = []
+    for steps, across in RELAY_LINES:
+        line = np.zeros((h, 2), dtype=np.int64)
+        for k in range(1, h):
+            line[k] = line[k - 1] + steps[(k - 1) % len(steps)]
+        side = np.asarray(across, dtype=np.int64)
+        pair = [np.concatenate([line, line + 2 * side]), np.concatenate([line + side, line + 3 * side])]
+        # translates: 4 steps across to the next pair, the line's own length along it
+        along = line[-1] + steps[(h - 1) % len(steps)]
+        reach = bx + by
+        xs, ys = np.meshgrid(np.arange(-reach, reach + 1), np.arange(-reach, reach + 1), indexing="ij")
+        shift = (xs.reshape(-1, 1) * 4 * side + ys.reshape(-1, 1) * along)  # (translates, 2)
+        both = np.concatenate(pair) + side  # one line in from the first: it relays too
+        pos = shift[:, None, :] + both[None, :, :]
+        fits = ((pos[..., 0] >= 0) & (pos[..., 0] < bx) & (pos[..., 1] >= 0) & (pos[..., 1] < by)).all(axis=1)
+        x, y = xs.reshape(-1)[fits], ys.reshape(-1)[fits]
+        groups = []
+        for i in np.lexsort((np.where(y % 2 == 0, x, -x), y)):  # snake: across the lines, then along
+            for part in pair:
+                at = part + side + shift[fits][i]
+                groups.append([int(a + bx * b) for a, b in at])
+        if groups:
+            out.append(groups)
     return out
 
 
@@ -1154,7 +1254,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     for g in (g for g in TP_BOARDS if g + 1 <= boards):
         if slice_config(cfg, spec, g) is None and slice_shares(spec, g) is None:
             continue
-        layouts = group_layouts(torus, g, whole, compact=True)
+        layouts = group_layouts(torus, g, whole, compact=True, relays=True)
         if not layouts:
             continue
         groups = min(layouts, key=lambda lay: (reduce_of(lay), -len(lay)))
