@@ -1,7 +1,7 @@
 """The ``quantize`` PE kernel's quotient without a VDIV per element, checked bit for bit.
 
-The kernel (:func:`tvm_spinn.pe.kernels._quantize`) divides by a run's scale with one VDIV of the
-reciprocal ``y = RN(1/s)`` and two corrections of ``q0 = RN(x y)`` by fused multiply-adds
+The kernel (:func:`tvm_spinn.pe.kernels.quantize._quantize`) divides by a run's scale with one VDIV
+of the reciprocal ``y = RN(1/s)`` and two corrections of ``q0 = RN(x y)`` by fused multiply-adds
 (Markstein), then rounds with VCVTR and adds the zero point with QADD and SSAT/USAT; elements
 whose corrected quotient is NaN and runs whose scale or zero point is outside the ranges where
 that is exact take the reference's own operations. Checked here:
@@ -38,7 +38,7 @@ import tvm_spinn  # noqa: E402
 from tvm_spinn.pe import run_program_iss  # noqa: E402
 from tvm_spinn.pe.images import role_image  # noqa: E402
 from tvm_spinn.pe.iss import PeMachine  # noqa: E402
-from tvm_spinn.pe.kernels import _SCALE_EXP, _ZERO_BOUND  # noqa: E402
+from tvm_spinn.pe.kernels.quantize import _SCALE_EXP, _ZERO_BOUND  # noqa: E402
 from tvm_spinn.program.quant import QUANT_RANGES  # noqa: E402
 from tvm_spinn.runtime.simulator import run_program  # noqa: E402
 
