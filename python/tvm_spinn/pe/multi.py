@@ -2,10 +2,11 @@
 NoC packets between them.
 
 :class:`NocFabric` carries packets between the NoC interfaces (:data:`~.memory_map.NOC_REGS`) of
-the PEs' :class:`~.iss.PeMachine` s (one ``unicorn`` per PE) and steps the PEs round-robin: a PE
-whose code reads an empty RX FIFO stops there and yields, and is resumed once a packet is in its
-FIFO; when every PE still running waits on an empty FIFO, :class:`~.errors.NocDeadlock` names
-each PE and what it waits for.
+the PEs' :class:`~.iss.PeMachine` s (one ``unicorn`` per PE) and steps the PE that can run
+earliest: a PE whose code reads an empty RX FIFO's count (or reads it while another PE could
+still send it a packet by then) stops there and yields, and is resumed once a packet is in its
+FIFO (or the other has run that far); when every PE still running waits on an empty FIFO,
+:class:`~.errors.NocDeadlock` names each PE and what it waits for.
 
 :func:`run_firmware_concurrent` runs a region of a firmware directory exported with the NoC
 driver (:func:`~.firmware.export_firmware` ``noc=True``) that way: each PE runs its jobs in its

@@ -22,11 +22,15 @@ registers are :data:`~.memory_map.NOC_REGS`. Routines (AAPCS calls, returning to
 - ``pe_noc_notify(dests, n, job, slot)``: one ready packet (key ``NOC_KEY_READY | job``,
   payload the sender's slot) to each of ``n`` PEs;
 - ``pe_barrier(parent, children, group)``: a barrier over a tree of PEs (the host's static
-  schedule gives each PE its parent and its number of children): a PE counts ``children``
-  arrival packets (``NOC_KEY_ARRIVE | group``), then, unless it is the root (its own parent),
-  sends one to its parent (payload its PE id) and waits for the release; the root sends one
-  release packet (``NOC_KEY_RELEASE | group``) by multicast, routed by the router's table to
-  every other PE of the barrier.
+  schedule gives each PE its parent and its number of children): a PE polls the receive count
+  until its ``children`` arrival packets (``NOC_KEY_ARRIVE | group``) are all in, popping them
+  unread four at a time while more are due (the static schedule sends a counting PE nothing
+  else while it is in the barrier; no per-packet call, no register read per packet); then,
+  unless it is the root (its own parent), it sends one to its parent (payload its PE id), pops
+  the rest and waits for the release, whose key it checks; the root sends one release packet
+  (``NOC_KEY_RELEASE | group``) by multicast, routed by the router's table to every other PE
+  of the barrier, and pops the rest. The timing model's barrier
+  (:meth:`~tvm_spinn.target.arch.SpinnArch.barrier_cost_cycles`) is this code's path.
 """
 
 from __future__ import annotations
