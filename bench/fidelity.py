@@ -205,7 +205,7 @@ def _software_breakdown(p: Program, arch: SpinnArch) -> str:
     mac = float(np.bincount(table.pe, weights=table.cycles).max())
     wb = float(np.bincount(table.pe, weights=write).max())
     workers = len(np.unique(table.pe))
-    gather = (workers + 1) * arch.sync_packet_cycles + scheduler_path_cycles(arch)
+    gather = (workers + 1) * arch.task_word_cycles + scheduler_path_cycles(arch)
     t = p.timing
     return (f"{workers} workers: dispatch {sent * us:.1f} us, fetch {t.dram_bytes / arch.dram_bw_bytes_s * 1e6:.1f} us "
             f"({t.dram_bytes / 1e6:.2f} MB), MAC busiest PE {mac * us:.1f} us, write-back {wb * us:.2f} us, "

@@ -17,7 +17,7 @@ from tvm_spinn.pe.errors import IssFault, NocDeadlock  # noqa: E402
 from tvm_spinn.pe.images import role_image  # noqa: E402
 from tvm_spinn.pe.iss import PeMachine, image_symbols  # noqa: E402
 from tvm_spinn.pe.memory_map import NOC_KEY_READY, NOC_KEY_RELEASE, NOC_WAIT_POLLS  # noqa: E402
-from tvm_spinn.pe.multi import NocFabric, barrier_tree, run_barrier, run_firmware_concurrent  # noqa: E402
+from tvm_spinn.pe.multi import NocFabric, barrier_pes, barrier_tree, run_barrier, run_firmware_concurrent  # noqa: E402
 from tvm_spinn.pe.images import noc_role_image  # noqa: E402
 from tvm_spinn.pe.noc import NOC_ROUTINES  # noqa: E402
 from tvm_spinn.runtime.simulator import run_program  # noqa: E402
@@ -147,6 +147,21 @@ def test_barrier_releases_no_pe_before_the_last_arrives(image):
     with pytest.raises(IssFault, match=r"multicast packet key 0x3000004 matches no route"):
         fabric.run({pe: _call(ms[pe], "pe_barrier", [0, 1 - pe, 4]) for pe in ms}, lambda pe: "")
     assert NOC_KEY_RELEASE | 4 == 0x3000004
+
+
+@pytest.mark.parametrize("pes", [3, 13, 37, 100, 148])
+def test_timing_models_barrier_is_the_executed_one(image, pes):
+    """``SpinnArch.barrier_cost_cycles`` against the executed barrier on the same tree (the
+    model's layout of quad-PEs placed on the chip's grid, its root in the middle), at sizes its
+    counted cycles were not read from: the slowest PE's cycles within 10%; a dearer hop or a
+    dearer pop moves both."""
+    for arch in (SpinnArch(), SpinnArch(noc_hop_cycles=9)):
+        chip, root = barrier_pes(pes, arch)
+        assert len(chip) == pes and root in chip
+        executed = max(run_barrier(chip, master=root, arch=arch, image=image).values())
+        modelled = arch.barrier_cost_cycles(pes)
+        assert abs(modelled / executed - 1) <= 0.10, (pes, arch.noc_hop_cycles, modelled, executed)
+    assert SpinnArch(noc_hop_cycles=9).barrier_cost_cycles(pes) > SpinnArch().barrier_cost_cycles(pes)
 
 
 def test_deadlock_names_the_pes_and_what_they_wait_for(image):

@@ -59,20 +59,25 @@ def test_barrier_is_built_from_noc_packets():
     from tvm_spinn.target.arch import ArchError, SpinnArch
 
     arch = SpinnArch()
-    # 148 PEs = 37 quad-PEs on a 7 x 6 grid of routers: 3 + 3 hops from the middle, out and back
-    # at 5 cycles; 3 packets counted in a quad-PE and 36 at the root, 4 cycles each; one wake-up
-    assert arch.barrier_cost_cycles(148) == 2 * 6 * 5 + (3 + 36) * 4 + 12
-    # 8 PEs = 2 quad-PEs side by side: 1 hop
-    assert arch.barrier_cost_cycles(8) == 2 * 1 * 5 + (3 + 1) * 4 + 12
-    # more PEs, more packets: 148 and 152 PEs do not synchronise in the same time
-    assert arch.barrier_cost_cycles(152) > arch.barrier_cost_cycles(148)
+    # 2 PEs of one quad-PE: the leaf sends 20 cycles after entry; its packet lands 1 router (5
+    # cycles) later at the root, whose first read of the count (18 after entry) waits for it; the
+    # release leaves 13 later and lands 5 cycles later at the leaf, which leaves 16 after it
+    assert arch.barrier_cost_cycles(2) == 20 + 5 + 13 + 5 + 16
+    # one PE: entry to the release's send and out
+    assert arch.barrier_cost_cycles(1) == 28
+    # more PEs, more packets and routers: a chip's barrier costs more than a quad-PE's
+    assert arch.barrier_cost_cycles(4) < arch.barrier_cost_cycles(32) < arch.barrier_cost_cycles(148)
+    # dearer pops, dearer barriers (the root counts 3 + 36 packets on the whole chip)
+    assert arch.replace(sync_packet_cycles=4.0).barrier_cost_cycles(148) > arch.barrier_cost_cycles(148)
     # software on top (a scheduler's) adds as it is
     assert arch.replace(barrier_cycles=1000).barrier_cost_cycles(148) == arch.barrier_cost_cycles(148) + 1000
-    for name, bad in (("sync_packet_cycles", 0), ("noc_link_bytes_per_cycle", 0.0), ("irq_entry_cycles", -1)):
+    for name, bad in (("sync_packet_cycles", 0), ("task_word_cycles", 0), ("noc_link_bytes_per_cycle", 0.0),
+                      ("irq_entry_cycles", -1)):
         with pytest.raises(ArchError, match=name):
             arch.replace(**{name: bad})
     # the new fields stay out of serialized programs at their defaults
-    assert not {"sync_packet_cycles", "noc_link_bytes_per_cycle", "irq_entry_cycles"} & set(arch.to_dict())
+    assert not {"sync_packet_cycles", "task_word_cycles", "noc_link_bytes_per_cycle",
+                "irq_entry_cycles"} & set(arch.to_dict())
 
 
 def _table(pe, in_bytes, w_bytes, out_bytes, cycles):
@@ -91,7 +96,7 @@ def test_software_scheduler_dispatch_and_completion_are_its_packets():
     from tvm_spinn.timing.model import scheduler_path_cycles, software_completion, software_dispatch
 
     arch = SpinnArch()
-    c, words = arch.sync_packet_cycles, arch.task_descriptor_words
+    c, words = arch.task_word_cycles, arch.task_descriptor_words
     path = arch.noc_hops(148) * arch.noc_hop_cycles
     assert scheduler_path_cycles(arch) == path == 6 * 5
     # three workers (PEs 7, 2, 2, 9): PE 2 first, then 7, then 9; a PE's tiles share its ready

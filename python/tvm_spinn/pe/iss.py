@@ -148,6 +148,8 @@ class PeMachine:
         #: ``noc_clock0 + now()``), and whether its last run stopped on an empty RX FIFO
         self.noc_clock0 = 0
         self.noc_blocked = False
+        #: the clock at the PE's last yield on a read of RX_COUNT (the read it stands for)
+        self.noc_resumed = None
         self.uc.mmio_map(NOC_BASE, NOC_BYTES, self._noc_read, None, self._noc_write, None)
         #: per image (its SHA-256), its blocks' prices (a PE that loads another image keeps them)
         self._image_prices = {hashlib.sha256(image).digest(): self._prices}
@@ -425,14 +427,26 @@ class PeMachine:
 
     def _noc_read(self, uc, offset, size, data):
         if offset == NOC_REGS["RX_COUNT"]:
-            if not self.noc_rx:
-                if self.noc_fabric is not None:  # the PE yields until a packet arrives
+            if self.noc_resumed is not None:
+                # the polls between a yield and this read stand for the one read at the yield
+                self.stall -= self.noc_time() - self.noc_resumed
+                self.noc_resumed = None
+            if self.noc_fabric is not None:
+                # the PE yields until a packet arrives, or, when another PE could still send it
+                # one by the cycle of this read, until that PE has run that far
+                when = max(self.noc_time(), self.noc_rx[0][3]) if self.noc_rx else None
+                if when is None or self.noc_fabric.earlier(self.pe, when):
                     self.noc_blocked = True
+                    self.noc_resumed = self.noc_time()
                     self.uc.emu_stop()
+                    return 0
+            elif not self.noc_rx:
                 return 0
-            # a packet still on its way: the M4F polls until it lands
+            # a packet still on its way: the M4F polls until it lands; then the packets that
+            # have landed by that cycle (those still on their way are not yet in the FIFO)
             self.stall += max(0, self.noc_rx[0][3] - self.noc_time())
-            return len(self.noc_rx)
+            now = self.noc_time()
+            return sum(1 for p in self.noc_rx if p[3] <= now)
         if offset == NOC_REGS["RX_KEY"]:
             return self._noc_head("RX_KEY")[0]
         if offset == NOC_REGS["RX_PAYLOAD"]:

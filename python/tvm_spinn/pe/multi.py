@@ -2,10 +2,11 @@
 NoC packets between them.
 
 :class:`NocFabric` carries packets between the NoC interfaces (:data:`~.memory_map.NOC_REGS`) of
-the PEs' :class:`~.iss.PeMachine` s (one ``unicorn`` per PE) and steps the PEs round-robin: a PE
-whose code reads an empty RX FIFO stops there and yields, and is resumed once a packet is in its
-FIFO; when every PE still running waits on an empty FIFO, :class:`~.errors.NocDeadlock` names
-each PE and what it waits for.
+the PEs' :class:`~.iss.PeMachine` s (one ``unicorn`` per PE) and steps the PE that can run
+earliest: a PE whose code reads an empty RX FIFO's count (or reads it while another PE could
+still send it a packet by then) stops there and yields, and is resumed once a packet is in its
+FIFO (or the other has run that far); when every PE still running waits on an empty FIFO,
+:class:`~.errors.NocDeadlock` names each PE and what it waits for.
 
 :func:`run_firmware_concurrent` runs a region of a firmware directory exported with the NoC
 driver (:func:`~.firmware.export_firmware` ``noc=True``) that way: each PE runs its jobs in its
@@ -40,7 +41,8 @@ from .jobs import expand
 from .memory_map import (JOB_ADDR, JOB_WORDS, NOC_KEY_DATA, NOC_MAILBOX_ADDR, NOC_MAILBOX_WORDS, NOC_MULTICAST,
                          NOC_STATE_ADDR, NOC_STATE_WORDS)
 
-__all__ = ["NocFabric", "ConcurrentRun", "run_firmware_concurrent", "run_barrier", "barrier_tree", "MAX_JOBS_PER_RUN"]
+__all__ = ["NocFabric", "ConcurrentRun", "run_firmware_concurrent", "run_barrier", "barrier_tree", "barrier_pes",
+           "MAX_JOBS_PER_RUN"]
 
 #: Jobs one run's job block may hold without reaching the NoC state above it.
 MAX_JOBS_PER_RUN = (NOC_STATE_ADDR - JOB_ADDR - 4) // (4 * JOB_WORDS)
@@ -60,6 +62,8 @@ class NocFabric:
     def __init__(self, arch):
         self.arch = arch
         self.machines: dict = {}
+        #: per PE of the processes :meth:`run` steps, whether it waits on an empty RX FIFO
+        self._blocked: dict = {}
         #: the router's multicast table: ``(key, mask, destination PEs)``
         self.routes: list = []
         #: packets delivered (a multicast counts once per destination)
@@ -118,30 +122,52 @@ class NocFabric:
             self.packets += 1
 
     def run(self, procs: dict, waiting) -> None:
-        """Step the processes ``procs`` (PE -> generator) round-robin until all end.
+        """Step the processes ``procs`` (PE -> generator) until all end, the earliest first.
 
         A process yields ``True`` after a step that made progress and ``False`` when its PE
         stopped on an empty RX FIFO; such a PE is stepped again only once a packet is in its FIFO.
-        ``waiting(pe)``: what a waiting PE waits for, in words (for the deadlock's message).
+        Each step goes to the PE that can run at the earliest cycle (its clock; for a waiting
+        PE, the arrival of its oldest packet; ties by PE), so a PE reads its RX FIFO's count
+        after the PEs that could have sent it a packet by then have run that far (a PE runs
+        until it waits; one that runs on past another's clock may still miss that one's later
+        packets, a pessimistic error of a poll). ``waiting(pe)``: what a waiting PE waits for,
+        in words (for the deadlock's message).
 
         Raises
         ------
         NocDeadlock
             When every process still running waits on an empty RX FIFO.
         """
-        active = sorted(procs)
-        blocked = dict.fromkeys(active, False)
+        active = set(procs)
+        blocked = self._blocked = dict.fromkeys(active, False)
         while active:
-            stuck = [pe for pe in active if blocked[pe] and not self.machines[pe].noc_rx]
-            if len(stuck) == len(active):
-                raise NocDeadlock({pe: waiting(pe) for pe in stuck})
-            for pe in list(active):
-                if blocked[pe] and not self.machines[pe].noc_rx:
-                    continue
-                try:
-                    blocked[pe] = not next(procs[pe])
-                except StopIteration:
-                    active.remove(pe)
+            ready = [(t, pe) for pe in active for t in (self._ready_at(pe),) if t is not None]
+            if not ready:
+                raise NocDeadlock({pe: waiting(pe) for pe in sorted(active)})
+            pe = min(ready)[1]
+            try:
+                blocked[pe] = not next(procs[pe])
+            except StopIteration:
+                active.remove(pe)
+                del blocked[pe]
+
+    def _ready_at(self, pe: int):
+        """The cycle at which PE ``pe`` of the running processes can run: its clock, or for one
+        that waits, its oldest packet's arrival (None: none in its FIFO)."""
+        m = self.machines[pe]
+        if not self._blocked[pe]:
+            return m.noc_time()
+        return max(m.noc_time(), m.noc_rx[0][3]) if m.noc_rx else None
+
+    def earlier(self, pe: int, when: float) -> bool:
+        """Whether a PE of the running processes other than ``pe`` can run before cycle
+        ``when`` (and so could still send ``pe`` a packet that lands by then)."""
+        for other in getattr(self, "_blocked", {}):
+            if other != pe:
+                t = self._ready_at(other)
+                if t is not None and t < when:
+                    return True
+        return False
 
 
 @dataclass(frozen=True)
@@ -471,6 +497,32 @@ def barrier_tree(pes, root: int, pes_per_qpe: int, by_qpe: bool = True) -> dict:
         else:
             tree[pe] = (root if lead == pe else lead, members)
     return tree
+
+
+def barrier_pes(count: int, arch=None) -> tuple[list, int]:
+    """The chip's PEs of the timing model's barrier over ``count`` PEs
+    (:meth:`SpinnArch.barrier_layout`): its grid of quad-PEs placed at the top left of the
+    fabric's grid (:meth:`NocFabric.hops`), and its root PE. Returns ``(pes, root)``.
+
+    Raises
+    ------
+    ValueError
+        When the layout does not fit on the chip's grid of quad-PEs.
+    """
+    from ..target.arch import SpinnArch
+    arch = arch if arch is not None else SpinnArch()
+    cells, root = arch.barrier_layout(count)
+    qpes = -(-arch.pes_per_chip // arch.pes_per_qpe)
+    side = math.isqrt(qpes - 1) + 1
+    pes = []
+    for r, c, n in cells:
+        q = r * side + c
+        if c >= side or q >= qpes:
+            raise ValueError(f"a barrier over {count} PEs: its quad-PE at row {r}, column {c} is off the "
+                             f"chip's {side}-wide grid of {qpes} quad-PEs")
+        pes += [q * arch.pes_per_qpe + j for j in range(n)]
+    r, c, _ = cells[root]
+    return pes, (r * side + c) * arch.pes_per_qpe
 
 
 def run_barrier(pes, master: "int | None" = None, group: int = 1, arch=None, image=None,

@@ -198,12 +198,17 @@ class SpinnArch:
         the static schedule, which runs no scheduler between layers (a runtime with a software
         scheduler, e.g. OctopuScheduler's ~13 us per layer, would add its own).
     sync_packet_cycles : float
-        Assumption: cycles a PE spends taking one synchronisation packet from its
-        communication controller and counting it while it waits (a load from the receive
-        register, an add, a compare and branch): 4. A software scheduler's packets
-        (:attr:`task_descriptor_words`) cost the same per word on either side: a load and a
-        store (to the transmit register, or from the receive register into the descriptor) and
-        the loop's compare and branch.
+        Cycles a barrier's counting PE spends popping one arrival packet, from the PE runtime's
+        executed barrier (:mod:`tvm_spinn.pe.noc`, ``pe_barrier``): the packets are counted
+        from the receive FIFO's count and popped unread, four back to back: an STR of 2 cycles
+        and three pipelined STRs of 1 [M4-TRM] = 5 cycles for four packets: 5 / 4. (The
+        loops around the pops and the rest of the barrier's path are the code's too:
+        :meth:`barrier_cost_cycles`.)
+    task_word_cycles : float
+        Assumption: cycles a software scheduler's PE spends on one 32-bit packet word
+        (:attr:`task_descriptor_words`), sending or receiving it, and on taking one completion
+        packet: a load and a store (to the transmit register, or from the receive register into
+        the descriptor) and the loop's compare and branch: 4.
     task_descriptor_words : int
         Assumption: 32-bit payload words of the task descriptor a software scheduler sends a
         worker PE for one layer (``MappingOptions(scheduler="software")``, read only by the
@@ -312,7 +317,8 @@ class SpinnArch:
     links_per_chip: int = 6  # [OJCAS26]
     link_bw_bytes_s: float = 6e9 / 8  # [OJCAS26]
     barrier_cycles: int = 0  # the static schedule's: see the docstring
-    sync_packet_cycles: float = 4.0  # assumption
+    sync_packet_cycles: float = 5 / 4  # the executed barrier's pops [M4-TRM], see the docstring
+    task_word_cycles: float = 4.0  # assumption
     irq_entry_cycles: int = 12  # [M4-TRM]
     task_descriptor_words: int = 1 + 6 + 2 * 3  # assumption, see the docstring
     dma_setup_cycles: int = 50  # assumption
@@ -382,7 +388,7 @@ class SpinnArch:
             "clock_hz", "m4f_flops_per_cycle", "m4f_elementwise_cycles", "exp_unit_cycles",
             "dram_bw_bytes_s", "dma_bw_bytes_per_cycle", "noc_bw_bytes_s", "link_bw_bytes_s",
             "board_link_bw_bytes_s", "host_mem_bw_bytes_s", "m4f_chain_cycles", "noc_link_bytes_per_cycle",
-            "sync_packet_cycles", "host_link_bw_bytes_s",
+            "sync_packet_cycles", "task_word_cycles", "host_link_bw_bytes_s",
         )
         for name in positive_floats:
             value = getattr(self, name)
@@ -557,20 +563,89 @@ class SpinnArch:
         rows = -(-qpes // side)
         return side // 2 + rows // 2
 
-    def barrier_cost_cycles(self, pes: int) -> float:
-        """Cycles of a barrier over ``pes`` PEs of one chip, built from NoC packets.
+    def barrier_layout(self, pes: int) -> tuple[tuple[tuple[int, int, int], ...], int]:
+        """The quad-PEs of a barrier over ``pes`` PEs of one chip: ``(cells, root)``.
 
-        Each PE sends one packet to the first PE of its quad-PE, which counts ``pes_per_qpe -
-        1`` of them and sends one on to a root PE in the middle of the mesh, which counts one
-        per other quad-PE (:attr:`sync_packet_cycles` each) after the farthest has travelled
-        :meth:`noc_hops` hops (:attr:`noc_hop_cycles` each); the root's one multicast packet
-        travels back as far and wakes every PE (:attr:`irq_entry_cycles`). Plus
-        :attr:`barrier_cycles` of software, if any.
+        The PEs fill whole quad-PEs (the last takes the rest) laid row by row on a near-square
+        grid of routers, ``ceil(sqrt(qpes))`` wide; ``cells[i] = (row, column, PEs)``. ``root``:
+        the index of the cell nearest the grid's middle (the one whose farthest cell is fewest
+        router steps away, the first such), whose first PE is the barrier's root.
         """
-        qpes = max(1, -(-int(pes) // self.pes_per_qpe))
-        hop = self.noc_hops(pes) * self.noc_hop_cycles
-        counted = (min(int(pes), self.pes_per_qpe) - 1) + (qpes - 1)
-        return 2 * hop + counted * self.sync_packet_cycles + self.irq_entry_cycles + self.barrier_cycles
+        pes = max(1, int(pes))
+        qpes = -(-pes // self.pes_per_qpe)
+        side = math.isqrt(qpes - 1) + 1
+        cells = tuple((q // side, q % side, min(self.pes_per_qpe, pes - q * self.pes_per_qpe)) for q in range(qpes))
+        reach = [max(abs(r - r0) + abs(c - c0) for r, c, _ in cells) for r0, c0, _ in cells]
+        return cells, reach.index(min(reach))
+
+    def barrier_cost_cycles(self, pes: int) -> float:
+        """Cycles of a barrier over ``pes`` PEs of one chip, built from NoC packets: from every PE
+        entering it at once to the last PE leaving it, as the PE runtime's barrier
+        (:mod:`tvm_spinn.pe.noc`, ``pe_barrier``) executes on the tree of
+        :meth:`barrier_layout`.
+
+        Each PE sends one arrival packet to the first PE of its quad-PE (one router:
+        :attr:`noc_hop_cycles`), which counts them and sends one on to the root, ``1 + d``
+        routers away (``d`` grid steps); the root counts its quad-PE's and the other leaders'
+        packets, multicasts the release, which travels as far back, and pops what is left. A
+        counting PE polls the receive count until all its children's packets are in, popping
+        four whenever four are waiting. The M4F's cycles on the way are the driver's executed
+        instructions priced by the Cortex-M4 TRM's table as :mod:`tvm_spinn.pe.cycles` prices
+        them (a basic block's cycles counted at its end, as the instruction-set simulator's
+        clock): a leaf sends 20 cycles after entry (PUSH of four registers 5, MOVW, MOVT, LDR
+        of PE_ID 2, CBZ taken 2; CMP, BNE taken 2; ORR, STR 2, STR 1, STR 1) and reads the
+        count 6 later; a counting PE reads it first 18 after entry; a read that finds fewer
+        packets than are due reads again 11 later (CMP, BHS, ADDS, CMP, BNE taken 2, CBZ, LDR
+        2, CMP, BHS), or, with four waiting, 9 + 4 :attr:`sync_packet_cycles` later (their
+        four STRs to the pop register, the rest as before); from the read that finds every
+        packet in, a leader sends 11 later, the root its release 13 later; a leader reads the
+        count again 17 after its send, a turn of ``4 + 4 sync_packet_cycles`` before it per
+        four packets still to pop; the root pops them the same way and leaves 17 later (16
+        after a turn, 2 more for an odd one); a PE waiting for the release leaves 16 after
+        it lands (LDR of the key, ORR, MOVS, CMP, STR of the pop, IT, POP of four registers and
+        PC 7). Plus :attr:`barrier_cycles` of software, if any.
+        """
+        cells, root = self.barrier_layout(pes)
+        hop, spc = float(self.noc_hop_cycles), float(self.sync_packet_cycles)
+        turn = 4 + 4 * spc  # a turn of four pops after the send
+
+        def count(arrivals: list, children: int) -> tuple[float, int]:
+            """The cycle of the read that finds every child's packet in, and those left to pop."""
+            t, popped = 18.0, 0
+            while True:
+                if popped < len(arrivals) and arrivals[popped] > t:  # the read waits for one
+                    t = arrivals[popped]
+                n = sum(1 for a in arrivals if a <= t) - popped
+                if n >= children:
+                    return t, children
+                if n >= 4:
+                    t, popped, children = t + 9 + 4 * spc, popped + 4, children - 4
+                else:
+                    t += 11
+
+        r0, c0, _ = cells[root]
+        leaf_send = 20.0
+        waits = []  # per PE waiting for the release: (its read of the count, its grid steps)
+        arrivals = []
+        for i, (r, c, n) in enumerate(cells):
+            d = abs(r - r0) + abs(c - c0)
+            arrivals += [leaf_send + hop] * (n - 1) if i == root else []
+            waits += [(leaf_send + 6, d)] * (n - 1)
+            if i != root:
+                send, rest = leaf_send, 0
+                if n > 1:
+                    t, rest = count([leaf_send + hop] * (n - 1), n - 1)
+                    send = t + 11
+                arrivals.append(send + (1 + d) * hop)
+                waits.append((send + 17 + turn * (rest // 4), d))
+        if not arrivals:  # one PE: straight on to the release
+            return 28.0 + self.barrier_cycles
+        t, rest = count(sorted(arrivals), len(arrivals))
+        release = t + 13
+        last = release + turn * (rest // 4) + (17 if rest < 4 else 16) + (2 if rest % 2 else 0)
+        for read, d in waits:
+            last = max(last, max(read, release + (1 + d) * hop) + 16)
+        return last + self.barrier_cycles
 
     @property
     def total_dram_bw_bytes_s(self) -> float:
@@ -660,7 +735,7 @@ _HOST_FIELDS = frozenset({"host_mem_bw_bytes_s", "host_op_s", "host_link_bw_byte
 #: The M4F's register-chain fields; omitted from :meth:`SpinnArch.to_dict` at their defaults.
 _CHAIN_FIELDS = frozenset({"m4f_chain_cycles", "m4f_chain_registers"})
 #: The timing model's interconnect, synchronisation and set-up fields; omitted at their defaults.
-_TIMING_FIELDS = frozenset({"noc_link_bytes_per_cycle", "sync_packet_cycles", "irq_entry_cycles",
+_TIMING_FIELDS = frozenset({"noc_link_bytes_per_cycle", "sync_packet_cycles", "task_word_cycles", "irq_entry_cycles",
                             "task_descriptor_words", "exp_unit_latency_cycles"})
 #: The M4F's instruction cycles and the PE code's overheads; omitted at their defaults.
 _M4F_FIELDS = frozenset({"m4f_mem_cycles", "m4f_mem_pipelined_cycles", "m4f_fpu_cycles", "m4f_divide_cycles",
@@ -702,9 +777,15 @@ ASSUMPTION_RANGES: Mapping[str, AssumedRange] = types.MappingProxyType({
         "[OJCAS26] 192-bit flits at the PE clock: 64 payload bits a flit (a header and a routing "
         "key in the rest) up to the whole flit"),
     "sync_packet_cycles": AssumedRange(
+        1.0, 2.0,
+        "the PE runtime's executed barrier (tvm_spinn.pe.noc pe_barrier, priced by [M4-TRM]): its "
+        "pops are STRs to the receive FIFO's pop register, four back to back: 2 + 1 + 1 + 1 = 5 "
+        "cycles, 5/4 a packet; 1 if every STR pipelined, 2 if none did (an STR alone, or wait "
+        "states on the peripheral bus)"),
+    "task_word_cycles": AssumedRange(
         2.0, 10.0,
-        "[M4-TRM]-based assumption: a load and an add per packet at best; a load with peripheral "
-        "wait states, an add, a compare and a taken branch at worst"),
+        "[M4-TRM]-based assumption: a load and an add per packet word at best; a load with "
+        "peripheral wait states, a store, a compare and a taken branch at worst"),
     "task_descriptor_words": AssumedRange(
         7, 32,
         "assumption: an operation code, three operand addresses (input, weight block with its "

@@ -319,15 +319,15 @@ def software_dispatch(table: TileTable, arch: SpinnArch) -> tuple[np.ndarray, fl
     """A software scheduler's dispatch of one layer: ``(ready, sent)``.
 
     One scheduler PE sends each worker PE (the layer's PEs, in PE order) its task descriptor of
-    ``task_descriptor_words`` packets, one worker after another, at ``sync_packet_cycles`` a
+    ``task_descriptor_words`` packets, one worker after another, at ``task_word_cycles`` a
     packet; the last packet travels :func:`scheduler_path_cycles`, interrupts the worker
-    (``irq_entry_cycles``) and the worker reads the words (``sync_packet_cycles`` each) before it
+    (``irq_entry_cycles``) and the worker reads the words (``task_word_cycles`` each) before it
     programs its first DMA (whose ``dma_setup_cycles`` the per-PE path charges). ``ready``: per
     tile, the cycle after the layer's start at which its PE has its task; ``sent``: the cycles the
     scheduler spends sending (the dispatch phase).
     """
     workers, inverse = np.unique(table.pe, return_inverse=True)
-    words = arch.task_descriptor_words * arch.sync_packet_cycles
+    words = arch.task_descriptor_words * arch.task_word_cycles
     sent = (np.arange(len(workers), dtype=np.float64) + 1.0) * words
     ready = sent + scheduler_path_cycles(arch) + arch.irq_entry_cycles + words
     return ready[inverse.reshape(-1)], float(sent[-1]) if len(workers) else 0.0
@@ -336,14 +336,14 @@ def software_dispatch(table: TileTable, arch: SpinnArch) -> tuple[np.ndarray, fl
 def software_completion(finish: np.ndarray, arch: SpinnArch) -> float:
     """The cycle a software scheduler has taken every worker's completion packet.
 
-    Each worker sends one packet when its last tile is written back (``sync_packet_cycles``); it
+    Each worker sends one packet when its last tile is written back (``task_word_cycles``); it
     travels :func:`scheduler_path_cycles`; the scheduler takes the packets one at a time in
-    arrival order (``sync_packet_cycles`` each): ``t_k = max(t_{k-1}, a_k) + c``, i.e.
+    arrival order (``task_word_cycles`` each): ``t_k = max(t_{k-1}, a_k) + c``, i.e.
     ``max_k(a_k + (n - k) c)`` over the sorted arrivals ``a``.
     """
     if not len(finish):
         return 0.0
-    c = arch.sync_packet_cycles
+    c = arch.task_word_cycles
     arrive = np.sort(np.asarray(finish, dtype=np.float64)) + c + scheduler_path_cycles(arch)
     return float(np.max(arrive + c * (len(arrive) - np.arange(len(arrive)))))
 
@@ -661,7 +661,7 @@ def _evaluate(program: Program, arch: SpinnArch, tables, trace: bool) -> tuple[T
         if software:
             # the scheduler takes every worker's completion packet (the last worker's, sent after
             # the layer's work ends, at least: send, path, take) before the next layer
-            packet = 2 * arch.sync_packet_cycles + scheduler_path_cycles(arch)
+            packet = 2 * arch.task_word_cycles + scheduler_path_cycles(arch)
             end = max(software_completion(run["finish"], arch), end + packet)
             # and a layer takes at least its software's measured time per layer
             end = max(end, layer_start + costs.per_layer_s * cpc)
