@@ -390,10 +390,11 @@ def _chunk_step_class():
     return _Chunk
 
 
-def ChunkStep(model, spec: ModelSpec, context: int):
+def ChunkStep(model, spec: ModelSpec, context: int, fuse: bool = True):
     """The block of ``model`` (a one-block model) on a chunk attending over ``context`` keys
-    (see the returned module's docstring)."""
-    return _chunk_step_class()(model, spec, context).eval()
+    (see the returned module's docstring); ``fuse``: the projections that read one input as one
+    GEMM each (:class:`~tvm_spinn.llm.graphs.LayerStep`), or each its own."""
+    return _chunk_step_class()(model, spec, context, fuse=fuse).eval()
 
 
 #: The context's axes among :func:`_chunk_args` (argument index -> {axis: symbol}): the keys of
@@ -512,15 +513,16 @@ def _cfg_key(cfg: dict) -> str:
 
 
 def _describe_chunk(cfg: dict, spec: ModelSpec, target, dtype: str, chunk: int, context: int, memo: dict,
-                    g: int = 1):
+                    g: int = 1, fuse: bool = True):
     """The chunk block's programs (described once per config, slice over ``g`` boards, chip,
-    dtype, chunk and context); ``spec``: the slice's (:func:`tvm_spinn.llm.board_tp.slice_block`)."""
+    dtype, chunk, context and ``fuse``: see :func:`ChunkStep`); ``spec``: the slice's
+    (:func:`tvm_spinn.llm.board_tp.slice_block`)."""
     from ..target import arch_of
     from . import board_tp
     from .describe import bind_dims, describe, describe_imported, imported
     from .spec import spec_of
 
-    key = ("chunk", _cfg_key(cfg), g, repr(arch_of(target).replace(chips=1, name="")), dtype, chunk, context)
+    key = ("chunk", _cfg_key(cfg), g, repr(arch_of(target).replace(chips=1, name="")), dtype, chunk, context, fuse)
     if key not in memo:
         P = _plan_module()
         model_key = ("model", _cfg_key(cfg), g)
@@ -536,10 +538,10 @@ def _describe_chunk(cfg: dict, spec: ModelSpec, target, dtype: str, chunk: int, 
         # size with the context symbolic; where torch ties the context to a constant, each
         # context is exported alone
         dims = {i: axes for i, axes in _CHUNK_DIMS.items() if i < len(args)}
-        block_key = ("block-imported", _cfg_key(cfg), g)
+        block_key = ("block-imported", _cfg_key(cfg), g, fuse)
         if block_key not in memo:
             try:
-                memo[block_key] = imported(ChunkStep(model, spec, _EXAMPLE_CONTEXT),
+                memo[block_key] = imported(ChunkStep(model, spec, _EXAMPLE_CONTEXT, fuse),
                                            _chunk_args(spec, _EXAMPLE_CHUNK, _EXAMPLE_CONTEXT), dims=dims,
                                            derived=True)
             except Exception:  # noqa: BLE001 - torch's constraint errors have no common base
@@ -554,14 +556,14 @@ def _describe_chunk(cfg: dict, spec: ModelSpec, target, dtype: str, chunk: int, 
             if bound is not None:
                 described = describe_imported(bound, n_weights, target, dtype)
         if described is None:
-            import_key = ("chunk-imported", _cfg_key(cfg), g, chunk)
+            import_key = ("chunk-imported", _cfg_key(cfg), g, chunk, fuse)
             if import_key not in memo:
                 try:
-                    memo[import_key] = imported(ChunkStep(model, spec, context), args, dims=_CONTEXT_DIMS)
+                    memo[import_key] = imported(ChunkStep(model, spec, context, fuse), args, dims=_CONTEXT_DIMS)
                 except Exception:  # noqa: BLE001 - torch's constraint errors have no common base
                     memo[import_key] = None
             if memo[import_key] is None:
-                described = describe(ChunkStep(model, spec, context), args, target, dtype)
+                described = describe(ChunkStep(model, spec, context, fuse), args, target, dtype)
             else:
                 mod, n_weights = memo[import_key]
                 described = describe_imported(bind_dims(mod, _CONTEXT_DIMS, {"context": context}), n_weights,
@@ -757,14 +759,20 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
         mapped = {}
         for mode in ("auto", "stream") if stream else ("auto",):
             for end in ends:
-                programs, host = _describe_chunk(cfg, sub, target, dtype, c, end, memo, g)
-                if small:
-                    from .describe import DescribedProgram
+                # the block with its projections fused and, where that fuses any, each its own:
+                # the faster kept (a fused GEMM's output columns are split over the chips in
+                # concatenated order, so the slices that part them gather the output over the
+                # chip links, which at a chunk's many tokens can cost more than the GEMMs saved)
+                for fuse in (True, False) if fuses(g) else (True,):
+                    programs, host = _describe_chunk(cfg, sub, target, dtype, c, end, memo, g, fuse)
+                    if small:
+                        from .describe import DescribedProgram
 
-                    mapped[(mode, end)] = _map_alone([DescribedProgram(p, 0) for p in programs], on, mode)
-                else:
-                    mapped[(mode, end)] = P._map_stage(list(programs), on, host, 0, weights=mode,
-                                                       memo=stages_memo)
+                        got = _map_alone([DescribedProgram(p, 0) for p in programs], on, mode)
+                    else:
+                        got = P._map_stage(list(programs), on, host, 0, weights=mode, memo=stages_memo)
+                    if (mode, end) not in mapped or got.latency_s < mapped[(mode, end)].latency_s:
+                        mapped[(mode, end)] = got
         first = mapped[("auto", ends[0])]
 
         def line(mode):
@@ -778,6 +786,17 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
         bounds = {k: float(v) for k, v in sorted(getattr(first, "alone", {}).items())}
         return dict(auto=auto, stream=line("stream") if stream else auto, bounds=bounds,
                     fit=max(1, int(room // max(1, _block_weight(g, c)))), gather=max(0, first.handoff_gather_bytes))
+
+    fused_any: dict = {}
+
+    def fuses(g: int) -> bool:
+        """Whether the block's step (of the slice over ``g`` boards) fuses any projections."""
+        if g not in fused_any:
+            model_key = ("model", _cfg_key(cfg), g)
+            if model_key not in memo:
+                memo[model_key] = P._meta_model(cfg, spec) if g == 1 else board_tp.slice_block(cfg, spec, g)[1]
+            fused_any[g] = len(ChunkStep(memo[model_key], _slice_spec(g), _EXAMPLE_CONTEXT).fused) > 0
+        return fused_any[g]
 
     slice_specs: dict = {}
 
