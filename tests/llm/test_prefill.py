@@ -364,3 +364,24 @@ def test_pruned_search_picks_the_exhaustive_plan(monkeypatch, four_boards):
         kept = [r for r in full.candidates if r in pruned.candidates]
         assert len(kept) == len(pruned.candidates)
         assert all(r["ttft_s"] > pruned.ttft_s for r in full.candidates if r not in pruned.candidates)
+
+
+def test_the_chunk_block_keeps_the_faster_of_fused_and_separate_projections(monkeypatch):
+    """The prompt's block is mapped with its q/k/v and gate/up projections fused and each on its
+    own, and the faster kept: the plan is never slower than either alone (a fused GEMM's output
+    is split over the chips in concatenated column order, so the slices that part gate from up
+    gather it over the chip links)."""
+    from tvm_spinn.llm.prefill import chunk
+
+    _no_simulation(monkeypatch)
+    own = chunk.ChunkStep
+
+    def ttft(fuse):
+        with monkeypatch.context() as m:
+            if fuse is not None:  # the block's describer builds its step through chunk.ChunkStep
+                m.setattr(chunk, "ChunkStep", lambda model, spec, context, _=True: own(model, spec, context, fuse))
+            return plan_prefill(TINY, "spinn/board", prompt=32, chunk=16).ttft_s
+
+    fused, separate, both = ttft(True), ttft(False), ttft(None)
+    assert fused != pytest.approx(separate, rel=1e-6)  # the two blocks map differently
+    assert both == pytest.approx(min(fused, separate), rel=1e-9)

@@ -352,6 +352,35 @@ def test_weight_streams_load_ahead_into_the_room_the_buffer_has():
     assert latency(1.0 + 1e-3) - latency(1.0) < 2e-6
 
 
+def test_a_layer_of_several_tiles_a_pe_frees_its_computed_tiles_weights_for_the_next_stream():
+    """compose: once a streamed layer's last byte is in, its earlier tiles have computed and
+    freed their weight blocks, so the next layer's shard loads into that room during its last
+    wave, even behind a shard larger than the buffer and a layer that streams nothing; with one
+    tile a PE the shard is held whole until the layer ends."""
+    from types import SimpleNamespace
+
+    from tvm_spinn.timing.system import compose
+
+    arch = tvm_spinn.arch_of(tvm_spinn.get_target("spinn"))
+    program = SimpleNamespace(layers=[SimpleNamespace(flops=0, mode="int8") for _ in range(3)])
+    ms = arch.clock_hz // 1000
+    per_ms = arch.dram_bw_bytes_s / 1000
+    # layer 0: 2 ms of stream into a 1 ms buffer, 1.5 ms of compute; layer 1: nothing streamed,
+    # no work; layer 2: 0.5 ms of stream, 1 ms of compute
+    stream, cycles = [int(2 * per_ms), 0, int(0.5 * per_ms)], [int(1.5 * ms), 0, ms]
+
+    def latency(waves):
+        return compose(program, arch, cycles, stream, [], 1, prefetch_bytes=per_ms, waves=waves).latency_s
+
+    # three tiles a PE: layer 0 starts at 2/3 ms and ends 0.5 ms after its last byte (2 ms);
+    # from 2 ms it holds its last wave's third of the buffer, so layer 2's 0.5 ms load in
+    # [2, 2.5] ms: layer 2 runs in [2.5, 3.5] ms (holding the whole buffer to 2.5 ms: 4 ms)
+    assert latency([3, 1, 1]) == pytest.approx(3.5e-3)
+    # one tile a PE: layer 0 runs in [2, 3.5] ms holding the buffer; layer 2 loads in [3.5, 4]
+    assert latency([1, 1, 1]) == pytest.approx(5e-3)
+    assert latency(None) == pytest.approx(5e-3)
+
+
 def test_a_streamed_layer_of_several_tiles_a_pe_computes_while_its_weights_arrive():
     """compose: a streamed layer whose PEs run several tiles each starts once its first tiles'
     weights are in and computes them while the rest stream; after its last byte it has only

@@ -10,7 +10,8 @@ the bit-exact chain).
 *Weight prefetch*: weights do not depend on activations, so a chip streams the weight shards
 of the next layers from its DRAM into a prefetch buffer in SRAM while earlier layers compute
 and communicate, as far ahead as the buffer holds (a shard's room is freed when its layer
-ends). Per layer ``i``, with ``C_i`` the collective before it and ``X_i`` its PE-level time
+ends; a layer whose PEs run several tiles each frees a tile's weight block once that tile has
+computed, so after its last byte only its waves not yet done hold theirs). Per layer ``i``, with ``C_i`` the collective before it and ``X_i`` its PE-level time
 with weights on chip, ``load_end_i`` is when the last byte of its shard has arrived: the DRAM
 channel streams the shards one after another at its rate, each byte as soon as the buffer has
 room for it beside the unfinished layers' shards (a shard larger than the buffer streams its
@@ -29,6 +30,8 @@ plan's collectives on the topology). ``latency / max(bounds)`` is the headline r
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -72,7 +75,7 @@ def collective_cost(topo, ranks, op: str, nbytes: int, exact: bool):
     return cost
 
 
-def _load_end(start: float, nbytes: float, room: float, dram: float, ends, stream_bytes) -> float:
+def _load_end(start: float, nbytes: float, room: float, dram: float, ends, stream_bytes, kept=None) -> float:
     """When the last byte of a weight shard of ``nbytes`` has arrived in a chip's prefetch buffer
     of ``room`` bytes, its stream starting at ``start`` (the previous shard's last byte), the
     earlier layers ending at ``ends`` having streamed ``stream_bytes``.
@@ -82,8 +85,12 @@ def _load_end(start: float, nbytes: float, room: float, dram: float, ends, strea
     and the rest as that room is freed. Once the earlier layers have all ended the layer itself
     runs: a shard larger than the buffer never sits in it whole (its layer reads it as it
     arrives), so its rest streams at the DRAM rate without waiting for room.
+
+    ``kept`` (optional, per earlier layer): the share of its shard a layer still holds from
+    ``start`` until it ends (default 1: all of it); see :func:`_kept_share`.
     """
-    pending = [(float(ends[j]), min(float(stream_bytes[j]), room)) for j in range(len(ends)) if ends[j] > start]
+    pending = [(float(ends[j]), min(float(stream_bytes[j]), room) * (1.0 if kept is None else float(kept[j])))
+               for j in range(len(ends)) if ends[j] > start]
     held = sum(nb for _, nb in pending)  # the unfinished layers' bytes in the buffer
     t, loaded = start, 0.0
     for end, nb in pending:  # ends are in layer order, so in time order
@@ -95,6 +102,18 @@ def _load_end(start: float, nbytes: float, room: float, dram: float, ends, strea
         t = max(t, end)
         held -= nb
     return t + (nbytes - loaded) / dram
+
+
+def _kept_share(t: float, end: float, seconds: float, waves: int) -> float:
+    """The share of a streamed layer's shard still in the prefetch buffer at time ``t`` (at or
+    after its last byte), the layer ending at ``end`` after ``seconds`` of compute in ``waves``
+    tiles a PE: a tile that has computed frees its weight block, so only the waves not yet
+    done (the one computing included) hold theirs; one wave holds the whole shard until the
+    layer ends."""
+    if waves <= 1 or seconds <= 0.0:
+        return 1.0
+    left = (end - t) / (seconds / waves)  # waves of compute left at ``t``
+    return min(1.0, math.ceil(left - 1e-9) / waves) if left > 0 else 0.0
 
 
 def compose(program: Program, arch: SpinnArch, exec_cycles, stream_bytes, collectives,
@@ -163,7 +182,7 @@ def compose(program: Program, arch: SpinnArch, exec_cycles, stream_bytes, collec
     dram = arch.dram_bw_bytes_s
     load_end = end = 0.0
     layer_s, ends = [], []
-    held, k = 0, 0  # bytes of layers k..i-1 in the prefetch buffer
+    xs, wave_of = [], []  # per layer: compute seconds and tiles a PE (the buffer it frees as it runs)
     # The collectives a layer waits for run when the layer before it ends; a gather of a
     # program output goes out once its tensor is written and uses the links whenever those
     # are not moving a collective a layer waits for (which has priority), overlapping the
@@ -176,16 +195,14 @@ def compose(program: Program, arch: SpinnArch, exec_cycles, stream_bytes, collec
             comm_end += seconds
         b = int(stream_bytes[i])
         x = float(exec_cycles[i]) / clock * (1.0 + extra[i])
-        # the buffer frees a layer's shard when that layer ends: wait for room for this one
-        held += b
-        while k < i and held > prefetch_bytes:
-            held -= int(stream_bytes[k])
-            k += 1
+        # the buffer frees a layer's shard as its tiles compute and whole when the layer ends:
+        # the stream waits for room (a layer streaming nothing moves nothing through it)
         if b:
-            load_end = _load_end(load_end, b, prefetch_bytes, dram, ends, stream_bytes)
-        else:
-            load_end = max(load_end, ends[k - 1] if k > 0 else 0.0)
+            kept = [_kept_share(load_end, ends[j], xs[j], wave_of[j]) for j in range(i)]
+            load_end = _load_end(load_end, b, prefetch_bytes, dram, ends, stream_bytes, kept)
         n_waves = max(1, int(waves[i])) if waves is not None and b else 1
+        xs.append(x)
+        wave_of.append(n_waves)
         if n_waves > 1:
             first = load_end - (n_waves - 1) / n_waves * b / dram  # the first tiles' weights in
             start = max(comm_end, end, first)

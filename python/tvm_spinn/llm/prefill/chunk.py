@@ -34,10 +34,11 @@ def _chunk_step_class():
     return _Chunk
 
 
-def ChunkStep(model, spec: ModelSpec, context: int):
+def ChunkStep(model, spec: ModelSpec, context: int, fuse: bool = True):
     """The block of ``model`` (a one-block model) on a chunk attending over ``context`` keys
-    (see the returned module's docstring)."""
-    return _chunk_step_class()(model, spec, context).eval()
+    (see the returned module's docstring); ``fuse``: the projections that read one input as one
+    GEMM each (:class:`~tvm_spinn.llm.graphs.LayerStep`), or each its own."""
+    return _chunk_step_class()(model, spec, context, fuse=fuse).eval()
 
 
 #: The context's axes among :func:`_chunk_args` (argument index -> {axis: symbol}): the keys of
@@ -76,15 +77,16 @@ def _cfg_key(cfg: dict) -> str:
 
 
 def _describe_chunk(cfg: dict, spec: ModelSpec, target, dtype: str, chunk: int, context: int, memo: dict,
-                    g: int = 1):
+                    g: int = 1, fuse: bool = True):
     """The chunk block's programs (described once per config, slice over ``g`` boards, chip,
-    dtype, chunk and context); ``spec``: the slice's (:func:`tvm_spinn.llm.board_tp.slice_block`)."""
+    dtype, chunk, context and ``fuse``: see :func:`ChunkStep`); ``spec``: the slice's
+    (:func:`tvm_spinn.llm.board_tp.slice_block`)."""
     from ...target import arch_of
     from .. import board_tp
     from ..describe import bind_dims, describe, describe_imported, imported
     from ..spec import spec_of
 
-    key = ("chunk", _cfg_key(cfg), g, repr(arch_of(target).replace(chips=1, name="")), dtype, chunk, context)
+    key = ("chunk", _cfg_key(cfg), g, repr(arch_of(target).replace(chips=1, name="")), dtype, chunk, context, fuse)
     if key not in memo:
         P = _plan_module()
         model_key = ("model", _cfg_key(cfg), g)
@@ -100,10 +102,10 @@ def _describe_chunk(cfg: dict, spec: ModelSpec, target, dtype: str, chunk: int, 
         # size with the context symbolic; where torch ties the context to a constant, each
         # context is exported alone
         dims = {i: axes for i, axes in _CHUNK_DIMS.items() if i < len(args)}
-        block_key = ("block-imported", _cfg_key(cfg), g)
+        block_key = ("block-imported", _cfg_key(cfg), g, fuse)
         if block_key not in memo:
             try:
-                memo[block_key] = imported(ChunkStep(model, spec, _EXAMPLE_CONTEXT),
+                memo[block_key] = imported(ChunkStep(model, spec, _EXAMPLE_CONTEXT, fuse),
                                            _chunk_args(spec, _EXAMPLE_CHUNK, _EXAMPLE_CONTEXT), dims=dims,
                                            derived=True)
             except Exception:  # noqa: BLE001 - torch's constraint errors have no common base
@@ -118,14 +120,14 @@ def _describe_chunk(cfg: dict, spec: ModelSpec, target, dtype: str, chunk: int, 
             if bound is not None:
                 described = describe_imported(bound, n_weights, target, dtype)
         if described is None:
-            import_key = ("chunk-imported", _cfg_key(cfg), g, chunk)
+            import_key = ("chunk-imported", _cfg_key(cfg), g, chunk, fuse)
             if import_key not in memo:
                 try:
-                    memo[import_key] = imported(ChunkStep(model, spec, context), args, dims=_CONTEXT_DIMS)
+                    memo[import_key] = imported(ChunkStep(model, spec, context, fuse), args, dims=_CONTEXT_DIMS)
                 except Exception:  # noqa: BLE001 - torch's constraint errors have no common base
                     memo[import_key] = None
             if memo[import_key] is None:
-                described = describe(ChunkStep(model, spec, context), args, target, dtype)
+                described = describe(ChunkStep(model, spec, context, fuse), args, target, dtype)
             else:
                 mod, n_weights = memo[import_key]
                 described = describe_imported(bind_dims(mod, _CONTEXT_DIMS, {"context": context}), n_weights,

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from ..spec import MAX_DIM, LLMError, ModelSpec
-from .chunk import _cfg_key, _describe_chunk, _map_alone, _plan_module
+from .chunk import _EXAMPLE_CONTEXT, ChunkStep, _cfg_key, _describe_chunk, _map_alone, _plan_module
 from .result import PrefillPlan
 from .schedule import _critical_path, flow_shop_s, replicated_flow_shop
 from .workload import prefill_bound
@@ -220,14 +220,20 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
         mapped = {}
         for mode in ("auto", "stream") if stream else ("auto",):
             for end in ends:
-                programs, host = _describe_chunk(cfg, sub, target, dtype, c, end, memo, g)
-                if small:
-                    from ..describe import DescribedProgram
+                # the block with its projections fused and, where that fuses any, each its own:
+                # the faster kept (a fused GEMM's output columns are split over the chips in
+                # concatenated order, so the slices that part them gather the output over the
+                # chip links, which at a chunk's many tokens can cost more than the GEMMs saved)
+                for fuse in (True, False) if fuses(g) else (True,):
+                    programs, host = _describe_chunk(cfg, sub, target, dtype, c, end, memo, g, fuse)
+                    if small:
+                        from ..describe import DescribedProgram
 
-                    mapped[(mode, end)] = _map_alone([DescribedProgram(p, 0) for p in programs], on, mode)
-                else:
-                    mapped[(mode, end)] = P._map_stage(list(programs), on, host, 0, weights=mode,
-                                                       memo=stages_memo)
+                        got = _map_alone([DescribedProgram(p, 0) for p in programs], on, mode)
+                    else:
+                        got = P._map_stage(list(programs), on, host, 0, weights=mode, memo=stages_memo)
+                    if (mode, end) not in mapped or got.latency_s < mapped[(mode, end)].latency_s:
+                        mapped[(mode, end)] = got
         first = mapped[("auto", ends[0])]
 
         def line(mode):
@@ -241,6 +247,17 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
         bounds = {k: float(v) for k, v in sorted(getattr(first, "alone", {}).items())}
         return dict(auto=auto, stream=line("stream") if stream else auto, bounds=bounds,
                     fit=max(1, int(room // max(1, _block_weight(g, c)))), gather=max(0, first.handoff_gather_bytes))
+
+    fused_any: dict = {}
+
+    def fuses(g: int) -> bool:
+        """Whether the block's step (of the slice over ``g`` boards) fuses any projections."""
+        if g not in fused_any:
+            model_key = ("model", _cfg_key(cfg), g)
+            if model_key not in memo:
+                memo[model_key] = P._meta_model(cfg, spec) if g == 1 else board_tp.slice_block(cfg, spec, g)[1]
+            fused_any[g] = len(ChunkStep(memo[model_key], _slice_spec(g), _EXAMPLE_CONTEXT).fused) > 0
+        return fused_any[g]
 
     slice_specs: dict = {}
 
