@@ -16,7 +16,7 @@ from tvm_spinn.pe import run_firmware  # noqa: E402
 from tvm_spinn.pe.errors import IssFault, NocDeadlock  # noqa: E402
 from tvm_spinn.pe.images import role_image  # noqa: E402
 from tvm_spinn.pe.iss import PeMachine, image_symbols  # noqa: E402
-from tvm_spinn.pe.memory_map import NOC_KEY_READY, NOC_KEY_RELEASE, NOC_WAIT_POLLS  # noqa: E402
+from tvm_spinn.pe.memory_map import NOC_KEY_ARRIVE, NOC_KEY_READY, NOC_KEY_RELEASE, NOC_WAIT_POLLS  # noqa: E402
 from tvm_spinn.pe.multi import NocFabric, barrier_pes, barrier_tree, run_barrier, run_firmware_concurrent  # noqa: E402
 from tvm_spinn.pe.images import noc_role_image  # noqa: E402
 from tvm_spinn.pe.noc import NOC_ROUTINES  # noqa: E402
@@ -121,6 +121,24 @@ def test_unexpected_packet_is_a_fault(image):
     with pytest.raises(IssFault, match=rf"PE 1, image relu: NoC driver fault 2: unexpected packet.*"
                                        rf"detail {NOC_KEY_READY | 5:#x}"):
         fabric.run({0: stray(), 1: _call(ms[1], "pe_barrier", [0, 0, 4])}, lambda pe: "")
+
+
+@pytest.mark.parametrize("key", [NOC_KEY_READY | 5, NOC_KEY_ARRIVE | 9])
+def test_stray_packet_while_counting_arrivals_is_a_fault(image, key):
+    """The barrier counts its children's arrivals unread: a root (PE 0, one child PE 1) sent a
+    ready packet or another group's arrival by PE 2 while it counts faults naming the PE, the
+    image, the key and its source, instead of releasing PE 1 early."""
+    fabric, ms = _fabric(image, [0, 1, 2])
+    fabric.route(NOC_KEY_RELEASE | 4, 0xFFFFFFFF, [1])
+
+    def stray():
+        assert ms[2].call("pe_noc_send", [0, key, 0])
+        yield True
+
+    with pytest.raises(IssFault, match=rf"PE 0, image relu: packet key {key:#x} from PE 2 popped unread "
+                                       rf"in barrier group 4.*at pc=0x"):
+        fabric.run({0: _call(ms[0], "pe_barrier", [0, 1, 4]), 1: _call(ms[1], "pe_barrier", [0, 0, 4]),
+                    2: stray()}, lambda pe: "")
 
 
 def test_barrier_releases_no_pe_before_the_last_arrives(image):
