@@ -17,7 +17,7 @@ from tvm_spinn.pe.errors import IssFault, NocDeadlock  # noqa: E402
 from tvm_spinn.pe.images import role_image  # noqa: E402
 from tvm_spinn.pe.iss import PeMachine, image_symbols  # noqa: E402
 from tvm_spinn.pe.memory_map import NOC_KEY_ARRIVE, NOC_KEY_READY, NOC_KEY_RELEASE, NOC_WAIT_POLLS  # noqa: E402
-from tvm_spinn.pe.multi import NocFabric, barrier_pes, barrier_tree, run_barrier, run_firmware_concurrent  # noqa: E402
+from tvm_spinn.pe.multi import NocFabric, _handoffs, barrier_pes, barrier_tree, run_barrier, run_firmware_concurrent  # noqa: E402
 from tvm_spinn.pe.images import noc_role_image  # noqa: E402
 from tvm_spinn.pe.noc import NOC_ROUTINES  # noqa: E402
 from tvm_spinn.runtime.simulator import run_program  # noqa: E402
@@ -139,6 +139,19 @@ def test_stray_packet_while_counting_arrivals_is_a_fault(image, key):
                                        rf"in barrier group 4.*at pc=0x"):
         fabric.run({0: _call(ms[0], "pe_barrier", [0, 1, 4]), 1: _call(ms[1], "pe_barrier", [0, 0, 4]),
                     2: stray()}, lambda pe: "")
+
+
+def test_scratch_word_read_by_a_byte_placement_stays_in_dram():
+    """A scratch word handed by NoC (job 0 on PE 0 writes words 1000-1012, job 1 on PE 1 reads
+    1000 and 1004 as words) that a byte placement on PE 2 also reads (bytes 1005-1006, from
+    DRAM as it is) is still written to DRAM; the word no byte is read from is only handed."""
+    words = lambda off, n: ["dram", off, [n, 1, 1, 1], [4, 0, 0, 0]]  # noqa: E731
+    jobs = [{"id": 0, "pe": 0, "steps": [["get", 0x2000, [words(1000, 4)]]]},
+            {"id": 1, "pe": 1, "steps": [["put", 0x2000, [words(1000, 2)]]]},
+            {"id": 2, "pe": 2, "steps": [["put", 0x2000, [["dram8", 1005, [2, 1, 1, 1], [1, 0, 0, 0]]]]]}]
+    sends, takes, kept = _handoffs(jobs, {0: 0, 1: 1, 2: 2}, [1000, 64])
+    assert sends == {0: [(1, 0, 0x2000), (1, 1, 0x2004)]} and takes == {(1, 0): [(0, 0), (1, 1)]}
+    assert kept == {1004}
 
 
 def test_barrier_releases_no_pe_before_the_last_arrives(image):
