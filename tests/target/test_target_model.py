@@ -72,9 +72,9 @@ def test_testchip_variant_keeps_the_earlier_numbers():
 
 
 def test_from_dict_refuses_the_retired_sync_packet_cycles():
-    """A saved system that sets the retired ``sync_packet_cycles`` (once a software scheduler's
-    cycles per packet word) is refused naming both fields that replace it, never read as the
-    barrier's cycles per pop; the replacements keep their numbers and round-trip."""
+    """A saved system that sets the retired ``sync_packet_cycles`` (its meaning split between a
+    software scheduler's cycles per packet word and the barrier's cycles per pop) is refused
+    naming both fields that replace it; the replacements keep their numbers and round-trip."""
     saved = {**tvm_spinn.SpinnArch().to_dict(), "sync_packet_cycles": 4.0}
     with pytest.raises(tvm_spinn.ArchError, match=r"'sync_packet_cycles' is retired: set task_word_cycles / "
                                                   r"barrier_pop_cycles"):
