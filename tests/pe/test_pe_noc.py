@@ -16,8 +16,8 @@ from tvm_spinn.pe import run_firmware  # noqa: E402
 from tvm_spinn.pe.errors import IssFault, NocDeadlock  # noqa: E402
 from tvm_spinn.pe.images import role_image  # noqa: E402
 from tvm_spinn.pe.iss import PeMachine, image_symbols  # noqa: E402
-from tvm_spinn.pe.memory_map import NOC_KEY_READY, NOC_KEY_RELEASE, NOC_WAIT_POLLS  # noqa: E402
-from tvm_spinn.pe.multi import NocFabric, barrier_pes, barrier_tree, run_barrier, run_firmware_concurrent  # noqa: E402
+from tvm_spinn.pe.memory_map import NOC_KEY_ARRIVE, NOC_KEY_READY, NOC_KEY_RELEASE, NOC_WAIT_POLLS  # noqa: E402
+from tvm_spinn.pe.multi import NocFabric, _handoffs, barrier_pes, barrier_tree, run_barrier, run_firmware_concurrent  # noqa: E402
 from tvm_spinn.pe.images import noc_role_image  # noqa: E402
 from tvm_spinn.pe.noc import NOC_ROUTINES  # noqa: E402
 from tvm_spinn.runtime.simulator import run_program  # noqa: E402
@@ -121,6 +121,37 @@ def test_unexpected_packet_is_a_fault(image):
     with pytest.raises(IssFault, match=rf"PE 1, image relu: NoC driver fault 2: unexpected packet.*"
                                        rf"detail {NOC_KEY_READY | 5:#x}"):
         fabric.run({0: stray(), 1: _call(ms[1], "pe_barrier", [0, 0, 4])}, lambda pe: "")
+
+
+@pytest.mark.parametrize("key", [NOC_KEY_READY | 5, NOC_KEY_ARRIVE | 9])
+def test_stray_packet_while_counting_arrivals_is_a_fault(image, key):
+    """The barrier counts its children's arrivals unread: a root (PE 0, one child PE 1) sent a
+    ready packet or another group's arrival by PE 2 while it counts faults naming the PE, the
+    image, the key and its source, instead of releasing PE 1 early."""
+    fabric, ms = _fabric(image, [0, 1, 2])
+    fabric.route(NOC_KEY_RELEASE | 4, 0xFFFFFFFF, [1])
+
+    def stray():
+        assert ms[2].call("pe_noc_send", [0, key, 0])
+        yield True
+
+    with pytest.raises(IssFault, match=rf"PE 0, image relu: packet key {key:#x} from PE 2 popped unread "
+                                       rf"in barrier group 4.*at pc=0x"):
+        fabric.run({0: _call(ms[0], "pe_barrier", [0, 1, 4]), 1: _call(ms[1], "pe_barrier", [0, 0, 4]),
+                    2: stray()}, lambda pe: "")
+
+
+def test_scratch_word_read_by_a_byte_placement_stays_in_dram():
+    """A scratch word handed by NoC (job 0 on PE 0 writes words 1000-1012, job 1 on PE 1 reads
+    1000 and 1004 as words) that a byte placement on PE 2 also reads (bytes 1005-1006, from
+    DRAM as it is) is still written to DRAM; the word no byte is read from is only handed."""
+    words = lambda off, n: ["dram", off, [n, 1, 1, 1], [4, 0, 0, 0]]  # noqa: E731
+    jobs = [{"id": 0, "pe": 0, "steps": [["get", 0x2000, [words(1000, 4)]]]},
+            {"id": 1, "pe": 1, "steps": [["put", 0x2000, [words(1000, 2)]]]},
+            {"id": 2, "pe": 2, "steps": [["put", 0x2000, [["dram8", 1005, [2, 1, 1, 1], [1, 0, 0, 0]]]]]}]
+    sends, takes, kept = _handoffs(jobs, {0: 0, 1: 1, 2: 2}, [1000, 64])
+    assert sends == {0: [(1, 0, 0x2000), (1, 1, 0x2004)]} and takes == {(1, 0): [(0, 0), (1, 1)]}
+    assert kept == {1004}
 
 
 def test_barrier_releases_no_pe_before_the_last_arrives(image):

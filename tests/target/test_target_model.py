@@ -71,6 +71,20 @@ def test_testchip_variant_keeps_the_earlier_numbers():
     assert tvm_spinn.SpinnArch.from_dict(test.to_dict()) == test
 
 
+def test_from_dict_refuses_the_retired_sync_packet_cycles():
+    """A saved system that sets the retired ``sync_packet_cycles`` (its meaning split between a
+    software scheduler's cycles per packet word and the barrier's cycles per pop) is refused
+    naming both fields that replace it; the replacements keep their numbers and round-trip."""
+    saved = {**tvm_spinn.SpinnArch().to_dict(), "sync_packet_cycles": 4.0}
+    with pytest.raises(tvm_spinn.ArchError, match=r"'sync_packet_cycles' is retired: set task_word_cycles / "
+                                                  r"barrier_pop_cycles"):
+        tvm_spinn.SpinnArch.from_dict(saved)
+    arch = tvm_spinn.SpinnArch()
+    assert (arch.barrier_pop_cycles, arch.task_word_cycles) == (5 / 4, 4.0)
+    set_both = arch.replace(barrier_pop_cycles=2.0, task_word_cycles=6.0)
+    assert tvm_spinn.SpinnArch.from_dict(set_both.to_dict()) == set_both
+
+
 def _int8_dense(arch: tvm_spinn.SpinnArch, m: int, k: int, n: int) -> Program:
     tensors = [
         TensorDesc("x", [m, k], "int8", "input"), TensorDesc("w", [k, n], "int8", "const"),

@@ -68,15 +68,15 @@ def test_barrier_is_built_from_noc_packets():
     # more PEs, more packets and routers: a chip's barrier costs more than a quad-PE's
     assert arch.barrier_cost_cycles(4) < arch.barrier_cost_cycles(32) < arch.barrier_cost_cycles(148)
     # dearer pops, dearer barriers (the root counts 3 + 36 packets on the whole chip)
-    assert arch.replace(sync_packet_cycles=4.0).barrier_cost_cycles(148) > arch.barrier_cost_cycles(148)
+    assert arch.replace(barrier_pop_cycles=4.0).barrier_cost_cycles(148) > arch.barrier_cost_cycles(148)
     # software on top (a scheduler's) adds as it is
     assert arch.replace(barrier_cycles=1000).barrier_cost_cycles(148) == arch.barrier_cost_cycles(148) + 1000
-    for name, bad in (("sync_packet_cycles", 0), ("task_word_cycles", 0), ("noc_link_bytes_per_cycle", 0.0),
+    for name, bad in (("barrier_pop_cycles", 0), ("task_word_cycles", 0), ("noc_link_bytes_per_cycle", 0.0),
                       ("irq_entry_cycles", -1)):
         with pytest.raises(ArchError, match=name):
             arch.replace(**{name: bad})
     # the new fields stay out of serialized programs at their defaults
-    assert not {"sync_packet_cycles", "task_word_cycles", "noc_link_bytes_per_cycle",
+    assert not {"barrier_pop_cycles", "task_word_cycles", "noc_link_bytes_per_cycle",
                 "irq_entry_cycles"} & set(arch.to_dict())
 
 

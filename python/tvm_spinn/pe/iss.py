@@ -57,7 +57,8 @@ from .errors import IssFault
 from .memory_map import (ARENA_END, DMA_BASE, DMA_BYTES, DMA_EB_MASK, DMA_REGS, DMA_SCATTER,
                          DMA_START, EXP_BASE, EXP_BYTES,
                          EXP_FUNC_EXP, EXP_FUNC_LOG, EXP_REGS, EXP_START, JOB_ADDR, JOB_WORDS, MAC_BASE, MAC_BYTES, MAC_REGS,
-                         MAC_START, NOC_BASE, NOC_BYTES, NOC_FAULT_CODES, NOC_REGS, REMOTE_BASE,
+                         MAC_START, NOC_BASE, NOC_BYTES, NOC_FAULT_CODES, NOC_KEY_ARRIVE, NOC_KEY_RELEASE, NOC_REGS,
+                         REMOTE_BASE,
                          SRAM_BASE, SRAM_BYTES, arena_start)
 
 __all__ = ["PeMachine", "image_symbols", "MAX_INSTRUCTIONS"]
@@ -150,6 +151,11 @@ class PeMachine:
         self.noc_blocked = False
         #: the clock at the PE's last yield on a read of RX_COUNT (the read it stands for)
         self.noc_resumed = None
+        #: the group key of the ``pe_barrier`` this PE is in (its packets are popped unread:
+        #: each pop is checked against the static schedule's guarantee), or None
+        self.noc_barrier = None
+        #: whether the head packet's key was read (a key the code reads, the code checks)
+        self.noc_key_read = False
         self.uc.mmio_map(NOC_BASE, NOC_BYTES, self._noc_read, None, self._noc_write, None)
         #: per image (its SHA-256), its blocks' prices (a PE that loads another image keeps them)
         self._image_prices = {hashlib.sha256(image).digest(): self._prices}
@@ -448,6 +454,7 @@ class PeMachine:
             now = self.noc_time()
             return sum(1 for p in self.noc_rx if p[3] <= now)
         if offset == NOC_REGS["RX_KEY"]:
+            self.noc_key_read = True
             return self._noc_head("RX_KEY")[0]
         if offset == NOC_REGS["RX_PAYLOAD"]:
             return self._noc_head("RX_PAYLOAD")[1]
@@ -472,7 +479,15 @@ class PeMachine:
             else:
                 self.noc_sent.append(packet)
         elif offset == NOC_REGS["RX_POP"]:
-            self._noc_head("RX_POP")
+            key, _, source, _ = self._noc_head("RX_POP")
+            group, read, self.noc_key_read = self.noc_barrier, self.noc_key_read, False
+            if group is not None and not read and key not in (NOC_KEY_ARRIVE | group, NOC_KEY_RELEASE | group):
+                # pe_barrier counts packets without reading their keys: the schedule must send a
+                # PE in a barrier nothing but its group's arrivals and release
+                pc = self.uc.reg_read(UC_ARM_REG_PC)
+                raise IssFault(self.pe, self.name, pc, f"packet key {key:#x} from PE {source} popped unread "
+                                                       f"in barrier group {group} (only its arrivals "
+                                                       f"{NOC_KEY_ARRIVE | group:#x} may arrive there)")
             self.noc_rx.popleft()
         elif offset == NOC_REGS["FAULT"]:
             pc = self.uc.reg_read(UC_ARM_REG_PC)
@@ -493,11 +508,20 @@ class PeMachine:
         self.uc.reg_write(UC_ARM_REG_SP, self.sp0)
         self.uc.reg_write(UC_ARM_REG_LR, self.symbols["pe_halt"] | 1)
         self._prev = None
-        return self._go(self.symbols[symbol])
+        # pe_barrier's third argument is its group key (see the ``noc_barrier`` attribute)
+        self.noc_barrier = int(args[2]) & 0xFFFFFF if symbol == "pe_barrier" and len(args) > 2 else None
+        self.noc_key_read = False
+        return self._left(self._go(self.symbols[symbol]))
 
     def resume(self) -> bool:
         """Continue a routine that stopped on an empty RX FIFO (see :meth:`call`)."""
-        return self._go(self.uc.reg_read(UC_ARM_REG_PC))
+        return self._left(self._go(self.uc.reg_read(UC_ARM_REG_PC)))
+
+    def _left(self, done: bool) -> bool:
+        """``done``, leaving the barrier (its pop check) when the routine returned."""
+        if done:
+            self.noc_barrier = None
+        return done
 
     def _go(self, start: int) -> bool:
         halt = self.symbols["pe_halt"]

@@ -162,7 +162,7 @@ class NocFabric:
     def earlier(self, pe: int, when: float) -> bool:
         """Whether a PE of the running processes other than ``pe`` can run before cycle
         ``when`` (and so could still send ``pe`` a packet that lands by then)."""
-        for other in getattr(self, "_blocked", {}):
+        for other in self._blocked:
             if other != pe:
                 t = self._ready_at(other)
                 if t is not None and t < when:
@@ -244,10 +244,13 @@ def _handoffs(jobs: list, on_pe: dict, scratch: list) -> tuple[dict, dict, set]:
             if step[0] != "put":
                 continue
             if any(part[0] == "dram8" for part in step[2]):
-                # byte placements read DRAM as it is: any scratch word they read stays there
+                # byte placements read DRAM as it is: any scratch word they read stays there (a
+                # dram8 part's bytes by the words that hold them)
                 for part in step[2]:
-                    if part[0] == "dram":
+                    if part[0] in ("dram", "dram8"):
                         addr = expand(part[1:])
+                        if part[0] == "dram8":
+                            addr = addr & ~3
                         kept.update(int(a) for a in addr[(addr >= lo) & (addr < hi)])
                 continue
             pos = 0

@@ -197,7 +197,7 @@ class SpinnArch:
         Software cycles a barrier costs beyond its packets (:meth:`barrier_cost_cycles`): 0 for
         the static schedule, which runs no scheduler between layers (a runtime with a software
         scheduler, e.g. OctopuScheduler's ~13 us per layer, would add its own).
-    sync_packet_cycles : float
+    barrier_pop_cycles : float
         Cycles a barrier's counting PE spends popping one arrival packet, from the PE runtime's
         executed barrier (:mod:`tvm_spinn.pe.noc`, ``pe_barrier``): the packets are counted
         from the receive FIFO's count and popped unread, four back to back: an STR of 2 cycles
@@ -317,7 +317,7 @@ class SpinnArch:
     links_per_chip: int = 6  # [OJCAS26]
     link_bw_bytes_s: float = 6e9 / 8  # [OJCAS26]
     barrier_cycles: int = 0  # the static schedule's: see the docstring
-    sync_packet_cycles: float = 5 / 4  # the executed barrier's pops [M4-TRM], see the docstring
+    barrier_pop_cycles: float = 5 / 4  # the executed barrier's pops [M4-TRM], see the docstring
     task_word_cycles: float = 4.0  # assumption
     irq_entry_cycles: int = 12  # [M4-TRM]
     task_descriptor_words: int = 1 + 6 + 2 * 3  # assumption, see the docstring
@@ -388,7 +388,7 @@ class SpinnArch:
             "clock_hz", "m4f_flops_per_cycle", "m4f_elementwise_cycles", "exp_unit_cycles",
             "dram_bw_bytes_s", "dma_bw_bytes_per_cycle", "noc_bw_bytes_s", "link_bw_bytes_s",
             "board_link_bw_bytes_s", "host_mem_bw_bytes_s", "m4f_chain_cycles", "noc_link_bytes_per_cycle",
-            "sync_packet_cycles", "task_word_cycles", "host_link_bw_bytes_s",
+            "barrier_pop_cycles", "task_word_cycles", "host_link_bw_bytes_s",
         )
         for name in positive_floats:
             value = getattr(self, name)
@@ -596,17 +596,17 @@ class SpinnArch:
         of PE_ID 2, CBZ taken 2; CMP, BNE taken 2; ORR, STR 2, STR 1, STR 1) and reads the
         count 6 later; a counting PE reads it first 18 after entry; a read that finds fewer
         packets than are due reads again 11 later (CMP, BHS, ADDS, CMP, BNE taken 2, CBZ, LDR
-        2, CMP, BHS), or, with four waiting, 9 + 4 :attr:`sync_packet_cycles` later (their
+        2, CMP, BHS), or, with four waiting, 9 + 4 :attr:`barrier_pop_cycles` later (their
         four STRs to the pop register, the rest as before); from the read that finds every
         packet in, a leader sends 11 later, the root its release 13 later; a leader reads the
-        count again 17 after its send, a turn of ``4 + 4 sync_packet_cycles`` before it per
+        count again 17 after its send, a turn of ``4 + 4 barrier_pop_cycles`` before it per
         four packets still to pop; the root pops them the same way and leaves 17 later (16
         after a turn, 2 more for an odd one); a PE waiting for the release leaves 16 after
         it lands (LDR of the key, ORR, MOVS, CMP, STR of the pop, IT, POP of four registers and
         PC 7). Plus :attr:`barrier_cycles` of software, if any.
         """
         cells, root = self.barrier_layout(pes)
-        hop, spc = float(self.noc_hop_cycles), float(self.sync_packet_cycles)
+        hop, spc = float(self.noc_hop_cycles), float(self.barrier_pop_cycles)
         turn = 4 + 4 * spc  # a turn of four pops after the send
 
         def count(arrivals: list, children: int) -> tuple[float, int]:
@@ -719,13 +719,25 @@ class SpinnArch:
 
     @classmethod
     def from_dict(cls, data: dict) -> "SpinnArch":
-        """Inverse of :meth:`to_dict`; unknown keys are an error naming them."""
+        """Inverse of :meth:`to_dict`; unknown keys are an error naming them, a retired field's
+        name an error naming its replacements (its meaning was split, never reinterpreted)."""
+        for old, new in sorted(_RETIRED_FIELDS.items()):
+            if old in data:
+                raise ArchError(f"SpinnArch field {old!r} is retired: set {' / '.join(new)} instead "
+                                f"({_RETIRED_FIELDS_WHY[old]})")
         unknown = sorted(set(data) - {f.name for f in fields(cls)})
         if unknown:
             raise ArchError(f"unknown SpinnArch field(s) {unknown}")
         return cls(**data)
 
 
+#: Retired field names -> the fields that replace them (:meth:`SpinnArch.from_dict` refuses the old name, so a
+#: saved system is never silently given another meaning).
+_RETIRED_FIELDS: Mapping[str, tuple] = types.MappingProxyType({
+    "sync_packet_cycles": ("task_word_cycles", "barrier_pop_cycles")})
+_RETIRED_FIELDS_WHY: Mapping[str, str] = types.MappingProxyType({
+    "sync_packet_cycles": "a software scheduler's cycles per packet word are task_word_cycles, the executed "
+                          "barrier's cycles per popped arrival barrier_pop_cycles"})
 #: Fields added with the link graph; omitted from :meth:`SpinnArch.to_dict` at their defaults.
 _TOPOLOGY_FIELDS = frozenset({"chips_per_board", "board_link_bw_bytes_s", "link_hop_s", "board_link_hop_s",
                               "link_payload_fraction", "board_serial_links"})
@@ -735,7 +747,7 @@ _HOST_FIELDS = frozenset({"host_mem_bw_bytes_s", "host_op_s", "host_link_bw_byte
 #: The M4F's register-chain fields; omitted from :meth:`SpinnArch.to_dict` at their defaults.
 _CHAIN_FIELDS = frozenset({"m4f_chain_cycles", "m4f_chain_registers"})
 #: The timing model's interconnect, synchronisation and set-up fields; omitted at their defaults.
-_TIMING_FIELDS = frozenset({"noc_link_bytes_per_cycle", "sync_packet_cycles", "task_word_cycles", "irq_entry_cycles",
+_TIMING_FIELDS = frozenset({"noc_link_bytes_per_cycle", "barrier_pop_cycles", "task_word_cycles", "irq_entry_cycles",
                             "task_descriptor_words", "exp_unit_latency_cycles"})
 #: The M4F's instruction cycles and the PE code's overheads; omitted at their defaults.
 _M4F_FIELDS = frozenset({"m4f_mem_cycles", "m4f_mem_pipelined_cycles", "m4f_fpu_cycles", "m4f_divide_cycles",
@@ -776,7 +788,7 @@ ASSUMPTION_RANGES: Mapping[str, AssumedRange] = types.MappingProxyType({
         8.0, 24.0,
         "[OJCAS26] 192-bit flits at the PE clock: 64 payload bits a flit (a header and a routing "
         "key in the rest) up to the whole flit"),
-    "sync_packet_cycles": AssumedRange(
+    "barrier_pop_cycles": AssumedRange(
         1.0, 2.0,
         "the PE runtime's executed barrier (tvm_spinn.pe.noc pe_barrier, priced by [M4-TRM]): its "
         "pops are STRs to the receive FIFO's pop register, four back to back: 2 + 1 + 1 + 1 = 5 "
