@@ -95,3 +95,12 @@ def test_some_board_plan_rides_the_gather(board):
     fused = C.chain_all_reduce_gathered(board, [order[j * 6:(j + 1) * 6] for j in range(4)], 512)
     apart = C.chain_all_reduce(board, order[:6], 512).seconds + C.all_gather(board, order, 2048).seconds
     assert fused.seconds < apart
+
+
+@pytest.mark.parametrize("bad", [(), (0,), (4, -1), (2.5,), (True,)])
+def test_bad_segment_counts_are_refused(board, bad):
+    chains = [[0, 1], [2, 3]]
+    with pytest.raises(ValueError, match="segments"):
+        C.chain_all_reduce_gathered(board, chains, 512, segments=bad)
+    with pytest.raises(ValueError, match="segments"):
+        C.chain_all_reduce(board, chains[0], 512, segments=bad)

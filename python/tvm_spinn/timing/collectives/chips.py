@@ -254,6 +254,15 @@ def all_to_all(topo: "Topology", ranks: Sequence[int], nbytes: float, algorithm:
     return best
 
 
+def _segment_counts(name: str, segments) -> "tuple[int, ...]":
+    """``segments`` as a tuple of positive ints; a clear error for none or a bad count (without
+    one a cost would have no candidate to choose)."""
+    counts = tuple(segments)
+    if not counts or any(isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1 for m in counts):
+        raise ValueError(f"{name}: segments must be one or more integers >= 1, got {counts!r}")
+    return tuple(int(m) for m in counts)
+
+
 def chain_all_reduce(topo: "Topology", ranks: Sequence[int], nbytes: float,
                      segments: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128)) -> CollectiveCost:
     """Cost of an all-reduce that continues one accumulator from rank to rank (bit-exact).
@@ -284,7 +293,13 @@ def chain_all_reduce(topo: "Topology", ranks: Sequence[int], nbytes: float,
     -------
     CollectiveCost
         ``algorithm="chain"``.
+
+    Raises
+    ------
+    ValueError
+        For no segment count or one not an integer >= 1.
     """
+    segments = _segment_counts("chain_all_reduce", segments)
     topo, ranks = _prepare(topo, ranks, nbytes)
     c = ranks.size
     if c == 1 or nbytes == 0:
@@ -349,7 +364,8 @@ def chain_all_reduce_gathered(topo: "Topology", chains: Sequence[Sequence[int]],
     Raises
     ------
     ValueError
-        For no chains, chains of different lengths or a chip in two chains.
+        For no chains, chains of different lengths, a chip in two chains, or no segment count
+        or one not an integer >= 1.
     """
     groups = [np.asarray(c, dtype=np.int64).reshape(-1) for c in chains]
     if not groups or len({g.size for g in groups}) != 1:
@@ -358,6 +374,7 @@ def chain_all_reduce_gathered(topo: "Topology", chains: Sequence[Sequence[int]],
     every = np.concatenate(groups)
     if np.unique(every).size != every.size:
         raise ValueError("chain_all_reduce_gathered: a chip is in two chains")
+    segments = _segment_counts("chain_all_reduce_gathered", segments)
     topo, every = _prepare(topo, every, nbytes)
     c = groups[0].size
     if every.size == 1 or nbytes == 0:
