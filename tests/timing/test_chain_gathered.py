@@ -61,7 +61,7 @@ def _attention_end(sp_gather_tensor: int, sp: int = 4):
     return program, colls
 
 
-@pytest.mark.parametrize("tp, sp, rides", [(6, 4, True), (12, 2, True), (2, 12, False), (3, 8, False)])
+@pytest.mark.parametrize("tp, sp, rides", [(6, 4, True), (12, 4, True), (12, 2, True), (2, 12, False), (3, 8, False)])
 def test_the_gather_rides_on_the_chains_where_cheaper(board, tp, sp, rides):
     """On one board the long chains of few groups deliver to every chip sooner than the chain and
     the gather after it (their trees are shallow beside the chain), short chains of many groups
