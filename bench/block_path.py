@@ -39,7 +39,12 @@ CONFIG = "python/tvm_spinn/llm/configs/llama-2-70b.json"
 def _captured():
     """The planner's slice forms and the stages it times them with, per degree, in order."""
     seen = {"g": None, "forms": {}, "stages": {}}
-    block, forms, gains = board_tp.slice_block, board_tp.slice_forms, board_tp._ahead_gains
+    block, forms, gains, recs = board_tp.slice_block, board_tp.slice_forms, board_tp._ahead_gains, board_tp.records
+
+    def records(*args, **kwargs):
+        # each call plans afresh: keep only the last call's forms and stages, both alike
+        seen["g"], seen["forms"], seen["stages"] = None, {}, {}
+        return recs(*args, **kwargs)
 
     def slice_block(cfg, spec, g):
         seen["g"] = g
@@ -56,10 +61,12 @@ def _captured():
         return out
 
     board_tp.slice_block, board_tp.slice_forms, board_tp._ahead_gains = slice_block, slice_forms, ahead_gains
+    board_tp.records = records
     try:
         yield seen
     finally:
         board_tp.slice_block, board_tp.slice_forms, board_tp._ahead_gains = block, forms, gains
+        board_tp.records = recs
 
 
 def _waits(piece, k: int, ends) -> str:

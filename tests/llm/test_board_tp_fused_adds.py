@@ -5,8 +5,8 @@ part of the row, and the plan's candidate with them no slower than the slice cut
 from __future__ import annotations
 
 import importlib
-import math
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -80,15 +80,32 @@ def test_the_fused_add_costs_a_job_a_part_and_its_elements_on_a_chips_pes():
     from tvm_spinn.program.ops import family_of
     from tvm_spinn.target import arch_of
 
+    from types import SimpleNamespace
+
     _, _, pieces, ends = _cut(LLAMA)
     _, _, adds = board_tp.fused_adds(pieces, ends)
     board = arch_of("spinn").replace(chips=48)
     piece, layer = adds[0]
-    per_element = family_of(layer.kind).cycles_per_element(layer, board)
-    assert per_element > 0
-    want = (4 * (board.m4f_job_cycles + board.irq_entry_cycles) + math.ceil(512 / board.pes_per_chip) * per_element)
-    assert board_tp.fused_add_s(piece, layer, board, 4) == pytest.approx(want / board.clock_hz, rel=1e-12)
-    assert board_tp.fused_add_s(piece, layer, board, 8) > board_tp.fused_add_s(piece, layer, board, 4)
+    pes = board.pes_per_chip
+
+    def add_s(elements: int, parts: int) -> float:
+        row = SimpleNamespace(tensors={layer.output: SimpleNamespace(shape=(1, elements))})
+        return board_tp.fused_add_s(row, layer, board, parts)
+
+    # each part costs the same: a job and its wake-up, more than nothing
+    step = add_s(pes, 8) - add_s(pes, 4)
+    assert step > 0 and add_s(pes, 12) - add_s(pes, 8) == pytest.approx(step, rel=1e-9)
+    assert add_s(0, 4) == pytest.approx(step, rel=1e-9)  # no elements: the four parts' jobs only
+    # the elements are shared over the chip's PEs: one each costs what one in all costs, one
+    # more on a PE adds as much again, and the row's share grows by whole elements a PE
+    one_each = add_s(pes, 4) - add_s(0, 4)
+    assert one_each > 0 and add_s(1, 4) - add_s(0, 4) == pytest.approx(one_each, rel=1e-9)
+    assert add_s(pes + 1, 4) - add_s(0, 4) == pytest.approx(2 * one_each, rel=1e-9)
+    assert add_s(10 * pes, 4) - add_s(0, 4) == pytest.approx(10 * one_each, rel=1e-9)
+    # the planner's row: the model's, priced as the same function of its elements
+    n = int(np.prod(piece.tensors[layer.output].shape))
+    assert board_tp.fused_add_s(piece, layer, board, 4) == pytest.approx(add_s(n, 4), rel=1e-12)
+    assert family_of(layer.kind).cycles_per_element(layer, board) > 0
 
 
 @pytest.mark.slow  # ~30-60 s alone: the slices described, mapped cut and fused on boards

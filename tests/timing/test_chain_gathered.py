@@ -48,7 +48,7 @@ def test_bad_chains_are_refused(board):
         C.chain_all_reduce_gathered(board, [], 64)
 
 
-def _attention_end(sp_gather_tensor: int):
+def _attention_end(sp_gather_tensor: int, sp: int = 4):
     """A one-layer program whose output (tensor 2, the PV product's partial sums) is chain
     all-reduced in each tensor-parallel group and then all-gathered over all the chips."""
     from types import SimpleNamespace
@@ -57,35 +57,71 @@ def _attention_end(sp_gather_tensor: int):
 
     program = SimpleNamespace(layers=[SimpleNamespace(kind="matmul", inputs=(0, 1), output=2)])
     colls = [Collective(1, "all_reduce", 2, 512, False, "tp"),
-             Collective(1, "all_gather", sp_gather_tensor, 2048, True, "all")]
+             Collective(1, "all_gather", sp_gather_tensor, 512 * sp, True, "all")]
     return program, colls
 
 
-@pytest.mark.parametrize("tp", [6, 12])
-def test_the_gather_rides_on_the_chains_where_cheaper(board, tp):
-    """The mapper times the chains delivering to every chip where that is cheaper than the chain
-    and the gather after it, and the two collectives otherwise."""
+@pytest.mark.parametrize("tp, sp, rides", [(6, 4, True), (12, 4, True), (12, 2, True), (2, 12, False), (3, 8, False)])
+def test_the_gather_rides_on_the_chains_where_cheaper(board, tp, sp, rides):
+    """On one board the long chains of few groups deliver to every chip sooner than the chain and
+    the gather after it (their trees are shallow beside the chain), short chains of many groups
+    later (twelve trees of two chips each reach all 24 chips over one board's links, about a
+    third dearer than the gather): the mapper keeps the fused collective for the first and the
+    two for the second, and charges what it keeps."""
     from types import SimpleNamespace
 
     from tvm_spinn.mapping.system import _comm
 
-    sp = 4
-    program, colls = _attention_end(2)
+    program, colls = _attention_end(2, sp)
     plan = SimpleNamespace(tp=tp, sp=sp, dp=1, chips=tp * sp, collectives=colls)
     order = ring_order(board, tp * sp)
-    fused = C.chain_all_reduce_gathered(board, [order[j * tp:(j + 1) * tp] for j in range(sp)], 512)
-    chain, gather = C.chain_all_reduce(board, order[:tp], 512), C.all_gather(board, order, 2048)
     got = _comm(board, program, plan)
-    if fused.seconds < chain.seconds + gather.seconds:
+    if rides:
+        fused = C.chain_all_reduce_gathered(board, [order[j * tp:(j + 1) * tp] for j in range(sp)], 512)
         assert [(layer, c.op, c.algorithm, ready) for layer, c, ready in got] == [(1, "all_reduce", "chain", None)]
         assert got[0][1].seconds == pytest.approx(fused.seconds)
     else:
-        assert [(c.op, c.seconds) for _, c, _ in got] == [("all_reduce", pytest.approx(chain.seconds)),
-                                                           ("all_gather", pytest.approx(gather.seconds))]
+        assert [(c.op, c.seconds) for _, c, _ in got] == [
+            ("all_reduce", pytest.approx(C.chain_all_reduce(board, order[:tp], 512).seconds)),
+            ("all_gather", pytest.approx(C.all_gather(board, order, 512 * sp).seconds))]
     # a gather of another tensor is not what the chains deliver: both run
-    other, colls = _attention_end(0)
+    other, colls = _attention_end(0, sp)
     got = _comm(board, other, SimpleNamespace(tp=tp, sp=sp, dp=1, chips=tp * sp, collectives=colls))
     assert [c.op for _, c, _ in got] == ["all_reduce", "all_gather"]
+
+
+def test_the_choice_costs_the_chains_apart_at_once(board, monkeypatch):
+    """The chains without the gather are costed as the fused ones are, all ``sp`` of them on the
+    links together: where that is dear the fused collective is kept even for short chains."""
+    from types import SimpleNamespace
+
+    from tvm_spinn.mapping import system as S
+
+    program, colls = _attention_end(2, 12)
+    plan = SimpleNamespace(tp=2, sp=12, dp=1, chips=24, collectives=colls)
+    assert [c.op for _, c, _ in S._comm(board, program, plan)] == ["all_reduce", "all_gather"]
+    dear = C.CollectiveCost("all_reduce", "chain", 1.0, 0.0, 0, 0, 0, 2, 512.0)
+    monkeypatch.setattr(S, "chains_all_reduce", lambda topo, chains, nbytes: dear)
+    board.memo.clear()
+    try:
+        assert [c.op for _, c, _ in S._comm(board, program, plan)] == ["all_reduce"]
+    finally:
+        board.memo.clear()
+
+
+def test_chains_at_once_cost_at_least_one_alone(board):
+    """Several chains at once: one chain is :func:`chain_all_reduce`; more never cost less than
+    one of them alone, and chains that share links (two of 12 chips on one board) cost more."""
+    order = ring_order(board, 24)
+    one = C.chain_all_reduce(board, order[:12], 512)
+    assert C.chains_all_reduce(board, [order[:12]], 512).seconds == one.seconds
+    for tp in (2, 3, 4, 6, 12):
+        chains = [order[j * tp:(j + 1) * tp] for j in range(24 // tp)]
+        alone = max(C.chain_all_reduce(board, ch, 512).seconds for ch in chains)
+        assert C.chains_all_reduce(board, chains, 512).seconds >= alone * (1 - 1e-12)
+    assert C.chains_all_reduce(board, [order[:12], order[12:]], 512).seconds > 1.2 * one.seconds
+    with pytest.raises(ValueError, match="two chains"):
+        C.chains_all_reduce(board, [[0, 1], [1, 2]], 64)
 
 
 def test_some_board_plan_rides_the_gather(board):
@@ -95,3 +131,12 @@ def test_some_board_plan_rides_the_gather(board):
     fused = C.chain_all_reduce_gathered(board, [order[j * 6:(j + 1) * 6] for j in range(4)], 512)
     apart = C.chain_all_reduce(board, order[:6], 512).seconds + C.all_gather(board, order, 2048).seconds
     assert fused.seconds < apart
+
+
+@pytest.mark.parametrize("bad", [(), (0,), (4, -1), (2.5,), (True,)])
+def test_bad_segment_counts_are_refused(board, bad):
+    chains = [[0, 1], [2, 3]]
+    with pytest.raises(ValueError, match="segments"):
+        C.chain_all_reduce_gathered(board, chains, 512, segments=bad)
+    with pytest.raises(ValueError, match="segments"):
+        C.chain_all_reduce(board, chains[0], 512, segments=bad)

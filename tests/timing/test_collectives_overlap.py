@@ -73,3 +73,39 @@ def test_bad_chunks_are_refused(bad):
 def test_a_negative_time_is_refused():
     with pytest.raises(ValueError, match="produce_s"):
         C.streamed_all_reduce(_linear(1e-6, 1e-9), N, -1e-6, 0.0, 2)
+
+
+def _played_out(cost_of, nbytes, produce, consume, c):
+    """The schedule written out chunk by chunk in plain Python (the reference)."""
+    done = 0.0
+    for i in range(c):
+        delivered = max(produce * (j + 1) / c + cost_of(nbytes * (i - j + 1) / c) for j in range(i + 1))
+        done = max(delivered, done) + consume / c
+    return min(done, produce + cost_of(nbytes) + consume)
+
+
+@pytest.mark.parametrize("chunks", [3, 17, 64])
+def test_matches_the_schedule_played_out_with_a_concave_cost(chunks):
+    cost = lambda m: 2e-6 + 3e-9 * m ** 0.8  # noqa: E731 (latency plus a sub-linear part)
+    got = C.streamed_all_reduce(cost, N, 5e-6, 3e-6, chunks)
+    assert got == pytest.approx(_played_out(cost, N, 5e-6, 3e-6, chunks), rel=1e-12)
+
+
+def test_too_many_chunks_are_refused():
+    from tvm_spinn.timing.collectives.overlap import MAX_CHUNKS
+
+    C.streamed_all_reduce(_linear(1e-6, 1e-9), N, 1e-6, 1e-6, MAX_CHUNKS)
+    with pytest.raises(ValueError, match=f"1..{MAX_CHUNKS}"):
+        C.streamed_all_reduce(_linear(1e-6, 1e-9), N, 1e-6, 1e-6, MAX_CHUNKS + 1)
+    with pytest.raises(ValueError, match="chunks"):
+        C.streamed_all_reduce(_linear(1e-6, 1e-9), N, 1e-6, 1e-6, 10 ** 6)
+
+
+def test_the_most_chunks_take_little_cpu_time():
+    import resource
+
+    from tvm_spinn.timing.collectives.overlap import MAX_CHUNKS
+
+    t0 = resource.getrusage(resource.RUSAGE_SELF).ru_utime
+    C.streamed_all_reduce(_linear(1e-6, 1e-9), N, 1e-6, 1e-6, MAX_CHUNKS)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_utime - t0 < 2.0

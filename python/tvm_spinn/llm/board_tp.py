@@ -483,8 +483,8 @@ def relay_bands(grid: tuple[int, int], g: int) -> list[list[list[int]]]:
     torus ``grid`` (no wrap-around) in a snake, across the lines, then along them, from one
     line in: on a patch of a larger torus (an allocation, whose link graph ends at its edge)
     the first group's outer line then has a line of relaying boards outside it too (a 16-board
-    group on an 8 x 9 patch of the cloud all-reduces in 139 us, against 188 us with its outer
-    line on the patch's edge).
+    group on an 8 x 9 patch of the cloud all-reduces about a quarter faster than with its
+    outer line on the patch's edge; docs/design/scale-out.md gives the figures).
 
     Returns
     -------

@@ -52,7 +52,7 @@ from ..program.ops import family_of
 from ..target.arch import SpinnArch
 from ..target.faults import live_chips, usable_boards
 from ..target.topology import ring_order, topology_of
-from ..timing.collectives import chain_all_reduce_gathered, point_to_point
+from ..timing.collectives import chain_all_reduce_gathered, chains_all_reduce, point_to_point
 from ..timing.model import DRAM, evaluate, transfers
 from ..timing.system import collective_cost, compose
 from .budget import Shortfall, SystemState
@@ -157,9 +157,10 @@ def _comm(topo, program: Program, plan: ShardPlan) -> list[tuple]:
     rows = issued(program, plan.collectives)
     fused = _gathered_chain(program, plan, rows)
     if fused is not None:
-        # the chains' multicasts reach every chip in more steps, on busier links: the cheaper way
+        # the chains' multicasts reach every chip in more steps, on busier links: the cheaper way,
+        # both ways costed alike (the sp chains loading the links at once, as the fused one does)
         (layer, op, nbytes, exact, group, _), gather = rows[fused[0]], rows[fused[1]]
-        apart = (collective_cost(topo, groups[group], op, nbytes, exact).seconds
+        apart = (_chains_apart_cost(topo, plan, nbytes).seconds
                  + collective_cost(topo, groups[gather[4]], gather[1], gather[2], gather[3]).seconds)
         if _chains_gathered_cost(topo, plan, nbytes).seconds >= apart:
             fused = None
@@ -211,6 +212,19 @@ def _chains_gathered_cost(topo, plan: ShardPlan, nbytes: int):
     hit = topo.memo.get(key)
     if hit is None:
         hit = topo.memo[key] = chain_all_reduce_gathered(topo, chains, nbytes)
+    return hit
+
+
+def _chains_apart_cost(topo, plan: ShardPlan, nbytes: int):
+    """The ``sp`` chains of :func:`_chains_gathered_cost` at once, each delivering ``nbytes``
+    to its own chips only (:func:`~tvm_spinn.timing.collectives.chains_all_reduce`, memoized
+    alike): the chain side of :func:`_comm`'s choice, costed as the fused side is."""
+    order = group_ranks(topo, plan)["all"]
+    chains = [order[j * plan.tp:(j + 1) * plan.tp] for j in range(plan.sp)]
+    key = ("chains_apart", order.tobytes(), int(plan.tp), float(nbytes))
+    hit = topo.memo.get(key)
+    if hit is None:
+        hit = topo.memo[key] = chains_all_reduce(topo, chains, nbytes)
     return hit
 
 

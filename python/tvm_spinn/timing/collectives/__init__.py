@@ -94,8 +94,8 @@ from __future__ import annotations
 
 from . import cost as _cost
 from .boards import board_all_reduce, board_all_to_all, multipath_point_to_point, sliced_hand_over, water_fill
-from .chips import (all_gather, all_reduce, all_to_all, chain_all_reduce, chain_all_reduce_gathered, point_to_point,
-                    reduce_scatter)
+from .chips import (all_gather, all_reduce, all_to_all, chain_all_reduce, chain_all_reduce_gathered,
+                    chains_all_reduce, point_to_point, reduce_scatter)
 from .cost import CollectiveCost
 from .floor import board_group_floor
 from .group import board_group_all_reduce, board_group_scattered_all_reduce
@@ -120,7 +120,8 @@ from .trees import _breadth_first, _local_links, _multicast_trees, _negotiated_t
 MULTICAST_MAX_RANKS = _cost.MULTICAST_MAX_RANKS
 
 __all__ = [
-    "CollectiveCost", "all_gather", "all_reduce", "chain_all_reduce", "chain_all_reduce_gathered", "fixed_order_sum",
+    "CollectiveCost", "all_gather", "all_reduce", "chain_all_reduce", "chain_all_reduce_gathered", "chains_all_reduce",
+    "fixed_order_sum",
     "point_to_point", "reduce_scatter", "reduction_order", "chip_blocks", "MULTICAST_MAX_RANKS", "board_all_reduce",
     "board_group_all_reduce", "multipath_point_to_point", "sliced_hand_over", "water_fill", "all_to_all",
     "board_all_to_all", "board_group_floor", "board_group_scattered_all_reduce", "streamed_all_reduce",

@@ -3,7 +3,7 @@ all-to-all and the chain all-reduce.
 
 The public chip-level collectives (:func:`all_reduce`, :func:`all_gather`,
 :func:`reduce_scatter`, :func:`point_to_point`, :func:`all_to_all`, :func:`chain_all_reduce`,
-:func:`chain_all_reduce_gathered`) and the multicast all-gather's parts (:func:`_gather_parts`)
+:func:`chains_all_reduce`, :func:`chain_all_reduce_gathered`) and the multicast all-gather's parts (:func:`_gather_parts`)
 that the board collectives add for a board's own gather.
 """
 
@@ -254,6 +254,15 @@ def all_to_all(topo: "Topology", ranks: Sequence[int], nbytes: float, algorithm:
     return best
 
 
+def _segment_counts(name: str, segments) -> "tuple[int, ...]":
+    """``segments`` as a tuple of positive ints; a clear error for none or a bad count (without
+    one a cost would have no candidate to choose)."""
+    counts = tuple(segments)
+    if not counts or any(isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1 for m in counts):
+        raise ValueError(f"{name}: segments must be one or more integers >= 1, got {counts!r}")
+    return tuple(int(m) for m in counts)
+
+
 def chain_all_reduce(topo: "Topology", ranks: Sequence[int], nbytes: float,
                      segments: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128)) -> CollectiveCost:
     """Cost of an all-reduce that continues one accumulator from rank to rank (bit-exact).
@@ -284,7 +293,13 @@ def chain_all_reduce(topo: "Topology", ranks: Sequence[int], nbytes: float,
     -------
     CollectiveCost
         ``algorithm="chain"``.
+
+    Raises
+    ------
+    ValueError
+        For no segment count or one not an integer >= 1.
     """
+    segments = _segment_counts("chain_all_reduce", segments)
     topo, ranks = _prepare(topo, ranks, nbytes)
     c = ranks.size
     if c == 1 or nbytes == 0:
@@ -310,6 +325,79 @@ def chain_all_reduce(topo: "Topology", ranks: Sequence[int], nbytes: float,
         if best is None or candidate.seconds < best.seconds:
             best = candidate
     return best
+
+
+def chains_all_reduce(topo: "Topology", chains: Sequence[Sequence[int]], nbytes: float,
+                      segments: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128)) -> CollectiveCost:
+    """Several :func:`chain_all_reduce`\ s at once, each chain's result multicast back to its own
+    ranks only, all of them loading the links together (a link on several chains or trees
+    carries each of their segments): the contended counterpart of
+    :func:`chain_all_reduce_gathered`, which multicasts every chain's result to all the chips.
+
+    Parameters
+    ----------
+    topo : Topology
+        The system's link graph.
+    chains : sequence of sequence of int
+        Distinct chip ids, one sequence per chain in chain order, all of one length.
+    nbytes : float
+        Bytes of each rank's partial sums (one chain's result).
+    segments : sequence of int
+        Segment counts to choose from.
+
+    Returns
+    -------
+    CollectiveCost
+        ``algorithm="chain"``; ``nbytes`` is one chain's. One chain: :func:`chain_all_reduce`'s.
+
+    Raises
+    ------
+    ValueError
+        For no chains, chains of different lengths, a chip in two chains, or no segment count
+        or one not an integer >= 1.
+    """
+    groups = _chain_groups("chains_all_reduce", chains)
+    segments = _segment_counts("chains_all_reduce", segments)
+    if len(groups) == 1:
+        return chain_all_reduce(topo, groups[0], nbytes, segments)
+    topo, every = _prepare(topo, np.concatenate(groups), nbytes)
+    c = groups[0].size
+    if c == 1 or nbytes == 0:
+        return CollectiveCost("all_reduce", "chain", 0.0, 0.0, 0, 0, 0, c, float(nbytes))
+    src = np.concatenate([g[:-1] for g in groups])
+    dst = np.concatenate([g[1:] for g in groups])
+    roots = np.concatenate([np.full(c - 1, g[-1]) for g in groups])
+    depth = int(topo.hops(roots, src).max())
+    tree_share = np.zeros(topo.nodes * 6)
+    for g in groups:  # each chain's tree: the links on its routes from its last rank
+        _, links = topo.route_links(np.full(c - 1, g[-1]), g[:-1])
+        tree_share[np.unique(links)] += 1.0
+    tree = np.flatnonzero(tree_share)
+    best = None
+    for m in segments:
+        cost, load = topo.evaluate(src, dst, float(nbytes) / m)
+        tree_s = topo.link_seconds(tree_share * (float(nbytes) / m)) + float(topo.link_hop_s[tree].max())
+        step = max(cost.seconds, tree_s)
+        load = load + tree_share * (float(nbytes) / m)
+        steps = m + c + depth - 2
+        candidate = CollectiveCost("all_reduce", "chain", steps * step, float(load.max()) * m,
+                                   steps * max(1, cost.max_hops), steps * cost.board_hops, steps, c, float(nbytes),
+                                   segments=int(m))
+        if best is None or candidate.seconds < best.seconds:
+            best = candidate
+    return best
+
+
+def _chain_groups(name: str, chains) -> "list[np.ndarray]":
+    """``chains`` as int64 arrays: one or more, of one length, no chip in two."""
+    groups = [np.asarray(c, dtype=np.int64).reshape(-1) for c in chains]
+    if not groups or len({g.size for g in groups}) != 1:
+        raise ValueError(f"{name}: chains must be one or more of one length, got lengths "
+                         f"{[int(g.size) for g in groups]}")
+    every = np.concatenate(groups)
+    if np.unique(every).size != every.size:
+        raise ValueError(f"{name}: a chip is in two chains")
+    return groups
 
 
 def chain_all_reduce_gathered(topo: "Topology", chains: Sequence[Sequence[int]], nbytes: float,
@@ -349,15 +437,12 @@ def chain_all_reduce_gathered(topo: "Topology", chains: Sequence[Sequence[int]],
     Raises
     ------
     ValueError
-        For no chains, chains of different lengths or a chip in two chains.
+        For no chains, chains of different lengths, a chip in two chains, or no segment count
+        or one not an integer >= 1.
     """
-    groups = [np.asarray(c, dtype=np.int64).reshape(-1) for c in chains]
-    if not groups or len({g.size for g in groups}) != 1:
-        raise ValueError(f"chain_all_reduce_gathered: chains must be one or more of one length, got lengths "
-                         f"{[int(g.size) for g in groups]}")
+    groups = _chain_groups("chain_all_reduce_gathered", chains)
     every = np.concatenate(groups)
-    if np.unique(every).size != every.size:
-        raise ValueError("chain_all_reduce_gathered: a chip is in two chains")
+    segments = _segment_counts("chain_all_reduce_gathered", segments)
     topo, every = _prepare(topo, every, nbytes)
     c = groups[0].size
     if every.size == 1 or nbytes == 0:

@@ -21,7 +21,14 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-__all__ = ["streamed_all_reduce"]
+import numpy as np
+
+__all__ = ["MAX_CHUNKS", "streamed_all_reduce"]
+
+#: The most chunks :func:`streamed_all_reduce` plays out: its work grows as the square of the
+#: chunks (each chunk's delivery looks at every run that ends with it), and a row cut finer
+#: than a few thousand chunks pays each chunk's hop latency for no more overlap.
+MAX_CHUNKS = 4096
 
 
 def streamed_all_reduce(cost_of: Callable[[float], float], nbytes: float, produce_s: float, consume_s: float,
@@ -41,7 +48,8 @@ def streamed_all_reduce(cost_of: Callable[[float], float], nbytes: float, produc
     consume_s : float
         Seconds of the consuming layer's work that reads the row element by element (0: none).
     chunks : int
-        Chunks the row is cut into (1: produce, all-reduce and consume one after another).
+        Chunks the row is cut into (1: produce, all-reduce and consume one after another), at
+        most :data:`MAX_CHUNKS`.
 
     Returns
     -------
@@ -52,20 +60,22 @@ def streamed_all_reduce(cost_of: Callable[[float], float], nbytes: float, produc
     Raises
     ------
     ValueError
-        ``chunks`` not an integer >= 1, or a byte count or time negative or not finite.
+        ``chunks`` not an integer in 1..:data:`MAX_CHUNKS`, or a byte count or time negative or not finite.
     """
-    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
-        raise ValueError(f"chunks must be an integer >= 1, got {chunks!r}")
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or not 1 <= chunks <= MAX_CHUNKS:
+        raise ValueError(f"chunks must be an integer in 1..{MAX_CHUNKS}, got {chunks!r}")
     for name, value in (("nbytes", nbytes), ("produce_s", produce_s), ("consume_s", consume_s)):
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
             raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     c = chunks
     # the all-reduce of k consecutive chunks, k = 1..C (the last: the whole row)
-    cost = [0.0] + [float(cost_of(nbytes * k / c)) for k in range(1, c + 1)]
-    ready = [produce_s * (i + 1) / c for i in range(c)]
+    cost = np.array([0.0] + [float(cost_of(nbytes * k / c)) for k in range(1, c + 1)])
+    ready = produce_s * np.arange(1, c + 1) / c
     done = 0.0  # the consumer's end of the chunk before
     for i in range(c):
-        delivered = max(ready[j] + cost[i - j + 1] for j in range(i + 1))
+        # chunk i is delivered with the last of the runs j..i that start when chunk j is ready
+        # (a max-plus convolution of a general cost: quadratic, vectorised, hence the bound)
+        delivered = float(np.max(ready[: i + 1] + cost[i + 1:0:-1]))
         done = max(delivered, done) + consume_s / c
     # (a schedule may always leave the row whole: never dearer than that)
     return min(done, produce_s + cost[c] + consume_s)
