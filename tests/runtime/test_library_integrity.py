@@ -240,6 +240,45 @@ def test_tvm_export_of_a_spinn_build(mlp, tmp_path):
         bad.write_bytes(blob)
         with pytest.raises(tvm_spinn.LibraryError, match="no integrity trailer"):
             tvm_spinn.load_module(bad)
+    # cut at its ELF end, a sealed file is a complete ELF library whose programs are missing
+    bad = tmp_path / "sealed_elf_only.so"
+    bad.write_bytes(whole[:_elf_end(whole)])
+    with pytest.raises(tvm_spinn.LibraryError,
+                       match="programs and integrity trailer cut off") as info:
+        tvm_spinn.load_module(bad)
+    assert "sealed_elf_only.so" in str(info.value) and "load_module" not in str(info.value)
+
+
+def _elf_end(data: bytes) -> int:
+    """Where the ELF contents of ``data`` (64-bit little-endian) end: its headers, segments and
+    sections (SHT_NOBITS ones occupy no bytes)."""
+    phoff, shoff = struct.unpack_from("<QQ", data, 32)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", data, 54)
+    end = max(phoff + phentsize * phnum, shoff + shentsize * shnum)
+    for i in range(phnum):
+        _, _, offset, _, _, filesz = struct.unpack_from("<IIQQQQ", data, phoff + i * phentsize)
+        end = max(end, offset + filesz)
+    for i in range(shnum):
+        _, kind, _, _, offset, size = struct.unpack_from("<IIQQQQ", data, shoff + i * shentsize)
+        end = max(end, offset + (0 if kind == 8 else size))
+    return end
+
+
+@pytest.mark.parametrize("sealed_file", [True, False])
+def test_an_error_without_a_message_is_named_by_its_type(mlp, tmp_path, monkeypatch, sealed_file):
+    """TVM's loader failing with an empty message is still one LibraryError naming the file."""
+    ex, sealed, _, _ = mlp
+    path = sealed if sealed_file else tmp_path / "plain.so"
+    if not sealed_file:
+        ex.export_library(str(path))
+
+    def fail(_path):
+        raise MemoryError()
+
+    monkeypatch.setattr(tvm.runtime, "load_module", fail)
+    with pytest.raises(tvm_spinn.LibraryError, match=r"cannot load: MemoryError$") as info:
+        tvm_spinn.load_module(path)
+    assert os.path.basename(path) in str(info.value)
 
 
 def test_offloaded_weights_are_stored_once(tmp_path):

@@ -912,3 +912,64 @@ def test_a_chunk_attends_over_the_keys_up_to_its_last_token(chunks):
     assert attention == [(rows, 64, mean, heads), (rows, mean, 64, heads)]
     assert weights == _block_gemms(spec, tokens, seq, tp, sequences)[0]
     assert mean <= seq and (chunks == 1 or mean < seq)
+
+
+@pytest.mark.parametrize("chunks", [1, 4, 16])
+def test_each_chunk_is_priced_at_its_own_prefix(chunks):
+    """Chunk ``c`` of ``k`` attends over ``(c + 1) seq / k`` keys: the first chunk over its own
+    tokens', the last over all ``seq`` (the full-context matmuls of a whole sequence); the step's
+    executed attention FLOPs are those prefixes' sum (enumerated here), the full ``seq x seq``
+    count with one chunk."""
+    from tvm_spinn.training.planner import _block_gemms
+
+    spec = spec_of({**_config("gpt2-xl"), "n_layer": 12, "n_embd": 768, "n_head": 12, "n_positions": 1024})
+    seq, sequences, tp = 512, 2, 4
+    tokens = sequences * seq // chunks
+    rows, heads = seq // chunks, sequences * spec.heads // tp
+    for c in range(chunks):
+        keys = (c + 1) * seq // chunks
+        assert _block_gemms(spec, tokens, seq, tp, sequences, chunks, c)[1] == [
+            (rows, 64, keys, heads), (rows, keys, 64, heads)]
+    # the last chunk's matmuls: a whole sequence's full context, on the chunk's rows
+    whole_seq = _block_gemms(spec, sequences * seq, seq, tp, sequences)[1]
+    assert [(rows,) + g[1:] for g in whole_seq] == _block_gemms(spec, tokens, seq, tp, sequences, chunks,
+                                                                chunks - 1)[1]
+    with pytest.raises(ValueError, match=f"chunk {chunks} of {chunks}"):
+        _block_gemms(spec, tokens, seq, tp, sequences, chunks, chunks)
+    # executed FLOPs: 3 passes of each layer's attention, 2 matmuls of 2 FLOPs a multiply-add,
+    # every chunk of every sequence over its prefix
+    step_tokens = 8 * seq
+    attention = 3 * spec.layers * 2 * 2 * (step_tokens // seq) * spec.hidden * sum(
+        (seq // chunks) * (c + 1) * seq // chunks for c in range(chunks))
+    full = 3 * spec.layers * 2 * 2 * step_tokens * seq * spec.hidden
+    whole = model_flops(spec, step_tokens, seq)
+    assert model_flops(spec, step_tokens, seq, chunks=chunks) == whole - full + attention
+    assert (chunks == 1) == (attention == full)
+
+
+def test_the_fill_and_drain_cross_at_the_first_and_last_chunks_contexts():
+    """A chunked pipeline's fill and drain are at least each stage's first slot's forward (the
+    first chunk: its own keys only) and last slot's backward (the last chunk: all ``seq`` keys)
+    in series, computed here from the GEMM model at those contexts; the steady slots' mean
+    context would leave the drain's last backward short of its full-context attention."""
+    from tvm_spinn.training.planner import _Comms, _pass_seconds, _step_time
+
+    seq, chunks, tp, pp = 2048, 16, 1, 4
+    spec = spec_of({**_config("gpt2-xl"), "n_layer": 8, "n_embd": 768, "n_head": 12, "n_positions": seq,
+                    "vocab_size": 256})
+    system = make_system("four", chips=pp)
+    comms = _Comms(system, True)
+    split = Split(tp, pp, 1, 0, 1, 2, False, True, chunks)
+    step = _step_time(spec, split, seq, "adamw", system, comms)
+    tokens, h, heads = seq // chunks, spec.hidden, spec.heads
+    weights = [(tokens, h, 3 * h, 1), (tokens, h, h, 1), (tokens, h, 4 * h, 1), (tokens, 4 * h, h, 1)]
+
+    def block(keys):
+        return _pass_seconds(system, weights + [(tokens, 64, keys, heads), (tokens, keys, 64, heads)], comms)
+
+    first, last = block(seq // chunks), block(seq)
+    layers = spec.layers // pp
+    crossing = layers * (first[0] + last[1] + last[2])  # a stage's first forward and last backward
+    per = max(total for _, _, _, _, total in step.stages_s)
+    fill = step.pipeline_s - (split.slots - 1) * per
+    assert fill >= pp * crossing * (1 - 1e-9), (fill, pp * crossing)

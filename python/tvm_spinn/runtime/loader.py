@@ -315,7 +315,8 @@ def _locations(meta: dict[str, Any], mapped: "mmap.mmap | None", path: str):
 
 
 # While tvm_spinn.load_module has TVM load a verified library on this thread: (memory map of
-# its body, program locations), for _resolve_program.
+# its body, program locations), for _resolve_program; ``plain`` while it has TVM load a library
+# without a trailer (whose programs then cannot be stored after its ELF contents).
 _LOADING = threading.local()
 # (path, identity, mapped, locations) of the library a plain tvm.runtime.load_module last
 # resolved from (its modules are loaded one after another).
@@ -399,6 +400,12 @@ def _resolve_program(digest: bytes, size: int) -> tvm_ffi.Tensor:
     from .executor import trust_next
 
     digest = bytes(digest)
+    if getattr(_LOADING, "plain", False):
+        # tvm_spinn.load_module found no trailer but a complete ELF file holding a program stored
+        # after its ELF contents (TVM's own export stores none there): a sealed library cut at its
+        # ELF end. Refused even when another mapped library holds the program: the file is damaged.
+        raise LibraryError(f"spinn program {digest.hex()[:16]}...: stored after the ELF contents "
+                           f"of a sealed library with its programs and integrity trailer cut off")
     loading = getattr(_LOADING, "programs", None)
     mapped, locations = loading if loading is not None else _find_mapped(digest)
     where = locations.get(digest)
@@ -468,7 +475,7 @@ def load_module(path: "str | os.PathLike") -> tvm.runtime.Module:
         # a sealed library whose spinn program fails validation: keep the type and the field
         raise ProgramError(f"{path}: {err}") from None
     except Exception as err:
-        raise LibraryError(f"{path}: cannot load: {str(err).strip().splitlines()[-1]}") from None
+        raise LibraryError(f"{path}: cannot load: {_last_line(err)}") from None
     finally:
         _LOADING.programs = None
     # The verified file must be the one TVM read: a file replaced or rewritten at ``path`` in
@@ -482,6 +489,12 @@ def load_module(path: "str | os.PathLike") -> tvm.runtime.Module:
     if lib.kind != "relax.VMExecutable":
         raise LibraryError(f"{path}: holds a {lib.kind!r} module, not a Relax VM executable")
     return lib
+
+
+def _last_line(err: BaseException) -> str:
+    """The last line of ``err``'s message (TVM's errors end with the cause, after a traceback),
+    or its type's name when the message is empty."""
+    return (str(err).strip().splitlines() or [type(err).__name__])[-1]
 
 
 def _has_trailer(path: str) -> bool:
@@ -498,11 +511,14 @@ def _load_plain(path: str) -> tvm.runtime.Module:
     """Load a library exported by TVM's own ``export_library`` (see the module docstring): each
     spinn module verifies its container and its program's digest while TVM loads it."""
     try:
+        _LOADING.plain = True
         lib = tvm.runtime.load_module(path)
     except ProgramError as err:
         raise ProgramError(f"{path}: {err}") from None
     except Exception as err:
-        raise LibraryError(f"{path}: cannot load: {str(err).strip().splitlines()[-1]}") from None
+        raise LibraryError(f"{path}: cannot load: {_last_line(err)}") from None
+    finally:
+        _LOADING.plain = False
     if lib.kind != "relax.VMExecutable":
         raise LibraryError(f"{path}: holds a {lib.kind!r} module, not a Relax VM executable")
     return lib

@@ -73,7 +73,8 @@ every replica, all data-parallel groups: they share the links and board edges th
 :class:`_Comms`). A micro-batch may enter the pipeline as :attr:`Split.chunks` chunks of
 consecutive tokens of its sequences (token-level pipelining, TeraPipe, Li et al. 2021: a
 causal chunk attends over its sequences' earlier chunks, whose keys and values the stage keeps,
-and its own: its attention is priced over those keys, the chunks' mean prefix),
+and its own: its attention is priced over those keys, in a steady slot the chunks' mean
+prefix, in the fill's first slot the first chunk's and in the drain's last all ``seq`` keys),
 so the step takes ``m c - 1`` slots of the slowest of its ``S`` stages' forward and backward of
 one chunk and, for the fill and drain (the first slot's forward and the last one's backward
 pass every stage), each stage's part once: its slot, and at least one slot's passes and the

@@ -106,17 +106,35 @@ def _untouched_rows(spec, seq: int, stage: int) -> int:
     return max(0, spec.max_positions - seq) * spec.hidden
 
 
-def _block_flops(spec, tokens: int, seq: int, tp: int = 1) -> tuple[int, int]:
+def _block_flops(spec, tokens: int, seq: int, tp: int = 1, chunks: int = 1) -> tuple[int, int]:
     """(GEMM FLOPs of one block's forward for ``tokens`` tokens on one of ``tp`` ranks, of it
-    the attention's two ``seq x seq`` matmuls)."""
+    the attention's two matmuls): over the full ``seq x seq`` scores (as Megatron counts them),
+    or, for sequences cut into ``chunks`` chunks, over the keys up to each chunk's last token
+    (chunk ``c`` of ``k``: ``(c + 1) seq / k`` keys), ``(k + 1) / (2 k)`` of the full count."""
     h, i, q, kv = _widths(spec, tp)
     mlp = 3 if spec.family == "llama" else 2
     weights = h * (q + 2 * kv) + q * h + mlp * h * i
-    attention = 2 * 2 * tokens * seq * q  # Q K^T and (softmax) V, the full s x s (as Megatron counts)
+    # Q K^T and (softmax) V: 2 * 2 * tokens * seq * q over the full scores
+    attention = 2 * 2 * tokens * seq * q * (chunks + 1) // (2 * chunks)
     return 2 * tokens * weights + attention, attention
 
 
-def _block_gemms(spec, tokens: int, seq: int, tp: int, sequences: int, chunks: int = 1) -> tuple[list, list]:
+def _chunk_context(seq: int, chunks: int, chunk: "int | None" = None) -> int:
+    """Keys a chunk's queries attend over when a sequence of ``seq`` tokens passes as ``chunks``
+    chunks: chunk ``chunk`` (0-based) over the keys up to its last token, ``(chunk + 1) seq /
+    chunks``; ``None``: their mean over the chunks, ``seq (chunks + 1) / (2 chunks)``. One
+    chunk: ``seq``."""
+    if chunk is not None and not 0 <= chunk < max(1, chunks):
+        raise ValueError(f"chunk {chunk} of {chunks}")
+    if chunks <= 1:
+        return seq
+    if chunk is None:
+        return -(-seq * (chunks + 1) // (2 * chunks))
+    return -(-seq * (chunk + 1) // chunks)
+
+
+def _block_gemms(spec, tokens: int, seq: int, tp: int, sequences: int, chunks: int = 1,
+                 chunk: "int | None" = None) -> tuple[list, list]:
     """One block's GEMMs on one of ``tp`` ranks for a slot of ``tokens`` tokens of ``sequences``
     sequences, ``[(m, k, n, batch)]``: the projections (``tokens`` rows; GPT-2's fused Q/K/V
     and its MLP, Llama's separate projections and gated MLP), and attention's two matmuls per
@@ -124,10 +142,11 @@ def _block_gemms(spec, tokens: int, seq: int, tp: int, sequences: int, chunks: i
     to the full scores, as :func:`_block_flops` counts them); a sequence cut into ``chunks``
     chunks (:attr:`Split.chunks`) over the keys up to each chunk's last token, which are all
     the keys there are when the chunk passes (chunk ``c`` of ``k`` attends over
-    ``(c + 1) seq / k``): priced at their mean over the chunks, ``seq (k + 1) / (2 k)``. The
-    keys a chunk leaves out are the mask's zeros, so the sums keep their terms and order."""
+    ``(c + 1) seq / k``): chunk ``chunk``'s, or (``None``) their mean over the chunks, ``seq (k +
+    1) / (2 k)`` (:func:`_chunk_context`). The keys a chunk leaves out are the mask's zeros, so
+    the sums keep their terms and order."""
     h, i, q, kv = _widths(spec, tp)
-    context = seq if chunks <= 1 else -(-seq * (chunks + 1) // (2 * chunks))
+    context = _chunk_context(seq, chunks, chunk)
     if spec.family == "gpt2":
         weights = [(tokens, h, q + 2 * kv, 1), (tokens, q, h, 1), (tokens, h, i, 1), (tokens, i, h, 1)]
     else:
@@ -138,9 +157,11 @@ def _block_gemms(spec, tokens: int, seq: int, tp: int, sequences: int, chunks: i
     return weights, attention
 
 
-def model_flops(spec, tokens: int, seq: int, recompute: bool = False) -> int:
+def model_flops(spec, tokens: int, seq: int, recompute: bool = False, chunks: int = 1) -> int:
     """FLOPs of one step of ``tokens`` tokens: the blocks' and the LM head's GEMMs, forward and
-    backward (three passes), plus one more forward of the blocks with full recomputation."""
-    block, _ = _block_flops(spec, tokens, seq)
+    backward (three passes), plus one more forward of the blocks with full recomputation.
+    ``chunks`` > 1: the attention of sequences cut into that many chunks, each over the keys up
+    to its last token (what such a step executes; see :func:`_block_flops`)."""
+    block, _ = _block_flops(spec, tokens, seq, chunks=chunks)
     head = 2 * tokens * spec.hidden * spec.vocab
     return (4 if recompute else 3) * spec.layers * block + 3 * head

@@ -191,7 +191,7 @@ def plan_training(config, system="spinn/board", *, seq: "int | None" = None, glo
     return TrainingPlan(
         model=model, system=system_name, chips=arch.chips, params=spec.params, seq=seq, global_batch=global_batch,
         optimizer=optimizer, reproducible=reproducible, split=split, memory=mem, step=step,
-        flops_per_step=float(flops), executed_flops_per_step=float(model_flops(spec, tokens, seq, split.recompute)),
+        flops_per_step=float(flops), executed_flops_per_step=float(model_flops(spec, tokens, seq, split.recompute, split.chunks)),
         tokens_per_s=tokens / step.total_s, utilisation=flops / (step.total_s * peak_used),
         bound_s=bound.total_s, bound_binding=bound.binding,
         bound_parts_s=tuple(sorted(bound.parts().items())), candidates=costed,

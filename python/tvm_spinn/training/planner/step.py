@@ -58,6 +58,18 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
     weights, attention = _block_gemms(spec, tokens, seq, tp, split.micro_batch, split.chunks)
     block_s = _pass_seconds(arch, weights + attention, comms)
     weights_s = _pass_seconds(arch, weights, comms)[2]
+    # a micro-batch cut into chunks: the steady slots are priced at the chunks' mean context,
+    # which their sum is while the attention GEMMs' time is linear in the context (their
+    # context is the GEMMs' k or n; the fixed cost of a GEMM is the same for every chunk). The
+    # fill's first slot (the first chunk, the shortest context) and the drain's last (the last
+    # chunk, all ``seq`` keys) cross the stages alone, each at its own context
+    if split.chunks > 1:
+        first_s = _pass_seconds(arch, weights + _block_gemms(spec, tokens, seq, tp, split.micro_batch,
+                                                             split.chunks, 0)[1], comms)
+        last_s = _pass_seconds(arch, weights + _block_gemms(spec, tokens, seq, tp, split.micro_batch,
+                                                            split.chunks, split.chunks - 1)[1], comms)
+    else:
+        first_s = last_s = block_s
 
     def head_s(rows: int) -> tuple:
         return _pass_seconds(arch, [(tokens, spec.hidden, rows, 1)], comms)
@@ -156,6 +168,11 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
             f_gemm = layers * block_s[0]
             b_gemm = layers * (block_s[1] + block_s[2] + (block_s[0] if split.recompute else 0.0))
             w_gemm = layers * weights_s  # the weight-gradient GEMMs, which no later GEMM of the pass reads
+        # the fill's first slot's forward and the drain's last slot's backward: their blocks'
+        # GEMMs at those chunks' contexts instead of the mean
+        first_f = 0.0 if heads and stage == pp else layers * (first_s[0] - block_s[0])
+        last_b = 0.0 if heads and stage == pp else layers * (
+            sum(last_s[1:]) - sum(block_s[1:]) + (last_s[0] - block_s[0] if split.recompute else 0.0))
         if spread:  # every rank its share of the head's GEMMs
             width, head_rows = tp * pp, _vocab_rows(spec, tp * pp)
         else:
@@ -245,7 +262,10 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
             # slot's passes and collectives in series (:func:`_slot_seconds` without overlap),
             # less the weight-gradient GEMMs ZB-H1 defers (and the collectives that ran under
             # them: a lower bound of the path). A lagged head stage's path is counted whole (above).
-            alone = _slot_seconds(f_s, b_s, tp_f, tp_b, pp_s, overlap=False, w_s=hides)
+            # (the first slot's forward and the last slot's backward, at their chunks' contexts)
+            f_first, b_last = max(f_gemm + first_f, dram_f), max(b_gemm + last_b, dram_b)
+            alone = _slot_seconds(f_first, b_last, tp_f, tp_b, pp_s, overlap=False,
+                                  w_s=min(w_gemm, b_last / 2))
             fill = max(fill, alone - (w if split.zero_bubble else 0.0))
         # the links' busy time in a steady slot: its collectives' bytes and its hand-overs (all of
         # them counted on the busiest link: what is left of the slot is what other transfers get)
