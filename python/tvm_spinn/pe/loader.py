@@ -64,6 +64,48 @@ def _check_status(machine, address: int, layer: dict) -> None:
                          f"(the kernel's status words at {address:#x})")
 
 
+def _region_dram(fw, region: int, inputs: list) -> tuple:
+    """Region ``region``'s manifest record, its tensors by id and its DRAM (32-bit words): the
+    initial contents with ``inputs`` written at their offsets (one ``ValueError`` naming what is
+    wrong: the region, a layer left to the host, the inputs' number, shape or dtype)."""
+    regions = fw.manifest["regions"]
+    if not 0 <= region < len(regions):
+        raise ValueError(f"region {region}: the firmware has {len(regions)} regions")
+    reg = regions[region]
+    if reg["host"]:
+        first = reg["host"][0]
+        layer = reg["layers"][first["layer"]]
+        raise ValueError(f"region {region} cannot run from the firmware alone: layer {layer['name']!r} "
+                         f"({layer['kind']}) is left to the host: {first['reason']}")
+    dram = reg["dram"]
+    tensors = {t["id"]: t for t in dram["tensors"]}
+    if len(inputs) != len(dram["inputs"]):
+        raise ValueError(f"region {region} takes {len(dram['inputs'])} inputs, got {len(inputs)}")
+    mem = np.zeros(dram["bytes"] // 4, dtype="<u4")
+    raw = mem.view(np.uint8)
+    init = fw.files[dram["file"]]
+    raw[:len(init)] = np.frombuffer(init, dtype=np.uint8)
+    for tid, x in zip(dram["inputs"], inputs):
+        rec = tensors[tid]
+        x = np.asarray(x)
+        if list(x.shape) != rec["shape"] or x.dtype.name != rec["dtype"]:
+            raise ValueError(f"input tensor {tid}: expected {rec['dtype']}{rec['shape']}, got {x.dtype.name}"
+                             f"{list(x.shape)}")
+        raw[rec["offset"]:rec["offset"] + rec["bytes"]] = np.frombuffer(np.ascontiguousarray(x).tobytes(), np.uint8)
+    return reg, tensors, mem
+
+
+def _outputs(reg: dict, tensors: dict, mem: np.ndarray) -> list[np.ndarray]:
+    """The region's outputs read from DRAM (``dram.outputs`` order)."""
+    raw = mem.view(np.uint8)
+    out = []
+    for tid in reg["dram"]["outputs"]:
+        rec = tensors[tid]
+        data = raw[rec["offset"]:rec["offset"] + rec["bytes"]].tobytes()
+        out.append(np.frombuffer(data, dtype=rec["dtype"]).reshape(rec["shape"]).copy())
+    return out
+
+
 def run_firmware(directory: "str | os.PathLike", inputs: list, region: int = 0) -> list[np.ndarray]:
     """Run region ``region`` of the firmware in ``directory`` on ``inputs``; its outputs.
 
@@ -98,30 +140,7 @@ def run_firmware(directory: "str | os.PathLike", inputs: list, region: int = 0) 
     from .iss import PeMachine
 
     fw = load_firmware(directory)
-    regions = fw.manifest["regions"]
-    if not 0 <= region < len(regions):
-        raise ValueError(f"region {region}: the firmware has {len(regions)} regions")
-    reg = regions[region]
-    if reg["host"]:
-        first = reg["host"][0]
-        layer = reg["layers"][first["layer"]]
-        raise ValueError(f"region {region} cannot run from the firmware alone: layer {layer['name']!r} "
-                         f"({layer['kind']}) is left to the host: {first['reason']}")
-    dram = reg["dram"]
-    tensors = {t["id"]: t for t in dram["tensors"]}
-    if len(inputs) != len(dram["inputs"]):
-        raise ValueError(f"region {region} takes {len(dram['inputs'])} inputs, got {len(inputs)}")
-    mem = np.zeros(dram["bytes"] // 4, dtype="<u4")
-    raw = mem.view(np.uint8)
-    init = fw.files[dram["file"]]
-    raw[:len(init)] = np.frombuffer(init, dtype=np.uint8)
-    for tid, x in zip(dram["inputs"], inputs):
-        rec = tensors[tid]
-        x = np.asarray(x)
-        if list(x.shape) != rec["shape"] or x.dtype.name != rec["dtype"]:
-            raise ValueError(f"input tensor {tid}: expected {rec['dtype']}{rec['shape']}, got {x.dtype.name}"
-                             f"{list(x.shape)}")
-        raw[rec["offset"]:rec["offset"] + rec["bytes"]] = np.frombuffer(np.ascontiguousarray(x).tobytes(), np.uint8)
+    reg, tensors, mem = _region_dram(fw, region, inputs)
     arch = SpinnArch.from_dict(reg["arch"])
     machines: dict = {}
     for job in fw.jobs[region]:
@@ -143,9 +162,4 @@ def run_firmware(directory: "str | os.PathLike", inputs: list, region: int = 0) 
                 _check_status(m, step[1], reg["layers"][job["layer"]])
             else:  # get: words from SRAM scattered into DRAM
                 _scatter(mem, m, step[1], step[2])
-    out = []
-    for tid in dram["outputs"]:
-        rec = tensors[tid]
-        data = raw[rec["offset"]:rec["offset"] + rec["bytes"]].tobytes()
-        out.append(np.frombuffer(data, dtype=rec["dtype"]).reshape(rec["shape"]).copy())
-    return out
+    return _outputs(reg, tensors, mem)

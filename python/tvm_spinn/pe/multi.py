@@ -182,35 +182,6 @@ class ConcurrentRun:
     handed: int
 
 
-def _dram(fw, region: int, inputs: list):
-    """The region's record, its tensors by id and its DRAM (words) with the inputs written."""
-    regions = fw.manifest["regions"]
-    if not 0 <= region < len(regions):
-        raise ValueError(f"region {region}: the firmware has {len(regions)} regions")
-    reg = regions[region]
-    if reg["host"]:
-        first = reg["host"][0]
-        layer = reg["layers"][first["layer"]]
-        raise ValueError(f"region {region} cannot run from the firmware alone: layer {layer['name']!r} "
-                         f"({layer['kind']}) is left to the host: {first['reason']}")
-    dram = reg["dram"]
-    tensors = {t["id"]: t for t in dram["tensors"]}
-    if len(inputs) != len(dram["inputs"]):
-        raise ValueError(f"region {region} takes {len(dram['inputs'])} inputs, got {len(inputs)}")
-    mem = np.zeros(dram["bytes"] // 4, dtype="<u4")
-    raw = mem.view(np.uint8)
-    init = fw.files[dram["file"]]
-    raw[:len(init)] = np.frombuffer(init, dtype=np.uint8)
-    for tid, x in zip(dram["inputs"], inputs):
-        rec = tensors[tid]
-        x = np.asarray(x)
-        if list(x.shape) != rec["shape"] or x.dtype.name != rec["dtype"]:
-            raise ValueError(f"input tensor {tid}: expected {rec['dtype']}{rec['shape']}, got {x.dtype.name}"
-                             f"{list(x.shape)}")
-        raw[rec["offset"]:rec["offset"] + rec["bytes"]] = np.frombuffer(np.ascontiguousarray(x).tobytes(), np.uint8)
-    return reg, tensors, mem
-
-
 def _words_only(parts: list) -> bool:
     """Whether a get's parts are all 32-bit word descriptors (the only ones a NoC hand-off carries)."""
     return all(part[0] == "dram" for part in parts)
@@ -356,12 +327,12 @@ def run_firmware_concurrent(directory: "str | os.PathLike", inputs: list, region
     from ..target.arch import SpinnArch
     from .firmware import load_firmware
     from .iss import PeMachine
-    from .loader import _check_status, _gather, _scatter
+    from .loader import _check_status, _gather, _outputs, _region_dram, _scatter
     from .noc import NOC_ROUTINES
     from .iss import image_symbols
 
     fw = load_firmware(directory)
-    reg, tensors, mem = _dram(fw, region, inputs)
+    reg, tensors, mem = _region_dram(fw, region, inputs)
     jobs = fw.jobs[region]
     for name, rec in sorted(fw.manifest["images"].items()):
         missing = [r for r in NOC_ROUTINES if r not in image_symbols(fw.files[rec["file"]])]
@@ -471,12 +442,7 @@ def run_firmware_concurrent(directory: "str | os.PathLike", inputs: list, region
                 + ", ".join(parts))
 
     fabric.run({pe: proc(pe, ids) for pe, ids in reg["pe_jobs"]}, waiting)
-    out = []
-    raw = mem.view(np.uint8)
-    for tid in reg["dram"]["outputs"]:
-        rec = tensors[tid]
-        data = raw[rec["offset"]:rec["offset"] + rec["bytes"]].tobytes()
-        out.append(np.frombuffer(data, dtype=rec["dtype"]).reshape(rec["shape"]).copy())
+    out = _outputs(reg, tensors, mem)
     cycles = {pe: int(machines[pe].noc_clock0) for pe in pes}
     return ConcurrentRun(outputs=out, cycles=cycles, packets=fabric.packets, handed=handed)
 
