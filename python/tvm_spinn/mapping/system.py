@@ -160,16 +160,16 @@ def _comm(topo, program: Program, plan: ShardPlan) -> list[tuple]:
         # the chains' multicasts reach every chip in more steps, on busier links: the cheaper way,
         # both ways costed alike (the sp chains loading the links at once, as the fused one does)
         (layer, op, nbytes, exact, group, _), gather = rows[fused[0]], rows[fused[1]]
-        apart = (_chains_apart_cost(topo, plan, nbytes).seconds
+        apart = (_chains_cost(topo, plan, nbytes, gathered=False).seconds
                  + collective_cost(topo, groups[gather[4]], gather[1], gather[2], gather[3]).seconds)
-        if _chains_gathered_cost(topo, plan, nbytes).seconds >= apart:
+        if _chains_cost(topo, plan, nbytes, gathered=True).seconds >= apart:
             fused = None
     out = []
     for k, (layer, op, nbytes, exact, group, ready) in enumerate(rows):
         if fused is not None and k == fused[1]:
             continue  # delivered by the chains' multicasts
         if fused is not None and k == fused[0]:
-            out.append((layer, _chains_gathered_cost(topo, plan, nbytes), None))
+            out.append((layer, _chains_cost(topo, plan, nbytes, gathered=True), None))
         elif len(groups[group]) > 1:
             out.append((layer, collective_cost(topo, groups[group], op, nbytes, exact), ready))
     return out
@@ -202,29 +202,20 @@ def _gathered_chain(program: Program, plan: ShardPlan, rows) -> "tuple[int, int]
     return at_chain[0], at_gather[0]
 
 
-def _chains_gathered_cost(topo, plan: ShardPlan, nbytes: int):
-    """The cost of :func:`_gathered_chain`'s fused collective: the ``sp`` chains of ``tp``
-    consecutive chips of :func:`group_ranks`'s cycle, each delivering ``nbytes`` to all of
-    them (memoized on the topology like :func:`~tvm_spinn.timing.system.collective_cost`)."""
+def _chains_cost(topo, plan: ShardPlan, nbytes: int, gathered: bool):
+    """The ``sp`` chains of ``tp`` consecutive chips of :func:`group_ranks`'s cycle at once,
+    memoized on the topology like :func:`~tvm_spinn.timing.system.collective_cost`:
+    ``gathered``, :func:`_gathered_chain`'s fused collective, each chain delivering ``nbytes`` to
+    all of them (:func:`~tvm_spinn.timing.collectives.chain_all_reduce_gathered`); else each
+    delivering to its own chips only (:func:`~tvm_spinn.timing.collectives.chains_all_reduce`),
+    the chain side of :func:`_comm`'s choice, costed as the fused side is."""
     order = group_ranks(topo, plan)["all"]
     chains = [order[j * plan.tp:(j + 1) * plan.tp] for j in range(plan.sp)]
-    key = ("chain_gathered", order.tobytes(), int(plan.tp), float(nbytes))
+    key = ("chain_gathered" if gathered else "chains_apart", order.tobytes(), int(plan.tp), float(nbytes))
     hit = topo.memo.get(key)
     if hit is None:
-        hit = topo.memo[key] = chain_all_reduce_gathered(topo, chains, nbytes)
-    return hit
-
-
-def _chains_apart_cost(topo, plan: ShardPlan, nbytes: int):
-    """The ``sp`` chains of :func:`_chains_gathered_cost` at once, each delivering ``nbytes``
-    to its own chips only (:func:`~tvm_spinn.timing.collectives.chains_all_reduce`, memoized
-    alike): the chain side of :func:`_comm`'s choice, costed as the fused side is."""
-    order = group_ranks(topo, plan)["all"]
-    chains = [order[j * plan.tp:(j + 1) * plan.tp] for j in range(plan.sp)]
-    key = ("chains_apart", order.tobytes(), int(plan.tp), float(nbytes))
-    hit = topo.memo.get(key)
-    if hit is None:
-        hit = topo.memo[key] = chains_all_reduce(topo, chains, nbytes)
+        cost = chain_all_reduce_gathered if gathered else chains_all_reduce
+        hit = topo.memo[key] = cost(topo, chains, nbytes)
     return hit
 
 
