@@ -33,11 +33,12 @@ out); a second line gives the M4F's share alone (model and executed) and what th
 charges the layer. A third table runs the int8 kernel directly on larger tiles (several column
 blocks, several reduction chunks) and prints the array's cycles, the M4F's, their sum (no
 overlap), their maximum (full overlap) and the executed pipeline.
-The ``f32`` rows (an int8 GEMM with a float32 output: the dequantizing epilogue) and the
-``tflite`` rows (TFLite's requantization, ``rounding="tflite"``) run the kernel's other
-epilogues, priced by their own counted mixes (``I8_DEQUANT_CODE`` per ReLU and bias variant,
-``I8_TFLITE_CODE``: counted at tile shapes run directly, the calibration rows of a fourth
-table, which also runs each variant on held-out shapes; every program row is held out).
+The ``f32`` rows (an int8 GEMM with a float32 output: the dequantizing epilogue), the
+``tflite`` rows (TFLite's requantization, ``rounding="tflite"``) and the others (the
+one-rounding requantization) run the kernel's epilogues, priced by their own counted mixes
+(``I8_DEQUANT_CODE`` per ReLU and bias variant, ``I8_TFLITE_CODE`` and ``I8_REQUANT_CODE`` per
+clamp form and weight zero point: counted at tile shapes run directly, the calibration rows of
+a fourth table, which also runs each variant on held-out shapes; every program row is held out).
 The ``cross_entropy`` rows (the per-row loss; its cost model, :func:`tvm_spinn.program.ops.loss.cross_entropy_tile_cycles`,
 is the softmax kernel's counted phases plus the label and log phase counted at one-job runs of
 1 and 9 rows of 5 columns: every row is held out) reach rows of one resident row per PE (3,500
@@ -530,7 +531,7 @@ def _int8_kernel_table(arch) -> None:
         acc, want, executed, _ = int8_kernel_run(machine, *key, rng)
         if not np.array_equal(acc, want):
             raise AssertionError(f"int8 kernel {key}: the accumulator differs from the exact sums")
-        side = Int8Side(row_sums=rs, col_sums=cs, int32_out=not rq)
+        side = Int8Side(row_sums=rs, col_sums=cs, int32_out=not rq, col_zero=True)
         cb = int8_block_columns(rows, cols, arch)
         passes = sum(int(mac_passes(rows, min(cb, cols - j), arch)) for j in range(0, cols, cb))
         array = passes * (k + splits_of(k, chunk) * arch.mac_readout_cycles)
@@ -547,11 +548,17 @@ def _int8_kernel_table(arch) -> None:
     print(f"held-out int8 kernel shapes within +-{TARGET:.0%}: {within} of {held}")
 
 
-#: the int8 kernel's epilogue variants run directly: name -> (role, job flags, column
-#: constants ``zw, bias, multiplier, shift`` or the float32 bits of the bias and the scale)
-EPILOGUES = {"f32": (("gemm_i8", "f32", False), 2, None), "f32 bias": (("gemm_i8", "f32", False), 2 | 1 << 20, None),
-             "f32 relu": (("gemm_i8", "f32", True), 2, None), "f32 bias relu": (("gemm_i8", "f32", True), 2 | 1 << 20, None),
-             "tflite": (("gemm_i8", "tflite"), 2, 40)}
+#: the int8 kernel's epilogue variants run directly: name -> (role, job flags, the shift of the
+#: column constants ``zw, bias, multiplier, shift`` (None: the float32 bits of the bias and the
+#: scale), the output's ``y_zero, y_min, y_max``)
+EPILOGUES = {"f32": (("gemm_i8", "f32", False), 2, None, (0, -128, 127)),
+             "f32 bias": (("gemm_i8", "f32", False), 2 | 1 << 20, None, (0, -128, 127)),
+             "f32 relu": (("gemm_i8", "f32", True), 2, None, (0, -128, 127)),
+             "f32 bias relu": (("gemm_i8", "f32", True), 2 | 1 << 20, None, (0, -128, 127)),
+             "tflite": (("gemm_i8", "tflite"), 2, 40, (0, -128, 127)),
+             "tflite relu": (("gemm_i8", "tflite"), 2, 40, (-5, -5, 127)),
+             "requant": (("gemm_i8",), 2, 40, (0, -128, 127)),
+             "requant relu": (("gemm_i8",), 2, 40, (-5, -5, 127))}
 #: the shapes ``(rows, cols)`` the epilogues' mixes were counted at (``k = 16``, one chunk: the
 #: calibration rows), and held-out shapes ``(rows, cols, k, chunk, row sums)``
 EPILOGUE_CALIB = ((4, 4), (8, 4), (7, 4), (4, 8), (1, 4), (1, 12))
@@ -559,8 +566,9 @@ EPILOGUE_HELD = ((16, 16, 64, 64, False), (13, 20, 48, 48, True), (3, 40, 96, 32
                  (6, 24, 30, 30, False), (1, 64, 256, 128, False), (48, 32, 72, 72, True))
 
 
-def _epilogue_run(machine, rows, cols, k, chunk, flags, shift, rng) -> int:
-    """Executed cycles of one ``gemm_i8`` tile with an epilogue (``flags`` bit 1) run directly."""
+def _epilogue_run(machine, rows, cols, k, chunk, flags, shift, rng, out=(0, -128, 127)) -> int:
+    """Executed cycles of one ``gemm_i8`` tile with an epilogue (``flags`` bit 1) run directly;
+    ``out``: the output's zero point and bounds."""
     from tvm_spinn.pe.cycles import executed_cycles
     from tvm_spinn.pe.execute import _Arena, gemm_i8_tile
     a = rng.integers(-128, 128, (rows, k)).astype(np.int8)
@@ -569,7 +577,7 @@ def _epilogue_run(machine, rows, cols, k, chunk, flags, shift, rng) -> int:
         col = [1, int(np.float32(0.5).view(np.int32)), int(np.float32(0.01).view(np.int32)), 0]
     else:
         col = [1, 100, 1 << 30, shift]
-    q = np.concatenate([[3, k, 0, -128, 127], np.tile(col, cols)])
+    q = np.concatenate([[3, k, *out], np.tile(col, cols)])
     machine.load(0)
     machine.clear_counters()
     gemm_i8_tile(machine, _Arena(machine, None, None), a, b, chunk, 0, k, q, flags, out_bytes=1 if shift else 4)
@@ -584,13 +592,15 @@ def _epilogue_table(arch) -> None:
     print(f"\nint8 GEMM epilogues, one tile per shape (rows x cols x k / chunk, r: the kernel forms row sums)\n"
           f"{'epilogue':14s} {'shape':16s} {'set':8s} {'modelled':>9s} {'executed':>9s} {'model err':>9s} {'+-10%':>5s}")
     held = within = 0
-    for name, (spec, flags, shift) in EPILOGUES.items():
+    for name, (spec, flags, shift, out) in EPILOGUES.items():
         image = role_image(spec)
         machine = PeMachine(image.elf, image.name, 0, arch.acc_bits, arch)
-        side = dict(fp32_out=shift is None, relu="relu" in name, bias="bias" in name, tflite=shift is not None)
+        requant = shift is not None
+        side = dict(fp32_out=not requant, relu="relu" in name and not requant, bias="bias" in name,
+                    tflite=name.startswith("tflite"), col_zero=requant, narrow=requant and out[2] - out[1] != 255)
         shapes = [(r, c, 16, 16, False, True) for r, c in EPILOGUE_CALIB] + [s + (False,) for s in EPILOGUE_HELD]
         for rows, cols, k, chunk, rs, calib in shapes:
-            executed = _epilogue_run(machine, rows, cols, k, chunk, flags | (4 if rs else 0), shift, rng)
+            executed = _epilogue_run(machine, rows, cols, k, chunk, flags | (4 if rs else 0), shift, rng, out)
             modelled = int8_pipelined_cycles(rows, cols, k, chunk, arch, Int8Side(row_sums=rs, **side))
             err = (modelled - executed) / executed
             ok = "" if calib else ("yes" if abs(err) <= TARGET else "no")

@@ -22,11 +22,12 @@ Kernels (the ``spec`` of :func:`~tvm_spinn.pe.kernels.kernel_object`):
   row sums of ``a`` (``flags`` bit 2) and the column sums of ``b`` (bit 3) where the zero-point
   terms need them at run time; on the last chunk the zero-point terms and the requantization
   (:func:`tvm_spinn.program.quant.requantize`; a ReLU is its clamp at the zero point) write
-  int8 ``y`` column by column, as Cortex-M4 firmware requantizes: each output one MLS, one ADD
-  and one SMLAL onto the column's 64-bit bias-and-rounding term, then for shifts of 32 and
-  more the high word's arithmetic shift and a 32-bit clamp (a 64-bit shift and clamp below
-  32, multipliers of 1/2 and more) (an int32 output is ``acc`` itself, bit 1 clear). Args ``a, b, p, acc, rowsum,
-  colsum, consts, y, m, n, k, flags``; ``consts`` points at ``[zx, K, y_zero, y_min, y_max]``
+  int8 ``y`` column by column (:func:`~.i8_epilogues._i8_half_up_columns`): each output one ADD
+  (and one MLS where the column has a weight zero point), QADD of the bias, one SMMLA onto the
+  column's rounding and zero-point term, an ASR and USAT #8 (and one compare for a clamp
+  narrower than the output type), for multipliers from 2**-22 to 1/4; other columns one SMLAL
+  onto a 64-bit bias-and-rounding term (an int32 output is ``acc`` itself, bit 1 clear). Args
+  ``a, b, p, acc, rowsum, colsum, consts, y, m, n, k, flags``; ``consts`` points at ``[zx, K, y_zero, y_min, y_max]``
   then per column ``zw, bias_q, multiplier, shift`` (int32 each), then the addresses of the two
   halves of A and of B and the next chunk's length. ``flags``: bit 4, the chunk's first block
   is already running (the job before started it); bit 5, start the next chunk's first block
@@ -34,10 +35,13 @@ Kernels (the ``spec`` of :func:`~tvm_spinn.pe.kernels.kernel_object`):
   chunk's operand half; bits 8-19, the block's columns (:func:`tvm_spinn.pe.execute.gemm_i8_tile`
   is the reference host).
 - ``("gemm_i8", "tflite")``: the same kernel with TFLite's requantization
-  (:func:`tvm_spinn.program.quant.requantize_tflite`, ``rounding="tflite"``): per output one
-  MLS and ADD (the bias folded into the column's 32-bit term), the left shift of multipliers of
-  1 and more, one SMULL and the 64-bit ``(x M0 + 2**30) >> 31`` (SaturatingRoundingDoublingHighMul),
-  then RoundingDivideByPOT in 32 bits and the clamp.
+  (:func:`tvm_spinn.program.quant.requantize_tflite`, ``rounding="tflite"``,
+  :func:`~.i8_epilogues._i8_tflite_columns`): per output one ADD (the bias folded into the
+  column's 32-bit term; an MLS too where the column has a weight zero point), SMMLAR
+  (SaturatingRoundingDoublingHighMul), an ADD of its sign, QADD of the rounding and zero-point
+  term, ASR (RoundingDivideByPOT) and USAT #8, for multipliers from 2**-21 to 1/2; other columns
+  the left shift of multipliers of 1 and more, one SMULL and the 64-bit ``(x M0 + 2**30) >>
+  31``, then RoundingDivideByPOT in 32 bits and the clamp.
 - ``("gemm_i8", "f32", relu)``: the same kernel with the dequantizing epilogue of a float32
   output ``y`` (:func:`tvm_spinn.program.ops.gemm.reference.int8_finish`): ``fl(v) * scale[j]``
   (VCVT.F32.S32, VMUL), ``bias[j] + that`` (VADD, the bias its first operand) when ``flags``
@@ -51,7 +55,7 @@ from tvm.script import tirx as T
 
 from ...program.ops.gemm.geometry import M4F_BLOCK
 from .common import _ZERO
-from .i8_epilogues import _i8_f32_columns, _i8_tflite_columns
+from .i8_epilogues import _i8_f32_columns, _i8_half_up_columns, _i8_tflite_columns
 
 #: the fp32 GEMM's register block: ``_MR x _NR`` accumulators live in FPU registers over k
 _MR, _NR = M4F_BLOCK
@@ -238,36 +242,5 @@ def _gemm_i8(epilogue: str = "half_up", relu: bool = False):
                 if flags & 2 != 0:
                     _i8_tflite_columns(ACC, RS, CS, Q, Y, zx, lo, hi, j0, w, m, n)
             elif flags & 2 != 0:
-                # column by column, so that each column's constants stay in registers: the
-                # zero-point terms that do not depend on the row folded into ``c`` (32-bit
-                # wrapping, as the simulator's int32 cast: addition modulo 2**32 is associative),
-                # the bias's product and the rounding term into the 64-bit ``t0`` (modulo 2**64,
-                # likewise), so that each output is one MLS, one ADD and one SMLAL
-                for jj in range(w):
-                    j = j0 + jj
-                    zw = Q[5 + 4 * j]
-                    m0 = T.Cast("int64", Q[5 + 4 * j + 2])
-                    sh = Q[5 + 4 * j + 3]
-                    c = Q[1] * zx * zw - zx * CS[j]
-                    b0 = T.Cast("int64", Q[5 + 4 * j + 1]) * m0
-                    if sh >= 32:
-                        # the rounded quotient is the high word shifted by ``sh - 32`` (floor
-                        # divisions compose): a 32-bit value, clamped in 32 bits; the clamp at
-                        # ``[lo, hi] - zero`` then the zero point is the simulator's clamp of the
-                        # sum with the zero point (the bounds are int8); the rounding term
-                        # ``2**(sh - 1)`` as ``2**(sh - 32)`` (32-bit) times ``2**31``
-                        t0 = b0 + T.shift_left(T.Cast("int64", T.shift_left(1, sh - 32)), T.int64(31))
-                        for i in range(m):
-                            v = ACC[i * n + j] - zw * RS[i] + c
-                            t = T.Cast("int64", v) * m0 + t0
-                            r = T.shift_right(T.Cast("int32", T.shift_right(t, T.int64(32))), sh - 32)
-                            Y[i * n + j] = T.Cast("int8", T.min(T.max(r, lo), hi) + Q[2])
-                    else:
-                        # a multiplier of 1/2 or more: the 64-bit quotient clamped in 64 bits
-                        t0 = b0 + T.Cast("int64", T.shift_left(1, sh - 1))
-                        for i in range(m):
-                            v = ACC[i * n + j] - zw * RS[i] + c
-                            t = T.Cast("int64", v) * m0 + t0
-                            r = T.shift_right(t, T.Cast("int64", sh))
-                            Y[i * n + j] = T.Cast("int8", T.Cast("int32", T.min(T.max(r, T.Cast("int64", lo)), T.Cast("int64", hi))) + Q[2])
+                _i8_half_up_columns(ACC, RS, CS, Q, Y, zx, lo, hi, j0, w, m, n)
     return kernel

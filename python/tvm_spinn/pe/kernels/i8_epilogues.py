@@ -1,6 +1,8 @@
-"""The int8 GEMM kernel's last-chunk epilogues other than its own requantization, one
-block of columns at a time: the dequantizing float32 epilogue and TFLite's
-requantization (kernel ``("gemm_i8", ...)``, :mod:`.gemm`)."""
+"""The int8 GEMM kernel's last-chunk epilogues, one block of columns at a time: the
+dequantizing float32 epilogue, the one-rounding requantization and TFLite's (kernel
+``("gemm_i8", ...)``, :mod:`.gemm`). The requantizations run on the Cortex-M4's DSP
+instructions (QADD, SMMLA, SMMLAR, USAT) wherever a column's constants allow their exact
+reading of the rule, else on the exact 64-bit path."""
 
 from __future__ import annotations
 
@@ -35,35 +37,201 @@ def _i8_f32_columns(ACC, RS, CS, Q, Y, zx, j0, w, m, n, flags, relu: bool):
                 Y[i * n + j] = g
 
 
+# -- the requantizing epilogues' DSP paths ------------------------------------------------------
+#: the DSP paths' largest final division (bits shifted out after the high word): up to it, every
+#: sum the saturating add (QADD) moves saturates the output either way
+#: (:func:`_i8_half_up_columns`, :func:`_i8_tflite_columns`)
+I8_DSP_MAX_SHIFT = 20
+#: the one-rounding fast path's largest quantized bias: below it ``(v + bias_q) M0 +
+#: 2**(shift - 1)`` never reaches 2**63, where the simulator's int64 arithmetic wraps (its
+#: documented rule, which the exact path's SMLAL keeps)
+I8_DSP_MAX_BIAS = (1 << 31) - (1 << 21)
+
+
+def _smmla(a, b, ra):
+    """``ra + floor(a * b / 2**32)``: SMMLA (the product's high word plus ``ra``, the 64-bit sum
+    ``ra * 2**32 + a * b`` exact: ``|ra|`` below ``2**30`` keeps it in 32 bits)."""
+    return T.Cast("int32", T.shift_right(T.Cast("int64", a) * T.Cast("int64", b), T.int64(32))) + ra
+
+
+def _smmulr(a, b):
+    """``floor((a * b + 2**31) / 2**32)``: SMMULR (the rounded high word of the product; LLVM's
+    ``llvm.arm`` has no intrinsic for it, its instruction selection matches this form)."""
+    return T.Cast("int32", T.shift_right(T.Cast("int64", a) * T.Cast("int64", b) + T.int64(1 << 31), T.int64(32)))
+
+
+def _qadd(a, b):
+    """``a + b`` saturated to int32: QADD."""
+    return T.call_llvm_pure_intrin("int32", "llvm.arm.qadd", a, b)
+
+
+def _usat8(x):
+    """``x`` clamped at ``[0, 255]``: USAT #8."""
+    return T.call_llvm_pure_intrin("int32", "llvm.arm.usat", x, T.int32(8))
+
+
+@T.macro
+def _i8_store_clamped(Y, at, x, full, ylo, span):
+    """``Y[at] = clamp(x + y_min, y_min, y_max)`` for ``x`` the output less ``y_min``: USAT #8
+    (``[0, 255]``), then, unless the range is ``full`` (the 256 values of an int8 or uint8
+    output), the upper bound ``span = y_max - y_min`` (CMP and a conditional MOV); ``y_min`` added
+    back."""
+    if full:
+        Y[at] = T.Cast("int8", _usat8(x) + ylo)
+    else:
+        Y[at] = T.Cast("int8", T.min(_usat8(x), span) + ylo)
+
+
+def _i8_v(ACC, RS, i, n, j, zw, c, zw0: bool):
+    """The output's sum with its zero-point terms in 32 bits (wrapping, as the simulator's int32
+    cast): ``acc - zw * rowsum[i] + c`` (MLS and ADD), ``acc + c`` where the column's ``zw`` is 0
+    (``zw0``: the row sums neither loaded nor multiplied)."""
+    if zw0:
+        return T.Cast("int32", T.Cast("uint32", ACC[i * n + j]) + T.Cast("uint32", c))
+    return T.Cast("int32", T.Cast("uint32", ACC[i * n + j]) - T.Cast("uint32", zw) * T.Cast("uint32", RS[i])
+                  + T.Cast("uint32", c))
+
+
+@T.macro
+def _i8_half_up_rows(ACC, RS, Y, j, m, n, zw, c, bq, m0, ra, s, ylo, span, full: bool, zw0: bool):
+    """One column of the one-rounding requantization's DSP path (:func:`_i8_half_up_columns`)."""
+    for i in range(m):
+        u = _qadd(_i8_v(ACC, RS, i, n, j, zw, c, zw0), bq)
+        _i8_store_clamped(Y, i * n + j, T.shift_right(_smmla(u, m0, ra), s), full, ylo, span)
+
+
+@T.macro
+def _i8_tflite_rows(ACC, RS, Y, j, m, n, zw, c, m2, k, right, ylo, span, full: bool, zw0: bool):
+    """One column of TFLite's requantization's DSP path (:func:`_i8_tflite_columns`)."""
+    for i in range(m):
+        x = _i8_v(ACC, RS, i, n, j, zw, c, zw0)
+        h = _smmulr(x, m2) + x
+        _i8_store_clamped(Y, i * n + j, T.shift_right(_qadd(h + T.shift_right(h, 31), k), right), full, ylo, span)
+
+
+@T.macro
+def _i8_half_up_columns(ACC, RS, CS, Q, Y, zx, lo, hi, j0, w, m, n):
+    """The one-rounding requantization (:func:`tvm_spinn.program.quant.requantize`) per column.
+
+    The DSP path, for shifts of 33 to ``32 + I8_DSP_MAX_SHIFT``, multipliers ``M0 >= 2**30``
+    (every multiplier :func:`~tvm_spinn.program.quant.quantize_multiplier` gives from 2**-22 to
+    1/4) and biases up to ``I8_DSP_MAX_BIAS``: ``u = QADD(v, bias_q)``, one SMMLA onto ``ra =
+    2**(s - 1) + (z - y_min) 2**s`` (``s = shift - 32``: the rounding term and the zero point
+    ``z`` less ``y_min``, both multiples of what the high word keeps), ASR by ``s``, the clamp
+    (:func:`_i8_store_clamped`). ``floor((u M0 + 2**(shift-1)) / 2**shift) = floor((floor(u M0 /
+    2**32) + 2**(s - 1)) / 2**s)`` (floor divisions compose). Where ``v + bias_q`` leaves int32
+    the output saturates with or without QADD's saturation: at ``u = 2**31 - 1`` the quotient is
+    at least ``2**(61 - shift) - 1 >= 511`` (``M0 >= 2**30``), beyond any int8 or uint8 bound
+    less a zero point, and likewise below. Other columns run the exact 64-bit path: one SMLAL
+    onto the column's 64-bit bias-and-rounding term, then for shifts of 32 and more the high
+    word's shift and a 32-bit clamp, below 32 a 64-bit shift and clamp. The zero-point terms that
+    do not depend on the row fold into ``c`` (32-bit wrapping, as the simulator's int32 cast)."""
+    full = Q[4] - Q[3] == 255
+    for jj in range(w):
+        j = j0 + jj
+        zw = Q[5 + 4 * j]
+        bq = Q[5 + 4 * j + 1]
+        sh = Q[5 + 4 * j + 3]
+        c = Q[1] * zx * zw - zx * CS[j]
+        if sh > 32 and sh <= 32 + I8_DSP_MAX_SHIFT and Q[5 + 4 * j + 2] >= (1 << 30) and bq <= I8_DSP_MAX_BIAS:
+            s = sh - 32
+            # through QADD with 0 (the same value): the guard's bound on ``M0`` would otherwise
+            # let LLVM read the signed multiply as an unsigned one and rebuild its high word
+            # from UMULL and an MLA per output
+            m0 = _qadd(Q[5 + 4 * j + 2], 0)
+            ra = T.shift_left(1, s - 1) + T.shift_left(Q[2] - Q[3], s)
+            # the four row loops: the clamp's two forms, with and without the row sums' term
+            if full:
+                if zw == 0:
+                    _i8_half_up_rows(ACC, RS, Y, j, m, n, zw, c, bq, m0, ra, s, Q[3], 255, True, True)
+                else:
+                    _i8_half_up_rows(ACC, RS, Y, j, m, n, zw, c, bq, m0, ra, s, Q[3], 255, True, False)
+            elif zw == 0:
+                _i8_half_up_rows(ACC, RS, Y, j, m, n, zw, c, bq, m0, ra, s, Q[3], Q[4] - Q[3], False, True)
+            else:
+                _i8_half_up_rows(ACC, RS, Y, j, m, n, zw, c, bq, m0, ra, s, Q[3], Q[4] - Q[3], False, False)
+        else:
+            m0 = T.Cast("int64", Q[5 + 4 * j + 2])
+            b0 = T.Cast("int64", bq) * m0
+            if sh >= 32:
+                # the rounded quotient is the high word shifted by ``sh - 32`` (floor
+                # divisions compose): a 32-bit value, clamped in 32 bits; the clamp at
+                # ``[lo, hi] - zero`` then the zero point is the simulator's clamp of the
+                # sum with the zero point (the bounds are int8); the rounding term
+                # ``2**(sh - 1)`` as ``2**(sh - 32)`` (32-bit) times ``2**31``
+                t0 = b0 + T.shift_left(T.Cast("int64", T.shift_left(1, sh - 32)), T.int64(31))
+                for i in range(m):
+                    v = ACC[i * n + j] - zw * RS[i] + c
+                    t = T.Cast("int64", v) * m0 + t0
+                    r = T.shift_right(T.Cast("int32", T.shift_right(t, T.int64(32))), sh - 32)
+                    Y[i * n + j] = T.Cast("int8", T.min(T.max(r, lo), hi) + Q[2])
+            else:
+                # a multiplier of 1/2 or more: the 64-bit quotient clamped in 64 bits
+                t0 = b0 + T.Cast("int64", T.shift_left(1, sh - 1))
+                for i in range(m):
+                    v = ACC[i * n + j] - zw * RS[i] + c
+                    t = T.Cast("int64", v) * m0 + t0
+                    r = T.shift_right(t, T.Cast("int64", sh))
+                    Y[i * n + j] = T.Cast("int8", T.Cast("int32", T.min(T.max(r, T.Cast("int64", lo)),
+                                                                        T.Cast("int64", hi))) + Q[2])
+
+
 @T.macro
 def _i8_tflite_columns(ACC, RS, CS, Q, Y, zx, lo, hi, j0, w, m, n):
     """TFLite's requantization (:func:`tvm_spinn.program.quant.requantize_tflite`) per column:
     ``x = (v + bias_q) << left`` in 32 bits (the simulator's int32 of the int64 sum shifted: the
-    low 32 bits depend only on the sum's), ``SaturatingRoundingDoublingHighMul(x, M0)`` as one
-    SMULL and the 64-bit ``(x M0 + 2**30) >> 31`` (its nudge and truncating division by
-    ``2**31`` are that floor for both signs; ``M0 >= 0`` never saturates), then
-    ``RoundingDivideByPOT`` by ``right`` in 32 bits (multipliers below 1: ``left`` 0), and the
-    clamp at ``[lo, hi] - zero`` before the zero point is added."""
+    low 32 bits depend only on the sum's), ``SaturatingRoundingDoublingHighMul(x, M0)``, then
+    ``RoundingDivideByPOT`` by ``right`` and the clamp at ``[y_min, y_max]`` after the zero point.
+
+    The DSP path, for ``right`` of 1 to ``I8_DSP_MAX_SHIFT`` and ``M0 >= 2**30`` (every TFLite
+    multiplier from 2**-21 to 1/2): ``h = SMMLAR(x, M2, x)`` with ``M2 = 2 M0 - 2**32`` (int32; written as
+    SMMULR plus ``x``, which LLVM fuses), i.e. ``floor((2 x M0 + 2**31) / 2**32) = floor((x M0 +
+    2**30) / 2**31)``, which is
+    SaturatingRoundingDoublingHighMul for both signs (its nudge and truncating division are that
+    floor; ``M0 >= 0`` never saturates); then ``h + (h >> 31)`` (one ADD with the shifted operand:
+    ties of a negative ``h`` away from zero), QADD of ``K = 2**(right - 1) + z 2**right`` (the
+    rounding term and the zero point ``z``), ASR by ``right`` (RoundingDivideByPOT plus the zero
+    point, where the sum stays in int32; where it does not, the output saturates either way) and
+    the clamp (:func:`_i8_store_clamped`). Other columns run the exact path: the 64-bit
+    ``(x M0 + 2**30) >> 31`` after one SMULL, then RoundingDivideByPOT in 32 bits and the clamp
+    at ``[lo, hi]`` (the bounds less the zero point) before the zero point is added."""
+    full = Q[4] - Q[3] == 255
     for jj in range(w):
         j = j0 + jj
         zw = Q[5 + 4 * j]
-        m0 = T.Cast("int64", Q[5 + 4 * j + 2])
         e = 31 - Q[5 + 4 * j + 3]  # TFLite's shift: > 0 a left shift
         c = T.Cast("uint32", Q[1] * zx * zw - zx * CS[j] + Q[5 + 4 * j + 1])
-        if e > 0:
-            for i in range(m):
-                x = T.Cast("int32", T.shift_left(T.Cast("uint32", ACC[i * n + j]) - T.Cast("uint32", zw)
-                                                 * T.Cast("uint32", RS[i]) + c, T.Cast("uint32", e)))
-                h = T.Cast("int32", T.shift_right(T.Cast("int64", x) * m0 + T.int64(1 << 30), T.int64(31)))
-                Y[i * n + j] = T.Cast("int8", T.min(T.max(h, lo), hi) + Q[2])
-        else:
+        if e < 0 and e >= 0 - I8_DSP_MAX_SHIFT and Q[5 + 4 * j + 2] >= (1 << 30):
             right = 0 - e
-            mask = T.shift_right(T.int32(0x7FFFFFFF), 31 - right)  # 2**right - 1 without overflow
-            half = T.shift_right(mask, 1)
-            for i in range(m):
-                x = T.Cast("int32", T.Cast("uint32", ACC[i * n + j]) - T.Cast("uint32", zw)
-                           * T.Cast("uint32", RS[i]) + c)
-                h = T.Cast("int32", T.shift_right(T.Cast("int64", x) * m0 + T.int64(1 << 30), T.int64(31)))
-                r = T.shift_right(h, right) + T.Cast(
-                    "int32", T.bitwise_and(h, mask) > half + T.Cast("int32", h < 0))
-                Y[i * n + j] = T.Cast("int8", T.min(T.max(r, lo), hi) + Q[2])
+            # 2 M0 as int32 (the bit pattern of 2 M0 - 2**32); through QADD with 0 so that LLVM
+            # keeps the multiply signed (the guard bounds M0)
+            m2 = _qadd(T.shift_left(Q[5 + 4 * j + 2], 1), 0)
+            k = T.shift_left(1, right - 1) + T.shift_left(Q[2] - Q[3], right)
+            if full:
+                if zw == 0:
+                    _i8_tflite_rows(ACC, RS, Y, j, m, n, zw, c, m2, k, right, Q[3], 255, True, True)
+                else:
+                    _i8_tflite_rows(ACC, RS, Y, j, m, n, zw, c, m2, k, right, Q[3], 255, True, False)
+            elif zw == 0:
+                _i8_tflite_rows(ACC, RS, Y, j, m, n, zw, c, m2, k, right, Q[3], Q[4] - Q[3], False, True)
+            else:
+                _i8_tflite_rows(ACC, RS, Y, j, m, n, zw, c, m2, k, right, Q[3], Q[4] - Q[3], False, False)
+        else:
+            m0 = T.Cast("int64", Q[5 + 4 * j + 2])
+            if e > 0:
+                for i in range(m):
+                    x = T.Cast("int32", T.shift_left(T.Cast("uint32", ACC[i * n + j]) - T.Cast("uint32", zw)
+                                                     * T.Cast("uint32", RS[i]) + c, T.Cast("uint32", e)))
+                    h = T.Cast("int32", T.shift_right(T.Cast("int64", x) * m0 + T.int64(1 << 30), T.int64(31)))
+                    Y[i * n + j] = T.Cast("int8", T.min(T.max(h, lo), hi) + Q[2])
+            else:
+                right = 0 - e
+                mask = T.shift_right(T.int32(0x7FFFFFFF), 31 - right)  # 2**right - 1 without overflow
+                half = T.shift_right(mask, 1)
+                for i in range(m):
+                    x = T.Cast("int32", T.Cast("uint32", ACC[i * n + j]) - T.Cast("uint32", zw)
+                               * T.Cast("uint32", RS[i]) + c)
+                    h = T.Cast("int32", T.shift_right(T.Cast("int64", x) * m0 + T.int64(1 << 30), T.int64(31)))
+                    r = T.shift_right(h, right) + T.Cast(
+                        "int32", T.bitwise_and(h, mask) > half + T.Cast("int32", h < 0))
+                    Y[i * n + j] = T.Cast("int8", T.min(T.max(r, lo), hi) + Q[2])

@@ -106,7 +106,11 @@ class Int8Side:
     does); ``transposed``: the kernel's rows are the tile's columns (``conv2d``: the kernel runs
     pixels x output channels); ``relu``, ``bias``: the dequantizing epilogue's ReLU and bias
     (each a variant of its code, :data:`I8_DEQUANT_CODE`); ``tflite``: TFLite's requantization
-    (:data:`I8_TFLITE_CODE`) instead of the one-rounding one.
+    (:data:`I8_TFLITE_CODE`) instead of the one-rounding one (:data:`I8_REQUANT_CODE`);
+    ``col_zero``: the kernel's columns have a zero point (the weight's; a matmul's right-hand
+    side's), so the requantization subtracts its product with the row sums per output;
+    ``narrow``: the requantization's clamp is narrower than the output type's 256 values (a ReLU
+    at the zero point, a clip), one compare more per output (the requantizations' variants).
     """
 
     fp32_out: bool = False
@@ -118,6 +122,8 @@ class Int8Side:
     relu: bool = False
     bias: bool = False
     tflite: bool = False
+    col_zero: bool = False
+    narrow: bool = False
 
 
 def int8_side(program, layer: Layer) -> Int8Side:
@@ -126,8 +132,11 @@ def int8_side(program, layer: Layer) -> Int8Side:
     fp32_out, int32_out = dtype == "float32", dtype == "int32"
     a = layer.attrs
     w_zero = "w_zero" in layer.consts
+    requant = not fp32_out and not int32_out
     finish = dict(relu=fp32_out and bool(a.get("relu")), bias=fp32_out and "bias" in layer.consts,
-                  tflite=not fp32_out and not int32_out and a.get("rounding") == "tflite")
+                  tflite=requant and a.get("rounding") == "tflite",
+                  col_zero=requant and (w_zero if layer.kind != "matmul" else a.get("b_zero", 0) != 0),
+                  narrow=requant and a.get("y_max", 127) - a.get("y_min", -128) != 255)
     if layer.kind == "conv2d":  # A = weight, B = im2col(x): x sums needed when zw != 0
         return Int8Side(fp32_out, int32_out, False, w_zero, transposed=True, **finish)
     if layer.kind == "dense":  # A = x, B = weight
@@ -220,31 +229,19 @@ def fp32_tile_cycles(vm, vn, k, k_splits, arch: "SpinnArch"):
 #: measured cycles): an operand's sums, per element (LDRSB + ADD, unrolled by 4 with one SUBS,
 #: CMP and BNE per 4 elements) and per row (the running sum loaded or started at 0, stored, the
 #: loop set-up); the 32-bit add of a chunk's array sums, per output (the scratch block's and the
-#: accumulator's words loaded, ADD, store) and per row of a column block; the requantization,
-#: column by column (the kernel's columns outer, its rows inner, LLVM's loop unrolled by 4
-#: rows): per output in the unrolled body (the accumulator and row sum loaded, MLS, ADD, SMLAL
-#: onto the column's 64-bit term, ASR of the high word, both clamps by CMP and IT-selected MOV,
-#: STRB, the bounds and zero point reloaded from the stack), per output of the ``rows % 4``
-#: remainder, and per column (its constants, the zero-point terms that do not depend on the
-#: row, the 64-bit bias and rounding term, the loop set-up); a shift below 32 (a multiplier of
-#: 1/2 or more) runs a 64-bit shift and clamp instead, charged as the 32-bit path (assumption:
-#: requantization multipliers are below 1/2). The software pipeline's own work: per job the
+#: accumulator's words loaded, ADD, store) and per row of a column block (the requantizations
+#: and the dequantizing epilogue: :class:`Int8Epilogue`). The software pipeline's own work: per job the
 #: kernel's entry (its 12 arguments, the flags' tests, the block count) and the first block's
 #: start (where the job before did not start it); per column block the wait, the next block's
 #: start (the driver's call and its 9 register writes; after a chunk's last block, the next
 #: chunk's first from the addresses that follow the column constants) and the block loop's
-#: set-up, whose live values the core spills to the stack around the driver calls; per column
-#: block of a requantizing chunk the bounds and zero point reloaded.
+#: set-up, whose live values the core spills to the stack around the driver calls.
 I8_SUM = Mix(loads=1.0, alu=1.5, branches=0.25)
 I8_SUM_ROW = Mix(loads=2.0, paired=1.0, alu=8.0, branches=1.5)
-I8_ACC = Mix(loads=1.25, paired=1.5, alu=2.0, branches=0.25)
-I8_ACC_ROW = Mix(loads=6.0, paired=4.0, alu=13.3, branches=1.0)
-I8_REQUANT = Mix(loads=4.75, paired=3.5, alu=12.5, mla=1.0, branches=0.25)
-I8_REQUANT_ONE = Mix(loads=6.0, paired=6.0, alu=15.0, mla=2.0, branches=1.0)
-I8_REQUANT_COL = Mix(loads=18.0, paired=14.0, alu=23.0, mla=1.0, branches=1.0)
-I8_REQUANT_BLOCK = Mix(loads=3.0, paired=2.0, alu=6.0)
-I8_JOB = Mix(loads=36.0, paired=24.0, alu=54.0, branches=7.0)
-I8_BLOCK = Mix(loads=34.0, paired=22.0, alu=44.0, mla=1.0, branches=8.0)
+I8_ACC = Mix(loads=1.75, paired=0.75, alu=1.5, branches=0.25)
+I8_ACC_ROW = Mix(loads=16 / 3, paired=10 / 3, alu=13.27, mla=0.125, branches=1 / 6)
+I8_JOB = Mix(loads=38.0, paired=21.0, alu=57.0, branches=8.0)
+I8_BLOCK = Mix(loads=28.0, paired=34.0, alu=43.0, mla=1.0, branches=5.0)
 #: Of a job's fixed work (``m4f_job_cycles`` and :data:`I8_JOB`), what the M4F runs between the
 #: first block's start and its wait (the driver's return, the kernel's tests of its flags, the
 #: block loop's set-up with its spills): the share that overlaps the array's first block.
@@ -310,23 +307,78 @@ I8_DEQUANT_CODE = {
         col_short=Mix(loads=26 / 3, paired=11, alu=34 / 3, branches=4, mla=1),
         block=Mix(loads=3, paired=3, alu=6, branches=1)),
 }
-#: TFLite's requantization (``("gemm_i8", "tflite")``), counted as :data:`I8_DEQUANT_CODE` is
-#: (the same shapes and differences), with multipliers below 1 (``left`` 0: the path every
-#: TFLite convolution's multipliers take; a multiplier of 1 or more runs the left-shift path,
-#: about 13 cycles an output cheaper, charged as this one: assumption). Per output: the row sum
-#: and the accumulator loaded, ADD of the column's term, MLS of the row's zero-point term, the
-#: 64-bit nudge ``2**30`` started (MOVS, MOV), SMLAL (``x * M0 + nudge``), the 64-bit ``>> 31``
-#: (LSRS, ORR with the high word's LSL), the sign of the result for RoundingDivideByPOT's
-#: threshold (LSLS, ADD with LSR), AND with the mask, ASR by ``right``, CMP + IT + ADDHI (the
-#: rounding), both clamps by CMP + IT + MOV, the ADD of the zero point, STRB; the mask, the
-#: threshold, the bounds and the output's address reloaded from the stack (about 5 memory
-#: operations an output: the loop holds more live values than the core has registers).
-I8_TFLITE_CODE = Int8Epilogue(
-    out=Mix(loads=6, paired=17 / 4, alu=85 / 4, branches=1 / 4, mla=1),
-    one=Mix(loads=26 / 3, paired=2, alu=24, mla=2),
-    col=Mix(loads=19, paired=13, alu=23, branches=1, mla=1),
-    col_short=Mix(loads=37 / 3, paired=9, alu=16, branches=3, mla=1),
-    block=Mix(loads=2, paired=4, alu=4, branches=1))
+#: The requantizations on the DSP instructions, counted as :data:`I8_DEQUANT_CODE` is (the same
+#: shapes and differences, the requantizing constants of the DSP path: a multiplier of 2**30
+#: and a shift of 40), per variant ``(narrow, col_zero)``: the clamp's two forms (USAT #8 alone
+#: on an int8 or uint8 output's 256 values; then a compare with the narrower range's top, whose
+#: bounds the loop also reloads) and the row loops with and without a weight zero point (its MLS
+#: and the row sum's load), each a row loop of its own that the column's constants select. A
+#: column outside the DSP path's range (a multiplier of 1/4 or more, of 2**-22 or less; the
+#: exact 64-bit path) is charged as the DSP path (assumption). Per output of the one-rounding
+#: requantization (``("gemm_i8",)``, :data:`I8_REQUANT_CODE`): the accumulator (and the row
+#: sum) loaded, ADD of the column's term (MLS of the row's zero-point term), QADD of the bias,
+#: SMMLA onto the rounding and zero-point term, ASR, USAT (CMP + IT + MOV of the top), ADD of
+#: ``y_min``, STRB; the unrolled loop's rows' addresses reloaded from the stack (about two
+#: memory operations an output: LLVM keeps a base address per unrolled row of the accumulator
+#: and of the output, more than the core's registers hold beside the column's constants).
+#: TFLite's (``("gemm_i8", "tflite")``, :data:`I8_TFLITE_CODE`): the same with SMMLAR
+#: (``x + SMMULR(x, 2 M0)``, SaturatingRoundingDoublingHighMul) and an ADD of its sign (ASR #31)
+#: instead of the bias's QADD and the SMMLA, QADD of the rounding and zero-point term before the
+#: ASR. Per column: its constants, the zero-point terms that do not depend on the row, the
+#: guards of the DSP path, the rounding and zero-point term, the row loop's selection, entry
+#: and exit.
+I8_REQUANT_CODE = {
+    (False, False): Int8Epilogue(
+        out=Mix(loads=3, paired=3 / 4, alu=27 / 4, branches=1 / 4),
+        one=Mix(loads=19 / 3, paired=7 / 3, alu=28 / 3, mla=1),
+        col=Mix(loads=21, paired=13, alu=39, mla=1, branches=1),
+        col_short=Mix(loads=50 / 3, paired=23 / 3, alu=104 / 3, mla=1, branches=4),
+        block=Mix(loads=5, paired=4, alu=5, branches=1)),
+    (False, True): Int8Epilogue(
+        out=Mix(loads=15 / 4, paired=9 / 4, alu=27 / 4, mla=1, branches=1 / 4),
+        one=Mix(loads=25 / 3, paired=10 / 3, alu=28 / 3, mla=2, branches=1 / 3),
+        col=Mix(loads=20, paired=14, alu=41, mla=1),
+        col_short=Mix(loads=50 / 3, paired=23 / 3, alu=107 / 3, mla=1, branches=8 / 3),
+        block=Mix(loads=5, paired=4, alu=5, branches=1)),
+    (True, False): Int8Epilogue(
+        out=Mix(loads=3, paired=1, alu=39 / 4, branches=1 / 4),
+        one=Mix(loads=20 / 3, paired=3, alu=37 / 3, mla=1),
+        col=Mix(loads=21, paired=12, alu=38, mla=1, branches=2),
+        col_short=Mix(loads=49 / 3, paired=8, alu=101 / 3, mla=1, branches=5),
+        block=Mix(loads=5, paired=4, alu=5, branches=1)),
+    (True, True): Int8Epilogue(
+        out=Mix(loads=9 / 2, paired=7 / 2, alu=39 / 4, mla=1, branches=1 / 4),
+        one=Mix(loads=25 / 3, paired=13 / 3, alu=37 / 3, mla=2),
+        col=Mix(loads=18, paired=18, alu=38, mla=1, branches=1),
+        col_short=Mix(loads=50 / 3, paired=23 / 3, alu=104 / 3, mla=1, branches=4),
+        block=Mix(loads=5, paired=4, alu=5, branches=1)),
+}
+I8_TFLITE_CODE = {
+    (False, False): Int8Epilogue(
+        out=Mix(loads=11 / 4, paired=3 / 4, alu=31 / 4, branches=1 / 4),
+        one=Mix(loads=14 / 3, paired=2, alu=29 / 3, mla=1),
+        col=Mix(loads=19, paired=9, alu=35, mla=1, branches=1),
+        col_short=Mix(loads=46 / 3, paired=6, alu=82 / 3, mla=1, branches=4),
+        block=Mix(loads=7, paired=2, alu=5, branches=1)),
+    (False, True): Int8Epilogue(
+        out=Mix(loads=4, paired=3 / 2, alu=31 / 4, mla=1, branches=1 / 4),
+        one=Mix(loads=19 / 3, paired=10 / 3, alu=29 / 3, mla=2, branches=1 / 3),
+        col=Mix(loads=19, paired=7, alu=36, mla=1),
+        col_short=Mix(loads=47 / 3, paired=17 / 3, alu=85 / 3, mla=1, branches=8 / 3),
+        block=Mix(loads=7, paired=2, alu=5, branches=1)),
+    (True, False): Int8Epilogue(
+        out=Mix(loads=11 / 4, paired=1, alu=43 / 4, branches=1 / 4),
+        one=Mix(loads=6, paired=5 / 3, alu=38 / 3, mla=1),
+        col=Mix(loads=18, paired=11, alu=34, mla=1, branches=2),
+        col_short=Mix(loads=15, paired=19 / 3, alu=79 / 3, mla=1, branches=5),
+        block=Mix(loads=7, paired=2, alu=5, branches=1)),
+    (True, True): Int8Epilogue(
+        out=Mix(loads=19 / 4, paired=5 / 2, alu=45 / 4, mla=1, branches=1 / 4),
+        one=Mix(loads=22 / 3, paired=10 / 3, alu=38 / 3, mla=2),
+        col=Mix(loads=18, paired=13, alu=33, mla=1, branches=1),
+        col_short=Mix(loads=47 / 3, paired=17 / 3, alu=82 / 3, mla=1, branches=4),
+        block=Mix(loads=7, paired=2, alu=5, branches=1)),
+}
 
 #: MAC-array runs per reduction chunk the int8 kernel's software pipeline aims at
 #: (:func:`int8_block_columns`): enough that the M4F's work on one block hides the array's next.
@@ -358,7 +410,8 @@ def _int8_block_work(rows, w, arch: "SpinnArch", side: Int8Side, adds: bool, fin
 def _finish_cycles(rows, cols, blocks, arch: "SpinnArch", side: Int8Side):
     """M4F cycles of the last chunk's epilogue on ``rows x cols`` outputs (the kernel's) in
     ``blocks`` column blocks: the dequantizing epilogue's variant (:data:`I8_DEQUANT_CODE`),
-    TFLite's requantization (:data:`I8_TFLITE_CODE`) or the one-rounding requantization; none
+    TFLite's requantization's (:data:`I8_TFLITE_CODE`) or the one-rounding one's
+    (:data:`I8_REQUANT_CODE`); none
     for an int32 output or a part of a split reduction. ``rows``, ``cols`` may be int64 arrays."""
     if not side.epilogue or side.int32_out:
         return 0.0
@@ -367,12 +420,12 @@ def _finish_cycles(rows, cols, blocks, arch: "SpinnArch", side: Int8Side):
         return mix_cycles(mix, arch)
 
     rest = rows % 4
-    if side.fp32_out or side.tflite:
-        e = I8_DEQUANT_CODE[side.relu, side.bias] if side.fp32_out else I8_TFLITE_CODE
-        col = np.where(rows >= 4, c(e.col), c(e.col_short))
-        return (rows - rest) * cols * c(e.out) + rest * cols * c(e.one) + cols * col + blocks * c(e.block)
-    return ((rows - rest) * cols * c(I8_REQUANT) + rest * cols * c(I8_REQUANT_ONE) + cols * c(I8_REQUANT_COL)
-            + blocks * c(I8_REQUANT_BLOCK))
+    if side.fp32_out:
+        e = I8_DEQUANT_CODE[side.relu, side.bias]
+    else:
+        e = (I8_TFLITE_CODE if side.tflite else I8_REQUANT_CODE)[side.narrow, side.col_zero]
+    col = np.where(rows >= 4, c(e.col), c(e.col_short))
+    return (rows - rest) * cols * c(e.out) + rest * cols * c(e.one) + cols * col + blocks * c(e.block)
 
 
 def int8_m4f_cycles(vm, vn, k, k_splits, arch: "SpinnArch", side: Int8Side | None = None):
