@@ -19,6 +19,12 @@ the plan adds up.
 
     python bench/block_path.py                  # spinn/boards24 (a 4 x 6 torus of boards)
     python bench/block_path.py --target spinn/cloud
+    python bench/block_path.py --target spinn/cloud --degree 4 2   # those degrees' kept candidates
+
+``--degree`` prints the kept candidate of each degree named (boards a block) instead of the
+plan's kept one, and with it the token's whole sum as that candidate charges it: its blocks, its
+all-reduces, its hand-overs between groups, the head and the token's loop (return, step
+synchronisation, host I/O).
 """
 
 from __future__ import annotations
@@ -38,13 +44,14 @@ CONFIG = "python/tvm_spinn/llm/configs/llama-2-70b.json"
 @contextlib.contextmanager
 def _captured():
     """The planner's slice forms and the stages it times them with, per degree, in order."""
-    seen = {"g": None, "forms": {}, "stages": {}}
+    seen = {"g": None, "forms": {}, "stages": {}, "records": {}}
     block, forms, gains, recs = board_tp.slice_block, board_tp.slice_forms, board_tp._ahead_gains, board_tp.records
 
     def records(*args, **kwargs):
         # each call plans afresh: keep only the last call's forms and stages, both alike
         seen["g"], seen["forms"], seen["stages"] = None, {}, {}
-        return recs(*args, **kwargs)
+        seen["records"] = recs(*args, **kwargs)
+        return seen["records"]
 
     def slice_block(cfg, spec, g):
         seen["g"] = g
@@ -80,23 +87,57 @@ def _waits(piece, k: int, ends) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="spinn/boards24")
+    ap.add_argument("--degree", type=int, nargs="*", default=None,
+                    help="print these degrees' kept candidates (boards a block), not the plan's kept one")
     args = ap.parse_args()
     ctx = (registered_system(tvm_spinn.make_system("spinn2-24-boards", boards=24), tag="spinn/boards24")
            if args.target == "spinn/boards24" else contextlib.nullcontext())
     with ctx, _captured() as seen:
         result = plan(CONFIG, target=args.target, batch=1, seq=2048, dtype="int8")
     p = result.plan
+    if args.degree:
+        for g in args.degree:
+            mine = [k for k in seen["records"] if k.startswith(f"board_tp:g{g}m")]
+            if not mine:
+                print(f"{args.target}: no board_tp candidate over {g} boards was mapped")
+                continue
+            _candidate(args.target, result, seen, mine[0], g)
+        return
     if p.get("placement") != "board_tp":
         print(f"{args.target}: the kept placement is {p.get('placement')}, not board_tp")
         return
     alts = p["alternatives"]
     key = min((k for k in alts if k.startswith("board_tp")), key=lambda k: alts[k]["decode_s"])
-    g, tag = p["tp_boards"], key.split("m", 1)[1].lstrip("0123456789")
+    _path(args.target, result, seen, key, p["tp_boards"], result.decode_latency_s, p["boards_used"])
+
+
+def _candidate(target, result, seen, key, g) -> None:
+    """Candidate ``key`` (degree ``g``): the token's sum as it charges it, then its block's path."""
+    rec = seen["records"][key]
+    m = rec["meta"]
+    with open(CONFIG) as f:
+        blocks = json.load(f)["num_hidden_layers"]
+    parts = [("blocks (pieces)", m["block_decode_s"] * blocks), ("all-reduces", m["board_all_reduces_decode_s"]),
+             (f"hand-overs ({m['groups']} groups)", m["handoff_decode_s"]), ("head", m["head_decode_s"]),
+             ("loop (return, sync, host I/O)", m["token_return_s"] + m["step_sync_s"] + m["host_io_decode_s"])]
+    print(f"\n{key}: {1 / rec['decode_s']:.2f} tokens/s ({rec['decode_s'] * 1e3:.2f} ms), {m['boards_used']} boards, "
+          f"{m['blocks_per_stage']} block(s) a group, {rec['resident'] / (rec['resident'] + rec['streamed']):.1%} "
+          f"of the weights resident; a token:")
+    for name, seconds in parts:
+        print(f"  {name:32} {seconds * 1e3:8.3f} ms   {seconds / blocks * 1e6:7.1f} us a block")
+    print(f"  one all-reduce over {g} boards {m['board_all_reduce_s'] * 1e6:.1f} us; a hand-over "
+          f"{m['handoff_decode_s'] / m['groups'] * 1e6:.1f} us")
+    _path(target, result, seen, key, g, rec["decode_s"], m["boards_used"])
+
+
+def _path(target, result, seen, key, g, decode_s, used) -> None:
+    """Candidate ``key``'s block (degree ``g``): its pieces, layers and collectives, as a chain."""
+    tag = key.split("m", 1)[1].lstrip("0123456789")
     form = 1 if tag.endswith("f") else -1 if tag.endswith("u") else 0
     pieces, ends = seen["forms"][g][form][:2]
     on_chip, streamed, reduce_s, (gains, buffer) = seen["stages"][g][form]
-    print(f"{args.target}: {result.tokens_per_s_per_user:.2f} tokens/s ({result.decode_latency_s * 1e3:.2f} ms), "
-          f"kept {key}: a group of {g} boards, {p['boards_used']} used")
+    print(f"{target}: {1 / decode_s:.2f} tokens/s ({decode_s * 1e3:.2f} ms), "
+          f"kept {key}: a group of {g} boards, {used} used")
     if ends is None:
         print("the slice runs as one program (not cut): no pieces to print")
         return
@@ -131,7 +172,7 @@ def main() -> None:
         print(f"  {name:11} {seconds * 1e6:7.1f} us   ends at {at * 1e6:7.1f} us")
     with open(CONFIG) as f:
         blocks = json.load(f)["num_hidden_layers"]
-    rest = result.decode_latency_s - blocks * total
+    rest = decode_s - blocks * total
     budget = (1 / 50 - rest) / blocks
     work = total - sum(s for n, s in chain if n == "all-reduce")
     print(f"a block {total * 1e6:.1f} us: its pieces {work * 1e6:.1f} us, its all-reduces "

@@ -98,8 +98,10 @@ floor is below the fastest token found. On a system with faults only groups of w
 (:func:`tvm_spinn.target.faults.whole_boards`: usable, every chip working) are formed, and the
 head runs on a whole board.
 While one token is in flight the links are otherwise idle, so an all-reduce's trees may pass
-through the boards around the group and a single board's hand-over takes every edge-disjoint
-path to the next board (:mod:`tvm_spinn.timing.collectives`).
+through the boards around the group, a single board's hand-over takes every edge-disjoint
+path to the next board, and a group's sliced hand-over sends each slice over every edge-disjoint
+path between its two boards where that is cheaper
+(:func:`tvm_spinn.timing.collectives.multipath_sliced_hand_over`).
 """
 
 from __future__ import annotations
@@ -1150,8 +1152,8 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
     dequantized sums narrowed to ``fp16`` / ``bf16`` / ``int8`` on the fixed schedule of
     :mod:`tvm_spinn.llm.wire`). ``floors``, where given, receives each
     degree's bound on its token (boards a block -> seconds) for the degrees ranked for mapping."""
-    from ..timing.collectives import (board_group_all_reduce, multipath_point_to_point, point_to_point,
-                                      sliced_hand_over)
+    from ..timing.collectives import (board_group_all_reduce, multipath_point_to_point, multipath_sliced_hand_over,
+                                      point_to_point, sliced_hand_over)
     from ..timing.system import collective_cost
     P = importlib.import_module(".plan", __package__)
     from .describe import describe
@@ -1193,8 +1195,12 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
             return min(direct, multipath_point_to_point(topo, src_boards[0], dst_boards[0], nbytes).seconds)
         if len(src_boards) == len(dst_boards) > 1 and handover_bytes <= wire:
             # the next group's all-gather is the one the all-reduce (``wire`` bytes an element)
-            # ran on this group: a hand-over no wider than that makes it no dearer
-            return min(direct, sliced_hand_over(topo, src_boards, dst_boards, nbytes, cpb).seconds)
+            # ran on this group: a hand-over no wider than that makes it no dearer; one token in
+            # flight, each slice also over every edge-disjoint path between its two boards
+            sliced = sliced_hand_over(topo, src_boards, dst_boards, nbytes, cpb).seconds
+            if batch == 1:
+                sliced = min(sliced, multipath_sliced_hand_over(topo, src_boards, dst_boards, nbytes).seconds)
+            return min(direct, sliced)
         return direct
 
     pairs: dict = {}

@@ -93,7 +93,8 @@ from __future__ import annotations
 # built by tvm_spinn.target.topology.topology_of; only its documented methods are used.
 
 from . import cost as _cost
-from .boards import board_all_reduce, board_all_to_all, multipath_point_to_point, sliced_hand_over, water_fill
+from .boards import (board_all_reduce, board_all_to_all, multipath_point_to_point, multipath_sliced_hand_over,
+                     sliced_hand_over, water_fill)
 from .chips import (all_gather, all_reduce, all_to_all, chain_all_reduce, chain_all_reduce_gathered,
                     chains_all_reduce, point_to_point, reduce_scatter)
 from .cost import CollectiveCost
@@ -123,6 +124,7 @@ __all__ = [
     "CollectiveCost", "all_gather", "all_reduce", "chain_all_reduce", "chain_all_reduce_gathered", "chains_all_reduce",
     "fixed_order_sum",
     "point_to_point", "reduce_scatter", "reduction_order", "chip_blocks", "MULTICAST_MAX_RANKS", "board_all_reduce",
-    "board_group_all_reduce", "multipath_point_to_point", "sliced_hand_over", "water_fill", "all_to_all",
+    "board_group_all_reduce", "multipath_point_to_point", "multipath_sliced_hand_over", "sliced_hand_over", "water_fill",
+    "all_to_all",
     "board_all_to_all", "board_group_floor", "board_group_scattered_all_reduce", "streamed_all_reduce",
 ]

@@ -172,6 +172,30 @@ def _board_halves(topo: "Topology", a: int, b: int, nbytes: float) -> float:
                multipath_point_to_point(topo, b, a, nbytes / 2).seconds)
 
 
+def _hand_over_pairs(topo: "Topology", src_boards, dst_boards, nbytes: float, who: str) -> list[tuple[int, int]]:
+    """The ``(sending board, receiving board)`` pairs of a sliced hand-over: each board of the
+    first group, in the order given, to the receiving board fewest board edges away that is
+    still free (ties to the first given); bad groups or sizes are refused naming ``who``."""
+    src = [int(b) for b in src_boards]
+    dst = [int(b) for b in dst_boards]
+    if len(src) != len(dst) or not src or len(set(src)) != len(src) or len(set(dst)) != len(dst) or set(src) & set(dst):
+        raise ValueError(f"{who}: two groups of as many distinct boards, none in both, got {src} and {dst}")
+    if not np.isfinite(nbytes) or nbytes < 0:
+        raise ValueError(f"nbytes must be a finite number >= 0, got {nbytes!r}")
+    far = topo.board_graph().neighbors
+    free, pairs = list(dst), []
+    for a in src:
+        # board edges from board a (breadth-first on the graph of boards) to the free boards
+        seen, frontier = {a}, [a]
+        while frontier and not seen & set(free):
+            frontier = sorted({int(v) for u in frontier for v in far[u] if v >= 0} - seen)
+            seen |= set(frontier)
+        pick = next(b for b in free if b in seen)  # the nearest; ties: the first given
+        free.remove(pick)
+        pairs.append((a, pick))
+    return pairs
+
+
 def sliced_hand_over(topo: "Topology", src_boards: Sequence[int], dst_boards: Sequence[int], nbytes: float,
                      chips_per_board: int = 48) -> CollectiveCost:
     """Cost of handing a vector over from one group of ``g`` boards to another in slices.
@@ -203,28 +227,66 @@ def sliced_hand_over(topo: "Topology", src_boards: Sequence[int], dst_boards: Se
     CollectiveCost
         ``op="point_to_point"``, ``algorithm="sliced"``, one step.
     """
-    src = [int(b) for b in src_boards]
-    dst = [int(b) for b in dst_boards]
-    if len(src) != len(dst) or not src or len(set(src)) != len(src) or len(set(dst)) != len(dst) or set(src) & set(dst):
-        raise ValueError(f"sliced_hand_over: two groups of as many distinct boards, none in both, got {src} and {dst}")
-    if not np.isfinite(nbytes) or nbytes < 0:
-        raise ValueError(f"nbytes must be a finite number >= 0, got {nbytes!r}")
+    pairs = _hand_over_pairs(topo, src_boards, dst_boards, nbytes, "sliced_hand_over")
     cpb = int(chips_per_board)
-    far = topo.board_graph().neighbors
-    free, pairs = list(dst), []
-    for a in src:
-        # board edges from board a (breadth-first on the graph of boards) to the free boards
-        seen, frontier = {a}, [a]
-        while frontier and not seen & set(free):
-            frontier = sorted({int(v) for u in frontier for v in far[u] if v >= 0} - seen)
-            seen |= set(frontier)
-        pick = next(b for b in free if b in seen)  # the nearest; ties: the first given
-        free.remove(pick)
-        pairs.append((a, pick))
     chips = np.arange(cpb, dtype=np.int64)
     cost = point_to_point(topo, np.concatenate([chips + a * cpb for a, _ in pairs]),
-                          np.concatenate([chips + b * cpb for _, b in pairs]), float(nbytes) / len(src) / cpb)
+                          np.concatenate([chips + b * cpb for _, b in pairs]), float(nbytes) / len(pairs) / cpb)
     return dataclasses.replace(cost, algorithm="sliced", nbytes=float(nbytes))
+
+
+def multipath_sliced_hand_over(topo: "Topology", src_boards: Sequence[int], dst_boards: Sequence[int],
+                               nbytes: float) -> CollectiveCost:
+    """Cost of the sliced hand-over of :func:`sliced_hand_over` with each slice sent over every
+    edge-disjoint path between its two boards.
+
+    The boards pair up as in :func:`sliced_hand_over` (each board of the first group its slice,
+    ``nbytes / g``, to the nearest free board of the second). With one token in flight the
+    links are otherwise idle, so a slice need not leave by the one board edge of its chips'
+    routes: each pair sends over its :meth:`~tvm_spinn.target.topology.Topology.board_paths`
+    (no two sharing a directed board edge), as :func:`multipath_point_to_point` does for one
+    pair. The pairs' paths may share edges with one another; each directed edge group then
+    gives every path crossing it an equal share of its rate (a path crossed by ``n`` paths in
+    all on its slowest edge runs at ``rate / n``), a schedule the serial links can run, and
+    each pair splits its slice over its paths at those rates so that they finish together
+    (:func:`water_fill`). The hand-over takes as long as its slowest pair.
+
+    Parameters
+    ----------
+    topo : Topology
+        The system's link graph.
+    src_boards, dst_boards : sequence of int
+        The two groups' boards (the same number, no board in both).
+    nbytes : float
+        Bytes of the whole vector.
+
+    Returns
+    -------
+    CollectiveCost
+        ``op="point_to_point"``, ``algorithm="sliced-multipath"``, one step; ``bytes_per_link``
+        the busiest directed edge group's bytes, ``hops`` the longest used path's board hops.
+    """
+    pairs = _hand_over_pairs(topo, src_boards, dst_boards, nbytes, "multipath_sliced_hand_over")
+    share = float(nbytes) / len(pairs)
+    paths = [topo.board_paths(a, b) for a, b in pairs]
+    crossing: dict[int, int] = {}  # directed edge group -> paths of every pair crossing it
+    for own in paths:
+        for path in own:
+            for e in path:
+                crossing[int(e)] = crossing.get(int(e), 0) + 1
+    seconds, load, longest = 0.0, dict.fromkeys(crossing, 0.0), 0
+    for own in paths:
+        costs = [topo.path_cost(p) for p in own]
+        rates = [rate / max(crossing[int(e)] for e in p) for p, (rate, _) in zip(own, costs)]
+        t, sent = water_fill(rates, [lat for _, lat in costs], share)
+        seconds = max(seconds, t)
+        for p, b in zip(own, sent):
+            if b > 0:
+                longest = max(longest, len(p))
+                for e in p:
+                    load[int(e)] += float(b)
+    return CollectiveCost("point_to_point", "sliced-multipath", seconds, max(load.values(), default=0.0), longest,
+                          longest, 1, 2 * len(pairs), float(nbytes))
 
 
 def board_all_to_all(topo: "Topology", grid: Sequence[Sequence[int]], send: "np.ndarray") -> CollectiveCost:
