@@ -106,7 +106,8 @@ def _outputs(reg: dict, tensors: dict, mem: np.ndarray) -> list[np.ndarray]:
     return out
 
 
-def run_firmware(directory: "str | os.PathLike", inputs: list, region: int = 0) -> list[np.ndarray]:
+def run_firmware(directory: "str | os.PathLike", inputs: list, region: int = 0,
+                 self_dma: "bool | None" = None) -> list[np.ndarray]:
     """Run region ``region`` of the firmware in ``directory`` on ``inputs``; its outputs.
 
     Parameters
@@ -117,6 +118,10 @@ def run_firmware(directory: "str | os.PathLike", inputs: list, region: int = 0) 
         One array per region input (``dram.inputs`` order), of the manifest's shape and dtype.
     region : int
         The region's index in the manifest.
+    self_dma : bool or None
+        Each PE walks its own command table with its DMA engine (:func:`.selfdma.run_self_dma`;
+        the region needs a ``self_dma`` field) rather than the host performing every job's
+        steps. None: the walker where the region has the field.
 
     Returns
     -------
@@ -140,6 +145,12 @@ def run_firmware(directory: "str | os.PathLike", inputs: list, region: int = 0) 
     from .iss import PeMachine
 
     fw = load_firmware(directory)
+    if self_dma is not False and 0 <= region < len(fw.manifest["regions"]):
+        if "self_dma" in fw.manifest["regions"][region]:
+            from .selfdma import run_self_dma
+            return run_self_dma(fw, region, inputs).outputs
+        if self_dma:
+            raise ValueError(f"region {region} has no command table: export the firmware with self_dma=True")
     reg, tensors, mem = _region_dram(fw, region, inputs)
     arch = SpinnArch.from_dict(reg["arch"])
     machines: dict = {}
