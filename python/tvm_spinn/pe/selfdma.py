@@ -71,9 +71,22 @@ extern void pe_kernel(u32, u32, u32, u32, u32, u32, u32, u32, u32, u32, u32, u32
 #define DMAW(reg) (*(volatile u32 *)({DMA_BASE:#x}u + (reg)))
 #define BLOCK ((volatile u32 *){JOB_ADDR:#x}u)
 
-/* One transfer: the descriptor's words into the registers, start, wait. */
-__attribute__((noinline)) static void sdma_transfer(const volatile u32 *d) {{
-    for (u32 i = 0; i < {DMA_DESC_WORDS}u; i++) DMAW(4u * i) = d[i];
+/* One transfer: the descriptor's words into the registers (plain loads and stores the compiler
+   may pair into LDM/STM: the registers only act on CTRL), start, wait. */
+__attribute__((noinline)) static void sdma_transfer(const u32 *d) {{
+    u32 *r = (u32 *){DMA_BASE:#x}u;
+    r[0] = d[0];
+    r[1] = d[1];
+    r[2] = d[2];
+    r[3] = d[3];
+    r[4] = d[4];
+    r[5] = d[5];
+    r[6] = d[6];
+    r[7] = d[7];
+    r[8] = d[8];
+    r[9] = d[9];
+    r[10] = d[10];
+    __asm__ volatile("" ::: "memory");
     DMAW({DMA_REGS["CTRL"]:#x}) = {DMA_START}u;
     while (DMAW({DMA_REGS["CTRL"]:#x}) != 0u) {{ }}
 }}
@@ -98,8 +111,9 @@ void {SELF_DMA_ROUTINE}(void) {{
         DMAW({DMA_REGS["S0"]:#x}) = 4u;
         DMAW({DMA_REGS["CTRL"]:#x}) = {DMA_START}u;
         while (DMAW({DMA_REGS["CTRL"]:#x}) != 0u) {{ }}
+        __asm__ volatile("" ::: "memory");  /* the buffer holds the fetched commands now */
         for (u32 i = 0; i < k; i++) {{
-            const volatile u32 *c = buf + {ENTRY_WORDS}u * i;
+            const u32 *c = (const u32 *)buf + {ENTRY_WORDS}u * i;
             const u32 op = c[0];
             if (op == {OP_DMA}u) {{
                 sdma_transfer(c + 1);
@@ -212,7 +226,7 @@ def _put_parts(table: _Table, dst: int, parts: list) -> None:
         elif kind == "fill":  # one word read with stride 0
             table.dma(_pool_ref(table.literal(int(part[1]).to_bytes(4, "little"))), dst, 4, [part[2], 1, 1, 1],
                       [0, 0, 0, 0])
-            n = part[2]
+            eb, n = 4, part[2]
         else:  # "bytes"
             data = bytes.fromhex(part[1])
             eb = 4 if len(data) % 4 == 0 else 1
@@ -322,14 +336,17 @@ def check_region(path: str, table_path: str, r: int, region: dict, jobs: list, i
 # -- the reference run -----------------------------------------------------------------------
 class SelfDmaRun:
     """What :func:`run_self_dma` returns: ``outputs``; ``host_actions`` (image loads, starts and
-    status reads); ``segments`` (each ``(pe, [job ids])``, in the order run); ``walker_cycles``
-    (the walker's own executed cycles, TRM-priced: fetching commands, programming the engine and
-    polling it), ``transfers`` (the :data:`OP_DMA` commands run) and ``elements`` (the elements
-    they moved, one engine cycle each)."""
+    status reads); ``segments`` (each ``(pe, [job ids])``, in the order run); the executed
+    cycles (TRM-priced) of the walker's loop (``walker_cycles``: fetching and dispatching
+    commands, the kernel calls' argument loads) and of its transfers (``transfer_cycles``:
+    ``sdma_transfer``, a descriptor's words into the registers, the start and the polls, waits
+    on the engine excluded); ``transfers`` (the :data:`OP_DMA` commands run) and ``elements``
+    (the elements they moved, one engine cycle each)."""
 
-    def __init__(self, outputs, host_actions, segments, walker_cycles, transfers, elements):
+    def __init__(self, outputs, host_actions, segments, walker_cycles, transfer_cycles, transfers, elements):
         self.outputs, self.host_actions, self.segments = outputs, host_actions, segments
-        self.walker_cycles, self.transfers, self.elements = walker_cycles, transfers, elements
+        self.walker_cycles, self.transfer_cycles = walker_cycles, transfer_cycles
+        self.transfers, self.elements = transfers, elements
 
 
 def _segments(jobs: list, pe_jobs: list):
@@ -353,7 +370,7 @@ def _segments(jobs: list, pe_jobs: list):
 
 
 def _walker_range(machine) -> tuple:
-    """The walker's code: ``[pe_jobs_dma, the next symbol)`` and ``sdma_transfer`` likewise."""
+    """The walker's code: ``[pe_jobs_dma, the next symbol)`` and ``sdma_transfer``'s likewise."""
     syms = sorted(set(machine.symbols.values()))
     out = []
     for name in (SELF_DMA_ROUTINE, "sdma_transfer"):
@@ -384,7 +401,7 @@ def run_self_dma(fw, region: int, inputs: list) -> SelfDmaRun:
     arch = SpinnArch.from_dict(reg["arch"])
     machines: dict = {}
     host_actions = 0
-    segments, walker, transfers, elements = [], 0, 0, 0
+    segments, walker, transfer_cycles, transfers, elements = [], 0, 0, 0, 0
     for pe, seg in _segments(jobs, reg["pe_jobs"]):
         name = jobs[seg[0]]["image"]
         if name not in machines:
@@ -411,14 +428,16 @@ def run_self_dma(fw, region: int, inputs: list) -> SelfDmaRun:
             layer = reg["layers"][jobs[int(status) - 1]["layer"]]
             raise IndexError(f"layer {layer['name']!r} ({layer['kind']}): input value {int(np.int32(value))} is "
                              f"out of range (job {int(status) - 1}'s status words)")
-        walker += _block_cycles(m, _walker_range(m))
+        loop, transfer = _walker_range(m)
+        walker += _block_cycles(m, [loop])
+        transfer_cycles += _block_cycles(m, [transfer])
         rows = np.frombuffer(table, dtype="<u4", count=ENTRY_WORDS * (last_first + last_n)).reshape(-1, ENTRY_WORDS)
         rows = rows[first:][rows[first:, 0] == OP_DMA]
         transfers += len(rows)
         elements += int(np.prod(rows[:, 4:8].astype(np.int64), axis=1).sum())
         segments.append((pe, seg))
     out = _outputs(reg, tensors, dram[:mem.nbytes].view("<u4"))
-    return SelfDmaRun(out, host_actions, segments, walker, transfers, elements)
+    return SelfDmaRun(out, host_actions, segments, walker, transfer_cycles, transfers, elements)
 
 
 def _block_cycles(machine, ranges) -> int:
