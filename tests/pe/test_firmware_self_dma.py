@@ -1,5 +1,5 @@
 """PEs that place their own operands: a firmware exported with ``self_dma`` runs with every PE
-walking its command table with its DMA engine (:mod:`tvm_spinn.pe.selfdma`). Its outputs are the
+walking its command table with its DMA engine (:mod:`tvm_spinn.pe.selfdma`, :mod:`tvm_spinn.pe.walker`). Its outputs are the
 default simulator's bits and the host-driven run's on the same directory; the default export is
 unchanged; a corrupted command table or ``self_dma`` field is one FirmwareError naming the file
 and the job; a fault on the walker's DMA path is an IssFault naming the PE, the image and the
@@ -25,7 +25,8 @@ from tvm_spinn.pe import FirmwareError, IssFault, load_firmware, run_firmware  #
 from tvm_spinn.pe.firmware import Firmware, build_firmware, programs_of  # noqa: E402
 from tvm_spinn.pe.iss import image_symbols  # noqa: E402
 from tvm_spinn.pe.memory_map import DMA_SCATTER, DRAM_BASE  # noqa: E402
-from tvm_spinn.pe.selfdma import ENTRY_WORDS, OP_CHECK, OP_DMA, OP_JOB, OP_RUN, SELF_DMA_ROUTINE, run_self_dma  # noqa: E402
+from tvm_spinn.pe.loader import run_self_dma  # noqa: E402
+from tvm_spinn.pe.walker import ENTRY_WORDS, OP_CHECK, OP_DMA, OP_JOB, OP_RUN, SELF_DMA_ROUTINE  # noqa: E402
 from tvm_spinn.runtime.simulator import run_program  # noqa: E402
 from _firmware_edits import rewrite_manifest  # noqa: E402
 from test_firmware_loader import _Block, _Cnn, _inputs, _Mlp, _same_bits  # noqa: E402

@@ -674,7 +674,9 @@ def load_firmware(directory: "str | os.PathLike") -> Firmware:
             from .selfdma import check_region
             sdma = region["self_dma"]
             table = sdma.get("file") if isinstance(sdma, dict) and isinstance(sdma.get("file"), str) else ""
-            check_region(mpath, os.path.join(directory, table), r, region, jobs[r],
-                         {n: files[rec["file"]] for n, rec in manifest["images"].items()}, files)
+            fault = check_region(mpath, os.path.join(directory, table), r, region, jobs[r],
+                                 {n: files[rec["file"]] for n, rec in manifest["images"].items()}, files)
+            if fault:
+                raise FirmwareError(*fault)
     return Firmware(files=files, manifest=manifest, jobs=jobs)
 

@@ -50,8 +50,8 @@ def noc_role_image(spec: tuple) -> PeImage:
 
 def self_dma_role_image(spec: tuple, noc: bool = False) -> PeImage:
     """The image of kernel ``spec`` linked with the job-table walker (and the NoC driver with
-    ``noc``): :func:`~.selfdma.link_self_dma_image`; its name is the role's."""
-    from .selfdma import link_self_dma_image
+    ``noc``): :func:`~.walker.link_self_dma_image`; its name is the role's."""
+    from .walker import link_self_dma_image
     return PeImage(spec, role_name(spec), link_self_dma_image(kernel_object(spec), noc=noc))
 
 

@@ -12,18 +12,22 @@ lists) and literal words, writes them at its SRAM address; a ``remote`` places t
 PE's DMA engine reads memory outside it; a ``run`` runs the kernel on its argument words; a
 ``check`` reads the kernel's status words and raises for an input it refused; a ``get`` reads
 words (``dram``) or bytes (``dram8``: 1-byte elements) from SRAM and scatters them into DRAM by
-its descriptors. The outputs are read from their offsets.
+its descriptors. The outputs are read from their offsets. A region exported with ``self_dma``
+runs with each PE walking its own command table instead (:func:`run_self_dma`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 
 import numpy as np
 
 from .jobs import expand  # jobs imports the iss execution only inside its functions
+from .memory_map import DRAM_BASE, JOB_ADDR
+from .walker import ENTRY_WORDS, OP_DMA, SELF_DMA_ROUTINE, STATUS_WORD
 
-__all__ = ["run_firmware"]
+__all__ = ["run_firmware", "run_self_dma", "SelfDmaRun"]
 
 
 def _gather(words: np.ndarray, parts: list) -> bytes:
@@ -147,7 +151,6 @@ def run_firmware(directory: "str | os.PathLike", inputs: list, region: int = 0,
     fw = load_firmware(directory)
     if self_dma is not False and 0 <= region < len(fw.manifest["regions"]):
         if "self_dma" in fw.manifest["regions"][region]:
-            from .selfdma import run_self_dma
             return run_self_dma(fw, region, inputs).outputs
         if self_dma:
             raise ValueError(f"region {region} has no command table: export the firmware with self_dma=True")
@@ -174,3 +177,138 @@ def run_firmware(directory: "str | os.PathLike", inputs: list, region: int = 0,
             else:  # get: words from SRAM scattered into DRAM
                 _scatter(mem, m, step[1], step[2])
     return _outputs(reg, tensors, mem)
+
+
+class SelfDmaRun:
+    """What :func:`run_self_dma` returns: ``outputs``; ``host_actions`` (image loads, starts and
+    status reads); ``segments`` (each ``(pe, [job ids])``, in the order run); the executed
+    cycles (TRM-priced) of the walker's loop (``walker_cycles``: fetching and dispatching
+    commands, the kernel calls' argument loads) and of its transfers (``transfer_cycles``:
+    ``sdma_transfer``, a descriptor's words into the registers, the start and the polls, waits
+    on the engine excluded); ``transfers`` (the :data:`~.walker.OP_DMA` commands run) and ``elements``
+    (the elements they moved, one engine cycle each)."""
+
+    def __init__(self, outputs, host_actions, segments, walker_cycles, transfer_cycles, transfers, elements):
+        self.outputs, self.host_actions, self.segments = outputs, host_actions, segments
+        self.walker_cycles, self.transfer_cycles = walker_cycles, transfer_cycles
+        self.transfers, self.elements = transfers, elements
+
+
+def _segments(jobs: list, pe_jobs: list):
+    """Each PE's consecutive jobs of one image whose dependencies have run, the PE whose next
+    job has the lowest id first (a valid order: that job's dependencies are earlier jobs, all
+    run)."""
+    queues = {pe: list(ids) for pe, ids in pe_jobs}
+    done: set = set()
+    while any(queues.values()):
+        pe = min((q[0], pe) for pe, q in queues.items() if q)[1]
+        q, seg = queues[pe], []
+        while q:
+            job = jobs[q[0]]
+            if seg and job["image"] != jobs[seg[0]]["image"]:
+                break
+            if not all(d in done or d in seg for lo, hi in job["after"] for d in range(lo, hi + 1)):
+                break
+            seg.append(q.pop(0))
+        done.update(seg)
+        yield pe, seg
+
+
+def _walker_range(machine) -> tuple:
+    """The walker's code: ``[pe_jobs_dma, the next symbol)`` and ``sdma_transfer``'s likewise."""
+    syms = sorted(set(machine.symbols.values()))
+    out = []
+    for name in (SELF_DMA_ROUTINE, "sdma_transfer"):
+        if name in machine.symbols:
+            lo = machine.symbols[name]
+            out.append((lo, next((a for a in syms if a > lo), 1 << 32)))
+    return tuple(out)
+
+
+def run_self_dma(fw, region: int, inputs: list) -> SelfDmaRun:
+    """Run region ``region`` of checked firmware ``fw`` (:func:`~.firmware.load_firmware` of a
+    directory exported with ``self_dma``) with each PE walking its own command table
+    (:mod:`.selfdma`): the region's DRAM and its table mapped once at
+    :data:`~.memory_map.DRAM_BASE`, shared by every PE's machine; each PE started on a segment
+    of its consecutive jobs of one image whose dependencies have run.
+
+    Raises
+    ------
+    ValueError
+        For a region the directory cannot run alone, or wrong inputs.
+    IndexError
+        For an input a kernel refuses (a check command stops the walk).
+    IssFault
+        For an image that faults, on the walker's path too (PE, image and program counter).
+    """
+    from ..target.arch import SpinnArch
+    from .errors import IssFault
+    from .iss import PeMachine
+    from unicorn import UC_PROT_ALL
+    from unicorn.arm_const import UC_ARM_REG_PC
+
+    reg, tensors, mem = _region_dram(fw, region, inputs)
+    rec = reg["self_dma"]
+    jobs = fw.jobs[region]
+    table = fw.files[rec["file"]]
+    size = -(-(rec["table"] + len(table)) // 4096) * 4096
+    dram = np.zeros(size, dtype=np.uint8)  # DRAM as the engines see it, shared by every machine
+    dram[:mem.nbytes] = mem.view(np.uint8)
+    dram[rec["table"]:rec["table"] + len(table)] = np.frombuffer(table, dtype=np.uint8)
+    arch = SpinnArch.from_dict(reg["arch"])
+    machines: dict = {}
+    host_actions = 0
+    segments, walker, transfer_cycles, transfers, elements = [], 0, 0, 0, 0
+    for pe, seg in _segments(jobs, reg["pe_jobs"]):
+        name = jobs[seg[0]]["image"]
+        if name not in machines:
+            elf = fw.files[fw.manifest["images"][name]["file"]]
+            m = machines[name] = PeMachine(elf, name, pe, arch.acc_bits, arch)
+            m.uc.mem_map_ptr(DRAM_BASE, size, UC_PROT_ALL, dram.ctypes.data_as(ctypes.c_void_p).value)
+            if rec["remote_bytes"]:
+                m.place_remote(bytes(rec["remote_bytes"]))
+        m = machines[name]
+        m.load(pe)  # the image's boot
+        m.clear_counters()
+        first, _ = rec["jobs"][seg[0]]
+        last_first, last_n = rec["jobs"][seg[-1]]
+        m.write(JOB_ADDR, np.array([DRAM_BASE + rec["table"] + 4 * ENTRY_WORDS * first,
+                                    last_first + last_n - first], dtype="<u4").tobytes())
+        m.call(SELF_DMA_ROUTINE)
+        host_actions += 3  # the image's load, the start (two words), the status read
+        status, value = np.frombuffer(m.read(JOB_ADDR + 4 * STATUS_WORD, 8), dtype="<u4")
+        pc = m.uc.reg_read(UC_ARM_REG_PC)
+        if m.mac_pending is not None or m.dma_pending is not None:
+            what = "a MAC array run" if m.mac_pending is not None else "a DMA transfer"
+            raise IssFault(m.pe, m.name, pc, f"jobs {seg} ended with {what} never waited for")
+        if status:
+            layer = reg["layers"][jobs[int(status) - 1]["layer"]]
+            raise IndexError(f"layer {layer['name']!r} ({layer['kind']}): input value {int(np.int32(value))} is "
+                             f"out of range (job {int(status) - 1}'s status words)")
+        loop, transfer = _walker_range(m)
+        walker += _block_cycles(m, [loop])
+        transfer_cycles += _block_cycles(m, [transfer])
+        rows = np.frombuffer(table, dtype="<u4", count=ENTRY_WORDS * (last_first + last_n)).reshape(-1, ENTRY_WORDS)
+        rows = rows[first:][rows[first:, 0] == OP_DMA]
+        transfers += len(rows)
+        elements += int(np.prod(rows[:, 4:8].astype(np.int64), axis=1).sum())
+        segments.append((pe, seg))
+    out = _outputs(reg, tensors, dram[:mem.nbytes].view("<u4"))
+    return SelfDmaRun(out, host_actions, segments, walker, transfer_cycles, transfers, elements)
+
+
+def _block_cycles(machine, ranges) -> int:
+    """Executed cycles of the blocks that start in ``ranges`` (TRM-priced, as :mod:`.cycles`)."""
+    from .cycles import _decode
+    total = 0
+    for key, count in machine.blocks.items():
+        if not any(lo <= key[0] < hi for lo, hi in ranges):
+            continue
+        prices = _decode(machine, *key)
+        taken = machine.taken.get(key, 0)
+        for n, (_, c_not, c_taken) in enumerate(prices):
+            if n == len(prices) - 1 and taken:
+                total += c_taken * taken + c_not * (count - taken)
+            else:
+                total += c_not * count
+    return total
