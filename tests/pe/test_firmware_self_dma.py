@@ -26,7 +26,8 @@ from tvm_spinn.pe.firmware import Firmware, build_firmware, programs_of  # noqa:
 from tvm_spinn.pe.iss import image_symbols  # noqa: E402
 from tvm_spinn.pe.memory_map import DMA_SCATTER, DRAM_BASE  # noqa: E402
 from tvm_spinn.pe.loader import run_self_dma  # noqa: E402
-from tvm_spinn.pe.walker import ENTRY_WORDS, OP_CHECK, OP_DMA, OP_JOB, OP_RUN, SELF_DMA_ROUTINE  # noqa: E402
+from tvm_spinn.pe.walker import (ENTRY_WORDS, OP_BOOT, OP_CHECK, OP_DMA, OP_JOB, OP_NOTIFY, OP_RUN, OP_WAIT,  # noqa: E402
+                                 SELF_DMA_HALT, SELF_DMA_ROUTINE, SLOTS_ADDR, walker_span)
 from tvm_spinn.runtime.simulator import run_program  # noqa: E402
 from _firmware_edits import rewrite_manifest  # noqa: E402
 from test_firmware_loader import _Block, _Cnn, _inputs, _Mlp, _same_bits  # noqa: E402
@@ -65,6 +66,12 @@ def mlp(tmp_path_factory):
     return ex, d, fw, runs
 
 
+def _before(fw, j: int) -> list:
+    """The jobs job ``j``'s PE runs before it."""
+    ids = next(ids for pe, ids in fw.manifest["regions"][0]["pe_jobs"] if j in ids)
+    return ids[:ids.index(j)]
+
+
 def test_mlp_walks_its_own_jobs(mlp):
     """Every transfer of the job table is one DMA command of the walker, every run one kernel
     call; each job's commands start with its OP_JOB."""
@@ -77,7 +84,10 @@ def test_mlp_walks_its_own_jobs(mlp):
         assert ops[0] == OP_JOB and rows[first, 1] == j
         puts = sum(len(s[2]) for s in job["steps"] if s[0] in ("put", "get")) + sum(
             len(s[1]) for s in job["steps"] if s[0] == "remote")
-        assert ops.count(OP_DMA) == puts
+        # a job whose PE ran another image before boots its own: the vector table and the slots,
+        # then the code after the walker (the images have no .bss)
+        assert ops.count(OP_BOOT) == int(any(job["image"] != fw.jobs[0][i]["image"] for i in _before(fw, j)[-1:]))
+        assert ops.count(OP_DMA) == puts + 2 * ops.count(OP_BOOT)
         assert ops.count(OP_RUN) == sum(len(s[1]) for s in job["steps"] if s[0] == "run")
         # a get scatters from SRAM into DRAM; a put gathers from DRAM (or the pool) into SRAM
         for row in rows[first:first + n]:
@@ -87,18 +97,29 @@ def test_mlp_walks_its_own_jobs(mlp):
     assert runs[0].walker_cycles > 0 and runs[0].transfer_cycles > 0
 
 
-def test_default_export_is_unchanged_and_walker_is_linked_last(mlp, tmp_path):
+def test_default_export_is_unchanged_and_walker_is_shared(mlp, tmp_path):
     """Without ``self_dma`` the firmware has no command tables nor the walker; with it, every
-    image links the walker after the runtime and the kernel, whose code keeps its addresses."""
+    image holds the walker's slots at SLOTS_ADDR and the same walker code after them, at the
+    same addresses, so a PE can load another image under its running walker."""
+    import io
+
+    from elftools.elf.elffile import ELFFile
     ex, _, fw, _ = mlp
     plain = build_firmware(programs_of(ex))
     assert not any(name.endswith(".sdma") for name in plain.files)
     assert all("self_dma" not in region for region in plain.manifest["regions"])
+    codes = set()
     for name, rec in fw.manifest["images"].items():
-        own, base = image_symbols(fw.files[rec["file"]]), image_symbols(plain.files[rec["file"]])
+        elf = fw.files[rec["file"]]
+        own, base = image_symbols(elf), image_symbols(plain.files[rec["file"]])
         assert SELF_DMA_ROUTINE in own and SELF_DMA_ROUTINE not in base
-        assert own["pe_kernel"] == base["pe_kernel"] and own["pe_halt"] == base["pe_halt"]
-        assert own[SELF_DMA_ROUTINE] > max(base["pe_kernel"], base["pe_halt"]) and own["_end"] >= base["_end"]
+        lo, hi = walker_span(elf)
+        assert lo == SLOTS_ADDR and lo < own[SELF_DMA_ROUTINE] < hi and lo < own[SELF_DMA_HALT] < hi
+        assert own["pe_kernel"] >= hi and own["pe_halt"] >= hi
+        data = [s for s in ELFFile(io.BytesIO(elf)).iter_segments() if s["p_type"] == "PT_LOAD"][0].data()
+        assert int.from_bytes(data[SLOTS_ADDR:SLOTS_ADDR + 4], "little") & ~1 == own["pe_kernel"]
+        codes.add((own[SELF_DMA_ROUTINE], data[SLOTS_ADDR + 12:hi]))
+    assert len(codes) == 1
 
 
 def test_export_is_deterministic(mlp):
@@ -117,13 +138,46 @@ def test_small_cnn_walks_its_own_jobs(tmp_path):
     assert {"put", "run", "get"} <= steps and {"dram", "fill", "bytes"} <= parts
 
 
-@pytest.mark.slow  # ~60 s on 2 busy cores
+def test_mlp_pes_walk_concurrently_over_the_noc(tmp_path):
+    """With the NoC driver every PE is started once: its walker loads each job's image itself,
+    waits for the ready packets of the jobs each job names and sends its own; the outputs are
+    the default simulator's bits and the host-driven concurrent run's, with the same packets."""
+    from tvm_spinn.pe.multi import run_firmware_concurrent
+    ex = _build(_Mlp, (4, 16))
+    tvm_spinn.export_firmware(ex, tmp_path / "fw", self_dma=True, noc=True)
+    tvm_spinn.export_firmware(ex, tmp_path / "host", noc=True)
+    fw = load_firmware(tmp_path / "fw")
+    program = programs_of(ex)[0]
+    x = _inputs(program)
+    run = run_self_dma(fw, 0, x)
+    host = run_firmware_concurrent(tmp_path / "host", x)
+    assert _same_bits(run.outputs, run_program(program, x, mode="layers"))
+    assert _same_bits(run.outputs, host.outputs) and run.packets == host.packets
+    region = fw.manifest["regions"][0]
+    assert region["self_dma"]["noc"]
+    assert sorted(tuple(seg) for _, seg in run.segments) == sorted(tuple(ids) for _, ids in region["pe_jobs"])
+    assert run.host_actions == 3 * len(region["pe_jobs"]) and run.boots > 0
+    rows = np.frombuffer(fw.files["r0.sdma"], dtype="<u4", count=region["self_dma"]["entries"] * ENTRY_WORDS)
+    ops = rows.reshape(-1, ENTRY_WORDS)[:, 0]
+    assert (ops == OP_WAIT).any() and (ops == OP_NOTIFY).any()
+    with pytest.raises(ValueError, match="no command table"):
+        run_firmware(tmp_path / "host", x, self_dma=True)
+
+
+@pytest.mark.slow  # ~100 s on 2 busy cores: the block run three ways and concurrently
 def test_transformer_block_walks_its_own_jobs(tmp_path):
     """Split rows hand their statistics on through DRAM scratch; a PE runs consecutive jobs of
     one image back to back."""
-    fw, runs = _check(_build(_Block, (1, 8, 16)), tmp_path / "fw")
-    assert any(len(seg) > 1 for _, seg in runs[0].segments)
+    ex = _build(_Block, (1, 8, 16))
+    fw, runs = _check(ex, tmp_path / "fw")
+    assert any(len(seg) > 1 for _, seg in runs[0].segments) and runs[0].boots > 0
     assert fw.manifest["regions"][0]["dram"]["scratch"][1] > 0
+    # every PE started once, its jobs' order kept by ready packets: the same bits
+    tvm_spinn.export_firmware(ex, tmp_path / "noc", self_dma=True, noc=True)
+    x = _inputs(programs_of(ex)[0])
+    run = run_self_dma(load_firmware(tmp_path / "noc"), 0, x)
+    assert _same_bits(run.outputs, run_program(programs_of(ex)[0], x, mode="layers"))
+    assert len(run.segments) == len(fw.manifest["regions"][0]["pe_jobs"])
 
 
 def test_quantized_mlp_walks_its_own_jobs(tmp_path):

@@ -41,7 +41,8 @@ from __future__ import annotations
 import numpy as np
 
 from .memory_map import DMA_SCATTER, DRAM_BASE, REMOTE_BASE
-from .walker import ENTRY_WORDS, OP_CHECK, OP_DMA, OP_JOB, OP_RUN, SELF_DMA_ROUTINE
+from .walker import (ENTRY_WORDS, OP_BOOT, OP_CHECK, OP_DMA, OP_JOB, OP_NOTIFY, OP_RUN, OP_WAIT, SELF_DMA_ROUTINE,
+                     SLOT_WORDS, SLOTS_ADDR, walker_span)
 
 __all__ = ["encode_region", "region_record", "check_region"]
 
@@ -116,24 +117,95 @@ def _get_parts(table: _Table, src: int, parts: list) -> None:
         src += eb * int(np.prod(part[2], dtype=np.int64))
 
 
+def _image_facts(images: dict) -> dict:
+    """Per image name: its loadable segments, its data area's start, whether it has the NoC
+    driver, and its walker's code (the bytes every self-DMA image shares)."""
+    import io
+
+    from elftools.elf.elffile import ELFFile
+
+    from .iss import image_symbols
+    from .memory_map import arena_start
+    facts = {}
+    for name, elf in sorted(images.items()):
+        e = ELFFile(io.BytesIO(elf))
+        segs = [(int(x["p_paddr"]), x.data(), int(x["p_memsz"])) for x in e.iter_segments() if x["p_type"] == "PT_LOAD"]
+        symbols = image_symbols(elf)
+        lo, hi = walker_span(elf)
+        start = lo + 4 * SLOT_WORDS  # the slots differ per image, the code after them does not
+        code = b"".join(d[max(0, start - a):max(0, hi - a)] for a, d, _ in segs)
+        facts[name] = {"segments": segs, "arena": arena_start(symbols["_end"]), "walker": (lo, hi, code),
+                       "noc": bool(symbols.get("pe_noc_wait_ready")), "writable": _writable_segments(elf)}
+    return facts
+
+
+def _boot(table: _Table, facts: dict) -> None:
+    """Transfers that load an image over the one the PE runs, the walker's code (the same bytes
+    in both) left as it is: the vector table and the slots, the code after the walker, and
+    ``.bss`` zeroed."""
+    lo, hi, _ = facts["walker"]
+    for addr, data, memsz in facts["segments"]:
+        end = addr + len(data)
+        for a, b in ((addr, min(end, lo + 4 * SLOT_WORDS)), (max(addr, hi), end)):
+            if a < b:
+                _put_parts(table, a, [["bytes", data[a - addr:b - addr].hex()]])
+        if memsz > len(data):
+            _put_parts(table, end, [["fill", 0, -(-(memsz - len(data)) // 4)]])
+
+
 def encode_region(jobs: list, pe_jobs: list, images: dict, dram_bytes: int) -> dict:
     """A region's command table: every PE's jobs in its ``pe_jobs`` order, each an
-    :data:`OP_JOB` and its steps' commands (``images``: name -> ELF bytes, for the writable
-    segments a job's boot restores). Returns ``{"data": bytes, "table": DRAM offset, "entries":
-    count, "jobs": [[first command, commands] per job id], "remote_bytes": the largest remote
-    window}``."""
+    :data:`~.walker.OP_JOB` and its commands: where the PE's previous job ran another image, an
+    :data:`~.walker.OP_BOOT` and the transfers that load this one; with the NoC driver, an
+    :data:`~.walker.OP_WAIT` on the ready packets of the jobs it names in ``after`` on other
+    PEs; its steps' commands; with the NoC driver, an :data:`~.walker.OP_NOTIFY` to the PEs
+    with jobs that name it. ``images``: name -> ELF bytes. Returns ``{"data": bytes, "table":
+    DRAM offset, "entries": count, "jobs": [[first command, commands] per job id],
+    "remote_bytes": the largest remote window, "noc": bool}``.
+
+    Raises
+    ------
+    ValueError
+        For images whose walker code or slots differ (not linked by
+        :func:`~.walker.link_self_dma_image`), or a region that mixes images with and without
+        the NoC driver.
+    """
+    from .multi import _signals
     base = -(-dram_bytes // _TABLE_ALIGN) * _TABLE_ALIGN
     table = _Table(base)
     spans = [None] * len(jobs)
     remote = 0
-    writable = {name: _writable_segments(elf) for name, elf in sorted(images.items())}
-    for _, ids in pe_jobs:
+    facts = _image_facts(images)
+    used = sorted({job["image"] for job in jobs})
+    if len({facts[n]["walker"] for n in used}) > 1 or any(facts[n]["walker"][0] != SLOTS_ADDR for n in used):
+        raise ValueError(f"images {used}: their walker code differs (each must be linked by link_self_dma_image)")
+    nocs = {facts[n]["noc"] for n in used}
+    if len(nocs) > 1:
+        raise ValueError(f"images {used}: some have the NoC driver, some not")
+    noc = bool(nocs and nocs.pop())
+    notify, need = {}, {}
+    if noc:
+        on_pe = {j: pe for pe, ids in pe_jobs for j in ids}
+        notify, need = _signals(jobs, on_pe, {})
+    slot = {pe: s for s, (pe, _) in enumerate(pe_jobs)}
+    names = sorted(images)
+    for pe, ids in pe_jobs:
+        held = None
         for j in ids:
             job = jobs[j]
             first = len(table.entries)
+            f = facts[job["image"]]
             table.add(OP_JOB, [j])
-            for addr, data, memsz in writable[job["image"]]:
+            if held is not None and held != job["image"]:
+                table.add(OP_BOOT, [names.index(job["image"])])
+                _boot(table, f)
+            held = job["image"]
+            for addr, data, memsz in f["writable"]:
                 _put_parts(table, addr, [["bytes", (data + b"\0" * (memsz - len(data))).hex()]])
+            if need.get(j):
+                words = [w for p, c in need[j] for w in (slot[p], c)]
+                table.add(OP_WAIT, [_pool_ref(table.literal(np.array(words, "<u4").tobytes())), len(need[j]),
+                                    f["arena"]])
             for step in job["steps"]:
                 if step[0] == "put":
                     _put_parts(table, step[1], step[2])
@@ -151,6 +223,9 @@ def encode_region(jobs: list, pe_jobs: list, images: dict, dram_bytes: int) -> d
                     table.add(OP_CHECK, [step[1]])
                 else:  # get
                     _get_parts(table, step[1], step[2])
+            if notify.get(j):
+                table.add(OP_NOTIFY, [_pool_ref(table.literal(np.array(notify[j], "<u4").tobytes())), len(notify[j]),
+                                      f["arena"], j, slot[pe]])
             spans[j] = [first, len(table.entries) - first]
     pool_at = base + ENTRY_WORDS * 4 * len(table.entries)
     words = np.zeros((len(table.entries), ENTRY_WORDS), dtype="<u4")
@@ -158,7 +233,7 @@ def encode_region(jobs: list, pe_jobs: list, images: dict, dram_bytes: int) -> d
         row = [DRAM_BASE + pool_at + w[1] if isinstance(w, tuple) else w for w in row]
         words[e] = row
     return {"data": words.tobytes() + bytes(table.pool), "table": base, "entries": len(table.entries),
-            "jobs": spans, "remote_bytes": remote}
+            "jobs": spans, "remote_bytes": remote, "noc": noc}
 
 
 def region_record(index: int, jobs: list, pe_jobs: list, images: dict, dram_bytes: int, files: dict) -> dict:
@@ -169,7 +244,7 @@ def region_record(index: int, jobs: list, pe_jobs: list, images: dict, dram_byte
     files[name] = enc["data"]
     return {"file": name, "dram_base": DRAM_BASE, "table": enc["table"], "entries": enc["entries"],
             "entry_words": ENTRY_WORDS, "routine": SELF_DMA_ROUTINE, "remote_bytes": enc["remote_bytes"],
-            "jobs": enc["jobs"]}
+            "noc": enc["noc"], "jobs": enc["jobs"]}
 
 
 def check_region(path: str, table_path: str, r: int, region: dict, jobs: list, images: dict,
@@ -179,15 +254,18 @@ def check_region(path: str, table_path: str, r: int, region: dict, jobs: list, i
     (``table_path``) and the first job whose commands differ (what
     :func:`~.firmware.load_firmware` raises as a :class:`~.firmware.FirmwareError`)."""
     rec = region.get("self_dma")
-    keys = {"file", "dram_base", "table", "entries", "entry_words", "routine", "remote_bytes", "jobs"}
+    keys = {"file", "dram_base", "table", "entries", "entry_words", "routine", "remote_bytes", "noc", "jobs"}
     if not (isinstance(rec, dict) and set(rec) == keys and rec["file"] == f"r{r}.sdma" and rec["file"] in files
             and rec["dram_base"] == DRAM_BASE and rec["entry_words"] == ENTRY_WORDS
             and rec["routine"] == SELF_DMA_ROUTINE and isinstance(rec["jobs"], list)):
         return path, (f"field regions[{r}].self_dma: malformed (needs file r{r}.sdma listed in files, dram_base "
                       f"{DRAM_BASE:#x}, entry_words {ENTRY_WORDS}, routine {SELF_DMA_ROUTINE!r}, table, entries, "
                       "remote_bytes, jobs)")
-    enc = encode_region(jobs, region["pe_jobs"], images, region["dram"]["bytes"])
-    for field in ("table", "entries", "remote_bytes"):
+    try:
+        enc = encode_region(jobs, region["pe_jobs"], images, region["dram"]["bytes"])
+    except ValueError as err:
+        return path, f"field regions[{r}].self_dma: {err}"
+    for field in ("table", "entries", "remote_bytes", "noc"):
         if rec[field] != enc[field]:
             return path, f"field regions[{r}].self_dma.{field}: {rec[field]!r}, the job file's steps give {enc[field]!r}"
     for j, span in enumerate(enc["jobs"]):
