@@ -1,39 +1,40 @@
-"""PEs that place their own operands: the job table walked by the PE runtime with its DMA engine.
+"""PEs that place their own operands: the command tables the PEs' job-table walker runs.
 
 A firmware exported with ``self_dma=True`` (:func:`~.firmware.export_firmware`) links every
-role's image with a job-table walker, ``pe_jobs_dma`` (:mod:`.walker`, compiled like the
-runtime and linked after the runtime, the kernel and the NoC driver where there is one, so their
-code keeps its addresses), and writes each region's job table a second time as a *command
-table* (``r<i>.sdma``) that a host copies into DRAM beside the region's data
-(:func:`encode_region`). A command is :data:`~.walker.ENTRY_WORDS` 32-bit words, its operation first:
+role's image with the walker, ``pe_jobs_dma`` (:mod:`.walker`: the same code at the same address
+in every image, the image's routines called through slots), and writes each region's job table a
+second time as a *command table* (``r<i>.sdma``, :func:`encode_region`) that a host copies into
+DRAM after the region's data. A command is :data:`~.walker.ENTRY_WORDS` 32-bit words, its
+operation first:
 
-- :data:`~.walker.OP_JOB` (word 1: the job's id): a job starts; where the image has writable segments
-  the next commands restore them (a PE's boot of the image), as DMA transfers;
-- :data:`~.walker.OP_DMA` (words 1-11: a descriptor in the engine's register order,
+- :data:`~.walker.OP_JOB` (the job's id): a job starts; where the image has writable segments
+  the next commands restore them;
+- :data:`~.walker.OP_BOOT` (the image's index): where the PE's previous job ran another image,
+  the transfers that follow load this one under the running walker;
+- :data:`~.walker.OP_WAIT` (NoC images): ``pe_noc_wait_ready`` on the job's ``(slot, count)``
+  pairs, copied from the table's pool into the job's data area;
+- :data:`~.walker.OP_DMA` (a descriptor in the engine's register order,
   :data:`~.memory_map.DMA_REGS`): one transfer, started and waited for: a ``put`` part from
   DRAM (``dram``, ``dram8``) or from the table's literal pool (``fill``: the word read with
   stride 0; ``bytes``) into SRAM; a ``remote`` part into the window the DMA kernels read
   (:data:`~.memory_map.REMOTE_BASE`); a ``get`` part from SRAM scattered into DRAM
   (:data:`~.memory_map.DMA_SCATTER`);
-- :data:`~.walker.OP_RUN` (words 1-12: the kernel's arguments): one call of ``pe_kernel``; a MAC-array
-  run may stay in flight into the next job (as the host-driven run's ``mac_in_flight``);
-- :data:`~.walker.OP_CHECK` (word 1: the status words' address): a nonzero first status word stops the
-  walk, the job and the refused value left in the job block for the host.
+- :data:`~.walker.OP_RUN` (the kernel's arguments): one call of the kernel; a MAC-array run may
+  stay in flight into the next job (as the host-driven run's ``mac_in_flight``);
+- :data:`~.walker.OP_CHECK` (the status words' address): a nonzero first status word stops the
+  walk, the job and the refused value left in the job block for the host;
+- :data:`~.walker.OP_NOTIFY` (NoC images): ``pe_noc_notify`` to the PEs with jobs that name
+  this one.
 
 DRAM appears to the engine at :data:`~.memory_map.DRAM_BASE` (the region's DRAM, then the
 command table at the manifest's ``table`` offset). The host writes the first command's address
 and the number of commands into the job block (:data:`~.memory_map.JOB_ADDR`, words 0 and 1)
-and starts ``pe_jobs_dma``; the walker fetches :data:`~.walker.BATCH` commands at a time by DMA into
-the rest of the job block and runs them, so a PE's consecutive jobs of one image run back to
-back with no host action between them. It leaves 0 in word 2 when done, or ``job + 1`` and the
-refused value (word 3) after a failed check. An unknown operation is a trap (``udf``): the
-instruction-set simulator raises it as an :class:`~.errors.IssFault` naming the PE, the image
-and the program counter.
-
-:func:`.loader.run_self_dma` is the reference run: the region's DRAM mapped once (shared by every
-machine), each PE's jobs in its ``pe_jobs`` order, a segment of consecutive jobs of one image
-whose dependencies (``after``) have run started at once; a host action is an image load, a
-segment's start (two words written) and its status read.
+and starts ``pe_jobs_dma``; the walker fetches :data:`~.walker.BATCH` commands at a time by
+DMA into the rest of the job block and runs them, with no host action between jobs. It leaves
+0 in word 2 when done, or ``job + 1`` and the refused value (word 3) after a failed check. An
+unknown operation is a trap (``udf``): the instruction-set simulator raises it as an
+:class:`~.errors.IssFault` naming the PE, the image and the program counter.
+:func:`.loader.run_self_dma` is the reference run.
 """
 
 from __future__ import annotations
@@ -170,7 +171,7 @@ def encode_region(jobs: list, pe_jobs: list, images: dict, dram_bytes: int) -> d
         :func:`~.walker.link_self_dma_image`), or a region that mixes images with and without
         the NoC driver.
     """
-    from .multi import _signals
+    from .jobs import ready_signals
     base = -(-dram_bytes // _TABLE_ALIGN) * _TABLE_ALIGN
     table = _Table(base)
     spans = [None] * len(jobs)
@@ -186,7 +187,7 @@ def encode_region(jobs: list, pe_jobs: list, images: dict, dram_bytes: int) -> d
     notify, need = {}, {}
     if noc:
         on_pe = {j: pe for pe, ids in pe_jobs for j in ids}
-        notify, need = _signals(jobs, on_pe, {})
+        notify, need = ready_signals(jobs, on_pe, {})
     slot = {pe: s for s, (pe, _) in enumerate(pe_jobs)}
     names = sorted(images)
     for pe, ids in pe_jobs:
