@@ -69,6 +69,7 @@ class _Table:
         self.base = base  # the table's DRAM offset (commands first, the pool after them)
         self.entries: list = []
         self.pool = bytearray()
+        self._placed: dict = {}  # bytes -> their pool offset (an image loaded by many jobs is stored once)
 
     def add(self, op: int, words) -> None:
         # a pool reference stays a tuple until the pool's place is known
@@ -77,10 +78,12 @@ class _Table:
 
     def literal(self, data: bytes) -> int:
         """``data``'s place in the pool (4-byte aligned), as a pool offset."""
-        self.pool += b"\0" * (-len(self.pool) % 4)
-        at = len(self.pool)
-        self.pool += data
-        return at
+        data = bytes(data)
+        if data not in self._placed:
+            self.pool += b"\0" * (-len(self.pool) % 4)
+            self._placed[data] = len(self.pool)
+            self.pool += data
+        return self._placed[data]
 
     def dma(self, src, dst: int, eb: int, counts, strides) -> None:
         self.add(OP_DMA, [src, dst, eb, *counts, *strides])
