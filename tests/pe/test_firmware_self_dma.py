@@ -128,7 +128,7 @@ def test_export_is_deterministic(mlp):
     assert again.files == fw.files and again.manifest == fw.manifest
 
 
-@pytest.mark.slow  # ~25 s on 2 busy cores: the CNN built, exported and run three ways
+@pytest.mark.slow  # ~40 s on 2 busy cores: the CNN built, exported and run three ways
 def test_small_cnn_walks_its_own_jobs(tmp_path):
     """conv2d (im2col with fill words from the table's pool), pools, a reshape (a DMA kernel:
     its remote window assembled by the walker) and a dense layer."""
@@ -164,7 +164,7 @@ def test_mlp_pes_walk_concurrently_over_the_noc(tmp_path):
         run_firmware(tmp_path / "host", x, self_dma=True)
 
 
-@pytest.mark.slow  # ~100 s on 2 busy cores: the block run three ways and concurrently
+@pytest.mark.slow  # ~4 min on 2 busy cores: the block run three ways and concurrently
 def test_transformer_block_walks_its_own_jobs(tmp_path):
     """Split rows hand their statistics on through DRAM scratch; a PE runs consecutive jobs of
     one image back to back."""
