@@ -106,13 +106,14 @@ def _check_iss(program):
         layer_role(program, index)
 
 
-def export_firmware(ex, directory, noc: bool = False):
+def export_firmware(ex, directory, noc: bool = False, self_dma: bool = False):
     """Write the firmware of a model compiled for a spinn target: one Cortex-M4F ELF image per
     PE role and a manifest (see :func:`tvm_spinn.pe.export_firmware`; needs the ``pe`` extra);
-    ``noc``: the images linked with the PE runtime's NoC driver and barrier."""
+    ``noc``: the images linked with the PE runtime's NoC driver and barrier; ``self_dma``: with
+    the job-table walker, each PE placing its own operands by DMA."""
     from .pe import export_firmware as _export
 
-    return _export(ex, directory, noc=noc)
+    return _export(ex, directory, noc=noc, self_dma=self_dma)
 
 
 def __getattr__(name: str):

@@ -122,6 +122,8 @@ def _check_args(args) -> None:
             raise _fail(f"firmware directory {args.firmware!r} exists and is not a directory")
         if args.noc and not args.firmware:
             raise _fail("--noc links the firmware's images with the NoC driver: give --firmware DIR too")
+        if args.self_dma and not args.firmware:
+            raise _fail("--self-dma links the firmware's images with the job-table walker: give --firmware DIR too")
     elif command == "run":
         for path, what in ((args.library, "library"), (args.inputs, "inputs")):
             if not os.path.exists(path):
@@ -241,7 +243,7 @@ def _cmd_compile(args) -> int:
     if args.firmware:  # built (and every layer checked) before anything is written
         from .pe.firmware import build_firmware, programs_of
 
-        firmware = build_firmware(programs_of(ex), noc=args.noc)
+        firmware = build_firmware(programs_of(ex), noc=args.noc, self_dma=args.self_dma)
     _INTERRUPTS.check()  # a Ctrl-C that TVM swallowed: write nothing
     export_library(ex, args.output, output_names=output_names)  # checked, atomic, sealed
     print(f"wrote {args.output}")
@@ -511,6 +513,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                      "manifest.json) to this directory")
     p.add_argument("--noc", action="store_true", help="with --firmware: link every image with the PE "
                                                       "runtime's NoC driver and barrier (its PEs can run concurrently)")
+    p.add_argument("--self-dma", action="store_true", help="with --firmware: link every image with the job-table "
+                                                           "walker and write each region's command table (every PE "
+                                                           "places its own operands with its DMA engine)")
     p.add_argument("--tuning-logs", help="apply MetaSchedule tuning logs (a tvm-spinn tune work dir)")
     p.add_argument("--quantize", metavar="CALIBRATION.npz",
                    help="int8 post-training quantization calibrated on these samples (one array per "

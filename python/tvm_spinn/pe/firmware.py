@@ -96,7 +96,7 @@ def _image_record(image) -> dict:
             "arena": mm.arena_start(symbols["_end"])}
 
 
-def _region_record(index: int, program, images, files: dict) -> dict:
+def _region_record(index: int, program, images, files: dict, self_dma: bool = False) -> dict:
     tables = view.placed_tiles(program)
     layers, schedule, boot = [], [], []
     loaded: dict[int, str] = {}  # PE -> the image it holds
@@ -124,6 +124,11 @@ def _region_record(index: int, program, images, files: dict) -> dict:
     record = {"symbol": view.program_symbol(program), "program": name, "layers": layers,
               "schedule": schedule, "boot": boot}
     record.update(_job_record(index, program, images, files))
+    if self_dma:
+        from .selfdma import region_record
+        record["self_dma"] = region_record(index, record["_jobs"], record["pe_jobs"],
+                                           {n: im.elf for n, im in images.images.items()}, record["dram"]["bytes"],
+                                           files)
     return record
 
 
@@ -155,10 +160,12 @@ def _jobs_bytes(region: int, jobs: list) -> bytes:
     return (json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n").encode()
 
 
-def build_firmware(programs: list, noc: bool = False) -> Firmware:
+def build_firmware(programs: list, noc: bool = False, self_dma: bool = False) -> Firmware:
     """The firmware of ``programs`` (the spinn programs of a model, in symbol order), in memory;
     ``noc``: the images linked with the NoC driver (:mod:`.noc`, what
-    :func:`.multi.run_firmware_concurrent` needs), the job tables placed for them.
+    :func:`.multi.run_firmware_concurrent` needs), the job tables placed for them; ``self_dma``:
+    the images linked with the job-table walker and each region's command table written
+    (:mod:`.selfdma`, a region's ``self_dma`` field).
 
     Raises
     ------
@@ -173,12 +180,12 @@ def build_firmware(programs: list, noc: bool = False) -> Firmware:
     images: dict = {}
     regions = []
     for r, program in enumerate(programs):
-        built = build_images(program, noc=noc)
+        built = build_images(program, noc=noc, self_dma=self_dma)
         for name, image in built.images.items():
             if name not in images:
                 images[name] = _image_record(image)
                 files[f"{name}.elf"] = image.elf
-        regions.append(_region_record(r, program, built, files))
+        regions.append(_region_record(r, program, built, files, self_dma=self_dma))
     manifest = {
         "format": FIRMWARE_FORMAT, "version": FIRMWARE_VERSION,
         "memory_map": memory_map_record(),
@@ -206,7 +213,7 @@ def programs_of(ex) -> list:
     return out
 
 
-def export_firmware(ex, directory: "str | os.PathLike", noc: bool = False) -> Firmware:
+def export_firmware(ex, directory: "str | os.PathLike", noc: bool = False, self_dma: bool = False) -> Firmware:
     """Write the firmware of a compiled model to ``directory`` (created if missing).
 
     Parameters
@@ -220,6 +227,11 @@ def export_firmware(ex, directory: "str | os.PathLike", noc: bool = False) -> Fi
         Link every image with the PE runtime's NoC driver and barrier (:mod:`.noc`), so the PEs
         can run concurrently and honour the jobs' dependencies by NoC packets
         (:func:`.multi.run_firmware_concurrent`); the job tables are placed for those images.
+    self_dma : bool
+        Link every image with the job-table walker (:mod:`.selfdma`) and write each region's
+        command table (``r<i>.sdma``, the manifest's ``regions[].self_dma``): each PE places
+        its own operands with its DMA engine and runs its jobs back to back
+        (:func:`.loader.run_firmware`); the job tables are placed for those images.
 
     Returns
     -------
@@ -234,7 +246,7 @@ def export_firmware(ex, directory: "str | os.PathLike", noc: bool = False) -> Fi
         For a destination that is not a directory, or a file that must not be replaced.
     """
     programs = list(ex) if isinstance(ex, (list, tuple)) else programs_of(ex)
-    firmware = build_firmware(programs, noc=noc)
+    firmware = build_firmware(programs, noc=noc, self_dma=self_dma)
     write_firmware(firmware, directory)
     return firmware
 
@@ -657,5 +669,14 @@ def load_firmware(directory: "str | os.PathLike") -> Firmware:
     for name, rec in sorted(manifest["images"].items()):
         _check_elf(os.path.join(directory, rec["file"]), files[rec["file"]], rec, name)
     jobs = tuple(_check_jobs(directory, r, region, manifest, files) for r, region in enumerate(manifest["regions"]))
+    for r, region in enumerate(manifest["regions"]):
+        if "self_dma" in region:
+            from .selfdma import check_region
+            sdma = region["self_dma"]
+            table = sdma.get("file") if isinstance(sdma, dict) and isinstance(sdma.get("file"), str) else ""
+            fault = check_region(mpath, os.path.join(directory, table), r, region, jobs[r],
+                                 {n: files[rec["file"]] for n, rec in manifest["images"].items()}, files)
+            if fault:
+                raise FirmwareError(*fault)
     return Firmware(files=files, manifest=manifest, jobs=jobs)
 

@@ -10,7 +10,7 @@ from .kernels import kernel_object
 from .link import link_image
 from .roles import layer_role, role_name
 
-__all__ = ["PeImage", "ProgramImages", "build_images", "role_image", "noc_role_image"]
+__all__ = ["PeImage", "ProgramImages", "build_images", "role_image", "noc_role_image", "self_dma_role_image"]
 
 
 @dataclass(frozen=True)
@@ -48,17 +48,27 @@ def noc_role_image(spec: tuple) -> PeImage:
     return PeImage(spec, role_name(spec), link_noc_image(kernel_object(spec)))
 
 
-def build_images(program, noc: bool = False) -> ProgramImages:
+def self_dma_role_image(spec: tuple, noc: bool = False) -> PeImage:
+    """The image of kernel ``spec`` linked with the job-table walker (and the NoC driver with
+    ``noc``): :func:`~.walker.link_self_dma_image`; its name is the role's."""
+    from .walker import link_self_dma_image
+    return PeImage(spec, role_name(spec), link_self_dma_image(kernel_object(spec), noc=noc))
+
+
+def build_images(program, noc: bool = False, self_dma: bool = False) -> ProgramImages:
     """Every layer's role checked first (a :class:`~.errors.PeCodegenError` names the first
     layer that cannot be lowered, before anything is built), then one image per role (``noc``:
-    each linked with the NoC driver, :func:`noc_role_image`)."""
+    each linked with the NoC driver, :func:`noc_role_image`; ``self_dma``: with the job-table
+    walker, :func:`self_dma_role_image`)."""
     specs = [layer_role(program, i) for i in range(view.layer_count(program))]
     tables = view.placed_tiles(program)
     images = {}
     for spec in specs:
         name = role_name(spec)
         if name not in images:
-            if noc:
+            if self_dma:
+                images[name] = self_dma_role_image(spec, noc=noc)
+            elif noc:
                 images[name] = noc_role_image(spec)
             else:
                 images[name] = role_image(spec)

@@ -65,6 +65,8 @@ __all__ = ["PeMachine", "image_symbols", "MAX_INSTRUCTIONS"]
 
 #: The NoC interface's registers by word offset.
 _NOC_NAMES = {off: reg for reg, off in NOC_REGS.items()}
+#: The DMA engine's registers by word offset.
+_DMA_NAMES = {off: reg for reg, off in DMA_REGS.items()}
 
 #: Instruction budget of one run (a runaway loop becomes an IssFault, never a hang).
 MAX_INSTRUCTIONS = 200_000_000
@@ -289,9 +291,9 @@ class PeMachine:
         return 0
 
     def _dma_write(self, uc, offset, size, value, data):
-        for reg, off in DMA_REGS.items():
-            if off == offset:
-                self.dma[reg] = value & 0xFFFFFFFF
+        reg = _DMA_NAMES.get(offset)
+        if reg is not None:
+            self.dma[reg] = value & 0xFFFFFFFF
         if offset == DMA_REGS["CTRL"] and value == DMA_START:
             self._dma_run()
 
@@ -312,7 +314,14 @@ class PeMachine:
         strides = np.array([d[f"S{i}"] for i in (3, 2, 1, 0)], dtype=np.int64)
         strides = np.where(strides >= 1 << 31, strides - (1 << 32), strides)
         n = int(np.prod(counts))
-        if n:
+        if n and 1 <= eb <= 16 and counts[0] == counts[1] == counts[2] == 1 and strides[3] == eb:
+            # one contiguous run on both sides (either direction): the bytes in order
+            try:
+                self.uc.mem_write(d["DST"], bytes(self.uc.mem_read(d["SRC"], n * eb)))
+            except (UcError, OverflowError) as err:
+                raise IssFault(self.pe, self.name, pc, f"DMA transfer of {n} elements from {d['SRC']:#x} to "
+                               f"{d['DST']:#x} outside mapped memory ({err})") from None
+        elif n:
             if not 1 <= eb <= 16:
                 raise IssFault(self.pe, self.name, pc, f"DMA element of {eb} bytes (1 to 16)")
             grids = np.meshgrid(*[np.arange(c, dtype=np.int64) for c in counts], indexing="ij")

@@ -44,7 +44,7 @@ from . import view
 from .errors import PeCodegenError
 from .memory_map import REMOTE_BASE, arena_start
 
-__all__ = ["job_tables", "dram_layout", "dram_init", "descriptors", "expand", "expand_all"]
+__all__ = ["job_tables", "dram_layout", "dram_init", "descriptors", "expand", "expand_all", "ready_signals"]
 
 #: Probe ids: a layer's input elements take [0, _READS), the words it reads back [_READS, _SPAN);
 #: probe ``id`` is ``id + 1`` in the first run and ``-(id + 1 + _SPAN)`` in the second (every
@@ -894,3 +894,35 @@ def job_tables(program, images) -> dict:
     layout["scratch"] = [scratch0, pos - scratch0]
     layout["bytes"] = pos
     return {"dram": layout, "jobs": jobs, "host": host}
+
+
+def ready_signals(jobs: list, on_pe: dict, sends: dict) -> tuple[dict, dict]:
+    """Per job, the PEs its ready packet goes to, and the ``(slot PE, count)`` pairs its PE
+    waits for (count: that many packets from that PE, its data packets and ready packets
+    counted over its jobs in order)."""
+    consumers: dict = {}
+    for job in jobs:
+        for a, b in job["after"]:
+            for i in range(a, b + 1):
+                if on_pe[i] != job["pe"]:
+                    consumers.setdefault(i, set()).add(job["pe"])
+    notify = {j["id"]: sorted(consumers.get(j["id"], ())) for j in jobs}
+    sent: dict = {}  # (producer PE, consumer PE) -> packets so far
+    index: dict = {}  # (job, consumer PE) -> the count once its last packet is in
+    for job in jobs:  # ids ascend in each PE's order, so counting in id order counts in PE order
+        for q, _, _ in sends.get(job["id"], ()):
+            sent[(job["pe"], q)] = sent.get((job["pe"], q), 0) + 1
+        for q in notify[job["id"]]:
+            key = (job["pe"], q)
+            sent[key] = sent.get(key, 0) + 1
+            index[(job["id"], q)] = sent[key]
+    need: dict = {}
+    for job in jobs:
+        pairs: dict = {}
+        for a, b in job["after"]:
+            for i in range(a, b + 1):
+                p = on_pe[i]
+                if p != job["pe"]:
+                    pairs[p] = max(pairs.get(p, 0), index[(i, job["pe"])])
+        need[job["id"]] = sorted(pairs.items())
+    return notify, need

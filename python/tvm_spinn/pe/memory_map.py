@@ -17,6 +17,7 @@ __all__ = [
     "NOC_BASE", "NOC_BYTES", "NOC_REGS", "NOC_MULTICAST", "NOC_KEY_KIND_SHIFT", "NOC_KEY_READY", "NOC_KEY_ARRIVE",
     "NOC_KEY_RELEASE", "NOC_WAIT_POLLS", "NOC_FAULT_CODES", "NOC_FAULT_TIMEOUT", "NOC_FAULT_UNEXPECTED",
     "NOC_FAULT_SLOT", "NOC_FAULT_MAILBOX", "NOC_STATE_ADDR", "NOC_STATE_WORDS", "NOC_KEY_DATA", "NOC_MAILBOX_ADDR", "NOC_MAILBOX_WORDS",
+    "DRAM_BASE",
 ]
 
 #: The PE's local SRAM: code, data and stack (SpiNNaker2: 128 KiB per PE at address 0).
@@ -150,3 +151,8 @@ NOC_STATE_WORDS = 128
 #: region too: the images' stack stays above it), read by the PE's DMA where a job places them.
 NOC_MAILBOX_ADDR = NOC_STATE_ADDR + 4 * NOC_STATE_WORDS
 NOC_MAILBOX_WORDS = 256
+
+#: Where the chip's DRAM appears to a PE's DMA engine when the PE places its own operands
+#: (firmware exported with ``self_dma``, :mod:`.selfdma`; assumption): a region's DRAM from
+#: offset 0, its command table after it. The M4F's code never addresses it either.
+DRAM_BASE = 0xA000_0000

@@ -38,6 +38,7 @@ import numpy as np
 
 from .errors import IssFault, NocDeadlock
 from .jobs import expand
+from .jobs import ready_signals as _signals
 from .memory_map import (JOB_ADDR, JOB_WORDS, NOC_KEY_DATA, NOC_MAILBOX_ADDR, NOC_MAILBOX_WORDS, NOC_MULTICAST,
                          NOC_STATE_ADDR, NOC_STATE_WORDS)
 
@@ -245,38 +246,6 @@ def _handoffs(jobs: list, on_pe: dict, scratch: list) -> tuple[dict, dict, set]:
     return sends, takes, kept
 
 
-def _signals(jobs: list, on_pe: dict, sends: dict) -> tuple[dict, dict]:
-    """Per job, the PEs its ready packet goes to, and the ``(slot PE, count)`` pairs its PE
-    waits for (count: that many packets from that PE, its data packets and ready packets
-    counted over its jobs in order)."""
-    consumers: dict = {}
-    for job in jobs:
-        for a, b in job["after"]:
-            for i in range(a, b + 1):
-                if on_pe[i] != job["pe"]:
-                    consumers.setdefault(i, set()).add(job["pe"])
-    notify = {j["id"]: sorted(consumers.get(j["id"], ())) for j in jobs}
-    sent: dict = {}  # (producer PE, consumer PE) -> packets so far
-    index: dict = {}  # (job, consumer PE) -> the count once its last packet is in
-    for job in jobs:  # ids ascend in each PE's order, so counting in id order counts in PE order
-        for q, _, _ in sends.get(job["id"], ()):
-            sent[(job["pe"], q)] = sent.get((job["pe"], q), 0) + 1
-        for q in notify[job["id"]]:
-            key = (job["pe"], q)
-            sent[key] = sent.get(key, 0) + 1
-            index[(job["id"], q)] = sent[key]
-    need: dict = {}
-    for job in jobs:
-        pairs: dict = {}
-        for a, b in job["after"]:
-            for i in range(a, b + 1):
-                p = on_pe[i]
-                if p != job["pe"]:
-                    pairs[p] = max(pairs.get(p, 0), index[(i, job["pe"])])
-        need[job["id"]] = sorted(pairs.items())
-    return notify, need
-
-
 def _runs(sends: list) -> list:
     """``(PE, first mailbox word, first SRAM address, words)`` runs of consecutive sends."""
     out = []
@@ -327,7 +296,7 @@ def run_firmware_concurrent(directory: "str | os.PathLike", inputs: list, region
     from ..target.arch import SpinnArch
     from .firmware import load_firmware
     from .iss import PeMachine
-    from .loader import _check_status, _gather, _outputs, _region_dram, _scatter
+    from .hostdma import _check_status, _gather, _outputs, _region_dram, _scatter
     from .noc import NOC_ROUTINES
     from .iss import image_symbols
 
