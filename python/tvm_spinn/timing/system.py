@@ -32,6 +32,7 @@ plan's collectives on the topology). ``latency / max(bounds)`` is the headline r
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -116,6 +117,42 @@ def _kept_share(t: float, end: float, seconds: float, waves: int) -> float:
     return min(1.0, math.ceil(left - 1e-9) / waves) if left > 0 else 0.0
 
 
+def _chain_segments(collectives, row_fp32, x) -> list:
+    """``collectives`` with each chain that follows row-parallel fp32 layers cut into the
+    segments cheapest for the chain and those layers' fill together.
+
+    A row-parallel fp32 layer's ranks continue one accumulator in the one-chip program's order
+    (:func:`~.collectives.chain_all_reduce`), so a rank computes its partial sums of a segment
+    only once the segment has reached it: the layer's compute ``x`` runs segment by segment down
+    the chain and pays the pipeline's fill, ``(c - 1) / m`` of it (:func:`compose`). More
+    segments shorten the fill and lengthen the chain (a hop's latency a step); the count is the
+    static schedule's choice, so it is the one whose chain and fill together cost least (the
+    chain's own cheapest among them). The chain whose fill a layer pays is the first after it
+    (the last issued at that layer), as :func:`compose` charges it; ``x``: per layer, its
+    seconds with its weights on chip."""
+    items = [tuple(item) for item in collectives]
+    last = {}  # layer -> index of the last chain issued before it (the one its fill is charged)
+    for k, item in enumerate(items):
+        if item[1].algorithm == "chain" and item[1].ranks > 1:
+            last[int(item[0])] = k
+    at = sorted(last)
+    work: dict[int, float] = {}
+    for i in sorted(row_fp32):
+        nxt = next((j for j in at if j > i), None)
+        if nxt is not None:
+            work[nxt] = work.get(nxt, 0.0) + float(x[i])
+    for layer, seconds in sorted(work.items()):
+        k = last[layer]
+        cost = items[k][1]
+        if not cost.by_segments:
+            continue
+        best = min(cost.by_segments,
+                   key=lambda c: (c.seconds + seconds * (c.ranks - 1) / max(1, c.segments), c.segments))
+        if best.segments != cost.segments:
+            items[k] = (items[k][0], replace(best, by_segments=cost.by_segments)) + items[k][2:]
+    return items
+
+
 def compose(program: Program, arch: SpinnArch, exec_cycles, stream_bytes, collectives,
             chips: int, row_fp32: "set[int] | frozenset" = frozenset(), io_bytes: int = 0,
             prefetch_bytes: float = 0.0, waves=None) -> SystemTimingSummary:
@@ -160,7 +197,7 @@ def compose(program: Program, arch: SpinnArch, exec_cycles, stream_bytes, collec
     timings = []
     early: list[tuple[int, float]] = []  # (ready layer, seconds): output gathers issued early
     blocking: dict[int, list[float]] = {}
-    for item in collectives:
+    for item in _chain_segments(collectives, row_fp32, [float(c) / clock for c in exec_cycles]):
         layer, cost = item[0], item[1]
         ready = item[2] if len(item) > 2 else None
         comm[layer] += cost.seconds
