@@ -41,7 +41,7 @@ from ..program.records import CollectiveSummary, SystemTimingSummary
 from ..target.arch import SpinnArch
 from .collectives import all_gather, all_reduce, all_to_all, chain_all_reduce
 
-__all__ = ["compose", "collective_cost"]
+__all__ = ["compose", "collective_cost", "chain_led_all_reduce"]
 
 
 #: Collective costs kept per topology (:attr:`~tvm_spinn.target.topology.Topology.memo`)
@@ -74,6 +74,36 @@ def collective_cost(topo, ranks, op: str, nbytes: int, exact: bool):
             del memo[old]
     memo[key] = cost
     return cost
+
+
+def chain_led_all_reduce(topo, ranks, nbytes: int, chain):
+    """An exact all-reduce whose result the chain all-reduce after it (``chain``, over the same
+    ``ranks`` in chain order) needs: e.g. a split row's maximum, which every rank subtracts
+    before it adds its terms into the chain's sum. The chain's first rank starts as soon as it
+    holds the result, so the values are reduced to it (every rank's value to it at once, the
+    transfers' bytes summed per link, as :meth:`~tvm_spinn.target.topology.Topology.evaluate`
+    costs them: a reduction that combines them on the way carries no more), and its multicast
+    of the result to the other ranks runs while the chain moves: rank ``i`` needs it only when
+    the chain's first segment reaches it, ``i`` of the chain's steps after the start; where the
+    multicast's route to a rank is slower than that, the difference is added. Returns the
+    cheaper of that and the all-reduce by itself (:func:`collective_cost`), as a
+    :class:`~.collectives.CollectiveCost` (``algorithm="reduce-first"`` where the former)."""
+    from .collectives import CollectiveCost
+
+    whole = collective_cost(topo, ranks, "all_reduce", nbytes, True)
+    ranks = np.asarray(ranks, dtype=np.int64)
+    c = ranks.size
+    if c < 2 or nbytes == 0 or chain.steps < 1:
+        return whole
+    first = np.full(c - 1, ranks[0])
+    up = topo.transfer_cost(ranks[1:], first, float(nbytes))
+    step = chain.seconds / chain.steps
+    lag = max(topo.transfer_cost(ranks[:1], ranks[i:i + 1], float(nbytes)).seconds - i * step for i in range(1, c))
+    seconds = up.seconds + max(0.0, lag)
+    if seconds >= whole.seconds:
+        return whole
+    return CollectiveCost("all_reduce", "reduce-first", seconds, float(up.max_link_bytes), int(up.max_hops),
+                          int(up.board_hops), 1, int(c), float(nbytes))
 
 
 def _load_end(start: float, nbytes: float, room: float, dram: float, ends, stream_bytes, kept=None) -> float:
