@@ -54,7 +54,7 @@ from ..target.faults import live_chips, usable_boards
 from ..target.topology import ring_order, topology_of
 from ..timing.collectives import chain_all_reduce_gathered, chains_all_reduce, point_to_point
 from ..timing.model import DRAM, evaluate, transfers
-from ..timing.system import collective_cost, compose
+from ..timing.system import chain_led_all_reduce, collective_cost, compose
 from .budget import Shortfall, SystemState
 from .memory import LEDGER_RESIDENT_SHARE, activation_label, weight_bytes_per_pe
 from .shard import ROW_ALWAYS, ShardPlan, plan_shards, recorded_plan, rule_of, shard_program
@@ -172,6 +172,15 @@ def _comm(topo, program: Program, plan: ShardPlan) -> list[tuple]:
             out.append((layer, _chains_cost(topo, plan, nbytes, gathered=True), None))
         elif len(groups[group]) > 1:
             out.append((layer, collective_cost(topo, groups[group], op, nbytes, exact), ready))
+            after = rows[k + 1] if k + 1 < len(rows) else None
+            if (op == "all_reduce" and exact and ready is None and after is not None and after[:2] == (layer, op)
+                    and not after[3] and after[4] == group and after[5] is None
+                    and (fused is None or k + 1 not in fused)):
+                # an exact all-reduce the chain after it over the same chips waits for (a split
+                # row's maximum before its sum): reduced to the chain's first chip, which starts
+                # it while the result's multicast to the others runs under the chain
+                chain = collective_cost(topo, groups[group], op, after[2], False)
+                out[-1] = (layer, chain_led_all_reduce(topo, groups[group], nbytes, chain), ready)
     return out
 
 

@@ -32,6 +32,7 @@ plan's collectives on the topology). ``latency / max(bounds)`` is the headline r
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -40,7 +41,7 @@ from ..program.records import CollectiveSummary, SystemTimingSummary
 from ..target.arch import SpinnArch
 from .collectives import all_gather, all_reduce, all_to_all, chain_all_reduce
 
-__all__ = ["compose", "collective_cost"]
+__all__ = ["compose", "collective_cost", "chain_led_all_reduce"]
 
 
 #: Collective costs kept per topology (:attr:`~tvm_spinn.target.topology.Topology.memo`)
@@ -73,6 +74,36 @@ def collective_cost(topo, ranks, op: str, nbytes: int, exact: bool):
             del memo[old]
     memo[key] = cost
     return cost
+
+
+def chain_led_all_reduce(topo, ranks, nbytes: int, chain):
+    """An exact all-reduce whose result the chain all-reduce after it (``chain``, over the same
+    ``ranks`` in chain order) needs: e.g. a split row's maximum, which every rank subtracts
+    before it adds its terms into the chain's sum. The chain's first rank starts as soon as it
+    holds the result, so the values are reduced to it (every rank's value to it at once, the
+    transfers' bytes summed per link, as :meth:`~tvm_spinn.target.topology.Topology.evaluate`
+    costs them: a reduction that combines them on the way carries no more), and its multicast
+    of the result to the other ranks runs while the chain moves: rank ``i`` needs it only when
+    the chain's first segment reaches it, ``i`` of the chain's steps after the start; where the
+    multicast's route to a rank is slower than that, the difference is added. Returns the
+    cheaper of that and the all-reduce by itself (:func:`collective_cost`), as a
+    :class:`~.collectives.CollectiveCost` (``algorithm="reduce-first"`` where the former)."""
+    from .collectives import CollectiveCost
+
+    whole = collective_cost(topo, ranks, "all_reduce", nbytes, True)
+    ranks = np.asarray(ranks, dtype=np.int64)
+    c = ranks.size
+    if c < 2 or nbytes == 0 or chain.steps < 1:
+        return whole
+    first = np.full(c - 1, ranks[0])
+    up = topo.transfer_cost(ranks[1:], first, float(nbytes))
+    step = chain.seconds / chain.steps
+    lag = max(topo.transfer_cost(ranks[:1], ranks[i:i + 1], float(nbytes)).seconds - i * step for i in range(1, c))
+    seconds = up.seconds + max(0.0, lag)
+    if seconds >= whole.seconds:
+        return whole
+    return CollectiveCost("all_reduce", "reduce-first", seconds, float(up.max_link_bytes), int(up.max_hops),
+                          int(up.board_hops), 1, int(c), float(nbytes))
 
 
 def _load_end(start: float, nbytes: float, room: float, dram: float, ends, stream_bytes, kept=None) -> float:
@@ -114,6 +145,42 @@ def _kept_share(t: float, end: float, seconds: float, waves: int) -> float:
         return 1.0
     left = (end - t) / (seconds / waves)  # waves of compute left at ``t``
     return min(1.0, math.ceil(left - 1e-9) / waves) if left > 0 else 0.0
+
+
+def _chain_segments(collectives, row_fp32, x) -> list:
+    """``collectives`` with each chain that follows row-parallel fp32 layers cut into the
+    segments cheapest for the chain and those layers' fill together.
+
+    A row-parallel fp32 layer's ranks continue one accumulator in the one-chip program's order
+    (:func:`~.collectives.chain_all_reduce`), so a rank computes its partial sums of a segment
+    only once the segment has reached it: the layer's compute ``x`` runs segment by segment down
+    the chain and pays the pipeline's fill, ``(c - 1) / m`` of it (:func:`compose`). More
+    segments shorten the fill and lengthen the chain (a hop's latency a step); the count is the
+    static schedule's choice, so it is the one whose chain and fill together cost least (the
+    chain's own cheapest among them). The chain whose fill a layer pays is the first after it
+    (the last issued at that layer), as :func:`compose` charges it; ``x``: per layer, its
+    seconds with its weights on chip."""
+    items = [tuple(item) for item in collectives]
+    last = {}  # layer -> index of the last chain issued before it (the one its fill is charged)
+    for k, item in enumerate(items):
+        if item[1].algorithm == "chain" and item[1].ranks > 1:
+            last[int(item[0])] = k
+    at = sorted(last)
+    work: dict[int, float] = {}
+    for i in sorted(row_fp32):
+        nxt = next((j for j in at if j > i), None)
+        if nxt is not None:
+            work[nxt] = work.get(nxt, 0.0) + float(x[i])
+    for layer, seconds in sorted(work.items()):
+        k = last[layer]
+        cost = items[k][1]
+        if not cost.by_segments:
+            continue
+        best = min(cost.by_segments,
+                   key=lambda c: (c.seconds + seconds * (c.ranks - 1) / max(1, c.segments), c.segments))
+        if best.segments != cost.segments:
+            items[k] = (items[k][0], replace(best, by_segments=cost.by_segments)) + items[k][2:]
+    return items
 
 
 def compose(program: Program, arch: SpinnArch, exec_cycles, stream_bytes, collectives,
@@ -160,7 +227,7 @@ def compose(program: Program, arch: SpinnArch, exec_cycles, stream_bytes, collec
     timings = []
     early: list[tuple[int, float]] = []  # (ready layer, seconds): output gathers issued early
     blocking: dict[int, list[float]] = {}
-    for item in collectives:
+    for item in _chain_segments(collectives, row_fp32, [float(c) / clock for c in exec_cycles]):
         layer, cost = item[0], item[1]
         ready = item[2] if len(item) > 2 else None
         comm[layer] += cost.seconds

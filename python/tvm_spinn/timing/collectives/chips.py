@@ -9,6 +9,7 @@ that the board collectives add for a board's own gather.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
@@ -311,6 +312,7 @@ def chain_all_reduce(topo: "Topology", ranks: Sequence[int], nbytes: float,
     _, tree = topo.route_links(root, ranks[:-1])
     tree = np.unique(tree)
     best = None
+    options = []
     tree_share = np.zeros(topo.nodes * 6)
     tree_share[tree] = 1.0  # one copy of each segment on every link of the tree
     for m in segments:
@@ -322,9 +324,10 @@ def chain_all_reduce(topo: "Topology", ranks: Sequence[int], nbytes: float,
         candidate = CollectiveCost("all_reduce", "chain", steps * step, float(load.max()) * m,
                                    steps * max(1, cost.max_hops), steps * cost.board_hops, steps, c, float(nbytes),
                                    segments=int(m))
+        options.append(candidate)
         if best is None or candidate.seconds < best.seconds:
             best = candidate
-    return best
+    return replace(best, by_segments=tuple(options))
 
 
 def chains_all_reduce(topo: "Topology", chains: Sequence[Sequence[int]], nbytes: float,
@@ -374,6 +377,7 @@ def chains_all_reduce(topo: "Topology", chains: Sequence[Sequence[int]], nbytes:
         tree_share[np.unique(links)] += 1.0
     tree = np.flatnonzero(tree_share)
     best = None
+    options = []
     for m in segments:
         cost, load = topo.evaluate(src, dst, float(nbytes) / m)
         tree_s = topo.link_seconds(tree_share * (float(nbytes) / m)) + float(topo.link_hop_s[tree].max())
@@ -383,9 +387,10 @@ def chains_all_reduce(topo: "Topology", chains: Sequence[Sequence[int]], nbytes:
         candidate = CollectiveCost("all_reduce", "chain", steps * step, float(load.max()) * m,
                                    steps * max(1, cost.max_hops), steps * cost.board_hops, steps, c, float(nbytes),
                                    segments=int(m))
+        options.append(candidate)
         if best is None or candidate.seconds < best.seconds:
             best = candidate
-    return best
+    return replace(best, by_segments=tuple(options))
 
 
 def _chain_groups(name: str, chains) -> "list[np.ndarray]":
@@ -459,6 +464,7 @@ def chain_all_reduce_gathered(topo: "Topology", chains: Sequence[Sequence[int]],
             tree_share[np.unique(links)] += 1.0
     tree = np.flatnonzero(tree_share)
     best = None
+    options = []
     for m in segments:
         if c > 1:
             cost, load = topo.evaluate(src, dst, float(nbytes) / m)
@@ -472,9 +478,10 @@ def chain_all_reduce_gathered(topo: "Topology", chains: Sequence[Sequence[int]],
         candidate = CollectiveCost("all_reduce", "chain", steps * step, float(load.max()) * m,
                                    steps * max_hops, steps * board_hops, steps, c, float(nbytes),
                                    segments=int(m))
+        options.append(candidate)
         if best is None or candidate.seconds < best.seconds:
             best = candidate
-    return best
+    return replace(best, by_segments=tuple(options))
 
 
 def _chain_trees(topo: "Topology", ranks: np.ndarray, roots) -> "tuple[np.ndarray | None, int]":

@@ -44,6 +44,12 @@ class CollectiveCost:
         Chips taking part.
     nbytes : float
         The message size the collective was asked for (see each function).
+    segments : int
+        A chain's segment count (0: not a chain).
+    by_segments : tuple of CollectiveCost
+        A chain's cost at every segment count it was costed for (empty: not a chain), so that a
+        layer whose compute runs segment by segment with the chain
+        (:func:`tvm_spinn.timing.system.compose`) can take the count cheapest for both.
     """
 
     op: str
@@ -56,6 +62,7 @@ class CollectiveCost:
     ranks: int
     nbytes: float
     segments: int = 0  # chain: the segments the message is cut into (0: not a chain)
+    by_segments: tuple = ()  # chain: the cost at each segment count costed
 
 
 def _prepare(topo: "Topology", ranks: Sequence[int], nbytes: float) -> tuple["Topology", np.ndarray]:

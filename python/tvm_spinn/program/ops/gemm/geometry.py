@@ -47,7 +47,11 @@ def gemm_shape(program, layer: Layer) -> GemmShape:
         return GemmShape(batch=1, m=int(np.prod(out[:-1], dtype=np.int64)), n=w[1], k=w[0])
     a, b = t[layer.inputs[0]].shape, t[layer.inputs[1]].shape
     batch = int(np.prod(out[:-2], dtype=np.int64)) if len(out) > 2 else 1
-    return GemmShape(batch=batch, m=a[-2], n=b[-1], k=a[-1])
+    # the rows computed are the output's: equal to ``a``'s in a program as written, fewer in a
+    # chip's shard whose rows are split over a sequence-parallel group while ``a`` is read
+    # whole (a replicated operand is sliced for free: the chip reads only its rows of it)
+    m = out[-2] if len(out) >= 2 else a[-2]
+    return GemmShape(batch=batch, m=m, n=b[-1], k=a[-1])
 
 
 def safe_k_chunk(arch, operand_bits: int = 8) -> int:

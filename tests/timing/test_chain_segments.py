@@ -1,0 +1,73 @@
+"""A chain all-reduce's segment count chosen with the fill of the row-parallel layer before it.
+
+References: each chain cost at one segment count alone (``segments=(m,)``), and the fill
+``(c - 1) / m`` of the layer's seconds that :func:`tvm_spinn.timing.system.compose` charges,
+summed by hand over every count.
+"""
+
+from types import SimpleNamespace
+
+import pytest
+
+import tvm_spinn
+from tvm_spinn.target.topology import ring_order, topology_of
+from tvm_spinn.timing import collectives as C
+from tvm_spinn.timing.system import compose
+
+SEGMENTS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+@pytest.fixture(scope="module")
+def board():
+    return topology_of(tvm_spinn.make_system("chain-segments", boards=1))
+
+
+def _chains(board):
+    order = ring_order(board, 48)
+    return order, [order[j * 12:(j + 1) * 12] for j in range(4)]
+
+
+@pytest.mark.parametrize("kind", ["one", "apart", "gathered"])
+def test_every_count_is_kept_and_the_cheapest_returned(board, kind):
+    """``by_segments`` holds the cost at every count, each what that count alone costs; the
+    collective itself is the cheapest of them."""
+    order, chains = _chains(board)
+    fn = {"one": lambda nb, seg: C.chain_all_reduce(board, order[:12], nb, seg),
+          "apart": lambda nb, seg: C.chains_all_reduce(board, chains, nb, seg),
+          "gathered": lambda nb, seg: C.chain_all_reduce_gathered(board, chains, nb, seg)}[kind]
+    cost = fn(512, SEGMENTS)
+    assert [c.segments for c in cost.by_segments] == list(SEGMENTS)
+    for c in cost.by_segments:
+        alone = fn(512, (c.segments,))
+        assert c.seconds == pytest.approx(alone.seconds) and c.steps == alone.steps
+    assert cost.seconds == pytest.approx(min(c.seconds for c in cost.by_segments))
+    assert all(not c.by_segments for c in cost.by_segments)
+
+
+def test_compose_takes_the_count_cheapest_with_the_fill(board):
+    """A row-parallel fp32 layer before the chain: the latency is the layer plus its fill plus
+    the chain at the count that makes their sum least (by hand over every count), never more
+    than at the chain's own cheapest count, never less than the layer and the cheapest chain."""
+    _, chains = _chains(board)
+    arch = tvm_spinn.arch_of(tvm_spinn.get_target("spinn"))
+    chain = C.chain_all_reduce_gathered(board, chains, 512)
+    program = SimpleNamespace(layers=[SimpleNamespace(flops=0, mode="fp32") for _ in range(2)])
+    for us in (1.0, 5.4, 40.0):
+        x = us * 1e-6
+        cycles = [round(x * arch.clock_hz), 0]
+        x = cycles[0] / arch.clock_hz
+        st = compose(program, arch, cycles, [0, 0], [(1, chain)], 12, row_fp32={0})
+        by_hand = min(x * (1 + 11 / c.segments) + c.seconds for c in chain.by_segments)
+        own = x * (1 + 11 / chain.segments) + chain.seconds
+        assert st.latency_s == pytest.approx(by_hand, rel=1e-9)
+        assert st.latency_s <= own + 1e-15
+        assert st.latency_s >= x + chain.seconds - 1e-15
+        (summary,) = st.collectives
+        picked = min(chain.by_segments, key=lambda c: x * 11 / c.segments + c.seconds)
+        assert summary.seconds == pytest.approx(picked.seconds) and summary.hops == picked.hops
+    # a long layer takes more segments than the chain alone would
+    st = compose(program, arch, [round(40e-6 * arch.clock_hz), 0], [0, 0], [(1, chain)], 12, row_fp32={0})
+    assert st.collectives[0].seconds > chain.seconds
+    # without a row-parallel layer before it the chain keeps its own count
+    st = compose(program, arch, [round(40e-6 * arch.clock_hz), 0], [0, 0], [(1, chain)], 12)
+    assert st.collectives[0].seconds == pytest.approx(chain.seconds)
