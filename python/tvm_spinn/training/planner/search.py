@@ -261,10 +261,17 @@ def _compute_floor(spec, split: Split, seq: int, arch, comms: "_Comms") -> float
     GEMMs are the ranks' parallel shares, its additions and collectives only add to them)."""
     tokens = split.micro_batch * seq // split.chunks
     weights, attention = _block_gemms(spec, tokens, seq, split.tp, split.micro_batch, split.chunks)
-    f, d, w = _pass_seconds(arch, weights + attention, comms)
-    per = spec.layers // split.pp * (f + d + w + split.recompute * f)
-    if not split.zero_bubble:
-        return (split.slots + split.pp - 1) * per
-    # ZB-H1: each stage's fill and drain term at least F + B - W
-    fill = per - spec.layers // split.pp * _pass_seconds(arch, weights, comms)[2]
-    return (split.slots - 1) * per + split.pp * fill
+    layers = spec.layers // split.pp
+
+    def floor(resident: bool) -> float:  # a stage's GEMMs with its weights in SRAM or streamed
+        f, d, w = _pass_seconds(arch, weights + attention, comms, resident)
+        per = layers * (f + d + w + split.recompute * f)
+        if not split.zero_bubble:
+            return (split.slots + split.pp - 1) * per
+        # ZB-H1: each stage's fill and drain term at least F + B - W
+        fill = per - layers * _pass_seconds(arch, weights, comms, resident)[2]
+        return (split.slots - 1) * per + split.pp * fill
+
+    # the step prices a stage one way or the other (its weights resident or not): the cheaper
+    # bounds it either way
+    return min(floor(False), floor(True))
