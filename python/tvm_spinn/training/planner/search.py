@@ -13,10 +13,10 @@ from .axes import _arch_of, _axes, _divisors, _positive
 from .comms import _Comms
 from .fit import _does_not_fit, smallest_system
 from .memory import _peak_bytes, memory_per_chip
-from .model import _block_gemms, _spec, _widths, model_flops
-from .records import (DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ, HEAD_LAGS, LAYOUTS, OPTIMIZERS, Split, TrainingPlan,
+from .model import _block_gemms, _gathered_params, _spec, _stage_params, _widths, model_flops
+from .records import (DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ, F32, HEAD_LAGS, LAYOUTS, OPTIMIZERS, Split, TrainingPlan,
                       TrainingPlanError)
-from .slot import _pass_seconds
+from .slot import _pass_seconds, _resident_share
 from .step import _step_time
 
 
@@ -272,6 +272,8 @@ def _compute_floor(spec, split: Split, seq: int, arch, comms: "_Comms") -> float
         fill = per - layers * _pass_seconds(arch, weights, comms, resident)[2]
         return (split.slots - 1) * per + split.pp * fill
 
-    # the step prices a stage one way or the other (its weights resident or not): the cheaper
-    # bounds it either way
-    return min(floor(False), floor(True))
+    # the step prices each block stage's GEMMs with its weights resident where they fit the SRAM
+    # share (:func:`_step_time`): with every stage one way the floor is that way's, else the cheaper
+    fits = {2 * F32 * (_stage_params(spec, split.tp, split.pp, j, split.head_tp, split.spread_head)
+                       - _gathered_params(spec, split, j)) <= _resident_share(arch) for j in range(split.pp)}
+    return min(floor(resident) for resident in sorted(fits))
