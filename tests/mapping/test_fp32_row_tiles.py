@@ -32,13 +32,14 @@ def _mapped(chip, m: int, k: int, n: int):
 
 def test_row_tiles_are_register_blocks_below_the_mac_rows():
     """The candidates: multiples of the register block's rows from the rows down to one block,
-    only where the rows over the batch are fewer than the MAC array's."""
+    only where the rows over the batch are fewer than the MAC array's and more than one block's."""
     mr = M4F_BLOCK[0]
     assert _fp32_row_tiles(GemmShape(1, 8, 192, 768), 16) == {8, 4}
     assert _fp32_row_tiles(GemmShape(1, 12, 192, 768), 16) == {12, 8, 4}
     assert _fp32_row_tiles(GemmShape(1, 5, 192, 768), 16) == {8, 4}
     assert all(t % mr == 0 for t in _fp32_row_tiles(GemmShape(1, 15, 1, 1), 16))
     assert _fp32_row_tiles(GemmShape(1, 16, 192, 768), 16) == set()
+    assert _fp32_row_tiles(GemmShape(1, 4, 192, 768), 16) == set()  # one register block of rows already
     assert _fp32_row_tiles(GemmShape(8, 8, 43, 128), 16) == set()  # a batch: its own tiles to spread
     # one row: the 4-row tile computes the same single row as the 16-row one (the tie keeps 16)
     arch = tvm_spinn.SpinnArch()

@@ -274,6 +274,8 @@ def _compute_floor(spec, split: Split, seq: int, arch, comms: "_Comms") -> float
 
     # the step prices each block stage's GEMMs with its weights resident where they fit the SRAM
     # share (:func:`_step_time`): with every stage one way the floor is that way's, else the cheaper
+    # (the middle stages hold what stage 1 holds: the first and last add the tables and the head)
     fits = {2 * F32 * (_stage_params(spec, split.tp, split.pp, j, split.head_tp, split.spread_head)
-                       - _gathered_params(spec, split, j)) <= _resident_share(arch) for j in range(split.pp)}
+                       - _gathered_params(spec, split, j)) <= _resident_share(arch)
+            for j in sorted({0, min(1, split.pp - 1), split.pp - 1})}
     return min(floor(resident) for resident in sorted(fits))

@@ -64,14 +64,18 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
     chunk_gemms = ([weights + _block_gemms(spec, tokens, seq, tp, split.micro_batch, split.chunks, c)[1]
                     for c in (0, split.chunks - 1)] if split.chunks > 1 else None)
 
+    passes_by = {}
+
     def block_passes(on_chip: bool) -> tuple:
         """``(block, weight gradients, first chunk's block, last chunk's block)`` seconds of a
         layer's passes, with the stage's weights in SRAM (``on_chip``: the mapper chooses its
         tiles for resident weights) or streamed from DRAM."""
-        block = _pass_seconds(arch, weights + attention, comms, on_chip)
-        first, last = ((block, block) if chunk_gemms is None
-                       else tuple(_pass_seconds(arch, g, comms, on_chip) for g in chunk_gemms))
-        return block, _pass_seconds(arch, weights, comms, on_chip)[2], first, last
+        if on_chip not in passes_by:
+            block = _pass_seconds(arch, weights + attention, comms, on_chip)
+            first, last = ((block, block) if chunk_gemms is None
+                           else tuple(_pass_seconds(arch, g, comms, on_chip) for g in chunk_gemms))
+            passes_by[on_chip] = (block, _pass_seconds(arch, weights, comms, on_chip)[2], first, last)
+        return passes_by[on_chip]
 
     def head_s(rows: int, on_chip: bool = False) -> tuple:
         return _pass_seconds(arch, [(tokens, spec.hidden, rows, 1)], comms, on_chip)

@@ -505,14 +505,16 @@ def _round_up(a: int, b: int) -> int:
 def _fp32_row_tiles(g: GemmShape, mac_rows: int) -> set:
     """fp32 row tiles below the MAC array's ``mac_rows`` for a GEMM whose rows, over its batch,
     are fewer than the array's (none otherwise: a batch of such GEMMs has its batch's tiles to
-    spread): multiples of the M4F kernel's register block rows (:data:`M4F_BLOCK`), the rows
-    whole, halved, quartered, ... down to one register block. The M4F runs whole ``4 x 4``
-    blocks on every row tile, so register-block-high tiles keep the ``4 x 4`` blocks (four
+    spread; nor for rows within one register block): multiples of the M4F kernel's register block
+    rows (:data:`M4F_BLOCK`), the rows whole, halved, quartered, ... down to one register block.
+    The M4F runs whole ``4 x 4`` blocks on every row tile, so register-block-high tiles keep the
+    ``4 x 4`` blocks (four
     outputs a reduction step for each operand pair loaded, against one for the ``4 x 1`` blocks
     of a narrow column tile) while the tiles still spread over the PEs. Each output's reduction
     is the same whatever the row tile (ascending k on one PE), so no bit moves."""
     mr, out = M4F_BLOCK[0], set()
-    tm = _round_up(g.m, mr) if g.m * g.batch < mac_rows else 0
+    # (rows within one register block: the MAC-high tile computes the same rows)
+    tm = _round_up(g.m, mr) if mr < g.m and g.m * g.batch < mac_rows else 0
     while tm >= mr:
         out.add(tm)
         tm = _round_up(tm // 2, mr) if tm > mr else 0
