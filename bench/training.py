@@ -240,6 +240,7 @@ def gpt2_small_plans(seq: int = 256, batch: int = 8) -> dict:
     eff_ok, scale_ok = plan24.efficiency >= TARGET_EFFICIENCY, scaling >= TARGET_SCALING
     print(f"  24 boards use {plan24.split.chips} of their {chips24} chips; bound binding: {plan24.bound_binding}")
     _limits(plan24, chips24)
+    _pacing_gemms(spec, plan24, systems[-1][1], seq)
     print(f"  target efficiency >= {TARGET_EFFICIENCY} on 24 boards (reproducible): {plan24.efficiency:.3f} "
           f"-> {'MET' if eff_ok else 'NOT MET'}")
     print(f"  target 24 boards vs smallest >= {TARGET_SCALING} of linear: {scaling:.4f} "
@@ -262,6 +263,40 @@ def _limits(plan, chips: int) -> None:
           f"on the {split.chips} used {used:.4f}; the pacing stage's {split.slots} slots {slots:.4f} (its GEMMs "
           f"{gemms:.4f}, {gemms / used:.2f}x the bound on the chips used); fill and drain {st.bubble_s:.4f}; "
           f"DP sync {st.dp_comm_s:.4f}; update {st.optimizer_s:.4f}; step {st.total_s:.4f}")
+
+
+def _pacing_gemms(spec, plan, arch, seq: int) -> None:
+    """One layer's GEMMs of a block stage's slot on a rank, as the planner prices them
+    (:func:`tvm_spinn.timing.gemm.gemm_seconds` at the mapper's tile, resident weights where the
+    stage's fit the SRAM share): per pass and shape the tile, its rounds of tiles over the chip's
+    PEs against the work (tiles over PEs), and the microseconds."""
+    import math
+
+    from tvm_spinn.program.ops.gemm import GemmShape, choose_matmul_tile
+    from tvm_spinn.timing.gemm import gemm_seconds
+    from tvm_spinn.training.planner import _gathered_params, _resident_share, _stage_params
+    from tvm_spinn.training.planner.model import _block_gemms
+
+    split, pes = plan.split, arch.pes_per_chip
+    tokens = split.micro_batch * seq // split.chunks
+    stage = split.pp - 1  # a block stage (the first one also gathers the embeddings' rows)
+    streamed = (_stage_params(spec, split.tp, split.pp, stage, split.head_tp, split.spread_head)
+                - _gathered_params(spec, split, stage))
+    resident = 2 * 4 * streamed <= _resident_share(arch)
+    weights, attention = _block_gemms(spec, tokens, seq, split.tp, split.micro_batch, split.chunks)
+    print(f"  a block stage's GEMMs of one layer and slot ({tokens} tokens, TP {split.tp}, weights "
+          f"{'resident' if resident else 'streamed'}; rounds: tiles over the {pes} PEs, work: their share):")
+    totals = {}
+    for m, k, n, b in weights + attention:
+        for name, (mm, kk, nn) in (("forward", (m, k, n)), ("input grad", (m, n, k)), ("weight grad", (k, m, n))):
+            tm, tn, tk = choose_matmul_tile(GemmShape(b, mm, nn, kk), arch, pes, resident)[:3]
+            tiles = b * math.ceil(mm / tm) * math.ceil(nn / tn)
+            secs = gemm_seconds(arch, mm, kk, nn, b, resident)
+            totals[name] = totals.get(name, 0.0) + secs
+            print(f"    {name:<12}{b:>3} x {mm}x{kk}x{nn:<6} tile {min(tm, mm)}x{min(tn, nn)}x{min(tk, kk):<5}"
+                  f"{tiles:>6} tiles  rounds {math.ceil(tiles / pes):>3} (work {tiles / pes:5.2f})  {secs * 1e6:8.1f} us")
+    print("    per layer (us): " + ", ".join(f"{k} {v * 1e6:.1f}" for k, v in totals.items())
+          + f"; all {sum(totals.values()) * 1e6:.1f}")
 
 
 def _plot(results: dict, path: str) -> None:

@@ -194,13 +194,16 @@ def test_loaded_program_rederives_the_compile_time_tiles_and_timing(monkeypatch,
 
 def test_gemm_tile_choice_fits_and_is_mac_aligned():
     """int8 tiles are MAC-array shaped; fp32 tiles (the M4F) keep MAC-shaped rows but may take
-    fewer columns; both fit SRAM with their buffers padded to the MAC shape."""
+    fewer columns, and a GEMM of fewer rows (over its batch) than the array may take rows of the
+    M4F's register block; all fit SRAM with their buffers padded to the MAC shape."""
     arch = tvm_spinn.SpinnArch()
     r, c = arch.mac_rows, arch.mac_cols
-    for g in (GemmShape(1, 64, 3136, 576), GemmShape(1, 128, 768, 3072), GemmShape(8, 7, 5, 3)):
+    for g in (GemmShape(1, 64, 3136, 576), GemmShape(1, 128, 768, 3072), GemmShape(8, 7, 5, 3),
+              GemmShape(1, 8, 192, 768)):
         for mode, e in (("fp32", 4), ("int8", 1)):
             tm, tn, tk = choose_gemm_tile(g, arch, mode=mode)
-            assert tm % r == 0 and (mode == "fp32" or tn % c == 0)
+            few = mode == "fp32" and g.m * g.batch < r
+            assert tm % (4 if few else r) == 0 and (mode == "fp32" or tn % c == 0)
             pm, pn = -(-tm // r) * r, -(-tn // c) * c
             assert 4 * pm * pn + 2 * e * (pm * tk + tk * pn) <= arch.tile_sram_bytes
 

@@ -14,7 +14,7 @@ __all__ = ["gemm_seconds"]
 _F32 = 4
 
 
-def gemm_seconds(arch, m: int, k: int, n: int, batch: int = 1) -> float:
+def gemm_seconds(arch, m: int, k: int, n: int, batch: int = 1, resident: bool = False) -> float:
     """Seconds of ``batch`` fp32 GEMMs ``(m x k) @ (k x n)`` on one chip's PEs, as the timing
     model times the compiled layer with its operands on chip.
 
@@ -37,6 +37,10 @@ def gemm_seconds(arch, m: int, k: int, n: int, batch: int = 1) -> float:
         The GEMM's rows, reduction and columns (each >= 1).
     batch : int
         Independent GEMMs of that shape in the layer (attention's heads and sequences).
+    resident : bool
+        The right operand (the weight) is held in SRAM for the whole run (resident weights): the
+        mapper chooses the tile without charging its DRAM traffic, as it does for a layer whose
+        weights the memory plan keeps resident.
 
     Returns
     -------
@@ -46,7 +50,7 @@ def gemm_seconds(arch, m: int, k: int, n: int, batch: int = 1) -> float:
     if min(m, k, n, batch) < 1:
         raise ValueError(f"gemm_seconds: a GEMM of {batch} x ({m} x {k}) @ ({k} x {n}) has an empty axis")
     pes = arch.pes_per_chip
-    tm, tn, tk = choose_matmul_tile(GemmShape(batch, m, n, k), arch, pes)[:3]
+    tm, tn, tk = choose_matmul_tile(GemmShape(batch, m, n, k), arch, pes, resident)[:3]
     tiles = batch * -(-m // tm) * -(-n // tn)
     vm, vn = min(tm, m), min(tn, n)
     compute = -(-tiles // pes) * math.ceil(gemm_tile_cycles(vm, vn, k, splits_of(k, tk), arch))

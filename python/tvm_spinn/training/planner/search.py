@@ -13,10 +13,10 @@ from .axes import _arch_of, _axes, _divisors, _positive
 from .comms import _Comms
 from .fit import _does_not_fit, smallest_system
 from .memory import _peak_bytes, memory_per_chip
-from .model import _block_gemms, _spec, _widths, model_flops
-from .records import (DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ, HEAD_LAGS, LAYOUTS, OPTIMIZERS, Split, TrainingPlan,
+from .model import _block_gemms, _gathered_params, _spec, _stage_params, _widths, model_flops
+from .records import (DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ, F32, HEAD_LAGS, LAYOUTS, OPTIMIZERS, Split, TrainingPlan,
                       TrainingPlanError)
-from .slot import _pass_seconds
+from .slot import _pass_seconds, _resident_share
 from .step import _step_time
 
 
@@ -261,10 +261,21 @@ def _compute_floor(spec, split: Split, seq: int, arch, comms: "_Comms") -> float
     GEMMs are the ranks' parallel shares, its additions and collectives only add to them)."""
     tokens = split.micro_batch * seq // split.chunks
     weights, attention = _block_gemms(spec, tokens, seq, split.tp, split.micro_batch, split.chunks)
-    f, d, w = _pass_seconds(arch, weights + attention, comms)
-    per = spec.layers // split.pp * (f + d + w + split.recompute * f)
-    if not split.zero_bubble:
-        return (split.slots + split.pp - 1) * per
-    # ZB-H1: each stage's fill and drain term at least F + B - W
-    fill = per - spec.layers // split.pp * _pass_seconds(arch, weights, comms)[2]
-    return (split.slots - 1) * per + split.pp * fill
+    layers = spec.layers // split.pp
+
+    def floor(resident: bool) -> float:  # a stage's GEMMs with its weights in SRAM or streamed
+        f, d, w = _pass_seconds(arch, weights + attention, comms, resident)
+        per = layers * (f + d + w + split.recompute * f)
+        if not split.zero_bubble:
+            return (split.slots + split.pp - 1) * per
+        # ZB-H1: each stage's fill and drain term at least F + B - W
+        fill = per - layers * _pass_seconds(arch, weights, comms, resident)[2]
+        return (split.slots - 1) * per + split.pp * fill
+
+    # the step prices each block stage's GEMMs with its weights resident where they fit the SRAM
+    # share (:func:`_step_time`): with every stage one way the floor is that way's, else the cheaper
+    # (the middle stages hold what stage 1 holds: the first and last add the tables and the head)
+    fits = {2 * F32 * (_stage_params(spec, split.tp, split.pp, j, split.head_tp, split.spread_head)
+                       - _gathered_params(spec, split, j)) <= _resident_share(arch)
+            for j in sorted({0, min(1, split.pp - 1), split.pp - 1})}
+    return min(floor(resident) for resident in sorted(fits))

@@ -10,12 +10,14 @@ from .model import _widths
 from .records import F32
 
 
-def _pass_seconds(arch, gemms: list, comms: "_Comms") -> tuple[float, float, float]:
+def _pass_seconds(arch, gemms: list, comms: "_Comms", resident: bool = False) -> tuple[float, float, float]:
     """``(forward, input gradients, weight gradients)`` seconds of ``gemms`` ``[(m, k, n, batch)]``
     (:func:`~tvm_spinn.timing.gemm.gemm_seconds`, cached on ``comms``): the backward of ``Y = A B`` is ``dA = dY B^T``
-    (``m x n`` by ``n x k``) and ``dB = A^T dY`` (``k x m`` by ``m x n``)."""
+    (``m x n`` by ``n x k``) and ``dB = A^T dY`` (``k x m`` by ``m x n``). ``resident``: the
+    stage's weights stay in SRAM (the tiles chosen as the mapper chooses them for resident
+    weights)."""
     def seconds(m, k, n, b):
-        return comms._get(("gemm", m, k, n, b), lambda: gemm_seconds(arch, m, k, n, b))
+        return comms._get(("gemm", m, k, n, b, resident), lambda: gemm_seconds(arch, m, k, n, b, resident))
 
     def passes():
         fwd = sum(seconds(m, k, n, b) for m, k, n, b in gemms)
@@ -23,7 +25,7 @@ def _pass_seconds(arch, gemms: list, comms: "_Comms") -> tuple[float, float, flo
         wgrad = sum(seconds(k, m, n, b) for m, k, n, b in gemms)
         return fwd, dgrad, wgrad
 
-    return comms._get(("passes", tuple(gemms)), passes)
+    return comms._get(("passes", tuple(gemms), resident), passes)
 
 
 #: Share of every PE's tile SRAM that may hold resident weights: the mapping's memory ledger

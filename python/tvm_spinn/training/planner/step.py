@@ -56,23 +56,29 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
     # one block's GEMMs on a rank (forward, input gradients, weight gradients), of them the
     # weights' gradients; the LM head's for ``rows`` vocabulary rows on a rank
     weights, attention = _block_gemms(spec, tokens, seq, tp, split.micro_batch, split.chunks)
-    block_s = _pass_seconds(arch, weights + attention, comms)
-    weights_s = _pass_seconds(arch, weights, comms)[2]
     # a micro-batch cut into chunks: the steady slots are priced at the chunks' mean context,
     # which their sum is while the attention GEMMs' time is linear in the context (their
     # context is the GEMMs' k or n; the fixed cost of a GEMM is the same for every chunk). The
     # fill's first slot (the first chunk, the shortest context) and the drain's last (the last
     # chunk, all ``seq`` keys) cross the stages alone, each at its own context
-    if split.chunks > 1:
-        first_s = _pass_seconds(arch, weights + _block_gemms(spec, tokens, seq, tp, split.micro_batch,
-                                                             split.chunks, 0)[1], comms)
-        last_s = _pass_seconds(arch, weights + _block_gemms(spec, tokens, seq, tp, split.micro_batch,
-                                                            split.chunks, split.chunks - 1)[1], comms)
-    else:
-        first_s = last_s = block_s
+    chunk_gemms = ([weights + _block_gemms(spec, tokens, seq, tp, split.micro_batch, split.chunks, c)[1]
+                    for c in (0, split.chunks - 1)] if split.chunks > 1 else None)
 
-    def head_s(rows: int) -> tuple:
-        return _pass_seconds(arch, [(tokens, spec.hidden, rows, 1)], comms)
+    passes_by = {}
+
+    def block_passes(on_chip: bool) -> tuple:
+        """``(block, weight gradients, first chunk's block, last chunk's block)`` seconds of a
+        layer's passes, with the stage's weights in SRAM (``on_chip``: the mapper chooses its
+        tiles for resident weights) or streamed from DRAM."""
+        if on_chip not in passes_by:
+            block = _pass_seconds(arch, weights + attention, comms, on_chip)
+            first, last = ((block, block) if chunk_gemms is None
+                           else tuple(_pass_seconds(arch, g, comms, on_chip) for g in chunk_gemms))
+            passes_by[on_chip] = (block, _pass_seconds(arch, weights, comms, on_chip)[2], first, last)
+        return passes_by[on_chip]
+
+    def head_s(rows: int, on_chip: bool = False) -> tuple:
+        return _pass_seconds(arch, [(tokens, spec.hidden, rows, 1)], comms, on_chip)
 
     spread = split.spread_head
     spread_busy = spread_path = 0.0
@@ -153,6 +159,10 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         params = _stage_params(spec, tp, pp, stage, heads, spread)
         # the GEMMs' weights, read in every pass; the gathered tables' rows of the slot's tokens
         streamed = params - _gathered_params(spec, split, stage)
+        # the stage's GEMM weights and their gradients fit its chips' resident SRAM share: they
+        # stay there from the first slot to the update, and its GEMMs run with them in SRAM
+        fits = 2 * F32 * streamed <= resident
+        block_s, weights_s, first_s, last_s = block_passes(fits)
         # bytes of the embedding rows (GPT-2's token and position rows) a slot's tokens read
         rows = F32 * tokens * spec.hidden * (2 if spec.family == "gpt2" else 1) if stage == 0 else 0
         held = _stage_activations(spec, split, seq, stage, split.recompute)
@@ -178,14 +188,13 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         else:
             head_rows = -(-spec.vocab // width) if stage == stages - 1 else 0
         if head_rows:  # the LM head's vocabulary rows on this rank
-            h_f, h_d, h_w = head_s(head_rows)
+            h_f, h_d, h_w = head_s(head_rows, fits)
             f_gemm, b_gemm, w_gemm = f_gemm + h_f, b_gemm + h_d + h_w, w_gemm + h_w
         # DRAM: activations written in the forward and read back in the backward; the weights
         # read in each pass and the gradients accumulated (read and written), unless they and
         # the gradients fit the chip's resident SRAM share: then they stay there from the
         # first slot to the update (loaded and written back once a step, with the update)
         passes = 2 + split.recompute
-        fits = 2 * F32 * streamed <= resident
         dram_f = (stored + rows + (0 if fits else F32 * streamed)) / dram
         dram_b = (stored + 2 * rows + (0 if fits else F32 * streamed * (passes - 1) + 2 * F32 * streamed)) / dram
         rc = split.recompute

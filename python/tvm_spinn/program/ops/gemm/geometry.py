@@ -559,11 +559,31 @@ def _round_up(a: int, b: int) -> int:
     return ceil_div(a, b) * b
 
 
-def choose_matmul_tile(g: GemmShape, arch: "SpinnArch", pes: int) -> tuple[int, ...]:
+def _fp32_row_tiles(g: GemmShape, mac_rows: int) -> set:
+    """fp32 row tiles below the MAC array's ``mac_rows`` for a GEMM whose rows, over its batch,
+    are fewer than the array's (none otherwise: a batch of such GEMMs has its batch's tiles to
+    spread; nor for rows within one register block): multiples of the M4F kernel's register block
+    rows (:data:`M4F_BLOCK`), the rows whole, halved, quartered, ... down to one register block.
+    The M4F runs whole ``4 x 4`` blocks on every row tile, so register-block-high tiles keep the
+    ``4 x 4`` blocks (four
+    outputs a reduction step for each operand pair loaded, against one for the ``4 x 1`` blocks
+    of a narrow column tile) while the tiles still spread over the PEs. Each output's reduction
+    is the same whatever the row tile (ascending k on one PE), so no bit moves."""
+    mr, out = M4F_BLOCK[0], set()
+    # (rows within one register block: the MAC-high tile computes the same rows)
+    tm = _round_up(g.m, mr) if mr < g.m and g.m * g.batch < mac_rows else 0
+    while tm >= mr:
+        out.add(tm)
+        tm = _round_up(tm // 2, mr) if tm > mr else 0
+    return out
+
+
+def choose_matmul_tile(g: GemmShape, arch: "SpinnArch", pes: int, resident: bool = False) -> tuple[int, ...]:
     """The mapper's ``(tm, tn, tk)`` for an fp32 ``matmul`` (both operands computed, none a
     weight constant) on ``pes`` PEs: the tile planners without a program to build (the training
-    planner, through :func:`tvm_spinn.timing.gemm.gemm_seconds`) time a GEMM with."""
-    return choose_gemm_tile(g, arch, pes=pes, kind="matmul", mode="fp32")
+    planner, through :func:`tvm_spinn.timing.gemm.gemm_seconds`) time a GEMM with; ``resident``:
+    the right operand held in SRAM (no DRAM traffic charged for it, as for resident weights)."""
+    return choose_gemm_tile(g, arch, pes=pes, kind="matmul", mode="fp32", resident=resident)
 
 
 def choose_gemm_tile(g: GemmShape, arch: "SpinnArch", name: str = "gemm", pes: int | None = None,
@@ -619,6 +639,7 @@ def choose_gemm_tile(g: GemmShape, arch: "SpinnArch", name: str = "gemm", pes: i
         if g.m * g.batch < r:
             tns.update({1, 2})
         tns.update(min(g.n, ceil_div(g.n * g.batch * ceil_div(g.m, m_cap), k * pes)) for k in range(1, 9))
+        tms.update(_fp32_row_tiles(g, r))
     tms, tns = sorted(tms), sorted(tns)
     chips = max(1, -(-pes // arch.pes_per_chip))
     dram_bytes_per_cycle = arch.dram_bw_bytes_s * chips / arch.clock_hz
