@@ -828,6 +828,10 @@ class _Stage:
     program_candidates: tuple = ()
 
 
+#: The key of a stage memo (:func:`_map_stage`) that holds the programs' mappings, beside the stages
+_MAPPINGS = "mappings"
+
+
 def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0, weights: str = "auto",
                memo: "dict | None" = None, keep_outputs: bool = False) -> _Stage:
     """Map a stage's programs on one board, one after another with one SRAM ledger (each
@@ -849,7 +853,11 @@ def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0, weights: s
     reads (the pieces' structure, the board, the host's shapes, ``slots``, the options,
     ``keep_outputs``): the
     pipeline's split counts share stages (a block's last GEMMs), and the ``board_tp`` placement
-    maps the pipeline's head stage again.
+    maps the pipeline's head stage again. It also holds the programs' mappings
+    (:class:`~tvm_spinn.mapping.schedule.MappingMemo`, each keyed by the program's structure and
+    the budget it is mapped under), shared by every stage it maps: stages that differ only in
+    some programs (the prompt's block at another context, or with its projections fused or
+    apart) map the programs they share under the same budget once.
 
     ``keep_outputs``: every program leaves its outputs in the chips' SRAM (the next program,
     which reads them there, or the next run of the stage's programs, or the board links take
@@ -859,7 +867,7 @@ def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0, weights: s
     (the ``board_tp`` slice, whose outputs the next piece, the next block or the all-reduce
     and hand-over read); otherwise an output goes to DRAM, as a region's output does."""
     from ..mapping import MappingOptions, current_options
-    from ..mapping.schedule import structure_key
+    from ..mapping.schedule import MappingMemo, structure_key
 
     options = MappingOptions(weights=weights, split_k=current_options().split_k)
     key = None
@@ -868,14 +876,17 @@ def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0, weights: s
                tuple(sorted(host_shapes)), int(slots)) + (("keep_outputs",) if keep_outputs else ())
         if key in memo:
             return memo[key]
-    stage = _map_stage_now(pieces, board, host_shapes, slots, options, keep_outputs)
+    mappings = None if memo is None else memo.setdefault(_MAPPINGS, MappingMemo())
+    stage = _map_stage_now(pieces, board, host_shapes, slots, options, keep_outputs, mappings)
     if key is not None:
         memo[key] = stage
     return stage
 
 
-def _map_stage_now(pieces: list, board, host_shapes: set, slots: int, options, keep_outputs: bool = False) -> _Stage:
-    """:func:`_map_stage` without its memo."""
+def _map_stage_now(pieces: list, board, host_shapes: set, slots: int, options, keep_outputs: bool = False,
+                   mappings=None) -> _Stage:
+    """:func:`_map_stage` without its memo of stages; ``mappings``: the programs' mappings to
+    reuse and add to (:func:`tvm_spinn.mapping.planner.plan_system`'s ``memo``)."""
     from ..mapping.planner import plan_system
 
     lat = energy = 0.0
@@ -894,7 +905,8 @@ def _map_stage_now(pieces: list, board, host_shapes: set, slots: int, options, k
         program = dataclasses.replace(program, arch=board)
         programs.append(program)
     # in order: a stage is a chain of the model's programs whose SRAM the stage search sized
-    plan = plan_system(programs, board, options, onchip_inputs=[a + b for a, b in zip(onchip, kept)], policy="in_order")
+    plan = plan_system(programs, board, options, onchip_inputs=[a + b for a, b in zip(onchip, kept)], policy="in_order",
+                       memo=mappings)
     program_s, program_streamed, program_timings, program_plans, program_candidates = [], [], [], [], []
     for k, (program, region) in enumerate(zip(plan.programs, plan.regions)):
         before = lat

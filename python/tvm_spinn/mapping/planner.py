@@ -217,7 +217,8 @@ def _benefit_order(programs: Sequence[Program], arch: SpinnArch) -> list[int]:
 
 def plan_system(programs: Sequence[Program], arch: SpinnArch, options: MappingOptions | None = None, *,
                 onchip_inputs: Sequence[Sequence[int]] | None = None, policy: str = "benefit",
-                on_mapped: Callable[[int, Program], None] | None = None) -> SystemPlan:
+                on_mapped: Callable[[int, Program], None] | None = None,
+                memo: MappingMemo | None = None) -> SystemPlan:
     """Plan the system for the regions of one build, and map each region under its budget.
 
     A stream of inputs goes through every region in turn while the boards overlap: where the
@@ -249,6 +250,11 @@ def plan_system(programs: Sequence[Program], arch: SpinnArch, options: MappingOp
         than a region holds copies of its state for and every region is mapped again for the
         build's stream count, :func:`~.state.build_flight`): the last call holds. Under
         ``"benefit"`` the calls come in the planner's order, not the index order.
+    memo : MappingMemo, optional
+        The mappings to reuse and add to (default: a fresh one for this call). A mapping is
+        keyed by everything it reads (the program's structure with the system and the options,
+        and the budget it is mapped under), so a caller planning many builds of the same
+        programs (the LLM planner's stages) shares one across them. Not used under ``"alone"``.
 
     Returns
     -------
@@ -267,7 +273,7 @@ def plan_system(programs: Sequence[Program], arch: SpinnArch, options: MappingOp
     if onchip_inputs is not None and len(onchip_inputs) != len(programs):
         raise ValueError(f"plan_system: {len(onchip_inputs)} onchip_inputs lists for {len(programs)} programs")
     programs = [_graph_copy(p) for p in programs]
-    plan = _plan_system(programs, arch, options, onchip_inputs, policy, on_mapped)
+    plan = _plan_system(programs, arch, options, onchip_inputs, policy, on_mapped, memo=memo)
     streams = 0
     while policy != "alone":
         need = _build_streams(plan)
@@ -277,7 +283,7 @@ def plan_system(programs: Sequence[Program], arch: SpinnArch, options: MappingOp
         # map every region again, its state kept for the build's streams (the exchange of the
         # SRAM copies then lengthens the stream: the count only grows, up to the build's parts)
         streams = need
-        plan = _plan_system(programs, arch, options, onchip_inputs, policy, on_mapped, streams)
+        plan = _plan_system(programs, arch, options, onchip_inputs, policy, on_mapped, streams, memo)
     return plan
 
 
@@ -294,11 +300,13 @@ def _build_streams(plan: SystemPlan) -> int | None:
 
 def _plan_system(programs: list[Program], arch: SpinnArch, options: MappingOptions | None,
                  onchip_inputs: Sequence[Sequence[int]] | None, policy: str,
-                 on_mapped: Callable[[int, Program], None] | None, streams: int = 0) -> SystemPlan:
+                 on_mapped: Callable[[int, Program], None] | None, streams: int = 0,
+                 memo: MappingMemo | None = None) -> SystemPlan:
     """:func:`plan_system` over ``programs`` (unmapped), the regions' state kept for
-    ``streams`` streams (0: each region's own count)."""
+    ``streams`` streams (0: each region's own count); ``memo``: the caller's mappings (see
+    :func:`plan_system`)."""
     options = options or current_options()
-    memo = MappingMemo() if policy != "alone" else None
+    memo = None if policy == "alone" else MappingMemo() if memo is None else memo
     # the regions share the chips only on the multi-chip path (see .schedule.map_region)
     shared = arch.chips > 1 and not options.naive and options.mode in ("auto", "sequential")
     by_benefit = policy == "benefit" and shared
@@ -318,7 +326,7 @@ def _plan_system(programs: list[Program], arch: SpinnArch, options: MappingOptio
             except MappingError:
                 after = None
             if after is None or after.stage != state.stage or after.overflow is not None:
-                return _plan_system(programs, arch, options, onchip_inputs, "in_order", on_mapped, streams)
+                return _plan_system(programs, arch, options, onchip_inputs, "in_order", on_mapped, streams, memo)
         else:
             program, after = map_region(program, arch, options, held, memo, onchip, streams)
         if after is None:  # off the multi-chip path: the region shares nothing

@@ -78,7 +78,8 @@ class MappingMemo:
     shapes, dtypes and roles, its layers, the architecture, the options and its budget, never on
     the constants' data: BERT's twelve encoder layers are one structure. Every later program of
     a structure already mapped gets copies of the first one's results, its activations' address
-    ranges relabelled with its own tensor names. Owned by one :func:`.planner.plan_system` call.
+    ranges relabelled with its own tensor names. Owned by one :func:`.planner.plan_system` call,
+    or by its caller across calls (its ``memo``): every entry is keyed by all that its mapping reads.
     """
 
     def __init__(self):

@@ -51,6 +51,7 @@ model used before it followed the production chip, kept so earlier results can b
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import numbers
 import types
@@ -571,12 +572,7 @@ class SpinnArch:
         the index of the cell nearest the grid's middle (the one whose farthest cell is fewest
         router steps away, the first such), whose first PE is the barrier's root.
         """
-        pes = max(1, int(pes))
-        qpes = -(-pes // self.pes_per_qpe)
-        side = math.isqrt(qpes - 1) + 1
-        cells = tuple((q // side, q % side, min(self.pes_per_qpe, pes - q * self.pes_per_qpe)) for q in range(qpes))
-        reach = [max(abs(r - r0) + abs(c - c0) for r, c, _ in cells) for r0, c0, _ in cells]
-        return cells, reach.index(min(reach))
+        return _barrier_layout(max(1, int(pes)), self.pes_per_qpe)
 
     def barrier_cost_cycles(self, pes: int) -> float:
         """Cycles of a barrier over ``pes`` PEs of one chip, built from NoC packets: from every PE
@@ -605,47 +601,10 @@ class SpinnArch:
         it lands (LDR of the key, ORR, MOVS, CMP, STR of the pop, IT, POP of four registers and
         PC 7). Plus :attr:`barrier_cycles` of software, if any.
         """
-        cells, root = self.barrier_layout(pes)
-        hop, spc = float(self.noc_hop_cycles), float(self.barrier_pop_cycles)
-        turn = 4 + 4 * spc  # a turn of four pops after the send
-
-        def count(arrivals: list, children: int) -> tuple[float, int]:
-            """The cycle of the read that finds every child's packet in, and those left to pop."""
-            t, popped = 18.0, 0
-            while True:
-                if popped < len(arrivals) and arrivals[popped] > t:  # the read waits for one
-                    t = arrivals[popped]
-                n = sum(1 for a in arrivals if a <= t) - popped
-                if n >= children:
-                    return t, children
-                if n >= 4:
-                    t, popped, children = t + 9 + 4 * spc, popped + 4, children - 4
-                else:
-                    t += 11
-
-        r0, c0, _ = cells[root]
-        leaf_send = 20.0
-        waits = []  # per PE waiting for the release: (its read of the count, its grid steps)
-        arrivals = []
-        for i, (r, c, n) in enumerate(cells):
-            d = abs(r - r0) + abs(c - c0)
-            arrivals += [leaf_send + hop] * (n - 1) if i == root else []
-            waits += [(leaf_send + 6, d)] * (n - 1)
-            if i != root:
-                send, rest = leaf_send, 0
-                if n > 1:
-                    t, rest = count([leaf_send + hop] * (n - 1), n - 1)
-                    send = t + 11
-                arrivals.append(send + (1 + d) * hop)
-                waits.append((send + 17 + turn * (rest // 4), d))
-        if not arrivals:  # one PE: straight on to the release
-            return 28.0 + self.barrier_cycles
-        t, rest = count(sorted(arrivals), len(arrivals))
-        release = t + 13
-        last = release + turn * (rest // 4) + (17 if rest < 4 else 16) + (2 if rest % 2 else 0)
-        for read, d in waits:
-            last = max(last, max(read, release + (1 + d) * hop) + 16)
-        return last + self.barrier_cycles
+        # a pure function of the PEs and four numbers, called for every layer the timing model
+        # times: computed once per distinct value (planning time)
+        return _barrier_cost_cycles(max(1, int(pes)), self.pes_per_qpe, self.noc_hop_cycles, self.barrier_pop_cycles,
+                                    self.barrier_cycles)
 
     @property
     def total_dram_bw_bytes_s(self) -> float:
@@ -955,3 +914,59 @@ def make_system(name: str = "custom", chip: str = "production", boards: int | No
             )
         fields_["chips"] = chips
     return CHIPS[chip].replace(name=name, **fields_)
+
+
+@functools.lru_cache(maxsize=4096)
+def _barrier_layout(pes: int, pes_per_qpe: int) -> tuple[tuple[tuple[int, int, int], ...], int]:
+    """:meth:`SpinnArch.barrier_layout` of ``pes`` (at least 1) PEs, ``pes_per_qpe`` a quad-PE."""
+    qpes = -(-pes // pes_per_qpe)
+    side = math.isqrt(qpes - 1) + 1
+    cells = tuple((q // side, q % side, min(pes_per_qpe, pes - q * pes_per_qpe)) for q in range(qpes))
+    reach = [max(abs(r - r0) + abs(c - c0) for r, c, _ in cells) for r0, c0, _ in cells]
+    return cells, reach.index(min(reach))
+
+
+@functools.lru_cache(maxsize=4096)
+def _barrier_cost_cycles(pes: int, pes_per_qpe: int, noc_hop_cycles, barrier_pop_cycles, barrier_cycles) -> float:
+    """:meth:`SpinnArch.barrier_cost_cycles` of ``pes`` PEs from the fields it reads."""
+    cells, root = _barrier_layout(pes, pes_per_qpe)
+    hop, spc = float(noc_hop_cycles), float(barrier_pop_cycles)
+    turn = 4 + 4 * spc  # a turn of four pops after the send
+
+    def count(arrivals: list, children: int) -> tuple[float, int]:
+        """The cycle of the read that finds every child's packet in, and those left to pop."""
+        t, popped = 18.0, 0
+        while True:
+            if popped < len(arrivals) and arrivals[popped] > t:  # the read waits for one
+                t = arrivals[popped]
+            n = sum(1 for a in arrivals if a <= t) - popped
+            if n >= children:
+                return t, children
+            if n >= 4:
+                t, popped, children = t + 9 + 4 * spc, popped + 4, children - 4
+            else:
+                t += 11
+
+    r0, c0, _ = cells[root]
+    leaf_send = 20.0
+    waits = []  # per PE waiting for the release: (its read of the count, its grid steps)
+    arrivals = []
+    for i, (r, c, n) in enumerate(cells):
+        d = abs(r - r0) + abs(c - c0)
+        arrivals += [leaf_send + hop] * (n - 1) if i == root else []
+        waits += [(leaf_send + 6, d)] * (n - 1)
+        if i != root:
+            send, rest = leaf_send, 0
+            if n > 1:
+                t, rest = count([leaf_send + hop] * (n - 1), n - 1)
+                send = t + 11
+            arrivals.append(send + (1 + d) * hop)
+            waits.append((send + 17 + turn * (rest // 4), d))
+    if not arrivals:  # one PE: straight on to the release
+        return 28.0 + barrier_cycles
+    t, rest = count(sorted(arrivals), len(arrivals))
+    release = t + 13
+    last = release + turn * (rest // 4) + (17 if rest < 4 else 16) + (2 if rest % 2 else 0)
+    for read, d in waits:
+        last = max(last, max(read, release + (1 + d) * hop) + 16)
+    return last + barrier_cycles
