@@ -26,6 +26,7 @@ from tvm_spinn.pe.firmware import Firmware, build_firmware, programs_of  # noqa:
 from tvm_spinn.pe.iss import image_symbols  # noqa: E402
 from tvm_spinn.pe.memory_map import DMA_SCATTER, DRAM_BASE  # noqa: E402
 from tvm_spinn.pe.loader import run_self_dma  # noqa: E402
+from tvm_spinn.pe.selfdma import encode_region  # noqa: E402
 from tvm_spinn.pe.walker import (ENTRY_WORDS, OP_BOOT, OP_CHECK, OP_DMA, OP_JOB, OP_NOTIFY, OP_RUN, OP_WAIT,  # noqa: E402
                                  SELF_DMA_HALT, SELF_DMA_ROUTINE, SLOTS_ADDR, walker_span)
 from tvm_spinn.runtime.simulator import run_program  # noqa: E402
@@ -271,6 +272,51 @@ def test_corrupted_self_dma_field_is_named(fresh, edit, message):
     rewrite_manifest(fresh, lambda m: edit(m["regions"][0]))
     with pytest.raises(FirmwareError, match=message):
         load_firmware(fresh)
+
+
+def _plain_image(ex, fw, name: str) -> tuple:
+    """Image ``name`` of ``ex``'s firmware exported without ``self_dma`` (no walker): its bytes
+    and its manifest record."""
+    plain = build_firmware(programs_of(ex))
+    rec = plain.manifest["images"][name]
+    assert rec["file"] == fw.manifest["images"][name]["file"]
+    return plain.files[rec["file"]], rec
+
+
+def test_image_without_the_walker_is_named(mlp, fresh):
+    """A self-DMA region whose job runs an image linked without the walker (its file, size,
+    hash and symbols consistent) is one FirmwareError naming the manifest's field and the image."""
+    ex, _, fw, _ = mlp
+    name = fw.jobs[0][0]["image"]
+    elf, rec = _plain_image(ex, fw, name)
+    (fresh / rec["file"]).write_bytes(elf)
+
+    def edit(m):
+        m["images"][name] = rec
+        m["files"][rec["file"]].update(bytes=len(elf), sha256=hashlib.sha256(elf).hexdigest())
+
+    rewrite_manifest(fresh, edit)
+    with pytest.raises(FirmwareError, match=_FIELD + rf": image '{name}': no job-table walker: not linked by "
+                       "link_self_dma_image"):
+        load_firmware(fresh)
+
+
+def test_images_no_job_runs_need_no_walker(mlp):
+    """The command table reads only the images the region's jobs run: an extra image without the
+    walker leaves it as it is."""
+    ex, _, fw, _ = mlp
+    region = fw.manifest["regions"][0]
+    images = {n: fw.files[rec["file"]] for n, rec in fw.manifest["images"].items()}
+    name = fw.jobs[0][0]["image"]
+    extra, _ = _plain_image(ex, fw, name)
+    args = (fw.jobs[0], region["pe_jobs"], images, region["dram"]["bytes"])
+    with_extra = encode_region(fw.jobs[0], region["pe_jobs"], {**images, "~unused": extra}, region["dram"]["bytes"])
+    assert with_extra == encode_region(*args)
+    assert with_extra["data"] == fw.files[region["self_dma"]["file"]]
+    with pytest.raises(ValueError, match=rf"image '{name}': no job-table walker"):
+        encode_region(fw.jobs[0], region["pe_jobs"], {**images, name: extra}, region["dram"]["bytes"])
+    with pytest.raises(ValueError, match="no job-table walker"):
+        walker_span(extra)
 
 
 def test_walker_path_needs_a_command_table(mlp, tmp_path):

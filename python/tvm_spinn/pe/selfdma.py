@@ -121,9 +121,10 @@ def _get_parts(table: _Table, src: int, parts: list) -> None:
         src += eb * int(np.prod(part[2], dtype=np.int64))
 
 
-def _image_facts(images: dict) -> dict:
-    """Per image name: its loadable segments, its data area's start, whether it has the NoC
-    driver, and its walker's code (the bytes every self-DMA image shares)."""
+def _image_facts(images: dict, names: list) -> dict:
+    """Per image name in ``names``: its loadable segments, its data area's start, whether it has
+    the NoC driver, and its walker's code (the bytes every self-DMA image shares). Raises
+    ValueError naming the first image without the walker."""
     import io
 
     from elftools.elf.elffile import ELFFile
@@ -131,11 +132,12 @@ def _image_facts(images: dict) -> dict:
     from .iss import image_symbols
     from .memory_map import arena_start
     facts = {}
-    for name, elf in sorted(images.items()):
+    for name in sorted(names):
+        elf = images[name]
         e = ELFFile(io.BytesIO(elf))
         segs = [(int(x["p_paddr"]), x.data(), int(x["p_memsz"])) for x in e.iter_segments() if x["p_type"] == "PT_LOAD"]
         symbols = image_symbols(elf)
-        lo, hi = walker_span(elf)
+        lo, hi = walker_span(elf, name)
         start = lo + 4 * SLOT_WORDS  # the slots differ per image, the code after them does not
         code = b"".join(d[max(0, start - a):max(0, hi - a)] for a, d, _ in segs)
         facts[name] = {"segments": segs, "arena": arena_start(symbols["_end"]), "walker": (lo, hi, code),
@@ -170,17 +172,20 @@ def encode_region(jobs: list, pe_jobs: list, images: dict, dram_bytes: int) -> d
     Raises
     ------
     ValueError
-        For images whose walker code or slots differ (not linked by
-        :func:`~.walker.link_self_dma_image`), or a region that mixes images with and without
-        the NoC driver.
+        For a job's image that is not in ``images`` or lacks the walker, images whose walker
+        code or slots differ (not linked by :func:`~.walker.link_self_dma_image`), or a region
+        that mixes images with and without the NoC driver.
     """
     from .jobs import ready_signals
     base = -(-dram_bytes // _TABLE_ALIGN) * _TABLE_ALIGN
     table = _Table(base)
     spans = [None] * len(jobs)
     remote = 0
-    facts = _image_facts(images)
     used = sorted({job["image"] for job in jobs})
+    missing = [n for n in used if n not in images]
+    if missing:
+        raise ValueError(f"jobs run images {missing} that the firmware does not have")
+    facts = _image_facts(images, used)  # images no job runs are never loaded: their walker does not matter
     if len({facts[n]["walker"] for n in used}) > 1 or any(facts[n]["walker"][0] != SLOTS_ADDR for n in used):
         raise ValueError(f"images {used}: their walker code differs (each must be linked by link_self_dma_image)")
     nocs = {facts[n]["noc"] for n in used}

@@ -48,7 +48,6 @@ SELF_DMA_HALT = "pe_sdma_halt"
 SELF_DMA_ROUTINE = "pe_jobs_dma"
 _HEADER = 4
 STATUS_WORD, VALUE_WORD = 2, 3
-_TABLE_ALIGN = 64
 
 SELF_DMA_C = rf"""
 typedef unsigned int u32;
@@ -198,9 +197,25 @@ def link_self_dma_image(kernel_object: bytes, noc: bool = False) -> bytes:
     return elf
 
 
-def walker_span(elf: bytes) -> tuple:
+def walker_span(elf: bytes, name: str = "") -> tuple:
     """``(slots, end)``: where an image's walker slots start and its walker code ends (the bytes
-    between ``slots + 4 * SLOT_WORDS`` and ``end`` are the same in every self-DMA image)."""
+    between ``slots + 4 * SLOT_WORDS`` and ``end`` are the same in every self-DMA image).
+
+    Parameters
+    ----------
+    elf : bytes
+        A linked PE image.
+    name : str
+        The image's name (in the error message).
+
+    Raises
+    ------
+    ValueError
+        For an image without the walker's symbols (not linked by :func:`link_self_dma_image`).
+    """
     from .iss import image_symbols
     symbols = image_symbols(elf)
+    if "pe_sdma_slots" not in symbols or "pe_sdma_end" not in symbols:
+        who = f"image {name!r}" if name else "image"
+        raise ValueError(f"{who}: no job-table walker: not linked by link_self_dma_image")
     return symbols["pe_sdma_slots"], symbols["pe_sdma_end"]
