@@ -28,13 +28,14 @@ def test_one_pair_is_the_multipath_transfer(sixty_four):
         assert one.seconds == pytest.approx(multipath_point_to_point(topo, src, dst, 32768.0).seconds, rel=1e-12)
 
 
-def test_pairs_sharing_edges_split_their_rates(sixty_four):
-    """Two pairs whose paths cross the same directed edges: by hand, each path runs at its
-    slowest edge's rate over the paths of both pairs crossing it, and each pair water-fills its
-    slice over its paths at those rates."""
+def test_pairs_sharing_edges_split_their_rates(sixty_four, monkeypatch):
+    """Two pairs whose paths cross the same directed edges: every edge carries the bytes of the
+    paths crossing it within the hand-over's time at its rate (each path's share as each pair
+    splits its slice), and no board sends its slice faster than over all six of its edges."""
+    from tvm_spinn.timing.collectives import boards
+
     _, topo = sixty_four
     src, dst, n = [0, 1], [2, 3], 32768.0
-    cost = multipath_sliced_hand_over(topo, src, dst, n)
     # board 0 -> 2 and 1 -> 3 (the nearest free boards, in order)
     paths = [board_paths(topo, 0, 2), board_paths(topo, 1, 3)]
     count: dict = {}
@@ -43,16 +44,57 @@ def test_pairs_sharing_edges_split_their_rates(sixty_four):
             for e in p:
                 count[e] = count.get(e, 0) + 1
     assert max(count.values()) > 1  # the two pairs' paths do share edges
-    expect = 0.0
-    for own in paths:
-        rates = [path_cost(topo, p)[0] / max(count[e] for e in p) for p in own]
-        expect = max(expect, water_fill(rates, [path_cost(topo, p)[1] for p in own], n / 2)[0])
-    assert cost.seconds == pytest.approx(expect, rel=1e-12)
-    # every edge carries its bytes within the hand-over's time at its rate, and no board sends its
-    # slice faster than over all six of its edges at once
-    rate = float(edge_rate(topo).max())
-    assert cost.bytes_per_link <= rate * cost.seconds
-    assert cost.seconds >= n / 2 / (6 * rate)
+    sent = []
+    real = boards.water_fill
+
+    def spy(rates, latencies, nbytes):
+        out = real(rates, latencies, nbytes)
+        sent.append(out[1])
+        return out
+
+    monkeypatch.setattr(boards, "water_fill", spy)
+    cost = multipath_sliced_hand_over(topo, src, dst, n)
+    assert len(sent) == 2 and all(float(np.sum(b)) == pytest.approx(n / 2) for b in sent)
+    load: dict = {}
+    for own, shares in zip(paths, sent):
+        for p, b in zip(own, shares):
+            for e in p:
+                load[e] = load.get(e, 0.0) + float(b)
+    rate = edge_rate(topo)
+    for e, nbytes in load.items():
+        assert nbytes <= float(rate[e]) * cost.seconds * (1 + 1e-12), e
+    assert cost.bytes_per_link == pytest.approx(max(load.values()))
+    assert cost.seconds >= n / 2 / (6 * float(rate.max()))
+
+
+def test_a_path_runs_at_its_scarcest_edge_share(sixty_four, monkeypatch):
+    """A path's rate is the least of its edges' shares: an edge only that path crosses, slowed
+    to the share the path gets on an edge it shares with the other pair, does not slow the
+    hand-over; slowed further, it does."""
+    _, topo = sixty_four
+    src, dst, n = [0, 1], [2, 3], 32768.0
+    count: dict = {}
+    for own in (board_paths(topo, 0, 2), board_paths(topo, 1, 3)):
+        for p in own:
+            for e in p:
+                count[e] = count.get(e, 0) + 1
+    # a path of the first pair with an edge of its own and one the two pairs share
+    path = next(p for p in board_paths(topo, 0, 2) if len(p) == 2 and sorted(count[e] for e in p) == [1, 2])
+    alone = next(e for e in path if count[e] == 1)
+    shared = next(e for e in path if count[e] == 2)
+    rate = edge_rate(topo)
+    assert rate[alone] == rate[shared]
+    base = multipath_sliced_hand_over(topo, src, dst, n).seconds
+
+    def slowed(factor):
+        slow = rate.copy()
+        slow[alone] = rate[alone] / factor
+        slow.flags.writeable = False
+        monkeypatch.setitem(topo.memo, ("edge_rate",), slow)
+        return multipath_sliced_hand_over(topo, src, dst, n).seconds
+
+    assert slowed(2.0) == pytest.approx(base, rel=1e-12)
+    assert slowed(4.0) > base * (1 + 1e-6)
 
 
 def test_faster_than_over_the_chips_routes_where_edges_are_free(sixty_four):

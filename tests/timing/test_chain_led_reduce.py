@@ -1,8 +1,8 @@
 """An exact all-reduce the chain after it waits for: reduced to the chain's first chip.
 
-References: the link graph's own transfer costs (every rank to the chain's first, the first to
-each rank) and the chain's steps, added by hand; the exact all-reduce by itself
-(:func:`tvm_spinn.timing.system.collective_cost`).
+References: the link graph's own transfer cost of every rank's value to the chain's first (a
+floor), the exact all-reduce by itself (:func:`tvm_spinn.timing.system.collective_cost`, a
+ceiling), and the cost's behaviour as the chain's step changes.
 """
 
 from dataclasses import replace
@@ -23,41 +23,87 @@ def board():
     return topology_of(tvm_spinn.make_system("chain-led", boards=1))
 
 
+def _led(board, ranks, nbytes, chain, scale=1.0):
+    """The reduce-first cost with ``chain``'s step scaled by ``scale`` (its one segment count)."""
+    return chain_led_all_reduce(board, ranks, nbytes, replace(chain, seconds=chain.seconds * scale, by_segments=()))
+
+
 def test_reduced_to_the_first_rank_under_the_chain(board):
-    """A split row's maximum (4 bytes) over 12 chips before its sum's chain: the values reduced to
-    the chain's first chip, the result's multicast to the others no slower than the chain's first
-    segment reaches them; cheaper than the all-reduce by itself, never below the reduction."""
+    """A split row's maximum (4 bytes) over 12 chips before its sum's chain: never below the
+    reduction of every value to the chain's first chip, never above the all-reduce by itself,
+    and here cheaper than it."""
     ranks = ring_order(board, 12)
     chain = collective_cost(board, ranks, "all_reduce", 4, False)
     whole = collective_cost(board, ranks, "all_reduce", 4, True)
     led = chain_led_all_reduce(board, ranks, 4, chain)
     up = board.transfer_cost(ranks[1:], np.full(11, ranks[0]), 4.0)
-    step = chain.seconds / chain.steps
-    lag = max(board.transfer_cost(ranks[:1], ranks[i:i + 1], 4.0).seconds - i * step for i in range(1, 12))
     assert led.algorithm == "reduce-first" and led.op == "all_reduce" and led.ranks == 12
-    assert led.seconds == pytest.approx(up.seconds + max(0.0, lag))
     assert up.seconds <= led.seconds < whole.seconds
-
-
-def test_a_chain_faster_than_the_multicast_waits_for_it(board):
-    """Where the chain's steps would outrun the result's multicast, the difference is added; where
-    that is no cheaper than the all-reduce by itself, the all-reduce is kept."""
-    ranks = ring_order(board, 12)
-    chain = collective_cost(board, ranks, "all_reduce", 4, False)
-    fast = replace(chain, seconds=chain.seconds * 1e-3)  # a step far shorter than a hop
-    led = chain_led_all_reduce(board, ranks, 4, fast)
-    whole = collective_cost(board, ranks, "all_reduce", 4, True)
-    up = board.transfer_cost(ranks[1:], np.full(11, ranks[0]), 4.0)
-    step = fast.seconds / fast.steps
-    lag = max(board.transfer_cost(ranks[:1], ranks[i:i + 1], 4.0).seconds - i * step for i in range(1, 12))
-    assert lag > 0
-    expected = up.seconds + lag
-    if expected < whole.seconds:
-        assert led.algorithm == "reduce-first" and led.seconds == pytest.approx(expected)
-    else:
-        assert led == whole
     # one rank: nothing to reduce
     assert chain_led_all_reduce(board, ranks[:1], 4, chain).seconds == 0.0
+
+
+def test_a_longer_step_never_costs_more(board):
+    """The later the chain's first segment reaches each rank, the more of the result's multicast
+    it hides: the cost does not grow with the step, and stays between the reduction and the
+    all-reduce by itself."""
+    ranks = ring_order(board, 12)
+    chain = collective_cost(board, ranks, "all_reduce", 4, False)
+    whole = collective_cost(board, ranks, "all_reduce", 4, True)
+    up = board.transfer_cost(ranks[1:], np.full(11, ranks[0]), 4.0)
+    seconds = [_led(board, ranks, 4, chain, scale).seconds for scale in (1e-6, 1e-3, 0.1, 0.3, 1.0, 3.0, 10.0)]
+    assert all(a >= b for a, b in zip(seconds, seconds[1:])), seconds
+    assert all(up.seconds <= s <= whole.seconds for s in seconds)
+    assert seconds[0] > seconds[-1]  # the step does matter here
+
+
+def test_a_multicast_slower_than_the_chain_falls_back_to_the_all_reduce(board):
+    """64 bytes over 12 chips: the reduction alone is cheaper than the all-reduce, but a chain
+    whose steps are far shorter than a hop needs the result at every rank before its multicast
+    can deliver it, and the wait makes the all-reduce by itself the cheaper; with the chain's
+    own steps the reduce-first way is kept."""
+    ranks = ring_order(board, 12)
+    chain = collective_cost(board, ranks, "all_reduce", 64, False)
+    whole = collective_cost(board, ranks, "all_reduce", 64, True)
+    up = board.transfer_cost(ranks[1:], np.full(11, ranks[0]), 64.0)
+    assert up.seconds < whole.seconds
+    assert _led(board, ranks, 64, chain, 1e-6) == whole
+    assert _led(board, ranks, 64, chain).algorithm == "reduce-first"
+
+
+def test_priced_at_the_shortest_step_compose_may_pick(board):
+    """:func:`~tvm_spinn.timing.system.compose` may cut the chain into any of the segment counts it
+    was costed for: the reduce-first cost is never below what it is at any of them."""
+    ranks = ring_order(board, 12)
+    chain = collective_cost(board, ranks, "all_reduce", 4, False)
+    assert len({o.seconds / o.steps for o in chain.by_segments}) > 1
+    led = chain_led_all_reduce(board, ranks, 4, chain)
+    for option in chain.by_segments:
+        assert led.seconds >= _led(board, ranks, 4, option).seconds * (1 - 1e-12), option.segments
+
+
+def test_memoized_on_the_topology(monkeypatch):
+    """A second call with the same ranks, size and step routes nothing and returns the same cost
+    as a fresh topology computes; another step is costed anew."""
+    topo = topology_of(tvm_spinn.make_system("chain-led-memo", boards=1))
+    topo.memo.clear()  # the link graph is shared by the systems with its numbers
+    ranks = ring_order(topo, 12)
+    chain = collective_cost(topo, ranks, "all_reduce", 4, False)
+    first = chain_led_all_reduce(topo, ranks, 4, chain)
+    routed = []
+    real = type(topo).transfer_cost
+
+    def counted(self, *args, **kwargs):
+        routed.append(args)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(topo), "transfer_cost", counted)
+    assert chain_led_all_reduce(topo, ranks, 4, chain) == first
+    assert not routed
+    slower = _led(topo, ranks, 4, chain, 0.5)
+    assert routed and slower.seconds >= first.seconds
+    topo.memo.clear()
+    assert chain_led_all_reduce(topo, ranks, 4, chain) == first
 
 
 def _plan(*collectives, tp=12):

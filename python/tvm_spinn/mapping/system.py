@@ -171,7 +171,6 @@ def _comm(topo, program: Program, plan: ShardPlan) -> list[tuple]:
         if fused is not None and k == fused[0]:
             out.append((layer, _chains_cost(topo, plan, nbytes, gathered=True), None))
         elif len(groups[group]) > 1:
-            out.append((layer, collective_cost(topo, groups[group], op, nbytes, exact), ready))
             after = rows[k + 1] if k + 1 < len(rows) else None
             if (op == "all_reduce" and exact and ready is None and after is not None and after[:2] == (layer, op)
                     and not after[3] and after[4] == group and after[5] is None
@@ -180,7 +179,9 @@ def _comm(topo, program: Program, plan: ShardPlan) -> list[tuple]:
                 # row's maximum before its sum): reduced to the chain's first chip, which starts
                 # it while the result's multicast to the others runs under the chain
                 chain = collective_cost(topo, groups[group], op, after[2], False)
-                out[-1] = (layer, chain_led_all_reduce(topo, groups[group], nbytes, chain), ready)
+                out.append((layer, chain_led_all_reduce(topo, groups[group], nbytes, chain), ready))
+            else:
+                out.append((layer, collective_cost(topo, groups[group], op, nbytes, exact), ready))
     return out
 
 

@@ -322,6 +322,10 @@ class Topology:
         """``(bytes/s, hop latency in seconds)`` of a path of edge groups (:func:`path_cost`)."""
         return path_cost(self, path)
 
+    def edge_rate(self) -> np.ndarray:
+        """Bytes/s of each edge group in one direction (:func:`edge_rate`)."""
+        return edge_rate(self)
+
     def board_graph(self) -> "BoardGraph":
         """The graph of boards (:func:`board_graph`)."""
         return board_graph(self)

@@ -48,6 +48,15 @@ __all__ = ["compose", "collective_cost", "chain_led_all_reduce"]
 _COSTS_KEPT = 4096
 
 
+def _keep(memo: dict, key: tuple, cost) -> None:
+    """``cost`` kept in a topology's memo under ``key``, the memo's collective costs dropped
+    first when it holds more than :data:`_COSTS_KEPT` entries."""
+    if len(memo) > _COSTS_KEPT:
+        for old in [k for k in memo if k[0] in ("collective", "chain_led")]:
+            del memo[old]
+    memo[key] = cost
+
+
 def collective_cost(topo, ranks, op: str, nbytes: int, exact: bool):
     """Cost of one collective of a shard plan on ``topo`` (a :class:`~.collectives.CollectiveCost`).
 
@@ -69,10 +78,7 @@ def collective_cost(topo, ranks, op: str, nbytes: int, exact: bool):
         cost = all_reduce(topo, ranks, nbytes)
     else:
         cost = chain_all_reduce(topo, ranks, nbytes)
-    if len(memo) > _COSTS_KEPT:
-        for old in [k for k in memo if k[0] == "collective"]:
-            del memo[old]
-    memo[key] = cost
+    _keep(memo, key, cost)
     return cost
 
 
@@ -85,25 +91,38 @@ def chain_led_all_reduce(topo, ranks, nbytes: int, chain):
     costs them: a reduction that combines them on the way carries no more), and its multicast
     of the result to the other ranks runs while the chain moves: rank ``i`` needs it only when
     the chain's first segment reaches it, ``i`` of the chain's steps after the start; where the
-    multicast's route to a rank is slower than that, the difference is added. Returns the
-    cheaper of that and the all-reduce by itself (:func:`collective_cost`), as a
-    :class:`~.collectives.CollectiveCost` (``algorithm="reduce-first"`` where the former)."""
+    multicast's route to a rank is slower than that, the difference is added. The step is the
+    shortest of the chain's at any segment count it was costed for (``chain.by_segments``):
+    :func:`compose` may cut the chain into more segments than its own cheapest count, and a
+    shorter step brings every rank's need of the result earlier. Returns the cheaper of that
+    and the all-reduce by itself (:func:`collective_cost`), as a
+    :class:`~.collectives.CollectiveCost` (``algorithm="reduce-first"`` where the former).
+
+    Memoized on the topology per ranks, size and step, as :func:`collective_cost` is: each
+    call otherwise runs a routing pass over the whole link graph per rank."""
     from .collectives import CollectiveCost
 
-    whole = collective_cost(topo, ranks, "all_reduce", nbytes, True)
     ranks = np.asarray(ranks, dtype=np.int64)
     c = ranks.size
-    if c < 2 or nbytes == 0 or chain.steps < 1:
-        return whole
+    costed = [k for k in (chain, *chain.by_segments) if k.steps >= 1]
+    if c < 2 or nbytes == 0 or not costed:
+        return collective_cost(topo, ranks, "all_reduce", nbytes, True)
+    step = min(k.seconds / k.steps for k in costed)
+    key = ("chain_led", ranks.tobytes(), float(nbytes), float(step))
+    memo = topo.memo
+    hit = memo.get(key)
+    if hit is not None:
+        return hit
+    whole = collective_cost(topo, ranks, "all_reduce", nbytes, True)
     first = np.full(c - 1, ranks[0])
     up = topo.transfer_cost(ranks[1:], first, float(nbytes))
-    step = chain.seconds / chain.steps
     lag = max(topo.transfer_cost(ranks[:1], ranks[i:i + 1], float(nbytes)).seconds - i * step for i in range(1, c))
     seconds = up.seconds + max(0.0, lag)
-    if seconds >= whole.seconds:
-        return whole
-    return CollectiveCost("all_reduce", "reduce-first", seconds, float(up.max_link_bytes), int(up.max_hops),
-                          int(up.board_hops), 1, int(c), float(nbytes))
+    cost = whole if seconds >= whole.seconds else CollectiveCost(
+        "all_reduce", "reduce-first", seconds, float(up.max_link_bytes), int(up.max_hops), int(up.board_hops), 1,
+        int(c), float(nbytes))
+    _keep(memo, key, cost)
+    return cost
 
 
 def _load_end(start: float, nbytes: float, room: float, dram: float, ends, stream_bytes, kept=None) -> float:

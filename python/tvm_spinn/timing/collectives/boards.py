@@ -246,8 +246,9 @@ def multipath_sliced_hand_over(topo: "Topology", src_boards: Sequence[int], dst_
     routes: each pair sends over its :meth:`~tvm_spinn.target.topology.Topology.board_paths`
     (no two sharing a directed board edge), as :func:`multipath_point_to_point` does for one
     pair. The pairs' paths may share edges with one another; each directed edge group then
-    gives every path crossing it an equal share of its rate (a path crossed by ``n`` paths in
-    all on its slowest edge runs at ``rate / n``), a schedule the serial links can run, and
+    gives every path crossing it an equal share of its rate (a path runs at the least of its
+    edges' shares: ``rate / n`` on an edge of ``rate`` crossed by ``n`` paths in all, those
+    :func:`water_fill` leaves idle included), a schedule the serial links can run, and
     each pair splits its slice over its paths at those rates so that they finish together
     (:func:`water_fill`). The hand-over takes as long as its slowest pair.
 
@@ -269,6 +270,7 @@ def multipath_sliced_hand_over(topo: "Topology", src_boards: Sequence[int], dst_
     pairs = _hand_over_pairs(topo, src_boards, dst_boards, nbytes, "multipath_sliced_hand_over")
     share = float(nbytes) / len(pairs)
     paths = [topo.board_paths(a, b) for a, b in pairs]
+    edges = topo.edge_rate()
     crossing: dict[int, int] = {}  # directed edge group -> paths of every pair crossing it
     for own in paths:
         for path in own:
@@ -277,7 +279,7 @@ def multipath_sliced_hand_over(topo: "Topology", src_boards: Sequence[int], dst_
     seconds, load, longest = 0.0, dict.fromkeys(crossing, 0.0), 0
     for own in paths:
         costs = [topo.path_cost(p) for p in own]
-        rates = [rate / max(crossing[int(e)] for e in p) for p, (rate, _) in zip(own, costs)]
+        rates = [min(float(edges[int(e)]) / crossing[int(e)] for e in p) for p in own]
         t, sent = water_fill(rates, [lat for _, lat in costs], share)
         seconds = max(seconds, t)
         for p, b in zip(own, sent):

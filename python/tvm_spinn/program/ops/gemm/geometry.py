@@ -317,8 +317,10 @@ I8_DEQUANT_CODE = {
 #: on an int8 or uint8 output's 256 values; then a compare with the narrower range's top, whose
 #: bounds the loop also reloads) and the row loops with and without a weight zero point (its MLS
 #: and the row sum's load), each a row loop of its own that the column's constants select. A
-#: column outside the DSP path's range (a multiplier of 1/4 or more, of 2**-22 or less; the
-#: exact 64-bit path) is charged as the DSP path (assumption). Per output of the one-rounding
+#: column outside the DSP path's range (the exact 64-bit path: a multiplier of 1/4 or more or
+#: below 2**-22, or a quantized bias above
+#: :data:`~tvm_spinn.pe.kernels.i8_epilogues.I8_DSP_MAX_BIAS`; TFLite's, a multiplier of 1/2 or
+#: more or below 2**-21) is charged as the DSP path (assumption). Per output of the one-rounding
 #: requantization (``("gemm_i8",)``, :data:`I8_REQUANT_CODE`): the accumulator (and the row
 #: sum) loaded, ADD of the column's term (MLS of the row's zero-point term), QADD of the bias,
 #: SMMLA onto the rounding and zero-point term, ASR, USAT (CMP + IT + MOV of the top), ADD of
