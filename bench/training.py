@@ -267,8 +267,9 @@ def _limits(plan, chips: int) -> None:
 
 def _pacing_gemms(spec, plan, arch, seq: int) -> None:
     """One layer's GEMMs of a block stage's slot on a rank, as the planner prices them
-    (:func:`tvm_spinn.timing.gemm.gemm_seconds` at the mapper's tile, resident weights where the
-    stage's fit the SRAM share): per pass and shape the tile, its rounds of tiles over the chip's
+    (:func:`tvm_spinn.timing.gemm.gemm_seconds` at the mapper's tile, each right operand in SRAM
+    where the planner finds it there: resident weights where the stage's fit the SRAM share, the
+    output gradients, the slot's fresh keys and values): per pass and shape the tile, its rounds of tiles over the chip's
     PEs against the work (tiles over PEs), and the microseconds."""
     import math
 
@@ -276,6 +277,7 @@ def _pacing_gemms(spec, plan, arch, seq: int) -> None:
     from tvm_spinn.timing.gemm import gemm_seconds
     from tvm_spinn.training.planner import _gathered_params, _resident_share, _stage_params
     from tvm_spinn.training.planner.model import _block_gemms
+    from tvm_spinn.training.planner.slot import _fresh_attention
 
     split, pes = plan.split, arch.pes_per_chip
     tokens = split.micro_batch * seq // split.chunks
@@ -284,14 +286,18 @@ def _pacing_gemms(spec, plan, arch, seq: int) -> None:
                 - _gathered_params(spec, split, stage))
     resident = 2 * 4 * streamed <= _resident_share(arch)
     weights, attention = _block_gemms(spec, tokens, seq, split.tp, split.micro_batch, split.chunks)
+    fresh = _fresh_attention(spec, split, tokens, arch)
+    # where each pass's right operand is (:func:`tvm_spinn.training.planner.slot._pass_seconds`)
+    on_chip = {False: (resident, resident, True), True: (fresh, fresh and split.recompute, True)}
     print(f"  a block stage's GEMMs of one layer and slot ({tokens} tokens, TP {split.tp}, weights "
           f"{'resident' if resident else 'streamed'}; rounds: tiles over the {pes} PEs, work: their share):")
     totals = {}
-    for m, k, n, b in weights + attention:
-        for name, (mm, kk, nn) in (("forward", (m, k, n)), ("input grad", (m, n, k)), ("weight grad", (k, m, n))):
-            tm, tn, tk = choose_matmul_tile(GemmShape(b, mm, nn, kk), arch, pes, resident)[:3]
+    for g, (m, k, n, b) in enumerate(weights + attention):
+        passes = (("forward", (m, k, n)), ("input grad", (m, n, k)), ("weight grad", (k, m, n)))
+        for (name, (mm, kk, nn)), in_sram in zip(passes, on_chip[g >= len(weights)]):
+            tm, tn, tk = choose_matmul_tile(GemmShape(b, mm, nn, kk), arch, pes, in_sram)[:3]
             tiles = b * math.ceil(mm / tm) * math.ceil(nn / tn)
-            secs = gemm_seconds(arch, mm, kk, nn, b, resident)
+            secs = gemm_seconds(arch, mm, kk, nn, b, in_sram)
             totals[name] = totals.get(name, 0.0) + secs
             print(f"    {name:<12}{b:>3} x {mm}x{kk}x{nn:<6} tile {min(tm, mm)}x{min(tn, nn)}x{min(tk, kk):<5}"
                   f"{tiles:>6} tiles  rounds {math.ceil(tiles / pes):>3} (work {tiles / pes:5.2f})  {secs * 1e6:8.1f} us")

@@ -38,9 +38,11 @@ def gemm_seconds(arch, m: int, k: int, n: int, batch: int = 1, resident: bool = 
     batch : int
         Independent GEMMs of that shape in the layer (attention's heads and sequences).
     resident : bool
-        The right operand (the weight) is held in SRAM for the whole run (resident weights): the
-        mapper chooses the tile without charging its DRAM traffic, as it does for a layer whose
-        weights the memory plan keeps resident.
+        The right operand is in SRAM when the GEMM runs (weights the memory plan keeps
+        resident, or an activation or gradient the chip has just produced): the tile is chosen
+        without charging that operand's DRAM traffic, as the mapper chooses it for a layer whose
+        weights are resident. ``False``: the right operand streams from DRAM (weights that do
+        not fit, activations stashed there).
 
     Returns
     -------

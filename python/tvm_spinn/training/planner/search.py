@@ -16,7 +16,7 @@ from .memory import _peak_bytes, memory_per_chip
 from .model import _block_gemms, _gathered_params, _spec, _stage_params, _widths, model_flops
 from .records import (DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ, F32, HEAD_LAGS, LAYOUTS, OPTIMIZERS, Split, TrainingPlan,
                       TrainingPlanError)
-from .slot import _pass_seconds, _resident_share
+from .slot import _fresh_attention, _pass_seconds, _resident_share
 from .step import _step_time
 
 
@@ -263,8 +263,10 @@ def _compute_floor(spec, split: Split, seq: int, arch, comms: "_Comms") -> float
     weights, attention = _block_gemms(spec, tokens, seq, split.tp, split.micro_batch, split.chunks)
     layers = spec.layers // split.pp
 
+    fresh = _fresh_attention(spec, split, tokens, arch)
+
     def floor(resident: bool) -> float:  # a stage's GEMMs with its weights in SRAM or streamed
-        f, d, w = _pass_seconds(arch, weights + attention, comms, resident)
+        f, d, w = _pass_seconds(arch, weights, comms, resident, attention, fresh, split.recompute)
         per = layers * (f + d + w + split.recompute * f)
         if not split.zero_bubble:
             return (split.slots + split.pp - 1) * per

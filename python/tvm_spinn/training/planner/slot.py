@@ -10,22 +10,45 @@ from .model import _widths
 from .records import F32
 
 
-def _pass_seconds(arch, gemms: list, comms: "_Comms", resident: bool = False) -> tuple[float, float, float]:
-    """``(forward, input gradients, weight gradients)`` seconds of ``gemms`` ``[(m, k, n, batch)]``
-    (:func:`~tvm_spinn.timing.gemm.gemm_seconds`, cached on ``comms``): the backward of ``Y = A B`` is ``dA = dY B^T``
-    (``m x n`` by ``n x k``) and ``dB = A^T dY`` (``k x m`` by ``m x n``). ``resident``: the
-    stage's weights stay in SRAM (the tiles chosen as the mapper chooses them for resident
-    weights)."""
-    def seconds(m, k, n, b):
-        return comms._get(("gemm", m, k, n, b, resident), lambda: gemm_seconds(arch, m, k, n, b, resident))
+def _pass_seconds(arch, gemms: list, comms: "_Comms", resident: bool = False, attention: list = (),
+                  fresh: bool = False, recomputed: bool = False) -> tuple[float, float, float]:
+    """``(forward, input gradients, weight gradients)`` seconds of a stage's GEMMs ``[(m, k, n,
+    batch)]`` (:func:`~tvm_spinn.timing.gemm.gemm_seconds`, cached on ``comms``): the backward of
+    ``Y = A B`` is ``dA = dY B^T`` (``m x n`` by ``n x k``) and ``dB = A^T dY`` (``k x m`` by
+    ``m x n``). Each GEMM is priced with the tiles for a right operand held in SRAM
+    (``resident=True``) exactly where that operand is in SRAM when the GEMM runs:
+
+    - ``gemms``, whose ``B`` is a weight: ``Y = A B`` and ``dA = dY B^T`` read the weight, in SRAM
+      when ``resident`` (the stage's weights fit its resident share), else streamed from DRAM;
+      ``dB = A^T dY`` reads the output gradient ``dY`` the backward has just produced on chip.
+    - ``attention``, whose ``B`` is an activation of the slot (the keys ``K^T``, the values ``V``):
+      ``Y = A B`` reads them in SRAM when ``fresh`` (the slot's own projections have just
+      produced every key and value it attends over), else from the stash in DRAM; ``dA = dY B^T``
+      reads the forward's keys and values, stashed in DRAM for the backward unless the backward
+      recomputes them (``recomputed``: then as fresh as in the forward); ``dB = A^T dY`` reads
+      the output gradient just produced on chip."""
+    def seconds(m, k, n, b, on_chip):
+        return comms._get(("gemm", m, k, n, b, on_chip), lambda: gemm_seconds(arch, m, k, n, b, on_chip))
 
     def passes():
-        fwd = sum(seconds(m, k, n, b) for m, k, n, b in gemms)
-        dgrad = sum(seconds(m, n, k, b) for m, k, n, b in gemms)
-        wgrad = sum(seconds(k, m, n, b) for m, k, n, b in gemms)
+        fwd = (sum(seconds(m, k, n, b, resident) for m, k, n, b in gemms)
+               + sum(seconds(m, k, n, b, fresh) for m, k, n, b in attention))
+        dgrad = (sum(seconds(m, n, k, b, resident) for m, k, n, b in gemms)
+                 + sum(seconds(m, n, k, b, fresh and recomputed) for m, k, n, b in attention))
+        wgrad = sum(seconds(k, m, n, b, True) for m, k, n, b in list(gemms) + list(attention))
         return fwd, dgrad, wgrad
 
-    return comms._get(("passes", tuple(gemms), resident), passes)
+    return comms._get(("passes", tuple(gemms), resident, tuple(attention), fresh, recomputed), passes)
+
+
+def _fresh_attention(spec, split, tokens: int, arch) -> bool:
+    """Whether a slot's attention finds every key and value it attends over in SRAM: a sequence
+    that passes whole (one chunk: a chunked slot also reads the earlier chunks' keys and values,
+    stashed in DRAM) whose keys and values on a rank fit the tile SRAM the resident weights
+    leave (:func:`_resident_share`)."""
+    kv = _widths(spec, split.tp)[3]
+    spare = arch.pes_per_chip * arch.tile_sram_bytes - _resident_share(arch)
+    return split.chunks == 1 and 2 * F32 * tokens * kv <= spare
 
 
 #: Share of every PE's tile SRAM that may hold resident weights: the mapping's memory ledger

@@ -8,7 +8,7 @@ from .comms import _Comms
 from .memory import _costed_stages, _inflight, _stage_activations
 from .model import _block_gemms, _gathered_params, _stage_params, _untouched_rows, _vocab_rows
 from .records import F32, Split, StepTime
-from .slot import _landing, _pass_seconds, _resident_share, _slot_seconds, _tp_reductions
+from .slot import _fresh_attention, _landing, _pass_seconds, _resident_share, _slot_seconds, _tp_reductions
 from .sync import _UPDATE_BYTES, _UPDATE_OPS, _staggered_tail
 
 
@@ -65,19 +65,24 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
                     for c in (0, split.chunks - 1)] if split.chunks > 1 else None)
 
     passes_by = {}
+    fresh = _fresh_attention(spec, split, tokens, arch)
 
     def block_passes(on_chip: bool) -> tuple:
         """``(block, weight gradients, first chunk's block, last chunk's block)`` seconds of a
         layer's passes, with the stage's weights in SRAM (``on_chip``: the mapper chooses its
-        tiles for resident weights) or streamed from DRAM."""
+        tiles for resident weights) or streamed from DRAM, and each other right operand where
+        it is when its GEMM runs (:func:`_pass_seconds`)."""
         if on_chip not in passes_by:
-            block = _pass_seconds(arch, weights + attention, comms, on_chip)
-            first, last = ((block, block) if chunk_gemms is None
-                           else tuple(_pass_seconds(arch, g, comms, on_chip) for g in chunk_gemms))
+            def priced(gemms):
+                return _pass_seconds(arch, gemms[:len(weights)], comms, on_chip, gemms[len(weights):], fresh,
+                                     split.recompute)
+
+            block = priced(weights + attention)
+            first, last = ((block, block) if chunk_gemms is None else tuple(priced(g) for g in chunk_gemms))
             passes_by[on_chip] = (block, _pass_seconds(arch, weights, comms, on_chip)[2], first, last)
         return passes_by[on_chip]
 
-    def head_s(rows: int, on_chip: bool = False) -> tuple:
+    def head_s(rows: int, on_chip: bool) -> tuple:
         return _pass_seconds(arch, [(tokens, spec.hidden, rows, 1)], comms, on_chip)
 
     spread = split.spread_head
@@ -100,7 +105,6 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         s_back = comms.handover(mine, last, act / tp)
         spread_busy = s_ag[1] + s_loss[1] + s_rs[1] + s_back
         spread_path = s_ag[0] + s_loss[0] + s_rs[0] + s_back
-        spread_head_s = sum(head_s(_vocab_rows(spec, width)))  # a rank's passes of the head's GEMMs
 
     if heads:
         # the head's stage: every rank reads the slot's hidden states whole: each rank of the
@@ -187,8 +191,10 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
             width, head_rows = tp * pp, _vocab_rows(spec, tp * pp)
         else:
             head_rows = -(-spec.vocab // width) if stage == stages - 1 else 0
+        head_pass = 0.0
         if head_rows:  # the LM head's vocabulary rows on this rank
             h_f, h_d, h_w = head_s(head_rows, fits)
+            head_pass = h_f + h_d + h_w
             f_gemm, b_gemm, w_gemm = f_gemm + h_f, b_gemm + h_d + h_w, w_gemm + h_w
         # DRAM: activations written in the forward and read back in the backward; the weights
         # read in each pass and the gradients accumulated (read and written), unless they and
@@ -281,7 +287,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         links = min(tp_f + tp_b, busy) + pp_s
         per_stage[stage] = dict(total=total, path=path, comp=f_s + b_s, tp=tp_f + tp_b, pp=pp_s, waits=waits,
                                 drain=drain_s, params=streamed, fits=fits, fill=fill, comp_fill=min(f_s + b_s, fill),
-                                links=links)
+                                links=links, head=head_pass)
     slowest = max(per_stage.values(), key=lambda st: st["total"])
     per = slowest["total"]
     # 1F1B with stages of unequal slots: the slowest stage paces the slots, and the first slot's
@@ -295,7 +301,9 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
 
     # the fill and drain cross a lagged head stage's whole path of one slot; a spread head's
     # passes of the first slot and the last (its collectives and the head's forward and backward
-    # on one rank) once more
+    # on the slowest rank: each stage's ranks price their share with their stage's weights,
+    # the head's rows among them, resident where they fit) once more
+    spread_head_s = max(st["head"] for st in per_stage.values())
     pipeline = (over_pipeline("total", "fill")
                 + sum(per_stage[j]["path"] - per_stage[j]["total"] for j in sorted(set(own)))
                 + (spread_path + spread_head_s if spread else 0.0))

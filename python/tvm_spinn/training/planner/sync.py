@@ -6,11 +6,10 @@ import math
 
 import numpy as np
 
-from ...timing.gemm import gemm_seconds
 from .comms import _Comms
 from .model import _gathered_params, _layer_params, _stage_params, _untouched_rows
 from .records import F32, OPTIMIZERS, Split
-from .slot import _resident_share
+from .slot import _pass_seconds, _resident_share
 
 
 #: DRAM bytes per parameter of one optimizer update: read the weight, its gradient and the
@@ -80,14 +79,14 @@ def _bucket_tail(spec, split: Split, seq: int, optimizer: str, arch, comms: "_Co
     layers = spec.layers // pp
     sharded = split.zero >= 1
 
-    def seconds(m, k, n, b):  # as :func:`_pass_seconds` prices (and caches) them
-        return comms._get(("gemm", m, k, n, b), lambda: gemm_seconds(arch, m, k, n, b))
+    def passes(g):  # (input gradient, weight gradient) seconds, as the stage's slot prices them
+        return _pass_seconds(arch, [g], comms, slot["fits"])[1:]
 
     def shard(n: int) -> int:  # parameters of ``n`` a rank updates
         return -(-n // dp) if sharded else n
 
     # each projection: (its input and weight gradients' seconds, its parameters, its weight gradient's)
-    secs = [(seconds(m, n, k, b) + seconds(k, m, n, b), k * n * b, seconds(k, m, n, b)) for m, k, n, b in weights]
+    secs = [(sum(passes(g)), g[1] * g[2] * g[3], passes(g)[1]) for g in weights]
     per_layer = _layer_params(spec, tp)
     extra = per_layer - sum(n for _, n, _ in secs)  # norms and biases, with the layer's first GEMM
     tables = max(0, params - layers * per_layer)
