@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import capstone
 
-__all__ = ["CYCLES", "instruction_cycles", "executed_cycles", "block_price"]
+__all__ = ["CYCLES", "instruction_cycles", "executed_cycles", "block_cycles", "block_price"]
 
 #: mnemonic (without condition suffix or width qualifier) -> cycles, or a class handled below
 CYCLES = {
@@ -122,8 +122,18 @@ def executed_cycles(machine) -> tuple[int, dict]:
     """Cycles of everything ``machine`` executed since its counters were cleared, plus the cycles
     it waited on its peripherals (``machine.stall``, rounded up), and the executed instructions
     per class (``{class: count}``, sorted)."""
-    total, classes = -int(-getattr(machine, "stall", 0) // 1), {}
+    total, classes = block_cycles(machine)
+    return total - int(-getattr(machine, "stall", 0) // 1), classes
+
+
+def block_cycles(machine, ranges=None) -> tuple[int, dict]:
+    """TRM-priced cycles of the basic blocks ``machine`` executed (only those starting in one of
+    the ``[lo, hi)`` address ``ranges`` when given; no peripheral waits), and their executed
+    instructions per class (``{class: count}``, sorted)."""
+    total, classes = 0, {}
     for key, count in machine.blocks.items():
+        if ranges is not None and not any(lo <= key[0] < hi for lo, hi in ranges):
+            continue
         prices = _decode(machine, *key)
         taken = machine.taken.get(key, 0)
         for n, (name, c_not, c_taken) in enumerate(prices):

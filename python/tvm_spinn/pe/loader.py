@@ -343,16 +343,5 @@ def _boots_run(rec: dict, table: bytes, segments: list) -> int:
 
 def _block_cycles(machine, ranges) -> int:
     """Executed cycles of the blocks that start in ``ranges`` (TRM-priced, as :mod:`.cycles`)."""
-    from .cycles import _decode
-    total = 0
-    for key, count in machine.blocks.items():
-        if not any(lo <= key[0] < hi for lo, hi in ranges):
-            continue
-        prices = _decode(machine, *key)
-        taken = machine.taken.get(key, 0)
-        for n, (_, c_not, c_taken) in enumerate(prices):
-            if n == len(prices) - 1 and taken:
-                total += c_taken * taken + c_not * (count - taken)
-            else:
-                total += c_not * count
-    return total
+    from .cycles import block_cycles
+    return block_cycles(machine, ranges)[0]

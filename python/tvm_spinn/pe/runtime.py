@@ -22,7 +22,7 @@ import tempfile
 from .memory_map import (DMA_BASE, DMA_DESC_WORDS, DMA_REGS, DMA_START, EXP_BASE, EXP_FUNC_EXP, EXP_FUNC_LOG, EXP_REGS,
                          EXP_START, JOB_ADDR, JOB_WORDS, MAC_BASE, MAC_REGS, MAC_START, STACK_TOP)
 
-__all__ = ["RUNTIME_C", "CC_FLAGS", "runtime_object", "zig"]
+__all__ = ["RUNTIME_C", "CC_FLAGS", "compile_c", "runtime_object", "zig"]
 
 #: clang flags of the runtime (Cortex-M4F, hard-float ABI, freestanding, reproducible).
 CC_FLAGS = ("-target", "thumb-freestanding-eabihf", "-mcpu=cortex_m4+vfp4d16sp", "-mfloat-abi=hard",
@@ -136,13 +136,19 @@ def zig(*args: str) -> subprocess.CompletedProcess:
     return proc
 
 
-@functools.lru_cache(maxsize=1)
-def runtime_object() -> bytes:
-    """The runtime compiled to a Cortex-M4F object (ELF relocatable), built once per process."""
+def compile_c(source: str, name: str) -> bytes:
+    """C ``source`` compiled with :data:`CC_FLAGS` to a Cortex-M4F object (ELF relocatable);
+    ``name`` names its files in the temporary directory (and in the compiler's messages)."""
     with tempfile.TemporaryDirectory(prefix="tvm_spinn_pe_") as tmp:
-        src, obj = os.path.join(tmp, "pe_runtime.c"), os.path.join(tmp, "pe_runtime.o")
+        src, obj = os.path.join(tmp, f"{name}.c"), os.path.join(tmp, f"{name}.o")
         with open(src, "w") as f:
-            f.write(RUNTIME_C)
+            f.write(source)
         zig("cc", *CC_FLAGS, "-c", src, "-o", obj)
         with open(obj, "rb") as f:
             return f.read()
+
+
+@functools.lru_cache(maxsize=1)
+def runtime_object() -> bytes:
+    """The runtime compiled to a Cortex-M4F object (ELF relocatable), built once per process."""
+    return compile_c(RUNTIME_C, "pe_runtime")

@@ -18,7 +18,7 @@ import os
 import tempfile
 
 from .memory_map import DMA_BASE, DMA_DESC_WORDS, DMA_REGS, DMA_START, JOB_ADDR
-from .runtime import CC_FLAGS, zig
+from .runtime import compile_c, zig
 
 __all__ = ["SELF_DMA_C", "SELF_DMA_ROUTINE", "SELF_DMA_HALT", "ENTRY_WORDS", "BATCH", "OP_JOB", "OP_DMA", "OP_RUN",
            "OP_CHECK", "OP_BOOT", "OP_WAIT", "OP_NOTIFY", "SLOTS_ADDR", "SLOT_WORDS", "STATUS_WORD", "VALUE_WORD",
@@ -153,13 +153,7 @@ WALKER void {SELF_DMA_ROUTINE}(void) {{
 @functools.lru_cache(maxsize=1)
 def self_dma_object() -> bytes:
     """The walker compiled to a Cortex-M4F object (ELF relocatable), built once per process."""
-    with tempfile.TemporaryDirectory(prefix="tvm_spinn_pe_") as tmp:
-        src, obj = os.path.join(tmp, "pe_sdma.c"), os.path.join(tmp, "pe_sdma.o")
-        with open(src, "w") as f:
-            f.write(SELF_DMA_C)
-        zig("cc", *CC_FLAGS, "-c", src, "-o", obj)
-        with open(obj, "rb") as f:
-            return f.read()
+    return compile_c(SELF_DMA_C, "pe_sdma")
 
 
 def _walker_script() -> str:
