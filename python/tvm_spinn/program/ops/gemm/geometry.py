@@ -403,16 +403,6 @@ def int8_block_columns(rows, cols, arch: "SpinnArch"):
     return out if isinstance(out, np.ndarray) and out.ndim else int(out)
 
 
-def _int8_block_work(rows, w, arch: "SpinnArch", side: Int8Side, adds: bool, finish: bool):
-    """M4F cycles of one column block of ``w`` columns after its wait: the block's own work
-    (:data:`I8_BLOCK`), the add of its sums (``adds``), its epilogue (``finish``)."""
-    def c(mix):
-        return mix_cycles(mix, arch)
-
-    work = c(I8_BLOCK) + adds * (rows * w * c(I8_ACC) + rows * c(I8_ACC_ROW))
-    return work + (_finish_cycles(rows, w, 1, arch, side) if finish else 0.0)
-
-
 def _finish_cycles(rows, cols, blocks, arch: "SpinnArch", side: Int8Side):
     """M4F cycles of the last chunk's epilogue on ``rows x cols`` outputs (the kernel's) in
     ``blocks`` column blocks: the dequantizing epilogue's variant (:data:`I8_DEQUANT_CODE`),
@@ -459,8 +449,7 @@ def int8_m4f_cycles(vm, vn, k, k_splits, arch: "SpinnArch", side: Int8Side | Non
     return k_splits * per_job + adds + sums + _finish_cycles(rows, cols, blocks, arch, side)
 
 
-def int8_pipelined_cycles(vm: int, vn: int, k: int, tk: int, arch: "SpinnArch", side: Int8Side | None = None,
-                          starts: bool = True) -> float:
+def int8_pipelined_cycles(vm, vn, k, tk: int, arch: "SpinnArch", side: Int8Side | None = None, starts=True):
     """Cycles of a ``vm x vn`` int8 GEMM tile with reduction ``k`` in chunks of ``tk`` as the PE
     kernel's software pipeline runs it, the MAC array concurrent with the M4F. Per chunk (one
     job) the array computes the sums one block of :func:`int8_block_columns` columns at a time,
@@ -471,37 +460,63 @@ def int8_pipelined_cycles(vm: int, vn: int, k: int, tk: int, arch: "SpinnArch", 
     Each wait ends at the later of the array's run and the M4F's work before it; the tile's last
     block's M4F work follows the array. ``starts``: the
     tile's first chunk is the reduction's first (its sums go straight into the accumulator; a
-    later part of a reduction split over PEs adds every chunk). Scalars only."""
+    later part of a reduction split over PEs adds every chunk).
+
+    In closed form, elementwise over arrays: ``vm``, ``vn``, ``k`` and ``starts`` may be int64
+    (bool) arrays of one entry per tile (the result is then a float64 array), ``tk`` (the
+    products per chunk, the last chunk of ``k`` possibly shorter) is shared. A tile has at most
+    two column-block widths (``cb`` and the last block's) and two chunk lengths (``tk`` and the
+    last), so the sum over chunks and blocks is a few terms with counts: the first job's entry
+    up to its first start; per chunk but the last, its blocks each beside the array's next block
+    and its last block beside the next chunk's first with the next job's entry; the last
+    chunk's blocks beside the array's next, its last block in series."""
     side = side or Int8Side()
+    vector = any(isinstance(x, np.ndarray) and x.ndim for x in (vm, vn, k, starts))
+    mx = np.maximum if vector else max
     rows, cols = (vn, vm) if side.transposed else (vm, vn)  # the kernel's
 
     def c(mix):
         return mix_cycles(mix, arch)
 
+    def pick(cond, a, b):
+        return np.where(cond, a, b) if vector else (a if cond else b)
+
+    job, block, acc, acc_row = arch.m4f_job_cycles + c(I8_JOB), c(I8_BLOCK), c(I8_ACC), c(I8_ACC_ROW)
+    lead, summ, sum_row, readout = c(I8_LEAD), c(I8_SUM), c(I8_SUM_ROW), arch.mac_readout_cycles
     cb = int8_block_columns(rows, cols, arch)
-    widths = [min(cb, cols - j0) for j0 in range(0, cols, cb)]
-    chunks = [min(tk, k - k0) for k0 in range(0, k, tk)] or [0]
+    nb = ceil_div(cols, cb)
+    wl = cols - (nb - 1) * cb  # the last block's width
+    w0 = np.minimum(cb, cols) if vector else min(cb, cols)  # the first block's width
+    s = mx(ceil_div(k, tk), 1)  # the chunks (jobs)
+    kl = k - (s - 1) * tk  # the last chunk's products
+    kf = pick(s > 1, tk, kl)  # the first chunk's
     summed = vm * side.row_sums + vn * side.col_sums
+    a0 = (1 - np.asarray(starts, dtype=np.int64)) if vector else int(not starts)
+    fin_cb, fin_wl = _finish_cycles(rows, cb, 1, arch, side), _finish_cycles(rows, wl, 1, arch, side)
 
     def entry(kc):  # a job's fixed work and its operand sums
-        return arch.m4f_job_cycles + c(I8_JOB) + summed * (kc * c(I8_SUM) + c(I8_SUM_ROW))
+        return job + summed * (kc * summ + sum_row)
 
     def array(kc, w):
-        return float(mac_passes(rows, w, arch)) * (kc + arch.mac_readout_cycles)
+        return mac_passes(rows, w, arch) * (kc + readout)
 
-    # the first job's entry up to its first start, then the rest beside the array's first block
-    t = entry(chunks[0]) - c(I8_LEAD) + max(c(I8_LEAD), array(chunks[0], widths[0]))
-    for ci, kc in enumerate(chunks):
-        first, last = ci == 0 and starts, ci == len(chunks) - 1
-        for j, w in enumerate(widths):
-            work = _int8_block_work(rows, w, arch, side, not first, last)
-            if j + 1 < len(widths):
-                t += max(work, array(kc, widths[j + 1]))
-            elif not last:  # the next chunk's first block runs beside this block and the next entry
-                t += max(work + entry(chunks[ci + 1]), array(chunks[ci + 1], widths[0]))
-            else:
-                t += work
-    return float(t)
+    def work(w, adds, fin):  # a block's M4F work after its wait: its own, its sums' add, its epilogue
+        return block + adds * (rows * w * acc + rows * acc_row) + fin
+
+    def inner(kc, adds, fin):  # a chunk's blocks but its last, each beside the array's next block
+        w = work(cb, adds, fin)
+        return pick(nb >= 2, mx(nb - 2, 0) * mx(w, array(kc, cb)) + mx(w, array(kc, wl)), 0.0)
+
+    def handover(adds, kn):  # a non-last chunk's last block beside the next chunk's first
+        return mx(work(wl, adds, 0.0) + entry(kn), array(kn, w0))
+
+    t = entry(kf) - lead + mx(lead, array(kf, w0))
+    middle = mx(s - 3, 0) * (inner(tk, 1, 0.0) + handover(1, tk))
+    before_last = pick(s >= 3, inner(tk, 1, 0.0) + handover(1, kl), 0.0)
+    t = t + pick(s >= 2, inner(tk, a0, 0.0) + handover(a0, pick(s > 2, tk, kl)) + middle + before_last, 0.0)
+    a_last = pick(s >= 2, 1, a0)
+    t = t + inner(kl, a_last, fin_cb) + work(wl, a_last, fin_wl)
+    return np.asarray(t, dtype=np.float64) if vector else float(t)
 
 
 def gemm_tile_cycles(vm: int, vn: int, k: int, k_splits: int, arch: "SpinnArch", mode: str = "fp32",
