@@ -11,8 +11,8 @@ import random
 import numpy as np
 import pytest
 
-from tvm_spinn.program.ops.gemm.geometry import (I8_ACC, I8_ACC_ROW, I8_BLOCK, I8_JOB, I8_LEAD, I8_SUM, I8_SUM_ROW,
-                                                 Int8Side, _finish_cycles, int8_block_columns,
+from tvm_spinn.program.ops.gemm.geometry import (I8_ACC, I8_ACC_ROW, I8_ACC_ROW_REQUANT, I8_BLOCK, I8_JOB, I8_LEAD,
+                                                 I8_SUM, I8_SUM_ROW, Int8Side, _finish_cycles, int8_block_columns,
                                                  int8_pipelined_cycles, mac_passes)
 from tvm_spinn.program.ops.m4f import mix_cycles
 from tvm_spinn.target.arch import SpinnArch
@@ -36,6 +36,7 @@ def walked(vm, vn, k, tk, arch, side, starts=True) -> float:
     widths = [min(cb, cols - j0) for j0 in range(0, cols, cb)]
     chunks = [min(tk, k - k0) for k0 in range(0, k, tk)]
     summed = vm * side.row_sums + vn * side.col_sums
+    row_mix = I8_ACC_ROW if side.fp32_out or side.tflite else I8_ACC_ROW_REQUANT  # the image's add loop
 
     def entry(kc):
         return arch.m4f_job_cycles + c(I8_JOB) + summed * (kc * c(I8_SUM) + c(I8_SUM_ROW))
@@ -47,7 +48,7 @@ def walked(vm, vn, k, tk, arch, side, starts=True) -> float:
     for ci, kc in enumerate(chunks):
         adds, last = not (ci == 0 and starts), ci == len(chunks) - 1
         for j, w in enumerate(widths):
-            work = c(I8_BLOCK) + adds * (rows * w * c(I8_ACC) + rows * c(I8_ACC_ROW))
+            work = c(I8_BLOCK) + adds * (rows * w * c(I8_ACC) + rows * c(row_mix))
             work += _finish_cycles(rows, w, 1, arch, side) if last else 0.0
             if j + 1 < len(widths):
                 t += max(work, array(kc, widths[j + 1]))

@@ -20,6 +20,7 @@ import tvm_spinn  # noqa: E402
 from tvm_spinn.pe import run_program_iss  # noqa: E402
 from tvm_spinn.pe.images import role_image  # noqa: E402
 from tvm_spinn.pe.iss import PeMachine  # noqa: E402
+from tvm_spinn.pe.kernels.i8_epilogues import i8_dsp_table  # noqa: E402
 from tvm_spinn.program.ops.gemm.geometry import int8_block_columns  # noqa: E402
 from tvm_spinn.program.ops.gemm.reference import int8_finish  # noqa: E402
 from tvm_spinn.program.quant import requantize_tflite  # noqa: E402
@@ -45,6 +46,8 @@ def _run_last_chunk(spec, acc, rowsum, colsum, head, columns, flags, out_dtype):
     m, n = acc.shape
     k = 4
     consts = np.concatenate([np.asarray(head, np.int64), np.asarray(columns, np.int64).ravel()])
+    # then the next chunk's five words (none) and the host's per-column table of the DSP paths
+    consts = np.concatenate([consts, np.zeros(5, np.int64), i8_dsp_table(consts)])
     out = np.zeros(m * n, out_dtype)
     arrays = [np.zeros(m * k, np.int8), np.zeros(k * n, np.int8), np.zeros(m * n, np.int32),
               acc.astype(np.int64).astype(np.int32), np.asarray(rowsum, np.int64).astype(np.int32),

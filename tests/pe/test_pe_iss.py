@@ -651,6 +651,7 @@ def test_int8_requantization_bit_identical_over_the_shift_range():
     ``[1, 62]`` (the 32-bit path from 32 up, the 64-bit one below), accumulators and biases at
     the int32 extremes, zero-point terms that wrap in 32 bits, unsaturated and saturated
     outputs."""
+    from tvm_spinn.pe.kernels.i8_epilogues import i8_dsp_table
     from tvm_spinn.program.quant import requantize
     from tvm_spinn.target.arch import SpinnArch
 
@@ -678,8 +679,9 @@ def test_int8_requantization_bit_identical_over_the_shift_range():
     want = requantize(v + bias, m0, shift, y_zero, y_min, y_max).astype(np.int8)
     inside = (want > y_min) & (want < y_max)
     assert inside[2:, shift < 32].sum() > 20 and inside[2:, shift >= 32].sum() > 20 and not inside.all()
-    consts = np.concatenate([[zx, kk, y_zero, y_min, y_max],
-                             np.stack([zw, bias, m0, shift], axis=1).ravel()]).astype(np.int32)
+    consts = np.concatenate([[zx, kk, y_zero, y_min, y_max], np.stack([zw, bias, m0, shift], axis=1).ravel()])
+    # then the next chunk's five words (none) and the host's per-column table of the DSP paths
+    consts = np.concatenate([consts, np.zeros(5, np.int64), i8_dsp_table(consts)]).astype(np.int32)
     k = 4
     arrays = [np.zeros(m * k, np.int8), np.zeros(k * n, np.int8), np.zeros(m * n, np.int32), acc.astype(np.int32),
               rowsum.astype(np.int32), colsum.astype(np.int32), consts, np.zeros(m * n, np.int8)]

@@ -55,7 +55,7 @@ from tvm.script import tirx as T
 
 from ...program.ops.gemm.geometry import M4F_BLOCK
 from .common import _ZERO
-from .i8_epilogues import _i8_f32_columns, _i8_half_up_columns, _i8_tflite_columns
+from .i8_epilogues import I8_DSP_WORDS, _i8_f32_columns, _i8_half_up_columns, _i8_tflite_columns
 
 #: the fp32 GEMM's register block: ``_MR x _NR`` accumulators live in FPU registers over k
 _MR, _NR = M4F_BLOCK
@@ -171,7 +171,7 @@ def _gemm_i8(epilogue: str = "half_up", relu: bool = False):
         ACC = T.decl_buffer((m * n,), "int32", data=acc)
         RS = T.decl_buffer((m,), "int32", data=rowsum)
         CS = T.decl_buffer((n,), "int32", data=colsum)
-        Q = T.decl_buffer((10 + 4 * n,), "int32", data=consts)
+        Q = T.decl_buffer((10 + (4 + I8_DSP_WORDS) * n,), "int32", data=consts)
         Y = T.decl_buffer((m * n,), ydt, data=y)
         first = flags & 1 != 0
         # the software pipeline: the array computes the chunk's sums one block of ``cb``

@@ -6,6 +6,7 @@ reading of the rule, else on the exact 64-bit path."""
 
 from __future__ import annotations
 
+import numpy as np
 from tvm.script import tirx as T
 
 from .common import _ZERO
@@ -46,6 +47,37 @@ I8_DSP_MAX_SHIFT = 20
 #: 2**(shift - 1)`` never reaches 2**63, where the simulator's int64 arithmetic wraps (its
 #: documented rule, which the exact path's SMLAL keeps)
 I8_DSP_MAX_BIAS = (1 << 31) - (1 << 21)
+#: words per column of the DSP paths' table (:func:`i8_dsp_table`): the one-rounding
+#: requantization's ``c0, M0, ra, s``, then TFLite's ``c0 + bias_q, M2, K, right``
+I8_DSP_WORDS = 8
+
+
+def _wrap32(x):
+    return ((np.asarray(x, dtype=np.int64) + (1 << 31)) % (1 << 32) - (1 << 31)).astype(np.int64)
+
+
+def i8_dsp_table(consts) -> np.ndarray:
+    """The requantizations' per-column DSP constants the host derives from the kernel's
+    ``consts`` (``[zx, K, y_zero, y_min, y_max]`` then ``zw, bias_q, multiplier, shift`` per
+    column), :data:`I8_DSP_WORDS` int32 words per column, which the kernel reads after the
+    consts' five trailing words: the column's set-up computed once by the host, not per tile
+    on the PE. One-rounding (:func:`_i8_half_up_columns`): ``c0 = K zx zw`` (32-bit wrapping),
+    ``M0``, ``ra = 2**(s - 1) + (y_zero - y_min) 2**s`` and ``s = shift - 32`` where the column
+    takes the DSP path, else ``s = 0`` (the exact path). TFLite's (:func:`_i8_tflite_columns`):
+    ``c0 + bias_q``, ``M2 = 2 M0`` (as int32), ``K = 2**(right - 1) + (y_zero - y_min)
+    2**right`` and ``right = shift - 31`` where the column takes the DSP path, else ``right =
+    0``. Returns int64 values in the int32 range, ``[columns * I8_DSP_WORDS]``."""
+    q = np.asarray(consts, dtype=np.int64)
+    zx, k, y_zero, y_min = q[0], q[1], q[2], q[3]
+    zw, bq, mult, sh = q[5:].reshape(-1, 4).T
+    c0 = _wrap32(_wrap32(k * zx) * zw)
+    dsp = (sh > 32) & (sh <= 32 + I8_DSP_MAX_SHIFT) & (mult >= 1 << 30) & (bq <= I8_DSP_MAX_BIAS)
+    s = np.where(dsp, sh - 32, 0)
+    ra = np.where(dsp, _wrap32((1 << np.maximum(s - 1, 0)) + ((y_zero - y_min) << s)), 0)
+    right = np.where((sh > 31) & (sh <= 31 + I8_DSP_MAX_SHIFT) & (mult >= 1 << 30), sh - 31, 0)
+    kt = np.where(right > 0, _wrap32((1 << np.maximum(right - 1, 0)) + ((y_zero - y_min) << right)), 0)
+    table = np.stack([c0, _wrap32(mult), ra, s, _wrap32(c0 + bq), _wrap32(2 * mult), kt, right], axis=1)
+    return table.reshape(-1)
 
 
 def _smmla(a, b, ra):
@@ -130,16 +162,13 @@ def _i8_half_up_columns(ACC, RS, CS, Q, Y, zx, lo, hi, j0, w, m, n):
     for jj in range(w):
         j = j0 + jj
         zw = Q[5 + 4 * j]
+        d = 10 + 4 * n + I8_DSP_WORDS * j  # the column's entry of the host's table
+        s = Q[d + 3]
         bq = Q[5 + 4 * j + 1]
-        sh = Q[5 + 4 * j + 3]
-        c = Q[1] * zx * zw - zx * CS[j]
-        if sh > 32 and sh <= 32 + I8_DSP_MAX_SHIFT and Q[5 + 4 * j + 2] >= (1 << 30) and bq <= I8_DSP_MAX_BIAS:
-            s = sh - 32
-            # through QADD with 0 (the same value): the guard's bound on ``M0`` would otherwise
-            # let LLVM read the signed multiply as an unsigned one and rebuild its high word
-            # from UMULL and an MLA per output
-            m0 = _qadd(Q[5 + 4 * j + 2], 0)
-            ra = T.shift_left(1, s - 1) + T.shift_left(Q[2] - Q[3], s)
+        c = Q[d] - zx * CS[j]
+        if s != 0:
+            m0 = Q[d + 1]
+            ra = Q[d + 2]
             # the four row loops: the clamp's two forms, with and without the row sums' term
             if full:
                 if zw == 0:
@@ -151,6 +180,7 @@ def _i8_half_up_columns(ACC, RS, CS, Q, Y, zx, lo, hi, j0, w, m, n):
             else:
                 _i8_half_up_rows(ACC, RS, Y, j, m, n, zw, c, bq, m0, ra, s, Q[3], Q[4] - Q[3], False, False)
         else:
+            sh = Q[5 + 4 * j + 3]
             m0 = T.Cast("int64", Q[5 + 4 * j + 2])
             b0 = T.Cast("int64", bq) * m0
             if sh >= 32:
@@ -199,14 +229,12 @@ def _i8_tflite_columns(ACC, RS, CS, Q, Y, zx, lo, hi, j0, w, m, n):
     for jj in range(w):
         j = j0 + jj
         zw = Q[5 + 4 * j]
-        e = 31 - Q[5 + 4 * j + 3]  # TFLite's shift: > 0 a left shift
-        c = T.Cast("uint32", Q[1] * zx * zw - zx * CS[j] + Q[5 + 4 * j + 1])
-        if e < 0 and e >= 0 - I8_DSP_MAX_SHIFT and Q[5 + 4 * j + 2] >= (1 << 30):
-            right = 0 - e
-            # 2 M0 as int32 (the bit pattern of 2 M0 - 2**32); through QADD with 0 so that LLVM
-            # keeps the multiply signed (the guard bounds M0)
-            m2 = _qadd(T.shift_left(Q[5 + 4 * j + 2], 1), 0)
-            k = T.shift_left(1, right - 1) + T.shift_left(Q[2] - Q[3], right)
+        d = 10 + 4 * n + I8_DSP_WORDS * j  # the column's entry of the host's table
+        right = Q[d + 7]
+        c = T.Cast("uint32", Q[d + 4] - zx * CS[j])
+        if right != 0:
+            m2 = Q[d + 5]
+            k = Q[d + 6]
             if full:
                 if zw == 0:
                     _i8_tflite_rows(ACC, RS, Y, j, m, n, zw, c, m2, k, right, Q[3], 255, True, True)
@@ -217,6 +245,7 @@ def _i8_tflite_columns(ACC, RS, CS, Q, Y, zx, lo, hi, j0, w, m, n):
             else:
                 _i8_tflite_rows(ACC, RS, Y, j, m, n, zw, c, m2, k, right, Q[3], Q[4] - Q[3], False, False)
         else:
+            e = 31 - Q[5 + 4 * j + 3]  # TFLite's shift: > 0 a left shift
             m0 = T.Cast("int64", Q[5 + 4 * j + 2])
             if e > 0:
                 for i in range(m):

@@ -9,6 +9,7 @@ from ...program.ops.gemm.geometry import M4F_BLOCK
 from .. import view
 from ..iss import PeMachine
 from ..kernels import I8_BIAS_FLAG
+from ..kernels.i8_epilogues import i8_dsp_table
 from .base import _Arena, _F32, _Run
 
 
@@ -116,9 +117,12 @@ def gemm_i8_tile(machine: PeMachine, arena, at: np.ndarray, bt: np.ndarray, kc: 
     chunks = [(c0, min(c0 + kc, k1)) for c0 in range(k0, k1, kc)]
     # two alternating scratch blocks, wherever a chunk's sums are not the accumulator's first
     scratch = 2 * 4 * tm * cb if k0 > 0 or len(chunks) > 1 else 0
+    table = i8_dsp_table(consts)  # after the consts' five trailing words (the chunks' operand halves)
     pa0, pa1, pb0, pb1, pp, pacc, prs, pcs, pq, py = arena.take(
-        tm * kc, tm * kc, kc * tn, kc * tn, scratch, 4 * tm * tn, 4 * tm, 4 * tn, 4 * (len(consts) + 5), out_bytes * tm * tn)
+        tm * kc, tm * kc, kc * tn, kc * tn, scratch, 4 * tm * tn, 4 * tm, 4 * tn, 4 * (len(consts) + 5 + len(table)),
+        out_bytes * tm * tn)
     machine.write(pq, np.asarray(consts, dtype=np.int64).astype(np.int32).tobytes())
+    machine.write(pq + 4 * (len(consts) + 5), table.astype(np.int32).tobytes())
     machine.write(pacc, acc if acc is not None else bytes(4 * tm * tn))
     machine.write(prs, rowsum if rowsum is not None else bytes(4 * tm))
     machine.write(pcs, colsum if colsum is not None else bytes(4 * tn))

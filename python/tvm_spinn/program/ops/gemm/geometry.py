@@ -244,6 +244,19 @@ I8_SUM = Mix(loads=1.0, alu=1.5, branches=0.25)
 I8_SUM_ROW = Mix(loads=2.0, paired=1.0, alu=8.0, branches=1.5)
 I8_ACC = Mix(loads=1.75, paired=0.75, alu=1.5, branches=0.25)
 I8_ACC_ROW = Mix(loads=16 / 3, paired=10 / 3, alu=13.27, mla=0.125, branches=1 / 6)
+#: :data:`I8_ACC_ROW` in the one-rounding requantization's image (``("gemm_i8",)``, which also
+#: runs the int32 outputs): its column set-up reads the host's table
+#: (:func:`tvm_spinn.pe.kernels.i8_epilogues.i8_dsp_table`), and LLVM's registers around the
+#: add's row loop come out differently, 2 loads, a pipelined load or store and 2 integer
+#: operations fewer a row (the image's executed blocks against the other images', whose add
+#: loops :data:`I8_ACC_ROW` prices)
+I8_ACC_ROW_REQUANT = Mix(loads=10 / 3, paired=17 / 6, alu=11.27, mla=0.125, branches=1 / 6)
+
+
+def _acc_row(side: Int8Side) -> Mix:
+    """The add's per-row mix of the image that runs ``side`` (:data:`I8_ACC_ROW_REQUANT` for the
+    one-rounding requantization's and int32 outputs', else :data:`I8_ACC_ROW`)."""
+    return I8_ACC_ROW if side.fp32_out or side.tflite else I8_ACC_ROW_REQUANT
 I8_JOB = Mix(loads=38.0, paired=21.0, alu=57.0, branches=8.0)
 I8_BLOCK = Mix(loads=28.0, paired=34.0, alu=43.0, mla=1.0, branches=5.0)
 #: Of a job's fixed work (``m4f_job_cycles`` and :data:`I8_JOB`), what the M4F runs between the
@@ -335,55 +348,55 @@ I8_DEQUANT_CODE = {
 #: and exit.
 I8_REQUANT_CODE = {
     (False, False): Int8Epilogue(
-        out=Mix(loads=3, paired=3 / 4, alu=27 / 4, branches=1 / 4),
-        one=Mix(loads=19 / 3, paired=7 / 3, alu=28 / 3, mla=1),
-        col=Mix(loads=21, paired=13, alu=39, mla=1, branches=1),
-        col_short=Mix(loads=50 / 3, paired=23 / 3, alu=104 / 3, mla=1, branches=4),
-        block=Mix(loads=5, paired=4, alu=5, branches=1)),
+        out=Mix(loads=3, paired=1, alu=27 / 4, branches=1 / 4),
+        one=Mix(loads=10 / 3, paired=7 / 3, alu=26 / 3, mla=1),
+        col=Mix(loads=16, paired=9, alu=23, branches=1, mla=1),
+        col_short=Mix(loads=38 / 3, paired=20 / 3, alu=52 / 3, branches=4, mla=1),
+        block=Mix(loads=3, paired=3, alu=4, branches=1)),
     (False, True): Int8Epilogue(
-        out=Mix(loads=15 / 4, paired=9 / 4, alu=27 / 4, mla=1, branches=1 / 4),
-        one=Mix(loads=25 / 3, paired=10 / 3, alu=28 / 3, mla=2, branches=1 / 3),
-        col=Mix(loads=20, paired=14, alu=41, mla=1),
-        col_short=Mix(loads=50 / 3, paired=23 / 3, alu=107 / 3, mla=1, branches=8 / 3),
-        block=Mix(loads=5, paired=4, alu=5, branches=1)),
+        out=Mix(loads=13 / 4, paired=9 / 4, alu=27 / 4, branches=1 / 4, mla=1),
+        one=Mix(loads=5, paired=11 / 3, alu=29 / 3, branches=1 / 3, mla=2),
+        col=Mix(loads=16, paired=10, alu=26, mla=1),
+        col_short=Mix(loads=14, paired=16 / 3, alu=58 / 3, branches=8 / 3, mla=1),
+        block=Mix(loads=3, paired=3, alu=4, branches=1)),
     (True, False): Int8Epilogue(
-        out=Mix(loads=3, paired=1, alu=39 / 4, branches=1 / 4),
-        one=Mix(loads=20 / 3, paired=3, alu=37 / 3, mla=1),
-        col=Mix(loads=21, paired=12, alu=38, mla=1, branches=2),
-        col_short=Mix(loads=49 / 3, paired=8, alu=101 / 3, mla=1, branches=5),
-        block=Mix(loads=5, paired=4, alu=5, branches=1)),
+        out=Mix(loads=9 / 4, paired=2, alu=39 / 4, branches=1 / 4),
+        one=Mix(loads=13 / 3, paired=7 / 3, alu=35 / 3, mla=1),
+        col=Mix(loads=16, paired=10, alu=24, branches=2, mla=1),
+        col_short=Mix(loads=38 / 3, paired=20 / 3, alu=49 / 3, branches=5, mla=1),
+        block=Mix(loads=3, paired=3, alu=4, branches=1)),
     (True, True): Int8Epilogue(
-        out=Mix(loads=9 / 2, paired=7 / 2, alu=39 / 4, mla=1, branches=1 / 4),
-        one=Mix(loads=25 / 3, paired=13 / 3, alu=37 / 3, mla=2),
-        col=Mix(loads=18, paired=18, alu=38, mla=1, branches=1),
-        col_short=Mix(loads=50 / 3, paired=23 / 3, alu=104 / 3, mla=1, branches=4),
-        block=Mix(loads=5, paired=4, alu=5, branches=1)),
+        out=Mix(loads=4, paired=11 / 4, alu=45 / 4, branches=1 / 4, mla=1),
+        one=Mix(loads=16 / 3, paired=13 / 3, alu=38 / 3, mla=2),
+        col=Mix(loads=15, paired=12, alu=22, branches=1, mla=1),
+        col_short=Mix(loads=41 / 3, paired=17 / 3, alu=55 / 3, branches=4, mla=1),
+        block=Mix(loads=3, paired=3, alu=4, branches=1)),
 }
 I8_TFLITE_CODE = {
     (False, False): Int8Epilogue(
-        out=Mix(loads=11 / 4, paired=3 / 4, alu=31 / 4, branches=1 / 4),
-        one=Mix(loads=14 / 3, paired=2, alu=29 / 3, mla=1),
-        col=Mix(loads=19, paired=9, alu=35, mla=1, branches=1),
-        col_short=Mix(loads=46 / 3, paired=6, alu=82 / 3, mla=1, branches=4),
-        block=Mix(loads=7, paired=2, alu=5, branches=1)),
+        out=Mix(loads=3, paired=1 / 2, alu=31 / 4, branches=1 / 4),
+        one=Mix(loads=13 / 3, paired=7 / 3, alu=28 / 3, mla=1),
+        col=Mix(loads=19, paired=9, alu=23, branches=1, mla=1),
+        col_short=Mix(loads=44 / 3, paired=23 / 3, alu=53 / 3, branches=4, mla=1),
+        block=Mix(loads=3, paired=3, alu=4, branches=1)),
     (False, True): Int8Epilogue(
-        out=Mix(loads=4, paired=3 / 2, alu=31 / 4, mla=1, branches=1 / 4),
-        one=Mix(loads=19 / 3, paired=10 / 3, alu=29 / 3, mla=2, branches=1 / 3),
-        col=Mix(loads=19, paired=7, alu=36, mla=1),
-        col_short=Mix(loads=47 / 3, paired=17 / 3, alu=85 / 3, mla=1, branches=8 / 3),
-        block=Mix(loads=7, paired=2, alu=5, branches=1)),
+        out=Mix(loads=15 / 4, paired=7 / 4, alu=31 / 4, branches=1 / 4, mla=1),
+        one=Mix(loads=20 / 3, paired=14 / 3, alu=28 / 3, branches=1 / 3, mla=2),
+        col=Mix(loads=16, paired=12, alu=26, mla=1),
+        col_short=Mix(loads=46 / 3, paired=25 / 3, alu=56 / 3, branches=8 / 3, mla=1),
+        block=Mix(loads=3, paired=3, alu=4, branches=1)),
     (True, False): Int8Epilogue(
-        out=Mix(loads=11 / 4, paired=1, alu=43 / 4, branches=1 / 4),
-        one=Mix(loads=6, paired=5 / 3, alu=38 / 3, mla=1),
-        col=Mix(loads=18, paired=11, alu=34, mla=1, branches=2),
-        col_short=Mix(loads=15, paired=19 / 3, alu=79 / 3, mla=1, branches=5),
-        block=Mix(loads=7, paired=2, alu=5, branches=1)),
+        out=Mix(loads=9 / 4, paired=7 / 4, alu=43 / 4, branches=1 / 4),
+        one=Mix(loads=17 / 3, paired=2, alu=37 / 3, mla=1),
+        col=Mix(loads=17, paired=11, alu=21, branches=2, mla=1),
+        col_short=Mix(loads=43 / 3, paired=8, alu=50 / 3, branches=5, mla=1),
+        block=Mix(loads=3, paired=3, alu=4, branches=1)),
     (True, True): Int8Epilogue(
-        out=Mix(loads=19 / 4, paired=5 / 2, alu=45 / 4, mla=1, branches=1 / 4),
-        one=Mix(loads=22 / 3, paired=10 / 3, alu=38 / 3, mla=2),
-        col=Mix(loads=18, paired=13, alu=33, mla=1, branches=1),
-        col_short=Mix(loads=47 / 3, paired=17 / 3, alu=82 / 3, mla=1, branches=4),
-        block=Mix(loads=7, paired=2, alu=5, branches=1)),
+        out=Mix(loads=19 / 4, paired=5 / 2, alu=45 / 4, branches=1 / 4, mla=1),
+        one=Mix(loads=23 / 3, paired=14 / 3, alu=37 / 3, mla=2),
+        col=Mix(loads=18, paired=12, alu=22, branches=1, mla=1),
+        col_short=Mix(loads=46 / 3, paired=25 / 3, alu=53 / 3, branches=4, mla=1),
+        block=Mix(loads=3, paired=3, alu=4, branches=1)),
 }
 
 #: MAC-array runs per reduction chunk the int8 kernel's software pipeline aims at
@@ -443,7 +456,7 @@ def int8_m4f_cycles(vm, vn, k, k_splits, arch: "SpinnArch", side: Int8Side | Non
     blocks = ceil_div(cols, cb)
     outs = vm * vn
     per_job = arch.m4f_job_cycles + c(I8_JOB) + blocks * c(I8_BLOCK)
-    adds = (k_splits - 1) * (outs * c(I8_ACC) + blocks * rows * c(I8_ACC_ROW))
+    adds = (k_splits - 1) * (outs * c(I8_ACC) + blocks * rows * c(_acc_row(side)))
     summed = vm * side.row_sums + vn * side.col_sums  # rows of a sum each
     sums = summed * (k * c(I8_SUM) + k_splits * c(I8_SUM_ROW))
     return k_splits * per_job + adds + sums + _finish_cycles(rows, cols, blocks, arch, side)
@@ -481,7 +494,7 @@ def int8_pipelined_cycles(vm, vn, k, tk: int, arch: "SpinnArch", side: Int8Side 
     def pick(cond, a, b):
         return np.where(cond, a, b) if vector else (a if cond else b)
 
-    job, block, acc, acc_row = arch.m4f_job_cycles + c(I8_JOB), c(I8_BLOCK), c(I8_ACC), c(I8_ACC_ROW)
+    job, block, acc, acc_row = arch.m4f_job_cycles + c(I8_JOB), c(I8_BLOCK), c(I8_ACC), c(_acc_row(side))
     lead, summ, sum_row, readout = c(I8_LEAD), c(I8_SUM), c(I8_SUM_ROW), arch.mac_readout_cycles
     cb = int8_block_columns(rows, cols, arch)
     nb = ceil_div(cols, cb)
