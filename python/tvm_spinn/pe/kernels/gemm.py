@@ -29,7 +29,9 @@ Kernels (the ``spec`` of :func:`~tvm_spinn.pe.kernels.kernel_object`):
   onto a 64-bit bias-and-rounding term (an int32 output is ``acc`` itself, bit 1 clear). Args
   ``a, b, p, acc, rowsum, colsum, consts, y, m, n, k, flags``; ``consts`` points at ``[zx, K, y_zero, y_min, y_max]``
   then per column ``zw, bias_q, multiplier, shift`` (int32 each), then the addresses of the two
-  halves of A and of B and the next chunk's length. ``flags``: bit 4, the chunk's first block
+  halves of A and of B and the next chunk's length, then the host's per-column table of the
+  requantizations' DSP constants (:func:`~.i8_epilogues.i8_dsp_table`, ``I8_DSP_WORDS`` words a
+  column: the column's set-up computed once by the host). ``flags``: bit 4, the chunk's first block
   is already running (the job before started it); bit 5, start the next chunk's first block
   after this chunk's last; bit 6, the scratch half of this chunk's first block; bit 7, this
   chunk's operand half; bits 8-19, the block's columns (:func:`tvm_spinn.pe.execute.gemm_i8_tile`

@@ -343,9 +343,13 @@ I8_DEQUANT_CODE = {
 #: TFLite's (``("gemm_i8", "tflite")``, :data:`I8_TFLITE_CODE`): the same with SMMLAR
 #: (``x + SMMULR(x, 2 M0)``, SaturatingRoundingDoublingHighMul) and an ADD of its sign (ASR #31)
 #: instead of the bias's QADD and the SMMLA, QADD of the rounding and zero-point term before the
-#: ASR. Per column: its constants, the zero-point terms that do not depend on the row, the
-#: guards of the DSP path, the rounding and zero-point term, the row loop's selection, entry
-#: and exit.
+#: ASR. Per column: the column's entry of the host's table
+#: (:func:`~tvm_spinn.pe.kernels.i8_epilogues.i8_dsp_table`: the zero-point term that does not
+#: depend on the data, the multiplier, the rounding and zero-point term, the shift, whose zero
+#: marks the exact path), the weight zero point and the bias, the MLS of the activation's zero
+#: point by the column sum, the row loop's selection, entry and exit. The units were counted as
+#: instruction classes in the executed basic blocks (a load or store priced 1 cycle when it
+#: directly follows another, else 2; LDM, PUSH and POP as one such load and the rest pipelined).
 I8_REQUANT_CODE = {
     (False, False): Int8Epilogue(
         out=Mix(loads=3, paired=1, alu=27 / 4, branches=1 / 4),
