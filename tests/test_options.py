@@ -21,7 +21,7 @@ def test_defaults_round_trip_through_dict():
     opts = SpinnOptions()
     assert opts.to_dict() == {"mapping": {"mode": "auto", "objective": "latency", "weights": "auto",
                                           "activations": "auto", "naive": False, "double_buffer": True,
-                                          "scheduler": "static", "split_k": True},
+                                          "scheduler": "static", "split_k": True, "row_tiles": True},
                               "build": None, "iss": False}
     assert SpinnOptions.from_dict(opts.to_dict()) == opts
     custom = SpinnOptions.from_dict({"mapping": {"mode": "pipelined", "split_k": False},
@@ -37,7 +37,9 @@ def test_program_form_of_mapping_options_leaves_out_later_defaults():
     assert options_to_json(MappingOptions()) == {"mode": "auto", "objective": "latency", "weights": "auto",
                                                  "activations": "auto", "naive": False}
     assert options_to_json(MappingOptions(split_k=False))["split_k"] is False
-    for opts in (MappingOptions(), MappingOptions(split_k=False, scheduler="software", double_buffer=False)):
+    assert options_to_json(MappingOptions(row_tiles=False))["row_tiles"] is False
+    for opts in (MappingOptions(), MappingOptions(split_k=False, scheduler="software", double_buffer=False),
+                 MappingOptions(row_tiles=False)):
         assert options_from_json(options_to_json(opts)) == opts
         assert MappingOptions.from_dict(opts.to_dict()) == opts
 

@@ -213,6 +213,12 @@ class MappingOptions(_Part):
         Let the mapper split an int8 tile's reduction over PEs when the tiles leave PEs idle
         (the default; kept only where the timing model finds it faster). ``False`` keeps every
         tile's whole reduction on one PE.
+    row_tiles : bool
+        Let the mapper cut an fp32 GEMM of fewer rows than the MAC array into row tiles of the
+        M4F kernel's register block (the default; each tile shape is timed and the fastest
+        kept). ``False`` keeps MAC-high row tiles: a caller that times a mapping in a wider
+        context (weights fetched ahead of a program while the DRAM channels are idle) compares
+        the two tilings there. The bits are the same either way.
     """
 
     _slot = "mapping"
@@ -225,6 +231,7 @@ class MappingOptions(_Part):
     double_buffer: bool = True
     scheduler: str = "static"
     split_k: bool = True
+    row_tiles: bool = True
 
     def __post_init__(self) -> None:
         self._check_types()

@@ -66,3 +66,32 @@ def test_a_few_rows_take_register_block_row_tiles_faster_with_the_same_bits(monk
         (got,) = run_program(program, [x, w], mode="tiles")
         np.testing.assert_array_equal(got, ref)
 
+
+
+def test_the_row_tiles_switch_keeps_mac_high_tiles_and_the_bits():
+    """``MappingOptions(row_tiles=False)`` maps the GEMM as the chooser does without the
+    register-block candidates (MAC-high row tiles); the program's options record the switch
+    only where it is off, and ``has_row_tiles`` names the programs where it makes a difference."""
+    from tvm_spinn.program.format import options_from_json, options_to_json
+    from tvm_spinn.program.ops.gemm import has_row_tiles
+
+    chip = tvm_spinn.make_system("one-chip-148")
+    m, k, n = 8, 768, 192
+    best = _mapped(chip, m, k, n)
+    with MappingOptions(row_tiles=False):
+        mac = _mapped(chip, m, k, n)
+    assert best.mapping.layers[0].tile[0] == M4F_BLOCK[0]
+    assert mac.mapping.layers[0].tile[0] == chip.mac_rows
+    assert mac.timing.cycles > best.timing.cycles
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1, m, k)).astype(np.float32)
+    w = rng.standard_normal((1, k, n)).astype(np.float32)
+    (a,), (b,) = run_program(best, [x, w], mode="tiles"), run_program(mac, [x, w], mode="tiles")
+    np.testing.assert_array_equal(a, b)
+    assert "row_tiles" not in options_to_json(MappingOptions())
+    off = options_to_json(MappingOptions(row_tiles=False))
+    assert off["row_tiles"] is False and options_from_json(off) == MappingOptions(row_tiles=False)
+    # rows above one register block and below the MAC array's: only there the switch matters
+    assert has_row_tiles(best, chip)
+    for rows in (4, 16):
+        assert not has_row_tiles(_mapped(chip, rows, k, n), chip)

@@ -739,6 +739,50 @@ def _on_chip(resident, pieces, ends, row_bytes: int, chips: int, scatter_s: floa
                                **({"program_timings": tuple(timings)} if timings is not None else {}))
 
 
+def _mac_high(P, mapped, pieces, ends, board, host_shapes, slots: int, memo, fit: int, block_w: int, budget: float,
+              cpb: int, hidden: int, scatter_s: float, handoffs, reduce_s: float, reduces: int) -> list:
+    """The streamed block of a slice mapped with MAC-high row tiles
+    (``MappingOptions(row_tiles=False)``), timed as :func:`records` times the mapper's: its
+    pieces streaming their weights, each as it runs with them fetched ahead (:func:`_on_chip`,
+    mapped alone with the same tiles), and what fetching ahead saves (:func:`_ahead_gains`).
+    ``mapped``: the slice mapped resident (the resident blocks keep the mapper's tiles); the
+    other arguments as :func:`records` has them for the slice's form (``ends``, ``handoffs``:
+    :func:`slice_pieces`, :func:`handoff_gathers`; ``fit``: blocks kept resident without a
+    buffer). Returns ``[(block variants, resident, streamed, on chip, "r")]``
+    (:func:`_block_variants`), or ``[]`` where fetching ahead saves nothing with these tiles.
+
+    The mapper ranks each piece's tilings and shard plans alone. A piece's register-block row
+    tiles may make a shard plan over fewer chips the faster alone, each of its chips then
+    reading more of the piece's streamed bytes (its KV cache share) from its own DRAM: the
+    channels are idle for less of the piece's run, and fetch less of the next pieces' weights
+    ahead. Which tiling is faster for a streamed block depends on that context."""
+    import dataclasses
+
+    from ..mapping import current_options
+
+    def map_alone(piece):
+        return P._map_stage([piece], board, host_shapes, slots, memo=memo, keep_outputs=True)
+
+    with dataclasses.replace(current_options(), row_tiles=False):
+        streamed = P._map_stage(list(pieces), board, host_shapes, slots, weights="stream", memo=memo,
+                                keep_outputs=True)
+        resident = mapped
+        if ends is not None:
+            resident, streamed = (_handed_on(_spread(_less(st, fused_gathers(st, ends, hidden * 4)), ends, cpb, scatter_s),
+                                             ends, handoffs) for st in (resident, streamed))
+        resident = _at_most(resident, streamed)
+        on_chip = _on_chip(resident, pieces, ends, hidden * 4, cpb, scatter_s if ends is not None else 0.0, map_alone,
+                           streamed, handoffs)
+    gains, buffer = _ahead_gains(on_chip, streamed, reduce_s, board.dram_bw_bytes_s, reduces, ends,
+                                 max(0.0, budget - resident.resident_bytes) / cpb)
+    saved = float(sum(gains))
+    if saved <= 0:
+        return []
+    fit_ahead = max(1, int((budget - buffer * cpb) // max(1, block_w)))
+    return [(_block_variants(resident, streamed, fit, fit_ahead, saved, buffer, _unburnt_j(streamed, gains, board)),
+             resident, streamed, on_chip, "r")]
+
+
 def _at_most(resident, streamed):
     """``resident`` with each program at most as long as in ``streamed``: a program whose
     weights stay resident runs no slower than with the shard plan it has streaming them (the
@@ -1156,6 +1200,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                                       point_to_point, sliced_hand_over)
     from ..timing.system import collective_cost
     P = importlib.import_module(".plan", __package__)
+    from ..program.ops.gemm import has_row_tiles
     from .describe import describe
     from .wire import narrow_all_reduce
 
@@ -1341,11 +1386,13 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
             # a slice mapped alone (weights resident as far as they fit) and streaming its weights
             resident = P._map_stage(list(pieces), board, host_shapes, spec.cache_slots(seq), memo=memo,
                                     keep_outputs=True)
+            mapped = resident  # as mapped, before the collectives' changes below
             # (streaming also where every block stays resident, for pieces: each resident one at most
             # as long as streaming, :func:`_at_most`)
             streamed = (resident if fit >= max(options) and ends is None else
                         P._map_stage(list(pieces), board, host_shapes, spec.cache_slots(seq), weights="stream", memo=memo,
                                      keep_outputs=True))
+            streams = streamed is not resident
             # cut into pieces, the all-reduces take the sums spread over each board's chips and
             # deliver the whole row to every chip (the pieces ending at one without their gathers
             # of it); uncut, they end in the projection's layout and the slice gathers the row itself
@@ -1374,14 +1421,25 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
             unburnt = _unburnt_j(streamed, gains, board)
             fit_ahead = max(1, int((budget - buffer * cpb) // max(1, block_w)))
             variants = _block_variants(resident, streamed, fit, fit_ahead, saved, buffer, unburnt)
-            for per_group, (fit, saved_s, buffer_b, unburnt_j, tag) in ((n, v) for n in options for v in variants):
+            # each way the block may run, with the slice's tiling it runs with: the mapper's (each
+            # piece's tiles and shard plan the fastest alone) and, where the slice has fp32 GEMMs
+            # the mapper may cut into register-block row tiles, the streamed block with MAC-high
+            # row tiles (``"r"``): a piece's shard plan that is faster alone may read more of its
+            # streamed bytes on each chip, leaving the DRAM channels less idle time to fetch the
+            # next pieces' weights ahead; the candidates' records rank the two in context
+            tilings = [(variants, resident, streamed, on_chip, "")]
+            if streams and any(has_row_tiles(p, board) for p in pieces):
+                tilings += _mac_high(P, mapped, pieces, ends, board, host_shapes, spec.cache_slots(seq), memo, fit_alone,
+                                     block_w, budget, cpb, hidden, scatter_s, handoffs, reduce_s, reduces_per_block)
+            for per_group, (fit, saved_s, buffer_b, unburnt_j, tag), resident, streamed, on_chip, tiling in (
+                    (n, v, *t[1:]) for t in tilings for n in options for v in t[0]):
                 n_groups = math.ceil(L / per_group)
                 sizes = [per_group] * (n_groups - 1) + [L - per_group * (n_groups - 1)]
                 # every user's cache of a group's blocks on each of its boards
                 caches = group_caches(resident, streamed, sizes, fit, batch, board, budget - buffer_b * cpb)
                 if not caches.fits:
                     if refused is not None:
-                        refused[f"board_tp:g{g}m{per_group}{tag}{form}"] = caches.message(arch.name, groups, g)
+                        refused[f"board_tp:g{g}m{per_group}{tag}{form}{tiling}"] = caches.message(arch.name, groups, g)
                     continue
                 blocks_s = sum(_run_s(resident, streamed, n, fit, saved_s) for n in sizes)
                 ahead_s = sum(max(0, n - fit) for n in sizes) * saved_s
@@ -1401,7 +1459,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                           + sum(st.bounds[k] for st in head_stages) for k in resident.bounds}
                 bounds["dram"] = max(0.0, bounds["dram"] - ahead_s)
                 bounds["links"] += reduces_s + sum(hand) + loop_s
-                out[f"board_tp:g{g}m{per_group}{tag}{form}"] = dict(
+                out[f"board_tp:g{g}m{per_group}{tag}{form}{tiling}"] = dict(
                     decode_s=decode_s, period_s=decode_s, used=used, resident=kept,
                     streamed=max(0, weight_bytes - kept), kv_sram=kv_bytes * kv_share,
                     energy_j=(g * sum(min(n, fit) * resident.energy_j + max(0, n - fit) * (streamed.energy_j - unburnt_j)
@@ -1419,7 +1477,9 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                                  + ("; every block streamed (faster than kept resident)" if tag == "s" else "")
                                  + ("; each slice run as one program (the faster than cut at its all-reduces)"
                                     if form == "u" else "")
-                                 + ("; the residual adds run on the all-reduces' delivery" if form == "f" else "")),
+                                 + ("; the residual adds run on the all-reduces' delivery" if form == "f" else "")
+                                 + ("; the streamed blocks' fp32 GEMMs in MAC-high row tiles (faster with their "
+                                    "weights fetched ahead)" if tiling else "")),
                     meta={"stages": n_groups + 1, "boards_per_stage": g, "blocks_per_stage": per_group,
                           "boards_used": g * n_groups + 1, "tp_boards": g, "groups": n_groups,
                           **({"boards": sorted({b for grp in groups[:n_groups] for b in grp} | {head_board})}

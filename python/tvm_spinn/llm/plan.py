@@ -869,7 +869,8 @@ def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0, weights: s
     from ..mapping import MappingOptions, current_options
     from ..mapping.schedule import MappingMemo, structure_key
 
-    options = MappingOptions(weights=weights, split_k=current_options().split_k)
+    options = MappingOptions(weights=weights, split_k=current_options().split_k,
+                             row_tiles=current_options().row_tiles)
     key = None
     if memo is not None:
         key = (tuple(structure_key(p, board, "stage", options) for p in pieces),

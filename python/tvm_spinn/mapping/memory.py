@@ -33,7 +33,8 @@ from ..program.tiles import TileTable
 from ..target.arch import SpinnArch
 from .tiling import MappingError
 
-__all__ = ["MemoryPlan", "plan_memory", "check_plan", "check_capacity", "capacity_bytes", "LEDGER_RESIDENT_SHARE", "weight_bytes_per_pe"]
+__all__ = ["MemoryPlan", "plan_memory", "check_plan", "check_capacity", "capacity_bytes", "LEDGER_RESIDENT_SHARE", "weight_bytes_per_pe",
+           "held_between_calls"]
 
 #: Share of a PE's tile SRAM the resident weights of a whole build may take (see plan_memory):
 #: the tile chooser keeps working buffers within half of it when it can (WORKING_SHARE).
@@ -156,6 +157,19 @@ def weight_bytes_per_pe(table: TileTable) -> _PerPe:
     return _PerPe(table.pe[keep], table.w_bytes[keep])
 
 
+def held_between_calls(program: Program, index: int) -> bool:
+    """Whether layer ``index``'s weight operand (its tiles' ``w_bytes``) may stay in SRAM from
+    one call to the next: a constant weight, or an input of the program the chips keep as state
+    (a KV cache read as an attention matmul's right operand, :func:`.state.resident_state`).
+    Not an operand the program computes on each call (an activation: written anew every call,
+    so nothing loaded at program load holds it; it moves as its tiles' bytes say)."""
+    from .shard import rule_of
+
+    layer = program.layers[index]
+    rule = rule_of(layer)
+    return all(tid in program.inputs for pos, tid in enumerate(layer.inputs) if rule.cache_operand(layer, pos))
+
+
 def plan_memory(program: Program, arch: SpinnArch, weights: str = "auto", activations: str = "auto",
                 tables: list[TileTable] | None = None, reserved: np.ndarray | None = None) -> MemoryPlan:
     """Decide residency and on-chip activations for a placed program.
@@ -193,7 +207,8 @@ def plan_memory(program: Program, arch: SpinnArch, weights: str = "auto", activa
         def benefit(i):
             held = int(w_per_layer[i].v.sum())
             return (int(tables[i].w_bytes.sum()) / held) if held else 0.0
-        order = sorted((i for i in range(n) if w_per_layer[i].v.sum()), key=lambda i: (-benefit(i), i))
+        order = sorted((i for i in range(n) if w_per_layer[i].v.sum() and held_between_calls(program, i)),
+                       key=lambda i: (-benefit(i), i))
         for i in order:
             pes, b = w_per_layer[i].pes(), w_per_layer[i].values()
             if (resident[pes] + b + max_working[pes] <= budget).all() and (resident[pes] + b <= cap).all():

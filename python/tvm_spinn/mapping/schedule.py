@@ -24,7 +24,7 @@ from ..program.ops import family_of
 from ..program.records import AddressRange, LayerMapping, MemorySummary, ProgramMapping
 from ..program.tiles import ProgramTiles, TileTable
 from ..target.arch import SpinnArch
-from .memory import LEDGER_RESIDENT_SHARE, activation_label, check_capacity, plan_memory, weight_bytes_per_pe
+from .memory import LEDGER_RESIDENT_SHARE, activation_label, check_capacity, held_between_calls, plan_memory, weight_bytes_per_pe
 from .options import MappingOptions, current_options
 from .placement import choose_chips, pipeline_groups, place_tiles
 from .budget import RegionBudget, SystemState
@@ -160,7 +160,7 @@ def _map(program: Program, arch: SpinnArch, mode: str, options: MappingOptions,
     for i in range(n):
         first, count = ranges[i]
         tile = choose_tile(program, i, arch, pes=count, naive=options.naive,
-                           resident=options.weights == "resident")
+                           resident=options.weights == "resident" and held_between_calls(program, i))
         tables.append(_place(program, i, arch, tile, first, count, options.naive))
         records.append(LayerMapping(tile=tuple(int(v) for v in tile), pes=(int(first), int(count))))
 

@@ -432,7 +432,7 @@ def memory_from_json(value) -> MemorySummary | None:
 
 #: MappingOptions fields left out of a program's ``mapping.options`` at these values, so a
 #: program built with the defaults carries no entry for them.
-_OPTIONS_OMITTED_AT = (("double_buffer", True), ("scheduler", "static"), ("split_k", True))
+_OPTIONS_OMITTED_AT = (("double_buffer", True), ("scheduler", "static"), ("split_k", True), ("row_tiles", True))
 
 
 def options_to_json(options: MappingOptions) -> dict:

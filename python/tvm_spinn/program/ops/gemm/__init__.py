@@ -52,14 +52,14 @@ checks, lowering, int8 epilogue validation), :mod:`.shard_rule` (how GEMMs shard
 from __future__ import annotations
 
 from .geometry import (GEMM_KINDS, GemmShape, Int8Side, choose_gemm_tile, choose_matmul_tile, chunk_length, gemm_shape,
-                       gemm_tile_cycles, int8_side, k_part_bounds, k_part_tail_cycles, mac_passes,
+                       gemm_tile_cycles, has_row_tiles, int8_side, k_part_bounds, k_part_tail_cycles, mac_passes,
                        safe_k_chunk, smallest_gemm_tile_bytes, splits_of)
 from .family import Gemm
 from .shard_rule import GemmSharding
 from .descriptor import fuse_bias, share_quantizes, weight_matmuls_to_dense
 from ..base import register
 
-__all__ = ["Gemm", "weight_matmuls_to_dense", "fuse_bias", "share_quantizes", "GemmShape", "gemm_shape", "safe_k_chunk", "Int8Side", "int8_side", "gemm_tile_cycles", "mac_passes", "choose_gemm_tile", "choose_matmul_tile",
+__all__ = ["Gemm", "weight_matmuls_to_dense", "fuse_bias", "share_quantizes", "GemmShape", "gemm_shape", "safe_k_chunk", "Int8Side", "int8_side", "gemm_tile_cycles", "mac_passes", "choose_gemm_tile", "choose_matmul_tile", "has_row_tiles",
            "smallest_gemm_tile_bytes", "splits_of", "chunk_length", "k_part_bounds", "k_part_tail_cycles", "GEMM_KINDS"]
 
 Gemm.sharding = GemmSharding()

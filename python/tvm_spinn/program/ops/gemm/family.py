@@ -244,7 +244,8 @@ class Gemm(OpFamily):
         _, elems, side = _cost_operands(program, layer)
         return list(choose_gemm_tile(g, arch, layer.name, pes=pes, kind=layer.kind, naive=naive,
                                      input_bytes=in_fn, mode=layer.mode, elem_bytes=elems, int8=side,
-                                     split_k=_options.current().mapping.split_k, resident=resident))
+                                     split_k=_options.current().mapping.split_k, resident=resident,
+                                     row_tiles=_options.current().mapping.row_tiles))
 
     def tile_costs(self, program, layer, arch, tile, lo, hi):
         t = program.tensors

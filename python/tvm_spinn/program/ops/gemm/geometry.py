@@ -612,6 +612,18 @@ def _fp32_row_tiles(g: GemmShape, mac_rows: int) -> set:
     return out
 
 
+def has_row_tiles(program, arch: "SpinnArch") -> bool:
+    """Whether the mapper may cut some fp32 GEMM of ``program`` into register-block-high row
+    tiles (:func:`_fp32_row_tiles`) under some shard plan: its rows more than one register block
+    and fewer than the MAC array's (a shard plan may split its batch down to one). A mapping
+    with ``MappingOptions(row_tiles=False)`` differs from the default only where this holds."""
+    mr = M4F_BLOCK[0]
+    for layer in program.layers:
+        if layer.kind in GEMM_KINDS and layer.mode != "int8" and mr < gemm_shape(program, layer).m < arch.mac_rows:
+            return True
+    return False
+
+
 def choose_matmul_tile(g: GemmShape, arch: "SpinnArch", pes: int, resident: bool = False) -> tuple[int, ...]:
     """The mapper's ``(tm, tn, tk)`` for an fp32 ``matmul`` (both operands computed, none a
     weight constant) on ``pes`` PEs: the tile planners without a program to build (the training
@@ -624,7 +636,7 @@ def choose_gemm_tile(g: GemmShape, arch: "SpinnArch", name: str = "gemm", pes: i
                      kind: str = "dense", naive: bool = False,
                      input_bytes=None, mode: str = "fp32", elem_bytes=None,
                      int8: Int8Side | None = None, split_k: bool = False,
-                     resident: bool = False) -> tuple[int, ...]:
+                     resident: bool = False, row_tiles: bool = True) -> tuple[int, ...]:
     """Pick ``(tm, tn, tk)`` for a GEMM with the lowest estimated layer time; with ``split_k``
     (what the mapper asks), ``(tm, tn, tk, p)`` for an int8 GEMM whose tiles' reductions split
     over ``p`` PEs each (tried when the tiles leave PEs idle, ``tiles * p <= pes``; kept only
@@ -644,6 +656,8 @@ def choose_gemm_tile(g: GemmShape, arch: "SpinnArch", name: str = "gemm", pes: i
     by default the mode's (fp32: 4, 4, 4; int8: 1, 1, 4); compute time follows ``mode``
     (:func:`gemm_tile_cycles`: the M4F for fp32, the MAC array for int8, with the M4F's share
     ``int8``, by default a dequantizing epilogue when the output takes 4 bytes).
+    ``row_tiles``: an fp32 GEMM of fewer rows than the MAC array also tries register-block-high
+    row tiles (:func:`_fp32_row_tiles`); ``False``: MAC-high row tiles only.
     """
     budget = arch.tile_sram_bytes if naive else working_budget(arch)
     r, c = arch.mac_rows, arch.mac_cols
@@ -673,7 +687,8 @@ def choose_gemm_tile(g: GemmShape, arch: "SpinnArch", name: str = "gemm", pes: i
         if g.m * g.batch < r:
             tns.update({1, 2})
         tns.update(min(g.n, ceil_div(g.n * g.batch * ceil_div(g.m, m_cap), k * pes)) for k in range(1, 9))
-        tms.update(_fp32_row_tiles(g, r))
+        if row_tiles:
+            tms.update(_fp32_row_tiles(g, r))
     tms, tns = sorted(tms), sorted(tns)
     chips = max(1, -(-pes // arch.pes_per_chip))
     dram_bytes_per_cycle = arch.dram_bw_bytes_s * chips / arch.clock_hz
