@@ -286,7 +286,10 @@ def issued(program: Program, collectives) -> list[tuple[int, str, int, bool, str
     ready)``: all-gathers over the same group that follow one another in the plan, each of a
     tensor already produced when the first of them is due, go out together as one all-gather of
     their summed bytes (GPT-2's Q, K and V, sliced from one column-parallel GEMM and gathered for
-    the attention: one collective's hop latencies instead of three). The gathers of the
+    the attention: one collective's hop latencies instead of three); a tensor that relabels
+    bytes written before it (a reshape or a unit-axis permute of a slice, as Llama's key is
+    before its rotary embedding: :meth:`~tvm_spinn.program.ops.base.OpFamily.aliases_input`)
+    counts as produced when they are. The gathers of the
     program's outputs (``layer == len(layers)``) are not merged: each is issued once its bytes
     are written (``ready``: the index of the layer that writes them, -1 for an input passed
     through; an output that is a reshape or a same-size ``broadcast_to`` of an earlier tensor
@@ -312,7 +315,7 @@ def issued(program: Program, collectives) -> list[tuple[int, str, int, bool, str
             out.append([c.layer, c.op, c.nbytes, c.exact, group, written(c.tensor)])
             continue
         if (last is not None and c.op == "all_gather" and last[1] == "all_gather" and last[4] == group
-                and last[5] is None and producer.get(c.tensor, -1) < last[0]):
+                and last[5] is None and written(c.tensor) < last[0]):
             last[2] += c.nbytes
             continue
         out.append([c.layer, c.op, c.nbytes, c.exact, group, None])
