@@ -293,8 +293,8 @@ def issued(program: Program, collectives) -> list[tuple[int, str, int, bool, str
     program's outputs (``layer == len(layers)``) are not merged: each is issued once its bytes
     are written (``ready``: the index of the layer that writes them, -1 for an input passed
     through; an output that is a reshape, a same-size ``broadcast_to`` or a unit-axis
-    ``permute_dims`` of an earlier tensor holds that tensor's bytes) and runs on the links while the later layers compute
-    (:func:`tvm_spinn.timing.system.compose`); ``ready`` is None for the others."""
+    ``permute_dims`` of an earlier tensor holds that tensor's bytes) and runs on the links while
+    the later layers compute (:func:`tvm_spinn.timing.system.compose`); ``ready`` is None for the others."""
     n = len(program.layers)
     producer = {layer.output: i for i, layer in enumerate(program.layers)}
 
