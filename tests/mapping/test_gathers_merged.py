@@ -1,4 +1,4 @@
-"""All-gathers of bytes already written go out as one (``mapping.system.issued``).
+"""All-gathers of bytes already written go out as one (``mapping.system.issued``), from SRAM.
 
 Llama's decode block slices its query, key and value from one column-parallel GEMM's output;
 the query is all-gathered where its reshape into heads cannot carry the split, the key where
@@ -8,6 +8,10 @@ gather is due, so the chips send both in one all-gather (one collective's hop la
 instead of two. A key computed by a layer after that point (an element-wise layer) is not
 written yet and keeps its own gather. The references are the shapes' byte counts, worked out
 here by hand.
+
+What a gather sends is the chip's block where its producer left it, in SRAM
+(``system._sent_blocks``): the slice and the permute that make the blocks are views of the
+GEMM's output there and cost nothing, not copies to DRAM for no reader.
 """
 
 from __future__ import annotations
@@ -99,3 +103,43 @@ def test_a_unit_axis_permute_aliases_its_input(shape, axes, alias):
     same = np.array_equal(np.transpose(x, axes).reshape(-1), x.reshape(-1))  # the reference: numpy's bytes
     assert same == alias
     assert family_of("permute_dims").aliases_input(program, layer) == alias
+
+
+def _timed(program: Program):
+    """``(plan, shard, timed plan)`` of ``program`` on the 3 chips, column-parallel."""
+    from tvm_spinn.mapping import MappingOptions
+    from tvm_spinn.mapping import system as S
+    from tvm_spinn.mapping.schedule import _map
+    from tvm_spinn.mapping.shard import shard_program
+    from tvm_spinn.mapping.tiling import program_work
+    from tvm_spinn.target.topology import topology_of
+
+    options = MappingOptions()
+    program = program_work(program, ARCH)
+    plan = plan_shards(program, 3)
+
+    def map_one(shard, chip, reserved):
+        return _map(program_work(shard, chip), chip, "sequential", options, reserved)
+
+    reserved = np.zeros(ARCH.pes_per_chip, dtype=np.int64)
+    return plan, shard_program(program, plan), S._time_plan(program, plan, ARCH, topology_of(ARCH), map_one, reserved)
+
+
+def test_the_gathered_blocks_stay_in_sram():
+    """The query slice and the permuted key, read by nothing but their gathers, are the blocks
+    the links send: on chip, so the slice and the permute making them are free views."""
+    from tvm_spinn.mapping.system import GATHERED_SRAM_SHARE, _sent_blocks
+
+    program = _qk("view")
+    plan, shard, timed = _timed(program)
+    n = len(program.layers)
+    sources = sorted(c.tensor for c in plan.collectives if c.op == "all_gather" and c.layer < n)
+    makers = {layer.output: i for i, layer in enumerate(program.layers)}
+    assert [program.layers[makers[t]].kind for t in sources] == ["strided_slice", "permute_dims"]
+    room = ARCH.pes_per_chip * ARCH.tile_sram_bytes * GATHERED_SRAM_SHARE
+    assert _sent_blocks(program, plan, shard, room) == sources
+    assert _sent_blocks(program, plan, shard, 0) == []  # no room: left to the memory plan
+    layer_s = timed.timing.layer_s
+    for t in sources:
+        assert layer_s[makers[t]] == 0.0, program.layers[makers[t]].kind
+    assert layer_s[0] > 0.0  # the GEMM

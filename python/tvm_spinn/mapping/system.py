@@ -408,6 +408,7 @@ def _system_timing(program: Program, plan: ShardPlan, shard: Program, tables, ch
     # and the layers reading it fetch it over the NoC, not once per tile from DRAM.
     room = chip.pes_per_chip * chip.tile_sram_bytes * GATHERED_SRAM_SHARE
     gathered = [t for t in range(len(program.tensors), len(shard.tensors)) if shard.tensors[t].nbytes <= room]
+    gathered += _sent_blocks(program, plan, shard, room)
     # Inputs the region's budget says are already in the chips' SRAM (e.g. a planner's stage
     # whose earlier program, or the hand-over from the previous board, put them there) are
     # read over the NoC too, and cross no DRAM; outputs it names the program leaves in SRAM
@@ -429,6 +430,20 @@ def _system_timing(program: Program, plan: ShardPlan, shard: Program, tables, ch
     waves = [int(np.bincount(np.asarray(t.pe, dtype=np.int64)).max()) if len(t) else 1 for t in tables]
     return compose(program, chip, exec_cycles, stream, colls, plan.chips, row_fp32, io,
                    prefetch_bytes=2 * prefetch, waves=waves), exec_cycles
+
+
+def _sent_blocks(program: Program, plan: ShardPlan, shard: Program, room: float) -> list[int]:
+    """The tensors of ``shard`` that only an all-gather before a layer reads (the layers after
+    it read the gathered copy, :func:`~.shard.shard_program`), at most ``room`` bytes: the
+    chip's block, which its producer leaves in SRAM, where the links' packets are sent from, as
+    the gathered copy lands there. Left off chip, the memory plan would write it to DRAM for no
+    reader (and a view producing it, such as the slice of a column-parallel GEMM's output that
+    is gathered, would pay as a copy)."""
+    n = len(program.layers)
+    read = {t for layer in shard.layers for t in layer.inputs}
+    sent = {c.tensor for c in plan.collectives if c.op == "all_gather" and c.layer < n}
+    return sorted(t for t in sent if t not in read and program.tensors[t].role == "temp"
+                  and shard.tensors[t].nbytes <= room)
 
 
 def retime(program: Program, arch: SpinnArch, derive) -> TimingSummary:
