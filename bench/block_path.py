@@ -149,6 +149,10 @@ def _path(target, result, seen, key, g, decode_s, used) -> None:
         print(f"\npiece {k} ({len(piece.layers)} layers, {t.chips} chips): {charged * 1e6:.1f} us as charged "
               f"(streaming {streamed.program_s[k] * 1e6:.1f}, its weights on chip {on_chip.program_s[k] * 1e6:.1f}); "
               f"waits for {_waits(piece, k, ends)}")
+        if t is streamed.program_timings[k] and streamed.program_s[k] != on_chip.program_s[k]:
+            # its weights on chip, it runs the streaming mapping's shard plan: the layers are that
+            # mapping's (each weight read from DRAM), the charge the plan's time with them on chip
+            print("    (its layers as the streaming mapping times them: each weight read from DRAM)")
         for i, layer in enumerate(piece.layers):
             if t.layer_s[i] == 0.0:
                 continue

@@ -340,7 +340,7 @@ def test_a_piece_fetched_ahead_runs_with_the_plan_that_holds_its_fetched_weights
     share): a piece whose alone mapping takes another plan (one chip holding them all, handing
     its outputs on outside its time) runs with the streaming plan, its weights on chip, at the
     time the alone mapping timed for that plan (plus its cache write); without that plan timed,
-    or ending at an all-reduce, as mapped alone."""
+    or ending at an all-reduce where the streaming plan is not faster, as mapped alone."""
     from tvm_spinn.llm.plan import _Stage
     from tvm_spinn.program.records import SystemTimingSummary
 
@@ -576,3 +576,46 @@ def test_a_degree_whose_streamed_blocks_beat_resident_ones_keeps_every_block_str
                                             for s, t in zip(streamed.program_s, streamed.program_timings))
     assert len(streamed.program_timings) == len(streamed.program_s) > 0
     assert rec["energy_j"] == pytest.approx(2 * L * (streamed.energy_j - unburnt) + head.energy_j, rel=1e-12)
+
+
+def test_a_piece_ending_at_an_all_reduce_fetched_ahead_runs_its_streaming_plan_without_the_row_gather():
+    """A projection ending where the boards all-reduce, whose block's SRAM ledger put it on one
+    chip (its sums then spread over the board): fetched ahead, it runs the streaming mapping's
+    48-chip plan with its weights on chip, at the time the alone mapping timed for that plan
+    less the gather of its row at its end (the all-reduce delivers the row: the tail the
+    streamed piece's own timing of that plan shows), where that is faster."""
+    from tvm_spinn.llm.plan import _Stage
+    from tvm_spinn.program.records import CollectiveSummary, SystemTimingSummary
+
+    zero = dict.fromkeys(("compute", "dram", "sram", "links"), 0.0)
+    row = 32768
+    wide, one = (48, 1, 1), (1, 1, 1)
+
+    def stage(timings, streamed, plans, candidates=()):
+        program_s = [t.latency_s for t in timings]
+        return _Stage(sum(program_s), 0.0, 0, 0, sum(streamed), 0, 0, zero, zero, program_s=tuple(program_s),
+                      program_streamed=tuple(streamed), program_timings=tuple(timings), program_plans=tuple(plans),
+                      program_candidates=tuple(candidates))
+
+    def timing(layer_s, tail, chips, colls=()):
+        return SystemTimingSummary(sum(layer_s) + tail, 0.0, 0.0, 0.0, "compute", chips, 0, tuple(layer_s),
+                                   tuple(CollectiveSummary(layer, op, "multicast", nbytes, s, 7, 0)
+                                         for layer, op, nbytes, s in colls), 0.0)
+
+    # the block's ledger: the projection on one chip, 10 us, its sums spread over the board: 16 us
+    resident = stage([timing([16e-6], 0.0, 1)], [8], [one])
+    # streaming on 48 chips: 2 us of layers and 12 us of weights, then its row's 36 us gather
+    streamed = stage([timing([14e-6], 36e-6, 48, [(1, "all_gather", row, 36e-6)])], [88_000], [wide])
+    # alone: one chip at 10 us; the 48-chip plan with its weights on chip timed at 40 us (its gather in)
+    alone = stage([timing([10e-6], 0.0, 1)], [0], [one], [{one: 10e-6, wide: 40e-6}])
+    got = board_tp._on_chip(resident, ["proj"], (True,), row, 48, 6e-6, lambda p: alone, streamed)
+    assert got.program_s[0] == pytest.approx(4e-6)  # 40 us less its row's 36 us gather
+    assert got.program_timings[0] == streamed.program_timings[0]
+    # a tail that is not the row's gather is not the all-reduce's: the one-chip piece, spread (16 us)
+    other = stage([timing([14e-6], 36e-6, 48, [(1, "all_gather", 2048, 36e-6)])], [88_000], [wide])
+    assert board_tp._on_chip(resident, ["proj"], (True,), row, 48, 6e-6, lambda p: alone,
+                             other).program_s[0] == pytest.approx(16e-6)
+    # the 48-chip plan not timed alone: as mapped alone, spread
+    untimed = stage([timing([10e-6], 0.0, 1)], [0], [one], [{one: 10e-6}])
+    assert board_tp._on_chip(resident, ["proj"], (True,), row, 48, 6e-6, lambda p: untimed,
+                             streamed).program_s[0] == pytest.approx(16e-6)

@@ -704,7 +704,8 @@ def _on_chip(resident, pieces, ends, row_bytes: int, chips: int, scatter_s: floa
     runs with the streaming plan instead, its weights on chip: the alone mapping's time of that
     plan (each plan the mapper timed, :attr:`tvm_spinn.llm.plan._Stage.program_candidates`),
     with that plan's own gathers of its outputs, as a piece not ending at an all-reduce has
-    them (one that does keeps the alone mapping: its gathers are the all-reduce's). A piece
+    them; one that does runs so without the gather of its row at its end, which the all-reduce
+    delivers (:func:`_ahead_of_end`), where that is faster than the alone mapping. A piece
     mapped alone on fewer chips than the next piece runs on hands its outputs on to them
     (``handoffs``, :func:`_handed_on`)."""
     import dataclasses
@@ -718,6 +719,15 @@ def _on_chip(resident, pieces, ends, row_bytes: int, chips: int, scatter_s: floa
         if resident.program_streamed[k] <= 0:
             continue
         alone = map_alone(piece)
+        if plans is not None and ends[k] and alone.program_plans and alone.program_plans[0] != plans[k]:
+            # ending at an all-reduce: the streaming plan with its weights on chip, its row's
+            # gather the all-reduce's (as the streamed piece's own timing has it), where faster
+            ahead = _ahead_of_end(alone, streamed, k, row_bytes)
+            if ahead is not None and ahead < times[k]:
+                times[k] = ahead
+                if timings is not None:
+                    timings[k] = streamed.program_timings[k]
+                continue
         if plans is not None and not ends[k] and alone.program_plans and alone.program_plans[0] != plans[k]:
             # the streaming plan with its weights on chip; its KV-cache write as the alone mapping's
             same = alone.program_candidates[0].get(plans[k])
@@ -781,6 +791,24 @@ def _mac_high(P, mapped, pieces, ends, board, host_shapes, slots: int, memo, fit
     fit_ahead = max(1, int((budget - buffer * cpb) // max(1, block_w)))
     return [(_block_variants(resident, streamed, fit, fit_ahead, saved, buffer, _unburnt_j(streamed, gains, board)),
              resident, streamed, on_chip, "r")]
+
+
+def _ahead_of_end(alone, streamed, k: int, row_bytes: int) -> "float | None":
+    """Seconds of piece ``k`` (ending where the boards all-reduce) run with the streaming
+    mapping's shard plan and its weights on chip: that plan's time in the piece's alone mapping
+    (:attr:`tvm_spinn.llm.plan._Stage.program_candidates`, its KV-cache write as the alone
+    mapping's) less the gather of its row at its end, which the all-reduce delivers
+    (:func:`fused_gathers`: the tail the streamed piece's timing of the same plan shows). None
+    where the alone mapping did not time that plan."""
+    import dataclasses
+
+    same = alone.program_candidates[0].get(streamed.program_plans[k]) if alone.program_candidates else None
+    if same is None:
+        return None
+    chosen = alone.program_candidates[0].get(alone.program_plans[0], alone.program_timings[0].latency_s)
+    one = dataclasses.replace(streamed, program_timings=(streamed.program_timings[k],))
+    saved = fused_gathers(one, (True,), row_bytes)
+    return same + (alone.program_s[0] - chosen) - (saved[0] if saved else 0.0)
 
 
 def _at_most(resident, streamed):

@@ -286,12 +286,15 @@ def issued(program: Program, collectives) -> list[tuple[int, str, int, bool, str
     ready)``: all-gathers over the same group that follow one another in the plan, each of a
     tensor already produced when the first of them is due, go out together as one all-gather of
     their summed bytes (GPT-2's Q, K and V, sliced from one column-parallel GEMM and gathered for
-    the attention: one collective's hop latencies instead of three). The gathers of the
+    the attention: one collective's hop latencies instead of three); a tensor that relabels
+    bytes written before it (a reshape or a unit-axis permute of a slice, as Llama's key is
+    before its rotary embedding: :meth:`~tvm_spinn.program.ops.base.OpFamily.aliases_input`)
+    counts as produced when they are. The gathers of the
     program's outputs (``layer == len(layers)``) are not merged: each is issued once its bytes
     are written (``ready``: the index of the layer that writes them, -1 for an input passed
-    through; an output that is a reshape or a same-size ``broadcast_to`` of an earlier tensor
-    holds that tensor's bytes) and runs on the links while the later layers compute
-    (:func:`tvm_spinn.timing.system.compose`); ``ready`` is None for the others."""
+    through; an output that is a reshape, a same-size ``broadcast_to`` or a unit-axis
+    ``permute_dims`` of an earlier tensor holds that tensor's bytes) and runs on the links while
+    the later layers compute (:func:`tvm_spinn.timing.system.compose`); ``ready`` is None for the others."""
     n = len(program.layers)
     producer = {layer.output: i for i, layer in enumerate(program.layers)}
 
@@ -312,7 +315,7 @@ def issued(program: Program, collectives) -> list[tuple[int, str, int, bool, str
             out.append([c.layer, c.op, c.nbytes, c.exact, group, written(c.tensor)])
             continue
         if (last is not None and c.op == "all_gather" and last[1] == "all_gather" and last[4] == group
-                and last[5] is None and producer.get(c.tensor, -1) < last[0]):
+                and last[5] is None and written(c.tensor) < last[0]):
             last[2] += c.nbytes
             continue
         out.append([c.layer, c.op, c.nbytes, c.exact, group, None])
@@ -405,6 +408,7 @@ def _system_timing(program: Program, plan: ShardPlan, shard: Program, tables, ch
     # and the layers reading it fetch it over the NoC, not once per tile from DRAM.
     room = chip.pes_per_chip * chip.tile_sram_bytes * GATHERED_SRAM_SHARE
     gathered = [t for t in range(len(program.tensors), len(shard.tensors)) if shard.tensors[t].nbytes <= room]
+    gathered += _sent_blocks(program, plan, shard, room)
     # Inputs the region's budget says are already in the chips' SRAM (e.g. a planner's stage
     # whose earlier program, or the hand-over from the previous board, put them there) are
     # read over the NoC too, and cross no DRAM; outputs it names the program leaves in SRAM
@@ -426,6 +430,20 @@ def _system_timing(program: Program, plan: ShardPlan, shard: Program, tables, ch
     waves = [int(np.bincount(np.asarray(t.pe, dtype=np.int64)).max()) if len(t) else 1 for t in tables]
     return compose(program, chip, exec_cycles, stream, colls, plan.chips, row_fp32, io,
                    prefetch_bytes=2 * prefetch, waves=waves), exec_cycles
+
+
+def _sent_blocks(program: Program, plan: ShardPlan, shard: Program, room: float) -> list[int]:
+    """The tensors of ``shard`` that only an all-gather before a layer reads (the layers after
+    it read the gathered copy, :func:`~.shard.shard_program`), at most ``room`` bytes: the
+    chip's block, which its producer leaves in SRAM, where the links' packets are sent from, as
+    the gathered copy lands there. Left off chip, the memory plan would write it to DRAM for no
+    reader (and a view producing it, such as the slice of a column-parallel GEMM's output that
+    is gathered, would pay as a copy)."""
+    n = len(program.layers)
+    read = {t for layer in shard.layers for t in layer.inputs}
+    sent = {c.tensor for c in plan.collectives if c.op == "all_gather" and c.layer < n}
+    return sorted(t for t in sent if t not in read and program.tensors[t].role == "temp"
+                  and shard.tensors[t].nbytes <= room)
 
 
 def retime(program: Program, arch: SpinnArch, derive) -> TimingSummary:

@@ -564,9 +564,13 @@ class Movement(FlatFamily):
         return layer.kind != "strided_slice"
 
     def aliases_input(self, program, layer) -> bool:
+        # a reshape, a same-size broadcast_to, and a permute_dims that moves only unit axes
+        # (:meth:`is_view`): in row-major order the output is the input's bytes unchanged
         acts = [x for x in layer.inputs if program.tensors[x].role != "const"]
-        return layer.kind in ("reshape", "broadcast_to") and len(acts) == 1 \
-            and program.tensors[acts[0]].nbytes == program.tensors[layer.output].nbytes
+        if len(acts) != 1 or program.tensors[acts[0]].nbytes != program.tensors[layer.output].nbytes:
+            return False
+        return layer.kind in ("reshape", "broadcast_to") or (layer.kind == "permute_dims"
+                                                              and self.is_view(program, layer))
 
     def is_view(self, program, layer) -> bool:
         """A reshape; a ``broadcast_to`` that adds only unit axes; a ``permute_dims`` that moves
