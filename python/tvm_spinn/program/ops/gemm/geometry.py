@@ -580,6 +580,30 @@ def _fp32_row_tiles(g: GemmShape, mac_rows: int) -> set:
     return out
 
 
+def _fp32_band_tiles(g: GemmShape, tms: set, pes: int, mac_rows: int) -> dict:
+    """fp32 column tiles per row tile that fill whole rounds of ``pes`` PEs: for each row tile
+    below the rows (``tms``'s, and, for rows over the batch at least the MAC array's
+    ``mac_rows``, bands of one and two register blocks, :data:`M4F_BLOCK`; fewer rows take
+    :func:`_fp32_row_tiles`), the column tiles, multiples of the register block's columns,
+    that cut the columns into about ``j * pes`` tiles over the row tiles (``j`` = 1 .. 8
+    rounds). A short reduction (a
+    weight gradient over a slot's few tokens) pays a job's entry, a row's set-up and a block's
+    for a few steps each: one wide band of ``4 x 4`` blocks a PE pays them once where the
+    MAC-high tiles the other candidates take run many small jobs, and whole rounds leave no PE
+    idle in the last. Each output's reduction is the same whatever the tile (ascending k on one
+    PE), so no bit moves."""
+    mr, nr = M4F_BLOCK
+    rows = {t for t in tms if t < g.m}
+    if g.m * g.batch >= mac_rows:
+        rows |= {t for t in (mr, 2 * mr) if t < g.m}
+    out = {}
+    for tm in sorted(rows):
+        row_tiles = g.batch * ceil_div(g.m, tm)
+        out[tm] = {min(_round_up(ceil_div(g.n, max(1, j * pes // row_tiles)), nr), _round_up(g.n, nr))
+                   for j in range(1, 9)}
+    return out
+
+
 def choose_matmul_tile(g: GemmShape, arch: "SpinnArch", pes: int, resident: bool = False) -> tuple[int, ...]:
     """The mapper's ``(tm, tn, tk)`` for an fp32 ``matmul`` (both operands computed, none a
     weight constant) on ``pes`` PEs: the tile planners without a program to build (the training
@@ -642,6 +666,13 @@ def choose_gemm_tile(g: GemmShape, arch: "SpinnArch", name: str = "gemm", pes: i
             tns.update({1, 2})
         tns.update(min(g.n, ceil_div(g.n * g.batch * ceil_div(g.m, m_cap), k * pes)) for k in range(1, 9))
         tms.update(_fp32_row_tiles(g, r))
+        # with the right operand on chip (resident): the layer is the PEs' compute, where the
+        # bands' fewer jobs show; streamed from DRAM, the last tile computes after the
+        # channel's last byte (the timing model's layer rule) and a band's long job waits there
+        bands = _fp32_band_tiles(g, tms, pes, r) if resident else {}
+        tms.update(bands)
+    else:
+        bands = {}
     tms, tns = sorted(tms), sorted(tns)
     chips = max(1, -(-pes // arch.pes_per_chip))
     dram_bytes_per_cycle = arch.dram_bw_bytes_s * chips / arch.clock_hz
@@ -650,7 +681,7 @@ def choose_gemm_tile(g: GemmShape, arch: "SpinnArch", name: str = "gemm", pes: i
     weight_a = _weight_is_a(kind)
     best, best_key = None, None
     for tm in tms:
-        for tn in tns:
+        for tn in sorted(set(tns).union(bands.get(tm, ()))):
             pm, pn = _round_up(tm, r), _round_up(tn, c)  # the buffers tile_costs reserves
             fixed = ACC_BYTES * pm * pn
             per_k = 2 * (ae * pm + be * pn)
