@@ -581,19 +581,19 @@ def _fp32_row_tiles(g: GemmShape, mac_rows: int) -> set:
 
 
 def _fp32_band_tiles(g: GemmShape, tms: set, pes: int, mac_rows: int) -> dict:
-    """fp32 column tiles per row tile that fill whole rounds of ``pes`` PEs: for each row tile
-    below the rows (``tms``'s, and, for rows over the batch at least the MAC array's
-    ``mac_rows``, bands of one and two register blocks, :data:`M4F_BLOCK`; fewer rows take
-    :func:`_fp32_row_tiles`), the column tiles, multiples of the register block's columns,
-    that cut the columns into about ``j * pes`` tiles over the row tiles (``j`` = 1 .. 8
-    rounds). A short reduction (a
+    """fp32 column tiles per row tile that fill whole rounds of ``pes`` PEs, ``{tm: {tn}}``:
+    the row tiles are bands one or two register blocks high (:data:`M4F_BLOCK`) below the rows
+    (where the rows over the batch are at least the MAC array's ``mac_rows``; fewer rows, only
+    the ones among ``tms``, which :func:`_fp32_row_tiles` supplies), each with the column
+    tiles, multiples of the register block's columns, that cut the columns into about
+    ``j * pes`` tiles over the row tiles (``j`` = 1 .. 8 rounds). A short reduction (a
     weight gradient over a slot's few tokens) pays a job's entry, a row's set-up and a block's
     for a few steps each: one wide band of ``4 x 4`` blocks a PE pays them once where the
     MAC-high tiles the other candidates take run many small jobs, and whole rounds leave no PE
     idle in the last. Each output's reduction is the same whatever the tile (ascending k on one
     PE), so no bit moves."""
     mr, nr = M4F_BLOCK
-    rows = {t for t in tms if t < g.m}
+    rows = {t for t in tms if t < g.m and t <= 2 * mr}
     if g.m * g.batch >= mac_rows:
         rows |= {t for t in (mr, 2 * mr) if t < g.m}
     out = {}
