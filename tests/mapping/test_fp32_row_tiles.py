@@ -95,3 +95,94 @@ def test_the_row_tiles_switch_keeps_mac_high_tiles_and_the_bits():
     assert has_row_tiles(best, chip)
     for rows in (4, 16):
         assert not has_row_tiles(_mapped(chip, rows, k, n), chip)
+
+
+def test_band_tiles_fill_whole_rounds_of_the_pes():
+    """The band candidates: per band of one or two register blocks below the rows, column tiles of
+    whole register blocks that cut the columns into about ``j * pes`` tiles."""
+    mr, nr = M4F_BLOCK
+    pes = 148
+    g = GemmShape(1, 768, 256, 8)
+    bands = geometry._fp32_band_tiles(g, {16, 32}, pes, 16)
+    assert sorted(bands) == [mr, 2 * mr]
+    for tm, cols in bands.items():
+        assert all(tn % nr == 0 and 0 < tn <= 256 for tn in cols)
+        row_tiles = -(-768 // tm)
+        for j in range(1, 9):  # the tile count of each round count, recomputed independently
+            nt = max(1, j * pes // row_tiles)
+            assert min(256, -(-(-(-256 // nt)) // nr) * nr) in cols
+    assert geometry._fp32_band_tiles(GemmShape(1, 4, 64, 8), {4, 16}, pes, 16) == {}  # one register block of rows
+    # fewer rows than the MAC array's: only the row tiles given (the register-block ones of
+    # :func:`_fp32_row_tiles`) get their column tiles
+    assert sorted(geometry._fp32_band_tiles(GemmShape(1, 8, 192, 768), {16}, pes, 16)) == []
+    assert sorted(geometry._fp32_band_tiles(GemmShape(1, 8, 192, 768), {4, 8, 16}, pes, 16)) == [mr]
+
+
+def _executed_cycles(shapes):
+    """``(m, n, k) -> cycles`` the fp32 GEMM kernel executes for one job of that tile in the ARM
+    emulator (the ``iss`` mode's machine), as ``bench/iss.py`` runs it."""
+    from tvm_spinn.pe.cycles import executed_cycles
+    from tvm_spinn.pe.execute import gemm_f32_panels
+    from tvm_spinn.pe.images import role_image
+    from tvm_spinn.pe.iss import PeMachine
+
+    arch = tvm_spinn.SpinnArch()
+    image = role_image(("gemm_f32", False))
+    machine = PeMachine(image.elf, image.name, 0, arch.acc_bits, arch)
+    rng, out = np.random.default_rng(0), {}
+    for m, n, k in shapes:
+        a, b = rng.standard_normal(m * k).astype(np.float32), rng.standard_normal(k * n).astype(np.float32)
+        pa = machine.arena
+        pb, pc = pa + a.nbytes, pa + a.nbytes + b.nbytes
+        pan_a, pan_b = gemm_f32_panels(a.reshape(m, k), b.reshape(k, n))
+        machine.write(pa, pan_a)
+        machine.write(pb, pan_b)
+        machine.clear_counters()
+        machine.run([[pa, pb, pc, pc + 4 * m * n, m, n, k, 3]])
+        out[(m, n, k)] = executed_cycles(machine)[0]
+    return out
+
+
+def test_a_short_reduction_takes_wide_register_block_bands_faster_with_the_same_bits(monkeypatch):
+    """A weight gradient over a pipeline slot's 8 tokens (GPT-2 small's MLP-up shard at TP 12,
+    768 x 8 x 256) with its right operand on chip: bands of ``4 x 4`` blocks a register block or
+    two high over many columns run fewer jobs, rows and blocks than MAC-high tiles; the busiest
+    PE executes fewer cycles (the kernel run in the ARM emulator), and the outputs keep their
+    bits. Streamed from DRAM the chooser keeps its other candidates."""
+    from tvm_spinn.program.ops.gemm import choose_matmul_tile
+
+    chip = tvm_spinn.make_system("one-chip-148")
+    pes = chip.pes_per_chip
+    m, k, n = 768, 8, 256
+    g = GemmShape(1, m, n, k)
+    band = choose_matmul_tile(g, chip, pes, resident=True)[:2]
+    assert band[0] in (M4F_BLOCK[0], 2 * M4F_BLOCK[0])
+    streamed = choose_matmul_tile(g, chip, pes, resident=False)[:2]
+    with monkeypatch.context() as mp:
+        mp.setattr(geometry, "_fp32_band_tiles", lambda *args: {})
+        old = choose_matmul_tile(g, chip, pes, resident=True)[:2]
+        assert choose_matmul_tile(g, chip, pes, resident=False)[:2] == streamed
+    assert old[0] >= chip.mac_rows and streamed[0] >= chip.mac_rows
+
+    def busiest(tile):  # the busiest PE's tiles one after another, each one job (k fits a chunk)
+        tm, tn = tile
+        tiles = -(-m // tm) * -(-n // tn)
+        return -(-tiles // pes) * ran[(min(tm, m), min(tn, n), k)]
+
+    ran = _executed_cycles({(min(t[0], m), min(t[1], n), k) for t in (band, old)})
+    assert busiest(band) < 0.95 * busiest(old)
+    # the compiled layer with its right operand resident takes the band and keeps the bits
+    tensors = [TensorDesc("x", [1, m, k], "float32", "input"), TensorDesc("w", [1, k, n], "float32", "input"),
+               TensorDesc("y", [1, m, n], "float32", "output")]
+    program = Program("main", chip, tensors, [0, 1], [2], [Layer(name="wgrad", kind="matmul", inputs=[0, 1], output=2)])
+    program = _map(layer_work(program, 0, chip), chip, "sequential", MappingOptions(weights="resident"),
+                   np.zeros(pes, dtype=np.int64))[0]
+    assert tuple(program.mapping.layers[0].tile[:2]) == tuple(band)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1, m, k)).astype(np.float32)
+    w = rng.standard_normal((1, k, n)).astype(np.float32)
+    ref = np.zeros((1, m, n), np.float32)
+    for j in range(k):  # fl(acc + fl(a * b)), k ascending: the kernels' order
+        ref = ref + x[:, :, j, None] * w[:, None, j, :]
+    (got,) = run_program(program, [x, w], mode="tiles")
+    np.testing.assert_array_equal(got, ref)

@@ -624,6 +624,30 @@ def has_row_tiles(program, arch: "SpinnArch") -> bool:
     return False
 
 
+def _fp32_band_tiles(g: GemmShape, tms: set, pes: int, mac_rows: int) -> dict:
+    """fp32 column tiles per row tile that fill whole rounds of ``pes`` PEs, ``{tm: {tn}}``:
+    the row tiles are bands one or two register blocks high (:data:`M4F_BLOCK`) below the rows
+    (where the rows over the batch are at least the MAC array's ``mac_rows``; fewer rows, only
+    the ones among ``tms``, which :func:`_fp32_row_tiles` supplies), each with the column
+    tiles, multiples of the register block's columns, that cut the columns into about
+    ``j * pes`` tiles over the row tiles (``j`` = 1 .. 8 rounds). A short reduction (a
+    weight gradient over a slot's few tokens) pays a job's entry, a row's set-up and a block's
+    for a few steps each: one wide band of ``4 x 4`` blocks a PE pays them once where the
+    MAC-high tiles the other candidates take run many small jobs, and whole rounds leave no PE
+    idle in the last. Each output's reduction is the same whatever the tile (ascending k on one
+    PE), so no bit moves."""
+    mr, nr = M4F_BLOCK
+    rows = {t for t in tms if t < g.m and t <= 2 * mr}
+    if g.m * g.batch >= mac_rows:
+        rows |= {t for t in (mr, 2 * mr) if t < g.m}
+    out = {}
+    for tm in sorted(rows):
+        row_tiles = g.batch * ceil_div(g.m, tm)
+        out[tm] = {min(_round_up(ceil_div(g.n, max(1, j * pes // row_tiles)), nr), _round_up(g.n, nr))
+                   for j in range(1, 9)}
+    return out
+
+
 def choose_matmul_tile(g: GemmShape, arch: "SpinnArch", pes: int, resident: bool = False) -> tuple[int, ...]:
     """The mapper's ``(tm, tn, tk)`` for an fp32 ``matmul`` (both operands computed, none a
     weight constant) on ``pes`` PEs: the tile planners without a program to build (the training
@@ -689,6 +713,14 @@ def choose_gemm_tile(g: GemmShape, arch: "SpinnArch", name: str = "gemm", pes: i
         tns.update(min(g.n, ceil_div(g.n * g.batch * ceil_div(g.m, m_cap), k * pes)) for k in range(1, 9))
         if row_tiles:
             tms.update(_fp32_row_tiles(g, r))
+        # with the right operand on chip (resident): the layer is the PEs' compute, where the
+        # bands' fewer jobs show; streamed from DRAM, the last tile computes after the
+        # channel's last byte (the timing model's layer rule) and a band's long job waits there.
+        # Bands are register-block-high row tiles: MappingOptions(row_tiles=False) keeps them out.
+        bands = _fp32_band_tiles(g, tms, pes, r) if resident and row_tiles else {}
+        tms.update(bands)
+    else:
+        bands = {}
     tms, tns = sorted(tms), sorted(tns)
     chips = max(1, -(-pes // arch.pes_per_chip))
     dram_bytes_per_cycle = arch.dram_bw_bytes_s * chips / arch.clock_hz
@@ -697,7 +729,7 @@ def choose_gemm_tile(g: GemmShape, arch: "SpinnArch", name: str = "gemm", pes: i
     weight_a = _weight_is_a(kind)
     best, best_key = None, None
     for tm in tms:
-        for tn in tns:
+        for tn in sorted(set(tns).union(bands.get(tm, ()))):
             pm, pn = _round_up(tm, r), _round_up(tn, c)  # the buffers tile_costs reserves
             fixed = ACC_BYTES * pm * pn
             per_k = 2 * (ae * pm + be * pn)
