@@ -215,6 +215,10 @@ def test_gemv_epilogue_bit_identical_at_the_guards():
     rows runs the row loops), over the output ranges: :func:`requantize`'s outputs."""
     rng = np.random.default_rng(11)
     acc, rowsum, colsum, zx, kk, columns, vb = _guard_columns(rng, 32, 4)
+    # row sums of every size (their zero-point term wraps in 32 bits), so that it moves outputs
+    rowsum = rng.integers(-(1 << 31), 1 << 31, size=len(acc))
+    zw, bias = columns[:, 0], columns[:, 1]
+    vb = (acc - zw * rowsum[:, None] - zx * colsum + kk * zx * zw).astype(np.int32).astype(np.int64) + bias
     for zero, y_min, y_max, ydt in _out_ranges():
         want = requantize(vb, columns[:, 2], columns[:, 3], zero, y_min, y_max).astype(ydt)
         head = [zx, kk, zero, y_min, y_max]
