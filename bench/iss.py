@@ -560,7 +560,8 @@ EPILOGUES = {"f32": (("gemm_i8", "f32", False), 2, None, (0, -128, 127)),
              "requant": (("gemm_i8",), 2, 40, (0, -128, 127)),
              "requant relu": (("gemm_i8",), 2, 40, (-5, -5, 127)),
              "requant gemv": (("gemm_i8", "gemv"), 2, 40, (0, -128, 127)),
-             "req gemv relu": (("gemm_i8", "gemv"), 2, 40, (-5, -5, 127))}
+             "req gemv relu": (("gemm_i8", "gemv"), 2, 40, (-5, -5, 127)),
+             "tflite gemv": (("gemm_i8", "tflite_gemv"), 2, 40, (0, -128, 127))}
 #: the shapes ``(rows, cols)`` the epilogues' mixes were counted at (``k = 16``, one chunk: the
 #: calibration rows), and held-out shapes ``(rows, cols, k, chunk, row sums)``
 EPILOGUE_CALIB = ((4, 4), (8, 4), (7, 4), (4, 8), (1, 4), (1, 12))

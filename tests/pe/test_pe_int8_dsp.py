@@ -209,22 +209,26 @@ def test_dsp_epilogues_bit_identical_at_the_guards(tflite):
         assert bad.size == 0, (zero, y_min, y_max, bad[:5])
 
 
-def test_gemv_epilogue_bit_identical_at_the_guards():
-    """The one-row kernel (``("gemm_i8", "gemv")``: one straight-line form on a one-row tile)
-    run directly on each row of :func:`_guard_columns` alone, and on all of them (a tile of more
-    rows runs the row loops), over the output ranges: :func:`requantize`'s outputs."""
-    rng = np.random.default_rng(11)
-    acc, rowsum, colsum, zx, kk, columns, vb = _guard_columns(rng, 32, 4)
+@pytest.mark.parametrize("tflite", [False, True])
+def test_gemv_epilogue_bit_identical_at_the_guards(tflite):
+    """The one-row kernels (``("gemm_i8", "gemv")``, ``("gemm_i8", "tflite_gemv")``: one
+    straight-line form on a one-row tile) run directly on each row of :func:`_guard_columns`
+    alone, and on all of them (a tile of more rows runs the row loops), over the output ranges:
+    :func:`requantize`'s / :func:`requantize_tflite`'s outputs."""
+    rng = np.random.default_rng(11 + tflite)
+    acc, rowsum, colsum, zx, kk, columns, vb = _guard_columns(rng, 31 if tflite else 32, 4)
+    spec = ("gemm_i8", "tflite_gemv") if tflite else ("gemm_i8", "gemv")
+    rule = requantize_tflite if tflite else requantize
     # row sums of every size (their zero-point term wraps in 32 bits), so that it moves outputs
     rowsum = rng.integers(-(1 << 31), 1 << 31, size=len(acc))
     zw, bias = columns[:, 0], columns[:, 1]
     vb = (acc - zw * rowsum[:, None] - zx * colsum + kk * zx * zw).astype(np.int32).astype(np.int64) + bias
     for zero, y_min, y_max, ydt in _out_ranges():
-        want = requantize(vb, columns[:, 2], columns[:, 3], zero, y_min, y_max).astype(ydt)
+        want = rule(vb, columns[:, 2], columns[:, 3], zero, y_min, y_max).astype(ydt)
         head = [zx, kk, zero, y_min, y_max]
         for i in range(len(acc)):
-            got = _run(("gemm_i8", "gemv"), acc[i:i + 1], rowsum[i:i + 1], colsum, head, columns, ydt)
+            got = _run(spec, acc[i:i + 1], rowsum[i:i + 1], colsum, head, columns, ydt)
             bad = np.argwhere(got != want[i:i + 1])
             assert bad.size == 0, (i, zero, y_min, y_max, bad[:5])
-        got = _run(("gemm_i8", "gemv"), acc, rowsum, colsum, head, columns, ydt)
+        got = _run(spec, acc, rowsum, colsum, head, columns, ydt)
         assert np.array_equal(got, want), (zero, y_min, y_max)

@@ -113,7 +113,7 @@ def layer_role(program, index: int) -> tuple:
             _fail(program, index, f"int8 {kind} with a {out} output (generated: dequantized float32, "
                                   f"requantized int8/uint8, raw int32 sums)")
         if out != "int32" and rounding == "tflite":
-            return ("gemm_i8", "tflite")
+            return ("gemm_i8", "tflite_gemv") if int8_gemv(program, program.layers[index]) else ("gemm_i8", "tflite")
         if rounding != "half_up":
             _fail(program, index, f"requantization rounding {rounding!r} (generated: half_up, tflite)")
         if out != "int32" and int8_gemv(program, program.layers[index]):  # one row a tile

@@ -243,7 +243,7 @@ def _i8_half_up_columns(ACC, RS, CS, Q, Y, zx, lo, hi, j0, w, m, n, gemv: bool):
 
 
 @T.macro
-def _i8_tflite_columns(ACC, RS, CS, Q, Y, zx, lo, hi, j0, w, m, n):
+def _i8_tflite_columns(ACC, RS, CS, Q, Y, zx, lo, hi, j0, w, m, n, gemv: bool = False):
     """TFLite's requantization (:func:`tvm_spinn.program.quant.requantize_tflite`) per column:
     ``x = (v + bias_q) << left`` in 32 bits (the simulator's int32 of the int64 sum shifted: the
     low 32 bits depend only on the sum's), ``SaturatingRoundingDoublingHighMul(x, M0)``, then
@@ -271,7 +271,14 @@ def _i8_tflite_columns(ACC, RS, CS, Q, Y, zx, lo, hi, j0, w, m, n):
         if right != 0:
             m2 = Q[d + 5]
             k = Q[d + 6]
-            if full:
+            if gemv and m == 1:
+                # one row a tile: one straight-line form (the row sum's MLS and the clamp's top
+                # whatever the column's zero point and the output's range), no row loop
+                x = _i8_v(ACC, RS, 0, n, j, zw, c, False)
+                h = _smmulr(x, m2) + x
+                _i8_store_clamped(Y, j, T.shift_right(_qadd(h + T.shift_right(h, 31), k), right), False, Q[3],
+                                  Q[4] - Q[3])
+            elif full:
                 if zw == 0:
                     _i8_tflite_rows(ACC, RS, Y, j, m, n, zw, c, m2, k, right, Q[3], 255, True, True)
                 else:

@@ -115,8 +115,8 @@ class Int8Side:
     side's), so the requantization subtracts its product with the row sums per output;
     ``narrow``: the requantization's clamp is narrower than the output type's 256 values (a ReLU
     at the zero point, a clip), one compare more per output (the requantizations' variants);
-    ``gemv``: the layer's tiles have one row and run the one-rounding requantization's one-row
-    kernel (:func:`int8_gemv`, :data:`I8_REQUANT_GEMV`).
+    ``gemv``: the layer's tiles have one row and run the requantization's one-row kernel
+    (:func:`int8_gemv`, :data:`I8_REQUANT_GEMV`, :data:`I8_TFLITE_GEMV`).
     """
 
     fp32_out: bool = False
@@ -153,12 +153,14 @@ def int8_side(program, layer: Layer) -> Int8Side:
 
 
 def int8_gemv(program, layer: Layer) -> bool:
-    """Whether int8 GEMM ``layer`` runs the one-row kernel of the one-rounding requantization (PE
-    kernel ``("gemm_i8", "gemv")``): an int8 or uint8 output with the ``half_up`` rounding and
-    one row in every tile the kernel runs (the layer's rows, or a ``conv2d``'s output pixels,
-    which its transposed tiles put on the kernel's rows, are one: a matrix-vector product)."""
+    """Whether int8 GEMM ``layer`` runs a one-row kernel of its requantization (PE kernel
+    ``("gemm_i8", "gemv")``, or ``("gemm_i8", "tflite_gemv")`` for TFLite's): an int8 or uint8
+    output with either rounding and one row in every tile the kernel runs (the layer's rows, or
+    a ``conv2d``'s output pixels, which its transposed tiles put on the kernel's rows, are one:
+    a matrix-vector product)."""
     out = program.tensors[layer.output]
-    if out.dtype not in _QRANGE or layer.attrs.get("rounding", "half_up") != "half_up":
+    rounding = layer.attrs.get("rounding", "half_up")
+    if out.dtype not in _QRANGE or rounding not in ("half_up", "tflite"):
         return False
     shape = tuple(out.shape)  # the rows of :func:`gemm_shape` (a conv2d's pixels), from the output
     if layer.kind == "conv2d":
@@ -406,6 +408,11 @@ I8_REQUANT_GEMV = Mix(loads=9, paired=7, alu=16, branches=1, mla=2)
 #: The one-row kernel's requantization per column block: the epilogue's flag test and its live
 #: values reloaded (what remains of the ``1 x 4`` tile's epilogue, one block, after its columns)
 I8_REQUANT_GEMV_BLOCK = Mix(loads=2, paired=1, alu=6, branches=1)
+#: TFLite's in the one-row kernel (``("gemm_i8", "tflite_gemv")``), counted the same way: per column
+#: 63 cycles (SMMLAR's SMMULR and ADD, the ADD of its sign, QADD, ASR in place of QADD, SMMLA, ASR),
+#: per column block 14
+I8_TFLITE_GEMV = Mix(loads=12, paired=13, alu=20, branches=1, mla=2)
+I8_TFLITE_GEMV_BLOCK = Mix(loads=3, paired=2, alu=4, branches=1)
 I8_TFLITE_CODE = {
     (False, False): Int8Epilogue(
         out=Mix(loads=3, paired=1 / 2, alu=31 / 4, branches=1 / 4),
@@ -454,7 +461,8 @@ def _finish_cycles(rows, cols, blocks, arch: "SpinnArch", side: Int8Side):
     """M4F cycles of the last chunk's epilogue on ``rows x cols`` outputs (the kernel's) in
     ``blocks`` column blocks: the dequantizing epilogue's variant (:data:`I8_DEQUANT_CODE`),
     TFLite's requantization's (:data:`I8_TFLITE_CODE`) or the one-rounding one's
-    (:data:`I8_REQUANT_CODE`; on a one-row tile of the one-row kernel :data:`I8_REQUANT_GEMV`);
+    (:data:`I8_REQUANT_CODE`; on a one-row tile of a one-row kernel :data:`I8_REQUANT_GEMV` or
+    :data:`I8_TFLITE_GEMV`);
     none for an int32 output or a part of a split reduction. ``rows``, ``cols`` may be int64 arrays."""
     if not side.epilogue or side.int32_out:
         return 0.0
@@ -469,8 +477,10 @@ def _finish_cycles(rows, cols, blocks, arch: "SpinnArch", side: Int8Side):
         e = (I8_TFLITE_CODE if side.tflite else I8_REQUANT_CODE)[side.narrow, side.col_zero]
     col = np.where(rows >= 4, c(e.col), c(e.col_short))
     rowwise = (rows - rest) * cols * c(e.out) + rest * cols * c(e.one) + cols * col + blocks * c(e.block)
-    if side.gemv and not side.fp32_out and not side.tflite:  # the one-row kernel's column loop
-        return np.where(rows == 1, cols * c(I8_REQUANT_GEMV) + blocks * c(I8_REQUANT_GEMV_BLOCK), rowwise)
+    if side.gemv and not side.fp32_out:  # the one-row kernel's column loop
+        col1, block1 = (I8_TFLITE_GEMV, I8_TFLITE_GEMV_BLOCK) if side.tflite else (I8_REQUANT_GEMV,
+                                                                                  I8_REQUANT_GEMV_BLOCK)
+        return np.where(rows == 1, cols * c(col1) + blocks * c(block1), rowwise)
     return rowwise
 
 
