@@ -558,12 +558,20 @@ EPILOGUES = {"f32": (("gemm_i8", "f32", False), 2, None, (0, -128, 127)),
              "tflite": (("gemm_i8", "tflite"), 2, 40, (0, -128, 127)),
              "tflite relu": (("gemm_i8", "tflite"), 2, 40, (-5, -5, 127)),
              "requant": (("gemm_i8",), 2, 40, (0, -128, 127)),
-             "requant relu": (("gemm_i8",), 2, 40, (-5, -5, 127))}
+             "requant relu": (("gemm_i8",), 2, 40, (-5, -5, 127)),
+             "requant gemv": (("gemm_i8", "gemv"), 2, 40, (0, -128, 127)),
+             "req gemv relu": (("gemm_i8", "gemv"), 2, 40, (-5, -5, 127)),
+             "tflite gemv": (("gemm_i8", "tflite_gemv"), 2, 40, (0, -128, 127))}
 #: the shapes ``(rows, cols)`` the epilogues' mixes were counted at (``k = 16``, one chunk: the
 #: calibration rows), and held-out shapes ``(rows, cols, k, chunk, row sums)``
 EPILOGUE_CALIB = ((4, 4), (8, 4), (7, 4), (4, 8), (1, 4), (1, 12))
 EPILOGUE_HELD = ((16, 16, 64, 64, False), (13, 20, 48, 48, True), (3, 40, 96, 32, False), (32, 8, 200, 64, True),
                  (6, 24, 30, 30, False), (1, 64, 256, 128, False), (48, 32, 72, 72, True))
+#: the one-row kernel's (``("gemm_i8", "gemv")``, which the layers of one-row tiles run): its
+#: column counted at one-row shapes, held out on one-row tiles of one to three chunks
+EPILOGUE_GEMV_CALIB = ((1, 4), (1, 12))
+EPILOGUE_GEMV_HELD = ((1, 64, 256, 128, False), (1, 40, 96, 32, True), (1, 8, 1024, 511, False),
+                      (1, 96, 1024, 511, True), (1, 24, 30, 30, False))
 
 
 def _epilogue_run(machine, rows, cols, k, chunk, flags, shift, rng, out=(0, -128, 127)) -> int:
@@ -597,8 +605,11 @@ def _epilogue_table(arch) -> None:
         machine = PeMachine(image.elf, image.name, 0, arch.acc_bits, arch)
         requant = shift is not None
         side = dict(fp32_out=not requant, relu="relu" in name and not requant, bias="bias" in name,
-                    tflite=name.startswith("tflite"), col_zero=requant, narrow=requant and out[2] - out[1] != 255)
-        shapes = [(r, c, 16, 16, False, True) for r, c in EPILOGUE_CALIB] + [s + (False,) for s in EPILOGUE_HELD]
+                    tflite=name.startswith("tflite"), col_zero=requant, narrow=requant and out[2] - out[1] != 255,
+                    gemv="gemv" in name)
+        counted, held_out = (EPILOGUE_GEMV_CALIB, EPILOGUE_GEMV_HELD) if "gemv" in name else (EPILOGUE_CALIB,
+                                                                                            EPILOGUE_HELD)
+        shapes = [(r, c, 16, 16, False, True) for r, c in counted] + [s + (False,) for s in held_out]
         for rows, cols, k, chunk, rs, calib in shapes:
             executed = _epilogue_run(machine, rows, cols, k, chunk, flags | (4 if rs else 0), shift, rng, out)
             modelled = int8_pipelined_cycles(rows, cols, k, chunk, arch, Int8Side(row_sums=rs, **side))

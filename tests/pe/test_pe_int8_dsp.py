@@ -157,22 +157,18 @@ def _run(spec, acc, rowsum, colsum, head, columns, out_dtype):
     return _run_last_chunk(spec, acc, rowsum, colsum, head, columns, 0, out_dtype)
 
 
-@pytest.mark.parametrize("tflite", [False, True])
-def test_dsp_epilogues_bit_identical_at_the_guards(tflite):
-    """The kernels run directly: columns at every shift of the fast path and the ones either
-    side of it, multipliers of ``2**30 - 1`` (the exact path), ``2**30`` and ``2**31 - 1``,
-    biases at the int32 extremes, columns with and without weight zero points (the row loops
-    with and without the row sums' term), int8 and uint8 outputs with full and narrow clamps;
-    accumulators at the int32 extremes, at ties and of the size each shift brings near the
-    output range. The outputs are :func:`requantize`'s / :func:`requantize_tflite`'s."""
-    rng = np.random.default_rng(7 + tflite)
-    lo_shift = 31 if tflite else 32  # the first shift outside the fast path (below it)
+def _guard_columns(rng, lo_shift, m):
+    """Columns at every shift of the fast path and the ones either side of it (``lo_shift``: the
+    first below it), multipliers of ``2**30 - 1`` (the exact path), ``2**30`` and ``2**31 - 1``,
+    biases at the int32 extremes, half the columns with weight zero points; ``m`` rows of
+    accumulators at the int32 extremes, at ties and of the size each shift brings near the output
+    range. Returns ``acc, rowsum, colsum, zx, kk, columns, v`` (``v``: the sums with their
+    zero-point terms, as the simulator wraps them)."""
     shifts = np.arange(lo_shift, lo_shift + MAX_SHIFT + 3)
     n = 3 * len(shifts)
     shift = np.tile(shifts, 3)
     m0 = np.concatenate([np.full(len(shifts), (1 << 30) - 1), np.full(len(shifts), 1 << 30),
                          np.full(len(shifts), (1 << 31) - 1)])
-    m = 9
     scale = np.ldexp(100.0, shift.astype(int) - 30)
     acc = np.clip(rng.normal(size=(m, n)) * scale, I32_MIN, I32_MAX).astype(np.int64)
     acc[0], acc[1] = I32_MIN, I32_MAX
@@ -185,15 +181,54 @@ def test_dsp_epilogues_bit_identical_at_the_guards(tflite):
     colsum = rng.integers(-(1 << 31), 1 << 31, size=n)
     colsum[::2] = 0
     zx, kk = 9, 64
-    spec = ("gemm_i8", "tflite") if tflite else ("gemm_i8",)
-    rule = requantize_tflite if tflite else requantize
     v = (acc - zw * rowsum[:, None] - zx * colsum + kk * zx * zw).astype(np.int32).astype(np.int64)
+    return acc, rowsum, colsum, zx, kk, np.stack([zw, bias, m0, shift], axis=1), v + bias
+
+
+def _out_ranges():
+    """The output ranges of :data:`RANGES` an int8 or uint8 output holds, with its dtype."""
     for zero, y_min, y_max in RANGES[::2] + RANGES[1::2]:
         ydt = np.dtype("uint8" if y_min >= 0 and zero >= 0 else "int8")
-        if ydt == np.uint8 and y_max > 255 or ydt == np.int8 and y_max > 127:
-            continue
-        columns = np.stack([zw, bias, m0, shift], axis=1)
+        if not (ydt == np.uint8 and y_max > 255 or ydt == np.int8 and y_max > 127):
+            yield zero, y_min, y_max, ydt
+
+
+@pytest.mark.parametrize("tflite", [False, True])
+def test_dsp_epilogues_bit_identical_at_the_guards(tflite):
+    """The kernels run directly on :func:`_guard_columns` (9 rows: the row loops with and
+    without the row sums' term), int8 and uint8 outputs with full and narrow clamps. The
+    outputs are :func:`requantize`'s / :func:`requantize_tflite`'s."""
+    rng = np.random.default_rng(7 + tflite)
+    acc, rowsum, colsum, zx, kk, columns, vb = _guard_columns(rng, 31 if tflite else 32, 9)
+    spec = ("gemm_i8", "tflite") if tflite else ("gemm_i8",)
+    rule = requantize_tflite if tflite else requantize
+    for zero, y_min, y_max, ydt in _out_ranges():
         got = _run(spec, acc, rowsum, colsum, [zx, kk, zero, y_min, y_max], columns, ydt)
-        want = rule(v + bias, m0, shift, zero, y_min, y_max).astype(ydt)
+        want = rule(vb, columns[:, 2], columns[:, 3], zero, y_min, y_max).astype(ydt)
         bad = np.argwhere(got != want)
         assert bad.size == 0, (zero, y_min, y_max, bad[:5])
+
+
+@pytest.mark.parametrize("tflite", [False, True])
+def test_gemv_epilogue_bit_identical_at_the_guards(tflite):
+    """The one-row kernels (``("gemm_i8", "gemv")``, ``("gemm_i8", "tflite_gemv")``: one
+    straight-line form on a one-row tile) run directly on each row of :func:`_guard_columns`
+    alone, and on all of them (a tile of more rows runs the row loops), over the output ranges:
+    :func:`requantize`'s / :func:`requantize_tflite`'s outputs."""
+    rng = np.random.default_rng(11 + tflite)
+    acc, rowsum, colsum, zx, kk, columns, vb = _guard_columns(rng, 31 if tflite else 32, 4)
+    spec = ("gemm_i8", "tflite_gemv") if tflite else ("gemm_i8", "gemv")
+    rule = requantize_tflite if tflite else requantize
+    # row sums of every size (their zero-point term wraps in 32 bits), so that it moves outputs
+    rowsum = rng.integers(-(1 << 31), 1 << 31, size=len(acc))
+    zw, bias = columns[:, 0], columns[:, 1]
+    vb = (acc - zw * rowsum[:, None] - zx * colsum + kk * zx * zw).astype(np.int32).astype(np.int64) + bias
+    for zero, y_min, y_max, ydt in _out_ranges():
+        want = rule(vb, columns[:, 2], columns[:, 3], zero, y_min, y_max).astype(ydt)
+        head = [zx, kk, zero, y_min, y_max]
+        for i in range(len(acc)):
+            got = _run(spec, acc[i:i + 1], rowsum[i:i + 1], colsum, head, columns, ydt)
+            bad = np.argwhere(got != want[i:i + 1])
+            assert bad.size == 0, (i, zero, y_min, y_max, bad[:5])
+        got = _run(spec, acc, rowsum, colsum, head, columns, ydt)
+        assert np.array_equal(got, want), (zero, y_min, y_max)

@@ -187,6 +187,32 @@ def test_int8_dense_split_reduction_bit_identical():
     _assert_same_bits(program, [x])
 
 
+@pytest.mark.parametrize("xdtype,k,relu", [("uint8", 600, True), ("int8", 40, False)])
+def test_int8_gemv_bit_identical(xdtype, k, relu):
+    """A batch-1 requantized int8 dense layer runs the one-row kernel (``("gemm_i8", "gemv")``:
+    one straight-line form a column): per-channel weight zero points (some 0), a bias, a ReLU's
+    narrower clamp or the full range, one chunk or two; the default simulator's bits."""
+    from tvm_spinn.pe.roles import layer_role
+    rng = np.random.default_rng(21 + k)
+    n = 37
+    lo, hi = (-128, 128) if xdtype == "int8" else (0, 256)
+    x = rng.integers(lo, hi, size=(1, k)).astype(xdtype)
+    w = rng.integers(-127, 128, size=(k, n)).astype("int8")
+    zw = rng.integers(-3, 4, size=n).astype("int8")
+    zw[::3] = 0
+    mod = qgemm_module(x.shape, xdtype, w, rng.uniform(0.001, 0.005, size=n).astype("float32"), zw, 0.01,
+                       5 if xdtype == "int8" else 131, op="dense", bias=rng.normal(size=n).astype("float32"),
+                       relu=relu, out=(0.3, -4, "int8"), w_axis=1)
+    progs = [p for p in _programs(mod) if any(layer.mode == "int8" for layer in p.layers)]
+    assert progs
+    for program in progs:
+        (index,) = [i for i, layer in enumerate(program.layers) if layer.kind == "dense"]
+        assert layer_role(program, index) == ("gemm_i8", "gemv")
+        _assert_same_bits(program, [x if program.tensors[t].dtype == xdtype
+                                    else rng.normal(size=program.tensors[t].shape).astype("float32")
+                                    for t in program.inputs])
+
+
 def test_int8_matmul_bit_identical():
     """Requantized int8 matmul of two uint8 activations (both zero points nonzero), batched."""
     rng = np.random.default_rng(5)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from . import view
 from .errors import PeCodegenError
+from ..program.ops.gemm.geometry import int8_gemv
 from ..program.ops.movement import SCATTER_KINDS, STRIDED_KINDS
 from .kernels import ACTIVATIONS, BINARY_OPS
 
@@ -112,9 +113,11 @@ def layer_role(program, index: int) -> tuple:
             _fail(program, index, f"int8 {kind} with a {out} output (generated: dequantized float32, "
                                   f"requantized int8/uint8, raw int32 sums)")
         if out != "int32" and rounding == "tflite":
-            return ("gemm_i8", "tflite")
+            return ("gemm_i8", "tflite_gemv") if int8_gemv(program, program.layers[index]) else ("gemm_i8", "tflite")
         if rounding != "half_up":
             _fail(program, index, f"requantization rounding {rounding!r} (generated: half_up, tflite)")
+        if out != "int32" and int8_gemv(program, program.layers[index]):  # one row a tile
+            return ("gemm_i8", "gemv")
         return ("gemm_i8",)
     _fail(program, index, f"mode {mode!r}")
 

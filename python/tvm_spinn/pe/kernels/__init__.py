@@ -12,8 +12,9 @@ Kernels (the ``spec`` of :func:`kernel_object`), each with its arguments in its 
 - :mod:`.elementwise`: ``("binary", op, relu)``, ``("relu",)``, ``("clip",)``, ``("where_less",)``,
   ``("rope",)``;
 - :mod:`.activations`: ``("unary", act)`` for ``act`` in :data:`ACTIVATIONS`;
-- :mod:`.gemm`: ``("gemm_f32", relu)``, ``("gemm_i8",)``, ``("gemm_i8", "tflite")`` and
-  ``("gemm_i8", "f32", relu)`` (those two epilogues in :mod:`.i8_epilogues`);
+- :mod:`.gemm`: ``("gemm_f32", relu)``, ``("gemm_i8",)``, ``("gemm_i8", "tflite")``, their
+  one-row kernels ``("gemm_i8", "gemv")`` and ``("gemm_i8", "tflite_gemv")``, and
+  ``("gemm_i8", "f32", relu)`` (the epilogues in :mod:`.i8_epilogues`);
 - :mod:`.quantize`: ``("quantize", dtype)``, ``("dequantize", dtype)``;
 - :mod:`.rows`: ``("mean",)``, ``("softmax",)``, ``("xent_grad",)``, ``("layer_norm",)``,
   ``("rms_norm",)``, ``("cross_entropy",)``;

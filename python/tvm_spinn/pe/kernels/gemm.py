@@ -36,6 +36,13 @@ Kernels (the ``spec`` of :func:`~tvm_spinn.pe.kernels.kernel_object`):
   after this chunk's last; bit 6, the scratch half of this chunk's first block; bit 7, this
   chunk's operand half; bits 8-19, the block's columns (:func:`tvm_spinn.pe.execute.gemm_i8_tile`
   is the reference host).
+- ``("gemm_i8", "gemv")``: the one-rounding kernel of a layer whose tiles have one row (a
+  matrix-vector product, :func:`tvm_spinn.program.ops.gemm.geometry.int8_gemv`): on a one-row
+  tile each column runs one straight-line form of the DSP path (the row sum's MLS and the
+  clamp's top whatever the column's zero point and the output's range: exact for all of them)
+  with no row loop to select, enter or leave; a tile of more rows runs as ``("gemm_i8",)``.
+- ``("gemm_i8", "tflite_gemv")``: the same for TFLite's requantization: a one-row tile's column
+  runs one straight-line form of its DSP path; a tile of more rows runs as ``("gemm_i8", "tflite")``.
 - ``("gemm_i8", "tflite")``: the same kernel with TFLite's requantization
   (:func:`tvm_spinn.program.quant.requantize_tflite`, ``rounding="tflite"``,
   :func:`~.i8_epilogues._i8_tflite_columns`): per output one ADD (the bias folded into the
@@ -158,8 +165,10 @@ def _gemm_f32(relu: bool):
 
 def _gemm_i8(epilogue: str = "half_up", relu: bool = False):
     """The int8 GEMM kernel with the last chunk's ``epilogue``: ``"half_up"`` (the one-rounding
-    requantization), ``"tflite"`` (:func:`_i8_tflite_columns`) or ``"f32"`` (:func:`_i8_f32_columns`,
-    then the ReLU when ``relu``); the chunk's sums and zero-point terms are the same TIR for all."""
+    requantization), ``"gemv"`` (the same with a one-row tile's straight-line column loop),
+    ``"tflite"`` (:func:`_i8_tflite_columns`), ``"tflite_gemv"`` (TFLite's with the one-row loop)
+    or ``"f32"`` (:func:`_i8_f32_columns`, then the ReLU when ``relu``); the chunk's sums and
+    zero-point terms are the same TIR for all."""
     ydt = "float32" if epilogue == "f32" else "int8"
 
     @T.prim_func
@@ -240,9 +249,9 @@ def _gemm_i8(epilogue: str = "half_up", relu: bool = False):
             if epilogue == "f32":
                 if flags & 2 != 0:
                     _i8_f32_columns(ACC, RS, CS, Q, Y, zx, j0, w, m, n, flags, relu)
-            elif epilogue == "tflite":
+            elif epilogue in ("tflite", "tflite_gemv"):
                 if flags & 2 != 0:
-                    _i8_tflite_columns(ACC, RS, CS, Q, Y, zx, lo, hi, j0, w, m, n)
+                    _i8_tflite_columns(ACC, RS, CS, Q, Y, zx, lo, hi, j0, w, m, n, epilogue == "tflite_gemv")
             elif flags & 2 != 0:
-                _i8_half_up_columns(ACC, RS, CS, Q, Y, zx, lo, hi, j0, w, m, n)
+                _i8_half_up_columns(ACC, RS, CS, Q, Y, zx, lo, hi, j0, w, m, n, epilogue == "gemv")
     return kernel

@@ -142,22 +142,39 @@ def _i8_tflite_rows(ACC, RS, Y, j, m, n, zw, c, m2, k, right, ylo, span, full: b
 
 
 @T.macro
-def _i8_half_up_columns(ACC, RS, CS, Q, Y, zx, lo, hi, j0, w, m, n):
-    """The one-rounding requantization (:func:`tvm_spinn.program.quant.requantize`) per column.
+def _i8_half_up_exact(ACC, RS, Q, Y, j, m, n, zw, bq, c, lo, hi):
+    """One column of the one-rounding requantization's exact 64-bit path (:func:`_i8_half_up_columns`)."""
+    sh = Q[5 + 4 * j + 3]
+    m0 = T.Cast("int64", Q[5 + 4 * j + 2])
+    b0 = T.Cast("int64", bq) * m0
+    if sh >= 32:
+        # the rounded quotient is the high word shifted by ``sh - 32`` (floor
+        # divisions compose): a 32-bit value, clamped in 32 bits; the clamp at
+        # ``[lo, hi] - zero`` then the zero point is the simulator's clamp of the
+        # sum with the zero point (the bounds are int8); the rounding term
+        # ``2**(sh - 1)`` as ``2**(sh - 32)`` (32-bit) times ``2**31``
+        t0 = b0 + T.shift_left(T.Cast("int64", T.shift_left(1, sh - 32)), T.int64(31))
+        for i in range(m):
+            v = ACC[i * n + j] - zw * RS[i] + c
+            t = T.Cast("int64", v) * m0 + t0
+            r = T.shift_right(T.Cast("int32", T.shift_right(t, T.int64(32))), sh - 32)
+            Y[i * n + j] = T.Cast("int8", T.min(T.max(r, lo), hi) + Q[2])
+    else:
+        # a multiplier of 1/2 or more: the 64-bit quotient clamped in 64 bits
+        t0 = b0 + T.Cast("int64", T.shift_left(1, sh - 1))
+        for i in range(m):
+            v = ACC[i * n + j] - zw * RS[i] + c
+            t = T.Cast("int64", v) * m0 + t0
+            r = T.shift_right(t, T.Cast("int64", sh))
+            Y[i * n + j] = T.Cast("int8", T.Cast("int32", T.min(T.max(r, T.Cast("int64", lo)),
+                                                                T.Cast("int64", hi))) + Q[2])
 
-    The DSP path, for shifts of 33 to ``32 + I8_DSP_MAX_SHIFT``, multipliers ``M0 >= 2**30``
-    (every multiplier :func:`~tvm_spinn.program.quant.quantize_multiplier` gives from 2**-22 to
-    1/4) and biases up to ``I8_DSP_MAX_BIAS``: ``u = QADD(v, bias_q)``, one SMMLA onto ``ra =
-    2**(s - 1) + (z - y_min) 2**s`` (``s = shift - 32``: the rounding term and the zero point
-    ``z`` less ``y_min``, both multiples of what the high word keeps), ASR by ``s``, the clamp
-    (:func:`_i8_store_clamped`). ``floor((u M0 + 2**(shift-1)) / 2**shift) = floor((floor(u M0 /
-    2**32) + 2**(s - 1)) / 2**s)`` (floor divisions compose). Where ``v + bias_q`` leaves int32
-    the output saturates with or without QADD's saturation: at ``u = 2**31 - 1`` the quotient is
-    at least ``2**(61 - shift) - 1 >= 511`` (``M0 >= 2**30``), beyond any int8 or uint8 bound
-    less a zero point, and likewise below. Other columns run the exact 64-bit path: one SMLAL
-    onto the column's 64-bit bias-and-rounding term, then for shifts of 32 and more the high
-    word's shift and a 32-bit clamp, below 32 a 64-bit shift and clamp. The zero-point terms that
-    do not depend on the row fold into ``c`` (32-bit wrapping, as the simulator's int32 cast)."""
+
+@T.macro
+def _i8_half_up_general(ACC, RS, CS, Q, Y, zx, lo, hi, j0, w, m, n):
+    """The one-rounding requantization's columns on any number of rows (:func:`_i8_half_up_columns`):
+    per column its constants, then one of four row loops (the clamp's two forms, with and without
+    the row sums' term) or the exact path."""
     full = Q[4] - Q[3] == 255
     for jj in range(w):
         j = j0 + jj
@@ -180,34 +197,53 @@ def _i8_half_up_columns(ACC, RS, CS, Q, Y, zx, lo, hi, j0, w, m, n):
             else:
                 _i8_half_up_rows(ACC, RS, Y, j, m, n, zw, c, bq, m0, ra, s, Q[3], Q[4] - Q[3], False, False)
         else:
-            sh = Q[5 + 4 * j + 3]
-            m0 = T.Cast("int64", Q[5 + 4 * j + 2])
-            b0 = T.Cast("int64", bq) * m0
-            if sh >= 32:
-                # the rounded quotient is the high word shifted by ``sh - 32`` (floor
-                # divisions compose): a 32-bit value, clamped in 32 bits; the clamp at
-                # ``[lo, hi] - zero`` then the zero point is the simulator's clamp of the
-                # sum with the zero point (the bounds are int8); the rounding term
-                # ``2**(sh - 1)`` as ``2**(sh - 32)`` (32-bit) times ``2**31``
-                t0 = b0 + T.shift_left(T.Cast("int64", T.shift_left(1, sh - 32)), T.int64(31))
-                for i in range(m):
-                    v = ACC[i * n + j] - zw * RS[i] + c
-                    t = T.Cast("int64", v) * m0 + t0
-                    r = T.shift_right(T.Cast("int32", T.shift_right(t, T.int64(32))), sh - 32)
-                    Y[i * n + j] = T.Cast("int8", T.min(T.max(r, lo), hi) + Q[2])
-            else:
-                # a multiplier of 1/2 or more: the 64-bit quotient clamped in 64 bits
-                t0 = b0 + T.Cast("int64", T.shift_left(1, sh - 1))
-                for i in range(m):
-                    v = ACC[i * n + j] - zw * RS[i] + c
-                    t = T.Cast("int64", v) * m0 + t0
-                    r = T.shift_right(t, T.Cast("int64", sh))
-                    Y[i * n + j] = T.Cast("int8", T.Cast("int32", T.min(T.max(r, T.Cast("int64", lo)),
-                                                                        T.Cast("int64", hi))) + Q[2])
+            _i8_half_up_exact(ACC, RS, Q, Y, j, m, n, zw, bq, c, lo, hi)
 
 
 @T.macro
-def _i8_tflite_columns(ACC, RS, CS, Q, Y, zx, lo, hi, j0, w, m, n):
+def _i8_half_up_columns(ACC, RS, CS, Q, Y, zx, lo, hi, j0, w, m, n, gemv: bool):
+    """The one-rounding requantization (:func:`tvm_spinn.program.quant.requantize`) per column.
+
+    The DSP path, for shifts of 33 to ``32 + I8_DSP_MAX_SHIFT``, multipliers ``M0 >= 2**30``
+    (every multiplier :func:`~tvm_spinn.program.quant.quantize_multiplier` gives from 2**-22 to
+    1/4) and biases up to ``I8_DSP_MAX_BIAS``: ``u = QADD(v, bias_q)``, one SMMLA onto ``ra =
+    2**(s - 1) + (z - y_min) 2**s`` (``s = shift - 32``: the rounding term and the zero point
+    ``z`` less ``y_min``, both multiples of what the high word keeps), ASR by ``s``, the clamp
+    (:func:`_i8_store_clamped`). ``floor((u M0 + 2**(shift-1)) / 2**shift) = floor((floor(u M0 /
+    2**32) + 2**(s - 1)) / 2**s)`` (floor divisions compose). Where ``v + bias_q`` leaves int32
+    the output saturates with or without QADD's saturation: at ``u = 2**31 - 1`` the quotient is
+    at least ``2**(61 - shift) - 1 >= 511`` (``M0 >= 2**30``), beyond any int8 or uint8 bound
+    less a zero point, and likewise below. Other columns run the exact 64-bit path: one SMLAL
+    onto the column's 64-bit bias-and-rounding term, then for shifts of 32 and more the high
+    word's shift and a 32-bit clamp, below 32 a 64-bit shift and clamp. The zero-point terms that
+    do not depend on the row fold into ``c`` (32-bit wrapping, as the simulator's int32 cast)."""
+    if gemv:
+        if m == 1:
+            # a GEMV (one output a column): the column's set-up is its cost, so every DSP column
+            # runs the one general form, straight-line: the MLS of the row sum's term (zero where
+            # the column's ``zw`` is) and the clamp's top (USAT's own where the range is full),
+            # no row loop to select, enter or leave
+            for jj in range(w):
+                j = j0 + jj
+                zw = Q[5 + 4 * j]
+                d = 10 + 4 * n + I8_DSP_WORDS * j  # the column's entry of the host's table
+                s = Q[d + 3]
+                bq = Q[5 + 4 * j + 1]
+                c = Q[d] - zx * CS[j]
+                if s != 0:
+                    u = _qadd(_i8_v(ACC, RS, 0, n, j, zw, c, False), bq)
+                    _i8_store_clamped(Y, j, T.shift_right(_smmla(u, Q[d + 1], Q[d + 2]), s), False, Q[3],
+                                      Q[4] - Q[3])
+                else:
+                    _i8_half_up_exact(ACC, RS, Q, Y, j, 1, n, zw, bq, c, lo, hi)
+        else:
+            _i8_half_up_general(ACC, RS, CS, Q, Y, zx, lo, hi, j0, w, m, n)
+    else:
+        _i8_half_up_general(ACC, RS, CS, Q, Y, zx, lo, hi, j0, w, m, n)
+
+
+@T.macro
+def _i8_tflite_columns(ACC, RS, CS, Q, Y, zx, lo, hi, j0, w, m, n, gemv: bool = False):
     """TFLite's requantization (:func:`tvm_spinn.program.quant.requantize_tflite`) per column:
     ``x = (v + bias_q) << left`` in 32 bits (the simulator's int32 of the int64 sum shifted: the
     low 32 bits depend only on the sum's), ``SaturatingRoundingDoublingHighMul(x, M0)``, then
@@ -235,7 +271,14 @@ def _i8_tflite_columns(ACC, RS, CS, Q, Y, zx, lo, hi, j0, w, m, n):
         if right != 0:
             m2 = Q[d + 5]
             k = Q[d + 6]
-            if full:
+            if gemv and m == 1:
+                # one row a tile: one straight-line form (the row sum's MLS and the clamp's top
+                # whatever the column's zero point and the output's range), no row loop
+                x = _i8_v(ACC, RS, 0, n, j, zw, c, False)
+                h = _smmulr(x, m2) + x
+                _i8_store_clamped(Y, j, T.shift_right(_qadd(h + T.shift_right(h, 31), k), right), False, Q[3],
+                                  Q[4] - Q[3])
+            elif full:
                 if zw == 0:
                     _i8_tflite_rows(ACC, RS, Y, j, m, n, zw, c, m2, k, right, Q[3], 255, True, True)
                 else:

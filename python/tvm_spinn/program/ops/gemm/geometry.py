@@ -114,7 +114,9 @@ class Int8Side:
     ``col_zero``: the kernel's columns have a zero point (the weight's; a matmul's right-hand
     side's), so the requantization subtracts its product with the row sums per output;
     ``narrow``: the requantization's clamp is narrower than the output type's 256 values (a ReLU
-    at the zero point, a clip), one compare more per output (the requantizations' variants).
+    at the zero point, a clip), one compare more per output (the requantizations' variants);
+    ``gemv``: the layer's tiles have one row and run the requantization's one-row kernel
+    (:func:`int8_gemv`, :data:`I8_REQUANT_GEMV`, :data:`I8_TFLITE_GEMV`).
     """
 
     fp32_out: bool = False
@@ -128,6 +130,7 @@ class Int8Side:
     tflite: bool = False
     col_zero: bool = False
     narrow: bool = False
+    gemv: bool = False
 
 
 def int8_side(program, layer: Layer) -> Int8Side:
@@ -141,11 +144,28 @@ def int8_side(program, layer: Layer) -> Int8Side:
                   tflite=requant and a.get("rounding") == "tflite",
                   col_zero=requant and (w_zero if layer.kind != "matmul" else a.get("b_zero", 0) != 0),
                   narrow=requant and a.get("y_max", 127) - a.get("y_min", -128) != 255)
+    finish["gemv"] = int8_gemv(program, layer)
     if layer.kind == "conv2d":  # A = weight, B = im2col(x): x sums needed when zw != 0
         return Int8Side(fp32_out, int32_out, False, w_zero, transposed=True, **finish)
     if layer.kind == "dense":  # A = x, B = weight
         return Int8Side(fp32_out, int32_out, w_zero, False, **finish)
     return Int8Side(fp32_out, int32_out, a.get("b_zero", 0) != 0, a.get("x_zero", 0) != 0, **finish)
+
+
+def int8_gemv(program, layer: Layer) -> bool:
+    """Whether int8 GEMM ``layer`` runs a one-row kernel of its requantization (PE kernel
+    ``("gemm_i8", "gemv")``, or ``("gemm_i8", "tflite_gemv")`` for TFLite's): an int8 or uint8
+    output with either rounding and one row in every tile the kernel runs (the layer's rows, or
+    a ``conv2d``'s output pixels, which its transposed tiles put on the kernel's rows, are one:
+    a matrix-vector product)."""
+    out = program.tensors[layer.output]
+    rounding = layer.attrs.get("rounding", "half_up")
+    if out.dtype not in _QRANGE or rounding not in ("half_up", "tflite"):
+        return False
+    shape = tuple(out.shape)  # the rows of :func:`gemm_shape` (a conv2d's pixels), from the output
+    if layer.kind == "conv2d":
+        return shape[2] * shape[3] == 1
+    return (int(np.prod(shape[:-1], dtype=np.int64)) if layer.kind == "dense" else shape[-2]) == 1
 
 
 def mac_passes(vm, vn, arch: "SpinnArch"):
@@ -376,6 +396,23 @@ I8_REQUANT_CODE = {
         col_short=Mix(loads=41 / 3, paired=17 / 3, alu=55 / 3, branches=4, mla=1),
         block=Mix(loads=3, paired=3, alu=4, branches=1)),
 }
+#: The one-row kernel's requantization (``("gemm_i8", "gemv")``, :func:`int8_gemv`) per column of
+#: a one-row tile, its output included, whatever the clamp's form and the column's zero point (one
+#: straight-line form for all): the column's constants and its entry of the host's table loaded,
+#: the MLS of the activation's zero point by the column sum and of the column's zero point by
+#: the row sum, the accumulator loaded, QADD, SMMLA, ASR, USAT, the compare with the clamp's top,
+#: ADD of ``y_min``, STRB, and the column loop's ADD, CMP and branch. Counted as
+#: :data:`I8_REQUANT_CODE` is: the executed instruction classes of ``1 x 12`` against ``1 x 4``
+#: (``k = 16``, one chunk), / 8 (47 cycles a column on all four variants).
+I8_REQUANT_GEMV = Mix(loads=9, paired=7, alu=16, branches=1, mla=2)
+#: The one-row kernel's requantization per column block: the epilogue's flag test and its live
+#: values reloaded (what remains of the ``1 x 4`` tile's epilogue, one block, after its columns)
+I8_REQUANT_GEMV_BLOCK = Mix(loads=2, paired=1, alu=6, branches=1)
+#: TFLite's in the one-row kernel (``("gemm_i8", "tflite_gemv")``), counted the same way: per column
+#: 63 cycles (SMMLAR's SMMULR and ADD, the ADD of its sign, QADD, ASR in place of QADD, SMMLA, ASR),
+#: per column block 14
+I8_TFLITE_GEMV = Mix(loads=12, paired=13, alu=20, branches=1, mla=2)
+I8_TFLITE_GEMV_BLOCK = Mix(loads=3, paired=2, alu=4, branches=1)
 I8_TFLITE_CODE = {
     (False, False): Int8Epilogue(
         out=Mix(loads=3, paired=1 / 2, alu=31 / 4, branches=1 / 4),
@@ -424,8 +461,9 @@ def _finish_cycles(rows, cols, blocks, arch: "SpinnArch", side: Int8Side):
     """M4F cycles of the last chunk's epilogue on ``rows x cols`` outputs (the kernel's) in
     ``blocks`` column blocks: the dequantizing epilogue's variant (:data:`I8_DEQUANT_CODE`),
     TFLite's requantization's (:data:`I8_TFLITE_CODE`) or the one-rounding one's
-    (:data:`I8_REQUANT_CODE`); none
-    for an int32 output or a part of a split reduction. ``rows``, ``cols`` may be int64 arrays."""
+    (:data:`I8_REQUANT_CODE`; on a one-row tile of a one-row kernel :data:`I8_REQUANT_GEMV` or
+    :data:`I8_TFLITE_GEMV`);
+    none for an int32 output or a part of a split reduction. ``rows``, ``cols`` may be int64 arrays."""
     if not side.epilogue or side.int32_out:
         return 0.0
 
@@ -438,7 +476,12 @@ def _finish_cycles(rows, cols, blocks, arch: "SpinnArch", side: Int8Side):
     else:
         e = (I8_TFLITE_CODE if side.tflite else I8_REQUANT_CODE)[side.narrow, side.col_zero]
     col = np.where(rows >= 4, c(e.col), c(e.col_short))
-    return (rows - rest) * cols * c(e.out) + rest * cols * c(e.one) + cols * col + blocks * c(e.block)
+    rowwise = (rows - rest) * cols * c(e.out) + rest * cols * c(e.one) + cols * col + blocks * c(e.block)
+    if side.gemv and not side.fp32_out:  # the one-row kernel's column loop
+        col1, block1 = (I8_TFLITE_GEMV, I8_TFLITE_GEMV_BLOCK) if side.tflite else (I8_REQUANT_GEMV,
+                                                                                  I8_REQUANT_GEMV_BLOCK)
+        return np.where(rows == 1, cols * c(col1) + blocks * c(block1), rowwise)
+    return rowwise
 
 
 def int8_m4f_cycles(vm, vn, k, k_splits, arch: "SpinnArch", side: Int8Side | None = None):
