@@ -22,18 +22,22 @@ from tvm_spinn.runtime.simulator import run_program
 M, K, N = 8, 768, 192
 
 
-def _program(chip, computed: bool):
-    """``y = x @ f(w)``: ``f`` a ReLU in the program (``computed``) or the right operand an input."""
-    tensors = [TensorDesc("x", [1, M, K], "float32", "input"), TensorDesc("w", [1, K, N], "float32", "input")]
+def _program(chip, computed: bool, const: bool = False):
+    """``y = x @ f(w)``: ``f`` a ReLU in the program (``computed``) or the right operand an input
+    (a constant of the program with ``const``)."""
+    tensors = [TensorDesc("x", [1, M, K], "float32", "input"),
+               TensorDesc("w", [1, K, N], "float32", "const" if const else "input")]
     layers = []
     rhs = 1
     if computed:
-        tensors.append(TensorDesc("t", [1, K, N], "float32", "intermediate"))
+        tensors.append(TensorDesc("t", [1, K, N], "float32", "temp"))
         layers.append(Layer(name="relu", kind="relu", inputs=[1], output=2))
         rhs = 2
     tensors.append(TensorDesc("y", [1, M, N], "float32", "output"))
     layers.append(Layer(name="mm", kind="matmul", inputs=[0, rhs], output=len(tensors) - 1))
-    return program_work(Program("main", chip, tensors, [0, 1], [len(tensors) - 1], layers), chip)
+    constants = {1: np.random.default_rng(5).standard_normal((1, K, N)).astype(np.float32)} if const else {}
+    return program_work(Program("main", chip, tensors, [0] if const else [0, 1], [len(tensors) - 1], layers,
+                                constants=constants), chip)
 
 
 def _mapped(program, chip, weights):
@@ -73,3 +77,22 @@ def test_an_input_right_operand_stays_state():
     got, stream = _mapped(program, chip, "auto"), _mapped(program, chip, "stream")
     assert got.mapping.resident_layers == (0,)
     assert got.timing.dram_bytes == 4 * (M * K + M * N) < stream.timing.dram_bytes
+
+
+def test_a_constant_right_operand_stays_resident():
+    """A matmul's constant right operand (an imported model's ``x @ W`` with a batched ``x``) is
+    loaded once at program load: the memory plan keeps it and a call reads only ``x`` and ``y``."""
+    chip = tvm_spinn.make_system("one-chip-148")
+    program = _program(chip, computed=False, const=True)
+    assert held_between_calls(program, 0)
+    got, stream = _mapped(program, chip, "auto"), _mapped(program, chip, "stream")
+    assert got.mapping.resident_layers == (0,)
+    assert got.timing.dram_bytes == 4 * (M * K + M * N) < stream.timing.dram_bytes
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((1, M, K)).astype(np.float32)
+    w = program.constants[1]
+    ref = np.zeros((1, M, N), np.float32)
+    for j in range(K):  # fl(acc + fl(a * b)), k ascending: the kernels' order
+        ref = ref + x[:, :, j, None] * w[:, None, j, :]
+    (out,) = run_program(got, [x], mode="tiles")
+    np.testing.assert_array_equal(out, ref)

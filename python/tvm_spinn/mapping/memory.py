@@ -167,7 +167,8 @@ def held_between_calls(program: Program, index: int) -> bool:
 
     layer = program.layers[index]
     rule = rule_of(layer)
-    return all(tid in program.inputs for pos, tid in enumerate(layer.inputs) if rule.cache_operand(layer, pos))
+    return all(tid in program.inputs or program.tensors[tid].role == "const"
+               for pos, tid in enumerate(layer.inputs) if rule.cache_operand(layer, pos))
 
 
 def plan_memory(program: Program, arch: SpinnArch, weights: str = "auto", activations: str = "auto",
