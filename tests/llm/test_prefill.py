@@ -385,3 +385,31 @@ def test_the_chunk_block_keeps_the_faster_of_fused_and_separate_projections(monk
     fused, separate, both = ttft(True), ttft(False), ttft(None)
     assert fused != pytest.approx(separate, rel=1e-6)  # the two blocks map differently
     assert both == pytest.approx(min(fused, separate), rel=1e-9)
+
+
+@pytest.mark.slow
+def test_the_prompts_head_is_the_decode_plans_head_described_once(monkeypatch):
+    from tvm_spinn.llm import describe as described
+    from tvm_spinn.llm.graphs import Head
+    from tvm_spinn.llm.plan import plan
+
+    _no_simulation(monkeypatch)
+    heads = []
+    real = described.describe
+
+    def counted(module, *args, **kwargs):
+        if isinstance(module, Head):
+            heads.append(module)
+        return real(module, *args, **kwargs)
+
+    monkeypatch.setattr(described, "describe", counted)
+    result = plan(TINY, target="spinn/board", seq=32)
+    # one user's head: the decode plan's described part serves the prompt's plan too
+    assert len(heads) == 1
+    heads.clear()
+    alone = plan_prefill(TINY, "spinn/board", prompt=32)
+    assert len(heads) == 1  # on its own the prompt's plan describes its head itself
+    assert json.dumps(result.plan["prefill"], sort_keys=True) == json.dumps(alone.to_dict(), sort_keys=True)
+    heads.clear()
+    plan(TINY, target="spinn/board", seq=32, batch=2)
+    assert len(heads) == 2  # two users' head is not the prompt's

@@ -83,6 +83,7 @@ the hand-overs go to links, ``bounds_s`` holds the sums per kind (their total is
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import itertools
@@ -676,9 +677,15 @@ def plan(config, target="spinn/board", batch: int = 1, seq: "int | None" = None,
                 boards_used=meta.get("boards_used") or math.ceil(best["used"] / arch.chips_per_board))
     from ..timing.bounds import decode_workload, physical_bound  # TVM: not for the CLI's checks
     from .prefill import plan_prefill
+    from .prefill.search import head_described_key
 
+    prefill_memo = {"stages": stages}
+    if batch == 1 and slots == seq:
+        # the prompt's head (one user's last token, the model built for ``seq`` positions) is
+        # the head part described above: the same module and example input
+        prefill_memo[head_described_key(cfg, arch, dtype, seq)] = (described["head"], {(1, 1, spec.hidden)})
     # the time to first token: a ``seq``-token prompt's own plan (chunked over board stages)
-    prefill = plan_prefill(cfg, target, prompt=seq, dtype=dtype, handover=handover, memo={"stages": stages},
+    prefill = plan_prefill(cfg, target, prompt=seq, dtype=dtype, handover=handover, memo=prefill_memo,
                            model_name=model_name, reduce=reduce)
     meta["prefill"] = prefill.to_dict()
     # the prompt is planned once for the system, whatever the decode placement: every
@@ -830,6 +837,9 @@ class _Stage:
 
 #: The key of a stage memo (:func:`_map_stage`) that holds the programs' mappings, beside the stages
 _MAPPINGS = "mappings"
+#: The key of a stage memo that holds the layers' costed tile tables
+#: (:class:`~tvm_spinn.mapping.tiling.TileCostMemo`), beside the stages
+_TILES = "tiles"
 
 
 def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0, weights: str = "auto",
@@ -868,6 +878,7 @@ def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0, weights: s
     and hand-over read); otherwise an output goes to DRAM, as a region's output does."""
     from ..mapping import MappingOptions, current_options
     from ..mapping.schedule import MappingMemo, structure_key
+    from ..mapping.tiling import TileCostMemo
 
     options = MappingOptions(weights=weights, split_k=current_options().split_k,
                              row_tiles=current_options().row_tiles)
@@ -878,7 +889,11 @@ def _map_stage(pieces: list, board, host_shapes: set, slots: int = 0, weights: s
         if key in memo:
             return memo[key]
     mappings = None if memo is None else memo.setdefault(_MAPPINGS, MappingMemo())
-    stage = _map_stage_now(pieces, board, host_shapes, slots, options, keep_outputs, mappings)
+    # the layers' tile tables, costed once for every stage the memo's plan maps (a block's
+    # GEMMs recur across contexts, projection forms, weight modes and shard plans)
+    tiles = None if memo is None else memo.setdefault(_TILES, TileCostMemo())
+    with tiles if tiles is not None else contextlib.nullcontext():
+        stage = _map_stage_now(pieces, board, host_shapes, slots, options, keep_outputs, mappings)
     if key is not None:
         memo[key] = stage
     return stage

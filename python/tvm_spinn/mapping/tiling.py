@@ -14,9 +14,12 @@ layer's ``mode`` (fp32 on the Cortex-M4F, int8 on the MAC array: see
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import replace
 
 import numpy as np
+
+from .._scoped import ScopedOptions
 
 from ..program import Layer, Program
 from ..program.ops import MappingError, family_of
@@ -30,7 +33,7 @@ from ..target.arch import SpinnArch
 
 __all__ = [
     "GemmShape", "gemm_shape", "choose_gemm_tile", "gemm_tile_cycles", "Int8Side", "int8_side",
-    "safe_k_chunk", "tile_layer", "MappingError", "ACC_BYTES", "layer_work", "program_work", "choose_tile", "tile_costs", "smallest_tile_bytes",
+    "safe_k_chunk", "tile_layer", "MappingError", "ACC_BYTES", "layer_work", "program_work", "choose_tile", "tile_costs", "TileCostMemo", "smallest_tile_bytes",
     "smallest_gemm_tile_bytes", "smallest_row_tile_bytes", "smallest_pool_tile_bytes",
 ]
 
@@ -108,7 +111,21 @@ def choose_tile(program: Program, index: int, arch: SpinnArch, pes: int | None =
 
 def tile_costs(program: Program, index: int, arch: SpinnArch, tile) -> TileTable:
     """The tiles of layer ``index`` cut by ``tile``, with their bytes, SRAM and cycles
-    (vectorized; unplaced: ``pe = chip = -1``)."""
+    (vectorized; unplaced: ``pe = chip = -1``); inside ``with TileCostMemo():`` a table of the
+    same layer structure and tile already costed is reused (see :class:`TileCostMemo`)."""
+    memo = TileCostMemo.current()
+    key = memo.key(program, index, arch, tile) if memo is not None else None
+    if key is not None:
+        table = memo.get(key)
+        if table is not None:
+            return table if table.layer == index else replace(table, layer=index)
+    table = _tile_costs(program, index, arch, tile)
+    if key is not None:
+        memo.put(key, table)
+    return table
+
+
+def _tile_costs(program: Program, index: int, arch: SpinnArch, tile) -> TileTable:
     layer, family = _family(program, index)
     lo, hi, group = expand_regions(program, index, tile)
     count = len(group)
@@ -123,6 +140,91 @@ def tile_costs(program: Program, index: int, arch: SpinnArch, tile) -> TileTable
                      pe=np.full(count, -1, np.int64), chip=np.full(count, -1, np.int64),
                      sram_bytes=full(sram), in_bytes=full(in_b), w_bytes=full(w_b),
                      out_bytes=full(out_b), cycles=full(cycles))
+
+
+class TileCostMemo(ScopedOptions):
+    """Tile tables already costed, reused by :func:`tile_costs` while the memo is active
+    (``with memo:``, innermost in this thread).
+
+    A layer's tile table (bounds, groups, bytes, SRAM, cycles) is a function of the layer's
+    record (kind, mode, attributes, work), the shape, dtype, role and offset of each tensor it
+    reads or writes (in its operand order, repeated operands marked), the tile and the
+    architecture: an operator family's ``tile_costs``, ``expand_regions`` and ``k_splits`` read
+    nothing else of the program (not its constants' data, nor its other layers). The
+    mapper costs the same layer many times over: each shard plan of a program, each budget
+    of a stage, each tile a layout tries; the LLM planner maps a block at several contexts,
+    projection forms and weight modes whose GEMMs are mostly the same layers. The key is
+    exactly those inputs, so a reused table is the table :func:`tile_costs` would compute.
+    Stored tables' arrays are made read-only (tables are shared as they are: a placed copy
+    keeps its costs' arrays). At most ``limit`` tables are kept, the least recently used
+    dropped first."""
+
+    def __init__(self, limit: int = 4096):
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"TileCostMemo limit must be a positive integer, got {limit!r}")
+        self.limit = limit
+        self.tables: OrderedDict = OrderedDict()
+        self.hits = self.misses = 0
+
+    @staticmethod
+    def key(program: Program, index: int, arch: SpinnArch, tile) -> "tuple | None":
+        """Everything :func:`tile_costs` reads, hashable; None where an attribute has no
+        exact hashable form (that layer is costed afresh)."""
+        layer = program.layers[index]
+        attrs = _exact(layer.attrs)
+        if attrs is _INEXACT:
+            return None
+        tensors = program.tensors
+        roles = sorted(layer.consts.items())
+        order = list(layer.inputs) + [tid for _, tid in roles] + [layer.output]
+        first: dict = {}
+        aliases = tuple(first.setdefault(tid, len(first)) for tid in order)
+
+        def desc(tid: int) -> tuple:
+            d = tensors[tid]
+            return tuple(int(v) for v in d.shape), str(d.dtype), d.role, int(d.offset)
+
+        return (layer.kind, layer.mode, None if layer.gemm is None else tuple(int(v) for v in layer.gemm),
+                int(layer.flops), attrs, tuple(role for role, _ in roles), aliases, tuple(desc(t) for t in order),
+                tuple(int(v) for v in tile), arch)
+
+    def get(self, key: tuple) -> "TileTable | None":
+        table = self.tables.get(key)
+        if table is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self.tables.move_to_end(key)
+        return table
+
+    def put(self, key: tuple, table: TileTable) -> None:
+        for value in vars(table).values():
+            if isinstance(value, np.ndarray):
+                value.flags.writeable = False
+        self.tables[key] = table
+        if len(self.tables) > self.limit:
+            self.tables.popitem(last=False)
+
+
+#: :func:`_exact`'s mark of a value with no exact hashable form
+_INEXACT = object()
+
+
+def _exact(value):
+    """``value`` (a layer attribute) as an exact hashable value, or :data:`_INEXACT`."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return (type(value).__name__, value)
+    if isinstance(value, np.generic):
+        return ("np", str(value.dtype), value.item())
+    if isinstance(value, np.ndarray):
+        return ("nd", value.shape, str(value.dtype), value.tobytes())
+    if isinstance(value, dict):
+        items = [(k, _exact(v)) for k, v in sorted(value.items())]
+        return _INEXACT if any(v is _INEXACT for _, v in items) else ("dict", tuple(items))
+    if isinstance(value, (list, tuple)):
+        items = [_exact(v) for v in value]
+        return _INEXACT if any(v is _INEXACT for v in items) else (type(value).__name__, tuple(items))
+    return _INEXACT
 
 
 def tile_layer(program: Program, index: int, arch: SpinnArch, pes: int | None = None,

@@ -33,6 +33,13 @@ REPLICAS = (2, 4, 8)
 EXHAUSTIVE = 2
 
 
+def head_described_key(cfg: dict, arch, dtype: str, context: int) -> tuple:
+    """The key of a :func:`plan_prefill` memo's described head (the final norm and LM head of
+    one user's last token, its model built for ``context`` positions): the decode plan, which
+    describes the same part at batch 1, hands its own over under it."""
+    return ("head-described", _cfg_key(cfg), repr(arch.replace(chips=1, name="")), dtype, int(context))
+
+
 def chunk_sizes(prompt: int) -> list[int]:
     """Chunk sizes searched for a prompt of ``prompt`` tokens: the powers of two from
     :data:`MIN_CHUNK` that divide it (every chunk full), and the whole prompt."""
@@ -180,8 +187,7 @@ def plan_prefill(config, target="spinn/board", prompt: int = 2048, dtype: str = 
         if head_key not in memo:
             from ..describe import describe
 
-            described_key = ("head-described", _cfg_key(cfg), repr(arch.replace(chips=1, name="")), dtype,
-                             min(prompt, slots))
+            described_key = head_described_key(cfg, arch, dtype, min(prompt, slots))
             if described_key not in memo:
                 model = P._meta_model(cfg, spec)
                 _, module, args = P._parts(model, spec, 1, min(prompt, slots))[2]
