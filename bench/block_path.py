@@ -43,9 +43,14 @@ CONFIG = "python/tvm_spinn/llm/configs/llama-2-70b.json"
 
 @contextlib.contextmanager
 def _captured():
-    """The planner's slice forms and the stages it times them with, per degree, in order."""
+    """The planner's slice forms and the stages it times them with, per degree: ``stages[g]``
+    maps ``(form, tiling)`` (the form's index in ``forms[g]``; ``""`` the mapper's tiles, ``"r"``
+    the MAC-high row tiles of :func:`board_tp._mac_high`) to ``(on chip, streamed, reduce_s,
+    (gains, buffer))``."""
     seen = {"g": None, "forms": {}, "stages": {}, "records": {}}
     block, forms, gains, recs = board_tp.slice_block, board_tp.slice_forms, board_tp._ahead_gains, board_tp.records
+    mac_high = board_tp._mac_high
+    inside = []  # non-empty while _mac_high times a slice
 
     def records(*args, **kwargs):
         # each call plans afresh: keep only the last call's forms and stages, both alike
@@ -64,16 +69,43 @@ def _captured():
 
     def ahead_gains(on_chip, streamed, reduce_s, *args, **kwargs):
         out = gains(on_chip, streamed, reduce_s, *args, **kwargs)
-        seen["stages"].setdefault(seen["g"], []).append((on_chip, streamed, reduce_s, out))
+        _record_stage(seen["stages"].setdefault(seen["g"], {}), "r" if inside else "", (on_chip, streamed, reduce_s, out))
         return out
 
+    def mac_high_tiles(*args, **kwargs):
+        inside.append(True)
+        try:
+            return mac_high(*args, **kwargs)
+        finally:
+            inside.pop()
+
     board_tp.slice_block, board_tp.slice_forms, board_tp._ahead_gains = slice_block, slice_forms, ahead_gains
-    board_tp.records = records
+    board_tp.records, board_tp._mac_high = records, mac_high_tiles
     try:
         yield seen
     finally:
         board_tp.slice_block, board_tp.slice_forms, board_tp._ahead_gains = block, forms, gains
-        board_tp.records = recs
+        board_tp.records, board_tp._mac_high = recs, mac_high
+
+
+def _record_stage(stages: dict, tiling: str, stage) -> None:
+    """File ``stage`` under ``(form, tiling)`` in one degree's ``stages``: the planner times each
+    form with the mapper's tiles first (the next form's index), then, where it has one, the same
+    form's MAC-high block (``tiling`` ``"r"``)."""
+    forms = sum(1 for _, t in stages if t == "")
+    stages[(forms if tiling == "" else forms - 1, tiling)] = stage
+
+
+def _form_of(key: str, forms: int) -> tuple:
+    """``(form index, tiling)`` of candidate ``key`` (``board_tp:g<g>m<n><tag><form><tiling>``)
+    among a degree's ``forms`` slice forms: the tiling ``"r"`` (MAC-high row tiles) or ``""``,
+    the form ``f`` (the residual adds fused, the second form), ``u`` (the slice uncut, the last)
+    or neither (the first)."""
+    tag = key.split("m", 1)[1].lstrip("0123456789")
+    tiling = "r" if tag.endswith("r") else ""
+    tag = tag[:-1] if tiling else tag
+    form = 1 if tag.endswith("f") else -1 if tag.endswith("u") else 0
+    return form % forms, tiling
 
 
 def _waits(piece, k: int, ends) -> str:
@@ -133,9 +165,9 @@ def _candidate(target, result, seen, key, g) -> None:
 def _path(target, result, seen, key, g, decode_s, used) -> None:
     """Candidate ``key``'s block (degree ``g``): its pieces, layers and collectives, as a chain."""
     tag = key.split("m", 1)[1].lstrip("0123456789")
-    form = 1 if tag.endswith("f") else -1 if tag.endswith("u") else 0
+    form, tiling = _form_of(key, len(seen["forms"][g]))
     pieces, ends = seen["forms"][g][form][:2]
-    on_chip, streamed, reduce_s, (gains, buffer) = seen["stages"][g][form]
+    on_chip, streamed, reduce_s, (gains, buffer) = seen["stages"][g][(form, tiling)]
     print(f"{target}: {1 / decode_s:.2f} tokens/s ({decode_s * 1e3:.2f} ms), "
           f"kept {key}: a group of {g} boards, {used} used")
     if ends is None:
