@@ -214,9 +214,12 @@ class MappingOptions(_Part):
         (the default; kept only where the timing model finds it faster). ``False`` keeps every
         tile's whole reduction on one PE.
     row_tiles : bool
-        Let the mapper cut an fp32 GEMM of fewer rows than the MAC array into row tiles of the
-        M4F kernel's register block (the default; each tile shape is timed and the fastest
-        kept). ``False`` keeps MAC-high row tiles: a caller that times a mapping in a wider
+        Let the mapper cut an fp32 GEMM into row tiles of the M4F kernel's register block (the
+        default; each tile shape is timed and the fastest kept): one of fewer rows than the MAC
+        array, and one of more rows than one register block whose weights are held in SRAM
+        (bands one or two register blocks high;
+        :func:`tvm_spinn.program.ops.gemm.has_row_tiles` names the programs where the switch
+        matters). ``False`` keeps MAC-high row tiles: a caller that times a mapping in a wider
         context (weights fetched ahead of a program while the DRAM channels are idle) compares
         the two tilings there. The bits are the same either way.
     """

@@ -97,20 +97,33 @@ def test_the_row_tiles_switch_keeps_mac_high_tiles_and_the_bits():
         assert not has_row_tiles(_mapped(chip, rows, k, n), chip)
 
 
-def test_band_tiles_fill_whole_rounds_of_the_pes():
+def test_band_tiles_fill_about_whole_rounds_of_the_pes():
     """The band candidates: per band of one or two register blocks below the rows, column tiles of
-    whole register blocks that cut the columns into about ``j * pes`` tiles."""
+    whole register blocks; for each round count ``j`` the one that cuts the most tiles at most
+    ``j * pes`` (a brute force over every column tile of whole register blocks), within one tile
+    row (``row_tiles`` tiles) below ``j * pes`` wherever some column tile is."""
     mr, nr = M4F_BLOCK
     pes = 148
-    g = GemmShape(1, 768, 256, 8)
-    bands = geometry._fp32_band_tiles(g, {16, 32}, pes, 16)
-    assert sorted(bands) == [mr, 2 * mr]
-    for tm, cols in bands.items():
-        assert all(tn % nr == 0 and 0 < tn <= 256 for tn in cols)
-        row_tiles = -(-768 // tm)
-        for j in range(1, 9):  # the tile count of each round count, recomputed independently
-            nt = max(1, j * pes // row_tiles)
-            assert min(256, -(-(-(-256 // nt)) // nr) * nr) in cols
+    for g in (GemmShape(1, 768, 256, 8), GemmShape(1, 768, 192, 8), GemmShape(2, 64, 132, 8),
+              GemmShape(1, 40, 1000, 8)):
+        bands = geometry._fp32_band_tiles(g, {16, 32}, pes, 16)
+        assert sorted(bands) == [t for t in (mr, 2 * mr) if t < g.m]
+        for tm, cols in bands.items():
+            assert all(tn % nr == 0 and 0 < tn <= -(-g.n // nr) * nr for tn in cols)
+            row_tiles = g.batch * -(-g.m // tm)
+            counts = {tn: row_tiles * -(-g.n // tn) for tn in range(nr, -(-g.n // nr) * nr + 1, nr)}
+            got = {counts[tn] for tn in cols}
+            assert len(cols) <= 8 and len(got) == len(cols)  # no two column tiles cut alike
+            for j in range(1, 9):
+                under = [c for c in counts.values() if c <= j * pes]
+                best = max(under) if under else row_tiles  # none under: one column tile a row tile
+                assert best in got, (g, tm, j)
+                near = [c for c in counts.values() if j * pes - row_tiles < c <= j * pes]
+                if near:  # the register block's columns allow a count within one tile row below
+                    assert any(j * pes - row_tiles < c <= j * pes for c in got), (g, tm, j)
+    # 768 x 256 in 4-row bands: 192 row tiles, more than one round of 148 PEs alone
+    assert sorted(c / pes for c in {192 * -(-256 // tn) for tn in geometry._fp32_band_tiles(
+        GemmShape(1, 768, 256, 8), set(), pes, 16)[mr]})[:2] == [192 / pes, 384 / pes]
     assert geometry._fp32_band_tiles(GemmShape(1, 4, 64, 8), {4, 16}, pes, 16) == {}  # one register block of rows
     # fewer rows than the MAC array's: only the row tiles given (the register-block ones of
     # :func:`_fp32_row_tiles`) get their column tiles
@@ -186,3 +199,62 @@ def test_a_short_reduction_takes_wide_register_block_bands_faster_with_the_same_
         ref = ref + x[:, :, j, None] * w[:, None, j, :]
     (got,) = run_program(program, [x, w], mode="tiles")
     np.testing.assert_array_equal(got, ref)
+
+
+def _program(chip, m: int, k: int, n: int, batch: int = 1):
+    tensors = [TensorDesc("x", [batch, m, k], "float32", "input"), TensorDesc("w", [batch, k, n], "float32", "input"),
+               TensorDesc("y", [batch, m, n], "float32", "output")]
+    return Program("main", chip, tensors, [0, 1], [2], [Layer(name="mm", kind="matmul", inputs=[0, 1], output=2)])
+
+
+def test_the_row_tiles_switch_covers_the_bands_of_resident_gemms():
+    """``MappingOptions(row_tiles=False)`` also keeps out the bands a GEMM whose right operand is
+    held in SRAM takes, rows over the batch at least the MAC array's: ``has_row_tiles`` with
+    ``resident`` names them; where it does not hold, the switch changes no tile."""
+    from tvm_spinn.program.ops.gemm import has_row_tiles
+
+    chip = tvm_spinn.make_system("one-chip-148")
+    arch = tvm_spinn.SpinnArch()
+    g = GemmShape(1, 768, 256, 8)  # a weight gradient: 768 rows, a reduction of 8 tokens
+    assert choose_gemm_tile(g, arch, kind="matmul", resident=True, pes=148) == (2 * M4F_BLOCK[0], 88, 8)
+    assert choose_gemm_tile(g, arch, kind="matmul", resident=True, pes=148, row_tiles=False)[0] == arch.mac_rows
+    program = _program(chip, 768, 8, 256)
+    assert has_row_tiles(program, chip, resident=True) and not has_row_tiles(program, chip)
+    tiles = {}
+    for options in (MappingOptions(weights="resident"), MappingOptions(weights="resident", row_tiles=False)):
+        with options:  # the tile chooser reads the current options
+            mapped = _map(layer_work(program, 0, chip), chip, "sequential", options,
+                          np.zeros(chip.pes_per_chip, dtype=np.int64))[0]
+        tiles[options.row_tiles] = mapped.mapping.layers[0].tile
+    assert tiles[True][0] == 2 * M4F_BLOCK[0] and tiles[False][0] == chip.mac_rows
+    # where has_row_tiles does not hold, the switch moves no tile (for every PE count tried)
+    for batch, m, k, n in [(1, 1, 64, 256), (1, 4, 8, 768), (8, 2, 64, 64), (1, 3, 192, 768), (4, 16, 8, 64),
+                           (1, 768, 8, 256), (1, 64, 8, 132)]:
+        for resident in (False, True):
+            if has_row_tiles(_program(chip, m, k, n, batch), chip, resident=resident):
+                continue
+            for pes in (1, 37, 148, 1152):
+                shape = GemmShape(batch, m, n, k)
+                assert (choose_gemm_tile(shape, arch, kind="matmul", resident=resident, pes=pes)
+                        == choose_gemm_tile(shape, arch, kind="matmul", resident=resident, pes=pes, row_tiles=False))
+
+
+def test_band_rows_take_only_their_own_column_tiles(monkeypatch):
+    """A band's row tile (one or two register blocks, below the MAC-high rows the general
+    candidates start at) is timed with the band's column tiles only, not crossed with every
+    general column tile."""
+    arch = tvm_spinn.SpinnArch()
+    g, pes = GemmShape(1, 768, 256, 8), 148
+    bands = geometry._fp32_band_tiles(g, set(), pes, arch.mac_rows)
+    assert sorted(bands) == [M4F_BLOCK[0], 2 * M4F_BLOCK[0]]
+    timed, cycles = [], geometry.gemm_tile_cycles
+
+    def record(vm, vn, *args, **kwargs):
+        timed.append((vm, vn))
+        return cycles(vm, vn, *args, **kwargs)
+
+    monkeypatch.setattr(geometry, "gemm_tile_cycles", record)
+    choose_gemm_tile(g, arch, kind="matmul", resident=True, pes=pes)
+    for tm, cols in bands.items():
+        assert sorted({vn for vm, vn in timed if vm == tm}) == sorted(cols), tm
+    assert len(timed) == len(set(timed))  # each pair timed once

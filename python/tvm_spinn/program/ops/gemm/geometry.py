@@ -655,29 +655,36 @@ def _fp32_row_tiles(g: GemmShape, mac_rows: int) -> set:
     return out
 
 
-def has_row_tiles(program, arch: "SpinnArch") -> bool:
+def has_row_tiles(program, arch: "SpinnArch", resident: bool = False) -> bool:
     """Whether the mapper may cut some fp32 GEMM of ``program`` into register-block-high row
-    tiles (:func:`_fp32_row_tiles`) under some shard plan: its rows more than one register block
-    and fewer than the MAC array's (a shard plan may split its batch down to one). A mapping
-    with ``MappingOptions(row_tiles=False)`` differs from the default only where this holds."""
+    tiles under some shard plan: :func:`_fp32_row_tiles` for rows more than one register block
+    and fewer than the MAC array's (a shard plan may split its batch down to one); with
+    ``resident`` (the GEMMs' weight operands held in SRAM, ``MappingOptions(weights="resident")``)
+    also the bands of :func:`_fp32_band_tiles`, for any rows more than one register block. A
+    mapping with ``MappingOptions(row_tiles=False)`` differs from the default only where this
+    holds, ``resident`` as the mapping holds the weights."""
     mr = M4F_BLOCK[0]
     for layer in program.layers:
-        if layer.kind in GEMM_KINDS and layer.mode != "int8" and mr < gemm_shape(program, layer).m < arch.mac_rows:
-            return True
+        if layer.kind in GEMM_KINDS and layer.mode != "int8":
+            m = gemm_shape(program, layer).m
+            if mr < m and (resident or m < arch.mac_rows):
+                return True
     return False
 
 
 def _fp32_band_tiles(g: GemmShape, tms: set, pes: int, mac_rows: int) -> dict:
-    """fp32 column tiles per row tile that fill whole rounds of ``pes`` PEs, ``{tm: {tn}}``:
+    """fp32 column tiles per row tile that fill about whole rounds of ``pes`` PEs, ``{tm: {tn}}``:
     the row tiles are bands one or two register blocks high (:data:`M4F_BLOCK`) below the rows
     (where the rows over the batch are at least the MAC array's ``mac_rows``; fewer rows, only
     the ones among ``tms``, which :func:`_fp32_row_tiles` supplies), each with the column
-    tiles, multiples of the register block's columns, that cut the columns into about
-    ``j * pes`` tiles over the row tiles (``j`` = 1 .. 8 rounds). A short reduction (a
+    tiles, multiples of the register block's columns, that cut the columns into the most tiles
+    over the row tiles that are at most ``j * pes`` (``j`` = 1 .. 8; at least one column tile a
+    row tile): about ``j`` rounds, fewer where the row tiles alone exceed ``j * pes`` or the
+    register block's columns leave no count nearer. A short reduction (a
     weight gradient over a slot's few tokens) pays a job's entry, a row's set-up and a block's
     for a few steps each: one wide band of ``4 x 4`` blocks a PE pays them once where the
-    MAC-high tiles the other candidates take run many small jobs, and whole rounds leave no PE
-    idle in the last. Each output's reduction is the same whatever the tile (ascending k on one
+    MAC-high tiles the other candidates take run many small jobs, and about whole rounds leave
+    few PEs idle in the last. Each output's reduction is the same whatever the tile (ascending k on one
     PE), so no bit moves."""
     mr, nr = M4F_BLOCK
     rows = {t for t in tms if t < g.m and t <= 2 * mr}
@@ -724,7 +731,9 @@ def choose_gemm_tile(g: GemmShape, arch: "SpinnArch", name: str = "gemm", pes: i
     (:func:`gemm_tile_cycles`: the M4F for fp32, the MAC array for int8, with the M4F's share
     ``int8``, by default a dequantizing epilogue when the output takes 4 bytes).
     ``row_tiles``: an fp32 GEMM of fewer rows than the MAC array also tries register-block-high
-    row tiles (:func:`_fp32_row_tiles`); ``False``: MAC-high row tiles only.
+    row tiles (:func:`_fp32_row_tiles`), and a ``resident`` one of more rows than one register
+    block the bands of :func:`_fp32_band_tiles` (each band row tile with its own column tiles);
+    ``False``: MAC-high row tiles only (:func:`has_row_tiles`).
     """
     budget = arch.tile_sram_bytes if naive else working_budget(arch)
     r, c = arch.mac_rows, arch.mac_cols
@@ -761,69 +770,69 @@ def choose_gemm_tile(g: GemmShape, arch: "SpinnArch", name: str = "gemm", pes: i
         # channel's last byte (the timing model's layer rule) and a band's long job waits there.
         # Bands are register-block-high row tiles: MappingOptions(row_tiles=False) keeps them out.
         bands = _fp32_band_tiles(g, tms, pes, r) if resident and row_tiles else {}
-        tms.update(bands)
     else:
         bands = {}
-    tms, tns = sorted(tms), sorted(tns)
+    # the general row and column tiles cross; a band's row tile goes with its own column tiles
+    pairs = {(tm, tn) for tm in tms for tn in tns}
+    pairs.update((tm, tn) for tm, band_tns in bands.items() for tn in band_tns)
     chips = max(1, -(-pes // arch.pes_per_chip))
     dram_bytes_per_cycle = arch.dram_bw_bytes_s * chips / arch.clock_hz
     pe_ids = np.arange(pes, dtype=np.int64)
     chip_ids = pe_ids // arch.pes_per_chip
     weight_a = _weight_is_a(kind)
     best, best_key = None, None
-    for tm in tms:
-        for tn in sorted(set(tns).union(bands.get(tm, ()))):
-            pm, pn = _round_up(tm, r), _round_up(tn, c)  # the buffers tile_costs reserves
-            fixed = ACC_BYTES * pm * pn
-            per_k = 2 * (ae * pm + be * pn)
-            if fixed + per_k > budget:
-                continue
-            tk_max = (budget - fixed) // per_k
-            tk = g.k if tk_max >= g.k else max(r, (tk_max // r) * r)
-            if tk > tk_max:
-                continue
-            if mode == "int8":  # the MAC array's acc_bits-bit accumulators must never wrap
-                tk = min(tk, safe_k_chunk(arch, 8))
-            mt, nt = ceil_div(g.m, tm), ceil_div(g.n, tn)
-            tiles = g.batch * mt * nt
-            groups = (g.batch * mt) if weight_a else nt
-            per_pe = ceil_div(tiles, pes)
-            vm, vn = min(tm, g.m), min(tn, g.n)
-            a_bytes, b_bytes = ae * vm * g.k, be * g.k * vn
-            w_bytes, x_bytes = (a_bytes, b_bytes) if weight_a else (b_bytes, a_bytes)
-            if input_bytes is not None:
-                x_bytes = input_bytes(vn)
-            # A weight block stays in SRAM across its tiles only if it fits next to the buffers.
-            ksplits = ceil_div(g.k, tk)
-            # int8: the chunks of each output tile may be split over p PEs (module docstring)
-            # when the tiles leave PEs idle; every part is a tile of its own.
-            p_max = min(ksplits, pes // tiles) if mode == "int8" and split_k else 1
-            if p_max > 1 and gemm_tile_bytes(pm, pn, min(tk, g.k), ae, be) + ACC_BYTES * pm * pn > budget:
-                p_max = 1  # no room for the reducer's block of received partial sums
-            for parts in range(1, max(1, p_max) + 1):
-                tiles_p, groups_p = tiles * parts, groups * parts
-                per_pe = ceil_div(tiles_p, pes)
-                span = -(-ksplits // parts) * ceil_div(g.k, ksplits)  # the longest part's k
-                frac = min(span, g.k) / g.k
-                xb, wb = x_bytes * frac, (0.0 if resident else w_bytes * frac)
-                stationary = wb + gemm_tile_bytes(tm, tn, min(tk, g.k), ae, be) <= budget
-                w_loads = min(tiles_p, max(groups_p, pes)) if stationary else tiles_p
-                if parts == 1:
-                    compute = gemm_tile_cycles(vm, vn, g.k, ksplits, arch, mode, int8)
-                else:
-                    compute = (gemm_tile_cycles(vm, vn, min(span, g.k), -(-ksplits // parts), arch, mode, _part_side(int8))
-                               + k_part_tail_cycles(vm, vn, parts, arch, int8))
-                dma = (xb + oe * vm * vn + (wb * w_loads) / tiles_p) / arch.dma_bw_bytes_per_cycle
-                pe_time = per_pe * (max(compute, dma) + arch.dma_setup_cycles * -(-ksplits // parts))
-                # Weight blocks cross DRAM once per group (the NoC multicasts them); activations
-                # are assumed on-chip (NoC). The last tile computes after its load: no overlap.
-                dram_time = groups_p * wb / dram_bytes_per_cycle
-                on_pe = tiles_p // pes + (pe_ids < tiles_p % pes)
-                noc_time = noc_port_cycles(pe_ids, chip_ids, on_pe * (xb + wb * w_loads / tiles_p),
-                                           on_pe * (oe * vm * vn), arch)
-                key = (max(pe_time, max(dram_time, noc_time) + compute), tiles_p, -tm, -tn)
-                if best_key is None or key < best_key:
-                    best, best_key = ((tm, tn, tk, parts) if parts > 1 else (tm, tn, tk)), key
+    for tm, tn in sorted(pairs):
+        pm, pn = _round_up(tm, r), _round_up(tn, c)  # the buffers tile_costs reserves
+        fixed = ACC_BYTES * pm * pn
+        per_k = 2 * (ae * pm + be * pn)
+        if fixed + per_k > budget:
+            continue
+        tk_max = (budget - fixed) // per_k
+        tk = g.k if tk_max >= g.k else max(r, (tk_max // r) * r)
+        if tk > tk_max:
+            continue
+        if mode == "int8":  # the MAC array's acc_bits-bit accumulators must never wrap
+            tk = min(tk, safe_k_chunk(arch, 8))
+        mt, nt = ceil_div(g.m, tm), ceil_div(g.n, tn)
+        tiles = g.batch * mt * nt
+        groups = (g.batch * mt) if weight_a else nt
+        per_pe = ceil_div(tiles, pes)
+        vm, vn = min(tm, g.m), min(tn, g.n)
+        a_bytes, b_bytes = ae * vm * g.k, be * g.k * vn
+        w_bytes, x_bytes = (a_bytes, b_bytes) if weight_a else (b_bytes, a_bytes)
+        if input_bytes is not None:
+            x_bytes = input_bytes(vn)
+        # A weight block stays in SRAM across its tiles only if it fits next to the buffers.
+        ksplits = ceil_div(g.k, tk)
+        # int8: the chunks of each output tile may be split over p PEs (module docstring)
+        # when the tiles leave PEs idle; every part is a tile of its own.
+        p_max = min(ksplits, pes // tiles) if mode == "int8" and split_k else 1
+        if p_max > 1 and gemm_tile_bytes(pm, pn, min(tk, g.k), ae, be) + ACC_BYTES * pm * pn > budget:
+            p_max = 1  # no room for the reducer's block of received partial sums
+        for parts in range(1, max(1, p_max) + 1):
+            tiles_p, groups_p = tiles * parts, groups * parts
+            per_pe = ceil_div(tiles_p, pes)
+            span = -(-ksplits // parts) * ceil_div(g.k, ksplits)  # the longest part's k
+            frac = min(span, g.k) / g.k
+            xb, wb = x_bytes * frac, (0.0 if resident else w_bytes * frac)
+            stationary = wb + gemm_tile_bytes(tm, tn, min(tk, g.k), ae, be) <= budget
+            w_loads = min(tiles_p, max(groups_p, pes)) if stationary else tiles_p
+            if parts == 1:
+                compute = gemm_tile_cycles(vm, vn, g.k, ksplits, arch, mode, int8)
+            else:
+                compute = (gemm_tile_cycles(vm, vn, min(span, g.k), -(-ksplits // parts), arch, mode, _part_side(int8))
+                           + k_part_tail_cycles(vm, vn, parts, arch, int8))
+            dma = (xb + oe * vm * vn + (wb * w_loads) / tiles_p) / arch.dma_bw_bytes_per_cycle
+            pe_time = per_pe * (max(compute, dma) + arch.dma_setup_cycles * -(-ksplits // parts))
+            # Weight blocks cross DRAM once per group (the NoC multicasts them); activations
+            # are assumed on-chip (NoC). The last tile computes after its load: no overlap.
+            dram_time = groups_p * wb / dram_bytes_per_cycle
+            on_pe = tiles_p // pes + (pe_ids < tiles_p % pes)
+            noc_time = noc_port_cycles(pe_ids, chip_ids, on_pe * (xb + wb * w_loads / tiles_p),
+                                       on_pe * (oe * vm * vn), arch)
+            key = (max(pe_time, max(dram_time, noc_time) + compute), tiles_p, -tm, -tn)
+            if best_key is None or key < best_key:
+                best, best_key = ((tm, tn, tk, parts) if parts > 1 else (tm, tn, tk)), key
     if best is None:
         need = gemm_tile_bytes(r, c, r, ae, be)
         raise MappingError(
