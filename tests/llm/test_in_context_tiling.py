@@ -43,6 +43,14 @@ def test_the_streamed_block_takes_the_tiling_faster_in_context(register_system, 
 
     monkeypatch.setattr(board_tp, "_block_variants", record_variants)
     monkeypatch.setattr(board_tp, "_mac_high", record_mac_high)
+    records, board_records = {}, board_tp.records
+
+    def record_records(*args, **kwargs):
+        out = board_records(*args, **kwargs)
+        records.update(out)
+        return out
+
+    monkeypatch.setattr(board_tp, "records", record_records)
     target = register_system(tvm_spinn.make_system("spinn2-8-boards-tiling", boards=8), tag="spinn/tiling-8")
     result = plan(CONFIG, target=target, batch=1, seq=2048, dtype="int8")
     kept = [k for k in result.plan["alternatives"] if k.startswith("board_tp")]
@@ -50,6 +58,12 @@ def test_the_streamed_block_takes_the_tiling_faster_in_context(register_system, 
     # the kept candidate streams its blocks with the MAC-high row tiles
     assert kept and kept[0].endswith("r"), kept
     assert "MAC-high row tiles" in result.plan["description"]
+    # the plan records the tiling its streamed blocks run with: MappingOptions(row_tiles=False)
+    # for the MAC-high candidates, the mapper's default (no key) for the others
+    assert result.plan["mapping_row_tiles"] is False
+    tilings = {k: r["meta"].get("mapping_row_tiles", True) for k, r in records.items()}
+    assert tilings == {k: not k.endswith("r") for k in records}, tilings
+    assert any(k.endswith("r") for k in records)
     # each MAC-high slice right after the mapper's of the same form: alone, the mapper's pieces
     # are the faster (its tiles are the fastest for each piece), with the weights fetched ahead
     # the MAC-high block is; a slice with nothing to fetch ahead has no MAC-high candidate

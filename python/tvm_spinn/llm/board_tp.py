@@ -1456,6 +1456,8 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
             # streamed bytes on each chip, leaving the DRAM channels less idle time to fetch the
             # next pieces' weights ahead; the candidates' records rank the two in context
             tilings = [(variants, resident, streamed, on_chip, "")]
+            # (the streamed block holds no weights in SRAM: the register-block row tiles it may
+            # take are those of GEMMs below the MAC array's rows, no bands)
             if streams and any(has_row_tiles(p, board) for p in pieces):
                 tilings += _mac_high(P, mapped, pieces, ends, board, host_shapes, spec.cache_slots(seq), memo, fit_alone,
                                      block_w, budget, cpb, hidden, scatter_s, handoffs, reduce_s, reduces_per_block)
@@ -1514,6 +1516,8 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                              if arch.has_faults else {}),
                           "chips_per_group": g * cpb, "micro_batch": batch, "micro_batches": 1,
                           "mapping_weights": "auto", "block_decode_s": blocks_s / L,
+                          # the streamed blocks mapped with MAC-high row tiles (:func:`_mac_high`)
+                          **({"mapping_row_tiles": False} if tiling == "r" else {}),
                           "board_all_reduce_s": reduce_s, "board_all_reduces_decode_s": reduces_s,
                           **({"board_all_reduce_wire": reduce} if reduce != "int32" else {}),
                           "board_gather_fused": fused, "board_add_fused": bool(taken),

@@ -32,7 +32,9 @@ kept (all are in ``plan["alternatives"]``):
   (``plan["replicas"]``);
 * ``board_tp`` (three boards or more, int8 Llama models): every block tensor-parallel over a
   group of boards, its int32 partial sums all-reduced across them, the groups pipelined
-  (:mod:`tvm_spinn.llm.board_tp`);
+  (:mod:`tvm_spinn.llm.board_tp`); a candidate whose streamed blocks run their fp32 GEMMs in
+  MAC-high row tiles (its key ending in ``r``) has ``plan["mapping_row_tiles"]`` ``False``
+  (:class:`tvm_spinn.mapping.MappingOptions` ``row_tiles``), the others no such key;
 * ``experts`` (three boards or more, a mixture of experts, in place of ``pipeline`` and
   ``board_tp``): the experts spread over groups of boards, the router's dispatch and combine as
   all-to-alls on the board links, the groups pipelined (:mod:`tvm_spinn.llm.experts`).
