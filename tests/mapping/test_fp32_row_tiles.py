@@ -239,10 +239,10 @@ def test_the_row_tiles_switch_covers_the_bands_of_resident_gemms():
                         == choose_gemm_tile(shape, arch, kind="matmul", resident=resident, pes=pes, row_tiles=False))
 
 
-def test_band_rows_take_only_their_own_column_tiles(monkeypatch):
+def test_band_rows_take_their_own_column_tiles_each_pair_timed_once(monkeypatch):
     """A band's row tile (one or two register blocks, below the MAC-high rows the general
-    candidates start at) is timed with the band's column tiles only, not crossed with every
-    general column tile."""
+    candidates start at) is timed with each of the band's column tiles (and the general ones),
+    and no (rows, columns) pair is timed twice."""
     arch = tvm_spinn.SpinnArch()
     g, pes = GemmShape(1, 768, 256, 8), 148
     bands = geometry._fp32_band_tiles(g, set(), pes, arch.mac_rows)
@@ -256,5 +256,5 @@ def test_band_rows_take_only_their_own_column_tiles(monkeypatch):
     monkeypatch.setattr(geometry, "gemm_tile_cycles", record)
     choose_gemm_tile(g, arch, kind="matmul", resident=True, pes=pes)
     for tm, cols in bands.items():
-        assert sorted({vn for vm, vn in timed if vm == tm}) == sorted(cols), tm
+        assert set(cols) <= {vn for vm, vn in timed if vm == tm}, tm
     assert len(timed) == len(set(timed))  # each pair timed once

@@ -732,7 +732,8 @@ def choose_gemm_tile(g: GemmShape, arch: "SpinnArch", name: str = "gemm", pes: i
     ``int8``, by default a dequantizing epilogue when the output takes 4 bytes).
     ``row_tiles``: an fp32 GEMM of fewer rows than the MAC array also tries register-block-high
     row tiles (:func:`_fp32_row_tiles`), and a ``resident`` one of more rows than one register
-    block the bands of :func:`_fp32_band_tiles` (each band row tile with its own column tiles);
+    block the bands of :func:`_fp32_band_tiles` (each band row tile with the general column tiles
+    and its own);
     ``False``: MAC-high row tiles only (:func:`has_row_tiles`).
     """
     budget = arch.tile_sram_bytes if naive else working_budget(arch)
@@ -772,7 +773,10 @@ def choose_gemm_tile(g: GemmShape, arch: "SpinnArch", name: str = "gemm", pes: i
         bands = _fp32_band_tiles(g, tms, pes, r) if resident and row_tiles else {}
     else:
         bands = {}
-    # the general row and column tiles cross; a band's row tile goes with its own column tiles
+    # the row and column tiles cross, the bands' row tiles included (a band row with a general
+    # column tile is the cheapest tile of some resident GEMMs of a few rows); a band's own
+    # column tiles go with its row tile
+    tms.update(bands)
     pairs = {(tm, tn) for tm in tms for tn in tns}
     pairs.update((tm, tn) for tm, band_tns in bands.items() for tn in band_tns)
     chips = max(1, -(-pes // arch.pes_per_chip))
