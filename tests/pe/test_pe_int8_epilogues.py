@@ -351,3 +351,19 @@ def test_tflite_int8_cnn_in_iss_mode_bit_identical(monkeypatch):
     x = np.random.default_rng(2).integers(-128, 128, size=(1, 16, 16, 3)).astype("int8")
     roles = _model_iss_same_bits(relax.build(mod, target="spinn"), [x], monkeypatch)
     assert ("gemm_i8", "tflite") in roles and ("gemm_i8",) in roles
+
+
+@pytest.mark.parametrize("length", [0, 3, 6, 7, 8, 10])
+def test_dsp_table_rejects_consts_of_a_wrong_length(length):
+    """Consts of a length not 5 + 4 * columns: one ValueError naming the function and both lengths."""
+    with pytest.raises(ValueError, match=rf"i8_dsp_table.*expected .*got {length}$"):
+        i8_dsp_table(np.zeros(length, np.int64))
+
+
+def test_dsp_table_has_eight_words_per_column():
+    """A valid length: eight words a column (zero columns: none)."""
+    assert i8_dsp_table(np.zeros(5, np.int64)).shape == (0,)
+    consts = np.array([1, 4, 0, -128, 127] + [2, 0, 1 << 30, 33] * 3, np.int64)
+    table = i8_dsp_table(consts).reshape(3, 8)
+    # c0 = K zx zw = 4 * 1 * 2, the multiplier, ra = 2**0 + 128 * 2, s = 1
+    assert table[:, :4].tolist() == [[8, 1 << 30, 1 + (128 << 1), 1]] * 3

@@ -878,20 +878,44 @@ def test_zero_bubble_takes_the_weight_gradients_off_the_fill_and_drain():
 
 
 def test_zero_bubble_holds_its_deferred_passes_operands():
-    """A ZB-H1 stage holds, for every slot in flight, its layers' GEMM inputs whole and their
+    """A ZB-H1 stage holds, for every slot held, its layers' GEMM inputs whole and their
     output gradients until the weight-gradient pass reads them: per token and layer the
     query/key/value, the MLP's hidden width and four hidden widths (here at TP 12: 64 + 2 x 64 +
-    256 + 4 x 768 fp32 values)."""
+    256 + 4 x 768 fp32 values). Slots held: stage 0 the 13 of 1F1B (12 block stages and the
+    head's); the last block stage 2 under 1F1B, but a micro-batch's 8 chunks whole (its
+    reverse-order backward starts once all 8 went forward, its ascending weight-gradient passes
+    end with the first chunk's input-gradient pass)."""
     import dataclasses
 
-    from tvm_spinn.training.planner import _inflight, _stage_activations
+    from tvm_spinn.training.planner import _stage_activations
 
     spec, _, _, split = _gpt2_small_24_boards()
     zb = dataclasses.replace(split, zero_bubble=True)
-    for stage in (0, split.pp - 1):
+    for stage, slots in ((0, 13), (split.pp - 1, 8)):
         extra = _stage_activations(spec, zb, 256, stage, False) - _stage_activations(spec, split, 256, stage, False)
-        assert extra == 1 * _inflight(split, stage) * 4 * 32 * (64 + 2 * 64 + 256 + 4 * 768)
+        assert extra == 1 * slots * 4 * 32 * (64 + 2 * 64 + 256 + 4 * 768)
     assert _stage_activations(spec, zb, 256, split.pp, False) == _stage_activations(spec, split, 256, split.pp, False)
+
+
+def test_chunked_sequences_hold_a_micro_batch_whole():
+    """With chunked sequences a block stage holds at least one micro-batch's chunks whole: its
+    backward runs the chunks in reverse order, the last chunk's first, once all went forward.
+    GPT-2 small's 24-board split's last block stage (1F1B: 2 slots in flight) holds its 8 chunks'
+    activations, one layer each (here worked out per token at TP 12 with sequence parallelism:
+    4 x 768 / 12 norm and GEMM inputs, 2 x 64 query and attention output, 2 x 64 keys and
+    values, 2 x 256 MLP, 1 x 256 softmax scores), and two micro-batches' whole keys and values
+    (2 x 256 tokens x 2 x 64); unchunked (one slot, 2 in flight) two slots' activations."""
+    import dataclasses
+
+    from tvm_spinn.training.planner import _stage_activations
+
+    spec, _, _, split = _gpt2_small_24_boards()
+    per_token = 4 * 768 // 12 + 2 * 64 + 2 * 64 + 2 * 256 + 256
+    last = split.pp - 1
+    kv = 2 * 256 * 2 * 64  # two micro-batches of one 256-token sequence
+    assert _stage_activations(spec, split, 256, last, False) == 4 * (8 * 32 * per_token + kv)
+    whole = dataclasses.replace(split, chunks=1, micro_batches=16)
+    assert _stage_activations(spec, whole, 256, last, False) == 4 * 2 * 256 * per_token
 
 
 def test_bucketed_gradient_reduction_overlaps_the_last_backward():

@@ -434,11 +434,13 @@ def _system_timing(program: Program, plan: ShardPlan, shard: Program, tables, ch
 
 def _sent_blocks(program: Program, plan: ShardPlan, shard: Program, room: float) -> list[int]:
     """The tensors of ``shard`` that only an all-gather before a layer reads (the layers after
-    it read the gathered copy, :func:`~.shard.shard_program`), at most ``room`` bytes: the
-    chip's block, which its producer leaves in SRAM, where the links' packets are sent from, as
-    the gathered copy lands there. Left off chip, the memory plan would write it to DRAM for no
-    reader (and a view producing it, such as the slice of a column-parallel GEMM's output that
-    is gathered, would pay as a copy)."""
+    it read the gathered copy, :func:`~.shard.shard_program`), each of at most ``room`` bytes
+    (a limit per tensor, as the gathered copies' own: a block lives only from its producer to
+    its all-gather, not for the whole program): the chip's block, which its producer
+    leaves in SRAM, where the links' packets are sent from, as the gathered copy lands there.
+    Left off chip, the memory plan would write it to DRAM for no reader (and a view producing
+    it, such as the slice of a column-parallel GEMM's output that is gathered, would pay as a
+    copy)."""
     n = len(program.layers)
     read = {t for layer in shard.layers for t in layer.inputs}
     sent = {c.tensor for c in plan.collectives if c.op == "all_gather" and c.layer < n}

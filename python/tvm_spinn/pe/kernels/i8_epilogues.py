@@ -66,8 +66,15 @@ def i8_dsp_table(consts) -> np.ndarray:
     takes the DSP path, else ``s = 0`` (the exact path). TFLite's (:func:`_i8_tflite_columns`):
     ``c0 + bias_q``, ``M2 = 2 M0`` (as int32), ``K = 2**(right - 1) + (y_zero - y_min)
     2**right`` and ``right = shift - 31`` where the column takes the DSP path, else ``right =
-    0``. Returns int64 values in the int32 range, ``[columns * I8_DSP_WORDS]``."""
-    q = np.asarray(consts, dtype=np.int64)
+    0``. Returns int64 values in the int32 range, ``[columns * I8_DSP_WORDS]``.
+
+    Raises ValueError where ``consts`` is not ``5 + 4 * columns`` words long."""
+    q = np.asarray(consts, dtype=np.int64).reshape(-1)
+    if q.size < 5 or (q.size - 5) % 4:
+        below = 5 + 4 * max((q.size - 5) // 4, 0)  # the nearest valid lengths around it
+        near = f"{below}" if q.size < 5 else f"{below} or {below + 4}"
+        raise ValueError(f"i8_dsp_table: consts must hold 5 + 4 * columns words (expected {near}), "
+                         f"got {q.size}")
     zx, k, y_zero, y_min = q[0], q[1], q[2], q[3]
     zw, bq, mult, sh = q[5:].reshape(-1, 4).T
     c0 = _wrap32(_wrap32(k * zx) * zw)

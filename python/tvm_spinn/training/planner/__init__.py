@@ -212,7 +212,7 @@ from .search import plan_training
 from .records import F32, HEAD_LAGS  # noqa: F401
 from .model import (TRAINED_MODEL_TYPES, _block_flops, _block_gemms, _gathered_params, _layer_params,  # noqa: F401
                     _spec, _stage_params, _untouched_rows, _vocab_rows, _widths)
-from .memory import (_costed_stages, _head_slots, _inflight, _layer_activations, _layer_input,  # noqa: F401
+from .memory import (_costed_stages, _head_slots, _held_slots, _inflight, _layer_activations, _layer_input,  # noqa: F401
                      _peak_bytes, _stage_activations)
 from .comms import _BOUND_GROUPS, _CHAIN_SEGMENTS, _DIRECT_RANKS, _PROBE_BYTES, _Comms  # noqa: F401
 from .slot import RESIDENT_SHARE, _landing, _pass_seconds, _resident_share, _slot_seconds, _tp_reductions  # noqa: F401

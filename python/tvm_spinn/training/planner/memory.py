@@ -31,24 +31,25 @@ def _stage_activations(spec, split: "Split", seq: int, stage: int, recompute: bo
         # reads all of the slot's hidden states) and its share of the logits
         return _head_slots(split) * (2 * F32 * tokens * spec.hidden + F32 * tokens * -(-spec.vocab // split.head_tp))
     layers = spec.layers // split.pp
-    inflight = _inflight(split, stage)
+    held = _held_slots(split, stage)
     sp = split.sequence_parallel and tp > 1
     layer = _layer_activations(spec, tp, tokens, seq, sp)
     if recompute:
-        total = layers * inflight * _layer_input(spec, tp, tokens, sp) + layer
+        total = layers * held * _layer_input(spec, tp, tokens, sp) + layer
     else:
-        total = layers * inflight * layer
+        total = layers * held * layer
     if split.zero_bubble and stage < pp:
         # a deferred weight-gradient pass reads its GEMMs' inputs whole (the column-parallel
         # ones' as gathered over the sequence) and their output gradients, held from the
-        # input-gradient pass until it runs: counted for every slot in flight
+        # input-gradient pass until it runs: counted for every slot held (with chunked
+        # sequences, every chunk of a micro-batch: see :func:`_held_slots`)
         h, i, q, kv = _widths(spec, tp)
-        total += layers * inflight * F32 * tokens * (q + 2 * kv + i + 4 * h)
+        total += layers * held * F32 * tokens * (q + 2 * kv + i + 4 * h)
     if split.chunks > 1:
         # a chunk attends over the keys and values of its sequences' earlier chunks: each
         # micro-batch with a chunk in flight keeps its whole sequences' keys and values
         _, _, _, kv = _widths(spec, tp)
-        sequences = min(split.micro_batches, -(-inflight // split.chunks) + 1)
+        sequences = min(split.micro_batches, -(-held // split.chunks) + 1)
         total += layers * sequences * F32 * mb * seq * 2 * kv
     if split.spread_head:
         # each rank holds, for every slot whose head passes are in flight (as a head stage: the
@@ -65,6 +66,19 @@ def _head_slots(split: "Split") -> int:
     """Slots whose head passes a head stage or a spread head holds at once: the one it
     computes and the :attr:`Split.head_lag` behind it, up to the slots (as :func:`_inflight`)."""
     return min(1 + split.head_lag, split.slots)
+
+
+def _held_slots(split: "Split", stage: int) -> int:
+    """Slots whose activations block stage ``stage`` holds at once: :func:`_inflight`, and with
+    chunked sequences at least a micro-batch's :attr:`Split.chunks`. The backward runs a
+    micro-batch's chunks in reverse order (a key's gradient sums over the later chunks'
+    queries), so its first input-gradient pass, the last chunk's, starts once all of the
+    micro-batch's chunks went forward through every stage; and the weight-gradient passes run
+    in ascending chunk order (each continues the previous chunk's accumulator), so under ZB-H1
+    the deferred passes' operands of every chunk stay until the first chunk's input-gradient
+    pass. A micro-batch's chunks are held whole."""
+    inflight = _inflight(split, stage)
+    return max(inflight, split.chunks) if split.chunks > 1 else inflight
 
 
 def _inflight(split: "Split", stage: int) -> int:

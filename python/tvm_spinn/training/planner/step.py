@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .comms import _Comms
-from .memory import _costed_stages, _inflight, _stage_activations
+from .memory import _costed_stages, _held_slots, _stage_activations
 from .model import _block_gemms, _gathered_params, _stage_params, _untouched_rows, _vocab_rows
 from .records import F32, Split, StepTime
 from .slot import _fresh_attention, _landing, _pass_seconds, _resident_share, _slot_seconds, _tp_reductions
@@ -170,7 +170,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         # bytes of the embedding rows (GPT-2's token and position rows) a slot's tokens read
         rows = F32 * tokens * spec.hidden * (2 if spec.family == "gpt2" else 1) if stage == 0 else 0
         held = _stage_activations(spec, split, seq, stage, split.recompute)
-        stored = held // max(1, _inflight(split, stage))
+        stored = held // max(1, _held_slots(split, stage))
         # the GEMMs at the product's cost (:func:`~tvm_spinn.timing.gemm.gemm_seconds`): the backward computes each
         # GEMM's input gradient and its weight gradient (its other operand's, for attention);
         # a recomputing backward runs the forward once more
