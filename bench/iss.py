@@ -448,24 +448,8 @@ def _solve(results, arch):
 
 def _kernel_runs(arch):
     """``(m, n, k) -> executed cycles`` of one job of the fp32 GEMM kernel (first and last chunk)."""
-    from tvm_spinn.pe.cycles import executed_cycles
-    from tvm_spinn.pe.execute import gemm_f32_panels
-    from tvm_spinn.pe.images import role_image
-    from tvm_spinn.pe.iss import PeMachine
-    image = role_image(("gemm_f32", False))
-    machine = PeMachine(image.elf, image.name, 0, arch.acc_bits, arch)
-    rng, out = np.random.default_rng(0), {}
-    for m, n, k in KERNEL_SHAPES:
-        a, b = rng.standard_normal(m * k).astype(np.float32), rng.standard_normal(k * n).astype(np.float32)
-        pa = machine.arena
-        pb, pc = pa + a.nbytes, pa + a.nbytes + b.nbytes
-        pan_a, pan_b = gemm_f32_panels(a.reshape(m, k), b.reshape(k, n))
-        machine.write(pa, pan_a)
-        machine.write(pb, pan_b)
-        machine.clear_counters()
-        machine.run([[pa, pb, pc, pc + 4 * m * n, m, n, k, 3]])
-        out[(m, n, k)] = executed_cycles(machine)[0]
-    return out
+    from tvm_spinn.pe.runners.gemm import gemm_f32_job_cycles
+    return gemm_f32_job_cycles(KERNEL_SHAPES, arch)
 
 
 def _kernel_table(arch) -> None:

@@ -134,26 +134,9 @@ def test_band_tiles_fill_about_whole_rounds_of_the_pes():
 def _executed_cycles(shapes):
     """``(m, n, k) -> cycles`` the fp32 GEMM kernel executes for one job of that tile in the ARM
     emulator (the ``iss`` mode's machine), as ``bench/iss.py`` runs it."""
-    from tvm_spinn.pe.cycles import executed_cycles
-    from tvm_spinn.pe.execute import gemm_f32_panels
-    from tvm_spinn.pe.images import role_image
-    from tvm_spinn.pe.iss import PeMachine
+    from tvm_spinn.pe.runners.gemm import gemm_f32_job_cycles
 
-    arch = tvm_spinn.SpinnArch()
-    image = role_image(("gemm_f32", False))
-    machine = PeMachine(image.elf, image.name, 0, arch.acc_bits, arch)
-    rng, out = np.random.default_rng(0), {}
-    for m, n, k in shapes:
-        a, b = rng.standard_normal(m * k).astype(np.float32), rng.standard_normal(k * n).astype(np.float32)
-        pa = machine.arena
-        pb, pc = pa + a.nbytes, pa + a.nbytes + b.nbytes
-        pan_a, pan_b = gemm_f32_panels(a.reshape(m, k), b.reshape(k, n))
-        machine.write(pa, pan_a)
-        machine.write(pb, pan_b)
-        machine.clear_counters()
-        machine.run([[pa, pb, pc, pc + 4 * m * n, m, n, k, 3]])
-        out[(m, n, k)] = executed_cycles(machine)[0]
-    return out
+    return gemm_f32_job_cycles(shapes, tvm_spinn.SpinnArch())
 
 
 def test_a_short_reduction_takes_wide_register_block_bands_faster_with_the_same_bits(monkeypatch):

@@ -236,3 +236,26 @@ def _run_gemm_i8(run: _Run, index: int, env, table) -> np.ndarray:
             c[b0, m0:m1, n0:n1] = y.T if conv else y
         run.done(index, t, table, m)
     return out
+
+
+def gemm_f32_job_cycles(shapes, arch) -> dict:
+    """``(m, n, k) -> executed cycles`` of one job of the fp32 GEMM kernel (its first and last
+    chunk) on each tile shape of ``shapes``, run in the ARM emulator (the ``iss`` mode's machine)
+    on seeded random panels: the counted reference the fp32 tile costs are checked against."""
+    from ..cycles import executed_cycles
+    from ..images import role_image
+
+    image = role_image(("gemm_f32", False))
+    machine = PeMachine(image.elf, image.name, 0, arch.acc_bits, arch)
+    rng, out = np.random.default_rng(0), {}
+    for m, n, k in shapes:
+        a, b = rng.standard_normal(m * k).astype(np.float32), rng.standard_normal(k * n).astype(np.float32)
+        pa = machine.arena
+        pb, pc = pa + a.nbytes, pa + a.nbytes + b.nbytes
+        pan_a, pan_b = gemm_f32_panels(a.reshape(m, k), b.reshape(k, n))
+        machine.write(pa, pan_a)
+        machine.write(pb, pan_b)
+        machine.clear_counters()
+        machine.run([[pa, pb, pc, pc + 4 * m * n, m, n, k, 3]])
+        out[(m, n, k)] = executed_cycles(machine)[0]
+    return out
