@@ -159,10 +159,11 @@ def weight_bytes_per_pe(table: TileTable) -> _PerPe:
 
 def held_between_calls(program: Program, index: int) -> bool:
     """Whether layer ``index``'s weight operand (its tiles' ``w_bytes``) may stay in SRAM from
-    one call to the next: a constant weight, or an input of the program the chips keep as state
-    (a KV cache read as an attention matmul's right operand, :func:`.state.resident_state`).
-    Not an operand the program computes on each call (an activation: written anew every call,
-    so nothing loaded at program load holds it; it moves as its tiles' bytes say)."""
+    one call to the next: a constant weight, or any input of the program (the caller's to keep
+    in place between calls, as a KV cache read as an attention matmul's right operand,
+    :func:`.state.resident_state`; this rule does not tell state from an input handed over anew
+    each call). Not an operand the program computes on each call (an activation: written anew
+    every call, so nothing loaded at program load holds it; it moves as its tiles' bytes say)."""
     from .shard import rule_of
 
     layer = program.layers[index]
