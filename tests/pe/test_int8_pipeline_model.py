@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from tvm_spinn.program.ops.gemm.geometry import (I8_ACC, I8_ACC_ROW, I8_ACC_ROW_REQUANT, I8_BLOCK, I8_JOB, I8_LEAD,
-                                                 I8_SUM, I8_SUM_ROW, Int8Side, _finish_cycles, int8_block_columns,
-                                                 int8_pipelined_cycles, mac_passes)
+                                                 I8_RESTART, I8_SUM, I8_SUM_ROW, Int8Side, _finish_cycles,
+                                                 int8_block_columns, int8_pipelined_cycles, mac_passes)
 from tvm_spinn.program.ops.m4f import mix_cycles
 from tvm_spinn.target.arch import SpinnArch
 
@@ -25,8 +25,9 @@ SIDES = (Int8Side(), Int8Side(int32_out=True), Int8Side(fp32_out=True, relu=True
 def walked(vm, vn, k, tk, arch, side, starts=True) -> float:
     """The pipeline one step at a time: per chunk (job) and column block, the M4F's work on the
     block just waited for beside the array's run of the next block (the next chunk's first after
-    a chunk's last block, beside the next job's entry too); the first job's entry up to its
-    first start; the tile's last block alone."""
+    a chunk's last block, beside the next job's entry too; the next block of a chunk started
+    after the wait, the driver's writes in series); the first job's entry up to its first start;
+    the tile's last block alone."""
     rows, cols = (vn, vm) if side.transposed else (vm, vn)
 
     def c(mix):
@@ -50,8 +51,8 @@ def walked(vm, vn, k, tk, arch, side, starts=True) -> float:
         for j, w in enumerate(widths):
             work = c(I8_BLOCK) + adds * (rows * w * c(I8_ACC) + rows * c(row_mix))
             work += _finish_cycles(rows, w, 1, arch, side) if last else 0.0
-            if j + 1 < len(widths):
-                t += max(work, array(kc, widths[j + 1]))
+            if j + 1 < len(widths):  # the next block's start after the wait: its writes in series
+                t += c(I8_RESTART) + max(work, array(kc, widths[j + 1]))
             elif not last:
                 t += max(work + entry(chunks[ci + 1]), array(chunks[ci + 1], widths[0]))
             else:
@@ -103,7 +104,7 @@ def test_overlap_rule():
     assert run > c(I8_BLOCK) and run > c(I8_LEAD)  # the array is the longer at every step
     entry = arch.m4f_job_cycles + c(I8_JOB)
     assert int8_pipelined_cycles(rows, cols, k, k, arch, bare) == pytest.approx(
-        entry - c(I8_LEAD) + blocks * run + c(I8_BLOCK))
+        entry - c(I8_LEAD) + blocks * run + (blocks - 1) * c(I8_RESTART) + c(I8_BLOCK))
     req = Int8Side()
     one_block = int8_pipelined_cycles(rows, 4, k, k, arch, req) - int8_pipelined_cycles(rows, 4, k, k, arch, bare)
     assert one_block == pytest.approx(_finish_cycles(rows, 4, 1, arch, req))

@@ -1,4 +1,5 @@
-"""The PE runtime linked into every image: start-up, the job loop, the MAC array's (start and wait),
+"""The PE runtime linked into every image: start-up, the job loop, the MAC array's (start, wait,
+and wait-then-start of a block pipeline's next run),
 the exp/log unit's (exp and log) and the DMA engine's drivers and the
 C library routines LLVM's code may call (``memset``, ``memcpy``).
 
@@ -70,6 +71,20 @@ i32 pe_mac_start(const i8 *a, const i8 *b, i32 *c, i32 m, i32 n, i32 k, i32 ldb,
 
 i32 pe_mac_wait(void) {{
     while (MAC({MAC_REGS["CTRL"]:#x}) != 0u) {{ }}
+    return 0;
+}}
+
+/* The next run of a block pipeline: waits for the run in flight, then starts the array on
+   another block of the same operand A (B's columns from b, n of them, into C at c, rows ldc
+   words apart); A, M, K and LDB keep the values the last start wrote (the registers hold them),
+   so the array is idle only for the four writes after the wait. */
+i32 pe_mac_wait_next(const i8 *b, i32 *c, i32 n, i32 ldc) {{
+    while (MAC({MAC_REGS["CTRL"]:#x}) != 0u) {{ }}
+    MAC({MAC_REGS["B"]:#x}) = (u32)b;
+    MAC({MAC_REGS["C"]:#x}) = (u32)c;
+    MAC({MAC_REGS["N"]:#x}) = (u32)n;
+    MAC({MAC_REGS["LDC"]:#x}) = (u32)ldc;
+    MAC({MAC_REGS["CTRL"]:#x}) = {MAC_START}u;
     return 0;
 }}
 

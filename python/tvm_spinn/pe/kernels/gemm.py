@@ -15,7 +15,8 @@ Kernels (the ``spec`` of :func:`~tvm_spinn.pe.kernels.kernel_object`):
   k, flags``.
 - ``("gemm_i8",)``: one k-chunk of an int8 GEMM (``dense``, ``matmul``, a ``conv2d`` tile
   transposed by the host, see :mod:`tvm_spinn.pe.execute`), software-pipelined: the MAC array (drivers
-  ``pe_mac_start``, ``pe_mac_wait``) computes the chunk's ``acc_bits`` sums one block of
+  ``pe_mac_start``, ``pe_mac_wait`` and ``pe_mac_wait_next``, which starts the next block as
+  soon as the array is done with the last) computes the chunk's ``acc_bits`` sums one block of
   ``flags >> 8`` columns at a time while the M4F finishes the block before; the sums go into
   the int32 accumulator ``acc`` on the first chunk (``flags`` bit 0), else into one of two
   alternating scratch blocks in ``p`` (``2 x m x cb`` int32), added in 32-bit to ``acc``, with the
@@ -227,21 +228,25 @@ def _gemm_i8(epilogue: str = "half_up", relu: bool = False):
         for jb in range(nb):
             j0 = jb * cb
             w = T.min(cb, n - j0)
-            T.evaluate(T.call_extern("int32", "pe_mac_wait"))
             if jb + 1 < nb:
+                # the next block's start follows the wait in one driver call (its arguments formed
+                # while the array runs): the array idles only for the writes of the four registers
+                # that change from block to block (A, M, K and LDB keep the chunk's values)
                 if first:
-                    T.evaluate(T.call_extern("int32", "pe_mac_start", a, T.address_of(B[j0 + cb]),
-                                             T.address_of(ACC[j0 + cb]), m, T.min(cb, n - j0 - cb), k, n, n))
+                    T.evaluate(T.call_extern("int32", "pe_mac_wait_next", T.address_of(B[j0 + cb]),
+                                             T.address_of(ACC[j0 + cb]), T.min(cb, n - j0 - cb), n))
                 else:
-                    T.evaluate(T.call_extern("int32", "pe_mac_start", a, T.address_of(B[j0 + cb]),
-                                             T.address_of(P[T.bitwise_and(par + jb + 1, 1) * m * cb]), m,
-                                             T.min(cb, n - j0 - cb), k, n, T.min(cb, n - j0 - cb)))
-            elif flags & 32 != 0:
-                # the next chunk's first block, from the other operand half (bit 7: this one's)
-                nxt = 5 + 4 * n + 1 - T.bitwise_and(T.shift_right(flags, 7), 1)
-                T.evaluate(T.call_extern("int32", "pe_mac_start", Q[nxt], Q[nxt + 2],
-                                         T.address_of(P[T.bitwise_and(par + nb, 1) * m * cb]), m, T.min(cb, n),
-                                         Q[5 + 4 * n + 4], n, T.min(cb, n)))
+                    T.evaluate(T.call_extern("int32", "pe_mac_wait_next", T.address_of(B[j0 + cb]),
+                                             T.address_of(P[T.bitwise_and(par + jb + 1, 1) * m * cb]),
+                                             T.min(cb, n - j0 - cb), T.min(cb, n - j0 - cb)))
+            else:
+                T.evaluate(T.call_extern("int32", "pe_mac_wait"))
+                if flags & 32 != 0:
+                    # the next chunk's first block, from the other operand half (bit 7: this one's)
+                    nxt = 5 + 4 * n + 1 - T.bitwise_and(T.shift_right(flags, 7), 1)
+                    T.evaluate(T.call_extern("int32", "pe_mac_start", Q[nxt], Q[nxt + 2],
+                                             T.address_of(P[T.bitwise_and(par + nb, 1) * m * cb]), m,
+                                             T.min(cb, n), Q[5 + 4 * n + 4], n, T.min(cb, n)))
             if not first:
                 for i in range(m):
                     for jj in range(w):

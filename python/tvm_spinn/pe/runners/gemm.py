@@ -259,3 +259,81 @@ def gemm_f32_job_cycles(shapes, arch) -> dict:
         machine.run([[pa, pb, pc, pc + 4 * m * n, m, n, k, 3]])
         out[(m, n, k)] = executed_cycles(machine)[0]
     return out
+
+
+#: the phases :func:`int8_tile_phases` splits a tile's executed cycles into
+INT8_PHASES = ("job loop", "MAC driver", "kernel fixed", "operand sums", "chunk adds", "epilogue", "waits")
+
+
+def int8_tile_phases(spec: tuple, rows: int, cols: int, k: int, chunk: int, arch, row_sums: bool = False,
+                     col_sums: bool = False, requant: bool = True, seed: int = 0) -> dict:
+    """Where the executed cycles of one int8 GEMM tile go: the ``gemm_i8`` kernel of image
+    ``spec`` run on a ``rows x cols`` tile with reduction ``k`` in chunks of ``chunk`` (seeded
+    random operands, the one-rounding constants of a DSP-path column; ``row_sums``,
+    ``col_sums``: the kernel forms the operands' sums; ``requant``: the last chunk's epilogue,
+    else the int32 accumulator is the output), its executed basic blocks priced by the TRM's
+    cycle table (:func:`~tvm_spinn.pe.cycles.block_price`). The tile runs four times, each
+    run leaving one more part out, and each part is the difference of the M4F's cycles (the
+    waits on the array not counted) between two runs: the ``epilogue`` (the run with it less
+    the same run without it), the ``operand sums`` (likewise), and in the run with neither,
+    the runtime's ``job loop`` (``_start``), the ``MAC driver`` (the drivers' register writes and
+    polling), the ``chunk adds`` (the kernel's blocks that a one-chunk run of the same tile
+    does not execute: the 32-bit adds of the chunks' sums and the next chunk's start) and the
+    ``kernel fixed`` rest (each job's entry and exit, the column-block loop). ``waits``: the
+    cycles the M4F stalls on the array in the full run. Returns ``{phase: cycles}``
+    (:data:`INT8_PHASES`) plus ``executed`` (their sum: the full run's executed cycles),
+    ``array`` (the array's busy cycles: its runs' modelled cycles) and ``mac_runs``."""
+    from ...program.ops.gemm.geometry import int8_block_columns, mac_passes
+    from ..cycles import block_price
+    from ..images import role_image
+    from ..iss import image_symbols
+
+    image = role_image(spec)
+    machine = PeMachine(image.elf, image.name, 0, arch.acc_bits, arch)
+    starts = sorted((addr & ~1, name) for name, addr in image_symbols(image.elf).items())
+    rng = np.random.default_rng(seed)
+    a = rng.integers(-128, 128, (rows, k)).astype(np.int8)
+    b = rng.integers(-128, 128, (k, cols)).astype(np.int8)
+    q = np.concatenate([[3, k, 0, -128, 127], np.tile([1, 100, 1 << 30, 40], cols)])
+
+    def owner(address):
+        name = None
+        for start, sym in starts:
+            if start > address:
+                break
+            name = sym
+        return name
+
+    def run(flags, kk=k):
+        """``({block: cycles}, stall, MAC runs)`` of the tile (the first ``kk`` products)."""
+        machine.load(0)
+        machine.clear_counters()
+        machine.mac_calls = 0
+        gemm_i8_tile(machine, _Arena(machine, None, None), a[:, :kk], b[:kk], chunk, 0, kk,
+                     np.concatenate([q[:1], [kk], q[2:]]), flags)
+        priced = {}
+        for key, count in machine.blocks.items():
+            cycles, extra = block_price(machine, *key)
+            priced[key] = cycles * count + extra * machine.taken.get(key, 0)
+        return priced, machine.stall, machine.mac_calls
+
+    sums = (4 if row_sums else 0) | (8 if col_sums else 0)
+    full, stall, runs = run(sums | (2 if requant else 0))
+    no_epilogue = run(sums)[0]
+    bare = run(0)[0]
+    one_chunk = set(run(0, min(k, chunk))[0])
+    out = dict.fromkeys(INT8_PHASES, 0)
+    out["epilogue"] = sum(full.values()) - sum(no_epilogue.values())
+    out["operand sums"] = sum(no_epilogue.values()) - sum(bare.values())
+    for key, cycles in bare.items():
+        name = owner(key[0])
+        phase = ("job loop" if name == "_start" else "MAC driver" if name != "pe_kernel" else
+                 "kernel fixed" if key in one_chunk else "chunk adds")
+        out[phase] += cycles
+    out["waits"] = int(-(-stall // 1))
+    out["executed"] = sum(out[p] for p in INT8_PHASES)
+    cb = int(int8_block_columns(rows, cols, arch))
+    out["array"] = int(sum(int(mac_passes(rows, min(cb, cols - j), arch)) for j in range(0, cols, cb))
+                       * (k + -(-k // chunk) * arch.mac_readout_cycles))
+    out["mac_runs"] = runs
+    return out

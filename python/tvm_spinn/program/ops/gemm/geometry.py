@@ -255,11 +255,16 @@ def fp32_tile_cycles(vm, vn, k, k_splits, arch: "SpinnArch"):
 #: loop set-up); the 32-bit add of a chunk's array sums, per output (the scratch block's and the
 #: accumulator's words loaded, ADD, store) and per row of a column block (the requantizations
 #: and the dequantizing epilogue: :class:`Int8Epilogue`). The software pipeline's own work: per job the
-#: kernel's entry (its 12 arguments, the flags' tests, the block count) and the first block's
-#: start (where the job before did not start it); per column block the wait, the next block's
-#: start (the driver's call and its 9 register writes; after a chunk's last block, the next
-#: chunk's first from the addresses that follow the column constants) and the block loop's
-#: set-up, whose live values the core spills to the stack around the driver calls.
+#: kernel's entry (its 12 arguments, the flags' tests, the block count), the first block's
+#: start (where the job before did not start it; the driver's 9 register writes), the last
+#: block's wait (after a chunk's last block, the next chunk's first start from the addresses
+#: that follow the column constants) and the exit (:data:`I8_JOB`: the counted mix of a
+#: one-block job less one :data:`I8_BLOCK` and ``m4f_job_cycles``' share in proportion); per
+#: column block but the last the block loop's control and the next block's start, one driver
+#: call that waits for the array and then writes the four registers that change from block to
+#: block (:data:`I8_BLOCK`, counted as the difference of a two-block and a one-block job, less
+#: :data:`I8_RESTART`: the driver's writes after the wait, the only instructions the array
+#: idles for).
 I8_SUM = Mix(loads=1.0, alu=1.5, branches=0.25)
 I8_SUM_ROW = Mix(loads=2.0, paired=1.0, alu=8.0, branches=1.5)
 I8_ACC = Mix(loads=1.75, paired=0.75, alu=1.5, branches=0.25)
@@ -277,12 +282,29 @@ def _acc_row(side: Int8Side) -> Mix:
     """The add's per-row mix of the image that runs ``side`` (:data:`I8_ACC_ROW_REQUANT` for the
     one-rounding requantization's and int32 outputs', else :data:`I8_ACC_ROW`)."""
     return I8_ACC_ROW if side.fp32_out or side.tflite else I8_ACC_ROW_REQUANT
-I8_JOB = Mix(loads=38.0, paired=21.0, alu=57.0, branches=8.0)
-I8_BLOCK = Mix(loads=28.0, paired=34.0, alu=43.0, mla=1.0, branches=5.0)
+#: The one-block job's counted mix less one :data:`I8_BLOCK` (325 cycles), and :data:`I8_JOB`'s share
+#: of it (less ``m4f_job_cycles``' 93, the runtime's job loop and call as the element-wise
+#: kernels' calibration prices them)
+_I8_ENTRY = Mix(loads=64.0, paired=77.0, alu=96.0, branches=12.0)
+
+
+def _share(mix: Mix, f: float) -> Mix:
+    """``mix`` with every class count times ``f``."""
+    return Mix(**{k: v * f for k, v in vars(mix).items()})
+
+
+I8_JOB = _share(_I8_ENTRY, (325 - 93) / 325)
+I8_BLOCK = Mix(loads=15.0, paired=9.0, alu=37.0, mla=1.0, branches=4.0)
+#: The next block's start after the wait (the driver ``pe_mac_wait_next``'s poll leaving its loop,
+#: a taken branch whose refill follows the wait, then the four register writes and CTRL's and
+#: the return): serial, the array idle, per column block but a chunk's last
+I8_RESTART = Mix(loads=3.0, paired=4.0, alu=3.0, branches=1.0)
 #: Of a job's fixed work (``m4f_job_cycles`` and :data:`I8_JOB`), what the M4F runs between the
 #: first block's start and its wait (the driver's return, the kernel's tests of its flags, the
 #: block loop's set-up with its spills): the share that overlaps the array's first block.
-I8_LEAD = Mix(loads=44.0, paired=28.0, alu=56.0, branches=6.0)
+#: Counted as the one-block job's M4F cycles less what they add to the array's run (a run longer
+#: than them): 200 of the entry's 325 cycles, in the entry's proportions.
+I8_LEAD = _share(_I8_ENTRY, 200 / 325)
 
 
 @dataclass(frozen=True)
@@ -502,7 +524,7 @@ def int8_m4f_cycles(vm, vn, k, k_splits, arch: "SpinnArch", side: Int8Side | Non
     cb = int8_block_columns(rows, cols, arch)
     blocks = ceil_div(cols, cb)
     outs = vm * vn
-    per_job = arch.m4f_job_cycles + c(I8_JOB) + blocks * c(I8_BLOCK)
+    per_job = arch.m4f_job_cycles + c(I8_JOB) + blocks * c(I8_BLOCK) + (blocks - 1) * c(I8_RESTART)
     adds = (k_splits - 1) * (outs * c(I8_ACC) + blocks * rows * c(_acc_row(side)))
     summed = vm * side.row_sums + vn * side.col_sums  # rows of a sum each
     sums = summed * (k * c(I8_SUM) + k_splits * c(I8_SUM_ROW))
@@ -543,6 +565,7 @@ def int8_pipelined_cycles(vm, vn, k, tk: int, arch: "SpinnArch", side: Int8Side 
 
     job, block, acc, acc_row = arch.m4f_job_cycles + c(I8_JOB), c(I8_BLOCK), c(I8_ACC), c(_acc_row(side))
     lead, summ, sum_row, readout = c(I8_LEAD), c(I8_SUM), c(I8_SUM_ROW), arch.mac_readout_cycles
+    restart = c(I8_RESTART)
     cb = int8_block_columns(rows, cols, arch)
     nb = ceil_div(cols, cb)
     wl = cols - (nb - 1) * cb  # the last block's width
@@ -564,8 +587,9 @@ def int8_pipelined_cycles(vm, vn, k, tk: int, arch: "SpinnArch", side: Int8Side 
         return block + adds * (rows * w * acc + rows * acc_row) + fin
 
     def inner(kc, adds, fin):  # a chunk's blocks but its last, each beside the array's next block
-        w = work(cb, adds, fin)
-        return pick(nb >= 2, mx(nb - 2, 0) * mx(w, array(kc, cb)) + mx(w, array(kc, wl)), 0.0)
+        w = work(cb, adds, fin)  # (each after the next block's start, the array idle for its writes)
+        return pick(nb >= 2, mx(nb - 2, 0) * mx(w, array(kc, cb)) + mx(w, array(kc, wl)) + (nb - 1) * restart,
+                    0.0)
 
     def handover(adds, kn):  # a non-last chunk's last block beside the next chunk's first
         return mx(work(wl, adds, 0.0) + entry(kn), array(kn, w0))
