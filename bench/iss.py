@@ -51,8 +51,13 @@ directly, none of these shapes.
 A fifth table runs the fp32 row kernels (softmax, layer_norm, rms_norm, mean) directly on one
 whole-row tile of rows from 1 to 250 columns (the row kernels' cost model was counted at rows of 1
 and 2 rows of 1 to 8 columns: every shape here is held out).
+A sixth table splits the executed cycles of the int8 tiles of ``bench/fidelity.py``'s silicon
+cases (and of the ``int8 dense 32x256x64`` layer) into the kernel's phases (the runtime's job
+loop, the MAC array's drivers, the kernel's fixed work, the operand sums, the chunks' adds, the
+epilogue and the waits on the array: :func:`tvm_spinn.pe.runners.gemm.int8_tile_phases`),
+beside what the timing model charges the tile and the pipeline's cost model.
 Usage: ``python bench/iss.py`` (``--only PREFIX [PREFIX ...]``: the cases named so, no calibration;
-``--only rows``: the row-kernel table alone).
+``--only rows``: the row-kernel table alone; ``--only phases``: the int8 phase table alone).
 """
 
 from __future__ import annotations
@@ -682,6 +687,42 @@ def _row_kernel_table(arch) -> None:
     print(f"row kernel shapes within +-{TARGET:.0%}: {within} of {held}")
 
 
+#: int8 GEMM tiles whose executed cycles :func:`_phase_table` splits: the tiles the mapper cuts
+#: ``bench/fidelity.py``'s silicon cases into and the bench's ``int8 dense 32x256x64``'s, as
+#: ``(name, role, rows, cols, k, chunk, int8_tile_phases' options)``
+PHASE_TILES = (
+    ("matmul-sram 512x256x256", ("gemm_i8",), 16, 32, 256, 256, dict(requant=False)),
+    ("matmul-sram 2048x256x256", ("gemm_i8",), 16, 64, 256, 256, dict(requant=False)),
+    ("matmul-sram 4096x128x128", ("gemm_i8",), 16, 64, 128, 128, dict(requant=False)),
+    ("fc-batch1 1x1024x1024", ("gemm_i8", "gemv"), 1, 16, 1024, 342, {}),
+    ("fc-batch1 1x512x512", ("gemm_i8", "gemv"), 1, 16, 512, 256, {}),
+    ("stream-dram M=1", ("gemm_i8", "gemv"), 1, 16, 1024, 342, {}),
+    ("stream-dram M=16", ("gemm_i8",), 16, 4, 1024, 342, {}),
+    ("stream-dram M=64", ("gemm_i8",), 16, 8, 1024, 342, {}),
+    ("int8 dense 32x256x64", ("gemm_i8",), 16, 4, 256, 256, {}),
+)
+
+
+def _phase_table(arch) -> None:
+    """Where each :data:`PHASE_TILES` tile's executed cycles go
+    (:func:`tvm_spinn.pe.runners.gemm.int8_tile_phases`), beside what the timing model charges
+    the tile (:func:`~tvm_spinn.program.ops.gemm.geometry.gemm_tile_cycles`) and the pipeline's
+    cost model (:func:`~tvm_spinn.program.ops.gemm.geometry.int8_pipelined_cycles`)."""
+    from tvm_spinn.pe.runners.gemm import INT8_PHASES, int8_tile_phases
+    from tvm_spinn.program.ops.gemm.geometry import Int8Side, gemm_tile_cycles, int8_pipelined_cycles, splits_of
+    heads = ("charged", "model", "executed", "array") + INT8_PHASES + ("exposed",)
+    print("\nint8 GEMM tiles, executed cycles by phase (exposed: executed less the array's busy cycles)\n"
+          f"{'case (its tile)':42s} " + " ".join(f"{h:>12s}" for h in heads))
+    for name, spec, rows, cols, k, chunk, kw in PHASE_TILES:
+        p = int8_tile_phases(spec, rows, cols, k, chunk, arch, **kw)
+        side = Int8Side(int32_out=not kw.get("requant", True), gemv=spec[-1] == "gemv")
+        charged = float(np.ceil(gemm_tile_cycles(rows, cols, k, splits_of(k, chunk), arch, "int8", side)))
+        model = int8_pipelined_cycles(rows, cols, k, chunk, arch, side)
+        cells = [charged, model, p["executed"], p["array"]] + [p[h] for h in INT8_PHASES] + [p["executed"] - p["array"]]
+        label = f"{name} ({rows}x{cols}x{k}/{chunk}{'' if kw.get('requant', True) else ' int32'})"
+        print(f"{label:42s} " + " ".join(f"{c:12.0f}" for c in cells))
+
+
 def main() -> None:
     import argparse
     from tvm_spinn.target.arch import SpinnArch
@@ -690,6 +731,9 @@ def main() -> None:
                         help="run only the cases whose name starts with one of these (no calibration)")
     args = parser.parse_args()
     arch = SpinnArch()
+    if args.only == ["phases"]:
+        _phase_table(arch)
+        return
     if args.only:
         global _cases
         every = _cases
@@ -751,6 +795,7 @@ def main() -> None:
     if not args.only or any("int8".startswith(o) or o.startswith("int8") for o in args.only):
         _int8_kernel_table(arch)
         _epilogue_table(arch)
+        _phase_table(arch)
     if not args.only or "rows" in args.only:
         _row_kernel_table(arch)
 
