@@ -510,7 +510,8 @@ def int8_m4f_cycles(vm, vn, k, k_splits, arch: "SpinnArch", side: Int8Side | Non
     """M4F cycles of a ``vm x vn`` int8 GEMM tile with reduction ``k`` in ``k_splits`` chunks, as
     the PE kernel runs it, summed as if nothing overlapped (the M4F's share alone; the MAC array
     runs beside it, :func:`int8_pipelined_cycles`): per chunk (job) ``m4f_job_cycles`` and
-    :data:`I8_JOB`; per column block (:func:`int8_block_columns`) :data:`I8_BLOCK`; the 32-bit
+    :data:`I8_JOB`; per column block (:func:`int8_block_columns`) :data:`I8_BLOCK`, and
+    :data:`I8_RESTART` for each but a chunk's last (the next block's start); the 32-bit
     add of the array's sums into the accumulator on every chunk but the first (whose sums the
     array writes into the accumulator itself); the activation's sums over all of ``k`` where the
     other operand's zero point needs them; after the last chunk the epilogue. ``vm``, ``vn``
@@ -539,8 +540,9 @@ def int8_pipelined_cycles(vm, vn, k, tk: int, arch: "SpinnArch", side: Int8Side 
     :func:`gemm_tile_cycles`), while the M4F adds and requantizes block ``j`` (the mixes of
     :func:`int8_m4f_cycles`) while the array computes block ``j + 1``; a chunk's last block
     overlaps the next chunk's first, beside which the next job's entry and operand sums run too.
-    Each wait ends at the later of the array's run and the M4F's work before it; the tile's last
-    block's M4F work follows the array. ``starts``: the
+    Each wait ends at the later of the array's run and the M4F's work before it, and within a
+    chunk the next block starts after the wait (the driver's writes, :data:`I8_RESTART`, in
+    series: the array idles for them); the tile's last block's M4F work follows the array. ``starts``: the
     tile's first chunk is the reduction's first (its sums go straight into the accumulator; a
     later part of a reduction split over PEs adds every chunk).
 
