@@ -11,8 +11,8 @@ import random
 import numpy as np
 import pytest
 
-from tvm_spinn.program.ops.gemm.geometry import (I8_ACC, I8_ACC_ROW, I8_ACC_ROW_REQUANT, I8_BLOCK, I8_JOB, I8_LEAD,
-                                                 I8_RESTART, I8_SUM, I8_SUM_ROW, Int8Side, _finish_cycles,
+from tvm_spinn.program.ops.gemm.geometry import (I8_ACC, I8_ACC_CALL, I8_ACC_REM_ROW, I8_ACC_ROW, I8_ACC_WORD,
+                                                 I8_BLOCK, I8_JOB, I8_LEAD, I8_RESTART, I8_SUM, I8_SUM_ROW, Int8Side, _finish_cycles,
                                                  int8_block_columns, int8_pipelined_cycles, mac_passes)
 from tvm_spinn.program.ops.m4f import mix_cycles
 from tvm_spinn.target.arch import SpinnArch
@@ -37,7 +37,11 @@ def walked(vm, vn, k, tk, arch, side, starts=True) -> float:
     widths = [min(cb, cols - j0) for j0 in range(0, cols, cb)]
     chunks = [min(tk, k - k0) for k0 in range(0, k, tk)]
     summed = vm * side.row_sums + vn * side.col_sums
-    row_mix = I8_ACC_ROW if side.fp32_out or side.tflite else I8_ACC_ROW_REQUANT  # the image's add loop
+
+    def add(w):  # one block's chunk add: the call, then per row its steps of 4 and the words left
+        steps, rest = divmod(w, 4)
+        return c(I8_ACC_CALL) + rows * (c(I8_ACC_ROW) + 4 * steps * c(I8_ACC) + (rest > 0) * c(I8_ACC_REM_ROW)
+                                        + rest * c(I8_ACC_WORD))
 
     def entry(kc):
         return arch.m4f_job_cycles + c(I8_JOB) + summed * (kc * c(I8_SUM) + c(I8_SUM_ROW))
@@ -49,7 +53,7 @@ def walked(vm, vn, k, tk, arch, side, starts=True) -> float:
     for ci, kc in enumerate(chunks):
         adds, last = not (ci == 0 and starts), ci == len(chunks) - 1
         for j, w in enumerate(widths):
-            work = c(I8_BLOCK) + adds * (rows * w * c(I8_ACC) + rows * c(row_mix))
+            work = c(I8_BLOCK) + adds * add(w)
             work += _finish_cycles(rows, w, 1, arch, side) if last else 0.0
             if j + 1 < len(widths):  # the next block's start after the wait: its writes in series
                 t += c(I8_RESTART) + max(work, array(kc, widths[j + 1]))

@@ -19,7 +19,8 @@ Kernels (the ``spec`` of :func:`~tvm_spinn.pe.kernels.kernel_object`):
   soon as the array is done with the last) computes the chunk's ``acc_bits`` sums one block of
   ``flags >> 8`` columns at a time while the M4F finishes the block before; the sums go into
   the int32 accumulator ``acc`` on the first chunk (``flags`` bit 0), else into one of two
-  alternating scratch blocks in ``p`` (``2 x m x cb`` int32), added in 32-bit to ``acc``, with the
+  alternating scratch blocks in ``p`` (``2 x m x cb`` int32), added in 32-bit to ``acc`` (the runtime's
+  ``pe_i32_add_rows``: LDM/STM of four words), with the
   row sums of ``a`` (``flags`` bit 2) and the column sums of ``b`` (bit 3) where the zero-point
   terms need them at run time; on the last chunk the zero-point terms and the requantization
   (:func:`tvm_spinn.program.quant.requantize`; a ReLU is its clamp at the zero point) write
@@ -248,9 +249,10 @@ def _gemm_i8(epilogue: str = "half_up", relu: bool = False):
                                              T.address_of(P[T.bitwise_and(par + nb, 1) * m * cb]), m,
                                              T.min(cb, n), Q[5 + 4 * n + 4], n, T.min(cb, n)))
             if not first:
-                for i in range(m):
-                    for jj in range(w):
-                        ACC[i * n + j0 + jj] = ACC[i * n + j0 + jj] + P[T.bitwise_and(par + jb, 1) * m * cb + i * w + jj]
+                # the runtime's LDM/STM loop (``pe_i32_add_rows``): four outputs a step in registers,
+                # where LLVM's loop reloads each unrolled row's addresses
+                T.evaluate(T.call_extern("int32", "pe_i32_add_rows", T.address_of(ACC[j0]),
+                                         T.address_of(P[T.bitwise_and(par + jb, 1) * m * cb]), m, w, n))
             if epilogue == "f32":
                 if flags & 2 != 0:
                     _i8_f32_columns(ACC, RS, CS, Q, Y, zx, j0, w, m, n, flags, relu)

@@ -277,8 +277,9 @@ def int8_tile_phases(spec: tuple, rows: int, cols: int, k: int, chunk: int, arch
     waits on the array not counted) between two runs: the ``epilogue`` (the run with it less
     the same run without it), the ``operand sums`` (likewise), and in the run with neither,
     the runtime's ``job loop`` (``_start``), the ``MAC driver`` (the drivers' register writes and
-    polling), the ``chunk adds`` (the kernel's blocks that a one-chunk run of the same tile
-    does not execute: the 32-bit adds of the chunks' sums and the next chunk's start) and the
+    polling), the ``chunk adds`` (the runtime's ``pe_i32_add_rows`` and the kernel's blocks that a
+    one-chunk run of the same tile does not execute: the 32-bit adds of the chunks' sums and the
+    next chunk's start) and the
     ``kernel fixed`` rest (each job's entry and exit, the column-block loop). ``waits``: the
     cycles the M4F stalls on the array in the full run. Returns ``{phase: cycles}``
     (:data:`INT8_PHASES`) plus ``executed`` (their sum: the full run's executed cycles),
@@ -327,8 +328,8 @@ def int8_tile_phases(spec: tuple, rows: int, cols: int, k: int, chunk: int, arch
     out["operand sums"] = sum(no_epilogue.values()) - sum(bare.values())
     for key, cycles in bare.items():
         name = owner(key[0])
-        phase = ("job loop" if name == "_start" else "MAC driver" if name != "pe_kernel" else
-                 "kernel fixed" if key in one_chunk else "chunk adds")
+        phase = ("job loop" if name == "_start" else "chunk adds" if name == "pe_i32_add_rows" else
+                 "MAC driver" if name != "pe_kernel" else "kernel fixed" if key in one_chunk else "chunk adds")
         out[phase] += cycles
     out["waits"] = int(-(-stall // 1))
     out["executed"] = sum(out[p] for p in INT8_PHASES)

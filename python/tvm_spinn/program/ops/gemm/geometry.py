@@ -252,8 +252,7 @@ def fp32_tile_cycles(vm, vn, k, k_splits, arch: "SpinnArch"):
 #: run directly; the split of loads and stores into pipelined and not is the one that gives the
 #: measured cycles): an operand's sums, per element (LDRSB + ADD, unrolled by 4 with one SUBS,
 #: CMP and BNE per 4 elements) and per row (the running sum loaded or started at 0, stored, the
-#: loop set-up); the 32-bit add of a chunk's array sums, per output (the scratch block's and the
-#: accumulator's words loaded, ADD, store) and per row of a column block (the requantizations
+#: loop set-up); the 32-bit add of a chunk's array sums (:func:`int8_acc_cycles`); the epilogues (the requantizations
 #: and the dequantizing epilogue: :class:`Int8Epilogue`). The software pipeline's own work: per job the
 #: kernel's entry (its 12 arguments, the flags' tests, the block count), the first block's
 #: start (where the job before did not start it; the driver's 9 register writes), the last
@@ -267,25 +266,45 @@ def fp32_tile_cycles(vm, vn, k, k_splits, arch: "SpinnArch"):
 #: idles for).
 I8_SUM = Mix(loads=1.0, alu=1.5, branches=0.25)
 I8_SUM_ROW = Mix(loads=2.0, paired=1.0, alu=8.0, branches=1.5)
-I8_ACC = Mix(loads=1.75, paired=0.75, alu=1.5, branches=0.25)
-I8_ACC_ROW = Mix(loads=16 / 3, paired=10 / 3, alu=13.27, mla=0.125, branches=1 / 6)
-#: :data:`I8_ACC_ROW` in the one-rounding requantization's image (``("gemm_i8",)``, which also
-#: runs the int32 outputs): its column set-up reads the host's table
-#: (:func:`tvm_spinn.pe.kernels.i8_epilogues.i8_dsp_table`), and LLVM's registers around the
-#: add's row loop come out differently, 2 loads, a pipelined load or store and 2 integer
-#: operations fewer a row (the image's executed blocks against the other images', whose add
-#: loops :data:`I8_ACC_ROW` prices)
-I8_ACC_ROW_REQUANT = Mix(loads=10 / 3, paired=17 / 6, alu=11.27, mla=0.125, branches=1 / 6)
+#: The chunk add (the runtime's ``pe_i32_add_rows``, hand-written: the counts are its listing's),
+#: per output of a row's steps of 4: two LDM and one STM of four words (1 + 4 cycles each, TRM
+#: table 3-1, one load and three pipelined), four ADDs, the step's SUBS and BNE
+I8_ACC = Mix(loads=0.75, paired=2.25, alu=1.25, branches=0.25)
+#: per row of a column block: the step count set, the next row's address, the row loop's SUBS
+#: and BNE, less the last step's BNE not taken (one cycle instead of two)
+I8_ACC_ROW = Mix(alu=2.0, branches=1.0)
+#: per row of a block whose width is not a multiple of 4: the width's split and the remainder's
+#: entry (LSRS, BEQ, AND) in place of the step count's MOV, less the last word's BNE not taken;
+#: per remaining word (:data:`I8_ACC_WORD`) two loads (the second pipelined), ADD, a store, SUBS
+#: and BNE
+I8_ACC_REM_ROW = Mix(alu=1.0)
+I8_ACC_WORD = Mix(loads=2.0, paired=1.0, alu=2.0, branches=1.0)
+#: per column block: the kernel's call (the scratch half's address from the block's parity, the
+#: accumulator's column address, the fifth argument stored, BL) and the routine's entry and exit
+#: (the fifth argument's load, PUSH and POP of nine registers, the width's test, the row skip's
+#: SUB and LSL, the last row's BNE not taken)
+I8_ACC_CALL = Mix(loads=7.0, paired=19.0, alu=12.0, branches=2.0)
 
 
-def _acc_row(side: Int8Side) -> Mix:
-    """The add's per-row mix of the image that runs ``side`` (:data:`I8_ACC_ROW_REQUANT` for the
-    one-rounding requantization's and int32 outputs', else :data:`I8_ACC_ROW`)."""
-    return I8_ACC_ROW if side.fp32_out or side.tflite else I8_ACC_ROW_REQUANT
-#: The one-block job's counted mix less one :data:`I8_BLOCK` (325 cycles), and :data:`I8_JOB`'s share
-#: of it (less ``m4f_job_cycles``' 93, the runtime's job loop and call as the element-wise
-#: kernels' calibration prices them)
-_I8_ENTRY = Mix(loads=64.0, paired=77.0, alu=96.0, branches=12.0)
+def int8_acc_cycles(rows, w, arch: "SpinnArch"):
+    """M4F cycles of one column block's chunk add (``rows x w`` outputs: the MAC array's sums of
+    a later chunk added in 32-bit to the accumulator's columns) as the runtime's
+    ``pe_i32_add_rows`` executes it: :data:`I8_ACC_CALL`, and per row :data:`I8_ACC_ROW`, the
+    steps of 4 outputs (:data:`I8_ACC` each output) and, for a width not a multiple of 4,
+    :data:`I8_ACC_REM_ROW` and the remaining words (:data:`I8_ACC_WORD`). ``rows``, ``w`` may be
+    int64 arrays."""
+    rest = w % 4
+    row = (mix_cycles(I8_ACC_ROW, arch) + (w - rest) * mix_cycles(I8_ACC, arch)
+           + (rest > 0) * mix_cycles(I8_ACC_REM_ROW, arch) + rest * mix_cycles(I8_ACC_WORD, arch))
+    return mix_cycles(I8_ACC_CALL, arch) + rows * row
+
+
+#: The one-block job's counted mix less one :data:`I8_BLOCK` (296 cycles: 70 integer operations,
+#: the SDIV of the block count among them, 12 branches, the loads and stores in the pipelined
+#: and single proportion of their earlier count), and :data:`I8_JOB`'s share of it (less
+#: ``m4f_job_cycles``' 93, the runtime's job loop and call as the element-wise kernels'
+#: calibration prices them)
+_I8_ENTRY = Mix(loads=64.0 * 202 / 205, paired=77.0 * 202 / 205, alu=70.0, branches=12.0)
 
 
 def _share(mix: Mix, f: float) -> Mix:
@@ -293,8 +312,10 @@ def _share(mix: Mix, f: float) -> Mix:
     return Mix(**{k: v * f for k, v in vars(mix).items()})
 
 
-I8_JOB = _share(_I8_ENTRY, (325 - 93) / 325)
-I8_BLOCK = Mix(loads=15.0, paired=9.0, alu=37.0, mla=1.0, branches=4.0)
+I8_JOB = _share(_I8_ENTRY, (296 - 93) / 296)
+#: counted as the difference of a two-block and a one-block job less :data:`I8_RESTART` (74
+#: cycles: 21 loads and stores, 30 integer operations, one MLS, 6 branches)
+I8_BLOCK = Mix(loads=13.0, paired=4.0, alu=30.0, mla=1.0, branches=6.0)
 #: The next block's start after the wait (the driver ``pe_mac_wait_next``'s poll leaving its loop,
 #: a taken branch whose refill follows the wait, then the four register writes and CTRL's and
 #: the return): serial, the array idle, per column block but a chunk's last
@@ -303,8 +324,8 @@ I8_RESTART = Mix(loads=3.0, paired=4.0, alu=3.0, branches=1.0)
 #: first block's start and its wait (the driver's return, the kernel's tests of its flags, the
 #: block loop's set-up with its spills): the share that overlaps the array's first block.
 #: Counted as the one-block job's M4F cycles less what they add to the array's run (a run longer
-#: than them): 200 of the entry's 325 cycles, in the entry's proportions.
-I8_LEAD = _share(_I8_ENTRY, 200 / 325)
+#: than them): 171 of the entry's 296 cycles, in the entry's proportions.
+I8_LEAD = _share(_I8_ENTRY, 171 / 296)
 
 
 @dataclass(frozen=True)
@@ -342,29 +363,29 @@ class Int8Epilogue:
 #: BNE per 4 outputs (the 0.25 branch).
 I8_DEQUANT_CODE = {
     (False, False): Int8Epilogue(
-        out=Mix(loads=3, paired=3 / 4, fpu=3, alu=11 / 4, branches=1 / 4, mla=1),
-        one=Mix(loads=10 / 3, paired=4 / 3, fpu=3, alu=7, mla=2),
-        col=Mix(loads=15, paired=11, alu=17, mla=1),
-        col_short=Mix(loads=29 / 3, paired=14 / 3, alu=12, branches=3, mla=1),
-        block=Mix(loads=4, paired=3, alu=7, branches=1)),
+        out=Mix(loads=11 / 4, paired=3 / 4, fpu=3, alu=11 / 4, branches=1 / 4, mla=1),
+        one=Mix(loads=8 / 3, paired=4 / 3, fpu=3, alu=7, mla=2),
+        col=Mix(loads=12, paired=11, alu=17, mla=1),
+        col_short=Mix(loads=28 / 3, paired=14 / 3, alu=12, branches=3, mla=1),
+        block=Mix(loads=13 / 2, paired=3, alu=7, branches=1)),
     (False, True): Int8Epilogue(
         out=Mix(loads=11 / 4, paired=1, fpu=4, alu=11 / 4, branches=1 / 4, mla=1),
-        one=Mix(loads=10 / 3, paired=4 / 3, fpu=4, alu=6, mla=2),
-        col=Mix(loads=14, paired=13, alu=17, branches=1, mla=1),
-        col_short=Mix(loads=26 / 3, paired=20 / 3, alu=10, branches=4, mla=1),
-        block=Mix(loads=4, paired=3, alu=7, branches=1)),
+        one=Mix(loads=19 / 6, paired=4 / 3, fpu=4, alu=6, mla=2),
+        col=Mix(loads=25 / 2, paired=13, alu=17, branches=1, mla=1),
+        col_short=Mix(loads=41 / 6, paired=20 / 3, alu=10, branches=4, mla=1),
+        block=Mix(loads=7, paired=3, alu=7, branches=1)),
     (True, False): Int8Epilogue(
-        out=Mix(loads=11 / 4, paired=1, fpu=4, compares=1, alu=15 / 4, branches=1 / 4, mla=1),
-        one=Mix(loads=7 / 3, paired=1, fpu=4, compares=1, alu=6, mla=2),
-        col=Mix(loads=15, paired=11, alu=17, mla=1),
-        col_short=Mix(loads=26 / 3, paired=10, alu=12, branches=3, mla=1),
-        block=Mix(loads=3, paired=3, alu=6, branches=1)),
+        out=Mix(loads=5 / 2, paired=1, fpu=4, compares=1, alu=15 / 4, branches=1 / 4, mla=1),
+        one=Mix(loads=13 / 3, paired=1, fpu=4, compares=1, alu=6, mla=2),
+        col=Mix(loads=23 / 2, paired=11, alu=17, mla=1),
+        col_short=Mix(loads=20 / 3, paired=10, alu=12, branches=3, mla=1),
+        block=Mix(loads=13 / 2, paired=3, alu=6, branches=1)),
     (True, True): Int8Epilogue(
         out=Mix(loads=5 / 2, paired=5 / 4, fpu=5, compares=1, alu=15 / 4, branches=1 / 4, mla=1),
-        one=Mix(loads=7 / 3, paired=1, fpu=5, compares=1, alu=17 / 3, mla=2),
-        col=Mix(loads=15, paired=12, alu=15, branches=1, mla=1),
-        col_short=Mix(loads=26 / 3, paired=11, alu=34 / 3, branches=4, mla=1),
-        block=Mix(loads=3, paired=3, alu=6, branches=1)),
+        one=Mix(loads=4, paired=1, fpu=5, compares=1, alu=17 / 3, mla=2),
+        col=Mix(loads=14, paired=12, alu=15, branches=1, mla=1),
+        col_short=Mix(loads=4, paired=11, alu=34 / 3, branches=4, mla=1),
+        block=Mix(loads=7, paired=3, alu=6, branches=1)),
 }
 #: The requantizations on the DSP instructions, counted as :data:`I8_DEQUANT_CODE` is (the same
 #: shapes and differences, the requantizing constants of the DSP path: a multiplier of 2**30
@@ -394,28 +415,28 @@ I8_DEQUANT_CODE = {
 #: directly follows another, else 2; LDM, PUSH and POP as one such load and the rest pipelined).
 I8_REQUANT_CODE = {
     (False, False): Int8Epilogue(
-        out=Mix(loads=3, paired=1, alu=27 / 4, branches=1 / 4),
-        one=Mix(loads=10 / 3, paired=7 / 3, alu=26 / 3, mla=1),
-        col=Mix(loads=16, paired=9, alu=23, branches=1, mla=1),
-        col_short=Mix(loads=38 / 3, paired=20 / 3, alu=52 / 3, branches=4, mla=1),
+        out=Mix(loads=11 / 4, paired=1, alu=27 / 4, branches=1 / 4),
+        one=Mix(loads=14 / 3, paired=7 / 3, alu=26 / 3, mla=1),
+        col=Mix(loads=33 / 2, paired=9, alu=23, branches=1, mla=1),
+        col_short=Mix(loads=83 / 6, paired=20 / 3, alu=52 / 3, branches=4, mla=1),
         block=Mix(loads=3, paired=3, alu=4, branches=1)),
     (False, True): Int8Epilogue(
         out=Mix(loads=13 / 4, paired=9 / 4, alu=27 / 4, branches=1 / 4, mla=1),
-        one=Mix(loads=5, paired=11 / 3, alu=29 / 3, branches=1 / 3, mla=2),
-        col=Mix(loads=16, paired=10, alu=26, mla=1),
+        one=Mix(loads=11 / 2, paired=11 / 3, alu=29 / 3, branches=1 / 3, mla=2),
+        col=Mix(loads=14, paired=10, alu=26, mla=1),
         col_short=Mix(loads=14, paired=16 / 3, alu=58 / 3, branches=8 / 3, mla=1),
         block=Mix(loads=3, paired=3, alu=4, branches=1)),
     (True, False): Int8Epilogue(
         out=Mix(loads=9 / 4, paired=2, alu=39 / 4, branches=1 / 4),
-        one=Mix(loads=13 / 3, paired=7 / 3, alu=35 / 3, mla=1),
-        col=Mix(loads=16, paired=10, alu=24, branches=2, mla=1),
-        col_short=Mix(loads=38 / 3, paired=20 / 3, alu=49 / 3, branches=5, mla=1),
+        one=Mix(loads=37 / 6, paired=7 / 3, alu=35 / 3, mla=1),
+        col=Mix(loads=14, paired=10, alu=24, branches=2, mla=1),
+        col_short=Mix(loads=43 / 3, paired=20 / 3, alu=49 / 3, branches=5, mla=1),
         block=Mix(loads=3, paired=3, alu=4, branches=1)),
     (True, True): Int8Epilogue(
         out=Mix(loads=4, paired=11 / 4, alu=45 / 4, branches=1 / 4, mla=1),
-        one=Mix(loads=16 / 3, paired=13 / 3, alu=38 / 3, mla=2),
+        one=Mix(loads=13 / 2, paired=13 / 3, alu=38 / 3, mla=2),
         col=Mix(loads=15, paired=12, alu=22, branches=1, mla=1),
-        col_short=Mix(loads=41 / 3, paired=17 / 3, alu=55 / 3, branches=4, mla=1),
+        col_short=Mix(loads=14, paired=17 / 3, alu=55 / 3, branches=4, mla=1),
         block=Mix(loads=3, paired=3, alu=4, branches=1)),
 }
 #: The one-row kernel's requantization (``("gemm_i8", "gemv")``, :func:`int8_gemv`) per column of
@@ -426,40 +447,40 @@ I8_REQUANT_CODE = {
 #: ADD of ``y_min``, STRB, and the column loop's ADD, CMP and branch. Counted as
 #: :data:`I8_REQUANT_CODE` is: the executed instruction classes of ``1 x 12`` against ``1 x 4``
 #: (``k = 16``, one chunk), / 8 (47 cycles a column on all four variants).
-I8_REQUANT_GEMV = Mix(loads=9, paired=7, alu=16, branches=1, mla=2)
+I8_REQUANT_GEMV = Mix(loads=17 / 2, paired=7, alu=16, branches=1, mla=2)
 #: The one-row kernel's requantization per column block: the epilogue's flag test and its live
 #: values reloaded (what remains of the ``1 x 4`` tile's epilogue, one block, after its columns)
 I8_REQUANT_GEMV_BLOCK = Mix(loads=2, paired=1, alu=6, branches=1)
 #: TFLite's in the one-row kernel (``("gemm_i8", "tflite_gemv")``), counted the same way: per column
 #: 63 cycles (SMMLAR's SMMULR and ADD, the ADD of its sign, QADD, ASR in place of QADD, SMMLA, ASR),
 #: per column block 14
-I8_TFLITE_GEMV = Mix(loads=12, paired=13, alu=20, branches=1, mla=2)
+I8_TFLITE_GEMV = Mix(loads=23 / 2, paired=13, alu=20, branches=1, mla=2)
 I8_TFLITE_GEMV_BLOCK = Mix(loads=3, paired=2, alu=4, branches=1)
 I8_TFLITE_CODE = {
     (False, False): Int8Epilogue(
-        out=Mix(loads=3, paired=1 / 2, alu=31 / 4, branches=1 / 4),
-        one=Mix(loads=13 / 3, paired=7 / 3, alu=28 / 3, mla=1),
-        col=Mix(loads=19, paired=9, alu=23, branches=1, mla=1),
-        col_short=Mix(loads=44 / 3, paired=23 / 3, alu=53 / 3, branches=4, mla=1),
-        block=Mix(loads=3, paired=3, alu=4, branches=1)),
+        out=Mix(loads=23 / 8, paired=1 / 2, alu=31 / 4, branches=1 / 4),
+        one=Mix(loads=14 / 3, paired=7 / 3, alu=28 / 3, mla=1),
+        col=Mix(loads=17, paired=9, alu=23, branches=1, mla=1),
+        col_short=Mix(loads=34 / 3, paired=23 / 3, alu=53 / 3, branches=4, mla=1),
+        block=Mix(loads=4, paired=3, alu=4, branches=1)),
     (False, True): Int8Epilogue(
         out=Mix(loads=15 / 4, paired=7 / 4, alu=31 / 4, branches=1 / 4, mla=1),
-        one=Mix(loads=20 / 3, paired=14 / 3, alu=28 / 3, branches=1 / 3, mla=2),
-        col=Mix(loads=16, paired=12, alu=26, mla=1),
-        col_short=Mix(loads=46 / 3, paired=25 / 3, alu=56 / 3, branches=8 / 3, mla=1),
-        block=Mix(loads=3, paired=3, alu=4, branches=1)),
+        one=Mix(loads=35 / 6, paired=14 / 3, alu=28 / 3, branches=1 / 3, mla=2),
+        col=Mix(loads=13, paired=12, alu=26, mla=1),
+        col_short=Mix(loads=61 / 6, paired=25 / 3, alu=56 / 3, branches=8 / 3, mla=1),
+        block=Mix(loads=4, paired=3, alu=4, branches=1)),
     (True, False): Int8Epilogue(
-        out=Mix(loads=9 / 4, paired=7 / 4, alu=43 / 4, branches=1 / 4),
-        one=Mix(loads=17 / 3, paired=2, alu=37 / 3, mla=1),
-        col=Mix(loads=17, paired=11, alu=21, branches=2, mla=1),
-        col_short=Mix(loads=43 / 3, paired=8, alu=50 / 3, branches=5, mla=1),
-        block=Mix(loads=3, paired=3, alu=4, branches=1)),
+        out=Mix(loads=5 / 2, paired=7 / 4, alu=43 / 4, branches=1 / 4),
+        one=Mix(loads=6, paired=2, alu=37 / 3, mla=1),
+        col=Mix(loads=16, paired=11, alu=21, branches=2, mla=1),
+        col_short=Mix(loads=11, paired=8, alu=50 / 3, branches=5, mla=1),
+        block=Mix(loads=4, paired=3, alu=4, branches=1)),
     (True, True): Int8Epilogue(
-        out=Mix(loads=19 / 4, paired=5 / 2, alu=45 / 4, branches=1 / 4, mla=1),
-        one=Mix(loads=23 / 3, paired=14 / 3, alu=37 / 3, mla=2),
-        col=Mix(loads=18, paired=12, alu=22, branches=1, mla=1),
-        col_short=Mix(loads=46 / 3, paired=25 / 3, alu=53 / 3, branches=4, mla=1),
-        block=Mix(loads=3, paired=3, alu=4, branches=1)),
+        out=Mix(loads=15 / 4, paired=5 / 2, alu=45 / 4, branches=1 / 4, mla=1),
+        one=Mix(loads=41 / 6, paired=14 / 3, alu=37 / 3, mla=2),
+        col=Mix(loads=37 / 2, paired=12, alu=22, branches=1, mla=1),
+        col_short=Mix(loads=67 / 6, paired=25 / 3, alu=53 / 3, branches=4, mla=1),
+        block=Mix(loads=4, paired=3, alu=4, branches=1)),
 }
 
 #: MAC-array runs per reduction chunk the int8 kernel's software pipeline aims at
@@ -524,9 +545,9 @@ def int8_m4f_cycles(vm, vn, k, k_splits, arch: "SpinnArch", side: Int8Side | Non
 
     cb = int8_block_columns(rows, cols, arch)
     blocks = ceil_div(cols, cb)
-    outs = vm * vn
     per_job = arch.m4f_job_cycles + c(I8_JOB) + blocks * c(I8_BLOCK) + (blocks - 1) * c(I8_RESTART)
-    adds = (k_splits - 1) * (outs * c(I8_ACC) + blocks * rows * c(_acc_row(side)))
+    wl = cols - (blocks - 1) * cb  # the last block's width
+    adds = (k_splits - 1) * ((blocks - 1) * int8_acc_cycles(rows, cb, arch) + int8_acc_cycles(rows, wl, arch))
     summed = vm * side.row_sums + vn * side.col_sums  # rows of a sum each
     sums = summed * (k * c(I8_SUM) + k_splits * c(I8_SUM_ROW))
     return k_splits * per_job + adds + sums + _finish_cycles(rows, cols, blocks, arch, side)
@@ -565,7 +586,7 @@ def int8_pipelined_cycles(vm, vn, k, tk: int, arch: "SpinnArch", side: Int8Side 
     def pick(cond, a, b):
         return np.where(cond, a, b) if vector else (a if cond else b)
 
-    job, block, acc, acc_row = arch.m4f_job_cycles + c(I8_JOB), c(I8_BLOCK), c(I8_ACC), c(_acc_row(side))
+    job, block = arch.m4f_job_cycles + c(I8_JOB), c(I8_BLOCK)
     lead, summ, sum_row, readout = c(I8_LEAD), c(I8_SUM), c(I8_SUM_ROW), arch.mac_readout_cycles
     restart = c(I8_RESTART)
     cb = int8_block_columns(rows, cols, arch)
@@ -586,7 +607,7 @@ def int8_pipelined_cycles(vm, vn, k, tk: int, arch: "SpinnArch", side: Int8Side 
         return mac_passes(rows, w, arch) * (kc + readout)
 
     def work(w, adds, fin):  # a block's M4F work after its wait: its own, its sums' add, its epilogue
-        return block + adds * (rows * w * acc + rows * acc_row) + fin
+        return block + adds * int8_acc_cycles(rows, w, arch) + fin
 
     def inner(kc, adds, fin):  # a chunk's blocks but its last, each beside the array's next block
         w = work(cb, adds, fin)  # (each after the next block's start, the array idle for its writes)
