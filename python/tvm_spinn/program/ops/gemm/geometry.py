@@ -360,7 +360,9 @@ class Int8Epilogue:
 #: to the FPU, VCVT.F32.S32, VMUL by the scale, VADD of the bias (the bias variants), VCMP with
 #: 0 + VMRS (the FPSCR's flags to the core) + IT + VMOVLS of +0 (the ReLU variants), VSTR; the
 #: output's address reloaded from the stack every output and the unrolled loop's ADD, CMP and
-#: BNE per 4 outputs (the 0.25 branch).
+#: BNE per 4 outputs (the 0.25 branch). Each unit's cycles are its counted difference exactly;
+#: the share of the loads and stores among its classes is the stack reloads' (what LLVM's
+#: register allocation moves between images and builds: the other classes are the listing's).
 I8_DEQUANT_CODE = {
     (False, False): Int8Epilogue(
         out=Mix(loads=11 / 4, paired=3 / 4, fpu=3, alu=11 / 4, branches=1 / 4, mla=1),
@@ -446,13 +448,13 @@ I8_REQUANT_CODE = {
 #: the row sum, the accumulator loaded, QADD, SMMLA, ASR, USAT, the compare with the clamp's top,
 #: ADD of ``y_min``, STRB, and the column loop's ADD, CMP and branch. Counted as
 #: :data:`I8_REQUANT_CODE` is: the executed instruction classes of ``1 x 12`` against ``1 x 4``
-#: (``k = 16``, one chunk), / 8 (47 cycles a column on all four variants).
+#: (``k = 16``, one chunk), / 8 (46 cycles a column on all four variants).
 I8_REQUANT_GEMV = Mix(loads=17 / 2, paired=7, alu=16, branches=1, mla=2)
 #: The one-row kernel's requantization per column block: the epilogue's flag test and its live
 #: values reloaded (what remains of the ``1 x 4`` tile's epilogue, one block, after its columns)
 I8_REQUANT_GEMV_BLOCK = Mix(loads=2, paired=1, alu=6, branches=1)
 #: TFLite's in the one-row kernel (``("gemm_i8", "tflite_gemv")``), counted the same way: per column
-#: 63 cycles (SMMLAR's SMMULR and ADD, the ADD of its sign, QADD, ASR in place of QADD, SMMLA, ASR),
+#: 62 cycles (SMMLAR's SMMULR and ADD, the ADD of its sign, QADD, ASR in place of QADD, SMMLA, ASR),
 #: per column block 14
 I8_TFLITE_GEMV = Mix(loads=23 / 2, paired=13, alu=20, branches=1, mla=2)
 I8_TFLITE_GEMV_BLOCK = Mix(loads=3, paired=2, alu=4, branches=1)
