@@ -387,7 +387,8 @@ def blocked_cycles(loop: RowLoop, cols, first, arch) -> np.ndarray:
 ROW_RUN = Mix(loads=3.0, paired=7.0, fpu=1.0, alu=9.0, branches=-1.0)
 #: The fp32 row kernels as the generated code executes them, one :class:`RowPhase` per phase:
 #: the instruction classes of the executed blocks, counted at tiles of 1 to 4 rows of 1 to 8
-#: columns (layer_norm with gamma and beta, rms_norm with its weight) and priced by
+#: columns (layer_norm with gamma and beta, rms_norm with its weight; rms_norm's block overhead
+#: at rows of 32 and 36 columns, one block and two) and priced by
 #: :func:`~.m4f.mix_cycles`. softmax: 0, the max (per element a load and the first NaN's
 #: compares and selects, eight FPU instructions); 1, ``x - max`` stored, then after the exp/log
 #: unit's stream the sequential sum (both row loops unrolled by 2); 2, ``e / sum`` (a VDIV per
