@@ -384,3 +384,44 @@ def test_unary_nan_payloads_are_the_m4f_s(act):
     quieted = got.view(np.uint32) & 0x00400000 != 0
     # an arithmetic instruction quiets a NaN; VNEG only flips the sign bit (a signalling NaN stays one)
     assert np.all(quieted) if act != "negative" else np.array_equal(quieted, _NANS.view(np.uint32) & 0x00400000 != 0)
+
+
+def _rms_chunks(pe: "_Rows", x, w, eps, width):
+    """``x`` [rows, row] RMS-normalized by the rms_norm kernel as a split row runs it: chunks of
+    ``width`` columns (the last shorter), phase 0 chunk after chunk with the row's blocked sum
+    carried in the statistics buffer (the chain), then phase 1 on every chunk."""
+    rows, row = x.shape
+    m = pe.m
+    m.load()
+    pst = m.arena
+    px = pst + 64 * rows
+    py = px + 4 * rows * width + 64
+    pw = py + 4 * rows * width + 64
+    m.write(pst, np.zeros(4 * rows, _F32).tobytes())
+    e = int(np.asarray(eps, dtype=_F32).view(np.uint32))
+    out = np.empty_like(x)
+    for phase in (0, 1):
+        for c0 in range(0, row, width):
+            c1 = min(row, c0 + width)
+            m.write(px, np.ascontiguousarray(x[:, c0:c1]).tobytes())
+            m.write(pw, np.ascontiguousarray(w[c0:c1]).tobytes())
+            flags = 4 | (1 if c0 == 0 else 0) | (2 if c1 == row else 0)
+            m.run([[px, py, pst, pw, rows, c1 - c0, phase, flags, c0, row, e]])
+            if phase == 1:
+                out[:, c0:c1] = np.frombuffer(m.read(py, 4 * rows * (c1 - c0)), _F32).reshape(rows, c1 - c0)
+    return out
+
+
+@pytest.mark.parametrize("row,width", [(200, 45), (256, 64), (100, 7), (97, 33), (64, 64)])
+def test_rms_norm_split_row_chunks_equal_the_cxx_kernel(row, width):
+    """A row split into chunks whose starts fall on and off the sum's block boundaries (the
+    kernel sums its chunk a block at a time, its first block from the chunk's first column):
+    chained chunk by chunk, the executed code's outputs are the simulator's whole-row kernel's
+    bits, on wide-range values with zeros, subnormals, infinities and NaNs."""
+    rng = np.random.default_rng(row * 100 + width)
+    x = _rows(rng, (3, row))
+    special = np.array([0.0, -0.0, 1e-45, -3e-39, 1e-20, 3e38, -3e38], _F32)
+    x[1, rng.choice(row, size=min(row, 12), replace=False)] = rng.choice(special, size=min(row, 12))
+    x[2, rng.integers(row)] = np.inf if row % 2 else np.nan
+    w = rng.uniform(0.5, 1.5, row).astype(_F32)
+    _assert_bits(_rms_norm(x, _F32(1e-6), w), _rms_chunks(_Rows("rms_norm"), x, w, 1e-6, width))

@@ -161,6 +161,16 @@ def _block_add(S, r, acc, v, c0, j, d):
         acc[1] = _ZERO
 
 
+@T.macro
+def _block_end(acc, end, d):
+    """A blocked row sum carried as ``(sum, block partial)`` in ``acc`` after the term at column
+    ``end - 1``: where a block ends there (every LAYER_NORM_BLOCK columns of the row and at its
+    end ``d``) the partial joins the sum (selected, not branched: every block pays the same)."""
+    done = T.truncmod(end, _BLOCK) == 0 or end == d
+    acc[0] = T.if_then_else(done, acc[0] + acc[1], acc[0])
+    acc[1] = T.if_then_else(done, _ZERO, acc[1])
+
+
 def _layer_norm():
     @T.prim_func
     def kernel(x: T.handle("float32"), y: T.handle("float32"), st: T.handle("float32"),
@@ -220,9 +230,16 @@ def _rms_norm():
             if phase == 0:
                 acc[0] = T.if_then_else(flags & 1 != 0, _ZERO, S[4 * r])
                 acc[1] = T.if_then_else(flags & 1 != 0, _ZERO, S[4 * r + 1])
-                for j in range(cols):
-                    v[0] = X[r * cols + j] * X[r * cols + j]
-                    _block_add(S, r, acc, v[0], c0, j, d)
+                # the chunk's columns a block at a time (its first block from ``c0`` to the next
+                # block start): the squares' sum of a block needs no block-end test per term
+                head = T.min(cols, _BLOCK - T.truncmod(c0, _BLOCK))
+                for s in range(1 + T.truncdiv(cols - head + _BLOCK - 1, _BLOCK)):
+                    lo = T.if_then_else(s == 0, 0, head + (s - 1) * _BLOCK)
+                    n = T.if_then_else(s == 0, head, T.min(_BLOCK, cols - lo))
+                    for j in range(n):
+                        v[0] = X[r * cols + lo + j] * X[r * cols + lo + j]
+                        acc[1] = acc[1] + v[0]
+                    _block_end(acc, c0 + lo + n, d)
                 S[4 * r] = acc[0]
                 S[4 * r + 1] = acc[1]
                 if flags & 2 != 0:

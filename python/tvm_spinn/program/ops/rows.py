@@ -92,7 +92,7 @@ from .sharding import REPLICATE, GatherInput, RowAllReduce, ShardDecision, Shard
 if TYPE_CHECKING:
     from ...target.arch import SpinnArch
 
-__all__ = ["Rows", "RowLoop", "RowPhase", "stepped_cycles", "ROW_CODE", "ROW_RUN", "ROW_COLUMN_UNROLL", "row_tile_cycles", "LAYER_NORM_BLOCK", "BLOCKED", "smallest_row_tile_bytes", "softmax_tflite", "mean_tflite", "softmax_tflite_params",
+__all__ = ["Rows", "RowLoop", "RowPhase", "stepped_cycles", "blocked_cycles", "ROW_CODE", "ROW_RUN", "ROW_COLUMN_UNROLL", "row_tile_cycles", "LAYER_NORM_BLOCK", "BLOCKED", "smallest_row_tile_bytes", "softmax_tflite", "mean_tflite", "softmax_tflite_params",
            "TFLITE_MEAN_CODE", "TFLITE_MEAN_ELEMENT", "tflite_mean_tile_cycles",
            "TfliteSoftmaxPhase", "TFLITE_SOFTMAX_CODE", "softmax_tflite_expected", "tflite_softmax_tile_cycles",
            "mean_tflite_params"]
@@ -313,6 +313,12 @@ class RowPhase:
         Per row, what only the chunk holding the row's end runs (its statistic finished: the
         divides and VSQRT), counted in :attr:`step` and :attr:`tail`; a split row's other
         chunks skip it.
+    block : RowLoop or None
+        Where the phase runs a row's columns a block at a time (:data:`LAYER_NORM_BLOCK`
+        columns, blocks aligned at the row's start; the tile's first block from its first
+        column to the next block start): one step of this loop per block, its overhead the
+        block's set-up and its end (the block's partial joining the sum); :attr:`step` is then
+        the row's part only. None: the columns run in one loop (:attr:`step`).
     """
 
     job: Mix
@@ -321,8 +327,9 @@ class RowPhase:
     tail: "RowLoop | None" = None
     entry: Mix = Mix()
     finish: Mix = Mix()
+    block: "RowLoop | None" = None
 
-    def cycles(self, rows, cols, arch, last=True) -> np.ndarray:
+    def cycles(self, rows, cols, arch, last=True, first=0) -> np.ndarray:
         """Cycles of one job over ``rows`` rows of ``cols`` columns (int64 arrays).
 
         Parameters
@@ -333,6 +340,8 @@ class RowPhase:
             The TRM's prices (:func:`~.m4f.mix_cycles`).
         last : bool or numpy.ndarray
             Whether the tile holds its rows' ends (else :attr:`finish` is skipped).
+        first : int or numpy.ndarray
+            The tile's first column in its rows (where its blocks start, :attr:`block`).
 
         Returns
         -------
@@ -340,7 +349,36 @@ class RowPhase:
             M4F cycles (float64).
         """
         cycles = stepped_cycles(self, mix_cycles(self.job, arch), rows, cols, arch)
+        if self.block is not None:
+            cycles = cycles + np.asarray(rows, dtype=np.int64) * blocked_cycles(self.block, cols, first, arch)
         return cycles - np.where(last, 0.0, rows * mix_cycles(self.finish, arch))
+
+
+def blocked_cycles(loop: RowLoop, cols, first, arch) -> np.ndarray:
+    """Cycles of one row's ``cols`` columns run a block at a time by ``loop`` (one step per
+    block, :attr:`RowPhase.block`), the row's columns starting at column ``first`` of the row:
+    the first block up to the next multiple of :data:`LAYER_NORM_BLOCK`, then whole blocks,
+    then what is left.
+
+    Parameters
+    ----------
+    loop : RowLoop
+        One block's loop (its overhead once per block).
+    cols, first : numpy.ndarray or int
+        Columns (>= 1) and the first column (int64).
+    arch : SpinnArch
+        The TRM's prices, as :meth:`RowLoop.cycles` takes them.
+
+    Returns
+    -------
+    numpy.ndarray
+        M4F cycles (float64).
+    """
+    cols = np.asarray(cols, dtype=np.int64)
+    head = np.minimum(cols, LAYER_NORM_BLOCK - np.asarray(first, dtype=np.int64) % LAYER_NORM_BLOCK)
+    whole, left = np.divmod(cols - head, LAYER_NORM_BLOCK)
+    return (loop.cycles(np.maximum(head, 1), arch) + whole * loop.cycles(LAYER_NORM_BLOCK, arch)
+            + np.where(left > 0, loop.cycles(np.maximum(left, 1), arch), 0.0))
 
 
 #: Once per run of a PE's job list: the runtime's start-up and its return to the halt (a
@@ -349,12 +387,15 @@ class RowPhase:
 ROW_RUN = Mix(loads=3.0, paired=7.0, fpu=1.0, alu=9.0, branches=-1.0)
 #: The fp32 row kernels as the generated code executes them, one :class:`RowPhase` per phase:
 #: the instruction classes of the executed blocks, counted at tiles of 1 to 4 rows of 1 to 8
-#: columns (layer_norm with gamma and beta, rms_norm with its weight) and priced by
+#: columns (layer_norm with gamma and beta, rms_norm with its weight; rms_norm's block overhead
+#: at rows of 32 and 36 columns, one block and two) and priced by
 #: :func:`~.m4f.mix_cycles`. softmax: 0, the max (per element a load and the first NaN's
 #: compares and selects, eight FPU instructions); 1, ``x - max`` stored, then after the exp/log
 #: unit's stream the sequential sum (both row loops unrolled by 2); 2, ``e / sum`` (a VDIV per
-#: element, rows in pairs). layer_norm and rms_norm: the blocked sums (per element the
-#: block-end test: integer compares made booleans, a conditional add under IT), then the
+#: element, rows in pairs). layer_norm: the blocked sums (per element the block-end test:
+#: integer compares made booleans, a conditional add under IT), then the scaling pass.
+#: rms_norm: the blocked sum of squares a block at a time (:attr:`RowPhase.block`: per element
+#: a load, VMUL and VADD; per block its bounds and the partial's select into the sum), then the
 #: scaling pass. mean: the sequential sum, rows in pairs, a VDIV per row.
 ROW_CODE = {
     "softmax": (
@@ -413,18 +454,20 @@ ROW_CODE = {
     ),
     "rms_norm": (
         RowPhase(finish=Mix(paired=1.0, fpu=1.0, divides=3.0, alu=1.0, branches=-1.0),
-                 job=Mix(loads=18.0, paired=37.0, fpu=4.0, alu=24.0, branches=3.0),
-                 step=RowLoop(overhead=Mix(loads=6.0, paired=4.0, fpu=3.0, divides=3.0, alu=15.0, branches=2.0),
-                         group=Mix(loads=2.0, paired=2.0, fpu=20.0, alu=41.0, branches=1.0),
-                         remainder=(Mix(loads=3.0, paired=1.0, fpu=5.0, alu=14.0), Mix(loads=2.0, fpu=5.0, alu=13.0),
-                                    Mix(loads=1.0, fpu=5.0, alu=12.0, branches=-1.0)),
-                         short=Mix(loads=-1.0, paired=-2.0, alu=-8.0, branches=3.0))),
-        RowPhase(job=Mix(loads=13.0, paired=36.0, alu=20.0, branches=4.0),
-                 step=RowLoop(overhead=Mix(loads=1.0, paired=1.0, alu=12.0),
+                 job=Mix(loads=15.0, paired=35.0, fpu=4.0, alu=29.0, branches=4.0),
+                 step=RowLoop(overhead=Mix(loads=8.0, paired=6.0, fpu=3.0, divides=3.0, alu=9.0, branches=4.0),
+                         group=Mix(), remainder=(Mix(), Mix(), Mix()), short=Mix()),
+                 block=RowLoop(overhead=Mix(loads=1.0, paired=1.0, fpu=3.0, alu=37.0),
+                         group=Mix(loads=2.0, paired=2.0, fpu=8.0, alu=3.0, branches=1.0),
+                         remainder=(Mix(loads=1.0, paired=1.0, fpu=2.0, alu=4.0), Mix(loads=1.0, fpu=2.0, alu=2.0),
+                                    Mix(loads=1.0, fpu=2.0, alu=1.0)),
+                         short=Mix(alu=-9.0, branches=3.0))),
+        RowPhase(job=Mix(loads=14.0, paired=33.0, alu=28.0, branches=5.0),
+                 step=RowLoop(overhead=Mix(loads=3.0, paired=1.0, alu=12.0),
                          group=Mix(loads=3.0, paired=9.0, fpu=8.0, alu=6.0, branches=1.0),
-                         remainder=(Mix(loads=4.0, paired=1.0, fpu=2.0, alu=7.0), Mix(loads=4.0, paired=1.0, fpu=2.0, alu=7.0),
+                         remainder=(Mix(loads=5.0, fpu=2.0, alu=7.0), Mix(loads=4.0, fpu=2.0, alu=7.0),
                                     Mix(loads=4.0, fpu=2.0, alu=6.0)),
-                         short=Mix(alu=-5.0, branches=2.0))),
+                         short=Mix(alu=-5.0, branches=3.0))),
     ),
     "mean": (
         RowPhase(finish=Mix(divides=1.0),
@@ -450,7 +493,7 @@ _SERIAL = Mix(loads=1.0, fpu=1.0)
 _CHAIN_STEP = Mix(loads=1.0, fpu=1.0)
 
 
-def row_tile_cycles(kind: str, rows, cols, arch: "SpinnArch", runs: int = 1, last=True) -> np.ndarray:
+def row_tile_cycles(kind: str, rows, cols, arch: "SpinnArch", runs: int = 1, last=True, first=0) -> np.ndarray:
     """M4F cycles of an fp32 row kernel's tile of ``rows`` rows of ``cols`` columns (int64
     arrays, one entry per tile): ``runs`` start-ups (:data:`ROW_RUN`), every phase's job and rows
     (:data:`ROW_CODE`), and softmax's stream through the exp/log unit
@@ -470,6 +513,9 @@ def row_tile_cycles(kind: str, rows, cols, arch: "SpinnArch", runs: int = 1, las
     last : bool or numpy.ndarray
         Whether each tile holds its rows' ends (a split row's other chunks skip the row's
         finish, :attr:`RowPhase.finish`).
+    first : int or numpy.ndarray
+        Each tile's first column in its rows (where a phase run a block at a time starts its
+        blocks, :attr:`RowPhase.block`; 0 for a whole-row tile).
 
     Returns
     -------
@@ -478,7 +524,7 @@ def row_tile_cycles(kind: str, rows, cols, arch: "SpinnArch", runs: int = 1, las
     """
     rows = np.asarray(rows, dtype=np.int64)
     cols = np.asarray(cols, dtype=np.int64)
-    cycles = runs * mix_cycles(ROW_RUN, arch) + sum(p.cycles(rows, cols, arch, last) for p in ROW_CODE[kind])
+    cycles = runs * mix_cycles(ROW_RUN, arch) + sum(p.cycles(rows, cols, arch, last, first) for p in ROW_CODE[kind])
     if kind == "softmax":
         cycles = cycles + arch.exp_unit_latency_cycles + rows * cols * arch.exp_unit_cycles
     return np.asarray(cycles, dtype=np.float64)
@@ -1094,7 +1140,7 @@ class Rows(OpFamily):
                                               _expected(layer), arch)
         else:  # the generated code's phases over the tile's rows of c columns
             code = row_tile_cycles(layer.kind, r, c, arch, 1 if chunks == 1 else len(ROW_CODE[layer.kind]),
-                                   hi[:, 1] == row)
+                                   hi[:, 1] == row, lo[:, 1])
         if chunks == 1:
             return code, np.zeros(len(lo))
         gathers, broadcasts = _statistics(layer)
