@@ -29,20 +29,43 @@ _F32 = 4
 
 @dataclass(frozen=True)
 class GemmTiles:
-    """One GEMM's tiles on a chip: ``tiles`` tile jobs of ``tile_s`` seconds each; a PE's first
-    tile of the GEMM waits ``first_s`` after the GEMM starts (its two operands' DMA, the later
-    tiles' double-buffered behind the compute) and the GEMM ends ``last_s`` after its last tile
-    (the last tile's write-back and the chip's barrier). Alone on the chip it takes
-    ``ceil(tiles / pes) * tile_s + first_s + last_s``, :func:`~tvm_spinn.timing.gemm.gemm_seconds`."""
+    """One GEMM's tiles on a chip: ``tiles`` tile jobs of ``tile_cycles`` each; a PE's first
+    tile of the GEMM waits ``first_cycles`` after the GEMM starts (its two operands' DMA, the
+    later tiles' double-buffered behind the compute) and the GEMM ends ``last_cycles`` (the last
+    tile's write-back) and ``barrier_cycles`` (the chip's barrier) after its last tile. Alone on
+    the chip it takes :meth:`alone_s`, :func:`~tvm_spinn.timing.gemm.gemm_seconds`."""
 
     tiles: int
-    tile_s: float
-    first_s: float
-    last_s: float
+    tile_cycles: int
+    first_cycles: float
+    last_cycles: float
+    barrier_cycles: float
+    clock_hz: float
+
+    @property
+    def tile_s(self) -> float:
+        return self.tile_cycles / self.clock_hz
+
+    @property
+    def first_s(self) -> float:
+        return self.first_cycles / self.clock_hz
+
+    @property
+    def last_s(self) -> float:
+        """Seconds from the last tile's end to the GEMM's: its write-back and the barrier."""
+        return (self.last_cycles + self.barrier_cycles) / self.clock_hz
 
     def alone_s(self, pes: int) -> float:
-        """Seconds of the GEMM alone on ``pes`` PEs."""
-        return -(-self.tiles // pes) * self.tile_s + self.first_s + self.last_s
+        """Seconds of the GEMM alone on the chip's ``pes`` PEs: ``ceil(tiles / pes)`` rounds of
+        tiles between the first tile's operands and the last one's write-back and barrier, summed
+        as :func:`~tvm_spinn.timing.gemm.gemm_seconds` sums them (the same float)."""
+        return (-(-self.tiles // pes) * self.tile_cycles + self.first_cycles + self.last_cycles
+                + self.barrier_cycles) / self.clock_hz
+
+    def with_tiles(self, tiles: int) -> "GemmTiles":
+        """The same GEMM's jobs, ``tiles`` of them (what is left of it)."""
+        return GemmTiles(tiles, self.tile_cycles, self.first_cycles, self.last_cycles, self.barrier_cycles,
+                         self.clock_hz)
 
 
 def gemm_tiles(arch, m: int, k: int, n: int, batch: int = 1, resident: bool = False) -> GemmTiles:
@@ -74,8 +97,8 @@ def gemm_tiles(arch, m: int, k: int, n: int, batch: int = 1, resident: bool = Fa
     cycles = math.ceil(gemm_tile_cycles(vm, vn, k, splits_of(k, tk), arch))
     rate, setup = arch.dma_bw_bytes_per_cycle, arch.dma_setup_cycles
     first = 2 * setup + _F32 * (vm * k + k * vn) / rate
-    last = setup + _F32 * vm * vn / rate + arch.barrier_cost_cycles(pes)
-    return GemmTiles(tiles, cycles / arch.clock_hz, first / arch.clock_hz, last / arch.clock_hz)
+    last = setup + _F32 * vm * vn / rate
+    return GemmTiles(tiles, cycles, first, last, arch.barrier_cost_cycles(pes), arch.clock_hz)
 
 
 def _place(pe: np.ndarray, gemm: GemmTiles, start: float) -> float:
@@ -156,7 +179,6 @@ def shared_pes_seconds(arch, chains: "list[list[GemmTiles]]", free: "list[GemmTi
         end = max(end, ready[c])
     for j, (gemm, left, started) in enumerate(jobs):
         if left:  # what did not fit the idle time: on the PEs as they free up
-            rest = GemmTiles(left, gemm.tile_s, gemm.first_s, gemm.last_s)
-            job_end[j] = _place(pe, rest, 0.0) - gemm.last_s
+            job_end[j] = _place(pe, gemm.with_tiles(left), 0.0) - gemm.last_s
         end = max(end, job_end[j] + gemm.last_s)
     return max(end, float(pe.max()))
