@@ -275,7 +275,7 @@ def _pacing_gemms(spec, plan, arch, seq: int) -> None:
 
     from tvm_spinn.program.ops.gemm import GemmShape, choose_matmul_tile
     from tvm_spinn.timing.gemm import gemm_seconds
-    from tvm_spinn.training.planner import _gathered_params, _resident_share, _stage_params
+    from tvm_spinn.training.planner import _Comms, _gathered_params, _resident_share, _stage_params
     from tvm_spinn.training.planner.model import _block_gemms
     from tvm_spinn.training.planner.slot import _fresh_attention
 
@@ -303,6 +303,13 @@ def _pacing_gemms(spec, plan, arch, seq: int) -> None:
                   f"{tiles:>6} tiles  rounds {math.ceil(tiles / pes):>3} (work {tiles / pes:5.2f})  {secs * 1e6:8.1f} us")
     print("    per layer (us): " + ", ".join(f"{k} {v * 1e6:.1f}" for k, v in totals.items())
           + f"; all {sum(totals.values()) * 1e6:.1f}")
+    from tvm_spinn.training.planner import _shared_pes_saving
+    from tvm_spinn.training.planner.model import _attention_at
+
+    saved = _shared_pes_saving(arch, weights, _Comms(arch, plan.reproducible), resident, attention, fresh,
+                               split.recompute, _attention_at(spec))
+    print(f"    a steady slot's passes on shared PEs (one slot's forward, another's backward, the weight gradients; "
+          f"timing.gemm_overlap): {(sum(totals.values()) - saved) * 1e6:.1f} us")
 
 
 def _plot(results: dict, path: str) -> None:

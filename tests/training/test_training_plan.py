@@ -517,8 +517,9 @@ def test_resident_weights_gemm_price_is_the_compiled_gemms_time(monkeypatch):
 def test_a_resident_stage_prices_its_gemms_with_the_resident_tiles():
     """GPT-2 small's 24-board split of one layer a stage: every block stage's weights fit the
     resident SRAM share, so its compute is the layers' GEMMs with the weights at the resident
-    tiles (plus the canonical order's leaf additions), not streamed."""
-    from tvm_spinn.training.planner import _Comms, _pass_seconds, _step_time
+    tiles (plus the canonical order's leaf additions), not streamed; a steady slot's passes
+    share the PEs (less what that gives back at the resident tiles)."""
+    from tvm_spinn.training.planner import _Comms, _pass_seconds, _shared_pes_saving, _step_time
     from tvm_spinn.training.planner.model import _block_gemms
 
     system = make_system("g24", boards=24)
@@ -532,8 +533,10 @@ def test_a_resident_stage_prices_its_gemms_with_the_resident_tiles():
     resident = sum(_pass_seconds(system, weights, comms, True, attention))
     streamed = sum(_pass_seconds(system, weights, comms, False, attention))
     middle = {j: c for j, c, *_ in step.stages_s}[split.pp - 1]
+    shared = _shared_pes_saving(system, weights, comms, True, attention, False, False, 1)
+    assert 0 < shared < 0.5 * resident
     assert resident < 0.9 * streamed
-    assert resident <= middle < streamed
+    assert resident - shared <= middle < streamed
 
 
 def test_a_large_vocabulary_gets_a_head_stage():

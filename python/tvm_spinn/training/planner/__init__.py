@@ -215,7 +215,8 @@ from .model import (TRAINED_MODEL_TYPES, _block_flops, _block_gemms, _gathered_p
 from .memory import (_costed_stages, _head_slots, _held_slots, _inflight, _layer_activations, _layer_input,  # noqa: F401
                      _peak_bytes, _stage_activations)
 from .comms import _BOUND_GROUPS, _CHAIN_SEGMENTS, _DIRECT_RANKS, _PROBE_BYTES, _Comms  # noqa: F401
-from .slot import RESIDENT_SHARE, _landing, _pass_seconds, _resident_share, _slot_seconds, _tp_reductions  # noqa: F401
+from .slot import (RESIDENT_SHARE, _landing, _pass_seconds, _resident_share, _shared_pes_saving,  # noqa: F401
+                   _slot_seconds, _tp_reductions)
 from .sync import _UPDATE_BYTES, _UPDATE_OPS, _bucket_tail, _update_seconds  # noqa: F401
 from .step import _step_time  # noqa: F401
 from .axes import _arch_of, _axes, _divisors, _positive  # noqa: F401

@@ -95,15 +95,24 @@ def _gathered_params(spec, split: "Split", stage: int) -> int:
     return table + (spec.max_positions * h if spec.family == "gpt2" else 0)
 
 
-def _untouched_rows(spec, seq: int, stage: int) -> int:
-    """Parameters of a stage's gathered tables whose gradient no step can touch: GPT-2's
-    position rows from ``seq`` on (every sequence of the step takes positions ``0 .. seq - 1``).
-    Their gradient is zero on every replica, so the data-parallel synchronisation leaves them
-    out (its sum would be those zeros: the bits do not change); the update still runs over them
-    (weight decay)."""
+def _untouched_rows(spec, seq: int, stage: int, share: int = 1) -> int:
+    """Parameters of a stage's gathered tables whose gradient no step can touch on a rank:
+    GPT-2's position rows from ``seq`` on (every sequence of the step takes positions
+    ``0 .. seq - 1``), and with sequence parallelism over ``share`` ranks (:func:`_position_share`)
+    the elements of the rows below ``seq`` that the other ranks' tokens take: a rank's embedding
+    adds the position rows of its own ``1 / share`` of each slot's tokens and reads no others,
+    the same elements every step and on every replica. Their gradient is zero on every replica,
+    so the data-parallel synchronisation leaves them out (its sum would be those zeros: the bits
+    do not change); the update still runs over them (weight decay)."""
     if stage != 0 or spec.family != "gpt2":
         return 0
-    return max(0, spec.max_positions - seq) * spec.hidden
+    h = spec.hidden
+    return spec.max_positions * h - min(spec.max_positions, seq) * h // max(1, share)
+
+
+def _position_share(split: "Split") -> int:
+    """Ranks that split each slot's tokens (sequence parallelism over the TP ranks; 1 without)."""
+    return split.tp if split.sequence_parallel and split.tp > 1 else 1
 
 
 def _block_flops(spec, tokens: int, seq: int, tp: int = 1, chunks: int = 1) -> tuple[int, int]:
@@ -155,6 +164,12 @@ def _block_gemms(spec, tokens: int, seq: int, tp: int, sequences: int, chunks: i
     rows, heads = max(1, tokens // sequences), sequences * (q // spec.head_dim)
     attention = [(rows, spec.head_dim, context, heads), (rows, context, spec.head_dim, heads)]
     return weights, attention
+
+
+def _attention_at(spec) -> int:
+    """Of :func:`_block_gemms`' projections, how many run before the attention's two matmuls (the
+    ones that make its queries, keys and values: GPT-2's fused Q/K/V, Llama's three)."""
+    return 1 if spec.family == "gpt2" else 3
 
 
 def model_flops(spec, tokens: int, seq: int, recompute: bool = False, chunks: int = 1) -> int:

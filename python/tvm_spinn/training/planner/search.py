@@ -13,10 +13,10 @@ from .axes import _arch_of, _axes, _divisors, _positive
 from .comms import _Comms
 from .fit import _does_not_fit, smallest_system
 from .memory import _peak_bytes, memory_per_chip
-from .model import _block_gemms, _gathered_params, _spec, _stage_params, _widths, model_flops
+from .model import _attention_at, _block_gemms, _gathered_params, _spec, _stage_params, _widths, model_flops
 from .records import (DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ, F32, HEAD_LAGS, LAYOUTS, OPTIMIZERS, Split, TrainingPlan,
                       TrainingPlanError)
-from .slot import _fresh_attention, _pass_seconds, _resident_share
+from .slot import _fresh_attention, _pass_seconds, _resident_share, _shared_pes_saving
 from .step import _step_time
 
 
@@ -268,11 +268,15 @@ def _compute_floor(spec, split: Split, seq: int, arch, comms: "_Comms") -> float
     def floor(resident: bool) -> float:  # a stage's GEMMs with its weights in SRAM or streamed
         f, d, w = _pass_seconds(arch, weights, comms, resident, attention, fresh, split.recompute)
         per = layers * (f + d + w + split.recompute * f)
+        # a steady slot's passes share the PEs (_shared_pes_saving); each stage's fill and drain
+        # term is at least its passes in series (1F1B's F + B + W, ZB-H1's F + B - W)
+        steady = per - (layers * _shared_pes_saving(arch, weights, comms, resident, attention, fresh,
+                                                    split.recompute, _attention_at(spec))
+                        if split.slots > 1 else 0.0)
         if not split.zero_bubble:
-            return (split.slots + split.pp - 1) * per
-        # ZB-H1: each stage's fill and drain term at least F + B - W
+            return (split.slots - 1) * steady + split.pp * per
         fill = per - layers * _pass_seconds(arch, weights, comms, resident)[2]
-        return (split.slots - 1) * per + split.pp * fill
+        return (split.slots - 1) * steady + split.pp * fill
 
     # the step prices each block stage's GEMMs with its weights resident where they fit the SRAM
     # share (:func:`_step_time`): with every stage one way the floor is that way's, else the cheaper

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...timing.gemm import gemm_seconds
+from ...timing.gemm_overlap import gemm_tiles, shared_pes_seconds
 from .comms import _Comms
 from .model import _widths
 from .records import F32
@@ -39,6 +40,40 @@ def _pass_seconds(arch, gemms: list, comms: "_Comms", resident: bool = False, at
         return fwd, dgrad, wgrad
 
     return comms._get(("passes", tuple(gemms), resident, tuple(attention), fresh, recomputed), passes)
+
+
+def _shared_pes_saving(arch, gemms: list, comms: "_Comms", resident: bool = False, attention: list = (),
+                       fresh: bool = False, recomputed: bool = False, attention_at: int = 1) -> float:
+    """Seconds one layer's passes of a steady 1F1B slot give back when its forward and the other
+    slot's backward share the chip's PEs (:func:`~tvm_spinn.timing.gemm_overlap.shared_pes_seconds`),
+    against :func:`_pass_seconds`' sum of the three passes run one GEMM after another.
+
+    In 1F1B's steady state a stage computes the forward of one slot and the backward of another,
+    which do not depend on each other, and the weight-gradient GEMMs, which no later GEMM of the
+    slot reads (their sums are read by the update; a slot's may run in the next slot, the last
+    one's in the drain). So the PEs one pass's GEMM leaves idle in its last round (8 rows: a
+    QKV forward's 96 tiles on 148 PEs) run the other pass's tiles and the weight gradients'. The
+    forward is a chain of the layer's GEMMs (``gemms[:attention_at]``, the attention's two, the
+    rest: each reads the one before), the backward the chain of their input gradients in
+    reverse order (after the forward's GEMMs once more when it recomputes them), the weight
+    gradients free GEMMs; each GEMM priced with its operands where :func:`_pass_seconds` finds
+    them. Every tile keeps its arithmetic: no bit moves."""
+    def make() -> float:
+        def tiles(m, k, n, b, on_chip):
+            return comms._get(("tiles", m, k, n, b, on_chip), lambda: gemm_tiles(arch, m, k, n, b, on_chip))
+
+        order = ([(g, resident) for g in gemms[:attention_at]] + [(g, None) for g in attention]
+                 + [(g, resident) for g in gemms[attention_at:]])
+        forward = [tiles(m, k, n, b, fresh if on is None else on) for (m, k, n, b), on in order]
+        dgrad = [tiles(m, n, k, b, fresh and recomputed if on is None else on) for (m, k, n, b), on in order[::-1]]
+        wgrad = [tiles(k, m, n, b, True) for (m, k, n, b), _ in order[::-1]]
+        backward = (forward if recomputed else []) + dgrad
+        pes = arch.pes_per_chip
+        alone = sum(g.alone_s(pes) for g in forward + backward + wgrad)
+        return max(0.0, alone - shared_pes_seconds(arch, [forward, backward], wgrad))
+
+    return comms._get(("shared_pes", tuple(gemms), resident, tuple(attention), fresh, recomputed, attention_at),
+                      make)
 
 
 def _fresh_attention(spec, split, tokens: int, arch) -> bool:
@@ -122,7 +157,8 @@ def _tp_reductions(spec, tokens: int, tp: int, tp_groups: np.ndarray, comms: "_C
 
 
 def _slot_seconds(f_s: float, b_s: float, tp_f: float, tp_b: float, pp_s: float, overlap: bool,
-                  pp_shared: "float | None" = None, tp_busy: "float | None" = None, w_s: float = 0.0) -> float:
+                  pp_shared: "float | None" = None, tp_busy: "float | None" = None, w_s: float = 0.0,
+                  pe_s: "float | None" = None) -> float:
     """Seconds of one stage's pipeline slot: its forward and backward passes (``f_s``, ``b_s``
     of compute), the TP collectives each waits for (``tp_f``, ``tp_b``) and the stage's
     hand-overs (``pp_s``, by DMA, on the links the collectives use).
@@ -148,9 +184,13 @@ def _slot_seconds(f_s: float, b_s: float, tp_f: float, tp_b: float, pp_s: float,
     them, so the backward's collectives (the input gradients' reductions, the inputs gathered
     for the weight gradients) run while the PEs compute them (Megatron-LM's overlap of the
     tensor-parallel backward communication with the weight-gradient GEMMs, Narayanan et al.
-    2021): the backward waits for the part of its collectives longer than they."""
+    2021): the backward waits for the part of its collectives longer than they.
+
+    ``pe_s`` is the PEs' time for both passes run together (with ``overlap``; default ``f_s +
+    b_s``, one GEMM after another): the GEMMs of two independent passes share the PEs
+    (:func:`_shared_pes_saving`), while each pass still takes its own GEMMs' time in series."""
     shared = pp_s if pp_shared is None else min(pp_s, pp_shared)
     if not overlap:
         return tp_f + tp_b - min(tp_b, w_s) + max(f_s + b_s, pp_s)
     busy = tp_f + tp_b if tp_busy is None else min(tp_f + tp_b, tp_busy)
-    return max(f_s + b_s, busy + shared, pp_s, f_s + tp_f, b_s + tp_b - min(tp_b, w_s))
+    return max(f_s + b_s if pe_s is None else pe_s, busy + shared, pp_s, f_s + tp_f, b_s + tp_b - min(tp_b, w_s))

@@ -6,9 +6,11 @@ import numpy as np
 
 from .comms import _Comms
 from .memory import _costed_stages, _held_slots, _stage_activations
-from .model import _block_gemms, _gathered_params, _stage_params, _untouched_rows, _vocab_rows
+from .model import (_attention_at, _block_gemms, _gathered_params, _position_share, _stage_params,
+                    _untouched_rows, _vocab_rows)
 from .records import F32, Split, StepTime
-from .slot import _fresh_attention, _landing, _pass_seconds, _resident_share, _slot_seconds, _tp_reductions
+from .slot import (_fresh_attention, _landing, _pass_seconds, _resident_share, _shared_pes_saving, _slot_seconds,
+                   _tp_reductions)
 from .sync import _UPDATE_BYTES, _UPDATE_OPS, _staggered_tail
 
 
@@ -68,10 +70,11 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
     fresh = _fresh_attention(spec, split, tokens, arch)
 
     def block_passes(on_chip: bool) -> tuple:
-        """``(block, weight gradients, first chunk's block, last chunk's block)`` seconds of a
-        layer's passes, with the stage's weights in SRAM (``on_chip``: the mapper chooses its
-        tiles for resident weights) or streamed from DRAM, and each other right operand where
-        it is when its GEMM runs (:func:`_pass_seconds`)."""
+        """``(block, weight gradients, first chunk's block, last chunk's block, shared)`` seconds
+        of a layer's passes, with the stage's weights in SRAM (``on_chip``: the mapper chooses
+        its tiles for resident weights) or streamed from DRAM, and each other right operand where
+        it is when its GEMM runs (:func:`_pass_seconds`); ``shared``: what a steady slot's passes
+        give back sharing the PEs (:func:`_shared_pes_saving`)."""
         if on_chip not in passes_by:
             def priced(gemms):
                 return _pass_seconds(arch, gemms[:len(weights)], comms, on_chip, gemms[len(weights):], fresh,
@@ -79,7 +82,9 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
 
             block = priced(weights + attention)
             first, last = ((block, block) if chunk_gemms is None else tuple(priced(g) for g in chunk_gemms))
-            passes_by[on_chip] = (block, _pass_seconds(arch, weights, comms, on_chip)[2], first, last)
+            shared = (_shared_pes_saving(arch, weights, comms, on_chip, attention, fresh, split.recompute,
+                                         _attention_at(spec)) if slots > 1 else 0.0)
+            passes_by[on_chip] = (block, _pass_seconds(arch, weights, comms, on_chip)[2], first, last, shared)
         return passes_by[on_chip]
 
     def head_s(rows: int, on_chip: bool) -> tuple:
@@ -166,7 +171,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         # the stage's GEMM weights and their gradients fit its chips' resident SRAM share: they
         # stay there from the first slot to the update, and its GEMMs run with them in SRAM
         fits = 2 * F32 * streamed <= resident
-        block_s, weights_s, first_s, last_s = block_passes(fits)
+        block_s, weights_s, first_s, last_s, shared_s = block_passes(fits)
         # bytes of the embedding rows (GPT-2's token and position rows) a slot's tokens read
         rows = F32 * tokens * spec.hidden * (2 if spec.family == "gpt2" else 1) if stage == 0 else 0
         held = _stage_activations(spec, split, seq, stage, split.recompute)
@@ -212,6 +217,10 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
             b_gemm += vocab_per(width) * tokens * spec.hidden * add_s
         f_s, b_s = max(f_gemm, dram_f), max(b_gemm, dram_b)
         waits = dram_f > f_gemm or dram_b > b_gemm
+        # a steady slot's block passes on the PEs together (the forward of one slot, the backward
+        # of another and the weight gradients: _shared_pes_saving); a pass that waits on DRAM
+        # keeps its time (the traffic's, not the PEs')
+        pe_s = f_s + b_s - (0.0 if waits or (heads and stage == pp) else layers * shared_s)
         if heads and stage == pp:
             tp_f, tp_b, pp_s, pp_on = head_ag + head_loss, head_rs, head_io, head_io_on
             busy = head_ag_busy + head_loss_busy + head_rs_busy
@@ -244,11 +253,15 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         # links carry the other's collectives (each pass waits for its own collectives, and
         # the links carry all of them and the hand-overs)
         hides = min(w_gemm, b_s / 2)  # the weight-gradient GEMMs that the backward's collectives run under
-        total = _slot_seconds(f_s, b_s, tp_f, tp_b, pp_s, overlap=slots > 1, pp_shared=pp_on, tp_busy=busy,
-                              w_s=hides)
+        links_of = dict(overlap=slots > 1, pp_shared=pp_on, tp_busy=busy, w_s=hides)
+        total = _slot_seconds(f_s, b_s, tp_f, tp_b, pp_s, pe_s=pe_s, **links_of)
+        # the fill's first slot and the drain's last have no other slot's pass to share the PEs
+        # with: their part of the fill and drain is the slot with its passes in series
+        series = total if pe_s == f_s + b_s else _slot_seconds(f_s, b_s, tp_f, tp_b, pp_s, **links_of)
         # a spread head's path (its collectives; its GEMMs are in this stage's compute) of one
         # slot overlaps the next head_lag slots
         total = max(total, spread_path / max(1, split.head_lag))
+        series = max(series, spread_path / max(1, split.head_lag))
         path = total
         if heads and stage == pp and split.head_lag and slots > 1:
             # a head stage behind the last block stage (Split.head_lag): its passes wait for no
@@ -256,9 +269,9 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
             # slot's path (passes and collectives in series) spreads over the lag and is crossed
             # once in the fill and drain
             chain = f_s + tp_f + b_s + tp_b
-            total = max(f_s + b_s, min(tp_f + tp_b, busy) + min(pp_s, pp_on), pp_s, chain / split.head_lag)
+            total = series = max(f_s + b_s, min(tp_f + tp_b, busy) + min(pp_s, pp_on), pp_s, chain / split.head_lag)
             path = max(total, chain)
-        fill, drain_s = total, b_s
+        fill, drain_s = series, b_s
         if split.zero_bubble and slots > 1:
             # ZB-H1 (Qi et al. 2024): the weight-gradient passes leave the backward's path across
             # the stages and fill the idle time of the fill and drain, which then take
@@ -266,7 +279,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
             # collectives that ran under those GEMMs are on the path again. A backward that waits
             # on DRAM saves nothing (its time is the traffic's, not the GEMMs')
             w = 0.0 if dram_b > b_gemm else w_gemm
-            fill = max(f_s + b_s - w, total - 2 * w + min(tp_b, hides))
+            fill = max(f_s + b_s - w, series - 2 * w + min(tp_b, hides))
             drain_s = b_s - w
         if stages > 1 and slots > 1 and not (heads and stage == pp and split.head_lag):
             # the fill's first slot and the drain's last cross the stages one after another: the
@@ -285,7 +298,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         # the links' busy time in a steady slot: its collectives' bytes and its hand-overs (all of
         # them counted on the busiest link: what is left of the slot is what other transfers get)
         links = min(tp_f + tp_b, busy) + pp_s
-        per_stage[stage] = dict(total=total, path=path, comp=f_s + b_s, tp=tp_f + tp_b, pp=pp_s, waits=waits,
+        per_stage[stage] = dict(total=total, path=path, comp=pe_s, tp=tp_f + tp_b, pp=pp_s, waits=waits,
                                 drain=drain_s, params=streamed, fits=fits, fill=fill, comp_fill=min(f_s + b_s, fill),
                                 links=links, head=head_pass)
     slowest = max(per_stage.values(), key=lambda st: st["total"])
@@ -349,7 +362,8 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
     # the block stages end within the drain of each other: their groups synchronise at once (the
     # largest stage's bytes), as the first stage ends; the tied table's synchronisation too
     block = [(_stage_params(spec, tp, pp, j, heads, spread), j) for j in sorted({0, pp - 1})]
-    dp_blocks = sync(grid.reshape(-1, dp), max(n - _untouched_rows(spec, seq, j) for n, j in block))
+    dp_blocks = sync(grid.reshape(-1, dp), max(n - _untouched_rows(spec, seq, j, _position_share(split))
+                                               for n, j in block))
     tail = (max(dp_blocks, tied), max(update(n, j) for n, j in block))
     if stages > 1 and slots > 1:
         # or bucketed: each block stage's gradients reduced as its last backward completes them,

@@ -1,0 +1,113 @@
+"""The training planner's steady slots on shared PEs and its sequence-parallel position rows:
+a steady slot's passes take the PEs' list schedule of their GEMMs' tiles, the fill and drain's
+slot its passes in series, and a rank synchronises only the position rows' elements its own
+tokens take."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tvm_spinn.target import make_system
+from tvm_spinn.timing.gemm import gemm_seconds
+from tvm_spinn.timing.gemm_overlap import gemm_tiles, shared_pes_seconds
+from tvm_spinn.training.planner import Split, _Comms, _shared_pes_saving, _spec, _step_time, _untouched_rows
+from tvm_spinn.training.planner.model import _block_gemms
+
+GPT2_SMALL = {"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "n_positions": 1024,
+              "vocab_size": 50257, "n_inner": None, "tie_word_embeddings": True}
+SPLIT = Split(12, 12, 4, 0, 1, 2, False, True, 32, "dp,tp,pp", 96, False, 4, True)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    system = make_system("gpt2-small-24-boards", boards=24)
+    return _spec(GPT2_SMALL), system, _Comms(system, True)
+
+
+def test_a_layers_passes_on_shared_pes_against_a_schedule_built_here(setup):
+    """GPT-2 small's layer at 8 rows a slot (TP 12, weights resident, the chunk's keys from the
+    stash): the saving is the passes' GEMMs in series less the PEs' schedule of the forward's
+    chain (Q/K/V, the attention's two matmuls, the output projection, the MLP), the input
+    gradients' chain in reverse and the weight gradients free, each GEMM as gemm_seconds prices
+    it; between nothing and what the tiles' work over the PEs leaves."""
+    spec, system, comms = setup
+    weights, attention = _block_gemms(spec, 8, 256, 12, 1, 32)
+    qkv, proj, up, down = weights
+    order = [(qkv, True), (attention[0], False), (attention[1], False), (proj, True), (up, True), (down, True)]
+    fwd = [gemm_tiles(system, m, k, n, b, on) for (m, k, n, b), on in order]
+    bwd = [gemm_tiles(system, m, n, k, b, on) for (m, k, n, b), on in order[::-1]]
+    wgt = [gemm_tiles(system, k, m, n, b, True) for (m, k, n, b), _ in order[::-1]]
+    series = (sum(gemm_seconds(system, m, k, n, b, on) for (m, k, n, b), on in order)
+              + sum(gemm_seconds(system, m, n, k, b, on) for (m, k, n, b), on in order)
+              + sum(gemm_seconds(system, k, m, n, b, True) for (m, k, n, b), _ in order))
+    saving = _shared_pes_saving(system, weights, comms, True, attention, False, False, 1)
+    assert saving == pytest.approx(series - shared_pes_seconds(system, [fwd, bwd], wgt), rel=1e-12)
+    pes = system.pes_per_chip
+    work = sum(g.tiles * g.tile_s for g in fwd + bwd + wgt) / pes
+    assert 0.05 * series < saving <= series - work
+
+
+def test_the_steady_slots_share_the_pes_and_the_fill_does_not(setup, monkeypatch):
+    """The 24-board split's block stages: a steady slot's compute is its passes in series less the
+    layer's saving (against the same step priced with no saving), and the fill and drain (each
+    stage's first and last slot alone: nothing to pair a pass with) are priced the same."""
+    from tvm_spinn.training.planner import step as step_module
+
+    spec, system, comms = setup
+    weights, attention = _block_gemms(spec, 8, 256, 12, 1, 32)
+    saving = _shared_pes_saving(system, weights, comms, True, attention, False, False, 1)
+    shared = _step_time(spec, SPLIT, 256, "adamw", system, comms)
+    monkeypatch.setattr(step_module, "_shared_pes_saving", lambda *args: 0.0)
+    series = _step_time(spec, SPLIT, 256, "adamw", system, _Comms(system, True))
+    layers = spec.layers // SPLIT.pp
+    for (j, c, *_), (k, d, *_) in zip(shared.stages_s, series.stages_s):
+        assert j == k
+        assert c == pytest.approx(d if j == SPLIT.pp else d - layers * saving, rel=1e-12), j
+
+    def fill(step):  # the pipeline beyond its steady slots at the pacing stage's slot
+        return step.pipeline_s - (SPLIT.slots - 1) * max(s for *_, s in step.stages_s)
+
+    assert fill(shared) == pytest.approx(fill(series), rel=1e-12)
+    assert shared.pipeline_s < series.pipeline_s
+
+
+def test_a_rank_synchronises_the_position_rows_its_tokens_take(setup):
+    """With sequence parallelism over TP 12 a rank's tokens are a twelfth of each slot's: of
+    GPT-2's 1,024 x 768 position table it synchronises 256 x 768 / 12 elements (the rest of the
+    rows below 256 are the other ranks'), without it all 256 rows; so the first stage's exposed
+    synchronisation is below the all-reduce of its layer and 256 rows and at least that of its
+    layer's weights."""
+    spec, system, comms = setup
+    h = 768
+    assert _untouched_rows(spec, 256, 0) == (1024 - 256) * h
+    assert _untouched_rows(spec, 256, 0, 12) == 1024 * h - 256 * h // 12
+    assert _untouched_rows(spec, 256, 3, 12) == 0
+    step = _step_time(spec, SPLIT, 256, "adamw", system, comms)
+    groups = SPLIT.grid()[:, 0, :]
+    layer = 3 * h * h // 12 + 3 * h // 12 + h * h // 12 + 2 * 4 * h * h // 12 + 4 * h // 12 + 6 * h
+    rows_all = comms.collective("all_reduce", groups, 4 * (layer + 256 * h))
+    rows_own = comms.collective("all_reduce", groups, 4 * (layer + 256 * h // 12))
+    weights_only = comms.collective("all_reduce", groups, 4 * (layer - 6 * h))
+    assert weights_only <= step.dp_comm_s <= rows_own * (1 + 1e-9) < rows_all
+
+
+def test_one_stage_pairs_each_later_slot_with_the_one_before(setup, monkeypatch):
+    """One stage of two micro-batches (GPT-2 small on 2 chips, TP 2): the second forward shares
+    the PEs with the first backward, and nothing else pairs (the first forward and the last
+    backward run alone): the step is one layer-saving per block layer below the passes in series."""
+    from tvm_spinn.training.planner import step as step_module
+
+    spec, _, _ = setup
+    system = make_system("gpt2-small-2-chips", chips=2)
+    split = Split(2, 1, 1, 0, 4, 2, False, True)
+    comms = _Comms(system, True)
+    weights, attention = _block_gemms(spec, 4 * 256, 256, 2, 4, 1)
+    fresh = step_module._fresh_attention(spec, split, 4 * 256, system)
+    saving = _shared_pes_saving(system, weights, comms, False, attention, fresh, False, 1)
+    shared = _step_time(spec, split, 256, "adamw", system, comms)
+    monkeypatch.setattr(step_module, "_shared_pes_saving", lambda *args: 0.0)
+    series = _step_time(spec, split, 256, "adamw", system, _Comms(system, True))
+    assert saving > 0
+    assert series.pipeline_s - shared.pipeline_s == pytest.approx((split.slots - 1) * spec.layers * saving, rel=1e-9)
