@@ -90,9 +90,10 @@ def chain_led_all_reduce(topo, ranks, nbytes: int, chain):
     transfers' bytes summed per link, as :meth:`~tvm_spinn.target.topology.Topology.evaluate`
     costs them: a reduction that combines them on the way carries no more), and its multicast
     of the result to the other ranks runs while the chain moves: rank ``i`` needs it only when
-    the chain's first segment reaches it, ``i`` of the chain's steps after the start; where the
-    multicast's route to a rank is slower than that, the difference is added. The step is the
-    shortest of the chain's at any segment count it was costed for (``chain.by_segments``):
+    the chain's first segment reaches it, ``i`` of that segment's hop steps after the start
+    (``CollectiveCost.step_s``); where the multicast's route to a rank is slower than that, the
+    difference is added. The step is the shortest of the chain's at any segment count it was
+    costed for (``chain.by_segments``):
     :func:`compose` may cut the chain into more segments than its own cheapest count, and a
     shorter step brings every rank's need of the result earlier. Returns the cheaper of that
     and the all-reduce by itself (:func:`collective_cost`), as a
@@ -107,7 +108,7 @@ def chain_led_all_reduce(topo, ranks, nbytes: int, chain):
     costed = [k for k in (chain, *chain.by_segments) if k.steps >= 1]
     if c < 2 or nbytes == 0 or not costed:
         return collective_cost(topo, ranks, "all_reduce", nbytes, True)
-    step = min(k.seconds / k.steps for k in costed)
+    step = min(k.step_s if k.step_s > 0.0 else k.seconds / k.steps for k in costed)
     key = ("chain_led", ranks.tobytes(), float(nbytes), float(step))
     memo = topo.memo
     hit = memo.get(key)
@@ -174,9 +175,10 @@ def _chain_segments(collectives, row_fp32, x) -> list:
     (:func:`~.collectives.chain_all_reduce`), so a rank computes its partial sums of a segment
     only once the segment has reached it: the layer's compute ``x`` runs segment by segment down
     the chain and pays the pipeline's fill, ``(c - 1) / m`` of it (:func:`compose`). More
-    segments shorten the fill and lengthen the chain (a hop's latency a step); the count is the
-    static schedule's choice, so it is the one whose chain and fill together cost least (the
-    chain's own cheapest among them). The chain whose fill a layer pays is the first after it
+    segments shorten the fill; the chain's cost at each count is its own
+    (:attr:`~.collectives.CollectiveCost.by_segments`); the count is the static schedule's
+    choice, so it is the one whose chain and fill together cost least (the chain's own cheapest
+    among them). The chain whose fill a layer pays is the first after it
     (the last issued at that layer), as :func:`compose` charges it; ``x``: per layer, its
     seconds with its weights on chip."""
     items = [tuple(item) for item in collectives]

@@ -264,6 +264,35 @@ def _segment_counts(name: str, segments) -> "tuple[int, ...]":
     return tuple(int(m) for m in counts)
 
 
+#: Bytes a link packet carries (a 72-bit packet's 32-bit payload, ``SpinnArch.link_payload_fraction``):
+#: a chain's segment is at least one packet's
+PACKET_PAYLOAD_BYTES = 4
+
+
+def _whole_packets(segments: "tuple[int, ...]", nbytes: float) -> "tuple[int, ...]":
+    """The counts of ``segments`` that cut ``nbytes`` into segments of at least a packet's payload
+    (:data:`PACKET_PAYLOAD_BYTES`; a link moves no less), the smallest count where none does."""
+    whole = tuple(m for m in segments if m == 1 or float(nbytes) / m >= PACKET_PAYLOAD_BYTES)
+    return whole or (min(segments),)
+
+
+def _pipelined_s(topo: "Topology", chain: int, tree: int, m: int, step: float,
+                 load: np.ndarray) -> "tuple[float, float]":
+    """``(seconds, first segment's chain hop)`` of a chain's ``m`` segments through its ``chain``
+    hops and then its multicast tree's ``tree``.
+
+    The first segment takes ``step`` a hop (a hop's latency and the segment's bytes on the
+    slower of the chain's and the tree's links) and, at each chain hop, the rank's relay of a
+    word with its term added (:attr:`~tvm_spinn.target.topology.Topology.relay_word_s`; the
+    tree's hops are router copies). Each later segment leaves the busiest link's time for one
+    segment (``load``: chain and trees together) after the one before it. A hop's latency is
+    the router's pipeline and the link's SERDES, which packets cross one behind the other, so it
+    is paid once a hop of the path, not once a segment; a rank's words go to its PEs by their
+    routing keys, so its relays keep up with the link."""
+    relay = float(getattr(topo, "relay_word_s", 0.0))
+    return chain * (step + relay) + tree * step + (m - 1) * topo.link_seconds(load), step + relay
+
+
 def chain_all_reduce(topo: "Topology", ranks: Sequence[int], nbytes: float,
                      segments: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128)) -> CollectiveCost:
     """Cost of an all-reduce that continues one accumulator from rank to rank (bit-exact).
@@ -274,10 +303,12 @@ def chain_all_reduce(topo: "Topology", ranks: Sequence[int], nbytes: float,
     The message is cut into ``m`` segments that flow down the chain (ranks ``0 -> c-1``, one
     hop per step when consecutive ranks are neighbours); each finished segment leaves the last
     rank as a multicast (SpiNNaker's routers copy a packet onto several links) along the routes
-    from it to every rank, a tree of depth ``D`` (the farthest rank's hops). The reduce takes
-    ``m + c - 2`` steps and the broadcast, pipelined behind it, ``D`` more: ``m + c + D - 2``
-    steps, each moving ``nbytes / m`` over one hop (the slower of the chain's and the tree's
-    links); ``m`` is the cheapest of ``segments``.
+    from it to every rank, a tree of depth ``D`` (the farthest rank's hops). The first segment
+    crosses the chain's ``c - 1`` hops and the tree's ``D``, a step each (a hop's latency and
+    ``nbytes / m`` on the slower of the chain's and the tree's links; at a chain hop also the
+    rank's relay of a word with its term added); the other ``m - 1``
+    follow it through the pipeline, each the busiest link's time for a segment after the one
+    before (:func:`_pipelined_s`); ``m`` is the cheapest of ``segments``.
 
     Parameters
     ----------
@@ -300,7 +331,7 @@ def chain_all_reduce(topo: "Topology", ranks: Sequence[int], nbytes: float,
     ValueError
         For no segment count or one not an integer >= 1.
     """
-    segments = _segment_counts("chain_all_reduce", segments)
+    segments = _whole_packets(_segment_counts("chain_all_reduce", segments), nbytes)
     topo, ranks = _prepare(topo, ranks, nbytes)
     c = ranks.size
     if c == 1 or nbytes == 0:
@@ -321,9 +352,10 @@ def chain_all_reduce(topo: "Topology", ranks: Sequence[int], nbytes: float,
         step = max(cost.seconds, tree_s)
         load = load + tree_share * (float(nbytes) / m)
         steps = m + c + depth - 2
-        candidate = CollectiveCost("all_reduce", "chain", steps * step, float(load.max()) * m,
+        seconds, hop = _pipelined_s(topo, c - 1, depth, m, step, load)
+        candidate = CollectiveCost("all_reduce", "chain", seconds, float(load.max()) * m,
                                    steps * max(1, cost.max_hops), steps * cost.board_hops, steps, c, float(nbytes),
-                                   segments=int(m))
+                                   segments=int(m), step_s=hop)
         options.append(candidate)
         if best is None or candidate.seconds < best.seconds:
             best = candidate
@@ -360,7 +392,7 @@ def chains_all_reduce(topo: "Topology", chains: Sequence[Sequence[int]], nbytes:
         or one not an integer >= 1.
     """
     groups = _chain_groups("chains_all_reduce", chains)
-    segments = _segment_counts("chains_all_reduce", segments)
+    segments = _whole_packets(_segment_counts("chains_all_reduce", segments), nbytes)
     if len(groups) == 1:
         return chain_all_reduce(topo, groups[0], nbytes, segments)
     topo, every = _prepare(topo, np.concatenate(groups), nbytes)
@@ -384,9 +416,10 @@ def chains_all_reduce(topo: "Topology", chains: Sequence[Sequence[int]], nbytes:
         step = max(cost.seconds, tree_s)
         load = load + tree_share * (float(nbytes) / m)
         steps = m + c + depth - 2
-        candidate = CollectiveCost("all_reduce", "chain", steps * step, float(load.max()) * m,
+        seconds, hop = _pipelined_s(topo, c - 1, depth, m, step, load)
+        candidate = CollectiveCost("all_reduce", "chain", seconds, float(load.max()) * m,
                                    steps * max(1, cost.max_hops), steps * cost.board_hops, steps, c, float(nbytes),
-                                   segments=int(m))
+                                   segments=int(m), step_s=hop)
         options.append(candidate)
         if best is None or candidate.seconds < best.seconds:
             best = candidate
@@ -420,8 +453,10 @@ def chain_all_reduce_gathered(topo: "Topology", chains: Sequence[Sequence[int]],
     the links together (a link on several trees carries each of their segments; the trees are
     built over the chips' own links and balanced as the multicast all-gather's are). With ``c``
     ranks a chain and trees of depth ``D`` (the farthest chip from a chain's last rank), the
-    reduce takes ``m + c - 2`` steps and the multicast, pipelined behind it, ``D`` more, each
-    step moving ``nbytes / m`` over one hop (the slower of the chains' and the trees' links).
+    first segment crosses ``c - 1 + D`` hops, a step each (a hop's latency and ``nbytes / m``
+    over the slower of the chains' and the trees' links; at a chain hop also the rank's relay
+    of a word), and the other ``m - 1`` follow it at
+    the busiest link's rate (:func:`_pipelined_s`).
 
     Parameters
     ----------
@@ -447,14 +482,15 @@ def chain_all_reduce_gathered(topo: "Topology", chains: Sequence[Sequence[int]],
     """
     groups = _chain_groups("chain_all_reduce_gathered", chains)
     every = np.concatenate(groups)
-    segments = _segment_counts("chain_all_reduce_gathered", segments)
+    segments = _whole_packets(_segment_counts("chain_all_reduce_gathered", segments), nbytes)
     topo, every = _prepare(topo, every, nbytes)
     c = groups[0].size
     if every.size == 1 or nbytes == 0:
         return CollectiveCost("all_reduce", "chain", 0.0, 0.0, 0, 0, 0, c, float(nbytes))
     src = np.concatenate([g[:-1] for g in groups])
     dst = np.concatenate([g[1:] for g in groups])
-    tree_share, depth = _chain_trees(topo, every, [g.size * (k + 1) - 1 for k, g in enumerate(groups)])
+    hops = np.bincount(topo.route_links(src, dst)[1], minlength=topo.nodes * 6) if c > 1 else None
+    tree_share, depth = _chain_trees(topo, every, [g.size * (k + 1) - 1 for k, g in enumerate(groups)], hops)
     if tree_share is None:  # the chips' own links do not connect them: along the routes
         roots = np.concatenate([np.full(every.size - 1, g[-1]) for g in groups])
         depth = int(topo.hops(roots, np.concatenate([every[every != g[-1]] for g in groups])).max())
@@ -475,21 +511,24 @@ def chain_all_reduce_gathered(topo: "Topology", chains: Sequence[Sequence[int]],
         step = max(chain_s, tree_s)
         load = load + tree_share * (float(nbytes) / m)
         steps = m + c + depth - 2
-        candidate = CollectiveCost("all_reduce", "chain", steps * step, float(load.max()) * m,
-                                   steps * max_hops, steps * board_hops, steps, c, float(nbytes),
-                                   segments=int(m))
+        seconds, hop = _pipelined_s(topo, c - 1, depth, m, step, load)
+        candidate = CollectiveCost("all_reduce", "chain", seconds, float(load.max()) * m, steps * max_hops,
+                                   steps * board_hops, steps, c, float(nbytes), segments=int(m), step_s=hop)
         options.append(candidate)
         if best is None or candidate.seconds < best.seconds:
             best = candidate
     return replace(best, by_segments=tuple(options))
 
 
-def _chain_trees(topo: "Topology", ranks: np.ndarray, roots) -> "tuple[np.ndarray | None, int]":
+def _chain_trees(topo: "Topology", ranks: np.ndarray, roots,
+                 base: "np.ndarray | None" = None) -> "tuple[np.ndarray | None, int]":
     """Multicast trees from each rank index of ``roots`` to every other rank over the ranks'
     own links, each rank hung from the neighbour one hop closer to the root whose link carries
     the fewest trees so far (re-chosen in passes, as :func:`.trees._multicast_trees` balances
     the all-gather's): ``(trees per directed link, deepest tree's hops)``, ``(None, 0)`` where
-    the links do not connect the ranks."""
+    the links do not connect the ranks. ``base``: segments per directed link that the chains'
+    own hops carry, counted with the trees' when choosing (a tree link that a chain hop also
+    takes carries both segments) and not in the count returned."""
     from .trees import _MULTICAST_PASSES, _breadth_first, _local_links
 
     member, nb = _local_links(topo, ranks)
@@ -502,7 +541,7 @@ def _chain_trees(topo: "Topology", ranks: np.ndarray, roots) -> "tuple[np.ndarra
         for v in order[s][1:]:
             cand[s, v] = [int(ranks[u]) * 6 + (d + 3) % 6 for d, u in enumerate(nb[v])
                           if u >= 0 and dist[s, u] == dist[s, v] - 1]
-    load = np.zeros(topo.nodes * 6)
+    load = np.zeros(topo.nodes * 6) if base is None else np.array(base, dtype=np.float64)
     inv_bw = 1.0 / topo.link_bw
     choice: dict = {}
     for _ in range(_MULTICAST_PASSES):
@@ -513,4 +552,4 @@ def _chain_trees(topo: "Topology", ranks: np.ndarray, roots) -> "tuple[np.ndarra
             best = min(cand[key], key=lambda link: (load[link] * inv_bw[link], link))
             choice[key] = best
             load[best] += 1.0
-    return load, int(dist.max())
+    return (load if base is None else load - base), int(dist.max())
