@@ -277,20 +277,21 @@ def _whole_packets(segments: "tuple[int, ...]", nbytes: float) -> "tuple[int, ..
 
 
 def _pipelined_s(topo: "Topology", chain: int, tree: int, m: int, step: float,
-                 load: np.ndarray) -> "tuple[float, float]":
+                 period: float) -> "tuple[float, float]":
     """``(seconds, first segment's chain hop)`` of a chain's ``m`` segments through its ``chain``
     hops and then its multicast tree's ``tree``.
 
     The first segment takes ``step`` a hop (a hop's latency and the segment's bytes on the
     slower of the chain's and the tree's links) and, at each chain hop, the rank's relay of a
     word with its term added (:attr:`~tvm_spinn.target.topology.Topology.relay_word_s`; the
-    tree's hops are router copies). Each later segment leaves the busiest link's time for one
-    segment (``load``: chain and trees together) after the one before it. A hop's latency is
-    the router's pipeline and the link's SERDES, which packets cross one behind the other, so it
-    is paid once a hop of the path, not once a segment; a rank's words go to its PEs by their
-    routing keys, so its relays keep up with the link."""
+    tree's hops are router copies). Each later segment leaves ``period`` after the one before
+    it: the busiest link's time for a segment's bytes, the chain's links and the trees' taken
+    apart as ``step`` takes them. A hop's latency is the router's pipeline and the link's
+    SERDES, which packets cross one behind the other, so it is paid once a hop of the path, not
+    once a segment; a rank's words go to its PEs by their routing keys, so its relays keep up
+    with the link."""
     relay = float(getattr(topo, "relay_word_s", 0.0))
-    return chain * (step + relay) + tree * step + (m - 1) * topo.link_seconds(load), step + relay
+    return chain * (step + relay) + tree * step + (m - 1) * period, step + relay
 
 
 def chain_all_reduce(topo: "Topology", ranks: Sequence[int], nbytes: float,
@@ -350,9 +351,10 @@ def chain_all_reduce(topo: "Topology", ranks: Sequence[int], nbytes: float,
         cost, load = topo.evaluate(ranks[i], ranks[i + 1], float(nbytes) / m)
         tree_s = topo.link_seconds(tree_share * (float(nbytes) / m)) + float(topo.link_hop_s[tree].max())
         step = max(cost.seconds, tree_s)
+        period = max(cost.bandwidth_s, topo.link_seconds(tree_share * (float(nbytes) / m), tree))
         load = load + tree_share * (float(nbytes) / m)
         steps = m + c + depth - 2
-        seconds, hop = _pipelined_s(topo, c - 1, depth, m, step, load)
+        seconds, hop = _pipelined_s(topo, c - 1, depth, m, step, period)
         candidate = CollectiveCost("all_reduce", "chain", seconds, float(load.max()) * m,
                                    steps * max(1, cost.max_hops), steps * cost.board_hops, steps, c, float(nbytes),
                                    segments=int(m), step_s=hop)
@@ -414,9 +416,10 @@ def chains_all_reduce(topo: "Topology", chains: Sequence[Sequence[int]], nbytes:
         cost, load = topo.evaluate(src, dst, float(nbytes) / m)
         tree_s = topo.link_seconds(tree_share * (float(nbytes) / m)) + float(topo.link_hop_s[tree].max())
         step = max(cost.seconds, tree_s)
+        period = max(cost.bandwidth_s, topo.link_seconds(tree_share * (float(nbytes) / m), tree))
         load = load + tree_share * (float(nbytes) / m)
         steps = m + c + depth - 2
-        seconds, hop = _pipelined_s(topo, c - 1, depth, m, step, load)
+        seconds, hop = _pipelined_s(topo, c - 1, depth, m, step, period)
         candidate = CollectiveCost("all_reduce", "chain", seconds, float(load.max()) * m,
                                    steps * max(1, cost.max_hops), steps * cost.board_hops, steps, c, float(nbytes),
                                    segments=int(m), step_s=hop)
@@ -489,8 +492,7 @@ def chain_all_reduce_gathered(topo: "Topology", chains: Sequence[Sequence[int]],
         return CollectiveCost("all_reduce", "chain", 0.0, 0.0, 0, 0, 0, c, float(nbytes))
     src = np.concatenate([g[:-1] for g in groups])
     dst = np.concatenate([g[1:] for g in groups])
-    hops = np.bincount(topo.route_links(src, dst)[1], minlength=topo.nodes * 6) if c > 1 else None
-    tree_share, depth = _chain_trees(topo, every, [g.size * (k + 1) - 1 for k, g in enumerate(groups)], hops)
+    tree_share, depth = _chain_trees(topo, every, [g.size * (k + 1) - 1 for k, g in enumerate(groups)])
     if tree_share is None:  # the chips' own links do not connect them: along the routes
         roots = np.concatenate([np.full(every.size - 1, g[-1]) for g in groups])
         depth = int(topo.hops(roots, np.concatenate([every[every != g[-1]] for g in groups])).max())
@@ -505,13 +507,16 @@ def chain_all_reduce_gathered(topo: "Topology", chains: Sequence[Sequence[int]],
         if c > 1:
             cost, load = topo.evaluate(src, dst, float(nbytes) / m)
             chain_s, max_hops, board_hops = cost.seconds, max(1, cost.max_hops), cost.board_hops
+            chain_bw_s = cost.bandwidth_s
         else:
             load, chain_s, max_hops, board_hops = np.zeros(topo.nodes * 6), 0.0, 1, 0
+            chain_bw_s = 0.0
         tree_s = topo.link_seconds(tree_share * (float(nbytes) / m)) + float(topo.link_hop_s[tree].max())
         step = max(chain_s, tree_s)
+        period = max(chain_bw_s, topo.link_seconds(tree_share * (float(nbytes) / m), tree))
         load = load + tree_share * (float(nbytes) / m)
         steps = m + c + depth - 2
-        seconds, hop = _pipelined_s(topo, c - 1, depth, m, step, load)
+        seconds, hop = _pipelined_s(topo, c - 1, depth, m, step, period)
         candidate = CollectiveCost("all_reduce", "chain", seconds, float(load.max()) * m, steps * max_hops,
                                    steps * board_hops, steps, c, float(nbytes), segments=int(m), step_s=hop)
         options.append(candidate)
@@ -520,15 +525,12 @@ def chain_all_reduce_gathered(topo: "Topology", chains: Sequence[Sequence[int]],
     return replace(best, by_segments=tuple(options))
 
 
-def _chain_trees(topo: "Topology", ranks: np.ndarray, roots,
-                 base: "np.ndarray | None" = None) -> "tuple[np.ndarray | None, int]":
+def _chain_trees(topo: "Topology", ranks: np.ndarray, roots) -> "tuple[np.ndarray | None, int]":
     """Multicast trees from each rank index of ``roots`` to every other rank over the ranks'
     own links, each rank hung from the neighbour one hop closer to the root whose link carries
     the fewest trees so far (re-chosen in passes, as :func:`.trees._multicast_trees` balances
     the all-gather's): ``(trees per directed link, deepest tree's hops)``, ``(None, 0)`` where
-    the links do not connect the ranks. ``base``: segments per directed link that the chains'
-    own hops carry, counted with the trees' when choosing (a tree link that a chain hop also
-    takes carries both segments) and not in the count returned."""
+    the links do not connect the ranks."""
     from .trees import _MULTICAST_PASSES, _breadth_first, _local_links
 
     member, nb = _local_links(topo, ranks)
@@ -541,7 +543,7 @@ def _chain_trees(topo: "Topology", ranks: np.ndarray, roots,
         for v in order[s][1:]:
             cand[s, v] = [int(ranks[u]) * 6 + (d + 3) % 6 for d, u in enumerate(nb[v])
                           if u >= 0 and dist[s, u] == dist[s, v] - 1]
-    load = np.zeros(topo.nodes * 6) if base is None else np.array(base, dtype=np.float64)
+    load = np.zeros(topo.nodes * 6)
     inv_bw = 1.0 / topo.link_bw
     choice: dict = {}
     for _ in range(_MULTICAST_PASSES):
@@ -552,4 +554,4 @@ def _chain_trees(topo: "Topology", ranks: np.ndarray, roots,
             best = min(cand[key], key=lambda link: (load[link] * inv_bw[link], link))
             choice[key] = best
             load[best] += 1.0
-    return (load if base is None else load - base), int(dist.max())
+    return load, int(dist.max())
