@@ -155,10 +155,17 @@ def test_chain_all_reduce_gives_the_sequential_bits():
 def test_chain_all_reduce_cost_on_the_graph():
     arch = tvm_spinn.make_system("chain", boards=1)
     topo = topology_of(arch)
-    # two neighbours, one segment: down the chain and back, one hop each way at a time
+    # two neighbours, one segment: down the chain and back, one hop each way at a time, and the
+    # second rank's relay of a word with its term added (receive, add, send)
     cost = C.chain_all_reduce(topo, [0, 1], 1 << 20, segments=(1,))
     assert cost.steps == 2
-    assert cost.seconds == pytest.approx(2 * ((1 << 20) / arch.payload_bw("chip") + arch.link_hop_s))
+    relay = (2 * arch.task_word_cycles + arch.m4f_fpu_cycles) / arch.clock_hz
+    assert cost.seconds == pytest.approx(2 * ((1 << 20) / arch.payload_bw("chip") + arch.link_hop_s) + relay)
+    # two segments: the second follows the first a link's time for its bytes later (its hops'
+    # latency is not paid again)
+    two = C.chain_all_reduce(topo, [0, 1], 1 << 20, segments=(2,))
+    half = (1 << 19) / arch.payload_bw("chip")
+    assert two.seconds == pytest.approx(2 * (half + arch.link_hop_s) + relay + half)
     # segments pipeline a long chain: far cheaper than one segment, and more bytes cost more
     long1 = C.chain_all_reduce(topo, list(range(12)), 1 << 20, segments=(1,))
     best = C.chain_all_reduce(topo, list(range(12)), 1 << 20)

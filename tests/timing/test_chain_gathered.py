@@ -48,63 +48,64 @@ def test_bad_chains_are_refused(board):
         C.chain_all_reduce_gathered(board, [], 64)
 
 
-def _attention_end(sp_gather_tensor: int, sp: int = 4):
-    """A one-layer program whose output (tensor 2, the PV product's partial sums) is chain
-    all-reduced in each tensor-parallel group and then all-gathered over all the chips."""
+def _attention_end(sp_gather_tensor: int, sp: int = 4, nbytes: int = 512):
+    """A one-layer program whose output (tensor 2, the PV product's partial sums, ``nbytes`` a
+    group) is chain all-reduced in each tensor-parallel group and then all-gathered over all
+    the chips."""
     from types import SimpleNamespace
 
     from tvm_spinn.mapping.shard import Collective
 
     program = SimpleNamespace(layers=[SimpleNamespace(kind="matmul", inputs=(0, 1), output=2)])
-    colls = [Collective(1, "all_reduce", 2, 512, False, "tp"),
-             Collective(1, "all_gather", sp_gather_tensor, 512 * sp, True, "all")]
+    colls = [Collective(1, "all_reduce", 2, nbytes, False, "tp"),
+             Collective(1, "all_gather", sp_gather_tensor, nbytes * sp, True, "all")]
     return program, colls
 
 
-@pytest.mark.parametrize("tp, sp, rides", [(6, 4, True), (12, 4, True), (12, 2, True), (2, 12, False), (3, 8, False)])
-def test_the_gather_rides_on_the_chains_where_cheaper(board, tp, sp, rides):
-    """On one board the long chains of few groups deliver to every chip sooner than the chain and
-    the gather after it (their trees are shallow beside the chain), short chains of many groups
-    later (twelve trees of two chips each reach all 24 chips over one board's links, about a
-    third dearer than the gather): the mapper keeps the fused collective for the first and the
-    two for the second, and charges what it keeps."""
+@pytest.mark.parametrize("tp, sp, nbytes", [(6, 4, 512), (12, 4, 512), (12, 2, 512), (2, 12, 512), (3, 8, 512),
+                                         (3, 8, 4096)])
+def test_the_gather_rides_on_the_chains_where_cheaper(board, tp, sp, nbytes):
+    """On one board the chains deliver their sums to every chip sooner than the chains and the
+    gather after them, whatever the groups: the trees' depth is paid once, by the first
+    segment, and the later segments follow at the links' rate. The mapper keeps the cheaper
+    and charges what it keeps (the other way round:
+    :func:`test_the_choice_costs_the_chains_apart_at_once`)."""
     from types import SimpleNamespace
 
     from tvm_spinn.mapping.system import _comm
 
-    program, colls = _attention_end(2, sp)
+    program, colls = _attention_end(2, sp, nbytes)
     plan = SimpleNamespace(tp=tp, sp=sp, dp=1, chips=tp * sp, collectives=colls)
     order = ring_order(board, tp * sp)
+    chains = [order[j * tp:(j + 1) * tp] for j in range(sp)]
     got = _comm(board, program, plan)
-    if rides:
-        fused = C.chain_all_reduce_gathered(board, [order[j * tp:(j + 1) * tp] for j in range(sp)], 512)
-        assert [(layer, c.op, c.algorithm, ready) for layer, c, ready in got] == [(1, "all_reduce", "chain", None)]
-        assert got[0][1].seconds == pytest.approx(fused.seconds)
-    else:
-        assert [(c.op, c.seconds) for _, c, _ in got] == [
-            ("all_reduce", pytest.approx(C.chain_all_reduce(board, order[:tp], 512).seconds)),
-            ("all_gather", pytest.approx(C.all_gather(board, order, 512 * sp).seconds))]
+    fused = C.chain_all_reduce_gathered(board, chains, nbytes)
+    apart = C.chains_all_reduce(board, chains, nbytes).seconds + C.all_gather(board, order, nbytes * sp).seconds
+    assert fused.seconds < apart
+    assert [(layer, c.op, c.algorithm, ready) for layer, c, ready in got] == [(1, "all_reduce", "chain", None)]
+    assert got[0][1].seconds == pytest.approx(fused.seconds)
     # a gather of another tensor is not what the chains deliver: both run
-    other, colls = _attention_end(0, sp)
+    other, colls = _attention_end(0, sp, nbytes)
     got = _comm(board, other, SimpleNamespace(tp=tp, sp=sp, dp=1, chips=tp * sp, collectives=colls))
     assert [c.op for _, c, _ in got] == ["all_reduce", "all_gather"]
 
 
 def test_the_choice_costs_the_chains_apart_at_once(board, monkeypatch):
     """The chains without the gather are costed as the fused ones are, all ``sp`` of them on the
-    links together: where that is dear the fused collective is kept even for short chains."""
+    links together (:func:`~tvm_spinn.timing.collectives.chains_all_reduce`): where that plus
+    the gather is the cheaper, the mapper runs the chain and the gather."""
     from types import SimpleNamespace
 
     from tvm_spinn.mapping import system as S
 
     program, colls = _attention_end(2, 12)
     plan = SimpleNamespace(tp=2, sp=12, dp=1, chips=24, collectives=colls)
-    assert [c.op for _, c, _ in S._comm(board, program, plan)] == ["all_reduce", "all_gather"]
-    dear = C.CollectiveCost("all_reduce", "chain", 1.0, 0.0, 0, 0, 0, 2, 512.0)
-    monkeypatch.setattr(S, "chains_all_reduce", lambda topo, chains, nbytes: dear)
+    assert [c.op for _, c, _ in S._comm(board, program, plan)] == ["all_reduce"]
+    free = C.CollectiveCost("all_reduce", "chain", 0.0, 0.0, 0, 0, 0, 2, 512.0)
+    monkeypatch.setattr(S, "chains_all_reduce", lambda topo, chains, nbytes: free)
     board.memo.clear()
     try:
-        assert [c.op for _, c, _ in S._comm(board, program, plan)] == ["all_reduce"]
+        assert [c.op for _, c, _ in S._comm(board, program, plan)] == ["all_reduce", "all_gather"]
     finally:
         board.memo.clear()
 

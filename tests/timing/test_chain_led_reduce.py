@@ -25,7 +25,8 @@ def board():
 
 def _led(board, ranks, nbytes, chain, scale=1.0):
     """The reduce-first cost with ``chain``'s step scaled by ``scale`` (its one segment count)."""
-    return chain_led_all_reduce(board, ranks, nbytes, replace(chain, seconds=chain.seconds * scale, by_segments=()))
+    return chain_led_all_reduce(board, ranks, nbytes, replace(chain, seconds=chain.seconds * scale, step_s=chain.step_s * scale,
+                                                            by_segments=()))
 
 
 def test_reduced_to_the_first_rank_under_the_chain(board):
@@ -75,11 +76,11 @@ def test_priced_at_the_shortest_step_compose_may_pick(board):
     """:func:`~tvm_spinn.timing.system.compose` may cut the chain into any of the segment counts it
     was costed for: the reduce-first cost is never below what it is at any of them."""
     ranks = ring_order(board, 12)
-    chain = collective_cost(board, ranks, "all_reduce", 4, False)
-    assert len({o.seconds / o.steps for o in chain.by_segments}) > 1
-    led = chain_led_all_reduce(board, ranks, 4, chain)
+    chain = collective_cost(board, ranks, "all_reduce", 64, False)  # 16 rows' sums: 1 to 16 segments
+    assert len({o.step_s for o in chain.by_segments}) > 1
+    led = chain_led_all_reduce(board, ranks, 64, chain)
     for option in chain.by_segments:
-        assert led.seconds >= _led(board, ranks, 4, option).seconds * (1 - 1e-12), option.segments
+        assert led.seconds >= _led(board, ranks, 64, option).seconds * (1 - 1e-12), option.segments
 
 
 def test_memoized_on_the_topology(monkeypatch):

@@ -65,9 +65,44 @@ def test_compose_takes_the_count_cheapest_with_the_fill(board):
         (summary,) = st.collectives
         picked = min(chain.by_segments, key=lambda c: x * 11 / c.segments + c.seconds)
         assert summary.seconds == pytest.approx(picked.seconds) and summary.hops == picked.hops
-    # a long layer takes more segments than the chain alone would
+    # the hop latency is paid once a hop, not once a segment: the chain alone is cheapest at its
+    # most segments, which also cut the fill most, so a long layer keeps the chain's own count
+    assert chain.segments == max(SEGMENTS)
     st = compose(program, arch, [round(40e-6 * arch.clock_hz), 0], [0, 0], [(1, chain)], 12, row_fp32={0})
-    assert st.collectives[0].seconds > chain.seconds
+    assert st.collectives[0].seconds == pytest.approx(chain.seconds)
+    # a chain cheapest alone at one segment and 1% dearer at two: a 40 us layer's fill (11 / m of
+    # it) takes the two
+    from dataclasses import replace
+    few = C.chain_all_reduce_gathered(board, chains, 512, segments=(1, 2))
+    one, two = few.by_segments
+    two = replace(two, seconds=one.seconds * 1.01)
+    st = compose(program, arch, [round(40e-6 * arch.clock_hz), 0], [0, 0],
+                 [(1, replace(one, by_segments=(one, two)))], 12, row_fp32={0})
+    assert st.collectives[0].seconds == pytest.approx(two.seconds)
     # without a row-parallel layer before it the chain keeps its own count
     st = compose(program, arch, [round(40e-6 * arch.clock_hz), 0], [0, 0], [(1, chain)], 12)
     assert st.collectives[0].seconds == pytest.approx(chain.seconds)
+
+
+def test_a_segment_is_at_least_a_packet(board):
+    """A link moves a packet's 4-byte payload at least: a 4-byte sum is one segment, 64 bytes are
+    at most 16, and a count the message cannot fill whole packets of is not offered."""
+    order, _ = _chains(board)
+    for nbytes, counts in ((4, [1]), (64, [1, 2, 4, 8, 16]), (512, list(SEGMENTS))):
+        cost = C.chain_all_reduce(board, order[:12], nbytes, SEGMENTS)
+        assert [c.segments for c in cost.by_segments] == counts
+    # asked only for counts finer than a packet: the coarsest of them
+    assert C.chain_all_reduce(board, order[:12], 4, (8, 2)).segments == 2
+
+
+def test_later_segments_pay_the_links_not_the_hops(board):
+    """Each segment after the first costs the busiest link's time for its bytes (by hand: two
+    neighbours, one link each way), not another hop's latency; the first pays every hop."""
+    arch = tvm_spinn.arch_of(tvm_spinn.get_target("spinn/board"))
+    bw, hop = arch.payload_bw("chip"), arch.link_hop_s
+    relay = (2 * arch.task_word_cycles + arch.m4f_fpu_cycles) / arch.clock_hz
+    for m in (1, 4, 16):
+        cost = C.chain_all_reduce(board, [0, 1], 4096, (m,))
+        seg = 4096 / m
+        assert cost.seconds == pytest.approx(2 * (seg / bw + hop) + relay + (m - 1) * seg / bw)
+        assert cost.step_s == pytest.approx(seg / bw + hop + relay)

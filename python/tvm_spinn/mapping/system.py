@@ -54,7 +54,7 @@ from ..target.faults import live_chips, usable_boards
 from ..target.topology import ring_order, topology_of
 from ..timing.collectives import chain_all_reduce_gathered, chains_all_reduce, point_to_point
 from ..timing.model import DRAM, evaluate, transfers
-from ..timing.system import chain_led_all_reduce, collective_cost, compose
+from ..timing.system import chain_fed_chain, chain_led_all_reduce, collective_cost, compose
 from .budget import Shortfall, SystemState
 from .memory import LEDGER_RESIDENT_SHARE, activation_label, weight_bytes_per_pe
 from .shard import ROW_ALWAYS, ShardPlan, plan_shards, recorded_plan, rule_of, shard_program
@@ -165,9 +165,11 @@ def _comm(topo, program: Program, plan: ShardPlan) -> list[tuple]:
         if _chains_cost(topo, plan, nbytes, gathered=True).seconds >= apart:
             fused = None
     out = []
+    chains = []  # per entry of ``out``: whether it is a chain over the tp group's ranks in order
     for k, (layer, op, nbytes, exact, group, ready) in enumerate(rows):
         if fused is not None and k == fused[1]:
             continue  # delivered by the chains' multicasts
+        chains.append(op == "all_reduce" and not exact and group == "tp")
         if fused is not None and k == fused[0]:
             out.append((layer, _chains_cost(topo, plan, nbytes, gathered=True), None))
         elif len(groups[group]) > 1:
@@ -182,6 +184,16 @@ def _comm(topo, program: Program, plan: ShardPlan) -> list[tuple]:
                 out.append((layer, chain_led_all_reduce(topo, groups[group], nbytes, chain), ready))
             else:
                 out.append((layer, collective_cost(topo, groups[group], op, nbytes, exact), ready))
+        else:
+            chains.pop()  # a group of one: no collective
+    # a chain whose result the ranks use only in their own work before the next chain over the
+    # same ranks (a split row's sum before its context's chain): its multicast runs under that
+    # chain (the fused chains' first group is the tp group's ranks, :func:`_chains_cost`)
+    for k in range(len(out) - 1):
+        (layer, cost, ready), nxt = out[k], out[k + 1]
+        if chains[k] and chains[k + 1] and ready is None and nxt[2] is None and cost.algorithm == "chain" \
+                and nxt[1].algorithm == "chain":
+            out[k] = (layer, chain_fed_chain(topo, groups["tp"], cost, nxt[1]), ready)
     return out
 
 

@@ -204,6 +204,12 @@ class Topology:
     live : numpy.ndarray or None
         ``(nodes,)`` bool: the routers that work and may be used (None: all of them, a healthy
         system). Dead links are -1 in ``neighbors``.
+    relay_word_s : float
+        Seconds a chip's PE spends on one 32-bit word it relays with its own term added (a chain
+        all-reduce's rank: the word read from the receive register, its partial sum loaded and
+        added, the result written to the transmit register): ``(2 task_word_cycles +
+        m4f_fpu_cycles) / clock_hz`` of the system (:func:`topology_of`); 0 for a graph built
+        without a system.
     """
 
     chips: int
@@ -222,6 +228,7 @@ class Topology:
     #: keyed by the values they depend on; they live and die with the graph.
     memo: dict = field(default_factory=dict, repr=False, compare=False)
     live: "np.ndarray | None" = field(default=None, repr=False, compare=False)
+    relay_word_s: float = 0.0
 
     @property
     def faulty(self) -> bool:
@@ -525,7 +532,7 @@ _EDGES = ((1, 0), (0, 1), (-1, 1), (-1, 0), (0, -1), (1, -1))
 
 
 def _build(chips: int, link_bw: float, board_bw: float, group_bw: float, hop_s: float,
-           board_hop_s: float, faults: tuple = ((), (), (), (), ())) -> Topology:
+           board_hop_s: float, faults: tuple = ((), (), (), (), ()), relay_word_s: float = 0.0) -> Topology:
     boards = max(1, chips // BOARD_CHIPS)
     grid = board_grid(boards)
     wrap = boards > 1
@@ -539,6 +546,7 @@ def _build(chips: int, link_bw: float, board_bw: float, group_bw: float, hop_s: 
         neighbors=np.empty((nodes, 6), np.int64), board_link=np.empty((nodes, 6), bool),
         link_bw=np.empty(nodes * 6), link_hop_s=np.empty(nodes * 6),
         link_group=np.full(nodes * 6, -1, np.int64), group_bw=np.full(boards * 6, float(group_bw)),
+        relay_word_s=float(relay_word_s),
     )
     far = pos[:, None, :] + DIRECTIONS[None, :, :]
     topo.neighbors[:] = topo.node_at(far[..., 0], far[..., 1])
@@ -614,8 +622,8 @@ def _take_out(topo: Topology, dead_chips, dead_links, dead_board_links, dead_boa
 # from it): state-free in effect.
 @functools.lru_cache(maxsize=8)
 def _cached(chips: int, link_bw: float, board_bw: float, group_bw: float, hop_s: float,
-            board_hop_s: float, faults: tuple = ((), (), (), (), ())) -> Topology:
-    return _build(chips, link_bw, board_bw, group_bw, hop_s, board_hop_s, faults)
+            board_hop_s: float, faults: tuple = ((), (), (), (), ()), relay_word_s: float = 0.0) -> Topology:
+    return _build(chips, link_bw, board_bw, group_bw, hop_s, board_hop_s, faults, relay_word_s)
 
 
 def topology_of(arch: SpinnArch) -> Topology:
@@ -625,7 +633,9 @@ def topology_of(arch: SpinnArch) -> Topology:
     ----------
     arch : SpinnArch
         The system; reads ``chips``, ``chips_per_board``, ``links_per_chip``, the links'
-        payload rates (:meth:`~SpinnArch.payload_bw`), ``link_hop_s`` and ``board_link_hop_s``.
+        payload rates (:meth:`~SpinnArch.payload_bw`), ``link_hop_s`` and ``board_link_hop_s``,
+        and for :attr:`Topology.relay_word_s` ``task_word_cycles``, ``m4f_fpu_cycles`` and
+        ``clock_hz``.
 
     Returns
     -------
@@ -646,9 +656,10 @@ def topology_of(arch: SpinnArch) -> Topology:
         raise ArchError(f"SpinnArch.links_per_chip must be 6 for the link graph, got {arch.links_per_chip}")
     numbers = (arch.chips, float(arch.payload_bw("chip")), float(arch.payload_bw("board_chip")),
                float(arch.payload_bw("board_pair")), float(arch.link_hop_s), float(arch.board_link_hop_s))
+    relay = (2 * float(arch.task_word_cycles) + float(arch.m4f_fpu_cycles)) / float(arch.clock_hz)
     if arch.has_faults:
-        return _cached(*numbers, tuple(getattr(arch, name) for name in FAULT_FIELDS))
-    return _cached(*numbers)
+        return _cached(*numbers, tuple(getattr(arch, name) for name in FAULT_FIELDS), relay)
+    return _cached(*numbers, relay_word_s=relay)
 
 
 def _adjacent(topo: Topology, a: int, b: int) -> bool:

@@ -41,7 +41,7 @@ from ..program.records import CollectiveSummary, SystemTimingSummary
 from ..target.arch import SpinnArch
 from .collectives import all_gather, all_reduce, all_to_all, chain_all_reduce
 
-__all__ = ["compose", "collective_cost", "chain_led_all_reduce"]
+__all__ = ["compose", "collective_cost", "chain_led_all_reduce", "chain_fed_chain"]
 
 
 #: Collective costs kept per topology (:attr:`~tvm_spinn.target.topology.Topology.memo`)
@@ -90,9 +90,10 @@ def chain_led_all_reduce(topo, ranks, nbytes: int, chain):
     transfers' bytes summed per link, as :meth:`~tvm_spinn.target.topology.Topology.evaluate`
     costs them: a reduction that combines them on the way carries no more), and its multicast
     of the result to the other ranks runs while the chain moves: rank ``i`` needs it only when
-    the chain's first segment reaches it, ``i`` of the chain's steps after the start; where the
-    multicast's route to a rank is slower than that, the difference is added. The step is the
-    shortest of the chain's at any segment count it was costed for (``chain.by_segments``):
+    the chain's first segment reaches it, ``i`` of that segment's hop steps after the start
+    (``CollectiveCost.step_s``); where the multicast's route to a rank is slower than that, the
+    difference is added. The step is the shortest of the chain's at any segment count it was
+    costed for (``chain.by_segments``):
     :func:`compose` may cut the chain into more segments than its own cheapest count, and a
     shorter step brings every rank's need of the result earlier. Returns the cheaper of that
     and the all-reduce by itself (:func:`collective_cost`), as a
@@ -107,7 +108,7 @@ def chain_led_all_reduce(topo, ranks, nbytes: int, chain):
     costed = [k for k in (chain, *chain.by_segments) if k.steps >= 1]
     if c < 2 or nbytes == 0 or not costed:
         return collective_cost(topo, ranks, "all_reduce", nbytes, True)
-    step = min(k.seconds / k.steps for k in costed)
+    step = min(k.step_s if k.step_s > 0.0 else k.seconds / k.steps for k in costed)
     key = ("chain_led", ranks.tobytes(), float(nbytes), float(step))
     memo = topo.memo
     hit = memo.get(key)
@@ -123,6 +124,45 @@ def chain_led_all_reduce(topo, ranks, nbytes: int, chain):
         int(c), float(nbytes))
     _keep(memo, key, cost)
     return cost
+
+
+def chain_fed_chain(topo, ranks, first, second):
+    """A chain all-reduce (``first``, over ``ranks`` in chain order) whose result the ranks use
+    only in their own work before the next chain over the same ranks (``second``): e.g. a split
+    row's sum, which every rank divides its terms by before its partial context, which the
+    context's chain then continues rank after rank. Rank ``i`` of the second chain needs its
+    own work done only when that chain's first segment reaches it, ``i`` of its hop steps
+    (``second.step_s``, its shortest at any segment count it was costed for) after the first
+    rank starts it; every rank does the same work in between, so rank ``i`` may receive the
+    first chain's result that much later than rank 0. The first chain's multicast from its
+    last rank then delays the second only by its route to rank 0 and, where the route to a rank
+    ``i`` is longer than that by more than ``i`` of the second chain's steps, the difference:
+    the first chain is charged ``max_i(h_i * tree step - i * second step)`` for its tree
+    (``h_i``: rank ``i``'s hops from the last rank) instead of its deepest route's ``D`` steps.
+    The additions and their order are the first chain's: the bits do not change.
+
+    Returns ``first`` with those seconds (at each segment count it was costed for, too), or
+    ``first`` itself where nothing is saved."""
+    ranks = np.asarray(ranks, dtype=np.int64)
+    c = ranks.size
+    steps = [k.step_s for k in (second, *second.by_segments) if k.step_s > 0.0]
+    if c < 2 or not steps or first.step_s <= 0.0:
+        return first
+    step2 = min(steps)
+    hops = topo.hops(np.full(c, ranks[-1]), ranks).astype(np.float64)
+    relay = float(getattr(topo, "relay_word_s", 0.0))
+
+    def fed(cost):
+        tree = cost.step_s - relay  # a tree hop: the first segment's step without a rank's relay
+        if cost.step_s <= 0.0 or tree <= 0.0:
+            return cost
+        saved = hops.max() * tree - max(0.0, float((hops * tree - np.arange(c) * step2).max()))
+        return replace(cost, seconds=cost.seconds - saved) if saved > 0.0 else cost
+
+    out = fed(first)
+    if out is first:
+        return first
+    return replace(out, by_segments=tuple(fed(k) for k in first.by_segments))
 
 
 def _load_end(start: float, nbytes: float, room: float, dram: float, ends, stream_bytes, kept=None) -> float:
@@ -174,9 +214,10 @@ def _chain_segments(collectives, row_fp32, x) -> list:
     (:func:`~.collectives.chain_all_reduce`), so a rank computes its partial sums of a segment
     only once the segment has reached it: the layer's compute ``x`` runs segment by segment down
     the chain and pays the pipeline's fill, ``(c - 1) / m`` of it (:func:`compose`). More
-    segments shorten the fill and lengthen the chain (a hop's latency a step); the count is the
-    static schedule's choice, so it is the one whose chain and fill together cost least (the
-    chain's own cheapest among them). The chain whose fill a layer pays is the first after it
+    segments shorten the fill; the chain's cost at each count is its own
+    (:attr:`~.collectives.CollectiveCost.by_segments`); the count is the static schedule's
+    choice, so it is the one whose chain and fill together cost least (the chain's own cheapest
+    among them). The chain whose fill a layer pays is the first after it
     (the last issued at that layer), as :func:`compose` charges it; ``x``: per layer, its
     seconds with its weights on chip."""
     items = [tuple(item) for item in collectives]

@@ -264,6 +264,36 @@ def _segment_counts(name: str, segments) -> "tuple[int, ...]":
     return tuple(int(m) for m in counts)
 
 
+#: Bytes a link packet carries (a 72-bit packet's 32-bit payload, ``SpinnArch.link_payload_fraction``):
+#: a chain's segment is at least one packet's
+PACKET_PAYLOAD_BYTES = 4
+
+
+def _whole_packets(segments: "tuple[int, ...]", nbytes: float) -> "tuple[int, ...]":
+    """The counts of ``segments`` that cut ``nbytes`` into segments of at least a packet's payload
+    (:data:`PACKET_PAYLOAD_BYTES`; a link moves no less), the smallest count where none does."""
+    whole = tuple(m for m in segments if m == 1 or float(nbytes) / m >= PACKET_PAYLOAD_BYTES)
+    return whole or (min(segments),)
+
+
+def _pipelined_s(topo: "Topology", chain: int, tree: int, m: int, step: float,
+                 period: float) -> "tuple[float, float]":
+    """``(seconds, first segment's chain hop)`` of a chain's ``m`` segments through its ``chain``
+    hops and then its multicast tree's ``tree``.
+
+    The first segment takes ``step`` a hop (a hop's latency and the segment's bytes on the
+    slower of the chain's and the tree's links) and, at each chain hop, the rank's relay of a
+    word with its term added (:attr:`~tvm_spinn.target.topology.Topology.relay_word_s`; the
+    tree's hops are router copies). Each later segment leaves ``period`` after the one before
+    it: the busiest link's time for a segment's bytes, the chain's links and the trees' taken
+    apart as ``step`` takes them. A hop's latency is the router's pipeline and the link's
+    SERDES, which packets cross one behind the other, so it is paid once a hop of the path, not
+    once a segment; a rank's words go to its PEs by their routing keys, so its relays keep up
+    with the link."""
+    relay = float(getattr(topo, "relay_word_s", 0.0))
+    return chain * (step + relay) + tree * step + (m - 1) * period, step + relay
+
+
 def chain_all_reduce(topo: "Topology", ranks: Sequence[int], nbytes: float,
                      segments: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128)) -> CollectiveCost:
     """Cost of an all-reduce that continues one accumulator from rank to rank (bit-exact).
@@ -274,10 +304,12 @@ def chain_all_reduce(topo: "Topology", ranks: Sequence[int], nbytes: float,
     The message is cut into ``m`` segments that flow down the chain (ranks ``0 -> c-1``, one
     hop per step when consecutive ranks are neighbours); each finished segment leaves the last
     rank as a multicast (SpiNNaker's routers copy a packet onto several links) along the routes
-    from it to every rank, a tree of depth ``D`` (the farthest rank's hops). The reduce takes
-    ``m + c - 2`` steps and the broadcast, pipelined behind it, ``D`` more: ``m + c + D - 2``
-    steps, each moving ``nbytes / m`` over one hop (the slower of the chain's and the tree's
-    links); ``m`` is the cheapest of ``segments``.
+    from it to every rank, a tree of depth ``D`` (the farthest rank's hops). The first segment
+    crosses the chain's ``c - 1`` hops and the tree's ``D``, a step each (a hop's latency and
+    ``nbytes / m`` on the slower of the chain's and the tree's links; at a chain hop also the
+    rank's relay of a word with its term added); the other ``m - 1``
+    follow it through the pipeline, each the busiest link's time for a segment after the one
+    before (:func:`_pipelined_s`); ``m`` is the cheapest of ``segments``.
 
     Parameters
     ----------
@@ -300,7 +332,7 @@ def chain_all_reduce(topo: "Topology", ranks: Sequence[int], nbytes: float,
     ValueError
         For no segment count or one not an integer >= 1.
     """
-    segments = _segment_counts("chain_all_reduce", segments)
+    segments = _whole_packets(_segment_counts("chain_all_reduce", segments), nbytes)
     topo, ranks = _prepare(topo, ranks, nbytes)
     c = ranks.size
     if c == 1 or nbytes == 0:
@@ -319,11 +351,13 @@ def chain_all_reduce(topo: "Topology", ranks: Sequence[int], nbytes: float,
         cost, load = topo.evaluate(ranks[i], ranks[i + 1], float(nbytes) / m)
         tree_s = topo.link_seconds(tree_share * (float(nbytes) / m)) + float(topo.link_hop_s[tree].max())
         step = max(cost.seconds, tree_s)
+        period = max(cost.bandwidth_s, topo.link_seconds(tree_share * (float(nbytes) / m), tree))
         load = load + tree_share * (float(nbytes) / m)
         steps = m + c + depth - 2
-        candidate = CollectiveCost("all_reduce", "chain", steps * step, float(load.max()) * m,
+        seconds, hop = _pipelined_s(topo, c - 1, depth, m, step, period)
+        candidate = CollectiveCost("all_reduce", "chain", seconds, float(load.max()) * m,
                                    steps * max(1, cost.max_hops), steps * cost.board_hops, steps, c, float(nbytes),
-                                   segments=int(m))
+                                   segments=int(m), step_s=hop)
         options.append(candidate)
         if best is None or candidate.seconds < best.seconds:
             best = candidate
@@ -360,7 +394,7 @@ def chains_all_reduce(topo: "Topology", chains: Sequence[Sequence[int]], nbytes:
         or one not an integer >= 1.
     """
     groups = _chain_groups("chains_all_reduce", chains)
-    segments = _segment_counts("chains_all_reduce", segments)
+    segments = _whole_packets(_segment_counts("chains_all_reduce", segments), nbytes)
     if len(groups) == 1:
         return chain_all_reduce(topo, groups[0], nbytes, segments)
     topo, every = _prepare(topo, np.concatenate(groups), nbytes)
@@ -382,11 +416,13 @@ def chains_all_reduce(topo: "Topology", chains: Sequence[Sequence[int]], nbytes:
         cost, load = topo.evaluate(src, dst, float(nbytes) / m)
         tree_s = topo.link_seconds(tree_share * (float(nbytes) / m)) + float(topo.link_hop_s[tree].max())
         step = max(cost.seconds, tree_s)
+        period = max(cost.bandwidth_s, topo.link_seconds(tree_share * (float(nbytes) / m), tree))
         load = load + tree_share * (float(nbytes) / m)
         steps = m + c + depth - 2
-        candidate = CollectiveCost("all_reduce", "chain", steps * step, float(load.max()) * m,
+        seconds, hop = _pipelined_s(topo, c - 1, depth, m, step, period)
+        candidate = CollectiveCost("all_reduce", "chain", seconds, float(load.max()) * m,
                                    steps * max(1, cost.max_hops), steps * cost.board_hops, steps, c, float(nbytes),
-                                   segments=int(m))
+                                   segments=int(m), step_s=hop)
         options.append(candidate)
         if best is None or candidate.seconds < best.seconds:
             best = candidate
@@ -420,8 +456,10 @@ def chain_all_reduce_gathered(topo: "Topology", chains: Sequence[Sequence[int]],
     the links together (a link on several trees carries each of their segments; the trees are
     built over the chips' own links and balanced as the multicast all-gather's are). With ``c``
     ranks a chain and trees of depth ``D`` (the farthest chip from a chain's last rank), the
-    reduce takes ``m + c - 2`` steps and the multicast, pipelined behind it, ``D`` more, each
-    step moving ``nbytes / m`` over one hop (the slower of the chains' and the trees' links).
+    first segment crosses ``c - 1 + D`` hops, a step each (a hop's latency and ``nbytes / m``
+    over the slower of the chains' and the trees' links; at a chain hop also the rank's relay
+    of a word), and the other ``m - 1`` follow it at
+    the busiest link's rate (:func:`_pipelined_s`).
 
     Parameters
     ----------
@@ -447,7 +485,7 @@ def chain_all_reduce_gathered(topo: "Topology", chains: Sequence[Sequence[int]],
     """
     groups = _chain_groups("chain_all_reduce_gathered", chains)
     every = np.concatenate(groups)
-    segments = _segment_counts("chain_all_reduce_gathered", segments)
+    segments = _whole_packets(_segment_counts("chain_all_reduce_gathered", segments), nbytes)
     topo, every = _prepare(topo, every, nbytes)
     c = groups[0].size
     if every.size == 1 or nbytes == 0:
@@ -469,15 +507,18 @@ def chain_all_reduce_gathered(topo: "Topology", chains: Sequence[Sequence[int]],
         if c > 1:
             cost, load = topo.evaluate(src, dst, float(nbytes) / m)
             chain_s, max_hops, board_hops = cost.seconds, max(1, cost.max_hops), cost.board_hops
+            chain_bw_s = cost.bandwidth_s
         else:
             load, chain_s, max_hops, board_hops = np.zeros(topo.nodes * 6), 0.0, 1, 0
+            chain_bw_s = 0.0
         tree_s = topo.link_seconds(tree_share * (float(nbytes) / m)) + float(topo.link_hop_s[tree].max())
         step = max(chain_s, tree_s)
+        period = max(chain_bw_s, topo.link_seconds(tree_share * (float(nbytes) / m), tree))
         load = load + tree_share * (float(nbytes) / m)
         steps = m + c + depth - 2
-        candidate = CollectiveCost("all_reduce", "chain", steps * step, float(load.max()) * m,
-                                   steps * max_hops, steps * board_hops, steps, c, float(nbytes),
-                                   segments=int(m))
+        seconds, hop = _pipelined_s(topo, c - 1, depth, m, step, period)
+        candidate = CollectiveCost("all_reduce", "chain", seconds, float(load.max()) * m, steps * max_hops,
+                                   steps * board_hops, steps, c, float(nbytes), segments=int(m), step_s=hop)
         options.append(candidate)
         if best is None or candidate.seconds < best.seconds:
             best = candidate

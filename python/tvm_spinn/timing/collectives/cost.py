@@ -50,6 +50,10 @@ class CollectiveCost:
         A chain's cost at every segment count it was costed for (empty: not a chain), so that a
         layer whose compute runs segment by segment with the chain
         (:func:`tvm_spinn.timing.system.compose`) can take the count cheapest for both.
+    step_s : float
+        A chain's time for its first segment to cross one hop (a hop's latency and the
+        segment's bytes on the busiest link); the later segments follow at the links' rate
+        (0: not a chain).
     """
 
     op: str
@@ -63,6 +67,7 @@ class CollectiveCost:
     nbytes: float
     segments: int = 0  # chain: the segments the message is cut into (0: not a chain)
     by_segments: tuple = ()  # chain: the cost at each segment count costed
+    step_s: float = 0.0  # chain: one hop of its first segment
 
 
 def _prepare(topo: "Topology", ranks: Sequence[int], nbytes: float) -> tuple["Topology", np.ndarray]:
