@@ -103,60 +103,76 @@ def _played_schedule(trees: tuple, rates: tuple, hops: tuple, weight: tuple, mem
     heard = [0] * (len(ids) * chunks)  # per (node, chunk): how many neighbours it has the chunk from
     heard_from = [0] * (len(ids) * chunks)  # and which (a bit per place in its list)
     sent = [0] * (len(ids) * chunks)  # the neighbours it has passed the chunk on to
-    queue: list = [[] for _ in rates]  # per link: heap of (due, tree, chunk, from, to, to's number, place)
+    # per link: heap of (due, tree, chunk, to's number, place); a link carries a tree's chunk once,
+    # so (tree, chunk) decides every tie of ``due``
+    queue: list = [[] for _ in rates]
     busy_until = [0.0] * len(rates)
     starting: list = [None] * len(rates)  # per link: the time of its start event still in ``events``
     events: list = []  # (time, order, link, None: the link may start its next chunk; else an arrival)
+    # per numbered node, its neighbours as (bit, their number, link, latency beyond, place): what
+    # passing a chunk on reads, looked up once
+    rows = [tuple((1 << k, m, link, far, back) for k, (m, link, far, back) in enumerate(row)) for row in out]
     order = 0
-
-    def offer(t, n, c, at, count, need):
-        """Node ``n`` (``at``: its entry for chunk ``c``) has heard from ``count`` of its neighbours,
-        at least ``need`` (all but one): it passes the chunk on to each it may and has not yet."""
-        nonlocal order
-        got, done_to = heard_from[at], sent[at]
-        j, u = owner[n]
-        for k, (m, link, far, back) in enumerate(out[n]):
-            bit = 1 << k
-            # n has the chunk from every tree neighbour but this one
-            if count - (1 if got & bit else 0) == need and not done_to & bit:
-                done_to |= bit
-                heappush(queue[link], (due[c] - far, j, c, u, owner[m][1], m, back))
-                if busy_until[link] > t or starting[link] == t:
-                    continue  # its start event is due no later than t: nothing more to do now
-                starting[link] = t
-                order += 1
-                heappush(events, (t, order, link, None))
-        sent[at] = done_to
-
+    # A node passes chunk ``c`` on to each tree neighbour it has not yet passed it to once it has
+    # the chunk from every other neighbour: having heard from ``count`` of its ``degree`` (at
+    # least all but one), to the one it has not heard from, or, having heard from all, to every
+    # neighbour. Each pass queues the chunk on the link (the one due first goes first) and, the
+    # link idle and no start event of it due now, adds its start event.
     for j in used:  # the leaves start (a node with more neighbours waits to hear from them)
         leaves = [ids[j, u] for u in sorted(adj[j]) if len(adj[j][u]) == 1]
         for c in range(chunks):
             for n in leaves:
-                offer(0.0, n, c, n * chunks + c, 0, 0)
+                at = n * chunks + c
+                done_to = sent[at]
+                for bit, m, link, far, back in rows[n]:
+                    if not done_to & bit:
+                        done_to |= bit
+                        heappush(queue[link], (due[c] - far, j, c, m, back))
+                        if busy_until[link] > 0.0 or starting[link] == 0.0:
+                            continue
+                        starting[link] = 0.0
+                        order += 1
+                        heappush(events, (0.0, order, link, None))
+                sent[at] = done_to
     done = 0.0
     while events:
         t, _, link, arrival = heappop(events)
         if arrival is None:  # an edge may start its next chunk
             starting[link] = None
-            if busy_until[link] > t or not queue[link]:
+            waiting = queue[link]
+            if busy_until[link] > t or not waiting:
                 continue
-            _, j, c, _, _, m, back = heappop(queue[link])
+            _, j, c, m, back = heappop(waiting)
             end = t + part[j] / rates[link]
             busy_until[link] = end
             starting[link] = end  # the link's next start, then the chunk's arrival past the hop
-            order += 1
-            heappush(events, (end, order, link, None))
-            order += 1
-            heappush(events, (end + hops[link], order, link, (m, c, back)))
+            heappush(events, (end, order + 1, link, None))
+            heappush(events, (end + hops[link], order + 2, link, (m, c, back)))
+            order += 2
         else:
             m, c, back = arrival
             at = m * chunks + c
             heard[at] = count = heard[at] + 1
-            heard_from[at] |= 1 << back
-            if member[m]:
-                done = max(done, t)
-            if count >= degree[m] - 1:  # else it has no neighbour to pass the chunk on to yet
-                offer(t, m, c, at, count, degree[m] - 1)
+            heard_from[at] = got = heard_from[at] | (1 << back)
+            if member[m] and t > done:
+                done = t
+            need = degree[m] - 1
+            if count < need:
+                continue  # no neighbour to pass the chunk on to yet
+            done_to = sent[at]
+            j = owner[m][0]
+            key = due[c]
+            for bit, n, out_link, far, place in rows[m]:
+                # m has the chunk from every tree neighbour but this one
+                if (count - 1 if got & bit else count) == need and not done_to & bit:
+                    done_to |= bit
+                    heappush(queue[out_link], (key - far, j, c, n, place))
+                    if busy_until[out_link] > t or starting[out_link] == t:
+                        continue  # its start event is due no later than t: nothing more to do now
+                    starting[out_link] = t
+                    order += 1
+                    heappush(events, (t, order, out_link, None))
+            sent[at] = done_to
     for n, (j, u) in enumerate(owner):  # every member has every chunk from all its tree neighbours
         if member[n] and any(heard[n * chunks + c] != degree[n] for c in range(chunks)):
             raise RuntimeError(f"packed tree {j} left member {u} without its sums (a tree that is not one)")
