@@ -167,3 +167,17 @@ def test_add_rows_routine_exact_and_priced(rows):
         assert machine.uc.reg_read(UC_ARM_REG_R0) == 0
         cycles = executed_cycles(machine)[0]
         assert cycles == int8_acc_cycles(rows, w, arch) - mix_cycles(I8_ACC_SITE, arch), (rows, w)
+
+
+@pytest.mark.parametrize("rows,cols", [(0, 4), (4, 0)])
+def test_tile_without_rows_or_columns_is_refused(rows, cols):
+    """``pe_i32_add_rows`` counts its loops down before testing them (m = 0 or w = 0 would run
+    about 2**32 times): the host refuses a tile without rows or columns, naming it."""
+    from tvm_spinn.pe.runners.base import _Arena
+    from tvm_spinn.pe.runners.gemm import gemm_i8_tile
+    arch = SpinnArch()
+    image = role_image(("gemm_i8",))
+    machine = PeMachine(image.elf, image.name, 0, arch.acc_bits, arch)
+    with pytest.raises(ValueError, match=f"int8 GEMM tile {rows}x{cols}: the kernel needs at least one row"):
+        gemm_i8_tile(machine, _Arena(machine, None, None), np.zeros((rows, 64), np.int8),
+                     np.zeros((64, cols), np.int8), 64, 0, 64, int8_dsp_consts(64, cols), 2)

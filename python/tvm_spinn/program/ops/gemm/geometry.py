@@ -309,9 +309,10 @@ def int8_acc_cycles(rows, w, arch: "SpinnArch"):
 
 
 #: Calibrated, not counted: the one-block job's mix less one :data:`I8_BLOCK`, its cycles
-#: (:data:`I8_ENTRY_CYCLES`, 296 with ``m4f_job_cycles``) the executed cycles of one-block,
-#: one-chunk ``gemm_i8`` jobs run directly on the ISS (no operand sums, no epilogue) less the
-#: block's: 70 integer operations (the SDIV of the block count among them) and 12 branches as
+#: (:data:`I8_ENTRY_CYCLES`, 296 with ``m4f_job_cycles``) the executed cycles of a one-block,
+#: one-chunk ``gemm_i8`` job run directly on the ISS (no operand sums, no epilogue: the
+#: calibration tile 16x4x64/64 of ``bench/iss.py``'s kernel table, 370 cycles) less the
+#: block's 74: 70 integer operations (the SDIV of the block count among them) and 12 branches as
 #: counted in the executed blocks, the 64 single and 77 pipelined loads and stores counted there
 #: scaled by 202/205, the factor that prices the mix at the measured 296.
 _I8_ENTRY = Mix(loads=64.0 * 202 / 205, paired=77.0 * 202 / 205, alu=70.0, branches=12.0)
@@ -340,8 +341,9 @@ I8_RESTART = Mix(loads=3.0, paired=4.0, alu=3.0, branches=1.0)
 #: first block's start and its wait (the driver's return, the kernel's tests of its flags, the
 #: block loop's set-up with its spills): the share that overlaps the array's first block.
 #: Calibrated, not counted: the one-block job's M4F cycles less what they add to the array's
-#: run when the run is the longer (the same one-block, one-chunk ISS runs as
-#: :data:`I8_ENTRY_CYCLES`): 171 of the entry's 296 cycles, in the entry's proportions.
+#: run when the run is the longer (a one-block, one-chunk job run directly on the ISS; the
+#: 16x4x256/256 tile of ``bench/iss.py``'s kernel table checks it: 1,902 modelled, 1,901
+#: executed): 171 of the entry's 296 cycles, in the entry's proportions.
 I8_LEAD = _share(_I8_ENTRY, 171 / I8_ENTRY_CYCLES)
 
 
