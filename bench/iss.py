@@ -179,6 +179,15 @@ def _xent_grad_case(rows: int, classes: int):
     return bb.get(), [rng_inputs((rows, classes), "float32"), labels]
 
 
+def _int8_dense_case(rng):
+    """The ``int8 dense 32x256x64`` case: its module and input (drawn from ``rng``)."""
+    from test_int8 import qgemm_module
+    x = rng.integers(-128, 128, size=(32, 256)).astype("int8")
+    w = rng.integers(-127, 128, size=(256, 64)).astype("int8")
+    mod = qgemm_module(x.shape, "int8", w, np.float32(0.003), 0, 0.01, 2, op="dense", out=(0.5, 0, "int8"))
+    return mod, [x]
+
+
 def _cases():
     yield "add", _torch_case(lambda m, a, b: a + b, None, (64, 96), (64, 96))
     yield "multiply", _torch_case(lambda m, a, b: a * b, None, (64, 96), (64, 96))
@@ -263,10 +272,7 @@ def _cases():
         yield f"cross_entropy {rows}x{classes}", _ce_case(rows, classes)
     from test_int8 import qgemm_module
     rng = np.random.default_rng(0)
-    x = rng.integers(-128, 128, size=(32, 256)).astype("int8")
-    w = rng.integers(-127, 128, size=(256, 64)).astype("int8")
-    mod = qgemm_module(x.shape, "int8", w, np.float32(0.003), 0, 0.01, 2, op="dense", out=(0.5, 0, "int8"))
-    yield "int8 dense 32x256x64", (mod, [x])
+    yield "int8 dense 32x256x64", _int8_dense_case(rng)
     xc = rng.integers(-128, 128, size=(1, 16, 12, 12)).astype("int8")
     wc = rng.integers(-127, 128, size=(32, 16, 3, 3)).astype("int8")
     mod = qgemm_module(xc.shape, "int8", wc, np.float32(0.003), 0, 0.01, 2, out=(0.5, 0, "int8"),
@@ -493,10 +499,10 @@ def int8_kernel_run(machine, rows, cols, k, chunk, row_sums, col_sums, requant, 
     array."""
     from tvm_spinn.pe.cycles import executed_cycles
     from tvm_spinn.pe.execute import run_int8_tile
+    from tvm_spinn.pe.runners.gemm import int8_dsp_consts, int8_seeded_operands
 
-    a = rng.integers(-128, 128, (rows, k)).astype(np.int8)
-    b = rng.integers(-128, 128, (k, cols)).astype(np.int8)
-    q = np.concatenate([[3, k, 0, -128, 127], np.tile([1, 100, 1 << 30, 40], cols)])
+    a, b = int8_seeded_operands(rows, cols, k, rng)
+    q = int8_dsp_consts(k, cols)
     flags = (2 if requant else 0) | (4 if row_sums else 0) | (8 if col_sums else 0)
     acc = run_int8_tile(machine, a, b, chunk, q, flags)
     want = (a.astype(np.int64) @ b.astype(np.int64)).astype(np.int32)
@@ -506,8 +512,8 @@ def int8_kernel_run(machine, rows, cols, k, chunk, row_sums, col_sums, requant, 
 def _int8_kernel_table(arch) -> None:
     from tvm_spinn.pe.images import role_image
     from tvm_spinn.pe.iss import PeMachine
-    from tvm_spinn.program.ops.gemm.geometry import (Int8Side, int8_block_columns, int8_m4f_cycles,
-                                                     int8_pipelined_cycles, mac_passes, splits_of)
+    from tvm_spinn.pe.runners.gemm import int8_array_cycles
+    from tvm_spinn.program.ops.gemm.geometry import Int8Side, int8_m4f_cycles, int8_pipelined_cycles, splits_of
     image = role_image(("gemm_i8",))
     machine = PeMachine(image.elf, image.name, 0, arch.acc_bits, arch)
     rng = np.random.default_rng(0)
@@ -521,9 +527,7 @@ def _int8_kernel_table(arch) -> None:
         if not np.array_equal(acc, want):
             raise AssertionError(f"int8 kernel {key}: the accumulator differs from the exact sums")
         side = Int8Side(row_sums=rs, col_sums=cs, int32_out=not rq, col_zero=True)
-        cb = int8_block_columns(rows, cols, arch)
-        passes = sum(int(mac_passes(rows, min(cb, cols - j), arch)) for j in range(0, cols, cb))
-        array = passes * (k + splits_of(k, chunk) * arch.mac_readout_cycles)
+        array = int8_array_cycles(rows, cols, k, chunk, arch)
         m4f = float(int8_m4f_cycles(rows, cols, k, splits_of(k, chunk), arch, side))
         modelled = int8_pipelined_cycles(rows, cols, k, chunk, arch, side)
         err = (modelled - executed) / executed
@@ -687,39 +691,60 @@ def _row_kernel_table(arch) -> None:
     print(f"row kernel shapes within +-{TARGET:.0%}: {within} of {held}")
 
 
-#: int8 GEMM tiles whose executed cycles :func:`_phase_table` splits: the tiles the mapper cuts
-#: ``bench/fidelity.py``'s silicon cases into and the bench's ``int8 dense 32x256x64``'s, as
-#: ``(name, role, rows, cols, k, chunk, int8_tile_phases' options)``
-PHASE_TILES = (
-    ("matmul-sram 512x256x256", ("gemm_i8",), 16, 32, 256, 256, dict(requant=False)),
-    ("matmul-sram 2048x256x256", ("gemm_i8",), 16, 64, 256, 256, dict(requant=False)),
-    ("matmul-sram 4096x128x128", ("gemm_i8",), 16, 64, 128, 128, dict(requant=False)),
-    ("fc-batch1 1x1024x1024", ("gemm_i8", "gemv"), 1, 16, 1024, 342, {}),
-    ("fc-batch1 1x512x512", ("gemm_i8", "gemv"), 1, 16, 512, 256, {}),
-    ("stream-dram M=1", ("gemm_i8", "gemv"), 1, 16, 1024, 342, {}),
-    ("stream-dram M=16", ("gemm_i8",), 16, 4, 1024, 342, {}),
-    ("stream-dram M=64", ("gemm_i8",), 16, 8, 1024, 342, {}),
-    ("int8 dense 32x256x64", ("gemm_i8",), 16, 4, 256, 256, {}),
-)
+def phase_tiles(arch) -> list:
+    """The int8 GEMM tiles whose executed cycles :func:`_phase_table` splits, as the mapper cuts
+    them: ``bench/fidelity.py``'s silicon cases (their programs built and mapped as that bench
+    does, on the production chip) and this bench's ``int8 dense 32x256x64``. Per case ``(name,
+    image, rows, cols, k, chunk, side)``: the measured layer's PE image
+    (:func:`~tvm_spinn.pe.roles.layer_role`), its first tile's rows and columns (every tile of
+    these layers has that shape), the reduction, the mapper's chunk and the layer's
+    :func:`~tvm_spinn.program.ops.gemm.geometry.int8_side`."""
+    import fidelity
+    import tvm_spinn
+    from tvm import relax
+    from tvm_spinn.mapping import MappingOptions
+    from tvm_spinn.mapping.schedule import derive_tables
+    from tvm_spinn.pe.roles import layer_role
+    from tvm_spinn.pe.view import gemm_chunk, gemm_view
+    from tvm_spinn.program.ops.gemm.geometry import int8_side
+    from tvm_spinn.target.arch import CHIPS
+
+    chip = CHIPS["production"]
+    cases = [(f"matmul-sram {m}x{k}x{k}", fidelity._matmul_sram(m, k, chip)[0], 0)
+             for m, k in ((512, 256), (2048, 256), (4096, 128))]
+    cases += [(f"fc-batch1 1x{k}x{k}", fidelity._middle(1, k, chip, split_k=False)[0], 1) for k in (1024, 512)]
+    setup = MappingOptions(weights="stream", activations="dram", **fidelity.OCTOPUS)
+    cases += [(f"stream-dram M={m}", fidelity._mapped(fidelity.dense_chain(m, fidelity.STREAM_K, fidelity.STREAM_N, 1,
+                                                                           chip), chip, setup), 0) for m in (1, 16, 64)]
+    mod, _ = _int8_dense_case(np.random.default_rng(0))
+    (program,) = tvm_spinn.report(relax.build(mod, target="spinn")).programs
+    (index,) = [i for i, layer in enumerate(program.layers) if layer.mode == "int8"]
+    cases.append(("int8 dense 32x256x64", program, index))
+    out = []
+    for name, p, i in cases:
+        table = derive_tables(p, p.arch)[i]
+        rows, cols = (int(v) for v in table.hi[0, 1:3] - table.lo[0, 1:3])
+        out.append((name, layer_role(p, i), rows, cols, gemm_view(p, i).k, gemm_chunk(p, i), int8_side(p, p.layers[i])))
+    return out
 
 
 def _phase_table(arch) -> None:
-    """Where each :data:`PHASE_TILES` tile's executed cycles go
+    """Where each :func:`phase_tiles` tile's executed cycles go
     (:func:`tvm_spinn.pe.runners.gemm.int8_tile_phases`), beside what the timing model charges
     the tile (:func:`~tvm_spinn.program.ops.gemm.geometry.gemm_tile_cycles`) and the pipeline's
-    cost model (:func:`~tvm_spinn.program.ops.gemm.geometry.int8_pipelined_cycles`)."""
+    cost model (:func:`~tvm_spinn.program.ops.gemm.geometry.int8_pipelined_cycles`), both on the
+    case's own side (its zero points, its output)."""
     from tvm_spinn.pe.runners.gemm import INT8_PHASES, int8_tile_phases
-    from tvm_spinn.program.ops.gemm.geometry import Int8Side, gemm_tile_cycles, int8_pipelined_cycles, splits_of
+    from tvm_spinn.program.ops.gemm.geometry import gemm_tile_cycles, int8_pipelined_cycles, splits_of
     heads = ("charged", "model", "executed", "array") + INT8_PHASES + ("exposed",)
     print("\nint8 GEMM tiles, executed cycles by phase (exposed: executed less the array's busy cycles)\n"
           f"{'case (its tile)':42s} " + " ".join(f"{h:>12s}" for h in heads))
-    for name, spec, rows, cols, k, chunk, kw in PHASE_TILES:
-        p = int8_tile_phases(spec, rows, cols, k, chunk, arch, **kw)
-        side = Int8Side(int32_out=not kw.get("requant", True), gemv=spec[-1] == "gemv")
+    for name, spec, rows, cols, k, chunk, side in phase_tiles(arch):
+        p = int8_tile_phases(spec, rows, cols, k, chunk, arch, side)
         charged = float(np.ceil(gemm_tile_cycles(rows, cols, k, splits_of(k, chunk), arch, "int8", side)))
         model = int8_pipelined_cycles(rows, cols, k, chunk, arch, side)
         cells = [charged, model, p["executed"], p["array"]] + [p[h] for h in INT8_PHASES] + [p["executed"] - p["array"]]
-        label = f"{name} ({rows}x{cols}x{k}/{chunk}{'' if kw.get('requant', True) else ' int32'})"
+        label = f"{name} ({rows}x{cols}x{k}/{chunk}{' int32' if side.int32_out else ''})"
         print(f"{label:42s} " + " ".join(f"{c:12.0f}" for c in cells))
 
 

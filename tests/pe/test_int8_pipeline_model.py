@@ -11,9 +11,9 @@ import random
 import numpy as np
 import pytest
 
-from tvm_spinn.program.ops.gemm.geometry import (I8_ACC, I8_ACC_CALL, I8_ACC_REM_ROW, I8_ACC_ROW, I8_ACC_WORD,
-                                                 I8_BLOCK, I8_JOB, I8_LEAD, I8_RESTART, I8_SUM, I8_SUM_ROW, Int8Side, _finish_cycles,
-                                                 int8_block_columns, int8_pipelined_cycles, mac_passes)
+from tvm_spinn.program.ops.gemm.geometry import (I8_BLOCK, I8_JOB, I8_LEAD, I8_RESTART, I8_SUM, I8_SUM_ROW, Int8Side,
+                                                 _finish_cycles, int8_acc_cycles, int8_block_columns,
+                                                 int8_pipelined_cycles, mac_passes)
 from tvm_spinn.program.ops.m4f import mix_cycles
 from tvm_spinn.target.arch import SpinnArch
 
@@ -38,10 +38,8 @@ def walked(vm, vn, k, tk, arch, side, starts=True) -> float:
     chunks = [min(tk, k - k0) for k0 in range(0, k, tk)]
     summed = vm * side.row_sums + vn * side.col_sums
 
-    def add(w):  # one block's chunk add: the call, then per row its steps of 4 and the words left
-        steps, rest = divmod(w, 4)
-        return c(I8_ACC_CALL) + rows * (c(I8_ACC_ROW) + 4 * steps * c(I8_ACC) + (rest > 0) * c(I8_ACC_REM_ROW)
-                                        + rest * c(I8_ACC_WORD))
+    def add(w):  # one block's chunk add (the routine's cycles, checked on the ISS by
+        return int8_acc_cycles(rows, w, arch)  # test_int8_kernel_fixed_costs.py)
 
     def entry(kc):
         return arch.m4f_job_cycles + c(I8_JOB) + summed * (kc * c(I8_SUM) + c(I8_SUM_ROW))

@@ -118,7 +118,6 @@ class PeMachine:
         self.uc = Uc(UC_ARCH_ARM, UC_MODE_THUMB | UC_MODE_MCLASS)
         self.uc.mem_map(SRAM_BASE, SRAM_BYTES)
         self._take_image(image)
-        self.mac = dict.fromkeys(MAC_REGS, 0)
         self.uc.mmio_map(MAC_BASE, MAC_BYTES, self._mac_read, None, self._mac_write, None)
         self.exp = dict.fromkeys(EXP_REGS, 0)
         self.uc.mmio_map(EXP_BASE, EXP_BYTES, self._exp_read, None, self._exp_write, None)
@@ -189,6 +188,9 @@ class PeMachine:
         of a role, one after another)."""
         if pe is not None:
             self.pe = pe
+        # a boot resets the peripherals: the MAC array's registers read 0, no run in flight
+        self.mac = dict.fromkeys(MAC_REGS, 0)
+        self.mac_pending = None
         for addr, data, memsz in self.segments:
             self.uc.mem_write(addr, data + b"\0" * (memsz - len(data)))
 

@@ -51,8 +51,10 @@ MAC_BYTES = 0x1000
 #: a wider B and C, so the M4F can work on one block while the array computes the next. The
 #: registers hold what was last written to them across runs (assumption: a start writes only
 #: the registers that change; the runtime's ``pe_mac_wait_next`` starts a block pipeline's next
-#: run by writing B, C, N, LDC and CTRL after the wait, A, M, K and LDB kept). Only one run is
-#: in flight: a start while one runs is a fault.
+#: run by writing B, C, N, LDC and CTRL after the wait, A, M, K and LDB kept); a PE's boot
+#: (its image loaded) resets every register to 0, so a start that relies on kept registers
+#: with none written since the boot is a fault (LDB 0 below N). Only one run is in flight: a
+#: start while one runs is a fault.
 MAC_REGS = {"A": 0x00, "B": 0x04, "C": 0x08, "M": 0x0C, "N": 0x10, "K": 0x14, "CTRL": 0x18,
             "LDB": 0x1C, "LDC": 0x20}
 MAC_START = 1

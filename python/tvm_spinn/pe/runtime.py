@@ -92,11 +92,14 @@ i32 pe_mac_wait_next(const i8 *b, i32 *c, i32 n, i32 ldc) {{
    MAC array's sums of a later chunk, written w words a row into a scratch block, into the int32
    accumulator's columns, 32-bit wrapping). Four outputs a step as LDM/STM of four registers
    (TRM table 3-1: 1 + N cycles each) and four ADDs, every pointer advanced by the write-back:
-   5.5 cycles an output with the loop's branch, against two loads, an add and a store each;
-   a row of a multiple of 4 columns costs the step loop's set-up and the next row's pointer, any
-   other width runs the same steps then one word at a time. */
-void pe_i32_add_rows(i32 *acc, const i32 *p, i32 m, i32 w, i32 ldacc) __attribute__((naked));
-void pe_i32_add_rows(i32 *acc, const i32 *p, i32 m, i32 w, i32 ldacc) {{
+   5.5 cycles an output with the loop's branch; a row of a multiple of 4 columns costs the step
+   loop's set-up and the next row's pointer, any other width runs the same steps then one word
+   at a time. Preconditions (the kernel's, which calls it only for a block of its tile: m >= 1
+   rows, 1 <= w <= ldacc columns): the loops count down to 0 before they test, so m = 0 or
+   w = 0 would run about 2^32 times; acc and p 4-byte aligned (LDM/STM of words fault on an
+   unaligned address). Returns 0, as the other drivers. */
+i32 pe_i32_add_rows(i32 *acc, const i32 *p, i32 m, i32 w, i32 ldacc) __attribute__((naked));
+i32 pe_i32_add_rows(i32 *acc, const i32 *p, i32 m, i32 w, i32 ldacc) {{
     __asm__ volatile(
         "ldr r12, [sp]\n\t"
         "push {{r4-r11, lr}}\n\t"
@@ -120,6 +123,7 @@ void pe_i32_add_rows(i32 *acc, const i32 *p, i32 m, i32 w, i32 ldacc) {{
         "add r0, r0, r12\n\t"
         "subs r2, r2, #1\n\t"
         "bne 1b\n\t"
+        "movs r0, #0\n\t"
         "pop {{r4-r11, pc}}\n"
         "5:\n\t"                        /* any width: the steps, then one word at a time */
         "lsrs lr, r3, #2\n\t"
@@ -146,6 +150,7 @@ void pe_i32_add_rows(i32 *acc, const i32 *p, i32 m, i32 w, i32 ldacc) {{
         "add r0, r0, r12\n\t"
         "subs r2, r2, #1\n\t"
         "bne 5b\n\t"
+        "movs r0, #0\n\t"
         "pop {{r4-r11, pc}}\n\t");
 }}
 

@@ -249,8 +249,8 @@ def _gemm_i8(epilogue: str = "half_up", relu: bool = False):
                                              T.address_of(P[T.bitwise_and(par + nb, 1) * m * cb]), m,
                                              T.min(cb, n), Q[5 + 4 * n + 4], n, T.min(cb, n)))
             if not first:
-                # the runtime's LDM/STM loop (``pe_i32_add_rows``): four outputs a step in registers,
-                # where LLVM's loop reloads each unrolled row's addresses
+                # the runtime's LDM/STM loop (``pe_i32_add_rows``): four outputs a step in registers
+                # (m >= 1 rows, 1 <= w <= n columns: its preconditions)
                 T.evaluate(T.call_extern("int32", "pe_i32_add_rows", T.address_of(ACC[j0]),
                                          T.address_of(P[T.bitwise_and(par + jb, 1) * m * cb]), m, w, n))
             if epilogue == "f32":

@@ -110,6 +110,8 @@ def gemm_i8_tile(machine: PeMachine, arena, at: np.ndarray, bt: np.ndarray, kc: 
     the addresses of the accumulator, the row and column sums, and the int8 output."""
     from ...program.ops.gemm.geometry import int8_block_columns
     tm, tn = at.shape[0], bt.shape[1]
+    if tm < 1 or tn < 1:  # the chunk add's loops (pe_i32_add_rows) count down before they test
+        raise ValueError(f"int8 GEMM tile {tm}x{tn}: the kernel needs at least one row and one column")
     cb = int8_block_columns(tm, tn, machine.arch)
     if cb >= 1 << 12:  # the job's flags hold it in 12 bits
         raise ValueError(f"int8 GEMM tile {tm}x{tn}: column blocks of {cb} exceed the kernel's 4095")
@@ -261,41 +263,80 @@ def gemm_f32_job_cycles(shapes, arch) -> dict:
     return out
 
 
+def int8_seeded_operands(rows: int, cols: int, k: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    """Random int8 operands of one tile, ``a`` ``[rows, k]`` and ``b`` ``[k, cols]`` (uniform over
+    -128..127, drawn from ``rng`` in that order): what the kernel's direct runs multiply."""
+    a = rng.integers(-128, 128, (rows, k)).astype(np.int8)
+    b = rng.integers(-128, 128, (k, cols)).astype(np.int8)
+    return a, b
+
+
+def int8_dsp_consts(k: int, cols: int, col_zero: bool = True) -> np.ndarray:
+    """The ``gemm_i8`` kernel's constants for a direct run: an activation zero point of 3, ``k``,
+    the output's zero point 0 and range -128..127, then per column the DSP path's one-rounding
+    constants (weight zero point 1 where ``col_zero``, else 0; bias 100; multiplier 2**30;
+    shift 40). The weight zero point selects the epilogue's row loop (with or without its MLS
+    and the row sum's load), so it follows the case's :class:`Int8Side`."""
+    return np.concatenate([[3, k, 0, -128, 127], np.tile([int(bool(col_zero)), 100, 1 << 30, 40], cols)])
+
+
+def int8_array_cycles(rows: int, cols: int, k: int, chunk: int, arch) -> int:
+    """The MAC array's busy cycles on one ``rows x cols`` tile of reduction ``k`` in chunks of
+    ``chunk``: per column block (:func:`~tvm_spinn.program.ops.gemm.geometry.int8_block_columns`)
+    its passes, each ``k`` products plus a readout per chunk."""
+    from ...program.ops.gemm.geometry import int8_block_columns, mac_passes, splits_of
+    cb = int(int8_block_columns(rows, cols, arch))
+    passes = sum(int(mac_passes(rows, min(cb, cols - j), arch)) for j in range(0, cols, cb))
+    return passes * (k + int(splits_of(k, chunk)) * int(arch.mac_readout_cycles))
+
+
 #: the phases :func:`int8_tile_phases` splits a tile's executed cycles into
 INT8_PHASES = ("job loop", "MAC driver", "kernel fixed", "operand sums", "chunk adds", "epilogue", "waits")
 
+#: the image's routines by the phase their executed blocks count in (``pe_kernel``'s blocks are
+#: split between "kernel fixed" and "chunk adds" by a one-chunk run)
+INT8_PHASE_OWNERS = {"_start": "job loop", "pe_halt": "job loop", "pe_mac_start": "MAC driver",
+                     "pe_mac_wait": "MAC driver", "pe_mac_wait_next": "MAC driver",
+                     "pe_i32_add_rows": "chunk adds", "memset": "kernel fixed", "pe_kernel": None}
 
-def int8_tile_phases(spec: tuple, rows: int, cols: int, k: int, chunk: int, arch, row_sums: bool = False,
-                     col_sums: bool = False, requant: bool = True, seed: int = 0) -> dict:
+
+def int8_tile_phases(spec: tuple, rows: int, cols: int, k: int, chunk: int, arch, side=None,
+                     seed: int = 0) -> dict:
     """Where the executed cycles of one int8 GEMM tile go: the ``gemm_i8`` kernel of image
     ``spec`` run on a ``rows x cols`` tile with reduction ``k`` in chunks of ``chunk`` (seeded
-    random operands, the one-rounding constants of a DSP-path column; ``row_sums``,
-    ``col_sums``: the kernel forms the operands' sums; ``requant``: the last chunk's epilogue,
-    else the int32 accumulator is the output), its executed basic blocks priced by the TRM's
+    random operands, :func:`int8_seeded_operands`; the constants of a DSP-path column,
+    :func:`int8_dsp_consts`, with a weight zero point where ``side.col_zero``), ``side`` the
+    case's :class:`~tvm_spinn.program.ops.gemm.geometry.Int8Side` (default: a requantized int8
+    output without zero points; ``row_sums``, ``col_sums``: the kernel forms the operands' sums;
+    ``int32_out``: no epilogue, the int32 accumulator is the output; float32 outputs, TFLite's
+    rounding and narrow ranges are not run here), its executed basic blocks priced by the TRM's
     cycle table (:func:`~tvm_spinn.pe.cycles.block_price`). The tile runs four times, each
     run leaving one more part out, and each part is the difference of the M4F's cycles (the
     waits on the array not counted) between two runs: the ``epilogue`` (the run with it less
     the same run without it), the ``operand sums`` (likewise), and in the run with neither,
-    the runtime's ``job loop`` (``_start``), the ``MAC driver`` (the drivers' register writes and
-    polling), the ``chunk adds`` (the runtime's ``pe_i32_add_rows`` and the kernel's blocks that a
-    one-chunk run of the same tile does not execute: the 32-bit adds of the chunks' sums and the
-    next chunk's start) and the
-    ``kernel fixed`` rest (each job's entry and exit, the column-block loop). ``waits``: the
-    cycles the M4F stalls on the array in the full run. Returns ``{phase: cycles}``
+    each executed block by its routine (:data:`INT8_PHASE_OWNERS`): the runtime's ``job loop``
+    (``_start``, ``pe_halt``), the ``MAC driver`` (``pe_mac_start``, ``pe_mac_wait``,
+    ``pe_mac_wait_next``), the ``chunk adds`` (the runtime's ``pe_i32_add_rows`` and the
+    kernel's blocks that a one-chunk run of the same tile does not execute: the 32-bit adds of
+    the chunks' sums and the next chunk's start) and the ``kernel fixed`` rest (each job's entry
+    and exit, the column-block loop); a block of any other routine raises ValueError. ``waits``:
+    the cycles the M4F stalls on the array in the full run. Returns ``{phase: cycles}``
     (:data:`INT8_PHASES`) plus ``executed`` (their sum: the full run's executed cycles),
-    ``array`` (the array's busy cycles: its runs' modelled cycles) and ``mac_runs``."""
-    from ...program.ops.gemm.geometry import int8_block_columns, mac_passes
+    ``array`` (the array's busy cycles, :func:`int8_array_cycles`) and ``mac_runs``."""
+    from ...program.ops.gemm.geometry import Int8Side
     from ..cycles import block_price
     from ..images import role_image
     from ..iss import image_symbols
 
+    side = side if side is not None else Int8Side(gemv=spec[-1] == "gemv")
+    if side.fp32_out or side.tflite or side.narrow:
+        raise ValueError(f"int8_tile_phases: {side} (float32 outputs, TFLite's rounding and narrow ranges "
+                         f"are not run here)")
     image = role_image(spec)
     machine = PeMachine(image.elf, image.name, 0, arch.acc_bits, arch)
     starts = sorted((addr & ~1, name) for name, addr in image_symbols(image.elf).items())
-    rng = np.random.default_rng(seed)
-    a = rng.integers(-128, 128, (rows, k)).astype(np.int8)
-    b = rng.integers(-128, 128, (k, cols)).astype(np.int8)
-    q = np.concatenate([[3, k, 0, -128, 127], np.tile([1, 100, 1 << 30, 40], cols)])
+    a, b = int8_seeded_operands(rows, cols, k, np.random.default_rng(seed))
+    q = int8_dsp_consts(k, cols, side.col_zero)
 
     def owner(address):
         name = None
@@ -303,6 +344,9 @@ def int8_tile_phases(spec: tuple, rows: int, cols: int, k: int, chunk: int, arch
             if start > address:
                 break
             name = sym
+        if name not in INT8_PHASE_OWNERS:
+            raise ValueError(f"int8_tile_phases: an executed block at {address:#x} in {name!r}, "
+                             f"a routine no phase owns (INT8_PHASE_OWNERS)")
         return name
 
     def run(flags, kk=k):
@@ -318,8 +362,8 @@ def int8_tile_phases(spec: tuple, rows: int, cols: int, k: int, chunk: int, arch
             priced[key] = cycles * count + extra * machine.taken.get(key, 0)
         return priced, machine.stall, machine.mac_calls
 
-    sums = (4 if row_sums else 0) | (8 if col_sums else 0)
-    full, stall, runs = run(sums | (2 if requant else 0))
+    sums = (4 if side.row_sums else 0) | (8 if side.col_sums else 0)
+    full, stall, runs = run(sums | (0 if side.int32_out else 2))
     no_epilogue = run(sums)[0]
     bare = run(0)[0]
     one_chunk = set(run(0, min(k, chunk))[0])
@@ -327,14 +371,12 @@ def int8_tile_phases(spec: tuple, rows: int, cols: int, k: int, chunk: int, arch
     out["epilogue"] = sum(full.values()) - sum(no_epilogue.values())
     out["operand sums"] = sum(no_epilogue.values()) - sum(bare.values())
     for key, cycles in bare.items():
-        name = owner(key[0])
-        phase = ("job loop" if name == "_start" else "chunk adds" if name == "pe_i32_add_rows" else
-                 "MAC driver" if name != "pe_kernel" else "kernel fixed" if key in one_chunk else "chunk adds")
+        phase = INT8_PHASE_OWNERS[owner(key[0])]
+        if phase is None:  # the kernel's own blocks
+            phase = "kernel fixed" if key in one_chunk else "chunk adds"
         out[phase] += cycles
     out["waits"] = int(-(-stall // 1))
     out["executed"] = sum(out[p] for p in INT8_PHASES)
-    cb = int(int8_block_columns(rows, cols, arch))
-    out["array"] = int(sum(int(mac_passes(rows, min(cb, cols - j), arch)) for j in range(0, cols, cb))
-                       * (k + -(-k // chunk) * arch.mac_readout_cycles))
+    out["array"] = int8_array_cycles(rows, cols, k, chunk, arch)
     out["mac_runs"] = runs
     return out
