@@ -216,38 +216,44 @@ def test_row_model_against_executed_code(kind):
         assert modelled == executed, (kind, rows, cols, modelled, executed)  # the loops' counts: exact
 
 
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
 @pytest.mark.parametrize("c0,cols,d", [(0, 64, 8192), (64, 64, 8192), (10, 40, 100), (37, 7, 44), (20, 30, 50),
-                                       (5, 3, 9), (30, 70, 100), (96, 1, 97)])
-def test_rms_norm_chunk_blocks_against_executed_code(c0, cols, d):
-    """A split row's chunk of the rms_norm kernel, its phases one job each (as a split row runs
-    them) and its sum of squares a block at a time from the chunk's first column ``c0`` (on and
-    off the blocks' boundaries, the row's last chunk or not): the executed cycles equal
-    :func:`~tvm_spinn.program.ops.rows.row_tile_cycles` with ``first=c0``. Each chunk starts its
-    sum afresh (``flags`` bit 0), which runs the same blocks as a chained chunk."""
+                                       (5, 3, 9), (30, 70, 100), (96, 1, 97), (0, 7, 44)])
+def test_norm_chunk_blocks_against_executed_code(kind, c0, cols, d):
+    """A split row's chunk of the layer_norm or rms_norm kernel, its phases one job each (as a
+    split row runs them) and its sums a block at a time from the chunk's first column ``c0`` (on
+    and off the blocks' boundaries, the row's first chunk, a later one continuing the chained
+    sums, the last one or not): the executed cycles equal
+    :func:`~tvm_spinn.program.ops.rows.row_tile_cycles` with ``first=c0``."""
     from tvm_spinn.pe.cycles import executed_cycles
-    from tvm_spinn.program.ops.rows import row_tile_cycles
+    from tvm_spinn.program.ops.rows import ROW_CODE, row_tile_cycles
 
     arch = SpinnArch()
-    image = role_image(("rms_norm",))
+    image = role_image((kind,))
     machine = PeMachine(image.elf, image.name, 0, arch.acc_bits, arch)
     rng = np.random.default_rng(c0 + cols)
     last = c0 + cols == d
+    flags = (1 if c0 == 0 else 0) | (2 if last else 0) | 4 | (8 if kind == "layer_norm" else 0)
     eps = int(np.float32(1e-5).view(np.uint32))
     for rows in (1, 2, 3):
         x = rng.standard_normal((rows, cols)).astype(np.float32)
         w = rng.uniform(0.5, 1.5, cols).astype(np.float32)
+        b = rng.standard_normal(cols).astype(np.float32)
+        st = rng.standard_normal(4 * rows).astype(np.float32)  # a chained chunk's sums and statistics
         px = machine.arena
         py, pst = px + x.nbytes, px + 2 * x.nbytes
         pw = pst + 16 * rows
-        for address, data in ((px, x), (pst, np.zeros(4 * rows, np.float32)), (pw, w)):
+        pb = pw + w.nbytes
+        for address, data in ((px, x), (pst, st), (pw, w), (pb, b)):
             machine.write(address, data.tobytes())
+        weights = [pw, pb] if kind == "layer_norm" else [pw]
         executed = 0
-        for phase in (0, 1):
+        for phase in range(len(ROW_CODE[kind])):
             machine.clear_counters()
-            machine.run([[px, py, pst, pw, rows, cols, phase, 1 | 4 | (2 if last else 0), c0, d, eps]])
+            machine.run([[px, py, pst, *weights, rows, cols, phase, flags, c0, d, eps]])
             executed += executed_cycles(machine)[0]
-        modelled = float(row_tile_cycles("rms_norm", np.int64(rows), np.int64(cols), arch, 2, last, c0))
-        assert modelled == executed, (rows, c0, cols, d, modelled, executed)
+        modelled = float(row_tile_cycles(kind, np.int64(rows), np.int64(cols), arch, len(ROW_CODE[kind]), last, c0))
+        assert modelled == executed, (kind, rows, c0, cols, d, modelled, executed)
 
 
 @pytest.mark.parametrize("op,tol", [("matmul", 0.03), ("dense", 0.05), ("dense_f32", 0.05)])

@@ -425,3 +425,49 @@ def test_rms_norm_split_row_chunks_equal_the_cxx_kernel(row, width):
     x[2, rng.integers(row)] = np.inf if row % 2 else np.nan
     w = rng.uniform(0.5, 1.5, row).astype(_F32)
     _assert_bits(_rms_norm(x, _F32(1e-6), w), _rms_chunks(_Rows("rms_norm"), x, w, 1e-6, width))
+
+
+def _ln_chunks(pe: "_Rows", x, g, b, eps, width):
+    """``x`` [rows, row] layer-normalized by the layer_norm kernel as a split row runs it: chunks
+    of ``width`` columns (the last shorter), each in its own buffers; phase 0 and then phase 1
+    chunk after chunk with the row's blocked sums carried in the statistics buffer (the chain),
+    then phase 2 on every chunk."""
+    rows, row = x.shape
+    m = pe.m
+    m.load()
+    pst = m.arena
+    starts = list(range(0, row, width))
+    span = -(-4 * rows * width // 64) * 64 + 64
+    base = [pst + 64 * rows + 4 * span * i for i in range(len(starts))]  # x, y, gamma, beta
+    m.write(pst, np.zeros(4 * rows, _F32).tobytes())
+    for c0, p in zip(starts, base):
+        c1 = min(row, c0 + width)
+        for k, data in enumerate((x[:, c0:c1], None, g[c0:c1], b[c0:c1])):
+            if data is not None:
+                m.write(p + k * span, np.ascontiguousarray(data).tobytes())
+    e = int(np.asarray(eps, dtype=_F32).view(np.uint32))
+    out = np.empty_like(x)
+    for phase in (0, 1, 2):
+        for c0, p in zip(starts, base):
+            c1 = min(row, c0 + width)
+            flags = 4 | 8 | (1 if c0 == 0 else 0) | (2 if c1 == row else 0)
+            m.run([[p, p + span, pst, p + 2 * span, p + 3 * span, rows, c1 - c0, phase, flags, c0, row, e]])
+            if phase == 2:
+                out[:, c0:c1] = np.frombuffer(m.read(p + span, 4 * rows * (c1 - c0)), _F32).reshape(rows, c1 - c0)
+    return out
+
+
+@pytest.mark.parametrize("row,width", [(200, 45), (256, 64), (100, 7), (97, 33), (64, 64), (70, 32)])
+def test_layer_norm_split_row_chunks_equal_the_cxx_kernel(row, width):
+    """A row split into chunks whose starts fall on and off the sums' block boundaries (the
+    kernel sums its chunk a block at a time, its first block from the chunk's first column):
+    chained chunk by chunk, the executed code's outputs are the simulator's whole-row kernel's
+    bits, on wide-range values with zeros, subnormals, infinities and NaNs."""
+    rng = np.random.default_rng(row * 100 + width + 1)
+    x = _rows(rng, (3, row))
+    special = np.array([0.0, -0.0, 1e-45, -3e-39, 1e-20, 3e38, -3e38], _F32)
+    x[1, rng.choice(row, size=min(row, 12), replace=False)] = rng.choice(special, size=min(row, 12))
+    x[2, rng.integers(row)] = np.inf if row % 2 else np.nan
+    g = rng.uniform(0.5, 1.5, row).astype(_F32)
+    b = rng.standard_normal(row).astype(_F32)
+    _assert_bits(_layer_norm(x, _F32(1e-5), g, b), _ln_chunks(_Rows("layer_norm"), x, g, b, 1e-5, width))

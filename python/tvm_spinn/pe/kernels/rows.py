@@ -152,16 +152,6 @@ def _xent_grad():
 
 
 @T.macro
-def _block_add(S, r, acc, v, c0, j, d):
-    """One term ``v`` of a blocked row sum carried as ``(sum, block partial)`` in ``acc``; a
-    block ends every LAYER_NORM_BLOCK columns of the row and at its end ``d``."""
-    acc[1] = acc[1] + v
-    if T.truncmod(c0 + j + 1, _BLOCK) == 0 or c0 + j + 1 == d:
-        acc[0] = acc[0] + acc[1]
-        acc[1] = _ZERO
-
-
-@T.macro
 def _block_end(acc, end, d):
     """A blocked row sum carried as ``(sum, block partial)`` in ``acc`` after the term at column
     ``end - 1``: where a block ends there (every LAYER_NORM_BLOCK columns of the row and at its
@@ -188,13 +178,23 @@ def _layer_norm():
             if phase < 2:
                 acc[0] = T.if_then_else(flags & 1 != 0, _ZERO, S[4 * r])
                 acc[1] = T.if_then_else(flags & 1 != 0, _ZERO, S[4 * r + 1])
-                for j in range(cols):
+                # the chunk's columns a block at a time (its first block from ``c0`` to the next
+                # block start): a block's sum needs no block-end test per term. The bounds are a
+                # min and max of the step, not a select on the first step, which LLVM peels and
+                # unrolls into copies of differing cost; this way every block runs one loop body
+                head = T.min(cols, _BLOCK - T.truncmod(c0, _BLOCK))
+                for s in range(1 + T.truncdiv(cols - head + _BLOCK - 1, _BLOCK)):
+                    lo = T.max(0, head + (s - 1) * _BLOCK)
+                    n = T.min(head + s * _BLOCK, cols) - lo
                     if phase == 0:
-                        _block_add(S, r, acc, X[r * cols + j], c0, j, d)
+                        for j in range(n):
+                            acc[1] = acc[1] + X[r * cols + lo + j]
                     else:
-                        Y[r * cols + j] = X[r * cols + j] - S[4 * r + 2]
-                        v[0] = Y[r * cols + j] * Y[r * cols + j]
-                        _block_add(S, r, acc, v[0], c0, j, d)
+                        for j in range(n):
+                            Y[r * cols + lo + j] = X[r * cols + lo + j] - S[4 * r + 2]
+                            v[0] = Y[r * cols + lo + j] * Y[r * cols + lo + j]
+                            acc[1] = acc[1] + v[0]
+                    _block_end(acc, c0 + lo + n, d)
                 S[4 * r] = acc[0]
                 S[4 * r + 1] = acc[1]
                 if flags & 2 != 0:

@@ -319,6 +319,10 @@ class RowPhase:
         column to the next block start): one step of this loop per block, its overhead the
         block's set-up and its end (the block's partial joining the sum); :attr:`step` is then
         the row's part only. None: the columns run in one loop (:attr:`step`).
+    chain : Mix
+        Per row, what a split row's later chunk (its first column past the row's start) runs
+        more than the row's first chunk: its running sums loaded from the statistics, not
+        started at zero.
     """
 
     job: Mix
@@ -328,6 +332,7 @@ class RowPhase:
     entry: Mix = Mix()
     finish: Mix = Mix()
     block: "RowLoop | None" = None
+    chain: Mix = Mix()
 
     def cycles(self, rows, cols, arch, last=True, first=0) -> np.ndarray:
         """Cycles of one job over ``rows`` rows of ``cols`` columns (int64 arrays).
@@ -351,6 +356,7 @@ class RowPhase:
         cycles = stepped_cycles(self, mix_cycles(self.job, arch), rows, cols, arch)
         if self.block is not None:
             cycles = cycles + np.asarray(rows, dtype=np.int64) * blocked_cycles(self.block, cols, first, arch)
+        cycles = cycles + np.where(np.asarray(first) > 0, rows * mix_cycles(self.chain, arch), 0.0)
         return cycles - np.where(last, 0.0, rows * mix_cycles(self.finish, arch))
 
 
@@ -387,16 +393,17 @@ def blocked_cycles(loop: RowLoop, cols, first, arch) -> np.ndarray:
 ROW_RUN = Mix(loads=3.0, paired=7.0, fpu=1.0, alu=9.0, branches=-1.0)
 #: The fp32 row kernels as the generated code executes them, one :class:`RowPhase` per phase:
 #: the instruction classes of the executed blocks, counted at tiles of 1 to 4 rows of 1 to 8
-#: columns (layer_norm with gamma and beta, rms_norm with its weight; rms_norm's block overhead
-#: at rows of 32 and 36 columns, one block and two) and priced by
+#: columns (layer_norm with gamma and beta, rms_norm with its weight; the norms' block overhead
+#: at rows of 32 and 36 columns, one block and two; their chained sums' loads,
+#: :attr:`RowPhase.chain`, at a chunk past the row's start) and priced by
 #: :func:`~.m4f.mix_cycles`. softmax: 0, the max (per element a load and the first NaN's
 #: compares and selects, eight FPU instructions); 1, ``x - max`` stored, then after the exp/log
 #: unit's stream the sequential sum (both row loops unrolled by 2); 2, ``e / sum`` (a VDIV per
-#: element, rows in pairs). layer_norm: the blocked sums (per element the block-end test:
-#: integer compares made booleans, a conditional add under IT), then the scaling pass.
-#: rms_norm: the blocked sum of squares a block at a time (:attr:`RowPhase.block`: per element
-#: a load, VMUL and VADD; per block its bounds and the partial's select into the sum), then the
-#: scaling pass. mean: the sequential sum, rows in pairs, a VDIV per row.
+#: element, rows in pairs). layer_norm and rms_norm: the blocked sums a block at a time
+#: (:attr:`RowPhase.block`: per element a load and VADD, with ``x - mean`` stored and its VMUL
+#: in layer_norm's variance, a VMUL in rms_norm's sum of squares; per block its bounds and the
+#: partial's select into the sum), then the scaling pass. mean: the sequential sum, rows in
+#: pairs, a VDIV per row.
 ROW_CODE = {
     "softmax": (
         RowPhase(job=Mix(loads=15.0, paired=36.0, alu=25.0, branches=5.0),
@@ -431,24 +438,29 @@ ROW_CODE = {
                          short=Mix(alu=-7.0, branches=3.0))),
     ),
     "layer_norm": (
-        RowPhase(finish=Mix(loads=1.0, divides=1.0, alu=3.0),
-                 job=Mix(loads=18.0, paired=34.0, fpu=3.0, alu=22.0, branches=4.0),
-                 step=RowLoop(overhead=Mix(loads=12.0, paired=3.0, fpu=2.0, divides=1.0, alu=27.0, branches=3.0),
-                         group=Mix(loads=2.0, paired=2.0, fpu=16.0, alu=41.0, branches=1.0),
-                         remainder=(Mix(loads=2.0, paired=1.0, fpu=4.0, alu=13.0), Mix(loads=1.0, fpu=4.0, alu=13.0),
-                                    Mix(loads=1.0, fpu=4.0, alu=12.0, branches=-1.0)),
-                         short=Mix(loads=-1.0, paired=-1.0, alu=-11.0, branches=3.0))),
-        RowPhase(finish=Mix(paired=1.0, fpu=1.0, divides=2.0, alu=3.0),
-                 job=Mix(loads=18.0, paired=34.0, fpu=3.0, alu=22.0, branches=4.0),
-                 step=RowLoop(overhead=Mix(loads=13.0, paired=8.0, fpu=3.0, divides=2.0, alu=22.0, branches=2.0),
-                         group=Mix(loads=6.0, paired=2.0, fpu=24.0, alu=43.0, branches=1.0),
-                         remainder=(Mix(loads=3.0, paired=1.0, fpu=6.0, alu=15.0), Mix(loads=2.0, fpu=6.0, alu=18.0),
-                                    Mix(loads=2.0, fpu=6.0, alu=14.0, branches=-1.0)),
-                         short=Mix(paired=-2.0, alu=-5.0, branches=3.0))),
-        RowPhase(job=Mix(loads=13.0, paired=34.0, alu=22.0, branches=5.0),
-                 step=RowLoop(overhead=Mix(loads=2.0, alu=11.0),
+        RowPhase(finish=Mix(loads=1.0, paired=1.0, fpu=2.0, divides=2.0, alu=4.0, branches=-1.0),
+                 job=Mix(loads=21.0, paired=37.0, fpu=3.0, alu=36.0, branches=3.0),
+                 step=RowLoop(overhead=Mix(loads=10.0, paired=9.0, fpu=4.0, divides=2.0, alu=18.0, branches=5.0),
+                         group=Mix(), remainder=(Mix(), Mix(), Mix()), short=Mix()),
+                 chain=Mix(loads=1.0, paired=2.0, alu=2.0, branches=-1.0),
+                 block=RowLoop(overhead=Mix(loads=4.0, paired=1.0, fpu=3.0, alu=40.0),
+                         group=Mix(loads=2.0, paired=2.0, fpu=4.0, alu=3.0, branches=1.0),
+                         remainder=(Mix(loads=1.0, fpu=1.0, alu=4.0), Mix(loads=2.0, fpu=2.0, alu=3.0), Mix()),
+                         short=Mix(loads=-1.0, alu=-9.0, branches=3.0))),
+        RowPhase(finish=Mix(loads=1.0, paired=1.0, fpu=2.0, divides=2.0, alu=4.0, branches=-1.0),
+                 job=Mix(loads=21.0, paired=37.0, fpu=3.0, alu=36.0, branches=3.0),
+                 step=RowLoop(overhead=Mix(loads=10.0, paired=10.0, fpu=4.0, divides=2.0, alu=19.0, branches=4.0),
+                         group=Mix(), remainder=(Mix(), Mix(), Mix()), short=Mix()),
+                 chain=Mix(loads=1.0, paired=2.0, alu=2.0, branches=-1.0),
+                 block=RowLoop(overhead=Mix(loads=8.0, paired=1.0, fpu=3.0, alu=39.0),
+                         group=Mix(loads=4.0, paired=4.0, fpu=12.0, alu=6.0, branches=1.0),
+                         remainder=(Mix(loads=3.0, paired=1.0, fpu=3.0, alu=6.0), Mix(loads=2.0, fpu=3.0, alu=5.0),
+                                    Mix(loads=2.0, fpu=3.0, alu=4.0)),
+                         short=Mix(loads=-3.0, alu=-9.0, branches=3.0))),
+        RowPhase(job=Mix(loads=14.0, paired=33.0, alu=31.0, branches=6.0),
+                 step=RowLoop(overhead=Mix(loads=3.0, alu=11.0),
                          group=Mix(loads=5.0, paired=11.0, fpu=8.0, divides=4.0, alu=6.0, branches=1.0),
-                         remainder=(Mix(loads=4.0, paired=1.0, fpu=2.0, divides=1.0, alu=7.0), Mix(loads=4.0, paired=1.0, fpu=2.0, divides=1.0, alu=6.0),
+                         remainder=(Mix(loads=4.0, fpu=2.0, divides=1.0, alu=7.0), Mix(loads=4.0, paired=1.0, fpu=2.0, divides=1.0, alu=6.0),
                                     Mix(loads=4.0, fpu=2.0, divides=1.0, alu=5.0)),
                          short=Mix(alu=-5.0, branches=2.0))),
     ),
@@ -457,6 +469,7 @@ ROW_CODE = {
                  job=Mix(loads=15.0, paired=35.0, fpu=4.0, alu=29.0, branches=4.0),
                  step=RowLoop(overhead=Mix(loads=8.0, paired=6.0, fpu=3.0, divides=3.0, alu=9.0, branches=4.0),
                          group=Mix(), remainder=(Mix(), Mix(), Mix()), short=Mix()),
+                 chain=Mix(paired=2.0, alu=1.0, branches=-1.0),
                  block=RowLoop(overhead=Mix(loads=1.0, paired=1.0, fpu=3.0, alu=37.0),
                          group=Mix(loads=2.0, paired=2.0, fpu=8.0, alu=3.0, branches=1.0),
                          remainder=(Mix(loads=1.0, paired=1.0, fpu=2.0, alu=4.0), Mix(loads=1.0, fpu=2.0, alu=2.0),
