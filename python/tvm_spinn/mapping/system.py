@@ -136,8 +136,9 @@ def group_ranks(topo, plan: ShardPlan) -> dict[str, np.ndarray]:
     With ``sp > 1`` the ``tp x sp`` chips follow one one-hop cycle (:func:`ring_order`) with
     the tensor-parallel index inner: a tp group is ``tp`` consecutive chips of it (its chain
     all-reduce goes one hop at a time, the groups' segments of the cycle are disjoint), an sp
-    group every ``tp``-th chip, ``"all"`` the whole cycle. One group is costed and the others, running at the same time,
-    are taken to be alike (contention between groups is not modelled, as between replicas).
+    group every ``tp``-th chip, ``"all"`` the whole cycle. ``"tp"`` is the first tp group; the
+    plan's collectives are costed on every one of them and the slowest charged (contention
+    between groups is not modelled, as between replicas).
     """
     if plan.sp <= 1:
         groups = {"tp": ring_order(topo, plan.tp)}
@@ -164,6 +165,18 @@ def _comm(topo, program: Program, plan: ShardPlan) -> list[tuple]:
                  + collective_cost(topo, groups[gather[4]], gather[1], gather[2], gather[3]).seconds)
         if _chains_cost(topo, plan, nbytes, gathered=True).seconds >= apart:
             fused = None
+    if plan.sp <= 1:
+        return _group_comm(topo, plan, groups, rows, fused)
+    # the sp tp groups run at once over their own segments of the cycle, which differ in shape:
+    # each is costed and the slowest one's collectives are charged (the block waits on it)
+    order = groups["all"]
+    tried = [_group_comm(topo, plan, {**groups, "tp": order[j * plan.tp:(j + 1) * plan.tp]}, rows, fused)
+             for j in range(plan.sp)]
+    return max(tried, key=lambda out: sum(cost.seconds for _, cost, _ in out))
+
+
+def _group_comm(topo, plan: ShardPlan, groups: dict, rows, fused) -> list[tuple]:
+    """:func:`_comm`'s collectives with ``groups["tp"]`` the tensor-parallel group costed."""
     out = []
     chains = []  # per entry of ``out``: whether it is a chain over the tp group's ranks in order
     for k, (layer, op, nbytes, exact, group, ready) in enumerate(rows):
