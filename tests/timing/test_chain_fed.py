@@ -13,7 +13,7 @@ import pytest
 
 import tvm_spinn
 from tvm_spinn.mapping.shard import Collective
-from tvm_spinn.mapping.system import _comm
+from tvm_spinn.mapping.system import _comm, group_order
 from tvm_spinn.target.topology import ring_order, topology_of
 from tvm_spinn.timing import collectives as C
 from tvm_spinn.timing.system import chain_fed_chain, collective_cost
@@ -85,7 +85,7 @@ def test_the_mapper_feeds_the_sum_to_the_context_chain(board):
     chain's own cost."""
     program, colls = _program(False)
     plan = SimpleNamespace(tp=12, sp=4, dp=1, chips=48, collectives=colls)
-    order = ring_order(board, 48)
+    order = group_order(board, 12, 4)
     got = _comm(board, program, plan)
     assert [(layer, c.op, c.algorithm) for layer, c, _ in got] == [(0, "all_reduce", "chain"),
                                                                    (2, "all_reduce", "chain")]
