@@ -133,10 +133,10 @@ def group_ranks(topo, plan: ShardPlan) -> dict[str, np.ndarray]:
     ``dp > 1`` ``"dp"`` (the chips holding the other batch shares of the same shard) and, for
     ``sp > 1``, ``"sp"`` (the chips holding the other row blocks of the same shard).
 
-    With ``sp > 1`` the ``tp x sp`` chips follow one one-hop cycle (:func:`ring_order`) with
-    the tensor-parallel index inner: a tp group is ``tp`` consecutive chips of it (its chain
-    all-reduce goes one hop at a time, the groups' segments of the cycle are disjoint), an sp
-    group every ``tp``-th chip, ``"all"`` the whole cycle. ``"tp"`` is the first tp group; the
+    With ``sp > 1`` the ``tp x sp`` chips follow :func:`group_order` with the tensor-parallel
+    index inner: a tp group is ``tp`` consecutive chips of it (a compact patch its chain
+    all-reduce goes through one hop at a time, the groups disjoint), an sp group every
+    ``tp``-th chip, ``"all"`` the whole order. ``"tp"`` is the first tp group; the
     plan's collectives are costed on every one of them and the slowest charged (contention
     between groups is not modelled, as between replicas).
     """
