@@ -13,7 +13,7 @@ import pytest
 
 import tvm_spinn
 from tvm_spinn.mapping.shard import Collective
-from tvm_spinn.mapping.system import _comm
+from tvm_spinn.mapping.system import _comm, group_order
 from tvm_spinn.target.topology import ring_order, topology_of
 from tvm_spinn.timing import collectives as C
 from tvm_spinn.timing.system import chain_fed_chain, collective_cost
@@ -85,14 +85,23 @@ def test_the_mapper_feeds_the_sum_to_the_context_chain(board):
     chain's own cost."""
     program, colls = _program(False)
     plan = SimpleNamespace(tp=12, sp=4, dp=1, chips=48, collectives=colls)
-    order = ring_order(board, 48)
+    order = group_order(board, 12, 4)
     got = _comm(board, program, plan)
     assert [(layer, c.op, c.algorithm) for layer, c, _ in got] == [(0, "all_reduce", "chain"),
                                                                    (2, "all_reduce", "chain")]
-    own = collective_cost(board, order[:12], "all_reduce", 4, False)
-    assert got[0][1].seconds == pytest.approx(chain_fed_chain(board, order[:12], own, got[1][1]).seconds)
-    assert got[0][1].seconds < own.seconds
+    groups = [order[j * 12:(j + 1) * 12] for j in range(4)]
+    own = [collective_cost(board, g, "all_reduce", 4, False) for g in groups]
+    fed = [chain_fed_chain(board, g, o, got[1][1]).seconds for g, o in zip(groups, own)]
+    # every group's sum is costed, the slowest charged (the second chain is the same fused one)
+    assert got[0][1].seconds == pytest.approx(max(fed))
+    assert got[0][1].seconds < max(o.seconds for o in own)
     program, colls = _program(True)
     got = _comm(board, program, SimpleNamespace(tp=12, sp=4, dp=1, chips=48, collectives=colls))
     assert [c.op for _, c, _ in got] == ["all_reduce", "all_gather", "all_reduce"]
-    assert got[0][1].seconds == pytest.approx(own.seconds)
+    # with nothing to overlap: the slowest group's own two collectives, then the fused chains
+    slowest = max(sum(collective_cost(board, g, op, n, ex).seconds
+                      for op, n, ex in (("all_reduce", 4, False), ("all_gather", 64, True))) for g in groups)
+    assert sum(c.seconds for _, c, _ in got[:2]) == pytest.approx(slowest)
+    assert slowest > sum(collective_cost(board, groups[0], op, n, ex).seconds
+                         for op, n, ex in (("all_reduce", 4, False), ("all_gather", 64, True)))
+    assert got[0][1].seconds == pytest.approx(max(o.seconds for o in own))

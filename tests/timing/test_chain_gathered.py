@@ -72,11 +72,11 @@ def test_the_gather_rides_on_the_chains_where_cheaper(board, tp, sp, nbytes):
     :func:`test_the_choice_costs_the_chains_apart_at_once`)."""
     from types import SimpleNamespace
 
-    from tvm_spinn.mapping.system import _comm
+    from tvm_spinn.mapping.system import _comm, group_order
 
     program, colls = _attention_end(2, sp, nbytes)
     plan = SimpleNamespace(tp=tp, sp=sp, dp=1, chips=tp * sp, collectives=colls)
-    order = ring_order(board, tp * sp)
+    order = group_order(board, tp, sp)
     chains = [order[j * tp:(j + 1) * tp] for j in range(sp)]
     got = _comm(board, program, plan)
     fused = C.chain_all_reduce_gathered(board, chains, nbytes)

@@ -63,7 +63,7 @@ from .state import data_bytes, resident_state, state_copies, state_per_chip, str
 from .tiling import MappingError, program_work
 
 __all__ = ["map_on_system", "dram_per_chip", "TP_DEGREES", "SP_DEGREES", "overflow_message", "system_tables", "retime", "issued",
-           "group_ranks", "stage_chips"]
+           "group_order", "group_ranks", "stage_chips"]
 
 # A model too large for its system is raised at the end of the codegen callback: it crosses
 # the FFI boundary as itself, not as a generic RuntimeError.
@@ -133,19 +133,126 @@ def group_ranks(topo, plan: ShardPlan) -> dict[str, np.ndarray]:
     ``dp > 1`` ``"dp"`` (the chips holding the other batch shares of the same shard) and, for
     ``sp > 1``, ``"sp"`` (the chips holding the other row blocks of the same shard).
 
-    With ``sp > 1`` the ``tp x sp`` chips follow one one-hop cycle (:func:`ring_order`) with
-    the tensor-parallel index inner: a tp group is ``tp`` consecutive chips of it (its chain
-    all-reduce goes one hop at a time, the groups' segments of the cycle are disjoint), an sp
-    group every ``tp``-th chip, ``"all"`` the whole cycle. One group is costed and the others, running at the same time,
-    are taken to be alike (contention between groups is not modelled, as between replicas).
+    With ``sp > 1`` the ``tp x sp`` chips follow :func:`group_order` with the tensor-parallel
+    index inner: a tp group is ``tp`` consecutive chips of it (a compact patch its chain
+    all-reduce goes through one hop at a time, the groups disjoint), an sp group every
+    ``tp``-th chip, ``"all"`` the whole order. ``"tp"`` is the first tp group; the
+    plan's collectives are costed on every one of them and the slowest charged (contention
+    between groups is not modelled, as between replicas).
     """
     if plan.sp <= 1:
         groups = {"tp": ring_order(topo, plan.tp)}
         if plan.dp > 1:  # the chips holding the other batch shares of the same shard
             groups["dp"] = ring_order(topo, plan.tp * plan.dp)[::plan.tp][:plan.dp]
         return groups
-    order = ring_order(topo, plan.tp * plan.sp)
+    order = group_order(topo, plan.tp, plan.sp)
     return {"tp": order[:plan.tp], "sp": order[::plan.tp][:plan.sp], "all": order}
+
+
+def group_order(topo, tp: int, sp: int) -> np.ndarray:
+    """The ``tp * sp`` chips of :func:`ring_order`'s cycle laid out as ``sp`` tensor-parallel
+    groups of ``tp`` consecutive entries, each a one-hop path through its chips (memoized on
+    the topology).
+
+    A group's chain all-reduce runs down its path and its last rank multicasts the sum back to
+    every rank; a value reduced before the chain goes to the first rank, and the next chain
+    over the same ranks starts there. So each group is a compact patch of the chips (a
+    balanced assignment of the chips to ``sp`` centres, by squared hops, the centres moved to
+    their patches' middles until they stay) run through on the path whose ends are nearest
+    all its ranks and each other (fewest hops of ``first -> farthest rank``, ``last ->
+    farthest rank`` and ``last -> first``); the cycle's segments are kept where their worst
+    group counts no more. Which chip holds which rank is a placement choice: every rank runs
+    the same program on its own block.
+    """
+    tp, sp = int(tp), int(sp)
+    key = ("group_order", tp, sp)
+    hit = topo.memo.get(key)
+    if hit is not None:
+        return hit
+    order = ring = ring_order(topo, tp * sp)
+    if 2 < tp <= _PATH_SEARCH_MAX:
+        count = len(ring)
+        adj = {int(c): {int(x) for x in topo.neighbors[c] if x >= 0} for c in ring}
+        pos = {int(c): i for i, c in enumerate(ring)}
+        hops = topo.hops(np.repeat(ring, count), np.tile(ring, count)).reshape(count, count)
+        best = None
+        for groups in ([ring[j * tp:(j + 1) * tp] for j in range(sp)], _patches(hops, ring, tp, sp)):
+            laid = [_best_path(adj, [int(c) for c in g], pos, hops) for g in groups]
+            rank = (max(score for _, score in laid), sum(score[0] for _, score in laid))
+            if best is None or rank < best[0]:
+                best = (rank, np.asarray(sum((path for path, _ in laid), []), dtype=np.int64))
+        order = best[1]
+    order.flags.writeable = False
+    topo.memo[key] = order
+    return order
+
+
+def _patches(hops: np.ndarray, ring: np.ndarray, tp: int, sp: int) -> list:
+    """:func:`group_order`'s compact patches: ``sp`` lists of ``tp`` chips of ``ring``
+    (``hops`` between its entries)."""
+    from scipy.optimize import linear_sum_assignment
+
+    def middle(at):  # the chip nearest its farthest member (then nearest them all)
+        return int(np.argmin(hops[:, at].max(axis=1) * hops.size + hops[:, at].sum(axis=1)))
+
+    centres = [middle(np.arange(j * tp, (j + 1) * tp)) for j in range(sp)]
+    for _ in range(16):
+        rows, slots = linear_sum_assignment(np.repeat(hops[:, centres] ** 2, tp, axis=1))
+        members = [np.sort(rows[slots // tp == j]) for j in range(sp)]
+        moved = [middle(at) for at in members]
+        if moved == centres:
+            break
+        centres = moved
+    return [ring[at] for at in members]
+
+
+_PATH_SEARCH_MAX = 16  # chips a group beyond which its path is the cycle's segment (the search is exponential)
+
+
+def _best_path(adj: dict, chips: list, pos: dict, hops: np.ndarray) -> tuple:
+    """:func:`group_order`'s path through ``chips`` (one hop a step) and its score; the
+    cycle's segment ``chips`` itself where no better path is found."""
+    at = [pos[c] for c in chips]
+    far = hops[:, at].max(axis=1)  # each chip's farthest rank of the group
+
+    def score(a, b):
+        return int(far[pos[a]] + far[pos[b]] + hops[pos[b], pos[a]]), int(far[pos[b]])
+
+    own = score(chips[0], chips[-1])
+    ends = sorted(score(a, b) + (a, b) for a in chips for b in chips if a != b)
+    members = set(chips)
+    for score, depth, a, b in ends:
+        if (score, depth) >= own:
+            break
+        path = _hamiltonian(adj, members, a, b)
+        if path is not None:
+            return path, (score, depth)
+    return chips, own
+
+
+def _hamiltonian(adj: dict, members: set, first: int, last: int, budget: int = 20000) -> "list | None":
+    """A path of one-hop steps from ``first`` to ``last`` through every chip of ``members``
+    (depth-first, neighbours in id order, at most ``budget`` steps tried), else None."""
+    path, seen, tries = [first], {first}, [0]
+
+    def extend(chip) -> bool:
+        if len(path) == len(members):
+            return chip == last
+        for nxt in sorted(adj[chip] & members):
+            if nxt in seen or (nxt == last and len(path) < len(members) - 1):
+                continue
+            tries[0] += 1
+            if tries[0] > budget:
+                return False
+            seen.add(nxt)
+            path.append(nxt)
+            if extend(nxt):
+                return True
+            seen.discard(nxt)
+            path.pop()
+        return False
+
+    return list(path) if extend(first) else None
 
 
 def _comm(topo, program: Program, plan: ShardPlan) -> list[tuple]:
@@ -164,6 +271,18 @@ def _comm(topo, program: Program, plan: ShardPlan) -> list[tuple]:
                  + collective_cost(topo, groups[gather[4]], gather[1], gather[2], gather[3]).seconds)
         if _chains_cost(topo, plan, nbytes, gathered=True).seconds >= apart:
             fused = None
+    if plan.sp <= 1:
+        return _group_comm(topo, plan, groups, rows, fused)
+    # the sp tp groups run at once over their own segments of the cycle, which differ in shape:
+    # each is costed and the slowest one's collectives are charged (the block waits on it)
+    order = groups["all"]
+    tried = [_group_comm(topo, plan, {**groups, "tp": order[j * plan.tp:(j + 1) * plan.tp]}, rows, fused)
+             for j in range(plan.sp)]
+    return max(tried, key=lambda out: sum(cost.seconds for _, cost, _ in out))
+
+
+def _group_comm(topo, plan: ShardPlan, groups: dict, rows, fused) -> list[tuple]:
+    """:func:`_comm`'s collectives with ``groups["tp"]`` the tensor-parallel group costed."""
     out = []
     chains = []  # per entry of ``out``: whether it is a chain over the tp group's ranks in order
     for k, (layer, op, nbytes, exact, group, ready) in enumerate(rows):
