@@ -150,7 +150,7 @@ def chain_fed_chain(topo, ranks, first, second):
         return first
     step2 = min(steps)
     hops = topo.hops(np.full(c, ranks[-1]), ranks).astype(np.float64)
-    relay = float(getattr(topo, "relay_word_s", 0.0))
+    relay = float(topo.relay_word_s)
 
     def fed(cost):
         tree = cost.step_s - relay  # a tree hop: the first segment's step without a rank's relay
