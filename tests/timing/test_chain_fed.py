@@ -56,6 +56,23 @@ def test_the_tree_is_charged_as_the_next_chain_needs_it(board, c):
     assert fed.algorithm == "chain" and fed.segments == first.segments and fed.step_s == first.step_s
 
 
+def test_a_long_tail_keeps_the_first_chains_cost(board):
+    """A 64 KB first chain's later segments cross its tree for longer than the second chain's
+    first step (by hand: ``m - 1`` segments over one chip link each): they would share links
+    with the second chain's segments, so nothing is saved; a 4-byte sum (one segment, no tail)
+    is still fed."""
+    arch = tvm_spinn.arch_of(tvm_spinn.get_target("spinn/board"))
+    ranks = ring_order(board, 12)
+    second = C.chain_all_reduce(board, ranks, 512)
+    step2 = min(k.step_s for k in second.by_segments)
+    first = C.chain_all_reduce(board, ranks, 65536)
+    assert first.segments > 1
+    assert (first.segments - 1) * 65536 / first.segments / arch.payload_bw("chip") > step2
+    assert chain_fed_chain(board, ranks, first, second).seconds == first.seconds
+    small = collective_cost(board, ranks, "all_reduce", 4, False)
+    assert small.segments == 1 and chain_fed_chain(board, ranks, small, second).seconds < small.seconds
+
+
 def test_a_chain_ending_far_from_its_start_saves_nothing(board):
     """Ranks along a line: the last rank's farthest is the first, which the next chain needs
     first: the first chain's cost is unchanged."""

@@ -65,10 +65,11 @@ def _attention_end(sp_gather_tensor: int, sp: int = 4, nbytes: int = 512):
 @pytest.mark.parametrize("tp, sp, nbytes", [(6, 4, 512), (12, 4, 512), (12, 2, 512), (2, 12, 512), (3, 8, 512),
                                          (3, 8, 4096)])
 def test_the_gather_rides_on_the_chains_where_cheaper(board, tp, sp, nbytes):
-    """On one board the chains deliver their sums to every chip sooner than the chains and the
+    """On one board the chains deliver a small sum to every chip sooner than the chains and the
     gather after them, whatever the groups: the trees' depth is paid once, by the first
-    segment, and the later segments follow at the links' rate. The mapper keeps the cheaper
-    and charges what it keeps (the other way round:
+    segment, and the later segments follow at the links' rate. A larger sum's trees to every
+    chip load the chains' links too (three-chip chains, 4 KB: the gather apart is the cheaper).
+    The mapper keeps the cheaper and charges what it keeps (the other way round:
     :func:`test_the_choice_costs_the_chains_apart_at_once`)."""
     from types import SimpleNamespace
 
@@ -81,9 +82,12 @@ def test_the_gather_rides_on_the_chains_where_cheaper(board, tp, sp, nbytes):
     got = _comm(board, program, plan)
     fused = C.chain_all_reduce_gathered(board, chains, nbytes)
     apart = C.chains_all_reduce(board, chains, nbytes).seconds + C.all_gather(board, order, nbytes * sp).seconds
-    assert fused.seconds < apart
-    assert [(layer, c.op, c.algorithm, ready) for layer, c, ready in got] == [(1, "all_reduce", "chain", None)]
-    assert got[0][1].seconds == pytest.approx(fused.seconds)
+    assert (fused.seconds < apart) == (nbytes == 512)
+    if fused.seconds < apart:
+        assert [(layer, c.op, c.algorithm, ready) for layer, c, ready in got] == [(1, "all_reduce", "chain", None)]
+        assert got[0][1].seconds == pytest.approx(fused.seconds)
+    else:
+        assert [c.op for _, c, _ in got] == ["all_reduce", "all_gather"]
     # a gather of another tensor is not what the chains deliver: both run
     other, colls = _attention_end(0, sp, nbytes)
     got = _comm(board, other, SimpleNamespace(tp=tp, sp=sp, dp=1, chips=tp * sp, collectives=colls))

@@ -91,8 +91,10 @@ def test_a_segment_is_at_least_a_packet(board):
     for nbytes, counts in ((4, [1]), (64, [1, 2, 4, 8, 16]), (512, list(SEGMENTS))):
         cost = C.chain_all_reduce(board, order[:12], nbytes, SEGMENTS)
         assert [c.segments for c in cost.by_segments] == counts
-    # asked only for counts finer than a packet: the coarsest of them
-    assert C.chain_all_reduce(board, order[:12], 4, (8, 2)).segments == 2
+    # asked only for counts finer than a packet: one segment, the whole 4-byte packet
+    cost = C.chain_all_reduce(board, order[:12], 4, (8, 2))
+    assert cost.segments == 1
+    assert [c.segments for c in cost.by_segments] == [1]
 
 
 def test_later_segments_pay_the_links_not_the_hops(board):
@@ -106,3 +108,36 @@ def test_later_segments_pay_the_links_not_the_hops(board):
         seg = 4096 / m
         assert cost.seconds == pytest.approx(2 * (seg / bw + hop) + relay + (m - 1) * seg / bw)
         assert cost.step_s == pytest.approx(seg / bw + hop + relay)
+
+
+def test_a_link_on_the_chain_and_its_tree_carries_both(board):
+    """By hand on the board's chips 1 -> 0 -> 9 -> 8 -> 2 (neighbours in turn): the multicast
+    from 2 reaches 1 and 8 in one hop, 9 over 8 (8 -> 9, against the chain) and 0 only over 1
+    (0 and 2 share no other neighbour), so the link 1 -> 0 carries a chain segment and a tree
+    copy each period: later segments leave two segments' link time apart, not one."""
+    arch = tvm_spinn.arch_of(tvm_spinn.get_target("spinn/board"))
+    bw, hop = arch.payload_bw("chip"), arch.link_hop_s
+    relay = (2 * arch.task_word_cycles + arch.m4f_fpu_cycles) / arch.clock_hz
+    chain = [1, 0, 9, 8, 2]
+    assert [int(h) for h in board.hops([2] * 4, chain[:-1])] == [1, 2, 2, 1]
+    for m in (1, 4, 16):
+        cost = C.chain_all_reduce(board, chain, 4096, (m,))
+        seg = 4096 / m
+        # four chain hops (each with a relay), two tree hops, then m - 1 periods of two segments
+        expect = 4 * (seg / bw + hop + relay) + 2 * (seg / bw + hop) + (m - 1) * 2 * seg / bw
+        assert cost.seconds == pytest.approx(expect)
+
+
+def test_the_tree_leaves_the_chain_links_where_it_can(board):
+    """By hand on 3 -> 2 -> 7 -> 6: the multicast from 6 may reach 2 over 3 (3 -> 2, a chain
+    link) or over 7 (7 -> 2, against the chain's 2 -> 7), both two hops: over 7 no link carries
+    two segments, so later segments leave one segment's link time apart."""
+    arch = tvm_spinn.arch_of(tvm_spinn.get_target("spinn/board"))
+    bw, hop = arch.payload_bw("chip"), arch.link_hop_s
+    relay = (2 * arch.task_word_cycles + arch.m4f_fpu_cycles) / arch.clock_hz
+    assert [int(h) for h in board.hops([6, 6, 6], [3, 2, 7])] == [1, 2, 1]
+    for m in (1, 4, 16):
+        cost = C.chain_all_reduce(board, [3, 2, 7, 6], 4096, (m,))
+        seg = 4096 / m
+        expect = 3 * (seg / bw + hop + relay) + 2 * (seg / bw + hop) + (m - 1) * seg / bw
+        assert cost.seconds == pytest.approx(expect)

@@ -139,7 +139,11 @@ def chain_fed_chain(topo, ranks, first, second):
     ``i`` is longer than that by more than ``i`` of the second chain's steps, the difference:
     the first chain is charged ``max_i(h_i * tree step - i * second step)`` for its tree
     (``h_i``: rank ``i``'s hops from the last rank) instead of its deepest route's ``D`` steps.
-    The additions and their order are the first chain's: the bits do not change.
+    The additions and their order are the first chain's: the bits do not change. The first
+    chain's later segments still cross its tree after its first one (its tail, ``m - 1``
+    periods): only where that tail is no longer than the second chain's first step, before
+    whose end the second chain's segments are not yet on the links, is the saving taken (a
+    longer tail would share links with the second chain's segments).
 
     Returns ``first`` with those seconds (at each segment count it was costed for, too), or
     ``first`` itself where nothing is saved."""
@@ -150,11 +154,14 @@ def chain_fed_chain(topo, ranks, first, second):
         return first
     step2 = min(steps)
     hops = topo.hops(np.full(c, ranks[-1]), ranks).astype(np.float64)
-    relay = float(getattr(topo, "relay_word_s", 0.0))
+    relay = float(topo.relay_word_s)
 
     def fed(cost):
         tree = cost.step_s - relay  # a tree hop: the first segment's step without a rank's relay
         if cost.step_s <= 0.0 or tree <= 0.0:
+            return cost
+        tail = cost.seconds - (c - 1) * cost.step_s - hops.max() * tree  # the later segments' periods
+        if tail > step2 * (1.0 + 1e-9):
             return cost
         saved = hops.max() * tree - max(0.0, float((hops * tree - np.arange(c) * step2).max()))
         return replace(cost, seconds=cost.seconds - saved) if saved > 0.0 else cost

@@ -271,9 +271,9 @@ PACKET_PAYLOAD_BYTES = 4
 
 def _whole_packets(segments: "tuple[int, ...]", nbytes: float) -> "tuple[int, ...]":
     """The counts of ``segments`` that cut ``nbytes`` into segments of at least a packet's payload
-    (:data:`PACKET_PAYLOAD_BYTES`; a link moves no less), the smallest count where none does."""
+    (:data:`PACKET_PAYLOAD_BYTES`; a link moves no less), one segment where none does."""
     whole = tuple(m for m in segments if m == 1 or float(nbytes) / m >= PACKET_PAYLOAD_BYTES)
-    return whole or (min(segments),)
+    return whole or (1,)
 
 
 def _pipelined_s(topo: "Topology", chain: int, tree: int, m: int, step: float,
@@ -285,12 +285,12 @@ def _pipelined_s(topo: "Topology", chain: int, tree: int, m: int, step: float,
     slower of the chain's and the tree's links) and, at each chain hop, the rank's relay of a
     word with its term added (:attr:`~tvm_spinn.target.topology.Topology.relay_word_s`; the
     tree's hops are router copies). Each later segment leaves ``period`` after the one before
-    it: the busiest link's time for a segment's bytes, the chain's links and the trees' taken
-    apart as ``step`` takes them. A hop's latency is the router's pipeline and the link's
+    it: the busiest link's time for the bytes a link carries a segment, the chain's hop and the
+    trees' copies summed (a link on both carries a segment of each in a period). A hop's latency is the router's pipeline and the link's
     SERDES, which packets cross one behind the other, so it is paid once a hop of the path, not
     once a segment; a rank's words go to its PEs by their routing keys, so its relays keep up
     with the link."""
-    relay = float(getattr(topo, "relay_word_s", 0.0))
+    relay = float(topo.relay_word_s)
     return chain * (step + relay) + tree * step + (m - 1) * period, step + relay
 
 
@@ -337,31 +337,8 @@ def chain_all_reduce(topo: "Topology", ranks: Sequence[int], nbytes: float,
     c = ranks.size
     if c == 1 or nbytes == 0:
         return CollectiveCost("all_reduce", "chain", 0.0, 0.0, 0, 0, 0, c, float(nbytes))
-    i = np.arange(c - 1)
-    root = np.full(c - 1, ranks[-1])
-    depth = int(topo.hops(root, ranks[:-1]).max())
-    # the multicast tree: every link on a route from the last rank carries each segment once
-    _, tree = topo.route_links(root, ranks[:-1])
-    tree = np.unique(tree)
-    best = None
-    options = []
-    tree_share = np.zeros(topo.nodes * 6)
-    tree_share[tree] = 1.0  # one copy of each segment on every link of the tree
-    for m in segments:
-        cost, load = topo.evaluate(ranks[i], ranks[i + 1], float(nbytes) / m)
-        tree_s = topo.link_seconds(tree_share * (float(nbytes) / m)) + float(topo.link_hop_s[tree].max())
-        step = max(cost.seconds, tree_s)
-        period = max(cost.bandwidth_s, topo.link_seconds(tree_share * (float(nbytes) / m), tree))
-        load = load + tree_share * (float(nbytes) / m)
-        steps = m + c + depth - 2
-        seconds, hop = _pipelined_s(topo, c - 1, depth, m, step, period)
-        candidate = CollectiveCost("all_reduce", "chain", seconds, float(load.max()) * m,
-                                   steps * max(1, cost.max_hops), steps * cost.board_hops, steps, c, float(nbytes),
-                                   segments=int(m), step_s=hop)
-        options.append(candidate)
-        if best is None or candidate.seconds < best.seconds:
-            best = candidate
-    return replace(best, by_segments=tuple(options))
+    return _cheapest_chain(topo, ranks[:-1], ranks[1:], c, nbytes, segments,
+                           _tree_choices(topo, [ranks], [ranks], ranks[:-1], ranks[1:]))
 
 
 def chains_all_reduce(topo: "Topology", chains: Sequence[Sequence[int]], nbytes: float,
@@ -403,30 +380,7 @@ def chains_all_reduce(topo: "Topology", chains: Sequence[Sequence[int]], nbytes:
         return CollectiveCost("all_reduce", "chain", 0.0, 0.0, 0, 0, 0, c, float(nbytes))
     src = np.concatenate([g[:-1] for g in groups])
     dst = np.concatenate([g[1:] for g in groups])
-    roots = np.concatenate([np.full(c - 1, g[-1]) for g in groups])
-    depth = int(topo.hops(roots, src).max())
-    tree_share = np.zeros(topo.nodes * 6)
-    for g in groups:  # each chain's tree: the links on its routes from its last rank
-        _, links = topo.route_links(np.full(c - 1, g[-1]), g[:-1])
-        tree_share[np.unique(links)] += 1.0
-    tree = np.flatnonzero(tree_share)
-    best = None
-    options = []
-    for m in segments:
-        cost, load = topo.evaluate(src, dst, float(nbytes) / m)
-        tree_s = topo.link_seconds(tree_share * (float(nbytes) / m)) + float(topo.link_hop_s[tree].max())
-        step = max(cost.seconds, tree_s)
-        period = max(cost.bandwidth_s, topo.link_seconds(tree_share * (float(nbytes) / m), tree))
-        load = load + tree_share * (float(nbytes) / m)
-        steps = m + c + depth - 2
-        seconds, hop = _pipelined_s(topo, c - 1, depth, m, step, period)
-        candidate = CollectiveCost("all_reduce", "chain", seconds, float(load.max()) * m,
-                                   steps * max(1, cost.max_hops), steps * cost.board_hops, steps, c, float(nbytes),
-                                   segments=int(m), step_s=hop)
-        options.append(candidate)
-        if best is None or candidate.seconds < best.seconds:
-            best = candidate
-    return replace(best, by_segments=tuple(options))
+    return _cheapest_chain(topo, src, dst, c, nbytes, segments, _tree_choices(topo, groups, groups, src, dst))
 
 
 def _chain_groups(name: str, chains) -> "list[np.ndarray]":
@@ -492,45 +446,111 @@ def chain_all_reduce_gathered(topo: "Topology", chains: Sequence[Sequence[int]],
         return CollectiveCost("all_reduce", "chain", 0.0, 0.0, 0, 0, 0, c, float(nbytes))
     src = np.concatenate([g[:-1] for g in groups])
     dst = np.concatenate([g[1:] for g in groups])
-    tree_share, depth = _chain_trees(topo, every, [g.size * (k + 1) - 1 for k, g in enumerate(groups)])
-    if tree_share is None:  # the chips' own links do not connect them: along the routes
-        roots = np.concatenate([np.full(every.size - 1, g[-1]) for g in groups])
-        depth = int(topo.hops(roots, np.concatenate([every[every != g[-1]] for g in groups])).max())
-        tree_share = np.zeros(topo.nodes * 6)
-        for g in groups:
-            _, links = topo.route_links(np.full(every.size - 1, g[-1]), every[every != g[-1]])
-            tree_share[np.unique(links)] += 1.0
-    tree = np.flatnonzero(tree_share)
+    return _cheapest_chain(topo, src, dst, c, nbytes, segments,
+                           _tree_choices(topo, groups, [every] * len(groups), src, dst))
+
+
+def _tree_choices(topo: "Topology", groups, targets, src: np.ndarray,
+                  dst: np.ndarray) -> "list[tuple[np.ndarray, int]]":
+    """The multicast trees a chain all-reduce may send its result on, each as ``(trees per
+    directed link, deepest tree's hops)``: from each chain's last rank (``groups[k][-1]``) to
+    every chip of ``targets[k]``, along the routes; over the targets' own links balanced as
+    :func:`_chain_trees` balances them, where those links connect them; and over those links
+    steered off the chains' own hops (``src -> dst``), where a route of equal depth avoids
+    them. A link on a chain and a tree carries a segment of each in a period, so the cheapest
+    depends on the message: the caller costs every choice. Memoized on ``topo`` per chains and
+    targets."""
+    key = ("chain_tree_choices", tuple(tuple(int(r) for r in g) for g in groups),
+           tuple(tuple(int(r) for r in t) for t in targets))
+    if key not in topo.memo:
+        topo.memo[key] = _build_tree_choices(topo, groups, targets, src, dst)
+    return topo.memo[key]
+
+
+def _build_tree_choices(topo: "Topology", groups, targets, src: np.ndarray,
+                        dst: np.ndarray) -> "list[tuple[np.ndarray, int]]":
+    """:func:`_tree_choices` computed."""
+    share = np.zeros(topo.nodes * 6)
+    depth = 0
+    for g, t in zip(groups, targets):
+        t = t[t != g[-1]]
+        _, links = topo.route_links(np.full(t.size, g[-1]), t)
+        share[np.unique(links)] += 1.0
+        depth = max(depth, int(topo.hops(np.full(t.size, g[-1]), t).max()))
+    choices = [(share, depth)]
+    if src.size:
+        _, hops = topo.route_links(src, dst)
+        chain = np.bincount(hops, minlength=topo.nodes * 6).astype(np.float64)
+    else:
+        chain = np.zeros(topo.nodes * 6)
+    for seed in (None, chain):
+        total, deepest = np.zeros(topo.nodes * 6), 0
+        if all(t is targets[0] for t in targets):  # one target set: the trees balanced together
+            load, d = _chain_trees(topo, targets[0], [int(np.flatnonzero(targets[0] == g[-1])[0]) for g in groups],
+                                   seed)
+            if load is None:
+                continue
+            total, deepest = load, d
+        else:  # each chain's tree to its own ranks, the later ones steered off the earlier ones too
+            trees = []
+            for g, t in zip(groups, targets):
+                load, d = _chain_trees(topo, t, [t.size - 1], None if seed is None else seed + total)
+                if load is None:
+                    break
+                trees.append(load)
+                total, deepest = total + load, max(deepest, d)
+            if len(trees) < len(groups):
+                continue
+        if not any(np.array_equal(total, other) and deepest == dd for other, dd in choices):
+            choices.append((total, deepest))
+    return choices
+
+
+def _cheapest_chain(topo: "Topology", src: np.ndarray, dst: np.ndarray, c: int, nbytes: float, segments,
+                    trees) -> CollectiveCost:
+    """The cheapest cost of chains of ``c`` ranks (hops ``src -> dst``) at each segment count,
+    their results multicast on each of ``trees`` (:func:`_tree_choices`), and the cheapest of
+    those: the first segment crosses the ``c - 1`` chain hops and the tree's ``D``, a step each,
+    the later ones follow a period apart (:func:`_pipelined_s`). ``steps`` counts those
+    ``c - 1 + D`` steps and the ``m - 1`` periods; ``hops`` and ``board_hops`` are ``steps``
+    times a step's longest route and its board crossings."""
     best = None
     options = []
     for m in segments:
+        seg = float(nbytes) / m
         if c > 1:
-            cost, load = topo.evaluate(src, dst, float(nbytes) / m)
+            cost, chain_load = topo.evaluate(src, dst, seg)
             chain_s, max_hops, board_hops = cost.seconds, max(1, cost.max_hops), cost.board_hops
-            chain_bw_s = cost.bandwidth_s
         else:
-            load, chain_s, max_hops, board_hops = np.zeros(topo.nodes * 6), 0.0, 1, 0
-            chain_bw_s = 0.0
-        tree_s = topo.link_seconds(tree_share * (float(nbytes) / m)) + float(topo.link_hop_s[tree].max())
-        step = max(chain_s, tree_s)
-        period = max(chain_bw_s, topo.link_seconds(tree_share * (float(nbytes) / m), tree))
-        load = load + tree_share * (float(nbytes) / m)
-        steps = m + c + depth - 2
-        seconds, hop = _pipelined_s(topo, c - 1, depth, m, step, period)
-        candidate = CollectiveCost("all_reduce", "chain", seconds, float(load.max()) * m, steps * max_hops,
-                                   steps * board_hops, steps, c, float(nbytes), segments=int(m), step_s=hop)
-        options.append(candidate)
-        if best is None or candidate.seconds < best.seconds:
-            best = candidate
+            chain_load, chain_s, max_hops, board_hops = np.zeros(topo.nodes * 6), 0.0, 1, 0
+        pick = None
+        for tree_share, depth in trees:
+            tree = np.flatnonzero(tree_share)
+            tree_s = topo.link_seconds(tree_share * seg, tree) + float(topo.link_hop_s[tree].max())
+            step = max(chain_s, tree_s)
+            load = chain_load + tree_share * seg
+            period = topo.link_seconds(load)  # a link on the chain and a tree carries both segments
+            steps = m + c + depth - 2
+            seconds, hop = _pipelined_s(topo, c - 1, depth, m, step, period)
+            candidate = CollectiveCost("all_reduce", "chain", seconds, float(load.max()) * m, steps * max_hops,
+                                       steps * board_hops, steps, c, float(nbytes), segments=int(m), step_s=hop)
+            if pick is None or candidate.seconds < pick.seconds:
+                pick = candidate
+        options.append(pick)
+        if best is None or pick.seconds < best.seconds:
+            best = pick
     return replace(best, by_segments=tuple(options))
 
 
-def _chain_trees(topo: "Topology", ranks: np.ndarray, roots) -> "tuple[np.ndarray | None, int]":
+def _chain_trees(topo: "Topology", ranks: np.ndarray, roots,
+                 seed: "np.ndarray | None" = None) -> "tuple[np.ndarray | None, int]":
     """Multicast trees from each rank index of ``roots`` to every other rank over the ranks'
     own links, each rank hung from the neighbour one hop closer to the root whose link carries
     the fewest trees so far (re-chosen in passes, as :func:`.trees._multicast_trees` balances
     the all-gather's): ``(trees per directed link, deepest tree's hops)``, ``(None, 0)`` where
-    the links do not connect the ranks."""
+    the links do not connect the ranks. ``seed``: segments a link already carries a period (a
+    chain's hops), which a tree's choice of parent weighs with its own, not counted in the
+    trees returned."""
     from .trees import _MULTICAST_PASSES, _breadth_first, _local_links
 
     member, nb = _local_links(topo, ranks)
@@ -543,7 +563,8 @@ def _chain_trees(topo: "Topology", ranks: np.ndarray, roots) -> "tuple[np.ndarra
         for v in order[s][1:]:
             cand[s, v] = [int(ranks[u]) * 6 + (d + 3) % 6 for d, u in enumerate(nb[v])
                           if u >= 0 and dist[s, u] == dist[s, v] - 1]
-    load = np.zeros(topo.nodes * 6)
+    load = np.zeros(topo.nodes * 6) if seed is None else np.array(seed, dtype=np.float64)
+    base = load.copy()
     inv_bw = 1.0 / topo.link_bw
     choice: dict = {}
     for _ in range(_MULTICAST_PASSES):
@@ -554,4 +575,4 @@ def _chain_trees(topo: "Topology", ranks: np.ndarray, roots) -> "tuple[np.ndarra
             best = min(cand[key], key=lambda link: (load[link] * inv_bw[link], link))
             choice[key] = best
             load[best] += 1.0
-    return load, int(dist.max())
+    return load - base, int(dist.max())
