@@ -30,15 +30,32 @@ def test_a_layers_passes_on_shared_pes_against_a_schedule_built_here(setup):
     """GPT-2 small's layer at 8 rows a slot (TP 12, weights resident, the chunk's keys from the
     stash): the saving is the passes' GEMMs in series less the PEs' schedule of the forward's
     chain (Q/K/V, the attention's two matmuls, the output projection, the MLP), the input
-    gradients' chain in reverse and the weight gradients free, each GEMM as gemm_seconds prices
-    it; between nothing and what the tiles' work over the PEs leaves."""
+    gradients' chain in reverse and the projections' weight gradients free, each GEMM as gemm_seconds prices
+    it; between nothing and what the tiles' work over the PEs leaves. The attention's key and
+    value gradients are on the backward's chain (the Q/K/V projection's gradients read them),
+    not free."""
     spec, system, comms = setup
     weights, attention = _block_gemms(spec, 8, 256, 12, 1, 32)
     qkv, proj, up, down = weights
-    order = [(qkv, True), (attention[0], False), (attention[1], False), (proj, True), (up, True), (down, True)]
+    scores, context = attention
+    order = [(qkv, True), (scores, False), (context, False), (proj, True), (up, True), (down, True)]
     fwd = [gemm_tiles(system, m, k, n, b, on) for (m, k, n, b), on in order]
-    bwd = [gemm_tiles(system, m, n, k, b, on) for (m, k, n, b), on in order[::-1]]
-    wgt = [gemm_tiles(system, k, m, n, b, True) for (m, k, n, b), _ in order[::-1]]
+
+    def d_a(g, on):  # dA = dY B^T
+        m, k, n, b = g
+        return gemm_tiles(system, m, n, k, b, on)
+
+    def d_b(g):  # dB = A^T dY, dY just produced on chip
+        m, k, n, b = g
+        return gemm_tiles(system, k, m, n, b, True)
+
+    # the backward's chain: each GEMM's input gradient in reverse order; the values' gradient dV
+    # feeds the fused Q/K/V projection's gradients, as does the keys' dK, so each runs on the
+    # chain right after its matmul's input gradient; only the projections' weight gradients
+    # are read by no later GEMM of the pass
+    bwd = [d_a(down, True), d_a(up, True), d_a(proj, True), d_a(context, False), d_b(context),
+           d_a(scores, False), d_b(scores), d_a(qkv, True)]
+    wgt = [d_b(down), d_b(up), d_b(proj), d_b(qkv)]
     series = (sum(gemm_seconds(system, m, k, n, b, on) for (m, k, n, b), on in order)
               + sum(gemm_seconds(system, m, n, k, b, on) for (m, k, n, b), on in order)
               + sum(gemm_seconds(system, k, m, n, b, True) for (m, k, n, b), _ in order))

@@ -221,6 +221,8 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         # of another and the weight gradients: _shared_pes_saving); a pass that waits on DRAM
         # keeps its time (the traffic's, not the PEs')
         pe_s = f_s + b_s - (0.0 if waits or (heads and stage == pp) else layers * shared_s)
+        # both passes' DRAM traffic runs on the one DRAM port whatever the PEs overlap
+        pe_s = max(pe_s, dram_f + dram_b)
         if heads and stage == pp:
             tp_f, tp_b, pp_s, pp_on = head_ag + head_loss, head_rs, head_io, head_io_on
             busy = head_ag_busy + head_loss_busy + head_rs_busy
