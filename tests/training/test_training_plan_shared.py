@@ -161,3 +161,20 @@ def test_one_stage_pairs_each_later_slot_with_the_one_before(setup, monkeypatch)
     series = _step_time(spec, split, 256, "adamw", system, _Comms(system, True))
     assert saving > 0
     assert series.pipeline_s - shared.pipeline_s == pytest.approx((split.slots - 1) * spec.layers * saving, rel=1e-9)
+
+
+def test_sharing_the_pes_never_takes_a_slot_below_its_dram_traffic(setup, monkeypatch):
+    """However much the PEs' schedule gave back, both passes' DRAM traffic (the activations
+    stashed by the forward and read back by the backward, on one DRAM port) still takes its
+    time: with an absurd saving every block stage's steady compute stays positive, at least the
+    stashed activations' bytes (one slot's layer inputs of 8 rows x 768, written once and read
+    once) over the DRAM bandwidth."""
+    from tvm_spinn.training.planner import step as step_module
+
+    spec, system, _ = setup
+    monkeypatch.setattr(step_module, "_shared_pes_saving", lambda *args: 1e3)
+    step = _step_time(spec, SPLIT, 256, "adamw", system, _Comms(system, True))
+    floor = 2 * 4 * 8 * 768 // 12 / system.dram_bw_bytes_s
+    for j, c, *_ in step.stages_s:
+        if j < SPLIT.pp:
+            assert c >= floor, j
