@@ -187,7 +187,8 @@ def gpt2_small_plans(seq: int = 256, batch: int = 8) -> dict:
     systems = (("smallest", make_system("gpt2-small-smallest", chips=found[0])), ("board", board),
                ("24 boards", make_system("gpt2-small-24-boards", boards=24)))
     print(f"\n== GPT-2 small ({spec.params / 1e6:.1f}M parameters, vocabulary {spec.vocab}), seq {seq}, "
-          f"batch {batch}, AdamW, recomputation off (planned)")
+          f"batch {batch}, AdamW, recomputation off (planned; priced, not built: a steady slot's passes on "
+          f"shared PEs and the token chunks, while the compiled step runs its GEMMs one after another)")
     print(f"  {'system':<10}{'chips':>6}  {'split (reproducible)':<44}{'step s':>9}{'tokens/s':>10}{'bound s':>9}"
           f"{'effic.':>8}{'speedup':>9}{'of lin.':>8}{'repro/fast':>11}")
     rows = {}
@@ -309,7 +310,8 @@ def _pacing_gemms(spec, plan, arch, seq: int) -> None:
     saved = _shared_pes_saving(arch, weights, _Comms(arch, plan.reproducible), resident, attention, fresh,
                                split.recompute, _attention_at(spec))
     print(f"    a steady slot's passes on shared PEs (one slot's forward, another's backward, the weight gradients; "
-          f"timing.gemm_overlap): {(sum(totals.values()) - saved) * 1e6:.1f} us")
+          f"timing.gemm_overlap; priced, not built: the compiled step runs them one after another): "
+          f"{(sum(totals.values()) - saved) * 1e6:.1f} us")
 
 
 def _plot(results: dict, path: str) -> None:

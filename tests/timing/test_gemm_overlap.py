@@ -79,3 +79,14 @@ def test_shared_pes_bounds(board):
     chains = max(sum(g.alone_s(pes) for g in fwd), sum(g.alone_s(pes) for g in bwd))
     assert max(work, chains) <= shared < series
     assert shared == shared_pes_seconds(board, [fwd, bwd], wgt)  # deterministic
+
+
+def test_leftover_free_tiles_on_unstarted_pes_wait_for_their_operands(board):
+    """A free GEMM whose tiles found no idle time before the chain (the chain's one GEMM takes
+    every PE from the start) runs after it, and each PE's first tile of it waits for its
+    operands: a round of the chain GEMM (operands 100 cycles, tile 1,000, write-back 10), then
+    the free GEMM's operands (300), its tile (500) and write-back (20), counted here by hand."""
+    pes = board.pes_per_chip
+    chain = GemmTiles(pes, 1000, 100.0, 10.0, 0.0, 1.0)
+    free = GemmTiles(pes, 500, 300.0, 20.0, 0.0, 1.0)
+    assert shared_pes_seconds(board, [[chain]], [free]) == pytest.approx(100 + 1000 + 300 + 500 + 20)

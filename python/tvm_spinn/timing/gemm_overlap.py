@@ -101,13 +101,15 @@ def gemm_tiles(arch, m: int, k: int, n: int, batch: int = 1, resident: bool = Fa
     return GemmTiles(tiles, cycles, first, last, arch.barrier_cost_cycles(pes), arch.clock_hz)
 
 
-def _place(pe: np.ndarray, gemm: GemmTiles, start: float) -> float:
+def _place(pe: np.ndarray, gemm: GemmTiles, start: float, lead: "np.ndarray | None" = None) -> float:
     """Run ``gemm``'s tiles from ``start`` on the PEs that free up first (``pe``: each PE's free
     time, updated in place): every PE takes ``tiles // pes`` tiles and the earliest free ones one
-    more; a PE's first tile waits for its operands (``first_s`` after ``start``). Returns when
-    the GEMM ends (its last tile, then ``last_s``)."""
+    more; a PE's first tile waits for its operands (``first_s`` after ``start``; with ``lead``,
+    each PE's own wait after it frees up: ``first_s`` for a PE that has not run a tile of the
+    GEMM yet, none for one whose next operands are already double-buffered). Returns when the
+    GEMM ends (its last tile, then ``last_s``)."""
     pes = pe.size
-    at = np.maximum(pe, start + gemm.first_s)
+    at = np.maximum(pe, start + gemm.first_s) if lead is None else np.maximum(pe + lead, start)
     order = np.argsort(at, kind="stable")
     full, extra = divmod(gemm.tiles, pes)
     count = np.full(pes, full, dtype=np.int64)
@@ -179,6 +181,7 @@ def shared_pes_seconds(arch, chains: "list[list[GemmTiles]]", free: "list[GemmTi
         end = max(end, ready[c])
     for j, (gemm, left, started) in enumerate(jobs):
         if left:  # what did not fit the idle time: on the PEs as they free up
-            job_end[j] = _place(pe, gemm.with_tiles(left), 0.0) - gemm.last_s
+            # a PE that has not run a tile of it yet first fetches its operands, as in _fill
+            job_end[j] = _place(pe, gemm.with_tiles(left), 0.0, np.where(started, 0.0, gemm.first_s)) - gemm.last_s
         end = max(end, job_end[j] + gemm.last_s)
     return max(end, float(pe.max()))

@@ -95,24 +95,40 @@ def _gathered_params(spec, split: "Split", stage: int) -> int:
     return table + (spec.max_positions * h if spec.family == "gpt2" else 0)
 
 
-def _untouched_rows(spec, seq: int, stage: int, share: int = 1) -> int:
+def _untouched_rows(spec, seq: int, stage: int, rows: "int | None" = None) -> int:
     """Parameters of a stage's gathered tables whose gradient no step can touch on a rank:
     GPT-2's position rows from ``seq`` on (every sequence of the step takes positions
-    ``0 .. seq - 1``), and with sequence parallelism over ``share`` ranks (:func:`_position_share`)
-    the elements of the rows below ``seq`` that the other ranks' tokens take: a rank's embedding
-    adds the position rows of its own ``1 / share`` of each slot's tokens and reads no others,
-    the same elements every step and on every replica. Their gradient is zero on every replica,
-    so the data-parallel synchronisation leaves them out (its sum would be those zeros: the bits
-    do not change); the update still runs over them (weight decay)."""
+    ``0 .. seq - 1``), and with sequence parallelism the rows below ``seq`` that none of the
+    rank's own tokens take: a rank's embedding adds the position rows of its own tokens of each
+    slot and reads no others, the same rows every step and on every replica. ``rows``: the
+    distinct positions the busiest rank's tokens take over a step (:func:`_position_rows`;
+    default every one below ``seq``). Their gradient is zero on every replica, so the
+    data-parallel synchronisation leaves them out (its sum would be those zeros: the bits do not
+    change); the update still runs over them (weight decay)."""
     if stage != 0 or spec.family != "gpt2":
         return 0
     h = spec.hidden
-    return spec.max_positions * h - min(spec.max_positions, seq) * h // max(1, share)
+    touched = min(spec.max_positions, seq) if rows is None else min(spec.max_positions, seq, rows)
+    return (spec.max_positions - touched) * h
 
 
 def _position_share(split: "Split") -> int:
     """Ranks that split each slot's tokens (sequence parallelism over the TP ranks; 1 without)."""
     return split.tp if split.sequence_parallel and split.tp > 1 else 1
+
+
+def _position_rows(split: "Split", seq: int) -> int:
+    """Distinct positions the busiest rank's tokens take over a step: a slot's ``micro_batch``
+    sequences (or a chunk of ``seq / chunks`` consecutive tokens of each) split into contiguous
+    row blocks over the :func:`_position_share` ranks as ``np.array_split`` splits them (the
+    first ranks one row more), so the first rank's block of ``ceil(tokens / share)`` rows covers
+    that many consecutive positions of a chunk (all of its ``seq / chunks`` when the block is at
+    least a chunk long), in every one of the ``chunks`` chunks. A rank's sync covers those rows
+    whole: the synchronisation waits for its busiest rank."""
+    chunks = max(1, split.chunks)
+    length = -(-seq // chunks)  # a chunk's positions
+    block = -(-split.micro_batch * length // _position_share(split))
+    return min(seq, chunks * min(block, length))
 
 
 def _block_flops(spec, tokens: int, seq: int, tp: int = 1, chunks: int = 1) -> tuple[int, int]:

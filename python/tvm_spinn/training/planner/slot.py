@@ -55,9 +55,11 @@ def _shared_pes_saving(arch, gemms: list, comms: "_Comms", resident: bool = Fals
     QKV forward's 96 tiles on 148 PEs) run the other pass's tiles and the weight gradients'. The
     forward is a chain of the layer's GEMMs (``gemms[:attention_at]``, the attention's two, the
     rest: each reads the one before), the backward the chain of their input gradients in
-    reverse order (after the forward's GEMMs once more when it recomputes them), the weight
-    gradients free GEMMs; each GEMM priced with its operands where :func:`_pass_seconds` finds
-    them. Every tile keeps its arithmetic: no bit moves."""
+    reverse order (after the forward's GEMMs once more when it recomputes them), each attention
+    matmul's second-operand gradient (the keys', the values') right after its input gradient:
+    the key and value projections' input and weight gradients read them. The projections' weight
+    gradients are the free GEMMs; each GEMM priced with its operands where :func:`_pass_seconds`
+    finds them. Every tile keeps its arithmetic: no bit moves."""
     def make() -> float:
         def tiles(m, k, n, b, on_chip):
             return comms._get(("tiles", m, k, n, b, on_chip), lambda: gemm_tiles(arch, m, k, n, b, on_chip))
@@ -65,8 +67,12 @@ def _shared_pes_saving(arch, gemms: list, comms: "_Comms", resident: bool = Fals
         order = ([(g, resident) for g in gemms[:attention_at]] + [(g, None) for g in attention]
                  + [(g, resident) for g in gemms[attention_at:]])
         forward = [tiles(m, k, n, b, fresh if on is None else on) for (m, k, n, b), on in order]
-        dgrad = [tiles(m, n, k, b, fresh and recomputed if on is None else on) for (m, k, n, b), on in order[::-1]]
-        wgrad = [tiles(k, m, n, b, True) for (m, k, n, b), _ in order[::-1]]
+        dgrad = []
+        for (m, k, n, b), on in order[::-1]:
+            dgrad.append(tiles(m, n, k, b, fresh and recomputed if on is None else on))
+            if on is None:  # the attention's dB (dK, dV): read by the key/value projection's gradients
+                dgrad.append(tiles(k, m, n, b, True))
+        wgrad = [tiles(k, m, n, b, True) for (m, k, n, b), on in order[::-1] if on is not None]
         backward = (forward if recomputed else []) + dgrad
         pes = arch.pes_per_chip
         alone = sum(g.alone_s(pes) for g in forward + backward + wgrad)

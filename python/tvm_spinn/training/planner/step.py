@@ -6,7 +6,7 @@ import numpy as np
 
 from .comms import _Comms
 from .memory import _costed_stages, _held_slots, _stage_activations
-from .model import (_attention_at, _block_gemms, _gathered_params, _position_share, _stage_params,
+from .model import (_attention_at, _block_gemms, _gathered_params, _position_rows, _stage_params,
                     _untouched_rows, _vocab_rows)
 from .records import F32, Split, StepTime
 from .slot import (_fresh_attention, _landing, _pass_seconds, _resident_share, _shared_pes_saving, _slot_seconds,
@@ -221,6 +221,8 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         # of another and the weight gradients: _shared_pes_saving); a pass that waits on DRAM
         # keeps its time (the traffic's, not the PEs')
         pe_s = f_s + b_s - (0.0 if waits or (heads and stage == pp) else layers * shared_s)
+        # both passes' DRAM traffic runs on the one DRAM port whatever the PEs overlap
+        pe_s = max(pe_s, dram_f + dram_b)
         if heads and stage == pp:
             tp_f, tp_b, pp_s, pp_on = head_ag + head_loss, head_rs, head_io, head_io_on
             busy = head_ag_busy + head_loss_busy + head_rs_busy
@@ -362,7 +364,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
     # the block stages end within the drain of each other: their groups synchronise at once (the
     # largest stage's bytes), as the first stage ends; the tied table's synchronisation too
     block = [(_stage_params(spec, tp, pp, j, heads, spread), j) for j in sorted({0, pp - 1})]
-    dp_blocks = sync(grid.reshape(-1, dp), max(n - _untouched_rows(spec, seq, j, _position_share(split))
+    dp_blocks = sync(grid.reshape(-1, dp), max(n - _untouched_rows(spec, seq, j, _position_rows(split, seq))
                                                for n, j in block))
     tail = (max(dp_blocks, tied), max(update(n, j) for n, j in block))
     if stages > 1 and slots > 1:

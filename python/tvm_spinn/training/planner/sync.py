@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from .comms import _Comms
-from .model import _gathered_params, _layer_params, _position_share, _stage_params, _untouched_rows
+from .model import _gathered_params, _layer_params, _position_rows, _stage_params, _untouched_rows
 from .records import F32, OPTIMIZERS, Split
 from .slot import _pass_seconds, _resident_share
 
@@ -90,7 +90,7 @@ def _bucket_tail(spec, split: Split, seq: int, optimizer: str, arch, comms: "_Co
     per_layer = _layer_params(spec, tp)
     extra = per_layer - sum(n for _, n, _ in secs)  # norms and biases, with the layer's first GEMM
     tables = max(0, params - layers * per_layer)
-    untouched = _untouched_rows(spec, seq, stage, _position_share(split))
+    untouched = _untouched_rows(spec, seq, stage, _position_rows(split, seq))
     deferred = split.zero_bubble
     total_t = layers * sum((w if deferred else t) for t, _, w in secs) or 1.0
     span = slot["drain"] if not deferred else min(slot["drain"], layers * sum(w for _, _, w in secs))
@@ -150,7 +150,7 @@ def _staggered_tail(spec, split: Split, seq: int, optimizer: str, arch, comms: "
     grid = split.grid()
     every = grid.reshape(-1, dp)
     op = "reduce_scatter" if zero else "all_reduce"
-    touched = max(n - _untouched_rows(spec, seq, j, _position_share(split)) for n, j in block)
+    touched = max(n - _untouched_rows(spec, seq, j, _position_rows(split, seq)) for n, j in block)
 
     def cost(groups: np.ndarray, nbytes: float) -> tuple:  # (seconds, busy) of a reduction (and gather)
         s = comms.collective_parts(op, groups, nbytes)
