@@ -12,6 +12,7 @@ import pytest
 from tvm_spinn.llm.spec import spec_of
 from tvm_spinn.target import make_system
 from tvm_spinn.timing.gemm import gemm_seconds
+from tvm_spinn.timing.gemm_overlap import gemm_tiles
 from tvm_spinn.training.planner import Split, _Comms, _pass_seconds, _step_time
 from tvm_spinn.training.planner.model import _block_gemms, _gathered_params, _stage_params
 from tvm_spinn.training.planner.slot import _fresh_attention, _resident_share
@@ -85,7 +86,8 @@ def test_fresh_attention_needs_the_whole_context_in_sram(board):
 def test_a_spread_head_in_sram_is_not_streamed(monkeypatch):
     """GPT-2 small spread over a 24-board pipeline whose every stage holds its weights (the
     head's rows among them) in SRAM: no GEMM of the step reads its weights from DRAM, so
-    pricing a streamed LM-head GEMM a thousand times dearer leaves the step's time as it is."""
+    pricing a streamed LM-head GEMM a thousand times dearer leaves the step's time as it is,
+    while the head's GEMMs are priced through the patched tiles (in SRAM)."""
     import tvm_spinn.training.planner.slot as slot
     from tvm_spinn.training.planner import _vocab_rows
 
@@ -97,12 +99,15 @@ def test_a_spread_head_in_sram_is_not_streamed(monkeypatch):
             _resident_share(system)
     rows = _vocab_rows(spec, split.tp * split.pp)
     step = _step_time(spec, split, 256, "adamw", system, _Comms(system, True))
+    priced = []
 
     def dear(arch, m, k, n, batch=1, resident=False):
-        seconds = gemm_seconds(arch, m, k, n, batch, resident)
+        tiles = gemm_tiles(arch, m, k, n, batch, resident)
         head = rows in (m, k, n) and spec.hidden in (m, k, n)
-        return 1000 * seconds if head and not resident else seconds
+        priced.append((head, resident))
+        return dataclasses.replace(tiles, tile_cycles=1000 * tiles.tile_cycles) if head and not resident else tiles
 
-    monkeypatch.setattr(slot, "gemm_seconds", dear)
+    monkeypatch.setattr(slot, "gemm_tiles", dear)
     assert _step_time(spec, split, 256, "adamw", system, _Comms(system, True)).total_s == \
         pytest.approx(step.total_s, rel=1e-12)
+    assert (True, True) in priced and (True, False) not in priced  # the head's GEMMs went through it, in SRAM

@@ -178,3 +178,39 @@ def test_sharing_the_pes_never_takes_a_slot_below_its_dram_traffic(setup, monkey
     for j, c, *_ in step.stages_s:
         if j < SPLIT.pp:
             assert c >= floor, j
+
+
+def test_each_gemm_shapes_tile_search_runs_once_a_plan(monkeypatch):
+    """A plan prices each GEMM (its pass times) and schedules it on shared PEs from one tile
+    search per shape and operand placement, shared by the search's full and lower-bound
+    costings: the mapper's tile choice runs once per GEMM shape for the whole plan."""
+    import tvm_spinn.timing.gemm as gemm_module
+    import tvm_spinn.timing.gemm_overlap as overlap_module
+    import tvm_spinn.training.planner.search as search_module
+    import tvm_spinn.training.planner.step as step_module
+    from tvm_spinn.training import plan_training
+
+    searched, shared = {}, []
+
+    def counted(choose):
+        def choose_counted(g, arch, pes, resident=False):
+            searched[(g, pes, resident)] = searched.get((g, pes, resident), 0) + 1
+            return choose(g, arch, pes, resident)
+        return choose_counted
+
+    def saving(module):
+        original = module._shared_pes_saving
+
+        def counted_saving(*args):
+            shared.append(args[1:])
+            return original(*args)
+        return counted_saving
+
+    for module in (gemm_module, overlap_module):
+        monkeypatch.setattr(module, "choose_matmul_tile", counted(module.choose_matmul_tile))
+    for module in (search_module, step_module):
+        monkeypatch.setattr(module, "_shared_pes_saving", saving(module))
+    config = {**GPT2_SMALL, "n_layer": 4, "n_embd": 128, "n_head": 4, "vocab_size": 1000}
+    plan = plan_training(config, make_system("four-chips", chips=4), seq=64, global_batch=8, pp=2)
+    assert plan.split.pp > 1 and shared  # steady slots were scheduled on shared PEs
+    assert searched and max(searched.values()) == 1, sorted(n for n in searched.values() if n > 1)

@@ -68,6 +68,8 @@ class _Comms:
         # the board paths and a pair's bytes split over them depend on the system only: a
         # ``shared`` instance's (the search's lower-bound costing beside its full one) are reused
         self.paths: dict = shared.paths if shared is not None else {}
+        # so are the GEMMs' tiles and pass times (the system's chip alone prices them)
+        self.gemms: dict = shared.gemms if shared is not None else {}
 
     def _get(self, key, make, cache: "dict | None" = None):
         cache = self.cache if cache is None else cache

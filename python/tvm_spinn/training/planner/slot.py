@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...timing.gemm import gemm_seconds
-from ...timing.gemm_overlap import gemm_tiles, shared_pes_seconds
+from ...timing.gemm_overlap import GemmTiles, gemm_tiles, shared_pes_seconds
 from .comms import _Comms
 from .model import _widths
 from .records import F32
@@ -14,7 +13,8 @@ from .records import F32
 def _pass_seconds(arch, gemms: list, comms: "_Comms", resident: bool = False, attention: list = (),
                   fresh: bool = False, recomputed: bool = False) -> tuple[float, float, float]:
     """``(forward, input gradients, weight gradients)`` seconds of a stage's GEMMs ``[(m, k, n,
-    batch)]`` (:func:`~tvm_spinn.timing.gemm.gemm_seconds`, cached on ``comms``): the backward of
+    batch)]`` (:func:`~tvm_spinn.timing.gemm.gemm_seconds`: each GEMM's :func:`_tiles` alone on the
+    chip, the same float): the backward of
     ``Y = A B`` is ``dA = dY B^T`` (``m x n`` by ``n x k``) and ``dB = A^T dY`` (``k x m`` by
     ``m x n``). Each GEMM is priced with the tiles for a right operand held in SRAM
     (``resident=True``) exactly where that operand is in SRAM when the GEMM runs:
@@ -28,8 +28,10 @@ def _pass_seconds(arch, gemms: list, comms: "_Comms", resident: bool = False, at
       reads the forward's keys and values, stashed in DRAM for the backward unless the backward
       recomputes them (``recomputed``: then as fresh as in the forward); ``dB = A^T dY`` reads
       the output gradient just produced on chip."""
+    pes = arch.pes_per_chip
+
     def seconds(m, k, n, b, on_chip):
-        return comms._get(("gemm", m, k, n, b, on_chip), lambda: gemm_seconds(arch, m, k, n, b, on_chip))
+        return _tiles(arch, comms, m, k, n, b, on_chip).alone_s(pes)
 
     def passes():
         fwd = (sum(seconds(m, k, n, b, resident) for m, k, n, b in gemms)
@@ -39,7 +41,17 @@ def _pass_seconds(arch, gemms: list, comms: "_Comms", resident: bool = False, at
         wgrad = sum(seconds(k, m, n, b, True) for m, k, n, b in list(gemms) + list(attention))
         return fwd, dgrad, wgrad
 
-    return comms._get(("passes", tuple(gemms), resident, tuple(attention), fresh, recomputed), passes)
+    return comms._get(("passes", tuple(gemms), resident, tuple(attention), fresh, recomputed), passes, comms.gemms)
+
+
+def _tiles(arch, comms: "_Comms", m: int, k: int, n: int, batch: int, resident: bool) -> GemmTiles:
+    """One GEMM's tiles on a chip (:func:`~tvm_spinn.timing.gemm_overlap.gemm_tiles`), searched
+    once per shape and operand placement for a plan's search (``comms.gemms``): :func:`_pass_seconds`
+    prices the GEMM from them (:meth:`~tvm_spinn.timing.gemm_overlap.GemmTiles.alone_s`,
+    :func:`~tvm_spinn.timing.gemm.gemm_seconds`' very float) and :func:`_shared_pes_saving`
+    schedules them, so the mapper's tile search runs once for both."""
+    return comms._get(("tiles", m, k, n, batch, resident), lambda: gemm_tiles(arch, m, k, n, batch, resident),
+                      comms.gemms)
 
 
 def _shared_pes_saving(arch, gemms: list, comms: "_Comms", resident: bool = False, attention: list = (),
@@ -62,7 +74,7 @@ def _shared_pes_saving(arch, gemms: list, comms: "_Comms", resident: bool = Fals
     finds them. Every tile keeps its arithmetic: no bit moves."""
     def make() -> float:
         def tiles(m, k, n, b, on_chip):
-            return comms._get(("tiles", m, k, n, b, on_chip), lambda: gemm_tiles(arch, m, k, n, b, on_chip))
+            return _tiles(arch, comms, m, k, n, b, on_chip)
 
         order = ([(g, resident) for g in gemms[:attention_at]] + [(g, None) for g in attention]
                  + [(g, resident) for g in gemms[attention_at:]])
@@ -79,7 +91,7 @@ def _shared_pes_saving(arch, gemms: list, comms: "_Comms", resident: bool = Fals
         return max(0.0, alone - shared_pes_seconds(arch, [forward, backward], wgrad))
 
     return comms._get(("shared_pes", tuple(gemms), resident, tuple(attention), fresh, recomputed, attention_at),
-                      make)
+                      make, comms.gemms)
 
 
 def _fresh_attention(spec, split, tokens: int, arch) -> bool:
