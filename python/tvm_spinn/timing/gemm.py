@@ -3,15 +3,9 @@ closed form: what planners that have no program to build (the training planner) 
 
 from __future__ import annotations
 
-import math
-
-from ..program.ops.gemm import GemmShape, choose_matmul_tile, gemm_tile_cycles
-from ..program.ops.gemm.geometry import splits_of
+from .gemm_overlap import gemm_tiles
 
 __all__ = ["gemm_seconds"]
-
-#: bytes of an fp32 element (operands and result)
-_F32 = 4
 
 
 def gemm_seconds(arch, m: int, k: int, n: int, batch: int = 1, resident: bool = False) -> float:
@@ -51,12 +45,6 @@ def gemm_seconds(arch, m: int, k: int, n: int, batch: int = 1, resident: bool = 
     """
     if min(m, k, n, batch) < 1:
         raise ValueError(f"gemm_seconds: a GEMM of {batch} x ({m} x {k}) @ ({k} x {n}) has an empty axis")
-    pes = arch.pes_per_chip
-    tm, tn, tk = choose_matmul_tile(GemmShape(batch, m, n, k), arch, pes, resident)[:3]
-    tiles = batch * -(-m // tm) * -(-n // tn)
-    vm, vn = min(tm, m), min(tn, n)
-    compute = -(-tiles // pes) * math.ceil(gemm_tile_cycles(vm, vn, k, splits_of(k, tk), arch))
-    rate, setup = arch.dma_bw_bytes_per_cycle, arch.dma_setup_cycles
-    first = 2 * setup + _F32 * (vm * k + k * vn) / rate
-    last = setup + _F32 * vm * vn / rate
-    return (compute + first + last + arch.barrier_cost_cycles(pes)) / arch.clock_hz
+    # the tiles' own closed form (one definition of the charge: the training planner's shared-PE
+    # schedule runs the same tiles)
+    return gemm_tiles(arch, m, k, n, batch, resident).alone_s(arch.pes_per_chip)

@@ -57,8 +57,8 @@ class GemmTiles:
 
     def alone_s(self, pes: int) -> float:
         """Seconds of the GEMM alone on the chip's ``pes`` PEs: ``ceil(tiles / pes)`` rounds of
-        tiles between the first tile's operands and the last one's write-back and barrier, summed
-        as :func:`~tvm_spinn.timing.gemm.gemm_seconds` sums them (the same float)."""
+        tiles between the first tile's operands and the last one's write-back and barrier (what
+        :func:`~tvm_spinn.timing.gemm.gemm_seconds` charges)."""
         return (-(-self.tiles // pes) * self.tile_cycles + self.first_cycles + self.last_cycles
                 + self.barrier_cycles) / self.clock_hz
 
