@@ -221,12 +221,12 @@ def _best_path(adj: dict, chips: list, pos: dict, hops: np.ndarray) -> tuple:
     own = score(chips[0], chips[-1])
     ends = sorted(score(a, b) + (a, b) for a in chips for b in chips if a != b)
     members = set(chips)
-    for score, depth, a, b in ends:
-        if (score, depth) >= own:
+    for total, depth, a, b in ends:
+        if (total, depth) >= own:
             break
         path = _hamiltonian(adj, members, a, b)
         if path is not None:
-            return path, (score, depth)
+            return path, (total, depth)
     return chips, own
 
 
