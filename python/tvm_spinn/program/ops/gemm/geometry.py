@@ -309,18 +309,19 @@ def int8_acc_cycles(rows, w, arch: "SpinnArch"):
 
 
 #: Calibrated, not counted: the one-block job's mix less one :data:`I8_BLOCK`, its cycles
-#: (:data:`I8_ENTRY_CYCLES`, 280 with ``m4f_job_cycles``) the executed cycles of a one-block,
+#: (:data:`I8_ENTRY_CYCLES`, 272 with ``m4f_job_cycles``) the executed cycles of a one-block,
 #: one-chunk ``gemm_i8`` job run directly on the ISS (no operand sums, no epilogue: the
-#: calibration tile 16x4x64/64 of ``bench/iss.py``'s kernel table, 354 cycles) less the
-#: block's 74: 69 integer operations (the SDIV of the block count among them) and 12 branches as
-#: counted in the executed blocks, the 59 single and 72 pipelined loads and stores counted there
-#: scaled by 187/190, the factor that prices the mix at the measured 280. The first block's start
-#: among them is the runtime's hand-written ``pe_mac_start`` (24 cycles: 4 single and 9 pipelined
-#: stores and loads, the LDM of the four stacked arguments among them, 5 integer operations and
-#: the return).
-_I8_ENTRY = Mix(loads=59.0 * 187 / 190, paired=72.0 * 187 / 190, alu=69.0, branches=12.0)
+#: calibration tile 16x4x64/64 of ``bench/iss.py``'s kernel table, 346 cycles) less the
+#: block's 74: 69 integer operations (the SDIV of the block count among them) and 11 branches as
+#: counted in the executed blocks, the 57 single and 70 pipelined loads and stores counted there
+#: scaled by 181/184, the factor that prices the mix at the measured 272. The first block's start
+#: and the last block's wait among them are the runtime's hand-written ``pe_mac_start`` (24
+#: cycles: 4 single and 9 pipelined stores and loads, the LDM of the four stacked arguments among
+#: them, 5 integer operations and the return) and ``pe_mac_wait`` (9 cycles: the poll's load,
+#: compare and branch not taken, the address's two moves, the return).
+_I8_ENTRY = Mix(loads=57.0 * 181 / 184, paired=70.0 * 181 / 184, alu=69.0, branches=11.0)
 #: :data:`_I8_ENTRY`'s cycles, the calibration's measured figure
-I8_ENTRY_CYCLES = 280
+I8_ENTRY_CYCLES = 272
 
 
 def _share(mix: Mix, f: float) -> Mix:
@@ -345,9 +346,9 @@ I8_RESTART = Mix(loads=3.0, paired=4.0, alu=3.0, branches=1.0)
 #: block loop's set-up with its spills): the share that overlaps the array's first block.
 #: Calibrated, not counted: the one-block job's M4F cycles less what they add to the array's
 #: run when the run is the longer (a one-block, one-chunk job run directly on the ISS, the
-#: 16x4x256/256 tile without an epilogue: 452 executed cycles, the entry's 280 and the block's
-#: 74 beside the array's 272): 174 of the entry's 280 cycles, in the entry's proportions.
-I8_LEAD = _share(_I8_ENTRY, 174 / I8_ENTRY_CYCLES)
+#: 16x4x256/256 tile without an epilogue: 448 executed cycles, the entry's 272 and the block's
+#: 74 beside the array's 272): 170 of the entry's 272 cycles, in the entry's proportions.
+I8_LEAD = _share(_I8_ENTRY, 170 / I8_ENTRY_CYCLES)
 
 
 @dataclass(frozen=True)
