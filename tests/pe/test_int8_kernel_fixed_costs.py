@@ -65,6 +65,24 @@ def _priced_by_routine(machine, elf) -> dict:
     return out
 
 
+def test_hand_written_mac_drivers_write_every_register_and_cost_their_listing():
+    """The runtime's hand-written ``pe_mac_start`` (its four stacked arguments taken by one LDM)
+    and ``pe_mac_wait``: a one-block, one-chunk tile (one start, one wait) leaves M, N, K, LDB and
+    LDC as the kernel passed them (the stacked ones included), its int32 sums exact (int64
+    reference), and the two routines execute their listings' cycles (TRM table 3-1): 24 and 9."""
+    arch = SpinnArch()
+    image = role_image(("gemm_i8",))
+    machine = PeMachine(image.elf, image.name, 0, arch.acc_bits, arch)
+    rows, cols, k = 16, 4, 64
+    a, b = int8_seeded_operands(rows, cols, k, np.random.default_rng(3))
+    acc = run_int8_tile(machine, a, b, k, int8_dsp_consts(k, cols), 0)
+    np.testing.assert_array_equal(acc, a.astype(np.int64) @ b.astype(np.int64))
+    assert {r: machine.mac[r] for r in ("M", "N", "K", "LDB", "LDC")} == dict(M=rows, N=cols, K=k, LDB=cols, LDC=cols)
+    assert machine.mac_calls == 1
+    routine = _priced_by_routine(machine, image.elf)
+    assert (routine["pe_mac_start"], routine["pe_mac_wait"]) == (24, 9)
+
+
 @pytest.mark.parametrize("spec,shape,side", [(("gemm_i8",), (16, 32, 256, 256), Int8Side(int32_out=True)),
                                              (("gemm_i8",), (16, 8, 600, 300), Int8Side()),
                                              (("gemm_i8",), (16, 8, 600, 300), Int8Side(row_sums=True, col_zero=True)),
