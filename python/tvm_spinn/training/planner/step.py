@@ -11,7 +11,7 @@ from .model import (_attention_at, _block_gemms, _gathered_params, _position_row
 from .records import F32, Split, StepTime
 from .slot import (_fresh_attention, _landing, _pass_seconds, _resident_share, _shared_pes_saving, _slot_seconds,
                    _tp_reductions)
-from .sync import _UPDATE_BYTES, _UPDATE_OPS, _staggered_tail
+from .sync import _staggered_tail, _update_seconds
 
 
 def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms) -> StepTime:
@@ -204,7 +204,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         # DRAM: activations written in the forward and read back in the backward; the weights
         # read in each pass and the gradients accumulated (read and written), unless they and
         # the gradients fit the chip's resident SRAM share: then they stay there from the
-        # first slot to the update (loaded and written back once a step, with the update)
+        # first slot to the update, which updates them there (:func:`_update_seconds`)
         passes = 2 + split.recompute
         dram_f = (stored + rows + (0 if fits else F32 * streamed)) / dram
         dram_b = (stored + 2 * rows + (0 if fits else F32 * streamed * (passes - 1) + 2 * F32 * streamed)) / dram
@@ -346,13 +346,13 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
     # gradient synchronisation over the replicas (ZeRO-2 keeps only its shard of the gradients:
     # reduce-scattered after every micro-batch) and the update
     def update(params: int, stage: int) -> float:
+        # a stage whose weights and gradients fit its resident SRAM share updates them there
+        # (only the optimizer state in DRAM, :func:`_update_seconds`); its gathered tables' rows
+        # are in DRAM (a shard: its parameters in proportion)
         shard = -(-params // dp) if split.zero >= 1 else params
-        seconds = max(_UPDATE_BYTES[optimizer] * shard / dram, _UPDATE_OPS[optimizer] * shard
-                      * arch.m4f_elementwise_cycles / (arch.pes_per_chip * arch.clock_hz))
         streamed = params - _gathered_params(spec, split, stage)
-        if 2 * F32 * streamed <= resident:
-            seconds += 2 * F32 * streamed / dram  # the resident weights loaded, their gradients written back
-        return seconds
+        in_sram = params > 0 and 2 * F32 * streamed <= resident
+        return _update_seconds(arch, optimizer, shard, shard * streamed / params if in_sram else 0.0)
 
     def sync(groups: np.ndarray, params: int) -> float:
         if split.zero == 0:
