@@ -126,7 +126,9 @@ stage's ranks, on the links every stage's collectives use. A head stage or a spr
 holds that many more slots, and the head's passes wait for no collective (it gathers later
 slots' hidden states while it computes one, and computes another slot's pass while one's loss
 sums and input gradient are reduced): a slot's path through the head, its passes and
-collectives in series, spreads over the lag and is crossed once in the fill and drain.
+collectives in series, spreads over the lag and is crossed once in the fill and drain. A lagged head stage's
+collectives and hand-overs of a steady slot load the links together, at the busiest link of all
+of them (:meth:`_Comms.joint_busy`) where that is below the sum of each one's own.
 
 Then the gradient synchronisation over the ``dp`` replicas (ZeRO-0: an all-reduce; ZeRO-1: a
 reduce-scatter and an all-gather of the updated weights; ZeRO-2: a reduce-scatter per

@@ -133,6 +133,17 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
             last_io = min(last_io, comms.handover(np.concatenate([hand_src, last, mine]),
                                                   np.concatenate([hand_dst, mine, last]), act / tp))
         head_loss, head_loss_busy = comms.collective_parts("all_reduce", head_grid, 3 * F32 * tokens, chain=True)
+
+        def head_joint() -> float:
+            """A steady slot's head transfers on the links at once: the forward's all-gather (a
+            ring), the backward's reduce-scatter and loss sums (chains) and the hand-overs both
+            ways, their busiest link together (:meth:`_Comms.joint_busy`)."""
+            return comms._get(("head_joint", head_grid.shape, head_grid.tobytes(), last.tobytes(), mine.tobytes(),
+                               act, tokens, tp), lambda: comms.joint_busy([
+                comms.transfers("all_gather", "ring", head_grid, act),
+                comms.transfers("reduce_scatter", "chain", head_grid, act),
+                comms.transfers("all_reduce", "chain", head_grid, 3 * F32 * tokens),
+                comms._pairs(np.concatenate([last, mine]), np.concatenate([mine, last])) + (act / tp,)]))
         both = (np.concatenate([last, mine]), np.concatenate([mine, last]))
         head_local = comms.on_boards(head_grid)
         head_io_on = comms.onboard(*both, act / tp) if head_local or tp_local else head_io
@@ -271,7 +282,10 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
             # slot's path (passes and collectives in series) spreads over the lag and is crossed
             # once in the fill and drain
             chain = f_s + tp_f + b_s + tp_b
-            total = series = max(f_s + b_s, min(tp_f + tp_b, busy) + min(pp_s, pp_on), pp_s, chain / split.head_lag)
+            # the links: each collective's busiest link and the hand-overs' added, or all of
+            # them together where they meet on few links (the head's transfers of a slot run at once)
+            links = min(min(tp_f + tp_b, busy) + min(pp_s, pp_on), head_joint())
+            total = series = max(f_s + b_s, links, pp_s, chain / split.head_lag)
             path = max(total, chain)
         fill, drain_s = series, b_s
         if split.zero_bubble and slots > 1:
