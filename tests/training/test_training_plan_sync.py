@@ -76,3 +76,24 @@ def test_the_bucketed_schedule_is_never_slower_than_the_synchronisation_at_once(
     update = _update_seconds(system, "adamw", -(-params // split.dp) if zero else params)
     step = _step_time(spec, split, 256, "adamw", system, comms)
     assert 0.0 < step.dp_comm_s + step.optimizer_s <= (sync + update) * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("optimizer, state", [("adamw", 2), ("momentum", 1), ("sgd", 0)])
+def test_an_update_of_resident_weights_moves_only_the_optimizer_state(optimizer, state):
+    """A parameter whose weight and gradient are in the tile SRAM (a stage whose weights fit its
+    resident share) is updated there: DRAM carries its optimizer state only, read and written
+    (AdamW two fp32 vectors, momentum one, SGD none), where a streamed parameter's update also
+    reads the weight and gradient and writes the weight; the M4F cores' element-wise work is the
+    same (the compiled update's operations: AdamW 14, momentum 4, SGD 2, each
+    ``m4f_elementwise_cycles`` on one of the chip's PEs)."""
+    system = make_system("gpt2-small-24-boards", boards=24)
+    ops = {"adamw": 14, "momentum": 4, "sgd": 2}[optimizer]
+    n, resident = 600_000, 450_000
+    cores = ops * n * system.m4f_elementwise_cycles / (system.pes_per_chip * system.clock_hz)
+    streamed = 4 * (3 + 2 * state) * (n - resident)
+    assert _update_seconds(system, optimizer, n) == pytest.approx(
+        max(4 * (3 + 2 * state) * n / system.dram_bw_bytes_s, cores), rel=1e-12)
+    assert _update_seconds(system, optimizer, n, resident) == pytest.approx(
+        max((streamed + 4 * 2 * state * resident) / system.dram_bw_bytes_s, cores), rel=1e-12)
+    assert _update_seconds(system, optimizer, n, n) <= _update_seconds(system, optimizer, n, resident)
+

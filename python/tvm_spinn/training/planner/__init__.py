@@ -62,7 +62,8 @@ back; the embedding tables' rows of the slot's tokens only, they are gathered fr
 :attr:`~tvm_spinn.target.arch.SpinnArch.dram_bw_bytes_s`, whichever is longer. A stage whose
 GEMM weights and their gradients fit the chip's resident SRAM share (:data:`RESIDENT_SHARE` of
 every PE's tile SRAM, as the mapping keeps resident weights) keeps them there from the first
-slot to the update: loaded and written back once a step (with the update), not per pass, and
+slot to the update and from step to step (the update reads and writes them there and moves
+only the optimizer state through DRAM, :func:`~.sync._update_seconds`), not per pass, and
 its GEMMs are priced at the tiles the mapper chooses for resident weights (no DRAM traffic to
 trade compute against: a slot's few rows take register-block row tiles over every column). Plus the
 TP all-reduces of the activations (two a layer forward, two backward, two more when
@@ -125,7 +126,9 @@ stage's ranks, on the links every stage's collectives use. A head stage or a spr
 holds that many more slots, and the head's passes wait for no collective (it gathers later
 slots' hidden states while it computes one, and computes another slot's pass while one's loss
 sums and input gradient are reduced): a slot's path through the head, its passes and
-collectives in series, spreads over the lag and is crossed once in the fill and drain.
+collectives in series, spreads over the lag and is crossed once in the fill and drain. A lagged head stage's
+collectives and hand-overs of a steady slot load the links together, at the busiest link of all
+of them (:meth:`_Comms.joint_busy`) where that is below the sum of each one's own.
 
 Then the gradient synchronisation over the ``dp`` replicas (ZeRO-0: an all-reduce; ZeRO-1: a
 reduce-scatter and an all-gather of the updated weights; ZeRO-2: a reduce-scatter per

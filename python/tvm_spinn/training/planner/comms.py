@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -289,6 +290,96 @@ class _Comms:
         out.append((max(stream, edges[0]), route, latency))
         return out
 
+    def transfers(self, op: str, algorithm: str, groups: np.ndarray, nbytes: float) -> tuple:
+        """``(src, dst, bytes)``: what collective ``op`` of every group of ``groups`` at once
+        sends between each pair of chips over the whole collective, by ``algorithm``: ``"ring"``
+        (:func:`~tvm_spinn.timing.collectives.steps._steps`' ring, its steps' bytes added) or
+        ``"chain"`` (:meth:`_chain`'s transfers: the running sums down each chain, an
+        all-reduce's finished segments back up it, a reduce-scatter's shards from the last rank
+        to their owners). The groups costed are :meth:`collective_parts`' (the window)."""
+        from ...timing.collectives.steps import _steps
+
+        groups = np.ascontiguousarray(groups, dtype=np.int64)
+        groups = groups[:_BOUND_GROUPS] if self.alone else self._window(groups)
+        g, c = groups.shape
+        n = float(nbytes)
+        if algorithm == "chain":
+            src, dst = groups[:, :-1].reshape(-1), groups[:, 1:].reshape(-1)
+            sizes = np.full(src.size, n)
+            if op == "all_reduce":
+                src, dst, sizes = np.concatenate([src, dst]), np.concatenate([dst, src]), np.concatenate([sizes, sizes])
+            elif op == "reduce_scatter":
+                src = np.concatenate([src, np.repeat(groups[:, -1], c - 1)])
+                dst = np.concatenate([dst, groups[:, :-1].reshape(-1)])
+                sizes = np.concatenate([sizes, np.full(g * (c - 1), n / c)])
+            return src, dst, sizes
+        if algorithm != "ring":
+            raise ValueError(f"transfers: algorithm {algorithm!r} is not 'ring' or 'chain'")
+        offset = (np.arange(g) * c)[:, None]
+        ranks = groups.reshape(-1)
+        out = [(ranks[(offset + s[None, :]).reshape(-1)], ranks[(offset + d[None, :]).reshape(-1)],
+                np.tile(size * repeats, g)) for s, d, size, repeats in _steps(op, "ring", c, n)]
+        return tuple(np.concatenate(x) for x in zip(*out))
+
+    def joint_busy(self, parts: list) -> float:
+        """Seconds the busiest link (or board edge) takes to carry several sets of concurrent
+        transfers at once, each set ``(src, dst, bytes)`` routed one of the ways
+        :meth:`_routings` offers it (every transfer on its chip route, or those that leave their
+        boards split over the boards' edge-disjoint paths): the bytes of every set added per
+        link and per board edge, for the combination of routings whose busiest link is least.
+
+        Transfers that run concurrently in a steady pipeline slot (a stage's collectives of one
+        slot's forward, another's backward and its hand-overs) load the links together: this is
+        their busy time where they meet on few links, against the sum of each set's own busiest
+        link (:meth:`collective_parts`), which counts them as if they met on one."""
+        from ...target.topology import edge_rate
+
+        topo = self.topo
+        rate = edge_rate(topo)
+        options = []
+        for src, dst, sizes in parts:
+            src, dst = np.asarray(src, np.int64).reshape(-1), np.asarray(dst, np.int64).reshape(-1)
+            sizes = np.broadcast_to(np.asarray(sizes, np.float64), src.shape)
+            keep = (src != dst) & (sizes > 0)
+            if keep.any():
+                options.append(self._loads(src[keep], dst[keep], np.ascontiguousarray(sizes[keep])))
+        if not options:
+            return 0.0
+        best = math.inf
+        for combo in itertools.product(*options):
+            chip = np.sum([c for c, _ in combo], axis=0)
+            edge = np.sum([e for _, e in combo], axis=0)
+            edges = np.divide(edge, rate, out=np.zeros_like(edge), where=rate > 0)
+            best = min(best, max(float((chip / topo.link_bw).max()), float(edges.max())))
+        return best
+
+    def _loads(self, src: np.ndarray, dst: np.ndarray, sizes: np.ndarray) -> list:
+        """The ways :meth:`_routings` routes transfers, each as ``(bytes per chip link
+        (nodes * 6), bytes per board edge group (boards * 6))``: on their chip routes (a board
+        link's bytes count on its edge group too), and where some leave their boards, those
+        over the boards' edge-disjoint paths (their bytes on the board edges alone, as
+        :meth:`_edge_seconds` costs them) and the rest on their chip routes."""
+        topo = self.topo
+
+        def routed(s, d, n):
+            transfer, links = topo.route_links(s, d)
+            chip = np.bincount(links, weights=n[transfer], minlength=topo.nodes * 6).astype(np.float64)
+            group = topo.link_group[links]
+            on_edge = group >= 0
+            edge = np.bincount(group[on_edge], weights=n[transfer][on_edge], minlength=self.boards * 6)
+            return chip, edge.astype(np.float64)
+
+        out = [routed(src, dst, sizes)]
+        cross = src // self.per_board != dst // self.per_board
+        if self.boards < 2 or not cross.any():
+            return out
+        found = self._edge_load(src[cross] // self.per_board, dst[cross] // self.per_board, sizes[cross])
+        if found is None:
+            return out
+        chip, edge = routed(src[~cross], dst[~cross], sizes[~cross])
+        out.append((chip, edge + found[0]))
+        return out
+
     def handover(self, src: np.ndarray, dst: np.ndarray, nbytes: float) -> float:
         """Seconds of the concurrent point-to-point transfers ``src[i] -> dst[i]``: each on its
         chip route (:func:`~tvm_spinn.timing.collectives.point_to_point`), or, where every
@@ -363,6 +454,19 @@ class _Comms:
         longest used path's latency)``, or None where two boards have no path."""
         from ...target.topology import edge_rate
 
+        found = self._edge_load(a, b, sizes)
+        if found is None:
+            return None
+        load, used, lats, at = found
+        rate = edge_rate(self.topo)
+        seconds = np.divide(load, rate, out=np.zeros_like(load), where=rate > 0)
+        pair = np.array([seconds[e].max() for e in used])
+        return float(seconds.max()), pair[at], lats[at]
+
+    def _edge_load(self, a: np.ndarray, b: np.ndarray, sizes: np.ndarray):
+        """The board edges' bytes of :meth:`_edge_seconds`' transfers: ``(bytes per edge group
+        (boards * 6), each board pair's used edges, each pair's longest used path's latency, each
+        transfer's pair)``, or None where two boards have no path."""
         keys, at = np.unique(a * self.boards + b, return_inverse=True)  # board pairs
         totals = np.bincount(at, weights=sizes)
         load = np.zeros(self.boards * 6)
@@ -376,10 +480,7 @@ class _Comms:
             # edge's share as the path-by-path additions would
             load[edges] += parts
             used.append(edges)
-        rate = edge_rate(self.topo)
-        seconds = np.divide(load, rate, out=np.zeros_like(load), where=rate > 0)
-        pair = np.array([seconds[e].max() for e in used])
-        return float(seconds.max()), pair[at], lats[at]
+        return load, used, lats, at
 
     def _pair_split(self, key: int, total: float):
         """One board pair's ``total`` bytes over its board paths (:meth:`_edge_seconds`):

@@ -11,7 +11,7 @@ from .model import (_attention_at, _block_gemms, _gathered_params, _position_row
 from .records import F32, Split, StepTime
 from .slot import (_fresh_attention, _landing, _pass_seconds, _resident_share, _shared_pes_saving, _slot_seconds,
                    _tp_reductions)
-from .sync import _UPDATE_BYTES, _UPDATE_OPS, _staggered_tail
+from .sync import _staggered_tail, _update_seconds
 
 
 def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms) -> StepTime:
@@ -133,6 +133,17 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
             last_io = min(last_io, comms.handover(np.concatenate([hand_src, last, mine]),
                                                   np.concatenate([hand_dst, mine, last]), act / tp))
         head_loss, head_loss_busy = comms.collective_parts("all_reduce", head_grid, 3 * F32 * tokens, chain=True)
+
+        def head_joint() -> float:
+            """A steady slot's head transfers on the links at once: the forward's all-gather (a
+            ring), the backward's reduce-scatter and loss sums (chains) and the hand-overs both
+            ways, their busiest link together (:meth:`_Comms.joint_busy`)."""
+            return comms._get(("head_joint", head_grid.shape, head_grid.tobytes(), last.tobytes(), mine.tobytes(),
+                               act, tokens, tp), lambda: comms.joint_busy([
+                comms.transfers("all_gather", "ring", head_grid, act),
+                comms.transfers("reduce_scatter", "chain", head_grid, act),
+                comms.transfers("all_reduce", "chain", head_grid, 3 * F32 * tokens),
+                comms._pairs(np.concatenate([last, mine]), np.concatenate([mine, last])) + (act / tp,)]))
         both = (np.concatenate([last, mine]), np.concatenate([mine, last]))
         head_local = comms.on_boards(head_grid)
         head_io_on = comms.onboard(*both, act / tp) if head_local or tp_local else head_io
@@ -204,7 +215,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
         # DRAM: activations written in the forward and read back in the backward; the weights
         # read in each pass and the gradients accumulated (read and written), unless they and
         # the gradients fit the chip's resident SRAM share: then they stay there from the
-        # first slot to the update (loaded and written back once a step, with the update)
+        # first slot to the update, which updates them there (:func:`_update_seconds`)
         passes = 2 + split.recompute
         dram_f = (stored + rows + (0 if fits else F32 * streamed)) / dram
         dram_b = (stored + 2 * rows + (0 if fits else F32 * streamed * (passes - 1) + 2 * F32 * streamed)) / dram
@@ -271,7 +282,10 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
             # slot's path (passes and collectives in series) spreads over the lag and is crossed
             # once in the fill and drain
             chain = f_s + tp_f + b_s + tp_b
-            total = series = max(f_s + b_s, min(tp_f + tp_b, busy) + min(pp_s, pp_on), pp_s, chain / split.head_lag)
+            # the links: each collective's busiest link and the hand-overs' added, or all of
+            # them together where they meet on few links (the head's transfers of a slot run at once)
+            links = min(min(tp_f + tp_b, busy) + min(pp_s, pp_on), head_joint())
+            total = series = max(f_s + b_s, links, pp_s, chain / split.head_lag)
             path = max(total, chain)
         fill, drain_s = series, b_s
         if split.zero_bubble and slots > 1:
@@ -346,13 +360,13 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
     # gradient synchronisation over the replicas (ZeRO-2 keeps only its shard of the gradients:
     # reduce-scattered after every micro-batch) and the update
     def update(params: int, stage: int) -> float:
+        # a stage whose weights and gradients fit its resident SRAM share updates them there
+        # (only the optimizer state in DRAM, :func:`_update_seconds`); its gathered tables' rows
+        # are in DRAM (a shard: its parameters in proportion)
         shard = -(-params // dp) if split.zero >= 1 else params
-        seconds = max(_UPDATE_BYTES[optimizer] * shard / dram, _UPDATE_OPS[optimizer] * shard
-                      * arch.m4f_elementwise_cycles / (arch.pes_per_chip * arch.clock_hz))
         streamed = params - _gathered_params(spec, split, stage)
-        if 2 * F32 * streamed <= resident:
-            seconds += 2 * F32 * streamed / dram  # the resident weights loaded, their gradients written back
-        return seconds
+        in_sram = params > 0 and 2 * F32 * streamed <= resident
+        return _update_seconds(arch, optimizer, shard, shard * streamed / params if in_sram else 0.0)
 
     def sync(groups: np.ndarray, params: int) -> float:
         if split.zero == 0:

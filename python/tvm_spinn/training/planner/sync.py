@@ -17,16 +17,26 @@ from .slot import _pass_seconds, _resident_share
 _UPDATE_BYTES = {name: F32 * (3 + 2 * k) for name, k in OPTIMIZERS.items()}
 
 
+#: DRAM bytes per parameter of an update whose weight and gradient are in the PEs' tile SRAM (a
+#: stage's resident weights, :func:`~.slot._resident_share`): only the state is read and
+#: written; the weight is updated where it is and stays there for the next step's passes.
+_STATE_BYTES = {name: F32 * 2 * k for name, k in OPTIMIZERS.items()}
+
+
 #: Element-wise operations per parameter of one update on the M4F (AdamW: the compiled update of
 #: :mod:`tvm_spinn.training.adamw`, 14: the decay 1, the first moment 3, the second moment 4,
 #: the denominator 3 and the step 3; SGD with momentum: velocity and step; SGD: the step)
 _UPDATE_OPS = {"adamw": 14, "momentum": 4, "sgd": 2}
 
 
-def _update_seconds(arch, optimizer: str, params: float) -> float:
+def _update_seconds(arch, optimizer: str, params: float, resident: float = 0.0) -> float:
     """One update of ``params`` parameters on a chip: its DRAM traffic or its element-wise work
-    on the M4F cores, whichever is longer."""
-    return max(_UPDATE_BYTES[optimizer] * params / arch.dram_bw_bytes_s,
+    on the M4F cores, whichever is longer. ``resident`` of them have their weight and gradient
+    in the tile SRAM (a stage whose weights fit its resident share): their update reads and
+    writes only the optimizer state in DRAM (:data:`_STATE_BYTES`); each PE updates the weights
+    it holds, and the element-wise work is the same wherever the operands are."""
+    dram = _UPDATE_BYTES[optimizer] * (params - resident) + _STATE_BYTES[optimizer] * resident
+    return max(dram / arch.dram_bw_bytes_s,
                _UPDATE_OPS[optimizer] * params * arch.m4f_elementwise_cycles / (arch.pes_per_chip * arch.clock_hz))
 
 
@@ -94,33 +104,34 @@ def _bucket_tail(spec, split: Split, seq: int, optimizer: str, arch, comms: "_Co
     deferred = split.zero_bubble
     total_t = layers * sum((w if deferred else t) for t, _, w in secs) or 1.0
     span = slot["drain"] if not deferred else min(slot["drain"], layers * sum(w for _, _, w in secs))
-    buckets = []  # (ready s relative to the stage's end, parameters)
+    # the projections' weights and gradients stay in SRAM from the first slot to the update
+    # where the stage's fit its resident share (``slot["fits"]``): their buckets update from
+    # there; the tables' gathered rows are in DRAM
+    resident = 2 * F32 * (params - _gathered_params(spec, split, stage)) <= _resident_share(arch)
+    buckets = []  # (ready s relative to the stage's end, parameters, whether in SRAM)
     done = 0.0
     for layer in range(layers):  # the last layer's backward first
         for g, (t, n, w) in reversed(list(enumerate(secs))):
             done += (w if deferred else t)
             n = n + (extra if g == 0 else 0)
-            buckets.append((-span * (1 - done / total_t), n))
-    buckets.append((-span if deferred else 0.0, tables - untouched))  # the tables' touched rows
+            buckets.append((-span * (1 - done / total_t), n, resident))
+    buckets.append((-span if deferred else 0.0, tables - untouched, False))  # the tables' touched rows
     buckets.sort(key=lambda b: b[0])  # reduced in the order they are ready (stable: ties in the pass's order)
     link, cores = -math.inf, 0.0  # the cores compute the stage's passes until its end
     for ready, busy in sorted(before):
         link = _stream_end(max(ready, link), busy, free)
     updated = []  # (the bucket's update's end, its parameters)
-    for ready, n in buckets:
+    for ready, n, in_sram in buckets:
         if n <= 0:
             continue
         start = max(ready, link)
         link = start + comms.collective("reduce_scatter" if sharded else "all_reduce", groups, F32 * n)
-        cores = max(link, cores) + _update_seconds(arch, optimizer, shard(n))
+        cores = max(link, cores) + _update_seconds(arch, optimizer, shard(n), shard(n) if in_sram else 0)
         updated.append((cores, n))
     reduced = link  # the last bucket's reduction ends
     for end, n in (updated if sharded else ()):  # ZeRO-1/2: the updated buckets gathered
         link = max(link, end) + comms.collective("all_gather", groups, F32 * n)
     cores += max(0.0, _update_seconds(arch, optimizer, shard(untouched)) - idle)
-    streamed = params - _gathered_params(spec, split, stage)
-    if 2 * F32 * streamed <= _resident_share(arch):
-        cores += 2 * F32 * streamed / arch.dram_bw_bytes_s  # the resident weights loaded, gradients written back
     sync_end = max(0.0, link + offset)
     return sync_end, max(0.0, cores + offset - sync_end), reduced + offset
 
