@@ -109,3 +109,50 @@ def test_bad_input_is_refused(kind, cols, row):
     layer = Layer(name="n", kind=kind, inputs=[0], output=1)
     with pytest.raises(ValueError, match="split_norm_sums"):
         split_norm_sums(layer, row, cols, _board())
+
+
+@pytest.mark.slow  # ~30-60 s alone: a slice described and mapped on boards, three times from one memo
+def test_the_plan_takes_what_the_pieces_shed_where_it_pays(monkeypatch, register_system):
+    """The fused form's candidates with the norms' sums on the delivery: the block shorter by
+    what its pieces shed, the all-reduce as long as its delivery's work makes it; a norm whose
+    delivery would cost more than it sheds is left in its piece (the small model's rows, split
+    over a few PEs of 4 a chip, shed nothing that pays)."""
+    from tqdm.auto import tqdm
+
+    from test_llm_board_tp import _streaming_boards
+
+    P, cfg, target, arch, spec, seq, described = _streaming_boards(register_system, "norms")
+    memo: dict = {}
+    forms, real = board_tp.slice_forms, board_tp.norms_on_delivery
+    monkeypatch.setattr(board_tp, "TP_BOARDS", (2,))
+    monkeypatch.setattr(board_tp, "slice_forms", lambda dec, reduces: forms(dec, reduces)[1:2])  # the fused form
+    shed = {}
+
+    def kept(norms):
+        monkeypatch.setattr(board_tp, "norms_on_delivery", norms)
+        out = board_tp.records(cfg, spec, arch, target, "int8", 1, seq, 4, described, spec.params,
+                               seq * spec.kv_bytes_per_token(4), tqdm(disable=True), memo=memo)
+        assert out
+        return min(out.values(), key=lambda r: r["decode_s"])
+
+    def shedding(pieces, ends, adds, mapped, board, chunks=board_tp.FUSED_CHUNKS):
+        saved = tuple(1e-6 * (k + 1) if ends[k - 1] and p.layers[0].kind == "rms_norm" else 0.0
+                      for k, p in enumerate(pieces))
+        shed["saved"] = saved
+        return saved, 0.0  # nothing on the delivery: the block sheds all of it
+
+    plain = kept(lambda *a, **k: None)
+    as_real = kept(real)
+    assert as_real["decode_s"] == plain["decode_s"]
+    cheap = kept(shedding)
+    assert sum(shed["saved"]) > 0
+    assert cheap["meta"]["board_all_reduce_s"] == plain["meta"]["board_all_reduce_s"]
+    # (a streamed block's pieces, shorter, leave its DRAM channels less idle time to fetch the
+    # next pieces' weights ahead: it may gain less than all it sheds, never more)
+    gained = plain["meta"]["block_decode_s"] - cheap["meta"]["block_decode_s"]
+    assert 0 < gained <= sum(shed["saved"]) * (1 + 1e-9)
+
+    def dear(pieces, ends, adds, mapped, board, chunks=board_tp.FUSED_CHUNKS):
+        saved, _ = shedding(pieces, ends, adds, mapped, board, chunks)
+        return saved, 1.0  # a second a delivery: far more than the pieces shed
+    assert kept(dear)["decode_s"] == plain["decode_s"]
